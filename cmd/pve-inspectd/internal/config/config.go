@@ -1,0 +1,107 @@
+// Package config reads pve-inspectd's configuration file
+// (/etc/pve-inspectd/config.toml by default). Every key is documented in
+// packaging/deb/config.toml; unknown keys and bad values are errors that name
+// the key.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultPath is where the daemon looks for its configuration file.
+const DefaultPath = "/etc/pve-inspectd/config.toml"
+
+// Config is the whole configuration file. Each section lives in a file of
+// its own in this package.
+type Config struct {
+	// Node is this node's id, used to tag every object the daemon creates.
+	Node NodeSection `toml:"node"`
+}
+
+// NodeSection describes the node the daemon runs on.
+type NodeSection struct {
+	// ID tags objects the daemon creates; defaults to the host name.
+	ID string `toml:"id"`
+}
+
+// KeyError is a configuration error tied to one key.
+type KeyError struct {
+	Key string
+	Err error
+}
+
+func (e *KeyError) Error() string { return fmt.Sprintf("config key %q: %v", e.Key, e.Err) }
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// validator is implemented by sections that check their own values. prefix is
+// the section's key path, for error messages.
+type validator interface {
+	validate(prefix string) error
+}
+
+// Default returns the configuration used when no file exists.
+func Default() Config {
+	c := Config{}
+	if h, err := os.Hostname(); err == nil {
+		c.Node.ID = h
+	}
+	return c
+}
+
+// Load reads the file at path over the defaults. A missing file is an error
+// unless allowMissing is set.
+func Load(path string, allowMissing bool) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if allowMissing && errors.Is(err, os.ErrNotExist) {
+			c := Default()
+			return c, c.Validate()
+		}
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(string(b))
+}
+
+// Parse decodes a configuration document over the defaults and validates it.
+func Parse(doc string) (Config, error) {
+	c := Default()
+	md, err := toml.Decode(doc, &c)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return Config{}, fmt.Errorf("parse config: line %d: %s", pe.Position.Line, pe.Message)
+		}
+		return Config{}, fmt.Errorf("parse config: %w", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return Config{}, &KeyError{Key: keys[0], Err: fmt.Errorf("unknown key (unknown: %s)", strings.Join(keys, ", "))}
+	}
+	return c, c.Validate()
+}
+
+// Validate checks every section.
+func (c Config) Validate() error {
+	if c.Node.ID == "" {
+		return &KeyError{Key: "node.id", Err: errors.New("must not be empty")}
+	}
+	for name, s := range c.sections() {
+		if err := s.validate(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sections lists the sections that validate themselves, by key prefix.
+func (c Config) sections() map[string]validator {
+	return map[string]validator{}
+}
