@@ -1,0 +1,291 @@
+package sandboxapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/netip"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// Request limits that do not depend on configuration.
+const (
+	maxJSONBody      = 1 << 20 // create/extend/snapshot/check bodies
+	maxExecBody      = 8 << 20 // exec bodies (stdin rides in them)
+	maxVMsPerRequest = 64
+	maxNetworks      = 10
+	maxLabels        = 32
+	maxArgv          = 4096
+	maxArgBytes      = 1 << 20
+	maxEnv           = 1024
+	maxPathLen       = 4096
+	maxExecTimeout   = 24 * 3600
+	maxOutputLimit   = 1 << 30
+	maxCores         = 1024
+	maxMemoryMiB     = 4 << 20 // 4 TiB
+	maxDiskGiB       = 64 << 10
+)
+
+var (
+	reName     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$`)
+	reTemplate = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	reSnapshot = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{1,39}$`)
+	reLabelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+	reSandbox  = regexp.MustCompile(`^sb[a-z0-9]{6}$`)
+)
+
+// invalid builds an invalid-request problem naming the field.
+func invalid(field, format string, a ...any) *Problem {
+	p := problemf(ProblemInvalidRequest, format, a...)
+	p.Field = field
+	return p
+}
+
+// decodeJSON reads one strict JSON document (unknown fields refused, no
+// trailing data) of at most max bytes into v.
+func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Problem {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return problemf(ProblemUnsupportedMediaType, "content type %q: want application/json", ct)
+		}
+	}
+	if r.ContentLength > max {
+		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the limit of %d", r.ContentLength, max)
+	}
+	return decodeStrict(http.MaxBytesReader(w, r.Body, max), max, v)
+}
+
+// decodeStrict is the body decoder shared by the handlers and fuzz tests.
+func decodeStrict(body io.Reader, max int64, v any) *Problem {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return problemf(ProblemPayloadTooLarge, "body is over the limit of %d bytes", max)
+		}
+		if errors.Is(err, io.EOF) {
+			return invalid("", "empty body: want a JSON object")
+		}
+		return invalid("", "bad JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return problemf(ProblemPayloadTooLarge, "body is over the limit of %d bytes", max)
+		}
+		return invalid("", "trailing data after the JSON object")
+	}
+	return nil
+}
+
+// cleanText reports whether s is valid UTF-8 without control characters.
+func cleanText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validateCreate checks a create request and fills defaults. maxTTL bounds
+// the TTL; defTTL is used when it is 0.
+func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
+	if len(c.VMs) == 0 {
+		return invalid("vms", "at least one VM is required")
+	}
+	if len(c.VMs) > maxVMsPerRequest {
+		return invalid("vms", "%d VMs: at most %d per request", len(c.VMs), maxVMsPerRequest)
+	}
+	if len(c.Networks) > maxNetworks {
+		return invalid("networks", "%d networks: at most %d", len(c.Networks), maxNetworks)
+	}
+	if len(c.Networks) == 0 {
+		c.Networks = []NetworkRequest{{Name: "net0", CIDR: "auto"}}
+	}
+	nets := map[string]bool{}
+	for i := range c.Networks {
+		n := &c.Networks[i]
+		f := fmt.Sprintf("networks[%d]", i)
+		if !reName.MatchString(n.Name) {
+			return invalid(f+".name", "network name %q: want [a-z][a-z0-9-]*, at most 32 characters", n.Name)
+		}
+		if nets[n.Name] {
+			return invalid(f+".name", "network name %q used twice", n.Name)
+		}
+		nets[n.Name] = true
+		if n.CIDR == "" {
+			n.CIDR = "auto"
+		}
+		if n.CIDR != "auto" {
+			p, err := netip.ParsePrefix(n.CIDR)
+			if err != nil || !p.Addr().Is4() {
+				return invalid(f+".cidr", "cidr %q: want an IPv4 prefix or \"auto\"", n.CIDR)
+			}
+			if p.Masked() != p {
+				return invalid(f+".cidr", "cidr %q has host bits set", n.CIDR)
+			}
+			if p.Bits() < 16 || p.Bits() > 28 {
+				return invalid(f+".cidr", "cidr %q: prefix length must be 16..28", n.CIDR)
+			}
+			if !p.Addr().IsPrivate() {
+				return invalid(f+".cidr", "cidr %q: must be a private (RFC 1918) range", n.CIDR)
+			}
+		}
+	}
+	names := map[string]bool{}
+	for i := range c.VMs {
+		v := &c.VMs[i]
+		f := fmt.Sprintf("vms[%d]", i)
+		if v.Name == "" {
+			v.Name = fmt.Sprintf("vm%d", i)
+		}
+		if !reName.MatchString(v.Name) {
+			return invalid(f+".name", "VM name %q: want [a-z][a-z0-9-]*, at most 32 characters", v.Name)
+		}
+		if names[v.Name] {
+			return invalid(f+".name", "VM name %q used twice", v.Name)
+		}
+		names[v.Name] = true
+		if !reTemplate.MatchString(v.Template) {
+			return invalid(f+".template", "template %q: want a template name", v.Template)
+		}
+		if v.Cores == 0 {
+			v.Cores = 1
+		}
+		if v.MemoryMiB == 0 {
+			v.MemoryMiB = 1024
+		}
+		if v.Cores < 1 || v.Cores > maxCores {
+			return invalid(f+".cores", "cores %d: want 1..%d", v.Cores, maxCores)
+		}
+		if v.MemoryMiB < 16 || v.MemoryMiB > maxMemoryMiB {
+			return invalid(f+".memory_mib", "memory_mib %d: want 16..%d", v.MemoryMiB, maxMemoryMiB)
+		}
+		if v.DiskGiB < 0 || v.DiskGiB > maxDiskGiB {
+			return invalid(f+".disk_gib", "disk_gib %d: want 0..%d", v.DiskGiB, maxDiskGiB)
+		}
+		if len(v.Networks) == 0 {
+			v.Networks = []string{c.Networks[0].Name}
+		}
+		if len(v.Networks) > maxNetworks {
+			return invalid(f+".networks", "%d NICs: at most %d", len(v.Networks), maxNetworks)
+		}
+		for _, n := range v.Networks {
+			if !nets[n] {
+				return invalid(f+".networks", "network %q is not defined in networks", n)
+			}
+		}
+	}
+	if len(c.Labels) > maxLabels {
+		return invalid("labels", "%d labels: at most %d", len(c.Labels), maxLabels)
+	}
+	for k, v := range c.Labels {
+		if !reLabelKey.MatchString(k) {
+			return invalid("labels", "label key %q: want [A-Za-z0-9._/-], at most 63 characters", k)
+		}
+		if len(v) > 256 || !cleanText(v) {
+			return invalid("labels", "label %q: value must be printable text of at most 256 bytes", k)
+		}
+	}
+	if len(c.Owner) > 64 || !cleanText(c.Owner) {
+		return invalid("owner", "owner must be printable text of at most 64 bytes")
+	}
+	if c.TTLSeconds == 0 {
+		c.TTLSeconds = defTTL
+	}
+	if c.TTLSeconds < 1 || c.TTLSeconds > maxTTL {
+		return invalid("ttl_seconds", "ttl_seconds %d: want 1..%d", c.TTLSeconds, maxTTL)
+	}
+	return nil
+}
+
+// validateExtend checks an extend request.
+func validateExtend(e *ExtendRequest, maxTTL int64) *Problem {
+	if e.TTLSeconds < 1 || e.TTLSeconds > maxTTL {
+		return invalid("ttl_seconds", "ttl_seconds %d: want 1..%d", e.TTLSeconds, maxTTL)
+	}
+	return nil
+}
+
+// validateExec checks an exec request.
+func validateExec(e *ExecRequest) *Problem {
+	if len(e.Argv) == 0 {
+		return invalid("argv", "argv must not be empty")
+	}
+	if len(e.Argv) > maxArgv {
+		return invalid("argv", "%d arguments: at most %d", len(e.Argv), maxArgv)
+	}
+	total := 0
+	for i, a := range e.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return invalid(fmt.Sprintf("argv[%d]", i), "argument contains a NUL byte")
+		}
+		total += len(a)
+	}
+	if e.Argv[0] == "" {
+		return invalid("argv[0]", "program must not be empty")
+	}
+	if total > maxArgBytes {
+		return invalid("argv", "arguments total %d bytes: at most %d", total, maxArgBytes)
+	}
+	if strings.IndexByte(e.Cwd, 0) >= 0 || len(e.Cwd) > maxPathLen {
+		return invalid("cwd", "cwd contains a NUL byte or is too long")
+	}
+	if e.Cwd != "" && !strings.HasPrefix(e.Cwd, "/") {
+		return invalid("cwd", "cwd %q must be absolute", e.Cwd)
+	}
+	if len(e.Env) > maxEnv {
+		return invalid("env", "%d variables: at most %d", len(e.Env), maxEnv)
+	}
+	for k, v := range e.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return invalid("env", "variable %q: names must be non-empty without '=' and NUL, values without NUL", k)
+		}
+	}
+	if e.User != "" && (len(e.User) > 64 || !cleanText(e.User) || strings.ContainsAny(e.User, " :/")) {
+		return invalid("user", "user %q is not a user name", e.User)
+	}
+	if e.TimeoutSeconds < 0 || e.TimeoutSeconds > maxExecTimeout {
+		return invalid("timeout_seconds", "timeout_seconds %d: want 0..%d", e.TimeoutSeconds, maxExecTimeout)
+	}
+	if e.OutputLimit < 0 || e.OutputLimit > maxOutputLimit {
+		return invalid("output_limit", "output_limit %d: want 0..%d", e.OutputLimit, maxOutputLimit)
+	}
+	return nil
+}
+
+// validateGuestPath checks a guest file path from ?path=.
+func validateGuestPath(p string) *Problem {
+	switch {
+	case p == "":
+		return invalid("path", "query parameter path is required")
+	case strings.IndexByte(p, 0) >= 0:
+		return invalid("path", "path contains a NUL byte")
+	case len(p) > maxPathLen:
+		return invalid("path", "path is longer than %d bytes", maxPathLen)
+	case !strings.HasPrefix(p, "/"):
+		return invalid("path", "path %q must be absolute", p)
+	case !utf8.ValidString(p):
+		return invalid("path", "path is not valid UTF-8")
+	}
+	return nil
+}
+
+// validateSnapshotName checks a snapshot name (Proxmox's pve-configid rules).
+func validateSnapshotName(n string) *Problem {
+	if !reSnapshot.MatchString(n) {
+		return invalid("name", "snapshot name %q: want [A-Za-z][A-Za-z0-9_-]{1,39}", n)
+	}
+	return nil
+}

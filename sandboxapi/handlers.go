@@ -1,0 +1,441 @@
+package sandboxapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// route is one served API route; the OpenAPI document is built from the
+// same table.
+type route struct {
+	method, path string
+	scope        string
+	summary      string
+	// request and response name schemas in the OpenAPI document; "" none.
+	request, response string
+	// requestType/responseType are media types other than application/json.
+	requestType, responseType string
+	// okStatus is the success code.
+	okStatus int
+	params   []param
+	timeout  func(*Server) time.Duration
+	h        func(http.ResponseWriter, *http.Request, principal) error
+}
+
+type param struct {
+	name, in, desc string
+	required       bool
+}
+
+func reqTimeout(s *Server) time.Duration    { return s.o.RequestTimeout }
+func createTimeout(s *Server) time.Duration { return s.o.CreateTimeout + s.o.TeardownTimeout }
+func deleteTimeout(s *Server) time.Duration { return s.o.TeardownTimeout }
+func fileTimeout(s *Server) time.Duration   { return s.o.FileTimeout }
+func execTimeout(s *Server) time.Duration {
+	return time.Duration(maxExecTimeout)*time.Second + 30*time.Second
+}
+
+var (
+	pID   = param{name: "id", in: "path", desc: "sandbox id", required: true}
+	pVM   = param{name: "vm", in: "path", desc: "VM name in the sandbox", required: true}
+	pName = param{name: "name", in: "path", desc: "snapshot name", required: true}
+	pPath = param{name: "path", in: "query", desc: "absolute guest path", required: true}
+	pMode = param{name: "mode", in: "query", desc: "octal file mode for a new file (default 0644)"}
+)
+
+func (s *Server) routeTable() []route {
+	return []route{
+		{method: "GET", path: "/v1/healthz", scope: ScopeRead, summary: "Daemon health", response: "Health", okStatus: 200, timeout: reqTimeout, h: s.healthz},
+		{method: "GET", path: "/v1/openapi.json", scope: ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
+		{method: "POST", path: "/v1/sandboxes", scope: ScopeAdmin, summary: "Create a sandbox; returns when every VM answers its guest agent", request: "CreateRequest", response: "Sandbox", okStatus: 201, timeout: createTimeout, h: s.createSandbox},
+		{method: "GET", path: "/v1/sandboxes", scope: ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
+		{method: "GET", path: "/v1/sandboxes/{id}", scope: ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
+		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
+		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
+		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
+		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
+		{method: "PUT", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: ScopeExec, summary: "Write a guest file (raw bytes)", requestType: "application/octet-stream", okStatus: 204, params: []param{pID, pVM, pPath, pMode}, timeout: fileTimeout, h: s.writeFile},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: createTimeout, h: s.snapshot},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: createTimeout, h: s.rollback},
+	}
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request, _ principal) error {
+	return writeJSON(w, http.StatusOK, Health{Status: "ok", Node: s.o.Node, Sandboxes: len(s.m.list())})
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
+	var req CreateRequest
+	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
+		return pr
+	}
+	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
+		return pr
+	}
+	if req.Owner == "" {
+		req.Owner = p.name
+	}
+	sb, err := s.m.create(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
+	return writeJSON(w, http.StatusCreated, sb)
+}
+
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, _ principal) error {
+	return writeJSON(w, http.StatusOK, SandboxList{Sandboxes: s.m.list()})
+}
+
+func (s *Server) lookup(id string) (Sandbox, error) {
+	if !reSandbox.MatchString(id) {
+		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
+	}
+	sb, ok := s.m.get(id)
+	if !ok {
+		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
+	}
+	return sb, nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
+	sb, err := s.lookup(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
+	id := r.PathValue("id")
+	if reSandbox.MatchString(id) {
+		if err := s.m.remove(r.Context(), id); err != nil {
+			return err
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
+	if _, err := s.lookup(r.PathValue("id")); err != nil {
+		return err
+	}
+	var req ExtendRequest
+	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
+		return pr
+	}
+	if pr := validateExtend(&req, int64(s.o.MaxTTL/time.Second)); pr != nil {
+		return pr
+	}
+	sb, err := s.m.extend(r.PathValue("id"), time.Duration(req.TTLSeconds)*time.Second)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, sb)
+}
+
+// vm resolves {id} and {vm} to a ready sandbox's VM.
+func (s *Server) vm(r *http.Request) (Sandbox, VM, error) {
+	sb, err := s.lookup(r.PathValue("id"))
+	if err != nil {
+		return Sandbox{}, VM{}, err
+	}
+	if sb.State != StateReady {
+		return Sandbox{}, VM{}, problemf(ProblemConflict, "sandbox %s is %s", sb.ID, sb.State)
+	}
+	name := r.PathValue("vm")
+	for _, v := range sb.VMs {
+		if v.Name == name {
+			return sb, v, nil
+		}
+	}
+	return Sandbox{}, VM{}, problemf(ProblemNotFound, "sandbox %s has no VM %q", sb.ID, name)
+}
+
+func (s *Server) toGuestExec(e ExecRequest) GuestExec {
+	t := e.TimeoutSeconds
+	if t == 0 {
+		t = int64(s.o.ExecTimeout / time.Second)
+	}
+	lim := e.OutputLimit
+	if lim == 0 {
+		lim = 10 << 20
+	}
+	return GuestExec{Argv: e.Argv, Stdin: e.Stdin, Cwd: e.Cwd, Env: e.Env, User: e.User, Timeout: t, OutputLimit: lim}
+}
+
+func wantsNDJSON(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+		mt, _, err := mime.ParseMediaType(strings.TrimSpace(part))
+		if err == nil && mt == "application/x-ndjson" {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) error {
+	_, vm, err := s.vm(r)
+	if err != nil {
+		return err
+	}
+	var req ExecRequest
+	if pr := decodeJSON(w, r, maxExecBody, &req); pr != nil {
+		return pr
+	}
+	if pr := validateExec(&req); pr != nil {
+		return pr
+	}
+	ge := s.toGuestExec(req)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(ge.Timeout)*time.Second+30*time.Second)
+	defer cancel()
+	g := s.m.guest(vm.VMID)
+	if !wantsNDJSON(r) {
+		res, err := g.Exec(ctx, ge)
+		if err != nil {
+			return err
+		}
+		return writeJSON(w, http.StatusOK, res)
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	sw := &ndjsonWriter{w: w}
+	res, err := g.ExecStream(ctx, ge, sw.stream("stdout"), sw.stream("stderr"))
+	if err != nil {
+		pr := asProblem(err)
+		if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == ProblemGuestTimeout {
+			s.met.guestErrors.WithLabelValues(pr.Type).Inc()
+		}
+		return sw.event(ExecEvent{Type: "error", Problem: pr})
+	}
+	res.Stdout, res.Stderr = nil, nil
+	return sw.event(ExecEvent{Type: "exit", Result: res})
+}
+
+// ndjsonWriter writes ExecEvent records, one per line, flushing each.
+type ndjsonWriter struct {
+	w  http.ResponseWriter
+	mu sync.Mutex
+}
+
+func (n *ndjsonWriter) event(e ExecEvent) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, err := n.w.Write(b); err != nil {
+		return err
+	}
+	if f, ok := n.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+type streamWriter struct {
+	n   *ndjsonWriter
+	typ string
+}
+
+func (s streamWriter) Write(p []byte) (int, error) {
+	const chunk = 64 << 10
+	for off := 0; off < len(p); off += chunk {
+		end := min(off+chunk, len(p))
+		if err := s.n.event(ExecEvent{Type: s.typ, Data: p[off:end]}); err != nil {
+			return off, err
+		}
+	}
+	return len(p), nil
+}
+
+func (n *ndjsonWriter) stream(typ string) io.Writer {
+	return streamWriter{n: n, typ: typ}
+}
+
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) error {
+	_, vm, err := s.vm(r)
+	if err != nil {
+		return err
+	}
+	path := r.URL.Query().Get("path")
+	if pr := validateGuestPath(path); pr != nil {
+		return pr
+	}
+	f, err := os.CreateTemp(s.o.SpoolDir, "pve-inspectd-read-*")
+	if err != nil {
+		return fmt.Errorf("spool file: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	n, err := s.m.guest(vm.VMID).ReadFile(r.Context(), path, f, s.o.MaxFileBytes)
+	if err != nil {
+		if errors.Is(err, ErrTooLarge) {
+			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
+		}
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("spool file: %w", err)
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	w.WriteHeader(http.StatusOK)
+	_, err = io.Copy(w, io.LimitReader(f, n))
+	return err
+}
+
+// limitedBody turns the body's MaxBytesError into a problem.
+type limitedBody struct {
+	r   io.Reader
+	max int64
+}
+
+func (l *limitedBody) Read(p []byte) (int, error) {
+	n, err := l.r.Read(p)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return n, problemf(ProblemPayloadTooLarge, "body is over the cap of %d bytes", l.max)
+	}
+	return n, err
+}
+
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) error {
+	_, vm, err := s.vm(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	path := q.Get("path")
+	if pr := validateGuestPath(path); pr != nil {
+		return pr
+	}
+	mode := os.FileMode(0o644)
+	if ms := q.Get("mode"); ms != "" {
+		v, err := strconv.ParseUint(ms, 8, 32)
+		if err != nil || v > 0o7777 {
+			return invalid("mode", "mode %q: want an octal file mode up to 7777", ms)
+		}
+		mode = os.FileMode(v)
+	}
+	if r.ContentLength > s.o.MaxFileBytes {
+		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
+	}
+	body := &limitedBody{r: http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes), max: s.o.MaxFileBytes}
+	if err := s.m.guest(vm.VMID).WriteFile(r.Context(), path, body, mode); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) error {
+	_, vm, err := s.vm(r)
+	if err != nil {
+		return err
+	}
+	var req SnapshotRequest
+	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
+		return pr
+	}
+	if pr := validateSnapshotName(req.Name); pr != nil {
+		return pr
+	}
+	if err := s.o.Proxmox.Snapshot(r.Context(), vm.VMID, req.Name); err != nil {
+		return pxErr("snapshot", err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request, _ principal) error {
+	_, vm, err := s.vm(r)
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	if pr := validateSnapshotName(name); pr != nil {
+		return pr
+	}
+	if err := s.o.Proxmox.Rollback(r.Context(), vm.VMID, name); err != nil {
+		return pxErr("rollback", err)
+	}
+	// A rollback to a snapshot without RAM leaves the VM stopped.
+	info, err := s.o.Proxmox.VM(r.Context(), vm.VMID)
+	if err != nil {
+		return pxErr("read vm after rollback", err)
+	}
+	if info.Status != "running" {
+		if err := s.o.Proxmox.StartVM(r.Context(), vm.VMID); err != nil {
+			return pxErr("start vm after rollback", err)
+		}
+	}
+	if err := s.m.waitAgent(r.Context(), vm.VMID); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) check(w http.ResponseWriter, r *http.Request, _ principal) error {
+	sb, err := s.lookup(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	var req CheckRequest
+	if r.ContentLength != 0 {
+		if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
+			return pr
+		}
+	}
+	if sb.State != StateReady {
+		return problemf(ProblemConflict, "sandbox %s is %s", sb.ID, sb.State)
+	}
+	vm := sb.VMs[0]
+	if req.VM != "" {
+		found := false
+		for _, v := range sb.VMs {
+			if v.Name == req.VM {
+				vm, found = v, true
+			}
+		}
+		if !found {
+			return problemf(ProblemNotFound, "sandbox %s has no VM %q", sb.ID, req.VM)
+		}
+	}
+	if s.o.Checker == nil {
+		return newProblem(ProblemUnavailable, "the containment check is not configured")
+	}
+	var others []Sandbox
+	for _, o := range s.m.list() {
+		if o.ID != sb.ID && o.State == StateReady {
+			others = append(others, o)
+		}
+	}
+	rep, err := s.o.Checker.Run(r.Context(), CheckTarget{Sandbox: sb, VM: vm, Guest: s.m.guest(vm.VMID), Others: others, GuestOf: s.m.guest})
+	if err != nil {
+		return fmt.Errorf("containment check: %w", err)
+	}
+	rep.Sandbox, rep.VM = sb.ID, vm.Name
+	return writeJSON(w, http.StatusOK, rep)
+}

@@ -1,0 +1,176 @@
+package sandboxapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// schemaTypes are the named schemas of the OpenAPI document.
+var schemaTypes = map[string]any{
+	"CreateRequest":   CreateRequest{},
+	"VMRequest":       VMRequest{},
+	"NetworkRequest":  NetworkRequest{},
+	"Sandbox":         Sandbox{},
+	"SandboxList":     SandboxList{},
+	"Network":         Network{},
+	"VM":              VM{},
+	"ExtendRequest":   ExtendRequest{},
+	"ExecRequest":     ExecRequest{},
+	"ExecResult":      ExecResult{},
+	"ExecEvent":       ExecEvent{},
+	"SnapshotRequest": SnapshotRequest{},
+	"CheckRequest":    CheckRequest{},
+	"CheckRow":        CheckRow{},
+	"CheckReport":     CheckReport{},
+	"Health":          Health{},
+	"Problem":         Problem{},
+}
+
+var timeType = reflect.TypeOf(time.Time{})
+
+// schemaOf renders a Go type as an OpenAPI schema; named struct types in
+// schemaTypes become references.
+func schemaOf(t reflect.Type, top bool) map[string]any {
+	if t == timeType {
+		return map[string]any{"type": "string", "format": "date-time"}
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return schemaOf(t.Elem(), false)
+	case reflect.String:
+		return map[string]any{"type": "string"}
+	case reflect.Bool:
+		return map[string]any{"type": "boolean"}
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return map[string]any{"type": "integer", "format": "int64"}
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return map[string]any{"type": "string", "format": "byte"}
+		}
+		return map[string]any{"type": "array", "items": schemaOf(t.Elem(), false)}
+	case reflect.Map:
+		return map[string]any{"type": "object", "additionalProperties": schemaOf(t.Elem(), false)}
+	case reflect.Struct:
+		if _, ok := schemaTypes[t.Name()]; ok && !top {
+			return map[string]any{"$ref": "#/components/schemas/" + t.Name()}
+		}
+		props := map[string]any{}
+		var req []string
+		var walk func(t reflect.Type)
+		walk = func(t reflect.Type) {
+			for i := 0; i < t.NumField(); i++ {
+				f := t.Field(i)
+				if f.Anonymous {
+					walk(f.Type)
+					continue
+				}
+				tag := f.Tag.Get("json")
+				if tag == "-" || !f.IsExported() {
+					continue
+				}
+				name, opts, _ := strings.Cut(tag, ",")
+				if name == "" {
+					name = f.Name
+				}
+				props[name] = schemaOf(f.Type, false)
+				if !strings.Contains(opts, "omitempty") {
+					req = append(req, name)
+				}
+			}
+		}
+		walk(t)
+		s := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+		if len(req) > 0 {
+			s["required"] = req
+		}
+		return s
+	}
+	return map[string]any{}
+}
+
+// OpenAPI returns the OpenAPI 3 document of the routes this server serves.
+func (s *Server) OpenAPI() map[string]any {
+	schemas := map[string]any{}
+	for name, v := range schemaTypes {
+		schemas[name] = schemaOf(reflect.TypeOf(v), true)
+	}
+	probSchema := schemas["Problem"].(map[string]any)
+	probSchema["properties"].(map[string]any)["type"] = map[string]any{"type": "string", "enum": ProblemTypes()}
+	probSchema["additionalProperties"] = true
+	problem := map[string]any{"description": "problem document", "content": map[string]any{
+		problemContentType: map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/Problem"}}}}
+	paths := map[string]any{}
+	for _, rt := range s.routes {
+		item, _ := paths[rt.path].(map[string]any)
+		if item == nil {
+			item = map[string]any{}
+			paths[rt.path] = item
+		}
+		op := map[string]any{
+			"summary":     rt.summary,
+			"operationId": strings.ToLower(rt.method) + strings.NewReplacer("/v1", "", "/", "_", "{", "", "}", "", ".", "_").Replace(rt.path),
+			"security":    []any{map[string]any{"bearer": []string{rt.scope}}},
+			"x-scope":     rt.scope,
+		}
+		var params []any
+		for _, p := range rt.params {
+			params = append(params, map[string]any{"name": p.name, "in": p.in, "required": p.required, "description": p.desc, "schema": map[string]any{"type": "string"}})
+		}
+		if len(params) > 0 {
+			op["parameters"] = params
+		}
+		switch {
+		case rt.request != "":
+			op["requestBody"] = map[string]any{"required": rt.path != "/v1/sandboxes/{id}/check", "content": map[string]any{
+				"application/json": map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/" + rt.request}}}}
+		case rt.requestType != "":
+			op["requestBody"] = map[string]any{"required": true, "content": map[string]any{
+				rt.requestType: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}}
+		}
+		ok := map[string]any{"description": "success"}
+		switch {
+		case rt.response != "":
+			content := map[string]any{"application/json": map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/" + rt.response}}}
+			if rt.response == "ExecResult" {
+				content["application/x-ndjson"] = map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/ExecEvent"}}
+			}
+			ok["content"] = content
+		case rt.responseType != "":
+			ok["content"] = map[string]any{rt.responseType: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}
+		case rt.path == "/v1/openapi.json":
+			ok["content"] = map[string]any{"application/json": map[string]any{"schema": map[string]any{"type": "object"}}}
+		}
+		op["responses"] = map[string]any{
+			httpCode(rt.okStatus): ok,
+			"default":             problem,
+		}
+		item[strings.ToLower(rt.method)] = op
+	}
+	return map[string]any{
+		"openapi": "3.0.3",
+		"info": map[string]any{
+			"title":       "pve-inspect sandbox API",
+			"version":     "1",
+			"description": "Sandbox lifecycle, guest I/O and containment check (DESIGN.md section 5). Unix-socket callers act as admin; TCP callers present a bearer token. Scopes: admin > exec > read.",
+		},
+		"paths": paths,
+		"components": map[string]any{
+			"schemas": schemas,
+			"securitySchemes": map[string]any{
+				"bearer": map[string]any{"type": "http", "scheme": "bearer"},
+			},
+		},
+	}
+}
+
+func httpCode(c int) string {
+	b, _ := json.Marshal(c)
+	return string(b)
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request, _ principal) error {
+	return writeJSON(w, http.StatusOK, s.OpenAPI())
+}

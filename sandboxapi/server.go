@@ -1,0 +1,441 @@
+package sandboxapi
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Scopes a bearer token can carry. admin implies exec, exec implies read.
+const (
+	ScopeRead  = "read"
+	ScopeExec  = "exec"
+	ScopeAdmin = "admin"
+)
+
+// TokenVerifier checks a bearer token and returns its name and scopes.
+// Implemented by sandboxapi/auth.Store.
+type TokenVerifier interface {
+	Verify(token string) (name string, scopes []string, err error)
+}
+
+// Options configure a Server. Zero values take the documented defaults.
+type Options struct {
+	// Node is this node's id; it tags every object (required).
+	Node string
+	// Proxmox is the Proxmox API (required).
+	Proxmox Proxmox
+	// Guests dials a VM's guest agent by socket path (required).
+	Guests GuestDialer
+	// Checker runs the containment check; nil answers check with unavailable.
+	Checker Checker
+	// Tokens verifies bearer tokens on Handler; nil refuses every token.
+	Tokens TokenVerifier
+	// QGADir holds <vmid>.qga sockets (default /var/run/qemu-server).
+	QGADir string
+	// Pool is the Proxmox pool of every VM (default "pve-inspect").
+	Pool string
+	// Templates maps template names to VM ids; other names are looked up
+	// with Proxmox.TemplateID.
+	Templates map[string]int
+	// StateDir holds the state file (default /var/lib/pve-inspectd/sandboxapi).
+	StateDir string
+	// SpoolDir holds guest file reads while they are checked against the
+	// cap (default os.TempDir()).
+	SpoolDir string
+	// Caps are the resource guard's limits.
+	Caps Caps
+	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.
+	DefaultTTL, MaxTTL time.Duration
+	// ReaperInterval is how often expired sandboxes are deleted (30s).
+	ReaperInterval time.Duration
+	// MaxFileBytes caps file uploads and downloads (1 GiB).
+	MaxFileBytes int64
+	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from
+	// (10.200.0.0/16 in /24s).
+	AutoCIDRPool netip.Prefix
+	AutoCIDRBits int
+	// AgentTimeout bounds the wait for a started VM's agent (5m).
+	AgentTimeout time.Duration
+	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m);
+	// RequestTimeout every other call except exec and files (60s).
+	CreateTimeout, TeardownTimeout, RequestTimeout time.Duration
+	// ExecTimeout is the default exec timeout (10m); the call's deadline is
+	// the exec timeout plus 30s.
+	ExecTimeout time.Duration
+	// FileTimeout bounds one file transfer (30m).
+	FileTimeout time.Duration
+	// Now is the clock (time.Now).
+	Now func() time.Time
+	// Registerer receives the metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	// Logger is the structured logger (slog.Default()).
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() error {
+	if o.Node == "" || o.Proxmox == nil || o.Guests == nil {
+		return errors.New("sandboxapi: Node, Proxmox and Guests are required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if o.QGADir == "" {
+		o.QGADir = "/var/run/qemu-server"
+	}
+	if o.Pool == "" {
+		o.Pool = "pve-inspect"
+	}
+	if o.StateDir == "" {
+		o.StateDir = "/var/lib/pve-inspectd/sandboxapi"
+	}
+	if o.SpoolDir == "" {
+		o.SpoolDir = os.TempDir()
+	}
+	def(&o.DefaultTTL, time.Hour)
+	def(&o.MaxTTL, 24*time.Hour)
+	def(&o.ReaperInterval, 30*time.Second)
+	def(&o.AgentTimeout, 5*time.Minute)
+	def(&o.CreateTimeout, 10*time.Minute)
+	def(&o.TeardownTimeout, 5*time.Minute)
+	def(&o.RequestTimeout, time.Minute)
+	def(&o.ExecTimeout, 10*time.Minute)
+	def(&o.FileTimeout, 30*time.Minute)
+	if o.MaxFileBytes == 0 {
+		o.MaxFileBytes = 1 << 30
+	}
+	if !o.AutoCIDRPool.IsValid() {
+		o.AutoCIDRPool = netip.MustParsePrefix("10.200.0.0/16")
+	}
+	if o.AutoCIDRBits == 0 {
+		o.AutoCIDRBits = 24
+	}
+	if o.AutoCIDRBits < o.AutoCIDRPool.Bits() || o.AutoCIDRBits > 28 || !o.AutoCIDRPool.Addr().Is4() {
+		return fmt.Errorf("sandboxapi: auto CIDR /%d does not fit pool %s", o.AutoCIDRBits, o.AutoCIDRPool)
+	}
+	if o.DefaultTTL > o.MaxTTL {
+		return fmt.Errorf("sandboxapi: default TTL %s is over the max TTL %s", o.DefaultTTL, o.MaxTTL)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Logger = o.Logger.With("component", "sandboxapi")
+	return nil
+}
+
+// Server is the sandbox API: HTTP handlers over the sandbox manager.
+type Server struct {
+	o      Options
+	m      *manager
+	met    *metrics
+	routes []route
+	mux    *http.ServeMux
+}
+
+// New builds a Server. Call Reconcile before serving and run RunReaper.
+func New(o Options) (*Server, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("sandboxapi: register metrics: %w", err)
+	}
+	s := &Server{o: o, met: met}
+	s.m = newManager(&s.o, met)
+	s.routes = s.routeTable()
+	s.mux = http.NewServeMux()
+	for _, rt := range s.routes {
+		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, problemf(ProblemNotFound, "no route %s %s", r.Method, r.URL.Path))
+	})
+	return s, nil
+}
+
+// Reconcile re-attaches known sandboxes and deletes tagged orphans; call it
+// once before serving.
+func (s *Server) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	return s.m.reconcile(ctx)
+}
+
+// RunReaper deletes expired sandboxes every ReaperInterval until ctx ends.
+func (s *Server) RunReaper(ctx context.Context) {
+	t := time.NewTicker(s.o.ReaperInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			rctx, cancel := context.WithTimeout(ctx, s.o.TeardownTimeout)
+			s.m.reap(rctx)
+			cancel()
+		}
+	}
+}
+
+// Reap deletes expired sandboxes once and returns how many.
+func (s *Server) Reap(ctx context.Context) int { return s.m.reap(ctx) }
+
+// principal is who is calling.
+type principal struct {
+	name   string
+	scopes []string
+}
+
+type ctxKey int
+
+const localKey ctxKey = 1
+
+// Handler serves the API to callers that present a bearer token (the TCP
+// listener).
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// LocalHandler serves the API to local callers whose access the unix
+// socket's group and mode already decided: they act with the admin scope.
+func (s *Server) LocalHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), localKey, true)))
+	})
+}
+
+func hasScope(have []string, need string) bool {
+	rank := map[string]int{ScopeRead: 1, ScopeExec: 2, ScopeAdmin: 3}
+	for _, h := range have {
+		if rank[h] >= rank[need] {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) authenticate(r *http.Request, need string) (principal, *Problem) {
+	if r.Context().Value(localKey) == true {
+		return principal{name: "local", scopes: []string{ScopeAdmin}}, nil
+	}
+	h := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || tok == "" {
+		return principal{}, newProblem(ProblemUnauthorized, "a bearer token is required")
+	}
+	if s.o.Tokens == nil {
+		return principal{}, newProblem(ProblemUnauthorized, "token authentication is not configured")
+	}
+	name, scopes, err := s.o.Tokens.Verify(tok)
+	if err != nil {
+		return principal{}, newProblem(ProblemUnauthorized, "invalid token")
+	}
+	if !hasScope(scopes, need) {
+		return principal{}, problemf(ProblemForbidden, "token %q lacks the %s scope", name, need)
+	}
+	return principal{name: name, scopes: scopes}, nil
+}
+
+// statusWriter records the status code for metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(c int) {
+	if w.code == 0 {
+		w.code = c
+	}
+	w.ResponseWriter.WriteHeader(c)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// wrap adds authentication, the deadline, metrics and panic safety.
+func (s *Server) wrap(rt route) http.Handler {
+	pattern := rt.method + " " + rt.path
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if v := recover(); v != nil {
+				s.o.Logger.Error("handler panic", "route", pattern, "panic", v)
+				if sw.code == 0 {
+					writeProblem(sw, newProblem(ProblemInternal, "internal error"))
+				}
+			}
+			code := sw.code
+			if code == 0 {
+				code = http.StatusOK
+			}
+			s.met.requests.WithLabelValues(pattern, strconv.Itoa(code)).Inc()
+			s.met.latency.WithLabelValues(pattern).Observe(time.Since(start).Seconds())
+		}()
+		p, prob := s.authenticate(r, rt.scope)
+		if prob != nil {
+			if prob.Type == ProblemUnauthorized {
+				sw.Header().Set("WWW-Authenticate", `Bearer realm="pve-inspectd"`)
+			}
+			writeProblem(sw, prob)
+			return
+		}
+		timeout := rt.timeout(s)
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		if err := rt.h(sw, r.WithContext(ctx), p); err != nil {
+			pr := asProblem(err)
+			if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == ProblemGuestTimeout {
+				s.met.guestErrors.WithLabelValues(pr.Type).Inc()
+			}
+			if sw.code != 0 {
+				s.o.Logger.Warn("error after response started", "route", pattern, "err", err)
+				return
+			}
+			writeProblem(sw, pr)
+		}
+	})
+}
+
+// writeJSON sends a JSON document.
+func writeJSON(w http.ResponseWriter, code int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	return json.NewEncoder(w).Encode(v)
+}
+
+// ListenUnix listens on a unix socket with the given group (name or
+// number; "" keeps the process group) and mode, replacing a stale socket.
+func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen %s: another process serves this socket", path)
+		}
+		_ = os.Remove(path)
+	}
+	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	fail := func(err error) (net.Listener, error) {
+		ln.Close()
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	if group != "" {
+		gid, err := strconv.Atoi(group)
+		if err != nil {
+			g, err := user.LookupGroup(group)
+			if err != nil {
+				return fail(err)
+			}
+			gid, _ = strconv.Atoi(g.Gid)
+		}
+		if err := os.Chown(path, -1, gid); err != nil {
+			return fail(err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return fail(err)
+	}
+	return ln, nil
+}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i > 0 {
+		return p[:i]
+	}
+	return "."
+}
+
+// TLSConfig loads a certificate and key (the node's pve-ssl.pem by default)
+// and reloads them when the files change.
+func TLSConfig(certFile, keyFile string) (*tls.Config, error) {
+	var mu sync.Mutex
+	var cur *tls.Certificate
+	var stamp time.Time
+	load := func() (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		fi, err := os.Stat(certFile)
+		if err != nil {
+			return nil, err
+		}
+		if cur != nil && !fi.ModTime().After(stamp) {
+			return cur, nil
+		}
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, err
+		}
+		cur, stamp = &c, fi.ModTime()
+		return cur, nil
+	}
+	if _, err := load(); err != nil {
+		return nil, fmt.Errorf("load TLS key pair: %w", err)
+	}
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return load() },
+	}, nil
+}
+
+// Serve serves h on ln until ctx ends, then shuts down gracefully.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-errc
+		return nil
+	}
+}
+
+var _ io.Writer = (*statusWriter)(nil)

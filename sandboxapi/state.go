@@ -1,0 +1,219 @@
+package sandboxapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// stateFile is the on-disk form of the daemon's sandboxes.
+type stateFile struct {
+	Version   int       `json:"version"`
+	Node      string    `json:"node"`
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+const stateName = "sandboxes.json"
+
+// saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
+func (m *manager) saveState() error {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	st := stateFile{Version: 1, Node: m.o.Node, Sandboxes: m.list()}
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	path := filepath.Join(m.o.StateDir, stateName)
+	f, err := os.CreateTemp(m.o.StateDir, stateName+".*")
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	tmp := f.Name()
+	_, werr := f.Write(b)
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// loadState reads the state file; a missing file is an empty state.
+func (m *manager) loadState() ([]Sandbox, error) {
+	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load state: %w", err)
+	}
+	var st stateFile
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
+	}
+	if st.Node != "" && st.Node != m.o.Node {
+		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", st.Node, m.o.Node)
+	}
+	for _, s := range st.Sandboxes {
+		if !reSandbox.MatchString(s.ID) {
+			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
+		}
+	}
+	return st.Sandboxes, nil
+}
+
+// ReconcileReport says what Reconcile did.
+type ReconcileReport struct {
+	Reattached       []string `json:"reattached"`
+	TornDown         []string `json:"torn_down"`
+	OrphanVMs        []int    `json:"orphan_vms"`
+	OrphanVNets      []string `json:"orphan_vnets"`
+	OrphanZones      []string `json:"orphan_zones"`
+	MissingVMs       []int    `json:"missing_vms"`
+	UntouchedForeign int      `json:"untouched_foreign"`
+}
+
+// reconcile re-attaches the sandboxes of the state file, tears down those
+// caught mid-create or mid-delete, and deletes objects carrying this node's
+// tags that belong to no known sandbox. Objects without both tags are never
+// touched.
+func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
+	var rep ReconcileReport
+	px := m.o.Proxmox
+	saved, err := m.loadState()
+	if err != nil {
+		return rep, err
+	}
+	if err := px.EnsurePool(ctx, m.o.Pool); err != nil {
+		return rep, pxErr("ensure pool", err)
+	}
+	vms, err := px.ListVMs(ctx)
+	if err != nil {
+		return rep, pxErr("list vms", err)
+	}
+	byID := map[int]VMInfo{}
+	for _, v := range vms {
+		byID[v.VMID] = v
+	}
+	known := map[string]bool{}
+	for _, s := range saved {
+		rec := &record{Sandbox: s, created: make(chan struct{}), guests: map[int]Guest{}}
+		close(rec.created)
+		if s.State == StateReady || s.State == StateError {
+			missing := false
+			for _, v := range s.VMs {
+				info, ok := byID[v.VMID]
+				owner, tagged := m.ownedBy(info.Tags)
+				if !ok || !tagged || owner != s.ID {
+					missing = true
+					rep.MissingVMs = append(rep.MissingVMs, v.VMID)
+				}
+			}
+			if missing {
+				rec.State = StateError
+				rec.Error = "VMs missing after restart"
+			}
+			m.mu.Lock()
+			m.sbx[s.ID] = rec
+			m.mu.Unlock()
+			known[s.ID] = true
+			rep.Reattached = append(rep.Reattached, s.ID)
+			continue
+		}
+		// creating or deleting when the daemon stopped: finish it off.
+		if err := m.teardown(ctx, rec); err != nil {
+			rec.State = StateError
+			rec.Error = "teardown on start failed: " + err.Error()
+			m.mu.Lock()
+			m.sbx[s.ID] = rec
+			m.mu.Unlock()
+			known[s.ID] = true
+			continue
+		}
+		rep.TornDown = append(rep.TornDown, s.ID)
+	}
+	m.mu.Lock()
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		return rep, err
+	}
+	for _, v := range vms {
+		owner, ok := m.ownedBy(v.Tags)
+		if !ok || v.Template {
+			if slices.ContainsFunc(v.Tags, func(t string) bool { return strings.HasPrefix(t, "pvei-") }) {
+				rep.UntouchedForeign++
+			}
+			continue
+		}
+		if known[owner] {
+			continue
+		}
+		if err := m.deleteVM(ctx, owner, v.VMID, ""); err != nil {
+			return rep, err
+		}
+		rep.OrphanVMs = append(rep.OrphanVMs, v.VMID)
+	}
+	vnets, err := px.ListVNets(ctx)
+	if err != nil {
+		return rep, pxErr("list vnets", err)
+	}
+	zones := map[string]bool{}
+	for _, v := range vnets {
+		owner, ok := m.ownedBy(aliasTags(v.Alias))
+		if !ok || known[owner] || v.Zone != owner {
+			continue
+		}
+		zones[owner] = true
+	}
+	for z := range zones {
+		var nets []Network
+		cidrs, err := m.vnetSubnets(ctx, vnets, z)
+		if err != nil {
+			return rep, err
+		}
+		for vn, cs := range cidrs {
+			for _, c := range cs {
+				nets = append(nets, Network{VNet: vn, CIDR: c})
+			}
+			rep.OrphanVNets = append(rep.OrphanVNets, vn)
+		}
+		if err := m.deleteSDN(ctx, z, nets); err != nil {
+			return rep, err
+		}
+		rep.OrphanZones = append(rep.OrphanZones, z)
+	}
+	slices.Sort(rep.OrphanVNets)
+	slices.Sort(rep.OrphanZones)
+	return rep, nil
+}
+
+// vnetSubnets returns the subnets of every vnet in zone.
+func (m *manager) vnetSubnets(ctx context.Context, vnets []VNetInfo, zone string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, v := range vnets {
+		if v.Zone != zone {
+			continue
+		}
+		cs, err := m.o.Proxmox.VNetSubnets(ctx, v.ID)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return nil, pxErr("list subnets of "+v.ID, err)
+		}
+		out[v.ID] = cs
+	}
+	return out, nil
+}
