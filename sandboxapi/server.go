@@ -168,9 +168,6 @@ func New(o Options) (*Server, error) {
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, problemf(ProblemNotFound, "no route %s %s", r.Method, r.URL.Path))
-	})
 	return s, nil
 }
 
@@ -211,13 +208,43 @@ const localKey ctxKey = 1
 
 // Handler serves the API to callers that present a bearer token (the TCP
 // listener).
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serve) }
+
+// serve dispatches to the mux and turns its plain-text 404/405 answers for
+// unknown routes into problem documents.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	h, pattern := s.mux.Handler(r)
+	if pattern != "" {
+		s.mux.ServeHTTP(w, r) // fills r.PathValue
+		return
+	}
+	cw := &captureWriter{h: http.Header{}}
+	h.ServeHTTP(cw, r)
+	if allow := cw.h.Get("Allow"); allow != "" {
+		w.Header().Set("Allow", allow)
+	}
+	if cw.code == http.StatusMethodNotAllowed {
+		writeProblem(w, problemf(ProblemMethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	writeProblem(w, problemf(ProblemNotFound, "no route %s %s", r.Method, r.URL.Path))
+}
+
+// captureWriter records the status of the mux's fallback answers.
+type captureWriter struct {
+	h    http.Header
+	code int
+}
+
+func (c *captureWriter) Header() http.Header         { return c.h }
+func (c *captureWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (c *captureWriter) WriteHeader(code int)        { c.code = code }
 
 // LocalHandler serves the API to local callers whose access the unix
 // socket's group and mode already decided: they act with the admin scope.
 func (s *Server) LocalHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), localKey, true)))
+		s.serve(w, r.WithContext(context.WithValue(r.Context(), localKey, true)))
 	})
 }
 
@@ -439,3 +466,12 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 }
 
 var _ io.Writer = (*statusWriter)(nil)
+
+// Routes lists the served routes as "METHOD /path" patterns.
+func (s *Server) Routes() []string {
+	out := make([]string, len(s.routes))
+	for i, rt := range s.routes {
+		out[i] = rt.method + " " + rt.path
+	}
+	return out
+}

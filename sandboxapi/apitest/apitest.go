@@ -1,0 +1,772 @@
+// Package apitest holds in-memory fakes of the sandbox API's Proxmox and
+// guest agent sides, for tests of the API, its client and the CLI. They keep
+// Proxmox's observable rules that the API relies on (ids unique, clone of a
+// template only, tags as set, zone deletion only when empty, pending SDN
+// until apply) and count every call.
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+)
+
+// FakeVM is a VM in the fake Proxmox.
+type FakeVM struct {
+	Info      sandboxapi.VMInfo
+	Config    sandboxapi.VMConfig
+	DiskGiB   int
+	Snapshots map[string]map[string][]byte
+}
+
+// Proxmox is an in-memory Proxmox.
+type Proxmox struct {
+	mu      sync.Mutex
+	VMs     map[int]*FakeVM
+	Zones   map[string]bool
+	VNets   map[string]sandboxapi.VNetInfo
+	Subnets map[string][]string
+	Pools   map[string]bool
+	// Applied counts SDN applies; Pending is true when changes await one.
+	Applied  int
+	Pending  bool
+	Calls    map[string]int
+	failOnce map[string]error
+	applied  map[string]bool
+	// FailOn makes the named operation (e.g. "StartVM") fail with the error.
+	FailOn map[string]error
+	next   int
+	// Guests receives VM starts/stops so agents come up and go down.
+	Guests *Guests
+}
+
+// NewProxmox returns a fake with the given templates (name -> vmid).
+func NewProxmox(g *Guests, templates map[string]int) *Proxmox {
+	p := &Proxmox{VMs: map[int]*FakeVM{}, Zones: map[string]bool{}, VNets: map[string]sandboxapi.VNetInfo{},
+		Subnets: map[string][]string{}, Pools: map[string]bool{}, Calls: map[string]int{}, FailOn: map[string]error{}, next: 100, Guests: g}
+	for name, id := range templates {
+		p.VMs[id] = &FakeVM{Info: sandboxapi.VMInfo{VMID: id, Name: name, Status: "stopped", Template: true}}
+	}
+	return p
+}
+
+func (p *Proxmox) call(op string) error {
+	p.Calls[op]++
+	if err, ok := p.FailOn[op]; ok {
+		return err
+	}
+	if err, ok := p.failOnce[op]; ok {
+		delete(p.failOnce, op)
+		return err
+	}
+	return nil
+}
+
+// CallCount returns the number of calls of every operation together.
+func (p *Proxmox) CallCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, c := range p.Calls {
+		n += c
+	}
+	return n
+}
+
+// Mutations counts the calls that change something.
+func (p *Proxmox) Mutations() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for op, c := range p.Calls {
+		switch op {
+		case "NextID", "TemplateID", "VM", "ListVMs", "ListVNets", "ListSubnetCIDRs", "VNetSubnets":
+		default:
+			n += c
+		}
+	}
+	return n
+}
+
+// Fail sets (err != nil) or clears a failure.
+func (p *Proxmox) Fail(op string, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil {
+		delete(p.FailOn, op)
+	} else {
+		p.FailOn[op] = err
+	}
+}
+
+// FailOnce makes the next call of op fail with err.
+func (p *Proxmox) FailOnce(op string, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failOnce == nil {
+		p.failOnce = map[string]error{}
+	}
+	p.failOnce[op] = err
+}
+
+// AddVM adds a VM directly (e.g. a foreign or orphaned one).
+func (p *Proxmox) AddVM(info sandboxapi.VMInfo) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.VMs[info.VMID] = &FakeVM{Info: info, Snapshots: map[string]map[string][]byte{}}
+	if info.Status == "running" && p.Guests != nil {
+		p.Guests.up(info.VMID)
+	}
+}
+
+// AddVNet adds a vnet (with its zone and subnet) directly.
+func (p *Proxmox) AddVNet(v sandboxapi.VNetInfo, cidr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.Zones[v.Zone] = true
+	p.VNets[v.ID] = v
+	if cidr != "" {
+		p.Subnets[v.ID] = append(p.Subnets[v.ID], cidr)
+	}
+}
+
+// VMIDs returns the ids of non-template VMs.
+func (p *Proxmox) VMIDs() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for id, v := range p.VMs {
+		if !v.Info.Template {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// SDNObjects returns the number of zones, vnets and subnets.
+func (p *Proxmox) SDNObjects() (zones, vnets, subnets int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.Subnets {
+		subnets += len(s)
+	}
+	return len(p.Zones), len(p.VNets), subnets
+}
+
+// VMByID returns a copy of a VM.
+func (p *Proxmox) VMByID(id int) (FakeVM, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, ok := p.VMs[id]
+	if !ok {
+		return FakeVM{}, false
+	}
+	return *v, true
+}
+
+// NextID implements sandboxapi.Proxmox.
+func (p *Proxmox) NextID(ctx context.Context) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("NextID"); err != nil {
+		return 0, err
+	}
+	id := p.next
+	for p.VMs[id] != nil {
+		id++
+	}
+	return id, nil
+}
+
+// TemplateID implements sandboxapi.Proxmox.
+func (p *Proxmox) TemplateID(ctx context.Context, name string) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("TemplateID"); err != nil {
+		return 0, err
+	}
+	for id, v := range p.VMs {
+		if v.Info.Template && v.Info.Name == name {
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("template %q: %w", name, sandboxapi.ErrNotFound)
+}
+
+// CloneVM implements sandboxapi.Proxmox.
+func (p *Proxmox) CloneVM(ctx context.Context, s sandboxapi.CloneSpec) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("CloneVM"); err != nil {
+		return err
+	}
+	t, ok := p.VMs[s.Template]
+	if !ok || !t.Info.Template {
+		return fmt.Errorf("clone: template %d: %w", s.Template, sandboxapi.ErrNotFound)
+	}
+	if p.VMs[s.NewID] != nil {
+		return fmt.Errorf("clone: vm %d: %w", s.NewID, sandboxapi.ErrExists)
+	}
+	if s.Pool != "" && !p.Pools[s.Pool] {
+		return fmt.Errorf("clone: pool %q does not exist", s.Pool)
+	}
+	p.VMs[s.NewID] = &FakeVM{Info: sandboxapi.VMInfo{VMID: s.NewID, Name: s.Name, Status: "stopped", Pool: s.Pool, Tags: slices.Clone(t.Info.Tags)},
+		Snapshots: map[string]map[string][]byte{}}
+	return nil
+}
+
+func (p *Proxmox) vm(id int) (*FakeVM, error) {
+	v, ok := p.VMs[id]
+	if !ok {
+		return nil, fmt.Errorf("vm %d: %w", id, sandboxapi.ErrNotFound)
+	}
+	return v, nil
+}
+
+// ConfigureVM implements sandboxapi.Proxmox.
+func (p *Proxmox) ConfigureVM(ctx context.Context, id int, c sandboxapi.VMConfig) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ConfigureVM"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	for _, b := range c.Bridges {
+		if _, ok := p.VNets[b]; !ok {
+			return fmt.Errorf("configure: bridge %q does not exist", b)
+		}
+	}
+	v.Config = c
+	v.Info.Tags = slices.Clone(c.Tags)
+	return nil
+}
+
+// ResizeDisk implements sandboxapi.Proxmox.
+func (p *Proxmox) ResizeDisk(ctx context.Context, id int, size int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ResizeDisk"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	v.DiskGiB = size
+	return nil
+}
+
+// StartVM implements sandboxapi.Proxmox.
+func (p *Proxmox) StartVM(ctx context.Context, id int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("StartVM"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	for _, b := range v.Config.Bridges {
+		if !p.applied[b] {
+			return fmt.Errorf("start vm %d: bridge %q does not exist (SDN not applied)", id, b)
+		}
+	}
+	v.Info.Status = "running"
+	if p.Guests != nil {
+		p.Guests.up(id)
+	}
+	return nil
+}
+
+// StopVM implements sandboxapi.Proxmox.
+func (p *Proxmox) StopVM(ctx context.Context, id int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("StopVM"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	v.Info.Status = "stopped"
+	if p.Guests != nil {
+		p.Guests.down(id)
+	}
+	return nil
+}
+
+// DeleteVM implements sandboxapi.Proxmox.
+func (p *Proxmox) DeleteVM(ctx context.Context, id int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("DeleteVM"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	if v.Info.Status == "running" {
+		return fmt.Errorf("delete vm %d: VM is running", id)
+	}
+	delete(p.VMs, id)
+	if p.Guests != nil {
+		p.Guests.remove(id)
+	}
+	return nil
+}
+
+// VM implements sandboxapi.Proxmox.
+func (p *Proxmox) VM(ctx context.Context, id int) (sandboxapi.VMInfo, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("VM"); err != nil {
+		return sandboxapi.VMInfo{}, err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return sandboxapi.VMInfo{}, err
+	}
+	info := v.Info
+	info.Tags = slices.Clone(info.Tags)
+	return info, nil
+}
+
+// ListVMs implements sandboxapi.Proxmox.
+func (p *Proxmox) ListVMs(ctx context.Context) ([]sandboxapi.VMInfo, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ListVMs"); err != nil {
+		return nil, err
+	}
+	var out []sandboxapi.VMInfo
+	for _, v := range p.VMs {
+		info := v.Info
+		info.Tags = slices.Clone(info.Tags)
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Snapshot implements sandboxapi.Proxmox: it copies the guest's files.
+func (p *Proxmox) Snapshot(ctx context.Context, id int, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("Snapshot"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	if _, ok := v.Snapshots[name]; ok {
+		return fmt.Errorf("snapshot %q: %w", name, sandboxapi.ErrExists)
+	}
+	v.Snapshots[name] = p.Guests.files(id)
+	return nil
+}
+
+// Rollback implements sandboxapi.Proxmox: it restores the guest's files and
+// leaves the VM stopped, as a rollback to a disk-only snapshot does.
+func (p *Proxmox) Rollback(ctx context.Context, id int, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("Rollback"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	snap, ok := v.Snapshots[name]
+	if !ok {
+		return fmt.Errorf("snapshot %q: %w", name, sandboxapi.ErrNotFound)
+	}
+	p.Guests.setFiles(id, snap)
+	v.Info.Status = "stopped"
+	p.Guests.down(id)
+	return nil
+}
+
+// CreateZone implements sandboxapi.Proxmox.
+func (p *Proxmox) CreateZone(ctx context.Context, z sandboxapi.ZoneSpec) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("CreateZone"); err != nil {
+		return err
+	}
+	if len(z.ID) > 8 || p.Zones[z.ID] {
+		return fmt.Errorf("zone %q: invalid or %w", z.ID, sandboxapi.ErrExists)
+	}
+	p.Zones[z.ID] = true
+	p.Pending = true
+	return nil
+}
+
+// DeleteZone implements sandboxapi.Proxmox.
+func (p *Proxmox) DeleteZone(ctx context.Context, id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("DeleteZone"); err != nil {
+		return err
+	}
+	if !p.Zones[id] {
+		return fmt.Errorf("zone %q: %w", id, sandboxapi.ErrNotFound)
+	}
+	for _, v := range p.VNets {
+		if v.Zone == id {
+			return fmt.Errorf("zone %q is used by vnet %s", id, v.ID)
+		}
+	}
+	delete(p.Zones, id)
+	p.Pending = true
+	return nil
+}
+
+// CreateVNet implements sandboxapi.Proxmox.
+func (p *Proxmox) CreateVNet(ctx context.Context, v sandboxapi.VNetSpec) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("CreateVNet"); err != nil {
+		return err
+	}
+	if !p.Zones[v.Zone] {
+		return fmt.Errorf("vnet %s: zone %q: %w", v.ID, v.Zone, sandboxapi.ErrNotFound)
+	}
+	if _, ok := p.VNets[v.ID]; ok || len(v.ID) > 8 {
+		return fmt.Errorf("vnet %q: invalid or %w", v.ID, sandboxapi.ErrExists)
+	}
+	p.VNets[v.ID] = sandboxapi.VNetInfo(v)
+	p.Pending = true
+	return nil
+}
+
+// DeleteVNet implements sandboxapi.Proxmox.
+func (p *Proxmox) DeleteVNet(ctx context.Context, id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("DeleteVNet"); err != nil {
+		return err
+	}
+	if _, ok := p.VNets[id]; !ok {
+		return fmt.Errorf("vnet %q: %w", id, sandboxapi.ErrNotFound)
+	}
+	if len(p.Subnets[id]) > 0 {
+		return fmt.Errorf("vnet %q has subnets", id)
+	}
+	delete(p.VNets, id)
+	delete(p.Subnets, id)
+	p.Pending = true
+	return nil
+}
+
+// CreateSubnet implements sandboxapi.Proxmox.
+func (p *Proxmox) CreateSubnet(ctx context.Context, s sandboxapi.SubnetSpec) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("CreateSubnet"); err != nil {
+		return err
+	}
+	if _, ok := p.VNets[s.VNet]; !ok {
+		return fmt.Errorf("subnet: vnet %q: %w", s.VNet, sandboxapi.ErrNotFound)
+	}
+	p.Subnets[s.VNet] = append(p.Subnets[s.VNet], s.CIDR)
+	p.Pending = true
+	return nil
+}
+
+// DeleteSubnet implements sandboxapi.Proxmox.
+func (p *Proxmox) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("DeleteSubnet"); err != nil {
+		return err
+	}
+	i := slices.Index(p.Subnets[vnet], cidr)
+	if i < 0 {
+		return fmt.Errorf("subnet %s: %w", cidr, sandboxapi.ErrNotFound)
+	}
+	p.Subnets[vnet] = slices.Delete(p.Subnets[vnet], i, i+1)
+	p.Pending = true
+	return nil
+}
+
+// ListVNets implements sandboxapi.Proxmox.
+func (p *Proxmox) ListVNets(ctx context.Context) ([]sandboxapi.VNetInfo, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ListVNets"); err != nil {
+		return nil, err
+	}
+	return slices.Collect(maps.Values(p.VNets)), nil
+}
+
+// ListSubnetCIDRs implements sandboxapi.Proxmox.
+func (p *Proxmox) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ListSubnetCIDRs"); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range p.Subnets {
+		out = append(out, s...)
+	}
+	return out, nil
+}
+
+// VNetSubnets implements sandboxapi.Proxmox.
+func (p *Proxmox) VNetSubnets(ctx context.Context, vnet string) ([]string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("VNetSubnets"); err != nil {
+		return nil, err
+	}
+	return slices.Clone(p.Subnets[vnet]), nil
+}
+
+// ApplySDN implements sandboxapi.Proxmox.
+func (p *Proxmox) ApplySDN(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ApplySDN"); err != nil {
+		return err
+	}
+	p.Applied++
+	p.Pending = false
+	p.applied = map[string]bool{}
+	for id := range p.VNets {
+		p.applied[id] = true
+	}
+	return nil
+}
+
+// EnsurePool implements sandboxapi.Proxmox.
+func (p *Proxmox) EnsurePool(ctx context.Context, pool string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("EnsurePool"); err != nil {
+		return err
+	}
+	p.Pools[pool] = true
+	return nil
+}
+
+// Guests is a registry of fake guest agents keyed by VM id; its Dial is a
+// sandboxapi.GuestDialer.
+type Guests struct {
+	mu     sync.Mutex
+	agents map[int]*Guest
+	// PingFails makes the agent of these VMs never answer.
+	PingFails map[int]bool
+}
+
+// NewGuests returns an empty registry.
+func NewGuests() *Guests { return &Guests{agents: map[int]*Guest{}, PingFails: map[int]bool{}} }
+
+func (g *Guests) agent(id int) *Guest {
+	a, ok := g.agents[id]
+	if !ok {
+		a = &Guest{id: id, reg: g, fs: map[string][]byte{}}
+		g.agents[id] = a
+	}
+	return a
+}
+
+func (g *Guests) up(id int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.agent(id).running = true
+}
+
+func (g *Guests) down(id int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.agent(id).running = false
+}
+
+func (g *Guests) remove(id int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.agents, id)
+}
+
+func (g *Guests) files(id int) map[string][]byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return maps.Clone(g.agent(id).fs)
+}
+
+func (g *Guests) setFiles(id int, fs map[string][]byte) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.agent(id).fs = maps.Clone(fs)
+}
+
+// Dial returns the guest behind <dir>/<vmid>.qga.
+func (g *Guests) Dial(socket string) sandboxapi.Guest {
+	id, err := strconv.Atoi(strings.TrimSuffix(filepath.Base(socket), ".qga"))
+	if err != nil {
+		id = -1
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.agent(id)
+}
+
+// Guest is one fake agent with an in-memory file system. Exec knows a few
+// programs: echo ARGS, cat PATH, uname [-a], fail CODE, stream N (N chunks
+// alternating stdout/stderr), sleep (killed by its timeout), hang (the agent
+// stops answering: ErrGuestTimeout).
+type Guest struct {
+	id      int
+	reg     *Guests
+	running bool
+	fs      map[string][]byte
+}
+
+func (a *Guest) alive() error {
+	a.reg.mu.Lock()
+	defer a.reg.mu.Unlock()
+	if !a.running || a.reg.PingFails[a.id] {
+		return fmt.Errorf("vm %d: %w", a.id, sandboxapi.ErrGuestUnavailable)
+	}
+	return nil
+}
+
+// Ping implements sandboxapi.Guest.
+func (a *Guest) Ping(ctx context.Context) error { return a.alive() }
+
+// Exec implements sandboxapi.Guest.
+func (a *Guest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+	var out, errb bytes.Buffer
+	res, err := a.ExecStream(ctx, r, &out, &errb)
+	if err != nil {
+		return nil, err
+	}
+	res.Stdout, res.Stderr = out.Bytes(), errb.Bytes()
+	if r.OutputLimit > 0 && int64(len(res.Stdout)) > r.OutputLimit {
+		res.Stdout, res.StdoutTruncated = res.Stdout[:r.OutputLimit], true
+	}
+	if res.Stdout == nil {
+		res.Stdout = []byte{}
+	}
+	if res.Stderr == nil {
+		res.Stderr = []byte{}
+	}
+	return res, nil
+}
+
+// ExecStream implements sandboxapi.Guest.
+func (a *Guest) ExecStream(ctx context.Context, r sandboxapi.GuestExec, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
+	if err := a.alive(); err != nil {
+		return nil, err
+	}
+	res := &sandboxapi.ExecResult{}
+	switch r.Argv[0] {
+	case "echo":
+		fmt.Fprintln(stdout, strings.Join(r.Argv[1:], " "))
+	case "uname":
+		fmt.Fprintf(stdout, "Linux fake-%d 6.14.0 #1 SMP x86_64 GNU/Linux\n", a.id)
+	case "cat":
+		if len(r.Stdin) > 0 && len(r.Argv) == 1 {
+			_, _ = stdout.Write(r.Stdin)
+			break
+		}
+		a.reg.mu.Lock()
+		b, ok := a.fs[r.Argv[1]]
+		a.reg.mu.Unlock()
+		if !ok {
+			fmt.Fprintf(stderr, "cat: %s: No such file or directory\n", r.Argv[1])
+			res.ExitCode = 1
+			break
+		}
+		_, _ = stdout.Write(b)
+	case "fail":
+		res.ExitCode, _ = strconv.Atoi(r.Argv[1])
+		fmt.Fprintln(stderr, "failing")
+	case "stream":
+		n, _ := strconv.Atoi(r.Argv[1])
+		for i := 0; i < n; i++ {
+			if i%2 == 0 {
+				fmt.Fprintf(stdout, "out %d\n", i)
+			} else {
+				fmt.Fprintf(stderr, "err %d\n", i)
+			}
+		}
+	case "sleep":
+		// killed by its timeout
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(r.Timeout) * time.Second):
+		}
+		res.ExitCode, res.TimedOut = -1, true
+	case "hang":
+		// an agent that stops answering
+		return nil, fmt.Errorf("exec: no reply: %w", sandboxapi.ErrGuestTimeout)
+	default:
+		fmt.Fprintf(stderr, "%s: command not found\n", r.Argv[0])
+		res.ExitCode = 127
+	}
+	return res, nil
+}
+
+// WriteFile implements sandboxapi.Guest.
+func (a *Guest) WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error {
+	if err := a.alive(); err != nil {
+		return err
+	}
+	if strings.HasSuffix(path, "/") {
+		return fmt.Errorf("write %s: %w", path, sandboxapi.ErrIsDirectory)
+	}
+	if strings.HasPrefix(path, "/proc/") {
+		return fmt.Errorf("write %s: %w", path, sandboxapi.ErrPermission)
+	}
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	a.reg.mu.Lock()
+	defer a.reg.mu.Unlock()
+	a.fs[path] = b
+	return nil
+}
+
+// ReadFile implements sandboxapi.Guest.
+func (a *Guest) ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error) {
+	if err := a.alive(); err != nil {
+		return 0, err
+	}
+	a.reg.mu.Lock()
+	b, ok := a.fs[path]
+	a.reg.mu.Unlock()
+	switch {
+	case path == "/" || strings.HasSuffix(path, "/"):
+		return 0, fmt.Errorf("read %s: %w", path, sandboxapi.ErrIsDirectory)
+	case !ok:
+		return 0, fmt.Errorf("read %s: %w", path, sandboxapi.ErrFileNotFound)
+	case int64(len(b)) > max:
+		n, _ := w.Write(b[:max])
+		return int64(n), fmt.Errorf("read %s: %w", path, sandboxapi.ErrTooLarge)
+	}
+	n, err := w.Write(b)
+	return int64(n), err
+}

@@ -1,0 +1,309 @@
+// Package client is the Go client of the pve-inspect sandbox API
+// (sandboxapi), used by the tests, the pve-inspectd CLI verbs and the demo.
+// Errors from the server are returned as *sandboxapi.Problem; branch on
+// their Type.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+)
+
+// Client calls one sandbox API endpoint.
+type Client struct {
+	base  string
+	hc    *http.Client
+	token string
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithToken sends a bearer token (needed over TCP).
+func WithToken(tok string) Option { return func(c *Client) { c.token = tok } }
+
+// WithHTTPClient replaces the HTTP client (tests: httptest's).
+func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc } }
+
+// New returns a client for an http(s):// base URL.
+func New(baseURL string, opts ...Option) *Client {
+	c := &Client{base: strings.TrimRight(baseURL, "/"), hc: &http.Client{}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// NewUnix returns a client that talks over the unix socket at path.
+func NewUnix(path string, opts ...Option) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}
+	return New("http://pve-inspectd", append([]Option{WithHTTPClient(&http.Client{Transport: tr})}, opts...)...)
+}
+
+// NewTLS returns a client for https://addr; rootCAs nil uses the system
+// pool (pass the node CA, /etc/pve/pve-root-ca.pem, for a node certificate).
+func NewTLS(addr string, cfg *tls.Config, opts ...Option) *Client {
+	tr := &http.Transport{TLSClientConfig: cfg}
+	return New("https://"+addr, append([]Option{WithHTTPClient(&http.Client{Transport: tr})}, opts...)...)
+}
+
+func (c *Client) newRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return req, nil
+}
+
+// decodeProblem turns an error response into a *sandboxapi.Problem.
+func decodeProblem(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mt == "application/problem+json" {
+		var p sandboxapi.Problem
+		if err := json.Unmarshal(b, &p); err == nil && p.Type != "" {
+			return &p
+		}
+	}
+	return &sandboxapi.Problem{Type: "http-" + strconv.Itoa(resp.StatusCode), Status: resp.StatusCode, Title: resp.Status, Detail: strings.TrimSpace(string(b))}
+}
+
+// do sends a JSON request (in may be nil) and decodes a JSON answer into
+// out (may be nil).
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := c.newRequest(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeProblem(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// IsProblem reports whether err is a problem document of type typ.
+func IsProblem(err error, typ string) bool {
+	var p *sandboxapi.Problem
+	return errors.As(err, &p) && p.Type == typ
+}
+
+// Health calls GET /v1/healthz.
+func (c *Client) Health(ctx context.Context) (sandboxapi.Health, error) {
+	var h sandboxapi.Health
+	return h, c.do(ctx, "GET", "/v1/healthz", nil, &h)
+}
+
+// OpenAPI fetches the OpenAPI document.
+func (c *Client) OpenAPI(ctx context.Context) (map[string]any, error) {
+	var d map[string]any
+	return d, c.do(ctx, "GET", "/v1/openapi.json", nil, &d)
+}
+
+// Create creates a sandbox and returns it once every VM answers.
+func (c *Client) Create(ctx context.Context, r sandboxapi.CreateRequest) (sandboxapi.Sandbox, error) {
+	var sb sandboxapi.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes", r, &sb)
+}
+
+// List lists sandboxes.
+func (c *Client) List(ctx context.Context) ([]sandboxapi.Sandbox, error) {
+	var l sandboxapi.SandboxList
+	return l.Sandboxes, c.do(ctx, "GET", "/v1/sandboxes", nil, &l)
+}
+
+// Get returns one sandbox.
+func (c *Client) Get(ctx context.Context, id string) (sandboxapi.Sandbox, error) {
+	var sb sandboxapi.Sandbox
+	return sb, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id), nil, &sb)
+}
+
+// Extend sets the sandbox's expiry to now plus ttl.
+func (c *Client) Extend(ctx context.Context, id string, ttl time.Duration) (sandboxapi.Sandbox, error) {
+	var sb sandboxapi.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/extend", sandboxapi.ExtendRequest{TTLSeconds: int64(ttl / time.Second)}, &sb)
+}
+
+// Delete deletes a sandbox (no error when it is already gone).
+func (c *Client) Delete(ctx context.Context, id string) error {
+	return c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id), nil, nil)
+}
+
+func vmPath(id, vm string) string {
+	return "/v1/sandboxes/" + url.PathEscape(id) + "/vms/" + url.PathEscape(vm)
+}
+
+// Exec runs a command and collects its output.
+func (c *Client) Exec(ctx context.Context, id, vm string, r sandboxapi.ExecRequest) (*sandboxapi.ExecResult, error) {
+	var res sandboxapi.ExecResult
+	if err := c.do(ctx, "POST", vmPath(id, vm)+"/exec", r, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// ExecStream runs a command and copies its output to stdout and stderr as
+// it arrives; the result carries the exit code.
+func (c *Client) ExecStream(ctx context.Context, id, vm string, r sandboxapi.ExecRequest, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	req, err := c.newRequest(ctx, "POST", vmPath(id, vm)+"/exec", bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return nil, decodeProblem(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 256<<10), 1<<20)
+	for sc.Scan() {
+		var ev sandboxapi.ExecEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return nil, fmt.Errorf("exec: bad stream record: %w", err)
+		}
+		switch ev.Type {
+		case "stdout":
+			if _, err := stdout.Write(ev.Data); err != nil {
+				return nil, err
+			}
+		case "stderr":
+			if _, err := stderr.Write(ev.Data); err != nil {
+				return nil, err
+			}
+		case "exit":
+			if ev.Result == nil {
+				return nil, errors.New("exec: exit record without result")
+			}
+			return ev.Result, nil
+		case "error":
+			if ev.Problem == nil {
+				return nil, errors.New("exec: error record without problem")
+			}
+			return nil, ev.Problem
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("exec: read stream: %w", err)
+	}
+	return nil, errors.New("exec: stream ended without an exit record")
+}
+
+// WriteFile writes r (size bytes, -1 when unknown) to path in the VM.
+func (c *Client) WriteFile(ctx context.Context, id, vm, path string, r io.Reader, size int64, mode uint32) error {
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(mode), 8))
+	}
+	req, err := c.newRequest(ctx, "PUT", vmPath(id, vm)+"/files?"+q.Encode(), r)
+	if err != nil {
+		return err
+	}
+	if size >= 0 {
+		req.ContentLength = size
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("write file: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return decodeProblem(resp)
+	}
+	return nil
+}
+
+// ReadFile copies the VM's file at path to w and returns its size.
+func (c *Client) ReadFile(ctx context.Context, id, vm, path string, w io.Writer) (int64, error) {
+	req, err := c.newRequest(ctx, "GET", vmPath(id, vm)+"/files?"+url.Values{"path": {path}}.Encode(), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("read file: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return 0, decodeProblem(resp)
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("read file: %w", err)
+	}
+	if resp.ContentLength >= 0 && n != resp.ContentLength {
+		return n, fmt.Errorf("read file: got %d of %d bytes", n, resp.ContentLength)
+	}
+	return n, nil
+}
+
+// Snapshot snapshots a VM.
+func (c *Client) Snapshot(ctx context.Context, id, vm, name string) error {
+	return c.do(ctx, "POST", vmPath(id, vm)+"/snapshots", sandboxapi.SnapshotRequest{Name: name}, nil)
+}
+
+// Rollback rolls a VM back to a snapshot; it returns once the agent answers.
+func (c *Client) Rollback(ctx context.Context, id, vm, name string) error {
+	return c.do(ctx, "POST", vmPath(id, vm)+"/snapshots/"+url.PathEscape(name)+"/rollback", nil, nil)
+}
+
+// Check runs the containment check from vm ("" = the first VM).
+func (c *Client) Check(ctx context.Context, id, vm string) (sandboxapi.CheckReport, error) {
+	var rep sandboxapi.CheckReport
+	return rep, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/check", sandboxapi.CheckRequest{VM: vm}, &rep)
+}

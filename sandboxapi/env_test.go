@@ -1,0 +1,205 @@
+package sandboxapi_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+)
+
+// clock is a settable clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// tokens is a fixed TokenVerifier.
+type tokens map[string][]string
+
+func (t tokens) Verify(tok string) (string, []string, error) {
+	s, ok := t[tok]
+	if !ok {
+		return "", nil, errors.New("unknown token")
+	}
+	return "tok-" + tok, s, nil
+}
+
+type env struct {
+	t      *testing.T
+	px     *apitest.Proxmox
+	guests *apitest.Guests
+	clock  *clock
+	reg    *prometheus.Registry
+	srv    *sandboxapi.Server
+	http   *httptest.Server // LocalHandler (unix-socket semantics)
+	tcp    *httptest.Server // Handler (bearer tokens)
+	c      *client.Client
+	opts   sandboxapi.Options
+}
+
+func templates() map[string]int { return map[string]int{"debian": 9000, "kali": 9001} }
+
+// newEnv builds a server on fakes; mod may change the options.
+func newEnv(t *testing.T, mod func(*sandboxapi.Options)) *env {
+	t.Helper()
+	g := apitest.NewGuests()
+	px := apitest.NewProxmox(g, templates())
+	return newEnvOn(t, px, g, t.TempDir(), mod)
+}
+
+func newEnvOn(t *testing.T, px *apitest.Proxmox, g *apitest.Guests, stateDir string, mod func(*sandboxapi.Options)) *env {
+	t.Helper()
+	e := &env{t: t, px: px, guests: g, clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, reg: prometheus.NewRegistry()}
+	e.opts = sandboxapi.Options{
+		Node:         "node1",
+		Proxmox:      px,
+		Guests:       g.Dial,
+		Checker:      checker{},
+		Tokens:       tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}},
+		StateDir:     stateDir,
+		SpoolDir:     t.TempDir(),
+		Templates:    map[string]int{"debian": 9000},
+		AgentTimeout: 2 * time.Second,
+		Now:          e.clock.Now,
+		Registerer:   e.reg,
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if mod != nil {
+		mod(&e.opts)
+	}
+	srv, err := sandboxapi.New(e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv = srv
+	if _, err := srv.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.http = httptest.NewServer(srv.LocalHandler())
+	e.tcp = httptest.NewServer(srv.Handler())
+	t.Cleanup(e.http.Close)
+	t.Cleanup(e.tcp.Close)
+	e.c = client.New(e.http.URL)
+	return e
+}
+
+func (e *env) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	e.t.Cleanup(cancel)
+	return ctx
+}
+
+func (e *env) create(req sandboxapi.CreateRequest) sandboxapi.Sandbox {
+	e.t.Helper()
+	sb, err := e.c.Create(e.ctx(), req)
+	if err != nil {
+		e.t.Fatalf("create: %v", err)
+	}
+	return sb
+}
+
+// checker is a Checker that reports one probe per other sandbox plus a
+// positive control run through the guest.
+type checker struct{}
+
+func (checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi.CheckReport, error) {
+	res, err := t.Guest.Exec(ctx, sandboxapi.GuestExec{Argv: []string{"echo", "ok"}})
+	if err != nil {
+		return sandboxapi.CheckReport{}, err
+	}
+	rows := []sandboxapi.CheckRow{{Target: "control", Probe: "exec", Expected: "ok", Observed: string(res.Stdout), Pass: string(res.Stdout) == "ok\n", Control: true}}
+	for _, o := range t.Others {
+		rows = append(rows, sandboxapi.CheckRow{Target: o.ID, Probe: "tcp", Expected: "blocked", Observed: "blocked", Pass: true})
+	}
+	pass := !slices.ContainsFunc(rows, func(r sandboxapi.CheckRow) bool { return !r.Pass })
+	return sandboxapi.CheckReport{Pass: pass, Rows: rows}, nil
+}
+
+// rawRequest sends a request to the local handler and returns the response.
+func (e *env) raw(method, path, ctype string, body io.Reader) *http.Response {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.http.URL+path, body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// metric returns the value of the series name{labels...} (0 when absent).
+func (e *env) metric(name string, labels ...string) float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// series counts the series of a metric family.
+func (e *env) series(name string) int {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}
