@@ -49,7 +49,7 @@ func (t tokens) Verify(tok string) (string, []string, error) {
 }
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	px     *apitest.Proxmox
 	guests *apitest.Guests
 	clock  *clock
@@ -64,14 +64,14 @@ type env struct {
 func templates() map[string]int { return map[string]int{"debian": 9000, "kali": 9001} }
 
 // newEnv builds a server on fakes; mod may change the options.
-func newEnv(t *testing.T, mod func(*sandboxapi.Options)) *env {
+func newEnv(t testing.TB, mod func(*sandboxapi.Options)) *env {
 	t.Helper()
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, templates())
 	return newEnvOn(t, px, g, t.TempDir(), mod)
 }
 
-func newEnvOn(t *testing.T, px *apitest.Proxmox, g *apitest.Guests, stateDir string, mod func(*sandboxapi.Options)) *env {
+func newEnvOn(t testing.TB, px *apitest.Proxmox, g *apitest.Guests, stateDir string, mod func(*sandboxapi.Options)) *env {
 	t.Helper()
 	e := &env{t: t, px: px, guests: g, clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, reg: prometheus.NewRegistry()}
 	e.opts = sandboxapi.Options{
