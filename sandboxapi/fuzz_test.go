@@ -146,4 +146,3 @@ func FuzzExtendRequest(f *testing.F) {
 		fuzzCall(t, e, req, http.StatusOK)
 	})
 }
-
