@@ -1,0 +1,144 @@
+package mgmtport
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeFW keeps rules like Proxmox: a list, new rules inserted at position 0.
+type fakeFW struct {
+	mu            sync.Mutex
+	rules         []Rule
+	node, cluster bool
+	adds, dels    int
+	failAdd       error
+}
+
+func (f *fakeFW) renumber() {
+	for i := range f.rules {
+		f.rules[i].Pos = i
+	}
+}
+func (f *fakeFW) NodeRules(context.Context) ([]Rule, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.rules), nil
+}
+func (f *fakeFW) AddNodeRule(_ context.Context, r Rule) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failAdd != nil {
+		return f.failAdd
+	}
+	f.adds++
+	f.rules = append([]Rule{r}, f.rules...)
+	f.renumber()
+	return nil
+}
+func (f *fakeFW) DeleteNodeRule(_ context.Context, pos int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if pos < 0 || pos >= len(f.rules) {
+		return errors.New("no such rule")
+	}
+	f.dels++
+	f.rules = slices.Delete(f.rules, pos, pos+1)
+	f.renumber()
+	return nil
+}
+func (f *fakeFW) NodeFirewallEnabled(context.Context) (bool, error)    { return f.node, nil }
+func (f *fakeFW) SetNodeFirewall(_ context.Context, on bool) error     { f.node = on; return nil }
+func (f *fakeFW) ClusterFirewallEnabled(context.Context) (bool, error) { return f.cluster, nil }
+func (f *fakeFW) SetClusterFirewall(_ context.Context, on bool) error  { f.cluster = on; return nil }
+
+func ours(rules []Rule) []Rule {
+	var out []Rule
+	for _, r := range rules {
+		if len(r.Comment) >= len(Tag) && r.Comment[:len(Tag)] == Tag {
+			r.Pos = 0
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestConverge(t *testing.T) {
+	foreign := Rule{Type: "in", Action: "ACCEPT", Proto: "tcp", DPort: "3128", Comment: "operator", Enable: true}
+	fw := &fakeFW{rules: []Rule{foreign}}
+	c := New(fw, 8443, nil)
+	ctx := context.Background()
+
+	changed, err := c.Converge(ctx, "eth0")
+	if err != nil || !changed {
+		t.Fatalf("first converge: %v %v", changed, err)
+	}
+	want := c.Desired("eth0")
+	if got := ours(fw.rules); !slices.EqualFunc(got, want, same) {
+		t.Fatalf("rules %+v, want %+v", got, want)
+	}
+	if len(want) != 6 || want[2].DPort != "8443" || want[0].Iface != "eth0" || want[3].Iface != "" {
+		t.Errorf("desired set %+v", want)
+	}
+	if !fw.node || !fw.cluster {
+		t.Error("firewall not enabled")
+	}
+	if fw.rules[len(fw.rules)-1] != (Rule{Pos: len(fw.rules) - 1, Type: "in", Action: "ACCEPT", Proto: "tcp", DPort: "3128", Comment: "operator", Enable: true}) {
+		t.Errorf("foreign rule moved or changed: %+v", fw.rules)
+	}
+
+	// converged: nothing is recreated
+	adds, dels := fw.adds, fw.dels
+	if changed, err := c.Converge(ctx, "eth0"); err != nil || changed || fw.adds != adds || fw.dels != dels {
+		t.Fatalf("second converge changed things: %v %v", changed, err)
+	}
+
+	// someone edits one of ours: recreated
+	fw.rules[1].DPort = "23"
+	if changed, _ := c.Converge(ctx, "eth0"); !changed || !slices.EqualFunc(ours(fw.rules), want, same) {
+		t.Fatalf("edited rule not repaired: %+v", fw.rules)
+	}
+
+	// default route moves
+	if changed, _ := c.Converge(ctx, "ens5"); !changed || !slices.EqualFunc(ours(fw.rules), c.Desired("ens5"), same) {
+		t.Fatalf("iface change not applied: %+v", fw.rules)
+	}
+	if n := len(fw.rules); n != 7 {
+		t.Errorf("%d rules, want 6 ours + 1 foreign", n)
+	}
+
+	// errors are returned
+	fw.rules[0].DPort = "1"
+	fw.failAdd = errors.New("boom")
+	if _, err := c.Converge(ctx, "ens5"); err == nil {
+		t.Error("failure not reported")
+	}
+}
+
+func TestRunFollowsInterface(t *testing.T) {
+	fw := &fakeFW{}
+	c := New(fw, 0, nil)
+	ch := make(chan string)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx, "eth0", ch, time.Hour); close(done) }()
+	ch <- "eth1" // accepted only after the first round
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		fw.mu.Lock()
+		got := ours(fw.rules)
+		fw.mu.Unlock()
+		if slices.EqualFunc(got, c.Desired("eth1"), same) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rules did not follow the interface: %+v", got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+}
