@@ -128,7 +128,9 @@ func (c *Client) call(ctx context.Context, method, op, path string, body any) er
 	return nil
 }
 
-func (c *Client) qemu(vmid int) string { return fmt.Sprintf("/nodes/%s/qemu/%d", url.PathEscape(c.node), vmid) }
+func (c *Client) qemu(vmid int) string {
+	return fmt.Sprintf("/nodes/%s/qemu/%d", url.PathEscape(c.node), vmid)
+}
 
 // flexInt decodes numbers that Proxmox sends as numbers or strings.
 type flexInt int
@@ -571,4 +573,3 @@ func (c *Client) ClusterFirewallEnabled(ctx context.Context) (bool, error) {
 func (c *Client) SetClusterFirewall(ctx context.Context, on bool) error {
 	return c.call(ctx, "PUT", "set cluster firewall", "/cluster/firewall/options", map[string]any{"enable": boolInt(on)})
 }
-
