@@ -170,10 +170,7 @@ type resource struct {
 }
 
 func (r resource) info() sandboxapi.VMInfo {
-	var tags []string
-	for _, t := range strings.FieldsFunc(r.Tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' }) {
-		tags = append(tags, t)
-	}
+	tags := strings.FieldsFunc(r.Tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
 	return sandboxapi.VMInfo{VMID: int(r.VMID), Name: r.Name, Status: r.Status, Tags: tags, Pool: r.Pool, Template: r.Template != 0}
 }
 

@@ -1,0 +1,217 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// APISection configures the sandbox API ([api]).
+type APISection struct {
+	// Enabled turns the sandbox API on.
+	Enabled bool `toml:"enabled"`
+	// Socket is the unix socket; SocketGroup (name or gid, "" keeps the
+	// daemon's group) and SocketMode (octal string) restrict who may call.
+	Socket      string `toml:"socket"`
+	SocketGroup string `toml:"socket_group"`
+	SocketMode  string `toml:"socket_mode"`
+	// Listen, when set, is host:port of a TCP listener with TLS and bearer
+	// tokens (the management address).
+	Listen  string `toml:"listen"`
+	TLSCert string `toml:"tls_cert"`
+	TLSKey  string `toml:"tls_key"`
+	// TokenFile holds the hashed bearer tokens.
+	TokenFile string `toml:"token_file"`
+	// StateDir holds the sandbox state file.
+	StateDir string `toml:"state_dir"`
+	// QGADir holds the guest agent sockets <vmid>.qga.
+	QGADir string `toml:"qga_dir"`
+	// Pool is the Proxmox pool of every sandbox VM.
+	Pool string `toml:"pool"`
+	// Templates maps template names to VM ids; other names are looked up
+	// among the node's templates by name.
+	Templates map[string]int `toml:"templates"`
+	// DefaultTTL and MaxTTL bound sandbox lifetimes.
+	DefaultTTL time.Duration `toml:"default_ttl"`
+	MaxTTL     time.Duration `toml:"max_ttl"`
+	// ReaperInterval is how often expired sandboxes are deleted.
+	ReaperInterval time.Duration `toml:"reaper_interval"`
+	// AgentTimeout bounds the wait for a started VM's guest agent.
+	AgentTimeout time.Duration `toml:"agent_timeout"`
+	// MaxFileBytes caps file uploads and downloads.
+	MaxFileBytes int64 `toml:"max_file_bytes"`
+	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
+	AutoCIDRPool string `toml:"auto_cidr_pool"`
+	AutoCIDRBits int    `toml:"auto_cidr_bits"`
+	// MgmtRules converges the Proxmox management-port firewall rules every
+	// MgmtInterval and on default-route changes.
+	MgmtRules    bool          `toml:"mgmt_rules"`
+	MgmtInterval time.Duration `toml:"mgmt_interval"`
+	// Caps are the resource guard's limits (0: unlimited).
+	Caps APICaps `toml:"caps"`
+	// Proxmox is the API the daemon drives.
+	Proxmox APIProxmox `toml:"proxmox"`
+}
+
+// APICaps are the guard's per-sandbox and node-wide caps ([api.caps]).
+type APICaps struct {
+	SandboxVCPUs     int `toml:"sandbox_vcpus"`
+	SandboxMemoryMiB int `toml:"sandbox_memory_mib"`
+	SandboxVMs       int `toml:"sandbox_vms"`
+	NodeVCPUs        int `toml:"node_vcpus"`
+	NodeMemoryMiB    int `toml:"node_memory_mib"`
+	NodeVMs          int `toml:"node_vms"`
+	NodeSandboxes    int `toml:"node_sandboxes"`
+}
+
+// APIProxmox is the Proxmox API connection ([api.proxmox]).
+type APIProxmox struct {
+	// URL is the API base.
+	URL string `toml:"url"`
+	// Node is the Proxmox node name ("" = node.id).
+	Node string `toml:"node"`
+	// TokenID is "user@realm!name" of an API token limited to the pool;
+	// the secret is read from SecretFile.
+	TokenID    string `toml:"token_id"`
+	SecretFile string `toml:"secret_file"`
+	// CAFile verifies the API certificate ("" = system pool).
+	CAFile string `toml:"ca_file"`
+}
+
+// defaultAPI returns the [api] defaults.
+func defaultAPI() APISection {
+	return APISection{
+		Enabled:        false,
+		Socket:         "/run/pve-inspectd/api.sock",
+		SocketMode:     "0660",
+		TLSCert:        "/etc/pve/local/pve-ssl.pem",
+		TLSKey:         "/etc/pve/local/pve-ssl.key",
+		TokenFile:      "/etc/pve-inspectd/tokens.json",
+		StateDir:       "/var/lib/pve-inspectd/sandboxapi",
+		QGADir:         "/var/run/qemu-server",
+		Pool:           "pve-inspect",
+		DefaultTTL:     time.Hour,
+		MaxTTL:         24 * time.Hour,
+		ReaperInterval: 30 * time.Second,
+		AgentTimeout:   5 * time.Minute,
+		MaxFileBytes:   1 << 30,
+		AutoCIDRPool:   "10.200.0.0/16",
+		AutoCIDRBits:   24,
+		MgmtRules:      true,
+		MgmtInterval:   time.Minute,
+		Proxmox: APIProxmox{
+			URL:        "https://127.0.0.1:8006/api2/json",
+			TokenID:    "pve-inspect@pve!daemon",
+			SecretFile: "/etc/pve-inspectd/pve-token",
+			CAFile:     "/etc/pve/pve-root-ca.pem",
+		},
+	}
+}
+
+var reTemplateName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// SocketFileMode parses SocketMode.
+func (a APISection) SocketFileMode() (uint32, error) {
+	v, err := strconv.ParseUint(a.SocketMode, 8, 32)
+	if err != nil || v > 0o777 {
+		return 0, fmt.Errorf("want an octal mode such as 0660, got %q", a.SocketMode)
+	}
+	return uint32(v), nil
+}
+
+func (a APISection) validate(prefix string) error {
+	key := func(k string, err error) error { return &KeyError{Key: prefix + "." + k, Err: err} }
+	abs := func(k, v string, allowEmpty bool) error {
+		if v == "" && allowEmpty {
+			return nil
+		}
+		if !filepath.IsAbs(v) {
+			return key(k, fmt.Errorf("want an absolute path, got %q", v))
+		}
+		return nil
+	}
+	for k, v := range map[string]string{"socket": a.Socket, "token_file": a.TokenFile, "state_dir": a.StateDir, "qga_dir": a.QGADir} {
+		if err := abs(k, v, false); err != nil {
+			return err
+		}
+	}
+	if m, err := a.SocketFileMode(); err != nil {
+		return key("socket_mode", err)
+	} else if m&0o007 != 0 {
+		return key("socket_mode", errors.New("must not grant access to others"))
+	}
+	if a.Listen != "" {
+		host, port, err := net.SplitHostPort(a.Listen)
+		if err != nil || port == "" {
+			return key("listen", fmt.Errorf("want host:port, got %q", a.Listen))
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return key("listen", fmt.Errorf("bad port %q", port))
+		}
+		if host == "" || host == "0.0.0.0" || host == "::" {
+			return key("listen", errors.New("name the management address; a wildcard would expose the API on guest bridges"))
+		}
+		for k, v := range map[string]string{"tls_cert": a.TLSCert, "tls_key": a.TLSKey} {
+			if err := abs(k, v, false); err != nil {
+				return err
+			}
+		}
+	}
+	if a.Pool == "" {
+		return key("pool", errors.New("must not be empty"))
+	}
+	for name, id := range a.Templates {
+		if !reTemplateName.MatchString(name) {
+			return key("templates."+name, errors.New("bad template name"))
+		}
+		if id < 100 || id > 999999999 {
+			return key("templates."+name, fmt.Errorf("vmid %d out of range", id))
+		}
+	}
+	durs := []struct {
+		k string
+		v time.Duration
+	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}, {"mgmt_interval", a.MgmtInterval}}
+	for _, d := range durs {
+		if d.v <= 0 {
+			return key(d.k, errors.New("must be positive"))
+		}
+	}
+	if a.DefaultTTL > a.MaxTTL {
+		return key("default_ttl", errors.New("is over max_ttl"))
+	}
+	if a.MaxFileBytes < 1 {
+		return key("max_file_bytes", errors.New("must be positive"))
+	}
+	p, err := netip.ParsePrefix(a.AutoCIDRPool)
+	if err != nil || !p.Addr().Is4() || p.Masked() != p {
+		return key("auto_cidr_pool", fmt.Errorf("want an IPv4 prefix, got %q", a.AutoCIDRPool))
+	}
+	if a.AutoCIDRBits < p.Bits() || a.AutoCIDRBits > 28 {
+		return key("auto_cidr_bits", fmt.Errorf("want %d..28", p.Bits()))
+	}
+	caps := map[string]int{"sandbox_vcpus": a.Caps.SandboxVCPUs, "sandbox_memory_mib": a.Caps.SandboxMemoryMiB, "sandbox_vms": a.Caps.SandboxVMs,
+		"node_vcpus": a.Caps.NodeVCPUs, "node_memory_mib": a.Caps.NodeMemoryMiB, "node_vms": a.Caps.NodeVMs, "node_sandboxes": a.Caps.NodeSandboxes}
+	for k, v := range caps {
+		if v < 0 {
+			return key("caps."+k, errors.New("must not be negative"))
+		}
+	}
+	if a.Enabled {
+		if a.Proxmox.URL == "" {
+			return key("proxmox.url", errors.New("must not be empty"))
+		}
+		if !regexp.MustCompile(`^[^@!]+@[^@!]+![A-Za-z][A-Za-z0-9._-]*$`).MatchString(a.Proxmox.TokenID) {
+			return key("proxmox.token_id", fmt.Errorf("want user@realm!tokenname (an API token, never a password login), got %q", a.Proxmox.TokenID))
+		}
+		if err := abs("proxmox.secret_file", a.Proxmox.SecretFile, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,52 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestAPISection(t *testing.T) {
+	c, err := Parse(`
+[node]
+id = "n1"
+[api]
+enabled = true
+listen = "192.0.2.2:8443"
+socket_mode = "0660"
+default_ttl = "30m"
+reaper_interval = "5s"
+templates = { debian = 9000 }
+[api.caps]
+node_vms = 10
+[api.proxmox]
+token_id = "pve-inspect@pve!daemon"
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" {
+		t.Errorf("parsed %+v", c.API)
+	}
+	bad := []struct{ doc, key string }{
+		{`[api]` + "\n" + `socket_mode = "0666"`, "api.socket_mode"},
+		{`[api]` + "\n" + `socket_mode = "rw"`, "api.socket_mode"},
+		{`[api]` + "\n" + `listen = "0.0.0.0:8443"`, "api.listen"},
+		{`[api]` + "\n" + `listen = "nonsense"`, "api.listen"},
+		{`[api]` + "\n" + `socket = "relative.sock"`, "api.socket"},
+		{`[api]` + "\n" + `default_ttl = "48h"`, "api.default_ttl"},
+		{`[api]` + "\n" + `auto_cidr_pool = "10.0.0.1/16"`, "api.auto_cidr_pool"},
+		{`[api.caps]` + "\n" + `node_vms = -1`, "api.caps.node_vms"},
+		{`[api]` + "\n" + `enabled = true` + "\n" + `[api.proxmox]` + "\n" + `token_id = "root@pam"`, "api.proxmox.token_id"},
+		{`[api]` + "\n" + `templates = { "bad name" = 9000 }`, "api.templates.bad name"},
+		{`[api]` + "\n" + `bogus = 1`, "api.bogus"},
+	}
+	for _, b := range bad {
+		_, err := Parse("[node]\nid = \"n\"\n" + b.doc)
+		var ke *KeyError
+		if !errors.As(err, &ke) || !strings.HasPrefix(ke.Key, b.key) {
+			t.Errorf("%q: err %v, want key %s", b.doc, err, b.key)
+		}
+	}
+}

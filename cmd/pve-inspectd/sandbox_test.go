@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+)
+
+// passChecker reports one passing row.
+type passChecker struct{ pass bool }
+
+func (p passChecker) Run(context.Context, sandboxapi.CheckTarget) (sandboxapi.CheckReport, error) {
+	return sandboxapi.CheckReport{Pass: p.pass, Rows: []sandboxapi.CheckRow{{Target: "host api", Probe: "tcp 8006", Expected: "blocked", Observed: "blocked", Pass: p.pass}}}, nil
+}
+
+// startAPI serves the API on fakes over a unix socket in a temp dir.
+func startAPI(t *testing.T, pass bool) string {
+	t.Helper()
+	g := apitest.NewGuests()
+	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
+	srv, err := sandboxapi.New(sandboxapi.Options{Node: "n1", Proxmox: px, Guests: g.Dial, Checker: passChecker{pass}, StateDir: t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	ln, err := sandboxapi.ListenUnix(sock, "", 0o660)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket mode: %v %v", fi.Mode(), err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sandboxapi.Serve(ctx, ln, srv.LocalHandler()); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return sock
+}
+
+// run executes the CLI and returns stdout and the error.
+func run(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	root := newRootCmd()
+	var out, errb bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	root.SetIn(strings.NewReader(stdin))
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestSandboxVerbs(t *testing.T) {
+	sock := startAPI(t, true)
+	out, err := run(t, "", "sandbox", "create", "--socket", sock, "--template", "debian", "--template", "debian", "--label", "eval=x", "--ttl", "1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb sandboxapi.Sandbox
+	if err := json.Unmarshal([]byte(out), &sb); err != nil || len(sb.VMs) != 2 || sb.Labels["eval"] != "x" {
+		t.Fatalf("create output %q: %v", out, err)
+	}
+	out, err = run(t, "", "sandbox", "list", "--socket", sock)
+	if err != nil || !strings.Contains(out, sb.ID) || !strings.Contains(out, "ready") {
+		t.Fatalf("list: %q %v", out, err)
+	}
+	out, err = run(t, "", "sandbox", "exec", "--socket", sock, sb.ID, "vm1", "--", "echo", "hello")
+	if err != nil || out != "hello\n" {
+		t.Fatalf("exec: %q %v", out, err)
+	}
+	_, err = run(t, "", "sandbox", "exec", "--socket", sock, sb.ID, "vm1", "--", "fail", "7")
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 7 {
+		t.Fatalf("exec exit code: %v", err)
+	}
+	local := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(local, []byte("payload"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "", "sandbox", "cp", "--socket", sock, local, sb.ID+":vm0:/root/f"); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run(t, "", "sandbox", "cp", "--socket", sock, sb.ID+":vm0:/root/f", "-")
+	if err != nil || out != "payload" {
+		t.Fatalf("cp out: %q %v", out, err)
+	}
+	back := filepath.Join(t.TempDir(), "back")
+	if _, err := run(t, "", "sandbox", "cp", "--socket", sock, sb.ID+":vm0:/root/f", back); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(back); string(b) != "payload" {
+		t.Fatalf("cp to file: %q", b)
+	}
+	if _, err := run(t, "", "sandbox", "cp", "--socket", sock, sb.ID+":vm0:/nope", back); err == nil || !strings.Contains(err.Error(), "file-not-found") {
+		t.Fatalf("cp of a missing file: %v", err)
+	}
+	out, err = run(t, "", "check", "--socket", sock, sb.ID)
+	if err != nil || !strings.Contains(out, "PASS") {
+		t.Fatalf("check: %q %v", out, err)
+	}
+	if _, err := run(t, "", "sandbox", "delete", "--socket", sock, sb.ID, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	out, _ = run(t, "", "sandbox", "list", "--socket", sock, "--json")
+	if strings.TrimSpace(out) != "[]" && strings.TrimSpace(out) != "null" {
+		t.Fatalf("list after delete: %q", out)
+	}
+}
+
+func TestCheckFailsExitCode(t *testing.T) {
+	sock := startAPI(t, false)
+	out, err := run(t, "", "sandbox", "create", "--socket", sock, "--template", "debian")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb sandboxapi.Sandbox
+	_ = json.Unmarshal([]byte(out), &sb)
+	out, err = run(t, "", "check", "--socket", sock, sb.ID)
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 1 || !strings.Contains(out, "FAIL") {
+		t.Fatalf("failing check: %q %v", out, err)
+	}
+}
+
+func TestTokenVerbs(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "tokens.json")
+	tok, err := run(t, "", "token", "create", "harness", "--scope", "exec,read", "--token-file", f)
+	if err != nil || !strings.HasPrefix(tok, "pvei_") {
+		t.Fatalf("create: %q %v", tok, err)
+	}
+	out, err := run(t, "", "token", "list", "--token-file", f)
+	if err != nil || !strings.Contains(out, "harness") || !strings.Contains(out, "exec,read") || strings.Contains(out, strings.TrimSpace(tok)) {
+		t.Fatalf("list: %q %v", out, err)
+	}
+	if _, err := run(t, "", "token", "revoke", "harness", "--token-file", f); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, "", "token", "create", "x", "--scope", "root", "--token-file", f); err == nil {
+		t.Fatal("bad scope accepted")
+	}
+}
