@@ -1,5 +1,7 @@
 # pve-inspect build, test, demo, bench and lint.
-GO      ?= go
+# sudo's secure_path usually lacks Go: fall back to its standard place.
+GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+export PATH := $(dir $(GO)):$(PATH)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # Debian version: grows with every commit, so a rebuilt package upgrades.
 DEB_VERSION ?= 0.1.0~git$(shell git rev-list --count HEAD 2>/dev/null || echo 0).$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)-1
