@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,9 +46,9 @@ type apiDeps struct {
 //lint:ignore U1000 called by the daemon's run verb (wired by the integrator)
 func runAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d apiDeps) error {
 	a := cfg.API
-	secret, err := os.ReadFile(a.Proxmox.SecretFile)
+	secret, err := readTokenSecret(a.Proxmox.SecretFile)
 	if err != nil {
-		return fmt.Errorf("sandbox api: read proxmox token secret: %w", err)
+		return fmt.Errorf("sandbox api: %w", err)
 	}
 	node := a.Proxmox.Node
 	if node == "" {
@@ -57,7 +58,7 @@ func runAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d apiDeps)
 	if _, err := os.Stat(caFile); caFile != "" && err != nil {
 		return fmt.Errorf("sandbox api: proxmox CA: %w", err)
 	}
-	px, err := pve.New(pve.Options{URL: a.Proxmox.URL, TokenID: a.Proxmox.TokenID, Secret: strings.TrimSpace(string(secret)), Node: node, RootCAFile: caFile})
+	px, err := pve.New(pve.Options{URL: a.Proxmox.URL, TokenID: a.Proxmox.TokenID, Secret: secret, Node: node, RootCAFile: caFile})
 	if err != nil {
 		return fmt.Errorf("sandbox api: %w", err)
 	}
@@ -143,4 +144,28 @@ func runAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d apiDeps)
 		return fmt.Errorf("sandbox api: %w", first)
 	}
 	return nil
+}
+
+// readTokenSecret reads a Proxmox API token secret: the plain value, or
+// the JSON document `pveum user token add --output-format json` writes
+// (packaging/deb/pve-access-setup stores that).
+func readTokenSecret(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read proxmox token secret: %w", err)
+	}
+	s := strings.TrimSpace(string(b))
+	if strings.HasPrefix(s, "{") {
+		var doc struct {
+			Value string `json:"value"`
+		}
+		if err := json.Unmarshal([]byte(s), &doc); err != nil || doc.Value == "" {
+			return "", fmt.Errorf("proxmox token secret %s: JSON without a \"value\"", path)
+		}
+		return doc.Value, nil
+	}
+	if s == "" {
+		return "", fmt.Errorf("proxmox token secret %s is empty", path)
+	}
+	return s, nil
 }

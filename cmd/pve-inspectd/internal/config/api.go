@@ -76,7 +76,8 @@ type APIProxmox struct {
 	// Node is the Proxmox node name ("" = node.id).
 	Node string `toml:"node"`
 	// TokenID is "user@realm!name" of an API token limited to the pool;
-	// the secret is read from SecretFile.
+	// the secret is read from SecretFile (the plain secret, or the JSON
+	// `pveum user token add --output-format json` prints).
 	TokenID    string `toml:"token_id"`
 	SecretFile string `toml:"secret_file"`
 	// CAFile verifies the API certificate ("" = system pool).
@@ -106,7 +107,7 @@ func defaultAPI() APISection {
 		MgmtInterval:   time.Minute,
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
-			TokenID:    "pve-inspect@pve!daemon",
+			TokenID:    "pve-inspectd@pve!daemon",
 			SecretFile: "/etc/pve-inspectd/pve-token",
 			CAFile:     "/etc/pve/pve-root-ca.pem",
 		},
