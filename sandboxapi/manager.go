@@ -513,7 +513,7 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
 	return m.waitAgent(ctx, vmid)
 }
 
-// guest returns the (cached) guest of a VM.
+// guest returns the guest of a VM (the dialer decides about caching).
 func (m *manager) guest(vmid int) Guest {
 	return m.o.Guests(filepath.Join(m.o.QGADir, strconv.Itoa(vmid)+".qga"))
 }

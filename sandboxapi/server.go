@@ -362,6 +362,9 @@ func writeJSON(w http.ResponseWriter, code int, v any) error {
 
 // ListenUnix listens on a unix socket with the given group (name or
 // number; "" keeps the process group) and mode, replacing a stale socket.
+// The socket is bound under a temporary name, given its group and mode, and
+// only then renamed into place, so it is never reachable with looser
+// permissions.
 func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
@@ -371,18 +374,25 @@ func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 			c.Close()
 			return nil, fmt.Errorf("listen %s: another process serves this socket", path)
 		}
-		_ = os.Remove(path)
 	}
 	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
-	ln, err := net.Listen("unix", path)
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	_ = os.Remove(tmp)
+	ln, err := net.Listen("unix", tmp)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
 	fail := func(err error) (net.Listener, error) {
 		ln.Close()
+		_ = os.Remove(tmp)
 		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	if err := os.Chmod(tmp, 0); err != nil {
+		return fail(err)
 	}
 	if group != "" {
 		gid, err := strconv.Atoi(group)
@@ -393,14 +403,30 @@ func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 			}
 			gid, _ = strconv.Atoi(g.Gid)
 		}
-		if err := os.Chown(path, -1, gid); err != nil {
+		if err := os.Chown(tmp, -1, gid); err != nil {
 			return fail(err)
 		}
 	}
-	if err := os.Chmod(path, mode); err != nil {
+	if err := os.Chmod(tmp, mode); err != nil {
 		return fail(err)
 	}
-	return ln, nil
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(err)
+	}
+	return &unixListener{UnixListener: ul, path: path}, nil
+}
+
+// unixListener removes its socket file on Close.
+type unixListener struct {
+	*net.UnixListener
+	path string
+	once sync.Once
+}
+
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	l.once.Do(func() { _ = os.Remove(l.path) })
+	return err
 }
 
 func dirOf(p string) string {

@@ -1,0 +1,139 @@
+package sandboxapi_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+)
+
+func TestDeleteDuringCreate(t *testing.T) {
+	e := newEnv(t, func(o *sandboxapi.Options) { o.AgentTimeout = time.Minute })
+	for id := 100; id < 110; id++ {
+		e.guests.PingFails[id] = true // agents never answer: create waits
+	}
+	var wg sync.WaitGroup
+	var cerr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, cerr = e.c.Create(context.Background(), twoVMs())
+	}()
+	var id string
+	deadline := time.Now().Add(10 * time.Second)
+	for id == "" {
+		if l, _ := e.c.List(e.ctx()); len(l) == 1 && l[0].State == sandboxapi.StateCreating && len(e.px.VMIDs()) == 2 {
+			id = l[0].ID
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("create did not get going")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := e.c.Delete(e.ctx(), id); err != nil {
+		t.Fatalf("delete during create: %v", err)
+	}
+	wg.Wait()
+	if cerr == nil {
+		t.Fatal("create succeeded although it was deleted")
+	}
+	if ids := e.px.VMIDs(); len(ids) != 0 {
+		t.Errorf("VMs left: %v", ids)
+	}
+	if z, v, s := e.px.SDNObjects(); z+v+s != 0 {
+		t.Errorf("sdn left %d/%d/%d", z, v, s)
+	}
+	if _, err := e.c.Get(e.ctx(), id); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+		t.Errorf("get after delete: %v", err)
+	}
+}
+
+func TestExtendAndCheckErrors(t *testing.T) {
+	e := newEnv(t, func(o *sandboxapi.Options) { o.Checker = nil })
+	sb := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if _, err := e.c.Check(e.ctx(), sb.ID, ""); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+		t.Errorf("check without checker: %v", err)
+	}
+	if _, err := e.c.Check(e.ctx(), sb.ID, "nosuch"); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+		t.Errorf("check from unknown vm: %v", err)
+	}
+	if _, err := e.c.Extend(e.ctx(), "sbzzzzzz", time.Hour); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+		t.Errorf("extend unknown: %v", err)
+	}
+	h, err := e.c.Health(e.ctx())
+	if err != nil || h.Status != "ok" || h.Sandboxes != 1 || h.Node != "node1" {
+		t.Errorf("health %+v %v", h, err)
+	}
+}
+
+// BenchmarkExec compares an exec through the HTTP API with the same call
+// made on the guest directly, in one run; the difference is the API's
+// overhead (HTTP, JSON, routing, auth, metrics).
+func BenchmarkExec(b *testing.B) {
+	e := newEnv(b, nil)
+	sb, err := e.c.Create(context.Background(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := e.guests.Dial("/x/" + strconv.Itoa(sb.VMs[0].VMID) + ".qga")
+	ctx := context.Background()
+	b.Run("api", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("direct", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := g.Exec(ctx, sandboxapi.GuestExec{Argv: []string{"echo", "x"}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkFileRoundTrip measures 64 MiB write+read through the API against
+// the same transfers on the guest directly.
+func BenchmarkFileRoundTrip(b *testing.B) {
+	e := newEnv(b, nil)
+	sb, err := e.c.Create(context.Background(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 64<<20)
+	_, _ = rand.Read(data)
+	g := e.guests.Dial("/x/" + strconv.Itoa(sb.VMs[0].VMID) + ".qga")
+	ctx := context.Background()
+	var buf bytes.Buffer
+	b.Run("api", func(b *testing.B) {
+		b.SetBytes(2 * int64(len(data)))
+		for b.Loop() {
+			if err := e.c.WriteFile(ctx, sb.ID, "vm0", "/f", bytes.NewReader(data), int64(len(data)), 0); err != nil {
+				b.Fatal(err)
+			}
+			buf.Reset()
+			if _, err := e.c.ReadFile(ctx, sb.ID, "vm0", "/f", &buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("direct", func(b *testing.B) {
+		b.SetBytes(2 * int64(len(data)))
+		for b.Loop() {
+			if err := g.WriteFile(ctx, "/f", bytes.NewReader(data), 0o644); err != nil {
+				b.Fatal(err)
+			}
+			buf.Reset()
+			if _, err := g.ReadFile(ctx, "/f", &buf, 1<<30); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
