@@ -31,6 +31,9 @@ var (
 	ErrPermission = errors.New("permission denied in guest")
 	// ErrTooLarge: a guest file is larger than the cap passed to ReadFile.
 	ErrTooLarge = errors.New("guest file larger than the cap")
+	// ErrGuestInvalid: the guest agent client refused the request as
+	// invalid before sending it (bad path, environment name, ...).
+	ErrGuestInvalid = errors.New("invalid guest request")
 )
 
 // CloneSpec is a linked clone of a template into the daemon's pool.

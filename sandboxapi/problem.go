@@ -130,6 +130,8 @@ func asProblem(err error) *Problem {
 	switch {
 	case errors.As(err, &p):
 		return p
+	case errors.Is(err, ErrGuestInvalid):
+		return newProblem(ProblemInvalidRequest, err.Error())
 	case errors.Is(err, ErrTooLarge):
 		return newProblem(ProblemOutputLimit, err.Error())
 	case errors.Is(err, ErrFileNotFound):
