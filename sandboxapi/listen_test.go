@@ -23,17 +23,19 @@ func TestListenUnix(t *testing.T) {
 	if _, err := sandboxapi.ListenUnix(sock, "", 0o660); err == nil {
 		t.Fatal("second listener on a served socket succeeded")
 	}
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
+	accepted := make(chan struct{})
+	go func(l net.Listener) {
+		defer close(accepted)
+		if c, err := l.Accept(); err == nil {
 			c.Close()
 		}
-	}()
+	}(ln)
 	c, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
+	<-accepted
 	ln.Close()
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket left after close: %v", err)

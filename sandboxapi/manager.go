@@ -328,7 +328,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.mu.Unlock()
 		return Sandbox{}, p
 	}
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancel := context.WithTimeout(ctx, m.o.CreateTimeout)
 	defer cancel()
 	rec := &record{
 		Sandbox: Sandbox{
