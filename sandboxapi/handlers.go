@@ -50,7 +50,7 @@ var (
 	pVM   = param{name: "vm", in: "path", desc: "VM name in the sandbox", required: true}
 	pName = param{name: "name", in: "path", desc: "snapshot name", required: true}
 	pPath = param{name: "path", in: "query", desc: "absolute guest path", required: true}
-	pMode = param{name: "mode", in: "query", desc: "octal file mode for a new file (default 0644)"}
+	pMode = param{name: "mode", in: "query", desc: "octal permission bits (up to 0777) of the written file (default 0644)"}
 )
 
 func (s *Server) routeTable() []route {
@@ -333,8 +333,8 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) 
 	mode := os.FileMode(0o644)
 	if ms := q.Get("mode"); ms != "" {
 		v, err := strconv.ParseUint(ms, 8, 32)
-		if err != nil || v > 0o7777 {
-			return invalid("mode", "mode %q: want an octal file mode up to 7777", ms)
+		if err != nil || v > 0o777 {
+			return invalid("mode", "mode %q: want octal permission bits up to 0777", ms)
 		}
 		mode = os.FileMode(v)
 	}

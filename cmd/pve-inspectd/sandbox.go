@@ -257,7 +257,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 				var mode uint64
 				if modeStr != "" {
 					m, err := strconv.ParseUint(modeStr, 8, 32)
-					if err != nil || m > 0o7777 {
+					if err != nil || m > 0o777 {
 						return fmt.Errorf("--mode %q: want octal such as 0755", modeStr)
 					}
 					mode = m
