@@ -234,3 +234,23 @@ func (s *Server) agentFileWrite(ctx context.Context, rq *request) (any, error) {
 	}
 	return nil, nil
 }
+
+// agentSimple serves the generic agent endpoints (register_command in
+// qemu-server): availability check, the guest-<cmd> call, {"result": ...}.
+func (s *Server) agentSimple(cmd string) handlerFunc {
+	return func(ctx context.Context, rq *request) (any, error) {
+		if err := s.checkNode(rq); err != nil {
+			return nil, err
+		}
+		vmid := s.vmid(rq)
+		sock, err := s.agentAvailable(ctx, vmid)
+		if err != nil {
+			return nil, err
+		}
+		res, err := s.monCmd(ctx, vmid, sock, cmd, nil, "")
+		if err != nil {
+			return nil, err
+		}
+		return map[string]any{"result": res}, nil
+	}
+}

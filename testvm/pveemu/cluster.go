@@ -234,3 +234,21 @@ func (s *Server) deletePool(_ context.Context, rq *request) (any, error) {
 	delete(s.pools, id)
 	return nil, nil
 }
+
+func (s *Server) clusterStatus(_ context.Context, _ *request) (any, error) {
+	return []map[string]any{{"type": "node", "name": s.node, "id": "node/" + s.node, "nodeid": 1, "online": 1, "local": 1, "ip": "192.0.2.2", "level": ""}}, nil
+}
+
+func (s *Server) nodeStatus(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	return map[string]any{
+		"uptime": 1000, "cpu": 0.01, "loadavg": []string{"0.00", "0.00", "0.00"}, "kversion": "Linux 6.14.8-2-pve", "pveversion": "pve-manager/9.1.3/pveemu",
+		"memory":    map[string]any{"total": 4 << 30, "used": 1 << 30, "free": 3 << 30},
+		"swap":      map[string]any{"total": 0, "used": 0, "free": 0},
+		"rootfs":    map[string]any{"total": 64 << 30, "used": 8 << 30, "free": 56 << 30, "avail": 56 << 30},
+		"cpuinfo":   map[string]any{"cpus": 2, "cores": 2, "sockets": 1, "model": "pveemu", "mhz": "2000", "hvm": "1"},
+		"boot-info": map[string]any{"mode": "efi", "secureboot": 0},
+	}, nil
+}

@@ -31,7 +31,18 @@ type FakeBackend struct {
 	zones  map[string]ZoneSpec
 	guests map[int]*fakeGuest
 	down   map[int]bool
+	fail   map[string]error
 	calls  []string
+}
+
+// FailZone makes ApplyZone of zone id fail with err (nil clears it).
+func (f *FakeBackend) FailZone(id string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail == nil {
+		f.fail = map[string]error{}
+	}
+	f.fail[id] = err
 }
 
 // NewFakeBackend returns a FakeBackend whose agent sockets live in sockDir.
@@ -47,6 +58,9 @@ func (f *FakeBackend) note(format string, a ...any) {
 func (f *FakeBackend) ApplyZone(_ context.Context, z ZoneSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.fail[z.ID]; err != nil {
+		return err
+	}
 	for _, v := range z.VNets {
 		if len(v.Name) > 15 {
 			return fmt.Errorf("bridge name %q too long", v.Name)
@@ -296,6 +310,8 @@ func (g *fakeGuest) exec(cmd string, raw json.RawMessage) (any, *AgentError) {
 		return a.ID, nil
 	case "guest-ping":
 		return map[string]any{}, nil
+	case "guest-get-osinfo":
+		return map[string]any{"id": "pveemu-fake", "name": "pveemu fake guest", "kernel-release": "0", "machine": "x86_64"}, nil
 	case "guest-exec":
 		g.nextPID++
 		pid := 1000 + g.nextPID

@@ -428,6 +428,9 @@ func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
 	}
 	name, desc := rq.str("name"), rq.str("description")
 	return s.startTask(rq.authid, "qmclone", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+		if h := s.hooks.cloneTaskStart; h != nil {
+			h(newid)
+		}
 		unlock, err := s.vmLock(ctx, newid, time.Second)
 		if err != nil {
 			return err
@@ -481,6 +484,9 @@ func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
 		s.vms[newid] = &vm{vmid: newid, conf: map[string]string{"lock": "clone"}, snaps: map[string]*snapshot{}}
 		s.mu.Unlock()
 		unlock()
+		if h := s.hooks.cloneReserved; h != nil {
+			h(newid)
+		}
 		t.logf("create %s clone of VM %d with ID %d", map[bool]string{true: "full", false: "linked"}[full], vmid, newid)
 		t.logf("creating a clone of VM %d with ID %d", vmid, newid)
 		srcDisk := s.DiskDir(vmid)

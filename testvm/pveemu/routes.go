@@ -10,6 +10,8 @@ func (s *Server) registerRoutes() error {
 	}{
 		{"GET", "/version", s.version},
 		{"GET", "/nodes", s.nodes},
+		{"GET", "/cluster/status", s.clusterStatus},
+		{"GET", "/nodes/{node}/status", s.nodeStatus},
 		{"GET", "/cluster/nextid", s.nextID},
 		{"GET", "/cluster/resources", s.resources},
 		{"GET", "/nodes/{node}/qemu", s.listVMs},
@@ -31,6 +33,7 @@ func (s *Server) registerRoutes() error {
 		{"POST", q + "/snapshot/{snapname}/rollback", s.rollbackSnapshot},
 		{"POST", q + "/agent/ping", s.agentPing},
 		{"POST", q + "/agent/exec", s.agentExec},
+		{"GET", q + "/agent/get-osinfo", s.agentSimple("get-osinfo")},
 		{"GET", q + "/agent/exec-status", s.agentExecStatus},
 		{"GET", q + "/agent/file-read", s.agentFileRead},
 		{"POST", q + "/agent/file-write", s.agentFileWrite},

@@ -165,14 +165,26 @@ func (p *Prop) compile() error {
 	return nil
 }
 
-var perlQuant = regexp.MustCompile(`\{,(\d+)\}`)
+var (
+	perlQuant = regexp.MustCompile(`\{,(\d+)\}`)
+	bigQuant  = regexp.MustCompile(`\{(\d+),(\d{4,})\}`)
+)
 
 // perlToGoRegexp rewrites the few Perl-only constructs in the schema's
 // patterns: "(?^:x)" / "(?^i:x)" stringified qr// groups and "{,n}".
 func perlToGoRegexp(p string) string {
 	p = strings.ReplaceAll(p, "(?^:", "(?:")
 	p = strings.ReplaceAll(p, "(?^i:", "(?i:")
-	return perlQuant.ReplaceAllString(p, "{0,$1}")
+	p = perlQuant.ReplaceAllString(p, "{0,$1}")
+	// Go caps repeat counts at 1000. The one schema pattern above that
+	// ("keys" of /access/users, [..]{0,4096}) is relaxed to an open bound.
+	return bigQuant.ReplaceAllStringFunc(p, func(m string) string {
+		sub := bigQuant.FindStringSubmatch(m)
+		if len(sub[2]) > 3 && sub[2] > "1000" || len(sub[2]) > 4 {
+			return "{" + sub[1] + ",}"
+		}
+		return m
+	})
 }
 
 // typeName returns the schema type as a single string ("" when absent).

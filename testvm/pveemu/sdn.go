@@ -503,7 +503,7 @@ func (s *Server) applySDN(_ context.Context, rq *request) (any, error) {
 			}
 			t.logf("%s: remove zone %s", s.node, z)
 			if err := s.backend.RemoveZone(ctx, z); err != nil {
-				t.logf("%s: %v", s.node, err)
+				t.warn("%s: remove zone %s: %v", s.node, z, err)
 				failed = append(failed, z)
 			}
 		}
@@ -513,16 +513,24 @@ func (s *Server) applySDN(_ context.Context, rq *request) (any, error) {
 			}
 			t.logf("%s: apply zone %s", s.node, z)
 			if err := s.backend.ApplyZone(ctx, zoneSpec(want, z)); err != nil {
-				t.logf("%s: %v", s.node, err)
+				t.warn("%s: apply zone %s: %v", s.node, z, err)
 				failed = append(failed, z)
+				delete(want.zones, z)
+			}
+		}
+		// A zone the backend refused stays out of the running config (a
+		// removal that failed stays in), so the next apply retries it; the
+		// node reports each failure as a warning, like reloadnetworkall.
+		for _, z := range failed {
+			if _, had := have.zones[z]; had {
+				if _, keep := want.zones[z]; !keep {
+					want.zones[z] = have.zones[z]
+				}
 			}
 		}
 		s.mu.Lock()
 		s.sdn.running = want
 		s.mu.Unlock()
-		if len(failed) > 0 {
-			return fmt.Errorf("reloading network config failed for zones %s", strings.Join(failed, ", "))
-		}
 		return nil
 	}), nil
 }

@@ -52,19 +52,26 @@ type Server struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	vms      map[int]*vm
-	tasks    map[string]*task
-	taskSeq  uint32
-	pools    map[string]*pool
-	users    map[string]*user
-	acl      []aclEntry
-	sdn      sdnState
-	fw       map[string]*firewall // "cluster" and "node"
-	records  []RequestRecord
-	pwdRoot  string
-	vmLocks  map[int]*sync.Mutex
-	clonesMu sync.Mutex
+	mu      sync.Mutex
+	vms     map[int]*vm
+	tasks   map[string]*task
+	taskSeq uint32
+	pools   map[string]*pool
+	users   map[string]*user
+	acl     []aclEntry
+	sdn     sdnState
+	fw      map[string]*firewall // "cluster" and "node"
+	records []RequestRecord
+	pwdRoot string
+	vmLocks map[int]*sync.Mutex
+
+	// hooks let tests pause clones at defined points; nil in production.
+	hooks testHooks
+}
+
+type testHooks struct {
+	cloneTaskStart func(newid int) // a clone task begins, before locking
+	cloneReserved  func(newid int) // "lock: clone" written, before the copy
 }
 
 // RequestRecord is one request the emulator received, as validated.
@@ -325,6 +332,7 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord) (any, error) {
 	if err := s.checkAPI2Permissions(rt.ep.Perm, authid, params); err != nil {
 		return nil, err
 	}
+	normalizeLegacyParams(rt.ep.Params, params)
 	if errs := rt.ep.Validate(params); errs != nil {
 		return nil, paramFail(errs)
 	}
@@ -518,4 +526,39 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return fmt.Sprintf("%x", b)
+}
+
+// normalizeLegacyParams is RESTHandler's normalize_legacy_param_formats:
+// for top-level parameters with a true value, a list for a "-list" string
+// becomes comma-joined and a scalar for an array becomes a one-element list
+// (www-form-urlencoded cannot express either).
+func normalizeLegacyParams(schema *Prop, params map[string]any) {
+	for k, v := range params {
+		sub, ok := schema.lookup(k)
+		if !ok || v == nil {
+			continue
+		}
+		if s, isBool := scalarString(v); !isBool && refName(v) == "" && (s == "" || s == "0") {
+			continue
+		}
+		format, _ := sub.Format.(string)
+		switch t := v.(type) {
+		case []string:
+			if sub.typeName() == "string" && strings.HasSuffix(format, "-list") {
+				params[k] = strings.Join(t, ",")
+			}
+		case []any:
+			if sub.typeName() == "string" && strings.HasSuffix(format, "-list") {
+				parts := make([]string, len(t))
+				for i, x := range t {
+					parts[i], _ = scalarString(x)
+				}
+				params[k] = strings.Join(parts, ",")
+			}
+		default:
+			if sub.typeName() == "array" && refName(v) == "" {
+				params[k] = []any{v}
+			}
+		}
+	}
 }
