@@ -84,7 +84,7 @@ func listing(idKey string, cfg, running map[string]map[string]string, pending, s
 			e["state"] = "new"
 			pend := map[string]any{}
 			for k, v := range c {
-				if k == "type" {
+				if k == "type" || k == "vnet" {
 					e[k] = v
 					continue
 				}
@@ -140,7 +140,18 @@ func sdnValue(k, v string) any {
 			return n
 		}
 	case "dhcp-range":
-		return strings.Split(v, "|")
+		// the API decodes each range into an object
+		var out []map[string]string
+		for _, r := range strings.Split(v, "|") {
+			m := map[string]string{}
+			for _, part := range strings.Split(r, ",") {
+				if k, val, ok := strings.Cut(part, "="); ok {
+					m[k] = val
+				}
+			}
+			out = append(out, m)
+		}
+		return out
 	}
 	return v
 }
