@@ -49,7 +49,7 @@ func newEnv(t *testing.T) *env {
 	if err := os.MkdirAll(filepath.Join(disk, "etc"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(disk, "tmp"), 0o1777); err != nil {
+	if err := os.MkdirAll(filepath.Join(disk, "var", "tmp"), 0o1777); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(disk, "etc", "hostname"), []byte("template\n"), 0o644); err != nil {

@@ -115,17 +115,17 @@ func runLifecycle(t *testing.T, ctx context.Context, c *proxmox.Client, tmplID i
 		if want := fmt.Sprintf("hello %d\n", id); st.OutData != want || st.ExitCode != 0 {
 			t.Fatalf("exec on %d: %+v", id, st)
 		}
-		if err := vm.AgentFileWrite(ctx, "/tmp/marker", []byte("before")); err != nil {
+		if err := vm.AgentFileWrite(ctx, "/var/tmp/pveemu-marker", []byte("before")); err != nil {
 			t.Fatal(err)
 		}
 		wait(vm.NewSnapshot(ctx, "s1"))
-		if err := vm.AgentFileWrite(ctx, "/tmp/marker", []byte("after")); err != nil {
+		if err := vm.AgentFileWrite(ctx, "/var/tmp/pveemu-marker", []byte("after")); err != nil {
 			t.Fatal(err)
 		}
 		wait(vm.Snapshot("s1").Rollback(ctx))
 		// A rollback without RAM state leaves the VM stopped.
 		wait(vm.Start(ctx))
-		got, err := vm.AgentFileRead(ctx, "/tmp/marker")
+		got, err := vm.AgentFileRead(ctx, "/var/tmp/pveemu-marker")
 		if err != nil {
 			t.Fatal(err)
 		}
