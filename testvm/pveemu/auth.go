@@ -19,7 +19,6 @@ type user struct {
 	id       string
 	password string
 	enable   bool
-	groups   []string
 	comment  string
 	tokens   map[string]*token
 }

@@ -68,8 +68,6 @@ type resp struct {
 	body   map[string]any
 }
 
-func (r resp) message() string { m, _ := r.body["message"].(string); return m }
-
 func (r resp) errors() map[string]string {
 	out := map[string]string{}
 	if m, ok := r.body["errors"].(map[string]any); ok {
@@ -350,8 +348,8 @@ func TestConfigChangeDuringCloneLock(t *testing.T) {
 	upid, _ := e.ok("POST", "/nodes/pve/qemu/9000/clone", url.Values{"newid": {"105"}}).(string)
 	<-reserved
 	r := e.do("PUT", "/nodes/pve/qemu/105/config", url.Values{"memory": {"1024"}}, authTicket)
-	if r.status != 500 || r.reason != "VM is locked (clone)" {
-		t.Fatalf("got %d %q", r.status, r.reason)
+	if r.status != 500 || r.reason != "VM is locked (clone)" || r.body["message"] != "VM is locked (clone)\n" {
+		t.Fatalf("got %d %q %v", r.status, r.reason, r.body)
 	}
 	st := e.ok("GET", "/nodes/pve/qemu/105/status/current", nil).(map[string]any)
 	if st["lock"] != "clone" {

@@ -320,7 +320,7 @@ func (g *fakeGuest) exec(cmd string, raw json.RawMessage) (any, *AgentError) {
 	case "guest-exec-status":
 		p := g.procs[a.PID]
 		if p == nil {
-			return nil, &AgentError{Class: "GenericError", Desc: fmt.Sprintf("Invalid parameter 'pid'")}
+			return nil, &AgentError{Class: "GenericError", Desc: "Invalid parameter 'pid'"}
 		}
 		delete(g.procs, a.PID)
 		out := map[string]any{"exited": true, "exitcode": p.exitcode}

@@ -34,9 +34,7 @@ type task struct {
 func (t *task) logf(format string, a ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, l := range strings.Split(strings.TrimRight(fmt.Sprintf(format, a...), "\n"), "\n") {
-		t.lines = append(t.lines, l)
-	}
+	t.lines = append(t.lines, strings.Split(strings.TrimRight(fmt.Sprintf(format, a...), "\n"), "\n")...)
 }
 
 func (t *task) warn(format string, a ...any) {
