@@ -155,6 +155,13 @@ func (s *Server) Ticket(userid string) (ticket, csrf string, err error) {
 	return t, c, nil
 }
 
+// RootToken creates an API token for root@pam without privilege
+// separation (full rights) and returns its full id and secret; use it as
+// "Authorization: PVEAPIToken=<fullID>=<secret>".
+func (s *Server) RootToken(name string) (fullID, secret string, err error) {
+	return s.AddToken("root@pam", name, false)
+}
+
 // AddUser creates a user (userid "name@realm") with a password.
 func (s *Server) AddUser(userid, password string) error {
 	if err := verifyUsername(userid); err != nil {

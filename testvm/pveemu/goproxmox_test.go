@@ -190,3 +190,59 @@ func TestGoProxmoxLifecycle(t *testing.T) {
 	}
 	t.Logf("%d requests, all validated", len(recs))
 }
+
+// TestGoProxmoxConcurrentClones: two go-proxmox clones without a NewID both
+// take the same /cluster/nextid value; one succeeds and the other fails
+// with Proxmox's "config file already exists" error.
+func TestGoProxmoxConcurrentClones(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	sent := 0
+	c := lifecycleClient(e, &sent, &mu)
+	node, err := c.Node(ctx, "pve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := node.VirtualMachine(ctx, templateID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold the clone tasks until both clients asked nextid and posted.
+	gate := make(chan struct{})
+	e.s.hooks.cloneTaskStart = func(int) { <-gate }
+	ids := make([]int, 2)
+	errs := make([]error, 2)
+	tasks := make([]*proxmox.Task, 2)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids[i], tasks[i], errs[i] = tmpl.Clone(ctx, &proxmox.VirtualMachineCloneOptions{})
+		}()
+	}
+	wg.Wait()
+	close(gate)
+	if ids[0] != ids[1] {
+		t.Fatalf("nextid handed out %v", ids)
+	}
+	want := fmt.Sprintf("unable to create VM %d: config file already exists", ids[0])
+	okCount := 0
+	for i := range ids {
+		err := errs[i]
+		if err == nil {
+			err = tasks[i].Wait(ctx, 20*time.Millisecond, time.Minute)
+		}
+		switch {
+		case err == nil:
+			okCount++
+		case !strings.Contains(err.Error(), want):
+			t.Fatalf("clone %d: %v, want %q", i, err, want)
+		}
+	}
+	if okCount != 1 {
+		t.Fatalf("%d clones succeeded, want 1", okCount)
+	}
+}
