@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,5 +95,59 @@ func TestGoProxmoxLifecycleOnBed(t *testing.T) {
 	}
 	if pid := bed.DnsmasqPID("sbx1"); pid != 0 {
 		t.Errorf("dnsmasq of sbx1 left: %d", pid)
+	}
+}
+
+// TestAgentDownOnBed kills the real qemu-ga of a running guest and checks
+// the agent endpoints answer like Proxmox.
+func TestAgentDownOnBed(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bed, err := testvm.Up(ctx, testvm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bed.Close() })
+	s, err := New(Options{Node: "pve", Backend: BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(s)
+	t.Cleanup(func() { ts.Close(); _ = s.Close() })
+	tdisk := filepath.Join(bed.Dir(), "template-disk")
+	if err := os.MkdirAll(filepath.Join(tdisk, "upper"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTemplate(ctx, templateID, "tmpl", tdisk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vnet1"}); err != nil {
+		t.Fatal(err)
+	}
+	ticket, csrf := s.RootTicket()
+	e := &env{t: t, s: s, ts: ts, ticket: ticket, csrf: csrf}
+	e.setupZone()
+	e.clone("101")
+	if st := e.task("POST", "/nodes/pve/qemu/101/status/start", nil); st != "OK" {
+		t.Fatalf("start: %s", st)
+	}
+	e.ok("POST", "/nodes/pve/qemu/101/agent/ping", nil)
+	// qemu-ga runs the command as its child: kill the parent.
+	e.ok("POST", "/nodes/pve/qemu/101/agent/exec", url.Values{"command": {"/bin/sh", "-c", "kill -9 $PPID"}})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := e.do("POST", "/nodes/pve/qemu/101/agent/ping", nil, authTicket)
+		if r.status == 500 && r.reason == "QEMU guest agent is not running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent still answers: %d %q", r.status, r.reason)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if st := e.task("POST", "/nodes/pve/qemu/101/status/stop", nil); st != "OK" {
+		t.Fatalf("stop: %s", st)
+	}
+	r := e.do("POST", "/nodes/pve/qemu/101/agent/ping", nil, authTicket)
+	if r.status != 500 || r.reason != "VM 101 is not running" {
+		t.Fatalf("stopped: %d %q", r.status, r.reason)
 	}
 }
