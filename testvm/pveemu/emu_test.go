@@ -328,6 +328,40 @@ func TestAuthentication(t *testing.T) {
 			t.Fatalf("user got %d %q", r.status, r.reason)
 		}
 	})
+	t.Run("token clones into its pool", func(t *testing.T) {
+		form := url.Values{"newid": {"120"}, "pool": {"sbx"}}
+		r := e.do("POST", "/nodes/pve/qemu/9000/clone", form, authNone, "Authorization", token)
+		if r.status != 403 || r.reason != "Permission check failed (/vms/9000, VM.Clone)" {
+			t.Fatalf("got %d %q", r.status, r.reason)
+		}
+		for _, subj := range []string{"agent@pve", tokID} {
+			if err := e.s.SetACL("/vms/9000", subj, "PVEVMAdmin", false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r = e.do("POST", "/nodes/pve/qemu/9000/clone", form, authNone, "Authorization", token)
+		upid, _ := r.body["data"].(string)
+		if r.status != 200 || e.wait(upid) != "OK" {
+			t.Fatalf("got %d %q", r.status, r.reason)
+		}
+		if !strings.Contains(upid, ":qmclone:9000:"+tokID+":") {
+			t.Fatalf("UPID user is not the token: %s", upid)
+		}
+		r = e.do("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil, authNone, "Authorization", token)
+		if r.status != 200 {
+			t.Fatalf("token cannot read its own task: %d %q", r.status, r.reason)
+		}
+		r = e.do("GET", "/nodes/pve/qemu/120/config", nil, authNone, "Authorization", token)
+		if r.status != 200 {
+			t.Fatalf("clone not in the token's pool: %d %q", r.status, r.reason)
+		}
+		// Without the pool parameter the token needs VM.Allocate on the
+		// new VMID itself, which it does not have.
+		r = e.do("POST", "/nodes/pve/qemu/9000/clone", url.Values{"newid": {"121"}}, authNone, "Authorization", token)
+		if r.status != 403 {
+			t.Fatalf("clone outside the pool: %d %q", r.status, r.reason)
+		}
+	})
 	t.Run("ticket login", func(t *testing.T) {
 		r := e.do("POST", "/access/ticket", url.Values{"username": {"agent@pve"}, "password": {"pw"}}, authNone)
 		d, _ := r.body["data"].(map[string]any)
