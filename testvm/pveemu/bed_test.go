@@ -130,8 +130,9 @@ func TestAgentDownOnBed(t *testing.T) {
 		t.Fatalf("start: %s", st)
 	}
 	e.ok("POST", "/nodes/pve/qemu/101/agent/ping", nil)
-	// qemu-ga runs the command as its child: kill the parent.
-	e.ok("POST", "/nodes/pve/qemu/101/agent/exec", url.Values{"command": {"/bin/sh", "-c", "kill -9 $PPID"}})
+	// qemu-ga runs the command as its child: kill the parent, a moment
+	// after the agent has answered the exec.
+	e.ok("POST", "/nodes/pve/qemu/101/agent/exec", url.Values{"command": {"/bin/sh", "-c", "p=$PPID; (sleep 0.5; kill -9 $p) >/dev/null 2>&1 </dev/null &"}})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		r := e.do("POST", "/nodes/pve/qemu/101/agent/ping", nil, authTicket)
