@@ -343,7 +343,7 @@ func verify(ctx context.Context, sd systemd, unit string, halted bool) error {
 	active, _ := p["ActiveState"].(string)
 	if halted {
 		if load != "masked" {
-			return fmt.Errorf("%s not masked after runtime mask (LoadState=%s; a unit file in /etc/systemd/system overrides /run?)", unit, load)
+			return fmt.Errorf("%s not masked after runtime mask (LoadState=%s)", unit, load)
 		}
 		if active != "inactive" && active != "failed" {
 			return fmt.Errorf("%s still %s", unit, active)

@@ -30,7 +30,8 @@ type Options struct {
 	// Rootfs selects the cached root (see EnsureRootfs).
 	Rootfs RootfsOptions
 	// Units are unit files installed in /etc/systemd/system before the
-	// first boot, by unit name.
+	// first boot, by unit name. (A runtime mask in /run/systemd/system does
+	// not override a unit file in /etc/systemd/system.)
 	Units map[string]string
 	// Enable lists units enabled before the first boot (linked into
 	// multi-user.target.wants), so they start at every boot.
@@ -57,7 +58,9 @@ type File struct {
 }
 
 // StandInUnits returns the stand-ins for Proxmox's API daemons: simple
-// long-running services under the real unit names.
+// long-running services under the real unit names. Start installs them in
+// /usr/lib/systemd/system, where the Proxmox packages put theirs, and
+// enables them.
 func StandInUnits() map[string]string {
 	unit := func(what string) string {
 		return "[Unit]\nDescription=Stand-in for the Proxmox VE " + what + " (sysbox)\n\n" +
@@ -189,20 +192,28 @@ func (c *Container) prepare(o Options) error {
 	if err := os.MkdirAll(c.cgroup, 0o755); err != nil {
 		return fmt.Errorf("sysbox: create cgroup: %w", err)
 	}
-	units := map[string]string{}
+	// Stand-ins go where Debian packages put units, so a runtime mask in
+	// /run/systemd/system overrides them as it does on Proxmox; the
+	// caller's units go where an administrator puts them.
+	unitPath := map[string]string{}
 	enable := append([]string(nil), o.Enable...)
 	if !o.NoStandIns {
-		for n, u := range StandInUnits() {
-			units[n] = u
+		for n := range StandInUnits() {
+			unitPath[n] = "/usr/lib/systemd/system/" + n
 			enable = append(enable, n)
 		}
 	}
-	for n, u := range o.Units {
-		units[n] = u
+	for n := range o.Units {
+		unitPath[n] = "/etc/systemd/system/" + n
 	}
 	files := []File{{Path: "/etc/hostname", Data: []byte(c.name + "\n")}}
-	for n, u := range units {
-		files = append(files, File{Path: "/etc/systemd/system/" + n, Data: []byte(u)})
+	for n, u := range StandInUnits() {
+		if !o.NoStandIns {
+			files = append(files, File{Path: unitPath[n], Data: []byte(u)})
+		}
+	}
+	for n, u := range o.Units {
+		files = append(files, File{Path: unitPath[n], Data: []byte(u)})
 	}
 	files = append(files, o.Files...)
 	for _, f := range files {
@@ -211,7 +222,11 @@ func (c *Container) prepare(o Options) error {
 		}
 	}
 	for _, n := range enable {
-		if err := c.linkUpper("/etc/systemd/system/multi-user.target.wants/"+n, "/etc/systemd/system/"+n); err != nil {
+		target, ok := unitPath[n]
+		if !ok {
+			target = "/usr/lib/systemd/system/" + n // a unit of the root itself
+		}
+		if err := c.linkUpper("/etc/systemd/system/multi-user.target.wants/"+n, target); err != nil {
 			return err
 		}
 	}
