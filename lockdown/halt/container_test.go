@@ -276,6 +276,19 @@ func TestHaltRecoverReboot(t *testing.T) {
 	if got := haltedReason(t, c); got != "" {
 		t.Errorf("state file survived the reboot (reason %q)", got)
 	}
+
+	// A configuration that cannot be read does not stop the halt: it runs
+	// with the defaults and then reports the error.
+	if err := c.WriteFile(ctx, "/etc/pve-inspectd/broken.toml", []byte("[halt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Exec(ctx, "pve-inspectd", "-c", "/etc/pve-inspectd/broken.toml", "halt", "--reason", "broken config"); err == nil {
+		t.Errorf("halt with a broken config exited 0: %s", out)
+	}
+	assertHalted(t, c)
+	if got := haltedReason(t, c); got != "broken config" {
+		t.Errorf("state file reason %q", got)
+	}
 }
 
 // TestHaltTransports checks which way to systemd works for the halt unit

@@ -235,7 +235,7 @@ func cleanReason(reason string) string {
 		for cut > 0 && !utf8.RuneStart(reason[cut]) {
 			cut--
 		}
-		reason = reason[:cut]
+		reason = strings.TrimSpace(reason[:cut])
 	}
 	if reason == "" {
 		reason = "unspecified"

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
@@ -426,4 +428,24 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzCleanReason checks the invariants the state file, the journal and the
+// metric label rely on, for any reason a caller passes.
+func FuzzCleanReason(f *testing.F) {
+	for _, s := range []string{"", "no default route", "a\nb", "\xff\xfe", strings.Repeat("é", 150), "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		got := cleanReason(in)
+		if got == "" || len(got) > maxReason || !utf8.ValidString(got) {
+			t.Fatalf("cleanReason(%q) = %q", in, got)
+		}
+		if strings.IndexFunc(got, unicode.IsControl) >= 0 || strings.TrimSpace(got) != got {
+			t.Fatalf("cleanReason(%q) = %q keeps control characters or padding", in, got)
+		}
+		if cleanReason(got) != got {
+			t.Fatalf("cleanReason not idempotent on %q", got)
+		}
+	})
 }
