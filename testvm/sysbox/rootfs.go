@@ -45,6 +45,9 @@ type RootfsOptions struct {
 	Mirror string
 	// Packages are installed on top of BasePackages (debootstrap --include).
 	Packages []string
+
+	// debootstrap replaces the debootstrap run in tests of the cache.
+	debootstrap func(ctx context.Context, args []string) ([]byte, error)
 }
 
 func (o RootfsOptions) withDefaults() RootfsOptions {
@@ -140,9 +143,15 @@ func complete(dir string) bool {
 
 func build(ctx context.Context, o RootfsOptions, mirror, dir string) error {
 	args := []string{"--variant=minbase", "--include=" + strings.Join(o.packages(), ","), o.Suite, dir, mirror}
-	cmd := exec.CommandContext(ctx, "debootstrap", args...)
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	out, err := cmd.CombinedOutput()
+	run := o.debootstrap
+	if run == nil {
+		run = func(ctx context.Context, args []string) ([]byte, error) {
+			cmd := exec.CommandContext(ctx, "debootstrap", args...)
+			cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+			return cmd.CombinedOutput()
+		}
+	}
+	out, err := run(ctx, args)
 	if err != nil {
 		return fmt.Errorf("rootfs: debootstrap %s: %w\n%s", strings.Join(args, " "), err, tail(out, 4000))
 	}
