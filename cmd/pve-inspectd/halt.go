@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/spf13/cobra"
@@ -29,6 +30,7 @@ func haltConfig(s config.HaltSection) halt.Config {
 // not stop it: it halts with the defaults and then reports the error.
 func newHaltCmd(g *globals) *cobra.Command {
 	var reason string
+	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "halt --reason TEXT",
 		Short: "stop and runtime-mask the Proxmox API daemons (fail-deadly halt)",
@@ -51,13 +53,16 @@ func newHaltCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := h.Halt(cmd.Context(), reason); err != nil {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			if err := h.Halt(ctx, reason); err != nil {
 				return errors.Join(err, cerr)
 			}
 			return cerr
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why the halt happens (recorded in the state file, journal and metrics)")
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up on systemd after this long")
 	_ = cmd.MarkFlagRequired("reason")
 	return cmd
 }
@@ -82,7 +87,8 @@ type causeCheckFor func(cfg config.Config) halt.CauseCheck
 // (built from the configuration) says the cause persists. The wiring in
 // root.go decides the check; see markerRouteCause.
 func newRecoverCmd(g *globals, cause causeCheckFor) *cobra.Command {
-	return &cobra.Command{
+	var timeout time.Duration
+	cmd := &cobra.Command{
 		Use:   "recover",
 		Short: "lift a fail-deadly halt once its cause is gone",
 		Long: "Refuses (exit 3) while the cause of the halt persists. Otherwise unmasks and\n" +
@@ -98,7 +104,9 @@ func newRecoverCmd(g *globals, cause causeCheckFor) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			err = h.Recover(cmd.Context(), cause(cfg))
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			err = h.Recover(ctx, cause(cfg))
 			var ce *halt.CauseError
 			switch {
 			case errors.Is(err, halt.ErrNotHalted):
@@ -113,6 +121,8 @@ func newRecoverCmd(g *globals, cause causeCheckFor) *cobra.Command {
 			return err
 		},
 	}
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "give up on systemd after this long")
+	return cmd
 }
 
 // DefaultMarker is the lockdown marker of DESIGN.md section 4.
