@@ -64,6 +64,11 @@
 // administrator may have added), and root is all it needs. What a unit
 // must not do for it: run as another user, hide /run/systemd
 // (InaccessiblePaths=), or forbid AF_UNIX (RestrictAddressFamilies=).
+// The state file needs a writable /run/pve-inspectd: with
+// ProtectSystem=strict, give the unit RuntimeDirectory=pve-inspectd and
+// RuntimeDirectoryPreserve=yes (as the tested unit does) so a stopping unit
+// does not delete the record. A halt that cannot write it still stops and
+// masks, and reports the error.
 // The private socket is systemd's internal interface, not a documented
 // stable API; systemctl itself depends on it, and the system bus fallback
 // covers a systemd that ever drops it. Not verified here: dbus-broker

@@ -210,10 +210,16 @@ func newHalter(cfg Config, dial dialer, log *slog.Logger, reg Registerer) (*Halt
 	case errors.Is(err, ErrNotHalted):
 		m.setHalted("")
 	default:
-		return nil, err
+		// Never let a damaged state file prevent a halt: something wrote
+		// it, so report halted; Halt rewrites it.
+		h.log.Error("halt state file unreadable", "path", cfg.StateFile, "error", err)
+		m.setHalted(unreadableReason)
 	}
 	return h, nil
 }
+
+// unreadableReason is the metric's reason while the state file cannot be read.
+const unreadableReason = "unknown (state file unreadable)"
 
 // maxReason bounds the recorded reason (it is also a metric label value).
 const maxReason = 200
@@ -362,7 +368,8 @@ func verify(ctx context.Context, sd systemd, unit string, halted bool) error {
 // Recover lifts a halt: it refuses (a *CauseError, nothing changed) while
 // check reports the cause persisting, returns ErrNotHalted when no halt is
 // recorded, and otherwise unmasks (runtime) and starts the units and
-// removes the state file once they run.
+// removes the state file once they run. An unreadable state file is an
+// error (remove it by hand after checking the units).
 func (h *Halter) Recover(ctx context.Context, check CauseCheck) error {
 	if check == nil {
 		return errors.New("halt: recover needs a cause check")

@@ -267,16 +267,25 @@ pve_inspect_halts_total 1
 }
 
 func TestHaltRewritesCorruptState(t *testing.T) {
-	fx := newFixture(t, nil)
-	if err := os.MkdirAll(filepath.Dir(fx.state), 0o755); err != nil {
+	state := filepath.Join(t.TempDir(), "halted")
+	if err := os.WriteFile(state, []byte("{garbage"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(fx.state, []byte("{garbage"), 0o644); err != nil {
+	fake := newFake(DefaultUnits()...)
+	reg := prometheus.NewRegistry()
+	// A damaged state file must not prevent building the Halter (the CLI
+	// halt would fail otherwise).
+	h, err := newHalter(Config{StateFile: state}.withDefaults(), func(context.Context) (systemd, error) { return fake, nil }, nil, reg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fx.h.Halt(context.Background(), "again"); err != nil {
+	if v := testutil.ToFloat64(h.metrics.halted.WithLabelValues(unreadableReason)); v != 1 {
+		t.Errorf("halted{reason=%q} = %v, want 1", unreadableReason, v)
+	}
+	if err := h.Halt(context.Background(), "again"); err != nil {
 		t.Fatal(err)
 	}
+	fx := &fixture{state: state}
 	if st := fx.readState(t); st.Reason != "again" {
 		t.Errorf("state = %+v", st)
 	}
