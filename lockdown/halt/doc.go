@@ -47,10 +47,11 @@
 // RestrictAddressFamilies=AF_UNIX AF_NETLINK:
 //
 //   - private socket: works (mask, reload, stop, start all authorized);
-//   - system bus: also works. Dropping capabilities does not matter there:
-//     dbus-daemon does not hand systemd the caller's capabilities in a way
-//     it trusts, so systemd falls back to comparing the caller's uid with
-//     its own, and root passes without asking polkit;
+//   - system bus: also works, with no polkit installed. Dropping
+//     capabilities did not matter there. Our reading (not verified in
+//     systemd's source here): dbus-daemon does not hand systemd the
+//     caller's capabilities in a form it trusts, so systemd falls back to
+//     comparing the caller's uid with its own, and root passes;
 //   - system bus with dbus stopped: fails (connection refused), while the
 //     private socket still works;
 //   - the same unit as User=nobody: the private socket refuses the
@@ -64,16 +65,17 @@
 // administrator may have added), and root is all it needs. What a unit
 // must not do for it: run as another user, hide /run/systemd
 // (InaccessiblePaths=), or forbid AF_UNIX (RestrictAddressFamilies=).
+// The private socket is systemd's internal interface, not a documented
+// stable API; systemctl itself depends on it, and the system bus fallback
+// covers a systemd that ever drops it. Not verified here: systemd 257 of
+// Proxmox VE 9 (Debian trixie), dbus-broker instead of dbus-daemon, and
+// hosts with polkit rules (the last two only concern the fallback).
+//
 // The state file needs a writable /run/pve-inspectd: with
 // ProtectSystem=strict, give the unit RuntimeDirectory=pve-inspectd and
 // RuntimeDirectoryPreserve=yes (as the tested unit does) so a stopping unit
 // does not delete the record. A halt that cannot write it still stops and
 // masks, and reports the error.
-// The private socket is systemd's internal interface, not a documented
-// stable API; systemctl itself depends on it, and the system bus fallback
-// covers a systemd that ever drops it. Not verified here: dbus-broker
-// instead of dbus-daemon, and hosts with polkit rules (both only concern
-// the fallback).
 //
 // # Recover
 //
