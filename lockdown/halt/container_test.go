@@ -120,9 +120,12 @@ func boot(t *testing.T) *sysbox.Container {
 			Data: []byte("[halt]\ntransport = \"" + tr + "\"\n")})
 	}
 	c, err := sysbox.Start(ctx, sysbox.Options{
-		Name:  "halt",
-		Units: map[string]string{"pve-inspectd-halt@.service": haltUnit, "pve-inspectd-halt-nobody@.service": nobodyUnit},
-		Files: files,
+		// PVE_INSPECT_SYSBOX_SUITE=trixie runs these tests on Proxmox VE 9's
+		// Debian (systemd 257) instead of the default bookworm.
+		Rootfs: sysbox.RootfsOptions{Suite: os.Getenv("PVE_INSPECT_SYSBOX_SUITE")},
+		Name:   "halt",
+		Units:  map[string]string{"pve-inspectd-halt@.service": haltUnit, "pve-inspectd-halt-nobody@.service": nobodyUnit},
+		Files:  files,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +335,7 @@ func TestHaltTransports(t *testing.T) {
 				}
 				assertHalted(t, c)
 				if out, err := c.Exec(ctx, "pve-inspectd", "recover"); err != nil {
-					t.Fatalf("recover: %v %s", err, out)
+					t.Fatalf("recover: %v %s\npveproxy journal:\n%s", err, out, journal(c, "pveproxy.service"))
 				}
 				return
 			}

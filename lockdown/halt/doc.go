@@ -40,8 +40,10 @@
 //     root): a direct connection to PID 1, protected by file permissions
 //     (srwx------ root), no dbus-daemon, no polkit.
 //
-// Tested in a sysbox container (Debian bookworm, systemd 252, dbus-daemon
-// 1.14, no polkit; TestHaltTransports) with a oneshot unit running
+// Tested in sysbox containers (Debian bookworm: systemd 252, dbus-daemon
+// 1.14; Debian trixie as in Proxmox VE 9: systemd 257, dbus-daemon 1.16;
+// no polkit in either; TestHaltTransports, trixie with
+// PVE_INSPECT_SYSBOX_SUITE=trixie) with a oneshot unit running
 // `pve-inspectd halt` under CapabilityBoundingSet=CAP_NET_ADMIN CAP_KILL,
 // NoNewPrivileges=yes, ProtectSystem=strict, PrivateTmp=yes,
 // RestrictAddressFamilies=AF_UNIX AF_NETLINK:
@@ -67,9 +69,9 @@
 // (InaccessiblePaths=), or forbid AF_UNIX (RestrictAddressFamilies=).
 // The private socket is systemd's internal interface, not a documented
 // stable API; systemctl itself depends on it, and the system bus fallback
-// covers a systemd that ever drops it. Not verified here: systemd 257 of
-// Proxmox VE 9 (Debian trixie), dbus-broker instead of dbus-daemon, and
-// hosts with polkit rules (the last two only concern the fallback).
+// covers a systemd that ever drops it. Not verified here: dbus-broker
+// instead of dbus-daemon, and hosts with polkit installed or polkit rules
+// (both only concern the fallback).
 //
 // The state file needs a writable /run/pve-inspectd: with
 // ProtectSystem=strict, give the unit RuntimeDirectory=pve-inspectd and
@@ -82,8 +84,9 @@
 // Recover takes a CauseCheck (injected by the caller, see
 // cmd/pve-inspectd/halt.go): while it returns an error Recover refuses with
 // a *CauseError and changes nothing. Otherwise it unmasks (runtime),
-// reloads, starts each unit and checks it runs, and only then removes the
-// state file. A persistent mask (in /etc) is never lifted.
+// reloads, resets each unit's failed state (and with it the start rate
+// limit, which repeated halts and recoveries can hit), starts each unit and
+// checks it runs, and only then removes the state file. A persistent mask (in /etc) is never lifted.
 //
 // Each call opens its own connection to systemd and closes it: halts are
 // rare, and a connection kept open would not survive a daemon-reexec.

@@ -107,6 +107,7 @@ type systemd interface {
 	StopUnitContext(ctx context.Context, name, mode string, ch chan<- string) (int, error)
 	StartUnitContext(ctx context.Context, name, mode string, ch chan<- string) (int, error)
 	GetUnitPropertiesContext(ctx context.Context, unit string) (map[string]any, error)
+	ResetFailedUnitContext(ctx context.Context, name string) error
 	Close()
 }
 
@@ -367,9 +368,10 @@ func verify(ctx context.Context, sd systemd, unit string, halted bool) error {
 
 // Recover lifts a halt: it refuses (a *CauseError, nothing changed) while
 // check reports the cause persisting, returns ErrNotHalted when no halt is
-// recorded, and otherwise unmasks (runtime) and starts the units and
-// removes the state file once they run. An unreadable state file is an
-// error (remove it by hand after checking the units).
+// recorded, and otherwise unmasks the units (runtime), resets their failed
+// state and start rate limit, starts them, and removes the state file once
+// they run. An unreadable state file is an error (remove it by hand after
+// checking the units).
 func (h *Halter) Recover(ctx context.Context, check CauseCheck) error {
 	if check == nil {
 		return errors.New("halt: recover needs a cause check")
@@ -413,6 +415,11 @@ func (h *Halter) lift(ctx context.Context, units []string) error {
 	}
 	var errs []error
 	for _, u := range units {
+		// Clear a failed state and the start rate limit (repeated halts and
+		// recoveries can hit StartLimitBurst): recovering is an explicit
+		// request to run the unit. Best effort: the start reports real
+		// problems.
+		_ = sd.ResetFailedUnitContext(ctx, u)
 		if err := runJob(ctx, sd.StartUnitContext, u); err != nil {
 			errs = append(errs, fmt.Errorf("recover: start %s: %w", u, err))
 		} else if err := verify(ctx, sd, u, false); err != nil {

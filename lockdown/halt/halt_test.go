@@ -116,6 +116,11 @@ func (f *fakeSystemd) GetUnitPropertiesContext(_ context.Context, unit string) (
 	return map[string]any{"LoadState": load, "ActiveState": active}, nil
 }
 
+func (f *fakeSystemd) ResetFailedUnitContext(_ context.Context, name string) error {
+	f.calls = append(f.calls, "reset-failed:"+name)
+	return nil
+}
+
 func (f *fakeSystemd) Close() { f.closed++ }
 
 type fixture struct {
@@ -342,7 +347,8 @@ func TestRecover(t *testing.T) {
 		if err := fx.h.Recover(ctx, gone); err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"unmask:pveproxy.service,pvedaemon.service", "reload", "start:pveproxy.service", "start:pvedaemon.service"}
+		want := []string{"unmask:pveproxy.service,pvedaemon.service", "reload",
+			"reset-failed:pveproxy.service", "start:pveproxy.service", "reset-failed:pvedaemon.service", "start:pvedaemon.service"}
 		if !slices.Equal(fx.fake.calls, want) {
 			t.Errorf("calls = %q, want %q", fx.fake.calls, want)
 		}
