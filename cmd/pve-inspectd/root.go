@@ -39,6 +39,7 @@ func newRootCmd() *cobra.Command {
 		newVersionCmd(),
 		newManpageCmd(),
 		newMigrateCmd(),
+		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
 		newSandboxCmd(g), newCheckCmd(g), newTokenCmd(g),
 	)
 	return root

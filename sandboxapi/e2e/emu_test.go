@@ -1,0 +1,201 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mgmtport"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+)
+
+type emuEnv struct {
+	emu *pveemu.Server
+	fb  *pveemu.FakeBackend
+	px  *pve.Client
+	srv *sandboxapi.Server
+	c   *client.Client
+	run string
+}
+
+// newEmuEnv runs the sandbox API against the Proxmox emulator (fake
+// backend: no root) with the real guest agent client, authenticated with a
+// privilege-separated API token holding the ACLs pve-access-setup grants.
+func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	if err := os.MkdirAll(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fb := pveemu.NewFakeBackend(run)
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(emu)
+	t.Cleanup(func() { ts.Close(); _ = emu.Close(); _ = fb.Close() })
+	disk := filepath.Join(dir, "tdisk")
+	_ = os.MkdirAll(filepath.Join(disk, "etc"), 0o755)
+	_ = os.MkdirAll(filepath.Join(disk, "tmp"), 0o1777)
+	_ = os.WriteFile(filepath.Join(disk, "etc", "motd"), []byte("template\n"), 0o644)
+	ctx := context.Background()
+	if err := emu.AddTemplate(ctx, 9000, "debian", disk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.AddPool("pve-inspect", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
+		t.Fatal(err)
+	}
+	id, secret, err := emu.AddToken("pve-inspectd@pve", "daemon", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range acl { // the user and its token, as pve-access-setup does
+		path, role := a[0], a[1]
+		if err := emu.SetACL(path, "pve-inspectd@pve", role, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := emu.SetACL(path, id, role, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px, err := pve.New(pve.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sandboxapi.New(sandboxapi.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
+		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.LocalHandler())
+	t.Cleanup(hs.Close)
+	return &emuEnv{emu: emu, fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
+}
+
+// socketGuest answers Ping while the emulator's agent socket exists (the
+// emulator creates it when the VM starts and removes it when it stops);
+// guest I/O is exercised with the real agent on the bed (bed_test.go).
+type socketGuest struct{ path string }
+
+func socketGuests(path string) sandboxapi.Guest { return socketGuest{path} }
+
+func (g socketGuest) Ping(context.Context) error {
+	if _, err := os.Stat(g.path); err != nil {
+		return fmt.Errorf("%w: %v", sandboxapi.ErrGuestUnavailable, err)
+	}
+	return nil
+}
+func (socketGuest) Exec(context.Context, sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+	return nil, sandboxapi.ErrGuestUnavailable
+}
+func (socketGuest) ExecStream(context.Context, sandboxapi.GuestExec, io.Writer, io.Writer) (*sandboxapi.ExecResult, error) {
+	return nil, sandboxapi.ErrGuestUnavailable
+}
+func (socketGuest) WriteFile(context.Context, string, io.Reader, os.FileMode) error {
+	return sandboxapi.ErrGuestUnavailable
+}
+func (socketGuest) ReadFile(context.Context, string, io.Writer, int64) (int64, error) {
+	return 0, sandboxapi.ErrGuestUnavailable
+}
+
+func TestEmulatorLifecycle(t *testing.T) {
+	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.fb.Running(); len(got) != 2 {
+		t.Errorf("running guests %v", got)
+	}
+	if err := e.c.Snapshot(ctx, sb.ID, "vm1", "clean"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Rollback(ctx, sb.ID, "vm1", "clean"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean(t, ctx)
+	if v := e.emu.Violations(); len(v) != 0 {
+		t.Errorf("schema violations: %+v", v)
+	}
+	t.Logf("emulator requests for one 2-VM sandbox lifecycle (with reconcile): %d", len(e.emu.Requests()))
+}
+
+// assertClean checks the emulator holds no VM, vnet or zone of ours.
+func (e *emuEnv) assertClean(t *testing.T, ctx context.Context) {
+	t.Helper()
+	vms, _ := e.px.ListVMs(ctx)
+	for _, v := range vms {
+		if !v.Template {
+			t.Errorf("VM left: %+v", v)
+		}
+	}
+	vnets, _ := e.px.ListVNets(ctx)
+	if len(vnets) != 0 || len(e.fb.Zones()) != 0 || len(e.fb.Running()) != 0 {
+		t.Errorf("left: vnets %v zones %v running %v", vnets, e.fb.Zones(), e.fb.Running())
+	}
+}
+
+func TestEmulatorUnknownTemplateChangesNothing(t *testing.T) {
+	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "nosuch"}}})
+	if !client.IsProblem(err, sandboxapi.ProblemInvalidRequest) {
+		t.Fatalf("unknown template: %v", err)
+	}
+	e.assertClean(t, ctx)
+}
+
+func TestEmulatorMgmtRules(t *testing.T) {
+	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	conv := mgmtport.New(e.px, 8443, nil)
+	ctx := context.Background()
+	if ch, err := conv.Converge(ctx, "mgmt0"); err != nil || !ch {
+		t.Fatalf("converge: %v %v", ch, err)
+	}
+	if ch, err := conv.Converge(ctx, "mgmt0"); err != nil || ch {
+		t.Fatalf("second converge: %v %v", ch, err)
+	}
+	if ch, err := conv.Converge(ctx, "eth9"); err != nil || !ch {
+		t.Fatalf("iface change: %v %v", ch, err)
+	}
+	rules, _ := e.px.NodeRules(ctx)
+	if len(rules) != 6 || rules[0].Iface != "eth9" {
+		t.Errorf("rules %+v", rules)
+	}
+}
+
+// TestEmulatorTokenACL uses the ACLs packaging/deb/pve-access-setup grants.
+func TestEmulatorTokenACL(t *testing.T) {
+	e := newEmuEnv(t, [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"}, {"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatalf("create with the pool-limited token: %v", err)
+	}
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean(t, ctx)
+}
