@@ -30,7 +30,9 @@ type emuEnv struct {
 // newEmuEnv runs the sandbox API against the Proxmox emulator (fake
 // backend: no root) with the real guest agent client, authenticated with a
 // privilege-separated API token holding the ACLs pve-access-setup grants.
-func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv {
+func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv { return newEmuEnvTB(t, acl) }
+
+func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	if err := os.MkdirAll(run, 0o755); err != nil {
