@@ -752,7 +752,10 @@ func (m *manager) reap(ctx context.Context) int {
 	m.mu.Unlock()
 	n := 0
 	for _, id := range due {
-		if err := m.remove(ctx, id); err != nil {
+		rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)
+		err := m.remove(rctx, id)
+		cancel()
+		if err != nil {
 			m.log.Error("reaper: delete expired sandbox", "sandbox", id, "err", err)
 			continue
 		}

@@ -186,9 +186,7 @@ func (s *Server) RunReaper(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			rctx, cancel := context.WithTimeout(ctx, s.o.TeardownTimeout)
-			s.m.reap(rctx)
-			cancel()
+			s.m.reap(ctx)
 		}
 	}
 }
