@@ -109,6 +109,6 @@ func (c Config) Validate() error {
 func (c Config) sections() map[string]validator {
 	return map[string]validator{
 		"halt": c.Halt,
-		"api": c.API,
+		"api":  c.API,
 	}
 }
