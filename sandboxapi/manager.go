@@ -51,6 +51,7 @@ type manager struct {
 
 	sdnMu   sync.Mutex
 	stateMu sync.Mutex
+	zonesMu sync.Mutex
 }
 
 func newManager(o *Options, met *metrics) *manager {
@@ -370,6 +371,9 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 			return Sandbox{}, err
 		}
 		m.forget(id)
+		if perr := m.publishZones(tctx); perr != nil {
+			log.Error("publish zones after failed create", "err", perr)
+		}
 		return Sandbox{}, err
 	}
 	m.setState(id, StateReady, "")
@@ -404,6 +408,9 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
 		}
 	}
 	if err := m.applySDN(ctx); err != nil {
+		return err
+	}
+	if err := m.publishZones(ctx); err != nil {
 		return err
 	}
 	errs := make(chan error, len(rec.VMs))
@@ -628,6 +635,31 @@ func (m *manager) remove(ctx context.Context, id string) error {
 	}
 	m.forget(id)
 	m.log.Info("sandbox deleted", "sandbox", id)
+	if err := m.publishZones(ctx); err != nil {
+		m.log.Error("publish zones after delete", "err", err)
+	}
+	return nil
+}
+
+// publishZones hands every known sandbox zone and its vnets to
+// Options.ZonesChanged.
+func (m *manager) publishZones(ctx context.Context) error {
+	if m.o.ZonesChanged == nil {
+		return nil
+	}
+	m.zonesMu.Lock()
+	defer m.zonesMu.Unlock()
+	zones := map[string][]string{}
+	m.mu.Lock()
+	for _, r := range m.sbx {
+		for _, n := range r.Networks {
+			zones[r.Zone] = append(zones[r.Zone], n.VNet)
+		}
+	}
+	m.mu.Unlock()
+	if err := m.o.ZonesChanged(ctx, zones); err != nil {
+		return fmt.Errorf("publish sandbox zones: %w", err)
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -136,4 +137,57 @@ func BenchmarkFileRoundTrip(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestZonesChanged(t *testing.T) {
+	var mu sync.Mutex
+	var calls []map[string][]string
+	hook := func(_ context.Context, z map[string][]string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, z)
+		return nil
+	}
+	e := newEnv(t, func(o *sandboxapi.Options) { o.ZonesChanged = hook })
+	last := func() map[string][]string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(calls) == 0 {
+			return nil
+		}
+		return calls[len(calls)-1]
+	}
+	if z := last(); z == nil || len(z) != 0 {
+		t.Fatalf("after reconcile: %v", z)
+	}
+	sb := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian", Networks: []string{"a", "b"}}},
+		Networks: []sandboxapi.NetworkRequest{{Name: "a"}, {Name: "b"}}})
+	if z := last(); len(z) != 1 || len(z[sb.ID]) != 2 || z[sb.ID][0] != sb.Networks[0].VNet || z[sb.ID][1] != sb.Networks[1].VNet {
+		t.Fatalf("after create: %v", z)
+	}
+	if err := e.c.Delete(e.ctx(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if z := last(); len(z) != 0 {
+		t.Fatalf("after delete: %v", z)
+	}
+	// a failing hook fails the create, which leaves nothing behind
+	e.opts.ZonesChanged = nil
+	e2 := newEnv(t, func(o *sandboxapi.Options) {
+		o.ZonesChanged = func(_ context.Context, z map[string][]string) error {
+			if len(z) > 0 {
+				return errors.New("guard refused")
+			}
+			return nil
+		}
+	})
+	if _, err := e2.c.Create(e2.ctx(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}}); err == nil {
+		t.Fatal("create succeeded although the zone hook failed")
+	}
+	if ids := e2.px.VMIDs(); len(ids) != 0 {
+		t.Errorf("VMs left: %v", ids)
+	}
+	if z, v, s := e2.px.SDNObjects(); z+v+s != 0 {
+		t.Errorf("sdn left %d/%d/%d", z, v, s)
+	}
 }

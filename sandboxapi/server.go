@@ -80,6 +80,12 @@ type Options struct {
 	ExecTimeout time.Duration
 	// FileTimeout bounds one file transfer (30m).
 	FileTimeout time.Duration
+	// ZonesChanged, when set, receives every sandbox zone of this node with
+	// its vnet bridges whenever that set changes (after a create's SDN apply,
+	// before its VMs start; after a delete; after Reconcile). The daemon
+	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
+	// own vnets may forward to each other. An error fails the create.
+	ZonesChanged func(ctx context.Context, zones map[string][]string) error
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).

@@ -199,6 +199,9 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	slices.Sort(rep.OrphanVNets)
 	slices.Sort(rep.OrphanZones)
+	if err := m.publishZones(ctx); err != nil {
+		return rep, err
+	}
 	return rep, nil
 }
 

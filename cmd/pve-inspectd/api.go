@@ -37,6 +37,9 @@ type apiDeps struct {
 	Iface        string
 	IfaceChanges <-chan string
 	Registerer   prometheus.Registerer
+	// ZonesChanged receives the sandbox zones and their bridges (pass
+	// the host guard's SetZones).
+	ZonesChanged func(ctx context.Context, zones map[string][]string) error
 }
 
 // runAPI serves the sandbox API until ctx ends: it reconciles, listens on
@@ -82,6 +85,7 @@ func runAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d apiDeps)
 		AutoCIDRBits:   a.AutoCIDRBits,
 		AgentTimeout:   a.AgentTimeout,
 		Registerer:     d.Registerer,
+		ZonesChanged:   d.ZonesChanged,
 		Logger:         log,
 	})
 	if err != nil {
