@@ -1,0 +1,73 @@
+package firewall
+
+import (
+	"fmt"
+
+	"github.com/google/nftables"
+)
+
+// Status is what `pve-inspectd status` reports: the table in force and how
+// it differs from what the guard would apply now.
+type Status struct {
+	// Classification is the interface classification read now.
+	Classification Classification
+	// Present is false when the kernel has no table inet pve-inspect.
+	Present bool
+	// Owned: a live process holds the table (owner flag); Owner is its port.
+	Owned bool
+	Owner uint32
+	// Persist: the table survives its owner.
+	Persist bool
+	// Switches are the lockdown and fail-closed states found in the kernel.
+	Switches Switches
+	// Desired is the ruleset the guard would keep in force with Switches.
+	Desired *Ruleset
+	// Drifts lists every difference; an orphaned table (no daemon holds it)
+	// is one too.
+	Drifts []Drift
+	// Counters are the kernel counters of the table's rules.
+	Counters []RuleCounter
+}
+
+// Inspect reads the kernel's table and compares it with the ruleset the
+// guard would apply now. It changes nothing.
+func Inspect(cfg Config, opts ...Option) (*Status, error) {
+	o := buildOptions(opts)
+	cl, err := newClassifier(o.ns, cfg.Trusted)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.close()
+	cls, err := cl.classify()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := nftables.New(o.nftOpts(false)...)
+	if err != nil {
+		return nil, fmt.Errorf("open nftables connection: %w", err)
+	}
+	k, err := readKernel(conn)
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{Classification: cls, Present: k.table != nil}
+	if k.table != nil {
+		st.Owned = k.table.Flags&nftables.TableFlagOwner != 0
+		st.Owner = k.table.Owner
+		st.Persist = k.table.Flags&nftables.TableFlagPersist != 0
+		st.Switches = Switches{Lockdown: len(k.elems[SetLockdown]) > 0, FailClosed: len(k.elems[SetFailClosed]) > 0}
+	}
+	st.Desired, err = Render(cfg, cls, st.Switches)
+	if err != nil {
+		return nil, fmt.Errorf("render: %w", err)
+	}
+	st.Drifts = diff(st.Desired, k, 0)
+	if k.table != nil && !st.Owned {
+		st.Drifts = append(st.Drifts, Drift{DriftTableOwner, "table", "orphaned: no running daemon holds it (still in force)"})
+	}
+	st.Counters, _, err = countersOf(k, st.Desired)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
