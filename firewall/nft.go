@@ -336,3 +336,4 @@ func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.Se
 	}
 	return n, nil
 }
+
