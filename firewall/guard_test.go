@@ -159,7 +159,7 @@ func TestHelperOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := Config{Trusted: []string{"stor0"}, DnsmasqUser: "65534",
-		Zones:    map[string][]string{"zone1": {"vnetA", "vnetA2"}},
+		Zones: map[string][]string{"zone1": {"vnetA", "vnetA2"}},
 		// killed with SIGKILL: nothing on disk to leave behind
 		ProcRoot: "/nonexistent/pve-inspect-test-proc"}
 	g, err := New(cfg, WithNetNS(ns))

@@ -336,4 +336,3 @@ func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.Se
 	}
 	return n, nil
 }
-
