@@ -38,6 +38,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newVersionCmd(),
 	)
+	root.AddCommand(newGuardCmds(g)...)
 	return root
 }
 
