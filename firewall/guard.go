@@ -517,6 +517,9 @@ func (g *Guard) monitorOnce(ctx context.Context, changed func()) error {
 			if ev.Error != nil {
 				return ev.Error
 			}
+			if ev.Header.PID == g.port {
+				continue // our own change, already verified by its writer
+			}
 			changed()
 		}
 	}

@@ -426,12 +426,16 @@ func TestSwitchesKeepRulesAndCounters(t *testing.T) {
 	}
 }
 
-func TestMonitorRepairsDrift(t *testing.T) {
+func TestPeriodicVerifyRepairsDrift(t *testing.T) {
 	n := basicNode(t)
-	g := startGuard(t, n, testConfig(t))
+	cfg := testConfig(t)
+	cfg.VerifyInterval = 100 * time.Millisecond
+	g := startGuard(t, n, cfg)
 	runGuard(t, g)
 	// Only the owner can change the table; simulate a drift through the
 	// owner's own connection (a bug, or a change that raced a restart).
+	// The monitor ignores the owner's own events, the periodic verify
+	// catches it.
 	g.mu.Lock()
 	g.conn.FlushSet(newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)[SetMetadata4])
 	err := g.conn.Flush()
@@ -439,7 +443,7 @@ func TestMonitorRepairsDrift(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "metadata4 restored by the monitor", func() bool {
+	eventually(t, "metadata4 restored by the periodic verify", func() bool {
 		return strings.Contains(setElements(t, n, SetMetadata4), "169.254.0.0/16")
 	})
 	if got := testutil.ToFloat64(g.met.repairs.WithLabelValues(string(DriftElements))); got < 1 {
@@ -448,6 +452,24 @@ func TestMonitorRepairsDrift(t *testing.T) {
 	if err := g.Verify(context.Background()); err != nil {
 		t.Error(err)
 	}
+}
+
+func TestMonitorEventTriggersVerify(t *testing.T) {
+	n := basicNode(t)
+	cfg := testConfig(t)
+	cfg.VerifyInterval = time.Hour
+	g := startGuard(t, n, cfg)
+	runGuard(t, g)
+	time.Sleep(100 * time.Millisecond) // let the monitor subscribe
+	before := testutil.ToFloat64(g.met.lastVerify)
+	time.Sleep(10 * time.Millisecond)
+	// another process changes the ruleset (not our table: it cannot)
+	if out, err := n.nft(t, "add", "table", "ip", "other"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	eventually(t, "a verify triggered by the nftables event", func() bool {
+		return testutil.ToFloat64(g.met.lastVerify) > before
+	})
 }
 
 func TestMetrics(t *testing.T) {
