@@ -3,6 +3,7 @@ package firewall
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -55,10 +56,12 @@ func (c *classifier) classify() (Classification, error) {
 		return Classification{}, fmt.Errorf("list links: %w", err)
 	}
 	names := map[int]string{}
+	byIndex := map[int]netlink.Link{}
 	cls := Classification{Trusted: slices.Clone(c.trusted)}
 	for _, l := range links {
 		a := l.Attrs()
 		names[a.Index] = a.Name
+		byIndex[a.Index] = l
 		cls.Interfaces = append(cls.Interfaces, a.Name)
 	}
 	routes, err := c.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
@@ -66,9 +69,11 @@ func (c *classifier) classify() (Classification, error) {
 		return Classification{}, fmt.Errorf("list routes: %w", err)
 	}
 	var mgmt []string
+	mgmtIdx := map[int]bool{}
 	add := func(idx int) {
 		if n, ok := names[idx]; ok && idx > 0 {
 			mgmt = append(mgmt, n)
+			mgmtIdx[idx] = true
 		}
 	}
 	for _, r := range routes {
@@ -82,6 +87,27 @@ func (c *classifier) classify() (Classification, error) {
 	}
 	cls.Management = sortedUnique(mgmt)
 	cls.Interfaces = sortedUnique(cls.Interfaces)
+	for idx := range mgmtIdx {
+		addrs, err := c.h.AddrList(byIndex[idx], netlink.FAMILY_V4)
+		if err != nil {
+			return Classification{}, fmt.Errorf("list addresses of %s: %w", names[idx], err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP.To4())
+			ones, _ := a.Mask.Size()
+			if !ok || ones < 8 {
+				continue
+			}
+			cls.UplinkNets = append(cls.UplinkNets, netip.PrefixFrom(ip, ones).Masked())
+		}
+	}
+	slices.SortFunc(cls.UplinkNets, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	cls.UplinkNets = slices.Compact(cls.UplinkNets)
 	return cls, nil
 }
 

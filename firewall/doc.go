@@ -34,7 +34,9 @@
 //	                 lockdown-in/out (iifname/oifname @lockdown),
 //	                 cross-zone (iifname . oifname != @zone_peers between non-mgmt
 //	                 interfaces), private4 (oifname @mgmt ip daddr @private4
-//	                 not in @private4_allow)
+//	                 not in @private4_allow), uplink-subnet (the same for the
+//	                 subnets of the management interfaces: other nodes, the
+//	                 router's admin side, even when they are public addresses)
 //	input      -150  guest-input: not lo, @mgmt or @trusted -> guest_in:
 //	                 ct established,related, udp 67-68, udp/tcp 53 accept; drop
 //	output     -150  dnsmasq-lockdown: meta skuid <dnsmasq> oifname @lockdown drop

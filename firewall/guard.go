@@ -355,6 +355,7 @@ func (g *Guard) Classification() Classification {
 	defer g.mu.Unlock()
 	c := g.state
 	c.Management, c.Trusted, c.Interfaces = slices.Clone(c.Management), slices.Clone(c.Trusted), slices.Clone(c.Interfaces)
+	c.UplinkNets = slices.Clone(c.UplinkNets)
 	return c
 }
 

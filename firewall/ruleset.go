@@ -26,6 +26,7 @@ const (
 	SetLockdown      = "lockdown"
 	SetFailClosed    = "failclosed"
 	SetZonePeers     = "zone_peers"
+	SetUplinkNets4   = "uplink_nets4"
 
 	chainGuestIn = "guest_in"
 )
@@ -42,12 +43,16 @@ type Classification struct {
 	Trusted []string
 	// Interfaces are all links of the node, sorted.
 	Interfaces []string
+	// UplinkNets are the IPv4 subnets of the management interfaces'
+	// addresses (the segment other nodes and the router's admin side live
+	// on), masked and sorted. Prefixes shorter than /8 are left out.
+	UplinkNets []netip.Prefix
 }
 
 // Equal reports whether two classifications are the same.
 func (c Classification) Equal(o Classification) bool {
 	return slices.Equal(c.Management, o.Management) && slices.Equal(c.Trusted, o.Trusted) &&
-		slices.Equal(c.Interfaces, o.Interfaces)
+		slices.Equal(c.Interfaces, o.Interfaces) && slices.Equal(c.UplinkNets, o.UplinkNets)
 }
 
 // Switches are the run-time states the lockdown controller flips.
@@ -148,6 +153,7 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 	addPrefixSet(SetMetadata6, nftables.TypeIP6Addr, md6)
 	addPrefixSet(SetPrivate4, nftables.TypeIPAddr, DefaultPrivate4())
 	addPrefixSet(SetPrivate4Allow, nftables.TypeIPAddr, cfg.Private4Allow)
+	addPrefixSet(SetUplinkNets4, nftables.TypeIPAddr, cls.UplinkNets)
 
 	ifSet := func(name string, names []string) {
 		s := &SetSpec{Name: name, KeyType: nftables.TypeIFName}
@@ -207,6 +213,9 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 		rule("private4", "oifname @mgmt ip daddr @private4 ip daddr != @private4_allow counter drop",
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false),
 			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetPrivate4, false), lookup(SetPrivate4Allow, true), drop()),
+		rule("uplink-subnet", "oifname @mgmt ip daddr @uplink_nets4 ip daddr != @private4_allow counter drop",
+			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false),
+			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetUplinkNets4, false), lookup(SetPrivate4Allow, true), drop()),
 	}
 
 	in := &ChainSpec{Name: "input", Hook: nftables.ChainHookInput, HookName: "input", Priority: -150}

@@ -49,6 +49,7 @@ var fixedClassification = Classification{
 	Management: []string{"eth0"},
 	Trusted:    []string{"stor0"},
 	Interfaces: []string{"eth0", "lo", "stor0", "vnetA", "vnetB"},
+	UplinkNets: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
 }
 
 func TestRenderGolden(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -259,6 +260,7 @@ func (a *accBed) probes(t *testing.T, withNATControls bool) []probe {
 		}
 	}
 	block("LAN host", a.dial(testvm.LANAddr+":80"))
+	block("uplink neighbour (router's own address)", a.dial(testvm.UplinkAddr+":80"))
 	block("guest B (other zone)", a.dial(a.gb.IPv4().String()+":80"))
 	block("internet over IPv6 ["+testvm.InternetAddr6+"]", a.dial("["+testvm.InternetAddr6+"]:80"))
 	pass("DHCP renewal", a.dhcpRenew(t))
@@ -309,8 +311,8 @@ func (a *accBed) requireInForce(t *testing.T, ctx context.Context, when string) 
 	if err != nil {
 		t.Fatalf("%s: list table: %v\n%s", when, err, listing)
 	}
-	if n := strings.Count(listing, "comment \""); n != 16 {
-		t.Errorf("%s: %d rules in the table, want 16 (duplicates or missing)", when, n)
+	if n := strings.Count(listing, "comment \""); n != 17 {
+		t.Errorf("%s: %d rules in the table, want 17 (duplicates or missing)", when, n)
 	}
 }
 
@@ -322,6 +324,18 @@ func TestAcceptanceGuardOnBed(t *testing.T) {
 	d := a.startDaemon(t, ctx)
 	a.requireInForce(t, ctx, "running")
 	a.checkProbes(t, "running", true)
+	// each kind of probe was stopped by the rule meant for it. (IPv6
+	// probes are stopped earlier: the input policy drops the guest's
+	// neighbour solicitations for the node, so no IPv6 packet is ever
+	// forwarded and metadata6/ipv6 stay at zero.)
+	out, _ := a.status(ctx)
+	for _, r := range []string{"metadata4", "cross-zone", "private4", "uplink-subnet", "guest-input-drop", "guest-dhcp", "guest-dns-udp"} {
+		re := regexp.MustCompile(`(?m)^\s+\S+\s+` + regexp.QuoteMeta(r) + `\s+(\d+)/`)
+		m := re.FindStringSubmatch(out)
+		if m == nil || m[1] == "0" {
+			t.Errorf("rule %s counted no packets after the probes:\n%s", r, out)
+		}
+	}
 
 	t.Run("tamper while running is refused", func(t *testing.T) {
 		if out, err := a.nodeNFT(ctx, "delete", "table", "inet", "pve-inspect"); err == nil || !strings.Contains(out, "Operation not permitted") {
