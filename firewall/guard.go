@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -158,6 +160,10 @@ func (g *Guard) Start(ctx context.Context) error {
 		return fmt.Errorf("start guard: %w", err)
 	}
 	g.started = true
+	if err := markApplied(g.cfg); err != nil {
+		// only the repairs metric after a restart depends on it
+		g.log.Warn("cannot record that the table was applied", "err", err)
+	}
 	g.log.Info("guard in force", "management", cls.Management, "rules", rs.RuleCount())
 	return nil
 }
@@ -177,7 +183,12 @@ func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 	switch {
 	case k.table == nil:
 		action = "create"
-		g.met.repair(DriftTableMissing)
+		// A table missing after it was applied since boot (the marker
+		// lives in /run) was deleted: a repair. At first start after boot
+		// it is just the install.
+		if !adopting || appliedBefore(g.cfg) {
+			g.met.repair(DriftTableMissing)
+		}
 		err = queueTable(g.conn, g.desired, false)
 	case k.table.Flags&nftables.TableFlagOwner != 0 && k.table.Owner != g.port:
 		return &OwnedError{Port: k.table.Owner}
@@ -552,5 +563,24 @@ func RemoveTable(cfg Config, opts ...Option) error {
 	if err := restoreIPv6Default(cfg); err != nil {
 		return fmt.Errorf("remove guard: %w", err)
 	}
+	if err := os.Remove(filepath.Join(cfg.stateDir(), appliedMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove guard: %w", err)
+	}
 	return nil
+}
+
+// appliedMarker in the state directory records that the table was applied
+// since boot.
+const appliedMarker = "guard-table-applied"
+
+func appliedBefore(cfg Config) bool {
+	_, err := os.Stat(filepath.Join(cfg.stateDir(), appliedMarker))
+	return err == nil
+}
+
+func markApplied(cfg Config) error {
+	if err := os.MkdirAll(cfg.stateDir(), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(cfg.stateDir(), appliedMarker), nil, 0o644)
 }

@@ -283,6 +283,13 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 			if err := g2.Verify(context.Background()); err != nil {
 				t.Fatalf("verify after rebuild: %v", err)
 			}
+			var repairs float64
+			for _, k := range []DriftKind{DriftTableMissing, DriftRule, DriftElements, DriftChain, DriftSet} {
+				repairs += testutil.ToFloat64(g2.met.repairs.WithLabelValues(string(k)))
+			}
+			if repairs < 1 {
+				t.Errorf("change while down not counted as a repair")
+			}
 			if got := listTable(t, n); got != want {
 				t.Errorf("rebuilt table differs:\n%s\nwant\n%s", got, want)
 			}
