@@ -156,7 +156,14 @@ func (g *Guard) Start(ctx context.Context) error {
 		return fmt.Errorf("start guard: render: %w", err)
 	}
 	g.state, g.desired = cls, rs
-	if err := g.convergeLocked(ctx, true); err != nil {
+	err = g.convergeLocked(ctx, true)
+	var de *DriftError
+	if errors.As(err, &de) {
+		// changed by someone between our read and our adopting batch; we
+		// own it now, so one more pass settles it
+		err = g.convergeLocked(ctx, false)
+	}
+	if err != nil {
 		return fmt.Errorf("start guard: %w", err)
 	}
 	g.started = true
@@ -234,6 +241,9 @@ func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 		if err := g.conn.Flush(); err != nil {
 			if errors.Is(err, syscall.EPERM) {
 				return fmt.Errorf("%s table: %w (owned by another process?)", action, err)
+			}
+			if errors.Is(err, syscall.EOPNOTSUPP) {
+				return fmt.Errorf("%s table: %w (the table flags owner|persist need Linux 6.9 or newer)", action, err)
 			}
 			return fmt.Errorf("%s table: %w", action, err)
 		}
