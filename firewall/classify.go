@@ -17,6 +17,10 @@ type classifier struct {
 	h       *netlink.Handle
 	ns      *netns.NsHandle // nil: the caller's namespace
 	trusted []string
+
+	// the netlink subscriptions (replaced in tests to inject failures)
+	subscribeRoutes func(chan<- netlink.RouteUpdate, <-chan struct{}, netlink.RouteSubscribeOptions) error
+	subscribeLinks  func(chan<- netlink.LinkUpdate, <-chan struct{}, netlink.LinkSubscribeOptions) error
 }
 
 func newClassifier(ns *netns.NsHandle, trusted []string) (*classifier, error) {
@@ -30,7 +34,8 @@ func newClassifier(ns *netns.NsHandle, trusted []string) (*classifier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open netlink handle: %w", err)
 	}
-	return &classifier{h: h, ns: ns, trusted: sortedUnique(trusted)}, nil
+	return &classifier{h: h, ns: ns, trusted: sortedUnique(trusted),
+		subscribeRoutes: netlink.RouteSubscribeWithOptions, subscribeLinks: netlink.LinkSubscribeWithOptions}, nil
 }
 
 func (c *classifier) close() { c.h.Close() }
@@ -143,11 +148,11 @@ func (c *classifier) subscribeOnce(ctx context.Context, changed func()) error {
 		}
 	}
 	routes := make(chan netlink.RouteUpdate, 64)
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: c.ns, ErrorCallback: onErr}); err != nil {
+	if err := c.subscribeRoutes(routes, done, netlink.RouteSubscribeOptions{Namespace: c.ns, ErrorCallback: onErr}); err != nil {
 		return fmt.Errorf("subscribe to routes: %w", err)
 	}
 	links := make(chan netlink.LinkUpdate, 64)
-	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: c.ns, ErrorCallback: onErr}); err != nil {
+	if err := c.subscribeLinks(links, done, netlink.LinkSubscribeOptions{Namespace: c.ns, ErrorCallback: onErr}); err != nil {
 		return fmt.Errorf("subscribe to links: %w", err)
 	}
 	changed() // resync: events may have been missed before subscribing

@@ -1,10 +1,14 @@
 package firewall
 
 import (
+	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 )
@@ -67,5 +71,49 @@ func TestClassifyDefaultRoutes(t *testing.T) {
 				t.Errorf("uplink nets = %v, want 192.0.2.0/24", cls.UplinkNets)
 			}
 		})
+	}
+}
+
+// TestWatchResubscribes: a subscription that fails or closes is set up
+// again, and every (re)subscription resyncs.
+func TestWatchResubscribes(t *testing.T) {
+	var routeCalls atomic.Int32
+	c := &classifier{
+		subscribeRoutes: func(ch chan<- netlink.RouteUpdate, done <-chan struct{}, o netlink.RouteSubscribeOptions) error {
+			switch routeCalls.Add(1) {
+			case 1:
+				return errors.New("injected: subscribe failed")
+			case 2:
+				close(ch) // injected: subscription closed
+				return nil
+			case 3:
+				go o.ErrorCallback(errors.New("injected: receive error"))
+				return nil
+			}
+			return nil // healthy from now on
+		},
+		subscribeLinks: func(chan<- netlink.LinkUpdate, <-chan struct{}, netlink.LinkSubscribeOptions) error { return nil },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var resyncs, errs atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.watch(ctx, func() { resyncs.Add(1) }, func(error) { errs.Add(1) })
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for routeCalls.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if routeCalls.Load() < 4 {
+		t.Fatalf("subscribed %d times, want 4 (3 failures then healthy)", routeCalls.Load())
+	}
+	if errs.Load() != 3 {
+		t.Errorf("errors reported %d, want 3", errs.Load())
+	}
+	if resyncs.Load() < 3 {
+		t.Errorf("resyncs %d, want one per successful subscription (>= 3)", resyncs.Load())
 	}
 }

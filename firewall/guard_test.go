@@ -521,6 +521,13 @@ func TestMetrics(t *testing.T) {
 	if v := gaugeValue(t, reg, "pve_inspect_guard_last_verify_success_timestamp_seconds"); v <= 0 {
 		t.Errorf("last verify timestamp = %v", v)
 	}
+	problems, err := testutil.CollectAndLint(g.Collector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
+	}
 }
 
 func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
