@@ -13,7 +13,8 @@
 //	g.Close()            // the table stays (persist) for the next Start
 //
 // The lockdown controller drives it through SetLockdown, SetFailClosed,
-// Management, Subscribe and Verify (a *DriftError names every difference).
+// Management, Subscribe and Verify (a *DriftError names every difference);
+// the sandbox API tells it the SDN zones it creates with SetZones.
 //
 // Ownership: the kernel binds an owned table to the netlink socket that
 // created or adopted it; only that socket may change it, every other

@@ -96,6 +96,7 @@ type Guard struct {
 	state   Classification
 	sw      Switches
 	desired *Ruleset
+	zones   map[string][]string // run-time zones (SetZones)
 	started bool
 
 	subMu sync.Mutex
@@ -151,7 +152,7 @@ func (g *Guard) Start(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	rs, err := Render(g.cfg, cls, g.sw)
+	rs, err := Render(g.renderConfig(g.zones), cls, g.sw)
 	if err != nil {
 		return fmt.Errorf("start guard: render: %w", err)
 	}
@@ -299,13 +300,18 @@ func (g *Guard) repair(ctx context.Context) error {
 // updates only the sets that change, in one batch. On error the previous
 // state is kept.
 func (g *Guard) applyLocked(ctx context.Context, cls Classification, sw Switches) error {
+	return g.applyZonesLocked(ctx, cls, sw, g.zones)
+}
+
+// applyZonesLocked is applyLocked with run-time zones too.
+func (g *Guard) applyZonesLocked(ctx context.Context, cls Classification, sw Switches, zones map[string][]string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if g.desired == nil {
 		return errors.New("guard not started")
 	}
-	rs, err := Render(g.cfg, cls, sw)
+	rs, err := Render(g.renderConfig(zones), cls, sw)
 	if err != nil {
 		return fmt.Errorf("render: %w", err)
 	}
@@ -324,7 +330,45 @@ func (g *Guard) applyLocked(ctx context.Context, cls Classification, sw Switches
 		}
 		g.met.observeApply(g.opts.now().Sub(start))
 	}
-	g.state, g.sw, g.desired = cls, sw, rs
+	g.state, g.sw, g.desired, g.zones = cls, sw, rs, zones
+	return nil
+}
+
+// renderConfig is the configuration with the run-time zones added to the
+// configured ones.
+func (g *Guard) renderConfig(zones map[string][]string) Config {
+	cfg := g.cfg
+	merged := map[string][]string{}
+	for id, b := range g.cfg.Zones {
+		merged["config:"+id] = b
+	}
+	for id, b := range zones {
+		merged["run:"+id] = b
+	}
+	cfg.Zones = merged
+	return cfg
+}
+
+// SetZones replaces the run-time SDN zones (zone id -> its vnet bridges),
+// added to the configured ones, for the sandbox API that creates zones.
+// Bridges of one zone may forward to each other; everything else between
+// non-management interfaces stays isolated. One batch; rules and counters
+// stay.
+func (g *Guard) SetZones(ctx context.Context, zones map[string][]string) error {
+	cp := make(map[string][]string, len(zones))
+	for id, b := range zones {
+		for _, n := range b {
+			if n == "" || len(n) > 15 {
+				return fmt.Errorf("set zones: zone %s: bad bridge name %q", id, n)
+			}
+		}
+		cp[id] = slices.Clone(b)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.applyZonesLocked(ctx, g.state, g.sw, cp); err != nil {
+		return fmt.Errorf("set zones: %w", err)
+	}
 	return nil
 }
 

@@ -576,3 +576,36 @@ func TestRemoveTableRestoresSysctl(t *testing.T) {
 		t.Errorf("disable_ipv6 after remove = %q, want 0", b)
 	}
 }
+
+func TestSetZones(t *testing.T) {
+	n := basicNode(t)
+	g := startGuard(t, n, testConfig(t))
+	handles := ruleHandles(t, n)
+	if strings.Contains(setElements(t, n, SetZonePeers), `"vnetB" . "vnetC"`) {
+		t.Fatal("pair present before SetZones")
+	}
+	if err := g.SetZones(context.Background(), map[string][]string{"z2": {"vnetB", "vnetC"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := setElements(t, n, SetZonePeers)
+	for _, want := range []string{`"vnetB" . "vnetC"`, `"vnetC" . "vnetB"`, `"vnetA" . "vnetA2"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("zone_peers lacks %s: %s", want, got)
+		}
+	}
+	if err := g.Verify(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetZones(context.Background(), map[string][]string{"bad": {"this-name-is-too-long"}}); err == nil {
+		t.Error("bad bridge name accepted")
+	}
+	if err := g.SetZones(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(setElements(t, n, SetZonePeers), `"vnetB" . "vnetC"`) {
+		t.Error("pair still present after the zone went away")
+	}
+	if got := ruleHandles(t, n); !slices.Equal(got, handles) {
+		t.Errorf("SetZones rewrote rules")
+	}
+}
