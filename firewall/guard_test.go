@@ -596,6 +596,13 @@ func TestSetZones(t *testing.T) {
 	if err := g.Verify(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	st, err := Inspect(testConfig(t), WithNetNS(n.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Drifts) != 0 || len(st.Notes) != 1 {
+		t.Errorf("status with run-time zones: drifts %v notes %v, want no drift and one note", st.Drifts, st.Notes)
+	}
 	if err := g.SetZones(context.Background(), map[string][]string{"bad": {"this-name-is-too-long"}}); err == nil {
 		t.Error("bad bridge name accepted")
 	}

@@ -27,6 +27,23 @@ type Status struct {
 	Drifts []Drift
 	// Counters are the kernel counters of the table's rules.
 	Counters []RuleCounter
+	// Notes are facts that are not differences.
+	Notes []string
+}
+
+// superset reports whether got holds every element of want, and how many
+// more.
+func superset(got, want []nftables.SetElement) (int, bool) {
+	have := map[string]bool{}
+	for _, k := range elemKeys(got) {
+		have[k] = true
+	}
+	for _, k := range elemKeys(want) {
+		if !have[k] {
+			return 0, false
+		}
+	}
+	return len(got) - len(want), true
 }
 
 // Inspect reads the kernel's table and compares it with the ruleset the
@@ -62,6 +79,20 @@ func Inspect(cfg Config, opts ...Option) (*Status, error) {
 		return nil, fmt.Errorf("render: %w", err)
 	}
 	st.Drifts = diff(st.Desired, k, 0)
+	// Pairs the running daemon added for zones the sandbox API created
+	// (SetZones) are not in the configuration: extra pairs are reported,
+	// not counted as differences; missing configured pairs still are.
+	kept := st.Drifts[:0]
+	for _, d := range st.Drifts {
+		if d.Kind == DriftElements && d.Object == SetZonePeers {
+			if extra, ok := superset(k.elems[SetZonePeers], st.Desired.Set(SetZonePeers).Elements); ok {
+				st.Notes = append(st.Notes, fmt.Sprintf("%d zone pair(s) added at run time (SetZones)", extra))
+				continue
+			}
+		}
+		kept = append(kept, d)
+	}
+	st.Drifts = kept
 	if k.table != nil && !st.Owned {
 		st.Drifts = append(st.Drifts, Drift{DriftTableOwner, "table", "orphaned: no running daemon holds it (still in force)"})
 	}

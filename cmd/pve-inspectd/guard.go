@@ -139,7 +139,7 @@ func writeStatus(w io.Writer, st *firewall.Status) {
 		fmt.Fprintf(w, "table inet %s: present, ORPHANED (no daemon holds it), persist=%v\n", firewall.TableName, st.Persist)
 	}
 	fmt.Fprintf(w, "lockdown: %s, fail-closed: %s\n", onOff(st.Switches.Lockdown), onOff(st.Switches.FailClosed))
-	for _, n := range st.Desired.Notes {
+	for _, n := range append(st.Desired.Notes, st.Notes...) {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
 	if len(st.Counters) > 0 {
