@@ -147,37 +147,46 @@ func TestSecondGuardIsRefusedWhileOwned(t *testing.T) {
 	}
 }
 
-// TestHelperOwner is not a test: TestKill9ThenReadopt runs the test binary
-// with this test selected to get a separate process owning the table.
-func TestHelperOwner(t *testing.T) {
-	name := os.Getenv("PVE_GUARD_HELPER_NS")
-	if name == "" {
-		t.Skip("helper process only")
+// TestMain runs the test binary as a table owner when asked to:
+// TestKill9ThenReadopt needs a separate process owning the table.
+func TestMain(m *testing.M) {
+	if name := os.Getenv("PVE_GUARD_HELPER_NS"); name != "" {
+		os.Exit(helperOwner(name))
 	}
+	os.Exit(m.Run())
+}
+
+// helperOwner starts a guard in the named namespace, says READY and holds
+// the table until killed (or stdin closes).
+func helperOwner(name string) int {
 	ns, err := netns.GetFromName(name)
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	cfg := Config{Trusted: []string{"stor0"}, DnsmasqUser: "65534",
 		Zones: map[string][]string{"zone1": {"vnetA", "vnetA2"}},
 		// killed with SIGKILL: nothing on disk to leave behind
-		ProcRoot: "/nonexistent/pve-inspect-test-proc"}
+		ProcRoot: "/nonexistent/pve-inspect-test-proc", StateDir: "/nonexistent/pve-inspect-test-state"}
 	g, err := New(cfg, WithNetNS(ns))
 	if err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	if err := g.Start(context.Background()); err != nil {
-		t.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	fmt.Println("READY")
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	return 0
 }
 
 func TestKill9ThenReadopt(t *testing.T) {
 	n := basicNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperOwner$", "-test.v")
+	cmd := exec.CommandContext(ctx, os.Args[0])
 	cmd.Env = append(os.Environ(), "PVE_GUARD_HELPER_NS="+n.name)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
