@@ -267,9 +267,10 @@ func baselineRules() [][]string {
 	return rs
 }
 
-// timeIptables applies baselineRules in a fresh namespace, each as
-// "<cmd> -C <rule> || <cmd> -A <rule>" (the order the rules must end up in;
-// the scripts' -I differs only in position), one process per command.
+// timeIptables applies baselineRules in a fresh namespace the way the
+// reference scripts do, "<cmd> -C <rule> || <cmd> -I <rule>", one process
+// per command; the rules go in last to first so that inserting each at the
+// top leaves them in order.
 func timeIptables(ctx context.Context) (time.Duration, int, int, error) {
 	n, err := newNode()
 	if err != nil {
@@ -290,7 +291,7 @@ func timeIptables(ctx context.Context) (time.Duration, int, int, error) {
 	}
 	// children forked from this locked thread start in the namespace
 	start := time.Now()
-	for _, r := range rules {
+	for _, r := range slices.Backward(rules) {
 		check := append(append([]string{}, r[:2]...), "-C")
 		check = append(check, r[2:]...)
 		if r[2] == "-t" {
@@ -301,7 +302,7 @@ func timeIptables(ctx context.Context) (time.Duration, int, int, error) {
 		if exec.CommandContext(ctx, check[0], check[1:]...).Run() == nil {
 			continue
 		}
-		ins := append(append([]string{}, r[:4]...), "-A")
+		ins := append(append([]string{}, r[:4]...), "-I")
 		ins = append(ins, r[4:]...)
 		procs++
 		if out, err := exec.CommandContext(ctx, ins[0], ins[1:]...).CombinedOutput(); err != nil {
