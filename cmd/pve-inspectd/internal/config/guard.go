@@ -24,6 +24,9 @@ import (
 //	# private (RFC 1918, 100.64.0.0/10, 198.18.0.0/15 and the like).
 //	private4_allow = []
 //	# Interfaces exempt from the guest input policy (cluster, storage).
+//	# An interface without a default route counts as guest side: list the
+//	# management NIC here too if SSH on it must survive losing the default
+//	# route (otherwise it is cut to DHCP and DNS until the route is back).
 //	trusted_interfaces = ["vmbr1"]
 //	# SDN zones: zone id = its vnet bridges. Bridges of one zone may
 //	# forward to each other; every other pair of non-uplink interfaces
