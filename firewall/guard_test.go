@@ -263,6 +263,7 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 		{"rule added", [][]string{{"add", "rule", "inet", TableName, "forward", "accept"}}},
 		{"rule deleted", [][]string{{"flush", "chain", "inet", TableName, "guest_in"}}},
 		{"set emptied", [][]string{{"flush", "set", "inet", TableName, SetMetadata4}}},
+		{"made dormant", nil},
 		{"chain added", [][]string{{"add", "chain", "inet", TableName, "evil", "{ type filter hook forward priority -400; policy accept; }"}}},
 	}
 	for _, tc := range cases {
@@ -283,6 +284,25 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 			if got := listTable(t, n); got != want {
 				t.Fatalf("table changed by closing the guard:\n%s", got)
 			}
+			if tc.tamper == nil {
+				// nft 1.0.6 cannot keep the persist flag it does not know,
+				// which the kernel requires: do it over netlink
+				c, err := nftables.New(nftables.WithNetNSFd(int(n.ns)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: nftables.TableFlagDormant | nftables.TableFlagPersist})
+				if err := c.Flush(); err != nil {
+					t.Fatalf("make dormant: %v", err)
+				}
+				st, err := Inspect(cfg, WithNetNS(n.ns))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.ContainsFunc(st.Drifts, func(d Drift) bool { return d.Kind == DriftTableFlags }) {
+					t.Fatalf("dormant table not reported: %v", st.Drifts)
+				}
+			}
 			for _, args := range tc.tamper {
 				if out, err := n.nft(t, args...); err != nil {
 					t.Fatalf("tamper %v: %v\n%s", args, err, out)
@@ -293,7 +313,7 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 				t.Fatalf("verify after rebuild: %v", err)
 			}
 			var repairs float64
-			for _, k := range []DriftKind{DriftTableMissing, DriftRule, DriftElements, DriftChain, DriftSet} {
+			for _, k := range []DriftKind{DriftTableMissing, DriftTableFlags, DriftRule, DriftElements, DriftChain, DriftSet} {
 				repairs += testutil.ToFloat64(g2.met.repairs.WithLabelValues(string(k)))
 			}
 			if repairs < 1 {

@@ -169,6 +169,9 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 		return []Drift{{DriftTableMissing, "table inet " + TableName, "absent"}}
 	}
 	var ds []Drift
+	if k.table.Flags&nftables.TableFlagDormant != 0 {
+		ds = append(ds, Drift{DriftTableFlags, "table", "dormant: it processes no packets"})
+	}
 	if k.table.Flags&nftables.TableFlagPersist == 0 {
 		ds = append(ds, Drift{DriftTableFlags, "table", fmt.Sprintf("flags %#x lack persist", uint32(k.table.Flags))})
 	}
