@@ -143,7 +143,7 @@ func (g *Guard) Close() error {
 // nil only once Verify has found the kernel's table equal to the desired
 // one and owned by this guard.
 func (g *Guard) Start(ctx context.Context) error {
-	if err := disableIPv6Default(g.cfg); err != nil {
+	if err := inNS(g.opts.ns, func() error { return disableIPv6Default(g.cfg) }); err != nil {
 		return fmt.Errorf("start guard: %w", err)
 	}
 	cls, err := g.cls.classify()
@@ -614,7 +614,7 @@ func RemoveTable(cfg Config, opts ...Option) error {
 			return fmt.Errorf("remove table: %w", err)
 		}
 	}
-	if err := restoreIPv6Default(cfg); err != nil {
+	if err := inNS(o.ns, func() error { return restoreIPv6Default(cfg) }); err != nil {
 		return fmt.Errorf("remove guard: %w", err)
 	}
 	if err := os.Remove(filepath.Join(cfg.stateDir(), appliedMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {

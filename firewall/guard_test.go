@@ -645,3 +645,44 @@ func TestSetZones(t *testing.T) {
 		t.Errorf("SetZones rewrote rules")
 	}
 }
+
+// TestSysctlInNamespace: with the real /proc, the sysctl is set in the
+// guard's namespace (not the caller's) and restored by RemoveTable.
+func TestSysctlInNamespace(t *testing.T) {
+	n := basicNode(t)
+	cfg := testConfig(t)
+	cfg.ProcRoot = "/proc"
+	read := func() string {
+		out, err := n.cmd(context.Background(), "cat", "/proc/sys/net/ipv6/conf/default/disable_ipv6").CombinedOutput()
+		if err != nil {
+			t.Fatalf("read sysctl in netns: %v %s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	ours, err := os.ReadFile("/proc/sys/net/ipv6/conf/default/disable_ipv6")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no IPv6 sysctl in this kernel: %v", err)
+		}
+		t.Skip("SKIPPING: no IPv6 sysctl in this kernel")
+	}
+	if got := read(); got != "0" {
+		t.Fatalf("fresh netns disable_ipv6 = %s", got)
+	}
+	g := startGuard(t, n, cfg)
+	if got := read(); got != "1" {
+		t.Errorf("after start: %s, want 1", got)
+	}
+	if after, _ := os.ReadFile("/proc/sys/net/ipv6/conf/default/disable_ipv6"); string(after) != string(ours) {
+		t.Errorf("the test process's own namespace changed: %q -> %q", ours, after)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := RemoveTable(cfg, WithNetNS(n.ns)); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got != "0" {
+		t.Errorf("after remove: %s, want 0", got)
+	}
+}
