@@ -136,7 +136,7 @@ func TestSwitchesOnBed(t *testing.T) {
 	}
 	expect("fail-closed off again", true, true)
 
-	st, err := Inspect(cfg, WithNetNS(node))
+	st, err := Inspect(context.Background(), cfg, WithNetNS(node))
 	if err != nil {
 		t.Fatal(err)
 	}

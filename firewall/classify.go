@@ -177,7 +177,10 @@ func (c *classifier) subscribeOnce(ctx context.Context, changed func()) error {
 }
 
 // Classify reads the current interface classification once (for plan).
-func Classify(cfg Config, opts ...Option) (Classification, error) {
+func Classify(ctx context.Context, cfg Config, opts ...Option) (Classification, error) {
+	if err := ctx.Err(); err != nil {
+		return Classification{}, err
+	}
 	o := buildOptions(opts)
 	c, err := newClassifier(o.ns, cfg.Trusted)
 	if err != nil {

@@ -54,7 +54,7 @@ func TestClassifyDefaultRoutes(t *testing.T) {
 					t.Fatalf("add route: %v", err)
 				}
 			}
-			cls, err := Classify(Config{Trusted: []string{"vnet1"}}, WithNetNS(n.ns))
+			cls, err := Classify(context.Background(), Config{Trusted: []string{"vnet1"}}, WithNetNS(n.ns))
 			if err != nil {
 				t.Fatal(err)
 			}

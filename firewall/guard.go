@@ -595,7 +595,10 @@ func (g *Guard) monitorOnce(ctx context.Context, changed func()) error {
 // net.ipv6.conf.default.disable_ipv6 (`pve-inspectd guard remove`, the only
 // way the table is taken away on purpose). The kernel refuses (EPERM) while
 // a running daemon owns the table; stop it first.
-func RemoveTable(cfg Config, opts ...Option) error {
+func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	o := buildOptions(opts)
 	conn, err := nftables.New(o.nftOpts(false)...)
 	if err != nil {

@@ -79,7 +79,7 @@ func listTable(t *testing.T, n *testNS, extra ...string) string {
 // and persistent.
 func requireOwned(t *testing.T, n *testNS, cfg Config) {
 	t.Helper()
-	st, err := Inspect(cfg, WithNetNS(n.ns))
+	st, err := Inspect(context.Background(), cfg, WithNetNS(n.ns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestKill9ThenReadopt(t *testing.T) {
 	_ = cmd.Wait()
 
 	// the gap: no owner, the table and its rules stay in force
-	st, err := Inspect(testConfig(t), WithNetNS(n.ns))
+	st, err := Inspect(context.Background(), testConfig(t), WithNetNS(n.ns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestKill9ThenReadopt(t *testing.T) {
 	if got := ruleHandles(t, n); !slices.Equal(got, handles) {
 		t.Errorf("rule handles changed on re-adopt (rebuilt instead of adopted): %v -> %v", handles, got)
 	}
-	st, err = Inspect(testConfig(t), WithNetNS(n.ns))
+	st, err = Inspect(context.Background(), testConfig(t), WithNetNS(n.ns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 				if err := c.Flush(); err != nil {
 					t.Fatalf("make dormant: %v", err)
 				}
-				st, err := Inspect(cfg, WithNetNS(n.ns))
+				st, err := Inspect(context.Background(), cfg, WithNetNS(n.ns))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -589,13 +589,13 @@ func TestRemoveTableRestoresSysctl(t *testing.T) {
 		t.Errorf("disable_ipv6 after start = %q, want 1", b)
 	}
 	var oe *OwnedError
-	if err := RemoveTable(cfg, WithNetNS(n.ns)); !errors.As(err, &oe) {
+	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.ns)); !errors.As(err, &oe) {
 		t.Errorf("remove while owned: %v, want *OwnedError", err)
 	}
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := RemoveTable(cfg, WithNetNS(n.ns)); err != nil {
+	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.ns)); err != nil {
 		t.Fatalf("remove: %v", err)
 	}
 	if out, err := n.nft(t, "list", "table", "inet", TableName); err == nil {
@@ -625,7 +625,7 @@ func TestSetZones(t *testing.T) {
 	if err := g.Verify(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	st, err := Inspect(testConfig(t), WithNetNS(n.ns))
+	st, err := Inspect(context.Background(), testConfig(t), WithNetNS(n.ns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -679,7 +679,7 @@ func TestSysctlInNamespace(t *testing.T) {
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := RemoveTable(cfg, WithNetNS(n.ns)); err != nil {
+	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.ns)); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(); got != "0" {

@@ -1,6 +1,7 @@
 package firewall
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/google/nftables"
@@ -48,7 +49,10 @@ func superset(got, want []nftables.SetElement) (int, bool) {
 
 // Inspect reads the kernel's table and compares it with the ruleset the
 // guard would apply now. It changes nothing.
-func Inspect(cfg Config, opts ...Option) (*Status, error) {
+func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	o := buildOptions(opts)
 	cl, err := newClassifier(o.ns, cfg.Trusted)
 	if err != nil {

@@ -43,7 +43,7 @@ func newPlanCmd(g *globals) *cobra.Command {
 				return err
 			}
 			fc := daemon.GuardConfig(cfg.Guard)
-			cls, err := firewall.Classify(fc)
+			cls, err := firewall.Classify(cmd.Context(), fc)
 			if err != nil {
 				return fmt.Errorf("classify interfaces: %w", err)
 			}
@@ -108,7 +108,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := firewall.Inspect(daemon.GuardConfig(cfg.Guard))
+			st, err := firewall.Inspect(cmd.Context(), daemon.GuardConfig(cfg.Guard))
 			if err != nil {
 				return fmt.Errorf("inspect guard: %w", err)
 			}
@@ -169,7 +169,7 @@ func newGuardCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := firewall.RemoveTable(daemon.GuardConfig(cfg.Guard)); err != nil {
+			if err := firewall.RemoveTable(cmd.Context(), daemon.GuardConfig(cfg.Guard)); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "table inet %s removed\n", firewall.TableName)
