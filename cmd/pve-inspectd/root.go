@@ -41,6 +41,7 @@ func newRootCmd() *cobra.Command {
 		newMigrateCmd(),
 		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
 	)
+	root.AddCommand(newGuardCmds(g)...)
 	return root
 }
 
