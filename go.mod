@@ -2,6 +2,11 @@ module github.com/pve-inspect/pve-inspect
 
 go 1.26.8
 
+// google/nftables is pinned to a pseudo-version newer than v0.3.0 on purpose:
+// v0.3.0 always sends table flags 0, so the guard's table could not carry the
+// kernel flags owner|persist; this version has TableFlagOwner/TableFlagPersist.
+require github.com/google/nftables v0.3.1-0.20251119083706-1db35da82052
+
 require (
 	dario.cat/mergo v1.0.2 // indirect
 	github.com/AlekSi/pointer v1.2.0 // indirect
@@ -49,7 +54,6 @@ require (
 	github.com/godbus/dbus/v5 v5.1.0 // indirect
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/google/nftables v0.3.1-0.20251119083706-1db35da82052 // indirect
 	github.com/google/rpmpack v0.7.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/goreleaser/chglog v0.7.4 // indirect

@@ -42,6 +42,7 @@ func newRootCmd() *cobra.Command {
 		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
 		newSandboxCmd(g), newCheckCmd(g), newTokenCmd(g),
 	)
+	root.AddCommand(newGuardCmds(g)...)
 	return root
 }
 

@@ -23,6 +23,10 @@ type Config struct {
 	Node NodeSection `toml:"node"`
 	// Halt configures the fail-deadly halt.
 	Halt HaltSection `toml:"halt"`
+	// Guard configures the host guard (guard.go).
+	Guard GuardSection `toml:"guard"`
+	// Metrics configures the Prometheus listener (guard.go).
+	Metrics MetricsSection `toml:"metrics"`
 	// API is the sandbox API.
 	API APISection `toml:"api"`
 }
@@ -50,7 +54,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{API: defaultAPI()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), API: defaultAPI()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -108,7 +112,9 @@ func (c Config) Validate() error {
 // sections lists the sections that validate themselves, by key prefix.
 func (c Config) sections() map[string]validator {
 	return map[string]validator{
-		"halt": c.Halt,
-		"api":  c.API,
+		"halt":    c.Halt,
+		"guard":   c.Guard,
+		"metrics": c.Metrics,
+		"api":     c.API,
 	}
 }
