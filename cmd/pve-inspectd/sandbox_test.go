@@ -150,26 +150,3 @@ func TestTokenVerbs(t *testing.T) {
 		t.Fatal("bad scope accepted")
 	}
 }
-
-func TestReadTokenSecret(t *testing.T) {
-	dir := t.TempDir()
-	cases := map[string]struct {
-		body, want string
-		ok         bool
-	}{
-		"plain":              {"abc-123\n", "abc-123", true},
-		"pveum":              {`{"full-tokenid":"pve-inspectd@pve!daemon","info":{"privsep":"1"},"value":"5f0c-uuid"}`, "5f0c-uuid", true},
-		"empty":              {"\n", "", false},
-		"json without value": {`{"x":1}`, "", false},
-	}
-	for name, c := range cases {
-		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
-		if err := os.WriteFile(p, []byte(c.body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		got, err := readTokenSecret(p)
-		if (err == nil) != c.ok || got != c.want {
-			t.Errorf("%s: %q %v", name, got, err)
-		}
-	}
-}

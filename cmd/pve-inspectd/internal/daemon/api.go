@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -24,46 +24,56 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
 
-// apiDeps are the parts of the sandbox API the daemon's run verb supplies:
-// the guest agent client and the containment probe (through adapters) and
-// the default-route interface.
-//
-//lint:ignore U1000 used by runAPI, which the daemon's run verb calls once it lands
-type apiDeps struct {
-	Guests  sandboxapi.GuestDialer
-	Checker sandboxapi.Checker // nil: check answers "unavailable"
+// APIDeps are what the sandbox API needs from the rest of the daemon.
+type APIDeps struct {
+	// Guests dials guest agents (qgaguest.Dialer(qga.New(...))).
+	Guests sandboxapi.GuestDialer
+	// Checker runs the containment check; nil answers "unavailable".
+	Checker sandboxapi.Checker
+	// ZonesChanged receives the sandbox zones and their bridges: pass the
+	// host guard's SetZones.
+	ZonesChanged func(ctx context.Context, zones map[string][]string) error
 	// Iface is the current default-route interface; IfaceChanges delivers
-	// new ones (may be nil).
+	// new ones (may be nil). They drive the management-port rules.
 	Iface        string
 	IfaceChanges <-chan string
-	Registerer   prometheus.Registerer
-	// ZonesChanged receives the sandbox zones and their bridges (pass
-	// the host guard's SetZones).
-	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Registerer receives the API metrics.
+	Registerer prometheus.Registerer
 }
 
-// runAPI serves the sandbox API until ctx ends: it reconciles, listens on
-// the unix socket (and TCP+TLS when configured), runs the reaper and the
-// management-port rules converger.
-//
-//lint:ignore U1000 called by the daemon's run verb (wired by the integrator)
-func runAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d apiDeps) error {
+// API is the running sandbox API of `pve-inspectd run`.
+type API struct {
+	srv      *sandboxapi.Server
+	px       *pve.Client
+	uln, tln net.Listener
+	apiPort  int
+	cfg      config.APISection
+	deps     APIDeps
+	log      *slog.Logger
+}
+
+// StartAPI connects to Proxmox with the daemon's API token, reconciles
+// (re-attaches known sandboxes, deletes tagged orphans) and binds the unix
+// socket and, when configured, the TCP+TLS listener. Serve with Run.
+func StartAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d APIDeps) (*API, error) {
 	a := cfg.API
-	secret, err := readTokenSecret(a.Proxmox.SecretFile)
+	secret, err := ReadTokenSecret(a.Proxmox.SecretFile)
 	if err != nil {
-		return fmt.Errorf("sandbox api: %w", err)
+		return nil, fmt.Errorf("sandbox api: %w", err)
 	}
 	node := a.Proxmox.Node
 	if node == "" {
 		node = cfg.Node.ID
 	}
 	caFile := a.Proxmox.CAFile
-	if _, err := os.Stat(caFile); caFile != "" && err != nil {
-		return fmt.Errorf("sandbox api: proxmox CA: %w", err)
+	if caFile != "" {
+		if _, err := os.Stat(caFile); err != nil {
+			return nil, fmt.Errorf("sandbox api: proxmox CA: %w", err)
+		}
 	}
 	px, err := pve.New(pve.Options{URL: a.Proxmox.URL, TokenID: a.Proxmox.TokenID, Secret: secret, Node: node, RootCAFile: caFile})
 	if err != nil {
-		return fmt.Errorf("sandbox api: %w", err)
+		return nil, fmt.Errorf("sandbox api: %w", err)
 	}
 	srv, err := sandboxapi.New(sandboxapi.Options{
 		Node:      cfg.Node.ID,
@@ -84,65 +94,75 @@ func runAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d apiDeps)
 		AutoCIDRPool:   netip.MustParsePrefix(a.AutoCIDRPool),
 		AutoCIDRBits:   a.AutoCIDRBits,
 		AgentTimeout:   a.AgentTimeout,
-		Registerer:     d.Registerer,
 		ZonesChanged:   d.ZonesChanged,
+		Registerer:     d.Registerer,
 		Logger:         log,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	rep, err := srv.Reconcile(rctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("sandbox api: reconcile: %w", err)
+		return nil, fmt.Errorf("sandbox api: reconcile: %w", err)
 	}
-	log.Info("sandbox api reconciled", "reattached", len(rep.Reattached), "torn_down", len(rep.TornDown),
+	log.Info("sandbox api reconciled", "component", "sandboxapi", "reattached", len(rep.Reattached), "torn_down", len(rep.TornDown),
 		"orphan_vms", rep.OrphanVMs, "orphan_zones", rep.OrphanZones)
 
 	mode, _ := a.SocketFileMode()
-	uln, err := sandboxapi.ListenUnix(a.Socket, a.SocketGroup, os.FileMode(mode))
+	api := &API{srv: srv, px: px, cfg: a, deps: d, log: log}
+	api.uln, err = sandboxapi.ListenUnix(a.Socket, a.SocketGroup, os.FileMode(mode))
 	if err != nil {
-		return fmt.Errorf("sandbox api: %w", err)
+		return nil, fmt.Errorf("sandbox api: %w", err)
 	}
-	var tln net.Listener
-	apiPort := 0
 	if a.Listen != "" {
 		tlsCfg, err := sandboxapi.TLSConfig(a.TLSCert, a.TLSKey)
 		if err != nil {
-			uln.Close()
-			return fmt.Errorf("sandbox api: %w", err)
+			api.uln.Close()
+			return nil, fmt.Errorf("sandbox api: %w", err)
 		}
 		l, err := net.Listen("tcp", a.Listen)
 		if err != nil {
-			uln.Close()
-			return fmt.Errorf("sandbox api: %w", err)
+			api.uln.Close()
+			return nil, fmt.Errorf("sandbox api: %w", err)
 		}
 		_, port, _ := net.SplitHostPort(a.Listen)
-		apiPort, _ = strconv.Atoi(port)
-		tln = tls.NewListener(l, tlsCfg)
+		api.apiPort, _ = strconv.Atoi(port)
+		api.tln = tls.NewListener(l, tlsCfg)
 	}
+	return api, nil
+}
 
+// Server returns the API server (for tests).
+func (a *API) Server() *sandboxapi.Server { return a.srv }
+
+// Run serves the API, runs the reaper and the management-port rules
+// converger until ctx ends or a listener fails.
+func (a *API) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)
 	wg.Add(1)
-	go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, uln, srv.LocalHandler()) }()
-	if tln != nil {
+	go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, a.uln, a.srv.LocalHandler()) }()
+	if a.tln != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, tln, srv.Handler()) }()
+		go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, a.tln, a.srv.Handler()) }()
 	}
 	wg.Add(1)
-	go func() { defer wg.Done(); srv.RunReaper(ctx) }()
-	if a.MgmtRules {
-		conv := mgmtport.New(px, apiPort, log)
+	go func() { defer wg.Done(); a.srv.RunReaper(ctx) }()
+	if a.cfg.MgmtRules {
+		conv := mgmtport.New(a.px, a.apiPort, a.log)
 		wg.Add(1)
-		go func() { defer wg.Done(); conv.Run(ctx, d.Iface, d.IfaceChanges, a.MgmtInterval) }()
+		go func() { defer wg.Done(); conv.Run(ctx, a.deps.Iface, a.deps.IfaceChanges, a.cfg.MgmtInterval) }()
 	}
 	var first error
 	select {
 	case <-ctx.Done():
 	case first = <-errc:
 	}
+	cancel()
 	wg.Wait()
 	if first != nil && !errors.Is(first, net.ErrClosed) {
 		return fmt.Errorf("sandbox api: %w", first)
@@ -150,10 +170,10 @@ func runAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d apiDeps)
 	return nil
 }
 
-// readTokenSecret reads a Proxmox API token secret: the plain value, or
+// ReadTokenSecret reads a Proxmox API token secret: the plain value, or
 // the JSON document `pveum user token add --output-format json` writes
 // (packaging/deb/pve-access-setup stores that).
-func readTokenSecret(path string) (string, error) {
+func ReadTokenSecret(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("read proxmox token secret: %w", err)
