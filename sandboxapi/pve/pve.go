@@ -98,16 +98,39 @@ func classify(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
-// task decodes a UPID answer and waits for the task.
+// wait polls the task until it ends: first after TaskPoll, then backing
+// off (x1.5, at most 1s) so that long tasks cost few status requests. A
+// failed task is a *proxmox.TaskFailedError. When the status cannot be read
+// it falls back to go-proxmox's Wait, which also consults the node's task
+// history for a task PVE no longer knows.
 func (c *Client) wait(ctx context.Context, op string, upid string) error {
 	if upid == "" {
 		return nil
 	}
 	t := proxmox.NewTask(proxmox.UPID(upid), c.c)
-	return classify(op, t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout))
+	ctx, cancel := context.WithTimeout(ctx, c.o.TaskTimeout)
+	defer cancel()
+	d := c.o.TaskPoll
+	for {
+		select {
+		case <-ctx.Done():
+			return classify(op, ctx.Err())
+		case <-time.After(d):
+		}
+		if err := t.Ping(ctx); err != nil {
+			return classify(op, t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout))
+		}
+		if t.IsCompleted {
+			if t.IsSuccessful {
+				return nil
+			}
+			return classify(op, &proxmox.TaskFailedError{UPID: t.UPID, Node: t.Node, Type: t.Type, ID: t.ID, User: t.User, ExitStatus: t.ExitStatus})
+		}
+		d = min(d*3/2, time.Second)
+	}
 }
 
-// post sends a POST and waits for the task it may return.
+// call sends a request and waits for the task it may return.
 func (c *Client) call(ctx context.Context, method, op, path string, body any) error {
 	var upid any
 	var err error
