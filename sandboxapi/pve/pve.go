@@ -39,7 +39,8 @@ type Options struct {
 	RootCAFile string
 	// HTTPClient replaces the HTTP client (tests).
 	HTTPClient *http.Client
-	// TaskPoll is the task status poll interval (250ms); TaskTimeout the
+	// TaskPoll is the first task status poll delay (100ms, then x1.5 up to
+	// 1s); TaskTimeout the
 	// longest wait for one task (10m).
 	TaskPoll, TaskTimeout time.Duration
 }
@@ -65,7 +66,7 @@ func New(o Options) (*Client, error) {
 		return nil, fmt.Errorf("pve: token id %q: want user@realm!tokenname with a secret", o.TokenID)
 	}
 	if o.TaskPoll == 0 {
-		o.TaskPoll = 250 * time.Millisecond
+		o.TaskPoll = 100 * time.Millisecond
 	}
 	if o.TaskTimeout == 0 {
 		o.TaskTimeout = 10 * time.Minute
