@@ -40,8 +40,7 @@ type Options struct {
 	// HTTPClient replaces the HTTP client (tests).
 	HTTPClient *http.Client
 	// TaskPoll is the first task status poll delay (100ms, then x1.5 up to
-	// 1s); TaskTimeout the
-	// longest wait for one task (10m).
+	// 1s); TaskTimeout the longest wait for one task (10m).
 	TaskPoll, TaskTimeout time.Duration
 }
 
