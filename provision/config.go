@@ -104,7 +104,7 @@ func DefaultConfig() Config {
 		},
 		Secrets: SecretsConfig{TokenPath: "/etc/pve-inspectd/pve-api-token", TokenUser: "root@pam", TokenID: "pve-inspectd"},
 		Sysctl: map[string]string{
-			"net.ipv4.ip_forward":                 "1",
+			"net.ipv4.ip_forward":                "1",
 			"net.ipv6.conf.default.disable_ipv6": "1",
 		},
 		StorageContent: []string{"backup", "import", "iso", "snippets", "vztmpl"},

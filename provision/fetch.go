@@ -20,9 +20,9 @@ type Fetcher interface {
 
 // ChecksumError reports content whose digest differs from the expected one.
 type ChecksumError struct {
-	Source   string
-	Want     string
-	Got      string
+	Source    string
+	Want      string
+	Got       string
 	Algorithm string
 }
 
