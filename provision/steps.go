@@ -291,7 +291,11 @@ func enterpriseOff(b []byte) bool {
 	return false
 }
 
-func checkEnterpriseOff(_ context.Context, e *Env) (bool, error) {
+func checkEnterpriseOff(ctx context.Context, e *Env) (bool, error) {
+	// The files arrive with proxmox-ve; before that there is work ahead.
+	if ok, err := checkPackages("proxmox-ve")(ctx, e); err != nil || !ok {
+		return false, err
+	}
 	for _, p := range enterpriseSources {
 		b, err := e.Root.ReadFile(p)
 		if err != nil {
