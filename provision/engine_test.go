@@ -464,7 +464,9 @@ func TestFailedStepStopsWithOutputAndResume(t *testing.T) {
 			t.Errorf("message lacks %q:\n%s", want, msg)
 		}
 	}
-	if slices.ContainsFunc(node.lines(), func(l string) bool { return strings.Contains(l, "proxmox-default-kernel") && strings.Contains(l, "install") }) {
+	if slices.ContainsFunc(node.lines(), func(l string) bool {
+		return strings.Contains(l, "proxmox-default-kernel") && strings.Contains(l, "install")
+	}) {
 		t.Error("ran a step after the failed one")
 	}
 	items, st, err := reEngine(t, e).Status()
