@@ -210,7 +210,7 @@ func Wait(ctx context.Context, api API, id string, poll, timeout time.Duration, 
 	for {
 		inst, err := Describe(ctx, api, id)
 		if err != nil && ctx.Err() != nil {
-			return inst, fmt.Errorf("instance %s: no result after %s (last: %s)", id, timeout, last)
+			return inst, fmt.Errorf("instance %s: not done after %s (last: %s)", id, timeout, last)
 		}
 		if err == nil {
 			now := inst.State + "|" + inst.Tags[TagStep] + "|" + inst.Tags[TagStatus]
