@@ -46,6 +46,9 @@ type Config struct {
 	Sysctl map[string]string `toml:"sysctl"`
 	// StorageContent are the content types of the "local" storage.
 	StorageContent []string `toml:"storage_content"`
+	// Report is where progress goes besides the journal: "" (nowhere) or
+	// "ec2-tags" (tags on the node's own EC2 instance, read by ec2 launch).
+	Report string `toml:"report"`
 	// Skip lists step ids not to run (for example the Proxmox steps in a
 	// container test).
 	Skip []string `toml:"skip"`
@@ -244,6 +247,11 @@ func (c Config) Validate() error {
 		if !contentRe.MatchString(s) {
 			return bad("storage_content", "%q is not a content type", s)
 		}
+	}
+	switch c.Report {
+	case "", "ec2-tags":
+	default:
+		return bad("report", "%q: want \"\" or ec2-tags", c.Report)
 	}
 	ids := StepIDs()
 	for _, s := range c.Skip {

@@ -84,6 +84,19 @@ type Engine struct {
 	Poll time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Report, when set, is told about progress: the step being applied and
+	// "running", "rebooting", "failed" or "done" (step "" when complete).
+	// A reporting error is logged and never stops the recipe.
+	Report func(ctx context.Context, step, status string) error
+}
+
+func (e *Engine) report(ctx context.Context, step, status string) {
+	if e.Report == nil {
+		return
+	}
+	if err := e.Report(ctx, step, status); err != nil {
+		e.Env.Log.Warn("progress report failed", "step", step, "status", status, "err", err)
+	}
 }
 
 // PlanItem is one line of a plan.
@@ -209,6 +222,7 @@ func (e *Engine) Apply(ctx context.Context) (Outcome, error) {
 			continue
 		}
 		log.Info("applying step", "step", s.ID)
+		e.report(ctx, s.ID, "running")
 		if err := s.Apply(ctx, e.Env); err != nil {
 			return 0, e.fail(s.ID, boot, err)
 		}
@@ -236,6 +250,7 @@ func (e *Engine) Apply(ctx context.Context) (Outcome, error) {
 		}
 	}
 	if st.Completed.IsZero() {
+		e.report(ctx, "", "done")
 		st.Completed = e.now()
 		st.BootID = boot
 		if err := st.Save(e.Env.Root); err != nil {
@@ -251,6 +266,7 @@ func (e *Engine) fail(id, boot string, err error) error {
 	if errors.As(err, &ee) {
 		out = ee.Result.Output()
 	}
+	e.report(context.Background(), id, "failed")
 	st := e.Env.State
 	st.Steps[id] = StepState{Status: StatusFailed, At: e.now(), BootID: boot, Output: out}
 	st.BootID = boot
@@ -275,6 +291,7 @@ func (e *Engine) reboot(ctx context.Context, after, boot string) error {
 	if err := st.Save(e.Env.Root); err != nil {
 		return err
 	}
+	e.report(ctx, after, "rebooting")
 	e.Env.Log.Info("rebooting; the resume unit continues after boot", "after_step", after, "unit", ResumeUnit)
 	if _, err := run(ctx, e.Env.Runner, "systemctl", "reboot"); err != nil {
 		return fmt.Errorf("reboot: %w", err)

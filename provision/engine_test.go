@@ -233,6 +233,11 @@ func TestApplyResumesAcrossRebootAndIsIdempotent(t *testing.T) {
 	root := fixture(t)
 	node := newFakeNode(t, root)
 	e := newTestEngine(t, root, node, testConfig())
+	var reports []string
+	e.Report = func(_ context.Context, step, status string) error {
+		reports = append(reports, step+"="+status)
+		return errors.New("tags unavailable") // must not stop the recipe
+	}
 
 	// First run: stops for the reboot after the Proxmox kernel.
 	out, err := e.Apply(ctx)
@@ -277,6 +282,11 @@ func TestApplyResumesAcrossRebootAndIsIdempotent(t *testing.T) {
 	}
 	if root.Exists(ResumeUnitAt) {
 		t.Error("resume unit still present after completion")
+	}
+	for _, want := range []string{"proxmox-kernel=running", "proxmox-kernel=rebooting", "secrets=running", "=done"} {
+		if !slices.Contains(reports, want) {
+			t.Errorf("reports %q lack %q", reports, want)
+		}
 	}
 	lines = node.lines()
 	for _, want := range []string{

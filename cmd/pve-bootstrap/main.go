@@ -3,11 +3,29 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/pve-inspect/pve-inspect/provision"
 )
 
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
 func main() {
-	fmt.Fprintln(os.Stderr, "pve-bootstrap: not built yet (issue 9)")
-	os.Exit(2)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRootCmd(defaultDeps()).ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pve-bootstrap:", err)
+		var se *provision.StepError
+		if errors.As(err, &se) {
+			os.Exit(3)
+		}
+		os.Exit(1)
+	}
 }
