@@ -363,6 +363,7 @@ After=network-online.target
 
 [Service]
 Type=oneshot
+TimeoutStartSec=infinity
 ExecStart=` + strings.Join(q, " ") + `
 StandardOutput=journal+console
 StandardError=journal+console

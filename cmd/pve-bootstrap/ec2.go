@@ -180,6 +180,9 @@ func (d *deps) launch(ctx context.Context, w io.Writer, lf *launchFlags) error {
 	if _, err := cloudec2.RunInstancesInput(spec); err != nil {
 		return err
 	}
+	if spec.InstanceProfile == "" {
+		fmt.Fprintln(w, "warning: no --instance-profile: the node cannot tag itself, so its progress stays invisible until the timeout")
+	}
 	api, err := d.ec2(ctx, lf.region)
 	if err != nil {
 		return err
