@@ -193,6 +193,7 @@ func fixture(t *testing.T) Root {
 	must(t, root.WriteFile(instanceID, []byte("i-0123456789abcdef0\n"), 0o644))
 	must(t, root.WriteFile(HostnamePath, []byte("localhost\n"), 0o644))
 	must(t, root.WriteFile(HostsPath, []byte("127.0.0.1 localhost\n127.0.1.1 debian\n"), 0o644))
+	must(t, root.WriteFile(interfacesPath, []byte("auto lo\niface lo inet loopback\n"), 0o644))
 	return root
 }
 
@@ -324,6 +325,18 @@ func TestApplyResumesAcrossRebootAndIsIdempotent(t *testing.T) {
 	must(t, err)
 	if !strings.Contains(string(hosts), "172.31.5.17\tpve1.example.test pve1\n") || strings.Contains(string(hosts), "127.0.1.1\t") {
 		t.Errorf("hosts:\n%s", hosts)
+	}
+	ifaces, err := root.ReadFile(interfacesPath)
+	must(t, err)
+	if !strings.HasPrefix(string(ifaces), "auto lo\niface lo inet loopback\n") || !sourcesInterfacesD(ifaces) {
+		t.Errorf("interfaces:\n%s", ifaces)
+	}
+	bridge, err := root.ReadFile("/etc/network/interfaces.d/pve-inspect-vmbr0")
+	must(t, err)
+	for _, want := range []string{"address 10.10.0.1/24", "bridge-ports none", "-s 10.10.0.0/24 -o ens5 -j MASQUERADE"} {
+		if !strings.Contains(string(bridge), want) {
+			t.Errorf("bridge file lacks %q:\n%s", want, bridge)
+		}
 	}
 	key, err := root.ReadFile(KeyringPath)
 	must(t, err)

@@ -1,9 +1,11 @@
 package provision
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net/netip"
 	"slices"
@@ -44,7 +46,7 @@ func Recipe() []Step {
 		{ID: "enterprise-repo-off", Description: "switch off the subscription-only repositories (Enabled: no)", Check: checkEnterpriseOff, Apply: applyEnterpriseOff},
 		{ID: "debian-kernel-removed", Description: "remove the Debian kernel and os-prober", Check: checkDebianKernelGone, Apply: applyRemoveDebianKernel},
 		{ID: "dnsmasq", Description: "install dnsmasq with its system service disabled (SDN runs its own)", Check: checkDnsmasq, Apply: applyDnsmasq},
-		{ID: "network-bridge", Description: "guest bridge (vmbr0, NAT or bridged as configured)", Check: checkFileErr(bridgeContent, "", 0o644), Apply: applyBridge},
+		{ID: "network-bridge", Description: "guest bridge (vmbr0, NAT or bridged as configured)", Check: checkBridge, Apply: applyBridge},
 		{ID: "storage-content", Description: "content types of the local storage", Check: checkStorage, Apply: applyStorage},
 		{ID: "pve-inspectd", Description: "install the pve-inspectd .deb (sha256-verified)", Check: checkInspectd, Apply: applyInspectd},
 		{ID: "secrets", Description: "per-instance secrets: root password (hash only), daemon API token", Check: checkSecrets, Apply: applySecrets},
@@ -405,6 +407,32 @@ iface %[1]s inet static
 `, n.Bridge, p, pa.Interface, p.Masked()), path, nil
 }
 
+// interfacesPath must read the interfaces.d directory for the bridge file
+// to take effect.
+const interfacesPath = "/etc/network/interfaces"
+
+func sourcesInterfacesD(b []byte) bool {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && (f[0] == "source" && f[1] == "/etc/network/interfaces.d/*" || f[0] == "source-directory" && strings.TrimSuffix(f[1], "/") == "/etc/network/interfaces.d") {
+			return true
+		}
+	}
+	return false
+}
+
+func checkBridge(ctx context.Context, e *Env) (bool, error) {
+	ok, err := checkFileErr(bridgeContent, "", 0o644)(ctx, e)
+	if err != nil || !ok {
+		return false, err
+	}
+	b, err := e.Root.ReadFile(interfacesPath)
+	if err != nil {
+		return false, nil
+	}
+	return sourcesInterfacesD(b), nil
+}
+
 func applyBridge(ctx context.Context, e *Env) error {
 	data, path, err := bridgeContent(ctx, e)
 	if err != nil {
@@ -412,6 +440,19 @@ func applyBridge(ctx context.Context, e *Env) error {
 	}
 	if err := e.Root.WriteFile(path, data, 0o644); err != nil {
 		return err
+	}
+	b, err := e.Root.ReadFile(interfacesPath)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if !sourcesInterfacesD(b) {
+		if len(b) > 0 && !bytes.HasSuffix(b, []byte("\n")) {
+			b = append(b, '\n')
+		}
+		b = append(b, "\n# Added by pve-bootstrap (step network-bridge).\nsource /etc/network/interfaces.d/*\n"...)
+		if err := e.Root.WriteFile(interfacesPath, b, 0o644); err != nil {
+			return err
+		}
 	}
 	_, err = run(ctx, e.Runner, "ifreload", "-a")
 	return err
