@@ -30,7 +30,8 @@
 //
 // Secrets are per instance: the root password and the daemon's Proxmox API
 // token are made on the first boot of each instance (cloud-init instance id,
-// or /etc/machine-id), so a cloned disk gets fresh ones. The root password is
+// or /etc/machine-id), so a cloned disk gets fresh ones; a clone also gets a
+// fresh node certificate (pvecm updatecerts --force). The root password is
 // only ever handed to the system as a hash (chpasswd -e); the clear value is
 // generated in memory and, when configured, handed on stdin to a secret-store
 // command; it is never written to disk or logged.

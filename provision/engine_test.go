@@ -91,6 +91,7 @@ func (f *fakeNode) Run(_ context.Context, c Cmd) (Result, error) {
 						must(f.t, f.root.WriteFile(s, []byte("Types: deb\nURIs: https://enterprise.proxmox.com/debian/pve\n"), 0o644))
 					}
 					must(f.t, f.root.WriteFile("/usr/sbin/pveum", []byte("#!/bin/sh\n"), 0o755))
+					must(f.t, f.root.WriteFile("/usr/bin/pvecm", []byte("#!/bin/sh\n"), 0o755))
 				}
 			}
 		case "remove":
@@ -126,7 +127,7 @@ func (f *fakeNode) Run(_ context.Context, c Cmd) (Result, error) {
 			return ok(fmt.Sprintf(`{"full-tokenid":"root@pam!pve-inspectd","info":{"privsep":"0"},"value":"tok-%d"}`, f.tokens))
 		}
 		return exit(255, "no such token")
-	case "dpkg", "/usr/local/bin/store-secret", "hostname", "sysctl", "systemd-tmpfiles", "debconf-set-selections", "update-grub", "ifreload", "chpasswd":
+	case "dpkg", "pvecm", "/usr/local/bin/store-secret", "hostname", "sysctl", "systemd-tmpfiles", "debconf-set-selections", "update-grub", "ifreload", "chpasswd":
 		return ok("")
 	}
 	return exit(127, "unexpected command "+line)
@@ -300,6 +301,7 @@ func TestApplyResumesAcrossRebootAndIsIdempotent(t *testing.T) {
 		"apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold install --no-install-recommends " + InspectdDebCache,
 		"chpasswd -e",
 		"pveum user token add root@pam pve-inspectd --privsep 0 --output-format json",
+		"pvecm updatecerts --force",
 		"systemctl disable " + ResumeUnit,
 	} {
 		if !slices.Contains(lines, want) {

@@ -50,6 +50,12 @@ func applySecrets(ctx context.Context, e *Env) error {
 		if err := makeToken(ctx, e); err != nil {
 			return fmt.Errorf("api token: %w", err)
 		}
+		// A clone must not share its parent's TLS key.
+		if e.Root.Exists("/usr/bin/pvecm") {
+			if _, err := run(ctx, e.Runner, "pvecm", "updatecerts", "--force"); err != nil {
+				return fmt.Errorf("node certificate: %w", err)
+			}
+		}
 	} else {
 		e.Log.Info("pveum not installed; no API token made", "step", "secrets")
 	}
