@@ -37,7 +37,11 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.configPath, "config", "c", config.DefaultPath, "configuration file")
 	root.AddCommand(
 		newVersionCmd(),
+		newManpageCmd(),
+		newMigrateCmd(),
+		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
 	)
+	root.AddCommand(newGuardCmds(g)...)
 	return root
 }
 
