@@ -1,5 +1,3 @@
-//go:build sysboxpending
-
 package main
 
 import (
