@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -178,6 +179,11 @@ func (e *Engine) Resume() string {
 // Apply runs the recipe until it completes, a step fails (*StepError), or a
 // reboot starts (Rebooting).
 func (e *Engine) Apply(ctx context.Context) (Outcome, error) {
+	unlock, err := e.lock()
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	if err := e.load(); err != nil {
 		return 0, err
 	}
@@ -258,6 +264,30 @@ func (e *Engine) Apply(ctx context.Context) (Outcome, error) {
 		}
 	}
 	return Completed, nil
+}
+
+// ErrBusy means another apply holds the lock.
+var ErrBusy = errors.New("another pve-bootstrap apply is running")
+
+// lock takes /var/lib/pve-bootstrap/apply.lock so two applies (the resume
+// unit and an operator, say) never run at once.
+func (e *Engine) lock() (func(), error) {
+	p := e.Env.Root.Path(applyLock)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return nil, fmt.Errorf("apply lock: %w", err)
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("apply lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, ErrBusy
+		}
+		return nil, fmt.Errorf("apply lock: %w", err)
+	}
+	return func() { f.Close() }, nil
 }
 
 func (e *Engine) fail(id, boot string, err error) error {

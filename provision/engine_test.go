@@ -580,3 +580,17 @@ func TestPlanChangesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestApplyIsExclusive(t *testing.T) {
+	root := fixture(t)
+	e := newTestEngine(t, root, newFakeNode(t, root), testConfig())
+	unlock, err := e.lock()
+	must(t, err)
+	if _, err := reEngine(t, e).Apply(context.Background()); !errors.Is(err, ErrBusy) {
+		t.Errorf("second apply while locked: %v", err)
+	}
+	unlock()
+	if _, err := reEngine(t, e).Apply(context.Background()); err != nil {
+		t.Errorf("apply after unlock: %v", err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 // Paths the engine keeps its state in (host paths, under the Root).
 const (
 	StatePath    = "/var/lib/pve-bootstrap/state.json"
+	applyLock    = "/var/lib/pve-bootstrap/apply.lock"
 	BootIDPath   = "/proc/sys/kernel/random/boot_id"
 	ResumeUnit   = "pve-bootstrap-resume.service"
 	ResumeUnitAt = "/etc/systemd/system/" + ResumeUnit
