@@ -89,11 +89,6 @@ type SecretsConfig struct {
 	// Sink is a command that receives a generated root password on stdin
 	// (a secret store client); empty = the clear password is discarded.
 	Sink []string `toml:"sink"`
-	// TokenPath is where the daemon's Proxmox API token is written (0600).
-	TokenPath string `toml:"token_path"`
-	// TokenUser and TokenID name the token (user@realm!id).
-	TokenUser string `toml:"token_user"`
-	TokenID   string `toml:"token_id"`
 }
 
 // DefaultConfig returns the defaults every file is read over.
@@ -105,7 +100,6 @@ func DefaultConfig() Config {
 			RepoURI: DefaultRepoURI, Suite: DefaultRepoSuite, Component: DefaultRepoComponent,
 			KeyringURL: DefaultKeyringURL, KeyringSHA256: DefaultKeyringSHA256,
 		},
-		Secrets: SecretsConfig{TokenPath: "/etc/pve-inspectd/pve-api-token", TokenUser: "root@pam", TokenID: "pve-inspectd"},
 		Sysctl: map[string]string{
 			"net.ipv4.ip_forward":                "1",
 			"net.ipv6.conf.default.disable_ipv6": "1",
@@ -159,15 +153,13 @@ func (c Config) Encode() ([]byte, error) {
 }
 
 var (
-	hostLabel  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	domainRe   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
-	ifnameRe   = regexp.MustCompile(`^[a-zA-Z0-9_.-]{1,15}$`)
-	sysctlKey  = regexp.MustCompile(`^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$`)
-	sysctlVal  = regexp.MustCompile(`^[A-Za-z0-9 _./:-]*$`)
-	contentRe  = regexp.MustCompile(`^[a-z]+$`)
-	tokenIDRe  = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9._-]*$`)
-	tokenUsrRe = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9._-]+$`)
-	cryptRe    = regexp.MustCompile(`^\$(y|6|7|gy)\$[./A-Za-z0-9$=,]+$`)
+	hostLabel = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	domainRe  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+	ifnameRe  = regexp.MustCompile(`^[a-zA-Z0-9_.-]{1,15}$`)
+	sysctlKey = regexp.MustCompile(`^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$`)
+	sysctlVal = regexp.MustCompile(`^[A-Za-z0-9 _./:-]*$`)
+	contentRe = regexp.MustCompile(`^[a-z]+$`)
+	cryptRe   = regexp.MustCompile(`^\$(y|6|7|gy)\$[./A-Za-z0-9$=,]+$`)
 )
 
 // Validate checks every value and names the first bad key.
@@ -222,15 +214,6 @@ func (c Config) Validate() error {
 	}
 	if len(c.Secrets.Sink) > 0 && !strings.HasPrefix(c.Secrets.Sink[0], "/") {
 		return bad("secrets.sink", "the command must be an absolute path")
-	}
-	if !strings.HasPrefix(c.Secrets.TokenPath, "/") {
-		return bad("secrets.token_path", "%q: want an absolute path", c.Secrets.TokenPath)
-	}
-	if !tokenUsrRe.MatchString(c.Secrets.TokenUser) {
-		return bad("secrets.token_user", "%q: want user@realm", c.Secrets.TokenUser)
-	}
-	if !tokenIDRe.MatchString(c.Secrets.TokenID) {
-		return bad("secrets.token_id", "%q is not a token id", c.Secrets.TokenID)
 	}
 	for k, v := range c.Sysctl {
 		if !sysctlKey.MatchString(k) {

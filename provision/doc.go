@@ -28,10 +28,12 @@
 // enterprise repository is switched off with its own deb822 "Enabled: no"
 // field, and storage content types are set through pvesm.
 //
-// Secrets are per instance: the root password and the daemon's Proxmox API
-// token are made on the first boot of each instance (cloud-init instance id,
-// or /etc/machine-id), so a cloned disk gets fresh ones; a clone also gets a
-// fresh node certificate (pvecm updatecerts --force). The root password is
+// Secrets are per instance (cloud-init instance id, or /etc/machine-id): the
+// root password is set on the first boot of each instance. The daemon's
+// Proxmox API token belongs to the pve-inspectd package (its access setup
+// makes a token limited to the daemon's pool, SDN and node); on a clone the
+// step drops the inherited token and runs that setup again, and replaces the
+// inherited node certificate (pvecm updatecerts --force). The root password is
 // only ever handed to the system as a hash (chpasswd -e); the clear value is
 // generated in memory and, when configured, handed on stdin to a secret-store
 // command; it is never written to disk or logged.

@@ -80,6 +80,12 @@ func (f *fakeNode) Run(_ context.Context, c Cmd) (Result, error) {
 				}
 				if p == InspectdDebCache {
 					p = "pve-inspectd"
+					must(f.t, f.root.WriteFile(AccessSetupPath, []byte("#!/bin/sh\n"), 0o755))
+					if f.root.Exists("/usr/sbin/pveum") {
+						// The package's postinst runs its access setup.
+						f.tokens++
+						must(f.t, f.root.WriteFile(TokenPath, fmt.Appendf(nil, `{"value":"tok-%d"}`, f.tokens), 0o600))
+					}
 				}
 				f.pkgs[p] = true
 				if p == "dnsmasq" {
@@ -121,12 +127,12 @@ func (f *fakeNode) Run(_ context.Context, c Cmd) (Result, error) {
 		return ok("")
 	case "openssl":
 		return ok(fakeHash + "\n")
-	case "pveum":
-		if c.Argv[3] == "add" {
+	case AccessSetupPath:
+		if !f.root.Exists(TokenPath) {
 			f.tokens++
-			return ok(fmt.Sprintf(`{"full-tokenid":"root@pam!pve-inspectd","info":{"privsep":"0"},"value":"tok-%d"}`, f.tokens))
+			must(f.t, f.root.WriteFile(TokenPath, fmt.Appendf(nil, `{"value":"tok-%d"}`, f.tokens), 0o600))
 		}
-		return exit(255, "no such token")
+		return ok("")
 	case "dpkg", "pvecm", "/usr/local/bin/store-secret", "hostname", "sysctl", "systemd-tmpfiles", "debconf-set-selections", "update-grub", "ifreload", "chpasswd":
 		return ok("")
 	}
@@ -285,6 +291,14 @@ func TestApplyResumesAcrossRebootAndIsIdempotent(t *testing.T) {
 	if root.Exists(ResumeUnitAt) {
 		t.Error("resume unit still present after completion")
 	}
+	// First instance: the token the package made at install is kept, and
+	// the certificate Proxmox just made is not replaced.
+	if slices.Contains(lines, AccessSetupPath) || slices.Contains(lines, "pvecm updatecerts --force") {
+		t.Errorf("first instance replaced install-time secrets: %q", lines)
+	}
+	if tok, _ := root.ReadFile(TokenPath); string(tok) != `{"value":"tok-1"}` {
+		t.Errorf("token %q", tok)
+	}
 	for _, want := range []string{"proxmox-kernel=running", "proxmox-kernel=rebooting", "secrets=running", "=done"} {
 		if !slices.Contains(reports, want) {
 			t.Errorf("reports %q lack %q", reports, want)
@@ -300,8 +314,6 @@ func TestApplyResumesAcrossRebootAndIsIdempotent(t *testing.T) {
 		"pvesm set local --content backup,import,iso,snippets,vztmpl",
 		"apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold install --no-install-recommends " + InspectdDebCache,
 		"chpasswd -e",
-		"pveum user token add root@pam pve-inspectd --privsep 0 --output-format json",
-		"pvecm updatecerts --force",
 		"systemctl disable " + ResumeUnit,
 	} {
 		if !slices.Contains(lines, want) {
@@ -399,6 +411,8 @@ func TestSecretsNeverInClearAndFreshPerInstance(t *testing.T) {
 	cfg := testConfig()
 	cfg.Secrets.Sink = []string{"/usr/local/bin/store-secret", "root-password"}
 	must(t, root.WriteFile("/usr/sbin/pveum", []byte("#!/bin/sh\n"), 0o755))
+	must(t, root.WriteFile("/usr/bin/pvecm", []byte("#!/bin/sh\n"), 0o755))
+	must(t, root.WriteFile(AccessSetupPath, []byte("#!/bin/sh\n"), 0o755))
 	e := newTestEngine(t, root, node, cfg)
 	must(t, e.load())
 	step := Recipe()[slices.IndexFunc(Recipe(), func(s Step) bool { return s.ID == "secrets" })]
@@ -439,14 +453,17 @@ func TestSecretsNeverInClearAndFreshPerInstance(t *testing.T) {
 		}
 		return err
 	}))
-	tokFile := root.Path(cfg.Secrets.TokenPath)
+	if slices.Contains(node.lines(), "pvecm updatecerts --force") {
+		t.Error("first instance replaced the node certificate")
+	}
+	tokFile := root.Path(TokenPath)
 	fi, err := os.Stat(tokFile)
 	must(t, err)
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("token file mode %v", fi.Mode())
 	}
 	tok, _ := os.ReadFile(tokFile)
-	if string(tok) != "PVEAPIToken=root@pam!pve-inspectd=tok-1\n" {
+	if string(tok) != `{"value":"tok-1"}` {
 		t.Errorf("token file %q", tok)
 	}
 
@@ -460,11 +477,11 @@ func TestSecretsNeverInClearAndFreshPerInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	tok, _ = os.ReadFile(tokFile)
-	if string(tok) != "PVEAPIToken=root@pam!pve-inspectd=tok-2\n" {
+	if string(tok) != `{"value":"tok-2"}` {
 		t.Errorf("clone token file %q", tok)
 	}
-	if !slices.Contains(node.lines(), "pveum user token remove root@pam pve-inspectd") {
-		t.Errorf("clone did not drop the parent's token: %q", node.lines())
+	if !slices.Contains(node.lines(), "pvecm updatecerts --force") {
+		t.Errorf("clone kept the parent's node certificate: %q", node.lines())
 	}
 }
 

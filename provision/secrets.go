@@ -7,8 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"strings"
+)
+
+// Paths of the pve-inspectd package the secrets step drives: the package's
+// own access setup makes the daemon's user, role and API token (limited to
+// its pool, SDN and node) and writes the token's secret file.
+const (
+	AccessSetupPath = "/usr/lib/pve-inspectd/pve-access-setup"
+	TokenPath       = "/etc/pve-inspectd/pve-token"
 )
 
 var pveumPaths = []string{"/usr/sbin/pveum", "/usr/bin/pveum"}
@@ -22,6 +31,11 @@ func hasPveum(e *Env) bool {
 	return false
 }
 
+func tokenPresent(e *Env) bool {
+	fi, err := os.Stat(e.Root.Path(TokenPath))
+	return err == nil && fi.Size() > 0
+}
+
 func checkSecrets(_ context.Context, e *Env) (bool, error) {
 	id, err := InstanceID(e.Root)
 	if err != nil {
@@ -30,7 +44,7 @@ func checkSecrets(_ context.Context, e *Env) (bool, error) {
 	if e.State.SecretsInstance != id {
 		return false, nil
 	}
-	if hasPveum(e) && !e.Root.Exists(e.Config.Secrets.TokenPath) {
+	if hasPveum(e) && !tokenPresent(e) {
 		return false, nil
 	}
 	return true, nil
@@ -38,20 +52,26 @@ func checkSecrets(_ context.Context, e *Env) (bool, error) {
 
 var sha512Crypt = regexp.MustCompile(`^\$6\$[./A-Za-z0-9]{1,16}\$[./A-Za-z0-9]{86}$`)
 
+// applySecrets makes this instance's secrets. On the first instance of a
+// disk the API token the package made at install is kept; on any later
+// instance (a clone) the token and the node certificate are replaced, since
+// they were inherited from the parent.
 func applySecrets(ctx context.Context, e *Env) error {
 	id, err := InstanceID(e.Root)
 	if err != nil {
 		return err
 	}
+	inherited := e.State.SecretsInstance != "" && e.State.SecretsInstance != id
 	if err := setRootPassword(ctx, e); err != nil {
 		return fmt.Errorf("root password: %w", err)
 	}
 	if hasPveum(e) {
-		if err := makeToken(ctx, e); err != nil {
-			return fmt.Errorf("api token: %w", err)
+		if inherited || !tokenPresent(e) {
+			if err := renewToken(ctx, e); err != nil {
+				return fmt.Errorf("api token: %w", err)
+			}
 		}
-		// A clone must not share its parent's TLS key.
-		if e.Root.Exists("/usr/bin/pvecm") {
+		if inherited && e.Root.Exists("/usr/bin/pvecm") {
 			if _, err := run(ctx, e.Runner, "pvecm", "updatecerts", "--force"); err != nil {
 				return fmt.Errorf("node certificate: %w", err)
 			}
@@ -91,29 +111,22 @@ func setRootPassword(ctx context.Context, e *Env) error {
 	return nil
 }
 
-func makeToken(ctx context.Context, e *Env) error {
-	s := e.Config.Secrets
-	// A clone carries its parent's token: drop it, then make a fresh one.
-	_, err := run(ctx, e.Runner, "pveum", "user", "token", "remove", s.TokenUser, s.TokenID)
-	var ee *ExitError
-	if err != nil && !errors.As(err, &ee) {
+// renewToken drops the token secret and lets the package's access setup make
+// a new token (it replaces the token only when the secret file is missing).
+func renewToken(ctx context.Context, e *Env) error {
+	if !e.Root.Exists(AccessSetupPath) {
+		return fmt.Errorf("%s missing: is the pve-inspectd package installed?", AccessSetupPath)
+	}
+	if err := e.Root.Remove(TokenPath); err != nil {
 		return err
 	}
-	res, err := run(ctx, e.Runner, "pveum", "user", "token", "add", s.TokenUser, s.TokenID, "--privsep", "0", "--output-format", "json")
-	if err != nil {
+	if _, err := run(ctx, e.Runner, AccessSetupPath); err != nil {
 		return err
 	}
-	var tok struct {
-		FullID string `json:"full-tokenid"`
-		Value  string `json:"value"`
+	if !tokenPresent(e) {
+		return fmt.Errorf("%s ran but wrote no %s", AccessSetupPath, TokenPath)
 	}
-	if err := jsonUnmarshal(res.Stdout, &tok); err != nil {
-		return fmt.Errorf("pveum output: %w", err)
-	}
-	if tok.FullID == "" || tok.Value == "" {
-		return errors.New("pveum output: no full-tokenid or value")
-	}
-	return e.Root.WriteFile(s.TokenPath, []byte("PVEAPIToken="+tok.FullID+"="+tok.Value+"\n"), 0o600)
+	return nil
 }
 
 func jsonUnmarshal(b []byte, v any) error {

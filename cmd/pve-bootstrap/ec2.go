@@ -205,6 +205,6 @@ func (d *deps) launch(ctx context.Context, w io.Writer, lf *launchFlags) error {
   api token  %s on the node (root only, 0600)
   ssh        ssh admin@%s
   ssm        aws ssm start-session --target %s
-`, id, addr, cfg.Secrets.TokenPath, addr, id)
+`, id, addr, provision.TokenPath, addr, id)
 	return nil
 }
