@@ -100,10 +100,9 @@ func DefaultConfig() Config {
 			RepoURI: DefaultRepoURI, Suite: DefaultRepoSuite, Component: DefaultRepoComponent,
 			KeyringURL: DefaultKeyringURL, KeyringSHA256: DefaultKeyringSHA256,
 		},
-		Sysctl: map[string]string{
-			"net.ipv4.ip_forward":                "1",
-			"net.ipv6.conf.default.disable_ipv6": "1",
-		},
+		// The pve-inspectd package owns the IPv6 default
+		// (/etc/sysctl.d/90-pve-inspectd.conf); guests need forwarding.
+		Sysctl:         map[string]string{"net.ipv4.ip_forward": "1"},
 		StorageContent: []string{"backup", "import", "iso", "snippets", "vztmpl"},
 	}
 }
