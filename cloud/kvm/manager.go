@@ -1,13 +1,17 @@
 package kvm
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -64,6 +68,8 @@ type Manager struct {
 	QEMU string
 	// Now is the clock.
 	Now func() time.Time
+	// Log receives warnings (optional).
+	Log *slog.Logger
 }
 
 // CreateOptions describe a new node.
@@ -286,7 +292,8 @@ func (m *Manager) List() ([]Node, error) {
 	return out, nil
 }
 
-// Stop stops a node's QEMU: SIGTERM, then SIGKILL after grace.
+// Stop stops a node's QEMU: an ACPI power-down request over QMP first (the
+// guest shuts down cleanly), SIGTERM after grace, SIGKILL ten seconds later.
 func (m *Manager) Stop(ctx context.Context, name string, grace time.Duration) error {
 	n, err := m.read(name)
 	if err != nil {
@@ -295,27 +302,79 @@ func (m *Manager) Stop(ctx context.Context, name string, grace time.Duration) er
 	if !n.Running {
 		return nil
 	}
-	if err := syscall.Kill(n.PID, syscall.SIGTERM); err != nil {
-		return fmt.Errorf("stop %s: %w", name, err)
+	if err := qmpCommand(ctx, filepath.Join(n.Dir, qmpFile), "system_powerdown"); err != nil && m.Log != nil {
+		m.Log.Warn("power-down request failed; will signal QEMU", "node", name, "err", err)
 	}
-	deadline := time.NewTimer(grace)
-	defer deadline.Stop()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if _, up := m.running(n); !up {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline.C:
-			if err := syscall.Kill(n.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-				return fmt.Errorf("stop %s: %w", name, err)
+	steps := []struct {
+		after time.Duration
+		sig   syscall.Signal
+	}{{grace, syscall.SIGTERM}, {10 * time.Second, syscall.SIGKILL}, {10 * time.Second, 0}}
+	for _, st := range steps {
+		deadline := time.Now().Add(st.after)
+		for time.Now().Before(deadline) {
+			if _, up := m.running(n); !up {
+				return nil
 			}
-		case <-tick.C:
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if st.sig == 0 {
+			break
+		}
+		// running() just confirmed this pid is this node's QEMU.
+		if err := syscall.Kill(n.PID, st.sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("stop %s: %w", name, err)
 		}
 	}
+	return fmt.Errorf("stop %s: QEMU (pid %d) still running after SIGKILL", name, n.PID)
+}
+
+// qmpCommand sends one command over a node's QMP socket.
+func qmpCommand(ctx context.Context, sock, cmd string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return fmt.Errorf("qmp: %w", err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	r := bufio.NewReader(io.LimitReader(c, 1<<20))
+	if _, err := r.ReadBytes('\n'); err != nil { // greeting
+		return fmt.Errorf("qmp: %w", err)
+	}
+	for _, req := range []string{`{"execute":"qmp_capabilities"}`, `{"execute":"` + cmd + `"}`} {
+		if _, err := io.WriteString(c, req+"\n"); err != nil {
+			return fmt.Errorf("qmp: %w", err)
+		}
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return fmt.Errorf("qmp: %w", err)
+			}
+			var resp struct {
+				Return json.RawMessage        `json:"return"`
+				Error  *struct{ Desc string } `json:"error"`
+			}
+			if err := json.Unmarshal(line, &resp); err != nil {
+				return fmt.Errorf("qmp: %w", err)
+			}
+			if resp.Error != nil {
+				return fmt.Errorf("qmp %s: %s", cmd, resp.Error.Desc)
+			}
+			if resp.Return != nil {
+				break
+			}
+			// an event: keep reading
+		}
+	}
+	return nil
 }
 
 // Delete stops a node and removes its directory.
