@@ -307,24 +307,27 @@ func (e *Engine) fail(id, boot string, err error) error {
 	return serr
 }
 
-// reboot waits for dpkg, installs the resume unit, records the request and
-// reboots.
+// reboot records the request, waits for dpkg, installs the resume unit and
+// reboots. The request is recorded first, so an apply after a failed wait
+// asks for the reboot again instead of carrying on without it.
 func (e *Engine) reboot(ctx context.Context, after, boot string) error {
-	if err := e.waitDpkg(ctx); err != nil {
-		return fmt.Errorf("before reboot: %w", err)
-	}
-	if err := e.installUnit(ctx); err != nil {
-		return fmt.Errorf("before reboot: %w", err)
-	}
 	st := e.Env.State
-	st.Reboot = &RebootState{AfterStep: after, BootID: boot, At: e.now()}
-	if err := st.Save(e.Env.Root); err != nil {
-		return err
+	if st.Reboot == nil || st.Reboot.BootID != boot {
+		st.Reboot = &RebootState{AfterStep: after, BootID: boot, At: e.now()}
+		if err := st.Save(e.Env.Root); err != nil {
+			return err
+		}
 	}
 	e.report(ctx, after, "rebooting")
+	if err := e.waitDpkg(ctx); err != nil {
+		return fmt.Errorf("reboot after step %s: %w\nresume with: %s", after, err, e.Resume())
+	}
+	if err := e.installUnit(ctx); err != nil {
+		return fmt.Errorf("reboot after step %s: %w\nresume with: %s", after, err, e.Resume())
+	}
 	e.Env.Log.Info("rebooting; the resume unit continues after boot", "after_step", after, "unit", ResumeUnit)
 	if _, err := run(ctx, e.Env.Runner, "systemctl", "reboot"); err != nil {
-		return fmt.Errorf("reboot: %w", err)
+		return fmt.Errorf("reboot after step %s: %w\nresume with: %s", after, err, e.Resume())
 	}
 	return nil
 }

@@ -611,3 +611,31 @@ func TestApplyIsExclusive(t *testing.T) {
 		t.Errorf("apply after unlock: %v", err)
 	}
 }
+
+// A reboot that could not start (dpkg busy) is asked for again by the next
+// apply; the recipe never carries on past a reboot step without it.
+func TestRebootRetriedAfterDpkgWait(t *testing.T) {
+	ctx := context.Background()
+	root := fixture(t)
+	node := newFakeNode(t, root)
+	e := newTestEngine(t, root, node, testConfig())
+	e.Locks = &countingProbe{heldFor: 1 << 30}
+	e.LockWait = 20 * time.Millisecond
+	if _, err := e.Apply(ctx); err == nil || !strings.Contains(err.Error(), "resume with:") {
+		t.Fatalf("apply with dpkg busy: %v", err)
+	}
+	if slices.Contains(node.lines(), "systemctl reboot") {
+		t.Fatal("rebooted while dpkg was busy")
+	}
+	e2 := reEngine(t, e)
+	e2.Locks = noLocks{}
+	node.calls = nil
+	out, err := e2.Apply(ctx)
+	if err != nil || out != Rebooting {
+		t.Fatalf("retry = %v, %v", out, err)
+	}
+	l := node.lines()
+	if l[len(l)-1] != "systemctl reboot" || slices.ContainsFunc(l, func(s string) bool { return strings.Contains(s, "proxmox-ve") }) {
+		t.Errorf("retry ran %q", l)
+	}
+}
