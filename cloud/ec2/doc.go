@@ -16,6 +16,10 @@
 // IMDSv2 required with a hop limit of 1, so a nested guest can never reach
 // the metadata service even without the host guard; the IPv6 metadata
 // endpoint disabled; tags; and the root volume size. Progress after boot is
-// read from instance tags the node writes itself (TagReporter), so nobody
-// tails a log over SSM.
+// read from instance tags the node writes itself (TagReporter: the step and
+// running/rebooting/failed/done), so nobody tails a log over SSM. For that
+// the instance profile must allow ec2:CreateTags on the instance itself
+// (scope it with an ec2:SourceInstanceARN condition); without it the node
+// still provisions, and `pve-bootstrap node status` on the node tells where
+// it is.
 package ec2
