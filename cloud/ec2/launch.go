@@ -197,7 +197,7 @@ type FailedError struct {
 }
 
 func (e *FailedError) Error() string {
-	return fmt.Sprintf("instance %s: step %s failed; see `pve-bootstrap node status` on the node", e.ID, e.Step)
+	return fmt.Sprintf("instance %s: step %q failed; see `pve-bootstrap node status` on the node", e.ID, e.Step)
 }
 
 // Wait polls the instance until the node reports done (or failed), calling

@@ -193,7 +193,8 @@ func (d *deps) launch(ctx context.Context, w io.Writer, lf *launchFlags) error {
 	}
 	fmt.Fprintf(w, "launched %s (%s); following the node's progress (timeout %s)\n", id, spec.InstanceType, lf.timeout)
 	inst, err := cloudec2.Wait(ctx, api, id, lf.poll, lf.timeout, func(i cloudec2.Instance) {
-		fmt.Fprintf(w, "%s  state=%s step=%s status=%s\n", time.Now().UTC().Format("15:04:05"), i.State, i.Tags[cloudec2.TagStep], i.Tags[cloudec2.TagStatus])
+		// Tags are written by the node: quote them, never echo raw bytes.
+		fmt.Fprintf(w, "%s  state=%s step=%q status=%q\n", time.Now().UTC().Format("15:04:05"), i.State, i.Tags[cloudec2.TagStep], i.Tags[cloudec2.TagStatus])
 	})
 	if err != nil {
 		return fmt.Errorf("%w\nreach the node: ssh admin@%s, then `pve-bootstrap node status`", err, inst.Address())

@@ -61,7 +61,7 @@ func TestEC2LaunchCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, want := range []string{"launched i-0feed", "https://203.0.113.9:8006/", "/etc/pve-inspectd/pve-token", "ssh admin@203.0.113.9", "status=done"} {
+	for _, want := range []string{"launched i-0feed", "https://203.0.113.9:8006/", "/etc/pve-inspectd/pve-token", "ssh admin@203.0.113.9", `status="done"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
