@@ -67,16 +67,21 @@ type NetworkConfig struct {
 
 // ProxmoxConfig is the Proxmox package repository.
 type ProxmoxConfig struct {
-	RepoURI       string `toml:"repo_uri"`
-	Suite         string `toml:"suite"`
-	Component     string `toml:"component"`
+	// RepoURI, Suite and Component make the deb822 source.
+	RepoURI   string `toml:"repo_uri"`
+	Suite     string `toml:"suite"`
+	Component string `toml:"component"`
+	// KeyringURL is fetched (URL or absolute path) and installed only when
+	// its sha256 equals KeyringSHA256.
 	KeyringURL    string `toml:"keyring_url"`
 	KeyringSHA256 string `toml:"keyring_sha256"`
 }
 
 // DebConfig names a .deb by path or URL and its sha256.
 type DebConfig struct {
+	// Source is an absolute path or an http(s) URL.
 	Source string `toml:"source"`
+	// SHA256 is the .deb's digest (hex); a mismatch installs nothing.
 	SHA256 string `toml:"sha256"`
 }
 
