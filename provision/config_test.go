@@ -100,3 +100,14 @@ func TestHTTPFetcher(t *testing.T) {
 		t.Errorf("path fetch: %q %v", got, err)
 	}
 }
+
+func TestExampleConfigParses(t *testing.T) {
+	c, err := LoadConfig("config.example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := DefaultConfig()
+	if c.Proxmox != d.Proxmox || c.Network != d.Network {
+		t.Errorf("the example's defaults drifted from DefaultConfig: %+v", c)
+	}
+}
