@@ -34,11 +34,11 @@ const (
 // Halt reasons the controller passes to [Halter.Halt]. They are short and
 // stable (fit for a metric label); the details go to the log and [State].
 const (
-	ReasonNoDefaultRoute  = "no-default-route"
-	ReasonFailClosed      = "fail-closed-refused"
-	ReasonCommitRefused   = "commit-refused"
-	ReasonResolverBlank   = "dns-blanking-failed"
-	ReasonVerifyFailed    = "verify-failed"
+	ReasonNoDefaultRoute = "no-default-route"
+	ReasonFailClosed     = "fail-closed-refused"
+	ReasonCommitRefused  = "commit-refused"
+	ReasonResolverBlank  = "dns-blanking-failed"
+	ReasonVerifyFailed   = "verify-failed"
 )
 
 // Guard is the part of the host guard (package firewall) the controller
@@ -296,8 +296,11 @@ func (c *Controller) ensureWatches(w *fsnotify.Watcher) error {
 // the result. since is when the first event of this batch arrived (zero for
 // ticks and start-up); tick marks a backstop pass.
 func (c *Controller) reconcile(ctx context.Context, since time.Time, tick bool, watchErr error) {
+	// Updated is taken before the marker is read: a state updated after a
+	// moment reflects the marker as it was at or after that moment.
+	st := State{PID: os.Getpid(), Updated: time.Now().UTC()}
 	marker, markerErr := MarkerPresent(c.opt.Marker)
-	st := State{Marker: marker, PID: os.Getpid(), Updated: time.Now().UTC()}
+	st.Marker = marker
 	if marker && !c.lastMarker {
 		c.markerSince = since
 	}
@@ -355,15 +358,17 @@ func (c *Controller) reconcile(ctx context.Context, since time.Time, tick bool, 
 	}
 	c.running = true
 
-	c.mu.Lock()
-	c.state = st
-	c.mu.Unlock()
+	// Metrics and the state file first: whoever sees the new State sees
+	// them too.
 	c.opt.Metrics.observe(st, latency)
 	if c.opt.StateFile != "-" {
 		if err := WriteState(c.opt.StateFile, st); err != nil {
 			c.log.Warn("write state file", "err", err)
 		}
 	}
+	c.mu.Lock()
+	c.state = st
+	c.mu.Unlock()
 }
 
 // enforce puts the lockdown in force and proves it, recording what failed.
