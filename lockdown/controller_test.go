@@ -88,12 +88,6 @@ func (g *fakeGuard) setMgmt(ifaces ...string) {
 	}
 }
 
-func (g *fakeGuard) set(f func(g *fakeGuard)) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	f(g)
-}
-
 func (g *fakeGuard) get() (lockdown, failClosed bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
