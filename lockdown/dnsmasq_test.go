@@ -53,7 +53,7 @@ func TestMatcher(t *testing.T) {
 		{"/usr/sbin/dnsmasq (deleted)", []string{"dnsmasq", "-7", "/etc/dnsmasq.d/zone1,.dpkg-dist"}, true},
 		{"dnsmasq", []string{"dnsmasq", "-r", "/run/dnsmasq/resolv.conf"}, true},
 		{"/usr/sbin/dnsmasq", []string{"/usr/sbin/dnsmasq", "--conf-file=/etc/dnsmasq.conf"}, false}, // not SDN
-		{"/usr/bin/sleep", []string{"sleep", "/etc/dnsmasq.d/zone1"}, false},                       // not dnsmasq
+		{"/usr/bin/sleep", []string{"sleep", "/etc/dnsmasq.d/zone1"}, false},                         // not dnsmasq
 		{"/usr/sbin/dnsmasq-helper", []string{"x", "/etc/dnsmasq.d/"}, false},
 		{"", []string{"dnsmasq", "/etc/dnsmasq.d/"}, false},
 		{"/usr/sbin/dnsmasq", nil, false},

@@ -37,6 +37,7 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.configPath, "config", "c", config.DefaultPath, "configuration file")
 	root.AddCommand(
 		newVersionCmd(),
+		newLockdownCmd(g),
 	)
 	return root
 }
