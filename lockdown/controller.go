@@ -205,8 +205,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	ticker := time.NewTicker(c.opt.Reassert)
 	defer ticker.Stop()
 
-	watchErr = c.ensureWatches(watcher)
+	_, watchErr = c.ensureWatches(watcher)
 	c.reconcile(ctx, time.Time{}, true, watchErr)
+	if added, _ := c.ensureWatches(watcher); added {
+		c.Kick()
+	}
 	for {
 		var since time.Time
 		tick := false
@@ -252,8 +255,13 @@ func (c *Controller) Run(ctx context.Context) error {
 				break drain
 			}
 		}
-		watchErr = c.ensureWatches(watcher)
+		_, watchErr = c.ensureWatches(watcher)
 		c.reconcile(ctx, since, tick, watchErr)
+		// The reconcile may have created the resolver's directory: watch it
+		// now and look once more, so a rewrite in between is not missed.
+		if added, _ := c.ensureWatches(watcher); added {
+			c.Kick()
+		}
 	}
 }
 
@@ -269,10 +277,10 @@ func (c *Controller) relevant(ev fsnotify.Event) bool {
 
 // ensureWatches (re)adds the watches on the marker's and the resolver's
 // directories; a directory that vanished loses its watch, so this runs
-// before every reconcile.
-func (c *Controller) ensureWatches(w *fsnotify.Watcher) error {
+// before every reconcile. added reports whether it added one.
+func (c *Controller) ensureWatches(w *fsnotify.Watcher) (added bool, err error) {
 	if w == nil {
-		return nil
+		return false, nil
 	}
 	have := w.WatchList()
 	var errs []error
@@ -288,8 +296,9 @@ func (c *Controller) ensureWatches(w *fsnotify.Watcher) error {
 			continue
 		}
 		have = append(have, dir)
+		added = true
 	}
-	return errors.Join(errs...)
+	return added, errors.Join(errs...)
 }
 
 // reconcile brings the node to the state the marker asks for and publishes

@@ -442,6 +442,16 @@ func TestResolverAbsentIsRemovedOnLift(t *testing.T) {
 	}
 	e.waitFor("enforced", enforced)
 	e.checkEnforced()
+	// The directory the lockdown created is watched too: a rewrite is
+	// undone without waiting for the (hour-long) backstop.
+	reloads := e.reloader.count()
+	if err := os.WriteFile(e.resolver, []byte("nameserver 198.51.100.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("re-blanked", func(s State) bool {
+		b, _ := os.ReadFile(e.resolver)
+		return enforced(s) && bytes.Equal(b, BlankContent(e.marker)) && e.reloader.count() > reloads
+	})
 	if err := SetMarker(e.marker, false); err != nil {
 		t.Fatal(err)
 	}
