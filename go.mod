@@ -2,6 +2,11 @@ module github.com/pve-inspect/pve-inspect
 
 go 1.26.8
 
+// google/nftables is pinned to a pseudo-version newer than v0.3.0 on purpose:
+// v0.3.0 always sends table flags 0, so the guard's table could not carry the
+// kernel flags owner|persist; this version has TableFlagOwner/TableFlagPersist.
+require github.com/google/nftables v0.3.1-0.20251119083706-1db35da82052
+
 require (
 	dario.cat/mergo v1.0.2 // indirect
 	github.com/AlekSi/pointer v1.2.0 // indirect
@@ -46,9 +51,9 @@ require (
 	github.com/go-git/go-billy/v5 v5.7.0 // indirect
 	github.com/go-git/go-git/v5 v5.16.5 // indirect
 	github.com/gobwas/glob v0.2.3 // indirect
+	github.com/godbus/dbus/v5 v5.1.0 // indirect
 	github.com/golang/groupcache v0.0.0-20241129210726-2c02b8208cf8 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/google/nftables v0.3.1-0.20251119083706-1db35da82052 // indirect
 	github.com/google/rpmpack v0.7.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/goreleaser/chglog v0.7.4 // indirect
@@ -64,7 +69,7 @@ require (
 	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/klauspost/pgzip v1.2.6 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
-	github.com/luthermonson/go-proxmox v0.9.0 // indirect
+	github.com/luthermonson/go-proxmox v0.9.0
 	github.com/magefile/mage v1.14.0 // indirect
 	github.com/mailru/easyjson v0.7.7 // indirect
 	github.com/mdlayher/netlink v1.8.1-0.20251028132421-dcc6cab9a6eb // indirect

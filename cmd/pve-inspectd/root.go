@@ -37,8 +37,12 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.configPath, "config", "c", config.DefaultPath, "configuration file")
 	root.AddCommand(
 		newVersionCmd(),
+		newManpageCmd(),
+		newMigrateCmd(),
+		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
 		newLockdownCmd(g),
 	)
+	root.AddCommand(newGuardCmds(g)...)
 	return root
 }
 
