@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -102,4 +103,45 @@ func ParseState(b []byte) (State, error) {
 		return State{}, fmt.Errorf("parse state: bad pid %d", s.PID)
 	}
 	return s, nil
+}
+
+// InForce reports whether the node is in the state the marker asks for,
+// according to the state the running daemon published in stateFile: nil
+// when the marker is absent, or present and a fresh state (updated within
+// maxAge of now, by a process that is alive) says the lockdown is enforced;
+// otherwise an error saying what stands in the way. It is the cause check
+// for lifting a halt: a lockdown that cannot be proven in force keeps the
+// node halted.
+func InForce(marker, stateFile string, maxAge time.Duration, now time.Time) error {
+	present, err := MarkerPresent(marker)
+	if err != nil {
+		return err
+	}
+	if !present {
+		return nil
+	}
+	st, err := ReadState(stateFile)
+	if err != nil {
+		return fmt.Errorf("lockdown marker %s present, lockdown not proven: %w", marker, err)
+	}
+	switch {
+	case !processAlive(st.PID):
+		return fmt.Errorf("lockdown marker %s present and the daemon that published %s (pid %d) is not running", marker, stateFile, st.PID)
+	case now.Sub(st.Updated) > maxAge:
+		return fmt.Errorf("lockdown marker %s present and the daemon's state is stale (updated %s)", marker, st.Updated.Format(time.RFC3339))
+	case !st.Marker:
+		return fmt.Errorf("lockdown marker %s present and the daemon has not acted on it yet", marker)
+	case !st.Enforced:
+		return fmt.Errorf("lockdown marker %s present and the lockdown is not in force: %s", marker, st.Reason)
+	}
+	return nil
+}
+
+// processAlive reports whether pid names a running process.
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

@@ -66,3 +66,47 @@ func FuzzParseState(f *testing.F) {
 		_ = os.Remove(p)
 	})
 }
+
+func TestInForce(t *testing.T) {
+	d := t.TempDir()
+	marker, state := filepath.Join(d, "marker"), filepath.Join(d, "state.json")
+	now := time.Now().UTC()
+	if err := InForce(marker, state, time.Minute, now); err != nil {
+		t.Errorf("no marker: %v, want nil", err)
+	}
+	if err := SetMarker(marker, true); err != nil {
+		t.Fatal(err)
+	}
+	good := State{Marker: true, Enforced: true, Converged: true, PID: os.Getpid(), Updated: now}
+	for _, tc := range []struct {
+		name  string
+		state *State
+		want  string // "" = in force
+	}{
+		{"no state", nil, "not proven"},
+		{"enforced", &good, ""},
+		{"not enforced", &State{Marker: true, Reason: "verify-failed: x", PID: os.Getpid(), Updated: now}, "verify-failed"},
+		{"dead daemon", &State{Marker: true, Enforced: true, PID: 1 << 30, Updated: now}, "not running"},
+		{"stale", &State{Marker: true, Enforced: true, PID: os.Getpid(), Updated: now.Add(-time.Hour)}, "stale"},
+		{"not acted", &State{Marker: false, Converged: true, PID: os.Getpid(), Updated: now}, "not acted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			os.Remove(state)
+			if tc.state != nil {
+				if err := WriteState(state, *tc.state); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := InForce(marker, state, time.Minute, now)
+			if tc.want == "" {
+				if err != nil {
+					t.Errorf("InForce = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("InForce = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/lockdown"
+	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
 
 // Exit codes of "pve-inspectd lockdown".
@@ -139,7 +140,7 @@ func lockdownReport(s config.LockdownSection, now time.Time) statusReport {
 	}
 	r.State = &st
 	r.Daemon = "running"
-	stale := 3*s.ReassertInterval + 5*time.Second
+	stale := staleAfter(s)
 	switch {
 	case !processAlive(st.PID):
 		r.Daemon = "not running"
@@ -235,3 +236,23 @@ func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
+
+// lockdownCause is recover's cause check: the cause of a halt persists
+// while the lockdown marker is present and either no interface has a
+// default route, or the running daemon does not report the lockdown proven
+// in force (refused commit, unverifiable table, failed DNS blanking, or no
+// daemon at all).
+func lockdownCause(cfg config.Config) halt.CauseCheck {
+	s := cfg.Lockdown.Effective()
+	route := markerRouteCause(cfg)
+	return func(ctx context.Context, st halt.State) error {
+		if err := route(ctx, st); err != nil {
+			return err
+		}
+		return lockdown.InForce(s.Marker, s.StateFile, staleAfter(s), time.Now())
+	}
+}
+
+// staleAfter is how old the daemon's published state may be: a few
+// re-assert periods.
+func staleAfter(s config.LockdownSection) time.Duration { return 3*s.ReassertInterval + 5*time.Second }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/lockdown"
+	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
 
 // cliGuard is a stand-in host guard for the CLI tests.
@@ -194,5 +195,35 @@ func TestLockdownStatusDeadDaemon(t *testing.T) {
 	out, code = e.run("lockdown", "status")
 	if code != exitNotConverged || !strings.Contains(out, "not acted on the marker") {
 		t.Errorf("status before the daemon acted: code %d, output:\n%s", code, out)
+	}
+}
+
+func TestLockdownCause(t *testing.T) {
+	e := newCLIEnv(t)
+	cfg, err := config.Load(e.conf, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := lockdownCause(cfg)
+	if err := check(context.Background(), halt.State{}); err != nil {
+		t.Errorf("marker absent: cause %v, want none", err)
+	}
+	if err := lockdown.SetMarker(e.sec.Marker, true); err != nil {
+		t.Fatal(err)
+	}
+	// Marker present and no daemon state: the lockdown is not proven (or,
+	// on a host without a default route, the route cause persists).
+	if err := check(context.Background(), halt.State{}); err == nil {
+		t.Error("marker present without a daemon: no cause reported")
+	}
+	// A daemon that reports the lockdown enforced lifts the cause, unless
+	// this host has no default route.
+	st := lockdown.State{Marker: true, Enforced: true, Converged: true, PID: os.Getpid(), Updated: time.Now().UTC()}
+	if err := lockdown.WriteState(e.sec.StateFile, st); err != nil {
+		t.Fatal(err)
+	}
+	err = check(context.Background(), halt.State{})
+	if err != nil && !strings.Contains(err.Error(), "default route") {
+		t.Errorf("lockdown enforced: cause %v", err)
 	}
 }

@@ -39,7 +39,7 @@ func newRootCmd() *cobra.Command {
 		newVersionCmd(),
 		newManpageCmd(),
 		newMigrateCmd(),
-		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
+		newHaltCmd(g), newRecoverCmd(g, lockdownCause),
 		newLockdownCmd(g),
 	)
 	root.AddCommand(newGuardCmds(g)...)
