@@ -48,6 +48,10 @@ type BenchOptions struct {
 	// [0, SettleJitter) so the flips sample every phase of a periodic
 	// enforcer. Set it to the period of a poll-only baseline.
 	SettleJitter time.Duration
+	// Confirm is how many further probes in a row must agree before a
+	// change counts (a probe on a loaded host can time out without any
+	// drop: one "blocked" alone proves nothing). Default 2; -1 for none.
+	Confirm int
 	// Progress, when set, receives each sample as it is taken.
 	Progress func(FlipSample)
 }
@@ -56,11 +60,12 @@ type BenchOptions struct {
 type FlipSample struct {
 	On bool // the marker was created (lockdown asked for)
 	// Latency: from just before SetMarker to the start of the first probe
-	// that observed the new state (an upper bound: the state was in force
-	// when that probe's traffic left).
+	// of the confirmed run that observed the new state (an upper bound: the
+	// state was in force when that probe's traffic left).
 	Latency time.Duration
 	// Lower: to the start of the last probe that still observed the old
-	// state (a lower bound; 0 when the first probe already saw the change).
+	// state (0 when none did); the change came after it, unless that probe
+	// was itself a false reading.
 	Lower  time.Duration
 	Probes int // probes run for this flip
 }
@@ -93,6 +98,12 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	}
 	if o.FlipTimeout <= 0 {
 		o.FlipTimeout = 2 * time.Minute
+	}
+	switch {
+	case o.Confirm == 0:
+		o.Confirm = 2
+	case o.Confirm < 0:
+		o.Confirm = 0
 	}
 	var res BenchResult
 	// Start from a known state: marker off and egress observed open.
@@ -145,7 +156,12 @@ func flip(ctx context.Context, o BenchOptions, on, set bool) (FlipSample, error)
 			return s, fmt.Errorf("set marker: %w", err)
 		}
 	}
-	var lastErr error
+	var (
+		lastErr   error
+		first     time.Time // start of the first probe of the agreeing run
+		agreeing  int
+		lastOther time.Time // start of the last probe that saw the old state
+	)
 	for {
 		start := time.Now()
 		blocked, err := o.Probe(ctx)
@@ -161,11 +177,21 @@ func flip(ctx context.Context, o BenchOptions, on, set bool) (FlipSample, error)
 			}
 			continue
 		}
-		if blocked == on {
-			s.Latency = start.Sub(t0)
+		if blocked != on {
+			agreeing, lastOther = 0, start
+			continue
+		}
+		if agreeing == 0 {
+			first = start
+		}
+		agreeing++
+		if agreeing > o.Confirm {
+			s.Latency = first.Sub(t0)
+			if !lastOther.IsZero() {
+				s.Lower = lastOther.Sub(t0)
+			}
 			return s, nil
 		}
-		s.Lower = start.Sub(t0)
 	}
 }
 

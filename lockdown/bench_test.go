@@ -125,3 +125,41 @@ func TestWriteBenchReport(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchConfirm: a lone false "blocked" (a probe that timed out on a
+// loaded host) does not end a flip; the agreeing run after it does.
+func TestBenchConfirm(t *testing.T) {
+	const o, b = false, true // open, blocked
+	for _, tc := range []struct {
+		name    string
+		confirm int
+		script  []bool // initial state (open) then the on flip
+		probes  int    // probes of the on flip
+	}{
+		{"default", 0, []bool{o, o, o, o, b, o, b, b, b}, 6},
+		{"none", -1, []bool{o, o, b}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			i := 0
+			res, err := Bench(context.Background(), BenchOptions{
+				Flips:     1,
+				Confirm:   tc.confirm,
+				SetMarker: func(context.Context, bool) error { return nil },
+				Probe: func(context.Context) (bool, error) {
+					if i >= len(tc.script) {
+						return false, errors.New("script exhausted")
+					}
+					i++
+					return tc.script[i-1], nil
+				},
+				FlipTimeout: 5 * time.Second,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Samples) != 1 || res.Samples[0].Probes != tc.probes || i != len(tc.script) {
+				t.Errorf("samples %+v after %d probes, want one with %d probes after %d", res.Samples, i, tc.probes, len(tc.script))
+			}
+		})
+	}
+}
