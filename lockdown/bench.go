@@ -79,9 +79,9 @@ type LatencyStats struct {
 
 // BenchResult is the outcome of [Bench].
 type BenchResult struct {
-	On      LatencyStats // marker created -> egress blocked
-	Off     LatencyStats // marker removed -> egress back
-	All     LatencyStats
+	On  LatencyStats // marker created -> egress blocked
+	Off LatencyStats // marker removed -> egress back
+	All LatencyStats
 	// OnLower and OffLower summarise the lower bounds (FlipSample.Lower):
 	// the true latency lies between them and On/Off, within one probe.
 	OnLower, OffLower LatencyStats
