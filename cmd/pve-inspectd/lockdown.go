@@ -24,22 +24,6 @@ const (
 	exitNotConverged = 3
 )
 
-// lockdownOptions turns the [lockdown] section into controller options;
-// the caller adds Guard, Halter, Metrics and Logger.
-func lockdownOptions(s config.LockdownSection) lockdown.Options {
-	e := s.Effective()
-	return lockdown.Options{
-		Marker:    e.Marker,
-		Resolver:  e.Resolver,
-		BackupDir: e.BackupDir,
-		StateFile: e.StateFile,
-		Reassert:  e.ReassertInterval,
-		Reloader: lockdown.ProcSignaler{Matcher: lockdown.DnsmasqMatcher{
-			Exe: e.Dnsmasq.Exe, CmdlineContains: e.Dnsmasq.CmdlineContains,
-		}},
-	}
-}
-
 func newLockdownCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lockdown on|off|status",

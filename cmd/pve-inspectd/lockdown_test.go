@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
@@ -83,7 +84,7 @@ reassert_interval = "1s"
 
 // daemon runs a controller on the env's paths until the test ends.
 func (e *cliEnv) daemon(g *cliGuard) {
-	opt := lockdownOptions(e.sec)
+	opt := daemon.LockdownOptions(e.sec)
 	opt.Guard, opt.Halter, opt.Reloader = g, cliHalter{}, noReload{}
 	c, err := lockdown.New(opt)
 	if err != nil {
