@@ -734,3 +734,81 @@ func histCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+func TestResolverSymlinkRestored(t *testing.T) {
+	e := newEnv(t, true)
+	if err := os.MkdirAll(filepath.Dir(e.resolver), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(e.dir, "real-resolv.conf")
+	if err := os.WriteFile(target, []byte(origResolv), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, e.resolver); err != nil {
+		t.Fatal(err)
+	}
+	e.start(e.options())
+	if err := SetMarker(e.marker, true); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("enforced", enforced)
+	e.checkEnforced()
+	// The link was replaced, not followed: the file it points to is intact.
+	if b, _ := os.ReadFile(target); string(b) != origResolv {
+		t.Errorf("symlink target changed to %q", b)
+	}
+	if err := SetMarker(e.marker, false); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("lifted", lifted)
+	got, err := os.Readlink(e.resolver)
+	if err != nil || got != target {
+		t.Errorf("resolver after lift: link %q (%v), want a symlink to %q", got, err, target)
+	}
+	e.checkNoLeftovers()
+}
+
+// failingHalter fails its first n halts.
+type failingHalter struct {
+	fakeHalter
+	fail atomic.Int32
+}
+
+func (h *failingHalter) Halt(ctx context.Context, reason string) error {
+	if h.fail.Add(-1) >= 0 {
+		return errors.New("dbus: connection refused")
+	}
+	return h.fakeHalter.Halt(ctx, reason)
+}
+
+func TestHaltRetriedAndReasserted(t *testing.T) {
+	e := newEnv(t, false)
+	e.guard.verifyErr = errors.New("rule missing")
+	h := &failingHalter{}
+	h.fail.Store(1)
+	opt := e.options()
+	opt.Halter = h
+	opt.Reassert = 10 * time.Millisecond // the backstop ticks quickly here
+	e.start(opt)
+	if err := SetMarker(e.marker, true); err != nil {
+		t.Fatal(err)
+	}
+	// The first halt fails and is retried; while the failure lasts every
+	// tick asks for the halt again (undoing a premature recover).
+	e.waitFor("halted", func(s State) bool { return s.Halted == ReasonVerifyFailed })
+	deadline := time.Now().Add(15 * time.Second)
+	for len(h.got()) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("halts %v: not re-asserted on ticks", h.got())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, r := range h.got() {
+		if r != ReasonVerifyFailed {
+			t.Errorf("halt reason %q, want %q", r, ReasonVerifyFailed)
+		}
+	}
+	if s := e.ctrl.State(); s.Enforced || !strings.Contains(s.Reason, "rule missing") {
+		t.Errorf("state %+v: want not enforced with the verify error", s)
+	}
+}
