@@ -99,8 +99,9 @@ type Controller struct {
 	log      *slog.Logger
 	kick     chan struct{}
 
-	mu    sync.Mutex
-	state State
+	mu     sync.Mutex
+	state  State
+	synced chan struct{} // closed after the first reconcile
 
 	// Owned by the Run goroutine.
 	lastMarker  bool
@@ -158,8 +159,14 @@ func New(opt Options) (*Controller, error) {
 		resolver: newResolverFile(opt.Resolver, opt.BackupDir, opt.Marker),
 		log:      opt.Logger.With("component", "lockdown"),
 		kick:     make(chan struct{}, 1),
+		synced:   make(chan struct{}),
 	}, nil
 }
+
+// Synced is closed once Run's first reconcile has published its state
+// (the daemon reports ready after it; check [Controller.State] for the
+// outcome).
+func (c *Controller) Synced() <-chan struct{} { return c.synced }
 
 // State returns the state published by the last reconcile.
 func (c *Controller) State() State {
@@ -180,7 +187,7 @@ func (c *Controller) Kick() {
 }
 
 // Run watches and reconciles until ctx is done. It reconciles once at the
-// start. It leaves the lockdown as it is when it returns: a daemon that
+// start (then Synced is closed). Run may be called once. It leaves the lockdown as it is when it returns: a daemon that
 // stops does not lift a lockdown. It returns nil when ctx ends, and an
 // error only when it cannot watch at all.
 func (c *Controller) Run(ctx context.Context) error {
@@ -207,6 +214,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	_, watchErr = c.ensureWatches(watcher)
 	c.reconcile(ctx, time.Time{}, true, watchErr)
+	close(c.synced)
 	if added, _ := c.ensureWatches(watcher); added {
 		c.Kick()
 	}

@@ -213,7 +213,14 @@ func (e *env) start(opt Options) {
 			e.t.Errorf("Run: %v", err)
 		}
 	})
-	e.waitFor("first reconcile", func(s State) bool { return !s.Updated.IsZero() })
+	select {
+	case <-c.Synced():
+	case <-time.After(15 * time.Second):
+		e.t.Fatal("first reconcile never finished")
+	}
+	if e.ctrl.State().Updated.IsZero() {
+		e.t.Fatal("Synced closed before the first state was published")
+	}
 }
 
 // waitFor polls the published state until cond holds; the deadline only
