@@ -102,6 +102,7 @@ type Controller struct {
 	mu     sync.Mutex
 	state  State
 	synced chan struct{} // closed after the first reconcile
+	once   sync.Once
 
 	// Owned by the Run goroutine.
 	lastMarker  bool
@@ -187,7 +188,7 @@ func (c *Controller) Kick() {
 }
 
 // Run watches and reconciles until ctx is done. It reconciles once at the
-// start (then Synced is closed). Run may be called once. It leaves the lockdown as it is when it returns: a daemon that
+// start (then Synced is closed). Do not run it twice at the same time. It leaves the lockdown as it is when it returns: a daemon that
 // stops does not lift a lockdown. It returns nil when ctx ends, and an
 // error only when it cannot watch at all.
 func (c *Controller) Run(ctx context.Context) error {
@@ -214,7 +215,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	_, watchErr = c.ensureWatches(watcher)
 	c.reconcile(ctx, time.Time{}, true, watchErr)
-	close(c.synced)
+	c.once.Do(func() { close(c.synced) })
 	if added, _ := c.ensureWatches(watcher); added {
 		c.Kick()
 	}
