@@ -20,11 +20,16 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
-// The real host guard is what the controller drives in production.
-var _ Guard = (*firewall.Guard)(nil)
+// The real host guard and halt are what the controller drives in
+// production.
+var (
+	_ Guard  = (*firewall.Guard)(nil)
+	_ Halter = (*halt.Halter)(nil)
+)
 
 // TestLockdownOnBed is the acceptance test of issue 4 on the node in a
 // box: the real guard (nftables in the node namespace), the real zone
