@@ -10,6 +10,7 @@ import (
 func sections() []section {
 	return []section{
 		{"guard", benchGuard},
+		{"lockdown", benchLockdown},
 	}
 }
 

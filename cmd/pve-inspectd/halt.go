@@ -85,7 +85,7 @@ type causeCheckFor func(cfg config.Config) halt.CauseCheck
 
 // newRecoverCmd is `pve-inspectd recover`: it lifts a halt unless cause
 // (built from the configuration) says the cause persists. The wiring in
-// root.go decides the check; see markerRouteCause.
+// root.go decides the check; see lockdownCause.
 func newRecoverCmd(g *globals, cause causeCheckFor) *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -134,8 +134,8 @@ const DefaultMarker = "/etc/inspect-proxmox-egress-lockdown"
 // reason says. The lockdown controller will supply a check that proves its
 // lockdown in force (it knows the other causes: a refused commit, an
 // unverifiable table, failed DNS blanking); wire it here when it lands.
-func markerRouteCause(config.Config) halt.CauseCheck {
-	return routeCause{marker: DefaultMarker, procNet: "/proc/net"}.check
+func markerRouteCause(cfg config.Config) halt.CauseCheck {
+	return routeCause{marker: cfg.Lockdown.Effective().Marker, procNet: "/proc/net"}.check
 }
 
 // routeCause checks the fail-closed condition under configurable paths.
