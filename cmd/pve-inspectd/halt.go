@@ -16,13 +16,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
 
 // haltConfig maps the [halt] section onto the halt package's configuration.
-func haltConfig(s config.HaltSection) halt.Config {
-	return halt.Config{Units: s.Units, StateFile: s.StateFile, Transport: halt.Transport(s.Transport)}
-}
+func haltConfig(s config.HaltSection) halt.Config { return daemon.HaltConfig(s) }
 
 // newHaltCmd is `pve-inspectd halt --reason TEXT`: the fail-deadly halt on
 // demand, run by the OnFailure= unit when the daemon keeps failing while
