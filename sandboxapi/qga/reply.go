@@ -1,0 +1,117 @@
+package qga
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// maxDescLen bounds the agent's error description kept in an AgentError: it
+// is untrusted text that ends up in logs and API answers.
+const maxDescLen = 512
+
+// errorBody is the "error" member of a QMP reply.
+type errorBody struct {
+	Class string `json:"class"`
+	Desc  string `json:"desc"`
+}
+
+// replyEnvelope is one QMP reply line.
+type replyEnvelope struct {
+	Return json.RawMessage `json:"return"`
+	Error  *errorBody      `json:"error"`
+	ID     json.RawMessage `json:"id"`
+}
+
+// parseReply checks one reply line (without its trailing newline) against the
+// command that was sent with id wantID and returns the raw "return" value.
+// An {"error":...} reply comes back as *AgentError; everything that is not a
+// strict QMP reply to that id comes back as *ProtocolError (Socket unset).
+func parseReply(line []byte, cmd string, wantID uint32) (json.RawMessage, error) {
+	env, err := decodeEnvelope(line)
+	if err != nil {
+		return nil, &ProtocolError{Kind: KindMalformed, Command: cmd, Err: err}
+	}
+	if env.ID == nil {
+		return nil, &ProtocolError{Kind: KindUnsolicited, Command: cmd, Err: errors.New("reply carries no id")}
+	}
+	if !bytes.Equal(env.ID, strconv.AppendUint(nil, uint64(wantID), 10)) {
+		return nil, &ProtocolError{Kind: KindWrongID, Command: cmd,
+			Err: fmt.Errorf("reply id %s, sent %d", clip(env.ID, 32), wantID)}
+	}
+	if env.Error != nil {
+		return nil, &AgentError{Command: cmd, Class: clipString(env.Error.Class, 64), Desc: clipString(env.Error.Desc, maxDescLen)}
+	}
+	return env.Return, nil
+}
+
+// parseSyncReply parses the line that follows the 0xFF delimiter of a
+// guest-sync-delimited reply and returns the echoed id.
+func parseSyncReply(line []byte) (uint32, error) {
+	env, err := decodeEnvelope(line)
+	if err != nil {
+		return 0, err
+	}
+	if env.Error != nil {
+		return 0, fmt.Errorf("sync refused: %s", clipString(env.Error.Desc, maxDescLen))
+	}
+	id, err := strconv.ParseUint(string(env.Return), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("sync reply %s is not an id", clip(env.Return, 32))
+	}
+	return uint32(id), nil
+}
+
+// decodeEnvelope does the strict part shared by all replies: one JSON object,
+// nothing after it, exactly one of "return" and "error".
+func decodeEnvelope(line []byte) (*replyEnvelope, error) {
+	line = bytes.TrimRight(line, "\r")
+	if len(line) == 0 || line[0] != '{' {
+		return nil, fmt.Errorf("reply %s is not a JSON object", clip(line, 32))
+	}
+	if !json.Valid(line) {
+		return nil, fmt.Errorf("reply %s is not valid JSON", clip(line, 32))
+	}
+	var env replyEnvelope
+	if err := json.Unmarshal(line, &env); err != nil {
+		return nil, fmt.Errorf("reply %s: %w", clip(line, 32), err)
+	}
+	if (env.Return == nil) == (env.Error == nil) {
+		return nil, fmt.Errorf("reply %s has neither or both of return and error", clip(line, 32))
+	}
+	return &env, nil
+}
+
+// decodeReturn unmarshals a "return" value into out, turning a type mismatch
+// into a malformed-reply protocol error.
+func decodeReturn(raw json.RawMessage, cmd string, out any) error {
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return &ProtocolError{Kind: KindMalformed, Command: cmd, Err: fmt.Errorf("return value: %w", err)}
+	}
+	return nil
+}
+
+// clip quotes at most n bytes of untrusted b for an error message.
+func clip(b []byte, n int) string {
+	if len(b) > n {
+		return strconv.Quote(string(b[:n])) + "..."
+	}
+	return strconv.Quote(string(b))
+}
+
+// clipString bounds untrusted text kept in errors and makes it valid UTF-8.
+func clipString(s string, n int) string {
+	if len(s) > n {
+		s = s[:n] + "..."
+	}
+	if !utf8.ValidString(s) {
+		s = string(bytes.ToValidUTF8([]byte(s), []byte("?")))
+	}
+	return s
+}
