@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -414,3 +415,37 @@ func (c *cancelAfter) Read(b []byte) (int, error) {
 }
 
 func fsMode(m uint32) fs.FileMode { return fs.FileMode(m) }
+
+// TestFile512MiB: a 512 MiB random file written and read back is
+// byte-identical. Streams both ways; slow on a loaded machine (skipped with
+// -short).
+func TestFile512MiB(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIPPED under -short: 512 MiB round trip")
+	}
+	g := startGuest(t)
+	c := New(Options{})
+	a := c.Agent(g.Socket)
+	const size = 512 << 20
+	ctx := testCtx(t, 30*time.Minute)
+	src := io.LimitReader(mrand.NewChaCha8([32]byte{1, 2, 3}), size)
+	wsum := sha256.New()
+	start := time.Now()
+	if err := a.WriteFile(ctx, g.Dir+"/512m", io.TeeReader(src, wsum), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("write: %v", time.Since(start))
+	start = time.Now()
+	rsum := sha256.New()
+	n, err := a.ReadFile(ctx, g.Dir+"/512m", rsum, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read: %v", time.Since(start))
+	if n != size || !bytes.Equal(wsum.Sum(nil), rsum.Sum(nil)) {
+		t.Fatalf("read %d bytes, sha256 %x, wrote %x", n, rsum.Sum(nil), wsum.Sum(nil))
+	}
+	if p, bound := c.PeakBufferedBytes(), int64(c.Options().MaxReplyBytes+readSize); p > bound {
+		t.Fatalf("peak buffered %d > %d", p, bound)
+	}
+}
