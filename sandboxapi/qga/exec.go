@@ -239,23 +239,21 @@ func (st *guestExec) outcome(res *ExecResult) {
 	}
 }
 
-// poller yields the short adaptive wait between status polls: it starts at
-// a millisecond, grows while nothing happens and drops back on activity.
-type poller struct{ d time.Duration }
+// poller yields the short adaptive wait between status polls: a tenth of
+// the time the command has run so far, between 1 ms and 50 ms. A quick
+// command is seen to end within about a millisecond, a long one costs at
+// most 20 polls a second, and detection lags by at most ~10%.
+type poller struct{ start time.Time }
 
 const (
 	pollMin = time.Millisecond
 	pollMax = 50 * time.Millisecond
 )
 
-func (p *poller) next(active bool) time.Duration {
-	switch {
-	case active || p.d == 0:
-		p.d = pollMin
-	default:
-		p.d = min(p.d*3/2+time.Millisecond/2, pollMax)
-	}
-	return p.d
+func newPoller() *poller { return &poller{start: time.Now()} }
+
+func (p *poller) next() time.Duration {
+	return min(max(time.Since(p.start)/10, pollMin), pollMax)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
@@ -290,7 +288,7 @@ func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
 	}); err != nil {
 		return nil, err
 	}
-	var p poller
+	p := newPoller()
 	for {
 		var st *guestExec
 		if err := a.session(ctx, func(cn *conn) (err error) {
@@ -305,7 +303,7 @@ func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
 			stderr, _ := base64.StdEncoding.DecodeString(st.ErrData)
 			return &runResult{ExitCode: res.ExitCode, Stderr: stderr}, nil
 		}
-		if err := sleepCtx(ctx, p.next(false)); err != nil {
+		if err := sleepCtx(ctx, p.next()); err != nil {
 			return nil, err
 		}
 	}
@@ -331,8 +329,9 @@ type outStream struct {
 }
 
 // take reads one chunk of the stream (within the session) and returns it,
-// cut at the limit.
-func (s *outStream) take(cn *conn, chunk int) ([]byte, error) {
+// cut at the limit. Once the command has exited, the stream is done at its
+// first EOF (a background child may keep appending; the limit bounds it).
+func (s *outStream) take(cn *conn, chunk int, exited bool) ([]byte, error) {
 	if s.done {
 		return nil, nil
 	}
@@ -345,7 +344,9 @@ func (s *outStream) take(cn *conn, chunk int) ([]byte, error) {
 		data = data[:rest]
 		s.truncated, s.done = true, true
 	}
-	_ = eof
+	if eof && exited {
+		s.done = true
+	}
 	return data, nil
 }
 
@@ -413,17 +414,6 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 			a.removeGuestFiles(ctx, outPath, errPath, inPath)
 		}
 	}()
-
-	err := a.session(ctx, func(cn *conn) (err error) {
-		if so.h, err = cn.fileOpen(outPath, "w+"); err != nil {
-			return err
-		}
-		se.h, err = cn.fileOpen(errPath, "w+")
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("qga exec: create output files: %w", err)
-	}
 	if bigStdin {
 		hIn := int64(-1)
 		err := a.session(ctx, func(cn *conn) (err error) {
@@ -442,28 +432,38 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 		inline = nil
 	}
 
+	// One session creates the output files and starts the wrapper.
 	sc := wrapper(&req, outPath, errPath, inPath, inline != nil)
 	argv := append([]string{"/bin/sh", "-c", strings.Join(sc.lines, "\n"), "pve-inspect-exec"}, sc.args...)
 	res := &ExecResult{}
-	err = a.session(ctx, func(cn *conn) (err error) {
-		res.PID, err = cn.execStart(argv, inline, false)
-		return err
+	err := a.session(ctx, func(cn *conn) (err error) {
+		if so.h, err = cn.fileOpen(outPath, "w+"); err != nil {
+			return fmt.Errorf("create output file: %w", err)
+		}
+		if se.h, err = cn.fileOpen(errPath, "w+"); err != nil {
+			return fmt.Errorf("create output file: %w", err)
+		}
+		if res.PID, err = cn.execStart(argv, inline, false); err != nil {
+			return fmt.Errorf("start: %w", err)
+		}
+		started = true
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("qga exec: start: %w", err)
+		return nil, fmt.Errorf("qga exec: %w", err)
 	}
-	started = true
 	start := time.Now()
 
-	var p poller
+	p := newPoller()
 	killed := false
 	lastKill := time.Time{}
 	k := a.newChunker(a.maxReadChunk())
+	exited := false
 	for {
 		if ctx.Err() != nil {
 			return nil, a.abandon(ctx, res.PID)
 		}
-		if req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
+		if !exited && req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
 			// Repeat the kill while the command lives: it may not have
 			// become a group leader yet the first time.
 			if err := a.killGroup(ctx, res.PID); err != nil {
@@ -474,18 +474,36 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 			}
 			killed, lastKill = true, time.Now()
 		}
-		var st *guestExec
+		// One session: status (until it exited), one chunk of each stream,
+		// and once both are drained, closing the handles.
 		var outData, errData []byte
 		t0 := time.Now()
 		err := a.session(ctx, func(cn *conn) (err error) {
-			if st, err = cn.execStatus(res.PID); err != nil {
+			if !exited {
+				st, err := cn.execStatus(res.PID)
+				if err != nil {
+					return err
+				}
+				if st.Exited {
+					st.outcome(res)
+					exited = true
+				}
+			}
+			if outData, err = so.take(cn, k.size, exited); err != nil {
 				return err
 			}
-			if outData, err = so.take(cn, k.size); err != nil {
+			if errData, err = se.take(cn, k.size, exited); err != nil {
 				return err
 			}
-			errData, err = se.take(cn, k.size)
-			return err
+			if so.done && se.done {
+				for _, s := range []*outStream{so, se} {
+					if err := cn.fileClose(s.h); err != nil {
+						return err
+					}
+					s.h = -1
+				}
+			}
+			return nil
 		})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -502,41 +520,16 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 			a.abandon(ctx, res.PID)
 			return nil, fmt.Errorf("qga exec: stderr: %w", err)
 		}
-		if st.Exited {
-			st.outcome(res)
-			res.TimedOut = killed
+		if exited && so.done && se.done {
 			break
 		}
-		if err := sleepCtx(ctx, p.next(len(outData)+len(errData) > 0)); err != nil {
-			return nil, a.abandon(ctx, res.PID)
-		}
-	}
-	// The command is gone: drain what it wrote, up to the first EOF of each
-	// stream (a background child may keep appending; the limit bounds it).
-	for _, s := range []*outStream{so, se} {
-		for !s.done {
-			var data []byte
-			var eof bool
-			err := a.session(ctx, func(cn *conn) (err error) {
-				count := int(min(int64(k.size), s.limit-s.n+1))
-				data, eof, err = cn.fileRead(s.h, count)
-				return err
-			})
-			if err != nil {
-				return nil, fmt.Errorf("qga exec: collect output: %w", err)
-			}
-			if rest := s.limit - s.n; int64(len(data)) > rest {
-				data = data[:rest]
-				s.truncated, s.done = true, true
-			}
-			if err := s.deliver(data); err != nil {
-				return nil, fmt.Errorf("qga exec: output: %w", err)
-			}
-			if eof {
-				s.done = true
+		if !exited {
+			if err := sleepCtx(ctx, p.next()); err != nil {
+				return nil, a.abandon(ctx, res.PID)
 			}
 		}
 	}
+	res.TimedOut = killed
 	res.StdoutBytes, res.StderrBytes = so.n, se.n
 	res.StdoutTruncated, res.StderrTruncated = so.truncated, se.truncated
 	return res, nil
@@ -562,7 +555,7 @@ func (a *Agent) abandon(ctx context.Context, pid int) error {
 	fresh, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleCloseTimeout)
 	defer cancel()
 	if err := a.killGroup(fresh, pid); err == nil {
-		var p poller
+		p := newPoller()
 		for fresh.Err() == nil {
 			var st *guestExec
 			err := a.session(fresh, func(cn *conn) (err error) {
@@ -572,7 +565,7 @@ func (a *Agent) abandon(ctx context.Context, pid int) error {
 			if err != nil || st.Exited {
 				break
 			}
-			sleepCtx(fresh, p.next(false))
+			sleepCtx(fresh, p.next())
 		}
 	}
 	return fmt.Errorf("qga exec: %w", cause)

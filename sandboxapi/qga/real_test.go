@@ -35,15 +35,14 @@ func guestHasNo(t testing.TB, a *Agent, name string) bool {
 	return res.ExitCode == 1
 }
 
-// guestTempEmpty asserts that the client left no temp files in dir.
+// guestTempEmpty asserts that the client left no temp files in dir (the
+// listing command's own are unlinked before it starts).
 func guestTempEmpty(t testing.TB, a *Agent, dir string) {
 	t.Helper()
 	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"sh", "-c", `ls -A "$1" | grep -c '^\.pve-inspect-'`, "ls", dir}})
 	if err != nil {
 		t.Fatalf("ls: %v", err)
 	}
-	// The ls itself has its own temp files while it runs, but they are
-	// unlinked before the command starts.
 	if got := strings.TrimSpace(string(res.Stdout)); got != "0" {
 		t.Fatalf("guest temp dir %s holds %s pve-inspect files", dir, got)
 	}

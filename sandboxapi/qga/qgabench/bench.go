@@ -48,7 +48,7 @@ const (
 	// RefChunkChars is the Proxmox API's cap on one file-write's content.
 	RefChunkChars = 61440
 	// RefReadCap is where the Proxmox API's file-read stops.
-	RefReadCap = 16 << 20
+	RefReadCap   = 16 << 20
 	refReadChunk = 1 << 20
 )
 
