@@ -310,7 +310,7 @@ func (cn *conn) callRaw(cmd string, args []byte, out any) error {
 	if err != nil {
 		return err
 	}
-	ret, err := parseReply(line, cmd, id)
+	err = parseReply(line, cmd, id, out)
 	var ae *AgentError
 	if errors.As(err, &ae) {
 		cn.pending = false
@@ -320,9 +320,6 @@ func (cn *conn) callRaw(cmd string, args []byte, out any) error {
 		return cn.fail(KindMalformed, cmd, err)
 	}
 	cn.pending = false
-	if err := decodeReturn(ret, cmd, out); err != nil {
-		return cn.fail(KindMalformed, cmd, err)
-	}
 	return nil
 }
 

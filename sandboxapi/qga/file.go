@@ -68,7 +68,7 @@ func (cn *conn) fileRead(h int64, count int) ([]byte, bool, error) {
 	const cmd = "guest-file-read"
 	var ret struct {
 		Count int    `json:"count"`
-		Data  string `json:"buf-b64"`
+		Data  []byte `json:"buf-b64"` // encoding/json decodes base64
 		EOF   bool   `json:"eof"`
 	}
 	err := cn.call(cmd, struct {
@@ -78,17 +78,10 @@ func (cn *conn) fileRead(h int64, count int) ([]byte, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	if len(ret.Data) > base64.StdEncoding.EncodedLen(count) {
-		return nil, false, cn.fail(KindMalformed, cmd, fmt.Errorf("%d base64 bytes for a read of %d", len(ret.Data), count))
+	if len(ret.Data) > count || len(ret.Data) != ret.Count {
+		return nil, false, cn.fail(KindMalformed, cmd, fmt.Errorf("count %d with %d bytes of data for a read of %d", ret.Count, len(ret.Data), count))
 	}
-	data, err := base64.StdEncoding.DecodeString(ret.Data)
-	if err != nil {
-		return nil, false, cn.fail(KindMalformed, cmd, fmt.Errorf("buf-b64: %w", err))
-	}
-	if len(data) != ret.Count {
-		return nil, false, cn.fail(KindMalformed, cmd, fmt.Errorf("count %d but %d bytes of data", ret.Count, len(data)))
-	}
-	return data, ret.EOF, nil
+	return ret.Data, ret.EOF, nil
 }
 
 // fileWrite writes data at the handle's position (guest-file-write).

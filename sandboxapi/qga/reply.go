@@ -26,26 +26,55 @@ type replyEnvelope struct {
 	ID     json.RawMessage `json:"id"`
 }
 
+// returnSink decodes the "return" member straight into the caller's value
+// (one pass over a reply that may be megabytes of base64) and records that
+// the member was present.
+type returnSink struct {
+	seen bool
+	out  any
+}
+
+func (r *returnSink) UnmarshalJSON(b []byte) error {
+	r.seen = true
+	if r.out == nil {
+		return nil
+	}
+	return json.Unmarshal(b, r.out)
+}
+
 // parseReply checks one reply line (without its trailing newline) against the
-// command that was sent with id wantID and returns the raw "return" value.
-// An {"error":...} reply comes back as *AgentError; everything that is not a
-// strict QMP reply to that id comes back as *ProtocolError (Socket unset).
-func parseReply(line []byte, cmd string, wantID uint32) (json.RawMessage, error) {
-	env, err := decodeEnvelope(line)
-	if err != nil {
-		return nil, &ProtocolError{Kind: KindMalformed, Command: cmd, Err: err}
+// command that was sent with id wantID and decodes its "return" value into
+// out (nil to ignore it). An {"error":...} reply comes back as *AgentError;
+// everything that is not a strict QMP reply to that id, or whose return
+// value does not fit out, comes back as *ProtocolError (Socket unset).
+func parseReply(line []byte, cmd string, wantID uint32, out any) error {
+	line = bytes.TrimRight(line, "\r")
+	if len(line) == 0 || line[0] != '{' {
+		return &ProtocolError{Kind: KindMalformed, Command: cmd, Err: fmt.Errorf("reply %s is not a JSON object", clip(line, 32))}
+	}
+	var env struct {
+		Return returnSink      `json:"return"`
+		Error  *errorBody      `json:"error"`
+		ID     json.RawMessage `json:"id"`
+	}
+	env.Return.out = out
+	if err := json.Unmarshal(line, &env); err != nil {
+		return &ProtocolError{Kind: KindMalformed, Command: cmd, Err: fmt.Errorf("reply %s: %w", clip(line, 32), err)}
+	}
+	if env.Return.seen == (env.Error != nil) {
+		return &ProtocolError{Kind: KindMalformed, Command: cmd, Err: fmt.Errorf("reply %s has neither or both of return and error", clip(line, 32))}
 	}
 	if env.ID == nil {
-		return nil, &ProtocolError{Kind: KindUnsolicited, Command: cmd, Err: errors.New("reply carries no id")}
+		return &ProtocolError{Kind: KindUnsolicited, Command: cmd, Err: errors.New("reply carries no id")}
 	}
 	if !bytes.Equal(env.ID, strconv.AppendUint(nil, uint64(wantID), 10)) {
-		return nil, &ProtocolError{Kind: KindWrongID, Command: cmd,
+		return &ProtocolError{Kind: KindWrongID, Command: cmd,
 			Err: fmt.Errorf("reply id %s, sent %d", clip(env.ID, 32), wantID)}
 	}
 	if env.Error != nil {
-		return nil, &AgentError{Command: cmd, Class: clipString(env.Error.Class, 64), Desc: clipString(env.Error.Desc, maxDescLen)}
+		return &AgentError{Command: cmd, Class: clipString(env.Error.Class, 64), Desc: clipString(env.Error.Desc, maxDescLen)}
 	}
-	return env.Return, nil
+	return nil
 }
 
 // parseSyncReply parses the line that follows the 0xFF delimiter of a
@@ -72,9 +101,6 @@ func decodeEnvelope(line []byte) (*replyEnvelope, error) {
 	if len(line) == 0 || line[0] != '{' {
 		return nil, fmt.Errorf("reply %s is not a JSON object", clip(line, 32))
 	}
-	if !json.Valid(line) {
-		return nil, fmt.Errorf("reply %s is not valid JSON", clip(line, 32))
-	}
 	var env replyEnvelope
 	if err := json.Unmarshal(line, &env); err != nil {
 		return nil, fmt.Errorf("reply %s: %w", clip(line, 32), err)
@@ -83,18 +109,6 @@ func decodeEnvelope(line []byte) (*replyEnvelope, error) {
 		return nil, fmt.Errorf("reply %s has neither or both of return and error", clip(line, 32))
 	}
 	return &env, nil
-}
-
-// decodeReturn unmarshals a "return" value into out, turning a type mismatch
-// into a malformed-reply protocol error.
-func decodeReturn(raw json.RawMessage, cmd string, out any) error {
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return &ProtocolError{Kind: KindMalformed, Command: cmd, Err: fmt.Errorf("return value: %w", err)}
-	}
-	return nil
 }
 
 // clip quotes at most n bytes of untrusted b for an error message.
