@@ -37,6 +37,9 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.configPath, "config", "c", config.DefaultPath, "configuration file")
 	root.AddCommand(
 		newVersionCmd(),
+		newManpageCmd(),
+		newMigrateCmd(),
+		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
 	)
 	return root
 }

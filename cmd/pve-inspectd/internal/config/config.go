@@ -21,6 +21,8 @@ const DefaultPath = "/etc/pve-inspectd/config.toml"
 type Config struct {
 	// Node is this node's id, used to tag every object the daemon creates.
 	Node NodeSection `toml:"node"`
+	// Halt configures the fail-deadly halt.
+	Halt HaltSection `toml:"halt"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -103,5 +105,7 @@ func (c Config) Validate() error {
 
 // sections lists the sections that validate themselves, by key prefix.
 func (c Config) sections() map[string]validator {
-	return map[string]validator{}
+	return map[string]validator{
+		"halt": c.Halt,
+	}
 }
