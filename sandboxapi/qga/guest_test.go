@@ -2,12 +2,13 @@ package qga
 
 import (
 	"context"
+	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"syscall"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
 // requireRoot skips (or, under CI, fails) tests that need root.
@@ -15,70 +16,53 @@ func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root (real qemu-ga in its own PID and mount namespace)")
+			t.Fatal("this test needs root (the test bed's real qemu-ga guests)")
 		}
-		t.Skip("SKIPPED: needs root to run the real qemu-ga in its own PID and mount namespace")
+		t.Skip("SKIPPED: needs root for the test bed's real qemu-ga guests; run the tests as root")
 	}
 }
 
-// testGuest is a real qemu-ga serving a unix socket from its own PID and
-// mount namespace, with tini as its init.
-//
-// Throwaway launcher until the integrator's test bed (testvm) lands.
+// testGuest is a guest of the test bed: the real qemu-ga in its own net,
+// PID and mount namespaces with an overlay root.
 type testGuest struct {
-	Socket string
-	Dir    string
+	Socket string // the agent socket on the host side
+	Dir    string // a scratch directory inside the guest (on its disk)
+	Guest  *testvm.Guest
 }
 
-func startGuest(t testing.TB) *testGuest {
+// startGuest brings up a bed with one guest.
+func startGuest(t testing.TB) *testGuest { return startGuests(t, 1)[0] }
+
+// startGuests brings up a bed with one zone and n guests on it; the bed is
+// torn down when the test ends.
+func startGuests(t testing.TB, n int) []*testGuest {
 	t.Helper()
 	requireRoot(t)
-	for _, bin := range []string{"qemu-ga", "unshare", "tini"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s missing: %v", bin, err)
-			}
-			t.Skipf("SKIPPED: %s missing: %v", bin, err)
-		}
-	}
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "qga.sock")
-	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
-		"tini", "-s", "--", "qemu-ga", "-m", "unix-listen", "-p", sock, "-t", dir, "-f", filepath.Join(dir, "qga.pid"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	logf, err := os.Create(filepath.Join(dir, "qga.log"))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("test bed: %v", err)
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start qemu-ga: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); logf.Close(); close(done) }()
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
+		if err := b.Close(); err != nil {
+			t.Errorf("close test bed: %v", err)
+		}
 	})
-	c := New(Options{})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Agent(sock).Ping(ctx)
-		cancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-done:
-			log, _ := os.ReadFile(filepath.Join(dir, "qga.log"))
-			t.Fatalf("qemu-ga exited: %s", log)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("qemu-ga does not answer: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	err = b.AddZone(ctx, testvm.Zone{ID: "qgaz", VNets: []testvm.VNet{{
+		Name: "qgav", Subnet: netip.MustParsePrefix("10.77.1.0/24"), Gateway: netip.MustParseAddr("10.77.1.1"),
+		DHCPStart: netip.MustParseAddr("10.77.1.100"), DHCPEnd: netip.MustParseAddr("10.77.1.200"),
+	}}})
+	if err != nil {
+		t.Fatalf("test bed zone: %v", err)
 	}
-	return &testGuest{Socket: sock, Dir: dir}
+	gs := make([]*testGuest, n)
+	for i := range gs {
+		g, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 101 + i, VNet: "qgav"})
+		if err != nil {
+			t.Fatalf("test bed guest: %v", err)
+		}
+		gs[i] = &testGuest{Socket: g.Socket, Dir: "/var/tmp/qgatest" + strconv.Itoa(g.VMID), Guest: g}
+	}
+	return gs
 }

@@ -124,10 +124,7 @@ func TestProxmoxPingsInterleave(t *testing.T) {
 // at once, all correct.
 func TestParallelGuests(t *testing.T) {
 	const guests, ops = 8, 32
-	gs := make([]*testGuest, guests)
-	for i := range gs {
-		gs[i] = startGuest(t)
-	}
+	gs := startGuests(t, guests)
 	c := New(Options{})
 	ctx := testCtx(t, 5*time.Minute)
 	var wg sync.WaitGroup
