@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net"
 	"path/filepath"
 	"sync"
@@ -154,5 +153,3 @@ func (f *fakeAgent) dispatch(c net.Conn, req *fakeReq, h func(c net.Conn, cmd st
 		return h(c, req.Execute, req.ID, req.Arguments)
 	}
 }
-
-var errFake = errors.New("fake")
