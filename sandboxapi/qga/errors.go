@@ -1,6 +1,7 @@
 package qga
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -99,3 +100,27 @@ type PathError struct {
 func (e *PathError) Error() string { return "qga " + e.Op + " " + e.Path + ": " + e.Err.Error() }
 
 func (e *PathError) Unwrap() error { return e.Err }
+
+// ErrorKind names the class of an error from this package, for metric
+// labels ("guest agent errors by kind"): a ProtocolError's Kind, "agent"
+// for an AgentError, "invalid" for ErrInvalid, "canceled" or
+// "deadline" for the caller's context, "" for nil and "other" otherwise.
+func ErrorKind(err error) string {
+	var pe *ProtocolError
+	var ae *AgentError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &pe):
+		return string(pe.Kind)
+	case errors.As(err, &ae):
+		return "agent"
+	case errors.Is(err, ErrInvalid):
+		return "invalid"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	}
+	return "other"
+}

@@ -267,6 +267,14 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// helperTimeout bounds the internal helper commands (mkdir, chmod+mv, kill,
+// rm), which take milliseconds on any sane guest.
+const helperTimeout = time.Minute
+
+// killGrace bounds how long a command may survive its SIGKILL before the
+// call gives up on it.
+const killGrace = 30 * time.Second
+
 // runResult is the outcome of a small internal command.
 type runResult struct {
 	ExitCode int
@@ -281,6 +289,8 @@ func (r *runResult) err() error {
 // run executes a small internal helper command (mkdir, mv, kill, rm) with
 // the agent capturing its (tiny) output, and waits for it.
 func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, helperTimeout)
+	defer cancel()
 	var pid int
 	if err := a.session(ctx, func(cn *conn) (err error) {
 		pid, err = cn.execStart(argv, nil, true)
@@ -344,8 +354,8 @@ func (s *outStream) take(cn *conn, chunk int, exited bool) ([]byte, error) {
 		data = data[:rest]
 		s.truncated, s.done = true, true
 	}
-	if eof && exited {
-		s.done = true
+	if exited && (eof || len(data) == 0) {
+		s.done = true // an empty read without EOF would loop forever
 	}
 	return data, nil
 }
@@ -456,7 +466,7 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 
 	p := newPoller()
 	killed := false
-	lastKill := time.Time{}
+	var firstKill, lastKill time.Time
 	k := a.newChunker(a.maxReadChunk())
 	exited := false
 	for {
@@ -472,7 +482,13 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 				}
 				return nil, fmt.Errorf("qga exec: kill after timeout: %w", err)
 			}
+			if !killed {
+				firstKill = time.Now()
+			}
 			killed, lastKill = true, time.Now()
+		}
+		if killed && !exited && time.Since(firstKill) > killGrace {
+			return nil, fmt.Errorf("qga exec: pid %d still running %v after SIGKILL", res.PID, killGrace)
 		}
 		// One session: status (until it exited), one chunk of each stream,
 		// and once both are drained, closing the handles.
@@ -576,4 +592,22 @@ func randomTag() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// RunProgram uploads program (for example a static probe binary) to a
+// fresh executable file in the guest's temp directory, runs it like Exec
+// with req's settings and removes it afterwards. req.Argv holds only the
+// program's arguments; the uploaded file is argv[0]. The temp directory
+// (Options.GuestTempDir) must not be mounted noexec.
+func (a *Agent) RunProgram(ctx context.Context, program io.Reader, req ExecRequest) (*ExecResult, error) {
+	p := path.Join(a.c.opts.GuestTempDir, ".pve-inspect-"+randomTag()+".bin")
+	req.Argv = append([]string{p}, req.Argv...)
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	defer a.removeGuestFiles(ctx, p)
+	if err := a.WriteFile(ctx, p, program, 0o755); err != nil {
+		return nil, fmt.Errorf("qga run program: upload: %w", err)
+	}
+	return a.Exec(ctx, req)
 }

@@ -218,6 +218,9 @@ func (a *Agent) ReadFile(ctx context.Context, p string, w io.Writer, limit int64
 			if data, eof, err = cn.fileRead(h, count); err != nil {
 				return err
 			}
+			if len(data) == 0 && !eof {
+				return cn.fail(KindMalformed, "guest-file-read", errors.New("empty read without EOF"))
+			}
 			if eof || (limit > 0 && total+int64(len(data)) > limit) {
 				err = cn.fileClose(h)
 				h = -1

@@ -332,3 +332,74 @@ func TestInvalidRequests(t *testing.T) {
 		t.Fatalf("invalid requests reached the agent (%d connections)", n)
 	}
 }
+
+// TestHostileFileReplies: file replies that lie about their size or never
+// reach EOF end in a protocol error, not a loop or an overrun.
+func TestHostileFileReplies(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		read string
+	}{
+		{"empty read without eof", `{"count": 0, "buf-b64": "", "eof": false}`},
+		{"count disagrees with data", `{"count": 10, "buf-b64": "aGVsbG8=", "eof": true}`},
+		{"more than asked", `{"count": 5, "buf-b64": "aGVsbG8=", "eof": true}`},
+		{"bad base64", `{"count": 5, "buf-b64": "!!!!", "eof": true}`},
+		{"data is not a string", `{"count": 5, "buf-b64": 5, "eof": true}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeAgent(t)
+			f.setHandler(func(c net.Conn, cmd string, id, _ json.RawMessage) bool {
+				switch cmd {
+				case "guest-file-open":
+					reply(c, `{"return": 1000, "id": `+string(id)+"}\n")
+				case "guest-file-read":
+					reply(c, `{"return": `+tt.read+`, "id": `+string(id)+"}\n")
+				default:
+					return okHandler(c, cmd, id, nil)
+				}
+				return true
+			})
+			opts := hostileOptions()
+			if tt.name == "more than asked" {
+				opts.MaxChunk = minChunk
+			}
+			c := New(opts)
+			var got strings.Builder
+			limit := int64(0)
+			if tt.name == "more than asked" {
+				limit = 3 // asks for 4 bytes, gets 5
+			}
+			_, err := c.Agent(f.Socket).ReadFile(context.Background(), "/f", &got, limit)
+			var pe *ProtocolError
+			if !errors.As(err, &pe) || pe.Kind != KindMalformed {
+				t.Fatalf("got %v, want a malformed-reply protocol error", err)
+			}
+			if got.Len() != 0 {
+				t.Fatalf("%d bytes of a rejected reply reached the writer", got.Len())
+			}
+		})
+	}
+}
+
+func TestErrorKind(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{&PathError{Op: "read", Path: "/x", Err: &ProtocolError{Kind: KindTimeout}}, "timeout"},
+		{&PathError{Op: "read", Path: "/x", Err: &AgentError{Desc: "No such file or directory"}}, "agent"},
+		{ErrInvalid, "invalid"},
+		{context.Canceled, "canceled"},
+		{context.DeadlineExceeded, "deadline"},
+		{io.EOF, "other"},
+	}
+	for _, tt := range tests {
+		if got := ErrorKind(tt.err); got != tt.want {
+			t.Errorf("ErrorKind(%v) = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+}

@@ -448,3 +448,18 @@ func TestFile512MiB(t *testing.T) {
 		t.Fatalf("peak buffered %d > %d", p, bound)
 	}
 }
+
+func TestRunProgram(t *testing.T) {
+	g := startGuest(t)
+	a := New(Options{}).Agent(g.Socket)
+	ctx := testCtx(t, 2*time.Minute)
+	prog := "#!/bin/sh\necho \"probe $# $1\"\nexit 7\n"
+	res, err := a.RunProgram(ctx, strings.NewReader(prog), ExecRequest{Argv: []string{"arg one"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 7 || string(res.Stdout) != "probe 1 arg one\n" {
+		t.Fatalf("got exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	guestTempEmpty(t, a, "/tmp")
+}
