@@ -38,6 +38,10 @@ type Options struct {
 	// InlineStdin is the largest stdin sent inline in guest-exec's
 	// input-data; larger stdin goes through a guest temp file. Default 64 KiB.
 	InlineStdin int
+	// AcceptReplyWithoutID accepts replies that do not echo the command's
+	// id, for agents older than QEMU 3.0. It weakens the detection of
+	// unsolicited replies (a reply with a wrong id is still refused).
+	AcceptReplyWithoutID bool
 	// GuestTempDir is the guest directory for the client's temporary files
 	// (exec output, large stdin). Default "/tmp".
 	GuestTempDir string

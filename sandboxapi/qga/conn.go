@@ -310,7 +310,7 @@ func (cn *conn) callRaw(cmd string, args []byte, out any) error {
 	if err != nil {
 		return err
 	}
-	err = parseReply(line, cmd, id, out)
+	err = parseReply(line, cmd, id, cn.c.opts.AcceptReplyWithoutID, out)
 	var ae *AgentError
 	if errors.As(err, &ae) {
 		cn.pending = false

@@ -20,7 +20,7 @@ func FuzzParseReply(f *testing.F) {
 	f.Add([]byte(`{"return": 17}`), uint32(17))
 	f.Fuzz(func(t *testing.T, line []byte, id uint32) {
 		var ret any
-		err := parseReply(line, "guest-x", id, &ret)
+		err := parseReply(line, "guest-x", id, false, &ret)
 		var pe *ProtocolError
 		var ae *AgentError
 		switch {

@@ -403,3 +403,66 @@ func TestErrorKind(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentWithoutIDs: an agent older than QEMU 3.0 does not echo ids; the
+// option accepts that, and a wrong id is still refused.
+func TestAgentWithoutIDs(t *testing.T) {
+	t.Parallel()
+	f := newFakeAgent(t)
+	f.setHandler(func(c net.Conn, cmd string, _, _ json.RawMessage) bool {
+		reply(c, `{"return": {"version": "2.5.0", "supported_commands": []}}`+"\n")
+		return true
+	})
+	opts := hostileOptions()
+	opts.AcceptReplyWithoutID = true
+	in, err := New(opts).Agent(f.Socket).Info(context.Background())
+	if err != nil || in.Version != "2.5.0" {
+		t.Fatalf("old agent: %+v, %v", in, err)
+	}
+	f.setHandler(func(c net.Conn, cmd string, _, _ json.RawMessage) bool {
+		reply(c, `{"return": {}, "id": 7777777}`+"\n")
+		return true
+	})
+	var pe *ProtocolError
+	if _, err := New(opts).Agent(f.Socket).Info(context.Background()); !errors.As(err, &pe) || pe.Kind != KindWrongID {
+		t.Fatalf("wrong id with AcceptReplyWithoutID: %v", err)
+	}
+}
+
+// TestHostileExecStatus: an exec status that says exited without a code or
+// signal is a protocol error, and the exec's guest files are still cleaned
+// up (handles closed).
+func TestHostileExecStatus(t *testing.T) {
+	t.Parallel()
+	f := newFakeAgent(t)
+	var mu sync.Mutex
+	closed := map[string]bool{}
+	f.setHandler(func(c net.Conn, cmd string, id, args json.RawMessage) bool {
+		switch cmd {
+		case "guest-file-open":
+			reply(c, `{"return": 1000, "id": `+string(id)+"}\n")
+		case "guest-exec":
+			reply(c, `{"return": {"pid": 42}, "id": `+string(id)+"}\n")
+		case "guest-exec-status":
+			reply(c, `{"return": {"exited": true}, "id": `+string(id)+"}\n")
+		case "guest-file-close":
+			mu.Lock()
+			closed[string(args)] = true
+			mu.Unlock()
+			return okHandler(c, cmd, id, nil)
+		default:
+			return okHandler(c, cmd, id, nil)
+		}
+		return true
+	})
+	_, err := New(hostileOptions()).Agent(f.Socket).Exec(context.Background(), ExecRequest{Argv: []string{"true"}})
+	var pe *ProtocolError
+	if !errors.As(err, &pe) || pe.Kind != KindMalformed {
+		t.Fatalf("got %v, want a malformed-reply protocol error", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !closed[`{"handle":1000}`] {
+		t.Fatalf("output handles not closed: %v", closed)
+	}
+}

@@ -46,8 +46,9 @@ func (r *returnSink) UnmarshalJSON(b []byte) error {
 // command that was sent with id wantID and decodes its "return" value into
 // out (nil to ignore it). An {"error":...} reply comes back as *AgentError;
 // everything that is not a strict QMP reply to that id, or whose return
-// value does not fit out, comes back as *ProtocolError (Socket unset).
-func parseReply(line []byte, cmd string, wantID uint32, out any) error {
+// value does not fit out, comes back as *ProtocolError (Socket unset). A
+// reply without an id is refused unless allowNoID.
+func parseReply(line []byte, cmd string, wantID uint32, allowNoID bool, out any) error {
 	line = bytes.TrimRight(line, "\r")
 	if len(line) == 0 || line[0] != '{' {
 		return &ProtocolError{Kind: KindMalformed, Command: cmd, Err: fmt.Errorf("reply %s is not a JSON object", clip(line, 32))}
@@ -64,10 +65,12 @@ func parseReply(line []byte, cmd string, wantID uint32, out any) error {
 	if env.Return.seen == (env.Error != nil) {
 		return &ProtocolError{Kind: KindMalformed, Command: cmd, Err: fmt.Errorf("reply %s has neither or both of return and error", clip(line, 32))}
 	}
-	if env.ID == nil {
+	switch {
+	case env.ID == nil && allowNoID:
+		// An agent older than QEMU 3.0 does not echo ids.
+	case env.ID == nil:
 		return &ProtocolError{Kind: KindUnsolicited, Command: cmd, Err: errors.New("reply carries no id")}
-	}
-	if !bytes.Equal(env.ID, strconv.AppendUint(nil, uint64(wantID), 10)) {
+	case !bytes.Equal(env.ID, strconv.AppendUint(nil, uint64(wantID), 10)):
 		return &ProtocolError{Kind: KindWrongID, Command: cmd,
 			Err: fmt.Errorf("reply id %s, sent %d", clip(env.ID, 32), wantID)}
 	}
