@@ -43,8 +43,13 @@ type Options struct {
 	// unsolicited replies (a reply with a wrong id is still refused).
 	AcceptReplyWithoutID bool
 	// GuestTempDir is the guest directory for the client's temporary files
-	// (exec output, large stdin). Default "/tmp".
+	// (exec output, large stdin). It is created with mode 0700 when
+	// missing; its parent must not be writable by the guest's other users
+	// (they could pre-create it). Default "/run/pve-inspect-qga".
 	GuestTempDir string
+	// GuestProgramDir receives the programs RunProgram uploads; it must
+	// not be mounted noexec. Default "/var/lib/pve-inspect-qga".
+	GuestProgramDir string
 }
 
 const (
@@ -88,7 +93,10 @@ func (o Options) withDefaults() Options {
 		o.InlineStdin = defaultInlineStdin
 	}
 	if o.GuestTempDir == "" {
-		o.GuestTempDir = "/tmp"
+		o.GuestTempDir = "/run/pve-inspect-qga"
+	}
+	if o.GuestProgramDir == "" {
+		o.GuestProgramDir = "/var/lib/pve-inspect-qga"
 	}
 	return o
 }

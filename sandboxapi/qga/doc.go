@@ -59,7 +59,9 @@
 // memory until the process ends and gives nothing back while it runs, and
 // a background child that holds the pipe keeps it open. So the command's
 // stdout and stderr go to guest temp files that the client created (and
-// holds open) and reads incrementally with guest-file-read: the per-stream
+// holds open) in a root-only directory (Options.GuestTempDir, created 0700
+// on first use, so the guest's other users can neither read nor inject
+// output) and reads incrementally with guest-file-read: the per-stream
 // limit is enforced while reading, output can be streamed while the
 // command runs (ExecStream), and the call ends when the command itself
 // exits. The command runs under a small POSIX sh wrapper that opens the

@@ -426,9 +426,11 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 	}()
 	if bigStdin {
 		hIn := int64(-1)
-		err := a.session(ctx, func(cn *conn) (err error) {
-			hIn, err = cn.fileOpen(inPath, "w")
-			return err
+		err := a.withTempDir(ctx, func() error {
+			return a.session(ctx, func(cn *conn) (err error) {
+				hIn, err = cn.fileOpen(inPath, "w")
+				return err
+			})
 		})
 		if err == nil {
 			_, err = a.writeHandle(ctx, hIn, inline, req.Stdin)
@@ -446,18 +448,23 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 	sc := wrapper(&req, outPath, errPath, inPath, inline != nil)
 	argv := append([]string{"/bin/sh", "-c", strings.Join(sc.lines, "\n"), "pve-inspect-exec"}, sc.args...)
 	res := &ExecResult{}
-	err := a.session(ctx, func(cn *conn) (err error) {
-		if so.h, err = cn.fileOpen(outPath, "w+"); err != nil {
-			return fmt.Errorf("create output file: %w", err)
-		}
-		if se.h, err = cn.fileOpen(errPath, "w+"); err != nil {
-			return fmt.Errorf("create output file: %w", err)
-		}
-		if res.PID, err = cn.execStart(argv, inline, false); err != nil {
-			return fmt.Errorf("start: %w", err)
-		}
-		started = true
-		return nil
+	err := a.withTempDir(ctx, func() error {
+		return a.session(ctx, func(cn *conn) error {
+			h, err := cn.fileOpen(outPath, "w+")
+			if err != nil {
+				return fmt.Errorf("create output file: %w", err)
+			}
+			so.h = h
+			if h, err = cn.fileOpen(errPath, "w+"); err != nil {
+				return fmt.Errorf("create output file: %w", err)
+			}
+			se.h = h
+			if res.PID, err = cn.execStart(argv, inline, false); err != nil {
+				return fmt.Errorf("start: %w", err)
+			}
+			started = true
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("qga exec: %w", err)
@@ -595,12 +602,12 @@ func randomTag() string {
 }
 
 // RunProgram uploads program (for example a static probe binary) to a
-// fresh executable file in the guest's temp directory, runs it like Exec
+// fresh executable file in the guest, runs it like Exec
 // with req's settings and removes it afterwards. req.Argv holds only the
 // program's arguments; the uploaded file is argv[0]. The temp directory
 // (Options.GuestTempDir) must not be mounted noexec.
 func (a *Agent) RunProgram(ctx context.Context, program io.Reader, req ExecRequest) (*ExecResult, error) {
-	p := path.Join(a.c.opts.GuestTempDir, ".pve-inspect-"+randomTag()+".bin")
+	p := path.Join(a.c.opts.GuestProgramDir, ".pve-inspect-"+randomTag()+".bin")
 	req.Argv = append([]string{p}, req.Argv...)
 	if err := req.validate(); err != nil {
 		return nil, err
@@ -610,4 +617,23 @@ func (a *Agent) RunProgram(ctx context.Context, program io.Reader, req ExecReque
 		return nil, fmt.Errorf("qga run program: upload: %w", err)
 	}
 	return a.Exec(ctx, req)
+}
+
+// withTempDir runs fn and, if it failed because the guest temp directory
+// is missing (first use after the guest booted), creates the directory
+// (mode 0700: exec output must not be readable by the guest's other
+// users) and runs fn once more.
+func (a *Agent) withTempDir(ctx context.Context, fn func() error) error {
+	err := fn()
+	if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	res, rerr := a.run(ctx, []string{"/bin/mkdir", "-p", "-m", "0700", "--", a.c.opts.GuestTempDir})
+	if rerr != nil {
+		return fmt.Errorf("create guest temp dir: %w", rerr)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("create guest temp dir %s: %w", a.c.opts.GuestTempDir, res.err())
+	}
+	return fn()
 }

@@ -39,9 +39,9 @@ func guestHasNo(t testing.TB, a *Agent, name string) bool {
 // listing command's own are unlinked before it starts).
 func guestTempEmpty(t testing.TB, a *Agent, dir string) {
 	t.Helper()
-	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"sh", "-c", `ls -A "$1" | grep -c '^\.pve-inspect-'`, "ls", dir}})
-	if err != nil {
-		t.Fatalf("ls: %v", err)
+	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"sh", "-c", `l=$(ls -A "$1") || exit 9; printf '%s\n' "$l" | grep -c '^\.pve-inspect-'`, "ls", dir}})
+	if err != nil || res.ExitCode == 9 {
+		t.Fatalf("ls %s: %v %s", dir, err, res.Stderr)
 	}
 	if got := strings.TrimSpace(string(res.Stdout)); got != "0" {
 		t.Fatalf("guest temp dir %s holds %s pve-inspect files", dir, got)
@@ -84,7 +84,7 @@ func TestExecExitCodes(t *testing.T) {
 			}
 		})
 	}
-	guestTempEmpty(t, a, "/tmp")
+	guestTempEmpty(t, a, a.c.opts.GuestTempDir)
 }
 
 func TestExecBytesEnvCwdUser(t *testing.T) {
@@ -143,7 +143,7 @@ func TestExecLargeStdin(t *testing.T) {
 	if res.ExitCode != 0 || res.StdoutTruncated || sha256.Sum256(res.Stdout) != sha256.Sum256(in) {
 		t.Fatalf("cat of 32 MiB: exit %d, %d bytes back, truncated %v, stderr %q", res.ExitCode, len(res.Stdout), res.StdoutTruncated, res.Stderr)
 	}
-	guestTempEmpty(t, a, "/tmp")
+	guestTempEmpty(t, a, a.c.opts.GuestTempDir)
 }
 
 func TestExecOutputCap(t *testing.T) {
@@ -225,7 +225,7 @@ func TestExecCancelKills(t *testing.T) {
 	if !guestHasNo(t, a, "sleep") {
 		t.Fatal("sleep survived the cancellation")
 	}
-	guestTempEmpty(t, a, "/tmp")
+	guestTempEmpty(t, a, a.c.opts.GuestTempDir)
 }
 
 // chunkRecorder counts the chunks a stream delivers and whether one came
@@ -463,5 +463,10 @@ func TestRunProgram(t *testing.T) {
 	if res.ExitCode != 7 || string(res.Stdout) != "probe 1 arg one\n" {
 		t.Fatalf("got exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
-	guestTempEmpty(t, a, "/tmp")
+	guestTempEmpty(t, a, a.c.opts.GuestTempDir)
+	guestTempEmpty(t, a, a.c.opts.GuestProgramDir)
+	res, err = a.Exec(ctx, ExecRequest{Argv: []string{"stat", "-c", "%a %U", a.c.opts.GuestTempDir}})
+	if err != nil || string(res.Stdout) != "700 root\n" {
+		t.Fatalf("guest temp dir: %q %v", res.Stdout, err)
+	}
 }
