@@ -63,6 +63,10 @@ func startGuests(t testing.TB, n int) []*testGuest {
 			t.Fatalf("test bed guest: %v", err)
 		}
 		gs[i] = &testGuest{Socket: g.Socket, Dir: "/var/tmp/qgatest" + strconv.Itoa(g.VMID), Guest: g}
+		res, err := New(Options{}).Agent(g.Socket).Exec(ctx, ExecRequest{Argv: []string{"mkdir", "-p", gs[i].Dir}})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("guest scratch dir: %v %+v", err, res)
+		}
 	}
 	return gs
 }
