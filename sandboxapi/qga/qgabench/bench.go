@@ -244,7 +244,17 @@ func (rc *rawConn) cmd(req []byte, out any) error {
 	return nil
 }
 
-func (rc *rawConn) close() { rc.c.Close() }
+// close half-closes and reads to EOF (bounded) before closing: closing a
+// unix socket with unread data resets it, and a unix-listen qemu-ga exits
+// on that.
+func (rc *rawConn) close() {
+	if uc, ok := rc.c.(*net.UnixConn); ok {
+		uc.CloseWrite()
+		uc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		io.Copy(io.Discard, io.LimitReader(uc, 256<<20))
+	}
+	rc.c.Close()
+}
 
 func openReq(path, mode string) []byte {
 	b, _ := json.Marshal(map[string]any{"execute": "guest-file-open", "arguments": map[string]string{"path": path, "mode": mode}})
