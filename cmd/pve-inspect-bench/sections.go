@@ -11,6 +11,7 @@ func sections() []section {
 	return []section{
 		{"guard", benchGuard},
 		{"lockdown", benchLockdown},
+		{"qga", benchQGA},
 	}
 }
 
