@@ -1,0 +1,384 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
+	"github.com/pve-inspect/pve-inspect/testvm"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+)
+
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("this test needs root (the test bed), and CI is set")
+		}
+		t.Skip("SKIPPED: needs root for the test bed (network namespaces, qemu-ga, dnsmasq)")
+	}
+}
+
+
+type bedEnv struct {
+	bed   *testvm.Bed
+	emu   *pveemu.Server
+	px    *pve.Client
+	url   string
+	hc    *http.Client
+	opts  sandboxapi.Options
+	srv   *sandboxapi.Server
+	c     *client.Client
+	close func()
+}
+
+// newBedEnv brings the bed, the emulator on it and the sandbox API up.
+func newBedEnv(t testing.TB, ctx context.Context, mod func(*sandboxapi.Options)) *bedEnv {
+	bed, err := testvm.Up(ctx, testvm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bed.Close() })
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(emu)
+	t.Cleanup(func() { ts.Close(); _ = emu.Close() })
+	tdisk := filepath.Join(bed.Dir(), "template-disk")
+	if err := os.MkdirAll(filepath.Join(tdisk, "upper", "var", "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.AddTemplate(ctx, 9000, "debian", tdisk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.AddPool("pve-inspect", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
+		t.Fatal(err)
+	}
+	id, secret, err := emu.AddToken("pve-inspectd@pve", "daemon", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"},
+		{"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}} {
+		for _, who := range []string{"pve-inspectd@pve", id} {
+			if err := emu.SetACL(a[0], who, a[1], true); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	px, err := pve.New(pve.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &bedEnv{bed: bed, emu: emu, px: px, url: ts.URL + "/api2/json", hc: ts.Client()}
+	e.opts = sandboxapi.Options{Node: "pve", Proxmox: px, Guests: qgaguest.Dialer(qga.New(qga.Options{})), QGADir: bed.QGADir(),
+		StateDir: filepath.Join(bed.Dir(), "api-state"), AgentTimeout: 2 * time.Minute, MaxFileBytes: 128 << 20,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if mod != nil {
+		mod(&e.opts)
+	}
+	e.start(t, ctx)
+	return e
+}
+
+// start (re)starts the API server on the same state dir.
+func (e *bedEnv) start(t testing.TB, ctx context.Context) {
+	if e.close != nil {
+		e.close()
+	}
+	srv, err := sandboxapi.New(e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.LocalHandler())
+	e.close = hs.Close
+	t.Cleanup(hs.Close)
+	e.srv, e.c = srv, client.New(hs.URL)
+}
+
+func TestBedAcceptance(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	e := newBedEnv(t, ctx, nil)
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"uname", "-a"}})
+	if err != nil || res.ExitCode != 0 || !strings.HasPrefix(string(res.Stdout), "Linux") {
+		t.Fatalf("uname: %+v %v", res, err)
+	}
+	var out, errb bytes.Buffer
+	res, err = e.c.ExecStream(ctx, sb.ID, "vm1", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, &out, &errb)
+	if err != nil || res.ExitCode != 3 || out.String() != "out\n" || errb.String() != "err\n" {
+		t.Fatalf("stream: %+v %v %q %q", res, err, out.String(), errb.String())
+	}
+	data := make([]byte, 64<<20)
+	_, _ = rand.Read(data)
+	if err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/blob", bytes.NewReader(data), int64(len(data)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var back bytes.Buffer
+	if _, err := e.c.ReadFile(ctx, sb.ID, "vm0", "/root/blob", &back); err != nil || sha256.Sum256(back.Bytes()) != sha256.Sum256(data) {
+		t.Fatalf("64 MiB round trip: %v (%d bytes)", err, back.Len())
+	}
+	if err := e.c.WriteFile(ctx, sb.ID, "vm1", "/root/state", strings.NewReader("before\n"), -1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Snapshot(ctx, sb.ID, "vm1", "clean"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.WriteFile(ctx, sb.ID, "vm1", "/root/state", strings.NewReader("after\n"), -1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Rollback(ctx, sb.ID, "vm1", "clean"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = e.c.Exec(ctx, sb.ID, "vm1", sandboxapi.ExecRequest{Argv: []string{"cat", "/root/state"}})
+	if err != nil || string(res.Stdout) != "before\n" {
+		t.Fatalf("after rollback: %+v %v", res, err)
+	}
+	// restart mid-life: still usable; an orphan of ours is deleted, a
+	// foreign VM is not touched (added through the emulator as root).
+	rid, rsecret, err := e.emu.RootToken("e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := pve.New(pve.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []struct {
+		id   int
+		tags []string
+		pool string
+	}{{700, []string{"pvei-n-pve", "pvei-s-sbzzzzzz"}, "pve-inspect"}, {701, nil, ""}, {702, []string{"pvei-n-pve"}, "pve-inspect"}} {
+		if err := root.CloneVM(ctx, sandboxapi.CloneSpec{Template: 9000, NewID: v.id, Name: fmt.Sprintf("extra%d", v.id), Pool: v.pool}); err != nil {
+			t.Fatal(err)
+		}
+		if v.tags != nil {
+			if err := root.ConfigureVM(ctx, v.id, sandboxapi.VMConfig{Tags: v.tags, Cores: 1, MemoryMiB: 512}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	e.start(t, ctx)
+	res, err = e.c.Exec(ctx, sb.ID, "vm1", sandboxapi.ExecRequest{Argv: []string{"echo", "again"}})
+	if err != nil || string(res.Stdout) != "again\n" {
+		t.Fatalf("after restart: %+v %v", res, err)
+	}
+	if _, err := root.VM(ctx, 700); err == nil {
+		t.Error("orphan VM with our tags survived the restart")
+	}
+	for _, id := range []int{701, 702} {
+		if _, err := root.VM(ctx, id); err != nil {
+			t.Errorf("VM %d without both tags was touched: %v", id, err)
+		}
+	}
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	vms, _ := root.ListVMs(ctx)
+	for _, v := range vms {
+		if !v.Template && v.VMID != 701 && v.VMID != 702 {
+			t.Errorf("VM left: %+v", v)
+		}
+	}
+	vnets, _ := e.px.ListVNets(ctx)
+	if len(vnets) != 0 {
+		t.Errorf("vnets left: %+v", vnets)
+	}
+	for _, v := range sb.VMs {
+		if _, ok := e.bed.Guest(v.VMID); ok {
+			t.Errorf("guest %d still running on the bed", v.VMID)
+		}
+	}
+	if v := e.emu.Violations(); len(v) != 0 {
+		t.Errorf("schema violations: %+v", v)
+	}
+}
+
+func TestBedConcurrentSandboxes(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	e := newBedEnv(t, ctx, nil)
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	ids := make([]string, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			ids[i] = sb.ID
+			for k := range 20 {
+				res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo", fmt.Sprint(k)}})
+				if err != nil || string(res.Stdout) != fmt.Sprintf("%d\n", k) {
+					errs[i] = fmt.Errorf("exec %d: %+v %v", k, res, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("sandbox %d: %v", i, err)
+		}
+	}
+	for _, id := range ids {
+		if id != "" {
+			if err := e.c.Delete(ctx, id); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+}
+
+func TestBedTTLAndGuard(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	e := newBedEnv(t, ctx, func(o *sandboxapi.Options) { o.ReaperInterval = time.Second; o.Caps.NodeVMs = 1 })
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	go e.srv.RunReaper(rctx)
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}, TTLSeconds: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := e.px.ListVMs(ctx)
+	_, err = e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	var p *sandboxapi.Problem
+	if !client.IsProblem(err, sandboxapi.ProblemGuardRefused) || !asProblem(err, &p) || p.Cap != "node_vms" {
+		t.Fatalf("over the cap: %v", err)
+	}
+	if after, _ := e.px.ListVMs(ctx); len(after) != len(before) {
+		t.Errorf("refused create changed VMs: %d -> %d", len(before), len(after))
+	}
+	deadline := time.Now().Add(5*time.Second + 2*e.opts.ReaperInterval + 30*time.Second)
+	for {
+		if _, err := e.c.Get(ctx, sb.ID); client.IsProblem(err, sandboxapi.ProblemNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("TTL sandbox not reaped")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func asProblem(err error, p **sandboxapi.Problem) bool {
+	q, ok := err.(*sandboxapi.Problem)
+	*p = q
+	return ok
+}
+
+// TestBedCrossZoneIsolation: with the host guard in the node namespace and
+// the API telling it the sandbox zones (ZonesChanged -> Guard.SetZones),
+// a guest of one sandbox cannot reach a guest of another (checked from
+// inside with the guest's own TCP stack); before the guard the same
+// connect is answered (so the probe is not blind).
+func TestBedCrossZoneIsolation(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var gmu sync.Mutex
+	var guard *firewall.Guard
+	e := newBedEnv(t, ctx, func(o *sandboxapi.Options) {
+		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
+			gmu.Lock()
+			defer gmu.Unlock()
+			if guard == nil {
+				return nil
+			}
+			return guard.SetZones(ctx, z)
+		}
+	})
+	a, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, ok := e.bed.Guest(b.VMs[0].VMID)
+	if !ok {
+		t.Fatal("guest of b not on the bed")
+	}
+	// exit 124: timed out (no route); anything else: something answered
+	probe := func() int {
+		res, err := e.c.Exec(ctx, a.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"timeout", "3", "bash", "-c", "exec 3<>/dev/tcp/" + gb.IPv4().String() + "/22"}, TimeoutSeconds: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.ExitCode
+	}
+	if code := probe(); code == 124 {
+		t.Fatalf("without the guard the other zone's guest did not answer (exit %d): the probe is blind", code)
+	}
+	node, err := netns.GetFromName(e.bed.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gmu.Lock()
+	guard = g
+	gmu.Unlock()
+	// a third create publishes the zones to the guard
+	c, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := probe(); code != 124 {
+		t.Errorf("with the guard a guest reached another sandbox's guest (exit %d)", code)
+	}
+	for _, id := range []string{a.ID, b.ID, c.ID} {
+		if err := e.c.Delete(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+}

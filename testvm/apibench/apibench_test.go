@@ -1,0 +1,33 @@
+package apibench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRunQuick(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (the test bed), and CI is set")
+		}
+		t.Skip("SKIPPED: needs root for the test bed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := Run(ctx, Options{Rounds: 2, Execs: 3, FileRounds: 1}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CreateP50 <= 0 || res.CallsPerLifecycle <= 0 || res.ExecAPIP50 <= 0 || res.FileAPIMBps <= 0 || res.FileQGAMBps <= 0 {
+		t.Errorf("result %+v", res)
+	}
+	if !strings.Contains(out.String(), "create-to-ready") {
+		t.Errorf("table %q", out.String())
+	}
+	t.Log("\n" + out.String())
+}
