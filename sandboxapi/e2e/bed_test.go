@@ -39,7 +39,6 @@ func needRoot(t testing.TB) {
 	}
 }
 
-
 type bedEnv struct {
 	bed   *testvm.Bed
 	emu   *pveemu.Server
