@@ -20,6 +20,11 @@ const (
 // reads the request from the file or, without one, from stdin, and writes
 // the report as one JSON line to stdout.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return run(ctx, args, stdin, stdout, stderr, nil)
+}
+
+// run is Main with the dialer as a parameter (nil = net.Dialer).
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, d Dialer) int {
 	fs := flag.NewFlagSet("pve-inspect-probe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("root", "/", "prefix of the /proc and /etc paths the facts are read from")
@@ -45,7 +50,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		fmt.Fprintln(stderr, "pve-inspect-probe:", err)
 		return ExitUsage
 	}
-	rep := (&Prober{Root: *root}).Run(ctx, req)
+	rep := (&Prober{Dialer: d, Root: *root}).Run(ctx, req)
 	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
 		fmt.Fprintln(stderr, "pve-inspect-probe: write report:", err)
 		return ExitIO
