@@ -16,7 +16,7 @@ const (
 	ExitIO    = 3 // the report could not be written
 )
 
-// Main is the probe program: `pve-inspect-probe [-root DIR] [REQUEST.json]`
+// Main is the probe program: `pve-inspect-probe [-root DIR] [-self-remove] [REQUEST.json]`
 // reads the request from the file or, without one, from stdin, and writes
 // the report as one JSON line to stdout.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -28,8 +28,14 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs := flag.NewFlagSet("pve-inspect-probe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("root", "/", "prefix of the /proc and /etc paths the facts are read from")
+	selfRemove := fs.Bool("self-remove", false, "delete the probe's own executable at start (it was uploaded for one run)")
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage
+	}
+	if *selfRemove {
+		if exe, err := os.Executable(); err == nil {
+			_ = os.Remove(exe) // best effort: a left-over copy is harmless
+		}
 	}
 	if fs.NArg() > 1 {
 		fmt.Fprintln(stderr, "pve-inspect-probe: at most one request file")
