@@ -198,6 +198,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 	case probe.OutcomeResponse:
 		if r.RCode != "" {
 			d := fmt.Sprintf("%s, %d answers", r.RCode, r.Answers)
+			if r.Answers == 1 {
+				d = r.RCode + ", 1 answer"
+			}
 			if c.NeedAnswer && (r.RCode != "NOERROR" || r.Answers == 0) {
 				return Blocked, d + ": the name does not resolve"
 			}

@@ -48,7 +48,7 @@ func (p *Prober) http(ctx context.Context, t Target, addr string) Result {
 	if path == "" {
 		path = "/"
 	}
-	req, err := http.NewRequestWithContext(ctx, method, scheme+"://"+addr+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, scheme+"://"+strings.Replace(addr, "%", "%25", 1)+path, nil)
 	if err != nil {
 		return Result{Outcome: OutcomeError, Detail: "build request: " + err.Error()}
 	}
