@@ -121,6 +121,7 @@ func TestParseReport(t *testing.T) {
 		{"answers", `"answers":1`, `"answers":70000`},
 		{"negative elapsed", `"elapsed_ms":1}`, `"elapsed_ms":-1}`},
 		{"detail control", `"detail":"connection refused"`, `"detail":"a\u001b[31mred"`},
+		{"detail bidi", `"detail":"connection refused"`, `"detail":"a\u202eb"`},
 		{"detail long", `"detail":"connection refused"`, `"detail":"` + strings.Repeat("x", MaxDetailLen+1) + `"`},
 		{"dup id", `{"id":"b"`, `{"id":"a"`},
 		{"id chars", `{"id":"a"`, `{"id":"a b"`},

@@ -153,7 +153,11 @@ func clip(s string, n int) string {
 	return string(out)
 }
 
-// badRune reports runes that never appear in report text.
+// badRune reports runes that never appear in report text: invalid UTF-8,
+// C0 and C1 controls, line separators, and the bidirectional controls a
+// hostile guest could use to make a rendered row read differently.
 func badRune(r rune) bool {
-	return r == utf8.RuneError || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || r == 0x2028 || r == 0x2029
+	return r == utf8.RuneError || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) ||
+		r == 0x2028 || r == 0x2029 || r == 0x200e || r == 0x200f || r == 0x061c ||
+		(r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) || r == 0xfeff
 }
