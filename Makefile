@@ -1,6 +1,10 @@
 # pve-inspect build, test, demo, bench and lint.
-GO      ?= go
+# sudo's secure_path usually lacks Go: fall back to its standard place.
+GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+export PATH := $(dir $(GO)):$(PATH)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Debian version: grows with every commit, so a rebuilt package upgrades.
+DEB_VERSION ?= 0.1.0~git$(shell git rev-list --count HEAD 2>/dev/null || echo 0).$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)-1
 LDFLAGS := -s -w -X main.version=$(VERSION)
 BIN     := bin
 
@@ -30,5 +34,15 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
+# The .deb of pve-inspectd, in dist/.
+deb: build
+	mkdir -p dist
+	$(BIN)/pve-inspectd manpage | gzip -9n > dist/pve-inspectd.8.gz
+	$(BIN)/pve-inspectd completion bash > dist/completion.bash
+	$(BIN)/pve-inspectd completion zsh > dist/completion.zsh
+	packaging/deb/changelog.sh $(DEB_VERSION) | gzip -9n > dist/changelog.Debian.gz
+	cp $(BIN)/pve-inspectd $(BIN)/pve-inspect-probe dist/
+	VERSION=$(DEB_VERSION) $(GO) tool nfpm pkg --packager deb --config packaging/deb/nfpm.yaml --target dist/pve-inspectd_$(DEB_VERSION)_amd64.deb
+
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) dist

@@ -37,6 +37,8 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.configPath, "config", "c", config.DefaultPath, "configuration file")
 	root.AddCommand(
 		newVersionCmd(),
+		newManpageCmd(),
+		newMigrateCmd(),
 	)
 	return root
 }

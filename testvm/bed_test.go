@@ -1,0 +1,70 @@
+package testvm
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// needRoot skips loudly when not root, unless CI is set, where a missing
+// prerequisite is a failure.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("the test bed needs root (CI is set, so this is a failure)")
+	}
+	t.Skip("SKIPPED: the test bed needs root; run the tests as root")
+}
+
+// TwoZones is the zone layout most tests use.
+func twoZones() []Zone {
+	return []Zone{
+		{ID: "zonea", VNets: []VNet{{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.1.0/24"), Gateway: netip.MustParseAddr("10.10.1.1"),
+			DHCPStart: netip.MustParseAddr("10.10.1.100"), DHCPEnd: netip.MustParseAddr("10.10.1.200"), SNAT: true}}},
+		{ID: "zoneb", VNets: []VNet{{Name: "vnetb", Subnet: netip.MustParsePrefix("10.10.2.0/24"), Gateway: netip.MustParseAddr("10.10.2.1"),
+			DHCPStart: netip.MustParseAddr("10.10.2.100"), DHCPEnd: netip.MustParseAddr("10.10.2.200"), SNAT: true}}},
+	}
+}
+
+func TestBedUpDown(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, err := Up(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	for _, z := range twoZones() {
+		if err := b.AddZone(ctx, z); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ga, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vneta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, err := b.StartGuest(ctx, GuestSpec{VMID: 102, VNet: "vnetb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !netip.MustParsePrefix("10.10.1.0/24").Contains(ga.IPv4()) || !netip.MustParsePrefix("10.10.2.0/24").Contains(gb.IPv4()) {
+		t.Fatalf("DHCP addresses: a=%v b=%v", ga.IPv4(), gb.IPv4())
+	}
+	out, err := exec.Command("ip", "netns", "exec", ga.NS, "ip", "-4", "route").CombinedOutput()
+	t.Logf("guest a routes: %s (%v)", out, err)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ns, _ := exec.Command("ip", "netns", "list").CombinedOutput()
+	if strings.Contains(string(ns), b.Name()+"-") {
+		t.Fatalf("namespaces left: %s", ns)
+	}
+}

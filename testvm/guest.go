@@ -1,0 +1,351 @@
+package testvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// GuestSpec describes a guest VM to start.
+type GuestSpec struct {
+	VMID int
+	VNet string           // bridge to attach to
+	MAC  net.HardwareAddr // nil = derived from VMID
+	Disk string           // the guest's disk: overlay upper dir ("" = a fresh dir)
+}
+
+// Guest is a running guest: its own network, PID, mount and UTS
+// namespaces, an overlay of the host root as its root filesystem, tini as
+// init, dhclient on eth0 and the real qemu-ga answering on Socket.
+type Guest struct {
+	VMID   int
+	NS     string // the guest's network namespace
+	Socket string // <QGADir>/<vmid>.qga
+	Disk   string
+	MAC    net.HardwareAddr
+	VNet   string
+
+	ipv4 netip.Addr
+	ipv6 netip.Addr
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// IPv4 is the address the guest took by DHCP.
+func (g *Guest) IPv4() netip.Addr { return g.ipv4 }
+
+// IPv6 is the guest's address in its vnet's routed ULA prefix.
+func (g *Guest) IPv6() netip.Addr { return g.ipv6 }
+
+// Alive reports whether the guest's init is still running.
+func (g *Guest) Alive() bool {
+	select {
+	case <-g.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Capabilities a guest's root does not get: nothing that reaches past its
+// own namespaces (mounts, devices, modules, raw I/O, the clock, the
+// kernel log, tracing other processes).
+const guestDropCaps = "-sys_admin,-sys_module,-sys_rawio,-mknod,-sys_boot,-sys_time,-syslog," +
+	"-mac_admin,-mac_override,-bpf,-perfmon,-audit_control,-audit_write,-audit_read,-sys_ptrace," +
+	"-lease,-linux_immutable,-sys_pacct,-wake_alarm,-block_suspend,-checkpoint_restore,-ipc_lock,-sys_resource,-sys_tty_config"
+
+// guestSetup runs as PID 1 of the guest's new PID namespace, in a private
+// mount namespace: it builds the guest's root and execs tini in it.
+const guestSetup = `set -eu
+R="$1"; D="$2"
+mkdir -p "$D/upper" "$D/work" "$R"
+mount -t overlay overlay -o "lowerdir=/,upperdir=$D/upper,workdir=$D/work" "$R"
+mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
+mount --bind "$R/proc/sys" "$R/proc/sys"
+mount -o remount,bind,ro "$R/proc/sys"
+mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$R/sys"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/tmp"
+mount -t tmpfs -o mode=755,nosuid tmpfs "$R/run"
+mount -t tmpfs -o mode=755,nosuid tmpfs "$R/dev"
+for d in null zero full random urandom tty; do
+  touch "$R/dev/$d"; mount --bind "/dev/$d" "$R/dev/$d"
+done
+mkdir -p "$R/dev/shm" "$R/dev/pts" "$R/run/qga" "$R/var/lib/qemu-ga" "$R/var/lib/dhcp"
+ln -s /proc/self/fd "$R/dev/fd"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"
+hostname "$3"
+cp /etc/resolv.conf "$R/run/resolv.conf.host" 2>/dev/null || true
+exec setpriv --bounding-set ` + guestDropCaps + ` chroot "$R" /usr/bin/tini -s -g -- /bin/sh -c "$4"
+`
+
+// guestInit runs inside the guest's root under tini: DHCP in the
+// background, then qemu-ga on the listening socket the host passed as fd 3
+// (systemd socket activation, so the socket lives on the host side where
+// the guest cannot replace it).
+const guestInit = `: > /etc/resolv.conf
+dhclient -4 -nw -lf /var/lib/dhcp/dhclient.eth0.leases -pf /run/dhclient.pid eth0 </dev/null >/dev/null 2>&1
+export LISTEN_FDS=1
+LISTEN_PID=$$ exec qemu-ga -m unix-listen -p /run/qga/qga.sock -t /var/lib/qemu-ga -f /run/qemu-ga.pid
+`
+
+func macFor(vmid int) net.HardwareAddr {
+	return net.HardwareAddr{0xbc, 0x24, 0x11, byte(vmid >> 16), byte(vmid >> 8), byte(vmid)}
+}
+
+// StartGuest starts a guest on a vnet and returns once its agent answers
+// and DHCP gave it an address.
+func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error) {
+	if s.VMID < 100 || s.VMID > 999999999 {
+		return nil, fmt.Errorf("testvm: vmid %d out of range", s.VMID)
+	}
+	vnet, ok := b.vnet(s.VNet)
+	if !ok {
+		return nil, fmt.Errorf("testvm: vnet %q does not exist", s.VNet)
+	}
+	if s.MAC == nil {
+		s.MAC = macFor(s.VMID)
+	}
+	gdir := filepath.Join(b.dir, "guests", strconv.Itoa(s.VMID))
+	if s.Disk == "" {
+		s.Disk = filepath.Join(gdir, "disk")
+	}
+	g = &Guest{VMID: s.VMID, NS: b.GuestNS(s.VMID), Socket: filepath.Join(b.QGADir(), strconv.Itoa(s.VMID)+".qga"),
+		Disk: s.Disk, MAC: s.MAC, VNet: s.VNet, done: make(chan struct{})}
+	b.mu.Lock()
+	if _, ok := b.guests[s.VMID]; ok || b.closed {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("testvm: guest %d already running (or bed closed)", s.VMID)
+	}
+	b.guests[s.VMID] = g
+	b.mu.Unlock()
+	defer func() {
+		if err != nil {
+			_ = b.StopGuest(context.WithoutCancel(ctx), s.VMID)
+			g = nil
+		}
+	}()
+	if err := os.MkdirAll(gdir, 0o700); err != nil {
+		return nil, err
+	}
+	node := b.NodeNS()
+	tap := "tap" + strconv.Itoa(s.VMID) + "i0"
+	host, peer := b.name+"h"+strconv.Itoa(s.VMID), b.name+"g"+strconv.Itoa(s.VMID)
+	g.ipv6 = ulaAddr(vnet, s.VMID%65000+2)
+	for _, st := range [][]string{
+		{"ip", "netns", "add", g.NS},
+		{"ip", "link", "add", host, "type", "veth", "peer", "name", peer},
+		{"ip", "link", "set", host, "netns", node},
+		{"ip", "link", "set", peer, "netns", g.NS},
+		{"ip", "-n", node, "link", "set", host, "name", tap},
+		{"ip", "-n", node, "link", "set", tap, "master", s.VNet, "up"},
+		{"ip", "-n", g.NS, "link", "set", peer, "name", "eth0"},
+		{"ip", "-n", g.NS, "link", "set", "eth0", "address", s.MAC.String()},
+		{"ip", "netns", "exec", g.NS, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.eth0.accept_dad=0", "net.ipv6.conf.eth0.accept_ra=0"},
+		{"ip", "-n", g.NS, "link", "set", "lo", "up"},
+		{"ip", "-n", g.NS, "link", "set", "eth0", "up"},
+		{"ip", "-n", g.NS, "addr", "add", netip.PrefixFrom(g.ipv6, 64).String(), "dev", "eth0", "nodad"},
+		{"ip", "-n", g.NS, "-6", "route", "add", "default", "via", ulaAddr(vnet, 1).String(), "dev", "eth0"},
+	} {
+		if err := run(ctx, st...); err != nil {
+			return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
+		}
+	}
+	// The agent's listening socket is made here, on the host side.
+	_ = os.Remove(g.Socket)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: g.Socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: agent socket: %w", s.VMID, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lf, err := ln.File()
+	_ = ln.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	logf, err := os.Create(filepath.Join(gdir, "console.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command("ip", "netns", "exec", g.NS,
+		"unshare", "--pid", "--fork", "--kill-child", "--mount", "--uts", "--ipc", "--propagation", "private",
+		"/bin/sh", "-c", guestSetup, "guest-setup", filepath.Join(gdir, "root"), s.Disk, "vm"+strconv.Itoa(s.VMID), guestInit)
+	cmd.ExtraFiles = []*os.File{lf}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: start: %w", s.VMID, err)
+	}
+	g.cmd = cmd
+	go func() { _ = cmd.Wait(); close(g.done) }()
+	if err := b.waitGuest(ctx, g, filepath.Join(gdir, "console.log")); err != nil {
+		return nil, err
+	}
+	b.log.Info("guest up", "vmid", s.VMID, "vnet", s.VNet, "ipv4", g.ipv4)
+	return g, nil
+}
+
+// waitGuest waits for the agent to answer guest-ping and eth0 to have a
+// DHCP address.
+func (b *Bed) waitGuest(ctx context.Context, g *Guest, console string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	agentOK := false
+	for {
+		if !agentOK {
+			agentOK = pingAgent(ctx, g.Socket) == nil
+		}
+		if agentOK && !g.ipv4.IsValid() {
+			g.ipv4 = guestIPv4(g.NS)
+		}
+		if agentOK && g.ipv4.IsValid() {
+			return nil
+		}
+		select {
+		case <-g.done:
+			log, _ := os.ReadFile(console)
+			return fmt.Errorf("testvm: guest %d exited: %s", g.VMID, strings.TrimSpace(string(log)))
+		case <-ctx.Done():
+			log, _ := os.ReadFile(console)
+			return fmt.Errorf("testvm: guest %d not ready (agent %v, dhcp %v): %w: %s", g.VMID, agentOK, g.ipv4.IsValid(), ctx.Err(), strings.TrimSpace(string(log)))
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+func guestIPv4(ns string) netip.Addr {
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		return netip.Addr{}
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return netip.Addr{}
+	}
+	defer nl.Close()
+	l, err := nl.LinkByName("eth0")
+	if err != nil {
+		return netip.Addr{}
+	}
+	addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// pingAgent is the bed's own readiness check: one guest-ping. The real
+// client lives in sandboxapi/qga; the bed keeps this so it depends on
+// nothing it tests.
+func pingAgent(ctx context.Context, sock string) error {
+	d := net.Dialer{Timeout: time.Second}
+	c, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte(`{"execute":"guest-ping"}` + "\n")); err != nil {
+		return err
+	}
+	var reply struct {
+		Return *json.RawMessage `json:"return"`
+	}
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(buf[:n], &reply); err != nil || reply.Return == nil {
+		return errors.New("no guest-ping reply")
+	}
+	return nil
+}
+
+// StopGuest kills the guest (its whole PID namespace) and removes its
+// namespace, link and socket. Its disk stays.
+func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
+	b.mu.Lock()
+	g, ok := b.guests[vmid]
+	delete(b.guests, vmid)
+	b.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("testvm: guest %d is not running", vmid)
+	}
+	if g.cmd != nil && g.cmd.Process != nil {
+		_ = g.cmd.Process.Kill()
+		<-g.done
+	}
+	var errs []error
+	// Anything left in the namespace (there should be nothing).
+	if pids, _ := output(ctx, "ip", "netns", "pids", g.NS); len(pids) > 0 {
+		for _, p := range strings.Fields(string(pids)) {
+			if pid, err := strconv.Atoi(p); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	if err := run(ctx, "ip", "netns", "del", g.NS); err != nil && !strings.Contains(err.Error(), "No such file") {
+		errs = append(errs, err)
+	}
+	_ = run(ctx, "ip", "-n", b.NodeNS(), "link", "del", "tap"+strconv.Itoa(vmid)+"i0")
+	_ = os.Remove(g.Socket)
+	_ = os.RemoveAll(filepath.Join(b.dir, "guests", strconv.Itoa(vmid), "root"))
+	return errors.Join(errs...)
+}
+
+// Guest returns a running guest.
+func (b *Bed) Guest(vmid int) (*Guest, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g, ok := b.guests[vmid]
+	return g, ok
+}
+
+func (b *Bed) vnet(name string) (VNet, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, zs := range b.zones {
+		for _, v := range zs.zone.VNets {
+			if v.Name == name {
+				return v, true
+			}
+		}
+	}
+	return VNet{}, false
+}
+
+// dnsReady reports whether the zone's dnsmasq answers its local name.
+func (b *Bed) dnsReady(z Zone) bool {
+	ok := false
+	_ = b.Do(b.NodeNS(), func() error {
+		c := &dns.Client{Timeout: 300 * time.Millisecond}
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(LocalName(z.ID)), dns.TypeA)
+		r, _, err := c.Exchange(m, net.JoinHostPort(z.VNets[0].Gateway.String(), "53"))
+		ok = err == nil && r.Rcode == dns.RcodeSuccess && len(r.Answer) > 0
+		return nil
+	})
+	return ok
+}

@@ -1,0 +1,68 @@
+package testvm
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestDependencyDirections keeps the layout honest: only tests, the demo
+// and the bench import the test bed; pve-bootstrap and the packages it
+// uses stay clear of the daemon's packages.
+func TestDependencyDirections(t *testing.T) {
+	out, err := exec.Command("go", "list", "-json=ImportPath,Imports", "github.com/pve-inspect/pve-inspect/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	const mod = "github.com/pve-inspect/pve-inspect/"
+	deps := map[string][]string{}
+	for dec.More() {
+		var p struct {
+			ImportPath string
+			Imports    []string
+		}
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		deps[p.ImportPath] = p.Imports
+	}
+	if len(deps) < 5 {
+		t.Fatalf("go list found only %d packages", len(deps))
+	}
+	allowedBed := func(p string) bool {
+		rel := strings.TrimPrefix(p, mod)
+		return strings.HasPrefix(rel, "testvm") || strings.HasPrefix(rel, "cmd/pve-inspect-demo") || strings.HasPrefix(rel, "cmd/pve-inspect-bench")
+	}
+	for p, imps := range deps {
+		for _, i := range imps {
+			if strings.HasPrefix(i, mod+"testvm") && !allowedBed(p) {
+				t.Errorf("%s imports the test bed %s", p, i)
+			}
+		}
+	}
+	// Everything pve-bootstrap reaches, transitively.
+	seen := map[string]bool{}
+	var walk func(string)
+	walk = func(p string) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		for _, i := range deps[p] {
+			if strings.HasPrefix(i, mod) {
+				walk(i)
+			}
+		}
+	}
+	walk(mod + "cmd/pve-bootstrap")
+	for p := range seen {
+		rel := strings.TrimPrefix(p, mod)
+		for _, banned := range []string{"firewall", "lockdown", "sandboxapi", "testvm"} {
+			if rel == banned || strings.HasPrefix(rel, banned+"/") {
+				t.Errorf("pve-bootstrap reaches %s", p)
+			}
+		}
+	}
+}

@@ -1,0 +1,261 @@
+package testvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// VNet is one SDN vnet: a bridge on the node with the gateway address.
+type VNet struct {
+	Name      string       // bridge name on the node, at most 15 characters
+	Subnet    netip.Prefix // e.g. 10.10.1.0/24
+	Gateway   netip.Addr   // e.g. 10.10.1.1, put on the bridge
+	DHCPStart netip.Addr   // first address handed out
+	DHCPEnd   netip.Addr   // last address handed out
+	SNAT      bool         // masquerade guest traffic out of the management NIC
+}
+
+// Zone is one SDN zone: its vnets share one dnsmasq for DHCP and DNS.
+type Zone struct {
+	ID    string
+	VNets []VNet
+}
+
+type zoneState struct {
+	zone    Zone
+	dnsmasq *exec.Cmd
+	done    chan struct{}
+}
+
+var (
+	zoneIDRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
+	ifnameRE = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_.-]{0,14}$`)
+)
+
+// LocalName is the name a zone's resolver answers locally (A = the
+// gateway of the zone's first vnet), a positive control for DNS.
+func LocalName(zoneID string) string { return "gateway." + zoneID + ".test" }
+
+// ULAPrefix is the routed IPv6 prefix of a vnet, derived from its IPv4
+// subnet: 10.A.B.0/24 gets fd42:0:A:B::/64.
+func ULAPrefix(v VNet) netip.Prefix {
+	a := v.Subnet.Addr().As4()
+	return netip.MustParsePrefix(fmt.Sprintf("fd42:0:%x:%x::/64", a[1], a[2]))
+}
+
+func ulaAddr(v VNet, host int) netip.Addr {
+	p := ULAPrefix(v).Addr().As16()
+	p[14], p[15] = byte(host>>8), byte(host)
+	return netip.AddrFrom16(p)
+}
+
+func (v VNet) validate() error {
+	switch {
+	case !ifnameRE.MatchString(v.Name):
+		return fmt.Errorf("vnet name %q: not an interface name", v.Name)
+	case !v.Subnet.IsValid() || !v.Subnet.Addr().Is4():
+		return fmt.Errorf("vnet %s: subnet must be IPv4", v.Name)
+	case !v.Subnet.Contains(v.Gateway):
+		return fmt.Errorf("vnet %s: gateway %s outside %s", v.Name, v.Gateway, v.Subnet)
+	case !v.Subnet.Contains(v.DHCPStart) || !v.Subnet.Contains(v.DHCPEnd) || v.DHCPEnd.Less(v.DHCPStart):
+		return fmt.Errorf("vnet %s: bad DHCP range %s-%s", v.Name, v.DHCPStart, v.DHCPEnd)
+	}
+	return nil
+}
+
+// AddZone creates the zone's bridges (with gateway addresses, IPv4 and the
+// vnet's ULA), its SNAT rules and its dnsmasq.
+func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
+	if !zoneIDRE.MatchString(z.ID) {
+		return fmt.Errorf("testvm: zone id %q: want 1-8 of [a-z0-9] starting with a letter", z.ID)
+	}
+	if len(z.VNets) == 0 {
+		return fmt.Errorf("testvm: zone %s has no vnets", z.ID)
+	}
+	for _, v := range z.VNets {
+		if err := v.validate(); err != nil {
+			return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
+		}
+	}
+	b.mu.Lock()
+	if _, ok := b.zones[z.ID]; ok {
+		b.mu.Unlock()
+		return fmt.Errorf("testvm: zone %s exists", z.ID)
+	}
+	zs := &zoneState{zone: z}
+	b.zones[z.ID] = zs
+	b.mu.Unlock()
+	defer func() {
+		if err != nil {
+			_ = b.RemoveZone(context.WithoutCancel(ctx), z.ID)
+		}
+	}()
+	node := b.NodeNS()
+	for _, v := range z.VNets {
+		for _, s := range [][]string{
+			{"ip", "-n", node, "link", "add", v.Name, "type", "bridge"},
+			{"ip", "-n", node, "addr", "add", netip.PrefixFrom(v.Gateway, v.Subnet.Bits()).String(), "dev", v.Name},
+			{"ip", "-n", node, "link", "set", v.Name, "up"},
+		} {
+			if err := run(ctx, s...); err != nil {
+				return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
+			}
+		}
+		// A node that came up with IPv6 off for new interfaces (the guard
+		// sets that) keeps the vnet v6-less, as on a real node.
+		if err := run(ctx, "ip", "-n", node, "addr", "add", netip.PrefixFrom(ulaAddr(v, 1), 64).String(), "dev", v.Name, "nodad"); err != nil {
+			b.log.Info("vnet without IPv6", "vnet", v.Name, "err", err)
+		}
+	}
+	if err := b.syncNAT(ctx); err != nil {
+		return err
+	}
+	return b.startDnsmasq(ctx, zs)
+}
+
+// RemoveZone stops the zone's dnsmasq and deletes its bridges and NAT.
+func (b *Bed) RemoveZone(ctx context.Context, id string) error {
+	b.mu.Lock()
+	zs, ok := b.zones[id]
+	delete(b.zones, id)
+	b.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("testvm: zone %s does not exist", id)
+	}
+	var errs []error
+	if zs.dnsmasq != nil && zs.dnsmasq.Process != nil {
+		_ = zs.dnsmasq.Process.Kill()
+		<-zs.done
+	}
+	for _, v := range zs.zone.VNets {
+		if err := run(ctx, "ip", "-n", b.NodeNS(), "link", "del", v.Name); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+			errs = append(errs, err)
+		}
+	}
+	_ = os.Remove(b.leaseFile(id))
+	errs = append(errs, b.syncNAT(ctx))
+	return errors.Join(errs...)
+}
+
+func (b *Bed) leaseFile(zone string) string {
+	return filepath.Join(b.dir, "dnsmasq", zone+".leases")
+}
+
+// DnsmasqPID is the pid of the zone's dnsmasq, or 0.
+func (b *Bed) DnsmasqPID(zone string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if zs, ok := b.zones[zone]; ok && zs.dnsmasq != nil && zs.dnsmasq.Process != nil {
+		return zs.dnsmasq.Process.Pid
+	}
+	return 0
+}
+
+// startDnsmasq runs the zone's dnsmasq in the node namespace, as Proxmox
+// SDN does: DHCP on the zone's bridges, DNS forwarding upstream through the
+// SDN resolver file.
+func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
+	z := zs.zone
+	args := []string{"netns", "exec", b.NodeNS(), "dnsmasq",
+		"--keep-in-foreground", "--conf-file=/dev/null", "--bind-interfaces", "--except-interface=lo",
+		"--pid-file=" + filepath.Join(b.dir, "dnsmasq", z.ID+".pid"),
+		"--dhcp-leasefile=" + b.leaseFile(z.ID),
+		"--resolv-file=" + b.ResolvConf(),
+		"--domain=" + z.ID + ".test", "--local=/" + z.ID + ".test/",
+		"--host-record=" + LocalName(z.ID) + "," + z.VNets[0].Gateway.String(),
+		"--dhcp-authoritative", "--log-facility=-", "--quiet-dhcp", "--quiet-dhcp6", "--quiet-ra",
+	}
+	if _, err := user.Lookup("dnsmasq"); err == nil {
+		args = append(args, "--user=dnsmasq")
+	} else {
+		args = append(args, "--user=nobody")
+	}
+	for _, v := range z.VNets {
+		mask := netip.PrefixFrom(v.Subnet.Addr(), v.Subnet.Bits())
+		args = append(args, "--interface="+v.Name,
+			fmt.Sprintf("--dhcp-range=set:%s,%s,%s,%s,1h", v.Name, v.DHCPStart, v.DHCPEnd, prefixMask(mask)),
+			fmt.Sprintf("--dhcp-option=tag:%s,option:router,%s", v.Name, v.Gateway),
+			fmt.Sprintf("--dhcp-option=tag:%s,option:dns-server,%s", v.Name, v.Gateway))
+	}
+	logf, err := os.Create(filepath.Join(b.dir, "dnsmasq", z.ID+".log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command("ip", args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("testvm: start dnsmasq for %s: %w", z.ID, err)
+	}
+	zs.dnsmasq, zs.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(zs.done) }()
+	// Ready once it answers its local name on the first gateway.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ok := b.dnsReady(z); ok {
+			return nil
+		}
+		select {
+		case <-zs.done:
+			log, _ := os.ReadFile(logf.Name())
+			return fmt.Errorf("testvm: dnsmasq for %s exited: %s", z.ID, strings.TrimSpace(string(log)))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testvm: dnsmasq for %s did not come up", z.ID)
+		}
+	}
+}
+
+func prefixMask(p netip.Prefix) string {
+	bits := p.Bits()
+	var m [4]byte
+	for i := 0; i < bits; i++ {
+		m[i/8] |= 0x80 >> (i % 8)
+	}
+	return netip.AddrFrom4(m).String()
+}
+
+// syncNAT rewrites the bed's own NAT table (ip pve-testbed) for the
+// current SNAT vnets, like Proxmox SDN's SNAT rules.
+func (b *Bed) syncNAT(ctx context.Context) error {
+	b.mu.Lock()
+	var subnets []string
+	for _, zs := range b.zones {
+		for _, v := range zs.zone.VNets {
+			if v.SNAT {
+				subnets = append(subnets, v.Subnet.String())
+			}
+		}
+	}
+	b.mu.Unlock()
+	sort.Strings(subnets)
+	var sb strings.Builder
+	sb.WriteString("table ip pve-testbed\ndelete table ip pve-testbed\ntable ip pve-testbed {\n chain postrouting {\n  type nat hook postrouting priority srcnat; policy accept;\n")
+	for _, s := range subnets {
+		fmt.Fprintf(&sb, "  ip saddr %s oifname { %q, %q } masquerade\n", s, NodeMgmtIface, NodeMgmtIface2)
+	}
+	sb.WriteString(" }\n}\n")
+	if err := runInput(ctx, sb.String(), "ip", "netns", "exec", b.NodeNS(), "nft", "-f", "-"); err != nil {
+		return fmt.Errorf("testvm: sync NAT: %w", err)
+	}
+	return nil
+}
+
+// RestoreNAT puts the bed's NAT table back, e.g. after a test ran
+// `nft flush ruleset` in the node.
+func (b *Bed) RestoreNAT(ctx context.Context) error { return b.syncNAT(ctx) }
