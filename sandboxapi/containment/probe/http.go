@@ -14,13 +14,13 @@ import (
 // outcome decides the result when no response arrives.
 func (p *Prober) http(ctx context.Context, t Target, addr string) Result {
 	var connected atomic.Bool
-	var dialErr atomic.Value
+	var dialErr atomic.Pointer[error] // a plain atomic.Value panics on differently typed errors
 	tr := &http.Transport{
 		Proxy: nil, // never a proxy from the environment
 		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
 			c, err := p.dialer().DialContext(ctx, network, a)
 			if err != nil {
-				dialErr.Store(err)
+				dialErr.Store(&err)
 				return nil, err
 			}
 			connected.Store(true)
@@ -62,8 +62,8 @@ func (p *Prober) http(ctx context.Context, t Target, addr string) Result {
 	resp, err := client.Do(req)
 	if err != nil {
 		if !connected.Load() {
-			if de, ok := dialErr.Load().(error); ok {
-				return Result{Outcome: classify(ctx, de), Detail: de.Error()}
+			if de := dialErr.Load(); de != nil {
+				return Result{Outcome: classify(ctx, *de), Detail: (*de).Error()}
 			}
 			return Result{Outcome: classify(ctx, err), Detail: err.Error()}
 		}
