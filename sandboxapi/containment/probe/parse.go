@@ -127,6 +127,9 @@ func ParseReport(data []byte) (*Report, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("probe report: not valid UTF-8")
 	}
+	if err := checkKeys(data); err != nil {
+		return nil, fmt.Errorf("probe report: %w", err)
+	}
 	var rep Report
 	if err := decodeStrict(data, &rep); err != nil {
 		return nil, fmt.Errorf("probe report: %w", err)

@@ -132,6 +132,10 @@ func TestParseReport(t *testing.T) {
 		{"resolver", `"resolvers":["10.10.1.1"]`, `"resolvers":["x"]`},
 		{"trailing", `3000}]}`, `3000}]} {}`},
 		{"string for int", `"elapsed_ms":3000`, `"elapsed_ms":"3000"`},
+		{"key case", `"outcome":"refused"`, `"Outcome":"refused"`},
+		{"repeated key", `"outcome":"refused"`, `"outcome":"timeout","outcome":"refused"`},
+		{"repeated top key", `{"version":1,`, `{"version":1,"version":1,`},
+		{"deep nesting", `"resolvers":["10.10.1.1"]`, `"resolvers":[[[[[[[[["10.10.1.1"]]]]]]]]]`},
 		{"float", `"elapsed_ms":3000`, `"elapsed_ms":3.5`},
 	}
 	for _, c := range bad {
