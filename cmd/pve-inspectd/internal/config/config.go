@@ -21,6 +21,8 @@ const DefaultPath = "/etc/pve-inspectd/config.toml"
 type Config struct {
 	// Node is this node's id, used to tag every object the daemon creates.
 	Node NodeSection `toml:"node"`
+	// Check configures the containment check.
+	Check CheckSection `toml:"check"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -46,7 +48,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{}
+	c := Config{Check: defaultCheck()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -103,5 +105,7 @@ func (c Config) Validate() error {
 
 // sections lists the sections that validate themselves, by key prefix.
 func (c Config) sections() map[string]validator {
-	return map[string]validator{}
+	return map[string]validator{
+		"check": c.Check,
+	}
 }
