@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -64,8 +65,9 @@ var cache struct {
 func ForTest(tb testing.TB) string {
 	tb.Helper()
 	cache.once.Do(func() {
-		dir, err := os.MkdirTemp("", "pve-inspect-probe-test-")
-		if err != nil {
+		sweepStaleTestBuilds()
+		dir := filepath.Join(os.TempDir(), testBuildPrefix+strconv.Itoa(os.Getpid()))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			cache.err = err
 			return
 		}
@@ -76,6 +78,24 @@ func ForTest(tb testing.TB) string {
 		tb.Fatalf("build the probe: %v", cache.err)
 	}
 	return cache.path
+}
+
+// testBuildPrefix names ForTest's build directories: prefix + owner pid.
+const testBuildPrefix = "pve-inspect-probe-test-"
+
+// sweepStaleTestBuilds removes build directories of test processes that
+// are gone (a killed run cannot clean up after itself).
+func sweepStaleTestBuilds() {
+	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), testBuildPrefix+"*"))
+	for _, m := range matches {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(m), testBuildPrefix))
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); os.IsNotExist(err) {
+			_ = os.RemoveAll(m)
+		}
+	}
 }
 
 // RemoveTestBuild deletes what ForTest built, if anything.

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -53,17 +54,68 @@ func RandomName(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
+// ownerDir records which process created each namespace, so a later run
+// can remove the namespaces of a run that was killed.
+const ownerDir = "/run/pve-inspect-nstest"
+
+// sweepStale deletes namespaces (and their /etc/netns directories) whose
+// creating process is gone. Only names recorded in ownerDir are touched.
+func sweepStale() error {
+	ents, err := os.ReadDir(ownerDir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	for _, e := range ents {
+		name := e.Name()
+		b, err := os.ReadFile(filepath.Join(ownerDir, name))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err == nil {
+			continue // owner alive
+		}
+		if _, err := os.Stat(filepath.Join("/run/netns", name)); err == nil {
+			if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+				return fmt.Errorf("delete stale netns %s: %v: %s", name, err, out)
+			}
+		}
+		_ = os.RemoveAll(filepath.Join("/etc/netns", name))
+		_ = os.Remove(filepath.Join(ownerDir, name))
+	}
+	return nil
+}
+
 // New creates a namespace named prefix+4 hex with loopback up and removes
-// it (and its /etc/netns/<name> directory) when the test ends.
+// it (and its /etc/netns/<name> directory) when the test ends. Namespaces
+// left by a killed run are swept first.
 func New(tb testing.TB, prefix string) *NS {
 	tb.Helper()
 	RequireRoot(tb)
+	if err := sweepStale(); err != nil {
+		tb.Fatalf("sweep stale test namespaces: %v", err)
+	}
 	name := RandomName(prefix)
+	if err := os.MkdirAll(ownerDir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	owner := filepath.Join(ownerDir, name)
+	if err := os.WriteFile(owner, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		tb.Fatal(err)
+	}
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		_ = os.Remove(owner)
 		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
 	n := &NS{Name: name}
 	tb.Cleanup(func() {
+		defer os.Remove(owner)
 		if n.h.IsOpen() {
 			n.h.Close()
 		}
