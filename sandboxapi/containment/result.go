@@ -36,6 +36,9 @@ type Row struct {
 	// Detail is what the network answered, e.g. "refused (RST): a route
 	// exists", "HTTP 200", "NOERROR, 0 answers", "timeout after 3s".
 	Detail string `json:"detail"`
+	// Why says what a row that did not pass means for the sandbox ("" when
+	// it passed).
+	Why string `json:"why,omitempty"`
 	// Outcome is the probe's raw outcome ("" for the lease row).
 	Outcome   probe.Outcome `json:"outcome,omitempty"`
 	ElapsedMS int           `json:"elapsed_ms"`
@@ -115,8 +118,44 @@ func Evaluate(p *Plan, rep *probe.Report) *Result {
 			}
 		}
 	}
+	for i := range res.Rows {
+		res.Rows[i].Why = why(res.Rows[i])
+	}
 	res.Pass = res.Passed()
 	return res
+}
+
+// why explains a row that did not pass.
+func why(r Row) string {
+	switch {
+	case r.Status == Pass:
+		return ""
+	case r.Status == Unproven:
+		return "blocked as expected, but a positive control failed: a dead network would look the same"
+	case r.Observed == Errored || r.Observed == Missing:
+		return "the probe gave no usable answer: nothing is known about this path"
+	case r.Control:
+		return "positive control failed: the network under test does not work, so no blocked row proves anything"
+	case r.Expect == Reachable:
+		return "expected to work and does not: the sandbox lacks connectivity the policy promises"
+	}
+	switch r.Group {
+	case GroupControlPlane:
+		return "LEAK: the guest reaches the host's control plane"
+	case GroupMetadata:
+		return "LEAK: the guest reaches a cloud metadata service (credentials)"
+	case GroupOtherZone:
+		return "LEAK: the guest reaches another sandbox"
+	case GroupLAN:
+		return "LEAK: the guest reaches the operator's network"
+	case GroupInternet:
+		return "LEAK: the guest has egress although the policy forbids it"
+	case GroupDNS:
+		return "LEAK: the zone resolver recurses for external names (a DNS tunnel out)"
+	case GroupIPv6:
+		return "LEAK: IPv6 leaves the node"
+	}
+	return "LEAK: reachable although the policy says blocked"
 }
 
 // leaseRow is the DHCP-lease control: an IPv4 (in the subnet) on the
@@ -252,7 +291,26 @@ func (r *Result) WriteText(w io.Writer) error {
 	for _, row := range r.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Group, row.Name, row.Target, row.Expect, row.Observed, row.Status, row.Detail)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	unproven := 0
+	for _, row := range r.Rows {
+		switch row.Status {
+		case Fail:
+			if _, err := fmt.Fprintf(w, "FAIL %s: %s\n", row.Name, row.Why); err != nil {
+				return err
+			}
+		case Unproven:
+			unproven++
+		}
+	}
+	if unproven > 0 {
+		if _, err := fmt.Fprintf(w, "UNPROVEN %d rows: blocked as expected, but a positive control failed: a dead network would look the same\n", unproven); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // WriteJSON writes the result as indented JSON.

@@ -93,6 +93,35 @@ func TestGoldenTable(t *testing.T) {
 	}
 }
 
+// TestGoldenTableDeadNetwork renders a lockdown check whose resolver
+// control failed: every blocked row is UNPROVEN.
+func TestGoldenTableDeadNetwork(t *testing.T) {
+	spec := goldenSpec()
+	spec.ControlPorts = []Port{{8006, "Proxmox API"}}
+	spec.HostAddrs = nil
+	plan, err := NewPlan(spec, LockdownPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &probe.Report{Version: probe.Version, Facts: probe.Facts{Interfaces: []probe.Interface{{Name: "eth0", Up: true, Addrs: []string{}}}}}
+	for _, c := range plan.Checks {
+		r := probe.Result{ID: c.Target.ID, Outcome: probe.OutcomeTimeout, ElapsedMS: 3000}
+		if c.Target.Kind == probe.KindDNS {
+			r.Outcome = probe.OutcomeNoReply
+		}
+		rep.Results = append(rep.Results, r)
+	}
+	res := Evaluate(plan, rep)
+	var text bytes.Buffer
+	if err := res.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "table-dead.golden", text.Bytes())
+	if res.Passed() || res.ControlsOK {
+		t.Errorf("dead network: passed=%v controls=%v", res.Passed(), res.ControlsOK)
+	}
+}
+
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
 	path := filepath.Join("testdata", name)
