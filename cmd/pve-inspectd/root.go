@@ -39,7 +39,9 @@ func newRootCmd() *cobra.Command {
 		newVersionCmd(),
 		newManpageCmd(),
 		newMigrateCmd(),
+		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
 	)
+	root.AddCommand(newGuardCmds(g)...)
 	return root
 }
 

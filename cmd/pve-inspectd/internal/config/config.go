@@ -21,7 +21,13 @@ const DefaultPath = "/etc/pve-inspectd/config.toml"
 type Config struct {
 	// Node is this node's id, used to tag every object the daemon creates.
 	Node NodeSection `toml:"node"`
-	// Check configures the containment check.
+	// Halt configures the fail-deadly halt.
+	Halt HaltSection `toml:"halt"`
+	// Guard configures the host guard (guard.go).
+	Guard GuardSection `toml:"guard"`
+	// Metrics configures the Prometheus listener (guard.go).
+	Metrics MetricsSection `toml:"metrics"`
+	// Check configures the containment check (check.go).
 	Check CheckSection `toml:"check"`
 }
 
@@ -48,7 +54,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{Check: defaultCheck()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -106,6 +112,9 @@ func (c Config) Validate() error {
 // sections lists the sections that validate themselves, by key prefix.
 func (c Config) sections() map[string]validator {
 	return map[string]validator{
-		"check": c.Check,
+		"halt":    c.Halt,
+		"guard":   c.Guard,
+		"metrics": c.Metrics,
+		"check":   c.Check,
 	}
 }

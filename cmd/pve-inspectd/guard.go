@@ -1,0 +1,180 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
+	"github.com/pve-inspect/pve-inspect/firewall"
+)
+
+// newGuardCmds returns the host guard verbs: run, plan, status, guard remove.
+func newGuardCmds(g *globals) []*cobra.Command {
+	return []*cobra.Command{newRunCmd(g), newPlanCmd(g), newStatusCmd(g), newGuardCmd(g)}
+}
+
+func newRunCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "run",
+		Short: "run the daemon: host guard and metrics (ready once the guard is verified in force)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			d := &daemon.Daemon{Config: cfg, Log: g.logger()}
+			return d.Run(cmd.Context())
+		},
+	}
+}
+
+func newPlanCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "plan",
+		Short: "print the interface classification and the exact ruleset the guard would apply; changes nothing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			fc := daemon.GuardConfig(cfg.Guard)
+			cls, err := firewall.Classify(cmd.Context(), fc)
+			if err != nil {
+				return fmt.Errorf("classify interfaces: %w", err)
+			}
+			rs, err := firewall.Render(fc, cls, firewall.Switches{})
+			if err != nil {
+				return fmt.Errorf("render ruleset: %w", err)
+			}
+			return writePlan(cmd.OutOrStdout(), cls, rs)
+		},
+	}
+}
+
+func list(s []string) string {
+	if len(s) == 0 {
+		return "(none)"
+	}
+	return strings.Join(s, ", ")
+}
+
+// guestSide lists the interfaces the input policy treats as guest-facing.
+func guestSide(cls firewall.Classification) []string {
+	skip := map[string]bool{"lo": true}
+	for _, n := range cls.Management {
+		skip[n] = true
+	}
+	for _, n := range cls.Trusted {
+		skip[n] = true
+	}
+	var out []string
+	for _, n := range cls.Interfaces {
+		if !skip[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func writeClassification(w io.Writer, cls firewall.Classification) {
+	fmt.Fprintf(w, "interfaces:\n")
+	fmt.Fprintf(w, "  management (default route): %s\n", list(cls.Management))
+	fmt.Fprintf(w, "  trusted (configured):       %s\n", list(cls.Trusted))
+	fmt.Fprintf(w, "  guest side (DHCP+DNS only): %s\n", list(guestSide(cls)))
+}
+
+func writePlan(w io.Writer, cls firewall.Classification, rs *firewall.Ruleset) error {
+	writeClassification(w, cls)
+	for _, n := range rs.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	fmt.Fprintf(w, "\nruleset (%d rules, lockdown off, fail-closed off):\n", rs.RuleCount())
+	_, err := io.WriteString(w, rs.String())
+	return err
+}
+
+func newStatusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "show the guard in force and what differs from the desired ruleset; exit 1 if anything differs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			st, err := firewall.Inspect(cmd.Context(), daemon.GuardConfig(cfg.Guard))
+			if err != nil {
+				return fmt.Errorf("inspect guard: %w", err)
+			}
+			writeStatus(cmd.OutOrStdout(), st)
+			if len(st.Drifts) > 0 {
+				return &exitError{code: 1, msg: fmt.Sprintf("%d difference(s) from the desired guard", len(st.Drifts))}
+			}
+			return nil
+		},
+	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func writeStatus(w io.Writer, st *firewall.Status) {
+	writeClassification(w, st.Classification)
+	switch {
+	case !st.Present:
+		fmt.Fprintf(w, "table inet %s: ABSENT\n", firewall.TableName)
+	case st.Owned:
+		fmt.Fprintf(w, "table inet %s: present, owned by netlink port %d, persist=%v\n", firewall.TableName, st.Owner, st.Persist)
+	default:
+		fmt.Fprintf(w, "table inet %s: present, ORPHANED (no daemon holds it), persist=%v\n", firewall.TableName, st.Persist)
+	}
+	fmt.Fprintf(w, "lockdown: %s, fail-closed: %s\n", onOff(st.Switches.Lockdown), onOff(st.Switches.FailClosed))
+	for _, n := range append(st.Desired.Notes, st.Notes...) {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	if len(st.Counters) > 0 {
+		fmt.Fprintf(w, "rules (packets/bytes):\n")
+		for _, c := range st.Counters {
+			fmt.Fprintf(w, "  %-10s %-18s %d/%d\n", c.Chain, c.Rule, c.Packets, c.Bytes)
+		}
+	}
+	if len(st.Drifts) == 0 {
+		fmt.Fprintf(w, "in force as desired\n")
+		return
+	}
+	fmt.Fprintf(w, "differences:\n")
+	for _, d := range st.Drifts {
+		fmt.Fprintf(w, "  %s\n", d)
+	}
+}
+
+func newGuardCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "guard", Short: "host guard maintenance", Args: cobra.NoArgs}
+	c.AddCommand(&cobra.Command{
+		Use:   "remove",
+		Short: "delete table inet pve-inspect and restore net.ipv6.conf.default.disable_ipv6 (stop the daemon first)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			if err := firewall.RemoveTable(cmd.Context(), daemon.GuardConfig(cfg.Guard)); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "table inet %s removed\n", firewall.TableName)
+			return nil
+		},
+	})
+	return c
+}

@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// TestMain lets the test binary act as pve-inspectd, so the verbs are
+// tested as the real program inside a network namespace.
+func TestMain(m *testing.M) {
+	if os.Getenv("PVE_INSPECTD_TEST_AS_MAIN") == "1" {
+		os.Args = append([]string{"pve-inspectd"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("test needs root (CI is set, so this is a failure)")
+		}
+		t.Skip("SKIPPING: test needs root to create network namespaces and nftables tables")
+	}
+}
+
+type node struct {
+	name string
+	ns   netns.NsHandle
+}
+
+// newNode creates a namespace with a fixed interface set: eth0 (default
+// route), stor0 (trusted), vnetA and vnetB (guest bridges).
+func newNode(t *testing.T) *node {
+	requireRoot(t)
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	name := "pgc" + hex.EncodeToString(b)
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.NewNamed(name)
+	if err2 := netns.Set(orig); err2 != nil {
+		t.Fatal(err2)
+	}
+	orig.Close()
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close(); _ = netns.DeleteNamed(name) })
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	lo, _ := h.LinkByName("lo")
+	if err := h.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct{ name, addr string }{
+		{"eth0", "192.0.2.2/24"}, {"stor0", "10.99.0.2/24"}, {"vnetA", "10.10.1.1/24"}, {"vnetB", "10.10.2.1/24"},
+	} {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: l.name}}
+		if err := h.LinkAdd(br); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetUp(br); err != nil {
+			t.Fatal(err)
+		}
+		a, _ := netlink.ParseAddr(l.addr)
+		if err := h.AddrAdd(br, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eth0, _ := h.LinkByName("eth0")
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1"),
+		Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	return &node{name: name, ns: ns}
+}
+
+func writeConfig(t *testing.T) string {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.toml")
+	doc := `[node]
+id = "test"
+[guard]
+trusted_interfaces = ["stor0"]
+zones = { zone1 = ["vnetA", "vnetA2"] }
+dnsmasq_user = "65534"
+metadata4 = ["192.0.0.192/32"]
+verify_interval = "1s"
+proc_root = "` + filepath.Join(dir, "proc") + `"
+state_dir = "` + filepath.Join(dir, "state") + `"
+[metrics]
+listen = "127.0.0.1:9474"
+`
+	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// daemonCmd runs this binary as pve-inspectd inside the node namespace.
+func (n *node) daemonCmd(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.name, os.Args[0]}, args...)...)
+	cmd.Env = append(os.Environ(), "PVE_INSPECTD_TEST_AS_MAIN=1")
+	return cmd
+}
+
+func TestPlanGolden(t *testing.T) {
+	n := newNode(t)
+	cfg := writeConfig(t)
+	out, err := n.daemonCmd(context.Background(), "plan", "-c", cfg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("plan: %v\n%s", err, out)
+	}
+	p := filepath.Join("testdata", "plan.golden")
+	if *update {
+		_ = os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(p, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("read golden (run with -update): %v", err)
+	}
+	if string(out) != string(want) {
+		t.Errorf("plan output differs from golden (-update to accept):\n%s", out)
+	}
+	// plan changes nothing
+	if out, err := exec.Command("ip", "netns", "exec", n.name, "nft", "list", "ruleset").CombinedOutput(); err != nil || len(strings.TrimSpace(string(out))) != 0 {
+		t.Errorf("plan left a ruleset behind: %v %s", err, out)
+	}
+}
+
+// scrape fetches /metrics from inside the namespace.
+func (n *node) scrape(t *testing.T, addr string) string {
+	t.Helper()
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			return nil, err
+		}
+		defer orig.Close()
+		if err := netns.Set(n.ns); err != nil {
+			return nil, err
+		}
+		defer func() { _ = netns.Set(orig) }()
+		return net.DialTimeout(network, a, 5*time.Second)
+	}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func TestRunStatusRemove(t *testing.T) {
+	n := newNode(t)
+	cfg := writeConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	out, err := n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") {
+		t.Fatalf("status before run: %v\n%s", err, out)
+	}
+
+	run := n.daemonCmd(ctx, "run", "-c", cfg)
+	stderr, err := run.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = run.Process.Kill(); _ = run.Wait() })
+	sc := bufio.NewScanner(stderr)
+	ready := false
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "msg=ready") {
+			ready = true
+			break
+		}
+	}
+	if !ready {
+		t.Fatal("run never reported ready")
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+
+	out, err = n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "in force as desired") || !strings.Contains(string(out), "owned by netlink port") {
+		t.Fatalf("status while running: %v\n%s", err, out)
+	}
+	m := n.scrape(t, "127.0.0.1:9474")
+	for _, want := range []string{
+		"pve_inspect_guard_rules_expected 17",
+		"pve_inspect_guard_rules_present 17",
+		`pve_inspect_guard_management_interface{interface="eth0"} 1`,
+		`pve_inspect_guard_rule_drop_packets_total{chain="forward",rule="cross-zone"} 0`,
+		"pve_inspect_guard_apply_duration_seconds_count 1",
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q:\n%s", want, m)
+		}
+	}
+	if strings.Contains(m, "pve_inspect_guard_repairs_total{") {
+		t.Errorf("first install counted as a repair:\n%s", m)
+	}
+
+	if err := run.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Wait(); err != nil {
+		t.Fatalf("run after SIGTERM: %v", err)
+	}
+	out, err = n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ORPHANED") {
+		t.Fatalf("status after stop: %v\n%s", err, out)
+	}
+	if out, err := n.daemonCmd(ctx, "guard", "remove", "-c", cfg).CombinedOutput(); err != nil {
+		t.Fatalf("guard remove: %v\n%s", err, out)
+	}
+	out, err = n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") {
+		t.Fatalf("status after remove: %v\n%s", err, out)
+	}
+}
+
+func TestRunRefusesBadConfig(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	if err := os.WriteFile(p, []byte("[guard]\nverify_interval = \"often\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "plan", "-c", p)
+	cmd.Env = append(os.Environ(), "PVE_INSPECTD_TEST_AS_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `"guard.verify_interval"`) {
+		t.Errorf("bad config: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,189 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// GuardSection is [guard]: the host guard (DESIGN.md section 3).
+//
+//	[guard]
+//	# Extra IPv4 prefixes added to the built-in metadata set
+//	# (169.254.0.0/16, 100.100.100.200/32, 168.63.129.16/32).
+//	metadata4 = ["192.0.0.192/32"]
+//	# Extra IPv6 prefixes added to the built-in metadata set
+//	# (fd00:ec2::254/128, fe80::a9fe:a9fe/128).
+//	metadata6 = []
+//	# IPv4 prefixes guests may reach through the uplink although they are
+//	# private (RFC 1918, 100.64.0.0/10, 198.18.0.0/15 and the like).
+//	private4_allow = []
+//	# Interfaces exempt from the guest input policy (cluster, storage).
+//	# An interface without a default route counts as guest side: list the
+//	# management NIC here too if SSH on it must survive losing the default
+//	# route (otherwise it is cut to DHCP and DNS until the route is back).
+//	trusted_interfaces = ["vmbr1"]
+//	# SDN zones: zone id = its vnet bridges. Bridges of one zone may
+//	# forward to each other; every other pair of non-uplink interfaces
+//	# is isolated (unknown bridges included).
+//	zones = { zone1 = ["vnet1", "vnet2"] }
+//	# User (name or uid) the SDN dnsmasq runs as; its upstream traffic is
+//	# cut during the lockdown. A missing user leaves that rule out (plan says so).
+//	dnsmasq_user = "dnsmasq"
+//	# How often the kernel table is compared with the desired one.
+//	verify_interval = "30s"
+//	# Where /proc is mounted (net.ipv6.conf.default.disable_ipv6 is set there).
+//	proc_root = "/proc"
+//	# Where the guard keeps the sysctl value `guard remove` restores.
+//	state_dir = "/run/pve-inspectd"
+type GuardSection struct {
+	Metadata4      []string            `toml:"metadata4"`
+	Metadata6      []string            `toml:"metadata6"`
+	Private4Allow  []string            `toml:"private4_allow"`
+	Trusted        []string            `toml:"trusted_interfaces"`
+	Zones          map[string][]string `toml:"zones"`
+	DnsmasqUser    string              `toml:"dnsmasq_user"`
+	VerifyInterval string              `toml:"verify_interval"`
+	ProcRoot       string              `toml:"proc_root"`
+	StateDir       string              `toml:"state_dir"`
+}
+
+// MetricsSection is [metrics]: the Prometheus listener.
+//
+//	[metrics]
+//	# host:port of the /metrics listener; keep it on loopback or a
+//	# management address, never a guest-facing one. "" disables it.
+//	listen = "127.0.0.1:9474"
+type MetricsSection struct {
+	Listen string `toml:"listen"`
+}
+
+func defaultGuard() GuardSection {
+	return GuardSection{DnsmasqUser: "dnsmasq", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd"}
+}
+
+func defaultMetrics() MetricsSection { return MetricsSection{Listen: "127.0.0.1:9474"} }
+
+func parsePrefixes(key string, in []string, want4 bool) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(in))
+	for i, s := range in {
+		k := fmt.Sprintf("%s[%d]", key, i)
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			a, aerr := netip.ParseAddr(strings.TrimSpace(s))
+			if aerr != nil {
+				return nil, &KeyError{Key: k, Err: fmt.Errorf("%q is not a prefix or address", s)}
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Addr().Zone() != "" {
+			return nil, &KeyError{Key: k, Err: fmt.Errorf("%q has a zone", s)}
+		}
+		if want4 && !p.Addr().Is4() {
+			return nil, &KeyError{Key: k, Err: fmt.Errorf("%q is not IPv4", s)}
+		}
+		if !want4 && (!p.Addr().Is6() || p.Addr().Is4In6()) {
+			return nil, &KeyError{Key: k, Err: fmt.Errorf("%q is not IPv6", s)}
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func checkIfname(key, n string) error {
+	if n == "" || len(n) > 15 || n == "." || n == ".." || strings.ContainsAny(n, "/: \t\n\x00") {
+		return &KeyError{Key: key, Err: fmt.Errorf("%q is not an interface name (1-15 characters, no '/', ':' or space)", n)}
+	}
+	return nil
+}
+
+// Metadata4Prefixes returns metadata4 parsed (valid after Validate).
+func (s GuardSection) Metadata4Prefixes() []netip.Prefix {
+	p, _ := parsePrefixes("guard.metadata4", s.Metadata4, true)
+	return p
+}
+
+// Metadata6Prefixes returns metadata6 parsed (valid after Validate).
+func (s GuardSection) Metadata6Prefixes() []netip.Prefix {
+	p, _ := parsePrefixes("guard.metadata6", s.Metadata6, false)
+	return p
+}
+
+// Private4AllowPrefixes returns private4_allow parsed (valid after Validate).
+func (s GuardSection) Private4AllowPrefixes() []netip.Prefix {
+	p, _ := parsePrefixes("guard.private4_allow", s.Private4Allow, true)
+	return p
+}
+
+// VerifyEvery returns verify_interval parsed (valid after Validate).
+func (s GuardSection) VerifyEvery() time.Duration {
+	d, _ := time.ParseDuration(s.VerifyInterval)
+	return d
+}
+
+func (s GuardSection) validate(prefix string) error {
+	if _, err := parsePrefixes(prefix+".metadata4", s.Metadata4, true); err != nil {
+		return err
+	}
+	if _, err := parsePrefixes(prefix+".metadata6", s.Metadata6, false); err != nil {
+		return err
+	}
+	if _, err := parsePrefixes(prefix+".private4_allow", s.Private4Allow, true); err != nil {
+		return err
+	}
+	for i, n := range s.Trusted {
+		if err := checkIfname(fmt.Sprintf("%s.trusted_interfaces[%d]", prefix, i), n); err != nil {
+			return err
+		}
+	}
+	for zone, bridges := range s.Zones {
+		if zone == "" {
+			return &KeyError{Key: prefix + ".zones", Err: errors.New("empty zone id")}
+		}
+		for i, b := range bridges {
+			if err := checkIfname(fmt.Sprintf("%s.zones.%s[%d]", prefix, zone, i), b); err != nil {
+				return err
+			}
+		}
+	}
+	if s.DnsmasqUser == "" || strings.ContainsAny(s.DnsmasqUser, ": \t\n\x00") {
+		return &KeyError{Key: prefix + ".dnsmasq_user", Err: fmt.Errorf("%q is not a user name or uid", s.DnsmasqUser)}
+	}
+	d, err := time.ParseDuration(s.VerifyInterval)
+	if err != nil {
+		return &KeyError{Key: prefix + ".verify_interval", Err: fmt.Errorf("%q is not a duration like \"30s\"", s.VerifyInterval)}
+	}
+	if d < time.Second || d > 24*time.Hour {
+		return &KeyError{Key: prefix + ".verify_interval", Err: fmt.Errorf("%s is outside 1s..24h", d)}
+	}
+	for key, p := range map[string]string{".proc_root": s.ProcRoot, ".state_dir": s.StateDir} {
+		if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) {
+			return &KeyError{Key: prefix + key, Err: fmt.Errorf("%q is not an absolute path", p)}
+		}
+	}
+	return nil
+}
+
+func (s MetricsSection) validate(prefix string) error {
+	if s.Listen == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(s.Listen)
+	if err != nil {
+		return &KeyError{Key: prefix + ".listen", Err: fmt.Errorf("%q is not host:port", s.Listen)}
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return &KeyError{Key: prefix + ".listen", Err: fmt.Errorf("port %q is not 1-65535", port)}
+	}
+	if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil && host != "localhost" {
+			return &KeyError{Key: prefix + ".listen", Err: fmt.Errorf("host %q is not an IP address", host)}
+		}
+	}
+	return nil
+}

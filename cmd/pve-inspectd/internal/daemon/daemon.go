@@ -1,0 +1,151 @@
+// Package daemon wires the parts of `pve-inspectd run`: the host guard, the
+// metrics listener, and (later) the egress lockdown, the sandbox API and
+// systemd notification. Each part gets its config and a logger with a
+// component attribute; the order of start-up is the order of trust: nothing
+// is served and nothing is reported ready before the guard is verified in
+// force.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/firewall"
+)
+
+// GuardConfig turns the [guard] section into the firewall's configuration.
+func GuardConfig(s config.GuardSection) firewall.Config {
+	return firewall.Config{
+		Metadata4:      s.Metadata4Prefixes(),
+		Metadata6:      s.Metadata6Prefixes(),
+		Private4Allow:  s.Private4AllowPrefixes(),
+		Trusted:        s.Trusted,
+		Zones:          s.Zones,
+		DnsmasqUser:    s.DnsmasqUser,
+		VerifyInterval: s.VerifyEvery(),
+		ProcRoot:       s.ProcRoot,
+		StateDir:       s.StateDir,
+	}
+}
+
+// Daemon is `pve-inspectd run`.
+type Daemon struct {
+	Config config.Config
+	Log    *slog.Logger
+	// GuardOptions are passed to firewall.New (tests: a network namespace).
+	GuardOptions []firewall.Option
+	// Ready is called once, after the guard is verified in force and every
+	// listener is bound. systemd's READY=1 (sd_notify) goes here.
+	Ready func()
+	// MetricsAddr, when non-nil, receives the bound metrics address (tests,
+	// listen port 0).
+	MetricsAddr func(net.Addr)
+}
+
+// Run starts every part, reports readiness, and blocks until ctx is done or
+// a part fails. The guard's table stays in the kernel when Run returns.
+func (d *Daemon) Run(ctx context.Context) error {
+	log := d.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	// 1. Host guard: in force and verified before anything else.
+	guard, err := firewall.New(GuardConfig(d.Config.Guard), append([]firewall.Option{firewall.WithLogger(log)}, d.GuardOptions...)...)
+	if err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	defer guard.Close()
+	if err := guard.Start(ctx); err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	if err := guard.Verify(ctx); err != nil {
+		return fmt.Errorf("guard not in force: %w", err)
+	}
+
+	// 2. Egress lockdown (lockdown/): constructed here with the guard
+	//    (SetLockdown, SetFailClosed, Management, Subscribe, Verify) and
+	//    started before readiness.
+
+	// 3. Metrics.
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(guard.Collector()); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	errc := make(chan error, 3)
+	running := 0
+	var stops []func() // run in reverse order when a part ends or ctx is done
+	if addr := d.Config.Metrics.Listen; addr != "" {
+		var lc net.ListenConfig
+		ln, err := lc.Listen(ctx, "tcp", addr)
+		if err != nil {
+			return fmt.Errorf("metrics: listen %s: %w", addr, err)
+		}
+		if d.MetricsAddr != nil {
+			d.MetricsAddr(ln.Addr())
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		running++
+		go func() {
+			err := srv.Serve(ln)
+			if errors.Is(err, http.ErrServerClosed) {
+				err = nil
+			}
+			errc <- fmt.Errorf("metrics: %w", err)
+		}()
+		stops = append(stops, func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer scancel()
+			_ = srv.Shutdown(sctx)
+		})
+		log.Info("metrics listening", "component", "metrics", "addr", ln.Addr().String())
+	}
+
+	// 4. Sandbox API (sandboxapi/): unix socket and TCP listeners here.
+
+	running++
+	go func() {
+		err := guard.Run(ctx)
+		if err != nil {
+			err = fmt.Errorf("guard: %w", err)
+		}
+		errc <- err
+	}()
+
+	// 5. Ready: every part above is in force.
+	if d.Ready != nil {
+		d.Ready()
+	}
+	log.Info("ready", "component", "daemon")
+
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errc:
+		running--
+		if first == nil {
+			first = errors.New("a part stopped unexpectedly")
+		}
+	}
+	cancel()
+	for i := len(stops) - 1; i >= 0; i-- {
+		stops[i]()
+	}
+	for ; running > 0; running-- {
+		<-errc
+	}
+	return first
+}

@@ -1,0 +1,643 @@
+package firewall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+)
+
+// Option configures a Guard (and the package functions that touch the
+// kernel).
+type Option func(*options)
+
+type options struct {
+	ns     *netns.NsHandle
+	logger *slog.Logger
+	now    func() time.Time
+}
+
+// WithNetNS makes the guard work on the network namespace ns instead of
+// the caller's (tests, the bench). The handle must stay open while the
+// guard is in use.
+func WithNetNS(ns netns.NsHandle) Option { return func(o *options) { o.ns = &ns } }
+
+// WithLogger sets the logger; the guard adds component=guard.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+func buildOptions(opts []Option) options {
+	o := options{logger: slog.New(slog.DiscardHandler), now: time.Now}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+func (o options) nftOpts(lasting bool) []nftables.ConnOption {
+	var co []nftables.ConnOption
+	if lasting {
+		co = append(co, nftables.AsLasting())
+	}
+	if o.ns != nil {
+		co = append(co, nftables.WithNetNSFd(int(*o.ns)))
+	}
+	return co
+}
+
+// OwnedError is returned when table inet pve-inspect is owned by another
+// live process (another daemon): the kernel refuses every change from us.
+type OwnedError struct {
+	// Port is the netlink port id of the owner (usually its pid).
+	Port uint32
+}
+
+func (e *OwnedError) Error() string {
+	return fmt.Sprintf("table inet %s is owned by another process (netlink port %d)", TableName, e.Port)
+}
+
+// Guard keeps table inet pve-inspect in force. It owns the table through
+// one lasting netlink connection (the kernel binds ownership to that
+// socket): every change goes through it, in one batch each, under mu.
+//
+// Design decisions:
+//   - Everything that changes at run time (management interfaces, lockdown,
+//     fail-closed) is set membership; rules are only ever written whole, so
+//     their counters survive every switch.
+//   - The fail-closed blanket drop is "meta nfproto @failclosed drop": inert
+//     while the set is empty, all of IPv4 and IPv6 when filled.
+//   - Cross-zone isolation needs no knowledge of new bridges: forwarding
+//     between two non-management interfaces is dropped unless the pair is in
+//     @zone_peers (same configured zone, an interface with itself, or two
+//     trusted interfaces). An unknown vnet is isolated, never exposed.
+//   - The input policy keys on the incoming interface, not the address, so
+//     every node address (management, gateway, other) is covered.
+//   - The table is never deleted on exit: persist keeps it in the kernel
+//     while no daemon runs, and Start re-adopts it (or rebuilds it in the
+//     same batch that deletes a stale one), so it is never absent.
+type Guard struct {
+	cfg  Config
+	opts options
+	log  *slog.Logger
+	cls  *classifier
+	met  *metrics
+
+	mu      sync.Mutex // serializes every write and the state below
+	conn    *nftables.Conn
+	port    uint32
+	state   Classification
+	sw      Switches
+	desired *Ruleset
+	zones   map[string][]string // run-time zones (SetZones)
+	started bool
+
+	subMu sync.Mutex
+	subs  map[chan struct{}]struct{}
+}
+
+// New prepares a guard; it changes nothing until Start.
+func New(cfg Config, opts ...Option) (*Guard, error) {
+	o := buildOptions(opts)
+	cl, err := newClassifier(o.ns, cfg.Trusted)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := nftables.New(o.nftOpts(true)...)
+	if err != nil {
+		cl.close()
+		return nil, fmt.Errorf("open nftables connection: %w", err)
+	}
+	port, err := conn.GetPortID()
+	if err != nil {
+		cl.close()
+		_ = conn.CloseLasting()
+		return nil, fmt.Errorf("nftables port id: %w", err)
+	}
+	g := &Guard{cfg: cfg, opts: o, log: o.logger.With("component", "guard"), cls: cl,
+		conn: conn, port: port, subs: map[chan struct{}]struct{}{}}
+	g.met = newMetrics(g)
+	return g, nil
+}
+
+// Close releases the guard's connections. The table stays in the kernel
+// (persist): it is orphaned until the next Start re-adopts it.
+func (g *Guard) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.cls.close()
+	return g.conn.CloseLasting()
+}
+
+// Start puts the guard in force: it disables IPv6 on new interfaces,
+// classifies the interfaces, then in one batch creates the table, re-adopts
+// an orphaned one (its rules and counters kept), or rebuilds one that was
+// deleted, edited, or created without the owner|persist flags. It returns
+// nil only once Verify has found the kernel's table equal to the desired
+// one and owned by this guard.
+func (g *Guard) Start(ctx context.Context) error {
+	if err := inNS(g.opts.ns, func() error { return disableIPv6Default(g.cfg) }); err != nil {
+		return fmt.Errorf("start guard: %w", err)
+	}
+	cls, err := g.cls.classify()
+	if err != nil {
+		return fmt.Errorf("start guard: %w", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rs, err := Render(g.renderConfig(g.zones), cls, g.sw)
+	if err != nil {
+		return fmt.Errorf("start guard: render: %w", err)
+	}
+	g.state, g.desired = cls, rs
+	err = g.convergeLocked(ctx, true)
+	var de *DriftError
+	if errors.As(err, &de) {
+		// changed by someone between our read and our adopting batch; we
+		// own it now, so one more pass settles it
+		err = g.convergeLocked(ctx, false)
+	}
+	if err != nil {
+		return fmt.Errorf("start guard: %w", err)
+	}
+	g.started = true
+	if err := markApplied(g.cfg); err != nil {
+		// only the repairs metric after a restart depends on it
+		g.log.Warn("cannot record that the table was applied", "err", err)
+	}
+	g.log.Info("guard in force", "management", cls.Management, "rules", rs.RuleCount())
+	return nil
+}
+
+// convergeLocked makes the kernel's table equal to g.desired in one batch
+// and verifies it. adopting allows taking over an orphaned table.
+func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	k, err := readKernel(g.conn)
+	if err != nil {
+		return err
+	}
+	start := g.opts.now()
+	var action string
+	switch {
+	case k.table == nil:
+		action = "create"
+		// A table missing after it was applied since boot (the marker
+		// lives in /run) was deleted: a repair. At first start after boot
+		// it is just the install.
+		if !adopting || appliedBefore(g.cfg) {
+			g.met.repair(DriftTableMissing)
+		}
+		err = queueTable(g.conn, g.desired, false)
+	case k.table.Flags&nftables.TableFlagOwner != 0 && k.table.Owner != g.port:
+		return &OwnedError{Port: k.table.Owner}
+	case k.table.Flags&nftables.TableFlagPersist == 0:
+		action = "replace table without persist flag"
+		g.met.repair(DriftTableFlags)
+		err = queueTable(g.conn, g.desired, true)
+	default:
+		ds := diff(g.desired, k, 0)
+		orphan := k.table.Flags&nftables.TableFlagOwner == 0
+		if orphan && !adopting {
+			g.met.repair(DriftTableOwner)
+		}
+		switch {
+		case len(ds) == 0 && !orphan:
+			action = ""
+		case onlyElements(ds):
+			action = "update sets"
+			for _, d := range ds {
+				g.met.repair(d.Kind)
+			}
+			if orphan {
+				action = "adopt and update sets"
+				g.conn.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: TableFlags})
+			}
+			_, err = queueSetUpdates(g.conn, g.desired, k.elems)
+		case len(ds) == 0:
+			action = "adopt"
+			g.conn.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: TableFlags})
+		default:
+			action = "rebuild"
+			for _, d := range ds {
+				g.met.repair(d.Kind)
+			}
+			g.log.Warn("table differs from desired, rebuilding", "drift", (&DriftError{ds}).Error())
+			err = queueTable(g.conn, g.desired, true)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if action != "" {
+		if err := g.conn.Flush(); err != nil {
+			if errors.Is(err, syscall.EPERM) {
+				return fmt.Errorf("%s table: %w (owned by another process?)", action, err)
+			}
+			if errors.Is(err, syscall.EOPNOTSUPP) {
+				return fmt.Errorf("%s table: %w (the table flags owner|persist need Linux 6.9 or newer)", action, err)
+			}
+			return fmt.Errorf("%s table: %w", action, err)
+		}
+		g.met.observeApply(g.opts.now().Sub(start))
+		g.log.Info("table applied", "action", action)
+	}
+	return g.verifyLocked()
+}
+
+// verifyLocked compares the kernel's table with g.desired, ownership
+// included.
+func (g *Guard) verifyLocked() error {
+	k, err := readKernel(g.conn)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if ds := diff(g.desired, k, g.port); len(ds) > 0 {
+		return &DriftError{Drifts: ds}
+	}
+	g.met.verified(g.opts.now())
+	return nil
+}
+
+// Verify compares the kernel's table with the desired one and returns a
+// *DriftError listing every difference, nil when equal. It changes nothing.
+func (g *Guard) Verify(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.desired == nil {
+		return errors.New("verify: guard not started")
+	}
+	return g.verifyLocked()
+}
+
+// repair verifies and, on drift, converges (one batch), counting repairs
+// by reason.
+func (g *Guard) repair(ctx context.Context) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	err := g.verifyLocked()
+	var de *DriftError
+	if !errors.As(err, &de) {
+		return err
+	}
+	g.log.Warn("tamper or drift detected, repairing", "drift", de.Error())
+	return g.convergeLocked(ctx, false)
+}
+
+// applySwitchesLocked renders with new switches or classification and
+// updates only the sets that change, in one batch. On error the previous
+// state is kept.
+func (g *Guard) applyLocked(ctx context.Context, cls Classification, sw Switches) error {
+	return g.applyZonesLocked(ctx, cls, sw, g.zones)
+}
+
+// applyZonesLocked is applyLocked with run-time zones too.
+func (g *Guard) applyZonesLocked(ctx context.Context, cls Classification, sw Switches, zones map[string][]string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if g.desired == nil {
+		return errors.New("guard not started")
+	}
+	rs, err := Render(g.renderConfig(zones), cls, sw)
+	if err != nil {
+		return fmt.Errorf("render: %w", err)
+	}
+	cur := map[string][]nftables.SetElement{}
+	for _, s := range g.desired.Sets {
+		cur[s.Name] = s.Elements
+	}
+	start := g.opts.now()
+	n, err := queueSetUpdates(g.conn, rs, cur)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		if err := g.conn.Flush(); err != nil {
+			return fmt.Errorf("update sets: %w", err)
+		}
+		g.met.observeApply(g.opts.now().Sub(start))
+	}
+	g.state, g.sw, g.desired, g.zones = cls, sw, rs, zones
+	return nil
+}
+
+// renderConfig is the configuration with the run-time zones added to the
+// configured ones.
+func (g *Guard) renderConfig(zones map[string][]string) Config {
+	cfg := g.cfg
+	merged := map[string][]string{}
+	for id, b := range g.cfg.Zones {
+		merged["config:"+id] = b
+	}
+	for id, b := range zones {
+		merged["run:"+id] = b
+	}
+	cfg.Zones = merged
+	return cfg
+}
+
+// SetZones replaces the run-time SDN zones (zone id -> its vnet bridges),
+// added to the configured ones, for the sandbox API that creates zones.
+// Bridges of one zone may forward to each other; everything else between
+// non-management interfaces stays isolated. One batch; rules and counters
+// stay.
+func (g *Guard) SetZones(ctx context.Context, zones map[string][]string) error {
+	cp := make(map[string][]string, len(zones))
+	for id, b := range zones {
+		for _, n := range b {
+			if n == "" || len(n) > 15 {
+				return fmt.Errorf("set zones: zone %s: bad bridge name %q", id, n)
+			}
+		}
+		cp[id] = slices.Clone(b)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.applyZonesLocked(ctx, g.state, g.sw, cp); err != nil {
+		return fmt.Errorf("set zones: %w", err)
+	}
+	return nil
+}
+
+// SetLockdown fills (on) or empties (off) the @lockdown set that the
+// forward iifname/oifname drops and the dnsmasq output drop match, in one
+// batch. Rules and counters stay. While on, the set follows @mgmt.
+func (g *Guard) SetLockdown(ctx context.Context, on bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sw := g.sw
+	sw.Lockdown = on
+	if err := g.applyLocked(ctx, g.state, sw); err != nil {
+		return fmt.Errorf("set lockdown %v: %w", on, err)
+	}
+	return nil
+}
+
+// SetFailClosed enables (on) or disables (off) the blanket forward drop by
+// filling or emptying @failclosed, in one batch. Rules and counters stay.
+func (g *Guard) SetFailClosed(ctx context.Context, on bool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sw := g.sw
+	sw.FailClosed = on
+	if err := g.applyLocked(ctx, g.state, sw); err != nil {
+		return fmt.Errorf("set fail-closed %v: %w", on, err)
+	}
+	return nil
+}
+
+// Switches returns the current lockdown and fail-closed switches.
+func (g *Guard) Switches() Switches {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.sw
+}
+
+// Management returns the current management interfaces (those carrying a
+// default route), sorted. Empty means no default route.
+func (g *Guard) Management() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.state.Management)
+}
+
+// Classification returns the current interface classification.
+func (g *Guard) Classification() Classification {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.state
+	c.Management, c.Trusted, c.Interfaces = slices.Clone(c.Management), slices.Clone(c.Trusted), slices.Clone(c.Interfaces)
+	c.UplinkNets = slices.Clone(c.UplinkNets)
+	return c
+}
+
+// Desired returns the ruleset the guard keeps in force (do not modify).
+func (g *Guard) Desired() *Ruleset {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.desired
+}
+
+// Subscribe returns a channel that receives a value (coalesced, never
+// blocking the guard) after every change of the interface classification
+// has been applied, and a function that ends the subscription.
+func (g *Guard) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	g.subMu.Lock()
+	g.subs[ch] = struct{}{}
+	g.subMu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			g.subMu.Lock()
+			delete(g.subs, ch)
+			g.subMu.Unlock()
+		})
+	}
+}
+
+func (g *Guard) notify() {
+	g.subMu.Lock()
+	defer g.subMu.Unlock()
+	for ch := range g.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// reclassify reads the classification and applies it when it changed.
+func (g *Guard) reclassify(ctx context.Context) error {
+	cls, err := g.cls.classify()
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	if cls.Equal(g.state) {
+		g.mu.Unlock()
+		return nil
+	}
+	err = g.applyLocked(ctx, cls, g.sw)
+	g.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	g.met.setManagement(cls.Management)
+	g.log.Info("interface classification changed", "management", cls.Management)
+	g.notify()
+	return nil
+}
+
+// Run keeps the guard in force until ctx is done: route and link events
+// update the interface sets, nftables events and a periodic timer trigger
+// verify-and-repair. Start must have succeeded. It returns nil when ctx is
+// done; failures to repair are logged, counted and retried, never ignored
+// silently (Verify reports them to the lockdown controller).
+func (g *Guard) Run(ctx context.Context) error {
+	g.mu.Lock()
+	started := g.started
+	g.mu.Unlock()
+	if !started {
+		return errors.New("run guard: not started")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reclass := make(chan struct{}, 1)
+	check := make(chan struct{}, 1)
+	kick := func(c chan struct{}) {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		g.cls.watch(ctx, func() { kick(reclass) }, func(err error) {
+			g.log.Warn("netlink subscription failed, resubscribing", "err", err)
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		g.monitor(ctx, func() { kick(check) })
+	}()
+	defer wg.Wait()
+
+	t := time.NewTicker(g.cfg.verifyInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-reclass:
+			if err := g.reclassify(ctx); err != nil && ctx.Err() == nil {
+				g.log.Error("apply interface classification", "err", err)
+				kick(check)
+			}
+		case <-check:
+			if err := g.repair(ctx); err != nil && ctx.Err() == nil {
+				g.log.Error("repair table", "err", err)
+			}
+		case <-t.C:
+			kick(reclass)
+			if err := g.repair(ctx); err != nil && ctx.Err() == nil {
+				g.log.Error("periodic verify", "err", err)
+			}
+		}
+	}
+}
+
+// monitor watches nftables events on its own connection and calls changed
+// for each; it re-creates the monitor when it ends.
+func (g *Guard) monitor(ctx context.Context, changed func()) {
+	for ctx.Err() == nil {
+		err := g.monitorOnce(ctx, changed)
+		if ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("nftables monitor ended, restarting", "err", err)
+		changed()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (g *Guard) monitorOnce(ctx context.Context, changed func()) error {
+	conn, err := nftables.New(g.opts.nftOpts(false)...)
+	if err != nil {
+		return fmt.Errorf("open monitor connection: %w", err)
+	}
+	m := nftables.NewMonitor()
+	defer m.Close()
+	events, err := conn.AddMonitor(m)
+	if err != nil {
+		return fmt.Errorf("start monitor: %w", err)
+	}
+	changed() // anything before the monitor started
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-events:
+			if !ok {
+				return errors.New("monitor channel closed")
+			}
+			if ev.Error != nil {
+				return ev.Error
+			}
+			if ev.Header.PID == g.port {
+				continue // our own change, already verified by its writer
+			}
+			changed()
+		}
+	}
+}
+
+// RemoveTable deletes table inet pve-inspect and restores the saved
+// net.ipv6.conf.default.disable_ipv6 (`pve-inspectd guard remove`, the only
+// way the table is taken away on purpose). The kernel refuses (EPERM) while
+// a running daemon owns the table; stop it first.
+func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	o := buildOptions(opts)
+	conn, err := nftables.New(o.nftOpts(false)...)
+	if err != nil {
+		return fmt.Errorf("open nftables connection: %w", err)
+	}
+	k, err := readKernel(conn)
+	if err != nil {
+		return err
+	}
+	if k.table != nil {
+		if k.table.Flags&nftables.TableFlagOwner != 0 {
+			return fmt.Errorf("remove table: %w", &OwnedError{Port: k.table.Owner})
+		}
+		conn.DelTable(&nftables.Table{Name: TableName, Family: family})
+		if err := conn.Flush(); err != nil {
+			return fmt.Errorf("remove table: %w", err)
+		}
+	}
+	if err := inNS(o.ns, func() error { return restoreIPv6Default(cfg) }); err != nil {
+		return fmt.Errorf("remove guard: %w", err)
+	}
+	if err := os.Remove(filepath.Join(cfg.stateDir(), appliedMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove guard: %w", err)
+	}
+	return nil
+}
+
+// appliedMarker in the state directory records that the table was applied
+// since boot.
+const appliedMarker = "guard-table-applied"
+
+func appliedBefore(cfg Config) bool {
+	_, err := os.Stat(filepath.Join(cfg.stateDir(), appliedMarker))
+	return err == nil
+}
+
+func markApplied(cfg Config) error {
+	if err := os.MkdirAll(cfg.stateDir(), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(cfg.stateDir(), appliedMarker), nil, 0o644)
+}

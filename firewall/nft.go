@@ -1,0 +1,341 @@
+package firewall
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+)
+
+const family = nftables.TableFamilyINet
+
+// DriftKind classifies a difference between the kernel and the desired table.
+type DriftKind string
+
+// Kinds of drift; they are also the reason label of the repairs metric.
+const (
+	DriftTableMissing DriftKind = "table_missing"
+	DriftTableFlags   DriftKind = "table_flags"
+	DriftTableOwner   DriftKind = "table_owner"
+	DriftChain        DriftKind = "chain"
+	DriftSet          DriftKind = "set"
+	DriftElements     DriftKind = "set_elements"
+	DriftRule         DriftKind = "rule"
+)
+
+// Drift is one difference between the kernel's table and the desired one.
+type Drift struct {
+	Kind   DriftKind
+	Object string
+	Detail string
+}
+
+func (d Drift) String() string { return fmt.Sprintf("%s %s: %s", d.Kind, d.Object, d.Detail) }
+
+// DriftError is returned by Verify when the kernel's table differs from the
+// desired one.
+type DriftError struct {
+	Drifts []Drift
+}
+
+func (e *DriftError) Error() string {
+	parts := make([]string, len(e.Drifts))
+	for i, d := range e.Drifts {
+		parts[i] = d.String()
+	}
+	return fmt.Sprintf("table inet %s differs from desired: %s", TableName, strings.Join(parts, "; "))
+}
+
+// onlyElements reports whether every drift is a set membership change,
+// which is repaired without touching rules (counters stay).
+func onlyElements(ds []Drift) bool {
+	for _, d := range ds {
+		if d.Kind != DriftElements {
+			return false
+		}
+	}
+	return len(ds) > 0
+}
+
+// kernelTable is the table as the kernel has it.
+type kernelTable struct {
+	table  *nftables.Table // nil when absent
+	chains map[string]*nftables.Chain
+	sets   map[string]*nftables.Set
+	elems  map[string][]nftables.SetElement
+	rules  map[string][]*nftables.Rule
+}
+
+// readKernel reads table inet pve-inspect; a missing table is not an error.
+func readKernel(c *nftables.Conn) (*kernelTable, error) {
+	k := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{},
+		elems: map[string][]nftables.SetElement{}, rules: map[string][]*nftables.Rule{}}
+	tables, err := c.ListTablesOfFamily(family)
+	if err != nil {
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	for _, t := range tables {
+		if t.Name == TableName && t.Family == family {
+			k.table = t
+		}
+	}
+	if k.table == nil {
+		return k, nil
+	}
+	chains, err := c.ListChainsOfTableFamily(family)
+	if err != nil {
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	for _, ch := range chains {
+		if ch.Table == nil || ch.Table.Name != TableName {
+			continue
+		}
+		k.chains[ch.Name] = ch
+		rules, err := c.GetRules(k.table, ch)
+		if err != nil {
+			return nil, fmt.Errorf("list rules of chain %s: %w", ch.Name, err)
+		}
+		k.rules[ch.Name] = rules
+	}
+	sets, err := c.GetSets(k.table)
+	if err != nil {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	for _, s := range sets {
+		k.sets[s.Name] = s
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("list elements of set %s: %w", s.Name, err)
+		}
+		k.elems[s.Name] = els
+	}
+	return k, nil
+}
+
+// ruleComment returns the comment stored in a rule's userdata.
+func ruleComment(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
+}
+
+// normalizedExprs marshals expressions with the parts that legitimately
+// differ between what we send and what the kernel returns cleared: counter
+// values and the transaction-local set id.
+func normalizedExprs(es []expr.Any) ([][]byte, error) {
+	out := make([][]byte, 0, len(es))
+	for _, e := range es {
+		switch v := e.(type) {
+		case *expr.Counter:
+			e = &expr.Counter{}
+		case *expr.Lookup:
+			c := *v
+			c.SetID = 0
+			e = &c
+		}
+		b, err := expr.Marshal(byte(family), e)
+		if err != nil {
+			return nil, fmt.Errorf("marshal %T: %w", e, err)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+func elemKeys(els []nftables.SetElement) []string {
+	out := make([]string, 0, len(els))
+	for _, e := range els {
+		k := hex.EncodeToString(e.Key)
+		if e.IntervalEnd {
+			k += "/end"
+		}
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// diff compares the kernel's table with the desired ruleset. ownerPort is
+// the port id the table must be owned by (0: any owner or none accepted,
+// used before adoption).
+func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
+	if k.table == nil {
+		return []Drift{{DriftTableMissing, "table inet " + TableName, "absent"}}
+	}
+	var ds []Drift
+	if k.table.Flags&nftables.TableFlagDormant != 0 {
+		ds = append(ds, Drift{DriftTableFlags, "table", "dormant: it processes no packets"})
+	}
+	if k.table.Flags&nftables.TableFlagPersist == 0 {
+		ds = append(ds, Drift{DriftTableFlags, "table", fmt.Sprintf("flags %#x lack persist", uint32(k.table.Flags))})
+	}
+	if ownerPort != 0 && (k.table.Flags&nftables.TableFlagOwner == 0 || k.table.Owner != ownerPort) {
+		ds = append(ds, Drift{DriftTableOwner, "table", fmt.Sprintf("owner %d (flags %#x), want %d", k.table.Owner, uint32(k.table.Flags), ownerPort)})
+	}
+	wantSets := map[string]bool{}
+	for _, s := range want.Sets {
+		wantSets[s.Name] = true
+		ks, ok := k.sets[s.Name]
+		if !ok {
+			ds = append(ds, Drift{DriftSet, s.Name, "missing"})
+			continue
+		}
+		if ks.Interval != s.Interval || ks.KeyType.Bytes != s.KeyType.Bytes || ks.KeyType.GetNFTMagic() != s.KeyType.GetNFTMagic() {
+			ds = append(ds, Drift{DriftSet, s.Name, fmt.Sprintf("type %s interval=%v, want %s interval=%v", ks.KeyType.Name, ks.Interval, s.KeyType.Name, s.Interval)})
+			continue
+		}
+		if !slices.Equal(elemKeys(k.elems[s.Name]), elemKeys(s.Elements)) {
+			ds = append(ds, Drift{DriftElements, s.Name, fmt.Sprintf("%d elements, want %d (%s)", len(k.elems[s.Name]), len(s.Elements), strings.Join(s.Text, ", "))})
+		}
+	}
+	for name := range k.sets {
+		if !wantSets[name] {
+			ds = append(ds, Drift{DriftSet, name, "unexpected"})
+		}
+	}
+	wantChains := map[string]bool{}
+	for _, c := range want.Chains {
+		wantChains[c.Name] = true
+		kc, ok := k.chains[c.Name]
+		if !ok {
+			ds = append(ds, Drift{DriftChain, c.Name, "missing"})
+			continue
+		}
+		if c.Hook != nil {
+			if kc.Hooknum == nil || *kc.Hooknum != *c.Hook || kc.Priority == nil || int32(*kc.Priority) != c.Priority ||
+				kc.Type != nftables.ChainTypeFilter || (kc.Policy != nil && *kc.Policy != nftables.ChainPolicyAccept) {
+				ds = append(ds, Drift{DriftChain, c.Name, "hook, priority, type or policy changed"})
+				continue
+			}
+		} else if kc.Hooknum != nil {
+			ds = append(ds, Drift{DriftChain, c.Name, "is a base chain, want a regular chain"})
+			continue
+		}
+		ds = append(ds, diffRules(c, k.rules[c.Name])...)
+	}
+	for name := range k.chains {
+		if !wantChains[name] {
+			ds = append(ds, Drift{DriftChain, name, "unexpected"})
+		}
+	}
+	return ds
+}
+
+func diffRules(c *ChainSpec, got []*nftables.Rule) []Drift {
+	var ds []Drift
+	if len(got) != len(c.Rules) {
+		var names []string
+		for _, r := range got {
+			names = append(names, ruleComment(r))
+		}
+		return []Drift{{DriftRule, c.Name, fmt.Sprintf("%d rules [%s], want %d", len(got), strings.Join(names, ","), len(c.Rules))}}
+	}
+	for i, w := range c.Rules {
+		g := got[i]
+		if ruleComment(g) != w.Comment {
+			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, fmt.Sprintf("position %d holds %q", i, ruleComment(g))})
+			continue
+		}
+		wb, err1 := normalizedExprs(w.Exprs)
+		gb, err2 := normalizedExprs(g.Exprs)
+		if err := errors.Join(err1, err2); err != nil {
+			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, err.Error()})
+			continue
+		}
+		if !slices.EqualFunc(wb, gb, bytes.Equal) {
+			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, "expressions differ"})
+		}
+	}
+	return ds
+}
+
+// nftSets are the library objects for the desired sets of one batch.
+type nftSets map[string]*nftables.Set
+
+func newSetObjects(t *nftables.Table, rs *Ruleset) nftSets {
+	m := nftSets{}
+	for _, s := range rs.Sets {
+		set := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Interval: s.Interval, Concatenation: s.Concat}
+		if s.KeyType.GetNFTMagic() == nftables.TypeIFName.GetNFTMagic() {
+			// nft prints strings from host byte order (set userdata)
+			set.KeyByteOrder = binaryutil.NativeEndian
+		}
+		m[s.Name] = set
+	}
+	return m
+}
+
+// queueTable queues the whole table: (optionally) deletion of the existing
+// one, then the table with owner|persist, its sets, chains and rules. The
+// caller flushes it as one batch.
+func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
+	t := &nftables.Table{Name: TableName, Family: family}
+	if deleteFirst {
+		c.DelTable(t)
+	}
+	t = c.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: TableFlags})
+	sets := newSetObjects(t, rs)
+	for _, s := range rs.Sets {
+		if err := c.AddSet(sets[s.Name], s.Elements); err != nil {
+			return fmt.Errorf("queue set %s: %w", s.Name, err)
+		}
+	}
+	chains := map[string]*nftables.Chain{}
+	accept := nftables.ChainPolicyAccept
+	for _, cs := range rs.Chains {
+		ch := &nftables.Chain{Name: cs.Name, Table: t}
+		if cs.Hook != nil {
+			ch.Hooknum = cs.Hook
+			ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(cs.Priority))
+			ch.Type = nftables.ChainTypeFilter
+			ch.Policy = &accept
+		}
+		chains[cs.Name] = c.AddChain(ch)
+	}
+	for _, cs := range rs.Chains {
+		for _, r := range cs.Rules {
+			exprs := make([]expr.Any, len(r.Exprs))
+			for i, e := range r.Exprs {
+				if l, ok := e.(*expr.Lookup); ok {
+					cp := *l
+					s, ok := sets[l.SetName]
+					if !ok {
+						return fmt.Errorf("rule %s: unknown set %s", r.Comment, l.SetName)
+					}
+					cp.SetID = s.ID
+					e = &cp
+				}
+				exprs[i] = e
+			}
+			c.AddRule(&nftables.Rule{Table: t, Chain: chains[cs.Name], Exprs: exprs,
+				UserData: userdata.AppendString(nil, userdata.TypeComment, r.Comment)})
+		}
+	}
+	return nil
+}
+
+// queueSetUpdates queues, for every set whose members differ from cur (the
+// kernel's or the last applied), a flush and a refill. Rules and counters
+// are untouched. It returns how many sets it queued.
+func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.SetElement) (int, error) {
+	t := &nftables.Table{Name: TableName, Family: family}
+	sets := newSetObjects(t, rs)
+	n := 0
+	for _, s := range rs.Sets {
+		if slices.Equal(elemKeys(cur[s.Name]), elemKeys(s.Elements)) {
+			continue
+		}
+		c.FlushSet(sets[s.Name])
+		if err := c.SetAddElements(sets[s.Name], s.Elements); err != nil {
+			return 0, fmt.Errorf("queue elements of set %s: %w", s.Name, err)
+		}
+		n++
+	}
+	return n, nil
+}

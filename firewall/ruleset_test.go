@@ -1,0 +1,140 @@
+package firewall
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestMergePrefixes(t *testing.T) {
+	cases := []struct {
+		in   []string
+		want []string
+	}{
+		{[]string{"10.0.0.0/8"}, []string{"10.0.0.0/8"}},
+		{[]string{"169.254.0.0/16", "169.254.169.254/32"}, []string{"169.254.0.0/16"}},
+		{[]string{"10.0.0.0/9", "10.128.0.0/9"}, []string{"10.0.0.0/8"}},
+		{[]string{"192.0.2.7/32", "192.0.2.9/32", "192.0.2.8/32"}, []string{"192.0.2.7-192.0.2.9"}},
+		{[]string{"224.0.0.0/4", "240.0.0.0/4"}, []string{"224.0.0.0/3"}},
+		{[]string{"fd00:ec2::254/128", "fe80::a9fe:a9fe/128"}, []string{"fd00:ec2::254", "fe80::a9fe:a9fe"}},
+		{nil, nil},
+	}
+	for _, tc := range cases {
+		var ps []netip.Prefix
+		for _, s := range tc.in {
+			ps = append(ps, netip.MustParsePrefix(s))
+		}
+		var got []string
+		for _, r := range mergePrefixes(ps) {
+			got = append(got, rangeText(r))
+		}
+		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("merge %v = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestIntervalElementsTopOfSpace(t *testing.T) {
+	els := intervalElements(mergePrefixes([]netip.Prefix{netip.MustParsePrefix("240.0.0.0/4")}))
+	if len(els) != 1 || els[0].IntervalEnd {
+		t.Fatalf("range reaching 255.255.255.255 must have no end element: %+v", els)
+	}
+	els = intervalElements(mergePrefixes([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}))
+	if len(els) != 2 || !els[1].IntervalEnd || netip.AddrFrom4([4]byte(els[1].Key)) != netip.MustParseAddr("11.0.0.0") {
+		t.Fatalf("10.0.0.0/8 elements: %+v", els)
+	}
+}
+
+var fixedClassification = Classification{
+	Management: []string{"eth0"},
+	Trusted:    []string{"stor0"},
+	Interfaces: []string{"eth0", "lo", "stor0", "vnetA", "vnetB"},
+	UplinkNets: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
+}
+
+func TestRenderGolden(t *testing.T) {
+	cfg := Config{
+		Metadata4:     []netip.Prefix{netip.MustParsePrefix("192.0.0.192/32")},
+		Private4Allow: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")},
+		Trusted:       []string{"stor0"},
+		Zones:         map[string][]string{"zone1": {"vnetA", "vnetA2"}},
+		DnsmasqUser:   "65534",
+	}
+	rs, err := Render(cfg, fixedClassification, Switches{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "render.txt", rs.String())
+}
+
+func TestRenderSwitches(t *testing.T) {
+	cfg := Config{DnsmasqUser: "65534"}
+	for _, tc := range []struct {
+		sw           Switches
+		lock, closed int
+	}{
+		{Switches{}, 0, 0},
+		{Switches{Lockdown: true}, 1, 0},
+		{Switches{FailClosed: true}, 0, 2},
+		{Switches{Lockdown: true, FailClosed: true}, 1, 2},
+	} {
+		rs, err := Render(cfg, fixedClassification, tc.sw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(rs.Set(SetLockdown).Elements); got != tc.lock {
+			t.Errorf("%+v: lockdown elements %d, want %d", tc.sw, got, tc.lock)
+		}
+		if got := len(rs.Set(SetFailClosed).Elements); got != tc.closed {
+			t.Errorf("%+v: failclosed elements %d, want %d", tc.sw, got, tc.closed)
+		}
+		off, _ := Render(cfg, fixedClassification, Switches{})
+		if rs.String() == off.String() && (tc.lock+tc.closed) > 0 {
+			t.Errorf("%+v renders like off", tc.sw)
+		}
+		if rs.RuleCount() != off.RuleCount() {
+			t.Errorf("%+v: switches change the rules (%d vs %d)", tc.sw, rs.RuleCount(), off.RuleCount())
+		}
+	}
+}
+
+func TestRenderMissingDnsmasqUser(t *testing.T) {
+	rs, err := Render(Config{DnsmasqUser: "no-such-user-pve-inspect"}, fixedClassification, Switches{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Notes) != 1 || !strings.Contains(rs.Notes[0], "no-such-user-pve-inspect") {
+		t.Errorf("notes = %v", rs.Notes)
+	}
+	for _, c := range rs.Chains {
+		if c.Name == "output" && len(c.Rules) != 0 {
+			t.Errorf("output rules without a dnsmasq user: %d", len(c.Rules))
+		}
+	}
+}
+
+func TestRenderRejectsWrongFamily(t *testing.T) {
+	for _, cfg := range []Config{
+		{Metadata4: []netip.Prefix{netip.MustParsePrefix("fd00::/8")}},
+		{Metadata6: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
+		{Private4Allow: []netip.Prefix{netip.MustParsePrefix("fd00::/8")}},
+	} {
+		if _, err := Render(cfg, fixedClassification, Switches{}); err == nil {
+			t.Errorf("Render(%+v) accepted a prefix of the wrong family", cfg)
+		}
+	}
+}
+
+func TestZonePeers(t *testing.T) {
+	got := zonePeers(map[string][]string{"z": {"a", "b"}}, Classification{Trusted: []string{"s1", "s2"}, Interfaces: []string{"c"}})
+	want := map[[2]string]bool{{"a", "a"}: true, {"a", "b"}: true, {"b", "a"}: true, {"b", "b"}: true,
+		{"s1", "s1"}: true, {"s1", "s2"}: true, {"s2", "s1"}: true, {"s2", "s2"}: true, {"c", "c"}: true}
+	if len(got) != len(want) {
+		t.Fatalf("zonePeers = %v", got)
+	}
+	for _, p := range got {
+		if !want[p] {
+			t.Errorf("unexpected pair %v", p)
+		}
+	}
+}

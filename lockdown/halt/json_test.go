@@ -1,0 +1,5 @@
+package halt_test
+
+import "encoding/json"
+
+var jsonUnmarshal = json.Unmarshal

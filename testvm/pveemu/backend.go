@@ -1,0 +1,65 @@
+package pveemu
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+)
+
+// Backend is what the emulator drives on the node: SDN zones (bridges,
+// gateways, SNAT, the per-zone dnsmasq) and guests (namespaces with their
+// qemu-ga). The integrator implements it with testvm.Bed; FakeBackend serves
+// unit tests without root.
+type Backend interface {
+	// ApplyZone creates or replaces the running state of one zone.
+	ApplyZone(ctx context.Context, z ZoneSpec) error
+	// RemoveZone tears down a zone applied before; unknown ids are no error.
+	RemoveZone(ctx context.Context, id string) error
+	// StartVM starts the guest and returns once its agent socket exists.
+	StartVM(ctx context.Context, v VMSpec) error
+	// StopVM stops the guest; a guest that is not running is no error.
+	StopVM(ctx context.Context, vmid int) error
+	// AgentSocket is the path of the guest's qemu-ga socket
+	// (<rundir>/<vmid>.qga).
+	AgentSocket(vmid int) string
+}
+
+// ZoneSpec is an applied SDN zone with its vnets.
+type ZoneSpec struct {
+	ID    string
+	VNets []VNetSpec
+}
+
+// VNetSpec is an applied vnet with its first subnet.
+type VNetSpec struct {
+	Name      string       // bridge name
+	Subnet    netip.Prefix // zero when the vnet has no subnet
+	Gateway   netip.Addr
+	DHCPStart netip.Addr // zero when no dhcp-range
+	DHCPEnd   netip.Addr
+	SNAT      bool
+}
+
+// VMSpec is a guest to start.
+type VMSpec struct {
+	VMID int
+	VNet string           // bridge of net0 ("" when the VM has no NIC)
+	MAC  net.HardwareAddr // net0's MAC
+	Disk string           // the VM's disk directory
+}
+
+// Agent sends one QEMU guest agent command to the agent listening on socket
+// and returns the command's "return" value. Errors the agent reports come
+// back as *AgentError; any other error means the agent did not answer.
+type Agent interface {
+	Call(ctx context.Context, socket, command string, args any) (json.RawMessage, error)
+}
+
+// AgentError is an error object returned by the guest agent.
+type AgentError struct {
+	Class string `json:"class"`
+	Desc  string `json:"desc"`
+}
+
+func (e *AgentError) Error() string { return e.Desc }

@@ -1,0 +1,62 @@
+package pveemu
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/pve-inspect/pve-inspect/testvm"
+)
+
+// BedBackend runs the emulator's zones and guests on a testvm.Bed: SDN
+// apply creates the bed's bridges, gateway addresses, SNAT and per-zone
+// dnsmasq; VM start creates the guest namespace with its real qemu-ga on
+// <QGADir>/<vmid>.qga; a VM's disk directory is the guest's overlay.
+type BedBackend struct {
+	Bed *testvm.Bed
+}
+
+// ApplyZone implements Backend. A zone already running is replaced.
+func (b BedBackend) ApplyZone(ctx context.Context, z ZoneSpec) error {
+	zone := testvm.Zone{ID: z.ID}
+	for _, v := range z.VNets {
+		if !v.Subnet.IsValid() {
+			return fmt.Errorf("vnet %s: the test bed needs a subnet on every vnet", v.Name)
+		}
+		zone.VNets = append(zone.VNets, testvm.VNet{Name: v.Name, Subnet: v.Subnet, Gateway: v.Gateway,
+			DHCPStart: v.DHCPStart, DHCPEnd: v.DHCPEnd, SNAT: v.SNAT})
+	}
+	if err := b.RemoveZone(ctx, z.ID); err != nil {
+		return err
+	}
+	return b.Bed.AddZone(ctx, zone)
+}
+
+// RemoveZone implements Backend.
+func (b BedBackend) RemoveZone(ctx context.Context, id string) error {
+	if err := b.Bed.RemoveZone(ctx, id); err != nil && !strings.Contains(err.Error(), "does not exist") {
+		return err
+	}
+	return nil
+}
+
+// StartVM implements Backend.
+func (b BedBackend) StartVM(ctx context.Context, v VMSpec) error {
+	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, Disk: v.Disk})
+	return err
+}
+
+// StopVM implements Backend.
+func (b BedBackend) StopVM(ctx context.Context, vmid int) error {
+	if err := b.Bed.StopGuest(ctx, vmid); err != nil && !strings.Contains(err.Error(), "is not running") {
+		return err
+	}
+	return nil
+}
+
+// AgentSocket implements Backend.
+func (b BedBackend) AgentSocket(vmid int) string {
+	return filepath.Join(b.Bed.QGADir(), strconv.Itoa(vmid)+".qga")
+}

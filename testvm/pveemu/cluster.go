@@ -1,0 +1,254 @@
+package pveemu
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+)
+
+type pool struct {
+	id      string
+	comment string
+	vms     map[int]bool
+}
+
+// AddPool creates a resource pool.
+func (s *Server) AddPool(poolid, comment string) error {
+	if err := namedFormats["pve-poolid"](poolid); err != nil {
+		return fmt.Errorf("pveemu: add pool: %v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pools[poolid] != nil {
+		return fmt.Errorf("pveemu: pool '%s' already exists", poolid)
+	}
+	s.pools[poolid] = &pool{id: poolid, comment: comment, vms: map[int]bool{}}
+	return nil
+}
+
+func (s *Server) version(_ context.Context, _ *request) (any, error) {
+	return map[string]any{"version": "9.1.3", "release": "9.1", "repoid": "pveemu", "console": "xtermjs"}, nil
+}
+
+func (s *Server) nodes(_ context.Context, rq *request) (any, error) {
+	e := map[string]any{"node": s.node, "status": "online", "id": "node/" + s.node, "type": "node", "level": "",
+		"uptime": 1000, "maxcpu": 2, "maxmem": 4 << 30, "ssl_fingerprint": ""}
+	return []map[string]any{e}, nil
+}
+
+func (s *Server) nextID(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rq.has("vmid") {
+		id := rq.int("vmid", 0)
+		if _, ok := s.vms[id]; ok {
+			return nil, paramFail(ParamErrors{"vmid": fmt.Sprintf("VM %d already exists", id)})
+		}
+		return strconv.Itoa(id), nil
+	}
+	for i := 100; i < 1000*1000; i++ {
+		if _, ok := s.vms[i]; !ok {
+			return strconv.Itoa(i), nil
+		}
+	}
+	return nil, fail("unable to get any free VMID in range [100, 1000000]")
+}
+
+func (s *Server) resources(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	typ := rq.str("type")
+	out := []map[string]any{}
+	if typ == "" || typ == "vm" {
+		for _, id := range sortedVMIDs(s.vms) {
+			if !s.privilegesLocked(rq.authid, fmt.Sprintf("/vms/%d", id))["VM.Audit"] {
+				continue
+			}
+			v := s.vms[id]
+			e := s.vmStatusLocked(v)
+			e["id"] = fmt.Sprintf("qemu/%d", id)
+			e["type"] = "qemu"
+			e["node"] = s.node
+			e["template"] = boolInt(v.conf["template"] == "1")
+			e["maxcpu"] = e["cpus"]
+			delete(e, "cpus")
+			if v.pool != "" {
+				e["pool"] = v.pool
+			}
+			out = append(out, e)
+		}
+	}
+	if typ == "" || typ == "node" {
+		if s.privilegesLocked(rq.authid, "/nodes/"+s.node)["Sys.Audit"] {
+			out = append(out, map[string]any{"id": "node/" + s.node, "type": "node", "node": s.node, "status": "online", "maxcpu": 2, "maxmem": 4 << 30})
+		}
+	}
+	if typ == "" || typ == "storage" {
+		if s.privilegesLocked(rq.authid, "/storage/local-lvm")["Datastore.Audit"] {
+			out = append(out, map[string]any{"id": "storage/" + s.node + "/local-lvm", "type": "storage", "node": s.node, "storage": "local-lvm", "status": "available", "content": "images,rootdir", "plugintype": "lvmthin", "shared": 0})
+		}
+	}
+	if typ == "" || typ == "sdn" {
+		for _, z := range sortedKeys(s.sdn.running.zones) {
+			if s.canSDN(rq.authid, "/sdn/zones/"+z) {
+				out = append(out, map[string]any{"id": "sdn/" + s.node + "/" + z, "type": "sdn", "sdn": z, "node": s.node, "status": "ok"})
+			}
+		}
+	}
+	if typ == "" {
+		for _, p := range sortedKeys(s.pools) {
+			if s.privilegesLocked(rq.authid, "/pool/"+p)["Pool.Audit"] {
+				out = append(out, map[string]any{"id": "/pool/" + p, "type": "pool", "pool": p})
+			}
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) poolMembers(p *pool) []map[string]any {
+	members := []map[string]any{}
+	for _, id := range sortedVMIDs(toVMMap(s.vms, p.vms)) {
+		e := s.vmStatusLocked(s.vms[id])
+		e["id"] = fmt.Sprintf("qemu/%d", id)
+		e["type"] = "qemu"
+		e["node"] = s.node
+		members = append(members, e)
+	}
+	return members
+}
+
+func toVMMap(all map[int]*vm, ids map[int]bool) map[int]*vm {
+	out := map[int]*vm{}
+	for id := range ids {
+		if v := all[id]; v != nil {
+			out[id] = v
+		}
+	}
+	return out
+}
+
+func (s *Server) listPools(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []map[string]any{}
+	want := rq.str("poolid")
+	for _, id := range sortedKeys(s.pools) {
+		if want != "" && id != want {
+			continue
+		}
+		if !s.privilegesLocked(rq.authid, "/pool/"+id)["Pool.Audit"] {
+			continue
+		}
+		p := s.pools[id]
+		e := map[string]any{"poolid": id}
+		if p.comment != "" {
+			e["comment"] = p.comment
+		}
+		if want != "" {
+			e["members"] = s.poolMembers(p)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func (s *Server) createPool(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := rq.str("poolid")
+	if s.pools[id] != nil {
+		return nil, fail("create pool failed: pool '%s' already exists", id)
+	}
+	s.pools[id] = &pool{id: id, comment: rq.str("comment"), vms: map[int]bool{}}
+	return nil, nil
+}
+
+func (s *Server) getPool(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pools[rq.str("poolid")]
+	if p == nil {
+		return nil, fail("pool '%s' does not exist", rq.str("poolid"))
+	}
+	out := map[string]any{"members": s.poolMembers(p)}
+	if p.comment != "" {
+		out["comment"] = p.comment
+	}
+	return out, nil
+}
+
+func (s *Server) updatePool(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := rq.str("poolid")
+	p := s.pools[id]
+	if p == nil {
+		return nil, fail("pool '%s' does not exist", id)
+	}
+	if rq.has("comment") {
+		p.comment = rq.str("comment")
+	}
+	del := rq.bool("delete", false)
+	for _, vs := range splitList(rq.str("vms")) {
+		vmid, _ := strconv.Atoi(vs)
+		v := s.vms[vmid]
+		if v == nil {
+			return nil, fail("no such VM '%s'", vs)
+		}
+		if err := s.checkPrivsLocked(rq.authid, "/vms/"+vs, []string{"VM.Allocate"}); err != nil {
+			return nil, err
+		}
+		if del {
+			delete(p.vms, vmid)
+			if v.pool == id {
+				v.pool = ""
+			}
+			continue
+		}
+		if v.pool != "" && v.pool != id {
+			if !rq.bool("allow-move", false) {
+				return nil, fail("VM %d belongs already to pool '%s' and 'allow-move' is not set", vmid, v.pool)
+			}
+			delete(s.pools[v.pool].vms, vmid)
+		}
+		v.pool = id
+		p.vms[vmid] = true
+	}
+	if rq.has("storage") {
+		return nil, fail("storage members are not supported by the emulator")
+	}
+	return nil, nil
+}
+
+func (s *Server) deletePool(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := rq.str("poolid")
+	p := s.pools[id]
+	if p == nil {
+		return nil, fail("delete pool failed: pool '%s' does not exist", id)
+	}
+	if len(p.vms) > 0 {
+		return nil, fail("delete pool failed: pool '%s' is not empty", id)
+	}
+	delete(s.pools, id)
+	return nil, nil
+}
+
+func (s *Server) clusterStatus(_ context.Context, _ *request) (any, error) {
+	return []map[string]any{{"type": "node", "name": s.node, "id": "node/" + s.node, "nodeid": 1, "online": 1, "local": 1, "ip": "192.0.2.2", "level": ""}}, nil
+}
+
+func (s *Server) nodeStatus(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	return map[string]any{
+		"uptime": 1000, "cpu": 0.01, "loadavg": []string{"0.00", "0.00", "0.00"}, "kversion": "Linux 6.14.8-2-pve", "pveversion": "pve-manager/9.1.3/pveemu",
+		"memory":    map[string]any{"total": 4 << 30, "used": 1 << 30, "free": 3 << 30},
+		"swap":      map[string]any{"total": 0, "used": 0, "free": 0},
+		"rootfs":    map[string]any{"total": 64 << 30, "used": 8 << 30, "free": 56 << 30, "avail": 56 << 30},
+		"cpuinfo":   map[string]any{"cpus": 2, "cores": 2, "sockets": 1, "model": "pveemu", "mhz": "2000", "hvm": "1"},
+		"boot-info": map[string]any{"mode": "efi", "secureboot": 0},
+	}, nil
+}

@@ -1,0 +1,47 @@
+package pveemu
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// apiError is an error answered the way pve-http-server does: the status
+// code, the message as the reason phrase (first line) and in the body's
+// "message", and per-parameter errors for 400.
+type apiError struct {
+	code   int
+	msg    string // newline-terminated like Perl's die messages
+	errors ParamErrors
+	// bare errors are answered without a JSON body (authentication
+	// failures raised before the API handler runs).
+	bare bool
+}
+
+func (e *apiError) Error() string { return strings.TrimSuffix(e.msg, "\n") }
+
+// fail is a plain "die" in a handler: 500 with the message.
+func fail(format string, a ...any) error {
+	return &apiError{code: http.StatusInternalServerError, msg: fmt.Sprintf(format, a...) + "\n"}
+}
+
+// paramFail is raise_param_exc.
+func paramFail(errs ParamErrors) error {
+	return &apiError{code: http.StatusBadRequest, msg: "Parameter verification failed.\n", errors: errs}
+}
+
+// permFail is raise_perm_exc.
+func permFail(what string) error {
+	msg := "Permission check failed"
+	if what != "" {
+		msg += " (" + what + ")"
+	}
+	return &apiError{code: http.StatusForbidden, msg: msg + "\n"}
+}
+
+func asAPIError(err error) *apiError {
+	if ae, ok := err.(*apiError); ok {
+		return ae
+	}
+	return &apiError{code: http.StatusInternalServerError, msg: strings.TrimSuffix(err.Error(), "\n") + "\n"}
+}

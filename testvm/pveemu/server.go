@@ -1,0 +1,564 @@
+package pveemu
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Options configures a Server.
+type Options struct {
+	// Node is the node name ("pve" when empty).
+	Node string
+	// Backend runs zones and guests. Required.
+	Backend Backend
+	// Agent talks to guest agents; nil uses the built-in qemu-ga client.
+	Agent Agent
+	// DataDir holds VM disk directories and snapshots. Required.
+	DataDir string
+	// Logger receives task and request logs (discarded when nil).
+	Logger *slog.Logger
+	// RootPassword is root@pam's password for POST /access/ticket
+	// (a random one when empty; mint tickets with RootTicket instead).
+	RootPassword string
+}
+
+// Server is the Proxmox VE API emulator. It is an http.Handler serving
+// /api2/json.
+type Server struct {
+	node    string
+	backend Backend
+	agent   Agent
+	dataDir string
+	log     *slog.Logger
+	schema  *Schema
+	routes  []*route
+	secret  []byte
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	vms     map[int]*vm
+	tasks   map[string]*task
+	taskSeq uint32
+	pools   map[string]*pool
+	users   map[string]*user
+	acl     []aclEntry
+	sdn     sdnState
+	fw      map[string]*firewall // "cluster" and "node"
+	records []RequestRecord
+	pwdRoot string
+	vmLocks map[int]*sync.Mutex
+
+	// hooks let tests pause clones at defined points; nil in production.
+	hooks testHooks
+}
+
+type testHooks struct {
+	cloneTaskStart func(newid int) // a clone task begins, before locking
+	cloneReserved  func(newid int) // "lock: clone" written, before the copy
+}
+
+// RequestRecord is one request the emulator received, as validated.
+type RequestRecord struct {
+	Method  string
+	Path    string // relative to /api2/json
+	Route   string // matched path template ("" when none)
+	Params  map[string]any
+	Status  int
+	Message string
+	Errors  ParamErrors
+	// Violation is set when the request did not match a schema route or
+	// failed schema validation.
+	Violation bool
+}
+
+type handlerFunc func(ctx context.Context, rq *request) (any, error)
+
+type route struct {
+	method string
+	path   string
+	segs   []string
+	ep     *Endpoint
+	h      handlerFunc
+}
+
+// request is one decoded, authenticated API call.
+type request struct {
+	params map[string]any
+	authid string // user or "user@realm!token"
+	token  bool
+	route  *route
+}
+
+// New builds an emulator. Close it to stop its tasks.
+func New(o Options) (*Server, error) {
+	if o.Backend == nil {
+		return nil, errors.New("pveemu: Options.Backend is required")
+	}
+	if o.DataDir == "" {
+		return nil, errors.New("pveemu: Options.DataDir is required")
+	}
+	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("pveemu: data dir: %w", err)
+	}
+	if o.Node == "" {
+		o.Node = "pve"
+	}
+	if err := namedFormats["pve-node"](o.Node); err != nil {
+		return nil, fmt.Errorf("pveemu: node name %q: %s", o.Node, strings.TrimSpace(err.Error()))
+	}
+	if o.Agent == nil {
+		o.Agent = &qgaClient{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	schema, err := LoadSchema()
+	if err != nil {
+		return nil, err
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, fmt.Errorf("pveemu: secret: %w", err)
+	}
+	if o.RootPassword == "" {
+		o.RootPassword = randomHex(16)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		node: o.Node, backend: o.Backend, agent: o.Agent, dataDir: o.DataDir,
+		log: o.Logger.With("component", "pveemu"), schema: schema, secret: secret,
+		ctx: ctx, cancel: cancel,
+		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},
+		users: map[string]*user{}, fw: map[string]*firewall{"cluster": newFirewall(), "node": newFirewall()},
+		pwdRoot: o.RootPassword, vmLocks: map[int]*sync.Mutex{},
+		sdn: newSDNState(),
+	}
+	s.users["root@pam"] = &user{id: "root@pam", enable: true, tokens: map[string]*token{}}
+	if err := s.registerRoutes(); err != nil {
+		cancel()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close cancels running tasks and waits for them.
+func (s *Server) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// Schema is the schema extract the server validates against.
+func (s *Server) Schema() *Schema { return s.schema }
+
+// Route is one method and path template the emulator serves.
+type Route struct{ Method, Path string }
+
+// Routes lists every route the emulator serves.
+func (s *Server) Routes() []Route {
+	out := make([]Route, len(s.routes))
+	for i, r := range s.routes {
+		out[i] = Route{r.method, r.path}
+	}
+	return out
+}
+
+// Requests returns a copy of every request received so far.
+func (s *Server) Requests() []RequestRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]RequestRecord(nil), s.records...)
+}
+
+// Violations returns the requests that matched no schema route or failed
+// schema validation.
+func (s *Server) Violations() []RequestRecord {
+	var out []RequestRecord
+	for _, r := range s.Requests() {
+		if r.Violation {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (s *Server) handle(method, path string, h handlerFunc) error {
+	ep, ok := s.schema.Endpoint(method, path)
+	if !ok {
+		return fmt.Errorf("pveemu: route %s %s not in schema extract", method, path)
+	}
+	s.routes = append(s.routes, &route{method: method, path: path, segs: strings.Split(strings.Trim(path, "/"), "/"), ep: ep, h: h})
+	return nil
+}
+
+func (s *Server) match(method, rel string) (*route, map[string]string) {
+	segs := strings.Split(strings.Trim(rel, "/"), "/")
+	for _, r := range s.routes {
+		if r.method != method || len(r.segs) != len(segs) {
+			continue
+		}
+		vars := map[string]string{}
+		ok := true
+		for i, sg := range r.segs {
+			if strings.HasPrefix(sg, "{") {
+				if segs[i] == "" {
+					ok = false
+					break
+				}
+				vars[strings.Trim(sg, "{}")] = segs[i]
+			} else if sg != segs[i] {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return r, vars
+		}
+	}
+	return nil, nil
+}
+
+const maxBody = 64 * 1024
+
+// ServeHTTP implements http.Handler for /api2/json.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := RequestRecord{Method: r.Method}
+	data, err := s.serve(r, &rec)
+	if err != nil {
+		ae := asAPIError(err)
+		rec.Status, rec.Message, rec.Errors = ae.code, ae.msg, ae.errors
+		if ae.code == http.StatusBadRequest && ae.errors != nil {
+			rec.Violation = true
+		}
+		s.record(rec)
+		writeError(w, ae)
+		return
+	}
+	rec.Status = http.StatusOK
+	s.record(rec)
+	body, err := json.Marshal(map[string]any{"data": data})
+	if err != nil {
+		writeError(w, asAPIError(fmt.Errorf("encode response: %w", err)))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json;charset=UTF-8")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+}
+
+func (s *Server) record(rec RequestRecord) {
+	s.mu.Lock()
+	s.records = append(s.records, rec)
+	s.mu.Unlock()
+}
+
+func (s *Server) serve(r *http.Request, rec *RequestRecord) (any, error) {
+	rel, ok := strings.CutPrefix(r.URL.EscapedPath(), "/api2/json")
+	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
+		rec.Path = r.URL.Path
+		rec.Violation = true
+		return nil, &apiError{code: http.StatusNotImplemented, msg: "no such uri\n", bare: true}
+	}
+	rel, err := url.PathUnescape(rel)
+	if err != nil {
+		return nil, &apiError{code: http.StatusBadRequest, msg: "bad path\n", bare: true}
+	}
+	rec.Path = rel
+	switch r.Method {
+	case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete:
+	default:
+		rec.Violation = true
+		return nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("method '%s' not available\n", r.Method), bare: true}
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return nil, &apiError{code: http.StatusBadRequest, msg: "unable to read request body\n", bare: true}
+	}
+	if len(body) > maxBody {
+		return nil, &apiError{code: http.StatusRequestEntityTooLarge, msg: "request too large\n", bare: true}
+	}
+	if len(body) > 0 && r.Method != http.MethodPost && r.Method != http.MethodPut {
+		return nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("Unexpected content for method '%s'\n", r.Method), bare: true}
+	}
+
+	authid, isToken, err := s.authenticate(r, rel)
+	if err != nil {
+		return nil, err
+	}
+
+	rt, vars := s.match(r.Method, rel)
+	if rt == nil {
+		rec.Violation = true
+		return nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("Method '%s %s' not implemented\n", r.Method, rel)}
+	}
+	rec.Route = rt.path
+
+	params, err := decodeParams(r, body)
+	if err != nil {
+		rec.Violation = true
+		return nil, err
+	}
+	for k, v := range vars {
+		if old, ok := params[k]; ok {
+			if s, _ := scalarString(old); s != v {
+				return nil, paramFail(ParamErrors{k: "duplicate parameter (already defined in URI) with conflicting values!"})
+			}
+		}
+		params[k] = v
+	}
+	rec.Params = params
+
+	if isToken && !rt.ep.AllowToken {
+		return nil, permFail(fmt.Sprintf("URI '%s' not available with API token, need proper ticket.\n", rel))
+	}
+	if err := s.checkAPI2Permissions(rt.ep.Perm, authid, params); err != nil {
+		return nil, err
+	}
+	normalizeLegacyParams(rt.ep.Params, params)
+	if errs := rt.ep.Validate(params); errs != nil {
+		return nil, paramFail(errs)
+	}
+	return rt.h(r.Context(), &request{params: params, authid: authid, token: isToken, route: rt})
+}
+
+// decodeParams merges the body (JSON or urlencoded) and the query string the
+// way pve-http-server's extract_params does.
+func decodeParams(r *http.Request, body []byte) (map[string]any, error) {
+	params := map[string]any{}
+	if len(body) > 0 {
+		ct := strings.TrimSpace(strings.SplitN(r.Header.Get("Content-Type"), ";", 2)[0])
+		if strings.EqualFold(ct, "application/json") {
+			dec := json.NewDecoder(bytes.NewReader(body))
+			dec.UseNumber()
+			var m map[string]any
+			if err := dec.Decode(&m); err != nil {
+				return nil, fail("malformed JSON string: %s", strings.TrimSpace(err.Error()))
+			}
+			if dec.More() {
+				return nil, fail("garbage after JSON object")
+			}
+			for k, v := range m {
+				params[k] = v
+			}
+		} else {
+			for k, v := range decodeURLEncoded(string(body)) {
+				params[k] = v
+			}
+		}
+	}
+	for k, v := range decodeURLEncoded(r.URL.RawQuery) {
+		params[k] = v
+	}
+	return params, nil
+}
+
+// decodeURLEncoded splits on & and ;, keeps the text between the first and
+// a second "=" (Perl's list-context split), and turns repeated keys into a
+// list, like pve-http-server's decode_urlencoded.
+func decodeURLEncoded(data string) map[string]any {
+	res := map[string]any{}
+	if data == "" {
+		return res
+	}
+	for _, kv := range strings.FieldsFunc(data, func(r rune) bool { return r == '&' || r == ';' }) {
+		parts := strings.SplitN(kv, "=", 3)
+		k := unescapeForm(parts[0])
+		if len(parts) < 2 {
+			res[k] = nil
+			continue
+		}
+		v := unescapeForm(parts[1])
+		switch old := res[k].(type) {
+		case string:
+			res[k] = []string{old, v}
+		case []string:
+			res[k] = append(old, v)
+		default:
+			res[k] = v
+		}
+	}
+	return res
+}
+
+func unescapeForm(s string) string {
+	s = strings.ReplaceAll(s, "+", " ")
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
+			n, _ := strconv.ParseUint(s[i+1:i+3], 16, 8)
+			b.WriteByte(byte(n))
+			i += 2
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return strings.ToValidUTF8(b.String(), "\uFFFD")
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// writeError answers like pve-http-server: the first line of the message is
+// the reason phrase; API errors carry {"data":null,"message":...,"errors":...}.
+func writeError(w http.ResponseWriter, ae *apiError) {
+	var body []byte
+	if !ae.bare {
+		m := map[string]any{"data": nil, "message": ae.msg}
+		if len(ae.errors) > 0 {
+			m["errors"] = ae.errors
+		}
+		body, _ = json.Marshal(m)
+	}
+	reason, _, _ := strings.Cut(ae.msg, "\n")
+	reason = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, reason)
+	if hj, ok := w.(http.Hijacker); ok {
+		conn, buf, err := hj.Hijack()
+		if err == nil {
+			defer conn.Close()
+			fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\n", ae.code, reason)
+			if body != nil {
+				fmt.Fprintf(buf, "Content-Type: application/json;charset=UTF-8\r\n")
+			}
+			fmt.Fprintf(buf, "Content-Length: %d\r\nConnection: close\r\nDate: %s\r\n\r\n", len(body), time.Now().UTC().Format(http.TimeFormat))
+			_, _ = buf.Write(body)
+			_ = buf.Flush()
+			return
+		}
+	}
+	// No hijacking (HTTP/2, recorders): standard reason phrase, message in
+	// the body and in a header.
+	w.Header().Set("X-Pveemu-Reason", reason)
+	if body != nil {
+		w.Header().Set("Content-Type", "application/json;charset=UTF-8")
+	}
+	w.WriteHeader(ae.code)
+	_, _ = w.Write(body)
+}
+
+// param helpers
+
+func (rq *request) str(name string) string {
+	v, ok := rq.params[name]
+	if !ok || v == nil {
+		return ""
+	}
+	s, isBool := scalarString(v)
+	if isBool {
+		if v.(bool) {
+			return "1"
+		}
+		return "0"
+	}
+	return s
+}
+
+func (rq *request) has(name string) bool { v, ok := rq.params[name]; return ok && v != nil }
+
+func (rq *request) int(name string, def int) int {
+	if !rq.has(name) {
+		return def
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(rq.str(name), "+"))
+	if err != nil {
+		return def
+	}
+	return n
+}
+
+func (rq *request) bool(name string, def bool) bool {
+	if !rq.has(name) {
+		return def
+	}
+	return rq.str(name) == "1"
+}
+
+func (rq *request) strings(name string) []string {
+	switch t := rq.params[name].(type) {
+	case []string:
+		return t
+	case []any:
+		out := make([]string, 0, len(t))
+		for _, x := range t {
+			s, _ := scalarString(x)
+			out = append(out, s)
+		}
+		return out
+	case string:
+		return []string{t}
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%x", b)
+}
+
+// normalizeLegacyParams is RESTHandler's normalize_legacy_param_formats:
+// for top-level parameters with a true value, a list for a "-list" string
+// becomes comma-joined and a scalar for an array becomes a one-element list
+// (www-form-urlencoded cannot express either).
+func normalizeLegacyParams(schema *Prop, params map[string]any) {
+	for k, v := range params {
+		sub, ok := schema.lookup(k)
+		if !ok || v == nil {
+			continue
+		}
+		if s, isBool := scalarString(v); !isBool && refName(v) == "" && (s == "" || s == "0") {
+			continue
+		}
+		format, _ := sub.Format.(string)
+		switch t := v.(type) {
+		case []string:
+			if sub.typeName() == "string" && strings.HasSuffix(format, "-list") {
+				params[k] = strings.Join(t, ",")
+			}
+		case []any:
+			if sub.typeName() == "string" && strings.HasSuffix(format, "-list") {
+				parts := make([]string, len(t))
+				for i, x := range t {
+					parts[i], _ = scalarString(x)
+				}
+				params[k] = strings.Join(parts, ",")
+			}
+		default:
+			if sub.typeName() == "array" && refName(v) == "" {
+				params[k] = []any{v}
+			}
+		}
+	}
+}

@@ -1,0 +1,177 @@
+package pveemu
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// task is a worker like PVE::RPCEnvironment::fork_worker's: identified by
+// a 9-field UPID, running asynchronously, with a log that ends in
+// "TASK OK", "TASK WARNINGS: n" or "TASK ERROR: msg".
+type task struct {
+	upid      string
+	node      string
+	pid       uint32
+	pstart    uint32
+	starttime int64
+	typ, id   string
+	user      string
+
+	mu         sync.Mutex
+	lines      []string
+	warnings   int
+	running    bool
+	exitstatus string
+	endtime    int64
+	done       chan struct{}
+}
+
+func (t *task) logf(format string, a ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lines = append(t.lines, strings.Split(strings.TrimRight(fmt.Sprintf(format, a...), "\n"), "\n")...)
+}
+
+func (t *task) warn(format string, a ...any) {
+	t.mu.Lock()
+	t.warnings++
+	t.mu.Unlock()
+	t.logf("WARN: "+format, a...)
+}
+
+var reUPID = regexp.MustCompile(`^UPID:([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8,9}):([0-9A-Fa-f]{8}):([^:\s]+):([^:\s]*):([^:\s]+):$`)
+
+// ParseUPID splits a UPID into its fields; ok is false when malformed.
+func ParseUPID(upid string) (node string, pid, pstart uint64, starttime int64, typ, id, user string, ok bool) {
+	m := reUPID.FindStringSubmatch(upid)
+	if m == nil {
+		return "", 0, 0, 0, "", "", "", false
+	}
+	pid, _ = strconv.ParseUint(m[3], 16, 32)
+	pstart, _ = strconv.ParseUint(m[4], 16, 64)
+	st, _ := strconv.ParseInt(m[5], 16, 64)
+	return m[1], pid, pstart, st, m[6], m[7], m[8], true
+}
+
+// startTask runs fn as a task owned by the server and returns its UPID.
+func (s *Server) startTask(authid, typ, id string, fn func(ctx context.Context, t *task) error) string {
+	s.mu.Lock()
+	s.taskSeq++
+	seq := s.taskSeq
+	s.mu.Unlock()
+	now := time.Now()
+	t := &task{
+		node: s.node, pid: 0x10000 + seq,
+		pstart: uint32(now.UnixNano()/1e7) & 0x7fffffff, starttime: now.Unix(),
+		typ: typ, id: id, user: authid, running: true, done: make(chan struct{}),
+	}
+	t.upid = fmt.Sprintf("UPID:%s:%08X:%08X:%08X:%s:%s:%s:", t.node, t.pid, t.pstart, t.starttime, t.typ, t.id, t.user)
+	s.mu.Lock()
+	s.tasks[t.upid] = t
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(t.done)
+		err := fn(s.ctx, t)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.running = false
+		t.endtime = time.Now().Unix()
+		switch {
+		case err != nil:
+			msg := strings.TrimSuffix(err.Error(), "\n")
+			t.lines = append(t.lines, "TASK ERROR: "+msg)
+			t.exitstatus = msg
+		case t.warnings > 0:
+			t.exitstatus = fmt.Sprintf("WARNINGS: %d", t.warnings)
+			t.lines = append(t.lines, "TASK "+t.exitstatus)
+		default:
+			t.exitstatus = "OK"
+			t.lines = append(t.lines, "TASK OK")
+		}
+		s.log.Debug("task finished", "upid", t.upid, "exitstatus", t.exitstatus)
+	}()
+	return t.upid
+}
+
+// WaitTask blocks until the task ends and returns its exitstatus.
+func (s *Server) WaitTask(ctx context.Context, upid string) (string, error) {
+	s.mu.Lock()
+	t := s.tasks[upid]
+	s.mu.Unlock()
+	if t == nil {
+		return "", fmt.Errorf("pveemu: no task %s", upid)
+	}
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.exitstatus, nil
+}
+
+func (s *Server) lookupTask(rq *request) (*task, error) {
+	upid := rq.str("upid")
+	if _, _, _, _, _, _, _, ok := ParseUPID(upid); !ok {
+		return nil, fail("unable to parse worker upid '%s'", upid)
+	}
+	s.mu.Lock()
+	t := s.tasks[upid]
+	s.mu.Unlock()
+	if t == nil {
+		return nil, fail("no such task")
+	}
+	// The owner may read its tasks; others need Sys.Audit on the node.
+	owner, _, _ := strings.Cut(rq.authid, "!")
+	if rq.authid != t.user && owner != t.user {
+		if err := s.checkPrivs(rq.authid, "/nodes/"+s.node, []string{"Sys.Audit"}, false); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func (s *Server) taskStatus(_ context.Context, rq *request) (any, error) {
+	t, err := s.lookupTask(rq)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string]any{
+		"upid": t.upid, "node": t.node, "pid": t.pid, "pstart": t.pstart, "starttime": t.starttime,
+		"type": t.typ, "id": t.id, "user": t.user, "status": "running",
+	}
+	if !t.running {
+		out["status"] = "stopped"
+		out["exitstatus"] = t.exitstatus
+	}
+	return out, nil
+}
+
+func (s *Server) taskLog(_ context.Context, rq *request) (any, error) {
+	t, err := s.lookupTask(rq)
+	if err != nil {
+		return nil, err
+	}
+	start := rq.int("start", 0)
+	limit := rq.int("limit", 50)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := []map[string]any{}
+	for i := start; i < len(t.lines) && (limit <= 0 || len(out) < limit); i++ {
+		out = append(out, map[string]any{"n": i + 1, "t": t.lines[i]})
+	}
+	if len(out) == 0 {
+		out = append(out, map[string]any{"n": 0, "t": "no content"})
+	}
+	return out, nil
+}

@@ -1,0 +1,5 @@
+package sysbox
+
+import "os/exec"
+
+var execLookPath = exec.LookPath
