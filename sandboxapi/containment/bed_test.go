@@ -3,6 +3,8 @@ package containment
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"io"
 	"io/fs"
 	"net/netip"
@@ -12,7 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
@@ -75,13 +81,28 @@ func bedSpec(vnetA testvm.VNet, otherGuest, otherGateway netip.Addr) Spec {
 	}
 }
 
-// TestBedHonesty brings the bed up with two zones and one guest in each and
-// checks from guest A, through the probe, that with no guard everything
-// the guard will block is reachable and every control holds: the bed can
-// see a leak.
-func TestBedHonesty(t *testing.T) {
+// freshName is a name under the bed's wildcard internet domain that no
+// resolver cache holds yet, so a recursion check cannot be answered from
+// a cache filled by an earlier run.
+func freshName(t *testing.T) string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return "x" + hex.EncodeToString(b[:]) + "." + testvm.InternetName
+}
+
+// TestBedPolicies brings the bed up with two zones and one guest in each
+// and runs the containment check from guest A through the probe, three
+// times on the same bed:
+//
+//   - no guard, OpenPolicy: everything the guard will block is reachable
+//     and every control holds (the bed can see a leak);
+//   - the real host guard (package firewall) in the node, GuardPolicy;
+//   - the guard with the lockdown switched on, LockdownPolicy.
+func TestBedPolicies(t *testing.T) {
 	nstest.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	b, err := testvm.Up(ctx, testvm.Options{ExtraNodePorts: []int{8443, 9464}})
 	if err != nil {
@@ -109,30 +130,59 @@ func TestBedHonesty(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start guest B: %v", err)
 	}
-	plan, err := NewPlan(bedSpec(vnetA, gb.IPv4(), vnetB.Gateway), OpenPolicy())
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := &Runner{ProbePath: probebuild.ForTest(t), GuestDir: t.TempDir()}
-	res, err := r.Run(ctx, &bedNetnsGuest{bed: b, ns: ga.NS}, plan)
-	if err != nil {
-		t.Fatalf("containment run: %v", err)
+	check := func(pol Policy) *Result {
+		t.Helper()
+		spec := bedSpec(vnetA, gb.IPv4(), vnetB.Gateway)
+		spec.ExternalName = freshName(t)
+		plan, err := NewPlan(spec, pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := r.Run(ctx, &bedNetnsGuest{bed: b, ns: ga.NS}, plan)
+		if err != nil {
+			t.Fatalf("%s: containment run: %v", pol.Name, err)
+		}
+		var buf bytes.Buffer
+		if err := res.WriteText(&buf); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("\n%s", buf.String())
+		if !res.Passed() {
+			t.Errorf("policy %s: %d rows not passed", pol.Name, len(res.Failed()))
+		}
+		return res
 	}
-	var buf bytes.Buffer
-	if err := res.WriteText(&buf); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", buf.String())
-	if !res.Passed() {
-		t.Fatalf("the bed hides leaks or a control failed: %d rows not passed", len(res.Failed()))
-	}
-	lease := res.Rows[0]
-	if !strings.Contains(lease.Detail, ga.IPv4().String()) {
+
+	res := check(OpenPolicy())
+	if lease := res.Rows[0]; !strings.Contains(lease.Detail, ga.IPv4().String()) {
 		t.Errorf("lease row %q does not name guest A's DHCP address %s", lease.Detail, ga.IPv4())
 	}
 	for _, row := range res.Rows {
-		if row.Group == GroupOtherZone && row.Outcome != "refused" {
+		if row.Group == GroupOtherZone && row.Outcome != probe.OutcomeRefused {
 			t.Errorf("other zone: outcome %s (%s), want refused (no listener on guest B)", row.Outcome, row.Detail)
 		}
 	}
+
+	node, err := netns.GetFromName(b.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	cfg := firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir(),
+		Zones: map[string][]string{"zonea": {vnetA.Name}, "zoneb": {vnetB.Name}}}
+	g, err := firewall.New(cfg, firewall.WithNetNS(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Start(ctx); err != nil {
+		t.Fatalf("guard start: %v", err)
+	}
+	check(GuardPolicy())
+
+	if err := g.SetLockdown(ctx, true); err != nil {
+		t.Fatalf("lockdown on: %v", err)
+	}
+	check(LockdownPolicy())
 }

@@ -138,7 +138,9 @@ type Spec struct {
 	Public []netip.Addr
 	// Public6 are IPv6 internet addresses: HTTP on 80.
 	Public6 []netip.Addr
-	// ExternalName is resolved through the zone resolver (DNS recursion). Required.
+	// ExternalName is resolved through the zone resolver (DNS recursion).
+	// Required. Use a name no cache holds (a random label under a wildcard
+	// domain): a cached answer would read as working recursion.
 	ExternalName string
 	// LocalName is a name the zone resolver answers itself (positive control). Required.
 	LocalName string
