@@ -1,6 +1,6 @@
 // Package daemon wires the parts of `pve-inspectd run`: the host guard, the
-// metrics listener, and (later) the egress lockdown, the sandbox API and
-// systemd notification. Each part gets its config and a logger with a
+// metrics listener, systemd notification (READY, WATCHDOG, STOPPING) and
+// (later) the egress lockdown and the sandbox API. Each part gets its config and a logger with a
 // component attribute; the order of start-up is the order of trust: nothing
 // is served and nothing is reported ready before the guard is verified in
 // force.
@@ -44,8 +44,12 @@ type Daemon struct {
 	// GuardOptions are passed to firewall.New (tests: a network namespace).
 	GuardOptions []firewall.Option
 	// Ready is called once, after the guard is verified in force and every
-	// listener is bound. systemd's READY=1 (sd_notify) goes here.
+	// listener is bound (tests).
 	Ready func()
+	// Notify, when set, gets READY=1 at the same moment as Ready, a
+	// WATCHDOG=1 every half WatchdogSec while the daemon is healthy, and
+	// STOPPING=1 when Run begins to stop. Systemd{} in production.
+	Notify Notifier
 	// MetricsAddr, when non-nil, receives the bound metrics address (tests,
 	// listen port 0).
 	MetricsAddr func(net.Addr)
@@ -83,7 +87,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := reg.Register(guard.Collector()); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	running := 0
 	var stops []func() // run in reverse order when a part ends or ctx is done
 	if addr := d.Config.Metrics.Listen; addr != "" {
@@ -129,6 +133,25 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.Ready != nil {
 		d.Ready()
 	}
+	if d.Notify != nil {
+		if err := d.Notify.Notify(notifyReady); err != nil {
+			log.Error("cannot report readiness to systemd", "component", "daemon", "err", err)
+		}
+		// 6. Watchdog: pings only while the health check passes. The
+		//    lockdown controller's own verify joins the check here.
+		health := func(ctx context.Context) error { return guard.Verify(ctx) }
+		if every, err := d.Notify.WatchdogInterval(); err != nil {
+			log.Error("watchdog disabled", "component", "daemon", "err", err)
+		} else if every > 0 {
+			w := &watchdog{notify: d.Notify, period: every / 2, check: health, log: log}
+			running++
+			go func() {
+				w.run(ctx)
+				errc <- nil
+			}()
+			log.Info("watchdog armed", "component", "daemon", "timeout", every, "ping_every", every/2)
+		}
+	}
 	log.Info("ready", "component", "daemon")
 
 	var first error
@@ -136,8 +159,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case first = <-errc:
 		running--
-		if first == nil {
+		// A part that ends with nil because ctx is done is a normal stop.
+		if first == nil && ctx.Err() == nil {
 			first = errors.New("a part stopped unexpectedly")
+		}
+	}
+	if d.Notify != nil {
+		if err := d.Notify.Notify(notifyStopping); err != nil {
+			log.Warn("cannot report stopping to systemd", "component", "daemon", "err", err)
 		}
 	}
 	cancel()
