@@ -29,6 +29,10 @@ const (
 // the container (systemd 252): see the package README.
 const exposureMax = 3.0
 
+// suite is the Debian release of the container: Proxmox VE 9's base
+// (systemd 257; RestartMode=direct needs 254+).
+const suite = "trixie"
+
 // rootfsPackages are what the package needs in the container on top of
 // minbase+systemd: its dependencies (init-system-helpers, nftables) and
 // iptables for the reference scripts' rules.
@@ -176,6 +180,7 @@ func boot(t *testing.T, o sysbox.Options) *box {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
 	o.Rootfs.Packages = append(o.Rootfs.Packages, rootfsPackages...)
+	o.Rootfs.Suite = suite
 	c, err := sysbox.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
@@ -599,4 +604,60 @@ func TestMigrateFromReference(t *testing.T) {
 		t.Fatalf("dpkg -r failed without naming the marker: %v\n%s", err, out)
 	}
 	b.requireGuardInForce()
+}
+
+// TestHaltOnRepeatedFailure: with the lockdown marker present, one crash of
+// the daemon is restarted without a halt; a daemon that keeps failing hits
+// the start limit, and the OnFailure unit halts the Proxmox API (the
+// stand-in pveproxy and pvedaemon stopped and runtime-masked) from under
+// its own hardening.
+func TestHaltOnRepeatedFailure(t *testing.T) {
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{
+		Name:  "pkg-halt",
+		Files: []sysbox.File{{Path: "/etc/inspect-proxmox-egress-lockdown", Data: []byte("\n")}},
+	})
+	b.install(v1)
+	b.requireGuardInForce()
+
+	// One crash: restarted, no halt.
+	before := b.show("pve-inspectd.service", "MainPID", "NRestarts")
+	b.sh("kill -KILL " + before["MainPID"])
+	b.eventually(60*time.Second, "the daemon to be restarted after one crash", func() bool {
+		p := b.show("pve-inspectd.service", "MainPID", "NRestarts", "ActiveState")
+		return p["ActiveState"] == "active" && p["MainPID"] != before["MainPID"] && p["MainPID"] != "0" && p["NRestarts"] != before["NRestarts"]
+	})
+	b.requireGuardInForce()
+	if p := b.show("pveproxy.service", "ActiveState"); p["ActiveState"] != "active" {
+		t.Fatalf("one crash halted the node: pveproxy %v", p)
+	}
+	if _, err := b.Exec(b.ctx, "test", "-e", "/run/pve-inspectd/halted"); err == nil {
+		t.Fatal("one crash left a halt state file")
+	}
+	if out := b.run("journalctl", "--no-pager", "-u", "pve-inspectd-halt.service"); strings.Contains(out, "Starting") {
+		t.Fatalf("halt unit started after one crash:\n%s", out)
+	}
+
+	// Keeps failing: a configuration the daemon refuses.
+	if err := b.WriteFile(b.ctx, "/etc/pve-inspectd/config.toml", []byte("[guard]\nverify_interval = \"1ms\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.run("systemctl", "restart", "--no-block", "pve-inspectd.service")
+	b.eventually(3*time.Minute, "the start limit and the halt", func() bool {
+		p := b.show("pve-inspectd.service", "ActiveState")
+		q := b.show("pveproxy.service", "ActiveState", "UnitFileState")
+		return p["ActiveState"] == "failed" && q["ActiveState"] == "inactive" && q["UnitFileState"] == "masked-runtime"
+	})
+	for _, u := range []string{"pveproxy.service", "pvedaemon.service"} {
+		if p := b.show(u, "ActiveState", "UnitFileState"); p["ActiveState"] != "inactive" || p["UnitFileState"] != "masked-runtime" {
+			t.Errorf("%s after the halt: %v", u, p)
+		}
+	}
+	if got := b.run("cat", "/run/pve-inspectd/halted"); !strings.Contains(got, "failed while the lockdown marker is present") {
+		t.Errorf("halt state file: %q", got)
+	}
+	// The table outlives the failing daemon.
+	if !b.tablePresent() {
+		t.Error("table inet pve-inspect gone while the daemon keeps failing")
+	}
 }
