@@ -476,7 +476,6 @@ func checkWatchdog(t *testing.T, b *box) {
 type sampler struct {
 	b    *box
 	done chan error
-	out  []byte
 }
 
 const sampleScript = `rm -f /root/samples /root/stop-sampling
