@@ -87,7 +87,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := reg.Register(guard.Collector()); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	errc := make(chan error, 4)
+	errc := make(chan error, 3)
 	running := 0
 	var stops []func() // run in reverse order when a part ends or ctx is done
 	if addr := d.Config.Metrics.Listen; addr != "" {
@@ -133,6 +133,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.Ready != nil {
 		d.Ready()
 	}
+	stopWatchdog := func() {}
 	if d.Notify != nil {
 		if err := d.Notify.Notify(notifyReady); err != nil {
 			log.Error("cannot report readiness to systemd", "component", "daemon", "err", err)
@@ -144,11 +145,23 @@ func (d *Daemon) Run(ctx context.Context) error {
 			log.Error("watchdog disabled", "component", "daemon", "err", err)
 		} else if every > 0 {
 			w := &watchdog{notify: d.Notify, period: every / 2, check: health, log: log}
-			running++
+			wctx, wcancel := context.WithCancel(ctx)
+			wdone := make(chan struct{})
 			go func() {
-				w.run(ctx)
-				errc <- nil
+				defer close(wdone)
+				w.run(wctx)
 			}()
+			// Stopped before STOPPING=1 is sent, so no ping follows it. A
+			// watchdog stuck in a wedged guard's Verify is not waited for
+			// long: the process is ending anyway.
+			stopWatchdog = func() {
+				wcancel()
+				select {
+				case <-wdone:
+				case <-time.After(5 * time.Second):
+					log.Warn("watchdog still in its health check at stop", "component", "daemon")
+				}
+			}
 			log.Info("watchdog armed", "component", "daemon", "timeout", every, "ping_every", every/2)
 		}
 	}
@@ -164,6 +177,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			first = errors.New("a part stopped unexpectedly")
 		}
 	}
+	stopWatchdog()
 	if d.Notify != nil {
 		if err := d.Notify.Notify(notifyStopping); err != nil {
 			log.Warn("cannot report stopping to systemd", "component", "daemon", "err", err)
