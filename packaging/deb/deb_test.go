@@ -271,6 +271,10 @@ func TestInstallUpgradeRemovePurge(t *testing.T) {
 	v1, v2 := debs(t)
 	b := boot(t, sysbox.Options{Name: "pkg-life"})
 
+	// The guard turns IPv6 off for new interfaces and puts the old value
+	// back when the package is removed.
+	const v6 = "/proc/sys/net/ipv6/conf/default/disable_ipv6"
+	b.sh("echo 0 > " + v6)
 	out := b.install(v1)
 	t.Logf("dpkg -i:\n%s", out)
 	if !strings.Contains(out, "Proxmox VE is not installed") {
@@ -333,6 +337,9 @@ func TestInstallUpgradeRemovePurge(t *testing.T) {
 	if _, err := b.Exec(b.ctx, "test", "-e", "/usr/bin/pve-inspectd"); err == nil {
 		t.Fatal("binary still present after remove")
 	}
+	if v := strings.TrimSpace(b.run("cat", v6)); v != "0" {
+		t.Errorf("disable_ipv6=%s after remove, want the value from before the install (0)", v)
+	}
 	b.run("test", "-f", "/etc/pve-inspectd/config.toml")
 
 	// Purge: the configuration and state go too.
@@ -365,6 +372,7 @@ func checkHardening(t *testing.T, b *box) {
 		"PrivateTmp":              "yes",
 		"PrivateDevices":          "yes",
 		"ProtectKernelModules":    "yes",
+		"ProtectKernelTunables":   "yes",
 		"ProtectControlGroups":    "yes",
 		"RestrictNamespaces":      "yes",
 		"RestrictSUIDSGID":        "yes",
@@ -379,7 +387,7 @@ func checkHardening(t *testing.T, b *box) {
 	for k := range want {
 		props = append(props, k)
 	}
-	got := b.show("pve-inspectd.service", append(props, "MainPID", "SystemCallFilter", "ReadWritePaths", "Before")...)
+	got := b.show("pve-inspectd.service", append(props, "MainPID", "SystemCallFilter", "Before")...)
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s=%q, want %q", k, got[k], v)
