@@ -668,3 +668,77 @@ func TestHaltOnRepeatedFailure(t *testing.T) {
 		t.Error("table inet pve-inspect gone while the daemon keeps failing")
 	}
 }
+
+// sandboxedAs returns the installed daemon unit with its ExecStart replaced
+// by argv and made a oneshot: the same hardening, another program.
+func sandboxedAs(unit, execStart string) (string, error) {
+	var out []string
+	replaced := false
+	for _, l := range strings.Split(unit, "\n") {
+		switch {
+		case strings.HasPrefix(l, "ExecStart="):
+			l = "ExecStart=" + execStart
+			replaced = true
+		case l == "Type=notify":
+			l = "Type=oneshot"
+		case strings.HasPrefix(l, "NotifyAccess="), strings.HasPrefix(l, "WatchdogSec="),
+			strings.HasPrefix(l, "Restart"), strings.HasPrefix(l, "OnFailure="),
+			strings.HasPrefix(l, "WantedBy="):
+			continue
+		}
+		out = append(out, l)
+	}
+	if !replaced {
+		return "", fmt.Errorf("no ExecStart in:\n%s", unit)
+	}
+	return strings.Join(out, "\n"), nil
+}
+
+// TestDaemonSandboxCanHalt: the daemon halts by itself when the lockdown
+// cannot be proven; its hardening must allow that. `pve-inspectd halt`
+// runs under the daemon unit's exact sandbox over each D-Bus transport
+// (systemd's private socket, the system bus) and stops and runtime-masks
+// the stand-in Proxmox API units.
+func TestDaemonSandboxCanHalt(t *testing.T) {
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-halt"})
+	b.install(v1)
+	b.requireGuardInForce()
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	for _, transport := range []string{"private", "system"} {
+		t.Run(transport, func(t *testing.T) {
+			b := &box{Container: b.Container, t: t, ctx: b.ctx}
+			cfg := "/etc/pve-inspectd/halt-" + transport + ".toml"
+			if err := b.WriteFile(b.ctx, cfg, []byte("[halt]\ntransport = \""+transport+"\"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			probe, err := sandboxedAs(unit, "/usr/bin/pve-inspectd -c "+cfg+" halt --reason sandbox-"+transport)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-haltprobe.service", []byte(probe), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			b.run("systemctl", "daemon-reload")
+			if out, err := b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-haltprobe.service"); err != nil {
+				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-u", "pve-inspectd-haltprobe.service")
+				t.Fatalf("halt under the daemon's sandbox: %v\n%s\n%s", err, out, j)
+			}
+			if p := b.show("pve-inspectd-haltprobe.service", "CapabilityBoundingSet", "NoNewPrivileges"); p["CapabilityBoundingSet"] != "cap_kill cap_net_admin" || p["NoNewPrivileges"] != "yes" {
+				t.Fatalf("probe unit not sandboxed like the daemon: %v", p)
+			}
+			for _, u := range []string{"pveproxy.service", "pvedaemon.service"} {
+				if p := b.show(u, "ActiveState", "UnitFileState"); p["ActiveState"] != "inactive" || p["UnitFileState"] != "masked-runtime" {
+					t.Errorf("%s after the halt: %v", u, p)
+				}
+			}
+			if got := b.run("cat", "/run/pve-inspectd/halted"); !strings.Contains(got, "sandbox-"+transport) {
+				t.Errorf("halt state file: %q", got)
+			}
+			// Undo for the next transport.
+			b.run("systemctl", "unmask", "--runtime", "pveproxy.service", "pvedaemon.service")
+			b.run("systemctl", "start", "pveproxy.service", "pvedaemon.service")
+			b.run("rm", "-f", "/run/pve-inspectd/halted")
+		})
+	}
+}
