@@ -742,3 +742,60 @@ func TestDaemonSandboxCanHalt(t *testing.T) {
 		})
 	}
 }
+
+// TestDaemonSandboxCanSignalDnsmasq: the lockdown sends SIGHUP to the SDN
+// dnsmasq, which runs as another user; under the daemon unit's sandbox that
+// works (CAP_KILL), and without CAP_KILL it is refused, so the capability
+// is needed and sufficient.
+func TestDaemonSandboxCanSignalDnsmasq(t *testing.T) {
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-kill"})
+	b.install(v1)
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	for _, tc := range []struct {
+		name     string
+		dropKill bool
+	}{{"with CAP_KILL", false}, {"without CAP_KILL", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &box{Container: b.Container, t: t, ctx: b.ctx}
+			// A stand-in dnsmasq: a process of another user.
+			b.run("systemd-run", "--unit=fake-dnsmasq", "--uid=65534", "--gid=65534", "/bin/sleep", "infinity")
+			t.Cleanup(func() { _, _ = b.Exec(b.ctx, "systemctl", "stop", "fake-dnsmasq.service") })
+			b.eventually(30*time.Second, "the stand-in dnsmasq", func() bool {
+				return b.show("fake-dnsmasq.service", "MainPID")["MainPID"] != "0"
+			})
+			pid := b.show("fake-dnsmasq.service", "MainPID")["MainPID"]
+			probe, err := sandboxedAs(unit, "/bin/sh -c 'kill -HUP "+pid+"'")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.dropKill {
+				probe = strings.Replace(probe, "CapabilityBoundingSet=CAP_NET_ADMIN CAP_KILL", "CapabilityBoundingSet=CAP_NET_ADMIN", 1)
+			}
+			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-killprobe.service", []byte(probe), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			b.run("systemctl", "daemon-reload")
+			_, err = b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-killprobe.service")
+			j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-u", "pve-inspectd-killprobe.service")
+			if tc.dropKill {
+				if err == nil {
+					t.Fatalf("SIGHUP to another user's process worked without CAP_KILL:\n%s", j)
+				}
+				if !strings.Contains(string(j), "not permitted") {
+					t.Fatalf("refused, but not with EPERM:\n%s", j)
+				}
+				if st := b.show("fake-dnsmasq.service", "ActiveState")["ActiveState"]; st != "active" {
+					t.Fatalf("stand-in dnsmasq %s after a refused signal", st)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("SIGHUP under the daemon's sandbox: %v\n%s", err, j)
+			}
+			b.eventually(30*time.Second, "the stand-in dnsmasq to get the SIGHUP", func() bool {
+				return b.show("fake-dnsmasq.service", "ActiveState")["ActiveState"] != "active"
+			})
+		})
+	}
+}
