@@ -30,7 +30,7 @@ const (
 const exposureMax = 3.0
 
 // suite is the Debian release of the container: Proxmox VE 9's base
-// (systemd 257). The tests pass on bookworm (systemd 252) as well.
+// (systemd 257, whose OnFailure= semantics differ from bookworm's 252).
 const suite = "trixie"
 
 // rootfsPackages are what the package needs in the container on top of
