@@ -29,7 +29,7 @@ demo: deps build
 	$(BIN)/pve-inspect-demo
 
 bench: deps build
-	$(GO) run ./testvm/cmd/pve-inspect-bench
+	$(BIN)/pve-inspect-bench $(BENCHFLAGS)
 
 lint:
 	@out=$$(gofmt -l . ); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -27,6 +27,8 @@ type Config struct {
 	Guard GuardSection `toml:"guard"`
 	// Metrics configures the Prometheus listener (guard.go).
 	Metrics MetricsSection `toml:"metrics"`
+	// Lockdown is [lockdown], the egress lockdown.
+	Lockdown LockdownSection `toml:"lockdown"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -110,8 +112,9 @@ func (c Config) Validate() error {
 // sections lists the sections that validate themselves, by key prefix.
 func (c Config) sections() map[string]validator {
 	return map[string]validator{
-		"halt":    c.Halt,
-		"guard":   c.Guard,
-		"metrics": c.Metrics,
+		"halt":     c.Halt,
+		"guard":    c.Guard,
+		"metrics":  c.Metrics,
+		"lockdown": c.Lockdown,
 	}
 }

@@ -1,7 +1,7 @@
 // Package daemon wires the parts of `pve-inspectd run`: the host guard, the
-// metrics listener, systemd notification (READY, WATCHDOG, STOPPING) and
-// (later) the egress lockdown and the sandbox API. Each part gets its config and a logger with a
-// component attribute; the order of start-up is the order of trust: nothing
+// egress lockdown with its halt, the metrics listener, systemd notification
+// (READY, WATCHDOG, STOPPING) and (later) the sandbox API. Each part gets its
+// config and a logger with a component attribute; the order of start-up is the order of trust: nothing
 // is served and nothing is reported ready before the guard is verified in
 // force.
 package daemon
@@ -20,6 +20,8 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/lockdown"
+	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
 
 // GuardConfig turns the [guard] section into the firewall's configuration.
@@ -35,6 +37,11 @@ func GuardConfig(s config.GuardSection) firewall.Config {
 		ProcRoot:       s.ProcRoot,
 		StateDir:       s.StateDir,
 	}
+}
+
+// HaltConfig turns the [halt] section into the halt's configuration.
+func HaltConfig(s config.HaltSection) halt.Config {
+	return halt.Config{Units: s.Units, StateFile: s.StateFile, Transport: halt.Transport(s.Transport)}
 }
 
 // Daemon is `pve-inspectd run`.
@@ -78,18 +85,52 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return fmt.Errorf("guard not in force: %w", err)
 	}
 
-	// 2. Egress lockdown (lockdown/): constructed here with the guard
-	//    (SetLockdown, SetFailClosed, Management, Subscribe, Verify) and
-	//    started before readiness.
-
-	// 3. Metrics.
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(guard.Collector()); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	running := 0
 	var stops []func() // run in reverse order when a part ends or ctx is done
+
+	// 2. Egress lockdown: marker-gated, with the fail-deadly halt. Its first
+	//    reconcile happens before readiness.
+	halter, err := halt.New(HaltConfig(d.Config.Halt), log, reg)
+	if err != nil {
+		return fmt.Errorf("halt: %w", err)
+	}
+	lmetrics, err := lockdown.NewMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("lockdown metrics: %w", err)
+	}
+	lopt := LockdownOptions(d.Config.Lockdown)
+	lopt.Guard, lopt.Halter, lopt.Metrics, lopt.Logger = guard, halter, lmetrics, log
+	ctl, err := lockdown.New(lopt)
+	if err != nil {
+		return fmt.Errorf("lockdown: %w", err)
+	}
+	running++
+	go func() {
+		err := ctl.Run(ctx)
+		if err != nil {
+			err = fmt.Errorf("lockdown: %w", err)
+		}
+		errc <- err
+	}()
+	select {
+	case <-ctl.Synced():
+	case err := <-errc:
+		if err == nil {
+			err = errors.New("lockdown: stopped before its first reconcile")
+		}
+		return err
+	case <-ctx.Done():
+		cancel()
+		<-errc
+		return ctx.Err()
+	}
+
+	// 3. Metrics.
 	if addr := d.Config.Metrics.Listen; addr != "" {
 		var lc net.ListenConfig
 		ln, err := lc.Listen(ctx, "tcp", addr)
@@ -138,8 +179,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if err := d.Notify.Notify(notifyReady); err != nil {
 			log.Error("cannot report readiness to systemd", "component", "daemon", "err", err)
 		}
-		// 6. Watchdog: pings only while the health check passes. The
-		//    lockdown controller's own verify joins the check here.
+		// 6. Watchdog: pings only while the health check passes: the
+		//    guard's table verified (a wedged guard loop holds the lock
+		//    Verify needs, so it blocks and no ping goes out).
 		health := func(ctx context.Context) error { return guard.Verify(ctx) }
 		if every, err := d.Notify.WatchdogInterval(); err != nil {
 			log.Error("watchdog disabled", "component", "daemon", "err", err)

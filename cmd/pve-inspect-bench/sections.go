@@ -1,0 +1,24 @@
+package main
+
+import (
+	"context"
+	"os"
+
+	guardbench "github.com/pve-inspect/pve-inspect/firewall/bench"
+)
+
+func sections() []section {
+	return []section{
+		{"guard", benchGuard},
+		{"lockdown", benchLockdown},
+	}
+}
+
+func benchGuard(ctx context.Context, cfg config) error {
+	o := guardbench.Options{}
+	if cfg.quick {
+		o.Rounds, o.RouteChanges = 3, 10
+	}
+	_, err := guardbench.Run(ctx, o, os.Stdout)
+	return err
+}
