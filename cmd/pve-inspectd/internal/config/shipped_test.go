@@ -150,6 +150,11 @@ func TestShippedDefaultsAreReal(t *testing.T) {
 		t.Fatalf("documented [halt] = %+v, package halt's defaults are %+v", c.Halt, wantHalt)
 	}
 	c.Halt = HaltSection{}
+	// [lockdown] documents what Effective fills in for unset keys.
+	if !reflect.DeepEqual(c.Lockdown.Effective(), d.Lockdown.Effective()) || !reflect.DeepEqual(c.Lockdown, d.Lockdown.Effective()) {
+		t.Fatalf("documented [lockdown] = %+v, defaults are %+v", c.Lockdown, d.Lockdown.Effective())
+	}
+	c.Lockdown = d.Lockdown
 	if !reflect.DeepEqual(c, d) {
 		t.Fatalf("documented defaults differ from Default():\n got %+v\nwant %+v", c, d)
 	}

@@ -181,8 +181,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		// 6. Watchdog: pings only while the health check passes: the
 		//    guard's table verified (a wedged guard loop holds the lock
-		//    Verify needs, so it blocks and no ping goes out).
-		health := func(ctx context.Context) error { return guard.Verify(ctx) }
+		//    Verify needs, so it blocks and no ping goes out) and the
+		//    lockdown's loop publishing states.
+		health := func(ctx context.Context) error {
+			if err := guard.Verify(ctx); err != nil {
+				return fmt.Errorf("guard: %w", err)
+			}
+			return lockdownFresh(ctl.State(), time.Now(), lopt.Reassert)
+		}
 		if every, err := d.Notify.WatchdogInterval(); err != nil {
 			log.Error("watchdog disabled", "component", "daemon", "err", err)
 		} else if every > 0 {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -66,6 +67,14 @@ func TestRunNotifies(t *testing.T) {
 	cfg := config.Default()
 	cfg.Metrics.Listen = ""
 	cfg.Guard.StateDir = t.TempDir()
+	// The lockdown works on files of the test's own (no marker: lifted).
+	dir := t.TempDir()
+	cfg.Lockdown.Marker = filepath.Join(dir, "marker")
+	cfg.Lockdown.Resolver = filepath.Join(dir, "resolv.conf")
+	cfg.Lockdown.BackupDir = dir
+	cfg.Lockdown.StateFile = filepath.Join(dir, "lockdown.json")
+	cfg.Halt.StateFile = filepath.Join(dir, "halted")
+	cfg.Halt.Units = []string{"pve-inspectd-test-none.service"}
 	n := &sdRecorder{fakeNotifier: fakeNotifier{pings: make(chan struct{}, 1)}, every: 200 * time.Millisecond}
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/pve-inspect/pve-inspect/lockdown"
 )
 
 // Notifier tells the service manager about the daemon's state (the
@@ -88,4 +90,18 @@ func (w *watchdog) tick(ctx context.Context) {
 	if err := w.notify.Notify(notifyWatchdog); err != nil {
 		w.log.Warn("watchdog ping failed", "component", "watchdog", "err", err)
 	}
+}
+
+// lockdownFresh reports whether the lockdown controller's loop is alive: it
+// publishes a state at every reconcile, at least once per re-assert period,
+// so a state older than three periods means the loop is stuck (a reconcile
+// that never returns).
+func lockdownFresh(st lockdown.State, now time.Time, reassert time.Duration) error {
+	if reassert <= 0 {
+		reassert = lockdown.DefaultReassert
+	}
+	if age := now.Sub(st.Updated); st.Updated.IsZero() || age > 3*reassert {
+		return fmt.Errorf("lockdown: no reconcile for %v (re-assert every %v)", age.Round(time.Second), reassert)
+	}
+	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/lockdown"
 )
 
 // fakeNotifier records what the daemon sends.
@@ -124,5 +126,29 @@ func TestWatchdogFollowsCheck(t *testing.T) {
 	}
 	if got := len(n.states()); got != 2 {
 		t.Fatalf("sent %d pings for 2 healthy ticks of 4: %q", got, n.states())
+	}
+}
+
+func TestLockdownFresh(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name     string
+		updated  time.Time
+		reassert time.Duration
+		ok       bool
+	}{
+		{"just reconciled", now.Add(-time.Second), 10 * time.Second, true},
+		{"two periods ago", now.Add(-20 * time.Second), 10 * time.Second, true},
+		{"stuck", now.Add(-31 * time.Second), 10 * time.Second, false},
+		{"never", time.Time{}, 10 * time.Second, false},
+		{"default period", now.Add(-25 * time.Second), 0, true},
+		{"default period stuck", now.Add(-40 * time.Second), 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := lockdownFresh(lockdown.State{Updated: tc.updated}, now, tc.reassert)
+			if (err == nil) != tc.ok {
+				t.Fatalf("lockdownFresh = %v, want ok=%v", err, tc.ok)
+			}
+		})
 	}
 }
