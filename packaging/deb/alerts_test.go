@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
 
@@ -36,8 +37,8 @@ var promOwn = map[string][]string{"up": {"job", "instance"}}
 var descRE = regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
 
 // daemonMetrics returns every metric name the daemon's parts register,
-// with their variable labels: the guard's collector and the halt's metrics,
-// described through a registry as the daemon does.
+// with their variable labels: the guard's collector, the halt's and the
+// lockdown's metrics, registered as the daemon does (daemon.Run).
 func daemonMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	g, err := firewall.New(firewall.Config{})
@@ -50,6 +51,9 @@ func daemonMetrics(t *testing.T) map[string][]string {
 		t.Fatal(err)
 	}
 	if _, err := halt.New(halt.Config{StateFile: filepath.Join(t.TempDir(), "halted")}, nil, reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockdown.NewMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
 	// Describe what was registered: the guard's collector and the halt's
@@ -195,7 +199,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"PveInspectHalted", "PveInspectGuardRulesMissing", "PveInspectGuardRepairs", "PveInspectGuardVerifyStale", "PveInspectGuardScrapeError", "PveInspectMetadataProbe"} {
+	for _, want := range []string{"PveInspectHalted", "PveInspectGuardRulesMissing", "PveInspectGuardRepairs", "PveInspectGuardVerifyStale", "PveInspectGuardScrapeError", "PveInspectMetadataProbe", "PveInspectLockdownNotEnforced"} {
 		if !seen[want] {
 			t.Errorf("alerts.yml lacks %s", want)
 		}

@@ -34,9 +34,9 @@ const exposureMax = 3.0
 const suite = "trixie"
 
 // rootfsPackages are what the package needs in the container on top of
-// minbase+systemd: its dependencies (init-system-helpers, nftables) and
-// iptables for the reference scripts' rules.
-var rootfsPackages = []string{"init-system-helpers", "iptables", "nftables"}
+// minbase+systemd: its dependencies (init-system-helpers, nftables),
+// iptables for the reference scripts' rules, iproute2 for a default route.
+var rootfsPackages = []string{"init-system-helpers", "iproute2", "iptables", "nftables"}
 
 // build holds the packages built once per test binary.
 var build struct {
@@ -248,6 +248,37 @@ func (b *box) eventually(timeout time.Duration, what string, cond func() bool) {
 			b.t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// addUplink gives the container a management interface with the default
+// route (a veth pair inside the container's own network namespace), which
+// the lockdown needs to be enforced rather than fail closed.
+func (b *box) addUplink() {
+	b.t.Helper()
+	b.sh(`set -e
+ip link add mgmt0 type veth peer name mgmt0p
+ip link set mgmt0p up
+ip link set mgmt0 up
+ip addr add 192.0.2.2/24 dev mgmt0
+ip route add default via 192.0.2.1 dev mgmt0`)
+}
+
+// requireLockdownInForce: the daemon reports the lockdown enforced and the
+// guard's status shows it on, with mgmt0 as the management interface.
+func (b *box) requireLockdownInForce() {
+	b.t.Helper()
+	b.eventually(60*time.Second, "the lockdown in force", func() bool {
+		_, err := b.Exec(b.ctx, "pve-inspectd", "lockdown", "status")
+		return err == nil
+	})
+	out := b.run("pve-inspectd", "lockdown", "status", "--json")
+	if !strings.Contains(out, `"enforced": true`) {
+		b.t.Fatalf("lockdown status:\n%s", out)
+	}
+	st := b.run("pve-inspectd", "status")
+	if !strings.Contains(st, "lockdown: on") || !strings.Contains(st, "management (default route): mgmt0") {
+		b.t.Fatalf("guard status:\n%s", st)
 	}
 }
 
@@ -574,6 +605,7 @@ func TestMigrateFromReference(t *testing.T) {
 		Enable: []string{"inspect-proxmox-block-cloud-metadata.service", "inspect-proxmox-egress-lockdown.service", "inspect-proxmox-egress-lockdown.timer"},
 		Files:  []sysbox.File{{Path: "/etc/inspect-proxmox-egress-lockdown", Data: []byte(marker)}},
 	})
+	b.addUplink()
 	b.run("iptables", "-w", "-t", "mangle", "-I", "FORWARD", "1", "-i", "lo", "-m", "comment", "--comment", "operator rule", "-j", "DROP")
 	before := b.run("iptables-save") + b.run("ip6tables-save")
 	for _, rule := range []string{"inspect-proxmox-egress-lockdown 1.2", "-d 169.254.0.0/16", "-s 169.254.0.0/16", "-A FORWARD -j DROP"} {
@@ -601,8 +633,16 @@ func TestMigrateFromReference(t *testing.T) {
 		t.Errorf("marker changed: %q", got)
 	}
 	b.requireGuardInForce()
-	// The lockdown controller (package lockdown) is not on main yet: once it
-	// is, assert here that the lockdown is in force (lockdown: on).
+	// The lockdown is in force under the daemon's hardening: the guard's
+	// lockdown set holds mgmt0, and the SDN resolver file (created, as no
+	// dnsmasq made /run/dnsmasq here) is blanked.
+	b.requireLockdownInForce()
+	if got := b.run("cat", "/run/dnsmasq/resolv.conf"); strings.Contains(got, "nameserver") || !strings.HasPrefix(got, "#") {
+		t.Errorf("resolver not blanked: %q", got)
+	}
+	if p := b.show("pveproxy.service", "ActiveState"); p["ActiveState"] != "active" {
+		t.Errorf("the node halted although the lockdown is in force: pveproxy %v", p)
+	}
 
 	// The marker guards the node: removing the package is refused.
 	if out, err := b.Exec(b.ctx, "dpkg", "-r", "pve-inspectd"); err == nil {
@@ -624,8 +664,10 @@ func TestHaltOnRepeatedFailure(t *testing.T) {
 		Name:  "pkg-halt",
 		Files: []sysbox.File{{Path: "/etc/inspect-proxmox-egress-lockdown", Data: []byte("\n")}},
 	})
+	b.addUplink()
 	b.install(v1)
 	b.requireGuardInForce()
+	b.requireLockdownInForce()
 
 	// One crash: restarted, no halt.
 	before := b.show("pve-inspectd.service", "MainPID", "NRestarts")
