@@ -391,6 +391,15 @@ func TestInstallUpgradeRemovePurge(t *testing.T) {
 // exposure score stays below exposureMax.
 func checkHardening(t *testing.T, b *box) {
 	b = &box{Container: b.Container, t: t, ctx: b.ctx}
+	// systemd parsed both units without complaint (unknown keys, bad
+	// values and stray lines are logged as "<unit>:<line>: ...").
+	if out := b.run("journalctl", "--no-pager", "-o", "cat"); regexp.MustCompile(`pve-inspectd(-halt)?\.service:\d+:`).MatchString(out) {
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "pve-inspectd") && regexp.MustCompile(`\.service:\d+:`).MatchString(l) {
+				t.Errorf("unit file: %s", l)
+			}
+		}
+	}
 	want := map[string]string{
 		"Type":                    "notify",
 		"NotifyAccess":            "main",
@@ -838,6 +847,50 @@ func TestDaemonSandboxCanSignalDnsmasq(t *testing.T) {
 			b.eventually(30*time.Second, "the stand-in dnsmasq to get the SIGHUP", func() bool {
 				return b.show("fake-dnsmasq.service", "ActiveState")["ActiveState"] != "active"
 			})
+		})
+	}
+}
+
+// TestDaemonSandboxFilesystem: under the daemon unit's sandbox the one
+// sysctl the guard sets and /run are writable; the rest of /proc/sys,
+// /etc, /usr and /var (but its state directory) are not.
+func TestDaemonSandboxFilesystem(t *testing.T) {
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-fs"})
+	b.install(v1)
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	for _, tc := range []struct {
+		path     string
+		writable bool
+	}{
+		{"/proc/sys/net/ipv6/conf/default/disable_ipv6", true},
+		{"/run/dnsmasq/resolv.conf", true},
+		{"/var/lib/pve-inspectd/probe", true},
+		{"/proc/sys/net/ipv4/ip_forward", false},
+		{"/etc/pve-inspectd/config.toml", false},
+		{"/usr/bin/pve-inspectd", false},
+		{"/var/log/probe", false},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			b := &box{Container: b.Container, t: t, ctx: b.ctx}
+			// Write the value already there (sysctls) or a new file.
+			script := `v=$(cat "$0") && echo "$v" > "$0"`
+			if !strings.HasPrefix(tc.path, "/proc/") {
+				script = `mkdir -p "$(dirname "$0")" 2>/dev/null; : >> "$0"`
+			}
+			probe, err := sandboxedAs(unit, "/bin/sh -c '"+strings.ReplaceAll(script, "'", `'"'"'`)+"' "+tc.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-fsprobe.service", []byte(probe), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			b.run("systemctl", "daemon-reload")
+			_, err = b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-fsprobe.service")
+			if (err == nil) != tc.writable {
+				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "5", "-u", "pve-inspectd-fsprobe.service")
+				t.Fatalf("write %s under the daemon's sandbox: err=%v, want writable=%v\n%s", tc.path, err, tc.writable, j)
+			}
 		})
 	}
 }
