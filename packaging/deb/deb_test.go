@@ -653,6 +653,24 @@ func TestMigrateFromReference(t *testing.T) {
 		t.Errorf("the node halted although the lockdown is in force: pveproxy %v", p)
 	}
 
+	// Upgrade with the lockdown on: the lockdown set never loses the
+	// management interface (nft monitor sees every element deletion).
+	b.run("systemd-run", "--unit=nft-monitor", "-p", "StandardOutput=file:/root/nft-monitor", "/usr/sbin/nft", "monitor")
+	b.eventually(30*time.Second, "nft monitor", func() bool {
+		return b.show("nft-monitor.service", "ActiveState")["ActiveState"] == "active"
+	})
+	_, v2 := debs(t)
+	b.install(v2)
+	b.requireLockdownInForce()
+	b.run("systemctl", "stop", "nft-monitor.service")
+	mon := b.run("cat", "/root/nft-monitor")
+	t.Logf("nft monitor during the upgrade:\n%s", mon)
+	for _, l := range strings.Split(mon, "\n") {
+		if strings.Contains(l, "delete") && (strings.Contains(l, "pve-inspect lockdown") || strings.Contains(l, "table inet pve-inspect")) {
+			t.Errorf("lockdown lifted during the upgrade: %s", l)
+		}
+	}
+
 	// The marker guards the node: removing the package is refused.
 	if out, err := b.Exec(b.ctx, "dpkg", "-r", "pve-inspectd"); err == nil {
 		t.Fatalf("dpkg -r succeeded with the lockdown marker present:\n%s", out)

@@ -72,8 +72,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	// 1. Host guard: in force and verified before anything else.
-	guard, err := firewall.New(GuardConfig(d.Config.Guard), append([]firewall.Option{firewall.WithLogger(log)}, d.GuardOptions...)...)
+	// 1. Host guard: in force and verified before anything else. A restart
+	//    while the lockdown is asked for starts it with the lockdown on, so
+	//    adopting the orphaned table never empties the lockdown sets.
+	lopt := LockdownOptions(d.Config.Lockdown)
+	initial := StartSwitches(lopt.Marker, lopt.StateFile)
+	guard, err := firewall.New(GuardConfig(d.Config.Guard),
+		append([]firewall.Option{firewall.WithLogger(log), firewall.WithSwitches(initial)}, d.GuardOptions...)...)
 	if err != nil {
 		return fmt.Errorf("guard: %w", err)
 	}
@@ -103,7 +108,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("lockdown metrics: %w", err)
 	}
-	lopt := LockdownOptions(d.Config.Lockdown)
 	lopt.Guard, lopt.Halter, lopt.Metrics, lopt.Logger = guard, halter, lmetrics, log
 	ctl, err := lockdown.New(lopt)
 	if err != nil {
