@@ -29,6 +29,10 @@ const (
 // the container (systemd 252): see the package README.
 const exposureMax = 3.0
 
+// haltExposureMax is the same for the halt unit (no capabilities, no
+// network).
+const haltExposureMax = 1.2
+
 // suite is the Debian release of the container: Proxmox VE 9's base
 // (systemd 257, whose OnFailure= semantics differ from bookworm's 252).
 const suite = "trixie"
@@ -469,19 +473,24 @@ func checkHardening(t *testing.T, b *box) {
 		t.Errorf("net.ipv6.conf.default.disable_ipv6=%s after start, want 1", v)
 	}
 
-	score := exposure(t, b)
+	score := exposure(t, b, "pve-inspectd.service")
 	t.Logf("systemd-analyze security pve-inspectd.service: exposure %.1f (max %.1f)", score, exposureMax)
 	if score > exposureMax {
 		t.Errorf("exposure %.1f above %.1f", score, exposureMax)
 	}
+	hs := exposure(t, b, "pve-inspectd-halt.service")
+	t.Logf("systemd-analyze security pve-inspectd-halt.service: exposure %.1f (max %.1f)", hs, haltExposureMax)
+	if hs > haltExposureMax {
+		t.Errorf("halt unit exposure %.1f above %.1f", hs, haltExposureMax)
+	}
 }
 
-var exposureRE = regexp.MustCompile(`Overall exposure level for pve-inspectd\.service: ([0-9.]+)`)
+var exposureRE = regexp.MustCompile(`Overall exposure level for [a-z-]+\.service: ([0-9.]+)`)
 
 // exposure runs systemd-analyze security on the unit and returns its score.
-func exposure(t *testing.T, b *box) float64 {
+func exposure(t *testing.T, b *box, unit string) float64 {
 	t.Helper()
-	out, _ := b.Exec(b.ctx, "systemd-analyze", "security", "--no-pager", "pve-inspectd.service")
+	out, _ := b.Exec(b.ctx, "systemd-analyze", "security", "--no-pager", unit)
 	m := exposureRE.FindSubmatch(out)
 	if m == nil {
 		t.Fatalf("no exposure score in:\n%s", out)
