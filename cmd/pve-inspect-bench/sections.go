@@ -10,6 +10,8 @@ import (
 func sections() []section {
 	return []section{
 		{"guard", benchGuard},
+		{"lockdown", benchLockdown},
+		{"qga", benchQGA},
 	}
 }
 

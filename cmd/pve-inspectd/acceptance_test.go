@@ -72,7 +72,15 @@ verify_interval = "2s"
 state_dir = %q
 [metrics]
 listen = "0.0.0.0:%d"
-`, filepath.Join(dir, "state"), accMetricsPort)
+[lockdown]
+marker = %q
+resolver = %q
+backup_dir = %q
+state_file = %q
+[halt]
+state_file = %q
+`, filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
+		filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"), filepath.Join(dir, "halted"))
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}

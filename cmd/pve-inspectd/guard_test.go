@@ -119,6 +119,13 @@ proc_root = "` + filepath.Join(dir, "proc") + `"
 state_dir = "` + filepath.Join(dir, "state") + `"
 [metrics]
 listen = "127.0.0.1:9474"
+[lockdown]
+marker = "` + filepath.Join(dir, "marker") + `"
+resolver = "` + filepath.Join(dir, "resolv.conf") + `"
+backup_dir = "` + filepath.Join(dir, "lockdown") + `"
+state_file = "` + filepath.Join(dir, "lockdown.json") + `"
+[halt]
+state_file = "` + filepath.Join(dir, "halted") + `"
 `
 	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)

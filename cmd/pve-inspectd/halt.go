@@ -16,13 +16,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
 
 // haltConfig maps the [halt] section onto the halt package's configuration.
-func haltConfig(s config.HaltSection) halt.Config {
-	return halt.Config{Units: s.Units, StateFile: s.StateFile, Transport: halt.Transport(s.Transport)}
-}
+func haltConfig(s config.HaltSection) halt.Config { return daemon.HaltConfig(s) }
 
 // newHaltCmd is `pve-inspectd halt --reason TEXT`: the fail-deadly halt on
 // demand, run by the OnFailure= unit when the daemon keeps failing while
@@ -85,7 +84,7 @@ type causeCheckFor func(cfg config.Config) halt.CauseCheck
 
 // newRecoverCmd is `pve-inspectd recover`: it lifts a halt unless cause
 // (built from the configuration) says the cause persists. The wiring in
-// root.go decides the check; see markerRouteCause.
+// root.go decides the check; see lockdownCause.
 func newRecoverCmd(g *globals, cause causeCheckFor) *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -134,8 +133,8 @@ const DefaultMarker = "/etc/inspect-proxmox-egress-lockdown"
 // reason says. The lockdown controller will supply a check that proves its
 // lockdown in force (it knows the other causes: a refused commit, an
 // unverifiable table, failed DNS blanking); wire it here when it lands.
-func markerRouteCause(config.Config) halt.CauseCheck {
-	return routeCause{marker: DefaultMarker, procNet: "/proc/net"}.check
+func markerRouteCause(cfg config.Config) halt.CauseCheck {
+	return routeCause{marker: cfg.Lockdown.Effective().Marker, procNet: "/proc/net"}.check
 }
 
 // routeCause checks the fail-closed condition under configurable paths.

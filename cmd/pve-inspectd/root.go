@@ -39,7 +39,8 @@ func newRootCmd() *cobra.Command {
 		newVersionCmd(),
 		newManpageCmd(),
 		newMigrateCmd(),
-		newHaltCmd(g), newRecoverCmd(g, markerRouteCause),
+		newHaltCmd(g), newRecoverCmd(g, lockdownCause),
+		newLockdownCmd(g),
 	)
 	root.AddCommand(newGuardCmds(g)...)
 	return root

@@ -1,4 +1,87 @@
 // Package qga is a client for the QEMU guest agent protocol spoken over the
 // unix socket that Proxmox itself uses (/var/run/qemu-server/<vmid>.qga).
 // Every byte that arrives on the socket is treated as hostile.
+//
+// # Use
+//
+//	c := qga.New(qga.Options{})            // one per daemon
+//	a := c.Agent("/var/run/qemu-server/101.qga")
+//	res, err := a.Exec(ctx, qga.ExecRequest{Argv: []string{"uname", "-a"}, Timeout: time.Minute})
+//	err = a.WriteFile(ctx, "/opt/probe", binary, 0o755)
+//	n, err := a.ReadFile(ctx, "/etc/os-release", w, 16<<20)
+//
+// # Design decisions
+//
+// Channel. QEMU serves one client at a time on the socket and Proxmox
+// pings it with a 3 s timeout, so the client never holds a connection idle:
+// every command sequence is one short connection (a "session"), taken
+// under a per-socket mutex that a waiter can abandon through its context;
+// different sockets share nothing and run fully in parallel. A session
+// starts with 0xFF (which flushes whatever a previous client left in the
+// agent's JSON parser; qemu-ga answers it with one parse-error line) and
+// guest-sync-delimited with a fresh random id below 100000; everything up
+// to the 0xFF that precedes the echoed id is discarded, within bounds.
+// Every command then carries a QMP "id" that qemu-ga echoes, so a reply to
+// anything else (a stale or invented reply) is detected instead of being
+// taken for ours.
+//
+// Hostile replies. Every read has a stall deadline and every command an
+// overall deadline; a reply line is bounded (Options.MaxReplyBytes, sized
+// from the largest file chunk) and must be one strict JSON object with
+// exactly one of "return" and "error" and our id, with a return value of
+// the expected shape. Anything else is a *ProtocolError whose Kind tells
+// what happened; the connection is dropped and the next call starts
+// afresh. Client.BufferedBytes and PeakBufferedBytes expose the memory held
+// in reply buffers so tests (and metrics) can check that it stays bounded.
+// Agent-side failures ({"error": ...}) are *AgentError and match
+// ErrNotFound, ErrIsDir and ErrPermission with errors.Is.
+//
+// Closing. A connection is never abandoned mid-command without closing
+// it, and closing one with unread data in its receive queue resets it,
+// which makes a unix-listen qemu-ga exit ("error reading channel"). So a
+// session that ends with a reply possibly still on its way half-closes
+// the socket and discards what arrives for at most DrainTimeout before it
+// closes.
+//
+// Files. guest-file-read and guest-file-write move base64 in JSON, which
+// the agent parses at some tens of MB/s, so chunk sizes adapt to the
+// measured speed so that one call takes about ChunkTarget (250 ms), between
+// 64 KiB and MaxChunk (16 MiB; qemu-ga refuses messages over 64 MiB of JSON
+// tokens, i.e. chunks over 48 MiB - 192 bytes). Each chunk is its own
+// session, so other clients (Proxmox's pings) interleave between chunks;
+// the caller's reader and writer are used outside the per-VM lock. Writes
+// go to a temporary file in the target directory, which is renamed over
+// the target (chmod + mv, one guest-exec) only when complete; a missing
+// parent directory is created on the first not-found. Handles are closed
+// on every path, on a fresh short context when the caller's is gone.
+//
+// Exec. guest-exec with capture-output keeps the output in the agent's
+// memory until the process ends and gives nothing back while it runs, and
+// a background child that holds the pipe keeps it open. So the command's
+// stdout and stderr go to guest temp files that the client created (and
+// holds open) in a root-only directory (Options.GuestTempDir, created 0700
+// on first use, so the guest's other users can neither read nor inject
+// output) and reads incrementally with guest-file-read: the per-stream
+// limit is enforced while reading, output can be streamed while the
+// command runs (ExecStream), and the call ends when the command itself
+// exits. The command runs under a small POSIX sh wrapper that opens the
+// files, unlinks them (the agent's handles keep them alive, so nothing is
+// left behind), sets env, user (setpriv) and cwd, and execs the command
+// through setsid: the pid guest-exec reports is the command's own, leader
+// of a new session and process group, so its exit code or signal comes
+// back unchanged and a timeout or cancellation kills the whole tree
+// (kill -9 of the group, pkill -9 -s of the session). User data reaches
+// the wrapper only as positional parameters, never inside the script;
+// arguments that are not valid UTF-8 (JSON strings cannot carry them)
+// travel as octal escapes decoded by printf. Stdin up to InlineStdin
+// travels in guest-exec's input-data, larger stdin is streamed into a
+// guest temp file first. Status is polled at a tenth of the elapsed time,
+// clamped to 1..50 ms.
+//
+// Limits of the guest side: the wrapper needs /bin/sh, setsid and rm in
+// the guest, setpriv and id for User, and pkill (optional) for the session
+// kill; a process that calls setsid itself escapes the tree kill. Output
+// beyond the limit is not read but still written to the (unlinked) guest
+// file until the command ends. Guest paths for the file commands must be
+// valid UTF-8 (they travel as JSON strings).
 package qga

@@ -27,6 +27,8 @@ type Config struct {
 	Guard GuardSection `toml:"guard"`
 	// Metrics configures the Prometheus listener (guard.go).
 	Metrics MetricsSection `toml:"metrics"`
+	// Lockdown is [lockdown], the egress lockdown.
+	Lockdown LockdownSection `toml:"lockdown"`
 	// Check configures the containment check (check.go).
 	Check CheckSection `toml:"check"`
 }
@@ -112,9 +114,10 @@ func (c Config) Validate() error {
 // sections lists the sections that validate themselves, by key prefix.
 func (c Config) sections() map[string]validator {
 	return map[string]validator{
-		"halt":    c.Halt,
-		"guard":   c.Guard,
-		"metrics": c.Metrics,
-		"check":   c.Check,
+		"halt":     c.Halt,
+		"guard":    c.Guard,
+		"metrics":  c.Metrics,
+		"lockdown": c.Lockdown,
+		"check":    c.Check,
 	}
 }

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	awsec2 "github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/spf13/cobra"
+
+	cloudec2 "github.com/pve-inspect/pve-inspect/cloud/ec2"
+	"github.com/pve-inspect/pve-inspect/provision"
+)
+
+// ec2Client is what launch needs from EC2.
+type ec2Client = cloudec2.API
+
+func newEC2Client(ctx context.Context, region string) (ec2Client, error) {
+	var opts []func(*config.LoadOptions) error
+	if region != "" {
+		opts = append(opts, config.WithRegion(region))
+	}
+	cfg, err := config.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("aws config: %w", err)
+	}
+	if cfg.Region == "" {
+		return nil, fmt.Errorf("aws config: no region (--region or AWS_REGION)")
+	}
+	return awsec2.NewFromConfig(cfg), nil
+}
+
+// ec2TagReporter runs on the node: it finds its own instance over IMDSv2
+// and writes progress tags on it.
+func ec2TagReporter(ctx context.Context, kind string) (func(context.Context, string, string) error, error) {
+	if kind != "ec2-tags" {
+		return nil, fmt.Errorf("report %q: unknown", kind)
+	}
+	md := imds.New(imds.Options{})
+	id, err := md.GetMetadata(ctx, &imds.GetMetadataInput{Path: "instance-id"})
+	if err != nil {
+		return nil, fmt.Errorf("imds instance-id: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(id.Content, 64))
+	id.Content.Close()
+	if err != nil {
+		return nil, fmt.Errorf("imds instance-id: %w", err)
+	}
+	reg, err := md.GetRegion(ctx, &imds.GetRegionInput{})
+	if err != nil {
+		return nil, fmt.Errorf("imds region: %w", err)
+	}
+	cfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(reg.Region))
+	if err != nil {
+		return nil, fmt.Errorf("aws config: %w", err)
+	}
+	r := cloudec2.TagReporter{API: awsec2.NewFromConfig(cfg), InstanceID: strings.TrimSpace(string(b))}
+	return r.Report, nil
+}
+
+type userDataFlags struct {
+	nodeConfig   string
+	binaryURL    string
+	binarySHA256 string
+}
+
+func (u *userDataFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&u.nodeConfig, "node-config", "", "the node's recipe configuration (TOML), validated before use")
+	cmd.Flags().StringVar(&u.binaryURL, "binary-url", "", "http(s) URL the node downloads pve-bootstrap from")
+	cmd.Flags().StringVar(&u.binarySHA256, "binary-sha256", "", "sha256 of that binary (hex)")
+	_ = cmd.MarkFlagRequired("node-config")
+	_ = cmd.MarkFlagRequired("binary-url")
+	_ = cmd.MarkFlagRequired("binary-sha256")
+}
+
+// render validates the node config, lets edit adjust it, and renders the
+// user-data document.
+func (u *userDataFlags) render(edit func(*provision.Config)) ([]byte, provision.Config, error) {
+	cfg, err := provision.LoadConfig(u.nodeConfig)
+	if err != nil {
+		return nil, cfg, fmt.Errorf("node config %s: %w", u.nodeConfig, err)
+	}
+	if edit != nil {
+		edit(&cfg)
+		if err := cfg.Validate(); err != nil {
+			return nil, cfg, err
+		}
+	}
+	doc, err := cfg.Encode()
+	if err != nil {
+		return nil, cfg, err
+	}
+	raw, err := cloudec2.Render(cloudec2.UserData{Config: doc, BinaryURL: u.binaryURL, BinarySHA256: u.binarySHA256})
+	return raw, cfg, err
+}
+
+func newEC2Cmd(d *deps) *cobra.Command {
+	cmd := &cobra.Command{Use: "ec2", Short: "render user-data for and launch a Proxmox node on EC2"}
+
+	ud := &userDataFlags{}
+	var raw bool
+	var out string
+	userdata := &cobra.Command{
+		Use: "userdata", Short: "render the cloud-init user-data (gzip+base64, under 16 KiB)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			doc, _, err := ud.render(nil)
+			if err != nil {
+				return err
+			}
+			enc, err := cloudec2.Encode(doc)
+			if err != nil {
+				return err
+			}
+			data := []byte(enc + "\n")
+			if raw {
+				data = doc
+			}
+			if out != "" && out != "-" {
+				return os.WriteFile(out, data, 0o600)
+			}
+			_, err = cmd.OutOrStdout().Write(data)
+			return err
+		},
+	}
+	ud.register(userdata)
+	userdata.Flags().BoolVar(&raw, "raw", false, "print the multipart document instead of gzip+base64")
+	userdata.Flags().StringVarP(&out, "output", "o", "-", "write to this file")
+
+	lf := &launchFlags{}
+	launch := &cobra.Command{
+		Use: "launch", Short: "launch the instance and follow the node's progress", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return d.launch(cmd.Context(), cmd.OutOrStdout(), lf) },
+	}
+	lf.ud.register(launch)
+	fl := launch.Flags()
+	fl.StringVar(&lf.region, "region", "", "AWS region (default from the AWS config)")
+	fl.StringVar(&lf.spec.ImageID, "image", "", "Debian 13 AMI id (ami-...)")
+	fl.StringVar(&lf.spec.InstanceType, "type", "m8i.2xlarge", "c8i/m8i/r8i (nested virtualization) or a .metal type")
+	fl.StringVar(&lf.spec.SubnetID, "subnet", "", "subnet id")
+	fl.StringSliceVar(&lf.spec.SecurityGroupIDs, "security-group", nil, "security group ids")
+	fl.StringVar(&lf.spec.KeyName, "key-name", "", "EC2 key pair for SSH")
+	fl.StringVar(&lf.spec.InstanceProfile, "instance-profile", "", "IAM instance profile (needs ec2:CreateTags on itself for progress)")
+	fl.Int32Var(&lf.spec.RootVolumeGiB, "root-gib", 100, "root volume size in GiB")
+	fl.StringVar(&lf.spec.Name, "name", "", "instance Name tag (default: the node's host name)")
+	fl.StringToStringVar(&lf.spec.Tags, "tag", nil, "extra tags key=value")
+	fl.DurationVar(&lf.timeout, "timeout", 75*time.Minute, "how long to wait for the node to finish")
+	fl.DurationVar(&lf.poll, "poll", 20*time.Second, "how often to read the node's progress")
+	_ = launch.MarkFlagRequired("image")
+	cmd.AddCommand(userdata, launch)
+	return cmd
+}
+
+type launchFlags struct {
+	ud      userDataFlags
+	region  string
+	spec    cloudec2.Spec
+	timeout time.Duration
+	poll    time.Duration
+}
+
+func (d *deps) launch(ctx context.Context, w io.Writer, lf *launchFlags) error {
+	doc, cfg, err := lf.ud.render(func(c *provision.Config) { c.Report = "ec2-tags" })
+	if err != nil {
+		return err
+	}
+	enc, err := cloudec2.Encode(doc)
+	if err != nil {
+		return err
+	}
+	spec := lf.spec
+	spec.UserData = enc
+	if spec.Name == "" {
+		spec.Name = cfg.Hostname
+	}
+	if _, err := cloudec2.RunInstancesInput(spec); err != nil {
+		return err
+	}
+	if spec.InstanceProfile == "" {
+		fmt.Fprintln(w, "warning: no --instance-profile: the node cannot tag itself, so its progress stays invisible until the timeout")
+	}
+	api, err := d.ec2(ctx, lf.region)
+	if err != nil {
+		return err
+	}
+	id, err := cloudec2.Launch(ctx, api, spec)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "launched %s (%s); following the node's progress (timeout %s)\n", id, spec.InstanceType, lf.timeout)
+	inst, err := cloudec2.Wait(ctx, api, id, lf.poll, lf.timeout, func(i cloudec2.Instance) {
+		// Tags are written by the node: quote them, never echo raw bytes.
+		fmt.Fprintf(w, "%s  state=%s step=%q status=%q\n", time.Now().UTC().Format("15:04:05"), i.State, i.Tags[cloudec2.TagStep], i.Tags[cloudec2.TagStatus])
+	})
+	if err != nil {
+		return fmt.Errorf("%w\nreach the node: ssh admin@%s, then `pve-bootstrap node status`", err, inst.Address())
+	}
+	addr := inst.Address()
+	fmt.Fprintf(w, `node ready:
+  instance   %s
+  proxmox    https://%s:8006/
+  api token  %s on the node (root only, 0600)
+  ssh        ssh admin@%s
+  ssm        aws ssm start-session --target %s
+`, id, addr, provision.TokenPath, addr, id)
+	return nil
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awsec2 "github.com/aws/aws-sdk-go-v2/service/ec2"
+
+	cloudec2 "github.com/pve-inspect/pve-inspect/cloud/ec2"
+)
+
+// TestEC2LaunchCommand runs `ec2 launch` against a local EC2 endpoint that
+// plays a node reporting its way to done through tags.
+func TestEC2LaunchCommand(t *testing.T) {
+	var mu sync.Mutex
+	var forms []url.Values
+	describes := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.ParseForm()
+		mu.Lock()
+		defer mu.Unlock()
+		forms = append(forms, r.PostForm)
+		const ns = `xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"`
+		switch r.PostForm.Get("Action") {
+		case "RunInstances":
+			fmt.Fprintf(w, `<RunInstancesResponse %s><requestId>1</requestId><instancesSet><item><instanceId>i-0feed</instanceId></item></instancesSet></RunInstancesResponse>`, ns)
+		case "DescribeInstances":
+			describes++
+			status := cloudec2.StatusRunning
+			if describes > 2 {
+				status = cloudec2.StatusDone
+			}
+			fmt.Fprintf(w, `<DescribeInstancesResponse %s><requestId>2</requestId><reservationSet><item><instancesSet><item><instanceId>i-0feed</instanceId><instanceState><code>16</code><name>running</name></instanceState><ipAddress>203.0.113.9</ipAddress><tagSet><item><key>%s</key><value>secrets</value></item><item><key>%s</key><value>%s</value></item></tagSet></item></instancesSet></item></reservationSet></DescribeInstancesResponse>`,
+				ns, cloudec2.TagStep, cloudec2.TagStatus, status)
+		default:
+			http.Error(w, "unexpected", http.StatusBadRequest)
+		}
+	}))
+	defer srv.Close()
+	d := fixtureDeps(freshMachine())
+	d.ec2 = func(_ context.Context, region string) (ec2Client, error) {
+		if region != "eu-central-1" {
+			t.Errorf("region %q", region)
+		}
+		return awsec2.New(awsec2.Options{Region: region, BaseEndpoint: aws.String(srv.URL),
+			Credentials: credentials.NewStaticCredentialsProvider("AKID", "s", ""), HTTPClient: srv.Client()}), nil
+	}
+	root := fixtureRoot(t)
+	out, err := runCmd(t, d, "ec2", "launch", "--region", "eu-central-1", "--image", "ami-0abc", "--type", "r8i.4xlarge",
+		"--instance-profile", "pve-node", "--node-config", filepath.Join(root, "etc/pve-bootstrap/config.toml"),
+		"--binary-url", "https://files.example.test/pve-bootstrap", "--binary-sha256", strings.Repeat("cd", 32), "--poll", "1ms")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"launched i-0feed", "https://203.0.113.9:8006/", "/etc/pve-inspectd/pve-token", "ssh admin@203.0.113.9", `status="done"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	run := forms[0]
+	if run.Get("CpuOptions.NestedVirtualization") != "enabled" || run.Get("MetadataOptions.HttpTokens") != "required" || run.Get("TagSpecification.1.Tag.1.Value") != "pve1" {
+		t.Errorf("RunInstances form: %v", run)
+	}
+	doc, err := cloudec2.Decode(run.Get("UserData"))
+	if err != nil || !strings.Contains(string(doc), `report = "ec2-tags"`) {
+		t.Errorf("user-data does not turn on tag reporting: %v\n%s", err, doc)
+	}
+}

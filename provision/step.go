@@ -1,0 +1,35 @@
+package provision
+
+import (
+	"context"
+	"io"
+	"log/slog"
+)
+
+// Env is what a step works with.
+type Env struct {
+	Config  Config
+	Root    Root
+	Runner  Runner
+	Addrs   AddrSource
+	Fetcher Fetcher
+	State   *State
+	Log     *slog.Logger
+	// Random is the source of generated secrets (crypto/rand.Reader).
+	Random io.Reader
+}
+
+// Step is one unit of the recipe.
+type Step struct {
+	// ID is stable: it names the step in state.json, skip lists and output.
+	ID string
+	// Description says what the step makes true.
+	Description string
+	// Reboot is set when a reboot must follow the apply.
+	Reboot bool
+	// Check reports whether the step is already done. It must not change
+	// anything. A nil Check means "done once recorded in state".
+	Check func(ctx context.Context, e *Env) (bool, error)
+	// Apply makes the step true.
+	Apply func(ctx context.Context, e *Env) error
+}

@@ -1,0 +1,360 @@
+package qga
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	// maxSyncDiscard bounds what may precede the sync delimiter (qemu-ga
+	// answers the leading 0xFF with one short parse-error line).
+	maxSyncDiscard = 64 << 10
+	// maxSyncAttempts bounds the delimited lines read while looking for
+	// our sync id.
+	maxSyncAttempts = 8
+	// maxID: ids stay below 100000 so that Proxmox's own client, should it
+	// ever see a stray reply of ours, treats it as stale.
+	maxID = 100000
+	// writeSlice is the size of one write with its own stall deadline.
+	writeSlice = 256 << 10
+	// drainLimit bounds the bytes discarded while draining an abandoned reply.
+	drainLimit = 256 << 20
+	readSize   = 64 << 10
+)
+
+// conn is one short connection to an agent. It is used by one goroutine;
+// only the cancellation hook runs concurrently.
+type conn struct {
+	c      *Client
+	socket string
+	nc     *net.UnixConn
+	ctx    context.Context
+	stop   func() bool
+
+	mu        sync.Mutex // guards cancelled and closing against deadline updates
+	cancelled bool
+	closing   bool
+
+	buf     []byte // reply buffer, accounted in c.buffered by its capacity
+	r, w    int    // unread window buf[r:w]
+	pending bool   // a request was written whose reply was not consumed
+	broken  error  // first protocol failure; the connection is unusable after it
+	id      uint32
+}
+
+// dial connects to the agent socket. A full listen backlog (EAGAIN: the
+// agent serves one client at a time, e.g. Proxmox's own) is retried until
+// the stall timeout.
+func (c *Client) dial(ctx context.Context, path string) (*conn, error) {
+	deadline := time.Now().Add(c.opts.StallTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	backoff := time.Millisecond
+	for {
+		dctx, cancel := context.WithDeadline(ctx, deadline)
+		var d net.Dialer
+		nc, err := d.DialContext(dctx, "unix", path)
+		cancel()
+		if err == nil {
+			cn := &conn{c: c, socket: path, nc: nc.(*net.UnixConn), ctx: ctx, id: uint32(1 + rand.IntN(maxID-1))}
+			cn.stop = context.AfterFunc(ctx, func() {
+				cn.mu.Lock()
+				defer cn.mu.Unlock()
+				if !cn.closing {
+					cn.cancelled = true
+					cn.nc.SetDeadline(time.Unix(1, 0))
+				}
+			})
+			return cn, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("qga %s: connect: %w", path, ctx.Err())
+		}
+		if !errors.Is(err, syscall.EAGAIN) || time.Now().Add(backoff).After(deadline) {
+			return nil, &ProtocolError{Kind: KindConnect, Socket: path, Err: err}
+		}
+		time.Sleep(backoff)
+		backoff = min(backoff*2, 50*time.Millisecond)
+	}
+}
+
+// fail records and returns the error for a failed step. Failures caused by
+// the caller's context come back as the context's error.
+func (cn *conn) fail(kind Kind, cmd string, err error) error {
+	if cn.ctx.Err() != nil {
+		e := fmt.Errorf("qga %s %s: %w", cn.socket, cmd, cn.ctx.Err())
+		if cn.broken == nil {
+			cn.broken = e
+		}
+		return e
+	}
+	var pe *ProtocolError
+	if !errors.As(err, &pe) {
+		pe = &ProtocolError{Kind: kind, Command: cmd, Err: err}
+	}
+	pe.Socket = cn.socket
+	if cn.broken == nil {
+		cn.broken = pe
+	}
+	return pe
+}
+
+// ioKind classifies a socket error.
+func ioKind(err error) Kind {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return KindTimeout
+	}
+	return KindClosed
+}
+
+func (cn *conn) setDeadline(read bool, t time.Time) error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.cancelled {
+		return cn.ctx.Err()
+	}
+	if read {
+		return cn.nc.SetReadDeadline(t)
+	}
+	return cn.nc.SetWriteDeadline(t)
+}
+
+// stepDeadline is the deadline of the next read or write: the stall
+// timeout, but never past the end of the call.
+func (cn *conn) stepDeadline(callEnd time.Time) time.Time {
+	t := time.Now().Add(cn.c.opts.StallTimeout)
+	if callEnd.Before(t) {
+		return callEnd
+	}
+	return t
+}
+
+func (cn *conn) callEnd() time.Time {
+	t := time.Now().Add(cn.c.opts.CallTimeout)
+	if d, ok := cn.ctx.Deadline(); ok && d.Before(t) {
+		return d
+	}
+	return t
+}
+
+// write sends b in slices, each with its own stall deadline.
+func (cn *conn) write(cmd string, b []byte, callEnd time.Time) error {
+	for len(b) > 0 {
+		n := min(len(b), writeSlice)
+		if err := cn.setDeadline(false, cn.stepDeadline(callEnd)); err != nil {
+			return cn.fail(KindClosed, cmd, err)
+		}
+		m, err := cn.nc.Write(b[:n])
+		b = b[m:]
+		if err != nil {
+			return cn.fail(ioKind(err), cmd, fmt.Errorf("send: %w", err))
+		}
+	}
+	return nil
+}
+
+// fill reads more bytes into the buffer, growing it up to the reply bound.
+func (cn *conn) fill(cmd string, callEnd time.Time) error {
+	if cn.r == cn.w {
+		cn.r, cn.w = 0, 0
+	}
+	if cn.w == len(cn.buf) {
+		if cn.r > 0 {
+			cn.w = copy(cn.buf, cn.buf[cn.r:cn.w])
+			cn.r = 0
+		} else {
+			limit := cn.c.opts.MaxReplyBytes + readSize
+			if len(cn.buf) >= limit {
+				return cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.c.opts.MaxReplyBytes))
+			}
+			n := min(max(2*len(cn.buf), readSize), limit)
+			nb := make([]byte, n)
+			copy(nb, cn.buf[:cn.w])
+			cn.c.addBuffered(int64(n - len(cn.buf)))
+			cn.buf = nb
+		}
+	}
+	if err := cn.setDeadline(true, cn.stepDeadline(callEnd)); err != nil {
+		return cn.fail(KindClosed, cmd, err)
+	}
+	n, err := cn.nc.Read(cn.buf[cn.w:])
+	cn.w += n
+	if n > 0 {
+		return nil
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	if errors.Is(err, io.EOF) {
+		err = errors.New("agent closed the connection")
+	}
+	return cn.fail(ioKind(err), cmd, fmt.Errorf("receive: %w", err))
+}
+
+// readLine returns the next reply line without its newline. The slice is
+// valid until the next read.
+func (cn *conn) readLine(cmd string, callEnd time.Time) ([]byte, error) {
+	for {
+		if i := bytes.IndexByte(cn.buf[cn.r:cn.w], '\n'); i >= 0 {
+			line := cn.buf[cn.r : cn.r+i]
+			cn.r += i + 1
+			return line, nil
+		}
+		if cn.w-cn.r > cn.c.opts.MaxReplyBytes {
+			return nil, cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.c.opts.MaxReplyBytes))
+		}
+		if err := cn.fill(cmd, callEnd); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// sync resynchronizes the channel: 0xFF flushes whatever a previous client
+// left in the agent's JSON parser, guest-sync-delimited with a fresh id is
+// answered by 0xFF and the id; everything before that is discarded (within
+// bounds).
+func (cn *conn) sync() error {
+	const cmd = "guest-sync-delimited"
+	id := cn.nextID()
+	req := fmt.Appendf([]byte{0xFF}, `{"execute":"guest-sync-delimited","arguments":{"id":%d}}`+"\n", id)
+	end := cn.callEnd()
+	if err := cn.write(cmd, req, end); err != nil {
+		return err
+	}
+	cn.pending = true
+	discarded := 0
+	for range maxSyncAttempts {
+		for {
+			if i := bytes.IndexByte(cn.buf[cn.r:cn.w], 0xFF); i >= 0 {
+				discarded += i
+				cn.r += i + 1
+				break
+			}
+			discarded += cn.w - cn.r
+			cn.r = cn.w
+			if discarded > maxSyncDiscard {
+				return cn.fail(KindUnsolicited, cmd, fmt.Errorf("more than %d bytes before the sync delimiter", maxSyncDiscard))
+			}
+			if err := cn.fill(cmd, end); err != nil {
+				return err
+			}
+		}
+		line, err := cn.readLine(cmd, end)
+		if err != nil {
+			return err
+		}
+		got, err := parseSyncReply(line)
+		if err != nil {
+			return cn.fail(KindMalformed, cmd, err)
+		}
+		if got == id {
+			cn.pending = false
+			return nil
+		}
+	}
+	return cn.fail(KindWrongID, cmd, fmt.Errorf("sync id %d did not come back", id))
+}
+
+func (cn *conn) nextID() uint32 {
+	cn.id = cn.id%(maxID-1) + 1
+	return cn.id
+}
+
+// call sends one command with JSON arguments (nil for none) and decodes its
+// return value into out (nil to ignore it).
+func (cn *conn) call(cmd string, args any, out any) error {
+	var raw []byte
+	if args != nil {
+		var err error
+		if raw, err = json.Marshal(args); err != nil {
+			return fmt.Errorf("qga %s: encode arguments: %w", cmd, err)
+		}
+	}
+	return cn.callRaw(cmd, raw, out)
+}
+
+// callRaw is call with pre-encoded arguments (a JSON object).
+func (cn *conn) callRaw(cmd string, args []byte, out any) error {
+	if cn.broken != nil {
+		return cn.broken
+	}
+	id := cn.nextID()
+	req := make([]byte, 0, len(args)+96)
+	req = append(req, `{"execute":`...)
+	req = strconv.AppendQuote(req, cmd)
+	if args != nil {
+		req = append(req, `,"arguments":`...)
+		req = append(req, args...)
+	}
+	req = append(req, `,"id":`...)
+	req = strconv.AppendUint(req, uint64(id), 10)
+	req = append(req, "}\n"...)
+	end := cn.callEnd()
+	cn.pending = true
+	if err := cn.write(cmd, req, end); err != nil {
+		return err
+	}
+	line, err := cn.readLine(cmd, end)
+	if err != nil {
+		return err
+	}
+	err = parseReply(line, cmd, id, cn.c.opts.AcceptReplyWithoutID, out)
+	var ae *AgentError
+	if errors.As(err, &ae) {
+		cn.pending = false
+		return ae
+	}
+	if err != nil {
+		return cn.fail(KindMalformed, cmd, err)
+	}
+	cn.pending = false
+	return nil
+}
+
+// close ends the connection. If a reply may still be on its way (an
+// abandoned or failed call, or unexpected extra bytes), it half-closes and
+// discards what arrives for at most DrainTimeout before closing: closing a
+// unix socket with unread data resets it, and a unix-listen qemu-ga quits
+// on that.
+func (cn *conn) close() {
+	cn.stop()
+	cn.mu.Lock()
+	cn.closing = true
+	cn.mu.Unlock()
+	dirty := cn.pending || cn.r < cn.w
+	if !dirty {
+		// Cheap check for bytes we were not told about.
+		cn.nc.SetReadDeadline(time.Now())
+		var one [1]byte
+		if n, _ := cn.nc.Read(one[:]); n > 0 {
+			dirty = true
+		}
+	}
+	if dirty {
+		cn.nc.CloseWrite()
+		cn.nc.SetReadDeadline(time.Now().Add(cn.c.opts.DrainTimeout))
+		var scratch [32 << 10]byte
+		for total := 0; total < drainLimit; {
+			n, err := cn.nc.Read(scratch[:])
+			total += n
+			if err != nil {
+				break
+			}
+		}
+	}
+	cn.nc.Close()
+	cn.c.addBuffered(-int64(len(cn.buf)))
+	cn.buf = nil
+}

@@ -1,0 +1,396 @@
+package qga
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// handleCloseTimeout bounds the fresh context used to close guest file
+// handles after an error or a cancellation.
+const handleCloseTimeout = 5 * time.Second
+
+// Ping checks that the agent answers (guest-ping).
+func (a *Agent) Ping(ctx context.Context) error {
+	return a.session(ctx, func(cn *conn) error { return cn.call("guest-ping", nil, nil) })
+}
+
+// Info is the answer to guest-info.
+type Info struct {
+	Version  string        `json:"version"`
+	Commands []CommandInfo `json:"supported_commands"`
+}
+
+// CommandInfo describes one command the agent knows.
+type CommandInfo struct {
+	Name            string `json:"name"`
+	Enabled         bool   `json:"enabled"`
+	SuccessResponse bool   `json:"success-response"`
+}
+
+// Info asks the agent for its version and commands (guest-info).
+func (a *Agent) Info(ctx context.Context) (*Info, error) {
+	var in Info
+	err := a.session(ctx, func(cn *conn) error { return cn.call("guest-info", nil, &in) })
+	if err != nil {
+		return nil, err
+	}
+	return &in, nil
+}
+
+// fileOpen opens a guest file (guest-file-open) and returns its handle.
+func (cn *conn) fileOpen(p, mode string) (int64, error) {
+	var h int64
+	err := cn.call("guest-file-open", struct {
+		Path string `json:"path"`
+		Mode string `json:"mode"`
+	}{p, mode}, &h)
+	return h, err
+}
+
+func (cn *conn) fileClose(h int64) error {
+	return cn.call("guest-file-close", struct {
+		Handle int64 `json:"handle"`
+	}{h}, nil)
+}
+
+// fileRead reads up to count bytes (guest-file-read). A reply that claims
+// more than was asked, or whose count disagrees with its data, is malformed.
+func (cn *conn) fileRead(h int64, count int) ([]byte, bool, error) {
+	const cmd = "guest-file-read"
+	var ret struct {
+		Count int    `json:"count"`
+		Data  []byte `json:"buf-b64"` // encoding/json decodes base64
+		EOF   bool   `json:"eof"`
+	}
+	err := cn.call(cmd, struct {
+		Handle int64 `json:"handle"`
+		Count  int   `json:"count"`
+	}{h, count}, &ret)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(ret.Data) > count || len(ret.Data) != ret.Count {
+		return nil, false, cn.fail(KindMalformed, cmd, fmt.Errorf("count %d with %d bytes of data for a read of %d", ret.Count, len(ret.Data), count))
+	}
+	return ret.Data, ret.EOF, nil
+}
+
+// fileWrite writes data at the handle's position (guest-file-write).
+func (cn *conn) fileWrite(h int64, data []byte) (int, error) {
+	const cmd = "guest-file-write"
+	args := make([]byte, 0, base64.StdEncoding.EncodedLen(len(data))+48)
+	args = append(args, `{"handle":`...)
+	args = strconv.AppendInt(args, h, 10)
+	args = append(args, `,"buf-b64":"`...)
+	args = base64.StdEncoding.AppendEncode(args, data)
+	args = append(args, `"}`...)
+	var ret struct {
+		Count int  `json:"count"`
+		EOF   bool `json:"eof"`
+	}
+	if err := cn.callRaw(cmd, args, &ret); err != nil {
+		return 0, err
+	}
+	if ret.Count < 0 || ret.Count > len(data) {
+		return 0, cn.fail(KindMalformed, cmd, fmt.Errorf("wrote %d of %d bytes", ret.Count, len(data)))
+	}
+	return ret.Count, nil
+}
+
+// closeHandles closes guest handles on a fresh, short context so that they
+// are released also when the caller's context is gone.
+func (a *Agent) closeHandles(ctx context.Context, hs ...int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleCloseTimeout)
+	defer cancel()
+	var open []int64
+	for _, h := range hs {
+		if h >= 0 {
+			open = append(open, h)
+		}
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	return a.session(ctx, func(cn *conn) error {
+		var errs []error
+		for _, h := range open {
+			if err := cn.fileClose(h); err != nil {
+				errs = append(errs, err)
+				if cn.broken != nil {
+					break
+				}
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// chunker sizes file chunks so that one call takes about target: it follows
+// the agent's measured throughput, at most doubling or halving per step.
+type chunker struct {
+	size, lo, hi int
+	target       time.Duration
+}
+
+func (a *Agent) newChunker(hi int) *chunker {
+	hi = min(hi, a.c.opts.MaxChunk)
+	return &chunker{size: min(1<<20, hi), lo: min(minChunk, hi), hi: hi, target: a.c.opts.ChunkTarget}
+}
+
+func (k *chunker) observe(n int, d time.Duration) {
+	if n < k.size {
+		return // a short (last) chunk says little about the rate
+	}
+	d = max(d, time.Millisecond)
+	ideal := int(float64(n) * float64(k.target) / float64(d))
+	k.size = min(max(ideal, k.size/2, k.lo), k.size*2, k.hi)
+}
+
+// maxReadChunk is the largest read whose base64 reply fits MaxReplyBytes,
+// and that qemu-ga accepts (count <= 48 MiB).
+func (a *Agent) maxReadChunk() int {
+	n := (a.c.opts.MaxReplyBytes - 4096) / 4 * 3
+	return max(min(n, 48<<20), 1)
+}
+
+// checkGuestPath validates a guest path for the file commands: absolute,
+// clean, valid UTF-8 (it travels as a JSON string), no NUL.
+func checkGuestPath(p string) error {
+	switch {
+	case p == "" || p[0] != '/':
+		return fmt.Errorf("%w: guest path %q is not absolute", ErrInvalid, p)
+	case strings.IndexByte(p, 0) >= 0:
+		return fmt.Errorf("%w: guest path contains NUL", ErrInvalid)
+	case !utf8.ValidString(p):
+		return fmt.Errorf("%w: guest path %q is not valid UTF-8", ErrInvalid, p)
+	case path.Clean(p) != p:
+		return fmt.Errorf("%w: guest path %q is not clean (want %q)", ErrInvalid, p, path.Clean(p))
+	}
+	return nil
+}
+
+// ReadFile copies the guest file at path to w and returns the number of
+// bytes copied. The file is read in chunks, one short connection each, so
+// other users of the socket (Proxmox's pings) interleave. A missing file,
+// a directory and a refused open are reported as errors matching
+// ErrNotFound, ErrIsDir and ErrPermission. If the file holds more than
+// limit bytes (limit > 0), ReadFile stops with an error matching
+// ErrTooLarge after copying at most limit bytes. w is written outside the
+// per-VM lock, so a slow w does not block the VM's other operations.
+func (a *Agent) ReadFile(ctx context.Context, p string, w io.Writer, limit int64) (int64, error) {
+	if err := checkGuestPath(p); err != nil {
+		return 0, err
+	}
+	wrap := func(err error) error { return &PathError{Op: "read", Path: p, Err: err} }
+	h := int64(-1)
+	defer func() {
+		if h >= 0 {
+			a.closeHandles(ctx, h)
+		}
+	}()
+	k := a.newChunker(a.maxReadChunk())
+	var total int64
+	for first := true; ; first = false {
+		count := k.size
+		if limit > 0 {
+			count = int(min(int64(count), limit-total+1))
+		}
+		var data []byte
+		var eof bool
+		start := time.Now()
+		err := a.session(ctx, func(cn *conn) error {
+			if first {
+				var err error
+				if h, err = cn.fileOpen(p, "r"); err != nil {
+					return err
+				}
+			}
+			var err error
+			if data, eof, err = cn.fileRead(h, count); err != nil {
+				return err
+			}
+			if len(data) == 0 && !eof {
+				return cn.fail(KindMalformed, "guest-file-read", errors.New("empty read without EOF"))
+			}
+			if eof || (limit > 0 && total+int64(len(data)) > limit) {
+				err = cn.fileClose(h)
+				h = -1
+			}
+			return err
+		})
+		if err != nil {
+			return total, wrap(err)
+		}
+		k.observe(len(data), time.Since(start))
+		if limit > 0 && total+int64(len(data)) > limit {
+			n, err := w.Write(data[:limit-total])
+			total += int64(n)
+			if err != nil {
+				return total, wrap(err)
+			}
+			return total, wrap(fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit))
+		}
+		n, err := w.Write(data)
+		total += int64(n)
+		if err != nil {
+			return total, wrap(err)
+		}
+		if eof {
+			return total, nil
+		}
+	}
+}
+
+// WriteFile writes everything r yields to the guest file at path with the
+// permission bits of mode, atomically: the bytes go to a temporary file in
+// the same directory, which is renamed over path once complete. Missing
+// parent directories are created. On any error (or cancellation) the
+// temporary file is removed and path is untouched.
+func (a *Agent) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.FileMode) error {
+	if err := checkGuestPath(p); err != nil {
+		return err
+	}
+	if p == "/" {
+		return fmt.Errorf("%w: cannot write to /", ErrInvalid)
+	}
+	if mode&^fs.ModePerm != 0 {
+		return fmt.Errorf("%w: mode %v has bits beyond the permissions", ErrInvalid, mode)
+	}
+	wrap := func(err error) error { return &PathError{Op: "write", Path: p, Err: err} }
+	dir := path.Dir(p)
+	tmp := path.Join(dir, ".pve-inspect-"+randomTag()+".tmp")
+
+	h := int64(-1)
+	committed := false
+	defer func() {
+		if h >= 0 {
+			a.closeHandles(ctx, h)
+		}
+		if !committed {
+			a.removeGuestFiles(ctx, tmp)
+		}
+	}()
+	open := func(cn *conn) error {
+		var err error
+		h, err = cn.fileOpen(tmp, "w")
+		return err
+	}
+	err := a.session(ctx, open)
+	if errors.Is(err, ErrNotFound) {
+		res, rerr := a.run(ctx, []string{"/bin/mkdir", "-p", "--", dir})
+		if rerr != nil {
+			return wrap(fmt.Errorf("create parent directory: %w", rerr))
+		}
+		if res.ExitCode != 0 {
+			return wrap(fmt.Errorf("create parent directory: %w", res.err()))
+		}
+		err = a.session(ctx, open)
+	}
+	if err != nil {
+		return wrap(err)
+	}
+	if _, err := a.writeHandle(ctx, h, nil, r); err != nil {
+		return wrap(err)
+	}
+	err = a.session(ctx, func(cn *conn) error {
+		err := cn.fileClose(h)
+		h = -1
+		return err
+	})
+	if err != nil {
+		return wrap(err)
+	}
+	// chmod then rename(2) (mv within one directory). A directory at the
+	// destination is refused instead of moving the file into it.
+	res, err := a.run(ctx, []string{"/bin/sh", "-c",
+		`if [ -d "$2" ]; then echo "$2: Is a directory" >&2; exit 3; fi; chmod "$3" -- "$1" && exec mv -f -- "$1" "$2"`,
+		"pve-inspect-write", tmp, p, fmt.Sprintf("%04o", mode.Perm())})
+	if err != nil {
+		return wrap(fmt.Errorf("rename into place: %w", err))
+	}
+	switch {
+	case res.ExitCode == 3:
+		return wrap(ErrIsDir)
+	case res.ExitCode != 0:
+		return wrap(fmt.Errorf("rename into place: %w", res.err()))
+	}
+	committed = true
+	return nil
+}
+
+// writeHandle writes first and then everything from r to the open guest
+// handle h, one chunk per connection, and returns the number of bytes
+// written. r is read outside the per-VM lock.
+func (a *Agent) writeHandle(ctx context.Context, h int64, first []byte, r io.Reader) (int64, error) {
+	k := a.newChunker(a.c.opts.MaxChunk)
+	buf := make([]byte, 0, min(k.size, a.c.opts.MaxChunk))
+	var total int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		want := k.size
+		if cap(buf) < want {
+			buf = make([]byte, 0, want)
+		}
+		buf = buf[:0]
+		if len(first) > 0 {
+			n := min(len(first), want)
+			buf = append(buf, first[:n]...)
+			first = first[n:]
+		}
+		var rerr error
+		if len(buf) < want && r != nil {
+			var n int
+			n, rerr = io.ReadFull(r, buf[len(buf):want])
+			buf = buf[:len(buf)+n]
+			if errors.Is(rerr, io.ErrUnexpectedEOF) || errors.Is(rerr, io.EOF) {
+				rerr = io.EOF
+			} else if rerr != nil {
+				return total, fmt.Errorf("read source: %w", rerr)
+			}
+		}
+		if len(buf) > 0 {
+			start := time.Now()
+			chunk := buf
+			err := a.session(ctx, func(cn *conn) error {
+				for len(chunk) > 0 {
+					n, err := cn.fileWrite(h, chunk)
+					if err != nil {
+						return err
+					}
+					if n == 0 {
+						return fmt.Errorf("guest wrote 0 of %d bytes", len(chunk))
+					}
+					chunk = chunk[n:]
+				}
+				return nil
+			})
+			if err != nil {
+				return total, err
+			}
+			total += int64(len(buf))
+			k.observe(len(buf), time.Since(start))
+		}
+		if rerr == io.EOF || (r == nil && len(first) == 0) {
+			return total, nil
+		}
+	}
+}
+
+// removeGuestFiles deletes guest files on a fresh short context (cleanup
+// after errors); failures are ignored: there is nothing better to do.
+func (a *Agent) removeGuestFiles(ctx context.Context, paths ...string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleCloseTimeout)
+	defer cancel()
+	a.run(ctx, append([]string{"/bin/rm", "-f", "--"}, paths...))
+}
