@@ -5,11 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/netip"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -20,42 +19,28 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/internal/nstest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
-// bedNetnsGuest runs the probe in a bed guest's network namespace (with the
-// host's filesystem), not through the guest agent. TODO(integrator): once
-// sandboxapi/qga is on main, use its client as the Guest here so the test
-// goes through the real agent, as issue 2's acceptance asks.
-type bedNetnsGuest struct {
-	bed *testvm.Bed
-	ns  string
+// agentGuest is the Guest the daemon wires up: the real guest agent
+// client (sandboxapi/qga) on the guest's agent socket.
+type agentGuest struct{ a *qga.Agent }
+
+func (g agentGuest) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
+	return g.a.WriteFile(ctx, path, r, mode)
 }
 
-func (g *bedNetnsGuest) WriteFile(_ context.Context, path string, r io.Reader, mode fs.FileMode) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
+func (g agentGuest) Exec(ctx context.Context, argv []string, stdin []byte, timeout time.Duration) ([]byte, []byte, int, error) {
+	res, err := g.a.Exec(ctx, qga.ExecRequest{Argv: argv, Stdin: bytes.NewReader(stdin), Timeout: timeout,
+		OutputLimit: probe.MaxReportBytes + 1}) // one byte over the parser's bound: an oversized report is refused, not cut
 	if err != nil {
-		return err
+		return nil, nil, 0, err
 	}
-	if _, err := io.Copy(f, r); err != nil {
-		f.Close()
-		return err
+	if res.TimedOut {
+		return nil, nil, 0, fmt.Errorf("probe killed after %v", timeout)
 	}
-	return f.Close()
-}
-
-func (g *bedNetnsGuest) Exec(ctx context.Context, argv []string, stdin []byte, timeout time.Duration) ([]byte, []byte, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := g.bed.Command(ctx, g.ns, argv...)
-	cmd.Stdin = bytes.NewReader(stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return stdout.Bytes(), stderr.Bytes(), ee.ExitCode(), nil
-	}
-	return stdout.Bytes(), stderr.Bytes(), 0, err
+	return res.Stdout, res.Stderr, res.ExitCode, nil
 }
 
 // bedSpec aims a guest of zone A at everything the bed offers.
@@ -93,8 +78,8 @@ func freshName(t *testing.T) string {
 }
 
 // TestBedPolicies brings the bed up with two zones and one guest in each
-// and runs the containment check from guest A through the probe, three
-// times on the same bed:
+// and runs the containment check from guest A through the probe, uploaded
+// and run over the real guest agent, three times on the same bed:
 //
 //   - no guard, OpenPolicy: everything the guard will block is reachable
 //     and every control holds (the bed can see a leak);
@@ -130,7 +115,8 @@ func TestBedPolicies(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start guest B: %v", err)
 	}
-	r := &Runner{ProbePath: probebuild.ForTest(t), GuestDir: t.TempDir()}
+	r := &Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"} // the guest's own /tmp
+	agent := agentGuest{a: qga.New(qga.Options{}).Agent(ga.Socket)}
 	check := func(pol Policy) *Result {
 		t.Helper()
 		spec := bedSpec(vnetA, gb.IPv4(), vnetB.Gateway)
@@ -139,7 +125,7 @@ func TestBedPolicies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := r.Run(ctx, &bedNetnsGuest{bed: b, ns: ga.NS}, plan)
+		res, err := r.Run(ctx, agent, plan)
 		if err != nil {
 			t.Fatalf("%s: containment run: %v", pol.Name, err)
 		}
@@ -185,4 +171,13 @@ func TestBedPolicies(t *testing.T) {
 		t.Fatalf("lockdown on: %v", err)
 	}
 	check(LockdownPolicy())
+
+	// Every uploaded probe deleted itself.
+	out, _, _, err := agent.Exec(ctx, []string{"/bin/sh", "-c", "ls -a /tmp"}, nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "pve-inspect-probe") {
+		t.Errorf("probe copies left in the guest's /tmp: %q", out)
+	}
 }
