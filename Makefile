@@ -43,7 +43,7 @@ deb: build
 	$(BIN)/pve-inspectd completion bash > $(DIST)/completion.bash
 	$(BIN)/pve-inspectd completion zsh > $(DIST)/completion.zsh
 	packaging/deb/changelog.sh $(DEB_VERSION) | gzip -9n > $(DIST)/changelog.Debian.gz
-	cp $(BIN)/pve-inspectd $(DIST)/
+	cp $(BIN)/pve-inspectd $(BIN)/pve-inspect-probe $(DIST)/
 	DIST=$(DIST) VERSION=$(DEB_VERSION) $(GO) tool nfpm pkg --packager deb --config packaging/deb/nfpm.yaml --target $(DIST)/pve-inspectd_$(DEB_VERSION)_amd64.deb
 
 clean:
