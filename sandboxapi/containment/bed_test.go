@@ -5,9 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"io"
-	"io/fs"
 	"net/netip"
 	"strings"
 	"testing"
@@ -22,26 +19,6 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
-
-// agentGuest is the Guest the daemon wires up: the real guest agent
-// client (sandboxapi/qga) on the guest's agent socket.
-type agentGuest struct{ a *qga.Agent }
-
-func (g agentGuest) WriteFile(ctx context.Context, path string, r io.Reader, mode fs.FileMode) error {
-	return g.a.WriteFile(ctx, path, r, mode)
-}
-
-func (g agentGuest) Exec(ctx context.Context, argv []string, stdin []byte, timeout time.Duration) ([]byte, []byte, int, error) {
-	res, err := g.a.Exec(ctx, qga.ExecRequest{Argv: argv, Stdin: bytes.NewReader(stdin), Timeout: timeout,
-		OutputLimit: probe.MaxReportBytes + 1}) // one byte over the parser's bound: an oversized report is refused, not cut
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	if res.TimedOut {
-		return nil, nil, 0, fmt.Errorf("probe killed after %v", timeout)
-	}
-	return res.Stdout, res.Stderr, res.ExitCode, nil
-}
 
 // bedSpec aims a guest of zone A at everything the bed offers.
 func bedSpec(vnetA testvm.VNet, otherGuest, otherGateway netip.Addr) Spec {
@@ -116,7 +93,7 @@ func TestBedPolicies(t *testing.T) {
 		t.Fatalf("start guest B: %v", err)
 	}
 	r := &Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"} // the guest's own /tmp
-	agent := agentGuest{a: qga.New(qga.Options{}).Agent(ga.Socket)}
+	agent := AgentGuest{Agent: qga.New(qga.Options{}).Agent(ga.Socket)}
 	check := func(pol Policy) *Result {
 		t.Helper()
 		spec := bedSpec(vnetA, gb.IPv4(), vnetB.Gateway)
