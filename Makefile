@@ -6,7 +6,9 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # Debian version: grows with every commit, so a rebuilt package upgrades.
 DEB_VERSION ?= 0.1.0~git$(shell git rev-list --count HEAD 2>/dev/null || echo 0).$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)-1
 LDFLAGS := -s -w -X main.version=$(VERSION)
-BIN     := bin
+BIN     ?= bin
+# Where `make deb` stages its generated files and writes the package.
+DIST    ?= dist
 
 .PHONY: all build test demo bench lint deps deb clean
 
@@ -34,15 +36,15 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-# The .deb of pve-inspectd, in dist/.
+# The .deb of pve-inspectd, in $(DIST)/ (nfpm.yaml reads DIST and VERSION).
 deb: build
-	mkdir -p dist
-	$(BIN)/pve-inspectd manpage | gzip -9n > dist/pve-inspectd.8.gz
-	$(BIN)/pve-inspectd completion bash > dist/completion.bash
-	$(BIN)/pve-inspectd completion zsh > dist/completion.zsh
-	packaging/deb/changelog.sh $(DEB_VERSION) | gzip -9n > dist/changelog.Debian.gz
-	cp $(BIN)/pve-inspectd $(BIN)/pve-inspect-probe dist/
-	VERSION=$(DEB_VERSION) $(GO) tool nfpm pkg --packager deb --config packaging/deb/nfpm.yaml --target dist/pve-inspectd_$(DEB_VERSION)_amd64.deb
+	mkdir -p $(DIST)
+	$(BIN)/pve-inspectd manpage | gzip -9n > $(DIST)/pve-inspectd.8.gz
+	$(BIN)/pve-inspectd completion bash > $(DIST)/completion.bash
+	$(BIN)/pve-inspectd completion zsh > $(DIST)/completion.zsh
+	packaging/deb/changelog.sh $(DEB_VERSION) | gzip -9n > $(DIST)/changelog.Debian.gz
+	cp $(BIN)/pve-inspectd $(BIN)/pve-inspect-probe $(DIST)/
+	DIST=$(DIST) VERSION=$(DEB_VERSION) $(GO) tool nfpm pkg --packager deb --config packaging/deb/nfpm.yaml --target $(DIST)/pve-inspectd_$(DEB_VERSION)_amd64.deb
 
 clean:
 	rm -rf $(BIN) dist

@@ -24,12 +24,21 @@ type options struct {
 	ns     *netns.NsHandle
 	logger *slog.Logger
 	now    func() time.Time
+	sw     Switches
 }
 
 // WithNetNS makes the guard work on the network namespace ns instead of
 // the caller's (tests, the bench). The handle must stay open while the
 // guard is in use.
 func WithNetNS(ns netns.NsHandle) Option { return func(o *options) { o.ns = &ns } }
+
+// WithSwitches sets the switches Start applies (default: lockdown and
+// fail-closed off). A daemon restarting while the lockdown is asked for
+// passes them on, so that adopting the orphaned table keeps the @lockdown
+// and @failclosed sets filled: with both off, Start would empty them until
+// the lockdown controller's first reconcile, a window in which guests have
+// egress.
+func WithSwitches(sw Switches) Option { return func(o *options) { o.sw = sw } }
 
 // WithLogger sets the logger; the guard adds component=guard.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -122,7 +131,7 @@ func New(cfg Config, opts ...Option) (*Guard, error) {
 		return nil, fmt.Errorf("nftables port id: %w", err)
 	}
 	g := &Guard{cfg: cfg, opts: o, log: o.logger.With("component", "guard"), cls: cl,
-		conn: conn, port: port, subs: map[chan struct{}]struct{}{}}
+		conn: conn, port: port, sw: o.sw, subs: map[chan struct{}]struct{}{}}
 	g.met = newMetrics(g)
 	return g, nil
 }

@@ -2,6 +2,7 @@ package firewall
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -686,3 +688,95 @@ func TestSysctlInNamespace(t *testing.T) {
 		t.Errorf("after remove: %s, want 0", got)
 	}
 }
+
+// TestRestartKeepsLockdownSets: a guard adopting an orphaned table with
+// the lockdown and fail-closed on keeps those sets filled when started
+// with the same switches (WithSwitches): nft monitor sees no element
+// deleted. Without them, Start empties the sets (the control).
+func TestRestartKeepsLockdownSets(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		deletes bool
+	}{
+		{"with the switches", []Option{WithSwitches(Switches{Lockdown: true, FailClosed: true})}, false},
+		{"without (control)", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := basicNode(t)
+			cfg := testConfig(t)
+			ctx := context.Background()
+			g := startGuard(t, n, cfg)
+			if err := g.SetLockdown(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.SetFailClosed(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.Close(); err != nil { // the daemon exits: orphan
+				t.Fatal(err)
+			}
+
+			mctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			var mon bytes.Buffer
+			var mu sync.Mutex
+			m := n.cmd(mctx, "nft", "monitor")
+			m.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return mon.Write(p) })
+			if err := m.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cancel(); _ = m.Wait() })
+			monitored := func() string { mu.Lock(); defer mu.Unlock(); return mon.String() }
+			// The monitor is listening once it reports a change of our own
+			// (repeated: one made before it subscribed is never reported).
+			eventually(t, "nft monitor ready", func() bool {
+				if out, err := n.nft(t, "add", "table", "inet", "pgd-ready"); err != nil {
+					t.Fatalf("%v: %s", err, out)
+				}
+				if out, err := n.nft(t, "delete", "table", "inet", "pgd-ready"); err != nil {
+					t.Fatalf("%v: %s", err, out)
+				}
+				return strings.Contains(monitored(), "pgd-ready")
+			})
+
+			g2, err := New(cfg, append([]Option{WithNetNS(n.ns)}, tc.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = g2.Close() })
+			if err := g2.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// A change after Start marks the end of what Start did.
+			if out, err := n.nft(t, "add", "table", "inet", "pgd-end"); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			eventually(t, "nft monitor to see the end marker", func() bool {
+				return strings.Contains(monitored(), "add table inet pgd-end")
+			})
+			deleted := strings.Contains(monitored(), "delete element inet pve-inspect lockdown") ||
+				strings.Contains(monitored(), "delete element inet pve-inspect failclosed")
+			if deleted != tc.deletes {
+				t.Fatalf("sets emptied during the restart: %v, want %v; monitor:\n%s", deleted, tc.deletes, monitored())
+			}
+			if tc.deletes {
+				return
+			}
+			if got := setElements(t, n, SetLockdown); got != `"eth0"` {
+				t.Errorf("lockdown set after the restart = %q", got)
+			}
+			if got := setElements(t, n, SetFailClosed); got != "ipv4, ipv6" {
+				t.Errorf("failclosed set after the restart = %q", got)
+			}
+			if sw := g2.Switches(); !sw.Lockdown || !sw.FailClosed {
+				t.Errorf("Switches() = %+v", sw)
+			}
+		})
+	}
+}
+
+// writerFunc adapts a function to io.Writer.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,6 +255,42 @@ func TestLockdownOnBed(t *testing.T) {
 	for _, f := range []string{backupRecordName, backupContentName} {
 		if _, err := os.Stat(filepath.Join(dir, "run", f)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("backup %s left behind (err %v)", f, err)
+		}
+	}
+
+	// Bursts of flips on the real guard end in the final marker state: 201
+	// flips end locked, 200 more end lifted, with nothing of ours left.
+	for _, n := range []int{201, 200} {
+		for i := 0; i < n; i++ {
+			if err := SetMarker(marker, i%2 == 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		end := time.Now()
+		after := func(cond func(State) bool) func(State) bool {
+			return func(s State) bool { return s.Updated.After(end) && cond(s) }
+		}
+		if n%2 == 1 {
+			e.waitFor("locked after a burst", after(enforced))
+			expectLocked(fmt.Sprintf("after a burst of %d flips", n))
+			continue
+		}
+		e.waitFor("lifted after a burst", after(lifted))
+		expectOpen(fmt.Sprintf("after a burst of %d flips", n))
+	}
+	if sw := g.Switches(); sw.Lockdown || sw.FailClosed {
+		t.Errorf("guard switches after the bursts: %+v", sw)
+	}
+	out, err := b.Command(ctx, b.NodeNS(), "nft", "list", "set", "inet", "pve-inspect", "lockdown").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "elements") {
+		t.Errorf("lockdown set after the bursts (want empty): %v\n%s", err, out)
+	}
+	if cur, err := os.ReadFile(b.ResolvConf()); err != nil || !bytes.Equal(cur, origResolver) {
+		t.Errorf("resolver after the bursts = %q (%v), want byte-identical %q", cur, err, origResolver)
+	}
+	for _, f := range []string{backupRecordName, backupContentName} {
+		if _, err := os.Stat(filepath.Join(dir, "run", f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("backup %s left behind after the bursts (err %v)", f, err)
 		}
 	}
 }

@@ -74,8 +74,16 @@ func TestRecipeInSystemdContainer(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	kernelDeb := buildDeb(t, dir, "proxmox-default-kernel", "9.0", "all", map[string]string{"usr/share/doc/proxmox-default-kernel/README": "stand-in\n"})
-	inspectdDeb := buildDeb(t, dir, "pve-inspectd", "0.0.1", "amd64", map[string]string{"usr/lib/pve-inspectd/marker": "stand-in\n"})
-	inspectd, _ := os.ReadFile(inspectdDeb)
+	// The real package of the packaging issue, built as `make deb` builds it.
+	debDir := filepath.Join(dir, "deb")
+	if out, err := exec.Command("make", "-C", "../..", "deb", "DIST="+debDir, "BIN="+filepath.Join(dir, "bin")).CombinedOutput(); err != nil {
+		t.Fatalf("make deb: %v\n%s", err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(debDir, "pve-inspectd_*_amd64.deb"))
+	if len(debs) != 1 {
+		t.Fatalf("make deb built %q", debs)
+	}
+	inspectd := mustRead(t, debs[0])
 	kernel, _ := os.ReadFile(kernelDeb)
 
 	var rnd [2]byte
@@ -108,7 +116,7 @@ WantedBy=multi-user.target
 `
 	c, err := sysbox.Start(ctx, sysbox.Options{
 		Name:        "bootstrap",
-		Rootfs:      sysbox.RootfsOptions{Packages: []string{"dnsmasq", "openssl", "procps", "iproute2"}},
+		Rootfs:      sysbox.RootfsOptions{Packages: []string{"dnsmasq", "openssl", "procps", "iproute2", "nftables"}},
 		Units:       map[string]string{"pbt-bootenv.service": bootenv},
 		Enable:      []string{"pbt-bootenv.service"},
 		NoStandIns:  true,
@@ -193,6 +201,11 @@ WantedBy=multi-user.target
 		if got := strings.TrimSpace(string(out)); got != want[name] {
 			t.Errorf("%s: %q, want %q", name, got, want[name])
 		}
+	}
+
+	// The installed daemon runs with its guard in force.
+	if out, err := c.Exec(ctx, "pve-inspectd", "status"); err != nil {
+		t.Errorf("pve-inspectd status after the recipe: %v\n%s", err, out)
 	}
 
 	// Second apply: nothing changes.

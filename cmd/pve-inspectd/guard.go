@@ -26,7 +26,7 @@ func newRunCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			d := &daemon.Daemon{Config: cfg, Log: g.logger()}
+			d := &daemon.Daemon{Config: cfg, Log: g.logger(), Notify: daemon.Systemd{}}
 			return d.Run(cmd.Context())
 		},
 	}

@@ -254,6 +254,22 @@ func TestHaltRecoverReboot(t *testing.T) {
 			t.Fatalf("ip %v: %v %s", args, err, b)
 		}
 	}
+	// With a default route back, the lockdown still has to be proven in
+	// force: that is the daemon's word. Run it and wait until it says so.
+	if out, err := c.Exec(ctx, "systemd-run", "--unit=pve-inspectd-proof", "--collect", "pve-inspectd", "run"); err != nil {
+		t.Fatalf("start the daemon: %v %s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := c.Exec(ctx, "pve-inspectd", "lockdown", "status")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon never proved the lockdown: %v %s\n%s", err, out, journal(c, "pve-inspectd-proof.service"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	if out, err := c.Exec(ctx, "pve-inspectd", "recover"); err != nil {
 		t.Fatalf("recover after the fix: %v", err)
 	} else if !strings.Contains(string(out), "recovered") {

@@ -96,6 +96,7 @@ func defaultAPI() APISection {
 		StateDir:       "/var/lib/pve-inspectd/sandboxapi",
 		QGADir:         "/var/run/qemu-server",
 		Pool:           "pve-inspect",
+		Templates:      map[string]int{},
 		DefaultTTL:     time.Hour,
 		MaxTTL:         24 * time.Hour,
 		ReaperInterval: 30 * time.Second,

@@ -2,8 +2,6 @@ package config
 
 import (
 	"errors"
-	"os"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -50,37 +48,5 @@ token_id = "pve-inspect@pve!daemon"
 		if !errors.As(err, &ke) || !strings.HasPrefix(ke.Key, b.key) {
 			t.Errorf("%q: err %v, want key %s", b.doc, err, b.key)
 		}
-	}
-}
-
-var reKeyLine = regexp.MustCompile(`^# [a-z_]+ = `)
-
-// TestShippedConfigUncommented parses packaging/deb/config.toml with every
-// [api] key uncommented, so the documented keys and defaults stay valid.
-func TestShippedConfigUncommented(t *testing.T) {
-	b, err := os.ReadFile("../../../../packaging/deb/config.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	inAPI := false
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "[") {
-			inAPI = strings.HasPrefix(line, "[api")
-		}
-		if inAPI && reKeyLine.MatchString(line) {
-			line = strings.TrimPrefix(line, "# ")
-		}
-		out = append(out, line)
-	}
-	doc := strings.Join(out, "\n")
-	doc = strings.Replace(doc, "[node]", "[node]\nid = \"n1\"", 1)
-	c, err := Parse(doc)
-	if err != nil {
-		t.Fatalf("shipped config with [api] uncommented: %v", err)
-	}
-	d := defaultAPI()
-	if c.API.Listen != "192.0.2.2:8443" || c.API.Templates["debian"] != 9000 || c.API.MaxFileBytes != d.MaxFileBytes || c.API.Proxmox.TokenID != d.Proxmox.TokenID {
-		t.Errorf("parsed %+v", c.API)
 	}
 }

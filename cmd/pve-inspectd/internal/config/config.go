@@ -29,6 +29,8 @@ type Config struct {
 	Metrics MetricsSection `toml:"metrics"`
 	// Lockdown is [lockdown], the egress lockdown.
 	Lockdown LockdownSection `toml:"lockdown"`
+	// Check configures the containment check (check.go).
+	Check CheckSection `toml:"check"`
 	// API is the sandbox API.
 	API APISection `toml:"api"`
 }
@@ -56,7 +58,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), API: defaultAPI()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -118,6 +120,7 @@ func (c Config) sections() map[string]validator {
 		"guard":    c.Guard,
 		"metrics":  c.Metrics,
 		"lockdown": c.Lockdown,
+		"check":    c.Check,
 		"api":      c.API,
 	}
 }

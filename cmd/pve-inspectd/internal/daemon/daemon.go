@@ -1,7 +1,7 @@
 // Package daemon wires the parts of `pve-inspectd run`: the host guard, the
-// egress lockdown with its halt, the metrics listener, and (later) the
-// sandbox API and systemd notification. Each part gets its config and a logger with a
-// component attribute; the order of start-up is the order of trust: nothing
+// egress lockdown with its halt, the metrics listener, systemd notification
+// (READY, WATCHDOG, STOPPING) and (later) the sandbox API. Each part gets its
+// config and a logger with a component attribute; the order of start-up is the order of trust: nothing
 // is served and nothing is reported ready before the guard is verified in
 // force.
 package daemon
@@ -51,8 +51,12 @@ type Daemon struct {
 	// GuardOptions are passed to firewall.New (tests: a network namespace).
 	GuardOptions []firewall.Option
 	// Ready is called once, after the guard is verified in force and every
-	// listener is bound. systemd's READY=1 (sd_notify) goes here.
+	// listener is bound (tests).
 	Ready func()
+	// Notify, when set, gets READY=1 at the same moment as Ready, a
+	// WATCHDOG=1 every half WatchdogSec while the daemon is healthy, and
+	// STOPPING=1 when Run begins to stop. Systemd{} in production.
+	Notify Notifier
 	// MetricsAddr, when non-nil, receives the bound metrics address (tests,
 	// listen port 0).
 	MetricsAddr func(net.Addr)
@@ -68,8 +72,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	// 1. Host guard: in force and verified before anything else.
-	guard, err := firewall.New(GuardConfig(d.Config.Guard), append([]firewall.Option{firewall.WithLogger(log)}, d.GuardOptions...)...)
+	// 1. Host guard: in force and verified before anything else. A restart
+	//    while the lockdown is asked for starts it with the lockdown on, so
+	//    adopting the orphaned table never empties the lockdown sets.
+	lopt := LockdownOptions(d.Config.Lockdown)
+	initial := StartSwitches(lopt.Marker, lopt.StateFile)
+	guard, err := firewall.New(GuardConfig(d.Config.Guard),
+		append([]firewall.Option{firewall.WithLogger(log), firewall.WithSwitches(initial)}, d.GuardOptions...)...)
 	if err != nil {
 		return fmt.Errorf("guard: %w", err)
 	}
@@ -99,7 +108,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("lockdown metrics: %w", err)
 	}
-	lopt := LockdownOptions(d.Config.Lockdown)
 	lopt.Guard, lopt.Halter, lopt.Metrics, lopt.Logger = guard, halter, lmetrics, log
 	ctl, err := lockdown.New(lopt)
 	if err != nil {
@@ -170,6 +178,45 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.Ready != nil {
 		d.Ready()
 	}
+	stopWatchdog := func() {}
+	if d.Notify != nil {
+		if err := d.Notify.Notify(notifyReady); err != nil {
+			log.Error("cannot report readiness to systemd", "component", "daemon", "err", err)
+		}
+		// 6. Watchdog: pings only while the health check passes: the
+		//    guard's table verified (a wedged guard loop holds the lock
+		//    Verify needs, so it blocks and no ping goes out) and the
+		//    lockdown's loop publishing states.
+		health := func(ctx context.Context) error {
+			if err := guard.Verify(ctx); err != nil {
+				return fmt.Errorf("guard: %w", err)
+			}
+			return lockdownFresh(ctl.State(), time.Now(), lopt.Reassert)
+		}
+		if every, err := d.Notify.WatchdogInterval(); err != nil {
+			log.Error("watchdog disabled", "component", "daemon", "err", err)
+		} else if every > 0 {
+			w := &watchdog{notify: d.Notify, period: every / 2, check: health, log: log}
+			wctx, wcancel := context.WithCancel(ctx)
+			wdone := make(chan struct{})
+			go func() {
+				defer close(wdone)
+				w.run(wctx)
+			}()
+			// Stopped before STOPPING=1 is sent, so no ping follows it. A
+			// watchdog stuck in a wedged guard's Verify is not waited for
+			// long: the process is ending anyway.
+			stopWatchdog = func() {
+				wcancel()
+				select {
+				case <-wdone:
+				case <-time.After(5 * time.Second):
+					log.Warn("watchdog still in its health check at stop", "component", "daemon")
+				}
+			}
+			log.Info("watchdog armed", "component", "daemon", "timeout", every, "ping_every", every/2)
+		}
+	}
 	log.Info("ready", "component", "daemon")
 
 	var first error
@@ -177,8 +224,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case first = <-errc:
 		running--
-		if first == nil {
+		// A part that ends with nil because ctx is done is a normal stop.
+		if first == nil && ctx.Err() == nil {
 			first = errors.New("a part stopped unexpectedly")
+		}
+	}
+	stopWatchdog()
+	if d.Notify != nil {
+		if err := d.Notify.Notify(notifyStopping); err != nil {
+			log.Warn("cannot report stopping to systemd", "component", "daemon", "err", err)
 		}
 	}
 	cancel()

@@ -1,0 +1,32 @@
+// Package containment runs the containment check of DESIGN.md section 7:
+// from inside a sandbox VM, try every way out that a hostile guest would
+// try, and compare what answered with what the node's mode promises.
+//
+// [NewPlan] turns a [Spec] (the VM's zone gateway, the host's addresses and
+// ports, metadata endpoints, another zone's guest, LAN, public and IPv6
+// addresses, DNS names) and a [Policy] (what each category should be:
+// reachable or blocked) into checks. A [Runner] uploads the probe program
+// (package probe) through a [Guest], runs it, parses its report strictly and
+// [Evaluate]s it into a [Result]: one [Row] per check with expected and
+// observed verdicts, the observed detail, and PASS, FAIL or UNPROVEN.
+//
+// Design decisions:
+//
+//   - A refused connection proves a route exists: it counts as reachable.
+//     So does an HTTP or TLS failure after the TCP handshake.
+//   - Positive controls keep a dead network from reading as a pass: the VM
+//     has a DHCP lease (an IPv4 in the zone subnet on the default-route
+//     interface, default route via the zone gateway), the zone resolver
+//     answers a local name, and when the policy lets guests reach the
+//     internet, the public address answers. A failed control fails the
+//     check, and every "blocked as expected" row is then UNPROVEN, not PASS.
+//   - Expectations come from the caller's Policy, so one runner serves
+//     "guard on", "lockdown on" and the test bed's honesty test where
+//     everything must be reachable.
+//   - The probe's output is hostile guest data: size-bounded by the guest
+//     agent client, then bounded again and strictly validated by
+//     probe.ParseReport; every requested id must come back exactly once.
+//   - The check trusts the guest to run the probe faithfully. Run it on a
+//     VM the agent has not touched yet (right after create); a guest that
+//     already runs hostile code can fake "blocked" but never "reachable".
+package containment

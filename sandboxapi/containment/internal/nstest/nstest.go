@@ -1,0 +1,230 @@
+// Package nstest gives the containment tests throw-away network namespaces:
+// named with a random per-run part, configured with ip(8) and nft(8), and
+// removed in t.Cleanup also when the test fails. Sockets are created inside
+// a namespace by a goroutine locked to a thread that has entered it; that
+// thread is never unlocked, so it ends with the goroutine and no other code
+// ever runs in the wrong namespace.
+package nstest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netns"
+)
+
+// RequireRoot skips the test without root, or fails it under CI=true.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			tb.Fatal("containment namespace tests need root (CI is set, so this is a failure)")
+		}
+		tb.Skip("SKIPPED: containment namespace tests need root (network namespaces, nftables)")
+	}
+	for _, tool := range []string{"ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			tb.Fatalf("containment namespace tests need %s: %v", tool, err)
+		}
+	}
+}
+
+// NS is a named network namespace owned by one test.
+type NS struct {
+	Name string
+	h    netns.NsHandle
+}
+
+// RandomName returns prefix plus 4 random hex digits.
+func RandomName(prefix string) string {
+	var b [2]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// ownerDir records which process created each namespace, so a later run
+// can remove the namespaces of a run that was killed.
+const ownerDir = "/run/pve-inspect-nstest"
+
+// sweepStale deletes namespaces (and their /etc/netns directories) whose
+// creating process is gone. Only names recorded in ownerDir are touched.
+func sweepStale() error {
+	ents, err := os.ReadDir(ownerDir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	for _, e := range ents {
+		name := e.Name()
+		b, err := os.ReadFile(filepath.Join(ownerDir, name))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err == nil {
+			continue // owner alive
+		}
+		if _, err := os.Stat(filepath.Join("/run/netns", name)); err == nil {
+			if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+				return fmt.Errorf("delete stale netns %s: %v: %s", name, err, out)
+			}
+		}
+		_ = os.RemoveAll(filepath.Join("/etc/netns", name))
+		_ = os.Remove(filepath.Join(ownerDir, name))
+	}
+	return nil
+}
+
+// New creates a namespace named prefix+4 hex with loopback up and removes
+// it (and its /etc/netns/<name> directory) when the test ends. Namespaces
+// left by a killed run are swept first.
+func New(tb testing.TB, prefix string) *NS {
+	tb.Helper()
+	RequireRoot(tb)
+	if err := sweepStale(); err != nil {
+		tb.Fatalf("sweep stale test namespaces: %v", err)
+	}
+	name := RandomName(prefix)
+	if err := os.MkdirAll(ownerDir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	owner := filepath.Join(ownerDir, name)
+	if err := os.WriteFile(owner, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		_ = os.Remove(owner)
+		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	n := &NS{Name: name}
+	tb.Cleanup(func() {
+		defer os.Remove(owner)
+		if n.h.IsOpen() {
+			n.h.Close()
+		}
+		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+			tb.Errorf("ip netns delete %s: %v: %s", name, err, out)
+		}
+		if err := os.RemoveAll(filepath.Join("/etc/netns", name)); err != nil {
+			tb.Errorf("remove /etc/netns/%s: %v", name, err)
+		}
+	})
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		tb.Fatalf("open netns %s: %v", name, err)
+	}
+	n.h = h
+	n.IP(tb, "link", "set", "lo", "up")
+	return n
+}
+
+// IP runs `ip -n <ns> args...` and fails the test on error.
+func (n *NS) IP(tb testing.TB, args ...string) {
+	tb.Helper()
+	argv := append([]string{"-n", n.Name}, args...)
+	if out, err := exec.Command("ip", argv...).CombinedOutput(); err != nil {
+		tb.Fatalf("ip %s: %v: %s", strings.Join(argv, " "), err, out)
+	}
+}
+
+// NFT loads an nft script into the namespace.
+func (n *NS) NFT(tb testing.TB, script string) {
+	tb.Helper()
+	cmd := exec.Command("ip", "netns", "exec", n.Name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("nft in %s: %v: %s\n%s", n.Name, err, out, script)
+	}
+}
+
+// ResolvConf writes /etc/netns/<name>/resolv.conf, which `ip netns exec`
+// mounts over /etc/resolv.conf for commands run in the namespace.
+func (n *NS) ResolvConf(tb testing.TB, content string) {
+	tb.Helper()
+	dir := filepath.Join("/etc/netns", n.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(content), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Command returns argv run inside the namespace by `ip netns exec`.
+func (n *NS) Command(ctx context.Context, argv ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name}, argv...)...)
+}
+
+// Do runs fn on a thread inside the namespace. Sockets fn creates stay in
+// the namespace for their whole life, wherever they are used later.
+func (n *NS) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		if err := netns.Set(n.h); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", n.Name, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// DialContext dials from inside the namespace (it satisfies probe.Dialer).
+func (n *NS) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	var c net.Conn
+	err := n.Do(func() error {
+		var d net.Dialer
+		var err error
+		c, err = d.DialContext(ctx, network, address)
+		return err
+	})
+	return c, err
+}
+
+// Listen opens a listener inside the namespace and closes it at cleanup.
+func (n *NS) Listen(tb testing.TB, network, address string) net.Listener {
+	tb.Helper()
+	var l net.Listener
+	if err := n.Do(func() error {
+		var err error
+		l, err = net.Listen(network, address)
+		return err
+	}); err != nil {
+		tb.Fatalf("listen %s %s in %s: %v", network, address, n.Name, err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	return l
+}
+
+// ListenPacket opens a packet socket inside the namespace and closes it at cleanup.
+func (n *NS) ListenPacket(tb testing.TB, network, address string) net.PacketConn {
+	tb.Helper()
+	var pc net.PacketConn
+	if err := n.Do(func() error {
+		var err error
+		pc, err = net.ListenPacket(network, address)
+		return err
+	}); err != nil {
+		tb.Fatalf("listen %s %s in %s: %v", network, address, n.Name, err)
+	}
+	tb.Cleanup(func() { pc.Close() })
+	return pc
+}

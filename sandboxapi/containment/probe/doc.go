@@ -1,0 +1,26 @@
+// Package probe is the guest side of the containment check (DESIGN.md
+// section 7) and the host's strict parser of what it prints.
+//
+// The probe runs inside a sandbox VM as a small static program
+// (cmd/pve-inspect-probe, CGO_ENABLED=0). It reads a [Request] (a JSON list
+// of targets) and writes one [Report]: per target an [Outcome] that keeps
+// apart the answers a firewall can produce (open, refused, timeout,
+// unreachable, DNS reply, DNS no reply), plus local [Facts] (IPv4 lease and
+// default route, resolvers) that the host uses as positive controls.
+//
+// Design decisions:
+//
+//   - The probe reports what it saw and never judges it: whether "refused"
+//     is good or bad is the host's business (a refused connection proves a
+//     route exists, so the host counts it as reachable).
+//   - An HTTP or TLS failure after the TCP handshake is reported as
+//     [OutcomeOpen] with the error as detail: the route exists.
+//   - The output crosses the guest boundary, and the guest is hostile: the
+//     host reads it only through [ParseReport], which is strict (known fields,
+//     known values, one JSON value, bounded sizes and counts) and fuzzed.
+//   - All sockets come from a [Dialer], so tests can create them inside a
+//     network namespace; the program uses a plain net.Dialer. No proxy from
+//     the environment is ever used and redirects are not followed.
+//   - The probe depends on the standard library and
+//     golang.org/x/net/dns/dnsmessage only, to stay small.
+package probe

@@ -1,0 +1,65 @@
+package probe
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Exit codes of [Main].
+const (
+	ExitOK    = 0 // a report was written
+	ExitUsage = 2 // bad arguments or request; nothing was probed
+	ExitIO    = 3 // the report could not be written
+)
+
+// Main is the probe program: `pve-inspect-probe [-root DIR] [-self-remove] [REQUEST.json]`
+// reads the request from the file or, without one, from stdin, and writes
+// the report as one JSON line to stdout.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return run(ctx, args, stdin, stdout, stderr, nil)
+}
+
+// run is Main with the dialer as a parameter (nil = net.Dialer).
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, d Dialer) int {
+	fs := flag.NewFlagSet("pve-inspect-probe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	root := fs.String("root", "/", "prefix of the /proc and /etc paths the facts are read from")
+	selfRemove := fs.Bool("self-remove", false, "delete the probe's own executable at start (it was uploaded for one run)")
+	if err := fs.Parse(args); err != nil {
+		return ExitUsage
+	}
+	if *selfRemove {
+		if exe, err := os.Executable(); err == nil {
+			_ = os.Remove(exe) // best effort: a left-over copy is harmless
+		}
+	}
+	if fs.NArg() > 1 {
+		fmt.Fprintln(stderr, "pve-inspect-probe: at most one request file")
+		return ExitUsage
+	}
+	in := stdin
+	if fs.NArg() == 1 {
+		fh, err := os.Open(fs.Arg(0))
+		if err != nil {
+			fmt.Fprintln(stderr, "pve-inspect-probe:", err)
+			return ExitUsage
+		}
+		defer fh.Close()
+		in = fh
+	}
+	req, err := ParseRequest(in)
+	if err != nil {
+		fmt.Fprintln(stderr, "pve-inspect-probe:", err)
+		return ExitUsage
+	}
+	rep := (&Prober{Dialer: d, Root: *root}).Run(ctx, req)
+	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
+		fmt.Fprintln(stderr, "pve-inspect-probe: write report:", err)
+		return ExitIO
+	}
+	return ExitOK
+}

@@ -1,0 +1,245 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestValidateRequest(t *testing.T) {
+	ok := func(mod func(*Target)) *Request {
+		tg := Target{ID: "x", Kind: KindHTTP, Addr: "169.254.169.254:80", Method: "PUT", Path: "/latest/api/token", Headers: map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "21600"}}
+		if mod != nil {
+			mod(&tg)
+		}
+		return &Request{Version: Version, Targets: []Target{tg}}
+	}
+	cases := []struct {
+		name string
+		req  *Request
+		err  string // "" = valid
+	}{
+		{"valid http", ok(nil), ""},
+		{"valid dns", &Request{Version: 1, Targets: []Target{{ID: "d", Kind: KindDNS, Addr: "10.0.0.1:53", Name: "example.test", QType: "AAAA"}}}, ""},
+		{"valid tcp v6 zone", &Request{Version: 1, Targets: []Target{{ID: "t", Kind: KindTCP, Addr: "[fe80::1%eth0]:22"}}}, ""},
+		{"version", &Request{Version: 2, Targets: ok(nil).Targets}, "version"},
+		{"no targets", &Request{Version: 1}, "targets"},
+		{"concurrency", &Request{Version: 1, Concurrency: 65, Targets: ok(nil).Targets}, "concurrency"},
+		{"dup id", &Request{Version: 1, Targets: append(ok(nil).Targets, ok(nil).Targets...)}, "duplicate"},
+		{"empty id", ok(func(t *Target) { t.ID = "" }), "id"},
+		{"id chars", ok(func(t *Target) { t.ID = "a b" }), "id"},
+		{"id long", ok(func(t *Target) { t.ID = strings.Repeat("a", 65) }), "id"},
+		{"hostname addr", ok(func(t *Target) { t.Addr = "metadata:80" }), "addr"},
+		{"no port", ok(func(t *Target) { t.Addr = "10.0.0.1" }), "addr"},
+		{"port 0", ok(func(t *Target) { t.Addr = "10.0.0.1:0" }), "port 0"},
+		{"method", ok(func(t *Target) { t.Method = "POST" }), "method"},
+		{"path", ok(func(t *Target) { t.Path = "no-slash" }), "path"},
+		{"path space", ok(func(t *Target) { t.Path = "/a b" }), "path"},
+		{"header crlf", ok(func(t *Target) { t.Headers = map[string]string{"X": "a\r\nB: c"} }), "header"},
+		{"header name", ok(func(t *Target) { t.Headers = map[string]string{"X:Y": "1"} }), "header name"},
+		{"timeout", ok(func(t *Target) { t.TimeoutMS = MaxTimeoutMS + 1 }), "timeout"},
+		{"kind", ok(func(t *Target) { t.Kind = "icmp" }), "kind"},
+		{"http with name", ok(func(t *Target) { t.Name = "x.test" }), "name"},
+		{"tcp with path", &Request{Version: 1, Targets: []Target{{ID: "t", Kind: KindTCP, Addr: "10.0.0.1:22", Path: "/"}}}, "tcp target"},
+		{"dns no name", &Request{Version: 1, Targets: []Target{{ID: "d", Kind: KindDNS, Addr: "10.0.0.1:53"}}}, "name"},
+		{"dns bad name", &Request{Version: 1, Targets: []Target{{ID: "d", Kind: KindDNS, Addr: "10.0.0.1:53", Name: "a..b"}}}, "name"},
+		{"dns qtype", &Request{Version: 1, Targets: []Target{{ID: "d", Kind: KindDNS, Addr: "10.0.0.1:53", Name: "a.b", QType: "TXT"}}}, "qtype"},
+	}
+	for _, c := range cases {
+		err := ValidateRequest(c.req)
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("%s: unexpected error %v", c.name, err)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: error %v, want one mentioning %q", c.name, err, c.err)
+		}
+	}
+}
+
+func TestParseRequestStrict(t *testing.T) {
+	for _, in := range []string{
+		`{"version":1,"targets":[{"id":"a","kind":"tcp","addr":"10.0.0.1:22"}]} {}`,
+		`{"version":1,"targets":[{"id":"a","kind":"tcp","addr":"10.0.0.1:22","extra":1}]}`,
+		`{"version":1,"targets":[]}`,
+		`[]`,
+		``,
+	} {
+		if _, err := ParseRequest(strings.NewReader(in)); err == nil {
+			t.Errorf("ParseRequest(%q) accepted", in)
+		}
+	}
+	big := `{"version":1,"targets":[` + strings.Repeat(" ", MaxRequestBytes) + `]}`
+	if _, err := ParseRequest(strings.NewReader(big)); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("oversized request: %v, want ErrTooLarge", err)
+	}
+}
+
+// validReport is a report that ParseReport accepts; cases mutate its JSON.
+const validReport = `{"version":1,"facts":{"interfaces":[{"name":"eth0","up":true,"addrs":["10.10.1.50/24","fe80::1/64"]}],` +
+	`"default_route4":{"iface":"eth0","gateway":"10.10.1.1"},"default_route6":{"iface":"eth0","gateway":"fe80::1"},"resolvers":["10.10.1.1"]},` +
+	`"results":[{"id":"a","outcome":"refused","detail":"connection refused","elapsed_ms":1},` +
+	`{"id":"b","outcome":"response","http_status":200,"elapsed_ms":3},` +
+	`{"id":"c","outcome":"response","rcode":"NOERROR","answers":1,"elapsed_ms":2},` +
+	`{"id":"d","outcome":"response","rcode":"RCODE11","elapsed_ms":2},` +
+	`{"id":"e","outcome":"no_reply","elapsed_ms":3000}]}`
+
+func TestParseReport(t *testing.T) {
+	rep, err := ParseReport([]byte(validReport))
+	if err != nil {
+		t.Fatalf("valid report rejected: %v", err)
+	}
+	if len(rep.Results) != 5 || rep.Results[1].HTTPStatus != 200 || rep.Facts.DefaultRoute4.Gateway != "10.10.1.1" {
+		t.Fatalf("parsed wrongly: %+v", rep)
+	}
+	bad := []struct{ name, from, to string }{
+		{"version", `"version":1,"facts"`, `"version":2,"facts"`},
+		{"unknown field", `"elapsed_ms":1}`, `"elapsed_ms":1,"x":1}`},
+		{"unknown outcome", `"outcome":"refused"`, `"outcome":"filtered"`},
+		{"status on refused", `"outcome":"refused",`, `"outcome":"refused","http_status":200,`},
+		{"status range", `"http_status":200`, `"http_status":99`},
+		{"status and rcode", `"http_status":200`, `"http_status":200,"rcode":"NOERROR"`},
+		{"response empty", `"outcome":"response","http_status":200,`, `"outcome":"response",`},
+		{"rcode name", `"rcode":"NOERROR"`, `"rcode":"FINE"`},
+		{"rcode number", `"rcode":"RCODE11"`, `"rcode":"RCODE4096"`},
+		{"rcode leading zero", `"rcode":"RCODE11"`, `"rcode":"RCODE011"`},
+		{"answers", `"answers":1`, `"answers":70000`},
+		{"negative elapsed", `"elapsed_ms":1}`, `"elapsed_ms":-1}`},
+		{"detail control", `"detail":"connection refused"`, `"detail":"a\u001b[31mred"`},
+		{"detail bidi", `"detail":"connection refused"`, `"detail":"a\u202eb"`},
+		{"detail long", `"detail":"connection refused"`, `"detail":"` + strings.Repeat("x", MaxDetailLen+1) + `"`},
+		{"dup id", `{"id":"b"`, `{"id":"a"`},
+		{"id chars", `{"id":"a"`, `{"id":"a b"`},
+		{"iface name", `"name":"eth0"`, `"name":"../x"`},
+		{"iface addr", `"10.10.1.50/24"`, `"10.10.1.50"`},
+		{"gateway family", `"gateway":"10.10.1.1"`, `"gateway":"fe80::1"`},
+		{"gateway6 zone", `"gateway":"fe80::1"}`, `"gateway":"fe80::1%eth0"}`},
+		{"resolver", `"resolvers":["10.10.1.1"]`, `"resolvers":["x"]`},
+		{"trailing", `3000}]}`, `3000}]} {}`},
+		{"string for int", `"elapsed_ms":3000`, `"elapsed_ms":"3000"`},
+		{"key case", `"outcome":"refused"`, `"Outcome":"refused"`},
+		{"repeated key", `"outcome":"refused"`, `"outcome":"timeout","outcome":"refused"`},
+		{"repeated top key", `{"version":1,`, `{"version":1,"version":1,`},
+		{"deep nesting", `"resolvers":["10.10.1.1"]`, `"resolvers":[[[[[[[[["10.10.1.1"]]]]]]]]]`},
+		{"float", `"elapsed_ms":3000`, `"elapsed_ms":3.5`},
+	}
+	for _, c := range bad {
+		in := strings.Replace(validReport, c.from, c.to, 1)
+		if in == validReport {
+			t.Fatalf("%s: mutation did not apply", c.name)
+		}
+		if _, err := ParseReport([]byte(in)); err == nil {
+			t.Errorf("%s: accepted %s", c.name, in)
+		}
+	}
+	if _, err := ParseReport([]byte("\xff" + validReport)); err == nil {
+		t.Error("invalid UTF-8 accepted")
+	}
+	huge := bytes.Repeat([]byte(" "), MaxReportBytes+1)
+	if _, err := ParseReport(huge); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("huge report: %v, want ErrTooLarge", err)
+	}
+}
+
+func FuzzParseReport(f *testing.F) {
+	f.Add([]byte(validReport))
+	f.Add([]byte(`{"version":1,"facts":{"interfaces":[],"resolvers":[]},"results":[]}`))
+	f.Add([]byte(`{"version":1,"facts":{"interfaces":null,"resolvers":null},"results":null}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"a","outcome":"response","http_status":599,"elapsed_ms":0}]}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"a","outcome":"response","rcode":"RCODE4095","answers":65535,"elapsed_ms":600000}]}`))
+	f.Add([]byte(`{"Version":1,"version":2}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rep, err := ParseReport(data)
+		if err != nil {
+			if rep != nil {
+				t.Fatal("report returned with an error")
+			}
+			return
+		}
+		// Whatever passes is within every bound and survives a round trip.
+		if len(rep.Results) > MaxTargets || len(rep.Facts.Interfaces) > MaxInterfaces {
+			t.Fatalf("bounds broken: %d results, %d interfaces", len(rep.Results), len(rep.Facts.Interfaces))
+		}
+		for _, r := range rep.Results {
+			if len(r.Detail) > MaxDetailLen || len(r.ID) > MaxIDLen || (r.Outcome == OutcomeResponse) == (r.HTTPStatus == 0 && r.RCode == "") {
+				t.Fatalf("accepted bad result %+v", r)
+			}
+		}
+		again, err := ParseReport(mustJSON(t, rep))
+		if err != nil {
+			t.Fatalf("re-encoded accepted report rejected: %v", err)
+		}
+		if !bytes.Equal(mustJSON(t, again), mustJSON(t, rep)) {
+			t.Fatal("round trip changed the report")
+		}
+	})
+}
+
+func FuzzParseRequest(f *testing.F) {
+	f.Add([]byte(`{"version":1,"targets":[{"id":"a","kind":"tcp","addr":"10.0.0.1:22"}]}`))
+	f.Add([]byte(`{"version":1,"concurrency":4,"targets":[{"id":"m","kind":"http","addr":"[fd00:ec2::254]:80","method":"PUT","path":"/latest/api/token","headers":{"X-aws-ec2-metadata-token-ttl-seconds":"21600"}}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"d","kind":"dns","addr":"10.0.0.1:53","name":"example.test","qtype":"A","timeout_ms":500}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req, err := ParseRequest(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		if err := ValidateRequest(req); err != nil {
+			t.Fatalf("parsed request fails validation: %v", err)
+		}
+	})
+}
+
+func TestMainBadInput(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), nil, strings.NewReader(`{"version":1,"targets":[{"id":"a","kind":"tcp","addr":"nope"}]}`), &out, &errb); code != ExitUsage {
+		t.Errorf("exit %d, want %d", code, ExitUsage)
+	}
+	if out.Len() != 0 || !strings.Contains(errb.String(), "addr") {
+		t.Errorf("stdout %q stderr %q: want nothing on stdout and the bad field named", out.String(), errb.String())
+	}
+	errb.Reset()
+	if code := Main(context.Background(), []string{"a", "b"}, nil, &out, &errb); code != ExitUsage {
+		t.Errorf("two files: exit %d", code)
+	}
+	if code := Main(context.Background(), []string{filepath.Join(t.TempDir(), "missing.json")}, nil, &out, &errb); code != ExitUsage {
+		t.Errorf("missing file: exit %d", code)
+	}
+}
+
+func TestMainFromFile(t *testing.T) {
+	// A target the fake dialer refuses (no packet leaves): the program must
+	// read the file, probe and print a report the host parser accepts.
+	p := filepath.Join(t.TempDir(), "req.json")
+	if err := os.WriteFile(p, []byte(`{"version":1,"targets":[{"id":"x","kind":"dns","addr":"10.0.0.1:53","name":"a.test","timeout_ms":1}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	refuse := dialerFunc(func(context.Context, string, string) (net.Conn, error) { return nil, syscall.ECONNREFUSED })
+	if code := run(context.Background(), []string{"-root", t.TempDir(), p}, nil, &out, &errb, refuse); code != ExitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	rep, err := ParseReport(out.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 1 || rep.Results[0].ID != "x" || rep.Results[0].Outcome != OutcomeRefused {
+		t.Fatalf("results %+v", rep.Results)
+	}
+}

@@ -1,0 +1,163 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+	"unicode/utf8"
+)
+
+// Dialer creates the probe's sockets. *net.Dialer satisfies it.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Prober runs requests.
+type Prober struct {
+	// Dialer creates every socket; nil means a plain net.Dialer.
+	Dialer Dialer
+	// Root is prepended to /proc and /etc paths when reading Facts; "" = "/".
+	Root string
+}
+
+// Run probes every target of req, at most req.Concurrency at a time, and
+// gathers the local facts. Results are in request order. req must have
+// passed [ValidateRequest].
+func (p *Prober) Run(ctx context.Context, req *Request) *Report {
+	facts := ReadFacts(p.Root)
+	zone := ""
+	if facts.DefaultRoute4 != nil {
+		zone = facts.DefaultRoute4.Iface
+	}
+	n := req.Concurrency
+	if n <= 0 {
+		n = defConcurrency
+	}
+	results := make([]Result, len(req.Targets))
+	sem := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for i := range req.Targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				results[i] = Result{ID: req.Targets[i].ID, Outcome: OutcomeError, Detail: "not run: " + ctx.Err().Error()}
+				return
+			}
+			defer func() { <-sem }()
+			results[i] = p.one(ctx, req.Targets[i], zone)
+		}()
+	}
+	wg.Wait()
+	return &Report{Version: Version, Facts: facts, Results: results}
+}
+
+func (p *Prober) dialer() Dialer {
+	if p.Dialer != nil {
+		return p.Dialer
+	}
+	return &net.Dialer{}
+}
+
+// one probes a single target within its timeout.
+func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
+	timeout := time.Duration(t.TimeoutMS) * time.Millisecond
+	if timeout <= 0 {
+		timeout = DefaultTimeout * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	addr := withZone(t.Addr, zone)
+	start := time.Now()
+	var r Result
+	switch t.Kind {
+	case KindTCP:
+		r = p.tcp(ctx, addr)
+	case KindHTTP, KindHTTPS:
+		r = p.http(ctx, t, addr)
+	case KindDNS:
+		r = p.dns(ctx, t, addr)
+	default:
+		r = Result{Outcome: OutcomeError, Detail: "unknown kind"}
+	}
+	r.ID = t.ID
+	r.ElapsedMS = int(time.Since(start).Milliseconds())
+	r.Detail = clip(r.Detail, MaxDetailLen)
+	return r
+}
+
+// tcp tries a TCP handshake.
+func (p *Prober) tcp(ctx context.Context, addr string) Result {
+	c, err := p.dialer().DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return Result{Outcome: classify(ctx, err), Detail: err.Error()}
+	}
+	c.Close()
+	return Result{Outcome: OutcomeOpen}
+}
+
+// classify maps a connect error to an outcome.
+func classify(ctx context.Context, err error) Outcome {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+		return OutcomeRefused
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
+		errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM),
+		errors.Is(err, syscall.EHOSTDOWN), errors.Is(err, syscall.ENETDOWN),
+		errors.Is(err, syscall.EADDRNOTAVAIL), errors.Is(err, syscall.EINVAL):
+		return OutcomeUnreachable
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded), ctx.Err() != nil:
+		return OutcomeTimeout
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return OutcomeTimeout
+	}
+	return OutcomeError
+}
+
+// withZone gives a zone-less IPv6 link-local address the interface zone.
+func withZone(addr, zone string) string {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || zone == "" || !ap.Addr().Is6() || ap.Addr().Zone() != "" {
+		return addr
+	}
+	a := ap.Addr()
+	if !a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast() {
+		return addr
+	}
+	return netip.AddrPortFrom(a.WithZone(zone), ap.Port()).String()
+}
+
+// clip bounds s to n bytes of valid UTF-8 without control characters.
+func clip(s string, n int) string {
+	out := make([]rune, 0, len(s))
+	size := 0
+	for _, r := range s {
+		if badRune(r) {
+			r = '?'
+		}
+		size += utf8.RuneLen(r)
+		if size > n {
+			break
+		}
+		out = append(out, r)
+	}
+	return string(out)
+}
+
+// badRune reports runes that never appear in report text: invalid UTF-8,
+// C0 and C1 controls, line separators, and the bidirectional controls a
+// hostile guest could use to make a rendered row read differently.
+func badRune(r rune) bool {
+	return r == utf8.RuneError || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) ||
+		r == 0x2028 || r == 0x2029 || r == 0x200e || r == 0x200f || r == 0x061c ||
+		(r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) || r == 0xfeff
+}

@@ -1,0 +1,130 @@
+package probe
+
+// Version is the wire format version of [Request] and [Report].
+const Version = 1
+
+// Kind is what a target asks the probe to do.
+type Kind string
+
+// Target kinds.
+const (
+	KindTCP   Kind = "tcp"   // TCP connect to Addr
+	KindHTTP  Kind = "http"  // HTTP request (Method, Path, Headers) to Addr
+	KindHTTPS Kind = "https" // HTTPS request to Addr, certificate not verified
+	KindDNS   Kind = "dns"   // DNS query over UDP for Name (QType) to the server Addr
+)
+
+// Limits that both sides enforce.
+const (
+	MaxTargets      = 512             // targets in one request
+	MaxIDLen        = 64              // bytes in a target id
+	MaxDetailLen    = 256             // bytes in a result detail
+	MaxReportBytes  = 1 << 20         // bytes of report JSON the host accepts
+	MaxRequestBytes = 1 << 20         // bytes of request JSON the probe accepts
+	MaxTimeoutMS    = 60_000          // longest per-target timeout
+	DefaultTimeout  = 3_000           // per-target timeout in ms when the target names none
+	MaxInterfaces   = 64              // interfaces in Facts
+	MaxAddrs        = 64              // addresses per interface, resolvers
+	maxNameLen      = 253             // DNS name
+	maxPathLen      = 1024            // HTTP path
+	maxHeaders      = 16              // HTTP headers per target
+	maxHeaderLen    = 256             // bytes per header name or value
+	maxIfaceNameLen = 15              // Linux IFNAMSIZ - 1
+	maxErrors       = 16              // Facts.Errors entries
+	maxStringField  = MaxDetailLen    // generic bound for short strings
+	maxHTTPBody     = 64 << 10        // response body bytes the probe reads and discards
+	maxConcurrency  = 64              // parallel probes
+	defConcurrency  = 16              // parallel probes by default
+	maxElapsedMS    = 10 * 60 * 1_000 // sanity bound on reported elapsed time
+)
+
+// Request is the probe's input.
+type Request struct {
+	Version     int      `json:"version"`
+	Concurrency int      `json:"concurrency,omitempty"` // parallel probes; 0 = 16, at most 64
+	Targets     []Target `json:"targets"`
+}
+
+// Target is one thing to try.
+type Target struct {
+	ID   string `json:"id"`   // unique within the request, echoed in the result
+	Kind Kind   `json:"kind"` // what to do
+	// Addr is "ip:port" or "[ipv6]:port" with a literal address. An IPv6
+	// link-local address without a zone gets the interface of the IPv4
+	// default route as its zone.
+	Addr      string            `json:"addr"`
+	Method    string            `json:"method,omitempty"`  // http(s): GET (default) or PUT
+	Path      string            `json:"path,omitempty"`    // http(s): request path, default "/"
+	Headers   map[string]string `json:"headers,omitempty"` // http(s): extra request headers
+	Name      string            `json:"name,omitempty"`    // dns: query name
+	QType     string            `json:"qtype,omitempty"`   // dns: A (default) or AAAA
+	TimeoutMS int               `json:"timeout_ms,omitempty"`
+}
+
+// Outcome is what the network answered.
+type Outcome string
+
+// Outcomes. Every target ends in exactly one.
+const (
+	// OutcomeOpen: the TCP handshake completed (tcp), or it completed and
+	// the HTTP exchange then failed (http, https; Detail says how).
+	OutcomeOpen Outcome = "open"
+	// OutcomeRefused: the peer answered with a reset (tcp, http) or an ICMP
+	// port unreachable (dns): a route exists.
+	OutcomeRefused Outcome = "refused"
+	// OutcomeTimeout: no answer at all to the connection attempt.
+	OutcomeTimeout Outcome = "timeout"
+	// OutcomeUnreachable: no route, or an ICMP unreachable/prohibited came back.
+	OutcomeUnreachable Outcome = "unreachable"
+	// OutcomeResponse: an HTTP response (HTTPStatus) or a DNS reply (RCode,
+	// Answers) arrived.
+	OutcomeResponse Outcome = "response"
+	// OutcomeNoReply: a DNS query was sent and nothing came back.
+	OutcomeNoReply Outcome = "no_reply"
+	// OutcomeError: the probe could not try (bad target, local error).
+	OutcomeError Outcome = "error"
+)
+
+// Result is the probe's answer for one target.
+type Result struct {
+	ID         string  `json:"id"`
+	Outcome    Outcome `json:"outcome"`
+	HTTPStatus int     `json:"http_status,omitempty"` // response from http(s)
+	RCode      string  `json:"rcode,omitempty"`       // response from dns: NOERROR, NXDOMAIN, REFUSED, ...
+	Answers    int     `json:"answers,omitempty"`     // response from dns: answer records
+	Detail     string  `json:"detail,omitempty"`      // error text or extra facts, at most MaxDetailLen bytes
+	ElapsedMS  int     `json:"elapsed_ms"`
+}
+
+// Facts are the guest's local network facts, the base of the positive controls.
+type Facts struct {
+	Interfaces []Interface `json:"interfaces"`
+	// DefaultRoute4 is the IPv4 default route (first by metric), nil if none.
+	DefaultRoute4 *Route `json:"default_route4,omitempty"`
+	// DefaultRoute6 is the IPv6 default route, nil if none.
+	DefaultRoute6 *Route `json:"default_route6,omitempty"`
+	// Resolvers are the nameserver lines of /etc/resolv.conf.
+	Resolvers []string `json:"resolvers"`
+	// Errors are facts the probe failed to read.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// Interface is one network interface with its addresses in CIDR form.
+type Interface struct {
+	Name  string   `json:"name"`
+	Up    bool     `json:"up"`
+	Addrs []string `json:"addrs"`
+}
+
+// Route is a default route.
+type Route struct {
+	Iface   string `json:"iface"`
+	Gateway string `json:"gateway,omitempty"` // "" when the route has no gateway
+}
+
+// Report is the probe's output.
+type Report struct {
+	Version int      `json:"version"`
+	Facts   Facts    `json:"facts"`
+	Results []Result `json:"results"`
+}
