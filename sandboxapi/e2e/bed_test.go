@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,9 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
@@ -376,6 +380,94 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 		t.Errorf("with the guard a guest reached another sandbox's guest (exit %d)", code)
 	}
 	for _, id := range []string{a.ID, b.ID, c.ID} {
+		if err := e.c.Delete(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestBedContainmentCheck: POST /v1/sandboxes/{id}/check through the real
+// probe in a sandbox VM on the bed with the host guard in force: every row
+// passes under the guard policy (a control that fails would fail it).
+func TestBedContainmentCheck(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var guard *firewall.Guard
+	var gmu sync.Mutex
+	chk := &containcheck.Checker{
+		Runner: &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"},
+		Client: qga.New(qga.Options{}),
+		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
+			return containment.Spec{
+				HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr), netip.MustParseAddr(testvm.NodeMgmtAddr6)},
+				ControlPorts: append(containment.DefaultControlPorts(), containment.Port{Port: 8443, Name: "sandbox API"}),
+				Metadata: []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.AlibabaMDAddr),
+					netip.MustParseAddr(testvm.AzureWireAddr), netip.MustParseAddr(testvm.MetadataAddr6)},
+				MetadataDNS:  []netip.Addr{netip.MustParseAddr(testvm.AWSDNSAddr)},
+				LAN:          []netip.AddrPort{netip.MustParseAddrPort(testvm.LANAddr + ":80")},
+				Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
+				Public6:      []netip.Addr{netip.MustParseAddr(testvm.InternetAddr6)},
+				ExternalName: testvm.InternetName,
+				Timeout:      2 * time.Second,
+			}, containment.GuardPolicy(), nil
+		},
+		LocalName: testvm.LocalName,
+	}
+	e := newBedEnv(t, ctx, func(o *sandboxapi.Options) {
+		o.Checker = chk
+		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
+			gmu.Lock()
+			defer gmu.Unlock()
+			if guard == nil {
+				return nil
+			}
+			return guard.SetZones(ctx, z)
+		}
+	})
+	chk.QGADir = e.bed.QGADir()
+	node, err := netns.GetFromName(e.bed.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gmu.Lock()
+	guard = g
+	gmu.Unlock()
+	a, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := e.c.Check(ctx, a.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherZone := false
+	for _, r := range rep.Rows {
+		t.Logf("%-40s %-50s expect %-9s observed %-9s pass %v", r.Target, r.Probe, r.Expected, r.Observed, r.Pass)
+		if strings.Contains(r.Probe, ":22") && !r.Control {
+			otherZone = true
+		}
+	}
+	if !rep.Pass || len(rep.Rows) < 10 {
+		t.Errorf("containment check did not pass (%d rows)", len(rep.Rows))
+	}
+	if !otherZone {
+		t.Error("no row probes the other sandbox's guest")
+	}
+	for _, id := range []string{a.ID, b.ID} {
 		if err := e.c.Delete(ctx, id); err != nil {
 			t.Error(err)
 		}

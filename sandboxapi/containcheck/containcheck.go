@@ -1,0 +1,116 @@
+// Package containcheck adapts the containment check (sandboxapi/containment)
+// to the sandbox API's Checker: it fills the plan's per-sandbox part (the
+// VM's zone gateway and subnet, the zone resolver's local name, the guests
+// of the node's other sandboxes) around a node-wide part the daemon supplies
+// (host addresses, control ports, metadata, LAN, public targets, and the
+// policy the node's mode promises), runs the probe in the VM through the
+// guest agent and converts the rows.
+package containcheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+)
+
+// Checker implements sandboxapi.Checker.
+type Checker struct {
+	// Runner uploads and runs the probe.
+	Runner *containment.Runner
+	// Client and QGADir reach the VM's agent (<QGADir>/<vmid>.qga).
+	Client *qga.Client
+	QGADir string
+	// Node returns the node-wide part of the plan and the policy the node's
+	// current mode promises (guard only, or lockdown).
+	Node func(ctx context.Context) (containment.Spec, containment.Policy, error)
+	// LocalName is the name a zone's resolver answers itself.
+	LocalName func(zone string) string
+	// OtherZonePort is probed on other sandboxes' guests (22).
+	OtherZonePort uint16
+}
+
+var _ sandboxapi.Checker = (*Checker)(nil)
+
+// guestAddr asks a guest for its first global IPv4 address.
+func guestAddr(ctx context.Context, g sandboxapi.Guest) (netip.Addr, error) {
+	res, err := g.Exec(ctx, sandboxapi.GuestExec{Argv: []string{"ip", "-4", "-o", "addr", "show", "scope", "global"}, Timeout: 10, OutputLimit: 64 << 10})
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, line := range strings.Split(string(res.Stdout), "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "inet" {
+				if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+					return p.Addr(), nil
+				}
+			}
+		}
+	}
+	return netip.Addr{}, errors.New("no global IPv4 address")
+}
+
+// Run implements sandboxapi.Checker.
+func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi.CheckReport, error) {
+	spec, pol, err := c.Node(ctx)
+	if err != nil {
+		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: node facts: %w", err)
+	}
+	var nw *sandboxapi.Network
+	for i, n := range t.Sandbox.Networks {
+		if len(t.VM.Networks) > 0 && n.Name == t.VM.Networks[0] {
+			nw = &t.Sandbox.Networks[i]
+		}
+	}
+	if nw == nil {
+		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: VM %s has no network", t.VM.Name)
+	}
+	if spec.Gateway, err = netip.ParseAddr(nw.Gateway); err != nil {
+		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: gateway: %w", err)
+	}
+	if spec.Subnet, err = netip.ParsePrefix(nw.CIDR); err != nil {
+		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: subnet: %w", err)
+	}
+	spec.LocalName = c.LocalName(t.Sandbox.Zone)
+	port := c.OtherZonePort
+	if port == 0 {
+		port = 22
+	}
+	if t.GuestOf != nil {
+		for _, o := range t.Others {
+			if len(o.VMs) == 0 {
+				continue
+			}
+			if a, err := guestAddr(ctx, t.GuestOf(o.VMs[0].VMID)); err == nil {
+				spec.OtherZone = append(spec.OtherZone, netip.AddrPortFrom(a, port))
+			}
+		}
+	}
+	plan, err := containment.NewPlan(spec, pol)
+	if err != nil {
+		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: %w", err)
+	}
+	agent := containment.AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
+	res, err := c.Runner.Run(ctx, agent, plan)
+	if err != nil {
+		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: %w", err)
+	}
+	rep := sandboxapi.CheckReport{Pass: res.Passed()}
+	for _, r := range res.Rows {
+		detail := r.Detail
+		if r.Why != "" {
+			detail += "; " + r.Why
+		}
+		rep.Rows = append(rep.Rows, sandboxapi.CheckRow{Target: r.Name, Probe: r.Target, Expected: string(r.Expect),
+			Observed: string(r.Observed), Pass: r.Status == containment.Pass, Control: r.Control, Detail: detail})
+	}
+	return rep, nil
+}
