@@ -3,7 +3,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
@@ -21,6 +23,47 @@ type CheckSection struct {
 	Timeout time.Duration `toml:"timeout"`
 	// Concurrency bounds parallel probes inside the guest.
 	Concurrency int `toml:"concurrency"`
+	// LAN are operator-LAN targets (ip:port) that guests must not reach.
+	LAN []string `toml:"lan"`
+	// Public are public IPv4 addresses probed on 80 and 443: reachable is
+	// a positive control unless the lockdown is on. Required for the
+	// check when the API is on.
+	Public []string `toml:"public"`
+	// Public6 are public IPv6 addresses guests must not reach (no IPv6).
+	Public6 []string `toml:"public6"`
+	// ExternalName is resolved through the zone resolver to tell whether it
+	// recurses; "{random}" in it becomes a fresh label (a name no cache
+	// holds). Required for the check when the API is on.
+	ExternalName string `toml:"external_name"`
+	// LocalName is a name the zone resolver answers itself (the DNS
+	// positive control); "{zone}" becomes the sandbox's zone id.
+	LocalName string `toml:"local_name"`
+}
+
+// LANAddrs parses LAN.
+func (s CheckSection) LANAddrs() []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, a := range s.LAN {
+		if ap, err := netip.ParseAddrPort(a); err == nil {
+			out = append(out, ap)
+		}
+	}
+	return out
+}
+
+// PublicAddrs parses Public and Public6.
+func (s CheckSection) PublicAddrs() (v4, v6 []netip.Addr) {
+	for _, a := range s.Public {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			v4 = append(v4, ip)
+		}
+	}
+	for _, a := range s.Public6 {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			v6 = append(v6, ip)
+		}
+	}
+	return v4, v6
 }
 
 // defaultCheck is the check section's defaults.
@@ -30,6 +73,9 @@ func defaultCheck() CheckSection {
 		GuestDir:    "/tmp",
 		Timeout:     3 * time.Second,
 		Concurrency: 16,
+		LAN:         []string{},
+		Public:      []string{},
+		Public6:     []string{},
 	}
 }
 
@@ -43,6 +89,25 @@ func (s CheckSection) validate(prefix string) error {
 		return &KeyError{Key: prefix + ".timeout", Err: fmt.Errorf("%v: want more than 0 and at most %v", s.Timeout, probe.MaxTimeoutMS*time.Millisecond)}
 	case s.Concurrency < 1 || s.Concurrency > 64:
 		return &KeyError{Key: prefix + ".concurrency", Err: errors.New("want 1..64")}
+	case len(s.ExternalName) > 200 || strings.ContainsAny(s.ExternalName, " \t\n/"):
+		return &KeyError{Key: prefix + ".external_name", Err: fmt.Errorf("%q: not a DNS name", s.ExternalName)}
+	case len(s.LocalName) > 200 || strings.ContainsAny(s.LocalName, " \t\n/"):
+		return &KeyError{Key: prefix + ".local_name", Err: fmt.Errorf("%q: not a DNS name", s.LocalName)}
+	}
+	for _, a := range s.LAN {
+		if _, err := netip.ParseAddrPort(a); err != nil {
+			return &KeyError{Key: prefix + ".lan", Err: fmt.Errorf("%q: want ip:port", a)}
+		}
+	}
+	for _, a := range s.Public {
+		if ip, err := netip.ParseAddr(a); err != nil || !ip.Is4() {
+			return &KeyError{Key: prefix + ".public", Err: fmt.Errorf("%q: want an IPv4 address", a)}
+		}
+	}
+	for _, a := range s.Public6 {
+		if ip, err := netip.ParseAddr(a); err != nil || !ip.Is6() || ip.Is4In6() {
+			return &KeyError{Key: prefix + ".public6", Err: fmt.Errorf("%q: want an IPv6 address", a)}
+		}
 	}
 	return nil
 }

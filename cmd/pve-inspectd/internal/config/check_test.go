@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -18,11 +19,16 @@ func TestCheckSection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Check != defaultCheck() {
+	if !reflect.DeepEqual(d.Check, defaultCheck()) {
 		t.Errorf("defaults = %+v", d.Check)
 	}
 	for _, c := range []struct{ doc, key string }{
 		{"[check]\nprobe_path = \"probe\"\n", "check.probe_path"},
+		{"[check]\nlan = [\"192.168.1.1\"]\n", "check.lan"},
+		{"[check]\npublic = [\"2001:db8::1\"]\n", "check.public"},
+		{"[check]\npublic6 = [\"203.0.113.1\"]\n", "check.public6"},
+		{"[check]\nexternal_name = \"a b\"\n", "check.external_name"},
+		{"[check]\nlocal_name = \"x/y\"\n", "check.local_name"},
 		{"[check]\nguest_dir = \"tmp\"\n", "check.guest_dir"},
 		{"[check]\ntimeout = \"0s\"\n", "check.timeout"},
 		{"[check]\ntimeout = \"2m\"\n", "check.timeout"},

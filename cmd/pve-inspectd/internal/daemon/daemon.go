@@ -22,7 +22,15 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 )
+
+// lockedDown adapts a func to the check's view of the lockdown.
+type lockedDown func() bool
+
+// LockedDown reports whether the lockdown is asked for and in force.
+func (f lockedDown) LockedDown() bool { return f() }
 
 // GuardConfig turns the [guard] section into the firewall's configuration.
 func GuardConfig(s config.GuardSection) firewall.Config {
@@ -94,7 +102,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := reg.Register(guard.Collector()); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	errc := make(chan error, 4)
+	errc := make(chan error, 8)
 	running := 0
 	var stops []func() // run in reverse order when a part ends or ctx is done
 
@@ -163,7 +171,60 @@ func (d *Daemon) Run(ctx context.Context) error {
 		log.Info("metrics listening", "component", "metrics", "addr", ln.Addr().String())
 	}
 
-	// 4. Sandbox API (sandboxapi/): unix socket and TCP listeners here.
+	// 4. Sandbox API: Proxmox through the daemon's pool-limited token,
+	//    guest I/O straight to the agent sockets, the containment check.
+	if d.Config.API.Enabled {
+		qc := qga.New(qga.Options{})
+		chk := NewChecker(d.Config, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
+		ifaces := make(chan string, 1)
+		sub, unsub := guard.Subscribe()
+		stops = append(stops, unsub)
+		first := func() string {
+			if m := guard.Management(); len(m) > 0 {
+				return m[0]
+			}
+			return ""
+		}
+		running++
+		go func() { // forwards default-route interface changes; ends with ctx
+			last := first()
+			for {
+				select {
+				case <-ctx.Done():
+					errc <- nil
+					return
+				case <-sub:
+					if cur := first(); cur != last && cur != "" {
+						last = cur
+						select {
+						case ifaces <- cur:
+						default:
+						}
+					}
+				}
+			}
+		}()
+		api, err := StartAPI(ctx, d.Config, log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: guard.SetZones,
+			Iface: first(), IfaceChanges: ifaces, Registerer: reg})
+		if err != nil {
+			cancel()
+			for i := len(stops) - 1; i >= 0; i-- {
+				stops[i]()
+			}
+			for ; running > 0; running-- {
+				<-errc
+			}
+			return err
+		}
+		running++
+		go func() {
+			err := api.Run(ctx)
+			if err != nil {
+				err = fmt.Errorf("sandbox api: %w", err)
+			}
+			errc <- err
+		}()
+	}
 
 	running++
 	go func() {

@@ -1,0 +1,81 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+)
+
+// lockdownView is what the check needs to know of the lockdown.
+type lockdownView interface {
+	// LockedDown reports whether the lockdown is asked for and in force.
+	LockedDown() bool
+}
+
+// NewChecker builds the containment check the API's check endpoint runs:
+// the node-wide part of the plan comes from the node's own addresses, the
+// daemon's ports and the [check] section; the policy from the lockdown.
+func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView) *containcheck.Checker {
+	c := cfg.Check
+	return &containcheck.Checker{
+		Runner: &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
+		Client: qc,
+		QGADir: cfg.API.QGADir,
+		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
+			spec, err := nodeSpec(cfg)
+			pol := containment.GuardPolicy()
+			if lv != nil && lv.LockedDown() {
+				pol = containment.LockdownPolicy()
+			}
+			return spec, pol, err
+		},
+		LocalName: func(zone string) string { return strings.ReplaceAll(c.LocalName, "{zone}", zone) },
+	}
+}
+
+// nodeSpec is the node-wide part of a containment plan.
+func nodeSpec(cfg config.Config) (containment.Spec, error) {
+	c := cfg.Check
+	if c.ExternalName == "" || c.LocalName == "" || len(c.Public) == 0 {
+		return containment.Spec{}, errors.New("check.external_name, check.local_name and check.public must be set for the containment check")
+	}
+	var spec containment.Spec
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return spec, err
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		spec.HostAddrs = append(spec.HostAddrs, ip.Unmap())
+	}
+	spec.ControlPorts = containment.DefaultControlPorts()
+	for _, l := range []struct{ addr, name string }{{cfg.Metrics.Listen, "metrics"}, {cfg.API.Listen, "sandbox API"}} {
+		if _, p, err := net.SplitHostPort(l.addr); err == nil {
+			if n, err := strconv.ParseUint(p, 10, 16); err == nil && n > 0 {
+				spec.ControlPorts = append(spec.ControlPorts, containment.Port{Port: uint16(n), Name: l.name})
+			}
+		}
+	}
+	spec.LAN = c.LANAddrs()
+	spec.Public, spec.Public6 = c.PublicAddrs()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	spec.ExternalName = strings.ReplaceAll(c.ExternalName, "{random}", "x"+hex.EncodeToString(r[:]))
+	spec.Timeout = c.Timeout
+	return spec, nil
+}
