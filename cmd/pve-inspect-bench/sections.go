@@ -12,6 +12,7 @@ func sections() []section {
 		{"guard", benchGuard},
 		{"lockdown", benchLockdown},
 		{"qga", benchQGA},
+		{"api", benchAPI},
 	}
 }
 
