@@ -313,7 +313,9 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 		return nil, "", "", "", err
 	}
 	srv := &http.Server{Handler: emu, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
-	go func() { _ = srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}})) }()
+	go func() {
+		_ = srv.Serve(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}))
+	}()
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 
 	dir := filepath.Join(bed.Dir(), "demo")
@@ -491,4 +493,3 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
