@@ -819,3 +819,33 @@ func TestHaltRetriedAndReasserted(t *testing.T) {
 		t.Errorf("state %+v: want not enforced with the verify error", s)
 	}
 }
+
+// TestAdoptsReferenceBackup: a node taken over from the reference scripts
+// while their lockdown is in force has their blank line in the resolver and
+// the original beside it. Our backup must hold that original, so a lift
+// restores the real upstream servers, not the reference's blank line.
+func TestAdoptsReferenceBackup(t *testing.T) {
+	e := newEnv(t, false)
+	refBlank := "# inspect-proxmox-egress-lockdown: upstream DNS recursion disabled while marker present\n"
+	if err := os.WriteFile(e.resolver+ReferenceBackupSuffix, []byte(origResolv), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.resolver, []byte(refBlank), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetMarker(e.marker, true); err != nil {
+		t.Fatal(err)
+	}
+	e.start(e.options())
+	e.waitFor("enforced", enforced)
+	if b, _ := os.ReadFile(e.resolver); !bytes.Equal(b, BlankContent(e.marker)) {
+		t.Fatalf("resolver = %q, want our blank line", b)
+	}
+	if err := SetMarker(e.marker, false); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("lifted", lifted)
+	if b, _ := os.ReadFile(e.resolver); string(b) != origResolv {
+		t.Fatalf("resolver after lift = %q, want the reference's original %q", b, origResolv)
+	}
+}

@@ -29,6 +29,14 @@ type backupRecord struct {
 	CreatedDir bool   `json:"created_dir"` // the directory did not exist either
 }
 
+// The reference scripts' lockdown blanks the resolver file to a line
+// carrying ReferenceComment and keeps the original beside it, at the
+// resolver path plus ReferenceBackupSuffix.
+const (
+	ReferenceComment      = "inspect-proxmox-egress-lockdown:"
+	ReferenceBackupSuffix = ".inspect-egress-backup"
+)
+
 // resolverFile blanks and restores the resolver file.
 type resolverFile struct {
 	path    string
@@ -130,6 +138,14 @@ func (r *resolverFile) backup() (backupRecord, error) {
 		}
 		if content, err = os.ReadFile(r.path); err != nil {
 			return rec, fmt.Errorf("back up resolver: %w", err)
+		}
+		// Taking over from the reference scripts while their lockdown is in
+		// force: the file holds their blank line and the original sits in
+		// their backup. That original is what a lift must restore.
+		if bytes.Contains(content, []byte(ReferenceComment)) {
+			if orig, err := os.ReadFile(r.path + ReferenceBackupSuffix); err == nil {
+				content = orig
+			}
 		}
 	default:
 		return rec, fmt.Errorf("back up resolver: %s is a %v, not a file", r.path, fi.Mode().Type())
@@ -263,3 +279,7 @@ func writeFileAtomic(path string, data []byte, mode fs.FileMode, uid, gid int) e
 	}
 	return nil
 }
+
+// BackupRecordPath is where the lockdown keeps the record of its resolver
+// backup under backupDir.
+func BackupRecordPath(backupDir string) string { return filepath.Join(backupDir, backupRecordName) }

@@ -8,12 +8,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/legacy"
 )
 
 // newMigrateCmd takes the node over from the reference provisioning
 // scripts; the package's postinst runs it.
-func newMigrateCmd() *cobra.Command {
+func newMigrateCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate-reference",
 		Short: "disable the reference scripts' units and remove their iptables rules (keeps the lockdown marker)",
@@ -37,7 +38,13 @@ func newMigrateCmd() *cobra.Command {
 				defer d.Close()
 				sd = d
 			}
-			rep, err := (&legacy.Takeover{Systemd: sd, Exec: legacy.ExecRunner, Root: "/"}).Run(ctx)
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return fmt.Errorf("migrate-reference: %w", err)
+			}
+			lk := cfg.Lockdown.Effective()
+			rep, err := (&legacy.Takeover{Systemd: sd, Exec: legacy.ExecRunner, Root: "/",
+				Marker: lk.Marker, LockdownRecord: lockdown.BackupRecordPath(lk.BackupDir)}).Run(ctx)
 			for _, u := range rep.UnitsDisabled {
 				fmt.Fprintf(out, "disabled reference unit %s\n", u)
 			}

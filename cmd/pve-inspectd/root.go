@@ -38,7 +38,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newVersionCmd(),
 		newManpageCmd(),
-		newMigrateCmd(),
+		newMigrateCmd(g),
 		newHaltCmd(g), newRecoverCmd(g, lockdownCause),
 		newLockdownCmd(g),
 		newSandboxCmd(g), newCheckCmd(g), newTokenCmd(g),

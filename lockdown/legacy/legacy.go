@@ -60,6 +60,11 @@ type Takeover struct {
 	Exec    Runner
 	// Root is prepended to host paths ("/" on a node).
 	Root string
+	// Marker is the lockdown marker (default
+	// /etc/inspect-proxmox-egress-lockdown); LockdownRecord is pve-inspectd's
+	// own resolver backup record (default
+	// /run/pve-inspectd/lockdown-resolv.json). Both are host paths.
+	Marker, LockdownRecord string
 }
 
 // Report says what a takeover did.
@@ -99,14 +104,33 @@ func (t *Takeover) Run(ctx context.Context) (Report, error) {
 		root = "/"
 	}
 	backup := filepath.Join(root, resolvBackup)
-	if _, err := os.Stat(backup); err == nil {
-		if err := os.Rename(backup, filepath.Join(root, resolvPath)); err != nil {
-			return rep, fmt.Errorf("restore resolver backup: %w", err)
-		}
-		rep.ResolverRestore = true
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(backup); errors.Is(err, fs.ErrNotExist) {
+		return rep, nil
+	} else if err != nil {
 		return rep, fmt.Errorf("resolver backup: %w", err)
 	}
+	marker, record := t.Marker, t.LockdownRecord
+	if marker == "" {
+		marker = "/etc/inspect-proxmox-egress-lockdown"
+	}
+	if record == "" {
+		record = "/run/pve-inspectd/lockdown-resolv.json"
+	}
+	if _, err := os.Stat(filepath.Join(root, marker)); err == nil {
+		// The lockdown stays asked for: the resolver stays blank. Our
+		// lockdown took the reference's original as its own backup when it
+		// started (lockdown.ReferenceBackupSuffix); once it has, theirs goes.
+		if _, err := os.Stat(filepath.Join(root, record)); err == nil {
+			if err := os.Remove(backup); err != nil {
+				return rep, fmt.Errorf("remove adopted resolver backup: %w", err)
+			}
+		}
+		return rep, nil
+	}
+	if err := os.Rename(backup, filepath.Join(root, resolvPath)); err != nil {
+		return rep, fmt.Errorf("restore resolver backup: %w", err)
+	}
+	rep.ResolverRestore = true
 	return rep, nil
 }
 

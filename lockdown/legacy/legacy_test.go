@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,5 +156,39 @@ func TestTakeoverInNetns(t *testing.T) {
 	rep, err = (&Takeover{Systemd: &fakeSystemd{}, Exec: inNS, Root: root}).Run(ctx)
 	if err != nil || len(rep.RulesRemoved) != 0 || rep.ResolverRestore {
 		t.Fatalf("second run: %+v %v", rep, err)
+	}
+}
+
+// TestTakeoverKeepsResolverBlankWhileMarker: with the marker present the
+// live resolver stays blank; the reference's backup goes only once
+// pve-inspectd's own lockdown has taken its backup (which adopts it).
+func TestTakeoverKeepsResolverBlankWhileMarker(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"run/dnsmasq", "etc", "run/pve-inspectd"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blank := "# inspect-proxmox-egress-lockdown: blanked\n"
+	_ = os.WriteFile(filepath.Join(root, resolvBackup), []byte("nameserver 192.0.2.53\n"), 0o644)
+	_ = os.WriteFile(filepath.Join(root, resolvPath), []byte(blank), 0o644)
+	_ = os.WriteFile(filepath.Join(root, "etc/inspect-proxmox-egress-lockdown"), nil, 0o644)
+	noRules := func(context.Context, ...string) ([]byte, error) { return nil, nil }
+	tk := &Takeover{Systemd: &fakeSystemd{}, Exec: noRules, Root: root}
+	for _, ours := range []bool{false, true} {
+		if ours {
+			_ = os.WriteFile(filepath.Join(root, "run/pve-inspectd/lockdown-resolv.json"), []byte("{}"), 0o600)
+		}
+		rep, err := tk.Run(context.Background())
+		if err != nil || rep.ResolverRestore {
+			t.Fatalf("ours=%v: %+v %v", ours, rep, err)
+		}
+		if b, _ := os.ReadFile(filepath.Join(root, resolvPath)); string(b) != blank {
+			t.Fatalf("ours=%v: resolver un-blanked while the marker is present: %q", ours, b)
+		}
+		_, err = os.Stat(filepath.Join(root, resolvBackup))
+		if gone := errors.Is(err, os.ErrNotExist); gone != ours {
+			t.Fatalf("ours=%v: reference backup gone=%v", ours, gone)
+		}
 	}
 }
