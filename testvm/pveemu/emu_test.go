@@ -604,3 +604,48 @@ func TestFirewall(t *testing.T) {
 		}
 	}
 }
+
+// TestResize grows a disk by a delta and to an absolute size as a task,
+// and refuses to shrink it or to resize a disk that does not exist.
+func TestResize(t *testing.T) {
+	e := newEnv(t)
+	e.clone("101")
+	size := func() string {
+		conf := e.ok("GET", "/nodes/pve/qemu/101/config", nil).(map[string]any)
+		v, _ := conf["scsi0"].(string)
+		for _, o := range strings.Split(v, ",") {
+			if strings.HasPrefix(o, "size=") {
+				return o
+			}
+		}
+		return v
+	}
+	if st := e.task("PUT", "/nodes/pve/qemu/101/resize", url.Values{"disk": {"scsi0"}, "size": {"+2G"}}); st != "OK" {
+		t.Fatalf("grow by 2G: %s", st)
+	}
+	if got := size(); got != "size=10G" {
+		t.Fatalf("after +2G: %s, want size=10G", got)
+	}
+	if st := e.task("PUT", "/nodes/pve/qemu/101/resize", url.Values{"disk": {"scsi0"}, "size": {"20G"}}); st != "OK" {
+		t.Fatalf("grow to 20G: %s", st)
+	}
+	if got := size(); got != "size=20G" {
+		t.Fatalf("after 20G: %s", got)
+	}
+	for _, c := range []struct{ size, disk, reason string }{
+		{"4G", "scsi0", "shrinking disks is not supported"},
+		{"30G", "scsi5", "disk 'scsi5' does not exist"},
+	} {
+		r := e.do("PUT", "/nodes/pve/qemu/101/resize", url.Values{"disk": {c.disk}, "size": {c.size}}, authTicket)
+		if r.status != 500 || r.reason != c.reason {
+			t.Errorf("resize %s %s: %d %q, want 500 %q", c.disk, c.size, r.status, r.reason, c.reason)
+		}
+	}
+	if got := size(); got != "size=20G" {
+		t.Fatalf("a refused resize changed the disk: %s", got)
+	}
+	r := e.do("PUT", "/nodes/pve/qemu/101/resize", url.Values{"disk": {"scsi0"}, "size": {"big"}}, authTicket)
+	if r.status != 400 {
+		t.Errorf("size 'big': %d %q, want 400 from the schema", r.status, r.reason)
+	}
+}

@@ -1058,3 +1058,76 @@ func (s *Server) deleteSnapshot(ctx context.Context, rq *request) (any, error) {
 		return nil
 	}), nil
 }
+
+var reSizeOpt = regexp.MustCompile(`(^|,)size=(\d+(?:\.\d+)?)([KMGT]?)`)
+
+// sizeBytes converts a Proxmox size ("8G", "512M", "1024") to bytes.
+func sizeBytes(num, unit string) (int64, error) {
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return 0, err
+	}
+	mult := map[string]float64{"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
+	return int64(f * mult), nil
+}
+
+// resizeVM grows a disk (PUT .../resize): a task, like Proxmox 8+; shrinking
+// is refused as Proxmox refuses it.
+func (s *Server) resizeVM(ctx context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	vmid := s.vmid(rq)
+	disk, size := rq.str("disk"), rq.str("size")
+	grow := strings.HasPrefix(size, "+")
+	m := regexp.MustCompile(`^\+?(\d+(?:\.\d+)?)([KMGT]?)$`).FindStringSubmatch(size)
+	if m == nil {
+		return nil, fail("unable to parse size '%s'", size) // the schema's pattern refused it already
+	}
+	want, err := sizeBytes(m[1], m[2])
+	if err != nil {
+		return nil, fail("unable to parse size '%s'", size)
+	}
+	s.mu.Lock()
+	v, err := s.loadVM(vmid)
+	if err == nil {
+		err = checkLock(v)
+	}
+	var cur int64
+	if err == nil {
+		val, ok := v.conf[disk]
+		if !ok || !reDiskKey.MatchString(disk) {
+			err = fail("disk '%s' does not exist", disk)
+		} else if sm := reSizeOpt.FindStringSubmatch(val); sm != nil {
+			cur, _ = sizeBytes(sm[2], sm[3])
+		}
+	}
+	if err == nil && grow {
+		want += cur
+	}
+	if err == nil && want < cur {
+		err = fail("shrinking disks is not supported")
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return s.startTask(rq.authid, "resize", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		v, err := s.loadVM(vmid)
+		if err != nil {
+			return err
+		}
+		gib := float64(want) / (1 << 30)
+		nv := fmt.Sprintf("size=%sG", strconv.FormatFloat(gib, 'f', -1, 64))
+		val := v.conf[disk]
+		if reSizeOpt.MatchString(val) {
+			val = reSizeOpt.ReplaceAllString(val, "${1}"+nv)
+		} else {
+			val += "," + nv
+		}
+		v.conf[disk] = val
+		return nil
+	}), nil
+}

@@ -27,6 +27,7 @@ func (s *Server) registerRoutes() error {
 		{"POST", q + "/status/stop", s.vmAction("qmstop")},
 		{"POST", q + "/status/shutdown", s.vmAction("qmshutdown")},
 		{"POST", q + "/template", s.templateVM},
+		{"PUT", q + "/resize", s.resizeVM},
 		{"GET", q + "/snapshot", s.listSnapshots},
 		{"POST", q + "/snapshot", s.createSnapshot},
 		{"DELETE", q + "/snapshot/{snapname}", s.deleteSnapshot},
