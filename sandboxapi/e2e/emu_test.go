@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,12 +120,22 @@ func TestEmulatorLifecycle(t *testing.T) {
 	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}})
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian", DiskGiB: 20}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := e.fb.Running(); len(got) != 2 {
 		t.Errorf("running guests %v", got)
+	}
+	// The optional disk size reached Proxmox as a resize of the boot disk.
+	resized := false
+	for _, r := range e.emu.Requests() {
+		if r.Method == "PUT" && strings.HasSuffix(r.Path, fmt.Sprintf("/qemu/%d/resize", sb.VMs[1].VMID)) {
+			resized = true
+		}
+	}
+	if !resized {
+		t.Error("disk_gib 20 sent no resize")
 	}
 	if err := e.c.Snapshot(ctx, sb.ID, "vm1", "clean"); err != nil {
 		t.Fatal(err)
