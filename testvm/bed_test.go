@@ -33,8 +33,10 @@ func twoZones() []Zone {
 	}
 }
 
-func TestBedUpDown(t *testing.T) {
-	needRoot(t)
+// upTwoZones brings up a bed with twoZones and one guest in each (101 on
+// vneta, 102 on vnetb); the bed is closed when the test ends.
+func upTwoZones(t *testing.T) (*Bed, *Guest, *Guest) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	b, err := Up(ctx, Options{})
@@ -55,6 +57,12 @@ func TestBedUpDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b, ga, gb
+}
+
+func TestBedUpDown(t *testing.T) {
+	needRoot(t)
+	b, ga, gb := upTwoZones(t)
 	if !netip.MustParsePrefix("10.10.1.0/24").Contains(ga.IPv4()) || !netip.MustParsePrefix("10.10.2.0/24").Contains(gb.IPv4()) {
 		t.Fatalf("DHCP addresses: a=%v b=%v", ga.IPv4(), gb.IPv4())
 	}

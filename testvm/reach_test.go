@@ -75,26 +75,7 @@ func httpFrom(b *Bed, ns, method, url string, hdr map[string]string) (int, strin
 // containment runner.)
 func TestBedReachability(t *testing.T) {
 	needRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	b, err := Up(ctx, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	for _, z := range twoZones() {
-		if err := b.AddZone(ctx, z); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ga, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vneta"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gb, err := b.StartGuest(ctx, GuestSpec{VMID: 102, VNet: "vnetb"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, ga, gb := upTwoZones(t)
 	for _, tc := range []struct {
 		name, addr string
 	}{
@@ -114,7 +95,7 @@ func TestBedReachability(t *testing.T) {
 		}
 	}
 	// Guest B has no listener: a refusal proves the route.
-	err = dialFrom(b, ga.NS, gb.IPv4().String()+":80")
+	err := dialFrom(b, ga.NS, gb.IPv4().String()+":80")
 	if err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Errorf("guest B: want connection refused (route exists), got %v", err)
 	}
