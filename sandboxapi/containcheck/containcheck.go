@@ -89,7 +89,10 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 			if len(o.VMs) == 0 {
 				continue
 			}
-			if a, err := guestAddr(ctx, t.GuestOf(o.VMs[0].VMID)); err == nil {
+			// The address comes from the other guest itself: accept it only
+			// inside that sandbox's own subnets (known host-side), so a
+			// guest cannot aim this row anywhere else.
+			if a, err := guestAddr(ctx, t.GuestOf(o.VMs[0].VMID)); err == nil && inNetworks(a, o.Networks) {
 				spec.OtherZone = append(spec.OtherZone, netip.AddrPortFrom(a, port))
 			}
 		}
@@ -113,4 +116,14 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 			Observed: string(r.Observed), Pass: r.Status == containment.Pass, Control: r.Control, Detail: detail})
 	}
 	return rep, nil
+}
+
+// inNetworks reports whether a lies in one of the networks' CIDRs.
+func inNetworks(a netip.Addr, nws []sandboxapi.Network) bool {
+	for _, n := range nws {
+		if p, err := netip.ParsePrefix(n.CIDR); err == nil && p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
