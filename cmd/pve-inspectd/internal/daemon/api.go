@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"strconv"
@@ -46,6 +47,7 @@ type API struct {
 	srv      *sandboxapi.Server
 	px       *pve.Client
 	uln, tln net.Listener
+	tcp      http.Handler // the TCP listener's handler (API + /v1/mcp)
 	apiPort  int
 	cfg      config.APISection
 	deps     APIDeps
@@ -117,6 +119,10 @@ func StartAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d APIDep
 		return nil, fmt.Errorf("sandbox api: %w", err)
 	}
 	if a.Listen != "" {
+		if api.tcp, err = TCPHandler(srv, a, cfg.MCP, "", log); err != nil {
+			api.uln.Close()
+			return nil, fmt.Errorf("sandbox api: %w", err)
+		}
 		tlsCfg, err := sandboxapi.TLSConfig(a.TLSCert, a.TLSKey)
 		if err != nil {
 			api.uln.Close()
@@ -148,7 +154,7 @@ func (a *API) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, a.uln, a.srv.LocalHandler()) }()
 	if a.tln != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, a.tln, a.srv.Handler()) }()
+		go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, a.tln, a.tcp) }()
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); a.srv.RunReaper(ctx) }()

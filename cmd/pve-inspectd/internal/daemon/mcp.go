@@ -1,0 +1,35 @@
+package daemon
+
+import (
+	"log/slog"
+	"net/http"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
+)
+
+// MCPPath is where the MCP server answers on the API's TCP listener.
+const MCPPath = "/v1/mcp"
+
+// TCPHandler is the handler of the API's TCP listener: the sandbox API,
+// and with [mcp] http the MCP server at MCPPath behind the same tokens.
+// The MCP tools reach the API in process with the caller's token, so the
+// API applies its scopes to them as to any TCP caller.
+func TCPHandler(srv *sandboxapi.Server, a config.APISection, m config.MCPSection, version string, log *slog.Logger) (http.Handler, error) {
+	api := srv.Handler()
+	if !m.HTTP {
+		return api, nil
+	}
+	o, err := m.ServerOptions(version, log)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(MCPPath, mcpserver.HTTPHandler(auth.Open(a.TokenFile),
+		func(tok string) mcpserver.API { return client.NewInProcess(api, client.WithToken(tok)) }, o))
+	mux.Handle("/", api)
+	return mux, nil
+}
