@@ -159,6 +159,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err := m.saveState(); err != nil {
 		return rep, err
 	}
+	stuck := map[string]bool{} // orphan sandboxes with a VM that stayed
 	for _, v := range vms {
 		owner, ok := m.ownedBy(v.Tags)
 		if !ok || v.Template {
@@ -172,6 +173,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		if err := m.deleteVM(ctx, owner, v.VMID, ""); err != nil {
 			rep.failed(m, fmt.Sprintf("orphan vm %d", v.VMID), err)
+			stuck[owner] = true
 			continue
 		}
 		rep.OrphanVMs = append(rep.OrphanVMs, v.VMID)
@@ -189,6 +191,10 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		zones[owner] = true
 	}
 	for z := range zones {
+		if stuck[z] { // its network goes with its last VM, next time
+			rep.failed(m, "orphan zone "+z, errors.New("a VM of the zone could not be deleted"))
+			continue
+		}
 		var nets []Network
 		cidrs, err := m.vnetSubnets(ctx, vnets, z)
 		if err != nil {
