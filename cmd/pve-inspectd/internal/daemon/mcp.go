@@ -33,3 +33,15 @@ func TCPHandler(srv *sandboxapi.Server, a config.APISection, m config.MCPSection
 	mux.Handle("/", api)
 	return mux, nil
 }
+
+// tcpHandler is TCPHandler for the running API; an [mcp] it cannot use
+// (an unreadable env_file) is logged and the API is served without MCP, as
+// the API never ends the daemon.
+func (a *API) tcpHandler(srv *sandboxapi.Server) http.Handler {
+	h, err := TCPHandler(srv, a.cfg.API, a.cfg.MCP, "", a.log)
+	if err != nil {
+		a.log.Error("mcp over http disabled", "err", err)
+		return srv.Handler()
+	}
+	return h
+}
