@@ -19,9 +19,10 @@
 //   - Tools follow the caller's scopes: a read-only token lists only the
 //     read tools (list, get); exec adds the guest tools; admin adds create,
 //     extend and destroy. The API checks the same scopes again.
-//   - Over HTTP the server is stateless: every request is authenticated and
-//     gets a server for its token's scopes, so a session id can never carry
-//     one token's rights to another.
+//   - Over HTTP every request is authenticated, and a session is bound to
+//     the token that opened it (its tools, its scopes, the token its API
+//     calls carry): a session id presented with another token is refused,
+//     so it can never carry one token's rights to another.
 //   - Long commands: when the client sends a progress token, the command's
 //     output streams from the API and each chunk becomes a progress
 //     notification; cancelling the call cancels the API request, and the

@@ -48,7 +48,10 @@ type recorder struct {
 	mcpserver.API
 	mu       sync.Mutex
 	modes    map[string]uint32 // path -> mode of the last write
-	execErrs []error           // errors of streamed and collected execs
+	execErrs []error           // errors of streamed execs
+	// shared, when set, receives the exec errors instead (one recorder per
+	// HTTP session, one place to look).
+	shared *recorder
 }
 
 func (r *recorder) WriteFile(ctx context.Context, id, vm, path string, rd io.Reader, size int64, mode uint32) error {
@@ -60,9 +63,13 @@ func (r *recorder) WriteFile(ctx context.Context, id, vm, path string, rd io.Rea
 
 func (r *recorder) ExecStream(ctx context.Context, id, vm string, req sandboxapi.ExecRequest, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
 	res, err := r.API.ExecStream(ctx, id, vm, req, stdout, stderr)
-	r.mu.Lock()
-	r.execErrs = append(r.execErrs, err)
-	r.mu.Unlock()
+	to := r
+	if r.shared != nil {
+		to = r.shared
+	}
+	to.mu.Lock()
+	to.execErrs = append(to.execErrs, err)
+	to.mu.Unlock()
 	return res, err
 }
 

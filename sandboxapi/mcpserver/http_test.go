@@ -1,10 +1,14 @@
 package mcpserver_test
 
 import (
+	"context"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -27,8 +31,11 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func TestHTTPTokensAndScopes(t *testing.T) {
 	b := newBed(t, bedOpts{})
+	rec := &recorder{modes: map[string]uint32{}}
 	h := mcpserver.HTTPHandler(tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}},
-		func(tok string) mcpserver.API { return client.NewInProcess(b.srv.Handler(), client.WithToken(tok)) },
+		func(tok string) mcpserver.API {
+			return &recorder{API: client.NewInProcess(b.srv.Handler(), client.WithToken(tok)), modes: rec.modes, execErrs: nil, shared: rec}
+		},
 		mcpserver.Options{DefaultTemplate: "debian"})
 	hs := httptest.NewServer(h)
 	t.Cleanup(hs.Close)
@@ -57,6 +64,20 @@ func TestHTTPTokensAndScopes(t *testing.T) {
 		t.Errorf("streamed over HTTP: %+v", o)
 	}
 
+	// Cancelling a call over HTTP cancels the API request that runs it.
+	ctx, cancel := context.WithCancel(b.ctx())
+	params = &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": sb.ID, "argv": []string{"sleep"}, "timeout_seconds": 300}}
+	params.SetProgressToken("c")
+	n0, _ := rec.execs()
+	done := make(chan error, 1)
+	go func() { _, err := admin.CallTool(ctx, params); done <- err }()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled call: %v", err)
+	}
+	waitCancelled(t, rec, n0)
+
 	read := session("r")
 	l, err := read.ListTools(b.ctx(), nil)
 	if err != nil {
@@ -81,6 +102,17 @@ func TestHTTPTokensAndScopes(t *testing.T) {
 	exec := session("x")
 	if p := problem(t, "destroy", callOnAllowErr(t, exec, mcpserver.ToolDestroy, map[string]any{"id": sb.ID})); !strings.Contains(p.Detail, "unknown tool") && p.Type != "sdk" {
 		t.Errorf("exec token destroy: %+v", p)
+	}
+
+	// A session opened by one token is not usable with another.
+	sid := rawInit(t, hs.URL, "a")
+	for _, tc := range []struct {
+		tok  string
+		want int
+	}{{"r", http.StatusNotFound}, {"x", http.StatusNotFound}, {"a", http.StatusOK}} {
+		if st := rawPost(t, hs.URL, tc.tok, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); st != tc.want {
+			t.Errorf("session of a used with %s: status %d, want %d", tc.tok, st, tc.want)
+		}
 	}
 
 	for _, tc := range []struct {
@@ -112,4 +144,43 @@ func callOnAllowErr(t *testing.T, cs *mcp.ClientSession, name string, args any) 
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
 	}
 	return res
+}
+
+// rawInit opens a session with a raw initialize and returns its id.
+func rawInit(t *testing.T, url, tok string) string {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	sid := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || sid == "" {
+		t.Fatalf("initialize: status %d, session %q", resp.StatusCode, sid)
+	}
+	if st := rawPost(t, url, tok, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); st != http.StatusAccepted {
+		t.Fatalf("initialized: status %d", st)
+	}
+	return sid
+}
+
+func rawPost(t *testing.T, url, tok, sid, body string) int {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Mcp-Session-Id", sid)
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }
