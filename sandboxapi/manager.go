@@ -360,7 +360,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.forget(id)
 		return Sandbox{}, err
 	}
-	err = m.build(cctx, rec, tmpl)
+	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
 		log.Warn("create failed, tearing down", "err", err)
 		tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
@@ -383,7 +383,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 }
 
 // build creates the zone, vnets, subnets and VMs of rec.
-func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
+func (m *manager) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
 	px := m.o.Proxmox
 	id := rec.ID
 	alias := nodeTag(m.o.Node) + " " + sandboxTag(id)
@@ -421,7 +421,7 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := m.buildVM(vctx, rec, i, tmpl[i]); err != nil {
+			if err := m.buildVM(vctx, rec, i, tmpl[i], env); err != nil {
 				cancel()
 				errs <- fmt.Errorf("vm %s: %w", rec.VMs[i].Name, err)
 			}
@@ -465,7 +465,7 @@ func (m *manager) releaseVMID(id int) {
 	m.idMu.Unlock()
 }
 
-func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
+func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[string]string) error {
 	px := m.o.Proxmox
 	m.mu.Lock()
 	spec := rec.VMs[i]
@@ -517,7 +517,10 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
 	if err := px.StartVM(ctx, vmid); err != nil {
 		return pxErr(fmt.Sprintf("start vm %d", vmid), err)
 	}
-	return m.waitAgent(ctx, vmid)
+	if err := m.waitAgent(ctx, vmid); err != nil {
+		return err
+	}
+	return m.writeEnv(ctx, vmid, env)
 }
 
 // guest returns the guest of a VM (the dialer decides about caching).

@@ -2,7 +2,8 @@
 // with its baseline in one run: sandbox create-to-ready and delete (medians
 // over Rounds) and Proxmox API requests per sandbox lifecycle on the Proxmox
 // emulator with real qemu-ga guests; exec round trip through the HTTP API
-// against the raw guest agent client on the same VM; 64 MiB write+read
+// against the raw guest agent client on the same VM, and through the MCP
+// server's sandbox_exec against the HTTP API it calls; 64 MiB write+read
 // through the API against the client. Needs root (the bed).
 package apibench
 
@@ -22,8 +23,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
@@ -46,6 +50,7 @@ type Result struct {
 	CreateP50, DeleteP50     time.Duration
 	CallsPerLifecycle        float64
 	ExecAPIP50, ExecQGAP50   time.Duration
+	ExecMCPP50               time.Duration
 	FileAPIMBps, FileQGAMBps float64
 }
 
@@ -140,19 +145,46 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	defer func() { _ = c.Delete(context.WithoutCancel(ctx), sb.ID) }()
 	raw := qc.Agent(filepath.Join(bed.QGADir(), strconv.Itoa(sb.VMs[0].VMID)+".qga"))
-	var viaAPI, viaQGA []time.Duration
-	for range o.Execs {
-		t0 := time.Now()
-		if _, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return nil, fmt.Errorf("exec via api: %w", err)
-		}
-		t1 := time.Now()
-		if _, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return nil, fmt.Errorf("exec via qga: %w", err)
-		}
-		viaAPI, viaQGA = append(viaAPI, t1.Sub(t0)), append(viaQGA, time.Since(t1))
+	mcs, err := mcpSession(ctx, c)
+	if err != nil {
+		return nil, err
 	}
-	res.ExecAPIP50, res.ExecQGAP50 = median(viaAPI), median(viaQGA)
+	defer mcs.Close()
+	// The three sides take turns going first, so none gains from the
+	// agent's state the one before left.
+	sides := []struct {
+		name string
+		run  func() error
+		took []time.Duration
+	}{
+		{"api", func() error {
+			_, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}})
+			return err
+		}, nil},
+		{"qga", func() error {
+			_, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}})
+			return err
+		}, nil},
+		{"mcp", func() error {
+			r, err := mcs.CallTool(ctx, &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": sb.ID, "vm": "vm0", "argv": []string{"true"}}})
+			if err == nil && r.IsError {
+				err = fmt.Errorf("tool error %v", r.Content)
+			}
+			return err
+		}, nil},
+	}
+	for i := range o.Execs {
+		for k := range sides {
+			s := &sides[(i+k)%len(sides)]
+			t0 := time.Now()
+			if err := s.run(); err != nil {
+				return nil, fmt.Errorf("exec via %s: %w", s.name, err)
+			}
+			s.took = append(s.took, time.Since(t0))
+		}
+	}
+	viaAPI, viaQGA, viaMCP := sides[0].took, sides[1].took, sides[2].took
+	res.ExecAPIP50, res.ExecQGAP50, res.ExecMCPP50 = median(viaAPI), median(viaQGA), median(viaMCP)
 
 	data := make([]byte, 64<<20)
 	_, _ = rand.Read(data)
@@ -187,7 +219,23 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	fmt.Fprintf(w, "| Proxmox API requests per lifecycle (task polls included) | %.1f | | |\n", res.CallsPerLifecycle)
 	fmt.Fprintf(w, "| exec `true` round trip (p50 of %d) | %v | %v (raw qga client) | %.2fx |\n", o.Execs,
 		res.ExecAPIP50.Round(10*time.Microsecond), res.ExecQGAP50.Round(10*time.Microsecond), float64(res.ExecAPIP50)/float64(res.ExecQGAP50))
+	fmt.Fprintf(w, "| exec `true` through MCP sandbox_exec (SDK in-memory transport, p50 of %d) | %v | %v (HTTP API exec, same run) | %.2fx |\n", o.Execs,
+		res.ExecMCPP50.Round(10*time.Microsecond), res.ExecAPIP50.Round(10*time.Microsecond), float64(res.ExecMCPP50)/float64(res.ExecAPIP50))
 	fmt.Fprintf(w, "| 64 MiB write+read (p50 of %d) | %.1f MB/s | %.1f MB/s (raw qga client) | %.2fx |\n", o.FileRounds,
 		res.FileAPIMBps, res.FileQGAMBps, res.FileAPIMBps/res.FileQGAMBps)
 	return res, nil
+}
+
+// mcpSession connects an MCP client to the MCP server over the SDK's
+// in-memory transport; the server's tools call the API through c.
+func mcpSession(ctx context.Context, c *client.Client) (*mcp.ClientSession, error) {
+	st, ct := mcp.NewInMemoryTransports()
+	if _, err := mcpserver.New(c, mcpserver.Options{}, sandboxapi.ScopeAdmin).Connect(ctx, st, nil); err != nil {
+		return nil, fmt.Errorf("mcp server: %w", err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "apibench", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		return nil, fmt.Errorf("mcp client: %w", err)
+	}
+	return cs, nil
 }

@@ -27,10 +27,10 @@ func TestRunQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.CreateP50 <= 0 || res.CallsPerLifecycle <= 0 || res.ExecAPIP50 <= 0 || res.FileAPIMBps <= 0 || res.FileQGAMBps <= 0 {
+	if res.CreateP50 <= 0 || res.CallsPerLifecycle <= 0 || res.ExecAPIP50 <= 0 || res.ExecMCPP50 <= 0 || res.FileAPIMBps <= 0 || res.FileQGAMBps <= 0 {
 		t.Errorf("result %+v", res)
 	}
-	if !strings.Contains(out.String(), "create-to-ready") {
+	if !strings.Contains(out.String(), "create-to-ready") || !strings.Contains(out.String(), "MCP sandbox_exec") {
 		t.Errorf("table %q", out.String())
 	}
 	t.Log("\n" + out.String())
