@@ -120,14 +120,15 @@ func (s *Server) WaitTask(ctx context.Context, upid string) (string, error) {
 
 func (s *Server) lookupTask(rq *request) (*task, error) {
 	upid := rq.str("upid")
+	// pve-manager API2/Tasks.pm: both refusals are parameter exceptions.
 	if _, _, _, _, _, _, _, ok := ParseUPID(upid); !ok {
-		return nil, fail("unable to parse worker upid '%s'", upid)
+		return nil, paramFail(ParamErrors{"upid": "unable to parse worker upid"})
 	}
 	s.mu.Lock()
 	t := s.tasks[upid]
 	s.mu.Unlock()
 	if t == nil {
-		return nil, fail("no such task")
+		return nil, paramFail(ParamErrors{"upid": "no such task"})
 	}
 	// The owner may read its tasks; others need Sys.Audit on the node.
 	owner, _, _ := strings.Cut(rq.authid, "!")
@@ -149,6 +150,11 @@ func (s *Server) taskStatus(_ context.Context, rq *request) (any, error) {
 	out := map[string]any{
 		"upid": t.upid, "node": t.node, "pid": t.pid, "pstart": t.pstart, "starttime": t.starttime,
 		"type": t.typ, "id": t.id, "user": t.user, "status": "running",
+	}
+	// A token's task reports user and token apart (Tasks.pm
+	// $convert_token_task).
+	if user, tok, ok := strings.Cut(t.user, "!"); ok {
+		out["user"], out["tokenid"] = user, tok
 	}
 	if !t.running {
 		out["status"] = "stopped"
