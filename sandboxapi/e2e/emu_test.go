@@ -22,6 +22,9 @@ import (
 
 type emuEnv struct {
 	emu *pveemu.Server
+	// url and hc reach the emulator's API directly (url ends in /api2/json).
+	url string
+	hc  *http.Client
 	fb  *pveemu.FakeBackend
 	px  *pve.Client
 	srv *sandboxapi.Server
@@ -113,7 +116,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
 	t.Cleanup(hs.Close)
-	return &emuEnv{emu: emu, fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
+	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
 }
 
 // socketGuest answers Ping while the emulator's agent socket exists (the
