@@ -974,6 +974,13 @@ func (s *Server) rollbackSnapshot(ctx context.Context, rq *request) (any, error)
 	}
 	vmid, name := s.vmid(rq), rq.str("snapname")
 	start := rq.bool("start", false)
+	// The start runs inside the worker, so the API checks VM.PowerMgmt up
+	// front (qemu-server API2/Qemu.pm rollback).
+	if start {
+		if err := s.checkPrivs(rq.authid, fmt.Sprintf("/vms/%d", vmid), []string{"VM.PowerMgmt"}, false); err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	v, err := s.loadVM(vmid)
 	if err == nil && v.snaps[name] == nil {
