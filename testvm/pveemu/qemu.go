@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -573,6 +574,9 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		if !updateOnlyParams[k] {
 			changes[k] = rq.str(k)
 		}
+	}
+	if t, ok := changes["tags"]; ok {
+		changes["tags"] = uniqueTags(t)
 	}
 	deletes := splitList(rq.str("delete"))
 	for _, d := range deletes {
@@ -1206,4 +1210,17 @@ func (s *Server) checkStorageAccessCloneLocked(authid string, conf map[string]st
 		}
 	}
 	return nil
+}
+
+// uniqueTags normalises a tag list as a config update stores it
+// (pve-guest-common PVE/GuestHelpers.pm get_unique_tags with the default
+// tag style): split on ";", "," and spaces, lower-cased, sorted, without
+// duplicates, joined with ";".
+func uniqueTags(v string) string {
+	var out []string
+	for _, t := range strings.FieldsFunc(v, func(r rune) bool { return r == ';' || r == ',' || r == ' ' || r == '\t' || r == '\n' }) {
+		out = append(out, strings.ToLower(t))
+	}
+	sort.Strings(out)
+	return strings.Join(slices.Compact(out), ";")
 }

@@ -39,6 +39,7 @@ func (s *Server) registerRoutes() error {
 		{"GET", q + "/agent/file-read", s.agentFileRead},
 		{"POST", q + "/agent/file-write", s.agentFileWrite},
 		{"GET", "/nodes/{node}/tasks/{upid}/status", s.taskStatus},
+		{"GET", "/cluster/tasks", s.clusterTasks},
 		{"GET", "/nodes/{node}/tasks/{upid}/log", s.taskLog},
 		{"GET", "/pools", s.listPools},
 		{"POST", "/pools", s.createPool},

@@ -372,10 +372,22 @@ func (s *Server) listSubnets(_ context.Context, rq *request) (any, error) {
 	if v == nil {
 		return nil, fail("sdn vnet '%s' does not exist", vnet)
 	}
-	return listing("subnet", s.sdn.pending.subnets, s.sdn.running.subnets, rq.bool("pending", false), rq.bool("running", false),
+	out := listing("subnet", s.sdn.pending.subnets, s.sdn.running.subnets, rq.bool("pending", false), rq.bool("running", false),
 		func(id string, p map[string]string) bool {
 			return p["vnet"] == vnet && s.canSDN(rq.authid, "/sdn/zones/"+v["zone"]+"/"+vnet)
-		}), nil
+		})
+	// Subnets::sdn_subnets_config adds these, from the id, to every
+	// listed subnet (pending ones too) on top.
+	for _, e := range out {
+		id, _ := e["subnet"].(string)
+		parts := strings.Split(id, "-")
+		if len(parts) < 3 {
+			continue
+		}
+		zone, network, mask := strings.Join(parts[:len(parts)-2], "-"), parts[len(parts)-2], parts[len(parts)-1]
+		e["id"], e["zone"], e["network"], e["mask"], e["cidr"] = id, zone, network, mask, network+"/"+mask
+	}
+	return out, nil
 }
 
 func (s *Server) findSubnet(src map[string]map[string]string, vnet, sub string) (string, map[string]string) {
