@@ -105,7 +105,8 @@ type Guard struct {
 	state   Classification
 	sw      Switches
 	desired *Ruleset
-	zones   map[string][]string // run-time zones (SetZones)
+	zones   map[string][]string   // run-time zones (SetZones)
+	egress  map[string]ZoneEgress // run-time zones' egress (SetEgress)
 	started bool
 
 	subMu sync.Mutex
@@ -355,6 +356,13 @@ func (g *Guard) renderConfig(zones map[string][]string) Config {
 		merged["run:"+id] = b
 	}
 	cfg.Zones = merged
+	cfg.ZoneEgress = map[string]ZoneEgress{}
+	for id, z := range g.cfg.ZoneEgress {
+		cfg.ZoneEgress["config:"+id] = z
+	}
+	for id, z := range g.egress {
+		cfg.ZoneEgress["run:"+id] = z
+	}
 	return cfg
 }
 
