@@ -430,6 +430,8 @@ func (g *Guard) learnableLocked(a netip.Addr) bool {
 
 // Forget removes every learned address of the given interfaces (a policy
 // changed, so what the old one learned must not stay open), in one batch.
+// A member that expires between the listing and the batch fails the
+// batch; it is then listed and sent once more.
 func (g *Guard) Forget(ctx context.Context, ifnames []string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -439,27 +441,39 @@ func (g *Guard) Forget(ctx context.Context, ifnames []string) error {
 	if g.desired == nil {
 		return errors.New("forget: guard not started")
 	}
+	want := map[string]bool{}
+	for _, n := range ifnames {
+		want[string(ifname(n))] = true
+	}
 	set := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)[SetEgressLearned4]
+	var err error
+	for range 2 {
+		if err = g.forgetOnce(set, want); err == nil || !errors.Is(err, unix.ENOENT) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
+	return nil
+}
+
+func (g *Guard) forgetOnce(set *nftables.Set, want map[string]bool) error {
 	els, err := g.conn.GetSetElements(set)
 	if err != nil {
-		return fmt.Errorf("forget: list learned: %w", err)
+		return fmt.Errorf("list learned: %w", err)
 	}
 	var del []nftables.SetElement
 	for _, e := range els {
-		for _, n := range ifnames {
-			if len(e.Key) >= unix.IFNAMSIZ && string(e.Key[:unix.IFNAMSIZ]) == string(ifname(n)) {
-				del = append(del, nftables.SetElement{Key: e.Key})
-			}
+		if len(e.Key) >= unix.IFNAMSIZ && want[string(e.Key[:unix.IFNAMSIZ])] {
+			del = append(del, nftables.SetElement{Key: e.Key})
 		}
 	}
 	if len(del) == 0 {
 		return nil
 	}
 	if err := g.conn.SetDeleteElements(set, del); err != nil {
-		return fmt.Errorf("forget: %w", err)
+		return err
 	}
-	if err := g.conn.Flush(); err != nil {
-		return fmt.Errorf("forget: %w", err)
-	}
-	return nil
+	return g.conn.Flush()
 }

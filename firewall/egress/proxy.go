@@ -30,6 +30,9 @@ type ProxyConfig struct {
 	DialTimeout time.Duration
 	// MaxConns bounds the connections spliced at once. Zero means 1024.
 	MaxConns int
+	// Dial opens upstream connections; nil means a net.Dialer setting
+	// Mark. Tests pass one that dials inside the node's namespace.
+	Dial DialFunc
 }
 
 // Proxy checks tcp 80/443 connections from allow-list zones to addresses
@@ -62,6 +65,9 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 1024
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = markedDialer(cfg.Mark, cfg.DialTimeout)
 	}
 	return &Proxy{cfg: cfg, reg: reg, links: links, den: den, log: log.With("component", "egress-proxy")}
 }
@@ -166,8 +172,9 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		refuse(Denial{Reason: ReasonAddress, Name: name})
 		return
 	}
-	d := net.Dialer{Timeout: p.cfg.DialTimeout, Control: markControl(p.cfg.Mark)}
-	up, err := d.DialContext(ctx, "tcp4", net.JoinHostPort(dst.Addr().String(), strconv.Itoa(int(dst.Port()))))
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	up, err := p.cfg.Dial(dctx, "tcp4", net.JoinHostPort(dst.Addr().String(), strconv.Itoa(int(dst.Port()))))
+	cancel()
 	if err != nil {
 		p.log.Debug("upstream connect failed", "dest", dst, "name", name, "err", err)
 		return

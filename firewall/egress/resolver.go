@@ -34,6 +34,18 @@ type ResolverConfig struct {
 	Mark uint32
 	// Timeout bounds one upstream exchange. Zero means 3s.
 	Timeout time.Duration
+	// Dial opens upstream connections; nil means a net.Dialer setting
+	// Mark. Tests pass one that dials inside the node's namespace.
+	Dial DialFunc
+}
+
+// DialFunc opens a connection (net.Dialer.DialContext's shape).
+type DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+// markedDialer dials from sockets carrying mark.
+func markedDialer(mark uint32, timeout time.Duration) DialFunc {
+	d := &net.Dialer{Timeout: timeout, Control: markControl(mark)}
+	return d.DialContext
 }
 
 func (c ResolverConfig) clamp(ttl time.Duration) time.Duration {
@@ -88,20 +100,47 @@ type Upstream interface {
 }
 
 // upstreams asks each configured resolver in turn, over UDP (TCP when
-// truncated), from marked sockets.
+// truncated).
 type upstreams struct {
-	addrs  []string
-	client *dns.Client
+	addrs   []string
+	dial    DialFunc
+	timeout time.Duration
+}
+
+// exchange sends m over one new connection and reads the reply with the
+// same id.
+func (u *upstreams) exchange(ctx context.Context, network, addr string, m *dns.Msg) (*dns.Msg, error) {
+	c, err := u.dial(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	deadline := time.Now().Add(u.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = c.SetDeadline(deadline)
+	co := &dns.Conn{Conn: c, UDPSize: 1232}
+	if err := co.WriteMsg(m); err != nil {
+		return nil, err
+	}
+	for {
+		in, err := co.ReadMsg()
+		if err != nil {
+			return nil, err
+		}
+		if in.Id == m.Id && in.Response && len(in.Question) == 1 && strings.EqualFold(in.Question[0].Name, m.Question[0].Name) {
+			return in, nil
+		}
+	}
 }
 
 func (u *upstreams) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 	var errs []error
 	for _, a := range u.addrs {
-		in, _, err := u.client.ExchangeContext(ctx, m, a)
+		in, err := u.exchange(ctx, "udp4", a, m)
 		if err == nil && in.Truncated {
-			tcp := *u.client
-			tcp.Net = "tcp"
-			in, _, err = tcp.ExchangeContext(ctx, m, a)
+			in, err = u.exchange(ctx, "tcp4", a, m)
 		}
 		if err == nil {
 			return in, nil
@@ -120,9 +159,11 @@ func NewResolver(cfg ResolverConfig, reg *Registry, links Links, den *Denials, u
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 3 * time.Second
 	}
+	if cfg.Dial == nil {
+		cfg.Dial = markedDialer(cfg.Mark, cfg.Timeout)
+	}
 	if up == nil {
-		d := &net.Dialer{Timeout: cfg.Timeout, Control: markControl(cfg.Mark)}
-		up = &upstreams{addrs: cfg.Upstreams, client: &dns.Client{Net: "udp", Timeout: cfg.Timeout, Dialer: d, UDPSize: 1232}}
+		up = &upstreams{addrs: cfg.Upstreams, dial: cfg.Dial, timeout: cfg.Timeout}
 	}
 	return &Resolver{cfg: cfg, reg: reg, guard: reg.guard, links: links, den: den,
 		log: log.With("component", "egress-resolver"), up: up}
