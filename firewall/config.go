@@ -29,8 +29,9 @@ type Config struct {
 	// interfaces whose zone has none, the resolver and proxy ports, the
 	// mark of the daemon's own upstream sockets.
 	Egress EgressConfig
-	// ZoneEgress maps a zone id of Zones to its egress policy. The guard
-	// fills it from SetEgress; zones without an entry get Egress.Default.
+	// ZoneEgress maps a zone id to its egress policy (with its bridges).
+	// The guard adds the run-time ones from SetEgress; every other guest
+	// interface gets Egress.Default.
 	ZoneEgress map[string]ZoneEgress
 	// DnsmasqUser is the user (name or numeric uid) the SDN dnsmasq runs as;
 	// its upstream queries are cut while the lockdown is on.

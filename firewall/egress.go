@@ -59,7 +59,10 @@ func ParseEgressMode(s string) (EgressMode, error) {
 // its address parts. Names are the resolver's business; the addresses it
 // learns go into @egress_learned4 through Guard.Learn.
 type ZoneEgress struct {
-	Mode EgressMode
+	// Bridges are the zone's vnet bridges (the guest interfaces the
+	// policy applies to).
+	Bridges []string
+	Mode    EgressMode
 	// Allow are IPv4 prefixes always reachable in allowlist mode.
 	Allow []netip.Prefix
 	// Deny are IPv4 prefixes never reachable, in any mode.
@@ -69,6 +72,11 @@ type ZoneEgress struct {
 func (z ZoneEgress) validate() error {
 	if _, err := ParseEgressMode(string(z.Mode)); err != nil {
 		return err
+	}
+	for _, n := range z.Bridges {
+		if n == "" || len(n) > 15 || n == "lo" {
+			return fmt.Errorf("bad bridge name %q", n)
+		}
 	}
 	for _, p := range append(slices.Clone(z.Allow), z.Deny...) {
 		if !p.IsValid() || !p.Addr().Is4() {
@@ -94,6 +102,13 @@ type EgressConfig struct {
 	// Mark marks the daemon's own upstream sockets for the proxy; Mark+1
 	// marks the resolver's. Zero means 0x70690000.
 	Mark uint32
+}
+
+// WithEgress sets the zones' egress policies Start applies (see
+// SetEgress). A restarting daemon passes the policies it persisted, so
+// adopting the orphaned table never opens a zone to the default.
+func WithEgress(policies map[string]ZoneEgress) Option {
+	return func(o *options) { o.egress = policies }
 }
 
 // Ports and mark the egress rules use.
@@ -125,17 +140,22 @@ func (c EgressConfig) Ports() (dns, proxy uint16) { d, p, _ := c.ports(); return
 
 // egressByInterface maps every guest interface to its zone's policy: the
 // bridges of zones with a policy of their own get it, every other
-// interface that is not lo, management or trusted gets the default.
+// interface that is not lo, management or trusted gets the default. A
+// bridge that is management or trusted gets nothing (a policy never
+// applies to the node's own networks).
 func egressByInterface(cfg Config, cls Classification) map[string]ZoneEgress {
-	out := map[string]ZoneEgress{}
-	for id, z := range cfg.ZoneEgress {
-		for _, b := range cfg.Zones[id] {
-			out[b] = z
-		}
-	}
 	skip := map[string]bool{"lo": true}
 	for _, n := range append(slices.Clone(cls.Management), cls.Trusted...) {
 		skip[n] = true
+	}
+	out := map[string]ZoneEgress{}
+	for _, id := range slices.Sorted(maps.Keys(cfg.ZoneEgress)) {
+		z := cfg.ZoneEgress[id]
+		for _, b := range z.Bridges {
+			if !skip[b] {
+				out[b] = z
+			}
+		}
 	}
 	for _, n := range cls.Interfaces {
 		if _, ok := out[n]; !ok && !skip[n] {
@@ -312,20 +332,14 @@ func addEgressRules(rs *Ruleset, ec EgressConfig) {
 	)
 }
 
-// SetEgress replaces the egress policies of the run-time zones (zone id as
-// given to SetZones -> policy). Zones without one, and interfaces in no
-// zone, get the configured default. One batch; rules and counters stay; it
-// returns once the kernel holds the new sets.
+// SetEgress replaces the egress policies of the run-time zones (zone id ->
+// policy with its bridges). Every other guest interface gets the
+// configured default. One batch; rules and counters stay; it returns once
+// the kernel holds the new sets.
 func (g *Guard) SetEgress(ctx context.Context, policies map[string]ZoneEgress) error {
-	cp := make(map[string]ZoneEgress, len(policies))
-	for id, z := range policies {
-		if err := z.validate(); err != nil {
-			return fmt.Errorf("set egress: zone %s: %w", id, err)
-		}
-		if z.Mode == "" {
-			z.Mode = EgressOpen
-		}
-		cp[id] = ZoneEgress{Mode: z.Mode, Allow: slices.Clone(z.Allow), Deny: slices.Clone(z.Deny)}
+	cp, err := cloneEgress(policies)
+	if err != nil {
+		return fmt.Errorf("set egress: %w", err)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -336,6 +350,21 @@ func (g *Guard) SetEgress(ctx context.Context, policies map[string]ZoneEgress) e
 		return fmt.Errorf("set egress: %w", err)
 	}
 	return nil
+}
+
+// cloneEgress validates and copies policies (an empty mode is open).
+func cloneEgress(policies map[string]ZoneEgress) (map[string]ZoneEgress, error) {
+	cp := make(map[string]ZoneEgress, len(policies))
+	for id, z := range policies {
+		if err := z.validate(); err != nil {
+			return nil, fmt.Errorf("zone %s: %w", id, err)
+		}
+		if z.Mode == "" {
+			z.Mode = EgressOpen
+		}
+		cp[id] = ZoneEgress{Bridges: slices.Clone(z.Bridges), Mode: z.Mode, Allow: slices.Clone(z.Allow), Deny: slices.Clone(z.Deny)}
+	}
+	return cp, nil
 }
 
 // EgressOf returns the egress policy in force for guest interface ifname

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,6 +190,7 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 	inet80, inet8080 := testvm.InternetAddr+":80", testvm.InternetAddr+":8080"
 	set := func(a, b, c ZoneEgress) {
 		t.Helper()
+		a.Bridges, b.Bridges, c.Bridges = []string{"vneta"}, []string{"vnetb"}, []string{"vnetc"}
 		if err := eb.g.SetEgress(ctx, map[string]ZoneEgress{"zonea": a, "zoneb": b, "zonec": c}); err != nil {
 			t.Fatal(err)
 		}
@@ -280,7 +283,7 @@ func TestEgressDefaultOnBed(t *testing.T) {
 	defer cancel()
 	eb := newEgressBed(t, ctx, Config{Egress: EgressConfig{Default: ZoneEgress{Mode: EgressNone}}})
 	inet8080 := testvm.InternetAddr + ":8080"
-	if err := eb.g.SetEgress(ctx, map[string]ZoneEgress{"zonec": {Mode: EgressOpen}}); err != nil {
+	if err := eb.g.SetEgress(ctx, map[string]ZoneEgress{"zonec": {Mode: EgressOpen, Bridges: []string{"vnetc"}}}); err != nil {
 		t.Fatal(err)
 	}
 	eb.expect(t, "default none", "zonea", inet8080, "")
@@ -288,5 +291,59 @@ func TestEgressDefaultOnBed(t *testing.T) {
 	eb.expect(t, "own open policy", "zonec", inet8080, "internet-8080\n")
 	if got, err := eb.resolve("zonea", testvm.InternetAddr+":53"); err != nil || got != stubResolverAnswer {
 		t.Errorf("DNS from a default-none zone: %q, %v; want the daemon's resolver", got, err)
+	}
+}
+
+// TestEgressKeptAcrossRestart: a guard started with the persisted
+// policies (WithEgress) adopts the orphaned table with them in force,
+// never opening the zone to the default in between; the learned set's
+// members survive the adoption.
+func TestEgressKeptAcrossRestart(t *testing.T) {
+	n := basicNode(t)
+	cfg := testConfig(t)
+	cfg.Egress.Default = ZoneEgress{Mode: EgressOpen}
+	pol := map[string]ZoneEgress{"z": {Bridges: []string{"vnetA"}, Mode: EgressNone},
+		"y": {Bridges: []string{"vnetB"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}}
+	ctx := context.Background()
+	g1, err := New(cfg, WithNetNS(n.ns), WithEgress(pol))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g1.Learn(ctx, "vnetB", []netip.Addr{netip.MustParseAddr("198.51.100.7")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := g1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expires := regexp.MustCompile(` expires \S+`)
+	before := expires.ReplaceAllString(listTable(t, n), "")
+	g2 := func() *Guard {
+		g, err := New(cfg, WithNetNS(n.ns), WithEgress(pol))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		if err := g.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}()
+	if got := setElements(t, n, SetEgressNone); got != `"vnetA"` {
+		t.Errorf("egress_none after restart: %s", got)
+	}
+	if got := setElements(t, n, SetEgressLearned4); !strings.Contains(got, "198.51.100.7") {
+		t.Errorf("learned set after restart: %s", got)
+	}
+	if after := expires.ReplaceAllString(listTable(t, n), ""); after != before {
+		t.Errorf("adoption changed the table:\n%s\nwant\n%s", after, before)
+	}
+	if _, err := New(cfg, WithNetNS(n.ns), WithEgress(map[string]ZoneEgress{"z": {Mode: "closed"}})); err == nil {
+		t.Error("New accepted a bad egress policy")
+	}
+	if err := g2.Verify(ctx); err != nil {
+		t.Error(err)
 	}
 }

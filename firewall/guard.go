@@ -25,6 +25,7 @@ type options struct {
 	logger *slog.Logger
 	now    func() time.Time
 	sw     Switches
+	egress map[string]ZoneEgress
 }
 
 // WithNetNS makes the guard work on the network namespace ns instead of
@@ -133,6 +134,11 @@ func New(cfg Config, opts ...Option) (*Guard, error) {
 	}
 	g := &Guard{cfg: cfg, opts: o, log: o.logger.With("component", "guard"), cls: cl,
 		conn: conn, port: port, sw: o.sw, subs: map[chan struct{}]struct{}{}}
+	if g.egress, err = cloneEgress(o.egress); err != nil {
+		cl.close()
+		_ = conn.CloseLasting()
+		return nil, fmt.Errorf("egress: %w", err)
+	}
 	g.met = newMetrics(g)
 	return g, nil
 }

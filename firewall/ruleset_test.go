@@ -149,9 +149,9 @@ func TestRenderEgressGolden(t *testing.T) {
 		Trusted: []string{"stor0"},
 		Zones:   map[string][]string{"za": {"vnetA"}, "zb": {"vnetB"}},
 		ZoneEgress: map[string]ZoneEgress{
-			"za": {Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("198.51.100.7/32")},
+			"za": {Bridges: []string{"vnetA"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("198.51.100.7/32")},
 				Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.5/32")}},
-			"zb": {Mode: EgressOpen},
+			"zb": {Bridges: []string{"vnetB", "eth0"}, Mode: EgressOpen},
 		},
 		Egress:      EgressConfig{Default: ZoneEgress{Mode: EgressNone}, DNSPort: 5353, ProxyPort: 3129, Mark: 0x100},
 		DnsmasqUser: "65534",
@@ -168,7 +168,8 @@ func TestRenderEgressGolden(t *testing.T) {
 func TestRenderEgressRejectsBadPolicy(t *testing.T) {
 	for _, cfg := range []Config{
 		{Egress: EgressConfig{Default: ZoneEgress{Mode: "closed"}}},
-		{Zones: map[string][]string{"z": {"v"}}, ZoneEgress: map[string]ZoneEgress{"z": {Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}}}},
+		{ZoneEgress: map[string]ZoneEgress{"z": {Bridges: []string{"v"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}}}},
+		{ZoneEgress: map[string]ZoneEgress{"z": {Bridges: []string{"a-bridge-name-too-long"}, Mode: EgressNone}}},
 		{Egress: EgressConfig{Default: ZoneEgress{Mode: EgressOpen, Deny: []netip.Prefix{{}}}}},
 	} {
 		if _, err := Render(cfg, fixedClassification, Switches{}); err == nil {

@@ -93,7 +93,9 @@ func (r *Registry) Remove(ctx context.Context, zone string) error {
 func (r *Registry) apply(ctx context.Context, zones map[string]zoneEntry) error {
 	m := make(map[string]firewall.ZoneEgress, len(zones))
 	for id, e := range zones {
-		m[id] = e.rules.Zone()
+		z := e.rules.Zone()
+		z.Bridges = e.bridges
+		m[id] = z
 	}
 	return r.guard.SetEgress(ctx, m)
 }
