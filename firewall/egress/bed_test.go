@@ -112,7 +112,7 @@ func newStack(t *testing.T, ctx context.Context, def Policy) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(links.Close)
-	s.g, s.reg, s.den = g, NewRegistry(g, defRules), NewDenials()
+	s.g, s.reg, s.den = g, NewRegistry(g, defRules, nil), NewDenials()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s.res = NewResolver(ResolverConfig{Upstreams: []string{testvm.InternetAddr + ":53"}, Mark: ec.ResolverMark(),
 		TTLFloor: 30 * time.Second, Timeout: time.Second, Dial: inNode(b, ec.ResolverMark())}, s.reg, links, s.den, nil, log)

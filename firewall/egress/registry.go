@@ -32,8 +32,9 @@ const NodeOwner = "node-default"
 type Registry struct {
 	guard Guard
 	def   Rules
+	state *State // persists zones; nil: nothing persisted
 
-	mu    sync.Mutex // guards zones; held across the guard call so writes apply in order
+	mu    sync.Mutex // guards zones; held across the guard and file writes so they apply in order
 	zones map[string]zoneEntry
 }
 
@@ -44,9 +45,15 @@ type zoneEntry struct {
 }
 
 // NewRegistry returns a registry applying to g, with def for every
-// interface whose zone has no policy.
-func NewRegistry(g Guard, def Rules) *Registry {
-	return &Registry{guard: g, def: def, zones: map[string]zoneEntry{}}
+// interface whose zone has no policy. st (may be nil) holds the policies
+// persisted by the last run, already in force through firewall.WithEgress;
+// every change is written back to it.
+func NewRegistry(g Guard, def Rules, st *State) *Registry {
+	r := &Registry{guard: g, def: def, state: st, zones: map[string]zoneEntry{}}
+	if st != nil {
+		r.zones = maps.Clone(st.zones)
+	}
+	return r
 }
 
 // Set gives zone (owned by owner, e.g. the sandbox id, with its vnet
@@ -63,6 +70,9 @@ func (r *Registry) Set(ctx context.Context, zone, owner string, bridges []string
 		return fmt.Errorf("egress of %s: %w", owner, err)
 	}
 	r.zones = next
+	if err := r.state.save(next); err != nil {
+		return fmt.Errorf("egress of %s: in force, but not persisted: %w", owner, err)
+	}
 	forget := slices.Clone(bridges)
 	if had {
 		forget = append(forget, prev.bridges...)
@@ -87,17 +97,22 @@ func (r *Registry) Remove(ctx context.Context, zone string) error {
 		return fmt.Errorf("remove egress of zone %s: %w", zone, err)
 	}
 	r.zones = next
+	if err := r.state.save(next); err != nil {
+		return fmt.Errorf("remove egress of zone %s: %w", zone, err)
+	}
 	return r.guard.Forget(ctx, e.bridges)
 }
 
 func (r *Registry) apply(ctx context.Context, zones map[string]zoneEntry) error {
-	m := make(map[string]firewall.ZoneEgress, len(zones))
-	for id, e := range zones {
-		z := e.rules.Zone()
-		z.Bridges = e.bridges
-		m[id] = z
-	}
-	return r.guard.SetEgress(ctx, m)
+	return r.guard.SetEgress(ctx, kernelZones(zones))
+}
+
+// Owner returns the owner of zone's own policy.
+func (r *Registry) Owner(zone string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.zones[zone]
+	return e.owner, ok
 }
 
 // Get returns the rules of zone and whether it has its own.

@@ -36,7 +36,7 @@ func newResolverFixture(t testing.TB) *resolverFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := NewRegistry(g, def)
+	reg := NewRegistry(g, def, nil)
 	allow, err := Compile(Policy{Mode: "allowlist", Allow: []string{"pypi.org", "*.github.com"}, Deny: []string{"203.0.113.66"}})
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +170,7 @@ func TestResolverIgnoresNonQueries(t *testing.T) {
 
 func TestRegistrySetFailsChangesNothing(t *testing.T) {
 	g := newFakeGuard()
-	reg := NewRegistry(g, Rules{Mode: "open"})
+	reg := NewRegistry(g, Rules{Mode: "open"}, nil)
 	r, _ := Compile(Policy{Mode: "none"})
 	g.failSet = net.ErrClosed
 	if err := reg.Set(context.Background(), "za", "sb", []string{"vneta"}, r); err == nil {
