@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
@@ -120,4 +122,22 @@ func (s *State) save(zones map[string]zoneEntry) error {
 		return fmt.Errorf("save egress state: sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// Entry is one persisted zone policy.
+type Entry struct {
+	Zone    string
+	Owner   string
+	Bridges []string
+	Policy  Policy
+}
+
+// Entries returns the persisted zone policies, sorted by zone.
+func (s *State) Entries() []Entry {
+	var out []Entry
+	for _, id := range slices.Sorted(maps.Keys(s.zones)) {
+		e := s.zones[id]
+		out = append(out, Entry{Zone: id, Owner: e.owner, Bridges: slices.Clone(e.bridges), Policy: e.rules.Policy()})
+	}
+	return out
 }
