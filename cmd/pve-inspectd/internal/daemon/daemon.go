@@ -20,6 +20,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
@@ -225,6 +226,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 			errc <- err
 		}()
 	}
+
+	running++
+	go func() {
+		// layer-2 guard: pins each guest port to its MAC and IPv4
+		mp := &portmap.Mapper{Paths: portmap.Paths{Root: d.Config.Guard.NodeRoot}, Guard: guard, Log: log}
+		errc <- mp.Run(ctx)
+	}()
 
 	running++
 	go func() {
