@@ -282,6 +282,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) e
 	if pr := validateGuestPath(path); pr != nil {
 		return pr
 	}
+	if g, ok := s.m.guest(vm.VMID).(sizedReader); ok {
+		return s.streamFile(w, r, g, path)
+	}
 	f, err := os.CreateTemp(s.o.SpoolDir, "pve-inspectd-read-*")
 	if err != nil {
 		return fmt.Errorf("spool file: %w", err)

@@ -1,0 +1,62 @@
+package sandboxapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+)
+
+// sizedReader is a Guest that learns a file's size before its first byte
+// (the guest agent client does, with a seek on the open handle), so a
+// download is checked against the cap and then streamed without a spool.
+type sizedReader interface {
+	ReadFileSized(ctx context.Context, path string, w io.Writer, max int64, size func(int64) error) (int64, error)
+}
+
+// streamFile answers a download from a sizedReader: the size from the
+// guest is checked against MaxFileBytes before anything is sent, then the
+// bytes stream with that size as Content-Length. A file that shrinks while
+// it is read ends the response short (the client sees a truncated body, net/http
+// closes the connection); one that grows is cut at the announced size.
+func (s *Server) streamFile(w http.ResponseWriter, r *http.Request, g sizedReader, path string) error {
+	cw := &cutWriter{w: w}
+	_, err := g.ReadFileSized(r.Context(), path, cw, s.o.MaxFileBytes, func(n int64) error {
+		if n > s.o.MaxFileBytes {
+			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
+		}
+		cw.left = n
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	if errors.Is(err, errCut) {
+		return nil // the announced size was sent; the file grew meanwhile
+	}
+	return err
+}
+
+// errCut ends a read once the announced size was written.
+var errCut = errors.New("announced size reached")
+
+// cutWriter passes at most left bytes and then fails with errCut.
+type cutWriter struct {
+	w    io.Writer
+	left int64
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > c.left {
+		n, err := c.w.Write(p[:c.left])
+		c.left -= int64(n)
+		if err != nil {
+			return n, err
+		}
+		return n, errCut
+	}
+	n, err := c.w.Write(p)
+	c.left -= int64(n)
+	return n, err
+}
