@@ -283,7 +283,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) e
 		return pr
 	}
 	if g, ok := s.m.guest(vm.VMID).(sizedReader); ok {
-		return s.streamFile(w, r, g, path)
+		return s.streamFile(w, r, vm.VMID, g, path)
 	}
 	f, err := os.CreateTemp(s.o.SpoolDir, "pve-inspectd-read-*")
 	if err != nil {
@@ -345,6 +345,13 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) 
 		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
 	}
 	body := &limitedBody{r: http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes), max: s.o.MaxFileBytes}
+	if s.useDisk(r.ContentLength) {
+		if err := s.o.DiskTransfer.Upload(r.Context(), vm.VMID, s.m.guest(vm.VMID), path, body, r.ContentLength, mode); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	if err := s.m.guest(vm.VMID).WriteFile(r.Context(), path, body, mode); err != nil {
 		return err
 	}
