@@ -22,9 +22,9 @@ import (
 var reBlockName = regexp.MustCompile(`^[a-z][a-z0-9]{0,15}$`)
 var reByID = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 
-// initPID returns the host pid of the guest's PID 1 (tini, in the guest's
+// InitPID returns the host pid of the guest's PID 1 (tini, in the guest's
 // mount namespace and root), the only child of the unshare process.
-func (g *Guest) initPID() (int, error) {
+func (g *Guest) InitPID() (int, error) {
 	if g.cmd == nil || g.cmd.Process == nil {
 		return 0, errors.New("guest has no process")
 	}
@@ -60,7 +60,7 @@ func (b *Bed) AttachBlock(ctx context.Context, vmid int, image, name, byID strin
 	if _, err := os.Stat(rec); err == nil {
 		return fmt.Errorf("testvm: guest %d already has block device %s", vmid, name)
 	}
-	pid, err := g.initPID()
+	pid, err := g.InitPID()
 	if err != nil {
 		return fmt.Errorf("testvm: guest %d: %w", vmid, err)
 	}
@@ -110,7 +110,7 @@ func (b *Bed) DetachBlock(ctx context.Context, vmid int, name string) error {
 	}
 	var errs []error
 	if g, ok := b.Guest(vmid); ok {
-		if pid, err := g.initPID(); err == nil {
+		if pid, err := g.InitPID(); err == nil {
 			script := `for l in /dev/disk/by-id/*; do [ "$(readlink "$l")" = "../../$1" ] && rm -f "$l"; done; rm -f "/dev/$1"`
 			if err := run(ctx, "nsenter", "-t", strconv.Itoa(pid), "-m", "-r", "--wd=/", "/bin/sh", "-c", script, "detach", name); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s in the guest: %w", name, err))

@@ -281,6 +281,13 @@ func (t *Transfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, p s
 	want := hex.EncodeToString(h.Sum(nil))
 	got, err := t.run(ctx, v, g, uploadScript, v.serial, strconv.FormatInt(size, 10), p, want, strconv.FormatUint(uint64(mode.Perm()), 8))
 	if err != nil {
+		// A copy killed by its timeout had no chance to remove its temp file.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		tmp := path.Join(path.Dir(p), ".pve-inspect-xfer-"+v.serial)
+		if _, rerr := g.Exec(rctx, sandboxapi.GuestExec{Argv: []string{"rm", "-f", "--", tmp}, Timeout: 60}); rerr != nil {
+			t.o.Logger.Warn("disk transfer: remove guest temp file", "path", tmp, "err", rerr)
+		}
 		return err
 	}
 	if got != want {

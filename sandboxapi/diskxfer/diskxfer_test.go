@@ -73,14 +73,19 @@ func (f *fakePx) DetachVolume(ctx context.Context, vmid int, slot string) error 
 // fakeGuest answers the copy with a fixed result.
 type fakeGuest struct {
 	sandboxapi.Guest
-	res  *sandboxapi.ExecResult
-	err  error
-	argv []string
+	res      *sandboxapi.ExecResult
+	err      error
+	argv     []string
+	cleanups []string // later commands: the temp file removal
 }
 
 func (g *fakeGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
-	g.argv = r.Argv
-	return g.res, g.err
+	if g.argv == nil {
+		g.argv = r.Argv
+		return g.res, g.err
+	}
+	g.cleanups = append(g.cleanups, strings.Join(r.Argv, " "))
+	return &sandboxapi.ExecResult{}, nil
 }
 
 func sumOf(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
@@ -128,6 +133,9 @@ func TestUploadOutcomes(t *testing.T) {
 			}
 			if ents, _ := os.ReadDir(tt.px.dir); len(ents) != 0 {
 				t.Errorf("image left behind: %v", ents)
+			}
+			if tt.wantErr != nil && (len(g.cleanups) != 1 || !strings.Contains(g.cleanups[0], "/root/.pve-inspect-xfer-pvei")) {
+				t.Errorf("failed copy did not remove the guest temp file: %q", g.cleanups)
 			}
 			if tt.res != nil && (len(g.argv) < 8 || g.argv[7] != good) {
 				t.Errorf("guest not told the node's sha256: %q", g.argv)
