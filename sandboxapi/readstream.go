@@ -24,10 +24,10 @@ type sizedReader interface {
 //
 // A file of at least DiskThreshold bytes goes through DiskTransfer when
 // one is set; its response starts with the first verified byte.
-func (s *Server) streamFile(w http.ResponseWriter, r *http.Request, vmid int, g sizedReader, path string) error {
+func (s *Server) streamFile(ctx context.Context, w http.ResponseWriter, vmid int, g sizedReader, path string) error {
 	cw := &cutWriter{w: w}
 	var disk *useDisk
-	_, err := g.ReadFileSized(r.Context(), path, cw, s.o.MaxFileBytes, func(n int64) error {
+	_, err := g.ReadFileSized(ctx, path, cw, s.o.MaxFileBytes, func(n int64) error {
 		if n > s.o.MaxFileBytes {
 			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
 		}
@@ -41,7 +41,7 @@ func (s *Server) streamFile(w http.ResponseWriter, r *http.Request, vmid int, g 
 	})
 	if disk != nil && errors.Is(err, disk) {
 		lw := &lazyHeader{w: w, size: disk.size}
-		if _, err := s.o.DiskTransfer.Download(r.Context(), vmid, s.m.guest(vmid), path, disk.size, lw); err != nil {
+		if _, err := s.o.DiskTransfer.Download(ctx, vmid, s.m.guest(vmid), path, disk.size, lw); err != nil {
 			return err
 		}
 		if !lw.started {

@@ -45,8 +45,7 @@ func TestStreamFile(t *testing.T) {
 			s := &Server{}
 			s.o.MaxFileBytes = 10
 			rec := httptest.NewRecorder()
-			req := httptest.NewRequest("GET", "/x", nil)
-			err := s.streamFile(rec, req, 100, tt.g, "/f")
+			err := s.streamFile(context.Background(), rec, 100, tt.g, "/f")
 			if tt.wantError {
 				var p *Problem
 				if !errors.As(err, &p) || p.Type != tt.wantProb {
@@ -106,7 +105,7 @@ func TestStreamFileDiskPath(t *testing.T) {
 			s.m = &manager{o: &s.o}
 			s.m.o.Guests = func(string) Guest { return nil }
 			rec := httptest.NewRecorder()
-			err := s.streamFile(rec, httptest.NewRequest("GET", "/x", nil), 100, sizedFake{nil, tt.size, "hello"}, "/f")
+			err := s.streamFile(context.Background(), rec, 100, sizedFake{nil, tt.size, "hello"}, "/f")
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("got %v, want %v", err, tt.wantErr)
 			}

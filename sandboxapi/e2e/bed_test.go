@@ -88,6 +88,9 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 	if err := emu.AddPool("pve-inspect", ""); err != nil {
 		t.Fatal(err)
 	}
+	if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil { // as pve-access-setup does
+		t.Fatal(err)
+	}
 	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
 		t.Fatal(err)
 	}
