@@ -2,9 +2,11 @@
 // with its baseline in one run: sandbox create-to-ready and delete (medians
 // over Rounds) and Proxmox API requests per sandbox lifecycle on the Proxmox
 // emulator with real qemu-ga guests; exec round trip through the HTTP API
-// against the raw guest agent client on the same VM, and through the MCP
-// server's sandbox_exec against the HTTP API it calls; 64 MiB write+read
-// through the API against the client. Needs root (the bed).
+// and through the guest agent client, both against the raw guest-exec +
+// guest-exec-status loop (qgabench.RawExec, the qga section's baseline too)
+// on the same VM, and through the MCP server's sandbox_exec against the
+// HTTP API it calls; 64 MiB write+read through the API against the client.
+// Needs root (the bed).
 package apibench
 
 import (
@@ -30,6 +32,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga/qgabench"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -47,9 +50,15 @@ type Options struct {
 
 // Result holds the medians of one run.
 type Result struct {
-	CreateP50, DeleteP50     time.Duration
-	CallsPerLifecycle        float64
-	ExecAPIP50, ExecQGAP50   time.Duration
+	CreateP50, DeleteP50   time.Duration
+	CallsPerLifecycle      float64
+	ExecAPIP50, ExecQGAP50 time.Duration
+	// ExecRawP50 is the shared exec baseline: a bare guest-exec of
+	// /bin/true and guest-exec-status every millisecond on one connection
+	// (qgabench.RawExec), the same loop the qga section compares against.
+	ExecRawP50 time.Duration
+	// ExecMCPP50 is sandbox_exec through the MCP server (SDK in-memory
+	// transport) over the same HTTP API.
 	ExecMCPP50               time.Duration
 	FileAPIMBps, FileQGAMBps float64
 }
@@ -150,8 +159,8 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		return nil, err
 	}
 	defer mcs.Close()
-	// The three sides take turns going first, so none gains from the
-	// agent's state the one before left.
+	// The sides take turns going first, so none gains from the agent's
+	// state the one before left.
 	sides := []struct {
 		name string
 		run  func() error
@@ -165,6 +174,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 			_, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}})
 			return err
 		}, nil},
+		{"raw guest-exec", func() error { return qgabench.RawExec(ctx, raw.Socket(), time.Millisecond) }, nil},
 		{"mcp", func() error {
 			r, err := mcs.CallTool(ctx, &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": sb.ID, "vm": "vm0", "argv": []string{"true"}}})
 			if err == nil && r.IsError {
@@ -183,8 +193,9 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 			s.took = append(s.took, time.Since(t0))
 		}
 	}
-	viaAPI, viaQGA, viaMCP := sides[0].took, sides[1].took, sides[2].took
-	res.ExecAPIP50, res.ExecQGAP50, res.ExecMCPP50 = median(viaAPI), median(viaQGA), median(viaMCP)
+	viaAPI, viaQGA, viaRaw := sides[0].took, sides[1].took, sides[2].took
+	res.ExecMCPP50 = median(sides[3].took)
+	res.ExecAPIP50, res.ExecQGAP50, res.ExecRawP50 = median(viaAPI), median(viaQGA), median(viaRaw)
 
 	data := make([]byte, 64<<20)
 	_, _ = rand.Read(data)
@@ -217,10 +228,13 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	fmt.Fprintf(w, "| create-to-ready, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.CreateP50.Round(time.Millisecond))
 	fmt.Fprintf(w, "| delete, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.DeleteP50.Round(time.Millisecond))
 	fmt.Fprintf(w, "| Proxmox API requests per lifecycle (task polls included) | %.1f | | |\n", res.CallsPerLifecycle)
-	fmt.Fprintf(w, "| exec `true` round trip (p50 of %d) | %v | %v (raw qga client) | %.2fx |\n", o.Execs,
-		res.ExecAPIP50.Round(10*time.Microsecond), res.ExecQGAP50.Round(10*time.Microsecond), float64(res.ExecAPIP50)/float64(res.ExecQGAP50))
+	us := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	fmt.Fprintf(w, "| exec `true` round trip (p50 of %d) | %v | %v (raw guest-exec + guest-exec-status loop, 1 ms polls) | %.2fx |\n", o.Execs,
+		us(res.ExecAPIP50), us(res.ExecRawP50), float64(res.ExecAPIP50)/float64(res.ExecRawP50))
+	fmt.Fprintf(w, "| exec `true` round trip, guest agent client alone (p50 of %d) | %v | %v (same raw loop) | %.2fx |\n", o.Execs,
+		us(res.ExecQGAP50), us(res.ExecRawP50), float64(res.ExecQGAP50)/float64(res.ExecRawP50))
 	fmt.Fprintf(w, "| exec `true` through MCP sandbox_exec (SDK in-memory transport, p50 of %d) | %v | %v (HTTP API exec, same run) | %.2fx |\n", o.Execs,
-		res.ExecMCPP50.Round(10*time.Microsecond), res.ExecAPIP50.Round(10*time.Microsecond), float64(res.ExecMCPP50)/float64(res.ExecAPIP50))
+		us(res.ExecMCPP50), us(res.ExecAPIP50), float64(res.ExecMCPP50)/float64(res.ExecAPIP50))
 	fmt.Fprintf(w, "| 64 MiB write+read (p50 of %d) | %.1f MB/s | %.1f MB/s (raw qga client) | %.2fx |\n", o.FileRounds,
 		res.FileAPIMBps, res.FileQGAMBps, res.FileAPIMBps/res.FileQGAMBps)
 	return res, nil

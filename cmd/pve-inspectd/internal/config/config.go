@@ -35,6 +35,8 @@ type Config struct {
 	API APISection `toml:"api"`
 	// MCP is the MCP server on the sandbox API (mcp.go).
 	MCP MCPSection `toml:"mcp"`
+	// Egress is [egress], the egress policies (egress.go).
+	Egress EgressSection `toml:"egress"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -60,7 +62,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -125,5 +127,6 @@ func (c Config) sections() map[string]validator {
 		"check":    c.Check,
 		"api":      c.API,
 		"mcp":      c.MCP,
+		"egress":   c.Egress,
 	}
 }
