@@ -47,11 +47,15 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("classify interfaces: %w", err)
 			}
+			zp := planZones(cfg.Guard)
+			fc.Zones = zp.merged()
 			rs, err := firewall.Render(fc, cls, firewall.Switches{})
 			if err != nil {
 				return fmt.Errorf("render ruleset: %w", err)
 			}
-			return writePlan(cmd.OutOrStdout(), cls, rs)
+			w := cmd.OutOrStdout()
+			zp.write(w)
+			return writePlan(w, cls, rs)
 		},
 	}
 }

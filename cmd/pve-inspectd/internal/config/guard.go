@@ -32,6 +32,10 @@ import (
 //	# forward to each other; every other pair of non-uplink interfaces
 //	# is isolated (unknown bridges included).
 //	zones = { zone1 = ["vnet1", "vnet2"] }
+//	# Proxmox's applied SDN config: the vnets of each zone in it may
+//	# forward to each other too (merged with zones above and the zones
+//	# the sandbox API creates). Polled every few seconds; "" turns it off.
+//	sdn_config = "/etc/pve/sdn/.running-config"
 //	# User (name or uid) the SDN dnsmasq runs as; its upstream traffic is
 //	# cut during the lockdown. A missing user leaves that rule out (plan says so).
 //	dnsmasq_user = "dnsmasq"
@@ -47,6 +51,7 @@ type GuardSection struct {
 	Private4Allow  []string            `toml:"private4_allow"`
 	Trusted        []string            `toml:"trusted_interfaces"`
 	Zones          map[string][]string `toml:"zones"`
+	SDNConfig      string              `toml:"sdn_config"`
 	DnsmasqUser    string              `toml:"dnsmasq_user"`
 	VerifyInterval string              `toml:"verify_interval"`
 	ProcRoot       string              `toml:"proc_root"`
@@ -64,7 +69,7 @@ type MetricsSection struct {
 }
 
 func defaultGuard() GuardSection {
-	return GuardSection{DnsmasqUser: "dnsmasq", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd"}
+	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd"}
 }
 
 func defaultMetrics() MetricsSection { return MetricsSection{Listen: "127.0.0.1:9474"} }
@@ -150,6 +155,9 @@ func (s GuardSection) validate(prefix string) error {
 				return err
 			}
 		}
+	}
+	if s.SDNConfig != "" && (!filepath.IsAbs(s.SDNConfig) || strings.ContainsRune(s.SDNConfig, 0)) {
+		return &KeyError{Key: prefix + ".sdn_config", Err: fmt.Errorf("%q is not an absolute path (or \"\" to turn it off)", s.SDNConfig)}
 	}
 	if s.DnsmasqUser == "" || strings.ContainsAny(s.DnsmasqUser, ": \t\n\x00") {
 		return &KeyError{Key: prefix + ".dnsmasq_user", Err: fmt.Errorf("%q is not a user name or uid", s.DnsmasqUser)}

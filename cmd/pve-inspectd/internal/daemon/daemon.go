@@ -102,6 +102,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := reg.Register(guard.Collector()); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
+	// 1b. Zones: the sandbox API's and Proxmox's applied SDN config's,
+	//     merged into the guard's run-time zones.
+	zones := newZoneUnion(guard.SetZones)
+	sdnRun, err := StartSDNZones(ctx, d.Config.Guard, log, reg, zones.source("sdn"), guard)
+	if err != nil {
+		return fmt.Errorf("sdn zones: %w", err)
+	}
 	errc := make(chan error, 8)
 	running := 0
 	var stops []func() // run in reverse order when a part ends or ctx is done
@@ -204,7 +211,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 				}
 			}
 		}()
-		api, err := StartAPI(ctx, d.Config, log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: guard.SetZones,
+		api, err := StartAPI(ctx, d.Config, log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: zones.source("api"),
 			Iface: first(), IfaceChanges: ifaces, Registerer: reg})
 		if err != nil {
 			cancel()
@@ -234,6 +241,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		errc <- err
 	}()
+
+	if sdnRun != nil {
+		running++
+		go func() { errc <- sdnRun(ctx) }()
+	}
 
 	// 5. Ready: every part above is in force.
 	if d.Ready != nil {
