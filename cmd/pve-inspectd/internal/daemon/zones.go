@@ -56,6 +56,21 @@ func (u *zoneUnion) mergedLocked() map[string][]string {
 	return sdnzones.Union(all...)
 }
 
+// startZones merges the zones of the sandbox API and of Proxmox's SDN
+// running config into the guard's run-time zones, and starts keeping the
+// latter current.
+func (r *run) startZones(ctx context.Context) error {
+	r.zones = newZoneUnion(r.guard.SetZones)
+	loop, err := StartSDNZones(ctx, r.d.Config.Guard, r.log, r.reg, r.zones.source("sdn"), r.guard)
+	if err != nil {
+		return fmt.Errorf("sdn zones: %w", err)
+	}
+	if loop != nil {
+		r.parts.Go("sdn zones", loop)
+	}
+	return nil
+}
+
 // interfaceEvents is what the SDN zone watcher needs of the guard: a
 // signal after each change of the node's interfaces.
 type interfaceEvents interface {
