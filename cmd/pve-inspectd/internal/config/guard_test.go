@@ -14,7 +14,7 @@ func TestGuardDefaults(t *testing.T) {
 	}
 	if c.Guard.DnsmasqUser != "dnsmasq" || c.Guard.VerifyEvery() != 30*time.Second ||
 		c.Guard.ProcRoot != "/proc" || c.Metrics.Listen != "127.0.0.1:9474" ||
-		c.Guard.SDNConfig != "/etc/pve/sdn/.running-config" {
+		c.Guard.SDNConfig != "/etc/pve/sdn/.running-config" || !c.Guard.MgmtRules || c.Guard.MgmtEvery() != time.Minute {
 		t.Errorf("defaults: %+v %+v", c.Guard, c.Metrics)
 	}
 }
@@ -62,6 +62,10 @@ trusted_interfaces = ["way-too-long-interface-name"]`, "guard.trusted_interfaces
 zones = { z = ["a/b"] }`, "guard.zones.z[0]"},
 		{`[guard]
 sdn_config = "etc/pve/sdn/.running-config"`, "guard.sdn_config"},
+		{`[guard]
+mgmt_interval = "100ms"`, "guard.mgmt_interval"},
+		{`[guard]
+mgmt_interval = "soon"`, "guard.mgmt_interval"},
 		{`[guard]
 dnsmasq_user = ""`, "guard.dnsmasq_user"},
 		{`[guard]
