@@ -281,6 +281,26 @@ func TestProgressAndCancel(t *testing.T) {
 		t.Fatal("no progress notification")
 	}
 
+	// A silent command still reports that it runs (the heartbeat).
+	params = &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": id, "argv": []string{"sleep"}, "timeout_seconds": 6}}
+	params.SetProgressToken("tok-quiet")
+	res, err = b.sess.CallTool(b.ctx(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := ok[mcpserver.ExecOutput](t, "exec", res); !o.TimedOut {
+		t.Errorf("sleep: %+v", o)
+	}
+	quiet := 0
+	for len(b.progress) > 0 {
+		if p := <-b.progress; p.ProgressToken == "tok-quiet" && strings.Contains(p.Message, "0 bytes of output") {
+			quiet++
+		}
+	}
+	if quiet == 0 {
+		t.Error("no heartbeat while the command was silent")
+	}
+
 	// Cancelling the call cancels the API request that runs the command.
 	ctx, cancel := context.WithCancel(b.ctx())
 	params = &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": id, "argv": []string{"sleep"}, "timeout_seconds": 300}}
