@@ -130,6 +130,14 @@ func (o Options) Validate() error {
 	return nil
 }
 
+// MaxMessageBytes is the largest JSON-RPC message the transports must take
+// for these options: a sandbox_write_file of MaxWriteBytes, base64-encoded,
+// with room for the rest of the message.
+func MaxMessageBytes(o Options) int64 {
+	o.defaults()
+	return o.MaxWriteBytes/3*4 + 8 + 1<<20
+}
+
 // New returns an MCP server whose tools call api and are those the scopes
 // allow (sandboxapi.ScopeRead, ScopeExec, ScopeAdmin; the highest counts).
 func New(api API, o Options, scopes ...string) *mcp.Server {
