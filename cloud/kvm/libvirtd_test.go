@@ -1,0 +1,248 @@
+package kvm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+)
+
+// needRoot skips (loudly) or, under CI, fails when the test cannot run
+// here.
+func needRoot(t *testing.T, bins ...string) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, b := range bins {
+		if _, err := exec.LookPath(b); err != nil {
+			missing = append(missing, b)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := fmt.Sprintf("%s needs %s (Debian: libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils dnsmasq-base iproute2 util-linux)", t.Name(), strings.Join(missing, ", "))
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip("SKIPPING: " + msg)
+}
+
+// testDaemon is a libvirtd the test started: in its own mount and network
+// namespaces, with its config, state, run, log and cache directories
+// bind-mounted from the test's temporary directory, so it shares nothing
+// with a libvirtd of the host and its NAT network has no way out of the
+// namespace.
+type testDaemon struct {
+	dir    string
+	socket string
+	uri    string
+	cmd    *exec.Cmd
+	netns  string
+	logBuf *bytes.Buffer
+}
+
+const daemonScript = `set -e
+T="$1"
+mount --make-rprivate /
+mount -t tmpfs tmpfs /run
+mkdir -p /run/libvirt
+mount --bind "$T/run" /run/libvirt
+mount --bind "$T/etc" /etc/libvirt
+mount --bind "$T/lib" /var/lib/libvirt
+mount --bind "$T/log" /var/log/libvirt
+mount --bind "$T/cache" /var/cache/libvirt
+mount -t sysfs sysfs /sys
+ip link set lo up
+exec libvirtd
+`
+
+func startLibvirtd(t *testing.T) *testDaemon {
+	t.Helper()
+	needRoot(t, "libvirtd", "virsh", "unshare", "ip", "qemu-system-x86_64", "qemu-img", "dnsmasq")
+	for _, d := range []string{"/etc/libvirt", "/var/lib/libvirt", "/var/log/libvirt", "/var/cache/libvirt"} {
+		if _, err := os.Stat(d); err != nil {
+			t.Fatalf("%s: %v (libvirt-daemon-system installs it)", d, err)
+		}
+	}
+	dir := t.TempDir()
+	for _, d := range []string{"etc/qemu/networks", "etc/storage", "run", "lib/qemu", "lib/dnsmasq", "log/qemu", "cache/qemu", "serial"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := map[string]string{
+		"etc/libvirtd.conf": "auth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\nunix_sock_rw_perms = \"0700\"\nunix_sock_ro_perms = \"0700\"\nlog_outputs = \"3:stderr\"\n",
+		// The daemon's QEMU runs as root without a security driver: the
+		// volumes sit in the test's private temporary directory.
+		"etc/qemu.conf": "user = \"root\"\ngroup = \"root\"\nsecurity_driver = \"none\"\ndynamic_ownership = 0\nremember_owner = 0\nstdio_handler = \"file\"\ncgroup_controllers = [ ]\n",
+	}
+	for p, c := range files {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(c), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := &testDaemon{dir: dir, socket: filepath.Join(dir, "run", "libvirt-sock"), logBuf: &bytes.Buffer{}}
+	d.uri = "qemu:///system?socket=" + url.QueryEscape(d.socket)
+	d.cmd = exec.Command("sh", "-c", daemonScript, "sh", dir)
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET}
+	d.cmd.Stdout, d.cmd.Stderr = d.logBuf, d.logBuf
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- d.cmd.Wait() }()
+	d.netns, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/net", d.cmd.Process.Pid))
+	t.Cleanup(func() { d.stop(t, exited) })
+	for i := 0; ; i++ {
+		if _, err := os.Stat(d.socket); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("libvirtd exited: %v\n%s", err, d.logBuf)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if i > 600 {
+			t.Fatalf("libvirtd made no socket\n%s", d.logBuf)
+		}
+	}
+	return d
+}
+
+// stop removes every domain, network and pool the daemon holds, stops it
+// by its pid and then any process left in its network namespace (dnsmasq,
+// QEMU), found through the pid files under its own run directory.
+func (d *testDaemon) stop(t *testing.T, exited chan error) {
+	if c, err := d.connect(); err == nil {
+		doms, _, _ := c.ConnectListAllDomains(1, 0)
+		for _, dom := range doms {
+			c.DomainDestroy(dom)
+			c.DomainUndefine(dom)
+		}
+		nets, _, _ := c.ConnectListAllNetworks(1, 0)
+		for _, n := range nets {
+			c.NetworkDestroy(n)
+			c.NetworkUndefine(n)
+		}
+		pools, _, _ := c.ConnectListAllStoragePools(1, 0)
+		for _, p := range pools {
+			vols, _, _ := c.StoragePoolListAllVolumes(p, 1, 0)
+			for _, v := range vols {
+				c.StorageVolDelete(v, 0)
+			}
+			c.StoragePoolDestroy(p)
+			c.StoragePoolDelete(p, 0)
+			c.StoragePoolUndefine(p)
+		}
+		c.Disconnect()
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		d.cmd.Process.Kill()
+		<-exited
+	}
+	pids, _ := filepath.Glob(filepath.Join(d.dir, "run", "*", "*.pid"))
+	for _, p := range pids {
+		b, _ := os.ReadFile(p)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 1 {
+			continue
+		}
+		if ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); ns != "" && ns == d.netns {
+			t.Logf("stopping pid %d left by libvirtd (%s)", pid, p)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if t.Failed() {
+		t.Logf("libvirtd log:\n%s", tail(d.logBuf.Bytes()))
+	}
+}
+
+func (d *testDaemon) connect() (*libvirt.Libvirt, error) {
+	u, _ := url.Parse(d.uri)
+	return libvirt.ConnectToURI(u)
+}
+
+// virsh runs virsh against the test daemon.
+func (d *testDaemon) virsh(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("virsh", append([]string{"-c", d.uri}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("virsh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// inventory is what the daemon holds: domains, networks, pools and
+// volumes, by name.
+func (d *testDaemon) inventory(t *testing.T) string {
+	t.Helper()
+	c, err := d.connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Disconnect()
+	var b strings.Builder
+	doms, _, err := c.ConnectListAllDomains(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range doms {
+		fmt.Fprintf(&b, "domain %s\n", x.Name)
+	}
+	nets, _, _ := c.ConnectListAllNetworks(1, 0)
+	for _, n := range nets {
+		fmt.Fprintf(&b, "network %s\n", n.Name)
+		if nx, err := (&Manager{conn: c}).networkXML(n); err == nil {
+			for _, ip := range nx.IPs {
+				if ip.DHCP != nil {
+					for _, h := range ip.DHCP.Hosts {
+						fmt.Fprintf(&b, "  host %s %s\n", h.Name, h.IP)
+					}
+				}
+			}
+		}
+	}
+	pools, _, _ := c.ConnectListAllStoragePools(1, 0)
+	for _, p := range pools {
+		fmt.Fprintf(&b, "pool %s\n", p.Name)
+		vols, _, _ := c.StoragePoolListAllVolumes(p, 1, 0)
+		for _, v := range vols {
+			fmt.Fprintf(&b, "  volume %s\n", v.Name)
+		}
+	}
+	return b.String()
+}
+
+func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, string)) {
+	t.Helper()
+	var last string
+	for {
+		ok, s := f()
+		if ok {
+			return
+		}
+		last = s
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not before the test's bound; last:\n%s", what, tail([]byte(last)))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
