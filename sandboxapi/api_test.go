@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -642,5 +643,52 @@ func TestMetricsRequests(t *testing.T) {
 	}
 	if got := e.metric("pve_inspect_guest_agent_errors_total", "kind", sandboxapi.ProblemGuestUnavailable); got != 2 {
 		t.Errorf("guest errors = %v", got)
+	}
+}
+
+// TestReconcileCarriesOn: an orphan that will not go away (a VM under a
+// backup lock, a failed SDN apply) is reported and logged; the reconcile
+// still succeeds and cleans up the rest. Only a Proxmox it cannot list
+// fails it.
+func TestReconcileCarriesOn(t *testing.T) {
+	cases := map[string]struct {
+		fail       string
+		wantFailed []string
+		wantErr    bool
+	}{
+		"vm locked":       {fail: "DeleteVM", wantFailed: []string{"orphan vm 500", "orphan vm 504", "orphan zone sbzzzzzz"}},
+		"sdn apply fails": {fail: "ApplySDN", wantFailed: []string{"orphan zone sbzzzzzz"}},
+		"cannot list vms": {fail: "ListVMs", wantErr: true},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			e.px.AddVM(sandboxapi.VMInfo{VMID: 500, Name: "orphan", Status: "running", Tags: []string{"pvei-n-node1", "pvei-s-sbzzzzzz"}})
+			e.px.AddVM(sandboxapi.VMInfo{VMID: 504, Name: "orphan2", Status: "stopped", Tags: []string{"pvei-n-node1", "pvei-s-sbxxxxxx"}})
+			e.px.AddVNet(sandboxapi.VNetInfo{ID: "vzzzzzz0", Zone: "sbzzzzzz", Alias: "pvei-n-node1 pvei-s-sbzzzzzz"}, "10.99.0.0/24")
+			e.px.Fail(c.fail, errors.New("injected: "+c.fail))
+			rep, err := e.srv.Reconcile(e.ctx())
+			if c.wantErr {
+				if err == nil {
+					t.Fatalf("reconcile succeeded without the VM list: %+v", rep)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("reconcile failed on one object: %v", err)
+			}
+			slices.Sort(rep.Failed)
+			if !slices.Equal(rep.Failed, c.wantFailed) {
+				t.Errorf("failed %q, want %q", rep.Failed, c.wantFailed)
+			}
+			if c.fail == "DeleteVM" {
+				if ids := e.px.VMIDs(); !slices.Equal(ids, []int{500, 504}) {
+					t.Errorf("VMs left %v, want the locked 500 and 504", ids)
+				}
+				if !e.px.Zones["sbzzzzzz"] {
+					t.Error("zone of a VM that stayed deleted")
+				}
+			}
+		})
 	}
 }

@@ -181,3 +181,13 @@ func writeProblem(w http.ResponseWriter, p *Problem) {
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
 }
+
+// Unavailable is a handler that answers every request with the
+// `unavailable` problem (503) and the given detail: what the daemon serves
+// while the API cannot work yet (Proxmox unreachable, reconcile pending).
+func Unavailable(detail string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "5")
+		writeProblem(w, newProblem(ProblemUnavailable, detail))
+	})
+}

@@ -85,12 +85,18 @@ type ReconcileReport struct {
 	OrphanZones      []string `json:"orphan_zones"`
 	MissingVMs       []int    `json:"missing_vms"`
 	UntouchedForeign int      `json:"untouched_foreign"`
+	// Failed lists the objects reconcile could not clean up (a VM under a
+	// backup lock, an SDN apply that failed): each was logged and the rest
+	// carried on; the next start tries again.
+	Failed []string `json:"failed,omitempty"`
 }
 
 // reconcile re-attaches the sandboxes of the state file, tears down those
 // caught mid-create or mid-delete, and deletes objects carrying this node's
 // tags that belong to no known sandbox. Objects without both tags are never
-// touched.
+// touched. It fails only when it cannot see the whole picture (the state
+// file, the pool, the VM or vnet lists); an object that will not go away is
+// logged, listed in Failed, and the rest carried on with.
 func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	var rep ReconcileReport
 	px := m.o.Proxmox
@@ -136,6 +142,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		// creating or deleting when the daemon stopped: finish it off.
 		if err := m.teardown(ctx, rec); err != nil {
+			rep.failed(m, "sandbox "+s.ID, err)
 			rec.State = StateError
 			rec.Error = "teardown on start failed: " + err.Error()
 			m.mu.Lock()
@@ -152,6 +159,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err := m.saveState(); err != nil {
 		return rep, err
 	}
+	stuck := map[string]bool{} // orphan sandboxes with a VM that stayed
 	for _, v := range vms {
 		owner, ok := m.ownedBy(v.Tags)
 		if !ok || v.Template {
@@ -164,7 +172,9 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 			continue
 		}
 		if err := m.deleteVM(ctx, owner, v.VMID, ""); err != nil {
-			return rep, err
+			rep.failed(m, fmt.Sprintf("orphan vm %d", v.VMID), err)
+			stuck[owner] = true
+			continue
 		}
 		rep.OrphanVMs = append(rep.OrphanVMs, v.VMID)
 	}
@@ -181,10 +191,15 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		zones[owner] = true
 	}
 	for z := range zones {
+		if stuck[z] { // its network goes with its last VM, next time
+			rep.failed(m, "orphan zone "+z, errors.New("a VM of the zone could not be deleted"))
+			continue
+		}
 		var nets []Network
 		cidrs, err := m.vnetSubnets(ctx, vnets, z)
 		if err != nil {
-			return rep, err
+			rep.failed(m, "orphan zone "+z, err)
+			continue
 		}
 		for vn, cs := range cidrs {
 			for _, c := range cs {
@@ -193,7 +208,8 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 			rep.OrphanVNets = append(rep.OrphanVNets, vn)
 		}
 		if err := m.deleteSDN(ctx, z, nets); err != nil {
-			return rep, err
+			rep.failed(m, "orphan zone "+z, err)
+			continue
 		}
 		rep.OrphanZones = append(rep.OrphanZones, z)
 	}
@@ -203,6 +219,12 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		return rep, err
 	}
 	return rep, nil
+}
+
+// failed records and logs an object reconcile could not clean up.
+func (r *ReconcileReport) failed(m *manager, what string, err error) {
+	m.log.Error("reconcile: left for the next start", "object", what, "err", err)
+	r.Failed = append(r.Failed, what)
 }
 
 // vnetSubnets returns the subnets of every vnet in zone.

@@ -336,6 +336,12 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 	if err := emu.AddPool("pve-inspect", "pve-inspectd sandboxes"); err != nil {
 		return nil, "", "", "", err
 	}
+	// As pve-access-setup does: the template's storage in the pool, so the
+	// pool's ACL reaches /storage/local-lvm (clone and resize need
+	// Datastore.AllocateSpace there).
+	if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil {
+		return nil, "", "", "", err
+	}
 	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
 		return nil, "", "", "", err
 	}
@@ -343,8 +349,8 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 	if err != nil {
 		return nil, "", "", "", err
 	}
-	// What packaging/deb/pve-access-setup grants: the pool, SDN, the node
-	// (its firewall rules) and the template.
+	// What packaging/deb/pve-access-setup grants: the pool (with the
+	// storage), SDN, the node (its firewall rules) and the template.
 	for _, a := range [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"},
 		{"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/nodes/pve", "PVESysAdmin"}, {"/", "PVEAuditor"},
 		{fmt.Sprintf("/vms/%d", templateID), "PVEVMAdmin"}} {

@@ -7,15 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
@@ -23,6 +27,17 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mgmtport"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
+
+// apiMaxConns caps the open connections of the TCP listener.
+const apiMaxConns = 256
+
+// Management is the one source of the management interfaces: the host
+// guard's classification (interfaces carrying a default route) and its
+// change subscription. *firewall.Guard implements it.
+type Management interface {
+	Management() []string
+	Subscribe() (<-chan struct{}, func())
+}
 
 // APIDeps are what the sandbox API needs from the rest of the daemon.
 type APIDeps struct {
@@ -33,141 +48,321 @@ type APIDeps struct {
 	// ZonesChanged receives the sandbox zones and their bridges: pass the
 	// host guard's SetZones.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
-	// Iface is the current default-route interface; IfaceChanges delivers
-	// new ones (may be nil). They drive the management-port rules.
-	Iface        string
-	IfaceChanges <-chan string
+	// Mgmt drives the management-port rules (may be nil: no rules).
+	Mgmt Management
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
+	// RetryMin and RetryMax bound the back-off between attempts to reach
+	// Proxmox or bind a listener (zero: 1s and 30s).
+	RetryMin, RetryMax time.Duration
 }
 
-// API is the running sandbox API of `pve-inspectd run`.
+// API is the sandbox API of `pve-inspectd run`. It is a part that never
+// ends the daemon: its listeners answer 503 `unavailable` until Proxmox has
+// been reached and the reconcile is done, and every failure (Proxmox down,
+// a state file it cannot read, a listener it cannot bind) is logged and
+// retried with back-off. The guard and the lockdown do not depend on it.
 type API struct {
-	srv      *sandboxapi.Server
-	px       *pve.Client
-	uln, tln net.Listener
-	apiPort  int
-	cfg      config.APISection
-	deps     APIDeps
-	log      *slog.Logger
+	cfg   config.Config
+	deps  APIDeps
+	log   *slog.Logger
+	ready prometheus.Gauge
+
+	local, remote gate // handlers of the unix socket and the TCP listener
+	srv           atomic.Pointer[sandboxapi.Server]
 }
 
-// StartAPI connects to Proxmox with the daemon's API token, reconciles
-// (re-attaches known sandboxes, deletes tagged orphans) and binds the unix
-// socket and, when configured, the TCP+TLS listener. Serve with Run.
-func StartAPI(ctx context.Context, cfg config.Config, log *slog.Logger, d APIDeps) (*API, error) {
-	a := cfg.API
-	secret, err := ReadTokenSecret(a.Proxmox.SecretFile)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox api: %w", err)
+// NewAPI prepares the sandbox API; it does no I/O. Serve it with Run.
+func NewAPI(cfg config.Config, log *slog.Logger, d APIDeps) (*API, error) {
+	if d.RetryMin <= 0 {
+		d.RetryMin = time.Second
 	}
-	node := a.Proxmox.Node
+	if d.RetryMax < d.RetryMin {
+		d.RetryMax = max(30*time.Second, d.RetryMin)
+	}
+	a := &API{cfg: cfg, deps: d, log: log.With("component", "sandboxapi"),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pve_inspect_sandbox_api_ready",
+			Help: "1 when the sandbox API has reached Proxmox and reconciled; 0 while it answers 503 unavailable."})}
+	if d.Registerer != nil {
+		if err := d.Registerer.Register(a.ready); err != nil {
+			return nil, fmt.Errorf("sandbox api: register metrics: %w", err)
+		}
+	}
+	a.local.set(sandboxapi.Unavailable("sandbox api starting"))
+	a.remote.set(sandboxapi.Unavailable("sandbox api starting"))
+	return a, nil
+}
+
+// Server returns the API server once it is reconciled, nil before (tests).
+func (a *API) Server() *sandboxapi.Server { return a.srv.Load() }
+
+// Run binds the listeners (503 until ready), reaches Proxmox and reconciles
+// with back-off, then serves the API, runs the reaper and the
+// management-port rules until ctx ends. It returns nil when ctx ends and
+// never fails on its own.
+func (a *API) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Add(1)
+	go func() { defer wg.Done(); a.serveLoop(ctx) }()
+	srv, px := a.connect(ctx)
+	if srv == nil {
+		return nil
+	}
+	a.srv.Store(srv)
+	a.local.set(srv.LocalHandler())
+	a.remote.set(srv.Handler())
+	a.ready.Set(1)
+	defer a.ready.Set(0)
+	a.log.Info("sandbox api ready")
+	wg.Add(1)
+	go func() { defer wg.Done(); srv.RunReaper(ctx) }()
+	if a.cfg.API.MgmtRules && a.deps.Mgmt != nil {
+		conv := mgmtport.New(px, a.apiPort(), a.log)
+		ifaces := make(chan string, 1)
+		wg.Add(2)
+		go func() { defer wg.Done(); forwardManagement(ctx, a.deps.Mgmt, ifaces) }()
+		go func() {
+			defer wg.Done()
+			conv.Run(ctx, firstIface(a.deps.Mgmt.Management()), ifaces, a.cfg.API.MgmtInterval)
+		}()
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// connect builds the server and reconciles until both succeed; nil when ctx
+// ends first.
+func (a *API) connect(ctx context.Context) (*sandboxapi.Server, *pve.Client) {
+	var (
+		srv *sandboxapi.Server
+		px  *pve.Client
+	)
+	b := backoff{min: a.deps.RetryMin, max: a.deps.RetryMax}
+	for {
+		var err error
+		if srv == nil {
+			srv, px, err = a.build()
+		}
+		if err == nil {
+			err = a.reconcile(ctx, srv)
+		}
+		if err == nil {
+			return srv, px
+		}
+		wait := b.next()
+		a.log.Warn("sandbox api unavailable; retrying", "err", err, "retry_in", wait)
+		a.local.set(sandboxapi.Unavailable("sandbox api unavailable: " + err.Error()))
+		a.remote.set(sandboxapi.Unavailable("sandbox api unavailable; the daemon's log says why"))
+		if !sleep(ctx, wait) {
+			return nil, nil
+		}
+	}
+}
+
+// build reads the Proxmox token and makes the server; no network I/O.
+func (a *API) build() (*sandboxapi.Server, *pve.Client, error) {
+	cfg, d := a.cfg, a.deps
+	ac := cfg.API
+	secret, err := ReadTokenSecret(ac.Proxmox.SecretFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	node := ac.Proxmox.Node
 	if node == "" {
 		node = cfg.Node.ID
 	}
-	caFile := a.Proxmox.CAFile
-	if caFile != "" {
-		if _, err := os.Stat(caFile); err != nil {
-			return nil, fmt.Errorf("sandbox api: proxmox CA: %w", err)
+	if ac.Proxmox.CAFile != "" {
+		if _, err := os.Stat(ac.Proxmox.CAFile); err != nil {
+			return nil, nil, fmt.Errorf("proxmox CA: %w", err)
 		}
 	}
-	px, err := pve.New(pve.Options{URL: a.Proxmox.URL, TokenID: a.Proxmox.TokenID, Secret: secret, Node: node, RootCAFile: caFile})
+	px, err := pve.New(pve.Options{URL: ac.Proxmox.URL, TokenID: ac.Proxmox.TokenID, Secret: secret, Node: node, RootCAFile: ac.Proxmox.CAFile})
 	if err != nil {
-		return nil, fmt.Errorf("sandbox api: %w", err)
+		return nil, nil, fmt.Errorf("proxmox client: %w", err)
+	}
+	pool, err := netip.ParsePrefix(ac.AutoCIDRPool)
+	if err != nil {
+		return nil, nil, fmt.Errorf("auto_cidr_pool: %w", err)
 	}
 	srv, err := sandboxapi.New(sandboxapi.Options{
 		Node:      cfg.Node.ID,
 		Proxmox:   px,
 		Guests:    d.Guests,
 		Checker:   d.Checker,
-		Tokens:    auth.Open(a.TokenFile),
-		QGADir:    a.QGADir,
-		Pool:      a.Pool,
-		Templates: a.Templates,
-		StateDir:  a.StateDir,
-		Caps: sandboxapi.Caps{SandboxVCPUs: a.Caps.SandboxVCPUs, SandboxMemoryMiB: a.Caps.SandboxMemoryMiB, SandboxVMs: a.Caps.SandboxVMs,
-			NodeVCPUs: a.Caps.NodeVCPUs, NodeMemoryMiB: a.Caps.NodeMemoryMiB, NodeVMs: a.Caps.NodeVMs, NodeSandboxes: a.Caps.NodeSandboxes},
-		DefaultTTL:     a.DefaultTTL,
-		MaxTTL:         a.MaxTTL,
-		ReaperInterval: a.ReaperInterval,
-		MaxFileBytes:   a.MaxFileBytes,
-		AutoCIDRPool:   netip.MustParsePrefix(a.AutoCIDRPool),
-		AutoCIDRBits:   a.AutoCIDRBits,
-		AgentTimeout:   a.AgentTimeout,
+		Tokens:    auth.Open(ac.TokenFile),
+		QGADir:    ac.QGADir,
+		Pool:      ac.Pool,
+		Templates: ac.Templates,
+		StateDir:  ac.StateDir,
+		Caps: sandboxapi.Caps{SandboxVCPUs: ac.Caps.SandboxVCPUs, SandboxMemoryMiB: ac.Caps.SandboxMemoryMiB, SandboxVMs: ac.Caps.SandboxVMs,
+			NodeVCPUs: ac.Caps.NodeVCPUs, NodeMemoryMiB: ac.Caps.NodeMemoryMiB, NodeVMs: ac.Caps.NodeVMs, NodeSandboxes: ac.Caps.NodeSandboxes},
+		DefaultTTL:     ac.DefaultTTL,
+		MaxTTL:         ac.MaxTTL,
+		ReaperInterval: ac.ReaperInterval,
+		MaxFileBytes:   ac.MaxFileBytes,
+		AutoCIDRPool:   pool,
+		AutoCIDRBits:   ac.AutoCIDRBits,
+		AgentTimeout:   ac.AgentTimeout,
 		ZonesChanged:   d.ZonesChanged,
 		Registerer:     d.Registerer,
-		Logger:         log,
+		Logger:         a.log,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	rep, err := srv.Reconcile(rctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("sandbox api: reconcile: %w", err)
-	}
-	log.Info("sandbox api reconciled", "component", "sandboxapi", "reattached", len(rep.Reattached), "torn_down", len(rep.TornDown),
-		"orphan_vms", rep.OrphanVMs, "orphan_zones", rep.OrphanZones)
-
-	mode, _ := a.SocketFileMode()
-	api := &API{srv: srv, px: px, cfg: a, deps: d, log: log}
-	api.uln, err = sandboxapi.ListenUnix(a.Socket, a.SocketGroup, os.FileMode(mode))
-	if err != nil {
-		return nil, fmt.Errorf("sandbox api: %w", err)
-	}
-	if a.Listen != "" {
-		tlsCfg, err := sandboxapi.TLSConfig(a.TLSCert, a.TLSKey)
-		if err != nil {
-			api.uln.Close()
-			return nil, fmt.Errorf("sandbox api: %w", err)
-		}
-		l, err := net.Listen("tcp", a.Listen)
-		if err != nil {
-			api.uln.Close()
-			return nil, fmt.Errorf("sandbox api: %w", err)
-		}
-		_, port, _ := net.SplitHostPort(a.Listen)
-		api.apiPort, _ = strconv.Atoi(port)
-		api.tln = tls.NewListener(l, tlsCfg)
-	}
-	return api, nil
+	return srv, px, nil
 }
 
-// Server returns the API server (for tests).
-func (a *API) Server() *sandboxapi.Server { return a.srv }
-
-// Run serves the API, runs the reaper and the management-port rules
-// converger until ctx ends or a listener fails.
-func (a *API) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+// reconcile runs one reconcile, bounded so a hung Proxmox is retried.
+func (a *API) reconcile(ctx context.Context, srv *sandboxapi.Server) error {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 2)
-	wg.Add(1)
-	go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, a.uln, a.srv.LocalHandler()) }()
-	if a.tln != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); errc <- sandboxapi.Serve(ctx, a.tln, a.srv.Handler()) }()
+	rep, err := srv.Reconcile(rctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); a.srv.RunReaper(ctx) }()
-	if a.cfg.MgmtRules {
-		conv := mgmtport.New(a.px, a.apiPort, a.log)
-		wg.Add(1)
-		go func() { defer wg.Done(); conv.Run(ctx, a.deps.Iface, a.deps.IfaceChanges, a.cfg.MgmtInterval) }()
+	a.log.Info("sandbox api reconciled", "reattached", len(rep.Reattached), "torn_down", len(rep.TornDown),
+		"orphan_vms", rep.OrphanVMs, "orphan_zones", rep.OrphanZones, "failed", rep.Failed)
+	return nil
+}
+
+// serveLoop binds the listeners and serves the gates until ctx ends; a
+// listener that cannot be bound or fails is retried with back-off.
+func (a *API) serveLoop(ctx context.Context) {
+	b := backoff{min: a.deps.RetryMin, max: a.deps.RetryMax}
+	for {
+		err := a.serveOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := b.next()
+		a.log.Error("sandbox api listener; retrying", "err", err, "retry_in", wait)
+		if !sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// serveOnce binds the unix socket and (when configured) the TCP+TLS
+// listener and serves both until ctx ends or one fails.
+func (a *API) serveOnce(ctx context.Context) error {
+	ac := a.cfg.API
+	mode, _ := ac.SocketFileMode()
+	uln, err := sandboxapi.ListenUnix(ac.Socket, ac.SocketGroup, os.FileMode(mode))
+	if err != nil {
+		return err
+	}
+	lns := []net.Listener{uln}
+	handlers := []http.Handler{&a.local}
+	if ac.Listen != "" {
+		tlsCfg, err := sandboxapi.TLSConfig(ac.TLSCert, ac.TLSKey)
+		if err != nil {
+			uln.Close()
+			return err
+		}
+		var lc net.ListenConfig
+		l, err := lc.Listen(ctx, "tcp", ac.Listen)
+		if err != nil {
+			uln.Close()
+			return fmt.Errorf("listen %s: %w", ac.Listen, err)
+		}
+		// Capped: a client on the management network cannot hold more
+		// connections than this; the unix socket is for the node's own
+		// users and is not capped.
+		lns = append(lns, tls.NewListener(netutil.LimitListener(l, apiMaxConns), tlsCfg))
+		handlers = append(handlers, &a.remote)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(lns))
+	for i, ln := range lns {
+		go func() { errc <- sandboxapi.Serve(sctx, ln, handlers[i]) }()
 	}
 	var first error
+	for range lns {
+		err := <-errc
+		cancel() // one ended: stop the other
+		if first == nil && err != nil && !errors.Is(err, net.ErrClosed) {
+			first = err
+		}
+	}
+	if first == nil && ctx.Err() == nil {
+		first = errors.New("listener stopped")
+	}
+	return first
+}
+
+// apiPort is the TCP port of api.listen (0 without one).
+func (a *API) apiPort() int {
+	_, port, _ := net.SplitHostPort(a.cfg.API.Listen)
+	n, _ := strconv.Atoi(port)
+	return n
+}
+
+// forwardManagement sends the first management interface to out whenever
+// the guard's classification changes it; it ends with ctx.
+func forwardManagement(ctx context.Context, m Management, out chan string) {
+	sub, unsub := m.Subscribe()
+	defer unsub()
+	last := firstIface(m.Management())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sub:
+			cur := firstIface(m.Management())
+			if cur == last || cur == "" {
+				continue
+			}
+			last = cur
+			select { // keep only the newest
+			case <-out:
+			default:
+			}
+			out <- cur
+		}
+	}
+}
+
+func firstIface(m []string) string {
+	if len(m) > 0 {
+		return m[0]
+	}
+	return ""
+}
+
+// gate is an http.Handler whose target can be swapped while serving.
+type gate struct{ h atomic.Pointer[http.Handler] }
+
+func (g *gate) set(h http.Handler) { g.h.Store(&h) }
+
+func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) { (*g.h.Load()).ServeHTTP(w, r) }
+
+// backoff doubles from min to max, with up to 20% jitter.
+type backoff struct{ min, max, cur time.Duration }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur + time.Duration(rand.Int64N(int64(b.cur)/5+1))
+}
+
+// sleep waits d or until ctx ends; false when ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case first = <-errc:
+		return false
+	case <-t.C:
+		return true
 	}
-	cancel()
-	wg.Wait()
-	if first != nil && !errors.Is(first, net.ErrClosed) {
-		return fmt.Errorf("sandbox api: %w", first)
-	}
-	return nil
 }
 
 // ReadTokenSecret reads a Proxmox API token secret: the plain value, or

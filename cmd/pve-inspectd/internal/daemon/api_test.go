@@ -3,8 +3,10 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -42,10 +45,19 @@ func TestReadTokenSecret(t *testing.T) {
 	}
 }
 
-// TestStartAPI wires the sandbox API from the configuration against the
-// Proxmox emulator (plain HTTP here; the daemon uses the node CA) and
-// serves it on the configured unix socket.
-func TestStartAPI(t *testing.T) {
+// pveBed is the Proxmox emulator behind an address that is first down
+// (nothing listens) and comes up with up.
+type pveBed struct {
+	addr   string
+	emu    *pveemu.Server
+	ts     *httptest.Server
+	id     string
+	secret string
+	run    string
+}
+
+func newPVEBed(t *testing.T) *pveBed {
+	t.Helper()
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	_ = os.MkdirAll(run, 0o755)
@@ -54,14 +66,39 @@ func TestStartAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(emu)
-	t.Cleanup(func() { ts.Close(); _ = emu.Close(); _ = fb.Close() })
+	t.Cleanup(func() { _ = emu.Close(); _ = fb.Close() })
 	id, secret, err := emu.RootToken("daemon")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An address nobody listens on: bound once to pick a free port, closed.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return &pveBed{addr: addr, emu: emu, id: id, secret: secret, run: run}
+}
+
+// up starts serving the emulator on the bed's address.
+func (b *pveBed) up(t *testing.T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", b.addr)
+	if err != nil {
+		t.Fatalf("bring proxmox up on %s: %v", b.addr, err)
+	}
+	b.ts = httptest.NewUnstartedServer(b.emu)
+	b.ts.Listener = ln
+	b.ts.Start()
+	t.Cleanup(b.ts.Close)
+}
+
+// config is an [api] configuration against the bed, with its files in dir.
+func (b *pveBed) config(t *testing.T, dir string) config.Config {
+	t.Helper()
 	secretFile := filepath.Join(dir, "pve-token")
-	if err := os.WriteFile(secretFile, []byte(`{"full-tokenid":"`+id+`","value":"`+secret+`"}`), 0o600); err != nil {
+	if err := os.WriteFile(secretFile, []byte(`{"full-tokenid":"`+b.id+`","value":"`+b.secret+`"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := config.Parse(`
@@ -72,25 +109,72 @@ enabled = true
 socket = "` + filepath.Join(dir, "api.sock") + `"
 state_dir = "` + filepath.Join(dir, "state") + `"
 token_file = "` + filepath.Join(dir, "tokens.json") + `"
-qga_dir = "` + run + `"
+qga_dir = "` + b.run + `"
 mgmt_interval = "1h"
 [api.proxmox]
-url = "` + ts.URL + `/api2/json"
-token_id = "` + id + `"
+url = "http://` + b.addr + `/api2/json"
+token_id = "` + b.id + `"
 secret_file = "` + secretFile + `"
 ca_file = ""
 `)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	api, err := StartAPI(ctx, cfg, log, APIDeps{Guests: nil, Iface: "mgmt0"})
-	if err == nil || !strings.Contains(err.Error(), "Guests") {
-		t.Fatalf("missing guest dialer accepted: %v", err)
+	return cfg
+}
+
+// nodeRules counts the node firewall rules in the emulator.
+func (b *pveBed) nodeRules() int {
+	req, _ := http.NewRequest("GET", b.ts.URL+"/api2/json/nodes/pve/firewall/rules", nil)
+	req.Header.Set("Authorization", "PVEAPIToken="+b.id+"="+b.secret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return -1
 	}
-	api, err = StartAPI(ctx, cfg, log, APIDeps{Guests: apitest.NewGuests().Dial, Iface: "mgmt0"})
+	defer resp.Body.Close()
+	var env struct {
+		Data []map[string]any `json:"data"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&env)
+	return len(env.Data)
+}
+
+// staticMgmt is a Management with one fixed interface.
+type staticMgmt string
+
+func (s staticMgmt) Management() []string { return []string{string(s)} }
+func (staticMgmt) Subscribe() (<-chan struct{}, func()) {
+	return make(chan struct{}), func() {}
+}
+
+// waitFor polls cond every 20ms until it holds or a minute passes.
+func waitFor(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAPIProxmoxDownAtStart starts the sandbox API while nothing listens
+// at the Proxmox address: Run does not fail, the unix socket answers 503
+// `unavailable`, and once Proxmox comes up the API reconciles, answers
+// healthy and converges the management-port rules. Stopping removes the
+// socket.
+func TestAPIProxmoxDownAtStart(t *testing.T) {
+	bed := newPVEBed(t)
+	cfg := bed.config(t, t.TempDir())
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	api, err := NewAPI(cfg, log, APIDeps{Guests: apitest.NewGuests().Dial, Mgmt: staticMgmt("mgmt0"), RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,45 +182,64 @@ ca_file = ""
 	done := make(chan error, 1)
 	go func() { done <- api.Run(rctx) }()
 	c := client.NewUnix(cfg.API.Socket)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		hl, err := c.Health(ctx)
-		if err == nil && hl.Status == "ok" {
-			break
+	waitFor(t, "503 while proxmox is down", func() error {
+		_, err := c.Health(ctx)
+		if client.IsProblem(err, sandboxapi.ProblemUnavailable) && strings.Contains(err.Error(), "connection refused") {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("health: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return fmt.Errorf("want unavailable naming the refused connection, got %v", err)
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Run ended while proxmox was down: %v", err)
+	default:
 	}
-	// the management-port rules were converged through the emulator
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		var rules []map[string]any
-		req, _ := http.NewRequest("GET", ts.URL+"/api2/json/nodes/pve/firewall/rules", nil)
-		req.Header.Set("Authorization", "PVEAPIToken="+id+"="+secret)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			var env struct {
-				Data []map[string]any `json:"data"`
-			}
-			_ = json.NewDecoder(resp.Body).Decode(&env)
-			resp.Body.Close()
-			rules = env.Data
+	bed.up(t)
+	waitFor(t, "healthy once proxmox is up", func() error {
+		h, err := c.Health(ctx)
+		if err == nil && h.Status != "ok" {
+			err = fmt.Errorf("status %q", h.Status)
 		}
-		if len(rules) == 5 {
-			break
+		return err
+	})
+	waitFor(t, "management rules", func() error {
+		if n := bed.nodeRules(); n != 5 {
+			return fmt.Errorf("%d node rules, want 5", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("management rules: %v", rules)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	rcancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(cfg.API.Socket); !os.IsNotExist(err) {
 		t.Errorf("socket left after Run: %v", err)
+	}
+}
+
+// TestAPIMissingGuestsRetried: a server that cannot be built (no guest
+// dialer) leaves the API answering 503 with the reason; Run keeps going.
+func TestAPIMissingGuestsRetried(t *testing.T) {
+	bed := newPVEBed(t)
+	bed.up(t)
+	cfg := bed.config(t, t.TempDir())
+	api, err := NewAPI(cfg, slog.New(slog.DiscardHandler), APIDeps{RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Run(ctx) }()
+	c := client.NewUnix(cfg.API.Socket)
+	waitFor(t, "503 naming the missing dialer", func() error {
+		_, err := c.Health(ctx)
+		if client.IsProblem(err, sandboxapi.ProblemUnavailable) && strings.Contains(err.Error(), "Guests") {
+			return nil
+		}
+		return fmt.Errorf("got %v", err)
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

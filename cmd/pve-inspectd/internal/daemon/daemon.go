@@ -1,14 +1,14 @@
 // Package daemon wires the parts of `pve-inspectd run`: the host guard, the
-// egress lockdown with its halt, the metrics listener, systemd notification
-// (READY, WATCHDOG, STOPPING) and (later) the sandbox API. Each part gets its
-// config and a logger with a component attribute; the order of start-up is the order of trust: nothing
-// is served and nothing is reported ready before the guard is verified in
-// force.
+// egress lockdown with its halt, the metrics listener, the sandbox API and
+// systemd notification (READY, WATCHDOG, STOPPING). Each part gets its
+// config and a logger with a component attribute; the order of start-up is
+// the order of trust: nothing is served and nothing is reported ready
+// before the guard is verified in force. See Daemon.Run for the parts, how
+// one is added, and the shutdown order.
 package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
@@ -68,240 +69,276 @@ type Daemon struct {
 	// MetricsAddr, when non-nil, receives the bound metrics address (tests,
 	// listen port 0).
 	MetricsAddr func(net.Addr)
+	// APIRetry, when non-zero, is the first back-off of the sandbox API's
+	// attempts to reach Proxmox (tests; default 1s doubling to 30s).
+	APIRetry time.Duration
+	// API, when non-nil, receives the sandbox API part once built (tests).
+	API func(*API)
+}
+
+// run is the state of one Daemon.Run shared by the start functions.
+type run struct {
+	d     *Daemon
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	guard *firewall.Guard
+	ctl   *lockdown.Controller
+	lopt  lockdown.Options
+	parts *parts
 }
 
 // Run starts every part, reports readiness, and blocks until ctx is done or
 // a part fails. The guard's table stays in the kernel when Run returns.
+//
+// Parts start in this order, each by one start function that brings the
+// part into force (a failure stops the parts already started and ends Run)
+// and hands its loop to the errgroup:
+//
+//  1. guard: table in force and verified;
+//  2. lockdown: first reconcile done (the halt within it);
+//  3. metrics: listener bound;
+//  4. sandbox API: started in the background and never failing; it answers
+//     503 until Proxmox is reachable, so neither the guard nor the lockdown
+//     ever waits on Proxmox;
+//
+// then READY=1, then the watchdog. Adding a part is adding one start
+// function to the list in Run.
+//
+// Shutdown, when ctx ends or any part fails: the watchdog stops (no ping
+// after STOPPING=1), STOPPING=1 is sent, then the parts stop one at a time
+// in reverse start order, each waited for before the next: API, metrics,
+// lockdown, guard. The guard's loop stops last and only between two applied
+// states (each apply is one nftables batch), so its table is never left
+// half-built; the table persists by design, and Close only releases the
+// netlink sockets.
 func (d *Daemon) Run(ctx context.Context) error {
 	log := d.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	// 1. Host guard: in force and verified before anything else. A restart
-	//    while the lockdown is asked for starts it with the lockdown on, so
-	//    adopting the orphaned table never empties the lockdown sets.
-	lopt := LockdownOptions(d.Config.Lockdown)
-	initial := StartSwitches(lopt.Marker, lopt.StateFile)
-	guard, err := firewall.New(GuardConfig(d.Config.Guard),
-		append([]firewall.Option{firewall.WithLogger(log), firewall.WithSwitches(initial)}, d.GuardOptions...)...)
-	if err != nil {
-		return fmt.Errorf("guard: %w", err)
-	}
-	defer guard.Close()
-	if err := guard.Start(ctx); err != nil {
-		return fmt.Errorf("guard: %w", err)
-	}
-	if err := guard.Verify(ctx); err != nil {
-		return fmt.Errorf("guard not in force: %w", err)
-	}
-
-	reg := prometheus.NewRegistry()
-	if err := reg.Register(guard.Collector()); err != nil {
-		return fmt.Errorf("metrics: %w", err)
-	}
-	errc := make(chan error, 8)
-	running := 0
-	var stops []func() // run in reverse order when a part ends or ctx is done
-
-	// 2. Egress lockdown: marker-gated, with the fail-deadly halt. Its first
-	//    reconcile happens before readiness.
-	halter, err := halt.New(HaltConfig(d.Config.Halt), log, reg)
-	if err != nil {
-		return fmt.Errorf("halt: %w", err)
-	}
-	lmetrics, err := lockdown.NewMetrics(reg)
-	if err != nil {
-		return fmt.Errorf("lockdown metrics: %w", err)
-	}
-	lopt.Guard, lopt.Halter, lopt.Metrics, lopt.Logger = guard, halter, lmetrics, log
-	ctl, err := lockdown.New(lopt)
-	if err != nil {
-		return fmt.Errorf("lockdown: %w", err)
-	}
-	running++
-	go func() {
-		err := ctl.Run(ctx)
-		if err != nil {
-			err = fmt.Errorf("lockdown: %w", err)
-		}
-		errc <- err
-	}()
-	select {
-	case <-ctl.Synced():
-	case err := <-errc:
-		if err == nil {
-			err = errors.New("lockdown: stopped before its first reconcile")
-		}
-		return err
-	case <-ctx.Done():
-		cancel()
-		<-errc
-		return ctx.Err()
-	}
-
-	// 3. Metrics.
-	if addr := d.Config.Metrics.Listen; addr != "" {
-		var lc net.ListenConfig
-		ln, err := lc.Listen(ctx, "tcp", addr)
-		if err != nil {
-			return fmt.Errorf("metrics: listen %s: %w", addr, err)
-		}
-		if d.MetricsAddr != nil {
-			d.MetricsAddr(ln.Addr())
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		running++
-		go func() {
-			err := srv.Serve(ln)
-			if errors.Is(err, http.ErrServerClosed) {
-				err = nil
-			}
-			errc <- fmt.Errorf("metrics: %w", err)
-		}()
-		stops = append(stops, func() {
-			sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer scancel()
-			_ = srv.Shutdown(sctx)
-		})
-		log.Info("metrics listening", "component", "metrics", "addr", ln.Addr().String())
-	}
-
-	// 4. Sandbox API: Proxmox through the daemon's pool-limited token,
-	//    guest I/O straight to the agent sockets, the containment check.
-	if d.Config.API.Enabled {
-		qc := qga.New(qga.Options{})
-		chk := NewChecker(d.Config, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
-		ifaces := make(chan string, 1)
-		sub, unsub := guard.Subscribe()
-		stops = append(stops, unsub)
-		first := func() string {
-			if m := guard.Management(); len(m) > 0 {
-				return m[0]
-			}
-			return ""
-		}
-		running++
-		go func() { // forwards default-route interface changes; ends with ctx
-			last := first()
-			for {
-				select {
-				case <-ctx.Done():
-					errc <- nil
-					return
-				case <-sub:
-					if cur := first(); cur != last && cur != "" {
-						last = cur
-						select {
-						case ifaces <- cur:
-						default:
-						}
-					}
-				}
-			}
-		}()
-		api, err := StartAPI(ctx, d.Config, log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: guard.SetZones,
-			Iface: first(), IfaceChanges: ifaces, Registerer: reg})
-		if err != nil {
-			cancel()
-			for i := len(stops) - 1; i >= 0; i-- {
-				stops[i]()
-			}
-			for ; running > 0; running-- {
-				<-errc
-			}
+	g, gctx := errgroup.WithContext(ctx)
+	r := &run{d: d, log: log, reg: prometheus.NewRegistry(), parts: &parts{g: g, base: context.WithoutCancel(ctx)}}
+	starts := []func(context.Context) error{r.startGuard, r.startLockdown, r.startMetrics, r.startAPI}
+	for _, start := range starts {
+		if err := start(gctx); err != nil {
+			r.parts.stop()
+			_ = g.Wait()
 			return err
 		}
-		running++
-		go func() {
-			err := api.Run(ctx)
-			if err != nil {
-				err = fmt.Errorf("sandbox api: %w", err)
-			}
-			errc <- err
-		}()
 	}
-
-	running++
-	go func() {
-		err := guard.Run(ctx)
-		if err != nil {
-			err = fmt.Errorf("guard: %w", err)
-		}
-		errc <- err
-	}()
-
-	// 5. Ready: every part above is in force.
 	if d.Ready != nil {
 		d.Ready()
 	}
-	stopWatchdog := func() {}
-	if d.Notify != nil {
-		if err := d.Notify.Notify(notifyReady); err != nil {
-			log.Error("cannot report readiness to systemd", "component", "daemon", "err", err)
-		}
-		// 6. Watchdog: pings only while the health check passes: the
-		//    guard's table verified (a wedged guard loop holds the lock
-		//    Verify needs, so it blocks and no ping goes out) and the
-		//    lockdown's loop publishing states.
-		health := func(ctx context.Context) error {
-			if err := guard.Verify(ctx); err != nil {
-				return fmt.Errorf("guard: %w", err)
-			}
-			return lockdownFresh(ctl.State(), time.Now(), lopt.Reassert)
-		}
-		if every, err := d.Notify.WatchdogInterval(); err != nil {
-			log.Error("watchdog disabled", "component", "daemon", "err", err)
-		} else if every > 0 {
-			w := &watchdog{notify: d.Notify, period: every / 2, check: health, log: log}
-			wctx, wcancel := context.WithCancel(ctx)
-			wdone := make(chan struct{})
-			go func() {
-				defer close(wdone)
-				w.run(wctx)
-			}()
-			// Stopped before STOPPING=1 is sent, so no ping follows it. A
-			// watchdog stuck in a wedged guard's Verify is not waited for
-			// long: the process is ending anyway.
-			stopWatchdog = func() {
-				wcancel()
-				select {
-				case <-wdone:
-				case <-time.After(5 * time.Second):
-					log.Warn("watchdog still in its health check at stop", "component", "daemon")
-				}
-			}
-			log.Info("watchdog armed", "component", "daemon", "timeout", every, "ping_every", every/2)
-		}
-	}
+	stopWatchdog := r.startWatchdog()
 	log.Info("ready", "component", "daemon")
 
-	var first error
-	select {
-	case <-ctx.Done():
-	case first = <-errc:
-		running--
-		// A part that ends with nil because ctx is done is a normal stop.
-		if first == nil && ctx.Err() == nil {
-			first = errors.New("a part stopped unexpectedly")
-		}
-	}
+	<-gctx.Done()
 	stopWatchdog()
 	if d.Notify != nil {
 		if err := d.Notify.Notify(notifyStopping); err != nil {
 			log.Warn("cannot report stopping to systemd", "component", "daemon", "err", err)
 		}
 	}
-	cancel()
-	for i := len(stops) - 1; i >= 0; i-- {
-		stops[i]()
+	r.parts.stop()
+	return g.Wait()
+}
+
+// parts runs the loops of the started parts, each with a context of its
+// own so they can be stopped one at a time in reverse order.
+type parts struct {
+	g     *errgroup.Group
+	base  context.Context // carries ctx's values, not its cancellation
+	stops []func()        // in start order
+}
+
+// Go runs loop until the part is stopped. A loop that returns on its own,
+// even with nil, is a failure that stops the daemon.
+func (p *parts) Go(name string, loop func(context.Context) error) {
+	ctx, cancel := context.WithCancel(p.base)
+	done := make(chan struct{})
+	p.stops = append(p.stops, func() { cancel(); <-done })
+	p.g.Go(func() error {
+		defer close(done)
+		err := loop(ctx)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s: %w", name, err)
+		case ctx.Err() == nil:
+			return fmt.Errorf("%s: stopped unexpectedly", name)
+		}
+		return nil
+	})
+}
+
+// OnStop registers a clean-up run in reverse start order with the loops.
+func (p *parts) OnStop(f func()) { p.stops = append(p.stops, f) }
+
+// stop stops every part in reverse start order, each waited for.
+func (p *parts) stop() {
+	for i := len(p.stops) - 1; i >= 0; i-- {
+		p.stops[i]()
 	}
-	for ; running > 0; running-- {
-		<-errc
+	p.stops = nil
+}
+
+// startGuard brings the host guard into force. A restart while the lockdown
+// is asked for starts it with the lockdown on, so adopting the orphaned
+// table never empties the lockdown sets.
+func (r *run) startGuard(ctx context.Context) error {
+	r.lopt = LockdownOptions(r.d.Config.Lockdown)
+	initial := StartSwitches(r.lopt.Marker, r.lopt.StateFile)
+	guard, err := firewall.New(GuardConfig(r.d.Config.Guard),
+		append([]firewall.Option{firewall.WithLogger(r.log), firewall.WithSwitches(initial)}, r.d.GuardOptions...)...)
+	if err != nil {
+		return fmt.Errorf("guard: %w", err)
 	}
-	return first
+	if err := guard.Start(ctx); err != nil {
+		guard.Close()
+		return fmt.Errorf("guard: %w", err)
+	}
+	if err := guard.Verify(ctx); err != nil {
+		guard.Close()
+		return fmt.Errorf("guard not in force: %w", err)
+	}
+	if err := r.reg.Register(guard.Collector()); err != nil {
+		guard.Close()
+		return fmt.Errorf("metrics: %w", err)
+	}
+	r.guard = guard
+	r.parts.OnStop(func() { guard.Close() }) // after the loop below has stopped
+	r.parts.Go("guard", guard.Run)
+	return nil
+}
+
+// startLockdown starts the marker-gated egress lockdown with its
+// fail-deadly halt and waits for its first reconcile.
+func (r *run) startLockdown(ctx context.Context) error {
+	halter, err := halt.New(HaltConfig(r.d.Config.Halt), r.log, r.reg)
+	if err != nil {
+		return fmt.Errorf("halt: %w", err)
+	}
+	lmetrics, err := lockdown.NewMetrics(r.reg)
+	if err != nil {
+		return fmt.Errorf("lockdown metrics: %w", err)
+	}
+	r.lopt.Guard, r.lopt.Halter, r.lopt.Metrics, r.lopt.Logger = r.guard, halter, lmetrics, r.log
+	ctl, err := lockdown.New(r.lopt)
+	if err != nil {
+		return fmt.Errorf("lockdown: %w", err)
+	}
+	r.ctl = ctl
+	r.parts.Go("lockdown", ctl.Run)
+	select {
+	case <-ctl.Synced():
+		return nil
+	case <-ctx.Done(): // the lockdown (or another part) ended, or Run's ctx
+		return fmt.Errorf("lockdown: stopped before its first reconcile: %w", context.Cause(ctx))
+	}
+}
+
+// startMetrics binds the metrics listener.
+func (r *run) startMetrics(ctx context.Context) error {
+	addr := r.d.Config.Metrics.Listen
+	if addr == "" {
+		return nil
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics: listen %s: %w", addr, err)
+	}
+	if r.d.MetricsAddr != nil {
+		r.d.MetricsAddr(ln.Addr())
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	r.parts.Go("metrics", func(ctx context.Context) error {
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+			<-errc
+			return nil
+		}
+	})
+	r.log.Info("metrics listening", "component", "metrics", "addr", ln.Addr().String())
+	return nil
+}
+
+// startAPI starts the sandbox API in the background: Proxmox through the
+// daemon's pool-limited token, guest I/O straight to the agent sockets, the
+// containment check. It only fails on a programming error (metrics).
+func (r *run) startAPI(context.Context) error {
+	cfg := r.d.Config
+	if !cfg.API.Enabled {
+		return nil
+	}
+	qc := qga.New(qga.Options{})
+	ctl := r.ctl
+	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
+	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.guard.SetZones,
+		Mgmt: r.guard, Registerer: r.reg, RetryMin: r.d.APIRetry})
+	if err != nil {
+		return err
+	}
+	if r.d.API != nil {
+		r.d.API(api)
+	}
+	r.parts.Go("sandbox api", api.Run)
+	return nil
+}
+
+// startWatchdog sends READY=1 and arms the watchdog; it returns the stop of
+// the watchdog. The watchdog pings only while the health check passes: the
+// guard's table verified (a wedged guard loop holds the lock Verify needs,
+// so it blocks and no ping goes out) and the lockdown's loop publishing
+// states.
+func (r *run) startWatchdog() (stop func()) {
+	d, log := r.d, r.log
+	if d.Notify == nil {
+		return func() {}
+	}
+	if err := d.Notify.Notify(notifyReady); err != nil {
+		log.Error("cannot report readiness to systemd", "component", "daemon", "err", err)
+	}
+	every, err := d.Notify.WatchdogInterval()
+	if err != nil {
+		log.Error("watchdog disabled", "component", "daemon", "err", err)
+		return func() {}
+	}
+	if every <= 0 {
+		return func() {}
+	}
+	health := func(ctx context.Context) error {
+		if err := r.guard.Verify(ctx); err != nil {
+			return fmt.Errorf("guard: %w", err)
+		}
+		return lockdownFresh(r.ctl.State(), time.Now(), r.lopt.Reassert)
+	}
+	w := &watchdog{notify: d.Notify, period: every / 2, check: health, log: log}
+	wctx, wcancel := context.WithCancel(context.Background())
+	wdone := make(chan struct{})
+	go func() {
+		defer close(wdone)
+		w.run(wctx)
+	}()
+	log.Info("watchdog armed", "component", "daemon", "timeout", every, "ping_every", every/2)
+	// Stopped before STOPPING=1 is sent, so no ping follows it. A watchdog
+	// stuck in a wedged guard's Verify is not waited for long: the process
+	// is ending anyway.
+	return func() {
+		wcancel()
+		select {
+		case <-wdone:
+		case <-time.After(5 * time.Second):
+			log.Warn("watchdog still in its health check at stop", "component", "daemon")
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
 // newNS creates a named network namespace for one test, removed by its
@@ -51,6 +54,20 @@ func newNS(t *testing.T) netns.NsHandle {
 	return ns
 }
 
+// testParts points the guard, lockdown and halt of cfg at files of the
+// test's own (no marker: the lockdown is lifted) and turns metrics off.
+func testParts(t *testing.T, cfg *config.Config) {
+	cfg.Metrics.Listen = ""
+	cfg.Guard.StateDir = t.TempDir()
+	dir := t.TempDir()
+	cfg.Lockdown.Marker = filepath.Join(dir, "marker")
+	cfg.Lockdown.Resolver = filepath.Join(dir, "resolv.conf")
+	cfg.Lockdown.BackupDir = dir
+	cfg.Lockdown.StateFile = filepath.Join(dir, "lockdown.json")
+	cfg.Halt.StateFile = filepath.Join(dir, "halted")
+	cfg.Halt.Units = []string{"pve-inspectd-test-none.service"}
+}
+
 // sdRecorder is a Notifier with a watchdog, recording what it is sent.
 type sdRecorder struct {
 	fakeNotifier
@@ -65,16 +82,7 @@ func (r *sdRecorder) WatchdogInterval() (time.Duration, error) { return r.every,
 func TestRunNotifies(t *testing.T) {
 	ns := newNS(t)
 	cfg := config.Default()
-	cfg.Metrics.Listen = ""
-	cfg.Guard.StateDir = t.TempDir()
-	// The lockdown works on files of the test's own (no marker: lifted).
-	dir := t.TempDir()
-	cfg.Lockdown.Marker = filepath.Join(dir, "marker")
-	cfg.Lockdown.Resolver = filepath.Join(dir, "resolv.conf")
-	cfg.Lockdown.BackupDir = dir
-	cfg.Lockdown.StateFile = filepath.Join(dir, "lockdown.json")
-	cfg.Halt.StateFile = filepath.Join(dir, "halted")
-	cfg.Halt.Units = []string{"pve-inspectd-test-none.service"}
+	testParts(t, &cfg)
 	n := &sdRecorder{fakeNotifier: fakeNotifier{pings: make(chan struct{}, 1)}, every: 200 * time.Millisecond}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -133,5 +141,74 @@ func TestRunNotifies(t *testing.T) {
 		if s != "WATCHDOG=1" {
 			t.Fatalf("between READY and STOPPING: %q", s)
 		}
+	}
+}
+
+// TestRunProxmoxDownAtStart runs the whole daemon while nothing listens at
+// the Proxmox address: READY comes with the guard's table in force and the
+// lockdown reconciled, the API answers 503 `unavailable`, and once Proxmox
+// comes up the API answers healthy without a restart.
+func TestRunProxmoxDownAtStart(t *testing.T) {
+	ns := newNS(t)
+	bed := newPVEBed(t)
+	cfg := bed.config(t, t.TempDir())
+	testParts(t, &cfg)
+	cfg.API.MgmtRules = false
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	atReady := make(chan error, 1)
+	var api *API
+	d := &Daemon{
+		Config:       cfg,
+		GuardOptions: []firewall.Option{firewall.WithNetNS(ns)},
+		APIRetry:     50 * time.Millisecond,
+		API:          func(a *API) { api = a },
+		Ready: func() {
+			st, err := firewall.Inspect(ctx, GuardConfig(cfg.Guard), firewall.WithNetNS(ns))
+			if err == nil && (!st.Present || len(st.Drifts) > 0) {
+				err = &firewall.DriftError{Drifts: st.Drifts}
+			}
+			if err == nil {
+				_, err = os.Stat(cfg.Lockdown.StateFile) // the lockdown published its first state
+			}
+			atReady <- err
+		},
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	select {
+	case err := <-atReady:
+		if err != nil {
+			t.Fatalf("at readiness: %v", err)
+		}
+	case err := <-done:
+		t.Fatalf("Run ended before ready: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("no readiness while proxmox is down")
+	}
+	c := client.NewUnix(cfg.API.Socket)
+	waitFor(t, "503 while proxmox is down", func() error {
+		_, err := c.Health(ctx)
+		if client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+			return nil
+		}
+		return fmt.Errorf("want unavailable, got %v", err)
+	})
+	if api.Server() != nil {
+		t.Fatal("API reports reconciled while proxmox is down")
+	}
+	bed.up(t)
+	waitFor(t, "healthy once proxmox is up", func() error {
+		_, err := c.Health(ctx)
+		return err
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not stop")
 	}
 }
