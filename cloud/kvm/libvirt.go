@@ -249,7 +249,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (Node, error) {
 	if err != nil {
 		return Node{}, fmt.Errorf("create %s: %w", o.Name, err)
 	}
-	basePath, err := m.baseVolume(ctx, pool, base)
+	basePath, err := m.baseVolume(&u, pool, base)
 	if err != nil {
 		return Node{}, fmt.Errorf("create %s: %w", o.Name, err)
 	}
@@ -499,6 +499,7 @@ func (m *Manager) ensurePool(u *undo) (libvirt.StoragePool, error) {
 		if err := m.conn.StoragePoolBuild(p, libvirt.StoragePoolBuildNew); err != nil {
 			return p, fmt.Errorf("build pool %s: %w", m.cfg.Pool, err)
 		}
+		u.push(func() error { return m.conn.StoragePoolDelete(p, 0) })
 		if err := m.conn.StoragePoolSetAutostart(p, 1); err != nil {
 			return p, fmt.Errorf("pool %s: autostart: %w", m.cfg.Pool, err)
 		}
@@ -532,8 +533,9 @@ func (m *Manager) createVol(u *undo, p libvirt.StoragePool, vx *libvirtxml.Stora
 
 // baseVolume makes sure the verified image is a volume in the pool, named
 // after its digest so a different image never takes its place, and
-// returns the volume's path.
-func (m *Manager) baseVolume(ctx context.Context, p libvirt.StoragePool, file string) (string, error) {
+// returns the volume's path. An upload is taken back with the rest when
+// the create fails.
+func (m *Manager) baseVolume(u *undo, p libvirt.StoragePool, file string) (string, error) {
 	sum, err := fileSHA512(file)
 	if err != nil {
 		return "", fmt.Errorf("base image: %w", err)
@@ -544,10 +546,8 @@ func (m *Manager) baseVolume(ctx context.Context, p libvirt.StoragePool, file st
 	} else if !isCode(err, libvirt.ErrNoStorageVol) {
 		return "", fmt.Errorf("base image: %w", err)
 	}
-	var u undo
-	v, err := m.upload(&u, p, name, file)
+	v, err := m.upload(u, p, name, file)
 	if err != nil {
-		u.run(m.log)
 		return "", fmt.Errorf("base image: %w", err)
 	}
 	m.log.Info("base image uploaded to the pool", "volume", name)

@@ -169,6 +169,20 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 		}
 	}
 
+	// A failure late in create (the domain does not start) takes back the
+	// network, pool, volumes, reservation and domain it made.
+	broken := opts("n1")
+	broken.kernel = &directBoot{kernel: filepath.Join(d.dir, "no-such-kernel"), initrd: boot.initrd, cmdline: boot.cmdline}
+	if _, err := m.Create(ctx, broken); err == nil || !strings.Contains(err.Error(), "start") {
+		t.Errorf("create with a missing kernel: %v", err)
+	}
+	if inv := d.inventory(t); inv != empty {
+		t.Errorf("a failed create left:\n%s", inv)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, "pool")); !os.IsNotExist(err) {
+		t.Errorf("a failed create left the pool directory: %v", err)
+	}
+
 	// A domain that is not ours stays invisible to list and untouched.
 	foreign := `<domain type='qemu'><name>foreign</name><memory unit='MiB'>64</memory><os><type arch='x86_64' machine='q35'>hvm</type></os></domain>`
 	fx := filepath.Join(d.dir, "foreign.xml")
