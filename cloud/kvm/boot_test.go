@@ -36,13 +36,6 @@ func TestSeedcheckReadsSeed(t *testing.T) {
 	}
 }
 
-func tail(b []byte) string {
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
-
 // kernelModules resolves the named modules and their dependencies from
 // /lib/modules/<ver>/modules.dep (built-in ones are skipped) and returns
 // them decompressed, with their load order.

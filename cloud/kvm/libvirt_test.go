@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/cloud/kvm/internal/seedcheck"
+	"github.com/pve-inspect/pve-inspect/cloud/kvm/libvirtdtest"
 )
 
 // testImage serves a small locally made qcow2 as the Debian image, with
@@ -68,13 +69,13 @@ func bootFiles(t *testing.T) *directBoot {
 	return &directBoot{kernel: kernel, initrd: initrd, cmdline: "console=ttyS0 panic=-1"}
 }
 
-func testConfig(d *testDaemon, sysRoot string) Config {
+func testConfig(d *libvirtdtest.Daemon, sysRoot string) Config {
 	return Config{
-		URI: d.uri, Network: DefaultNetwork, Bridge: DefaultBridge,
+		URI: d.URI, Network: DefaultNetwork, Bridge: DefaultBridge,
 		// The network lives in the daemon's own namespace: it routes
 		// nowhere but the namespace.
 		Subnet: netip.MustParsePrefix("10.251.19.0/24"),
-		Pool:   DefaultPool, PoolDir: filepath.Join(d.dir, "pool"), LogDir: filepath.Join(d.dir, "serial"),
+		Pool:   DefaultPool, PoolDir: filepath.Join(d.Dir, "pool"), LogDir: filepath.Join(d.Dir, "serial"),
 		SysRoot: sysRoot, HTTP: http.DefaultClient,
 	}
 }
@@ -94,7 +95,7 @@ func nestedSys(t *testing.T, nested string) string {
 func waitSeed(ctx context.Context, t *testing.T, n Node, ud []byte) {
 	t.Helper()
 	want := "SEED-OK dev=/dev/vdb " + seedcheck.Summary(SeedLabel, ud, MetaData(n.InstanceID, n.Name))
-	waitFor(ctx, t, n.Name+" serial console shows "+want, func() (bool, string) {
+	libvirtdtest.WaitFor(ctx, t, n.Name+" serial console shows "+want, func() (bool, string) {
 		b, _ := os.ReadFile(n.SerialLog)
 		return strings.Contains(string(b), want), string(b)
 	})
@@ -105,7 +106,7 @@ func waitSeed(ctx context.Context, t *testing.T, n Node, ud []byte) {
 // available everywhere): create, list (also through virsh), stop, clone,
 // start, delete, and the bad input that must change nothing.
 func TestLibvirtNodeLifecycle(t *testing.T) {
-	d := startLibvirtd(t)
+	d := libvirtdtest.Start(t)
 	boot := bootFiles(t)
 	img := testImage(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -117,10 +118,10 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 	defer m.Close()
 	ud := []byte("#cloud-config\n# libvirt lifecycle test\n")
 	opts := func(name string) CreateOptions {
-		return CreateOptions{Name: name, Image: img, CacheDir: filepath.Join(d.dir, "cache-img"), UserData: ud,
+		return CreateOptions{Name: name, Image: img, CacheDir: filepath.Join(d.Dir, "cache-img"), UserData: ud,
 			CPUs: 1, MemoryMiB: 512, DiskGiB: 8, Accel: "tcg", kernel: boot}
 	}
-	empty := d.inventory(t)
+	empty := d.Inventory(t)
 
 	// Bad input before anything exists: each a clear error, nothing made.
 	bad := []struct {
@@ -154,12 +155,12 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 		if !tc.want(err) || err == nil || !strings.Contains(err.Error(), tc.text) {
 			t.Errorf("%s: got %v, want an error naming %q", tc.name, err, tc.text)
 		}
-		if inv := d.inventory(t); inv != empty {
+		if inv := d.Inventory(t); inv != empty {
 			t.Errorf("%s: the daemon now holds:\n%s", tc.name, inv)
 		}
 	}
 	cfg := testConfig(d, "/")
-	cfg.URI = "qemu:///system?socket=" + filepath.Join(d.dir, "run", "no-such-sock")
+	cfg.URI = "qemu:///system?socket=" + filepath.Join(d.Dir, "run", "no-such-sock")
 	if _, err := Dial(ctx, cfg); err == nil || !strings.Contains(err.Error(), "is libvirtd running") {
 		t.Errorf("unreachable libvirtd: %v", err)
 	} else {
@@ -172,22 +173,22 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 	// A failure late in create (the domain does not start) takes back the
 	// network, pool, volumes, reservation and domain it made.
 	broken := opts("n1")
-	broken.kernel = &directBoot{kernel: filepath.Join(d.dir, "no-such-kernel"), initrd: boot.initrd, cmdline: boot.cmdline}
+	broken.kernel = &directBoot{kernel: filepath.Join(d.Dir, "no-such-kernel"), initrd: boot.initrd, cmdline: boot.cmdline}
 	if _, err := m.Create(ctx, broken); err == nil || !strings.Contains(err.Error(), "start") {
 		t.Errorf("create with a missing kernel: %v", err)
 	}
-	if inv := d.inventory(t); inv != empty {
+	if inv := d.Inventory(t); inv != empty {
 		t.Errorf("a failed create left:\n%s", inv)
 	}
-	if _, err := os.Stat(filepath.Join(d.dir, "pool")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(d.Dir, "pool")); !os.IsNotExist(err) {
 		t.Errorf("a failed create left the pool directory: %v", err)
 	}
 
 	// A domain that is not ours stays invisible to list and untouched.
 	foreign := `<domain type='qemu'><name>foreign</name><memory unit='MiB'>64</memory><os><type arch='x86_64' machine='q35'>hvm</type></os></domain>`
-	fx := filepath.Join(d.dir, "foreign.xml")
+	fx := filepath.Join(d.Dir, "foreign.xml")
 	os.WriteFile(fx, []byte(foreign), 0o600)
-	d.virsh(t, "define", fx)
+	d.Virsh(t, "define", fx)
 	if err := m.Delete(ctx, "foreign"); !errors.Is(err, ErrNotOurs) {
 		t.Errorf("delete of a foreign domain: %v", err)
 	}
@@ -202,13 +203,16 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 		t.Errorf("created %+v", n1)
 	}
 	waitSeed(ctx, t, n1, ud)
-	if out := d.virsh(t, "list", "--name"); !strings.Contains(out, "n1") {
+	if out := d.Virsh(t, "list", "--name"); !strings.Contains(out, "n1") {
 		t.Errorf("virsh list:\n%s", out)
 	}
-	if out := d.virsh(t, "metadata", "n1", MetadataURI); !strings.Contains(out, "<instance-id>"+n1.InstanceID+"</instance-id>") || !strings.Contains(out, n1.Address) {
+	if out := d.Virsh(t, "ttyconsole", "n1"); !strings.HasPrefix(out, "/dev/pts/") {
+		t.Errorf("virsh ttyconsole (what virsh console attaches to): %q", out)
+	}
+	if out := d.Virsh(t, "metadata", "n1", MetadataURI); !strings.Contains(out, "<instance-id>"+n1.InstanceID+"</instance-id>") || !strings.Contains(out, n1.Address) {
 		t.Errorf("virsh metadata:\n%s", out)
 	}
-	if out := d.virsh(t, "net-dumpxml", DefaultNetwork); !strings.Contains(out, fmt.Sprintf("<host mac='%s' name='n1' ip='%s'/>", n1.MAC, n1.Address)) {
+	if out := d.Virsh(t, "net-dumpxml", DefaultNetwork); !strings.Contains(out, fmt.Sprintf("<host mac='%s' name='n1' ip='%s'/>", n1.MAC, n1.Address)) {
 		t.Errorf("no DHCP reservation for n1:\n%s", out)
 	}
 	nodes, err := m.List()
@@ -216,14 +220,14 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 		t.Errorf("list: %+v %v", nodes, err)
 	}
 
-	before := d.inventory(t)
+	before := d.Inventory(t)
 	if _, err := m.Create(ctx, opts("n1")); !errors.Is(err, ErrNameTaken) {
 		t.Errorf("second n1: %v", err)
 	}
 	if _, err := m.Create(ctx, opts("foreign")); !errors.Is(err, ErrNameTaken) {
 		t.Errorf("name of a foreign domain: %v", err)
 	}
-	if inv := d.inventory(t); inv != before {
+	if inv := d.Inventory(t); inv != before {
 		t.Errorf("name taken changed the daemon:\n%s\nwas:\n%s", inv, before)
 	}
 	if _, err := m.Clone(ctx, "n1", "n2"); err == nil || !strings.Contains(err.Error(), "stop it first") {
@@ -245,7 +249,7 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 		t.Errorf("clone %+v of %+v", n2, n1)
 	}
 	waitSeed(ctx, t, n2, ud)
-	if out := d.virsh(t, "vol-dumpxml", "--pool", DefaultPool, "n2.qcow2"); strings.Contains(out, "<backingStore>") {
+	if out := d.Virsh(t, "vol-dumpxml", "--pool", DefaultPool, "n2.qcow2"); strings.Contains(out, "<backingStore>") {
 		t.Errorf("clone disk still has a backing store:\n%s", out)
 	}
 	if err := m.Start(ctx, "n1"); err != nil {
@@ -267,9 +271,9 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 	}
 	// What remains is the network, the pool and the verified base image:
 	// shared by every node, no trace of n1 or n2, and the foreign domain.
-	inv := d.inventory(t)
+	inv := d.Inventory(t)
 	sum := sha512.New()
-	b, _ := os.ReadFile(filepath.Join(d.dir, "cache-img", "debian-13-genericcloud-amd64.qcow2"))
+	b, _ := os.ReadFile(filepath.Join(d.Dir, "cache-img", "debian-13-genericcloud-amd64.qcow2"))
 	sum.Write(b)
 	want := fmt.Sprintf("domain foreign\nnetwork %s\npool %s\n  volume debian-13-genericcloud-amd64-%s.qcow2\n", DefaultNetwork, DefaultPool, hex.EncodeToString(sum.Sum(nil))[:16])
 	if inv != want {

@@ -1,4 +1,11 @@
-package kvm
+// Package libvirtdtest starts a libvirtd for a test: in its own mount and
+// network namespaces, with its config, state, run, log and cache
+// directories bind-mounted from the test's temporary directory, so it shares
+// nothing with a libvirtd of the host and the NAT networks it makes route
+// nowhere but that namespace. The test's cleanup removes every domain,
+// network, pool and volume, stops the daemon by its pid and then any process
+// it left in its namespace.
+package libvirtdtest
 
 import (
 	"bytes"
@@ -15,11 +22,12 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 )
 
-// needRoot skips (loudly) or, under CI, fails when the test cannot run
+// NeedRoot skips (loudly) or, under CI, fails when the test cannot run
 // here.
-func needRoot(t *testing.T, bins ...string) {
+func NeedRoot(t testing.TB, bins ...string) {
 	t.Helper()
 	var missing []string
 	if os.Geteuid() != 0 {
@@ -40,15 +48,13 @@ func needRoot(t *testing.T, bins ...string) {
 	t.Skip("SKIPPING: " + msg)
 }
 
-// testDaemon is a libvirtd the test started: in its own mount and network
-// namespaces, with its config, state, run, log and cache directories
-// bind-mounted from the test's temporary directory, so it shares nothing
-// with a libvirtd of the host and its NAT network has no way out of the
-// namespace.
-type testDaemon struct {
-	dir    string
+// Daemon is a libvirtd a test started.
+type Daemon struct {
+	// Dir is the daemon's private tree; Dir/serial exists for serial logs.
+	Dir string
+	// URI connects to it (qemu:///system with its own socket).
+	URI    string
 	socket string
-	uri    string
 	cmd    *exec.Cmd
 	netns  string
 	logBuf *bytes.Buffer
@@ -69,9 +75,10 @@ ip link set lo up
 exec libvirtd
 `
 
-func startLibvirtd(t *testing.T) *testDaemon {
+// Start starts a libvirtd and registers its clean-up.
+func Start(t testing.TB) *Daemon {
 	t.Helper()
-	needRoot(t, "libvirtd", "virsh", "unshare", "ip", "qemu-system-x86_64", "qemu-img", "dnsmasq")
+	NeedRoot(t, "libvirtd", "virsh", "unshare", "ip", "qemu-system-x86_64", "qemu-img", "dnsmasq")
 	for _, d := range []string{"/etc/libvirt", "/var/lib/libvirt", "/var/log/libvirt", "/var/cache/libvirt"} {
 		if _, err := os.Stat(d); err != nil {
 			t.Fatalf("%s: %v (libvirt-daemon-system installs it)", d, err)
@@ -94,8 +101,8 @@ func startLibvirtd(t *testing.T) *testDaemon {
 			t.Fatal(err)
 		}
 	}
-	d := &testDaemon{dir: dir, socket: filepath.Join(dir, "run", "libvirt-sock"), logBuf: &bytes.Buffer{}}
-	d.uri = "qemu:///system?socket=" + url.QueryEscape(d.socket)
+	d := &Daemon{Dir: dir, socket: filepath.Join(dir, "run", "libvirt-sock"), logBuf: &bytes.Buffer{}}
+	d.URI = "qemu:///system?socket=" + url.QueryEscape(d.socket)
 	d.cmd = exec.Command("sh", "-c", daemonScript, "sh", dir)
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET}
 	d.cmd.Stdout, d.cmd.Stderr = d.logBuf, d.logBuf
@@ -126,8 +133,8 @@ func startLibvirtd(t *testing.T) *testDaemon {
 // stop removes every domain, network and pool the daemon holds, stops it
 // by its pid and then any process left in its network namespace (dnsmasq,
 // QEMU), found through the pid files under its own run directory.
-func (d *testDaemon) stop(t *testing.T, exited chan error) {
-	if c, err := d.connect(); err == nil {
+func (d *Daemon) stop(t testing.TB, exited chan error) {
+	if c, err := d.Connect(); err == nil {
 		doms, _, _ := c.ConnectListAllDomains(1, 0)
 		for _, dom := range doms {
 			c.DomainDestroy(dom)
@@ -157,7 +164,7 @@ func (d *testDaemon) stop(t *testing.T, exited chan error) {
 		d.cmd.Process.Kill()
 		<-exited
 	}
-	pids, _ := filepath.Glob(filepath.Join(d.dir, "run", "*", "*.pid"))
+	pids, _ := filepath.Glob(filepath.Join(d.Dir, "run", "*", "*.pid"))
 	for _, p := range pids {
 		b, _ := os.ReadFile(p)
 		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
@@ -170,30 +177,31 @@ func (d *testDaemon) stop(t *testing.T, exited chan error) {
 		}
 	}
 	if t.Failed() {
-		t.Logf("libvirtd log:\n%s", tail(d.logBuf.Bytes()))
+		t.Logf("libvirtd log:\n%s", Tail(d.logBuf.Bytes()))
 	}
 }
 
-func (d *testDaemon) connect() (*libvirt.Libvirt, error) {
-	u, _ := url.Parse(d.uri)
+// Connect opens a client connection to the daemon.
+func (d *Daemon) Connect() (*libvirt.Libvirt, error) {
+	u, _ := url.Parse(d.URI)
 	return libvirt.ConnectToURI(u)
 }
 
-// virsh runs virsh against the test daemon.
-func (d *testDaemon) virsh(t *testing.T, args ...string) string {
+// Virsh runs virsh against the daemon and fails the test on error.
+func (d *Daemon) Virsh(t testing.TB, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("virsh", append([]string{"-c", d.uri}, args...)...).CombinedOutput()
+	out, err := exec.Command("virsh", append([]string{"-c", d.URI}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("virsh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
 }
 
-// inventory is what the daemon holds: domains, networks, pools and
-// volumes, by name.
-func (d *testDaemon) inventory(t *testing.T) string {
+// Inventory is what the daemon holds: domains, networks with their DHCP
+// host entries, pools and volumes, by name.
+func (d *Daemon) Inventory(t testing.TB) string {
 	t.Helper()
-	c, err := d.connect()
+	c, err := d.Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +217,8 @@ func (d *testDaemon) inventory(t *testing.T) string {
 	nets, _, _ := c.ConnectListAllNetworks(1, 0)
 	for _, n := range nets {
 		fmt.Fprintf(&b, "network %s\n", n.Name)
-		if nx, err := (&Manager{conn: c}).networkXML(n); err == nil {
+		var nx libvirtxml.Network
+		if x, err := c.NetworkGetXMLDesc(n, 0); err == nil && nx.Unmarshal(x) == nil {
 			for _, ip := range nx.IPs {
 				if ip.DHCP != nil {
 					for _, h := range ip.DHCP.Hosts {
@@ -230,7 +239,9 @@ func (d *testDaemon) inventory(t *testing.T) string {
 	return b.String()
 }
 
-func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, string)) {
+// WaitFor polls f until it reports true, failing the test with f's last
+// words when ctx ends.
+func WaitFor(ctx context.Context, t testing.TB, what string, f func() (bool, string)) {
 	t.Helper()
 	var last string
 	for {
@@ -241,8 +252,16 @@ func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, str
 		last = s
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s: not before the test's bound; last:\n%s", what, tail([]byte(last)))
+			t.Fatalf("%s: not before the test's bound; last:\n%s", what, Tail([]byte(last)))
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// Tail is the last 4000 bytes of b.
+func Tail(b []byte) string {
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
 }
