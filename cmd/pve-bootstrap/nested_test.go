@@ -107,6 +107,12 @@ func TestNestedVerbs(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^lab1\s+running`).MatchString(out) || !regexp.MustCompile(`(?m)^lab2\s+running\s+10\.251\.20\.3`).MatchString(out) {
 		t.Errorf("list after clone and start:\n%s", out)
 	}
+	// After a host reboot libvirt brings the network and both nodes back.
+	d.Reboot(t)
+	out = run("list")
+	if !regexp.MustCompile(`(?m)^lab1\s+running\s+10\.251\.20\.2\s`).MatchString(out) || !regexp.MustCompile(`(?m)^lab2\s+running\s+10\.251\.20\.3\s`).MatchString(out) {
+		t.Errorf("list after a reboot:\n%s", out)
+	}
 	if _, err := runCmd(t, dep, append([]string{"nested", "delete", "nosuch"}, conn...)...); err == nil || !strings.Contains(err.Error(), "no such domain") {
 		t.Errorf("delete of a missing node: %v", err)
 	}

@@ -56,6 +56,7 @@ type Daemon struct {
 	URI    string
 	socket string
 	cmd    *exec.Cmd
+	exited chan error
 	netns  string
 	logBuf *bytes.Buffer
 }
@@ -103,23 +104,31 @@ func Start(t testing.TB) *Daemon {
 	}
 	d := &Daemon{Dir: dir, socket: filepath.Join(dir, "run", "libvirt-sock"), logBuf: &bytes.Buffer{}}
 	d.URI = "qemu:///system?socket=" + url.QueryEscape(d.socket)
-	d.cmd = exec.Command("sh", "-c", daemonScript, "sh", dir)
+	t.Cleanup(func() { d.stop(t) })
+	d.launch(t)
+	return d
+}
+
+// launch starts libvirtd in fresh namespaces and waits for its socket.
+func (d *Daemon) launch(t testing.TB) {
+	t.Helper()
+	d.cmd = exec.Command("sh", "-c", daemonScript, "sh", d.Dir)
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET}
 	d.cmd.Stdout, d.cmd.Stderr = d.logBuf, d.logBuf
 	if err := d.cmd.Start(); err != nil {
+		d.cmd = nil
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- d.cmd.Wait() }()
+	d.exited = make(chan error, 1)
+	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(d.cmd, d.exited)
 	d.netns, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/net", d.cmd.Process.Pid))
-	t.Cleanup(func() { d.stop(t, exited) })
 	for i := 0; ; i++ {
 		if _, err := os.Stat(d.socket); err == nil {
-			break
+			return
 		}
 		select {
-		case err := <-exited:
-			exited <- err
+		case err := <-d.exited:
+			d.exited <- err
 			t.Fatalf("libvirtd exited: %v\n%s", err, d.logBuf)
 		case <-time.After(200 * time.Millisecond):
 		}
@@ -127,13 +136,36 @@ func Start(t testing.TB) *Daemon {
 			t.Fatalf("libvirtd made no socket\n%s", d.logBuf)
 		}
 	}
-	return d
 }
 
-// stop removes every domain, network and pool the daemon holds, stops it
-// by its pid and then any process left in its network namespace (dnsmasq,
-// QEMU), found through the pid files under its own run directory.
-func (d *Daemon) stop(t testing.TB, exited chan error) {
+// Reboot is a host reboot as libvirt sees it: running domains are powered
+// off, the daemon stops, its namespace (bridges, dnsmasq) goes away, /run
+// is empty again, and a new daemon starts on the same configuration and
+// disks; it starts what is marked autostart.
+func (d *Daemon) Reboot(t testing.TB) {
+	t.Helper()
+	c, err := d.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doms, _, _ := c.ConnectListAllDomains(1, 0)
+	for _, dom := range doms {
+		c.DomainDestroy(dom)
+	}
+	c.Disconnect()
+	d.halt(t)
+	ents, _ := os.ReadDir(filepath.Join(d.Dir, "run"))
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(d.Dir, "run", e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.launch(t)
+}
+
+// stop removes every domain, network and pool the daemon holds and halts
+// it.
+func (d *Daemon) stop(t testing.TB) {
 	if c, err := d.Connect(); err == nil {
 		doms, _, _ := c.ConnectListAllDomains(1, 0)
 		for _, dom := range doms {
@@ -157,13 +189,27 @@ func (d *Daemon) stop(t testing.TB, exited chan error) {
 		}
 		c.Disconnect()
 	}
+	d.halt(t)
+	if t.Failed() {
+		t.Logf("libvirtd log:\n%s", Tail(d.logBuf.Bytes()))
+	}
+}
+
+// halt stops the daemon by its pid, then any process it left in its
+// network namespace (dnsmasq, QEMU), found through the pid files under its
+// own run directory.
+func (d *Daemon) halt(t testing.TB) {
+	if d.cmd == nil {
+		return
+	}
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-exited:
+	case <-d.exited:
 	case <-time.After(30 * time.Second):
 		d.cmd.Process.Kill()
-		<-exited
+		<-d.exited
 	}
+	d.cmd = nil
 	pids, _ := filepath.Glob(filepath.Join(d.Dir, "run", "*", "*.pid"))
 	for _, p := range pids {
 		b, _ := os.ReadFile(p)
@@ -175,9 +221,6 @@ func (d *Daemon) stop(t testing.TB, exited chan error) {
 			t.Logf("stopping pid %d left by libvirtd (%s)", pid, p)
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
-	}
-	if t.Failed() {
-		t.Logf("libvirtd log:\n%s", Tail(d.logBuf.Bytes()))
 	}
 }
 
