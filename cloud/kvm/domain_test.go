@@ -161,3 +161,14 @@ func TestFreeAddress(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigDefaults(t *testing.T) {
+	c := Config{Pool: "mine"}
+	c.setDefaults()
+	want := Config{Network: DefaultNetwork, Bridge: DefaultBridge, Subnet: netip.MustParsePrefix(DefaultSubnet),
+		Pool: "mine", PoolDir: DefaultPoolDir, LogDir: DefaultLogDir, SysRoot: "/"}
+	if c.Network != want.Network || c.Bridge != want.Bridge || c.Subnet != want.Subnet || c.Pool != want.Pool ||
+		c.PoolDir != want.PoolDir || c.LogDir != want.LogDir || c.SysRoot != want.SysRoot {
+		t.Errorf("got %+v, want %+v", c, want)
+	}
+}

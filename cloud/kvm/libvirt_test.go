@@ -215,6 +215,10 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 	if out := d.Virsh(t, "net-dumpxml", DefaultNetwork); !strings.Contains(out, fmt.Sprintf("<host mac='%s' name='n1' ip='%s'/>", n1.MAC, n1.Address)) {
 		t.Errorf("no DHCP reservation for n1:\n%s", out)
 	}
+	// libvirt hands the reservation to its dnsmasq.
+	if b, err := os.ReadFile(filepath.Join(d.Dir, "lib", "dnsmasq", DefaultNetwork+".hostsfile")); err != nil || !strings.Contains(string(b), n1.MAC+","+n1.Address+",n1") {
+		t.Errorf("dnsmasq hosts file: %v\n%s", err, b)
+	}
 	nodes, err := m.List()
 	if err != nil || len(nodes) != 1 || nodes[0].Name != "n1" || nodes[0].State != "running" {
 		t.Errorf("list: %+v %v", nodes, err)
