@@ -53,7 +53,12 @@ func newNestedCmd(d *deps) *cobra.Command {
 	lf := &libvirtFlags{}
 	cmd := &cobra.Command{Use: "nested", Short: "Proxmox nodes as nested VMs in this host's libvirt"}
 	lf.register(cmd)
+	cmd.AddCommand(newNestedCreateCmd(d, lf))
+	cmd.AddCommand(newNestedVerbs(d, lf)...)
+	return cmd
+}
 
+func newNestedCreateCmd(d *deps, lf *libvirtFlags) *cobra.Command {
 	ud := &userDataFlags{}
 	var o kvm.CreateOptions
 	var imageURL, sumsURL string
@@ -91,7 +96,11 @@ func newNestedCmd(d *deps) *cobra.Command {
 	fl.StringVar(&o.CacheDir, "cache-dir", "/var/cache/pve-bootstrap/images", "verified cloud images")
 	fl.StringVar(&imageURL, "image-url", kvm.DefaultImageURL, "Debian 13 cloud image")
 	fl.StringVar(&sumsURL, "sums-url", kvm.DefaultSumsURL, "SHA512SUMS that vouches for the image")
+	return create
+}
 
+// newNestedVerbs are list, delete, stop, start and clone.
+func newNestedVerbs(d *deps, lf *libvirtFlags) []*cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "list nested nodes (domains tagged by pve-bootstrap)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -142,8 +151,7 @@ func newNestedCmd(d *deps) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(create, list, del, stop, start, clone)
-	return cmd
+	return []*cobra.Command{list, del, stop, start, clone}
 }
 
 func printNode(w io.Writer, n kvm.Node) {
