@@ -3,6 +3,7 @@ package kvm
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha512"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -557,8 +558,9 @@ func (m *Manager) createVol(u *undo, p libvirt.StoragePool, vx *libvirtxml.Stora
 
 // baseVolume makes sure the verified image is a volume in the pool, named
 // after its digest so a different image never takes its place, and
-// returns the volume's path. An upload is taken back with the rest when
-// the create fails.
+// returns the volume's path. A volume already there is read back and
+// hashed first. An upload is taken back with the rest when the create
+// fails.
 func (m *Manager) baseVolume(u *undo, p libvirt.StoragePool, file string) (string, error) {
 	sum, err := fileSHA512(file)
 	if err != nil {
@@ -566,6 +568,16 @@ func (m *Manager) baseVolume(u *undo, p libvirt.StoragePool, file string) (strin
 	}
 	name := strings.TrimSuffix(path.Base(file), ".qcow2") + "-" + sum[:16] + ".qcow2"
 	if v, err := m.conn.StorageVolLookupByName(p, name); err == nil {
+		// An upload cut short (or a hand edit) leaves a volume under the
+		// right name with the wrong bytes: read it back before trusting it.
+		h := sha512.New()
+		if err := m.conn.StorageVolDownload(v, h, 0, 0, 0); err != nil {
+			return "", fmt.Errorf("base image: read back %s: %w", name, err)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+			return "", fmt.Errorf("base image: volume %s in pool %s is not the verified image (sha512 %s, want %s); "+
+				"it may back other nodes' disks: check them, then `virsh vol-delete --pool %s %s`", name, m.cfg.Pool, got[:16], sum[:16], m.cfg.Pool, name)
+		}
 		return m.conn.StorageVolGetPath(v)
 	} else if !isCode(err, libvirt.ErrNoStorageVol) {
 		return "", fmt.Errorf("base image: %w", err)

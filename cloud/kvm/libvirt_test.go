@@ -283,4 +283,19 @@ func TestLibvirtNodeLifecycle(t *testing.T) {
 	if inv != want {
 		t.Errorf("after delete the daemon holds:\n%s\nwant:\n%s", inv, want)
 	}
+
+	// A base volume whose bytes are not the verified image is refused.
+	vol := filepath.Join(d.Dir, "pool", fmt.Sprintf("debian-13-genericcloud-amd64-%s.qcow2", hex.EncodeToString(sum.Sum(nil))[:16]))
+	f, err := os.OpenFile(vol, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("tampered"), 4096)
+	f.Close()
+	if _, err := m.Create(ctx, opts("n3")); err == nil || !strings.Contains(err.Error(), "is not the verified image") {
+		t.Errorf("create on a tampered base volume: %v", err)
+	}
+	if inv := d.Inventory(t); inv != want {
+		t.Errorf("refused create changed the daemon:\n%s", inv)
+	}
 }
