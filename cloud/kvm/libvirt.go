@@ -794,7 +794,7 @@ func (m *Manager) stop(ctx context.Context, d libvirt.Domain, grace time.Duratio
 }
 
 // Delete powers a node off, removes its domain, volumes, address
-// reservation and serial log.
+// reservation and (on a local libvirt) its serial log.
 func (m *Manager) Delete(ctx context.Context, name string) error {
 	d, meta, err := m.lookup(name)
 	if err != nil {
@@ -830,7 +830,9 @@ func (m *Manager) Delete(ctx context.Context, name string) error {
 			errs = append(errs, fmt.Errorf("network %s: reservation %s: %w", meta.Network, meta.Address, err))
 		}
 	}
-	if n.SerialLog != "" {
+	// The log is a file on the libvirt host: only a local one is ours to
+	// remove.
+	if n.SerialLog != "" && !m.cfg.remote {
 		if err := os.Remove(n.SerialLog); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
