@@ -35,6 +35,9 @@ type record struct {
 	deleted chan struct{}
 	cancel  context.CancelFunc
 	guests  map[int]Guest
+	// egress is the policy asked for at create (nil: open); afterwards
+	// the Egress part owns the sandbox's policy.
+	egress *EgressPolicy
 }
 
 // manager owns the sandboxes: create, delete, reaper, reconcile, state file.
@@ -339,6 +342,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		created: make(chan struct{}),
 		cancel:  cancel,
 		guests:  map[int]Guest{},
+		egress:  req.Egress,
 	}
 	for i, n := range req.Networks {
 		gw, _, _ := subnetPlan(prefixes[i])
@@ -371,6 +375,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 			return Sandbox{}, err
 		}
 		m.forget(id)
+		m.removeEgress(tctx, id, rec.Zone)
 		if perr := m.publishZones(tctx); perr != nil {
 			log.Error("publish zones after failed create", "err", perr)
 		}
@@ -411,6 +416,9 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
 		return err
 	}
 	if err := m.publishZones(ctx); err != nil {
+		return err
+	}
+	if err := m.applyEgress(ctx, rec); err != nil {
 		return err
 	}
 	errs := make(chan error, len(rec.VMs))
@@ -634,6 +642,7 @@ func (m *manager) remove(ctx context.Context, id string) error {
 		return err
 	}
 	m.forget(id)
+	m.removeEgress(ctx, id, r.Zone)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	if err := m.publishZones(ctx); err != nil {
 		m.log.Error("publish zones after delete", "err", err)

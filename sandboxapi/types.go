@@ -25,6 +25,9 @@ type CreateRequest struct {
 	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
 	// Owner is a free text owner name (defaults to the caller).
 	Owner string `json:"owner,omitempty"`
+	// Egress is the sandbox's egress policy (default: open), in force
+	// before its VMs start.
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 
 // VMRequest describes one VM of a sandbox.

@@ -44,6 +44,8 @@ type APIDeps struct {
 	// ZonesChanged receives the sandbox zones and their bridges: pass the
 	// host guard's SetZones.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress enforces sandboxes' egress policies (nil: refused).
+	Egress sandboxapi.Egress
 	// Mgmt drives the management-port rules (may be nil: no rules).
 	Mgmt Management
 	// Registerer receives the API metrics.
@@ -203,6 +205,7 @@ func (a *API) build() (*sandboxapi.Server, *pve.Client, error) {
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
 		ZonesChanged:   d.ZonesChanged,
+		Egress:         d.Egress,
 		Registerer:     d.Registerer,
 		Logger:         a.log,
 	})

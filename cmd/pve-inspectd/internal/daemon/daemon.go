@@ -299,7 +299,7 @@ func (r *run) startAPI(context.Context) error {
 	ctl := r.ctl
 	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
 	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.guard.SetZones,
-		Mgmt: r.guard, Registerer: r.reg, RetryMin: r.d.APIRetry})
+		Egress: r.egress, Mgmt: r.guard, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {
 		return err
 	}
