@@ -248,6 +248,10 @@ func TestRunStatusRemove(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "in force as desired") || !strings.Contains(string(out), "owned by netlink port") {
 		t.Fatalf("status while running: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "table bridge pve-inspect: present, owned by netlink port") ||
+		!strings.Contains(string(out), "layer-2 table in force as desired") {
+		t.Fatalf("status does not show the layer-2 table in force:\n%s", out)
+	}
 	m := n.scrape(t, "127.0.0.1:9474")
 	for _, want := range []string{
 		"pve_inspect_guard_rules_expected 33",
@@ -274,11 +278,15 @@ func TestRunStatusRemove(t *testing.T) {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ORPHANED") {
 		t.Fatalf("status after stop: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "table bridge pve-inspect: present, ORPHANED") {
+		t.Fatalf("the layer-2 table did not outlive the daemon:\n%s", out)
+	}
 	if out, err := n.daemonCmd(ctx, "guard", "remove", "-c", cfg).CombinedOutput(); err != nil {
 		t.Fatalf("guard remove: %v\n%s", err, out)
 	}
 	out, err = n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") {
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") ||
+		!strings.Contains(string(out), "table bridge pve-inspect: ABSENT") {
 		t.Fatalf("status after remove: %v\n%s", err, out)
 	}
 }
