@@ -57,21 +57,25 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("classify interfaces: %w", err)
 			}
+			zp := planZones(cfg.Guard)
+			fc.Zones = zp.merged()
 			rs, err := firewall.Render(fc, cls, firewall.Switches{})
 			if err != nil {
 				return fmt.Errorf("render ruleset: %w", err)
 			}
-			if err := writePlan(cmd.OutOrStdout(), cls, rs); err != nil {
+			w := cmd.OutOrStdout()
+			zp.write(w)
+			if err := writePlan(w, cls, rs); err != nil {
 				return err
 			}
 			brs, err := firewall.RenderBridge(bridgesOf(fc), cls, nil)
 			if err != nil {
 				return fmt.Errorf("render bridge table: %w", err)
 			}
-			if err := writeEgressPlan(cmd.OutOrStdout(), cfg.Egress, st.Entries()); err != nil {
+			if err := writeEgressPlan(w, cfg.Egress, st.Entries()); err != nil {
 				return err
 			}
-			return writeBridgePlan(cmd.OutOrStdout(), brs)
+			return writeBridgePlan(w, brs)
 		},
 	}
 }

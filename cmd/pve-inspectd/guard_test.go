@@ -113,6 +113,7 @@ id = "test"
 [guard]
 trusted_interfaces = ["stor0"]
 zones = { zone1 = ["vnetA", "vnetA2"] }
+sdn_config = "` + filepath.Join(dir, "running-config") + `"
 dnsmasq_user = "65534"
 metadata4 = ["192.0.0.192/32"]
 verify_interval = "1s"
@@ -131,6 +132,14 @@ state_file = "` + filepath.Join(dir, "halted") + `"
 state_file = "` + filepath.Join(dir, "egress.json") + `"
 `
 	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Zones as the reference Inspect plugin creates them, one vnet of
+	// which has a bridge on the node, and a vnet pve-network would skip.
+	sdn := `{"version":4,"zones":{"ids":{"abc123z":{"type":"simple","ipam":"pve","dhcp":"dnsmasq"}}},` +
+		`"vnets":{"ids":{"vnetB":{"type":"vnet","zone":"abc123z"},"abc123v1":{"type":"vnet","zone":"abc123z"},` +
+		`"orphan":{"type":"vnet","zone":"gone"}}},"subnets":{"ids":{}},"controllers":{"ids":{}}}`
+	if err := os.WriteFile(filepath.Join(dir, "running-config"), []byte(sdn), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -164,6 +173,7 @@ func TestPlanGolden(t *testing.T) {
 	if err != nil {
 		t.Fatalf("plan: %v\n%s", err, out)
 	}
+	out = []byte(strings.ReplaceAll(string(out), filepath.Join(filepath.Dir(cfg), "running-config"), "SDN_CONFIG"))
 	p := filepath.Join("testdata", "plan.golden")
 	if *update {
 		_ = os.MkdirAll("testdata", 0o755)
@@ -258,7 +268,10 @@ func TestRunStatusRemove(t *testing.T) {
 		"pve_inspect_guard_rules_present 33",
 		`pve_inspect_guard_management_interface{interface="eth0"} 1`,
 		`pve_inspect_guard_rule_drop_packets_total{chain="forward",rule="cross-zone"} 0`,
-		"pve_inspect_guard_apply_duration_seconds_count 1",
+		// the install, then the zones of the SDN running config
+		"pve_inspect_guard_apply_duration_seconds_count 2",
+		"pve_inspect_sdn_zones 1",
+		"pve_inspect_sdn_config_valid 1",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q:\n%s", want, m)

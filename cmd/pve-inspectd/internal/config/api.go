@@ -48,10 +48,6 @@ type APISection struct {
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
 	AutoCIDRPool string `toml:"auto_cidr_pool"`
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`
-	// MgmtRules converges the Proxmox management-port firewall rules every
-	// MgmtInterval and on default-route changes.
-	MgmtRules    bool          `toml:"mgmt_rules"`
-	MgmtInterval time.Duration `toml:"mgmt_interval"`
 	// Caps are the resource guard's limits (0: unlimited).
 	Caps APICaps `toml:"caps"`
 	// Proxmox is the API the daemon drives.
@@ -104,8 +100,6 @@ func defaultAPI() APISection {
 		MaxFileBytes:   1 << 30,
 		AutoCIDRPool:   "10.200.0.0/16",
 		AutoCIDRBits:   24,
-		MgmtRules:      true,
-		MgmtInterval:   time.Minute,
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",
@@ -178,7 +172,7 @@ func (a APISection) validate(prefix string) error {
 	durs := []struct {
 		k string
 		v time.Duration
-	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}, {"mgmt_interval", a.MgmtInterval}}
+	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}}
 	for _, d := range durs {
 		if d.v <= 0 {
 			return key(d.k, errors.New("must be positive"))

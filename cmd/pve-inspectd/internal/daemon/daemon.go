@@ -88,6 +88,7 @@ type run struct {
 	log   *slog.Logger
 	reg   *prometheus.Registry
 	guard *firewall.Guard
+	zones *zoneUnion // run-time zones by source, handed to the guard
 	ctl   *lockdown.Controller
 	lopt  lockdown.Options
 	parts *parts
@@ -107,9 +108,12 @@ type run struct {
 //  1. guard: table in force and verified (with the persisted egress
 //     policies);
 //  2. egress: resolver and peek proxy listening;
-//  3. lockdown: first reconcile done (the halt within it);
-//  4. metrics: listener bound;
-//  5. sandbox API: started in the background and never failing; it answers
+//  3. zones: Proxmox's SDN running config read once and in force;
+//  4. lockdown: first reconcile done (the halt within it);
+//  5. metrics: listener bound;
+//  6. management-port rules: converged in the background through the
+//     Proxmox API (skipped, and retried, without the daemon's token);
+//  7. sandbox API: started in the background and never failing; it answers
 //     503 until Proxmox is reachable, so neither the guard nor the lockdown
 //     ever waits on Proxmox;
 //
@@ -118,8 +122,9 @@ type run struct {
 //
 // Shutdown, when ctx ends or any part fails: the watchdog stops (no ping
 // after STOPPING=1), STOPPING=1 is sent, then the parts stop one at a time
-// in reverse start order, each waited for before the next: API, metrics,
-// lockdown, egress, guard. The guard's loop stops last and only between two applied
+// in reverse start order, each waited for before the next: API,
+// management rules, metrics, lockdown, zones, egress, guard. The guard's
+// loop stops last and only between two applied
 // states (each apply is one nftables batch), so its table is never left
 // half-built; the table persists by design, and Close only releases the
 // netlink sockets.
@@ -130,7 +135,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	r := &run{d: d, log: log, reg: prometheus.NewRegistry(), parts: &parts{g: g, base: context.WithoutCancel(ctx)}}
-	starts := []func(context.Context) error{r.startGuard, r.startEgress, r.startLockdown, r.startMetrics, r.startAPI}
+	starts := []func(context.Context) error{r.startGuard, r.startEgress, r.startZones, r.startLockdown, r.startMetrics, r.startMgmtRules, r.startAPI}
 	for _, start := range starts {
 		if err := start(gctx); err != nil {
 			r.parts.stop()
@@ -302,8 +307,8 @@ func (r *run) startAPI(context.Context) error {
 	qc := qga.New(qga.Options{})
 	ctl := r.ctl
 	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
-	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.guard.SetZones,
-		Egress: r.egress, Mgmt: r.guard, Registerer: r.reg, RetryMin: r.d.APIRetry})
+	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"),
+		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {
 		return err
 	}
