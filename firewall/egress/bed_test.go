@@ -52,7 +52,7 @@ type stack struct {
 func inNode(b *testvm.Bed, mark uint32) DialFunc {
 	return func(ctx context.Context, network, address string) (c net.Conn, err error) {
 		err = b.Do(b.NodeNS(), func() error {
-			d := net.Dialer{Control: markControl(mark)}
+			d := net.Dialer{Control: MarkControl(mark)}
 			c, err = d.DialContext(ctx, network, address)
 			return err
 		})
