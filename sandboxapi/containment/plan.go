@@ -71,6 +71,21 @@ func OpenPolicy() Policy {
 		Internet: Reachable, DNSRecursion: Reachable, IPv6: Reachable}
 }
 
+// WithEgress adapts p to a sandbox's egress mode: under "none" and
+// "allowlist" the public addresses and the external name (a fresh random
+// label, which no allow-list should cover) are expected blocked, and stop
+// being positive controls; "open" (or anything else) leaves p as it is.
+// An allowed CIDR that holds a [check] public address makes that row
+// reachable: leave such addresses out of check.public.
+func WithEgress(p Policy, mode string) Policy {
+	if mode != "none" && mode != "allowlist" {
+		return p
+	}
+	p.Name += " + egress " + mode
+	p.Internet, p.DNSRecursion = Blocked, Blocked
+	return p
+}
+
 func (p Policy) validate() error {
 	for _, f := range []struct {
 		name string

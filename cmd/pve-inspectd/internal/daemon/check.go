@@ -24,15 +24,29 @@ type lockdownView interface {
 	LockedDown() bool
 }
 
+// egressView is what the check needs to know of a sandbox's egress policy.
+type egressView interface {
+	// Mode returns the egress mode of the sandbox's zone.
+	Mode(sandbox string) string
+}
+
 // NewChecker builds the containment check the API's check endpoint runs:
 // the node-wide part of the plan comes from the node's own addresses, the
-// daemon's ports and the [check] section; the policy from the lockdown.
-func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView) *containcheck.Checker {
+// daemon's ports and the [check] section; the policy from the lockdown and
+// the sandbox's egress mode (ev may be nil).
+func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView) *containcheck.Checker {
 	c := cfg.Check
+	var sp func(string, containment.Policy) containment.Policy
+	if ev != nil {
+		sp = func(sb string, p containment.Policy) containment.Policy {
+			return containment.WithEgress(p, ev.Mode(sb))
+		}
+	}
 	return &containcheck.Checker{
-		Runner: &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
-		Client: qc,
-		QGADir: cfg.API.QGADir,
+		SandboxPolicy: sp,
+		Runner:        &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
+		Client:        qc,
+		QGADir:        cfg.API.QGADir,
 		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
 			spec, err := nodeSpec(cfg)
 			pol := containment.GuardPolicy()

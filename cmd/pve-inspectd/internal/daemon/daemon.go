@@ -306,7 +306,7 @@ func (r *run) startAPI(context.Context) error {
 	}
 	qc := qga.New(qga.Options{})
 	ctl := r.ctl
-	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
+	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
 	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"),
 		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {

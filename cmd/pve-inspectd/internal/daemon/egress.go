@@ -237,3 +237,12 @@ func (e *Egress) Status(sandbox, zone string) sandboxapi.EgressStatus {
 	}
 	return st
 }
+
+// Mode returns the egress mode of a sandbox (its zone is named after it);
+// open when it has no policy of its own.
+func (e *Egress) Mode(sandbox string) string {
+	if r, ok := e.Registry.Get(sandbox); ok {
+		return string(r.Mode)
+	}
+	return string(firewall.EgressOpen)
+}
