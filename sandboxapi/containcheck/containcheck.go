@@ -31,10 +31,11 @@ type Checker struct {
 	// Node returns the node-wide part of the plan and the policy the node's
 	// current mode promises (guard only, or lockdown).
 	Node func(ctx context.Context) (containment.Spec, containment.Policy, error)
-	// SandboxPolicy, when set, adapts the node's policy to the sandbox
+	// Sandbox, when set, adapts the node's spec and policy to the sandbox
 	// (its egress policy: an allow-list or none sandbox reaches no public
-	// address and recurses for no external name).
-	SandboxPolicy func(sandbox string, p containment.Policy) containment.Policy
+	// address and recurses for no external name; an allow-list one gets
+	// the egress rows).
+	Sandbox func(sandbox string, spec containment.Spec, p containment.Policy) (containment.Spec, containment.Policy)
 	// LocalName is the name a zone's resolver answers itself.
 	LocalName func(zone string) string
 	// OtherZonePort is probed on other sandboxes' guests (22).
@@ -68,8 +69,8 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 	if err != nil {
 		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: node facts: %w", err)
 	}
-	if c.SandboxPolicy != nil {
-		pol = c.SandboxPolicy(t.Sandbox.ID, pol)
+	if c.Sandbox != nil {
+		spec, pol = c.Sandbox(t.Sandbox.ID, spec, pol)
 	}
 	var nw *sandboxapi.Network
 	for i, n := range t.Sandbox.Networks {

@@ -3,6 +3,8 @@ package containment
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
 )
 
 func TestWithEgress(t *testing.T) {
@@ -38,5 +40,49 @@ func TestWithEgress(t *testing.T) {
 	}
 	if p := WithEgress(LockdownPolicy(), "open"); p.Internet != Blocked {
 		t.Error("an open sandbox under the lockdown must still expect the internet blocked")
+	}
+}
+
+func TestEgressRows(t *testing.T) {
+	spec := Spec{Gateway: netip.MustParseAddr("10.10.1.1"), ExternalName: "x1.example.test", LocalName: "local.zone",
+		Egress: &EgressSpec{AllowedName: "example.test", DeniedName: "other.example.test", DeniedAddr: netip.MustParseAddr("198.51.100.7")}}
+	plan, err := NewPlan(spec, WithEgress(GuardPolicy(), "allowlist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []Check
+	for _, c := range plan.Checks {
+		if c.Group == GroupEgress {
+			rows = append(rows, c)
+		}
+	}
+	if len(rows) != 5 {
+		t.Fatalf("%d egress rows, want 5: %+v", len(rows), rows)
+	}
+	want := []struct {
+		expect          Verdict
+		control, needed bool
+	}{{Reachable, true, true}, {Reachable, true, true}, {Blocked, false, true}, {Blocked, false, true}, {Blocked, false, false}}
+	for i, w := range want {
+		c := rows[i]
+		if c.Expect != w.expect || c.Control != w.control || (c.NeedAnswer || c.NeedResponse) != w.needed {
+			t.Errorf("row %d %q: %+v", i, c.Name, c)
+		}
+	}
+	if sni := rows[3].Target; sni.Host != "other.example.test" || sni.Name != "example.test" || sni.Resolver != "10.10.1.1:53" {
+		t.Errorf("SNI row target %+v", sni)
+	}
+	// a connection closed before any HTTP response is a refusal, not a route
+	v, _ := observe(rows[3], probe.Result{Outcome: probe.OutcomeOpen, Detail: "connected, no HTTP response: EOF"})
+	if v != Blocked {
+		t.Errorf("refused SNI observed as %s", v)
+	}
+	v, _ = observe(rows[1], probe.Result{Outcome: probe.OutcomeResponse, HTTPStatus: 200})
+	if v != Reachable {
+		t.Errorf("allowed connect observed as %s", v)
+	}
+	spec.Egress.DeniedName = ""
+	if _, err := NewPlan(spec, WithEgress(GuardPolicy(), "allowlist")); err == nil {
+		t.Error("an egress spec without a denied name was accepted")
 	}
 }

@@ -28,6 +28,8 @@ type lockdownView interface {
 type egressView interface {
 	// Mode returns the egress mode of the sandbox's zone.
 	Mode(sandbox string) string
+	// AllowsName reports whether the sandbox's policy allows name.
+	AllowsName(sandbox, name string) bool
 }
 
 // NewChecker builds the containment check the API's check endpoint runs:
@@ -36,17 +38,27 @@ type egressView interface {
 // the sandbox's egress mode (ev may be nil).
 func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView) *containcheck.Checker {
 	c := cfg.Check
-	var sp func(string, containment.Policy) containment.Policy
+	var adapt func(string, containment.Spec, containment.Policy) (containment.Spec, containment.Policy)
 	if ev != nil {
-		sp = func(sb string, p containment.Policy) containment.Policy {
-			return containment.WithEgress(p, ev.Mode(sb))
+		adapt = func(sb string, spec containment.Spec, p containment.Policy) (containment.Spec, containment.Policy) {
+			mode := ev.Mode(sb)
+			// the egress rows need names the sandbox's policy really
+			// allows and denies; without them the rows are left out
+			if mode == "allowlist" && c.EgressAllowedName != "" && c.EgressDeniedName != "" &&
+				ev.AllowsName(sb, c.EgressAllowedName) && !ev.AllowsName(sb, c.EgressDeniedName) {
+				spec.Egress = &containment.EgressSpec{AllowedName: c.EgressAllowedName, DeniedName: c.EgressDeniedName}
+				if a, err := netip.ParseAddr(c.EgressDeniedAddr); err == nil {
+					spec.Egress.DeniedAddr = a
+				}
+			}
+			return spec, containment.WithEgress(p, mode)
 		}
 	}
 	return &containcheck.Checker{
-		SandboxPolicy: sp,
-		Runner:        &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
-		Client:        qc,
-		QGADir:        cfg.API.QGADir,
+		Sandbox: adapt,
+		Runner:  &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
+		Client:  qc,
+		QGADir:  cfg.API.QGADir,
 		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
 			spec, err := nodeSpec(cfg)
 			pol := containment.GuardPolicy()

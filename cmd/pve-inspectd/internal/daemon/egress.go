@@ -238,6 +238,13 @@ func (e *Egress) Status(sandbox, zone string) sandboxapi.EgressStatus {
 	return st
 }
 
+// AllowsName reports whether a sandbox's policy allows name (an open
+// sandbox allows every name).
+func (e *Egress) AllowsName(sandbox, name string) bool {
+	r, ok := e.Registry.Get(sandbox)
+	return !ok || r.AllowsName(name)
+}
+
 // Mode returns the egress mode of a sandbox (its zone is named after it);
 // open when it has no policy of its own.
 func (e *Egress) Mode(sandbox string) string {
