@@ -62,6 +62,8 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/sandboxes/{id}", scope: ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
 		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
 		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
+		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
+		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
 		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
 		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
@@ -81,6 +83,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 		return pr
 	}
 	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
+		return pr
+	}
+	if pr := s.validateEgress(req.Egress); pr != nil {
 		return pr
 	}
 	if req.Owner == "" {

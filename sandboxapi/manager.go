@@ -35,6 +35,9 @@ type record struct {
 	deleted chan struct{}
 	cancel  context.CancelFunc
 	guests  map[int]Guest
+	// egress is the policy asked for at create (nil: open); afterwards
+	// the Egress part owns the sandbox's policy.
+	egress *EgressPolicy
 	// ops counts the guest and VM operations in flight (exec, files,
 	// snapshots, check); opsCancel cancels them. Both are guarded by
 	// manager.mu for Add and cancel: a delete sets StateDeleting and
@@ -395,6 +398,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		created: make(chan struct{}),
 		cancel:  cancel,
 		guests:  map[int]Guest{},
+		egress:  req.Egress,
 	}
 	for i, n := range req.Networks {
 		gw, _, _ := subnetPlan(prefixes[i])
@@ -427,6 +431,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 			return Sandbox{}, err
 		}
 		m.forget(id)
+		m.removeEgress(tctx, id, rec.Zone)
 		if perr := m.publishZones(tctx); perr != nil {
 			log.Error("publish zones after failed create", "err", perr)
 		}
@@ -467,6 +472,9 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int, env map[st
 		return err
 	}
 	if err := m.publishZones(ctx); err != nil {
+		return err
+	}
+	if err := m.applyEgress(ctx, rec); err != nil {
 		return err
 	}
 	errs := make(chan error, len(rec.VMs))
@@ -715,6 +723,7 @@ func (m *manager) removeIf(ctx context.Context, id string, cond func(*record) bo
 		return false, err
 	}
 	m.forget(id)
+	m.removeEgress(ctx, id, r.Zone)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	if err := m.publishZones(ctx); err != nil {
 		m.log.Error("publish zones after delete", "err", err)

@@ -91,6 +91,9 @@ type Options struct {
 	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
 	// own vnets may forward to each other. An error fails the create.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress, when set, enforces sandboxes' egress policies (create's
+	// egress object, /v1/sandboxes/{id}/egress); nil refuses them.
+	Egress Egress
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).

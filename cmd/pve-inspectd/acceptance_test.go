@@ -328,8 +328,8 @@ func (a *accBed) requireInForce(t *testing.T, ctx context.Context, when string) 
 	if err != nil {
 		t.Fatalf("%s: list table: %v\n%s", when, err, listing)
 	}
-	if n := strings.Count(listing, "comment \""); n != 17 {
-		t.Errorf("%s: %d rules in the table, want 17 (duplicates or missing)", when, n)
+	if n := strings.Count(listing, "comment \""); n != 33 {
+		t.Errorf("%s: %d rules in the table, want 33 (duplicates or missing)", when, n)
 	}
 }
 

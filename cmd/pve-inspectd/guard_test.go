@@ -264,8 +264,8 @@ func TestRunStatusRemove(t *testing.T) {
 	}
 	m := n.scrape(t, "127.0.0.1:9474")
 	for _, want := range []string{
-		"pve_inspect_guard_rules_expected 17",
-		"pve_inspect_guard_rules_present 17",
+		"pve_inspect_guard_rules_expected 33",
+		"pve_inspect_guard_rules_present 33",
 		`pve_inspect_guard_management_interface{interface="eth0"} 1`,
 		`pve_inspect_guard_rule_drop_packets_total{chain="forward",rule="cross-zone"} 0`,
 		// the install, then the zones of the SDN running config

@@ -46,6 +46,8 @@ type APIDeps struct {
 	// ZonesChanged receives the sandbox zones and their bridges: pass the
 	// host guard's SetZones.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress enforces sandboxes' egress policies (nil: refused).
+	Egress sandboxapi.Egress
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
 	// RetryMin and RetryMax bound the back-off between attempts to reach
@@ -177,6 +179,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
 		ZonesChanged:   d.ZonesChanged,
+		Egress:         d.Egress,
 		Registerer:     d.Registerer,
 		Logger:         a.log,
 	})
