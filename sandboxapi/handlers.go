@@ -278,6 +278,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (
 	if pr := validateGuestPath(path); pr != nil {
 		return pr
 	}
+	if g, ok := s.m.guest(vm.VMID).(sizedReader); ok {
+		return s.streamFile(ctx, w, vm.VMID, g, path)
+	}
 	f, err := os.CreateTemp(s.o.SpoolDir, "pve-inspectd-read-*")
 	if err != nil {
 		return fmt.Errorf("spool file: %w", err)
@@ -339,6 +342,13 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) 
 		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
 	}
 	body := &limitedBody{r: http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes), max: s.o.MaxFileBytes}
+	if s.useDisk(r.ContentLength) {
+		if err := s.o.DiskTransfer.Upload(ctx, vm.VMID, s.m.guest(vm.VMID), path, body, r.ContentLength, mode); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	if err := s.m.guest(vm.VMID).WriteFile(ctx, path, body, mode); err != nil {
 		return err
 	}

@@ -66,6 +66,11 @@ type Options struct {
 	ReaperInterval time.Duration
 	// MaxFileBytes caps file uploads and downloads (1 GiB).
 	MaxFileBytes int64
+	// DiskTransfer, when set, moves files of at least DiskThreshold bytes
+	// (32 MiB by default) through a hot-plugged disk instead of the guest
+	// agent (sandboxapi/diskxfer).
+	DiskTransfer  DiskTransfer
+	DiskThreshold int64
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from
 	// (10.200.0.0/16 in /24s).
 	AutoCIDRPool netip.Prefix
@@ -126,6 +131,9 @@ func (o *Options) defaults() error {
 	def(&o.FileTimeout, 30*time.Minute)
 	if o.MaxFileBytes == 0 {
 		o.MaxFileBytes = 1 << 30
+	}
+	if o.DiskThreshold <= 0 {
+		o.DiskThreshold = DefaultDiskThreshold
 	}
 	if !o.AutoCIDRPool.IsValid() {
 		o.AutoCIDRPool = netip.MustParsePrefix("10.200.0.0/16")

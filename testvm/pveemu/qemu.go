@@ -588,6 +588,7 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		return nil, fail("no options specified")
 	}
 	digest := rq.str("digest")
+	force := rq.bool("force", false)
 	apply := func(ctx context.Context) error {
 		unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
 		if err != nil {
@@ -609,6 +610,9 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 			}
 		}
 		old := copyConf(v.conf)
+		if err := s.hotplugDisks(ctx, v, changes, deletes, force); err != nil {
+			return err
+		}
 		for _, d := range deletes {
 			delete(v.conf, d)
 		}
