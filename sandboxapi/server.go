@@ -86,6 +86,15 @@ type Options struct {
 	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
 	// own vnets may forward to each other. An error fails the create.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// VMConfigs, when set, reads and changes VM configurations for the
+	// hardened VM profile (sandboxapi/hardening): every clone gets what the
+	// pool-scoped token may set, and a create from a template that fails
+	// the profile's root-only items is refused (template-not-hardened)
+	// unless AllowUnhardenedTemplates.
+	VMConfigs VMConfigs
+	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
+	// lets a create clone a template that fails the profile.
+	AllowUnhardenedTemplates bool
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -19,7 +20,12 @@ import (
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
+// emuRootPassword is root@pam's password in the emulator.
+const emuRootPassword = "emu-root-password"
+
 type emuEnv struct {
+	url string
+	hc  *http.Client
 	emu *pveemu.Server
 	fb  *pveemu.FakeBackend
 	px  *pve.Client
@@ -33,14 +39,14 @@ type emuEnv struct {
 // privilege-separated API token holding the ACLs pve-access-setup grants.
 func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv { return newEmuEnvTB(t, acl) }
 
-func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
+func newEmuEnvTB(t testing.TB, acl [][2]string, opts ...func(*sandboxapi.Options)) *emuEnv {
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	if err := os.MkdirAll(run, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	fb := pveemu.NewFakeBackend(run)
-	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data")})
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), RootPassword: emuRootPassword})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +83,12 @@ func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
-		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	o := sandboxapi.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
+		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, f := range opts {
+		f(&o)
+	}
+	srv, err := sandboxapi.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +97,7 @@ func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
 	t.Cleanup(hs.Close)
-	return &emuEnv{emu: emu, fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
+	return &emuEnv{url: ts.URL + "/api2/json", hc: ts.Client(), emu: emu, fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
 }
 
 // socketGuest answers Ping while the emulator's agent socket exists (the

@@ -573,6 +573,7 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		return nil, fail("no options specified")
 	}
 	digest := rq.str("digest")
+	authid := rq.authid
 	apply := func(ctx context.Context) error {
 		unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
 		if err != nil {
@@ -592,6 +593,9 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 			if err := checkLock(v); err != nil {
 				return err
 			}
+		}
+		if err := checkRootOnlyConfig(authid, changes, deletes, v.conf); err != nil {
+			return err
 		}
 		for _, d := range deletes {
 			delete(v.conf, d)

@@ -52,6 +52,10 @@ type APISection struct {
 	// MgmtInterval and on default-route changes.
 	MgmtRules    bool          `toml:"mgmt_rules"`
 	MgmtInterval time.Duration `toml:"mgmt_interval"`
+	// RequireHardenedTemplates refuses a create from a template that fails
+	// the hardened VM profile's items a clone cannot fix (see
+	// `pve-inspectd template check`).
+	RequireHardenedTemplates bool `toml:"require_hardened_templates"`
 	// Caps are the resource guard's limits (0: unlimited).
 	Caps APICaps `toml:"caps"`
 	// Proxmox is the API the daemon drives.
@@ -106,6 +110,8 @@ func defaultAPI() APISection {
 		AutoCIDRBits:   24,
 		MgmtRules:      true,
 		MgmtInterval:   time.Minute,
+
+		RequireHardenedTemplates: true,
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",

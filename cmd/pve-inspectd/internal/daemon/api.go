@@ -203,8 +203,11 @@ func (a *API) build() (*sandboxapi.Server, *pve.Client, error) {
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
 		ZonesChanged:   d.ZonesChanged,
-		Registerer:     d.Registerer,
-		Logger:         a.log,
+		VMConfigs:      px,
+
+		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
+		Registerer:               d.Registerer,
+		Logger:                   a.log,
 	})
 	if err != nil {
 		return nil, nil, err
