@@ -30,6 +30,7 @@ const (
 	ProblemProxmox               = "proxmox-error"
 	ProblemUnavailable           = "unavailable"
 	ProblemInternal              = "internal"
+	ProblemGuestNoSpace          = "guest-no-space"
 	ProblemTemplateNotHardened   = "template-not-hardened"
 	problemContentType           = "application/problem+json"
 	problemDefaultStatusInternal = http.StatusInternalServerError
@@ -78,6 +79,7 @@ var problemTitles = map[string]string{
 	ProblemProxmox:              "Proxmox API error",
 	ProblemUnavailable:          "Service unavailable",
 	ProblemInternal:             "Internal error",
+	ProblemGuestNoSpace:         "No space left in guest",
 	ProblemTemplateNotHardened:  "Template not hardened",
 }
 
@@ -102,6 +104,7 @@ var problemStatus = map[string]int{
 	ProblemProxmox:              http.StatusBadGateway,
 	ProblemUnavailable:          http.StatusServiceUnavailable,
 	ProblemInternal:             problemDefaultStatusInternal,
+	ProblemGuestNoSpace:         http.StatusInsufficientStorage,
 	ProblemTemplateNotHardened:  http.StatusUnprocessableEntity,
 }
 
@@ -145,6 +148,8 @@ func asProblem(err error) *Problem {
 		return newProblem(ProblemIsDirectory, err.Error())
 	case errors.Is(err, ErrPermission):
 		return newProblem(ProblemPermissionDenied, err.Error())
+	case errors.Is(err, ErrGuestNoSpace):
+		return newProblem(ProblemGuestNoSpace, err.Error())
 	case errors.Is(err, ErrGuestTimeout):
 		return newProblem(ProblemGuestTimeout, err.Error())
 	case errors.Is(err, ErrGuestUnavailable):

@@ -61,13 +61,22 @@ func upAccBed(t *testing.T, ctx context.Context) *accBed {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg := writeAccConfig(t, b, `zones = { zonea = ["vneta"], zoneb = ["vnetb"] }`)
+	return &accBed{b: b, ga: ga, gb: gb, cfg: cfg}
+}
+
+// writeAccConfig writes the daemon's configuration for a bed: every path
+// in a fresh directory, metrics on every node address, guard holding the
+// extra [guard] lines.
+func writeAccConfig(t *testing.T, b *testvm.Bed, guard string) string {
+	t.Helper()
 	dir := t.TempDir()
 	nodeRoot := b.NodeRoot() // VM configs and leases: the layer-2 guard's port map
 	cfg := filepath.Join(dir, "config.toml")
 	doc := fmt.Sprintf(`[node]
 id = "acc"
 [guard]
-zones = { zonea = ["vneta"], zoneb = ["vnetb"] }
+%s
 dnsmasq_user = "65534"
 verify_interval = "2s"
 node_root = %q
@@ -81,12 +90,12 @@ backup_dir = %q
 state_file = %q
 [halt]
 state_file = %q
-`, nodeRoot, filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
+`, guard, nodeRoot, filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
 		filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"), filepath.Join(dir, "halted"))
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return &accBed{b: b, ga: ga, gb: gb, cfg: cfg}
+	return cfg
 }
 
 // daemonProc is a `pve-inspectd run` process in the node namespace.

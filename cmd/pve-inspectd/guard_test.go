@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"io"
 	"net"
@@ -112,6 +113,7 @@ id = "test"
 [guard]
 trusted_interfaces = ["stor0"]
 zones = { zone1 = ["vnetA", "vnetA2"] }
+sdn_config = "` + filepath.Join(dir, "running-config") + `"
 dnsmasq_user = "65534"
 metadata4 = ["192.0.0.192/32"]
 verify_interval = "1s"
@@ -126,8 +128,18 @@ backup_dir = "` + filepath.Join(dir, "lockdown") + `"
 state_file = "` + filepath.Join(dir, "lockdown.json") + `"
 [halt]
 state_file = "` + filepath.Join(dir, "halted") + `"
+[egress]
+state_file = "` + filepath.Join(dir, "egress.json") + `"
 `
 	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Zones as the reference Inspect plugin creates them, one vnet of
+	// which has a bridge on the node, and a vnet pve-network would skip.
+	sdn := `{"version":4,"zones":{"ids":{"abc123z":{"type":"simple","ipam":"pve","dhcp":"dnsmasq"}}},` +
+		`"vnets":{"ids":{"vnetB":{"type":"vnet","zone":"abc123z"},"abc123v1":{"type":"vnet","zone":"abc123z"},` +
+		`"orphan":{"type":"vnet","zone":"gone"}}},"subnets":{"ids":{}},"controllers":{"ids":{}}}`
+	if err := os.WriteFile(filepath.Join(dir, "running-config"), []byte(sdn), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -143,10 +155,25 @@ func (n *node) daemonCmd(ctx context.Context, args ...string) *exec.Cmd {
 func TestPlanGolden(t *testing.T) {
 	n := newNode(t)
 	cfg := writeConfig(t)
+	// a node default and one sandbox's persisted policy show in the plan
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("default_mode = \"allowlist\"\nallow = [\"pypi.org\", \"203.0.113.0/24\"]\ndeny = [\"203.0.113.9\"]\n")
+	if err := errors.Join(err, f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	state := `{"version": 1, "zones": [{"zone": "sb1", "owner": "sb-0001", "bridges": ["vnetB"],
+		"policy": {"mode": "allowlist", "allow": ["*.github.com", "198.51.100.0/24"]}}]}`
+	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "egress.json"), []byte(state), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := n.daemonCmd(context.Background(), "plan", "-c", cfg).CombinedOutput()
 	if err != nil {
 		t.Fatalf("plan: %v\n%s", err, out)
 	}
+	out = []byte(strings.ReplaceAll(string(out), filepath.Join(filepath.Dir(cfg), "running-config"), "SDN_CONFIG"))
 	p := filepath.Join("testdata", "plan.golden")
 	if *update {
 		_ = os.MkdirAll("testdata", 0o755)
@@ -241,7 +268,10 @@ func TestRunStatusRemove(t *testing.T) {
 		"pve_inspect_guard_rules_present 17",
 		`pve_inspect_guard_management_interface{interface="eth0"} 1`,
 		`pve_inspect_guard_rule_drop_packets_total{chain="forward",rule="cross-zone"} 0`,
-		"pve_inspect_guard_apply_duration_seconds_count 1",
+		// the install, then the zones of the SDN running config
+		"pve_inspect_guard_apply_duration_seconds_count 2",
+		"pve_inspect_sdn_zones 1",
+		"pve_inspect_sdn_config_valid 1",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q:\n%s", want, m)

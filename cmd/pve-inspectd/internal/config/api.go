@@ -48,10 +48,6 @@ type APISection struct {
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
 	AutoCIDRPool string `toml:"auto_cidr_pool"`
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`
-	// MgmtRules converges the Proxmox management-port firewall rules every
-	// MgmtInterval and on default-route changes.
-	MgmtRules    bool          `toml:"mgmt_rules"`
-	MgmtInterval time.Duration `toml:"mgmt_interval"`
 	// RequireHardenedTemplates refuses a create from a template that fails
 	// the hardened VM profile's items a clone cannot fix (see
 	// `pve-inspectd template check`).
@@ -108,8 +104,6 @@ func defaultAPI() APISection {
 		MaxFileBytes:   1 << 30,
 		AutoCIDRPool:   "10.200.0.0/16",
 		AutoCIDRBits:   24,
-		MgmtRules:      true,
-		MgmtInterval:   time.Minute,
 
 		RequireHardenedTemplates: true,
 		Proxmox: APIProxmox{
@@ -184,7 +178,7 @@ func (a APISection) validate(prefix string) error {
 	durs := []struct {
 		k string
 		v time.Duration
-	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}, {"mgmt_interval", a.MgmtInterval}}
+	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}}
 	for _, d := range durs {
 		if d.v <= 0 {
 			return key(d.k, errors.New("must be positive"))
