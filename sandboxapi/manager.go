@@ -362,6 +362,13 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		}
 		tmpl[i] = id
 	}
+	names := make([]string, len(req.VMs))
+	for i, v := range req.VMs {
+		names[i] = v.Template
+	}
+	if err := m.checkTemplates(ctx, names, tmpl); err != nil {
+		return Sandbox{}, err
+	}
 	var foreign []netip.Prefix
 	cidrs, err := m.o.Proxmox.ListSubnetCIDRs(ctx)
 	if err != nil {
@@ -572,6 +579,9 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int, env map
 	cfg := VMConfig{Tags: []string{nodeTag(m.o.Node), sandboxTag(rec.ID)}, Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges}
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
+	}
+	if err := m.hardenClone(ctx, vmid); err != nil {
+		return err
 	}
 	if spec.DiskGiB > 0 {
 		if err := px.ResizeDisk(ctx, vmid, spec.DiskGiB); err != nil {

@@ -64,13 +64,18 @@ func New(o Options) (*Client, error) {
 	if !strings.Contains(o.TokenID, "!") || o.Secret == "" {
 		return nil, fmt.Errorf("pve: token id %q: want user@realm!tokenname with a secret", o.TokenID)
 	}
+	return newClient(o, proxmox.WithAPIToken(o.TokenID, o.Secret))
+}
+
+// newClient builds the client with one way to authenticate.
+func newClient(o Options, auth proxmox.Option) (*Client, error) {
 	if o.TaskPoll == 0 {
 		o.TaskPoll = 100 * time.Millisecond
 	}
 	if o.TaskTimeout == 0 {
 		o.TaskTimeout = 10 * time.Minute
 	}
-	opts := []proxmox.Option{proxmox.WithAPIToken(o.TokenID, o.Secret), proxmox.WithUserAgent("pve-inspectd")}
+	opts := []proxmox.Option{auth, proxmox.WithUserAgent("pve-inspectd")}
 	if o.HTTPClient != nil {
 		opts = append(opts, proxmox.WithHTTPClient(o.HTTPClient))
 	} else {

@@ -48,6 +48,10 @@ type APISection struct {
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
 	AutoCIDRPool string `toml:"auto_cidr_pool"`
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`
+	// RequireHardenedTemplates refuses a create from a template that fails
+	// the hardened VM profile's items a clone cannot fix (see
+	// `pve-inspectd template check`).
+	RequireHardenedTemplates bool `toml:"require_hardened_templates"`
 	// Caps are the resource guard's limits (0: unlimited).
 	Caps APICaps `toml:"caps"`
 	// Proxmox is the API the daemon drives.
@@ -100,6 +104,8 @@ func defaultAPI() APISection {
 		MaxFileBytes:   1 << 30,
 		AutoCIDRPool:   "10.200.0.0/16",
 		AutoCIDRBits:   24,
+
+		RequireHardenedTemplates: true,
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",

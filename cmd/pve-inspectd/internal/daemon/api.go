@@ -180,8 +180,11 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AgentTimeout:   ac.AgentTimeout,
 		ZonesChanged:   d.ZonesChanged,
 		Egress:         d.Egress,
-		Registerer:     d.Registerer,
-		Logger:         a.log,
+		VMConfigs:      px,
+
+		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
+		Registerer:               d.Registerer,
+		Logger:                   a.log,
 	})
 	if err != nil {
 		return nil, err
