@@ -151,22 +151,16 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, _ princip
 	return writeJSON(w, http.StatusOK, sb)
 }
 
-// vm resolves {id} and {vm} to a ready sandbox's VM.
-func (s *Server) vm(r *http.Request) (Sandbox, VM, error) {
-	sb, err := s.lookup(r.PathValue("id"))
-	if err != nil {
-		return Sandbox{}, VM{}, err
+// begin resolves {id} and {vm} to a ready sandbox's VM and starts an
+// operation on it: ctx is cancelled when the sandbox is deleted, and end
+// must be called with the handler's result.
+func (s *Server) begin(r *http.Request) (VM, context.Context, func(error) error, error) {
+	id := r.PathValue("id")
+	if !reSandbox.MatchString(id) {
+		return VM{}, nil, nil, problemf(ProblemNotFound, "sandbox %q not found", id)
 	}
-	if sb.State != StateReady {
-		return Sandbox{}, VM{}, problemf(ProblemConflict, "sandbox %s is %s", sb.ID, sb.State)
-	}
-	name := r.PathValue("vm")
-	for _, v := range sb.VMs {
-		if v.Name == name {
-			return sb, v, nil
-		}
-	}
-	return Sandbox{}, VM{}, problemf(ProblemNotFound, "sandbox %s has no VM %q", sb.ID, name)
+	_, vm, ctx, end, err := s.m.begin(r.Context(), id, r.PathValue("vm"))
+	return vm, ctx, end, err
 }
 
 func (s *Server) toGuestExec(e ExecRequest) GuestExec {
@@ -191,11 +185,12 @@ func wantsNDJSON(r *http.Request) bool {
 	return false
 }
 
-func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) error {
-	_, vm, err := s.vm(r)
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
+	vm, octx, end, err := s.begin(r)
 	if err != nil {
 		return err
 	}
+	defer func() { err = end(err) }()
 	var req ExecRequest
 	if pr := decodeJSON(w, r, maxExecBody, &req); pr != nil {
 		return pr
@@ -204,7 +199,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) error
 		return pr
 	}
 	ge := s.toGuestExec(req)
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(ge.Timeout)*time.Second+30*time.Second)
+	ctx, cancel := context.WithTimeout(octx, time.Duration(ge.Timeout)*time.Second+30*time.Second)
 	defer cancel()
 	g := s.m.guest(vm.VMID)
 	if !wantsNDJSON(r) {
@@ -273,14 +268,18 @@ func (n *ndjsonWriter) stream(typ string) io.Writer {
 	return streamWriter{n: n, typ: typ}
 }
 
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) error {
-	_, vm, err := s.vm(r)
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
+	vm, ctx, end, err := s.begin(r)
 	if err != nil {
 		return err
 	}
+	defer func() { err = end(err) }()
 	path := r.URL.Query().Get("path")
 	if pr := validateGuestPath(path); pr != nil {
 		return pr
+	}
+	if g, ok := s.m.guest(vm.VMID).(sizedReader); ok {
+		return s.streamFile(ctx, w, vm.VMID, g, path)
 	}
 	f, err := os.CreateTemp(s.o.SpoolDir, "pve-inspectd-read-*")
 	if err != nil {
@@ -288,7 +287,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) e
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	n, err := s.m.guest(vm.VMID).ReadFile(r.Context(), path, f, s.o.MaxFileBytes)
+	n, err := s.m.guest(vm.VMID).ReadFile(ctx, path, f, s.o.MaxFileBytes)
 	if err != nil {
 		if errors.Is(err, ErrTooLarge) {
 			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
@@ -320,11 +319,12 @@ func (l *limitedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) error {
-	_, vm, err := s.vm(r)
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
+	vm, ctx, end, err := s.begin(r)
 	if err != nil {
 		return err
 	}
+	defer func() { err = end(err) }()
 	q := r.URL.Query()
 	path := q.Get("path")
 	if pr := validateGuestPath(path); pr != nil {
@@ -342,18 +342,26 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) 
 		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
 	}
 	body := &limitedBody{r: http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes), max: s.o.MaxFileBytes}
-	if err := s.m.guest(vm.VMID).WriteFile(r.Context(), path, body, mode); err != nil {
+	if s.useDisk(r.ContentLength) {
+		if err := s.o.DiskTransfer.Upload(ctx, vm.VMID, s.m.guest(vm.VMID), path, body, r.ContentLength, mode); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if err := s.m.guest(vm.VMID).WriteFile(ctx, path, body, mode); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) error {
-	_, vm, err := s.vm(r)
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
+	vm, ctx, end, err := s.begin(r)
 	if err != nil {
 		return err
 	}
+	defer func() { err = end(err) }()
 	var req SnapshotRequest
 	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 		return pr
@@ -361,45 +369,45 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) e
 	if pr := validateSnapshotName(req.Name); pr != nil {
 		return pr
 	}
-	if err := s.o.Proxmox.Snapshot(r.Context(), vm.VMID, req.Name); err != nil {
+	if err := s.o.Proxmox.Snapshot(ctx, vm.VMID, req.Name); err != nil {
 		return pxErr("snapshot", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-func (s *Server) rollback(w http.ResponseWriter, r *http.Request, _ principal) error {
-	_, vm, err := s.vm(r)
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
+	vm, ctx, end, err := s.begin(r)
 	if err != nil {
 		return err
 	}
+	defer func() { err = end(err) }()
 	name := r.PathValue("name")
 	if pr := validateSnapshotName(name); pr != nil {
 		return pr
 	}
-	if err := s.o.Proxmox.Rollback(r.Context(), vm.VMID, name); err != nil {
+	if err := s.o.Proxmox.Rollback(ctx, vm.VMID, name); err != nil {
 		return pxErr("rollback", err)
 	}
 	// A rollback to a snapshot without RAM leaves the VM stopped.
-	info, err := s.o.Proxmox.VM(r.Context(), vm.VMID)
+	info, err := s.o.Proxmox.VM(ctx, vm.VMID)
 	if err != nil {
 		return pxErr("read vm after rollback", err)
 	}
 	if info.Status != "running" {
-		if err := s.o.Proxmox.StartVM(r.Context(), vm.VMID); err != nil {
+		if err := s.o.Proxmox.StartVM(ctx, vm.VMID); err != nil {
 			return pxErr("start vm after rollback", err)
 		}
 	}
-	if err := s.m.waitAgent(r.Context(), vm.VMID); err != nil {
+	if err := s.m.waitAgent(ctx, vm.VMID); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-func (s *Server) check(w http.ResponseWriter, r *http.Request, _ principal) error {
-	sb, err := s.lookup(r.PathValue("id"))
-	if err != nil {
+func (s *Server) check(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
+	if _, err := s.lookup(r.PathValue("id")); err != nil {
 		return err
 	}
 	var req CheckRequest
@@ -408,21 +416,11 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, _ principal) erro
 			return pr
 		}
 	}
-	if sb.State != StateReady {
-		return problemf(ProblemConflict, "sandbox %s is %s", sb.ID, sb.State)
+	sb, vm, ctx, end, err := s.m.begin(r.Context(), r.PathValue("id"), req.VM)
+	if err != nil {
+		return err
 	}
-	vm := sb.VMs[0]
-	if req.VM != "" {
-		found := false
-		for _, v := range sb.VMs {
-			if v.Name == req.VM {
-				vm, found = v, true
-			}
-		}
-		if !found {
-			return problemf(ProblemNotFound, "sandbox %s has no VM %q", sb.ID, req.VM)
-		}
-	}
+	defer func() { err = end(err) }()
 	if s.o.Checker == nil {
 		return newProblem(ProblemUnavailable, "the containment check is not configured")
 	}
@@ -432,7 +430,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, _ principal) erro
 			others = append(others, o)
 		}
 	}
-	rep, err := s.o.Checker.Run(r.Context(), CheckTarget{Sandbox: sb, VM: vm, Guest: s.m.guest(vm.VMID), Others: others, GuestOf: s.m.guest})
+	rep, err := s.o.Checker.Run(ctx, CheckTarget{Sandbox: sb, VM: vm, Guest: s.m.guest(vm.VMID), Others: others, GuestOf: s.m.guest})
 	if err != nil {
 		return fmt.Errorf("containment check: %w", err)
 	}

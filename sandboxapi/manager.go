@@ -35,6 +35,62 @@ type record struct {
 	deleted chan struct{}
 	cancel  context.CancelFunc
 	guests  map[int]Guest
+	// ops counts the guest and VM operations in flight (exec, files,
+	// snapshots, check); opsCancel cancels them. Both are guarded by
+	// manager.mu for Add and cancel: a delete sets StateDeleting and
+	// cancels under the lock, so no operation begins after it, then waits
+	// for ops before it stops any VM (VM ids are reused: a stale exec must
+	// not reach the next sandbox's VM).
+	ops       sync.WaitGroup
+	opsCtx    context.Context
+	opsCancel context.CancelCauseFunc
+}
+
+// errDeleted is the cause given to operations cancelled by a delete.
+var errDeleted = errors.New("the sandbox is being deleted")
+
+// begin starts an operation on a ready sandbox's VM: it returns the
+// sandbox, the VM, a context cancelled when the sandbox is deleted, and
+// end, which must be called when the operation is over and turns an error
+// caused by the delete into a conflict.
+func (m *manager) begin(ctx context.Context, id, vm string) (Sandbox, VM, context.Context, func(error) error, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.sbx[id]
+	if !ok {
+		return Sandbox{}, VM{}, nil, nil, problemf(ProblemNotFound, "sandbox %q not found", id)
+	}
+	if r.State != StateReady {
+		return Sandbox{}, VM{}, nil, nil, problemf(ProblemConflict, "sandbox %s is %s", id, r.State)
+	}
+	var v VM
+	found := false
+	for _, x := range r.VMs {
+		if x.Name == vm || vm == "" && !found {
+			v, found = x, true
+		}
+	}
+	if !found {
+		return Sandbox{}, VM{}, nil, nil, problemf(ProblemNotFound, "sandbox %s has no VM %q", id, vm)
+	}
+	if r.opsCtx == nil {
+		r.opsCtx, r.opsCancel = context.WithCancelCause(context.Background())
+	}
+	r.ops.Add(1)
+	octx, cancel := context.WithCancelCause(ctx)
+	ops := r.opsCtx
+	stop := context.AfterFunc(ops, func() { cancel(context.Cause(ops)) })
+	end := func(err error) error {
+		stop()
+		deleted := errors.Is(context.Cause(octx), errDeleted)
+		cancel(nil)
+		r.ops.Done()
+		if err != nil && deleted {
+			return problemf(ProblemConflict, "sandbox %s was deleted during the call", id)
+		}
+		return err
+	}
+	return cloneSandbox(r.Sandbox), v, octx, end, nil
 }
 
 // manager owns the sandboxes: create, delete, reaper, reconcile, state file.
@@ -590,11 +646,19 @@ func (m *manager) extend(id string, ttl time.Duration) (Sandbox, error) {
 
 // remove deletes a sandbox; deleting an unknown sandbox succeeds.
 func (m *manager) remove(ctx context.Context, id string) error {
+	_, err := m.removeIf(ctx, id, nil)
+	return err
+}
+
+// removeIf deletes a sandbox when cond, checked under the lock at the moment
+// the sandbox turns to deleting, holds (nil: always). It reports whether
+// the sandbox was deleted (or already gone).
+func (m *manager) removeIf(ctx context.Context, id string, cond func(*record) bool) (bool, error) {
 	m.mu.Lock()
 	r, ok := m.sbx[id]
 	if !ok {
 		m.mu.Unlock()
-		return nil
+		return true, nil
 	}
 	switch {
 	case r.State == StateCreating:
@@ -604,41 +668,67 @@ func (m *manager) remove(ctx context.Context, id string) error {
 		select {
 		case <-created:
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		}
-		return m.remove(ctx, id)
+		return m.removeIf(ctx, id, cond)
 	case r.deleted != nil:
 		d := r.deleted
 		m.mu.Unlock()
 		select {
 		case <-d:
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		}
-		return m.remove(ctx, id)
+		return m.removeIf(ctx, id, cond)
+	case cond != nil && !cond(r):
+		m.mu.Unlock()
+		return false, nil
 	}
 	r.State = StateDeleting
 	r.deleted = make(chan struct{})
+	if r.opsCancel != nil {
+		r.opsCancel(errDeleted)
+		r.opsCtx, r.opsCancel = nil, nil
+	}
 	d := r.deleted
 	m.updateGaugesLocked()
 	m.mu.Unlock()
 	defer close(d)
 	if err := m.saveState(); err != nil {
-		return err
+		return false, err
+	}
+	if err := waitOps(ctx, &r.ops); err != nil {
+		m.mu.Lock()
+		r.deleted = nil
+		m.mu.Unlock()
+		m.setState(id, StateError, "delete: operations still in flight: "+err.Error())
+		return false, err
 	}
 	if err := m.teardown(ctx, r); err != nil {
 		m.mu.Lock()
 		r.deleted = nil
 		m.mu.Unlock()
 		m.setState(id, StateError, "delete failed: "+err.Error())
-		return err
+		return false, err
 	}
 	m.forget(id)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	if err := m.publishZones(ctx); err != nil {
 		m.log.Error("publish zones after delete", "err", err)
 	}
-	return nil
+	return true, nil
+}
+
+// waitOps waits for the operations in flight, or ctx.
+func waitOps(ctx context.Context, ops *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() { ops.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for operations in flight: %w", ctx.Err())
+	}
 }
 
 // publishZones hands every known sandbox zone and its vnets to
@@ -782,13 +872,22 @@ func (m *manager) reap(ctx context.Context) int {
 		}
 	}
 	m.mu.Unlock()
+	// Each is checked again under the lock as it turns to deleting: one
+	// extended since the list was made is left alone.
+	expired := func(r *record) bool {
+		return (r.State == StateReady || r.State == StateError) && !m.o.Now().Before(r.ExpiresAt)
+	}
 	n := 0
 	for _, id := range due {
 		rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)
-		err := m.remove(rctx, id)
+		deleted, err := m.removeIf(rctx, id, expired)
 		cancel()
 		if err != nil {
 			m.log.Error("reaper: delete expired sandbox", "sandbox", id, "err", err)
+			continue
+		}
+		if !deleted {
+			m.log.Info("reaper: sandbox extended meanwhile; kept", "sandbox", id)
 			continue
 		}
 		m.met.reaped.Inc()

@@ -30,6 +30,7 @@ const (
 	ProblemProxmox               = "proxmox-error"
 	ProblemUnavailable           = "unavailable"
 	ProblemInternal              = "internal"
+	ProblemGuestNoSpace          = "guest-no-space"
 	problemContentType           = "application/problem+json"
 	problemDefaultStatusInternal = http.StatusInternalServerError
 )
@@ -75,6 +76,7 @@ var problemTitles = map[string]string{
 	ProblemProxmox:              "Proxmox API error",
 	ProblemUnavailable:          "Service unavailable",
 	ProblemInternal:             "Internal error",
+	ProblemGuestNoSpace:         "No space left in guest",
 }
 
 var problemStatus = map[string]int{
@@ -98,6 +100,7 @@ var problemStatus = map[string]int{
 	ProblemProxmox:              http.StatusBadGateway,
 	ProblemUnavailable:          http.StatusServiceUnavailable,
 	ProblemInternal:             problemDefaultStatusInternal,
+	ProblemGuestNoSpace:         http.StatusInsufficientStorage,
 }
 
 // ProblemTypes lists every stable problem type (documented in the OpenAPI
@@ -140,6 +143,8 @@ func asProblem(err error) *Problem {
 		return newProblem(ProblemIsDirectory, err.Error())
 	case errors.Is(err, ErrPermission):
 		return newProblem(ProblemPermissionDenied, err.Error())
+	case errors.Is(err, ErrGuestNoSpace):
+		return newProblem(ProblemGuestNoSpace, err.Error())
 	case errors.Is(err, ErrGuestTimeout):
 		return newProblem(ProblemGuestTimeout, err.Error())
 	case errors.Is(err, ErrGuestUnavailable):

@@ -66,6 +66,11 @@ type Options struct {
 	ReaperInterval time.Duration
 	// MaxFileBytes caps file uploads and downloads (1 GiB).
 	MaxFileBytes int64
+	// DiskTransfer, when set, moves files of at least DiskThreshold bytes
+	// (32 MiB by default) through a hot-plugged disk instead of the guest
+	// agent (sandboxapi/diskxfer).
+	DiskTransfer  DiskTransfer
+	DiskThreshold int64
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from
 	// (10.200.0.0/16 in /24s).
 	AutoCIDRPool netip.Prefix
@@ -126,6 +131,9 @@ func (o *Options) defaults() error {
 	def(&o.FileTimeout, 30*time.Minute)
 	if o.MaxFileBytes == 0 {
 		o.MaxFileBytes = 1 << 30
+	}
+	if o.DiskThreshold <= 0 {
+		o.DiskThreshold = DefaultDiskThreshold
 	}
 	if !o.AutoCIDRPool.IsValid() {
 		o.AutoCIDRPool = netip.MustParsePrefix("10.200.0.0/16")
@@ -332,15 +340,20 @@ func (s *Server) wrap(rt route) http.Handler {
 			s.met.requests.WithLabelValues(pattern, strconv.Itoa(code)).Inc()
 			s.met.latency.WithLabelValues(pattern).Observe(time.Since(start).Seconds())
 		}()
+		timeout := rt.timeout(s)
+		s.setDeadlines(sw, rt, timeout)
 		p, prob := s.authenticate(r, rt.scope)
 		if prob != nil {
 			if prob.Type == ProblemUnauthorized {
 				sw.Header().Set("WWW-Authenticate", `Bearer realm="pve-inspectd"`)
 			}
+			// The body stays unread: close the connection instead of
+			// letting the server wait to drain it for the next request.
+			sw.Header().Set("Connection", "close")
+			_ = http.NewResponseController(sw).SetReadDeadline(time.Now())
 			writeProblem(sw, prob)
 			return
 		}
-		timeout := rt.timeout(s)
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
 		if err := rt.h(sw, r.WithContext(ctx), p); err != nil {
@@ -355,6 +368,26 @@ func (s *Server) wrap(rt route) http.Handler {
 			writeProblem(sw, pr)
 		}
 	})
+}
+
+// setDeadlines bounds how long the request body may take to arrive and the
+// answer to be written: a JSON body within RequestTimeout, a file upload
+// within the route's timeout; the answer within the route's timeout plus a
+// margin to write the problem of a call that ran out of time. A client that
+// sends its body slowly is cut at the deadline.
+func (s *Server) setDeadlines(w http.ResponseWriter, rt route, timeout time.Duration) {
+	now := time.Now()
+	read := min(timeout, s.o.RequestTimeout)
+	if rt.requestType != "" { // raw uploads
+		read = timeout
+	}
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(now.Add(read)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.o.Logger.Warn("set read deadline", "err", err)
+	}
+	if err := rc.SetWriteDeadline(now.Add(timeout + 30*time.Second)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.o.Logger.Warn("set write deadline", "err", err)
+	}
 }
 
 // writeJSON sends a JSON document.

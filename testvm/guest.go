@@ -311,6 +311,7 @@ func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
 	}
 	_ = run(ctx, "ip", "-n", b.NodeNS(), "link", "del", "tap"+strconv.Itoa(vmid)+"i0")
 	_ = os.Remove(g.Socket)
+	b.detachAllBlocks(ctx, vmid)
 	_ = os.RemoveAll(filepath.Join(b.dir, "guests", strconv.Itoa(vmid), "root"))
 	return errors.Join(errs...)
 }

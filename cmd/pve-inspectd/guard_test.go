@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"io"
 	"net"
@@ -127,6 +128,8 @@ backup_dir = "` + filepath.Join(dir, "lockdown") + `"
 state_file = "` + filepath.Join(dir, "lockdown.json") + `"
 [halt]
 state_file = "` + filepath.Join(dir, "halted") + `"
+[egress]
+state_file = "` + filepath.Join(dir, "egress.json") + `"
 `
 	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
@@ -152,6 +155,20 @@ func (n *node) daemonCmd(ctx context.Context, args ...string) *exec.Cmd {
 func TestPlanGolden(t *testing.T) {
 	n := newNode(t)
 	cfg := writeConfig(t)
+	// a node default and one sandbox's persisted policy show in the plan
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("default_mode = \"allowlist\"\nallow = [\"pypi.org\", \"203.0.113.0/24\"]\ndeny = [\"203.0.113.9\"]\n")
+	if err := errors.Join(err, f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	state := `{"version": 1, "zones": [{"zone": "sb1", "owner": "sb-0001", "bridges": ["vnetB"],
+		"policy": {"mode": "allowlist", "allow": ["*.github.com", "198.51.100.0/24"]}}]}`
+	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "egress.json"), []byte(state), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := n.daemonCmd(context.Background(), "plan", "-c", cfg).CombinedOutput()
 	if err != nil {
 		t.Fatalf("plan: %v\n%s", err, out)
@@ -241,6 +258,10 @@ func TestRunStatusRemove(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "in force as desired") || !strings.Contains(string(out), "owned by netlink port") {
 		t.Fatalf("status while running: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "table bridge pve-inspect: present, owned by netlink port") ||
+		!strings.Contains(string(out), "layer-2 table in force as desired") {
+		t.Fatalf("status does not show the layer-2 table in force:\n%s", out)
+	}
 	m := n.scrape(t, "127.0.0.1:9474")
 	for _, want := range []string{
 		"pve_inspect_guard_rules_expected 17",
@@ -270,11 +291,15 @@ func TestRunStatusRemove(t *testing.T) {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ORPHANED") {
 		t.Fatalf("status after stop: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "table bridge pve-inspect: present, ORPHANED") {
+		t.Fatalf("the layer-2 table did not outlive the daemon:\n%s", out)
+	}
 	if out, err := n.daemonCmd(ctx, "guard", "remove", "-c", cfg).CombinedOutput(); err != nil {
 		t.Fatalf("guard remove: %v\n%s", err, out)
 	}
 	out, err = n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") {
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") ||
+		!strings.Contains(string(out), "table bridge pve-inspect: ABSENT") {
 		t.Fatalf("status after remove: %v\n%s", err, out)
 	}
 }

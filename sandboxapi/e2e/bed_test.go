@@ -57,12 +57,22 @@ type bedEnv struct {
 
 // newBedEnv brings the bed, the emulator on it and the sandbox API up.
 func newBedEnv(t testing.TB, ctx context.Context, mod func(*sandboxapi.Options)) *bedEnv {
+	return newBedEnvWith(t, ctx, nil, mod)
+}
+
+// newBedEnvWith is newBedEnv with the emulator's backend passed through
+// wrap (e.g. to inject faults).
+func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBackend) pveemu.Backend, mod func(*sandboxapi.Options)) *bedEnv {
 	bed, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = bed.Close() })
-	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
+	var backend pveemu.Backend = pveemu.BedBackend{Bed: bed}
+	if wrap != nil {
+		backend = wrap(pveemu.BedBackend{Bed: bed})
+	}
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: backend, DataDir: filepath.Join(bed.Dir(), "pveemu")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +86,9 @@ func newBedEnv(t testing.TB, ctx context.Context, mod func(*sandboxapi.Options))
 		t.Fatal(err)
 	}
 	if err := emu.AddPool("pve-inspect", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil { // as pve-access-setup does
 		t.Fatal(err)
 	}
 	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {

@@ -267,6 +267,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// outputEvery is how often the output of a running command is read (it
+// is always read to the end once the command exited).
+const outputEvery = 100 * time.Millisecond
+
 // helperTimeout bounds the internal helper commands (mkdir, chmod+mv, kill,
 // rm), which take milliseconds on any sane guest.
 const helperTimeout = time.Minute
@@ -476,6 +480,7 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 	var firstKill, lastKill time.Time
 	k := a.newChunker(a.maxReadChunk())
 	exited := false
+	lastRead := start
 	for {
 		if ctx.Err() != nil {
 			return nil, a.abandon(ctx, res.PID)
@@ -497,8 +502,10 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 		if killed && !exited && time.Since(firstKill) > killGrace {
 			return nil, fmt.Errorf("qga exec: pid %d still running %v after SIGKILL", res.PID, killGrace)
 		}
-		// One session: status (until it exited), one chunk of each stream,
-		// and once both are drained, closing the handles.
+		// One session: status (until it exited); once it exited, or when
+		// outputEvery passed since the last read, one chunk of each stream;
+		// once both are drained, closing the handles. While a quick command
+		// runs, a poll is a single agent call.
 		var outData, errData []byte
 		t0 := time.Now()
 		err := a.session(ctx, func(cn *conn) (err error) {
@@ -512,6 +519,10 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 					exited = true
 				}
 			}
+			if !exited && time.Since(lastRead) < outputEvery {
+				return nil
+			}
+			lastRead = time.Now()
 			if outData, err = so.take(cn, k.size, exited); err != nil {
 				return err
 			}

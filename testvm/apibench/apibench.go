@@ -2,8 +2,9 @@
 // with its baseline in one run: sandbox create-to-ready and delete (medians
 // over Rounds) and Proxmox API requests per sandbox lifecycle on the Proxmox
 // emulator with real qemu-ga guests; exec round trip through the HTTP API
-// against the raw guest agent client on the same VM; 64 MiB write+read
-// through the API against the client. Needs root (the bed).
+// and through the guest agent client, both against the raw guest-exec +
+// guest-exec-status loop (qgabench.RawExec, the qga section's baseline too)
+// on the same VM; 64 MiB write+read through the API against the client. Needs root (the bed).
 package apibench
 
 import (
@@ -26,6 +27,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga/qgabench"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -43,9 +45,13 @@ type Options struct {
 
 // Result holds the medians of one run.
 type Result struct {
-	CreateP50, DeleteP50     time.Duration
-	CallsPerLifecycle        float64
-	ExecAPIP50, ExecQGAP50   time.Duration
+	CreateP50, DeleteP50   time.Duration
+	CallsPerLifecycle      float64
+	ExecAPIP50, ExecQGAP50 time.Duration
+	// ExecRawP50 is the shared exec baseline: a bare guest-exec of
+	// /bin/true and guest-exec-status every millisecond on one connection
+	// (qgabench.RawExec), the same loop the qga section compares against.
+	ExecRawP50               time.Duration
 	FileAPIMBps, FileQGAMBps float64
 }
 
@@ -140,7 +146,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	defer func() { _ = c.Delete(context.WithoutCancel(ctx), sb.ID) }()
 	raw := qc.Agent(filepath.Join(bed.QGADir(), strconv.Itoa(sb.VMs[0].VMID)+".qga"))
-	var viaAPI, viaQGA []time.Duration
+	var viaAPI, viaQGA, viaRaw []time.Duration
 	for range o.Execs {
 		t0 := time.Now()
 		if _, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}}); err != nil {
@@ -150,9 +156,13 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		if _, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}}); err != nil {
 			return nil, fmt.Errorf("exec via qga: %w", err)
 		}
-		viaAPI, viaQGA = append(viaAPI, t1.Sub(t0)), append(viaQGA, time.Since(t1))
+		t2 := time.Now()
+		if err := qgabench.RawExec(ctx, raw.Socket(), time.Millisecond); err != nil {
+			return nil, fmt.Errorf("exec via raw guest-exec: %w", err)
+		}
+		viaAPI, viaQGA, viaRaw = append(viaAPI, t1.Sub(t0)), append(viaQGA, t2.Sub(t1)), append(viaRaw, time.Since(t2))
 	}
-	res.ExecAPIP50, res.ExecQGAP50 = median(viaAPI), median(viaQGA)
+	res.ExecAPIP50, res.ExecQGAP50, res.ExecRawP50 = median(viaAPI), median(viaQGA), median(viaRaw)
 
 	data := make([]byte, 64<<20)
 	_, _ = rand.Read(data)
@@ -185,8 +195,11 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	fmt.Fprintf(w, "| create-to-ready, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.CreateP50.Round(time.Millisecond))
 	fmt.Fprintf(w, "| delete, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.DeleteP50.Round(time.Millisecond))
 	fmt.Fprintf(w, "| Proxmox API requests per lifecycle (task polls included) | %.1f | | |\n", res.CallsPerLifecycle)
-	fmt.Fprintf(w, "| exec `true` round trip (p50 of %d) | %v | %v (raw qga client) | %.2fx |\n", o.Execs,
-		res.ExecAPIP50.Round(10*time.Microsecond), res.ExecQGAP50.Round(10*time.Microsecond), float64(res.ExecAPIP50)/float64(res.ExecQGAP50))
+	us := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	fmt.Fprintf(w, "| exec `true` round trip (p50 of %d) | %v | %v (raw guest-exec + guest-exec-status loop, 1 ms polls) | %.2fx |\n", o.Execs,
+		us(res.ExecAPIP50), us(res.ExecRawP50), float64(res.ExecAPIP50)/float64(res.ExecRawP50))
+	fmt.Fprintf(w, "| exec `true` round trip, guest agent client alone (p50 of %d) | %v | %v (same raw loop) | %.2fx |\n", o.Execs,
+		us(res.ExecQGAP50), us(res.ExecRawP50), float64(res.ExecQGAP50)/float64(res.ExecRawP50))
 	fmt.Fprintf(w, "| 64 MiB write+read (p50 of %d) | %.1f MB/s | %.1f MB/s (raw qga client) | %.2fx |\n", o.FileRounds,
 		res.FileAPIMBps, res.FileQGAMBps, res.FileAPIMBps/res.FileQGAMBps)
 	return res, nil

@@ -52,6 +52,11 @@ import (
 //	proc_root = "/proc"
 //	# Where the guard keeps the sysctl value `guard remove` restores.
 //	state_dir = "/run/pve-inspectd"
+//	# Root under which the layer-2 guard reads the VM configs
+//	# (etc/pve/qemu-server) and the zones' DHCP mappings and leases
+//	# (etc/dnsmasq.d, var/lib/misc) to pin each guest port to its MAC
+//	# and IPv4.
+//	node_root = "/"
 type GuardSection struct {
 	Metadata4      []string            `toml:"metadata4"`
 	Metadata6      []string            `toml:"metadata6"`
@@ -65,6 +70,7 @@ type GuardSection struct {
 	VerifyInterval string              `toml:"verify_interval"`
 	ProcRoot       string              `toml:"proc_root"`
 	StateDir       string              `toml:"state_dir"`
+	NodeRoot       string              `toml:"node_root"`
 }
 
 // MetricsSection is [metrics]: the Prometheus listener.
@@ -78,7 +84,8 @@ type MetricsSection struct {
 }
 
 func defaultGuard() GuardSection {
-	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd"}
+	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m",
+		VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/"}
 }
 
 func defaultMetrics() MetricsSection { return MetricsSection{Listen: "127.0.0.1:9474"} }
@@ -187,7 +194,7 @@ func (s GuardSection) validate(prefix string) error {
 	if d, err := time.ParseDuration(s.MgmtInterval); err != nil || d < time.Second || d > 24*time.Hour {
 		return &KeyError{Key: prefix + ".mgmt_interval", Err: fmt.Errorf("%q is not a duration in 1s..24h like \"1m\"", s.MgmtInterval)}
 	}
-	for key, p := range map[string]string{".proc_root": s.ProcRoot, ".state_dir": s.StateDir} {
+	for key, p := range map[string]string{".proc_root": s.ProcRoot, ".state_dir": s.StateDir, ".node_root": s.NodeRoot} {
 		if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) {
 			return &KeyError{Key: prefix + key, Err: fmt.Errorf("%q is not an absolute path", p)}
 		}

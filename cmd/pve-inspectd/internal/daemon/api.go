@@ -18,12 +18,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
+
+// apiMaxConns caps the open connections of the TCP listener.
+const apiMaxConns = 256
 
 // Management is the one source of the management interfaces: the host
 // guard's classification (interfaces carrying a default route) and its
@@ -105,7 +109,7 @@ func (a *API) Run(ctx context.Context) error {
 	}
 	a.srv.Store(srv)
 	a.local.set(srv.LocalHandler())
-	a.remote.set(srv.Handler())
+	a.remote.set(a.tcpHandler(srv))
 	a.ready.Set(1)
 	defer a.ready.Set(0)
 	a.log.Info("sandbox api ready")
@@ -235,7 +239,10 @@ func (a *API) serveOnce(ctx context.Context) error {
 			uln.Close()
 			return fmt.Errorf("listen %s: %w", ac.Listen, err)
 		}
-		lns = append(lns, tls.NewListener(l, tlsCfg))
+		// Capped: a client on the management network cannot hold more
+		// connections than this; the unix socket is for the node's own
+		// users and is not capped.
+		lns = append(lns, tls.NewListener(netutil.LimitListener(l, apiMaxConns), tlsCfg))
 		handlers = append(handlers, &a.remote)
 	}
 	sctx, cancel := context.WithCancel(ctx)

@@ -17,10 +17,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/egress"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
@@ -59,6 +62,9 @@ type Daemon struct {
 	Log    *slog.Logger
 	// GuardOptions are passed to firewall.New (tests: a network namespace).
 	GuardOptions []firewall.Option
+	// EgressNS, when set, is the network namespace the egress resolver and
+	// proxy listen and dial in (tests: the guard's namespace).
+	EgressNS *netns.NsHandle
 	// Ready is called once, after the guard is verified in force and every
 	// listener is bound (tests).
 	Ready func()
@@ -86,6 +92,10 @@ type run struct {
 	ctl   *lockdown.Controller
 	lopt  lockdown.Options
 	parts *parts
+	// egressState and egress: the persisted policies and the egress part
+	// (egress.go).
+	egressState *egress.State
+	egress      *Egress
 }
 
 // Run starts every part, reports readiness, and blocks until ctx is done or
@@ -95,13 +105,15 @@ type run struct {
 // part into force (a failure stops the parts already started and ends Run)
 // and hands its loop to the errgroup:
 //
-//  1. guard: table in force and verified;
+//  1. guard: table in force and verified (with the persisted egress
+//     policies);
 //     zones: Proxmox's SDN running config read once and in force;
-//  2. lockdown: first reconcile done (the halt within it);
-//  3. metrics: listener bound;
+//  2. egress: resolver and peek proxy listening;
+//  3. lockdown: first reconcile done (the halt within it);
+//  4. metrics: listener bound;
 //     management-port rules: converged in the background through the
 //     Proxmox API (skipped, and retried, without the daemon's token);
-//  4. sandbox API: started in the background and never failing; it answers
+//  5. sandbox API: started in the background and never failing; it answers
 //     503 until Proxmox is reachable, so neither the guard nor the lockdown
 //     ever waits on Proxmox;
 //
@@ -111,8 +123,8 @@ type run struct {
 // Shutdown, when ctx ends or any part fails: the watchdog stops (no ping
 // after STOPPING=1), STOPPING=1 is sent, then the parts stop one at a time
 // in reverse start order, each waited for before the next: API,
-// management rules, metrics, lockdown, zones, guard. The guard's loop
-// stops last and only between two applied
+// management rules, metrics, lockdown, egress, zones, guard. The guard's
+// loop stops last and only between two applied
 // states (each apply is one nftables batch), so its table is never left
 // half-built; the table persists by design, and Close only releases the
 // netlink sockets.
@@ -123,7 +135,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	r := &run{d: d, log: log, reg: prometheus.NewRegistry(), parts: &parts{g: g, base: context.WithoutCancel(ctx)}}
-	starts := []func(context.Context) error{r.startGuard, r.startZones, r.startLockdown, r.startMetrics, r.startMgmtRules, r.startAPI}
+	starts := []func(context.Context) error{r.startGuard, r.startZones, r.startEgress, r.startLockdown, r.startMetrics, r.startMgmtRules, r.startAPI}
 	for _, start := range starts {
 		if err := start(gctx); err != nil {
 			r.parts.stop()
@@ -192,8 +204,12 @@ func (p *parts) stop() {
 func (r *run) startGuard(ctx context.Context) error {
 	r.lopt = LockdownOptions(r.d.Config.Lockdown)
 	initial := StartSwitches(r.lopt.Marker, r.lopt.StateFile)
-	guard, err := firewall.New(GuardConfig(r.d.Config.Guard),
-		append([]firewall.Option{firewall.WithLogger(r.log), firewall.WithSwitches(initial)}, r.d.GuardOptions...)...)
+	fc, eopts, err := r.egressAtStart()
+	if err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	guard, err := firewall.New(fc,
+		append(append([]firewall.Option{firewall.WithLogger(r.log), firewall.WithSwitches(initial)}, eopts...), r.d.GuardOptions...)...)
 	if err != nil {
 		return fmt.Errorf("guard: %w", err)
 	}
@@ -212,6 +228,9 @@ func (r *run) startGuard(ctx context.Context) error {
 	r.guard = guard
 	r.parts.OnStop(func() { guard.Close() }) // after the loop below has stopped
 	r.parts.Go("guard", guard.Run)
+	// layer-2 guard: pins each guest port to its MAC and IPv4
+	mp := &portmap.Mapper{Paths: portmap.Paths{Root: r.d.Config.Guard.NodeRoot}, Guard: guard, Log: r.log}
+	r.parts.Go("portmap", mp.Run)
 	return nil
 }
 
