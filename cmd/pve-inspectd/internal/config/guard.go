@@ -84,8 +84,7 @@ type MetricsSection struct {
 }
 
 func defaultGuard() GuardSection {
-	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m",
-		VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/"}
+	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/"}
 }
 
 func defaultMetrics() MetricsSection { return MetricsSection{Listen: "127.0.0.1:9474"} }

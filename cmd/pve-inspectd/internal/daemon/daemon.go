@@ -107,8 +107,8 @@ type run struct {
 //
 //  1. guard: table in force and verified (with the persisted egress
 //     policies);
-//     zones: Proxmox's SDN running config read once and in force;
 //  2. egress: resolver and peek proxy listening;
+//     zones: Proxmox's SDN running config read once and in force;
 //  3. lockdown: first reconcile done (the halt within it);
 //  4. metrics: listener bound;
 //     management-port rules: converged in the background through the
@@ -123,7 +123,7 @@ type run struct {
 // Shutdown, when ctx ends or any part fails: the watchdog stops (no ping
 // after STOPPING=1), STOPPING=1 is sent, then the parts stop one at a time
 // in reverse start order, each waited for before the next: API,
-// management rules, metrics, lockdown, egress, zones, guard. The guard's
+// management rules, metrics, lockdown, zones, egress, guard. The guard's
 // loop stops last and only between two applied
 // states (each apply is one nftables batch), so its table is never left
 // half-built; the table persists by design, and Close only releases the
@@ -135,7 +135,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	r := &run{d: d, log: log, reg: prometheus.NewRegistry(), parts: &parts{g: g, base: context.WithoutCancel(ctx)}}
-	starts := []func(context.Context) error{r.startGuard, r.startZones, r.startEgress, r.startLockdown, r.startMetrics, r.startMgmtRules, r.startAPI}
+	starts := []func(context.Context) error{r.startGuard, r.startEgress, r.startZones, r.startLockdown, r.startMetrics, r.startMgmtRules, r.startAPI}
 	for _, start := range starts {
 		if err := start(gctx); err != nil {
 			r.parts.stop()
