@@ -138,7 +138,7 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 			if p.Bits() < 16 || p.Bits() > 28 {
 				return invalid(f+".cidr", "cidr %q: prefix length must be 16..28", n.CIDR)
 			}
-			if !p.Addr().IsPrivate() {
+			if !PrivateV4(p) {
 				return invalid(f+".cidr", "cidr %q: must be a private (RFC 1918) range", n.CIDR)
 			}
 		}

@@ -70,6 +70,10 @@ type Options struct {
 	// (10.200.0.0/16 in /24s).
 	AutoCIDRPool netip.Prefix
 	AutoCIDRBits int
+	// HostNetworks, when set, lists the host's own networks (addresses and
+	// routes: hostnet.Lister.Prefixes); a create whose networks overlap one
+	// is refused, and "auto" skips them. An error fails the create.
+	HostNetworks func(ctx context.Context) ([]netip.Prefix, error)
 	// AgentTimeout bounds the wait for a started VM's agent (5m).
 	AgentTimeout time.Duration
 	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m);
@@ -136,6 +140,9 @@ func (o *Options) defaults() error {
 	if o.AutoCIDRBits < o.AutoCIDRPool.Bits() || o.AutoCIDRBits > 28 || !o.AutoCIDRPool.Addr().Is4() {
 		return fmt.Errorf("sandboxapi: auto CIDR /%d does not fit pool %s", o.AutoCIDRBits, o.AutoCIDRPool)
 	}
+	if !PrivateV4(o.AutoCIDRPool) {
+		return fmt.Errorf("sandboxapi: auto CIDR pool %s is not inside a private (RFC 1918) range", o.AutoCIDRPool)
+	}
 	if o.DefaultTTL > o.MaxTTL {
 		return fmt.Errorf("sandboxapi: default TTL %s is over the max TTL %s", o.DefaultTTL, o.MaxTTL)
 	}
@@ -147,6 +154,19 @@ func (o *Options) defaults() error {
 	}
 	o.Logger = o.Logger.With("component", "sandboxapi")
 	return nil
+}
+
+// rfc1918 are the private IPv4 ranges sandbox networks must come from.
+var rfc1918 = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16")}
+
+// PrivateV4 reports whether p lies wholly inside one RFC 1918 range.
+func PrivateV4(p netip.Prefix) bool {
+	for _, r := range rfc1918 {
+		if p.Bits() >= r.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }
 
 // Server is the sandbox API: HTTP handlers over the sandbox manager.

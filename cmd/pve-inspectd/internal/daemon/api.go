@@ -24,6 +24,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/hostnet"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mgmtport"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
@@ -206,6 +207,7 @@ func (a *API) build() (*sandboxapi.Server, *pve.Client, error) {
 		AutoCIDRPool:   pool,
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
+		HostNetworks:   hostnet.New().Prefixes,
 		ZonesChanged:   d.ZonesChanged,
 		Registerer:     d.Registerer,
 		Logger:         a.log,
