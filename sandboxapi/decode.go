@@ -26,6 +26,9 @@ const (
 	maxPathLen       = 4096
 	maxExecTimeout   = 24 * 3600
 	maxOutputLimit   = 1 << 30
+	// maxCollected caps each stream of an exec whose output is collected
+	// and answered in one document; larger limits must stream (NDJSON).
+	maxCollected = 64 << 20
 	maxCores         = 1024
 	maxMemoryMiB     = 4 << 20 // 4 TiB
 	maxDiskGiB       = 64 << 10

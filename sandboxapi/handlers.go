@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -198,11 +199,20 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) (err 
 	if pr := validateExec(&req); pr != nil {
 		return pr
 	}
+	stream := wantsNDJSON(r)
+	if !stream && req.OutputLimit > maxCollected {
+		return invalid("output_limit", "output_limit %d: output collected into one answer is capped at %d bytes per stream; ask with Accept: application/x-ndjson to stream more", req.OutputLimit, maxCollected)
+	}
+	release, err := acquire(s.execs, "exec")
+	if err != nil {
+		return err
+	}
+	defer release()
 	ge := s.toGuestExec(req)
 	ctx, cancel := context.WithTimeout(octx, time.Duration(ge.Timeout)*time.Second+30*time.Second)
 	defer cancel()
 	g := s.m.guest(vm.VMID)
-	if !wantsNDJSON(r) {
+	if !stream {
 		res, err := g.Exec(ctx, ge)
 		if err != nil {
 			return err
@@ -278,14 +288,27 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (
 	if pr := validateGuestPath(path); pr != nil {
 		return pr
 	}
+	release, err := acquire(s.files, "file")
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := os.MkdirAll(s.o.SpoolDir, 0o700); err != nil {
+		return fmt.Errorf("spool dir: %w", err)
+	}
 	f, err := os.CreateTemp(s.o.SpoolDir, "pve-inspectd-read-*")
 	if err != nil {
 		return fmt.Errorf("spool file: %w", err)
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	n, err := s.m.guest(vm.VMID).ReadFile(ctx, path, f, s.o.MaxFileBytes)
+	sp := &spoolWriter{w: f, total: &s.spooled, max: s.o.SpoolBytes}
+	defer sp.release()
+	n, err := s.m.guest(vm.VMID).ReadFile(ctx, path, sp, s.o.MaxFileBytes)
 	if err != nil {
+		if errors.Is(err, errSpoolFull) {
+			return problemf(ProblemUnavailable, "the spool for file reads is full (%d bytes in flight); retry later", s.o.SpoolBytes)
+		}
 		if errors.Is(err, ErrTooLarge) {
 			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
 		}
@@ -300,6 +323,31 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (
 	_, err = io.Copy(w, io.LimitReader(f, n))
 	return err
 }
+
+// errSpoolFull: the spool's total cap would be passed.
+var errSpoolFull = errors.New("spool full")
+
+// spoolWriter counts what one read spools against the total of every read
+// in flight and refuses to pass max.
+type spoolWriter struct {
+	w     io.Writer
+	total *atomic.Int64
+	max   int64
+	n     int64
+}
+
+func (s *spoolWriter) Write(p []byte) (int, error) {
+	if s.total.Add(int64(len(p))) > s.max {
+		s.total.Add(-int64(len(p)))
+		return 0, errSpoolFull
+	}
+	s.n += int64(len(p))
+	n, err := s.w.Write(p)
+	return n, err
+}
+
+// release gives the spooled bytes back to the total.
+func (s *spoolWriter) release() { s.total.Add(-s.n); s.n = 0 }
 
 // limitedBody turns the body's MaxBytesError into a problem.
 type limitedBody struct {
@@ -322,6 +370,11 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) 
 		return err
 	}
 	defer func() { err = end(err) }()
+	release, err := acquire(s.files, "file")
+	if err != nil {
+		return err
+	}
+	defer release()
 	q := r.URL.Query()
 	path := q.Get("path")
 	if pr := validateGuestPath(path); pr != nil {

@@ -13,9 +13,11 @@ import (
 	"net/netip"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,8 +58,14 @@ type Options struct {
 	// StateDir holds the state file (default /var/lib/pve-inspectd/sandboxapi).
 	StateDir string
 	// SpoolDir holds guest file reads while they are checked against the
-	// cap (default os.TempDir()).
-	SpoolDir string
+	// cap (default <StateDir>/spool, created 0700); SpoolBytes caps the
+	// bytes spooled by every read in flight together (4 GiB): a read that
+	// would pass it answers unavailable.
+	SpoolDir   string
+	SpoolBytes int64
+	// MaxExecs and MaxFileCalls cap the exec calls and the file reads and
+	// writes in flight (32 and 8); calls beyond them answer unavailable.
+	MaxExecs, MaxFileCalls int
 	// Caps are the resource guard's limits.
 	Caps Caps
 	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.
@@ -117,7 +125,19 @@ func (o *Options) defaults() error {
 		o.StateDir = "/var/lib/pve-inspectd/sandboxapi"
 	}
 	if o.SpoolDir == "" {
-		o.SpoolDir = os.TempDir()
+		o.SpoolDir = filepath.Join(o.StateDir, "spool")
+	}
+	if o.SpoolBytes == 0 {
+		o.SpoolBytes = 4 << 30
+	}
+	if o.MaxExecs == 0 {
+		o.MaxExecs = 32
+	}
+	if o.MaxFileCalls == 0 {
+		o.MaxFileCalls = 8
+	}
+	if o.SpoolBytes < 0 || o.MaxExecs < 0 || o.MaxFileCalls < 0 {
+		return errors.New("sandboxapi: SpoolBytes, MaxExecs and MaxFileCalls must not be negative")
 	}
 	def(&o.DefaultTTL, time.Hour)
 	def(&o.MaxTTL, 24*time.Hour)
@@ -176,6 +196,10 @@ type Server struct {
 	met    *metrics
 	routes []route
 	mux    *http.ServeMux
+	// execs and files hold one token per exec or file call in flight.
+	execs, files chan struct{}
+	// spooled counts the bytes the file reads in flight have spooled.
+	spooled atomic.Int64
 }
 
 // New builds a Server. Call Reconcile before serving and run RunReaper.
@@ -187,7 +211,7 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxapi: register metrics: %w", err)
 	}
-	s := &Server{o: o, met: met}
+	s := &Server{o: o, met: met, execs: make(chan struct{}, o.MaxExecs), files: make(chan struct{}, o.MaxFileCalls)}
 	s.m = newManager(&s.o, met)
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
@@ -195,6 +219,16 @@ func New(o Options) (*Server, error) {
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
 	return s, nil
+}
+
+// acquire takes a slot of sem or answers unavailable at once.
+func acquire(sem chan struct{}, what string) (func(), error) {
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, nil
+	default:
+		return nil, problemf(ProblemUnavailable, "%d %s calls in flight, the most this daemon runs at once; retry later", cap(sem), what)
+	}
 }
 
 // Reconcile re-attaches known sandboxes and deletes tagged orphans; call it
