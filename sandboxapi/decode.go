@@ -29,9 +29,9 @@ const (
 	// maxCollected caps each stream of an exec whose output is collected
 	// and answered in one document; larger limits must stream (NDJSON).
 	maxCollected = 64 << 20
-	maxCores         = 1024
-	maxMemoryMiB     = 4 << 20 // 4 TiB
-	maxDiskGiB       = 64 << 10
+	maxCores     = 1024
+	maxMemoryMiB = 4 << 20 // 4 TiB
+	maxDiskGiB   = 64 << 10
 )
 
 var (
