@@ -40,6 +40,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	$(PROMTOOL) check rules packaging/deb/alerts.yml
+	$(PROMTOOL) test rules packaging/deb/alerts_test.yml
 
 # The .deb of pve-inspectd, in $(DIST)/ (nfpm.yaml reads DIST and VERSION).
 deb: build
