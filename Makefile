@@ -10,7 +10,7 @@ BIN     ?= bin
 # Where `make deb` stages its generated files and writes the package.
 DIST    ?= dist
 
-.PHONY: all build test demo bench lint deps deb clean
+.PHONY: all build test demo playground bench lint deps deb clean
 
 all: build
 
@@ -27,6 +27,11 @@ test: deps build
 # Brings the node in a box up, runs the containment check, tears it down.
 demo: deps build
 	$(BIN)/pve-inspect-demo
+
+# The node in a box with the daemon, its API and MCP server, until Ctrl-C:
+# it prints how to reach each (CLI, curl, MCP client configs).
+playground: deps build
+	$(BIN)/pve-inspect-demo --stay
 
 bench: deps build
 	$(BIN)/pve-inspect-bench $(BENCHFLAGS)

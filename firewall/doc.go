@@ -42,6 +42,25 @@
 //	                 ct established,related, udp 67-68, udp/tcp 53 accept; drop
 //	output     -150  dnsmasq-lockdown: meta skuid <dnsmasq> oifname @lockdown drop
 //
+// Egress policy per zone (DESIGN.md section 10, egress.go): open,
+// allowlist or none, keyed by the guest's incoming interface, evaluated
+// after every rule above (the lockdown always wins):
+//
+//	forward    -150  egress-none (iifname @egress_none to @mgmt),
+//	                 egress-deny (iifname . ip daddr @egress_deny4),
+//	                 egress-allowlist (iifname @egress_allowlist: drop unless
+//	                 iifname . ip daddr in @egress_allow4 or @egress_learned4)
+//	egress_nat -100  guest DNS (udp/tcp 53, any server) from @egress_dns to the
+//	                 daemon's resolver; tcp 80/443 from allowlist zones to
+//	                 learned (not CIDR-allowed) addresses to the peek proxy
+//	guest_in         the redirected resolver and proxy ports (ct status dnat)
+//	output     -150  the daemon's marked upstream sockets: none under the
+//	                 lockdown; the proxy's only to @mgmt, never private,
+//	                 metadata, uplink subnets or IPv6
+//
+// @egress_learned4 (timeout flag) is filled by Learn from the resolver's
+// answers and is the one set whose members Verify does not compare.
+//
 // Run-time state is set membership only (@mgmt, @lockdown, @failclosed,
 // @zone_peers), so switches never rewrite a rule and counters survive.
 package firewall

@@ -25,6 +25,7 @@ type options struct {
 	logger *slog.Logger
 	now    func() time.Time
 	sw     Switches
+	egress map[string]ZoneEgress
 }
 
 // WithNetNS makes the guard work on the network namespace ns instead of
@@ -105,7 +106,8 @@ type Guard struct {
 	state   Classification
 	sw      Switches
 	desired *Ruleset
-	zones   map[string][]string // run-time zones (SetZones)
+	zones   map[string][]string   // run-time zones (SetZones)
+	egress  map[string]ZoneEgress // run-time zones' egress (SetEgress)
 	started bool
 
 	subMu sync.Mutex
@@ -132,6 +134,11 @@ func New(cfg Config, opts ...Option) (*Guard, error) {
 	}
 	g := &Guard{cfg: cfg, opts: o, log: o.logger.With("component", "guard"), cls: cl,
 		conn: conn, port: port, sw: o.sw, subs: map[chan struct{}]struct{}{}}
+	if g.egress, err = cloneEgress(o.egress); err != nil {
+		cl.close()
+		_ = conn.CloseLasting()
+		return nil, fmt.Errorf("egress: %w", err)
+	}
 	g.met = newMetrics(g)
 	return g, nil
 }
@@ -355,6 +362,13 @@ func (g *Guard) renderConfig(zones map[string][]string) Config {
 		merged["run:"+id] = b
 	}
 	cfg.Zones = merged
+	cfg.ZoneEgress = map[string]ZoneEgress{}
+	for id, z := range g.cfg.ZoneEgress {
+		cfg.ZoneEgress["config:"+id] = z
+	}
+	for id, z := range g.egress {
+		cfg.ZoneEgress["run:"+id] = z
+	}
 	return cfg
 }
 

@@ -155,6 +155,9 @@ func elemKeys(els []nftables.SetElement) []string {
 		if e.IntervalEnd {
 			k += "/end"
 		}
+		if len(e.KeyEnd) > 0 {
+			k += "-" + hex.EncodeToString(e.KeyEnd)
+		}
 		out = append(out, k)
 	}
 	slices.Sort(out)
@@ -186,11 +189,11 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 			ds = append(ds, Drift{DriftSet, s.Name, "missing"})
 			continue
 		}
-		if ks.Interval != s.Interval || ks.KeyType.Bytes != s.KeyType.Bytes || ks.KeyType.GetNFTMagic() != s.KeyType.GetNFTMagic() {
+		if ks.Interval != s.Interval || ks.HasTimeout != s.Timeout || ks.KeyType.Bytes != s.KeyType.Bytes || ks.KeyType.GetNFTMagic() != s.KeyType.GetNFTMagic() {
 			ds = append(ds, Drift{DriftSet, s.Name, fmt.Sprintf("type %s interval=%v, want %s interval=%v", ks.KeyType.Name, ks.Interval, s.KeyType.Name, s.Interval)})
 			continue
 		}
-		if !slices.Equal(elemKeys(k.elems[s.Name]), elemKeys(s.Elements)) {
+		if !s.Dynamic && !slices.Equal(elemKeys(k.elems[s.Name]), elemKeys(s.Elements)) {
 			ds = append(ds, Drift{DriftElements, s.Name, fmt.Sprintf("%d elements, want %d (%s)", len(k.elems[s.Name]), len(s.Elements), strings.Join(s.Text, ", "))})
 		}
 	}
@@ -209,7 +212,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 		}
 		if c.Hook != nil {
 			if kc.Hooknum == nil || *kc.Hooknum != *c.Hook || kc.Priority == nil || int32(*kc.Priority) != c.Priority ||
-				kc.Type != nftables.ChainTypeFilter || (kc.Policy != nil && *kc.Policy != nftables.ChainPolicyAccept) {
+				kc.Type != c.chainType() || (kc.Policy != nil && *kc.Policy != nftables.ChainPolicyAccept) {
 				ds = append(ds, Drift{DriftChain, c.Name, "hook, priority, type or policy changed"})
 				continue
 			}
@@ -261,7 +264,7 @@ type nftSets map[string]*nftables.Set
 func newSetObjects(t *nftables.Table, rs *Ruleset) nftSets {
 	m := nftSets{}
 	for _, s := range rs.Sets {
-		set := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Interval: s.Interval, Concatenation: s.Concat}
+		set := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Interval: s.Interval, Concatenation: s.Concat, HasTimeout: s.Timeout}
 		if s.KeyType.GetNFTMagic() == nftables.TypeIFName.GetNFTMagic() {
 			// nft prints strings from host byte order (set userdata)
 			set.KeyByteOrder = binaryutil.NativeEndian
@@ -293,7 +296,7 @@ func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
 		if cs.Hook != nil {
 			ch.Hooknum = cs.Hook
 			ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(cs.Priority))
-			ch.Type = nftables.ChainTypeFilter
+			ch.Type = cs.chainType()
 			ch.Policy = &accept
 		}
 		chains[cs.Name] = c.AddChain(ch)
@@ -328,7 +331,7 @@ func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.Se
 	sets := newSetObjects(t, rs)
 	n := 0
 	for _, s := range rs.Sets {
-		if slices.Equal(elemKeys(cur[s.Name]), elemKeys(s.Elements)) {
+		if s.Dynamic || slices.Equal(elemKeys(cur[s.Name]), elemKeys(s.Elements)) {
 			continue
 		}
 		c.FlushSet(sets[s.Name])

@@ -78,6 +78,12 @@ type SetSpec struct {
 	KeyType  nftables.SetDatatype
 	Interval bool
 	Concat   bool
+	// Timeout gives the set the timeout flag: members may expire.
+	Timeout bool
+	// Dynamic sets are filled at run time by another writer (the egress
+	// resolver's learned addresses): the guard creates them empty and
+	// never compares or rewrites their members.
+	Dynamic  bool
 	Elements []nftables.SetElement
 	// Text is the readable form of each member, for plan and status.
 	Text []string
@@ -88,6 +94,8 @@ type ChainSpec struct {
 	Name     string
 	Hook     *nftables.ChainHook
 	HookName string
+	// Type is the chain type; empty means filter.
+	Type     nftables.ChainType
 	Priority int32
 	Rules    []*RuleSpec
 }
@@ -261,6 +269,9 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 	}
 
 	rs.Chains = []*ChainSpec{pre, fwd, in, gin, out}
+	if err := addEgress(rs, cfg, cls); err != nil {
+		return nil, err
+	}
 	return rs, nil
 }
 
@@ -378,8 +389,11 @@ func (r *Ruleset) String() string {
 	fmt.Fprintf(&b, "table inet %s { # flags owner, persist\n", TableName)
 	for _, s := range r.Sets {
 		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.KeyType.Name)
-		if s.Interval {
+		switch {
+		case s.Interval:
 			b.WriteString("\t\tflags interval\n")
+		case s.Timeout:
+			b.WriteString("\t\tflags timeout\n")
 		}
 		if len(s.Text) > 0 {
 			fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(s.Text, ", "))
@@ -389,7 +403,7 @@ func (r *Ruleset) String() string {
 	for _, c := range r.Chains {
 		fmt.Fprintf(&b, "\tchain %s {\n", c.Name)
 		if c.Hook != nil {
-			fmt.Fprintf(&b, "\t\ttype filter hook %s priority %d; policy accept;\n", c.HookName, c.Priority)
+			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %d; policy accept;\n", c.chainType(), c.HookName, c.Priority)
 		}
 		for _, ru := range c.Rules {
 			fmt.Fprintf(&b, "\t\t%s comment %q\n", ru.Text, ru.Comment)
@@ -398,4 +412,11 @@ func (r *Ruleset) String() string {
 	}
 	b.WriteString("}\n")
 	return b.String()
+}
+
+func (c *ChainSpec) chainType() nftables.ChainType {
+	if c.Type == "" {
+		return nftables.ChainTypeFilter
+	}
+	return c.Type
 }

@@ -7,8 +7,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/egress"
 )
 
 // newGuardCmds returns the host guard verbs: run, plan, status, guard remove.
@@ -42,7 +44,15 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fc := daemon.GuardConfig(cfg.Guard)
+			fc, err := daemon.FullGuardConfig(cfg)
+			if err != nil {
+				return err
+			}
+			st, err := daemon.EgressPlan(cfg)
+			if err != nil {
+				return err
+			}
+			fc.ZoneEgress = st.Zones()
 			cls, err := firewall.Classify(cmd.Context(), fc)
 			if err != nil {
 				return fmt.Errorf("classify interfaces: %w", err)
@@ -51,7 +61,10 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("render ruleset: %w", err)
 			}
-			return writePlan(cmd.OutOrStdout(), cls, rs)
+			if err := writePlan(cmd.OutOrStdout(), cls, rs); err != nil {
+				return err
+			}
+			return writeEgressPlan(cmd.OutOrStdout(), cfg.Egress, st.Entries())
 		},
 	}
 }
@@ -177,4 +190,17 @@ func newGuardCmd(g *globals) *cobra.Command {
 		},
 	})
 	return c
+}
+
+// writeEgressPlan prints the egress policies: the node-wide default and
+// each sandbox zone's persisted policy.
+func writeEgressPlan(w io.Writer, def config.EgressSection, zones []egress.Entry) error {
+	fmt.Fprintf(w, "\negress policies (the node-wide lockdown wins over every one):\n")
+	fmt.Fprintf(w, "  default, for zones the daemon did not create: %s; allow %s; deny %s\n",
+		def.DefaultMode, list(def.Allow), list(def.Deny))
+	for _, e := range zones {
+		fmt.Fprintf(w, "  sandbox %s (zone %s, bridges %s): %s; allow %s; deny %s\n",
+			e.Owner, e.Zone, list(e.Bridges), e.Policy.Mode, list(e.Policy.Allow), list(e.Policy.Deny))
+	}
+	return nil
 }

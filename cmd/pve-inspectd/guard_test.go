@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"io"
 	"net"
@@ -126,6 +127,8 @@ backup_dir = "` + filepath.Join(dir, "lockdown") + `"
 state_file = "` + filepath.Join(dir, "lockdown.json") + `"
 [halt]
 state_file = "` + filepath.Join(dir, "halted") + `"
+[egress]
+state_file = "` + filepath.Join(dir, "egress.json") + `"
 `
 	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
@@ -143,6 +146,20 @@ func (n *node) daemonCmd(ctx context.Context, args ...string) *exec.Cmd {
 func TestPlanGolden(t *testing.T) {
 	n := newNode(t)
 	cfg := writeConfig(t)
+	// a node default and one sandbox's persisted policy show in the plan
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("default_mode = \"allowlist\"\nallow = [\"pypi.org\", \"203.0.113.0/24\"]\ndeny = [\"203.0.113.9\"]\n")
+	if err := errors.Join(err, f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	state := `{"version": 1, "zones": [{"zone": "sb1", "owner": "sb-0001", "bridges": ["vnetB"],
+		"policy": {"mode": "allowlist", "allow": ["*.github.com", "198.51.100.0/24"]}}]}`
+	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "egress.json"), []byte(state), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := n.daemonCmd(context.Background(), "plan", "-c", cfg).CombinedOutput()
 	if err != nil {
 		t.Fatalf("plan: %v\n%s", err, out)

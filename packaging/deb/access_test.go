@@ -9,7 +9,8 @@ import (
 )
 
 // TestAccessSetup runs pve-access-setup against a recording pveum and
-// checks the grants: the pool, SDN (where PUT /cluster/sdn is checked),
+// checks the grants: the pool with the templates' storage as a member, SDN
+// (where PUT /cluster/sdn is checked),
 // the node, the cluster firewall switch on "/" without propagation, and
 // each template; a second run keeps the token secret.
 func TestAccessSetup(t *testing.T) {
@@ -45,6 +46,8 @@ esac
 		"acl modify /vms/9000 --tokens pve-inspectd@pve!daemon --roles PVEInspectTemplate --propagate 0",
 		"acl modify /vms/9001 --tokens pve-inspectd@pve!daemon --roles PVEInspectTemplate --propagate 0",
 		"user token add pve-inspectd@pve daemon --privsep 1",
+		// clone and resize check Datastore.AllocateSpace on the storage
+		"pool modify pve-inspect --storage local-lvm",
 	} {
 		if !strings.Contains(calls, want) {
 			t.Errorf("no call %q in:\n%s", want, calls)

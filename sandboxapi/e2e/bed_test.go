@@ -78,6 +78,9 @@ func newBedEnv(t testing.TB, ctx context.Context, mod func(*sandboxapi.Options))
 	if err := emu.AddPool("pve-inspect", ""); err != nil {
 		t.Fatal(err)
 	}
+	if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil { // as pve-access-setup does
+		t.Fatal(err)
+	}
 	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
 		t.Fatal(err)
 	}

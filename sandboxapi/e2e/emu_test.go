@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -21,6 +22,9 @@ import (
 
 type emuEnv struct {
 	emu *pveemu.Server
+	// url and hc reach the emulator's API directly (url ends in /api2/json).
+	url string
+	hc  *http.Client
 	fb  *pveemu.FakeBackend
 	px  *pve.Client
 	srv *sandboxapi.Server
@@ -34,6 +38,22 @@ type emuEnv struct {
 func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv { return newEmuEnvTB(t, acl) }
 
 func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
+	return newEmuEnvWith(t, emuSetup{acl: acl, poolStorage: true})
+}
+
+// emuSetup varies the emulator environment.
+type emuSetup struct {
+	acl [][2]string
+	// poolStorage puts local-lvm (the template's disk) in the pool, as
+	// pve-access-setup does.
+	poolStorage bool
+	// wrap, when set, sits between the client and the emulator (fault
+	// injection).
+	wrap func(http.Handler) http.Handler
+}
+
+func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
+	acl := o.acl
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	if err := os.MkdirAll(run, 0o755); err != nil {
@@ -44,7 +64,11 @@ func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewTLSServer(emu)
+	var h http.Handler = emu
+	if o.wrap != nil {
+		h = o.wrap(emu)
+	}
+	ts := httptest.NewTLSServer(h)
 	t.Cleanup(func() { ts.Close(); _ = emu.Close(); _ = fb.Close() })
 	disk := filepath.Join(dir, "tdisk")
 	_ = os.MkdirAll(filepath.Join(disk, "etc"), 0o755)
@@ -56,6 +80,11 @@ func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
 	}
 	if err := emu.AddPool("pve-inspect", ""); err != nil {
 		t.Fatal(err)
+	}
+	if o.poolStorage {
+		if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
 		t.Fatal(err)
@@ -87,7 +116,7 @@ func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
 	t.Cleanup(hs.Close)
-	return &emuEnv{emu: emu, fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
+	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
 }
 
 // socketGuest answers Ping while the emulator's agent socket exists (the
@@ -198,14 +227,44 @@ func TestEmulatorMgmtRules(t *testing.T) {
 	}
 }
 
+// poolACL is what packaging/deb/pve-access-setup grants (in roles the
+// emulator knows).
+var poolACL = [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"}, {"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}}
+
 // TestEmulatorTokenACL uses the ACLs packaging/deb/pve-access-setup grants.
 func TestEmulatorTokenACL(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"}, {"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}})
+	e := newEmuEnv(t, poolACL)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatalf("create with the pool-limited token: %v", err)
+	}
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean(t, ctx)
+}
+
+// TestEmulatorCloneNeedsStorageGrant: a clone checks
+// Datastore.AllocateSpace on /storage/<sid> of every disk, which the pool's
+// ACL reaches only when the storage is a pool member; without it the
+// create fails naming the privilege and leaves nothing.
+func TestEmulatorCloneNeedsStorageGrant(t *testing.T) {
+	e := newEmuEnvWith(t, emuSetup{acl: poolACL})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err == nil || !strings.Contains(err.Error(), "403 Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)") {
+		t.Fatalf("create without the storage grant: %v", err)
+	}
+	e.assertClean(t, ctx)
+	if err := e.emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian", DiskGiB: 12}}})
+	if err != nil {
+		t.Fatalf("create with the storage in the pool: %v", err)
 	}
 	if err := e.c.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)

@@ -100,10 +100,12 @@ func classify(op string, err error) error {
 
 // wait polls the task until it ends: first after TaskPoll, then backing
 // off (x1.5, at most 1s) so that long tasks cost few status requests. A
-// failed task is a *proxmox.TaskFailedError. When the status cannot be read
-// it falls back to go-proxmox's Wait, which also consults the node's task
-// history for a task PVE no longer knows.
-func (c *Client) wait(ctx context.Context, op string, upid string) error {
+// failed task is a *proxmox.TaskFailedError; a task that ended with
+// warnings ("WARNINGS: n", which go-proxmox counts as a success) is one too
+// when strict. When the status cannot be read it falls back to go-proxmox's
+// Wait, which also consults the node's task history for a task PVE no
+// longer knows.
+func (c *Client) wait(ctx context.Context, op string, upid string, strict bool) error {
 	if upid == "" {
 		return nil
 	}
@@ -118,20 +120,50 @@ func (c *Client) wait(ctx context.Context, op string, upid string) error {
 		case <-time.After(d):
 		}
 		if err := t.Ping(ctx); err != nil {
-			return classify(op, t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout))
+			if err := t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout); err != nil {
+				return classify(op, err)
+			}
 		}
 		if t.IsCompleted {
-			if t.IsSuccessful {
+			if t.IsSuccessful && (!strict || t.ExitStatus == proxmox.TaskExitOK) {
 				return nil
 			}
-			return classify(op, &proxmox.TaskFailedError{UPID: t.UPID, Node: t.Node, Type: t.Type, ID: t.ID, User: t.User, ExitStatus: t.ExitStatus})
+			return classify(op, c.taskFailure(ctx, t))
 		}
 		d = min(d*3/2, time.Second)
 	}
 }
 
+// taskFailure describes a task that did not end OK; for warnings it adds
+// the task log's warning lines, which say what failed.
+func (c *Client) taskFailure(ctx context.Context, t *proxmox.Task) error {
+	err := &proxmox.TaskFailedError{UPID: t.UPID, Node: t.Node, Type: t.Type, ID: t.ID, User: t.User, ExitStatus: t.ExitStatus}
+	if !strings.HasPrefix(t.ExitStatus, "WARNINGS") {
+		return err
+	}
+	log, lerr := t.Log(ctx, 0, 500)
+	if lerr != nil {
+		return err
+	}
+	var warns []string
+	for i := 0; i < len(log); i++ {
+		if l := log[i]; strings.HasPrefix(l, "WARN: ") {
+			warns = append(warns, strings.TrimPrefix(l, "WARN: "))
+		}
+	}
+	if len(warns) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: %s", err, strings.Join(warns, "; "))
+}
+
 // call sends a request and waits for the task it may return.
 func (c *Client) call(ctx context.Context, method, op, path string, body any) error {
+	return c.callTask(ctx, method, op, path, body, false)
+}
+
+// callTask is call, with strict treating a task's warnings as a failure.
+func (c *Client) callTask(ctx context.Context, method, op, path string, body any, strict bool) error {
 	var upid any
 	var err error
 	switch method {
@@ -146,7 +178,7 @@ func (c *Client) call(ctx context.Context, method, op, path string, body any) er
 		return classify(op, err)
 	}
 	if s, ok := upid.(string); ok && strings.HasPrefix(s, "UPID:") {
-		return c.wait(ctx, op, s)
+		return c.wait(ctx, op, s, strict)
 	}
 	return nil
 }
@@ -181,45 +213,69 @@ func (c *Client) NextID(ctx context.Context) (int, error) {
 	return int(id), nil
 }
 
+// resource is a VM as GET /cluster/resources lists it. Only the VM list,
+// lock, tags and pool are live there: name, status and template come from
+// what pvestatd last published (pve-manager PVE/API2Tools.pm
+// extract_vm_stats: "unknown" and no name until its first update, then up
+// to 10 s old), so only Pool is read from it.
 type resource struct {
-	Type     string  `json:"type"`
+	Type string  `json:"type"`
+	VMID flexInt `json:"vmid"`
+	Node string  `json:"node"`
+	Pool string  `json:"pool"`
+}
+
+// vmStatus is a VM as the node itself reports it (GET /nodes/{node}/qemu and
+// .../status/current, qemu-server vmstatus): read live from its config and
+// the running process.
+type vmStatus struct {
 	VMID     flexInt `json:"vmid"`
 	Name     string  `json:"name"`
-	Node     string  `json:"node"`
 	Status   string  `json:"status"`
 	Tags     string  `json:"tags"`
-	Pool     string  `json:"pool"`
 	Template flexInt `json:"template"`
 }
 
-func (r resource) info() sandboxapi.VMInfo {
-	tags := strings.FieldsFunc(r.Tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
-	return sandboxapi.VMInfo{VMID: int(r.VMID), Name: r.Name, Status: r.Status, Tags: tags, Pool: r.Pool, Template: r.Template != 0}
+func (v vmStatus) info(pool string) sandboxapi.VMInfo {
+	tags := strings.FieldsFunc(v.Tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
+	return sandboxapi.VMInfo{VMID: int(v.VMID), Name: v.Name, Status: v.Status, Tags: tags, Pool: pool, Template: v.Template != 0}
 }
 
-func (c *Client) resources(ctx context.Context) ([]resource, error) {
+// pools maps the VMs of this node to their pools (live in
+// /cluster/resources: read from user.cfg on every call).
+func (c *Client) pools(ctx context.Context) (map[int]string, error) {
 	var rs []resource
 	if err := c.c.Get(ctx, "/cluster/resources?type=vm", &rs); err != nil {
 		return nil, classify("list resources", err)
 	}
-	out := rs[:0]
+	out := map[int]string{}
 	for _, r := range rs {
 		if r.Type == "qemu" && r.Node == c.node {
-			out = append(out, r)
+			out[int(r.VMID)] = r.Pool
 		}
 	}
 	return out, nil
 }
 
+// nodeVMs lists the node's VMs with their live status.
+func (c *Client) nodeVMs(ctx context.Context) ([]vmStatus, error) {
+	var vs []vmStatus
+	if err := c.c.Get(ctx, "/nodes/"+url.PathEscape(c.node)+"/qemu", &vs); err != nil {
+		return nil, classify("list vms", err)
+	}
+	sort.Slice(vs, func(i, j int) bool { return vs[i].VMID < vs[j].VMID })
+	return vs, nil
+}
+
 // TemplateID implements sandboxapi.Proxmox.
 func (c *Client) TemplateID(ctx context.Context, name string) (int, error) {
-	rs, err := c.resources(ctx)
+	vs, err := c.nodeVMs(ctx)
 	if err != nil {
 		return 0, err
 	}
-	for _, r := range rs {
-		if r.Template != 0 && r.Name == name {
-			return int(r.VMID), nil
+	for _, v := range vs {
+		if v.Template != 0 && v.Name == name {
+			return int(v.VMID), nil
 		}
 	}
 	return 0, fmt.Errorf("template %q: %w", name, sandboxapi.ErrNotFound)
@@ -312,34 +368,50 @@ func (c *Client) StopVM(ctx context.Context, vmid int) error {
 	return c.call(ctx, "POST", fmt.Sprintf("stop %d", vmid), c.qemu(vmid)+"/status/stop", map[string]any{})
 }
 
-// DeleteVM implements sandboxapi.Proxmox.
+// DeleteVM implements sandboxapi.Proxmox. It stops the VM first, whatever
+// its reported state (a stop of a stopped VM is a successful task on a real
+// node, and a status read can be stale), since the destroy refuses a
+// running VM.
 func (c *Client) DeleteVM(ctx context.Context, vmid int) error {
+	if err := c.StopVM(ctx, vmid); err != nil {
+		return err
+	}
 	return c.call(ctx, "DELETE", fmt.Sprintf("delete %d", vmid), c.qemu(vmid)+"?purge=1&destroy-unreferenced-disks=1", nil)
 }
 
-// VM implements sandboxapi.Proxmox.
+// VM implements sandboxapi.Proxmox: status, name, tags and template from
+// GET .../status/current (live), the pool from /cluster/resources.
 func (c *Client) VM(ctx context.Context, vmid int) (sandboxapi.VMInfo, error) {
-	rs, err := c.resources(ctx)
+	pools, err := c.pools(ctx)
 	if err != nil {
 		return sandboxapi.VMInfo{}, err
 	}
-	for _, r := range rs {
-		if int(r.VMID) == vmid {
-			return r.info(), nil
-		}
+	pool, ok := pools[vmid]
+	if !ok {
+		return sandboxapi.VMInfo{}, fmt.Errorf("vm %d: %w", vmid, sandboxapi.ErrNotFound)
 	}
-	return sandboxapi.VMInfo{}, fmt.Errorf("vm %d: %w", vmid, sandboxapi.ErrNotFound)
+	var v vmStatus
+	if err := c.c.Get(ctx, c.qemu(vmid)+"/status/current", &v); err != nil {
+		return sandboxapi.VMInfo{}, classify(fmt.Sprintf("read status of vm %d", vmid), err)
+	}
+	v.VMID = flexInt(vmid)
+	return v.info(pool), nil
 }
 
-// ListVMs implements sandboxapi.Proxmox.
+// ListVMs implements sandboxapi.Proxmox: GET /nodes/{node}/qemu (live),
+// pools from /cluster/resources.
 func (c *Client) ListVMs(ctx context.Context) ([]sandboxapi.VMInfo, error) {
-	rs, err := c.resources(ctx)
+	vs, err := c.nodeVMs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]sandboxapi.VMInfo, len(rs))
-	for i, r := range rs {
-		out[i] = r.info()
+	pools, err := c.pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandboxapi.VMInfo, len(vs))
+	for i, v := range vs {
+		out[i] = v.info(pools[int(v.VMID)])
 	}
 	return out, nil
 }
@@ -349,9 +421,10 @@ func (c *Client) Snapshot(ctx context.Context, vmid int, name string) error {
 	return c.call(ctx, "POST", fmt.Sprintf("snapshot %d", vmid), c.qemu(vmid)+"/snapshot", map[string]any{"snapname": name})
 }
 
-// Rollback implements sandboxapi.Proxmox.
+// Rollback implements sandboxapi.Proxmox. A rollback to a snapshot without
+// RAM stops the VM; start=1 has the same task start it again.
 func (c *Client) Rollback(ctx context.Context, vmid int, name string) error {
-	return c.call(ctx, "POST", fmt.Sprintf("rollback %d to %s", vmid, name), c.qemu(vmid)+"/snapshot/"+url.PathEscape(name)+"/rollback", map[string]any{})
+	return c.call(ctx, "POST", fmt.Sprintf("rollback %d to %s", vmid, name), c.qemu(vmid)+"/snapshot/"+url.PathEscape(name)+"/rollback", map[string]any{"start": 1})
 }
 
 // CreateZone implements sandboxapi.Proxmox: a simple zone with the dnsmasq
@@ -421,7 +494,12 @@ func subnetCIDR(id string) string {
 	return parts[len(parts)-2] + "/" + parts[len(parts)-1]
 }
 
-// DeleteSubnet implements sandboxapi.Proxmox.
+// DeleteSubnet implements sandboxapi.Proxmox. It first removes the IPAM
+// entries of the vnet inside the subnet (a VM's NIC leaves one behind when
+// its destroy did not finish), since the pve IPAM refuses to delete a
+// subnet that still has any (pve-network Ipams/PVEPlugin.pm del_subnet:
+// "cannot delete subnet '<cidr>', not empty"), as the reference Inspect
+// plugin does before its teardown.
 func (c *Client) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 	ss, err := c.subnets(ctx, vnet)
 	if err != nil {
@@ -429,22 +507,82 @@ func (c *Client) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 	}
 	for _, s := range ss {
 		if s.CIDR == cidr {
+			if err := c.clearIPAM(ctx, vnet, s.Zone, cidr); err != nil {
+				return err
+			}
 			return c.call(ctx, "DELETE", "delete subnet "+cidr, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/subnets/"+url.PathEscape(s.ID), nil)
 		}
 	}
 	return fmt.Errorf("subnet %s of %s: %w", cidr, vnet, sandboxapi.ErrNotFound)
 }
 
+// ipamEntry is one entry of GET /cluster/sdn/ipams/pve/status.
+type ipamEntry struct {
+	VNet    string  `json:"vnet"`
+	Zone    string  `json:"zone"`
+	Subnet  string  `json:"subnet"`
+	IP      string  `json:"ip"`
+	MAC     string  `json:"mac"`
+	Gateway flexInt `json:"gateway"`
+}
+
+// clearIPAM deletes the pve IPAM's entries of vnet inside cidr, the
+// subnet's gateway entry excepted (del_subnet tolerates it).
+func (c *Client) clearIPAM(ctx context.Context, vnet, zone, cidr string) error {
+	var es []ipamEntry
+	if err := c.c.Get(ctx, "/cluster/sdn/ipams/pve/status", &es); err != nil {
+		if proxmox.IsNotFound(err) {
+			return nil
+		}
+		return classify("list ipam entries", err)
+	}
+	for _, e := range es {
+		if e.VNet != vnet || e.Subnet != cidr || e.Gateway != 0 || e.IP == "" {
+			continue
+		}
+		if zone == "" {
+			zone = e.Zone
+		}
+		q := url.Values{"zone": {zone}, "ip": {e.IP}}
+		if e.MAC != "" {
+			q.Set("mac", e.MAC)
+		}
+		err := c.call(ctx, "DELETE", "delete ipam entry "+e.IP, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/ips?"+q.Encode(), nil)
+		if err != nil && !errors.Is(err, sandboxapi.ErrNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// vnet is a vnet as GET /cluster/sdn/vnets?pending=1 lists it. A vnet
+// created or changed but not applied keeps only "vnet" and "type" (and
+// "state") at the top level and the rest under "pending" (pve-network
+// PVE/Network/SDN.pm pending_config).
 type vnet struct {
-	ID    string `json:"vnet"`
-	Zone  string `json:"zone"`
-	Alias string `json:"alias"`
+	ID      string `json:"vnet"`
+	Zone    string `json:"zone"`
+	Alias   string `json:"alias"`
+	Pending *struct {
+		Zone  string `json:"zone"`
+		Alias string `json:"alias"`
+	} `json:"pending"`
 }
 
 func (c *Client) vnets(ctx context.Context) ([]vnet, error) {
 	var vs []vnet
 	if err := c.c.Get(ctx, "/cluster/sdn/vnets?pending=1", &vs); err != nil {
 		return nil, classify("list vnets", err)
+	}
+	for i := range vs {
+		if p := vs[i].Pending; p != nil {
+			if vs[i].Zone == "" {
+				vs[i].Zone = p.Zone
+			}
+			if vs[i].Alias == "" {
+				vs[i].Alias = p.Alias
+			}
+		}
 	}
 	return vs, nil
 }
@@ -492,9 +630,13 @@ func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// ApplySDN implements sandboxapi.Proxmox.
+// ApplySDN implements sandboxapi.Proxmox. A failed network reload or DHCP
+// step of the apply only warns on the node (pve-network API2/Network/SDN.pm
+// reload: the per-node worker's error becomes a warning and the task ends
+// "WARNINGS: n"), and VMs then fail to start or get no lease: so a task
+// with warnings is a failure here.
 func (c *Client) ApplySDN(ctx context.Context) error {
-	return c.call(ctx, "PUT", "apply sdn", "/cluster/sdn", map[string]any{})
+	return c.callTask(ctx, "PUT", "apply sdn", "/cluster/sdn", map[string]any{}, true)
 }
 
 // EnsurePool implements sandboxapi.Proxmox.

@@ -40,6 +40,11 @@ type fakeServer struct {
 	fw     map[string]int
 	tasks  map[string]string // upid -> exit status
 	failOp map[string]string // path suffix -> task exit status
+	// applied are the vnets PUT /cluster/sdn applied; the others are
+	// listed the pending way (only vnet and type on top).
+	applied map[string]bool
+	// ipam holds pve IPAM entries: vnet, zone, subnet, ip, mac, gateway.
+	ipam []map[string]any
 }
 
 func newFakeServer(t *testing.T) (*fakeServer, *Client) {
@@ -48,7 +53,7 @@ func newFakeServer(t *testing.T) (*fakeServer, *Client) {
 		t.Fatal(err)
 	}
 	f := &fakeServer{t: t, vms: map[int]map[string]any{}, zones: map[string]bool{}, vnets: map[string]map[string]any{},
-		subs: map[string][]map[string]any{}, pools: map[string]bool{}, fw: map[string]int{}, tasks: map[string]string{}, failOp: map[string]string{}}
+		subs: map[string][]map[string]any{}, pools: map[string]bool{}, fw: map[string]int{}, tasks: map[string]string{}, failOp: map[string]string{}, applied: map[string]bool{}}
 	if err := json.Unmarshal(b, &f.schema); err != nil {
 		t.Fatal(err)
 	}
@@ -185,12 +190,33 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 			id++
 		}
 		return strconv.Itoa(id), 0, ""
+	case "GET /nodes/{node}/tasks/{upid}/log":
+		st := f.tasks[fmt.Sprint(p["upid"])]
+		out := []map[string]any{{"n": 1, "t": "starting"}}
+		if strings.HasPrefix(st, "WARNINGS") {
+			out = append(out, map[string]any{"n": 2, "t": "WARN: pve1: reloading network config failed"})
+		}
+		return append(out, map[string]any{"n": len(out) + 1, "t": "TASK " + st}), 0, ""
 	case "GET /cluster/resources":
+		// As before pvestatd's first update: status unknown, no name, no
+		// template flag; only the VM list, tags, lock and pool are live.
 		var out []map[string]any
 		for id, c := range f.vms {
-			out = append(out, map[string]any{"type": "qemu", "id": fmt.Sprintf("qemu/%d", id), "vmid": id, "node": "pve1", "name": c["name"], "status": c["status"], "tags": c["tags"], "pool": c["pool"], "template": c["template"]})
+			out = append(out, map[string]any{"type": "qemu", "id": fmt.Sprintf("qemu/%d", id), "vmid": id, "node": "pve1", "status": "unknown", "tags": c["tags"], "pool": c["pool"]})
 		}
 		return out, 0, ""
+	case "GET /nodes/{node}/qemu":
+		var out []map[string]any
+		for id, c := range f.vms {
+			out = append(out, map[string]any{"vmid": id, "name": c["name"], "status": c["status"], "tags": c["tags"], "template": c["template"]})
+		}
+		return out, 0, ""
+	case "GET /nodes/{node}/qemu/{vmid}/status/current":
+		c, ok := f.vms[vmid]
+		if !ok {
+			return nil, 500, fmt.Sprintf("Configuration file 'nodes/pve1/qemu-server/%d.conf' does not exist", vmid)
+		}
+		return map[string]any{"vmid": vmid, "name": c["name"], "status": c["status"], "tags": c["tags"], "template": c["template"]}, 0, ""
 	case "POST /nodes/{node}/qemu/{vmid}/clone":
 		src, ok := f.vms[vmid]
 		if !ok {
@@ -239,6 +265,9 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		f.vms[vmid]["status"] = "running"
 		return f.task("qmstart", strconv.Itoa(vmid)), 0, ""
 	case "POST /nodes/{node}/qemu/{vmid}/status/stop":
+		if _, ok := f.vms[vmid]; !ok {
+			return nil, 500, fmt.Sprintf("Configuration file 'nodes/pve1/qemu-server/%d.conf' does not exist", vmid)
+		}
 		f.vms[vmid]["status"] = "stopped"
 		return f.task("qmstop", strconv.Itoa(vmid)), 0, ""
 	case "DELETE /nodes/{node}/qemu/{vmid}":
@@ -248,11 +277,19 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		if p["purge"] != "1" {
 			f.t.Error("delete without purge")
 		}
+		if f.vms[vmid]["status"] == "running" {
+			return nil, 500, fmt.Sprintf("VM %d is running - destroy failed", vmid)
+		}
 		delete(f.vms, vmid)
 		return f.task("qmdestroy", strconv.Itoa(vmid)), 0, ""
 	case "POST /nodes/{node}/qemu/{vmid}/snapshot":
 		return f.task("qmsnapshot", strconv.Itoa(vmid)), 0, ""
 	case "POST /nodes/{node}/qemu/{vmid}/snapshot/{snapname}/rollback":
+		// No RAM in the snapshot: the rollback stops the VM, start=1 starts it.
+		f.vms[vmid]["status"] = "stopped"
+		if fmt.Sprint(p["start"]) == "1" {
+			f.vms[vmid]["status"] = "running"
+		}
 		return f.task("qmrollback", strconv.Itoa(vmid)), 0, ""
 	case "POST /cluster/sdn/zones":
 		f.zones[fmt.Sprint(p["zone"])] = true
@@ -269,10 +306,24 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		return nil, 0, ""
 	case "GET /cluster/sdn/vnets":
 		var out []map[string]any
-		for _, v := range f.vnets {
+		for id, v := range f.vnets {
+			if !f.applied[id] {
+				v = map[string]any{"vnet": id, "type": "vnet", "state": "new", "pending": map[string]any{"zone": v["zone"], "alias": v["alias"]}}
+			}
 			out = append(out, v)
 		}
 		return out, 0, ""
+	case "GET /cluster/sdn/ipams/{ipam}/status":
+		return f.ipam, 0, ""
+	case "DELETE /cluster/sdn/vnets/{vnet}/ips":
+		n := len(f.ipam)
+		f.ipam = slices.DeleteFunc(f.ipam, func(e map[string]any) bool {
+			return e["vnet"] == p["vnet"] && e["zone"] == p["zone"] && e["ip"] == p["ip"]
+		})
+		if len(f.ipam) == n {
+			return nil, 500, fmt.Sprintf("IP '%v' does not exist in IPAM DB", p["ip"])
+		}
+		return nil, 0, ""
 	case "DELETE /cluster/sdn/vnets/{vnet}":
 		delete(f.vnets, fmt.Sprint(p["vnet"]))
 		return nil, 0, ""
@@ -286,10 +337,21 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		return f.subs[fmt.Sprint(p["vnet"])], 0, ""
 	case "DELETE /cluster/sdn/vnets/{vnet}/subnets/{subnet}":
 		vn := fmt.Sprint(p["vnet"])
+		for _, e := range f.ipam {
+			if e["vnet"] == vn && e["gateway"] != 1 && strings.HasSuffix(fmt.Sprint(p["subnet"]), strings.Replace(fmt.Sprint(e["subnet"]), "/", "-", 1)) {
+				return nil, 500, fmt.Sprintf("cannot delete subnet '%v', not empty", e["subnet"])
+			}
+		}
 		f.subs[vn] = slices.DeleteFunc(f.subs[vn], func(s map[string]any) bool { return s["subnet"] == p["subnet"] })
 		return nil, 0, ""
 	case "PUT /cluster/sdn":
-		return f.task("reloadnetworkall", ""), 0, ""
+		upid := f.task("reloadnetworkall", "")
+		if f.tasks[upid] == "OK" {
+			for id := range f.vnets {
+				f.applied[id] = true
+			}
+		}
+		return upid, 0, ""
 	case "GET /pools":
 		var out []map[string]any
 		for id := range f.pools {
@@ -506,5 +568,114 @@ func TestManagementRulesThroughAPI(t *testing.T) {
 	}
 	if f.rules[6]["comment"] != "operator" {
 		t.Errorf("operator rule moved: %v", f.rules)
+	}
+}
+
+// TestRealNodeSemantics covers what a real node does and the fake above
+// models: stale /cluster/resources, rollback stopping the VM, destroy
+// refusing a running VM, pending vnets, apply warnings, IPAM entries
+// blocking a subnet delete.
+func TestRealNodeSemantics(t *testing.T) {
+	ctx := context.Background()
+	clone := func(t *testing.T, f *fakeServer, c *Client) {
+		t.Helper()
+		if err := c.CloneVM(ctx, sandboxapi.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0", Pool: "pve-inspect"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sdn := func(t *testing.T, f *fakeServer, c *Client) {
+		t.Helper()
+		if err := c.CreateZone(ctx, sandboxapi.ZoneSpec{ID: "sbz"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CreateVNet(ctx, sandboxapi.VNetSpec{ID: "sbv0", Zone: "sbz", Alias: "pvei-n-node1 pvei-s-sbz"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CreateSubnet(ctx, sandboxapi.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name string
+		run  func(t *testing.T, f *fakeServer, c *Client)
+	}{
+		{"live status although resources say unknown", func(t *testing.T, f *fakeServer, c *Client) {
+			clone(t, f, c)
+			if err := c.StartVM(ctx, 100); err != nil {
+				t.Fatal(err)
+			}
+			info, err := c.VM(ctx, 100)
+			if err != nil || info.Status != "running" || info.Name != "pvei-x-vm0" || info.Pool != "pve-inspect" {
+				t.Fatalf("vm %+v %v", info, err)
+			}
+			vms, err := c.ListVMs(ctx)
+			if err != nil || len(vms) != 2 || vms[0].VMID != 100 || vms[0].Status != "running" || !vms[1].Template || vms[0].Pool != "pve-inspect" {
+				t.Fatalf("list %+v %v", vms, err)
+			}
+		}},
+		{"rollback starts the VM again", func(t *testing.T, f *fakeServer, c *Client) {
+			clone(t, f, c)
+			if err := c.StartVM(ctx, 100); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Rollback(ctx, 100, "clean"); err != nil {
+				t.Fatal(err)
+			}
+			if info, err := c.VM(ctx, 100); err != nil || info.Status != "running" {
+				t.Fatalf("after rollback %+v %v", info, err)
+			}
+		}},
+		{"delete stops a running VM first", func(t *testing.T, f *fakeServer, c *Client) {
+			clone(t, f, c)
+			if err := c.StartVM(ctx, 100); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.DeleteVM(ctx, 100); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.VM(ctx, 100); !errors.Is(err, sandboxapi.ErrNotFound) {
+				t.Fatalf("vm after delete: %v", err)
+			}
+		}},
+		{"pending vnet keeps zone and alias under pending", func(t *testing.T, f *fakeServer, c *Client) {
+			sdn(t, f, c)
+			vs, err := c.ListVNets(ctx)
+			if err != nil || len(vs) != 1 || vs[0] != (sandboxapi.VNetInfo{ID: "sbv0", Zone: "sbz", Alias: "pvei-n-node1 pvei-s-sbz"}) {
+				t.Fatalf("vnets %+v %v", vs, err)
+			}
+		}},
+		{"apply with warnings fails", func(t *testing.T, f *fakeServer, c *Client) {
+			sdn(t, f, c)
+			f.failOp["reloadnetworkall"] = "WARNINGS: 1"
+			err := c.ApplySDN(ctx)
+			if err == nil || !strings.Contains(err.Error(), "WARNINGS: 1") || !strings.Contains(err.Error(), "reloading network config failed") {
+				t.Fatalf("apply with warnings: %v", err)
+			}
+			delete(f.failOp, "reloadnetworkall")
+			if err := c.ApplySDN(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"subnet delete clears IPAM entries first", func(t *testing.T, f *fakeServer, c *Client) {
+			sdn(t, f, c)
+			if err := c.ApplySDN(ctx); err != nil {
+				t.Fatal(err)
+			}
+			gw := map[string]any{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.1", "gateway": 1}
+			f.ipam = []map[string]any{gw, {"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.10", "mac": "BC:24:11:00:00:02", "vmid": 100},
+				{"vnet": "other", "zone": "oz", "subnet": "10.8.0.0/24", "ip": "10.8.0.10", "mac": "BC:24:11:00:00:03"}}
+			if err := c.DeleteSubnet(ctx, "sbv0", "10.9.0.0/24"); err != nil {
+				t.Fatal(err)
+			}
+			if len(f.ipam) != 2 || f.ipam[0]["ip"] != "10.9.0.1" || f.ipam[1]["vnet"] != "other" || len(f.subs["sbv0"]) != 0 {
+				t.Fatalf("ipam %v subnets %v", f.ipam, f.subs["sbv0"])
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f, c := newFakeServer(t)
+			tc.run(t, f, c)
+		})
 	}
 }

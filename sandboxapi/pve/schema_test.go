@@ -18,7 +18,9 @@ var usedPaths = []string{
 	"/cluster/sdn/zones", "/cluster/sdn/zones/{zone}", "/cluster/sdn/vnets", "/cluster/sdn/vnets/{vnet}",
 	"/cluster/sdn/vnets/{vnet}/subnets", "/cluster/sdn/vnets/{vnet}/subnets/{subnet}", "/cluster/sdn", "/pools",
 	"/nodes/{node}/firewall/rules", "/nodes/{node}/firewall/rules/{pos}", "/nodes/{node}/firewall/options",
-	"/cluster/firewall/options", "/nodes/{node}/tasks/{upid}/status",
+	"/cluster/firewall/options", "/nodes/{node}/tasks/{upid}/status", "/nodes/{node}/tasks/{upid}/log",
+	"/nodes/{node}/qemu", "/nodes/{node}/qemu/{vmid}/status/current", "/cluster/sdn/ipams/{ipam}/status",
+	"/cluster/sdn/vnets/{vnet}/ips",
 }
 
 // paramSchema is one parameter of the trimmed schema.

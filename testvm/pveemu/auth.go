@@ -412,6 +412,17 @@ func (s *Server) subjectPrivs(kind, id, path string) map[string]bool {
 			}
 		}
 	}
+	// A storage that is a pool member gets the pool's roles too
+	// (RPCEnvironment.pm compile_acl_path).
+	if sid, ok := strings.CutPrefix(path, "/storage/"); ok && !roleSet["NoAccess"] {
+		for _, pid := range sortedKeys(s.pools) {
+			if s.pools[pid].storage[sid] {
+				for r := range s.subjectRolesExact(kind, id, "/pool/"+pid) {
+					roleSet[r] = true
+				}
+			}
+		}
+	}
 	out := map[string]bool{}
 	if roleSet["NoAccess"] {
 		return out

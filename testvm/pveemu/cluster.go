@@ -3,13 +3,16 @@ package pveemu
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
+	"time"
 )
 
 type pool struct {
 	id      string
 	comment string
 	vms     map[int]bool
+	storage map[string]bool
 }
 
 // AddPool creates a resource pool.
@@ -22,7 +25,24 @@ func (s *Server) AddPool(poolid, comment string) error {
 	if s.pools[poolid] != nil {
 		return fmt.Errorf("pveemu: pool '%s' already exists", poolid)
 	}
-	s.pools[poolid] = &pool{id: poolid, comment: comment, vms: map[int]bool{}}
+	s.pools[poolid] = &pool{id: poolid, comment: comment, vms: map[int]bool{}, storage: map[string]bool{}}
+	return nil
+}
+
+// AddPoolStorage makes a storage a member of a pool, as
+// "pveum pool modify <pool> --storage <sid>" does: the pool's ACLs then
+// reach /storage/<sid>.
+func (s *Server) AddPoolStorage(poolid, storage string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pools[poolid]
+	if p == nil {
+		return fmt.Errorf("pveemu: pool '%s' does not exist", poolid)
+	}
+	if !s.storages[storage] {
+		return fmt.Errorf("pveemu: storage '%s' does not exist", storage)
+	}
+	p.storage[storage] = true
 	return nil
 }
 
@@ -65,13 +85,21 @@ func (s *Server) resources(_ context.Context, rq *request) (any, error) {
 				continue
 			}
 			v := s.vms[id]
-			e := s.vmStatusLocked(v)
+			e := s.vmStatsLocked(v)
 			e["id"] = fmt.Sprintf("qemu/%d", id)
 			e["type"] = "qemu"
 			e["node"] = s.node
-			e["template"] = boolInt(v.conf["template"] == "1")
-			e["maxcpu"] = e["cpus"]
-			delete(e, "cpus")
+			e["vmid"] = id
+			// Only lock and tags are read from the config on every call
+			// (get_guest_config_properties); the pool from user.cfg.
+			delete(e, "lock")
+			delete(e, "tags")
+			if l := v.conf["lock"]; l != "" {
+				e["lock"] = l
+			}
+			if t := v.conf["tags"]; t != "" {
+				e["tags"] = t
+			}
 			if v.pool != "" {
 				e["pool"] = v.pool
 			}
@@ -103,6 +131,68 @@ func (s *Server) resources(_ context.Context, rq *request) (any, error) {
 		}
 	}
 	return out, nil
+}
+
+// statsLoop refreshes the published VM statistics every interval, like
+// pvestatd's update loop, until the server closes.
+func (s *Server) statsLoop(interval time.Duration) {
+	defer s.wg.Done()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-tick.C:
+			s.mu.Lock()
+			s.refreshStatsLocked()
+			s.mu.Unlock()
+		}
+	}
+}
+
+// refreshStatsLocked publishes every VM's current statistics.
+func (s *Server) refreshStatsLocked() {
+	st := map[int]map[string]any{}
+	for id, v := range s.vms {
+		e := s.vmStatusLocked(v)
+		e["template"] = boolInt(v.conf["template"] == "1")
+		e["maxcpu"] = e["cpus"]
+		delete(e, "cpus")
+		delete(e, "pid")
+		delete(e, "qmpstatus")
+		delete(e, "agent")
+		st[id] = e
+	}
+	s.stats = st
+}
+
+// RefreshStats publishes the VMs' statistics now, as a pvestatd update
+// would (tests use it instead of waiting for StatsInterval).
+func (s *Server) RefreshStats() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stats != nil {
+		s.refreshStatsLocked()
+	}
+}
+
+// vmStatsLocked is a VM's entry in /cluster/resources before the live
+// properties are added (pve-manager PVE/API2Tools.pm extract_vm_stats):
+// what the last refresh published, or status "unknown" and no name when
+// none has seen the VM yet.
+func (s *Server) vmStatsLocked(v *vm) map[string]any {
+	if s.stats == nil {
+		e := s.vmStatusLocked(v)
+		e["template"] = boolInt(v.conf["template"] == "1")
+		e["maxcpu"] = e["cpus"]
+		delete(e, "cpus")
+		return e
+	}
+	if e, ok := s.stats[v.vmid]; ok {
+		return maps.Clone(e)
+	}
+	return map[string]any{"status": "unknown"}
 }
 
 func (s *Server) poolMembers(p *pool) []map[string]any {
@@ -159,7 +249,7 @@ func (s *Server) createPool(_ context.Context, rq *request) (any, error) {
 	if s.pools[id] != nil {
 		return nil, fail("create pool failed: pool '%s' already exists", id)
 	}
-	s.pools[id] = &pool{id: id, comment: rq.str("comment"), vms: map[int]bool{}}
+	s.pools[id] = &pool{id: id, comment: rq.str("comment"), vms: map[int]bool{}, storage: map[string]bool{}}
 	return nil, nil
 }
 
@@ -170,7 +260,11 @@ func (s *Server) getPool(_ context.Context, rq *request) (any, error) {
 	if p == nil {
 		return nil, fail("pool '%s' does not exist", rq.str("poolid"))
 	}
-	out := map[string]any{"members": s.poolMembers(p)}
+	members := s.poolMembers(p)
+	for _, sid := range sortedKeys(p.storage) {
+		members = append(members, map[string]any{"id": "storage/" + s.node + "/" + sid, "type": "storage", "storage": sid, "node": s.node})
+	}
+	out := map[string]any{"members": members}
 	if p.comment != "" {
 		out["comment"] = p.comment
 	}
@@ -214,8 +308,22 @@ func (s *Server) updatePool(_ context.Context, rq *request) (any, error) {
 		v.pool = id
 		p.vms[vmid] = true
 	}
-	if rq.has("storage") {
-		return nil, fail("storage members are not supported by the emulator")
+	for _, sid := range splitList(rq.str("storage")) {
+		// check_perm_modify on /storage/<sid>: Permissions.Modify.
+		if err := s.checkPrivsLocked(rq.authid, "/storage/"+sid, []string{"Permissions.Modify"}); err != nil {
+			return nil, err
+		}
+		if del {
+			if !p.storage[sid] {
+				return nil, fail("update pools failed: Storage '%s' is not a pool member", sid)
+			}
+			delete(p.storage, sid)
+			continue
+		}
+		if p.storage[sid] {
+			return nil, fail("update pools failed: Storage '%s' is already a pool member", sid)
+		}
+		p.storage[sid] = true
 	}
 	return nil, nil
 }

@@ -339,6 +339,23 @@ func TestAuthentication(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// Every disk needs Datastore.AllocateSpace on its storage, which
+		// the pool's ACL reaches only once the storage is a pool member.
+		r = e.do("POST", "/nodes/pve/qemu/9000/clone", form, authNone, "Authorization", token)
+		if r.status != 403 || r.reason != "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)" {
+			t.Fatalf("clone without the storage grant: %d %q", r.status, r.reason)
+		}
+		for _, subj := range []string{"agent@pve", tokID} {
+			if err := e.s.SetACL("/pool/sbx", subj, "PVEDatastoreUser", true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r = e.do("POST", "/nodes/pve/qemu/9000/clone", form, authNone, "Authorization", token); r.status != 403 {
+			t.Fatalf("pool ACL reached a storage outside the pool: %d %q", r.status, r.reason)
+		}
+		if err := e.s.AddPoolStorage("sbx", "local-lvm"); err != nil {
+			t.Fatal(err)
+		}
 		r = e.do("POST", "/nodes/pve/qemu/9000/clone", form, authNone, "Authorization", token)
 		upid, _ := r.body["data"].(string)
 		if r.status != 200 || e.wait(upid) != "OK" {
@@ -555,12 +572,13 @@ func TestSDNPendingUntilApplied(t *testing.T) {
 		!z.VNets[0].SNAT || z.VNets[0].DHCPStart.String() != "10.10.1.100" || z.VNets[0].DHCPEnd.String() != "10.10.1.200" {
 		t.Fatalf("applied zone %+v", z)
 	}
+	// Raised inside lock_sdn_config: wrapped, and a 500.
 	r := e.do("DELETE", "/cluster/sdn/vnets/vnet1", nil, authTicket)
-	if r.status != 400 || r.errors()["vnet"] != "Can't delete vnet if subnets exists" {
+	if r.status != 500 || r.body["message"] != "delete sdn vnet object failed: 400 Parameter verification failed.\nvnet: Can't delete vnet if subnets exists\n" {
 		t.Fatalf("got %d %v", r.status, r.body)
 	}
 	r = e.do("POST", "/cluster/sdn/vnets/vnet1/subnets", url.Values{"subnet": {"10.10.2.0/24"}, "type": {"subnet"}, "gateway": {"10.10.9.1"}}, authTicket)
-	if r.status != 400 || r.errors()["gateway"] != "10.10.9.1 is not in subnet 10.10.2.0/24" {
+	if r.status != 500 || r.body["message"] != "create sdn subnet object failed: 400 Parameter verification failed.\ngateway: 10.10.9.1 is not in subnet 10.10.2.0/24\n" {
 		t.Fatalf("got %d %v", r.status, r.body)
 	}
 	e.ok("DELETE", "/cluster/sdn/vnets/vnet1/subnets/sbx1-10.10.1.0-24", nil)

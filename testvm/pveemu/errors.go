@@ -45,3 +45,20 @@ func asAPIError(err error) *apiError {
 	}
 	return &apiError{code: http.StatusInternalServerError, msg: strings.TrimSuffix(err.Error(), "\n") + "\n"}
 }
+
+// sdnFail wraps an error raised inside pve-network's lock_sdn_config the
+// way lock_sdn_domain does: a plain die "<errmsg>: <error>", so a 500
+// whatever the inner error was; a parameter exception is stringified
+// (PVE::Exception stringify: "400 Parameter verification failed.\n" and
+// one "param: message" line per error).
+func sdnFail(errmsg string, err error) error {
+	ae := asAPIError(err)
+	inner := ae.msg
+	if ae.code == http.StatusBadRequest {
+		inner = "400 " + inner
+		for _, k := range sortedKeys(ae.errors) {
+			inner += k + ": " + strings.TrimSuffix(ae.errors[k], "\n") + "\n"
+		}
+	}
+	return &apiError{code: http.StatusInternalServerError, msg: errmsg + ": " + inner}
+}

@@ -95,11 +95,12 @@ func (s *Server) createRule(_ context.Context, rq *request) (any, error) {
 			r[k] = rq.str(k)
 		}
 	}
-	pos := rq.int("pos", 0)
-	if pos < 0 || pos > len(fw.rules) {
-		pos = len(fw.rules)
+	// pve-firewall API2/Firewall/Rules.pm create_rule: enable defaults to
+	// 0 and the rule goes to the top, whatever "pos" says.
+	if _, ok := r["enable"]; !ok {
+		r["enable"] = "0"
 	}
-	fw.rules = append(fw.rules[:pos], append([]map[string]string{r}, fw.rules[pos:]...)...)
+	fw.rules = append([]map[string]string{r}, fw.rules...)
 	return nil, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,6 +50,7 @@ var (
 	reNewDisk  = regexp.MustCompile(`^([a-zA-Z][a-zA-Z0-9\-_.]*[a-zA-Z0-9]):(\d+(?:\.\d+)?)(,.*)?$`)
 	reVolume   = regexp.MustCompile(`^([^:]+):(?:base-\d+-disk-\d+/)?(?:vm|base)-(\d+)-(disk-\d+)(.*)$`)
 	reNetModel = regexp.MustCompile(`^([a-z0-9_-]+)(?:=([0-9A-Fa-f:]{17}))?$`)
+	reNetKey   = regexp.MustCompile(`^net\d+$`)
 )
 
 func (s *Server) cfsPath(vmid int) string {
@@ -418,6 +420,13 @@ func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
 		if _, exists := s.vms[newid]; exists {
 			return nil, false, fail("unable to create VM %d: config file already exists", newid)
 		}
+		oldconf := src.conf
+		if snapname != "" {
+			oldconf = src.snaps[snapname].conf
+		}
+		if err := s.checkStorageAccessCloneLocked(rq.authid, oldconf, rq.str("storage")); err != nil {
+			return nil, false, err
+		}
 		return src, full, nil
 	}
 	s.mu.Lock()
@@ -504,6 +513,9 @@ func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
 		defer s.mu.Unlock()
 		v := s.vms[newid]
 		v.conf = newconf
+		if err := s.ipamNICsLocked(newid, nil, newconf); err != nil {
+			t.warn("%v", err) // create_ifaces_ipams_ips only warns
+		}
 		if pool != "" && s.pools[pool] != nil {
 			v.pool = pool
 			s.pools[pool].vms[newid] = true
@@ -563,6 +575,9 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 			changes[k] = rq.str(k)
 		}
 	}
+	if t, ok := changes["tags"]; ok {
+		changes["tags"] = uniqueTags(t)
+	}
 	deletes := splitList(rq.str("delete"))
 	for _, d := range deletes {
 		if _, ok := changes[d]; ok {
@@ -593,6 +608,7 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 				return err
 			}
 		}
+		old := copyConf(v.conf)
 		for _, d := range deletes {
 			delete(v.conf, d)
 		}
@@ -604,7 +620,7 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 			}
 			v.conf[k] = val
 		}
-		return nil
+		return s.ipamNICsLocked(vmid, old, v.conf)
 	}
 	if !async {
 		return nil, apply(ctx)
@@ -702,8 +718,9 @@ func (s *Server) doStop(ctx context.Context, vmid int, skiplock bool) error {
 	if err == nil && !skiplock {
 		err = checkLock(v)
 	}
+	running := err == nil && v.running
 	s.mu.Unlock()
-	if err != nil {
+	if err != nil || !running {
 		return err
 	}
 	if err := s.backend.StopVM(ctx, vmid); err != nil {
@@ -731,7 +748,7 @@ func (s *Server) vmAction(typ string) handlerFunc {
 		v, err := s.loadVM(vmid)
 		running := v != nil && v.running
 		s.mu.Unlock()
-		if err != nil {
+		if err != nil && typ != "qmstop" {
 			return nil, err
 		}
 		switch typ {
@@ -739,7 +756,17 @@ func (s *Server) vmAction(typ string) handlerFunc {
 			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 				return s.doStart(ctx, t, vmid, skiplock)
 			}), nil
-		default: // qmstop, qmshutdown
+		case "qmstop":
+			// vm_stop forks the worker at once: PVE::QemuServer::vm_stop
+			// loads the config (a missing VM fails the task) and returns
+			// quietly when the VM is not running (task OK).
+			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+				return s.doStop(ctx, vmid, skiplock)
+			}), nil
+		default: // qmshutdown
+			if err != nil {
+				return nil, err
+			}
 			if !running {
 				return nil, fail("VM %d not running", vmid)
 			}
@@ -760,11 +787,10 @@ func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
 		return nil, paramFail(ParamErrors{"skiplock": "Only root may use this option."})
 	}
 	purge := rq.bool("purge", false)
+	// destroy_vm's early checks (config exists, not running) run before the
+	// worker; the lock is checked inside it (PVE::QemuServer::destroy_vm).
 	s.mu.Lock()
 	v, err := s.loadVM(vmid)
-	if err == nil && !skiplock {
-		err = checkLock(v)
-	}
 	if err == nil && v.running {
 		err = fail("VM %d is running - destroy failed", vmid)
 	}
@@ -801,6 +827,7 @@ func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
 		if v.pool != "" && s.pools[v.pool] != nil {
 			delete(s.pools[v.pool].vms, vmid)
 		}
+		_ = s.ipamNICsLocked(vmid, v.conf, nil) // removals only: cannot fail
 		if purge {
 			path := fmt.Sprintf("/vms/%d", vmid)
 			kept := s.acl[:0]
@@ -951,6 +978,13 @@ func (s *Server) rollbackSnapshot(ctx context.Context, rq *request) (any, error)
 	}
 	vmid, name := s.vmid(rq), rq.str("snapname")
 	start := rq.bool("start", false)
+	// The start runs inside the worker, so the API checks VM.PowerMgmt up
+	// front (qemu-server API2/Qemu.pm rollback).
+	if start {
+		if err := s.checkPrivs(rq.authid, fmt.Sprintf("/vms/%d", vmid), []string{"VM.PowerMgmt"}, false); err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	v, err := s.loadVM(vmid)
 	if err == nil && v.snaps[name] == nil {
@@ -1119,6 +1153,12 @@ func (s *Server) resizeVM(ctx context.Context, rq *request) (any, error) {
 		if err != nil {
 			return err
 		}
+		// resize_vm checks the storage inside the worker's config lock.
+		if sid := volumeStorage(v.conf[disk]); sid != "" {
+			if err := s.checkPrivsLocked(rq.authid, "/storage/"+sid, []string{"Datastore.AllocateSpace"}); err != nil {
+				return err
+			}
+		}
 		gib := float64(want) / (1 << 30)
 		nv := fmt.Sprintf("size=%sG", strconv.FormatFloat(gib, 'f', -1, 64))
 		val := v.conf[disk]
@@ -1130,4 +1170,57 @@ func (s *Server) resizeVM(ctx context.Context, rq *request) (any, error) {
 		v.conf[disk] = val
 		return nil
 	}), nil
+}
+
+// volumeStorage is the storage ID of a disk value ("local-lvm:vm-1-disk-0,
+// size=8G"); "" for none, CD-ROMs and values without a storage.
+func volumeStorage(val string) string {
+	if strings.Contains(val, "media=cdrom") {
+		return ""
+	}
+	file, _, _ := strings.Cut(val, ",")
+	if file == "none" || file == "cdrom" {
+		return ""
+	}
+	sid, _, ok := strings.Cut(file, ":")
+	if !ok {
+		return ""
+	}
+	return sid
+}
+
+// checkStorageAccessCloneLocked is qemu-server's
+// $check_storage_access_clone (API2/Qemu.pm): every disk of the source
+// needs Datastore.AllocateSpace on /storage/<sid>, the target storage
+// replacing the disk's own when given.
+func (s *Server) checkStorageAccessCloneLocked(authid string, conf map[string]string, target string) error {
+	for _, k := range sortedKeys(conf) {
+		if !reDiskKey.MatchString(k) {
+			continue
+		}
+		sid := volumeStorage(conf[k])
+		if sid == "" {
+			continue
+		}
+		if target != "" {
+			sid = target
+		}
+		if err := s.checkPrivsLocked(authid, "/storage/"+sid, []string{"Datastore.AllocateSpace"}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// uniqueTags normalises a tag list as a config update stores it
+// (pve-guest-common PVE/GuestHelpers.pm get_unique_tags with the default
+// tag style): split on ";", "," and spaces, lower-cased, sorted, without
+// duplicates, joined with ";".
+func uniqueTags(v string) string {
+	var out []string
+	for _, t := range strings.FieldsFunc(v, func(r rune) bool { return r == ';' || r == ',' || r == ' ' || r == '\t' || r == '\n' }) {
+		out = append(out, strings.ToLower(t))
+	}
+	sort.Strings(out)
+	return strings.Join(slices.Compact(out), ";")
 }

@@ -156,6 +156,19 @@ func sdnValue(k, v string) any {
 	return v
 }
 
+// sdnLocked answers an SDN object change made inside pve-network's
+// lock_sdn_config: a permission refusal as is, any other error wrapped as
+// lock_sdn_domain wraps it ("<errmsg>: <error>", a 500).
+func sdnLocked(errmsg string, err error) (any, error) {
+	if err == nil {
+		return nil, nil
+	}
+	if ae := asAPIError(err); ae.code == 403 {
+		return nil, err
+	}
+	return nil, sdnFail(errmsg, err)
+}
+
 func (s *Server) sdnIndex(_ context.Context, _ *request) (any, error) {
 	out := []map[string]any{}
 	for _, id := range []string{"vnets", "zones", "controllers", "ipams", "dns", "fabrics"} {
@@ -199,22 +212,26 @@ func (s *Server) getZone(_ context.Context, rq *request) (any, error) {
 
 var zoneKeys = []string{"type", "dhcp", "ipam", "dns", "dnszone", "reversedns", "nodes", "mtu", "bridge", "tag", "vlan-protocol", "peers", "controller", "vrf-vxlan", "mac", "exitnodes", "rt-import", "advertise-subnets", "disable-arp-nd-suppression", "exitnodes-local-routing", "exitnodes-primary", "bridge-disable-mac-learning", "vxlan-port", "fabric", "dhcp-lease-time", "bgp-mode"}
 
-func (s *Server) createZone(_ context.Context, rq *request) (any, error) {
+func (s *Server) createZone(ctx context.Context, rq *request) (any, error) {
+	return sdnLocked("create sdn zone object failed", s.createZoneBody(ctx, rq))
+}
+
+func (s *Server) createZoneBody(_ context.Context, rq *request) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := rq.str("zone")
 	if _, ok := s.sdn.pending.zones[id]; ok {
-		return nil, fail("sdn zone object ID '%s' already defined", id)
+		return fail("sdn zone object ID '%s' already defined", id)
 	}
 	typ := rq.str("type")
 	if typ != "simple" {
-		return nil, fail("zone type '%s' is not supported by the emulator (simple only)", typ)
+		return fail("zone type '%s' is not supported by the emulator (simple only)", typ)
 	}
 	if ipam := rq.str("ipam"); ipam != "" && ipam != "pve" {
-		return nil, paramFail(ParamErrors{"ipam": ipam + " not existing"})
+		return paramFail(ParamErrors{"ipam": ipam + " not existing"})
 	}
 	if dns := rq.str("dns"); dns != "" {
-		return nil, paramFail(ParamErrors{"dns": dns + " don't exist"})
+		return paramFail(ParamErrors{"dns": dns + " don't exist"})
 	}
 	z := map[string]string{}
 	for _, k := range zoneKeys {
@@ -226,23 +243,27 @@ func (s *Server) createZone(_ context.Context, rq *request) (any, error) {
 		z["ipam"] = "pve"
 	}
 	s.sdn.pending.zones[id] = z
-	return nil, nil
+	return nil
 }
 
-func (s *Server) deleteZone(_ context.Context, rq *request) (any, error) {
+func (s *Server) deleteZone(ctx context.Context, rq *request) (any, error) {
+	return sdnLocked("delete sdn zone object failed", s.deleteZoneBody(ctx, rq))
+}
+
+func (s *Server) deleteZoneBody(_ context.Context, rq *request) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := rq.str("zone")
 	if _, ok := s.sdn.pending.zones[id]; !ok {
-		return nil, fail("sdn zone object ID '%s' does not exist", id)
+		return fail("sdn '%s' does not exist", id)
 	}
 	for _, vn := range sortedKeys(s.sdn.pending.vnets) {
 		if s.sdn.pending.vnets[vn]["zone"] == id {
-			return nil, fail("zone %s is used by vnet %s", id, vn)
+			return fail("zone %s is used by vnet %s", id, vn)
 		}
 	}
 	delete(s.sdn.pending.zones, id)
-	return nil, nil
+	return nil
 }
 
 func (s *Server) listVNets(_ context.Context, rq *request) (any, error) {
@@ -272,21 +293,25 @@ func (s *Server) getVNet(_ context.Context, rq *request) (any, error) {
 	return objectMap("vnet", id, v), nil
 }
 
-func (s *Server) createVNet(_ context.Context, rq *request) (any, error) {
+func (s *Server) createVNet(ctx context.Context, rq *request) (any, error) {
+	return sdnLocked("create sdn vnet object failed", s.createVNetBody(ctx, rq))
+}
+
+func (s *Server) createVNetBody(_ context.Context, rq *request) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id, zone := rq.str("vnet"), rq.str("zone")
 	if err := s.checkPrivsLocked(rq.authid, "/sdn/zones/"+zone, []string{"SDN.Allocate"}); err != nil {
-		return nil, err
+		return err
 	}
 	if _, ok := s.sdn.pending.vnets[id]; ok {
-		return nil, fail("sdn vnet object ID '%s' already defined", id)
+		return fail("sdn vnet object ID '%s' already defined", id)
 	}
 	if _, ok := s.sdn.pending.zones[zone]; !ok {
-		return nil, paramFail(ParamErrors{"zone": "zone '" + zone + "' don't exist"})
+		return paramFail(ParamErrors{"zone": "zone '" + zone + "' don't exist"})
 	}
 	if rq.has("tag") {
-		return nil, fail("tag is not allowed on simple zones")
+		return fail("tag is not allowed on simple zones")
 	}
 	v := map[string]string{"zone": zone, "type": "vnet"}
 	for _, k := range []string{"alias", "vlanaware", "isolate-ports"} {
@@ -295,27 +320,31 @@ func (s *Server) createVNet(_ context.Context, rq *request) (any, error) {
 		}
 	}
 	s.sdn.pending.vnets[id] = v
-	return nil, nil
+	return nil
 }
 
-func (s *Server) deleteVNet(_ context.Context, rq *request) (any, error) {
+func (s *Server) deleteVNet(ctx context.Context, rq *request) (any, error) {
+	return sdnLocked("delete sdn vnet object failed", s.deleteVNetBody(ctx, rq))
+}
+
+func (s *Server) deleteVNetBody(_ context.Context, rq *request) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := rq.str("vnet")
 	v, ok := s.sdn.pending.vnets[id]
 	if !ok {
-		return nil, fail("sdn vnet object ID '%s' does not exist", id)
+		return fail("sdn vnet '%s' does not exist", id)
 	}
 	if err := s.checkPrivsLocked(rq.authid, "/sdn/zones/"+v["zone"]+"/"+id, []string{"SDN.Allocate"}); err != nil {
-		return nil, err
+		return err
 	}
 	for _, sn := range s.sdn.pending.subnets {
 		if sn["vnet"] == id {
-			return nil, paramFail(ParamErrors{"vnet": "Can't delete vnet if subnets exists"})
+			return paramFail(ParamErrors{"vnet": "Can't delete vnet if subnets exists"})
 		}
 	}
 	delete(s.sdn.pending.vnets, id)
-	return nil, nil
+	return nil
 }
 
 func (s *Server) checkPrivsLocked(authid, path string, privs []string) error {
@@ -343,10 +372,22 @@ func (s *Server) listSubnets(_ context.Context, rq *request) (any, error) {
 	if v == nil {
 		return nil, fail("sdn vnet '%s' does not exist", vnet)
 	}
-	return listing("subnet", s.sdn.pending.subnets, s.sdn.running.subnets, rq.bool("pending", false), rq.bool("running", false),
+	out := listing("subnet", s.sdn.pending.subnets, s.sdn.running.subnets, rq.bool("pending", false), rq.bool("running", false),
 		func(id string, p map[string]string) bool {
 			return p["vnet"] == vnet && s.canSDN(rq.authid, "/sdn/zones/"+v["zone"]+"/"+vnet)
-		}), nil
+		})
+	// Subnets::sdn_subnets_config adds these, from the id, to every
+	// listed subnet (pending ones too) on top.
+	for _, e := range out {
+		id, _ := e["subnet"].(string)
+		parts := strings.Split(id, "-")
+		if len(parts) < 3 {
+			continue
+		}
+		zone, network, mask := strings.Join(parts[:len(parts)-2], "-"), parts[len(parts)-2], parts[len(parts)-1]
+		e["id"], e["zone"], e["network"], e["mask"], e["cidr"] = id, zone, network, mask, network+"/"+mask
+	}
+	return out, nil
 }
 
 func (s *Server) findSubnet(src map[string]map[string]string, vnet, sub string) (string, map[string]string) {
@@ -376,31 +417,35 @@ func (s *Server) getSubnet(_ context.Context, rq *request) (any, error) {
 	return objectMap("subnet", id, sn), nil
 }
 
-func (s *Server) createSubnet(_ context.Context, rq *request) (any, error) {
+func (s *Server) createSubnet(ctx context.Context, rq *request) (any, error) {
+	return sdnLocked("create sdn subnet object failed", s.createSubnetBody(ctx, rq))
+}
+
+func (s *Server) createSubnetBody(_ context.Context, rq *request) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	vnetID := rq.str("vnet")
 	vnet := s.sdn.pending.vnets[vnetID]
 	if vnet == nil {
-		return nil, paramFail(ParamErrors{"vnet": vnetID + " don't exist"})
+		return paramFail(ParamErrors{"vnet": vnetID + " don't exist"})
 	}
 	if err := s.checkPrivsLocked(rq.authid, "/sdn/zones/"+vnet["zone"]+"/"+vnetID, []string{"SDN.Allocate"}); err != nil {
-		return nil, err
+		return err
 	}
 	cidr, err := netip.ParsePrefix(rq.str("subnet"))
 	if err != nil {
-		return nil, paramFail(ParamErrors{"subnet": "value does not look like a valid CIDR network\n"})
+		return paramFail(ParamErrors{"subnet": "value does not look like a valid CIDR network\n"})
 	}
 	cidr = cidr.Masked()
 	id := subnetID(vnet["zone"], cidr)
 	if _, ok := s.sdn.pending.subnets[id]; ok {
-		return nil, fail("sdn subnet object ID '%s' already defined", id)
+		return fail("sdn subnet object ID '%s' already defined", id)
 	}
 	sn := map[string]string{"vnet": vnetID, "type": "subnet", "cidr": cidr.String(), "network": cidr.Addr().String(), "mask": fmt.Sprint(cidr.Bits()), "zone": vnet["zone"]}
 	if gw := rq.str("gateway"); gw != "" {
 		a, err := netip.ParseAddr(gw)
 		if err != nil || !cidr.Contains(a) {
-			return nil, paramFail(ParamErrors{"gateway": fmt.Sprintf("%s is not in subnet %s", gw, cidr)})
+			return paramFail(ParamErrors{"gateway": fmt.Sprintf("%s is not in subnet %s", gw, cidr)})
 		}
 		sn["gateway"] = gw
 	}
@@ -423,15 +468,15 @@ func (s *Server) createSubnet(_ context.Context, rq *request) (any, error) {
 		b, err2 := netip.ParseAddr(end)
 		switch {
 		case err1 != nil:
-			return nil, paramFail(ParamErrors{"dhcp-range": "start-address is not a valid IP " + start})
+			return paramFail(ParamErrors{"dhcp-range": "start-address is not a valid IP " + start})
 		case err2 != nil:
-			return nil, paramFail(ParamErrors{"dhcp-range": "end-address is not a valid IP " + end})
+			return paramFail(ParamErrors{"dhcp-range": "end-address is not a valid IP " + end})
 		case b.Less(a):
-			return nil, paramFail(ParamErrors{"dhcp-range": fmt.Sprintf("start-address %s must be smaller than end-address %s", start, end)})
+			return paramFail(ParamErrors{"dhcp-range": fmt.Sprintf("start-address %s must be smaller than end-address %s", start, end)})
 		case !cidr.Contains(a):
-			return nil, paramFail(ParamErrors{"dhcp-range": fmt.Sprintf("start-address %s is not in subnet %s", start, cidr)})
+			return paramFail(ParamErrors{"dhcp-range": fmt.Sprintf("start-address %s is not in subnet %s", start, cidr)})
 		case !cidr.Contains(b):
-			return nil, paramFail(ParamErrors{"dhcp-range": fmt.Sprintf("end-address %s is not in subnet %s", end, cidr)})
+			return paramFail(ParamErrors{"dhcp-range": fmt.Sprintf("end-address %s is not in subnet %s", end, cidr)})
 		}
 		ranges = append(ranges, r)
 	}
@@ -444,22 +489,30 @@ func (s *Server) createSubnet(_ context.Context, rq *request) (any, error) {
 		}
 	}
 	s.sdn.pending.subnets[id] = sn
-	return nil, nil
+	s.ipamAddSubnetLocked(vnet["zone"], cidr.String(), sn["gateway"])
+	return nil
 }
 
-func (s *Server) deleteSubnet(_ context.Context, rq *request) (any, error) {
+func (s *Server) deleteSubnet(ctx context.Context, rq *request) (any, error) {
+	return sdnLocked("delete sdn subnet object failed", s.deleteSubnetBody(ctx, rq))
+}
+
+func (s *Server) deleteSubnetBody(_ context.Context, rq *request) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	vnetID := rq.str("vnet")
 	id, sn := s.findSubnet(s.sdn.pending.subnets, vnetID, rq.str("subnet"))
 	if sn == nil {
-		return nil, fail("sdn subnet object ID '%s' does not exist", rq.str("subnet"))
+		return fail("sdn subnet '%s' does not exist", rq.str("subnet"))
 	}
 	if err := s.checkPrivsLocked(rq.authid, "/sdn/zones/"+sn["zone"]+"/"+vnetID, []string{"SDN.Allocate"}); err != nil {
-		return nil, err
+		return err
+	}
+	if err := s.ipamDelSubnetLocked(sn["zone"], sn["cidr"]); err != nil {
+		return err
 	}
 	delete(s.sdn.pending.subnets, id)
-	return nil, nil
+	return nil
 }
 
 // zoneSpec builds the backend view of a zone from one configuration.
@@ -506,8 +559,19 @@ func (s *Server) applySDN(_ context.Context, rq *request) (any, error) {
 		s.mu.Lock()
 		want := s.sdn.pending.clone()
 		have := s.sdn.running.clone()
+		injected := ""
+		if len(s.reloadWarnings) > 0 {
+			injected, s.reloadWarnings = s.reloadWarnings[0], s.reloadWarnings[1:]
+		}
 		s.mu.Unlock()
 		var failed []string
+		if injected != "" {
+			// The node's reload worker died: reloadnetworkall only warns
+			// (API2/Network/SDN.pm reload: "warn $@ if $@"), and nothing
+			// of this apply reaches the node's network.
+			t.warn("%s: %s", s.node, injected)
+			return nil
+		}
 		for _, z := range sortedKeys(have.zones) {
 			if _, keep := want.zones[z]; keep {
 				continue
@@ -544,4 +608,14 @@ func (s *Server) applySDN(_ context.Context, rq *request) (any, error) {
 		s.mu.Unlock()
 		return nil
 	}), nil
+}
+
+// InjectReloadWarning makes the next SDN apply's network reload fail on
+// the node with msg: the task ends "WARNINGS: 1" with "WARN: <node>: msg"
+// in its log, and nothing of that apply reaches the network (zones and
+// vnets stay pending). Each call fails one more apply.
+func (s *Server) InjectReloadWarning(msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reloadWarnings = append(s.reloadWarnings, msg)
 }

@@ -34,6 +34,12 @@ type Options struct {
 	// RootPassword is root@pam's password for POST /access/ticket
 	// (a random one when empty; mint tickets with RootTicket instead).
 	RootPassword string
+	// StatsInterval is how often the VM statistics GET /cluster/resources
+	// reports (name, status, template, uptime, ...) are refreshed, like
+	// pvestatd's update loop: 10 s when zero. Between refreshes they are
+	// stale, and a VM created since the last one is "unknown" without a
+	// name. Negative makes them live (for tests of other things only).
+	StatsInterval time.Duration
 }
 
 // Server is the Proxmox VE API emulator. It is an http.Handler serving
@@ -64,6 +70,16 @@ type Server struct {
 	records []RequestRecord
 	pwdRoot string
 	vmLocks map[int]*sync.Mutex
+	// stats is what the last pvestatd-like refresh published per VM (nil
+	// when StatsInterval is negative: live).
+	stats map[int]map[string]any
+	// ipam is the pve IPAM database: zone -> subnet CIDR -> IP -> entry.
+	ipam map[string]map[string]map[string]*ipamEntry
+	// reloadWarnings are injected failures of the next SDN applies' network
+	// reload (InjectReloadWarning).
+	reloadWarnings []string
+	// storages are the storage IDs the node has.
+	storages map[string]bool
 
 	// hooks let tests pause clones at defined points; nil in production.
 	hooks testHooks
@@ -148,7 +164,16 @@ func New(o Options) (*Server, error) {
 		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},
 		users: map[string]*user{}, fw: map[string]*firewall{"cluster": newFirewall(), "node": newFirewall()},
 		pwdRoot: o.RootPassword, vmLocks: map[int]*sync.Mutex{},
-		sdn: newSDNState(),
+		sdn: newSDNState(), ipam: map[string]map[string]map[string]*ipamEntry{},
+		storages: map[string]bool{"local": true, "local-lvm": true},
+	}
+	if o.StatsInterval == 0 {
+		o.StatsInterval = 10 * time.Second
+	}
+	if o.StatsInterval > 0 {
+		s.stats = map[int]map[string]any{}
+		s.wg.Add(1)
+		go s.statsLoop(o.StatsInterval)
 	}
 	s.users["root@pam"] = &user{id: "root@pam", enable: true, tokens: map[string]*token{}}
 	if err := s.registerRoutes(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -120,14 +121,15 @@ func (s *Server) WaitTask(ctx context.Context, upid string) (string, error) {
 
 func (s *Server) lookupTask(rq *request) (*task, error) {
 	upid := rq.str("upid")
+	// pve-manager API2/Tasks.pm: both refusals are parameter exceptions.
 	if _, _, _, _, _, _, _, ok := ParseUPID(upid); !ok {
-		return nil, fail("unable to parse worker upid '%s'", upid)
+		return nil, paramFail(ParamErrors{"upid": "unable to parse worker upid"})
 	}
 	s.mu.Lock()
 	t := s.tasks[upid]
 	s.mu.Unlock()
 	if t == nil {
-		return nil, fail("no such task")
+		return nil, paramFail(ParamErrors{"upid": "no such task"})
 	}
 	// The owner may read its tasks; others need Sys.Audit on the node.
 	owner, _, _ := strings.Cut(rq.authid, "!")
@@ -149,6 +151,11 @@ func (s *Server) taskStatus(_ context.Context, rq *request) (any, error) {
 	out := map[string]any{
 		"upid": t.upid, "node": t.node, "pid": t.pid, "pstart": t.pstart, "starttime": t.starttime,
 		"type": t.typ, "id": t.id, "user": t.user, "status": "running",
+	}
+	// A token's task reports user and token apart (Tasks.pm
+	// $convert_token_task).
+	if user, tok, ok := strings.Cut(t.user, "!"); ok {
+		out["user"], out["tokenid"] = user, tok
 	}
 	if !t.running {
 		out["status"] = "stopped"
@@ -172,6 +179,39 @@ func (s *Server) taskLog(_ context.Context, rq *request) (any, error) {
 	}
 	if len(out) == 0 {
 		out = append(out, map[string]any{"n": 0, "t": "no content"})
+	}
+	return out, nil
+}
+
+// clusterTasks is GET /cluster/tasks (pve-manager PVE/API2/Cluster.pm
+// tasks): the node's recent tasks, running ones without endtime; a token's
+// tasks with user and tokenid apart; all of them with Sys.Audit on "/",
+// else the caller's own.
+func (s *Server) clusterTasks(_ context.Context, rq *request) (any, error) {
+	all := s.privileges(rq.authid, "/")["Sys.Audit"]
+	s.mu.Lock()
+	ts := make([]*task, 0, len(s.tasks))
+	for _, t := range s.tasks {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	sort.Slice(ts, func(i, j int) bool { return ts[i].upid > ts[j].upid })
+	out := []map[string]any{}
+	for _, t := range ts {
+		t.mu.Lock()
+		e := map[string]any{"upid": t.upid, "node": t.node, "pid": t.pid, "pstart": t.pstart, "starttime": t.starttime,
+			"type": t.typ, "id": t.id, "user": t.user}
+		if !t.running {
+			e["endtime"] = t.endtime
+			e["status"] = t.exitstatus
+		}
+		t.mu.Unlock()
+		if user, tok, ok := strings.Cut(t.user, "!"); ok {
+			e["user"], e["tokenid"] = user, tok
+		}
+		if all || t.user == rq.authid {
+			out = append(out, e)
+		}
 	}
 	return out, nil
 }

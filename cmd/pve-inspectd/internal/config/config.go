@@ -33,6 +33,10 @@ type Config struct {
 	Check CheckSection `toml:"check"`
 	// API is the sandbox API.
 	API APISection `toml:"api"`
+	// MCP is the MCP server on the sandbox API (mcp.go).
+	MCP MCPSection `toml:"mcp"`
+	// Egress is [egress], the egress policies (egress.go).
+	Egress EgressSection `toml:"egress"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -58,7 +62,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -122,5 +126,7 @@ func (c Config) sections() map[string]validator {
 		"lockdown": c.Lockdown,
 		"check":    c.Check,
 		"api":      c.API,
+		"mcp":      c.MCP,
+		"egress":   c.Egress,
 	}
 }

@@ -114,7 +114,7 @@ func (a *API) Run(ctx context.Context) error {
 	}
 	a.srv.Store(srv)
 	a.local.set(srv.LocalHandler())
-	a.remote.set(srv.Handler())
+	a.remote.set(a.tcpHandler(srv))
 	a.ready.Set(1)
 	defer a.ready.Set(0)
 	a.log.Info("sandbox api ready")

@@ -17,10 +17,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
@@ -59,6 +61,9 @@ type Daemon struct {
 	Log    *slog.Logger
 	// GuardOptions are passed to firewall.New (tests: a network namespace).
 	GuardOptions []firewall.Option
+	// EgressNS, when set, is the network namespace the egress resolver and
+	// proxy listen and dial in (tests: the guard's namespace).
+	EgressNS *netns.NsHandle
 	// Ready is called once, after the guard is verified in force and every
 	// listener is bound (tests).
 	Ready func()
@@ -85,6 +90,10 @@ type run struct {
 	ctl   *lockdown.Controller
 	lopt  lockdown.Options
 	parts *parts
+	// egressState and egress: the persisted policies and the egress part
+	// (egress.go).
+	egressState *egress.State
+	egress      *Egress
 }
 
 // Run starts every part, reports readiness, and blocks until ctx is done or
@@ -94,10 +103,12 @@ type run struct {
 // part into force (a failure stops the parts already started and ends Run)
 // and hands its loop to the errgroup:
 //
-//  1. guard: table in force and verified;
-//  2. lockdown: first reconcile done (the halt within it);
-//  3. metrics: listener bound;
-//  4. sandbox API: started in the background and never failing; it answers
+//  1. guard: table in force and verified (with the persisted egress
+//     policies);
+//  2. egress: resolver and peek proxy listening;
+//  3. lockdown: first reconcile done (the halt within it);
+//  4. metrics: listener bound;
+//  5. sandbox API: started in the background and never failing; it answers
 //     503 until Proxmox is reachable, so neither the guard nor the lockdown
 //     ever waits on Proxmox;
 //
@@ -107,7 +118,7 @@ type run struct {
 // Shutdown, when ctx ends or any part fails: the watchdog stops (no ping
 // after STOPPING=1), STOPPING=1 is sent, then the parts stop one at a time
 // in reverse start order, each waited for before the next: API, metrics,
-// lockdown, guard. The guard's loop stops last and only between two applied
+// lockdown, egress, guard. The guard's loop stops last and only between two applied
 // states (each apply is one nftables batch), so its table is never left
 // half-built; the table persists by design, and Close only releases the
 // netlink sockets.
@@ -118,7 +129,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	r := &run{d: d, log: log, reg: prometheus.NewRegistry(), parts: &parts{g: g, base: context.WithoutCancel(ctx)}}
-	starts := []func(context.Context) error{r.startGuard, r.startLockdown, r.startMetrics, r.startAPI}
+	starts := []func(context.Context) error{r.startGuard, r.startEgress, r.startLockdown, r.startMetrics, r.startAPI}
 	for _, start := range starts {
 		if err := start(gctx); err != nil {
 			r.parts.stop()
@@ -187,8 +198,12 @@ func (p *parts) stop() {
 func (r *run) startGuard(ctx context.Context) error {
 	r.lopt = LockdownOptions(r.d.Config.Lockdown)
 	initial := StartSwitches(r.lopt.Marker, r.lopt.StateFile)
-	guard, err := firewall.New(GuardConfig(r.d.Config.Guard),
-		append([]firewall.Option{firewall.WithLogger(r.log), firewall.WithSwitches(initial)}, r.d.GuardOptions...)...)
+	fc, eopts, err := r.egressAtStart()
+	if err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	guard, err := firewall.New(fc,
+		append(append([]firewall.Option{firewall.WithLogger(r.log), firewall.WithSwitches(initial)}, eopts...), r.d.GuardOptions...)...)
 	if err != nil {
 		return fmt.Errorf("guard: %w", err)
 	}

@@ -3,16 +3,23 @@
 // into the compact schema.json the emulator embeds. Descriptions and display
 // hints are dropped; everything validation and permission checks need is kept.
 //
-// Usage (from testvm/pveemu, via go generate):
+// With -extract it also writes the official schema's own entries for those
+// endpoints, verbatim and in the official format (a flat list of
+// {"path", "info": {METHOD: ...}} nodes), to a file the repository keeps
+// (testdata/apidata-extract.json): schema.json is regenerated and the
+// emulator's routes are checked against that, so a clone needs nothing from
+// outside.
 //
-//	go run ./internal/schemagen -in PATH/apidata.json -paths paths.txt -out schema.json
+// Usage (from testvm/pveemu):
+//
+//	go generate    # schema.json from testdata/apidata-extract.json
+//	go run ./internal/schemagen -in PATH/apidata.json -paths paths.txt -extract testdata/apidata-extract.json -out schema.json
 package main
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -22,26 +29,23 @@ import (
 )
 
 func main() {
-	in := flag.String("in", "", "path of apidata.json (default: $PVE_APIDATA, else <module root>/../shared/pve-api/apidata.json)")
+	in := flag.String("in", "", "path of apidata.json or of an extract (default: $PVE_APIDATA, else testdata/apidata-extract.json)")
 	paths := flag.String("paths", "paths.txt", "file listing METHOD /path lines")
 	out := flag.String("out", "schema.json", "output file")
+	extract := flag.String("extract", "", "also write the official entries of the listed endpoints, verbatim, to this file")
 	flag.Parse()
-	if err := run(*in, *paths, *out); err != nil {
+	if err := run(*in, *paths, *out, *extract); err != nil {
 		fmt.Fprintln(os.Stderr, "schemagen:", err)
 		os.Exit(1)
 	}
 }
 
-func run(in, pathsFile, out string) error {
+func run(in, pathsFile, out, extractFile string) error {
 	if in == "" {
 		in = os.Getenv("PVE_APIDATA")
 	}
 	if in == "" {
-		root, err := moduleRoot()
-		if err != nil {
-			return err
-		}
-		in = filepath.Join(root, "..", "shared", "pve-api", "apidata.json")
+		in = filepath.Join("testdata", "apidata-extract.json")
 	}
 	raw, err := os.ReadFile(in)
 	if err != nil {
@@ -66,12 +70,17 @@ func run(in, pathsFile, out string) error {
 		return err
 	}
 	endpoints := map[string]any{}
+	extract := map[string]map[string]any{}
 	for _, w := range wanted {
 		method, path, _ := strings.Cut(w, " ")
 		info, ok := index[path][method]
 		if !ok {
 			return fmt.Errorf("%s: not in the official schema", w)
 		}
+		if extract[path] == nil {
+			extract[path] = map[string]any{}
+		}
+		extract[path][method] = info
 		kept := map[string]any{}
 		for _, k := range []string{"parameters", "permissions", "allowtoken", "protected"} {
 			if v, ok := info[k]; ok {
@@ -94,7 +103,30 @@ func run(in, pathsFile, out string) error {
 	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", out, err)
 	}
+	if extractFile == "" {
+		return nil
+	}
+	var nodes []map[string]any
+	for _, p := range sortedKeys(extract) {
+		nodes = append(nodes, map[string]any{"path": p, "info": extract[p]})
+	}
+	buf.Reset()
+	if err := enc.Encode(nodes); err != nil {
+		return fmt.Errorf("encode extract: %w", err)
+	}
+	if err := os.WriteFile(extractFile, buf.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", extractFile, err)
+	}
 	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 type node struct {
@@ -153,21 +185,4 @@ func readPaths(file string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, sc.Err()
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.mod not found above working directory")
-		}
-		dir = parent
-	}
 }
