@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
 // stateFile is the on-disk form of the daemon's sandboxes.
@@ -32,21 +34,7 @@ func (m *manager) saveState() error {
 	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
-	path := filepath.Join(m.o.StateDir, stateName)
-	f, err := os.CreateTemp(m.o.StateDir, stateName+".*")
-	if err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	tmp := f.Name()
-	_, werr := f.Write(b)
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("save state: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
+	if err := atomicfile.Write(filepath.Join(m.o.StateDir, stateName), b, 0o600); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
 	return nil

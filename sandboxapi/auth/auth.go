@@ -23,6 +23,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
 // Scopes a token can carry (admin > exec > read).
@@ -155,20 +157,7 @@ func (s *Store) update(fn func(*file) error) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(s.path), filepath.Base(s.path)+".*")
-	if err != nil {
-		return fmt.Errorf("token file: %w", err)
-	}
-	_, werr := tmp.Write(append(b, '\n'))
-	cherr := tmp.Chmod(0o600)
-	serr := tmp.Sync()
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cherr, serr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("token file: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		os.Remove(tmp.Name())
+	if err := atomicfile.Write(s.path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("token file: %w", err)
 	}
 	return nil
