@@ -2,7 +2,6 @@ package sandboxapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,21 +12,13 @@ import (
 	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
-// stateFile is the on-disk form of the daemon's sandboxes.
-type stateFile struct {
-	Version   int       `json:"version"`
-	Node      string    `json:"node"`
-	Sandboxes []Sandbox `json:"sandboxes"`
-}
-
 const stateName = "sandboxes.json"
 
 // saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
 func (m *manager) saveState() error {
 	m.stateMu.Lock()
 	defer m.stateMu.Unlock()
-	st := stateFile{Version: 1, Node: m.o.Node, Sandboxes: m.list()}
-	b, err := json.MarshalIndent(st, "", "  ")
+	b, err := encodeState(m.o.Node, m.list())
 	if err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
@@ -49,19 +40,19 @@ func (m *manager) loadState() ([]Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load state: %w", err)
 	}
-	var st stateFile
-	if err := json.Unmarshal(b, &st); err != nil {
+	node, sbs, err := decodeState(b)
+	if err != nil {
 		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
 	}
-	if st.Node != "" && st.Node != m.o.Node {
-		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", st.Node, m.o.Node)
+	if node != "" && node != m.o.Node {
+		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
 	}
-	for _, s := range st.Sandboxes {
+	for _, s := range sbs {
 		if !reSandbox.MatchString(s.ID) {
 			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
 		}
 	}
-	return st.Sandboxes, nil
+	return sbs, nil
 }
 
 // ReconcileReport says what Reconcile did.
