@@ -84,7 +84,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
 		return pr
 	}
-	if req.Owner == "" {
+	switch {
+	case p.owner != "" && req.Owner != "" && req.Owner != p.owner:
+		return invalid("owner", "this token is bound to owner %q and creates sandboxes only for it", p.owner)
+	case p.owner != "":
+		req.Owner = p.owner
+	case req.Owner == "":
 		req.Owner = p.name
 	}
 	sb, err := s.m.create(r.Context(), req)
@@ -100,32 +105,42 @@ type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, _ principal) error {
-	return writeJSON(w, http.StatusOK, SandboxList{Sandboxes: s.m.list()})
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p principal) error {
+	out := []Sandbox{}
+	for _, sb := range s.m.list() {
+		if p.sees(sb) {
+			out = append(out, sb)
+		}
+	}
+	return writeJSON(w, http.StatusOK, SandboxList{Sandboxes: out})
 }
 
-func (s *Server) lookup(id string) (Sandbox, error) {
+// lookup finds a sandbox p may see; another owner's is not found.
+func (s *Server) lookup(p principal, id string) (Sandbox, error) {
 	if !reSandbox.MatchString(id) {
 		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
 	}
 	sb, ok := s.m.get(id)
-	if !ok {
+	if !ok || !p.sees(sb) {
 		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
 	}
 	return sb, nil
 }
 
-func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
-	sb, err := s.lookup(r.PathValue("id"))
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
+	sb, err := s.lookup(p, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, sb)
 }
 
-func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
 	id := r.PathValue("id")
 	if reSandbox.MatchString(id) {
+		if sb, ok := s.m.get(id); ok && !p.sees(sb) {
+			return problemf(ProblemNotFound, "sandbox %q not found", id)
+		}
 		if err := s.m.remove(r.Context(), id); err != nil {
 			return err
 		}
@@ -134,8 +149,8 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, _ princip
 	return nil
 }
 
-func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
-	if _, err := s.lookup(r.PathValue("id")); err != nil {
+func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
+	if _, err := s.lookup(p, r.PathValue("id")); err != nil {
 		return err
 	}
 	var req ExtendRequest
@@ -155,10 +170,10 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, _ princip
 // begin resolves {id} and {vm} to a ready sandbox's VM and starts an
 // operation on it: ctx is cancelled when the sandbox is deleted, and end
 // must be called with the handler's result.
-func (s *Server) begin(r *http.Request) (VM, context.Context, func(error) error, error) {
+func (s *Server) begin(r *http.Request, p principal) (VM, context.Context, func(error) error, error) {
 	id := r.PathValue("id")
-	if !reSandbox.MatchString(id) {
-		return VM{}, nil, nil, problemf(ProblemNotFound, "sandbox %q not found", id)
+	if _, err := s.lookup(p, id); err != nil {
+		return VM{}, nil, nil, err
 	}
 	_, vm, ctx, end, err := s.m.begin(r.Context(), id, r.PathValue("vm"))
 	return vm, ctx, end, err
@@ -186,8 +201,8 @@ func wantsNDJSON(r *http.Request) bool {
 	return false
 }
 
-func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, octx, end, err := s.begin(r)
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, octx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -278,8 +293,8 @@ func (n *ndjsonWriter) stream(typ string) io.Writer {
 	return streamWriter{n: n, typ: typ}
 }
 
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -364,8 +379,8 @@ func (l *limitedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -399,8 +414,8 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) 
 	return nil
 }
 
-func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -419,8 +434,8 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) (
 	return nil
 }
 
-func (s *Server) rollback(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -449,8 +464,8 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request, _ principal) (
 	return nil
 }
 
-func (s *Server) check(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	if _, err := s.lookup(r.PathValue("id")); err != nil {
+func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	if _, err := s.lookup(p, r.PathValue("id")); err != nil {
 		return err
 	}
 	var req CheckRequest

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,13 @@ const (
 // Implemented by sandboxapi/auth.Store.
 type TokenVerifier interface {
 	Verify(token string) (name string, scopes []string, err error)
+}
+
+// OwnerVerifier is a TokenVerifier whose tokens may be bound to an owner
+// (auth.Store): a bound token sees and touches only that owner's
+// sandboxes, and creates sandboxes for it.
+type OwnerVerifier interface {
+	VerifyOwner(token string) (name string, scopes []string, owner string, err error)
 }
 
 // Options configure a Server. Zero values take the documented defaults.
@@ -254,11 +262,16 @@ func (s *Server) RunReaper(ctx context.Context) {
 // Reap deletes expired sandboxes once and returns how many.
 func (s *Server) Reap(ctx context.Context) int { return s.m.reap(ctx) }
 
-// principal is who is calling.
+// principal is who is calling. owner, when set, confines the caller to
+// that owner's sandboxes (an owner-bound token).
 type principal struct {
 	name   string
 	scopes []string
+	owner  string
 }
+
+// sees reports whether p may see and touch sb.
+func (p principal) sees(sb Sandbox) bool { return p.owner == "" || sb.Owner == p.owner }
 
 type ctxKey int
 
@@ -328,14 +341,23 @@ func (s *Server) authenticate(r *http.Request, need string) (principal, *Problem
 	if s.o.Tokens == nil {
 		return principal{}, newProblem(ProblemUnauthorized, "token authentication is not configured")
 	}
-	name, scopes, err := s.o.Tokens.Verify(tok)
+	var (
+		name, owner string
+		scopes      []string
+		err         error
+	)
+	if ov, ok := s.o.Tokens.(OwnerVerifier); ok {
+		name, scopes, owner, err = ov.VerifyOwner(tok)
+	} else {
+		name, scopes, err = s.o.Tokens.Verify(tok)
+	}
 	if err != nil {
 		return principal{}, newProblem(ProblemUnauthorized, "invalid token")
 	}
 	if !hasScope(scopes, need) {
 		return principal{}, problemf(ProblemForbidden, "token %q lacks the %s scope", name, need)
 	}
-	return principal{name: name, scopes: scopes}, nil
+	return principal{name: name, scopes: scopes, owner: owner}, nil
 }
 
 // statusWriter records the status code for metrics.
@@ -486,6 +508,9 @@ func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 			}
 			gid, _ = strconv.Atoi(g.Gid)
 		}
+		if err := shareDir(dirOf(path), gid); err != nil {
+			return fail(err)
+		}
 		if err := os.Chown(tmp, -1, gid); err != nil {
 			return fail(err)
 		}
@@ -497,6 +522,34 @@ func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 		return fail(err)
 	}
 	return &unixListener{UnixListener: ul, path: path}, nil
+}
+
+// shareDir lets group gid reach the socket in dir: a directory others
+// cannot traverse (the unit's RuntimeDirectoryMode=0750) gets group gid and
+// group traverse only (0710), so members can open the socket by name but
+// not list the directory. A directory others can traverse is left alone.
+// Changing a directory's group to one root is not a member of needs
+// CAP_CHOWN, which the shipped unit grants for this.
+func shareDir(dir string, gid int) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	perm := fi.Mode().Perm()
+	if perm&0o001 != 0 {
+		return nil
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Gid) != gid {
+		if err := os.Chown(dir, -1, gid); err != nil {
+			return fmt.Errorf("give the socket directory to group %d: %w", gid, err)
+		}
+	}
+	if want := perm&^0o070 | 0o010; want != perm {
+		if err := os.Chmod(dir, want); err != nil {
+			return fmt.Errorf("socket directory mode: %w", err)
+		}
+	}
+	return nil
 }
 
 // unixListener removes its socket file on Close.
