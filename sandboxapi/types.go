@@ -29,6 +29,9 @@ type CreateRequest struct {
 	// GuestEnvPath, mode 0600 (root only), before the create returns.
 	// Never stored, returned or logged.
 	Env map[string]string `json:"env,omitempty"`
+	// Egress is the sandbox's egress policy (default: open), in force
+	// before its VMs start.
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 
 // GuestEnvPath is where CreateRequest.Env lands in each VM, as
