@@ -108,12 +108,12 @@ type run struct {
 //  1. guard: table in force and verified (with the persisted egress
 //     policies);
 //  2. egress: resolver and peek proxy listening;
-//     zones: Proxmox's SDN running config read once and in force;
-//  3. lockdown: first reconcile done (the halt within it);
-//  4. metrics: listener bound;
-//     management-port rules: converged in the background through the
+//  3. zones: Proxmox's SDN running config read once and in force;
+//  4. lockdown: first reconcile done (the halt within it);
+//  5. metrics: listener bound;
+//  6. management-port rules: converged in the background through the
 //     Proxmox API (skipped, and retried, without the daemon's token);
-//  5. sandbox API: started in the background and never failing; it answers
+//  7. sandbox API: started in the background and never failing; it answers
 //     503 until Proxmox is reachable, so neither the guard nor the lockdown
 //     ever waits on Proxmox;
 //
@@ -213,6 +213,13 @@ func (r *run) startGuard(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("guard: %w", err)
 	}
+	// The layer-2 guard's port map is read before Start, so that a
+	// rebuilt or new bridge table pins the running guests from its first
+	// batch instead of holding them to DHCP until the first remap.
+	mp := &portmap.Mapper{Paths: portmap.Paths{Root: r.d.Config.Guard.NodeRoot}, Guard: guard, Log: r.log}
+	if _, err := mp.Once(ctx); err != nil {
+		r.log.Warn("cannot map guest ports before start; unmapped ports stay DHCP-only", "component", "portmap", "err", err)
+	}
 	if err := guard.Start(ctx); err != nil {
 		guard.Close()
 		return fmt.Errorf("guard: %w", err)
@@ -228,9 +235,7 @@ func (r *run) startGuard(ctx context.Context) error {
 	r.guard = guard
 	r.parts.OnStop(func() { guard.Close() }) // after the loop below has stopped
 	r.parts.Go("guard", guard.Run)
-	// layer-2 guard: pins each guest port to its MAC and IPv4
-	mp := &portmap.Mapper{Paths: portmap.Paths{Root: r.d.Config.Guard.NodeRoot}, Guard: guard, Log: r.log}
-	r.parts.Go("portmap", mp.Run)
+	r.parts.Go("portmap", mp.Run) // keeps the port map current
 	return nil
 }
 
@@ -306,8 +311,9 @@ func (r *run) startAPI(context.Context) error {
 	}
 	qc := qga.New(qga.Options{})
 	ctl := r.ctl
-	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
-	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"), Registerer: r.reg, RetryMin: r.d.APIRetry})
+	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
+	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"),
+		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {
 		return err
 	}
