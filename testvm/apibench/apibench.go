@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
@@ -47,7 +48,29 @@ type Result struct {
 	CallsPerLifecycle        float64
 	ExecAPIP50, ExecQGAP50   time.Duration
 	FileAPIMBps, FileQGAMBps float64
+	// PeakRSSKiB is the peak resident memory of the bench process over the
+	// section (VmHWM, reset at its start): an upper bound of what serving
+	// this load costs the daemon, since the process also holds the
+	// emulator, the clients and their 64 MiB buffers.
+	PeakRSSKiB int64
 }
+
+// peakRSS reads VmHWM of this process; resetPeakRSS restarts it from the
+// current RSS (clear_refs 5).
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/self/status")
+}
+
+func resetPeakRSS() error { return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
 
 func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
@@ -68,6 +91,9 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	if o.FileRounds <= 0 {
 		o.FileRounds = 3
+	}
+	if err := resetPeakRSS(); err != nil {
+		return nil, fmt.Errorf("reset peak RSS: %w", err)
 	}
 	bed, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
@@ -181,6 +207,10 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	mbps := func(d time.Duration) float64 { return 2 * 64 / d.Seconds() }
 	res.FileAPIMBps, res.FileQGAMBps = mbps(median(apiT)), mbps(median(qgaT))
 
+	if res.PeakRSSKiB, err = peakRSS(); err != nil {
+		return nil, err
+	}
+
 	fmt.Fprintf(w, "| measure | sandbox API | baseline | ratio |\n|---|---|---|---|\n")
 	fmt.Fprintf(w, "| create-to-ready, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.CreateP50.Round(time.Millisecond))
 	fmt.Fprintf(w, "| delete, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.DeleteP50.Round(time.Millisecond))
@@ -189,5 +219,6 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		res.ExecAPIP50.Round(10*time.Microsecond), res.ExecQGAP50.Round(10*time.Microsecond), float64(res.ExecAPIP50)/float64(res.ExecQGAP50))
 	fmt.Fprintf(w, "| 64 MiB write+read (p50 of %d) | %.1f MB/s | %.1f MB/s (raw qga client) | %.2fx |\n", o.FileRounds,
 		res.FileAPIMBps, res.FileQGAMBps, res.FileAPIMBps/res.FileQGAMBps)
+	fmt.Fprintf(w, "| peak RSS of the bench process (API server, emulator, clients and their buffers) | %d MiB | | |\n", res.PeakRSSKiB>>10)
 	return res, nil
 }
