@@ -70,10 +70,26 @@ func newEgressBed(t *testing.T, ctx context.Context, cfg Config) *egressBed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
+	var guests []*testvm.Guest
+	for _, gs := range eb.guests {
+		guests = append(guests, gs)
+	}
+	if err := g.SetPorts(ctx, bedPorts(guests...)); err != nil { // the layer-2 guard's port map
+		t.Fatal(err)
+	}
 	if err := g.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.SetZones(ctx, zones); err != nil {
+		t.Fatal(err)
+	}
+	// the layer-2 table lets a zone's guest port send only DHCP until it
+	// is mapped to its MAC and leased address
+	var ports []Port
+	for _, gs := range eb.guests {
+		ports = append(ports, Port{Name: fmt.Sprintf("tap%di0", gs.VMID), MAC: gs.MAC, IPv4: []netip.Addr{gs.IPv4()}})
+	}
+	if err := g.SetPorts(ctx, ports); err != nil {
 		t.Fatal(err)
 	}
 	eb.g = g

@@ -74,22 +74,26 @@ type kernelTable struct {
 }
 
 // readKernel reads table inet pve-inspect; a missing table is not an error.
-func readKernel(c *nftables.Conn) (*kernelTable, error) {
+func readKernel(c *nftables.Conn) (*kernelTable, error) { return readKernelTable(c, family) }
+
+// readKernelTable reads table pve-inspect of family fam; a missing table
+// is not an error.
+func readKernelTable(c *nftables.Conn, fam nftables.TableFamily) (*kernelTable, error) {
 	k := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{},
 		elems: map[string][]nftables.SetElement{}, rules: map[string][]*nftables.Rule{}}
-	tables, err := c.ListTablesOfFamily(family)
+	tables, err := c.ListTablesOfFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
 	for _, t := range tables {
-		if t.Name == TableName && t.Family == family {
+		if t.Name == TableName && t.Family == fam {
 			k.table = t
 		}
 	}
 	if k.table == nil {
 		return k, nil
 	}
-	chains, err := c.ListChainsOfTableFamily(family)
+	chains, err := c.ListChainsOfTableFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
@@ -128,7 +132,7 @@ func ruleComment(r *nftables.Rule) string {
 // normalizedExprs marshals expressions with the parts that legitimately
 // differ between what we send and what the kernel returns cleared: counter
 // values and the transaction-local set id.
-func normalizedExprs(es []expr.Any) ([][]byte, error) {
+func normalizedExprs(fam nftables.TableFamily, es []expr.Any) ([][]byte, error) {
 	out := make([][]byte, 0, len(es))
 	for _, e := range es {
 		switch v := e.(type) {
@@ -139,7 +143,7 @@ func normalizedExprs(es []expr.Any) ([][]byte, error) {
 			c.SetID = 0
 			e = &c
 		}
-		b, err := expr.Marshal(byte(family), e)
+		b, err := expr.Marshal(byte(fam), e)
 		if err != nil {
 			return nil, fmt.Errorf("marshal %T: %w", e, err)
 		}
@@ -169,7 +173,7 @@ func elemKeys(els []nftables.SetElement) []string {
 // used before adoption).
 func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 	if k.table == nil {
-		return []Drift{{DriftTableMissing, "table inet " + TableName, "absent"}}
+		return []Drift{{DriftTableMissing, want.TableRef(), "absent"}}
 	}
 	var ds []Drift
 	if k.table.Flags&nftables.TableFlagDormant != 0 {
@@ -220,7 +224,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 			ds = append(ds, Drift{DriftChain, c.Name, "is a base chain, want a regular chain"})
 			continue
 		}
-		ds = append(ds, diffRules(c, k.rules[c.Name])...)
+		ds = append(ds, diffRules(want.family(), c, k.rules[c.Name])...)
 	}
 	for name := range k.chains {
 		if !wantChains[name] {
@@ -230,7 +234,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 	return ds
 }
 
-func diffRules(c *ChainSpec, got []*nftables.Rule) []Drift {
+func diffRules(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule) []Drift {
 	var ds []Drift
 	if len(got) != len(c.Rules) {
 		var names []string
@@ -245,8 +249,8 @@ func diffRules(c *ChainSpec, got []*nftables.Rule) []Drift {
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, fmt.Sprintf("position %d holds %q", i, ruleComment(g))})
 			continue
 		}
-		wb, err1 := normalizedExprs(w.Exprs)
-		gb, err2 := normalizedExprs(g.Exprs)
+		wb, err1 := normalizedExprs(fam, w.Exprs)
+		gb, err2 := normalizedExprs(fam, g.Exprs)
 		if err := errors.Join(err1, err2); err != nil {
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, err.Error()})
 			continue
@@ -278,11 +282,11 @@ func newSetObjects(t *nftables.Table, rs *Ruleset) nftSets {
 // one, then the table with owner|persist, its sets, chains and rules. The
 // caller flushes it as one batch.
 func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
-	t := &nftables.Table{Name: TableName, Family: family}
+	t := &nftables.Table{Name: TableName, Family: rs.family()}
 	if deleteFirst {
 		c.DelTable(t)
 	}
-	t = c.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: TableFlags})
+	t = c.AddTable(&nftables.Table{Name: TableName, Family: rs.family(), Flags: TableFlags})
 	sets := newSetObjects(t, rs)
 	for _, s := range rs.Sets {
 		if err := c.AddSet(sets[s.Name], s.Elements); err != nil {
@@ -327,7 +331,7 @@ func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
 // kernel's or the last applied), a flush and a refill. Rules and counters
 // are untouched. It returns how many sets it queued.
 func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.SetElement) (int, error) {
-	t := &nftables.Table{Name: TableName, Family: family}
+	t := &nftables.Table{Name: TableName, Family: rs.family()}
 	sets := newSetObjects(t, rs)
 	n := 0
 	for _, s := range rs.Sets {

@@ -47,12 +47,21 @@ type Classification struct {
 	// addresses (the segment other nodes and the router's admin side live
 	// on), masked and sorted. Prefixes shorter than /8 are left out.
 	UplinkNets []netip.Prefix
+	// Enslaved are the links that have a master (bridge ports), sorted by
+	// port: the layer-2 table guards the guest ports of zone bridges.
+	Enslaved []Enslaved
+}
+
+// Enslaved is one link with its master (a bridge port and its bridge).
+type Enslaved struct {
+	Port, Bridge string
 }
 
 // Equal reports whether two classifications are the same.
 func (c Classification) Equal(o Classification) bool {
 	return slices.Equal(c.Management, o.Management) && slices.Equal(c.Trusted, o.Trusted) &&
-		slices.Equal(c.Interfaces, o.Interfaces) && slices.Equal(c.UplinkNets, o.UplinkNets)
+		slices.Equal(c.Interfaces, o.Interfaces) && slices.Equal(c.UplinkNets, o.UplinkNets) &&
+		slices.Equal(c.Enslaved, o.Enslaved)
 }
 
 // Switches are the run-time states the lockdown controller flips.
@@ -63,8 +72,11 @@ type Switches struct {
 	FailClosed bool
 }
 
-// Ruleset is the desired content of table inet pve-inspect, as data.
+// Ruleset is the desired content of table inet pve-inspect (or, with
+// Family bridge, of the layer-2 table bridge pve-inspect), as data.
 type Ruleset struct {
+	// Family is the table's family; zero means inet.
+	Family nftables.TableFamily
 	Sets   []*SetSpec
 	Chains []*ChainSpec
 	// Notes are facts about the rendering an operator must see (plan,
@@ -116,6 +128,22 @@ func (r *Ruleset) Set(name string) *SetSpec {
 		}
 	}
 	return nil
+}
+
+func (r *Ruleset) family() nftables.TableFamily {
+	if r.Family == nftables.TableFamilyUnspecified {
+		return nftables.TableFamilyINet
+	}
+	return r.Family
+}
+
+// TableRef names the table, e.g. "table inet pve-inspect".
+func (r *Ruleset) TableRef() string {
+	name := "inet"
+	if r.family() == nftables.TableFamilyBridge {
+		name = "bridge"
+	}
+	return "table " + name + " " + TableName
 }
 
 // RuleCount is the number of rules in the ruleset.
@@ -386,7 +414,7 @@ func ipDaddr(v int) expr.Any {
 // String renders the ruleset in nft syntax, for plan and status.
 func (r *Ruleset) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "table inet %s { # flags owner, persist\n", TableName)
+	fmt.Fprintf(&b, "%s { # flags owner, persist\n", r.TableRef())
 	for _, s := range r.Sets {
 		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.KeyType.Name)
 		switch {

@@ -31,6 +31,8 @@ var (
 	ErrPermission = errors.New("permission denied in guest")
 	// ErrTooLarge: a guest file is larger than the cap passed to ReadFile.
 	ErrTooLarge = errors.New("guest file larger than the cap")
+	// ErrGuestNoSpace: writing in the guest failed for want of space.
+	ErrGuestNoSpace = errors.New("no space left in guest")
 	// ErrGuestInvalid: the guest agent client refused the request as
 	// invalid before sending it (bad path, environment name, ...).
 	ErrGuestInvalid = errors.New("invalid guest request")

@@ -18,9 +18,11 @@
 //   - A sandbox is written to the state file (state "creating") before the
 //     first Proxmox object exists, so a crash mid-create is cleaned up on the
 //     next start by Reconcile.
-//   - Reads from a guest are spooled to a temporary file up to the cap before
-//     the first response byte, so "over the cap" is a distinct error
-//     (output-limit) and never a truncated 200.
+//   - Reads from a guest are checked against the cap before the first
+//     response byte, so "over the cap" is a distinct error (output-limit)
+//     and never a truncated 200: the guest agent client learns the size from
+//     the open handle and the bytes stream with it as Content-Length; a Guest
+//     that cannot tell the size first is spooled to a temporary file.
 //   - Errors are RFC 9457 problem documents whose "type" is a stable short
 //     slug (ProblemNotFound, ...); clients branch on it.
 package sandboxapi

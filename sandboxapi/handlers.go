@@ -63,6 +63,8 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/sandboxes/{id}", scope: ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
 		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
 		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
+		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
+		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
 		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
 		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
@@ -82,6 +84,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 		return pr
 	}
 	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
+		return pr
+	}
+	if pr := s.validateEgress(req.Egress); pr != nil {
 		return pr
 	}
 	switch {
@@ -313,6 +318,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 		return err
 	}
 	defer release()
+	if g, ok := s.m.guest(vm.VMID).(sizedReader); ok {
+		return s.streamFile(ctx, w, vm.VMID, g, path)
+	}
 	if err := os.MkdirAll(s.o.SpoolDir, 0o700); err != nil {
 		return fmt.Errorf("spool dir: %w", err)
 	}
@@ -412,6 +420,13 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
 	}
 	body := &limitedBody{r: http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes), max: s.o.MaxFileBytes}
+	if s.useDisk(r.ContentLength) {
+		if err := s.o.DiskTransfer.Upload(ctx, vm.VMID, s.m.guest(vm.VMID), path, body, r.ContentLength, mode); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	if err := s.m.guest(vm.VMID).WriteFile(ctx, path, body, mode); err != nil {
 		return err
 	}

@@ -30,6 +30,8 @@ const (
 	ProblemProxmox               = "proxmox-error"
 	ProblemUnavailable           = "unavailable"
 	ProblemInternal              = "internal"
+	ProblemGuestNoSpace          = "guest-no-space"
+	ProblemTemplateNotHardened   = "template-not-hardened"
 	problemContentType           = "application/problem+json"
 	problemDefaultStatusInternal = http.StatusInternalServerError
 )
@@ -44,6 +46,8 @@ type Problem struct {
 	Cap string `json:"cap,omitempty"`
 	// Field names the request field that is invalid (invalid-request only).
 	Field string `json:"field,omitempty"`
+	// Items lists the failing profile items (template-not-hardened only).
+	Items []string `json:"items,omitempty"`
 }
 
 // Error makes a Problem usable as an error (the client returns it).
@@ -75,6 +79,8 @@ var problemTitles = map[string]string{
 	ProblemProxmox:              "Proxmox API error",
 	ProblemUnavailable:          "Service unavailable",
 	ProblemInternal:             "Internal error",
+	ProblemGuestNoSpace:         "No space left in guest",
+	ProblemTemplateNotHardened:  "Template not hardened",
 }
 
 var problemStatus = map[string]int{
@@ -98,6 +104,8 @@ var problemStatus = map[string]int{
 	ProblemProxmox:              http.StatusBadGateway,
 	ProblemUnavailable:          http.StatusServiceUnavailable,
 	ProblemInternal:             problemDefaultStatusInternal,
+	ProblemGuestNoSpace:         http.StatusInsufficientStorage,
+	ProblemTemplateNotHardened:  http.StatusUnprocessableEntity,
 }
 
 // ProblemTypes lists every stable problem type (documented in the OpenAPI
@@ -107,7 +115,7 @@ func ProblemTypes() []string {
 		ProblemGuestTimeout, ProblemGuestUnavailable, ProblemGuestProtocol, ProblemOutputLimit,
 		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
 		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
-		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal}
+		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened}
 }
 
 // newProblem builds a problem of a known type.
@@ -140,6 +148,8 @@ func asProblem(err error) *Problem {
 		return newProblem(ProblemIsDirectory, err.Error())
 	case errors.Is(err, ErrPermission):
 		return newProblem(ProblemPermissionDenied, err.Error())
+	case errors.Is(err, ErrGuestNoSpace):
+		return newProblem(ProblemGuestNoSpace, err.Error())
 	case errors.Is(err, ErrGuestTimeout):
 		return newProblem(ProblemGuestTimeout, err.Error())
 	case errors.Is(err, ErrGuestUnavailable):

@@ -88,6 +88,11 @@ type Options struct {
 	ReaperInterval time.Duration
 	// MaxFileBytes caps file uploads and downloads (1 GiB).
 	MaxFileBytes int64
+	// DiskTransfer, when set, moves files of at least DiskThreshold bytes
+	// (32 MiB by default) through a hot-plugged disk instead of the guest
+	// agent (sandboxapi/diskxfer).
+	DiskTransfer  DiskTransfer
+	DiskThreshold int64
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from
 	// (10.200.0.0/16 in /24s).
 	AutoCIDRPool netip.Prefix
@@ -112,6 +117,18 @@ type Options struct {
 	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
 	// own vnets may forward to each other. An error fails the create.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress, when set, enforces sandboxes' egress policies (create's
+	// egress object, /v1/sandboxes/{id}/egress); nil refuses them.
+	Egress Egress
+	// VMConfigs, when set, reads and changes VM configurations for the
+	// hardened VM profile (sandboxapi/hardening): every clone gets what the
+	// pool-scoped token may set, and a create from a template that fails
+	// the profile's root-only items is refused (template-not-hardened)
+	// unless AllowUnhardenedTemplates.
+	VMConfigs VMConfigs
+	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
+	// lets a create clone a template that fails the profile.
+	AllowUnhardenedTemplates bool
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).
@@ -167,6 +184,9 @@ func (o *Options) defaults() error {
 	def(&o.FileTimeout, 30*time.Minute)
 	if o.MaxFileBytes == 0 {
 		o.MaxFileBytes = 1 << 30
+	}
+	if o.DiskThreshold <= 0 {
+		o.DiskThreshold = DefaultDiskThreshold
 	}
 	if !o.AutoCIDRPool.IsValid() {
 		o.AutoCIDRPool = netip.MustParsePrefix("10.200.0.0/16")

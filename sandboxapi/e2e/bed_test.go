@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
@@ -57,12 +58,22 @@ type bedEnv struct {
 
 // newBedEnv brings the bed, the emulator on it and the sandbox API up.
 func newBedEnv(t testing.TB, ctx context.Context, mod func(*sandboxapi.Options)) *bedEnv {
+	return newBedEnvWith(t, ctx, nil, mod)
+}
+
+// newBedEnvWith is newBedEnv with the emulator's backend passed through
+// wrap (e.g. to inject faults).
+func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBackend) pveemu.Backend, mod func(*sandboxapi.Options)) *bedEnv {
 	bed, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = bed.Close() })
-	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
+	var backend pveemu.Backend = pveemu.BedBackend{Bed: bed}
+	if wrap != nil {
+		backend = wrap(pveemu.BedBackend{Bed: bed})
+	}
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: backend, DataDir: filepath.Join(bed.Dir(), "pveemu")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,6 +325,18 @@ func asProblem(err error, p **sandboxapi.Problem) bool {
 	return ok
 }
 
+// runPortMap keeps the layer-2 guard's port map current from the bed's
+// VM configs and leases (what the daemon's mapper does on a node) until
+// the test ends.
+func runPortMap(t *testing.T, ctx context.Context, root string, g *firewall.Guard) {
+	t.Helper()
+	m := &portmap.Mapper{Paths: portmap.Paths{Root: root}, Guard: g, Interval: 100 * time.Millisecond}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(mctx) }()
+	t.Cleanup(func() { stop(); <-done })
+}
+
 // TestBedCrossZoneIsolation: with the host guard in the node namespace and
 // the API telling it the sandbox zones (ZonesChanged -> Guard.SetZones),
 // a guest of one sandbox cannot reach a guest of another (checked from
@@ -371,6 +394,7 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 	if err := g.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	runPortMap(t, ctx, e.bed.NodeRoot(), g)
 	gmu.Lock()
 	guard = g
 	gmu.Unlock()
@@ -442,6 +466,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	if err := g.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	runPortMap(t, ctx, e.bed.NodeRoot(), g)
 	gmu.Lock()
 	guard = g
 	gmu.Unlock()

@@ -187,6 +187,47 @@ func checkGuestPath(p string) error {
 // ErrTooLarge after copying at most limit bytes. w is written outside the
 // per-VM lock, so a slow w does not block the VM's other operations.
 func (a *Agent) ReadFile(ctx context.Context, p string, w io.Writer, limit int64) (int64, error) {
+	return a.readFile(ctx, p, w, limit, nil)
+}
+
+// ReadFileSized reads like ReadFile but first learns the file's size from
+// the open handle (guest-file-seek to its end and back) and calls size with
+// it before anything is written to w; an error from size ends the read
+// (returned as is) with nothing written. The size is the file's length at
+// open time: a file that grows while it is read yields more bytes.
+func (a *Agent) ReadFileSized(ctx context.Context, p string, w io.Writer, limit int64, size func(int64) error) (int64, error) {
+	if size == nil {
+		return 0, fmt.Errorf("%w: nil size callback", ErrInvalid)
+	}
+	return a.readFile(ctx, p, w, limit, size)
+}
+
+// fileSize returns the length of the open file h and rewinds it.
+func (cn *conn) fileSize(h int64) (int64, error) {
+	var end int64
+	for i, whence := range []string{"end", "set"} {
+		var ret struct {
+			Position *int64 `json:"position"`
+		}
+		err := cn.call("guest-file-seek", struct {
+			Handle int64  `json:"handle"`
+			Offset int64  `json:"offset"`
+			Whence string `json:"whence"`
+		}{h, 0, whence}, &ret)
+		if err != nil {
+			return 0, err
+		}
+		if ret.Position == nil || *ret.Position < 0 || (i == 1 && *ret.Position != 0) {
+			return 0, cn.fail(KindMalformed, "guest-file-seek", errors.New("missing or impossible position"))
+		}
+		if i == 0 {
+			end = *ret.Position
+		}
+	}
+	return end, nil
+}
+
+func (a *Agent) readFile(ctx context.Context, p string, w io.Writer, limit int64, sizeFn func(int64) error) (int64, error) {
 	if err := checkGuestPath(p); err != nil {
 		return 0, err
 	}
@@ -198,7 +239,7 @@ func (a *Agent) ReadFile(ctx context.Context, p string, w io.Writer, limit int64
 		}
 	}()
 	k := a.newChunker(a.maxReadChunk())
-	var total int64
+	var total, size int64
 	for first := true; ; first = false {
 		count := k.size
 		if limit > 0 {
@@ -212,6 +253,11 @@ func (a *Agent) ReadFile(ctx context.Context, p string, w io.Writer, limit int64
 				var err error
 				if h, err = cn.fileOpen(p, "r"); err != nil {
 					return err
+				}
+				if sizeFn != nil {
+					if size, err = cn.fileSize(h); err != nil {
+						return err
+					}
 				}
 			}
 			var err error
@@ -229,6 +275,11 @@ func (a *Agent) ReadFile(ctx context.Context, p string, w io.Writer, limit int64
 		})
 		if err != nil {
 			return total, wrap(err)
+		}
+		if first && sizeFn != nil {
+			if err := sizeFn(size); err != nil {
+				return 0, err
+			}
 		}
 		k.observe(len(data), time.Since(start))
 		if limit > 0 && total+int64(len(data)) > limit {

@@ -101,3 +101,10 @@ func (g guest) ReadFile(ctx context.Context, path string, w io.Writer, max int64
 	n, err := g.a.ReadFile(ctx, path, w, max)
 	return n, mapErr(err)
 }
+
+// ReadFileSized lets the API check a download's size before its first
+// byte and stream it without a spool.
+func (g guest) ReadFileSized(ctx context.Context, path string, w io.Writer, max int64, size func(int64) error) (int64, error) {
+	n, err := g.a.ReadFileSized(ctx, path, w, max, size)
+	return n, mapErr(err)
+}

@@ -588,6 +588,8 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		return nil, fail("no options specified")
 	}
 	digest := rq.str("digest")
+	authid := rq.authid
+	force := rq.bool("force", false)
 	apply := func(ctx context.Context) error {
 		unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
 		if err != nil {
@@ -608,7 +610,13 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 				return err
 			}
 		}
+		if err := checkRootOnlyConfig(authid, changes, deletes, v.conf); err != nil {
+			return err
+		}
 		old := copyConf(v.conf)
+		if err := s.hotplugDisks(ctx, v, changes, deletes, force); err != nil {
+			return err
+		}
 		for _, d := range deletes {
 			delete(v.conf, d)
 		}

@@ -235,6 +235,11 @@ func (s *Server) handle(method, path string, h handlerFunc) error {
 
 func (s *Server) match(method, rel string) (*route, map[string]string) {
 	segs := strings.Split(strings.Trim(rel, "/"), "/")
+	// Below /nodes/{node}/storage/{storage}/content the rest of the path is
+	// one parameter, the volume id, slashes and all (fragmentDelimiter '').
+	if len(segs) > 6 && segs[0] == "nodes" && segs[2] == "storage" && segs[4] == "content" {
+		segs = append(segs[:5:5], strings.Join(segs[5:], "/"))
+	}
 	for _, r := range s.routes {
 		if r.method != method || len(r.segs) != len(segs) {
 			continue

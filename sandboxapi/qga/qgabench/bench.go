@@ -9,9 +9,11 @@
 //     its own connection with a guest-sync-delimited first; reads in
 //     1 MiB guest-file-read calls, capped at 16 MiB like the API.
 //
-// For exec it compares the round trip of `true` through Exec with a bare
-// guest-exec plus 1 ms status polling (raw) and with status polled once a
-// second (reference shape).
+// For exec it compares the round trip of `true` through Exec with RawExec
+// at 1 ms: a bare guest-exec of /bin/true plus guest-exec-status every
+// millisecond on one connection (raw; the API section of the bench uses the
+// same loop as its baseline), and with status polled once a second
+// (reference shape).
 //
 // It is meant for `make bench` against a test-bed guest; it talks to a real
 // agent and writes files in the guest's /tmp.

@@ -155,7 +155,7 @@ func TestRunProxmoxDownAtStart(t *testing.T) {
 	bed := newPVEBed(t)
 	cfg := bed.config(t, t.TempDir())
 	testParts(t, &cfg)
-	cfg.API.MgmtRules = false
+	cfg.Guard.MgmtRules = false
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	atReady := make(chan error, 1)

@@ -1,0 +1,377 @@
+// Package diskxfer moves large files between the node and a VM through a
+// hot-plugged disk instead of the guest agent's JSON channel: the daemon
+// (on the node) allocates a raw image on a Proxmox storage, writes the
+// bytes into it, attaches it to the running VM with a serial, and one
+// guest exec copies between the disk (found under /dev/disk/by-id by the
+// serial) and the guest file; the disk is then unplugged with force, which
+// frees the image. Integrity is checked by sha256 on both sides. Downloads
+// run the same steps in reverse. DESIGN.md section 10, ISSUE 18.
+package diskxfer
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+)
+
+// Proxmox is what a transfer needs from the Proxmox API; sandboxapi/pve
+// implements it.
+type Proxmox interface {
+	// AllocVolume allocates a raw image of at least size bytes named name
+	// (vm-<vmid>-*.raw) on storage and returns its volume id.
+	AllocVolume(ctx context.Context, storage string, vmid int, name string, size int64) (string, error)
+	// VolumePath is the volume's path on the node.
+	VolumePath(ctx context.Context, volid string) (string, error)
+	// FreeVolume deletes a volume no VM config refers to.
+	FreeVolume(ctx context.Context, volid string) error
+	// DiskKeys returns the VM's config keys.
+	DiskKeys(ctx context.Context, vmid int) (map[string]bool, error)
+	// AttachVolume hot-plugs volid as disk slot with serial.
+	AttachVolume(ctx context.Context, vmid int, slot, volid, serial string) error
+	// DetachVolume unplugs disk slot with force, freeing its volume.
+	DetachVolume(ctx context.Context, vmid int, slot string) error
+}
+
+// Options configure a Transfer.
+type Options struct {
+	// Storage is the Proxmox storage the images go to ("local", a dir
+	// storage, by default). The daemon writes and reads the image at the
+	// path Proxmox reports, so the storage must be reachable from the node
+	// as a file or block device (dir, lvm, lvm-thin, zfs).
+	Storage string
+	// Timeout bounds the guest's copy (30 minutes by default).
+	Timeout time.Duration
+	// Logger receives cleanup failures (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Transfer moves files through a hot-plugged disk. It implements
+// sandboxapi.DiskTransfer.
+type Transfer struct {
+	px Proxmox
+	o  Options
+
+	mu    sync.Mutex
+	slots map[int]chan struct{} // one transfer per VM at a time: slot choice and attach
+}
+
+// lockVM serializes transfers to one VM (two would pick the same free
+// slot, and setting a used slot replaces that disk).
+func (t *Transfer) lockVM(ctx context.Context, vmid int) (func(), error) {
+	t.mu.Lock()
+	ch := t.slots[vmid]
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+		t.slots[vmid] = ch
+	}
+	t.mu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("disk transfer: wait for the VM's other transfer: %w", ctx.Err())
+	}
+}
+
+// New returns a Transfer over px.
+func New(px Proxmox, o Options) *Transfer {
+	if o.Storage == "" {
+		o.Storage = "local"
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Transfer{px: px, o: o, slots: map[int]chan struct{}{}}
+}
+
+// Exit codes of the guest scripts.
+const (
+	exitNoDevice = 90 // the disk did not appear under /dev/disk/by-id
+	exitWrite    = 91 // writing the destination failed (full file system, ...)
+	exitChecksum = 92 // the bytes read from the disk do not match
+	exitSource   = 93 // the source file cannot be read
+)
+
+// findDisk waits up to 30 s for the by-id link of serial $1 and sets dev.
+const findDisk = `dev=""; i=0
+while [ "$i" -lt 300 ]; do
+  for l in /dev/disk/by-id/*_"$1" /dev/disk/by-id/virtio-"$1"; do [ -b "$l" ] && dev=$l; done
+  [ -n "$dev" ] && break
+  sleep 0.1; i=$((i+1))
+done
+[ -n "$dev" ] || { echo "pve-inspect: the transfer disk $1 did not appear in the guest" >&2; exit 90; }
+`
+
+// uploadScript: $1 serial, $2 size, $3 destination, $4 expected sha256,
+// $5 mode (octal). Copies the first $2 bytes of the disk to a temp file
+// beside the destination, checks its size and sha256 and renames it.
+const uploadScript = findDisk + `d=$(dirname -- "$3")
+mkdir -p -- "$d" 2>/dev/null
+tmp="$d/.pve-inspect-xfer-$1"
+trap 'rm -f -- "$tmp"' EXIT
+sum=$(head -c "$2" -- "$dev" | tee -- "$tmp" | sha256sum) || exit 91
+n=$(stat -c %s -- "$tmp" 2>/dev/null) || n=-1
+[ "$n" = "$2" ] || { echo "pve-inspect: writing $3 failed after $n of $2 bytes (file system full?)" >&2; exit 91; }
+sum=${sum%% *}
+[ "$sum" = "$4" ] || { echo "pve-inspect: checksum mismatch in the guest: $sum" >&2; exit 92; }
+chmod "$5" -- "$tmp" && mv -f -- "$tmp" "$3" || exit 91
+trap - EXIT
+echo "$sum"
+`
+
+// downloadScript: $1 serial, $2 size, $3 source. Copies the source onto
+// the disk, flushes it and prints the source's sha256.
+const downloadScript = findDisk + `[ -r "$3" ] && [ -f "$3" ] || { echo "pve-inspect: cannot read $3" >&2; exit 93; }
+sum=$(head -c "$2" -- "$3" | tee -- "$dev" | sha256sum) || exit 93
+dd if=/dev/null of="$dev" conv=notrunc,fsync status=none || exit 91
+echo "${sum%% *}"
+`
+
+var reSum = regexp.MustCompile(`^[0-9a-f]{64}\n?$`)
+
+// parseSum checks the script's stdout: one sha256 in hex.
+func parseSum(out []byte) (string, error) {
+	if !reSum.Match(out) {
+		return "", fmt.Errorf("%w: the guest's copy printed %q, not a sha256", sandboxapi.ErrGuestProtocol, clip(out))
+	}
+	return strings.TrimSuffix(string(out), "\n"), nil
+}
+
+func clip(b []byte) string {
+	if len(b) > 200 {
+		b = b[:200]
+	}
+	return string(b)
+}
+
+// volume is one transfer image and where it is.
+type volume struct {
+	vmid           int
+	volid, slot    string
+	serial, path   string
+	attached, done bool
+	unlock         func()
+}
+
+// setup allocates the image, finds a free slot and learns the image's path.
+func (t *Transfer) setup(ctx context.Context, vmid int, size int64) (*volume, error) {
+	unlock, err := t.lockVM(ctx, vmid)
+	if err != nil {
+		return nil, err
+	}
+	v, err := t.setupLocked(ctx, vmid, size)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	v.unlock = unlock
+	return v, nil
+}
+
+func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volume, error) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	tag := hex.EncodeToString(b[:])
+	v := &volume{vmid: vmid, serial: "pvei" + tag}
+	keys, err := t.px.DiskKeys(ctx, vmid)
+	if err != nil {
+		return nil, fmt.Errorf("disk transfer: %w", err)
+	}
+	for i := 1; i <= 30 && v.slot == ""; i++ {
+		if k := "scsi" + strconv.Itoa(i); !keys[k] {
+			v.slot = k
+		}
+	}
+	if v.slot == "" {
+		return nil, errors.New("disk transfer: no free scsi slot on the VM")
+	}
+	name := fmt.Sprintf("vm-%d-pvei-%s.raw", vmid, tag)
+	if v.volid, err = t.px.AllocVolume(ctx, t.o.Storage, vmid, name, size); err != nil {
+		return nil, fmt.Errorf("disk transfer: %w", err)
+	}
+	if v.path, err = t.px.VolumePath(ctx, v.volid); err != nil {
+		t.cleanup(ctx, v)
+		return nil, fmt.Errorf("disk transfer: %w", err)
+	}
+	return v, nil
+}
+
+// detachTries is how often an unplug is tried before the image is freed
+// through the storage API instead.
+const detachTries = 3
+
+// cleanup unplugs (and so frees) the image, or frees it directly when it
+// was never attached or will not unplug. It runs on a fresh context so a
+// cancelled request still cleans up, and returns what failed.
+func (t *Transfer) cleanup(ctx context.Context, v *volume) error {
+	if v.unlock != nil {
+		defer v.unlock()
+		v.unlock = nil
+	}
+	if v.done {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	var detachErr error
+	if v.attached {
+		for i := range detachTries {
+			if detachErr = t.px.DetachVolume(ctx, v.vmid, v.slot); detachErr == nil {
+				v.done = true
+				return nil
+			}
+			t.o.Logger.Warn("disk transfer: detach failed", "vmid", v.vmid, "slot", v.slot, "try", i+1, "err", detachErr)
+			time.Sleep(time.Duration(i+1) * 500 * time.Millisecond)
+		}
+	}
+	if err := t.px.FreeVolume(ctx, v.volid); err != nil {
+		t.o.Logger.Error("disk transfer: image left on the node", "volid", v.volid, "err", err)
+		return errors.Join(detachErr, fmt.Errorf("free %s: %w", v.volid, err))
+	}
+	v.done = true
+	if detachErr != nil {
+		return fmt.Errorf("detach %s from %d (image freed): %w", v.slot, v.vmid, detachErr)
+	}
+	return nil
+}
+
+// run attaches the image and runs one guest script on it.
+func (t *Transfer) run(ctx context.Context, v *volume, g sandboxapi.Guest, script string, args ...string) (string, error) {
+	if err := t.px.AttachVolume(ctx, v.vmid, v.slot, v.volid, v.serial); err != nil {
+		return "", fmt.Errorf("disk transfer: attach: %w", err)
+	}
+	v.attached = true
+	argv := append([]string{"/bin/sh", "-c", script, "pve-inspect-xfer"}, args...)
+	res, err := g.Exec(ctx, sandboxapi.GuestExec{Argv: argv, Timeout: int64(t.o.Timeout / time.Second), OutputLimit: 4096})
+	if err != nil {
+		return "", fmt.Errorf("disk transfer: guest copy: %w", err)
+	}
+	msg := strings.TrimSpace(clip(res.Stderr))
+	switch {
+	case res.TimedOut:
+		return "", fmt.Errorf("disk transfer: %w: the guest's copy did not finish in %v", sandboxapi.ErrGuestTimeout, t.o.Timeout)
+	case res.ExitCode == exitNoDevice:
+		return "", fmt.Errorf("disk transfer: %w: %s", sandboxapi.ErrGuestTimeout, msg)
+	case res.ExitCode == exitWrite:
+		return "", fmt.Errorf("disk transfer: %w: %s", sandboxapi.ErrGuestNoSpace, msg)
+	case res.ExitCode == exitSource:
+		return "", fmt.Errorf("disk transfer: %w: %s", sandboxapi.ErrPermission, msg)
+	case res.ExitCode != 0:
+		return "", fmt.Errorf("disk transfer: %w: guest copy exited %d: %s", sandboxapi.ErrGuestProtocol, res.ExitCode, msg)
+	}
+	return parseSum(res.Stdout)
+}
+
+// ChecksumError says the bytes on the two sides differ.
+type ChecksumError struct{ Node, Guest string }
+
+func (e *ChecksumError) Error() string {
+	return fmt.Sprintf("disk transfer: sha256 on the node %s, in the guest %s", e.Node, e.Guest)
+}
+
+// Upload writes exactly size bytes from r to the guest file p with mode.
+// On any failure the guest file is untouched and the image is gone.
+func (t *Transfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, p string, r io.Reader, size int64, mode os.FileMode) (err error) {
+	if !path.IsAbs(p) || size < 0 {
+		return fmt.Errorf("%w: disk transfer needs an absolute path and a size", sandboxapi.ErrGuestInvalid)
+	}
+	v, err := t.setup(ctx, vmid, size)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := t.cleanup(ctx, v); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("disk transfer: %w", cerr))
+		}
+	}()
+	f, err := os.OpenFile(v.path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("disk transfer: open image: %w", err)
+	}
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, size+1))
+	if err == nil && n != size {
+		err = fmt.Errorf("disk transfer: body has %d bytes, announced %d", n, size)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("disk transfer: write image: %w", err)
+	}
+	want := hex.EncodeToString(h.Sum(nil))
+	got, err := t.run(ctx, v, g, uploadScript, v.serial, strconv.FormatInt(size, 10), p, want, strconv.FormatUint(uint64(mode.Perm()), 8))
+	if err != nil {
+		// A copy killed by its timeout had no chance to remove its temp file.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		tmp := path.Join(path.Dir(p), ".pve-inspect-xfer-"+v.serial)
+		if _, rerr := g.Exec(rctx, sandboxapi.GuestExec{Argv: []string{"rm", "-f", "--", tmp}, Timeout: 60}); rerr != nil {
+			t.o.Logger.Warn("disk transfer: remove guest temp file", "path", tmp, "err", rerr)
+		}
+		return err
+	}
+	if got != want {
+		return &ChecksumError{Node: want, Guest: got}
+	}
+	return nil
+}
+
+// Download copies the first size bytes of the guest file p to w: the
+// guest writes them to the disk, the node checks their sha256 against the
+// guest's before the first byte goes to w.
+func (t *Transfer) Download(ctx context.Context, vmid int, g sandboxapi.Guest, p string, size int64, w io.Writer) (n int64, err error) {
+	if !path.IsAbs(p) || size < 0 {
+		return 0, fmt.Errorf("%w: disk transfer needs an absolute path and a size", sandboxapi.ErrGuestInvalid)
+	}
+	v, err := t.setup(ctx, vmid, size)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if cerr := t.cleanup(ctx, v); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("disk transfer: %w", cerr))
+		}
+	}()
+	got, err := t.run(ctx, v, g, downloadScript, v.serial, strconv.FormatInt(size, 10), p)
+	if err != nil {
+		return 0, err
+	}
+	f, err := os.Open(v.path)
+	if err != nil {
+		return 0, fmt.Errorf("disk transfer: open image: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, size)); err != nil {
+		return 0, fmt.Errorf("disk transfer: read image: %w", err)
+	}
+	if want := hex.EncodeToString(h.Sum(nil)); want != got {
+		return 0, &ChecksumError{Node: want, Guest: got}
+	}
+	n, err = io.Copy(w, io.NewSectionReader(f, 0, size))
+	if err != nil {
+		return n, fmt.Errorf("disk transfer: send: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,265 @@
+package diskxfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+)
+
+// fakePx keeps images as files in a directory and records calls.
+type fakePx struct {
+	dir        string
+	calls      []string
+	failAttach error
+	failDetach int // how many detaches fail
+	failFree   error
+}
+
+func (f *fakePx) AllocVolume(ctx context.Context, storage string, vmid int, name string, size int64) (string, error) {
+	f.calls = append(f.calls, "alloc")
+	p := filepath.Join(f.dir, name)
+	if err := os.WriteFile(p, make([]byte, size), 0o600); err != nil {
+		return "", err
+	}
+	return storage + ":" + name, nil
+}
+
+func (f *fakePx) VolumePath(ctx context.Context, volid string) (string, error) {
+	_, name, _ := strings.Cut(volid, ":")
+	return filepath.Join(f.dir, name), nil
+}
+
+func (f *fakePx) FreeVolume(ctx context.Context, volid string) error {
+	f.calls = append(f.calls, "free")
+	if f.failFree != nil {
+		return f.failFree
+	}
+	p, _ := f.VolumePath(ctx, volid)
+	return os.Remove(p)
+}
+
+func (f *fakePx) DiskKeys(ctx context.Context, vmid int) (map[string]bool, error) {
+	return map[string]bool{"scsi0": true, "scsi1": true}, nil
+}
+
+func (f *fakePx) AttachVolume(ctx context.Context, vmid int, slot, volid, serial string) error {
+	f.calls = append(f.calls, "attach "+slot)
+	return f.failAttach
+}
+
+func (f *fakePx) DetachVolume(ctx context.Context, vmid int, slot string) error {
+	f.calls = append(f.calls, "detach")
+	if f.failDetach > 0 {
+		f.failDetach--
+		return errors.New("unplug timed out")
+	}
+	ents, _ := os.ReadDir(f.dir)
+	for _, e := range ents {
+		os.Remove(filepath.Join(f.dir, e.Name()))
+	}
+	return nil
+}
+
+// fakeGuest answers the copy with a fixed result.
+type fakeGuest struct {
+	sandboxapi.Guest
+	res      *sandboxapi.ExecResult
+	err      error
+	argv     []string
+	cleanups []string // later commands: the temp file removal
+}
+
+func (g *fakeGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+	if g.argv == nil {
+		g.argv = r.Argv
+		return g.res, g.err
+	}
+	g.cleanups = append(g.cleanups, strings.Join(r.Argv, " "))
+	return &sandboxapi.ExecResult{}, nil
+}
+
+func sumOf(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+
+func TestUploadOutcomes(t *testing.T) {
+	data := []byte("some bytes for the guest")
+	good := sumOf(data)
+	tests := []struct {
+		name      string
+		px        fakePx
+		res       *sandboxapi.ExecResult
+		execErr   error
+		body      []byte
+		wantErr   error
+		wantCalls string
+	}{
+		{"copied", fakePx{}, &sandboxapi.ExecResult{Stdout: []byte(good + "\n")}, nil, data, nil, "alloc,attach scsi2,detach"},
+		{"disk never seen", fakePx{}, &sandboxapi.ExecResult{ExitCode: exitNoDevice, Stderr: []byte("did not appear")}, nil, data, sandboxapi.ErrGuestTimeout, "alloc,attach scsi2,detach"},
+		{"guest copy times out", fakePx{}, &sandboxapi.ExecResult{ExitCode: 137, TimedOut: true}, nil, data, sandboxapi.ErrGuestTimeout, "alloc,attach scsi2,detach"},
+		{"guest file system full", fakePx{}, &sandboxapi.ExecResult{ExitCode: exitWrite, Stderr: []byte("full")}, nil, data, sandboxapi.ErrGuestNoSpace, "alloc,attach scsi2,detach"},
+		{"agent gone", fakePx{}, nil, sandboxapi.ErrGuestUnavailable, data, sandboxapi.ErrGuestUnavailable, "alloc,attach scsi2,detach"},
+		{"guest prints garbage", fakePx{}, &sandboxapi.ExecResult{Stdout: []byte("ok\n")}, nil, data, sandboxapi.ErrGuestProtocol, "alloc,attach scsi2,detach"},
+		{"attach refused", fakePx{failAttach: errors.New("hotplug problem")}, nil, nil, data, nil, "alloc,attach scsi2,free"},
+		{"detach fails once", fakePx{failDetach: 1}, &sandboxapi.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach"},
+		{"detach keeps failing", fakePx{failDetach: 99}, &sandboxapi.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach,detach,free"},
+		{"short body", fakePx{}, nil, nil, data[:3], nil, "alloc,free"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.px.dir = t.TempDir()
+			g := &fakeGuest{res: tt.res, err: tt.execErr}
+			tr := New(&tt.px, Options{})
+			err := tr.Upload(context.Background(), 100, g, "/root/f", bytes.NewReader(tt.body), int64(len(data)), 0o640)
+			wantOK := tt.name == "copied" || tt.name == "detach fails once"
+			switch {
+			case wantOK && err != nil:
+				t.Fatalf("got %v", err)
+			case !wantOK && err == nil:
+				t.Fatal("no error")
+			case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
+				t.Fatalf("got %v, want %v", err, tt.wantErr)
+			}
+			if got := strings.Join(tt.px.calls, ","); got != tt.wantCalls {
+				t.Errorf("calls %s, want %s", got, tt.wantCalls)
+			}
+			if ents, _ := os.ReadDir(tt.px.dir); len(ents) != 0 {
+				t.Errorf("image left behind: %v", ents)
+			}
+			if tt.wantErr != nil && (len(g.cleanups) != 1 || !strings.Contains(g.cleanups[0], "/root/.pve-inspect-xfer-pvei")) {
+				t.Errorf("failed copy did not remove the guest temp file: %q", g.cleanups)
+			}
+			if tt.res != nil && (len(g.argv) < 8 || g.argv[7] != good) {
+				t.Errorf("guest not told the node's sha256: %q", g.argv)
+			}
+		})
+	}
+}
+
+func TestUploadImageLeftIsReported(t *testing.T) {
+	px := &fakePx{dir: t.TempDir(), failDetach: 99, failFree: errors.New("no Datastore.Allocate")}
+	g := &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	err := New(px, Options{}).Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644)
+	if err == nil || !strings.Contains(err.Error(), "no Datastore.Allocate") {
+		t.Fatalf("got %v, want the failed free reported", err)
+	}
+}
+
+func TestDownload(t *testing.T) {
+	data := []byte("bytes from the guest")
+	tests := []struct {
+		name    string
+		guest   string // what the guest "writes" to the disk
+		sum     string
+		wantErr bool
+	}{
+		{"matching", string(data), sumOf(data), false},
+		{"disk differs from the guest's sum", "other bytes of size!", sumOf(data), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			px := &fakePx{dir: t.TempDir()}
+			g := &writingGuest{px: px, content: tt.guest, sum: tt.sum}
+			var out bytes.Buffer
+			n, err := New(px, Options{}).Download(context.Background(), 100, g, "/f", int64(len(data)), &out)
+			if tt.wantErr {
+				var ce *ChecksumError
+				if !errors.As(err, &ce) || out.Len() != 0 {
+					t.Fatalf("got %v and %d bytes, want a checksum error and nothing sent", err, out.Len())
+				}
+			} else if err != nil || n != int64(len(data)) || !bytes.Equal(out.Bytes(), data) {
+				t.Fatalf("got %d %q %v", n, out.Bytes(), err)
+			}
+			if ents, _ := os.ReadDir(px.dir); len(ents) != 0 {
+				t.Errorf("image left behind: %v", ents)
+			}
+		})
+	}
+}
+
+// writingGuest plays the guest of a download: it writes content into the
+// (only) image and prints sum.
+type writingGuest struct {
+	sandboxapi.Guest
+	px      *fakePx
+	content string
+	sum     string
+}
+
+func (g *writingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+	ents, _ := os.ReadDir(g.px.dir)
+	if len(ents) != 1 {
+		return nil, fmt.Errorf("%d images", len(ents))
+	}
+	if err := os.WriteFile(filepath.Join(g.px.dir, ents[0].Name()), []byte(g.content), 0o600); err != nil {
+		return nil, err
+	}
+	return &sandboxapi.ExecResult{Stdout: []byte(g.sum + "\n")}, nil
+}
+
+func TestBadArguments(t *testing.T) {
+	px := &fakePx{dir: t.TempDir()}
+	tr := New(px, Options{})
+	if err := tr.Upload(context.Background(), 100, &fakeGuest{}, "relative", strings.NewReader(""), 0, 0o644); !errors.Is(err, sandboxapi.ErrGuestInvalid) {
+		t.Errorf("relative path: %v", err)
+	}
+	if _, err := tr.Download(context.Background(), 100, &fakeGuest{}, "/f", -1, io.Discard); !errors.Is(err, sandboxapi.ErrGuestInvalid) {
+		t.Errorf("negative size: %v", err)
+	}
+	if len(px.calls) != 0 {
+		t.Errorf("bad input reached Proxmox: %v", px.calls)
+	}
+}
+
+func FuzzParseSum(f *testing.F) {
+	for _, s := range []string{strings.Repeat("a", 64), strings.Repeat("a", 64) + "\n", "", "x", strings.Repeat("A", 64), strings.Repeat("a", 65)} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := parseSum(b)
+		if err != nil {
+			return
+		}
+		if len(s) != 64 || strings.Trim(s, "0123456789abcdef") != "" {
+			t.Fatalf("accepted %q as %q", b, s)
+		}
+	})
+}
+
+func TestOneTransferPerVM(t *testing.T) {
+	px := &fakePx{dir: t.TempDir()}
+	tr := New(px, Options{})
+	unlock, err := tr.lockVM(context.Background(), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = tr.Upload(ctx, 100, &fakeGuest{}, "/f", strings.NewReader("x"), 1, 0o644)
+	if !errors.Is(err, context.DeadlineExceeded) || len(px.calls) != 0 {
+		t.Fatalf("got %v with calls %v, want a wait for the other transfer and no Proxmox call", err, px.calls)
+	}
+	// Another VM is not held up, and the lock is released after a transfer.
+	g := &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	if err := tr.Upload(context.Background(), 101, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	g = &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	if err := tr.Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g = &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	if err := tr.Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
+		t.Fatalf("lock not released after a transfer: %v", err)
+	}
+}

@@ -1,0 +1,237 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+)
+
+// flakyDetach fails the next n unplugs.
+type flakyDetach struct {
+	pveemu.BedBackend
+	n atomic.Int32
+}
+
+func (f *flakyDetach) DetachDisk(ctx context.Context, vmid int, slot string) error {
+	if f.n.Add(-1) >= 0 {
+		return errors.New("injected: device_del did not complete")
+	}
+	return f.BedBackend.DetachDisk(ctx, vmid, slot)
+}
+
+// swapTransfer lets a test change the Transfer behind a running server.
+type swapTransfer struct {
+	mu sync.Mutex
+	t  *diskxfer.Transfer
+}
+
+func (s *swapTransfer) get() *diskxfer.Transfer  { s.mu.Lock(); defer s.mu.Unlock(); return s.t }
+func (s *swapTransfer) set(t *diskxfer.Transfer) { s.mu.Lock(); s.t = t; s.mu.Unlock() }
+
+func (s *swapTransfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, path string, r io.Reader, size int64, mode os.FileMode) error {
+	return s.get().Upload(ctx, vmid, g, path, r, size, mode)
+}
+
+func (s *swapTransfer) Download(ctx context.Context, vmid int, g sandboxapi.Guest, path string, size int64, w io.Writer) (int64, error) {
+	return s.get().Download(ctx, vmid, g, path, size, w)
+}
+
+// stream is a deterministic pseudo-random byte stream of n bytes.
+func stream(seed byte, n int64) io.Reader {
+	return io.LimitReader(rand.NewChaCha8([32]byte{seed}), n)
+}
+
+func sumHex(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
+
+func TestBedDiskTransfer(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	flaky := &flakyDetach{}
+	sw := &swapTransfer{}
+	var px *pve.Client
+	e := newBedEnvWith(t, ctx, func(b pveemu.BedBackend) pveemu.Backend { flaky.BedBackend = b; return flaky }, func(o *sandboxapi.Options) {
+		px = o.Proxmox.(*pve.Client)
+		o.MaxFileBytes = 2 << 30
+		o.DiskTransfer = sw
+	})
+	sw.set(diskxfer.New(px, diskxfer.Options{}))
+	// The daemon's token may allocate and free on the dir storage.
+	for _, who := range []string{"pve-inspectd@pve", "pve-inspectd@pve!daemon"} {
+		if err := e.emu.SetACL("/storage/local", who, "PVEDatastoreAdmin", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmid := sb.VMs[0].VMID
+	images := filepath.Join(e.bed.Dir(), "pveemu", "storage", "local", "images")
+	noImage := func(t *testing.T) {
+		t.Helper()
+		var left []string
+		_ = filepath.Walk(images, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && !fi.IsDir() {
+				left = append(left, p)
+			}
+			return nil
+		})
+		if len(left) > 0 {
+			t.Errorf("image left on the node: %v", left)
+		}
+	}
+	diskRequests := func() int {
+		n := 0
+		for _, r := range e.emu.Requests() {
+			if strings.HasSuffix(r.Route, "/storage/{storage}/content") {
+				n++
+			}
+		}
+		return n
+	}
+	guestSum := func(t *testing.T, path string) string {
+		t.Helper()
+		res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sha256sum", "--", path}, TimeoutSeconds: 600})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("sha256sum in the guest: %v %+v", err, res)
+		}
+		return strings.Fields(string(res.Stdout))[0]
+	}
+	problem := func(t *testing.T, err error, want string) {
+		t.Helper()
+		var p *sandboxapi.Problem
+		if !asProblem(err, &p) || p.Type != want {
+			t.Fatalf("got %v, want problem %s", err, want)
+		}
+	}
+
+	t.Run("1 GiB up and down through the disk path", func(t *testing.T) {
+		const size = 1 << 30
+		before := diskRequests()
+		up := sha256.New()
+		if err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/big", io.TeeReader(stream(1, size), up), size, 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if diskRequests() == before {
+			t.Fatal("the upload did not allocate a transfer volume")
+		}
+		if got := guestSum(t, "/root/big"); got != sumHex(up) {
+			t.Fatalf("guest file sha256 %s, sent %s", got, sumHex(up))
+		}
+		noImage(t)
+		before = diskRequests()
+		down := sha256.New()
+		n, err := e.c.ReadFile(ctx, sb.ID, "vm0", "/root/big", down)
+		if err != nil || n != size {
+			t.Fatalf("download: %d bytes, %v", n, err)
+		}
+		if diskRequests() == before {
+			t.Fatal("the download did not allocate a transfer volume")
+		}
+		if sumHex(down) != sumHex(up) {
+			t.Fatalf("downloaded sha256 %s, uploaded %s", sumHex(down), sumHex(up))
+		}
+		noImage(t)
+		if _, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"rm", "-f", "/root/big"}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("below the threshold the agent path is used", func(t *testing.T) {
+		before := diskRequests()
+		data := bytes.Repeat([]byte("small "), 100000)
+		if err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/small", bytes.NewReader(data), int64(len(data)), 0); err != nil {
+			t.Fatal(err)
+		}
+		var back bytes.Buffer
+		if _, err := e.c.ReadFile(ctx, sb.ID, "vm0", "/root/small", &back); err != nil || !bytes.Equal(back.Bytes(), data) {
+			t.Fatalf("read back %d bytes: %v", back.Len(), err)
+		}
+		if diskRequests() != before {
+			t.Fatal("a small file allocated a transfer volume")
+		}
+	})
+
+	t.Run("a guest that never reads the disk", func(t *testing.T) {
+		// A head that hangs in the guest's own PATH stands in for a guest
+		// that does not copy; the transfer's timeout ends it.
+		fake := "#!/bin/sh\nexec sleep 600\n"
+		if err := e.c.WriteFile(ctx, sb.ID, "vm0", "/usr/local/bin/head", strings.NewReader(fake), int64(len(fake)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_, _ = e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"rm", "-f", "/usr/local/bin/head"}})
+		}()
+		sw.set(diskxfer.New(px, diskxfer.Options{Timeout: 3 * time.Second}))
+		defer sw.set(diskxfer.New(px, diskxfer.Options{}))
+		err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/never", stream(2, 40<<20), 40<<20, 0)
+		problem(t, err, sandboxapi.ProblemGuestTimeout)
+		noImage(t)
+		res, _ := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -a /root | grep -c -e never -e pve-inspect-xfer"}})
+		if res == nil || strings.TrimSpace(string(res.Stdout)) != "0" {
+			t.Errorf("guest has a (partial) file: %+v", res)
+		}
+	})
+
+	t.Run("a full guest file system", func(t *testing.T) {
+		g, ok := e.bed.Guest(vmid)
+		if !ok {
+			t.Fatal("guest not running")
+		}
+		pid, err := g.InitPID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("nsenter", "-t", strconv.Itoa(pid), "-m", "-r", "--wd=/", "/bin/sh", "-c",
+			"mkdir -p /mnt/small && mount -t tmpfs -o size=16m tmpfs /mnt/small").CombinedOutput(); err != nil {
+			t.Fatalf("mount a small tmpfs in the guest: %v %s", err, out)
+		}
+		err = e.c.WriteFile(ctx, sb.ID, "vm0", "/mnt/small/f", stream(3, 40<<20), 40<<20, 0)
+		problem(t, err, sandboxapi.ProblemGuestNoSpace)
+		noImage(t)
+		res, _ := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -A /mnt/small | wc -l"}})
+		if res == nil || strings.TrimSpace(string(res.Stdout)) != "0" {
+			t.Errorf("partial file left in the guest: %+v", res)
+		}
+	})
+
+	t.Run("a detach that fails", func(t *testing.T) {
+		for _, fails := range []int32{1, 99} {
+			t.Run(fmt.Sprintf("%d failures", fails), func(t *testing.T) {
+				flaky.n.Store(fails)
+				defer flaky.n.Store(0)
+				err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/d", stream(4, 33<<20), 33<<20, 0)
+				if fails == 1 && err != nil {
+					t.Fatalf("one failed unplug is retried: %v", err)
+				}
+				if fails == 99 {
+					if err == nil || !strings.Contains(err.Error(), "detach") {
+						t.Fatalf("got %v, want the failed detach reported", err)
+					}
+				}
+				noImage(t)
+			})
+		}
+	})
+}

@@ -1,0 +1,163 @@
+package qga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// seekAgent answers open, seek (end with endReply, set with setReply), one
+// read of "hello" with EOF, and close.
+func seekAgent(t *testing.T, endReply, setReply string) *fakeAgent {
+	f := newFakeAgent(t)
+	f.setHandler(func(c net.Conn, cmd string, id, args json.RawMessage) bool {
+		switch cmd {
+		case "guest-file-open":
+			reply(c, `{"return": 1000, "id": `+string(id)+"}\n")
+		case "guest-file-seek":
+			var a struct{ Whence string }
+			json.Unmarshal(args, &a)
+			r := setReply
+			if a.Whence == "end" {
+				r = endReply
+			}
+			reply(c, `{"return": `+r+`, "id": `+string(id)+"}\n")
+		case "guest-file-read":
+			reply(c, `{"return": {"count": 5, "buf-b64": "aGVsbG8=", "eof": true}, "id": `+string(id)+"}\n")
+		default:
+			return okHandler(c, cmd, id, nil)
+		}
+		return true
+	})
+	return f
+}
+
+func TestReadFileSized(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name          string
+		end, set      string
+		wantSize      int64
+		wantMalformed bool
+	}{
+		{"well formed", `{"position": 5, "eof": false}`, `{"position": 0, "eof": false}`, 5, false},
+		{"negative size", `{"position": -1, "eof": false}`, `{"position": 0, "eof": false}`, 0, true},
+		{"no position", `{"eof": false}`, `{"position": 0, "eof": false}`, 0, true},
+		{"position not a number", `{"position": "5"}`, `{"position": 0}`, 0, true},
+		{"rewind lands elsewhere", `{"position": 5}`, `{"position": 3}`, 0, true},
+		{"not an object", `[]`, `{"position": 0}`, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := seekAgent(t, tt.end, tt.set)
+			a := New(hostileOptions()).Agent(f.Socket)
+			var got strings.Builder
+			size := int64(-1)
+			n, err := a.ReadFileSized(context.Background(), "/f", &got, 0, func(s int64) error {
+				if got.Len() != 0 {
+					t.Error("bytes reached the writer before the size callback")
+				}
+				size = s
+				return nil
+			})
+			if tt.wantMalformed {
+				var pe *ProtocolError
+				if !errors.As(err, &pe) || pe.Kind != KindMalformed {
+					t.Fatalf("got %v, want a malformed-reply protocol error", err)
+				}
+				if got.Len() != 0 || size != -1 {
+					t.Fatalf("a rejected size reached the caller (size %d, %d bytes)", size, got.Len())
+				}
+				return
+			}
+			if err != nil || n != 5 || got.String() != "hello" || size != tt.wantSize {
+				t.Fatalf("got n=%d size=%d %q err=%v", n, size, got.String(), err)
+			}
+		})
+	}
+}
+
+func TestReadFileSizedRefused(t *testing.T) {
+	t.Parallel()
+	f := seekAgent(t, `{"position": 5}`, `{"position": 0}`)
+	a := New(hostileOptions()).Agent(f.Socket)
+	var got strings.Builder
+	stop := errors.New("too big")
+	_, err := a.ReadFileSized(context.Background(), "/f", &got, 0, func(int64) error { return stop })
+	if !errors.Is(err, stop) || got.Len() != 0 {
+		t.Fatalf("got %v and %d bytes, want the callback's error and nothing written", err, got.Len())
+	}
+	if _, err := a.ReadFileSized(context.Background(), "/f", &got, 0, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("nil callback: got %v, want ErrInvalid", err)
+	}
+}
+
+// TestReadFileSizedRealAgent checks the seek-based size against qemu-ga.
+func TestReadFileSizedRealAgent(t *testing.T) {
+	g := startGuest(t)
+	a := New(Options{}).Agent(g.Socket)
+	ctx := testCtx(t, time.Minute)
+	for _, content := range []string{"", "hello", strings.Repeat("x", 3<<20+7)} {
+		p := g.Dir + "/sized"
+		if err := a.WriteFile(ctx, p, strings.NewReader(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var got strings.Builder
+		size := int64(-1)
+		n, err := a.ReadFileSized(ctx, p, &got, 0, func(s int64) error { size = s; return nil })
+		if err != nil || n != int64(len(content)) || size != int64(len(content)) || got.String() != content {
+			t.Fatalf("len %d: got n=%d size=%d err=%v", len(content), n, size, err)
+		}
+	}
+}
+
+func TestHostileCollectedExec(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		status string
+		kind   Kind
+	}{
+		{"bad base64", `{"exited": true, "exitcode": 0, "out-data": "!!!!"}`, KindMalformed},
+		{"exited without code", `{"exited": true}`, KindMalformed},
+		{"output over the bound", `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", 64<<10) + `"}`, KindTooLarge},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeAgent(t)
+			f.setHandler(func(c net.Conn, cmd string, id, args json.RawMessage) bool {
+				switch cmd {
+				case "guest-exec":
+					reply(c, `{"return": {"pid": 42}, "id": `+string(id)+"}\n")
+				case "guest-exec-status":
+					reply(c, `{"return": `+tt.status+`, "id": `+string(id)+"}\n")
+				default:
+					return okHandler(c, cmd, id, nil)
+				}
+				return true
+			})
+			opts := hostileOptions()
+			opts.MaxReplyBytes = 64 << 10
+			_, err := New(opts).Agent(f.Socket).Exec(context.Background(), ExecRequest{Argv: []string{"true"}, OutputLimit: 1000})
+			var pe *ProtocolError
+			if !errors.As(err, &pe) || pe.Kind != tt.kind {
+				t.Fatalf("got %v, want a %v protocol error", err, tt.kind)
+			}
+		})
+	}
+}
+
+func TestCollectCutsAtLimit(t *testing.T) {
+	st := &guestExec{OutData: "aGVsbG8=", ErrData: "", ErrTrunc: true}
+	var res ExecResult
+	if err := collect(&res, st, 3); err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "hel" || !res.StdoutTruncated || res.StdoutBytes != 3 || !res.StderrTruncated || len(res.Stderr) != 0 {
+		t.Fatalf("got %+v", res)
+	}
+}

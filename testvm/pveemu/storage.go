@@ -1,0 +1,272 @@
+package pveemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// BlockBackend is a Backend that can hot-plug a raw image into a running
+// guest as a block device, the way QEMU's device_add of a scsi-hd or
+// virtio-blk with serial= does (FIDELITY.md, issue 18).
+type BlockBackend interface {
+	// AttachDisk makes image the guest's disk in slot (e.g. "scsi1"),
+	// findable under /dev/disk/by-id by serial.
+	AttachDisk(ctx context.Context, vmid int, slot, image, serial string) error
+	// DetachDisk unplugs the disk in slot.
+	DetachDisk(ctx context.Context, vmid int, slot string) error
+}
+
+// The emulated node has one directory storage that holds raw VM images:
+// "local" (the name of a fresh node's dir storage), under DataDir/storage.
+const dirStorage = "local"
+
+var (
+	reImageName = regexp.MustCompile(`^vm-(\d+)-[^/\s]+\.(raw|qcow2|vmdk)$`)
+	reVolName   = regexp.MustCompile(`^(\d+)/(vm-(\d+)-[^/\s]+\.raw)$`)
+	reSerial    = regexp.MustCompile(`(?:^|,)serial=([^,]*)`)
+)
+
+func (s *Server) storageDir() string { return filepath.Join(s.dataDir, "storage", dirStorage) }
+
+// volumePath maps a volume id (with or without "local:") to its file.
+func (s *Server) volumePath(storage, volume string) (volid, path string, owner int, err error) {
+	name := volume
+	if sid, rest, ok := strings.Cut(volume, ":"); ok {
+		if storage != "" && sid != storage {
+			return "", "", 0, paramFail(ParamErrors{"volume": fmt.Sprintf("storage ID mismatch (%s != %s)", sid, storage)})
+		}
+		storage, name = sid, rest
+	}
+	if storage != dirStorage {
+		return "", "", 0, fail("storage '%s' does not exist", storage)
+	}
+	m := reVolName.FindStringSubmatch(name)
+	if m == nil || m[1] != m[3] {
+		return "", "", 0, fail("unable to parse directory volume name '%s'", name)
+	}
+	owner, _ = strconv.Atoi(m[1])
+	return storage + ":" + name, filepath.Join(s.storageDir(), "images", m[1], m[2]), owner, nil
+}
+
+// allocVolume is POST /nodes/{node}/storage/{storage}/content: vdisk_alloc
+// of a raw image on the dir storage.
+func (s *Server) allocVolume(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	storage, name, vmid := rq.str("storage"), rq.str("filename"), rq.int("vmid", 0)
+	size, ok := parseKiB(rq.str("size"))
+	if !ok {
+		return nil, paramFail(ParamErrors{"size": fmt.Sprintf("unable to parse size '%s'", rq.str("size"))})
+	}
+	if storage != dirStorage {
+		return nil, fail("storage '%s' does not exist", storage)
+	}
+	m := reImageName.FindStringSubmatch(name)
+	if m == nil {
+		return nil, fail("unable to parse volume filename '%s'", name)
+	}
+	if f := rq.str("format"); f != "" && f != m[2] {
+		return nil, paramFail(ParamErrors{"format": fmt.Sprintf("different storage formats (%s != %s)", f, m[2])})
+	}
+	if m[2] != "raw" {
+		return nil, fail("emulator: only raw images are supported")
+	}
+	if m[1] != strconv.Itoa(vmid) {
+		return nil, fail("illegal name '%s' - should be 'vm-%d-*'", name, vmid)
+	}
+	dir := filepath.Join(s.storageDir(), "images", strconv.Itoa(vmid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fail("%v", err)
+	}
+	p := filepath.Join(dir, name)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o640)
+	if errors.Is(err, fs.ErrExist) {
+		return nil, fail("disk image '%s' already exists", p)
+	}
+	if err != nil {
+		return nil, fail("%v", err)
+	}
+	err = f.Truncate(size * 1024)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(p)
+		return nil, fail("%v", err)
+	}
+	return dirStorage + ":" + strconv.Itoa(vmid) + "/" + name, nil
+}
+
+// parseKiB parses the size parameter: KiB, or with an M or G suffix.
+func parseKiB(v string) (int64, bool) {
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(v, "M"):
+		mult, v = 1024, strings.TrimSuffix(v, "M")
+	case strings.HasSuffix(v, "G"):
+		mult, v = 1024*1024, strings.TrimSuffix(v, "G")
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > 1<<40/mult {
+		return 0, false
+	}
+	return n * mult, true
+}
+
+// checkVolumeAccess is PVE::Storage::check_volume_access for images:
+// Datastore.Allocate on the storage, or Datastore.Audit on it and
+// VM.Config.Disk on the owner.
+func (s *Server) checkVolumeAccess(authid, storage string, owner int) error {
+	if authid == "root@pam" || s.privileges(authid, "/storage/"+storage)["Datastore.Allocate"] {
+		return nil
+	}
+	if err := s.checkPrivs(authid, "/storage/"+storage, []string{"Datastore.Audit"}, false); err != nil {
+		return err
+	}
+	return s.checkPrivs(authid, "/vms/"+strconv.Itoa(owner), []string{"VM.Config.Disk"}, false)
+}
+
+// volumeInfo is GET /nodes/{node}/storage/{storage}/content/{volume}.
+func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	volid, p, owner, err := s.volumePath(rq.str("storage"), rq.str("volume"))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkVolumeAccess(rq.authid, dirStorage, owner); err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return nil, fail("volume_size_info on '%s' failed - no format", volid)
+	}
+	if st.Size() == 0 {
+		return nil, fail("volume '%s' has size zero", volid)
+	}
+	return map[string]any{"path": p, "size": st.Size(), "used": st.Size(), "format": "raw"}, nil
+}
+
+// freeVolume is DELETE /nodes/{node}/storage/{storage}/content/{volume}:
+// Datastore.Allocate on the storage, then vdisk_free in an imgdel task.
+func (s *Server) freeVolume(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	volid, p, _, err := s.volumePath(rq.str("storage"), rq.str("volume"))
+	if err != nil {
+		return nil, err
+	}
+	if rq.authid != "root@pam" {
+		if err := s.checkPrivs(rq.authid, "/storage/"+dirStorage, []string{"Datastore.Allocate"}, false); err != nil {
+			return nil, err
+		}
+	}
+	return s.startTask(rq.authid, "imgdel", volid, func(context.Context, *task) error {
+		return removeImage(p)
+	}), nil
+}
+
+func removeImage(p string) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	_ = os.Remove(filepath.Dir(p)) // the per-VM directory, when empty
+	return nil
+}
+
+// hotplugDisks applies the disk part of a config update to v (s.mu held),
+// like vmconfig_hotplug_pending on a running VM: a new disk key whose
+// volume is on the dir storage is attached through the backend; a deleted
+// disk key is unplugged and becomes unusedN, or with force is freed; a
+// deleted unusedN is freed (try_deallocate_drive). Only volumes of the dir
+// storage are handled; other disk keys stay plain config.
+func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]string, deletes []string, force bool) error {
+	for _, d := range deletes {
+		val, ok := v.conf[d]
+		if !ok {
+			continue
+		}
+		volid := strings.SplitN(val, ",", 2)[0]
+		_, p, _, err := s.volumePath("", volid)
+		if err != nil {
+			continue // not ours (e.g. local-lvm): plain config
+		}
+		switch {
+		case strings.HasPrefix(d, "unused"):
+			if err := removeImage(p); err != nil {
+				return fail("%v", err)
+			}
+		case reDiskKey.MatchString(d):
+			if v.running {
+				bb, ok := s.backend.(BlockBackend)
+				if !ok {
+					return paramFail(ParamErrors{d: "hotplug problem - the emulator's backend cannot unplug disks"})
+				}
+				if err := bb.DetachDisk(ctx, v.vmid, d); err != nil {
+					return paramFail(ParamErrors{d: "hotplug problem - " + err.Error()})
+				}
+			}
+			if force {
+				if err := removeImage(p); err != nil {
+					return fail("%v", err)
+				}
+			} else {
+				v.conf[freeUnused(v.conf)] = volid
+			}
+		}
+	}
+	for k, val := range changes {
+		if !reDiskKey.MatchString(k) {
+			continue
+		}
+		volid := strings.SplitN(val, ",", 2)[0]
+		_, p, owner, err := s.volumePath("", volid)
+		if err != nil {
+			continue
+		}
+		if owner != v.vmid {
+			return paramFail(ParamErrors{k: fmt.Sprintf("volume '%s' belongs to VM %d", volid, owner)})
+		}
+		if _, err := os.Stat(p); err != nil {
+			return paramFail(ParamErrors{k: fmt.Sprintf("volume '%s' does not exist", volid)})
+		}
+		if _, used := v.conf[k]; used {
+			return paramFail(ParamErrors{k: "hotplug problem - slot in use"})
+		}
+		if !v.running {
+			continue
+		}
+		bb, ok := s.backend.(BlockBackend)
+		if !ok {
+			return paramFail(ParamErrors{k: "hotplug problem - the emulator's backend cannot hot-plug disks"})
+		}
+		serial := ""
+		if m := reSerial.FindStringSubmatch(val); m != nil {
+			serial = m[1]
+		}
+		if err := bb.AttachDisk(ctx, v.vmid, k, p, serial); err != nil {
+			return paramFail(ParamErrors{k: "hotplug problem - " + err.Error()})
+		}
+	}
+	return nil
+}
+
+// freeUnused is the first unusedN key not in conf.
+func freeUnused(conf map[string]string) string {
+	for i := 0; ; i++ {
+		k := "unused" + strconv.Itoa(i)
+		if _, ok := conf[k]; !ok {
+			return k
+		}
+	}
+}
