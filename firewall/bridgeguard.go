@@ -87,12 +87,3 @@ func unmappedPorts(rs *Ruleset) []string {
 	}
 	return out
 }
-
-// ZoneBridges returns the bridges of every zone the guard knows
-// (configured and run-time), sorted: the bridges whose guest ports the
-// layer-2 table guards.
-func (g *Guard) ZoneBridges() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return zoneBridges(g.renderConfig(g.zones))
-}

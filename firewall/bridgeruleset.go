@@ -85,8 +85,10 @@ func validatePorts(ports []Port) ([]Port, error) {
 }
 
 // RenderBridge builds the desired layer-2 table bridge pve-inspect. Its
-// guest ports (@guest_ports) are every mapped port and every port of a
-// zone bridge (cls.Enslaved) named like a guest port (GuestPortPrefixes).
+// guest ports (@guest_ports) are the ports of the zone bridges
+// (cls.Enslaved) named like a guest port (GuestPortPrefixes); ports may
+// map NICs on any bridge (the map of a port that joins a zone bridge is
+// then in force at once).
 // Frames from a guest port must carry the port's MAC, IPv4 the port's
 // assigned address, ARP claim only that address; DHCP server replies and
 // router advertisements are dropped, and so is everything that is neither
@@ -103,11 +105,7 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 		}
 	}
 	rs := &Ruleset{Family: nftables.TableFamilyBridge}
-	var guests []string
-	for _, p := range ports {
-		guests = append(guests, p.Name)
-	}
-	guests = append(guests, zoneGuestPorts(bridges, cls)...)
+	guests := zoneGuestPorts(bridges, cls)
 	gp := &SetSpec{Name: SetGuestPorts, KeyType: nftables.TypeIFName}
 	for _, n := range sortedUnique(guests) {
 		gp.Elements = append(gp.Elements, nftables.SetElement{Key: ifname(n)})

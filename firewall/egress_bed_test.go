@@ -70,6 +70,13 @@ func newEgressBed(t *testing.T, ctx context.Context, cfg Config) *egressBed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
+	var guests []*testvm.Guest
+	for _, gs := range eb.guests {
+		guests = append(guests, gs)
+	}
+	if err := g.SetPorts(ctx, bedPorts(guests...)); err != nil { // the layer-2 guard's port map
+		t.Fatal(err)
+	}
 	if err := g.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -187,6 +187,9 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 			}
 		}
 	}
+	if err := ValidateEnv(c.Env); err != nil {
+		return invalid("env", "%v", err)
+	}
 	if len(c.Labels) > maxLabels {
 		return invalid("labels", "%d labels: at most %d", len(c.Labels), maxLabels)
 	}

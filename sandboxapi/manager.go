@@ -362,6 +362,13 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		}
 		tmpl[i] = id
 	}
+	names := make([]string, len(req.VMs))
+	for i, v := range req.VMs {
+		names[i] = v.Template
+	}
+	if err := m.checkTemplates(ctx, names, tmpl); err != nil {
+		return Sandbox{}, err
+	}
 	var foreign []netip.Prefix
 	cidrs, err := m.o.Proxmox.ListSubnetCIDRs(ctx)
 	if err != nil {
@@ -420,7 +427,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.forget(id)
 		return Sandbox{}, err
 	}
-	err = m.build(cctx, rec, tmpl)
+	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
 		log.Warn("create failed, tearing down", "err", err)
 		tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
@@ -444,7 +451,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 }
 
 // build creates the zone, vnets, subnets and VMs of rec.
-func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
+func (m *manager) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
 	px := m.o.Proxmox
 	id := rec.ID
 	alias := nodeTag(m.o.Node) + " " + sandboxTag(id)
@@ -485,7 +492,7 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := m.buildVM(vctx, rec, i, tmpl[i]); err != nil {
+			if err := m.buildVM(vctx, rec, i, tmpl[i], env); err != nil {
 				cancel()
 				errs <- fmt.Errorf("vm %s: %w", rec.VMs[i].Name, err)
 			}
@@ -529,7 +536,7 @@ func (m *manager) releaseVMID(id int) {
 	m.idMu.Unlock()
 }
 
-func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
+func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[string]string) error {
 	px := m.o.Proxmox
 	m.mu.Lock()
 	spec := rec.VMs[i]
@@ -573,6 +580,9 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
 	}
+	if err := m.hardenClone(ctx, vmid); err != nil {
+		return err
+	}
 	if spec.DiskGiB > 0 {
 		if err := px.ResizeDisk(ctx, vmid, spec.DiskGiB); err != nil {
 			return pxErr(fmt.Sprintf("resize disk of vm %d", vmid), err)
@@ -581,7 +591,10 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
 	if err := px.StartVM(ctx, vmid); err != nil {
 		return pxErr(fmt.Sprintf("start vm %d", vmid), err)
 	}
-	return m.waitAgent(ctx, vmid)
+	if err := m.waitAgent(ctx, vmid); err != nil {
+		return err
+	}
+	return m.writeEnv(ctx, vmid, env)
 }
 
 // guest returns the guest of a VM (the dialer decides about caching).

@@ -94,6 +94,15 @@ type Options struct {
 	// Egress, when set, enforces sandboxes' egress policies (create's
 	// egress object, /v1/sandboxes/{id}/egress); nil refuses them.
 	Egress Egress
+	// VMConfigs, when set, reads and changes VM configurations for the
+	// hardened VM profile (sandboxapi/hardening): every clone gets what the
+	// pool-scoped token may set, and a create from a template that fails
+	// the profile's root-only items is refused (template-not-hardened)
+	// unless AllowUnhardenedTemplates.
+	VMConfigs VMConfigs
+	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
+	// lets a create clone a template that fails the profile.
+	AllowUnhardenedTemplates bool
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).

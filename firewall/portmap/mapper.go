@@ -13,10 +13,9 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
 
-// Guard is what the mapper drives: the layer-2 guard's zone bridges and
-// its port map (*firewall.Guard).
+// Guard is what the mapper drives: the layer-2 guard's port map
+// (*firewall.Guard).
 type Guard interface {
-	ZoneBridges() []string
 	SetPorts(ctx context.Context, ports []firewall.Port) error
 }
 
@@ -79,7 +78,8 @@ func errString(err error) string {
 }
 
 // Once reads the VM configs and every zone's mappings and leases and sets
-// the port map of the NICs on the guard's zone bridges.
+// the port map of every NIC of the node: the guard guards only the ports
+// of its zone bridges, so a zone learned later finds its ports mapped.
 func (m *Mapper) Once(ctx context.Context) ([]string, error) {
 	vms, problems, err := m.Paths.ReadVMs()
 	if err != nil {
@@ -90,11 +90,7 @@ func (m *Mapper) Once(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return problems, err
 	}
-	bridges := m.Guard.ZoneBridges()
-	if bridges == nil {
-		bridges = []string{}
-	}
-	if err := m.Guard.SetPorts(ctx, Ports(vms, leases, time.Now(), bridges)); err != nil {
+	if err := m.Guard.SetPorts(ctx, Ports(vms, leases, time.Now(), nil)); err != nil {
 		return problems, fmt.Errorf("set ports: %w", err)
 	}
 	return problems, nil

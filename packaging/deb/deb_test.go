@@ -589,6 +589,7 @@ ConditionPathExists=/etc/inspect-proxmox-egress-lockdown
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+ExecStart=/usr/local/bin/inspect-proxmox-egress-lockdown.sh
 ExecStart=/usr/sbin/iptables -w -t mangle -I FORWARD 1 -o lo -m comment --comment "inspect-proxmox-egress-lockdown 1.2" -j DROP
 ExecStart=/usr/sbin/iptables -w -t mangle -I OUTPUT 1 -o lo -m owner --uid-owner 65534 -m comment --comment "inspect-proxmox-egress-lockdown 1.2" -j DROP
 [Install]
@@ -609,6 +610,10 @@ ExecStart=/bin/true
 `,
 }
 
+// referenceScript stands in for the reference lockdown script: it leaves a
+// trace when it runs.
+const referenceScript = "#!/bin/sh\necho ran >> /root/old-script-ran\n"
+
 // TestMigrateFromReference: on a node set up by the reference scripts
 // (their units enabled, their rules in force, the marker present), the
 // install disables their units, removes their rules (an operator's rule
@@ -621,7 +626,8 @@ func TestMigrateFromReference(t *testing.T) {
 		Name:   "pkg-migrate",
 		Units:  referenceUnits,
 		Enable: []string{"inspect-proxmox-block-cloud-metadata.service", "inspect-proxmox-egress-lockdown.service", "inspect-proxmox-egress-lockdown.timer"},
-		Files:  []sysbox.File{{Path: "/etc/inspect-proxmox-egress-lockdown", Data: []byte(marker)}},
+		Files: []sysbox.File{{Path: "/etc/inspect-proxmox-egress-lockdown", Data: []byte(marker)},
+			{Path: "/usr/local/bin/inspect-proxmox-egress-lockdown.sh", Data: []byte(referenceScript), Mode: 0o755}},
 	})
 	b.addUplink()
 	b.run("iptables", "-w", "-t", "mangle", "-I", "FORWARD", "1", "-i", "lo", "-m", "comment", "--comment", "operator rule", "-j", "DROP")
@@ -661,6 +667,7 @@ func TestMigrateFromReference(t *testing.T) {
 	if p := b.show("pveproxy.service", "ActiveState"); p["ActiveState"] != "active" {
 		t.Errorf("the node halted although the lockdown is in force: pveproxy %v", p)
 	}
+	checkRunbook(t, b)
 
 	// Upgrade with the lockdown on: the lockdown set never loses the
 	// management interface (nft monitor sees every element deletion).
@@ -920,4 +927,46 @@ func TestDaemonSandboxFilesystem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkRunbook: after the takeover the reference units are masked (the
+// lockdown service's name is the package's own unit now), the old script
+// cannot run, and the reference runbook ("rm"/"touch" the marker, then
+// "systemctl start inspect-proxmox-egress-lockdown.service") lifts and
+// asks for the lockdown through the daemon. It leaves the marker present.
+func checkRunbook(t *testing.T, b *box) {
+	t.Helper()
+	const own = "inspect-proxmox-egress-lockdown.service"
+	for u := range referenceUnits {
+		p := b.show(u, "LoadState", "FragmentPath")
+		switch {
+		case u == own && p["FragmentPath"] != "/usr/lib/systemd/system/"+own:
+			t.Errorf("%s is not the package's unit: %v", u, p)
+		case u != own && p["LoadState"] != "masked":
+			t.Errorf("%s not masked after the takeover: %v", u, p)
+		}
+	}
+	b.run("rm", "-f", "/root/old-script-ran")
+	if out, err := b.Exec(b.ctx, "systemctl", "start", "inspect-proxmox-egress-lockdown.timer"); err == nil {
+		t.Errorf("the reference timer started although masked:\n%s", out)
+	}
+	if out, err := b.Exec(b.ctx, "/usr/local/bin/inspect-proxmox-egress-lockdown.sh"); err == nil {
+		t.Errorf("the reference script still runs:\n%s", out)
+	}
+
+	b.run("rm", "/etc/inspect-proxmox-egress-lockdown")
+	b.run("systemctl", "start", own)
+	if out := b.run("pve-inspectd", "lockdown", "status", "--json"); !strings.Contains(out, `"marker": false`) || !strings.Contains(out, `"ok": true`) {
+		t.Errorf("runbook off: the unit succeeded but the lockdown is not lifted:\n%s", out)
+	}
+	b.run("touch", "/etc/inspect-proxmox-egress-lockdown")
+	b.run("systemctl", "start", own)
+	if out := b.run("pve-inspectd", "lockdown", "status", "--json"); !strings.Contains(out, `"enforced": true`) {
+		t.Errorf("runbook on: the unit succeeded but the lockdown is not in force:\n%s", out)
+	}
+	b.requireLockdownInForce()
+	if _, err := b.Exec(b.ctx, "test", "-e", "/root/old-script-ran"); err == nil {
+		t.Errorf("the reference script ran after the takeover")
+	}
+	b.run("sh", "-c", "echo '# lockdown asked for by the operator' > /etc/inspect-proxmox-egress-lockdown")
 }

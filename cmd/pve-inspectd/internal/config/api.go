@@ -45,9 +45,18 @@ type APISection struct {
 	AgentTimeout time.Duration `toml:"agent_timeout"`
 	// MaxFileBytes caps file uploads and downloads.
 	MaxFileBytes int64 `toml:"max_file_bytes"`
+	// DiskTransferStorage is the Proxmox storage for the disk path of
+	// large files ("" = off); files of at least DiskTransferThreshold
+	// bytes take it.
+	DiskTransferStorage   string `toml:"disk_transfer_storage"`
+	DiskTransferThreshold int64  `toml:"disk_transfer_threshold"`
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
 	AutoCIDRPool string `toml:"auto_cidr_pool"`
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`
+	// RequireHardenedTemplates refuses a create from a template that fails
+	// the hardened VM profile's items a clone cannot fix (see
+	// `pve-inspectd template check`).
+	RequireHardenedTemplates bool `toml:"require_hardened_templates"`
 	// Caps are the resource guard's limits (0: unlimited).
 	Caps APICaps `toml:"caps"`
 	// Proxmox is the API the daemon drives.
@@ -83,23 +92,26 @@ type APIProxmox struct {
 // defaultAPI returns the [api] defaults.
 func defaultAPI() APISection {
 	return APISection{
-		Enabled:        false,
-		Socket:         "/run/pve-inspectd/api.sock",
-		SocketMode:     "0660",
-		TLSCert:        "/etc/pve/local/pve-ssl.pem",
-		TLSKey:         "/etc/pve/local/pve-ssl.key",
-		TokenFile:      "/etc/pve-inspectd/tokens.json",
-		StateDir:       "/var/lib/pve-inspectd/sandboxapi",
-		QGADir:         "/var/run/qemu-server",
-		Pool:           "pve-inspect",
-		Templates:      map[string]int{},
-		DefaultTTL:     time.Hour,
-		MaxTTL:         24 * time.Hour,
-		ReaperInterval: 30 * time.Second,
-		AgentTimeout:   5 * time.Minute,
-		MaxFileBytes:   1 << 30,
-		AutoCIDRPool:   "10.200.0.0/16",
-		AutoCIDRBits:   24,
+		Enabled:               false,
+		Socket:                "/run/pve-inspectd/api.sock",
+		SocketMode:            "0660",
+		TLSCert:               "/etc/pve/local/pve-ssl.pem",
+		TLSKey:                "/etc/pve/local/pve-ssl.key",
+		TokenFile:             "/etc/pve-inspectd/tokens.json",
+		StateDir:              "/var/lib/pve-inspectd/sandboxapi",
+		QGADir:                "/var/run/qemu-server",
+		Pool:                  "pve-inspect",
+		Templates:             map[string]int{},
+		DefaultTTL:            time.Hour,
+		MaxTTL:                24 * time.Hour,
+		ReaperInterval:        30 * time.Second,
+		AgentTimeout:          5 * time.Minute,
+		MaxFileBytes:          1 << 30,
+		DiskTransferThreshold: 32 << 20,
+		AutoCIDRPool:          "10.200.0.0/16",
+		AutoCIDRBits:          24,
+
+		RequireHardenedTemplates: true,
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",
@@ -184,6 +196,12 @@ func (a APISection) validate(prefix string) error {
 	if a.MaxFileBytes < 1 {
 		return key("max_file_bytes", errors.New("must be positive"))
 	}
+	if a.DiskTransferThreshold < 1 {
+		return key("disk_transfer_threshold", errors.New("must be positive"))
+	}
+	if a.DiskTransferStorage != "" && !reStorageID.MatchString(a.DiskTransferStorage) {
+		return key("disk_transfer_storage", fmt.Errorf("%q is not a Proxmox storage id", a.DiskTransferStorage))
+	}
 	p, err := netip.ParsePrefix(a.AutoCIDRPool)
 	if err != nil || !p.Addr().Is4() || p.Masked() != p {
 		return key("auto_cidr_pool", fmt.Errorf("want an IPv4 prefix, got %q", a.AutoCIDRPool))
@@ -211,3 +229,6 @@ func (a APISection) validate(prefix string) error {
 	}
 	return nil
 }
+
+// reStorageID is pve-storage's storage id format (pve-storage-id).
+var reStorageID = regexp.MustCompile(`^[a-z][a-z0-9\-_.]*[a-z0-9]$`)

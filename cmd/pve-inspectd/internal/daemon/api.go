@@ -23,6 +23,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
 
@@ -159,6 +160,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auto_cidr_pool: %w", err)
 	}
+	var dt sandboxapi.DiskTransfer
+	if ac.DiskTransferStorage != "" {
+		dt = diskxfer.New(px, diskxfer.Options{Storage: ac.DiskTransferStorage, Logger: a.log})
+	}
 	srv, err := sandboxapi.New(sandboxapi.Options{
 		Node:      cfg.Node.ID,
 		Proxmox:   px,
@@ -175,13 +180,18 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		MaxTTL:         ac.MaxTTL,
 		ReaperInterval: ac.ReaperInterval,
 		MaxFileBytes:   ac.MaxFileBytes,
+		DiskTransfer:   dt,
+		DiskThreshold:  ac.DiskTransferThreshold,
 		AutoCIDRPool:   pool,
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
 		ZonesChanged:   d.ZonesChanged,
 		Egress:         d.Egress,
-		Registerer:     d.Registerer,
-		Logger:         a.log,
+		VMConfigs:      px,
+
+		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
+		Registerer:               d.Registerer,
+		Logger:                   a.log,
 	})
 	if err != nil {
 		return nil, err

@@ -213,6 +213,13 @@ func (r *run) startGuard(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("guard: %w", err)
 	}
+	// The layer-2 guard's port map is read before Start, so that a
+	// rebuilt or new bridge table pins the running guests from its first
+	// batch instead of holding them to DHCP until the first remap.
+	mp := &portmap.Mapper{Paths: portmap.Paths{Root: r.d.Config.Guard.NodeRoot}, Guard: guard, Log: r.log}
+	if _, err := mp.Once(ctx); err != nil {
+		r.log.Warn("cannot map guest ports before start; unmapped ports stay DHCP-only", "component", "portmap", "err", err)
+	}
 	if err := guard.Start(ctx); err != nil {
 		guard.Close()
 		return fmt.Errorf("guard: %w", err)
@@ -228,9 +235,7 @@ func (r *run) startGuard(ctx context.Context) error {
 	r.guard = guard
 	r.parts.OnStop(func() { guard.Close() }) // after the loop below has stopped
 	r.parts.Go("guard", guard.Run)
-	// layer-2 guard: pins each guest port to its MAC and IPv4
-	mp := &portmap.Mapper{Paths: portmap.Paths{Root: r.d.Config.Guard.NodeRoot}, Guard: guard, Log: r.log}
-	r.parts.Go("portmap", mp.Run)
+	r.parts.Go("portmap", mp.Run) // keeps the port map current
 	return nil
 }
 
