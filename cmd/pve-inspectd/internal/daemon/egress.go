@@ -140,6 +140,9 @@ func (r *run) startEgress(ctx context.Context) error {
 		return err
 	}
 	r.egress = &Egress{Registry: reg, Denials: den}
+	if r.d.egressHook != nil {
+		r.d.egressHook(r.egress)
+	}
 	r.parts.Go("egress resolver (udp)", func(ctx context.Context) error { return res.ServeUDP(ctx, pc) })
 	r.parts.Go("egress resolver (tcp)", func(ctx context.Context) error { return res.ServeTCP(ctx, dnsLn) })
 	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
