@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/pve-inspect/pve-inspect/stricttoml"
 )
 
 // DefaultConfigPath is where the node looks for its recipe configuration.
@@ -155,16 +157,12 @@ func LoadConfig(path string) (Config, error) {
 // ParseConfig decodes a document over the defaults and validates it.
 func ParseConfig(doc string) (Config, error) {
 	c := DefaultConfig()
-	md, err := toml.Decode(doc, &c)
-	if err != nil {
-		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return Config{}, fmt.Errorf("parse config: line %d: %s", pe.Position.Line, pe.Message)
+	if err := stricttoml.Decode(doc, &c); err != nil {
+		var uk *stricttoml.UnknownKeysError
+		if errors.As(err, &uk) {
+			return Config{}, &ConfigError{Key: uk.Keys[0], Err: errors.New("unknown key")}
 		}
 		return Config{}, fmt.Errorf("parse config: %w", err)
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		return Config{}, &ConfigError{Key: und[0].String(), Err: errors.New("unknown key")}
 	}
 	return c, c.Validate()
 }

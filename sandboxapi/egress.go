@@ -100,8 +100,8 @@ func sandboxBridges(sb Sandbox) []string {
 	return out
 }
 
-func (s *Server) getEgress(w http.ResponseWriter, r *http.Request, _ principal) error {
-	sb, err := s.lookup(r.PathValue("id"))
+func (s *Server) getEgress(w http.ResponseWriter, r *http.Request, p principal) error {
+	sb, err := s.lookup(p, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -113,8 +113,8 @@ func (s *Server) getEgress(w http.ResponseWriter, r *http.Request, _ principal) 
 
 // putEgress replaces a running sandbox's policy; it is enforced in the
 // kernel when the call returns.
-func (s *Server) putEgress(w http.ResponseWriter, r *http.Request, _ principal) error {
-	sb, err := s.lookup(r.PathValue("id"))
+func (s *Server) putEgress(w http.ResponseWriter, r *http.Request, pr0 principal) error {
+	sb, err := s.lookup(pr0, r.PathValue("id"))
 	if err != nil {
 		return err
 	}

@@ -261,10 +261,10 @@ func (m *manager) guardLocked(req *CreateRequest) *Problem {
 }
 
 // allocCIDRsLocked picks ranges for "auto" networks and checks explicit ones
-// against every known range; call with m.mu held (so two creates never pick
-// the same range).
-func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign []netip.Prefix) ([]netip.Prefix, *Problem) {
-	used := slices.Clone(foreign)
+// against every known range and the host's own networks; call with m.mu
+// held (so two creates never pick the same range).
+func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, *Problem) {
+	used := append(slices.Clone(foreign), host...)
 	for _, r := range m.sbx {
 		for _, n := range r.Networks {
 			if p, err := netip.ParsePrefix(n.CIDR); err == nil {
@@ -286,6 +286,11 @@ func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign []netip.Prefix
 			continue
 		}
 		p := netip.MustParsePrefix(n.CIDR)
+		for _, h := range host {
+			if h.Overlaps(p) {
+				return nil, problemf(ProblemConflict, "network %q: cidr %s overlaps the host's network %s", n.Name, p, h)
+			}
+		}
 		if overlaps(p) {
 			return nil, problemf(ProblemConflict, "network %q: cidr %s overlaps a range in use", n.Name, p)
 		}
@@ -380,6 +385,13 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		}
 	}
 
+	var host []netip.Prefix
+	if m.o.HostNetworks != nil {
+		if host, err = m.o.HostNetworks(ctx); err != nil {
+			return Sandbox{}, fmt.Errorf("create: %w", err)
+		}
+	}
+
 	now := m.o.Now()
 	m.mu.Lock()
 	if p := m.guardLocked(&req); p != nil {
@@ -390,7 +402,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 	for m.sbx[id] != nil {
 		id = newSandboxID()
 	}
-	prefixes, p := m.allocCIDRsLocked(req.Networks, foreign)
+	prefixes, p := m.allocCIDRsLocked(req.Networks, foreign, host)
 	if p != nil {
 		m.mu.Unlock()
 		return Sandbox{}, p

@@ -422,7 +422,7 @@ func checkHardening(t *testing.T, b *box) {
 		"RestrictSUIDSGID":        "yes",
 		"MemoryDenyWriteExecute":  "yes",
 		"LockPersonality":         "yes",
-		"CapabilityBoundingSet":   "cap_kill cap_net_admin",
+		"CapabilityBoundingSet":   "cap_chown cap_kill cap_net_admin",
 		"AmbientCapabilities":     "",
 		"RestrictAddressFamilies": "AF_INET AF_INET6 AF_NETLINK AF_UNIX",
 		"SystemCallArchitectures": "native",
@@ -460,9 +460,9 @@ func checkHardening(t *testing.T, b *box) {
 			fields[k] = strings.TrimSpace(v)
 		}
 	}
-	// CAP_KILL (5) and CAP_NET_ADMIN (12).
-	if fields["CapBnd"] != fmt.Sprintf("%016x", 1<<5|1<<12) {
-		t.Errorf("daemon CapBnd=%s, want only CAP_KILL and CAP_NET_ADMIN", fields["CapBnd"])
+	// CAP_CHOWN (0), CAP_KILL (5) and CAP_NET_ADMIN (12).
+	if fields["CapBnd"] != fmt.Sprintf("%016x", 1<<0|1<<5|1<<12) {
+		t.Errorf("daemon CapBnd=%s, want only CAP_CHOWN, CAP_KILL and CAP_NET_ADMIN", fields["CapBnd"])
 	}
 	if fields["NoNewPrivs"] != "1" || fields["Seccomp"] != "2" {
 		t.Errorf("daemon NoNewPrivs=%s Seccomp=%s, want 1 and 2", fields["NoNewPrivs"], fields["Seccomp"])
@@ -809,7 +809,7 @@ func TestDaemonSandboxCanHalt(t *testing.T) {
 				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-u", "pve-inspectd-haltprobe.service")
 				t.Fatalf("halt under the daemon's sandbox: %v\n%s\n%s", err, out, j)
 			}
-			if p := b.show("pve-inspectd-haltprobe.service", "CapabilityBoundingSet", "NoNewPrivileges"); p["CapabilityBoundingSet"] != "cap_kill cap_net_admin" || p["NoNewPrivileges"] != "yes" {
+			if p := b.show("pve-inspectd-haltprobe.service", "CapabilityBoundingSet", "NoNewPrivileges"); p["CapabilityBoundingSet"] != "cap_chown cap_kill cap_net_admin" || p["NoNewPrivileges"] != "yes" {
 				t.Fatalf("probe unit not sandboxed like the daemon: %v", p)
 			}
 			for _, u := range []string{"pveproxy.service", "pvedaemon.service"} {
@@ -855,7 +855,7 @@ func TestDaemonSandboxCanSignalDnsmasq(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.dropKill {
-				probe = strings.Replace(probe, "CapabilityBoundingSet=CAP_NET_ADMIN CAP_KILL", "CapabilityBoundingSet=CAP_NET_ADMIN", 1)
+				probe = strings.Replace(probe, "CapabilityBoundingSet=CAP_NET_ADMIN CAP_KILL CAP_CHOWN", "CapabilityBoundingSet=CAP_NET_ADMIN CAP_CHOWN", 1)
 			}
 			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-killprobe.service", []byte(probe), 0o644); err != nil {
 				t.Fatal(err)
@@ -969,4 +969,44 @@ func checkRunbook(t *testing.T, b *box) {
 		t.Errorf("the reference script ran after the takeover")
 	}
 	b.run("sh", "-c", "echo '# lockdown asked for by the operator' > /etc/inspect-proxmox-egress-lockdown")
+}
+
+// TestSocketGroup: with [api] socket_group set, the shipped unit's daemon
+// hands the API socket and its runtime directory (RuntimeDirectoryMode=0750)
+// to that group: a member reaches the API (which answers 503 unavailable
+// here, nothing listening at the Proxmox address), a non-member is refused
+// by the file system.
+func TestSocketGroup(t *testing.T) {
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-socket-group"})
+	b.install(v1)
+	b.requireGuardInForce()
+	b.sh("groupadd sbxusers && useradd -M -G sbxusers alice && useradd -M bob && " +
+		"echo 00000000-0000-0000-0000-000000000000 > /etc/pve-inspectd/pve-token && chmod 600 /etc/pve-inspectd/pve-token")
+	cfg := "[api]\nenabled = true\nsocket_group = \"sbxusers\"\nmgmt_rules = false\n[api.proxmox]\nca_file = \"\"\n"
+	if err := b.WriteFile(b.ctx, "/etc/pve-inspectd/config.toml", []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.run("systemctl", "restart", "pve-inspectd.service")
+	b.eventually(60*time.Second, "the API socket", func() bool {
+		_, err := b.Exec(b.ctx, "test", "-S", "/run/pve-inspectd/api.sock")
+		return err == nil
+	})
+	if got := strings.TrimSpace(b.run("stat", "-c", "%a %G", "/run/pve-inspectd", "/run/pve-inspectd/api.sock")); got != "710 sbxusers\n660 sbxusers" {
+		t.Errorf("runtime directory and socket: %q, want 710 and 660, group sbxusers", got)
+	}
+	list := func(user string) (string, error) {
+		out, err := b.Exec(b.ctx, "runuser", "-u", user, "--", "pve-inspectd", "sandbox", "list", "--socket", "/run/pve-inspectd/api.sock")
+		return string(out), err
+	}
+	b.eventually(60*time.Second, "the API answering a member of the group", func() bool {
+		out, _ := list("alice")
+		return strings.Contains(out, "unavailable")
+	})
+	if out, err := list("bob"); err == nil || !strings.Contains(out, "permission denied") {
+		t.Errorf("a user outside the group: %v %q, want permission denied", err, out)
+	}
+	if p := b.show("pve-inspectd.service", "ActiveState"); p["ActiveState"] != "active" {
+		t.Errorf("daemon %v with the API unable to reach Proxmox", p)
+	}
 }

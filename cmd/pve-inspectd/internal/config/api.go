@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // APISection configures the sandbox API ([api]).
@@ -161,8 +163,16 @@ func (a APISection) validate(prefix string) error {
 		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 			return key("listen", fmt.Errorf("bad port %q", port))
 		}
-		if host == "" || host == "0.0.0.0" || host == "::" {
+		addr, err := netip.ParseAddr(host)
+		switch {
+		case host == "":
 			return key("listen", errors.New("name the management address; a wildcard would expose the API on guest bridges"))
+		case err != nil:
+			return key("listen", fmt.Errorf("want an IP address of the management interface, got %q", host))
+		case addr.Unmap().IsUnspecified():
+			return key("listen", fmt.Errorf("%s is a wildcard: it would expose the API on guest bridges; name the management address", host))
+		case addr.IsMulticast():
+			return key("listen", fmt.Errorf("%s is a multicast address", host))
 		}
 		for k, v := range map[string]string{"tls_cert": a.TLSCert, "tls_key": a.TLSKey} {
 			if err := abs(k, v, false); err != nil {
@@ -205,6 +215,9 @@ func (a APISection) validate(prefix string) error {
 	p, err := netip.ParsePrefix(a.AutoCIDRPool)
 	if err != nil || !p.Addr().Is4() || p.Masked() != p {
 		return key("auto_cidr_pool", fmt.Errorf("want an IPv4 prefix, got %q", a.AutoCIDRPool))
+	}
+	if !sandboxapi.PrivateV4(p) {
+		return key("auto_cidr_pool", fmt.Errorf("%s is not inside a private (RFC 1918) range", p))
 	}
 	if a.AutoCIDRBits < p.Bits() || a.AutoCIDRBits > 28 {
 		return key("auto_cidr_bits", fmt.Errorf("want %d..28", p.Bits()))

@@ -24,6 +24,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/hostnet"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
 
@@ -185,6 +186,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AutoCIDRPool:   pool,
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
+		HostNetworks:   hostnet.New().Prefixes,
 		ZonesChanged:   d.ZonesChanged,
 		Egress:         d.Egress,
 		VMConfigs:      px,
