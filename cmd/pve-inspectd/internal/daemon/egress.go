@@ -36,7 +36,7 @@ func FullGuardConfig(cfg config.Config) (firewall.Config, error) {
 // EgressPlan returns the sandboxes' persisted egress policies (for
 // `pve-inspectd plan`).
 func EgressPlan(cfg config.Config) (*egress.State, error) {
-	return egress.LoadState(cfg.Egress.StateFile)
+	return egress.LoadState(cfg.EgressStateFile())
 }
 
 // egressAtStart loads the persisted policies before the guard starts, so
@@ -46,7 +46,7 @@ func (r *run) egressAtStart() (firewall.Config, []firewall.Option, error) {
 	if err != nil {
 		return firewall.Config{}, nil, err
 	}
-	st, err := egress.LoadState(r.d.Config.Egress.StateFile)
+	st, err := egress.LoadState(r.d.Config.EgressStateFile())
 	if err != nil {
 		return firewall.Config{}, nil, err
 	}
