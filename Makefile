@@ -36,10 +36,16 @@ playground: deps build
 bench: deps build
 	$(BIN)/pve-inspect-bench $(BENCHFLAGS)
 
+# promtool comes with Debian's prometheus package (make deps).
+PROMTOOL ?= promtool
+
 lint:
 	@out=$$(gofmt -l . ); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	$(PROMTOOL) check rules packaging/deb/alerts.yml
+	$(PROMTOOL) test rules packaging/deb/alerts_test.yml
 
 # The .deb of pve-inspectd, in $(DIST)/ (nfpm.yaml reads DIST and VERSION).
 deb: build

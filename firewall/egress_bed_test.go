@@ -83,6 +83,15 @@ func newEgressBed(t *testing.T, ctx context.Context, cfg Config) *egressBed {
 	if err := g.SetZones(ctx, zones); err != nil {
 		t.Fatal(err)
 	}
+	// the layer-2 table lets a zone's guest port send only DHCP until it
+	// is mapped to its MAC and leased address
+	var ports []Port
+	for _, gs := range eb.guests {
+		ports = append(ports, Port{Name: fmt.Sprintf("tap%di0", gs.VMID), MAC: gs.MAC, IPv4: []netip.Addr{gs.IPv4()}})
+	}
+	if err := g.SetPorts(ctx, ports); err != nil {
+		t.Fatal(err)
+	}
 	eb.g = g
 	dnsPort, proxyPort := cfg.Egress.Ports()
 	eb.listen(t, b.UplinkNS(), testvm.InternetAddr+":8080", "internet-8080\n")

@@ -9,11 +9,12 @@ import (
 
 // benchAPI measures the sandbox API on the emulator and the bed: create
 // and delete, Proxmox calls per lifecycle, and exec and file throughput
-// through the API against the guest agent client it sits on.
+// through the API against the guest agent client it sits on, and the disk
+// path for large files against the agent path.
 func benchAPI(ctx context.Context, cfg config) error {
-	o := apibench.Options{}
+	o := apibench.Options{DiskSizes: []int64{256 << 20, 1 << 30}}
 	if cfg.quick {
-		o.Rounds, o.Execs, o.FileRounds = 5, 20, 1
+		o.Rounds, o.Execs, o.FileRounds, o.DiskSizes = 5, 20, 1, []int64{256 << 20}
 	}
 	_, err := apibench.Run(ctx, o, os.Stdout)
 	return err

@@ -5,6 +5,7 @@ import (
 	"os"
 
 	guardbench "github.com/pve-inspect/pve-inspect/firewall/bench"
+	"github.com/pve-inspect/pve-inspect/firewall/egress/egressbench"
 )
 
 func sections() []section {
@@ -14,6 +15,7 @@ func sections() []section {
 		{"lockdown", benchLockdown},
 		{"qga", benchQGA},
 		{"api", benchAPI},
+		{"egress", benchEgress},
 	}
 }
 
@@ -32,5 +34,14 @@ func benchLayer2(ctx context.Context, cfg config) error {
 		o.Rounds, o.Updates = 3, 20
 	}
 	_, err := guardbench.RunLayer2(ctx, o, os.Stdout)
+	return err
+}
+
+func benchEgress(ctx context.Context, cfg config) error {
+	o := egressbench.Options{}
+	if cfg.quick {
+		o.Rounds = 5
+	}
+	_, err := egressbench.Run(ctx, o, os.Stdout)
 	return err
 }

@@ -89,7 +89,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 
 	s.step("start pve-inspectd in the node: host guard, lockdown controller, sandbox API, metrics")
 	dir := filepath.Join(bed.Dir(), "demo")
-	cfgPath, sock, marker, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, "")
+	cfgPath, sock, marker, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, "", "")
 	if err != nil {
 		return err
 	}
@@ -373,8 +373,9 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 }
 
 // writeConfig writes the daemon's configuration for the bed's node.
-// apiExtra holds more [api] keys (the playground's TCP listener).
-func writeConfig(dir string, bed *testvm.Bed, probePath, caFile, tokenID, secretFile, apiExtra string) (cfgPath, sock, marker string, err error) {
+// apiExtra and mcpExtra hold more [api] and [mcp] keys (the playground's
+// TCP listener and secrets file).
+func writeConfig(dir string, bed *testvm.Bed, probePath, caFile, tokenID, secretFile, apiExtra, mcpExtra string) (cfgPath, sock, marker string, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", "", "", err
 	}
@@ -429,9 +430,9 @@ ca_file = %q
 
 [mcp]
 default_template = "debian"
-`, filepath.Join(dir, "guard"), metricsPort, marker, bed.ResolvConf(), filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"),
+%s`, filepath.Join(dir, "guard"), metricsPort, marker, bed.ResolvConf(), filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"),
 		bed.ResolvConf(), filepath.Join(dir, "halted"), probePath, testvm.LANAddr, testvm.InternetAddr, testvm.InternetAddr6, testvm.InternetName,
-		sock, filepath.Join(dir, "api-state"), filepath.Join(dir, "tokens.json"), bed.QGADir(), templateID, apiExtra, tokenID, secretFile, caFile)
+		sock, filepath.Join(dir, "api-state"), filepath.Join(dir, "tokens.json"), bed.QGADir(), templateID, apiExtra, tokenID, secretFile, caFile, mcpExtra)
 	cfgPath = filepath.Join(dir, "config.toml")
 	return cfgPath, sock, marker, os.WriteFile(cfgPath, []byte(doc), 0o600)
 }

@@ -20,9 +20,15 @@ import (
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
-// apiPort is the playground daemon's TCP listener on the node's
-// management address.
-const apiPort = 8443
+const (
+	// apiPort is the playground daemon's TCP listener on the node's
+	// management address.
+	apiPort = 8443
+	// playgroundKey is the stand-in secret of the playground's [mcp]
+	// env_file: every sandbox created through MCP gets it in
+	// /etc/pve-inspect/env.
+	playgroundKey = "playground-not-a-real-key"
+)
 
 // playground brings the node in a box up with the emulator, the daemon, its
 // API socket, a TLS listener with two printed tokens and the MCP server,
@@ -64,7 +70,12 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	}
 	apiAddr := net.JoinHostPort(testvm.NodeMgmtAddr, fmt.Sprint(apiPort))
 	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\n", apiAddr, apiCert, apiKey)
-	cfgPath, sock, _, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, extra)
+	// A stand-in model API key, to show where an agent's keys land.
+	envFile := filepath.Join(dir, "mcp.env")
+	if err := os.WriteFile(envFile, []byte("PLAYGROUND_API_KEY="+playgroundKey+"\n"), 0o600); err != nil {
+		return err
+	}
+	cfgPath, sock, _, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, extra, fmt.Sprintf("env_file = %q\n", envFile))
 	if err != nil {
 		return err
 	}
@@ -86,7 +97,7 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		return err
 	}
 	defer fwd.Close()
-	printEndpoints(w, bed, inspectd, cfgPath, sock, "https://"+fwd.Addr().String(), apiCA, tokens)
+	printEndpoints(w, bed, inspectd, cfgPath, sock, "https://"+fwd.Addr().String(), apiCA, envFile, tokens)
 	<-ctx.Done()
 	fmt.Fprintln(w, "stopping: daemon, emulator, bed")
 	return nil
@@ -94,7 +105,7 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 
 // printEndpoints says how to reach every part. The "key = value" lines are
 // what playground_test.go reads.
-func printEndpoints(w io.Writer, bed *testvm.Bed, inspectd, cfgPath, sock, url, ca string, tokens map[string]string) {
+func printEndpoints(w io.Writer, bed *testvm.Bed, inspectd, cfgPath, sock, url, ca, envFile string, tokens map[string]string) {
 	stdio := []string{"ip", "netns", "exec", bed.NodeNS(), inspectd, "-c", cfgPath, "mcp"}
 	stdioJSON, _ := json.Marshal(stdio)
 	claudeStdio, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"pve-inspect": map[string]any{"command": "sudo", "args": stdio}}})
@@ -113,6 +124,7 @@ admin_token = %s
 read_token = %s
 mcp_url = %s/v1/mcp
 mcp_stdio = %s
+env_file = %s
 
 CLI (as root):
   %s -c %s sandbox create --template debian
@@ -125,8 +137,10 @@ MCP, stdio (Claude Code: claude mcp add pve-inspect -- sudo %s):
   %s
 MCP, streamable HTTP (set NODE_EXTRA_CA_CERTS=%s for Node clients):
   %s
+Sandboxes created through MCP get the variables of env_file in
+/etc/pve-inspect/env (mode 0600, root only).
 playground ready
-`, bed.Name(), cfgPath, sock, url, ca, tokens["admin"], tokens["read"], url, stdioJSON,
+`, bed.Name(), cfgPath, sock, url, ca, tokens["admin"], tokens["read"], url, stdioJSON, envFile,
 		inspectd, cfgPath, inspectd, cfgPath,
 		ca, tokens["read"], url, ca, tokens["admin"], url,
 		strings.Join(stdio, " "), claudeStdio, ca, claudeHTTP)

@@ -125,7 +125,7 @@ func startPlayground(t *testing.T, bin string) *playgroundProc {
 	case <-time.After(5 * time.Minute):
 		t.Fatalf("playground not ready after 5 minutes:\n%s", p.out.String())
 	}
-	for _, k := range []string{"bed", "config", "socket", "api", "ca", "admin_token", "read_token", "mcp_url", "mcp_stdio"} {
+	for _, k := range []string{"bed", "config", "socket", "api", "ca", "admin_token", "read_token", "mcp_url", "mcp_stdio", "env_file"} {
 		if p.info[k] == "" {
 			t.Fatalf("playground did not print %s:\n%s", k, p.out.String())
 		}
@@ -203,7 +203,7 @@ func TestPlayground(t *testing.T) {
 	cmd := exec.CommandContext(ctx, node, "client.mjs")
 	cmd.Dir = "mcpclient"
 	cmd.Env = append(os.Environ(), "PVEI_STDIO="+in["mcp_stdio"], "PVEI_URL="+in["mcp_url"], "PVEI_TOKEN="+in["admin_token"],
-		"PVEI_READ_TOKEN="+in["read_token"], "NODE_EXTRA_CA_CERTS="+in["ca"])
+		"PVEI_READ_TOKEN="+in["read_token"], "NODE_EXTRA_CA_CERTS="+in["ca"], "PVEI_SECRET="+playgroundKey)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -256,6 +256,10 @@ type transportResult struct {
 		Aborted bool
 		Left    int
 	}
+	Env struct {
+		Stat  string
+		Shown bool
+	}
 	Destroyed bool
 }
 
@@ -280,6 +284,9 @@ func checkClientResult(t *testing.T, out []byte) {
 		}
 		if tr.Progress.Notifications < 1 || tr.Progress.Stdout != "line 1\nline 2\nline 3\n" {
 			t.Errorf("%s: progress %+v", name, tr.Progress)
+		}
+		if tr.Env.Stat != "600 root\n1\n" || tr.Env.Shown {
+			t.Errorf("%s: secrets file %+v: want mode 600, owner root, one line, shown by no tool", name, tr.Env)
 		}
 		if !tr.Cancel.Aborted || tr.Cancel.Left != 0 {
 			t.Errorf("%s: cancellation %+v: the command must be gone from the guest", name, tr.Cancel)

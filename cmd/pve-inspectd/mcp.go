@@ -45,7 +45,8 @@ func newMCPCmd(g *globals) *cobra.Command {
 			// Over the socket the caller is admin; over --addr the API
 			// enforces the token's scopes on every call.
 			srv := mcpserver.New(c, o, sandboxapi.ScopeAdmin)
-			err = srv.Run(cmd.Context(), &mcp.IOTransport{Reader: io.NopCloser(cmd.InOrStdin()), Writer: nopWriteCloser{cmd.OutOrStdout()}})
+			err = srv.Run(cmd.Context(), &mcp.IOTransport{Reader: io.NopCloser(cmd.InOrStdin()), Writer: nopWriteCloser{cmd.OutOrStdout()},
+				MaxLineLength: int(max(mcpserver.MaxMessageBytes(o), mcp.DefaultMaxLineLength))})
 			if errors.Is(err, mcp.ErrConnectionClosed) || cmd.Context().Err() != nil {
 				return nil
 			}

@@ -44,7 +44,7 @@ type DialFunc func(ctx context.Context, network, address string) (net.Conn, erro
 
 // markedDialer dials from sockets carrying mark.
 func markedDialer(mark uint32, timeout time.Duration) DialFunc {
-	d := &net.Dialer{Timeout: timeout, Control: markControl(mark)}
+	d := &net.Dialer{Timeout: timeout, Control: MarkControl(mark)}
 	return d.DialContext
 }
 
@@ -169,8 +169,9 @@ func NewResolver(cfg ResolverConfig, reg *Registry, links Links, den *Denials, u
 		log: log.With("component", "egress-resolver"), up: up}
 }
 
-// markControl sets SO_MARK on a socket before it connects.
-func markControl(mark uint32) func(network, address string, c syscall.RawConn) error {
+// MarkControl is a net.Dialer Control that sets SO_MARK on the socket
+// before it connects (no-op for mark 0).
+func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) error {
 	return func(_, _ string, c syscall.RawConn) error {
 		if mark == 0 {
 			return nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
 
@@ -80,8 +81,7 @@ func kernelZones(zones map[string]zoneEntry) map[string]firewall.ZoneEgress {
 	return m
 }
 
-// save writes zones to the state file atomically (temp file, fsync,
-// rename, fsync of the directory).
+// save writes zones to the state file atomically (atomicfile).
 func (s *State) save(zones map[string]zoneEntry) error {
 	if s == nil || s.path == "" {
 		return nil
@@ -98,28 +98,8 @@ func (s *State) save(zones map[string]zoneEntry) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("save egress state: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, filepath.Base(s.path)+".*")
-	if err != nil {
+	if err := atomicfile.Write(s.path, b, 0o600); err != nil {
 		return fmt.Errorf("save egress state: %w", err)
-	}
-	_, werr := tmp.Write(b)
-	serr := tmp.Sync()
-	cerr := tmp.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("save egress state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		_ = os.Remove(tmp.Name())
-		return fmt.Errorf("save egress state: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("save egress state: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("save egress state: sync %s: %w", dir, err)
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
@@ -63,6 +64,27 @@ type Options struct {
 type Transfer struct {
 	px Proxmox
 	o  Options
+
+	mu    sync.Mutex
+	slots map[int]chan struct{} // one transfer per VM at a time: slot choice and attach
+}
+
+// lockVM serializes transfers to one VM (two would pick the same free
+// slot, and setting a used slot replaces that disk).
+func (t *Transfer) lockVM(ctx context.Context, vmid int) (func(), error) {
+	t.mu.Lock()
+	ch := t.slots[vmid]
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+		t.slots[vmid] = ch
+	}
+	t.mu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("disk transfer: wait for the VM's other transfer: %w", ctx.Err())
+	}
 }
 
 // New returns a Transfer over px.
@@ -76,7 +98,7 @@ func New(px Proxmox, o Options) *Transfer {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Transfer{px: px, o: o}
+	return &Transfer{px: px, o: o, slots: map[int]chan struct{}{}}
 }
 
 // Exit codes of the guest scripts.
@@ -145,10 +167,25 @@ type volume struct {
 	volid, slot    string
 	serial, path   string
 	attached, done bool
+	unlock         func()
 }
 
 // setup allocates the image, finds a free slot and learns the image's path.
 func (t *Transfer) setup(ctx context.Context, vmid int, size int64) (*volume, error) {
+	unlock, err := t.lockVM(ctx, vmid)
+	if err != nil {
+		return nil, err
+	}
+	v, err := t.setupLocked(ctx, vmid, size)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	v.unlock = unlock
+	return v, nil
+}
+
+func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volume, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	tag := hex.EncodeToString(b[:])
@@ -184,6 +221,10 @@ const detachTries = 3
 // was never attached or will not unplug. It runs on a fresh context so a
 // cancelled request still cleans up, and returns what failed.
 func (t *Transfer) cleanup(ctx context.Context, v *volume) error {
+	if v.unlock != nil {
+		defer v.unlock()
+		v.unlock = nil
+	}
 	if v.done {
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
@@ -232,4 +233,33 @@ func FuzzParseSum(f *testing.F) {
 			t.Fatalf("accepted %q as %q", b, s)
 		}
 	})
+}
+
+func TestOneTransferPerVM(t *testing.T) {
+	px := &fakePx{dir: t.TempDir()}
+	tr := New(px, Options{})
+	unlock, err := tr.lockVM(context.Background(), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = tr.Upload(ctx, 100, &fakeGuest{}, "/f", strings.NewReader("x"), 1, 0o644)
+	if !errors.Is(err, context.DeadlineExceeded) || len(px.calls) != 0 {
+		t.Fatalf("got %v with calls %v, want a wait for the other transfer and no Proxmox call", err, px.calls)
+	}
+	// Another VM is not held up, and the lock is released after a transfer.
+	g := &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	if err := tr.Upload(context.Background(), 101, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	g = &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	if err := tr.Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g = &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	if err := tr.Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
+		t.Fatalf("lock not released after a transfer: %v", err)
+	}
 }

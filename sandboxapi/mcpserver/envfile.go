@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // maxEnvFile bounds an env file: it holds a few keys, not data.
@@ -42,7 +44,7 @@ func ParseEnv(b []byte) (map[string]string, error) {
 		line = strings.TrimPrefix(line, "export ")
 		k, v, ok := strings.Cut(line, "=")
 		k = strings.TrimSpace(k)
-		if !ok || !validEnvName(k) {
+		if !ok || !sandboxapi.ValidEnvName(k) {
 			return nil, fmt.Errorf("line %d: want KEY=VALUE with KEY of letters, digits and _", n)
 		}
 		v = strings.TrimSpace(v)

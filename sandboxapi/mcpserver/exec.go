@@ -108,13 +108,20 @@ func (t *tools) execOutput(res *sandboxapi.ExecResult) ExecOutput {
 }
 
 // execProgress runs the command with its output streamed from the API and
-// reports the bytes received so far as progress notifications (the first
-// chunk at once, then at most every progressEvery).
+// sends progress notifications: on output (the first chunk at once, then
+// at most every progressEvery) and every heartbeatEvery while the command
+// is silent. Progress is the milliseconds since the start; the message
+// says how much output came and its last line.
 func (t *tools) execProgress(ctx context.Context, ss *mcp.ServerSession, tok any, id, vm string, er sandboxapi.ExecRequest) (*sandboxapi.ExecResult, error) {
-	p := &progress{ctx: ctx, ss: ss, tok: tok}
+	p := &progress{ctx: ctx, ss: ss, tok: tok, start: time.Now()}
 	stdout := &capped{limit: t.o.OutputLimit, p: p}
 	stderr := &capped{limit: t.o.OutputLimit, p: p}
+	hctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); p.heartbeat(hctx) }()
 	res, err := t.api.ExecStream(ctx, id, vm, er, stdout, stderr)
+	stop()
+	<-done
 	if err != nil {
 		return nil, err
 	}
@@ -124,21 +131,29 @@ func (t *tools) execProgress(ctx context.Context, ss *mcp.ServerSession, tok any
 	return res, nil
 }
 
-// progressEvery spaces progress notifications.
-const progressEvery = 500 * time.Millisecond
+// progressEvery spaces progress notifications on output; heartbeatEvery
+// is the longest gap while the command is silent.
+const (
+	progressEvery  = 500 * time.Millisecond
+	heartbeatEvery = 5 * time.Second
+)
 
-// progress sends notifications for one call; both streams share it.
+// progress sends notifications for one call; both streams and the
+// heartbeat share it.
 type progress struct {
-	ctx context.Context
-	ss  *mcp.ServerSession
-	tok any
+	ctx   context.Context
+	ss    *mcp.ServerSession
+	tok   any
+	start time.Time
 
-	mu    sync.Mutex // guards the fields below
+	mu    sync.Mutex // guards the fields below and orders notifications
 	total int64
 	last  time.Time
 	line  string
+	sent  float64
 }
 
+// add notes output and notifies unless one went out just now.
 func (p *progress) add(b []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -152,10 +167,38 @@ func (p *progress) add(b []byte) {
 	if !p.last.IsZero() && time.Since(p.last) < progressEvery {
 		return
 	}
+	p.notifyLocked()
+}
+
+// heartbeat notifies every heartbeatEvery without output until ctx ends.
+func (p *progress) heartbeat(ctx context.Context) {
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.mu.Lock()
+			if time.Since(p.last) >= heartbeatEvery {
+				p.notifyLocked()
+			}
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (p *progress) notifyLocked() {
 	p.last = time.Now()
+	// Progress must grow with every notification.
+	v := max(float64(p.last.Sub(p.start).Milliseconds()), p.sent+1)
+	p.sent = v
+	msg := fmt.Sprintf("running %s, %d bytes of output", p.last.Sub(p.start).Round(time.Second), p.total)
+	if p.line != "" {
+		msg += "; last: " + p.line
+	}
 	// A lost notification is no reason to stop the command.
-	_ = p.ss.NotifyProgress(p.ctx, &mcp.ProgressNotificationParams{ProgressToken: p.tok, Progress: float64(p.total),
-		Message: fmt.Sprintf("%d bytes of output so far; last: %s", p.total, p.line)})
+	_ = p.ss.NotifyProgress(p.ctx, &mcp.ProgressNotificationParams{ProgressToken: p.tok, Progress: v, Message: msg})
 }
 
 // capped keeps the first limit bytes written and notes the rest.

@@ -48,7 +48,7 @@ func HTTPHandler(tokens TokenVerifier, apiFor func(token string) API, o Options)
 			return nil
 		}
 		return New(apiFor(c.token), o, c.scopes...)
-	}, &mcp.StreamableHTTPOptions{SessionTimeout: sessionIdle, Logger: o.Logger})
+	}, &mcp.StreamableHTTPOptions{SessionTimeout: sessionIdle, Logger: o.Logger, MaxRequestBodyBytes: max(MaxMessageBytes(o), mcp.DefaultMaxRequestBodyBytes)})
 	owners := &sessionOwners{m: map[string]sessionOwner{}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")

@@ -2,6 +2,7 @@ package mcpserver_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"io"
 	"net/http"
@@ -52,6 +53,17 @@ func TestHTTPTokensAndScopes(t *testing.T) {
 	o := ok[mcpserver.ExecOutput](t, "exec", callOn(t, b.ctx(), admin, mcpserver.ToolExec, map[string]any{"id": sb.ID, "argv": []string{"uname", "-a"}}))
 	if !strings.HasPrefix(o.Stdout, "Linux") {
 		t.Errorf("exec over HTTP: %+v", o)
+	}
+	// A write near the cap fits in one HTTP request (over the SDK's 4 MiB
+	// default body limit once base64-encoded).
+	big := strings.Repeat("0123456789abcdef", 6<<20/16)
+	w := ok[mcpserver.FileWritten](t, "write", callOn(t, b.ctx(), admin, mcpserver.ToolWriteFile, map[string]any{"id": sb.ID, "path": "/root/big",
+		"content": base64.StdEncoding.EncodeToString([]byte(big)), "encoding": "base64"}))
+	if w.Size != int64(len(big)) {
+		t.Errorf("wrote %d of %d bytes", w.Size, len(big))
+	}
+	if r := ok[mcpserver.FileContent](t, "read", callOn(t, b.ctx(), admin, mcpserver.ToolReadFile, map[string]any{"id": sb.ID, "path": "/root/big"})); r.Content != big {
+		t.Errorf("read back %d bytes", len(r.Content))
 	}
 	// progress over HTTP
 	params := &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": sb.ID, "argv": []string{"stream", "3"}}}

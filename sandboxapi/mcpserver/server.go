@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -65,12 +64,11 @@ type Options struct {
 	MaxWriteBytes int64
 	// OutputLimit caps each of a command's stdout and stderr (1 MiB).
 	OutputLimit int64
-	// Env holds secrets (e.g. model API keys) written into every VM of a
-	// new sandbox at EnvPath, mode 0600 (root only). Never returned or
+	// Env holds secrets (e.g. model API keys) sent with every create
+	// (sandboxapi.CreateRequest.Env): the API writes them into each VM at
+	// sandboxapi.GuestEnvPath, mode 0600 (root only). Never returned or
 	// logged.
 	Env map[string]string
-	// EnvPath is where Env goes in the guest ("/etc/pve-inspect/env").
-	EnvPath string
 	// Version is the server version reported to clients.
 	Version string
 	// Logger receives one line per failed tool call (never arguments).
@@ -102,9 +100,6 @@ func (o *Options) defaults() {
 	if o.OutputLimit == 0 {
 		o.OutputLimit = 1 << 20
 	}
-	if o.EnvPath == "" {
-		o.EnvPath = "/etc/pve-inspect/env"
-	}
 	if o.Version == "" {
 		o.Version = "dev"
 	}
@@ -129,12 +124,18 @@ func (o Options) Validate() error {
 	if o.MaxLifetime < time.Hour || o.DefaultLifetime < time.Hour || o.DefaultLifetime > o.MaxLifetime {
 		return fmt.Errorf("mcp: lifetimes must satisfy 1h <= default (%s) <= max (%s)", o.DefaultLifetime, o.MaxLifetime)
 	}
-	for k := range o.Env {
-		if !validEnvName(k) {
-			return fmt.Errorf("mcp: env: %q is not a variable name", k)
-		}
+	if err := sandboxapi.ValidateEnv(o.Env); err != nil {
+		return fmt.Errorf("mcp: env: %w", err)
 	}
 	return nil
+}
+
+// MaxMessageBytes is the largest JSON-RPC message the transports must take
+// for these options: a sandbox_write_file of MaxWriteBytes, base64-encoded,
+// with room for the rest of the message.
+func MaxMessageBytes(o Options) int64 {
+	o.defaults()
+	return o.MaxWriteBytes/3*4 + 8 + 1<<20
 }
 
 // New returns an MCP server whose tools call api and are those the scopes
@@ -206,11 +207,4 @@ func toolErr(err error) error {
 	}
 	return &ToolError{&sandboxapi.Problem{Type: sandboxapi.ProblemUnavailable, Title: "Service unavailable", Status: 503,
 		Detail: "sandbox API: " + err.Error()}}
-}
-
-func validEnvName(k string) bool {
-	if k == "" || (k[0] >= '0' && k[0] <= '9') {
-		return false
-	}
-	return strings.Trim(k, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") == ""
 }

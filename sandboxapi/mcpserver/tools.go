@@ -1,10 +1,8 @@
 package mcpserver
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -182,50 +180,12 @@ func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInp
 		VMs:        []sandboxapi.VMRequest{{Template: tmpl, Cores: p.Cores, MemoryMiB: p.MemoryMiB, DiskGiB: p.DiskGiB}},
 		Labels:     in.Labels,
 		TTLSeconds: int64(ttl / time.Second),
+		Env:        t.o.Env,
 	})
 	if err != nil {
 		return nil, zero, toolErr(err)
 	}
-	if err := t.writeEnv(ctx, sb); err != nil {
-		// A sandbox without its secrets is not what was asked for.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-		defer cancel()
-		_ = t.api.Delete(dctx, sb.ID)
-		return nil, zero, err
-	}
 	return nil, sb, nil
-}
-
-// writeEnv writes the configured secrets into every VM, root only. Errors
-// never carry the values.
-func (t *tools) writeEnv(ctx context.Context, sb sandboxapi.Sandbox) error {
-	if len(t.o.Env) == 0 {
-		return nil
-	}
-	body := EnvFile(t.o.Env)
-	for _, vm := range sb.VMs {
-		if err := t.api.WriteFile(ctx, sb.ID, vm.Name, t.o.EnvPath, bytes.NewReader(body), int64(len(body)), 0o600); err != nil {
-			var p *sandboxapi.Problem
-			typ := sandboxapi.ProblemInternal
-			if errors.As(err, &p) {
-				typ = p.Type
-			}
-			t.o.Logger.Warn("write env file failed", "sandbox", sb.ID, "vm", vm.Name, "type", typ)
-			return &ToolError{&sandboxapi.Problem{Type: typ, Title: "Secrets not written", Status: 500,
-				Detail: fmt.Sprintf("writing %s into VM %s failed (%s); the sandbox was destroyed", t.o.EnvPath, vm.Name, typ)}}
-		}
-	}
-	return nil
-}
-
-// EnvFile renders variables as a shell-sourceable file, one KEY='value' per
-// line in key order.
-func EnvFile(env map[string]string) []byte {
-	var b bytes.Buffer
-	for _, k := range slices.Sorted(maps.Keys(env)) {
-		fmt.Fprintf(&b, "%s='%s'\n", k, strings.ReplaceAll(env[k], "'", `'\''`))
-	}
-	return b.Bytes()
 }
 
 func (t *tools) list(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, SandboxList, error) {

@@ -281,6 +281,26 @@ func TestProgressAndCancel(t *testing.T) {
 		t.Fatal("no progress notification")
 	}
 
+	// A silent command still reports that it runs (the heartbeat).
+	params = &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": id, "argv": []string{"sleep"}, "timeout_seconds": 6}}
+	params.SetProgressToken("tok-quiet")
+	res, err = b.sess.CallTool(b.ctx(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := ok[mcpserver.ExecOutput](t, "exec", res); !o.TimedOut {
+		t.Errorf("sleep: %+v", o)
+	}
+	quiet := 0
+	for len(b.progress) > 0 {
+		if p := <-b.progress; p.ProgressToken == "tok-quiet" && strings.Contains(p.Message, "0 bytes of output") {
+			quiet++
+		}
+	}
+	if quiet == 0 {
+		t.Error("no heartbeat while the command was silent")
+	}
+
 	// Cancelling the call cancels the API request that runs the command.
 	ctx, cancel := context.WithCancel(b.ctx())
 	params = &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": id, "argv": []string{"sleep"}, "timeout_seconds": 300}}
@@ -318,7 +338,10 @@ func waitCancelled(t *testing.T, rec *recorder, n0 int) {
 	}
 }
 
-func TestSecretsWrittenRootOnly(t *testing.T) {
+// TestSecretsWritten: [mcp] env goes with every create and lands in the VM
+// (the API writes it, mode 0600; the bed's playground test checks the
+// mode on a real guest); no tool shows it.
+func TestSecretsWritten(t *testing.T) {
 	const secret = "sk-ant-not-a-real-key-'quoted'"
 	b := newBed(t, bedOpts{mcp: func(o *mcpserver.Options) {
 		o.Env = map[string]string{"ANTHROPIC_API_KEY": secret, "OTHER": "x"}
@@ -328,11 +351,8 @@ func TestSecretsWrittenRootOnly(t *testing.T) {
 		t.Fatal("create result carries the secret")
 	}
 	sb := ok[sandboxapi.Sandbox](t, "create", res)
-	if m := b.api.modes["/etc/pve-inspect/env"]; m != 0o600 {
-		t.Errorf("env file mode %o, want 600", m)
-	}
-	o := ok[mcpserver.ExecOutput](t, "cat", b.call(mcpserver.ToolExec, map[string]any{"id": sb.ID, "argv": []string{"cat", "/etc/pve-inspect/env"}}))
-	if want := string(mcpserver.EnvFile(map[string]string{"ANTHROPIC_API_KEY": secret, "OTHER": "x"})); o.Stdout != want {
+	o := ok[mcpserver.ExecOutput](t, "cat", b.call(mcpserver.ToolExec, map[string]any{"id": sb.ID, "argv": []string{"cat", sandboxapi.GuestEnvPath}}))
+	if want := string(sandboxapi.EnvFile(map[string]string{"ANTHROPIC_API_KEY": secret, "OTHER": "x"})); o.Stdout != want {
 		t.Errorf("env file %q, want %q", o.Stdout, want)
 	}
 	for _, c := range []struct {
@@ -341,21 +361,6 @@ func TestSecretsWrittenRootOnly(t *testing.T) {
 	}{{mcpserver.ToolList, nil}, {mcpserver.ToolGet, map[string]any{"id": sb.ID}}} {
 		if strings.Contains(text(b.call(c.tool, c.args)), "sk-ant") {
 			t.Errorf("%s shows the secret", c.tool)
-		}
-	}
-}
-
-func TestEnvFileQuoting(t *testing.T) {
-	for _, tc := range []struct {
-		env  map[string]string
-		want string
-	}{
-		{map[string]string{"B": "2", "A": "1"}, "A='1'\nB='2'\n"},
-		{map[string]string{"K": "it's $HOME `x`"}, "K='it'\\''s $HOME `x`'\n"},
-		{map[string]string{}, ""},
-	} {
-		if got := string(mcpserver.EnvFile(tc.env)); got != tc.want {
-			t.Errorf("EnvFile(%v) = %q, want %q", tc.env, got, tc.want)
 		}
 	}
 }
@@ -372,6 +377,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"default over max", mcpserver.Options{DefaultLifetime: 30 * time.Hour}, false},
 		{"under an hour", mcpserver.Options{DefaultLifetime: time.Minute}, false},
 		{"bad env name", mcpserver.Options{Env: map[string]string{"1X": "v"}}, false},
+		{"NUL in a value", mcpserver.Options{Env: map[string]string{"K": "a\x00b"}}, false},
 		{"env ok", mcpserver.Options{Env: map[string]string{"OPENAI_API_KEY": "v"}}, true},
 	} {
 		if err := tc.o.Validate(); (err == nil) != tc.ok {

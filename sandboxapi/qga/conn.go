@@ -51,7 +51,13 @@ type conn struct {
 	pending bool   // a request was written whose reply was not consumed
 	broken  error  // first protocol failure; the connection is unusable after it
 	id      uint32
+	// maxReply raises the reply bound above Options.MaxReplyBytes for the
+	// calls of one session that expect a larger reply (0: the option).
+	maxReply int
 }
+
+// replyLimit is the bound on one reply line.
+func (cn *conn) replyLimit() int { return max(cn.c.opts.MaxReplyBytes, cn.maxReply) }
 
 // dial connects to the agent socket. A full listen backlog (EAGAIN: the
 // agent serves one client at a time, e.g. Proxmox's own) is retried until
@@ -175,9 +181,9 @@ func (cn *conn) fill(cmd string, callEnd time.Time) error {
 			cn.w = copy(cn.buf, cn.buf[cn.r:cn.w])
 			cn.r = 0
 		} else {
-			limit := cn.c.opts.MaxReplyBytes + readSize
+			limit := cn.replyLimit() + readSize
 			if len(cn.buf) >= limit {
-				return cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.c.opts.MaxReplyBytes))
+				return cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.replyLimit()))
 			}
 			n := min(max(2*len(cn.buf), readSize), limit)
 			nb := make([]byte, n)
@@ -212,8 +218,8 @@ func (cn *conn) readLine(cmd string, callEnd time.Time) ([]byte, error) {
 			cn.r += i + 1
 			return line, nil
 		}
-		if cn.w-cn.r > cn.c.opts.MaxReplyBytes {
-			return nil, cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.c.opts.MaxReplyBytes))
+		if cn.w-cn.r > cn.replyLimit() {
+			return nil, cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.replyLimit()))
 		}
 		if err := cn.fill(cmd, callEnd); err != nil {
 			return nil, err

@@ -76,10 +76,22 @@
 // travel as octal escapes decoded by printf. Stdin up to InlineStdin
 // travels in guest-exec's input-data, larger stdin is streamed into a
 // guest temp file first. Status is polled at a tenth of the elapsed time,
-// clamped to 1..50 ms.
+// clamped to 1..50 ms; while the command runs a poll is one
+// guest-exec-status call, its output is read every 100 ms.
 //
-// Limits of the guest side: the wrapper needs /bin/sh, setsid and rm in
-// the guest, setpriv and id for User, and pkill (optional) for the session
+// Collected exec (Exec without stdin, limit under the agent's 16 MiB
+// capture cap) skips guest-file-open, which costs qemu-ga a write of its
+// persistent state file each time: the wrapper opens the temp files
+// itself (write ends for the command, separate read ends for itself),
+// unlinks them, runs the command through setsid as its child, and then
+// prints at most limit+1 bytes of each file to its own stdout and stderr,
+// which the agent captures. The tree kill targets the sessions of the
+// wrapper's children; a death by SIGHUP, INT, KILL, PIPE, ALRM or TERM is
+// passed on by the wrapper dying of the same signal, other statuses as
+// exit codes (so a command that exits 137 reads as killed by signal 9).
+//
+// Limits of the guest side: the wrapper needs /bin/sh, setsid, rm and
+// head in the guest (pgrep for the collected path's kill), setpriv and id for User, and pkill (optional) for the session
 // kill; a process that calls setsid itself escapes the tree kill. Output
 // beyond the limit is not read but still written to the (unlinked) guest
 // file until the command ends. Guest paths for the file commands must be

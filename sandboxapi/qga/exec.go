@@ -155,8 +155,16 @@ func wrapper(r *ExecRequest, outPath, errPath, inPath string, inline bool) *scri
 		s.add(`exec 0</dev/null`)
 		s.add(`rm -f -- %s %s`, o, e)
 	}
+	runas, argv := commandSetup(s, r)
+	s.add(`exec setsid -- %s%s`, runas, argv)
+	return s
+}
+
+// commandSetup adds the lines that set up PATH, user, environment and
+// working directory, and returns the setpriv prefix (or "") and the
+// quoted command line.
+func commandSetup(s *script, r *ExecRequest) (runas, cmdline string) {
 	s.add(`PATH=${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}; export PATH`)
-	var runas string
 	if r.User != "" {
 		u := s.param(r.User)
 		s.add(`u=%s; g=$(id -g -- "$u" 2>/dev/null) || { echo "pve-inspect-exec: no such user: $u" >&2; exit %d; }`, u, ExitSetupFailed)
@@ -179,8 +187,7 @@ func wrapper(r *ExecRequest, outPath, errPath, inPath string, inline bool) *scri
 	for i, a := range r.Argv {
 		argv[i] = s.param(a)
 	}
-	s.add(`exec setsid -- %s%s`, runas, strings.Join(argv, " "))
-	return s
+	return runas, strings.Join(argv, " ")
 }
 
 // guestExec is the answer to guest-exec-status.
@@ -190,6 +197,8 @@ type guestExec struct {
 	Signal   *int   `json:"signal"`
 	OutData  string `json:"out-data"`
 	ErrData  string `json:"err-data"`
+	OutTrunc bool   `json:"out-truncated"`
+	ErrTrunc bool   `json:"err-truncated"`
 }
 
 func (cn *conn) execStart(argv []string, input []byte, capture bool) (int, error) {
@@ -369,6 +378,9 @@ func (s *outStream) take(cn *conn, chunk int, exited bool) ([]byte, error) {
 // is a timeout (TimedOut, killed by signal 9, exit code 137). Errors are
 // for the channel and for invalid requests.
 func (a *Agent) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
+	if fast, ok := a.fastPlan(&req); ok {
+		return a.execFast(ctx, &req, fast)
+	}
 	var out, errb bytes.Buffer
 	res, err := a.ExecStream(ctx, req, &out, &errb)
 	if res != nil {
@@ -582,13 +594,18 @@ func (s *outStream) deliver(data []byte) error {
 // waits briefly for it to be reaped so the agent forgets it, and returns
 // the context's error.
 func (a *Agent) abandon(ctx context.Context, pid int) error {
+	return a.abandonWith(ctx, pid, a.killGroup)
+}
+
+// abandonWith is abandon with the given way of killing the command.
+func (a *Agent) abandonWith(ctx context.Context, pid int, kill func(context.Context, int) error) error {
 	cause := ctx.Err()
 	if cause == nil {
 		cause = errors.New("abandoned")
 	}
 	fresh, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleCloseTimeout)
 	defer cancel()
-	if err := a.killGroup(fresh, pid); err == nil {
+	if err := kill(fresh, pid); err == nil {
 		p := newPoller()
 		for fresh.Err() == nil {
 			var st *guestExec

@@ -455,7 +455,7 @@ func TestHostileExecStatus(t *testing.T) {
 		}
 		return true
 	})
-	_, err := New(hostileOptions()).Agent(f.Socket).Exec(context.Background(), ExecRequest{Argv: []string{"true"}})
+	_, err := New(hostileOptions()).Agent(f.Socket).ExecStream(context.Background(), ExecRequest{Argv: []string{"true"}}, nil, nil)
 	var pe *ProtocolError
 	if !errors.As(err, &pe) || pe.Kind != KindMalformed {
 		t.Fatalf("got %v, want a malformed-reply protocol error", err)

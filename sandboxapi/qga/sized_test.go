@@ -114,3 +114,50 @@ func TestReadFileSizedRealAgent(t *testing.T) {
 		}
 	}
 }
+
+func TestHostileCollectedExec(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		status string
+		kind   Kind
+	}{
+		{"bad base64", `{"exited": true, "exitcode": 0, "out-data": "!!!!"}`, KindMalformed},
+		{"exited without code", `{"exited": true}`, KindMalformed},
+		{"output over the bound", `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", 64<<10) + `"}`, KindTooLarge},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeAgent(t)
+			f.setHandler(func(c net.Conn, cmd string, id, args json.RawMessage) bool {
+				switch cmd {
+				case "guest-exec":
+					reply(c, `{"return": {"pid": 42}, "id": `+string(id)+"}\n")
+				case "guest-exec-status":
+					reply(c, `{"return": `+tt.status+`, "id": `+string(id)+"}\n")
+				default:
+					return okHandler(c, cmd, id, nil)
+				}
+				return true
+			})
+			opts := hostileOptions()
+			opts.MaxReplyBytes = 64 << 10
+			_, err := New(opts).Agent(f.Socket).Exec(context.Background(), ExecRequest{Argv: []string{"true"}, OutputLimit: 1000})
+			var pe *ProtocolError
+			if !errors.As(err, &pe) || pe.Kind != tt.kind {
+				t.Fatalf("got %v, want a %v protocol error", err, tt.kind)
+			}
+		})
+	}
+}
+
+func TestCollectCutsAtLimit(t *testing.T) {
+	st := &guestExec{OutData: "aGVsbG8=", ErrData: "", ErrTrunc: true}
+	var res ExecResult
+	if err := collect(&res, st, 3); err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "hel" || !res.StdoutTruncated || res.StdoutBytes != 3 || !res.StderrTruncated || len(res.Stderr) != 0 {
+		t.Fatalf("got %+v", res)
+	}
+}

@@ -4,7 +4,9 @@
 // emulator with real qemu-ga guests; exec round trip through the HTTP API
 // and through the guest agent client, both against the raw guest-exec +
 // guest-exec-status loop (qgabench.RawExec, the qga section's baseline too)
-// on the same VM; 64 MiB write+read through the API against the client. Needs root (the bed).
+// on the same VM, and through the MCP server's sandbox_exec against the
+// HTTP API it calls; 64 MiB write+read through the API against the client.
+// Needs root (the bed).
 package apibench
 
 import (
@@ -14,8 +16,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -23,8 +27,12 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga/qgabench"
@@ -41,6 +49,17 @@ type Options struct {
 	Execs int
 	// FileRounds is how many 64 MiB write+read round trips each side runs (3).
 	FileRounds int
+	// DiskSizes are the file sizes at which the disk path through the API
+	// is measured against the agent path (none by default; make bench
+	// passes 256 MiB and 1 GiB).
+	DiskSizes []int64
+}
+
+// DiskResult compares the disk path with the agent path at one size.
+type DiskResult struct {
+	Size                                     int64
+	DiskMBps, DiskWriteMBps, DiskReadMBps    float64
+	AgentMBps, AgentWriteMBps, AgentReadMBps float64
 }
 
 // Result holds the medians of one run.
@@ -51,7 +70,12 @@ type Result struct {
 	// ExecRawP50 is the shared exec baseline: a bare guest-exec of
 	// /bin/true and guest-exec-status every millisecond on one connection
 	// (qgabench.RawExec), the same loop the qga section compares against.
-	ExecRawP50               time.Duration
+	ExecRawP50 time.Duration
+	// ExecMCPP50 is sandbox_exec through the MCP server (SDK in-memory
+	// transport) over the same HTTP API.
+	ExecMCPP50 time.Duration
+	// Disk holds the disk path against the agent path per DiskSizes.
+	Disk                     []DiskResult
 	FileAPIMBps, FileQGAMBps float64
 }
 
@@ -105,8 +129,11 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		return nil, err
 	}
 	qc := qga.New(qga.Options{})
+	// The disk path takes files from 128 MiB here, so the 64 MiB round
+	// trip measures the API's agent path and the DiskSizes its disk path.
 	srv, err := sandboxapi.New(sandboxapi.Options{Node: "pve", Proxmox: px, Guests: qgaguest.Dialer(qc), QGADir: bed.QGADir(),
-		StateDir: filepath.Join(bed.Dir(), "api-state"), MaxFileBytes: 128 << 20, Logger: slog.New(slog.DiscardHandler)})
+		StateDir: filepath.Join(bed.Dir(), "api-state"), MaxFileBytes: 2 << 30, Logger: slog.New(slog.DiscardHandler),
+		DiskTransfer: diskxfer.New(px, diskxfer.Options{}), DiskThreshold: 128 << 20})
 	if err != nil {
 		return nil, err
 	}
@@ -146,22 +173,47 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	defer func() { _ = c.Delete(context.WithoutCancel(ctx), sb.ID) }()
 	raw := qc.Agent(filepath.Join(bed.QGADir(), strconv.Itoa(sb.VMs[0].VMID)+".qga"))
-	var viaAPI, viaQGA, viaRaw []time.Duration
-	for range o.Execs {
-		t0 := time.Now()
-		if _, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return nil, fmt.Errorf("exec via api: %w", err)
-		}
-		t1 := time.Now()
-		if _, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return nil, fmt.Errorf("exec via qga: %w", err)
-		}
-		t2 := time.Now()
-		if err := qgabench.RawExec(ctx, raw.Socket(), time.Millisecond); err != nil {
-			return nil, fmt.Errorf("exec via raw guest-exec: %w", err)
-		}
-		viaAPI, viaQGA, viaRaw = append(viaAPI, t1.Sub(t0)), append(viaQGA, t2.Sub(t1)), append(viaRaw, time.Since(t2))
+	mcs, err := mcpSession(ctx, c)
+	if err != nil {
+		return nil, err
 	}
+	defer mcs.Close()
+	// The sides take turns going first, so none gains from the agent's
+	// state the one before left.
+	sides := []struct {
+		name string
+		run  func() error
+		took []time.Duration
+	}{
+		{"api", func() error {
+			_, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}})
+			return err
+		}, nil},
+		{"qga", func() error {
+			_, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}})
+			return err
+		}, nil},
+		{"raw guest-exec", func() error { return qgabench.RawExec(ctx, raw.Socket(), time.Millisecond) }, nil},
+		{"mcp", func() error {
+			r, err := mcs.CallTool(ctx, &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": sb.ID, "vm": "vm0", "argv": []string{"true"}}})
+			if err == nil && r.IsError {
+				err = fmt.Errorf("tool error %v", r.Content)
+			}
+			return err
+		}, nil},
+	}
+	for i := range o.Execs {
+		for k := range sides {
+			s := &sides[(i+k)%len(sides)]
+			t0 := time.Now()
+			if err := s.run(); err != nil {
+				return nil, fmt.Errorf("exec via %s: %w", s.name, err)
+			}
+			s.took = append(s.took, time.Since(t0))
+		}
+	}
+	viaAPI, viaQGA, viaRaw := sides[0].took, sides[1].took, sides[2].took
+	res.ExecMCPP50 = median(sides[3].took)
 	res.ExecAPIP50, res.ExecQGAP50, res.ExecRawP50 = median(viaAPI), median(viaQGA), median(viaRaw)
 
 	data := make([]byte, 64<<20)
@@ -191,6 +243,14 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	mbps := func(d time.Duration) float64 { return 2 * 64 / d.Seconds() }
 	res.FileAPIMBps, res.FileQGAMBps = mbps(median(apiT)), mbps(median(qgaT))
 
+	for _, size := range o.DiskSizes {
+		d, err := diskVsAgent(ctx, c, sb.ID, raw, size)
+		if err != nil {
+			return nil, err
+		}
+		res.Disk = append(res.Disk, d)
+	}
+
 	fmt.Fprintf(w, "| measure | sandbox API | baseline | ratio |\n|---|---|---|---|\n")
 	fmt.Fprintf(w, "| create-to-ready, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.CreateP50.Round(time.Millisecond))
 	fmt.Fprintf(w, "| delete, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.DeleteP50.Round(time.Millisecond))
@@ -200,7 +260,76 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		us(res.ExecAPIP50), us(res.ExecRawP50), float64(res.ExecAPIP50)/float64(res.ExecRawP50))
 	fmt.Fprintf(w, "| exec `true` round trip, guest agent client alone (p50 of %d) | %v | %v (same raw loop) | %.2fx |\n", o.Execs,
 		us(res.ExecQGAP50), us(res.ExecRawP50), float64(res.ExecQGAP50)/float64(res.ExecRawP50))
-	fmt.Fprintf(w, "| 64 MiB write+read (p50 of %d) | %.1f MB/s | %.1f MB/s (raw qga client) | %.2fx |\n", o.FileRounds,
+	fmt.Fprintf(w, "| exec `true` through MCP sandbox_exec (SDK in-memory transport, p50 of %d) | %v | %v (HTTP API exec, same run) | %.2fx |\n", o.Execs,
+		us(res.ExecMCPP50), us(res.ExecAPIP50), float64(res.ExecMCPP50)/float64(res.ExecAPIP50))
+	fmt.Fprintf(w, "| 64 MiB write+read through the agent path (p50 of %d) | %.1f MB/s | %.1f MB/s (guest agent client alone) | %.2fx |\n", o.FileRounds,
 		res.FileAPIMBps, res.FileQGAMBps, res.FileAPIMBps/res.FileQGAMBps)
+	for _, d := range res.Disk {
+		fmt.Fprintf(w, "| %d MiB write+read through the disk path (1 round, sha256 checked) | %.1f MB/s (write %.1f, read %.1f) | %.1f MB/s (write %.1f, read %.1f; agent path: guest agent client) | %.2fx |\n",
+			d.Size>>20, d.DiskMBps, d.DiskWriteMBps, d.DiskReadMBps, d.AgentMBps, d.AgentWriteMBps, d.AgentReadMBps, d.DiskMBps/d.AgentMBps)
+	}
 	return res, nil
+}
+
+// mcpSession connects an MCP client to the MCP server over the SDK's
+// in-memory transport; the server's tools call the API through c.
+func mcpSession(ctx context.Context, c *client.Client) (*mcp.ClientSession, error) {
+	st, ct := mcp.NewInMemoryTransports()
+	if _, err := mcpserver.New(c, mcpserver.Options{}, sandboxapi.ScopeAdmin).Connect(ctx, st, nil); err != nil {
+		return nil, fmt.Errorf("mcp server: %w", err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "apibench", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		return nil, fmt.Errorf("mcp client: %w", err)
+	}
+	return cs, nil
+}
+
+// diskVsAgent writes and reads size bytes through the API (which takes the
+// disk path at this size) and through the guest agent client (the agent
+// path), checking sha256 on every leg.
+func diskVsAgent(ctx context.Context, c *client.Client, sbID string, raw *qga.Agent, size int64) (DiskResult, error) {
+	src := func() io.Reader { return io.LimitReader(mrand.NewChaCha8([32]byte{byte(size >> 20)}), size) }
+	h := sha256.New()
+	if _, err := io.Copy(h, src()); err != nil {
+		return DiskResult{}, err
+	}
+	want := h.Sum(nil)
+	check := func(what string, got hash.Hash) error {
+		if !bytes.Equal(got.Sum(nil), want) {
+			return fmt.Errorf("%s %d MiB: sha256 differs", what, size>>20)
+		}
+		return nil
+	}
+	mbps := func(n int64, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
+	r := DiskResult{Size: size}
+	t0 := time.Now()
+	if err := c.WriteFile(ctx, sbID, "vm0", "/root/disk-bench", src(), size, 0o600); err != nil {
+		return r, fmt.Errorf("disk path write %d MiB: %w", size>>20, err)
+	}
+	t1 := time.Now()
+	got := sha256.New()
+	if _, err := c.ReadFile(ctx, sbID, "vm0", "/root/disk-bench", got); err != nil {
+		return r, fmt.Errorf("disk path read %d MiB: %w", size>>20, err)
+	}
+	t2 := time.Now()
+	if err := check("disk path", got); err != nil {
+		return r, err
+	}
+	r.DiskWriteMBps, r.DiskReadMBps, r.DiskMBps = mbps(size, t1.Sub(t0)), mbps(size, t2.Sub(t1)), mbps(2*size, t2.Sub(t0))
+	if err := raw.WriteFile(ctx, "/root/agent-bench", src(), 0o600); err != nil {
+		return r, fmt.Errorf("agent path write %d MiB: %w", size>>20, err)
+	}
+	t3 := time.Now()
+	got.Reset()
+	if _, err := raw.ReadFile(ctx, "/root/agent-bench", got, 2*size); err != nil {
+		return r, fmt.Errorf("agent path read %d MiB: %w", size>>20, err)
+	}
+	t4 := time.Now()
+	if err := check("agent path", got); err != nil {
+		return r, err
+	}
+	r.AgentWriteMBps, r.AgentReadMBps, r.AgentMBps = mbps(size, t3.Sub(t2)), mbps(size, t4.Sub(t3)), mbps(2*size, t4.Sub(t2))
+	_, _ = raw.Exec(ctx, qga.ExecRequest{Argv: []string{"rm", "-f", "/root/disk-bench", "/root/agent-bench"}})
+	return r, nil
 }

@@ -31,6 +31,11 @@ async function roundTrip(client) {
   const sb = await call("sandbox_create", { lifetime_hours: 1, labels: { client: "ts-sdk" } });
   out.id = sb.id;
   try {
+    // [mcp] env_file landed root-only, and no tool result shows it
+    const env = await call("sandbox_exec", { id: sb.id, command: "stat -c '%a %U' /etc/pve-inspect/env; cat /etc/pve-inspect/env | wc -l" });
+    const shown = [JSON.stringify(sb), JSON.stringify(await call("sandbox_list", {})), JSON.stringify(await call("sandbox_get", { id: sb.id }))];
+    out.env = { stat: env.stdout, shown: shown.some((s) => s.includes(process.env.PVEI_SECRET)) };
+
     out.uname = (await call("sandbox_exec", { id: sb.id, argv: ["uname", "-a"] })).stdout;
 
     const data = randomBytes(1 << 20);

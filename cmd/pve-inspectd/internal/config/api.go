@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // APISection configures the sandbox API ([api]).
@@ -45,6 +47,11 @@ type APISection struct {
 	AgentTimeout time.Duration `toml:"agent_timeout"`
 	// MaxFileBytes caps file uploads and downloads.
 	MaxFileBytes int64 `toml:"max_file_bytes"`
+	// DiskTransferStorage is the Proxmox storage for the disk path of
+	// large files ("" = off); files of at least DiskTransferThreshold
+	// bytes take it.
+	DiskTransferStorage   string `toml:"disk_transfer_storage"`
+	DiskTransferThreshold int64  `toml:"disk_transfer_threshold"`
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
 	AutoCIDRPool string `toml:"auto_cidr_pool"`
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`
@@ -87,23 +94,24 @@ type APIProxmox struct {
 // defaultAPI returns the [api] defaults.
 func defaultAPI() APISection {
 	return APISection{
-		Enabled:        false,
-		Socket:         "/run/pve-inspectd/api.sock",
-		SocketMode:     "0660",
-		TLSCert:        "/etc/pve/local/pve-ssl.pem",
-		TLSKey:         "/etc/pve/local/pve-ssl.key",
-		TokenFile:      "/etc/pve-inspectd/tokens.json",
-		StateDir:       "/var/lib/pve-inspectd/sandboxapi",
-		QGADir:         "/var/run/qemu-server",
-		Pool:           "pve-inspect",
-		Templates:      map[string]int{},
-		DefaultTTL:     time.Hour,
-		MaxTTL:         24 * time.Hour,
-		ReaperInterval: 30 * time.Second,
-		AgentTimeout:   5 * time.Minute,
-		MaxFileBytes:   1 << 30,
-		AutoCIDRPool:   "10.200.0.0/16",
-		AutoCIDRBits:   24,
+		Enabled:               false,
+		Socket:                "/run/pve-inspectd/api.sock",
+		SocketMode:            "0660",
+		TLSCert:               "/etc/pve/local/pve-ssl.pem",
+		TLSKey:                "/etc/pve/local/pve-ssl.key",
+		TokenFile:             "/etc/pve-inspectd/tokens.json",
+		StateDir:              "/var/lib/pve-inspectd/sandboxapi",
+		QGADir:                "/var/run/qemu-server",
+		Pool:                  "pve-inspect",
+		Templates:             map[string]int{},
+		DefaultTTL:            time.Hour,
+		MaxTTL:                24 * time.Hour,
+		ReaperInterval:        30 * time.Second,
+		AgentTimeout:          5 * time.Minute,
+		MaxFileBytes:          1 << 30,
+		DiskTransferThreshold: 32 << 20,
+		AutoCIDRPool:          "10.200.0.0/16",
+		AutoCIDRBits:          24,
 
 		RequireHardenedTemplates: true,
 		Proxmox: APIProxmox{
@@ -155,8 +163,16 @@ func (a APISection) validate(prefix string) error {
 		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 			return key("listen", fmt.Errorf("bad port %q", port))
 		}
-		if host == "" || host == "0.0.0.0" || host == "::" {
+		addr, err := netip.ParseAddr(host)
+		switch {
+		case host == "":
 			return key("listen", errors.New("name the management address; a wildcard would expose the API on guest bridges"))
+		case err != nil:
+			return key("listen", fmt.Errorf("want an IP address of the management interface, got %q", host))
+		case addr.Unmap().IsUnspecified():
+			return key("listen", fmt.Errorf("%s is a wildcard: it would expose the API on guest bridges; name the management address", host))
+		case addr.IsMulticast():
+			return key("listen", fmt.Errorf("%s is a multicast address", host))
 		}
 		for k, v := range map[string]string{"tls_cert": a.TLSCert, "tls_key": a.TLSKey} {
 			if err := abs(k, v, false); err != nil {
@@ -190,9 +206,18 @@ func (a APISection) validate(prefix string) error {
 	if a.MaxFileBytes < 1 {
 		return key("max_file_bytes", errors.New("must be positive"))
 	}
+	if a.DiskTransferThreshold < 1 {
+		return key("disk_transfer_threshold", errors.New("must be positive"))
+	}
+	if a.DiskTransferStorage != "" && !reStorageID.MatchString(a.DiskTransferStorage) {
+		return key("disk_transfer_storage", fmt.Errorf("%q is not a Proxmox storage id", a.DiskTransferStorage))
+	}
 	p, err := netip.ParsePrefix(a.AutoCIDRPool)
 	if err != nil || !p.Addr().Is4() || p.Masked() != p {
 		return key("auto_cidr_pool", fmt.Errorf("want an IPv4 prefix, got %q", a.AutoCIDRPool))
+	}
+	if !sandboxapi.PrivateV4(p) {
+		return key("auto_cidr_pool", fmt.Errorf("%s is not inside a private (RFC 1918) range", p))
 	}
 	if a.AutoCIDRBits < p.Bits() || a.AutoCIDRBits > 28 {
 		return key("auto_cidr_bits", fmt.Errorf("want %d..28", p.Bits()))
@@ -217,3 +242,6 @@ func (a APISection) validate(prefix string) error {
 	}
 	return nil
 }
+
+// reStorageID is pve-storage's storage id format (pve-storage-id).
+var reStorageID = regexp.MustCompile(`^[a-z][a-z0-9\-_.]*[a-z0-9]$`)

@@ -19,6 +19,8 @@ func TestEgressSection(t *testing.T) {
 		{"upstream without port", "[egress]\nupstreams = [\"192.0.2.53\"]", "egress.upstreams"},
 		{"floor over ceiling", "[egress]\nttl_floor = \"2h\"\nttl_ceiling = \"1h\"", "egress.ttl_floor"},
 		{"same ports", "[egress]\ndns_port = 15380", "egress.proxy_port"},
+		{"check: bad denied addr", "[check]\negress_denied_addr = \"evil.org\"", "check.egress_denied_addr"},
+		{"check: wildcard allowed name", "[check]\negress_allowed_name = \"*.org\"", "check.egress_allowed_name"},
 		{"relative state file", "[egress]\nstate_file = \"egress.json\"", "egress.state_file"},
 	}
 	for _, tc := range cases {

@@ -33,9 +33,9 @@ type MCPSection struct {
 	MaxWriteBytes int64 `toml:"max_write_bytes"`
 	OutputLimit   int64 `toml:"output_limit"`
 	// EnvFile holds KEY=VALUE lines (model API keys) written into every VM
-	// of a new sandbox at EnvPath, readable by root only; "" writes none.
+	// of a sandbox created through MCP at /etc/pve-inspect/env, readable by
+	// root only; "" writes none.
 	EnvFile string `toml:"env_file"`
-	EnvPath string `toml:"env_path"`
 }
 
 // MCPSize is one size preset ([mcp.sizes.NAME]).
@@ -60,7 +60,6 @@ func defaultMCP() MCPSection {
 		MaxReadBytes:    8 << 20,
 		MaxWriteBytes:   8 << 20,
 		OutputLimit:     1 << 20,
-		EnvPath:         "/etc/pve-inspect/env",
 	}
 }
 
@@ -102,9 +101,6 @@ func (m MCPSection) validate(prefix string) error {
 	if m.EnvFile != "" && m.EnvFile[0] != '/' {
 		return key("env_file", fmt.Errorf("want an absolute path, got %q", m.EnvFile))
 	}
-	if m.EnvPath == "" || m.EnvPath[0] != '/' {
-		return key("env_path", fmt.Errorf("want an absolute path, got %q", m.EnvPath))
-	}
 	return nil
 }
 
@@ -120,7 +116,6 @@ func (m MCPSection) ServerOptions(version string, log *slog.Logger) (mcpserver.O
 		MaxReadBytes:    m.MaxReadBytes,
 		MaxWriteBytes:   m.MaxWriteBytes,
 		OutputLimit:     m.OutputLimit,
-		EnvPath:         m.EnvPath,
 		Version:         version,
 		Logger:          log,
 	}

@@ -23,6 +23,8 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/hostnet"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
 
@@ -46,6 +48,8 @@ type APIDeps struct {
 	// ZonesChanged receives the sandbox zones and their bridges: pass the
 	// host guard's SetZones.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress enforces sandboxes' egress policies (nil: refused).
+	Egress sandboxapi.Egress
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
 	// RetryMin and RetryMax bound the back-off between attempts to reach
@@ -157,6 +161,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auto_cidr_pool: %w", err)
 	}
+	var dt sandboxapi.DiskTransfer
+	if ac.DiskTransferStorage != "" {
+		dt = diskxfer.New(px, diskxfer.Options{Storage: ac.DiskTransferStorage, Logger: a.log})
+	}
 	srv, err := sandboxapi.New(sandboxapi.Options{
 		Node:      cfg.Node.ID,
 		Proxmox:   px,
@@ -173,10 +181,14 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		MaxTTL:         ac.MaxTTL,
 		ReaperInterval: ac.ReaperInterval,
 		MaxFileBytes:   ac.MaxFileBytes,
+		DiskTransfer:   dt,
+		DiskThreshold:  ac.DiskTransferThreshold,
 		AutoCIDRPool:   pool,
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
+		HostNetworks:   hostnet.New().Prefixes,
 		ZonesChanged:   d.ZonesChanged,
+		Egress:         d.Egress,
 		VMConfigs:      px,
 
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,

@@ -108,12 +108,12 @@ type run struct {
 //  1. guard: table in force and verified (with the persisted egress
 //     policies);
 //  2. egress: resolver and peek proxy listening;
-//     zones: Proxmox's SDN running config read once and in force;
-//  3. lockdown: first reconcile done (the halt within it);
-//  4. metrics: listener bound;
-//     management-port rules: converged in the background through the
+//  3. zones: Proxmox's SDN running config read once and in force;
+//  4. lockdown: first reconcile done (the halt within it);
+//  5. metrics: listener bound;
+//  6. management-port rules: converged in the background through the
 //     Proxmox API (skipped, and retried, without the daemon's token);
-//  5. sandbox API: started in the background and never failing; it answers
+//  7. sandbox API: started in the background and never failing; it answers
 //     503 until Proxmox is reachable, so neither the guard nor the lockdown
 //     ever waits on Proxmox;
 //
@@ -311,8 +311,9 @@ func (r *run) startAPI(context.Context) error {
 	}
 	qc := qga.New(qga.Options{})
 	ctl := r.ctl
-	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
-	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"), Registerer: r.reg, RetryMin: r.d.APIRetry})
+	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
+	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"),
+		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {
 		return err
 	}

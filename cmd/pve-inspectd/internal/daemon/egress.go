@@ -17,6 +17,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // FullGuardConfig is GuardConfig with the [egress] section's kernel side
@@ -194,4 +195,61 @@ func dialIn(ns *netns.NsHandle, mark uint32) egress.DialFunc {
 		})
 		return c, err
 	}
+}
+
+func policyOf(p sandboxapi.EgressPolicy) egress.Policy {
+	return egress.Policy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
+}
+
+// Validate implements sandboxapi.Egress.
+func (e *Egress) Validate(p sandboxapi.EgressPolicy) error {
+	_, err := egress.Compile(policyOf(p))
+	return err
+}
+
+// Set implements sandboxapi.Egress: in the kernel and persisted when it
+// returns.
+func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string, p sandboxapi.EgressPolicy) error {
+	r, err := egress.Compile(policyOf(p))
+	if err != nil {
+		return err
+	}
+	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
+}
+
+// Remove implements sandboxapi.Egress.
+func (e *Egress) Remove(ctx context.Context, sandbox, zone string) error {
+	e.Denials.Forget(sandbox)
+	return e.Registry.Remove(ctx, zone)
+}
+
+// Status implements sandboxapi.Egress. A sandbox without a policy of its
+// own (created before egress policies existed) is open.
+func (e *Egress) Status(sandbox, zone string) sandboxapi.EgressStatus {
+	st := sandboxapi.EgressStatus{Sandbox: sandbox, Policy: sandboxapi.EgressPolicy{Mode: string(firewall.EgressOpen)},
+		Denials: []sandboxapi.EgressDenial{}}
+	if r, ok := e.Registry.Get(zone); ok {
+		p := r.Policy()
+		st.Policy = sandboxapi.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
+	}
+	for _, d := range e.Denials.Recent(sandbox) {
+		st.Denials = append(st.Denials, sandboxapi.EgressDenial{Time: d.Time, Reason: d.Reason, Name: d.Name, Dest: d.Dest})
+	}
+	return st
+}
+
+// AllowsName reports whether a sandbox's policy allows name (an open
+// sandbox allows every name).
+func (e *Egress) AllowsName(sandbox, name string) bool {
+	r, ok := e.Registry.Get(sandbox)
+	return !ok || r.AllowsName(name)
+}
+
+// Mode returns the egress mode of a sandbox (its zone is named after it);
+// open when it has no policy of its own.
+func (e *Egress) Mode(sandbox string) string {
+	if r, ok := e.Registry.Get(sandbox); ok {
+		return string(r.Mode)
+	}
+	return string(firewall.EgressOpen)
 }
