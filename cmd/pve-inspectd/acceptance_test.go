@@ -62,11 +62,8 @@ func upAccBed(t *testing.T, ctx context.Context) *accBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The node's files the layer-2 guard maps guest ports from.
-	root := t.TempDir()
-	nodeFiles(t, b, root, "zonea", "vneta", 101, ga)
-	nodeFiles(t, b, root, "zoneb", "vnetb", 102, gb)
-	cfg := writeAccConfig(t, b, fmt.Sprintf("zones = { zonea = [\"vneta\"], zoneb = [\"vnetb\"] }\nnode_root = %q", root))
+	// The layer-2 guard maps guest ports from the bed's node root (b.NodeRoot).
+	cfg := writeAccConfig(t, b, `zones = { zonea = ["vneta"], zoneb = ["vnetb"] }`)
 	return &accBed{b: b, ga: ga, gb: gb, cfg: cfg}
 }
 

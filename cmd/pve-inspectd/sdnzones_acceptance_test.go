@@ -153,7 +153,7 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nodeRoot := t.TempDir() // the node's /etc/pve, dnsmasq mappings
+	nodeRoot := b.NodeRoot() // the node's /etc/pve, dnsmasq mappings (the bed keeps the VM configs there)
 	guests := map[string]*testvm.Guest{}
 	for i, vn := range []string{"abc123v0", "abc123v1", "xyz456v0"} {
 		g, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 101 + i, VNet: vn})
@@ -184,7 +184,7 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 		}
 	}
 	writeSDN(runningConfig(1, []string{"abc123z", "xyz456z"}, vnets))
-	cfg := writeAccConfig(t, b, fmt.Sprintf("sdn_config = %q\nnode_root = %q", sdn, nodeRoot))
+	cfg := writeAccConfig(t, b, fmt.Sprintf("sdn_config = %q", sdn))
 	a := &accBed{b: b, cfg: cfg}
 	top := t // listeners opened in subtests live until the whole test ends
 	a.startDaemon(t, ctx)
