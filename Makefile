@@ -10,7 +10,7 @@ BIN     ?= bin
 # Where `make deb` stages its generated files and writes the package.
 DIST    ?= dist
 
-.PHONY: all build test demo bench lint deps deb clean
+.PHONY: all build test demo playground bench lint deps deb clean
 
 all: build
 
@@ -28,13 +28,24 @@ test: deps build
 demo: deps build
 	$(BIN)/pve-inspect-demo
 
+# The node in a box with the daemon, its API and MCP server, until Ctrl-C:
+# it prints how to reach each (CLI, curl, MCP client configs).
+playground: deps build
+	$(BIN)/pve-inspect-demo --stay
+
 bench: deps build
 	$(BIN)/pve-inspect-bench $(BENCHFLAGS)
 
+# promtool comes with Debian's prometheus package (make deps).
+PROMTOOL ?= promtool
+
 lint:
 	@out=$$(gofmt -l . ); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	$(PROMTOOL) check rules packaging/deb/alerts.yml
+	$(PROMTOOL) test rules packaging/deb/alerts_test.yml
 
 # The .deb of pve-inspectd, in $(DIST)/ (nfpm.yaml reads DIST and VERSION).
 deb: build

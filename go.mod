@@ -114,6 +114,18 @@ require (
 	honnef.co/go/tools v0.8.2 // indirect
 )
 
+require (
+	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
+	github.com/google/jsonschema-go v0.4.3 // indirect
+	github.com/modelcontextprotocol/go-sdk v1.8.0
+	github.com/segmentio/asm v1.1.3 // indirect
+	github.com/segmentio/encoding v0.5.4 // indirect
+	github.com/yosida95/uritemplate/v3 v3.0.2 // indirect
+	golang.org/x/oauth2 v0.37.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
+	libvirt.org/go/libvirtxml v1.12008.0
+)
+
 tool (
 	github.com/goreleaser/nfpm/v2/cmd/nfpm
 	honnef.co/go/tools/cmd/staticcheck

@@ -17,6 +17,17 @@ import (
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
+// bedPorts is the layer-2 guard's port map of bed guests (what
+// firewall/portmap reads from a node's files): tap<vmid>i0, the guest's
+// MAC and its DHCP address.
+func bedPorts(guests ...*testvm.Guest) []Port {
+	var out []Port
+	for _, g := range guests {
+		out = append(out, Port{Name: PortNames(g.VMID, 0)[0], MAC: g.MAC, IPv4: []netip.Addr{g.IPv4()}})
+	}
+	return out
+}
+
 // TestSwitchesOnBed checks with real traffic that the inert rules work
 // when switched: lockdown cuts guest egress and the SDN resolver's
 // upstream, fail-closed cuts all forwarding, and both come back off.

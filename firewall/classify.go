@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -92,6 +93,12 @@ func (c *classifier) classify() (Classification, error) {
 	}
 	cls.Management = sortedUnique(mgmt)
 	cls.Interfaces = sortedUnique(cls.Interfaces)
+	for _, l := range links {
+		if m, ok := names[l.Attrs().MasterIndex]; ok && l.Attrs().MasterIndex > 0 {
+			cls.Enslaved = append(cls.Enslaved, Enslaved{Port: l.Attrs().Name, Bridge: m})
+		}
+	}
+	slices.SortFunc(cls.Enslaved, func(a, b Enslaved) int { return strings.Compare(a.Port, b.Port) })
 	for idx := range mgmtIdx {
 		addrs, err := c.h.AddrList(byIndex[idx], netlink.FAMILY_V4)
 		if err != nil {

@@ -25,6 +25,14 @@ type Config struct {
 	// forward to each other; every other pair of non-management interfaces
 	// is isolated.
 	Zones map[string][]string
+	// Egress is the static egress configuration: the default policy for
+	// interfaces whose zone has none, the resolver and proxy ports, the
+	// mark of the daemon's own upstream sockets.
+	Egress EgressConfig
+	// ZoneEgress maps a zone id to its egress policy (with its bridges).
+	// The guard adds the run-time ones from SetEgress; every other guest
+	// interface gets Egress.Default.
+	ZoneEgress map[string]ZoneEgress
 	// DnsmasqUser is the user (name or numeric uid) the SDN dnsmasq runs as;
 	// its upstream queries are cut while the lockdown is on.
 	DnsmasqUser string

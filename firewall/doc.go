@@ -42,6 +42,52 @@
 //	                 ct established,related, udp 67-68, udp/tcp 53 accept; drop
 //	output     -150  dnsmasq-lockdown: meta skuid <dnsmasq> oifname @lockdown drop
 //
+// Egress policy per zone (DESIGN.md section 10, egress.go): open,
+// allowlist or none, keyed by the guest's incoming interface, evaluated
+// after every rule above (the lockdown always wins):
+//
+//	forward    -150  egress-none (iifname @egress_none to @mgmt),
+//	                 egress-deny (iifname . ip daddr @egress_deny4),
+//	                 egress-allowlist (iifname @egress_allowlist: drop unless
+//	                 iifname . ip daddr in @egress_allow4 or @egress_learned4)
+//	egress_nat -100  guest DNS (udp/tcp 53, any server) from @egress_dns to the
+//	                 daemon's resolver; tcp 80/443 from allowlist zones to
+//	                 learned (not CIDR-allowed) addresses to the peek proxy
+//	guest_in         the redirected resolver and proxy ports (ct status dnat)
+//	output     -150  the daemon's marked upstream sockets: none under the
+//	                 lockdown; the proxy's only to @mgmt, never private,
+//	                 metadata, uplink subnets or IPv6
+//
+// @egress_learned4 (timeout flag) is filled by Learn from the resolver's
+// answers and is the one set whose members Verify does not compare.
+//
 // Run-time state is set membership only (@mgmt, @lockdown, @failclosed,
 // @zone_peers), so switches never rewrite a rule and counters survive.
+//
+// Layer 2 (DESIGN.md section 10): a second table, bridge pve-inspect, with
+// the same owner|persist flags, applied in the same batch, verified and
+// repaired with the inet table (repairs counted apart:
+// pve_inspect_guard_bridge_repairs_total). RenderBridge builds it; the
+// port map (SetPorts: port, MAC, assigned IPv4) is set membership:
+//
+//	prerouting -300  port_in: iifname @guest_ports jump port_guard
+//	port_guard       dhcp-server (udp sport 67), dhcp-to-client (udp dport
+//	                 68), router-advert drop; unmapped (iifname != @ports)
+//	                 -> port_unmapped; mac (iifname . ether saddr !=
+//	                 @port_mac) drop; arp -> port_arp; dhcp-client
+//	                 (0.0.0.0:68 -> :67) accept; ip4-saddr (iifname . ip
+//	                 saddr != @port_ip4) drop; ip4 accept; other drop
+//	port_unmapped    dhcp-client accept; drop (fail safe: DHCP only)
+//	port_arp         arp-shape (Ethernet/IPv4 only), arp-mac (sender MAC
+//	                 != @port_mac), arp-ip (sender IP != @port_ip4, 0.0.0.0
+//	                 probes accepted) drop
+//
+// @guest_ports are the mapped ports and every port of a zone bridge named
+// like a Proxmox guest port (GuestPortPrefixes: tap, veth, fwpr), kept
+// from link events; the rules key on the port name because "meta
+// ibrname" needs nft_meta_bridge, which not every kernel has. Uplink
+// ports of VLAN or VXLAN zones are not guest ports. The daemon fills the
+// map with firewall/portmap from the VM configs and the zones' DHCP
+// leases; an unmapped guest port is counted in
+// pve_inspect_guard_bridge_unmapped_ports.
 package firewall

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -25,6 +26,7 @@ type options struct {
 	logger *slog.Logger
 	now    func() time.Time
 	sw     Switches
+	egress map[string]ZoneEgress
 }
 
 // WithNetNS makes the guard work on the network namespace ns instead of
@@ -105,7 +107,10 @@ type Guard struct {
 	state   Classification
 	sw      Switches
 	desired *Ruleset
-	zones   map[string][]string // run-time zones (SetZones)
+	zones   map[string][]string   // run-time zones (SetZones)
+	egress  map[string]ZoneEgress // run-time zones' egress (SetEgress)
+	bridge  *Ruleset              // desired layer-2 table (bridgeguard.go)
+	ports   []Port                // run-time guest port map (SetPorts)
 	started bool
 
 	subMu sync.Mutex
@@ -132,6 +137,11 @@ func New(cfg Config, opts ...Option) (*Guard, error) {
 	}
 	g := &Guard{cfg: cfg, opts: o, log: o.logger.With("component", "guard"), cls: cl,
 		conn: conn, port: port, sw: o.sw, subs: map[chan struct{}]struct{}{}}
+	if g.egress, err = cloneEgress(o.egress); err != nil {
+		cl.close()
+		_ = conn.CloseLasting()
+		return nil, fmt.Errorf("egress: %w", err)
+	}
 	g.met = newMetrics(g)
 	return g, nil
 }
@@ -165,7 +175,11 @@ func (g *Guard) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start guard: render: %w", err)
 	}
-	g.state, g.desired = cls, rs
+	brs, err := RenderBridge(zoneBridges(g.renderConfig(g.zones)), cls, g.ports)
+	if err != nil {
+		return fmt.Errorf("start guard: render bridge table: %w", err)
+	}
+	g.state, g.desired, g.bridge = cls, rs, brs
 	err = g.convergeLocked(ctx, true)
 	var de *DriftError
 	if errors.As(err, &de) {
@@ -185,77 +199,38 @@ func (g *Guard) Start(ctx context.Context) error {
 	return nil
 }
 
-// convergeLocked makes the kernel's table equal to g.desired in one batch
-// and verifies it. adopting allows taking over an orphaned table.
+// convergeLocked makes the kernel's tables (inet and bridge) equal to the
+// desired ones in one batch and verifies them. adopting allows taking over
+// orphaned tables.
 func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	k, err := readKernel(g.conn)
-	if err != nil {
-		return err
-	}
 	start := g.opts.now()
-	var action string
-	switch {
-	case k.table == nil:
-		action = "create"
-		// A table missing after it was applied since boot (the marker
-		// lives in /run) was deleted: a repair. At first start after boot
-		// it is just the install.
-		if !adopting || appliedBefore(g.cfg) {
-			g.met.repair(DriftTableMissing)
+	var actions []string
+	for _, rs := range g.tablesLocked() {
+		k, err := readKernelTable(g.conn, rs.family())
+		if err != nil {
+			return err
 		}
-		err = queueTable(g.conn, g.desired, false)
-	case k.table.Flags&nftables.TableFlagOwner != 0 && k.table.Owner != g.port:
-		return &OwnedError{Port: k.table.Owner}
-	case k.table.Flags&nftables.TableFlagPersist == 0:
-		action = "replace table without persist flag"
-		g.met.repair(DriftTableFlags)
-		err = queueTable(g.conn, g.desired, true)
-	default:
-		ds := diff(g.desired, k, 0)
-		orphan := k.table.Flags&nftables.TableFlagOwner == 0
-		if orphan && !adopting {
-			g.met.repair(DriftTableOwner)
+		action, err := g.queueConvergeLocked(rs, k, adopting)
+		if err != nil {
+			return err
 		}
-		switch {
-		case len(ds) == 0 && !orphan:
-			action = ""
-		case onlyElements(ds):
-			action = "update sets"
-			for _, d := range ds {
-				g.met.repair(d.Kind)
-			}
-			if orphan {
-				action = "adopt and update sets"
-				g.conn.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: TableFlags})
-			}
-			_, err = queueSetUpdates(g.conn, g.desired, k.elems)
-		case len(ds) == 0:
-			action = "adopt"
-			g.conn.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: TableFlags})
-		default:
-			action = "rebuild"
-			for _, d := range ds {
-				g.met.repair(d.Kind)
-			}
-			g.log.Warn("table differs from desired, rebuilding", "drift", (&DriftError{ds}).Error())
-			err = queueTable(g.conn, g.desired, true)
+		if action != "" {
+			actions = append(actions, rs.TableRef()+": "+action)
 		}
 	}
-	if err != nil {
-		return err
-	}
-	if action != "" {
+	if len(actions) > 0 {
+		action := strings.Join(actions, ", ")
 		if err := g.conn.Flush(); err != nil {
 			if errors.Is(err, syscall.EPERM) {
-				return fmt.Errorf("%s table: %w (owned by another process?)", action, err)
+				return fmt.Errorf("%s: %w (owned by another process?)", action, err)
 			}
 			if errors.Is(err, syscall.EOPNOTSUPP) {
-				return fmt.Errorf("%s table: %w (the table flags owner|persist need Linux 6.9 or newer)", action, err)
+				return fmt.Errorf("%s: %w (the table flags owner|persist need Linux 6.9 or newer)", action, err)
 			}
-			return fmt.Errorf("%s table: %w", action, err)
+			return fmt.Errorf("%s: %w", action, err)
 		}
 		g.met.observeApply(g.opts.now().Sub(start))
 		g.log.Info("table applied", "action", action)
@@ -263,15 +238,86 @@ func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 	return g.verifyLocked()
 }
 
+// tablesLocked are the desired tables: inet, then bridge (once rendered).
+func (g *Guard) tablesLocked() []*Ruleset {
+	if g.bridge == nil {
+		return []*Ruleset{g.desired}
+	}
+	return []*Ruleset{g.desired, g.bridge}
+}
+
+// queueConvergeLocked queues what makes the kernel's table k equal to rs
+// and returns what it does ("" for nothing).
+func (g *Guard) queueConvergeLocked(rs *Ruleset, k *kernelTable, adopting bool) (string, error) {
+	repair := g.met.repairer(rs)
+	adopt := func() {
+		g.conn.AddTable(&nftables.Table{Name: TableName, Family: rs.family(), Flags: TableFlags})
+	}
+	switch {
+	case k.table == nil:
+		// A table missing after it was applied since boot (the marker
+		// lives in /run) was deleted: a repair. At first start after boot
+		// it is just the install.
+		if !adopting || appliedBefore(g.cfg) {
+			repair(DriftTableMissing)
+		}
+		return "create", queueTable(g.conn, rs, false)
+	case k.table.Flags&nftables.TableFlagOwner != 0 && k.table.Owner != g.port:
+		return "", &OwnedError{Port: k.table.Owner}
+	case k.table.Flags&nftables.TableFlagPersist == 0:
+		repair(DriftTableFlags)
+		return "replace table without persist flag", queueTable(g.conn, rs, true)
+	}
+	ds := diff(rs, k, 0)
+	orphan := k.table.Flags&nftables.TableFlagOwner == 0
+	if orphan && !adopting {
+		repair(DriftTableOwner)
+	}
+	switch {
+	case len(ds) == 0 && !orphan:
+		return "", nil
+	case onlyElements(ds):
+		for _, d := range ds {
+			repair(d.Kind)
+		}
+		action := "update sets"
+		if orphan {
+			action = "adopt and update sets"
+			adopt()
+		}
+		_, err := queueSetUpdates(g.conn, rs, k.elems)
+		return action, err
+	case len(ds) == 0:
+		adopt()
+		return "adopt", nil
+	default:
+		for _, d := range ds {
+			repair(d.Kind)
+		}
+		g.log.Warn("table differs from desired, rebuilding", "table", rs.TableRef(), "drift", (&DriftError{ds}).Error())
+		return "rebuild", queueTable(g.conn, rs, true)
+	}
+}
+
 // verifyLocked compares the kernel's table with g.desired, ownership
 // included.
 func (g *Guard) verifyLocked() error {
-	k, err := readKernel(g.conn)
-	if err != nil {
-		return fmt.Errorf("verify: %w", err)
+	var all []Drift
+	for _, rs := range g.tablesLocked() {
+		k, err := readKernelTable(g.conn, rs.family())
+		if err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		ds := diff(rs, k, g.port)
+		if rs.family() == nftables.TableFamilyBridge {
+			for i := range ds {
+				ds[i].Object = "bridge:" + ds[i].Object
+			}
+		}
+		all = append(all, ds...)
 	}
-	if ds := diff(g.desired, k, g.port); len(ds) > 0 {
-		return &DriftError{Drifts: ds}
+	if len(all) > 0 {
+		return &DriftError{Drifts: all}
 	}
 	g.met.verified(g.opts.now())
 	return nil
@@ -324,22 +370,40 @@ func (g *Guard) applyZonesLocked(ctx context.Context, cls Classification, sw Swi
 	if err != nil {
 		return fmt.Errorf("render: %w", err)
 	}
-	cur := map[string][]nftables.SetElement{}
-	for _, s := range g.desired.Sets {
-		cur[s.Name] = s.Elements
-	}
-	start := g.opts.now()
-	n, err := queueSetUpdates(g.conn, rs, cur)
+	brs, err := RenderBridge(zoneBridges(g.renderConfig(zones)), cls, g.ports)
 	if err != nil {
+		return fmt.Errorf("render bridge table: %w", err)
+	}
+	if err := g.updateSetsLocked(rs, brs); err != nil {
 		return err
 	}
-	if n > 0 {
+	g.state, g.sw, g.desired, g.bridge, g.zones = cls, sw, rs, brs, zones
+	return nil
+}
+
+// updateSetsLocked queues, for both tables, the sets whose members differ
+// from the desired ones, and sends them in one batch. Rules and counters
+// are untouched.
+func (g *Guard) updateSetsLocked(rs, brs *Ruleset) error {
+	start := g.opts.now()
+	total := 0
+	for _, p := range [][2]*Ruleset{{g.desired, rs}, {g.bridge, brs}} {
+		cur := map[string][]nftables.SetElement{}
+		for _, s := range p[0].Sets {
+			cur[s.Name] = s.Elements
+		}
+		n, err := queueSetUpdates(g.conn, p[1], cur)
+		if err != nil {
+			return err
+		}
+		total += n
+	}
+	if total > 0 {
 		if err := g.conn.Flush(); err != nil {
 			return fmt.Errorf("update sets: %w", err)
 		}
 		g.met.observeApply(g.opts.now().Sub(start))
 	}
-	g.state, g.sw, g.desired, g.zones = cls, sw, rs, zones
 	return nil
 }
 
@@ -355,6 +419,13 @@ func (g *Guard) renderConfig(zones map[string][]string) Config {
 		merged["run:"+id] = b
 	}
 	cfg.Zones = merged
+	cfg.ZoneEgress = map[string]ZoneEgress{}
+	for id, z := range g.cfg.ZoneEgress {
+		cfg.ZoneEgress["config:"+id] = z
+	}
+	for id, z := range g.egress {
+		cfg.ZoneEgress["run:"+id] = z
+	}
 	return cfg
 }
 
@@ -429,7 +500,7 @@ func (g *Guard) Classification() Classification {
 	defer g.mu.Unlock()
 	c := g.state
 	c.Management, c.Trusted, c.Interfaces = slices.Clone(c.Management), slices.Clone(c.Trusted), slices.Clone(c.Interfaces)
-	c.UplinkNets = slices.Clone(c.UplinkNets)
+	c.UplinkNets, c.Enslaved = slices.Clone(c.UplinkNets), slices.Clone(c.Enslaved)
 	return c
 }
 
@@ -600,7 +671,7 @@ func (g *Guard) monitorOnce(ctx context.Context, changed func()) error {
 	}
 }
 
-// RemoveTable deletes table inet pve-inspect and restores the saved
+// RemoveTable deletes tables inet and bridge pve-inspect and restores the saved
 // net.ipv6.conf.default.disable_ipv6 (`pve-inspectd guard remove`, the only
 // way the table is taken away on purpose). The kernel refuses (EPERM) while
 // a running daemon owns the table; stop it first.
@@ -617,11 +688,20 @@ func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
 	if err != nil {
 		return err
 	}
-	if k.table != nil {
-		if k.table.Flags&nftables.TableFlagOwner != 0 {
-			return fmt.Errorf("remove table: %w", &OwnedError{Port: k.table.Owner})
+	bk, err := readKernelTable(conn, nftables.TableFamilyBridge)
+	if err != nil {
+		return err
+	}
+	for _, t := range []*nftables.Table{k.table, bk.table} {
+		if t == nil {
+			continue
 		}
-		conn.DelTable(&nftables.Table{Name: TableName, Family: family})
+		if t.Flags&nftables.TableFlagOwner != 0 {
+			return fmt.Errorf("remove table: %w", &OwnedError{Port: t.Owner})
+		}
+		conn.DelTable(&nftables.Table{Name: TableName, Family: t.Family})
+	}
+	if k.table != nil || bk.table != nil {
 		if err := conn.Flush(); err != nil {
 			return fmt.Errorf("remove table: %w", err)
 		}

@@ -539,7 +539,7 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("management_interfaces = %v", v)
 	}
 	drops := 0
-	for _, c := range g.Desired().Chains {
+	for _, c := range append(slices.Clone(g.Desired().Chains), g.BridgeDesired().Chains...) {
 		for _, r := range c.Rules {
 			if strings.HasSuffix(r.Text, "drop") {
 				drops++
@@ -548,6 +548,9 @@ func TestMetrics(t *testing.T) {
 	}
 	if got["pve_inspect_guard_rule_drop_packets_total"] != drops {
 		t.Errorf("drop counters for %d rules, want %d", got["pve_inspect_guard_rule_drop_packets_total"], drops)
+	}
+	if v := gaugeValue(t, reg, "pve_inspect_guard_bridge_unmapped_ports"); v != 0 {
+		t.Errorf("bridge_unmapped_ports = %v, want 0 (no guest port)", v)
 	}
 	if v := gaugeValue(t, reg, "pve_inspect_guard_last_verify_success_timestamp_seconds"); v <= 0 {
 		t.Errorf("last verify timestamp = %v", v)

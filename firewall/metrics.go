@@ -13,6 +13,7 @@ import (
 type metrics struct {
 	g          *Guard
 	repairs    *prometheus.CounterVec
+	brRepairs  *prometheus.CounterVec
 	apply      prometheus.Histogram
 	lastVerify prometheus.Gauge
 
@@ -23,6 +24,7 @@ type metrics struct {
 	dropPackets   *prometheus.Desc
 	dropBytes     *prometheus.Desc
 	scrapeErr     *prometheus.Desc
+	unmapped      *prometheus.Desc
 }
 
 func newMetrics(g *Guard) *metrics {
@@ -31,6 +33,10 @@ func newMetrics(g *Guard) *metrics {
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pve_inspect_guard_repairs_total",
 			Help: "Repairs of table inet pve-inspect, by reason (drift kind).",
+		}, []string{"reason"}),
+		brRepairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pve_inspect_guard_bridge_repairs_total",
+			Help: "Repairs of the layer-2 table bridge pve-inspect, by reason (drift kind).",
 		}, []string{"reason"}),
 		apply: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "pve_inspect_guard_apply_duration_seconds",
@@ -55,10 +61,20 @@ func newMetrics(g *Guard) *metrics {
 			"Bytes dropped by each drop rule of the guard, from its nftables counter.", []string{"chain", "rule"}, nil),
 		scrapeErr: prometheus.NewDesc("pve_inspect_guard_scrape_error",
 			"1 when reading the table at scrape time failed.", nil, nil),
+		unmapped: prometheus.NewDesc("pve_inspect_guard_bridge_unmapped_ports",
+			"Guest ports of zone bridges without a MAC/IPv4 mapping (DHCP-only until mapped).", nil, nil),
 	}
 }
 
-func (m *metrics) repair(k DriftKind)           { m.repairs.WithLabelValues(string(k)).Inc() }
+func (m *metrics) repair(k DriftKind) { m.repairs.WithLabelValues(string(k)).Inc() }
+
+// repairer counts repairs of the table rs describes.
+func (m *metrics) repairer(rs *Ruleset) func(DriftKind) {
+	if rs.family() == nftables.TableFamilyBridge {
+		return func(k DriftKind) { m.brRepairs.WithLabelValues(string(k)).Inc() }
+	}
+	return m.repair
+}
 func (m *metrics) observeApply(d time.Duration) { m.apply.Observe(d.Seconds()) }
 func (m *metrics) verified(t time.Time)         { m.lastVerify.Set(float64(t.UnixNano()) / 1e9) }
 func (m *metrics) setManagement(_ []string)     {}
@@ -66,9 +82,10 @@ func (m *metrics) setManagement(_ []string)     {}
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.repairs.Describe(ch)
+	m.brRepairs.Describe(ch)
 	m.apply.Describe(ch)
 	m.lastVerify.Describe(ch)
-	for _, d := range []*prometheus.Desc{m.rulesExpected, m.rulesPresent, m.mgmtCount, m.mgmtIface, m.dropPackets, m.dropBytes, m.scrapeErr} {
+	for _, d := range []*prometheus.Desc{m.rulesExpected, m.rulesPresent, m.mgmtCount, m.mgmtIface, m.dropPackets, m.dropBytes, m.scrapeErr, m.unmapped} {
 		ch <- d
 	}
 }
@@ -77,6 +94,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 // connection of its own, so a scrape never waits for an apply.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.repairs.Collect(ch)
+	m.brRepairs.Collect(ch)
 	m.apply.Collect(ch)
 	m.lastVerify.Collect(ch)
 	desired := m.g.Desired()
@@ -90,6 +108,14 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.rulesExpected, prometheus.GaugeValue, float64(desired.RuleCount()))
 	counters, present, err := readCounters(m.g.opts, desired)
+	if br := m.g.BridgeDesired(); br != nil && err == nil {
+		var bc []RuleCounter
+		bc, _, err = readCounters(m.g.opts, br)
+		counters = append(counters, bc...)
+	}
+	if br := m.g.BridgeDesired(); br != nil {
+		ch <- prometheus.MustNewConstMetric(m.unmapped, prometheus.GaugeValue, float64(len(unmappedPorts(br))))
+	}
 	failed := 0.0
 	if err != nil {
 		failed = 1
@@ -127,7 +153,7 @@ func readCounters(o options, desired *Ruleset) ([]RuleCounter, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	k, err := readKernel(conn)
+	k, err := readKernelTable(conn, desired.family())
 	if err != nil {
 		return nil, 0, err
 	}
@@ -154,7 +180,7 @@ func countersOf(k *kernelTable, desired *Ruleset) ([]RuleCounter, int, error) {
 				}
 			}
 			out = append(out, rc)
-			if w, ok := want[rc.Rule]; ok && len(diffRules(&ChainSpec{Name: c.Name, Rules: []*RuleSpec{w}}, []*nftables.Rule{r})) == 0 {
+			if w, ok := want[rc.Rule]; ok && len(diffRules(desired.family(), &ChainSpec{Name: c.Name, Rules: []*RuleSpec{w}}, []*nftables.Rule{r})) == 0 {
 				present++
 			}
 		}

@@ -74,22 +74,26 @@ type kernelTable struct {
 }
 
 // readKernel reads table inet pve-inspect; a missing table is not an error.
-func readKernel(c *nftables.Conn) (*kernelTable, error) {
+func readKernel(c *nftables.Conn) (*kernelTable, error) { return readKernelTable(c, family) }
+
+// readKernelTable reads table pve-inspect of family fam; a missing table
+// is not an error.
+func readKernelTable(c *nftables.Conn, fam nftables.TableFamily) (*kernelTable, error) {
 	k := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{},
 		elems: map[string][]nftables.SetElement{}, rules: map[string][]*nftables.Rule{}}
-	tables, err := c.ListTablesOfFamily(family)
+	tables, err := c.ListTablesOfFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
 	for _, t := range tables {
-		if t.Name == TableName && t.Family == family {
+		if t.Name == TableName && t.Family == fam {
 			k.table = t
 		}
 	}
 	if k.table == nil {
 		return k, nil
 	}
-	chains, err := c.ListChainsOfTableFamily(family)
+	chains, err := c.ListChainsOfTableFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
@@ -128,7 +132,7 @@ func ruleComment(r *nftables.Rule) string {
 // normalizedExprs marshals expressions with the parts that legitimately
 // differ between what we send and what the kernel returns cleared: counter
 // values and the transaction-local set id.
-func normalizedExprs(es []expr.Any) ([][]byte, error) {
+func normalizedExprs(fam nftables.TableFamily, es []expr.Any) ([][]byte, error) {
 	out := make([][]byte, 0, len(es))
 	for _, e := range es {
 		switch v := e.(type) {
@@ -139,7 +143,7 @@ func normalizedExprs(es []expr.Any) ([][]byte, error) {
 			c.SetID = 0
 			e = &c
 		}
-		b, err := expr.Marshal(byte(family), e)
+		b, err := expr.Marshal(byte(fam), e)
 		if err != nil {
 			return nil, fmt.Errorf("marshal %T: %w", e, err)
 		}
@@ -155,6 +159,9 @@ func elemKeys(els []nftables.SetElement) []string {
 		if e.IntervalEnd {
 			k += "/end"
 		}
+		if len(e.KeyEnd) > 0 {
+			k += "-" + hex.EncodeToString(e.KeyEnd)
+		}
 		out = append(out, k)
 	}
 	slices.Sort(out)
@@ -166,7 +173,7 @@ func elemKeys(els []nftables.SetElement) []string {
 // used before adoption).
 func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 	if k.table == nil {
-		return []Drift{{DriftTableMissing, "table inet " + TableName, "absent"}}
+		return []Drift{{DriftTableMissing, want.TableRef(), "absent"}}
 	}
 	var ds []Drift
 	if k.table.Flags&nftables.TableFlagDormant != 0 {
@@ -186,11 +193,11 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 			ds = append(ds, Drift{DriftSet, s.Name, "missing"})
 			continue
 		}
-		if ks.Interval != s.Interval || ks.KeyType.Bytes != s.KeyType.Bytes || ks.KeyType.GetNFTMagic() != s.KeyType.GetNFTMagic() {
+		if ks.Interval != s.Interval || ks.HasTimeout != s.Timeout || ks.KeyType.Bytes != s.KeyType.Bytes || ks.KeyType.GetNFTMagic() != s.KeyType.GetNFTMagic() {
 			ds = append(ds, Drift{DriftSet, s.Name, fmt.Sprintf("type %s interval=%v, want %s interval=%v", ks.KeyType.Name, ks.Interval, s.KeyType.Name, s.Interval)})
 			continue
 		}
-		if !slices.Equal(elemKeys(k.elems[s.Name]), elemKeys(s.Elements)) {
+		if !s.Dynamic && !slices.Equal(elemKeys(k.elems[s.Name]), elemKeys(s.Elements)) {
 			ds = append(ds, Drift{DriftElements, s.Name, fmt.Sprintf("%d elements, want %d (%s)", len(k.elems[s.Name]), len(s.Elements), strings.Join(s.Text, ", "))})
 		}
 	}
@@ -209,7 +216,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 		}
 		if c.Hook != nil {
 			if kc.Hooknum == nil || *kc.Hooknum != *c.Hook || kc.Priority == nil || int32(*kc.Priority) != c.Priority ||
-				kc.Type != nftables.ChainTypeFilter || (kc.Policy != nil && *kc.Policy != nftables.ChainPolicyAccept) {
+				kc.Type != c.chainType() || (kc.Policy != nil && *kc.Policy != nftables.ChainPolicyAccept) {
 				ds = append(ds, Drift{DriftChain, c.Name, "hook, priority, type or policy changed"})
 				continue
 			}
@@ -217,7 +224,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 			ds = append(ds, Drift{DriftChain, c.Name, "is a base chain, want a regular chain"})
 			continue
 		}
-		ds = append(ds, diffRules(c, k.rules[c.Name])...)
+		ds = append(ds, diffRules(want.family(), c, k.rules[c.Name])...)
 	}
 	for name := range k.chains {
 		if !wantChains[name] {
@@ -227,7 +234,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 	return ds
 }
 
-func diffRules(c *ChainSpec, got []*nftables.Rule) []Drift {
+func diffRules(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule) []Drift {
 	var ds []Drift
 	if len(got) != len(c.Rules) {
 		var names []string
@@ -242,8 +249,8 @@ func diffRules(c *ChainSpec, got []*nftables.Rule) []Drift {
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, fmt.Sprintf("position %d holds %q", i, ruleComment(g))})
 			continue
 		}
-		wb, err1 := normalizedExprs(w.Exprs)
-		gb, err2 := normalizedExprs(g.Exprs)
+		wb, err1 := normalizedExprs(fam, w.Exprs)
+		gb, err2 := normalizedExprs(fam, g.Exprs)
 		if err := errors.Join(err1, err2); err != nil {
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, err.Error()})
 			continue
@@ -261,7 +268,7 @@ type nftSets map[string]*nftables.Set
 func newSetObjects(t *nftables.Table, rs *Ruleset) nftSets {
 	m := nftSets{}
 	for _, s := range rs.Sets {
-		set := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Interval: s.Interval, Concatenation: s.Concat}
+		set := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Interval: s.Interval, Concatenation: s.Concat, HasTimeout: s.Timeout}
 		if s.KeyType.GetNFTMagic() == nftables.TypeIFName.GetNFTMagic() {
 			// nft prints strings from host byte order (set userdata)
 			set.KeyByteOrder = binaryutil.NativeEndian
@@ -275,11 +282,11 @@ func newSetObjects(t *nftables.Table, rs *Ruleset) nftSets {
 // one, then the table with owner|persist, its sets, chains and rules. The
 // caller flushes it as one batch.
 func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
-	t := &nftables.Table{Name: TableName, Family: family}
+	t := &nftables.Table{Name: TableName, Family: rs.family()}
 	if deleteFirst {
 		c.DelTable(t)
 	}
-	t = c.AddTable(&nftables.Table{Name: TableName, Family: family, Flags: TableFlags})
+	t = c.AddTable(&nftables.Table{Name: TableName, Family: rs.family(), Flags: TableFlags})
 	sets := newSetObjects(t, rs)
 	for _, s := range rs.Sets {
 		if err := c.AddSet(sets[s.Name], s.Elements); err != nil {
@@ -293,7 +300,7 @@ func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
 		if cs.Hook != nil {
 			ch.Hooknum = cs.Hook
 			ch.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(cs.Priority))
-			ch.Type = nftables.ChainTypeFilter
+			ch.Type = cs.chainType()
 			ch.Policy = &accept
 		}
 		chains[cs.Name] = c.AddChain(ch)
@@ -324,11 +331,11 @@ func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
 // kernel's or the last applied), a flush and a refill. Rules and counters
 // are untouched. It returns how many sets it queued.
 func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.SetElement) (int, error) {
-	t := &nftables.Table{Name: TableName, Family: family}
+	t := &nftables.Table{Name: TableName, Family: rs.family()}
 	sets := newSetObjects(t, rs)
 	n := 0
 	for _, s := range rs.Sets {
-		if slices.Equal(elemKeys(cur[s.Name]), elemKeys(s.Elements)) {
+		if s.Dynamic || slices.Equal(elemKeys(cur[s.Name]), elemKeys(s.Elements)) {
 			continue
 		}
 		c.FlushSet(sets[s.Name])

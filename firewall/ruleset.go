@@ -47,12 +47,21 @@ type Classification struct {
 	// addresses (the segment other nodes and the router's admin side live
 	// on), masked and sorted. Prefixes shorter than /8 are left out.
 	UplinkNets []netip.Prefix
+	// Enslaved are the links that have a master (bridge ports), sorted by
+	// port: the layer-2 table guards the guest ports of zone bridges.
+	Enslaved []Enslaved
+}
+
+// Enslaved is one link with its master (a bridge port and its bridge).
+type Enslaved struct {
+	Port, Bridge string
 }
 
 // Equal reports whether two classifications are the same.
 func (c Classification) Equal(o Classification) bool {
 	return slices.Equal(c.Management, o.Management) && slices.Equal(c.Trusted, o.Trusted) &&
-		slices.Equal(c.Interfaces, o.Interfaces) && slices.Equal(c.UplinkNets, o.UplinkNets)
+		slices.Equal(c.Interfaces, o.Interfaces) && slices.Equal(c.UplinkNets, o.UplinkNets) &&
+		slices.Equal(c.Enslaved, o.Enslaved)
 }
 
 // Switches are the run-time states the lockdown controller flips.
@@ -63,8 +72,11 @@ type Switches struct {
 	FailClosed bool
 }
 
-// Ruleset is the desired content of table inet pve-inspect, as data.
+// Ruleset is the desired content of table inet pve-inspect (or, with
+// Family bridge, of the layer-2 table bridge pve-inspect), as data.
 type Ruleset struct {
+	// Family is the table's family; zero means inet.
+	Family nftables.TableFamily
 	Sets   []*SetSpec
 	Chains []*ChainSpec
 	// Notes are facts about the rendering an operator must see (plan,
@@ -78,6 +90,12 @@ type SetSpec struct {
 	KeyType  nftables.SetDatatype
 	Interval bool
 	Concat   bool
+	// Timeout gives the set the timeout flag: members may expire.
+	Timeout bool
+	// Dynamic sets are filled at run time by another writer (the egress
+	// resolver's learned addresses): the guard creates them empty and
+	// never compares or rewrites their members.
+	Dynamic  bool
 	Elements []nftables.SetElement
 	// Text is the readable form of each member, for plan and status.
 	Text []string
@@ -88,6 +106,8 @@ type ChainSpec struct {
 	Name     string
 	Hook     *nftables.ChainHook
 	HookName string
+	// Type is the chain type; empty means filter.
+	Type     nftables.ChainType
 	Priority int32
 	Rules    []*RuleSpec
 }
@@ -108,6 +128,22 @@ func (r *Ruleset) Set(name string) *SetSpec {
 		}
 	}
 	return nil
+}
+
+func (r *Ruleset) family() nftables.TableFamily {
+	if r.Family == nftables.TableFamilyUnspecified {
+		return nftables.TableFamilyINet
+	}
+	return r.Family
+}
+
+// TableRef names the table, e.g. "table inet pve-inspect".
+func (r *Ruleset) TableRef() string {
+	name := "inet"
+	if r.family() == nftables.TableFamilyBridge {
+		name = "bridge"
+	}
+	return "table " + name + " " + TableName
 }
 
 // RuleCount is the number of rules in the ruleset.
@@ -261,6 +297,9 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 	}
 
 	rs.Chains = []*ChainSpec{pre, fwd, in, gin, out}
+	if err := addEgress(rs, cfg, cls); err != nil {
+		return nil, err
+	}
 	return rs, nil
 }
 
@@ -375,11 +414,14 @@ func ipDaddr(v int) expr.Any {
 // String renders the ruleset in nft syntax, for plan and status.
 func (r *Ruleset) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "table inet %s { # flags owner, persist\n", TableName)
+	fmt.Fprintf(&b, "%s { # flags owner, persist\n", r.TableRef())
 	for _, s := range r.Sets {
 		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.KeyType.Name)
-		if s.Interval {
+		switch {
+		case s.Interval:
 			b.WriteString("\t\tflags interval\n")
+		case s.Timeout:
+			b.WriteString("\t\tflags timeout\n")
 		}
 		if len(s.Text) > 0 {
 			fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(s.Text, ", "))
@@ -389,7 +431,7 @@ func (r *Ruleset) String() string {
 	for _, c := range r.Chains {
 		fmt.Fprintf(&b, "\tchain %s {\n", c.Name)
 		if c.Hook != nil {
-			fmt.Fprintf(&b, "\t\ttype filter hook %s priority %d; policy accept;\n", c.HookName, c.Priority)
+			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %d; policy accept;\n", c.chainType(), c.HookName, c.Priority)
 		}
 		for _, ru := range c.Rules {
 			fmt.Fprintf(&b, "\t\t%s comment %q\n", ru.Text, ru.Comment)
@@ -398,4 +440,11 @@ func (r *Ruleset) String() string {
 	}
 	b.WriteString("}\n")
 	return b.String()
+}
+
+func (c *ChainSpec) chainType() nftables.ChainType {
+	if c.Type == "" {
+		return nftables.ChainTypeFilter
+	}
+	return c.Type
 }

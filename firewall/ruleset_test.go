@@ -107,8 +107,10 @@ func TestRenderMissingDnsmasqUser(t *testing.T) {
 		t.Errorf("notes = %v", rs.Notes)
 	}
 	for _, c := range rs.Chains {
-		if c.Name == "output" && len(c.Rules) != 0 {
-			t.Errorf("output rules without a dnsmasq user: %d", len(c.Rules))
+		for _, r := range c.Rules {
+			if c.Name == "output" && r.Comment == "dnsmasq-lockdown" {
+				t.Errorf("output rule dnsmasq-lockdown rendered without a dnsmasq user")
+			}
 		}
 	}
 }
@@ -135,6 +137,43 @@ func TestZonePeers(t *testing.T) {
 	for _, p := range got {
 		if !want[p] {
 			t.Errorf("unexpected pair %v", p)
+		}
+	}
+}
+
+// TestRenderEgressGolden renders policies of every mode next to a
+// non-open default: explicit zones keep theirs, every other guest
+// interface gets the default, management, trusted and lo get nothing.
+func TestRenderEgressGolden(t *testing.T) {
+	cfg := Config{
+		Trusted: []string{"stor0"},
+		Zones:   map[string][]string{"za": {"vnetA"}, "zb": {"vnetB"}},
+		ZoneEgress: map[string]ZoneEgress{
+			"za": {Bridges: []string{"vnetA"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("198.51.100.7/32")},
+				Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.5/32")}},
+			"zb": {Bridges: []string{"vnetB", "eth0"}, Mode: EgressOpen},
+		},
+		Egress:      EgressConfig{Default: ZoneEgress{Mode: EgressNone}, DNSPort: 5353, ProxyPort: 3129, Mark: 0x100},
+		DnsmasqUser: "65534",
+	}
+	cls := fixedClassification
+	cls.Interfaces = append(cls.Interfaces, "vnetC")
+	rs, err := Render(cfg, cls, Switches{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "render-egress.txt", rs.String())
+}
+
+func TestRenderEgressRejectsBadPolicy(t *testing.T) {
+	for _, cfg := range []Config{
+		{Egress: EgressConfig{Default: ZoneEgress{Mode: "closed"}}},
+		{ZoneEgress: map[string]ZoneEgress{"z": {Bridges: []string{"v"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("2001:db8::/32")}}}},
+		{ZoneEgress: map[string]ZoneEgress{"z": {Bridges: []string{"a-bridge-name-too-long"}, Mode: EgressNone}}},
+		{Egress: EgressConfig{Default: ZoneEgress{Mode: EgressOpen, Deny: []netip.Prefix{{}}}}},
+	} {
+		if _, err := Render(cfg, fixedClassification, Switches{}); err == nil {
+			t.Errorf("Render accepted egress %+v / %+v", cfg.Egress, cfg.ZoneEgress)
 		}
 	}
 }

@@ -30,6 +30,21 @@ type Status struct {
 	Counters []RuleCounter
 	// Notes are facts that are not differences.
 	Notes []string
+	// Bridge is the layer-2 table bridge pve-inspect.
+	Bridge TableStatus
+}
+
+// TableStatus is the state of one table in the kernel.
+type TableStatus struct {
+	Present, Owned, Persist bool
+	Owner                   uint32
+	// Desired is the ruleset the guard would keep in force. The port map
+	// is run-time state of the daemon (SetPorts): set members found in the
+	// kernel are reported in Notes, not as drift.
+	Desired  *Ruleset
+	Drifts   []Drift
+	Counters []RuleCounter
+	Notes    []string
 }
 
 // superset reports whether got holds every element of want, and how many
@@ -104,5 +119,46 @@ func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st.Bridge, err = inspectBridge(conn, cfg, cls); err != nil {
+		return nil, err
+	}
 	return st, nil
+}
+
+// inspectBridge reads table bridge pve-inspect and compares its chains,
+// rules and set types with the desired ones.
+func inspectBridge(conn *nftables.Conn, cfg Config, cls Classification) (TableStatus, error) {
+	k, err := readKernelTable(conn, nftables.TableFamilyBridge)
+	if err != nil {
+		return TableStatus{}, err
+	}
+	var ts TableStatus
+	if k.table != nil {
+		ts.Present = true
+		ts.Owned = k.table.Flags&nftables.TableFlagOwner != 0
+		ts.Owner = k.table.Owner
+		ts.Persist = k.table.Flags&nftables.TableFlagPersist != 0
+	}
+	ts.Desired, err = RenderBridge(zoneBridges(cfg), cls, nil)
+	if err != nil {
+		return TableStatus{}, fmt.Errorf("render bridge table: %w", err)
+	}
+	for _, d := range diff(ts.Desired, k, 0) {
+		if d.Kind == DriftElements {
+			continue
+		}
+		ts.Drifts = append(ts.Drifts, d)
+	}
+	if k.table != nil {
+		ts.Notes = append(ts.Notes, fmt.Sprintf("%d guest port(s), %d mapped (MAC), %d address(es) pinned",
+			len(k.elems[SetGuestPorts]), len(k.elems[SetPorts]), len(k.elems[SetPortIPv4])))
+		if !ts.Owned {
+			ts.Drifts = append(ts.Drifts, Drift{DriftTableOwner, "table", "orphaned: no running daemon holds it (still in force)"})
+		}
+	}
+	ts.Counters, _, err = countersOf(k, ts.Desired)
+	if err != nil {
+		return TableStatus{}, err
+	}
+	return ts, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
@@ -77,9 +78,15 @@ func TestLockdownOnBed(t *testing.T) {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
-	guardDone, ctrlDone := make(chan error, 1), make(chan error, 1)
-	defer func() { stop(); <-guardDone; <-ctrlDone }()
+	guardDone, ctrlDone, mapDone := make(chan error, 1), make(chan error, 1), make(chan error, 1)
+	defer func() { stop(); <-guardDone; <-ctrlDone; <-mapDone }()
 	go func() { guardDone <- g.Run(runCtx) }()
+	// the layer-2 guard's port map, from the bed's VM configs and leases
+	mapper := &portmap.Mapper{Paths: portmap.Paths{Root: b.NodeRoot()}, Guard: g, Interval: 200 * time.Millisecond}
+	if _, err := mapper.Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	go func() { mapDone <- mapper.Run(runCtx) }()
 
 	// The controller on the bed's resolver file; only this bed's zone
 	// dnsmasq names it on its command line.

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
 // Names of the backup files under the backup directory. The record is
@@ -107,7 +109,7 @@ func (r *resolverFile) Blank() (changed bool, err error) {
 	if rec.Existed && rec.Symlink == "" {
 		mode, uid, gid = fs.FileMode(rec.Mode), rec.UID, rec.GID
 	}
-	if err := writeFileAtomic(r.path, r.blank, mode, uid, gid); err != nil {
+	if err := atomicfile.WriteOwned(r.path, r.blank, mode, uid, gid); err != nil {
 		return false, fmt.Errorf("blank resolver: %w", err)
 	}
 	return true, nil
@@ -157,10 +159,10 @@ func (r *resolverFile) backup() (backupRecord, error) {
 	if err := os.MkdirAll(filepath.Dir(r.record), 0o755); err != nil {
 		return rec, fmt.Errorf("back up resolver: %w", err)
 	}
-	if err := writeFileAtomic(r.content, content, 0o600, -1, -1); err != nil {
+	if err := atomicfile.Write(r.content, content, 0o600); err != nil {
 		return rec, fmt.Errorf("back up resolver: %w", err)
 	}
-	if err := writeFileAtomic(r.record, recb, 0o600, -1, -1); err != nil {
+	if err := atomicfile.Write(r.record, recb, 0o600); err != nil {
 		return rec, fmt.Errorf("back up resolver: %w", err)
 	}
 	return rec, nil
@@ -217,7 +219,7 @@ func (r *resolverFile) Restore() (changed bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("restore resolver: backup content: %w", err)
 		}
-		if err := writeFileAtomic(r.path, content, fs.FileMode(rec.Mode), rec.UID, rec.GID); err != nil {
+		if err := atomicfile.WriteOwned(r.path, content, fs.FileMode(rec.Mode), rec.UID, rec.GID); err != nil {
 			return false, fmt.Errorf("restore resolver: %w", err)
 		}
 	default:
@@ -238,46 +240,6 @@ func (r *resolverFile) Restore() (changed bool, err error) {
 		return true, fmt.Errorf("remove resolver backup: %w", err)
 	}
 	return true, nil
-}
-
-// writeFileAtomic replaces path with data through a temporary file in the
-// same directory (fsynced, then renamed over). uid/gid -1 keep the
-// creator's.
-func writeFileAtomic(path string, data []byte, mode fs.FileMode, uid, gid int) error {
-	dir, base := filepath.Split(path)
-	f, err := os.CreateTemp(dir, "."+base+".pve-inspectd-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	fail := func(err error) error {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Chmod(mode.Perm()); err != nil {
-		return fail(err)
-	}
-	if uid >= 0 || gid >= 0 {
-		if err := f.Chown(uid, gid); err != nil {
-			return fail(err)
-		}
-	}
-	if _, err := f.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
 }
 
 // BackupRecordPath is where the lockdown keeps the record of its resolver

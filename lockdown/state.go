@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
 // State is what the controller published after its last reconcile. It is
@@ -47,7 +49,7 @@ type State struct {
 // maxStateSize bounds the state file a reader accepts.
 const maxStateSize = 64 << 10
 
-// WriteState writes s to path atomically (temporary file and rename),
+// WriteState writes s to path atomically (atomicfile),
 // creating the directory (0755) when missing.
 func WriteState(path string, s State) error {
 	b, err := json.MarshalIndent(s, "", "  ")
@@ -58,7 +60,7 @@ func WriteState(path string, s State) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
-	if err := writeFileAtomic(path, b, 0o644, -1, -1); err != nil {
+	if err := atomicfile.Write(path, b, 0o644); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
 	return nil

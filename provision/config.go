@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/pve-inspect/pve-inspect/stricttoml"
 )
 
 // DefaultConfigPath is where the node looks for its recipe configuration.
@@ -30,7 +32,8 @@ const (
 // Config is the recipe's configuration file (TOML). Unknown keys and bad
 // values are errors naming the key.
 type Config struct {
-	// Hostname is the node's short host name.
+	// Hostname is the node's short host name, which is also its Proxmox
+	// node name ("proxmox", what the reference Inspect plugin expects).
 	Hostname string `toml:"hostname"`
 	// Domain is the DNS domain of the node's FQDN.
 	Domain string `toml:"domain"`
@@ -63,7 +66,20 @@ type NetworkConfig struct {
 	Bridge string `toml:"bridge"`
 	// NATAddress is vmbr0's address in nat mode (CIDR).
 	NATAddress string `toml:"nat_address"`
+	// SDNResolver is the upstream server the SDN dnsmasq instances get in
+	// /run/dnsmasq/resolv.conf: an IP address, or "host" (or "") for a
+	// copy of the host's /etc/resolv.conf at boot. `ec2 userdata|launch`
+	// fill in EC2Resolver when it is empty.
+	SDNResolver string `toml:"sdn_resolver"`
 }
+
+// EC2Resolver is the Amazon-provided DNS server every VPC instance can
+// reach at a link-local address.
+const EC2Resolver = "169.254.169.253"
+
+// DefaultRootPasswordFile is where a generated root password is kept for
+// the operator (root only), where the reference node builds keep it.
+const DefaultRootPasswordFile = "/root/root-password"
 
 // ProxmoxConfig is the Proxmox package repository.
 type ProxmoxConfig struct {
@@ -92,23 +108,31 @@ type SecretsConfig struct {
 	// its hash is set.
 	RootPasswordHash string `toml:"root_password_hash"`
 	// Sink is a command that receives a generated root password on stdin
-	// (a secret store client); empty = the clear password is discarded.
+	// (a secret store client).
 	Sink []string `toml:"sink"`
+	// RootPasswordFile keeps a generated root password (mode 0600) so the
+	// operator and the Inspect plugin's password login can use it; "" keeps
+	// no clear copy on the node.
+	RootPasswordFile string `toml:"root_password_file"`
 }
 
 // DefaultConfig returns the defaults every file is read over.
 func DefaultConfig() Config {
 	return Config{
-		Domain:  "localdomain",
-		Network: NetworkConfig{Mode: "nat", Bridge: "vmbr0", NATAddress: "10.10.0.1/24"},
+		Hostname: "proxmox",
+		Domain:   "localdomain",
+		Network:  NetworkConfig{Mode: "nat", Bridge: "vmbr0", NATAddress: "10.10.0.1/24"},
 		Proxmox: ProxmoxConfig{
 			RepoURI: DefaultRepoURI, Suite: DefaultRepoSuite, Component: DefaultRepoComponent,
 			KeyringURL: DefaultKeyringURL, KeyringSHA256: DefaultKeyringSHA256,
 		},
 		// The pve-inspectd package owns the IPv6 default
 		// (/etc/sysctl.d/90-pve-inspectd.conf); guests need forwarding.
-		Sysctl:         map[string]string{"net.ipv4.ip_forward": "1"},
-		StorageContent: []string{"backup", "import", "iso", "snippets", "vztmpl"},
+		Sysctl: map[string]string{"net.ipv4.ip_forward": "1"},
+		// What the reference Inspect plugin's README asks of "local": VM
+		// disks (images) and container roots too.
+		StorageContent: []string{"iso", "vztmpl", "backup", "snippets", "images", "rootdir", "import"},
+		Secrets:        SecretsConfig{RootPasswordFile: DefaultRootPasswordFile},
 	}
 }
 
@@ -133,16 +157,12 @@ func LoadConfig(path string) (Config, error) {
 // ParseConfig decodes a document over the defaults and validates it.
 func ParseConfig(doc string) (Config, error) {
 	c := DefaultConfig()
-	md, err := toml.Decode(doc, &c)
-	if err != nil {
-		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return Config{}, fmt.Errorf("parse config: line %d: %s", pe.Position.Line, pe.Message)
+	if err := stricttoml.Decode(doc, &c); err != nil {
+		var uk *stricttoml.UnknownKeysError
+		if errors.As(err, &uk) {
+			return Config{}, &ConfigError{Key: uk.Keys[0], Err: errors.New("unknown key")}
 		}
 		return Config{}, fmt.Errorf("parse config: %w", err)
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		return Config{}, &ConfigError{Key: und[0].String(), Err: errors.New("unknown key")}
 	}
 	return c, c.Validate()
 }
@@ -189,6 +209,13 @@ func (c Config) Validate() error {
 			return bad("network.nat_address", "%q: want an IPv4 host address with prefix, e.g. 10.10.0.1/24", c.Network.NATAddress)
 		}
 	}
+	switch r := c.Network.SDNResolver; r {
+	case "", "host":
+	default:
+		if a, err := netip.ParseAddr(r); err != nil || a.Zone() != "" {
+			return bad("network.sdn_resolver", "%q: want an IP address or \"host\"", r)
+		}
+	}
 	if _, err := parseHTTPURL(c.Proxmox.RepoURI); err != nil {
 		return bad("proxmox.repo_uri", "%v", err)
 	}
@@ -215,6 +242,9 @@ func (c Config) Validate() error {
 	}
 	if h := c.Secrets.RootPasswordHash; h != "" && !cryptRe.MatchString(h) {
 		return bad("secrets.root_password_hash", "not a yescrypt ($y$) or sha512-crypt ($6$) hash")
+	}
+	if f := c.Secrets.RootPasswordFile; f != "" && (!strings.HasPrefix(f, "/") || strings.ContainsAny(f, "\x00\n")) {
+		return bad("secrets.root_password_file", "%q: want an absolute path or \"\"", f)
 	}
 	if len(c.Secrets.Sink) > 0 && !strings.HasPrefix(c.Secrets.Sink[0], "/") {
 		return bad("secrets.sink", "the command must be an absolute path")

@@ -42,6 +42,9 @@ func TestParseConfig(t *testing.T) {
 		{"shell in repo", "[proxmox]\nrepo_uri = \"http://x/$(reboot)\"", "proxmox.repo_uri"},
 		{"clear password", "[secrets]\nroot_password_hash = \"hunter2\"", "secrets.root_password_hash"},
 		{"relative sink", "[secrets]\nsink = [\"store\"]", "secrets.sink"},
+		{"relative password file", "[secrets]\nroot_password_file = \"root-password\"", "secrets.root_password_file"},
+		{"resolver not an address", "[network]\nsdn_resolver = \"dns.example\"", "network.sdn_resolver"},
+		{"resolver with a zone", "[network]\nsdn_resolver = \"fe80::1%eth0\"", "network.sdn_resolver"},
 		{"unknown step", `skip = ["nope"]`, "skip"},
 		{"unknown key", `colour = "blue"`, "colour"},
 		{"bad sysctl", "[sysctl]\n\"net.ipv4.ip_forward\" = \"1; reboot\"", "sysctl.net.ipv4.ip_forward"},
@@ -64,6 +67,37 @@ func TestParseConfig(t *testing.T) {
 	}
 	if _, err := ParseConfig(strings.Replace(goodDoc, "[inspectd]", "[inspectd", 1)); err == nil || !strings.Contains(err.Error(), "line") {
 		t.Errorf("syntax error = %v", err)
+	}
+}
+
+// TestDefaultsForThePlugin: a config that names only what it must gives a
+// node the reference Inspect plugin can use.
+func TestDefaultsForThePlugin(t *testing.T) {
+	c, err := ParseConfig("[inspectd]\nsource = \"/srv/pve-inspectd.deb\"\nsha256 = \"" + strings.Repeat("ab", 32) + "\"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Hostname != "proxmox" || c.Secrets.RootPasswordFile != "/root/root-password" || c.Network.SDNResolver != "" {
+		t.Errorf("defaults: hostname %q, root_password_file %q, sdn_resolver %q", c.Hostname, c.Secrets.RootPasswordFile, c.Network.SDNResolver)
+	}
+	want := []string{"backup", "images", "import", "iso", "rootdir", "snippets", "vztmpl"}
+	if got := storageContent(&Env{Config: c}); got != strings.Join(want, ",") {
+		t.Errorf("local content %q, want %q", got, strings.Join(want, ","))
+	}
+}
+
+func TestResolverContent(t *testing.T) {
+	for _, tc := range []struct{ resolver, want string }{
+		{"", "C /run/dnsmasq/resolv.conf 0644 root root - /etc/resolv.conf\n"},
+		{"host", "C /run/dnsmasq/resolv.conf 0644 root root - /etc/resolv.conf\n"},
+		{"169.254.169.253", "f /run/dnsmasq/resolv.conf 0644 root root - nameserver 169.254.169.253\\n\n"},
+	} {
+		c := DefaultConfig()
+		c.Network.SDNResolver = tc.resolver
+		got := string(resolverContent(&Env{Config: c}))
+		if !strings.HasSuffix(got, "d /run/dnsmasq 0755 root root -\n"+tc.want) {
+			t.Errorf("resolver %q:\n%s", tc.resolver, got)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -106,6 +107,9 @@ type PlanItem struct {
 	Description string `json:"description"`
 	// Action is "none" (done), "apply", or "skip" (configured to skip).
 	Action string `json:"action"`
+	// Note says why an "apply" could not be checked, e.g. "after
+	// proxmox-ve: will apply" when the check's tool is not installed yet.
+	Note   string `json:"note,omitempty"`
 	Reboot bool   `json:"reboot_after"`
 }
 
@@ -143,10 +147,16 @@ func (e *Engine) Plan(ctx context.Context) ([]PlanItem, error) {
 			it.Action = "skip"
 		default:
 			ok, err := e.done(ctx, s)
-			if err != nil {
+			switch {
+			case errors.Is(err, exec.ErrNotFound):
+				// A tool an earlier step installs: not done yet, surely.
+				it.Note = "check's tool not installed yet: will apply"
+				if s.After != "" {
+					it.Note = "after " + s.After + ": will apply"
+				}
+			case err != nil:
 				return nil, err
-			}
-			if ok {
+			case ok:
 				it.Action = "none"
 			}
 		}

@@ -311,7 +311,7 @@ func TestApplyResumesAcrossRebootAndIsIdempotent(t *testing.T) {
 		"apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold remove linux-image-6.12.48+deb13-amd64 linux-image-amd64 os-prober",
 		"update-grub",
 		"systemctl disable --now dnsmasq.service",
-		"pvesm set local --content backup,import,iso,snippets,vztmpl",
+		"pvesm set local --content backup,images,import,iso,rootdir,snippets,vztmpl",
 		"apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold install --no-install-recommends " + InspectdDebCache,
 		"chpasswd -e",
 		"systemctl disable " + ResumeUnit,
@@ -404,6 +404,9 @@ func snapshot(t *testing.T, root Root) string {
 	return b.String()
 }
 
+// TestSecretsNeverInClearAndFreshPerInstance: the generated root password
+// is in no argv and no file except secrets.root_password_file (0600, the
+// reference's /root/root-password); each instance gets a fresh one.
 func TestSecretsNeverInClearAndFreshPerInstance(t *testing.T) {
 	ctx := context.Background()
 	root := fixture(t)
@@ -447,12 +450,28 @@ func TestSecretsNeverInClearAndFreshPerInstance(t *testing.T) {
 		if err != nil || fi.IsDir() {
 			return err
 		}
+		if p == root.Path(DefaultRootPasswordFile) {
+			return nil
+		}
 		b, err := os.ReadFile(p)
 		if err == nil && bytes.Contains(b, []byte(clear)) {
 			t.Errorf("clear password written to %s", p)
 		}
 		return err
 	}))
+	kept := func() string {
+		t.Helper()
+		fi, err := os.Stat(root.Path(DefaultRootPasswordFile))
+		must(t, err)
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode %v, want 0600", DefaultRootPasswordFile, fi.Mode())
+		}
+		b, _ := os.ReadFile(root.Path(DefaultRootPasswordFile))
+		return strings.TrimSpace(string(b))
+	}
+	if got := kept(); got != clear {
+		t.Errorf("%s holds %q, want the generated password", DefaultRootPasswordFile, got)
+	}
 	if slices.Contains(node.lines(), "pvecm updatecerts --force") {
 		t.Error("first instance replaced the node certificate")
 	}
@@ -473,6 +492,7 @@ func TestSecretsNeverInClearAndFreshPerInstance(t *testing.T) {
 		t.Fatalf("same instance: %v, ran %q", err, node.lines())
 	}
 	must(t, root.WriteFile(instanceID, []byte("i-0fffffffffffffff0\n"), 0o644))
+	e.Env.Random = bytes.NewReader(bytes.Repeat([]byte{0x33}, 64)) // the clone's own entropy
 	if _, err := reEngine(t, e).Apply(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -482,6 +502,40 @@ func TestSecretsNeverInClearAndFreshPerInstance(t *testing.T) {
 	}
 	if !slices.Contains(node.lines(), "pvecm updatecerts --force") {
 		t.Errorf("clone kept the parent's node certificate: %q", node.lines())
+	}
+	if got := kept(); got == clear || len(got) < 32 {
+		t.Errorf("clone's %s = %q: want a fresh password", DefaultRootPasswordFile, got)
+	}
+}
+
+// TestRootPasswordFileChoices: "" keeps no clear copy; a configured hash
+// has no clear text, so nothing is written either.
+func TestRootPasswordFileChoices(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		file, hash string
+	}{
+		{name: "no file", file: ""},
+		{name: "hash from config", file: DefaultRootPasswordFile, hash: "$6$salt$" + strings.Repeat("a", 86)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := fixture(t)
+			node := newFakeNode(t, root)
+			cfg := testConfig()
+			cfg.Secrets.RootPasswordFile, cfg.Secrets.RootPasswordHash = tc.file, tc.hash
+			e := newTestEngine(t, root, node, cfg)
+			must(t, e.load())
+			e.Steps = []Step{Recipe()[slices.IndexFunc(Recipe(), func(s Step) bool { return s.ID == "secrets" })]}
+			if out, err := e.Apply(context.Background()); err != nil || out != Completed {
+				t.Fatalf("apply = %v, %v", out, err)
+			}
+			if root.Exists(DefaultRootPasswordFile) {
+				t.Errorf("%s written", DefaultRootPasswordFile)
+			}
+			if done, err := checkSecrets(context.Background(), e.Env); err != nil || !done {
+				t.Errorf("check after apply: %v %v", done, err)
+			}
+		})
 	}
 }
 

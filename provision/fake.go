@@ -3,6 +3,7 @@ package provision
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 )
@@ -15,6 +16,8 @@ type Reply struct {
 	Stdout string
 	// Code is the exit status; non-zero yields an *ExitError.
 	Code int
+	// Missing answers as os/exec does for a command not on PATH.
+	Missing bool
 	// Times limits how often the reply is used (0 = always).
 	Times int
 	used  int
@@ -43,6 +46,9 @@ func (r *RecordingRunner) Run(_ context.Context, c Cmd) (Result, error) {
 		if line == rep.Prefix || strings.HasPrefix(line, rep.Prefix+" ") {
 			rep.used++
 			res := Result{Stdout: []byte(rep.Stdout)}
+			if rep.Missing {
+				return Result{}, fmt.Errorf("run %s: %w", line, &exec.Error{Name: c.Argv[0], Err: exec.ErrNotFound})
+			}
 			if rep.Code != 0 {
 				return res, &ExitError{Cmd: line, Code: rep.Code, Result: res}
 			}

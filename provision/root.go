@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
 // Root is the file system root every host path is read and written under:
@@ -49,34 +51,14 @@ func (r Root) HasContent(p string, want []byte, perm fs.FileMode) (bool, error) 
 	return bytes.Equal(b, want), nil
 }
 
-// WriteFile writes a host path atomically (temp file and rename), creating
+// WriteFile writes a host path atomically (atomicfile), creating
 // parent directories.
 func (r Root) WriteFile(p string, data []byte, perm fs.FileMode) error {
 	full := r.Path(p)
 	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(full), ".pve-bootstrap-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := tmp.Chmod(perm); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
-	}
-	if err := os.Rename(tmp.Name(), full); err != nil {
+	if err := atomicfile.Write(full, data, perm); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
 	return nil

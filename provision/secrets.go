@@ -47,6 +47,9 @@ func checkSecrets(_ context.Context, e *Env) (bool, error) {
 	if hasPveum(e) && !tokenPresent(e) {
 		return false, nil
 	}
+	if f := e.Config.Secrets.RootPasswordFile; f != "" && e.Config.Secrets.RootPasswordHash == "" && !e.Root.Exists(f) {
+		return false, nil
+	}
 	return true, nil
 }
 
@@ -85,12 +88,13 @@ func applySecrets(ctx context.Context, e *Env) error {
 
 func setRootPassword(ctx context.Context, e *Env) error {
 	hash := e.Config.Secrets.RootPasswordHash
+	clear := ""
 	if hash == "" {
 		raw := make([]byte, 24)
 		if _, err := io.ReadFull(e.Random, raw); err != nil {
 			return fmt.Errorf("generate: %w", err)
 		}
-		clear := base64.RawURLEncoding.EncodeToString(raw)
+		clear = base64.RawURLEncoding.EncodeToString(raw)
 		res, err := e.Runner.Run(ctx, Cmd{Argv: []string{"openssl", "passwd", "-6", "-stdin"}, Stdin: []byte(clear + "\n")})
 		if err != nil {
 			return fmt.Errorf("hash: %w", err)
@@ -107,6 +111,13 @@ func setRootPassword(ctx context.Context, e *Env) error {
 	}
 	if _, err := e.Runner.Run(ctx, Cmd{Argv: []string{"chpasswd", "-e"}, Stdin: []byte("root:" + hash + "\n")}); err != nil {
 		return fmt.Errorf("set: %w", err)
+	}
+	// Kept only once it is root's password; a hash from the config has no
+	// clear text to keep.
+	if f := e.Config.Secrets.RootPasswordFile; f != "" && clear != "" {
+		if err := e.Root.WriteFile(f, []byte(clear+"\n"), 0o600); err != nil {
+			return fmt.Errorf("keep in %s: %w", f, err)
+		}
 	}
 	return nil
 }

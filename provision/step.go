@@ -30,6 +30,10 @@ type Step struct {
 	// Check reports whether the step is already done. It must not change
 	// anything. A nil Check means "done once recorded in state".
 	Check func(ctx context.Context, e *Env) (bool, error)
+	// After names the earlier step that installs the tools Check runs
+	// (pvesh comes with proxmox-ve). A plan on a machine without them
+	// says "after <step>: will apply" instead of failing.
+	After string
 	// Apply makes the step true.
 	Apply func(ctx context.Context, e *Env) error
 }

@@ -47,9 +47,9 @@ func Recipe() []Step {
 		{ID: "debian-kernel-removed", Description: "remove the Debian kernel and os-prober", Check: checkDebianKernelGone, Apply: applyRemoveDebianKernel},
 		{ID: "dnsmasq", Description: "install dnsmasq with its system service disabled (SDN runs its own)", Check: checkDnsmasq, Apply: applyDnsmasq},
 		{ID: "network-bridge", Description: "guest bridge (vmbr0, NAT or bridged as configured)", Check: checkBridge, Apply: applyBridge},
-		{ID: "storage-content", Description: "content types of the local storage", Check: checkStorage, Apply: applyStorage},
+		{ID: "storage-content", Description: "content types of the local storage", Check: checkStorage, Apply: applyStorage, After: "proxmox-ve"},
 		{ID: "pve-inspectd", Description: "install the pve-inspectd .deb (sha256-verified)", Check: checkInspectd, Apply: applyInspectd},
-		{ID: "secrets", Description: "per-instance secrets: root password (hash only), daemon API token", Check: checkSecrets, Apply: applySecrets},
+		{ID: "secrets", Description: "per-instance secrets: root password (set by hash; kept 0600 in root_password_file), daemon API token", Check: checkSecrets, Apply: applySecrets},
 	}
 }
 
@@ -152,13 +152,19 @@ func applySysctl(ctx context.Context, e *Env) error {
 	return err
 }
 
-func resolverContent(*Env) []byte {
-	return []byte(`# Written by pve-bootstrap (step sdn-resolver): the SDN dnsmasq instances
-# read their upstream servers from /run/dnsmasq/resolv.conf; seed it from the
-# host's resolver at boot. pve-inspectd blanks it while the egress lockdown is on.
+func resolverContent(e *Env) []byte {
+	head := `# Written by pve-bootstrap (step sdn-resolver): the SDN dnsmasq instances
+# read their upstream servers from /run/dnsmasq/resolv.conf; seed it at boot.
+# pve-inspectd blanks it while the egress lockdown is on (never overwritten
+# here while it exists).
 d /run/dnsmasq 0755 root root -
-C /run/dnsmasq/resolv.conf 0644 root root - /etc/resolv.conf
-`)
+`
+	switch r := e.Config.Network.SDNResolver; r {
+	case "", "host":
+		return []byte(head + "C /run/dnsmasq/resolv.conf 0644 root root - /etc/resolv.conf\n")
+	default:
+		return fmt.Appendf(nil, "%sf /run/dnsmasq/resolv.conf 0644 root root - nameserver %s\\n\n", head, r)
+	}
 }
 
 func applyResolver(ctx context.Context, e *Env) error {

@@ -2,15 +2,21 @@ package sandboxapi_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
 // rawRequest opens a TCP connection to the test server and writes head.
@@ -92,5 +98,135 @@ func TestUnauthorizedCloses(t *testing.T) {
 				t.Fatalf("connection still open after the 401: %v", err)
 			}
 		})
+	}
+}
+
+// TestCollectedOutputCap: an exec whose output is collected into one answer
+// may ask for at most 64 MiB per stream; a larger limit is refused before
+// anything runs unless the output is streamed.
+func TestCollectedOutputCap(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := e.ctx()
+	sb := e.create(twoVMs())
+	big := sandboxapi.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 200 << 20}
+	_, err := e.c.Exec(ctx, sb.ID, "a", big)
+	var p *sandboxapi.Problem
+	if !errors.As(err, &p) || p.Type != sandboxapi.ProblemInvalidRequest || p.Field != "output_limit" || !strings.Contains(p.Detail, "x-ndjson") {
+		t.Fatalf("collected exec asking 200 MiB: %v, want invalid output_limit pointing at streaming", err)
+	}
+	var out bytes.Buffer
+	res, err := e.c.ExecStream(ctx, sb.ID, "a", big, &out, io.Discard)
+	if err != nil || res.ExitCode != 0 || out.String() != "hi\n" {
+		t.Fatalf("streamed exec asking 200 MiB: %+v %q %v", res, out.String(), err)
+	}
+	ok := sandboxapi.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 64 << 20}
+	if _, err := e.c.Exec(ctx, sb.ID, "a", ok); err != nil {
+		t.Fatalf("collected exec at the cap: %v", err)
+	}
+}
+
+// blockingGuest holds every exec and file call until released.
+type blockingGuest struct {
+	sandboxapi.Guest
+	started chan<- struct{}
+	release <-chan struct{}
+}
+
+func (g blockingGuest) hold(ctx context.Context) error {
+	g.started <- struct{}{}
+	select {
+	case <-g.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g blockingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+	if err := g.hold(ctx); err != nil {
+		return nil, err
+	}
+	return g.Guest.Exec(ctx, r)
+}
+
+func (g blockingGuest) ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error) {
+	if err := g.hold(ctx); err != nil {
+		return 0, err
+	}
+	return g.Guest.ReadFile(ctx, path, w, max)
+}
+
+// TestCallLimits: exec and file calls beyond the caps answer unavailable at
+// once; the calls in flight finish, and a slot freed is usable again.
+func TestCallLimits(t *testing.T) {
+	started := make(chan struct{}, 8)
+	release := make(chan struct{})
+	e := newEnv(t, func(o *sandboxapi.Options) {
+		o.MaxExecs, o.MaxFileCalls = 2, 1
+		dial := o.Guests
+		o.Guests = func(p string) sandboxapi.Guest {
+			return blockingGuest{Guest: dial(p), started: started, release: release}
+		}
+	})
+	ctx := e.ctx()
+	sb := e.create(twoVMs())
+	if err := e.c.WriteFile(ctx, sb.ID, "a", "/f", strings.NewReader("data"), 4, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 3)
+	for range 2 {
+		go func() {
+			_, err := e.c.Exec(ctx, sb.ID, "a", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}})
+			errs <- err
+		}()
+	}
+	go func() {
+		_, err := e.c.ReadFile(ctx, sb.ID, "a", "/f", io.Discard)
+		errs <- err
+	}()
+	for range 3 {
+		<-started
+	}
+	if _, err := e.c.Exec(ctx, sb.ID, "b", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}}); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+		t.Errorf("third exec: %v, want unavailable", err)
+	}
+	if _, err := e.c.ReadFile(ctx, sb.ID, "a", "/f", io.Discard); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+		t.Errorf("second file read: %v, want unavailable", err)
+	}
+	close(release)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("call in flight: %v", err)
+		}
+	}
+	if _, err := e.c.Exec(ctx, sb.ID, "b", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}}); err != nil {
+		t.Errorf("exec after the others finished: %v", err)
+	}
+}
+
+// TestSpoolCap: file reads spool under the state dir and together may not
+// pass SpoolBytes; a read that would is answered unavailable and leaves no
+// spool file behind.
+func TestSpoolCap(t *testing.T) {
+	e := newEnv(t, func(o *sandboxapi.Options) { o.SpoolDir = ""; o.SpoolBytes = 1000 })
+	ctx := e.ctx()
+	sb := e.create(twoVMs())
+	data := bytes.Repeat([]byte("x"), 2000)
+	if err := e.c.WriteFile(ctx, sb.ID, "a", "/big", bytes.NewReader(data), int64(len(data)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.WriteFile(ctx, sb.ID, "a", "/small", bytes.NewReader(data[:500]), 500, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.ReadFile(ctx, sb.ID, "a", "/big", io.Discard); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+		t.Errorf("read over the spool cap: %v, want unavailable", err)
+	}
+	var got bytes.Buffer
+	if _, err := e.c.ReadFile(ctx, sb.ID, "a", "/small", &got); err != nil || got.Len() != 500 {
+		t.Errorf("read under the cap: %d bytes, %v", got.Len(), err)
+	}
+	left, err := os.ReadDir(filepath.Join(e.opts.StateDir, "spool"))
+	if err != nil || len(left) != 0 {
+		t.Errorf("spool dir under the state dir: %v %v", left, err)
 	}
 }

@@ -26,9 +26,12 @@ const (
 	maxPathLen       = 4096
 	maxExecTimeout   = 24 * 3600
 	maxOutputLimit   = 1 << 30
-	maxCores         = 1024
-	maxMemoryMiB     = 4 << 20 // 4 TiB
-	maxDiskGiB       = 64 << 10
+	// maxCollected caps each stream of an exec whose output is collected
+	// and answered in one document; larger limits must stream (NDJSON).
+	maxCollected = 64 << 20
+	maxCores     = 1024
+	maxMemoryMiB = 4 << 20 // 4 TiB
+	maxDiskGiB   = 64 << 10
 )
 
 var (
@@ -138,7 +141,7 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 			if p.Bits() < 16 || p.Bits() > 28 {
 				return invalid(f+".cidr", "cidr %q: prefix length must be 16..28", n.CIDR)
 			}
-			if !p.Addr().IsPrivate() {
+			if !PrivateV4(p) {
 				return invalid(f+".cidr", "cidr %q: must be a private (RFC 1918) range", n.CIDR)
 			}
 		}
@@ -186,6 +189,9 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 				return invalid(f+".networks", "network %q is not defined in networks", n)
 			}
 		}
+	}
+	if err := ValidateEnv(c.Env); err != nil {
+		return invalid("env", "%v", err)
 	}
 	if len(c.Labels) > maxLabels {
 		return invalid("labels", "%d labels: at most %d", len(c.Labels), maxLabels)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +63,8 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/sandboxes/{id}", scope: ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
 		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
 		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
+		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
+		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
 		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
 		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
@@ -83,7 +86,15 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
 		return pr
 	}
-	if req.Owner == "" {
+	if pr := s.validateEgress(req.Egress); pr != nil {
+		return pr
+	}
+	switch {
+	case p.owner != "" && req.Owner != "" && req.Owner != p.owner:
+		return invalid("owner", "this token is bound to owner %q and creates sandboxes only for it", p.owner)
+	case p.owner != "":
+		req.Owner = p.owner
+	case req.Owner == "":
 		req.Owner = p.name
 	}
 	sb, err := s.m.create(r.Context(), req)
@@ -99,32 +110,42 @@ type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, _ principal) error {
-	return writeJSON(w, http.StatusOK, SandboxList{Sandboxes: s.m.list()})
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p principal) error {
+	out := []Sandbox{}
+	for _, sb := range s.m.list() {
+		if p.sees(sb) {
+			out = append(out, sb)
+		}
+	}
+	return writeJSON(w, http.StatusOK, SandboxList{Sandboxes: out})
 }
 
-func (s *Server) lookup(id string) (Sandbox, error) {
+// lookup finds a sandbox p may see; another owner's is not found.
+func (s *Server) lookup(p principal, id string) (Sandbox, error) {
 	if !reSandbox.MatchString(id) {
 		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
 	}
 	sb, ok := s.m.get(id)
-	if !ok {
+	if !ok || !p.sees(sb) {
 		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
 	}
 	return sb, nil
 }
 
-func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
-	sb, err := s.lookup(r.PathValue("id"))
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
+	sb, err := s.lookup(p, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, sb)
 }
 
-func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
 	id := r.PathValue("id")
 	if reSandbox.MatchString(id) {
+		if sb, ok := s.m.get(id); ok && !p.sees(sb) {
+			return problemf(ProblemNotFound, "sandbox %q not found", id)
+		}
 		if err := s.m.remove(r.Context(), id); err != nil {
 			return err
 		}
@@ -133,8 +154,8 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, _ princip
 	return nil
 }
 
-func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
-	if _, err := s.lookup(r.PathValue("id")); err != nil {
+func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
+	if _, err := s.lookup(p, r.PathValue("id")); err != nil {
 		return err
 	}
 	var req ExtendRequest
@@ -154,10 +175,10 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, _ princip
 // begin resolves {id} and {vm} to a ready sandbox's VM and starts an
 // operation on it: ctx is cancelled when the sandbox is deleted, and end
 // must be called with the handler's result.
-func (s *Server) begin(r *http.Request) (VM, context.Context, func(error) error, error) {
+func (s *Server) begin(r *http.Request, p principal) (VM, context.Context, func(error) error, error) {
 	id := r.PathValue("id")
-	if !reSandbox.MatchString(id) {
-		return VM{}, nil, nil, problemf(ProblemNotFound, "sandbox %q not found", id)
+	if _, err := s.lookup(p, id); err != nil {
+		return VM{}, nil, nil, err
 	}
 	_, vm, ctx, end, err := s.m.begin(r.Context(), id, r.PathValue("vm"))
 	return vm, ctx, end, err
@@ -185,8 +206,8 @@ func wantsNDJSON(r *http.Request) bool {
 	return false
 }
 
-func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, octx, end, err := s.begin(r)
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, octx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -198,11 +219,20 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, _ principal) (err 
 	if pr := validateExec(&req); pr != nil {
 		return pr
 	}
+	stream := wantsNDJSON(r)
+	if !stream && req.OutputLimit > maxCollected {
+		return invalid("output_limit", "output_limit %d: output collected into one answer is capped at %d bytes per stream; ask with Accept: application/x-ndjson to stream more", req.OutputLimit, maxCollected)
+	}
+	release, err := acquire(s.execs, "exec")
+	if err != nil {
+		return err
+	}
+	defer release()
 	ge := s.toGuestExec(req)
 	ctx, cancel := context.WithTimeout(octx, time.Duration(ge.Timeout)*time.Second+30*time.Second)
 	defer cancel()
 	g := s.m.guest(vm.VMID)
-	if !wantsNDJSON(r) {
+	if !stream {
 		res, err := g.Exec(ctx, ge)
 		if err != nil {
 			return err
@@ -268,8 +298,8 @@ func (n *ndjsonWriter) stream(typ string) io.Writer {
 	return streamWriter{n: n, typ: typ}
 }
 
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -278,8 +308,16 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (
 	if pr := validateGuestPath(path); pr != nil {
 		return pr
 	}
+	release, err := acquire(s.files, "file")
+	if err != nil {
+		return err
+	}
+	defer release()
 	if g, ok := s.m.guest(vm.VMID).(sizedReader); ok {
 		return s.streamFile(ctx, w, vm.VMID, g, path)
+	}
+	if err := os.MkdirAll(s.o.SpoolDir, 0o700); err != nil {
+		return fmt.Errorf("spool dir: %w", err)
 	}
 	f, err := os.CreateTemp(s.o.SpoolDir, "pve-inspectd-read-*")
 	if err != nil {
@@ -287,8 +325,13 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	n, err := s.m.guest(vm.VMID).ReadFile(ctx, path, f, s.o.MaxFileBytes)
+	sp := &spoolWriter{w: f, total: &s.spooled, max: s.o.SpoolBytes}
+	defer sp.release()
+	n, err := s.m.guest(vm.VMID).ReadFile(ctx, path, sp, s.o.MaxFileBytes)
 	if err != nil {
+		if errors.Is(err, errSpoolFull) {
+			return problemf(ProblemUnavailable, "the spool for file reads is full (%d bytes in flight); retry later", s.o.SpoolBytes)
+		}
 		if errors.Is(err, ErrTooLarge) {
 			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
 		}
@@ -303,6 +346,31 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, _ principal) (
 	_, err = io.Copy(w, io.LimitReader(f, n))
 	return err
 }
+
+// errSpoolFull: the spool's total cap would be passed.
+var errSpoolFull = errors.New("spool full")
+
+// spoolWriter counts what one read spools against the total of every read
+// in flight and refuses to pass max.
+type spoolWriter struct {
+	w     io.Writer
+	total *atomic.Int64
+	max   int64
+	n     int64
+}
+
+func (s *spoolWriter) Write(p []byte) (int, error) {
+	if s.total.Add(int64(len(p))) > s.max {
+		s.total.Add(-int64(len(p)))
+		return 0, errSpoolFull
+	}
+	s.n += int64(len(p))
+	n, err := s.w.Write(p)
+	return n, err
+}
+
+// release gives the spooled bytes back to the total.
+func (s *spoolWriter) release() { s.total.Add(-s.n); s.n = 0 }
 
 // limitedBody turns the body's MaxBytesError into a problem.
 type limitedBody struct {
@@ -319,12 +387,17 @@ func (l *limitedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
 	defer func() { err = end(err) }()
+	release, err := acquire(s.files, "file")
+	if err != nil {
+		return err
+	}
+	defer release()
 	q := r.URL.Query()
 	path := q.Get("path")
 	if pr := validateGuestPath(path); pr != nil {
@@ -356,8 +429,8 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, _ principal) 
 	return nil
 }
 
-func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -376,8 +449,8 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, _ principal) (
 	return nil
 }
 
-func (s *Server) rollback(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	vm, ctx, end, err := s.begin(r)
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	vm, ctx, end, err := s.begin(r, p)
 	if err != nil {
 		return err
 	}
@@ -406,8 +479,8 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request, _ principal) (
 	return nil
 }
 
-func (s *Server) check(w http.ResponseWriter, r *http.Request, _ principal) (err error) {
-	if _, err := s.lookup(r.PathValue("id")); err != nil {
+func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err error) {
+	if _, err := s.lookup(p, r.PathValue("id")); err != nil {
 		return err
 	}
 	var req CheckRequest

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
@@ -60,5 +61,57 @@ func TestListenUnix(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Dir(sock)); len(entries) != 1 {
 		t.Errorf("temporary files left: %v", entries)
+	}
+}
+
+// TestListenUnixGroup: with a socket group, a socket directory others
+// cannot traverse (the unit's 0750) is given to the group with traverse
+// only; the socket gets the group and the mode; a directory others can
+// traverse is left alone.
+func TestListenUnixGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root to give files to another group (CI is set, so this is a failure)")
+		}
+		t.Skip("SKIPPED: needs root to give files to another group")
+	}
+	const gid = 65534
+	for _, tc := range []struct {
+		name          string
+		dirMode, want os.FileMode
+		wantGID       int
+	}{
+		{"runtime dir 0750", 0o750, 0o710, gid},
+		{"world-traversable dir", 0o755, 0o755, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "run")
+			if err := os.Mkdir(dir, tc.dirMode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(dir, tc.dirMode); err != nil {
+				t.Fatal(err)
+			}
+			sock := filepath.Join(dir, "api.sock")
+			ln, err := sandboxapi.ListenUnix(sock, "65534", 0o660)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			for _, c := range []struct {
+				path string
+				mode os.FileMode
+				gid  int
+			}{{dir, tc.want, tc.wantGID}, {sock, 0o660, gid}} {
+				fi, err := os.Stat(c.path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st := fi.Sys().(*syscall.Stat_t)
+				if fi.Mode().Perm() != c.mode || int(st.Gid) != c.gid {
+					t.Errorf("%s: mode %v gid %d, want %v gid %d", c.path, fi.Mode().Perm(), st.Gid, c.mode, c.gid)
+				}
+			}
+		})
 	}
 }

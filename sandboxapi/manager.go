@@ -35,6 +35,9 @@ type record struct {
 	deleted chan struct{}
 	cancel  context.CancelFunc
 	guests  map[int]Guest
+	// egress is the policy asked for at create (nil: open); afterwards
+	// the Egress part owns the sandbox's policy.
+	egress *EgressPolicy
 	// ops counts the guest and VM operations in flight (exec, files,
 	// snapshots, check); opsCancel cancels them. Both are guarded by
 	// manager.mu for Add and cancel: a delete sets StateDeleting and
@@ -258,10 +261,10 @@ func (m *manager) guardLocked(req *CreateRequest) *Problem {
 }
 
 // allocCIDRsLocked picks ranges for "auto" networks and checks explicit ones
-// against every known range; call with m.mu held (so two creates never pick
-// the same range).
-func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign []netip.Prefix) ([]netip.Prefix, *Problem) {
-	used := slices.Clone(foreign)
+// against every known range and the host's own networks; call with m.mu
+// held (so two creates never pick the same range).
+func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, *Problem) {
+	used := append(slices.Clone(foreign), host...)
 	for _, r := range m.sbx {
 		for _, n := range r.Networks {
 			if p, err := netip.ParsePrefix(n.CIDR); err == nil {
@@ -283,6 +286,11 @@ func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign []netip.Prefix
 			continue
 		}
 		p := netip.MustParsePrefix(n.CIDR)
+		for _, h := range host {
+			if h.Overlaps(p) {
+				return nil, problemf(ProblemConflict, "network %q: cidr %s overlaps the host's network %s", n.Name, p, h)
+			}
+		}
 		if overlaps(p) {
 			return nil, problemf(ProblemConflict, "network %q: cidr %s overlaps a range in use", n.Name, p)
 		}
@@ -359,6 +367,13 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		}
 		tmpl[i] = id
 	}
+	names := make([]string, len(req.VMs))
+	for i, v := range req.VMs {
+		names[i] = v.Template
+	}
+	if err := m.checkTemplates(ctx, names, tmpl); err != nil {
+		return Sandbox{}, err
+	}
 	var foreign []netip.Prefix
 	cidrs, err := m.o.Proxmox.ListSubnetCIDRs(ctx)
 	if err != nil {
@@ -367,6 +382,13 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 	for _, c := range cidrs {
 		if p, err := netip.ParsePrefix(c); err == nil {
 			foreign = append(foreign, p.Masked())
+		}
+	}
+
+	var host []netip.Prefix
+	if m.o.HostNetworks != nil {
+		if host, err = m.o.HostNetworks(ctx); err != nil {
+			return Sandbox{}, fmt.Errorf("create: %w", err)
 		}
 	}
 
@@ -380,7 +402,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 	for m.sbx[id] != nil {
 		id = newSandboxID()
 	}
-	prefixes, p := m.allocCIDRsLocked(req.Networks, foreign)
+	prefixes, p := m.allocCIDRsLocked(req.Networks, foreign, host)
 	if p != nil {
 		m.mu.Unlock()
 		return Sandbox{}, p
@@ -395,6 +417,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		created: make(chan struct{}),
 		cancel:  cancel,
 		guests:  map[int]Guest{},
+		egress:  req.Egress,
 	}
 	for i, n := range req.Networks {
 		gw, _, _ := subnetPlan(prefixes[i])
@@ -416,7 +439,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.forget(id)
 		return Sandbox{}, err
 	}
-	err = m.build(cctx, rec, tmpl)
+	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
 		log.Warn("create failed, tearing down", "err", err)
 		tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
@@ -427,6 +450,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 			return Sandbox{}, err
 		}
 		m.forget(id)
+		m.removeEgress(tctx, id, rec.Zone)
 		if perr := m.publishZones(tctx); perr != nil {
 			log.Error("publish zones after failed create", "err", perr)
 		}
@@ -439,7 +463,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 }
 
 // build creates the zone, vnets, subnets and VMs of rec.
-func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
+func (m *manager) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
 	px := m.o.Proxmox
 	id := rec.ID
 	alias := nodeTag(m.o.Node) + " " + sandboxTag(id)
@@ -469,6 +493,9 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
 	if err := m.publishZones(ctx); err != nil {
 		return err
 	}
+	if err := m.applyEgress(ctx, rec); err != nil {
+		return err
+	}
 	errs := make(chan error, len(rec.VMs))
 	vctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -477,7 +504,7 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := m.buildVM(vctx, rec, i, tmpl[i]); err != nil {
+			if err := m.buildVM(vctx, rec, i, tmpl[i], env); err != nil {
 				cancel()
 				errs <- fmt.Errorf("vm %s: %w", rec.VMs[i].Name, err)
 			}
@@ -521,7 +548,7 @@ func (m *manager) releaseVMID(id int) {
 	m.idMu.Unlock()
 }
 
-func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
+func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[string]string) error {
 	px := m.o.Proxmox
 	m.mu.Lock()
 	spec := rec.VMs[i]
@@ -565,6 +592,9 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
 	}
+	if err := m.hardenClone(ctx, vmid); err != nil {
+		return err
+	}
 	if spec.DiskGiB > 0 {
 		if err := px.ResizeDisk(ctx, vmid, spec.DiskGiB); err != nil {
 			return pxErr(fmt.Sprintf("resize disk of vm %d", vmid), err)
@@ -573,7 +603,10 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int) error {
 	if err := px.StartVM(ctx, vmid); err != nil {
 		return pxErr(fmt.Sprintf("start vm %d", vmid), err)
 	}
-	return m.waitAgent(ctx, vmid)
+	if err := m.waitAgent(ctx, vmid); err != nil {
+		return err
+	}
+	return m.writeEnv(ctx, vmid, env)
 }
 
 // guest returns the guest of a VM (the dialer decides about caching).
@@ -712,6 +745,7 @@ func (m *manager) removeIf(ctx context.Context, id string, cond func(*record) bo
 		return false, err
 	}
 	m.forget(id)
+	m.removeEgress(ctx, id, r.Zone)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	if err := m.publishZones(ctx); err != nil {
 		m.log.Error("publish zones after delete", "err", err)

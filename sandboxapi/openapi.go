@@ -26,6 +26,9 @@ var schemaTypes = map[string]any{
 	"CheckRow":        CheckRow{},
 	"CheckReport":     CheckReport{},
 	"Health":          Health{},
+	"EgressPolicy":    EgressPolicy{},
+	"EgressStatus":    EgressStatus{},
+	"EgressDenial":    EgressDenial{},
 	"Problem":         Problem{},
 }
 

@@ -31,6 +31,7 @@ const (
 	ProblemUnavailable           = "unavailable"
 	ProblemInternal              = "internal"
 	ProblemGuestNoSpace          = "guest-no-space"
+	ProblemTemplateNotHardened   = "template-not-hardened"
 	problemContentType           = "application/problem+json"
 	problemDefaultStatusInternal = http.StatusInternalServerError
 )
@@ -45,6 +46,8 @@ type Problem struct {
 	Cap string `json:"cap,omitempty"`
 	// Field names the request field that is invalid (invalid-request only).
 	Field string `json:"field,omitempty"`
+	// Items lists the failing profile items (template-not-hardened only).
+	Items []string `json:"items,omitempty"`
 }
 
 // Error makes a Problem usable as an error (the client returns it).
@@ -77,6 +80,7 @@ var problemTitles = map[string]string{
 	ProblemUnavailable:          "Service unavailable",
 	ProblemInternal:             "Internal error",
 	ProblemGuestNoSpace:         "No space left in guest",
+	ProblemTemplateNotHardened:  "Template not hardened",
 }
 
 var problemStatus = map[string]int{
@@ -101,6 +105,7 @@ var problemStatus = map[string]int{
 	ProblemUnavailable:          http.StatusServiceUnavailable,
 	ProblemInternal:             problemDefaultStatusInternal,
 	ProblemGuestNoSpace:         http.StatusInsufficientStorage,
+	ProblemTemplateNotHardened:  http.StatusUnprocessableEntity,
 }
 
 // ProblemTypes lists every stable problem type (documented in the OpenAPI
@@ -110,7 +115,7 @@ func ProblemTypes() []string {
 		ProblemGuestTimeout, ProblemGuestUnavailable, ProblemGuestProtocol, ProblemOutputLimit,
 		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
 		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
-		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal}
+		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened}
 }
 
 // newProblem builds a problem of a known type.

@@ -13,9 +13,12 @@ import (
 	"net/netip"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +35,13 @@ const (
 // Implemented by sandboxapi/auth.Store.
 type TokenVerifier interface {
 	Verify(token string) (name string, scopes []string, err error)
+}
+
+// OwnerVerifier is a TokenVerifier whose tokens may be bound to an owner
+// (auth.Store): a bound token sees and touches only that owner's
+// sandboxes, and creates sandboxes for it.
+type OwnerVerifier interface {
+	VerifyOwner(token string) (name string, scopes []string, owner string, err error)
 }
 
 // Options configure a Server. Zero values take the documented defaults.
@@ -56,8 +66,14 @@ type Options struct {
 	// StateDir holds the state file (default /var/lib/pve-inspectd/sandboxapi).
 	StateDir string
 	// SpoolDir holds guest file reads while they are checked against the
-	// cap (default os.TempDir()).
-	SpoolDir string
+	// cap (default <StateDir>/spool, created 0700); SpoolBytes caps the
+	// bytes spooled by every read in flight together (4 GiB): a read that
+	// would pass it answers unavailable.
+	SpoolDir   string
+	SpoolBytes int64
+	// MaxExecs and MaxFileCalls cap the exec calls and the file reads and
+	// writes in flight (32 and 8); calls beyond them answer unavailable.
+	MaxExecs, MaxFileCalls int
 	// Caps are the resource guard's limits.
 	Caps Caps
 	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.
@@ -75,6 +91,10 @@ type Options struct {
 	// (10.200.0.0/16 in /24s).
 	AutoCIDRPool netip.Prefix
 	AutoCIDRBits int
+	// HostNetworks, when set, lists the host's own networks (addresses and
+	// routes: hostnet.Lister.Prefixes); a create whose networks overlap one
+	// is refused, and "auto" skips them. An error fails the create.
+	HostNetworks func(ctx context.Context) ([]netip.Prefix, error)
 	// AgentTimeout bounds the wait for a started VM's agent (5m).
 	AgentTimeout time.Duration
 	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m);
@@ -91,6 +111,18 @@ type Options struct {
 	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
 	// own vnets may forward to each other. An error fails the create.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress, when set, enforces sandboxes' egress policies (create's
+	// egress object, /v1/sandboxes/{id}/egress); nil refuses them.
+	Egress Egress
+	// VMConfigs, when set, reads and changes VM configurations for the
+	// hardened VM profile (sandboxapi/hardening): every clone gets what the
+	// pool-scoped token may set, and a create from a template that fails
+	// the profile's root-only items is refused (template-not-hardened)
+	// unless AllowUnhardenedTemplates.
+	VMConfigs VMConfigs
+	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
+	// lets a create clone a template that fails the profile.
+	AllowUnhardenedTemplates bool
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).
@@ -118,7 +150,19 @@ func (o *Options) defaults() error {
 		o.StateDir = "/var/lib/pve-inspectd/sandboxapi"
 	}
 	if o.SpoolDir == "" {
-		o.SpoolDir = os.TempDir()
+		o.SpoolDir = filepath.Join(o.StateDir, "spool")
+	}
+	if o.SpoolBytes == 0 {
+		o.SpoolBytes = 4 << 30
+	}
+	if o.MaxExecs == 0 {
+		o.MaxExecs = 32
+	}
+	if o.MaxFileCalls == 0 {
+		o.MaxFileCalls = 8
+	}
+	if o.SpoolBytes < 0 || o.MaxExecs < 0 || o.MaxFileCalls < 0 {
+		return errors.New("sandboxapi: SpoolBytes, MaxExecs and MaxFileCalls must not be negative")
 	}
 	def(&o.DefaultTTL, time.Hour)
 	def(&o.MaxTTL, 24*time.Hour)
@@ -144,6 +188,9 @@ func (o *Options) defaults() error {
 	if o.AutoCIDRBits < o.AutoCIDRPool.Bits() || o.AutoCIDRBits > 28 || !o.AutoCIDRPool.Addr().Is4() {
 		return fmt.Errorf("sandboxapi: auto CIDR /%d does not fit pool %s", o.AutoCIDRBits, o.AutoCIDRPool)
 	}
+	if !PrivateV4(o.AutoCIDRPool) {
+		return fmt.Errorf("sandboxapi: auto CIDR pool %s is not inside a private (RFC 1918) range", o.AutoCIDRPool)
+	}
 	if o.DefaultTTL > o.MaxTTL {
 		return fmt.Errorf("sandboxapi: default TTL %s is over the max TTL %s", o.DefaultTTL, o.MaxTTL)
 	}
@@ -157,6 +204,19 @@ func (o *Options) defaults() error {
 	return nil
 }
 
+// rfc1918 are the private IPv4 ranges sandbox networks must come from.
+var rfc1918 = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16")}
+
+// PrivateV4 reports whether p lies wholly inside one RFC 1918 range.
+func PrivateV4(p netip.Prefix) bool {
+	for _, r := range rfc1918 {
+		if p.Bits() >= r.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
 // Server is the sandbox API: HTTP handlers over the sandbox manager.
 type Server struct {
 	o      Options
@@ -164,6 +224,10 @@ type Server struct {
 	met    *metrics
 	routes []route
 	mux    *http.ServeMux
+	// execs and files hold one token per exec or file call in flight.
+	execs, files chan struct{}
+	// spooled counts the bytes the file reads in flight have spooled.
+	spooled atomic.Int64
 }
 
 // New builds a Server. Call Reconcile before serving and run RunReaper.
@@ -175,7 +239,7 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxapi: register metrics: %w", err)
 	}
-	s := &Server{o: o, met: met}
+	s := &Server{o: o, met: met, execs: make(chan struct{}, o.MaxExecs), files: make(chan struct{}, o.MaxFileCalls)}
 	s.m = newManager(&s.o, met)
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
@@ -183,6 +247,16 @@ func New(o Options) (*Server, error) {
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
 	return s, nil
+}
+
+// acquire takes a slot of sem or answers unavailable at once.
+func acquire(sem chan struct{}, what string) (func(), error) {
+	select {
+	case sem <- struct{}{}:
+		return func() { <-sem }, nil
+	default:
+		return nil, problemf(ProblemUnavailable, "%d %s calls in flight, the most this daemon runs at once; retry later", cap(sem), what)
+	}
 }
 
 // Reconcile re-attaches known sandboxes and deletes tagged orphans; call it
@@ -208,11 +282,16 @@ func (s *Server) RunReaper(ctx context.Context) {
 // Reap deletes expired sandboxes once and returns how many.
 func (s *Server) Reap(ctx context.Context) int { return s.m.reap(ctx) }
 
-// principal is who is calling.
+// principal is who is calling. owner, when set, confines the caller to
+// that owner's sandboxes (an owner-bound token).
 type principal struct {
 	name   string
 	scopes []string
+	owner  string
 }
+
+// sees reports whether p may see and touch sb.
+func (p principal) sees(sb Sandbox) bool { return p.owner == "" || sb.Owner == p.owner }
 
 type ctxKey int
 
@@ -282,14 +361,23 @@ func (s *Server) authenticate(r *http.Request, need string) (principal, *Problem
 	if s.o.Tokens == nil {
 		return principal{}, newProblem(ProblemUnauthorized, "token authentication is not configured")
 	}
-	name, scopes, err := s.o.Tokens.Verify(tok)
+	var (
+		name, owner string
+		scopes      []string
+		err         error
+	)
+	if ov, ok := s.o.Tokens.(OwnerVerifier); ok {
+		name, scopes, owner, err = ov.VerifyOwner(tok)
+	} else {
+		name, scopes, err = s.o.Tokens.Verify(tok)
+	}
 	if err != nil {
 		return principal{}, newProblem(ProblemUnauthorized, "invalid token")
 	}
 	if !hasScope(scopes, need) {
 		return principal{}, problemf(ProblemForbidden, "token %q lacks the %s scope", name, need)
 	}
-	return principal{name: name, scopes: scopes}, nil
+	return principal{name: name, scopes: scopes, owner: owner}, nil
 }
 
 // statusWriter records the status code for metrics.
@@ -440,6 +528,9 @@ func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 			}
 			gid, _ = strconv.Atoi(g.Gid)
 		}
+		if err := shareDir(dirOf(path), gid); err != nil {
+			return fail(err)
+		}
 		if err := os.Chown(tmp, -1, gid); err != nil {
 			return fail(err)
 		}
@@ -451,6 +542,34 @@ func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
 		return fail(err)
 	}
 	return &unixListener{UnixListener: ul, path: path}, nil
+}
+
+// shareDir lets group gid reach the socket in dir: a directory others
+// cannot traverse (the unit's RuntimeDirectoryMode=0750) gets group gid and
+// group traverse only (0710), so members can open the socket by name but
+// not list the directory. A directory others can traverse is left alone.
+// Changing a directory's group to one root is not a member of needs
+// CAP_CHOWN, which the shipped unit grants for this.
+func shareDir(dir string, gid int) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	perm := fi.Mode().Perm()
+	if perm&0o001 != 0 {
+		return nil
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Gid) != gid {
+		if err := os.Chown(dir, -1, gid); err != nil {
+			return fmt.Errorf("give the socket directory to group %d: %w", gid, err)
+		}
+	}
+	if want := perm&^0o070 | 0o010; want != perm {
+		if err := os.Chmod(dir, want); err != nil {
+			return fmt.Errorf("socket directory mode: %w", err)
+		}
+	}
+	return nil
 }
 
 // unixListener removes its socket file on Close.

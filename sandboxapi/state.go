@@ -2,21 +2,15 @@ package sandboxapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-)
 
-// stateFile is the on-disk form of the daemon's sandboxes.
-type stateFile struct {
-	Version   int       `json:"version"`
-	Node      string    `json:"node"`
-	Sandboxes []Sandbox `json:"sandboxes"`
-}
+	"github.com/pve-inspect/pve-inspect/atomicfile"
+)
 
 const stateName = "sandboxes.json"
 
@@ -24,29 +18,14 @@ const stateName = "sandboxes.json"
 func (m *manager) saveState() error {
 	m.stateMu.Lock()
 	defer m.stateMu.Unlock()
-	st := stateFile{Version: 1, Node: m.o.Node, Sandboxes: m.list()}
-	b, err := json.MarshalIndent(st, "", "  ")
+	b, err := encodeState(m.o.Node, m.list())
 	if err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
 	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
-	path := filepath.Join(m.o.StateDir, stateName)
-	f, err := os.CreateTemp(m.o.StateDir, stateName+".*")
-	if err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	tmp := f.Name()
-	_, werr := f.Write(b)
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("save state: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
+	if err := atomicfile.Write(filepath.Join(m.o.StateDir, stateName), b, 0o600); err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
 	return nil
@@ -61,19 +40,19 @@ func (m *manager) loadState() ([]Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load state: %w", err)
 	}
-	var st stateFile
-	if err := json.Unmarshal(b, &st); err != nil {
+	node, sbs, err := decodeState(b)
+	if err != nil {
 		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
 	}
-	if st.Node != "" && st.Node != m.o.Node {
-		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", st.Node, m.o.Node)
+	if node != "" && node != m.o.Node {
+		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
 	}
-	for _, s := range st.Sandboxes {
+	for _, s := range sbs {
 		if !reSandbox.MatchString(s.ID) {
 			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
 		}
 	}
-	return st.Sandboxes, nil
+	return sbs, nil
 }
 
 // ReconcileReport says what Reconcile did.

@@ -25,7 +25,18 @@ type CreateRequest struct {
 	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
 	// Owner is a free text owner name (defaults to the caller).
 	Owner string `json:"owner,omitempty"`
+	// Env holds secrets (model API keys) written into every VM at
+	// GuestEnvPath, mode 0600 (root only), before the create returns.
+	// Never stored, returned or logged.
+	Env map[string]string `json:"env,omitempty"`
+	// Egress is the sandbox's egress policy (default: open), in force
+	// before its VMs start.
+	Egress *EgressPolicy `json:"egress,omitempty"`
 }
+
+// GuestEnvPath is where CreateRequest.Env lands in each VM, as
+// shell-sourceable KEY='value' lines.
+const GuestEnvPath = "/etc/pve-inspect/env"
 
 // VMRequest describes one VM of a sandbox.
 type VMRequest struct {

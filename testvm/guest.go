@@ -164,6 +164,9 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 			return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
 		}
 	}
+	if err := b.writeVMConf(g); err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: config: %w", s.VMID, err)
+	}
 	// The agent's listening socket is made here, on the host side.
 	_ = os.Remove(g.Socket)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: g.Socket, Net: "unix"})
@@ -312,6 +315,7 @@ func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
 	_ = run(ctx, "ip", "-n", b.NodeNS(), "link", "del", "tap"+strconv.Itoa(vmid)+"i0")
 	_ = os.Remove(g.Socket)
 	b.detachAllBlocks(ctx, vmid)
+	_ = os.Remove(b.vmConfPath(vmid))
 	_ = os.RemoveAll(filepath.Join(b.dir, "guests", strconv.Itoa(vmid), "root"))
 	return errors.Join(errs...)
 }

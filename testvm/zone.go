@@ -121,6 +121,9 @@ func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
 	if err := b.syncNAT(ctx); err != nil {
 		return err
 	}
+	if err := b.linkLeases(z.ID); err != nil {
+		return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
+	}
 	return b.startDnsmasq(ctx, zs)
 }
 

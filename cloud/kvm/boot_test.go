@@ -1,20 +1,14 @@
 package kvm
 
 import (
-	"bufio"
 	"bytes"
 	"compress/gzip"
-	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/ulikunitz/xz"
@@ -40,155 +34,6 @@ func TestSeedcheckReadsSeed(t *testing.T) {
 	if _, err := seedcheck.Read("/dev/null"); err == nil {
 		t.Error("/dev/null read as a seed")
 	}
-}
-
-// TestBootTCG boots QEMU with software emulation (never KVM: nested KVM is
-// not available on every CI machine) using the command line VMSpec
-// generates, a Debian kernel from /boot and a tiny initramfs whose init
-// (internal/testinit) finds the seed disk and answers on the forwarded
-// ports. It proves the seed disk and both host forwards are wired.
-func TestBootTCG(t *testing.T) {
-	kernels, _ := filepath.Glob("/boot/vmlinuz-*")
-	for _, bin := range []string{"qemu-system-x86_64", "qemu-img"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			kernels = nil
-		}
-	}
-	if len(kernels) == 0 {
-		msg := "TestBootTCG needs qemu-system-x86_64, qemu-img and a kernel in /boot/vmlinuz-* (Debian package linux-image-amd64)"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip("SKIPPING: " + msg)
-	}
-	slices.Sort(kernels)
-	kernel := kernels[len(kernels)-1]
-	kver := strings.TrimPrefix(filepath.Base(kernel), "vmlinuz-")
-	dir := t.TempDir()
-	start := time.Now()
-
-	// The guest's init, static.
-	initBin := filepath.Join(dir, "init")
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = "/usr/local/go/bin/go"
-	}
-	gocmd := exec.Command(goBin, "build", "-o", initBin, "./internal/testinit")
-	gocmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if out, err := gocmd.CombinedOutput(); err != nil {
-		t.Fatalf("build testinit: %v\n%s", err, out)
-	}
-	initrd := filepath.Join(dir, "initrd.cpio")
-	mods, order := kernelModules(t, kver, "virtio_pci", "virtio_blk", "virtio_net")
-	writeInitramfs(t, initrd, initBin, mods, order)
-
-	disk := filepath.Join(dir, "disk.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-f", "qcow2", disk, "64M").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img: %v\n%s", err, out)
-	}
-	ud, md := []byte("#cloud-config\n# boot test\n"), MetaData("tcgtest-0001", "tcgtest")
-	seed := filepath.Join(dir, "seed.iso")
-	if err := WriteSeedISO(seed, Seed{UserData: ud, MetaData: md}); err != nil {
-		t.Fatal(err)
-	}
-	fw := []Forward{
-		{Name: "proxmox-api", HostAddr: "127.0.0.1", HostPort: freePort(t), GuestPort: 8006},
-		{Name: "sandbox-api", HostAddr: "127.0.0.1", HostPort: freePort(t), GuestPort: 8443},
-	}
-	serial := filepath.Join(dir, "serial.log")
-	spec := VMSpec{
-		Name: "tcgtest", Disk: disk, Seed: seed, CPUs: 1, MemoryMiB: 512, Accel: "tcg", Forwards: fw,
-		SerialLog: serial, PIDFile: filepath.Join(dir, "qemu.pid"), QMPSocket: filepath.Join(dir, "qmp.sock"),
-		Kernel: kernel, Initrd: initrd, Append: "console=ttyS0 panic=-1 pvetest.ports=8006,8443",
-	}
-	args, err := spec.Args()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(args, "tcg") || slices.Contains(args, "kvm") {
-		t.Fatalf("not a TCG command line: %q", args)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	var qout bytes.Buffer
-	q := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
-	q.Stdout, q.Stderr = &qout, &qout
-	if err := q.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- q.Wait() }()
-	t.Cleanup(func() {
-		q.Process.Kill()
-		<-exited
-	})
-
-	// Wait for the init's verdict on the serial console.
-	var log []byte
-	for {
-		log, _ = os.ReadFile(serial)
-		if bytes.Contains(log, []byte("testinit: READY")) {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("qemu exited: %v\n%s\nserial:\n%s", err, qout.String(), tail(log))
-		case <-ctx.Done():
-			t.Fatalf("guest not ready before the test's bound\nserial:\n%s", tail(log))
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-	// The seed is the second virtio disk; the first is the (blank) qcow2.
-	want := seedcheck.Summary(SeedLabel, ud, md)
-	if !bytes.Contains(log, []byte("testinit: SEED-OK dev=/dev/vd")) || !bytes.Contains(log, []byte(want)) {
-		t.Fatalf("serial console lacks SEED-OK %q:\n%s", want, tail(log))
-	}
-	for _, f := range fw {
-		line := dialLine(ctx, t, fmt.Sprintf("127.0.0.1:%d", f.HostPort))
-		if !strings.HasPrefix(line, fmt.Sprintf("PORT %d SEED-OK ", f.GuestPort)) || !strings.HasSuffix(line, want) {
-			t.Errorf("host port %d answered %q", f.HostPort, line)
-		}
-	}
-	t.Logf("TCG boot with seed and forwards verified in %s (kernel %s)", time.Since(start).Round(time.Second), kver)
-}
-
-func tail(b []byte) string {
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// dialLine connects through a host forward and reads the guest's line,
-// retrying while the guest side is not yet answering.
-func dialLine(ctx context.Context, t *testing.T, addr string) string {
-	var last error
-	for ctx.Err() == nil {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err == nil {
-			c.SetReadDeadline(time.Now().Add(20 * time.Second))
-			line, err := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if err == nil {
-				return strings.TrimSpace(line)
-			}
-			last = err
-		} else {
-			last = err
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Fatalf("%s: %v", addr, last)
-	return ""
 }
 
 // kernelModules resolves the named modules and their dependencies from

@@ -3,6 +3,7 @@ package kvm
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -79,4 +80,38 @@ func WriteSeedISO(path string, s Seed) error {
 		return fmt.Errorf("seed: %w", err)
 	}
 	return nil
+}
+
+// maxUserData bounds the user-data read back from a seed.
+const maxUserData = 1 << 20
+
+// ReadUserData reads user-data back from a seed ISO (clone takes the
+// source's user-data from its seed volume).
+func ReadUserData(path string) ([]byte, error) {
+	b, err := file.OpenFromPath(path, true)
+	if err != nil {
+		return nil, fmt.Errorf("seed: %w", err)
+	}
+	defer b.Close()
+	size, err := b.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, fmt.Errorf("seed: %w", err)
+	}
+	fsys, err := iso9660.Read(b, size, 0, 2048)
+	if err != nil {
+		return nil, fmt.Errorf("seed: not an ISO 9660 image: %w", err)
+	}
+	f, err := fsys.OpenFile("/user-data", os.O_RDONLY)
+	if err != nil {
+		return nil, fmt.Errorf("seed: user-data: %w", err)
+	}
+	defer f.Close()
+	ud, err := io.ReadAll(io.LimitReader(f, maxUserData+1))
+	if err != nil {
+		return nil, fmt.Errorf("seed: user-data: %w", err)
+	}
+	if len(ud) == 0 || len(ud) > maxUserData {
+		return nil, fmt.Errorf("seed: user-data is %d bytes, want 1 to %d", len(ud), maxUserData)
+	}
+	return ud, nil
 }

@@ -108,7 +108,7 @@ func newEC2Cmd(d *deps) *cobra.Command {
 	userdata := &cobra.Command{
 		Use: "userdata", Short: "render the cloud-init user-data (gzip+base64, under 16 KiB)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			doc, _, err := ud.render(nil)
+			doc, _, err := ud.render(ec2Defaults)
 			if err != nil {
 				return err
 			}
@@ -164,7 +164,7 @@ type launchFlags struct {
 }
 
 func (d *deps) launch(ctx context.Context, w io.Writer, lf *launchFlags) error {
-	doc, cfg, err := lf.ud.render(func(c *provision.Config) { c.Report = "ec2-tags" })
+	doc, cfg, err := lf.ud.render(func(c *provision.Config) { ec2Defaults(c); c.Report = "ec2-tags" })
 	if err != nil {
 		return err
 	}
@@ -197,15 +197,54 @@ func (d *deps) launch(ctx context.Context, w io.Writer, lf *launchFlags) error {
 		fmt.Fprintf(w, "%s  state=%s step=%q status=%q\n", time.Now().UTC().Format("15:04:05"), i.State, i.Tags[cloudec2.TagStep], i.Tags[cloudec2.TagStatus])
 	})
 	if err != nil {
-		return fmt.Errorf("%w\nreach the node: ssh admin@%s, then `pve-bootstrap node status`", err, inst.Address())
+		if spec.KeyName != "" {
+			return fmt.Errorf("%w\nreach the node: ssh admin@%s, then `sudo pve-bootstrap node status`", err, inst.Address())
+		}
+		return err
 	}
-	addr := inst.Address()
-	fmt.Fprintf(w, `node ready:
-  instance   %s
-  proxmox    https://%s:8006/
-  api token  %s on the node (root only, 0600)
-  ssh        ssh admin@%s
-  ssm        aws ssm start-session --target %s
-`, id, addr, provision.TokenPath, addr, id)
+	fmt.Fprint(w, accessPaths(id, inst, spec, cfg))
 	return nil
+}
+
+// ec2Defaults fills in what a node on EC2 needs unless the config says
+// otherwise: the Amazon DNS server as the SDN resolver's upstream, as the
+// reference node build does.
+func ec2Defaults(c *provision.Config) {
+	if c.Network.SDNResolver == "" {
+		c.Network.SDNResolver = provision.EC2Resolver
+	}
+}
+
+// accessPaths lists the ways into a ready node that it really has: SSH
+// only with a key pair (the Debian image's admin user gets it), the
+// Proxmox UI (root with the kept password, when one is kept), the
+// daemon's token. Nothing on the node runs an SSM agent, so no SSM line.
+func accessPaths(id string, inst cloudec2.Instance, spec cloudec2.Spec, cfg provision.Config) string {
+	addr := inst.Address()
+	var b strings.Builder
+	fmt.Fprintf(&b, "node ready:\n  instance   %s\n", id)
+	if inst.PublicIP == "" {
+		fmt.Fprintf(&b, "  address    %s (private only: reach it from inside the VPC)\n", addr)
+	}
+	fmt.Fprintf(&b, "  proxmox    https://%s:8006/ (node %q; open tcp 8006 to you in the security group, or tunnel over ssh)\n", addr, cfg.Hostname)
+	pw := cfg.Secrets.RootPasswordFile
+	switch {
+	case cfg.Secrets.RootPasswordHash != "":
+		fmt.Fprintf(&b, "  login      root@pam with the password of secrets.root_password_hash\n")
+	case pw != "":
+		fmt.Fprintf(&b, "  login      root@pam, password in %s on the node (root only, 0600)\n", pw)
+	default:
+		fmt.Fprintf(&b, "  login      root@pam: the generated password went only to secrets.sink\n")
+	}
+	fmt.Fprintf(&b, "  api token  %s on the node (root only, 0600)\n", provision.TokenPath)
+	if spec.KeyName == "" {
+		fmt.Fprintf(&b, "  ssh        none: launched without --key-name\n")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "  ssh        ssh admin@%s (key pair %s)\n", addr, spec.KeyName)
+	fmt.Fprintf(&b, "  tunnel     ssh -L 8006:localhost:8006 admin@%s, then https://localhost:8006/\n", addr)
+	if pw != "" && cfg.Secrets.RootPasswordHash == "" {
+		fmt.Fprintf(&b, "  password   ssh admin@%s sudo cat %s\n", addr, pw)
+	}
+	return b.String()
 }

@@ -16,6 +16,7 @@ import (
 	awsec2 "github.com/aws/aws-sdk-go-v2/service/ec2"
 
 	cloudec2 "github.com/pve-inspect/pve-inspect/cloud/ec2"
+	"github.com/pve-inspect/pve-inspect/provision"
 )
 
 // TestEC2LaunchCommand runs `ec2 launch` against a local EC2 endpoint that
@@ -56,7 +57,7 @@ func TestEC2LaunchCommand(t *testing.T) {
 	}
 	root := fixtureRoot(t)
 	out, err := runCmd(t, d, "ec2", "launch", "--region", "eu-central-1", "--image", "ami-0abc", "--type", "r8i.4xlarge",
-		"--instance-profile", "pve-node", "--node-config", filepath.Join(root, "etc/pve-bootstrap/config.toml"),
+		"--instance-profile", "pve-node", "--key-name", "ops", "--node-config", filepath.Join(root, "etc/pve-bootstrap/config.toml"),
 		"--binary-url", "https://files.example.test/pve-bootstrap", "--binary-sha256", strings.Repeat("cd", 32), "--poll", "1ms")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -66,12 +67,57 @@ func TestEC2LaunchCommand(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "ssm") {
+		t.Errorf("output offers SSM, which the node does not run:\n%s", out)
+	}
 	run := forms[0]
 	if run.Get("CpuOptions.NestedVirtualization") != "enabled" || run.Get("MetadataOptions.HttpTokens") != "required" || run.Get("TagSpecification.1.Tag.1.Value") != "pve1" {
 		t.Errorf("RunInstances form: %v", run)
 	}
 	doc, err := cloudec2.Decode(run.Get("UserData"))
-	if err != nil || !strings.Contains(string(doc), `report = "ec2-tags"`) {
+	if err != nil || !strings.Contains(string(doc), `report = "ec2-tags"`) || !strings.Contains(string(doc), `sdn_resolver = "169.254.169.253"`) {
 		t.Errorf("user-data does not turn on tag reporting: %v\n%s", err, doc)
+	}
+}
+
+// TestAccessPaths: `ec2 launch` names only the ways in the node has.
+func TestAccessPaths(t *testing.T) {
+	base := provision.DefaultConfig()
+	hashed := base
+	hashed.Secrets.RootPasswordHash = "$6$x"
+	noFile := base
+	noFile.Secrets.RootPasswordFile = ""
+	pub := cloudec2.Instance{PublicIP: "203.0.113.9", PrivateIP: "172.31.5.17"}
+	priv := cloudec2.Instance{PrivateIP: "172.31.5.17"}
+	for _, tc := range []struct {
+		name     string
+		inst     cloudec2.Instance
+		key      string
+		cfg      provision.Config
+		want     []string
+		wantNone []string
+	}{
+		{name: "key pair, kept password", inst: pub, key: "ops", cfg: base,
+			want: []string{"ssh admin@203.0.113.9 (key pair ops)", "ssh -L 8006:localhost:8006 admin@203.0.113.9", "sudo cat /root/root-password",
+				"password in /root/root-password", `node "proxmox"`}, wantNone: []string{"ssm", "private only"}},
+		{name: "no key pair", inst: pub, cfg: base,
+			want: []string{"ssh        none: launched without --key-name", "password in /root/root-password"}, wantNone: []string{"ssh admin@", "ssm", "sudo cat"}},
+		{name: "private address only", inst: priv, key: "ops", cfg: base, want: []string{"172.31.5.17 (private only", "ssh admin@172.31.5.17"}},
+		{name: "hash from config", inst: pub, key: "ops", cfg: hashed, want: []string{"password of secrets.root_password_hash"}, wantNone: []string{"sudo cat", "/root/root-password"}},
+		{name: "no password file", inst: pub, key: "ops", cfg: noFile, want: []string{"went only to secrets.sink"}, wantNone: []string{"sudo cat"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := accessPaths("i-0feed", tc.inst, cloudec2.Spec{KeyName: tc.key}, tc.cfg)
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("lacks %q:\n%s", w, out)
+				}
+			}
+			for _, w := range tc.wantNone {
+				if strings.Contains(out, w) {
+					t.Errorf("has %q:\n%s", w, out)
+				}
+			}
+		})
 	}
 }

@@ -1,9 +1,9 @@
-// Command pve-bootstrap builds a Proxmox VE node, nested on a KVM host or on
+// Command pve-bootstrap builds a Proxmox VE node, nested in a KVM host's libvirt or on
 // EC2, and installs pve-inspectd on it (DESIGN.md section 9).
 //
 //	pve-bootstrap node plan|apply|status [--json]   on the machine itself
 //	pve-bootstrap ec2 userdata|launch               from an operator's machine
-//	pve-bootstrap nested create|list|start|stop|delete|clone   on a KVM host
+//	pve-bootstrap nested create|list|start|stop|delete|clone   in a KVM host's libvirt
 //
 // Exit status: 0 success (also when apply started a reboot), 3 a recipe step
 // failed (its output and the resume command are printed), 1 anything else.

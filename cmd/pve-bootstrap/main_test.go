@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -95,6 +97,73 @@ func TestNodePlanGolden(t *testing.T) {
 		if !strings.HasPrefix(l, "dpkg-query") && !strings.HasPrefix(l, "pvesh get") {
 			t.Errorf("plan ran %q", l)
 		}
+	}
+}
+
+// unskippedRoot is the fixture with a config that skips no step.
+func unskippedRoot(t *testing.T) string {
+	t.Helper()
+	root := fixtureRoot(t)
+	p := filepath.Join(root, "etc/pve-bootstrap/config.toml")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, bytes.Replace(b, []byte(`skip = ["storage-content"]`), nil, 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// TestNodePlanWithoutProxmoxTools runs `node plan` on this machine's real
+// commands with a PATH that has the tools of a fresh Debian 13 and no
+// Proxmox ones: every step is listed, the check that needs pvesh says it
+// follows proxmox-ve, and plan exits 0.
+func TestNodePlanWithoutProxmoxTools(t *testing.T) {
+	bin := t.TempDir()
+	for _, tool := range []string{"dpkg-query", "systemctl"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s missing (CI is set, so this is a failure): %v", tool, err)
+			}
+			t.Skipf("SKIPPED: %s missing: %v", tool, err)
+		}
+		if err := os.Symlink(p, filepath.Join(bin, tool)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", bin)
+	d := fixtureDeps(nil)
+	d.runner = provision.ExecRunner{}
+	root := unskippedRoot(t)
+	out, err := runCmd(t, d, "node", "plan", "--root", root, "--config", "/etc/pve-bootstrap/config.toml")
+	if err != nil {
+		t.Fatalf("plan failed: %v\n%s", err, out)
+	}
+	for _, id := range provision.StepIDs() {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(id) + `\s`).MatchString(out) {
+			t.Errorf("step %s not listed:\n%s", id, out)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^storage-content\s+apply\s.*\(after proxmox-ve: will apply\)$`).MatchString(out) {
+		t.Errorf("storage-content does not say it follows proxmox-ve:\n%s", out)
+	}
+}
+
+// TestNodePlanMissingToolFake: the same through the recording runner,
+// with --json carrying the note.
+func TestNodePlanMissingToolFake(t *testing.T) {
+	rec := &provision.RecordingRunner{Replies: []*provision.Reply{
+		{Prefix: "dpkg-query", Code: 1},
+		{Prefix: "pvesh", Missing: true},
+	}}
+	out, err := runCmd(t, fixtureDeps(rec), "node", "plan", "--json", "--root", unskippedRoot(t), "--config", "/etc/pve-bootstrap/config.toml")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, `"note": "after proxmox-ve: will apply"`) {
+		t.Errorf("json plan lacks the note:\n%s", out)
 	}
 }
 

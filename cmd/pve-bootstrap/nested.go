@@ -2,7 +2,8 @@ package main
 
 import (
 	"fmt"
-	"strings"
+	"io"
+	"net/netip"
 	"text/tabwriter"
 	"time"
 
@@ -12,37 +13,53 @@ import (
 	"github.com/pve-inspect/pve-inspect/provision"
 )
 
-type forwardFlags struct {
-	listen      string
-	apiPort     int
-	sandboxPort int
-	sandboxTo   int
+// libvirtFlags say which libvirtd to use and where nodes live in it.
+type libvirtFlags struct {
+	uri, bridge, subnet, pool, poolDir, logDir string
 }
 
-func (f *forwardFlags) register(cmd *cobra.Command, api, sandbox int) {
-	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1", "host address the forwarded ports bind to")
-	cmd.Flags().IntVar(&f.apiPort, "api-port", api, "host port forwarded to the node's Proxmox API (8006)")
-	cmd.Flags().IntVar(&f.sandboxPort, "sandbox-port", sandbox, "host port forwarded to the node's sandbox API")
-	cmd.Flags().IntVar(&f.sandboxTo, "sandbox-guest-port", 8443, "the sandbox API's port on the node")
+func (f *libvirtFlags) register(cmd *cobra.Command) {
+	fl := cmd.PersistentFlags()
+	fl.StringVar(&f.uri, "connect", kvm.DefaultURI, "libvirt connection URI")
+	fl.StringVar(&f.subnet, "subnet", kvm.DefaultSubnet, "IPv4 subnet of the "+kvm.DefaultNetwork+" NAT network when it is created")
+	fl.StringVar(&f.bridge, "bridge", kvm.DefaultBridge, "bridge of the "+kvm.DefaultNetwork+" network when it is created")
+	fl.StringVar(&f.pool, "pool", kvm.DefaultPool, "libvirt storage pool for the nodes' volumes (created when missing)")
+	fl.StringVar(&f.poolDir, "pool-dir", kvm.DefaultPoolDir, "directory of the storage pool when it is created")
+	fl.StringVar(&f.logDir, "serial-log-dir", kvm.DefaultLogDir, "where each node's serial console is logged")
 }
 
-func (f *forwardFlags) forwards() []kvm.Forward {
-	return []kvm.Forward{
-		{Name: "proxmox-api", HostAddr: f.listen, HostPort: f.apiPort, GuestPort: 8006},
-		{Name: "sandbox-api", HostAddr: f.listen, HostPort: f.sandboxPort, GuestPort: f.sandboxTo},
+func (f *libvirtFlags) dial(cmd *cobra.Command, d *deps) (*kvm.Manager, error) {
+	subnet, err := netip.ParsePrefix(f.subnet)
+	if err != nil {
+		return nil, fmt.Errorf("--subnet %q: %w", f.subnet, err)
 	}
+	return kvm.Dial(cmd.Context(), kvm.Config{
+		URI: f.uri, Network: kvm.DefaultNetwork, Bridge: f.bridge, Subnet: subnet,
+		Pool: f.pool, PoolDir: f.poolDir, LogDir: f.logDir, SysRoot: "/", HTTP: d.http,
+	})
+}
+
+// withManager runs f with a connected manager and closes it after.
+func (f *libvirtFlags) withManager(cmd *cobra.Command, d *deps, run func(*kvm.Manager) error) error {
+	m, err := f.dial(cmd, d)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return run(m)
 }
 
 func newNestedCmd(d *deps) *cobra.Command {
-	var dir string
-	cmd := &cobra.Command{Use: "nested", Short: "Proxmox nodes as nested VMs on this KVM host"}
-	cmd.PersistentFlags().StringVar(&dir, "dir", kvm.DefaultDir, "where nested nodes live")
-	mgr := func() *kvm.Manager {
-		return &kvm.Manager{Dir: dir, Runner: d.runner, HTTP: d.http, SysRoot: "/"}
-	}
+	lf := &libvirtFlags{}
+	cmd := &cobra.Command{Use: "nested", Short: "Proxmox nodes as nested VMs in this host's libvirt"}
+	lf.register(cmd)
+	cmd.AddCommand(newNestedCreateCmd(d, lf))
+	cmd.AddCommand(newNestedVerbs(d, lf)...)
+	return cmd
+}
 
+func newNestedCreateCmd(d *deps, lf *libvirtFlags) *cobra.Command {
 	ud := &userDataFlags{}
-	fw := &forwardFlags{}
 	var o kvm.CreateOptions
 	var imageURL, sumsURL string
 	create := &cobra.Command{
@@ -56,96 +73,90 @@ func newNestedCmd(d *deps) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			o.Name, o.UserData, o.Forwards = name, doc, fw.forwards()
+			o.Name, o.UserData = name, doc
 			o.Image = kvm.Image{URL: imageURL, SumsURL: sumsURL}
-			n, err := mgr().Create(cmd.Context(), o)
-			if err != nil {
-				return err
-			}
-			return printNode(cmd, n)
+			return lf.withManager(cmd, d, func(m *kvm.Manager) error {
+				n, err := m.Create(cmd.Context(), o)
+				if err != nil {
+					return err
+				}
+				printNode(cmd.OutOrStdout(), n)
+				return nil
+			})
 		},
 	}
 	ud.register(create)
-	fw.register(create, 18006, 18443)
 	fl := create.Flags()
 	fl.IntVar(&o.CPUs, "cpus", 4, "virtual CPUs")
 	fl.IntVar(&o.MemoryMiB, "memory", 8192, "memory in MiB")
 	fl.IntVar(&o.DiskGiB, "disk", 64, "disk size in GiB")
 	fl.StringVar(&o.Accel, "accel", "kvm", "kvm (host CPU, nested) or tcg (slow; no nested guests)")
+	fl.StringVar(&o.Network, "network", kvm.DefaultNetwork, "libvirt network (only "+kvm.DefaultNetwork+" is created when missing)")
+	fl.BoolVar(&o.NoAutostart, "no-autostart", false, "do not start the node when the host boots")
 	fl.StringVar(&o.CacheDir, "cache-dir", "/var/cache/pve-bootstrap/images", "verified cloud images")
 	fl.StringVar(&imageURL, "image-url", kvm.DefaultImageURL, "Debian 13 cloud image")
 	fl.StringVar(&sumsURL, "sums-url", kvm.DefaultSumsURL, "SHA512SUMS that vouches for the image")
+	return create
+}
 
+// newNestedVerbs are list, delete, stop, start and clone.
+func newNestedVerbs(d *deps, lf *libvirtFlags) []*cobra.Command {
 	list := &cobra.Command{
-		Use: "list", Short: "list nested nodes", Args: cobra.NoArgs,
+		Use: "list", Short: "list nested nodes (domains tagged by pve-bootstrap)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nodes, err := mgr().List()
-			if err != nil {
-				return err
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tINSTANCE\tFORWARDS")
-			for _, n := range nodes {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", n.Name, state(n), n.InstanceID, forwardsText(n.Forwards))
-			}
-			return tw.Flush()
+			return lf.withManager(cmd, d, func(m *kvm.Manager) error {
+				nodes, err := m.List()
+				if err != nil {
+					return err
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tAPI\tAUTOSTART\tINSTANCE")
+				for _, n := range nodes {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%s\n", n.Name, n.State, n.Address, n.APIURL, n.Autostart, n.InstanceID)
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	del := &cobra.Command{
-		Use: "delete NAME", Short: "stop a nested node and remove its disk", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return mgr().Delete(cmd.Context(), args[0]) },
-	}
-	stop := &cobra.Command{
-		Use: "stop NAME", Short: "stop a nested node's VM", Args: cobra.ExactArgs(1),
+		Use: "delete NAME", Short: "power a nested node off and remove its domain, volumes and address", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return mgr().Stop(cmd.Context(), args[0], 60*time.Second)
+			return lf.withManager(cmd, d, func(m *kvm.Manager) error { return m.Delete(cmd.Context(), args[0]) })
 		},
 	}
+	var grace time.Duration
+	stop := &cobra.Command{
+		Use: "stop NAME", Short: "shut a nested node down (powered off after --grace)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return lf.withManager(cmd, d, func(m *kvm.Manager) error { return m.Stop(cmd.Context(), args[0], grace) })
+		},
+	}
+	stop.Flags().DurationVar(&grace, "grace", 2*time.Minute, "how long the guest may take to shut down")
 	start := &cobra.Command{
 		Use: "start NAME", Short: "start a stopped nested node", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return mgr().Start(cmd.Context(), args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return lf.withManager(cmd, d, func(m *kvm.Manager) error { return m.Start(cmd.Context(), args[0]) })
+		},
 	}
-	cfw := &forwardFlags{}
 	clone := &cobra.Command{
 		Use: "clone SOURCE NAME", Short: "make another node from a stopped one, with fresh per-instance secrets", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			n, err := mgr().Clone(cmd.Context(), args[0], args[1], cfw.forwards())
-			if err != nil {
-				return err
-			}
-			return printNode(cmd, n)
+			return lf.withManager(cmd, d, func(m *kvm.Manager) error {
+				n, err := m.Clone(cmd.Context(), args[0], args[1])
+				if err != nil {
+					return err
+				}
+				printNode(cmd.OutOrStdout(), n)
+				return nil
+			})
 		},
 	}
-	cfw.register(clone, 28006, 28443)
-	cmd.AddCommand(create, list, del, stop, start, clone)
-	return cmd
+	return []*cobra.Command{list, del, stop, start, clone}
 }
 
-func state(n kvm.Node) string {
-	if n.Running {
-		return fmt.Sprintf("running (pid %d)", n.PID)
-	}
-	return "stopped"
-}
-
-func forwardsText(fs []kvm.Forward) string {
-	var s []string
-	for _, f := range fs {
-		s = append(s, fmt.Sprintf("%s:%d->%d", f.HostAddr, f.HostPort, f.GuestPort))
-	}
-	return strings.Join(s, ",")
-}
-
-func printNode(cmd *cobra.Command, n kvm.Node) error {
-	w := cmd.OutOrStdout()
-	fmt.Fprintf(w, "node %s: %s, instance %s\n", n.Name, state(n), n.InstanceID)
-	for _, f := range n.Forwards {
-		if f.GuestPort == 8006 {
-			fmt.Fprintf(w, "  proxmox     https://%s:%d/\n", f.HostAddr, f.HostPort)
-		} else {
-			fmt.Fprintf(w, "  %-11s %s:%d\n", f.Name, f.HostAddr, f.HostPort)
-		}
-	}
-	fmt.Fprintf(w, "  console log %s/serial.log (the recipe's progress; then `pve-bootstrap node status` on the node)\n", n.Dir)
-	return nil
+func printNode(w io.Writer, n kvm.Node) {
+	fmt.Fprintf(w, "node %s: %s, instance %s, autostart %v\n", n.Name, n.State, n.InstanceID, n.Autostart)
+	fmt.Fprintf(w, "  address     %s (reserved in libvirt network %s)\n", n.Address, n.Network)
+	fmt.Fprintf(w, "  proxmox     %s\n", n.APIURL)
+	fmt.Fprintf(w, "  console     virsh console %s (log: %s; the recipe's progress, then `pve-bootstrap node status` on the node)\n", n.Name, n.SerialLog)
 }

@@ -141,7 +141,11 @@ func printPlan(w io.Writer, items []provision.PlanItem) error {
 		if it.Reboot {
 			rb = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", it.ID, it.Action, rb, it.Description)
+		desc := it.Description
+		if it.Note != "" {
+			desc += " (" + it.Note + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", it.ID, it.Action, rb, desc)
 		n[it.Action]++
 	}
 	if err := tw.Flush(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"os"
 
 	guardbench "github.com/pve-inspect/pve-inspect/firewall/bench"
+	"github.com/pve-inspect/pve-inspect/firewall/egress/egressbench"
 )
 
 func sections() []section {
@@ -13,6 +14,7 @@ func sections() []section {
 		{"lockdown", benchLockdown},
 		{"qga", benchQGA},
 		{"api", benchAPI},
+		{"egress", benchEgress},
 	}
 }
 
@@ -22,5 +24,14 @@ func benchGuard(ctx context.Context, cfg config) error {
 		o.Rounds, o.RouteChanges = 3, 10
 	}
 	_, err := guardbench.Run(ctx, o, os.Stdout)
+	return err
+}
+
+func benchEgress(ctx context.Context, cfg config) error {
+	o := egressbench.Options{}
+	if cfg.quick {
+		o.Rounds = 5
+	}
+	_, err := egressbench.Run(ctx, o, os.Stdout)
 	return err
 }

@@ -89,7 +89,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 
 	s.step("start pve-inspectd in the node: host guard, lockdown controller, sandbox API, metrics")
 	dir := filepath.Join(bed.Dir(), "demo")
-	cfgPath, sock, marker, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile)
+	cfgPath, sock, marker, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, "", "")
 	if err != nil {
 		return err
 	}
@@ -143,6 +143,11 @@ func run(ctx context.Context, o options, w io.Writer) error {
 		return errors.New("file round trip: content differs")
 	}
 	fmt.Fprintf(w, "8 MiB written and read back in %v, sha256 equal\n", time.Since(t0).Round(time.Millisecond))
+
+	s.step("one MCP round trip: an agent's view through pve-inspectd mcp (stdio, the API socket)")
+	if err := mcpRoundTrip(ctx, w, bed, inspectd, cfgPath, sb.ID); err != nil {
+		return err
+	}
 
 	s.step("containment check from vm0 (guard in force, lockdown off)")
 	if err := check(ctx, w, bed, inspectd, cfgPath, sb.ID); err != nil {
@@ -368,7 +373,9 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 }
 
 // writeConfig writes the daemon's configuration for the bed's node.
-func writeConfig(dir string, bed *testvm.Bed, probePath, caFile, tokenID, secretFile string) (cfgPath, sock, marker string, err error) {
+// apiExtra and mcpExtra hold more [api] and [mcp] keys (the playground's
+// TCP listener and secrets file).
+func writeConfig(dir string, bed *testvm.Bed, probePath, caFile, tokenID, secretFile, apiExtra, mcpExtra string) (cfgPath, sock, marker string, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", "", "", err
 	}
@@ -413,16 +420,19 @@ token_file = %q
 qga_dir = %q
 templates = { debian = %d }
 agent_timeout = "2m"
-
+%s
 [api.proxmox]
 url = "https://127.0.0.1:8006/api2/json"
 node = "pve"
 token_id = %q
 secret_file = %q
 ca_file = %q
-`, filepath.Join(dir, "guard"), metricsPort, marker, bed.ResolvConf(), filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"),
+
+[mcp]
+default_template = "debian"
+%s`, filepath.Join(dir, "guard"), metricsPort, marker, bed.ResolvConf(), filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"),
 		bed.ResolvConf(), filepath.Join(dir, "halted"), probePath, testvm.LANAddr, testvm.InternetAddr, testvm.InternetAddr6, testvm.InternetName,
-		sock, filepath.Join(dir, "api-state"), filepath.Join(dir, "tokens.json"), bed.QGADir(), templateID, tokenID, secretFile, caFile)
+		sock, filepath.Join(dir, "api-state"), filepath.Join(dir, "tokens.json"), bed.QGADir(), templateID, apiExtra, tokenID, secretFile, caFile, mcpExtra)
 	cfgPath = filepath.Join(dir, "config.toml")
 	return cfgPath, sock, marker, os.WriteFile(cfgPath, []byte(doc), 0o600)
 }

@@ -22,17 +22,30 @@ import (
 type options struct {
 	binDir  string
 	timeout time.Duration
+	// stay runs the playground instead of the demo; listen is its
+	// loopback address for the API and MCP over HTTP.
+	stay   bool
+	listen string
 }
 
 func main() {
 	var o options
 	self, _ := os.Executable()
 	flag.StringVar(&o.binDir, "bin", filepath.Dir(self), "directory holding pve-inspectd and pve-inspect-probe")
-	flag.DurationVar(&o.timeout, "timeout", 15*time.Minute, "deadline of the whole demo")
+	flag.DurationVar(&o.timeout, "timeout", 15*time.Minute, "deadline of the whole demo (not of --stay)")
+	flag.BoolVar(&o.stay, "stay", false, "playground: bring the node in a box up with the daemon, its API and MCP server, print how to reach them, stay until Ctrl-C/SIGTERM")
+	flag.StringVar(&o.listen, "listen", "127.0.0.1:8443", "playground: loopback address forwarded to the daemon's TLS API listener (port 0: any)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	err := run(ctx, o, os.Stdout)
+	var cancel context.CancelFunc
+	var err error
+	if o.stay {
+		ctx, cancel = context.WithCancel(ctx)
+		err = playground(ctx, o, os.Stdout)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
+		err = run(ctx, o, os.Stdout)
+	}
 	cancel()
 	stop()
 	if err != nil {

@@ -7,8 +7,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/egress"
 )
 
 // newGuardCmds returns the host guard verbs: run, plan, status, guard remove.
@@ -42,16 +44,38 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fc := daemon.GuardConfig(cfg.Guard)
+			fc, err := daemon.FullGuardConfig(cfg)
+			if err != nil {
+				return err
+			}
+			st, err := daemon.EgressPlan(cfg)
+			if err != nil {
+				return err
+			}
+			fc.ZoneEgress = st.Zones()
 			cls, err := firewall.Classify(cmd.Context(), fc)
 			if err != nil {
 				return fmt.Errorf("classify interfaces: %w", err)
 			}
+			zp := planZones(cfg.Guard)
+			fc.Zones = zp.merged()
 			rs, err := firewall.Render(fc, cls, firewall.Switches{})
 			if err != nil {
 				return fmt.Errorf("render ruleset: %w", err)
 			}
-			return writePlan(cmd.OutOrStdout(), cls, rs)
+			w := cmd.OutOrStdout()
+			zp.write(w)
+			if err := writePlan(w, cls, rs); err != nil {
+				return err
+			}
+			brs, err := firewall.RenderBridge(bridgesOf(fc), cls, nil)
+			if err != nil {
+				return fmt.Errorf("render bridge table: %w", err)
+			}
+			if err := writeEgressPlan(w, cfg.Egress, st.Entries()); err != nil {
+				return err
+			}
+			return writeBridgePlan(w, brs)
 		},
 	}
 }
@@ -98,6 +122,22 @@ func writePlan(w io.Writer, cls firewall.Classification, rs *firewall.Ruleset) e
 	return err
 }
 
+// bridgesOf lists the configured zones' bridges.
+func bridgesOf(fc firewall.Config) []string {
+	var out []string
+	for _, b := range fc.Zones {
+		out = append(out, b...)
+	}
+	return out
+}
+
+func writeBridgePlan(w io.Writer, rs *firewall.Ruleset) error {
+	fmt.Fprintf(w, "\nlayer-2 table (%d rules; guest ports of zone bridges: %s; the daemon maps ports at run time, unmapped ports are DHCP-only):\n",
+		rs.RuleCount(), list(rs.Set(firewall.SetGuestPorts).Text))
+	_, err := io.WriteString(w, rs.String())
+	return err
+}
+
 func newStatusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
@@ -113,8 +153,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("inspect guard: %w", err)
 			}
 			writeStatus(cmd.OutOrStdout(), st)
-			if len(st.Drifts) > 0 {
-				return &exitError{code: 1, msg: fmt.Sprintf("%d difference(s) from the desired guard", len(st.Drifts))}
+			writeBridgeStatus(cmd.OutOrStdout(), st.Bridge)
+			if n := len(st.Drifts) + len(st.Bridge.Drifts); n > 0 {
+				return &exitError{code: 1, msg: fmt.Sprintf("%d difference(s) from the desired guard", n)}
 			}
 			return nil
 		},
@@ -158,11 +199,40 @@ func writeStatus(w io.Writer, st *firewall.Status) {
 	}
 }
 
+func writeBridgeStatus(w io.Writer, ts firewall.TableStatus) {
+	ref := ts.Desired.TableRef()
+	switch {
+	case !ts.Present:
+		fmt.Fprintf(w, "%s: ABSENT\n", ref)
+	case ts.Owned:
+		fmt.Fprintf(w, "%s: present, owned by netlink port %d, persist=%v\n", ref, ts.Owner, ts.Persist)
+	default:
+		fmt.Fprintf(w, "%s: present, ORPHANED (no daemon holds it), persist=%v\n", ref, ts.Persist)
+	}
+	for _, n := range ts.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	if len(ts.Counters) > 0 {
+		fmt.Fprintf(w, "layer-2 rules (packets/bytes):\n")
+		for _, c := range ts.Counters {
+			fmt.Fprintf(w, "  %-13s %-18s %d/%d\n", c.Chain, c.Rule, c.Packets, c.Bytes)
+		}
+	}
+	if len(ts.Drifts) == 0 {
+		fmt.Fprintf(w, "layer-2 table in force as desired\n")
+		return
+	}
+	fmt.Fprintf(w, "layer-2 differences:\n")
+	for _, d := range ts.Drifts {
+		fmt.Fprintf(w, "  %s\n", d)
+	}
+}
+
 func newGuardCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "guard", Short: "host guard maintenance", Args: cobra.NoArgs}
 	c.AddCommand(&cobra.Command{
 		Use:   "remove",
-		Short: "delete table inet pve-inspect and restore net.ipv6.conf.default.disable_ipv6 (stop the daemon first)",
+		Short: "delete tables inet and bridge pve-inspect and restore net.ipv6.conf.default.disable_ipv6 (stop the daemon first)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.loadConfig()
@@ -172,9 +242,22 @@ func newGuardCmd(g *globals) *cobra.Command {
 			if err := firewall.RemoveTable(cmd.Context(), daemon.GuardConfig(cfg.Guard)); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "table inet %s removed\n", firewall.TableName)
+			fmt.Fprintf(cmd.OutOrStdout(), "tables inet and bridge %s removed\n", firewall.TableName)
 			return nil
 		},
 	})
 	return c
+}
+
+// writeEgressPlan prints the egress policies: the node-wide default and
+// each sandbox zone's persisted policy.
+func writeEgressPlan(w io.Writer, def config.EgressSection, zones []egress.Entry) error {
+	fmt.Fprintf(w, "\negress policies (the node-wide lockdown wins over every one):\n")
+	fmt.Fprintf(w, "  default, for zones the daemon did not create: %s; allow %s; deny %s\n",
+		def.DefaultMode, list(def.Allow), list(def.Deny))
+	for _, e := range zones {
+		fmt.Fprintf(w, "  sandbox %s (zone %s, bridges %s): %s; allow %s; deny %s\n",
+			e.Owner, e.Zone, list(e.Bridges), e.Policy.Mode, list(e.Policy.Allow), list(e.Policy.Deny))
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -112,6 +114,7 @@ id = "test"
 [guard]
 trusted_interfaces = ["stor0"]
 zones = { zone1 = ["vnetA", "vnetA2"] }
+sdn_config = "` + filepath.Join(dir, "running-config") + `"
 dnsmasq_user = "65534"
 metadata4 = ["192.0.0.192/32"]
 verify_interval = "1s"
@@ -126,8 +129,18 @@ backup_dir = "` + filepath.Join(dir, "lockdown") + `"
 state_file = "` + filepath.Join(dir, "lockdown.json") + `"
 [halt]
 state_file = "` + filepath.Join(dir, "halted") + `"
+[egress]
+state_file = "` + filepath.Join(dir, "egress.json") + `"
 `
 	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Zones as the reference Inspect plugin creates them, one vnet of
+	// which has a bridge on the node, and a vnet pve-network would skip.
+	sdn := `{"version":4,"zones":{"ids":{"abc123z":{"type":"simple","ipam":"pve","dhcp":"dnsmasq"}}},` +
+		`"vnets":{"ids":{"vnetB":{"type":"vnet","zone":"abc123z"},"abc123v1":{"type":"vnet","zone":"abc123z"},` +
+		`"orphan":{"type":"vnet","zone":"gone"}}},"subnets":{"ids":{}},"controllers":{"ids":{}}}`
+	if err := os.WriteFile(filepath.Join(dir, "running-config"), []byte(sdn), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -143,10 +156,25 @@ func (n *node) daemonCmd(ctx context.Context, args ...string) *exec.Cmd {
 func TestPlanGolden(t *testing.T) {
 	n := newNode(t)
 	cfg := writeConfig(t)
+	// a node default and one sandbox's persisted policy show in the plan
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("default_mode = \"allowlist\"\nallow = [\"pypi.org\", \"203.0.113.0/24\"]\ndeny = [\"203.0.113.9\"]\n")
+	if err := errors.Join(err, f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	state := `{"version": 1, "zones": [{"zone": "sb1", "owner": "sb-0001", "bridges": ["vnetB"],
+		"policy": {"mode": "allowlist", "allow": ["*.github.com", "198.51.100.0/24"]}}]}`
+	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "egress.json"), []byte(state), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := n.daemonCmd(context.Background(), "plan", "-c", cfg).CombinedOutput()
 	if err != nil {
 		t.Fatalf("plan: %v\n%s", err, out)
 	}
+	out = []byte(strings.ReplaceAll(string(out), filepath.Join(filepath.Dir(cfg), "running-config"), "SDN_CONFIG"))
 	p := filepath.Join("testdata", "plan.golden")
 	if *update {
 		_ = os.MkdirAll("testdata", 0o755)
@@ -231,17 +259,28 @@ func TestRunStatusRemove(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "in force as desired") || !strings.Contains(string(out), "owned by netlink port") {
 		t.Fatalf("status while running: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "table bridge pve-inspect: present, owned by netlink port") ||
+		!strings.Contains(string(out), "layer-2 table in force as desired") {
+		t.Fatalf("status does not show the layer-2 table in force:\n%s", out)
+	}
 	m := n.scrape(t, "127.0.0.1:9474")
 	for _, want := range []string{
-		"pve_inspect_guard_rules_expected 17",
-		"pve_inspect_guard_rules_present 17",
 		`pve_inspect_guard_management_interface{interface="eth0"} 1`,
 		`pve_inspect_guard_rule_drop_packets_total{chain="forward",rule="cross-zone"} 0`,
-		"pve_inspect_guard_apply_duration_seconds_count 1",
+		// the install, then the zones of the SDN running config
+		"pve_inspect_guard_apply_duration_seconds_count 2",
+		"pve_inspect_sdn_zones 1",
+		"pve_inspect_sdn_config_valid 1",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q:\n%s", want, m)
 		}
+	}
+	// every rule of the desired table is in the kernel
+	exp := regexp.MustCompile(`(?m)^pve_inspect_guard_rules_expected (\d+)$`).FindStringSubmatch(m)
+	pres := regexp.MustCompile(`(?m)^pve_inspect_guard_rules_present (\d+)$`).FindStringSubmatch(m)
+	if exp == nil || pres == nil || exp[1] != pres[1] || exp[1] == "0" {
+		t.Errorf("rules expected %v, present %v: want the same, non-zero", exp, pres)
 	}
 	if strings.Contains(m, "pve_inspect_guard_repairs_total{") {
 		t.Errorf("first install counted as a repair:\n%s", m)
@@ -257,11 +296,15 @@ func TestRunStatusRemove(t *testing.T) {
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ORPHANED") {
 		t.Fatalf("status after stop: %v\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "table bridge pve-inspect: present, ORPHANED") {
+		t.Fatalf("the layer-2 table did not outlive the daemon:\n%s", out)
+	}
 	if out, err := n.daemonCmd(ctx, "guard", "remove", "-c", cfg).CombinedOutput(); err != nil {
 		t.Fatalf("guard remove: %v\n%s", err, out)
 	}
 	out, err = n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") {
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "ABSENT") ||
+		!strings.Contains(string(out), "table bridge pve-inspect: ABSENT") {
 		t.Fatalf("status after remove: %v\n%s", err, out)
 	}
 }

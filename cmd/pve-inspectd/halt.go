@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -17,6 +13,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 )
 
@@ -127,101 +124,38 @@ func newRecoverCmd(g *globals, cause causeCheckFor) *cobra.Command {
 // DefaultMarker is the lockdown marker of DESIGN.md section 4.
 const DefaultMarker = "/etc/inspect-proxmox-egress-lockdown"
 
-// markerRouteCause is recover's cause check for now: the cause persists
-// while the lockdown marker is present and no interface has a default route
-// (the fail-closed condition of DESIGN.md section 4), whatever the recorded
-// reason says. The lockdown controller will supply a check that proves its
-// lockdown in force (it knows the other causes: a refused commit, an
-// unverifiable table, failed DNS blanking); wire it here when it lands.
+// markerRouteCause is recover's route cause: the cause persists while the
+// lockdown marker is present and no interface carries a default route (the
+// fail-closed condition of DESIGN.md section 4). The management interfaces
+// come from the guard's own classification (firewall.Classify), the one
+// source the daemon, the lockdown and the management-port rules use too.
 func markerRouteCause(cfg config.Config) halt.CauseCheck {
-	return routeCause{marker: cfg.Lockdown.Effective().Marker, procNet: "/proc/net"}.check
+	gc := daemon.GuardConfig(cfg.Guard)
+	return routeCause{marker: cfg.Lockdown.Effective().Marker, management: func(ctx context.Context) ([]string, error) {
+		c, err := firewall.Classify(ctx, gc)
+		return c.Management, err
+	}}.check
 }
 
-// routeCause checks the fail-closed condition under configurable paths.
+// routeCause checks the fail-closed condition; management lists the
+// interfaces with a default route.
 type routeCause struct {
-	marker  string
-	procNet string
+	marker     string
+	management func(context.Context) ([]string, error)
 }
 
-func (r routeCause) check(_ context.Context, _ halt.State) error {
+func (r routeCause) check(ctx context.Context, _ halt.State) error {
 	if _, err := os.Stat(r.marker); errors.Is(err, os.ErrNotExist) {
 		return nil
 	} else if err != nil {
 		return fmt.Errorf("lockdown marker %s: %w", r.marker, err)
 	}
-	ok, err := hasDefaultRoute(r.procNet)
+	m, err := r.management(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("management interfaces: %w", err)
 	}
-	if !ok {
+	if len(m) == 0 {
 		return fmt.Errorf("lockdown marker %s present and no default route", r.marker)
 	}
 	return nil
-}
-
-// hasDefaultRoute reports whether /proc/net/route or /proc/net/ipv6_route
-// (under procNet) holds a usable default route on an interface other than
-// lo.
-func hasDefaultRoute(procNet string) (bool, error) {
-	v4, err := os.Open(filepath.Join(procNet, "route"))
-	if err != nil {
-		return false, fmt.Errorf("read routes: %w", err)
-	}
-	defer v4.Close()
-	if ok, err := defaultRoute4(v4); ok || err != nil {
-		return ok, err
-	}
-	v6, err := os.Open(filepath.Join(procNet, "ipv6_route"))
-	if errors.Is(err, os.ErrNotExist) { // IPv6 disabled
-		return false, nil
-	} else if err != nil {
-		return false, fmt.Errorf("read routes: %w", err)
-	}
-	defer v6.Close()
-	return defaultRoute6(v6)
-}
-
-const (
-	rtfUp     = 0x0001
-	rtfReject = 0x0200
-)
-
-// defaultRoute4 parses /proc/net/route: Iface Destination Gateway Flags
-// RefCnt Use Metric Mask ...
-func defaultRoute4(r io.Reader) (bool, error) {
-	sc := bufio.NewScanner(r)
-	for first := true; sc.Scan(); first = false {
-		f := strings.Fields(sc.Text())
-		if first || len(f) < 8 {
-			continue
-		}
-		flags, err := strconv.ParseUint(f[3], 16, 32)
-		if err != nil {
-			return false, fmt.Errorf("parse /proc/net/route flags %q: %w", f[3], err)
-		}
-		if f[0] != "lo" && f[1] == "00000000" && f[7] == "00000000" && flags&rtfUp != 0 && flags&rtfReject == 0 {
-			return true, nil
-		}
-	}
-	return false, sc.Err()
-}
-
-// defaultRoute6 parses /proc/net/ipv6_route: dst dst_len src src_len
-// next_hop metric refcnt use flags iface.
-func defaultRoute6(r io.Reader) (bool, error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 10 {
-			continue
-		}
-		flags, err := strconv.ParseUint(f[8], 16, 32)
-		if err != nil {
-			return false, fmt.Errorf("parse /proc/net/ipv6_route flags %q: %w", f[8], err)
-		}
-		if f[9] != "lo" && f[0] == strings.Repeat("0", 32) && f[1] == "00" && flags&rtfUp != 0 && flags&rtfReject == 0 {
-			return true, nil
-		}
-	}
-	return false, sc.Err()
 }

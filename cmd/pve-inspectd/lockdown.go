@@ -26,11 +26,14 @@ const (
 
 func newLockdownCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "lockdown on|off|status",
+		Use:   "lockdown on|off|status|sync",
 		Short: "ask for or lift the egress lockdown (the marker file), or show whether it is in force",
 		Long: `lockdown on creates the marker file, lockdown off removes it; the running
 daemon enforces what the marker asks for. lockdown status shows the marker,
-whether the daemon has the lockdown in force, and why not.
+whether the daemon has the lockdown in force, and why not. lockdown sync
+waits until the daemon has the node in the state the marker asks for: the
+reference runbook's "touch|rm the marker, then systemctl start
+inspect-proxmox-egress-lockdown.service" runs it.
 
 Exit codes: 0 the node is in the state the marker asks for; 3 it is not (yet),
 or the daemon's state is unknown or stale; 1 any other error.`,
@@ -92,7 +95,29 @@ or the daemon's state is unknown or stale; 1 any other error.`,
 		},
 	}
 	status.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
-	cmd.AddCommand(set(true), set(false), status)
+	var syncWait time.Duration
+	sync := &cobra.Command{
+		Use:   "sync",
+		Short: "wait until the daemon has the node in the state the marker asks for (the reference runbook's unit)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			s := cfg.Lockdown.Effective()
+			on, err := lockdown.MarkerPresent(s.Marker)
+			if err != nil {
+				on = true // a marker that cannot be checked counts as present, as in the daemon
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "marker %s %s: waiting for pve-inspectd\n", s.Marker, map[bool]string{true: "present", false: "absent"}[on])
+			// A state the daemon published recently enough is proof; an
+			// older one is waited past (it may predate the marker change).
+			return waitConverged(cmd.Context(), cmd.OutOrStdout(), s, on, time.Now().Add(-staleAfter(s)), syncWait)
+		},
+	}
+	sync.Flags().DurationVar(&syncWait, "wait", 75*time.Second, "how long to wait for the daemon")
+	cmd.AddCommand(set(true), set(false), status, sync)
 	return cmd
 }
 

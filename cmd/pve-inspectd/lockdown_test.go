@@ -228,3 +228,46 @@ func TestLockdownCause(t *testing.T) {
 		t.Errorf("lockdown enforced: cause %v", err)
 	}
 }
+
+// TestLockdownSync is the reference runbook's unit: the marker is created
+// or removed by hand ("touch", "rm"), then `lockdown sync` waits until the
+// daemon has the node in that state, and fails (exit 3) when it cannot.
+func TestLockdownSync(t *testing.T) {
+	e := newCLIEnv(t)
+	if out, code := e.run("lockdown", "sync", "--wait", "300ms"); code != exitNotConverged {
+		t.Errorf("sync without a daemon: code %d, output:\n%s", code, out)
+	}
+	g := &cliGuard{}
+	e.daemon(g)
+	steps := []struct {
+		name   string
+		marker bool
+		verify error
+		code   int
+		want   string
+	}{
+		{name: "touch, then sync", marker: true, code: 0, want: "lockdown in force"},
+		{name: "rm, then sync", marker: false, code: 0, want: "lockdown lifted"},
+		{name: "touch, lockdown cannot be proven", marker: true, verify: errors.New("table pve-inspect is missing"), code: exitNotConverged, want: "not converged"},
+	}
+	for _, s := range steps {
+		g.mu.Lock()
+		g.verifyErr = s.verify
+		g.mu.Unlock()
+		if s.marker {
+			if err := os.WriteFile(e.sec.Marker, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := os.Remove(e.sec.Marker); err != nil {
+			t.Fatal(err)
+		}
+		wait := "20s"
+		if s.code != 0 {
+			wait = "2s"
+		}
+		out, code := e.run("lockdown", "sync", "--wait", wait)
+		if code != s.code || !strings.Contains(out, s.want) {
+			t.Errorf("%s: code %d, output:\n%s", s.name, code, out)
+		}
+	}
+}

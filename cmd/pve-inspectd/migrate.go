@@ -17,7 +17,7 @@ import (
 func newMigrateCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate-reference",
-		Short: "disable the reference scripts' units and remove their iptables rules (keeps the lockdown marker)",
+		Short: "stop and mask the reference scripts' units, remove their iptables rules (keeps the lockdown marker)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
@@ -48,6 +48,15 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			for _, u := range rep.UnitsDisabled {
 				fmt.Fprintf(out, "disabled reference unit %s\n", u)
 			}
+			for _, f := range rep.UnitFilesMoved {
+				fmt.Fprintf(out, "moved the reference unit file out of systemd's way: %s\n", f)
+			}
+			for _, u := range rep.UnitsMasked {
+				fmt.Fprintf(out, "masked reference unit %s\n", u)
+			}
+			if rep.ScriptDisabled {
+				fmt.Fprintln(out, "reference lockdown script no longer executable")
+			}
 			for _, r := range rep.RulesRemoved {
 				fmt.Fprintf(out, "removed reference rule: %s\n", r)
 			}
@@ -67,3 +76,6 @@ type noSystemd struct{}
 
 func (noSystemd) UnitExists(context.Context, string) (bool, error) { return false, nil }
 func (noSystemd) StopAndDisable(context.Context, string) error     { return nil }
+func (noSystemd) Reload(context.Context) error                     { return nil }
+func (noSystemd) Mask(context.Context, string) error               { return nil }
+func (noSystemd) Masked(context.Context, string) (bool, error)     { return false, nil }

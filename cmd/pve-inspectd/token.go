@@ -27,6 +27,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 	cmd.PersistentFlags().StringVar(&file, "token-file", "", "token file (default: api.token_file from the config)")
 
 	var scopes []string
+	var owner string
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "create a token and print it once (only its hash is stored)",
@@ -40,7 +41,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 			for _, x := range scopes {
 				sc = append(sc, strings.Split(x, ",")...)
 			}
-			tok, _, err := s.Create(args[0], sc, time.Now())
+			tok, _, err := s.CreateOwned(args[0], owner, sc, time.Now())
 			if err != nil {
 				return err
 			}
@@ -49,6 +50,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 		},
 	}
 	create.Flags().StringArrayVar(&scopes, "scope", []string{"read"}, "scope: read, exec or admin (repeatable or comma-separated; admin > exec > read)")
+	create.Flags().StringVar(&owner, "owner", "", "bind the token to this owner: it sees and touches only that owner's sandboxes and creates sandboxes for it")
 
 	list := &cobra.Command{
 		Use:   "list",
@@ -64,9 +66,13 @@ func newTokenCmd(g *globals) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tCREATED")
+			fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tOWNER\tCREATED")
 			for _, t := range l {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.ID, t.Name, strings.Join(t.Scopes, ","), t.Created.Format(time.RFC3339))
+				owner := t.Owner
+				if owner == "" {
+					owner = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, strings.Join(t.Scopes, ","), owner, t.Created.Format(time.RFC3339))
 			}
 			return tw.Flush()
 		},

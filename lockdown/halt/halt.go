@@ -17,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
+
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
 // DefaultStateFile records an active halt.
@@ -457,7 +459,7 @@ func (h *Halter) Status() (State, error) {
 	return st, nil
 }
 
-// writeState writes the state file atomically (temporary file and rename).
+// writeState writes the state file atomically (atomicfile).
 func (h *Halter) writeState(st State) error {
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -467,23 +469,7 @@ func (h *Halter) writeState(st State) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("halt: state dir: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".halted-*")
-	if err != nil {
-		return fmt.Errorf("halt: write state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("halt: write state: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("halt: write state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("halt: write state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), h.cfg.StateFile); err != nil {
+	if err := atomicfile.Write(h.cfg.StateFile, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("halt: write state: %w", err)
 	}
 	return nil

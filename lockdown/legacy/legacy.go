@@ -35,7 +35,28 @@ type Systemd interface {
 	UnitExists(ctx context.Context, unit string) (bool, error)
 	// StopAndDisable stops the unit and disables its unit file.
 	StopAndDisable(ctx context.Context, unit string) error
+	// Mask masks the unit persistently (a link to /dev/null in
+	// /etc/systemd/system) and reloads systemd.
+	Mask(ctx context.Context, unit string) error
+	// Masked reports whether the unit is masked.
+	Masked(ctx context.Context, unit string) (bool, error)
+	// Reload makes systemd read the unit files again.
+	Reload(ctx context.Context) error
 }
+
+// OwnUnit is the reference lockdown unit's name, which the pve-inspectd
+// package ships itself (it asks the daemon for the lockdown, so the
+// reference runbook keeps working): the takeover moves the reference's
+// file of that name aside instead of masking the name.
+const OwnUnit = "inspect-proxmox-egress-lockdown.service"
+
+// Where the reference scripts put their unit files and their lockdown
+// script (host paths under Takeover.Root).
+const (
+	unitDir         = "etc/systemd/system"
+	referenceScript = "usr/local/bin/inspect-proxmox-egress-lockdown.sh"
+	asideSuffix     = ".disabled-by-pve-inspectd"
+)
 
 // Runner runs a command and returns its standard output.
 type Runner func(ctx context.Context, argv ...string) ([]byte, error)
@@ -69,7 +90,13 @@ type Takeover struct {
 
 // Report says what a takeover did.
 type Report struct {
-	UnitsDisabled   []string
+	UnitsDisabled []string
+	// UnitsMasked can no longer be started by anyone; UnitFilesMoved are
+	// the reference's unit files renamed with a suffix systemd ignores.
+	UnitsMasked    []string
+	UnitFilesMoved []string
+	// ScriptDisabled: the reference lockdown script lost its execute bits.
+	ScriptDisabled  bool
 	RulesRemoved    []string
 	ResolverRestore bool
 }
@@ -78,18 +105,8 @@ type Report struct {
 // nothing to do.
 func (t *Takeover) Run(ctx context.Context) (Report, error) {
 	var rep Report
-	for _, u := range Units {
-		ok, err := t.Systemd.UnitExists(ctx, u)
-		if err != nil {
-			return rep, fmt.Errorf("look up %s: %w", u, err)
-		}
-		if !ok {
-			continue
-		}
-		if err := t.Systemd.StopAndDisable(ctx, u); err != nil {
-			return rep, fmt.Errorf("disable %s: %w", u, err)
-		}
-		rep.UnitsDisabled = append(rep.UnitsDisabled, u)
+	if err := t.takeUnits(ctx, &rep); err != nil {
+		return rep, err
 	}
 	removed, err := t.removeRules(ctx)
 	rep.RulesRemoved = removed
@@ -132,6 +149,66 @@ func (t *Takeover) Run(ctx context.Context) (Report, error) {
 	}
 	rep.ResolverRestore = true
 	return rep, nil
+}
+
+// takeUnits stops and disables the reference's units, moves their unit
+// files out of systemd's way and masks every name but OwnUnit (ours now),
+// so neither a timer, an OnFailure= nor an operator can start the old
+// script again; the script itself loses its execute bits.
+func (t *Takeover) takeUnits(ctx context.Context, rep *Report) error {
+	root := t.Root
+	if root == "" {
+		root = "/"
+	}
+	for _, u := range Units {
+		if masked, err := t.Systemd.Masked(ctx, u); err != nil {
+			return fmt.Errorf("look up %s: %w", u, err)
+		} else if masked {
+			continue // taken over by an earlier run
+		}
+		file := filepath.Join(root, unitDir, u)
+		_, serr := os.Lstat(file)
+		theirs := serr == nil
+		ok, err := t.Systemd.UnitExists(ctx, u)
+		if err != nil {
+			return fmt.Errorf("look up %s: %w", u, err)
+		}
+		if u == OwnUnit && !theirs {
+			continue // only ours (or none) is there
+		}
+		if ok {
+			if err := t.Systemd.StopAndDisable(ctx, u); err != nil {
+				return fmt.Errorf("disable %s: %w", u, err)
+			}
+			rep.UnitsDisabled = append(rep.UnitsDisabled, u)
+		}
+		if theirs {
+			if err := os.Rename(file, file+asideSuffix); err != nil {
+				return fmt.Errorf("move %s aside: %w", file, err)
+			}
+			rep.UnitFilesMoved = append(rep.UnitFilesMoved, file+asideSuffix)
+		}
+		if u == OwnUnit || (!ok && !theirs) {
+			continue
+		}
+		if err := t.Systemd.Mask(ctx, u); err != nil {
+			return fmt.Errorf("mask %s: %w", u, err)
+		}
+		rep.UnitsMasked = append(rep.UnitsMasked, u)
+	}
+	if len(rep.UnitFilesMoved) > 0 {
+		if err := t.Systemd.Reload(ctx); err != nil {
+			return fmt.Errorf("reload systemd: %w", err)
+		}
+	}
+	script := filepath.Join(root, referenceScript)
+	if fi, err := os.Stat(script); err == nil && fi.Mode().Perm()&0o111 != 0 {
+		if err := os.Chmod(script, fi.Mode().Perm()&^0o111); err != nil {
+			return fmt.Errorf("disable %s: %w", script, err)
+		}
+		rep.ScriptDisabled = true
+	}
+	return nil
 }
 
 // reference rules matched by specification (no comment on them).

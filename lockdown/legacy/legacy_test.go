@@ -73,9 +73,19 @@ func FuzzSplitRule(f *testing.F) {
 type fakeSystemd struct {
 	units    map[string]bool
 	disabled []string
+	masked   map[string]bool
 }
 
 func (f *fakeSystemd) UnitExists(_ context.Context, u string) (bool, error) { return f.units[u], nil }
+func (f *fakeSystemd) Reload(context.Context) error                         { return nil }
+func (f *fakeSystemd) Masked(_ context.Context, u string) (bool, error)     { return f.masked[u], nil }
+func (f *fakeSystemd) Mask(_ context.Context, u string) error {
+	if f.masked == nil {
+		f.masked = map[string]bool{}
+	}
+	f.masked[u] = true
+	return nil
+}
 func (f *fakeSystemd) StopAndDisable(_ context.Context, u string) error {
 	f.disabled = append(f.disabled, u)
 	return nil
@@ -126,7 +136,15 @@ func TestTakeoverInNetns(t *testing.T) {
 	orig := "nameserver 192.0.2.53\n"
 	_ = os.WriteFile(filepath.Join(root, resolvBackup), []byte(orig), 0o644)
 	_ = os.WriteFile(filepath.Join(root, resolvPath), []byte("# inspect-proxmox-egress-lockdown: blanked\n"), 0o644)
-	sd := &fakeSystemd{units: map[string]bool{"inspect-proxmox-egress-lockdown.timer": true, "inspect-proxmox-egress-lockdown.service": true}}
+	for _, f := range []string{"inspect-proxmox-egress-lockdown.timer", OwnUnit} {
+		if err := os.MkdirAll(filepath.Join(root, unitDir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.WriteFile(filepath.Join(root, unitDir, f), []byte("[Unit]\n"), 0o644)
+	}
+	_ = os.MkdirAll(filepath.Join(root, filepath.Dir(referenceScript)), 0o755)
+	_ = os.WriteFile(filepath.Join(root, referenceScript), []byte("#!/bin/bash\n"), 0o755)
+	sd := &fakeSystemd{units: map[string]bool{"inspect-proxmox-egress-lockdown.timer": true, OwnUnit: true}}
 	tk := &Takeover{Systemd: sd, Exec: inNS, Root: root}
 	rep, err := tk.Run(ctx)
 	if err != nil {
@@ -135,8 +153,24 @@ func TestTakeoverInNetns(t *testing.T) {
 	if len(rep.RulesRemoved) != 5 {
 		t.Fatalf("removed %d rules, want 5: %q", len(rep.RulesRemoved), rep.RulesRemoved)
 	}
-	if !reflect.DeepEqual(sd.disabled, []string{"inspect-proxmox-egress-lockdown.timer", "inspect-proxmox-egress-lockdown.service"}) {
+	if !reflect.DeepEqual(sd.disabled, []string{"inspect-proxmox-egress-lockdown.timer", OwnUnit}) {
 		t.Fatalf("disabled %q", sd.disabled)
+	}
+	// Every reference name is masked but the one the package ships; their
+	// files are out of systemd's way; the script cannot be executed.
+	if !reflect.DeepEqual(rep.UnitsMasked, []string{"inspect-proxmox-egress-lockdown.timer"}) || sd.masked[OwnUnit] {
+		t.Fatalf("masked %q (fake: %v)", rep.UnitsMasked, sd.masked)
+	}
+	for _, f := range []string{"inspect-proxmox-egress-lockdown.timer", OwnUnit} {
+		if _, err := os.Lstat(filepath.Join(root, unitDir, f)); !os.IsNotExist(err) {
+			t.Errorf("reference unit file %s still in place: %v", f, err)
+		}
+		if _, err := os.Stat(filepath.Join(root, unitDir, f+asideSuffix)); err != nil {
+			t.Errorf("reference unit file %s not kept aside: %v", f, err)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, referenceScript)); err != nil || fi.Mode().Perm()&0o111 != 0 || !rep.ScriptDisabled {
+		t.Errorf("reference script still executable: %v %v", fi.Mode(), err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(root, resolvPath)); string(b) != orig || !rep.ResolverRestore {
 		t.Fatalf("resolver not restored: %q", b)
@@ -153,8 +187,8 @@ func TestTakeoverInNetns(t *testing.T) {
 		t.Fatalf("ip6tables rule left:\n%s", v6)
 	}
 	// Again: nothing to do.
-	rep, err = (&Takeover{Systemd: &fakeSystemd{}, Exec: inNS, Root: root}).Run(ctx)
-	if err != nil || len(rep.RulesRemoved) != 0 || rep.ResolverRestore {
+	rep, err = (&Takeover{Systemd: sd, Exec: inNS, Root: root}).Run(ctx)
+	if err != nil || len(rep.RulesRemoved) != 0 || rep.ResolverRestore || len(rep.UnitsMasked) != 0 || len(rep.UnitFilesMoved) != 0 || rep.ScriptDisabled {
 		t.Fatalf("second run: %+v %v", rep, err)
 	}
 }

@@ -65,3 +65,28 @@ func (s *DBusSystemd) StopAndDisable(ctx context.Context, unit string) error {
 	}
 	return s.conn.ReloadContext(ctx)
 }
+
+// Mask masks the unit persistently and reloads systemd.
+func (s *DBusSystemd) Mask(ctx context.Context, unit string) error {
+	if _, err := s.conn.MaskUnitFilesContext(ctx, []string{unit}, false, true); err != nil {
+		return fmt.Errorf("mask: %w", err)
+	}
+	return s.conn.ReloadContext(ctx)
+}
+
+// Reload makes systemd read the unit files again.
+func (s *DBusSystemd) Reload(ctx context.Context) error { return s.conn.ReloadContext(ctx) }
+
+// Masked reports whether the unit's load state is "masked".
+func (s *DBusSystemd) Masked(ctx context.Context, unit string) (bool, error) {
+	st, err := s.conn.ListUnitsByNamesContext(ctx, []string{unit})
+	if err != nil {
+		return false, err
+	}
+	for _, u := range st {
+		if u.Name == unit && u.LoadState == "masked" {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -422,7 +422,7 @@ func checkHardening(t *testing.T, b *box) {
 		"RestrictSUIDSGID":        "yes",
 		"MemoryDenyWriteExecute":  "yes",
 		"LockPersonality":         "yes",
-		"CapabilityBoundingSet":   "cap_kill cap_net_admin",
+		"CapabilityBoundingSet":   "cap_chown cap_kill cap_net_admin",
 		"AmbientCapabilities":     "",
 		"RestrictAddressFamilies": "AF_INET AF_INET6 AF_NETLINK AF_UNIX",
 		"SystemCallArchitectures": "native",
@@ -460,9 +460,9 @@ func checkHardening(t *testing.T, b *box) {
 			fields[k] = strings.TrimSpace(v)
 		}
 	}
-	// CAP_KILL (5) and CAP_NET_ADMIN (12).
-	if fields["CapBnd"] != fmt.Sprintf("%016x", 1<<5|1<<12) {
-		t.Errorf("daemon CapBnd=%s, want only CAP_KILL and CAP_NET_ADMIN", fields["CapBnd"])
+	// CAP_CHOWN (0), CAP_KILL (5) and CAP_NET_ADMIN (12).
+	if fields["CapBnd"] != fmt.Sprintf("%016x", 1<<0|1<<5|1<<12) {
+		t.Errorf("daemon CapBnd=%s, want only CAP_CHOWN, CAP_KILL and CAP_NET_ADMIN", fields["CapBnd"])
 	}
 	if fields["NoNewPrivs"] != "1" || fields["Seccomp"] != "2" {
 		t.Errorf("daemon NoNewPrivs=%s Seccomp=%s, want 1 and 2", fields["NoNewPrivs"], fields["Seccomp"])
@@ -589,6 +589,7 @@ ConditionPathExists=/etc/inspect-proxmox-egress-lockdown
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+ExecStart=/usr/local/bin/inspect-proxmox-egress-lockdown.sh
 ExecStart=/usr/sbin/iptables -w -t mangle -I FORWARD 1 -o lo -m comment --comment "inspect-proxmox-egress-lockdown 1.2" -j DROP
 ExecStart=/usr/sbin/iptables -w -t mangle -I OUTPUT 1 -o lo -m owner --uid-owner 65534 -m comment --comment "inspect-proxmox-egress-lockdown 1.2" -j DROP
 [Install]
@@ -609,6 +610,10 @@ ExecStart=/bin/true
 `,
 }
 
+// referenceScript stands in for the reference lockdown script: it leaves a
+// trace when it runs.
+const referenceScript = "#!/bin/sh\necho ran >> /root/old-script-ran\n"
+
 // TestMigrateFromReference: on a node set up by the reference scripts
 // (their units enabled, their rules in force, the marker present), the
 // install disables their units, removes their rules (an operator's rule
@@ -621,7 +626,8 @@ func TestMigrateFromReference(t *testing.T) {
 		Name:   "pkg-migrate",
 		Units:  referenceUnits,
 		Enable: []string{"inspect-proxmox-block-cloud-metadata.service", "inspect-proxmox-egress-lockdown.service", "inspect-proxmox-egress-lockdown.timer"},
-		Files:  []sysbox.File{{Path: "/etc/inspect-proxmox-egress-lockdown", Data: []byte(marker)}},
+		Files: []sysbox.File{{Path: "/etc/inspect-proxmox-egress-lockdown", Data: []byte(marker)},
+			{Path: "/usr/local/bin/inspect-proxmox-egress-lockdown.sh", Data: []byte(referenceScript), Mode: 0o755}},
 	})
 	b.addUplink()
 	b.run("iptables", "-w", "-t", "mangle", "-I", "FORWARD", "1", "-i", "lo", "-m", "comment", "--comment", "operator rule", "-j", "DROP")
@@ -661,6 +667,7 @@ func TestMigrateFromReference(t *testing.T) {
 	if p := b.show("pveproxy.service", "ActiveState"); p["ActiveState"] != "active" {
 		t.Errorf("the node halted although the lockdown is in force: pveproxy %v", p)
 	}
+	checkRunbook(t, b)
 
 	// Upgrade with the lockdown on: the lockdown set never loses the
 	// management interface (nft monitor sees every element deletion).
@@ -802,7 +809,7 @@ func TestDaemonSandboxCanHalt(t *testing.T) {
 				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-u", "pve-inspectd-haltprobe.service")
 				t.Fatalf("halt under the daemon's sandbox: %v\n%s\n%s", err, out, j)
 			}
-			if p := b.show("pve-inspectd-haltprobe.service", "CapabilityBoundingSet", "NoNewPrivileges"); p["CapabilityBoundingSet"] != "cap_kill cap_net_admin" || p["NoNewPrivileges"] != "yes" {
+			if p := b.show("pve-inspectd-haltprobe.service", "CapabilityBoundingSet", "NoNewPrivileges"); p["CapabilityBoundingSet"] != "cap_chown cap_kill cap_net_admin" || p["NoNewPrivileges"] != "yes" {
 				t.Fatalf("probe unit not sandboxed like the daemon: %v", p)
 			}
 			for _, u := range []string{"pveproxy.service", "pvedaemon.service"} {
@@ -848,7 +855,7 @@ func TestDaemonSandboxCanSignalDnsmasq(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.dropKill {
-				probe = strings.Replace(probe, "CapabilityBoundingSet=CAP_NET_ADMIN CAP_KILL", "CapabilityBoundingSet=CAP_NET_ADMIN", 1)
+				probe = strings.Replace(probe, "CapabilityBoundingSet=CAP_NET_ADMIN CAP_KILL CAP_CHOWN", "CapabilityBoundingSet=CAP_NET_ADMIN CAP_CHOWN", 1)
 			}
 			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-killprobe.service", []byte(probe), 0o644); err != nil {
 				t.Fatal(err)
@@ -919,5 +926,87 @@ func TestDaemonSandboxFilesystem(t *testing.T) {
 				t.Fatalf("write %s under the daemon's sandbox: err=%v, want writable=%v\n%s", tc.path, err, tc.writable, j)
 			}
 		})
+	}
+}
+
+// checkRunbook: after the takeover the reference units are masked (the
+// lockdown service's name is the package's own unit now), the old script
+// cannot run, and the reference runbook ("rm"/"touch" the marker, then
+// "systemctl start inspect-proxmox-egress-lockdown.service") lifts and
+// asks for the lockdown through the daemon. It leaves the marker present.
+func checkRunbook(t *testing.T, b *box) {
+	t.Helper()
+	const own = "inspect-proxmox-egress-lockdown.service"
+	for u := range referenceUnits {
+		p := b.show(u, "LoadState", "FragmentPath")
+		switch {
+		case u == own && p["FragmentPath"] != "/usr/lib/systemd/system/"+own:
+			t.Errorf("%s is not the package's unit: %v", u, p)
+		case u != own && p["LoadState"] != "masked":
+			t.Errorf("%s not masked after the takeover: %v", u, p)
+		}
+	}
+	b.run("rm", "-f", "/root/old-script-ran")
+	if out, err := b.Exec(b.ctx, "systemctl", "start", "inspect-proxmox-egress-lockdown.timer"); err == nil {
+		t.Errorf("the reference timer started although masked:\n%s", out)
+	}
+	if out, err := b.Exec(b.ctx, "/usr/local/bin/inspect-proxmox-egress-lockdown.sh"); err == nil {
+		t.Errorf("the reference script still runs:\n%s", out)
+	}
+
+	b.run("rm", "/etc/inspect-proxmox-egress-lockdown")
+	b.run("systemctl", "start", own)
+	if out := b.run("pve-inspectd", "lockdown", "status", "--json"); !strings.Contains(out, `"marker": false`) || !strings.Contains(out, `"ok": true`) {
+		t.Errorf("runbook off: the unit succeeded but the lockdown is not lifted:\n%s", out)
+	}
+	b.run("touch", "/etc/inspect-proxmox-egress-lockdown")
+	b.run("systemctl", "start", own)
+	if out := b.run("pve-inspectd", "lockdown", "status", "--json"); !strings.Contains(out, `"enforced": true`) {
+		t.Errorf("runbook on: the unit succeeded but the lockdown is not in force:\n%s", out)
+	}
+	b.requireLockdownInForce()
+	if _, err := b.Exec(b.ctx, "test", "-e", "/root/old-script-ran"); err == nil {
+		t.Errorf("the reference script ran after the takeover")
+	}
+	b.run("sh", "-c", "echo '# lockdown asked for by the operator' > /etc/inspect-proxmox-egress-lockdown")
+}
+
+// TestSocketGroup: with [api] socket_group set, the shipped unit's daemon
+// hands the API socket and its runtime directory (RuntimeDirectoryMode=0750)
+// to that group: a member reaches the API (which answers 503 unavailable
+// here, nothing listening at the Proxmox address), a non-member is refused
+// by the file system.
+func TestSocketGroup(t *testing.T) {
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-socket-group"})
+	b.install(v1)
+	b.requireGuardInForce()
+	b.sh("groupadd sbxusers && useradd -M -G sbxusers alice && useradd -M bob && " +
+		"echo 00000000-0000-0000-0000-000000000000 > /etc/pve-inspectd/pve-token && chmod 600 /etc/pve-inspectd/pve-token")
+	cfg := "[api]\nenabled = true\nsocket_group = \"sbxusers\"\nmgmt_rules = false\n[api.proxmox]\nca_file = \"\"\n"
+	if err := b.WriteFile(b.ctx, "/etc/pve-inspectd/config.toml", []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.run("systemctl", "restart", "pve-inspectd.service")
+	b.eventually(60*time.Second, "the API socket", func() bool {
+		_, err := b.Exec(b.ctx, "test", "-S", "/run/pve-inspectd/api.sock")
+		return err == nil
+	})
+	if got := strings.TrimSpace(b.run("stat", "-c", "%a %G", "/run/pve-inspectd", "/run/pve-inspectd/api.sock")); got != "710 sbxusers\n660 sbxusers" {
+		t.Errorf("runtime directory and socket: %q, want 710 and 660, group sbxusers", got)
+	}
+	list := func(user string) (string, error) {
+		out, err := b.Exec(b.ctx, "runuser", "-u", user, "--", "pve-inspectd", "sandbox", "list", "--socket", "/run/pve-inspectd/api.sock")
+		return string(out), err
+	}
+	b.eventually(60*time.Second, "the API answering a member of the group", func() bool {
+		out, _ := list("alice")
+		return strings.Contains(out, "unavailable")
+	})
+	if out, err := list("bob"); err == nil || !strings.Contains(out, "permission denied") {
+		t.Errorf("a user outside the group: %v %q, want permission denied", err, out)
+	}
+	if p := b.show("pve-inspectd.service", "ActiveState"); p["ActiveState"] != "active" {
+		t.Errorf("daemon %v with the API unable to reach Proxmox", p)
 	}
 }

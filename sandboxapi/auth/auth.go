@@ -23,6 +23,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/atomicfile"
 )
 
 // Scopes a token can carry (admin > exec > read).
@@ -38,6 +40,9 @@ type Token struct {
 	Scopes  []string  `json:"scopes"`
 	SHA256  string    `json:"sha256"`
 	Created time.Time `json:"created"`
+	// Owner, when set, binds the token to that owner: it sees and touches
+	// only the sandboxes of that owner, and creates sandboxes for it.
+	Owner string `json:"owner,omitempty"`
 }
 
 type file struct {
@@ -108,9 +113,16 @@ func readFile(path string) (file, error) {
 
 // Verify checks a presented token and returns its name and scopes.
 func (s *Store) Verify(token string) (string, []string, error) {
+	name, scopes, _, err := s.VerifyOwner(token)
+	return name, scopes, err
+}
+
+// VerifyOwner is Verify that also returns the owner the token is bound to
+// ("" when it is not).
+func (s *Store) VerifyOwner(token string) (string, []string, string, error) {
 	toks, err := s.load()
 	if err != nil {
-		return "", nil, err
+		return "", nil, "", err
 	}
 	m := reToken.FindStringSubmatch(token)
 	sum := sha256.Sum256([]byte(token))
@@ -125,9 +137,9 @@ func (s *Store) Verify(token string) (string, []string, error) {
 		ok = false
 	}
 	if subtle.ConstantTimeCompare(sum[:], want) != 1 || !ok {
-		return "", nil, ErrInvalid
+		return "", nil, "", ErrInvalid
 	}
-	return t.Name, slices.Clone(t.Scopes), nil
+	return t.Name, slices.Clone(t.Scopes), t.Owner, nil
 }
 
 // withLock runs fn with an exclusive lock on <path>.lock, then writes the
@@ -155,20 +167,7 @@ func (s *Store) update(fn func(*file) error) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(s.path), filepath.Base(s.path)+".*")
-	if err != nil {
-		return fmt.Errorf("token file: %w", err)
-	}
-	_, werr := tmp.Write(append(b, '\n'))
-	cherr := tmp.Chmod(0o600)
-	serr := tmp.Sync()
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cherr, serr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("token file: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		os.Remove(tmp.Name())
+	if err := atomicfile.Write(s.path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("token file: %w", err)
 	}
 	return nil
@@ -176,8 +175,16 @@ func (s *Store) update(fn func(*file) error) error {
 
 // Create adds a token and returns its secret form (shown once).
 func (s *Store) Create(name string, scopes []string, now time.Time) (string, Token, error) {
+	return s.CreateOwned(name, "", scopes, now)
+}
+
+// CreateOwned is Create for a token bound to owner ("" = unbound).
+func (s *Store) CreateOwned(name, owner string, scopes []string, now time.Time) (string, Token, error) {
 	if !reName.MatchString(name) {
 		return "", Token{}, fmt.Errorf("token name %q: want [A-Za-z0-9._-], at most 64 characters", name)
+	}
+	if owner != "" && !reName.MatchString(owner) {
+		return "", Token{}, fmt.Errorf("owner %q: want [A-Za-z0-9._-], at most 64 characters", owner)
 	}
 	if len(scopes) == 0 {
 		return "", Token{}, errors.New("at least one scope is required (read, exec, admin)")
@@ -198,7 +205,7 @@ func (s *Store) Create(name string, scopes []string, now time.Time) (string, Tok
 	id := hex.EncodeToString(idb[:])
 	tok := "pvei_" + id + "_" + base64.RawURLEncoding.EncodeToString(sec[:])
 	sum := sha256.Sum256([]byte(tok))
-	t := Token{ID: id, Name: name, Scopes: slices.Clone(scopes), SHA256: hex.EncodeToString(sum[:]), Created: now.UTC()}
+	t := Token{ID: id, Name: name, Scopes: slices.Clone(scopes), SHA256: hex.EncodeToString(sum[:]), Created: now.UTC(), Owner: owner}
 	err := s.update(func(f *file) error {
 		for _, o := range f.Tokens {
 			if o.Name == name {

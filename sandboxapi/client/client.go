@@ -170,6 +170,19 @@ func (c *Client) Extend(ctx context.Context, id string, ttl time.Duration) (sand
 	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/extend", sandboxapi.ExtendRequest{TTLSeconds: int64(ttl / time.Second)}, &sb)
 }
 
+// Egress returns a sandbox's egress policy and its recent denials.
+func (c *Client) Egress(ctx context.Context, id string) (sandboxapi.EgressStatus, error) {
+	var st sandboxapi.EgressStatus
+	return st, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/egress", nil, &st)
+}
+
+// SetEgress replaces a sandbox's egress policy; it is enforced when the
+// call returns.
+func (c *Client) SetEgress(ctx context.Context, id string, p sandboxapi.EgressPolicy) (sandboxapi.EgressStatus, error) {
+	var st sandboxapi.EgressStatus
+	return st, c.do(ctx, "PUT", "/v1/sandboxes/"+url.PathEscape(id)+"/egress", p, &st)
+}
+
 // Delete deletes a sandbox (no error when it is already gone).
 func (c *Client) Delete(ctx context.Context, id string) error {
 	return c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id), nil, nil)

@@ -31,6 +31,11 @@ type Checker struct {
 	// Node returns the node-wide part of the plan and the policy the node's
 	// current mode promises (guard only, or lockdown).
 	Node func(ctx context.Context) (containment.Spec, containment.Policy, error)
+	// Sandbox, when set, adapts the node's spec and policy to the sandbox
+	// (its egress policy: an allow-list or none sandbox reaches no public
+	// address and recurses for no external name; an allow-list one gets
+	// the egress rows).
+	Sandbox func(sandbox string, spec containment.Spec, p containment.Policy) (containment.Spec, containment.Policy)
 	// LocalName is the name a zone's resolver answers itself.
 	LocalName func(zone string) string
 	// OtherZonePort is probed on other sandboxes' guests (22).
@@ -63,6 +68,9 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 	spec, pol, err := c.Node(ctx)
 	if err != nil {
 		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: node facts: %w", err)
+	}
+	if c.Sandbox != nil {
+		spec, pol = c.Sandbox(t.Sandbox.ID, spec, pol)
 	}
 	var nw *sandboxapi.Network
 	for i, n := range t.Sandbox.Networks {

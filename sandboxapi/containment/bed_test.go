@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/internal/nstest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
@@ -139,6 +140,10 @@ func TestBedPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
+	// the layer-2 guard's port map, from the bed's VM configs and leases
+	if _, err := (&portmap.Mapper{Paths: portmap.Paths{Root: b.NodeRoot()}, Guard: g}).Once(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := g.Start(ctx); err != nil {
 		t.Fatalf("guard start: %v", err)
 	}

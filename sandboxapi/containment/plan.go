@@ -36,6 +36,7 @@ const (
 	GroupInternet     Group = "internet"      // public addresses
 	GroupDNS          Group = "dns"           // recursion through the zone resolver
 	GroupIPv6         Group = "ipv6"          // IPv6 to the internet
+	GroupEgress       Group = "egress"        // the sandbox's egress policy
 )
 
 // Policy says what each category must be. Use GuardPolicy, LockdownPolicy
@@ -69,6 +70,21 @@ func LockdownPolicy() Policy {
 func OpenPolicy() Policy {
 	return Policy{Name: "open", ControlPlane: Reachable, Metadata: Reachable, OtherZone: Reachable, LAN: Reachable,
 		Internet: Reachable, DNSRecursion: Reachable, IPv6: Reachable}
+}
+
+// WithEgress adapts p to a sandbox's egress mode: under "none" and
+// "allowlist" the public addresses and the external name (a fresh random
+// label, which no allow-list should cover) are expected blocked, and stop
+// being positive controls; "open" (or anything else) leaves p as it is.
+// An allowed CIDR that holds a [check] public address makes that row
+// reachable: leave such addresses out of check.public.
+func WithEgress(p Policy, mode string) Policy {
+	if mode != "none" && mode != "allowlist" {
+		return p
+	}
+	p.Name += " + egress " + mode
+	p.Internet, p.DNSRecursion = Blocked, Blocked
+	return p
 }
 
 func (p Policy) validate() error {
@@ -146,6 +162,21 @@ type Spec struct {
 	LocalName string
 	// Timeout bounds each probe; 0 = 3s.
 	Timeout time.Duration
+	// Egress, when set, adds the rows of an allow-list egress policy.
+	Egress *EgressSpec
+}
+
+// EgressSpec names what an allow-list sandbox's rows aim at.
+type EgressSpec struct {
+	// AllowedName is allowed by the policy and serves HTTPS: it must
+	// resolve through the zone resolver and connect (positive controls).
+	AllowedName string
+	// DeniedName is not allowed: it must not resolve, and presenting it
+	// (SNI) to the allowed name's address must be refused.
+	DeniedName string
+	// DeniedAddr is an address the policy does not allow: tcp 443 to it
+	// must be blocked. Optional.
+	DeniedAddr netip.Addr
 }
 
 // Check is one row to probe.
@@ -161,6 +192,10 @@ type Check struct {
 	// reachable: the question is whether resolution works, not whether
 	// the server exists.
 	NeedAnswer bool `json:"need_answer,omitempty"`
+	// NeedResponse (http, https) counts only an HTTP response as
+	// reachable: a connection closed before one (a refused name) is
+	// blocked.
+	NeedResponse bool `json:"need_response,omitempty"`
 }
 
 // Lease is the DHCP-lease control's expectation.
@@ -275,6 +310,24 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 	for _, a := range spec.Public6 {
 		add(Check{Group: GroupIPv6, Name: "public HTTP over IPv6 " + a.String(), Expect: pol.IPv6,
 			Target: probe.Target{Kind: probe.KindHTTP, Addr: netip.AddrPortFrom(a, 80).String()}})
+	}
+	if e := spec.Egress; e != nil {
+		if e.AllowedName == "" || e.DeniedName == "" {
+			return nil, errors.New("spec: egress: allowed and denied names are required")
+		}
+		anyPort := netip.AddrPortFrom(netip.IPv4Unspecified(), 443).String()
+		add(Check{Group: GroupEgress, Name: "allowed name " + e.AllowedName + " resolves", Expect: Reachable, Control: true, NeedAnswer: true,
+			Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: e.AllowedName}})
+		add(Check{Group: GroupEgress, Name: "allowed name " + e.AllowedName + " connects (HTTPS)", Expect: Reachable, Control: true, NeedResponse: true,
+			Target: probe.Target{Kind: probe.KindHTTPS, Addr: anyPort, Name: e.AllowedName, Resolver: resolver}})
+		add(Check{Group: GroupEgress, Name: "disallowed name " + e.DeniedName + " does not resolve", Expect: Blocked, NeedAnswer: true,
+			Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: e.DeniedName}})
+		add(Check{Group: GroupEgress, Name: "disallowed SNI " + e.DeniedName + " on the address of " + e.AllowedName + " is refused", Expect: Blocked, NeedResponse: true,
+			Target: probe.Target{Kind: probe.KindHTTPS, Addr: anyPort, Name: e.AllowedName, Resolver: resolver, Host: e.DeniedName}})
+		if e.DeniedAddr.IsValid() {
+			add(Check{Group: GroupEgress, Name: "disallowed address " + e.DeniedAddr.String() + " is not reachable", Expect: Blocked,
+				Target: probe.Target{Kind: probe.KindTCP, Addr: netip.AddrPortFrom(e.DeniedAddr, 443).String()}})
+		}
 	}
 	if err := probe.ValidateRequest(p.request(0)); err != nil {
 		return nil, fmt.Errorf("spec: %w", err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"strings"
 	"text/tabwriter"
@@ -154,6 +155,8 @@ func why(r Row) string {
 		return "LEAK: the zone resolver recurses for external names (a DNS tunnel out)"
 	case GroupIPv6:
 		return "LEAK: IPv6 leaves the node"
+	case GroupEgress:
+		return "LEAK: the egress policy lets through a name or address it does not allow"
 	}
 	return "LEAK: reachable although the policy says blocked"
 }
@@ -222,6 +225,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 	}
 	switch r.Outcome {
 	case probe.OutcomeOpen:
+		if c.NeedResponse {
+			return Blocked, with("connected, but closed before any HTTP response: refused")
+		}
 		if r.Detail != "" {
 			return Reachable, "TCP connected: " + r.Detail
 		}
@@ -259,6 +265,14 @@ func describeTarget(t probe.Target) string {
 		m := t.Method
 		if m == "" {
 			m = "GET"
+		}
+		if t.Name != "" {
+			host := t.Host
+			if host == "" {
+				host = t.Name
+			}
+			_, port, _ := net.SplitHostPort(t.Addr)
+			return fmt.Sprintf("%s %s %s:%s%s at the address of %s (via %s)", t.Kind, m, host, port, t.Path, t.Name, t.Resolver)
 		}
 		return fmt.Sprintf("%s %s %s%s", t.Kind, m, t.Addr, t.Path)
 	case probe.KindDNS:

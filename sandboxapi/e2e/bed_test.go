@@ -21,6 +21,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
@@ -324,6 +325,18 @@ func asProblem(err error, p **sandboxapi.Problem) bool {
 	return ok
 }
 
+// runPortMap keeps the layer-2 guard's port map current from the bed's
+// VM configs and leases (what the daemon's mapper does on a node) until
+// the test ends.
+func runPortMap(t *testing.T, ctx context.Context, root string, g *firewall.Guard) {
+	t.Helper()
+	m := &portmap.Mapper{Paths: portmap.Paths{Root: root}, Guard: g, Interval: 100 * time.Millisecond}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(mctx) }()
+	t.Cleanup(func() { stop(); <-done })
+}
+
 // TestBedCrossZoneIsolation: with the host guard in the node namespace and
 // the API telling it the sandbox zones (ZonesChanged -> Guard.SetZones),
 // a guest of one sandbox cannot reach a guest of another (checked from
@@ -381,6 +394,7 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 	if err := g.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	runPortMap(t, ctx, e.bed.NodeRoot(), g)
 	gmu.Lock()
 	guard = g
 	gmu.Unlock()
@@ -452,6 +466,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	if err := g.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	runPortMap(t, ctx, e.bed.NodeRoot(), g)
 	gmu.Lock()
 	guard = g
 	gmu.Unlock()

@@ -20,6 +20,9 @@ import (
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
+// emuRootPassword is root@pam's password in the emulator.
+const emuRootPassword = "emu-root-password"
+
 type emuEnv struct {
 	emu *pveemu.Server
 	// url and hc reach the emulator's API directly (url ends in /api2/json).
@@ -37,8 +40,8 @@ type emuEnv struct {
 // privilege-separated API token holding the ACLs pve-access-setup grants.
 func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv { return newEmuEnvTB(t, acl) }
 
-func newEmuEnvTB(t testing.TB, acl [][2]string) *emuEnv {
-	return newEmuEnvWith(t, emuSetup{acl: acl, poolStorage: true})
+func newEmuEnvTB(t testing.TB, acl [][2]string, opts ...func(*sandboxapi.Options)) *emuEnv {
+	return newEmuEnvWith(t, emuSetup{acl: acl, poolStorage: true, opts: opts})
 }
 
 // emuSetup varies the emulator environment.
@@ -50,6 +53,8 @@ type emuSetup struct {
 	// wrap, when set, sits between the client and the emulator (fault
 	// injection).
 	wrap func(http.Handler) http.Handler
+	// opts change the sandbox API's options.
+	opts []func(*sandboxapi.Options)
 }
 
 func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
@@ -60,7 +65,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 		t.Fatal(err)
 	}
 	fb := pveemu.NewFakeBackend(run)
-	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data")})
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), RootPassword: emuRootPassword})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +111,12 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
-		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	so := sandboxapi.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
+		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, f := range o.opts {
+		f(&so)
+	}
+	srv, err := sandboxapi.New(so)
 	if err != nil {
 		t.Fatal(err)
 	}

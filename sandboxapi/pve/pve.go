@@ -64,13 +64,18 @@ func New(o Options) (*Client, error) {
 	if !strings.Contains(o.TokenID, "!") || o.Secret == "" {
 		return nil, fmt.Errorf("pve: token id %q: want user@realm!tokenname with a secret", o.TokenID)
 	}
+	return newClient(o, proxmox.WithAPIToken(o.TokenID, o.Secret))
+}
+
+// newClient builds the client with one way to authenticate.
+func newClient(o Options, auth proxmox.Option) (*Client, error) {
 	if o.TaskPoll == 0 {
 		o.TaskPoll = 100 * time.Millisecond
 	}
 	if o.TaskTimeout == 0 {
 		o.TaskTimeout = 10 * time.Minute
 	}
-	opts := []proxmox.Option{proxmox.WithAPIToken(o.TokenID, o.Secret), proxmox.WithUserAgent("pve-inspectd")}
+	opts := []proxmox.Option{auth, proxmox.WithUserAgent("pve-inspectd")}
 	if o.HTTPClient != nil {
 		opts = append(opts, proxmox.WithHTTPClient(o.HTTPClient))
 	} else {
@@ -82,15 +87,22 @@ func New(o Options) (*Client, error) {
 	return &Client{c: proxmox.NewClient(strings.TrimRight(o.URL, "/"), opts...), node: o.Node, o: o}, nil
 }
 
-var reExists = regexp.MustCompile(`(?i)already exists|already in use|is already used`)
+var (
+	reExists  = regexp.MustCompile(`(?i)already exists|already in use|is already used`)
+	reMissing = regexp.MustCompile(`(?i)does not exist`)
+)
 
-// classify wraps Proxmox errors with the sandboxapi sentinels.
+// classify wraps Proxmox errors with the sandboxapi sentinels. A task that
+// failed because its object is missing counts as not found too: a stop of
+// a missing VM fails inside its task on a real node (qemu-server vm_stop
+// forks before loading the config).
 func classify(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	var tf *proxmox.TaskFailedError
 	switch {
-	case proxmox.IsNotFound(err):
+	case proxmox.IsNotFound(err), errors.As(err, &tf) && reMissing.MatchString(tf.ExitStatus):
 		return fmt.Errorf("%s: %w: %w", op, sandboxapi.ErrNotFound, err)
 	case reExists.MatchString(err.Error()):
 		return fmt.Errorf("%s: %w: %w", op, sandboxapi.ErrExists, err)

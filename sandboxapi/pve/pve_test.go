@@ -265,8 +265,11 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		f.vms[vmid]["status"] = "running"
 		return f.task("qmstart", strconv.Itoa(vmid)), 0, ""
 	case "POST /nodes/{node}/qemu/{vmid}/status/stop":
+		// vm_stop forks at once; a missing VM fails inside the task.
 		if _, ok := f.vms[vmid]; !ok {
-			return nil, 500, fmt.Sprintf("Configuration file 'nodes/pve1/qemu-server/%d.conf' does not exist", vmid)
+			upid := f.task("qmstop", strconv.Itoa(vmid))
+			f.tasks[upid] = fmt.Sprintf("Configuration file 'nodes/pve1/qemu-server/%d.conf' does not exist", vmid)
+			return upid, 0, ""
 		}
 		f.vms[vmid]["status"] = "stopped"
 		return f.task("qmstop", strconv.Itoa(vmid)), 0, ""

@@ -4,7 +4,9 @@
 // emulator with real qemu-ga guests; exec round trip through the HTTP API
 // and through the guest agent client, both against the raw guest-exec +
 // guest-exec-status loop (qgabench.RawExec, the qga section's baseline too)
-// on the same VM; 64 MiB write+read through the API against the client. Needs root (the bed).
+// on the same VM, and through the MCP server's sandbox_exec against the
+// HTTP API it calls; 64 MiB write+read through the API against the client.
+// Needs root (the bed).
 package apibench
 
 import (
@@ -25,9 +27,12 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga/qgabench"
@@ -66,6 +71,9 @@ type Result struct {
 	// /bin/true and guest-exec-status every millisecond on one connection
 	// (qgabench.RawExec), the same loop the qga section compares against.
 	ExecRawP50 time.Duration
+	// ExecMCPP50 is sandbox_exec through the MCP server (SDK in-memory
+	// transport) over the same HTTP API.
+	ExecMCPP50 time.Duration
 	// Disk holds the disk path against the agent path per DiskSizes.
 	Disk                     []DiskResult
 	FileAPIMBps, FileQGAMBps float64
@@ -165,22 +173,47 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	defer func() { _ = c.Delete(context.WithoutCancel(ctx), sb.ID) }()
 	raw := qc.Agent(filepath.Join(bed.QGADir(), strconv.Itoa(sb.VMs[0].VMID)+".qga"))
-	var viaAPI, viaQGA, viaRaw []time.Duration
-	for range o.Execs {
-		t0 := time.Now()
-		if _, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return nil, fmt.Errorf("exec via api: %w", err)
-		}
-		t1 := time.Now()
-		if _, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return nil, fmt.Errorf("exec via qga: %w", err)
-		}
-		t2 := time.Now()
-		if err := qgabench.RawExec(ctx, raw.Socket(), time.Millisecond); err != nil {
-			return nil, fmt.Errorf("exec via raw guest-exec: %w", err)
-		}
-		viaAPI, viaQGA, viaRaw = append(viaAPI, t1.Sub(t0)), append(viaQGA, t2.Sub(t1)), append(viaRaw, time.Since(t2))
+	mcs, err := mcpSession(ctx, c)
+	if err != nil {
+		return nil, err
 	}
+	defer mcs.Close()
+	// The sides take turns going first, so none gains from the agent's
+	// state the one before left.
+	sides := []struct {
+		name string
+		run  func() error
+		took []time.Duration
+	}{
+		{"api", func() error {
+			_, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}})
+			return err
+		}, nil},
+		{"qga", func() error {
+			_, err := raw.Exec(ctx, qga.ExecRequest{Argv: []string{"true"}})
+			return err
+		}, nil},
+		{"raw guest-exec", func() error { return qgabench.RawExec(ctx, raw.Socket(), time.Millisecond) }, nil},
+		{"mcp", func() error {
+			r, err := mcs.CallTool(ctx, &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": sb.ID, "vm": "vm0", "argv": []string{"true"}}})
+			if err == nil && r.IsError {
+				err = fmt.Errorf("tool error %v", r.Content)
+			}
+			return err
+		}, nil},
+	}
+	for i := range o.Execs {
+		for k := range sides {
+			s := &sides[(i+k)%len(sides)]
+			t0 := time.Now()
+			if err := s.run(); err != nil {
+				return nil, fmt.Errorf("exec via %s: %w", s.name, err)
+			}
+			s.took = append(s.took, time.Since(t0))
+		}
+	}
+	viaAPI, viaQGA, viaRaw := sides[0].took, sides[1].took, sides[2].took
+	res.ExecMCPP50 = median(sides[3].took)
 	res.ExecAPIP50, res.ExecQGAP50, res.ExecRawP50 = median(viaAPI), median(viaQGA), median(viaRaw)
 
 	data := make([]byte, 64<<20)
@@ -227,6 +260,8 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		us(res.ExecAPIP50), us(res.ExecRawP50), float64(res.ExecAPIP50)/float64(res.ExecRawP50))
 	fmt.Fprintf(w, "| exec `true` round trip, guest agent client alone (p50 of %d) | %v | %v (same raw loop) | %.2fx |\n", o.Execs,
 		us(res.ExecQGAP50), us(res.ExecRawP50), float64(res.ExecQGAP50)/float64(res.ExecRawP50))
+	fmt.Fprintf(w, "| exec `true` through MCP sandbox_exec (SDK in-memory transport, p50 of %d) | %v | %v (HTTP API exec, same run) | %.2fx |\n", o.Execs,
+		us(res.ExecMCPP50), us(res.ExecAPIP50), float64(res.ExecMCPP50)/float64(res.ExecAPIP50))
 	fmt.Fprintf(w, "| 64 MiB write+read through the agent path (p50 of %d) | %.1f MB/s | %.1f MB/s (guest agent client alone) | %.2fx |\n", o.FileRounds,
 		res.FileAPIMBps, res.FileQGAMBps, res.FileAPIMBps/res.FileQGAMBps)
 	for _, d := range res.Disk {
@@ -234,6 +269,20 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 			d.Size>>20, d.DiskMBps, d.DiskWriteMBps, d.DiskReadMBps, d.AgentMBps, d.AgentWriteMBps, d.AgentReadMBps, d.DiskMBps/d.AgentMBps)
 	}
 	return res, nil
+}
+
+// mcpSession connects an MCP client to the MCP server over the SDK's
+// in-memory transport; the server's tools call the API through c.
+func mcpSession(ctx context.Context, c *client.Client) (*mcp.ClientSession, error) {
+	st, ct := mcp.NewInMemoryTransports()
+	if _, err := mcpserver.New(c, mcpserver.Options{}, sandboxapi.ScopeAdmin).Connect(ctx, st, nil); err != nil {
+		return nil, fmt.Errorf("mcp server: %w", err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "apibench", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		return nil, fmt.Errorf("mcp client: %w", err)
+	}
+	return cs, nil
 }
 
 // diskVsAgent writes and reads size bytes through the API (which takes the

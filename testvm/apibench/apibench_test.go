@@ -27,13 +27,13 @@ func TestRunQuick(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.CreateP50 <= 0 || res.CallsPerLifecycle <= 0 || res.ExecAPIP50 <= 0 || res.FileAPIMBps <= 0 || res.FileQGAMBps <= 0 {
+	if res.CreateP50 <= 0 || res.CallsPerLifecycle <= 0 || res.ExecAPIP50 <= 0 || res.ExecMCPP50 <= 0 || res.FileAPIMBps <= 0 || res.FileQGAMBps <= 0 {
 		t.Errorf("result %+v", res)
 	}
 	if len(res.Disk) != len(o.DiskSizes) || (len(res.Disk) > 0 && (res.Disk[0].DiskMBps <= 0 || res.Disk[0].AgentMBps <= 0)) {
 		t.Errorf("disk path rows %+v", res.Disk)
 	}
-	if !strings.Contains(out.String(), "create-to-ready") || !strings.Contains(out.String(), "through the disk path") {
+	if !strings.Contains(out.String(), "create-to-ready") || !strings.Contains(out.String(), "MCP sandbox_exec") || !strings.Contains(out.String(), "through the disk path") {
 		t.Errorf("table %q", out.String())
 	}
 	t.Log("\n" + out.String())

@@ -588,6 +588,7 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		return nil, fail("no options specified")
 	}
 	digest := rq.str("digest")
+	authid := rq.authid
 	force := rq.bool("force", false)
 	apply := func(ctx context.Context) error {
 		unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
@@ -608,6 +609,9 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 			if err := checkLock(v); err != nil {
 				return err
 			}
+		}
+		if err := checkRootOnlyConfig(authid, changes, deletes, v.conf); err != nil {
+			return err
 		}
 		old := copyConf(v.conf)
 		if err := s.hotplugDisks(ctx, v, changes, deletes, force); err != nil {

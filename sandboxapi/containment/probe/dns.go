@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -124,4 +126,57 @@ func rcodeName(r dnsmessage.RCode) string {
 		return s
 	}
 	return "RCODE" + strconv.Itoa(int(r))
+}
+
+// resolveA asks server for name's A records and returns the first.
+func (p *Prober) resolveA(ctx context.Context, server, name string) (netip.Addr, error) {
+	if !strings.HasSuffix(name, ".") {
+		name += "."
+	}
+	qname, err := dnsmessage.NewName(name)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	var idb [2]byte
+	if _, err := rand.Read(idb[:]); err != nil {
+		return netip.Addr{}, err
+	}
+	id := binary.BigEndian.Uint16(idb[:])
+	msg := dnsmessage.Message{Header: dnsmessage.Header{ID: id, RecursionDesired: true},
+		Questions: []dnsmessage.Question{{Name: qname, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET}}}
+	wire, err := msg.Pack()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	c, err := p.dialer().DialContext(ctx, "udp", server)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(d)
+	}
+	if _, err := c.Write(wire); err != nil {
+		return netip.Addr{}, err
+	}
+	buf := make([]byte, 65535)
+	for {
+		n, err := c.Read(buf)
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		var m dnsmessage.Message
+		if err := m.Unpack(buf[:n]); err != nil || m.ID != id || !m.Response {
+			continue
+		}
+		if m.RCode != dnsmessage.RCodeSuccess {
+			return netip.Addr{}, fmt.Errorf("rcode %s", m.RCode)
+		}
+		for _, a := range m.Answers {
+			if r, ok := a.Body.(*dnsmessage.AResource); ok {
+				return netip.AddrFrom4(r.A), nil
+			}
+		}
+		return netip.Addr{}, errors.New("no A record")
+	}
 }

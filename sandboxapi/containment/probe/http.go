@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"io"
@@ -13,12 +14,25 @@ import (
 // http sends one HTTP(S) request and reports the status code. The TCP
 // outcome decides the result when no response arrives.
 func (p *Prober) http(ctx context.Context, t Target, addr string) Result {
+	if t.Name != "" {
+		ip, err := p.resolveA(ctx, t.Resolver, t.Name)
+		if err != nil {
+			return Result{Outcome: OutcomeNoReply, Detail: "resolve " + t.Name + ": " + err.Error()}
+		}
+		_, port, _ := net.SplitHostPort(t.Addr)
+		addr = net.JoinHostPort(ip.String(), port)
+	}
+	urlHost := strings.Replace(addr, "%", "%25", 1)
+	if h := cmp.Or(t.Host, t.Name); h != "" {
+		_, port, _ := net.SplitHostPort(addr)
+		urlHost = net.JoinHostPort(h, port)
+	}
 	var connected atomic.Bool
 	var dialErr atomic.Pointer[error] // a plain atomic.Value panics on differently typed errors
 	tr := &http.Transport{
 		Proxy: nil, // never a proxy from the environment
-		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
-			c, err := p.dialer().DialContext(ctx, network, a)
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			c, err := p.dialer().DialContext(ctx, network, addr) // the URL's host is the name to present
 			if err != nil {
 				dialErr.Store(&err)
 				return nil, err
@@ -48,7 +62,7 @@ func (p *Prober) http(ctx context.Context, t Target, addr string) Result {
 	if path == "" {
 		path = "/"
 	}
-	req, err := http.NewRequestWithContext(ctx, method, scheme+"://"+strings.Replace(addr, "%", "%25", 1)+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, scheme+"://"+urlHost+path, nil)
 	if err != nil {
 		return Result{Outcome: OutcomeError, Detail: "build request: " + err.Error()}
 	}

@@ -77,12 +77,15 @@ func validateTarget(t Target) error {
 	}
 	switch t.Kind {
 	case KindTCP:
-		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.Name != "" || t.QType != "" {
+		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.Name != "" || t.QType != "" || t.Host != "" || t.Resolver != "" {
 			return errors.New("tcp target takes only id, kind, addr, timeout_ms")
 		}
 	case KindHTTP, KindHTTPS:
-		if t.Name != "" || t.QType != "" {
-			return errors.New("http target takes no name or qtype")
+		if t.QType != "" {
+			return errors.New("http target takes no qtype")
+		}
+		if err := validateResolve(t, ap.Addr()); err != nil {
+			return err
 		}
 		if t.Method != "" && t.Method != "GET" && t.Method != "PUT" {
 			return fmt.Errorf("method %q: want GET or PUT", t.Method)
@@ -102,8 +105,8 @@ func validateTarget(t Target) error {
 			}
 		}
 	case KindDNS:
-		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 {
-			return errors.New("dns target takes no method, path or headers")
+		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.Host != "" || t.Resolver != "" {
+			return errors.New("dns target takes no method, path, headers, host or resolver")
 		}
 		if t.Name == "" || len(t.Name) > maxNameLen || !dnsName(t.Name) {
 			return fmt.Errorf("name %q: want a DNS name", clip(t.Name, 64))
@@ -113,6 +116,29 @@ func validateTarget(t Target) error {
 		}
 	default:
 		return fmt.Errorf("kind %q: want tcp, http, https or dns", clip(string(t.Kind), 16))
+	}
+	return nil
+}
+
+// validateResolve checks an http(s) target's name, resolver and host.
+func validateResolve(t Target, addr netip.Addr) error {
+	if t.Host != "" && (len(t.Host) > maxNameLen || !dnsName(t.Host)) {
+		return fmt.Errorf("host %q: want a DNS name", clip(t.Host, 64))
+	}
+	if (t.Name == "") != (t.Resolver == "") {
+		return errors.New("http target: name and resolver come together")
+	}
+	if t.Name == "" {
+		return nil
+	}
+	if len(t.Name) > maxNameLen || !dnsName(t.Name) {
+		return fmt.Errorf("name %q: want a DNS name", clip(t.Name, 64))
+	}
+	if _, err := netip.ParseAddrPort(t.Resolver); err != nil {
+		return fmt.Errorf("resolver: %w", err)
+	}
+	if addr != netip.IPv4Unspecified() {
+		return errors.New("http target with a name: addr must be 0.0.0.0:port (the name gives the address)")
 	}
 	return nil
 }

@@ -56,6 +56,15 @@ func TestValidateRequest(t *testing.T) {
 		{"timeout", ok(func(t *Target) { t.TimeoutMS = MaxTimeoutMS + 1 }), "timeout"},
 		{"kind", ok(func(t *Target) { t.Kind = "icmp" }), "kind"},
 		{"http with name", ok(func(t *Target) { t.Name = "x.test" }), "name"},
+		{"valid https by name", ok(func(t *Target) {
+			t.Kind, t.Addr, t.Name, t.Resolver, t.Host = KindHTTPS, "0.0.0.0:443", "pypi.org", "10.0.0.1:53", "evil.test"
+		}), ""},
+		{"name without resolver", ok(func(t *Target) { t.Addr, t.Name = "0.0.0.0:80", "pypi.org" }), "resolver"},
+		{"name with an address", ok(func(t *Target) { t.Name, t.Resolver = "pypi.org", "10.0.0.1:53" }), "0.0.0.0"},
+		{"bad resolver", ok(func(t *Target) { t.Addr, t.Name, t.Resolver = "0.0.0.0:80", "pypi.org", "gw:53" }), "resolver"},
+		{"bad host", ok(func(t *Target) { t.Host = "a b" }), "host"},
+		{"tcp with host", &Request{Version: 1, Targets: []Target{{ID: "t", Kind: KindTCP, Addr: "10.0.0.1:22", Host: "a.b"}}}, "tcp target"},
+		{"dns with resolver", &Request{Version: 1, Targets: []Target{{ID: "d", Kind: KindDNS, Addr: "10.0.0.1:53", Name: "a.b", Resolver: "10.0.0.1:53"}}}, "dns target"},
 		{"tcp with path", &Request{Version: 1, Targets: []Target{{ID: "t", Kind: KindTCP, Addr: "10.0.0.1:22", Path: "/"}}}, "tcp target"},
 		{"dns no name", &Request{Version: 1, Targets: []Target{{ID: "d", Kind: KindDNS, Addr: "10.0.0.1:53"}}}, "name"},
 		{"dns bad name", &Request{Version: 1, Targets: []Target{{ID: "d", Kind: KindDNS, Addr: "10.0.0.1:53", Name: "a..b"}}}, "name"},

@@ -58,7 +58,8 @@ func newProbeBed(t *testing.T) *probeBed {
 	mute := ns.Listen(t, "tcp4", "127.0.0.1:0")
 	b.mute4 = mute.Addr().String()
 	zone := nstest.DNSZone{
-		A:       map[string][]netip.Addr{"ok.test": {netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11"), netip.MustParseAddr("2001:db8::10")}},
+		A: map[string][]netip.Addr{"ok.test": {netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11"), netip.MustParseAddr("2001:db8::10")},
+			"local.test": {netip.MustParseAddr("127.0.0.1")}},
 		Refused: []string{"refused.test"},
 		Silent:  []string{"silent.test"},
 	}
@@ -114,6 +115,10 @@ func TestProbeOutcomes(t *testing.T) {
 		{t: Target{Kind: KindDNS, Addr: "127.0.0.1:" + b.dropPort, Name: "ok.test", TimeoutMS: short}, outcome: OutcomeNoReply},
 		{t: Target{Kind: KindDNS, Addr: "127.0.0.1:" + b.refusedPort, Name: "ok.test"}, outcome: OutcomeRefused},
 		{t: Target{Kind: KindDNS, Addr: "198.51.100.7:53", Name: "ok.test"}, outcome: OutcomeUnreachable},
+		// a name resolved first, then HTTPS to its address with that name (or another) as SNI
+		{t: Target{Kind: KindHTTPS, Addr: "0.0.0.0:" + port(b.https4), Name: "local.test", Resolver: b.dns4, Path: "/status/201"}, outcome: OutcomeResponse, status: 201},
+		{t: Target{Kind: KindHTTPS, Addr: "0.0.0.0:" + port(b.https4), Name: "local.test", Resolver: b.dns4, Host: "other.test", Path: "/status/202"}, outcome: OutcomeResponse, status: 202},
+		{t: Target{Kind: KindHTTPS, Addr: "0.0.0.0:" + port(b.https4), Name: "missing.test", Resolver: b.dns4}, outcome: OutcomeNoReply, detail: "NameError"},
 	}
 	req := &Request{Version: Version, Concurrency: 8}
 	for i := range cases {
@@ -278,4 +283,9 @@ type dialerFunc func(ctx context.Context, network, address string) (net.Conn, er
 
 func (f dialerFunc) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	return f(ctx, network, address)
+}
+
+func port(addr string) string {
+	_, p, _ := net.SplitHostPort(addr)
+	return p
 }

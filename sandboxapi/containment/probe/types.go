@@ -52,13 +52,21 @@ type Target struct {
 	// Addr is "ip:port" or "[ipv6]:port" with a literal address. An IPv6
 	// link-local address without a zone gets the interface of the IPv4
 	// default route as its zone.
-	Addr      string            `json:"addr"`
-	Method    string            `json:"method,omitempty"`  // http(s): GET (default) or PUT
-	Path      string            `json:"path,omitempty"`    // http(s): request path, default "/"
-	Headers   map[string]string `json:"headers,omitempty"` // http(s): extra request headers
-	Name      string            `json:"name,omitempty"`    // dns: query name
-	QType     string            `json:"qtype,omitempty"`   // dns: A (default) or AAAA
-	TimeoutMS int               `json:"timeout_ms,omitempty"`
+	Addr    string            `json:"addr"`
+	Method  string            `json:"method,omitempty"`  // http(s): GET (default) or PUT
+	Path    string            `json:"path,omitempty"`    // http(s): request path, default "/"
+	Headers map[string]string `json:"headers,omitempty"` // http(s): extra request headers
+	// Name is the dns query name; for http(s), a name resolved (A) through
+	// Resolver first: the request goes to its first address at Addr's port
+	// (Addr's address must then be 0.0.0.0), as a client would connect.
+	Name string `json:"name,omitempty"`
+	// Resolver is the DNS server (ip:port) http(s) resolves Name through.
+	Resolver string `json:"resolver,omitempty"`
+	// Host is the http(s) request's Host and TLS server name (default:
+	// Name, else the address).
+	Host      string `json:"host,omitempty"`
+	QType     string `json:"qtype,omitempty"` // dns: A (default) or AAAA
+	TimeoutMS int    `json:"timeout_ms,omitempty"`
 }
 
 // Outcome is what the network answered.

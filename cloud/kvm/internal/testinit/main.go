@@ -1,10 +1,10 @@
-// Command testinit is PID 1 of the tiny guest the QEMU boot test starts
-// (cloud/kvm boot_test.go). It loads the virtio modules shipped in its
-// initramfs, finds the NoCloud seed on the virtio disks, brings up the NIC
-// with QEMU user networking's guest address, prints a marker on the serial
-// console and answers on the TCP ports named by pvetest.ports= on the kernel
-// command line, so the test proves the seed disk and the host forwards are
-// wired. It never exits (PID 1 must not).
+// Command testinit is PID 1 of the tiny guest the libvirt lifecycle test
+// boots (cloud/kvm libvirt_test.go). It loads the virtio modules shipped in
+// its initramfs, finds the NoCloud seed on the virtio disks, prints a marker
+// with the seed's digest on the serial console (which the test reads from
+// the domain's serial log), brings up the NIC and answers on the TCP ports
+// named by pvetest.ports= on the kernel command line. It never exits (PID 1
+// must not).
 package main
 
 import (

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // APISection configures the sandbox API ([api]).
@@ -53,10 +55,10 @@ type APISection struct {
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
 	AutoCIDRPool string `toml:"auto_cidr_pool"`
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`
-	// MgmtRules converges the Proxmox management-port firewall rules every
-	// MgmtInterval and on default-route changes.
-	MgmtRules    bool          `toml:"mgmt_rules"`
-	MgmtInterval time.Duration `toml:"mgmt_interval"`
+	// RequireHardenedTemplates refuses a create from a template that fails
+	// the hardened VM profile's items a clone cannot fix (see
+	// `pve-inspectd template check`).
+	RequireHardenedTemplates bool `toml:"require_hardened_templates"`
 	// Caps are the resource guard's limits (0: unlimited).
 	Caps APICaps `toml:"caps"`
 	// Proxmox is the API the daemon drives.
@@ -110,8 +112,8 @@ func defaultAPI() APISection {
 		DiskTransferThreshold: 32 << 20,
 		AutoCIDRPool:          "10.200.0.0/16",
 		AutoCIDRBits:          24,
-		MgmtRules:             true,
-		MgmtInterval:          time.Minute,
+
+		RequireHardenedTemplates: true,
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",
@@ -161,8 +163,16 @@ func (a APISection) validate(prefix string) error {
 		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 			return key("listen", fmt.Errorf("bad port %q", port))
 		}
-		if host == "" || host == "0.0.0.0" || host == "::" {
+		addr, err := netip.ParseAddr(host)
+		switch {
+		case host == "":
 			return key("listen", errors.New("name the management address; a wildcard would expose the API on guest bridges"))
+		case err != nil:
+			return key("listen", fmt.Errorf("want an IP address of the management interface, got %q", host))
+		case addr.Unmap().IsUnspecified():
+			return key("listen", fmt.Errorf("%s is a wildcard: it would expose the API on guest bridges; name the management address", host))
+		case addr.IsMulticast():
+			return key("listen", fmt.Errorf("%s is a multicast address", host))
 		}
 		for k, v := range map[string]string{"tls_cert": a.TLSCert, "tls_key": a.TLSKey} {
 			if err := abs(k, v, false); err != nil {
@@ -184,7 +194,7 @@ func (a APISection) validate(prefix string) error {
 	durs := []struct {
 		k string
 		v time.Duration
-	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}, {"mgmt_interval", a.MgmtInterval}}
+	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}}
 	for _, d := range durs {
 		if d.v <= 0 {
 			return key(d.k, errors.New("must be positive"))
@@ -205,6 +215,9 @@ func (a APISection) validate(prefix string) error {
 	p, err := netip.ParsePrefix(a.AutoCIDRPool)
 	if err != nil || !p.Addr().Is4() || p.Masked() != p {
 		return key("auto_cidr_pool", fmt.Errorf("want an IPv4 prefix, got %q", a.AutoCIDRPool))
+	}
+	if !sandboxapi.PrivateV4(p) {
+		return key("auto_cidr_pool", fmt.Errorf("%s is not inside a private (RFC 1918) range", p))
 	}
 	if a.AutoCIDRBits < p.Bits() || a.AutoCIDRBits > 28 {
 		return key("auto_cidr_bits", fmt.Errorf("want %d..28", p.Bits()))

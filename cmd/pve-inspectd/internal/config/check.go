@@ -38,6 +38,14 @@ type CheckSection struct {
 	// LocalName is a name the zone resolver answers itself (the DNS
 	// positive control); "{zone}" becomes the sandbox's zone id.
 	LocalName string `toml:"local_name"`
+	// EgressAllowedName, EgressDeniedName and EgressDeniedAddr aim the
+	// egress rows of an allow-list sandbox: a name its policy allows that
+	// serves HTTPS, a name it does not allow, an IPv4 address it does not
+	// allow (optional). Rows are added only when the sandbox's policy
+	// really allows the first and not the second.
+	EgressAllowedName string `toml:"egress_allowed_name"`
+	EgressDeniedName  string `toml:"egress_denied_name"`
+	EgressDeniedAddr  string `toml:"egress_denied_addr"`
 }
 
 // LANAddrs parses LAN.
@@ -102,6 +110,16 @@ func (s CheckSection) validate(prefix string) error {
 	for _, a := range s.Public {
 		if ip, err := netip.ParseAddr(a); err != nil || !ip.Is4() {
 			return &KeyError{Key: prefix + ".public", Err: fmt.Errorf("%q: want an IPv4 address", a)}
+		}
+	}
+	for k, n := range map[string]string{"egress_allowed_name": s.EgressAllowedName, "egress_denied_name": s.EgressDeniedName} {
+		if len(n) > 200 || strings.ContainsAny(n, " \t\n/*") {
+			return &KeyError{Key: prefix + "." + k, Err: fmt.Errorf("%q: not a DNS name", n)}
+		}
+	}
+	if s.EgressDeniedAddr != "" {
+		if ip, err := netip.ParseAddr(s.EgressDeniedAddr); err != nil || !ip.Is4() {
+			return &KeyError{Key: prefix + ".egress_denied_addr", Err: fmt.Errorf("%q: want an IPv4 address", s.EgressDeniedAddr)}
 		}
 	}
 	for _, a := range s.Public6 {

@@ -10,7 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/BurntSushi/toml"
+	"github.com/pve-inspect/pve-inspect/stricttoml"
 )
 
 // DefaultPath is where the daemon looks for its configuration file.
@@ -33,6 +33,10 @@ type Config struct {
 	Check CheckSection `toml:"check"`
 	// API is the sandbox API.
 	API APISection `toml:"api"`
+	// MCP is the MCP server on the sandbox API (mcp.go).
+	MCP MCPSection `toml:"mcp"`
+	// Egress is [egress], the egress policies (egress.go).
+	Egress EgressSection `toml:"egress"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -58,7 +62,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -82,20 +86,12 @@ func Load(path string, allowMissing bool) (Config, error) {
 // Parse decodes a configuration document over the defaults and validates it.
 func Parse(doc string) (Config, error) {
 	c := Default()
-	md, err := toml.Decode(doc, &c)
-	if err != nil {
-		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return Config{}, fmt.Errorf("parse config: line %d: %s", pe.Position.Line, pe.Message)
+	if err := stricttoml.Decode(doc, &c); err != nil {
+		var uk *stricttoml.UnknownKeysError
+		if errors.As(err, &uk) {
+			return Config{}, &KeyError{Key: uk.Keys[0], Err: fmt.Errorf("unknown key (unknown: %s)", strings.Join(uk.Keys, ", "))}
 		}
 		return Config{}, fmt.Errorf("parse config: %w", err)
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		keys := make([]string, len(und))
-		for i, k := range und {
-			keys[i] = k.String()
-		}
-		return Config{}, &KeyError{Key: keys[0], Err: fmt.Errorf("unknown key (unknown: %s)", strings.Join(keys, ", "))}
 	}
 	return c, c.Validate()
 }
@@ -122,5 +118,7 @@ func (c Config) sections() map[string]validator {
 		"lockdown": c.Lockdown,
 		"check":    c.Check,
 		"api":      c.API,
+		"mcp":      c.MCP,
+		"egress":   c.Egress,
 	}
 }

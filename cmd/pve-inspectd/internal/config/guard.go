@@ -32,6 +32,17 @@ import (
 //	# forward to each other; every other pair of non-uplink interfaces
 //	# is isolated (unknown bridges included).
 //	zones = { zone1 = ["vnet1", "vnet2"] }
+//	# Proxmox's applied SDN config: the vnets of each zone in it may
+//	# forward to each other too (merged with zones above and the zones
+//	# the sandbox API creates). Polled every few seconds; "" turns it off.
+//	sdn_config = "/etc/pve/sdn/.running-config"
+//	# Converge the Proxmox management-port firewall rules (tcp 8006 and 22
+//	# on the default-route NIC, udp/tcp 53 and udp 67, node and cluster
+//	# firewall on) through the Proxmox API with the daemon's token
+//	# ([api.proxmox]), whether or not the sandbox API is enabled; every
+//	# mgmt_interval and when the default route moves.
+//	mgmt_rules = true
+//	mgmt_interval = "1m"
 //	# User (name or uid) the SDN dnsmasq runs as; its upstream traffic is
 //	# cut during the lockdown. A missing user leaves that rule out (plan says so).
 //	dnsmasq_user = "dnsmasq"
@@ -41,16 +52,25 @@ import (
 //	proc_root = "/proc"
 //	# Where the guard keeps the sysctl value `guard remove` restores.
 //	state_dir = "/run/pve-inspectd"
+//	# Root under which the layer-2 guard reads the VM configs
+//	# (etc/pve/qemu-server) and the zones' DHCP mappings and leases
+//	# (etc/dnsmasq.d, var/lib/misc) to pin each guest port to its MAC
+//	# and IPv4.
+//	node_root = "/"
 type GuardSection struct {
 	Metadata4      []string            `toml:"metadata4"`
 	Metadata6      []string            `toml:"metadata6"`
 	Private4Allow  []string            `toml:"private4_allow"`
 	Trusted        []string            `toml:"trusted_interfaces"`
 	Zones          map[string][]string `toml:"zones"`
+	SDNConfig      string              `toml:"sdn_config"`
+	MgmtRules      bool                `toml:"mgmt_rules"`
+	MgmtInterval   string              `toml:"mgmt_interval"`
 	DnsmasqUser    string              `toml:"dnsmasq_user"`
 	VerifyInterval string              `toml:"verify_interval"`
 	ProcRoot       string              `toml:"proc_root"`
 	StateDir       string              `toml:"state_dir"`
+	NodeRoot       string              `toml:"node_root"`
 }
 
 // MetricsSection is [metrics]: the Prometheus listener.
@@ -64,7 +84,7 @@ type MetricsSection struct {
 }
 
 func defaultGuard() GuardSection {
-	return GuardSection{DnsmasqUser: "dnsmasq", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd"}
+	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/"}
 }
 
 func defaultMetrics() MetricsSection { return MetricsSection{Listen: "127.0.0.1:9474"} }
@@ -120,6 +140,12 @@ func (s GuardSection) Private4AllowPrefixes() []netip.Prefix {
 	return p
 }
 
+// MgmtEvery returns mgmt_interval parsed (valid after Validate).
+func (s GuardSection) MgmtEvery() time.Duration {
+	d, _ := time.ParseDuration(s.MgmtInterval)
+	return d
+}
+
 // VerifyEvery returns verify_interval parsed (valid after Validate).
 func (s GuardSection) VerifyEvery() time.Duration {
 	d, _ := time.ParseDuration(s.VerifyInterval)
@@ -151,6 +177,9 @@ func (s GuardSection) validate(prefix string) error {
 			}
 		}
 	}
+	if s.SDNConfig != "" && (!filepath.IsAbs(s.SDNConfig) || strings.ContainsRune(s.SDNConfig, 0)) {
+		return &KeyError{Key: prefix + ".sdn_config", Err: fmt.Errorf("%q is not an absolute path (or \"\" to turn it off)", s.SDNConfig)}
+	}
 	if s.DnsmasqUser == "" || strings.ContainsAny(s.DnsmasqUser, ": \t\n\x00") {
 		return &KeyError{Key: prefix + ".dnsmasq_user", Err: fmt.Errorf("%q is not a user name or uid", s.DnsmasqUser)}
 	}
@@ -161,7 +190,10 @@ func (s GuardSection) validate(prefix string) error {
 	if d < time.Second || d > 24*time.Hour {
 		return &KeyError{Key: prefix + ".verify_interval", Err: fmt.Errorf("%s is outside 1s..24h", d)}
 	}
-	for key, p := range map[string]string{".proc_root": s.ProcRoot, ".state_dir": s.StateDir} {
+	if d, err := time.ParseDuration(s.MgmtInterval); err != nil || d < time.Second || d > 24*time.Hour {
+		return &KeyError{Key: prefix + ".mgmt_interval", Err: fmt.Errorf("%q is not a duration in 1s..24h like \"1m\"", s.MgmtInterval)}
+	}
+	for key, p := range map[string]string{".proc_root": s.ProcRoot, ".state_dir": s.StateDir, ".node_root": s.NodeRoot} {
 		if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) {
 			return &KeyError{Key: prefix + key, Err: fmt.Errorf("%q is not an absolute path", p)}
 		}

@@ -13,7 +13,8 @@ func TestGuardDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Guard.DnsmasqUser != "dnsmasq" || c.Guard.VerifyEvery() != 30*time.Second ||
-		c.Guard.ProcRoot != "/proc" || c.Metrics.Listen != "127.0.0.1:9474" {
+		c.Guard.ProcRoot != "/proc" || c.Metrics.Listen != "127.0.0.1:9474" ||
+		c.Guard.SDNConfig != "/etc/pve/sdn/.running-config" || !c.Guard.MgmtRules || c.Guard.MgmtEvery() != time.Minute {
 		t.Errorf("defaults: %+v %+v", c.Guard, c.Metrics)
 	}
 }
@@ -30,6 +31,7 @@ dnsmasq_user = "123"
 verify_interval = "5s"
 proc_root = "/host/proc"
 state_dir = "/run/x"
+sdn_config = ""
 [metrics]
 listen = "[::1]:9000"
 `)
@@ -39,7 +41,7 @@ listen = "[::1]:9000"
 	g := c.Guard
 	if len(g.Metadata4Prefixes()) != 2 || g.Metadata4Prefixes()[1].String() != "198.51.100.7/32" ||
 		len(g.Metadata6Prefixes()) != 1 || len(g.Private4AllowPrefixes()) != 1 ||
-		g.VerifyEvery() != 5*time.Second || g.Zones["zone1"][1] != "vnet2" || c.Metrics.Listen != "[::1]:9000" {
+		g.VerifyEvery() != 5*time.Second || g.Zones["zone1"][1] != "vnet2" || g.SDNConfig != "" || c.Metrics.Listen != "[::1]:9000" {
 		t.Errorf("parsed: %+v %+v", g, c.Metrics)
 	}
 }
@@ -58,6 +60,12 @@ private4_allow = ["::/0"]`, "guard.private4_allow[0]"},
 trusted_interfaces = ["way-too-long-interface-name"]`, "guard.trusted_interfaces[0]"},
 		{`[guard]
 zones = { z = ["a/b"] }`, "guard.zones.z[0]"},
+		{`[guard]
+sdn_config = "etc/pve/sdn/.running-config"`, "guard.sdn_config"},
+		{`[guard]
+mgmt_interval = "100ms"`, "guard.mgmt_interval"},
+		{`[guard]
+mgmt_interval = "soon"`, "guard.mgmt_interval"},
 		{`[guard]
 dnsmasq_user = ""`, "guard.dnsmasq_user"},
 		{`[guard]

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,7 +24,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/mgmtport"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/hostnet"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 )
 
@@ -49,8 +48,8 @@ type APIDeps struct {
 	// ZonesChanged receives the sandbox zones and their bridges: pass the
 	// host guard's SetZones.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
-	// Mgmt drives the management-port rules (may be nil: no rules).
-	Mgmt Management
+	// Egress enforces sandboxes' egress policies (nil: refused).
+	Egress sandboxapi.Egress
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
 	// RetryMin and RetryMax bound the back-off between attempts to reach
@@ -98,8 +97,8 @@ func NewAPI(cfg config.Config, log *slog.Logger, d APIDeps) (*API, error) {
 func (a *API) Server() *sandboxapi.Server { return a.srv.Load() }
 
 // Run binds the listeners (503 until ready), reaches Proxmox and reconciles
-// with back-off, then serves the API, runs the reaper and the
-// management-port rules until ctx ends. It returns nil when ctx ends and
+// with back-off, then serves the API and runs the reaper until ctx ends.
+// (The management-port rules are a part of their own: mgmt.go.) It returns nil when ctx ends and
 // never fails on its own.
 func (a *API) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -108,85 +107,59 @@ func (a *API) Run(ctx context.Context) error {
 	defer cancel()
 	wg.Add(1)
 	go func() { defer wg.Done(); a.serveLoop(ctx) }()
-	srv, px := a.connect(ctx)
+	srv := a.connect(ctx)
 	if srv == nil {
 		return nil
 	}
 	a.srv.Store(srv)
 	a.local.set(srv.LocalHandler())
-	a.remote.set(srv.Handler())
+	a.remote.set(a.tcpHandler(srv))
 	a.ready.Set(1)
 	defer a.ready.Set(0)
 	a.log.Info("sandbox api ready")
 	wg.Add(1)
 	go func() { defer wg.Done(); srv.RunReaper(ctx) }()
-	if a.cfg.API.MgmtRules && a.deps.Mgmt != nil {
-		conv := mgmtport.New(px, a.apiPort(), a.log)
-		ifaces := make(chan string, 1)
-		wg.Add(2)
-		go func() { defer wg.Done(); forwardManagement(ctx, a.deps.Mgmt, ifaces) }()
-		go func() {
-			defer wg.Done()
-			conv.Run(ctx, firstIface(a.deps.Mgmt.Management()), ifaces, a.cfg.API.MgmtInterval)
-		}()
-	}
 	<-ctx.Done()
 	return nil
 }
 
 // connect builds the server and reconciles until both succeed; nil when ctx
 // ends first.
-func (a *API) connect(ctx context.Context) (*sandboxapi.Server, *pve.Client) {
-	var (
-		srv *sandboxapi.Server
-		px  *pve.Client
-	)
+func (a *API) connect(ctx context.Context) *sandboxapi.Server {
+	var srv *sandboxapi.Server
 	b := backoff{min: a.deps.RetryMin, max: a.deps.RetryMax}
 	for {
 		var err error
 		if srv == nil {
-			srv, px, err = a.build()
+			srv, err = a.build()
 		}
 		if err == nil {
 			err = a.reconcile(ctx, srv)
 		}
 		if err == nil {
-			return srv, px
+			return srv
 		}
 		wait := b.next()
 		a.log.Warn("sandbox api unavailable; retrying", "err", err, "retry_in", wait)
 		a.local.set(sandboxapi.Unavailable("sandbox api unavailable: " + err.Error()))
 		a.remote.set(sandboxapi.Unavailable("sandbox api unavailable; the daemon's log says why"))
 		if !sleep(ctx, wait) {
-			return nil, nil
+			return nil
 		}
 	}
 }
 
 // build reads the Proxmox token and makes the server; no network I/O.
-func (a *API) build() (*sandboxapi.Server, *pve.Client, error) {
+func (a *API) build() (*sandboxapi.Server, error) {
 	cfg, d := a.cfg, a.deps
 	ac := cfg.API
-	secret, err := ReadTokenSecret(ac.Proxmox.SecretFile)
+	px, err := ProxmoxClient(cfg)
 	if err != nil {
-		return nil, nil, err
-	}
-	node := ac.Proxmox.Node
-	if node == "" {
-		node = cfg.Node.ID
-	}
-	if ac.Proxmox.CAFile != "" {
-		if _, err := os.Stat(ac.Proxmox.CAFile); err != nil {
-			return nil, nil, fmt.Errorf("proxmox CA: %w", err)
-		}
-	}
-	px, err := pve.New(pve.Options{URL: ac.Proxmox.URL, TokenID: ac.Proxmox.TokenID, Secret: secret, Node: node, RootCAFile: ac.Proxmox.CAFile})
-	if err != nil {
-		return nil, nil, fmt.Errorf("proxmox client: %w", err)
+		return nil, err
 	}
 	pool, err := netip.ParsePrefix(ac.AutoCIDRPool)
 	if err != nil {
-		return nil, nil, fmt.Errorf("auto_cidr_pool: %w", err)
+		return nil, fmt.Errorf("auto_cidr_pool: %w", err)
 	}
 	var dt sandboxapi.DiskTransfer
 	if ac.DiskTransferStorage != "" {
@@ -213,14 +186,19 @@ func (a *API) build() (*sandboxapi.Server, *pve.Client, error) {
 		AutoCIDRPool:   pool,
 		AutoCIDRBits:   ac.AutoCIDRBits,
 		AgentTimeout:   ac.AgentTimeout,
+		HostNetworks:   hostnet.New().Prefixes,
 		ZonesChanged:   d.ZonesChanged,
-		Registerer:     d.Registerer,
-		Logger:         a.log,
+		Egress:         d.Egress,
+		VMConfigs:      px,
+
+		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
+		Registerer:               d.Registerer,
+		Logger:                   a.log,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return srv, px, nil
+	return srv, nil
 }
 
 // reconcile runs one reconcile, bounded so a hung Proxmox is retried.
@@ -302,13 +280,6 @@ func (a *API) serveOnce(ctx context.Context) error {
 	return first
 }
 
-// apiPort is the TCP port of api.listen (0 without one).
-func (a *API) apiPort() int {
-	_, port, _ := net.SplitHostPort(a.cfg.API.Listen)
-	n, _ := strconv.Atoi(port)
-	return n
-}
-
 // forwardManagement sends the first management interface to out whenever
 // the guard's classification changes it; it ends with ctx.
 func forwardManagement(ctx context.Context, m Management, out chan string) {
@@ -370,6 +341,38 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// NoTokenError is a Proxmox API token secret that cannot be read: the
+// daemon has no way to talk to Proxmox.
+type NoTokenError struct{ Err error }
+
+func (e *NoTokenError) Error() string { return e.Err.Error() }
+func (e *NoTokenError) Unwrap() error { return e.Err }
+
+// ProxmoxClient makes the Proxmox API client of [api.proxmox] with the
+// daemon's token; no network I/O. A secret that cannot be read is a
+// *NoTokenError.
+func ProxmoxClient(cfg config.Config) (*pve.Client, error) {
+	pc := cfg.API.Proxmox
+	secret, err := ReadTokenSecret(pc.SecretFile)
+	if err != nil {
+		return nil, &NoTokenError{Err: err}
+	}
+	node := pc.Node
+	if node == "" {
+		node = cfg.Node.ID
+	}
+	if pc.CAFile != "" {
+		if _, err := os.Stat(pc.CAFile); err != nil {
+			return nil, fmt.Errorf("proxmox CA: %w", err)
+		}
+	}
+	px, err := pve.New(pve.Options{URL: pc.URL, TokenID: pc.TokenID, Secret: secret, Node: node, RootCAFile: pc.CAFile})
+	if err != nil {
+		return nil, fmt.Errorf("proxmox client: %w", err)
+	}
+	return px, nil
 }
 
 // ReadTokenSecret reads a Proxmox API token secret: the plain value, or

@@ -24,15 +24,41 @@ type lockdownView interface {
 	LockedDown() bool
 }
 
+// egressView is what the check needs to know of a sandbox's egress policy.
+type egressView interface {
+	// Mode returns the egress mode of the sandbox's zone.
+	Mode(sandbox string) string
+	// AllowsName reports whether the sandbox's policy allows name.
+	AllowsName(sandbox, name string) bool
+}
+
 // NewChecker builds the containment check the API's check endpoint runs:
 // the node-wide part of the plan comes from the node's own addresses, the
-// daemon's ports and the [check] section; the policy from the lockdown.
-func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView) *containcheck.Checker {
+// daemon's ports and the [check] section; the policy from the lockdown and
+// the sandbox's egress mode (ev may be nil).
+func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView) *containcheck.Checker {
 	c := cfg.Check
+	var adapt func(string, containment.Spec, containment.Policy) (containment.Spec, containment.Policy)
+	if ev != nil {
+		adapt = func(sb string, spec containment.Spec, p containment.Policy) (containment.Spec, containment.Policy) {
+			mode := ev.Mode(sb)
+			// the egress rows need names the sandbox's policy really
+			// allows and denies; without them the rows are left out
+			if mode == "allowlist" && c.EgressAllowedName != "" && c.EgressDeniedName != "" &&
+				ev.AllowsName(sb, c.EgressAllowedName) && !ev.AllowsName(sb, c.EgressDeniedName) {
+				spec.Egress = &containment.EgressSpec{AllowedName: c.EgressAllowedName, DeniedName: c.EgressDeniedName}
+				if a, err := netip.ParseAddr(c.EgressDeniedAddr); err == nil {
+					spec.Egress.DeniedAddr = a
+				}
+			}
+			return spec, containment.WithEgress(p, mode)
+		}
+	}
 	return &containcheck.Checker{
-		Runner: &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
-		Client: qc,
-		QGADir: cfg.API.QGADir,
+		Sandbox: adapt,
+		Runner:  &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
+		Client:  qc,
+		QGADir:  cfg.API.QGADir,
 		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
 			spec, err := nodeSpec(cfg)
 			pol := containment.GuardPolicy()

@@ -17,10 +17,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/egress"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
@@ -59,6 +62,9 @@ type Daemon struct {
 	Log    *slog.Logger
 	// GuardOptions are passed to firewall.New (tests: a network namespace).
 	GuardOptions []firewall.Option
+	// EgressNS, when set, is the network namespace the egress resolver and
+	// proxy listen and dial in (tests: the guard's namespace).
+	EgressNS *netns.NsHandle
 	// Ready is called once, after the guard is verified in force and every
 	// listener is bound (tests).
 	Ready func()
@@ -82,9 +88,14 @@ type run struct {
 	log   *slog.Logger
 	reg   *prometheus.Registry
 	guard *firewall.Guard
+	zones *zoneUnion // run-time zones by source, handed to the guard
 	ctl   *lockdown.Controller
 	lopt  lockdown.Options
 	parts *parts
+	// egressState and egress: the persisted policies and the egress part
+	// (egress.go).
+	egressState *egress.State
+	egress      *Egress
 }
 
 // Run starts every part, reports readiness, and blocks until ctx is done or
@@ -94,10 +105,15 @@ type run struct {
 // part into force (a failure stops the parts already started and ends Run)
 // and hands its loop to the errgroup:
 //
-//  1. guard: table in force and verified;
-//  2. lockdown: first reconcile done (the halt within it);
-//  3. metrics: listener bound;
-//  4. sandbox API: started in the background and never failing; it answers
+//  1. guard: table in force and verified (with the persisted egress
+//     policies);
+//  2. egress: resolver and peek proxy listening;
+//  3. zones: Proxmox's SDN running config read once and in force;
+//  4. lockdown: first reconcile done (the halt within it);
+//  5. metrics: listener bound;
+//  6. management-port rules: converged in the background through the
+//     Proxmox API (skipped, and retried, without the daemon's token);
+//  7. sandbox API: started in the background and never failing; it answers
 //     503 until Proxmox is reachable, so neither the guard nor the lockdown
 //     ever waits on Proxmox;
 //
@@ -106,8 +122,9 @@ type run struct {
 //
 // Shutdown, when ctx ends or any part fails: the watchdog stops (no ping
 // after STOPPING=1), STOPPING=1 is sent, then the parts stop one at a time
-// in reverse start order, each waited for before the next: API, metrics,
-// lockdown, guard. The guard's loop stops last and only between two applied
+// in reverse start order, each waited for before the next: API,
+// management rules, metrics, lockdown, zones, egress, guard. The guard's
+// loop stops last and only between two applied
 // states (each apply is one nftables batch), so its table is never left
 // half-built; the table persists by design, and Close only releases the
 // netlink sockets.
@@ -118,7 +135,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	r := &run{d: d, log: log, reg: prometheus.NewRegistry(), parts: &parts{g: g, base: context.WithoutCancel(ctx)}}
-	starts := []func(context.Context) error{r.startGuard, r.startLockdown, r.startMetrics, r.startAPI}
+	starts := []func(context.Context) error{r.startGuard, r.startEgress, r.startZones, r.startLockdown, r.startMetrics, r.startMgmtRules, r.startAPI}
 	for _, start := range starts {
 		if err := start(gctx); err != nil {
 			r.parts.stop()
@@ -187,10 +204,21 @@ func (p *parts) stop() {
 func (r *run) startGuard(ctx context.Context) error {
 	r.lopt = LockdownOptions(r.d.Config.Lockdown)
 	initial := StartSwitches(r.lopt.Marker, r.lopt.StateFile)
-	guard, err := firewall.New(GuardConfig(r.d.Config.Guard),
-		append([]firewall.Option{firewall.WithLogger(r.log), firewall.WithSwitches(initial)}, r.d.GuardOptions...)...)
+	fc, eopts, err := r.egressAtStart()
 	if err != nil {
 		return fmt.Errorf("guard: %w", err)
+	}
+	guard, err := firewall.New(fc,
+		append(append([]firewall.Option{firewall.WithLogger(r.log), firewall.WithSwitches(initial)}, eopts...), r.d.GuardOptions...)...)
+	if err != nil {
+		return fmt.Errorf("guard: %w", err)
+	}
+	// The layer-2 guard's port map is read before Start, so that a
+	// rebuilt or new bridge table pins the running guests from its first
+	// batch instead of holding them to DHCP until the first remap.
+	mp := &portmap.Mapper{Paths: portmap.Paths{Root: r.d.Config.Guard.NodeRoot}, Guard: guard, Log: r.log}
+	if _, err := mp.Once(ctx); err != nil {
+		r.log.Warn("cannot map guest ports before start; unmapped ports stay DHCP-only", "component", "portmap", "err", err)
 	}
 	if err := guard.Start(ctx); err != nil {
 		guard.Close()
@@ -207,6 +235,7 @@ func (r *run) startGuard(ctx context.Context) error {
 	r.guard = guard
 	r.parts.OnStop(func() { guard.Close() }) // after the loop below has stopped
 	r.parts.Go("guard", guard.Run)
+	r.parts.Go("portmap", mp.Run) // keeps the port map current
 	return nil
 }
 
@@ -282,9 +311,9 @@ func (r *run) startAPI(context.Context) error {
 	}
 	qc := qga.New(qga.Options{})
 	ctl := r.ctl
-	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }))
-	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.guard.SetZones,
-		Mgmt: r.guard, Registerer: r.reg, RetryMin: r.d.APIRetry})
+	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
+	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"),
+		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {
 		return err
 	}

@@ -66,6 +66,7 @@ func testParts(t *testing.T, cfg *config.Config) {
 	cfg.Lockdown.StateFile = filepath.Join(dir, "lockdown.json")
 	cfg.Halt.StateFile = filepath.Join(dir, "halted")
 	cfg.Halt.Units = []string{"pve-inspectd-test-none.service"}
+	cfg.Egress.StateFile = filepath.Join(dir, "egress.json")
 }
 
 // sdRecorder is a Notifier with a watchdog, recording what it is sent.
@@ -91,6 +92,7 @@ func TestRunNotifies(t *testing.T) {
 	d := &Daemon{
 		Config:       cfg,
 		GuardOptions: []firewall.Option{firewall.WithNetNS(ns)},
+		EgressNS:     &ns,
 		Notify:       n,
 		Ready: func() {
 			// Called just before READY=1: the table must be in force now.
@@ -153,7 +155,7 @@ func TestRunProxmoxDownAtStart(t *testing.T) {
 	bed := newPVEBed(t)
 	cfg := bed.config(t, t.TempDir())
 	testParts(t, &cfg)
-	cfg.API.MgmtRules = false
+	cfg.Guard.MgmtRules = false
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	atReady := make(chan error, 1)
@@ -161,6 +163,7 @@ func TestRunProxmoxDownAtStart(t *testing.T) {
 	d := &Daemon{
 		Config:       cfg,
 		GuardOptions: []firewall.Option{firewall.WithNetNS(ns)},
+		EgressNS:     &ns,
 		APIRetry:     50 * time.Millisecond,
 		API:          func(a *API) { api = a },
 		Ready: func() {

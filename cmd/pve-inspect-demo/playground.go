@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/testvm"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+)
+
+const (
+	// apiPort is the playground daemon's TCP listener on the node's
+	// management address.
+	apiPort = 8443
+	// playgroundKey is the stand-in secret of the playground's [mcp]
+	// env_file: every sandbox created through MCP gets it in
+	// /etc/pve-inspect/env.
+	playgroundKey = "playground-not-a-real-key"
+)
+
+// playground brings the node in a box up with the emulator, the daemon, its
+// API socket, a TLS listener with two printed tokens and the MCP server,
+// prints how to reach each, and tears everything down when ctx ends
+// (Ctrl-C, SIGTERM). listen is the loopback address forwarded to the
+// node's API listener, so clients outside the bed's namespaces reach it.
+func playground(ctx context.Context, o options, w io.Writer) (err error) {
+	if os.Geteuid() != 0 {
+		return errors.New("the playground builds network namespaces and nftables tables: run it as root (sudo make playground)")
+	}
+	inspectd := filepath.Join(o.binDir, "pve-inspectd")
+	probePath := filepath.Join(o.binDir, "pve-inspect-probe")
+	for _, p := range []string{inspectd, probePath} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%s: %w (run `make build` first)", p, err)
+		}
+	}
+	bed, err := testvm.Up(ctx, testvm.Options{NodePorts: []int{22, 3128}})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := bed.Close(); cerr != nil {
+			fmt.Fprintln(w, "teardown:", cerr)
+			err = errors.Join(err, cerr)
+			return
+		}
+		fmt.Fprintln(w, "playground down: every namespace, link, mount and process of the bed is gone")
+	}()
+	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed)
+	if err != nil {
+		return err
+	}
+	defer emu.Close()
+	dir := filepath.Join(bed.Dir(), "demo")
+	apiCA, apiCert, apiKey, err := writeAPICert(dir)
+	if err != nil {
+		return err
+	}
+	apiAddr := net.JoinHostPort(testvm.NodeMgmtAddr, fmt.Sprint(apiPort))
+	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\n", apiAddr, apiCert, apiKey)
+	// A stand-in model API key, to show where an agent's keys land.
+	envFile := filepath.Join(dir, "mcp.env")
+	if err := os.WriteFile(envFile, []byte("PLAYGROUND_API_KEY="+playgroundKey+"\n"), 0o600); err != nil {
+		return err
+	}
+	cfgPath, sock, _, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, extra, fmt.Sprintf("env_file = %q\n", envFile))
+	if err != nil {
+		return err
+	}
+	stopDaemon, err := startDaemon(ctx, io.Discard, bed, inspectd, cfgPath, sock)
+	if err != nil {
+		return err
+	}
+	defer stopDaemon()
+	tokens := map[string]string{}
+	for _, scope := range []string{"admin", "read"} {
+		out, err := bed.Command(ctx, bed.NodeNS(), inspectd, "-c", cfgPath, "token", "create", "playground-"+scope, "--scope", scope).Output()
+		if err != nil {
+			return fmt.Errorf("token create: %w", err)
+		}
+		tokens[scope] = strings.TrimSpace(string(out))
+	}
+	fwd, err := forward(bed, o.listen, apiAddr)
+	if err != nil {
+		return err
+	}
+	defer fwd.Close()
+	printEndpoints(w, bed, inspectd, cfgPath, sock, "https://"+fwd.Addr().String(), apiCA, envFile, tokens)
+	<-ctx.Done()
+	fmt.Fprintln(w, "stopping: daemon, emulator, bed")
+	return nil
+}
+
+// printEndpoints says how to reach every part. The "key = value" lines are
+// what playground_test.go reads.
+func printEndpoints(w io.Writer, bed *testvm.Bed, inspectd, cfgPath, sock, url, ca, envFile string, tokens map[string]string) {
+	stdio := []string{"ip", "netns", "exec", bed.NodeNS(), inspectd, "-c", cfgPath, "mcp"}
+	stdioJSON, _ := json.Marshal(stdio)
+	claudeStdio, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"pve-inspect": map[string]any{"command": "sudo", "args": stdio}}})
+	claudeHTTP, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"pve-inspect": map[string]any{"type": "http", "url": url + "/v1/mcp",
+		"headers": map[string]string{"Authorization": "Bearer " + tokens["admin"]}}}})
+	fmt.Fprintf(w, `
+pve-inspect playground: a Proxmox node in a box with pve-inspectd, the
+emulated Proxmox API and real qemu-ga guests. Ctrl-C or SIGTERM tears it down.
+
+bed = %s
+config = %s
+socket = %s
+api = %s
+ca = %s
+admin_token = %s
+read_token = %s
+mcp_url = %s/v1/mcp
+mcp_stdio = %s
+env_file = %s
+
+CLI (as root):
+  %s -c %s sandbox create --template debian
+  %s -c %s sandbox list
+curl:
+  curl --cacert %s -H 'Authorization: Bearer %s' %s/v1/sandboxes
+  curl --cacert %s -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' \
+       -d '{"vms":[{"template":"debian"}]}' %s/v1/sandboxes
+MCP, stdio (Claude Code: claude mcp add pve-inspect -- sudo %s):
+  %s
+MCP, streamable HTTP (set NODE_EXTRA_CA_CERTS=%s for Node clients):
+  %s
+Sandboxes created through MCP get the variables of env_file in
+/etc/pve-inspect/env (mode 0600, root only).
+playground ready
+`, bed.Name(), cfgPath, sock, url, ca, tokens["admin"], tokens["read"], url, stdioJSON, envFile,
+		inspectd, cfgPath, inspectd, cfgPath,
+		ca, tokens["read"], url, ca, tokens["admin"], url,
+		strings.Join(stdio, " "), claudeStdio, ca, claudeHTTP)
+}
+
+// writeAPICert writes a self-signed certificate for the API listener (the
+// node's pve-ssl.pem stand-in) valid for the management address and
+// loopback; the certificate is its own CA.
+func writeAPICert(dir string) (ca, cert, key string, err error) {
+	c, _, err := pveemu.SelfSignedCert("127.0.0.1", "localhost", testvm.NodeMgmtAddr)
+	if err != nil {
+		return "", "", "", err
+	}
+	k, ok := c.PrivateKey.(*ecdsa.PrivateKey)
+	if !ok {
+		return "", "", "", errors.New("api certificate: unexpected key type")
+	}
+	der, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return "", "", "", err
+	}
+	cert, key = filepath.Join(dir, "api.pem"), filepath.Join(dir, "api.key")
+	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o644); err != nil {
+		return "", "", "", err
+	}
+	if err := os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return "", "", "", err
+	}
+	return cert, cert, key, nil
+}
+
+// forwarder relays TCP connections from a loopback address of this
+// namespace to an address inside the node's namespace.
+type forwarder struct {
+	ln    net.Listener
+	bed   *testvm.Bed
+	to    string
+	wg    sync.WaitGroup
+	mu    sync.Mutex // guards conns
+	conns map[net.Conn]bool
+}
+
+// forward starts a forwarder on listen (a loopback address) to to.
+func forward(bed *testvm.Bed, listen, to string) (*forwarder, error) {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("--listen %q: want a loopback address", listen)
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	f := &forwarder{ln: ln, bed: bed, to: to, conns: map[net.Conn]bool{}}
+	f.wg.Add(1)
+	go f.accept()
+	return f, nil
+}
+
+// Addr is the loopback address clients dial.
+func (f *forwarder) Addr() net.Addr { return f.ln.Addr() }
+
+func (f *forwarder) accept() {
+	defer f.wg.Done()
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		f.wg.Add(1)
+		go func() { defer f.wg.Done(); f.relay(c) }()
+	}
+}
+
+func (f *forwarder) track(c net.Conn, on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if on {
+		f.conns[c] = true
+	} else {
+		delete(f.conns, c)
+	}
+}
+
+func (f *forwarder) relay(c net.Conn) {
+	defer c.Close()
+	var up net.Conn
+	err := f.bed.Do(f.bed.NodeNS(), func() error {
+		var err error
+		up, err = net.DialTimeout("tcp", f.to, 10*time.Second)
+		return err
+	})
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	f.track(c, true)
+	f.track(up, true)
+	defer f.track(c, false)
+	defer f.track(up, false)
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
+
+// Close stops accepting, closes every relayed connection and waits for
+// the relays to end.
+func (f *forwarder) Close() error {
+	err := f.ln.Close()
+	f.mu.Lock()
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+	return err
+}

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+)
+
+// needRoot fails under CI and skips loudly elsewhere when not root.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("the playground needs root (CI is set, so this is a failure)")
+	}
+	t.Skip("SKIPPED: the playground needs root")
+}
+
+// needNodeClient finds node and the official MCP TypeScript SDK in
+// mcpclient/node_modules, installing it with `npm ci` from the committed
+// lock file when it is missing. Under CI a missing piece is a failure.
+func needNodeClient(t *testing.T) string {
+	t.Helper()
+	miss := func(format string, a ...any) {
+		t.Helper()
+		if os.Getenv("CI") != "" {
+			t.Fatalf(format+" (CI is set, so this is a failure; .ci/install-deps installs it)", a...)
+		}
+		t.Skipf("SKIPPED: "+format+" (.ci/install-deps installs it)", a...)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		miss("node is not installed")
+	}
+	dir, _ := filepath.Abs("mcpclient")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		npm, err := exec.LookPath("npm")
+		if err != nil {
+			miss("npm is not installed")
+		}
+		cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			miss("npm ci in %s: %v\n%s", dir, err, out)
+		}
+	}
+	return node
+}
+
+// playgroundProc is a running `pve-inspect-demo --stay`.
+type playgroundProc struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer // everything it printed
+	info map[string]string
+	done chan error
+}
+
+// startPlayground runs the binary and waits for "playground ready".
+func startPlayground(t *testing.T, bin string) *playgroundProc {
+	t.Helper()
+	p := &playgroundProc{info: map[string]string{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(filepath.Join(bin, "pve-inspect-demo"), "--stay", "--bin", bin, "--listen", "127.0.0.1:0")
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stderr = os.Stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		said := false
+		for sc.Scan() {
+			line := sc.Text()
+			p.out.WriteString(line + "\n")
+			if k, v, ok := strings.Cut(line, " = "); ok && !strings.HasPrefix(line, " ") && !said {
+				p.info[k] = v
+			}
+			if line == "playground ready" && !said {
+				said = true
+				ready <- true
+			}
+		}
+		if !said {
+			ready <- false
+		}
+		p.done <- p.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-p.done:
+			case <-time.After(2 * time.Minute):
+				_ = p.cmd.Process.Kill()
+			}
+		}
+	})
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatalf("playground exited before ready:\n%s", p.out.String())
+		}
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("playground not ready after 5 minutes:\n%s", p.out.String())
+	}
+	for _, k := range []string{"bed", "config", "socket", "api", "ca", "admin_token", "read_token", "mcp_url", "mcp_stdio", "env_file"} {
+		if p.info[k] == "" {
+			t.Fatalf("playground did not print %s:\n%s", k, p.out.String())
+		}
+	}
+	return p
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (p *playgroundProc) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("playground exited with %v:\n%s", err, p.out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("playground did not stop within 2 minutes of SIGTERM")
+	}
+}
+
+// TestPlayground starts `pve-inspect-demo --stay`, drives a sandbox through
+// the printed endpoints (the API over TLS with the printed token; the MCP
+// server over stdio and streamable HTTP with the official TypeScript SDK),
+// stops it with SIGTERM and checks that nothing is left behind.
+func TestPlayground(t *testing.T) {
+	needRoot(t)
+	node := needNodeClient(t)
+	bin := t.TempDir()
+	for _, pkg := range []string{"../pve-inspectd", "../pve-inspect-probe", "."} {
+		cmd := exec.Command("go", "build", "-o", bin+"/", pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	p := startPlayground(t, bin)
+	in := p.info
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	// The API over TLS, as the printed curl lines do.
+	pem, err := os.ReadFile(in["ca"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatal("no certificate in the printed CA file")
+	}
+	u, err := url.Parse(in["api"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.NewTLS(u.Host, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, client.WithToken(in["admin_token"]))
+	sb, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatalf("create through %s: %v", in["api"], err)
+	}
+	res, err := c.Exec(ctx, sb.ID, sb.VMs[0].Name, sandboxapi.ExecRequest{Argv: []string{"uname", "-s"}})
+	if err != nil || res.ExitCode != 0 || string(res.Stdout) != "Linux\n" {
+		t.Fatalf("exec: %+v %v", res, err)
+	}
+	if err := c.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	ro := client.NewTLS(u.Host, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, client.WithToken(in["read_token"]))
+	if _, err := ro.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}}); !client.IsProblem(err, sandboxapi.ProblemForbidden) {
+		t.Errorf("read token create: %v, want forbidden", err)
+	}
+
+	// The official TypeScript SDK over both transports.
+	cmd := exec.CommandContext(ctx, node, "client.mjs")
+	cmd.Dir = "mcpclient"
+	cmd.Env = append(os.Environ(), "PVEI_STDIO="+in["mcp_stdio"], "PVEI_URL="+in["mcp_url"], "PVEI_TOKEN="+in["admin_token"],
+		"PVEI_READ_TOKEN="+in["read_token"], "NODE_EXTRA_CA_CERTS="+in["ca"], "PVEI_SECRET="+playgroundKey)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node client.mjs: %v\n%s", err, lastLines(stderr.String(), 40))
+	}
+	t.Logf("TypeScript SDK client: %s", out)
+	checkClientResult(t, out)
+
+	if l, err := c.List(ctx); err != nil || len(l) != 0 {
+		t.Errorf("sandboxes left: %v %v", l, err)
+	}
+	p.stop(t)
+	if !strings.Contains(p.out.String(), "playground down: every namespace") {
+		t.Errorf("no clean teardown said:\n%s", p.out.String())
+	}
+	assertGone(t, in)
+}
+
+// clientResult is what client.mjs prints.
+type clientResult struct {
+	Stdio, HTTP transportResult
+	Readonly    struct {
+		Tools  []string
+		Create struct {
+			Refused bool
+			Error   string
+		}
+	}
+	Unauthenticated struct{ Refused bool }
+}
+
+type transportResult struct {
+	Tools []string
+	ID    string
+	Uname string
+	File  struct {
+		Written, Read int
+		Equal         bool
+	}
+	Check struct {
+		Pass bool
+		Rows int
+	}
+	Progress struct {
+		Notifications int
+		Stdout        string
+	}
+	Cancel struct {
+		Aborted bool
+		Left    int
+	}
+	Env struct {
+		Stat  string
+		Shown bool
+	}
+	Destroyed bool
+}
+
+func checkClientResult(t *testing.T, out []byte) {
+	t.Helper()
+	var r clientResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("client output: %v\n%s", err, out)
+	}
+	for name, tr := range map[string]transportResult{"stdio": r.Stdio, "http": r.HTTP} {
+		if len(tr.Tools) != 11 || !slices.Contains(tr.Tools, "sandbox_create") {
+			t.Errorf("%s: tools %v", name, tr.Tools)
+		}
+		if tr.ID == "" || !strings.HasPrefix(tr.Uname, "Linux ") || !tr.Destroyed {
+			t.Errorf("%s: id %q uname %q destroyed %v", name, tr.ID, tr.Uname, tr.Destroyed)
+		}
+		if tr.File.Written != 1<<20 || tr.File.Read != 1<<20 || !tr.File.Equal {
+			t.Errorf("%s: 1 MiB round trip %+v", name, tr.File)
+		}
+		if !tr.Check.Pass || tr.Check.Rows == 0 {
+			t.Errorf("%s: check %+v", name, tr.Check)
+		}
+		if tr.Progress.Notifications < 1 || tr.Progress.Stdout != "line 1\nline 2\nline 3\n" {
+			t.Errorf("%s: progress %+v", name, tr.Progress)
+		}
+		if tr.Env.Stat != "600 root\n1\n" || tr.Env.Shown {
+			t.Errorf("%s: secrets file %+v: want mode 600, owner root, one line, shown by no tool", name, tr.Env)
+		}
+		if !tr.Cancel.Aborted || tr.Cancel.Left != 0 {
+			t.Errorf("%s: cancellation %+v: the command must be gone from the guest", name, tr.Cancel)
+		}
+	}
+	if !slices.Equal(r.Readonly.Tools, []string{"sandbox_get", "sandbox_list"}) || !r.Readonly.Create.Refused {
+		t.Errorf("read-only token: %+v", r.Readonly)
+	}
+	if !r.Unauthenticated.Refused {
+		t.Error("a client without a token was served")
+	}
+}
+
+// assertGone checks that the playground left no namespace, directory,
+// socket or listener behind.
+func assertGone(t *testing.T, in map[string]string) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, in["bed"]+"-") {
+			t.Errorf("namespace left: %s", l)
+		}
+	}
+	for _, p := range []string{in["socket"], filepath.Dir(filepath.Dir(in["config"]))} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind (%v)", p, err)
+		}
+	}
+	u, _ := url.Parse(in["api"])
+	if c, err := net.DialTimeout("tcp", u.Host, time.Second); err == nil {
+		c.Close()
+		t.Errorf("%s still accepts connections", u.Host)
+	}
+}

@@ -1,0 +1,86 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/firewall/egress"
+)
+
+// EgressSection is [egress]: the per-sandbox egress policies' node-wide
+// parts (DESIGN.md section 10). Sandboxes get their policy through the
+// API; default_mode, allow and deny apply to every zone the daemon did
+// not create.
+type EgressSection struct {
+	// DefaultMode is "open", "allowlist" or "none".
+	DefaultMode string `toml:"default_mode"`
+	// Allow are the default's domains, wildcard domains, IPv4 addresses
+	// and CIDRs (allowlist mode only).
+	Allow []string `toml:"allow"`
+	// Deny are the default's IPv4 addresses and CIDRs never reachable.
+	Deny []string `toml:"deny"`
+	// Upstreams are the resolvers (ip:port) allowed names are forwarded
+	// to; empty means the nameservers of /etc/resolv.conf that are not
+	// loopback.
+	Upstreams []string `toml:"upstreams"`
+	// TTLFloor and TTLCeiling clamp how long an address learned from a
+	// DNS answer stays open.
+	TTLFloor   time.Duration `toml:"ttl_floor"`
+	TTLCeiling time.Duration `toml:"ttl_ceiling"`
+	// DNSPort and ProxyPort are the local ports guest DNS and peeked
+	// tcp 80/443 are redirected to.
+	DNSPort   int `toml:"dns_port"`
+	ProxyPort int `toml:"proxy_port"`
+	// StateFile keeps the sandboxes' policies across restarts.
+	StateFile string `toml:"state_file"`
+}
+
+func defaultEgress() EgressSection {
+	return EgressSection{DefaultMode: "open", Allow: []string{}, Deny: []string{}, Upstreams: []string{}, TTLFloor: 30 * time.Second, TTLCeiling: time.Hour,
+		DNSPort: 15353, ProxyPort: 15380, StateFile: "/var/lib/pve-inspectd/egress.json"}
+}
+
+// DefaultRules compiles the node-wide default policy (validated by Load).
+func (s EgressSection) DefaultRules() (egress.Rules, error) {
+	return egress.Compile(egress.Policy{Mode: s.DefaultMode, Allow: s.Allow, Deny: s.Deny})
+}
+
+func (s EgressSection) validate(prefix string) error {
+	if _, err := s.DefaultRules(); err != nil {
+		var pe *egress.PolicyError
+		key := "default_mode"
+		if errors.As(err, &pe) && pe.Field != "mode" {
+			key = pe.Field
+		}
+		return &KeyError{Key: prefix + "." + key, Err: err}
+	}
+	for _, u := range s.Upstreams {
+		ap, err := netip.ParseAddrPort(u)
+		if err != nil || !ap.Addr().Is4() || ap.Port() == 0 {
+			return &KeyError{Key: prefix + ".upstreams", Err: fmt.Errorf("%q: want an IPv4 ip:port", u)}
+		}
+		if ap.Addr().IsLoopback() {
+			// a local resolver would recurse from an unmarked socket,
+			// past the lockdown's cut of the daemon's own queries
+			return &KeyError{Key: prefix + ".upstreams", Err: fmt.Errorf("%q: a loopback resolver is not allowed", u)}
+		}
+	}
+	if s.TTLFloor < time.Second || s.TTLCeiling < s.TTLFloor || s.TTLCeiling > 24*time.Hour {
+		return &KeyError{Key: prefix + ".ttl_floor", Err: fmt.Errorf("want 1s <= ttl_floor (%s) <= ttl_ceiling (%s) <= 24h", s.TTLFloor, s.TTLCeiling)}
+	}
+	for k, p := range map[string]int{"dns_port": s.DNSPort, "proxy_port": s.ProxyPort} {
+		if p < 1 || p > 65535 {
+			return &KeyError{Key: prefix + "." + k, Err: fmt.Errorf("%d: want 1..65535", p)}
+		}
+	}
+	if s.DNSPort == s.ProxyPort {
+		return &KeyError{Key: prefix + ".proxy_port", Err: errors.New("must differ from dns_port")}
+	}
+	if !filepath.IsAbs(s.StateFile) {
+		return &KeyError{Key: prefix + ".state_file", Err: errors.New("must be an absolute path")}
+	}
+	return nil
+}

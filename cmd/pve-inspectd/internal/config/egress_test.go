@@ -1,0 +1,42 @@
+package config
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestEgressSection(t *testing.T) {
+	cases := []struct {
+		name, toml, badKey string
+	}{
+		{"defaults", "", ""},
+		{"allowlist default", "[egress]\ndefault_mode = \"allowlist\"\nallow = [\"pypi.org\", \"*.github.com\", \"203.0.113.0/24\"]\ndeny = [\"203.0.113.9\"]\nupstreams = [\"192.0.2.53:53\"]", ""},
+		{"bad mode", "[egress]\ndefault_mode = \"closed\"", "egress.default_mode"},
+		{"allow in open mode", "[egress]\nallow = [\"pypi.org\"]", "egress.allow"},
+		{"bad allow entry", "[egress]\ndefault_mode = \"allowlist\"\nallow = [\"a.*.org\"]", "egress.allow"},
+		{"deny a name", "[egress]\ndeny = [\"evil.org\"]", "egress.deny"},
+		{"loopback upstream", "[egress]\nupstreams = [\"127.0.0.53:53\"]", "egress.upstreams"},
+		{"upstream without port", "[egress]\nupstreams = [\"192.0.2.53\"]", "egress.upstreams"},
+		{"floor over ceiling", "[egress]\nttl_floor = \"2h\"\nttl_ceiling = \"1h\"", "egress.ttl_floor"},
+		{"same ports", "[egress]\ndns_port = 15380", "egress.proxy_port"},
+		{"check: bad denied addr", "[check]\negress_denied_addr = \"evil.org\"", "check.egress_denied_addr"},
+		{"check: wildcard allowed name", "[check]\negress_allowed_name = \"*.org\"", "check.egress_allowed_name"},
+		{"relative state file", "[egress]\nstate_file = \"egress.json\"", "egress.state_file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(tc.toml)
+			var ke *KeyError
+			switch {
+			case tc.badKey == "" && err != nil:
+				t.Fatalf("Parse: %v", err)
+			case tc.badKey == "":
+				if _, err := c.Egress.DefaultRules(); err != nil {
+					t.Fatal(err)
+				}
+			case !errors.As(err, &ke) || ke.Key != tc.badKey:
+				t.Fatalf("Parse = %v, want an error on %s", err, tc.badKey)
+			}
+		})
+	}
+}

@@ -1,0 +1,255 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/egress"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+)
+
+// FullGuardConfig is GuardConfig with the [egress] section's kernel side
+// (the node-wide default and the redirect ports) added.
+func FullGuardConfig(cfg config.Config) (firewall.Config, error) {
+	fc := GuardConfig(cfg.Guard)
+	def, err := cfg.Egress.DefaultRules()
+	if err != nil {
+		return firewall.Config{}, fmt.Errorf("egress default: %w", err)
+	}
+	fc.Egress = firewall.EgressConfig{Default: def.Zone(),
+		DNSPort: uint16(cfg.Egress.DNSPort), ProxyPort: uint16(cfg.Egress.ProxyPort)}
+	return fc, nil
+}
+
+// EgressPlan returns the sandboxes' persisted egress policies (for
+// `pve-inspectd plan`).
+func EgressPlan(cfg config.Config) (*egress.State, error) {
+	return egress.LoadState(cfg.Egress.StateFile)
+}
+
+// egressAtStart loads the persisted policies before the guard starts, so
+// it adopts its table with them in force.
+func (r *run) egressAtStart() (firewall.Config, []firewall.Option, error) {
+	fc, err := FullGuardConfig(r.d.Config)
+	if err != nil {
+		return firewall.Config{}, nil, err
+	}
+	st, err := egress.LoadState(r.d.Config.Egress.StateFile)
+	if err != nil {
+		return firewall.Config{}, nil, err
+	}
+	r.egressState = st
+	return fc, []firewall.Option{firewall.WithEgress(st.Zones())}, nil
+}
+
+// upstreamsFrom returns the non-loopback IPv4 nameservers of a
+// resolv.conf, as ip:53.
+func upstreamsFrom(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 2 || fs[0] != "nameserver" {
+			continue
+		}
+		a, err := netip.ParseAddr(fs[1])
+		if err != nil || !a.Is4() || a.IsLoopback() {
+			continue
+		}
+		out = append(out, netip.AddrPortFrom(a, 53).String())
+	}
+	return out, sc.Err()
+}
+
+// startEgress starts the egress policies' user-space half: the registry
+// (over the guard and the persisted policies), the resolver the guard
+// redirects allow-list and none zones' DNS to, and the Host/SNI peek
+// proxy. Listeners are bound before it returns.
+func (r *run) startEgress(ctx context.Context) error {
+	ec := r.d.Config.Egress
+	def, err := ec.DefaultRules()
+	if err != nil {
+		return fmt.Errorf("egress: %w", err)
+	}
+	ups := ec.Upstreams
+	if len(ups) == 0 {
+		if ups, err = upstreamsFrom("/etc/resolv.conf"); err != nil || len(ups) == 0 {
+			r.log.Warn("no upstream resolver for allowed names (set [egress] upstreams)", "component", "egress", "err", err)
+		}
+	}
+	ns := netns.None()
+	if r.d.EgressNS != nil {
+		ns = *r.d.EgressNS
+	}
+	links, err := egress.NewNetlinkLinks(ns)
+	if err != nil {
+		return fmt.Errorf("egress: %w", err)
+	}
+	r.parts.OnStop(links.Close)
+	kcfg, err := FullGuardConfig(r.d.Config)
+	if err != nil {
+		return err
+	}
+	den := egress.NewDenials()
+	if err := r.reg.Register(den.Collector()); err != nil {
+		return fmt.Errorf("egress metrics: %w", err)
+	}
+	reg := egress.NewRegistry(r.guard, def, r.egressState)
+	res := egress.NewResolver(egress.ResolverConfig{Upstreams: ups, TTLFloor: ec.TTLFloor, TTLCeiling: ec.TTLCeiling,
+		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark())}, reg, links, den, nil, r.log)
+	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark())},
+		reg, links, den, r.log)
+	var pc net.PacketConn
+	var dnsLn, proxyLn net.Listener
+	dnsAddr, proxyAddr := fmt.Sprintf(":%d", ec.DNSPort), fmt.Sprintf(":%d", ec.ProxyPort)
+	err = inNetNS(r.d.EgressNS, func() error {
+		var lc net.ListenConfig
+		var err error
+		if pc, err = lc.ListenPacket(ctx, "udp4", dnsAddr); err != nil {
+			return fmt.Errorf("egress resolver: listen udp %s: %w", dnsAddr, err)
+		}
+		if dnsLn, err = lc.Listen(ctx, "tcp4", dnsAddr); err != nil {
+			pc.Close()
+			return fmt.Errorf("egress resolver: listen tcp %s: %w", dnsAddr, err)
+		}
+		if proxyLn, err = lc.Listen(ctx, "tcp4", proxyAddr); err != nil {
+			pc.Close()
+			dnsLn.Close()
+			return fmt.Errorf("egress proxy: listen %s: %w", proxyAddr, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	r.egress = &Egress{Registry: reg, Denials: den}
+	r.parts.Go("egress resolver (udp)", func(ctx context.Context) error { return res.ServeUDP(ctx, pc) })
+	r.parts.Go("egress resolver (tcp)", func(ctx context.Context) error { return res.ServeTCP(ctx, dnsLn) })
+	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
+	r.log.Info("egress policies in force", "component", "egress", "default", def.Mode, "upstreams", ups)
+	return nil
+}
+
+// Egress is the daemon's egress policy state, handed to the sandbox API.
+type Egress struct {
+	Registry *egress.Registry
+	Denials  *egress.Denials
+}
+
+// inNetNS runs fn with the calling thread in ns (nil: where it is);
+// sockets created in fn stay in ns.
+func inNetNS(ns *netns.NsHandle, fn func() error) error {
+	if ns == nil {
+		return fn()
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("current netns: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(*ns); err != nil {
+		return fmt.Errorf("enter netns: %w", err)
+	}
+	defer func() { _ = netns.Set(orig) }()
+	return fn()
+}
+
+// dialIn dials from sockets marked mark, created in ns (nil: the
+// daemon's own namespace; the default of the egress parts then).
+func dialIn(ns *netns.NsHandle, mark uint32) egress.DialFunc {
+	if ns == nil {
+		return nil
+	}
+	return func(ctx context.Context, network, address string) (c net.Conn, err error) {
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}
+		err = inNetNS(ns, func() error {
+			c, err = d.DialContext(ctx, network, address)
+			return err
+		})
+		return c, err
+	}
+}
+
+func policyOf(p sandboxapi.EgressPolicy) egress.Policy {
+	return egress.Policy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
+}
+
+// Validate implements sandboxapi.Egress.
+func (e *Egress) Validate(p sandboxapi.EgressPolicy) error {
+	_, err := egress.Compile(policyOf(p))
+	return err
+}
+
+// Set implements sandboxapi.Egress: in the kernel and persisted when it
+// returns.
+func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string, p sandboxapi.EgressPolicy) error {
+	r, err := egress.Compile(policyOf(p))
+	if err != nil {
+		return err
+	}
+	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
+}
+
+// Remove implements sandboxapi.Egress.
+func (e *Egress) Remove(ctx context.Context, sandbox, zone string) error {
+	e.Denials.Forget(sandbox)
+	return e.Registry.Remove(ctx, zone)
+}
+
+// Status implements sandboxapi.Egress. A sandbox without a policy of its
+// own (created before egress policies existed) is open.
+func (e *Egress) Status(sandbox, zone string) sandboxapi.EgressStatus {
+	st := sandboxapi.EgressStatus{Sandbox: sandbox, Policy: sandboxapi.EgressPolicy{Mode: string(firewall.EgressOpen)},
+		Denials: []sandboxapi.EgressDenial{}}
+	if r, ok := e.Registry.Get(zone); ok {
+		p := r.Policy()
+		st.Policy = sandboxapi.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
+	}
+	for _, d := range e.Denials.Recent(sandbox) {
+		st.Denials = append(st.Denials, sandboxapi.EgressDenial{Time: d.Time, Reason: d.Reason, Name: d.Name, Dest: d.Dest})
+	}
+	return st
+}
+
+// AllowsName reports whether a sandbox's policy allows name (an open
+// sandbox allows every name).
+func (e *Egress) AllowsName(sandbox, name string) bool {
+	r, ok := e.Registry.Get(sandbox)
+	return !ok || r.AllowsName(name)
+}
+
+// Mode returns the egress mode of a sandbox (its zone is named after it);
+// open when it has no policy of its own.
+func (e *Egress) Mode(sandbox string) string {
+	if r, ok := e.Registry.Get(sandbox); ok {
+		return string(r.Mode)
+	}
+	return string(firewall.EgressOpen)
+}

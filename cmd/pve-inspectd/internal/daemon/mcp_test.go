@@ -1,0 +1,105 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
+)
+
+type bearerRT struct{ tok string }
+
+func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.tok)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestTCPHandler: the TCP handler serves the API and, with [mcp] http, the
+// MCP server at /v1/mcp behind the token file's tokens; without it,
+// /v1/mcp is the API's not-found.
+func TestTCPHandler(t *testing.T) {
+	g := apitest.NewGuests()
+	tokFile := filepath.Join(t.TempDir(), "tokens.json")
+	store := auth.Open(tokFile)
+	admin, _, err := store.Create("agent", []string{"admin"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, _, err := store.Create("viewer", []string{"read"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sandboxapi.New(sandboxapi.Options{Node: "n1", Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000}), Guests: g.Dial,
+		Tokens: store, StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := config.Default()
+	c.API.TokenFile = tokFile
+	c.MCP.DefaultTemplate = "debian"
+	for _, on := range []bool{true, false} {
+		c.MCP.HTTP = on
+		h, err := TCPHandler(srv, c.API, c.MCP, "test", slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(h)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		// the API itself still answers
+		req, _ := http.NewRequestWithContext(ctx, "GET", hs.URL+"/v1/healthz", nil)
+		req.Header.Set("Authorization", "Bearer "+read)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("healthz: %v %v", resp, err)
+		}
+		resp.Body.Close()
+		cl := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil)
+		session := func(tok string) (*mcp.ClientSession, error) {
+			return cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: hs.URL + MCPPath, HTTPClient: &http.Client{Transport: bearerRT{tok}}}, nil)
+		}
+		cs, err := session(admin)
+		if !on {
+			if err == nil {
+				t.Error("/v1/mcp answers with [mcp] http = false")
+			}
+			cancel()
+			hs.Close()
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: mcpserver.ToolCreate, Arguments: map[string]any{}})
+		if err != nil || res.IsError {
+			t.Fatalf("create: %v %+v", err, res)
+		}
+		if owner := res.StructuredContent.(map[string]any)["owner"]; owner != "agent" {
+			t.Errorf("owner %v, want the token's name", owner)
+		}
+		rs, err := session(read)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := rs.ListTools(ctx, nil)
+		if err != nil || len(l.Tools) != 2 {
+			t.Errorf("read token tools: %d %v", len(l.Tools), err)
+		}
+		_ = cs.Close()
+		_ = rs.Close()
+		cancel()
+		hs.Close()
+	}
+}

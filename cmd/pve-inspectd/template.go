@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/hardening"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+)
+
+// vmConfigs is what the template verbs need of the Proxmox client.
+type vmConfigs interface {
+	VMConfig(ctx context.Context, vmid int) (map[string]string, error)
+	UpdateVMConfig(ctx context.Context, vmid int, set map[string]string, del []string) error
+}
+
+// newTemplateCmd returns `template check VMID` and `template harden VMID`.
+func newTemplateCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "template", Short: "check or harden a sandbox template against the hardened VM profile", Args: cobra.NoArgs}
+	var asJSON bool
+	check := &cobra.Command{
+		Use:   "check VMID",
+		Short: "report every item of the hardened VM profile for a template; exit 1 when a create would refuse it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			vmid, err := parseVMID(args[0])
+			if err != nil {
+				return err
+			}
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			px, err := tokenClient(cfg)
+			if err != nil {
+				return err
+			}
+			rep, err := templateReport(cmd.Context(), px, vmid)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := printJSON(cmd.OutOrStdout(), rep); err != nil {
+					return err
+				}
+			} else {
+				writeReport(cmd.OutOrStdout(), vmid, rep)
+			}
+			if n := len(rep.TemplateFailures()); n > 0 {
+				return &exitError{code: 1, msg: fmt.Sprintf("template %d: %d item(s) a clone cannot fix", vmid, n)}
+			}
+			return nil
+		},
+	}
+	check.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	var user, passwordFile string
+	harden := &cobra.Command{
+		Use:   "harden VMID",
+		Short: "set the hardened VM profile on a template, root-only items included (run once as root; logs in as --user)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			vmid, err := parseVMID(args[0])
+			if err != nil {
+				return err
+			}
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			pw, err := readPassword(passwordFile, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			px, err := pve.NewWithPassword(proxmoxOptions(cfg), user, pw)
+			if err != nil {
+				return err
+			}
+			return hardenTemplate(cmd.Context(), cmd.OutOrStdout(), px, vmid)
+		},
+	}
+	harden.Flags().StringVar(&user, "user", "root@pam", "Proxmox user to log in as (root@pam: the token cannot set root-only keys)")
+	harden.Flags().StringVar(&passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
+	c.AddCommand(check, harden)
+	return c
+}
+
+func parseVMID(s string) (int, error) {
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 100 || v > 999999999 {
+		return 0, fmt.Errorf("VMID %q: want a number 100-999999999", s)
+	}
+	return v, nil
+}
+
+func proxmoxOptions(cfg config.Config) pve.Options {
+	node := cfg.API.Proxmox.Node
+	if node == "" {
+		node = cfg.Node.ID
+	}
+	return pve.Options{URL: cfg.API.Proxmox.URL, Node: node, RootCAFile: cfg.API.Proxmox.CAFile}
+}
+
+// tokenClient is the daemon's pool-scoped token client ([api.proxmox]).
+func tokenClient(cfg config.Config) (*pve.Client, error) {
+	secret, err := daemon.ReadTokenSecret(cfg.API.Proxmox.SecretFile)
+	if err != nil {
+		return nil, err
+	}
+	o := proxmoxOptions(cfg)
+	o.TokenID, o.Secret = cfg.API.Proxmox.TokenID, secret
+	return pve.New(o)
+}
+
+func readPassword(path string, stdin io.Reader) (string, error) {
+	var b []byte
+	var err error
+	if path == "" || path == "-" {
+		line, rerr := bufio.NewReader(io.LimitReader(stdin, 4096)).ReadString('\n')
+		if rerr != nil && rerr != io.EOF {
+			return "", fmt.Errorf("read password: %w", rerr)
+		}
+		b = []byte(line)
+	} else if b, err = os.ReadFile(path); err != nil {
+		return "", fmt.Errorf("read password: %w", err)
+	}
+	pw := strings.TrimRight(string(b), "\r\n")
+	if pw == "" {
+		return "", fmt.Errorf("read password: empty")
+	}
+	return pw, nil
+}
+
+func templateReport(ctx context.Context, px vmConfigs, vmid int) (hardening.Report, error) {
+	conf, err := px.VMConfig(ctx, vmid)
+	if err != nil {
+		return hardening.Report{}, fmt.Errorf("read config of %d: %w", vmid, err)
+	}
+	if conf["template"] != "1" {
+		return hardening.Report{}, fmt.Errorf("vm %d is not a template", vmid)
+	}
+	return hardening.Check(conf), nil
+}
+
+func writeReport(w io.Writer, vmid int, rep hardening.Report) {
+	fmt.Fprintf(w, "template %d, hardened VM profile:\n", vmid)
+	for _, it := range rep.Items {
+		state := "ok  "
+		if !it.OK {
+			state = "FAIL"
+		}
+		fix := ""
+		if !it.OK {
+			fix = map[hardening.Fixer]string{hardening.FixClone: "  [set on every clone]",
+				hardening.FixTemplate: "  [needs root: pve-inspectd template harden]",
+				hardening.FixRebuild:  "  [rebuild the template]"}[it.Fix]
+		}
+		fmt.Fprintf(w, "  %s %-44s want %-40s got %s%s\n", state, it.Name, it.Want, orAbsent(it.Got), fix)
+	}
+	if f := rep.TemplateFailures(); len(f) == 0 {
+		fmt.Fprintf(w, "hardened: creates may clone it (clones get the remaining items)\n")
+	} else {
+		fmt.Fprintf(w, "NOT hardened: %d item(s) a clone cannot fix; creates refuse it\n", len(f))
+	}
+}
+
+func orAbsent(s string) string {
+	if s == "" {
+		return "(absent)"
+	}
+	return s
+}
+
+// hardenTemplate applies the template changes in one request and checks
+// the result.
+func hardenTemplate(ctx context.Context, w io.Writer, px vmConfigs, vmid int) error {
+	if _, err := templateReport(ctx, px, vmid); err != nil {
+		return err
+	}
+	conf, err := px.VMConfig(ctx, vmid)
+	if err != nil {
+		return err
+	}
+	set, del := hardening.TemplateChanges(conf)
+	if len(set) > 0 || len(del) > 0 {
+		if err := px.UpdateVMConfig(ctx, vmid, set, del); err != nil {
+			return fmt.Errorf("harden template %d: %w", vmid, err)
+		}
+	}
+	for _, k := range del {
+		fmt.Fprintf(w, "deleted %s\n", k)
+	}
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		fmt.Fprintf(w, "set %s = %s\n", k, set[k])
+	}
+	after, err := templateReport(ctx, px, vmid)
+	if err != nil {
+		return err
+	}
+	writeReport(w, vmid, after)
+	if n := len(after.Failed()); n > 0 {
+		return &exitError{code: 1, msg: fmt.Sprintf("template %d: %d item(s) still fail", vmid, n)}
+	}
+	return nil
+}

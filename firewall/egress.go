@@ -1,0 +1,508 @@
+package firewall
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Names of the egress sets and chain (DESIGN.md section 10).
+const (
+	SetEgressNone      = "egress_none"
+	SetEgressAllowlist = "egress_allowlist"
+	SetEgressDNS       = "egress_dns"
+	SetEgressAllow4    = "egress_allow4"
+	SetEgressDeny4     = "egress_deny4"
+	SetEgressLearned4  = "egress_learned4"
+	SetEgressPeekPorts = "egress_peek_ports"
+
+	chainEgressNAT = "egress_nat"
+)
+
+// EgressMode is what a zone's guests may reach through the uplink.
+type EgressMode string
+
+// Egress modes.
+const (
+	// EgressOpen: the internet (minus @private4, metadata and the uplink
+	// subnets, as for every guest).
+	EgressOpen EgressMode = "open"
+	// EgressAllowlist: only the zone's CIDRs and the addresses its
+	// resolver learned from allowed names.
+	EgressAllowlist EgressMode = "allowlist"
+	// EgressNone: nothing; the zone's DNS is answered by the daemon's
+	// resolver, which refuses every name.
+	EgressNone EgressMode = "none"
+)
+
+// ParseEgressMode returns the mode named s ("" is open).
+func ParseEgressMode(s string) (EgressMode, error) {
+	switch m := EgressMode(s); m {
+	case "":
+		return EgressOpen, nil
+	case EgressOpen, EgressAllowlist, EgressNone:
+		return m, nil
+	}
+	return "", fmt.Errorf("egress mode %q: want open, allowlist or none", s)
+}
+
+// ZoneEgress is the kernel side of one zone's egress policy: the mode and
+// its address parts. Names are the resolver's business; the addresses it
+// learns go into @egress_learned4 through Guard.Learn.
+type ZoneEgress struct {
+	// Bridges are the zone's vnet bridges (the guest interfaces the
+	// policy applies to).
+	Bridges []string
+	Mode    EgressMode
+	// Allow are IPv4 prefixes always reachable in allowlist mode.
+	Allow []netip.Prefix
+	// Deny are IPv4 prefixes never reachable, in any mode.
+	Deny []netip.Prefix
+}
+
+func (z ZoneEgress) validate() error {
+	if _, err := ParseEgressMode(string(z.Mode)); err != nil {
+		return err
+	}
+	for _, n := range z.Bridges {
+		if n == "" || len(n) > 15 || n == "lo" {
+			return fmt.Errorf("bad bridge name %q", n)
+		}
+	}
+	for _, p := range append(slices.Clone(z.Allow), z.Deny...) {
+		if !p.IsValid() || !p.Addr().Is4() {
+			return fmt.Errorf("egress prefix %s is not IPv4", p)
+		}
+	}
+	return nil
+}
+
+// EgressConfig is the static part of the egress policy.
+type EgressConfig struct {
+	// Default applies to every guest interface whose zone has no policy of
+	// its own (zones the daemon did not create).
+	Default ZoneEgress
+	// DNSPort is the local port of the daemon's resolver; guest DNS
+	// (udp and tcp 53) from allowlist and none zones is redirected to it.
+	// Zero means 15353.
+	DNSPort uint16
+	// ProxyPort is the local port of the Host/SNI peek proxy; tcp 80/443
+	// from allowlist zones to name-learned addresses is redirected to it.
+	// Zero means 15380.
+	ProxyPort uint16
+	// Mark marks the daemon's own upstream sockets for the proxy; Mark+1
+	// marks the resolver's. Zero means 0x70690000.
+	Mark uint32
+}
+
+// WithEgress sets the zones' egress policies Start applies (see
+// SetEgress). A restarting daemon passes the policies it persisted, so
+// adopting the orphaned table never opens a zone to the default.
+func WithEgress(policies map[string]ZoneEgress) Option {
+	return func(o *options) { o.egress = policies }
+}
+
+// Ports and mark the egress rules use.
+func (c EgressConfig) ports() (dns, proxy uint16, mark uint32) {
+	dns, proxy, mark = c.DNSPort, c.ProxyPort, c.Mark
+	if dns == 0 {
+		dns = 15353
+	}
+	if proxy == 0 {
+		proxy = 15380
+	}
+	if mark == 0 {
+		mark = 0x70690000
+	}
+	return dns, proxy, mark
+}
+
+// ProxyMark is the socket mark of the proxy's upstream connections; the
+// output chain lets them out only to the uplink, never to @private4,
+// metadata or the uplink subnets, and never while the lockdown is on.
+func (c EgressConfig) ProxyMark() uint32 { _, _, m := c.ports(); return m }
+
+// ResolverMark is the socket mark of the resolver's upstream queries; the
+// output chain drops them while the lockdown is on.
+func (c EgressConfig) ResolverMark() uint32 { return c.ProxyMark() + 1 }
+
+// Ports returns the resolver and proxy ports in use.
+func (c EgressConfig) Ports() (dns, proxy uint16) { d, p, _ := c.ports(); return d, p }
+
+// egressByInterface maps every guest interface to its zone's policy: the
+// bridges of zones with a policy of their own get it, every other
+// interface that is not lo, management or trusted gets the default. A
+// bridge that is management or trusted gets nothing (a policy never
+// applies to the node's own networks).
+func egressByInterface(cfg Config, cls Classification) map[string]ZoneEgress {
+	skip := map[string]bool{"lo": true}
+	for _, n := range append(slices.Clone(cls.Management), cls.Trusted...) {
+		skip[n] = true
+	}
+	out := map[string]ZoneEgress{}
+	for _, id := range slices.Sorted(maps.Keys(cfg.ZoneEgress)) {
+		z := cfg.ZoneEgress[id]
+		for _, b := range z.Bridges {
+			if !skip[b] {
+				out[b] = z
+			}
+		}
+	}
+	for _, n := range cls.Interfaces {
+		if _, ok := out[n]; !ok && !skip[n] {
+			out[n] = cfg.Egress.Default
+		}
+	}
+	return out
+}
+
+// addEgress adds the egress sets and rules (DESIGN.md section 10) to rs.
+// They come after the lockdown, cross-zone, private and metadata rules, so
+// the lockdown always wins and no policy opens those paths.
+func addEgress(rs *Ruleset, cfg Config, cls Classification) error {
+	if err := cfg.Egress.Default.validate(); err != nil {
+		return fmt.Errorf("egress default: %w", err)
+	}
+	for id, z := range cfg.ZoneEgress {
+		if err := z.validate(); err != nil {
+			return fmt.Errorf("egress of zone %s: %w", id, err)
+		}
+	}
+	byIf := egressByInterface(cfg, cls)
+	names := slices.Sorted(maps.Keys(byIf))
+	var none, allow, dns []string
+	var allow4, deny4 []ifPrefix
+	for _, n := range names {
+		z := byIf[n]
+		switch z.Mode {
+		case EgressNone:
+			none = append(none, n)
+			dns = append(dns, n)
+		case EgressAllowlist:
+			allow = append(allow, n)
+			dns = append(dns, n)
+			for _, p := range mergePrefixes(z.Allow) {
+				allow4 = append(allow4, ifPrefix{n, p})
+			}
+		}
+		for _, p := range mergePrefixes(z.Deny) {
+			deny4 = append(deny4, ifPrefix{n, p})
+		}
+	}
+	ifSet := func(name string, members []string) {
+		s := &SetSpec{Name: name, KeyType: nftables.TypeIFName}
+		for _, n := range members {
+			s.Elements = append(s.Elements, nftables.SetElement{Key: ifname(n)})
+			s.Text = append(s.Text, n)
+		}
+		rs.Sets = append(rs.Sets, s)
+	}
+	ifSet(SetEgressNone, none)
+	ifSet(SetEgressAllowlist, allow)
+	ifSet(SetEgressDNS, dns)
+	ifAddr := nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)
+	rangeSet := func(name string, members []ifPrefix) {
+		s := &SetSpec{Name: name, KeyType: ifAddr, Concat: true, Interval: true}
+		for _, m := range members {
+			s.Elements = append(s.Elements, nftables.SetElement{
+				Key:    append(ifname(m.ifname), m.r.from.AsSlice()...),
+				KeyEnd: append(ifname(m.ifname), m.r.to.AsSlice()...)})
+			s.Text = append(s.Text, fmt.Sprintf("%s . %s", m.ifname, rangeText(m.r)))
+		}
+		rs.Sets = append(rs.Sets, s)
+	}
+	rangeSet(SetEgressAllow4, allow4)
+	rangeSet(SetEgressDeny4, deny4)
+	rs.Sets = append(rs.Sets,
+		&SetSpec{Name: SetEgressLearned4, KeyType: ifAddr, Concat: true, Timeout: true, Dynamic: true},
+		&SetSpec{Name: SetEgressPeekPorts, KeyType: nftables.TypeInetService,
+			Elements: []nftables.SetElement{{Key: be16(80)}, {Key: be16(443)}}, Text: []string{"80", "443"}})
+	addEgressRules(rs, cfg.Egress)
+	return nil
+}
+
+// ifPrefix is one member of an interface . address range set.
+type ifPrefix struct {
+	ifname string
+	r      addrRange
+}
+
+// ifDaddr loads iifname . ip daddr into registers 1 and 2 (a concatenation
+// key for the egress range and learned sets); IPv4 only.
+func ifDaddr() []expr.Any {
+	return append(nfproto(unix.NFPROTO_IPV4), meta(expr.MetaKeyIIFNAME),
+		&expr.Payload{DestRegister: 2, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4})
+}
+
+func markIs(m uint32) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, m)}}
+}
+
+// ctDNAT matches connections whose destination was rewritten (our redirect).
+func ctDNAT() []expr.Any {
+	return []expr.Any{&expr.Ct{Key: expr.CtKeySTATUS, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, 0x20), Xor: []byte{0, 0, 0, 0}}, // IPS_DST_NAT
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}}}
+}
+
+func portIs(proto byte, port uint16) []expr.Any {
+	return append(l4proto(proto), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(port)})
+}
+
+func redirectTo(port uint16) []expr.Any {
+	return []expr.Any{&expr.Immediate{Register: 1, Data: be16(port)},
+		// the kernel stores max = min and the proto-specified flag
+		&expr.Redir{RegisterProtoMin: 1, RegisterProtoMax: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED}}
+}
+
+func addEgressRules(rs *Ruleset, ec EgressConfig) {
+	dnsPort, proxyPort, mark := ec.ports()
+	chain := func(name string) *ChainSpec {
+		for _, c := range rs.Chains {
+			if c.Name == name {
+				return c
+			}
+		}
+		panic("egress: no chain " + name)
+	}
+	fwd := chain("forward")
+	fwd.Rules = append(fwd.Rules,
+		rule("egress-none", "iifname @egress_none oifname @mgmt counter drop",
+			meta(expr.MetaKeyIIFNAME), lookup(SetEgressNone, false),
+			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), drop()),
+		rule("egress-deny", "oifname @mgmt meta nfproto ipv4 iifname . ip daddr @egress_deny4 counter drop",
+			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), ifDaddr(), lookup(SetEgressDeny4, false), drop()),
+		rule("egress-allowlist", "iifname @egress_allowlist oifname @mgmt meta nfproto ipv4 iifname . ip daddr != @egress_allow4 iifname . ip daddr != @egress_learned4 counter drop",
+			meta(expr.MetaKeyIIFNAME), lookup(SetEgressAllowlist, false),
+			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false),
+			ifDaddr(), lookup(SetEgressAllow4, true), lookup(SetEgressLearned4, true), drop()),
+	)
+	nat := &ChainSpec{Name: chainEgressNAT, Hook: nftables.ChainHookPrerouting, HookName: "prerouting",
+		Type: nftables.ChainTypeNAT, Priority: -100}
+	nat.Rules = []*RuleSpec{
+		rule("egress-dns-udp", fmt.Sprintf("iifname @egress_dns udp dport 53 counter redirect to :%d", dnsPort),
+			meta(expr.MetaKeyIIFNAME), lookup(SetEgressDNS, false), portIs(unix.IPPROTO_UDP, 53), redirectTo(dnsPort)),
+		rule("egress-dns-tcp", fmt.Sprintf("iifname @egress_dns tcp dport 53 counter redirect to :%d", dnsPort),
+			meta(expr.MetaKeyIIFNAME), lookup(SetEgressDNS, false), portIs(unix.IPPROTO_TCP, 53), redirectTo(dnsPort)),
+		rule("egress-peek", fmt.Sprintf("iifname @egress_allowlist tcp dport @egress_peek_ports meta nfproto ipv4 iifname . ip daddr != @egress_allow4 iifname . ip daddr @egress_learned4 counter redirect to :%d", proxyPort),
+			meta(expr.MetaKeyIIFNAME), lookup(SetEgressAllowlist, false),
+			l4proto(unix.IPPROTO_TCP), dport(), lookup(SetEgressPeekPorts, false),
+			ifDaddr(), lookup(SetEgressAllow4, true), lookup(SetEgressLearned4, false), redirectTo(proxyPort)),
+	}
+	rs.Chains = append(rs.Chains, nat)
+
+	gin := chain(chainGuestIn)
+	last := gin.Rules[len(gin.Rules)-1]
+	gin.Rules = append(gin.Rules[:len(gin.Rules)-1],
+		rule("egress-resolver-udp", fmt.Sprintf("udp dport %d ct status dnat counter accept", dnsPort),
+			portIs(unix.IPPROTO_UDP, dnsPort), ctDNAT(), accept()),
+		rule("egress-resolver-tcp", fmt.Sprintf("tcp dport %d ct status dnat counter accept", dnsPort),
+			portIs(unix.IPPROTO_TCP, dnsPort), ctDNAT(), accept()),
+		rule("egress-proxy", fmt.Sprintf("tcp dport %d ct status dnat counter accept", proxyPort),
+			portIs(unix.IPPROTO_TCP, proxyPort), ctDNAT(), accept()),
+		last)
+
+	out := chain("output")
+	out.Rules = append(out.Rules,
+		rule("egress-proxy-lockdown", fmt.Sprintf("meta mark %#x oifname @lockdown counter drop", mark),
+			markIs(mark), meta(expr.MetaKeyOIFNAME), lookup(SetLockdown, false), drop()),
+		rule("egress-resolver-lockdown", fmt.Sprintf("meta mark %#x oifname @lockdown counter drop", mark+1),
+			markIs(mark+1), meta(expr.MetaKeyOIFNAME), lookup(SetLockdown, false), drop()),
+		rule("egress-proxy-uplink", fmt.Sprintf("meta mark %#x oifname != @mgmt counter drop", mark),
+			markIs(mark), meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, true), drop()),
+		rule("egress-proxy-ipv6", fmt.Sprintf("meta mark %#x meta nfproto ipv6 counter drop", mark),
+			markIs(mark), nfproto(unix.NFPROTO_IPV6), drop()),
+		rule("egress-proxy-private", fmt.Sprintf("meta mark %#x ip daddr @private4 ip daddr != @private4_allow counter drop", mark),
+			markIs(mark), nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetPrivate4, false), lookup(SetPrivate4Allow, true), drop()),
+		rule("egress-proxy-metadata", fmt.Sprintf("meta mark %#x ip daddr @metadata4 counter drop", mark),
+			markIs(mark), nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetMetadata4, false), drop()),
+		rule("egress-proxy-uplink-subnet", fmt.Sprintf("meta mark %#x ip daddr @uplink_nets4 ip daddr != @private4_allow counter drop", mark),
+			markIs(mark), nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetUplinkNets4, false), lookup(SetPrivate4Allow, true), drop()),
+	)
+}
+
+// SetEgress replaces the egress policies of the run-time zones (zone id ->
+// policy with its bridges). Every other guest interface gets the
+// configured default. One batch; rules and counters stay; it returns once
+// the kernel holds the new sets.
+func (g *Guard) SetEgress(ctx context.Context, policies map[string]ZoneEgress) error {
+	cp, err := cloneEgress(policies)
+	if err != nil {
+		return fmt.Errorf("set egress: %w", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	prev := g.egress
+	g.egress = cp
+	if err := g.applyZonesLocked(ctx, g.state, g.sw, g.zones); err != nil {
+		g.egress = prev
+		return fmt.Errorf("set egress: %w", err)
+	}
+	return nil
+}
+
+// cloneEgress validates and copies policies (an empty mode is open).
+func cloneEgress(policies map[string]ZoneEgress) (map[string]ZoneEgress, error) {
+	cp := make(map[string]ZoneEgress, len(policies))
+	for id, z := range policies {
+		if err := z.validate(); err != nil {
+			return nil, fmt.Errorf("zone %s: %w", id, err)
+		}
+		if z.Mode == "" {
+			z.Mode = EgressOpen
+		}
+		cp[id] = ZoneEgress{Bridges: slices.Clone(z.Bridges), Mode: z.Mode, Allow: slices.Clone(z.Allow), Deny: slices.Clone(z.Deny)}
+	}
+	return cp, nil
+}
+
+// EgressOf returns the egress policy in force for guest interface ifname
+// and whether the interface is a guest interface at all (not lo,
+// management or trusted). Unknown interfaces get the default.
+func (g *Guard) EgressOf(iface string) (ZoneEgress, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cfg := g.renderConfig(g.zones)
+	cls := g.state
+	if !slices.Contains(cls.Interfaces, iface) {
+		cls.Interfaces = append(slices.Clone(cls.Interfaces), iface)
+	}
+	z, ok := egressByInterface(cfg, cls)[iface]
+	return z, ok
+}
+
+// ErrNotGuest is returned by Learn for an interface that is not a guest
+// interface (lo, management, trusted).
+var ErrNotGuest = errors.New("not a guest interface")
+
+// Learn adds addresses to @egress_learned4 for guest interface ifname,
+// each expiring after ttl (at least one second), in one batch. An address
+// already there gets the new timeout. Only IPv4 addresses outside the
+// private, metadata and uplink ranges are accepted; others are skipped
+// and returned.
+func (g *Guard) Learn(ctx context.Context, iface string, addrs []netip.Addr, ttl time.Duration) (skipped []netip.Addr, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if ttl < time.Second {
+		ttl = time.Second
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.desired == nil {
+		return nil, errors.New("learn: guard not started")
+	}
+	if iface == "lo" || slices.Contains(g.state.Management, iface) || slices.Contains(g.state.Trusted, iface) {
+		return nil, fmt.Errorf("learn for %s: %w", iface, ErrNotGuest)
+	}
+	var els []nftables.SetElement
+	for _, a := range addrs {
+		if !g.learnableLocked(a) {
+			skipped = append(skipped, a)
+			continue
+		}
+		els = append(els, nftables.SetElement{Key: append(ifname(iface), a.AsSlice()...), Timeout: ttl})
+	}
+	if len(els) == 0 {
+		return skipped, nil
+	}
+	set := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)[SetEgressLearned4]
+	// delete-then-add refreshes the timeout of a member already there;
+	// the delete of an absent member would fail the batch, so add first
+	// (a no-op for a present one), then delete and add again.
+	if err := g.conn.SetAddElements(set, els); err != nil {
+		return nil, fmt.Errorf("learn: %w", err)
+	}
+	if err := g.conn.SetDeleteElements(set, els); err != nil {
+		return nil, fmt.Errorf("learn: %w", err)
+	}
+	if err := g.conn.SetAddElements(set, els); err != nil {
+		return nil, fmt.Errorf("learn: %w", err)
+	}
+	if err := g.conn.Flush(); err != nil {
+		return nil, fmt.Errorf("learn: %w", err)
+	}
+	return skipped, nil
+}
+
+// learnableLocked reports whether a name-learned address may be opened:
+// IPv4, not in @private4 (unless allowed), @metadata4 or the uplink
+// subnets. Defence in depth: the forward rules drop those anyway.
+func (g *Guard) learnableLocked(a netip.Addr) bool {
+	if !a.Is4() {
+		return false
+	}
+	in := func(ps []netip.Prefix) bool {
+		for _, p := range ps {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	if in(g.cfg.Private4Allow) {
+		return !in(DefaultMetadata4()) && !in(g.cfg.Metadata4)
+	}
+	return !in(DefaultPrivate4()) && !in(DefaultMetadata4()) && !in(g.cfg.Metadata4) && !in(g.state.UplinkNets)
+}
+
+// Forget removes every learned address of the given interfaces (a policy
+// changed, so what the old one learned must not stay open), in one batch.
+// A member that expires between the listing and the batch fails the
+// batch; it is then listed and sent once more.
+func (g *Guard) Forget(ctx context.Context, ifnames []string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.desired == nil {
+		return errors.New("forget: guard not started")
+	}
+	want := map[string]bool{}
+	for _, n := range ifnames {
+		want[string(ifname(n))] = true
+	}
+	set := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)[SetEgressLearned4]
+	var err error
+	for range 2 {
+		if err = g.forgetOnce(set, want); err == nil || !errors.Is(err, unix.ENOENT) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
+	return nil
+}
+
+func (g *Guard) forgetOnce(set *nftables.Set, want map[string]bool) error {
+	els, err := g.conn.GetSetElements(set)
+	if err != nil {
+		return fmt.Errorf("list learned: %w", err)
+	}
+	var del []nftables.SetElement
+	for _, e := range els {
+		if len(e.Key) >= unix.IFNAMSIZ && want[string(e.Key[:unix.IFNAMSIZ])] {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	if len(del) == 0 {
+		return nil
+	}
+	if err := g.conn.SetDeleteElements(set, del); err != nil {
+		return err
+	}
+	return g.conn.Flush()
+}

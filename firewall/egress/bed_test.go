@@ -1,0 +1,395 @@
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/testvm"
+)
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("test needs root (CI is set, so this is a failure)")
+		}
+		t.Skip("SKIPPING: test needs root for the test bed")
+	}
+}
+
+// stack is the whole egress machinery on a test bed: the guard, the
+// registry, the resolver and the proxy serving inside the node's
+// namespace, and one guest per zone.
+type stack struct {
+	b      *testvm.Bed
+	g      *firewall.Guard
+	reg    *Registry
+	den    *Denials
+	res    *Resolver
+	guests map[string]*testvm.Guest // zone -> guest
+	gw     map[string]string        // zone -> gateway address
+	bridge map[string]string        // zone -> vnet bridge
+}
+
+// inNode returns a dialer that creates its sockets in the node's
+// namespace, marked like the daemon's.
+func inNode(b *testvm.Bed, mark uint32) DialFunc {
+	return func(ctx context.Context, network, address string) (c net.Conn, err error) {
+		err = b.Do(b.NodeNS(), func() error {
+			d := net.Dialer{Control: MarkControl(mark)}
+			c, err = d.DialContext(ctx, network, address)
+			return err
+		})
+		return c, err
+	}
+}
+
+func newStack(t *testing.T, ctx context.Context, def Policy) *stack {
+	t.Helper()
+	requireRoot(t)
+	b, err := testvm.Up(ctx, testvm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	s := &stack{b: b, guests: map[string]*testvm.Guest{}, gw: map[string]string{}, bridge: map[string]string{}}
+	zones := map[string][]string{}
+	for i, id := range []string{"zonea", "zoneb", "zonec"} {
+		vnet := "vnet" + id[len(id)-1:]
+		n := byte(i + 1)
+		v := testvm.VNet{Name: vnet, Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 10, n, 0}), 24),
+			Gateway:   netip.AddrFrom4([4]byte{10, 10, n, 1}),
+			DHCPStart: netip.AddrFrom4([4]byte{10, 10, n, 100}), DHCPEnd: netip.AddrFrom4([4]byte{10, 10, n, 200}), SNAT: true}
+		if err := b.AddZone(ctx, testvm.Zone{ID: id, VNets: []testvm.VNet{v}}); err != nil {
+			t.Fatal(err)
+		}
+		gs, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 101 + i, VNet: vnet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.guests[id], s.gw[id], s.bridge[id] = gs, v.Gateway.String(), vnet
+		zones[id] = []string{vnet}
+	}
+	node, err := netns.GetFromName(b.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	defRules, err := Compile(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec := firewall.EgressConfig{Default: defRules.Zone()}
+	cfg := firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir(), Egress: ec}
+	g, err := firewall.New(cfg, firewall.WithNetNS(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	if err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetZones(ctx, zones); err != nil {
+		t.Fatal(err)
+	}
+	// the layer-2 table lets a zone's guest port send only DHCP until it
+	// is mapped to its MAC and leased address
+	var ports []firewall.Port
+	for _, gs := range s.guests {
+		ports = append(ports, firewall.Port{Name: fmt.Sprintf("tap%di0", gs.VMID), MAC: gs.MAC, IPv4: []netip.Addr{gs.IPv4()}})
+	}
+	if err := g.SetPorts(ctx, ports); err != nil {
+		t.Fatal(err)
+	}
+	links, err := NewNetlinkLinks(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(links.Close)
+	s.g, s.reg, s.den = g, NewRegistry(g, defRules, nil), NewDenials()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s.res = NewResolver(ResolverConfig{Upstreams: []string{testvm.InternetAddr + ":53"}, Mark: ec.ResolverMark(),
+		TTLFloor: 30 * time.Second, Timeout: time.Second, Dial: inNode(b, ec.ResolverMark())}, s.reg, links, s.den, nil, log)
+	proxy := NewProxy(ProxyConfig{Mark: ec.ProxyMark(), Dial: inNode(b, ec.ProxyMark()), PeekTimeout: 3 * time.Second}, s.reg, links, s.den, log)
+	dnsPort, proxyPort := ec.Ports()
+	var pc net.PacketConn
+	var dnsLn, proxyLn net.Listener
+	if err := b.Do(b.NodeNS(), func() (err error) {
+		if pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", dnsPort)); err != nil {
+			return err
+		}
+		if dnsLn, err = net.Listen("tcp4", fmt.Sprintf(":%d", dnsPort)); err != nil {
+			return err
+		}
+		proxyLn, err = net.Listen("tcp4", fmt.Sprintf(":%d", proxyPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{}, 3)
+	for _, serve := range []func() error{
+		func() error { return s.res.ServeUDP(sctx, pc) },
+		func() error { return s.res.ServeTCP(sctx, dnsLn) },
+		func() error { return proxy.Serve(sctx, proxyLn) },
+	} {
+		go func() {
+			if err := serve(); err != nil {
+				t.Errorf("serve: %v", err)
+			}
+			done <- struct{}{}
+		}()
+	}
+	t.Cleanup(func() {
+		stop()
+		for range 3 {
+			<-done
+		}
+	})
+	return s
+}
+
+func (s *stack) set(t *testing.T, ctx context.Context, zone string, p Policy) {
+	t.Helper()
+	r, err := Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.reg.Set(ctx, zone, "sb-"+zone, []string{s.bridge[zone]}, r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resolve asks server from zone's guest for name (A); it returns the
+// addresses, or the rcode as an error. A timed-out exchange is tried
+// again (twice): the machine is shared, and a slow first answer is not a
+// verdict.
+func (s *stack) resolve(zone, name, server string, tcp bool) ([]string, error) {
+	var got []string
+	var err error
+	for range 3 {
+		got, err = s.resolveOnce(zone, name, server, tcp)
+		if !isTimeout(err) {
+			break
+		}
+	}
+	return got, err
+}
+
+func (s *stack) resolveOnce(zone, name, server string, tcp bool) ([]string, error) {
+	var got []string
+	err := s.b.Do(s.guests[zone].NS, func() error {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		c := &dns.Client{Timeout: 3 * time.Second}
+		if tcp {
+			c.Net = "tcp"
+		}
+		resp, _, err := c.Exchange(m, server)
+		if err != nil {
+			return err
+		}
+		if resp.Rcode != dns.RcodeSuccess {
+			return fmt.Errorf("rcode %s", dns.RcodeToString[resp.Rcode])
+		}
+		for _, rr := range resp.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				got = append(got, a.A.String())
+			}
+		}
+		return nil
+	})
+	return got, err
+}
+
+// get fetches url from zone's guest, connecting to addr (host:port)
+// whatever the URL's host says, so the Host and SNI can be chosen. The
+// connection is opened inside the guest's namespace first (the
+// transport's own goroutines run elsewhere).
+func (s *stack) get(zone, url, addr string) (string, error) {
+	var conn net.Conn
+	if err := s.b.Do(s.guests[zone].NS, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", addr, 1500*time.Millisecond)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	used := false
+	tr := &http.Transport{
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			if used {
+				return nil, errors.New("one connection only")
+			}
+			used = true
+			return conn, nil
+		},
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the bed's self-signed host; the SNI is what is tested
+		DisableKeepAlives: true,
+	}
+	defer tr.CloseIdleConnections()
+	defer conn.Close()
+	c := &http.Client{Transport: tr, Timeout: 4 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	return strings.TrimSpace(string(b)), err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestEgressStackOnBed is the acceptance of issue 16 on the bed: an
+// allowlist sandbox next to an open and a none one; every containment
+// row of the policy; DNS to another resolver redirected; a policy change
+// in force when Set returns; the lockdown over every policy.
+func TestEgressStackOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := newStack(t, ctx, Policy{Mode: "open"})
+	s.set(t, ctx, "zonea", Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
+	s.set(t, ctx, "zoneb", Policy{Mode: "none"})
+	s.set(t, ctx, "zonec", Policy{Mode: "open"})
+	inet := testvm.InternetAddr
+	other := "other." + testvm.InternetName // disallowed, same address as the allowed name
+
+	// disallowed address: nothing was resolved yet
+	if _, err := s.get("zonea", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
+		t.Errorf("allowlist, unresolved address: %v, want a timeout", err)
+	}
+	// the allowed name resolves (through the zone's resolver, over UDP
+	// and TCP) and connects over HTTP and HTTPS
+	for _, tcp := range []bool{false, true} {
+		if got, err := s.resolve("zonea", testvm.InternetName, s.gw["zonea"]+":53", tcp); err != nil || len(got) != 1 || got[0] != inet {
+			t.Fatalf("allowed name (tcp=%v): %v, %v", tcp, got, err)
+		}
+	}
+	for _, u := range []string{"http://" + testvm.InternetName + "/", "https://" + testvm.InternetName + "/"} {
+		port := "80"
+		if strings.HasPrefix(u, "https") {
+			port = "443"
+		}
+		if body, err := s.get("zonea", u, inet+":"+port); err != nil || body != "internet host" {
+			t.Errorf("allowed name %s: %q, %v", u, body, err)
+		}
+	}
+	// a disallowed name does not resolve, whichever resolver is asked
+	for _, server := range []string{s.gw["zonea"] + ":53", inet + ":53"} {
+		if got, err := s.resolve("zonea", other, server, false); err == nil || !strings.Contains(err.Error(), "NXDOMAIN") {
+			t.Errorf("disallowed name via %s: %v, %v; want NXDOMAIN", server, got, err)
+		}
+	}
+	// DNS to another resolver is answered by the zone's: an allowed name
+	// asked of the internet resolver still opens its address
+	if got, err := s.resolve("zonea", testvm.InternetName, inet+":53", false); err != nil || len(got) != 1 {
+		t.Errorf("allowed name via another resolver: %v, %v", got, err)
+	}
+	// a disallowed name on the allowed address is refused (SNI and Host)
+	for _, u := range []string{"https://" + other + "/", "http://" + other + "/"} {
+		port := "80"
+		if strings.HasPrefix(u, "https") {
+			port = "443"
+		}
+		if body, err := s.get("zonea", u, inet+":"+port); err == nil {
+			t.Errorf("disallowed name %s on the allowed address: got %q", u, body)
+		}
+	}
+	rec := map[string]bool{}
+	for _, d := range s.den.Recent("sb-zonea") {
+		rec[d.Reason] = true
+	}
+	for _, r := range []string{ReasonName, ReasonSNI, ReasonHost} {
+		if !rec[r] {
+			t.Errorf("no %s denial recorded: %+v", r, s.den.Recent("sb-zonea"))
+		}
+	}
+	// none: nothing resolves, nothing connects; open: both work
+	if _, err := s.resolve("zoneb", testvm.InternetName, s.gw["zoneb"]+":53", false); err == nil {
+		t.Error("none: a name resolved")
+	}
+	if _, err := s.get("zoneb", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
+		t.Errorf("none: %v, want a timeout", err)
+	}
+	if got, err := s.resolve("zonec", testvm.InternetName, s.gw["zonec"]+":53", false); err != nil || len(got) != 1 {
+		t.Errorf("open: resolve: %v, %v", got, err)
+	}
+	if body, err := s.get("zonec", "https://"+other+"/", inet+":443"); err != nil || body != "internet host" {
+		t.Errorf("open: any name: %q, %v", body, err)
+	}
+
+	// a policy change is in force when Set returns (and forgets what the
+	// old policy learned)
+	s.set(t, ctx, "zonea", Policy{Mode: "none"})
+	if _, err := s.get("zonea", "http://"+testvm.InternetName+"/", inet+":80"); !isTimeout(err) {
+		t.Errorf("after the change to none: %v, want a timeout", err)
+	}
+	s.set(t, ctx, "zonec", Policy{Mode: "allowlist", Allow: []string{inet + "/32"}})
+	if body, err := s.get("zonec", "https://"+other+"/", inet+":443"); err != nil || body != "internet host" {
+		t.Errorf("CIDR-allowed address (not peeked): %q, %v", body, err)
+	}
+
+	// the lockdown wins: the allowed name no longer resolves upstream,
+	// the CIDR-allowed address is cut
+	s.set(t, ctx, "zonea", Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
+	if err := s.g.SetLockdown(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.resolve("zonea", testvm.InternetName, s.gw["zonea"]+":53", false); err == nil {
+		t.Errorf("lockdown: the allowed name resolved: %v", got)
+	}
+	if _, err := s.get("zonec", "https://"+other+"/", inet+":443"); !isTimeout(err) {
+		t.Errorf("lockdown: CIDR-allowed address: %v, want a timeout", err)
+	}
+	if err := s.g.Verify(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestEgressNodeDefaultOnBed: zones the daemon did not create get the
+// node-wide default from configuration alone (no Set).
+func TestEgressNodeDefaultOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := newStack(t, ctx, Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
+	s.set(t, ctx, "zonec", Policy{Mode: "open"})
+	inet := testvm.InternetAddr
+	if got, err := s.resolve("zonea", testvm.InternetName, s.gw["zonea"]+":53", false); err != nil || len(got) != 1 {
+		out, _ := exec.Command("ip", "netns", "exec", s.b.NodeNS(), "nft", "list", "ruleset").CombinedOutput()
+		t.Fatalf("default allowlist: allowed name: %v, %v\n%s", got, err, out)
+	}
+	if body, err := s.get("zonea", "https://"+testvm.InternetName+"/", inet+":443"); err != nil || body != "internet host" {
+		t.Errorf("default allowlist: allowed name: %q, %v", body, err)
+	}
+	if _, err := s.resolve("zoneb", testvm.InternetName, s.gw["zoneb"]+":53", false); err != nil {
+		t.Fatalf("default allowlist: allowed name: %v", err)
+	}
+	if body, err := s.get("zoneb", "https://other."+testvm.InternetName+"/", inet+":443"); err == nil {
+		t.Errorf("default allowlist: disallowed SNI: %q", body)
+	}
+	if len(s.den.Recent(NodeOwner)) == 0 {
+		t.Error("no denial recorded for the node default")
+	}
+	if body, err := s.get("zonec", "https://other."+testvm.InternetName+"/", inet+":443"); err != nil || body != "internet host" {
+		t.Errorf("own open policy: %q, %v", body, err)
+	}
+}

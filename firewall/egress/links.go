@@ -1,0 +1,60 @@
+package egress
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// NetlinkLinks implements Links over netlink in one network namespace.
+type NetlinkLinks struct {
+	h *netlink.Handle
+}
+
+// NewNetlinkLinks opens a netlink handle in ns (netns.None(): the
+// caller's namespace). Close releases it.
+func NewNetlinkLinks(ns netns.NsHandle) (*NetlinkLinks, error) {
+	var h *netlink.Handle
+	var err error
+	if ns == netns.None() {
+		h, err = netlink.NewHandle()
+	} else {
+		h, err = netlink.NewHandleAt(ns)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("egress: netlink handle: %w", err)
+	}
+	return &NetlinkLinks{h: h}, nil
+}
+
+// Close releases the handle.
+func (l *NetlinkLinks) Close() { l.h.Close() }
+
+// ByIndex returns the name of interface index.
+func (l *NetlinkLinks) ByIndex(index int) (string, error) {
+	link, err := l.h.LinkByIndex(index)
+	if err != nil {
+		return "", fmt.Errorf("egress: link %d: %w", index, err)
+	}
+	return link.Attrs().Name, nil
+}
+
+// ByAddr returns the name of the interface holding a.
+func (l *NetlinkLinks) ByAddr(a netip.Addr) (string, error) {
+	addrs, err := l.h.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return "", fmt.Errorf("egress: list addresses: %w", err)
+	}
+	for _, ad := range addrs {
+		if got, ok := netip.AddrFromSlice(ad.IP.To4()); ok && got == a {
+			link, err := l.h.LinkByIndex(ad.LinkIndex)
+			if err != nil {
+				return "", fmt.Errorf("egress: link of %s: %w", a, err)
+			}
+			return link.Attrs().Name, nil
+		}
+	}
+	return "", fmt.Errorf("egress: no interface holds %s", a)
+}

@@ -1,0 +1,231 @@
+package egress
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
+)
+
+// ProxyConfig configures the peek proxy.
+type ProxyConfig struct {
+	// Mark is set on upstream connections (firewall.EgressConfig.ProxyMark):
+	// the guard lets them out only through the uplink, never to private,
+	// metadata or uplink-subnet addresses, and never under the lockdown.
+	Mark uint32
+	// PeekTimeout bounds the wait for the first bytes. Zero means 10s.
+	PeekTimeout time.Duration
+	// DialTimeout bounds the upstream connect. Zero means 10s.
+	DialTimeout time.Duration
+	// MaxConns bounds the connections spliced at once. Zero means 1024.
+	MaxConns int
+	// Dial opens upstream connections; nil means a net.Dialer setting
+	// Mark. Tests pass one that dials inside the node's namespace.
+	Dial DialFunc
+}
+
+// Proxy checks tcp 80/443 connections from allow-list zones to addresses
+// learned from names (the guard redirects them to it): it reads the first
+// bytes, takes the TLS server_name or the HTTP Host, and splices the
+// connection to its original destination only if the zone's policy
+// allows that name. There is no TLS interception: the guest's TLS session
+// is with the real server.
+//
+// What stays possible (documented in README): a guest may present an
+// allowed name to any address that an allowed name resolved to, and a
+// CDN that serves many names on one address routes by the name inside
+// the encrypted request, so "fronting" through an allowed CDN name
+// reaches whatever that CDN serves.
+type Proxy struct {
+	cfg   ProxyConfig
+	reg   *Registry
+	links Links
+	den   *Denials
+	log   *slog.Logger
+}
+
+// NewProxy returns a proxy for the registry's rules.
+func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *slog.Logger) *Proxy {
+	if cfg.PeekTimeout <= 0 {
+		cfg.PeekTimeout = 10 * time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 1024
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = markedDialer(cfg.Mark, cfg.DialTimeout)
+	}
+	return &Proxy{cfg: cfg, reg: reg, links: links, den: den, log: log.With("component", "egress-proxy")}
+}
+
+// Serve accepts redirected connections on ln until ctx is done; it
+// returns after every connection it started has ended.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, p.cfg.MaxConns)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("proxy: accept: %w", err)
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			_ = c.Close()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			p.handle(ctx, c)
+		}()
+	}
+}
+
+// originalDst returns the destination the guest asked for before the
+// redirect (SO_ORIGINAL_DST).
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, errors.New("not a TCP connection")
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var m *unix.IPv6Mreq
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		m, serr = unix.GetsockoptIPv6Mreq(int(fd), unix.IPPROTO_IP, unix.SO_ORIGINAL_DST)
+	}); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if serr != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", serr)
+	}
+	// struct sockaddr_in: family(2) port(2, network order) addr(4)
+	port := binary.BigEndian.Uint16(m.Multiaddr[2:4])
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port), nil
+}
+
+func (p *Proxy) handle(ctx context.Context, c net.Conn) {
+	defer c.Close()
+	dst, err := originalDst(c)
+	if err != nil {
+		return
+	}
+	la, _ := c.LocalAddr().(*net.TCPAddr)
+	if la == nil {
+		return
+	}
+	lip, _ := netip.AddrFromSlice(la.IP)
+	iface, err := p.links.ByAddr(lip.Unmap())
+	if err != nil {
+		return
+	}
+	rules, owner, err := p.reg.For(iface)
+	if err != nil || rules.Mode != firewall.EgressAllowlist {
+		return
+	}
+	refuse := func(d Denial) {
+		d.Dest = dst.String()
+		p.den.Record(owner, d)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // reset: the guest sees a refusal at once
+		}
+	}
+	name, kind, head, err := p.peek(c)
+	if err != nil {
+		refuse(Denial{Reason: ReasonPeek})
+		return
+	}
+	if !rules.AllowsName(name) {
+		reason := ReasonSNI
+		if kind == kindHTTP {
+			reason = ReasonHost
+		}
+		refuse(Denial{Reason: reason, Name: name})
+		return
+	}
+	if rules.Denies(dst.Addr()) {
+		refuse(Denial{Reason: ReasonAddress, Name: name})
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	up, err := p.cfg.Dial(dctx, "tcp4", net.JoinHostPort(dst.Addr().String(), strconv.Itoa(int(dst.Port()))))
+	cancel()
+	if err != nil {
+		p.log.Debug("upstream connect failed", "dest", dst, "name", name, "err", err)
+		return
+	}
+	defer up.Close()
+	_ = c.SetDeadline(time.Time{})
+	if _, err := up.Write(head); err != nil {
+		return
+	}
+	splice(ctx, c, up)
+}
+
+// peek reads until the server name is known.
+func (p *Proxy) peek(c net.Conn) (name, kind string, head []byte, err error) {
+	_ = c.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	buf := make([]byte, 0, 2048)
+	for {
+		if len(buf) == cap(buf) {
+			if len(buf) >= MaxPeek {
+				return "", "", nil, errors.New("peek: no name in the first bytes")
+			}
+			buf = append(buf, make([]byte, min(len(buf), MaxPeek-len(buf)))...)[:len(buf)]
+		}
+		n, rerr := c.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		name, kind, err = peekName(buf)
+		if !errors.Is(err, errNeedMore) {
+			return name, kind, buf, err
+		}
+		if rerr != nil {
+			return "", "", nil, fmt.Errorf("peek: %w", rerr)
+		}
+	}
+}
+
+// splice copies both ways until both directions ended (or ctx is done).
+func splice(ctx context.Context, a, b net.Conn) {
+	stop := context.AfterFunc(ctx, func() { _ = a.Close(); _ = b.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	half := func(dst, src net.Conn) {
+		defer wg.Done()
+		_, _ = io.Copy(dst, src)
+		if tc, ok := dst.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+	}
+	go half(a, b)
+	go half(b, a)
+	wg.Wait()
+}

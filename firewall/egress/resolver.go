@@ -1,0 +1,418 @@
+package egress
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
+)
+
+// ResolverConfig configures the resolver.
+type ResolverConfig struct {
+	// Upstreams are the resolvers allowed names are forwarded to
+	// ("ip:port"), tried in order.
+	Upstreams []string
+	// TTLFloor and TTLCeiling clamp how long a learned address stays open
+	// (and the TTL the guest sees). Zero means 30s and 1h.
+	TTLFloor, TTLCeiling time.Duration
+	// Mark is set on the upstream sockets (firewall.EgressConfig.ResolverMark):
+	// the guard drops them while the lockdown is on.
+	Mark uint32
+	// Timeout bounds one upstream exchange. Zero means 3s.
+	Timeout time.Duration
+	// Dial opens upstream connections; nil means a net.Dialer setting
+	// Mark. Tests pass one that dials inside the node's namespace.
+	Dial DialFunc
+}
+
+// DialFunc opens a connection (net.Dialer.DialContext's shape).
+type DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+// markedDialer dials from sockets carrying mark.
+func markedDialer(mark uint32, timeout time.Duration) DialFunc {
+	d := &net.Dialer{Timeout: timeout, Control: MarkControl(mark)}
+	return d.DialContext
+}
+
+func (c ResolverConfig) clamp(ttl time.Duration) time.Duration {
+	lo, hi := c.TTLFloor, c.TTLCeiling
+	if lo <= 0 {
+		lo = 30 * time.Second
+	}
+	if hi <= 0 {
+		hi = time.Hour
+	}
+	return min(max(ttl, lo), max(hi, lo))
+}
+
+// Links names the interface a packet came in on (netlink in the
+// daemon's namespace).
+type Links interface {
+	// ByIndex returns the name of interface index.
+	ByIndex(index int) (string, error)
+	// ByAddr returns the name of the interface holding address a.
+	ByAddr(a netip.Addr) (string, error)
+}
+
+// Resolver answers the DNS of allow-list and none zones (the guard
+// redirects their udp/tcp 53 to it). An allowed name is forwarded
+// upstream and its A records are added to the zone's learned set before
+// the guest gets the answer; every other name gets NXDOMAIN without any
+// upstream query, so disallowed names carry no data out (no tunnelling).
+//
+// Design decisions:
+//   - Only A queries go upstream; AAAA and every other type of an allowed
+//     name get an empty NOERROR answer (guests have no IPv6, and TXT or
+//     NULL records are the classic tunnel payload).
+//   - The upstream query is built fresh from the question (new id, no
+//     guest EDNS options), so nothing else from the guest reaches the
+//     upstream.
+//   - Answers pointing at private, metadata or uplink addresses, or at a
+//     denied CIDR, are cut from the answer and never opened.
+//   - The TTL the guest sees is never longer than the set timeout.
+type Resolver struct {
+	cfg   ResolverConfig
+	reg   *Registry
+	guard Guard
+	links Links
+	den   *Denials
+	log   *slog.Logger
+	up    Upstream
+}
+
+// Upstream answers a query built by the resolver.
+type Upstream interface {
+	Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error)
+}
+
+// upstreams asks each configured resolver in turn, over UDP (TCP when
+// truncated).
+type upstreams struct {
+	addrs   []string
+	dial    DialFunc
+	timeout time.Duration
+}
+
+// exchange sends m over one new connection and reads the reply with the
+// same id.
+func (u *upstreams) exchange(ctx context.Context, network, addr string, m *dns.Msg) (*dns.Msg, error) {
+	c, err := u.dial(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	deadline := time.Now().Add(u.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = c.SetDeadline(deadline)
+	co := &dns.Conn{Conn: c, UDPSize: 1232}
+	if err := co.WriteMsg(m); err != nil {
+		return nil, err
+	}
+	for {
+		in, err := co.ReadMsg()
+		if err != nil {
+			return nil, err
+		}
+		if in.Id == m.Id && in.Response && len(in.Question) == 1 && strings.EqualFold(in.Question[0].Name, m.Question[0].Name) {
+			return in, nil
+		}
+	}
+}
+
+func (u *upstreams) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	var errs []error
+	for _, a := range u.addrs {
+		in, err := u.exchange(ctx, "udp4", a, m)
+		if err == nil && in.Truncated {
+			in, err = u.exchange(ctx, "tcp4", a, m)
+		}
+		if err == nil {
+			return in, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", a, err))
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no upstream resolver configured")
+	}
+	return nil, errors.Join(errs...)
+}
+
+// NewResolver returns a resolver for the registry's rules. up == nil
+// means cfg.Upstreams from sockets marked cfg.Mark.
+func NewResolver(cfg ResolverConfig, reg *Registry, links Links, den *Denials, up Upstream, log *slog.Logger) *Resolver {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Second
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = markedDialer(cfg.Mark, cfg.Timeout)
+	}
+	if up == nil {
+		up = &upstreams{addrs: cfg.Upstreams, dial: cfg.Dial, timeout: cfg.Timeout}
+	}
+	return &Resolver{cfg: cfg, reg: reg, guard: reg.guard, links: links, den: den,
+		log: log.With("component", "egress-resolver"), up: up}
+}
+
+// MarkControl is a net.Dialer Control that sets SO_MARK on the socket
+// before it connects (no-op for mark 0).
+func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		if mark == 0 {
+			return nil
+		}
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
+		})
+		return errors.Join(err, serr)
+	}
+}
+
+// maxInFlight bounds the queries answered at once.
+const maxInFlight = 64
+
+// ServeUDP answers queries on pc (bound in the daemon's namespace) until
+// ctx is done. It returns after every query goroutine ended.
+func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
+	p := ipv4.NewPacketConn(pc)
+	if err := p.SetControlMessage(ipv4.FlagInterface|ipv4.FlagDst, true); err != nil {
+		return fmt.Errorf("resolver: pktinfo: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = pc.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, maxInFlight)
+	for {
+		buf := make([]byte, 1500)
+		n, cm, src, err := p.ReadFrom(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("resolver: read: %w", err)
+		}
+		if cm == nil {
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			continue // overloaded: the guest retries
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			iface, err := r.links.ByIndex(cm.IfIndex)
+			if err != nil {
+				return
+			}
+			qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
+			defer cancel()
+			out := r.Answer(qctx, iface, buf[:n], 512)
+			if out != nil {
+				_, _ = p.WriteTo(out, &ipv4.ControlMessage{Src: cm.Dst}, src)
+			}
+		}()
+	}
+}
+
+// ServeTCP answers DNS over TCP on ln until ctx is done.
+func (r *Resolver) ServeTCP(ctx context.Context, ln net.Listener) error {
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, maxInFlight)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("resolver: accept: %w", err)
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			_ = c.Close()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer c.Close()
+			r.serveConn(ctx, c)
+		}()
+	}
+}
+
+func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
+	la, ok := c.LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return
+	}
+	a, _ := netip.AddrFromSlice(la.IP)
+	iface, err := r.links.ByAddr(a.Unmap())
+	if err != nil {
+		return
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	for range 16 {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		var l [2]byte
+		if _, err := io.ReadFull(c, l[:]); err != nil {
+			return
+		}
+		q := make([]byte, binary.BigEndian.Uint16(l[:]))
+		if _, err := io.ReadFull(c, q); err != nil {
+			return
+		}
+		qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
+		out := r.Answer(qctx, iface, q, dns.MaxMsgSize)
+		cancel()
+		if out == nil {
+			return
+		}
+		if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(out))), out...)); err != nil {
+			return
+		}
+	}
+}
+
+// Answer returns the wire answer to query q that arrived on guest
+// interface iface, or nil to send nothing (not a query at all). size
+// bounds the answer (512 for UDP without EDNS).
+func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int) []byte {
+	var req dns.Msg
+	if err := req.Unpack(q); err != nil || req.Response {
+		return nil
+	}
+	resp := new(dns.Msg)
+	resp.SetReply(&req)
+	resp.RecursionAvailable = true
+	resp.Answer, resp.Ns, resp.Extra = nil, nil, nil
+	pack := func() []byte {
+		if e := req.IsEdns0(); e != nil && int(e.UDPSize()) > size {
+			size = min(int(e.UDPSize()), 1232)
+			resp.SetEdns0(uint16(size), false)
+		}
+		resp.Truncate(size)
+		b, err := resp.Pack()
+		if err != nil {
+			return nil
+		}
+		return b
+	}
+	if req.Opcode != dns.OpcodeQuery || len(req.Question) != 1 || req.Question[0].Qclass != dns.ClassINET {
+		resp.Rcode = dns.RcodeRefused
+		return pack()
+	}
+	qn := req.Question[0]
+	rules, owner, err := r.reg.For(iface)
+	if err != nil {
+		resp.Rcode = dns.RcodeRefused
+		return pack()
+	}
+	if rules.Mode == firewall.EgressNone {
+		r.den.Record(owner, Denial{Reason: ReasonMode, Name: qn.Name})
+		resp.Rcode = dns.RcodeNameError
+		return pack()
+	}
+	if !rules.AllowsName(qn.Name) {
+		r.den.Record(owner, Denial{Reason: ReasonName, Name: qn.Name})
+		resp.Rcode = dns.RcodeNameError
+		return pack()
+	}
+	if qn.Qtype != dns.TypeA {
+		return pack() // NOERROR, no data
+	}
+	up, err := r.forward(ctx, qn)
+	if err != nil {
+		r.log.Warn("upstream query failed", "name", qn.Name, "err", err)
+		resp.Rcode = dns.RcodeServerFailure
+		return pack()
+	}
+	resp.Rcode = up.Rcode
+	resp.Answer = r.learn(ctx, iface, rules, up.Answer)
+	return pack()
+}
+
+// forward asks upstream for qn (type A) with a fresh query.
+func (r *Resolver) forward(ctx context.Context, qn dns.Question) (*dns.Msg, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(strings.ToLower(qn.Name)), dns.TypeA)
+	m.SetEdns0(1232, false)
+	return r.up.Exchange(ctx, m)
+}
+
+// learn opens the answer's A records for iface and returns the records
+// the guest may see: CNAMEs, and A records the guard accepted, each TTL
+// cut to the set timeout.
+func (r *Resolver) learn(ctx context.Context, iface string, rules Rules, ans []dns.RR) []dns.RR {
+	var addrs []netip.Addr
+	minTTL := uint32(0)
+	for _, rr := range ans {
+		if a, ok := rr.(*dns.A); ok {
+			ip, ok := netip.AddrFromSlice(a.A.To4())
+			if !ok || rules.Denies(ip) {
+				continue
+			}
+			addrs = append(addrs, ip)
+			if minTTL == 0 || a.Hdr.Ttl < minTTL {
+				minTTL = a.Hdr.Ttl
+			}
+		}
+	}
+	ttl := r.cfg.clamp(time.Duration(minTTL) * time.Second)
+	ok := map[netip.Addr]bool{}
+	if len(addrs) > 0 {
+		skipped, err := r.guard.Learn(ctx, iface, addrs, ttl)
+		if err != nil {
+			r.log.Error("open learned addresses", "iface", iface, "err", err)
+			return nil
+		}
+		for _, a := range addrs {
+			ok[a] = true
+		}
+		for _, s := range skipped {
+			delete(ok, s)
+		}
+	}
+	var out []dns.RR
+	maxTTL := uint32(ttl / time.Second)
+	for _, rr := range ans {
+		switch v := rr.(type) {
+		case *dns.A:
+			ip, _ := netip.AddrFromSlice(v.A.To4())
+			if !ok[ip] {
+				continue
+			}
+		case *dns.CNAME:
+		default:
+			continue
+		}
+		rr.Header().Ttl = min(rr.Header().Ttl, maxTTL)
+		out = append(out, rr)
+	}
+	return out
+}

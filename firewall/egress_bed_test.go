@@ -1,0 +1,365 @@
+package firewall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/testvm"
+)
+
+// egressBed is the bed of the egress tests: three zones with one guest
+// each, the guard in force in the node namespace, a TCP service on the
+// internet host's port 8080, and stand-ins for the daemon's resolver and
+// proxy in the node (they answer with a marker, which proves a redirect).
+type egressBed struct {
+	b      *testvm.Bed
+	g      *Guard
+	guests map[string]*testvm.Guest // zone id -> its guest
+}
+
+const (
+	stubResolverAnswer = "192.0.2.99"
+	stubProxyGreeting  = "stub-proxy\n"
+)
+
+func newEgressBed(t *testing.T, ctx context.Context, cfg Config) *egressBed {
+	t.Helper()
+	requireRoot(t)
+	b, err := testvm.Up(ctx, testvm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	eb := &egressBed{b: b, guests: map[string]*testvm.Guest{}}
+	zones := map[string][]string{}
+	for i, id := range []string{"zonea", "zoneb", "zonec"} {
+		vnet := "vnet" + id[len(id)-1:]
+		n := byte(i + 1)
+		v := testvm.VNet{Name: vnet, Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 10, n, 0}), 24),
+			Gateway:   netip.AddrFrom4([4]byte{10, 10, n, 1}),
+			DHCPStart: netip.AddrFrom4([4]byte{10, 10, n, 100}), DHCPEnd: netip.AddrFrom4([4]byte{10, 10, n, 200}), SNAT: true}
+		if err := b.AddZone(ctx, testvm.Zone{ID: id, VNets: []testvm.VNet{v}}); err != nil {
+			t.Fatal(err)
+		}
+		gs, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 101 + i, VNet: vnet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eb.guests[id] = gs
+		zones[id] = []string{vnet}
+	}
+	node, err := netns.GetFromName(b.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	cfg.DnsmasqUser, cfg.ProcRoot, cfg.StateDir = "dnsmasq", t.TempDir(), t.TempDir()
+	g, err := New(cfg, WithNetNS(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	var guests []*testvm.Guest
+	for _, gs := range eb.guests {
+		guests = append(guests, gs)
+	}
+	if err := g.SetPorts(ctx, bedPorts(guests...)); err != nil { // the layer-2 guard's port map
+		t.Fatal(err)
+	}
+	if err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetZones(ctx, zones); err != nil {
+		t.Fatal(err)
+	}
+	// the layer-2 table lets a zone's guest port send only DHCP until it
+	// is mapped to its MAC and leased address
+	var ports []Port
+	for _, gs := range eb.guests {
+		ports = append(ports, Port{Name: fmt.Sprintf("tap%di0", gs.VMID), MAC: gs.MAC, IPv4: []netip.Addr{gs.IPv4()}})
+	}
+	if err := g.SetPorts(ctx, ports); err != nil {
+		t.Fatal(err)
+	}
+	eb.g = g
+	dnsPort, proxyPort := cfg.Egress.Ports()
+	eb.listen(t, b.UplinkNS(), testvm.InternetAddr+":8080", "internet-8080\n")
+	eb.listen(t, b.NodeNS(), fmt.Sprintf(":%d", proxyPort), stubProxyGreeting)
+	var pc net.PacketConn
+	if err := b.Do(b.NodeNS(), func() (err error) {
+		pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", dnsPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5},
+			A: net.ParseIP(stubResolverAnswer)}}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = srv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return eb
+}
+
+// listen serves greeting on every TCP connection to addr inside ns.
+func (eb *egressBed) listen(t *testing.T, ns, addr, greeting string) {
+	t.Helper()
+	var ln net.Listener
+	if err := eb.b.Do(ns, func() (err error) {
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, greeting)
+			_ = c.Close()
+		}
+	}()
+}
+
+// read connects from zone's guest to addr and returns the first line.
+func (eb *egressBed) read(zone, addr string) (string, error) {
+	var got string
+	err := eb.b.Do(eb.guests[zone].NS, func() error {
+		c, err := net.DialTimeout("tcp4", addr, 1500*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		b, err := io.ReadAll(io.LimitReader(c, 256))
+		got = string(b)
+		return err
+	})
+	return got, err
+}
+
+// reachable asserts that zone's guest reaches addr and reads want, or
+// (want == "") that the connection times out: a drop, not a refusal.
+func (eb *egressBed) expect(t *testing.T, when, zone, addr, want string) {
+	t.Helper()
+	got, err := eb.read(zone, addr)
+	if want != "" {
+		if err != nil || got != want {
+			t.Errorf("%s: %s -> %s: got %q, %v; want %q", when, zone, addr, got, err, want)
+		}
+		return
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("%s: %s -> %s: want a timeout (dropped), got %q, %v", when, zone, addr, got, err)
+	}
+}
+
+// resolve asks server from zone's guest for example.test and returns the
+// first A record.
+func (eb *egressBed) resolve(zone, server string) (string, error) {
+	var got string
+	err := eb.b.Do(eb.guests[zone].NS, func() error {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(testvm.InternetName), dns.TypeA)
+		resp, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, server)
+		if err != nil {
+			return err
+		}
+		for _, rr := range resp.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				got = a.A.String()
+				return nil
+			}
+		}
+		return fmt.Errorf("no A record (rcode %s)", dns.RcodeToString[resp.Rcode])
+	})
+	return got, err
+}
+
+// TestEgressPoliciesOnBed checks with real traffic the kernel side of the
+// egress policies: allowlist, none and open zones side by side, deny
+// CIDRs, a change in force when SetEgress returns, learned addresses and
+// their expiry, the DNS and peek redirects, and the lockdown winning over
+// every policy.
+func TestEgressPoliciesOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	eb := newEgressBed(t, ctx, Config{})
+	inet80, inet8080 := testvm.InternetAddr+":80", testvm.InternetAddr+":8080"
+	set := func(a, b, c ZoneEgress) {
+		t.Helper()
+		a.Bridges, b.Bridges, c.Bridges = []string{"vneta"}, []string{"vnetb"}, []string{"vnetc"}
+		if err := eb.g.SetEgress(ctx, map[string]ZoneEgress{"zonea": a, "zoneb": b, "zonec": c}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inetHost := netip.MustParsePrefix(testvm.InternetAddr + "/32")
+	allowInet := ZoneEgress{Mode: EgressAllowlist, Allow: []netip.Prefix{inetHost}}
+	open := ZoneEgress{Mode: EgressOpen}
+
+	// before any policy every zone is open (the default)
+	for _, z := range []string{"zonea", "zoneb", "zonec"} {
+		eb.expect(t, "default open", z, inet8080, "internet-8080\n")
+	}
+	set(allowInet, ZoneEgress{Mode: EgressNone}, open)
+	eb.expect(t, "allowlist with the CIDR", "zonea", inet8080, "internet-8080\n")
+	eb.expect(t, "none", "zoneb", inet8080, "")
+	eb.expect(t, "open", "zonec", inet8080, "internet-8080\n")
+
+	// the change is in force when SetEgress returns: no sleep, no retry
+	set(ZoneEgress{Mode: EgressAllowlist}, ZoneEgress{Mode: EgressNone}, ZoneEgress{Mode: EgressOpen, Deny: []netip.Prefix{inetHost}})
+	eb.expect(t, "allowlist without the CIDR", "zonea", inet8080, "")
+	eb.expect(t, "open with the CIDR denied", "zonec", inet8080, "")
+
+	// DNS from allowlist and none zones goes to the daemon's resolver
+	// whatever server the guest picks; open zones reach the real one
+	for _, tc := range []struct{ zone, server, want string }{
+		{"zonea", testvm.InternetAddr + ":53", stubResolverAnswer},
+		{"zonea", "10.10.1.1:53", stubResolverAnswer},
+		{"zoneb", testvm.InternetAddr + ":53", stubResolverAnswer},
+		{"zonec", "10.10.3.1:53", testvm.InternetAddr},
+	} {
+		got, err := eb.resolve(tc.zone, tc.server)
+		if err != nil || got != tc.want {
+			t.Errorf("DNS %s -> %s: got %q, %v; want %q", tc.zone, tc.server, got, err, tc.want)
+		}
+	}
+
+	// a learned address opens for its zone only; tcp 80/443 to it goes
+	// to the peek proxy; it expires with its timeout
+	if skipped, err := eb.g.Learn(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr),
+		netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.LANAddr)}, 2*time.Second); err != nil || len(skipped) != 2 {
+		t.Fatalf("learn: skipped %v, %v; want the metadata and LAN addresses skipped", skipped, err)
+	}
+	eb.expect(t, "learned", "zonea", inet8080, "internet-8080\n")
+	eb.expect(t, "learned, tcp 80 peeked", "zonea", inet80, stubProxyGreeting)
+	eb.expect(t, "learned by another zone", "zoneb", inet8080, "")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := eb.read("zonea", inet8080); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("learned address never expired")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if _, err := eb.g.Learn(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	eb.expect(t, "learned again", "zonea", inet8080, "internet-8080\n")
+	if err := eb.g.Forget(ctx, []string{"vneta"}); err != nil {
+		t.Fatal(err)
+	}
+	eb.expect(t, "forgotten", "zonea", inet8080, "")
+	if _, err := eb.g.Learn(ctx, testvm.NodeMgmtIface, []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, time.Minute); !errors.Is(err, ErrNotGuest) {
+		t.Errorf("learn for the management interface: %v, want ErrNotGuest", err)
+	}
+
+	// the lockdown wins over every policy
+	set(allowInet, ZoneEgress{Mode: EgressNone}, open)
+	if err := eb.g.SetLockdown(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range []string{"zonea", "zoneb", "zonec"} {
+		eb.expect(t, "lockdown", z, inet8080, "")
+	}
+	if err := eb.g.SetLockdown(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	eb.expect(t, "lockdown off", "zonea", inet8080, "internet-8080\n")
+	eb.expect(t, "lockdown off", "zonec", inet8080, "internet-8080\n")
+	if err := eb.g.Verify(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestEgressDefaultOnBed: a zone the daemon did not create (no SetEgress
+// entry) gets the configured default; the daemon's own zones keep theirs.
+func TestEgressDefaultOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	eb := newEgressBed(t, ctx, Config{Egress: EgressConfig{Default: ZoneEgress{Mode: EgressNone}}})
+	inet8080 := testvm.InternetAddr + ":8080"
+	if err := eb.g.SetEgress(ctx, map[string]ZoneEgress{"zonec": {Mode: EgressOpen, Bridges: []string{"vnetc"}}}); err != nil {
+		t.Fatal(err)
+	}
+	eb.expect(t, "default none", "zonea", inet8080, "")
+	eb.expect(t, "default none", "zoneb", inet8080, "")
+	eb.expect(t, "own open policy", "zonec", inet8080, "internet-8080\n")
+	if got, err := eb.resolve("zonea", testvm.InternetAddr+":53"); err != nil || got != stubResolverAnswer {
+		t.Errorf("DNS from a default-none zone: %q, %v; want the daemon's resolver", got, err)
+	}
+}
+
+// TestEgressKeptAcrossRestart: a guard started with the persisted
+// policies (WithEgress) adopts the orphaned table with them in force,
+// never opening the zone to the default in between; the learned set's
+// members survive the adoption.
+func TestEgressKeptAcrossRestart(t *testing.T) {
+	n := basicNode(t)
+	cfg := testConfig(t)
+	cfg.Egress.Default = ZoneEgress{Mode: EgressOpen}
+	pol := map[string]ZoneEgress{"z": {Bridges: []string{"vnetA"}, Mode: EgressNone},
+		"y": {Bridges: []string{"vnetB"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}}
+	ctx := context.Background()
+	g1, err := New(cfg, WithNetNS(n.ns), WithEgress(pol))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g1.Learn(ctx, "vnetB", []netip.Addr{netip.MustParseAddr("198.51.100.7")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := g1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expires := regexp.MustCompile(` expires \S+`)
+	before := expires.ReplaceAllString(listTable(t, n), "")
+	g2 := func() *Guard {
+		g, err := New(cfg, WithNetNS(n.ns), WithEgress(pol))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		if err := g.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}()
+	if got := setElements(t, n, SetEgressNone); got != `"vnetA"` {
+		t.Errorf("egress_none after restart: %s", got)
+	}
+	if got := setElements(t, n, SetEgressLearned4); !strings.Contains(got, "198.51.100.7") {
+		t.Errorf("learned set after restart: %s", got)
+	}
+	if after := expires.ReplaceAllString(listTable(t, n), ""); after != before {
+		t.Errorf("adoption changed the table:\n%s\nwant\n%s", after, before)
+	}
+	if _, err := New(cfg, WithNetNS(n.ns), WithEgress(map[string]ZoneEgress{"z": {Mode: "closed"}})); err == nil {
+		t.Error("New accepted a bad egress policy")
+	}
+	if err := g2.Verify(ctx); err != nil {
+		t.Error(err)
+	}
+}

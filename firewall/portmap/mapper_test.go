@@ -1,0 +1,78 @@
+package portmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
+)
+
+type fakeGuard struct {
+	mu   sync.Mutex
+	sets [][]firewall.Port
+	err  error
+}
+
+func (f *fakeGuard) SetPorts(_ context.Context, p []firewall.Port) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sets = append(f.sets, p)
+	return f.err
+}
+
+func TestMapperOnce(t *testing.T) {
+	root := t.TempDir()
+	for p, s := range map[string]string{
+		"etc/pve/qemu-server/101.conf":      "net0: virtio=BC:24:11:00:01:01,bridge=vneta\nnet1: virtio=BC:24:11:00:01:11,bridge=vmbr0\n",
+		"etc/dnsmasq.d/zonea/ethers":        "BC:24:11:00:01:01,10.10.1.101\n",
+		"var/lib/misc/dnsmasq.zoneb.leases": "0 bc:24:11:00:01:11 192.168.1.5 x *\n",
+		"var/lib/misc/dnsmasq.Bad.leases":   "0 bc:24:11:00:01:01 10.10.1.99 x *\n",
+	} {
+		p = filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fg := &fakeGuard{}
+	m := &Mapper{Paths: Paths{Root: root}, Guard: fg}
+	if _, err := m.Once(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range fg.sets[0] {
+		got = append(got, p.Name+"="+p.MAC.String()+fmt.Sprint(p.IPv4))
+	}
+	// every NIC, whatever its bridge; the invalid zone name "Bad" is not read
+	want := "tap101i0=bc:24:11:00:01:01[10.10.1.101] tap101i1=bc:24:11:00:01:11[192.168.1.5]"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("ports %v, want %s", got, want)
+	}
+	// a missing config directory is an error and sets nothing
+	fg = &fakeGuard{}
+	m = &Mapper{Paths: Paths{Root: t.TempDir()}, Guard: fg, Interval: 10 * time.Millisecond}
+	if _, err := m.Once(context.Background()); err == nil || len(fg.sets) != 0 {
+		t.Fatalf("err %v, sets %d", err, len(fg.sets))
+	}
+	// Run retries and returns nil when its context ends
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	fg.err = errors.New("refused")
+	if err := (&Mapper{Paths: Paths{Root: root}, Guard: fg, Interval: 10 * time.Millisecond}).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fg.mu.Lock()
+	defer fg.mu.Unlock()
+	if len(fg.sets) < 2 {
+		t.Fatalf("Run tried %d times, want retries", len(fg.sets))
+	}
+}

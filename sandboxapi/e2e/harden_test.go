@@ -1,0 +1,140 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/hardening"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+)
+
+// withHardening gives the API the Proxmox client for the hardened profile.
+func withHardening(allowUnhardened bool) func(*sandboxapi.Options) {
+	return func(o *sandboxapi.Options) {
+		o.VMConfigs = o.Proxmox.(sandboxapi.VMConfigs)
+		o.AllowUnhardenedTemplates = allowUnhardened
+	}
+}
+
+// dirtyTemplate adds template 9001 "dirty" with root-only items (args, a
+// PCI device) and clone-fixable ones (a CD-ROM, the USB tablet).
+func dirtyTemplate(t *testing.T, e *emuEnv) {
+	t.Helper()
+	disk := filepath.Join(t.TempDir(), "disk")
+	if err := os.MkdirAll(filepath.Join(disk, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.emu.AddTemplate(context.Background(), 9001, "dirty", disk, map[string]string{
+		"net0": "virtio=BC:24:11:00:00:02,bridge=vmbr0", "args": "-device pci-testdev", "hostpci0": "0000:01:00.0",
+		"ide2": "none,media=cdrom", "tablet": "1", "cpu": "host",
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHardenedProfileOnEmulator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e := newEmuEnvTB(t, [][2]string{{"/", "Administrator"}}, withHardening(false))
+	dirtyTemplate(t, e)
+
+	// a plain template passes (its clones get the rest), and every clone
+	// is in the whole profile
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := e.px.VMConfig(ctx, sb.VMs[0].VMID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := hardening.Check(conf).Failed(); len(f) != 0 {
+		t.Fatalf("clone %d not hardened: %v\n%v", sb.VMs[0].VMID, f, conf)
+	}
+	if conf["cpu"] != "x86-64-v2-AES,flags=-nested-virt" || conf["vga"] != "serial0" {
+		t.Fatalf("clone config %v", conf)
+	}
+
+	// the dirty template is refused with a problem listing the items a
+	// clone cannot fix; nothing is created
+	before := len(e.fb.Running())
+	_, err = e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "dirty"}}})
+	var p *sandboxapi.Problem
+	if !errors.As(err, &p) || p.Type != sandboxapi.ProblemTemplateNotHardened || p.Status != 422 {
+		t.Fatalf("create from dirty template: %v", err)
+	}
+	joined := strings.Join(p.Items, "\n")
+	for _, want := range []string{"pci passthrough", "args and hookscript"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("problem items lack %q: %q", want, p.Items)
+		}
+	}
+	if strings.Contains(joined, "cd-rom") || strings.Contains(joined, "usb tablet") {
+		t.Errorf("problem lists items a clone fixes: %q", p.Items)
+	}
+	if after := len(e.fb.Running()); after != before {
+		t.Errorf("a refused create started VMs: %d -> %d", before, after)
+	}
+
+	// the pool-scoped token cannot take root-only items away
+	tokenErr := e.px.UpdateVMConfig(ctx, 9001, nil, []string{"args"})
+	if tokenErr == nil || !strings.Contains(tokenErr.Error(), "only root can set 'args' config") {
+		t.Fatalf("token deleted args: %v", tokenErr)
+	}
+	tokenErr = e.px.UpdateVMConfig(ctx, 9001, map[string]string{"cpu": "host,flags=-vmx"}, nil)
+	if tokenErr == nil || !strings.Contains(tokenErr.Error(), "VM-specific CPU flags must be a subset of") {
+		t.Fatalf("raw -vmx accepted in a VM config: %v", tokenErr)
+	}
+
+	// root@pam (a ticket, not a token) hardens the template; then creates
+	// may clone it
+	root, err := pve.NewWithPassword(pve.Options{URL: e.url, Node: "pve", HTTPClient: e.hc, TaskPoll: 20 * time.Millisecond}, "root@pam", emuRootPassword)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := root.VMConfig(ctx, 9001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, del := hardening.TemplateChanges(tc)
+	if err := root.UpdateVMConfig(ctx, 9001, set, del); err != nil {
+		t.Fatalf("root harden: %v", err)
+	}
+	tc, err = root.VMConfig(ctx, 9001)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := hardening.Check(tc).Failed(); len(f) != 0 {
+		t.Fatalf("template still fails: %v", f)
+	}
+	if _, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "dirty"}}}); err != nil {
+		t.Fatalf("create from hardened template: %v", err)
+	}
+}
+
+func TestUnhardenedTemplatesAllowed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e := newEmuEnvTB(t, [][2]string{{"/", "Administrator"}}, withHardening(true))
+	dirtyTemplate(t, e)
+	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "dirty"}}})
+	if err != nil {
+		t.Fatalf("require_hardened_templates = false: %v", err)
+	}
+	conf, err := e.px.VMConfig(ctx, sb.VMs[0].VMID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the clone still gets every item the token may set
+	for _, it := range hardening.Check(conf).Failed() {
+		if it.Fix == hardening.FixClone {
+			t.Errorf("clone item not set: %v", it)
+		}
+	}
+}

@@ -1,0 +1,321 @@
+package hardening
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Fixer says who can bring an item into the profile.
+type Fixer string
+
+// Who fixes an item.
+const (
+	// FixClone: the daemon's pool-scoped token sets it on every clone.
+	FixClone Fixer = "clone"
+	// FixTemplate: needs root@pam; `pve-inspectd template harden` sets it
+	// on the template.
+	FixTemplate Fixer = "template"
+	// FixRebuild: neither can; the template must be rebuilt (firmware).
+	FixRebuild Fixer = "rebuild"
+)
+
+// Item is one profile item as found in a configuration.
+type Item struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	// Got is what the configuration has ("" when absent).
+	Got string `json:"got"`
+	OK  bool   `json:"ok"`
+	// Fix says who fixes a failing item.
+	Fix Fixer `json:"fix"`
+	// Keys are the present config keys an item wants absent.
+	Keys []string `json:"keys,omitempty"`
+}
+
+func (i Item) String() string {
+	if i.OK {
+		return fmt.Sprintf("%s: ok (%s)", i.Name, i.Want)
+	}
+	return fmt.Sprintf("%s: want %s, got %s (fix: %s)", i.Name, i.Want, orNone(i.Got), i.Fix)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(absent)"
+	}
+	return s
+}
+
+// Report is the check of one configuration.
+type Report struct {
+	Items []Item `json:"items"`
+}
+
+// OK reports whether every item passes.
+func (r Report) OK() bool { return len(r.Failed()) == 0 }
+
+// Failed lists the failing items.
+func (r Report) Failed() []Item {
+	var out []Item
+	for _, i := range r.Items {
+		if !i.OK {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// TemplateFailures lists the failing items a clone cannot fix: a template
+// with none is hardened (its clones get the rest from CloneChanges).
+func (r Report) TemplateFailures() []Item {
+	var out []Item
+	for _, i := range r.Failed() {
+		if i.Fix != FixClone {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+var (
+	reSerial   = regexp.MustCompile(`^serial[0-3]$`)
+	reParallel = regexp.MustCompile(`^parallel[0-2]$`)
+	reUSB      = regexp.MustCompile(`^usb[0-9]+$`)
+	reHostPCI  = regexp.MustCompile(`^hostpci[0-9]+$`)
+	reVirtioFS = regexp.MustCompile(`^virtiofs[0-9]+$`)
+	reDrive    = regexp.MustCompile(`^(ide|sata|scsi|virtio)[0-9]+$`)
+	reMachine  = regexp.MustCompile(`^(?:pc-)?q35(?:-(\d+)\.(\d+))?(?:\+pve\d+)?$`)
+)
+
+// keysMatching returns the sorted keys of conf that match re.
+func keysMatching(conf map[string]string, re *regexp.Regexp) []string {
+	var out []string
+	for k := range conf {
+		if re.MatchString(k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// cdroms are the drives with media=cdrom (and the legacy cdrom key).
+func cdroms(conf map[string]string) []string {
+	var out []string
+	for _, k := range keysMatching(conf, reDrive) {
+		if slices.Contains(strings.Split(conf[k], ","), "media=cdrom") {
+			out = append(out, k)
+		}
+	}
+	if _, ok := conf["cdrom"]; ok {
+		out = append(out, "cdrom")
+	}
+	return out
+}
+
+// absent is an item that wants no key of keys present.
+func absent(name string, conf map[string]string, keys []string, fix Fixer) Item {
+	var got []string
+	for _, k := range keys {
+		got = append(got, k+"="+conf[k])
+	}
+	return Item{Name: name, Want: "none", Got: strings.Join(got, " "), OK: len(keys) == 0, Fix: fix, Keys: keys}
+}
+
+func equal(name, key, want string, conf map[string]string, fix Fixer) Item {
+	return Item{Name: name, Want: key + "=" + want, Got: kv(conf, key), OK: conf[key] == want, Fix: fix}
+}
+
+func kv(conf map[string]string, key string) string {
+	if v, ok := conf[key]; ok {
+		return key + "=" + v
+	}
+	return ""
+}
+
+// Check compares a VM configuration (key -> value, as the Proxmox API
+// returns it) with the profile.
+func Check(conf map[string]string) Report {
+	var r Report
+	add := func(i Item) { r.Items = append(r.Items, i) }
+	add(equal("display", "vga", "serial0", conf, FixClone))
+	add(equal("serial console", "serial0", "socket", conf, FixClone))
+	var serials, devSerials []string
+	for _, k := range keysMatching(conf, reSerial) {
+		if k == "serial0" && conf[k] == "socket" {
+			continue
+		}
+		if conf[k] == "socket" {
+			serials = append(serials, k)
+		} else {
+			devSerials = append(devSerials, k)
+		}
+	}
+	add(absent("other serial ports", conf, serials, FixClone))
+	add(absent("host serial and parallel devices", conf, append(devSerials, keysMatching(conf, reParallel)...), FixTemplate))
+	var spice, hostUSB []string
+	for _, k := range keysMatching(conf, reUSB) {
+		if conf[k] == "spice" || strings.HasPrefix(conf[k], "host=spice") {
+			spice = append(spice, k)
+		} else {
+			hostUSB = append(hostUSB, k)
+		}
+	}
+	add(absent("usb", conf, spice, FixClone))
+	add(absent("usb host devices", conf, hostUSB, FixTemplate))
+	add(equal("usb tablet", "tablet", "0", conf, FixClone))
+	add(equal("balloon", "balloon", "0", conf, FixClone))
+	add(absent("cd-rom", conf, cdroms(conf), FixClone))
+	add(absent("audio", conf, keysIn(conf, "audio0"), FixClone))
+	add(absent("tpm", conf, keysIn(conf, "tpmstate0"), FixClone))
+	add(absent("watchdog", conf, keysIn(conf, "watchdog"), FixClone))
+	add(absent("pci passthrough", conf, keysMatching(conf, reHostPCI), FixTemplate))
+	add(absent("host-shared folders", conf, append(keysMatching(conf, reVirtioFS), keysIn(conf, "ivshmem")...), FixTemplate))
+	add(absent("args and hookscript", conf, keysIn(conf, "args", "hookscript"), FixTemplate))
+	add(Item{Name: "nested virtualization", Want: "cpu flags -nested-virt", Got: kv(conf, "cpu"), OK: nestedOff(conf["cpu"]), Fix: FixClone})
+	add(Item{Name: "machine", Want: "machine=q35 (10.1 or newer when pinned)", Got: kv(conf, "machine"), OK: machineOK(conf["machine"]), Fix: FixClone})
+	add(equal("hpet off (linux guest)", "ostype", "l26", conf, FixClone))
+	bios := conf["bios"]
+	add(Item{Name: "no SMM emulation (SeaBIOS, serial display)", Want: "bios=seabios", Got: kv(conf, "bios"), OK: bios == "" || bios == "seabios", Fix: FixRebuild})
+	add(Item{Name: "guest agent (the I/O channel)", Want: "agent enabled=1", Got: kv(conf, "agent"), OK: agentOn(conf["agent"]), Fix: FixClone})
+	return r
+}
+
+func keysIn(conf map[string]string, keys ...string) []string {
+	var out []string
+	for _, k := range keys {
+		if _, ok := conf[k]; ok {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// cpuParts splits a cpu value into its type and its other properties.
+func cpuParts(v string) (typ string, flags []string, rest []string) {
+	for _, p := range strings.Split(v, ",") {
+		switch k, val, ok := strings.Cut(p, "="); {
+		case !ok && typ == "" && p != "":
+			typ = p
+		case k == "cputype":
+			typ = val
+		case k == "flags":
+			flags = strings.Split(val, ";")
+		case p != "":
+			rest = append(rest, p)
+		}
+	}
+	return typ, flags, rest
+}
+
+func nestedOff(cpu string) bool {
+	_, flags, _ := cpuParts(cpu)
+	return slices.Contains(flags, "-nested-virt") && !slices.Contains(flags, "+nested-virt")
+}
+
+func machineOK(v string) bool {
+	typ := v
+	for _, p := range strings.Split(v, ",") {
+		if k, val, ok := strings.Cut(p, "="); ok && k == "type" {
+			typ = val
+		} else if !ok {
+			typ = p
+		}
+	}
+	m := reMachine.FindStringSubmatch(typ)
+	if m == nil {
+		return false
+	}
+	if m[1] == "" {
+		return true
+	}
+	maj, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	return maj > 10 || maj == 10 && minor >= 1
+}
+
+func agentOn(v string) bool {
+	for i, p := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(p, "=")
+		if !ok && i == 0 {
+			k, val = "enabled", p
+		}
+		if k == "enabled" {
+			return val == "1"
+		}
+	}
+	return false
+}
+
+// DefaultCPU is the CPU type set when a configuration has none (Proxmox
+// VE 8 and 9 default for new VMs; it has no vmx/svm of its own).
+const DefaultCPU = "x86-64-v2-AES"
+
+// CloneChanges returns what the pool-scoped token sets and deletes on a
+// clone with configuration conf to bring every FixClone item into the
+// profile. Nothing is returned for items already in it.
+func CloneChanges(conf map[string]string) (set map[string]string, del []string) {
+	set = map[string]string{}
+	for _, i := range Check(conf).Failed() {
+		if i.Fix != FixClone {
+			continue
+		}
+		switch i.Name {
+		case "display":
+			set["vga"] = "serial0"
+		case "serial console":
+			set["serial0"] = "socket"
+		case "usb tablet":
+			set["tablet"] = "0"
+		case "balloon":
+			set["balloon"] = "0"
+		case "hpet off (linux guest)":
+			set["ostype"] = "l26"
+		case "machine":
+			set["machine"] = "q35"
+		case "guest agent (the I/O channel)":
+			set["agent"] = "enabled=1"
+		case "nested virtualization":
+			set["cpu"] = cpuWithoutNested(conf["cpu"])
+		}
+	}
+	for _, i := range Check(conf).Failed() {
+		if i.Fix == FixClone {
+			del = append(del, i.Keys...)
+		}
+	}
+	slices.Sort(del)
+	return set, del
+}
+
+// cpuWithoutNested keeps the CPU type and properties and sets -nested-virt.
+func cpuWithoutNested(cpu string) string {
+	typ, flags, rest := cpuParts(cpu)
+	if typ == "" {
+		typ = DefaultCPU
+	}
+	var fs []string
+	for _, f := range flags {
+		if f != "" && f != "+nested-virt" && f != "-nested-virt" {
+			fs = append(fs, f)
+		}
+	}
+	fs = append(fs, "-nested-virt")
+	return strings.Join(append([]string{typ, "flags=" + strings.Join(fs, ";")}, rest...), ",")
+}
+
+// TemplateChanges returns what root@pam sets and deletes on a template:
+// the clone changes and the deletion of every FixTemplate item.
+func TemplateChanges(conf map[string]string) (set map[string]string, del []string) {
+	set, del = CloneChanges(conf)
+	for _, i := range Check(conf).Failed() {
+		if i.Fix == FixTemplate {
+			del = append(del, i.Keys...)
+		}
+	}
+	slices.Sort(del)
+	return set, slices.Compact(del)
+}

@@ -1,0 +1,123 @@
+package hardening
+
+import (
+	"strings"
+	"testing"
+)
+
+// hardened is a configuration in the profile.
+func hardened() map[string]string {
+	return map[string]string{
+		"vga": "serial0", "serial0": "socket", "tablet": "0", "balloon": "0",
+		"cpu": "x86-64-v2-AES,flags=-nested-virt", "machine": "q35", "ostype": "l26",
+		"agent": "1", "scsi0": "local-lvm:vm-100-disk-0,size=8G", "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0",
+	}
+}
+
+func TestCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change map[string]string // "" deletes
+		fail   string            // the failing item ("" = all pass)
+		fix    Fixer
+	}{
+		{"hardened", nil, "", ""},
+		{"vnc display", map[string]string{"vga": "std"}, "display", FixClone},
+		{"no serial", map[string]string{"serial0": ""}, "serial console", FixClone},
+		{"second serial socket", map[string]string{"serial1": "socket"}, "other serial ports", FixClone},
+		{"host serial", map[string]string{"serial2": "/dev/ttyS0"}, "host serial and parallel devices", FixTemplate},
+		{"parallel", map[string]string{"parallel0": "/dev/parport0"}, "host serial and parallel devices", FixTemplate},
+		{"usb spice", map[string]string{"usb0": "spice"}, "usb", FixClone},
+		{"usb host", map[string]string{"usb1": "host=1234:5678"}, "usb host devices", FixTemplate},
+		{"tablet default", map[string]string{"tablet": ""}, "usb tablet", FixClone},
+		{"balloon", map[string]string{"balloon": "1024"}, "balloon", FixClone},
+		{"cdrom", map[string]string{"ide2": "local:iso/debian.iso,media=cdrom"}, "cd-rom", FixClone},
+		{"empty cdrom", map[string]string{"ide2": "none,media=cdrom"}, "cd-rom", FixClone},
+		{"audio", map[string]string{"audio0": "device=ich9-intel-hda,driver=spice"}, "audio", FixClone},
+		{"tpm", map[string]string{"tpmstate0": "local-lvm:vm-100-disk-1,size=4M,version=v2.0"}, "tpm", FixClone},
+		{"watchdog", map[string]string{"watchdog": "model=i6300esb"}, "watchdog", FixClone},
+		{"hostpci", map[string]string{"hostpci0": "0000:01:00.0"}, "pci passthrough", FixTemplate},
+		{"virtiofs", map[string]string{"virtiofs0": "dirid=share"}, "host-shared folders", FixTemplate},
+		{"args", map[string]string{"args": "-device foo -machine hpet=on"}, "args and hookscript", FixTemplate},
+		{"host cpu", map[string]string{"cpu": "host"}, "nested virtualization", FixClone},
+		{"nested on", map[string]string{"cpu": "host,flags=+nested-virt;-nested-virt"}, "nested virtualization", FixClone},
+		{"no cpu", map[string]string{"cpu": ""}, "nested virtualization", FixClone},
+		{"i440fx", map[string]string{"machine": "pc"}, "machine", FixClone},
+		{"old q35", map[string]string{"machine": "pc-q35-9.2+pve1"}, "machine", FixClone},
+		{"windows", map[string]string{"ostype": "win11"}, "hpet off (linux guest)", FixClone},
+		{"uefi", map[string]string{"bios": "ovmf"}, "no SMM emulation (SeaBIOS, serial display)", FixRebuild},
+		{"no agent", map[string]string{"agent": "enabled=0"}, "guest agent (the I/O channel)", FixClone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conf := hardened()
+			for k, v := range tc.change {
+				if v == "" {
+					delete(conf, k)
+				} else {
+					conf[k] = v
+				}
+			}
+			f := Check(conf).Failed()
+			if tc.fail == "" {
+				if len(f) != 0 {
+					t.Fatalf("failed: %v", f)
+				}
+				return
+			}
+			if len(f) != 1 || f[0].Name != tc.fail || f[0].Fix != tc.fix {
+				t.Fatalf("failed %v, want only %q (fix %s)", f, tc.fail, tc.fix)
+			}
+			// the fixes bring it back into the profile
+			set, del := TemplateChanges(conf)
+			for _, k := range del {
+				delete(conf, k)
+			}
+			for k, v := range set {
+				conf[k] = v
+			}
+			f = Check(conf).Failed()
+			if tc.fix == FixRebuild {
+				if len(f) != 1 {
+					t.Fatalf("after fixes: %v", f)
+				}
+				return
+			}
+			if len(f) != 0 {
+				t.Fatalf("after fixes (set %v, delete %v): %v", set, del, f)
+			}
+		})
+	}
+}
+
+func TestCloneChangesKeepCPU(t *testing.T) {
+	set, del := CloneChanges(map[string]string{"cpu": "host,flags=+aes;+nested-virt,hidden=1", "args": "-x", "hostpci0": "0000:01:00.0"})
+	if set["cpu"] != "host,flags=+aes;-nested-virt,hidden=1" {
+		t.Fatalf("cpu %q", set["cpu"])
+	}
+	if strings.Contains(strings.Join(del, ","), "args") || strings.Contains(strings.Join(del, ","), "hostpci") {
+		t.Fatalf("clone would delete root-only keys: %v", del)
+	}
+}
+
+func FuzzCheck(f *testing.F) {
+	f.Add("cpu", "host,flags=+aes;+nested-virt,hidden=1", "machine", "type=pc-q35-10.1,viommu=intel")
+	f.Add("args", "-a b", "agent", "enabled=1,fstrim_cloned_disks=1")
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
+		conf := map[string]string{k1: v1, k2: v2}
+		set, del := TemplateChanges(conf)
+		for _, k := range del {
+			if _, ok := conf[k]; !ok {
+				t.Fatalf("deletes absent key %q", k)
+			}
+			delete(conf, k)
+		}
+		for k, v := range set {
+			conf[k] = v
+		}
+		for _, i := range Check(conf).Failed() {
+			if i.Fix != FixRebuild {
+				t.Fatalf("after TemplateChanges still failing: %v (conf %v)", i, conf)
+			}
+		}
+	})
+}

@@ -1,0 +1,42 @@
+package testvm
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// NodeRoot is a directory tree with the node's files in Proxmox's layout,
+// for code that reads them through a configurable root (the layer-2
+// guard's port map): etc/pve/qemu-server/<vmid>.conf of every running
+// guest (its net0 with MAC and vnet) and var/lib/misc/dnsmasq.<zone>.leases,
+// links to the zones' real dnsmasq lease files.
+func (b *Bed) NodeRoot() string { return filepath.Join(b.dir, "noderoot") }
+
+func (b *Bed) vmConfPath(vmid int) string {
+	return filepath.Join(b.NodeRoot(), "etc", "pve", "qemu-server", strconv.Itoa(vmid)+".conf")
+}
+
+// writeVMConf writes a guest's VM configuration (the keys the node's
+// readers use) the way pmxcfs shows it.
+func (b *Bed) writeVMConf(g *Guest) error {
+	p := b.vmConfPath(g.VMID)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	conf := fmt.Sprintf("agent: 1\nname: vm%d\nnet0: virtio=%s,bridge=%s\n", g.VMID, strings.ToUpper(g.MAC.String()), g.VNet)
+	return os.WriteFile(p, []byte(conf), 0o644)
+}
+
+// linkLeases links the zone's lease file where Proxmox's dnsmasq keeps it.
+func (b *Bed) linkLeases(zone string) error {
+	d := filepath.Join(b.NodeRoot(), "var", "lib", "misc")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return err
+	}
+	link := filepath.Join(d, "dnsmasq."+zone+".leases")
+	_ = os.Remove(link)
+	return os.Symlink(b.leaseFile(zone), link)
+}
