@@ -68,7 +68,8 @@ func upAccBed(t *testing.T, ctx context.Context) *accBed {
 
 // writeAccConfig writes the daemon's configuration for a bed: every path
 // in a fresh directory, metrics on every node address, guard holding the
-// extra [guard] lines.
+// extra [guard] lines; the layer-2 guard maps guest ports from the bed's
+// node root (VM configs and leases in Proxmox's layout).
 func writeAccConfig(t *testing.T, b *testvm.Bed, guard string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -79,6 +80,7 @@ id = "acc"
 %s
 dnsmasq_user = "65534"
 verify_interval = "2s"
+node_root = %q
 state_dir = %q
 [metrics]
 listen = "0.0.0.0:%d"
@@ -89,7 +91,7 @@ backup_dir = %q
 state_file = %q
 [halt]
 state_file = %q
-`, guard, filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
+`, guard, b.NodeRoot(), filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
 		filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"), filepath.Join(dir, "halted"))
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
