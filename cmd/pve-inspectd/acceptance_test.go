@@ -80,6 +80,7 @@ id = "acc"
 %s
 dnsmasq_user = "65534"
 verify_interval = "2s"
+node_root = %q
 state_dir = %q
 [metrics]
 listen = "0.0.0.0:%d"
@@ -90,7 +91,7 @@ backup_dir = %q
 state_file = %q
 [halt]
 state_file = %q
-`, guard, filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
+`, guard, b.NodeRoot(), filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
 		filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"), filepath.Join(dir, "halted"))
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
