@@ -693,3 +693,63 @@ func TestRebootRetriedAfterDpkgWait(t *testing.T) {
 		t.Errorf("retry ran %q", l)
 	}
 }
+
+// TestIdentityOnNewInstance: on the instance that made the secrets,
+// Identity changes nothing; on a new instance id (an image launched again)
+// it rewrites host name and hosts, makes a new root password, token and
+// node certificate, and runs nothing of any other step.
+func TestIdentityOnNewInstance(t *testing.T) {
+	ctx := context.Background()
+	root := fixture(t)
+	node := newFakeNode(t, root)
+	cfg := testConfig()
+	must(t, root.WriteFile("/usr/sbin/pveum", []byte("#!/bin/sh\n"), 0o755))
+	must(t, root.WriteFile("/usr/bin/pvecm", []byte("#!/bin/sh\n"), 0o755))
+	must(t, root.WriteFile(AccessSetupPath, []byte("#!/bin/sh\n"), 0o755))
+	e := newTestEngine(t, root, node, cfg)
+	must(t, e.load())
+	e.Steps = slices.DeleteFunc(Recipe(), func(s Step) bool { return !slices.Contains(IdentitySteps, s.ID) })
+	if _, err := e.Apply(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.Steps = Recipe()
+	pw := func() string { b, _ := os.ReadFile(root.Path(DefaultRootPasswordFile)); return string(b) }
+	first := pw()
+
+	node.calls = nil
+	id, changed, err := reEngine(t, e).Identity(ctx)
+	if err != nil || changed || len(node.calls) != 0 {
+		t.Fatalf("same instance %s: changed %v, err %v, ran %q", id, changed, err, node.lines())
+	}
+
+	must(t, root.WriteFile(instanceID, []byte("i-0aaaaaaaaaaaaaaa1\n"), 0o644))
+	must(t, root.WriteFile(HostnamePath, []byte("ip-172-31-5-17\n"), 0o644)) // what EC2 gave the new instance
+	e.Env.Random = bytes.NewReader(bytes.Repeat([]byte{0x44}, 64))
+	id, changed, err = reEngine(t, e).Identity(ctx)
+	if err != nil || !changed || id != "i-0aaaaaaaaaaaaaaa1" {
+		t.Fatalf("new instance: id %s changed %v err %v", id, changed, err)
+	}
+	if b, _ := os.ReadFile(root.Path(HostnamePath)); string(b) != cfg.Hostname+"\n" {
+		t.Errorf("hostname %q", b)
+	}
+	if pw() == first {
+		t.Error("root password not regenerated")
+	}
+	for _, l := range node.lines() {
+		ok := false
+		for _, p := range []string{"hostname ", "openssl passwd", "chpasswd", AccessSetupPath, "pvecm updatecerts"} {
+			ok = ok || strings.HasPrefix(l, p)
+		}
+		if !ok {
+			t.Errorf("identity ran %q, which belongs to no identity step", l)
+		}
+	}
+	if !slices.Contains(node.lines(), "pvecm updatecerts --force") {
+		t.Errorf("node certificate not renewed: %q", node.lines())
+	}
+	st, err := LoadState(root)
+	must(t, err)
+	if st.SecretsInstance != "i-0aaaaaaaaaaaaaaa1" {
+		t.Errorf("state records instance %q", st.SecretsInstance)
+	}
+}

@@ -231,6 +231,42 @@ WantedBy=multi-user.target
 	if err != nil || !strings.Contains(string(status), `"status": "skipped"`) {
 		t.Errorf("status: %v\n%s", err, status)
 	}
+
+	// An image of this node launched again: a new instance id. The
+	// identity step makes a new root password (kept in /root/root-password)
+	// and rewrites host name and hosts; every other step's files stay.
+	pw1, _ := c.ReadFile(ctx, provision.DefaultRootPasswordFile)
+	if len(strings.TrimSpace(string(pw1))) < 32 {
+		t.Fatalf("no generated root password kept: %q", pw1)
+	}
+	if out, _ := c.Exec(ctx, "stat", "-c", "%a", provision.DefaultRootPasswordFile); strings.TrimSpace(string(out)) != "600" {
+		t.Errorf("%s mode %s, want 600", provision.DefaultRootPasswordFile, out)
+	}
+	others := func() string {
+		out, _ := c.Exec(ctx, "stat", "-c", "%n %Y %s", provision.SysctlPath, provision.ResolverTmpfiles, "/etc/pve-bootstrap/config.toml")
+		return string(out)
+	}
+	o1 := others()
+	out, err = c.Exec(ctx, "pve-bootstrap", "node", "identity")
+	if err != nil || !strings.Contains(string(out), "nothing to do") {
+		t.Fatalf("identity on the same instance: %v\n%s", err, out)
+	}
+	if _, err := c.Exec(ctx, "sh", "-c", "mkdir -p /var/lib/cloud/data && echo i-0new0000000000001 > /var/lib/cloud/data/instance-id && echo ip-192-0-2-10 > /etc/hostname"); err != nil {
+		t.Fatal(err)
+	}
+	out, err = c.Exec(ctx, "pve-bootstrap", "node", "identity")
+	if err != nil || !strings.Contains(string(out), "instance i-0new0000000000001: new identity made") {
+		t.Fatalf("identity on a new instance: %v\n%s", err, out)
+	}
+	if pw2, _ := c.ReadFile(ctx, provision.DefaultRootPasswordFile); string(pw2) == string(pw1) {
+		t.Error("root password not regenerated on the new instance")
+	}
+	if out, _ := c.Exec(ctx, "cat", "/etc/hostname"); strings.TrimSpace(string(out)) != "pve1" {
+		t.Errorf("hostname after identity: %q", out)
+	}
+	if o2 := others(); o1 != o2 {
+		t.Errorf("identity touched files of other steps:\n%s---\n%s", o1, o2)
+	}
 }
 
 func mustRead(t *testing.T, p string) []byte {

@@ -17,8 +17,11 @@ import (
 	"github.com/pve-inspect/pve-inspect/provision"
 )
 
-// ec2Client is what launch needs from EC2.
-type ec2Client = cloudec2.API
+// ec2Client is what launch and image need from EC2.
+type ec2Client interface {
+	cloudec2.API
+	cloudec2.ImageAPI
+}
 
 func newEC2Client(ctx context.Context, region string) (ec2Client, error) {
 	var opts []func(*config.LoadOptions) error
@@ -151,8 +154,54 @@ func newEC2Cmd(d *deps) *cobra.Command {
 	fl.DurationVar(&lf.timeout, "timeout", 75*time.Minute, "how long to wait for the node to finish")
 	fl.DurationVar(&lf.poll, "poll", 20*time.Second, "how often to read the node's progress")
 	_ = launch.MarkFlagRequired("image")
-	cmd.AddCommand(userdata, launch)
+	var is imageFlags
+	image := &cobra.Command{
+		Use:   "image",
+		Short: "make an AMI of a built node (CreateImage), wait until it is available and print its id",
+		Long: `image turns a node built by "ec2 launch" into an AMI. Instances launched from
+it skip the build: "node apply" finds every build step done, and the
+per-instance steps (host name, hosts, root password, API token, node
+certificate) run again because the instance id is new.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return d.image(cmd.Context(), cmd.OutOrStdout(), &is) },
+	}
+	ifl := image.Flags()
+	ifl.StringVar(&is.region, "region", "", "AWS region (default: the SDK's)")
+	ifl.StringVar(&is.spec.InstanceID, "instance", "", "the built node's instance id")
+	ifl.StringVar(&is.spec.Name, "name", "", "AMI name")
+	ifl.StringVar(&is.spec.Description, "description", "Proxmox VE node built by pve-bootstrap", "AMI description")
+	ifl.BoolVar(&is.spec.NoReboot, "no-reboot", false, "do not let EC2 reboot the instance (the file system may be inconsistent)")
+	ifl.StringToStringVar(&is.spec.Tags, "tag", nil, "tags on the AMI key=value")
+	ifl.DurationVar(&is.timeout, "timeout", time.Hour, "how long to wait for the AMI")
+	ifl.DurationVar(&is.poll, "poll", 15*time.Second, "how often to ask for the AMI's state")
+	_ = image.MarkFlagRequired("instance")
+	_ = image.MarkFlagRequired("name")
+	cmd.AddCommand(userdata, launch, image)
 	return cmd
+}
+
+type imageFlags struct {
+	region  string
+	spec    cloudec2.ImageSpec
+	timeout time.Duration
+	poll    time.Duration
+}
+
+func (d *deps) image(ctx context.Context, w io.Writer, f *imageFlags) error {
+	if _, err := cloudec2.CreateImageInput(f.spec); err != nil {
+		return err
+	}
+	api, err := d.ec2(ctx, f.region)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "making an image of %s; waiting until it is available (timeout %s)\n", f.spec.InstanceID, f.timeout)
+	id, err := cloudec2.CreateImage(ctx, api, f.spec, f.poll, f.timeout)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "image %s available; launch nodes from it with: pve-bootstrap ec2 launch --image %s ...\n", id, id)
+	return nil
 }
 
 type launchFlags struct {

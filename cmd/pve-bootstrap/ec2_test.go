@@ -121,3 +121,57 @@ func TestAccessPaths(t *testing.T) {
 		})
 	}
 }
+
+// TestEC2ImageCommand runs `ec2 image` against a local EC2 endpoint: one
+// CreateImage of the node, DescribeImages until available, the id printed.
+func TestEC2ImageCommand(t *testing.T) {
+	var mu sync.Mutex
+	var actions []string
+	var create url.Values
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.ParseForm()
+		mu.Lock()
+		defer mu.Unlock()
+		const ns = `xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"`
+		a := r.PostForm.Get("Action")
+		actions = append(actions, a)
+		switch a {
+		case "CreateImage":
+			create = r.PostForm
+			fmt.Fprintf(w, `<CreateImageResponse %s><requestId>1</requestId><imageId>ami-0b01d</imageId></CreateImageResponse>`, ns)
+		case "DescribeImages":
+			state := "pending"
+			if len(actions) > 3 {
+				state = "available"
+			}
+			fmt.Fprintf(w, `<DescribeImagesResponse %s><requestId>2</requestId><imagesSet><item><imageId>ami-0b01d</imageId><imageState>%s</imageState></item></imagesSet></DescribeImagesResponse>`, ns, state)
+		default:
+			http.Error(w, "unexpected", http.StatusBadRequest)
+		}
+	}))
+	defer srv.Close()
+	d := fixtureDeps(freshMachine())
+	d.ec2 = func(_ context.Context, region string) (ec2Client, error) {
+		return awsec2.New(awsec2.Options{Region: region, BaseEndpoint: aws.String(srv.URL),
+			Credentials: credentials.NewStaticCredentialsProvider("AKID", "s", ""), HTTPClient: srv.Client()}), nil
+	}
+	out, err := runCmd(t, d, "ec2", "image", "--region", "eu-central-1", "--instance", "i-0feed0000000000a1", "--name", "pve-node-1", "--poll", "1ms")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "image ami-0b01d available") {
+		t.Errorf("output:\n%s", out)
+	}
+	if create.Get("InstanceId") != "i-0feed0000000000a1" || create.Get("Name") != "pve-node-1" || create.Get("NoReboot") != "false" {
+		t.Errorf("CreateImage form: %v", create)
+	}
+	if n := strings.Count(strings.Join(actions, " "), "CreateImage"); n != 1 {
+		t.Errorf("%d CreateImage calls: %q", n, actions)
+	}
+
+	// Bad input: a clear error and no call to EC2.
+	actions = nil
+	if _, err := runCmd(t, d, "ec2", "image", "--instance", "pve1", "--name", "x-node"); err == nil || len(actions) != 0 {
+		t.Errorf("bad instance id: err %v, calls %q", err, actions)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -71,6 +72,27 @@ func newNodeCmd(d *deps) *cobra.Command {
 				default:
 					fmt.Fprintln(cmd.OutOrStdout(), "node complete: every step is done")
 				}
+				return nil
+			},
+		},
+		&cobra.Command{
+			Use:   "identity",
+			Short: "on a new instance (an image launched again): new host name and hosts entry, root password, API token and node certificate; nothing else",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				e, err := d.engine(f)
+				if err != nil {
+					return err
+				}
+				id, changed, err := e.Identity(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if !changed {
+					fmt.Fprintf(cmd.OutOrStdout(), "instance %s: identity already made; nothing to do\n", id)
+					return nil
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "instance %s: new identity made (%s)\n", id, strings.Join(provision.IdentitySteps, ", "))
 				return nil
 			},
 		},

@@ -5,7 +5,7 @@ import (
 	"os"
 
 	guardbench "github.com/pve-inspect/pve-inspect/firewall/bench"
-	"github.com/pve-inspect/pve-inspect/firewall/egress/egressbench"
+	"github.com/pve-inspect/pve-inspect/testvm/egressbench"
 )
 
 func sections() []section {

@@ -62,7 +62,6 @@ func upAccBed(t *testing.T, ctx context.Context) *accBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The layer-2 guard maps guest ports from the bed's node root (b.NodeRoot).
 	cfg := writeAccConfig(t, b, `zones = { zonea = ["vneta"], zoneb = ["vnetb"] }`)
 	return &accBed{b: b, ga: ga, gb: gb, cfg: cfg}
 }

@@ -93,41 +93,6 @@ func scrape(b *testvm.Bed) (string, error) {
 	return string(body), err
 }
 
-// nodeFiles writes what a Proxmox node keeps about a guest under root:
-// its VM config (netN with the guest's MAC on its vnet) and the zone
-// dnsmasq's static mapping, so the layer-2 guard can pin its port.
-func nodeFiles(t *testing.T, b *testvm.Bed, root, zone, vnet string, vmid int, g *testvm.Guest) {
-	t.Helper()
-	var mac net.HardwareAddr
-	if err := b.Do(g.NS, func() error {
-		ifc, err := net.InterfaceByName("eth0")
-		if err == nil {
-			mac = ifc.HardwareAddr
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	conf := filepath.Join(root, "etc", "pve", "qemu-server", fmt.Sprintf("%d.conf", vmid))
-	ethers := filepath.Join(root, "etc", "dnsmasq.d", zone, "ethers")
-	for _, d := range []string{filepath.Dir(conf), filepath.Dir(ethers)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "name: vm%d\nnet0: virtio=%s,bridge=%s\n", vmid, mac, vnet), 0o640); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(ethers, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := fmt.Fprintf(f, "%s,%s\n", mac, g.IPv4()); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestAcceptanceSDNZonesOnBed runs the daemon beside the zones the
 // reference Inspect plugin creates (zone abc123z with vnets abc123v0 and
 // abc123v1, a second zone xyz456z), learned only from an SDN running
@@ -153,7 +118,6 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nodeRoot := b.NodeRoot() // the node's /etc/pve, dnsmasq mappings (the bed keeps the VM configs there)
 	guests := map[string]*testvm.Guest{}
 	for i, vn := range []string{"abc123v0", "abc123v1", "xyz456v0"} {
 		g, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 101 + i, VNet: vn})
@@ -161,14 +125,15 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 			t.Fatal(err)
 		}
 		guests[vn] = g
-		nodeFiles(t, b, nodeRoot, vn[:6]+"z", vn, 101+i, g)
 	}
 	addr := map[string]string{}
 	for vn, g := range guests {
 		addr[vn] = listenIn(t, b, g)
 	}
 
-	sdn := filepath.Join(nodeRoot, "etc", "pve", "sdn", ".running-config")
+	// The bed keeps the VM configs and dnsmasq leases the layer-2 guard
+	// maps guest ports from (b.NodeRoot()); the SDN file lives beside.
+	sdn := filepath.Join(t.TempDir(), "etc", "pve", "sdn", ".running-config")
 	if err := os.MkdirAll(filepath.Dir(sdn), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +186,6 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 			t.Fatal(err)
 		}
 		guests["abc123v2"], addr["abc123v2"] = g, listenIn(top, b, g)
-		nodeFiles(t, b, nodeRoot, "abc123z", "abc123v2", 104, g)
 		expect("new bridge, zone not known yet", sameZone)
 		vnets["abc123v2"] = [2]string{"abc123z", "10.30.3.0/24"}
 		writeSDN(runningConfig(2, []string{"abc123z", "xyz456z"}, vnets))
