@@ -49,7 +49,11 @@
 //	forward    -150  egress-none (iifname @egress_none to @mgmt),
 //	                 egress-deny (iifname . ip daddr @egress_deny4),
 //	                 egress-allowlist (iifname @egress_allowlist: drop unless
-//	                 iifname . ip daddr in @egress_allow4 or @egress_learned4)
+//	                 iifname . ip daddr in @egress_allow4 or @egress_learned4),
+//	                 each a jump to egress_drop
+//	egress_drop      update @egress_denied { iifname counter },
+//	                 update @egress_denied4 { iifname . ip daddr counter },
+//	                 drop (its own rule: a full set never skips it)
 //	egress_nat -100  guest DNS (udp/tcp 53, any server) from @egress_dns to the
 //	                 daemon's resolver; tcp 80/443 from allowlist zones to
 //	                 learned (not CIDR-allowed) addresses to the peek proxy
@@ -59,7 +63,10 @@
 //	                 metadata, uplink subnets or IPv6
 //
 // @egress_learned4 (timeout flag) is filled by Learn from the resolver's
-// answers and is the one set whose members Verify does not compare.
+// answers; @egress_denied and @egress_denied4 (dynamic, bounded, members
+// with counters and a two-minute idle timeout) by the kernel from the
+// packets egress_drop drops, read through EgressDrops. Verify does not
+// compare the members of these three sets.
 //
 // Run-time state is set membership only (@mgmt, @lockdown, @failclosed,
 // @zone_peers), so switches never rewrite a rule and counters survive.

@@ -1,6 +1,7 @@
 package firewall
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -24,8 +25,26 @@ const (
 	SetEgressDeny4     = "egress_deny4"
 	SetEgressLearned4  = "egress_learned4"
 	SetEgressPeekPorts = "egress_peek_ports"
+	// SetEgressDenied counts, per guest interface, the packets the
+	// egress rules drop (one member per interface, a counter each).
+	SetEgressDenied = "egress_denied"
+	// SetEgressDenied4 notes the destinations of those packets
+	// (interface . address, a counter each), bounded by EgressDeniedSize.
+	SetEgressDenied4 = "egress_denied4"
 
-	chainEgressNAT = "egress_nat"
+	chainEgressNAT  = "egress_nat"
+	chainEgressDrop = "egress_drop"
+)
+
+// Bounds of the denial sets a guest's dropped packets fill. The per
+// interface set cannot grow past the node's guest interfaces; the
+// destination set is capped, and a member not hit for EgressDeniedTTL
+// expires. A full destination set only stops noting new destinations:
+// the packet is still dropped and still counted per interface.
+const (
+	EgressDeniedIfSize = 4096
+	EgressDeniedSize   = 8192
+	EgressDeniedTTL    = 2 * time.Minute
 )
 
 // EgressMode is what a zone's guests may reach through the uplink.
@@ -225,7 +244,9 @@ func addEgress(rs *Ruleset, cfg Config, cls Classification) error {
 	rs.Sets = append(rs.Sets,
 		&SetSpec{Name: SetEgressLearned4, KeyType: ifAddr, Concat: true, Timeout: true, Dynamic: true},
 		&SetSpec{Name: SetEgressPeekPorts, KeyType: nftables.TypeInetService,
-			Elements: []nftables.SetElement{{Key: be16(80)}, {Key: be16(443)}}, Text: []string{"80", "443"}})
+			Elements: []nftables.SetElement{{Key: be16(80)}, {Key: be16(443)}}, Text: []string{"80", "443"}},
+		&SetSpec{Name: SetEgressDenied, KeyType: nftables.TypeIFName, Timeout: true, Dynamic: true, Eval: true, Size: EgressDeniedIfSize},
+		&SetSpec{Name: SetEgressDenied4, KeyType: ifAddr, Concat: true, Timeout: true, Dynamic: true, Eval: true, Size: EgressDeniedSize})
 	addEgressRules(rs, cfg.Egress)
 	return nil
 }
@@ -241,6 +262,13 @@ type ifPrefix struct {
 func ifDaddr() []expr.Any {
 	return append(nfproto(unix.NFPROTO_IPV4), meta(expr.MetaKeyIIFNAME),
 		&expr.Payload{DestRegister: 2, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4})
+}
+
+// noteIn updates set with the key in register 1 (and on), refreshing the
+// member's timeout and counting the packet in its counter.
+func noteIn(set string) *expr.Dynset {
+	return &expr.Dynset{SrcRegKey: 1, SetName: set, Operation: unix.NFT_DYNSET_OP_UPDATE,
+		Timeout: EgressDeniedTTL, Exprs: []expr.Any{&expr.Counter{}}}
 }
 
 func markIs(m uint32) []expr.Any {
@@ -277,17 +305,30 @@ func addEgressRules(rs *Ruleset, ec EgressConfig) {
 		panic("egress: no chain " + name)
 	}
 	fwd := chain("forward")
+	toDrop := &expr.Verdict{Kind: expr.VerdictJump, Chain: chainEgressDrop}
 	fwd.Rules = append(fwd.Rules,
-		rule("egress-none", "iifname @egress_none oifname @mgmt counter drop",
+		rule("egress-none", "iifname @egress_none oifname @mgmt counter jump egress_drop",
 			meta(expr.MetaKeyIIFNAME), lookup(SetEgressNone, false),
-			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), drop()),
-		rule("egress-deny", "oifname @mgmt meta nfproto ipv4 iifname . ip daddr @egress_deny4 counter drop",
-			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), ifDaddr(), lookup(SetEgressDeny4, false), drop()),
-		rule("egress-allowlist", "iifname @egress_allowlist oifname @mgmt meta nfproto ipv4 iifname . ip daddr != @egress_allow4 iifname . ip daddr != @egress_learned4 counter drop",
+			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), toDrop),
+		rule("egress-deny", "oifname @mgmt meta nfproto ipv4 iifname . ip daddr @egress_deny4 counter jump egress_drop",
+			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), ifDaddr(), lookup(SetEgressDeny4, false), toDrop),
+		rule("egress-allowlist", "iifname @egress_allowlist oifname @mgmt meta nfproto ipv4 iifname . ip daddr != @egress_allow4 iifname . ip daddr != @egress_learned4 counter jump egress_drop",
 			meta(expr.MetaKeyIIFNAME), lookup(SetEgressAllowlist, false),
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false),
-			ifDaddr(), lookup(SetEgressAllow4, true), lookup(SetEgressLearned4, true), drop()),
+			ifDaddr(), lookup(SetEgressAllow4, true), lookup(SetEgressLearned4, true), toDrop),
 	)
+	// Only packets the rules above drop get here: the updates note them
+	// per interface and per destination (no work for allowed traffic).
+	// An update that cannot add a member (set full) ends its own rule
+	// only; the last rule drops whatever happened before it.
+	ttl := fmt.Sprintf("timeout %ds", int(EgressDeniedTTL.Seconds()))
+	rs.Chains = append(rs.Chains, &ChainSpec{Name: chainEgressDrop, Rules: []*RuleSpec{
+		{Comment: "egress-denied-iface", Text: "update @egress_denied { iifname " + ttl + " counter }",
+			Exprs: []expr.Any{meta(expr.MetaKeyIIFNAME), noteIn(SetEgressDenied)}},
+		{Comment: "egress-denied-dest", Text: "meta nfproto ipv4 update @egress_denied4 { iifname . ip daddr " + ttl + " counter }",
+			Exprs: append(ifDaddr(), noteIn(SetEgressDenied4))},
+		rule("egress-denied-drop", "counter drop", drop()),
+	}})
 	nat := &ChainSpec{Name: chainEgressNAT, Hook: nftables.ChainHookPrerouting, HookName: "prerouting",
 		Type: nftables.ChainTypeNAT, Priority: -100}
 	nat.Rules = []*RuleSpec{
@@ -505,4 +546,53 @@ func (g *Guard) forgetOnce(set *nftables.Set, want map[string]bool) error {
 		return err
 	}
 	return g.conn.Flush()
+}
+
+// EgressDrop is one member of the denial sets: the packets the egress
+// rules dropped from Iface (to Addr, when valid) since the member was
+// created. A member not hit for EgressDeniedTTL expires; a new one starts
+// from zero.
+type EgressDrop struct {
+	Iface   string
+	Addr    netip.Addr
+	Packets uint64
+}
+
+// EgressDrops reads the denial sets: the per interface counts and the
+// per destination ones.
+func (g *Guard) EgressDrops(ctx context.Context) (ifaces, dests []EgressDrop, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.desired == nil {
+		return nil, nil, errors.New("egress drops: guard not started")
+	}
+	sets := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)
+	read := func(name string) ([]EgressDrop, error) {
+		els, err := g.conn.GetSetElements(sets[name])
+		if err != nil {
+			return nil, fmt.Errorf("egress drops: list %s: %w", name, err)
+		}
+		out := make([]EgressDrop, 0, len(els))
+		for _, e := range els {
+			if len(e.Key) < unix.IFNAMSIZ || e.Counter == nil {
+				continue
+			}
+			d := EgressDrop{Iface: string(bytes.TrimRight(e.Key[:unix.IFNAMSIZ], "\x00")), Packets: e.Counter.Packets}
+			if a, ok := netip.AddrFromSlice(e.Key[unix.IFNAMSIZ:]); ok && len(e.Key) == unix.IFNAMSIZ+4 {
+				d.Addr = a
+			}
+			out = append(out, d)
+		}
+		return out, nil
+	}
+	if ifaces, err = read(SetEgressDenied); err != nil {
+		return nil, nil, err
+	}
+	if dests, err = read(SetEgressDenied4); err != nil {
+		return nil, nil, err
+	}
+	return ifaces, dests, nil
 }

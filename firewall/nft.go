@@ -142,6 +142,17 @@ func normalizedExprs(fam nftables.TableFamily, es []expr.Any) ([][]byte, error) 
 			c := *v
 			c.SetID = 0
 			e = &c
+		case *expr.Dynset:
+			c := *v
+			c.SetID = 0
+			c.Exprs = nil
+			for _, x := range v.Exprs {
+				if _, ok := x.(*expr.Counter); ok {
+					x = &expr.Counter{}
+				}
+				c.Exprs = append(c.Exprs, x)
+			}
+			e = &c
 		}
 		b, err := expr.Marshal(byte(fam), e)
 		if err != nil {
@@ -268,7 +279,8 @@ type nftSets map[string]*nftables.Set
 func newSetObjects(t *nftables.Table, rs *Ruleset) nftSets {
 	m := nftSets{}
 	for _, s := range rs.Sets {
-		set := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Interval: s.Interval, Concatenation: s.Concat, HasTimeout: s.Timeout}
+		set := &nftables.Set{Table: t, Name: s.Name, KeyType: s.KeyType, Interval: s.Interval, Concatenation: s.Concat, HasTimeout: s.Timeout,
+			Dynamic: s.Eval, Size: s.Size}
 		if s.KeyType.GetNFTMagic() == nftables.TypeIFName.GetNFTMagic() {
 			// nft prints strings from host byte order (set userdata)
 			set.KeyByteOrder = binaryutil.NativeEndian
@@ -309,7 +321,16 @@ func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
 		for _, r := range cs.Rules {
 			exprs := make([]expr.Any, len(r.Exprs))
 			for i, e := range r.Exprs {
-				if l, ok := e.(*expr.Lookup); ok {
+				switch l := e.(type) {
+				case *expr.Lookup:
+					cp := *l
+					s, ok := sets[l.SetName]
+					if !ok {
+						return fmt.Errorf("rule %s: unknown set %s", r.Comment, l.SetName)
+					}
+					cp.SetID = s.ID
+					e = &cp
+				case *expr.Dynset:
 					cp := *l
 					s, ok := sets[l.SetName]
 					if !ok {

@@ -95,7 +95,11 @@ type SetSpec struct {
 	// Dynamic sets are filled at run time by another writer (the egress
 	// resolver's learned addresses): the guard creates them empty and
 	// never compares or rewrites their members.
-	Dynamic  bool
+	Dynamic bool
+	// Eval sets are updated from the packet path (an update expression in
+	// a rule: nft flags dynamic); Size bounds their members.
+	Eval     bool
+	Size     uint32
 	Elements []nftables.SetElement
 	// Text is the readable form of each member, for plan and status.
 	Text []string
@@ -420,8 +424,13 @@ func (r *Ruleset) String() string {
 		switch {
 		case s.Interval:
 			b.WriteString("\t\tflags interval\n")
+		case s.Eval:
+			b.WriteString("\t\tflags dynamic,timeout\n")
 		case s.Timeout:
 			b.WriteString("\t\tflags timeout\n")
+		}
+		if s.Size > 0 {
+			fmt.Fprintf(&b, "\t\tsize %d\n", s.Size)
 		}
 		if len(s.Text) > 0 {
 			fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(s.Text, ", "))

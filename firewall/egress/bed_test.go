@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
@@ -277,11 +278,38 @@ func TestEgressStackOnBed(t *testing.T) {
 	s.set(t, ctx, "zonec", Policy{Mode: "open"})
 	inet := testvm.InternetAddr
 	other := "other." + testvm.InternetName // disallowed, same address as the allowed name
+	kd := NewKernelDrops(s.g, s.reg, s.den, 0, nil)
+	poll := func() {
+		t.Helper()
+		if err := kd.Poll(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dropped := func(owner string) float64 {
+		return testutil.ToFloat64(s.den.total.WithLabelValues(owner, ReasonAddress))
+	}
+	poll() // the baseline
 
-	// disallowed address: nothing was resolved yet
+	// disallowed address: nothing was resolved yet; the kernel's drop is
+	// counted for the sandbox and names the destination
 	if _, err := s.get("zonea", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
 		t.Errorf("allowlist, unresolved address: %v, want a timeout", err)
 	}
+	poll()
+	if n := dropped("sb-zonea"); n < 1 {
+		t.Errorf("kernel drop to a disallowed address: sb-zonea address denials %v, want at least 1", n)
+	}
+	if n := dropped("sb-zoneb") + dropped("sb-zonec") + dropped(NodeOwner); n != 0 {
+		t.Errorf("zonea's drop counted for another owner: %v", n)
+	}
+	named := false
+	for _, d := range s.den.Recent("sb-zonea") {
+		named = named || (d.Reason == ReasonAddress && d.Dest == inet)
+	}
+	if !named {
+		t.Errorf("recent denials of sb-zonea do not name %s: %+v", inet, s.den.Recent("sb-zonea"))
+	}
+	droppedBefore := dropped("sb-zonea")
 	// the allowed name resolves (through the zone's resolver, over UDP
 	// and TCP) and connects over HTTP and HTTPS
 	for _, tcp := range []bool{false, true} {
@@ -297,6 +325,11 @@ func TestEgressStackOnBed(t *testing.T) {
 		if body, err := s.get("zonea", u, inet+":"+port); err != nil || body != "internet host" {
 			t.Errorf("allowed name %s: %q, %v", u, body, err)
 		}
+	}
+	// the allowed destination adds no address denial
+	poll()
+	if n := dropped("sb-zonea"); n != droppedBefore {
+		t.Errorf("allowed connections changed sb-zonea's address denials: %v -> %v", droppedBefore, n)
 	}
 	// a disallowed name does not resolve, whichever resolver is asked
 	for _, server := range []string{s.gw["zonea"] + ":53", inet + ":53"} {
@@ -334,6 +367,10 @@ func TestEgressStackOnBed(t *testing.T) {
 	}
 	if _, err := s.get("zoneb", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
 		t.Errorf("none: %v, want a timeout", err)
+	}
+	poll()
+	if n := dropped("sb-zoneb"); n < 1 {
+		t.Errorf("none: kernel drop not counted for sb-zoneb: %v", n)
 	}
 	if got, err := s.resolve("zonec", testvm.InternetName, s.gw["zonec"]+":53", false); err != nil || len(got) != 1 {
 		t.Errorf("open: resolve: %v, %v", got, err)

@@ -16,7 +16,7 @@ const (
 	ReasonSNI     = "sni"     // TLS server name not allowed
 	ReasonHost    = "host"    // HTTP Host not allowed
 	ReasonPeek    = "peek"    // first bytes were neither TLS nor HTTP with a name
-	ReasonAddress = "address" // a denied CIDR, or an address no name gave
+	ReasonAddress = "address" // a packet the kernel dropped: a denied CIDR, an address no name gave, anything from a none zone
 )
 
 // Denial is one refused name or connection.
@@ -25,7 +25,8 @@ type Denial struct {
 	Reason string    `json:"reason"`
 	// Name is the refused name (DNS, SNI or Host), if any.
 	Name string `json:"name,omitempty"`
-	// Dest is the destination address:port of a refused connection.
+	// Dest is the destination of a refused connection: address:port, or
+	// the address alone for a packet the kernel dropped.
 	Dest string `json:"dest,omitempty"`
 }
 
@@ -57,9 +58,23 @@ func NewDenials() *Denials {
 // Collector is the prometheus collector of the denial counter.
 func (d *Denials) Collector() prometheus.Collector { return d.total }
 
-// Record counts one denial for owner.
+// Record counts one denial for owner and keeps it among the recent ones.
 func (d *Denials) Record(owner string, den Denial) {
-	d.total.WithLabelValues(owner, den.Reason).Inc()
+	d.Add(owner, den.Reason, 1)
+	d.Remember(owner, den)
+}
+
+// Add counts n denials for owner with reason, keeping none of them among
+// the recent ones (the kernel's drops: counted exactly, their
+// destinations remembered separately).
+func (d *Denials) Add(owner, reason string, n uint64) {
+	if n > 0 {
+		d.total.WithLabelValues(owner, reason).Add(float64(n))
+	}
+}
+
+// Remember keeps den among owner's recent denials without counting it.
+func (d *Denials) Remember(owner string, den Denial) {
 	den.Time = d.now().UTC()
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -18,6 +18,28 @@
 //     TLS interception.
 //   - Denials (denials.go): pve_inspect_egress_denied_total{sandbox,reason}
 //     and the last refusals per sandbox.
+//   - KernelDrops (kernel.go): the packets the kernel drops (a disallowed
+//     or denied address, anything from a none zone) as denials with reason
+//     "address", per sandbox, the destination among the recent ones.
+//
+// Kernel drops: the guard's drop rules jump to a chain that updates two
+// dynamic sets, one member per guest interface and one per interface and
+// destination, each with its own counter, and drops. KernelDrops reads
+// both every two seconds and attributes each member's growth by interface
+// to the zone's owner through the Registry: the count from the interface
+// set, which a guest cannot grow (its members are the node's interfaces),
+// the destinations from the other, capped at firewall.EgressDeniedSize
+// members that expire after two idle minutes. Chosen over an NFLOG group:
+// no packet ever reaches the daemon, so a flooding guest costs it nothing
+// (one netlink dump per read, bounded by the set sizes) and no rate limit
+// has to drop log lines; allowed traffic never reaches the chain, and the
+// kernel does the counting. What is lost: a destination set filled by a
+// flood names no new destinations until members expire (the packets are
+// still dropped and counted); a member that expires and comes back with
+// more packets than it had, within one read interval, is undercounted;
+// drops between the last read of one daemon and the first of the next
+// (the baseline) are not counted per sandbox (the per-rule counters of
+// pve_inspect_guard_rule_drop_packets_total have them).
 //
 // What stays possible, by design: a guest can present an allowed name to
 // any address an allowed name resolved to, and a CDN serving many names on

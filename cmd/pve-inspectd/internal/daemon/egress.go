@@ -80,8 +80,9 @@ func upstreamsFrom(path string) ([]string, error) {
 
 // startEgress starts the egress policies' user-space half: the registry
 // (over the guard and the persisted policies), the resolver the guard
-// redirects allow-list and none zones' DNS to, and the Host/SNI peek
-// proxy. Listeners are bound before it returns.
+// redirects allow-list and none zones' DNS to, the Host/SNI peek proxy,
+// and the reader that turns the kernel's drops of disallowed addresses
+// into per-sandbox denials. Listeners are bound before it returns.
 func (r *run) startEgress(ctx context.Context) error {
 	ec := r.d.Config.Egress
 	def, err := ec.DefaultRules()
@@ -146,6 +147,8 @@ func (r *run) startEgress(ctx context.Context) error {
 	r.parts.Go("egress resolver (udp)", func(ctx context.Context) error { return res.ServeUDP(ctx, pc) })
 	r.parts.Go("egress resolver (tcp)", func(ctx context.Context) error { return res.ServeTCP(ctx, dnsLn) })
 	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
+	drops := egress.NewKernelDrops(r.guard, reg, den, 0, r.log)
+	r.parts.Go("egress kernel drops", drops.Run)
 	r.log.Info("egress policies in force", "component", "egress", "default", def.Mode, "upstreams", ups)
 	return nil
 }
