@@ -141,7 +141,7 @@ func (g *Guard) Collector() prometheus.Collector { return g.met }
 type RuleCounter struct {
 	Chain   string
 	Rule    string // the rule's comment
-	Drop    bool   // the rule's verdict is drop
+	Drop    bool   // the rule's verdict is drop (or a jump to egress_drop)
 	Packets uint64
 	Bytes   uint64
 }
@@ -176,7 +176,11 @@ func countersOf(k *kernelTable, desired *Ruleset) ([]RuleCounter, int, error) {
 				case *expr.Counter:
 					rc.Packets, rc.Bytes = v.Packets, v.Bytes
 				case *expr.Verdict:
-					rc.Drop = v.Kind == expr.VerdictDrop
+					// a jump to egress_drop drops: the packets are
+					// counted on the jumping rule (egress-none, -deny,
+					// -allowlist), not again on egress_drop's own drop
+					rc.Drop = (v.Kind == expr.VerdictDrop && c.Name != chainEgressDrop) ||
+						(v.Kind == expr.VerdictJump && v.Chain == chainEgressDrop)
 				}
 			}
 			out = append(out, rc)

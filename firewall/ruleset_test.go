@@ -4,6 +4,9 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 )
 
 func TestMergePrefixes(t *testing.T) {
@@ -174,6 +177,41 @@ func TestRenderEgressRejectsBadPolicy(t *testing.T) {
 	} {
 		if _, err := Render(cfg, fixedClassification, Switches{}); err == nil {
 			t.Errorf("Render accepted egress %+v / %+v", cfg.Egress, cfg.ZoneEgress)
+		}
+	}
+}
+
+// TestEgressDropsCountOnJumpingRules: the drop metrics name the egress
+// rules that jump to egress_drop, not egress_drop's own drop (which would
+// count the same packets twice).
+func TestEgressDropsCountOnJumpingRules(t *testing.T) {
+	rs, err := Render(Config{DnsmasqUser: "65534"}, fixedClassification, Switches{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kernelTable{rules: map[string][]*nftables.Rule{}}
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			k.rules[c.Name] = append(k.rules[c.Name], &nftables.Rule{Exprs: r.Exprs,
+				UserData: userdata.AppendString(nil, userdata.TypeComment, r.Comment)})
+		}
+	}
+	got, present, err := countersOf(k, rs)
+	if err != nil || present != rs.RuleCount() {
+		t.Fatalf("countersOf: %d of %d present, %v", present, rs.RuleCount(), err)
+	}
+	drop := map[string]bool{}
+	for _, c := range got {
+		drop[c.Chain+"/"+c.Rule] = c.Drop
+	}
+	for _, r := range []string{"forward/egress-none", "forward/egress-deny", "forward/egress-allowlist", "forward/private4"} {
+		if !drop[r] {
+			t.Errorf("%s is not a drop rule in the metrics", r)
+		}
+	}
+	for _, r := range []string{"egress_drop/egress-denied-drop", "egress_drop/egress-denied-iface", "egress_drop/egress-denied-dest"} {
+		if v, ok := drop[r]; !ok || v {
+			t.Errorf("%s: in metrics %v, drop %v; want present and not a drop rule", r, ok, v)
 		}
 	}
 }
