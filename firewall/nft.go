@@ -327,9 +327,32 @@ func queueTable(c *nftables.Conn, rs *Ruleset, deleteFirst bool) error {
 	return nil
 }
 
+// elemDelta returns the members of want missing in cur and the members
+// of cur missing in want (by key).
+func elemDelta(cur, want []nftables.SetElement) (add, del []nftables.SetElement) {
+	have := map[string]bool{}
+	for _, e := range cur {
+		have[hex.EncodeToString(e.Key)] = true
+	}
+	keep := map[string]bool{}
+	for _, e := range want {
+		k := hex.EncodeToString(e.Key)
+		keep[k] = true
+		if !have[k] {
+			add = append(add, e)
+		}
+	}
+	for _, e := range cur {
+		if !keep[hex.EncodeToString(e.Key)] {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	return add, del
+}
+
 // queueSetUpdates queues, for every set whose members differ from cur (the
-// kernel's or the last applied), a flush and a refill. Rules and counters
-// are untouched. It returns how many sets it queued.
+// kernel's or the last applied), the difference (plain sets) or a flush
+// and a refill (interval sets). Rules and counters are untouched. It returns how many sets it queued.
 func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.SetElement) (int, error) {
 	t := &nftables.Table{Name: TableName, Family: rs.family()}
 	sets := newSetObjects(t, rs)
@@ -338,11 +361,27 @@ func queueSetUpdates(c *nftables.Conn, rs *Ruleset, cur map[string][]nftables.Se
 		if s.Dynamic || slices.Equal(elemKeys(cur[s.Name]), elemKeys(s.Elements)) {
 			continue
 		}
+		n++
+		if !s.Interval {
+			// a plain set changes by its difference: a port map of
+			// hundreds of members is not resent for one port
+			add, del := elemDelta(cur[s.Name], s.Elements)
+			if len(del) > 0 {
+				if err := c.SetDeleteElements(sets[s.Name], del); err != nil {
+					return 0, fmt.Errorf("queue element removal of set %s: %w", s.Name, err)
+				}
+			}
+			if len(add) > 0 {
+				if err := c.SetAddElements(sets[s.Name], add); err != nil {
+					return 0, fmt.Errorf("queue elements of set %s: %w", s.Name, err)
+				}
+			}
+			continue
+		}
 		c.FlushSet(sets[s.Name])
 		if err := c.SetAddElements(sets[s.Name], s.Elements); err != nil {
 			return 0, fmt.Errorf("queue elements of set %s: %w", s.Name, err)
 		}
-		n++
 	}
 	return n, nil
 }

@@ -149,6 +149,13 @@ func (g blockingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandb
 	return g.Guest.Exec(ctx, r)
 }
 
+func (g blockingGuest) ExecStream(ctx context.Context, r sandboxapi.GuestExec, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
+	if err := g.hold(ctx); err != nil {
+		return nil, err
+	}
+	return g.Guest.ExecStream(ctx, r, stdout, stderr)
+}
+
 func (g blockingGuest) ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error) {
 	if err := g.hold(ctx); err != nil {
 		return 0, err
@@ -228,5 +235,48 @@ func TestSpoolCap(t *testing.T) {
 	left, err := os.ReadDir(filepath.Join(e.opts.StateDir, "spool"))
 	if err != nil || len(left) != 0 {
 		t.Errorf("spool dir under the state dir: %v %v", left, err)
+	}
+}
+
+// TestCollectedBudget: collected execs in flight reserve twice their output
+// limit from CollectedBytes; one that would pass it answers unavailable,
+// while a streamed exec is not counted.
+func TestCollectedBudget(t *testing.T) {
+	started := make(chan struct{}, 4)
+	release := make(chan struct{})
+	e := newEnv(t, func(o *sandboxapi.Options) {
+		o.CollectedBytes = 3 << 20
+		dial := o.Guests
+		o.Guests = func(p string) sandboxapi.Guest {
+			return blockingGuest{Guest: dial(p), started: started, release: release}
+		}
+	})
+	ctx := e.ctx()
+	sb := e.create(twoVMs())
+	req := sandboxapi.ExecRequest{Argv: []string{"echo", "x"}, OutputLimit: 1 << 20}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.c.Exec(ctx, sb.ID, "a", req)
+		done <- err
+	}()
+	<-started
+	if _, err := e.c.Exec(ctx, sb.ID, "b", req); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+		t.Errorf("second collected exec over the budget: %v, want unavailable", err)
+	}
+	streamed := make(chan error, 1)
+	go func() {
+		_, err := e.c.ExecStream(ctx, sb.ID, "b", req, io.Discard, io.Discard)
+		streamed <- err
+	}()
+	<-started
+	close(release)
+	if err := <-done; err != nil {
+		t.Errorf("collected exec in flight: %v", err)
+	}
+	if err := <-streamed; err != nil {
+		t.Errorf("streamed exec beside it: %v", err)
+	}
+	if _, err := e.c.Exec(ctx, sb.ID, "b", req); err != nil {
+		t.Errorf("collected exec after the budget freed: %v", err)
 	}
 }

@@ -233,6 +233,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	defer cancel()
 	g := s.m.guest(vm.VMID)
 	if !stream {
+		unreserve, err := reserve(&s.collected, 2*ge.OutputLimit, s.o.CollectedBytes, "collected exec output")
+		if err != nil {
+			return err
+		}
+		defer unreserve()
 		res, err := g.Exec(ctx, ge)
 		if err != nil {
 			return err

@@ -74,6 +74,12 @@ type Options struct {
 	// MaxExecs and MaxFileCalls cap the exec calls and the file reads and
 	// writes in flight (32 and 8); calls beyond them answer unavailable.
 	MaxExecs, MaxFileCalls int
+	// CollectedBytes caps the output all collected (non-streamed) execs in
+	// flight may hold together (256 MiB): each reserves twice its output
+	// limit (stdout and stderr) and answers unavailable when that would
+	// pass the cap. With the call caps it bounds the daemon's memory (the
+	// unit's MemoryMax).
+	CollectedBytes int64
 	// Caps are the resource guard's limits.
 	Caps Caps
 	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.
@@ -161,6 +167,9 @@ func (o *Options) defaults() error {
 	if o.MaxFileCalls == 0 {
 		o.MaxFileCalls = 8
 	}
+	if o.CollectedBytes == 0 {
+		o.CollectedBytes = 256 << 20
+	}
 	if o.SpoolBytes < 0 || o.MaxExecs < 0 || o.MaxFileCalls < 0 {
 		return errors.New("sandboxapi: SpoolBytes, MaxExecs and MaxFileCalls must not be negative")
 	}
@@ -226,8 +235,9 @@ type Server struct {
 	mux    *http.ServeMux
 	// execs and files hold one token per exec or file call in flight.
 	execs, files chan struct{}
-	// spooled counts the bytes the file reads in flight have spooled.
-	spooled atomic.Int64
+	// spooled counts the bytes the file reads in flight have spooled;
+	// collected the output the collected execs in flight have reserved.
+	spooled, collected atomic.Int64
 }
 
 // New builds a Server. Call Reconcile before serving and run RunReaper.
@@ -257,6 +267,16 @@ func acquire(sem chan struct{}, what string) (func(), error) {
 	default:
 		return nil, problemf(ProblemUnavailable, "%d %s calls in flight, the most this daemon runs at once; retry later", cap(sem), what)
 	}
+}
+
+// reserve takes n bytes of budget max counted in used, or answers
+// unavailable at once.
+func reserve(used *atomic.Int64, n, max int64, what string) (func(), error) {
+	if used.Add(n) > max {
+		used.Add(-n)
+		return nil, problemf(ProblemUnavailable, "%s: %d bytes in flight would pass the cap of %d; retry later or stream", what, n, max)
+	}
+	return func() { used.Add(-n) }, nil
 }
 
 // Reconcile re-attaches known sandboxes and deletes tagged orphans; call it

@@ -5,12 +5,13 @@ import (
 	"os"
 
 	guardbench "github.com/pve-inspect/pve-inspect/firewall/bench"
-	"github.com/pve-inspect/pve-inspect/firewall/egress/egressbench"
+	"github.com/pve-inspect/pve-inspect/testvm/egressbench"
 )
 
 func sections() []section {
 	return []section{
 		{"guard", benchGuard},
+		{"layer2", benchLayer2},
 		{"lockdown", benchLockdown},
 		{"qga", benchQGA},
 		{"api", benchAPI},
@@ -24,6 +25,15 @@ func benchGuard(ctx context.Context, cfg config) error {
 		o.Rounds, o.RouteChanges = 3, 10
 	}
 	_, err := guardbench.Run(ctx, o, os.Stdout)
+	return err
+}
+
+func benchLayer2(ctx context.Context, cfg config) error {
+	o := guardbench.Layer2Options{}
+	if cfg.quick {
+		o.Rounds, o.Updates = 3, 20
+	}
+	_, err := guardbench.RunLayer2(ctx, o, os.Stdout)
 	return err
 }
 

@@ -387,6 +387,7 @@ id = "pve"
 [guard]
 dnsmasq_user = "dnsmasq"
 state_dir = %q
+node_root = %q
 
 [metrics]
 listen = "0.0.0.0:%d"
@@ -430,7 +431,7 @@ ca_file = %q
 
 [mcp]
 default_template = "debian"
-%s`, filepath.Join(dir, "guard"), metricsPort, marker, bed.ResolvConf(), filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"),
+%s`, filepath.Join(dir, "guard"), bed.NodeRoot(), metricsPort, marker, bed.ResolvConf(), filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"),
 		bed.ResolvConf(), filepath.Join(dir, "halted"), probePath, testvm.LANAddr, testvm.InternetAddr, testvm.InternetAddr6, testvm.InternetName,
 		sock, filepath.Join(dir, "api-state"), filepath.Join(dir, "tokens.json"), bed.QGADir(), templateID, apiExtra, tokenID, secretFile, caFile, mcpExtra)
 	cfgPath = filepath.Join(dir, "config.toml")

@@ -72,7 +72,6 @@ func upAccBed(t *testing.T, ctx context.Context) *accBed {
 func writeAccConfig(t *testing.T, b *testvm.Bed, guard string) string {
 	t.Helper()
 	dir := t.TempDir()
-	nodeRoot := b.NodeRoot() // VM configs and leases: the layer-2 guard's port map
 	cfg := filepath.Join(dir, "config.toml")
 	doc := fmt.Sprintf(`[node]
 id = "acc"
@@ -80,7 +79,6 @@ id = "acc"
 %s
 dnsmasq_user = "65534"
 verify_interval = "2s"
-node_root = %q
 state_dir = %q
 [metrics]
 listen = "0.0.0.0:%d"
@@ -91,7 +89,7 @@ backup_dir = %q
 state_file = %q
 [halt]
 state_file = %q
-`, guard, nodeRoot, filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
+`, guard, filepath.Join(dir, "state"), accMetricsPort, filepath.Join(dir, "marker"), b.ResolvConf(),
 		filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"), filepath.Join(dir, "halted"))
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)

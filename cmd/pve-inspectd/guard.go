@@ -180,52 +180,42 @@ func writeStatus(w io.Writer, st *firewall.Status) {
 		fmt.Fprintf(w, "table inet %s: present, ORPHANED (no daemon holds it), persist=%v\n", firewall.TableName, st.Persist)
 	}
 	fmt.Fprintf(w, "lockdown: %s, fail-closed: %s\n", onOff(st.Switches.Lockdown), onOff(st.Switches.FailClosed))
-	for _, n := range append(st.Desired.Notes, st.Notes...) {
+	writeTableBody(w, "", append(st.Desired.Notes, st.Notes...), st.Counters, st.Drifts)
+}
+
+// writeTableBody prints a table's notes, rule counters and differences;
+// prefix names the table ("" for the inet table).
+func writeTableBody(w io.Writer, prefix string, notes []string, counters []firewall.RuleCounter, drifts []firewall.Drift) {
+	for _, n := range notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
-	if len(st.Counters) > 0 {
-		fmt.Fprintf(w, "rules (packets/bytes):\n")
-		for _, c := range st.Counters {
-			fmt.Fprintf(w, "  %-10s %-18s %d/%d\n", c.Chain, c.Rule, c.Packets, c.Bytes)
+	if len(counters) > 0 {
+		fmt.Fprintf(w, "%srules (packets/bytes):\n", prefix)
+		for _, c := range counters {
+			fmt.Fprintf(w, "  %-13s %-18s %d/%d\n", c.Chain, c.Rule, c.Packets, c.Bytes)
 		}
 	}
-	if len(st.Drifts) == 0 {
-		fmt.Fprintf(w, "in force as desired\n")
+	if len(drifts) == 0 {
+		fmt.Fprintf(w, "%sin force as desired\n", prefix)
 		return
 	}
-	fmt.Fprintf(w, "differences:\n")
-	for _, d := range st.Drifts {
+	fmt.Fprintf(w, "%sdifferences:\n", prefix)
+	for _, d := range drifts {
 		fmt.Fprintf(w, "  %s\n", d)
 	}
 }
 
 func writeBridgeStatus(w io.Writer, ts firewall.TableStatus) {
 	ref := ts.Desired.TableRef()
+	state := "ABSENT"
 	switch {
-	case !ts.Present:
-		fmt.Fprintf(w, "%s: ABSENT\n", ref)
-	case ts.Owned:
-		fmt.Fprintf(w, "%s: present, owned by netlink port %d, persist=%v\n", ref, ts.Owner, ts.Persist)
-	default:
-		fmt.Fprintf(w, "%s: present, ORPHANED (no daemon holds it), persist=%v\n", ref, ts.Persist)
+	case ts.Present && ts.Owned:
+		state = fmt.Sprintf("present, owned by netlink port %d, persist=%v", ts.Owner, ts.Persist)
+	case ts.Present:
+		state = fmt.Sprintf("present, ORPHANED (no daemon holds it), persist=%v", ts.Persist)
 	}
-	for _, n := range ts.Notes {
-		fmt.Fprintf(w, "note: %s\n", n)
-	}
-	if len(ts.Counters) > 0 {
-		fmt.Fprintf(w, "layer-2 rules (packets/bytes):\n")
-		for _, c := range ts.Counters {
-			fmt.Fprintf(w, "  %-13s %-18s %d/%d\n", c.Chain, c.Rule, c.Packets, c.Bytes)
-		}
-	}
-	if len(ts.Drifts) == 0 {
-		fmt.Fprintf(w, "layer-2 table in force as desired\n")
-		return
-	}
-	fmt.Fprintf(w, "layer-2 differences:\n")
-	for _, d := range ts.Drifts {
-		fmt.Fprintf(w, "  %s\n", d)
-	}
+	fmt.Fprintf(w, "%s: %s\n", ref, state)
+	writeTableBody(w, "layer-2 table ", ts.Notes, ts.Counters, ts.Drifts)
 }
 
 func newGuardCmd(g *globals) *cobra.Command {

@@ -2,7 +2,9 @@ package egress
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +22,9 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -392,4 +397,63 @@ func TestEgressNodeDefaultOnBed(t *testing.T) {
 	if body, err := s.get("zonec", "https://other."+testvm.InternetName+"/", inet+":443"); err != nil || body != "internet host" {
 		t.Errorf("own open policy: %q, %v", body, err)
 	}
+}
+
+// TestEgressContainmentOnBed runs the containment check, with the probe
+// uploaded and run over the real guest agent, from an allow-list
+// sandbox's guest: the node guard's rows and the egress rows (allowed name
+// resolves and connects, disallowed name does not resolve, disallowed SNI
+// on the allowed address is refused) all pass.
+func TestEgressContainmentOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := newStack(t, ctx, Policy{Mode: "open"})
+	s.set(t, ctx, "zonea", Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
+	ga := s.guests["zonea"]
+	spec := containment.Spec{
+		Gateway:      netip.MustParseAddr(s.gw["zonea"]),
+		Subnet:       netip.MustParsePrefix("10.10.1.0/24"),
+		HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr)},
+		Metadata:     []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr)},
+		MetadataDNS:  []netip.Addr{},
+		Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
+		ExternalName: "x" + randLabel(t) + ".nope.test",
+		LocalName:    testvm.LocalName("zonea"),
+		Timeout:      2 * time.Second,
+		Egress:       &containment.EgressSpec{AllowedName: testvm.InternetName, DeniedName: "other." + testvm.InternetName},
+	}
+	plan, err := containment.NewPlan(spec, containment.WithEgress(containment.GuardPolicy(), "allowlist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"}
+	res, err := r.Run(ctx, containment.AgentGuest{Agent: qga.New(qga.Options{}).Agent(ga.Socket)}, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	if err := res.WriteText(&buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", buf.String())
+	if !res.Passed() || !res.ControlsOK {
+		t.Errorf("containment check from the allow-list sandbox: %d rows not passed", len(res.Failed()))
+	}
+	n := 0
+	for _, row := range res.Rows {
+		if row.Group == containment.GroupEgress {
+			n++
+		}
+	}
+	if n != 5 {
+		t.Errorf("%d egress rows, want 5 (local name, allowed resolves, allowed connects, disallowed name, disallowed SNI)", n)
+	}
+}
+
+func randLabel(t *testing.T) string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b[:])
 }

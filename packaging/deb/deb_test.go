@@ -426,6 +426,8 @@ func checkHardening(t *testing.T, b *box) {
 		"AmbientCapabilities":     "",
 		"RestrictAddressFamilies": "AF_INET AF_INET6 AF_NETLINK AF_UNIX",
 		"SystemCallArchitectures": "native",
+		"MemoryHigh":              "1073741824",
+		"MemoryMax":               "2147483648",
 	}
 	var props []string
 	for k := range want {

@@ -50,6 +50,11 @@ type Policy struct {
 	Internet     Verdict // public HTTP/HTTPS
 	DNSRecursion Verdict // an external name through the zone resolver
 	IPv6         Verdict // IPv6 to the internet
+	// Egress is the sandbox's egress mode when it is not open (WithEgress):
+	// its DNS goes to the daemon's resolver, which answers only allowed
+	// names, so the zone's local name is expected unresolved and is no
+	// positive control.
+	Egress string
 }
 
 // GuardPolicy is the host guard on, lockdown off: the internet (and DNS
@@ -84,6 +89,7 @@ func WithEgress(p Policy, mode string) Policy {
 	}
 	p.Name += " + egress " + mode
 	p.Internet, p.DNSRecursion = Blocked, Blocked
+	p.Egress = mode
 	return p
 }
 
@@ -255,8 +261,13 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 	}
 	resolver := netip.AddrPortFrom(spec.Gateway, 53).String()
 
-	add(Check{Group: GroupControl, Name: "zone resolver answers " + spec.LocalName, Expect: Reachable, Control: true, NeedAnswer: true,
-		Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: spec.LocalName}})
+	if pol.Egress == "" {
+		add(Check{Group: GroupControl, Name: "zone resolver answers " + spec.LocalName, Expect: Reachable, Control: true, NeedAnswer: true,
+			Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: spec.LocalName}})
+	} else {
+		add(Check{Group: GroupEgress, Name: "local name " + spec.LocalName + " not answered (egress " + pol.Egress + ": allowed names only)",
+			Expect: Blocked, NeedAnswer: true, Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: spec.LocalName}})
+	}
 
 	type hostAddr struct {
 		a   netip.Addr
@@ -300,9 +311,12 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 	}
 	internetControl := pol.Internet == Reachable
 	for _, a := range spec.Public {
-		add(Check{Group: GroupInternet, Name: "public HTTP " + a.String(), Expect: pol.Internet, Control: internetControl,
+		// under an egress policy a connection the peek proxy takes and
+		// refuses (no allowed name) reaches nothing: only a response counts
+		egress := pol.Egress != ""
+		add(Check{Group: GroupInternet, Name: "public HTTP " + a.String(), Expect: pol.Internet, Control: internetControl, NeedResponse: egress,
 			Target: probe.Target{Kind: probe.KindHTTP, Addr: netip.AddrPortFrom(a, 80).String()}})
-		add(Check{Group: GroupInternet, Name: "public HTTPS " + a.String(), Expect: pol.Internet, Control: internetControl,
+		add(Check{Group: GroupInternet, Name: "public HTTPS " + a.String(), Expect: pol.Internet, Control: internetControl, NeedResponse: egress,
 			Target: probe.Target{Kind: probe.KindHTTPS, Addr: netip.AddrPortFrom(a, 443).String()}})
 	}
 	add(Check{Group: GroupDNS, Name: "zone resolver recurses for " + spec.ExternalName, Expect: pol.DNSRecursion, NeedAnswer: true,

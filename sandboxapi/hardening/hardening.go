@@ -263,6 +263,7 @@ func CloneChanges(conf map[string]string) (set map[string]string, del []string) 
 		if i.Fix != FixClone {
 			continue
 		}
+		del = append(del, i.Keys...)
 		switch i.Name {
 		case "display":
 			set["vga"] = "serial0"
@@ -280,11 +281,6 @@ func CloneChanges(conf map[string]string) (set map[string]string, del []string) 
 			set["agent"] = "enabled=1"
 		case "nested virtualization":
 			set["cpu"] = cpuWithoutNested(conf["cpu"])
-		}
-	}
-	for _, i := range Check(conf).Failed() {
-		if i.Fix == FixClone {
-			del = append(del, i.Keys...)
 		}
 	}
 	slices.Sort(del)

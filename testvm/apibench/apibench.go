@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -77,7 +78,29 @@ type Result struct {
 	// Disk holds the disk path against the agent path per DiskSizes.
 	Disk                     []DiskResult
 	FileAPIMBps, FileQGAMBps float64
+	// PeakRSSKiB is the peak resident memory of the bench process over the
+	// section (VmHWM, reset at its start): an upper bound of what serving
+	// this load costs the daemon, since the process also holds the
+	// emulator, the clients and their 64 MiB buffers.
+	PeakRSSKiB int64
 }
+
+// peakRSS reads VmHWM of this process; resetPeakRSS restarts it from the
+// current RSS (clear_refs 5).
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/self/status")
+}
+
+func resetPeakRSS() error { return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
 
 func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
@@ -98,6 +121,9 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	if o.FileRounds <= 0 {
 		o.FileRounds = 3
+	}
+	if err := resetPeakRSS(); err != nil {
+		return nil, fmt.Errorf("reset peak RSS: %w", err)
 	}
 	bed, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
@@ -250,6 +276,9 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		}
 		res.Disk = append(res.Disk, d)
 	}
+	if res.PeakRSSKiB, err = peakRSS(); err != nil {
+		return nil, err
+	}
 
 	fmt.Fprintf(w, "| measure | sandbox API | baseline | ratio |\n|---|---|---|---|\n")
 	fmt.Fprintf(w, "| create-to-ready, 2-VM sandbox (p50 of %d) | %v | | |\n", o.Rounds, res.CreateP50.Round(time.Millisecond))
@@ -268,6 +297,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		fmt.Fprintf(w, "| %d MiB write+read through the disk path (1 round, sha256 checked) | %.1f MB/s (write %.1f, read %.1f) | %.1f MB/s (write %.1f, read %.1f; agent path: guest agent client) | %.2fx |\n",
 			d.Size>>20, d.DiskMBps, d.DiskWriteMBps, d.DiskReadMBps, d.AgentMBps, d.AgentWriteMBps, d.AgentReadMBps, d.DiskMBps/d.AgentMBps)
 	}
+	fmt.Fprintf(w, "| peak RSS of the bench process (API server, emulator, clients and their buffers) | %d MiB | | |\n", res.PeakRSSKiB>>10)
 	return res, nil
 }
 

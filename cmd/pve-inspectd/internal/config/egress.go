@@ -34,13 +34,23 @@ type EgressSection struct {
 	// tcp 80/443 are redirected to.
 	DNSPort   int `toml:"dns_port"`
 	ProxyPort int `toml:"proxy_port"`
-	// StateFile keeps the sandboxes' policies across restarts.
+	// StateFile keeps the sandboxes' policies across restarts (and
+	// reboots: it must not be on a tmpfs); "" means egress.json in
+	// [api] state_dir, beside the sandboxes' own state.
 	StateFile string `toml:"state_file"`
+}
+
+// EgressStateFile is where the sandboxes' egress policies are kept.
+func (c Config) EgressStateFile() string {
+	if c.Egress.StateFile != "" {
+		return c.Egress.StateFile
+	}
+	return filepath.Join(c.API.StateDir, "egress.json")
 }
 
 func defaultEgress() EgressSection {
 	return EgressSection{DefaultMode: "open", Allow: []string{}, Deny: []string{}, Upstreams: []string{}, TTLFloor: 30 * time.Second, TTLCeiling: time.Hour,
-		DNSPort: 15353, ProxyPort: 15380, StateFile: "/var/lib/pve-inspectd/egress.json"}
+		DNSPort: 15353, ProxyPort: 15380}
 }
 
 // DefaultRules compiles the node-wide default policy (validated by Load).
@@ -79,7 +89,7 @@ func (s EgressSection) validate(prefix string) error {
 	if s.DNSPort == s.ProxyPort {
 		return &KeyError{Key: prefix + ".proxy_port", Err: errors.New("must differ from dns_port")}
 	}
-	if !filepath.IsAbs(s.StateFile) {
+	if s.StateFile != "" && !filepath.IsAbs(s.StateFile) {
 		return &KeyError{Key: prefix + ".state_file", Err: errors.New("must be an absolute path")}
 	}
 	return nil

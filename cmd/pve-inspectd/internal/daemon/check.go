@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/lantargets"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 )
 
@@ -98,6 +101,27 @@ func nodeSpec(cfg config.Config) (containment.Spec, error) {
 		}
 	}
 	spec.LAN = c.LANAddrs()
+	// and, without configuration, the node's gateways, its neighbours on
+	// the uplinks and one address per private block (not the sandboxes'
+	// own auto pool)
+	var exclude []netip.Prefix
+	if p, err := netip.ParsePrefix(cfg.API.AutoCIDRPool); err == nil {
+		exclude = append(exclude, p)
+	}
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return spec, fmt.Errorf("lan targets: %w", err)
+	}
+	defer h.Close()
+	found, err := lantargets.Discover(h, exclude)
+	if err != nil {
+		return spec, fmt.Errorf("lan targets: %w", err)
+	}
+	for _, ap := range lantargets.AddrPorts(found) {
+		if !slices.Contains(spec.LAN, ap) {
+			spec.LAN = append(spec.LAN, ap)
+		}
+	}
 	spec.Public, spec.Public6 = c.PublicAddrs()
 	var r [4]byte
 	_, _ = rand.Read(r[:])

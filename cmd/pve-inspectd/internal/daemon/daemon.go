@@ -80,6 +80,9 @@ type Daemon struct {
 	APIRetry time.Duration
 	// API, when non-nil, receives the sandbox API part once built (tests).
 	API func(*API)
+	// egressHook, when non-nil, receives the egress part once started
+	// (tests of this package).
+	egressHook func(*Egress)
 }
 
 // run is the state of one Daemon.Run shared by the start functions.

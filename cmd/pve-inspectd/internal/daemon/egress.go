@@ -36,7 +36,7 @@ func FullGuardConfig(cfg config.Config) (firewall.Config, error) {
 // EgressPlan returns the sandboxes' persisted egress policies (for
 // `pve-inspectd plan`).
 func EgressPlan(cfg config.Config) (*egress.State, error) {
-	return egress.LoadState(cfg.Egress.StateFile)
+	return egress.LoadState(cfg.EgressStateFile())
 }
 
 // egressAtStart loads the persisted policies before the guard starts, so
@@ -46,7 +46,7 @@ func (r *run) egressAtStart() (firewall.Config, []firewall.Option, error) {
 	if err != nil {
 		return firewall.Config{}, nil, err
 	}
-	st, err := egress.LoadState(r.d.Config.Egress.StateFile)
+	st, err := egress.LoadState(r.d.Config.EgressStateFile())
 	if err != nil {
 		return firewall.Config{}, nil, err
 	}
@@ -140,6 +140,9 @@ func (r *run) startEgress(ctx context.Context) error {
 		return err
 	}
 	r.egress = &Egress{Registry: reg, Denials: den}
+	if r.d.egressHook != nil {
+		r.d.egressHook(r.egress)
+	}
 	r.parts.Go("egress resolver (udp)", func(ctx context.Context) error { return res.ServeUDP(ctx, pc) })
 	r.parts.Go("egress resolver (tcp)", func(ctx context.Context) error { return res.ServeTCP(ctx, dnsLn) })
 	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
