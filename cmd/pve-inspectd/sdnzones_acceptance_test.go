@@ -152,7 +152,7 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 	cfg := writeAccConfig(t, b, fmt.Sprintf("sdn_config = %q", sdn))
 	a := &accBed{b: b, cfg: cfg}
 	top := t // listeners opened in subtests live until the whole test ends
-	a.startDaemon(t, ctx)
+	d := a.startDaemon(t, ctx)
 
 	// expect checks every ordered pair of guests: reach lists the pairs
 	// that connect, every other pair must time out (a refusal would mean
@@ -176,6 +176,20 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 	}
 	sameZone := map[[2]string]bool{{"abc123v0", "abc123v1"}: true, {"abc123v1", "abc123v0"}: true}
 	expect("running", sameZone)
+	if t.Failed() { // say what the guards held when it failed
+		m, _ := scrape(b)
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, "pve_inspect_guard_bridge_unmapped_ports") || strings.HasPrefix(l, "pve_inspect_sdn_zones") {
+				t.Log(l)
+			}
+		}
+		l2, _ := a.nodeNFT(ctx, "list", "table", "bridge", "pve-inspect")
+		zp, _ := a.nodeNFT(ctx, "list", "set", "inet", "pve-inspect", "zone_peers")
+		t.Logf("zone_peers:\n%s\nlayer-2 table:\n%s", zp, l2)
+		for _, l := range d.logLines("portmap") {
+			t.Log(l)
+		}
+	}
 
 	t.Run("vnet added to the file later joins its zone", func(t *testing.T) {
 		if err := b.AddZone(ctx, testvm.Zone{ID: "abc123b", VNets: []testvm.VNet{pluginVNet("abc123v2", 3)}}); err != nil {
