@@ -412,6 +412,7 @@ func sweepBed(ctx context.Context, name, dir string) error {
 		_ = run(ctx, "ip", "link", "del", l)
 	}
 	if dir != "" {
+		freeLoops(ctx, dir)
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}

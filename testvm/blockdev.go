@@ -136,3 +136,21 @@ func (b *Bed) detachAllBlocks(ctx context.Context, vmid int) {
 		_ = b.DetachBlock(ctx, vmid, e.Name())
 	}
 }
+
+// freeLoops detaches every loop device whose backing file lies under dir
+// (images of a bed torn down with block devices still attached, even when
+// the image was deleted meanwhile).
+func freeLoops(ctx context.Context, dir string) {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		backing := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if strings.HasPrefix(backing, filepath.Clean(dir)+"/") {
+			dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+			_ = run(ctx, "losetup", "-d", dev)
+		}
+	}
+}

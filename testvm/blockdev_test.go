@@ -72,4 +72,23 @@ func TestAttachBlock(t *testing.T) {
 	if out, _ := exec.Command("losetup", "-j", img).Output(); len(out) != 0 {
 		t.Errorf("loop device left after StopGuest: %s", out)
 	}
+	// Closing the bed frees a device whose guest was never stopped and
+	// whose image (inside the bed's directory) is gone.
+	bimg := filepath.Join(b.Dir(), "img2.raw")
+	if err := os.WriteFile(bimg, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gb, _ := b.Guest(102)
+	if err := b.AttachBlock(ctx, gb.VMID, bimg, "sdd", "y"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(bimg); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := exec.Command("losetup", "-a").Output(); bytes.Contains(out, []byte(b.Dir())) {
+		t.Errorf("loop device left after Close: %s", out)
+	}
 }

@@ -195,7 +195,8 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		return nil, fmt.Errorf("testvm: guest %d: start: %w", s.VMID, err)
 	}
 	g.cmd = cmd
-	go func() { _ = cmd.Wait(); close(g.done) }()
+	done := g.done // the error path below may set g to nil before Wait returns
+	go func() { _ = cmd.Wait(); close(done) }()
 	if err := b.waitGuest(ctx, g, filepath.Join(gdir, "console.log")); err != nil {
 		return nil, err
 	}

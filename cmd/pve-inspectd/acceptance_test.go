@@ -67,9 +67,9 @@ func upAccBed(t *testing.T, ctx context.Context) *accBed {
 }
 
 // writeAccConfig writes the daemon's configuration for a bed: every path
-// in a fresh directory, the bed's node root (VM configs and leases: the
-// layer-2 guard's port map), metrics on every node address, guard holding
-// the extra [guard] lines.
+// in a fresh directory, metrics on every node address, guard holding the
+// extra [guard] lines; the layer-2 guard maps guest ports from the bed's
+// node root (VM configs and leases in Proxmox's layout).
 func writeAccConfig(t *testing.T, b *testvm.Bed, guard string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -103,21 +103,6 @@ state_file = %q
 type daemonProc struct {
 	cmd  *exec.Cmd
 	done chan error
-	mu   sync.Mutex // guards log
-	log  []string   // its stderr lines, for failure reports
-}
-
-// logLines returns the daemon's log lines that contain sub.
-func (d *daemonProc) logLines(sub string) []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []string
-	for _, l := range d.log {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return out
 }
 
 // startDaemon runs the daemon and returns once it logged "ready".
@@ -138,9 +123,6 @@ func (a *accBed) startDaemon(t *testing.T, ctx context.Context) *daemonProc {
 		sc := bufio.NewScanner(stderr)
 		said := false
 		for sc.Scan() {
-			d.mu.Lock()
-			d.log = append(d.log, sc.Text())
-			d.mu.Unlock()
 			if !said && strings.Contains(sc.Text(), "msg=ready") {
 				said = true
 				ready <- true

@@ -14,9 +14,10 @@ import (
 // apiConfig turns the sandbox API on against the node's own Proxmox API
 // (pveproxy at 127.0.0.1:8006): when the node is halted, pveproxy is masked
 // and nothing listens there.
-const apiConfig = `[api]
-enabled = true
+const apiConfig = `[guard]
 mgmt_rules = false
+[api]
+enabled = true
 [api.proxmox]
 url = "https://127.0.0.1:8006/api2/json"
 secret_file = "/etc/pve-inspectd/pve-token"

@@ -985,7 +985,7 @@ func TestSocketGroup(t *testing.T) {
 	b.requireGuardInForce()
 	b.sh("groupadd sbxusers && useradd -M -G sbxusers alice && useradd -M bob && " +
 		"echo 00000000-0000-0000-0000-000000000000 > /etc/pve-inspectd/pve-token && chmod 600 /etc/pve-inspectd/pve-token")
-	cfg := "[api]\nenabled = true\nsocket_group = \"sbxusers\"\nmgmt_rules = false\n[api.proxmox]\nca_file = \"\"\n"
+	cfg := "[guard]\nmgmt_rules = false\n[api]\nenabled = true\nsocket_group = \"sbxusers\"\n[api.proxmox]\nca_file = \"\"\n"
 	if err := b.WriteFile(b.ctx, "/etc/pve-inspectd/config.toml", []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

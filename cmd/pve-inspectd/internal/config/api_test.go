@@ -18,6 +18,8 @@ socket_mode = "0660"
 default_ttl = "30m"
 reaper_interval = "5s"
 templates = { debian = 9000 }
+disk_transfer_storage = "local"
+disk_transfer_threshold = 67108864
 [api.caps]
 node_vms = 10
 [api.proxmox]
@@ -26,7 +28,8 @@ token_id = "pve-inspect@pve!daemon"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" {
+	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
+		c.API.DiskTransferStorage != "local" || c.API.DiskTransferThreshold != 64<<20 {
 		t.Errorf("parsed %+v", c.API)
 	}
 	bad := []struct{ doc, key string }{
@@ -51,6 +54,9 @@ token_id = "pve-inspect@pve!daemon"
 		{`[api]` + "\n" + `enabled = true` + "\n" + `[api.proxmox]` + "\n" + `token_id = "root@pam"`, "api.proxmox.token_id"},
 		{`[api]` + "\n" + `templates = { "bad name" = 9000 }`, "api.templates.bad name"},
 		{`[api]` + "\n" + `bogus = 1`, "api.bogus"},
+		{`[api]` + "\n" + `disk_transfer_storage = "Local Disk"`, "api.disk_transfer_storage"},
+		{`[api]` + "\n" + `disk_transfer_storage = "../x"`, "api.disk_transfer_storage"},
+		{`[api]` + "\n" + `disk_transfer_threshold = 0`, "api.disk_transfer_threshold"},
 	}
 	for _, b := range bad {
 		_, err := Parse("[node]\nid = \"n\"\n" + b.doc)
