@@ -115,6 +115,12 @@ func (f *fakeNode) Run(_ context.Context, c Cmd) (Result, error) {
 			return exit(1, "disabled\n")
 		case line == "systemctl disable --now dnsmasq.service":
 			f.dnsmasqEnabled = false
+		case line == "systemctl enable "+IdentityUnit: // as systemctl does: the wants link
+			p := f.root.Path(identityWants)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return exit(1, err.Error())
+			}
+			_ = os.Symlink(IdentityUnitAt, p)
 		}
 		return ok("")
 	case "pvesh":
@@ -209,10 +215,11 @@ func newTestEngine(t *testing.T, root Root, node Runner, cfg Config) *Engine {
 	return &Engine{
 		Env: &Env{
 			Config: cfg, Root: root, Runner: node,
-			Addrs:   StaticAddr{Interface: "ens5", Prefix: netip.MustParsePrefix("172.31.5.17/20")},
-			Fetcher: staticFetcher{cfg.Proxmox.KeyringURL: testKeyring, cfg.Inspectd.Source: testDeb},
-			Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Random:  bytes.NewReader(bytes.Repeat([]byte{0x5a}, 64)),
+			Addrs:        StaticAddr{Interface: "ens5", Prefix: netip.MustParsePrefix("172.31.5.17/20")},
+			Fetcher:      staticFetcher{cfg.Proxmox.KeyringURL: testKeyring, cfg.Inspectd.Source: testDeb},
+			Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Random:       bytes.NewReader(bytes.Repeat([]byte{0x5a}, 64)),
+			IdentityArgv: []string{"/usr/local/bin/pve-bootstrap", "node", "identity", "--config", "/etc/pve-bootstrap/config.toml"},
 		},
 		Steps:      Recipe(),
 		ResumeArgv: []string{"/usr/local/bin/pve-bootstrap", "node", "apply", "--config", "/etc/pve-bootstrap/config.toml"},

@@ -17,6 +17,9 @@ type Env struct {
 	Log     *slog.Logger
 	// Random is the source of generated secrets (crypto/rand.Reader).
 	Random io.Reader
+	// IdentityArgv runs `pve-bootstrap node identity` with this recipe's
+	// configuration (the identity boot unit's command).
+	IdentityArgv []string
 }
 
 // Step is one unit of the recipe.

@@ -49,6 +49,7 @@ func Recipe() []Step {
 		{ID: "network-bridge", Description: "guest bridge (vmbr0, NAT or bridged as configured)", Check: checkBridge, Apply: applyBridge},
 		{ID: "storage-content", Description: "content types of the local storage", Check: checkStorage, Apply: applyStorage, After: "proxmox-ve"},
 		{ID: "pve-inspectd", Description: "install the pve-inspectd .deb (sha256-verified)", Check: checkInspectd, Apply: applyInspectd},
+		{ID: "identity-unit", Description: "boot unit that gives an instance launched from an image its own identity (" + IdentityUnit + ")", Check: checkIdentityUnit, Apply: applyIdentityUnit},
 		{ID: "secrets", Description: "per-instance secrets: root password (set by hash; kept 0600 in root_password_file), daemon API token", Check: checkSecrets, Apply: applySecrets},
 	}
 }

@@ -254,9 +254,16 @@ WantedBy=multi-user.target
 	if _, err := c.Exec(ctx, "sh", "-c", "mkdir -p /var/lib/cloud/data && echo i-0new0000000000001 > /var/lib/cloud/data/instance-id && echo ip-192-0-2-10 > /etc/hostname"); err != nil {
 		t.Fatal(err)
 	}
-	out, err = c.Exec(ctx, "pve-bootstrap", "node", "identity")
-	if err != nil || !strings.Contains(string(out), "instance i-0new0000000000001: new identity made") {
-		t.Fatalf("identity on a new instance: %v\n%s", err, out)
+	// The recipe's boot unit does it, as at the first boot of an instance
+	// launched from an image of this node.
+	if out, err := c.Exec(ctx, "systemctl", "is-enabled", provision.IdentityUnit); err != nil || strings.TrimSpace(string(out)) != "enabled" {
+		t.Errorf("%s not enabled: %v %s", provision.IdentityUnit, err, out)
+	}
+	if out, err := c.Exec(ctx, "systemctl", "start", provision.IdentityUnit); err != nil {
+		t.Fatalf("identity unit on a new instance: %v\n%s", err, out)
+	}
+	if out, _ := c.Exec(ctx, "journalctl", "-u", provision.IdentityUnit, "--no-pager"); !strings.Contains(string(out), "instance i-0new0000000000001: new identity made") {
+		t.Errorf("identity unit's journal:\n%s", out)
 	}
 	if pw2, _ := c.ReadFile(ctx, provision.DefaultRootPasswordFile); string(pw2) == string(pw1) {
 		t.Error("root password not regenerated on the new instance")

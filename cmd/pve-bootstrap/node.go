@@ -142,6 +142,7 @@ func (d *deps) engine(f *nodeFlags) (*provision.Engine, error) {
 		Env: &provision.Env{
 			Config: cfg, Root: root, Runner: d.runner, Addrs: d.addrs, Fetcher: d.fetcher(root),
 			Log: d.logger("provision"), Random: d.random,
+			IdentityArgv: append([]string{self, "node", "identity", "--config", cfgPath}, resume[5:]...),
 		},
 		Steps:      provision.Recipe(),
 		ResumeArgv: resume,

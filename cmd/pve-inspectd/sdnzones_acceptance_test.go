@@ -194,6 +194,17 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 	}
 	sameZone := map[[2]string]bool{{"abc123v0", "abc123v1"}: true, {"abc123v1", "abc123v0"}: true}
 	expect("running", sameZone)
+	if t.Failed() { // say what the guards held when it failed
+		m, _ := scrape(b)
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, "pve_inspect_guard_bridge_unmapped_ports") || strings.HasPrefix(l, "pve_inspect_sdn_zones") {
+				t.Log(l)
+			}
+		}
+		l2, _ := a.nodeNFT(ctx, "list", "table", "bridge", "pve-inspect")
+		zp, _ := a.nodeNFT(ctx, "list", "set", "inet", "pve-inspect", "zone_peers")
+		t.Logf("zone_peers:\n%s\nlayer-2 table:\n%s", zp, l2)
+	}
 
 	t.Run("vnet added to the file later joins its zone", func(t *testing.T) {
 		if err := b.AddZone(ctx, testvm.Zone{ID: "abc123b", VNets: []testvm.VNet{pluginVNet("abc123v2", 3)}}); err != nil {

@@ -48,23 +48,27 @@ func (a *Agent) fastPlan(req *ExecRequest) (int64, bool) {
 // shell's own setup); any other status is passed on as an exit code.
 const reraised = "129|130|137|141|142|143"
 
+// toolPath is where the wrapper finds its own tools (mkdir, rm, head).
+const toolPath = "/usr/sbin:/usr/bin:/sbin:/bin"
+
 // fastWrapper renders the collected-path wrapper.
 func fastWrapper(r *ExecRequest, dir, outPath, errPath string, limit int64) *script {
 	s := &script{}
 	d, o, e := s.param(dir), s.param(outPath), s.param(errPath)
-	// The wrapper's own tools come from the default PATH (command -p), so
-	// a guest's /usr/local/bin cannot stand in for them.
-	s.add(`[ -d %s ] || command -p mkdir -p -m 0700 -- %s || exit %d`, d, d, ExitSetupFailed)
+	// The wrapper's own tools run in a subshell whose PATH is the system
+	// directories only, so a guest's /usr/local/bin cannot stand in for
+	// them (dash's `command -p` searches /usr/local/bin first).
+	s.add(`[ -d %s ] || (PATH=%s; exec mkdir -p -m 0700 -- %s) || exit %d`, d, toolPath, d, ExitSetupFailed)
 	// Write ends for the command, read ends (own offsets) for the shell;
 	// the names go before the command runs.
 	s.add(`exec 3>%s 4>%s 5<%s 6<%s || exit %d`, o, e, o, e, ExitSetupFailed)
-	s.add(`command -p rm -f -- %s %s`, o, e)
+	s.add(`(PATH=%s; exec rm -f -- %s %s)`, toolPath, o, e)
 	runas, argv := commandSetup(s, r)
 	s.add(`setsid -- %s%s >&3 2>&4 3>&- 4>&- 5<&- 6<&- </dev/null`, runas, argv)
 	s.add(`rc=$?`)
 	s.add(`exec 3>&- 4>&-`)
-	s.add(`[ -s /proc/self/fd/5 ] && command -p head -c %d <&5`, limit+1)
-	s.add(`[ -s /proc/self/fd/6 ] && command -p head -c %d <&6 >&2`, limit+1)
+	s.add(`[ -s /proc/self/fd/5 ] && (PATH=%s; exec head -c %d) <&5`, toolPath, limit+1)
+	s.add(`[ -s /proc/self/fd/6 ] && (PATH=%s; exec head -c %d) <&6 >&2`, toolPath, limit+1)
 	s.add(`case $rc in %s) kill -$((rc-128)) $$ ;; esac`, reraised)
 	s.add(`exit $rc`)
 	return s

@@ -59,6 +59,11 @@ type APISection struct {
 	// the hardened VM profile's items a clone cannot fix (see
 	// `pve-inspectd template check`).
 	RequireHardenedTemplates bool `toml:"require_hardened_templates"`
+	// MgmtRules and MgmtInterval are the keys' old place, kept so that
+	// existing files still load: when set they override [guard] mgmt_rules
+	// and mgmt_interval (Parse moves them there). Deprecated.
+	MgmtRules    *bool   `toml:"mgmt_rules"`
+	MgmtInterval *string `toml:"mgmt_interval"`
 	// Caps are the resource guard's limits (0: unlimited).
 	Caps APICaps `toml:"caps"`
 	// Proxmox is the API the daemon drives.

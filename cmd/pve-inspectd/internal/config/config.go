@@ -93,6 +93,15 @@ func Parse(doc string) (Config, error) {
 		}
 		return Config{}, fmt.Errorf("parse config: %w", err)
 	}
+	// [api] mgmt_rules and mgmt_interval moved to [guard] (the rules are
+	// part of the guard, with or without the API); old files keep working.
+	if c.API.MgmtRules != nil {
+		c.Guard.MgmtRules = *c.API.MgmtRules
+	}
+	if c.API.MgmtInterval != nil {
+		c.Guard.MgmtInterval = *c.API.MgmtInterval
+	}
+	c.API.MgmtRules, c.API.MgmtInterval = nil, nil
 	return c, c.Validate()
 }
 

@@ -19,6 +19,21 @@ func TestGuardDefaults(t *testing.T) {
 	}
 }
 
+// TestMgmtKeysOldPlace: files written when the management-port keys were
+// in [api] still load, and mean the same.
+func TestMgmtKeysOldPlace(t *testing.T) {
+	c, err := Parse("[api]\nmgmt_rules = false\nmgmt_interval = \"5m\"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Guard.MgmtRules || c.Guard.MgmtEvery() != 5*time.Minute || c.API.MgmtRules != nil {
+		t.Errorf("old keys: guard %v %v, api %v", c.Guard.MgmtRules, c.Guard.MgmtEvery(), c.API.MgmtRules)
+	}
+	if _, err := Parse("[api]\nmgmt_interval = \"soon\"\n"); err == nil || !strings.Contains(err.Error(), "mgmt_interval") {
+		t.Errorf("bad old interval: %v", err)
+	}
+}
+
 func TestGuardSectionParses(t *testing.T) {
 	c, err := Parse(`
 [guard]
