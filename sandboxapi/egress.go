@@ -23,8 +23,11 @@ type EgressDenial struct {
 	Time time.Time `json:"time"`
 	// Reason is name, mode, sni, host, peek or address.
 	Reason string `json:"reason"`
-	Name   string `json:"name,omitempty"`
-	Dest   string `json:"dest,omitempty"`
+	// Name is the refused DNS name, Host or SNI, when there is one.
+	Name string `json:"name,omitempty"`
+	// Dest is the destination: address:port for a refused connection, the
+	// address alone for reason address (a kernel drop, counted per packet).
+	Dest string `json:"dest,omitempty"`
 }
 
 // EgressStatus is a sandbox's policy in force and its recent denials.
