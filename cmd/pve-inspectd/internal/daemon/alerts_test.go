@@ -54,6 +54,7 @@ func scrapeDaemon(t *testing.T) map[string]*dto.MetricFamily {
 	select {
 	case <-ready:
 	case err := <-done:
+		done <- err // for the deferred stop, which waits on done
 		t.Fatalf("daemon ended before ready: %v", err)
 	}
 	resp, err := http.Get("http://" + (<-addr).String() + "/metrics")

@@ -160,6 +160,7 @@ func TestPrometheusSeesLockdownNotProven(t *testing.T) {
 	case a := <-addr:
 		target = a.String()
 	case err := <-done:
+		done <- err // for the cleanup, which waits on done
 		t.Fatalf("daemon ended: %v", err)
 	}
 	prom := startPrometheus(t, target)
