@@ -115,8 +115,10 @@ func TestRealNodeSemantics(t *testing.T) {
 		}},
 		{"ipam: an entry per NIC on a DHCP vnet, subnet delete refused while any remain", func(t *testing.T, e *env) {
 			e.setupZone()
-			e.clone("120") // the template's NIC is on vnet1
-			e.ok("POST", "/nodes/pve/qemu/120/config", url.Values{"net1": {"virtio,bridge=vnet1"}})
+			e.clone("120")                                                                                                   // the template's NIC is on vnet1
+			if st := e.task("POST", "/nodes/pve/qemu/120/config", url.Values{"net1": {"virtio,bridge=vnet1"}}); st != "OK" { // a task: wait for it
+				t.Fatalf("config: %s", st)
+			}
 			got := e.s.IPAMEntries("sbx1")
 			if len(got) != 3 || !strings.HasPrefix(got[0], "10.10.1.0/24 10.10.1.1 gateway") || !strings.HasPrefix(got[1], "10.10.1.0/24 10.10.1.100 ") || !strings.HasPrefix(got[2], "10.10.1.0/24 10.10.1.101 ") {
 				t.Fatalf("ipam %v", got)
