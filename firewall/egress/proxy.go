@@ -75,32 +75,7 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 // Serve accepts redirected connections on ln until ctx is done; it
 // returns after every connection it started has ended.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
-	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	sem := make(chan struct{}, p.cfg.MaxConns)
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("proxy: accept: %w", err)
-		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			_ = c.Close()
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			p.handle(ctx, c)
-		}()
-	}
+	return serveBounded(ctx, ln, p.cfg.MaxConns, "proxy", func(c net.Conn) { p.handle(ctx, c) })
 }
 
 // originalDst returns the destination the guest asked for before the

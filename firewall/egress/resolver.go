@@ -236,33 +236,10 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 
 // ServeTCP answers DNS over TCP on ln until ctx is done.
 func (r *Resolver) ServeTCP(ctx context.Context, ln net.Listener) error {
-	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	sem := make(chan struct{}, maxInFlight)
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("resolver: accept: %w", err)
-		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			_ = c.Close()
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			defer c.Close()
-			r.serveConn(ctx, c)
-		}()
-	}
+	return serveBounded(ctx, ln, maxInFlight, "resolver", func(c net.Conn) {
+		defer c.Close()
+		r.serveConn(ctx, c)
+	})
 }
 
 func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
