@@ -213,6 +213,9 @@ func leaseRow(l Lease, f probe.Facts) Row {
 
 // observe classifies one probe result for a check and says why.
 func observe(c Check, r probe.Result) (Verdict, string) {
+	if c.Target.Kind == probe.KindUDP {
+		return observeUDP(c, r)
+	}
 	timeout := time.Duration(c.Target.TimeoutMS) * time.Millisecond
 	if timeout == 0 {
 		timeout = probe.DefaultTimeout * time.Millisecond
@@ -281,6 +284,8 @@ func describeTarget(t probe.Target) string {
 			q = "A"
 		}
 		return fmt.Sprintf("dns %s %s %s", t.Addr, t.Name, q)
+	case probe.KindUDP:
+		return describeUDP(t)
 	}
 	return fmt.Sprintf("%s %s", t.Kind, t.Addr)
 }

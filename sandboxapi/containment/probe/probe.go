@@ -34,6 +34,7 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 	if facts.DefaultRoute4 != nil {
 		zone = facts.DefaultRoute4.Iface
 	}
+	ctx = p.runCanaries(ctx, req, zone)
 	n := req.Concurrency
 	if n <= 0 {
 		n = defConcurrency
@@ -84,6 +85,8 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 		r = p.http(ctx, t, addr)
 	case KindDNS:
 		r = p.dns(ctx, t, addr)
+	case KindUDP:
+		r = p.udp(ctx, t, addr)
 	default:
 		r = Result{Outcome: OutcomeError, Detail: "unknown kind"}
 	}
