@@ -208,8 +208,9 @@ type Check struct {
 	// reachable: a connection closed before one (a refused name) is
 	// blocked.
 	NeedResponse bool `json:"need_response,omitempty"`
-	// ByCanary (udp) judges the row by its canary alone: reachable when a
-	// closed port on the address came back refused (the UDP controls).
+	// ByCanary (udp) judges the row by closed ports alone: reachable when
+	// the canary or the row's own (closed) port came back refused (the UDP
+	// controls).
 	ByCanary bool `json:"by_canary,omitempty"`
 }
 

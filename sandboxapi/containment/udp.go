@@ -20,10 +20,11 @@ import (
 //   - ICMP host, net or administratively prohibited unreachable: blocked;
 //   - silence: decided by the canary, a datagram the probe sends first (and
 //     resends) to a closed high port on the same address. If the canary came
-//     back as port unreachable (or any datagram to that address did), the
-//     host answers UDP and says when nothing listens, so silence on the row's
-//     port means a silent service took the datagram: reachable. If the canary
-//     was silent too, nothing arrives: blocked.
+//     back as port unreachable, the host answers UDP there and says when
+//     nothing listens, so silence on the row's port means a silent service
+//     took the datagram: reachable (a firewall that passes the canary's
+//     port but drops the row's reads as a leak: the safe error). If the
+//     canary was silent too, nothing arrives: blocked.
 //
 // Two controls keep a probe that cannot read ICMP errors from reading
 // everything as blocked: the canary on the guest's own loopback must come
@@ -33,8 +34,7 @@ import (
 // A host rate-limits its ICMP errors per peer (Linux: a burst of 6, then
 // one a second for IPv4; a fresh IPv6 peer may get none for about a
 // second). So the probe sends every canary first, all at once, resending
-// for the whole timeout, before any row's datagram; and a datagram of any
-// row that comes back counts for its address as the canary would. Still,
+// for the whole timeout, before any row's datagram. Still,
 // a host that answered many datagrams from the same guest within seconds
 // (a second check right after the first) can read as silent: run the
 // check on a fresh VM, as the package doc says, and note that a broad leak
@@ -109,7 +109,9 @@ func addUDP(spec Spec, pol Policy, add func(Check)) error {
 		hosts = append(hosts, host{spec.Gateway6, "gateway v6", true})
 	}
 	for _, a := range spec.HostAddrs {
-		hosts = append(hosts, host{a, "host " + a.String(), false})
+		if !slices.ContainsFunc(hosts, func(h host) bool { return h.a == a }) {
+			hosts = append(hosts, host{a, "host " + a.String(), false})
+		}
 	}
 	for _, h := range hosts {
 		for _, pt := range ports {
@@ -160,13 +162,14 @@ func observeUDP(c Check, r probe.Result) (Verdict, string) {
 	}
 	canaryAnswers := r.Canary == probe.OutcomeRefused || r.Canary == probe.OutcomeReply
 	if c.ByCanary {
-		if canaryAnswers {
-			return Reachable, with("the canary (a closed port) came back: ICMP errors reach the probe")
+		// the row's own port is a closed one too: either refusal will do
+		if canaryAnswers || r.Outcome == probe.OutcomeRefused {
+			return Reachable, with("a closed port came back with ICMP port unreachable: ICMP errors reach the probe")
 		}
 		if r.Canary == "" {
 			return Errored, with("no canary result")
 		}
-		return Blocked, with("the canary (a closed port) got no ICMP port unreachable back")
+		return Blocked, with("no closed port came back with ICMP port unreachable")
 	}
 	switch r.Outcome {
 	case probe.OutcomeReply:

@@ -37,12 +37,16 @@ const (
 const (
 	canaryPortMin = 61000
 	canaryPortMax = 65535
-	// The canary and the target's datagram are resent at these intervals
-	// until something comes back: a host's ICMP rate limit (per peer, for
-	// IPv4 a burst of 6 then one a second; a fresh IPv6 peer can get none
-	// for about a second) must not turn an answer into silence.
-	canaryInterval = 150 * time.Millisecond
-	udpInterval    = 300 * time.Millisecond
+	// The canary and the target's datagram are resent, at first after
+	// these intervals, then after twice as long each time (at most
+	// udpMaxInterval), until something comes back: a host's ICMP rate
+	// limit (per peer, for IPv4 a burst of 6, then one a second; a fresh
+	// IPv6 peer can get none for about a second) must not turn an answer
+	// into silence, and resends to silent addresses must not spend a
+	// router's ICMP budget that another canary needs.
+	canaryInterval = 100 * time.Millisecond
+	udpInterval    = 200 * time.Millisecond
+	udpMaxInterval = 800 * time.Millisecond
 	udpBuf         = 2048
 )
 
@@ -100,18 +104,15 @@ type canaries struct {
 }
 
 // canary is one address's canary. sem (capacity 1) is held by the target
-// that sends it; the others wait for it and read the result. answered
-// records a datagram of another target on the address that came back
-// (refused or a reply): the same proof that the host answers UDP.
+// that sends it; the others wait for it and read the result. (Only the
+// canary's own port speaks for the address: a firewall may pass one port,
+// say DNS, and drop the rest, so another row's answer proves nothing
+// about them.)
 type canary struct {
 	sem    chan struct{}
 	done   bool    // guarded by sem
 	out    Outcome // guarded by sem
 	detail string  // guarded by sem
-
-	mu       sync.Mutex // guards answered and answerBy
-	answered Outcome
-	answerBy string
 }
 
 // runCanaries sends the canary of every udp target's address, all at
@@ -176,24 +177,6 @@ func (p *Prober) udp(ctx context.Context, t Target, addr string) Result {
 	c := canaryOf(ctx, ap.Addr())
 	cout, cdetail := p.canary(ctx, c, ap.Addr(), time.Until(deadline)*2/3)
 	out, detail := p.exchange(ctx, addr, payload, udpInterval)
-	switch out {
-	case OutcomeRefused, OutcomeReply:
-		c.mu.Lock()
-		if c.answered == "" {
-			c.answered, c.answerBy = out, "port "+strconv.Itoa(int(ap.Port()))+": "+detail
-		}
-		c.mu.Unlock()
-	case OutcomeNoReply:
-		if cout == OutcomeNoReply || cout == "" {
-			// the canary was silent (or unknown), but another datagram
-			// to the address came back: the host does answer UDP
-			c.mu.Lock()
-			if c.answered != "" {
-				cout, cdetail = c.answered, cdetail+"; but "+c.answerBy
-			}
-			c.mu.Unlock()
-		}
-	}
 	return Result{Outcome: out, Detail: detail + "; canary " + cdetail, Canary: cout}
 }
 
@@ -249,7 +232,8 @@ func randomPort() (uint16, error) {
 	return canaryPortMin + binary.BigEndian.Uint16(b[:])%(canaryPortMax-canaryPortMin+1), nil
 }
 
-// exchange sends payload to addr every interval until ctx ends and reports
+// exchange sends payload to addr, again after interval, then after twice
+// as long each time (at most udpMaxInterval), until ctx ends, and reports
 // the first thing that comes back: a datagram (reply), an ICMP error
 // (refused, unreachable) or nothing (no_reply).
 func (p *Prober) exchange(ctx context.Context, addr string, payload []byte, interval time.Duration) (Outcome, string) {
@@ -269,6 +253,7 @@ func (p *Prober) exchange(ctx context.Context, addr string, payload []byte, inte
 			return udpError(ctx, err)
 		}
 		next := time.Now().Add(interval)
+		interval = min(2*interval, udpMaxInterval)
 		if next.After(deadline) {
 			next = deadline
 		}
