@@ -213,9 +213,6 @@ func leaseRow(l Lease, f probe.Facts) Row {
 
 // observe classifies one probe result for a check and says why.
 func observe(c Check, r probe.Result) (Verdict, string) {
-	if c.Target.Kind == probe.KindUDP {
-		return observeUDP(c, r)
-	}
 	timeout := time.Duration(c.Target.TimeoutMS) * time.Millisecond
 	if timeout == 0 {
 		timeout = probe.DefaultTimeout * time.Millisecond
@@ -225,6 +222,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 			return s + " (" + r.Detail + ")"
 		}
 		return s
+	}
+	if c.Target.Kind == probe.KindUDP {
+		return observeUDP(c, r, timeout, with)
 	}
 	switch r.Outcome {
 	case probe.OutcomeOpen:

@@ -145,18 +145,9 @@ func addUDP(spec Spec, pol Policy, add func(Check)) error {
 	return nil
 }
 
-// observeUDP judges a udp row by the rule in this file's comment.
-func observeUDP(c Check, r probe.Result) (Verdict, string) {
-	timeout := time.Duration(c.Target.TimeoutMS) * time.Millisecond
-	if timeout == 0 {
-		timeout = probe.DefaultTimeout * time.Millisecond
-	}
-	with := func(s string) string {
-		if r.Detail != "" {
-			return s + " (" + r.Detail + ")"
-		}
-		return s
-	}
+// observeUDP judges a udp row by the rule in this file's comment; with
+// appends the probe's detail, timeout is the row's.
+func observeUDP(c Check, r probe.Result, timeout time.Duration, with func(string) string) (Verdict, string) {
 	if r.Outcome == probe.OutcomeError {
 		return Errored, with("probe could not try")
 	}

@@ -15,9 +15,9 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/internal/nstest"
 )
 
-// serveNTP answers NTP client requests (mode 3) on pc with a server reply
-// (mode 4) and ignores every other datagram, until the test ends.
-func serveNTP(t *testing.T, pc net.PacketConn) {
+// serveUDP answers each datagram on pc with reply(datagram) (nil: no
+// answer) until the test ends.
+func serveUDP(t *testing.T, pc net.PacketConn, reply func([]byte) []byte) {
 	t.Helper()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -29,33 +29,24 @@ func serveNTP(t *testing.T, pc net.PacketConn) {
 			if err != nil {
 				return // closed at cleanup
 			}
-			if n != 48 || buf[0]&0x07 != 3 {
-				continue
+			if out := reply(buf[:n]); out != nil {
+				_, _ = pc.WriteTo(out, from)
 			}
-			reply := make([]byte, 48)
-			reply[0] = 0x24                // version 4, mode 4 (server)
-			copy(reply[24:32], buf[40:48]) // origin = the client's transmit
-			_, _ = pc.WriteTo(reply, from)
 		}
 	}()
 	t.Cleanup(func() { pc.Close(); wg.Wait() })
 }
 
-// serveSilent reads and drops every datagram on pc until the test ends.
-func serveSilent(t *testing.T, pc net.PacketConn) {
-	t.Helper()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		buf := make([]byte, 512)
-		for {
-			if _, _, err := pc.ReadFrom(buf); err != nil {
-				return
-			}
-		}
-	}()
-	t.Cleanup(func() { pc.Close(); wg.Wait() })
+// ntpReply answers an NTP client request (mode 3) with a server reply
+// (mode 4) and nothing else.
+func ntpReply(req []byte) []byte {
+	if len(req) != 48 || req[0]&0x07 != 3 {
+		return nil
+	}
+	reply := make([]byte, 48)
+	reply[0] = 0x24                // version 4, mode 4 (server)
+	copy(reply[24:32], req[40:48]) // origin = the client's transmit
+	return reply
 }
 
 // TestUDPOutcomes aims the probe, from a client namespace, at a server
@@ -84,8 +75,8 @@ func TestUDPOutcomes(t *testing.T) {
 }
 `)
 	nstest.ServeDNS(t, sv.ListenPacket(t, "udp4", "10.98.0.2:53"), nstest.DNSZone{})
-	serveNTP(t, sv.ListenPacket(t, "udp4", "10.98.0.2:123"))
-	serveSilent(t, sv.ListenPacket(t, "udp4", "10.98.0.2:161"))
+	serveUDP(t, sv.ListenPacket(t, "udp4", "10.98.0.2:123"), ntpReply)
+	serveUDP(t, sv.ListenPacket(t, "udp4", "10.98.0.2:161"), func([]byte) []byte { return nil }) // a silent service
 
 	cases := []struct {
 		addr, payload string
