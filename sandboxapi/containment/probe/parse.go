@@ -78,7 +78,12 @@ func validateTarget(t Target) error {
 	if t.Payload != "" && t.Kind != KindUDP {
 		return errors.New("payload: udp targets only")
 	}
+	if !isLayer2(t.Kind) && (t.Nonce != "" || t.SrcAddr != "" || t.SrcMAC != "") {
+		return errors.New("nonce, src_addr and src_mac belong to layer-2 targets only")
+	}
 	switch t.Kind {
+	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
+		return validateLayer2(t, ap.Addr())
 	case KindTCP:
 		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.Name != "" || t.QType != "" || t.Host != "" || t.Resolver != "" {
 			return errors.New("tcp target takes only id, kind, addr, timeout_ms")
@@ -120,7 +125,7 @@ func validateTarget(t Target) error {
 	case KindUDP:
 		return validateUDP(t)
 	default:
-		return fmt.Errorf("kind %q: want tcp, http, https, dns or udp", clip(string(t.Kind), 16))
+		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp or a layer-2 kind", clip(string(t.Kind), 16))
 	}
 	return nil
 }
@@ -196,7 +201,7 @@ func validateResult(r Result) error {
 		return err
 	}
 	switch r.Outcome {
-	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError, OutcomeReply:
+	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError, OutcomeSent, OutcomeReply:
 		if r.HTTPStatus != 0 || r.RCode != "" || r.Answers != 0 {
 			return fmt.Errorf("outcome %s carries response fields", r.Outcome)
 		}

@@ -175,6 +175,8 @@ func FuzzParseReport(f *testing.F) {
 	f.Add([]byte(`{"version":1,"results":[{"id":"u","outcome":"no_reply","canary":"no_reply","elapsed_ms":3}]}`))
 	f.Add([]byte(`{"Version":1,"version":2}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"l","outcome":"sent","detail":"UDP from 02:00:5e:10:00:01 10.10.1.100 to 10.10.1.1:9 on eth0, 3 times","elapsed_ms":41}]}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"l","outcome":"sent","http_status":200,"elapsed_ms":1}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rep, err := ParseReport(data)
 		if err != nil {
@@ -208,6 +210,11 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte(`{"version":1,"targets":[{"id":"d","kind":"dns","addr":"10.0.0.1:53","name":"example.test","qtype":"A","timeout_ms":500}]}`))
 	f.Add([]byte(`{"version":1,"targets":[{"id":"u","kind":"udp","addr":"10.0.0.1:123","payload":"ntp","timeout_ms":500},{"id":"v","kind":"udp","addr":"[fd00::1]:5405"}]}`))
 	f.Add([]byte(`{"version":1,"targets":[{"id":"u","kind":"tcp","addr":"10.0.0.1:53","payload":"dns"}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"l1","kind":"l2-control","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeeff"},` +
+		`{"id":"l2","kind":"l2-spoof-addr","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef0","src_addr":"10.10.1.77"},` +
+		`{"id":"l3","kind":"l2-spoof-mac","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef1","src_mac":"02:00:5e:10:00:01"},` +
+		`{"id":"l4","kind":"l2-garp","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef2"}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"t","kind":"tcp","addr":"10.0.0.1:22","nonce":"00112233445566778899aabbccddeeff"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := ParseRequest(bytes.NewReader(data))
 		if err != nil {
