@@ -47,7 +47,8 @@ func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 }
 
 // newChecker is NewChecker reading the node's addresses, routes and
-// neighbours in the network namespace node (netns.None(): the daemon's own).
+// neighbours, and watching its bridges, in the network namespace node
+// (netns.None(): the daemon's own).
 func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView, node netns.NsHandle) *containcheck.Checker {
 	c := cfg.Check
 	var adapt func(string, containment.Spec, containment.Policy) (containment.Spec, containment.Policy)
@@ -66,10 +67,14 @@ func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 			return spec, containment.WithEgress(p, mode)
 		}
 	}
+	var obsOpts []l2observe.Option
+	if node.IsOpen() {
+		obsOpts = append(obsOpts, l2observe.WithNetNS(node))
+	}
 	return &containcheck.Checker{
 		Sandbox: adapt,
 		Runner: &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency,
-			Observer: l2observe.New()},
+			Observer: l2observe.New(obsOpts...)},
 		// the guard's layer-2 table is always in force: the spoofing rows
 		// are expected blocked
 		GuestPorts: firewall.PortNames,
