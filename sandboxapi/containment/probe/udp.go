@@ -115,6 +115,28 @@ type canary struct {
 	detail string  // guarded by sem
 }
 
+// CanaryPhase is the longest time the canaries of req may take before its
+// targets run (the host adds it to the time it allows the probe).
+func CanaryPhase(req *Request) time.Duration {
+	addrs := map[string]bool{}
+	longest := time.Duration(0)
+	for _, t := range req.Targets {
+		if t.Kind != KindUDP {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(t.Addr); err == nil {
+			addrs[ap.Addr().String()] = true
+		}
+		d := time.Duration(t.TimeoutMS) * time.Millisecond
+		if d <= 0 {
+			d = DefaultTimeout * time.Millisecond
+		}
+		longest = max(longest, d)
+	}
+	batches := (len(addrs) + maxConcurrency - 1) / maxConcurrency
+	return time.Duration(batches) * longest
+}
+
 // runCanaries sends the canary of every udp target's address, all at
 // once and before any target runs (so the targets' own datagrams cannot
 // spend a host's ICMP rate limit first), each for up to the longest udp

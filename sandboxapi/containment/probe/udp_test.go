@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
 
@@ -205,5 +206,26 @@ func TestParseReportCanary(t *testing.T) {
 		if (err == nil) != c.ok {
 			t.Errorf("%s: %v, want ok=%v", c.json, err, c.ok)
 		}
+	}
+}
+
+func TestCanaryPhase(t *testing.T) {
+	req := &Request{Version: Version, Targets: []Target{
+		{ID: "a", Kind: KindTCP, Addr: "10.0.0.1:22", TimeoutMS: 9000},
+		{ID: "b", Kind: KindUDP, Addr: "10.0.0.1:53", TimeoutMS: 2000},
+		{ID: "c", Kind: KindUDP, Addr: "10.0.0.1:123", TimeoutMS: 2500},
+	}}
+	if got := CanaryPhase(req); got != 2500*time.Millisecond {
+		t.Errorf("one address: %v, want the longest udp timeout", got)
+	}
+	req.Targets = req.Targets[:1]
+	if got := CanaryPhase(req); got != 0 {
+		t.Errorf("no udp: %v", got)
+	}
+	for i := range maxConcurrency + 1 {
+		req.Targets = append(req.Targets, Target{ID: "u" + strconv.Itoa(i), Kind: KindUDP, Addr: "10.1.0." + strconv.Itoa(i+1) + ":53"})
+	}
+	if got := CanaryPhase(req); got != 2*DefaultTimeout*time.Millisecond {
+		t.Errorf("%d addresses: %v, want two rounds of the default timeout", maxConcurrency+1, got)
 	}
 }
