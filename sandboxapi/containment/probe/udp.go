@@ -167,6 +167,7 @@ func (p *Prober) runCanaries(ctx context.Context, req *Request, zone string) con
 	sem := make(chan struct{}, maxConcurrency)
 	var wg sync.WaitGroup
 	for _, a := range addrs {
+		c := cs.byAddr[a]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -176,7 +177,7 @@ func (p *Prober) runCanaries(ctx context.Context, req *Request, zone string) con
 				return
 			}
 			defer func() { <-sem }()
-			p.canary(ctx, cs.byAddr[a], a, budget)
+			p.canary(ctx, c, a, budget)
 		}()
 	}
 	wg.Wait()
