@@ -184,7 +184,7 @@ func rowsWith(rep sandboxapi.CheckReport, parts ...string) []sandboxapi.CheckRow
 //     neighbour on the management network, each private block, every node
 //     address (TCP and UDP), the other sandbox's guest (TCP and UDP).
 func TestBedCheckDefaultConfig(t *testing.T) {
-	newNS(t) // root, or skip (a failure under CI)
+	needRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cb := upCheckBed(t, ctx)
