@@ -18,7 +18,7 @@ func TestWithEgress(t *testing.T) {
 		// the resolver, public HTTP and HTTPS, the UDP self-check and public canary
 		{"open", Reachable, Reachable, 5},
 		{"", Reachable, Reachable, 5},
-		{"allowlist", Blocked, Blocked, 1}, // the UDP self-check
+		{"allowlist", Blocked, Blocked, 1}, // the UDP self-check (no public canary under an egress policy)
 		{"none", Blocked, Blocked, 1},
 	} {
 		p := WithEgress(GuardPolicy(), tc.mode)

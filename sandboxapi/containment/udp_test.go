@@ -101,3 +101,27 @@ func TestUDPRows(t *testing.T) {
 		t.Errorf("%d LAN UDP rows for one address on two TCP ports, want %d", lanRows, len(DefaultPeerUDPPorts()))
 	}
 }
+
+// TestUDPRowsUnderEgress: an egress policy redirects guest DNS to the
+// node's resolver, so no udp 53 row is planned, nor the public canary.
+func TestUDPRowsUnderEgress(t *testing.T) {
+	for _, mode := range []string{"allowlist", "none"} {
+		p, err := NewPlan(goldenSpec(), WithEgress(GuardPolicy(), mode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		udp := 0
+		for _, c := range p.Checks {
+			if c.Target.Kind != probe.KindUDP {
+				continue
+			}
+			udp++
+			if strings.HasSuffix(c.Target.Addr, ":53") || c.Group == GroupInternet {
+				t.Errorf("%s: row %q", mode, c.Name)
+			}
+		}
+		if udp == 0 {
+			t.Errorf("%s: no UDP rows at all", mode)
+		}
+	}
+}
