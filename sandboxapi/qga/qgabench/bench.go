@@ -12,7 +12,7 @@
 // For exec it compares the round trip of `true` through Exec with RawExec
 // at 1 ms: a bare guest-exec of /bin/true plus guest-exec-status every
 // millisecond on one connection (raw; the API section of the bench uses the
-// same loop as its baseline), medians of alternating rounds (ExecTrue), and
+// same loop as its baseline), medians of alternating rounds (execTrue), and
 // with status polled once a second (reference shape).
 //
 // It is meant for `make bench` against a test-bed guest; it talks to a real
@@ -119,7 +119,7 @@ func Run(ctx context.Context, w io.Writer, socket string, sizes []int64) error {
 		}
 		row(tw, "read", size, ours, raw, ref)
 	}
-	ours, raw, err := ExecTrue(ctx, a, ExecRounds)
+	ours, raw, err := execTrue(ctx, a, execRounds)
 	if err != nil {
 		return err
 	}
@@ -139,17 +139,17 @@ func Run(ctx context.Context, w io.Writer, socket string, sizes []int64) error {
 	}
 	_, err = fmt.Fprintf(w, "ratios: throughput ours/baseline; for exec, baseline time/ours (above 1 = ours faster)\n"+
 		"exec true, p50 of %d alternating rounds: ours %.2f ms, raw loop %.2f ms: ours/raw %.2fx (issue 18 goal: at most 1.30x)\n",
-		ExecRounds, ms(ours), ms(raw), float64(ours)/float64(raw))
+		execRounds, ms(ours), ms(raw), float64(ours)/float64(raw))
 	return err
 }
 
-// ExecRounds is how many exec round trips each side of ExecTrue runs.
-const ExecRounds = 40
+// execRounds is how many exec round trips each side of execTrue runs.
+const execRounds = 40
 
-// ExecTrue runs `true` through a.Exec and through RawExec (1 ms polls)
+// execTrue runs `true` through a.Exec and through RawExec (1 ms polls)
 // rounds times each, alternating which goes first, and returns the two
 // medians.
-func ExecTrue(ctx context.Context, a *qga.Agent, rounds int) (ours, raw time.Duration, err error) {
+func execTrue(ctx context.Context, a *qga.Agent, rounds int) (ours, raw time.Duration, err error) {
 	var o, r []time.Duration
 	runOurs := func() error {
 		d, err := timed(func() error {
