@@ -112,7 +112,7 @@ func TestUploadOutcomes(t *testing.T) {
 		{"attach refused", fakePx{failAttach: errors.New("hotplug problem")}, nil, nil, data, nil, "alloc,attach scsi2,free"},
 		{"detach fails once", fakePx{failDetach: 1}, &sandboxapi.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach"},
 		{"detach keeps failing", fakePx{failDetach: 99}, &sandboxapi.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach,detach,free"},
-		{"short body", fakePx{}, nil, nil, data[:3], nil, "alloc,free"},
+		{"short body", fakePx{}, nil, nil, data[:3], nil, "alloc,attach scsi2,detach"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
