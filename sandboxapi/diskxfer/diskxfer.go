@@ -143,25 +143,51 @@ esac
 blocks=$((($2 + 4194303) / 4194304))
 `
 
-// uploadScript: $1 serial, $2 size, $3 destination, $4 expected sha256,
-// $5 mode (octal). Copies the first $2 bytes of the disk to a temp file
-// beside the destination in one pass (4 MiB direct reads, so the disk's
-// blocks do not go through the guest's page cache, then tee and hash),
-// checks the file's size and the stream's sha256 and renames it. A device
-// that refuses O_DIRECT is read buffered after its cached blocks are
-// dropped (udev read some while the image was still zeros).
-const uploadScript = findDisk + `d=$(dirname -- "$3")
+// uploadScript: $1 serial, $2 size, $3 destination, $4 mode (octal).
+// It runs while the node writes the image and follows the node's progress
+// record (progress.go) in the 4 KiB after the data blocks: it copies each
+// block once the record counts it, in one pass (4 MiB direct reads, so the
+// disk's blocks do not go through the guest's page cache, then tee and
+// hash) into a temp file beside the destination, until the record says
+// done and carries the node's sha256. It then checks the file's size and
+// the stream's sha256 against the node's and renames the file. A device
+// that refuses O_DIRECT is read buffered, its cached blocks dropped
+// before every read of the record.
+const uploadScript = findDisk + `serial=$1
+d=$(dirname -- "$3")
 mkdir -p -- "$d" 2>/dev/null
 tmp="$d/.pve-inspect-xfer-$1"
 trap 'rm -f -- "$tmp"' EXIT
 in="iflag=direct"
-dd if="$dev" of=/dev/null bs=4M count=1 $in status=none 2>/dev/null || { in=""; blockdev --flushbufs "$dev" 2>/dev/null; }
-sum=$(dd if="$dev" bs=4M count="$blocks" $in status=none | head -c "$2" | tee -- "$tmp" | $H) || exit 91
+dd if="$dev" of=/dev/null bs=4096 count=1 $in status=none 2>/dev/null || in=""
+rec=$((blocks * 1024))
+progress() {
+  [ -n "$in" ] || blockdev --flushbufs "$dev" 2>/dev/null
+  set -- $(dd if="$dev" bs=4096 skip="$rec" count=1 $in status=none | tr -d '\000' | head -n 1)
+  pn=0 st=w want=
+  [ "$1 $2" = "pvei $serial" ] && [ "$3" = "$4" ] || return 0
+  case $3 in ''|*[!0-9]*) return 0 ;; esac
+  pn=$3 st=$5 want=$6
+}
+sum=$(got=0; while :; do
+  progress
+  [ "$st" = x ] && exit 1
+  if [ "$pn" -gt "$got" ]; then
+    dd if="$dev" bs=4M skip="$got" count=$((pn - got)) $in status=none || exit 1
+    got=$pn
+  elif [ "$st" = d ]; then
+    break
+  else
+    sleep 0.05
+  fi
+done | head -c "$2" | tee -- "$tmp" | $H) || exit 91
+progress
+[ "$st" = d ] || { echo "pve-inspect: the node did not finish the transfer image" >&2; exit 91; }
 n=$(stat -c %s -- "$tmp" 2>/dev/null) || n=-1
 [ "$n" = "$2" ] || { echo "pve-inspect: copying to $3 stopped after $n of $2 bytes (file system full?)" >&2; exit 91; }
 sum=${sum%% *}
-[ "$sum" = "$4" ] || { echo "pve-inspect: checksum mismatch in the guest: $sum" >&2; exit 92; }
-chmod "$5" -- "$tmp" && mv -f -- "$tmp" "$3" || exit 91
+[ "$sum" = "$want" ] || { echo "pve-inspect: checksum mismatch in the guest: $sum" >&2; exit 92; }
+chmod "$4" -- "$tmp" && mv -f -- "$tmp" "$3" || exit 91
 trap - EXIT
 echo "$sum"
 `
@@ -240,7 +266,7 @@ func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volu
 		return nil, errors.New("disk transfer: no free scsi slot on the VM")
 	}
 	name := fmt.Sprintf("vm-%d-pvei-%s.raw", vmid, tag)
-	if v.volid, err = t.px.AllocVolume(ctx, t.o.Storage, vmid, name, imageSize(size)); err != nil {
+	if v.volid, err = t.px.AllocVolume(ctx, t.o.Storage, vmid, name, imageSize(size)+blockSize); err != nil {
 		return nil, fmt.Errorf("disk transfer: %w", err)
 	}
 	if v.path, err = t.px.VolumePath(ctx, v.volid); err != nil {
@@ -300,12 +326,14 @@ func (t *Transfer) attach(ctx context.Context, v *volume, ph *phases) error {
 }
 
 // run runs one guest script on the attached image.
-func (t *Transfer) run(ctx context.Context, v *volume, g sandboxapi.Guest, ph *phases, script string, args ...string) (string, error) {
+func (t *Transfer) run(ctx context.Context, v *volume, g sandboxapi.Guest, script string, args ...string) (string, error) {
 	argv := append([]string{"/bin/sh", "-c", script, "pve-inspect-xfer"}, args...)
 	res, err := g.Exec(ctx, sandboxapi.GuestExec{Argv: argv, Timeout: int64(t.o.Timeout / time.Second), OutputLimit: 4096})
-	ph.mark("guest")
 	if err != nil {
 		return "", fmt.Errorf("disk transfer: guest copy: %w", err)
+	}
+	if res == nil {
+		return "", fmt.Errorf("disk transfer: %w: the guest's copy returned no result", sandboxapi.ErrGuestProtocol)
 	}
 	msg := strings.TrimSpace(clip(res.Stderr))
 	switch {
@@ -376,19 +404,19 @@ func (t *Transfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, p s
 		ph.log(err)
 	}()
 	// The image is plugged while still zeros (the guest's udev probes
-	// nothing of the file), then written: the guest reads it with
-	// O_DIRECT, which sees what the node wrote after the plug.
+	// nothing of the file), then written while the guest copies it.
 	if err := t.attach(ctx, v, ph); err != nil {
 		return err
 	}
-	want, err := writeImage(v.path, r, size)
+	f, err := os.OpenFile(v.path, os.O_WRONLY, 0)
 	if err != nil {
-		return fmt.Errorf("disk transfer: %w", err)
+		return fmt.Errorf("disk transfer: open image: %w", err)
 	}
-	ph.mark("write")
-	got, err := t.run(ctx, v, g, ph, uploadScript, v.serial, strconv.FormatInt(size, 10), p, want, strconv.FormatUint(uint64(mode.Perm()), 8))
+	defer f.Close()
+	got, want, err := t.copyUp(ctx, v, g, f, r, size, p, mode, ph)
 	if err != nil {
-		// A copy killed by its timeout had no chance to remove its temp file.
+		// A copy killed by its timeout or cancelled had no chance to
+		// remove its temp file.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		tmp := path.Join(path.Dir(p), ".pve-inspect-xfer-"+v.serial)
@@ -401,6 +429,59 @@ func (t *Transfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, p s
 		return &ChecksumError{Node: want, Guest: got}
 	}
 	return nil
+}
+
+// errGuestEnded stops the node's writing when the guest's copy ended first.
+var errGuestEnded = errors.New("the guest's copy ended before the image was written")
+
+// copyUp writes the image while the guest copies it (uploadScript) and
+// returns the guest's and the node's sha256. The guest's copy runs in its
+// own goroutine, which copyUp always waits for: a failed write records x
+// and cancels the copy; a copy that ends early stops the write.
+func (t *Transfer) copyUp(ctx context.Context, v *volume, g sandboxapi.Guest, f *os.File, r io.Reader, size int64, p string, mode os.FileMode, ph *phases) (got, want string, err error) {
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		sum string
+		err error
+	}
+	res := make(chan result, 1)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		sum, err := t.run(ectx, v, g, uploadScript, v.serial, strconv.FormatInt(size, 10), p, strconv.FormatUint(uint64(mode.Perm()), 8))
+		res <- result{sum, err}
+	}()
+	want, err = writeImage(f, r, size, func(blocks int64) error {
+		select {
+		case <-ended:
+			return errGuestEnded
+		default:
+		}
+		return writeRecord(f, size, v.serial, blocks, 'w', "")
+	})
+	if err == nil {
+		err = writeRecord(f, size, v.serial, (size+blockSize-1)/blockSize, 'd', want)
+	}
+	ph.mark("write")
+	if err != nil && !errors.Is(err, errGuestEnded) {
+		if rerr := writeRecord(f, size, v.serial, 0, 'x', ""); rerr != nil {
+			t.o.Logger.Warn("disk transfer: record the failure for the guest", "err", rerr)
+		}
+		cancel()
+		<-res
+		ph.mark("guest")
+		return "", "", fmt.Errorf("disk transfer: %w", err)
+	}
+	gr := <-res
+	ph.mark("guest")
+	switch {
+	case gr.err != nil:
+		return "", "", gr.err
+	case err != nil:
+		return "", "", fmt.Errorf("disk transfer: %w: %w", sandboxapi.ErrGuestProtocol, err)
+	}
+	return gr.sum, want, nil
 }
 
 // Download copies the first size bytes of the guest file p to w: the
@@ -426,7 +507,8 @@ func (t *Transfer) Download(ctx context.Context, vmid int, g sandboxapi.Guest, p
 	if err := t.attach(ctx, v, ph); err != nil {
 		return 0, err
 	}
-	got, err := t.run(ctx, v, g, ph, downloadScript, v.serial, strconv.FormatInt(size, 10), p)
+	got, err := t.run(ctx, v, g, downloadScript, v.serial, strconv.FormatInt(size, 10), p)
+	ph.mark("guest")
 	if err != nil {
 		return 0, err
 	}

@@ -52,18 +52,10 @@ func (hs *hasher) sum() string {
 // errLong: the body has more bytes than announced.
 var errLong = errors.New("more bytes than announced")
 
-// writeImage writes exactly size bytes of r to the start of the image at
-// p and returns their sha256.
-func writeImage(p string, r io.Reader, size int64) (sum string, err error) {
-	f, err := os.OpenFile(p, os.O_WRONLY, 0)
-	if err != nil {
-		return "", fmt.Errorf("open image: %w", err)
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("close image: %w", cerr)
-		}
-	}()
+// writeImage writes exactly size bytes of r to the start of f and returns
+// their sha256. After each complete block it calls block with the number
+// of complete blocks written so far; an error from it ends the write.
+func writeImage(f *os.File, r io.Reader, size int64, block func(int64) error) (sum string, err error) {
 	hs := newHasher()
 	defer func() {
 		if s := hs.sum(); err == nil {
@@ -82,8 +74,13 @@ func writeImage(p string, r io.Reader, size int64) (sum string, err error) {
 		}
 		if k > 0 {
 			hs.feed(b)
-			if _, err := f.Write(b); err != nil {
+			if _, err := f.WriteAt(b, n-int64(k)); err != nil {
 				return "", fmt.Errorf("write image: %w", err)
+			}
+			if k == blockSize {
+				if err := block(n / blockSize); err != nil {
+					return "", err
+				}
 			}
 		}
 		switch {

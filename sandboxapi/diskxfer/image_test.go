@@ -14,6 +14,21 @@ import (
 	"testing/iotest"
 )
 
+func TestWriteImageStops(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "img")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	stop := errors.New("guest gone")
+	calls := 0
+	_, err = writeImage(f, io.LimitReader(rand.NewChaCha8([32]byte{}), 3*blockSize), 3*blockSize, func(int64) error { calls++; return stop })
+	if !errors.Is(err, stop) || calls != 1 {
+		t.Fatalf("got %v after %d blocks, want the callback's error after the first", err, calls)
+	}
+}
+
 func TestImageSize(t *testing.T) {
 	for _, tt := range []struct{ size, want int64 }{
 		{0, blockSize}, {1, blockSize}, {blockSize, blockSize}, {blockSize + 1, 2 * blockSize}, {1 << 30, 1 << 30},
@@ -59,7 +74,13 @@ func TestWriteAndHashImage(t *testing.T) {
 				t.Fatal(err)
 			}
 			b := data(tt.size)
-			sum, err := writeImage(p, tt.body(b), tt.size)
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			var counted []int64
+			sum, err := writeImage(f, tt.body(b), tt.size, func(n int64) error { counted = append(counted, n); return nil })
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || sum != "" {
 					t.Fatalf("got %q, %v; want an error with %q", sum, err, tt.wantErr)
@@ -70,11 +91,9 @@ func TestWriteAndHashImage(t *testing.T) {
 			if err != nil || sum != hex.EncodeToString(want[:]) {
 				t.Fatalf("got %q, %v", sum, err)
 			}
-			f, err := os.Open(p)
-			if err != nil {
-				t.Fatal(err)
+			if int64(len(counted)) != tt.size/blockSize || (len(counted) > 0 && counted[len(counted)-1] != tt.size/blockSize) {
+				t.Fatalf("complete blocks reported %v for %d bytes", counted, tt.size)
 			}
-			defer f.Close()
 			if got, err := hashImage(f, tt.size); err != nil || got != sum {
 				t.Fatalf("hashImage: %q, %v; want %q", got, err, sum)
 			}

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
@@ -213,6 +214,39 @@ func TestBedDiskTransfer(t *testing.T) {
 		res, _ := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -A /mnt/small | wc -l"}})
 		if res == nil || strings.TrimSpace(string(res.Stdout)) != "0" {
 			t.Errorf("partial file left in the guest: %+v", res)
+		}
+	})
+
+	t.Run("a client that stops sending mid-upload", func(t *testing.T) {
+		// The guest copies while the node writes; a body that breaks off
+		// ends both, and neither an image nor a guest temp file remains.
+		before := diskRequests()
+		body := io.MultiReader(stream(5, 20<<20), iotest.ErrReader(errors.New("client went away")))
+		if err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/cut", body, 60<<20, 0); err == nil {
+			t.Fatal("a broken body was accepted")
+		}
+		// The client's error can come before the server has cleaned up.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -a /root | grep -c -e cut -e pve-inspect-xfer"}})
+			files := 0
+			if err == nil {
+				files, _ = strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+			}
+			var left []string
+			_ = filepath.Walk(images, func(p string, fi os.FileInfo, err error) error {
+				if err == nil && !fi.IsDir() {
+					left = append(left, p)
+				}
+				return nil
+			})
+			if err == nil && files == 0 && len(left) == 0 && diskRequests() > before {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after a broken upload: guest files %d (%v), images %v", files, err, left)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	})
 
