@@ -4,7 +4,9 @@
 // of the node's other sandboxes) around a node-wide part the daemon supplies
 // (host addresses, control ports, metadata, LAN, public targets, and the
 // policy the node's mode promises), runs the probe in the VM through the
-// guest agent and converts the rows.
+// guest agent and converts the rows. With GuestPorts set it also asks for
+// the layer-2 rows on the VM's vnet bridge, leaving the VM's own ports out
+// of the node's watch.
 package containcheck
 
 import (
@@ -40,6 +42,10 @@ type Checker struct {
 	LocalName func(zone string) string
 	// OtherZonePort is probed on other sandboxes' guests (22).
 	OtherZonePort uint16
+	// GuestPorts, when set, adds the layer-2 spoofing rows (the Runner
+	// needs an Observer): it names the node's bridge ports of NIC netN of
+	// a VM (firewall.PortNames), which the node's watch leaves out.
+	GuestPorts func(vmid, nic int) []string
 }
 
 var _ sandboxapi.Checker = (*Checker)(nil)
@@ -88,6 +94,9 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: subnet: %w", err)
 	}
 	spec.LocalName = c.LocalName(t.Sandbox.Zone)
+	if c.GuestPorts != nil {
+		spec.Layer2 = c.layer2(ctx, t, nw, spec.Subnet)
+	}
 	port := c.OtherZonePort
 	if port == 0 {
 		port = 22
@@ -134,4 +143,17 @@ func inNetworks(a netip.Addr, nws []sandboxapi.Network) bool {
 		}
 	}
 	return false
+}
+
+// layer2 asks for the layer-2 rows of the VM's first NIC (net0, on nw's
+// vnet bridge). The guest's own address, when it tells one inside the
+// subnet, only keeps the spoofed address apart from it.
+func (c *Checker) layer2(ctx context.Context, t sandboxapi.CheckTarget, nw *sandboxapi.Network, subnet netip.Prefix) *containment.Layer2Spec {
+	l := &containment.Layer2Spec{Bridge: nw.VNet, GuestPorts: c.GuestPorts(t.VM.VMID, 0)}
+	if t.Guest != nil {
+		if a, err := guestAddr(ctx, t.Guest); err == nil && subnet.Contains(a) {
+			l.GuestAddr = a
+		}
+	}
+	return l
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
@@ -55,12 +56,15 @@ func freshName(t *testing.T) string {
 	return "x" + hex.EncodeToString(b[:]) + "." + testvm.InternetName
 }
 
-// TestBedPolicies brings the bed up with two zones and one guest in each
-// and runs the containment check from guest A through the probe, uploaded
-// and run over the real guest agent, three times on the same bed:
+// TestBedPolicies brings the bed up with two zones, guest A and its
+// sibling C in zone A and guest B in zone B, and runs the containment
+// check from guest A through the probe, uploaded and run over the real
+// guest agent, with the node watching zone A's bridge for the layer-2
+// rows, three times on the same bed:
 //
 //   - no guard, OpenPolicy: everything the guard will block is reachable
-//     and every control holds (the bed can see a leak);
+//     and every control holds (the bed can see a leak; the forged frames
+//     reach sibling C's port and the node);
 //   - the real host guard (package firewall) in the node, GuardPolicy;
 //   - the guard with the lockdown switched on, LockdownPolicy.
 func TestBedPolicies(t *testing.T) {
@@ -93,12 +97,22 @@ func TestBedPolicies(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start guest B: %v", err)
 	}
-	r := &Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"} // the guest's own /tmp
+	if _, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 103, VNet: "vneta"}); err != nil {
+		t.Fatalf("start guest C: %v", err)
+	}
+	node, err := netns.GetFromName(b.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	r := &Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp", // the guest's own /tmp
+		Observer: l2observe.New(l2observe.WithNetNS(node))}
 	agent := AgentGuest{Agent: qga.New(qga.Options{}).Agent(ga.Socket)}
 	check := func(pol Policy) *Result {
 		t.Helper()
 		spec := bedSpec(vnetA, gb.IPv4(), vnetB.Gateway)
 		spec.ExternalName = freshName(t)
+		spec.Layer2 = &Layer2Spec{Bridge: vnetA.Name, GuestPorts: firewall.PortNames(101, 0), GuestAddr: ga.IPv4()}
 		plan, err := NewPlan(spec, pol)
 		if err != nil {
 			t.Fatal(err)
@@ -122,17 +136,22 @@ func TestBedPolicies(t *testing.T) {
 	if lease := res.Rows[0]; !strings.Contains(lease.Detail, ga.IPv4().String()) {
 		t.Errorf("lease row %q does not name guest A's DHCP address %s", lease.Detail, ga.IPv4())
 	}
+	layer2 := 0
 	for _, row := range res.Rows {
 		if row.Group == GroupOtherZone && row.Outcome != probe.OutcomeRefused {
 			t.Errorf("other zone: outcome %s (%s), want refused (no listener on guest B)", row.Outcome, row.Detail)
 		}
+		// without the guard every forged frame reaches the sibling and the node
+		if row.Group == GroupLayer2 {
+			layer2++
+			if row.Observed != Reachable || !strings.Contains(row.Detail, "tap103i0") || !strings.Contains(row.Detail, vnetA.Name) {
+				t.Errorf("no guard: %s: %s (%s), want seen on the sibling's port tap103i0 and on %s", row.Name, row.Observed, row.Detail, vnetA.Name)
+			}
+		}
 	}
-
-	node, err := netns.GetFromName(b.NodeNS())
-	if err != nil {
-		t.Fatal(err)
+	if layer2 != 3 {
+		t.Errorf("%d layer-2 rows, want 3", layer2)
 	}
-	defer node.Close()
 	cfg := firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir(),
 		Zones: map[string][]string{"zonea": {vnetA.Name}, "zoneb": {vnetB.Name}}}
 	g, err := firewall.New(cfg, firewall.WithNetNS(node))
@@ -147,7 +166,12 @@ func TestBedPolicies(t *testing.T) {
 	if err := g.Start(ctx); err != nil {
 		t.Fatalf("guard start: %v", err)
 	}
-	check(GuardPolicy())
+	res = check(GuardPolicy())
+	for _, row := range res.Rows {
+		if row.Group == GroupLayer2 && (row.Observed != Blocked || !strings.Contains(row.Detail, "tap103i0")) {
+			t.Errorf("guard: %s: %s (%s), want blocked with the sibling's port tap103i0 watched", row.Name, row.Observed, row.Detail)
+		}
+	}
 
 	if err := g.SetLockdown(ctx, true); err != nil {
 		t.Fatalf("lockdown on: %v", err)

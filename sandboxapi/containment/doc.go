@@ -10,6 +10,18 @@
 // [Evaluate]s it into a [Result]: one [Row] per check with expected and
 // observed verdicts, the observed detail, and PASS, FAIL or UNPROVEN.
 //
+// With [Spec].Layer2 the plan also has the layer-2 rows (layer2.go): the
+// guest, root in its VM, sends forged frames through a raw socket, each
+// carrying a nonce the node chose: a datagram from another address of its
+// subnet (spoofed source address), one from a random locally administered
+// MAC (spoofed MAC), and a gratuitous ARP request and reply claiming the
+// gateway's address. The Runner's [Layer2Observer] (package l2observe)
+// watches the node side of the VM's zone bridge while the probe runs: the
+// bridge device (the node) and every other port (sibling VMs, uplinks). A
+// forged frame seen there is a leak; the layer-2 guard (firewall, the
+// bridge table) must keep all three unseen. Their positive control is a
+// legitimate datagram sent the same raw way, which the node must see.
+//
 // Design decisions:
 //
 //   - A refused connection proves a route exists: it counts as reachable.
@@ -26,6 +38,11 @@
 //   - The probe's output is hostile guest data: size-bounded by the guest
 //     agent client, then bounded again and strictly validated by
 //     probe.ParseReport; every requested id must come back exactly once.
+//   - The layer-2 verdicts come from the node, never from the guest: the
+//     probe only says it sent. A guest that does not send its forgeries
+//     reads as "blocked" only if it still sends the control, which uses
+//     the same raw path; a failed watch (a missing bridge, frames the
+//     kernel dropped from the watch's buffer) is an error, not "unseen".
 //   - The check trusts the guest to run the probe faithfully. Run it on a
 //     VM the agent has not touched yet (right after create); a guest that
 //     already runs hostile code can fake "blocked" but never "reachable".

@@ -37,6 +37,7 @@ const (
 	GroupDNS          Group = "dns"           // recursion through the zone resolver
 	GroupIPv6         Group = "ipv6"          // IPv6 to the internet
 	GroupEgress       Group = "egress"        // the sandbox's egress policy
+	GroupLayer2       Group = "layer2"        // forged frames from the guest (layer2.go)
 )
 
 // Policy says what each category must be. Use GuardPolicy, LockdownPolicy
@@ -55,26 +56,31 @@ type Policy struct {
 	// names, so the zone's local name is expected unresolved and is no
 	// positive control.
 	Egress string
+	// Layer2 is what a forged frame from the guest (spoofed source
+	// address or MAC, gratuitous ARP for the gateway) does: blocked when
+	// the guard's layer-2 table is in force. Checked when Spec.Layer2 asks
+	// for these rows.
+	Layer2 Verdict
 }
 
 // GuardPolicy is the host guard on, lockdown off: the internet (and DNS
 // recursion) is reachable, everything else blocked.
 func GuardPolicy() Policy {
 	return Policy{Name: "guard", ControlPlane: Blocked, Metadata: Blocked, OtherZone: Blocked, LAN: Blocked,
-		Internet: Reachable, DNSRecursion: Reachable, IPv6: Blocked}
+		Internet: Reachable, DNSRecursion: Reachable, IPv6: Blocked, Layer2: Blocked}
 }
 
 // LockdownPolicy is the guard with the egress lockdown: everything blocked.
 func LockdownPolicy() Policy {
 	return Policy{Name: "lockdown", ControlPlane: Blocked, Metadata: Blocked, OtherZone: Blocked, LAN: Blocked,
-		Internet: Blocked, DNSRecursion: Blocked, IPv6: Blocked}
+		Internet: Blocked, DNSRecursion: Blocked, IPv6: Blocked, Layer2: Blocked}
 }
 
 // OpenPolicy expects everything reachable: the test bed's honesty check
 // with no guard installed (the bed must see every leak).
 func OpenPolicy() Policy {
 	return Policy{Name: "open", ControlPlane: Reachable, Metadata: Reachable, OtherZone: Reachable, LAN: Reachable,
-		Internet: Reachable, DNSRecursion: Reachable, IPv6: Reachable}
+		Internet: Reachable, DNSRecursion: Reachable, IPv6: Reachable, Layer2: Reachable}
 }
 
 // WithEgress adapts p to a sandbox's egress mode: under "none" and
@@ -170,6 +176,9 @@ type Spec struct {
 	Timeout time.Duration
 	// Egress, when set, adds the rows of an allow-list egress policy.
 	Egress *EgressSpec
+	// Layer2, when set, adds the layer-2 spoofing rows (layer2.go); the
+	// Runner then needs an Observer.
+	Layer2 *Layer2Spec
 }
 
 // EgressSpec names what an allow-list sandbox's rows aim at.
@@ -215,6 +224,9 @@ type Plan struct {
 	Policy string  `json:"policy"`
 	Lease  Lease   `json:"lease"`
 	Checks []Check `json:"checks"`
+	// Layer2 is where the node watches for the layer-2 rows' frames (nil
+	// without such rows).
+	Layer2 *Layer2Watch `json:"layer2,omitempty"`
 }
 
 // TokenTTLHeader is the IMDSv2 header the token PUT carries.
@@ -341,6 +353,11 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 		if e.DeniedAddr.IsValid() {
 			add(Check{Group: GroupEgress, Name: "disallowed address " + e.DeniedAddr.String() + " is not reachable", Expect: Blocked,
 				Target: probe.Target{Kind: probe.KindTCP, Addr: netip.AddrPortFrom(e.DeniedAddr, 443).String()}})
+		}
+	}
+	if spec.Layer2 != nil {
+		if err := addLayer2(p, spec, pol, add); err != nil {
+			return nil, err
 		}
 	}
 	if err := probe.ValidateRequest(p.request(0)); err != nil {

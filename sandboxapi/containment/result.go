@@ -84,6 +84,12 @@ func (r *Result) Failed() []Row {
 // the plan does not know are ignored by this function; Runner.Run rejects
 // such reports before they get here.
 func Evaluate(p *Plan, rep *probe.Report) *Result {
+	return evaluate(p, rep, nil)
+}
+
+// evaluate is Evaluate with what the node saw of the layer-2 rows' frames
+// (nil: nothing was watched).
+func evaluate(p *Plan, rep *probe.Report, l2 *layer2Seen) *Result {
 	byID := make(map[string]probe.Result, len(rep.Results))
 	for _, r := range rep.Results {
 		byID[r.ID] = r
@@ -93,7 +99,10 @@ func Evaluate(p *Plan, rep *probe.Report) *Result {
 	for _, c := range p.Checks {
 		row := Row{Group: c.Group, Name: c.Name, Target: describeTarget(c.Target), Expect: c.Expect, Control: c.Control}
 		pr, ok := byID[c.Target.ID]
-		if ok {
+		if ok && isLayer2(c) {
+			row.Observed, row.Detail = observeLayer2(c, pr, p.Layer2, l2)
+			row.Outcome, row.ElapsedMS = pr.Outcome, pr.ElapsedMS
+		} else if ok {
 			row.Observed, row.Detail = observe(c, pr)
 			row.Outcome, row.ElapsedMS = pr.Outcome, pr.ElapsedMS
 		} else {
@@ -157,6 +166,8 @@ func why(r Row) string {
 		return "LEAK: IPv6 leaves the node"
 	case GroupEgress:
 		return "LEAK: the egress policy lets through a name or address it does not allow"
+	case GroupLayer2:
+		return "LEAK: a forged frame from the guest reaches a sibling VM or the node (spoofing, ARP poisoning)"
 	}
 	return "LEAK: reachable although the policy says blocked"
 }
@@ -260,6 +271,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 
 // describeTarget renders a target for the table.
 func describeTarget(t probe.Target) string {
+	if d := describeLayer2(t); d != "" {
+		return d
+	}
 	switch t.Kind {
 	case probe.KindHTTP, probe.KindHTTPS:
 		m := t.Method

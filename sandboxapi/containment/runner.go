@@ -69,6 +69,10 @@ type Runner struct {
 	GuestDir string
 	// Concurrency bounds parallel probes in the guest; 0 = the probe's default.
 	Concurrency int
+	// Observer watches the VM's bridge on the node while the probe runs,
+	// for plans with layer-2 rows (l2observe.Observer); without one those
+	// rows are errors.
+	Observer Layer2Observer
 }
 
 // ErrProbe wraps every failure to obtain a usable report from the guest:
@@ -106,7 +110,12 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	if err := g.WriteFile(ctx, guestPath, bin, 0o755); err != nil {
 		return nil, fmt.Errorf("%w: upload to %s: %w", ErrProbe, guestPath, err)
 	}
-	stdout, stderr, exit, err := g.Exec(ctx, []string{guestPath, "-self-remove"}, stdin, r.execTimeout(req))
+	var stdout, stderr []byte
+	var exit int
+	l2 := r.watch(ctx, p, func(ctx context.Context) error {
+		stdout, stderr, exit, err = g.Exec(ctx, []string{guestPath, "-self-remove"}, stdin, r.execTimeout(req))
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: exec: %w", ErrProbe, err)
 	}
@@ -120,7 +129,7 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	if err := matchIDs(req, rep); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrProbe, err)
 	}
-	return Evaluate(p, rep), nil
+	return evaluate(p, rep, l2), nil
 }
 
 // execTimeout allows every batch of targets its full timeout, plus slack

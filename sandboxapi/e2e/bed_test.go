@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
@@ -328,6 +330,13 @@ func asProblem(err error, p **sandboxapi.Problem) bool {
 // runPortMap keeps the layer-2 guard's port map current from the bed's
 // VM configs and leases (what the daemon's mapper does on a node) until
 // the test ends.
+// guardedPort reports whether the layer-2 table guards port as a guest
+// port with a mapping.
+func guardedPort(g *firewall.Guard, port string) bool {
+	rs := g.BridgeDesired()
+	return rs != nil && slices.Contains(rs.Set(firewall.SetGuestPorts).Text, port) && !slices.Contains(g.UnmappedPorts(), port)
+}
+
 func runPortMap(t *testing.T, ctx context.Context, root string, g *firewall.Guard) {
 	t.Helper()
 	m := &portmap.Mapper{Paths: portmap.Paths{Root: root}, Guard: g, Interval: 100 * time.Millisecond}
@@ -415,7 +424,9 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 
 // TestBedContainmentCheck: POST /v1/sandboxes/{id}/check through the real
 // probe in a sandbox VM on the bed with the host guard in force: every row
-// passes under the guard policy (a control that fails would fail it).
+// passes under the guard policy (a control that fails would fail it),
+// the layer-2 rows included, judged from the node's watch of the VM's
+// vnet bridge.
 func TestBedContainmentCheck(t *testing.T) {
 	needRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -458,6 +469,8 @@ func TestBedContainmentCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer node.Close()
+	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
+	chk.GuestPorts = firewall.PortNames
 	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
 	if err != nil {
 		t.Fatal(err)
@@ -466,6 +479,12 @@ func TestBedContainmentCheck(t *testing.T) {
 	if err := g.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// the guard's loop, as in the daemon: it learns the guest ports that
+	// join the zone bridges (the layer-2 table guards only those)
+	rctx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- g.Run(rctx) }()
+	defer func() { stopRun(); <-runDone }()
 	runPortMap(t, ctx, e.bed.NodeRoot(), g)
 	gmu.Lock()
 	guard = g
@@ -478,16 +497,33 @@ func TestBedContainmentCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tap := firewall.PortNames(a.VMs[0].VMID, 0)[0]
+	deadline := time.Now().Add(10 * time.Second)
+	for !guardedPort(g, tap) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the layer-2 table does not guard %s with a mapping", tap)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	rep, err := e.c.Check(ctx, a.ID, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherZone := false
+	otherZone, raw := false, 0
 	for _, r := range rep.Rows {
 		t.Logf("%-40s %-50s expect %-9s observed %-9s pass %v", r.Target, r.Probe, r.Expected, r.Observed, r.Pass)
+		if !r.Pass {
+			t.Logf("    %s", r.Detail)
+		}
 		if strings.Contains(r.Probe, ":22") && !r.Control {
 			otherZone = true
 		}
+		if strings.HasPrefix(r.Probe, "raw ") {
+			raw++
+		}
+	}
+	if raw != 4 {
+		t.Errorf("%d layer-2 rows (control included), want 4", raw)
 	}
 	if !rep.Pass || len(rep.Rows) < 10 {
 		t.Errorf("containment check did not pass (%d rows)", len(rep.Rows))

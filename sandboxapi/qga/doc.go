@@ -79,21 +79,63 @@
 // clamped to 1..50 ms; while the command runs a poll is one
 // guest-exec-status call, its output is read every 100 ms.
 //
-// Collected exec (Exec without stdin, limit under the agent's 16 MiB
-// capture cap) skips guest-file-open, which costs qemu-ga a write of its
-// persistent state file each time: the wrapper opens the temp files
-// itself (write ends for the command, separate read ends for itself),
-// unlinks them, runs the command through setsid as its child, and then
-// prints at most limit+1 bytes of each file to its own stdout and stderr,
-// which the agent captures. The tree kill targets the sessions of the
-// wrapper's children; a death by SIGHUP, INT, KILL, PIPE, ALRM or TERM is
-// passed on by the wrapper dying of the same signal, other statuses as
-// exit codes (so a command that exits 137 reads as killed by signal 9).
+// Which path an exec takes. Exec picks the cheapest path that gives the
+// request's features; every path keeps the timeout, the tree kill and the
+// output limit:
 //
-// Limits of the guest side: the wrapper needs /bin/sh, setsid, rm and
-// head in the guest (pgrep for the collected path's kill), setpriv and id for User, and pkill (optional) for the session
-// kill; a process that calls setsid itself escapes the tree kill. Output
-// beyond the limit is not read but still written to the (unlinked) guest
-// file until the command ends. Guest paths for the file commands must be
+//   - direct (Exec without stdin, env, cwd or user, argv valid UTF-8,
+//     limit under the agent's 16 MiB capture cap; what the sandbox API's
+//     collected exec sends by default): guest-exec of /usr/bin/setsid
+//     with the command as its arguments and capture-output, so one process
+//     is spawned, as for a bare guest-exec. util-linux setsid forks only
+//     when its caller leads a process group, and qemu-ga's children do not,
+//     so it just calls setsid() and execs the command: the pid guest-exec
+//     reports is the command's own, leader of a new session and group, its
+//     exit code or signal comes back unchanged, and 127/126 mean not found
+//     / not executable as under the wrapper. The agent captures the
+//     output (flagging what it drops past 16 MiB); the client cuts each
+//     stream at the limit and bounds the final reply by the agent's cap
+//     for both streams (about 45 MB), not by the limit. The session that
+//     starts the command keeps its connection for up to 25 ms to poll it,
+//     so a quick command costs one connection and one sync. A timeout or
+//     cancellation kills the command's session and group (never the
+//     agent's own group, which the command leaves by becoming a leader).
+//     qemu-ga reports the exit only when the output pipes close, so a
+//     background process that keeps stdout or stderr open would hold the
+//     result: from 100 ms on, at doubling intervals up to 5 s, the client
+//     asks the guest whether the command itself is gone, and if so kills
+//     the processes of its session and group that hold one of the agent's
+//     pipes; the result (the command's own status) follows at once.
+//     Background processes that redirected their output are left running,
+//     as on the other paths. A guest without /usr/bin/setsid gets the
+//     wrapper's collected path.
+//   - collected through the wrapper (Exec without stdin, when env, cwd,
+//     user or a non-UTF-8 argument asks for the wrapper; limit under the
+//     cap) skips guest-file-open, which costs qemu-ga a write of its
+//     persistent state file each time: the wrapper opens the temp files
+//     itself (write ends for the command, separate read ends for itself),
+//     unlinks them, runs the command through setsid as its child, and then
+//     prints at most limit+1 bytes of each file to its own stdout and
+//     stderr, which the agent captures. The tree kill targets the sessions
+//     of the wrapper's children; a death by SIGHUP, INT, KILL, PIPE, ALRM
+//     or TERM is passed on by the wrapper dying of the same signal, other
+//     statuses as exit codes (so a command that exits 137 reads as killed
+//     by signal 9). Background children keep the files, not the agent's
+//     pipes, so they neither hold the result nor get killed.
+//   - streamed (ExecStream, and Exec with stdin or a limit at or above the
+//     cap): the wrapper execs the command and the client reads the output
+//     files while it runs, as described above.
+//
+// Limits of the guest side: the direct path needs /usr/bin/setsid, and
+// for its kills and background checks /bin/sh, pkill, pgrep, ls, grep and
+// tr;
+// the wrapper needs /bin/sh, setsid, rm and head in the guest (pgrep for
+// the collected path's kill), setpriv and id for User, and pkill
+// (optional) for the session kill. A process that calls setsid itself
+// escapes the tree kill; on the direct path, if it also keeps the
+// command's output open, the agent never reports the exit and the call
+// ends in an error 30 s after the timeout's kill (or when ctx ends).
+// Output beyond the limit is not read but still written to the
+// (unlinked) guest file until the command ends (wrapper paths). Guest paths for the file commands must be
 // valid UTF-8 (they travel as JSON strings).
 package qga

@@ -376,10 +376,16 @@ func (s *outStream) take(cn *conn, chunk int, exited bool) ([]byte, error) {
 // Exec runs a command in the guest and collects its output. A command that
 // cannot be found or run is an ordinary result (exit code 127 or 126), as
 // is a timeout (TimedOut, killed by signal 9, exit code 137). Errors are
-// for the channel and for invalid requests.
+// for the channel and for invalid requests. A request without stdin, env,
+// cwd or user runs directly under setsid with the agent capturing its
+// output; the others go through the wrapper (the package documentation
+// says which path a request takes and how background children fare).
 func (a *Agent) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
-	if fast, ok := a.fastPlan(&req); ok {
-		return a.execFast(ctx, &req, fast)
+	if limit, ok := a.fastPlan(&req); ok {
+		if directPlan(&req) {
+			return a.execDirect(ctx, &req, limit)
+		}
+		return a.execFast(ctx, &req, limit)
 	}
 	var out, errb bytes.Buffer
 	res, err := a.ExecStream(ctx, req, &out, &errb)

@@ -1,7 +1,9 @@
 package qga
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net"
@@ -85,6 +87,37 @@ func FuzzSession(f *testing.F) {
 		}
 		if c.BufferedBytes() != 0 {
 			t.Fatalf("%d bytes left buffered", c.BufferedBytes())
+		}
+	})
+}
+
+// FuzzExecStatus: whatever a guest-exec-status reply holds, the collected
+// result stays within the limit and errors are typed.
+func FuzzExecStatus(f *testing.F) {
+	f.Add([]byte(`{"return": {"exited": true, "exitcode": 0, "out-data": "aGVsbG8=", "out-truncated": true}, "id": 1}`), uint16(3))
+	f.Add([]byte(`{"return": {"exited": true, "signal": 9, "err-data": "////"}, "id": 1}`), uint16(0))
+	f.Fuzz(func(t *testing.T, line []byte, limit uint16) {
+		var st guestExec
+		if err := parseReply(line, "guest-exec-status", 1, false, &st); err != nil {
+			return
+		}
+		var res ExecResult
+		err := collect(&res, &st, int64(limit))
+		var pe *ProtocolError
+		if err != nil {
+			if !errors.As(err, &pe) {
+				t.Fatalf("untyped error %T %v", err, err)
+			}
+			return
+		}
+		st.outcome(&res)
+		if int64(len(res.Stdout)) > int64(limit) || int64(len(res.Stderr)) > int64(limit) ||
+			res.StdoutBytes != int64(len(res.Stdout)) || res.StderrBytes != int64(len(res.Stderr)) {
+			t.Fatalf("result %+v beyond limit %d", res, limit)
+		}
+		if full, _ := base64.StdEncoding.DecodeString(st.OutData); len(full) > int(limit) && !res.StdoutTruncated ||
+			!bytes.HasPrefix(full, res.Stdout) {
+			t.Fatalf("stdout %q of %q not flagged or not a prefix", res.Stdout, full)
 		}
 	})
 }

@@ -36,15 +36,42 @@ func guestHasNo(t testing.TB, a *Agent, name string) bool {
 }
 
 // guestTempEmpty asserts that the client left no temp files in dir (the
-// listing command's own are unlinked before it starts).
+// listing command's own are unlinked before it starts; a directory that
+// was never created is empty).
 func guestTempEmpty(t testing.TB, a *Agent, dir string) {
 	t.Helper()
-	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"sh", "-c", `l=$(ls -A "$1") || exit 9; printf '%s\n' "$l" | grep -c '^\.pve-inspect-'`, "ls", dir}})
+	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"sh", "-c", `[ -e "$1" ] || { echo 0; exit 0; }; l=$(ls -A "$1") || exit 9; printf '%s\n' "$l" | grep -c '^\.pve-inspect-'`, "ls", dir}})
 	if err != nil || res.ExitCode == 9 {
 		t.Fatalf("ls %s: %v %s", dir, err, res.Stderr)
 	}
 	if got := strings.TrimSpace(string(res.Stdout)); got != "0" {
 		t.Fatalf("guest temp dir %s holds %s pve-inspect files", dir, got)
+	}
+}
+
+// execPath is one way a collected exec can go.
+type execPath struct {
+	name string
+	exec func(context.Context, ExecRequest) (*ExecResult, error)
+}
+
+// execPaths are the collected paths for requests that could take either:
+// the direct one (what Exec picks) and the wrapper's.
+func execPaths(a *Agent) []execPath {
+	return []execPath{
+		{"direct", func(ctx context.Context, r ExecRequest) (*ExecResult, error) {
+			if _, ok := a.fastPlan(&r); !ok || !directPlan(&r) {
+				return nil, fmt.Errorf("request %+v does not take the direct path", r)
+			}
+			return a.Exec(ctx, r)
+		}},
+		{"wrapper", func(ctx context.Context, r ExecRequest) (*ExecResult, error) {
+			limit, ok := a.fastPlan(&r)
+			if !ok {
+				return nil, fmt.Errorf("request %+v does not take a collected path", r)
+			}
+			return a.execFast(ctx, &r, limit)
+		}},
 	}
 }
 
@@ -70,19 +97,21 @@ func TestExecExitCodes(t *testing.T) {
 		{"sigkill", []string{"sh", "-c", "kill -9 $$"}, 137, 9, ""},
 		{"sigterm", []string{"sh", "-c", "kill -15 $$"}, 143, 15, ""},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			res, err := a.Exec(testCtx(t, time.Minute), ExecRequest{Argv: tt.argv})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.ExitCode != tt.code || res.Signal != tt.signal || res.TimedOut {
-				t.Fatalf("got exit %d signal %d timedout %v, want %d %d (stderr %q)", res.ExitCode, res.Signal, res.TimedOut, tt.code, tt.signal, res.Stderr)
-			}
-			if !bytes.Contains(res.Stderr, []byte(tt.stderr)) {
-				t.Fatalf("stderr %q does not mention %q", res.Stderr, tt.stderr)
-			}
-		})
+	for _, path := range execPaths(a) {
+		for _, tt := range tests {
+			t.Run(path.name+"/"+tt.name, func(t *testing.T) {
+				res, err := path.exec(testCtx(t, time.Minute), ExecRequest{Argv: tt.argv})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.ExitCode != tt.code || res.Signal != tt.signal || res.TimedOut {
+					t.Fatalf("got exit %d signal %d timedout %v, want %d %d (stderr %q)", res.ExitCode, res.Signal, res.TimedOut, tt.code, tt.signal, res.Stderr)
+				}
+				if !bytes.Contains(res.Stderr, []byte(tt.stderr)) {
+					t.Fatalf("stderr %q does not mention %q", res.Stderr, tt.stderr)
+				}
+			})
+		}
 	}
 	guestTempEmpty(t, a, a.c.opts.GuestTempDir)
 }
@@ -160,8 +189,9 @@ func TestExecOutputCap(t *testing.T) {
 	if res.StderrTruncated || string(res.Stderr) != "done\n" {
 		t.Fatalf("stderr %q truncated %v", res.Stderr, res.StderrTruncated)
 	}
-	// The client never buffered more than one reply's worth.
-	if p, bound := c.PeakBufferedBytes(), int64(c.Options().MaxReplyBytes+readSize); p > bound {
+	// The client never buffered more than one reply's worth (on the direct
+	// path: what the agent captures of both streams).
+	if p, bound := c.PeakBufferedBytes(), int64(directReplyBound+readSize); p > bound {
 		t.Fatalf("peak buffered %d > %d", p, bound)
 	}
 	// A small explicit limit cuts exactly.
@@ -175,41 +205,137 @@ func TestExecOutputCap(t *testing.T) {
 	}
 }
 
-func TestExecTimeoutKillsTree(t *testing.T) {
+// TestExecCapsBothPaths: each stream is cut at the limit and flagged, on
+// the direct path (the agent's capture, cut by the client; past the
+// agent's own 16 MiB cap its flag) and on the wrapper's.
+func TestExecCapsBothPaths(t *testing.T) {
 	g := startGuest(t)
 	a := New(Options{}).Agent(g.Socket)
-	start := time.Now()
-	res, err := a.Exec(testCtx(t, time.Minute), ExecRequest{
-		Argv:    []string{"sh", "-c", "sleep 600 & sleep 600 & (sleep 600; echo never) & sleep 600"},
-		Timeout: 2 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name               string
+		script             string
+		limit              int64
+		outLen, errLen     int
+		outTrunc, errTrunc bool
+	}{
+		{"stderr over the limit", "printf 0123456789 >&2; printf ab", 4, 2, 4, false, true},
+		{"binary stdout over the limit", `printf '\377\000\001\200xyz'`, 4, 4, 0, true, false},
+		{"both under", "printf abc; printf de >&2", 4, 3, 2, false, false},
+		{"past the agent's cap", "head -c 17000000 /dev/zero", agentOutputCap - 1, agentOutputCap - 1, 0, true, false},
 	}
-	t.Logf("timed out after %v", time.Since(start))
-	if !res.TimedOut || res.Signal != 9 || res.ExitCode != 137 {
-		t.Fatalf("got %+v, want timed out with SIGKILL", res)
-	}
-	if !guestHasNo(t, a, "sleep") {
-		t.Fatal("sleep processes survived the timeout")
+	for _, path := range execPaths(a) {
+		for _, tt := range tests {
+			t.Run(path.name+"/"+tt.name, func(t *testing.T) {
+				res, err := path.exec(testCtx(t, 2*time.Minute), ExecRequest{Argv: []string{"sh", "-c", tt.script}, OutputLimit: tt.limit})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.ExitCode != 0 || len(res.Stdout) != tt.outLen || len(res.Stderr) != tt.errLen ||
+					res.StdoutTruncated != tt.outTrunc || res.StderrTruncated != tt.errTrunc ||
+					res.StdoutBytes != int64(tt.outLen) || res.StderrBytes != int64(tt.errLen) {
+					t.Fatalf("exit %d, stdout %d bytes (truncated %v), stderr %q (truncated %v)", res.ExitCode, len(res.Stdout), res.StdoutTruncated, res.Stderr, res.StderrTruncated)
+				}
+				if tt.name == "binary stdout over the limit" && string(res.Stdout) != "\xff\x00\x01\x80" {
+					t.Fatalf("stdout %q", res.Stdout)
+				}
+			})
+		}
 	}
 }
 
-func TestExecBackgroundChildHoldsStdout(t *testing.T) {
+func TestExecTimeoutKillsTree(t *testing.T) {
 	g := startGuest(t)
 	a := New(Options{}).Agent(g.Socket)
-	res, err := a.Exec(testCtx(t, time.Minute), ExecRequest{
-		Argv:    []string{"sh", "-c", "sleep 600 & echo started"},
-		Timeout: 20 * time.Second,
-	})
+	// Background children, a subshell's child, and an orphan that left
+	// the tree (its parent exited) with its output redirected: the
+	// session and group kill gets them all.
+	script := "sleep 600 & sleep 600 & (sleep 600; echo never) & (sleep 600 >/dev/null 2>&1 &); sleep 600"
+	for _, path := range execPaths(a) {
+		t.Run(path.name, func(t *testing.T) {
+			start := time.Now()
+			res, err := path.exec(testCtx(t, time.Minute), ExecRequest{Argv: []string{"sh", "-c", script}, Timeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			t.Logf("timed out after %v", took)
+			if !res.TimedOut || res.Signal != 9 || res.ExitCode != 137 || took > 10*time.Second {
+				t.Fatalf("got %+v after %v, want timed out with SIGKILL", res, took)
+			}
+			if !guestHasNo(t, a, "sleep") {
+				t.Fatal("sleep processes survived the timeout")
+			}
+		})
+	}
+}
+
+// guestAlive reports whether the guest process pid exists.
+func guestAlive(t testing.TB, a *Agent, pid string) bool {
+	t.Helper()
+	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"kill", "-0", pid}})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("kill -0 %s: %v", pid, err)
 	}
-	if res.TimedOut || res.ExitCode != 0 || string(res.Stdout) != "started\n" {
-		t.Fatalf("got %+v stdout %q, want a prompt exit 0", res, res.Stdout)
+	return res.ExitCode == 0
+}
+
+// killGuestPid kills a process the test started in the guest, by its pid.
+func killGuestPid(t testing.TB, a *Agent, pid string) {
+	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"kill", "-9", pid}})
+	if err != nil || (res.ExitCode != 0 && guestAlive(t, a, pid)) {
+		t.Errorf("kill guest pid %s: %v %+v", pid, err, res)
 	}
-	if guestHasNo(t, a, "sleep") {
-		t.Fatal("the background child should still run (only a timeout kills the tree)")
+}
+
+// TestExecBackgroundChild: a background child that keeps the output open
+// does not hold the result. On the direct path it is killed once the
+// command is gone (the agent reports the exit only when the pipes close);
+// one that redirected its output keeps running. The wrapper paths leave
+// both running.
+func TestExecBackgroundChild(t *testing.T) {
+	g := startGuest(t)
+	a := New(Options{}).Agent(g.Socket)
+	tests := []struct {
+		name     string
+		path     int // index in execPaths
+		redirect bool
+		survives bool
+	}{
+		{"direct, holds stdout", 0, false, false},
+		{"direct, output redirected", 0, true, true},
+		{"wrapper, holds stdout", 1, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bg := "sleep 600 &"
+			if tt.redirect {
+				bg = "sleep 600 >/dev/null 2>&1 &"
+			}
+			start := time.Now()
+			res, err := execPaths(a)[tt.path].exec(testCtx(t, time.Minute), ExecRequest{
+				Argv:    []string{"sh", "-c", bg + ` echo "$!"; echo started >&2; exit 3`},
+				Timeout: 30 * time.Second,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid := strings.TrimSpace(string(res.Stdout))
+			if pid != "" {
+				t.Cleanup(func() {
+					if guestAlive(t, a, pid) {
+						killGuestPid(t, a, pid)
+					}
+				})
+			}
+			took := time.Since(start)
+			t.Logf("result after %v", took)
+			if res.TimedOut || res.ExitCode != 3 || string(res.Stderr) != "started\n" || pid == "" || took > 10*time.Second {
+				t.Fatalf("got %+v stdout %q stderr %q after %v, want a prompt exit 3", res, res.Stdout, res.Stderr, took)
+			}
+			if alive := guestAlive(t, a, pid); alive != tt.survives {
+				t.Fatalf("background child alive %v, want %v", alive, tt.survives)
+			}
+		})
 	}
 }
 
@@ -465,6 +591,11 @@ func TestRunProgram(t *testing.T) {
 	}
 	guestTempEmpty(t, a, a.c.opts.GuestTempDir)
 	guestTempEmpty(t, a, a.c.opts.GuestProgramDir)
+	// The temp dir is created 0700 by the first request that needs it
+	// (the direct path does not: cwd takes the wrapper).
+	if res, err := a.Exec(ctx, ExecRequest{Argv: []string{"true"}, Cwd: "/"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec through the wrapper: %+v %v", res, err)
+	}
 	res, err = a.Exec(ctx, ExecRequest{Argv: []string{"stat", "-c", "%a %U", a.c.opts.GuestTempDir}})
 	if err != nil || string(res.Stdout) != "700 root\n" {
 		t.Fatalf("guest temp dir: %q %v", res.Stdout, err)

@@ -117,32 +117,26 @@ func TestReadFileSizedRealAgent(t *testing.T) {
 
 func TestHostileCollectedExec(t *testing.T) {
 	t.Parallel()
+	// The wrapper's reply is bounded by the limit, the direct path's by
+	// the agent's capture cap (the agent decides how much it sends).
+	wrapped := map[string]string{"X": "y"}
 	tests := []struct {
 		name   string
+		env    map[string]string
 		status string
 		kind   Kind
 	}{
-		{"bad base64", `{"exited": true, "exitcode": 0, "out-data": "!!!!"}`, KindMalformed},
-		{"exited without code", `{"exited": true}`, KindMalformed},
-		{"output over the bound", `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", 64<<10) + `"}`, KindTooLarge},
+		{"bad base64", wrapped, `{"exited": true, "exitcode": 0, "out-data": "!!!!"}`, KindMalformed},
+		{"exited without code", wrapped, `{"exited": true}`, KindMalformed},
+		{"output over the bound", wrapped, `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", 64<<10) + `"}`, KindTooLarge},
+		{"direct: output over the bound", nil, `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", (directReplyBound+2*readSize)/4) + `"}`, KindTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFakeAgent(t)
-			f.setHandler(func(c net.Conn, cmd string, id, args json.RawMessage) bool {
-				switch cmd {
-				case "guest-exec":
-					reply(c, `{"return": {"pid": 42}, "id": `+string(id)+"}\n")
-				case "guest-exec-status":
-					reply(c, `{"return": `+tt.status+`, "id": `+string(id)+"}\n")
-				default:
-					return okHandler(c, cmd, id, nil)
-				}
-				return true
-			})
+			f := newExecAgent(t, tt.status)
 			opts := hostileOptions()
 			opts.MaxReplyBytes = 64 << 10
-			_, err := New(opts).Agent(f.Socket).Exec(context.Background(), ExecRequest{Argv: []string{"true"}, OutputLimit: 1000})
+			_, err := New(opts).Agent(f.Socket).Exec(context.Background(), ExecRequest{Argv: []string{"true"}, Env: tt.env, OutputLimit: 1000})
 			var pe *ProtocolError
 			if !errors.As(err, &pe) || pe.Kind != tt.kind {
 				t.Fatalf("got %v, want a %v protocol error", err, tt.kind)

@@ -6,7 +6,10 @@
 // of targets) and writes one [Report]: per target an [Outcome] that keeps
 // apart the answers a firewall can produce (open, refused, timeout,
 // unreachable, DNS reply, DNS no reply), plus local [Facts] (IPv4 lease and
-// default route, resolvers) that the host uses as positive controls.
+// default route, resolvers) that the host uses as positive controls. The
+// layer-2 kinds (layer2.go) send crafted Ethernet frames through a raw
+// packet socket on the default-route interface (the probe runs as root in
+// the guest) and report [OutcomeSent]: only the node sees where they went.
 //
 // Design decisions:
 //
@@ -21,6 +24,6 @@
 //   - All sockets come from a [Dialer], so tests can create them inside a
 //     network namespace; the program uses a plain net.Dialer. No proxy from
 //     the environment is ever used and redirects are not followed.
-//   - The probe depends on the standard library and
-//     golang.org/x/net/dns/dnsmessage only, to stay small.
+//   - The probe depends on the standard library (syscall for the packet
+//     socket) and golang.org/x/net/dns/dnsmessage only, to stay small.
 package probe

@@ -75,7 +75,12 @@ func validateTarget(t Target) error {
 	if z := ap.Addr().Zone(); z != "" && !validIfaceName(z) {
 		return fmt.Errorf("addr: bad zone %q", z)
 	}
+	if !isLayer2(t.Kind) && (t.Nonce != "" || t.SrcAddr != "" || t.SrcMAC != "") {
+		return errors.New("nonce, src_addr and src_mac belong to layer-2 targets only")
+	}
 	switch t.Kind {
+	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
+		return validateLayer2(t, ap.Addr())
 	case KindTCP:
 		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.Name != "" || t.QType != "" || t.Host != "" || t.Resolver != "" {
 			return errors.New("tcp target takes only id, kind, addr, timeout_ms")
@@ -191,7 +196,7 @@ func validateResult(r Result) error {
 		return err
 	}
 	switch r.Outcome {
-	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError:
+	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError, OutcomeSent:
 		if r.HTTPStatus != 0 || r.RCode != "" || r.Answers != 0 {
 			return fmt.Errorf("outcome %s carries response fields", r.Outcome)
 		}

@@ -173,6 +173,8 @@ func FuzzParseReport(f *testing.F) {
 	f.Add([]byte(`{"version":1,"results":[{"id":"a","outcome":"response","rcode":"RCODE4095","answers":65535,"elapsed_ms":600000}]}`))
 	f.Add([]byte(`{"Version":1,"version":2}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"l","outcome":"sent","detail":"UDP from 02:00:5e:10:00:01 10.10.1.100 to 10.10.1.1:9 on eth0, 3 times","elapsed_ms":41}]}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"l","outcome":"sent","http_status":200,"elapsed_ms":1}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rep, err := ParseReport(data)
 		if err != nil {
@@ -204,6 +206,11 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte(`{"version":1,"targets":[{"id":"a","kind":"tcp","addr":"10.0.0.1:22"}]}`))
 	f.Add([]byte(`{"version":1,"concurrency":4,"targets":[{"id":"m","kind":"http","addr":"[fd00:ec2::254]:80","method":"PUT","path":"/latest/api/token","headers":{"X-aws-ec2-metadata-token-ttl-seconds":"21600"}}]}`))
 	f.Add([]byte(`{"version":1,"targets":[{"id":"d","kind":"dns","addr":"10.0.0.1:53","name":"example.test","qtype":"A","timeout_ms":500}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"l1","kind":"l2-control","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeeff"},` +
+		`{"id":"l2","kind":"l2-spoof-addr","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef0","src_addr":"10.10.1.77"},` +
+		`{"id":"l3","kind":"l2-spoof-mac","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef1","src_mac":"02:00:5e:10:00:01"},` +
+		`{"id":"l4","kind":"l2-garp","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef2"}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"t","kind":"tcp","addr":"10.0.0.1:22","nonce":"00112233445566778899aabbccddeeff"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := ParseRequest(bytes.NewReader(data))
 		if err != nil {

@@ -23,6 +23,9 @@ type Prober struct {
 	Dialer Dialer
 	// Root is prepended to /proc and /etc paths when reading Facts; "" = "/".
 	Root string
+	// SendFrames sends raw Ethernet frames on the interface with the
+	// index (the layer-2 kinds); nil means an AF_PACKET socket.
+	SendFrames func(ifindex int, frames [][]byte) error
 }
 
 // Run probes every target of req, at most req.Concurrency at a time, and
@@ -84,6 +87,8 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 		r = p.http(ctx, t, addr)
 	case KindDNS:
 		r = p.dns(ctx, t, addr)
+	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
+		r = p.layer2(ctx, t, zone)
 	default:
 		r = Result{Outcome: OutcomeError, Detail: "unknown kind"}
 	}

@@ -14,6 +14,24 @@ const (
 	KindDNS   Kind = "dns"   // DNS query over UDP for Name (QType) to the server Addr
 )
 
+// Layer-2 target kinds (layer2.go): crafted Ethernet frames sent raw on the
+// interface of the IPv4 default route, broadcast, toward the gateway (the
+// address of Addr). Each frame carries the target's Nonce; only the node,
+// watching its bridge, can tell whether a frame got anywhere, so the
+// probe's result is [OutcomeSent] or [OutcomeError].
+const (
+	// KindL2Control: a legitimate UDP datagram (own MAC, own address): the
+	// positive control of the raw path.
+	KindL2Control Kind = "l2-control"
+	// KindL2SpoofAddr: the datagram from the own MAC but the source address SrcAddr.
+	KindL2SpoofAddr Kind = "l2-spoof-addr"
+	// KindL2SpoofMAC: the datagram from the own address but the source MAC SrcMAC.
+	KindL2SpoofMAC Kind = "l2-spoof-mac"
+	// KindL2GratuitousARP: ARP request and reply, broadcast, claiming the
+	// gateway's address for the own MAC.
+	KindL2GratuitousARP Kind = "l2-garp"
+)
+
 // Limits that both sides enforce.
 const (
 	MaxTargets      = 512             // targets in one request
@@ -67,6 +85,14 @@ type Target struct {
 	Host      string `json:"host,omitempty"`
 	QType     string `json:"qtype,omitempty"` // dns: A (default) or AAAA
 	TimeoutMS int    `json:"timeout_ms,omitempty"`
+
+	// Nonce (layer-2 kinds) is NonceLen random bytes in lowercase hex that
+	// every frame of the target carries.
+	Nonce string `json:"nonce,omitempty"`
+	// SrcAddr (l2-spoof-addr) is the IPv4 source address to claim.
+	SrcAddr string `json:"src_addr,omitempty"`
+	// SrcMAC (l2-spoof-mac) is the source MAC to claim, lowercase with colons.
+	SrcMAC string `json:"src_mac,omitempty"`
 }
 
 // Outcome is what the network answered.
@@ -91,6 +117,9 @@ const (
 	OutcomeNoReply Outcome = "no_reply"
 	// OutcomeError: the probe could not try (bad target, local error).
 	OutcomeError Outcome = "error"
+	// OutcomeSent: the layer-2 frames were handed to the interface; whether
+	// they arrived anywhere only the node can tell.
+	OutcomeSent Outcome = "sent"
 )
 
 // Result is the probe's answer for one target.

@@ -15,8 +15,10 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/lantargets"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
 )
@@ -59,9 +61,13 @@ func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 	}
 	return &containcheck.Checker{
 		Sandbox: adapt,
-		Runner:  &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency},
-		Client:  qc,
-		QGADir:  cfg.API.QGADir,
+		Runner: &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency,
+			Observer: l2observe.New()},
+		// the guard's layer-2 table is always in force: the spoofing rows
+		// are expected blocked
+		GuestPorts: firewall.PortNames,
+		Client:     qc,
+		QGADir:     cfg.API.QGADir,
 		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
 			spec, err := nodeSpec(cfg)
 			pol := containment.GuardPolicy()

@@ -1,0 +1,244 @@
+package qga
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// The direct exec is the collected exec of a request that asks for none of
+// the wrapper's features (no stdin, env, cwd or user; argv valid UTF-8, so
+// that it travels in JSON as it is): guest-exec runs util-linux's setsid
+// with the command as its arguments and capture-output, so the agent
+// itself collects the output (up to its 16 MiB cap per stream, flagging
+// what it drops) and the client cuts it to the limit. setsid forks only
+// when its caller leads a process group, and a child of qemu-ga does not
+// (it stays in the agent's group), so setsid costs an exec, not a spawn:
+// it calls setsid() and execs the command, which keeps the pid guest-exec
+// reported, leads a new session and process group, and can be killed as a
+// tree by group and session like on the other paths; its exit code or
+// signal comes back from the agent unchanged, and a command that cannot be
+// found or run ends with 127 or 126 like under the wrapper (setsid's own
+// codes). The agent's own process group is never a kill target: the
+// command only leaves it by becoming the leader of its own.
+//
+// qemu-ga reports the command exited only once its output pipes are
+// closed, so a background process that keeps the command's stdout or
+// stderr open would hold the result. Once the command has run a while
+// (directProbeFirst, then at doubling intervals up to directProbeMax) the
+// client asks the guest whether the command itself is gone; if so, the
+// processes of its session and group that still hold one of the agent's
+// pipes are killed, and the result (the command's own exit status) comes
+// right after. Background processes that redirected their output
+// (`nohup cmd >log 2>&1 &`) are not touched. A timeout kills the whole
+// session and group as on the other paths.
+
+// setsidPath is util-linux's setsid in the guest.
+const setsidPath = "/usr/bin/setsid"
+
+// directReplyBound bounds the final status reply of a direct exec: both
+// streams at the agent's capture cap, in base64, plus the envelope. The
+// agent decides how much it sends (not the limit), so this is the bound.
+var directReplyBound = 2*base64.StdEncoding.EncodedLen(agentOutputCap) + replyOverhead
+
+const (
+	// directHeld is how long the session that starts a direct exec keeps
+	// its connection to poll the young command (a quick command then
+	// costs one connection); Proxmox's pings wait at most this long.
+	directHeld = 25 * time.Millisecond
+	// directProbeFirst and directProbeMax space the checks for a command
+	// that exited while background processes hold its output.
+	directProbeFirst = 100 * time.Millisecond
+	directProbeMax   = 5 * time.Second
+)
+
+// directPlan reports whether req can run without the wrapper.
+func directPlan(req *ExecRequest) bool {
+	if req.Stdin != nil || len(req.Env) > 0 || req.Cwd != "" || req.User != "" {
+		return false
+	}
+	for _, a := range req.Argv {
+		if !utf8.ValidString(a) {
+			return false
+		}
+	}
+	return true
+}
+
+// execDirect runs req through setsid with the agent capturing its output.
+// When the guest has no setsid (guest-exec refused to start it), the
+// request takes the wrapper's collected path instead.
+func (a *Agent) execDirect(ctx context.Context, req *ExecRequest, limit int64) (*ExecResult, error) {
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	argv := append([]string{setsidPath, "--"}, req.Argv...)
+	res := &ExecResult{}
+	var st *guestExec
+	var start time.Time
+	p := newPoller()
+	held := directHeld
+	if req.Timeout > 0 {
+		held = min(held, req.Timeout)
+	}
+	err := a.session(ctx, func(cn *conn) (err error) {
+		cn.maxReply = directReplyBound
+		if res.PID, err = cn.execStart(argv, nil, true); err != nil {
+			return err
+		}
+		start = time.Now()
+		for time.Since(start) < held {
+			if st, err = cn.execStatus(res.PID); err != nil || st.Exited {
+				return err
+			}
+			if err := sleepCtx(ctx, p.next()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var ae *AgentError
+	switch {
+	case res.PID == 0 && errors.As(err, &ae):
+		return a.execFast(ctx, req, limit)
+	case res.PID == 0 && err != nil:
+		return nil, fmt.Errorf("qga exec: start: %w", err)
+	case err != nil && ctx.Err() != nil:
+		return nil, a.abandonWith(ctx, res.PID, a.killDirect)
+	case err != nil:
+		return nil, fmt.Errorf("qga exec: poll: %w", err)
+	}
+	end, err := a.waitDirect(ctx, req, res.PID, start, p, st)
+	if err != nil {
+		return nil, err
+	}
+	if err := collect(res, end.st, limit); err != nil {
+		return nil, err
+	}
+	end.st.outcome(res)
+	res.TimedOut = end.timedOut
+	return res, nil
+}
+
+// directEnd is how a direct exec ended.
+type directEnd struct {
+	st       *guestExec
+	timedOut bool
+}
+
+// waitDirect polls a started direct exec until the agent reports it
+// exited (st when it already did), killing it on timeout and ending
+// background holders of its output once it is gone.
+func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start time.Time, p *poller, st *guestExec) (directEnd, error) {
+	killed := false
+	var firstKill, lastKill time.Time
+	probeEvery := directProbeFirst
+	nextProbe := start.Add(probeEvery)
+	for st == nil || !st.Exited {
+		if ctx.Err() != nil {
+			return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+		}
+		if req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
+			// Repeated while the command lives: its children may fork
+			// between the listing and the kill.
+			if err := a.killDirect(ctx, pid); err != nil {
+				if ctx.Err() != nil {
+					return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+				}
+				return directEnd{}, fmt.Errorf("qga exec: kill after timeout: %w", err)
+			}
+			if !killed {
+				firstKill = time.Now()
+			}
+			killed, lastKill = true, time.Now()
+		}
+		if killed && time.Since(firstKill) > killGrace {
+			return directEnd{}, fmt.Errorf("qga exec: pid %d or a process holding its output still running %v after SIGKILL", pid, killGrace)
+		}
+		if !killed && time.Now().After(nextProbe) {
+			if err := a.endHolders(ctx, pid); err != nil {
+				if ctx.Err() != nil {
+					return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+				}
+				return directEnd{}, fmt.Errorf("qga exec: check for background holders: %w", err)
+			}
+			probeEvery = min(2*probeEvery, directProbeMax)
+			nextProbe = time.Now().Add(probeEvery)
+		}
+		err := a.session(ctx, func(cn *conn) (err error) {
+			cn.maxReply = directReplyBound
+			st, err = cn.execStatus(pid)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+			}
+			return directEnd{}, fmt.Errorf("qga exec: poll: %w", err)
+		}
+		if st.Exited {
+			break
+		}
+		if err := sleepCtx(ctx, p.next()); err != nil {
+			return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+		}
+	}
+	return directEnd{st: st, timedOut: killed}, nil
+}
+
+// killDirectScript kills the session and process group led by the direct
+// command $1, and the command itself while its parent is the agent (the
+// shell's parent) in case setsid has not run yet. It never names the
+// agent's own group: before setsid there is no group $1. While the session
+// or group has members the kernel does not reuse the number $1; only when
+// the command is gone and every holder of its output escaped into a
+// session of its own could a reused $1 be hit.
+const killDirectScript = `p=$1
+pkill -9 -s "$p" 2>/dev/null
+kill -9 -"$p" 2>/dev/null
+if read -r s 2>/dev/null </proc/"$p"/stat; then
+	set -- ${s##*") "}
+	[ "$2" = "$PPID" ] && kill -9 "$p" 2>/dev/null
+fi
+exit 0`
+
+// killDirect kills a direct exec's tree.
+func (a *Agent) killDirect(ctx context.Context, pid int) error {
+	_, err := a.run(ctx, []string{"/bin/sh", "-c", killDirectScript, "pve-inspect-kill", strconv.Itoa(pid)})
+	return err
+}
+
+// endHoldersScript exits 3 while the direct command $1 runs (a zombie
+// counts as gone); once it is gone, it kills the processes of its session
+// and group that hold one of the agent's pipes (the agent is the shell's
+// parent): the background processes that keep the output open. While they
+// live the session and group keep the number $1 from being reused.
+const endHoldersScript = `p=$1
+if read -r s 2>/dev/null </proc/"$p"/stat; then
+	set -- ${s##*") "}
+	[ "$1" = Z ] || exit 3
+fi
+a=" $(ls -l /proc/$PPID/fd 2>/dev/null | grep -o 'pipe:\[[0-9]*\]' | tr '\n' ' ')"
+for q in $(pgrep -s "$p"; pgrep -g "$p"); do
+	for l in $(ls -l /proc/"$q"/fd 2>/dev/null | grep -o 'pipe:\[[0-9]*\]'); do
+		case $a in *" $l "*) kill -9 "$q" 2>/dev/null; break ;; esac
+	done
+done
+exit 0`
+
+// endHolders kills the background holders of a direct exec's output once
+// the command itself is gone; while it runs, it does nothing.
+func (a *Agent) endHolders(ctx context.Context, pid int) error {
+	r, err := a.run(ctx, []string{"/bin/sh", "-c", endHoldersScript, "pve-inspect-holders", strconv.Itoa(pid)})
+	if err != nil {
+		return err
+	}
+	if r.ExitCode != 0 && r.ExitCode != 3 {
+		return r.err()
+	}
+	return nil
+}
