@@ -7,11 +7,13 @@
 // frees the image. Integrity is checked by sha256 on both sides. Downloads
 // run the same steps in reverse. DESIGN.md section 10, ISSUE 18.
 //
-// Where the time goes (image.go, the scripts): every byte is moved once
-// on each side in 4 MiB blocks, hashed while it moves (a second goroutine
-// on the node, openssl where the guest has it), with O_DIRECT on the
-// guest's disk and no fsync on either side. Each transfer logs its phases
-// at debug level.
+// Where the time goes (image.go, progress.go, the scripts): every byte is
+// moved once on each side in 4 MiB blocks, hashed while it moves (a second
+// goroutine on the node, openssl where the guest has it), with O_DIRECT on
+// the guest's disk and no fsync on either side; an upload's guest copy
+// follows the node's writing through a progress record in the image
+// instead of waiting for the whole body. Each transfer logs its phases at
+// debug level.
 package diskxfer
 
 import (
@@ -115,8 +117,9 @@ const (
 )
 
 // blockSize is the unit of image I/O: the node's buffers and the guest's
-// dd blocks. Images are allocated in whole blocks, so the guest writes
-// only full, aligned blocks (O_DIRECT needs them).
+// dd blocks (the scripts' 4M and 4194304). Images are allocated in whole
+// blocks, so the guest writes only full, aligned blocks (O_DIRECT needs
+// them).
 const blockSize = 4 << 20
 
 // imageSize is the image allocated for a transfer of size bytes: whole
@@ -161,6 +164,7 @@ trap 'rm -f -- "$tmp"' EXIT
 in="iflag=direct"
 dd if="$dev" of=/dev/null bs=4096 count=1 $in status=none 2>/dev/null || in=""
 rec=$((blocks * 1024))
+[ "$rec" -gt 0 ] || rec=1024
 progress() {
   [ -n "$in" ] || blockdev --flushbufs "$dev" 2>/dev/null
   set -- $(dd if="$dev" bs=4096 skip="$rec" count=1 $in status=none | tr -d '\000' | head -n 1)
