@@ -205,7 +205,7 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 }
 
 // waitGuest waits for the agent to answer guest-ping and eth0 to have a
-// DHCP address.
+// DHCP address and the default route the lease gives.
 func (b *Bed) waitGuest(ctx context.Context, g *Guest, console string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -245,6 +245,21 @@ func guestIPv4(ns string) netip.Addr {
 	defer nl.Close()
 	l, err := nl.LinkByName("eth0")
 	if err != nil {
+		return netip.Addr{}
+	}
+	// the DHCP client sets the address before the default route: a guest
+	// counts as leased only with both (every bed vnet offers a router)
+	routes, err := nl.RouteList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}
+	}
+	hasDefault := false
+	for _, r := range routes {
+		if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw != nil {
+			hasDefault = true
+		}
+	}
+	if !hasDefault {
 		return netip.Addr{}
 	}
 	addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
