@@ -202,12 +202,19 @@ type guestExec struct {
 }
 
 func (cn *conn) execStart(argv []string, input []byte, capture bool) (int, error) {
+	return cn.execStartEnv(argv, nil, input, capture)
+}
+
+// execStartEnv is execStart with the command's whole environment (env nil:
+// the agent's own; qemu-ga does not merge the two).
+func (cn *conn) execStartEnv(argv, env []string, input []byte, capture bool) (int, error) {
 	args := struct {
 		Path    string   `json:"path"`
 		Arg     []string `json:"arg,omitempty"`
+		Env     []string `json:"env,omitempty"`
 		Input   string   `json:"input-data,omitempty"`
 		Capture bool     `json:"capture-output,omitempty"`
-	}{Path: argv[0], Arg: argv[1:], Capture: capture}
+	}{Path: argv[0], Arg: argv[1:], Env: env, Capture: capture}
 	if input != nil {
 		args.Input = base64.StdEncoding.EncodeToString(input)
 	}
@@ -291,6 +298,7 @@ const killGrace = 30 * time.Second
 // runResult is the outcome of a small internal command.
 type runResult struct {
 	ExitCode int
+	Stdout   []byte
 	Stderr   []byte
 }
 
@@ -323,8 +331,11 @@ func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
 		if st.Exited {
 			var res ExecResult
 			st.outcome(&res)
-			stderr, _ := base64.StdEncoding.DecodeString(st.ErrData)
-			return &runResult{ExitCode: res.ExitCode, Stderr: stderr}, nil
+			var out ExecResult
+			if err := collect(&out, st, agentOutputCap); err != nil {
+				return nil, err
+			}
+			return &runResult{ExitCode: res.ExitCode, Stdout: out.Stdout, Stderr: out.Stderr}, nil
 		}
 		if err := sleepCtx(ctx, p.next()); err != nil {
 			return nil, err
