@@ -277,10 +277,13 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 			l4proto(unix.IPPROTO_UDP), dport(),
 			&expr.Cmp{Op: expr.CmpOpGte, Register: 1, Data: be16(67)},
 			&expr.Cmp{Op: expr.CmpOpLte, Register: 1, Data: be16(68)}, accept()),
-		rule("guest-dns-udp", "udp dport 53 counter accept",
-			l4proto(unix.IPPROTO_UDP), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(53)}, accept()),
-		rule("guest-dns-tcp", "tcp dport 53 counter accept",
-			l4proto(unix.IPPROTO_TCP), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(53)}, accept()),
+		// DNS only to an address of the guest's own bridge (the zone
+		// resolver on its gateway): not to the node's other addresses, nor
+		// to another zone's resolver
+		rule("guest-dns-udp", "udp dport 53 fib daddr . iif type local counter accept",
+			l4proto(unix.IPPROTO_UDP), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(53)}, daddrOnIIF(), accept()),
+		rule("guest-dns-tcp", "tcp dport 53 fib daddr . iif type local counter accept",
+			l4proto(unix.IPPROTO_TCP), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(53)}, daddrOnIIF(), accept()),
 		rule("guest-input-drop", "counter drop", drop()),
 	}
 
@@ -353,6 +356,15 @@ func ifname(n string) []byte {
 }
 
 func be16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+
+// daddrOnIIF matches packets to an address of the interface they came in
+// on: "fib daddr . iif type local".
+func daddrOnIIF() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagDADDR: true, FlagIIF: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+	}
+}
 
 // rule builds a rule from expressions and expression lists; every rule
 // counts, so a counter goes right before the verdict unless one is there.

@@ -75,11 +75,22 @@ type lazyHeader struct {
 }
 
 func (l *lazyHeader) Write(p []byte) (int, error) {
+	l.start()
+	return l.w.Write(p)
+}
+
+// ReadFrom lets the response copy from r its own way: net/http sends a
+// file with sendfile(2). The header goes out before the first read.
+func (l *lazyHeader) ReadFrom(r io.Reader) (int64, error) {
+	l.start()
+	return io.Copy(l.w, r)
+}
+
+func (l *lazyHeader) start() {
 	if !l.started {
 		l.started = true
 		startDownload(l.w, l.size)
 	}
-	return l.w.Write(p)
 }
 
 // errCut ends a read once the announced size was written.

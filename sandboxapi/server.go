@@ -428,6 +428,18 @@ func (w *statusWriter) Flush() {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// ReadFrom keeps net/http's own ReadFrom, which sends a file with
+// sendfile(2) (large downloads).
+func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{w.ResponseWriter}, r)
+}
+
 // wrap adds authentication, the deadline, metrics and panic safety.
 func (s *Server) wrap(rt route) http.Handler {
 	pattern := rt.method + " " + rt.path

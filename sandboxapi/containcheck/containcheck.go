@@ -114,6 +114,7 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 			}
 		}
 	}
+	spec.LAN = outsideSandboxes(spec.LAN, t)
 	plan, err := containment.NewPlan(spec, pol)
 	if err != nil {
 		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: %w", err)
@@ -143,6 +144,23 @@ func inNetworks(a netip.Addr, nws []sandboxapi.Network) bool {
 		}
 	}
 	return false
+}
+
+// outsideSandboxes drops the LAN targets that lie in a subnet of the
+// sandbox or of another sandbox on the node: those are sandbox zones (the
+// other-zone rows cover them), not the operator's network.
+func outsideSandboxes(lan []netip.AddrPort, t sandboxapi.CheckTarget) []netip.AddrPort {
+	out := lan[:0:0]
+	for _, ap := range lan {
+		in := inNetworks(ap.Addr(), t.Sandbox.Networks)
+		for _, o := range t.Others {
+			in = in || inNetworks(ap.Addr(), o.Networks)
+		}
+		if !in {
+			out = append(out, ap)
+		}
+	}
+	return out
 }
 
 // layer2 asks for the layer-2 rows of the VM's first NIC (net0, on nw's

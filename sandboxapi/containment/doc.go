@@ -26,12 +26,24 @@
 //
 //   - A refused connection proves a route exists: it counts as reachable.
 //     So does an HTTP or TLS failure after the TCP handshake.
+//   - UDP (the node's DNS, NTP, SNMP and corosync ports on every node
+//     address; DNS and SNMP on LAN addresses and other zones' guests): a
+//     reply or an ICMP port unreachable is reachable, an ICMP host, net or
+//     prohibited unreachable is blocked, and silence is decided by a
+//     canary, a closed high port on the same address the probe tries
+//     first: if it comes back port unreachable, the silent port took the
+//     datagram (reachable); if it is silent too, blocked. The full rule, and
+//     what ICMP rate limits do to it, is in udp.go.
 //   - Positive controls keep a dead network from reading as a pass: the VM
 //     has a DHCP lease (an IPv4 in the zone subnet on the default-route
 //     interface, default route via the zone gateway), the zone resolver
 //     answers a local name, and when the policy lets guests reach the
-//     internet, the public address answers. A failed control fails the
-//     check, and every "blocked as expected" row is then UNPROVEN, not PASS.
+//     internet, the public address answers. For UDP, a closed port on the
+//     guest's own loopback (and, when the internet is promised, on the
+//     public address) must come back port unreachable, so a probe that
+//     cannot read ICMP errors never reads everything as blocked. A failed
+//     control fails the check, and every "blocked as expected" row is then
+//     UNPROVEN, not PASS.
 //   - Expectations come from the caller's Policy, so one runner serves
 //     "guard on", "lockdown on" and the test bed's honesty test where
 //     everything must be reachable.

@@ -15,10 +15,11 @@ func TestWithEgress(t *testing.T) {
 		internet, recurse Verdict
 		controls          int // positive controls in the plan
 	}{
-		{"open", Reachable, Reachable, 3},
-		{"", Reachable, Reachable, 3},
-		{"allowlist", Blocked, Blocked, 0},
-		{"none", Blocked, Blocked, 0},
+		// the resolver, public HTTP and HTTPS, the UDP self-check and public canary
+		{"open", Reachable, Reachable, 5},
+		{"", Reachable, Reachable, 5},
+		{"allowlist", Blocked, Blocked, 1}, // the UDP self-check (no public canary under an egress policy)
+		{"none", Blocked, Blocked, 1},
 	} {
 		p := WithEgress(GuardPolicy(), tc.mode)
 		if p.Internet != tc.internet || p.DNSRecursion != tc.recurse || p.Metadata != Blocked || p.ControlPlane != Blocked {

@@ -19,7 +19,7 @@ import (
 
 func layer2Spec() Spec {
 	return Spec{Gateway: netip.MustParseAddr("10.10.1.1"), Subnet: netip.MustParsePrefix("10.10.1.0/24"),
-		ControlPorts: []Port{{22, "SSH"}}, Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{},
+		ControlPorts: []Port{{22, "SSH"}}, Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{}, UDPPorts: []Port{}, PeerUDPPorts: []Port{},
 		Public: []netip.Addr{netip.MustParseAddr("203.0.113.10")}, ExternalName: "example.test", LocalName: "vm.zone.test",
 		Layer2: &Layer2Spec{Bridge: "vneta", GuestPorts: []string{"tap101i0", "fwpr101p0"}, GuestAddr: netip.MustParseAddr("10.10.1.100")}}
 }

@@ -176,6 +176,12 @@ type Spec struct {
 	Timeout time.Duration
 	// Egress, when set, adds the rows of an allow-list egress policy.
 	Egress *EgressSpec
+	// UDPPorts are the node's UDP services, probed on the gateway(s) and
+	// every host address; nil = DefaultUDPPorts.
+	UDPPorts []Port
+	// PeerUDPPorts are probed on every OtherZone and LAN address; nil =
+	// DefaultPeerUDPPorts.
+	PeerUDPPorts []Port
 	// Layer2, when set, adds the layer-2 spoofing rows (layer2.go); the
 	// Runner then needs an Observer.
 	Layer2 *Layer2Spec
@@ -211,6 +217,10 @@ type Check struct {
 	// reachable: a connection closed before one (a refused name) is
 	// blocked.
 	NeedResponse bool `json:"need_response,omitempty"`
+	// ByCanary (udp) judges the row by closed ports alone: reachable when
+	// the canary or the row's own (closed) port came back refused (the UDP
+	// controls).
+	ByCanary bool `json:"by_canary,omitempty"`
 }
 
 // Lease is the DHCP-lease control's expectation.
@@ -336,6 +346,9 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 	for _, a := range spec.Public6 {
 		add(Check{Group: GroupIPv6, Name: "public HTTP over IPv6 " + a.String(), Expect: pol.IPv6,
 			Target: probe.Target{Kind: probe.KindHTTP, Addr: netip.AddrPortFrom(a, 80).String()}})
+	}
+	if err := addUDP(spec, pol, add); err != nil {
+		return nil, err
 	}
 	if e := spec.Egress; e != nil {
 		if e.AllowedName == "" || e.DeniedName == "" {

@@ -234,6 +234,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 		}
 		return s
 	}
+	if c.Target.Kind == probe.KindUDP {
+		return observeUDP(c, r, timeout, with)
+	}
 	switch r.Outcome {
 	case probe.OutcomeOpen:
 		if c.NeedResponse {
@@ -295,6 +298,8 @@ func describeTarget(t probe.Target) string {
 			q = "A"
 		}
 		return fmt.Sprintf("dns %s %s %s", t.Addr, t.Name, q)
+	case probe.KindUDP:
+		return describeUDP(t)
 	}
 	return fmt.Sprintf("%s %s", t.Kind, t.Addr)
 }

@@ -44,6 +44,8 @@ func goldenReport(p *Plan) *probe.Report {
 	for _, c := range p.Checks {
 		r := probe.Result{ID: c.Target.ID, Outcome: probe.OutcomeTimeout, ElapsedMS: 3000}
 		switch {
+		case c.Target.Kind == probe.KindUDP:
+			r = goldenUDP(c)
 		case c.Target.Kind == probe.KindDNS:
 			r = probe.Result{ID: c.Target.ID, Outcome: probe.OutcomeResponse, RCode: "NOERROR", Answers: 1, ElapsedMS: 2}
 		case c.Group == GroupInternet:
@@ -60,6 +62,23 @@ func goldenReport(p *Plan) *probe.Report {
 		rep.Results = append(rep.Results, r)
 	}
 	return rep
+}
+
+// goldenUDP: the canaries come back on loopback and the public address;
+// the node's NTP is silent while its canary is refused (a leak: a silent
+// service got the datagram); the other zone's guest is prohibited; the
+// rest is silent with silent canaries.
+func goldenUDP(c Check) probe.Result {
+	r := probe.Result{ID: c.Target.ID, Outcome: probe.OutcomeNoReply, Canary: probe.OutcomeNoReply, Detail: "no reply; canary port 61234: no reply", ElapsedMS: 3000}
+	switch {
+	case strings.HasPrefix(c.Target.Addr, "127.0.0.1:"), strings.HasPrefix(c.Target.Addr, "203.0.113.10:"):
+		r = probe.Result{ID: c.Target.ID, Outcome: probe.OutcomeRefused, Canary: probe.OutcomeRefused, Detail: "ICMP port unreachable; canary port 61234: ICMP port unreachable", ElapsedMS: 1}
+	case c.Target.Addr == "192.0.2.2:123":
+		r.Canary, r.Detail = probe.OutcomeRefused, "no reply; canary port 61234: ICMP port unreachable"
+	case strings.HasPrefix(c.Target.Addr, "10.10.2.50:"):
+		r = probe.Result{ID: c.Target.ID, Outcome: probe.OutcomeUnreachable, Canary: probe.OutcomeUnreachable, Detail: "unreachable: read udp: no route to host", ElapsedMS: 1}
+	}
+	return r
 }
 
 func TestGoldenTable(t *testing.T) {
@@ -87,7 +106,7 @@ func TestGoldenTable(t *testing.T) {
 	for _, r := range res.Failed() {
 		failed = append(failed, r.Target)
 	}
-	want := []string{"tcp 10.10.1.1:8443", "http PUT 169.254.169.254:80/latest/api/token", "tcp 192.168.77.10:80"}
+	want := []string{"tcp 10.10.1.1:8443", "http PUT 169.254.169.254:80/latest/api/token", "tcp 192.168.77.10:80", "udp 192.0.2.2:123 ntp"}
 	if strings.Join(failed, "|") != strings.Join(want, "|") {
 		t.Errorf("failed %v, want %v", failed, want)
 	}
@@ -108,6 +127,9 @@ func TestGoldenTableDeadNetwork(t *testing.T) {
 		r := probe.Result{ID: c.Target.ID, Outcome: probe.OutcomeTimeout, ElapsedMS: 3000}
 		if c.Target.Kind == probe.KindDNS {
 			r.Outcome = probe.OutcomeNoReply
+		}
+		if c.Target.Kind == probe.KindUDP {
+			r.Outcome, r.Canary = probe.OutcomeNoReply, probe.OutcomeNoReply
 		}
 		rep.Results = append(rep.Results, r)
 	}
@@ -142,7 +164,7 @@ func golden(t *testing.T, name string, got []byte) {
 
 func TestEvaluate(t *testing.T) {
 	spec := Spec{Gateway: netip.MustParseAddr("10.10.1.1"), Subnet: netip.MustParsePrefix("10.10.1.0/24"),
-		ControlPorts: []Port{{22, "SSH"}}, Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{},
+		ControlPorts: []Port{{22, "SSH"}}, Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{}, UDPPorts: []Port{}, PeerUDPPorts: []Port{},
 		Public: []netip.Addr{netip.MustParseAddr("203.0.113.10")}, ExternalName: "example.test", LocalName: "vm.zone.test"}
 	plan, err := NewPlan(spec, GuardPolicy())
 	if err != nil {
@@ -223,14 +245,23 @@ func TestNewPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := count(p, GroupControlPlane); n != 10 { // 5 ports x (gateway + 1 host address)
-		t.Errorf("%d control-plane checks, want 10", n)
+	// 5 TCP ports x (gateway + 1 host address), 4 UDP ports on the host
+	// address and 3 on the gateway (not DNS: the zone resolver)
+	if n, _ := count(p, GroupControlPlane); n != 10+4+3 {
+		t.Errorf("%d control-plane checks, want 17", n)
+	}
+	// each peer port on the other zone's guest and the LAN address
+	if n, _ := count(p, GroupOtherZone); n != 1+len(DefaultPeerUDPPorts()) {
+		t.Errorf("%d other-zone checks", n)
+	}
+	if n, _ := count(p, GroupLAN); n != 1+len(DefaultPeerUDPPorts()) {
+		t.Errorf("%d LAN checks", n)
 	}
 	if n, _ := count(p, GroupMetadata); n != 4 { // 2 endpoints x (GET + PUT)
 		t.Errorf("%d metadata checks, want 4", n)
 	}
-	if _, c := count(p, GroupInternet); c != 2 {
-		t.Errorf("guard: %d internet controls, want 2", c)
+	if _, c := count(p, GroupInternet); c != 3 { // HTTP, HTTPS, the UDP canary
+		t.Errorf("guard: %d internet controls, want 3", c)
 	}
 	for _, c := range p.Checks {
 		if c.Target.Method == "PUT" && c.Target.Headers[TokenTTLHeader] == "" {
@@ -244,8 +275,19 @@ func TestNewPlan(t *testing.T) {
 	if _, c := count(lp, GroupInternet); c != 0 {
 		t.Errorf("lockdown: %d internet controls, want 0", c)
 	}
-	if _, c := count(lp, GroupControl); c != 1 {
-		t.Errorf("lockdown: %d resolver controls, want 1", c)
+	if _, c := count(lp, GroupControl); c != 2 { // the resolver, the UDP self-check
+		t.Errorf("lockdown: %d controls, want 2", c)
+	}
+	none := base
+	none.UDPPorts, none.PeerUDPPorts = []Port{}, []Port{}
+	np, err := NewPlan(none, GuardPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range np.Checks {
+		if c.Target.Kind == probe.KindUDP {
+			t.Errorf("UDP row %q with both UDP port lists empty", c.Name)
+		}
 	}
 	defaults := base
 	defaults.ControlPorts, defaults.Metadata, defaults.MetadataDNS = nil, nil, nil
@@ -268,6 +310,7 @@ func TestNewPlan(t *testing.T) {
 		{"no local name", func(s *Spec, _ *Policy) { s.LocalName = "" }, "local_name"},
 		{"bad name", func(s *Spec, _ *Policy) { s.LocalName = "a b" }, "name"},
 		{"port 0", func(s *Spec, _ *Policy) { s.ControlPorts = []Port{{0, "x"}} }, "port 0"},
+		{"udp port 0", func(s *Spec, _ *Policy) { s.PeerUDPPorts = []Port{{0, "x"}} }, "udp port 0"},
 		{"no public with internet expected", func(s *Spec, _ *Policy) { s.Public = nil }, "public"},
 		{"bad policy", func(_ *Spec, p *Policy) { p.LAN = "maybe" }, "policy lan"},
 		{"timeout", func(s *Spec, _ *Policy) { s.Timeout = -1 }, "timeout"},

@@ -148,7 +148,7 @@ func (r *Runner) execTimeout(req *probe.Request) time.Duration {
 		longest = max(longest, ms)
 	}
 	batches := (len(req.Targets) + n - 1) / n
-	return time.Duration(batches*longest)*time.Millisecond + 15*time.Second
+	return time.Duration(batches*longest)*time.Millisecond + probe.CanaryPhase(req) + 15*time.Second
 }
 
 // matchIDs requires exactly the requested ids in the report.

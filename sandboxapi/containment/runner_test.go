@@ -89,6 +89,13 @@ func newZoneBed(t *testing.T) *zoneBed {
 	guest.IP(t, "route", "add", "default", "via", "10.77.0.1")
 	guest.IP(t, "-6", "route", "add", "default", "via", "fd77::1")
 	guest.ResolvConf(t, "nameserver 10.77.0.1\n")
+	// The subtests probe back to back from one guest: the node's ICMP rate
+	// limit per peer (IPv4: a burst of 6, then one a second) would starve
+	// the later runs' UDP canaries, which then read as blocked. A real
+	// check runs once per new VM; see the UDP rule in udp.go.
+	if out, err := node.Command(context.Background(), "sysctl", "-q", "-w", "net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v: %s", err, out)
+	}
 
 	for _, port := range []string{"8006", "22", "3128"} {
 		node.Listen(t, "tcp", ":"+port)
@@ -124,6 +131,9 @@ const guardRules = `table inet pitest {
 		tcp dport { 8006, 22, 3128 } drop
 		ip daddr { 169.254.169.254, 169.254.169.253, 100.100.100.200, 168.63.129.16, 192.168.77.10, 10.20.0.5 } drop
 		ip6 daddr { fd00:ec2::254, fe80::a9fe:a9fe, 2001:db8:100::10 } drop
+		ip daddr 10.77.0.1 udp dport != { 53, 67 } drop
+		ip daddr 198.51.100.1 meta l4proto udp drop
+		ip6 daddr fd77::1 meta l4proto udp drop
 	}
 }
 `
@@ -222,7 +232,8 @@ func TestRunnerInNamespaces(t *testing.T) {
 	t.Run("guarded network, lockdown policy", func(t *testing.T) {
 		res := runBed(t, b, LockdownPolicy())
 		got := rowsBy(res, Fail)
-		want := []string{"public HTTP 203.0.113.10", "public HTTPS 203.0.113.10", "zone resolver recurses for example.test"}
+		want := []string{"public HTTP 203.0.113.10", "public HTTPS 203.0.113.10", "zone resolver recurses for example.test",
+			"public 203.0.113.10 answers a closed UDP port with ICMP port unreachable (UDP canary)"}
 		if strings.Join(got, "|") != strings.Join(want, "|") {
 			t.Errorf("failed rows %v, want %v", got, want)
 		}
@@ -234,8 +245,9 @@ func TestRunnerInNamespaces(t *testing.T) {
 		if res.Passed() || res.ControlsOK {
 			t.Fatalf("passed=%v controls=%v on a dead network", res.Passed(), res.ControlsOK)
 		}
-		if n := len(rowsBy(res, Pass)); n != 1 { // only the static lease
-			t.Errorf("%d rows PASS on a dead network, want 1 (the lease): %v", n, rowsBy(res, Pass))
+		// only the static lease and the guest's own loopback (the UDP self-check)
+		if n := len(rowsBy(res, Pass)); n != 2 {
+			t.Errorf("%d rows PASS on a dead network, want 2 (the lease, the UDP self-check): %v", n, rowsBy(res, Pass))
 		}
 		if len(rowsBy(res, Unproven)) == 0 {
 			t.Error("no UNPROVEN rows on a dead network")
@@ -261,6 +273,7 @@ func (g *scriptedGuest) Exec(context.Context, []string, []byte, time.Duration) (
 
 func TestRunnerHostileOutput(t *testing.T) {
 	spec := Spec{Gateway: netip.MustParseAddr("10.10.1.1"), Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{}, ControlPorts: []Port{{22, "SSH"}},
+		UDPPorts: []Port{}, PeerUDPPorts: []Port{},
 		ExternalName: "example.test", LocalName: "a.zone.test"}
 	plan, err := NewPlan(spec, LockdownPolicy())
 	if err != nil {

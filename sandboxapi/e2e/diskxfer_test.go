@@ -18,11 +18,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
@@ -213,6 +216,59 @@ func TestBedDiskTransfer(t *testing.T) {
 		res, _ := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -A /mnt/small | wc -l"}})
 		if res == nil || strings.TrimSpace(string(res.Stdout)) != "0" {
 			t.Errorf("partial file left in the guest: %+v", res)
+		}
+	})
+
+	t.Run("sizes at block edges, straight through the transfer", func(t *testing.T) {
+		// 0 bytes and a block and a bit: the progress record's place and
+		// the padded last block, which the API's threshold keeps away.
+		g := qgaguest.Dialer(qga.New(qga.Options{}))(filepath.Join(e.bed.QGADir(), strconv.Itoa(vmid)+".qga"))
+		for _, size := range []int64{0, 4<<20 + 3} {
+			up := sha256.New()
+			if err := sw.get().Upload(ctx, vmid, g, "/root/edge", io.TeeReader(stream(6, size), up), size, 0o600); err != nil {
+				t.Fatalf("upload %d bytes: %v", size, err)
+			}
+			if got := guestSum(t, "/root/edge"); got != sumHex(up) {
+				t.Fatalf("%d bytes: guest file sha256 %s, sent %s", size, got, sumHex(up))
+			}
+			down := sha256.New()
+			if n, err := sw.get().Download(ctx, vmid, g, "/root/edge", size, down); err != nil || n != size || sumHex(down) != sumHex(up) {
+				t.Fatalf("download %d bytes: %d, %v", size, n, err)
+			}
+			noImage(t)
+		}
+	})
+
+	t.Run("a client that stops sending mid-upload", func(t *testing.T) {
+		// The guest copies while the node writes; a body that breaks off
+		// ends both, and neither an image nor a guest temp file remains.
+		before := diskRequests()
+		body := io.MultiReader(stream(5, 20<<20), iotest.ErrReader(errors.New("client went away")))
+		if err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/cut", body, 60<<20, 0); err == nil {
+			t.Fatal("a broken body was accepted")
+		}
+		// The client's error can come before the server has cleaned up.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -a /root | grep -c -e cut -e pve-inspect-xfer"}})
+			files := 0
+			if err == nil {
+				files, _ = strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+			}
+			var left []string
+			_ = filepath.Walk(images, func(p string, fi os.FileInfo, err error) error {
+				if err == nil && !fi.IsDir() {
+					left = append(left, p)
+				}
+				return nil
+			})
+			if err == nil && files == 0 && len(left) == 0 && diskRequests() > before {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after a broken upload: guest files %d (%v), images %v", files, err, left)
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
 	})
 

@@ -49,7 +49,10 @@
 // 64 KiB and MaxChunk (16 MiB; qemu-ga refuses messages over 64 MiB of JSON
 // tokens, i.e. chunks over 48 MiB - 192 bytes). Each chunk is its own
 // session, so other clients (Proxmox's pings) interleave between chunks;
-// the caller's reader and writer are used outside the per-VM lock. Writes
+// the caller's reader and writer are used outside the per-VM lock, one
+// chunk ahead of the agent (pipeline.go): the next chunk is read from the
+// caller while the agent writes the current one, and a chunk read from the
+// agent goes to the caller while the next is fetched. Writes
 // go to a temporary file in the target directory, which is renamed over
 // the target (chmod + mv, one guest-exec) only when complete; a missing
 // parent directory is created on the first not-found. Handles are closed

@@ -1,6 +1,7 @@
 package qga
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -146,8 +147,12 @@ func (a *Agent) newChunker(hi int) *chunker {
 	return &chunker{size: min(1<<20, hi), lo: min(minChunk, hi), hi: hi, target: a.c.opts.ChunkTarget}
 }
 
-func (k *chunker) observe(n int, d time.Duration) {
-	if n < k.size {
+func (k *chunker) observe(n int, d time.Duration) { k.observeAsked(k.size, n, d) }
+
+// observeAsked is observe for a chunk of asked bytes, which a read-ahead
+// chose before the size last changed.
+func (k *chunker) observeAsked(asked, n int, d time.Duration) {
+	if n < asked {
 		return // a short (last) chunk says little about the rate
 	}
 	d = max(d, time.Millisecond)
@@ -238,12 +243,23 @@ func (a *Agent) readFile(ctx context.Context, p string, w io.Writer, limit int64
 			a.closeHandles(ctx, h)
 		}
 	}()
+	// w is written by a goroutine while the next chunk is fetched; end
+	// stops it and returns what reached w. An error of w wins: it ended
+	// the stream first.
+	aw := newAsyncWriter(w)
+	end := func(err error) (int64, error) {
+		n, werr := aw.close()
+		if werr != nil {
+			return n, wrap(werr)
+		}
+		return n, err
+	}
 	k := a.newChunker(a.maxReadChunk())
-	var total, size int64
+	var fetched, size int64
 	for first := true; ; first = false {
 		count := k.size
 		if limit > 0 {
-			count = int(min(int64(count), limit-total+1))
+			count = int(min(int64(count), limit-fetched+1))
 		}
 		var data []byte
 		var eof bool
@@ -267,36 +283,33 @@ func (a *Agent) readFile(ctx context.Context, p string, w io.Writer, limit int64
 			if len(data) == 0 && !eof {
 				return cn.fail(KindMalformed, "guest-file-read", errors.New("empty read without EOF"))
 			}
-			if eof || (limit > 0 && total+int64(len(data)) > limit) {
+			if eof || (limit > 0 && fetched+int64(len(data)) > limit) {
 				err = cn.fileClose(h)
 				h = -1
 			}
 			return err
 		})
 		if err != nil {
-			return total, wrap(err)
+			return end(wrap(err))
 		}
 		if first && sizeFn != nil {
 			if err := sizeFn(size); err != nil {
-				return 0, err
+				return end(err)
 			}
 		}
 		k.observe(len(data), time.Since(start))
-		if limit > 0 && total+int64(len(data)) > limit {
-			n, err := w.Write(data[:limit-total])
-			total += int64(n)
-			if err != nil {
-				return total, wrap(err)
+		if limit > 0 && fetched+int64(len(data)) > limit {
+			if err := aw.write(data[:limit-fetched]); err != nil {
+				return end(nil)
 			}
-			return total, wrap(fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit))
+			return end(wrap(fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit)))
 		}
-		n, err := w.Write(data)
-		total += int64(n)
-		if err != nil {
-			return total, wrap(err)
+		if err := aw.write(data); err != nil {
+			return end(nil)
 		}
+		fetched += int64(len(data))
 		if eof {
-			return total, nil
+			return end(nil)
 		}
 	}
 }
@@ -380,59 +393,52 @@ func (a *Agent) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.Fi
 
 // writeHandle writes first and then everything from r to the open guest
 // handle h, one chunk per connection, and returns the number of bytes
-// written. r is read outside the per-VM lock.
+// written. r is read outside the per-VM lock, a chunk ahead: the next
+// chunk is read while the agent writes the current one (pipeline.go).
 func (a *Agent) writeHandle(ctx context.Context, h int64, first []byte, r io.Reader) (int64, error) {
 	k := a.newChunker(a.c.opts.MaxChunk)
-	buf := make([]byte, 0, min(k.size, a.c.opts.MaxChunk))
+	src := io.Reader(bytes.NewReader(first))
+	if r != nil {
+		src = io.MultiReader(src, r)
+	}
+	ra := newReadAhead(src)
+	defer ra.stop()
+	ra.request(k.size)
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		want := k.size
-		if cap(buf) < want {
-			buf = make([]byte, 0, want)
+		c := ra.next()
+		if c.err != nil && c.err != io.EOF {
+			return total, fmt.Errorf("read source: %w", c.err)
 		}
-		buf = buf[:0]
-		if len(first) > 0 {
-			n := min(len(first), want)
-			buf = append(buf, first[:n]...)
-			first = first[n:]
+		if c.err == nil {
+			ra.request(k.size)
 		}
-		var rerr error
-		if len(buf) < want && r != nil {
-			var n int
-			n, rerr = io.ReadFull(r, buf[len(buf):want])
-			buf = buf[:len(buf)+n]
-			if errors.Is(rerr, io.ErrUnexpectedEOF) || errors.Is(rerr, io.EOF) {
-				rerr = io.EOF
-			} else if rerr != nil {
-				return total, fmt.Errorf("read source: %w", rerr)
-			}
-		}
-		if len(buf) > 0 {
+		if len(c.b) > 0 {
 			start := time.Now()
-			chunk := buf
+			rest := c.b
 			err := a.session(ctx, func(cn *conn) error {
-				for len(chunk) > 0 {
-					n, err := cn.fileWrite(h, chunk)
+				for len(rest) > 0 {
+					n, err := cn.fileWrite(h, rest)
 					if err != nil {
 						return err
 					}
 					if n == 0 {
-						return fmt.Errorf("guest wrote 0 of %d bytes", len(chunk))
+						return fmt.Errorf("guest wrote 0 of %d bytes", len(rest))
 					}
-					chunk = chunk[n:]
+					rest = rest[n:]
 				}
 				return nil
 			})
 			if err != nil {
 				return total, err
 			}
-			total += int64(len(buf))
-			k.observe(len(buf), time.Since(start))
+			total += int64(len(c.b))
+			k.observeAsked(c.asked, len(c.b), time.Since(start))
 		}
-		if rerr == io.EOF || (r == nil && len(first) == 0) {
+		if c.err == io.EOF {
 			return total, nil
 		}
 	}

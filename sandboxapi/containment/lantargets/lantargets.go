@@ -4,7 +4,8 @@
 // on the interfaces that carry a default route (ARP and ND tables), and
 // one representative address of each private block (10/8, 172.16/12,
 // 192.168/16, 100.64/10: the block's usual router address). Every target is
-// probed on a few TCP ports; a guest must reach none of them.
+// probed on a few TCP ports (Ports) and, by the plan, on a few UDP ports
+// (containment.DefaultPeerUDPPorts); a guest must reach none of them.
 package lantargets
 
 import (

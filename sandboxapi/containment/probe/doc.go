@@ -5,11 +5,12 @@
 // (cmd/pve-inspect-probe, CGO_ENABLED=0). It reads a [Request] (a JSON list
 // of targets) and writes one [Report]: per target an [Outcome] that keeps
 // apart the answers a firewall can produce (open, refused, timeout,
-// unreachable, DNS reply, DNS no reply), plus local [Facts] (IPv4 lease and
-// default route, resolvers) that the host uses as positive controls. The
-// layer-2 kinds (layer2.go) send crafted Ethernet frames through a raw
-// packet socket on the default-route interface (the probe runs as root in
-// the guest) and report [OutcomeSent]: only the node sees where they went.
+// unreachable, DNS reply, DNS no reply, UDP reply), plus local [Facts]
+// (IPv4 lease and default route, resolvers) that the host uses as positive
+// controls. The layer-2 kinds (layer2.go) send crafted Ethernet frames
+// through a raw packet socket on the default-route interface (the probe
+// runs as root in the guest) and report [OutcomeSent]: only the node sees
+// where they went.
 //
 // Design decisions:
 //
@@ -18,6 +19,13 @@
 //     route exists, so the host counts it as reachable).
 //   - An HTTP or TLS failure after the TCP handshake is reported as
 //     [OutcomeOpen] with the error as detail: the route exists.
+//   - A udp target ([KindUDP]) sends its payload (a DNS query, an NTP
+//     client request, or a short datagram) on a connected socket, so the
+//     kernel reports the ICMP errors that come back: port unreachable as
+//     [OutcomeRefused], host/net/prohibited as [OutcomeUnreachable]. Before
+//     any target runs, the probe sends a canary to a random closed port
+//     (61000-65535) on every udp target's address and reports its outcome
+//     in [Result.Canary]: the host judges silence by it.
 //   - The output crosses the guest boundary, and the guest is hostile: the
 //     host reads it only through [ParseReport], which is strict (known fields,
 //     known values, one JSON value, bounded sizes and counts) and fuzzed.

@@ -16,6 +16,7 @@ var reportKeys = map[string]bool{
 	"interfaces": true, "default_route4": true, "default_route6": true, "resolvers": true, "errors": true,
 	"name": true, "up": true, "addrs": true, "iface": true, "gateway": true,
 	"id": true, "outcome": true, "http_status": true, "rcode": true, "answers": true, "detail": true, "elapsed_ms": true,
+	"canary": true,
 }
 
 // maxReportDepth is the deepest nesting a report has (report, facts,

@@ -75,6 +75,9 @@ func validateTarget(t Target) error {
 	if z := ap.Addr().Zone(); z != "" && !validIfaceName(z) {
 		return fmt.Errorf("addr: bad zone %q", z)
 	}
+	if t.Payload != "" && t.Kind != KindUDP {
+		return errors.New("payload: udp targets only")
+	}
 	if !isLayer2(t.Kind) && (t.Nonce != "" || t.SrcAddr != "" || t.SrcMAC != "") {
 		return errors.New("nonce, src_addr and src_mac belong to layer-2 targets only")
 	}
@@ -119,8 +122,10 @@ func validateTarget(t Target) error {
 		if t.QType != "" && t.QType != "A" && t.QType != "AAAA" {
 			return fmt.Errorf("qtype %q: want A or AAAA", t.QType)
 		}
+	case KindUDP:
+		return validateUDP(t)
 	default:
-		return fmt.Errorf("kind %q: want tcp, http, https or dns", clip(string(t.Kind), 16))
+		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp or a layer-2 kind", clip(string(t.Kind), 16))
 	}
 	return nil
 }
@@ -196,7 +201,7 @@ func validateResult(r Result) error {
 		return err
 	}
 	switch r.Outcome {
-	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError, OutcomeSent:
+	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError, OutcomeSent, OutcomeReply:
 		if r.HTTPStatus != 0 || r.RCode != "" || r.Answers != 0 {
 			return fmt.Errorf("outcome %s carries response fields", r.Outcome)
 		}
@@ -218,6 +223,9 @@ func validateResult(r Result) error {
 		}
 	default:
 		return fmt.Errorf("unknown outcome %q", clip(string(r.Outcome), 16))
+	}
+	if !validCanary(r.Canary) {
+		return fmt.Errorf("canary %q", clip(string(r.Canary), 16))
 	}
 	if err := cleanText(r.Detail, MaxDetailLen); err != nil {
 		return fmt.Errorf("detail: %w", err)

@@ -171,6 +171,8 @@ func FuzzParseReport(f *testing.F) {
 	f.Add([]byte(`{"version":1,"facts":{"interfaces":null,"resolvers":null},"results":null}`))
 	f.Add([]byte(`{"version":1,"results":[{"id":"a","outcome":"response","http_status":599,"elapsed_ms":0}]}`))
 	f.Add([]byte(`{"version":1,"results":[{"id":"a","outcome":"response","rcode":"RCODE4095","answers":65535,"elapsed_ms":600000}]}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"u","outcome":"reply","canary":"refused","detail":"48 bytes back","elapsed_ms":3}]}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"u","outcome":"no_reply","canary":"no_reply","elapsed_ms":3}]}`))
 	f.Add([]byte(`{"Version":1,"version":2}`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`{"version":1,"results":[{"id":"l","outcome":"sent","detail":"UDP from 02:00:5e:10:00:01 10.10.1.100 to 10.10.1.1:9 on eth0, 3 times","elapsed_ms":41}]}`))
@@ -188,7 +190,7 @@ func FuzzParseReport(f *testing.F) {
 			t.Fatalf("bounds broken: %d results, %d interfaces", len(rep.Results), len(rep.Facts.Interfaces))
 		}
 		for _, r := range rep.Results {
-			if len(r.Detail) > MaxDetailLen || len(r.ID) > MaxIDLen || (r.Outcome == OutcomeResponse) == (r.HTTPStatus == 0 && r.RCode == "") {
+			if len(r.Detail) > MaxDetailLen || len(r.ID) > MaxIDLen || (r.Outcome == OutcomeResponse) == (r.HTTPStatus == 0 && r.RCode == "") || !validCanary(r.Canary) {
 				t.Fatalf("accepted bad result %+v", r)
 			}
 		}
@@ -206,6 +208,8 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte(`{"version":1,"targets":[{"id":"a","kind":"tcp","addr":"10.0.0.1:22"}]}`))
 	f.Add([]byte(`{"version":1,"concurrency":4,"targets":[{"id":"m","kind":"http","addr":"[fd00:ec2::254]:80","method":"PUT","path":"/latest/api/token","headers":{"X-aws-ec2-metadata-token-ttl-seconds":"21600"}}]}`))
 	f.Add([]byte(`{"version":1,"targets":[{"id":"d","kind":"dns","addr":"10.0.0.1:53","name":"example.test","qtype":"A","timeout_ms":500}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"u","kind":"udp","addr":"10.0.0.1:123","payload":"ntp","timeout_ms":500},{"id":"v","kind":"udp","addr":"[fd00::1]:5405"}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"u","kind":"tcp","addr":"10.0.0.1:53","payload":"dns"}]}`))
 	f.Add([]byte(`{"version":1,"targets":[{"id":"l1","kind":"l2-control","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeeff"},` +
 		`{"id":"l2","kind":"l2-spoof-addr","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef0","src_addr":"10.10.1.77"},` +
 		`{"id":"l3","kind":"l2-spoof-mac","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef1","src_mac":"02:00:5e:10:00:01"},` +
@@ -218,6 +222,11 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if err := ValidateRequest(req); err != nil {
 			t.Fatalf("parsed request fails validation: %v", err)
+		}
+		for _, tg := range req.Targets {
+			if tg.Payload != "" && (tg.Kind != KindUDP || (tg.Payload != PayloadDNS && tg.Payload != PayloadNTP)) {
+				t.Fatalf("accepted payload %q on a %s target", tg.Payload, tg.Kind)
+			}
 		}
 	})
 }

@@ -37,6 +37,7 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 	if facts.DefaultRoute4 != nil {
 		zone = facts.DefaultRoute4.Iface
 	}
+	ctx = p.runCanaries(ctx, req, zone)
 	n := req.Concurrency
 	if n <= 0 {
 		n = defConcurrency
@@ -87,6 +88,8 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 		r = p.http(ctx, t, addr)
 	case KindDNS:
 		r = p.dns(ctx, t, addr)
+	case KindUDP:
+		r = p.udp(ctx, t, addr)
 	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
 		r = p.layer2(ctx, t, zone)
 	default:

@@ -85,6 +85,9 @@ type Target struct {
 	Host      string `json:"host,omitempty"`
 	QType     string `json:"qtype,omitempty"` // dns: A (default) or AAAA
 	TimeoutMS int    `json:"timeout_ms,omitempty"`
+	// Payload is what a udp target sends: PayloadDNS, PayloadNTP or ""
+	// (PayloadGeneric).
+	Payload string `json:"payload,omitempty"`
 
 	// Nonce (layer-2 kinds) is NonceLen random bytes in lowercase hex that
 	// every frame of the target carries.
@@ -131,6 +134,10 @@ type Result struct {
 	Answers    int     `json:"answers,omitempty"`     // response from dns: answer records
 	Detail     string  `json:"detail,omitempty"`      // error text or extra facts, at most MaxDetailLen bytes
 	ElapsedMS  int     `json:"elapsed_ms"`
+	// Canary (udp) is what a datagram to a closed high port on the same
+	// address got: refused (the host says when nothing listens), reply,
+	// unreachable or no_reply; "" when it is not known.
+	Canary Outcome `json:"canary,omitempty"`
 }
 
 // Facts are the guest's local network facts, the base of the positive controls.

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
@@ -42,6 +43,13 @@ type egressView interface {
 // daemon's ports and the [check] section; the policy from the lockdown and
 // the sandbox's egress mode (ev may be nil).
 func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView) *containcheck.Checker {
+	return newChecker(cfg, qc, lv, ev, netns.None())
+}
+
+// newChecker is NewChecker reading the node's addresses, routes and
+// neighbours, and watching its bridges, in the network namespace node
+// (netns.None(): the daemon's own).
+func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView, node netns.NsHandle) *containcheck.Checker {
 	c := cfg.Check
 	var adapt func(string, containment.Spec, containment.Policy) (containment.Spec, containment.Policy)
 	if ev != nil {
@@ -59,17 +67,21 @@ func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 			return spec, containment.WithEgress(p, mode)
 		}
 	}
+	var obsOpts []l2observe.Option
+	if node.IsOpen() {
+		obsOpts = append(obsOpts, l2observe.WithNetNS(node))
+	}
 	return &containcheck.Checker{
 		Sandbox: adapt,
 		Runner: &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency,
-			Observer: l2observe.New()},
+			Observer: l2observe.New(obsOpts...)},
 		// the guard's layer-2 table is always in force: the spoofing rows
 		// are expected blocked
 		GuestPorts: firewall.PortNames,
 		Client:     qc,
 		QGADir:     cfg.API.QGADir,
 		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
-			spec, err := nodeSpec(cfg)
+			spec, err := nodeSpec(cfg, node)
 			pol := containment.GuardPolicy()
 			if lv != nil && lv.LockedDown() {
 				pol = containment.LockdownPolicy()
@@ -80,16 +92,26 @@ func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 	}
 }
 
-// nodeSpec is the node-wide part of a containment plan.
-func nodeSpec(cfg config.Config) (containment.Spec, error) {
+// nodeSpec is the node-wide part of a containment plan, read from the
+// network namespace node: every node address (control-plane rows, TCP and
+// UDP), and, besides the configured [check] lan targets, the LAN targets
+// lantargets.Discover finds without configuration. The per-sandbox part
+// (containcheck) adds the gateway, the other sandboxes' guests, and drops
+// LAN targets inside any sandbox's subnet.
+func nodeSpec(cfg config.Config, node netns.NsHandle) (containment.Spec, error) {
 	c := cfg.Check
 	if c.ExternalName == "" || c.LocalName == "" || len(c.Public) == 0 {
 		return containment.Spec{}, errors.New("check.external_name, check.local_name and check.public must be set for the containment check")
 	}
 	var spec containment.Spec
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	h, err := netlink.NewHandleAt(node)
 	if err != nil {
-		return spec, err
+		return spec, fmt.Errorf("node addresses: netlink: %w", err)
+	}
+	defer h.Close()
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return spec, fmt.Errorf("node addresses: %w", err)
 	}
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP)
@@ -114,11 +136,6 @@ func nodeSpec(cfg config.Config) (containment.Spec, error) {
 	if p, err := netip.ParsePrefix(cfg.API.AutoCIDRPool); err == nil {
 		exclude = append(exclude, p)
 	}
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return spec, fmt.Errorf("lan targets: %w", err)
-	}
-	defer h.Close()
 	found, err := lantargets.Discover(h, exclude)
 	if err != nil {
 		return spec, fmt.Errorf("lan targets: %w", err)

@@ -46,7 +46,7 @@ func TestNodeSpecFindsLANTargets(t *testing.T) {
 	cfg := config.Default()
 	cfg.Check.ExternalName, cfg.Check.LocalName, cfg.Check.Public = "x.example.test", "local", []string{"203.0.113.10"}
 	cfg.API.AutoCIDRPool = "10.0.0.0/16"
-	spec, err := nodeSpec(cfg)
+	spec, err := nodeSpec(cfg, netns.None())
 	if err != nil {
 		t.Fatal(err)
 	}

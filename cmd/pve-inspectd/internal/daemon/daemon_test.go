@@ -20,16 +20,22 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
-// newNS creates a named network namespace for one test, removed by its
-// cleanup.
-func newNS(t *testing.T) netns.NsHandle {
+// needRoot skips a test that needs root, or fails it under CI.
+func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("needs root (CI is set, so this is a failure)")
 		}
-		t.Skip("SKIPPED: needs root for a network namespace and nftables")
+		t.Skip("SKIPPED: needs root for network namespaces, nftables and the test bed")
 	}
+}
+
+// newNS creates a named network namespace for one test, removed by its
+// cleanup.
+func newNS(t *testing.T) netns.NsHandle {
+	t.Helper()
+	needRoot(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
