@@ -35,8 +35,9 @@ type ExecRequest struct {
 	// User runs the command as this user name or uid ("" = the agent's
 	// user, root). Needs setpriv (util-linux) in the guest.
 	User string
-	// Timeout kills the command's whole process group and session in the
-	// guest after this long (0 = only the context ends it).
+	// Timeout kills the command's whole tree in the guest after this long
+	// (0 = only the context ends it): its process group and session, or
+	// on the tagged direct path every process carrying its exec's tag.
 	Timeout time.Duration
 	// OutputLimit caps each of stdout and stderr (0 = the client's
 	// OutputLimit, 10 MiB by default). Bytes beyond it are dropped and the
@@ -388,9 +389,10 @@ func (s *outStream) take(cn *conn, chunk int, exited bool) ([]byte, error) {
 // cannot be found or run is an ordinary result (exit code 127 or 126), as
 // is a timeout (TimedOut, killed by signal 9, exit code 137). Errors are
 // for the channel and for invalid requests. A request without stdin, env,
-// cwd or user runs directly under setsid with the agent capturing its
-// output; the others go through the wrapper (the package documentation
-// says which path a request takes and how background children fare).
+// cwd or user runs directly (the command itself, tagged through its
+// environment, or under setsid) with the agent capturing its output; the
+// others go through the wrapper (the package documentation says which
+// path a request takes and how background children fare).
 func (a *Agent) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	if limit, ok := a.fastPlan(&req); ok {
 		if directPlan(&req) {
