@@ -25,6 +25,7 @@ var schemaTypes = map[string]any{
 	"CheckRequest":    CheckRequest{},
 	"CheckRow":        CheckRow{},
 	"CheckReport":     CheckReport{},
+	"CheckSampling":   CheckSampling{},
 	"Health":          Health{},
 	"EgressPolicy":    EgressPolicy{},
 	"EgressStatus":    EgressStatus{},

@@ -172,6 +172,24 @@ type CheckReport struct {
 	VM      string     `json:"vm"`
 	Pass    bool       `json:"pass"`
 	Rows    []CheckRow `json:"rows"`
+	// Sampling is set when the node has so many sandboxes that this run
+	// probed a rotating sample of the other zones' and LAN targets: Pass
+	// speaks for the rows probed only.
+	Sampling *CheckSampling `json:"sampling,omitempty"`
+}
+
+// CheckSampling says what a sampled containment check did not probe; the
+// next run probes others.
+type CheckSampling struct {
+	// RowsNotProbed is how many planned rows this run left out: they are
+	// not in Rows, neither passed nor failed.
+	RowsNotProbed int `json:"rows_not_probed"`
+	// NotProbed are the addresses left out, as "group address".
+	NotProbed []string `json:"not_probed"`
+	// Runs is how many consecutive runs cover every address.
+	Runs int `json:"runs"`
+	// Note says the above in a sentence.
+	Note string `json:"note"`
 }
 
 // Health is the body of GET /v1/healthz.

@@ -393,4 +393,7 @@ func printCheck(w io.Writer, rep sandboxapi.CheckReport) {
 	} else {
 		fmt.Fprintln(w, "some probes FAIL")
 	}
+	if rep.Sampling != nil {
+		fmt.Fprintln(w, rep.Sampling.Note)
+	}
 }

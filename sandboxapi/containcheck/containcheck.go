@@ -7,6 +7,14 @@
 // guest agent and converts the rows. With GuestPorts set it also asks for
 // the layer-2 rows on the VM's vnet bridge, leaving the VM's own ports out
 // of the node's watch.
+//
+// On a node with many sandboxes the plan is sampled (containment's
+// sample.go): the node addresses that lie in another sandbox's subnet are
+// that zone's gateway and go to Spec.OtherGateways, and every run takes
+// the next rotation, so consecutive checks on the node cover every other
+// zone and LAN target. The report's Sampling says what a run left out.
+// The other sandboxes' guest addresses are asked for a few at a time,
+// each within its own short timeout.
 package containcheck
 
 import (
@@ -17,6 +25,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
@@ -46,7 +58,30 @@ type Checker struct {
 	// needs an Observer): it names the node's bridge ports of NIC netN of
 	// a VM (firewall.PortNames), which the node's watch leaves out.
 	GuestPorts func(vmid, nic int) []string
+
+	// rotation is the last rotation a run took (0: none yet; the first
+	// run starts from the clock, so a restarted daemon does not start at
+	// the same window again).
+	rotation atomic.Uint64
 }
+
+// nextRotation returns the rotation of a new run: the one after the last.
+func (c *Checker) nextRotation() uint64 {
+	for {
+		last := c.rotation.Load()
+		next := last + 1
+		if last == 0 {
+			next = uint64(time.Now().Unix())
+		}
+		if c.rotation.CompareAndSwap(last, next) {
+			return next
+		}
+	}
+}
+
+// guestLookups is how many other guests are asked for their address at
+// once.
+const guestLookups = 8
 
 var _ sandboxapi.Checker = (*Checker)(nil)
 
@@ -101,19 +136,9 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 	if port == 0 {
 		port = 22
 	}
-	if t.GuestOf != nil {
-		for _, o := range t.Others {
-			if len(o.VMs) == 0 {
-				continue
-			}
-			// The address comes from the other guest itself: accept it only
-			// inside that sandbox's own subnets (known host-side), so a
-			// guest cannot aim this row anywhere else.
-			if a, err := guestAddr(ctx, t.GuestOf(o.VMs[0].VMID)); err == nil && inNetworks(a, o.Networks) {
-				spec.OtherZone = append(spec.OtherZone, netip.AddrPortFrom(a, port))
-			}
-		}
-	}
+	spec.OtherZone = append(spec.OtherZone, otherGuests(ctx, t, port)...)
+	spec.HostAddrs, spec.OtherGateways = splitGateways(spec.HostAddrs, t.Others)
+	spec.Rotation = c.nextRotation()
 	spec.LAN = outsideSandboxes(spec.LAN, t)
 	plan, err := containment.NewPlan(spec, pol)
 	if err != nil {
@@ -125,6 +150,9 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
 	rep := sandboxapi.CheckReport{Pass: res.Passed()}
+	if s := res.Sampling; s != nil {
+		rep.Sampling = &sandboxapi.CheckSampling{RowsNotProbed: s.RowsLeftOut, NotProbed: s.LeftOut, Runs: s.Runs, Note: s.String()}
+	}
 	for _, r := range res.Rows {
 		detail := r.Detail
 		if r.Why != "" {
@@ -134,6 +162,57 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 			Observed: string(r.Observed), Pass: r.Status == containment.Pass, Control: r.Control, Detail: detail})
 	}
 	return rep, nil
+}
+
+// otherGuests returns the first guest of every other sandbox, at port,
+// asking guestLookups of them at a time.
+func otherGuests(ctx context.Context, t sandboxapi.CheckTarget, port uint16) []netip.AddrPort {
+	if t.GuestOf == nil {
+		return nil
+	}
+	found := make([]netip.AddrPort, len(t.Others))
+	var g errgroup.Group
+	g.SetLimit(guestLookups)
+	for i, o := range t.Others {
+		if len(o.VMs) == 0 {
+			continue
+		}
+		g.Go(func() error {
+			// The address comes from the other guest itself: accept it only
+			// inside that sandbox's own subnets (known host-side), so a
+			// guest cannot aim this row anywhere else.
+			if a, err := guestAddr(ctx, t.GuestOf(o.VMs[0].VMID)); err == nil && inNetworks(a, o.Networks) {
+				found[i] = netip.AddrPortFrom(a, port)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // the lookups return no errors: a guest that does not answer is left out
+	out := found[:0]
+	for _, ap := range found {
+		if ap.IsValid() {
+			out = append(out, ap)
+		}
+	}
+	return out
+}
+
+// splitGateways moves the node addresses that lie in another sandbox's
+// subnet (that zone's gateway) from hosts to the other zones' gateways,
+// whose rows are sampled on a busy node.
+func splitGateways(hosts []netip.Addr, others []sandboxapi.Sandbox) (own, gateways []netip.Addr) {
+	for _, a := range hosts {
+		other := false
+		for _, o := range others {
+			other = other || inNetworks(a, o.Networks)
+		}
+		if other {
+			gateways = append(gateways, a)
+		} else {
+			own = append(own, a)
+		}
+	}
+	return own, gateways
 }
 
 // inNetworks reports whether a lies in one of the networks' CIDRs.

@@ -1,8 +1,12 @@
 package containcheck
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
@@ -49,5 +53,62 @@ func TestOutsideSandboxes(t *testing.T) {
 	}
 	if &lan[0] == &got[0] {
 		t.Error("the node's list was filtered in place")
+	}
+}
+
+func TestSplitGateways(t *testing.T) {
+	others := []sandboxapi.Sandbox{
+		{Networks: []sandboxapi.Network{{CIDR: "10.200.2.0/24", Gateway: "10.200.2.1"}}},
+		{Networks: []sandboxapi.Network{{CIDR: "10.200.3.0/24", Gateway: "10.200.3.1"}, {CIDR: "fd00:3::/64"}}},
+	}
+	for _, c := range []struct {
+		name          string
+		hosts         []string
+		own, gateways []string
+	}{
+		{"none", nil, nil, nil},
+		{"management only", []string{"192.0.2.2", "2001:db8::2"}, []string{"192.0.2.2", "2001:db8::2"}, nil},
+		{"the VM's own gateway stays", []string{"10.200.1.1", "10.200.2.1"}, []string{"10.200.1.1"}, []string{"10.200.2.1"}},
+		{"v4 and v6 of another zone", []string{"192.0.2.2", "10.200.3.1", "fd00:3::1"}, []string{"192.0.2.2"}, []string{"10.200.3.1", "fd00:3::1"}},
+	} {
+		var hosts []netip.Addr
+		for _, h := range c.hosts {
+			hosts = append(hosts, netip.MustParseAddr(h))
+		}
+		own, gws := splitGateways(hosts, others)
+		if fmt.Sprint(own) != fmt.Sprint(parseAll(c.own)) || fmt.Sprint(gws) != fmt.Sprint(parseAll(c.gateways)) {
+			t.Errorf("%s: own %v, gateways %v; want %v, %v", c.name, own, gws, c.own, c.gateways)
+		}
+	}
+}
+
+func parseAll(ss []string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+// TestNextRotation: the first run starts from the clock, each next run
+// takes the next rotation, also when runs race.
+func TestNextRotation(t *testing.T) {
+	var c Checker
+	first := c.nextRotation()
+	if now := uint64(time.Now().Unix()); first+5 < now || first > now {
+		t.Fatalf("first rotation %d, want about the clock %d", first, now)
+	}
+	var wg sync.WaitGroup
+	got := make([]uint64, 50)
+	for i := range got {
+		wg.Add(1)
+		go func() { defer wg.Done(); got[i] = c.nextRotation() }()
+	}
+	wg.Wait()
+	slices.Sort(got)
+	for i, r := range got {
+		if r != first+1+uint64(i) {
+			t.Fatalf("rotations %v after %d: want each next one once", got, first)
+		}
 	}
 }

@@ -55,6 +55,24 @@
 //     reads as "blocked" only if it still sends the control, which uses
 //     the same raw path; a failed watch (a missing bridge, frames the
 //     kernel dropped from the watch's buffer) is an error, not "unseen".
+//   - A busy node must still be checkable: every zone gateway is a node
+//     address with up to nine control-plane rows, and every other
+//     sandbox's guest has its own rows. The probe takes up to
+//     probe.MaxTargets rows (its worst-case report of that many stays
+//     within probe.MaxReportBytes, far below the guest agent's output
+//     cap), the [Runner] raises its concurrency with the rows (one probe
+//     per [RowsPerProbe] rows, up to probe.MaxConcurrency), and the exec
+//     timeout is probe.RunBound (every round of rows its full timeout,
+//     blocked rows being silent until then, after the UDP canary phase)
+//     plus slack. A plan has a row budget ([DefaultBudget], about a
+//     minute of blocked rows at the default 3 s timeout): a node with 60
+//     other sandboxes gets every row. Over the budget, the rows of other zones'
+//     gateways and guests and of LAN targets are sampled, whole addresses
+//     at a time, in a window that rotates from run to run, while every
+//     row about the node's own addresses and the VM's zone is always
+//     probed. The rows a run leaves out are no rows of the [Result]
+//     (neither PASS nor FAIL); its [Sampling] counts and names them and
+//     says the next run probes others (sample.go).
 //   - The check trusts the guest to run the probe faithfully. Run it on a
 //     VM the agent has not touched yet (right after create); a guest that
 //     already runs hostile code can fake "blocked" but never "reachable".

@@ -1,9 +1,11 @@
 package containment
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 
@@ -185,6 +187,19 @@ type Spec struct {
 	// Layer2, when set, adds the layer-2 spoofing rows (layer2.go); the
 	// Runner then needs an Observer.
 	Layer2 *Layer2Spec
+	// OtherGateways are node addresses that are other zones' gateways:
+	// they get the control-plane rows of HostAddrs, but are sampled when
+	// the plan is over its budget (sample.go). An address also in
+	// HostAddrs, or the VM's own gateway, is probed as that.
+	OtherGateways []netip.Addr
+	// Budget is the most rows a plan holds before the rows of other
+	// zones' gateways and guests and of LAN targets are sampled
+	// (sample.go); 0 = DefaultBudget. The rows that are always probed
+	// still must fit in probe.MaxTargets.
+	Budget int
+	// Rotation picks the window of a sampled plan: consecutive values
+	// cover consecutive windows. Give each run the next value.
+	Rotation uint64
 }
 
 // EgressSpec names what an allow-list sandbox's rows aim at.
@@ -221,6 +236,10 @@ type Check struct {
 	// the canary or the row's own (closed) port came back refused (the UDP
 	// controls).
 	ByCanary bool `json:"by_canary,omitempty"`
+
+	// sample is the address whose rows are sampled together when the
+	// plan is over its budget (invalid: always probed).
+	sample netip.Addr
 }
 
 // Lease is the DHCP-lease control's expectation.
@@ -237,13 +256,43 @@ type Plan struct {
 	// Layer2 is where the node watches for the layer-2 rows' frames (nil
 	// without such rows).
 	Layer2 *Layer2Watch `json:"layer2,omitempty"`
+	// Sampling says which rows this run leaves out (nil: none; sample.go).
+	Sampling *Sampling `json:"sampling,omitempty"`
 }
 
 // TokenTTLHeader is the IMDSv2 header the token PUT carries.
 const TokenTTLHeader = "X-aws-ec2-metadata-token-ttl-seconds"
 
-// NewPlan builds the checks for spec under policy.
+// NewPlan builds the checks for spec under policy: every row, or, when
+// they are more than spec.Budget, a sample of them (sample.go).
 func NewPlan(spec Spec, pol Policy) (*Plan, error) {
+	if spec.Budget < 0 {
+		return nil, fmt.Errorf("spec: budget %d: want 0 (the default) or more", spec.Budget)
+	}
+	p, err := buildPlan(spec, pol)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.sample(spec.Budget, spec.Rotation); err != nil {
+		return nil, err
+	}
+	req := p.request(0)
+	if err := probe.ValidateRequest(req); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("spec: encode request: %w", err)
+	}
+	if len(b) > probe.MaxRequestBytes {
+		return nil, fmt.Errorf("spec: the probe request has %d bytes, over its bound of %d", len(b), probe.MaxRequestBytes)
+	}
+	return p, nil
+}
+
+// buildPlan builds every check for spec under policy, unsampled and not
+// yet checked against the probe's bounds.
+func buildPlan(spec Spec, pol Policy) (*Plan, error) {
 	if err := pol.validate(); err != nil {
 		return nil, err
 	}
@@ -291,24 +340,13 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 			Expect: Blocked, NeedAnswer: true, Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: spec.LocalName}})
 	}
 
-	type hostAddr struct {
-		a   netip.Addr
-		via string
-	}
-	hosts := []hostAddr{{spec.Gateway, "gateway"}}
-	if spec.Gateway6.IsValid() {
-		hosts = append(hosts, hostAddr{spec.Gateway6, "gateway v6"})
-	}
-	for _, a := range spec.HostAddrs {
-		hosts = append(hosts, hostAddr{a, "host " + a.String()})
-	}
-	for _, h := range hosts {
+	for _, h := range nodeHosts(spec) {
 		for _, pt := range ports {
 			if pt.Port == 0 {
 				return nil, fmt.Errorf("spec: control port 0 (%s)", pt.Name)
 			}
 			add(Check{Group: GroupControlPlane, Name: fmt.Sprintf("%s (%d) via %s", portName(pt), pt.Port, h.via), Expect: pol.ControlPlane,
-				Target: probe.Target{Kind: probe.KindTCP, Addr: netip.AddrPortFrom(h.a, pt.Port).String()}})
+				Target: probe.Target{Kind: probe.KindTCP, Addr: netip.AddrPortFrom(h.a, pt.Port).String()}, sample: h.sample})
 		}
 	}
 	for _, m := range meta {
@@ -325,11 +363,11 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 	}
 	for _, g := range spec.OtherZone {
 		add(Check{Group: GroupOtherZone, Name: "other zone guest " + g.Addr().String(), Expect: pol.OtherZone,
-			Target: probe.Target{Kind: probe.KindTCP, Addr: g.String()}})
+			Target: probe.Target{Kind: probe.KindTCP, Addr: g.String()}, sample: g.Addr()})
 	}
 	for _, l := range spec.LAN {
 		add(Check{Group: GroupLAN, Name: "LAN " + l.Addr().String(), Expect: pol.LAN,
-			Target: probe.Target{Kind: probe.KindTCP, Addr: l.String()}})
+			Target: probe.Target{Kind: probe.KindTCP, Addr: l.String()}, sample: l.Addr()})
 	}
 	internetControl := pol.Internet == Reachable
 	for _, a := range spec.Public {
@@ -373,10 +411,34 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 			return nil, err
 		}
 	}
-	if err := probe.ValidateRequest(p.request(0)); err != nil {
-		return nil, fmt.Errorf("spec: %w", err)
-	}
 	return p, nil
+}
+
+// nodeHost is a node address the control-plane rows aim at.
+type nodeHost struct {
+	a       netip.Addr
+	via     string
+	gateway bool       // the VM's own zone gateway
+	sample  netip.Addr // valid for another zone's gateway: sampled
+}
+
+// nodeHosts are the node addresses of the control-plane rows: the VM's
+// gateway(s), then HostAddrs (as given), then the other zones' gateways
+// not listed before.
+func nodeHosts(spec Spec) []nodeHost {
+	hosts := []nodeHost{{a: spec.Gateway, via: "gateway", gateway: true}}
+	if spec.Gateway6.IsValid() {
+		hosts = append(hosts, nodeHost{a: spec.Gateway6, via: "gateway v6", gateway: true})
+	}
+	for _, a := range spec.HostAddrs {
+		hosts = append(hosts, nodeHost{a: a, via: "host " + a.String()})
+	}
+	for _, a := range spec.OtherGateways {
+		if !slices.ContainsFunc(hosts, func(h nodeHost) bool { return h.a == a }) {
+			hosts = append(hosts, nodeHost{a: a, via: "host " + a.String(), sample: a})
+		}
+	}
+	return hosts
 }
 
 func portName(p Port) string {

@@ -54,6 +54,9 @@ type Result struct {
 	ControlsOK bool        `json:"controls_ok"`
 	Rows       []Row       `json:"rows"`
 	Facts      probe.Facts `json:"facts"`
+	// Sampling, when set, says which planned rows this run left out
+	// (sample.go): they are in no row, passed or failed.
+	Sampling *Sampling `json:"sampling,omitempty"`
 }
 
 // Passed reports whether every row passed (controls included).
@@ -94,7 +97,7 @@ func evaluate(p *Plan, rep *probe.Report, l2 *layer2Seen) *Result {
 	for _, r := range rep.Results {
 		byID[r.ID] = r
 	}
-	res := &Result{Policy: p.Policy, Facts: rep.Facts, ControlsOK: true}
+	res := &Result{Policy: p.Policy, Facts: rep.Facts, ControlsOK: true, Sampling: p.Sampling}
 	res.Rows = append(res.Rows, leaseRow(p.Lease, rep.Facts))
 	for _, c := range p.Checks {
 		row := Row{Group: c.Group, Name: c.Name, Target: describeTarget(c.Target), Expect: c.Expect, Control: c.Control}
@@ -318,6 +321,11 @@ func (r *Result) WriteText(w io.Writer) error {
 	if _, err := fmt.Fprintf(w, "containment check (policy %s): %s, %d of %d rows not passed, %s\n",
 		r.Policy, verdict, failed, len(r.Rows), controls); err != nil {
 		return err
+	}
+	if r.Sampling != nil {
+		if _, err := fmt.Fprintln(w, r.Sampling.String()); err != nil {
+			return err
+		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tCHECK\tTARGET\tEXPECTED\tOBSERVED\tRESULT\tDETAIL")

@@ -67,7 +67,10 @@ type Runner struct {
 	// GuestDir is the guest directory the probe is uploaded to; "" = /tmp.
 	// The probe deletes itself when it starts.
 	GuestDir string
-	// Concurrency bounds parallel probes in the guest; 0 = the probe's default.
+	// Concurrency is how many probes run in parallel in the guest at
+	// least; 0 = the probe's default. A plan with more rows than
+	// RowsPerProbe per parallel probe gets more, up to
+	// probe.MaxConcurrency (see concurrency).
 	Concurrency int
 	// Observer watches the VM's bridge on the node while the probe runs,
 	// for plans with layer-2 rows (l2observe.Observer); without one those
@@ -85,7 +88,7 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	if len(p.Checks) == 0 {
 		return nil, errors.New("containment: empty plan")
 	}
-	req := p.request(r.Concurrency)
+	req := p.request(r.concurrency(len(p.Checks)))
 	if err := probe.ValidateRequest(req); err != nil {
 		return nil, fmt.Errorf("containment: %w", err)
 	}
@@ -132,23 +135,39 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	return evaluate(p, rep, l2), nil
 }
 
-// execTimeout allows every batch of targets its full timeout, plus slack
-// for start-up and the facts.
+// RowsPerProbe is how many rows one parallel probe takes on before the
+// runner adds another: a plan of blocked rows then takes about
+// RowsPerProbe per-probe timeouts, until probe.MaxConcurrency is reached.
+const RowsPerProbe = 8
+
+// concurrency is the parallel probes for a plan of rows: r.Concurrency
+// (or the probe's default), raised to one per RowsPerProbe rows, at most
+// probe.MaxConcurrency.
+func (r *Runner) concurrency(rows int) int {
+	base := r.Concurrency
+	if base <= 0 {
+		base = probe.DefaultConcurrency
+	}
+	return min(max(base, (rows+RowsPerProbe-1)/RowsPerProbe), probe.MaxConcurrency)
+}
+
+// execSlack is the exec timeout's allowance for the upload's start-up, the
+// facts and the report, plus a share per round of targets for scheduling.
+const (
+	execSlack      = 15 * time.Second
+	execRoundSlack = 250 * time.Millisecond
+)
+
+// execTimeout is the time the probe run gets: probe.RunBound (every round
+// of targets its full timeout, after the canary phase) plus slack. It
+// grows with the rows and shrinks with the concurrency.
 func (r *Runner) execTimeout(req *probe.Request) time.Duration {
 	n := req.Concurrency
 	if n <= 0 {
-		n = 16
+		n = probe.DefaultConcurrency
 	}
-	longest := 0
-	for _, t := range req.Targets {
-		ms := t.TimeoutMS
-		if ms == 0 {
-			ms = probe.DefaultTimeout
-		}
-		longest = max(longest, ms)
-	}
-	batches := (len(req.Targets) + n - 1) / n
-	return time.Duration(batches*longest)*time.Millisecond + probe.CanaryPhase(req) + 15*time.Second
+	rounds := (len(req.Targets) + n - 1) / n
+	return probe.RunBound(req) + execSlack + time.Duration(rounds)*execRoundSlack
 }
 
 // matchIDs requires exactly the requested ids in the report.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
 )
 
@@ -73,20 +74,14 @@ func newZoneBed(t *testing.T) *zoneBed {
 	t.Helper()
 	guest := nstest.New(t, "pig")
 	node := nstest.New(t, "pin")
-	veth := nstest.RandomName("piv")
-	node.IP(t, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", guest.Name)
-	node.IP(t, "link", "set", veth, "up")
-	node.IP(t, "addr", "add", "10.77.0.1/24", "dev", veth)
+	veth := wireGuest(t, guest, node, "10.77.0.1/24", "10.77.0.2/24")
 	node.IP(t, "addr", "add", "fd77::1/64", "dev", veth, "nodad")
 	node.IP(t, "addr", "add", "fe80::a9fe:a9fe/64", "dev", veth, "nodad")
 	for _, a := range []string{"198.51.100.1/32", "203.0.113.10/32", "169.254.169.254/32", "169.254.169.253/32",
 		"100.100.100.200/32", "168.63.129.16/32", "192.168.77.10/32", "10.20.0.5/32", "fd00:ec2::254/128", "2001:db8:100::10/128"} {
 		node.IP(t, "addr", "add", a, "dev", "lo")
 	}
-	guest.IP(t, "link", "set", "eth0", "up")
-	guest.IP(t, "addr", "add", "10.77.0.2/24", "dev", "eth0")
 	guest.IP(t, "addr", "add", "fd77::2/64", "dev", "eth0", "nodad")
-	guest.IP(t, "route", "add", "default", "via", "10.77.0.1")
 	guest.IP(t, "-6", "route", "add", "default", "via", "fd77::1")
 	guest.ResolvConf(t, "nameserver 10.77.0.1\n")
 	// The subtests probe back to back from one guest: the node's ICMP rate
@@ -122,6 +117,21 @@ func newZoneBed(t *testing.T) *zoneBed {
 		LocalName:    "guest.zone1.test",
 		Timeout:      800 * time.Millisecond,
 	}}
+}
+
+// wireGuest links guest's eth0 to node by a veth pair, gives both ends
+// their address (CIDR form) and the guest a default route via the node's,
+// and returns the node end's name.
+func wireGuest(t *testing.T, guest, node *nstest.NS, nodeAddr, guestAddr string) string {
+	t.Helper()
+	veth := nstest.RandomName("piv")
+	node.IP(t, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", guest.Name)
+	node.IP(t, "link", "set", veth, "up")
+	node.IP(t, "addr", "add", nodeAddr, "dev", veth)
+	guest.IP(t, "link", "set", "eth0", "up")
+	guest.IP(t, "addr", "add", guestAddr, "dev", "eth0")
+	guest.IP(t, "route", "add", "default", "via", netip.MustParsePrefix(nodeAddr).Addr().String())
+	return veth
 }
 
 // guardRules drop on the node what the host guard drops.
@@ -302,7 +312,7 @@ func TestRunnerHostileOutput(t *testing.T) {
 		{"exec fails", &scriptedGuest{err: fmt.Errorf("agent gone")}, "exec"},
 		{"exit code", &scriptedGuest{exit: 2, stderr: []byte("bad\x1b[2J")}, `exit 2: bad\x1b[2J`},
 		{"garbage", &scriptedGuest{stdout: []byte("hello")}, "decode"},
-		{"huge", &scriptedGuest{stdout: bytes.Repeat([]byte("x"), 2<<20)}, "too large"},
+		{"huge", &scriptedGuest{stdout: bytes.Repeat([]byte("x"), probe.MaxReportBytes+1)}, "too large"},
 		{"missing result", &scriptedGuest{stdout: []byte(results("c1", "c2"))}, "lacks 1 of 3"},
 		{"extra result", &scriptedGuest{stdout: []byte(results("c1", "c2", "c3", "c9"))}, `"c9" that was not asked`},
 		{"two values", &scriptedGuest{stdout: []byte(results("c1", "c2", "c3") + results("c1", "c2", "c3"))}, "trailing"},

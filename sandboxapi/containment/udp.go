@@ -103,18 +103,10 @@ func addUDP(spec Spec, pol Policy, add func(Check)) error {
 	add(Check{Group: GroupControl, Name: "probe reads ICMP port unreachable (UDP canary on its own loopback)", Expect: Reachable,
 		Control: true, ByCanary: true, Target: udp(udpSelfCheckAddr)})
 
-	type host struct {
-		a       netip.Addr
-		via     string
-		gateway bool
-	}
-	hosts := []host{{spec.Gateway, "gateway", true}}
-	if spec.Gateway6.IsValid() {
-		hosts = append(hosts, host{spec.Gateway6, "gateway v6", true})
-	}
-	for _, a := range spec.HostAddrs {
-		if !slices.ContainsFunc(hosts, func(h host) bool { return h.a == a }) {
-			hosts = append(hosts, host{a, "host " + a.String(), false})
+	var hosts []nodeHost
+	for _, h := range nodeHosts(spec) {
+		if !slices.ContainsFunc(hosts, func(o nodeHost) bool { return o.a == h.a }) {
+			hosts = append(hosts, h)
 		}
 	}
 	// Under an egress policy the node redirects the guest's DNS (udp 53 to
@@ -127,7 +119,7 @@ func addUDP(spec Spec, pol Policy, add func(Check)) error {
 				continue // the zone resolver: allowed, and covered by the DNS rows
 			}
 			add(Check{Group: GroupControlPlane, Name: fmt.Sprintf("%s (udp %d) via %s", portName(pt), pt.Port, h.via), Expect: pol.ControlPlane,
-				Target: udp(netip.AddrPortFrom(h.a, pt.Port))})
+				Target: udp(netip.AddrPortFrom(h.a, pt.Port)), sample: h.sample})
 		}
 	}
 	peerRows := func(g Group, label string, aps []netip.AddrPort, expect Verdict) {
@@ -142,7 +134,7 @@ func addUDP(spec Spec, pol Policy, add func(Check)) error {
 					continue
 				}
 				add(Check{Group: g, Name: fmt.Sprintf("%s %s %s (udp %d)", label, ap.Addr(), portName(pt), pt.Port), Expect: expect,
-					Target: udp(netip.AddrPortFrom(ap.Addr(), pt.Port))})
+					Target: udp(netip.AddrPortFrom(ap.Addr(), pt.Port)), sample: ap.Addr()})
 			}
 		}
 	}

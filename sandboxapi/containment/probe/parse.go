@@ -39,8 +39,8 @@ func ValidateRequest(req *Request) error {
 	if req.Version != Version {
 		return fmt.Errorf("request: version %d, want %d", req.Version, Version)
 	}
-	if req.Concurrency < 0 || req.Concurrency > maxConcurrency {
-		return fmt.Errorf("request: concurrency %d outside 0..%d", req.Concurrency, maxConcurrency)
+	if req.Concurrency < 0 || req.Concurrency > MaxConcurrency {
+		return fmt.Errorf("request: concurrency %d outside 0..%d", req.Concurrency, MaxConcurrency)
 	}
 	if len(req.Targets) == 0 || len(req.Targets) > MaxTargets {
 		return fmt.Errorf("request: %d targets, want 1..%d", len(req.Targets), MaxTargets)

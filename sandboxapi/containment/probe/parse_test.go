@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -266,5 +267,48 @@ func TestMainFromFile(t *testing.T) {
 	}
 	if len(rep.Results) != 1 || rep.Results[0].ID != "x" || rep.Results[0].Outcome != OutcomeRefused {
 		t.Fatalf("results %+v", rep.Results)
+	}
+}
+
+// TestWorstCaseReportFits: a report of MaxTargets results, each as large
+// as the probe can make it (longest id, outcome and canary, a detail of
+// MaxDetailLen bytes that JSON escapes six-fold), with the largest facts
+// the parser accepts, is written within MaxReportBytes and accepted: a
+// full plan never fails on the size bound.
+func TestWorstCaseReportFits(t *testing.T) {
+	detail := strings.Repeat("<", MaxDetailLen) // encoding/json writes \u003c
+	rep := &Report{Version: Version}
+	for i := range MaxTargets {
+		id := fmt.Sprintf("%0*d", MaxIDLen, i)
+		rep.Results = append(rep.Results, Result{ID: id, Outcome: OutcomeResponse, RCode: "RCODE4095", Answers: 65535,
+			Detail: detail, ElapsedMS: maxElapsedMS, Canary: OutcomeUnreachable})
+	}
+	addr := "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"
+	for i := range MaxInterfaces {
+		ifc := Interface{Name: fmt.Sprintf("%015d", i), Up: true}
+		for range MaxAddrs {
+			ifc.Addrs = append(ifc.Addrs, addr)
+		}
+		rep.Facts.Interfaces = append(rep.Facts.Interfaces, ifc)
+	}
+	for range MaxAddrs {
+		rep.Facts.Resolvers = append(rep.Facts.Resolvers, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")
+	}
+	for range maxErrors {
+		rep.Facts.Errors = append(rep.Facts.Errors, detail)
+	}
+	rep.Facts.DefaultRoute4 = &Route{Iface: "012345678901234", Gateway: "255.255.255.255"}
+	rep.Facts.DefaultRoute6 = &Route{Iface: "012345678901234", Gateway: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"}
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(rep); err != nil { // as Main writes it
+		t.Fatal(err)
+	}
+	t.Logf("worst-case report: %d bytes for %d results (%d per result), limit %d", buf.Len(), MaxTargets,
+		buf.Len()/MaxTargets, MaxReportBytes)
+	if buf.Len() > MaxReportBytes {
+		t.Fatalf("worst-case report of %d bytes over MaxReportBytes %d", buf.Len(), MaxReportBytes)
+	}
+	if _, err := ParseReport(bytes.TrimSpace(buf.Bytes())); err != nil {
+		t.Fatalf("worst-case report rejected: %v", err)
 	}
 }

@@ -40,7 +40,7 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 	ctx = p.runCanaries(ctx, req, zone)
 	n := req.Concurrency
 	if n <= 0 {
-		n = defConcurrency
+		n = DefaultConcurrency
 	}
 	results := make([]Result, len(req.Targets))
 	sem := make(chan struct{}, n)
@@ -61,6 +61,31 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 	}
 	wg.Wait()
 	return &Report{Version: Version, Facts: facts, Results: results}
+}
+
+// RunBound is the longest [Prober.Run] of req takes, facts aside: the
+// canary phase ([CanaryPhase]), then the targets, at most req.Concurrency
+// (c) at a time, each within its own timeout (longest: L). A slot takes a
+// waiting target as soon as its own ends, so every c targets running at
+// time kL are done by (k+1)L and c more have started: by kL at least
+// (k+1)c have started, and the last ends by ceil(targets/c)·L. Blocked
+// rows (silence) take the whole of their timeout, so a plan of blocked
+// rows comes near the bound. The host adds slack for start-up and the exec.
+func RunBound(req *Request) time.Duration {
+	n := req.Concurrency
+	if n <= 0 {
+		n = DefaultConcurrency
+	}
+	longest := 0
+	for _, t := range req.Targets {
+		ms := t.TimeoutMS
+		if ms <= 0 {
+			ms = DefaultTimeout
+		}
+		longest = max(longest, ms)
+	}
+	rounds := (len(req.Targets) + n - 1) / n
+	return time.Duration(rounds*longest)*time.Millisecond + CanaryPhase(req)
 }
 
 func (p *Prober) dialer() Dialer {

@@ -34,26 +34,26 @@ const (
 
 // Limits that both sides enforce.
 const (
-	MaxTargets      = 512             // targets in one request
-	MaxIDLen        = 64              // bytes in a target id
-	MaxDetailLen    = 256             // bytes in a result detail
-	MaxReportBytes  = 1 << 20         // bytes of report JSON the host accepts
-	MaxRequestBytes = 1 << 20         // bytes of request JSON the probe accepts
-	MaxTimeoutMS    = 60_000          // longest per-target timeout
-	DefaultTimeout  = 3_000           // per-target timeout in ms when the target names none
-	MaxInterfaces   = 64              // interfaces in Facts
-	MaxAddrs        = 64              // addresses per interface, resolvers
-	maxNameLen      = 253             // DNS name
-	maxPathLen      = 1024            // HTTP path
-	maxHeaders      = 16              // HTTP headers per target
-	maxHeaderLen    = 256             // bytes per header name or value
-	maxIfaceNameLen = 15              // Linux IFNAMSIZ - 1
-	maxErrors       = 16              // Facts.Errors entries
-	maxStringField  = MaxDetailLen    // generic bound for short strings
-	maxHTTPBody     = 64 << 10        // response body bytes the probe reads and discards
-	maxConcurrency  = 64              // parallel probes
-	defConcurrency  = 16              // parallel probes by default
-	maxElapsedMS    = 10 * 60 * 1_000 // sanity bound on reported elapsed time
+	MaxTargets         = 2048            // targets in one request (a report of that many worst-case results stays under MaxReportBytes)
+	MaxIDLen           = 64              // bytes in a target id
+	MaxDetailLen       = 256             // bytes in a result detail
+	MaxReportBytes     = 4 << 20         // bytes of report JSON the host accepts (below the guest agent's 16 MiB output cap)
+	MaxRequestBytes    = 1 << 20         // bytes of request JSON the probe accepts
+	MaxTimeoutMS       = 60_000          // longest per-target timeout
+	DefaultTimeout     = 3_000           // per-target timeout in ms when the target names none
+	MaxInterfaces      = 64              // interfaces in Facts
+	MaxAddrs           = 64              // addresses per interface, resolvers
+	maxNameLen         = 253             // DNS name
+	maxPathLen         = 1024            // HTTP path
+	maxHeaders         = 16              // HTTP headers per target
+	maxHeaderLen       = 256             // bytes per header name or value
+	maxIfaceNameLen    = 15              // Linux IFNAMSIZ - 1
+	maxErrors          = 16              // Facts.Errors entries
+	maxStringField     = MaxDetailLen    // generic bound for short strings
+	maxHTTPBody        = 64 << 10        // response body bytes the probe reads and discards
+	MaxConcurrency     = 64              // parallel probes
+	DefaultConcurrency = 16              // parallel probes when the request names none
+	maxElapsedMS       = 10 * 60 * 1_000 // sanity bound on reported elapsed time
 )
 
 // Request is the probe's input.

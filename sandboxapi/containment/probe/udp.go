@@ -133,7 +133,7 @@ func CanaryPhase(req *Request) time.Duration {
 		}
 		longest = max(longest, d)
 	}
-	batches := (len(addrs) + maxConcurrency - 1) / maxConcurrency
+	batches := (len(addrs) + MaxConcurrency - 1) / MaxConcurrency
 	return time.Duration(batches) * longest
 }
 
@@ -164,7 +164,7 @@ func (p *Prober) runCanaries(ctx context.Context, req *Request, zone string) con
 		}
 		budget = max(budget, d)
 	}
-	sem := make(chan struct{}, maxConcurrency)
+	sem := make(chan struct{}, MaxConcurrency)
 	var wg sync.WaitGroup
 	for _, a := range addrs {
 		c := cs.byAddr[a]

@@ -222,10 +222,10 @@ func TestCanaryPhase(t *testing.T) {
 	if got := CanaryPhase(req); got != 0 {
 		t.Errorf("no udp: %v", got)
 	}
-	for i := range maxConcurrency + 1 {
+	for i := range MaxConcurrency + 1 {
 		req.Targets = append(req.Targets, Target{ID: "u" + strconv.Itoa(i), Kind: KindUDP, Addr: "10.1.0." + strconv.Itoa(i+1) + ":53"})
 	}
 	if got := CanaryPhase(req); got != 2*DefaultTimeout*time.Millisecond {
-		t.Errorf("%d addresses: %v, want two rounds of the default timeout", maxConcurrency+1, got)
+		t.Errorf("%d addresses: %v, want two rounds of the default timeout", MaxConcurrency+1, got)
 	}
 }

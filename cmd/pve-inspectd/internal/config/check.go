@@ -21,7 +21,8 @@ type CheckSection struct {
 	GuestDir string `toml:"guest_dir"`
 	// Timeout bounds each probe target.
 	Timeout time.Duration `toml:"timeout"`
-	// Concurrency bounds parallel probes inside the guest.
+	// Concurrency is the least number of parallel probes inside the
+	// guest; a plan with many rows gets more (containment.Runner).
 	Concurrency int `toml:"concurrency"`
 	// LAN are operator-LAN targets (ip:port) that guests must not reach.
 	LAN []string `toml:"lan"`
