@@ -88,30 +88,56 @@
 //
 //   - direct (Exec without stdin, env, cwd or user, argv valid UTF-8,
 //     limit under the agent's 16 MiB capture cap; what the sandbox API's
-//     collected exec sends by default): guest-exec of /usr/bin/setsid
-//     with the command as its arguments and capture-output, so one process
-//     is spawned, as for a bare guest-exec. util-linux setsid forks only
-//     when its caller leads a process group, and qemu-ga's children do not,
-//     so it just calls setsid() and execs the command: the pid guest-exec
-//     reports is the command's own, leader of a new session and group, its
-//     exit code or signal comes back unchanged, and 127/126 mean not found
-//     / not executable as under the wrapper. The agent captures the
-//     output (flagging what it drops past 16 MiB); the client cuts each
-//     stream at the limit and bounds the final reply by the agent's cap
-//     for both streams (about 45 MB), not by the limit. The session that
-//     starts the command keeps its connection for up to 25 ms to poll it,
-//     so a quick command costs one connection and one sync. A timeout or
-//     cancellation kills the command's session and group (never the
-//     agent's own group, which the command leaves by becoming a leader).
-//     qemu-ga reports the exit only when the output pipes close, so a
-//     background process that keeps stdout or stderr open would hold the
+//     collected exec sends by default): one guest-exec with
+//     capture-output, tagged: the path is the command itself (looked up
+//     by qemu-ga in PATH), and its env is the agent's own environment plus
+//     PVE_INSPECT_EXEC=<32 random hex digits>, fresh per exec. qemu-ga
+//     gives the child exactly the env list it is sent (not merged with
+//     its own) and looks the program up in that list's PATH
+//     (G_SPAWN_SEARCH_PATH_FROM_ENVP), so the base is the agent's own
+//     environment, read with one bare guest-exec of `/usr/bin/env -0` the
+//     first time a socket is used and again after a minute (so an agent
+//     restarted with another environment is seen within a minute),
+//     parsed strictly (NUL-terminated NAME=VALUE, valid UTF-8, at most 64
+//     KiB and 1024 entries) and cached on the Client per socket, one
+//     capture at a time. One process is spawned, as for a bare
+//     guest-exec; the pid is the command's own, its exit code or signal
+//     comes back unchanged. A timeout or cancellation kills every process
+//     whose /proc/PID/environ holds the exact tag entry (whole
+//     NUL-delimited entries, repeated while new ones appear): background
+//     children, children that called setsid themselves and orphans
+//     reparented to init, never the agent or a concurrent exec; the
+//     command itself is also killed by pid while it is the agent's child.
+//     A process that exec'd with a cleared environment or overwrote its
+//     initial environment area (setproctitle) escapes: the VM is the
+//     security boundary, the timeout is resource management. The command
+//     stays in the agent's process group and session: `kill 0` in it
+//     (for example `trap 'kill 0' EXIT`) signals qemu-ga too. When
+//     guest-exec cannot start the program (not found, not executable;
+//     nothing ran), the request runs once more through setsid, so it ends
+//     with 127 or 126 and setsid's message like on the other paths. The
+//     agent captures the output (flagging what it drops past 16 MiB); the
+//     client cuts each stream at the limit and bounds the final reply by
+//     the agent's cap for both streams (about 45 MB), not by the limit.
+//     The session that starts the command keeps its connection for up to
+//     25 ms to poll it, so a quick command costs one connection and one
+//     sync. qemu-ga reports the exit only when the output pipes close, so
+//     a background process that keeps stdout or stderr open would hold the
 //     result: from 100 ms on, at doubling intervals up to 5 s, the client
 //     asks the guest whether the command itself is gone, and if so kills
-//     the processes of its session and group that hold one of the agent's
-//     pipes; the result (the command's own status) follows at once.
-//     Background processes that redirected their output are left running,
-//     as on the other paths. A guest without /usr/bin/setsid gets the
-//     wrapper's collected path.
+//     the tagged processes that hold one of the agent's pipes; the result
+//     (the command's own status) follows at once. Background processes
+//     that redirected their output are left running, as on the other
+//     paths. When the agent's environment cannot be read or used (no
+//     /usr/bin/env, malformed, too large), the direct path runs
+//     /usr/bin/setsid with the command as its arguments instead:
+//     util-linux setsid forks only when its caller leads a process group,
+//     and qemu-ga's children do not, so it calls setsid() and execs the
+//     command (one exec more, about 2.5 ms on the build machine), which
+//     leads a new session and group that a timeout kills (pkill -s, kill
+//     of the group); background holders of the output in that session
+//     and group are killed once the command is gone. A guest without
+//     /usr/bin/setsid then gets the wrapper's collected path.
 //   - collected through the wrapper (Exec without stdin, when env, cwd,
 //     user or a non-UTF-8 argument asks for the wrapper; limit under the
 //     cap) skips guest-file-open, which costs qemu-ga a write of its
@@ -129,15 +155,18 @@
 //     cap): the wrapper execs the command and the client reads the output
 //     files while it runs, as described above.
 //
-// Limits of the guest side: the direct path needs /usr/bin/setsid, and
-// for its kills and background checks /bin/sh, pkill, pgrep, ls, grep and
-// tr;
-// the wrapper needs /bin/sh, setsid, rm and head in the guest (pgrep for
-// the collected path's kill), setpriv and id for User, and pkill
-// (optional) for the session kill. A process that calls setsid itself
-// escapes the tree kill; on the direct path, if it also keeps the
-// command's output open, the agent never reports the exit and the call
-// ends in an error 30 s after the timeout's kill (or when ctx ends).
+// Limits of the guest side: the tagged direct path needs /usr/bin/env
+// (coreutils, -0) for the environment and, for its kills and background
+// checks, /bin/sh, GNU grep (-z), ls and tr, and /proc; the setsid
+// direct path needs /usr/bin/setsid, and /bin/sh, pkill, pgrep, ls, grep
+// and tr; the wrapper needs /bin/sh, setsid, rm and head in the guest
+// (pgrep for the collected path's kill), setpriv and id for User, and
+// pkill (optional) for the session kill. On the setsid and wrapper paths
+// a process that calls setsid itself escapes the tree kill; on the setsid
+// direct path, if it also keeps the command's output open, the agent
+// never reports the exit and the call ends in an error 30 s after the
+// timeout's kill (or when ctx ends); on the tagged path the same holds
+// for a process that dropped the tag and keeps the output open.
 // Output beyond the limit is not read but still written to the
 // (unlinked) guest file until the command ends (wrapper paths). Guest paths for the file commands must be
 // valid UTF-8 (they travel as JSON strings).

@@ -35,8 +35,9 @@ type ExecRequest struct {
 	// User runs the command as this user name or uid ("" = the agent's
 	// user, root). Needs setpriv (util-linux) in the guest.
 	User string
-	// Timeout kills the command's whole process group and session in the
-	// guest after this long (0 = only the context ends it).
+	// Timeout kills the command's whole tree in the guest after this long
+	// (0 = only the context ends it): its process group and session, or
+	// on the tagged direct path every process carrying its exec's tag.
 	Timeout time.Duration
 	// OutputLimit caps each of stdout and stderr (0 = the client's
 	// OutputLimit, 10 MiB by default). Bytes beyond it are dropped and the
@@ -202,12 +203,19 @@ type guestExec struct {
 }
 
 func (cn *conn) execStart(argv []string, input []byte, capture bool) (int, error) {
+	return cn.execStartEnv(argv, nil, input, capture)
+}
+
+// execStartEnv is execStart with the command's whole environment (env nil:
+// the agent's own; qemu-ga does not merge the two).
+func (cn *conn) execStartEnv(argv, env []string, input []byte, capture bool) (int, error) {
 	args := struct {
 		Path    string   `json:"path"`
 		Arg     []string `json:"arg,omitempty"`
+		Env     []string `json:"env,omitempty"`
 		Input   string   `json:"input-data,omitempty"`
 		Capture bool     `json:"capture-output,omitempty"`
-	}{Path: argv[0], Arg: argv[1:], Capture: capture}
+	}{Path: argv[0], Arg: argv[1:], Env: env, Capture: capture}
 	if input != nil {
 		args.Input = base64.StdEncoding.EncodeToString(input)
 	}
@@ -291,6 +299,7 @@ const killGrace = 30 * time.Second
 // runResult is the outcome of a small internal command.
 type runResult struct {
 	ExitCode int
+	Stdout   []byte
 	Stderr   []byte
 }
 
@@ -323,8 +332,11 @@ func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
 		if st.Exited {
 			var res ExecResult
 			st.outcome(&res)
-			stderr, _ := base64.StdEncoding.DecodeString(st.ErrData)
-			return &runResult{ExitCode: res.ExitCode, Stderr: stderr}, nil
+			var out ExecResult
+			if err := collect(&out, st, agentOutputCap); err != nil {
+				return nil, err
+			}
+			return &runResult{ExitCode: res.ExitCode, Stdout: out.Stdout, Stderr: out.Stderr}, nil
 		}
 		if err := sleepCtx(ctx, p.next()); err != nil {
 			return nil, err
@@ -377,9 +389,10 @@ func (s *outStream) take(cn *conn, chunk int, exited bool) ([]byte, error) {
 // cannot be found or run is an ordinary result (exit code 127 or 126), as
 // is a timeout (TimedOut, killed by signal 9, exit code 137). Errors are
 // for the channel and for invalid requests. A request without stdin, env,
-// cwd or user runs directly under setsid with the agent capturing its
-// output; the others go through the wrapper (the package documentation
-// says which path a request takes and how background children fare).
+// cwd or user runs directly (the command itself, tagged through its
+// environment, or under setsid) with the agent capturing its output; the
+// others go through the wrapper (the package documentation says which
+// path a request takes and how background children fare).
 func (a *Agent) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	if limit, ok := a.fastPlan(&req); ok {
 		if directPlan(&req) {

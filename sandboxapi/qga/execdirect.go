@@ -12,30 +12,51 @@ import (
 
 // The direct exec is the collected exec of a request that asks for none of
 // the wrapper's features (no stdin, env, cwd or user; argv valid UTF-8, so
-// that it travels in JSON as it is): guest-exec runs util-linux's setsid
-// with the command as its arguments and capture-output, so the agent
-// itself collects the output (up to its 16 MiB cap per stream, flagging
-// what it drops) and the client cuts it to the limit. setsid forks only
-// when its caller leads a process group, and a child of qemu-ga does not
-// (it stays in the agent's group), so setsid costs an exec, not a spawn:
-// it calls setsid() and execs the command, which keeps the pid guest-exec
-// reported, leads a new session and process group, and can be killed as a
-// tree by group and session like on the other paths; its exit code or
-// signal comes back from the agent unchanged, and a command that cannot be
-// found or run ends with 127 or 126 like under the wrapper (setsid's own
-// codes). The agent's own process group is never a kill target: the
-// command only leaves it by becoming the leader of its own.
+// that it travels in JSON as it is): one guest-exec with capture-output,
+// so the agent itself collects the output (up to its 16 MiB cap per
+// stream, flagging what it drops) and the client cuts it to the limit; the
+// command's exit code or signal comes back from the agent unchanged.
+//
+// Tagged (the default): guest-exec runs the command itself, with the
+// agent's own environment (captured once per socket, execenv.go) plus
+// PVE_INSPECT_EXEC=<32 random hex digits>, fresh per exec. Every process
+// the command starts inherits the entry, and a kill finds them by it: one
+// guest-exec of a sh script that SIGKILLs every process whose
+// /proc/PID/environ holds that exact NUL-delimited entry (grep -z -x -F),
+// repeated while new ones appear. That reaches children that called
+// setsid themselves and orphans reparented to init, which a session and
+// group kill misses; it never reaches the agent or another exec (they
+// carry no tag, or another). It misses a process that exec'd with a
+// cleared environment or overwrote its initial environment area (as
+// setproctitle does): the VM is the security boundary, the timeout is
+// resource management. The command stays in qemu-ga's process group and
+// session, so a command that signals its own group (`kill 0`, the
+// `trap 'kill 0' EXIT` idiom) signals the agent too. When the agent
+// cannot start the program (guest-exec fails: not found, not executable),
+// the request is run once more through setsid, so that it ends like on
+// the other paths (127 or 126 and setsid's message on stderr); nothing ran
+// the first time.
+//
+// Through setsid (when the agent's environment is unusable): guest-exec
+// runs util-linux's setsid with the command as its arguments. setsid forks
+// only when its caller leads a process group, and a child of qemu-ga does
+// not, so setsid costs an exec, not a spawn: it calls setsid() and execs
+// the command, which keeps the pid guest-exec reported, leads a new
+// session and process group, and is killed as a tree by group and session
+// like on the other paths; a command that cannot be found or run ends
+// with 127 or 126 (setsid's own codes). A guest without setsid gets the
+// wrapper's collected path.
 //
 // qemu-ga reports the command exited only once its output pipes are
 // closed, so a background process that keeps the command's stdout or
 // stderr open would hold the result. Once the command has run a while
 // (directProbeFirst, then at doubling intervals up to directProbeMax) the
 // client asks the guest whether the command itself is gone; if so, the
-// processes of its session and group that still hold one of the agent's
-// pipes are killed, and the result (the command's own exit status) comes
-// right after. Background processes that redirected their output
-// (`nohup cmd >log 2>&1 &`) are not touched. A timeout kills the whole
-// session and group as on the other paths.
+// processes of its tag (or of its session and group) that still hold one
+// of the agent's pipes are killed, and the result (the command's own exit
+// status) comes right after. Background processes that redirected their
+// output (`nohup cmd >log 2>&1 &`) are not touched. A timeout kills the
+// whole tree.
 
 // setsidPath is util-linux's setsid in the guest.
 const setsidPath = "/usr/bin/setsid"
@@ -69,14 +90,72 @@ func directPlan(req *ExecRequest) bool {
 	return true
 }
 
-// execDirect runs req through setsid with the agent capturing its output.
-// When the guest has no setsid (guest-exec refused to start it), the
-// request takes the wrapper's collected path instead.
+// directRun is how one direct exec is started and ended.
+type directRun struct {
+	argv []string
+	env  []string // the whole environment; nil: the agent's own
+	// kill kills the command's tree; holders kills the background
+	// processes that hold the agent's pipes once the command is gone.
+	kill    func(ctx context.Context, pid int) error
+	holders func(ctx context.Context, pid int) error
+}
+
+// taggedRun runs the command itself with the agent's environment plus a
+// fresh tag; kills find the tree by the tag.
+func (a *Agent) taggedRun(req *ExecRequest, base []string) directRun {
+	tag := randomTag() + randomTag()
+	return directRun{
+		argv:    req.Argv,
+		env:     taggedEnv(base, tag),
+		kill:    func(ctx context.Context, pid int) error { return a.killTagged(ctx, tag, pid) },
+		holders: func(ctx context.Context, pid int) error { return a.endTaggedHolders(ctx, tag, pid) },
+	}
+}
+
+// setsidRun runs the command through setsid; kills find the tree by its
+// session and group.
+func (a *Agent) setsidRun(req *ExecRequest) directRun {
+	return directRun{
+		argv:    append([]string{setsidPath, "--"}, req.Argv...),
+		kill:    a.killDirect,
+		holders: a.endHolders,
+	}
+}
+
+// errNotStarted marks a direct exec whose program the agent refused to
+// start (guest-exec failed: not found, not executable, or no setsid).
+var errNotStarted = errors.New("agent did not start the program")
+
+// execDirect runs req on the direct path: tagged when the agent's
+// environment is known (captured once per socket), otherwise through
+// setsid. A program the agent cannot start on the tagged path is run
+// through setsid, which ends with setsid's 127 or 126 and its message,
+// like the wrapper; a guest without setsid gets the wrapper's collected
+// path.
 func (a *Agent) execDirect(ctx context.Context, req *ExecRequest, limit int64) (*ExecResult, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
-	argv := append([]string{setsidPath, "--"}, req.Argv...)
+	env, err := a.agentEnv(ctx)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("qga exec: %w", err)
+	}
+	if env != nil {
+		res, err := a.execCaptured(ctx, req, limit, a.taggedRun(req, env))
+		if !errors.Is(err, errNotStarted) {
+			return res, err
+		}
+	}
+	res, err := a.execCaptured(ctx, req, limit, a.setsidRun(req))
+	if errors.Is(err, errNotStarted) {
+		return a.execFast(ctx, req, limit)
+	}
+	return res, err
+}
+
+// execCaptured starts run with the agent capturing its output and waits
+// for its result.
+func (a *Agent) execCaptured(ctx context.Context, req *ExecRequest, limit int64, run directRun) (*ExecResult, error) {
 	res := &ExecResult{}
 	var st *guestExec
 	var start time.Time
@@ -87,7 +166,7 @@ func (a *Agent) execDirect(ctx context.Context, req *ExecRequest, limit int64) (
 	}
 	err := a.session(ctx, func(cn *conn) (err error) {
 		cn.maxReply = directReplyBound
-		if res.PID, err = cn.execStart(argv, nil, true); err != nil {
+		if res.PID, err = cn.execStartEnv(run.argv, run.env, nil, true); err != nil {
 			return err
 		}
 		start = time.Now()
@@ -104,15 +183,15 @@ func (a *Agent) execDirect(ctx context.Context, req *ExecRequest, limit int64) (
 	var ae *AgentError
 	switch {
 	case res.PID == 0 && errors.As(err, &ae):
-		return a.execFast(ctx, req, limit)
+		return nil, fmt.Errorf("qga exec: start: %w: %w", errNotStarted, err)
 	case res.PID == 0 && err != nil:
 		return nil, fmt.Errorf("qga exec: start: %w", err)
 	case err != nil && ctx.Err() != nil:
-		return nil, a.abandonWith(ctx, res.PID, a.killDirect)
+		return nil, a.abandonWith(ctx, res.PID, run.kill)
 	case err != nil:
 		return nil, fmt.Errorf("qga exec: poll: %w", err)
 	}
-	end, err := a.waitDirect(ctx, req, res.PID, start, p, st)
+	end, err := a.waitDirect(ctx, req, res.PID, start, p, st, run)
 	if err != nil {
 		return nil, err
 	}
@@ -133,21 +212,21 @@ type directEnd struct {
 // waitDirect polls a started direct exec until the agent reports it
 // exited (st when it already did), killing it on timeout and ending
 // background holders of its output once it is gone.
-func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start time.Time, p *poller, st *guestExec) (directEnd, error) {
+func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start time.Time, p *poller, st *guestExec, run directRun) (directEnd, error) {
 	killed := false
 	var firstKill, lastKill time.Time
 	probeEvery := directProbeFirst
 	nextProbe := start.Add(probeEvery)
 	for st == nil || !st.Exited {
 		if ctx.Err() != nil {
-			return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+			return directEnd{}, a.abandonWith(ctx, pid, run.kill)
 		}
 		if req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
 			// Repeated while the command lives: its children may fork
 			// between the listing and the kill.
-			if err := a.killDirect(ctx, pid); err != nil {
+			if err := run.kill(ctx, pid); err != nil {
 				if ctx.Err() != nil {
-					return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+					return directEnd{}, a.abandonWith(ctx, pid, run.kill)
 				}
 				return directEnd{}, fmt.Errorf("qga exec: kill after timeout: %w", err)
 			}
@@ -160,9 +239,9 @@ func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start
 			return directEnd{}, fmt.Errorf("qga exec: pid %d or a process holding its output still running %v after SIGKILL", pid, killGrace)
 		}
 		if !killed && time.Now().After(nextProbe) {
-			if err := a.endHolders(ctx, pid); err != nil {
+			if err := run.holders(ctx, pid); err != nil {
 				if ctx.Err() != nil {
-					return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+					return directEnd{}, a.abandonWith(ctx, pid, run.kill)
 				}
 				return directEnd{}, fmt.Errorf("qga exec: check for background holders: %w", err)
 			}
@@ -176,7 +255,7 @@ func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+				return directEnd{}, a.abandonWith(ctx, pid, run.kill)
 			}
 			return directEnd{}, fmt.Errorf("qga exec: poll: %w", err)
 		}
@@ -184,7 +263,7 @@ func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start
 			break
 		}
 		if err := sleepCtx(ctx, p.next()); err != nil {
-			return directEnd{}, a.abandonWith(ctx, pid, a.killDirect)
+			return directEnd{}, a.abandonWith(ctx, pid, run.kill)
 		}
 	}
 	return directEnd{st: st, timedOut: killed}, nil
@@ -234,6 +313,61 @@ exit 0`
 // the command itself is gone; while it runs, it does nothing.
 func (a *Agent) endHolders(ctx context.Context, pid int) error {
 	r, err := a.run(ctx, []string{"/bin/sh", "-c", endHoldersScript, "pve-inspect-holders", strconv.Itoa(pid)})
+	if err != nil {
+		return err
+	}
+	if r.ExitCode != 0 && r.ExitCode != 3 {
+		return r.err()
+	}
+	return nil
+}
+
+// killTaggedScript kills every process whose initial environment holds
+// the exact entry PVE_INSPECT_EXEC=$1 (grep -z matches whole NUL-delimited
+// entries), repeating while new ones appear (a child may fork between the
+// listing and the kill), and the command $2 itself while it is the agent's
+// (the shell's parent's) child and not a zombie, in case it overwrote its
+// environment area. The agent and this script carry no tag.
+const killTaggedScript = `t=PVE_INSPECT_EXEC=$1 p=$2 i=0
+if read -r s 2>/dev/null </proc/"$p"/stat; then
+	set -- ${s##*") "}
+	[ "$1" != Z ] && [ "$2" = "$PPID" ] && kill -9 "$p" 2>/dev/null
+fi
+while l=$(grep -lsxzF -e "$t" /proc/[0-9]*/environ); [ -n "$l" ] && [ $i -lt 50 ]; do
+	for f in $l; do f=${f#/proc/}; kill -9 "${f%/environ}" 2>/dev/null; done
+	i=$((i+1))
+done
+exit 0`
+
+// killTagged kills a tagged exec's tree.
+func (a *Agent) killTagged(ctx context.Context, tag string, pid int) error {
+	_, err := a.run(ctx, []string{"/bin/sh", "-c", killTaggedScript, "pve-inspect-kill", tag, strconv.Itoa(pid)})
+	return err
+}
+
+// endTaggedHoldersScript exits 3 while the tagged command $2 runs (still
+// the agent's child and not a zombie); once it is gone, it kills the
+// processes tagged PVE_INSPECT_EXEC=$1 that hold one of the agent's pipes
+// (the agent is the shell's parent): the background processes that keep
+// the output open. Tagged processes that redirected their output are left.
+const endTaggedHoldersScript = `t=PVE_INSPECT_EXEC=$1 p=$2
+if read -r s 2>/dev/null </proc/"$p"/stat; then
+	set -- ${s##*") "}
+	[ "$1" = Z ] || [ "$2" != "$PPID" ] || exit 3
+fi
+a=" $(ls -l /proc/$PPID/fd 2>/dev/null | grep -o 'pipe:\[[0-9]*\]' | tr '\n' ' ')"
+for f in $(grep -lsxzF -e "$t" /proc/[0-9]*/environ); do
+	q=${f#/proc/}; q=${q%/environ}
+	for l in $(ls -l /proc/"$q"/fd 2>/dev/null | grep -o 'pipe:\[[0-9]*\]'); do
+		case $a in *" $l "*) kill -9 "$q" 2>/dev/null; break ;; esac
+	done
+done
+exit 0`
+
+// endTaggedHolders kills the background holders of a tagged exec's output
+// once the command itself is gone; while it runs, it does nothing.
+func (a *Agent) endTaggedHolders(ctx context.Context, tag string, pid int) error {
+	r, err := a.run(ctx, []string{"/bin/sh", "-c", endTaggedHoldersScript, "pve-inspect-holders", tag, strconv.Itoa(pid)})
 	if err != nil {
 		return err
 	}

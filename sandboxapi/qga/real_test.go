@@ -55,8 +55,9 @@ type execPath struct {
 	exec func(context.Context, ExecRequest) (*ExecResult, error)
 }
 
-// execPaths are the collected paths for requests that could take either:
-// the direct one (what Exec picks) and the wrapper's.
+// execPaths are the collected paths for requests that could take any:
+// the direct one (what Exec picks: tagged when the agent's environment is
+// known), the direct one through setsid (its fallback) and the wrapper's.
 func execPaths(a *Agent) []execPath {
 	return []execPath{
 		{"direct", func(ctx context.Context, r ExecRequest) (*ExecResult, error) {
@@ -64,6 +65,13 @@ func execPaths(a *Agent) []execPath {
 				return nil, fmt.Errorf("request %+v does not take the direct path", r)
 			}
 			return a.Exec(ctx, r)
+		}},
+		{"setsid", func(ctx context.Context, r ExecRequest) (*ExecResult, error) {
+			limit, ok := a.fastPlan(&r)
+			if !ok || !directPlan(&r) {
+				return nil, fmt.Errorf("request %+v does not take the direct path", r)
+			}
+			return a.execCaptured(ctx, &r, limit, a.setsidRun(&r))
 		}},
 		{"wrapper", func(ctx context.Context, r ExecRequest) (*ExecResult, error) {
 			limit, ok := a.fastPlan(&r)
@@ -303,7 +311,9 @@ func TestExecBackgroundChild(t *testing.T) {
 	}{
 		{"direct, holds stdout", 0, false, false},
 		{"direct, output redirected", 0, true, true},
-		{"wrapper, holds stdout", 1, false, true},
+		{"wrapper, holds stdout", 2, false, true},
+		{"setsid, holds stdout", 1, false, false},
+		{"setsid, output redirected", 1, true, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
