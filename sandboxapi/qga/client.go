@@ -50,6 +50,14 @@ type Options struct {
 	// GuestProgramDir receives the programs RunProgram uploads; it must
 	// not be mounted noexec. Default "/var/lib/pve-inspect-qga".
 	GuestProgramDir string
+	// ExecOwnSession runs every direct exec (one without stdin, env, cwd
+	// or user) through setsid, as the leader of its own session and
+	// process group: one more program exec per command. By default the
+	// command is started by the agent itself, tagged through its
+	// environment, and stays in qemu-ga's process group, so a command
+	// that signals its own group (`kill 0`) also signals the agent and
+	// the other commands running in that guest. See execdirect.go.
+	ExecOwnSession bool
 }
 
 const (

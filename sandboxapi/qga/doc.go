@@ -112,7 +112,8 @@
 //     initial environment area (setproctitle) escapes: the VM is the
 //     security boundary, the timeout is resource management. The command
 //     stays in the agent's process group and session: `kill 0` in it
-//     (for example `trap 'kill 0' EXIT`) signals qemu-ga too. When
+//     (for example `trap 'kill 0' EXIT`) signals qemu-ga and the guest's
+//     other commands too (Options.ExecOwnSession avoids it). When
 //     guest-exec cannot start the program (not found, not executable;
 //     nothing ran), the request runs once more through setsid, so it ends
 //     with 127 or 126 and setsid's message like on the other paths. The

@@ -37,7 +37,8 @@ import (
 // the other paths (127 or 126 and setsid's message on stderr); nothing ran
 // the first time.
 //
-// Through setsid (when the agent's environment is unusable): guest-exec
+// Through setsid (with Options.ExecOwnSession, or when the agent's
+// environment is unusable): guest-exec
 // runs util-linux's setsid with the command as its arguments. setsid forks
 // only when its caller leads a process group, and a child of qemu-ga does
 // not, so setsid costs an exec, not a spawn: it calls setsid() and execs
@@ -136,9 +137,13 @@ func (a *Agent) execDirect(ctx context.Context, req *ExecRequest, limit int64) (
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
-	env, err := a.agentEnv(ctx)
-	if err != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("qga exec: %w", err)
+	var env []string
+	if !a.c.opts.ExecOwnSession {
+		var err error
+		env, err = a.agentEnv(ctx)
+		if err != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("qga exec: %w", err)
+		}
 	}
 	if env != nil {
 		res, err := a.execCaptured(ctx, req, limit, a.taggedRun(req, env))

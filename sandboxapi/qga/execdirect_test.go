@@ -158,6 +158,7 @@ func TestExecDirectPathChoice(t *testing.T) {
 		first  []string // programs started by the first exec
 		again  []string // by a second exec on the same client
 		tagged bool     // the command got the agent's environment plus a tag
+		own    bool     // Options.ExecOwnSession
 	}{
 		{name: "tagged", first: []string{envProgram, "x"}, again: []string{"x"}, tagged: true},
 		{name: "no env program", refuse: []string{envProgram}, first: []string{envProgram, setsidPath}, again: []string{setsidPath}},
@@ -167,6 +168,8 @@ func TestExecDirectPathChoice(t *testing.T) {
 		{name: "env bad base64", env: `{"exited": true, "exitcode": 0, "out-data": "!!"}`, first: []string{envProgram, setsidPath}, again: []string{setsidPath}},
 		{name: "program not found", refuse: []string{"x"}, first: []string{envProgram, "x", setsidPath}, again: []string{"x", setsidPath}, tagged: true},
 		{name: "program and setsid not found", refuse: []string{"x", setsidPath}, first: []string{envProgram, "x", setsidPath, "/bin/sh"}, again: []string{"x", setsidPath, "/bin/sh"}, tagged: true},
+		{name: "own session: setsid, no environment read", own: true, first: []string{setsidPath}, again: []string{setsidPath}},
+		{name: "own session without setsid: the wrapper", own: true, refuse: []string{setsidPath}, first: []string{setsidPath, "/bin/sh"}, again: []string{setsidPath, "/bin/sh"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,7 +181,9 @@ func TestExecDirectPathChoice(t *testing.T) {
 			for _, p := range tt.refuse {
 				e.refuse[p] = true
 			}
-			a := New(hostileOptions()).Agent(e.Socket)
+			opts := hostileOptions()
+			opts.ExecOwnSession = tt.own
+			a := New(opts).Agent(e.Socket)
 			for i, want := range [][]string{tt.first, tt.again} {
 				res, err := a.Exec(context.Background(), ExecRequest{Argv: []string{"x"}})
 				if err != nil || res.ExitCode != 0 {

@@ -52,6 +52,10 @@ type APISection struct {
 	// bytes take it.
 	DiskTransferStorage   string `toml:"disk_transfer_storage"`
 	DiskTransferThreshold int64  `toml:"disk_transfer_threshold"`
+	// ExecOwnSession runs each plain exec as the leader of its own session
+	// (through setsid: one more program exec per command) instead of
+	// leaving it in the guest agent's process group (qga.Options).
+	ExecOwnSession bool `toml:"exec_own_session"`
 	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from.
 	AutoCIDRPool string `toml:"auto_cidr_pool"`
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`

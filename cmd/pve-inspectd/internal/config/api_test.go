@@ -20,6 +20,7 @@ reaper_interval = "5s"
 templates = { debian = 9000 }
 disk_transfer_storage = "local"
 disk_transfer_threshold = 67108864
+exec_own_session = true
 [api.caps]
 node_vms = 10
 [api.proxmox]
@@ -29,7 +30,7 @@ token_id = "pve-inspect@pve!daemon"
 		t.Fatal(err)
 	}
 	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
-		c.API.DiskTransferStorage != "local" || c.API.DiskTransferThreshold != 64<<20 {
+		c.API.DiskTransferStorage != "local" || c.API.DiskTransferThreshold != 64<<20 || !c.API.ExecOwnSession {
 		t.Errorf("parsed %+v", c.API)
 	}
 	bad := []struct{ doc, key string }{

@@ -312,7 +312,7 @@ func (r *run) startAPI(context.Context) error {
 	if !cfg.API.Enabled {
 		return nil
 	}
-	qc := qga.New(qga.Options{})
+	qc := qga.New(qga.Options{ExecOwnSession: cfg.API.ExecOwnSession})
 	ctl := r.ctl
 	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
 	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"),
