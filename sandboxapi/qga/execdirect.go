@@ -281,7 +281,7 @@ func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start
 // or group has members the kernel does not reuse the number $1; only when
 // the command is gone and every holder of its output escaped into a
 // session of its own could a reused $1 be hit.
-const killDirectScript = `p=$1
+const killDirectScript = "PATH=" + toolPath + "\n" + `p=$1
 pkill -9 -s "$p" 2>/dev/null
 kill -9 -"$p" 2>/dev/null
 if read -r s 2>/dev/null </proc/"$p"/stat; then
@@ -301,7 +301,7 @@ func (a *Agent) killDirect(ctx context.Context, pid int) error {
 // and group that hold one of the agent's pipes (the agent is the shell's
 // parent): the background processes that keep the output open. While they
 // live the session and group keep the number $1 from being reused.
-const endHoldersScript = `p=$1
+const endHoldersScript = "PATH=" + toolPath + "\n" + `p=$1
 if read -r s 2>/dev/null </proc/"$p"/stat; then
 	set -- ${s##*") "}
 	[ "$1" = Z ] || exit 3
@@ -333,7 +333,7 @@ func (a *Agent) endHolders(ctx context.Context, pid int) error {
 // listing and the kill), and the command $2 itself while it is the agent's
 // (the shell's parent's) child and not a zombie, in case it overwrote its
 // environment area. The agent and this script carry no tag.
-const killTaggedScript = `t=PVE_INSPECT_EXEC=$1 p=$2 i=0
+const killTaggedScript = "PATH=" + toolPath + "\n" + `t=PVE_INSPECT_EXEC=$1 p=$2 i=0
 if read -r s 2>/dev/null </proc/"$p"/stat; then
 	set -- ${s##*") "}
 	[ "$1" != Z ] && [ "$2" = "$PPID" ] && kill -9 "$p" 2>/dev/null
@@ -355,7 +355,7 @@ func (a *Agent) killTagged(ctx context.Context, tag string, pid int) error {
 // processes tagged PVE_INSPECT_EXEC=$1 that hold one of the agent's pipes
 // (the agent is the shell's parent): the background processes that keep
 // the output open. Tagged processes that redirected their output are left.
-const endTaggedHoldersScript = `t=PVE_INSPECT_EXEC=$1 p=$2
+const endTaggedHoldersScript = "PATH=" + toolPath + "\n" + `t=PVE_INSPECT_EXEC=$1 p=$2
 if read -r s 2>/dev/null </proc/"$p"/stat; then
 	set -- ${s##*") "}
 	[ "$1" = Z ] || [ "$2" != "$PPID" ] || exit 3

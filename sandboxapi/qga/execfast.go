@@ -48,7 +48,9 @@ func (a *Agent) fastPlan(req *ExecRequest) (int64, bool) {
 // shell's own setup); any other status is passed on as an exit code.
 const reraised = "129|130|137|141|142|143"
 
-// toolPath is where the wrapper finds its own tools (mkdir, rm, head).
+// toolPath is where the wrapper and the kill scripts find their own tools
+// (mkdir, rm, head, grep, pgrep, ...), so that a guest's /usr/local/bin
+// cannot stand in for them.
 const toolPath = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 // fastWrapper renders the collected-path wrapper.
@@ -78,7 +80,7 @@ func fastWrapper(r *ExecRequest, dir, outPath, errPath string, limit int64) *scr
 // wrapper shell pid (the command), or the shell itself when it has none.
 func (a *Agent) killChildren(ctx context.Context, pid int) error {
 	_, err := a.run(ctx, []string{"/bin/sh", "-c",
-		`cs=$(pgrep -P "$1"); for c in $cs; do kill -9 -"$c" 2>/dev/null; pkill -9 -s "$c" 2>/dev/null; kill -9 "$c" 2>/dev/null; done; [ -n "$cs" ] || kill -9 "$1" 2>/dev/null; exit 0`,
+		"PATH=" + toolPath + "\n" + `cs=$(pgrep -P "$1"); for c in $cs; do kill -9 -"$c" 2>/dev/null; pkill -9 -s "$c" 2>/dev/null; kill -9 "$c" 2>/dev/null; done; [ -n "$cs" ] || kill -9 "$1" 2>/dev/null; exit 0`,
 		"pve-inspect-kill", strconv.Itoa(pid)})
 	return err
 }
