@@ -24,6 +24,10 @@ type CheckSection struct {
 	// Concurrency is the least number of parallel probes inside the
 	// guest; a plan with many rows gets more (containment.Runner).
 	Concurrency int `toml:"concurrency"`
+	// Budget is the most rows one check probes before the rows aimed at
+	// other sandboxes' gateways and guests and at LAN targets are sampled,
+	// a different window each run (containment.Spec.Budget).
+	Budget int `toml:"budget"`
 	// LAN are operator-LAN targets (ip:port) that guests must not reach.
 	LAN []string `toml:"lan"`
 	// Public are public IPv4 addresses probed on 80 and 443: reachable is
@@ -75,6 +79,10 @@ func (s CheckSection) PublicAddrs() (v4, v6 []netip.Addr) {
 	return v4, v6
 }
 
+// minCheckBudget is the smallest [check] budget: below it a check would
+// leave out most other-zone rows on even a small node.
+const minCheckBudget = 64
+
 // defaultCheck is the check section's defaults.
 func defaultCheck() CheckSection {
 	return CheckSection{
@@ -82,6 +90,7 @@ func defaultCheck() CheckSection {
 		GuestDir:    "/tmp",
 		Timeout:     3 * time.Second,
 		Concurrency: 16,
+		Budget:      containment.DefaultBudget,
 		LAN:         []string{},
 		Public:      []string{},
 		Public6:     []string{},
@@ -98,6 +107,8 @@ func (s CheckSection) validate(prefix string) error {
 		return &KeyError{Key: prefix + ".timeout", Err: fmt.Errorf("%v: want more than 0 and at most %v", s.Timeout, probe.MaxTimeoutMS*time.Millisecond)}
 	case s.Concurrency < 1 || s.Concurrency > 64:
 		return &KeyError{Key: prefix + ".concurrency", Err: errors.New("want 1..64")}
+	case s.Budget < minCheckBudget || s.Budget > probe.MaxTargets:
+		return &KeyError{Key: prefix + ".budget", Err: fmt.Errorf("%d: want %d..%d", s.Budget, minCheckBudget, probe.MaxTargets)}
 	case len(s.ExternalName) > 200 || strings.ContainsAny(s.ExternalName, " \t\n/"):
 		return &KeyError{Key: prefix + ".external_name", Err: fmt.Errorf("%q: not a DNS name", s.ExternalName)}
 	case len(s.LocalName) > 200 || strings.ContainsAny(s.LocalName, " \t\n/"):

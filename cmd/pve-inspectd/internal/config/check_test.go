@@ -8,11 +8,11 @@ import (
 )
 
 func TestCheckSection(t *testing.T) {
-	c, err := Parse("[node]\nid = \"n1\"\n[check]\nprobe_path = \"/opt/probe\"\ntimeout = \"1500ms\"\nconcurrency = 4\n")
+	c, err := Parse("[node]\nid = \"n1\"\n[check]\nprobe_path = \"/opt/probe\"\ntimeout = \"1500ms\"\nconcurrency = 4\nbudget = 300\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Check.ProbePath != "/opt/probe" || c.Check.Timeout != 1500*time.Millisecond || c.Check.Concurrency != 4 || c.Check.GuestDir != "/tmp" {
+	if c.Check.ProbePath != "/opt/probe" || c.Check.Timeout != 1500*time.Millisecond || c.Check.Concurrency != 4 || c.Check.Budget != 300 || c.Check.GuestDir != "/tmp" {
 		t.Errorf("check = %+v", c.Check)
 	}
 	d, err := Parse("[node]\nid = \"n1\"\n")
@@ -34,6 +34,8 @@ func TestCheckSection(t *testing.T) {
 		{"[check]\ntimeout = \"2m\"\n", "check.timeout"},
 		{"[check]\nconcurrency = 0\n", "check.concurrency"},
 		{"[check]\nconcurrency = 65\n", "check.concurrency"},
+		{"[check]\nbudget = 63\n", "check.budget"},
+		{"[check]\nbudget = 2049\n", "check.budget"},
 		{"[check]\nprobe = \"/x\"\n", "check.probe"},
 	} {
 		_, err := Parse("[node]\nid = \"n1\"\n" + c.doc)

@@ -150,5 +150,6 @@ func nodeSpec(cfg config.Config, node netns.NsHandle) (containment.Spec, error) 
 	_, _ = rand.Read(r[:])
 	spec.ExternalName = strings.ReplaceAll(c.ExternalName, "{random}", "x"+hex.EncodeToString(r[:]))
 	spec.Timeout = c.Timeout
+	spec.Budget = c.Budget
 	return spec, nil
 }

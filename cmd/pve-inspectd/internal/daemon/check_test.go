@@ -46,9 +46,13 @@ func TestNodeSpecFindsLANTargets(t *testing.T) {
 	cfg := config.Default()
 	cfg.Check.ExternalName, cfg.Check.LocalName, cfg.Check.Public = "x.example.test", "local", []string{"203.0.113.10"}
 	cfg.API.AutoCIDRPool = "10.0.0.0/16"
+	cfg.Check.Budget = 200
 	spec, err := nodeSpec(cfg, netns.None())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if spec.Budget != 200 {
+		t.Errorf("row budget %d, want [check] budget 200", spec.Budget)
 	}
 	for _, want := range []string{"192.168.50.1:22", "192.168.50.7:80", "172.16.0.1:22", "100.64.0.1:80", "192.168.1.1:22"} {
 		if !slices.Contains(spec.LAN, netip.MustParseAddrPort(want)) {
