@@ -331,20 +331,10 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o644); err != nil {
 		return nil, "", "", "", err
 	}
-	tdisk := filepath.Join(bed.Dir(), "template-disk")
-	if err := os.MkdirAll(filepath.Join(tdisk, "upper", "var", "tmp"), 0o755); err != nil {
-		return nil, "", "", "", err
-	}
-	if err := emu.AddTemplate(ctx, templateID, "debian", tdisk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}); err != nil {
-		return nil, "", "", "", err
-	}
-	if err := emu.AddPool("pve-inspect", "pve-inspectd sandboxes"); err != nil {
-		return nil, "", "", "", err
-	}
 	// As pve-access-setup does: the template's storage in the pool, so the
 	// pool's ACL reaches /storage/local-lvm (clone and resize need
 	// Datastore.AllocateSpace there).
-	if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil {
+	if err := emu.AddSandboxTemplate(ctx, templateID, filepath.Join(bed.Dir(), "template-disk"), "pve-inspectd sandboxes"); err != nil {
 		return nil, "", "", "", err
 	}
 	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {

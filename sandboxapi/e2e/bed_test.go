@@ -81,17 +81,7 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 	}
 	ts := httptest.NewTLSServer(emu)
 	t.Cleanup(func() { ts.Close(); _ = emu.Close() })
-	tdisk := filepath.Join(bed.Dir(), "template-disk")
-	if err := os.MkdirAll(filepath.Join(tdisk, "upper", "var", "tmp"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := emu.AddTemplate(ctx, 9000, "debian", tdisk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := emu.AddPool("pve-inspect", ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil { // as pve-access-setup does
+	if err := emu.AddSandboxTemplate(ctx, 9000, filepath.Join(bed.Dir(), "template-disk"), ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -70,17 +69,7 @@ func upCheckBed(t *testing.T, ctx context.Context) *checkBed {
 	}
 	ts := httptest.NewTLSServer(emu)
 	t.Cleanup(func() { ts.Close(); _ = emu.Close() })
-	tdisk := filepath.Join(bed.Dir(), "template-disk")
-	if err := os.MkdirAll(filepath.Join(tdisk, "upper", "var", "tmp"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := emu.AddTemplate(ctx, 9000, "debian", tdisk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := emu.AddPool("pve-inspect", ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil {
+	if err := emu.AddSandboxTemplate(ctx, 9000, filepath.Join(bed.Dir(), "template-disk"), ""); err != nil {
 		t.Fatal(err)
 	}
 	id, secret, err := emu.RootToken("daemon")
