@@ -5,37 +5,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/nsrun"
 )
 
-// inNS runs fn on an OS thread inside ns (nil: here). /proc/sys/net shows
-// the network namespace of the thread that opens it, so a guard working on
-// another namespace must touch its sysctls from inside it.
-func inNS(ns *netns.NsHandle, fn func() error) error {
-	if ns == nil {
-		return fn()
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return fmt.Errorf("get current netns: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(*ns); err != nil {
-		return fmt.Errorf("enter netns: %w", err)
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		// never hand a thread in the wrong namespace back to the scheduler
-		runtime.LockOSThread()
-		return fmt.Errorf("leave netns: %w (after: %v)", err, ferr)
-	}
-	return ferr
-}
+// inNS runs fn inside ns (nil: here). /proc/sys/net shows the network
+// namespace of the thread that opens it, so a guard working on another
+// namespace must touch its sysctls from inside it.
+func inNS(ns *netns.NsHandle, fn func() error) error { return nsrun.Do(ns, fn) }
 
 const (
 	ipv6DefaultSysctl = "sys/net/ipv6/conf/default/disable_ipv6"

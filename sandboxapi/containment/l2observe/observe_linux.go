@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/pve-inspect/pve-inspect/nsrun"
 )
 
 // Observer watches bridges. The zero value is not usable: call New.
@@ -155,35 +156,12 @@ func (o *Observer) open(q Query) ([]watched, net.HardwareAddr, error) {
 	return socks, mac, nil
 }
 
-// inNS runs fn on a thread in the observer's namespace. The thread is
-// locked for fn; if it cannot be moved back it is never unlocked, so it
-// ends with its goroutine and nothing else runs in the wrong namespace.
+// inNS runs fn in the observer's namespace (nsrun.Do).
 func (o *Observer) inNS(fn func() error) error {
 	if !o.hasNS {
 		return fn()
 	}
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			done <- fmt.Errorf("current netns: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(o.ns); err != nil {
-			done <- fmt.Errorf("enter netns: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			done <- errors.Join(ferr, fmt.Errorf("leave netns: %w", err))
-			return // the thread stays locked and dies with the goroutine
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	return <-done
+	return nsrun.Do(&o.ns, fn)
 }
 
 // packetSocket opens a packet socket receiving every frame of interface

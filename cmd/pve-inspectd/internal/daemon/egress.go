@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"syscall"
 
@@ -18,6 +17,8 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
+
+	"github.com/pve-inspect/pve-inspect/nsrun"
 )
 
 // FullGuardConfig is GuardConfig with the [egress] section's kernel side
@@ -120,7 +121,7 @@ func (r *run) startEgress(ctx context.Context) error {
 	var pc net.PacketConn
 	var dnsLn, proxyLn net.Listener
 	dnsAddr, proxyAddr := fmt.Sprintf(":%d", ec.DNSPort), fmt.Sprintf(":%d", ec.ProxyPort)
-	err = inNetNS(r.d.EgressNS, func() error {
+	err = nsrun.Do(r.d.EgressNS, func() error {
 		var lc net.ListenConfig
 		var err error
 		if pc, err = lc.ListenPacket(ctx, "udp4", dnsAddr); err != nil {
@@ -159,26 +160,6 @@ type Egress struct {
 	Denials  *egress.Denials
 }
 
-// inNetNS runs fn with the calling thread in ns (nil: where it is);
-// sockets created in fn stay in ns.
-func inNetNS(ns *netns.NsHandle, fn func() error) error {
-	if ns == nil {
-		return fn()
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return fmt.Errorf("current netns: %w", err)
-	}
-	defer orig.Close()
-	if err := netns.Set(*ns); err != nil {
-		return fmt.Errorf("enter netns: %w", err)
-	}
-	defer func() { _ = netns.Set(orig) }()
-	return fn()
-}
-
 // dialIn dials from sockets marked mark, created in ns (nil: the
 // daemon's own namespace; the default of the egress parts then).
 func dialIn(ns *netns.NsHandle, mark uint32) egress.DialFunc {
@@ -195,7 +176,7 @@ func dialIn(ns *netns.NsHandle, mark uint32) egress.DialFunc {
 			}
 			return serr
 		}}
-		err = inNetNS(ns, func() error {
+		err = nsrun.Do(ns, func() error {
 			c, err = d.DialContext(ctx, network, address)
 			return err
 		})
