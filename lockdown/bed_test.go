@@ -124,15 +124,25 @@ func TestLockdownOnBed(t *testing.T) {
 		var ne net.Error
 		return errors.As(err, &ne) && ne.Timeout()
 	}
+	// query asks the zone resolver over UDP and, like a stub resolver,
+	// asks again when no answer comes (a datagram lost while dnsmasq
+	// handles a reload under load); a reply of any kind ends it.
 	query := func(name string) (*dns.Msg, error) {
 		var resp *dns.Msg
-		err := b.Do(ga.NS, func() error {
-			m := new(dns.Msg)
-			m.SetQuestion(dns.Fqdn(name), dns.TypeA)
-			var err error
-			resp, _, err = (&dns.Client{Timeout: 4 * time.Second}).Exchange(m, va.Gateway.String()+":53")
-			return err
-		})
+		var err error
+		for attempt := 0; attempt < 3; attempt++ {
+			err = b.Do(ga.NS, func() error {
+				m := new(dns.Msg)
+				m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+				var err error
+				resp, _, err = (&dns.Client{Timeout: 3 * time.Second}).Exchange(m, va.Gateway.String()+":53")
+				return err
+			})
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				break
+			}
+		}
 		return resp, err
 	}
 	fresh := func() string { // never cached: only the upstream answers it
