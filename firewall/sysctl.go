@@ -9,7 +9,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/pve-inspect/pve-inspect/nsrun"
+	"github.com/pve-inspect/pve-inspect/internal/nsrun"
 )
 
 // inNS runs fn inside ns (nil: here). /proc/sys/net shows the network

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/pve-inspect/pve-inspect/atomicfile"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
 
 // Names of the backup files under the backup directory. The record is

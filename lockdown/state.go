@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/atomicfile"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
 
 // State is what the controller published after its last reconcile. It is

@@ -11,7 +11,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/pve-inspect/pve-inspect/stricttoml"
+	"github.com/pve-inspect/pve-inspect/internal/stricttoml"
 )
 
 // DefaultConfigPath is where the node looks for its recipe configuration.

@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/pve-inspect/pve-inspect/atomicfile"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
 
 // Root is the file system root every host path is read and written under:

@@ -98,7 +98,7 @@ type VNetInfo struct {
 
 // Proxmox is what the sandbox API needs from the Proxmox API. Every method
 // waits for the task it starts and returns an error when the task fails.
-// Implemented with go-proxmox by sandboxapi/pve.
+// Implemented with go-proxmox by pveapi.
 type Proxmox interface {
 	// NextID returns a free VM id.
 	NextID(ctx context.Context) (int, error)
@@ -151,7 +151,7 @@ type GuestExec struct {
 }
 
 // Guest is one VM's guest agent. Implemented by the guest agent client
-// (sandboxapi/qga) through an adapter; errors wrap the Err* guest sentinels.
+// (qga) through an adapter; errors wrap the Err* guest sentinels.
 type Guest interface {
 	Ping(ctx context.Context) error
 	Exec(ctx context.Context, r GuestExec) (*ExecResult, error)
@@ -181,7 +181,7 @@ type CheckTarget struct {
 }
 
 // Checker runs the containment check (DESIGN.md section 7) from inside a VM.
-// Implemented by sandboxapi/containment through an adapter.
+// Implemented by containment through an adapter.
 type Checker interface {
 	Run(ctx context.Context, t CheckTarget) (CheckReport, error)
 }

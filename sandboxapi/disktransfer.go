@@ -11,7 +11,7 @@ import (
 const DefaultDiskThreshold = 32 << 20
 
 // DiskTransfer moves large files between the node and a VM through a
-// hot-plugged disk; sandboxapi/diskxfer implements it.
+// hot-plugged disk; diskxfer implements it.
 type DiskTransfer interface {
 	// Upload writes exactly size bytes of r to the guest file path.
 	Upload(ctx context.Context, vmid int, g Guest, path string, r io.Reader, size int64, mode os.FileMode) error

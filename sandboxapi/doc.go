@@ -6,8 +6,8 @@
 //   - The package owns the HTTP surface (Server), the sandbox bookkeeping
 //     (Manager: guard, reaper, reconcile, state file) and nothing else. It
 //     talks to Proxmox through the small Proxmox interface (implemented with
-//     go-proxmox in sandboxapi/pve), to guests through the Guest interface
-//     (implemented by the guest agent client sandboxapi/qga, adapted by the
+//     go-proxmox in pveapi), to guests through the Guest interface
+//     (implemented by the guest agent client qga, adapted by the
 //     wiring) and to the containment probe through Checker.
 //   - Ownership: every VM carries two Proxmox tags, the node tag
 //     "pvei-n-<node>" and the sandbox tag "pvei-s-<sandbox>", and is placed in

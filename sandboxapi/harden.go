@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi/hardening"
+	"github.com/pve-inspect/pve-inspect/hardening"
 )
 
 // VMConfigs reads and changes VM configurations (the Proxmox client).

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/pve-inspect/pve-inspect/atomicfile"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
 
 const stateName = "sandboxes.json"

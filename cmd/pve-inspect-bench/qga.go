@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"os"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga/qgabench"
+	"github.com/pve-inspect/pve-inspect/qga/qgabench"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 

@@ -1,7 +1,7 @@
 // Command pve-inspect-probe runs inside a sandbox VM and reports which
 // network targets answer (DESIGN.md section 7). The host's containment
 // runner uploads it through the guest agent; see package
-// sandboxapi/containment/probe for the request and report formats.
+// containment/probe for the request and report formats.
 package main
 
 import (
@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
+	"github.com/pve-inspect/pve-inspect/containment/probe"
 )
 
 func main() {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/hardening"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/hardening"
+	"github.com/pve-inspect/pve-inspect/pveapi"
 )
 
 // vmConfigs is what the template verbs need of the Proxmox client.

@@ -23,9 +23,9 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probebuild"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/containment"
+	"github.com/pve-inspect/pve-inspect/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 

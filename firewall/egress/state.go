@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/pve-inspect/pve-inspect/atomicfile"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 
-	"github.com/pve-inspect/pve-inspect/atomicfile"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
 
 // DefaultStateFile records an active halt.

@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/atomicfile"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
 
 // Scopes a token can carry (admin > exec > read).

@@ -1,4 +1,4 @@
-// Package containcheck adapts the containment check (sandboxapi/containment)
+// Package containcheck adapts the containment check (containment)
 // to the sandbox API's Checker: it fills the plan's per-sandbox part (the
 // VM's zone gateway and subnet, the zone resolver's local name, the guests
 // of the node's other sandboxes) around a node-wide part the daemon supplies
@@ -31,8 +31,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/containment"
+	"github.com/pve-inspect/pve-inspect/qga"
 )
 
 // Checker implements sandboxapi.Checker.

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/qga"
 )
 
 // BenchmarkBed measures, in one run on the bed with real qemu-ga: exec

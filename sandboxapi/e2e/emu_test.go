@@ -15,8 +15,8 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/mgmtport"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
+	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 

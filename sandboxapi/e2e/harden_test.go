@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/hardening"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/hardening"
+	"github.com/pve-inspect/pve-inspect/pveapi"
 )
 
 // withHardening gives the API the Proxmox client for the hardened profile.

@@ -1,4 +1,4 @@
-// Package qgaguest adapts the guest agent client (sandboxapi/qga) to the
+// Package qgaguest adapts the guest agent client (qga) to the
 // sandbox API's Guest interface, mapping its errors to the sandboxapi
 // sentinels so the API answers with the right problem types.
 package qgaguest
@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/qga"
 )
 
 // Dialer returns a sandboxapi.GuestDialer over c (one Agent per socket;

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/qga"
 )
 
 func TestMapErr(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/probe"
+	"github.com/pve-inspect/pve-inspect/containment"
+	"github.com/pve-inspect/pve-inspect/containment/probe"
 )
 
 // CheckSection configures the containment check (`pve-inspectd check` and

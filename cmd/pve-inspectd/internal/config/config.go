@@ -10,7 +10,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/pve-inspect/pve-inspect/stricttoml"
+	"github.com/pve-inspect/pve-inspect/internal/stricttoml"
 )
 
 // DefaultPath is where the daemon looks for its configuration file.

@@ -23,9 +23,9 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/diskxfer"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/hostnet"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/pve"
+	"github.com/pve-inspect/pve-inspect/diskxfer"
+	"github.com/pve-inspect/pve-inspect/hostnet"
+	"github.com/pve-inspect/pve-inspect/pveapi"
 )
 
 // apiMaxConns caps the open connections of the TCP listener.

@@ -18,10 +18,10 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/l2observe"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containment/lantargets"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/containment"
+	"github.com/pve-inspect/pve-inspect/containment/l2observe"
+	"github.com/pve-inspect/pve-inspect/containment/lantargets"
+	"github.com/pve-inspect/pve-inspect/qga"
 )
 
 // lockdownView is what the check needs to know of the lockdown.

@@ -26,7 +26,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qga"
+	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 
-	"github.com/pve-inspect/pve-inspect/nsrun"
+	"github.com/pve-inspect/pve-inspect/internal/nsrun"
 )
 
 // FullGuardConfig is GuardConfig with the [egress] section's kernel side

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/mgmtport"
+	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
 )
 
 // Management-port rule states, the values of pve_inspect_mgmt_rules_state.

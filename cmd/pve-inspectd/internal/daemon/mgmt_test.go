@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi/mgmtport"
+	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
 )
 
 // movingMgmt is a Management whose interface the test moves.

@@ -1,0 +1,174 @@
+// Package mgmtport converges the Proxmox management-port rules of DESIGN.md
+// section 3 through the Proxmox API: node firewall rules accepting tcp 8006
+// and 22 (and the sandbox API port) on the default-route interface, udp/tcp
+// 53 and udp 67 everywhere, with the node and cluster firewall enabled.
+//
+// Our rules carry a comment starting with Tag; nothing else is touched. They
+// are deleted and recreated only when they differ from the desired set, and
+// re-converged whenever the default-route interface changes.
+package mgmtport
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Tag starts the comment of every rule this package owns.
+const Tag = "pve-inspect:mgmt"
+
+// Rule is a node firewall rule.
+type Rule struct {
+	Pos     int
+	Type    string // "in"
+	Action  string // "ACCEPT"
+	Proto   string
+	DPort   string
+	Iface   string
+	Comment string
+	Enable  bool
+}
+
+// Firewall is what the converger needs from the Proxmox API. Implemented by
+// pveapi.Client.
+type Firewall interface {
+	NodeRules(ctx context.Context) ([]Rule, error)
+	// AddNodeRule inserts a rule at the top (position 0), as Proxmox does.
+	AddNodeRule(ctx context.Context, r Rule) error
+	DeleteNodeRule(ctx context.Context, pos int) error
+	NodeFirewallEnabled(ctx context.Context) (bool, error)
+	SetNodeFirewall(ctx context.Context, on bool) error
+	ClusterFirewallEnabled(ctx context.Context) (bool, error)
+	SetClusterFirewall(ctx context.Context, on bool) error
+}
+
+// Converger keeps the management-port rules in place.
+type Converger struct {
+	fw      Firewall
+	apiPort int
+	log     *slog.Logger
+}
+
+// New returns a Converger; apiPort is the sandbox API's TCP port (0: none).
+func New(fw Firewall, apiPort int, log *slog.Logger) *Converger {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Converger{fw: fw, apiPort: apiPort, log: log.With("component", "mgmtport")}
+}
+
+// Desired returns the rules for the default-route interface iface ("" when
+// there is none: the interface-bound rules are then left out).
+func (c *Converger) Desired(iface string) []Rule {
+	var out []Rule
+	add := func(proto, port, ifc, what string) {
+		out = append(out, Rule{Type: "in", Action: "ACCEPT", Proto: proto, DPort: port, Iface: ifc, Enable: true, Comment: Tag + " " + what})
+	}
+	if iface != "" {
+		add("tcp", "8006", iface, "proxmox-api")
+		add("tcp", "22", iface, "ssh")
+		if c.apiPort > 0 {
+			add("tcp", strconv.Itoa(c.apiPort), iface, "sandbox-api")
+		}
+	}
+	add("udp", "53", "", "dns")
+	add("tcp", "53", "", "dns")
+	add("udp", "67", "", "dhcp")
+	return out
+}
+
+func same(a, b Rule) bool {
+	return a.Type == b.Type && strings.EqualFold(a.Action, b.Action) && a.Proto == b.Proto && a.DPort == b.DPort &&
+		a.Iface == b.Iface && a.Comment == b.Comment && a.Enable == b.Enable
+}
+
+// Converge makes the node's rules match Desired(iface) and enables the node
+// and cluster firewall. It reports whether it changed anything.
+func (c *Converger) Converge(ctx context.Context, iface string) (bool, error) {
+	want := c.Desired(iface)
+	rules, err := c.fw.NodeRules(ctx)
+	if err != nil {
+		return false, fmt.Errorf("converge management rules: %w", err)
+	}
+	var ours []Rule
+	for _, r := range rules {
+		if strings.HasPrefix(r.Comment, Tag) {
+			ours = append(ours, r)
+		}
+	}
+	sort.Slice(ours, func(i, j int) bool { return ours[i].Pos < ours[j].Pos })
+	changed := false
+	if !slices.EqualFunc(ours, want, same) {
+		// delete from the bottom so positions stay valid
+		for i := len(ours) - 1; i >= 0; i-- {
+			if err := c.fw.DeleteNodeRule(ctx, ours[i].Pos); err != nil {
+				return true, fmt.Errorf("converge management rules: %w", err)
+			}
+		}
+		// insert bottom-up at the top: the final order equals want
+		for i := len(want) - 1; i >= 0; i-- {
+			if err := c.fw.AddNodeRule(ctx, want[i]); err != nil {
+				return true, fmt.Errorf("converge management rules: %w", err)
+			}
+		}
+		changed = true
+		c.log.Info("management-port rules recreated", "iface", iface, "rules", len(want))
+	}
+	on, err := c.fw.NodeFirewallEnabled(ctx)
+	if err != nil {
+		return changed, fmt.Errorf("converge management rules: %w", err)
+	}
+	if !on {
+		if err := c.fw.SetNodeFirewall(ctx, true); err != nil {
+			return true, fmt.Errorf("converge management rules: %w", err)
+		}
+		changed = true
+	}
+	on, err = c.fw.ClusterFirewallEnabled(ctx)
+	if err != nil {
+		return changed, fmt.Errorf("converge management rules: %w", err)
+	}
+	if !on {
+		if err := c.fw.SetClusterFirewall(ctx, true); err != nil {
+			return true, fmt.Errorf("converge management rules: %w", err)
+		}
+		changed = true
+	}
+	return changed, nil
+}
+
+// Run converges with the interface current supplies, again whenever
+// changes delivers a new default-route interface, and every interval
+// (catching edits by others). It returns when ctx ends; failed rounds are
+// logged and retried at the next tick.
+func (c *Converger) Run(ctx context.Context, current string, changes <-chan string, interval time.Duration) {
+	if interval <= 0 {
+		interval = time.Minute
+	}
+	iface := current
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, interval)
+		if _, err := c.Converge(cctx, iface); err != nil {
+			c.log.Error("converge management-port rules", "iface", iface, "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case nif, ok := <-changes:
+			if !ok {
+				changes = nil
+				continue
+			}
+			iface = nif
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,174 @@
+package hostnet_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/hostnet"
+)
+
+// nsHandle returns a netlink handle in a fresh network namespace, removed
+// by the test's cleanup.
+func nsHandle(t *testing.T) *netlink.Handle {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root (CI is set, so this is a failure)")
+		}
+		t.Skip("SKIPPED: needs root for a network namespace")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	b := make([]byte, 2)
+	_, _ = rand.Read(b)
+	name := "phn" + hex.EncodeToString(b)
+	ns, err := netns.NewNamed(name)
+	if err2 := netns.Set(orig); err2 != nil {
+		t.Fatalf("back to the original netns: %v", err2)
+	}
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		ns.Close()
+		_ = netns.DeleteNamed(name)
+	})
+	return h
+}
+
+// TestPrefixes builds a host in a namespace: a LAN address, a route to
+// another network through the LAN gateway, a default route and a route in
+// a policy table; every network but the default is listed.
+func TestPrefixes(t *testing.T) {
+	h := lanHost(t)
+	got, err := hostnet.NewAt(h).Prefixes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"192.168.1.0/24", "10.50.0.0/16", "172.20.0.0/20", "10.200.0.0/24"} {
+		if !slices.Contains(got, netip.MustParsePrefix(want)) {
+			t.Errorf("%s missing from %v", want, got)
+		}
+	}
+	for _, p := range got {
+		if p.Bits() == 0 {
+			t.Errorf("default route listed: %v", got)
+		}
+	}
+}
+
+// lanHost is a namespace whose host sits on the LAN 192.168.1.0/24 with a
+// default route, a route to 10.50.0.0/16, one to 10.200.0.0/24 (inside the
+// sandboxes' auto pool) and one in policy table 100.
+func lanHost(t *testing.T) *netlink.Handle {
+	h := nsHandle(t)
+	lan := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lan0"}, PeerName: "lan1"}
+	if err := h.LinkAdd(lan); err != nil {
+		t.Fatal(err)
+	}
+	link, err := h.LinkByName("lan0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"lan0", "lan1"} {
+		l, err := h.LinkByName(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addr, _ := netlink.ParseAddr("192.168.1.10/24")
+	if err := h.AddrAdd(link, addr); err != nil {
+		t.Fatal(err)
+	}
+	gw := net.ParseIP("192.168.1.1")
+	for _, r := range []netlink.Route{
+		{LinkIndex: link.Attrs().Index, Dst: mustNet("10.50.0.0/16"), Gw: gw},
+		{LinkIndex: link.Attrs().Index, Dst: mustNet("0.0.0.0/0"), Gw: gw},
+		{LinkIndex: link.Attrs().Index, Dst: mustNet("172.20.0.0/20"), Gw: gw, Table: 100},
+		{LinkIndex: link.Attrs().Index, Dst: mustNet("10.200.0.0/24"), Gw: gw},
+	} {
+		if err := h.RouteAdd(&r); err != nil {
+			t.Fatalf("route %v: %v", r.Dst, err)
+		}
+	}
+	return h
+}
+
+// TestCreateRefusesHostOverlap: the sandbox API, reading the host's
+// networks over netlink, refuses a sandbox network on the host's LAN or on
+// a routed network without touching Proxmox, and "auto" steps over a host
+// route inside its pool.
+func TestCreateRefusesHostOverlap(t *testing.T) {
+	h := lanHost(t)
+	g := apitest.NewGuests()
+	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
+	srv, err := sandboxapi.New(sandboxapi.Options{Node: "node1", Proxmox: px, Guests: g.Dial, StateDir: t.TempDir(), SpoolDir: t.TempDir(),
+		AgentTimeout: 2 * time.Second, HostNetworks: hostnet.NewAt(h).Prefixes, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.LocalHandler())
+	t.Cleanup(ts.Close)
+	c := client.New(ts.URL)
+	ctx := context.Background()
+	vms := []sandboxapi.VMRequest{{Template: "debian"}}
+	for _, tc := range []struct{ cidr, host string }{
+		{"192.168.1.0/24", "192.168.1.0/24"},
+		{"192.168.0.0/16", "192.168.1.0/24"},
+		{"10.50.7.0/24", "10.50.0.0/16"},
+	} {
+		before := px.Mutations()
+		_, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: vms, Networks: []sandboxapi.NetworkRequest{{Name: "lan", CIDR: tc.cidr}}})
+		if !client.IsProblem(err, sandboxapi.ProblemConflict) || !strings.Contains(err.Error(), tc.host) {
+			t.Errorf("cidr %s on a host with %s: %v, want a conflict naming it", tc.cidr, tc.host, err)
+		}
+		if px.Mutations() != before {
+			t.Errorf("cidr %s: refused create changed Proxmox", tc.cidr)
+		}
+	}
+	sb, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: vms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sb.Networks[0].CIDR; got != "10.200.1.0/24" {
+		t.Errorf("auto picked %s, want 10.200.1.0/24 past the host route 10.200.0.0/24", got)
+	}
+}
+
+func mustNet(s string) *net.IPNet {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}

@@ -1,0 +1,749 @@
+// Package pve implements sandboxapi.Proxmox and mgmtport.Firewall over the
+// Proxmox VE API with github.com/luthermonson/go-proxmox, authenticated with
+// an API token (never root credentials). Every call that starts a task waits
+// for it and returns the task's failure as an error. Missing objects come
+// back wrapping sandboxapi.ErrNotFound, taken ids wrapping
+// sandboxapi.ErrExists.
+package pve
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	proxmox "github.com/luthermonson/go-proxmox"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
+)
+
+// Options configure a Client.
+type Options struct {
+	// URL is the API base, e.g. https://127.0.0.1:8006/api2/json.
+	URL string
+	// TokenID is "user@realm!name"; Secret its secret.
+	TokenID, Secret string
+	// Node is this node's Proxmox name.
+	Node string
+	// RootCAFile verifies the API certificate (e.g. /etc/pve/pve-root-ca.pem);
+	// empty uses the system pool.
+	RootCAFile string
+	// HTTPClient replaces the HTTP client (tests).
+	HTTPClient *http.Client
+	// TaskPoll is the first task status poll delay (100ms, then x1.5 up to
+	// 1s); TaskTimeout the longest wait for one task (10m).
+	TaskPoll, TaskTimeout time.Duration
+}
+
+// Client talks to one Proxmox node.
+type Client struct {
+	c    *proxmox.Client
+	node string
+	o    Options
+}
+
+var (
+	_ sandboxapi.Proxmox = (*Client)(nil)
+	_ mgmtport.Firewall  = (*Client)(nil)
+)
+
+// New returns a Client. It refuses anything but an API token.
+func New(o Options) (*Client, error) {
+	if o.URL == "" || o.Node == "" {
+		return nil, errors.New("pve: URL and Node are required")
+	}
+	if !strings.Contains(o.TokenID, "!") || o.Secret == "" {
+		return nil, fmt.Errorf("pve: token id %q: want user@realm!tokenname with a secret", o.TokenID)
+	}
+	return newClient(o, proxmox.WithAPIToken(o.TokenID, o.Secret))
+}
+
+// newClient builds the client with one way to authenticate.
+func newClient(o Options, auth proxmox.Option) (*Client, error) {
+	if o.TaskPoll == 0 {
+		o.TaskPoll = 100 * time.Millisecond
+	}
+	if o.TaskTimeout == 0 {
+		o.TaskTimeout = 10 * time.Minute
+	}
+	opts := []proxmox.Option{auth, proxmox.WithUserAgent("pve-inspectd")}
+	if o.HTTPClient != nil {
+		opts = append(opts, proxmox.WithHTTPClient(o.HTTPClient))
+	} else {
+		opts = append(opts, proxmox.WithHTTPClient(&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}}))
+	}
+	if o.RootCAFile != "" {
+		opts = append(opts, proxmox.WithRootCAFile(o.RootCAFile))
+	}
+	return &Client{c: proxmox.NewClient(strings.TrimRight(o.URL, "/"), opts...), node: o.Node, o: o}, nil
+}
+
+var (
+	reExists  = regexp.MustCompile(`(?i)already exists|already in use|is already used`)
+	reMissing = regexp.MustCompile(`(?i)does not exist`)
+)
+
+// classify wraps Proxmox errors with the sandboxapi sentinels. A task that
+// failed because its object is missing counts as not found too: a stop of
+// a missing VM fails inside its task on a real node (qemu-server vm_stop
+// forks before loading the config).
+func classify(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var tf *proxmox.TaskFailedError
+	switch {
+	case proxmox.IsNotFound(err), errors.As(err, &tf) && reMissing.MatchString(tf.ExitStatus):
+		return fmt.Errorf("%s: %w: %w", op, sandboxapi.ErrNotFound, err)
+	case reExists.MatchString(err.Error()):
+		return fmt.Errorf("%s: %w: %w", op, sandboxapi.ErrExists, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// wait polls the task until it ends: first after TaskPoll, then backing
+// off (x1.5, at most 1s) so that long tasks cost few status requests. A
+// failed task is a *proxmox.TaskFailedError; a task that ended with
+// warnings ("WARNINGS: n", which go-proxmox counts as a success) is one too
+// when strict. When the status cannot be read it falls back to go-proxmox's
+// Wait, which also consults the node's task history for a task PVE no
+// longer knows.
+func (c *Client) wait(ctx context.Context, op string, upid string, strict bool) error {
+	if upid == "" {
+		return nil
+	}
+	t := proxmox.NewTask(proxmox.UPID(upid), c.c)
+	ctx, cancel := context.WithTimeout(ctx, c.o.TaskTimeout)
+	defer cancel()
+	d := c.o.TaskPoll
+	for {
+		select {
+		case <-ctx.Done():
+			return classify(op, ctx.Err())
+		case <-time.After(d):
+		}
+		if err := t.Ping(ctx); err != nil {
+			if err := t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout); err != nil {
+				return classify(op, err)
+			}
+		}
+		if t.IsCompleted {
+			if t.IsSuccessful && (!strict || t.ExitStatus == proxmox.TaskExitOK) {
+				return nil
+			}
+			return classify(op, c.taskFailure(ctx, t))
+		}
+		d = min(d*3/2, time.Second)
+	}
+}
+
+// taskFailure describes a task that did not end OK; for warnings it adds
+// the task log's warning lines, which say what failed.
+func (c *Client) taskFailure(ctx context.Context, t *proxmox.Task) error {
+	err := &proxmox.TaskFailedError{UPID: t.UPID, Node: t.Node, Type: t.Type, ID: t.ID, User: t.User, ExitStatus: t.ExitStatus}
+	if !strings.HasPrefix(t.ExitStatus, "WARNINGS") {
+		return err
+	}
+	log, lerr := t.Log(ctx, 0, 500)
+	if lerr != nil {
+		return err
+	}
+	var warns []string
+	for i := 0; i < len(log); i++ {
+		if l := log[i]; strings.HasPrefix(l, "WARN: ") {
+			warns = append(warns, strings.TrimPrefix(l, "WARN: "))
+		}
+	}
+	if len(warns) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: %s", err, strings.Join(warns, "; "))
+}
+
+// call sends a request and waits for the task it may return.
+func (c *Client) call(ctx context.Context, method, op, path string, body any) error {
+	return c.callTask(ctx, method, op, path, body, false)
+}
+
+// callTask is call, with strict treating a task's warnings as a failure.
+func (c *Client) callTask(ctx context.Context, method, op, path string, body any, strict bool) error {
+	var upid any
+	var err error
+	switch method {
+	case "POST":
+		err = c.c.Post(ctx, path, body, &upid)
+	case "PUT":
+		err = c.c.Put(ctx, path, body, &upid)
+	case "DELETE":
+		err = c.c.Delete(ctx, path, &upid)
+	}
+	if err != nil {
+		return classify(op, err)
+	}
+	if s, ok := upid.(string); ok && strings.HasPrefix(s, "UPID:") {
+		return c.wait(ctx, op, s, strict)
+	}
+	return nil
+}
+
+func (c *Client) qemu(vmid int) string {
+	return fmt.Sprintf("/nodes/%s/qemu/%d", url.PathEscape(c.node), vmid)
+}
+
+// flexInt decodes numbers that Proxmox sends as numbers or strings.
+type flexInt int
+
+func (f *flexInt) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	if s == "" || s == "null" {
+		*f = 0
+		return nil
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return err
+	}
+	*f = flexInt(v)
+	return nil
+}
+
+// NextID implements sandboxapi.Proxmox.
+func (c *Client) NextID(ctx context.Context) (int, error) {
+	var id flexInt
+	if err := c.c.Get(ctx, "/cluster/nextid", &id); err != nil {
+		return 0, classify("next id", err)
+	}
+	return int(id), nil
+}
+
+// resource is a VM as GET /cluster/resources lists it. Only the VM list,
+// lock, tags and pool are live there: name, status and template come from
+// what pvestatd last published (pve-manager PVE/API2Tools.pm
+// extract_vm_stats: "unknown" and no name until its first update, then up
+// to 10 s old), so only Pool is read from it.
+type resource struct {
+	Type string  `json:"type"`
+	VMID flexInt `json:"vmid"`
+	Node string  `json:"node"`
+	Pool string  `json:"pool"`
+}
+
+// vmStatus is a VM as the node itself reports it (GET /nodes/{node}/qemu and
+// .../status/current, qemu-server vmstatus): read live from its config and
+// the running process.
+type vmStatus struct {
+	VMID     flexInt `json:"vmid"`
+	Name     string  `json:"name"`
+	Status   string  `json:"status"`
+	Tags     string  `json:"tags"`
+	Template flexInt `json:"template"`
+}
+
+func (v vmStatus) info(pool string) sandboxapi.VMInfo {
+	tags := strings.FieldsFunc(v.Tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
+	return sandboxapi.VMInfo{VMID: int(v.VMID), Name: v.Name, Status: v.Status, Tags: tags, Pool: pool, Template: v.Template != 0}
+}
+
+// pools maps the VMs of this node to their pools (live in
+// /cluster/resources: read from user.cfg on every call).
+func (c *Client) pools(ctx context.Context) (map[int]string, error) {
+	var rs []resource
+	if err := c.c.Get(ctx, "/cluster/resources?type=vm", &rs); err != nil {
+		return nil, classify("list resources", err)
+	}
+	out := map[int]string{}
+	for _, r := range rs {
+		if r.Type == "qemu" && r.Node == c.node {
+			out[int(r.VMID)] = r.Pool
+		}
+	}
+	return out, nil
+}
+
+// nodeVMs lists the node's VMs with their live status.
+func (c *Client) nodeVMs(ctx context.Context) ([]vmStatus, error) {
+	var vs []vmStatus
+	if err := c.c.Get(ctx, "/nodes/"+url.PathEscape(c.node)+"/qemu", &vs); err != nil {
+		return nil, classify("list vms", err)
+	}
+	sort.Slice(vs, func(i, j int) bool { return vs[i].VMID < vs[j].VMID })
+	return vs, nil
+}
+
+// TemplateID implements sandboxapi.Proxmox.
+func (c *Client) TemplateID(ctx context.Context, name string) (int, error) {
+	vs, err := c.nodeVMs(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, v := range vs {
+		if v.Template != 0 && v.Name == name {
+			return int(v.VMID), nil
+		}
+	}
+	return 0, fmt.Errorf("template %q: %w", name, sandboxapi.ErrNotFound)
+}
+
+// CloneVM implements sandboxapi.Proxmox: a linked clone (no "full").
+func (c *Client) CloneVM(ctx context.Context, s sandboxapi.CloneSpec) error {
+	body := map[string]any{"newid": s.NewID, "name": s.Name}
+	if s.Pool != "" {
+		body["pool"] = s.Pool
+	}
+	return c.call(ctx, "POST", fmt.Sprintf("clone %d to %d", s.Template, s.NewID), c.qemu(s.Template)+"/clone", body)
+}
+
+var reNet = regexp.MustCompile(`^net(\d+)$`)
+
+func (c *Client) config(ctx context.Context, vmid int) (map[string]any, error) {
+	var cfg map[string]any
+	if err := c.c.Get(ctx, c.qemu(vmid)+"/config", &cfg); err != nil {
+		return nil, classify(fmt.Sprintf("read config of %d", vmid), err)
+	}
+	return cfg, nil
+}
+
+// ConfigureVM implements sandboxapi.Proxmox. NICs of the template that are
+// not ours are removed, so no clone stays on a host bridge.
+func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandboxapi.VMConfig) error {
+	cfg, err := c.config(ctx, vmid)
+	if err != nil {
+		return err
+	}
+	body := map[string]any{"tags": strings.Join(v.Tags, ";"), "cores": v.Cores, "memory": strconv.Itoa(v.MemoryMiB)}
+	for i, b := range v.Bridges {
+		body[fmt.Sprintf("net%d", i)] = "virtio,bridge=" + b + ",firewall=0"
+	}
+	var del []string
+	for k := range cfg {
+		if m := reNet.FindStringSubmatch(k); m != nil {
+			if n, _ := strconv.Atoi(m[1]); n >= len(v.Bridges) {
+				del = append(del, k)
+			}
+		}
+	}
+	sort.Strings(del)
+	if len(del) > 0 {
+		body["delete"] = strings.Join(del, ",")
+	}
+	return c.call(ctx, "POST", fmt.Sprintf("configure %d", vmid), c.qemu(vmid)+"/config", body)
+}
+
+// bootDisk finds the VM's boot disk from its config.
+func bootDisk(cfg map[string]any) (string, error) {
+	if boot, ok := cfg["boot"].(string); ok {
+		if order, ok := strings.CutPrefix(boot, "order="); ok {
+			for _, d := range strings.Split(order, ";") {
+				if v, ok := cfg[d].(string); ok && !strings.Contains(v, "media=cdrom") {
+					return d, nil
+				}
+			}
+		}
+	}
+	for _, d := range []string{"scsi0", "virtio0", "sata0", "ide0"} {
+		if v, ok := cfg[d].(string); ok && !strings.Contains(v, "media=cdrom") {
+			return d, nil
+		}
+	}
+	return "", errors.New("no boot disk in the VM config")
+}
+
+// ResizeDisk implements sandboxapi.Proxmox.
+func (c *Client) ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error {
+	cfg, err := c.config(ctx, vmid)
+	if err != nil {
+		return err
+	}
+	disk, err := bootDisk(cfg)
+	if err != nil {
+		return fmt.Errorf("resize %d: %w", vmid, err)
+	}
+	return c.call(ctx, "PUT", fmt.Sprintf("resize %s of %d", disk, vmid), c.qemu(vmid)+"/resize", map[string]any{"disk": disk, "size": fmt.Sprintf("%dG", sizeGiB)})
+}
+
+// StartVM implements sandboxapi.Proxmox.
+func (c *Client) StartVM(ctx context.Context, vmid int) error {
+	return c.call(ctx, "POST", fmt.Sprintf("start %d", vmid), c.qemu(vmid)+"/status/start", map[string]any{})
+}
+
+// StopVM implements sandboxapi.Proxmox (hard stop).
+func (c *Client) StopVM(ctx context.Context, vmid int) error {
+	return c.call(ctx, "POST", fmt.Sprintf("stop %d", vmid), c.qemu(vmid)+"/status/stop", map[string]any{})
+}
+
+// DeleteVM implements sandboxapi.Proxmox. It stops the VM first, whatever
+// its reported state (a stop of a stopped VM is a successful task on a real
+// node, and a status read can be stale), since the destroy refuses a
+// running VM.
+func (c *Client) DeleteVM(ctx context.Context, vmid int) error {
+	if err := c.StopVM(ctx, vmid); err != nil {
+		return err
+	}
+	return c.call(ctx, "DELETE", fmt.Sprintf("delete %d", vmid), c.qemu(vmid)+"?purge=1&destroy-unreferenced-disks=1", nil)
+}
+
+// VM implements sandboxapi.Proxmox: status, name, tags and template from
+// GET .../status/current (live), the pool from /cluster/resources.
+func (c *Client) VM(ctx context.Context, vmid int) (sandboxapi.VMInfo, error) {
+	pools, err := c.pools(ctx)
+	if err != nil {
+		return sandboxapi.VMInfo{}, err
+	}
+	pool, ok := pools[vmid]
+	if !ok {
+		return sandboxapi.VMInfo{}, fmt.Errorf("vm %d: %w", vmid, sandboxapi.ErrNotFound)
+	}
+	var v vmStatus
+	if err := c.c.Get(ctx, c.qemu(vmid)+"/status/current", &v); err != nil {
+		return sandboxapi.VMInfo{}, classify(fmt.Sprintf("read status of vm %d", vmid), err)
+	}
+	v.VMID = flexInt(vmid)
+	return v.info(pool), nil
+}
+
+// ListVMs implements sandboxapi.Proxmox: GET /nodes/{node}/qemu (live),
+// pools from /cluster/resources.
+func (c *Client) ListVMs(ctx context.Context) ([]sandboxapi.VMInfo, error) {
+	vs, err := c.nodeVMs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pools, err := c.pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandboxapi.VMInfo, len(vs))
+	for i, v := range vs {
+		out[i] = v.info(pools[int(v.VMID)])
+	}
+	return out, nil
+}
+
+// Snapshot implements sandboxapi.Proxmox (disk-only snapshot).
+func (c *Client) Snapshot(ctx context.Context, vmid int, name string) error {
+	return c.call(ctx, "POST", fmt.Sprintf("snapshot %d", vmid), c.qemu(vmid)+"/snapshot", map[string]any{"snapname": name})
+}
+
+// Rollback implements sandboxapi.Proxmox. A rollback to a snapshot without
+// RAM stops the VM; start=1 has the same task start it again.
+func (c *Client) Rollback(ctx context.Context, vmid int, name string) error {
+	return c.call(ctx, "POST", fmt.Sprintf("rollback %d to %s", vmid, name), c.qemu(vmid)+"/snapshot/"+url.PathEscape(name)+"/rollback", map[string]any{"start": 1})
+}
+
+// CreateZone implements sandboxapi.Proxmox: a simple zone with the dnsmasq
+// DHCP and the PVE IPAM.
+func (c *Client) CreateZone(ctx context.Context, z sandboxapi.ZoneSpec) error {
+	return c.call(ctx, "POST", "create zone "+z.ID, "/cluster/sdn/zones",
+		map[string]any{"zone": z.ID, "type": "simple", "dhcp": "dnsmasq", "ipam": "pve", "nodes": c.node})
+}
+
+// DeleteZone implements sandboxapi.Proxmox.
+func (c *Client) DeleteZone(ctx context.Context, id string) error {
+	return c.call(ctx, "DELETE", "delete zone "+id, "/cluster/sdn/zones/"+url.PathEscape(id), nil)
+}
+
+// CreateVNet implements sandboxapi.Proxmox.
+func (c *Client) CreateVNet(ctx context.Context, v sandboxapi.VNetSpec) error {
+	return c.call(ctx, "POST", "create vnet "+v.ID, "/cluster/sdn/vnets",
+		map[string]any{"vnet": v.ID, "zone": v.Zone, "alias": v.Alias, "type": "vnet"})
+}
+
+// DeleteVNet implements sandboxapi.Proxmox.
+func (c *Client) DeleteVNet(ctx context.Context, id string) error {
+	return c.call(ctx, "DELETE", "delete vnet "+id, "/cluster/sdn/vnets/"+url.PathEscape(id), nil)
+}
+
+// CreateSubnet implements sandboxapi.Proxmox.
+func (c *Client) CreateSubnet(ctx context.Context, s sandboxapi.SubnetSpec) error {
+	body := map[string]any{"subnet": s.CIDR, "type": "subnet", "gateway": s.Gateway, "snat": boolInt(s.SNAT)}
+	if s.DHCPStart != "" {
+		body["dhcp-range"] = []string{"start-address=" + s.DHCPStart + ",end-address=" + s.DHCPEnd}
+	}
+	return c.call(ctx, "POST", "create subnet "+s.CIDR, "/cluster/sdn/vnets/"+url.PathEscape(s.VNet)+"/subnets", body)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+type subnet struct {
+	ID   string `json:"subnet"`
+	CIDR string `json:"cidr"`
+	Zone string `json:"zone"`
+}
+
+func (c *Client) subnets(ctx context.Context, vnet string) ([]subnet, error) {
+	var ss []subnet
+	if err := c.c.Get(ctx, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/subnets?pending=1", &ss); err != nil {
+		return nil, classify("list subnets of "+vnet, err)
+	}
+	for i := range ss {
+		if ss[i].CIDR == "" {
+			ss[i].CIDR = subnetCIDR(ss[i].ID)
+		}
+	}
+	return ss, nil
+}
+
+// subnetCIDR turns a subnet id "<zone>-10.0.0.0-24" into "10.0.0.0/24".
+func subnetCIDR(id string) string {
+	parts := strings.Split(id, "-")
+	if len(parts) < 3 {
+		return ""
+	}
+	return parts[len(parts)-2] + "/" + parts[len(parts)-1]
+}
+
+// DeleteSubnet implements sandboxapi.Proxmox. It first removes the IPAM
+// entries of the vnet inside the subnet (a VM's NIC leaves one behind when
+// its destroy did not finish), since the pve IPAM refuses to delete a
+// subnet that still has any (pve-network Ipams/PVEPlugin.pm del_subnet:
+// "cannot delete subnet '<cidr>', not empty"), as the reference Inspect
+// plugin does before its teardown.
+func (c *Client) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
+	ss, err := c.subnets(ctx, vnet)
+	if err != nil {
+		return err
+	}
+	for _, s := range ss {
+		if s.CIDR == cidr {
+			if err := c.clearIPAM(ctx, vnet, s.Zone, cidr); err != nil {
+				return err
+			}
+			return c.call(ctx, "DELETE", "delete subnet "+cidr, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/subnets/"+url.PathEscape(s.ID), nil)
+		}
+	}
+	return fmt.Errorf("subnet %s of %s: %w", cidr, vnet, sandboxapi.ErrNotFound)
+}
+
+// ipamEntry is one entry of GET /cluster/sdn/ipams/pve/status.
+type ipamEntry struct {
+	VNet    string  `json:"vnet"`
+	Zone    string  `json:"zone"`
+	Subnet  string  `json:"subnet"`
+	IP      string  `json:"ip"`
+	MAC     string  `json:"mac"`
+	Gateway flexInt `json:"gateway"`
+}
+
+// clearIPAM deletes the pve IPAM's entries of vnet inside cidr, the
+// subnet's gateway entry excepted (del_subnet tolerates it).
+func (c *Client) clearIPAM(ctx context.Context, vnet, zone, cidr string) error {
+	var es []ipamEntry
+	if err := c.c.Get(ctx, "/cluster/sdn/ipams/pve/status", &es); err != nil {
+		if proxmox.IsNotFound(err) {
+			return nil
+		}
+		return classify("list ipam entries", err)
+	}
+	for _, e := range es {
+		if e.VNet != vnet || e.Subnet != cidr || e.Gateway != 0 || e.IP == "" {
+			continue
+		}
+		if zone == "" {
+			zone = e.Zone
+		}
+		q := url.Values{"zone": {zone}, "ip": {e.IP}}
+		if e.MAC != "" {
+			q.Set("mac", e.MAC)
+		}
+		err := c.call(ctx, "DELETE", "delete ipam entry "+e.IP, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/ips?"+q.Encode(), nil)
+		if err != nil && !errors.Is(err, sandboxapi.ErrNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// vnet is a vnet as GET /cluster/sdn/vnets?pending=1 lists it. A vnet
+// created or changed but not applied keeps only "vnet" and "type" (and
+// "state") at the top level and the rest under "pending" (pve-network
+// PVE/Network/SDN.pm pending_config).
+type vnet struct {
+	ID      string `json:"vnet"`
+	Zone    string `json:"zone"`
+	Alias   string `json:"alias"`
+	Pending *struct {
+		Zone  string `json:"zone"`
+		Alias string `json:"alias"`
+	} `json:"pending"`
+}
+
+func (c *Client) vnets(ctx context.Context) ([]vnet, error) {
+	var vs []vnet
+	if err := c.c.Get(ctx, "/cluster/sdn/vnets?pending=1", &vs); err != nil {
+		return nil, classify("list vnets", err)
+	}
+	for i := range vs {
+		if p := vs[i].Pending; p != nil {
+			if vs[i].Zone == "" {
+				vs[i].Zone = p.Zone
+			}
+			if vs[i].Alias == "" {
+				vs[i].Alias = p.Alias
+			}
+		}
+	}
+	return vs, nil
+}
+
+// ListVNets implements sandboxapi.Proxmox.
+func (c *Client) ListVNets(ctx context.Context) ([]sandboxapi.VNetInfo, error) {
+	vs, err := c.vnets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandboxapi.VNetInfo, len(vs))
+	for i, v := range vs {
+		out[i] = sandboxapi.VNetInfo{ID: v.ID, Zone: v.Zone, Alias: v.Alias}
+	}
+	return out, nil
+}
+
+// VNetSubnets implements sandboxapi.Proxmox.
+func (c *Client) VNetSubnets(ctx context.Context, vn string) ([]string, error) {
+	ss, err := c.subnets(ctx, vn)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range ss {
+		out = append(out, s.CIDR)
+	}
+	return out, nil
+}
+
+// ListSubnetCIDRs implements sandboxapi.Proxmox.
+func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
+	vs, err := c.vnets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, v := range vs {
+		cs, err := c.VNetSubnets(ctx, v.ID)
+		if err != nil && !errors.Is(err, sandboxapi.ErrNotFound) {
+			return nil, err
+		}
+		out = append(out, cs...)
+	}
+	return out, nil
+}
+
+// ApplySDN implements sandboxapi.Proxmox. A failed network reload or DHCP
+// step of the apply only warns on the node (pve-network API2/Network/SDN.pm
+// reload: the per-node worker's error becomes a warning and the task ends
+// "WARNINGS: n"), and VMs then fail to start or get no lease: so a task
+// with warnings is a failure here.
+func (c *Client) ApplySDN(ctx context.Context) error {
+	return c.callTask(ctx, "PUT", "apply sdn", "/cluster/sdn", map[string]any{}, true)
+}
+
+// EnsurePool implements sandboxapi.Proxmox.
+func (c *Client) EnsurePool(ctx context.Context, pool string) error {
+	var ps []struct {
+		ID string `json:"poolid"`
+	}
+	if err := c.c.Get(ctx, "/pools", &ps); err != nil {
+		return classify("list pools", err)
+	}
+	if slices.ContainsFunc(ps, func(p struct {
+		ID string `json:"poolid"`
+	}) bool {
+		return p.ID == pool
+	}) {
+		return nil
+	}
+	err := c.call(ctx, "POST", "create pool "+pool, "/pools", map[string]any{"poolid": pool, "comment": "pve-inspect sandboxes"})
+	if errors.Is(err, sandboxapi.ErrExists) {
+		return nil
+	}
+	return err
+}
+
+// fwRule is a firewall rule as Proxmox lists it.
+type fwRule struct {
+	Pos     flexInt `json:"pos"`
+	Type    string  `json:"type"`
+	Action  string  `json:"action"`
+	Proto   string  `json:"proto"`
+	DPort   string  `json:"dport"`
+	Iface   string  `json:"iface"`
+	Comment string  `json:"comment"`
+	Enable  flexInt `json:"enable"`
+}
+
+// NodeRules implements mgmtport.Firewall.
+func (c *Client) NodeRules(ctx context.Context) ([]mgmtport.Rule, error) {
+	var rs []fwRule
+	if err := c.c.Get(ctx, "/nodes/"+url.PathEscape(c.node)+"/firewall/rules", &rs); err != nil {
+		return nil, classify("list node firewall rules", err)
+	}
+	out := make([]mgmtport.Rule, len(rs))
+	for i, r := range rs {
+		out[i] = mgmtport.Rule{Pos: int(r.Pos), Type: r.Type, Action: r.Action, Proto: r.Proto, DPort: r.DPort, Iface: r.Iface, Comment: r.Comment, Enable: r.Enable != 0}
+	}
+	return out, nil
+}
+
+// AddNodeRule implements mgmtport.Firewall (Proxmox inserts at the top).
+func (c *Client) AddNodeRule(ctx context.Context, r mgmtport.Rule) error {
+	body := map[string]any{"type": r.Type, "action": r.Action, "enable": boolInt(r.Enable), "comment": r.Comment}
+	if r.Proto != "" {
+		body["proto"] = r.Proto
+	}
+	if r.DPort != "" {
+		body["dport"] = r.DPort
+	}
+	if r.Iface != "" {
+		body["iface"] = r.Iface
+	}
+	return c.call(ctx, "POST", "add node firewall rule", "/nodes/"+url.PathEscape(c.node)+"/firewall/rules", body)
+}
+
+// DeleteNodeRule implements mgmtport.Firewall.
+func (c *Client) DeleteNodeRule(ctx context.Context, pos int) error {
+	return c.call(ctx, "DELETE", fmt.Sprintf("delete node firewall rule %d", pos), fmt.Sprintf("/nodes/%s/firewall/rules/%d", url.PathEscape(c.node), pos), nil)
+}
+
+func (c *Client) fwEnabled(ctx context.Context, path string) (bool, error) {
+	var o struct {
+		Enable flexInt `json:"enable"`
+	}
+	if err := c.c.Get(ctx, path, &o); err != nil {
+		return false, classify("read "+path, err)
+	}
+	return o.Enable != 0, nil
+}
+
+// NodeFirewallEnabled implements mgmtport.Firewall.
+func (c *Client) NodeFirewallEnabled(ctx context.Context) (bool, error) {
+	return c.fwEnabled(ctx, "/nodes/"+url.PathEscape(c.node)+"/firewall/options")
+}
+
+// SetNodeFirewall implements mgmtport.Firewall.
+func (c *Client) SetNodeFirewall(ctx context.Context, on bool) error {
+	return c.call(ctx, "PUT", "set node firewall", "/nodes/"+url.PathEscape(c.node)+"/firewall/options", map[string]any{"enable": boolInt(on)})
+}
+
+// ClusterFirewallEnabled implements mgmtport.Firewall.
+func (c *Client) ClusterFirewallEnabled(ctx context.Context) (bool, error) {
+	return c.fwEnabled(ctx, "/cluster/firewall/options")
+}
+
+// SetClusterFirewall implements mgmtport.Firewall.
+func (c *Client) SetClusterFirewall(ctx context.Context, on bool) error {
+	return c.call(ctx, "PUT", "set cluster firewall", "/cluster/firewall/options", map[string]any{"enable": boolInt(on)})
+}
