@@ -12,12 +12,12 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/pve-inspect/pve-inspect/firewall"
-	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/containment/internal/nstest"
 	"github.com/pve-inspect/pve-inspect/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/containment/probe"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )

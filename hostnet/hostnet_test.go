@@ -18,10 +18,10 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/pve-inspect/pve-inspect/hostnet"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
-	"github.com/pve-inspect/pve-inspect/hostnet"
 )
 
 // nsHandle returns a netlink handle in a fresh network namespace, removed

@@ -1,10 +1,10 @@
-// Package pve implements sandboxapi.Proxmox and mgmtport.Firewall over the
+// Package pveapi implements sandboxapi.Proxmox and mgmtport.Firewall over the
 // Proxmox VE API with github.com/luthermonson/go-proxmox, authenticated with
 // an API token (never root credentials). Every call that starts a task waits
 // for it and returns the task's failure as an error. Missing objects come
 // back wrapping sandboxapi.ErrNotFound, taken ids wrapping
 // sandboxapi.ErrExists.
-package pve
+package pveapi
 
 import (
 	"context"
@@ -22,8 +22,8 @@ import (
 
 	proxmox "github.com/luthermonson/go-proxmox"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // Options configure a Client.

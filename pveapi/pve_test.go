@@ -1,4 +1,4 @@
-package pve
+package pveapi
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
-	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
 )
 
 // fakeServer is a small Proxmox API over HTTP: it checks every request

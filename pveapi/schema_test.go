@@ -1,4 +1,4 @@
-package pve
+package pveapi
 
 import (
 	"encoding/json"

@@ -21,10 +21,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )

@@ -82,7 +82,7 @@ func newTemplateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			px, err := pve.NewWithPassword(proxmoxOptions(cfg), user, pw)
+			px, err := pveapi.NewWithPassword(proxmoxOptions(cfg), user, pw)
 			if err != nil {
 				return err
 			}
@@ -103,23 +103,23 @@ func parseVMID(s string) (int, error) {
 	return v, nil
 }
 
-func proxmoxOptions(cfg config.Config) pve.Options {
+func proxmoxOptions(cfg config.Config) pveapi.Options {
 	node := cfg.API.Proxmox.Node
 	if node == "" {
 		node = cfg.Node.ID
 	}
-	return pve.Options{URL: cfg.API.Proxmox.URL, Node: node, RootCAFile: cfg.API.Proxmox.CAFile}
+	return pveapi.Options{URL: cfg.API.Proxmox.URL, Node: node, RootCAFile: cfg.API.Proxmox.CAFile}
 }
 
 // tokenClient is the daemon's pool-scoped token client ([api.proxmox]).
-func tokenClient(cfg config.Config) (*pve.Client, error) {
+func tokenClient(cfg config.Config) (*pveapi.Client, error) {
 	secret, err := daemon.ReadTokenSecret(cfg.API.Proxmox.SecretFile)
 	if err != nil {
 		return nil, err
 	}
 	o := proxmoxOptions(cfg)
 	o.TokenID, o.Secret = cfg.API.Proxmox.TokenID, secret
-	return pve.New(o)
+	return pveapi.New(o)
 }
 
 func readPassword(path string, stdin io.Reader) (string, error) {

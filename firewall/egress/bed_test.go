@@ -22,9 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netns"
 
-	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )

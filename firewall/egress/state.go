@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
 
 // stateVersion is the version of the persisted policies file.

@@ -30,9 +30,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // Checker implements sandboxapi.Checker.

@@ -21,16 +21,16 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/pve-inspect/pve-inspect/firewall"
-	"github.com/pve-inspect/pve-inspect/firewall/portmap"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -49,7 +49,7 @@ func needRoot(t testing.TB) {
 type bedEnv struct {
 	bed   *testvm.Bed
 	emu   *pveemu.Server
-	px    *pve.Client
+	px    *pveapi.Client
 	url   string
 	hc    *http.Client
 	opts  sandboxapi.Options
@@ -99,7 +99,7 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 			}
 		}
 	}
-	px, err := pve.New(pve.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
+	px, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestBedAcceptance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := pve.New(pve.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 50 * time.Millisecond})
+	root, err := pveapi.New(pveapi.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // BenchmarkBed measures, in one run on the bed with real qemu-ga: exec

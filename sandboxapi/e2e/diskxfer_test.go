@@ -21,10 +21,10 @@ import (
 	"testing/iotest"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
@@ -72,9 +72,9 @@ func TestBedDiskTransfer(t *testing.T) {
 	defer cancel()
 	flaky := &flakyDetach{}
 	sw := &swapTransfer{}
-	var px *pve.Client
+	var px *pveapi.Client
 	e := newBedEnvWith(t, ctx, func(b pveemu.BedBackend) pveemu.Backend { flaky.BedBackend = b; return flaky }, func(o *sandboxapi.Options) {
-		px = o.Proxmox.(*pve.Client)
+		px = o.Proxmox.(*pveapi.Client)
 		o.MaxFileBytes = 2 << 30
 		o.DiskTransfer = sw
 	})

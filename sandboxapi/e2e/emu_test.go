@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
@@ -29,7 +29,7 @@ type emuEnv struct {
 	url string
 	hc  *http.Client
 	fb  *pveemu.FakeBackend
-	px  *pve.Client
+	px  *pveapi.Client
 	srv *sandboxapi.Server
 	c   *client.Client
 	run string
@@ -107,7 +107,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 			t.Fatal(err)
 		}
 	}
-	px, err := pve.New(pve.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 20 * time.Millisecond})
+	px, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

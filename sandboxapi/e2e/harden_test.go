@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // withHardening gives the API the Proxmox client for the hardened profile.
@@ -94,7 +94,7 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 
 	// root@pam (a ticket, not a token) hardens the template; then creates
 	// may clone it
-	root, err := pve.NewWithPassword(pve.Options{URL: e.url, Node: "pve", HTTPClient: e.hc, TaskPoll: 20 * time.Millisecond}, "root@pam", emuRootPassword)
+	root, err := pveapi.NewWithPassword(pveapi.Options{URL: e.url, Node: "pve", HTTPClient: e.hc, TaskPoll: 20 * time.Millisecond}, "root@pam", emuRootPassword)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
 // Dialer returns a sandboxapi.GuestDialer over c (one Agent per socket;

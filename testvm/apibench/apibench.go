@@ -30,13 +30,13 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/diskxfer"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/qga/qgabench"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -150,7 +150,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	px, err := pve.New(pve.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
+	px, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}

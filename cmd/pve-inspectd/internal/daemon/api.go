@@ -21,11 +21,11 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/hostnet"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 )
 
 // apiMaxConns caps the open connections of the TCP listener.
@@ -353,7 +353,7 @@ func (e *NoTokenError) Unwrap() error { return e.Err }
 // ProxmoxClient makes the Proxmox API client of [api.proxmox] with the
 // daemon's token; no network I/O. A secret that cannot be read is a
 // *NoTokenError.
-func ProxmoxClient(cfg config.Config) (*pve.Client, error) {
+func ProxmoxClient(cfg config.Config) (*pveapi.Client, error) {
 	pc := cfg.API.Proxmox
 	secret, err := ReadTokenSecret(pc.SecretFile)
 	if err != nil {
@@ -368,7 +368,7 @@ func ProxmoxClient(cfg config.Config) (*pve.Client, error) {
 			return nil, fmt.Errorf("proxmox CA: %w", err)
 		}
 	}
-	px, err := pve.New(pve.Options{URL: pc.URL, TokenID: pc.TokenID, Secret: secret, Node: node, RootCAFile: pc.CAFile})
+	px, err := pveapi.New(pveapi.Options{URL: pc.URL, TokenID: pc.TokenID, Secret: secret, Node: node, RootCAFile: pc.CAFile})
 	if err != nil {
 		return nil, fmt.Errorf("proxmox client: %w", err)
 	}

@@ -16,12 +16,12 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
-	"github.com/pve-inspect/pve-inspect/firewall"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/containment/lantargets"
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 )
 
 // lockdownView is what the check needs to know of the lockdown.

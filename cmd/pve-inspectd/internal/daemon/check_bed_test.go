@@ -15,13 +15,13 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
-	"github.com/pve-inspect/pve-inspect/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -76,7 +76,7 @@ func upCheckBed(t *testing.T, ctx context.Context) *checkBed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	px, err := pve.New(pve.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
+	px, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
