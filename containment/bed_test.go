@@ -12,7 +12,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/pve-inspect/pve-inspect/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/containment/probe"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/containment/probe"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/pve-inspect/pve-inspect/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // bridgeBed is a node namespace with bridge br0 (10.10.1.1) and two guest

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // probeBed is a network namespace with listeners the probe tests aim at.

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
-	"github.com/pve-inspect/pve-inspect/containment/internal/nstest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // serveUDP answers each datagram on pc with reply(datagram) (nil: no
