@@ -12,12 +12,12 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/containment/probe"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
@@ -68,7 +68,7 @@ func freshName(t *testing.T) string {
 //   - the real host guard (package firewall) in the node, GuardPolicy;
 //   - the guard with the lockdown switched on, LockdownPolicy.
 func TestBedPolicies(t *testing.T) {
-	nstest.RequireRoot(t)
+	testkit.RequireRoot(t, "ip", "nft")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	b, err := testvm.Up(ctx, testvm.Options{ExtraNodePorts: []int{8443, 9464}})

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/containment/probe"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 // a test temp dir) and commands run in the guest namespace. Everything but
 // the guest agent is real: the built probe binary, sockets, nftables.
 type nsGuest struct {
-	ns    *nstest.NS
+	ns    *testkit.NetNS
 	files []string
 }
 
@@ -66,14 +66,14 @@ func (g *nsGuest) Exec(ctx context.Context, argv []string, stdin []byte, timeout
 // target: the gateway with control-plane listeners and the zone resolver,
 // metadata, LAN, other-zone, public and IPv6 addresses.
 type zoneBed struct {
-	guest, node *nstest.NS
+	guest, node *testkit.NetNS
 	spec        Spec
 }
 
 func newZoneBed(t *testing.T) *zoneBed {
 	t.Helper()
-	guest := nstest.New(t, "pig")
-	node := nstest.New(t, "pin")
+	guest := testkit.NewNetNS(t, "pig")
+	node := testkit.NewNetNS(t, "pin")
 	veth := wireGuest(t, guest, node, "10.77.0.1/24", "10.77.0.2/24")
 	node.IP(t, "addr", "add", "fd77::1/64", "dev", veth, "nodad")
 	node.IP(t, "addr", "add", "fe80::a9fe:a9fe/64", "dev", veth, "nodad")
@@ -95,14 +95,14 @@ func newZoneBed(t *testing.T) *zoneBed {
 	for _, port := range []string{"8006", "22", "3128"} {
 		node.Listen(t, "tcp", ":"+port)
 	}
-	nstest.ServeHTTP(t, node.Listen(t, "tcp", ":80"))
-	nstest.ServeHTTPS(t, node.Listen(t, "tcp", ":443"))
-	zone := nstest.DNSZone{A: map[string][]netip.Addr{
+	testkit.ServeHTTP(t, node.Listen(t, "tcp", ":80"))
+	testkit.ServeHTTPS(t, node.Listen(t, "tcp", ":443"))
+	zone := testkit.DNSZone{A: map[string][]netip.Addr{
 		"guest.zone1.test": {netip.MustParseAddr("10.77.0.2")},
 		"example.test":     {netip.MustParseAddr("203.0.113.10")},
 	}}
-	nstest.ServeDNS(t, node.ListenPacket(t, "udp4", "10.77.0.1:53"), zone)
-	nstest.ServeDNS(t, node.ListenPacket(t, "udp4", "169.254.169.253:53"), zone)
+	testkit.ServeDNS(t, node.ListenPacket(t, "udp4", "10.77.0.1:53"), zone)
+	testkit.ServeDNS(t, node.ListenPacket(t, "udp4", "169.254.169.253:53"), zone)
 
 	return &zoneBed{guest: guest, node: node, spec: Spec{
 		Gateway:      netip.MustParseAddr("10.77.0.1"),
@@ -122,9 +122,9 @@ func newZoneBed(t *testing.T) *zoneBed {
 // wireGuest links guest's eth0 to node by a veth pair, gives both ends
 // their address (CIDR form) and the guest a default route via the node's,
 // and returns the node end's name.
-func wireGuest(t *testing.T, guest, node *nstest.NS, nodeAddr, guestAddr string) string {
+func wireGuest(t *testing.T, guest, node *testkit.NetNS, nodeAddr, guestAddr string) string {
 	t.Helper()
-	veth := nstest.RandomName("piv")
+	veth := testkit.RandomName("piv")
 	node.IP(t, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", guest.Name)
 	node.IP(t, "link", "set", veth, "up")
 	node.IP(t, "addr", "add", nodeAddr, "dev", veth)

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // scaleRules: the node drops every datagram and connection to the busy
@@ -33,11 +33,11 @@ const scaleRules = `table inet piscale {
 // timeout) and requires it to finish within the runner's computed exec
 // timeout with a result for every planned row.
 func TestRunnerManyBlockedRows(t *testing.T) {
-	guest := nstest.New(t, "pisg")
-	node := nstest.New(t, "pisn")
+	guest := testkit.NewNetNS(t, "pisg")
+	node := testkit.NewNetNS(t, "pisn")
 	wireGuest(t, guest, node, "10.78.0.1/24", "10.78.0.2/24")
 	guest.ResolvConf(t, "nameserver 10.78.0.1\n")
-	nstest.ServeDNS(t, node.ListenPacket(t, "udp4", "10.78.0.1:53"), nstest.DNSZone{
+	testkit.ServeDNS(t, node.ListenPacket(t, "udp4", "10.78.0.1:53"), testkit.DNSZone{
 		A: map[string][]netip.Addr{"guest.zone1.test": {netip.MustParseAddr("10.78.0.2")}}})
 	node.NFT(t, scaleRules)
 

@@ -17,18 +17,18 @@ import (
 // bridgeBed is a node namespace with bridge br0 (10.10.1.1) and two guest
 // namespaces on ports pa and pb.
 type bridgeBed struct {
-	node, a, b *nstest.NS
+	node, a, b *testkit.NetNS
 	nodeNS     netns.NsHandle
 	macA       net.HardwareAddr
 }
 
 func newBridgeBed(t *testing.T) *bridgeBed {
 	t.Helper()
-	bb := &bridgeBed{node: nstest.New(t, "plon"), a: nstest.New(t, "ploa"), b: nstest.New(t, "plob")}
+	bb := &bridgeBed{node: testkit.NewNetNS(t, "plon"), a: testkit.NewNetNS(t, "ploa"), b: testkit.NewNetNS(t, "plob")}
 	bb.node.IP(t, "link", "add", "br0", "address", bridgeMAC.String(), "type", "bridge")
 	bb.node.IP(t, "addr", "add", "10.10.1.1/24", "dev", "br0")
 	bb.node.IP(t, "link", "set", "br0", "up")
-	for i, g := range []*nstest.NS{bb.a, bb.b} {
+	for i, g := range []*testkit.NetNS{bb.a, bb.b} {
 		port := []string{"pa", "pb"}[i]
 		bb.node.IP(t, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", g.Name)
 		bb.node.IP(t, "link", "set", port, "master", "br0", "up")
@@ -54,7 +54,7 @@ func newBridgeBed(t *testing.T) *bridgeBed {
 }
 
 // send sends frames raw on eth0 of ns.
-func send(ns *nstest.NS, frames ...[]byte) error {
+func send(ns *testkit.NetNS, frames ...[]byte) error {
 	return ns.Do(func() error {
 		i, err := net.InterfaceByName("eth0")
 		if err != nil {
@@ -80,7 +80,7 @@ func send(ns *nstest.NS, frames ...[]byte) error {
 // Frames the sibling sends are seen on the bridge, never as "forwarded to
 // the sibling".
 func TestObserveInNamespaces(t *testing.T) {
-	nstest.RequireRoot(t)
+	testkit.RequireRoot(t, "ip", "nft")
 	bb := newBridgeBed(t)
 	spoofMAC := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x66}
 	nonceSib := []byte("nonce-s-0123456789")
@@ -127,7 +127,7 @@ func TestObserveInNamespaces(t *testing.T) {
 }
 
 func TestObserveFailures(t *testing.T) {
-	nstest.RequireRoot(t)
+	testkit.RequireRoot(t, "ip", "nft")
 	bb := newBridgeBed(t)
 	o := New(WithNetNS(bb.nodeNS))
 	for _, c := range []struct{ bridge, err string }{{"nosuch0", "nosuch0"}, {"pa", "not a bridge"}} {

@@ -16,9 +16,9 @@ import (
 
 // probeBed is a network namespace with listeners the probe tests aim at.
 type probeBed struct {
-	ns                    *nstest.NS
+	ns                    *testkit.NetNS
 	tcp4, tcp6            string // open TCP listeners
-	http4, http6, https4  string // HTTP(S) servers (nstest.Handler)
+	http4, http6, https4  string // HTTP(S) servers (testkit.Handler)
 	mute4                 string // accepts TCP, never speaks
 	dns4, dns6            string // stand-in resolvers
 	dropPort, refusedPort string // nft drops this port; nothing listens on that one
@@ -26,7 +26,7 @@ type probeBed struct {
 
 func newProbeBed(t *testing.T) *probeBed {
 	t.Helper()
-	ns := nstest.New(t, "pip")
+	ns := testkit.NewNetNS(t, "pip")
 	ns.IP(t, "link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1")
 	ns.IP(t, "link", "set", "dummy1", "up")
 	ns.IP(t, "link", "set", "dummy0", "up")
@@ -47,27 +47,27 @@ func newProbeBed(t *testing.T) *probeBed {
 	b.tcp4 = ns.Listen(t, "tcp4", "127.0.0.1:0").Addr().String()
 	b.tcp6 = ns.Listen(t, "tcp6", "[::1]:0").Addr().String()
 	l := ns.Listen(t, "tcp4", "127.0.0.1:0")
-	nstest.ServeHTTP(t, l)
+	testkit.ServeHTTP(t, l)
 	b.http4 = l.Addr().String()
 	l = ns.Listen(t, "tcp6", "[::1]:0")
-	nstest.ServeHTTP(t, l)
+	testkit.ServeHTTP(t, l)
 	b.http6 = l.Addr().String()
 	l = ns.Listen(t, "tcp4", "127.0.0.1:0")
-	nstest.ServeHTTPS(t, l)
+	testkit.ServeHTTPS(t, l)
 	b.https4 = l.Addr().String()
 	mute := ns.Listen(t, "tcp4", "127.0.0.1:0")
 	b.mute4 = mute.Addr().String()
-	zone := nstest.DNSZone{
+	zone := testkit.DNSZone{
 		A: map[string][]netip.Addr{"ok.test": {netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11"), netip.MustParseAddr("2001:db8::10")},
 			"local.test": {netip.MustParseAddr("127.0.0.1")}},
 		Refused: []string{"refused.test"},
 		Silent:  []string{"silent.test"},
 	}
 	pc := ns.ListenPacket(t, "udp4", "127.0.0.1:0")
-	nstest.ServeDNS(t, pc, zone)
+	testkit.ServeDNS(t, pc, zone)
 	b.dns4 = pc.LocalAddr().String()
 	pc = ns.ListenPacket(t, "udp6", "[::1]:0")
-	nstest.ServeDNS(t, pc, zone)
+	testkit.ServeDNS(t, pc, zone)
 	b.dns6 = pc.LocalAddr().String()
 	return b
 }
@@ -97,7 +97,7 @@ func TestProbeOutcomes(t *testing.T) {
 		{t: Target{Kind: KindHTTP, Addr: b.http4, Path: "/status/404"}, outcome: OutcomeResponse, status: 404},
 		{t: Target{Kind: KindHTTP, Addr: b.http4, Path: "/status/503"}, outcome: OutcomeResponse, status: 503},
 		{t: Target{Kind: KindHTTP, Addr: b.http4, Path: "/status/302"}, outcome: OutcomeResponse, status: 302}, // not followed
-		{t: Target{Kind: KindHTTP, Addr: b.http4, Method: "PUT", Path: "/latest/api/token", Headers: map[string]string{nstest.TokenHeader: "21600"}}, outcome: OutcomeResponse, status: 200},
+		{t: Target{Kind: KindHTTP, Addr: b.http4, Method: "PUT", Path: "/latest/api/token", Headers: map[string]string{testkit.TokenHeader: "21600"}}, outcome: OutcomeResponse, status: 200},
 		{t: Target{Kind: KindHTTP, Addr: b.http4, Method: "PUT", Path: "/latest/api/token"}, outcome: OutcomeResponse, status: 400},
 		{t: Target{Kind: KindHTTP, Addr: b.http6, Path: "/status/204"}, outcome: OutcomeResponse, status: 204},
 		{t: Target{Kind: KindHTTPS, Addr: b.https4, Path: "/status/201"}, outcome: OutcomeResponse, status: 201},

@@ -56,8 +56,8 @@ func ntpReply(req []byte) []byte {
 // is dropped and one whose UDP is rejected as administratively prohibited;
 // plus a closed port on the client's loopback (the self-check control).
 func TestUDPOutcomes(t *testing.T) {
-	cl := nstest.New(t, "puc")
-	sv := nstest.New(t, "pus")
+	cl := testkit.NewNetNS(t, "puc")
+	sv := testkit.NewNetNS(t, "pus")
 	cl.IP(t, "link", "add", "vc", "type", "veth", "peer", "name", "vs", "netns", sv.Name)
 	cl.IP(t, "addr", "add", "10.98.0.1/24", "dev", "vc")
 	cl.IP(t, "addr", "add", "fd98::1/64", "dev", "vc", "nodad")
@@ -75,7 +75,7 @@ func TestUDPOutcomes(t *testing.T) {
 	}
 }
 `)
-	nstest.ServeDNS(t, sv.ListenPacket(t, "udp4", "10.98.0.2:53"), nstest.DNSZone{})
+	testkit.ServeDNS(t, sv.ListenPacket(t, "udp4", "10.98.0.2:53"), testkit.DNSZone{})
 	serveUDP(t, sv.ListenPacket(t, "udp4", "10.98.0.2:123"), ntpReply)
 	serveUDP(t, sv.ListenPacket(t, "udp4", "10.98.0.2:161"), func([]byte) []byte { return nil }) // a silent service
 

@@ -1,4 +1,4 @@
-package nstest
+package testkit
 
 import (
 	"crypto/tls"

@@ -1,10 +1,4 @@
-// Package nstest gives the containment tests throw-away network namespaces:
-// named with a random per-run part, configured with ip(8) and nft(8), and
-// removed in t.Cleanup also when the test fails. Sockets are created inside
-// a namespace by a goroutine locked to a thread that has entered it; that
-// thread is never unlocked, so it ends with the goroutine and no other code
-// ever runs in the wrong namespace.
-package nstest
+package testkit
 
 import (
 	"context"
@@ -23,24 +17,8 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// RequireRoot skips the test without root, or fails it under CI=true.
-func RequireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			tb.Fatal("containment namespace tests need root (CI is set, so this is a failure)")
-		}
-		tb.Skip("SKIPPED: containment namespace tests need root (network namespaces, nftables)")
-	}
-	for _, tool := range []string{"ip", "nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			tb.Fatalf("containment namespace tests need %s: %v", tool, err)
-		}
-	}
-}
-
-// NS is a named network namespace owned by one test.
-type NS struct {
+// NetNS is a named network namespace owned by one test.
+type NetNS struct {
 	Name string
 	h    netns.NsHandle
 }
@@ -56,7 +34,7 @@ func RandomName(prefix string) string {
 
 // ownerDir records which process created each namespace, so a later run
 // can remove the namespaces of a run that was killed.
-const ownerDir = "/run/pve-inspect-nstest"
+const ownerDir = "/run/pve-inspect-testkit"
 
 // sweepStale deletes namespaces (and their /etc/netns directories) whose
 // creating process is gone. Only names recorded in ownerDir are touched.
@@ -92,12 +70,12 @@ func sweepStale() error {
 	return nil
 }
 
-// New creates a namespace named prefix+4 hex with loopback up and removes
+// NewNetNS creates a namespace named prefix+4 hex with loopback up and removes
 // it (and its /etc/netns/<name> directory) when the test ends. Namespaces
 // left by a killed run are swept first.
-func New(tb testing.TB, prefix string) *NS {
+func NewNetNS(tb testing.TB, prefix string) *NetNS {
 	tb.Helper()
-	RequireRoot(tb)
+	RequireRoot(tb, "ip", "nft")
 	if err := sweepStale(); err != nil {
 		tb.Fatalf("sweep stale test namespaces: %v", err)
 	}
@@ -113,7 +91,7 @@ func New(tb testing.TB, prefix string) *NS {
 		_ = os.Remove(owner)
 		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
-	n := &NS{Name: name}
+	n := &NetNS{Name: name}
 	tb.Cleanup(func() {
 		defer os.Remove(owner)
 		if n.h.IsOpen() {
@@ -136,7 +114,7 @@ func New(tb testing.TB, prefix string) *NS {
 }
 
 // IP runs `ip -n <ns> args...` and fails the test on error.
-func (n *NS) IP(tb testing.TB, args ...string) {
+func (n *NetNS) IP(tb testing.TB, args ...string) {
 	tb.Helper()
 	argv := append([]string{"-n", n.Name}, args...)
 	if out, err := exec.Command("ip", argv...).CombinedOutput(); err != nil {
@@ -145,7 +123,7 @@ func (n *NS) IP(tb testing.TB, args ...string) {
 }
 
 // NFT loads an nft script into the namespace.
-func (n *NS) NFT(tb testing.TB, script string) {
+func (n *NetNS) NFT(tb testing.TB, script string) {
 	tb.Helper()
 	cmd := exec.Command("ip", "netns", "exec", n.Name, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
@@ -156,7 +134,7 @@ func (n *NS) NFT(tb testing.TB, script string) {
 
 // ResolvConf writes /etc/netns/<name>/resolv.conf, which `ip netns exec`
 // mounts over /etc/resolv.conf for commands run in the namespace.
-func (n *NS) ResolvConf(tb testing.TB, content string) {
+func (n *NetNS) ResolvConf(tb testing.TB, content string) {
 	tb.Helper()
 	dir := filepath.Join("/etc/netns", n.Name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -168,13 +146,13 @@ func (n *NS) ResolvConf(tb testing.TB, content string) {
 }
 
 // Command returns argv run inside the namespace by `ip netns exec`.
-func (n *NS) Command(ctx context.Context, argv ...string) *exec.Cmd {
+func (n *NetNS) Command(ctx context.Context, argv ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name}, argv...)...)
 }
 
 // Do runs fn on a thread inside the namespace. Sockets fn creates stay in
 // the namespace for their whole life, wherever they are used later.
-func (n *NS) Do(fn func() error) error {
+func (n *NetNS) Do(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
@@ -188,7 +166,7 @@ func (n *NS) Do(fn func() error) error {
 }
 
 // DialContext dials from inside the namespace (it satisfies probe.Dialer).
-func (n *NS) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+func (n *NetNS) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	var c net.Conn
 	err := n.Do(func() error {
 		var d net.Dialer
@@ -200,7 +178,7 @@ func (n *NS) DialContext(ctx context.Context, network, address string) (net.Conn
 }
 
 // Listen opens a listener inside the namespace and closes it at cleanup.
-func (n *NS) Listen(tb testing.TB, network, address string) net.Listener {
+func (n *NetNS) Listen(tb testing.TB, network, address string) net.Listener {
 	tb.Helper()
 	var l net.Listener
 	if err := n.Do(func() error {
@@ -215,7 +193,7 @@ func (n *NS) Listen(tb testing.TB, network, address string) net.Listener {
 }
 
 // ListenPacket opens a packet socket inside the namespace and closes it at cleanup.
-func (n *NS) ListenPacket(tb testing.TB, network, address string) net.PacketConn {
+func (n *NetNS) ListenPacket(tb testing.TB, network, address string) net.PacketConn {
 	tb.Helper()
 	var pc net.PacketConn
 	if err := n.Do(func() error {
