@@ -244,13 +244,20 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 	}
 
 	// a learned address opens for its zone only; tcp 80/443 to it goes
-	// to the peek proxy; it expires with its timeout
+	// to the peek proxy, and nothing else (issue 24, the main finding:
+	// it used to open every port); a learned port opens that port by
+	// address; both expire with their timeout
 	if skipped, err := eb.g.Learn(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr),
 		netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.LANAddr)}, 2*time.Second); err != nil || len(skipped) != 2 {
 		t.Fatalf("learn: skipped %v, %v; want the metadata and LAN addresses skipped", skipped, err)
 	}
-	eb.expect(t, "learned", "zonea", inet8080, "internet-8080\n")
+	eb.expect(t, "learned for the name check only", "zonea", inet8080, "")
 	eb.expect(t, "learned, tcp 80 peeked", "zonea", inet80, stubProxyGreeting)
+	if skipped, err := eb.g.LearnOpen(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr),
+		netip.MustParseAddr(testvm.MetadataAddr)}, Opening{Ports: []uint16{8080}}, 2*time.Second); err != nil || len(skipped) != 1 {
+		t.Fatalf("learn port 8080: skipped %v, %v; want the metadata address skipped", skipped, err)
+	}
+	eb.expect(t, "learned", "zonea", inet8080, "internet-8080\n")
 	eb.expect(t, "learned by another zone", "zoneb", inet8080, "")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -262,7 +269,7 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if _, err := eb.g.Learn(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, time.Minute); err != nil {
+	if _, err := eb.g.LearnOpen(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, Opening{Checked: true, Ports: []uint16{8080}}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	eb.expect(t, "learned again", "zonea", inet8080, "internet-8080\n")
@@ -270,6 +277,7 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 		t.Fatal(err)
 	}
 	eb.expect(t, "forgotten", "zonea", inet8080, "")
+	eb.expect(t, "forgotten, tcp 80 no longer peeked", "zonea", inet80, "")
 	if _, err := eb.g.Learn(ctx, testvm.NodeMgmtIface, []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, time.Minute); !errors.Is(err, ErrNotGuest) {
 		t.Errorf("learn for the management interface: %v, want ErrNotGuest", err)
 	}

@@ -305,7 +305,7 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 		return pack()
 	}
 	qn := req.Question[0]
-	rules, owner, err := r.reg.For(iface)
+	rules, owner, gen, err := r.reg.ForGen(iface)
 	if err != nil {
 		resp.Rcode = dns.RcodeRefused
 		return pack()
@@ -315,7 +315,7 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 		resp.Rcode = dns.RcodeNameError
 		return pack()
 	}
-	if !rules.AllowsName(qn.Name) {
+	if !rules.Resolves(qn.Name) {
 		r.den.Record(owner, Denial{Reason: ReasonName, Name: qn.Name})
 		resp.Rcode = dns.RcodeNameError
 		return pack()
@@ -330,7 +330,21 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 		return pack()
 	}
 	resp.Rcode = up.Rcode
-	resp.Answer = r.learn(ctx, iface, rules, up.Answer)
+	open := firewall.Opening{Checked: rules.AllowsName(qn.Name), Ports: rules.PortsOf(qn.Name)}
+	ans, err := r.learn(ctx, iface, gen, rules, open, up.Answer)
+	switch {
+	case errors.Is(err, ErrStale):
+		// the policy changed while upstream answered: what the old one
+		// allowed is not opened; the guest asks again under the new one
+		resp.Rcode = dns.RcodeServerFailure
+	case errors.Is(err, ErrQuota):
+		r.den.Record(owner, Denial{Reason: ReasonQuota, Name: qn.Name})
+		resp.Rcode = dns.RcodeServerFailure
+	case err != nil:
+		r.log.Error("open learned addresses", "iface", iface, "err", err)
+		resp.Rcode = dns.RcodeServerFailure
+	}
+	resp.Answer = ans
 	return pack()
 }
 
@@ -342,10 +356,11 @@ func (r *Resolver) forward(ctx context.Context, qn dns.Question) (*dns.Msg, erro
 	return r.up.Exchange(ctx, m)
 }
 
-// learn opens the answer's A records for iface and returns the records
-// the guest may see: CNAMEs, and A records the guard accepted, each TTL
-// cut to the set timeout.
-func (r *Resolver) learn(ctx context.Context, iface string, rules Rules, ans []dns.RR) []dns.RR {
+// learn opens the answer's A records for iface (as open says, under
+// policy generation gen) and returns the records the guest may see:
+// CNAMEs, and A records the guard accepted, each TTL cut to the set
+// timeout. On error the guest sees nothing.
+func (r *Resolver) learn(ctx context.Context, iface string, gen uint64, rules Rules, open firewall.Opening, ans []dns.RR) ([]dns.RR, error) {
 	var addrs []netip.Addr
 	minTTL := uint32(0)
 	for _, rr := range ans {
@@ -363,10 +378,9 @@ func (r *Resolver) learn(ctx context.Context, iface string, rules Rules, ans []d
 	ttl := r.cfg.clamp(time.Duration(minTTL) * time.Second)
 	ok := map[netip.Addr]bool{}
 	if len(addrs) > 0 {
-		skipped, err := r.guard.Learn(ctx, iface, addrs, ttl)
+		skipped, err := r.reg.Learn(ctx, iface, gen, addrs, open, ttl)
 		if err != nil {
-			r.log.Error("open learned addresses", "iface", iface, "err", err)
-			return nil
+			return nil, err
 		}
 		for _, a := range addrs {
 			ok[a] = true
@@ -391,5 +405,5 @@ func (r *Resolver) learn(ctx context.Context, iface string, rules Rules, ans []d
 		rr.Header().Ttl = min(rr.Header().Ttl, maxTTL)
 		out = append(out, rr)
 	}
-	return out
+	return out, nil
 }
