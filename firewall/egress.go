@@ -27,7 +27,7 @@ const (
 	// SetEgressLearnedPorts4 holds interface . address . tcp port: the
 	// ports a name:port entry opens by address alone (no name check).
 	SetEgressLearnedPorts4 = "egress_learned_ports4"
-	SetEgressPeekPorts = "egress_peek_ports"
+	SetEgressPeekPorts     = "egress_peek_ports"
 	// SetEgressDenied counts, per guest interface, the packets the
 	// egress rules drop (one member per interface, a counter each).
 	SetEgressDenied = "egress_denied"
