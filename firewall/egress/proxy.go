@@ -30,6 +30,10 @@ type ProxyConfig struct {
 	DialTimeout time.Duration
 	// MaxConns bounds the connections spliced at once. Zero means 1024.
 	MaxConns int
+	// ConnsPerOwner bounds one owner's (sandbox's) share of them; a
+	// connection past it is reset and counted (reason quota). Zero
+	// means 256.
+	ConnsPerOwner int
 	// IdleTimeout closes a spliced connection with no byte either way
 	// for that long. Zero means 5 minutes.
 	IdleTimeout time.Duration
@@ -61,6 +65,8 @@ type Proxy struct {
 	den   *Denials
 	log   *slog.Logger
 
+	conns *quota // connections per owner
+
 	mu   sync.Mutex // guards live
 	live map[string]map[*tracked]struct{}
 }
@@ -87,8 +93,11 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 5 * time.Minute
 	}
+	if cfg.ConnsPerOwner <= 0 {
+		cfg.ConnsPerOwner = 256
+	}
 	p := &Proxy{cfg: cfg, reg: reg, links: links, den: den, log: log.With("component", "egress-proxy"),
-		live: map[string]map[*tracked]struct{}{}}
+		conns: newQuota(cfg.ConnsPerOwner), live: map[string]map[*tracked]struct{}{}}
 	reg.OnChange(p.cut)
 	return p
 }
@@ -207,6 +216,11 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 			_ = tc.SetLinger(0) // reset: the guest sees a refusal at once
 		}
 	}
+	if !p.conns.take(owner) {
+		refuse(Denial{Reason: ReasonQuota})
+		return
+	}
+	defer p.conns.give(owner)
 	name, kind, head, err := p.peek(c)
 	if err != nil {
 		refuse(Denial{Reason: ReasonPeek})

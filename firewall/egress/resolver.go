@@ -37,6 +37,11 @@ type ResolverConfig struct {
 	// Dial opens upstream connections; nil means a net.Dialer setting
 	// Mark. Tests pass one that dials inside the node's namespace.
 	Dial DialFunc
+	// QueriesPerOwner bounds the UDP queries one owner (sandbox) has in
+	// flight; TCPPerOwner its DNS-over-TCP connections. A query or
+	// connection past it is dropped and counted (reason quota). Zero
+	// means 16 and 8.
+	QueriesPerOwner, TCPPerOwner int
 }
 
 // DialFunc opens a connection (net.Dialer.DialContext's shape).
@@ -85,13 +90,14 @@ type Links interface {
 //     denied CIDR, are cut from the answer and never opened.
 //   - The TTL the guest sees is never longer than the set timeout.
 type Resolver struct {
-	cfg   ResolverConfig
-	reg   *Registry
-	guard Guard
-	links Links
-	den   *Denials
-	log   *slog.Logger
-	up    Upstream
+	cfg     ResolverConfig
+	reg     *Registry
+	links   Links
+	den     *Denials
+	log     *slog.Logger
+	up      Upstream
+	queries *quota // UDP queries in flight per owner
+	conns   *quota // TCP connections per owner
 }
 
 // Upstream answers a query built by the resolver.
@@ -165,8 +171,30 @@ func NewResolver(cfg ResolverConfig, reg *Registry, links Links, den *Denials, u
 	if up == nil {
 		up = &upstreams{addrs: cfg.Upstreams, dial: cfg.Dial, timeout: cfg.Timeout}
 	}
-	return &Resolver{cfg: cfg, reg: reg, guard: reg.guard, links: links, den: den,
-		log: log.With("component", "egress-resolver"), up: up}
+	if cfg.QueriesPerOwner <= 0 {
+		cfg.QueriesPerOwner = 16
+	}
+	if cfg.TCPPerOwner <= 0 {
+		cfg.TCPPerOwner = 8
+	}
+	return &Resolver{cfg: cfg, reg: reg, links: links, den: den,
+		log: log.With("component", "egress-resolver"), up: up,
+		queries: newQuota(cfg.QueriesPerOwner), conns: newQuota(cfg.TCPPerOwner)}
+}
+
+// admit takes one unit of q for the owner of iface's policy; false (and
+// the refusal counted) when the owner is at its quota or iface is no
+// guest's. release gives the unit back.
+func (r *Resolver) admit(q *quota, iface string) (release func(), ok bool) {
+	_, owner, err := r.reg.For(iface)
+	if err != nil {
+		return nil, false
+	}
+	if !q.take(owner) {
+		r.den.Record(owner, Denial{Reason: ReasonQuota})
+		return nil, false
+	}
+	return func() { q.give(owner) }, true
 }
 
 // MarkControl is a net.Dialer Control that sets SO_MARK on the socket
@@ -184,8 +212,9 @@ func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) e
 	}
 }
 
-// maxInFlight bounds the queries answered at once.
-const maxInFlight = 64
+// maxInFlight bounds the queries (and the TCP connections) answered at
+// once, node-wide; each owner's share of it is bounded by its quota.
+const maxInFlight = 256
 
 // ServeUDP answers queries on pc (bound in the daemon's namespace) until
 // ctx is done. It returns after every query goroutine ended.
@@ -224,6 +253,11 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 			if err != nil {
 				return
 			}
+			release, ok := r.admit(r.queries, iface)
+			if !ok {
+				return // past the owner's quota: the guest retries
+			}
+			defer release()
 			qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
 			defer cancel()
 			out := r.Answer(qctx, iface, buf[:n], 512)
@@ -252,6 +286,11 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 	if err != nil {
 		return
 	}
+	release, ok := r.admit(r.conns, iface)
+	if !ok {
+		return
+	}
+	defer release()
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stop()
 	for range 16 {
