@@ -178,7 +178,13 @@ func portGuard() *ChainSpec {
 			etherType(unix.ETH_P_IP), meta(expr.MetaKeyIIFNAME),
 			&expr.Payload{DestRegister: 2, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 			lookup(SetPortIPv4, true), drop()),
-		rule("ip4", "ether type ip counter accept", etherType(unix.ETH_P_IP), accept()),
+		// only an IPv4 header the kernel could parse: for one it could
+		// not (a total length below the header or past the frame) the
+		// bridge family sets no transport protocol, so the udp rules
+		// above skip it; "meta l4proto" then ends this rule unmatched
+		// (newer kernels) or reads 0 (older ones), and "other" drops it
+		rule("ip4", "ether type ip meta l4proto != 0 counter accept", etherType(unix.ETH_P_IP),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0}}, accept()),
 		rule("other", "counter drop", drop()),
 	}}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -369,5 +370,61 @@ func TestEgressKeptAcrossRestart(t *testing.T) {
 	}
 	if err := g2.Verify(ctx); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestGuestDHCPInputOwnBridgeOnBed is issue 24 finding 7: the input rule
+// for DHCP accepted udp 67-68 to every node address, so a guest reached
+// another zone's dnsmasq and the management address on those ports. Now
+// only an address of the bridge the packet came in on (and the limited
+// broadcast, for clients without a lease) takes DHCP. Seen through the
+// input chain's final drop counter (dport 68 from a guest never leaves
+// its port: the layer-2 guard drops it). On the old code the datagrams to
+// zone b's gateway and to the management address are accepted.
+func TestGuestDHCPInputOwnBridgeOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	eb := newEgressBed(t, ctx, Config{})
+	packets := regexp.MustCompile(`packets (\d+) .*comment "guest-input-drop"`)
+	dropped := func() uint64 {
+		t.Helper()
+		out, err := eb.b.Command(ctx, eb.b.NodeNS(), "nft", "list", "chain", "inet", TableName, chainGuestIn).CombinedOutput()
+		if err != nil {
+			t.Fatalf("list guest_in: %v: %s", err, out)
+		}
+		m := packets.FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("no guest-input-drop counter in:\n%s", out)
+		}
+		n, err := strconv.ParseUint(string(m[1]), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		to   string
+		drop bool
+	}{
+		{"10.10.1.1", false}, // zonea's own gateway (a renewal's path)
+		{"10.10.2.1", true},  // zone b's dnsmasq
+		{testvm.NodeMgmtAddr, true},
+	} {
+		before := dropped()
+		if err := eb.b.Do(eb.guests["zonea"].NS, func() error {
+			c, err := net.Dial("udp4", tc.to+":67")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("not a DHCP message"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if got := dropped() > before; got != tc.drop {
+			t.Errorf("udp 67 from zonea's guest to %s: dropped=%v, want %v", tc.to, got, tc.drop)
+		}
 	}
 }
