@@ -178,6 +178,17 @@ func TestLayer2GuardOnBed(t *testing.T) {
 	g.stop() // the daemon's socket is gone: the table stays, orphaned
 	w.check(t, "daemon gone: other address", a, udpFrame(a.mac, sib.mac, other, sib.ip, 40000, 40001), false, false)
 	w.check(t, "daemon gone: control", a, udpFrame(a.mac, sib.mac, a.ip, sib.ip, 40000, 40001), true, false)
+	// issue 24 finding 6: a tap that joins the zone bridge while no
+	// daemon handles link events was in no set and got no layer-2 check
+	// at all; now it is unmapped: its DHCP works (StartGuest waits for
+	// the lease), anything else is dropped
+	gc, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 103, VNet: "vneta"})
+	if err != nil {
+		t.Fatalf("a guest starting while the daemon is gone gets no lease: %v", err)
+	}
+	c := endpoint{ns: gc.NS, mac: gc.MAC, ip: gc.IPv4()}
+	w.check(t, "daemon gone, unseen port: other address", c, udpFrame(c.mac, sib.mac, other, sib.ip, 40000, 40001), false, false)
+	w.check(t, "daemon gone, unseen port: sibling's MAC", c, udpFrame(sib.mac, bcast, c.ip, netip.MustParseAddr("10.10.1.255"), 40000, 40002), false, false)
 	g2, err := firewall.New(cfg, firewall.WithNetNS(node))
 	if err != nil {
 		t.Fatal(err)
