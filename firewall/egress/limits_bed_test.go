@@ -297,3 +297,37 @@ func TestEgressLearnedCapOnBed(t *testing.T) {
 		t.Errorf("after a policy change: %v, %v", got, err)
 	}
 }
+
+// TestEgressZoneLocalNamesOnBed is finding 8: under allowlist and none
+// all of a guest's DNS went to the daemon's resolver, which knew only
+// allowed names, so the guests of one sample could no longer find each
+// other by the names their zone's dnsmasq hands out. Now those names
+// (DHCP host names, the zone's domain) are answered by asking that
+// dnsmasq, in every mode; another zone's names and every other name are
+// not.
+func TestEgressZoneLocalNamesOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := newStack(t, ctx, Policy{Mode: "open"})
+	s.set(t, ctx, "zonea", Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
+	s.set(t, ctx, "zoneb", Policy{Mode: "none"})
+	for _, tc := range []struct {
+		zone, name, want string // want "" for NXDOMAIN
+	}{
+		{"zonea", testvm.LocalName("zonea"), s.gw["zonea"]},
+		{"zoneb", testvm.LocalName("zoneb"), s.gw["zoneb"]},
+		{"zonea", "vm101", s.guests["zonea"].IPv4().String()}, // its DHCP host name
+		{"zonea", "vm101.zonea.test", s.guests["zonea"].IPv4().String()},
+		{"zonea", testvm.LocalName("zoneb"), ""}, // another zone's name
+		{"zonea", "vm102", ""},                   // zoneb's guest
+		{"zoneb", "x" + randLabel(t) + ".nope.test", ""},
+	} {
+		got, err := s.resolve(tc.zone, tc.name, s.gw[tc.zone]+":53", false)
+		switch {
+		case tc.want == "" && (err == nil || !strings.Contains(err.Error(), "NXDOMAIN")):
+			t.Errorf("%s: %s: %v, %v; want NXDOMAIN", tc.zone, tc.name, got, err)
+		case tc.want != "" && (err != nil || len(got) != 1 || got[0] != tc.want):
+			t.Errorf("%s: %s: %v, %v; want %s", tc.zone, tc.name, got, err, tc.want)
+		}
+	}
+}

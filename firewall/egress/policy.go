@@ -191,6 +191,11 @@ func parseCIDR(e string) (netip.Prefix, bool, error) {
 	return netip.PrefixFrom(a, 32), true, nil
 }
 
+// ParseDomain validates a (possibly wildcard) domain, as an allow entry
+// takes it, and returns it lower case without the wildcard label and
+// trailing dot.
+func ParseDomain(e string) (name string, wildcard bool, err error) { return parseDomain(e) }
+
 // parseDomain validates a (possibly wildcard) domain and returns it lower
 // case without the wildcard label and trailing dot.
 func parseDomain(e string) (name string, wildcard bool, err error) {

@@ -319,6 +319,19 @@ func (r *Registry) ForGen(iface string) (Rules, string, uint64, error) {
 	return r.def, NodeOwner, r.gen[iface], nil
 }
 
+// ZoneOf returns the zone whose own policy covers iface (none for an
+// interface under the node default).
+func (r *Registry) ZoneOf(iface string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, e := range r.zones {
+		if slices.Contains(e.bridges, iface) {
+			return id, true
+		}
+	}
+	return "", false
+}
+
 func (r *Registry) ownerLocked(iface string) string {
 	for _, e := range r.zones {
 		if slices.Contains(e.bridges, iface) {

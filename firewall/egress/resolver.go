@@ -42,6 +42,10 @@ type ResolverConfig struct {
 	// connection past it is dropped and counted (reason quota). Zero
 	// means 16 and 8.
 	QueriesPerOwner, TCPPerOwner int
+	// ZoneNames, when set, names what each zone's own dnsmasq holds:
+	// those names are answered by asking that dnsmasq (on the address
+	// the query was redirected to), in every mode, never upstream.
+	ZoneNames ZoneNames
 }
 
 // DialFunc opens a connection (net.Dialer.DialContext's shape).
@@ -260,7 +264,8 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 			defer release()
 			qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
 			defer cancel()
-			out := r.Answer(qctx, iface, buf[:n], 512)
+			local, _ := netip.AddrFromSlice(cm.Dst.To4())
+			out := r.answer(qctx, iface, local, buf[:n], 512)
 			if out != nil {
 				_, _ = p.WriteTo(out, &ipv4.ControlMessage{Src: cm.Dst}, src)
 			}
@@ -304,7 +309,7 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 			return
 		}
 		qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
-		out := r.Answer(qctx, iface, q, dns.MaxMsgSize)
+		out := r.answer(qctx, iface, a.Unmap(), q, dns.MaxMsgSize)
 		cancel()
 		if out == nil {
 			return
@@ -319,6 +324,12 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 // interface iface, or nil to send nothing (not a query at all). size
 // bounds the answer (512 for UDP without EDNS).
 func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int) []byte {
+	return r.answer(ctx, iface, netip.Addr{}, q, size)
+}
+
+// answer is Answer for a query redirected to local (the zone's own
+// address, where its dnsmasq listens; invalid: no zone-local names).
+func (r *Resolver) answer(ctx context.Context, iface string, local netip.Addr, q []byte, size int) []byte {
 	var req dns.Msg
 	if err := req.Unpack(q); err != nil || req.Response {
 		return nil
@@ -347,6 +358,18 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 	rules, owner, gen, err := r.reg.ForGen(iface)
 	if err != nil {
 		resp.Rcode = dns.RcodeRefused
+		return pack()
+	}
+	if r.zoneLocal(iface, local, qn.Name) {
+		if qn.Qtype == dns.TypeA {
+			ans, err := r.askZone(ctx, local, qn.Name)
+			if err != nil {
+				r.log.Warn("zone resolver query failed", "name", qn.Name, "err", err)
+				resp.Rcode = dns.RcodeServerFailure
+				return pack()
+			}
+			resp.Rcode, resp.Answer = ans.Rcode, zoneRecords(ans.Answer)
+		}
 		return pack()
 	}
 	if rules.Mode == firewall.EgressNone {
@@ -385,6 +408,37 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 	}
 	resp.Answer = ans
 	return pack()
+}
+
+// zoneLocal reports whether name is one the dnsmasq of iface's zone
+// holds (ZoneNames), for a query that came to that zone's address.
+func (r *Resolver) zoneLocal(iface string, local netip.Addr, name string) bool {
+	if r.cfg.ZoneNames == nil || !local.IsValid() {
+		return false
+	}
+	zone, ok := r.reg.ZoneOf(iface)
+	return ok && r.cfg.ZoneNames.Holds(zone, strings.ToLower(strings.TrimSuffix(name, ".")))
+}
+
+// askZone asks the zone's dnsmasq at local for name (A), with a fresh
+// query.
+func (r *Resolver) askZone(ctx context.Context, local netip.Addr, name string) (*dns.Msg, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(strings.ToLower(name)), dns.TypeA)
+	z := &upstreams{addrs: []string{netip.AddrPortFrom(local, 53).String()}, dial: r.cfg.Dial, timeout: r.cfg.Timeout}
+	return z.Exchange(ctx, m)
+}
+
+// zoneRecords keeps the A and CNAME records of a zone dnsmasq's answer.
+func zoneRecords(ans []dns.RR) []dns.RR {
+	var out []dns.RR
+	for _, rr := range ans {
+		switch rr.(type) {
+		case *dns.A, *dns.CNAME:
+			out = append(out, rr)
+		}
+	}
+	return out
 }
 
 // forward asks upstream for qn (type A) with a fresh query.

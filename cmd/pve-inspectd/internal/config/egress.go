@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
@@ -50,6 +51,12 @@ type EgressSection struct {
 	DNSQueriesPerSandbox int `toml:"dns_queries_per_sandbox"`
 	DNSTCPPerSandbox     int `toml:"dns_tcp_per_sandbox"`
 	ProxyConnsPerSandbox int `toml:"proxy_conns_per_sandbox"`
+	// ZoneDomain is the DNS domain of a zone's dnsmasq, "{zone}" standing
+	// for the zone id ("" for none): names under it are answered by that
+	// dnsmasq for its guests in every mode, so it must hold the domain as
+	// local (local=/domain/: it never recurses for it). The zone's DHCP
+	// host names (its lease file) are answered the same way.
+	ZoneDomain string `toml:"zone_domain"`
 	// StateFile keeps the sandboxes' policies across restarts (and
 	// reboots: it must not be on a tmpfs); "" means egress.json in
 	// [api] state_dir, beside the sandboxes' own state.
@@ -117,6 +124,11 @@ func (s EgressSection) validate(prefix string) error {
 	} {
 		if q.v < 1 || q.v > q.hi {
 			return &KeyError{Key: prefix + "." + q.key, Err: fmt.Errorf("%d: want 1..%d", q.v, q.hi)}
+		}
+	}
+	if d := strings.ReplaceAll(s.ZoneDomain, "{zone}", "zone"); d != "" {
+		if _, _, err := egress.ParseDomain(d); err != nil {
+			return &KeyError{Key: prefix + ".zone_domain", Err: fmt.Errorf("%q: %w", s.ZoneDomain, err)}
 		}
 	}
 	if s.DNSPort == s.ProxyPort {

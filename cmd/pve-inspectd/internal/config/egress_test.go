@@ -23,6 +23,8 @@ func TestEgressSection(t *testing.T) {
 		{"idle timeout too short", "[egress]\nproxy_idle_timeout = \"0s\"", "egress.proxy_idle_timeout"},
 		{"no learned addresses", "[egress]\nmax_learned = 0", "egress.max_learned"},
 		{"learned past the set", "[egress]\nmax_learned = 100000", "egress.max_learned"},
+		{"zone domain", "[egress]\nzone_domain = \"{zone}.internal\"", ""},
+		{"bad zone domain", "[egress]\nzone_domain = \"{zone}..internal\"", "egress.zone_domain"},
 		{"no proxy connections", "[egress]\nproxy_conns_per_sandbox = 0", "egress.proxy_conns_per_sandbox"},
 		{"check: bad denied addr", "[check]\negress_denied_addr = \"evil.org\"", "check.egress_denied_addr"},
 		{"check: wildcard allowed name", "[check]\negress_allowed_name = \"*.org\"", "check.egress_allowed_name"},

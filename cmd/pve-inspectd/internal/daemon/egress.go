@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -121,7 +122,13 @@ func (r *run) startEgress(ctx context.Context) error {
 	}
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: ups, TTLFloor: ec.TTLFloor, TTLCeiling: ec.TTLCeiling,
 		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark()),
-		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox}, reg, links, den, nil, r.log)
+		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox,
+		ZoneNames: &egress.LeaseNames{
+			LeaseFile: func(zone string) string {
+				return filepath.Join(r.d.Config.Guard.NodeRoot, "/", "var", "lib", "misc", "dnsmasq."+zone+".leases")
+			},
+			Domain: func(zone string) string { return strings.ReplaceAll(ec.ZoneDomain, "{zone}", zone) },
+		}}, reg, links, den, nil, r.log)
 	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark()),
 		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox}, reg, links, den, r.log)
 	var pc net.PacketConn
