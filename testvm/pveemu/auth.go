@@ -183,20 +183,3 @@ func (s *Server) postTicket(_ context.Context, rq *request) (any, error) {
 	ticket, csrf := s.mintTicket(username, time.Now())
 	return map[string]any{"username": username, "ticket": ticket, "CSRFPreventionToken": csrf, "cap": map[string]any{}}, nil
 }
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range reListSep.Split(s, -1) {
-		if p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
