@@ -201,6 +201,16 @@ func (s *Server) checkPrivs(authid, path string, privs []string, anyOf bool) err
 	return nil
 }
 
+func (s *Server) checkPrivsLocked(authid, path string, privs []string) error {
+	have := s.privilegesLocked(authid, path)
+	for _, p := range privs {
+		if !have[p] {
+			return permFail(path + ", " + p)
+		}
+	}
+	return nil
+}
+
 func (s *Server) checkAPI2Permissions(perm Permissions, authid string, params map[string]any) error {
 	if authid == "" {
 		if perm.User == "world" {
