@@ -100,6 +100,48 @@ func (s *Server) checkNode(rq *request) error {
 	return nil
 }
 
+// openVM is the opening the VM handlers share, in qemu-server's order:
+// the node check; then params, the handler's checks of its own parameters
+// (nil for none); then, unless onVM is nil, the VM's config loaded under
+// s.mu and onVM run on it before s.mu is released: the checks a handler
+// makes before it answers or starts its worker, and the reads its answer
+// needs. A nil onVM is for handlers whose worker loads the config itself
+// (qmstop, a synchronous config update); vmExists is the onVM of those
+// that need only the VM to exist. The config lock (vmLock) is not taken
+// here: the workers take it.
+func (s *Server) openVM(rq *request, params func(*request) error, onVM func(*vm) error) error {
+	if err := s.checkNode(rq); err != nil {
+		return err
+	}
+	if params != nil {
+		if err := params(rq); err != nil {
+			return err
+		}
+	}
+	if onVM == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := s.loadVM(s.vmid(rq))
+	if err != nil {
+		return err
+	}
+	return onVM(v)
+}
+
+// vmExists is the onVM of openVM for handlers that need only the VM.
+func vmExists(*vm) error { return nil }
+
+// checkSkiplock refuses skiplock to anyone but root@pam, as the
+// qemu-server handlers do before they touch the VM.
+func checkSkiplock(rq *request) error {
+	if rq.bool("skiplock", false) && rq.authid != "root@pam" {
+		return paramFail(ParamErrors{"skiplock": "Only root may use this option."})
+	}
+	return nil
+}
+
 func copyDir(ctx context.Context, src, dst string) error {
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dst, err)
@@ -235,12 +277,7 @@ func sortedVMIDs(m map[int]*vm) []int {
 }
 
 func (s *Server) vmIndex(_ context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, err := s.loadVM(s.vmid(rq)); err != nil {
+	if err := s.openVM(rq, nil, vmExists); err != nil {
 		return nil, err
 	}
 	out := []map[string]any{}
@@ -325,23 +362,17 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 }
 
 func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
 	vmid := s.vmid(rq)
 	skiplock := rq.bool("skiplock", false)
-	if skiplock && rq.authid != "root@pam" {
-		return nil, paramFail(ParamErrors{"skiplock": "Only root may use this option."})
-	}
 	purge := rq.bool("purge", false)
 	// destroy_vm's early checks (config exists, not running) run before the
 	// worker; the lock is checked inside it (PVE::QemuServer::destroy_vm).
-	s.mu.Lock()
-	v, err := s.loadVM(vmid)
-	if err == nil && v.running {
-		err = fail("VM %d is running - destroy failed", vmid)
-	}
-	s.mu.Unlock()
+	err := s.openVM(rq, checkSkiplock, func(v *vm) error {
+		if v.running {
+			return fail("VM %d is running - destroy failed", vmid)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -392,22 +423,19 @@ func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
 }
 
 func (s *Server) templateVM(ctx context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
 	vmid := s.vmid(rq)
-	s.mu.Lock()
-	v, err := s.loadVM(vmid)
-	if err == nil {
-		err = checkLock(v)
-	}
-	if err == nil && v.conf["template"] == "1" {
-		err = fail("you can't convert a template to a template")
-	}
-	if err == nil && v.running {
-		err = fail("you can't convert a VM to template if VM is running")
-	}
-	s.mu.Unlock()
+	err := s.openVM(rq, nil, func(v *vm) error {
+		if err := checkLock(v); err != nil {
+			return err
+		}
+		if v.conf["template"] == "1" {
+			return fail("you can't convert a template to a template")
+		}
+		if v.running {
+			return fail("you can't convert a VM to template if VM is running")
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}

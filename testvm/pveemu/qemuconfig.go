@@ -17,26 +17,24 @@ var updateOnlyParams = map[string]bool{
 }
 
 func (s *Server) getConfig(_ context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, err := s.loadVM(s.vmid(rq))
+	var out map[string]any
+	err := s.openVM(rq, nil, func(v *vm) error {
+		conf := v.conf
+		if sn := rq.str("snapshot"); sn != "" {
+			snap := v.snaps[sn]
+			if snap == nil {
+				return fail("snapshot '%s' does not exist", sn)
+			}
+			conf = snap.conf
+		}
+		out = map[string]any{"digest": confDigest(conf)}
+		for k, val := range conf {
+			out[k] = configValue(k, val)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	conf := v.conf
-	if sn := rq.str("snapshot"); sn != "" {
-		snap := v.snaps[sn]
-		if snap == nil {
-			return nil, fail("snapshot '%s' does not exist", sn)
-		}
-		conf = snap.conf
-	}
-	out := map[string]any{"digest": confDigest(conf)}
-	for k, val := range conf {
-		out[k] = configValue(k, val)
 	}
 	return out, nil
 }
@@ -52,88 +50,103 @@ func configValue(k, v string) any {
 	return v
 }
 
-func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
+// configUpdate is one config update (PUT or POST .../config): what
+// update_vm reads from its parameters.
+type configUpdate struct {
+	vmid     int
+	changes  map[string]string
+	deletes  []string
+	skiplock bool
+	force    bool
+	digest   string
+	authid   string
+}
+
+// parse reads the changes and deletions of rq and refuses what update_vm
+// refuses before it loads the config.
+func (u *configUpdate) parse(rq *request) error {
+	if err := checkSkiplock(rq); err != nil {
+		return err
 	}
-	vmid := s.vmid(rq)
-	skiplock := rq.bool("skiplock", false)
-	if skiplock && rq.authid != "root@pam" {
-		return nil, paramFail(ParamErrors{"skiplock": "Only root may use this option."})
-	}
-	changes := map[string]string{}
+	u.changes = map[string]string{}
 	for k := range rq.params {
 		if !updateOnlyParams[k] {
-			changes[k] = rq.str(k)
+			u.changes[k] = rq.str(k)
 		}
 	}
-	if t, ok := changes["tags"]; ok {
-		changes["tags"] = uniqueTags(t)
+	if t, ok := u.changes["tags"]; ok {
+		u.changes["tags"] = uniqueTags(t)
 	}
-	deletes := splitList(rq.str("delete"))
-	for _, d := range deletes {
-		if _, ok := changes[d]; ok {
-			return nil, paramFail(ParamErrors{"delete": fmt.Sprintf("cannot set and delete '%s' at the same time", d)})
+	u.deletes = splitList(rq.str("delete"))
+	for _, d := range u.deletes {
+		if _, ok := u.changes[d]; ok {
+			return paramFail(ParamErrors{"delete": fmt.Sprintf("cannot set and delete '%s' at the same time", d)})
 		}
 	}
-	if len(changes) == 0 && len(deletes) == 0 && !rq.has("revert") {
-		return nil, fail("no options specified")
+	if len(u.changes) == 0 && len(u.deletes) == 0 && !rq.has("revert") {
+		return fail("no options specified")
 	}
-	digest := rq.str("digest")
-	authid := rq.authid
-	force := rq.bool("force", false)
-	apply := func(ctx context.Context) error {
-		unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		v, err := s.loadVM(vmid)
-		if err != nil {
-			return err
-		}
-		if digest != "" && digest != confDigest(v.conf) {
-			return fail("detected modified configuration - file changed by other user? Try again.")
-		}
-		if !skiplock {
-			if err := checkLock(v); err != nil {
-				return err
-			}
-		}
-		if err := checkRootOnlyConfig(authid, changes, deletes, v.conf); err != nil {
-			return err
-		}
-		old := copyConf(v.conf)
-		if err := s.hotplugDisks(ctx, v, changes, deletes, force); err != nil {
-			return err
-		}
-		for _, d := range deletes {
-			delete(v.conf, d)
-		}
-		for k, val := range changes {
-			if strings.HasPrefix(k, "net") {
-				if mac, _ := parseNet(val); mac == "" {
-					val = setNetMAC(val, randomMAC())
-				}
-			}
-			v.conf[k] = val
-		}
-		return s.ipamNICsLocked(vmid, old, v.conf)
-	}
+	return nil
+}
+
+func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any, error) {
+	u := &configUpdate{vmid: s.vmid(rq), skiplock: rq.bool("skiplock", false), force: rq.bool("force", false),
+		digest: rq.str("digest"), authid: rq.authid}
+	onVM := vmExists
 	if !async {
-		return nil, apply(ctx)
+		onVM = nil // the synchronous update loads the config under its lock only
 	}
-	s.mu.Lock()
-	_, err := s.loadVM(vmid)
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.openVM(rq, u.parse, onVM); err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "qmconfig", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
-		return apply(ctx)
+	if !async {
+		return nil, s.applyConfig(ctx, u)
+	}
+	return s.startTask(rq.authid, "qmconfig", strconv.Itoa(u.vmid), func(ctx context.Context, t *task) error {
+		return s.applyConfig(ctx, u)
 	}), nil
+}
+
+// applyConfig applies u under the VM's config lock.
+func (s *Server) applyConfig(ctx context.Context, u *configUpdate) error {
+	unlock, err := s.vmLock(ctx, u.vmid, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := s.loadVM(u.vmid)
+	if err != nil {
+		return err
+	}
+	if u.digest != "" && u.digest != confDigest(v.conf) {
+		return fail("detected modified configuration - file changed by other user? Try again.")
+	}
+	if !u.skiplock {
+		if err := checkLock(v); err != nil {
+			return err
+		}
+	}
+	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
+		return err
+	}
+	old := copyConf(v.conf)
+	if err := s.hotplugDisks(ctx, v, u.changes, u.deletes, u.force); err != nil {
+		return err
+	}
+	for _, d := range u.deletes {
+		delete(v.conf, d)
+	}
+	for k, val := range u.changes {
+		if strings.HasPrefix(k, "net") {
+			if mac, _ := parseNet(val); mac == "" {
+				val = setNetMAC(val, randomMAC())
+			}
+		}
+		v.conf[k] = val
+	}
+	return s.ipamNICsLocked(u.vmid, old, v.conf)
 }
 
 var reSizeOpt = regexp.MustCompile(`(^|,)size=(\d+(?:\.\d+)?)([KMGT]?)`)
@@ -151,41 +164,40 @@ func sizeBytes(num, unit string) (int64, error) {
 // resizeVM grows a disk (PUT .../resize): a task, like Proxmox 8+; shrinking
 // is refused as Proxmox refuses it.
 func (s *Server) resizeVM(ctx context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
 	vmid := s.vmid(rq)
 	disk, size := rq.str("disk"), rq.str("size")
 	grow := strings.HasPrefix(size, "+")
-	m := regexp.MustCompile(`^\+?(\d+(?:\.\d+)?)([KMGT]?)$`).FindStringSubmatch(size)
-	if m == nil {
-		return nil, fail("unable to parse size '%s'", size) // the schema's pattern refused it already
+	var want int64
+	params := func(*request) error {
+		m := regexp.MustCompile(`^\+?(\d+(?:\.\d+)?)([KMGT]?)$`).FindStringSubmatch(size)
+		if m == nil {
+			return fail("unable to parse size '%s'", size) // the schema's pattern refused it already
+		}
+		var err error
+		if want, err = sizeBytes(m[1], m[2]); err != nil {
+			return fail("unable to parse size '%s'", size)
+		}
+		return nil
 	}
-	want, err := sizeBytes(m[1], m[2])
-	if err != nil {
-		return nil, fail("unable to parse size '%s'", size)
-	}
-	s.mu.Lock()
-	v, err := s.loadVM(vmid)
-	if err == nil {
-		err = checkLock(v)
-	}
-	var cur int64
-	if err == nil {
+	err := s.openVM(rq, params, func(v *vm) error {
+		if err := checkLock(v); err != nil {
+			return err
+		}
+		var cur int64
 		val, ok := v.conf[disk]
 		if !ok || !reDiskKey.MatchString(disk) {
-			err = fail("disk '%s' does not exist", disk)
+			return fail("disk '%s' does not exist", disk)
 		} else if sm := reSizeOpt.FindStringSubmatch(val); sm != nil {
 			cur, _ = sizeBytes(sm[2], sm[3])
 		}
-	}
-	if err == nil && grow {
-		want += cur
-	}
-	if err == nil && want < cur {
-		err = fail("shrinking disks is not supported")
-	}
-	s.mu.Unlock()
+		if grow {
+			want += cur
+		}
+		if want < cur {
+			return fail("shrinking disks is not supported")
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}

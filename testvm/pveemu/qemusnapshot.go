@@ -10,46 +10,41 @@ import (
 )
 
 func (s *Server) listSnapshots(_ context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, err := s.loadVM(s.vmid(rq))
+	out := []map[string]any{}
+	err := s.openVM(rq, nil, func(v *vm) error {
+		for _, n := range sortedKeys(v.snaps) {
+			sn := v.snaps[n]
+			e := map[string]any{"name": sn.name, "description": sn.description, "snaptime": sn.snaptime}
+			if sn.parent != "" {
+				e["parent"] = sn.parent
+			}
+			out = append(out, e)
+		}
+		cur := map[string]any{"name": "current", "digest": confDigest(v.conf), "description": "You are here!", "running": boolInt(v.running)}
+		if p := v.conf["parent"]; p != "" {
+			cur["parent"] = p
+		}
+		out = append(out, cur)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	out := []map[string]any{}
-	for _, n := range sortedKeys(v.snaps) {
-		sn := v.snaps[n]
-		e := map[string]any{"name": sn.name, "description": sn.description, "snaptime": sn.snaptime}
-		if sn.parent != "" {
-			e["parent"] = sn.parent
-		}
-		out = append(out, e)
-	}
-	cur := map[string]any{"name": "current", "digest": confDigest(v.conf), "description": "You are here!", "running": boolInt(v.running)}
-	if p := v.conf["parent"]; p != "" {
-		cur["parent"] = p
-	}
-	return append(out, cur), nil
+	return out, nil
 }
 
 func (s *Server) createSnapshot(ctx context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
 	vmid, name, desc := s.vmid(rq), rq.str("snapname"), rq.str("description")
-	if name == "current" {
-		return nil, fail("invalid snapshot name 'current'")
+	params := func(rq *request) error {
+		if name == "current" {
+			return fail("invalid snapshot name 'current'")
+		}
+		if rq.bool("vmstate", false) {
+			return fail("snapshot feature is not available")
+		}
+		return nil
 	}
-	if rq.bool("vmstate", false) {
-		return nil, fail("snapshot feature is not available")
-	}
-	s.mu.Lock()
-	_, err := s.loadVM(vmid)
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.openVM(rq, params, vmExists); err != nil {
 		return nil, err
 	}
 	return s.startTask(rq.authid, "qmsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
@@ -94,24 +89,22 @@ func (s *Server) createSnapshot(ctx context.Context, rq *request) (any, error) {
 }
 
 func (s *Server) rollbackSnapshot(ctx context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
 	vmid, name := s.vmid(rq), rq.str("snapname")
 	start := rq.bool("start", false)
 	// The start runs inside the worker, so the API checks VM.PowerMgmt up
 	// front (qemu-server API2/Qemu.pm rollback).
-	if start {
-		if err := s.checkPrivs(rq.authid, fmt.Sprintf("/vms/%d", vmid), []string{"VM.PowerMgmt"}, false); err != nil {
-			return nil, err
+	params := func(rq *request) error {
+		if !start {
+			return nil
 		}
+		return s.checkPrivs(rq.authid, fmt.Sprintf("/vms/%d", vmid), []string{"VM.PowerMgmt"}, false)
 	}
-	s.mu.Lock()
-	v, err := s.loadVM(vmid)
-	if err == nil && v.snaps[name] == nil {
-		err = fail("snapshot '%s' does not exist", name)
-	}
-	s.mu.Unlock()
+	err := s.openVM(rq, params, func(v *vm) error {
+		if v.snaps[name] == nil {
+			return fail("snapshot '%s' does not exist", name)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -162,15 +155,9 @@ func (s *Server) rollbackSnapshot(ctx context.Context, rq *request) (any, error)
 }
 
 func (s *Server) deleteSnapshot(ctx context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
 	vmid, name := s.vmid(rq), rq.str("snapname")
 	force := rq.bool("force", false)
-	s.mu.Lock()
-	_, err := s.loadVM(vmid)
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.openVM(rq, nil, vmExists); err != nil {
 		return nil, err
 	}
 	return s.startTask(rq.authid, "qmdelsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {

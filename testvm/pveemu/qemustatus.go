@@ -58,17 +58,15 @@ func agentEnabled(v string) bool {
 }
 
 func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, err := s.loadVM(s.vmid(rq))
+	var st map[string]any
+	err := s.openVM(rq, nil, func(v *vm) error {
+		st = s.vmStatusLocked(v)
+		st["ha"] = map[string]any{"managed": 0}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	st := s.vmStatusLocked(v)
-	st["ha"] = map[string]any{"managed": 0}
 	return st, nil
 }
 
@@ -157,19 +155,17 @@ func (s *Server) doStop(ctx context.Context, vmid int, skiplock bool) error {
 
 func (s *Server) vmAction(typ string) handlerFunc {
 	return func(ctx context.Context, rq *request) (any, error) {
-		if err := s.checkNode(rq); err != nil {
-			return nil, err
-		}
 		vmid := s.vmid(rq)
 		skiplock := rq.bool("skiplock", false)
-		if skiplock && rq.authid != "root@pam" {
-			return nil, paramFail(ParamErrors{"skiplock": "Only root may use this option."})
+		running := false
+		onVM := func(v *vm) error { running = v.running; return nil }
+		if typ == "qmstop" {
+			// vm_stop forks the worker at once: PVE::QemuServer::vm_stop
+			// loads the config (a missing VM fails the task) and returns
+			// quietly when the VM is not running (task OK).
+			onVM = nil
 		}
-		s.mu.Lock()
-		v, err := s.loadVM(vmid)
-		running := v != nil && v.running
-		s.mu.Unlock()
-		if err != nil && typ != "qmstop" {
+		if err := s.openVM(rq, checkSkiplock, onVM); err != nil {
 			return nil, err
 		}
 		switch typ {
@@ -178,16 +174,10 @@ func (s *Server) vmAction(typ string) handlerFunc {
 				return s.doStart(ctx, t, vmid, skiplock)
 			}), nil
 		case "qmstop":
-			// vm_stop forks the worker at once: PVE::QemuServer::vm_stop
-			// loads the config (a missing VM fails the task) and returns
-			// quietly when the VM is not running (task OK).
 			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 				return s.doStop(ctx, vmid, skiplock)
 			}), nil
 		default: // qmshutdown
-			if err != nil {
-				return nil, err
-			}
 			if !running {
 				return nil, fail("VM %d not running", vmid)
 			}
