@@ -233,6 +233,8 @@ func (s *Server) checkAPI2Permissions(perm Permissions, authid string, params ma
 
 var reTemplateVar = regexp.MustCompile(`\{([^}]+)\}`)
 
+// execPermCheck evaluates a schema permission check (PVE::RPCEnvironment
+// exec_api2_perm_check); with noerr a refusal is false without an error.
 func (s *Server) execPermCheck(check []any, authid string, params map[string]any, noerr bool) (bool, error) {
 	if len(check) == 0 {
 		return false, permFail("")
@@ -259,48 +261,9 @@ func (s *Server) execPermCheck(check []any, authid string, params map[string]any
 		}
 		return false, permFail("")
 	case "perm":
-		if len(check) < 3 {
-			return false, permFail("")
-		}
-		tmpl, _ := check[1].(string)
-		privs := anyStrings(check[2])
-		anyOf := false
-		for i := 3; i+1 < len(check); i += 2 {
-			k, _ := check[i].(string)
-			switch k {
-			case "any":
-				anyOf = truthy(check[i+1])
-			case "require_param":
-				rp, _ := check[i+1].(string)
-				if params[rp] == nil {
-					if noerr {
-						return false, nil
-					}
-					return false, permFail("")
-				}
-			}
-		}
-		path := reTemplateVar.ReplaceAllStringFunc(tmpl, func(m string) string {
-			v, _ := scalarString(params[strings.Trim(m, "{}")])
-			return v
-		})
-		err := s.checkPrivs(authid, normalizePath(path), privs, anyOf)
-		return err == nil, err
+		return s.permCheckPerm(check, authid, params, noerr)
 	case "userid-param":
-		uid, _ := scalarString(params["userid"])
-		own, _, _ := strings.Cut(authid, "!")
-		if len(check) > 1 && check[1] == "self" && own == uid && !strings.Contains(authid, "!") {
-			return true, nil
-		}
-		if len(check) > 1 && check[1] == "Realm.AllocateUser" {
-			_, realm, _ := strings.Cut(uid, "@")
-			err := s.checkPrivs(authid, "/access/realm/"+realm, []string{"Realm.AllocateUser"}, false)
-			return err == nil, err
-		}
-		if noerr {
-			return false, nil
-		}
-		return false, permFail("")
+		return s.permCheckUserid(check, authid, params, noerr)
 	case "userid-group":
 		privs := anyStrings(check[1])
 		err := s.checkPrivs(authid, "/access/groups", privs, true)
@@ -309,27 +272,86 @@ func (s *Server) execPermCheck(check []any, authid string, params map[string]any
 		}
 		return err == nil, err
 	case "perm-modify":
-		tmpl, _ := check[1].(string)
-		path := normalizePath(reTemplateVar.ReplaceAllStringFunc(tmpl, func(m string) string {
-			v, _ := scalarString(params[strings.Trim(m, "{}")])
-			return v
-		}))
-		privs := []string{"Permissions.Modify"}
-		switch {
-		case strings.HasPrefix(path, "/vms/"):
-			privs = append(privs, "VM.Allocate")
-		case strings.HasPrefix(path, "/pool/"):
-			privs = append(privs, "Pool.Allocate")
-		case strings.HasPrefix(path, "/storage/"):
-			privs = append(privs, "Datastore.Allocate")
-		}
-		err := s.checkPrivs(authid, path, privs, true)
-		if err != nil && noerr {
-			return false, nil
-		}
-		return err == nil, err
+		return s.permCheckModify(check, authid, params, noerr)
 	}
 	return false, permFail("")
+}
+
+// permPath is a check's path template with its {param} parts filled in
+// from params, normalised.
+func permPath(tmpl string, params map[string]any) string {
+	return normalizePath(reTemplateVar.ReplaceAllStringFunc(tmpl, func(m string) string {
+		v, _ := scalarString(params[strings.Trim(m, "{}")])
+		return v
+	}))
+}
+
+// permCheckPerm is ["perm", path, privs, options...]: the privileges on the
+// path, all of them or (with "any") one.
+func (s *Server) permCheckPerm(check []any, authid string, params map[string]any, noerr bool) (bool, error) {
+	if len(check) < 3 {
+		return false, permFail("")
+	}
+	tmpl, _ := check[1].(string)
+	privs := anyStrings(check[2])
+	anyOf := false
+	for i := 3; i+1 < len(check); i += 2 {
+		k, _ := check[i].(string)
+		switch k {
+		case "any":
+			anyOf = truthy(check[i+1])
+		case "require_param":
+			rp, _ := check[i+1].(string)
+			if params[rp] == nil {
+				if noerr {
+					return false, nil
+				}
+				return false, permFail("")
+			}
+		}
+	}
+	err := s.checkPrivs(authid, permPath(tmpl, params), privs, anyOf)
+	return err == nil, err
+}
+
+// permCheckUserid is ["userid-param", "self" | "Realm.AllocateUser"]: the
+// user acting on itself, or allowed to allocate users in the realm.
+func (s *Server) permCheckUserid(check []any, authid string, params map[string]any, noerr bool) (bool, error) {
+	uid, _ := scalarString(params["userid"])
+	own, _, _ := strings.Cut(authid, "!")
+	if len(check) > 1 && check[1] == "self" && own == uid && !strings.Contains(authid, "!") {
+		return true, nil
+	}
+	if len(check) > 1 && check[1] == "Realm.AllocateUser" {
+		_, realm, _ := strings.Cut(uid, "@")
+		err := s.checkPrivs(authid, "/access/realm/"+realm, []string{"Realm.AllocateUser"}, false)
+		return err == nil, err
+	}
+	if noerr {
+		return false, nil
+	}
+	return false, permFail("")
+}
+
+// permCheckModify is ["perm-modify", path]: Permissions.Modify, or the
+// allocate privilege of the path's kind, on the path.
+func (s *Server) permCheckModify(check []any, authid string, params map[string]any, noerr bool) (bool, error) {
+	tmpl, _ := check[1].(string)
+	path := permPath(tmpl, params)
+	privs := []string{"Permissions.Modify"}
+	switch {
+	case strings.HasPrefix(path, "/vms/"):
+		privs = append(privs, "VM.Allocate")
+	case strings.HasPrefix(path, "/pool/"):
+		privs = append(privs, "Pool.Allocate")
+	case strings.HasPrefix(path, "/storage/"):
+		privs = append(privs, "Datastore.Allocate")
+	}
+	err := s.checkPrivs(authid, path, privs, true)
+	if err != nil && noerr {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 func anyStrings(v any) []string {
