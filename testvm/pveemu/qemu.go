@@ -130,6 +130,29 @@ func (s *Server) openVM(rq *request, params func(*request) error, onVM func(*vm)
 	return onVM(v)
 }
 
+// lockVM is the opening of the VM workers: the VM's config lock
+// (vmLock, 10 s), then, under s.mu, the VM loaded and check run on it
+// before s.mu is released. On success it returns the VM and the config
+// lock still held, for the caller to release with the unlock returned; on
+// failure both locks are released already.
+func (s *Server) lockVM(ctx context.Context, vmid int, check func(*vm) error) (*vm, func(), error) {
+	unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	v, err := s.loadVM(vmid)
+	if err == nil {
+		err = check(v)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return v, unlock, nil
+}
+
 // vmExists is the onVM of openVM for handlers that need only the VM.
 func vmExists(*vm) error { return nil }
 
@@ -377,26 +400,22 @@ func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
 		return nil, err
 	}
 	return s.startTask(rq.authid, "qmdestroy", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
-		unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
+		v, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
+			if !skiplock {
+				if err := checkLock(v); err != nil {
+					return err
+				}
+			}
+			if v.running {
+				return fail("VM %d is running - destroy failed", vmid)
+			}
+			v.conf["lock"] = "destroyed"
+			return nil
+		})
 		if err != nil {
 			return err
 		}
 		defer unlock()
-		s.mu.Lock()
-		v, err := s.loadVM(vmid)
-		if err == nil && !skiplock {
-			err = checkLock(v)
-		}
-		if err == nil && v.running {
-			err = fail("VM %d is running - destroy failed", vmid)
-		}
-		if err == nil {
-			v.conf["lock"] = "destroyed"
-		}
-		s.mu.Unlock()
-		if err != nil {
-			return err
-		}
 		if err := os.RemoveAll(s.vmDir(vmid)); err != nil {
 			return fmt.Errorf("remove disks: %w", err)
 		}

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // updateOnlyParams are config update parameters that are not config keys.
@@ -109,17 +108,16 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 
 // applyConfig applies u under the VM's config lock.
 func (s *Server) applyConfig(ctx context.Context, u *configUpdate) error {
-	unlock, err := s.vmLock(ctx, u.vmid, 10*time.Second)
+	_, unlock, err := s.lockVM(ctx, u.vmid, func(v *vm) error { return s.applyConfigLocked(ctx, u, v) })
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, err := s.loadVM(u.vmid)
-	if err != nil {
-		return err
-	}
+	unlock()
+	return nil
+}
+
+// applyConfigLocked checks u against v's config and applies it.
+func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) error {
 	if u.digest != "" && u.digest != confDigest(v.conf) {
 		return fail("detected modified configuration - file changed by other user? Try again.")
 	}

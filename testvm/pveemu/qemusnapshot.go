@@ -48,29 +48,23 @@ func (s *Server) createSnapshot(ctx context.Context, rq *request) (any, error) {
 		return nil, err
 	}
 	return s.startTask(rq.authid, "qmsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
-		unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		v, err := s.loadVM(vmid)
-		if err == nil {
-			err = checkLock(v)
-		}
-		if err == nil && v.conf["template"] == "1" {
-			err = fail("you can't take a snapshot if it's a template")
-		}
-		if err == nil && v.snaps[name] != nil {
-			err = fail("snapshot name '%s' already used", name)
-		}
-		if err == nil {
+		v, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
+			if err := checkLock(v); err != nil {
+				return err
+			}
+			if v.conf["template"] == "1" {
+				return fail("you can't take a snapshot if it's a template")
+			}
+			if v.snaps[name] != nil {
+				return fail("snapshot name '%s' already used", name)
+			}
 			v.conf["lock"] = "snapshot"
-		}
-		s.mu.Unlock()
-		unlock()
+			return nil
+		})
 		if err != nil {
 			return err
 		}
+		unlock()
 		dst := filepath.Join(s.vmDir(vmid), "snap-"+name)
 		cerr := copyDir(ctx, s.DiskDir(vmid), dst)
 		s.mu.Lock()

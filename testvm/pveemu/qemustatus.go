@@ -91,30 +91,27 @@ func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
 }
 
 func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) error {
-	unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
+	var spec VMSpec
+	_, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
+		if v.conf["template"] == "1" {
+			return fail("you can't start a vm if it's a template")
+		}
+		if !skiplock {
+			if err := checkLock(v); err != nil {
+				return err
+			}
+		}
+		if v.running {
+			return fail("VM %d already running", vmid)
+		}
+		var err error
+		spec, err = s.vmSpecLocked(v)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	s.mu.Lock()
-	v, err := s.loadVM(vmid)
-	if err == nil && v.conf["template"] == "1" {
-		err = fail("you can't start a vm if it's a template")
-	}
-	if err == nil && !skiplock {
-		err = checkLock(v)
-	}
-	if err == nil && v.running {
-		err = fail("VM %d already running", vmid)
-	}
-	var spec VMSpec
-	if err == nil {
-		spec, err = s.vmSpecLocked(v)
-	}
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
 	if err := s.backend.StartVM(ctx, spec); err != nil {
 		return fmt.Errorf("start failed: %w", err)
 	}
@@ -127,20 +124,22 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 }
 
 func (s *Server) doStop(ctx context.Context, vmid int, skiplock bool) error {
-	unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
+	running := false
+	_, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
+		if !skiplock {
+			if err := checkLock(v); err != nil {
+				return err
+			}
+		}
+		running = v.running
+		return nil
+	})
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	s.mu.Lock()
-	v, err := s.loadVM(vmid)
-	if err == nil && !skiplock {
-		err = checkLock(v)
-	}
-	running := err == nil && v.running
-	s.mu.Unlock()
-	if err != nil || !running {
-		return err
+	if !running {
+		return nil
 	}
 	if err := s.backend.StopVM(ctx, vmid); err != nil {
 		return fmt.Errorf("stop failed: %w", err)
