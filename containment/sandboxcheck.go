@@ -15,7 +15,7 @@
 // zone and LAN target. The report's Sampling says what a run left out.
 // The other sandboxes' guest addresses are asked for a few at a time,
 // each within its own short timeout.
-package containcheck
+package containment
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package containcheck
+package containment
 
 import (
 	"fmt"

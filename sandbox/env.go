@@ -1,4 +1,4 @@
-package sandboxapi
+package sandbox
 
 import (
 	"bytes"

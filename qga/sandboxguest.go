@@ -1,7 +1,7 @@
 // Package qgaguest adapts the guest agent client (qga) to the
 // sandbox API's Guest interface, mapping its errors to the sandboxapi
 // sentinels so the API answers with the right problem types.
-package qgaguest
+package qga
 
 import (
 	"bytes"

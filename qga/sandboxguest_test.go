@@ -1,4 +1,4 @@
-package qgaguest
+package qga
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package sandboxapi
+package apitype
 
 import (
 	"time"
