@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 func TestMapErr(t *testing.T) {
@@ -14,17 +13,17 @@ func TestMapErr(t *testing.T) {
 		in   error
 		want error
 	}{
-		{&qga.PathError{Op: "read", Path: "/x", Err: qga.ErrNotFound}, sandboxapi.ErrFileNotFound},
-		{&qga.PathError{Op: "read", Path: "/x", Err: &qga.AgentError{Command: "guest-file-open", Class: "GenericError", Desc: "failed to open file '/x' (mode: 'r'): No such file or directory"}}, sandboxapi.ErrFileNotFound},
-		{&qga.PathError{Op: "read", Path: "/", Err: qga.ErrIsDir}, sandboxapi.ErrIsDirectory},
-		{&qga.PathError{Op: "write", Path: "/proc/x", Err: qga.ErrPermission}, sandboxapi.ErrPermission},
-		{fmt.Errorf("read: %w", qga.ErrTooLarge), sandboxapi.ErrTooLarge},
-		{fmt.Errorf("%w: bad env name", qga.ErrInvalid), sandboxapi.ErrGuestInvalid},
-		{&qga.ProtocolError{Kind: qga.KindConnect, Command: "guest-sync-delimited"}, sandboxapi.ErrGuestUnavailable},
-		{&qga.ProtocolError{Kind: qga.KindClosed, Command: "guest-exec"}, sandboxapi.ErrGuestUnavailable},
-		{&qga.ProtocolError{Kind: qga.KindTimeout, Command: "guest-exec-status"}, sandboxapi.ErrGuestTimeout},
-		{&qga.ProtocolError{Kind: qga.KindMalformed, Command: "guest-exec-status"}, sandboxapi.ErrGuestProtocol},
-		{&qga.ProtocolError{Kind: qga.KindWrongID, Command: "guest-ping"}, sandboxapi.ErrGuestProtocol},
+		{&PathError{Op: "read", Path: "/x", Err: ErrNotFound}, sandbox.ErrFileNotFound},
+		{&PathError{Op: "read", Path: "/x", Err: &AgentError{Command: "guest-file-open", Class: "GenericError", Desc: "failed to open file '/x' (mode: 'r'): No such file or directory"}}, sandbox.ErrFileNotFound},
+		{&PathError{Op: "read", Path: "/", Err: ErrIsDir}, sandbox.ErrIsDirectory},
+		{&PathError{Op: "write", Path: "/proc/x", Err: ErrPermission}, sandbox.ErrPermission},
+		{fmt.Errorf("read: %w", ErrTooLarge), sandbox.ErrTooLarge},
+		{fmt.Errorf("%w: bad env name", ErrInvalid), sandbox.ErrGuestInvalid},
+		{&ProtocolError{Kind: KindConnect, Command: "guest-sync-delimited"}, sandbox.ErrGuestUnavailable},
+		{&ProtocolError{Kind: KindClosed, Command: "guest-exec"}, sandbox.ErrGuestUnavailable},
+		{&ProtocolError{Kind: KindTimeout, Command: "guest-exec-status"}, sandbox.ErrGuestTimeout},
+		{&ProtocolError{Kind: KindMalformed, Command: "guest-exec-status"}, sandbox.ErrGuestProtocol},
+		{&ProtocolError{Kind: KindWrongID, Command: "guest-ping"}, sandbox.ErrGuestProtocol},
 	}
 	for _, tc := range tests {
 		got := mapErr(tc.in)

@@ -5,14 +5,16 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // Caps are the resource guard's limits; 0 means unlimited.
@@ -28,7 +30,7 @@ type Caps struct {
 
 // record is a sandbox as the daemon tracks it (and persists it).
 type record struct {
-	Sandbox
+	apitype.Sandbox
 	// created is closed when a create finishes (success or teardown).
 	created chan struct{}
 	// deleted is closed when a delete finishes.
@@ -37,10 +39,10 @@ type record struct {
 	guests  map[int]Guest
 	// egress is the policy asked for at create (nil: open); afterwards
 	// the Egress part owns the sandbox's policy.
-	egress *EgressPolicy
+	egress *apitype.EgressPolicy
 	// ops counts the guest and VM operations in flight (exec, files,
 	// snapshots, check); opsCancel cancels them. Both are guarded by
-	// manager.mu for Add and cancel: a delete sets StateDeleting and
+	// Engine.mu for Add and cancel: a delete sets StateDeleting and
 	// cancels under the lock, so no operation begins after it, then waits
 	// for ops before it stops any VM (VM ids are reused: a stale exec must
 	// not reach the next sandbox's VM).
@@ -56,17 +58,17 @@ var errDeleted = errors.New("the sandbox is being deleted")
 // sandbox, the VM, a context cancelled when the sandbox is deleted, and
 // end, which must be called when the operation is over and turns an error
 // caused by the delete into a conflict.
-func (m *manager) begin(ctx context.Context, id, vm string) (Sandbox, VM, context.Context, func(error) error, error) {
+func (m *Engine) Begin(ctx context.Context, id, vm string) (apitype.Sandbox, apitype.VM, context.Context, func(error) error, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.sbx[id]
 	if !ok {
-		return Sandbox{}, VM{}, nil, nil, problemf(ProblemNotFound, "sandbox %q not found", id)
+		return apitype.Sandbox{}, apitype.VM{}, nil, nil, refuse(ErrUnknown, "sandbox %q not found", id)
 	}
-	if r.State != StateReady {
-		return Sandbox{}, VM{}, nil, nil, problemf(ProblemConflict, "sandbox %s is %s", id, r.State)
+	if r.State != apitype.StateReady {
+		return apitype.Sandbox{}, apitype.VM{}, nil, nil, refuse(ErrConflict, "sandbox %s is %s", id, r.State)
 	}
-	var v VM
+	var v apitype.VM
 	found := false
 	for _, x := range r.VMs {
 		if x.Name == vm || vm == "" && !found {
@@ -74,7 +76,7 @@ func (m *manager) begin(ctx context.Context, id, vm string) (Sandbox, VM, contex
 		}
 	}
 	if !found {
-		return Sandbox{}, VM{}, nil, nil, problemf(ProblemNotFound, "sandbox %s has no VM %q", id, vm)
+		return apitype.Sandbox{}, apitype.VM{}, nil, nil, refuse(ErrUnknown, "sandbox %s has no VM %q", id, vm)
 	}
 	if r.opsCtx == nil {
 		r.opsCtx, r.opsCancel = context.WithCancelCause(context.Background())
@@ -89,33 +91,19 @@ func (m *manager) begin(ctx context.Context, id, vm string) (Sandbox, VM, contex
 		cancel(nil)
 		r.ops.Done()
 		if err != nil && deleted {
-			return problemf(ProblemConflict, "sandbox %s was deleted during the call", id)
+			return refuse(ErrConflict, "sandbox %s was deleted during the call", id)
 		}
 		return err
 	}
 	return cloneSandbox(r.Sandbox), v, octx, end, nil
 }
 
-// manager owns the sandboxes: create, delete, reaper, reconcile, state file.
-type manager struct {
-	o   *Options
-	log *slog.Logger
-	met *metrics
+// reSandbox is the form of a sandbox id (newSandboxID).
+var reSandbox = regexp.MustCompile(`^sb[a-z0-9]{6}$`)
 
-	mu  sync.Mutex
-	sbx map[string]*record
-
-	idMu     sync.Mutex
-	reserved map[int]bool
-
-	sdnMu   sync.Mutex
-	stateMu sync.Mutex
-	zonesMu sync.Mutex
-}
-
-func newManager(o *Options, met *metrics) *manager {
-	return &manager{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, reserved: map[int]bool{}}
-}
+// ValidID reports whether id has the form of a sandbox id ("sb" and six
+// lowercase letters or digits).
+func ValidID(id string) bool { return reSandbox.MatchString(id) }
 
 // nodeTag and sandboxTag are the ownership tags (Proxmox pve-tag format).
 func nodeTag(node string) string  { return "pvei-n-" + sanitizeTag(node) }
@@ -133,7 +121,7 @@ func sanitizeTag(s string) string {
 
 // ownedBy reports whether tags carry this node's tag and the sandbox's tag,
 // returning the sandbox id.
-func (m *manager) ownedBy(tags []string) (string, bool) {
+func (m *Engine) ownedBy(tags []string) (string, bool) {
 	nt := nodeTag(m.o.Node)
 	if !slices.Contains(tags, nt) {
 		return "", false
@@ -149,7 +137,7 @@ func (m *manager) ownedBy(tags []string) (string, bool) {
 // aliasTags splits a vnet alias into its tags.
 func aliasTags(alias string) []string { return strings.Fields(alias) }
 
-func (m *manager) vmName(sb, vm string) string { return "pvei-" + sb + "-" + vm }
+func (m *Engine) vmName(sb, vm string) string { return "pvei-" + sb + "-" + vm }
 
 func newSandboxID() string {
 	const alpha = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -167,21 +155,21 @@ func newSandboxID() string {
 func vnetID(sb string, i int) string { return "v" + sb[2:] + strconv.Itoa(i) }
 
 // snapshot returns a copy of the public view of every sandbox.
-func (m *manager) list() []Sandbox {
+func (m *Engine) List() []apitype.Sandbox {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Sandbox, 0, len(m.sbx))
+	out := make([]apitype.Sandbox, 0, len(m.sbx))
 	for _, r := range m.sbx {
 		out = append(out, cloneSandbox(r.Sandbox))
 	}
-	slices.SortFunc(out, func(a, b Sandbox) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b apitype.Sandbox) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
-func cloneSandbox(s Sandbox) Sandbox {
+func cloneSandbox(s apitype.Sandbox) apitype.Sandbox {
 	c := s
 	c.Networks = slices.Clone(s.Networks)
-	c.VMs = make([]VM, len(s.VMs))
+	c.VMs = make([]apitype.VM, len(s.VMs))
 	for i, v := range s.VMs {
 		v.Networks = slices.Clone(v.Networks)
 		c.VMs[i] = v
@@ -195,32 +183,32 @@ func cloneSandbox(s Sandbox) Sandbox {
 	return c
 }
 
-func (m *manager) get(id string) (Sandbox, bool) {
+func (m *Engine) Get(id string) (apitype.Sandbox, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.sbx[id]
 	if !ok {
-		return Sandbox{}, false
+		return apitype.Sandbox{}, false
 	}
 	return cloneSandbox(r.Sandbox), true
 }
 
 // updateGauges recomputes the by-state gauges; call with m.mu held.
-func (m *manager) updateGaugesLocked() {
+func (m *Engine) updateGaugesLocked() {
 	sb := map[string]int{}
 	vms := map[string]int{}
 	for _, r := range m.sbx {
 		sb[r.State]++
 		vms[r.State] += len(r.VMs)
 	}
-	for _, s := range []string{StateCreating, StateReady, StateDeleting, StateError} {
+	for _, s := range []string{apitype.StateCreating, apitype.StateReady, apitype.StateDeleting, apitype.StateError} {
 		m.met.sandboxes.WithLabelValues(s).Set(float64(sb[s]))
 		m.met.vms.WithLabelValues(s).Set(float64(vms[s]))
 	}
 }
 
 // guardLocked checks the caps for a new sandbox; call with m.mu held.
-func (m *manager) guardLocked(req *CreateRequest) *Problem {
+func (m *Engine) guardLocked(req *apitype.CreateRequest) error {
 	c := m.o.Caps
 	var cores, mem int
 	for _, v := range req.VMs {
@@ -235,11 +223,9 @@ func (m *manager) guardLocked(req *CreateRequest) *Problem {
 		}
 		nodeVMs += len(r.VMs)
 	}
-	refuse := func(cp string, want, limit int) *Problem {
+	refuse := func(cp string, want, limit int) error {
 		m.met.guardRefusals.WithLabelValues(cp).Inc()
-		p := problemf(ProblemGuardRefused, "cap %s: the create would need %d, the cap is %d", cp, want, limit)
-		p.Cap = cp
-		return p
+		return &CapError{Cap: cp, Need: want, Limit: limit}
 	}
 	switch {
 	case c.SandboxVMs > 0 && len(req.VMs) > c.SandboxVMs:
@@ -263,7 +249,7 @@ func (m *manager) guardLocked(req *CreateRequest) *Problem {
 // allocCIDRsLocked picks ranges for "auto" networks and checks explicit ones
 // against every known range and the host's own networks; call with m.mu
 // held (so two creates never pick the same range).
-func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, *Problem) {
+func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, error) {
 	used := append(slices.Clone(foreign), host...)
 	for _, r := range m.sbx {
 		for _, n := range r.Networks {
@@ -288,11 +274,11 @@ func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign, host []netip.
 		p := netip.MustParsePrefix(n.CIDR)
 		for _, h := range host {
 			if h.Overlaps(p) {
-				return nil, problemf(ProblemConflict, "network %q: cidr %s overlaps the host's network %s", n.Name, p, h)
+				return nil, refuse(ErrConflict, "network %q: cidr %s overlaps the host's network %s", n.Name, p, h)
 			}
 		}
 		if overlaps(p) {
-			return nil, problemf(ProblemConflict, "network %q: cidr %s overlaps a range in use", n.Name, p)
+			return nil, refuse(ErrConflict, "network %q: cidr %s overlaps a range in use", n.Name, p)
 		}
 		out[i] = p
 		used = append(used, p)
@@ -318,10 +304,23 @@ func (m *manager) allocCIDRsLocked(nets []NetworkRequest, foreign, host []netip.
 			}
 		}
 		if !found {
-			return nil, problemf(ProblemGuardRefused, "network %q: no free /%d left in %s", n.Name, m.o.AutoCIDRBits, pool)
+			return nil, refuse(ErrNoFreeRange, "network %q: no free /%d left in %s", n.Name, m.o.AutoCIDRBits, pool)
 		}
 	}
 	return out, nil
+}
+
+// rfc1918 are the private IPv4 ranges sandbox networks must come from.
+var rfc1918 = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16")}
+
+// PrivateV4 reports whether p lies wholly inside one RFC 1918 range.
+func PrivateV4(p netip.Prefix) bool {
+	for _, r := range rfc1918 {
+		if p.Bits() >= r.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }
 
 // subnetPlan returns gateway and DHCP range of a prefix.
@@ -342,11 +341,11 @@ func subnetPlan(p netip.Prefix) (gw, start, end netip.Addr) {
 }
 
 // templateID resolves a template name.
-func (m *manager) templateID(ctx context.Context, name string) (int, error) {
+func (m *Engine) templateID(ctx context.Context, name string) (int, error) {
 	if id, ok := m.o.Templates[name]; ok {
 		return id, nil
 	}
-	id, err := m.o.Proxmox.TemplateID(ctx, name)
+	id, err := m.cloner.TemplateID(ctx, name)
 	if errors.Is(err, ErrNotFound) {
 		return 0, invalid("template", "unknown template %q", name)
 	}
@@ -358,12 +357,12 @@ func (m *manager) templateID(ctx context.Context, name string) (int, error) {
 
 // create builds a sandbox and returns when every VM answers its agent; on
 // failure everything created is removed.
-func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype.Sandbox, error) {
 	tmpl := make([]int, len(req.VMs))
 	for i, v := range req.VMs {
 		id, err := m.templateID(ctx, v.Template)
 		if err != nil {
-			return Sandbox{}, err
+			return apitype.Sandbox{}, err
 		}
 		tmpl[i] = id
 	}
@@ -372,12 +371,12 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		names[i] = v.Template
 	}
 	if err := m.checkTemplates(ctx, names, tmpl); err != nil {
-		return Sandbox{}, err
+		return apitype.Sandbox{}, err
 	}
 	var foreign []netip.Prefix
-	cidrs, err := m.o.Proxmox.ListSubnetCIDRs(ctx)
+	cidrs, err := m.zones.ListSubnetCIDRs(ctx)
 	if err != nil {
-		return Sandbox{}, pxErr("list subnets", err)
+		return apitype.Sandbox{}, pxErr("list subnets", err)
 	}
 	for _, c := range cidrs {
 		if p, err := netip.ParsePrefix(c); err == nil {
@@ -388,30 +387,30 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 	var host []netip.Prefix
 	if m.o.HostNetworks != nil {
 		if host, err = m.o.HostNetworks(ctx); err != nil {
-			return Sandbox{}, fmt.Errorf("create: %w", err)
+			return apitype.Sandbox{}, fmt.Errorf("create: %w", err)
 		}
 	}
 
 	now := m.o.Now()
 	m.mu.Lock()
-	if p := m.guardLocked(&req); p != nil {
+	if err := m.guardLocked(&req); err != nil {
 		m.mu.Unlock()
-		return Sandbox{}, p
+		return apitype.Sandbox{}, err
 	}
 	id := newSandboxID()
 	for m.sbx[id] != nil {
 		id = newSandboxID()
 	}
-	prefixes, p := m.allocCIDRsLocked(req.Networks, foreign, host)
-	if p != nil {
+	prefixes, err := m.allocCIDRsLocked(req.Networks, foreign, host)
+	if err != nil {
 		m.mu.Unlock()
-		return Sandbox{}, p
+		return apitype.Sandbox{}, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, m.o.CreateTimeout)
 	defer cancel()
 	rec := &record{
-		Sandbox: Sandbox{
-			ID: id, State: StateCreating, Owner: req.Owner, Labels: req.Labels,
+		Sandbox: apitype.Sandbox{
+			ID: id, State: apitype.StateCreating, Owner: req.Owner, Labels: req.Labels,
 			CreatedAt: now, ExpiresAt: now.Add(time.Duration(req.TTLSeconds) * time.Second), Zone: id,
 		},
 		created: make(chan struct{}),
@@ -421,13 +420,13 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 	}
 	for i, n := range req.Networks {
 		gw, _, _ := subnetPlan(prefixes[i])
-		rec.Networks = append(rec.Networks, Network{
+		rec.Networks = append(rec.Networks, apitype.Network{
 			Name: n.Name, VNet: vnetID(id, i), CIDR: prefixes[i].String(), Gateway: gw.String(),
 			DHCP: n.DHCP == nil || *n.DHCP, SNAT: n.SNAT == nil || *n.SNAT,
 		})
 	}
 	for _, v := range req.VMs {
-		rec.VMs = append(rec.VMs, VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB, Networks: v.Networks})
+		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB, Networks: v.Networks})
 	}
 	m.sbx[id] = rec
 	m.updateGaugesLocked()
@@ -437,7 +436,7 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 	log := m.log.With("sandbox", id)
 	if err := m.saveState(); err != nil {
 		m.forget(id)
-		return Sandbox{}, err
+		return apitype.Sandbox{}, err
 	}
 	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
@@ -446,35 +445,35 @@ func (m *manager) create(ctx context.Context, req CreateRequest) (Sandbox, error
 		defer tcancel()
 		if terr := m.teardown(tctx, rec); terr != nil {
 			log.Error("teardown after failed create", "err", terr)
-			m.setState(id, StateError, fmt.Sprintf("create failed: %v; teardown failed: %v", err, terr))
-			return Sandbox{}, err
+			m.setState(id, apitype.StateError, fmt.Sprintf("create failed: %v; teardown failed: %v", err, terr))
+			return apitype.Sandbox{}, err
 		}
 		m.forget(id)
 		m.removeEgress(tctx, id, rec.Zone)
 		if perr := m.publishZones(tctx); perr != nil {
 			log.Error("publish zones after failed create", "err", perr)
 		}
-		return Sandbox{}, err
+		return apitype.Sandbox{}, err
 	}
-	m.setState(id, StateReady, "")
+	m.setState(id, apitype.StateReady, "")
 	log.Info("sandbox ready", "vms", len(rec.VMs))
-	sb, _ := m.get(id)
+	sb, _ := m.Get(id)
 	return sb, nil
 }
 
 // build creates the zone, vnets, subnets and VMs of rec.
-func (m *manager) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
-	px := m.o.Proxmox
+func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
+	zones := m.zones
 	id := rec.ID
 	alias := nodeTag(m.o.Node) + " " + sandboxTag(id)
-	if err := px.EnsurePool(ctx, m.o.Pool); err != nil {
+	if err := m.pools.EnsurePool(ctx, m.o.Pool); err != nil {
 		return pxErr("ensure pool", err)
 	}
-	if err := px.CreateZone(ctx, ZoneSpec{ID: id}); err != nil {
+	if err := zones.CreateZone(ctx, ZoneSpec{ID: id}); err != nil {
 		return pxErr("create zone "+id, err)
 	}
 	for _, n := range rec.Networks {
-		if err := px.CreateVNet(ctx, VNetSpec{ID: n.VNet, Zone: id, Alias: alias}); err != nil {
+		if err := zones.CreateVNet(ctx, VNetSpec{ID: n.VNet, Zone: id, Alias: alias}); err != nil {
 			return pxErr("create vnet "+n.VNet, err)
 		}
 		p := netip.MustParsePrefix(n.CIDR)
@@ -483,7 +482,7 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int, env map[st
 		if n.DHCP {
 			s.DHCPStart, s.DHCPEnd = start.String(), end.String()
 		}
-		if err := px.CreateSubnet(ctx, s); err != nil {
+		if err := zones.CreateSubnet(ctx, s); err != nil {
 			return pxErr("create subnet "+n.CIDR, err)
 		}
 	}
@@ -521,17 +520,17 @@ func (m *manager) build(ctx context.Context, rec *record, tmpl []int, env map[st
 	return first
 }
 
-func (m *manager) applySDN(ctx context.Context) error {
+func (m *Engine) applySDN(ctx context.Context) error {
 	m.sdnMu.Lock()
 	defer m.sdnMu.Unlock()
-	return pxErr("apply sdn", m.o.Proxmox.ApplySDN(ctx))
+	return pxErr("apply sdn", m.zones.ApplySDN(ctx))
 }
 
 // allocVMID reserves a VM id; release it once the clone exists.
-func (m *manager) allocVMID(ctx context.Context) (int, error) {
+func (m *Engine) allocVMID(ctx context.Context) (int, error) {
 	m.idMu.Lock()
 	defer m.idMu.Unlock()
-	id, err := m.o.Proxmox.NextID(ctx)
+	id, err := m.cloner.NextID(ctx)
 	if err != nil {
 		return 0, pxErr("next vm id", err)
 	}
@@ -542,14 +541,14 @@ func (m *manager) allocVMID(ctx context.Context) (int, error) {
 	return id, nil
 }
 
-func (m *manager) releaseVMID(id int) {
+func (m *Engine) releaseVMID(id int) {
 	m.idMu.Lock()
 	delete(m.reserved, id)
 	m.idMu.Unlock()
 }
 
-func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[string]string) error {
-	px := m.o.Proxmox
+func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[string]string) error {
+	px := m.cloner
 	m.mu.Lock()
 	spec := rec.VMs[i]
 	m.mu.Unlock()
@@ -610,15 +609,15 @@ func (m *manager) buildVM(ctx context.Context, rec *record, i, tmpl int, env map
 }
 
 // guest returns the guest of a VM (the dialer decides about caching).
-func (m *manager) guest(vmid int) Guest {
+func (m *Engine) Guest(vmid int) Guest {
 	return m.o.Guests(filepath.Join(m.o.QGADir, strconv.Itoa(vmid)+".qga"))
 }
 
 // waitAgent pings the VM's agent until it answers or AgentTimeout passes.
-func (m *manager) waitAgent(ctx context.Context, vmid int) error {
+func (m *Engine) waitAgent(ctx context.Context, vmid int) error {
 	ctx, cancel := context.WithTimeout(ctx, m.o.AgentTimeout)
 	defer cancel()
-	g := m.guest(vmid)
+	g := m.Guest(vmid)
 	delay := 100 * time.Millisecond
 	for {
 		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
@@ -636,7 +635,7 @@ func (m *manager) waitAgent(ctx context.Context, vmid int) error {
 	}
 }
 
-func (m *manager) setState(id, state, msg string) {
+func (m *Engine) setState(id, state, msg string) {
 	m.mu.Lock()
 	if r, ok := m.sbx[id]; ok {
 		r.State = state
@@ -649,7 +648,7 @@ func (m *manager) setState(id, state, msg string) {
 	}
 }
 
-func (m *manager) forget(id string) {
+func (m *Engine) forget(id string) {
 	m.mu.Lock()
 	delete(m.sbx, id)
 	m.updateGaugesLocked()
@@ -660,16 +659,16 @@ func (m *manager) forget(id string) {
 }
 
 // extend sets a sandbox's expiry to now+ttl.
-func (m *manager) extend(id string, ttl time.Duration) (Sandbox, error) {
+func (m *Engine) Extend(id string, ttl time.Duration) (apitype.Sandbox, error) {
 	m.mu.Lock()
 	r, ok := m.sbx[id]
 	if !ok {
 		m.mu.Unlock()
-		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
+		return apitype.Sandbox{}, refuse(ErrUnknown, "sandbox %q not found", id)
 	}
-	if r.State != StateReady {
+	if r.State != apitype.StateReady {
 		m.mu.Unlock()
-		return Sandbox{}, problemf(ProblemConflict, "sandbox %q is %s", id, r.State)
+		return apitype.Sandbox{}, refuse(ErrConflict, "sandbox %q is %s", id, r.State)
 	}
 	r.ExpiresAt = m.o.Now().Add(ttl)
 	sb := cloneSandbox(r.Sandbox)
@@ -678,7 +677,7 @@ func (m *manager) extend(id string, ttl time.Duration) (Sandbox, error) {
 }
 
 // remove deletes a sandbox; deleting an unknown sandbox succeeds.
-func (m *manager) remove(ctx context.Context, id string) error {
+func (m *Engine) Delete(ctx context.Context, id string) error {
 	_, err := m.removeIf(ctx, id, nil)
 	return err
 }
@@ -686,7 +685,7 @@ func (m *manager) remove(ctx context.Context, id string) error {
 // removeIf deletes a sandbox when cond, checked under the lock at the moment
 // the sandbox turns to deleting, holds (nil: always). It reports whether
 // the sandbox was deleted (or already gone).
-func (m *manager) removeIf(ctx context.Context, id string, cond func(*record) bool) (bool, error) {
+func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) bool) (bool, error) {
 	m.mu.Lock()
 	r, ok := m.sbx[id]
 	if !ok {
@@ -694,7 +693,7 @@ func (m *manager) removeIf(ctx context.Context, id string, cond func(*record) bo
 		return true, nil
 	}
 	switch {
-	case r.State == StateCreating:
+	case r.State == apitype.StateCreating:
 		created := r.created
 		r.cancel()
 		m.mu.Unlock()
@@ -717,7 +716,7 @@ func (m *manager) removeIf(ctx context.Context, id string, cond func(*record) bo
 		m.mu.Unlock()
 		return false, nil
 	}
-	r.State = StateDeleting
+	r.State = apitype.StateDeleting
 	r.deleted = make(chan struct{})
 	if r.opsCancel != nil {
 		r.opsCancel(errDeleted)
@@ -734,14 +733,14 @@ func (m *manager) removeIf(ctx context.Context, id string, cond func(*record) bo
 		m.mu.Lock()
 		r.deleted = nil
 		m.mu.Unlock()
-		m.setState(id, StateError, "delete: operations still in flight: "+err.Error())
+		m.setState(id, apitype.StateError, "delete: operations still in flight: "+err.Error())
 		return false, err
 	}
 	if err := m.teardown(ctx, r); err != nil {
 		m.mu.Lock()
 		r.deleted = nil
 		m.mu.Unlock()
-		m.setState(id, StateError, "delete failed: "+err.Error())
+		m.setState(id, apitype.StateError, "delete failed: "+err.Error())
 		return false, err
 	}
 	m.forget(id)
@@ -767,7 +766,7 @@ func waitOps(ctx context.Context, ops *sync.WaitGroup) error {
 
 // publishZones hands every known sandbox zone and its vnets to
 // Options.ZonesChanged.
-func (m *manager) publishZones(ctx context.Context) error {
+func (m *Engine) publishZones(ctx context.Context) error {
 	if m.o.ZonesChanged == nil {
 		return nil
 	}
@@ -789,7 +788,7 @@ func (m *manager) publishZones(ctx context.Context) error {
 
 // teardown removes every Proxmox object of rec that carries (or was
 // recorded with) its ownership.
-func (m *manager) teardown(ctx context.Context, rec *record) error {
+func (m *Engine) teardown(ctx context.Context, rec *record) error {
 	m.mu.Lock()
 	vms := slices.Clone(rec.VMs)
 	nets := slices.Clone(rec.Networks)
@@ -817,8 +816,8 @@ func (m *manager) teardown(ctx context.Context, rec *record) error {
 // deleteVM stops and destroys a VM when it is owned by sandbox sb: both tags,
 // or (a clone whose tagging failed) the exact name and pool this daemon
 // recorded for it. Anything else is left alone.
-func (m *manager) deleteVM(ctx context.Context, sb string, vmid int, wantName string) error {
-	px := m.o.Proxmox
+func (m *Engine) deleteVM(ctx context.Context, sb string, vmid int, wantName string) error {
+	px := m.vms
 	info, err := px.VM(ctx, vmid)
 	if errors.Is(err, ErrNotFound) {
 		return nil
@@ -849,8 +848,8 @@ func (m *manager) deleteVM(ctx context.Context, sb string, vmid int, wantName st
 
 // deleteSDN removes the sandbox's subnets, vnets (only those whose alias
 // carries both tags) and zone, then applies.
-func (m *manager) deleteSDN(ctx context.Context, sb string, nets []Network) error {
-	px := m.o.Proxmox
+func (m *Engine) deleteSDN(ctx context.Context, sb string, nets []apitype.Network) error {
+	px := m.cleaner
 	all, err := px.ListVNets(ctx)
 	if err != nil {
 		return pxErr("list vnets", err)
@@ -895,13 +894,28 @@ func (m *manager) deleteSDN(ctx context.Context, sb string, nets []Network) erro
 	return nil
 }
 
-// reap deletes every sandbox past its expiry; it returns how many it deleted.
-func (m *manager) reap(ctx context.Context) int {
+// RunReaper deletes expired sandboxes every ReaperInterval until ctx ends.
+func (m *Engine) RunReaper(ctx context.Context) {
+	t := time.NewTicker(m.o.ReaperInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.Reap(ctx)
+		}
+	}
+}
+
+// Reap deletes every sandbox past its expiry once; it returns how many it
+// deleted.
+func (m *Engine) Reap(ctx context.Context) int {
 	now := m.o.Now()
 	var due []string
 	m.mu.Lock()
 	for id, r := range m.sbx {
-		if (r.State == StateReady || r.State == StateError) && !now.Before(r.ExpiresAt) {
+		if (r.State == apitype.StateReady || r.State == apitype.StateError) && !now.Before(r.ExpiresAt) {
 			due = append(due, id)
 		}
 	}
@@ -909,7 +923,7 @@ func (m *manager) reap(ctx context.Context) int {
 	// Each is checked again under the lock as it turns to deleting: one
 	// extended since the list was made is left alone.
 	expired := func(r *record) bool {
-		return (r.State == StateReady || r.State == StateError) && !m.o.Now().Before(r.ExpiresAt)
+		return (r.State == apitype.StateReady || r.State == apitype.StateError) && !m.o.Now().Before(r.ExpiresAt)
 	}
 	n := 0
 	for _, id := range due {

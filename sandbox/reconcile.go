@@ -10,15 +10,16 @@ import (
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 const stateName = "sandboxes.json"
 
 // saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
-func (m *manager) saveState() error {
+func (m *Engine) saveState() error {
 	m.stateMu.Lock()
 	defer m.stateMu.Unlock()
-	b, err := encodeState(m.o.Node, m.list())
+	b, err := encodeState(m.o.Node, m.List())
 	if err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
@@ -32,7 +33,7 @@ func (m *manager) saveState() error {
 }
 
 // loadState reads the state file; a missing file is an empty state.
-func (m *manager) loadState() ([]Sandbox, error) {
+func (m *Engine) loadState() ([]apitype.Sandbox, error) {
 	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -76,17 +77,16 @@ type ReconcileReport struct {
 // touched. It fails only when it cannot see the whole picture (the state
 // file, the pool, the VM or vnet lists); an object that will not go away is
 // logged, listed in Failed, and the rest carried on with.
-func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
+func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	var rep ReconcileReport
-	px := m.o.Proxmox
 	saved, err := m.loadState()
 	if err != nil {
 		return rep, err
 	}
-	if err := px.EnsurePool(ctx, m.o.Pool); err != nil {
+	if err := m.pools.EnsurePool(ctx, m.o.Pool); err != nil {
 		return rep, pxErr("ensure pool", err)
 	}
-	vms, err := px.ListVMs(ctx)
+	vms, err := m.vms.ListVMs(ctx)
 	if err != nil {
 		return rep, pxErr("list vms", err)
 	}
@@ -98,7 +98,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	for _, s := range saved {
 		rec := &record{Sandbox: s, created: make(chan struct{}), guests: map[int]Guest{}}
 		close(rec.created)
-		if s.State == StateReady || s.State == StateError {
+		if s.State == apitype.StateReady || s.State == apitype.StateError {
 			missing := false
 			for _, v := range s.VMs {
 				info, ok := byID[v.VMID]
@@ -109,7 +109,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 				}
 			}
 			if missing {
-				rec.State = StateError
+				rec.State = apitype.StateError
 				rec.Error = "VMs missing after restart"
 			}
 			m.mu.Lock()
@@ -122,7 +122,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		// creating or deleting when the daemon stopped: finish it off.
 		if err := m.teardown(ctx, rec); err != nil {
 			rep.failed(m, "sandbox "+s.ID, err)
-			rec.State = StateError
+			rec.State = apitype.StateError
 			rec.Error = "teardown on start failed: " + err.Error()
 			m.mu.Lock()
 			m.sbx[s.ID] = rec
@@ -157,7 +157,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.OrphanVMs = append(rep.OrphanVMs, v.VMID)
 	}
-	vnets, err := px.ListVNets(ctx)
+	vnets, err := m.cleaner.ListVNets(ctx)
 	if err != nil {
 		return rep, pxErr("list vnets", err)
 	}
@@ -174,7 +174,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 			rep.failed(m, "orphan zone "+z, errors.New("a VM of the zone could not be deleted"))
 			continue
 		}
-		var nets []Network
+		var nets []apitype.Network
 		cidrs, err := m.vnetSubnets(ctx, vnets, z)
 		if err != nil {
 			rep.failed(m, "orphan zone "+z, err)
@@ -182,7 +182,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		for vn, cs := range cidrs {
 			for _, c := range cs {
-				nets = append(nets, Network{VNet: vn, CIDR: c})
+				nets = append(nets, apitype.Network{VNet: vn, CIDR: c})
 			}
 			rep.OrphanVNets = append(rep.OrphanVNets, vn)
 		}
@@ -201,19 +201,19 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 // failed records and logs an object reconcile could not clean up.
-func (r *ReconcileReport) failed(m *manager, what string, err error) {
+func (r *ReconcileReport) failed(m *Engine, what string, err error) {
 	m.log.Error("reconcile: left for the next start", "object", what, "err", err)
 	r.Failed = append(r.Failed, what)
 }
 
 // vnetSubnets returns the subnets of every vnet in zone.
-func (m *manager) vnetSubnets(ctx context.Context, vnets []VNetInfo, zone string) (map[string][]string, error) {
+func (m *Engine) vnetSubnets(ctx context.Context, vnets []VNetInfo, zone string) (map[string][]string, error) {
 	out := map[string][]string{}
 	for _, v := range vnets {
 		if v.Zone != zone {
 			continue
 		}
-		cs, err := m.o.Proxmox.VNetSubnets(ctx, v.ID)
+		cs, err := m.cleaner.VNetSubnets(ctx, v.ID)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, pxErr("list subnets of "+v.ID, err)
 		}

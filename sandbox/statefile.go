@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // The state file (<StateDir>/sandboxes.json) has types of its own, so the
@@ -96,7 +98,7 @@ type stateV1 struct {
 }
 
 // encodeState renders the sandboxes of node as the current format.
-func encodeState(node string, sbs []Sandbox) ([]byte, error) {
+func encodeState(node string, sbs []apitype.Sandbox) ([]byte, error) {
 	st := stateFile{Version: stateVersion, Node: node, Sandboxes: make([]savedSandbox, len(sbs))}
 	for i, s := range sbs {
 		v := savedSandbox{ID: s.ID, State: s.State, Owner: s.Owner, Labels: s.Labels, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
@@ -118,7 +120,7 @@ func encodeState(node string, sbs []Sandbox) ([]byte, error) {
 }
 
 // decodeState reads a state file of any version this daemon knows.
-func decodeState(b []byte) (node string, sbs []Sandbox, err error) {
+func decodeState(b []byte) (node string, sbs []apitype.Sandbox, err error) {
 	var head struct {
 		Version *int `json:"version"`
 	}
@@ -139,13 +141,13 @@ func decodeState(b []byte) (node string, sbs []Sandbox, err error) {
 		return "", nil, err
 	}
 	for _, v := range st.Sandboxes {
-		s := Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
-			Zone: v.Zone, Error: v.Error, Networks: make([]Network, len(v.Networks)), VMs: make([]VM, len(v.VMs))}
+		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
+			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
 		for j, n := range v.Networks {
-			s.Networks[j] = Network(n)
+			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
-			s.VMs[j] = VM(m)
+			s.VMs[j] = apitype.VM(m)
 		}
 		sbs = append(sbs, s)
 	}
@@ -153,20 +155,20 @@ func decodeState(b []byte) (node string, sbs []Sandbox, err error) {
 }
 
 // decodeV1 migrates a version 1 file.
-func decodeV1(b []byte) (string, []Sandbox, error) {
+func decodeV1(b []byte) (string, []apitype.Sandbox, error) {
 	var st stateV1
 	if err := json.Unmarshal(b, &st); err != nil {
 		return "", nil, err
 	}
-	var sbs []Sandbox
+	var sbs []apitype.Sandbox
 	for _, v := range st.Sandboxes {
-		s := Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
-			Zone: v.Zone, Error: v.Error, Networks: make([]Network, len(v.Networks)), VMs: make([]VM, len(v.VMs))}
+		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
+			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
 		for j, n := range v.Networks {
-			s.Networks[j] = Network(n)
+			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
-			s.VMs[j] = VM(m)
+			s.VMs[j] = apitype.VM(m)
 		}
 		sbs = append(sbs, s)
 	}

@@ -81,6 +81,11 @@ type Sandbox struct {
 	Error     string            `json:"error,omitempty"`
 }
 
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
 // Network is one vnet of a sandbox.
 type Network struct {
 	Name    string `json:"name"`

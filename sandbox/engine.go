@@ -1,0 +1,193 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configure an Engine. Zero values take the documented defaults.
+type Options struct {
+	// Node is this node's id; it tags every object (required).
+	Node string
+	// Proxmox is the Proxmox API (required).
+	Proxmox Proxmox
+	// Guests dials a VM's guest agent by socket path (required).
+	Guests GuestDialer
+	// Checker runs the containment check; nil: Check fails with
+	// ErrNotConfigured.
+	Checker Checker
+	// QGADir holds <vmid>.qga sockets (default /var/run/qemu-server).
+	QGADir string
+	// Pool is the Proxmox pool of every VM (default "pve-inspect").
+	Pool string
+	// Templates maps template names to VM ids; other names are looked up
+	// with Proxmox.TemplateID.
+	Templates map[string]int
+	// StateDir holds the state file (default /var/lib/pve-inspectd/sandboxapi).
+	StateDir string
+	// Caps are the resource guard's limits.
+	Caps Caps
+	// ReaperInterval is how often expired sandboxes are deleted (30s).
+	ReaperInterval time.Duration
+	// DiskTransfer, when set, moves files of at least DiskThreshold bytes
+	// (32 MiB by default) through a hot-plugged disk instead of the guest
+	// agent (diskxfer).
+	DiskTransfer  DiskTransfer
+	DiskThreshold int64
+	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from
+	// (10.200.0.0/16 in /24s).
+	AutoCIDRPool netip.Prefix
+	AutoCIDRBits int
+	// HostNetworks, when set, lists the host's own networks (addresses and
+	// routes: hostnet.Lister.Prefixes); a create whose networks overlap one
+	// is refused, and "auto" skips them. An error fails the create.
+	HostNetworks func(ctx context.Context) ([]netip.Prefix, error)
+	// AgentTimeout bounds the wait for a started VM's agent (5m).
+	AgentTimeout time.Duration
+	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m).
+	CreateTimeout, TeardownTimeout time.Duration
+	// ZonesChanged, when set, receives every sandbox zone of this node with
+	// its vnet bridges whenever that set changes (after a create's SDN apply,
+	// before its VMs start; after a delete; after Reconcile). The daemon
+	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
+	// own vnets may forward to each other. An error fails the create.
+	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress, when set, enforces sandboxes' egress policies (create's
+	// egress object, SetEgress); nil refuses them.
+	Egress Egress
+	// VMConfigs, when set, reads and changes VM configurations for the
+	// hardened VM profile (hardening): every clone gets what the
+	// pool-scoped token may set, and a create from a template that fails
+	// the profile's root-only items is refused (NotHardenedError) unless
+	// AllowUnhardenedTemplates.
+	VMConfigs VMConfigs
+	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
+	// lets a create clone a template that fails the profile.
+	AllowUnhardenedTemplates bool
+	// Now is the clock (time.Now).
+	Now func() time.Time
+	// Registerer receives the metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	// Logger is the structured logger (slog.Default()).
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() error {
+	if o.Node == "" || o.Proxmox == nil || o.Guests == nil {
+		return errors.New("sandbox: Node, Proxmox and Guests are required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if o.QGADir == "" {
+		o.QGADir = "/var/run/qemu-server"
+	}
+	if o.Pool == "" {
+		o.Pool = "pve-inspect"
+	}
+	if o.StateDir == "" {
+		o.StateDir = "/var/lib/pve-inspectd/sandboxapi"
+	}
+	def(&o.ReaperInterval, 30*time.Second)
+	def(&o.AgentTimeout, 5*time.Minute)
+	def(&o.CreateTimeout, 10*time.Minute)
+	def(&o.TeardownTimeout, 5*time.Minute)
+	if o.DiskThreshold <= 0 {
+		o.DiskThreshold = DefaultDiskThreshold
+	}
+	if !o.AutoCIDRPool.IsValid() {
+		o.AutoCIDRPool = netip.MustParsePrefix("10.200.0.0/16")
+	}
+	if o.AutoCIDRBits == 0 {
+		o.AutoCIDRBits = 24
+	}
+	if o.AutoCIDRBits < o.AutoCIDRPool.Bits() || o.AutoCIDRBits > 28 || !o.AutoCIDRPool.Addr().Is4() {
+		return fmt.Errorf("sandbox: auto CIDR /%d does not fit pool %s", o.AutoCIDRBits, o.AutoCIDRPool)
+	}
+	if !PrivateV4(o.AutoCIDRPool) {
+		return fmt.Errorf("sandbox: auto CIDR pool %s is not inside a private (RFC 1918) range", o.AutoCIDRPool)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Logger = o.Logger.With("component", "sandbox")
+	return nil
+}
+
+// Engine owns the sandboxes of this node: create, delete, the operations
+// on their VMs, the reaper, reconcile and the state file.
+//
+// Lock order, in words: stateMu and zonesMu are each taken before mu and
+// never while mu is held (saveState and publishZones read the sandboxes
+// under mu inside their own lock); idMu and sdnMu are leaves, taken alone.
+// No lock but idMu and sdnMu is held across a call to Proxmox, a guest or a
+// hook (ZonesChanged, Egress), and those two only across the one call they
+// serialize.
+type Engine struct {
+	o   Options
+	log *slog.Logger
+	met *metrics
+
+	// px are the parts of the Proxmox API each step uses (o.Proxmox).
+	cloner  cloner
+	vms     vmControl
+	snaps   snapshotter
+	zones   zoneBuilder
+	cleaner zoneCleaner
+	pools   pools
+
+	// The mutex protects the following elements: the map sbx and, in every
+	// record, the fields a create, delete, extend or operation changes after
+	// the record is in the map (State, Error, ExpiresAt, VMs[i].VMID,
+	// deleted, opsCtx, opsCancel, and ops.Add). Held only for memory work.
+	mu  sync.Mutex
+	sbx map[string]*record
+
+	// idMu protects reserved, the VM ids handed out but not yet cloned, and
+	// is held across the NextID call so two clones never pick the same id.
+	idMu     sync.Mutex
+	reserved map[int]bool
+
+	// sdnMu serializes ApplySDN: Proxmox applies the whole cluster's
+	// pending SDN changes at once, so two applies must not overlap.
+	sdnMu sync.Mutex
+	// stateMu serializes writes of the state file, so the file never goes
+	// back to an older list than one already written; taken before mu.
+	stateMu sync.Mutex
+	// zonesMu serializes ZonesChanged calls, so the host guard receives the
+	// zone sets in the order they were read; taken before mu.
+	zonesMu sync.Mutex
+}
+
+// New builds an Engine. Call Reconcile before the first create and run
+// RunReaper.
+func New(o Options) (*Engine, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: register metrics: %w", err)
+	}
+	px := o.Proxmox
+	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, reserved: map[int]bool{},
+		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px}, nil
+}
+
+// Options returns the engine's options with the defaults filled in.
+func (m *Engine) Options() Options { return m.o }
+
+// Node returns this node's id.
+func (m *Engine) Node() string { return m.o.Node }
