@@ -27,3 +27,21 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 	rep.Sandbox, rep.VM = sb.ID, vm.Name
 	return rep, nil
 }
+
+// CheckTarget is what the containment check needs to know about a sandbox.
+type CheckTarget struct {
+	Sandbox apitype.Sandbox
+	VM      apitype.VM
+	Guest   Guest
+	// Others are the other ready sandboxes of this node (cross-zone probes).
+	Others []apitype.Sandbox
+	// GuestOf returns the guest of any VM of this node by VM id (to learn
+	// another sandbox's guest address).
+	GuestOf func(vmid int) Guest
+}
+
+// Checker runs the containment check (DESIGN.md section 7) from inside a
+// VM. Implemented by containment.SandboxChecker.
+type Checker interface {
+	Run(ctx context.Context, t CheckTarget) (apitype.CheckReport, error)
+}

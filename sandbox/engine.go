@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // Options configure an Engine. Zero values take the documented defaults.
@@ -191,3 +194,107 @@ func (m *Engine) Options() Options { return m.o }
 
 // Node returns this node's id.
 func (m *Engine) Node() string { return m.o.Node }
+
+// record is a sandbox as the engine tracks it (and persists it). Once it
+// is in Engine.sbx, its fields are read and written under Engine.mu; the
+// channels and cancel are set before and never change.
+type record struct {
+	apitype.Sandbox
+	// created is closed when a create finishes (success or teardown).
+	created chan struct{}
+	// deleted is closed when a delete finishes.
+	deleted chan struct{}
+	cancel  context.CancelFunc
+	// egress is the policy asked for at create (nil: open); afterwards
+	// the Egress part owns the sandbox's policy.
+	egress *apitype.EgressPolicy
+	// ops counts the guest and VM operations in flight (exec, files,
+	// snapshots, check); opsCancel cancels them. Both are guarded by
+	// Engine.mu for Add and cancel: a delete sets StateDeleting and
+	// cancels under the lock, so no operation begins after it, then waits
+	// for ops before it stops any VM (VM ids are reused: a stale exec must
+	// not reach the next sandbox's VM).
+	ops       sync.WaitGroup
+	opsCtx    context.Context
+	opsCancel context.CancelCauseFunc
+}
+
+// List returns a copy of the public view of every sandbox, by id.
+func (m *Engine) List() []apitype.Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]apitype.Sandbox, 0, len(m.sbx))
+	for _, r := range m.sbx {
+		out = append(out, cloneSandbox(r.Sandbox))
+	}
+	slices.SortFunc(out, func(a, b apitype.Sandbox) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// cloneSandbox copies s deep enough that the copy shares no slice or map.
+func cloneSandbox(s apitype.Sandbox) apitype.Sandbox {
+	c := s
+	c.Networks = slices.Clone(s.Networks)
+	c.VMs = make([]apitype.VM, len(s.VMs))
+	for i, v := range s.VMs {
+		v.Networks = slices.Clone(v.Networks)
+		c.VMs[i] = v
+	}
+	if s.Labels != nil {
+		c.Labels = make(map[string]string, len(s.Labels))
+		for k, v := range s.Labels {
+			c.Labels[k] = v
+		}
+	}
+	return c
+}
+
+// Get returns a copy of the public view of sandbox id.
+func (m *Engine) Get(id string) (apitype.Sandbox, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.sbx[id]
+	if !ok {
+		return apitype.Sandbox{}, false
+	}
+	return cloneSandbox(r.Sandbox), true
+}
+
+// updateGaugesLocked recomputes the by-state gauges; call with m.mu held.
+func (m *Engine) updateGaugesLocked() {
+	sb := map[string]int{}
+	vms := map[string]int{}
+	for _, r := range m.sbx {
+		sb[r.State]++
+		vms[r.State] += len(r.VMs)
+	}
+	for _, s := range []string{apitype.StateCreating, apitype.StateReady, apitype.StateDeleting, apitype.StateError} {
+		m.met.sandboxes.WithLabelValues(s).Set(float64(sb[s]))
+		m.met.vms.WithLabelValues(s).Set(float64(vms[s]))
+	}
+}
+
+// setState sets a sandbox's state and error and saves the state file.
+func (m *Engine) setState(id, state, msg string) {
+	m.mu.Lock()
+	if r, ok := m.sbx[id]; ok {
+		r.State = state
+		r.Error = msg
+	}
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		m.log.Error("save state", "err", err)
+	}
+}
+
+// forget drops a sandbox from the table and saves the state file.
+func (m *Engine) forget(id string) {
+	m.mu.Lock()
+	delete(m.sbx, id)
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		m.log.Error("save state", "err", err)
+	}
+}

@@ -2,10 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"io"
-	"os"
-
-	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // CloneSpec is a linked clone of a template into the daemon's pool.
@@ -146,54 +142,4 @@ type zoneCleaner interface {
 type pools interface {
 	// EnsurePool creates the pool when it does not exist.
 	EnsurePool(ctx context.Context, pool string) error
-}
-
-// GuestExec is what a guest runs (the guest agent client converts it to
-// its own request).
-type GuestExec struct {
-	Argv    []string
-	Stdin   []byte
-	Cwd     string
-	Env     map[string]string
-	User    string
-	Timeout int64 // seconds
-	// OutputLimit caps each stream; the result says which was truncated.
-	OutputLimit int64
-}
-
-// Guest is one VM's guest agent: the parts of the guest agent client the
-// engine, the file calls and the checks need. Implemented by qga.Guest;
-// errors wrap the Err* guest sentinels (errors.go).
-type Guest interface {
-	Ping(ctx context.Context) error
-	Exec(ctx context.Context, r GuestExec) (*apitype.ExecResult, error)
-	// ExecStream copies output to the writers while the command runs and
-	// returns the final result (its Stdout/Stderr may be empty).
-	ExecStream(ctx context.Context, r GuestExec, stdout, stderr io.Writer) (*apitype.ExecResult, error)
-	WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error
-	// ReadFile copies the file to w and fails with ErrTooLarge (wrapped)
-	// once more than max bytes would be copied.
-	ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error)
-}
-
-// GuestDialer returns the Guest behind an agent socket path
-// (<QGADir>/<vmid>.qga).
-type GuestDialer func(socketPath string) Guest
-
-// CheckTarget is what the containment check needs to know about a sandbox.
-type CheckTarget struct {
-	Sandbox apitype.Sandbox
-	VM      apitype.VM
-	Guest   Guest
-	// Others are the other ready sandboxes of this node (cross-zone probes).
-	Others []apitype.Sandbox
-	// GuestOf returns the guest of any VM of this node by VM id (to learn
-	// another sandbox's guest address).
-	GuestOf func(vmid int) Guest
-}
-
-// Checker runs the containment check (DESIGN.md section 7) from inside a
-// VM. Implemented by containment.SandboxChecker.
-type Checker interface {
-	Run(ctx context.Context, t CheckTarget) (apitype.CheckReport, error)
 }

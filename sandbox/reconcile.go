@@ -4,57 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
-
-const stateName = "sandboxes.json"
-
-// saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
-func (m *Engine) saveState() error {
-	m.stateMu.Lock()
-	defer m.stateMu.Unlock()
-	b, err := encodeState(m.o.Node, m.List())
-	if err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	if err := atomicfile.Write(filepath.Join(m.o.StateDir, stateName), b, 0o600); err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	return nil
-}
-
-// loadState reads the state file; a missing file is an empty state.
-func (m *Engine) loadState() ([]apitype.Sandbox, error) {
-	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load state: %w", err)
-	}
-	node, sbs, err := decodeState(b)
-	if err != nil {
-		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
-	}
-	if node != "" && node != m.o.Node {
-		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
-	}
-	for _, s := range sbs {
-		if !reSandbox.MatchString(s.ID) {
-			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
-		}
-	}
-	return sbs, nil
-}
 
 // ReconcileReport says what Reconcile did.
 type ReconcileReport struct {
@@ -71,7 +25,7 @@ type ReconcileReport struct {
 	Failed []string `json:"failed,omitempty"`
 }
 
-// reconcile re-attaches the sandboxes of the state file, tears down those
+// Reconcile re-attaches the sandboxes of the state file, tears down those
 // caught mid-create or mid-delete, and deletes objects carrying this node's
 // tags that belong to no known sandbox. Objects without both tags are never
 // touched. It fails only when it cannot see the whole picture (the state
@@ -96,7 +50,7 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	known := map[string]bool{}
 	for _, s := range saved {
-		rec := &record{Sandbox: s, created: make(chan struct{}), guests: map[int]Guest{}}
+		rec := &record{Sandbox: s, created: make(chan struct{})}
 		close(rec.created)
 		if s.State == apitype.StateReady || s.State == apitype.StateError {
 			missing := false

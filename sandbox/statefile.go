@@ -2,10 +2,14 @@ package sandbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -173,4 +177,47 @@ func decodeV1(b []byte) (string, []apitype.Sandbox, error) {
 		sbs = append(sbs, s)
 	}
 	return st.Node, sbs, nil
+}
+
+const stateName = "sandboxes.json"
+
+// saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
+func (m *Engine) saveState() error {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	b, err := encodeState(m.o.Node, m.List())
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(m.o.StateDir, stateName), b, 0o600); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// loadState reads the state file; a missing file is an empty state.
+func (m *Engine) loadState() ([]apitype.Sandbox, error) {
+	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load state: %w", err)
+	}
+	node, sbs, err := decodeState(b)
+	if err != nil {
+		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
+	}
+	if node != "" && node != m.o.Node {
+		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
+	}
+	for _, s := range sbs {
+		if !reSandbox.MatchString(s.ID) {
+			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
+		}
+	}
+	return sbs, nil
 }
