@@ -134,16 +134,18 @@ func (o *Options) defaults() error {
 //
 // Lock order, in words: stateMu and zonesMu are each taken before mu and
 // never while mu is held (saveState and publishZones read the sandboxes
-// under mu inside their own lock); idMu and sdnMu are leaves, taken alone.
-// No lock but idMu and sdnMu is held across a call to Proxmox, a guest or a
-// hook (ZonesChanged, Egress), and those two only across the one call they
-// serialize.
+// under mu inside their own lock, then release mu before they write the
+// file or call the hook); idMu and sdnMu are leaves, taken alone; no two
+// of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
+// held across a call to Proxmox, a guest, a hook or the disk; idMu, sdnMu
+// and zonesMu are held across the one outside call each serializes
+// (NextID, ApplySDN, ZonesChanged), stateMu across the state file's write.
 type Engine struct {
 	o   Options
 	log *slog.Logger
 	met *metrics
 
-	// px are the parts of the Proxmox API each step uses (o.Proxmox).
+	// The parts of the Proxmox API each step uses (all of them o.Proxmox).
 	cloner  cloner
 	vms     vmControl
 	snaps   snapshotter

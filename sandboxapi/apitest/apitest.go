@@ -1,4 +1,4 @@
-// Package apitest holds in-memory fakes of the sandbox API's Proxmox and
+// Package apitest holds in-memory fakes of the sandbox engine's Proxmox and
 // guest agent sides, for tests of the API, its client and the CLI. They keep
 // Proxmox's observable rules that the API relies on (ids unique, clone of a
 // template only, tags as set, zone deletion only when empty, pending SDN
