@@ -6,7 +6,8 @@
 //
 // Where things are:
 //
-//	server.go     Options, Server, authentication, the request wrapper, listeners
+//	server.go     Options, Server, authentication, the request wrapper
+//	listen.go     the unix socket, TLS with reload, graceful serve
 //	handlers.go   the route table and the handlers
 //	egress.go     the egress handlers
 //	decode.go     strict JSON decoding and request validation
