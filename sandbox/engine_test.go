@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // newEngine builds an engine on the in-memory fakes and reconciles it.
@@ -77,7 +77,9 @@ func TestEngineErrors(t *testing.T) {
 		{"begin on an unknown VM", errNoVM, func(err error) bool { return errors.Is(err, sandbox.ErrUnknown) }, `has no VM "vm9"`},
 		{"extend an unknown sandbox", errExtend, func(err error) bool { return errors.Is(err, sandbox.ErrUnknown) }, "not found"},
 		{"unknown template", errTemplate, func(err error) bool { return errors.As(err, &ie) && ie.Field == "template" }, `unknown template "nosuch"`},
-		{"over a cap", errCap, func(err error) bool { return errors.As(err, &ce) && ce.Cap == "sandbox_vcpus" && ce.Need == 2 && ce.Limit == 1 }, "cap sandbox_vcpus: the create would need 2, the cap is 1"},
+		{"over a cap", errCap, func(err error) bool {
+			return errors.As(err, &ce) && ce.Cap == "sandbox_vcpus" && ce.Need == 2 && ce.Limit == 1
+		}, "cap sandbox_vcpus: the create would need 2, the cap is 1"},
 		{"a CIDR in use", errClash, func(err error) bool { return errors.Is(err, sandbox.ErrConflict) }, "overlaps a range in use"},
 		{"no checker", errCheck, func(err error) bool { return errors.Is(err, sandbox.ErrNotConfigured) }, "the containment check is not configured"},
 		{"no egress part", errEgress, func(err error) bool { return errors.Is(err, sandbox.ErrNotConfigured) }, "egress policies are not enabled"},
