@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/qga/qgabench"
+	qgabench "github.com/pve-inspect/pve-inspect/bench/qga"
 )
 
 // TestBenchRun runs the bench report once with a small size so that `make

@@ -4,8 +4,8 @@ import (
 	"context"
 	"os"
 
-	guardbench "github.com/pve-inspect/pve-inspect/firewall/bench"
-	"github.com/pve-inspect/pve-inspect/testvm/egressbench"
+	guardbench "github.com/pve-inspect/pve-inspect/bench/guard"
+	egressbench "github.com/pve-inspect/pve-inspect/bench/egress"
 )
 
 func sections() []section {

@@ -1,11 +1,11 @@
-package main
+package qga
 
 import (
 	"context"
 	"net/netip"
 	"os"
 
-	"github.com/pve-inspect/pve-inspect/qga/qgabench"
+	qgabench "github.com/pve-inspect/pve-inspect/bench/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 

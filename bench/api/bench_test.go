@@ -1,4 +1,4 @@
-package apibench
+package api
 
 import (
 	"bytes"

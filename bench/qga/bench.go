@@ -17,7 +17,7 @@
 //
 // It is meant for `make bench` against a test-bed guest; it talks to a real
 // agent and writes files in the guest's /tmp.
-package qgabench
+package qga
 
 import (
 	"bufio"

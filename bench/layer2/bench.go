@@ -1,4 +1,4 @@
-package bench
+package layer2
 
 import (
 	"context"

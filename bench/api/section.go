@@ -1,10 +1,9 @@
-package main
+package api
 
 import (
 	"context"
 	"os"
 
-	"github.com/pve-inspect/pve-inspect/testvm/apibench"
 )
 
 // benchAPI measures the sandbox API on the emulator and the bed: create
@@ -12,10 +11,10 @@ import (
 // through the API against the guest agent client it sits on, and the disk
 // path for large files against the agent path.
 func benchAPI(ctx context.Context, cfg config) error {
-	o := apibench.Options{DiskSizes: []int64{256 << 20, 1 << 30}}
+	o := Options{DiskSizes: []int64{256 << 20, 1 << 30}}
 	if cfg.quick {
 		o.Rounds, o.Execs, o.FileRounds, o.DiskSizes = 5, 20, 1, []int64{256 << 20}
 	}
-	_, err := apibench.Run(ctx, o, os.Stdout)
+	_, err := Run(ctx, o, os.Stdout)
 	return err
 }

@@ -7,7 +7,7 @@
 //   - the time from a default-route change to the updated @mgmt set.
 //
 // `make bench` calls Run. It needs root, iptables and ip6tables.
-package bench
+package guard
 
 import (
 	"context"

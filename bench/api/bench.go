@@ -7,7 +7,7 @@
 // on the same VM, and through the MCP server's sandbox_exec against the
 // HTTP API it calls; 64 MiB write+read through the API against the client.
 // Needs root (the bed).
-package apibench
+package api
 
 import (
 	"bytes"
@@ -33,7 +33,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/qga/qgabench"
+	qgabench "github.com/pve-inspect/pve-inspect/bench/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"

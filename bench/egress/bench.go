@@ -12,7 +12,7 @@
 //     handshake on 443.
 //
 // `make bench` calls Run. It needs root.
-package egressbench
+package egress
 
 import (
 	"context"
