@@ -130,9 +130,11 @@ func Up(ctx context.Context, o Options) (b *Bed, err error) {
 	if err := writeOwner(b.dir); err != nil {
 		return nil, err
 	}
+	// The returns below set b to nil: tear down the bed they built.
+	built := b
 	defer func() {
 		if err != nil {
-			_ = b.Close()
+			_ = built.Close()
 			b = nil
 		}
 	}()
