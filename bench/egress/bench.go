@@ -111,14 +111,17 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 
 func setup(ctx context.Context, b *testvm.Bed) (_ *bed, stop func(), err error) {
 	var cleanups []func()
-	stop = func() {
+	// The error returns set stop to nil: the deferred clean-up calls its
+	// own copy.
+	undo := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
 			cleanups[i]()
 		}
 	}
+	stop = undo
 	defer func() {
 		if err != nil {
-			stop()
+			undo()
 		}
 	}()
 	guests := map[string]*testvm.Guest{}
