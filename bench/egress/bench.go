@@ -1,4 +1,4 @@
-// Package egressbench measures the egress policies on the test bed, ours
+// Package egress measures the egress policies on the test bed, ours
 // against open mode side by side in one run (DESIGN.md section 10):
 //
 //   - the time from a policy change (Registry.Set, what PUT
@@ -11,8 +11,8 @@
 //     peek, splice) vs direct from an open zone: HTTP on 80 and a TLS
 //     handshake on 443.
 //
-// `make bench` calls Run. It needs root.
-package egressbench
+// The bench command's egress section ([Section]) calls Run. It needs root.
+package egress
 
 import (
 	"bufio"
@@ -35,6 +35,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 
+	"github.com/pve-inspect/pve-inspect/bench"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/testvm"
@@ -124,14 +125,17 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 
 func setup(ctx context.Context, b *testvm.Bed) (_ *bed, stop func(), err error) {
 	var cleanups []func()
-	stop = func() {
+	// The error returns set stop to nil: the deferred clean-up calls its
+	// own copy.
+	undo := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
 			cleanups[i]()
 		}
 	}
+	stop = undo
 	defer func() {
 		if err != nil {
-			stop()
+			undo()
 		}
 	}()
 	guests := map[string]*testvm.Guest{}
@@ -256,7 +260,7 @@ func (bd *bed) measurePolicyChanges(ctx context.Context, rounds int, r *Result) 
 			r.ProbesDropped++
 		}
 	}
-	r.SetToEnforced, r.PolicyChanges = median(times), n
+	r.SetToEnforced, r.PolicyChanges = bench.Median(times), n
 	return nil
 }
 
@@ -326,9 +330,9 @@ func (bd *bed) measurePolicyCut(ctx context.Context, rounds int, r *Result) erro
 			c.Close()
 		}
 	}
-	r.CutSet, r.CutConns, r.CutRounds = median(sets), conns, n
+	r.CutSet, r.CutConns, r.CutRounds = bench.Median(sets), conns, n
 	if len(alls) > 0 {
-		r.CutAll = median(alls)
+		r.CutAll = bench.Median(alls)
 	}
 	return nil
 }
@@ -425,9 +429,9 @@ func (bd *bed) measureLatency(ctx context.Context, rounds int, r *Result) error 
 	if hits["egress-peek"] < uint64(2*rounds) || hits["egress-dns-udp"] < uint64(rounds) {
 		return fmt.Errorf("the allowlist zone bypassed the checks: peek %d, dns %d packets for %d rounds", hits["egress-peek"], hits["egress-dns-udp"], rounds)
 	}
-	r.DNSCheck, r.DNSOpen = median(dnsC), median(dnsO)
-	r.HTTPCheck, r.HTTPOpen = median(httpC), median(httpO)
-	r.TLSCheck, r.TLSOpen = median(tlsC), median(tlsO)
+	r.DNSCheck, r.DNSOpen = bench.Median(dnsC), bench.Median(dnsO)
+	r.HTTPCheck, r.HTTPOpen = bench.Median(httpC), bench.Median(httpO)
+	r.TLSCheck, r.TLSOpen = bench.Median(tlsC), bench.Median(tlsO)
 	return nil
 }
 
@@ -488,15 +492,6 @@ func (bd *bed) tlsHandshake(ns string) (time.Duration, error) {
 		return err
 	})
 	return d, err
-}
-
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 func randHex() string {
