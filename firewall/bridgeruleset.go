@@ -132,16 +132,14 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 
 // zoneGuestPorts are the ports of the zone bridges named like guest ports.
 func zoneGuestPorts(bridges []string, cls Classification) []string {
+	zone := make(map[string]bool, len(bridges))
+	for _, b := range bridges {
+		zone[b] = true
+	}
 	var out []string
 	for _, e := range cls.Enslaved {
-		if !slices.Contains(bridges, e.Bridge) {
-			continue
-		}
-		for _, p := range GuestPortPrefixes {
-			if strings.HasPrefix(e.Port, p) {
-				out = append(out, e.Port)
-				break
-			}
+		if zone[e.Bridge] && isGuestPort(e.Port) {
+			out = append(out, e.Port)
 		}
 	}
 	return out

@@ -112,6 +112,11 @@ type Guard struct {
 	bridge  *Ruleset              // desired layer-2 table (bridgeguard.go)
 	ports   []Port                // run-time guest port map (SetPorts)
 	started bool
+	// mergedZones (configured and run-time zones, as Render names them)
+	// and zoneOf (bridge -> its merged zone ids) index g.zones for the
+	// update path (update.go).
+	mergedZones map[string][]string
+	zoneOf      map[string][]string
 
 	subMu sync.Mutex
 	subs  map[chan struct{}]struct{}
@@ -179,7 +184,8 @@ func (g *Guard) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start guard: render bridge table: %w", err)
 	}
-	g.state, g.desired, g.bridge = cls, rs, brs
+	g.state, g.desired, g.bridge = cls, normalized(rs), normalized(brs)
+	g.indexZonesLocked(g.zones)
 	err = g.convergeLocked(ctx, true)
 	var de *DriftError
 	if errors.As(err, &de) {
@@ -377,7 +383,8 @@ func (g *Guard) applyZonesLocked(ctx context.Context, cls Classification, sw Swi
 	if err := g.updateSetsLocked(rs, brs); err != nil {
 		return err
 	}
-	g.state, g.sw, g.desired, g.bridge, g.zones = cls, sw, rs, brs, zones
+	g.state, g.sw, g.desired, g.bridge, g.zones = cls, sw, normalized(rs), normalized(brs), zones
+	g.indexZonesLocked(zones)
 	return nil
 }
 
@@ -446,9 +453,31 @@ func (g *Guard) SetZones(ctx context.Context, zones map[string][]string) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.applyZonesLocked(ctx, g.state, g.sw, cp); err != nil {
+	if g.desired == nil {
+		return errors.New("set zones: guard not started")
+	}
+	if err := g.applyZoneChangesLocked(ctx, cp); err != nil {
 		return fmt.Errorf("set zones: %w", err)
 	}
+	return nil
+}
+
+// applySwitchesLocked puts new switches in force: the members of
+// @lockdown and @failclosed that change, in one batch.
+func (g *Guard) applySwitchesLocked(ctx context.Context, sw Switches) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if g.desired == nil {
+		return errors.New("guard not started")
+	}
+	cs := &changes{}
+	g.replaceSmall(cs, SetLockdown, lockdownSet(g.state, sw))
+	g.replaceSmall(cs, SetFailClosed, failClosedSet(sw))
+	if _, err := g.commitLocked(cs); err != nil {
+		return err
+	}
+	g.sw = sw
 	return nil
 }
 
@@ -460,7 +489,7 @@ func (g *Guard) SetLockdown(ctx context.Context, on bool) error {
 	defer g.mu.Unlock()
 	sw := g.sw
 	sw.Lockdown = on
-	if err := g.applyLocked(ctx, g.state, sw); err != nil {
+	if err := g.applySwitchesLocked(ctx, sw); err != nil {
 		return fmt.Errorf("set lockdown %v: %w", on, err)
 	}
 	return nil
@@ -473,7 +502,7 @@ func (g *Guard) SetFailClosed(ctx context.Context, on bool) error {
 	defer g.mu.Unlock()
 	sw := g.sw
 	sw.FailClosed = on
-	if err := g.applyLocked(ctx, g.state, sw); err != nil {
+	if err := g.applySwitchesLocked(ctx, sw); err != nil {
 		return fmt.Errorf("set fail-closed %v: %w", on, err)
 	}
 	return nil
@@ -498,10 +527,7 @@ func (g *Guard) Management() []string {
 func (g *Guard) Classification() Classification {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	c := g.state
-	c.Management, c.Trusted, c.Interfaces = slices.Clone(c.Management), slices.Clone(c.Trusted), slices.Clone(c.Interfaces)
-	c.UplinkNets, c.Enslaved = slices.Clone(c.UplinkNets), slices.Clone(c.Enslaved)
-	return c
+	return g.state.clone()
 }
 
 // Desired returns the ruleset the guard keeps in force (do not modify).
@@ -540,18 +566,32 @@ func (g *Guard) notify() {
 	}
 }
 
-// reclassify reads the classification and applies it when it changed.
-func (g *Guard) reclassify(ctx context.Context) error {
-	cls, err := g.cls.classify()
-	if err != nil {
-		return err
+// reclassify applies the classification when it changed: the one the
+// classifier keeps from events, or (full) a fresh listing. A change of
+// interfaces and bridge ports only is applied by its difference; one of
+// the management, trusted interfaces or uplink subnets renders the table.
+func (g *Guard) reclassify(ctx context.Context, full bool) error {
+	var cls Classification
+	if full {
+		var err error
+		if cls, err = g.cls.classify(); err != nil {
+			return err
+		}
+	} else {
+		cls = g.cls.current()
 	}
 	g.mu.Lock()
 	if cls.Equal(g.state) {
 		g.mu.Unlock()
 		return nil
 	}
-	err = g.applyLocked(ctx, cls, g.sw)
+	var err error
+	if !slices.Equal(cls.Management, g.state.Management) || !slices.Equal(cls.Trusted, g.state.Trusted) ||
+		!slices.Equal(cls.UplinkNets, g.state.UplinkNets) {
+		err = g.applyLocked(ctx, cls, g.sw)
+	} else if err = g.applyLinksLocked(ctx, cls); errors.Is(err, errStructural) {
+		err = g.applyLocked(ctx, cls, g.sw)
+	}
 	g.mu.Unlock()
 	if err != nil {
 		return err
@@ -600,24 +640,64 @@ func (g *Guard) Run(ctx context.Context) error {
 
 	t := time.NewTicker(g.cfg.verifyInterval())
 	defer t.Stop()
+	full := false // the next reclassify lists everything again
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-reclass:
-			if err := g.reclassify(ctx); err != nil && ctx.Err() == nil {
+			settle(ctx, reclass)
+			if err := g.reclassify(ctx, full); err != nil && ctx.Err() == nil {
 				g.log.Error("apply interface classification", "err", err)
+				full = true
 				kick(check)
+				time.AfterFunc(retryAfter, func() { kick(reclass) })
+				continue
 			}
+			full = false
 		case <-check:
 			if err := g.repair(ctx); err != nil && ctx.Err() == nil {
 				g.log.Error("repair table", "err", err)
 			}
 		case <-t.C:
+			full = true
 			kick(reclass)
+			if err := g.reconcile(ctx); err != nil && ctx.Err() == nil {
+				g.log.Error("periodic check of the applied sets", "err", err)
+			}
 			if err := g.repair(ctx); err != nil && ctx.Err() == nil {
 				g.log.Error("periodic verify", "err", err)
 			}
+		}
+	}
+}
+
+// Event coalescing: the guard applies link and route events after
+// settleQuiet without another one, or settleMax after the first, so a
+// burst of new bridges is one batch (or a few), not one per event.
+// retryAfter is the pause before a failed apply is tried again.
+const (
+	settleQuiet = 2 * time.Millisecond
+	settleMax   = 10 * time.Millisecond
+	retryAfter  = 100 * time.Millisecond
+)
+
+// settle waits until kicks on c stop for settleQuiet, at most settleMax.
+func settle(ctx context.Context, c <-chan struct{}) {
+	deadline := time.NewTimer(settleMax)
+	defer deadline.Stop()
+	quiet := time.NewTimer(settleQuiet)
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			return
+		case <-quiet.C:
+			return
+		case <-c:
+			quiet.Reset(settleQuiet)
 		}
 	}
 }
