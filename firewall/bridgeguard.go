@@ -58,12 +58,12 @@ func (g *Guard) Ports() []Port {
 	return out
 }
 
-// BridgeDesired returns the layer-2 ruleset the guard keeps in force (do
-// not modify); nil before Start.
+// BridgeDesired returns a copy of the layer-2 ruleset the guard keeps in
+// force; nil before Start.
 func (g *Guard) BridgeDesired() *Ruleset {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.bridge
+	return g.bridge.snapshot()
 }
 
 // UnmappedPorts lists the guest ports without a mapping: they are

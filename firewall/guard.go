@@ -417,7 +417,7 @@ func (g *Guard) updateSetsLocked(rs, brs *Ruleset) error {
 // renderConfig is the configuration with the run-time zones added to the
 // configured ones.
 func (g *Guard) renderConfig(zones map[string][]string) Config {
-	cfg := g.cfg
+	cfg := g.egressConfig()
 	merged := map[string][]string{}
 	for id, b := range g.cfg.Zones {
 		merged["config:"+id] = b
@@ -426,6 +426,14 @@ func (g *Guard) renderConfig(zones map[string][]string) Config {
 		merged["run:"+id] = b
 	}
 	cfg.Zones = merged
+	return cfg
+}
+
+// egressConfig is the configuration without zones, with the run-time
+// zones' egress policies added to the configured ones.
+func (g *Guard) egressConfig() Config {
+	cfg := g.cfg
+	cfg.Zones = nil
 	cfg.ZoneEgress = map[string]ZoneEgress{}
 	for id, z := range g.cfg.ZoneEgress {
 		cfg.ZoneEgress["config:"+id] = z
@@ -530,11 +538,27 @@ func (g *Guard) Classification() Classification {
 	return g.state.clone()
 }
 
-// Desired returns the ruleset the guard keeps in force (do not modify).
+// Desired returns a copy of the ruleset the guard keeps in force.
 func (g *Guard) Desired() *Ruleset {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.desired
+	return g.desired.snapshot()
+}
+
+// shapes returns the desired tables without their sets (chains and rules
+// only, which never change in place), for the metrics.
+func (g *Guard) shapes() (inet, bridge *Ruleset) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	strip := func(rs *Ruleset) *Ruleset {
+		if rs == nil {
+			return nil
+		}
+		n := *rs
+		n.Sets = nil
+		return &n
+	}
+	return strip(g.desired), strip(g.bridge)
 }
 
 // Subscribe returns a channel that receives a value (coalesced, never

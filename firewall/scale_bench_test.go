@@ -40,3 +40,38 @@ func BenchmarkRenderScale(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPatchScale is the in-memory part of one new bridge at each
+// size: the interface's members from two small renderings, and the patch
+// of @zone_peers (applied and undone).
+func BenchmarkPatchScale(b *testing.B) {
+	for _, n := range []int{1, 500, 2000} {
+		cfg, cls, ports := scaleInput(n)
+		rs, err := Render(cfg, cls, Switches{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		brs, err := RenderBridge(zoneBridges(cfg), cls, ports)
+		if err != nil {
+			b.Fatal(err)
+		}
+		g := &Guard{cfg: cfg, desired: normalized(rs), bridge: normalized(brs), state: cls}
+		g.indexZonesLocked(nil)
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for b.Loop() {
+				cs := &changes{}
+				if err := g.interfaceDelta(cs, cls, []string{"n0001"}, true); err != nil {
+					b.Fatal(err)
+				}
+				for _, c := range cs.list {
+					if !c.empty() {
+						cur := g.desired.Set(c.set)
+						add, del := effective(cur, c)
+						patch(cur, add, del)
+						patch(cur, del, add) // undo, for the next round
+					}
+				}
+			}
+		})
+	}
+}

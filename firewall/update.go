@@ -13,9 +13,10 @@ import (
 // The update path (issue 29): a change of the node (a new bridge, a port
 // moved, a zone added, a lockdown flip) changes a few members of a few
 // sets. The guard computes those members from what changed, sends them
-// as one batch, and patches its desired rulesets in place of rendering
-// them again: the work and the netlink traffic are those of the change,
-// not of the node. Render stays the definition: Start, repairs and a
+// as one batch, and patches its desired rulesets in place (under mu;
+// Desired and BridgeDesired hand out copies) instead of rendering them
+// again: the work and the netlink traffic are those of the change, not
+// of the node. Render stays the definition: Start, repairs and a
 // structural change (management, trusted, uplink subnets, egress
 // policies) render the whole table, and the periodic verify compares the
 // patched sets with a fresh rendering (reconcileLocked).
@@ -55,64 +56,85 @@ func has(s *SetSpec, text string) bool {
 	return ok
 }
 
-// patched returns a copy of s with c applied; members already there are
-// not added twice and members not there are not deleted. Text stays
-// sorted, Elements in step with it.
-func patched(s *SetSpec, c *setChange) (*SetSpec, []member, []member) {
-	n := *s
-	n.Elements, n.Text = slices.Clone(s.Elements), slices.Clone(s.Text)
-	var added, deleted []member
-	for _, m := range c.del {
-		i, ok := slices.BinarySearch(n.Text, m.text)
-		if !ok || !bytes.Equal(n.Elements[i].Key, m.key) {
-			continue
-		}
-		n.Elements, n.Text = slices.Delete(n.Elements, i, i+1), slices.Delete(n.Text, i, i+1)
-		deleted = append(deleted, m)
+// effective returns the members of c that change s: deletions that are
+// there, additions that are not (Text is sorted). A member both deleted
+// and added stays as it is: neither is sent.
+func effective(s *SetSpec, c *setChange) (added, deleted []member) {
+	in := func(m member) bool {
+		i, ok := slices.BinarySearch(s.Text, m.text)
+		return ok && bytes.Equal(s.Elements[i].Key, m.key)
 	}
+	adds, dels := map[string]bool{}, map[string]bool{}
 	for _, m := range c.add {
-		i, ok := slices.BinarySearch(n.Text, m.text)
-		if ok {
-			continue
-		}
-		n.Elements = slices.Insert(n.Elements, i, nftables.SetElement{Key: m.key})
-		n.Text = slices.Insert(n.Text, i, m.text)
-		added = append(added, m)
+		adds[m.text] = true
 	}
-	return &n, added, deleted
+	for _, m := range c.del {
+		if !dels[m.text] && !adds[m.text] && in(m) {
+			dels[m.text] = true
+			deleted = append(deleted, m)
+		}
+	}
+	seen := map[string]bool{}
+	for _, m := range c.add {
+		if !seen[m.text] && !in(m) {
+			seen[m.text] = true
+			added = append(added, m)
+		}
+	}
+	return added, deleted
+}
+
+// patch applies deletions and additions to s in place, keeping Text
+// sorted and Elements in step with it.
+func patch(s *SetSpec, added, deleted []member) {
+	for _, m := range deleted {
+		if i, ok := slices.BinarySearch(s.Text, m.text); ok {
+			s.Elements, s.Text = slices.Delete(s.Elements, i, i+1), slices.Delete(s.Text, i, i+1)
+		}
+	}
+	for _, m := range added {
+		if i, ok := slices.BinarySearch(s.Text, m.text); !ok {
+			s.Elements = slices.Insert(s.Elements, i, nftables.SetElement{Key: m.key})
+			s.Text = slices.Insert(s.Text, i, m.text)
+		}
+	}
 }
 
 // commitLocked sends the changes as one batch and, once the kernel took
-// it, installs the patched rulesets (copies: readers of Desired keep the
-// ones they hold). It returns how many members changed.
+// it, patches the desired rulesets in place. It returns how many members
+// changed.
 func (g *Guard) commitLocked(cs *changes) (int, error) {
 	start := g.opts.now()
-	inet, br := g.desired, g.bridge
+	type applied struct {
+		s              *SetSpec
+		added, deleted []member
+	}
+	var todo []applied
 	total := 0
 	for _, c := range cs.list {
 		if c.empty() {
 			continue
 		}
-		rs := &inet
+		rs := g.desired
 		if c.bridge {
-			rs = &br
+			rs = g.bridge
 		}
-		if *rs == nil {
+		if rs == nil {
 			return 0, fmt.Errorf("update set %s: table not rendered", c.set)
 		}
-		cur := (*rs).Set(c.set)
+		cur := rs.Set(c.set)
 		if cur == nil || cur.Interval || cur.Dynamic {
 			return 0, fmt.Errorf("update set %s: not a plain set of the table", c.set)
 		}
-		n, added, deleted := patched(cur, c)
+		added, deleted := effective(cur, c)
 		if len(added)+len(deleted) == 0 {
 			continue
 		}
-		obj := &nftables.Set{Table: &nftables.Table{Name: TableName, Family: (*rs).family()}, Name: c.set, KeyType: cur.KeyType}
+		obj := &nftables.Set{Table: &nftables.Table{Name: TableName, Family: rs.family()}, Name: c.set, KeyType: cur.KeyType}
 		if err := queueMembers(g.conn, obj, added, deleted); err != nil {
 			return 0, err
 		}
-		*rs = withSet(*rs, n)
+		todo = append(todo, applied{cur, added, deleted})
 		total += len(added) + len(deleted)
 	}
 	if total == 0 {
@@ -122,8 +144,26 @@ func (g *Guard) commitLocked(cs *changes) (int, error) {
 		return 0, fmt.Errorf("update sets: %w", err)
 	}
 	g.met.observeApply(g.opts.now().Sub(start))
-	g.desired, g.bridge = inet, br
+	for _, a := range todo {
+		patch(a.s, a.added, a.deleted)
+	}
 	return total, nil
+}
+
+// snapshot copies rs deeply enough that later patches do not show: its
+// sets and their members (chains and rules are never patched).
+func (rs *Ruleset) snapshot() *Ruleset {
+	if rs == nil {
+		return nil
+	}
+	n := *rs
+	n.Sets = make([]*SetSpec, len(rs.Sets))
+	for i, s := range rs.Sets {
+		c := *s
+		c.Elements, c.Text = slices.Clone(s.Elements), slices.Clone(s.Text)
+		n.Sets[i] = &c
+	}
+	return &n
 }
 
 func queueMembers(c *nftables.Conn, set *nftables.Set, add, del []member) error {
@@ -145,18 +185,6 @@ func queueMembers(c *nftables.Conn, set *nftables.Set, add, del []member) error 
 		}
 	}
 	return nil
-}
-
-// withSet returns a copy of rs with its set named like s replaced by s.
-func withSet(rs *Ruleset, s *SetSpec) *Ruleset {
-	n := *rs
-	n.Sets = slices.Clone(rs.Sets)
-	for i, x := range n.Sets {
-		if x.Name == s.Name {
-			n.Sets[i] = s
-		}
-	}
-	return &n
 }
 
 // ifMember is the member of an interface-name set.
@@ -294,8 +322,7 @@ func (g *Guard) interfaceDelta(cs *changes, cls Classification, names []string, 
 	if len(names) == 0 {
 		return nil
 	}
-	cfg := g.renderConfig(g.zones)
-	cfg.Zones = nil
+	cfg := g.egressConfig()
 	base := Classification{Management: cls.Management, Trusted: cls.Trusted, UplinkNets: cls.UplinkNets}
 	with := base
 	with.Interfaces = names
