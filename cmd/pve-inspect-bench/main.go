@@ -25,6 +25,9 @@ type section struct {
 type config struct {
 	only  map[string]bool
 	quick bool
+	// scaleSizes and cpuProfile tune section scale (bench/scale).
+	scaleSizes string
+	cpuProfile string
 }
 
 func main() {
@@ -32,6 +35,8 @@ func main() {
 	cfg := config{}
 	flag.StringVar(&only, "only", "", "comma-separated sections to run (default: all)")
 	flag.BoolVar(&cfg.quick, "quick", false, "smaller sizes and fewer rounds")
+	flag.StringVar(&cfg.scaleSizes, "scale-sizes", "", "comma-separated bridge counts of section scale (default 1,500,2000)")
+	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "section scale: write a CPU profile of the largest size's burst of new bridges here")
 	flag.Parse()
 	if only != "" {
 		cfg.only = map[string]bool{}

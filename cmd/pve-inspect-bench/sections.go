@@ -16,6 +16,7 @@ func sections() []section {
 		{"qga", benchQGA},
 		{"api", benchAPI},
 		{"egress", benchEgress},
+		{"scale", benchScale},
 	}
 }
 
