@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"slices"
+	"strings"
 	"time"
 )
 
