@@ -117,6 +117,9 @@ type Guard struct {
 	// update path (update.go).
 	mergedZones map[string][]string
 	zoneOf      map[string][]string
+	// gen counts the batches the kernel took, so that a verify reading
+	// the kernel without mu knows whether its reading is still current
+	gen uint64
 
 	subMu sync.Mutex
 	subs  map[chan struct{}]struct{}
@@ -238,6 +241,7 @@ func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 			}
 			return fmt.Errorf("%s: %w", action, err)
 		}
+		g.gen++
 		g.met.observeApply(g.opts.now().Sub(start))
 		g.log.Info("table applied", "action", action)
 	}
@@ -308,11 +312,77 @@ func (g *Guard) queueConvergeLocked(rs *Ruleset, k *kernelTable, adopting bool) 
 // verifyLocked compares the kernel's table with g.desired, ownership
 // included.
 func (g *Guard) verifyLocked() error {
+	ks, err := readTables(g.conn, g.bridge != nil)
+	if err != nil {
+		return err
+	}
+	return g.compareLocked(ks)
+}
+
+// readTables reads table inet pve-inspect and, when bridge, the layer-2
+// table.
+func readTables(c *nftables.Conn, bridge bool) (map[nftables.TableFamily]*kernelTable, error) {
+	ks := map[nftables.TableFamily]*kernelTable{}
+	fams := []nftables.TableFamily{nftables.TableFamilyINet}
+	if bridge {
+		fams = append(fams, nftables.TableFamilyBridge)
+	}
+	for _, f := range fams {
+		k, err := readKernelTable(c, f)
+		if err != nil {
+			return nil, fmt.Errorf("verify: %w", err)
+		}
+		ks[f] = k
+	}
+	return ks, nil
+}
+
+// verifyOffLock is verifyLocked with the kernel read without holding mu
+// (at thousands of bridges the reading is the long part, and every
+// change would wait for it); the comparison takes mu, and a batch sent
+// meanwhile means reading again. After a few such races it reads under
+// mu.
+func (g *Guard) verifyOffLock(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		g.mu.Lock()
+		gen, bridge, started := g.gen, g.bridge != nil, g.desired != nil
+		if !started || attempt == 3 {
+			defer g.mu.Unlock()
+			if !started {
+				return errors.New("verify: guard not started")
+			}
+			return g.verifyLocked()
+		}
+		g.mu.Unlock()
+		conn, err := nftables.New(g.opts.nftOpts(false)...)
+		if err != nil {
+			return fmt.Errorf("verify: open nftables connection: %w", err)
+		}
+		ks, err := readTables(conn, bridge)
+		if err != nil {
+			return err
+		}
+		g.mu.Lock()
+		if g.gen != gen || (g.bridge != nil) != bridge {
+			g.mu.Unlock()
+			continue
+		}
+		err = g.compareLocked(ks)
+		g.mu.Unlock()
+		return err
+	}
+}
+
+// compareLocked compares the tables read with the desired ones.
+func (g *Guard) compareLocked(ks map[nftables.TableFamily]*kernelTable) error {
 	var all []Drift
 	for _, rs := range g.tablesLocked() {
-		k, err := readKernelTable(g.conn, rs.family())
-		if err != nil {
-			return fmt.Errorf("verify: %w", err)
+		k := ks[rs.family()]
+		if k == nil {
+			return fmt.Errorf("verify: %s not read", rs.TableRef())
 		}
 		ds := diff(rs, k, g.port)
 		if rs.family() == nftables.TableFamilyBridge {
@@ -332,24 +402,19 @@ func (g *Guard) verifyLocked() error {
 // Verify compares the kernel's table with the desired one and returns a
 // *DriftError listing every difference, nil when equal. It changes nothing.
 func (g *Guard) Verify(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.desired == nil {
-		return errors.New("verify: guard not started")
-	}
-	return g.verifyLocked()
+	return g.verifyOffLock(ctx)
 }
 
 // repair verifies and, on drift, converges (one batch), counting repairs
 // by reason.
 func (g *Guard) repair(ctx context.Context) error {
+	var de *DriftError
+	if err := g.verifyOffLock(ctx); !errors.As(err, &de) {
+		return err
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	err := g.verifyLocked()
-	var de *DriftError
+	err := g.verifyLocked() // the drift may be gone (a batch of ours raced)
 	if !errors.As(err, &de) {
 		return err
 	}
@@ -409,6 +474,7 @@ func (g *Guard) updateSetsLocked(rs, brs *Ruleset) error {
 		if err := g.conn.Flush(); err != nil {
 			return fmt.Errorf("update sets: %w", err)
 		}
+		g.gen++
 		g.met.observeApply(g.opts.now().Sub(start))
 	}
 	return nil

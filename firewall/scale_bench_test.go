@@ -1,6 +1,7 @@
 package firewall
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -73,5 +74,28 @@ func BenchmarkPatchScale(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkGuardApply is the guard's whole apply on the bed's node: Start
+// in a fresh namespace (the table in one batch, then read back and
+// verified), today's ruleset.
+func BenchmarkGuardApply(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		n := basicNode(b)
+		cfg := testConfig(b)
+		g, err := New(cfg, WithNetNS(n.ns))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := g.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(g.Desired().RuleCount()+g.BridgeDesired().RuleCount()), "rules")
+		g.Close()
+		b.StartTimer()
 	}
 }

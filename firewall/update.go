@@ -143,6 +143,7 @@ func (g *Guard) commitLocked(cs *changes) (int, error) {
 	if err := g.conn.Flush(); err != nil {
 		return 0, fmt.Errorf("update sets: %w", err)
 	}
+	g.gen++
 	g.met.observeApply(g.opts.now().Sub(start))
 	for _, a := range todo {
 		patch(a.s, a.added, a.deleted)
