@@ -153,7 +153,8 @@ func readCounters(o options, desired *Ruleset) ([]RuleCounter, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	k, err := readKernelTable(conn, desired.family())
+	// counters are in the rules: no set's members are read
+	k, err := readKernelTableWith(conn, desired.family(), func(string) bool { return false })
 	if err != nil {
 		return nil, 0, err
 	}
