@@ -578,15 +578,28 @@ func samePort(a, b Port) bool {
 // reconcile renders the whole table from the current state and compares
 // its sets with the patched ones in force; a difference is a defect of
 // the update path: it is logged and the rendering's members are applied.
+// The rendering and the comparison run without mu (at thousands of
+// bridges they take longer than any change should wait) on a copy of
+// the state; a batch sent meanwhile makes the check wait for the next
+// tick.
 func (g *Guard) reconcile(ctx context.Context) error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.desired == nil {
+		g.mu.Unlock()
 		return nil
 	}
-	differ, err := g.patchedDifferLocked()
+	gen, cls, sw, ports := g.gen, g.state.clone(), g.sw, g.ports
+	cfg := g.renderConfig(g.zones)
+	inet, br := g.desired.snapshot(), g.bridge.snapshot()
+	g.mu.Unlock()
+	differ, err := patchedDiffer(cfg, cls, sw, ports, inet, br)
 	if err != nil || len(differ) == 0 {
 		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gen != gen {
+		return nil // changed meanwhile: the next tick checks again
 	}
 	g.log.Error("sets of the update path differ from a full rendering; applying the rendering", "sets", strings.Join(differ, ", "))
 	return g.applyZonesLocked(ctx, g.state, g.sw, g.zones)
@@ -595,16 +608,22 @@ func (g *Guard) reconcile(ctx context.Context) error {
 // patchedDifferLocked names the sets whose members in force differ from
 // a full rendering of the current state.
 func (g *Guard) patchedDifferLocked() ([]string, error) {
-	rs, err := Render(g.renderConfig(g.zones), g.state, g.sw)
+	return patchedDiffer(g.renderConfig(g.zones), g.state, g.sw, g.ports, g.desired, g.bridge)
+}
+
+// patchedDiffer names the sets of inet and br whose members differ from
+// a full rendering of cfg, cls, sw and ports.
+func patchedDiffer(cfg Config, cls Classification, sw Switches, ports []Port, inet, br *Ruleset) ([]string, error) {
+	rs, err := Render(cfg, cls, sw)
 	if err != nil {
 		return nil, fmt.Errorf("render: %w", err)
 	}
-	brs, err := RenderBridge(zoneBridges(g.renderConfig(g.zones)), g.state, g.ports)
+	brs, err := RenderBridge(zoneBridges(cfg), cls, ports)
 	if err != nil {
 		return nil, fmt.Errorf("render bridge table: %w", err)
 	}
 	var differ []string
-	for _, p := range [][2]*Ruleset{{g.desired, rs}, {g.bridge, brs}} {
+	for _, p := range [][2]*Ruleset{{inet, rs}, {br, brs}} {
 		for _, s := range p[1].Sets {
 			cur := p[0].Set(s.Name)
 			if cur == nil || (!s.Dynamic && !slices.Equal(elemKeys(cur.Elements), elemKeys(s.Elements))) {

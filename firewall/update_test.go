@@ -11,9 +11,9 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// patchedDiffer names the sets of the guard whose members differ from a
+// guardDiffer names the sets of the guard whose members differ from a
 // full rendering of its state.
-func patchedDiffer(t *testing.T, g *Guard) []string {
+func guardDiffer(t *testing.T, g *Guard) []string {
 	t.Helper()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -40,8 +40,8 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 	handles := ruleHandles(t, n)
 	check := func(what string, cond func() bool) {
 		t.Helper()
-		eventually(t, what, func() bool { return cond() && g.Verify(ctx) == nil && len(patchedDiffer(t, g)) == 0 })
-		if d := patchedDiffer(t, g); len(d) != 0 {
+		eventually(t, what, func() bool { return cond() && g.Verify(ctx) == nil && len(guardDiffer(t, g)) == 0 })
+		if d := guardDiffer(t, g); len(d) != 0 {
 			t.Fatalf("%s: sets differ from a full rendering: %v", what, d)
 		}
 		eventually(t, what+": the event-kept classification equals a listing", func() bool {
@@ -149,5 +149,44 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 	}
 	if got := ruleHandles(t, n); !slices.Equal(got, handles) {
 		t.Errorf("the update path rewrote rules")
+	}
+}
+
+// TestReconcileRepairsTheUpdatePath: a member the update path got wrong
+// (in the kernel and in the desired table alike, so Verify cannot see
+// it) is found by the periodic comparison with a full rendering and
+// taken out.
+func TestReconcileRepairsTheUpdatePath(t *testing.T) {
+	n := basicNode(t)
+	g := startGuard(t, n, testConfig(t))
+	ctx := context.Background()
+	g.mu.Lock()
+	cs := &changes{}
+	cs.of(false, SetZonePeers).add = []member{pairMember("vnetA", "vnetB")}
+	_, err := g.commitLocked(cs)
+	g.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(setElements(t, n, SetZonePeers), `"vnetA" . "vnetB"`) {
+		t.Fatal("the wrong pair did not reach the kernel")
+	}
+	if err := g.Verify(ctx); err != nil {
+		t.Fatalf("verify sees the wrong pair as desired, want nil: %v", err)
+	}
+	if d := guardDiffer(t, g); !slices.Contains(d, "table inet pve-inspect set zone_peers") {
+		t.Fatalf("differing sets %v, want zone_peers", d)
+	}
+	if err := g.reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(setElements(t, n, SetZonePeers), `"vnetA" . "vnetB"`) {
+		t.Error("reconcile left the wrong pair in the kernel")
+	}
+	if d := guardDiffer(t, g); len(d) != 0 {
+		t.Errorf("after reconcile, sets differ: %v", d)
+	}
+	if err := g.Verify(ctx); err != nil {
+		t.Error(err)
 	}
 }
