@@ -16,7 +16,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 
 	"github.com/pve-inspect/pve-inspect/internal/nsrun"
 )
@@ -184,19 +184,19 @@ func dialIn(ns *netns.NsHandle, mark uint32) egress.DialFunc {
 	}
 }
 
-func policyOf(p sandboxapi.EgressPolicy) egress.Policy {
+func policyOf(p apitype.EgressPolicy) egress.Policy {
 	return egress.Policy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
 }
 
-// Validate implements sandboxapi.Egress.
-func (e *Egress) Validate(p sandboxapi.EgressPolicy) error {
+// Validate implements sandbox.Egress.
+func (e *Egress) Validate(p apitype.EgressPolicy) error {
 	_, err := egress.Compile(policyOf(p))
 	return err
 }
 
-// Set implements sandboxapi.Egress: in the kernel and persisted when it
+// Set implements sandbox.Egress: in the kernel and persisted when it
 // returns.
-func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string, p sandboxapi.EgressPolicy) error {
+func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
 	r, err := egress.Compile(policyOf(p))
 	if err != nil {
 		return err
@@ -204,23 +204,23 @@ func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string
 	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
 }
 
-// Remove implements sandboxapi.Egress.
+// Remove implements sandbox.Egress.
 func (e *Egress) Remove(ctx context.Context, sandbox, zone string) error {
 	e.Denials.Forget(sandbox)
 	return e.Registry.Remove(ctx, zone)
 }
 
-// Status implements sandboxapi.Egress. A sandbox without a policy of its
+// Status implements sandbox.Egress. A sandbox without a policy of its
 // own (created before egress policies existed) is open.
-func (e *Egress) Status(sandbox, zone string) sandboxapi.EgressStatus {
-	st := sandboxapi.EgressStatus{Sandbox: sandbox, Policy: sandboxapi.EgressPolicy{Mode: string(firewall.EgressOpen)},
-		Denials: []sandboxapi.EgressDenial{}}
+func (e *Egress) Status(sandbox, zone string) apitype.EgressStatus {
+	st := apitype.EgressStatus{Sandbox: sandbox, Policy: apitype.EgressPolicy{Mode: string(firewall.EgressOpen)},
+		Denials: []apitype.EgressDenial{}}
 	if r, ok := e.Registry.Get(zone); ok {
 		p := r.Policy()
-		st.Policy = sandboxapi.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
+		st.Policy = apitype.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
 	}
 	for _, d := range e.Denials.Recent(sandbox) {
-		st.Denials = append(st.Denials, sandboxapi.EgressDenial{Time: d.Time, Reason: d.Reason, Name: d.Name, Dest: d.Dest})
+		st.Denials = append(st.Denials, apitype.EgressDenial{Time: d.Time, Reason: d.Reason, Name: d.Name, Dest: d.Dest})
 	}
 	return st
 }
