@@ -25,8 +25,8 @@ func guardDiffer(t *testing.T, g *Guard) []string {
 }
 
 // TestUpdatePathMatchesRendering drives every per-change path (a new
-// bridge and its port, a port moved off and back onto a zone bridge, a
-// bridge gone, zones added and removed, the port map changed, the
+// bridge and its port, a port moved off, released, renamed and back onto
+// a zone bridge, a bridge gone, zones added and removed, the port map changed, the
 // lockdown and fail-closed flipped) and checks after each that the
 // kernel holds the desired table (Verify), that the patched sets equal a
 // full rendering, that the classification kept from events equals a
@@ -83,10 +83,22 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("port moved off the zone bridge", lacks(hasBridge(`"tap101i0"`)))
+	if err := n.h.LinkSetNoMaster(tap); err != nil {
+		t.Fatal(err)
+	}
+	check("port released from every bridge", lacks(hasBridge(`"tap101i0"`)))
 	if err := n.h.LinkSetMaster(tap, br); err != nil {
 		t.Fatal(err)
 	}
 	check("port moved back", hasBridge(`"tap101i0"`))
+	if err := n.h.LinkSetName(tap, "tap101i1"); err != nil {
+		t.Fatal(err)
+	}
+	check("port renamed", hasBridge(`"tap101i1"`))
+	if err := n.h.LinkSetName(tap, "tap101i0"); err != nil {
+		t.Fatal(err)
+	}
+	check("port renamed back", hasBridge(`"tap101i0"`))
 
 	if err := g.SetZones(ctx, map[string][]string{"z2": {"vnetB", "spare0"}}); err != nil {
 		t.Fatal(err)
