@@ -241,16 +241,6 @@ func enslavedDiff(a, b []Enslaved) (moves []portMove) {
 
 type portMove struct{ port, before, after string }
 
-// isGuestPort reports whether a port name is a Proxmox guest port.
-func isGuestPort(n string) bool {
-	for _, p := range GuestPortPrefixes {
-		if strings.HasPrefix(n, p) {
-			return true
-		}
-	}
-	return false
-}
-
 // normalized returns rs with the members of every plain set in the order
 // of their text (Render keeps most in that order already; the patches
 // rely on it). Rules and other sets are shared with rs.
@@ -373,8 +363,8 @@ func (g *Guard) pairInZoneLocked(text string) bool {
 
 // applyLinksLocked applies a classification that differs from the
 // current one only in its interfaces and bridge ports (a new bridge, a
-// port moved): the new interfaces' members, and @guest_ports for the
-// ports that joined or left a zone bridge.
+// port moved): the new interfaces' members, and @guest_ports and
+// @other_ports for the guest ports that joined, left or moved.
 func (g *Guard) applyLinksLocked(ctx context.Context, cls Classification) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -387,19 +377,12 @@ func (g *Guard) applyLinksLocked(ctx context.Context, cls Classification) error 
 	if err := g.interfaceDelta(cs, cls, removed, false); err != nil {
 		return err
 	}
-	gp := cs.of(true, SetGuestPorts)
 	for _, m := range enslavedDiff(g.state.Enslaved, cls.Enslaved) {
-		if !isGuestPort(m.port) {
+		if !isGuestPortName(m.port) {
 			continue
 		}
-		was := m.before != "" && len(g.zoneOf[m.before]) > 0
-		is := m.after != "" && len(g.zoneOf[m.after]) > 0
-		switch {
-		case is && !was:
-			gp.add = append(gp.add, ifMember(m.port))
-		case was && !is:
-			gp.del = append(gp.del, ifMember(m.port))
-		}
+		g.queuePortSets(cs, m.port, m.before, false)
+		g.queuePortSets(cs, m.port, m.after, true)
 	}
 	if _, err := g.commitLocked(cs); err != nil {
 		return err
@@ -497,9 +480,29 @@ func (g *Guard) pairJustifiedLocked(a, b string) bool {
 	return g.pairInZoneLocked(a + " . " + b)
 }
 
-// guestPortsOfLocked queues @guest_ports for the guest ports of the
-// bridges in flipped (true: it may have changed whether the bridge is in
-// a zone).
+// queuePortSets queues guest-named port on bridge ("" for none) into
+// (add) or out of the set that bridge puts it in: @guest_ports on a zone
+// bridge, @other_ports on a bridge of no zone. A move queues both; a
+// member both deleted and added stays.
+func (g *Guard) queuePortSets(cs *changes, port, bridge string, add bool) {
+	if bridge == "" {
+		return
+	}
+	set := SetOtherPorts
+	if len(g.zoneOf[bridge]) > 0 {
+		set = SetGuestPorts
+	}
+	c := cs.of(true, set)
+	if add {
+		c.add = append(c.add, ifMember(port))
+	} else {
+		c.del = append(c.del, ifMember(port))
+	}
+}
+
+// guestPortsOfLocked queues @guest_ports and @other_ports for the guest
+// ports of the bridges in flipped (true: it may have changed whether the
+// bridge is in a zone).
 func (g *Guard) guestPortsOfLocked(cs *changes, flipped map[string]bool) {
 	any := false
 	for _, f := range flipped {
@@ -508,15 +511,15 @@ func (g *Guard) guestPortsOfLocked(cs *changes, flipped map[string]bool) {
 	if !any {
 		return
 	}
-	gp := cs.of(true, SetGuestPorts)
+	gp, op := cs.of(true, SetGuestPorts), cs.of(true, SetOtherPorts)
 	for _, e := range g.state.Enslaved {
-		if !flipped[e.Bridge] || !isGuestPort(e.Port) {
+		if !flipped[e.Bridge] || !isGuestPortName(e.Port) {
 			continue
 		}
 		if len(g.zoneOf[e.Bridge]) > 0 {
-			gp.add = append(gp.add, ifMember(e.Port))
+			gp.add, op.del = append(gp.add, ifMember(e.Port)), append(op.del, ifMember(e.Port))
 		} else {
-			gp.del = append(gp.del, ifMember(e.Port))
+			gp.del, op.add = append(gp.del, ifMember(e.Port)), append(op.add, ifMember(e.Port))
 		}
 	}
 }

@@ -8,8 +8,9 @@ import (
 )
 
 // TestDependencyDirections keeps the layout honest: only tests, the demo
-// and the bench import the test bed; pve-bootstrap and the packages it
-// uses stay clear of the daemon's packages.
+// and the bench import the test bed; only tests and the bench import
+// bench/ and internal/testkit; pve-bootstrap and the packages it uses stay
+// clear of the daemon's packages.
 func TestDependencyDirections(t *testing.T) {
 	out, err := exec.Command("go", "list", "-json=ImportPath,Imports", "github.com/pve-inspect/pve-inspect/...").Output()
 	if err != nil {
@@ -31,14 +32,25 @@ func TestDependencyDirections(t *testing.T) {
 	if len(deps) < 5 {
 		t.Fatalf("go list found only %d packages", len(deps))
 	}
+	// inBench: the bench command and its sections.
+	inBench := func(p string) bool {
+		rel := strings.TrimPrefix(p, mod)
+		return rel == "bench" || strings.HasPrefix(rel, "bench/") || rel == "cmd/pve-inspect-bench"
+	}
 	allowedBed := func(p string) bool {
 		rel := strings.TrimPrefix(p, mod)
-		return strings.HasPrefix(rel, "testvm") || strings.HasPrefix(rel, "cmd/pve-inspect-demo") || strings.HasPrefix(rel, "cmd/pve-inspect-bench")
+		return strings.HasPrefix(rel, "testvm") || strings.HasPrefix(rel, "cmd/pve-inspect-demo") || inBench(p)
 	}
 	for p, imps := range deps {
 		for _, i := range imps {
 			if strings.HasPrefix(i, mod+"testvm") && !allowedBed(p) {
 				t.Errorf("%s imports the test bed %s", p, i)
+			}
+			// Imports lists no test imports: tests may import both.
+			for _, only := range []string{"bench", "internal/testkit"} {
+				if (i == mod+only || strings.HasPrefix(i, mod+only+"/")) && !inBench(p) {
+					t.Errorf("%s imports %s (only tests, bench/ and cmd/pve-inspect-bench may)", p, i)
+				}
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -113,11 +114,23 @@ func (r *run) startEgress(ctx context.Context) error {
 	if err := r.reg.Register(den.Collector()); err != nil {
 		return fmt.Errorf("egress metrics: %w", err)
 	}
-	reg := egress.NewRegistry(r.guard, def, r.egressState)
+	reg := egress.NewRegistry(r.guard, def, r.egressState, egress.WithMaxLearned(ec.MaxLearned))
+	// what the kernel learned before this start stays only where the
+	// persisted policy is still in force
+	if err := reg.Reconcile(ctx); err != nil {
+		return err
+	}
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: ups, TTLFloor: ec.TTLFloor, TTLCeiling: ec.TTLCeiling,
-		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark())}, reg, links, den, nil, r.log)
-	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark())},
-		reg, links, den, r.log)
+		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark()),
+		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox,
+		ZoneNames: &egress.LeaseNames{
+			LeaseFile: func(zone string) string {
+				return filepath.Join(r.d.Config.Guard.NodeRoot, "/", "var", "lib", "misc", "dnsmasq."+zone+".leases")
+			},
+			Domain: func(zone string) string { return strings.ReplaceAll(ec.ZoneDomain, "{zone}", zone) },
+		}}, reg, links, den, nil, r.log)
+	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark()),
+		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox}, reg, links, den, r.log)
 	var pc net.PacketConn
 	var dnsLn, proxyLn net.Listener
 	dnsAddr, proxyAddr := fmt.Sprintf(":%d", ec.DNSPort), fmt.Sprintf(":%d", ec.ProxyPort)

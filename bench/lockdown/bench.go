@@ -1,3 +1,9 @@
+// Package lockdown measures the egress lockdown's marker-to-enforced
+// latency ([Bench]), probed from a guest, against the reference design's
+// trigger: a systemd timer every 60 s, rebuilt here as [Timer] in front of
+// the same controller (package lockdown of the product has no option for
+// it), beside the reference's modelled figure ([ReferenceQuantile]). The
+// bench command's lockdown section ([Section]) runs both on the bed.
 package lockdown
 
 import (
@@ -23,8 +29,8 @@ const (
 // ReferenceQuantile is the reference design's latency quantile q (0..1)
 // under a uniform phase between the marker change and the next timer run,
 // not counting the accuracy slack (so it flatters the reference): q × 60 s.
-// It is a model, not a measurement; measure a poll-only controller
-// (Options.PollOnly with Reassert 60 s) side by side for a measured figure.
+// It is a model, not a measurement; measure the controller behind a
+// [Timer] with ReferencePeriod side by side for a measured figure.
 func ReferenceQuantile(q float64) time.Duration {
 	return time.Duration(q * float64(ReferencePeriod))
 }
@@ -46,7 +52,7 @@ type BenchOptions struct {
 	FlipTimeout time.Duration
 	// SettleJitter: before each flip, pause a uniformly random time in
 	// [0, SettleJitter) so the flips sample every phase of a periodic
-	// enforcer. Set it to the period of a poll-only baseline.
+	// enforcer. Set it to the period of a timer baseline.
 	SettleJitter time.Duration
 	// Confirm is how many further probes in a row must agree before a
 	// change counts (a probe on a loaded host can time out without any

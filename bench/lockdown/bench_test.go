@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/lockdown"
 )
 
 func TestStats(t *testing.T) {
@@ -44,27 +46,27 @@ func TestStats(t *testing.T) {
 
 // TestBenchAgainstController runs Bench on a real controller (fake guard):
 // the probe observes the guard's lockdown state, as a guest would observe
-// the firewall. Event driven and poll-only (the reference model) both
-// converge on every flip.
+// the firewall. Event driven and behind the reference timer (the
+// reference model) both converge on every flip.
 func TestBenchAgainstController(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		pollOnly bool
-		reassert time.Duration
-		jitter   time.Duration
+		name   string
+		timer  time.Duration // the reference timer's period; 0: none
+		jitter time.Duration
 	}{
-		{"events", false, time.Hour, 0},
-		{"poll only", true, 20 * time.Millisecond, 20 * time.Millisecond},
+		{"events", 0, 0},
+		{"reference timer", 20 * time.Millisecond, 20 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, false)
-			opt := e.options()
-			opt.PollOnly, opt.Reassert = tc.pollOnly, tc.reassert
-			e.start(opt)
+			e := newEnv(t)
+			if tc.timer > 0 {
+				e.startTimer(tc.timer)
+			}
+			e.start()
 			probes := 0
 			res, err := Bench(context.Background(), BenchOptions{
 				Flips:        6,
-				SetMarker:    func(_ context.Context, on bool) error { return SetMarker(e.marker, on) },
+				SetMarker:    func(_ context.Context, on bool) error { return lockdown.SetMarker(e.marker, on) },
 				Probe:        func(context.Context) (bool, error) { probes++; lk, _ := e.guard.get(); return lk, nil },
 				FlipTimeout:  15 * time.Second,
 				SettleJitter: tc.jitter,
@@ -84,8 +86,8 @@ func TestBenchAgainstController(t *testing.T) {
 				t.Errorf("stats not ordered: %+v", res.All)
 			}
 			// With an even number of flips the marker ends removed.
-			e.waitFor("lifted", lifted)
-			e.checkLifted(true)
+			e.waitLifted()
+			e.checkLifted()
 		})
 	}
 }

@@ -1,4 +1,11 @@
-package bench
+// Package layer2 measures the host guard's layer-2 table (the bridge
+// table pinning each guest port's MAC and addresses) against the same guard
+// whose layer-2 table guards no port, both variants interleaved in one run
+// on one fresh namespace with Ports veth guest ports on one bridge: the
+// guard apply, a one-port move (SetPorts) and a zone update (SetZones)
+// beside the port map. The bench command's layer2 section ([Section])
+// calls RunLayer2. It needs root and nft.
+package layer2
 
 import (
 	"context"
@@ -8,11 +15,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/pve-inspect/pve-inspect/bench"
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
 
@@ -67,12 +74,12 @@ func RunLayer2(ctx context.Context, o Layer2Options, w io.Writer) (*Layer2Result
 	if o.Updates <= 0 {
 		o.Updates = 50
 	}
-	n, err := newNode()
+	n, err := bench.NewNode()
 	if err != nil {
 		return nil, err
 	}
-	defer n.close()
-	ports, err := n.guestPorts(o.Ports)
+	defer n.Close()
+	ports, err := guestPorts(n, o.Ports)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +90,7 @@ func RunLayer2(ctx context.Context, o Layer2Options, w io.Writer) (*Layer2Result
 	defer os.RemoveAll(dir)
 	r := &Layer2Result{Ports: o.Ports, Rounds: o.Rounds, Updates: o.Updates}
 	with := func() firewall.Config {
-		c := guardConfig(dir)
+		c := bench.GuardConfig(dir)
 		c.Zones = map[string][]string{"zonea": {"vnetA"}}
 		return c
 	}
@@ -93,12 +100,12 @@ func RunLayer2(ctx context.Context, o Layer2Options, w io.Writer) (*Layer2Result
 		apply, upd, zn *time.Duration
 	}{
 		{with(), ports, &r.ApplyWith, &r.UpdateWith, &r.ZonesWith},
-		{guardConfig(dir), ports[:1], &r.ApplyWithout, &r.UpdateWithout, &r.ZonesWithout},
+		{bench.GuardConfig(dir), ports[:1], &r.ApplyWithout, &r.UpdateWithout, &r.ZonesWithout},
 	}
 	var applies [2][]time.Duration
 	for round := 0; round < o.Rounds; round++ {
 		for i, v := range variants { // interleaved, so load hits both alike
-			d, err := n.timeApply(ctx, v.cfg, v.ports, i == 0 && round == 0, o.Ports)
+			d, err := timeApply(ctx, n, v.cfg, v.ports, i == 0 && round == 0, o.Ports)
 			if err != nil {
 				return nil, err
 			}
@@ -106,8 +113,8 @@ func RunLayer2(ctx context.Context, o Layer2Options, w io.Writer) (*Layer2Result
 		}
 	}
 	for i, v := range variants {
-		*v.apply = median(applies[i])
-		u, z, err := n.timeUpdates(ctx, v.cfg, v.ports, o.Updates)
+		*v.apply = bench.Median(applies[i])
+		u, z, err := timeUpdates(ctx, n, v.cfg, v.ports, o.Updates)
 		if err != nil {
 			return nil, err
 		}
@@ -119,8 +126,8 @@ func RunLayer2(ctx context.Context, o Layer2Options, w io.Writer) (*Layer2Result
 
 // guestPorts adds count veth pairs whose tap<id>i0 end is a port of vnetA
 // and returns their port map (MAC, an address in 10.10.0.0/16).
-func (n *node) guestPorts(count int) ([]firewall.Port, error) {
-	br, err := n.h.LinkByName("vnetA")
+func guestPorts(n *bench.Node, count int) ([]firewall.Port, error) {
+	br, err := n.H.LinkByName("vnetA")
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +137,7 @@ func (n *node) guestPorts(count int) ([]firewall.Port, error) {
 		name := firewall.PortNames(vmid, 0)[0]
 		mac := net.HardwareAddr{0xbc, 0x24, 0x11, 0, byte(i >> 8), byte(i)}
 		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MasterIndex: br.Attrs().Index}, PeerName: fmt.Sprintf("p%d", vmid), PeerHardwareAddr: mac}
-		if err := n.h.LinkAdd(v); err != nil {
+		if err := n.H.LinkAdd(v); err != nil {
 			return nil, fmt.Errorf("bench: add %s: %w", name, err)
 		}
 		out = append(out, firewall.Port{Name: name, MAC: mac, IPv4: []netip.Addr{netip.AddrFrom4([4]byte{10, 10, byte(2 + i/250), byte(1 + i%250)})}})
@@ -140,8 +147,8 @@ func (n *node) guestPorts(count int) ([]firewall.Port, error) {
 
 // timeApply starts a guard on a namespace without our tables and returns
 // how long Start took; it leaves no table behind.
-func (n *node) timeApply(ctx context.Context, cfg firewall.Config, ports []firewall.Port, check bool, want int) (time.Duration, error) {
-	g, err := firewall.New(cfg, firewall.WithNetNS(n.ns))
+func timeApply(ctx context.Context, n *bench.Node, cfg firewall.Config, ports []firewall.Port, check bool, want int) (time.Duration, error) {
+	g, err := firewall.New(cfg, firewall.WithNetNS(n.NS))
 	if err != nil {
 		return 0, err
 	}
@@ -161,18 +168,18 @@ func (n *node) timeApply(ctx context.Context, cfg firewall.Config, ports []firew
 	if err != nil {
 		return 0, fmt.Errorf("bench: guard start: %w", err)
 	}
-	return d, n.dropTables(ctx)
+	return d, n.DropTables(ctx)
 }
 
 // timeUpdates starts a guard and times one-port moves and zone updates.
-func (n *node) timeUpdates(ctx context.Context, cfg firewall.Config, ports []firewall.Port, count int) (upd, zones time.Duration, err error) {
-	g, err := firewall.New(cfg, firewall.WithNetNS(n.ns))
+func timeUpdates(ctx context.Context, n *bench.Node, cfg firewall.Config, ports []firewall.Port, count int) (upd, zones time.Duration, err error) {
+	g, err := firewall.New(cfg, firewall.WithNetNS(n.NS))
 	if err != nil {
 		return 0, 0, err
 	}
 	defer func() {
 		g.Close()
-		if derr := n.dropTables(ctx); err == nil {
+		if derr := n.DropTables(ctx); err == nil {
 			err = derr
 		}
 	}()
@@ -203,16 +210,5 @@ func (n *node) timeUpdates(ctx context.Context, cfg firewall.Config, ports []fir
 	if err := g.Verify(ctx); err != nil {
 		return 0, 0, fmt.Errorf("bench: after the updates: %w", err)
 	}
-	return median(us), median(zs), nil
-}
-
-// dropTables deletes both (orphaned) tables so the next Start creates them.
-func (n *node) dropTables(ctx context.Context) error {
-	for _, fam := range []string{"inet", "bridge"} {
-		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", n.name, "nft", "delete", "table", fam, firewall.TableName).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("bench: delete table %s: %v: %s", fam, err, out)
-		}
-	}
-	return nil
+	return bench.Median(us), bench.Median(zs), nil
 }

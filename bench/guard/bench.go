@@ -6,26 +6,24 @@
 //     process per rule, "-C || -I" as the reference provisioning scripts do;
 //   - the time from a default-route change to the updated @mgmt set.
 //
-// `make bench` calls Run. It needs root, iptables and ip6tables.
-package bench
+// The bench command's guard section ([Section]) calls Run. It needs root,
+// iptables and ip6tables.
+package guard
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
 	"slices"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/pve-inspect/pve-inspect/bench"
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
 
@@ -97,7 +95,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 			}
 		}
 	}
-	r.GuardApply, r.IptablesApply = median(guard), median(ipt)
+	r.GuardApply, r.IptablesApply = bench.Median(guard), bench.Median(ipt)
 	d, err := timeRouteChanges(ctx, o.RouteChanges)
 	if err != nil {
 		return nil, err
@@ -109,115 +107,18 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	return r, nil
 }
 
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-// node is a fresh namespace with the bench's interface set: eth0 (default
-// route), eth1 (spare uplink), stor0 (trusted), vnetA and vnetB (guest
-// bridges).
-type node struct {
-	name string
-	ns   netns.NsHandle
-	h    *netlink.Handle
-}
-
-func newNode() (*node, error) {
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	name := "pgb" + hex.EncodeToString(b)
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, err
-	}
-	ns, err := netns.NewNamed(name)
-	serr := netns.Set(orig)
-	orig.Close()
-	if serr != nil {
-		// this thread is stuck in the new namespace: let it die with us
-		return nil, fmt.Errorf("bench: back to original netns: %w", serr)
-	}
-	runtime.UnlockOSThread()
-	if err != nil {
-		return nil, fmt.Errorf("bench: create netns: %w", err)
-	}
-	n := &node{name: name, ns: ns}
-	if n.h, err = netlink.NewHandleAt(ns); err != nil {
-		n.close()
-		return nil, err
-	}
-	if err := n.setup(); err != nil {
-		n.close()
-		return nil, err
-	}
-	return n, nil
-}
-
-func (n *node) setup() error {
-	lo, err := n.h.LinkByName("lo")
-	if err != nil {
-		return err
-	}
-	if err := n.h.LinkSetUp(lo); err != nil {
-		return err
-	}
-	for _, l := range []struct{ name, addr string }{
-		{"eth0", "192.0.2.2/24"}, {"eth1", "198.51.100.2/24"}, {"stor0", "10.99.0.2/24"},
-		{"vnetA", "10.10.1.1/24"}, {"vnetB", "10.10.2.1/24"},
-	} {
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: l.name}}
-		if err := n.h.LinkAdd(br); err != nil {
-			return fmt.Errorf("bench: add %s: %w", l.name, err)
-		}
-		if err := n.h.LinkSetUp(br); err != nil {
-			return err
-		}
-		a, _ := netlink.ParseAddr(l.addr)
-		if err := n.h.AddrAdd(br, a); err != nil {
-			return err
-		}
-	}
-	return n.defaultVia("eth0", "192.0.2.1")
-}
-
-func (n *node) defaultVia(dev, gw string) error {
-	l, err := n.h.LinkByName(dev)
-	if err != nil {
-		return err
-	}
-	return n.h.RouteReplace(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw),
-		Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}})
-}
-
-func (n *node) close() {
-	if n.h != nil {
-		n.h.Close()
-	}
-	n.ns.Close()
-	_ = netns.DeleteNamed(n.name)
-}
-
-func guardConfig(dir string) firewall.Config {
-	return firewall.Config{Trusted: []string{"stor0"}, DnsmasqUser: "65534",
-		ProcRoot: "/nonexistent/pve-inspect-bench-proc", StateDir: dir}
-}
-
 func timeGuard(ctx context.Context) (time.Duration, int, error) {
-	n, err := newNode()
+	n, err := bench.NewNode()
 	if err != nil {
 		return 0, 0, err
 	}
-	defer n.close()
+	defer n.Close()
 	dir, err := os.MkdirTemp("", "pve-inspect-bench")
 	if err != nil {
 		return 0, 0, err
 	}
 	defer os.RemoveAll(dir)
-	g, err := firewall.New(guardConfig(dir), firewall.WithNetNS(n.ns))
+	g, err := firewall.New(bench.GuardConfig(dir), firewall.WithNetNS(n.NS))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -272,11 +173,11 @@ func baselineRules() [][]string {
 // per command; the rules go in last to first so that inserting each at the
 // top leaves them in order.
 func timeIptables(ctx context.Context) (time.Duration, int, int, error) {
-	n, err := newNode()
+	n, err := bench.NewNode()
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	defer n.close()
+	defer n.Close()
 	rules := baselineRules()
 	procs := 0
 	runtime.LockOSThread()
@@ -286,7 +187,7 @@ func timeIptables(ctx context.Context) (time.Duration, int, int, error) {
 		return 0, 0, 0, err
 	}
 	defer orig.Close()
-	if err := netns.Set(n.ns); err != nil {
+	if err := netns.Set(n.NS); err != nil {
 		return 0, 0, 0, err
 	}
 	// children forked from this locked thread start in the namespace
@@ -321,17 +222,17 @@ func timeIptables(ctx context.Context) (time.Duration, int, int, error) {
 // timeRouteChanges runs a guard and moves the default route between eth0
 // and eth1, timing each move until the guard has applied the new @mgmt.
 func timeRouteChanges(ctx context.Context, changes int) (time.Duration, error) {
-	n, err := newNode()
+	n, err := bench.NewNode()
 	if err != nil {
 		return 0, err
 	}
-	defer n.close()
+	defer n.Close()
 	dir, err := os.MkdirTemp("", "pve-inspect-bench")
 	if err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	g, err := firewall.New(guardConfig(dir), firewall.WithNetNS(n.ns))
+	g, err := firewall.New(bench.GuardConfig(dir), firewall.WithNetNS(n.NS))
 	if err != nil {
 		return 0, err
 	}
@@ -354,7 +255,7 @@ func timeRouteChanges(ctx context.Context, changes int) (time.Duration, error) {
 			dev, gw = "eth0", "192.0.2.1"
 		}
 		start := time.Now()
-		if err := n.defaultVia(dev, gw); err != nil {
+		if err := n.DefaultVia(dev, gw); err != nil {
 			return 0, err
 		}
 		for {
@@ -372,5 +273,5 @@ func timeRouteChanges(ctx context.Context, changes int) (time.Duration, error) {
 			return 0, fmt.Errorf("bench: after route change: %w", err)
 		}
 	}
-	return median(ds), nil
+	return bench.Median(ds), nil
 }

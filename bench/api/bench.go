@@ -1,4 +1,4 @@
-// Package apibench measures the sandbox API on the test bed, side by side
+// Package api measures the sandbox API on the test bed, side by side
 // with its baseline in one run: sandbox create-to-ready and delete (medians
 // over Rounds) and Proxmox API requests per sandbox lifecycle on the Proxmox
 // emulator with real qemu-ga guests; exec round trip through the HTTP API
@@ -7,7 +7,7 @@
 // on the same VM, and through the MCP server's sandbox_exec against the
 // HTTP API it calls; 64 MiB write+read through the API against the client.
 // Needs root (the bed).
-package apibench
+package api
 
 import (
 	"bytes"
@@ -23,17 +23,17 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pve-inspect/pve-inspect/bench"
+	qgabench "github.com/pve-inspect/pve-inspect/bench/qga"
 	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/qga/qgabench"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -102,12 +102,6 @@ func peakRSS() (int64, error) {
 }
 
 func resetPeakRSS() error { return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
 
 // Run brings a bed up, measures, prints a table to w and tears down.
 func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
@@ -204,7 +198,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		creates, deletes = append(creates, t1.Sub(t0)), append(deletes, time.Since(t1))
 		calls += len(emu.Requests()) - before
 	}
-	res.CreateP50, res.DeleteP50 = median(creates), median(deletes)
+	res.CreateP50, res.DeleteP50 = bench.Median(creates), bench.Median(deletes)
 	res.CallsPerLifecycle = float64(calls) / float64(o.Rounds)
 
 	// guest I/O on one VM: API and raw client alternate
@@ -254,8 +248,8 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		}
 	}
 	viaAPI, viaQGA, viaRaw := sides[0].took, sides[1].took, sides[2].took
-	res.ExecMCPP50 = median(sides[3].took)
-	res.ExecAPIP50, res.ExecQGAP50, res.ExecRawP50 = median(viaAPI), median(viaQGA), median(viaRaw)
+	res.ExecMCPP50 = bench.Median(sides[3].took)
+	res.ExecAPIP50, res.ExecQGAP50, res.ExecRawP50 = bench.Median(viaAPI), bench.Median(viaQGA), bench.Median(viaRaw)
 
 	data := make([]byte, 64<<20)
 	_, _ = rand.Read(data)
@@ -282,7 +276,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		apiT, qgaT = append(apiT, t1.Sub(t0)), append(qgaT, time.Since(t1))
 	}
 	mbps := func(d time.Duration) float64 { return 2 * 64 / d.Seconds() }
-	res.FileAPIMBps, res.FileQGAMBps = mbps(median(apiT)), mbps(median(qgaT))
+	res.FileAPIMBps, res.FileQGAMBps = mbps(bench.Median(apiT)), mbps(bench.Median(qgaT))
 
 	for _, size := range o.DiskSizes {
 		d, err := diskVsAgent(ctx, c, sb.ID, raw, size)

@@ -1,4 +1,4 @@
-package apibench
+package api
 
 import (
 	"bytes"
@@ -7,15 +7,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestRunQuick(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (the test bed), and CI is set")
-		}
-		t.Skip("SKIPPED: needs root for the test bed")
-	}
+	testkit.RequireRoot(t, "qemu-ga", "dnsmasq", "nft")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	var out bytes.Buffer

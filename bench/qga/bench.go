@@ -1,4 +1,4 @@
-// Package qgabench measures the guest agent client (package qga) against
+// Package qga measures the guest agent client (package qga) against
 // two baselines on the same agent, side by side in one run:
 //
 //   - raw ceiling: the same bytes moved by a minimal loop of guest-file-write
@@ -15,9 +15,9 @@
 // same loop as its baseline), medians of alternating rounds (execTrue), and
 // with status polled once a second (reference shape).
 //
-// It is meant for `make bench` against a test-bed guest; it talks to a real
-// agent and writes files in the guest's /tmp.
-package qgabench
+// The bench command's qga section ([Section]) runs it against a test-bed
+// guest; it talks to a real agent and writes files in the guest's /tmp.
+package qga
 
 import (
 	"bufio"
@@ -30,11 +30,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/bench"
 	"github.com/pve-inspect/pve-inspect/qga"
 )
 
@@ -185,13 +185,7 @@ func execTrue(ctx context.Context, a *qga.Agent, rounds int) (ours, raw time.Dur
 			return 0, 0, err
 		}
 	}
-	return median(o), median(r), nil
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
+	return bench.Median(o), bench.Median(r), nil
 }
 
 func sizeErr(n, want int64, err error) error {
