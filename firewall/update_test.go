@@ -83,6 +83,11 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("port moved off the zone bridge", lacks(hasBridge(`"tap101i0"`)))
+	other := func() bool {
+		out, _ := n.nft(t, "list", "set", "bridge", TableName, SetOtherPorts)
+		return strings.Contains(out, `"tap101i0"`)
+	}
+	check("port on a bridge of no zone is an other port", other)
 	if err := n.h.LinkSetNoMaster(tap); err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +96,7 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("port moved back", hasBridge(`"tap101i0"`))
+	check("port on a zone bridge is no other port", lacks(other))
 	if err := n.h.LinkSetName(tap, "tap101i1"); err != nil {
 		t.Fatal(err)
 	}
