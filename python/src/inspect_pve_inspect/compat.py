@@ -234,8 +234,8 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
         return VmSpec(
             template=str(tag),
             name=_s(vm.get("name")),
-            cores=vm.get("vcpus"),
-            memory_mib=vm.get("ram_mb"),
+            cores=vm.get("vcpus", 2),
+            memory_mib=vm.get("ram_mb", 2048),
             networks=nets,
             sandbox=bool(vm.get("is_sandbox", True)),
         )

@@ -180,6 +180,10 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
                 raise ValueError(f"labels: {k!r}: the inspect. prefix is the provider's")
         return self
 
+    def __hash__(self) -> int:
+        # Inspect keys its sandbox cache by the config; labels is a dict.
+        return hash(self.model_dump_json())
+
     def resolved_vms(self) -> tuple[VmSpec, ...]:
         """The VMs, or one of ``PVE_INSPECT_TEMPLATE`` (default debian)."""
         if self.vms:
