@@ -10,3 +10,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
   -e '.[test]'
+cp constraints.txt .venv/.constraints
