@@ -165,6 +165,20 @@ def test_nodes_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     assert nodes[0].token is not None and nodes[0].token.get_secret_value() == "pvei_secret"
     assert "pvei_secret" not in repr(nodes[0])
+    monkeypatch.setenv("PVE_INSPECT_URL", "https://a:1,https://b:2")
+    monkeypatch.setenv("PVE_INSPECT_TOKEN", "ta,tb")
+    monkeypatch.setenv("PVE_INSPECT_CA_FILE", "/a.pem /b.pem")
+    a, b = nodes_from_env()
+    assert a.token is not None and b.token is not None
+    assert (a.token.get_secret_value(), a.ca_file, b.token.get_secret_value(), b.ca_file) == (
+        "ta",
+        "/a.pem",
+        "tb",
+        "/b.pem",
+    )
+    monkeypatch.setenv("PVE_INSPECT_TOKEN", "ta,tb,tc")
+    with pytest.raises(ConfigError, match="3 entries for 2 URLs"):
+        nodes_from_env()
     monkeypatch.setenv("PVE_INSPECT_URL", "")
     with pytest.raises(ConfigError) as e:
         nodes_from_env()

@@ -197,16 +197,28 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         return nodes_from_env()
 
 
+def _per_node(name: str, n: int) -> list[str | None]:
+    """An environment list: one value for every node, or one per node."""
+    vals = [v for v in re.split(r"[,\s]+", os.environ.get(name, "")) if v]
+    if not vals:
+        return [None] * n
+    if len(vals) == 1:
+        return vals * n
+    if len(vals) != n:
+        raise ConfigError("nodes", f"{name} has {len(vals)} entries for {n} URLs: want 1 or {n}")
+    return list(vals)
+
+
 def nodes_from_env() -> tuple[NodeConfig, ...]:
     """Nodes from ``PVE_INSPECT_URL`` (one URL, or several separated by
-    commas or spaces), all with ``PVE_INSPECT_TOKEN`` and
-    ``PVE_INSPECT_CA_FILE``."""
-    raw = os.environ.get(ENV_URL, "")
-    urls = [u for u in re.split(r"[,\s]+", raw) if u]
+    commas or spaces) with ``PVE_INSPECT_TOKEN`` and ``PVE_INSPECT_CA_FILE``
+    (one for all, or one per URL in the same order)."""
+    urls = [u for u in re.split(r"[,\s]+", os.environ.get(ENV_URL, "")) if u]
     if not urls:
         raise ConfigError("nodes", f"no node: set {ENV_URL} or the config's nodes")
-    token = os.environ.get(ENV_TOKEN) or None
-    ca = os.environ.get(ENV_CA_FILE) or None
+    tokens = _per_node(ENV_TOKEN, len(urls))
+    cas = _per_node(ENV_CA_FILE, len(urls))
     return tuple(
-        NodeConfig(url=u, token=SecretStr(token) if token else None, ca_file=ca) for u in urls
+        NodeConfig(url=u, token=SecretStr(t) if t else None, ca_file=c)
+        for u, t, c in zip(urls, tokens, cas, strict=True)
     )

@@ -32,14 +32,25 @@ async def _probe(node: NodeConfig) -> tuple[NodeConfig, float] | None:
                     h = await c.healthz()
                     # No capacity endpoint: prefer the less loaded node.
                     return node, -float(h.get("sandboxes", 0))
-    except (NodeDown, Problem, TimeoutError):
+    except (NodeDown, Problem, TimeoutError, OSError):
+        # OSError: also a CA file that is gone, or TLS that fails.
         return None
     free = float(cap.get("free_sandboxes", 0))
     return (node, free) if free > 0 else None
 
 
+class _Turn:
+    """Rotates the order of equally free nodes, so that samples started
+    together (all seeing the same free room) spread over the nodes."""
+
+    n = 0
+
+
 async def rank(nodes: Sequence[NodeConfig]) -> list[NodeConfig]:
-    """The nodes that answer and have room, the emptiest first."""
+    """The nodes that answer and have room, the emptiest first (ties in
+    turn)."""
+    turn = _Turn.n
+    _Turn.n += 1
     found: list[tuple[int, tuple[NodeConfig, float]]] = []
 
     async def one(i: int, n: NodeConfig) -> None:
@@ -50,7 +61,7 @@ async def rank(nodes: Sequence[NodeConfig]) -> list[NodeConfig]:
     async with anyio.create_task_group() as tg:
         for i, n in enumerate(nodes):
             tg.start_soon(one, i, n)
-    found.sort(key=lambda x: (-x[1][1], x[0]))
+    found.sort(key=lambda x: (-x[1][1], (x[0] - turn) % len(nodes)))
     return [r[0] for _, r in found]
 
 
@@ -60,10 +71,14 @@ async def place(nodes: Sequence[NodeConfig], req: dict[str, Any]) -> tuple[Clien
     errs: list[str] = []
     ranked = await rank(nodes)
     for node in ranked:
-        c = Client(node)
+        try:
+            c = Client(node)
+        except OSError as e:
+            errs.append(f"{node.url}: {e}")
+            continue
         try:
             return c, await c.create(req)
-        except NodeDown as e:
+        except (NodeDown, OSError) as e:
             errs.append(f"{node.url}: down: {e}")
         except Problem as p:
             if p.type not in _NEXT_NODE:
