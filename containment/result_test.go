@@ -2,7 +2,6 @@ package containment
 
 import (
 	"bytes"
-	"flag"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,9 +9,8 @@ import (
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/containment/probe"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 func goldenSpec() Spec {
 	return Spec{
@@ -147,7 +145,7 @@ func TestGoldenTableDeadNetwork(t *testing.T) {
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
 	path := filepath.Join("testdata", name)
-	if *update {
+	if testkit.Update() {
 		if err := os.WriteFile(path, got, 0o644); err != nil {
 			t.Fatal(err)
 		}

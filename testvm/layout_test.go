@@ -59,9 +59,48 @@ func TestDependencyDirections(t *testing.T) {
 	walk(mod + "cmd/pve-bootstrap")
 	for p := range seen {
 		rel := strings.TrimPrefix(p, mod)
-		for _, banned := range []string{"firewall", "lockdown", "sandboxapi", "testvm"} {
+		for _, banned := range []string{"firewall", "lockdown", "sandbox", "sandboxapi", "testvm"} {
 			if rel == banned || strings.HasPrefix(rel, banned+"/") {
 				t.Errorf("pve-bootstrap reaches %s", p)
+			}
+		}
+	}
+}
+
+// TestEngineLayout keeps the sandbox API's three layers apart (tailscale's
+// ipn / ipnlocal / localapi): the engine (sandbox) speaks no HTTP; the wire
+// types (sandboxapi/apitype) import nothing of this module; the Go client
+// and the MCP server speak the wire types, never the HTTP package; the
+// engine's implementations (qga, containment, pveapi, diskxfer) import the
+// engine, never the HTTP layer.
+func TestEngineLayout(t *testing.T) {
+	const mod = "github.com/pve-inspect/pve-inspect/"
+	imports := func(pkg string, deps bool) []string {
+		t.Helper()
+		args := []string{"list", "-f", "{{join .Imports \"\\n\"}}", mod + pkg}
+		if deps {
+			args = []string{"list", "-deps", mod + pkg}
+		}
+		out, err := exec.Command("go", args...).Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		return strings.Fields(string(out))
+	}
+	for _, i := range imports("sandbox", false) {
+		if i == "net/http" || strings.HasPrefix(i, "net/http/") || strings.HasPrefix(i, mod+"sandboxapi") && i != mod+"sandboxapi/apitype" {
+			t.Errorf("the engine (sandbox) imports %s", i)
+		}
+	}
+	for _, i := range imports("sandboxapi/apitype", true) {
+		if strings.HasPrefix(i, mod) && i != mod+"sandboxapi/apitype" {
+			t.Errorf("sandboxapi/apitype reaches %s", i)
+		}
+	}
+	for _, p := range []string{"sandboxapi/client", "sandboxapi/mcpserver", "qga", "containment", "pveapi", "diskxfer"} {
+		for _, i := range imports(p, true) {
+			if i == mod+"sandboxapi" {
+				t.Errorf("%s reaches the HTTP package sandboxapi", p)
 			}
 		}
 	}

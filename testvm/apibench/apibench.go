@@ -34,10 +34,11 @@ import (
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/qga/qgabench"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
@@ -157,13 +158,27 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	qc := qga.New(qga.Options{})
 	// The disk path takes files from 128 MiB here, so the 64 MiB round
 	// trip measures the API's agent path and the DiskSizes its disk path.
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "pve", Proxmox: px, Guests: qgaguest.Dialer(qc), QGADir: bed.QGADir(),
-		StateDir: filepath.Join(bed.Dir(), "api-state"), MaxFileBytes: 2 << 30, Logger: slog.New(slog.DiscardHandler),
-		DiskTransfer: diskxfer.New(px, diskxfer.Options{}), DiskThreshold: 128 << 20})
+	eng, err := sandbox.New(sandbox.Options{
+		Node:          "pve",
+		Proxmox:       px,
+		Guests:        qc.SandboxGuests(),
+		QGADir:        bed.QGADir(),
+		StateDir:      filepath.Join(bed.Dir(), "api-state"),
+		Logger:        slog.New(slog.DiscardHandler),
+		DiskTransfer:  diskxfer.New(px, diskxfer.Options{}),
+		DiskThreshold: 128 << 20,
+	})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := srv.Reconcile(ctx); err != nil {
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		MaxFileBytes: 2 << 30,
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := eng.Reconcile(ctx); err != nil {
 		return nil, err
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
@@ -172,7 +187,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	res := &Result{}
 
 	// lifecycle
-	req := sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}}
+	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}}}
 	var creates, deletes []time.Duration
 	calls := 0
 	for range o.Rounds {
@@ -193,7 +208,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	res.CallsPerLifecycle = float64(calls) / float64(o.Rounds)
 
 	// guest I/O on one VM: API and raw client alternate
-	sb, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
@@ -212,7 +227,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		took []time.Duration
 	}{
 		{"api", func() error {
-			_, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}})
+			_, err := c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"true"}})
 			return err
 		}, nil},
 		{"qga", func() error {
@@ -305,7 +320,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 // in-memory transport; the server's tools call the API through c.
 func mcpSession(ctx context.Context, c *client.Client) (*mcp.ClientSession, error) {
 	st, ct := mcp.NewInMemoryTransports()
-	if _, err := mcpserver.New(c, mcpserver.Options{}, sandboxapi.ScopeAdmin).Connect(ctx, st, nil); err != nil {
+	if _, err := mcpserver.New(c, mcpserver.Options{}, apitype.ScopeAdmin).Connect(ctx, st, nil); err != nil {
 		return nil, fmt.Errorf("mcp server: %w", err)
 	}
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "apibench", Version: "1"}, nil).Connect(ctx, ct, nil)

@@ -15,6 +15,7 @@
 package egressbench
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -24,6 +25,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -54,6 +56,13 @@ type Result struct {
 	HTTPCheck, HTTPOpen time.Duration
 	TLSCheck, TLSOpen   time.Duration
 	PolicyChanges       int
+	// CutSet is how long Registry.Set to none took with CutConns
+	// keep-alive connections open through the proxy (it closes them);
+	// CutAll until the last of them saw its close in the guest; CutClosed
+	// counts those that did (medians and totals over CutRounds).
+	CutSet, CutAll      time.Duration
+	CutConns, CutRounds int
+	CutClosed           int
 }
 
 // Print writes the figures.
@@ -61,6 +70,8 @@ func (r Result) Print(w io.Writer) {
 	ratio := func(a, b time.Duration) float64 { return float64(a) / float64(b) }
 	fmt.Fprintf(w, "policy change -> enforced (Registry.Set returned, kernel updated), median of %d: %v; probe from the guest right after: %d/%d dropped\n",
 		r.PolicyChanges, r.SetToEnforced, r.ProbesDropped, r.PolicyChanges)
+	fmt.Fprintf(w, "policy change -> all cut, %d keep-alive connections open through the proxy: Registry.Set returned (kernel updated, connections closed), median of %d: %v; last connection saw its close in the guest: %v; closed %d/%d\n",
+		r.CutConns, r.CutRounds, r.CutSet, r.CutAll, r.CutClosed, r.CutConns*r.CutRounds)
 	fmt.Fprintf(w, "DNS answer, allowlist zone through the resolver, median of %d: %v\n", r.Rounds, r.DNSCheck)
 	fmt.Fprintf(w, "DNS answer, open zone straight to the upstream, median of %d: %v\n", r.Rounds, r.DNSOpen)
 	fmt.Fprintf(w, "ratio resolver/open: %.2fx (added %v)\n", ratio(r.DNSCheck, r.DNSOpen), r.DNSCheck-r.DNSOpen)
@@ -99,6 +110,9 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 	defer stop()
 	r := Result{Rounds: o.Rounds}
 	if err := bd.measurePolicyChanges(ctx, o.Rounds, &r); err != nil {
+		return r, err
+	}
+	if err := bd.measurePolicyCut(ctx, o.Rounds, &r); err != nil {
 		return r, err
 	}
 	if err := bd.measureLatency(ctx, o.Rounds, &r); err != nil {
@@ -244,6 +258,106 @@ func (bd *bed) measurePolicyChanges(ctx context.Context, rounds int, r *Result) 
 	}
 	r.SetToEnforced, r.PolicyChanges = median(times), n
 	return nil
+}
+
+// measurePolicyCut opens keep-alive HTTP connections through the proxy
+// from the allowlist zone, changes the policy to none and times the Set
+// (which closes them) and the moment the last one saw its close in the
+// guest.
+func (bd *bed) measurePolicyCut(ctx context.Context, rounds int, r *Result) error {
+	allow, err := egress.Compile(egress.Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
+	if err != nil {
+		return err
+	}
+	none, _ := egress.Compile(egress.Policy{Mode: "none"})
+	const conns = 8
+	n := min(rounds, 10)
+	var sets, alls []time.Duration
+	for range n {
+		if err := bd.reg.Set(ctx, "zonea", "sb-allow", []string{"vneta"}, allow); err != nil {
+			return err
+		}
+		if _, err := bd.resolve(bd.allowNS, testvm.InternetName); err != nil {
+			return fmt.Errorf("positive control, allowed name: %w", err)
+		}
+		var cs []net.Conn
+		for range conns {
+			c, err := bd.keepAlive(bd.allowNS)
+			if err != nil {
+				for _, c := range cs {
+					c.Close()
+				}
+				return fmt.Errorf("positive control, keep-alive connection: %w", err)
+			}
+			cs = append(cs, c)
+		}
+		closed := make(chan time.Time, conns)
+		for _, c := range cs {
+			go func() {
+				_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+				var b [1]byte
+				_, err := c.Read(b[:])
+				var ne net.Error
+				if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+					closed <- time.Now()
+					return
+				}
+				closed <- time.Time{}
+			}()
+		}
+		start := time.Now()
+		if err := bd.reg.Set(ctx, "zonea", "sb-allow", []string{"vneta"}, none); err != nil {
+			return err
+		}
+		sets = append(sets, time.Since(start))
+		var last time.Time
+		for range conns {
+			if at := <-closed; !at.IsZero() {
+				r.CutClosed++
+				if at.After(last) {
+					last = at
+				}
+			}
+		}
+		if !last.IsZero() {
+			alls = append(alls, last.Sub(start))
+		}
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+	r.CutSet, r.CutConns, r.CutRounds = median(sets), conns, n
+	if len(alls) > 0 {
+		r.CutAll = median(alls)
+	}
+	return nil
+}
+
+// keepAlive opens a connection from ns to the internet host's port 80
+// and gets one answer on it, leaving it open (HTTP/1.1 keep-alive).
+func (bd *bed) keepAlive(ns string) (net.Conn, error) {
+	var c net.Conn
+	err := bd.b.Do(ns, func() (err error) {
+		c, err = net.DialTimeout("tcp4", testvm.InternetAddr+":80", 3*time.Second)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+testvm.InternetName+"\r\n\r\n"); err != nil {
+		c.Close()
+		return nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	_ = c.SetDeadline(time.Time{})
+	return c, nil
 }
 
 func (bd *bed) connect(ns, addr string, timeout time.Duration) error {

@@ -1,59 +1,14 @@
-package sandboxapi
+package sandbox
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
-
-const stateName = "sandboxes.json"
-
-// saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
-func (m *manager) saveState() error {
-	m.stateMu.Lock()
-	defer m.stateMu.Unlock()
-	b, err := encodeState(m.o.Node, m.list())
-	if err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	if err := atomicfile.Write(filepath.Join(m.o.StateDir, stateName), b, 0o600); err != nil {
-		return fmt.Errorf("save state: %w", err)
-	}
-	return nil
-}
-
-// loadState reads the state file; a missing file is an empty state.
-func (m *manager) loadState() ([]Sandbox, error) {
-	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load state: %w", err)
-	}
-	node, sbs, err := decodeState(b)
-	if err != nil {
-		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
-	}
-	if node != "" && node != m.o.Node {
-		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
-	}
-	for _, s := range sbs {
-		if !reSandbox.MatchString(s.ID) {
-			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
-		}
-	}
-	return sbs, nil
-}
 
 // ReconcileReport says what Reconcile did.
 type ReconcileReport struct {
@@ -70,23 +25,22 @@ type ReconcileReport struct {
 	Failed []string `json:"failed,omitempty"`
 }
 
-// reconcile re-attaches the sandboxes of the state file, tears down those
+// Reconcile re-attaches the sandboxes of the state file, tears down those
 // caught mid-create or mid-delete, and deletes objects carrying this node's
 // tags that belong to no known sandbox. Objects without both tags are never
 // touched. It fails only when it cannot see the whole picture (the state
 // file, the pool, the VM or vnet lists); an object that will not go away is
 // logged, listed in Failed, and the rest carried on with.
-func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
+func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	var rep ReconcileReport
-	px := m.o.Proxmox
 	saved, err := m.loadState()
 	if err != nil {
 		return rep, err
 	}
-	if err := px.EnsurePool(ctx, m.o.Pool); err != nil {
+	if err := m.pools.EnsurePool(ctx, m.o.Pool); err != nil {
 		return rep, pxErr("ensure pool", err)
 	}
-	vms, err := px.ListVMs(ctx)
+	vms, err := m.vms.ListVMs(ctx)
 	if err != nil {
 		return rep, pxErr("list vms", err)
 	}
@@ -96,9 +50,9 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	known := map[string]bool{}
 	for _, s := range saved {
-		rec := &record{Sandbox: s, created: make(chan struct{}), guests: map[int]Guest{}}
+		rec := &record{Sandbox: s, created: make(chan struct{})}
 		close(rec.created)
-		if s.State == StateReady || s.State == StateError {
+		if s.State == apitype.StateReady || s.State == apitype.StateError {
 			missing := false
 			for _, v := range s.VMs {
 				info, ok := byID[v.VMID]
@@ -109,7 +63,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 				}
 			}
 			if missing {
-				rec.State = StateError
+				rec.State = apitype.StateError
 				rec.Error = "VMs missing after restart"
 			}
 			m.mu.Lock()
@@ -122,7 +76,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		// creating or deleting when the daemon stopped: finish it off.
 		if err := m.teardown(ctx, rec); err != nil {
 			rep.failed(m, "sandbox "+s.ID, err)
-			rec.State = StateError
+			rec.State = apitype.StateError
 			rec.Error = "teardown on start failed: " + err.Error()
 			m.mu.Lock()
 			m.sbx[s.ID] = rec
@@ -157,7 +111,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.OrphanVMs = append(rep.OrphanVMs, v.VMID)
 	}
-	vnets, err := px.ListVNets(ctx)
+	vnets, err := m.cleaner.ListVNets(ctx)
 	if err != nil {
 		return rep, pxErr("list vnets", err)
 	}
@@ -174,7 +128,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 			rep.failed(m, "orphan zone "+z, errors.New("a VM of the zone could not be deleted"))
 			continue
 		}
-		var nets []Network
+		var nets []apitype.Network
 		cidrs, err := m.vnetSubnets(ctx, vnets, z)
 		if err != nil {
 			rep.failed(m, "orphan zone "+z, err)
@@ -182,7 +136,7 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		for vn, cs := range cidrs {
 			for _, c := range cs {
-				nets = append(nets, Network{VNet: vn, CIDR: c})
+				nets = append(nets, apitype.Network{VNet: vn, CIDR: c})
 			}
 			rep.OrphanVNets = append(rep.OrphanVNets, vn)
 		}
@@ -201,19 +155,19 @@ func (m *manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 // failed records and logs an object reconcile could not clean up.
-func (r *ReconcileReport) failed(m *manager, what string, err error) {
+func (r *ReconcileReport) failed(m *Engine, what string, err error) {
 	m.log.Error("reconcile: left for the next start", "object", what, "err", err)
 	r.Failed = append(r.Failed, what)
 }
 
 // vnetSubnets returns the subnets of every vnet in zone.
-func (m *manager) vnetSubnets(ctx context.Context, vnets []VNetInfo, zone string) (map[string][]string, error) {
+func (m *Engine) vnetSubnets(ctx context.Context, vnets []VNetInfo, zone string) (map[string][]string, error) {
 	out := map[string][]string{}
 	for _, v := range vnets {
 		if v.Zone != zone {
 			continue
 		}
-		cs, err := m.o.Proxmox.VNetSubnets(ctx, v.ID)
+		cs, err := m.cleaner.VNetSubnets(ctx, v.ID)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, pxErr("list subnets of "+v.ID, err)
 		}

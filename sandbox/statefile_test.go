@@ -1,15 +1,13 @@
-package sandboxapi
+package sandbox
 
 import (
-	"bytes"
-	"flag"
 	"os"
 	"reflect"
 	"strings"
 	"testing"
-)
 
-var updateState = flag.Bool("update", false, "rewrite testdata/state-v2.json")
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+)
 
 // TestStateMigration: a state file written by the version 1 daemon
 // (testdata/state-v1.json, kept as written) loads into the same sandboxes
@@ -31,18 +29,7 @@ func TestStateMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *updateState {
-		if err := os.WriteFile("testdata/state-v2.json", v2, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile("testdata/state-v2.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(v2, want) {
-		t.Errorf("version 2 rewrite differs from testdata/state-v2.json (-update):\n%s", v2)
-	}
+	testkit.Golden(t, "state-v2.json", v2)
 	_, fromV2, err := decodeState(v2)
 	if err != nil || !reflect.DeepEqual(fromV2, fromV1) {
 		t.Errorf("version 2 round trip: %v\n%+v\nwant %+v", err, fromV2, fromV1)

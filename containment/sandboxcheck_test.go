@@ -1,4 +1,4 @@
-package containcheck
+package containment
 
 import (
 	"fmt"
@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 func TestInNetworks(t *testing.T) {
-	nws := []sandboxapi.Network{{Name: "net0", CIDR: "10.200.1.0/24"}, {Name: "net1", CIDR: "10.200.7.0/24"}}
+	nws := []apitype.Network{{Name: "net0", CIDR: "10.200.1.0/24"}, {Name: "net1", CIDR: "10.200.7.0/24"}}
 	for _, c := range []struct {
 		addr string
 		want bool
@@ -27,15 +28,15 @@ func TestInNetworks(t *testing.T) {
 			t.Errorf("inNetworks(%s) = %v, want %v", c.addr, got, c.want)
 		}
 	}
-	if inNetworks(netip.MustParseAddr("10.200.1.17"), []sandboxapi.Network{{CIDR: "auto"}}) {
+	if inNetworks(netip.MustParseAddr("10.200.1.17"), []apitype.Network{{CIDR: "auto"}}) {
 		t.Error("an unparsed CIDR matched")
 	}
 }
 
 func TestOutsideSandboxes(t *testing.T) {
-	tg := sandboxapi.CheckTarget{
-		Sandbox: sandboxapi.Sandbox{Networks: []sandboxapi.Network{{CIDR: "10.0.0.0/24"}}},
-		Others:  []sandboxapi.Sandbox{{Networks: []sandboxapi.Network{{CIDR: "172.16.0.0/24"}}}},
+	tg := sandbox.CheckTarget{
+		Sandbox: apitype.Sandbox{Networks: []apitype.Network{{CIDR: "10.0.0.0/24"}}},
+		Others:  []apitype.Sandbox{{Networks: []apitype.Network{{CIDR: "172.16.0.0/24"}}}},
 	}
 	var lan []netip.AddrPort
 	for _, a := range []string{"10.0.0.1:22", "172.16.0.1:80", "192.168.1.1:22", "100.64.0.1:80", "[2001:db8::1]:22"} {
@@ -57,9 +58,9 @@ func TestOutsideSandboxes(t *testing.T) {
 }
 
 func TestSplitGateways(t *testing.T) {
-	others := []sandboxapi.Sandbox{
-		{Networks: []sandboxapi.Network{{CIDR: "10.200.2.0/24", Gateway: "10.200.2.1"}}},
-		{Networks: []sandboxapi.Network{{CIDR: "10.200.3.0/24", Gateway: "10.200.3.1"}, {CIDR: "fd00:3::/64"}}},
+	others := []apitype.Sandbox{
+		{Networks: []apitype.Network{{CIDR: "10.200.2.0/24", Gateway: "10.200.2.1"}}},
+		{Networks: []apitype.Network{{CIDR: "10.200.3.0/24", Gateway: "10.200.3.1"}, {CIDR: "fd00:3::/64"}}},
 	}
 	for _, c := range []struct {
 		name          string
@@ -93,7 +94,7 @@ func parseAll(ss []string) []netip.Addr {
 // TestNextRotation: the first run starts from the clock, each next run
 // takes the next rotation, also when runs race.
 func TestNextRotation(t *testing.T) {
-	var c Checker
+	var c SandboxChecker
 	first := c.nextRotation()
 	if now := uint64(time.Now().Unix()); first+5 < now || first > now {
 		t.Fatalf("first rotation %d, want about the clock %d", first, now)

@@ -1,4 +1,4 @@
-package sandboxapi
+package sandbox
 
 import (
 	"context"
@@ -20,7 +20,7 @@ type VMConfigs interface {
 // checkTemplates refuses templates whose failing profile items a clone
 // cannot fix, with a problem listing them, unless unhardened templates
 // are allowed.
-func (m *manager) checkTemplates(ctx context.Context, names []string, ids []int) error {
+func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int) error {
 	if m.o.VMConfigs == nil || m.o.AllowUnhardenedTemplates {
 		return nil
 	}
@@ -42,15 +42,13 @@ func (m *manager) checkTemplates(ctx context.Context, names []string, ids []int)
 	if len(items) == 0 {
 		return nil
 	}
-	p := problemf(ProblemTemplateNotHardened, "%d profile item(s) fail; run `pve-inspectd template harden VMID` as root on the node, or set [api] require_hardened_templates = false: %s",
-		len(items), strings.Join(items, "; "))
-	p.Items = items
-	return p
+	return &NotHardenedError{Items: items, Msg: fmt.Sprintf("%d profile item(s) fail; run `pve-inspectd template harden VMID` as root on the node, or set [api] require_hardened_templates = false: %s",
+		len(items), strings.Join(items, "; "))}
 }
 
 // hardenClone sets the profile items the pool-scoped token may set on a
 // fresh clone and verifies them.
-func (m *manager) hardenClone(ctx context.Context, vmid int) error {
+func (m *Engine) hardenClone(ctx context.Context, vmid int) error {
 	if m.o.VMConfigs == nil {
 		return nil
 	}

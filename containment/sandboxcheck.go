@@ -1,5 +1,7 @@
-// Package containcheck adapts the containment check (containment)
-// to the sandbox API's Checker: it fills the plan's per-sandbox part (the
+package containment
+
+// This file is the sandbox engine's containment check (sandbox.Checker):
+// SandboxChecker fills the plan's per-sandbox part (the
 // VM's zone gateway and subnet, the zone resolver's local name, the guests
 // of the node's other sandboxes) around a node-wide part the daemon supplies
 // (host addresses, control ports, metadata, LAN, public targets, and the
@@ -8,14 +10,13 @@
 // the layer-2 rows on the VM's vnet bridge, leaving the VM's own ports out
 // of the node's watch.
 //
-// On a node with many sandboxes the plan is sampled (containment's
+// On a node with many sandboxes the plan is sampled (this package's
 // sample.go): the node addresses that lie in another sandbox's subnet are
 // that zone's gateway and go to Spec.OtherGateways, and every run takes
 // the next rotation, so consecutive checks on the node cover every other
 // zone and LAN target. The report's Sampling says what a run left out.
 // The other sandboxes' guest addresses are asked for a few at a time,
 // each within its own short timeout.
-package containcheck
 
 import (
 	"context"
@@ -30,26 +31,27 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// Checker implements sandboxapi.Checker.
-type Checker struct {
+// SandboxChecker is the containment check of a sandbox: it implements
+// sandbox.Checker.
+type SandboxChecker struct {
 	// Runner uploads and runs the probe.
-	Runner *containment.Runner
+	Runner *Runner
 	// Client and QGADir reach the VM's agent (<QGADir>/<vmid>.qga).
 	Client *qga.Client
 	QGADir string
 	// Node returns the node-wide part of the plan and the policy the node's
 	// current mode promises (guard only, or lockdown).
-	Node func(ctx context.Context) (containment.Spec, containment.Policy, error)
+	Node func(ctx context.Context) (Spec, Policy, error)
 	// Sandbox, when set, adapts the node's spec and policy to the sandbox
 	// (its egress policy: an allow-list or none sandbox reaches no public
 	// address and recurses for no external name; an allow-list one gets
 	// the egress rows).
-	Sandbox func(sandbox string, spec containment.Spec, p containment.Policy) (containment.Spec, containment.Policy)
+	Sandbox func(sandbox string, spec Spec, p Policy) (Spec, Policy)
 	// LocalName is the name a zone's resolver answers itself.
 	LocalName func(zone string) string
 	// OtherZonePort is probed on other sandboxes' guests (22).
@@ -66,7 +68,7 @@ type Checker struct {
 }
 
 // nextRotation returns the rotation of a new run: the one after the last.
-func (c *Checker) nextRotation() uint64 {
+func (c *SandboxChecker) nextRotation() uint64 {
 	for {
 		last := c.rotation.Load()
 		next := last + 1
@@ -83,11 +85,11 @@ func (c *Checker) nextRotation() uint64 {
 // once.
 const guestLookups = 8
 
-var _ sandboxapi.Checker = (*Checker)(nil)
+var _ sandbox.Checker = (*SandboxChecker)(nil)
 
 // guestAddr asks a guest for its first global IPv4 address.
-func guestAddr(ctx context.Context, g sandboxapi.Guest) (netip.Addr, error) {
-	res, err := g.Exec(ctx, sandboxapi.GuestExec{Argv: []string{"ip", "-4", "-o", "addr", "show", "scope", "global"}, Timeout: 10, OutputLimit: 64 << 10})
+func guestAddr(ctx context.Context, g sandbox.Guest) (netip.Addr, error) {
+	res, err := g.Exec(ctx, sandbox.GuestExec{Argv: []string{"ip", "-4", "-o", "addr", "show", "scope", "global"}, Timeout: 10, OutputLimit: 64 << 10})
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -104,29 +106,29 @@ func guestAddr(ctx context.Context, g sandboxapi.Guest) (netip.Addr, error) {
 	return netip.Addr{}, errors.New("no global IPv4 address")
 }
 
-// Run implements sandboxapi.Checker.
-func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi.CheckReport, error) {
+// Run implements sandbox.Checker.
+func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apitype.CheckReport, error) {
 	spec, pol, err := c.Node(ctx)
 	if err != nil {
-		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: node facts: %w", err)
+		return apitype.CheckReport{}, fmt.Errorf("containment check: node facts: %w", err)
 	}
 	if c.Sandbox != nil {
 		spec, pol = c.Sandbox(t.Sandbox.ID, spec, pol)
 	}
-	var nw *sandboxapi.Network
+	var nw *apitype.Network
 	for i, n := range t.Sandbox.Networks {
 		if len(t.VM.Networks) > 0 && n.Name == t.VM.Networks[0] {
 			nw = &t.Sandbox.Networks[i]
 		}
 	}
 	if nw == nil {
-		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: VM %s has no network", t.VM.Name)
+		return apitype.CheckReport{}, fmt.Errorf("containment check: VM %s has no network", t.VM.Name)
 	}
 	if spec.Gateway, err = netip.ParseAddr(nw.Gateway); err != nil {
-		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: gateway: %w", err)
+		return apitype.CheckReport{}, fmt.Errorf("containment check: gateway: %w", err)
 	}
 	if spec.Subnet, err = netip.ParsePrefix(nw.CIDR); err != nil {
-		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: subnet: %w", err)
+		return apitype.CheckReport{}, fmt.Errorf("containment check: subnet: %w", err)
 	}
 	spec.LocalName = c.LocalName(t.Sandbox.Zone)
 	if c.GuestPorts != nil {
@@ -140,33 +142,33 @@ func (c *Checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi
 	spec.HostAddrs, spec.OtherGateways = splitGateways(spec.HostAddrs, t.Others)
 	spec.Rotation = c.nextRotation()
 	spec.LAN = outsideSandboxes(spec.LAN, t)
-	plan, err := containment.NewPlan(spec, pol)
+	plan, err := NewPlan(spec, pol)
 	if err != nil {
-		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: %w", err)
+		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
-	agent := containment.AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
+	agent := AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
 	res, err := c.Runner.Run(ctx, agent, plan)
 	if err != nil {
-		return sandboxapi.CheckReport{}, fmt.Errorf("containment check: %w", err)
+		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
-	rep := sandboxapi.CheckReport{Pass: res.Passed()}
+	rep := apitype.CheckReport{Pass: res.Passed()}
 	if s := res.Sampling; s != nil {
-		rep.Sampling = &sandboxapi.CheckSampling{RowsNotProbed: s.RowsLeftOut, NotProbed: s.LeftOut, Runs: s.Runs, Note: s.String()}
+		rep.Sampling = &apitype.CheckSampling{RowsNotProbed: s.RowsLeftOut, NotProbed: s.LeftOut, Runs: s.Runs, Note: s.String()}
 	}
 	for _, r := range res.Rows {
 		detail := r.Detail
 		if r.Why != "" {
 			detail += "; " + r.Why
 		}
-		rep.Rows = append(rep.Rows, sandboxapi.CheckRow{Target: r.Name, Probe: r.Target, Expected: string(r.Expect),
-			Observed: string(r.Observed), Pass: r.Status == containment.Pass, Control: r.Control, Detail: detail})
+		rep.Rows = append(rep.Rows, apitype.CheckRow{Target: r.Name, Probe: r.Target, Expected: string(r.Expect),
+			Observed: string(r.Observed), Pass: r.Status == Pass, Control: r.Control, Detail: detail})
 	}
 	return rep, nil
 }
 
 // otherGuests returns the first guest of every other sandbox, at port,
 // asking guestLookups of them at a time.
-func otherGuests(ctx context.Context, t sandboxapi.CheckTarget, port uint16) []netip.AddrPort {
+func otherGuests(ctx context.Context, t sandbox.CheckTarget, port uint16) []netip.AddrPort {
 	if t.GuestOf == nil {
 		return nil
 	}
@@ -200,7 +202,7 @@ func otherGuests(ctx context.Context, t sandboxapi.CheckTarget, port uint16) []n
 // splitGateways moves the node addresses that lie in another sandbox's
 // subnet (that zone's gateway) from hosts to the other zones' gateways,
 // whose rows are sampled on a busy node.
-func splitGateways(hosts []netip.Addr, others []sandboxapi.Sandbox) (own, gateways []netip.Addr) {
+func splitGateways(hosts []netip.Addr, others []apitype.Sandbox) (own, gateways []netip.Addr) {
 	for _, a := range hosts {
 		other := false
 		for _, o := range others {
@@ -216,7 +218,7 @@ func splitGateways(hosts []netip.Addr, others []sandboxapi.Sandbox) (own, gatewa
 }
 
 // inNetworks reports whether a lies in one of the networks' CIDRs.
-func inNetworks(a netip.Addr, nws []sandboxapi.Network) bool {
+func inNetworks(a netip.Addr, nws []apitype.Network) bool {
 	for _, n := range nws {
 		if p, err := netip.ParsePrefix(n.CIDR); err == nil && p.Contains(a) {
 			return true
@@ -228,7 +230,7 @@ func inNetworks(a netip.Addr, nws []sandboxapi.Network) bool {
 // outsideSandboxes drops the LAN targets that lie in a subnet of the
 // sandbox or of another sandbox on the node: those are sandbox zones (the
 // other-zone rows cover them), not the operator's network.
-func outsideSandboxes(lan []netip.AddrPort, t sandboxapi.CheckTarget) []netip.AddrPort {
+func outsideSandboxes(lan []netip.AddrPort, t sandbox.CheckTarget) []netip.AddrPort {
 	out := lan[:0:0]
 	for _, ap := range lan {
 		in := inNetworks(ap.Addr(), t.Sandbox.Networks)
@@ -245,8 +247,8 @@ func outsideSandboxes(lan []netip.AddrPort, t sandboxapi.CheckTarget) []netip.Ad
 // layer2 asks for the layer-2 rows of the VM's first NIC (net0, on nw's
 // vnet bridge). The guest's own address, when it tells one inside the
 // subnet, only keeps the spoofed address apart from it.
-func (c *Checker) layer2(ctx context.Context, t sandboxapi.CheckTarget, nw *sandboxapi.Network, subnet netip.Prefix) *containment.Layer2Spec {
-	l := &containment.Layer2Spec{Bridge: nw.VNet, GuestPorts: c.GuestPorts(t.VM.VMID, 0)}
+func (c *SandboxChecker) layer2(ctx context.Context, t sandbox.CheckTarget, nw *apitype.Network, subnet netip.Prefix) *Layer2Spec {
+	l := &Layer2Spec{Bridge: nw.VNet, GuestPorts: c.GuestPorts(t.VM.VMID, 0)}
 	if t.Guest != nil {
 		if a, err := guestAddr(ctx, t.Guest); err == nil && subnet.Contains(a) {
 			l.GuestAddr = a

@@ -1,4 +1,4 @@
-package sandboxapi
+package apitype
 
 import (
 	"time"
@@ -79,6 +79,11 @@ type Sandbox struct {
 	Networks  []Network         `json:"networks"`
 	VMs       []VM              `json:"vms"`
 	Error     string            `json:"error,omitempty"`
+}
+
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
 }
 
 // Network is one vnet of a sandbox.

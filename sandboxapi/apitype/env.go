@@ -1,9 +1,7 @@
-package sandboxapi
+package apitype
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -55,22 +53,4 @@ func EnvFile(env map[string]string) []byte {
 		fmt.Fprintf(&b, "%s='%s'\n", k, strings.ReplaceAll(env[k], "'", `'\''`))
 	}
 	return b.Bytes()
-}
-
-// errEnvWrite marks a failed write of the secrets file; its message never
-// carries a value.
-var errEnvWrite = errors.New("write secrets file")
-
-// writeEnv writes env into the VM at GuestEnvPath, mode 0600 (nothing when
-// env is empty). The error names the VM and the cause, never a value.
-func (m *manager) writeEnv(ctx context.Context, vmid int, env map[string]string) error {
-	if len(env) == 0 {
-		return nil
-	}
-	err := m.guest(vmid).WriteFile(ctx, GuestEnvPath, bytes.NewReader(EnvFile(env)), 0o600)
-	if err != nil {
-		p := asProblem(err)
-		return fmt.Errorf("vm %d: %w %s: %s", vmid, errEnvWrite, GuestEnvPath, p.Type)
-	}
-	return nil
 }

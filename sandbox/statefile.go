@@ -1,10 +1,16 @@
-package sandboxapi
+package sandbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // The state file (<StateDir>/sandboxes.json) has types of its own, so the
@@ -96,7 +102,7 @@ type stateV1 struct {
 }
 
 // encodeState renders the sandboxes of node as the current format.
-func encodeState(node string, sbs []Sandbox) ([]byte, error) {
+func encodeState(node string, sbs []apitype.Sandbox) ([]byte, error) {
 	st := stateFile{Version: stateVersion, Node: node, Sandboxes: make([]savedSandbox, len(sbs))}
 	for i, s := range sbs {
 		v := savedSandbox{ID: s.ID, State: s.State, Owner: s.Owner, Labels: s.Labels, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
@@ -118,7 +124,7 @@ func encodeState(node string, sbs []Sandbox) ([]byte, error) {
 }
 
 // decodeState reads a state file of any version this daemon knows.
-func decodeState(b []byte) (node string, sbs []Sandbox, err error) {
+func decodeState(b []byte) (node string, sbs []apitype.Sandbox, err error) {
 	var head struct {
 		Version *int `json:"version"`
 	}
@@ -139,13 +145,13 @@ func decodeState(b []byte) (node string, sbs []Sandbox, err error) {
 		return "", nil, err
 	}
 	for _, v := range st.Sandboxes {
-		s := Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
-			Zone: v.Zone, Error: v.Error, Networks: make([]Network, len(v.Networks)), VMs: make([]VM, len(v.VMs))}
+		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
+			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
 		for j, n := range v.Networks {
-			s.Networks[j] = Network(n)
+			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
-			s.VMs[j] = VM(m)
+			s.VMs[j] = apitype.VM(m)
 		}
 		sbs = append(sbs, s)
 	}
@@ -153,22 +159,65 @@ func decodeState(b []byte) (node string, sbs []Sandbox, err error) {
 }
 
 // decodeV1 migrates a version 1 file.
-func decodeV1(b []byte) (string, []Sandbox, error) {
+func decodeV1(b []byte) (string, []apitype.Sandbox, error) {
 	var st stateV1
 	if err := json.Unmarshal(b, &st); err != nil {
 		return "", nil, err
 	}
-	var sbs []Sandbox
+	var sbs []apitype.Sandbox
 	for _, v := range st.Sandboxes {
-		s := Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
-			Zone: v.Zone, Error: v.Error, Networks: make([]Network, len(v.Networks)), VMs: make([]VM, len(v.VMs))}
+		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
+			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
 		for j, n := range v.Networks {
-			s.Networks[j] = Network(n)
+			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
-			s.VMs[j] = VM(m)
+			s.VMs[j] = apitype.VM(m)
 		}
 		sbs = append(sbs, s)
 	}
 	return st.Node, sbs, nil
+}
+
+const stateName = "sandboxes.json"
+
+// saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
+func (m *Engine) saveState() error {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	b, err := encodeState(m.o.Node, m.List())
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(m.o.StateDir, stateName), b, 0o600); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// loadState reads the state file; a missing file is an empty state.
+func (m *Engine) loadState() ([]apitype.Sandbox, error) {
+	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load state: %w", err)
+	}
+	node, sbs, err := decodeState(b)
+	if err != nil {
+		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
+	}
+	if node != "" && node != m.o.Node {
+		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
+	}
+	for _, s := range sbs {
+		if !reSandbox.MatchString(s.ID) {
+			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
+		}
+	}
+	return sbs, nil
 }
