@@ -495,6 +495,10 @@ func TestProblemDocuments(t *testing.T) {
 		{"bad json", "POST", "/v1/sandboxes", "application/json", `{"vms":`, 400, apitype.ProblemInvalidRequest},
 		{"unknown field", "POST", "/v1/sandboxes", "application/json", `{"vms":[{"template":"debian"}],"root":true}`, 400, apitype.ProblemInvalidRequest},
 		{"trailing data", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}]} {}`, 400, apitype.ProblemInvalidRequest},
+		// schemathesis ST201: a JSON null body was taken as the empty request.
+		{"null body", "POST", "/v1/sandboxes/" + sb.ID + "/check", "application/json", `null`, 400, apitype.ProblemInvalidRequest},
+		{"null egress policy", "PUT", "/v1/sandboxes/" + sb.ID + "/egress", "application/json", ` null`, 400, apitype.ProblemInvalidRequest},
+		{"array body", "POST", "/v1/sandboxes", "application/json", `[{"vms":[{"template":"debian"}]}]`, 400, apitype.ProblemInvalidRequest},
 		{"wrong content type", "POST", "/v1/sandboxes", "text/plain", `{}`, 415, apitype.ProblemUnsupportedMediaType},
 		{"oversize", "POST", "/v1/sandboxes", "application/json", `{"labels":{"a":"` + strings.Repeat("x", 2<<20) + `"}}`, 413, apitype.ProblemPayloadTooLarge},
 		{"no vms", "POST", "/v1/sandboxes", "", `{"vms":[]}`, 400, apitype.ProblemInvalidRequest},
