@@ -9,7 +9,9 @@ from inspect_pve_inspect import PveInspectSandboxEnvironment
 pytestmark = pytest.mark.anyio
 
 
-async def test_snapshot_and_rollback(two_vm_sample: dict[str, PveInspectSandboxEnvironment]) -> None:
+async def test_snapshot_and_rollback(
+    two_vm_sample: dict[str, PveInspectSandboxEnvironment],
+) -> None:
     env = two_vm_sample["b"]
     await env.write_file("/root/epoch.txt", "clean\n")
     await env.snapshot("epoch0")

@@ -22,7 +22,7 @@ ENV_CA_FILE = "PVE_INSPECT_CA_FILE"
 ENV_TEMPLATE = "PVE_INSPECT_TEMPLATE"
 
 # The daemon's name rule for VMs and networks (sandboxapi/decode.go).
-_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
 
 
 class ConfigError(ValueError):
