@@ -18,6 +18,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cloud/kvm/internal/seedcheck"
 	"github.com/pve-inspect/pve-inspect/cloud/kvm/libvirtdtest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // testImage serves a small locally made qcow2 as the Debian image, with
@@ -44,7 +45,7 @@ func bootFiles(t *testing.T) *directBoot {
 	kernels, _ := filepath.Glob("/boot/vmlinuz-*")
 	if len(kernels) == 0 {
 		msg := "no kernel in /boot/vmlinuz-* (Debian package linux-image-amd64)"
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatal(msg)
 		}
 		t.Skip("SKIPPING: " + msg)

@@ -23,29 +23,25 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
-// NeedRoot skips (loudly) or, under CI, fails when the test cannot run
-// here.
+// NeedRoot is testkit.RequireRoot with the Debian packages that provide
+// bins named in the failure: without root it skips loudly, or fails under
+// CI; a missing binary fails the test.
 func NeedRoot(t testing.TB, bins ...string) {
 	t.Helper()
+	testkit.RequireRoot(t)
 	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
 	for _, b := range bins {
 		if _, err := exec.LookPath(b); err != nil {
 			missing = append(missing, b)
 		}
 	}
-	if len(missing) == 0 {
-		return
+	if len(missing) > 0 {
+		t.Fatalf("%s needs %s (Debian: libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils dnsmasq-base iproute2 util-linux; make deps installs them)", t.Name(), strings.Join(missing, ", "))
 	}
-	msg := fmt.Sprintf("%s needs %s (Debian: libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils dnsmasq-base iproute2 util-linux)", t.Name(), strings.Join(missing, ", "))
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip("SKIPPING: " + msg)
 }
 
 // Daemon is a libvirtd a test started.
