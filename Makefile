@@ -9,32 +9,35 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 BIN     ?= bin
 # Where `make deb` stages its generated files and writes the package.
 DIST    ?= dist
+# The targets that need root (deps, test, demo, playground, bench) run as
+# they are when make runs as root, and through sudo otherwise.
+AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PATH="$(PATH)")
 
 .PHONY: all build test demo playground bench lint deps deb clean
 
 all: build
 
 deps:
-	@.ci/install-deps
+	@$(AS_ROOT) .ci/install-deps
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 # Runs every test, including the root and test-bed ones (needs root).
 test: deps build
-	$(GO) test -count=1 -timeout 75m ./...
+	$(AS_ROOT) $(GO) test -count=1 -timeout 75m ./...
 
 # Brings the node in a box up, runs the containment check, tears it down.
 demo: deps build
-	$(BIN)/pve-inspect-demo
+	$(AS_ROOT) $(BIN)/pve-inspect-demo
 
 # The node in a box with the daemon, its API and MCP server, until Ctrl-C:
 # it prints how to reach each (CLI, curl, MCP client configs).
 playground: deps build
-	$(BIN)/pve-inspect-demo --stay
+	$(AS_ROOT) $(BIN)/pve-inspect-demo --stay
 
 bench: deps build
-	$(BIN)/pve-inspect-bench $(BENCHFLAGS)
+	$(AS_ROOT) $(BIN)/pve-inspect-bench $(BENCHFLAGS)
 
 # promtool comes with Debian's prometheus package (make deps).
 PROMTOOL ?= promtool

@@ -10,6 +10,10 @@
 // [Evaluate]s it into a [Result]: one [Row] per check with expected and
 // observed verdicts, the observed detail, and PASS, FAIL or UNPROVEN.
 //
+// [SandboxChecker] (sandboxcheck.go) is the check as the sandbox engine
+// runs it: it satisfies sandbox.Checker itself, filling the per-sandbox
+// part of the Spec around the node-wide part the daemon supplies.
+//
 // With [Spec].Layer2 the plan also has the layer-2 rows (layer2.go): the
 // guest, root in its VM, sends forged frames through a raw socket, each
 // carrying a nonce the node chose: a datagram from another address of its

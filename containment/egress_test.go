@@ -57,13 +57,17 @@ func TestEgressRows(t *testing.T) {
 			rows = append(rows, c)
 		}
 	}
-	if len(rows) != 5 {
-		t.Fatalf("%d egress rows, want 5: %+v", len(rows), rows)
+	// resolves, connects, disallowed name, SNI, Host (issue 24), tcp
+	// 8443, tcp 22, udp 443 to the allowed name's address (issue 24),
+	// disallowed address
+	if len(rows) != 9 {
+		t.Fatalf("%d egress rows, want 9: %+v", len(rows), rows)
 	}
 	want := []struct {
 		expect          Verdict
 		control, needed bool
-	}{{Reachable, true, true}, {Reachable, true, true}, {Blocked, false, true}, {Blocked, false, true}, {Blocked, false, false}}
+	}{{Reachable, true, true}, {Reachable, true, true}, {Blocked, false, true}, {Blocked, false, true},
+		{Blocked, false, true}, {Blocked, false, false}, {Blocked, false, false}, {Blocked, false, false}, {Blocked, false, false}}
 	for i, w := range want {
 		c := rows[i]
 		if c.Expect != w.expect || c.Control != w.control || (c.NeedAnswer || c.NeedResponse) != w.needed {
@@ -72,6 +76,20 @@ func TestEgressRows(t *testing.T) {
 	}
 	if sni := rows[3].Target; sni.Host != "other.example.test" || sni.Name != "example.test" || sni.Resolver != "10.10.1.1:53" {
 		t.Errorf("SNI row target %+v", sni)
+	}
+	if h := rows[4].Target; h.Kind != probe.KindHTTP || h.Host != "other.example.test" || h.Name != "example.test" || h.Addr != "0.0.0.0:80" {
+		t.Errorf("Host row target %+v", h)
+	}
+	for i, w := range []struct {
+		kind probe.Kind
+		addr string
+	}{{probe.KindTCP, "0.0.0.0:8443"}, {probe.KindTCP, "0.0.0.0:22"}, {probe.KindUDP, "0.0.0.0:443"}} {
+		if tg := rows[5+i].Target; tg.Kind != w.kind || tg.Addr != w.addr || tg.Name != "example.test" || tg.Resolver != "10.10.1.1:53" {
+			t.Errorf("row %q target %+v, want %s %s of example.test", rows[5+i].Name, tg, w.kind, w.addr)
+		}
+		if err := probe.ValidateRequest(&probe.Request{Version: probe.Version, Targets: []probe.Target{rows[5+i].Target}}); err != nil {
+			t.Errorf("row %q: the probe refuses its target: %v", rows[5+i].Name, err)
+		}
 	}
 	// a connection closed before any HTTP response is a refusal, not a route
 	v, _ := observe(rows[3], probe.Result{Outcome: probe.OutcomeOpen, Detail: "connected, no HTTP response: EOF"})

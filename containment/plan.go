@@ -336,8 +336,10 @@ func buildPlan(spec Spec, pol Policy) (*Plan, error) {
 		add(Check{Group: GroupControl, Name: "zone resolver answers " + spec.LocalName, Expect: Reachable, Control: true, NeedAnswer: true,
 			Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: spec.LocalName}})
 	} else {
-		add(Check{Group: GroupEgress, Name: "local name " + spec.LocalName + " not answered (egress " + pol.Egress + ": allowed names only)",
-			Expect: Blocked, NeedAnswer: true, Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: spec.LocalName}})
+		// the daemon's resolver answers the names the zone's own dnsmasq
+		// holds in every mode (the guests of one sample find each other)
+		add(Check{Group: GroupEgress, Name: "zone-local name " + spec.LocalName + " answered (egress " + pol.Egress + ")",
+			Expect: Reachable, NeedAnswer: true, Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: spec.LocalName}})
 	}
 
 	for _, h := range nodeHosts(spec) {
@@ -401,6 +403,19 @@ func buildPlan(spec Spec, pol Policy) (*Plan, error) {
 			Target: probe.Target{Kind: probe.KindDNS, Addr: resolver, Name: e.DeniedName}})
 		add(Check{Group: GroupEgress, Name: "disallowed SNI " + e.DeniedName + " on the address of " + e.AllowedName + " is refused", Expect: Blocked, NeedResponse: true,
 			Target: probe.Target{Kind: probe.KindHTTPS, Addr: anyPort, Name: e.AllowedName, Resolver: resolver, Host: e.DeniedName}})
+		add(Check{Group: GroupEgress, Name: "disallowed Host " + e.DeniedName + " on the address of " + e.AllowedName + " is refused", Expect: Blocked, NeedResponse: true,
+			Target: probe.Target{Kind: probe.KindHTTP, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), 80).String(), Name: e.AllowedName, Resolver: resolver, Host: e.DeniedName}})
+		// what a hostile guest tries once the allowed name resolved: the
+		// address opens tcp 80/443 through the name check and nothing
+		// else (another TLS port of a CDN, SSH, QUIC)
+		for _, pt := range []struct {
+			kind probe.Kind
+			port uint16
+			what string
+		}{{probe.KindTCP, 8443, "tcp 8443 (TLS, no name check)"}, {probe.KindTCP, 22, "tcp 22 (SSH)"}, {probe.KindUDP, 443, "udp 443 (QUIC)"}} {
+			add(Check{Group: GroupEgress, Name: pt.what + " to the address of " + e.AllowedName + " is blocked", Expect: Blocked,
+				Target: probe.Target{Kind: pt.kind, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), pt.port).String(), Name: e.AllowedName, Resolver: resolver}})
+		}
 		if e.DeniedAddr.IsValid() {
 			add(Check{Group: GroupEgress, Name: "disallowed address " + e.DeniedAddr.String() + " is not reachable", Expect: Blocked,
 				Target: probe.Target{Kind: probe.KindTCP, Addr: netip.AddrPortFrom(e.DeniedAddr, 443).String()}})

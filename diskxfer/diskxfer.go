@@ -32,7 +32,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 // Proxmox is what a transfer needs from the Proxmox API; pveapi
@@ -67,7 +67,7 @@ type Options struct {
 }
 
 // Transfer moves files through a hot-plugged disk. It implements
-// sandboxapi.DiskTransfer.
+// sandbox.DiskTransfer.
 type Transfer struct {
 	px Proxmox
 	o  Options
@@ -216,7 +216,7 @@ var reSum = regexp.MustCompile(`^[0-9a-f]{64}\n?$`)
 // parseSum checks the script's stdout: one sha256 in hex.
 func parseSum(out []byte) (string, error) {
 	if !reSum.Match(out) {
-		return "", fmt.Errorf("%w: the guest's copy printed %q, not a sha256", sandboxapi.ErrGuestProtocol, clip(out))
+		return "", fmt.Errorf("%w: the guest's copy printed %q, not a sha256", sandbox.ErrGuestProtocol, clip(out))
 	}
 	return strings.TrimSuffix(string(out), "\n"), nil
 }
@@ -330,27 +330,27 @@ func (t *Transfer) attach(ctx context.Context, v *volume, ph *phases) error {
 }
 
 // run runs one guest script on the attached image.
-func (t *Transfer) run(ctx context.Context, v *volume, g sandboxapi.Guest, script string, args ...string) (string, error) {
+func (t *Transfer) run(ctx context.Context, v *volume, g sandbox.Guest, script string, args ...string) (string, error) {
 	argv := append([]string{"/bin/sh", "-c", script, "pve-inspect-xfer"}, args...)
-	res, err := g.Exec(ctx, sandboxapi.GuestExec{Argv: argv, Timeout: int64(t.o.Timeout / time.Second), OutputLimit: 4096})
+	res, err := g.Exec(ctx, sandbox.GuestExec{Argv: argv, Timeout: int64(t.o.Timeout / time.Second), OutputLimit: 4096})
 	if err != nil {
 		return "", fmt.Errorf("disk transfer: guest copy: %w", err)
 	}
 	if res == nil {
-		return "", fmt.Errorf("disk transfer: %w: the guest's copy returned no result", sandboxapi.ErrGuestProtocol)
+		return "", fmt.Errorf("disk transfer: %w: the guest's copy returned no result", sandbox.ErrGuestProtocol)
 	}
 	msg := strings.TrimSpace(clip(res.Stderr))
 	switch {
 	case res.TimedOut:
-		return "", fmt.Errorf("disk transfer: %w: the guest's copy did not finish in %v", sandboxapi.ErrGuestTimeout, t.o.Timeout)
+		return "", fmt.Errorf("disk transfer: %w: the guest's copy did not finish in %v", sandbox.ErrGuestTimeout, t.o.Timeout)
 	case res.ExitCode == exitNoDevice:
-		return "", fmt.Errorf("disk transfer: %w: %s", sandboxapi.ErrGuestTimeout, msg)
+		return "", fmt.Errorf("disk transfer: %w: %s", sandbox.ErrGuestTimeout, msg)
 	case res.ExitCode == exitWrite:
-		return "", fmt.Errorf("disk transfer: %w: %s", sandboxapi.ErrGuestNoSpace, msg)
+		return "", fmt.Errorf("disk transfer: %w: %s", sandbox.ErrGuestNoSpace, msg)
 	case res.ExitCode == exitSource:
-		return "", fmt.Errorf("disk transfer: %w: %s", sandboxapi.ErrPermission, msg)
+		return "", fmt.Errorf("disk transfer: %w: %s", sandbox.ErrPermission, msg)
 	case res.ExitCode != 0:
-		return "", fmt.Errorf("disk transfer: %w: guest copy exited %d: %s", sandboxapi.ErrGuestProtocol, res.ExitCode, msg)
+		return "", fmt.Errorf("disk transfer: %w: guest copy exited %d: %s", sandbox.ErrGuestProtocol, res.ExitCode, msg)
 	}
 	return parseSum(res.Stdout)
 }
@@ -390,9 +390,9 @@ func (e *ChecksumError) Error() string {
 
 // Upload writes exactly size bytes from r to the guest file p with mode.
 // On any failure the guest file is untouched and the image is gone.
-func (t *Transfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, p string, r io.Reader, size int64, mode os.FileMode) (err error) {
+func (t *Transfer) Upload(ctx context.Context, vmid int, g sandbox.Guest, p string, r io.Reader, size int64, mode os.FileMode) (err error) {
 	if !path.IsAbs(p) || size < 0 {
-		return fmt.Errorf("%w: disk transfer needs an absolute path and a size", sandboxapi.ErrGuestInvalid)
+		return fmt.Errorf("%w: disk transfer needs an absolute path and a size", sandbox.ErrGuestInvalid)
 	}
 	ph := t.phases("upload", vmid, size)
 	v, err := t.setup(ctx, vmid, size)
@@ -424,7 +424,7 @@ func (t *Transfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, p s
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		tmp := path.Join(path.Dir(p), ".pve-inspect-xfer-"+v.serial)
-		if _, rerr := g.Exec(rctx, sandboxapi.GuestExec{Argv: []string{"rm", "-f", "--", tmp}, Timeout: 60}); rerr != nil {
+		if _, rerr := g.Exec(rctx, sandbox.GuestExec{Argv: []string{"rm", "-f", "--", tmp}, Timeout: 60}); rerr != nil {
 			t.o.Logger.Warn("disk transfer: remove guest temp file", "path", tmp, "err", rerr)
 		}
 		return err
@@ -442,7 +442,7 @@ var errGuestEnded = errors.New("the guest's copy ended before the image was writ
 // returns the guest's and the node's sha256. The guest's copy runs in its
 // own goroutine, which copyUp always waits for: a failed write records x
 // and cancels the copy; a copy that ends early stops the write.
-func (t *Transfer) copyUp(ctx context.Context, v *volume, g sandboxapi.Guest, f *os.File, r io.Reader, size int64, p string, mode os.FileMode, ph *phases) (got, want string, err error) {
+func (t *Transfer) copyUp(ctx context.Context, v *volume, g sandbox.Guest, f *os.File, r io.Reader, size int64, p string, mode os.FileMode, ph *phases) (got, want string, err error) {
 	ectx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
@@ -483,7 +483,7 @@ func (t *Transfer) copyUp(ctx context.Context, v *volume, g sandboxapi.Guest, f 
 	case gr.err != nil:
 		return "", "", gr.err
 	case err != nil:
-		return "", "", fmt.Errorf("disk transfer: %w: %w", sandboxapi.ErrGuestProtocol, err)
+		return "", "", fmt.Errorf("disk transfer: %w: %w", sandbox.ErrGuestProtocol, err)
 	}
 	return gr.sum, want, nil
 }
@@ -491,9 +491,9 @@ func (t *Transfer) copyUp(ctx context.Context, v *volume, g sandboxapi.Guest, f 
 // Download copies the first size bytes of the guest file p to w: the
 // guest writes them to the disk, the node checks their sha256 against the
 // guest's before the first byte goes to w.
-func (t *Transfer) Download(ctx context.Context, vmid int, g sandboxapi.Guest, p string, size int64, w io.Writer) (n int64, err error) {
+func (t *Transfer) Download(ctx context.Context, vmid int, g sandbox.Guest, p string, size int64, w io.Writer) (n int64, err error) {
 	if !path.IsAbs(p) || size < 0 {
-		return 0, fmt.Errorf("%w: disk transfer needs an absolute path and a size", sandboxapi.ErrGuestInvalid)
+		return 0, fmt.Errorf("%w: disk transfer needs an absolute path and a size", sandbox.ErrGuestInvalid)
 	}
 	ph := t.phases("download", vmid, size)
 	v, err := t.setup(ctx, vmid, size)

@@ -14,7 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // fakePx keeps images as files in a directory and records calls.
@@ -73,20 +74,20 @@ func (f *fakePx) DetachVolume(ctx context.Context, vmid int, slot string) error 
 
 // fakeGuest answers the copy with a fixed result.
 type fakeGuest struct {
-	sandboxapi.Guest
-	res      *sandboxapi.ExecResult
+	sandbox.Guest
+	res      *apitype.ExecResult
 	err      error
 	argv     []string
 	cleanups []string // later commands: the temp file removal
 }
 
-func (g *fakeGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+func (g *fakeGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
 	if g.argv == nil {
 		g.argv = r.Argv
 		return g.res, g.err
 	}
 	g.cleanups = append(g.cleanups, strings.Join(r.Argv, " "))
-	return &sandboxapi.ExecResult{}, nil
+	return &apitype.ExecResult{}, nil
 }
 
 func sumOf(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
@@ -97,21 +98,21 @@ func TestUploadOutcomes(t *testing.T) {
 	tests := []struct {
 		name      string
 		px        fakePx
-		res       *sandboxapi.ExecResult
+		res       *apitype.ExecResult
 		execErr   error
 		body      []byte
 		wantErr   error
 		wantCalls string
 	}{
-		{"copied", fakePx{}, &sandboxapi.ExecResult{Stdout: []byte(good + "\n")}, nil, data, nil, "alloc,attach scsi2,detach"},
-		{"disk never seen", fakePx{}, &sandboxapi.ExecResult{ExitCode: exitNoDevice, Stderr: []byte("did not appear")}, nil, data, sandboxapi.ErrGuestTimeout, "alloc,attach scsi2,detach"},
-		{"guest copy times out", fakePx{}, &sandboxapi.ExecResult{ExitCode: 137, TimedOut: true}, nil, data, sandboxapi.ErrGuestTimeout, "alloc,attach scsi2,detach"},
-		{"guest file system full", fakePx{}, &sandboxapi.ExecResult{ExitCode: exitWrite, Stderr: []byte("full")}, nil, data, sandboxapi.ErrGuestNoSpace, "alloc,attach scsi2,detach"},
-		{"agent gone", fakePx{}, nil, sandboxapi.ErrGuestUnavailable, data, sandboxapi.ErrGuestUnavailable, "alloc,attach scsi2,detach"},
-		{"guest prints garbage", fakePx{}, &sandboxapi.ExecResult{Stdout: []byte("ok\n")}, nil, data, sandboxapi.ErrGuestProtocol, "alloc,attach scsi2,detach"},
+		{"copied", fakePx{}, &apitype.ExecResult{Stdout: []byte(good + "\n")}, nil, data, nil, "alloc,attach scsi2,detach"},
+		{"disk never seen", fakePx{}, &apitype.ExecResult{ExitCode: exitNoDevice, Stderr: []byte("did not appear")}, nil, data, sandbox.ErrGuestTimeout, "alloc,attach scsi2,detach"},
+		{"guest copy times out", fakePx{}, &apitype.ExecResult{ExitCode: 137, TimedOut: true}, nil, data, sandbox.ErrGuestTimeout, "alloc,attach scsi2,detach"},
+		{"guest file system full", fakePx{}, &apitype.ExecResult{ExitCode: exitWrite, Stderr: []byte("full")}, nil, data, sandbox.ErrGuestNoSpace, "alloc,attach scsi2,detach"},
+		{"agent gone", fakePx{}, nil, sandbox.ErrGuestUnavailable, data, sandbox.ErrGuestUnavailable, "alloc,attach scsi2,detach"},
+		{"guest prints garbage", fakePx{}, &apitype.ExecResult{Stdout: []byte("ok\n")}, nil, data, sandbox.ErrGuestProtocol, "alloc,attach scsi2,detach"},
 		{"attach refused", fakePx{failAttach: errors.New("hotplug problem")}, nil, nil, data, nil, "alloc,attach scsi2,free"},
-		{"detach fails once", fakePx{failDetach: 1}, &sandboxapi.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach"},
-		{"detach keeps failing", fakePx{failDetach: 99}, &sandboxapi.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach,detach,free"},
+		{"detach fails once", fakePx{failDetach: 1}, &apitype.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach"},
+		{"detach keeps failing", fakePx{failDetach: 99}, &apitype.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach,detach,free"},
 		{"short body", fakePx{}, nil, nil, data[:3], nil, "alloc,attach scsi2,detach"},
 	}
 	for _, tt := range tests {
@@ -144,7 +145,7 @@ func TestUploadOutcomes(t *testing.T) {
 
 func TestUploadImageLeftIsReported(t *testing.T) {
 	px := &fakePx{dir: t.TempDir(), failDetach: 99, failFree: errors.New("no Datastore.Allocate")}
-	g := &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	g := &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
 	err := New(px, Options{}).Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644)
 	if err == nil || !strings.Contains(err.Error(), "no Datastore.Allocate") {
 		t.Fatalf("got %v, want the failed free reported", err)
@@ -186,13 +187,13 @@ func TestDownload(t *testing.T) {
 // writingGuest plays the guest of a download: it writes content into the
 // (only) image and prints sum.
 type writingGuest struct {
-	sandboxapi.Guest
+	sandbox.Guest
 	px      *fakePx
 	content string
 	sum     string
 }
 
-func (g *writingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+func (g *writingGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
 	ents, _ := os.ReadDir(g.px.dir)
 	if len(ents) != 1 {
 		return nil, fmt.Errorf("%d images", len(ents))
@@ -200,16 +201,16 @@ func (g *writingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandb
 	if err := os.WriteFile(filepath.Join(g.px.dir, ents[0].Name()), []byte(g.content), 0o600); err != nil {
 		return nil, err
 	}
-	return &sandboxapi.ExecResult{Stdout: []byte(g.sum + "\n")}, nil
+	return &apitype.ExecResult{Stdout: []byte(g.sum + "\n")}, nil
 }
 
 func TestBadArguments(t *testing.T) {
 	px := &fakePx{dir: t.TempDir()}
 	tr := New(px, Options{})
-	if err := tr.Upload(context.Background(), 100, &fakeGuest{}, "relative", strings.NewReader(""), 0, 0o644); !errors.Is(err, sandboxapi.ErrGuestInvalid) {
+	if err := tr.Upload(context.Background(), 100, &fakeGuest{}, "relative", strings.NewReader(""), 0, 0o644); !errors.Is(err, sandbox.ErrGuestInvalid) {
 		t.Errorf("relative path: %v", err)
 	}
-	if _, err := tr.Download(context.Background(), 100, &fakeGuest{}, "/f", -1, io.Discard); !errors.Is(err, sandboxapi.ErrGuestInvalid) {
+	if _, err := tr.Download(context.Background(), 100, &fakeGuest{}, "/f", -1, io.Discard); !errors.Is(err, sandbox.ErrGuestInvalid) {
 		t.Errorf("negative size: %v", err)
 	}
 	if len(px.calls) != 0 {
@@ -246,16 +247,16 @@ func TestOneTransferPerVM(t *testing.T) {
 		t.Fatalf("got %v with calls %v, want a wait for the other transfer and no Proxmox call", err, px.calls)
 	}
 	// Another VM is not held up, and the lock is released after a transfer.
-	g := &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	g := &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
 	if err := tr.Upload(context.Background(), 101, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	unlock()
-	g = &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	g = &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
 	if err := tr.Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g = &fakeGuest{res: &sandboxapi.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
+	g = &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
 	if err := tr.Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
 		t.Fatalf("lock not released after a transfer: %v", err)
 	}
@@ -264,16 +265,16 @@ func TestOneTransferPerVM(t *testing.T) {
 // followingGuest plays uploadScript: it follows the progress record in
 // the image until the node says done, and checks the record's line.
 type followingGuest struct {
-	sandboxapi.Guest
+	sandbox.Guest
 	px   *fakePx
 	size int64
 	seen []int64 // counts in the order read
 	line string
 }
 
-func (g *followingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+func (g *followingGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
 	if r.Argv[0] == "rm" {
-		return &sandboxapi.ExecResult{}, nil
+		return &apitype.ExecResult{}, nil
 	}
 	ents, _ := os.ReadDir(g.px.dir)
 	if len(ents) != 1 {
@@ -306,9 +307,9 @@ func (g *followingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*san
 					return nil, err
 				}
 				if got := sumOf(b[:g.size]); got != sum {
-					return &sandboxapi.ExecResult{ExitCode: exitChecksum, Stderr: []byte("mismatch")}, nil
+					return &apitype.ExecResult{ExitCode: exitChecksum, Stderr: []byte("mismatch")}, nil
 				}
-				return &sandboxapi.ExecResult{Stdout: []byte(sum + "\n")}, nil
+				return &apitype.ExecResult{Stdout: []byte(sum + "\n")}, nil
 			}
 		}
 		time.Sleep(time.Millisecond)

@@ -16,6 +16,9 @@ import (
 // Names of the sets and chains of the layer-2 table bridge pve-inspect.
 const (
 	SetGuestPorts = "guest_ports"
+	// SetOtherPorts are the ports named like guest ports that the guard
+	// has seen on bridges of no zone (left alone).
+	SetOtherPorts = "other_ports"
 	SetPorts      = "ports"
 	SetPortMAC    = "port_mac"
 	SetPortIPv4   = "port_ip4"
@@ -105,12 +108,16 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 		}
 	}
 	rs := &Ruleset{Family: nftables.TableFamilyBridge}
-	guests := zoneGuestPorts(bridges, cls)
-	gp := &SetSpec{Name: SetGuestPorts, KeyType: nftables.TypeIFName}
-	for _, n := range sortedUnique(guests) {
-		gp.Elements = append(gp.Elements, nftables.SetElement{Key: ifname(n)})
-		gp.Text = append(gp.Text, n)
+	ifSet := func(name string, members []string) *SetSpec {
+		s := &SetSpec{Name: name, KeyType: nftables.TypeIFName}
+		for _, n := range sortedUnique(members) {
+			s.Elements = append(s.Elements, nftables.SetElement{Key: ifname(n)})
+			s.Text = append(s.Text, n)
+		}
+		return s
 	}
+	gp := ifSet(SetGuestPorts, zoneGuestPorts(bridges, cls))
+	op := ifSet(SetOtherPorts, otherGuestPorts(bridges, cls))
 	ps := &SetSpec{Name: SetPorts, KeyType: nftables.TypeIFName}
 	pm := &SetSpec{Name: SetPortMAC, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeEtherAddr), Concat: true}
 	pi := &SetSpec{Name: SetPortIPv4, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr), Concat: true}
@@ -125,7 +132,7 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 			pi.Text = append(pi.Text, p.Name+" . "+a.String())
 		}
 	}
-	rs.Sets = []*SetSpec{gp, ps, pm, pi}
+	rs.Sets = []*SetSpec{gp, op, ps, pm, pi}
 	rs.Chains = []*ChainSpec{portIn(), portGuard(), portUnmapped(), portARP()}
 	return rs, nil
 }
@@ -134,26 +141,51 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 func zoneGuestPorts(bridges []string, cls Classification) []string {
 	var out []string
 	for _, e := range cls.Enslaved {
-		if !slices.Contains(bridges, e.Bridge) {
-			continue
-		}
-		for _, p := range GuestPortPrefixes {
-			if strings.HasPrefix(e.Port, p) {
-				out = append(out, e.Port)
-				break
-			}
+		if slices.Contains(bridges, e.Bridge) && isGuestPortName(e.Port) {
+			out = append(out, e.Port)
 		}
 	}
 	return out
 }
 
+// otherGuestPorts are the ports named like guest ports on bridges of no
+// zone.
+func otherGuestPorts(bridges []string, cls Classification) []string {
+	var out []string
+	for _, e := range cls.Enslaved {
+		if !slices.Contains(bridges, e.Bridge) && isGuestPortName(e.Port) {
+			out = append(out, e.Port)
+		}
+	}
+	return out
+}
+
+func isGuestPortName(n string) bool {
+	for _, p := range GuestPortPrefixes {
+		if strings.HasPrefix(n, p) {
+			return true
+		}
+	}
+	return false
+}
+
 // portIn is the base chain: guest ports go to port_guard. It keys on the
 // port name, not on "meta ibrname" (kernels without nft_meta_bridge lack
-// it); @guest_ports follows link events.
+// it); @guest_ports follows link events. A port named like a guest port
+// that the guard has not seen yet (a tap that joined while the daemon was
+// down, or before its link event was handled) is in neither
+// @guest_ports nor @other_ports and goes to port_guard too: unmapped, it
+// may only ask for a lease (fail closed). Ports of other names (uplinks:
+// physical NICs, bonds, VLAN and VXLAN devices) are never guarded, so a
+// management bridge cannot lose its uplink to the guard.
 func portIn() *ChainSpec {
-	return &ChainSpec{Name: chainPortIn, Hook: nftables.ChainHookPrerouting, HookName: "prerouting", Priority: -300,
-		Rules: []*RuleSpec{rule("guest-port", "iifname @guest_ports counter jump "+chainPortGuard,
-			meta(expr.MetaKeyIIFNAME), lookup(SetGuestPorts, false), &expr.Counter{}, jump(chainPortGuard))}}
+	rules := []*RuleSpec{rule("guest-port", "iifname @guest_ports counter jump "+chainPortGuard,
+		meta(expr.MetaKeyIIFNAME), lookup(SetGuestPorts, false), &expr.Counter{}, jump(chainPortGuard))}
+	for _, p := range GuestPortPrefixes {
+		rules = append(rules, rule("unseen-port-"+p, fmt.Sprintf("iifname %q iifname != @other_ports counter jump %s", p+"*", chainPortGuard),
+			meta(expr.MetaKeyIIFNAME), cmpEq([]byte(p)), lookup(SetOtherPorts, true), &expr.Counter{}, jump(chainPortGuard)))
+	}
+	return &ChainSpec{Name: chainPortIn, Hook: nftables.ChainHookPrerouting, HookName: "prerouting", Priority: -300, Rules: rules}
 }
 
 // portGuard holds the checks every guest port gets.
@@ -178,7 +210,13 @@ func portGuard() *ChainSpec {
 			etherType(unix.ETH_P_IP), meta(expr.MetaKeyIIFNAME),
 			&expr.Payload{DestRegister: 2, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 			lookup(SetPortIPv4, true), drop()),
-		rule("ip4", "ether type ip counter accept", etherType(unix.ETH_P_IP), accept()),
+		// only an IPv4 header the kernel could parse: for one it could
+		// not (a total length below the header or past the frame) the
+		// bridge family sets no transport protocol, so the udp rules
+		// above skip it; "meta l4proto" then ends this rule unmatched
+		// (newer kernels) or reads 0 (older ones), and "other" drops it
+		rule("ip4", "ether type ip meta l4proto != 0 counter accept", etherType(unix.ETH_P_IP),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0}}, accept()),
 		rule("other", "counter drop", drop()),
 	}}
 }

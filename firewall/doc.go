@@ -48,9 +48,12 @@
 //
 //	forward    -150  egress-none (iifname @egress_none to @mgmt),
 //	                 egress-deny (iifname . ip daddr @egress_deny4),
-//	                 egress-allowlist (iifname @egress_allowlist: drop unless
-//	                 iifname . ip daddr in @egress_allow4 or @egress_learned4),
-//	                 each a jump to egress_drop
+//	                 egress-allowlist (iifname @egress_allowlist: jump
+//	                 egress_allowlist_fwd), each a jump to egress_drop
+//	egress_allowlist_fwd  return for iifname . ip daddr in @egress_allow4
+//	                 (CIDRs: everything) or iifname . ip daddr . tcp dport
+//	                 in @egress_learned_ports4 (name:port entries); anything
+//	                 else, also to a name-learned address, to egress_drop
 //	egress_drop      update @egress_denied { iifname counter },
 //	                 update @egress_denied4 { iifname . ip daddr counter },
 //	                 drop (its own rule: a full set never skips it)
@@ -62,11 +65,12 @@
 //	                 lockdown; the proxy's only to @mgmt, never private,
 //	                 metadata, uplink subnets or IPv6
 //
-// @egress_learned4 (timeout flag) is filled by Learn from the resolver's
-// answers; @egress_denied and @egress_denied4 (dynamic, bounded, members
+// @egress_learned4 and @egress_learned_ports4 (timeout flag, 65536
+// members each) are filled by Learn/LearnOpen from the resolver's answers
+// (a name-learned address opens only tcp 80/443 through the peek proxy); @egress_denied and @egress_denied4 (dynamic, bounded, members
 // with counters and a two-minute idle timeout) by the kernel from the
 // packets egress_drop drops, read through EgressDrops. Verify does not
-// compare the members of these three sets.
+// compare the members of these four sets.
 //
 // Run-time state is set membership only (@mgmt, @lockdown, @failclosed,
 // @zone_peers), so switches never rewrite a rule and counters survive.

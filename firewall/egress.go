@@ -24,7 +24,10 @@ const (
 	SetEgressAllow4    = "egress_allow4"
 	SetEgressDeny4     = "egress_deny4"
 	SetEgressLearned4  = "egress_learned4"
-	SetEgressPeekPorts = "egress_peek_ports"
+	// SetEgressLearnedPorts4 holds interface . address . tcp port: the
+	// ports a name:port entry opens by address alone (no name check).
+	SetEgressLearnedPorts4 = "egress_learned_ports4"
+	SetEgressPeekPorts     = "egress_peek_ports"
 	// SetEgressDenied counts, per guest interface, the packets the
 	// egress rules drop (one member per interface, a counter each).
 	SetEgressDenied = "egress_denied"
@@ -32,9 +35,15 @@ const (
 	// (interface . address, a counter each), bounded by EgressDeniedSize.
 	SetEgressDenied4 = "egress_denied4"
 
-	chainEgressNAT  = "egress_nat"
-	chainEgressDrop = "egress_drop"
+	chainEgressNAT       = "egress_nat"
+	chainEgressDrop      = "egress_drop"
+	chainEgressAllowlist = "egress_allowlist_fwd"
 )
+
+// EgressLearnedSize bounds each learned set (the addresses the resolver
+// opened, the node's guests together); the registry caps every zone's
+// share well below it, so one zone cannot fill it for the others.
+const EgressLearnedSize = 65536
 
 // Bounds of the denial sets a guest's dropped packets fill. The per
 // interface set cannot grow past the node's guest interfaces; the
@@ -242,7 +251,9 @@ func addEgress(rs *Ruleset, cfg Config, cls Classification) error {
 	rangeSet(SetEgressAllow4, allow4)
 	rangeSet(SetEgressDeny4, deny4)
 	rs.Sets = append(rs.Sets,
-		&SetSpec{Name: SetEgressLearned4, KeyType: ifAddr, Concat: true, Timeout: true, Dynamic: true},
+		&SetSpec{Name: SetEgressLearned4, KeyType: ifAddr, Concat: true, Timeout: true, Dynamic: true, Size: EgressLearnedSize},
+		&SetSpec{Name: SetEgressLearnedPorts4, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr, nftables.TypeInetService),
+			Concat: true, Timeout: true, Dynamic: true, Size: EgressLearnedSize},
 		&SetSpec{Name: SetEgressPeekPorts, KeyType: nftables.TypeInetService,
 			Elements: []nftables.SetElement{{Key: be16(80)}, {Key: be16(443)}}, Text: []string{"80", "443"}},
 		&SetSpec{Name: SetEgressDenied, KeyType: nftables.TypeIFName, Timeout: true, Dynamic: true, Eval: true, Size: EgressDeniedIfSize},
@@ -312,11 +323,30 @@ func addEgressRules(rs *Ruleset, ec EgressConfig) {
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), toDrop),
 		rule("egress-deny", "oifname @mgmt meta nfproto ipv4 iifname . ip daddr @egress_deny4 counter jump egress_drop",
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false), ifDaddr(), lookup(SetEgressDeny4, false), toDrop),
-		rule("egress-allowlist", "iifname @egress_allowlist oifname @mgmt meta nfproto ipv4 iifname . ip daddr != @egress_allow4 iifname . ip daddr != @egress_learned4 counter jump egress_drop",
+		rule("egress-allowlist", "iifname @egress_allowlist oifname @mgmt counter jump "+chainEgressAllowlist,
 			meta(expr.MetaKeyIIFNAME), lookup(SetEgressAllowlist, false),
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false),
-			ifDaddr(), lookup(SetEgressAllow4, true), lookup(SetEgressLearned4, true), toDrop),
+			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chainEgressAllowlist}),
 	)
+	// What an allow-list zone may send through the uplink unchecked: its
+	// CIDRs (every port and protocol) and the tcp ports of its name:port
+	// entries on the addresses those names resolved to. A name-learned
+	// address is no pass on its own: tcp 80/443 to it were redirected to
+	// the Host/SNI check in prerouting and never get here; every other
+	// port and protocol to it (QUIC on udp 443, TLS on 8443, SSH) is
+	// dropped. Forwarded packets are checked every one (no established
+	// shortcut), so a forgotten address cuts flows already open.
+	rs.Chains = append(rs.Chains, &ChainSpec{Name: chainEgressAllowlist, Rules: []*RuleSpec{
+		rule("egress-allow-cidr", "meta nfproto ipv4 iifname . ip daddr @egress_allow4 counter return",
+			ifDaddr(), lookup(SetEgressAllow4, false), &expr.Verdict{Kind: expr.VerdictReturn}),
+		rule("egress-allow-port", "meta l4proto tcp meta nfproto ipv4 iifname . ip daddr . tcp dport @egress_learned_ports4 counter return",
+			l4proto(unix.IPPROTO_TCP), ifDaddr(),
+			// the port goes into the 32-bit register after the address
+			// (NFT_REG32_05): concatenations pad each part to 4 bytes
+			&expr.Payload{DestRegister: 13, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			lookup(SetEgressLearnedPorts4, false), &expr.Verdict{Kind: expr.VerdictReturn}),
+		rule("egress-allowlist-drop", "counter jump egress_drop", toDrop),
+	}})
 	// Only packets the rules above drop get here: the updates note them
 	// per interface and per destination (no work for allowed traffic).
 	// An update that cannot add a member (set full) ends its own rule
@@ -427,12 +457,28 @@ func (g *Guard) EgressOf(iface string) (ZoneEgress, bool) {
 // interface (lo, management, trusted).
 var ErrNotGuest = errors.New("not a guest interface")
 
-// Learn adds addresses to @egress_learned4 for guest interface ifname,
-// each expiring after ttl (at least one second), in one batch. An address
+// Opening is what a learned address opens for its interface.
+type Opening struct {
+	// Checked opens tcp 80 and 443 through the Host/SNI check
+	// (@egress_learned4: the guard redirects them to the proxy).
+	Checked bool
+	// Ports are tcp ports opened by address alone, no name checked
+	// (@egress_learned_ports4: name:port entries).
+	Ports []uint16
+}
+
+// Learn adds addresses to @egress_learned4 for guest interface ifname
+// (tcp 80/443 through the Host/SNI check; see LearnOpen).
+func (g *Guard) Learn(ctx context.Context, iface string, addrs []netip.Addr, ttl time.Duration) (skipped []netip.Addr, err error) {
+	return g.LearnOpen(ctx, iface, addrs, Opening{Checked: true}, ttl)
+}
+
+// LearnOpen opens addrs for guest interface ifname as open says, each
+// member expiring after ttl (at least one second), in one batch. A member
 // already there gets the new timeout. Only IPv4 addresses outside the
 // private, metadata and uplink ranges are accepted; others are skipped
 // and returned.
-func (g *Guard) Learn(ctx context.Context, iface string, addrs []netip.Addr, ttl time.Duration) (skipped []netip.Addr, err error) {
+func (g *Guard) LearnOpen(ctx context.Context, iface string, addrs []netip.Addr, open Opening, ttl time.Duration) (skipped []netip.Addr, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -447,29 +493,39 @@ func (g *Guard) Learn(ctx context.Context, iface string, addrs []netip.Addr, ttl
 	if iface == "lo" || slices.Contains(g.state.Management, iface) || slices.Contains(g.state.Trusted, iface) {
 		return nil, fmt.Errorf("learn for %s: %w", iface, ErrNotGuest)
 	}
-	var els []nftables.SetElement
+	var checked, ports []nftables.SetElement
 	for _, a := range addrs {
 		if !g.learnableLocked(a) {
 			skipped = append(skipped, a)
 			continue
 		}
-		els = append(els, nftables.SetElement{Key: append(ifname(iface), a.AsSlice()...), Timeout: ttl})
+		key := append(ifname(iface), a.AsSlice()...)
+		if open.Checked {
+			checked = append(checked, nftables.SetElement{Key: key, Timeout: ttl})
+		}
+		for _, p := range open.Ports {
+			ports = append(ports, nftables.SetElement{Key: append(slices.Clone(key), be16(p)[0], be16(p)[1], 0, 0), Timeout: ttl})
+		}
 	}
-	if len(els) == 0 {
+	if len(checked)+len(ports) == 0 {
 		return skipped, nil
 	}
-	set := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)[SetEgressLearned4]
+	sets := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)
 	// delete-then-add refreshes the timeout of a member already there;
 	// the delete of an absent member would fail the batch, so add first
 	// (a no-op for a present one), then delete and add again.
-	if err := g.conn.SetAddElements(set, els); err != nil {
-		return nil, fmt.Errorf("learn: %w", err)
-	}
-	if err := g.conn.SetDeleteElements(set, els); err != nil {
-		return nil, fmt.Errorf("learn: %w", err)
-	}
-	if err := g.conn.SetAddElements(set, els); err != nil {
-		return nil, fmt.Errorf("learn: %w", err)
+	for _, q := range []struct {
+		set *nftables.Set
+		els []nftables.SetElement
+	}{{sets[SetEgressLearned4], checked}, {sets[SetEgressLearnedPorts4], ports}} {
+		if len(q.els) == 0 {
+			continue
+		}
+		for _, op := range []func(*nftables.Set, []nftables.SetElement) error{g.conn.SetAddElements, g.conn.SetDeleteElements, g.conn.SetAddElements} {
+			if err := op(q.set, q.els); err != nil {
+				return nil, fmt.Errorf("learn: %w", err)
+			}
+		}
 	}
 	if err := g.conn.Flush(); err != nil {
 		return nil, fmt.Errorf("learn: %w", err)
@@ -503,6 +559,27 @@ func (g *Guard) learnableLocked(a netip.Addr) bool {
 // A member that expires between the listing and the batch fails the
 // batch; it is then listed and sent once more.
 func (g *Guard) Forget(ctx context.Context, ifnames []string) error {
+	want := map[string]bool{}
+	for _, n := range ifnames {
+		want[string(ifname(n))] = true
+	}
+	return g.forgetWhere(ctx, func(key string) bool { return want[key] })
+}
+
+// ForgetExcept removes the learned addresses of every interface not in
+// keep (a daemon starting with changed policies: only the zones whose
+// persisted policy is still in force keep what they learned).
+func (g *Guard) ForgetExcept(ctx context.Context, keep []string) error {
+	kept := map[string]bool{}
+	for _, n := range keep {
+		kept[string(ifname(n))] = true
+	}
+	return g.forgetWhere(ctx, func(key string) bool { return !kept[key] })
+}
+
+// forgetWhere removes the members of both learned sets whose interface
+// (the padded key prefix) gone reports true for.
+func (g *Guard) forgetWhere(ctx context.Context, gone func(key string) bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -511,14 +588,10 @@ func (g *Guard) Forget(ctx context.Context, ifnames []string) error {
 	if g.desired == nil {
 		return errors.New("forget: guard not started")
 	}
-	want := map[string]bool{}
-	for _, n := range ifnames {
-		want[string(ifname(n))] = true
-	}
-	set := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)[SetEgressLearned4]
+	sets := newSetObjects(&nftables.Table{Name: TableName, Family: family}, g.desired)
 	var err error
 	for range 2 {
-		if err = g.forgetOnce(set, want); err == nil || !errors.Is(err, unix.ENOENT) {
+		if err = g.forgetOnce([]*nftables.Set{sets[SetEgressLearned4], sets[SetEgressLearnedPorts4]}, gone); err == nil || !errors.Is(err, unix.ENOENT) {
 			break
 		}
 	}
@@ -528,22 +601,31 @@ func (g *Guard) Forget(ctx context.Context, ifnames []string) error {
 	return nil
 }
 
-func (g *Guard) forgetOnce(set *nftables.Set, want map[string]bool) error {
-	els, err := g.conn.GetSetElements(set)
-	if err != nil {
-		return fmt.Errorf("list learned: %w", err)
-	}
-	var del []nftables.SetElement
-	for _, e := range els {
-		if len(e.Key) >= unix.IFNAMSIZ && want[string(e.Key[:unix.IFNAMSIZ])] {
-			del = append(del, nftables.SetElement{Key: e.Key})
+func (g *Guard) forgetOnce(sets []*nftables.Set, gone func(key string) bool) error {
+	del := make([][]nftables.SetElement, len(sets))
+	n := 0
+	for i, set := range sets {
+		els, err := g.conn.GetSetElements(set)
+		if err != nil {
+			return fmt.Errorf("list learned: %w", err)
 		}
+		for _, e := range els {
+			if len(e.Key) >= unix.IFNAMSIZ && gone(string(e.Key[:unix.IFNAMSIZ])) {
+				del[i] = append(del[i], nftables.SetElement{Key: e.Key})
+			}
+		}
+		n += len(del[i])
 	}
-	if len(del) == 0 {
+	if n == 0 {
 		return nil
 	}
-	if err := g.conn.SetDeleteElements(set, del); err != nil {
-		return err
+	for i, set := range sets {
+		if len(del[i]) == 0 {
+			continue
+		}
+		if err := g.conn.SetDeleteElements(set, del[i]); err != nil {
+			return err
+		}
 	}
 	return g.conn.Flush()
 }

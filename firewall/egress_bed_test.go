@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -245,13 +246,20 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 	}
 
 	// a learned address opens for its zone only; tcp 80/443 to it goes
-	// to the peek proxy; it expires with its timeout
+	// to the peek proxy, and nothing else (issue 24, the main finding:
+	// it used to open every port); a learned port opens that port by
+	// address; both expire with their timeout
 	if skipped, err := eb.g.Learn(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr),
 		netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.LANAddr)}, 2*time.Second); err != nil || len(skipped) != 2 {
 		t.Fatalf("learn: skipped %v, %v; want the metadata and LAN addresses skipped", skipped, err)
 	}
-	eb.expect(t, "learned", "zonea", inet8080, "internet-8080\n")
+	eb.expect(t, "learned for the name check only", "zonea", inet8080, "")
 	eb.expect(t, "learned, tcp 80 peeked", "zonea", inet80, stubProxyGreeting)
+	if skipped, err := eb.g.LearnOpen(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr),
+		netip.MustParseAddr(testvm.MetadataAddr)}, Opening{Ports: []uint16{8080}}, 2*time.Second); err != nil || len(skipped) != 1 {
+		t.Fatalf("learn port 8080: skipped %v, %v; want the metadata address skipped", skipped, err)
+	}
+	eb.expect(t, "learned", "zonea", inet8080, "internet-8080\n")
 	eb.expect(t, "learned by another zone", "zoneb", inet8080, "")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -263,7 +271,7 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if _, err := eb.g.Learn(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, time.Minute); err != nil {
+	if _, err := eb.g.LearnOpen(ctx, "vneta", []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, Opening{Checked: true, Ports: []uint16{8080}}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	eb.expect(t, "learned again", "zonea", inet8080, "internet-8080\n")
@@ -271,6 +279,7 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 		t.Fatal(err)
 	}
 	eb.expect(t, "forgotten", "zonea", inet8080, "")
+	eb.expect(t, "forgotten, tcp 80 no longer peeked", "zonea", inet80, "")
 	if _, err := eb.g.Learn(ctx, testvm.NodeMgmtIface, []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)}, time.Minute); !errors.Is(err, ErrNotGuest) {
 		t.Errorf("learn for the management interface: %v, want ErrNotGuest", err)
 	}
@@ -362,5 +371,61 @@ func TestEgressKeptAcrossRestart(t *testing.T) {
 	}
 	if err := g2.Verify(ctx); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestGuestDHCPInputOwnBridgeOnBed is issue 24 finding 7: the input rule
+// for DHCP accepted udp 67-68 to every node address, so a guest reached
+// another zone's dnsmasq and the management address on those ports. Now
+// only an address of the bridge the packet came in on (and the limited
+// broadcast, for clients without a lease) takes DHCP. Seen through the
+// input chain's final drop counter (dport 68 from a guest never leaves
+// its port: the layer-2 guard drops it). On the old code the datagrams to
+// zone b's gateway and to the management address are accepted.
+func TestGuestDHCPInputOwnBridgeOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	eb := newEgressBed(t, ctx, Config{})
+	packets := regexp.MustCompile(`packets (\d+) .*comment "guest-input-drop"`)
+	dropped := func() uint64 {
+		t.Helper()
+		out, err := eb.b.Command(ctx, eb.b.NodeNS(), "nft", "list", "chain", "inet", TableName, chainGuestIn).CombinedOutput()
+		if err != nil {
+			t.Fatalf("list guest_in: %v: %s", err, out)
+		}
+		m := packets.FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("no guest-input-drop counter in:\n%s", out)
+		}
+		n, err := strconv.ParseUint(string(m[1]), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		to   string
+		drop bool
+	}{
+		{"10.10.1.1", false}, // zonea's own gateway (a renewal's path)
+		{"10.10.2.1", true},  // zone b's dnsmasq
+		{testvm.NodeMgmtAddr, true},
+	} {
+		before := dropped()
+		if err := eb.b.Do(eb.guests["zonea"].NS, func() error {
+			c, err := net.Dial("udp4", tc.to+":67")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("not a DHCP message"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if got := dropped() > before; got != tc.drop {
+			t.Errorf("udp 67 from zonea's guest to %s: dropped=%v, want %v", tc.to, got, tc.drop)
+		}
 	}
 }

@@ -122,11 +122,31 @@ func TestLayer2GuardOnBed(t *testing.T) {
 		{"ARP reply for the gateway to sibling", arpFrameTo(a.mac, sib.mac, gw, sib.ip), false, false},
 		{"ARP with another sender MAC inside", arpFrameSHA(a.mac, spoofMAC, a.ip), false, false},
 		{"DHCP server reply", udpFrame(a.mac, bcast, a.ip, netip.MustParseAddr("255.255.255.255"), 67, 68), false, false},
+		// issue 24 finding 3: a DHCP server reply whose IPv4 total
+		// length the kernel cannot parse skipped the udp rules and was
+		// accepted by "ip4"
+		{"DHCP server reply, total length below the header", withTotLen(udpFrame(a.mac, bcast, a.ip, netip.MustParseAddr("255.255.255.255"), 67, 68), 10), false, false},
+		{"DHCP server reply, total length past the frame", withTotLen(udpFrame(a.mac, bcast, a.ip, netip.MustParseAddr("255.255.255.255"), 67, 68), 1400), false, false},
 		{"router advertisement", raFrame(a.mac), false, false},
 		{"control: broadcast after all", udpFrame(a.mac, bcast, a.ip, netip.MustParseAddr("10.10.1.255"), 40000, 40002), true, true},
 	}
 	for _, tc := range cases {
 		w.check(t, tc.name, a, tc.frame, tc.atSibling, tc.atNode)
+	}
+
+	// finding 3 again, at the guard itself: whether or not the frame
+	// would get through the bridge to a sibling on this kernel, the guard
+	// must drop it ("other"), never accept it ("ip4")
+	for _, n := range []uint16{10, 1400} {
+		before := ruleCounters(t, cfg, node)
+		if err := sendRaw(b, a.ns, "eth0", withTotLen(udpFrame(a.mac, bcast, a.ip, netip.MustParseAddr("255.255.255.255"), 67, 68), n)); err != nil {
+			t.Fatal(err)
+		}
+		after := ruleCounters(t, cfg, node)
+		if after["ip4"] != before["ip4"] || after["other"] != before["other"]+1 {
+			t.Errorf("DHCP server reply with IPv4 total length %d: ip4 +%d, other +%d; want dropped by other", n,
+				after["ip4"]-before["ip4"], after["other"]-before["other"])
+		}
 	}
 
 	// legitimate traffic through the real stacks: ARP resolution and UDP
@@ -154,6 +174,17 @@ func TestLayer2GuardOnBed(t *testing.T) {
 	g.stop() // the daemon's socket is gone: the table stays, orphaned
 	w.check(t, "daemon gone: other address", a, udpFrame(a.mac, sib.mac, other, sib.ip, 40000, 40001), false, false)
 	w.check(t, "daemon gone: control", a, udpFrame(a.mac, sib.mac, a.ip, sib.ip, 40000, 40001), true, false)
+	// issue 24 finding 6: a tap that joins the zone bridge while no
+	// daemon handles link events was in no set and got no layer-2 check
+	// at all; now it is unmapped: its DHCP works (StartGuest waits for
+	// the lease), anything else is dropped
+	gc, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 103, VNet: "vneta"})
+	if err != nil {
+		t.Fatalf("a guest starting while the daemon is gone gets no lease: %v", err)
+	}
+	c := endpoint{ns: gc.NS, mac: gc.MAC, ip: gc.IPv4()}
+	w.check(t, "daemon gone, unseen port: other address", c, udpFrame(c.mac, sib.mac, other, sib.ip, 40000, 40001), false, false)
+	w.check(t, "daemon gone, unseen port: sibling's MAC", c, udpFrame(sib.mac, bcast, c.ip, netip.MustParseAddr("10.10.1.255"), 40000, 40002), false, false)
 	g2, err := firewall.New(cfg, firewall.WithNetNS(node))
 	if err != nil {
 		t.Fatal(err)
@@ -399,6 +430,17 @@ func udpPayloadFrame(src, dst net.HardwareAddr, sip, dip netip.Addr, sport, dpor
 	binary.BigEndian.PutUint16(udp[2:], dport)
 	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
 	return slices.Concat(ether(dst, src, unix.ETH_P_IP), ip, udp, payload)
+}
+
+// withTotLen sets the IPv4 total length of an Ethernet/IPv4 frame to n
+// (the header checksum fixed), whatever the frame's real length.
+func withTotLen(frame []byte, n uint16) []byte {
+	f := slices.Clone(frame)
+	ip := f[14:34]
+	binary.BigEndian.PutUint16(ip[2:], n)
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], csum(ip))
+	return f
 }
 
 // arpFrame is a broadcast gratuitous ARP reply: sender (mac, spa), target

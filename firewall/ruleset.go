@@ -273,10 +273,17 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 				Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
 				Xor:  []byte{0, 0, 0, 0}},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}}, accept()),
-		rule("guest-dhcp", "udp dport 67-68 counter accept",
+		// DHCP only to the guest's own bridge, like DNS: an address of it
+		// (a renewal to the zone's dnsmasq) or the limited broadcast (a
+		// client without a lease); not another zone's dnsmasq, nor the
+		// management address
+		rule("guest-dhcp", "udp dport 67-68 fib daddr . iif type local counter accept",
 			l4proto(unix.IPPROTO_UDP), dport(),
 			&expr.Cmp{Op: expr.CmpOpGte, Register: 1, Data: be16(67)},
-			&expr.Cmp{Op: expr.CmpOpLte, Register: 1, Data: be16(68)}, accept()),
+			&expr.Cmp{Op: expr.CmpOpLte, Register: 1, Data: be16(68)}, daddrOnIIF(), accept()),
+		rule("guest-dhcp-broadcast", "udp dport 67 ip daddr 255.255.255.255 counter accept",
+			l4proto(unix.IPPROTO_UDP), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(67)},
+			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{255, 255, 255, 255}}, accept()),
 		// DNS only to an address of the guest's own bridge (the zone
 		// resolver on its gateway): not to the node's other addresses, nor
 		// to another zone's resolver

@@ -206,10 +206,16 @@ func TestEgressDropsCountOnJumpingRules(t *testing.T) {
 	for _, c := range got {
 		drop[c.Chain+"/"+c.Rule] = c.Drop
 	}
-	for _, r := range []string{"forward/egress-none", "forward/egress-deny", "forward/egress-allowlist", "forward/private4"} {
+	// the allow-list's drops are counted where its chain jumps to
+	// egress_drop (issue 24: forward/egress-allowlist jumps for every
+	// packet of an allow-list zone, passed or not)
+	for _, r := range []string{"forward/egress-none", "forward/egress-deny", "egress_allowlist_fwd/egress-allowlist-drop", "forward/private4"} {
 		if !drop[r] {
 			t.Errorf("%s is not a drop rule in the metrics", r)
 		}
+	}
+	if v, ok := drop["forward/egress-allowlist"]; !ok || v {
+		t.Errorf("forward/egress-allowlist: in metrics %v, drop %v; want present and not a drop rule", ok, v)
 	}
 	for _, r := range []string{"egress_drop/egress-denied-drop", "egress_drop/egress-denied-iface", "egress_drop/egress-denied-dest"} {
 		if v, ok := drop[r]; !ok || v {

@@ -15,8 +15,10 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/hostnet"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -89,8 +91,22 @@ func TestCreateRefusesHostOverlap(t *testing.T) {
 	h := lanHost(t)
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "node1", Proxmox: px, Guests: g.Dial, StateDir: t.TempDir(), SpoolDir: t.TempDir(),
-		AgentTimeout: 2 * time.Second, HostNetworks: hostnet.NewAt(h).Prefixes, Logger: slog.New(slog.DiscardHandler)})
+	eng, err := sandbox.New(sandbox.Options{
+		Node:         "node1",
+		Proxmox:      px,
+		Guests:       g.Dial,
+		StateDir:     t.TempDir(),
+		AgentTimeout: 2 * time.Second,
+		HostNetworks: hostnet.NewAt(h).Prefixes,
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		SpoolDir: t.TempDir(),
+		Logger:   slog.New(slog.DiscardHandler),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,22 +114,22 @@ func TestCreateRefusesHostOverlap(t *testing.T) {
 	t.Cleanup(ts.Close)
 	c := client.New(ts.URL)
 	ctx := context.Background()
-	vms := []sandboxapi.VMRequest{{Template: "debian"}}
+	vms := []apitype.VMRequest{{Template: "debian"}}
 	for _, tc := range []struct{ cidr, host string }{
 		{"192.168.1.0/24", "192.168.1.0/24"},
 		{"192.168.0.0/16", "192.168.1.0/24"},
 		{"10.50.7.0/24", "10.50.0.0/16"},
 	} {
 		before := px.Mutations()
-		_, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: vms, Networks: []sandboxapi.NetworkRequest{{Name: "lan", CIDR: tc.cidr}}})
-		if !client.IsProblem(err, sandboxapi.ProblemConflict) || !strings.Contains(err.Error(), tc.host) {
+		_, err := c.Create(ctx, apitype.CreateRequest{VMs: vms, Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: tc.cidr}}})
+		if !client.IsProblem(err, apitype.ProblemConflict) || !strings.Contains(err.Error(), tc.host) {
 			t.Errorf("cidr %s on a host with %s: %v, want a conflict naming it", tc.cidr, tc.host, err)
 		}
 		if px.Mutations() != before {
 			t.Errorf("cidr %s: refused create changed Proxmox", tc.cidr)
 		}
 	}
-	sb, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: vms})
+	sb, err := c.Create(ctx, apitype.CreateRequest{VMs: vms})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,10 +79,6 @@ type Options struct {
 	BackupDir string        // resolver backup directory; DefaultBackupDir
 	StateFile string        // state file; DefaultStateFile; "-" = none
 	Reassert  time.Duration // re-assert backstop period; DefaultReassert
-	// PollOnly disables the file system and guard events: the controller
-	// then acts on its re-assert tick only. This models the reference
-	// design (a systemd timer) for benchmarks; never use it in production.
-	PollOnly bool
 
 	Guard    Guard    // required
 	Halter   Halter   // required
@@ -192,28 +188,18 @@ func (c *Controller) Kick() {
 // stops does not lift a lockdown. It returns nil when ctx ends, and an
 // error only when it cannot watch at all.
 func (c *Controller) Run(ctx context.Context) error {
-	var (
-		events   <-chan fsnotify.Event
-		errs     <-chan error
-		guardCh  <-chan struct{}
-		watcher  *fsnotify.Watcher
-		watchErr error
-	)
-	if !c.opt.PollOnly {
-		w, err := fsnotify.NewWatcher()
-		if err != nil {
-			return fmt.Errorf("lockdown: watch: %w", err)
-		}
-		defer w.Close()
-		watcher, events, errs = w, w.Events, w.Errors
-		ch, cancel := c.opt.Guard.Subscribe()
-		defer cancel()
-		guardCh = ch
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("lockdown: watch: %w", err)
 	}
+	defer watcher.Close()
+	events, errs := watcher.Events, watcher.Errors
+	guardCh, cancel := c.opt.Guard.Subscribe()
+	defer cancel()
 	ticker := time.NewTicker(c.opt.Reassert)
 	defer ticker.Stop()
 
-	_, watchErr = c.ensureWatches(watcher)
+	_, watchErr := c.ensureWatches(watcher)
 	c.reconcile(ctx, time.Time{}, true, watchErr)
 	c.once.Do(func() { close(c.synced) })
 	if added, _ := c.ensureWatches(watcher); added {
@@ -288,9 +274,6 @@ func (c *Controller) relevant(ev fsnotify.Event) bool {
 // directories; a directory that vanished loses its watch, so this runs
 // before every reconcile. added reports whether it added one.
 func (c *Controller) ensureWatches(w *fsnotify.Watcher) (added bool, err error) {
-	if w == nil {
-		return false, nil
-	}
 	have := w.WatchList()
 	var errs []error
 	for _, dir := range []string{filepath.Dir(c.opt.Marker), filepath.Dir(c.opt.Resolver)} {

@@ -1,9 +1,9 @@
-// Package pveapi implements sandboxapi.Proxmox and mgmtport.Firewall over the
+// Package pveapi implements sandbox.Proxmox and mgmtport.Firewall over the
 // Proxmox VE API with github.com/luthermonson/go-proxmox, authenticated with
 // an API token (never root credentials). Every call that starts a task waits
 // for it and returns the task's failure as an error. Missing objects come
-// back wrapping sandboxapi.ErrNotFound, taken ids wrapping
-// sandboxapi.ErrExists.
+// back wrapping sandbox.ErrNotFound, taken ids wrapping
+// sandbox.ErrExists.
 package pveapi
 
 import (
@@ -23,7 +23,7 @@ import (
 	proxmox "github.com/luthermonson/go-proxmox"
 
 	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 // Options configure a Client.
@@ -52,8 +52,8 @@ type Client struct {
 }
 
 var (
-	_ sandboxapi.Proxmox = (*Client)(nil)
-	_ mgmtport.Firewall  = (*Client)(nil)
+	_ sandbox.Proxmox   = (*Client)(nil)
+	_ mgmtport.Firewall = (*Client)(nil)
 )
 
 // New returns a Client. It refuses anything but an API token.
@@ -103,9 +103,9 @@ func classify(op string, err error) error {
 	var tf *proxmox.TaskFailedError
 	switch {
 	case proxmox.IsNotFound(err), errors.As(err, &tf) && reMissing.MatchString(tf.ExitStatus):
-		return fmt.Errorf("%s: %w: %w", op, sandboxapi.ErrNotFound, err)
+		return fmt.Errorf("%s: %w: %w", op, sandbox.ErrNotFound, err)
 	case reExists.MatchString(err.Error()):
-		return fmt.Errorf("%s: %w: %w", op, sandboxapi.ErrExists, err)
+		return fmt.Errorf("%s: %w: %w", op, sandbox.ErrExists, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
@@ -216,7 +216,7 @@ func (f *flexInt) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// NextID implements sandboxapi.Proxmox.
+// NextID implements sandbox.Proxmox.
 func (c *Client) NextID(ctx context.Context) (int, error) {
 	var id flexInt
 	if err := c.c.Get(ctx, "/cluster/nextid", &id); err != nil {
@@ -248,9 +248,9 @@ type vmStatus struct {
 	Template flexInt `json:"template"`
 }
 
-func (v vmStatus) info(pool string) sandboxapi.VMInfo {
+func (v vmStatus) info(pool string) sandbox.VMInfo {
 	tags := strings.FieldsFunc(v.Tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
-	return sandboxapi.VMInfo{VMID: int(v.VMID), Name: v.Name, Status: v.Status, Tags: tags, Pool: pool, Template: v.Template != 0}
+	return sandbox.VMInfo{VMID: int(v.VMID), Name: v.Name, Status: v.Status, Tags: tags, Pool: pool, Template: v.Template != 0}
 }
 
 // pools maps the VMs of this node to their pools (live in
@@ -279,7 +279,7 @@ func (c *Client) nodeVMs(ctx context.Context) ([]vmStatus, error) {
 	return vs, nil
 }
 
-// TemplateID implements sandboxapi.Proxmox.
+// TemplateID implements sandbox.Proxmox.
 func (c *Client) TemplateID(ctx context.Context, name string) (int, error) {
 	vs, err := c.nodeVMs(ctx)
 	if err != nil {
@@ -290,11 +290,11 @@ func (c *Client) TemplateID(ctx context.Context, name string) (int, error) {
 			return int(v.VMID), nil
 		}
 	}
-	return 0, fmt.Errorf("template %q: %w", name, sandboxapi.ErrNotFound)
+	return 0, fmt.Errorf("template %q: %w", name, sandbox.ErrNotFound)
 }
 
-// CloneVM implements sandboxapi.Proxmox: a linked clone (no "full").
-func (c *Client) CloneVM(ctx context.Context, s sandboxapi.CloneSpec) error {
+// CloneVM implements sandbox.Proxmox: a linked clone (no "full").
+func (c *Client) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
 	body := map[string]any{"newid": s.NewID, "name": s.Name}
 	if s.Pool != "" {
 		body["pool"] = s.Pool
@@ -312,9 +312,9 @@ func (c *Client) config(ctx context.Context, vmid int) (map[string]any, error) {
 	return cfg, nil
 }
 
-// ConfigureVM implements sandboxapi.Proxmox. NICs of the template that are
+// ConfigureVM implements sandbox.Proxmox. NICs of the template that are
 // not ours are removed, so no clone stays on a host bridge.
-func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandboxapi.VMConfig) error {
+func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) error {
 	cfg, err := c.config(ctx, vmid)
 	if err != nil {
 		return err
@@ -357,7 +357,7 @@ func bootDisk(cfg map[string]any) (string, error) {
 	return "", errors.New("no boot disk in the VM config")
 }
 
-// ResizeDisk implements sandboxapi.Proxmox.
+// ResizeDisk implements sandbox.Proxmox.
 func (c *Client) ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error {
 	cfg, err := c.config(ctx, vmid)
 	if err != nil {
@@ -370,17 +370,17 @@ func (c *Client) ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error {
 	return c.call(ctx, "PUT", fmt.Sprintf("resize %s of %d", disk, vmid), c.qemu(vmid)+"/resize", map[string]any{"disk": disk, "size": fmt.Sprintf("%dG", sizeGiB)})
 }
 
-// StartVM implements sandboxapi.Proxmox.
+// StartVM implements sandbox.Proxmox.
 func (c *Client) StartVM(ctx context.Context, vmid int) error {
 	return c.call(ctx, "POST", fmt.Sprintf("start %d", vmid), c.qemu(vmid)+"/status/start", map[string]any{})
 }
 
-// StopVM implements sandboxapi.Proxmox (hard stop).
+// StopVM implements sandbox.Proxmox (hard stop).
 func (c *Client) StopVM(ctx context.Context, vmid int) error {
 	return c.call(ctx, "POST", fmt.Sprintf("stop %d", vmid), c.qemu(vmid)+"/status/stop", map[string]any{})
 }
 
-// DeleteVM implements sandboxapi.Proxmox. It stops the VM first, whatever
+// DeleteVM implements sandbox.Proxmox. It stops the VM first, whatever
 // its reported state (a stop of a stopped VM is a successful task on a real
 // node, and a status read can be stale), since the destroy refuses a
 // running VM.
@@ -391,28 +391,28 @@ func (c *Client) DeleteVM(ctx context.Context, vmid int) error {
 	return c.call(ctx, "DELETE", fmt.Sprintf("delete %d", vmid), c.qemu(vmid)+"?purge=1&destroy-unreferenced-disks=1", nil)
 }
 
-// VM implements sandboxapi.Proxmox: status, name, tags and template from
+// VM implements sandbox.Proxmox: status, name, tags and template from
 // GET .../status/current (live), the pool from /cluster/resources.
-func (c *Client) VM(ctx context.Context, vmid int) (sandboxapi.VMInfo, error) {
+func (c *Client) VM(ctx context.Context, vmid int) (sandbox.VMInfo, error) {
 	pools, err := c.pools(ctx)
 	if err != nil {
-		return sandboxapi.VMInfo{}, err
+		return sandbox.VMInfo{}, err
 	}
 	pool, ok := pools[vmid]
 	if !ok {
-		return sandboxapi.VMInfo{}, fmt.Errorf("vm %d: %w", vmid, sandboxapi.ErrNotFound)
+		return sandbox.VMInfo{}, fmt.Errorf("vm %d: %w", vmid, sandbox.ErrNotFound)
 	}
 	var v vmStatus
 	if err := c.c.Get(ctx, c.qemu(vmid)+"/status/current", &v); err != nil {
-		return sandboxapi.VMInfo{}, classify(fmt.Sprintf("read status of vm %d", vmid), err)
+		return sandbox.VMInfo{}, classify(fmt.Sprintf("read status of vm %d", vmid), err)
 	}
 	v.VMID = flexInt(vmid)
 	return v.info(pool), nil
 }
 
-// ListVMs implements sandboxapi.Proxmox: GET /nodes/{node}/qemu (live),
+// ListVMs implements sandbox.Proxmox: GET /nodes/{node}/qemu (live),
 // pools from /cluster/resources.
-func (c *Client) ListVMs(ctx context.Context) ([]sandboxapi.VMInfo, error) {
+func (c *Client) ListVMs(ctx context.Context) ([]sandbox.VMInfo, error) {
 	vs, err := c.nodeVMs(ctx)
 	if err != nil {
 		return nil, err
@@ -421,49 +421,49 @@ func (c *Client) ListVMs(ctx context.Context) ([]sandboxapi.VMInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]sandboxapi.VMInfo, len(vs))
+	out := make([]sandbox.VMInfo, len(vs))
 	for i, v := range vs {
 		out[i] = v.info(pools[int(v.VMID)])
 	}
 	return out, nil
 }
 
-// Snapshot implements sandboxapi.Proxmox (disk-only snapshot).
+// Snapshot implements sandbox.Proxmox (disk-only snapshot).
 func (c *Client) Snapshot(ctx context.Context, vmid int, name string) error {
 	return c.call(ctx, "POST", fmt.Sprintf("snapshot %d", vmid), c.qemu(vmid)+"/snapshot", map[string]any{"snapname": name})
 }
 
-// Rollback implements sandboxapi.Proxmox. A rollback to a snapshot without
+// Rollback implements sandbox.Proxmox. A rollback to a snapshot without
 // RAM stops the VM; start=1 has the same task start it again.
 func (c *Client) Rollback(ctx context.Context, vmid int, name string) error {
 	return c.call(ctx, "POST", fmt.Sprintf("rollback %d to %s", vmid, name), c.qemu(vmid)+"/snapshot/"+url.PathEscape(name)+"/rollback", map[string]any{"start": 1})
 }
 
-// CreateZone implements sandboxapi.Proxmox: a simple zone with the dnsmasq
+// CreateZone implements sandbox.Proxmox: a simple zone with the dnsmasq
 // DHCP and the PVE IPAM.
-func (c *Client) CreateZone(ctx context.Context, z sandboxapi.ZoneSpec) error {
+func (c *Client) CreateZone(ctx context.Context, z sandbox.ZoneSpec) error {
 	return c.call(ctx, "POST", "create zone "+z.ID, "/cluster/sdn/zones",
 		map[string]any{"zone": z.ID, "type": "simple", "dhcp": "dnsmasq", "ipam": "pve", "nodes": c.node})
 }
 
-// DeleteZone implements sandboxapi.Proxmox.
+// DeleteZone implements sandbox.Proxmox.
 func (c *Client) DeleteZone(ctx context.Context, id string) error {
 	return c.call(ctx, "DELETE", "delete zone "+id, "/cluster/sdn/zones/"+url.PathEscape(id), nil)
 }
 
-// CreateVNet implements sandboxapi.Proxmox.
-func (c *Client) CreateVNet(ctx context.Context, v sandboxapi.VNetSpec) error {
+// CreateVNet implements sandbox.Proxmox.
+func (c *Client) CreateVNet(ctx context.Context, v sandbox.VNetSpec) error {
 	return c.call(ctx, "POST", "create vnet "+v.ID, "/cluster/sdn/vnets",
 		map[string]any{"vnet": v.ID, "zone": v.Zone, "alias": v.Alias, "type": "vnet"})
 }
 
-// DeleteVNet implements sandboxapi.Proxmox.
+// DeleteVNet implements sandbox.Proxmox.
 func (c *Client) DeleteVNet(ctx context.Context, id string) error {
 	return c.call(ctx, "DELETE", "delete vnet "+id, "/cluster/sdn/vnets/"+url.PathEscape(id), nil)
 }
 
-// CreateSubnet implements sandboxapi.Proxmox.
-func (c *Client) CreateSubnet(ctx context.Context, s sandboxapi.SubnetSpec) error {
+// CreateSubnet implements sandbox.Proxmox.
+func (c *Client) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error {
 	body := map[string]any{"subnet": s.CIDR, "type": "subnet", "gateway": s.Gateway, "snat": boolInt(s.SNAT)}
 	if s.DHCPStart != "" {
 		body["dhcp-range"] = []string{"start-address=" + s.DHCPStart + ",end-address=" + s.DHCPEnd}
@@ -506,7 +506,7 @@ func subnetCIDR(id string) string {
 	return parts[len(parts)-2] + "/" + parts[len(parts)-1]
 }
 
-// DeleteSubnet implements sandboxapi.Proxmox. It first removes the IPAM
+// DeleteSubnet implements sandbox.Proxmox. It first removes the IPAM
 // entries of the vnet inside the subnet (a VM's NIC leaves one behind when
 // its destroy did not finish), since the pve IPAM refuses to delete a
 // subnet that still has any (pve-network Ipams/PVEPlugin.pm del_subnet:
@@ -525,7 +525,7 @@ func (c *Client) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 			return c.call(ctx, "DELETE", "delete subnet "+cidr, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/subnets/"+url.PathEscape(s.ID), nil)
 		}
 	}
-	return fmt.Errorf("subnet %s of %s: %w", cidr, vnet, sandboxapi.ErrNotFound)
+	return fmt.Errorf("subnet %s of %s: %w", cidr, vnet, sandbox.ErrNotFound)
 }
 
 // ipamEntry is one entry of GET /cluster/sdn/ipams/pve/status.
@@ -560,7 +560,7 @@ func (c *Client) clearIPAM(ctx context.Context, vnet, zone, cidr string) error {
 			q.Set("mac", e.MAC)
 		}
 		err := c.call(ctx, "DELETE", "delete ipam entry "+e.IP, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/ips?"+q.Encode(), nil)
-		if err != nil && !errors.Is(err, sandboxapi.ErrNotFound) {
+		if err != nil && !errors.Is(err, sandbox.ErrNotFound) {
 			return err
 		}
 	}
@@ -599,20 +599,20 @@ func (c *Client) vnets(ctx context.Context) ([]vnet, error) {
 	return vs, nil
 }
 
-// ListVNets implements sandboxapi.Proxmox.
-func (c *Client) ListVNets(ctx context.Context) ([]sandboxapi.VNetInfo, error) {
+// ListVNets implements sandbox.Proxmox.
+func (c *Client) ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error) {
 	vs, err := c.vnets(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]sandboxapi.VNetInfo, len(vs))
+	out := make([]sandbox.VNetInfo, len(vs))
 	for i, v := range vs {
-		out[i] = sandboxapi.VNetInfo{ID: v.ID, Zone: v.Zone, Alias: v.Alias}
+		out[i] = sandbox.VNetInfo{ID: v.ID, Zone: v.Zone, Alias: v.Alias}
 	}
 	return out, nil
 }
 
-// VNetSubnets implements sandboxapi.Proxmox.
+// VNetSubnets implements sandbox.Proxmox.
 func (c *Client) VNetSubnets(ctx context.Context, vn string) ([]string, error) {
 	ss, err := c.subnets(ctx, vn)
 	if err != nil {
@@ -625,7 +625,7 @@ func (c *Client) VNetSubnets(ctx context.Context, vn string) ([]string, error) {
 	return out, nil
 }
 
-// ListSubnetCIDRs implements sandboxapi.Proxmox.
+// ListSubnetCIDRs implements sandbox.Proxmox.
 func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	vs, err := c.vnets(ctx)
 	if err != nil {
@@ -634,7 +634,7 @@ func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	var out []string
 	for _, v := range vs {
 		cs, err := c.VNetSubnets(ctx, v.ID)
-		if err != nil && !errors.Is(err, sandboxapi.ErrNotFound) {
+		if err != nil && !errors.Is(err, sandbox.ErrNotFound) {
 			return nil, err
 		}
 		out = append(out, cs...)
@@ -642,7 +642,7 @@ func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// ApplySDN implements sandboxapi.Proxmox. A failed network reload or DHCP
+// ApplySDN implements sandbox.Proxmox. A failed network reload or DHCP
 // step of the apply only warns on the node (pve-network API2/Network/SDN.pm
 // reload: the per-node worker's error becomes a warning and the task ends
 // "WARNINGS: n"), and VMs then fail to start or get no lease: so a task
@@ -651,7 +651,7 @@ func (c *Client) ApplySDN(ctx context.Context) error {
 	return c.callTask(ctx, "PUT", "apply sdn", "/cluster/sdn", map[string]any{}, true)
 }
 
-// EnsurePool implements sandboxapi.Proxmox.
+// EnsurePool implements sandbox.Proxmox.
 func (c *Client) EnsurePool(ctx context.Context, pool string) error {
 	var ps []struct {
 		ID string `json:"poolid"`
@@ -667,7 +667,7 @@ func (c *Client) EnsurePool(ctx context.Context, pool string) error {
 		return nil
 	}
 	err := c.call(ctx, "POST", "create pool "+pool, "/pools", map[string]any{"poolid": pool, "comment": "pve-inspect sandboxes"})
-	if errors.Is(err, sandboxapi.ErrExists) {
+	if errors.Is(err, sandbox.ErrExists) {
 		return nil
 	}
 	return err

@@ -18,8 +18,10 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // fakeServer is a small Proxmox API over HTTP: it checks every request
@@ -412,19 +414,19 @@ func TestClientAgainstSchema(t *testing.T) {
 	if tid, err := c.TemplateID(ctx, "debian"); err != nil || tid != 9000 {
 		t.Fatalf("template id %d %v", tid, err)
 	}
-	if _, err := c.TemplateID(ctx, "nope"); !errors.Is(err, sandboxapi.ErrNotFound) {
+	if _, err := c.TemplateID(ctx, "nope"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("unknown template: %v", err)
 	}
 	if err := c.EnsurePool(ctx, "pve-inspect"); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.CloneVM(ctx, sandboxapi.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0", Pool: "pve-inspect"}); err != nil {
+	if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0", Pool: "pve-inspect"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.CloneVM(ctx, sandboxapi.CloneSpec{Template: 9000, NewID: 100, Name: "again"}); !errors.Is(err, sandboxapi.ErrExists) {
+	if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 100, Name: "again"}); !errors.Is(err, sandbox.ErrExists) {
 		t.Fatalf("clone onto a taken id: %v", err)
 	}
-	if err := c.ConfigureVM(ctx, 100, sandboxapi.VMConfig{Tags: []string{"pvei-n-node1", "pvei-s-sbabcdef"}, Cores: 2, MemoryMiB: 2048, Bridges: []string{"vabcdef0"}}); err != nil {
+	if err := c.ConfigureVM(ctx, 100, sandbox.VMConfig{Tags: []string{"pvei-n-node1", "pvei-s-sbabcdef"}, Cores: 2, MemoryMiB: 2048, Bridges: []string{"vabcdef0"}}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := f.vms[100]
@@ -441,7 +443,7 @@ func TestClientAgainstSchema(t *testing.T) {
 	if err != nil || info.Status != "running" || !slices.Equal(info.Tags, []string{"pvei-n-node1", "pvei-s-sbabcdef"}) || info.Pool != "pve-inspect" || info.Template {
 		t.Fatalf("vm info %+v %v", info, err)
 	}
-	if _, err := c.VM(ctx, 4242); !errors.Is(err, sandboxapi.ErrNotFound) {
+	if _, err := c.VM(ctx, 4242); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("missing vm: %v", err)
 	}
 	f.failOp["qmsnapshot"] = "snapshot feature is not available"
@@ -455,10 +457,10 @@ func TestClientAgainstSchema(t *testing.T) {
 	if err := c.DeleteVM(ctx, 100); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.DeleteVM(ctx, 100); !errors.Is(err, sandboxapi.ErrNotFound) {
+	if err := c.DeleteVM(ctx, 100); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("delete of a missing vm: %v", err)
 	}
-	if err := c.DeleteZone(ctx, "nozone"); !errors.Is(err, sandboxapi.ErrNotFound) {
+	if err := c.DeleteZone(ctx, "nozone"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("delete of a missing zone: %v", err)
 	}
 	if _, err := New(Options{URL: "https://x", Node: "n", TokenID: "root@pam", Secret: "pw"}); err == nil {
@@ -489,12 +491,23 @@ func TestSandboxLifecycleThroughAPI(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go up(ctx)
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "node1", Proxmox: c, Guests: g.Dial, StateDir: t.TempDir(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	eng, err := sandbox.New(sandbox.Options{
+		Node:     "node1",
+		Proxmox:  c,
+		Guests:   g.Dial,
+		StateDir: t.TempDir(),
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := srv.Reconcile(ctx); err != nil {
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	f.mu.Lock()
@@ -506,7 +519,7 @@ func TestSandboxLifecycleThroughAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sb sandboxapi.Sandbox
+	var sb apitype.Sandbox
 	_ = json.NewDecoder(resp.Body).Decode(&sb)
 	resp.Body.Close()
 	if resp.StatusCode != 201 {
@@ -539,7 +552,7 @@ func TestSandboxLifecycleThroughAPI(t *testing.T) {
 // apitest.Guests, so the test does it through a start/stop round trip).
 func startGuest(g *apitest.Guests, id int) {
 	p := apitest.NewProxmox(g, nil)
-	p.AddVM(sandboxapi.VMInfo{VMID: id, Status: "running"})
+	p.AddVM(sandbox.VMInfo{VMID: id, Status: "running"})
 }
 
 var _ mgmtport.Firewall = (*Client)(nil)
@@ -582,19 +595,19 @@ func TestRealNodeSemantics(t *testing.T) {
 	ctx := context.Background()
 	clone := func(t *testing.T, f *fakeServer, c *Client) {
 		t.Helper()
-		if err := c.CloneVM(ctx, sandboxapi.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0", Pool: "pve-inspect"}); err != nil {
+		if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0", Pool: "pve-inspect"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	sdn := func(t *testing.T, f *fakeServer, c *Client) {
 		t.Helper()
-		if err := c.CreateZone(ctx, sandboxapi.ZoneSpec{ID: "sbz"}); err != nil {
+		if err := c.CreateZone(ctx, sandbox.ZoneSpec{ID: "sbz"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.CreateVNet(ctx, sandboxapi.VNetSpec{ID: "sbv0", Zone: "sbz", Alias: "pvei-n-node1 pvei-s-sbz"}); err != nil {
+		if err := c.CreateVNet(ctx, sandbox.VNetSpec{ID: "sbv0", Zone: "sbz", Alias: "pvei-n-node1 pvei-s-sbz"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.CreateSubnet(ctx, sandboxapi.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
+		if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -636,14 +649,14 @@ func TestRealNodeSemantics(t *testing.T) {
 			if err := c.DeleteVM(ctx, 100); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.VM(ctx, 100); !errors.Is(err, sandboxapi.ErrNotFound) {
+			if _, err := c.VM(ctx, 100); !errors.Is(err, sandbox.ErrNotFound) {
 				t.Fatalf("vm after delete: %v", err)
 			}
 		}},
 		{"pending vnet keeps zone and alias under pending", func(t *testing.T, f *fakeServer, c *Client) {
 			sdn(t, f, c)
 			vs, err := c.ListVNets(ctx)
-			if err != nil || len(vs) != 1 || vs[0] != (sandboxapi.VNetInfo{ID: "sbv0", Zone: "sbz", Alias: "pvei-n-node1 pvei-s-sbz"}) {
+			if err != nil || len(vs) != 1 || vs[0] != (sandbox.VNetInfo{ID: "sbv0", Zone: "sbz", Alias: "pvei-n-node1 pvei-s-sbz"}) {
 				t.Fatalf("vnets %+v %v", vs, err)
 			}
 		}},

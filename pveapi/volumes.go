@@ -8,7 +8,7 @@ import (
 )
 
 // Volumes of a storage, used by the disk path for large transfers
-// (sandboxapi/diskxfer): a raw image is allocated on a storage, written on
+// (diskxfer): a raw image is allocated on a storage, written on
 // the node, hot-plugged into the VM and unplugged with force, which frees it.
 
 func (c *Client) storageContent(storage string) string {

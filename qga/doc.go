@@ -10,6 +10,10 @@
 //	err = a.WriteFile(ctx, "/opt/probe", binary, 0o755)
 //	n, err := a.ReadFile(ctx, "/etc/os-release", w, 16<<20)
 //
+// The sandbox engine dials its guests through c.SandboxGuests(): each is a
+// Guest (sandboxguest.go), which satisfies sandbox.Guest itself and wraps
+// this package's errors with the engine's guest sentinels.
+//
 // # Design decisions
 //
 // Channel. QEMU serves one client at a time on the socket and Proxmox

@@ -17,13 +17,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
-func twoVMs() sandboxapi.CreateRequest {
-	return sandboxapi.CreateRequest{
-		VMs:    []sandboxapi.VMRequest{{Name: "a", Template: "debian", Cores: 2, MemoryMiB: 2048}, {Name: "b", Template: "kali", DiskGiB: 20}},
+func twoVMs() apitype.CreateRequest {
+	return apitype.CreateRequest{
+		VMs:    []apitype.VMRequest{{Name: "a", Template: "debian", Cores: 2, MemoryMiB: 2048}, {Name: "b", Template: "kali", DiskGiB: 20}},
 		Labels: map[string]string{"eval": "ctf-1"},
 	}
 }
@@ -32,7 +33,7 @@ func TestLifecycle(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := e.ctx()
 	sb := e.create(twoVMs())
-	if sb.State != sandboxapi.StateReady || len(sb.VMs) != 2 || sb.Labels["eval"] != "ctf-1" || sb.Owner != "local" {
+	if sb.State != apitype.StateReady || len(sb.VMs) != 2 || sb.Labels["eval"] != "ctf-1" || sb.Owner != "local" {
 		t.Fatalf("created sandbox: %+v", sb)
 	}
 	// Every VM is tagged with node and sandbox, in the pool, on the vnet.
@@ -63,17 +64,17 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	// exec collected
-	res, err := e.c.Exec(ctx, sb.ID, "a", sandboxapi.ExecRequest{Argv: []string{"uname", "-a"}})
+	res, err := e.c.Exec(ctx, sb.ID, "a", apitype.ExecRequest{Argv: []string{"uname", "-a"}})
 	if err != nil || res.ExitCode != 0 || !strings.HasPrefix(string(res.Stdout), "Linux") {
 		t.Fatalf("exec uname: %+v %v", res, err)
 	}
-	res, err = e.c.Exec(ctx, sb.ID, "b", sandboxapi.ExecRequest{Argv: []string{"fail", "3"}})
+	res, err = e.c.Exec(ctx, sb.ID, "b", apitype.ExecRequest{Argv: []string{"fail", "3"}})
 	if err != nil || res.ExitCode != 3 || string(res.Stderr) != "failing\n" {
 		t.Fatalf("exec fail: %+v %v", res, err)
 	}
 	// exec streamed: chunks arrive in order, exit record last
 	var out, errb bytes.Buffer
-	res, err = e.c.ExecStream(ctx, sb.ID, "a", sandboxapi.ExecRequest{Argv: []string{"stream", "4"}}, &out, &errb)
+	res, err = e.c.ExecStream(ctx, sb.ID, "a", apitype.ExecRequest{Argv: []string{"stream", "4"}}, &out, &errb)
 	if err != nil || res.ExitCode != 0 || out.String() != "out 0\nout 2\n" || errb.String() != "err 1\nerr 3\n" {
 		t.Fatalf("exec stream: %+v %v stdout %q stderr %q", res, err, out.String(), errb.String())
 	}
@@ -103,7 +104,7 @@ func TestLifecycle(t *testing.T) {
 	if err := e.c.Rollback(ctx, sb.ID, "b", "clean"); err != nil {
 		t.Fatal(err)
 	}
-	res, err = e.c.Exec(ctx, sb.ID, "b", sandboxapi.ExecRequest{Argv: []string{"cat", "/etc/motd"}})
+	res, err = e.c.Exec(ctx, sb.ID, "b", apitype.ExecRequest{Argv: []string{"cat", "/etc/motd"}})
 	if err != nil || string(res.Stdout) != "before" {
 		t.Fatalf("after rollback: %+v %v", res, err)
 	}
@@ -138,7 +139,7 @@ func TestLifecycle(t *testing.T) {
 	if z, v, s := e.px.SDNObjects(); z+v+s != 0 {
 		t.Errorf("sdn objects left %d/%d/%d", z, v, s)
 	}
-	if _, err := e.c.Get(ctx, sb.ID); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+	if _, err := e.c.Get(ctx, sb.ID); !client.IsProblem(err, apitype.ProblemNotFound) {
 		t.Errorf("get after delete: %v", err)
 	}
 	if got := e.metric("pve_inspect_sandboxes", "state", "ready"); got != 0 {
@@ -149,7 +150,7 @@ func TestLifecycle(t *testing.T) {
 func TestCreateFailureLeavesNothing(t *testing.T) {
 	for _, op := range []string{"CreateZone", "CreateSubnet", "ApplySDN", "CloneVM", "ConfigureVM", "ResizeDisk", "StartVM", "agent"} {
 		t.Run(op, func(t *testing.T) {
-			e := newEnv(t, func(o *sandboxapi.Options) { o.AgentTimeout = 300 * time.Millisecond })
+			e := newEnv(t, func(o *options) { o.AgentTimeout = 300 * time.Millisecond })
 			if op == "agent" {
 				for id := 100; id < 110; id++ {
 					e.guests.PingFails[id] = true
@@ -158,9 +159,9 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 				e.px.FailOnce(op, fmt.Errorf("injected %s failure", op))
 			}
 			_, err := e.c.Create(e.ctx(), twoVMs())
-			want := sandboxapi.ProblemProxmox
+			want := apitype.ProblemProxmox
 			if op == "agent" {
-				want = sandboxapi.ProblemGuestUnavailable
+				want = apitype.ProblemGuestUnavailable
 			}
 			if !client.IsProblem(err, want) {
 				t.Fatalf("create err = %v, want %s", err, want)
@@ -179,35 +180,35 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 }
 
 func TestGuardRefusesOverCaps(t *testing.T) {
-	caps := sandboxapi.Caps{SandboxVCPUs: 4, SandboxMemoryMiB: 4096, SandboxVMs: 3, NodeVCPUs: 6, NodeMemoryMiB: 6144, NodeVMs: 4, NodeSandboxes: 2}
-	vm := func(cores, mem int) sandboxapi.VMRequest {
-		return sandboxapi.VMRequest{Template: "debian", Cores: cores, MemoryMiB: mem}
+	caps := sandbox.Caps{SandboxVCPUs: 4, SandboxMemoryMiB: 4096, SandboxVMs: 3, NodeVCPUs: 6, NodeMemoryMiB: 6144, NodeVMs: 4, NodeSandboxes: 2}
+	vm := func(cores, mem int) apitype.VMRequest {
+		return apitype.VMRequest{Template: "debian", Cores: cores, MemoryMiB: mem}
 	}
 	tests := []struct {
 		name     string
-		existing []sandboxapi.CreateRequest
-		req      sandboxapi.CreateRequest
+		existing []apitype.CreateRequest
+		req      apitype.CreateRequest
 		cap      string
 	}{
-		{"sandbox vms", nil, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{vm(1, 512), vm(1, 512), vm(1, 512), vm(1, 512)}}, "sandbox_vms"},
-		{"sandbox vcpus", nil, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{vm(3, 512), vm(2, 512)}}, "sandbox_vcpus"},
-		{"sandbox memory", nil, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{vm(1, 4097)}}, "sandbox_memory_mib"},
-		{"node sandboxes", []sandboxapi.CreateRequest{{VMs: []sandboxapi.VMRequest{vm(1, 512)}}, {VMs: []sandboxapi.VMRequest{vm(1, 512)}}}, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{vm(1, 512)}}, "node_sandboxes"},
-		{"node vms", []sandboxapi.CreateRequest{{VMs: []sandboxapi.VMRequest{vm(1, 512), vm(1, 512), vm(1, 512)}}}, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{vm(1, 512), vm(1, 512)}}, "node_vms"},
-		{"node vcpus", []sandboxapi.CreateRequest{{VMs: []sandboxapi.VMRequest{vm(4, 512)}}}, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{vm(3, 512)}}, "node_vcpus"},
-		{"node memory", []sandboxapi.CreateRequest{{VMs: []sandboxapi.VMRequest{vm(1, 4096)}}}, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{vm(1, 2049)}}, "node_memory_mib"},
+		{"sandbox vms", nil, apitype.CreateRequest{VMs: []apitype.VMRequest{vm(1, 512), vm(1, 512), vm(1, 512), vm(1, 512)}}, "sandbox_vms"},
+		{"sandbox vcpus", nil, apitype.CreateRequest{VMs: []apitype.VMRequest{vm(3, 512), vm(2, 512)}}, "sandbox_vcpus"},
+		{"sandbox memory", nil, apitype.CreateRequest{VMs: []apitype.VMRequest{vm(1, 4097)}}, "sandbox_memory_mib"},
+		{"node sandboxes", []apitype.CreateRequest{{VMs: []apitype.VMRequest{vm(1, 512)}}, {VMs: []apitype.VMRequest{vm(1, 512)}}}, apitype.CreateRequest{VMs: []apitype.VMRequest{vm(1, 512)}}, "node_sandboxes"},
+		{"node vms", []apitype.CreateRequest{{VMs: []apitype.VMRequest{vm(1, 512), vm(1, 512), vm(1, 512)}}}, apitype.CreateRequest{VMs: []apitype.VMRequest{vm(1, 512), vm(1, 512)}}, "node_vms"},
+		{"node vcpus", []apitype.CreateRequest{{VMs: []apitype.VMRequest{vm(4, 512)}}}, apitype.CreateRequest{VMs: []apitype.VMRequest{vm(3, 512)}}, "node_vcpus"},
+		{"node memory", []apitype.CreateRequest{{VMs: []apitype.VMRequest{vm(1, 4096)}}}, apitype.CreateRequest{VMs: []apitype.VMRequest{vm(1, 2049)}}, "node_memory_mib"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, func(o *sandboxapi.Options) { o.Caps = caps })
+			e := newEnv(t, func(o *options) { o.Caps = caps })
 			for _, r := range tc.existing {
 				e.create(r)
 			}
 			before := e.px.Mutations()
 			vmsBefore := e.px.VMIDs()
 			_, err := e.c.Create(e.ctx(), tc.req)
-			p, ok := err.(*sandboxapi.Problem)
-			if !ok || p.Type != sandboxapi.ProblemGuardRefused || p.Cap != tc.cap || p.Status != http.StatusTooManyRequests || !strings.Contains(p.Detail, tc.cap) {
+			p, ok := err.(*apitype.Problem)
+			if !ok || p.Type != apitype.ProblemGuardRefused || p.Cap != tc.cap || p.Status != http.StatusTooManyRequests || !strings.Contains(p.Detail, tc.cap) {
 				t.Fatalf("err = %#v, want guard-refused naming %s", err, tc.cap)
 			}
 			if e.px.Mutations() != before || !slices.Equal(e.px.VMIDs(), vmsBefore) {
@@ -224,18 +225,18 @@ func TestConcurrentCreates(t *testing.T) {
 	e := newEnv(t, nil)
 	const n = 8
 	var wg sync.WaitGroup
-	sbs := make([]sandboxapi.Sandbox, n)
+	sbs := make([]apitype.Sandbox, n)
 	errs := make([]error, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sbs[i], errs[i] = e.c.Create(e.ctx(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}})
+			sbs[i], errs[i] = e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}}})
 			if errs[i] != nil {
 				return
 			}
 			for k := 0; k < 20; k++ {
-				res, err := e.c.Exec(e.ctx(), sbs[i].ID, "vm1", sandboxapi.ExecRequest{Argv: []string{"echo", sbs[i].ID, fmt.Sprint(k)}})
+				res, err := e.c.Exec(e.ctx(), sbs[i].ID, "vm1", apitype.ExecRequest{Argv: []string{"echo", sbs[i].ID, fmt.Sprint(k)}})
 				if err != nil || string(res.Stdout) != fmt.Sprintf("%s %d\n", sbs[i].ID, k) {
 					errs[i] = fmt.Errorf("exec %d: %+v %v", k, res, err)
 					return
@@ -271,32 +272,32 @@ func TestConcurrentCreates(t *testing.T) {
 
 func TestExplicitCIDRConflict(t *testing.T) {
 	e := newEnv(t, nil)
-	e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}, Networks: []sandboxapi.NetworkRequest{{Name: "lan", CIDR: "192.168.50.0/24"}}})
+	e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: "192.168.50.0/24"}}})
 	before := e.px.Mutations()
-	_, err := e.c.Create(e.ctx(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}, Networks: []sandboxapi.NetworkRequest{{Name: "lan", CIDR: "192.168.50.0/25"}}})
-	if !client.IsProblem(err, sandboxapi.ProblemConflict) || e.px.Mutations() != before {
+	_, err := e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: "192.168.50.0/25"}}})
+	if !client.IsProblem(err, apitype.ProblemConflict) || e.px.Mutations() != before {
 		t.Fatalf("overlapping CIDR: %v (mutations %d -> %d)", err, before, e.px.Mutations())
 	}
 	// A foreign subnet in Proxmox is avoided by auto.
 	e2 := newEnv(t, nil)
-	e2.px.AddVNet(sandboxapi.VNetInfo{ID: "other", Zone: "otherz"}, "10.200.0.0/23")
-	sb := e2.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	e2.px.AddVNet(sandbox.VNetInfo{ID: "other", Zone: "otherz"}, "10.200.0.0/23")
+	sb := e2.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if sb.Networks[0].CIDR != "10.200.2.0/24" {
 		t.Errorf("auto picked %s next to a foreign 10.200.0.0/23", sb.Networks[0].CIDR)
 	}
 }
 
 func TestTTLReaper(t *testing.T) {
-	e := newEnv(t, func(o *sandboxapi.Options) { o.ReaperInterval = 20 * time.Millisecond })
-	short := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}, TTLSeconds: 5})
-	long := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}, TTLSeconds: 3600})
-	if n := e.srv.Reap(e.ctx()); n != 0 {
+	e := newEnv(t, func(o *options) { o.ReaperInterval = 20 * time.Millisecond })
+	short := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, TTLSeconds: 5})
+	long := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, TTLSeconds: 3600})
+	if n := e.srv.Engine().Reap(e.ctx()); n != 0 {
 		t.Fatalf("reaped %d before expiry", n)
 	}
 	e.clock.Advance(6 * time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { e.srv.RunReaper(ctx); close(done) }()
+	go func() { e.srv.Engine().RunReaper(ctx); close(done) }()
 	stopped := false
 	stop := func() {
 		if !stopped {
@@ -308,7 +309,7 @@ func TestTTLReaper(t *testing.T) {
 	defer stop()
 	deadline := time.After(10 * time.Second)
 	for {
-		if _, err := e.c.Get(e.ctx(), short.ID); client.IsProblem(err, sandboxapi.ProblemNotFound) {
+		if _, err := e.c.Get(e.ctx(), short.ID); client.IsProblem(err, apitype.ProblemNotFound) {
 			break
 		}
 		select {
@@ -335,20 +336,20 @@ func TestRestartReconcile(t *testing.T) {
 	// Objects a restarted daemon finds: an orphan of ours (both tags,
 	// unknown sandbox), a VM without tags, a VM of another node, a VM with
 	// only our node tag, and an orphan vnet/zone of ours.
-	e.px.AddVM(sandboxapi.VMInfo{VMID: 500, Name: "orphan", Status: "running", Tags: []string{"pvei-n-node1", "pvei-s-sbzzzzzz"}})
-	e.px.AddVM(sandboxapi.VMInfo{VMID: 501, Name: "untagged", Status: "running"})
-	e.px.AddVM(sandboxapi.VMInfo{VMID: 502, Name: "othernode", Status: "running", Tags: []string{"pvei-n-node2", "pvei-s-sbyyyyyy"}})
-	e.px.AddVM(sandboxapi.VMInfo{VMID: 503, Name: "halftagged", Status: "running", Tags: []string{"pvei-n-node1"}})
-	e.px.AddVNet(sandboxapi.VNetInfo{ID: "vzzzzzz0", Zone: "sbzzzzzz", Alias: "pvei-n-node1 pvei-s-sbzzzzzz"}, "10.99.0.0/24")
-	e.px.AddVNet(sandboxapi.VNetInfo{ID: "foreign", Zone: "fzone", Alias: "somebody"}, "10.98.0.0/24")
+	e.px.AddVM(sandbox.VMInfo{VMID: 500, Name: "orphan", Status: "running", Tags: []string{"pvei-n-node1", "pvei-s-sbzzzzzz"}})
+	e.px.AddVM(sandbox.VMInfo{VMID: 501, Name: "untagged", Status: "running"})
+	e.px.AddVM(sandbox.VMInfo{VMID: 502, Name: "othernode", Status: "running", Tags: []string{"pvei-n-node2", "pvei-s-sbyyyyyy"}})
+	e.px.AddVM(sandbox.VMInfo{VMID: 503, Name: "halftagged", Status: "running", Tags: []string{"pvei-n-node1"}})
+	e.px.AddVNet(sandbox.VNetInfo{ID: "vzzzzzz0", Zone: "sbzzzzzz", Alias: "pvei-n-node1 pvei-s-sbzzzzzz"}, "10.99.0.0/24")
+	e.px.AddVNet(sandbox.VNetInfo{ID: "foreign", Zone: "fzone", Alias: "somebody"}, "10.98.0.0/24")
 
 	// "restart": a new server on the same state dir and Proxmox.
 	e2 := newEnvOn(t, e.px, e.guests, e.opts.StateDir, nil)
 	got, err := e2.c.Get(e2.ctx(), sb.ID)
-	if err != nil || got.State != sandboxapi.StateReady {
+	if err != nil || got.State != apitype.StateReady {
 		t.Fatalf("sandbox after restart: %+v %v", got, err)
 	}
-	res, err := e2.c.Exec(e2.ctx(), sb.ID, "b", sandboxapi.ExecRequest{Argv: []string{"echo", "still"}})
+	res, err := e2.c.Exec(e2.ctx(), sb.ID, "b", apitype.ExecRequest{Argv: []string{"echo", "still"}})
 	if err != nil || string(res.Stdout) != "still\n" {
 		t.Fatalf("exec after restart: %+v %v", res, err)
 	}
@@ -372,7 +373,7 @@ func TestRestartReconcile(t *testing.T) {
 }
 
 func TestReconcileFinishesInterruptedCreate(t *testing.T) {
-	e := newEnv(t, func(o *sandboxapi.Options) { o.AgentTimeout = 200 * time.Millisecond })
+	e := newEnv(t, func(o *options) { o.AgentTimeout = 200 * time.Millisecond })
 	// A create that fails teardown too leaves state "error"; simulate the
 	// daemon dying mid-create instead: make teardown fail, then restart
 	// with Proxmox healthy.
@@ -387,7 +388,7 @@ func TestReconcileFinishesInterruptedCreate(t *testing.T) {
 	e.px.Fail("StartVM", nil)
 	e.px.Fail("DeleteVM", nil)
 	l, _ := e.c.List(e.ctx())
-	if len(l) != 1 || l[0].State != sandboxapi.StateError {
+	if len(l) != 1 || l[0].State != apitype.StateError {
 		t.Fatalf("failed sandbox should stay listed in state error: %+v", l)
 	}
 	// A DELETE of the errored sandbox now cleans it up.
@@ -404,24 +405,24 @@ func TestReconcileFinishesInterruptedCreate(t *testing.T) {
 
 func TestAuthMatrix(t *testing.T) {
 	e := newEnv(t, nil)
-	sb := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	execBody := `{"argv":["echo","hi"]}`
 	tests := []struct {
 		name, token, method, path, body string
 		want                            int
 		typ                             string
 	}{
-		{"no token", "", "GET", "/v1/sandboxes", "", 401, sandboxapi.ProblemUnauthorized},
-		{"wrong token", "nope", "GET", "/v1/sandboxes", "", 401, sandboxapi.ProblemUnauthorized},
-		{"not bearer", "Basic cjpy", "GET", "/v1/sandboxes", "", 401, sandboxapi.ProblemUnauthorized},
+		{"no token", "", "GET", "/v1/sandboxes", "", 401, apitype.ProblemUnauthorized},
+		{"wrong token", "nope", "GET", "/v1/sandboxes", "", 401, apitype.ProblemUnauthorized},
+		{"not bearer", "Basic cjpy", "GET", "/v1/sandboxes", "", 401, apitype.ProblemUnauthorized},
 		{"read lists", "r", "GET", "/v1/sandboxes", "", 200, ""},
-		{"read cannot exec", "r", "POST", "/v1/sandboxes/" + sb.ID + "/vms/vm0/exec", execBody, 403, sandboxapi.ProblemForbidden},
+		{"read cannot exec", "r", "POST", "/v1/sandboxes/" + sb.ID + "/vms/vm0/exec", execBody, 403, apitype.ProblemForbidden},
 		{"exec execs", "x", "POST", "/v1/sandboxes/" + sb.ID + "/vms/vm0/exec", execBody, 200, ""},
-		{"exec cannot create", "x", "POST", "/v1/sandboxes", `{"vms":[{"template":"debian"}]}`, 403, sandboxapi.ProblemForbidden},
-		{"exec cannot delete", "x", "DELETE", "/v1/sandboxes/" + sb.ID, "", 403, sandboxapi.ProblemForbidden},
-		{"read cannot read files", "r", "GET", "/v1/sandboxes/" + sb.ID + "/vms/vm0/files?path=/x", "", 403, sandboxapi.ProblemForbidden},
+		{"exec cannot create", "x", "POST", "/v1/sandboxes", `{"vms":[{"template":"debian"}]}`, 403, apitype.ProblemForbidden},
+		{"exec cannot delete", "x", "DELETE", "/v1/sandboxes/" + sb.ID, "", 403, apitype.ProblemForbidden},
+		{"read cannot read files", "r", "GET", "/v1/sandboxes/" + sb.ID + "/vms/vm0/files?path=/x", "", 403, apitype.ProblemForbidden},
 		{"admin execs", "a", "POST", "/v1/sandboxes/" + sb.ID + "/vms/vm0/exec", execBody, 200, ""},
-		{"no token healthz", "", "GET", "/v1/healthz", "", 401, sandboxapi.ProblemUnauthorized},
+		{"no token healthz", "", "GET", "/v1/healthz", "", 401, apitype.ProblemUnauthorized},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -454,33 +455,33 @@ func TestAuthMatrix(t *testing.T) {
 	}
 	// The client with a token works over the TCP handler.
 	c := client.New(e.tcp.URL, client.WithToken("x"))
-	if _, err := c.Exec(e.ctx(), sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo"}}); err != nil {
+	if _, err := c.Exec(e.ctx(), sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo"}}); err != nil {
 		t.Errorf("client with exec token: %v", err)
 	}
-	if err := c.Delete(e.ctx(), sb.ID); !client.IsProblem(err, sandboxapi.ProblemForbidden) {
+	if err := c.Delete(e.ctx(), sb.ID); !client.IsProblem(err, apitype.ProblemForbidden) {
 		t.Errorf("client delete with exec token: %v", err)
 	}
 }
 
-func decodeProblemResp(t *testing.T, resp *http.Response) sandboxapi.Problem {
+func decodeProblemResp(t *testing.T, resp *http.Response) apitype.Problem {
 	t.Helper()
 	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
 		t.Fatalf("content type %q", ct)
 	}
-	var p sandboxapi.Problem
+	var p apitype.Problem
 	dec := json.NewDecoder(resp.Body)
 	if err := dec.Decode(&p); err != nil {
 		t.Fatal(err)
 	}
-	if p.Status != resp.StatusCode || p.Title == "" || !slices.Contains(sandboxapi.ProblemTypes(), p.Type) {
+	if p.Status != resp.StatusCode || p.Title == "" || !slices.Contains(apitype.ProblemTypes(), p.Type) {
 		t.Fatalf("problem %+v with status %d", p, resp.StatusCode)
 	}
 	return p
 }
 
 func TestProblemDocuments(t *testing.T) {
-	e := newEnv(t, func(o *sandboxapi.Options) { o.MaxFileBytes = 1 << 20 })
-	sb := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	e := newEnv(t, func(o *options) { o.MaxFileBytes = 1 << 20 })
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err := e.c.WriteFile(e.ctx(), sb.ID, "vm0", "/big", bytes.NewReader(make([]byte, 1<<20)), 1<<20, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -491,40 +492,40 @@ func TestProblemDocuments(t *testing.T) {
 		status                          int
 		typ                             string
 	}{
-		{"bad json", "POST", "/v1/sandboxes", "application/json", `{"vms":`, 400, sandboxapi.ProblemInvalidRequest},
-		{"unknown field", "POST", "/v1/sandboxes", "application/json", `{"vms":[{"template":"debian"}],"root":true}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"trailing data", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}]} {}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"wrong content type", "POST", "/v1/sandboxes", "text/plain", `{}`, 415, sandboxapi.ProblemUnsupportedMediaType},
-		{"oversize", "POST", "/v1/sandboxes", "application/json", `{"labels":{"a":"` + strings.Repeat("x", 2<<20) + `"}}`, 413, sandboxapi.ProblemPayloadTooLarge},
-		{"no vms", "POST", "/v1/sandboxes", "", `{"vms":[]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"absurd cores", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","cores":100000000}]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"absurd memory", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","memory_mib":99999999999}]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"int overflow", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","cores":1e99}]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"negative ttl", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}],"ttl_seconds":-1}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"bad cidr", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}],"networks":[{"name":"n","cidr":"8.8.8.0/24"}]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"unknown template", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"windows"}]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"unknown network", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","networks":["x"]}]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"unknown sandbox", "GET", "/v1/sandboxes/sbaaaaaa", "", "", 404, sandboxapi.ProblemNotFound},
-		{"bad sandbox id", "GET", "/v1/sandboxes/..%2f", "", "", 404, sandboxapi.ProblemNotFound},
-		{"unknown vm", "POST", "/v1/sandboxes/" + sb.ID + "/vms/zz/exec", "", `{"argv":["true"]}`, 404, sandboxapi.ProblemNotFound},
-		{"no route", "GET", "/v2/x", "", "", 404, sandboxapi.ProblemNotFound},
-		{"wrong method", "PATCH", "/v1/sandboxes", "", "", 405, sandboxapi.ProblemMethodNotAllowed},
-		{"empty argv", "POST", vm + "/exec", "", `{"argv":[]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"nul in argv", "POST", vm + "/exec", "", `{"argv":["a\u0000b"]}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"absurd timeout", "POST", vm + "/exec", "", `{"argv":["true"],"timeout_seconds":999999999}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"nul in path", "GET", vm + "/files?path=/etc/pa%00sswd", "", "", 400, sandboxapi.ProblemInvalidRequest},
-		{"relative path", "GET", vm + "/files?path=etc/passwd", "", "", 400, sandboxapi.ProblemInvalidRequest},
-		{"missing path", "GET", vm + "/files", "", "", 400, sandboxapi.ProblemInvalidRequest},
-		{"file not found", "GET", vm + "/files?path=/nope", "", "", 404, sandboxapi.ProblemFileNotFound},
-		{"is a directory", "GET", vm + "/files?path=/etc/", "", "", 409, sandboxapi.ProblemIsDirectory},
-		{"permission", "PUT", vm + "/files?path=/proc/x", "", "x", 403, sandboxapi.ProblemPermissionDenied},
-		{"read over cap", "GET", vm + "/files?path=/bigger", "", "", 413, sandboxapi.ProblemOutputLimit},
-		{"write over cap", "PUT", vm + "/files?path=/huge", "", strings.Repeat("x", 1<<20+1), 413, sandboxapi.ProblemPayloadTooLarge},
-		{"bad mode", "PUT", vm + "/files?path=/m&mode=99", "", "x", 400, sandboxapi.ProblemInvalidRequest},
-		{"bad snapshot name", "POST", vm + "/snapshots", "", `{"name":"1;rm"}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"rollback unknown", "POST", vm + "/snapshots/nosuch/rollback", "", "", 404, sandboxapi.ProblemNotFound},
-		{"extend too long", "POST", "/v1/sandboxes/" + sb.ID + "/extend", "", `{"ttl_seconds":99999999}`, 400, sandboxapi.ProblemInvalidRequest},
-		{"guest timeout", "POST", vm + "/exec", "", `{"argv":["hang"]}`, 504, sandboxapi.ProblemGuestTimeout},
+		{"bad json", "POST", "/v1/sandboxes", "application/json", `{"vms":`, 400, apitype.ProblemInvalidRequest},
+		{"unknown field", "POST", "/v1/sandboxes", "application/json", `{"vms":[{"template":"debian"}],"root":true}`, 400, apitype.ProblemInvalidRequest},
+		{"trailing data", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}]} {}`, 400, apitype.ProblemInvalidRequest},
+		{"wrong content type", "POST", "/v1/sandboxes", "text/plain", `{}`, 415, apitype.ProblemUnsupportedMediaType},
+		{"oversize", "POST", "/v1/sandboxes", "application/json", `{"labels":{"a":"` + strings.Repeat("x", 2<<20) + `"}}`, 413, apitype.ProblemPayloadTooLarge},
+		{"no vms", "POST", "/v1/sandboxes", "", `{"vms":[]}`, 400, apitype.ProblemInvalidRequest},
+		{"absurd cores", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","cores":100000000}]}`, 400, apitype.ProblemInvalidRequest},
+		{"absurd memory", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","memory_mib":99999999999}]}`, 400, apitype.ProblemInvalidRequest},
+		{"int overflow", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","cores":1e99}]}`, 400, apitype.ProblemInvalidRequest},
+		{"negative ttl", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}],"ttl_seconds":-1}`, 400, apitype.ProblemInvalidRequest},
+		{"bad cidr", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}],"networks":[{"name":"n","cidr":"8.8.8.0/24"}]}`, 400, apitype.ProblemInvalidRequest},
+		{"unknown template", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"windows"}]}`, 400, apitype.ProblemInvalidRequest},
+		{"unknown network", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian","networks":["x"]}]}`, 400, apitype.ProblemInvalidRequest},
+		{"unknown sandbox", "GET", "/v1/sandboxes/sbaaaaaa", "", "", 404, apitype.ProblemNotFound},
+		{"bad sandbox id", "GET", "/v1/sandboxes/..%2f", "", "", 404, apitype.ProblemNotFound},
+		{"unknown vm", "POST", "/v1/sandboxes/" + sb.ID + "/vms/zz/exec", "", `{"argv":["true"]}`, 404, apitype.ProblemNotFound},
+		{"no route", "GET", "/v2/x", "", "", 404, apitype.ProblemNotFound},
+		{"wrong method", "PATCH", "/v1/sandboxes", "", "", 405, apitype.ProblemMethodNotAllowed},
+		{"empty argv", "POST", vm + "/exec", "", `{"argv":[]}`, 400, apitype.ProblemInvalidRequest},
+		{"nul in argv", "POST", vm + "/exec", "", `{"argv":["a\u0000b"]}`, 400, apitype.ProblemInvalidRequest},
+		{"absurd timeout", "POST", vm + "/exec", "", `{"argv":["true"],"timeout_seconds":999999999}`, 400, apitype.ProblemInvalidRequest},
+		{"nul in path", "GET", vm + "/files?path=/etc/pa%00sswd", "", "", 400, apitype.ProblemInvalidRequest},
+		{"relative path", "GET", vm + "/files?path=etc/passwd", "", "", 400, apitype.ProblemInvalidRequest},
+		{"missing path", "GET", vm + "/files", "", "", 400, apitype.ProblemInvalidRequest},
+		{"file not found", "GET", vm + "/files?path=/nope", "", "", 404, apitype.ProblemFileNotFound},
+		{"is a directory", "GET", vm + "/files?path=/etc/", "", "", 409, apitype.ProblemIsDirectory},
+		{"permission", "PUT", vm + "/files?path=/proc/x", "", "x", 403, apitype.ProblemPermissionDenied},
+		{"read over cap", "GET", vm + "/files?path=/bigger", "", "", 413, apitype.ProblemOutputLimit},
+		{"write over cap", "PUT", vm + "/files?path=/huge", "", strings.Repeat("x", 1<<20+1), 413, apitype.ProblemPayloadTooLarge},
+		{"bad mode", "PUT", vm + "/files?path=/m&mode=99", "", "x", 400, apitype.ProblemInvalidRequest},
+		{"bad snapshot name", "POST", vm + "/snapshots", "", `{"name":"1;rm"}`, 400, apitype.ProblemInvalidRequest},
+		{"rollback unknown", "POST", vm + "/snapshots/nosuch/rollback", "", "", 404, apitype.ProblemNotFound},
+		{"extend too long", "POST", "/v1/sandboxes/" + sb.ID + "/extend", "", `{"ttl_seconds":99999999}`, 400, apitype.ProblemInvalidRequest},
+		{"guest timeout", "POST", vm + "/exec", "", `{"argv":["hang"]}`, 504, apitype.ProblemGuestTimeout},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -546,7 +547,7 @@ func TestProblemDocuments(t *testing.T) {
 	if _, err := e.c.ReadFile(e.ctx(), sb.ID, "vm0", "/big", &b); err != nil || b.Len() != 1<<20 {
 		t.Errorf("read at the cap: %d %v", b.Len(), err)
 	}
-	if _, err := e.c.ReadFile(e.ctx(), sb.ID, "vm0", "/huge", &b); !client.IsProblem(err, sandboxapi.ProblemFileNotFound) {
+	if _, err := e.c.ReadFile(e.ctx(), sb.ID, "vm0", "/huge", &b); !client.IsProblem(err, apitype.ProblemFileNotFound) {
 		t.Errorf("refused upload left a file: %v", err)
 	}
 	if l, _ := e.c.List(e.ctx()); len(l) != 1 {
@@ -621,7 +622,7 @@ func TestMetricsRequests(t *testing.T) {
 	if n := e.series("pve_inspect_api_request_duration_seconds"); n != 2 {
 		t.Errorf("latency series %d, want 2", n)
 	}
-	sb := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if got := e.metric("pve_inspect_sandboxes", "state", "ready"); got != 1 {
 		t.Errorf("sandboxes{ready} = %v", got)
 	}
@@ -629,19 +630,19 @@ func TestMetricsRequests(t *testing.T) {
 		t.Errorf("sandbox_vms{ready} = %v", got)
 	}
 	e.guests.PingFails[sb.VMs[0].VMID] = true
-	_, err := e.c.Exec(e.ctx(), sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo"}})
-	if !client.IsProblem(err, sandboxapi.ProblemGuestUnavailable) {
+	_, err := e.c.Exec(e.ctx(), sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo"}})
+	if !client.IsProblem(err, apitype.ProblemGuestUnavailable) {
 		t.Fatalf("exec on dead agent: %v", err)
 	}
-	if got := e.metric("pve_inspect_guest_agent_errors_total", "kind", sandboxapi.ProblemGuestUnavailable); got != 1 {
+	if got := e.metric("pve_inspect_guest_agent_errors_total", "kind", apitype.ProblemGuestUnavailable); got != 1 {
 		t.Errorf("guest errors = %v", got)
 	}
 	// streamed exec on a dead agent: error record, counted too
-	_, err = e.c.ExecStream(e.ctx(), sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo"}}, io.Discard, io.Discard)
-	if !client.IsProblem(err, sandboxapi.ProblemGuestUnavailable) {
+	_, err = e.c.ExecStream(e.ctx(), sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo"}}, io.Discard, io.Discard)
+	if !client.IsProblem(err, apitype.ProblemGuestUnavailable) {
 		t.Fatalf("stream on dead agent: %v", err)
 	}
-	if got := e.metric("pve_inspect_guest_agent_errors_total", "kind", sandboxapi.ProblemGuestUnavailable); got != 2 {
+	if got := e.metric("pve_inspect_guest_agent_errors_total", "kind", apitype.ProblemGuestUnavailable); got != 2 {
 		t.Errorf("guest errors = %v", got)
 	}
 }
@@ -663,11 +664,11 @@ func TestReconcileCarriesOn(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, nil)
-			e.px.AddVM(sandboxapi.VMInfo{VMID: 500, Name: "orphan", Status: "running", Tags: []string{"pvei-n-node1", "pvei-s-sbzzzzzz"}})
-			e.px.AddVM(sandboxapi.VMInfo{VMID: 504, Name: "orphan2", Status: "stopped", Tags: []string{"pvei-n-node1", "pvei-s-sbxxxxxx"}})
-			e.px.AddVNet(sandboxapi.VNetInfo{ID: "vzzzzzz0", Zone: "sbzzzzzz", Alias: "pvei-n-node1 pvei-s-sbzzzzzz"}, "10.99.0.0/24")
+			e.px.AddVM(sandbox.VMInfo{VMID: 500, Name: "orphan", Status: "running", Tags: []string{"pvei-n-node1", "pvei-s-sbzzzzzz"}})
+			e.px.AddVM(sandbox.VMInfo{VMID: 504, Name: "orphan2", Status: "stopped", Tags: []string{"pvei-n-node1", "pvei-s-sbxxxxxx"}})
+			e.px.AddVNet(sandbox.VNetInfo{ID: "vzzzzzz0", Zone: "sbzzzzzz", Alias: "pvei-n-node1 pvei-s-sbzzzzzz"}, "10.99.0.0/24")
 			e.px.Fail(c.fail, errors.New("injected: "+c.fail))
-			rep, err := e.srv.Reconcile(e.ctx())
+			rep, err := e.srv.Engine().Reconcile(e.ctx())
 			if c.wantErr {
 				if err == nil {
 					t.Fatalf("reconcile succeeded without the VM list: %+v", rep)

@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -40,7 +41,7 @@ func rawRequest(t *testing.T, e *env, head string) net.Conn {
 // slowly is cut by the per-request read deadline; the call it was making
 // does not happen.
 func TestSlowBodyCut(t *testing.T) {
-	e := newEnv(t, func(o *sandboxapi.Options) { o.RequestTimeout = 300 * time.Millisecond })
+	e := newEnv(t, func(o *options) { o.RequestTimeout = 300 * time.Millisecond })
 	sb := e.create(twoVMs())
 	conn := rawRequest(t, e, fmt.Sprintf("POST /v1/sandboxes/%s/extend HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\n"+
 		"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", sb.ID))
@@ -108,10 +109,10 @@ func TestCollectedOutputCap(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := e.ctx()
 	sb := e.create(twoVMs())
-	big := sandboxapi.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 200 << 20}
+	big := apitype.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 200 << 20}
 	_, err := e.c.Exec(ctx, sb.ID, "a", big)
-	var p *sandboxapi.Problem
-	if !errors.As(err, &p) || p.Type != sandboxapi.ProblemInvalidRequest || p.Field != "output_limit" || !strings.Contains(p.Detail, "x-ndjson") {
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Type != apitype.ProblemInvalidRequest || p.Field != "output_limit" || !strings.Contains(p.Detail, "x-ndjson") {
 		t.Fatalf("collected exec asking 200 MiB: %v, want invalid output_limit pointing at streaming", err)
 	}
 	var out bytes.Buffer
@@ -119,7 +120,7 @@ func TestCollectedOutputCap(t *testing.T) {
 	if err != nil || res.ExitCode != 0 || out.String() != "hi\n" {
 		t.Fatalf("streamed exec asking 200 MiB: %+v %q %v", res, out.String(), err)
 	}
-	ok := sandboxapi.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 64 << 20}
+	ok := apitype.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 64 << 20}
 	if _, err := e.c.Exec(ctx, sb.ID, "a", ok); err != nil {
 		t.Fatalf("collected exec at the cap: %v", err)
 	}
@@ -127,7 +128,7 @@ func TestCollectedOutputCap(t *testing.T) {
 
 // blockingGuest holds every exec and file call until released.
 type blockingGuest struct {
-	sandboxapi.Guest
+	sandbox.Guest
 	started chan<- struct{}
 	release <-chan struct{}
 }
@@ -142,14 +143,14 @@ func (g blockingGuest) hold(ctx context.Context) error {
 	}
 }
 
-func (g blockingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+func (g blockingGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
 	if err := g.hold(ctx); err != nil {
 		return nil, err
 	}
 	return g.Guest.Exec(ctx, r)
 }
 
-func (g blockingGuest) ExecStream(ctx context.Context, r sandboxapi.GuestExec, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
+func (g blockingGuest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, stderr io.Writer) (*apitype.ExecResult, error) {
 	if err := g.hold(ctx); err != nil {
 		return nil, err
 	}
@@ -168,10 +169,10 @@ func (g blockingGuest) ReadFile(ctx context.Context, path string, w io.Writer, m
 func TestCallLimits(t *testing.T) {
 	started := make(chan struct{}, 8)
 	release := make(chan struct{})
-	e := newEnv(t, func(o *sandboxapi.Options) {
+	e := newEnv(t, func(o *options) {
 		o.MaxExecs, o.MaxFileCalls = 2, 1
 		dial := o.Guests
-		o.Guests = func(p string) sandboxapi.Guest {
+		o.Guests = func(p string) sandbox.Guest {
 			return blockingGuest{Guest: dial(p), started: started, release: release}
 		}
 	})
@@ -183,7 +184,7 @@ func TestCallLimits(t *testing.T) {
 	errs := make(chan error, 3)
 	for range 2 {
 		go func() {
-			_, err := e.c.Exec(ctx, sb.ID, "a", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}})
+			_, err := e.c.Exec(ctx, sb.ID, "a", apitype.ExecRequest{Argv: []string{"echo", "x"}})
 			errs <- err
 		}()
 	}
@@ -194,10 +195,10 @@ func TestCallLimits(t *testing.T) {
 	for range 3 {
 		<-started
 	}
-	if _, err := e.c.Exec(ctx, sb.ID, "b", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}}); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+	if _, err := e.c.Exec(ctx, sb.ID, "b", apitype.ExecRequest{Argv: []string{"echo", "x"}}); !client.IsProblem(err, apitype.ProblemUnavailable) {
 		t.Errorf("third exec: %v, want unavailable", err)
 	}
-	if _, err := e.c.ReadFile(ctx, sb.ID, "a", "/f", io.Discard); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+	if _, err := e.c.ReadFile(ctx, sb.ID, "a", "/f", io.Discard); !client.IsProblem(err, apitype.ProblemUnavailable) {
 		t.Errorf("second file read: %v, want unavailable", err)
 	}
 	close(release)
@@ -206,7 +207,7 @@ func TestCallLimits(t *testing.T) {
 			t.Errorf("call in flight: %v", err)
 		}
 	}
-	if _, err := e.c.Exec(ctx, sb.ID, "b", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}}); err != nil {
+	if _, err := e.c.Exec(ctx, sb.ID, "b", apitype.ExecRequest{Argv: []string{"echo", "x"}}); err != nil {
 		t.Errorf("exec after the others finished: %v", err)
 	}
 }
@@ -215,7 +216,7 @@ func TestCallLimits(t *testing.T) {
 // pass SpoolBytes; a read that would is answered unavailable and leaves no
 // spool file behind.
 func TestSpoolCap(t *testing.T) {
-	e := newEnv(t, func(o *sandboxapi.Options) { o.SpoolDir = ""; o.SpoolBytes = 1000 })
+	e := newEnv(t, func(o *options) { o.SpoolDir = ""; o.SpoolBytes = 1000 })
 	ctx := e.ctx()
 	sb := e.create(twoVMs())
 	data := bytes.Repeat([]byte("x"), 2000)
@@ -225,7 +226,7 @@ func TestSpoolCap(t *testing.T) {
 	if err := e.c.WriteFile(ctx, sb.ID, "a", "/small", bytes.NewReader(data[:500]), 500, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.c.ReadFile(ctx, sb.ID, "a", "/big", io.Discard); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+	if _, err := e.c.ReadFile(ctx, sb.ID, "a", "/big", io.Discard); !client.IsProblem(err, apitype.ProblemUnavailable) {
 		t.Errorf("read over the spool cap: %v, want unavailable", err)
 	}
 	var got bytes.Buffer
@@ -244,23 +245,23 @@ func TestSpoolCap(t *testing.T) {
 func TestCollectedBudget(t *testing.T) {
 	started := make(chan struct{}, 4)
 	release := make(chan struct{})
-	e := newEnv(t, func(o *sandboxapi.Options) {
+	e := newEnv(t, func(o *options) {
 		o.CollectedBytes = 3 << 20
 		dial := o.Guests
-		o.Guests = func(p string) sandboxapi.Guest {
+		o.Guests = func(p string) sandbox.Guest {
 			return blockingGuest{Guest: dial(p), started: started, release: release}
 		}
 	})
 	ctx := e.ctx()
 	sb := e.create(twoVMs())
-	req := sandboxapi.ExecRequest{Argv: []string{"echo", "x"}, OutputLimit: 1 << 20}
+	req := apitype.ExecRequest{Argv: []string{"echo", "x"}, OutputLimit: 1 << 20}
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.c.Exec(ctx, sb.ID, "a", req)
 		done <- err
 	}()
 	<-started
-	if _, err := e.c.Exec(ctx, sb.ID, "b", req); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+	if _, err := e.c.Exec(ctx, sb.ID, "b", req); !client.IsProblem(err, apitype.ProblemUnavailable) {
 		t.Errorf("second collected exec over the budget: %v, want unavailable", err)
 	}
 	streamed := make(chan error, 1)

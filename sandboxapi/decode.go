@@ -11,6 +11,9 @@ import (
 	"regexp"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // Request limits that do not depend on configuration.
@@ -39,39 +42,38 @@ var (
 	reTemplate = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	reSnapshot = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{1,39}$`)
 	reLabelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
-	reSandbox  = regexp.MustCompile(`^sb[a-z0-9]{6}$`)
 )
 
 // invalid builds an invalid-request problem naming the field.
-func invalid(field, format string, a ...any) *Problem {
-	p := problemf(ProblemInvalidRequest, format, a...)
+func invalid(field, format string, a ...any) *apitype.Problem {
+	p := problemf(apitype.ProblemInvalidRequest, format, a...)
 	p.Field = field
 	return p
 }
 
 // decodeJSON reads one strict JSON document (unknown fields refused, no
 // trailing data) of at most max bytes into v.
-func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *Problem {
+func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *apitype.Problem {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
-			return problemf(ProblemUnsupportedMediaType, "content type %q: want application/json", ct)
+			return problemf(apitype.ProblemUnsupportedMediaType, "content type %q: want application/json", ct)
 		}
 	}
 	if r.ContentLength > max {
-		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the limit of %d", r.ContentLength, max)
+		return problemf(apitype.ProblemPayloadTooLarge, "body of %d bytes is over the limit of %d", r.ContentLength, max)
 	}
 	return decodeStrict(http.MaxBytesReader(w, r.Body, max), max, v)
 }
 
 // decodeStrict is the body decoder shared by the handlers and fuzz tests.
-func decodeStrict(body io.Reader, max int64, v any) *Problem {
+func decodeStrict(body io.Reader, max int64, v any) *apitype.Problem {
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return problemf(ProblemPayloadTooLarge, "body is over the limit of %d bytes", max)
+			return problemf(apitype.ProblemPayloadTooLarge, "body is over the limit of %d bytes", max)
 		}
 		if errors.Is(err, io.EOF) {
 			return invalid("", "empty body: want a JSON object")
@@ -81,7 +83,7 @@ func decodeStrict(body io.Reader, max int64, v any) *Problem {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return problemf(ProblemPayloadTooLarge, "body is over the limit of %d bytes", max)
+			return problemf(apitype.ProblemPayloadTooLarge, "body is over the limit of %d bytes", max)
 		}
 		return invalid("", "trailing data after the JSON object")
 	}
@@ -103,7 +105,7 @@ func cleanText(s string) bool {
 
 // validateCreate checks a create request and fills defaults. maxTTL bounds
 // the TTL; defTTL is used when it is 0.
-func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
+func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Problem {
 	if len(c.VMs) == 0 {
 		return invalid("vms", "at least one VM is required")
 	}
@@ -114,7 +116,7 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 		return invalid("networks", "%d networks: at most %d", len(c.Networks), maxNetworks)
 	}
 	if len(c.Networks) == 0 {
-		c.Networks = []NetworkRequest{{Name: "net0", CIDR: "auto"}}
+		c.Networks = []apitype.NetworkRequest{{Name: "net0", CIDR: "auto"}}
 	}
 	nets := map[string]bool{}
 	for i := range c.Networks {
@@ -141,7 +143,7 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 			if p.Bits() < 16 || p.Bits() > 28 {
 				return invalid(f+".cidr", "cidr %q: prefix length must be 16..28", n.CIDR)
 			}
-			if !PrivateV4(p) {
+			if !sandbox.PrivateV4(p) {
 				return invalid(f+".cidr", "cidr %q: must be a private (RFC 1918) range", n.CIDR)
 			}
 		}
@@ -190,7 +192,7 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 			}
 		}
 	}
-	if err := ValidateEnv(c.Env); err != nil {
+	if err := apitype.ValidateEnv(c.Env); err != nil {
 		return invalid("env", "%v", err)
 	}
 	if len(c.Labels) > maxLabels {
@@ -217,7 +219,7 @@ func validateCreate(c *CreateRequest, defTTL, maxTTL int64) *Problem {
 }
 
 // validateExtend checks an extend request.
-func validateExtend(e *ExtendRequest, maxTTL int64) *Problem {
+func validateExtend(e *apitype.ExtendRequest, maxTTL int64) *apitype.Problem {
 	if e.TTLSeconds < 1 || e.TTLSeconds > maxTTL {
 		return invalid("ttl_seconds", "ttl_seconds %d: want 1..%d", e.TTLSeconds, maxTTL)
 	}
@@ -225,7 +227,7 @@ func validateExtend(e *ExtendRequest, maxTTL int64) *Problem {
 }
 
 // validateExec checks an exec request.
-func validateExec(e *ExecRequest) *Problem {
+func validateExec(e *apitype.ExecRequest) *apitype.Problem {
 	if len(e.Argv) == 0 {
 		return invalid("argv", "argv must not be empty")
 	}
@@ -272,7 +274,7 @@ func validateExec(e *ExecRequest) *Problem {
 }
 
 // validateGuestPath checks a guest file path from ?path=.
-func validateGuestPath(p string) *Problem {
+func validateGuestPath(p string) *apitype.Problem {
 	switch {
 	case p == "":
 		return invalid("path", "query parameter path is required")
@@ -289,7 +291,7 @@ func validateGuestPath(p string) *Problem {
 }
 
 // validateSnapshotName checks a snapshot name (Proxmox's pve-configid rules).
-func validateSnapshotName(n string) *Problem {
+func validateSnapshotName(n string) *apitype.Problem {
 	if !reSnapshot.MatchString(n) {
 		return invalid("name", "snapshot name %q: want [A-Za-z][A-Za-z0-9_-]{1,39}", n)
 	}

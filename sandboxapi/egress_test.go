@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -18,25 +18,25 @@ type fakeEgress struct {
 	mu       sync.Mutex
 	sets     []egressCall
 	removed  []string
-	policies map[string]sandboxapi.EgressPolicy
+	policies map[string]apitype.EgressPolicy
 	running  func(sandbox string) bool
 }
 
 type egressCall struct {
 	sandbox, zone string
 	bridges       []string
-	policy        sandboxapi.EgressPolicy
+	policy        apitype.EgressPolicy
 	vmsRunning    bool
 }
 
-func (f *fakeEgress) Validate(p sandboxapi.EgressPolicy) error {
+func (f *fakeEgress) Validate(p apitype.EgressPolicy) error {
 	if p.Mode != "open" && p.Mode != "allowlist" && p.Mode != "none" {
 		return errors.New("egress mode entry: want open, allowlist or none")
 	}
 	return nil
 }
 
-func (f *fakeEgress) Set(_ context.Context, sandbox, zone string, bridges []string, p sandboxapi.EgressPolicy) error {
+func (f *fakeEgress) Set(_ context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.sets = append(f.sets, egressCall{sandbox, zone, bridges, p, f.running != nil && f.running(sandbox)})
@@ -52,15 +52,15 @@ func (f *fakeEgress) Remove(_ context.Context, sandbox, _ string) error {
 	return nil
 }
 
-func (f *fakeEgress) Status(sandbox, _ string) sandboxapi.EgressStatus {
+func (f *fakeEgress) Status(sandbox, _ string) apitype.EgressStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return sandboxapi.EgressStatus{Sandbox: sandbox, Policy: f.policies[sandbox], Denials: []sandboxapi.EgressDenial{}}
+	return apitype.EgressStatus{Sandbox: sandbox, Policy: f.policies[sandbox], Denials: []apitype.EgressDenial{}}
 }
 
 func TestEgressAPI(t *testing.T) {
-	fe := &fakeEgress{policies: map[string]sandboxapi.EgressPolicy{}}
-	e := newEnv(t, func(o *sandboxapi.Options) { o.Egress = fe })
+	fe := &fakeEgress{policies: map[string]apitype.EgressPolicy{}}
+	e := newEnv(t, func(o *options) { o.Egress = fe })
 	fe.running = func(sandbox string) bool {
 		for _, id := range e.px.VMIDs() {
 			v, _ := e.px.VMByID(id)
@@ -72,7 +72,7 @@ func TestEgressAPI(t *testing.T) {
 	}
 	ctx := e.ctx()
 	req := twoVMs()
-	req.Egress = &sandboxapi.EgressPolicy{Mode: "allowlist", Allow: []string{"pypi.org"}}
+	req.Egress = &apitype.EgressPolicy{Mode: "allowlist", Allow: []string{"pypi.org"}}
 	sb := e.create(req)
 	if len(fe.sets) != 1 {
 		t.Fatalf("egress sets at create: %+v", fe.sets)
@@ -89,7 +89,7 @@ func TestEgressAPI(t *testing.T) {
 	if got := fe.sets[len(fe.sets)-1]; got.sandbox != plain.ID || got.policy.Mode != "open" {
 		t.Errorf("create without egress: %+v", got)
 	}
-	st, err := e.c.SetEgress(ctx, sb.ID, sandboxapi.EgressPolicy{Mode: "none"})
+	st, err := e.c.SetEgress(ctx, sb.ID, apitype.EgressPolicy{Mode: "none"})
 	if err != nil || st.Policy.Mode != "none" || st.Sandbox != sb.ID {
 		t.Fatalf("PUT egress: %+v %v", st, err)
 	}
@@ -98,20 +98,20 @@ func TestEgressAPI(t *testing.T) {
 	}
 	// bad input: a clear error naming the field, nothing changed
 	n := len(fe.sets)
-	_, err = e.c.SetEgress(ctx, sb.ID, sandboxapi.EgressPolicy{Mode: "closed"})
-	var p *sandboxapi.Problem
-	if !errors.As(err, &p) || p.Type != sandboxapi.ProblemInvalidRequest || p.Field != "egress" || !strings.Contains(p.Detail, "mode") {
+	_, err = e.c.SetEgress(ctx, sb.ID, apitype.EgressPolicy{Mode: "closed"})
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Type != apitype.ProblemInvalidRequest || p.Field != "egress" || !strings.Contains(p.Detail, "mode") {
 		t.Errorf("bad policy: %v", err)
 	}
 	bad := twoVMs()
-	bad.Egress = &sandboxapi.EgressPolicy{Mode: "closed"}
-	if _, err := e.c.Create(ctx, bad); !client.IsProblem(err, sandboxapi.ProblemInvalidRequest) {
+	bad.Egress = &apitype.EgressPolicy{Mode: "closed"}
+	if _, err := e.c.Create(ctx, bad); !client.IsProblem(err, apitype.ProblemInvalidRequest) {
 		t.Errorf("create with a bad policy: %v", err)
 	}
 	if len(fe.sets) != n {
 		t.Errorf("a refused request reached the egress part: %+v", fe.sets[n:])
 	}
-	if _, err := e.c.SetEgress(ctx, "sb-nope", sandboxapi.EgressPolicy{Mode: "none"}); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+	if _, err := e.c.SetEgress(ctx, "sb-nope", apitype.EgressPolicy{Mode: "none"}); !client.IsProblem(err, apitype.ProblemNotFound) {
 		t.Errorf("unknown sandbox: %v", err)
 	}
 	if err := e.c.Delete(ctx, sb.ID); err != nil {
@@ -125,8 +125,8 @@ func TestEgressAPI(t *testing.T) {
 func TestEgressRefusedWhenDisabled(t *testing.T) {
 	e := newEnv(t, nil)
 	req := twoVMs()
-	req.Egress = &sandboxapi.EgressPolicy{Mode: "none"}
-	if _, err := e.c.Create(e.ctx(), req); !client.IsProblem(err, sandboxapi.ProblemInvalidRequest) {
+	req.Egress = &apitype.EgressPolicy{Mode: "none"}
+	if _, err := e.c.Create(e.ctx(), req); !client.IsProblem(err, apitype.ProblemInvalidRequest) {
 		t.Errorf("create with egress on a node without egress: %v", err)
 	}
 }

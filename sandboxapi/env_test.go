@@ -14,8 +14,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -58,45 +60,68 @@ type env struct {
 	http   *httptest.Server // LocalHandler (unix-socket semantics)
 	tcp    *httptest.Server // Handler (bearer tokens)
 	c      *client.Client
-	opts   sandboxapi.Options
+	opts   options
+}
+
+// serverOptions is the HTTP layer's options under a name of its own, so
+// options can embed it beside the engine's.
+type serverOptions = sandboxapi.Options
+
+// options are a test server's engine and HTTP options in one struct: a
+// field name is promoted from whichever has it (Logger and Registerer are
+// set on both here).
+type options struct {
+	sandbox.Options
+	serverOptions
 }
 
 func templates() map[string]int { return map[string]int{"debian": 9000, "kali": 9001} }
 
 // newEnv builds a server on fakes; mod may change the options.
-func newEnv(t testing.TB, mod func(*sandboxapi.Options)) *env {
+func newEnv(t testing.TB, mod func(*options)) *env {
 	t.Helper()
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, templates())
 	return newEnvOn(t, px, g, t.TempDir(), mod)
 }
 
-func newEnvOn(t testing.TB, px *apitest.Proxmox, g *apitest.Guests, stateDir string, mod func(*sandboxapi.Options)) *env {
+func newEnvOn(t testing.TB, px *apitest.Proxmox, g *apitest.Guests, stateDir string, mod func(*options)) *env {
 	t.Helper()
 	e := &env{t: t, px: px, guests: g, clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, reg: prometheus.NewRegistry()}
-	e.opts = sandboxapi.Options{
-		Node:         "node1",
-		Proxmox:      px,
-		Guests:       g.Dial,
-		Checker:      checker{},
-		Tokens:       tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}},
-		StateDir:     stateDir,
-		SpoolDir:     t.TempDir(),
-		Templates:    map[string]int{"debian": 9000},
-		AgentTimeout: 2 * time.Second,
-		Now:          e.clock.Now,
-		Registerer:   e.reg,
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e.opts = options{
+		Options: sandbox.Options{
+			Node:         "node1",
+			Proxmox:      px,
+			Guests:       g.Dial,
+			Checker:      checker{},
+			StateDir:     stateDir,
+			Templates:    map[string]int{"debian": 9000},
+			AgentTimeout: 2 * time.Second,
+			Now:          e.clock.Now,
+			Registerer:   e.reg,
+			Logger:       log,
+		},
+		serverOptions: sandboxapi.Options{
+			Tokens:     tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}},
+			SpoolDir:   t.TempDir(),
+			Registerer: e.reg,
+			Logger:     log,
+		},
 	}
 	if mod != nil {
 		mod(&e.opts)
 	}
-	srv, err := sandboxapi.New(e.opts)
+	eng, err := sandbox.New(e.opts.Options)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sandboxapi.New(eng, e.opts.serverOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.srv = srv
-	if _, err := srv.Reconcile(context.Background()); err != nil {
+	if _, err := eng.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	e.http = httptest.NewServer(srv.LocalHandler())
@@ -113,7 +138,7 @@ func (e *env) ctx() context.Context {
 	return ctx
 }
 
-func (e *env) create(req sandboxapi.CreateRequest) sandboxapi.Sandbox {
+func (e *env) create(req apitype.CreateRequest) apitype.Sandbox {
 	e.t.Helper()
 	sb, err := e.c.Create(e.ctx(), req)
 	if err != nil {
@@ -126,17 +151,17 @@ func (e *env) create(req sandboxapi.CreateRequest) sandboxapi.Sandbox {
 // positive control run through the guest.
 type checker struct{}
 
-func (checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi.CheckReport, error) {
-	res, err := t.Guest.Exec(ctx, sandboxapi.GuestExec{Argv: []string{"echo", "ok"}})
+func (checker) Run(ctx context.Context, t sandbox.CheckTarget) (apitype.CheckReport, error) {
+	res, err := t.Guest.Exec(ctx, sandbox.GuestExec{Argv: []string{"echo", "ok"}})
 	if err != nil {
-		return sandboxapi.CheckReport{}, err
+		return apitype.CheckReport{}, err
 	}
-	rows := []sandboxapi.CheckRow{{Target: "control", Probe: "exec", Expected: "ok", Observed: string(res.Stdout), Pass: string(res.Stdout) == "ok\n", Control: true}}
+	rows := []apitype.CheckRow{{Target: "control", Probe: "exec", Expected: "ok", Observed: string(res.Stdout), Pass: string(res.Stdout) == "ok\n", Control: true}}
 	for _, o := range t.Others {
-		rows = append(rows, sandboxapi.CheckRow{Target: o.ID, Probe: "tcp", Expected: "blocked", Observed: "blocked", Pass: true})
+		rows = append(rows, apitype.CheckRow{Target: o.ID, Probe: "tcp", Expected: "blocked", Observed: "blocked", Pass: true})
 	}
-	pass := !slices.ContainsFunc(rows, func(r sandboxapi.CheckRow) bool { return !r.Pass })
-	return sandboxapi.CheckReport{Pass: pass, Rows: rows}, nil
+	pass := !slices.ContainsFunc(rows, func(r apitype.CheckRow) bool { return !r.Pass })
+	return apitype.CheckReport{Pass: pass, Rows: rows}, nil
 }
 
 // rawRequest sends a request to the local handler and returns the response.

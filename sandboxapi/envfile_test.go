@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -20,7 +20,7 @@ func TestEnvFile(t *testing.T) {
 		{map[string]string{"K": "it's $HOME `x`"}, "K='it'\\''s $HOME `x`'\n"},
 		{map[string]string{}, ""},
 	} {
-		if got := string(sandboxapi.EnvFile(tc.env)); got != tc.want {
+		if got := string(apitype.EnvFile(tc.env)); got != tc.want {
 			t.Errorf("EnvFile(%v) = %q, want %q", tc.env, got, tc.want)
 		}
 	}
@@ -36,7 +36,7 @@ func TestCreateEnv(t *testing.T) {
 	req.Env = map[string]string{"ANTHROPIC_API_KEY": secret}
 	sb := e.create(req)
 	for _, v := range sb.VMs {
-		res, err := e.c.Exec(e.ctx(), sb.ID, v.Name, sandboxapi.ExecRequest{Argv: []string{"cat", sandboxapi.GuestEnvPath}})
+		res, err := e.c.Exec(e.ctx(), sb.ID, v.Name, apitype.ExecRequest{Argv: []string{"cat", apitype.GuestEnvPath}})
 		if err != nil || string(res.Stdout) != "ANTHROPIC_API_KEY='"+secret+"'\n" {
 			t.Errorf("vm %s env file: %+v %v", v.Name, res, err)
 		}
@@ -58,7 +58,7 @@ func TestCreateEnv(t *testing.T) {
 		req := twoVMs()
 		req.Env = env
 		_, err := e.c.Create(e.ctx(), req)
-		if !client.IsProblem(err, sandboxapi.ProblemInvalidRequest) || strings.Contains(err.Error(), "a\x00b") {
+		if !client.IsProblem(err, apitype.ProblemInvalidRequest) || strings.Contains(err.Error(), "a\x00b") {
 			t.Errorf("env %q: %v", env, err)
 		}
 	}

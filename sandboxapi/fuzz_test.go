@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // fuzzCall sends one request to the local handler and checks the answer is
@@ -34,13 +34,13 @@ func fuzzCall(t *testing.T, e *env, req *http.Request, okStatus int) *httptest.R
 	if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
 		t.Fatalf("status %d with content type %q: %s", rec.Code, ct, rec.Body.Bytes())
 	}
-	var p sandboxapi.Problem
+	var p apitype.Problem
 	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
 		t.Fatalf("problem document does not decode: %v: %s", err, rec.Body.Bytes())
 	}
-	if p.Status != rec.Code || !slices.Contains(sandboxapi.ProblemTypes(), p.Type) || p.Title == "" {
+	if p.Status != rec.Code || !slices.Contains(apitype.ProblemTypes(), p.Type) || p.Title == "" {
 		t.Fatalf("bad problem %+v for status %d", p, rec.Code)
 	}
 	if p.Status >= 500 {
@@ -69,12 +69,12 @@ func FuzzCreateRequest(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	e := newEnv(f, func(o *sandboxapi.Options) { o.Caps.NodeSandboxes = 1000 })
+	e := newEnv(f, func(o *options) { o.Caps.NodeSandboxes = 1000 })
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req := httptest.NewRequest("POST", "/v1/sandboxes", bytes.NewReader(body))
 		rec := fuzzCall(t, e, req, http.StatusCreated)
 		if rec.Code == http.StatusCreated {
-			var sb sandboxapi.Sandbox
+			var sb apitype.Sandbox
 			if err := json.Unmarshal(rec.Body.Bytes(), &sb); err != nil {
 				t.Fatal(err)
 			}
@@ -88,9 +88,9 @@ func FuzzCreateRequest(f *testing.F) {
 }
 
 // fuzzSandbox creates one sandbox for the per-VM fuzzers.
-func fuzzSandbox(f *testing.F) (*env, sandboxapi.Sandbox) {
+func fuzzSandbox(f *testing.F) (*env, apitype.Sandbox) {
 	e := newEnv(f, nil)
-	sb, err := e.c.Create(context.Background(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(context.Background(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -14,6 +14,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // route is one served API route; the OpenAPI document is built from the
@@ -39,8 +42,8 @@ type param struct {
 }
 
 func reqTimeout(s *Server) time.Duration    { return s.o.RequestTimeout }
-func createTimeout(s *Server) time.Duration { return s.o.CreateTimeout + s.o.TeardownTimeout }
-func deleteTimeout(s *Server) time.Duration { return s.o.TeardownTimeout }
+func createTimeout(s *Server) time.Duration { return s.eo.CreateTimeout + s.eo.TeardownTimeout }
+func deleteTimeout(s *Server) time.Duration { return s.eo.TeardownTimeout }
 func fileTimeout(s *Server) time.Duration   { return s.o.FileTimeout }
 func execTimeout(s *Server) time.Duration {
 	return time.Duration(maxExecTimeout)*time.Second + 30*time.Second
@@ -56,38 +59,38 @@ var (
 
 func (s *Server) routeTable() []route {
 	return []route{
-		{method: "GET", path: "/v1/healthz", scope: ScopeRead, summary: "Daemon health", response: "Health", okStatus: 200, timeout: reqTimeout, h: s.healthz},
-		{method: "GET", path: "/v1/openapi.json", scope: ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
-		{method: "POST", path: "/v1/sandboxes", scope: ScopeAdmin, summary: "Create a sandbox; returns when every VM answers its guest agent", request: "CreateRequest", response: "Sandbox", okStatus: 201, timeout: createTimeout, h: s.createSandbox},
-		{method: "GET", path: "/v1/sandboxes", scope: ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
-		{method: "GET", path: "/v1/sandboxes/{id}", scope: ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
-		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
-		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
-		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
-		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
-		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
-		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
-		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
-		{method: "PUT", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: ScopeExec, summary: "Write a guest file (raw bytes)", requestType: "application/octet-stream", okStatus: 204, params: []param{pID, pVM, pPath, pMode}, timeout: fileTimeout, h: s.writeFile},
-		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: createTimeout, h: s.snapshot},
-		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: createTimeout, h: s.rollback},
+		{method: "GET", path: "/v1/healthz", scope: apitype.ScopeRead, summary: "Daemon health", response: "Health", okStatus: 200, timeout: reqTimeout, h: s.healthz},
+		{method: "GET", path: "/v1/openapi.json", scope: apitype.ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
+		{method: "POST", path: "/v1/sandboxes", scope: apitype.ScopeAdmin, summary: "Create a sandbox; returns when every VM answers its guest agent", request: "CreateRequest", response: "Sandbox", okStatus: 201, timeout: createTimeout, h: s.createSandbox},
+		{method: "GET", path: "/v1/sandboxes", scope: apitype.ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
+		{method: "GET", path: "/v1/sandboxes/{id}", scope: apitype.ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
+		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: apitype.ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
+		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: apitype.ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
+		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
+		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
+		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: apitype.ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: apitype.ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
+		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: apitype.ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
+		{method: "PUT", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: apitype.ScopeExec, summary: "Write a guest file (raw bytes)", requestType: "application/octet-stream", okStatus: 204, params: []param{pID, pVM, pPath, pMode}, timeout: fileTimeout, h: s.writeFile},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: apitype.ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: createTimeout, h: s.snapshot},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: apitype.ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: createTimeout, h: s.rollback},
 	}
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request, _ principal) error {
-	return writeJSON(w, http.StatusOK, Health{Status: "ok", Node: s.o.Node, Sandboxes: len(s.m.list())})
+	return writeJSON(w, http.StatusOK, apitype.Health{Status: "ok", Node: s.e.Node(), Sandboxes: len(s.e.List())})
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
-	var req CreateRequest
+	var req apitype.CreateRequest
 	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 		return pr
 	}
 	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
 		return pr
 	}
-	if pr := s.validateEgress(req.Egress); pr != nil {
-		return pr
+	if err := s.e.ValidateEgress(req.Egress); err != nil {
+		return err
 	}
 	switch {
 	case p.owner != "" && req.Owner != "" && req.Owner != p.owner:
@@ -97,7 +100,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 	case req.Owner == "":
 		req.Owner = p.name
 	}
-	sb, err := s.m.create(r.Context(), req)
+	sb, err := s.e.Create(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -105,29 +108,24 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 	return writeJSON(w, http.StatusCreated, sb)
 }
 
-// SandboxList is the body of GET /v1/sandboxes.
-type SandboxList struct {
-	Sandboxes []Sandbox `json:"sandboxes"`
-}
-
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p principal) error {
-	out := []Sandbox{}
-	for _, sb := range s.m.list() {
+	out := []apitype.Sandbox{}
+	for _, sb := range s.e.List() {
 		if p.sees(sb) {
 			out = append(out, sb)
 		}
 	}
-	return writeJSON(w, http.StatusOK, SandboxList{Sandboxes: out})
+	return writeJSON(w, http.StatusOK, apitype.SandboxList{Sandboxes: out})
 }
 
 // lookup finds a sandbox p may see; another owner's is not found.
-func (s *Server) lookup(p principal, id string) (Sandbox, error) {
-	if !reSandbox.MatchString(id) {
-		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
+func (s *Server) lookup(p principal, id string) (apitype.Sandbox, error) {
+	if !sandbox.ValidID(id) {
+		return apitype.Sandbox{}, problemf(apitype.ProblemNotFound, "sandbox %q not found", id)
 	}
-	sb, ok := s.m.get(id)
+	sb, ok := s.e.Get(id)
 	if !ok || !p.sees(sb) {
-		return Sandbox{}, problemf(ProblemNotFound, "sandbox %q not found", id)
+		return apitype.Sandbox{}, problemf(apitype.ProblemNotFound, "sandbox %q not found", id)
 	}
 	return sb, nil
 }
@@ -142,11 +140,11 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p principal)
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
 	id := r.PathValue("id")
-	if reSandbox.MatchString(id) {
-		if sb, ok := s.m.get(id); ok && !p.sees(sb) {
-			return problemf(ProblemNotFound, "sandbox %q not found", id)
+	if sandbox.ValidID(id) {
+		if sb, ok := s.e.Get(id); ok && !p.sees(sb) {
+			return problemf(apitype.ProblemNotFound, "sandbox %q not found", id)
 		}
-		if err := s.m.remove(r.Context(), id); err != nil {
+		if err := s.e.Delete(r.Context(), id); err != nil {
 			return err
 		}
 	}
@@ -158,14 +156,14 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p princip
 	if _, err := s.lookup(p, r.PathValue("id")); err != nil {
 		return err
 	}
-	var req ExtendRequest
+	var req apitype.ExtendRequest
 	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 		return pr
 	}
 	if pr := validateExtend(&req, int64(s.o.MaxTTL/time.Second)); pr != nil {
 		return pr
 	}
-	sb, err := s.m.extend(r.PathValue("id"), time.Duration(req.TTLSeconds)*time.Second)
+	sb, err := s.e.Extend(r.PathValue("id"), time.Duration(req.TTLSeconds)*time.Second)
 	if err != nil {
 		return err
 	}
@@ -175,16 +173,16 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p princip
 // begin resolves {id} and {vm} to a ready sandbox's VM and starts an
 // operation on it: ctx is cancelled when the sandbox is deleted, and end
 // must be called with the handler's result.
-func (s *Server) begin(r *http.Request, p principal) (VM, context.Context, func(error) error, error) {
+func (s *Server) begin(r *http.Request, p principal) (apitype.VM, context.Context, func(error) error, error) {
 	id := r.PathValue("id")
 	if _, err := s.lookup(p, id); err != nil {
-		return VM{}, nil, nil, err
+		return apitype.VM{}, nil, nil, err
 	}
-	_, vm, ctx, end, err := s.m.begin(r.Context(), id, r.PathValue("vm"))
+	_, vm, ctx, end, err := s.e.Begin(r.Context(), id, r.PathValue("vm"))
 	return vm, ctx, end, err
 }
 
-func (s *Server) toGuestExec(e ExecRequest) GuestExec {
+func (s *Server) toGuestExec(e apitype.ExecRequest) sandbox.GuestExec {
 	t := e.TimeoutSeconds
 	if t == 0 {
 		t = int64(s.o.ExecTimeout / time.Second)
@@ -193,7 +191,7 @@ func (s *Server) toGuestExec(e ExecRequest) GuestExec {
 	if lim == 0 {
 		lim = 10 << 20
 	}
-	return GuestExec{Argv: e.Argv, Stdin: e.Stdin, Cwd: e.Cwd, Env: e.Env, User: e.User, Timeout: t, OutputLimit: lim}
+	return sandbox.GuestExec{Argv: e.Argv, Stdin: e.Stdin, Cwd: e.Cwd, Env: e.Env, User: e.User, Timeout: t, OutputLimit: lim}
 }
 
 func wantsNDJSON(r *http.Request) bool {
@@ -212,7 +210,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 		return err
 	}
 	defer func() { err = end(err) }()
-	var req ExecRequest
+	var req apitype.ExecRequest
 	if pr := decodeJSON(w, r, maxExecBody, &req); pr != nil {
 		return pr
 	}
@@ -231,7 +229,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	ge := s.toGuestExec(req)
 	ctx, cancel := context.WithTimeout(octx, time.Duration(ge.Timeout)*time.Second+30*time.Second)
 	defer cancel()
-	g := s.m.guest(vm.VMID)
+	g := s.e.Guest(vm.VMID)
 	if !stream {
 		unreserve, err := reserve(&s.collected, 2*ge.OutputLimit, s.o.CollectedBytes, "collected exec output")
 		if err != nil {
@@ -251,13 +249,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	res, err := g.ExecStream(ctx, ge, sw.stream("stdout"), sw.stream("stderr"))
 	if err != nil {
 		pr := asProblem(err)
-		if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == ProblemGuestTimeout {
+		if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == apitype.ProblemGuestTimeout {
 			s.met.guestErrors.WithLabelValues(pr.Type).Inc()
 		}
-		return sw.event(ExecEvent{Type: "error", Problem: pr})
+		return sw.event(apitype.ExecEvent{Type: "error", Problem: pr})
 	}
 	res.Stdout, res.Stderr = nil, nil
-	return sw.event(ExecEvent{Type: "exit", Result: res})
+	return sw.event(apitype.ExecEvent{Type: "exit", Result: res})
 }
 
 // ndjsonWriter writes ExecEvent records, one per line, flushing each.
@@ -266,7 +264,7 @@ type ndjsonWriter struct {
 	mu sync.Mutex
 }
 
-func (n *ndjsonWriter) event(e ExecEvent) error {
+func (n *ndjsonWriter) event(e apitype.ExecEvent) error {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return err
@@ -292,7 +290,7 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	const chunk = 64 << 10
 	for off := 0; off < len(p); off += chunk {
 		end := min(off+chunk, len(p))
-		if err := s.n.event(ExecEvent{Type: s.typ, Data: p[off:end]}); err != nil {
+		if err := s.n.event(apitype.ExecEvent{Type: s.typ, Data: p[off:end]}); err != nil {
 			return off, err
 		}
 	}
@@ -318,7 +316,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 		return err
 	}
 	defer release()
-	if g, ok := s.m.guest(vm.VMID).(sizedReader); ok {
+	if g, ok := s.e.Guest(vm.VMID).(sizedReader); ok {
 		return s.streamFile(ctx, w, vm.VMID, g, path)
 	}
 	if err := os.MkdirAll(s.o.SpoolDir, 0o700); err != nil {
@@ -332,13 +330,13 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 	defer f.Close()
 	sp := &spoolWriter{w: f, total: &s.spooled, max: s.o.SpoolBytes}
 	defer sp.release()
-	n, err := s.m.guest(vm.VMID).ReadFile(ctx, path, sp, s.o.MaxFileBytes)
+	n, err := s.e.Guest(vm.VMID).ReadFile(ctx, path, sp, s.o.MaxFileBytes)
 	if err != nil {
 		if errors.Is(err, errSpoolFull) {
-			return problemf(ProblemUnavailable, "the spool for file reads is full (%d bytes in flight); retry later", s.o.SpoolBytes)
+			return problemf(apitype.ProblemUnavailable, "the spool for file reads is full (%d bytes in flight); retry later", s.o.SpoolBytes)
 		}
-		if errors.Is(err, ErrTooLarge) {
-			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
+		if errors.Is(err, sandbox.ErrTooLarge) {
+			return problemf(apitype.ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
 		}
 		return err
 	}
@@ -387,7 +385,7 @@ func (l *limitedBody) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return n, problemf(ProblemPayloadTooLarge, "body is over the cap of %d bytes", l.max)
+		return n, problemf(apitype.ProblemPayloadTooLarge, "body is over the cap of %d bytes", l.max)
 	}
 	return n, err
 }
@@ -417,17 +415,10 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 		mode = os.FileMode(v)
 	}
 	if r.ContentLength > s.o.MaxFileBytes {
-		return problemf(ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
+		return problemf(apitype.ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
 	}
 	body := &limitedBody{r: http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes), max: s.o.MaxFileBytes}
-	if s.useDisk(r.ContentLength) {
-		if err := s.o.DiskTransfer.Upload(ctx, vm.VMID, s.m.guest(vm.VMID), path, body, r.ContentLength, mode); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return nil
-	}
-	if err := s.m.guest(vm.VMID).WriteFile(ctx, path, body, mode); err != nil {
+	if err := s.e.Upload(ctx, vm.VMID, path, body, r.ContentLength, mode); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -440,15 +431,15 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p principal) (
 		return err
 	}
 	defer func() { err = end(err) }()
-	var req SnapshotRequest
+	var req apitype.SnapshotRequest
 	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 		return pr
 	}
 	if pr := validateSnapshotName(req.Name); pr != nil {
 		return pr
 	}
-	if err := s.o.Proxmox.Snapshot(ctx, vm.VMID, req.Name); err != nil {
-		return pxErr("snapshot", err)
+	if err := s.e.Snapshot(ctx, vm.VMID, req.Name); err != nil {
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -464,20 +455,7 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request, p principal) (
 	if pr := validateSnapshotName(name); pr != nil {
 		return pr
 	}
-	if err := s.o.Proxmox.Rollback(ctx, vm.VMID, name); err != nil {
-		return pxErr("rollback", err)
-	}
-	// A rollback to a snapshot without RAM leaves the VM stopped.
-	info, err := s.o.Proxmox.VM(ctx, vm.VMID)
-	if err != nil {
-		return pxErr("read vm after rollback", err)
-	}
-	if info.Status != "running" {
-		if err := s.o.Proxmox.StartVM(ctx, vm.VMID); err != nil {
-			return pxErr("start vm after rollback", err)
-		}
-	}
-	if err := s.m.waitAgent(ctx, vm.VMID); err != nil {
+	if err := s.e.Rollback(ctx, vm.VMID, name); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -488,30 +466,20 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 	if _, err := s.lookup(p, r.PathValue("id")); err != nil {
 		return err
 	}
-	var req CheckRequest
+	var req apitype.CheckRequest
 	if r.ContentLength != 0 {
 		if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 			return pr
 		}
 	}
-	sb, vm, ctx, end, err := s.m.begin(r.Context(), r.PathValue("id"), req.VM)
+	sb, vm, ctx, end, err := s.e.Begin(r.Context(), r.PathValue("id"), req.VM)
 	if err != nil {
 		return err
 	}
 	defer func() { err = end(err) }()
-	if s.o.Checker == nil {
-		return newProblem(ProblemUnavailable, "the containment check is not configured")
-	}
-	var others []Sandbox
-	for _, o := range s.m.list() {
-		if o.ID != sb.ID && o.State == StateReady {
-			others = append(others, o)
-		}
-	}
-	rep, err := s.o.Checker.Run(ctx, CheckTarget{Sandbox: sb, VM: vm, Guest: s.m.guest(vm.VMID), Others: others, GuestOf: s.m.guest})
+	rep, err := s.e.Check(ctx, sb, vm)
 	if err != nil {
-		return fmt.Errorf("containment check: %w", err)
+		return err
 	}
-	rep.Sandbox, rep.VM = sb.ID, vm.Name
 	return writeJSON(w, http.StatusOK, rep)
 }

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 )
 
@@ -69,12 +70,7 @@ func TestListenUnix(t *testing.T) {
 // only; the socket gets the group and the mode; a directory others can
 // traverse is left alone.
 func TestListenUnixGroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root to give files to another group (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPED: needs root to give files to another group")
-	}
+	testkit.RequireRoot(t) // gives files to another group
 	const gid = 65534
 	for _, tc := range []struct {
 		name          string

@@ -4,27 +4,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the sandbox API's Prometheus metrics (prefix pve_inspect_).
+// metrics are the HTTP layer's Prometheus metrics (prefix pve_inspect_);
+// the engine's (sandboxes, VMs, reaper, guard) live in package sandbox.
 type metrics struct {
-	sandboxes     *prometheus.GaugeVec
-	vms           *prometheus.GaugeVec
-	requests      *prometheus.CounterVec
-	latency       *prometheus.HistogramVec
-	guestErrors   *prometheus.CounterVec
-	reaped        prometheus.Counter
-	guardRefusals *prometheus.CounterVec
+	requests    *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	guestErrors *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		sandboxes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "pve_inspect", Name: "sandboxes",
-			Help: "Sandboxes known to the daemon, by state.",
-		}, []string{"state"}),
-		vms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "pve_inspect", Name: "sandbox_vms",
-			Help: "Sandbox VMs known to the daemon, by their sandbox's state.",
-		}, []string{"state"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "pve_inspect", Name: "api_requests_total",
 			Help: "Sandbox API requests by route pattern and HTTP status code.",
@@ -38,25 +27,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "pve_inspect", Name: "guest_agent_errors_total",
 			Help: "Guest agent errors by kind (problem type).",
 		}, []string{"kind"}),
-		reaped: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "pve_inspect", Name: "reaper_deletions_total",
-			Help: "Sandboxes deleted by the TTL reaper.",
-		}),
-		guardRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "pve_inspect", Name: "guard_refusals_total",
-			Help: "Sandbox creates refused by the resource guard, by cap.",
-		}, []string{"cap"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.requests, m.latency, m.guestErrors, m.reaped, m.guardRefusals} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.guestErrors} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
 		}
-	}
-	for _, s := range []string{StateCreating, StateReady, StateDeleting, StateError} {
-		m.sandboxes.WithLabelValues(s)
-		m.vms.WithLabelValues(s)
 	}
 	return m, nil
 }

@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
 func TestDeleteDuringCreate(t *testing.T) {
-	e := newEnv(t, func(o *sandboxapi.Options) { o.AgentTimeout = time.Minute })
+	e := newEnv(t, func(o *options) { o.AgentTimeout = time.Minute })
 	for id := 100; id < 110; id++ {
 		e.guests.PingFails[id] = true // agents never answer: create waits
 	}
@@ -29,7 +30,7 @@ func TestDeleteDuringCreate(t *testing.T) {
 	var id string
 	deadline := time.Now().Add(10 * time.Second)
 	for id == "" {
-		if l, _ := e.c.List(e.ctx()); len(l) == 1 && l[0].State == sandboxapi.StateCreating && len(e.px.VMIDs()) == 2 {
+		if l, _ := e.c.List(e.ctx()); len(l) == 1 && l[0].State == apitype.StateCreating && len(e.px.VMIDs()) == 2 {
 			id = l[0].ID
 		}
 		if time.Now().After(deadline) {
@@ -50,21 +51,21 @@ func TestDeleteDuringCreate(t *testing.T) {
 	if z, v, s := e.px.SDNObjects(); z+v+s != 0 {
 		t.Errorf("sdn left %d/%d/%d", z, v, s)
 	}
-	if _, err := e.c.Get(e.ctx(), id); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+	if _, err := e.c.Get(e.ctx(), id); !client.IsProblem(err, apitype.ProblemNotFound) {
 		t.Errorf("get after delete: %v", err)
 	}
 }
 
 func TestExtendAndCheckErrors(t *testing.T) {
-	e := newEnv(t, func(o *sandboxapi.Options) { o.Checker = nil })
-	sb := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
-	if _, err := e.c.Check(e.ctx(), sb.ID, ""); !client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+	e := newEnv(t, func(o *options) { o.Checker = nil })
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	if _, err := e.c.Check(e.ctx(), sb.ID, ""); !client.IsProblem(err, apitype.ProblemUnavailable) {
 		t.Errorf("check without checker: %v", err)
 	}
-	if _, err := e.c.Check(e.ctx(), sb.ID, "nosuch"); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+	if _, err := e.c.Check(e.ctx(), sb.ID, "nosuch"); !client.IsProblem(err, apitype.ProblemNotFound) {
 		t.Errorf("check from unknown vm: %v", err)
 	}
-	if _, err := e.c.Extend(e.ctx(), "sbzzzzzz", time.Hour); !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+	if _, err := e.c.Extend(e.ctx(), "sbzzzzzz", time.Hour); !client.IsProblem(err, apitype.ProblemNotFound) {
 		t.Errorf("extend unknown: %v", err)
 	}
 	h, err := e.c.Health(e.ctx())
@@ -78,7 +79,7 @@ func TestExtendAndCheckErrors(t *testing.T) {
 // overhead (HTTP, JSON, routing, auth, metrics).
 func BenchmarkExec(b *testing.B) {
 	e := newEnv(b, nil)
-	sb, err := e.c.Create(context.Background(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(context.Background(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -86,14 +87,14 @@ func BenchmarkExec(b *testing.B) {
 	ctx := context.Background()
 	b.Run("api", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}}); err != nil {
+			if _, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo", "x"}}); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("direct", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := g.Exec(ctx, sandboxapi.GuestExec{Argv: []string{"echo", "x"}}); err != nil {
+			if _, err := g.Exec(ctx, sandbox.GuestExec{Argv: []string{"echo", "x"}}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -104,7 +105,7 @@ func BenchmarkExec(b *testing.B) {
 // the same transfers on the guest directly.
 func BenchmarkFileRoundTrip(b *testing.B) {
 	e := newEnv(b, nil)
-	sb, err := e.c.Create(context.Background(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(context.Background(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestZonesChanged(t *testing.T) {
 		calls = append(calls, z)
 		return nil
 	}
-	e := newEnv(t, func(o *sandboxapi.Options) { o.ZonesChanged = hook })
+	e := newEnv(t, func(o *options) { o.ZonesChanged = hook })
 	last := func() map[string][]string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -160,8 +161,8 @@ func TestZonesChanged(t *testing.T) {
 	if z := last(); z == nil || len(z) != 0 {
 		t.Fatalf("after reconcile: %v", z)
 	}
-	sb := e.create(sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian", Networks: []string{"a", "b"}}},
-		Networks: []sandboxapi.NetworkRequest{{Name: "a"}, {Name: "b"}}})
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian", Networks: []string{"a", "b"}}},
+		Networks: []apitype.NetworkRequest{{Name: "a"}, {Name: "b"}}})
 	if z := last(); len(z) != 1 || len(z[sb.ID]) != 2 || z[sb.ID][0] != sb.Networks[0].VNet || z[sb.ID][1] != sb.Networks[1].VNet {
 		t.Fatalf("after create: %v", z)
 	}
@@ -173,7 +174,7 @@ func TestZonesChanged(t *testing.T) {
 	}
 	// a failing hook fails the create, which leaves nothing behind
 	e.opts.ZonesChanged = nil
-	e2 := newEnv(t, func(o *sandboxapi.Options) {
+	e2 := newEnv(t, func(o *options) {
 		o.ZonesChanged = func(_ context.Context, z map[string][]string) error {
 			if len(z) > 0 {
 				return errors.New("guard refused")
@@ -181,7 +182,7 @@ func TestZonesChanged(t *testing.T) {
 			return nil
 		}
 	})
-	if _, err := e2.c.Create(e2.ctx(), sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}}); err == nil {
+	if _, err := e2.c.Create(e2.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}}); err == nil {
 		t.Fatal("create succeeded although the zone hook failed")
 	}
 	if ids := e2.px.VMIDs(); len(ids) != 0 {

@@ -6,31 +6,33 @@ import (
 	"reflect"
 	"strings"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // schemaTypes are the named schemas of the OpenAPI document.
 var schemaTypes = map[string]any{
-	"CreateRequest":   CreateRequest{},
-	"VMRequest":       VMRequest{},
-	"NetworkRequest":  NetworkRequest{},
-	"Sandbox":         Sandbox{},
-	"SandboxList":     SandboxList{},
-	"Network":         Network{},
-	"VM":              VM{},
-	"ExtendRequest":   ExtendRequest{},
-	"ExecRequest":     ExecRequest{},
-	"ExecResult":      ExecResult{},
-	"ExecEvent":       ExecEvent{},
-	"SnapshotRequest": SnapshotRequest{},
-	"CheckRequest":    CheckRequest{},
-	"CheckRow":        CheckRow{},
-	"CheckReport":     CheckReport{},
-	"CheckSampling":   CheckSampling{},
-	"Health":          Health{},
-	"EgressPolicy":    EgressPolicy{},
-	"EgressStatus":    EgressStatus{},
-	"EgressDenial":    EgressDenial{},
-	"Problem":         Problem{},
+	"CreateRequest":   apitype.CreateRequest{},
+	"VMRequest":       apitype.VMRequest{},
+	"NetworkRequest":  apitype.NetworkRequest{},
+	"Sandbox":         apitype.Sandbox{},
+	"SandboxList":     apitype.SandboxList{},
+	"Network":         apitype.Network{},
+	"VM":              apitype.VM{},
+	"ExtendRequest":   apitype.ExtendRequest{},
+	"ExecRequest":     apitype.ExecRequest{},
+	"ExecResult":      apitype.ExecResult{},
+	"ExecEvent":       apitype.ExecEvent{},
+	"SnapshotRequest": apitype.SnapshotRequest{},
+	"CheckRequest":    apitype.CheckRequest{},
+	"CheckRow":        apitype.CheckRow{},
+	"CheckReport":     apitype.CheckReport{},
+	"CheckSampling":   apitype.CheckSampling{},
+	"Health":          apitype.Health{},
+	"EgressPolicy":    apitype.EgressPolicy{},
+	"EgressStatus":    apitype.EgressStatus{},
+	"EgressDenial":    apitype.EgressDenial{},
+	"Problem":         apitype.Problem{},
 }
 
 var timeType = reflect.TypeOf(time.Time{})
@@ -102,7 +104,7 @@ func (s *Server) OpenAPI() map[string]any {
 		schemas[name] = schemaOf(reflect.TypeOf(v), true)
 	}
 	probSchema := schemas["Problem"].(map[string]any)
-	probSchema["properties"].(map[string]any)["type"] = map[string]any{"type": "string", "enum": ProblemTypes()}
+	probSchema["properties"].(map[string]any)["type"] = map[string]any{"type": "string", "enum": apitype.ProblemTypes()}
 	probSchema["additionalProperties"] = true
 	problem := map[string]any{"description": "problem document", "content": map[string]any{
 		problemContentType: map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/Problem"}}}}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
@@ -16,7 +16,7 @@ import (
 func TestOwnerBoundTokens(t *testing.T) {
 	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
 	now := time.Now()
-	e := newEnv(t, func(o *sandboxapi.Options) { o.Tokens = store })
+	e := newEnv(t, func(o *options) { o.Tokens = store })
 	mint := func(name, owner string) *client.Client {
 		t.Helper()
 		tok, _, err := store.CreateOwned(name, owner, []string{"admin"}, now)
@@ -31,11 +31,11 @@ func TestOwnerBoundTokens(t *testing.T) {
 		t.Error("owner with a space accepted")
 	}
 
-	sb, err := alice.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := alice.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil || sb.Owner != "alice" {
 		t.Fatalf("create by alice's token: %+v %v", sb, err)
 	}
-	if _, err := alice.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}, Owner: "bob"}); !client.IsProblem(err, sandboxapi.ProblemInvalidRequest) {
+	if _, err := alice.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, Owner: "bob"}); !client.IsProblem(err, apitype.ProblemInvalidRequest) {
 		t.Errorf("alice's token creating for bob: %v, want invalid-request", err)
 	}
 	// bob sees nothing of alice's and can touch nothing of it.
@@ -45,17 +45,17 @@ func TestOwnerBoundTokens(t *testing.T) {
 	notFound := map[string]error{}
 	_, notFound["get"] = bob.Get(ctx, sb.ID)
 	_, notFound["extend"] = bob.Extend(ctx, sb.ID, time.Hour)
-	_, notFound["exec"] = bob.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo", "x"}})
+	_, notFound["exec"] = bob.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo", "x"}})
 	notFound["delete"] = bob.Delete(ctx, sb.ID)
 	for op, err := range notFound {
-		if !client.IsProblem(err, sandboxapi.ProblemNotFound) {
+		if !client.IsProblem(err, apitype.ProblemNotFound) {
 			t.Errorf("bob %s on alice's sandbox: %v, want not-found", op, err)
 		}
 	}
 	if _, err := alice.Get(ctx, sb.ID); err != nil {
 		t.Errorf("alice's sandbox gone after bob's attempts: %v", err)
 	}
-	if res, err := alice.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo", "mine"}}); err != nil || string(res.Stdout) != "mine\n" {
+	if res, err := alice.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo", "mine"}}); err != nil || string(res.Stdout) != "mine\n" {
 		t.Errorf("alice exec: %+v %v", res, err)
 	}
 	if l, err := admin.List(ctx); err != nil || len(l) != 1 {

@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -20,7 +21,7 @@ type hookedProxmox struct {
 	onVM func(id int)
 }
 
-func (h *hookedProxmox) VM(ctx context.Context, id int) (sandboxapi.VMInfo, error) {
+func (h *hookedProxmox) VM(ctx context.Context, id int) (sandbox.VMInfo, error) {
 	h.mu.Lock()
 	f := h.onVM
 	h.mu.Unlock()
@@ -37,10 +38,10 @@ func (h *hookedProxmox) hook(f func(int)) {
 }
 
 // hooked builds an env whose Proxmox calls hooks.
-func hooked(t *testing.T, mod func(*sandboxapi.Options)) (*env, *hookedProxmox) {
+func hooked(t *testing.T, mod func(*options)) (*env, *hookedProxmox) {
 	g := apitest.NewGuests()
 	hp := &hookedProxmox{Proxmox: apitest.NewProxmox(g, templates())}
-	e := newEnvOn(t, hp.Proxmox, g, t.TempDir(), func(o *sandboxapi.Options) {
+	e := newEnvOn(t, hp.Proxmox, g, t.TempDir(), func(o *options) {
 		o.Proxmox = hp
 		if mod != nil {
 			mod(o)
@@ -58,8 +59,8 @@ func TestReaperRace(t *testing.T) {
 	req := twoVMs()
 	req.TTLSeconds = 60
 	a, b := e.create(req), e.create(req)
-	owner := map[int]sandboxapi.Sandbox{}
-	for _, sb := range []sandboxapi.Sandbox{a, b} {
+	owner := map[int]apitype.Sandbox{}
+	for _, sb := range []apitype.Sandbox{a, b} {
 		for _, v := range sb.VMs {
 			owner[v.VMID] = sb
 		}
@@ -73,7 +74,7 @@ func TestReaperRace(t *testing.T) {
 		once.Do(func() { hit <- id; <-release })
 	})
 	reaped := make(chan int, 1)
-	go func() { reaped <- e.srv.Reap(ctx) }()
+	go func() { reaped <- e.srv.Engine().Reap(ctx) }()
 	var first int
 	select {
 	case first = <-hit:
@@ -94,7 +95,7 @@ func TestReaperRace(t *testing.T) {
 		t.Errorf("reaper deleted %d sandboxes, want 1", n)
 	}
 	got, err := e.c.Get(ctx, other.ID)
-	if err != nil || got.State != sandboxapi.StateReady || !got.ExpiresAt.Equal(ext.ExpiresAt) {
+	if err != nil || got.State != apitype.StateReady || !got.ExpiresAt.Equal(ext.ExpiresAt) {
 		t.Fatalf("extended sandbox after the reaper: %+v %v (told expiry %s)", got, err, ext.ExpiresAt)
 	}
 	for _, v := range other.VMs {
@@ -106,12 +107,12 @@ func TestReaperRace(t *testing.T) {
 
 // countingGuest counts the exec calls in flight.
 type countingGuest struct {
-	sandboxapi.Guest
+	sandbox.Guest
 	inflight *atomic.Int32
 	started  chan<- struct{}
 }
 
-func (g countingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+func (g countingGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
 	g.inflight.Add(1)
 	defer g.inflight.Add(-1)
 	select {
@@ -127,9 +128,9 @@ func (g countingGuest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandb
 func TestDeleteCancelsInFlight(t *testing.T) {
 	var inflight atomic.Int32
 	started := make(chan struct{}, 1)
-	e, hp := hooked(t, func(o *sandboxapi.Options) {
+	e, hp := hooked(t, func(o *options) {
 		dial := o.Guests
-		o.Guests = func(p string) sandboxapi.Guest {
+		o.Guests = func(p string) sandbox.Guest {
 			return countingGuest{Guest: dial(p), inflight: &inflight, started: started}
 		}
 	})
@@ -144,7 +145,7 @@ func TestDeleteCancelsInFlight(t *testing.T) {
 	})
 	execErr := make(chan error, 1)
 	go func() {
-		_, err := e.c.Exec(ctx, sb.ID, "a", sandboxapi.ExecRequest{Argv: []string{"sleep"}, TimeoutSeconds: 3600})
+		_, err := e.c.Exec(ctx, sb.ID, "a", apitype.ExecRequest{Argv: []string{"sleep"}, TimeoutSeconds: 3600})
 		execErr <- err
 	}()
 	select {
@@ -157,7 +158,7 @@ func TestDeleteCancelsInFlight(t *testing.T) {
 	}
 	select {
 	case err := <-execErr:
-		if !client.IsProblem(err, sandboxapi.ProblemConflict) {
+		if !client.IsProblem(err, apitype.ProblemConflict) {
 			t.Errorf("exec cut by the delete answered %v, want a conflict", err)
 		}
 	case <-time.After(30 * time.Second):

@@ -6,13 +6,16 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // sizedReader is a Guest that learns a file's size before its first byte
 // (the guest agent client does, with a seek on the open handle), so a
 // download is checked against the cap and then streamed without a spool.
 type sizedReader interface {
-	Guest
+	sandbox.Guest
 	ReadFileSized(ctx context.Context, path string, w io.Writer, max int64, size func(int64) error) (int64, error)
 }
 
@@ -29,9 +32,9 @@ func (s *Server) streamFile(ctx context.Context, w http.ResponseWriter, vmid int
 	var disk *useDisk
 	_, err := g.ReadFileSized(ctx, path, cw, s.o.MaxFileBytes, func(n int64) error {
 		if n > s.o.MaxFileBytes {
-			return problemf(ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
+			return problemf(apitype.ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
 		}
-		if s.useDisk(n) {
+		if s.e.UseDisk(n) {
 			disk = &useDisk{size: n}
 			return disk
 		}
@@ -41,7 +44,7 @@ func (s *Server) streamFile(ctx context.Context, w http.ResponseWriter, vmid int
 	})
 	if disk != nil && errors.Is(err, disk) {
 		lw := &lazyHeader{w: w, size: disk.size}
-		if _, err := s.o.DiskTransfer.Download(ctx, vmid, s.m.guest(vmid), path, disk.size, lw); err != nil {
+		if _, err := s.e.Download(ctx, vmid, path, disk.size, lw); err != nil {
 			return err
 		}
 		if !lw.started {

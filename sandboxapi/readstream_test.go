@@ -9,11 +9,15 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // sizedFake reports size, then writes data.
 type sizedFake struct {
-	Guest
+	sandbox.Guest
 	size int64
 	data string
 }
@@ -36,18 +40,18 @@ func TestStreamFile(t *testing.T) {
 		wantError bool
 	}{
 		{"fits", sizedFake{nil, 5, "hello"}, "", "hello", "5", false},
-		{"over the cap before any byte", sizedFake{nil, 11, "hello world"}, ProblemOutputLimit, "", "", true},
+		{"over the cap before any byte", sizedFake{nil, 11, "hello world"}, apitype.ProblemOutputLimit, "", "", true},
 		{"grew after the size was taken", sizedFake{nil, 5, "hello world"}, "", "hello", "5", false},
 		{"empty", sizedFake{nil, 0, ""}, "", "", "0", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Server{}
+			s := &Server{e: diskEngine(t, nil, 0)}
 			s.o.MaxFileBytes = 10
 			rec := httptest.NewRecorder()
 			err := s.streamFile(context.Background(), rec, 100, tt.g, "/f")
 			if tt.wantError {
-				var p *Problem
+				var p *apitype.Problem
 				if !errors.As(err, &p) || p.Type != tt.wantProb {
 					t.Fatalf("got %v, want problem %s", err, tt.wantProb)
 				}
@@ -63,6 +67,18 @@ func TestStreamFile(t *testing.T) {
 	}
 }
 
+// diskEngine is an engine on fakes whose guests are nil and whose disk
+// path is dt (nil: none) from threshold bytes.
+func diskEngine(t *testing.T, dt sandbox.DiskTransfer, threshold int64) *sandbox.Engine {
+	t.Helper()
+	e, err := sandbox.New(sandbox.Options{Node: "n1", Proxmox: apitest.NewProxmox(apitest.NewGuests(), nil),
+		Guests: func(string) sandbox.Guest { return nil }, StateDir: t.TempDir(), DiskTransfer: dt, DiskThreshold: threshold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // diskFake is a DiskTransfer that records calls and sends data or fails.
 type diskFake struct {
 	data string
@@ -70,13 +86,13 @@ type diskFake struct {
 	got  []string
 }
 
-func (d *diskFake) Upload(ctx context.Context, vmid int, g Guest, path string, r io.Reader, size int64, mode os.FileMode) error {
+func (d *diskFake) Upload(ctx context.Context, vmid int, g sandbox.Guest, path string, r io.Reader, size int64, mode os.FileMode) error {
 	b, _ := io.ReadAll(r)
 	d.got = append(d.got, fmt.Sprintf("up %d %s %d %q", vmid, path, size, b))
 	return d.err
 }
 
-func (d *diskFake) Download(ctx context.Context, vmid int, g Guest, path string, size int64, w io.Writer) (int64, error) {
+func (d *diskFake) Download(ctx context.Context, vmid int, g sandbox.Guest, path string, size int64, w io.Writer) (int64, error) {
 	d.got = append(d.got, fmt.Sprintf("down %d %s %d", vmid, path, size))
 	if d.err != nil {
 		return 0, d.err
@@ -96,14 +112,12 @@ func TestStreamFileDiskPath(t *testing.T) {
 	}{
 		{"below the threshold: agent", 5, &diskFake{}, "", "hello", nil},
 		{"at the threshold: disk", 8, &diskFake{data: "diskdata"}, "down 100 /f 8", "diskdata", nil},
-		{"disk path fails before the first byte", 9, &diskFake{err: ErrGuestNoSpace}, "down 100 /f 9", "", ErrGuestNoSpace},
+		{"disk path fails before the first byte", 9, &diskFake{err: sandbox.ErrGuestNoSpace}, "down 100 /f 9", "", sandbox.ErrGuestNoSpace},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := &Server{}
-			s.o.MaxFileBytes, s.o.DiskThreshold, s.o.DiskTransfer = 100, 8, tt.disk
-			s.m = &manager{o: &s.o}
-			s.m.o.Guests = func(string) Guest { return nil }
+			s := &Server{e: diskEngine(t, tt.disk, 8)}
+			s.o.MaxFileBytes = 100
 			rec := httptest.NewRecorder()
 			err := s.streamFile(context.Background(), rec, 100, sizedFake{nil, tt.size, "hello"}, "/f")
 			if !errors.Is(err, tt.wantErr) {

@@ -2,33 +2,21 @@ package sandboxapi
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
-	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
-
-// Scopes a bearer token can carry. admin implies exec, exec implies read.
-const (
-	ScopeRead  = "read"
-	ScopeExec  = "exec"
-	ScopeAdmin = "admin"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // TokenVerifier checks a bearer token and returns its name and scopes.
@@ -45,30 +33,15 @@ type OwnerVerifier interface {
 }
 
 // Options configure a Server. Zero values take the documented defaults.
+// The engine's own options (node, Proxmox, guests, caps, ...) are
+// sandbox.Options.
 type Options struct {
-	// Node is this node's id; it tags every object (required).
-	Node string
-	// Proxmox is the Proxmox API (required).
-	Proxmox Proxmox
-	// Guests dials a VM's guest agent by socket path (required).
-	Guests GuestDialer
-	// Checker runs the containment check; nil answers check with unavailable.
-	Checker Checker
 	// Tokens verifies bearer tokens on Handler; nil refuses every token.
 	Tokens TokenVerifier
-	// QGADir holds <vmid>.qga sockets (default /var/run/qemu-server).
-	QGADir string
-	// Pool is the Proxmox pool of every VM (default "pve-inspect").
-	Pool string
-	// Templates maps template names to VM ids; other names are looked up
-	// with Proxmox.TemplateID.
-	Templates map[string]int
-	// StateDir holds the state file (default /var/lib/pve-inspectd/sandboxapi).
-	StateDir string
 	// SpoolDir holds guest file reads while they are checked against the
-	// cap (default <StateDir>/spool, created 0700); SpoolBytes caps the
-	// bytes spooled by every read in flight together (4 GiB): a read that
-	// would pass it answers unavailable.
+	// cap (default <engine StateDir>/spool, created 0700); SpoolBytes caps
+	// the bytes spooled by every read in flight together (4 GiB): a read
+	// that would pass it answers unavailable.
 	SpoolDir   string
 	SpoolBytes int64
 	// MaxExecs and MaxFileCalls cap the exec calls and the file reads and
@@ -80,83 +53,33 @@ type Options struct {
 	// pass the cap. With the call caps it bounds the daemon's memory (the
 	// unit's MemoryMax).
 	CollectedBytes int64
-	// Caps are the resource guard's limits.
-	Caps Caps
 	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.
 	DefaultTTL, MaxTTL time.Duration
-	// ReaperInterval is how often expired sandboxes are deleted (30s).
-	ReaperInterval time.Duration
 	// MaxFileBytes caps file uploads and downloads (1 GiB).
 	MaxFileBytes int64
-	// DiskTransfer, when set, moves files of at least DiskThreshold bytes
-	// (32 MiB by default) through a hot-plugged disk instead of the guest
-	// agent (sandboxapi/diskxfer).
-	DiskTransfer  DiskTransfer
-	DiskThreshold int64
-	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from
-	// (10.200.0.0/16 in /24s).
-	AutoCIDRPool netip.Prefix
-	AutoCIDRBits int
-	// HostNetworks, when set, lists the host's own networks (addresses and
-	// routes: hostnet.Lister.Prefixes); a create whose networks overlap one
-	// is refused, and "auto" skips them. An error fails the create.
-	HostNetworks func(ctx context.Context) ([]netip.Prefix, error)
-	// AgentTimeout bounds the wait for a started VM's agent (5m).
-	AgentTimeout time.Duration
-	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m);
-	// RequestTimeout every other call except exec and files (60s).
-	CreateTimeout, TeardownTimeout, RequestTimeout time.Duration
+	// RequestTimeout bounds every call except create, delete, check,
+	// snapshots, exec and files (60s); those take the engine's create and
+	// teardown timeouts, ExecTimeout and FileTimeout.
+	RequestTimeout time.Duration
 	// ExecTimeout is the default exec timeout (10m); the call's deadline is
 	// the exec timeout plus 30s.
 	ExecTimeout time.Duration
 	// FileTimeout bounds one file transfer (30m).
 	FileTimeout time.Duration
-	// ZonesChanged, when set, receives every sandbox zone of this node with
-	// its vnet bridges whenever that set changes (after a create's SDN apply,
-	// before its VMs start; after a delete; after Reconcile). The daemon
-	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
-	// own vnets may forward to each other. An error fails the create.
-	ZonesChanged func(ctx context.Context, zones map[string][]string) error
-	// Egress, when set, enforces sandboxes' egress policies (create's
-	// egress object, /v1/sandboxes/{id}/egress); nil refuses them.
-	Egress Egress
-	// VMConfigs, when set, reads and changes VM configurations for the
-	// hardened VM profile (sandboxapi/hardening): every clone gets what the
-	// pool-scoped token may set, and a create from a template that fails
-	// the profile's root-only items is refused (template-not-hardened)
-	// unless AllowUnhardenedTemplates.
-	VMConfigs VMConfigs
-	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
-	// lets a create clone a template that fails the profile.
-	AllowUnhardenedTemplates bool
-	// Now is the clock (time.Now).
-	Now func() time.Time
-	// Registerer receives the metrics (nil: not registered).
+	// Registerer receives the request metrics (nil: not registered).
 	Registerer prometheus.Registerer
 	// Logger is the structured logger (slog.Default()).
 	Logger *slog.Logger
 }
 
-func (o *Options) defaults() error {
-	if o.Node == "" || o.Proxmox == nil || o.Guests == nil {
-		return errors.New("sandboxapi: Node, Proxmox and Guests are required")
-	}
+func (o *Options) defaults(eo sandbox.Options) error {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
 		}
 	}
-	if o.QGADir == "" {
-		o.QGADir = "/var/run/qemu-server"
-	}
-	if o.Pool == "" {
-		o.Pool = "pve-inspect"
-	}
-	if o.StateDir == "" {
-		o.StateDir = "/var/lib/pve-inspectd/sandboxapi"
-	}
 	if o.SpoolDir == "" {
-		o.SpoolDir = filepath.Join(o.StateDir, "spool")
+		o.SpoolDir = filepath.Join(eo.StateDir, "spool")
 	}
 	if o.SpoolBytes == 0 {
 		o.SpoolBytes = 4 << 30
@@ -175,36 +98,14 @@ func (o *Options) defaults() error {
 	}
 	def(&o.DefaultTTL, time.Hour)
 	def(&o.MaxTTL, 24*time.Hour)
-	def(&o.ReaperInterval, 30*time.Second)
-	def(&o.AgentTimeout, 5*time.Minute)
-	def(&o.CreateTimeout, 10*time.Minute)
-	def(&o.TeardownTimeout, 5*time.Minute)
 	def(&o.RequestTimeout, time.Minute)
 	def(&o.ExecTimeout, 10*time.Minute)
 	def(&o.FileTimeout, 30*time.Minute)
 	if o.MaxFileBytes == 0 {
 		o.MaxFileBytes = 1 << 30
 	}
-	if o.DiskThreshold <= 0 {
-		o.DiskThreshold = DefaultDiskThreshold
-	}
-	if !o.AutoCIDRPool.IsValid() {
-		o.AutoCIDRPool = netip.MustParsePrefix("10.200.0.0/16")
-	}
-	if o.AutoCIDRBits == 0 {
-		o.AutoCIDRBits = 24
-	}
-	if o.AutoCIDRBits < o.AutoCIDRPool.Bits() || o.AutoCIDRBits > 28 || !o.AutoCIDRPool.Addr().Is4() {
-		return fmt.Errorf("sandboxapi: auto CIDR /%d does not fit pool %s", o.AutoCIDRBits, o.AutoCIDRPool)
-	}
-	if !PrivateV4(o.AutoCIDRPool) {
-		return fmt.Errorf("sandboxapi: auto CIDR pool %s is not inside a private (RFC 1918) range", o.AutoCIDRPool)
-	}
 	if o.DefaultTTL > o.MaxTTL {
 		return fmt.Errorf("sandboxapi: default TTL %s is over the max TTL %s", o.DefaultTTL, o.MaxTTL)
-	}
-	if o.Now == nil {
-		o.Now = time.Now
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -213,23 +114,13 @@ func (o *Options) defaults() error {
 	return nil
 }
 
-// rfc1918 are the private IPv4 ranges sandbox networks must come from.
-var rfc1918 = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16")}
-
-// PrivateV4 reports whether p lies wholly inside one RFC 1918 range.
-func PrivateV4(p netip.Prefix) bool {
-	for _, r := range rfc1918 {
-		if p.Bits() >= r.Bits() && r.Contains(p.Addr()) {
-			return true
-		}
-	}
-	return false
-}
-
-// Server is the sandbox API: HTTP handlers over the sandbox manager.
+// Server is the sandbox API: HTTP handlers over the sandbox engine.
 type Server struct {
-	o      Options
-	m      *manager
+	o Options
+	// e is the engine; eo its options (the create and teardown timeouts
+	// bound the routes).
+	e      *sandbox.Engine
+	eo     sandbox.Options
 	met    *metrics
 	routes []route
 	mux    *http.ServeMux
@@ -240,17 +131,21 @@ type Server struct {
 	spooled, collected atomic.Int64
 }
 
-// New builds a Server. Call Reconcile before serving and run RunReaper.
-func New(o Options) (*Server, error) {
-	if err := o.defaults(); err != nil {
+// New builds a Server over the engine e. Call e.Reconcile before serving
+// and run e.RunReaper.
+func New(e *sandbox.Engine, o Options) (*Server, error) {
+	if e == nil {
+		return nil, errors.New("sandboxapi: an engine is required")
+	}
+	eo := e.Options()
+	if err := o.defaults(eo); err != nil {
 		return nil, err
 	}
 	met, err := newMetrics(o.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("sandboxapi: register metrics: %w", err)
 	}
-	s := &Server{o: o, met: met, execs: make(chan struct{}, o.MaxExecs), files: make(chan struct{}, o.MaxFileCalls)}
-	s.m = newManager(&s.o, met)
+	s := &Server{o: o, e: e, eo: eo, met: met, execs: make(chan struct{}, o.MaxExecs), files: make(chan struct{}, o.MaxFileCalls)}
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
 	for _, rt := range s.routes {
@@ -265,7 +160,7 @@ func acquire(sem chan struct{}, what string) (func(), error) {
 	case sem <- struct{}{}:
 		return func() { <-sem }, nil
 	default:
-		return nil, problemf(ProblemUnavailable, "%d %s calls in flight, the most this daemon runs at once; retry later", cap(sem), what)
+		return nil, problemf(apitype.ProblemUnavailable, "%d %s calls in flight, the most this daemon runs at once; retry later", cap(sem), what)
 	}
 }
 
@@ -274,33 +169,13 @@ func acquire(sem chan struct{}, what string) (func(), error) {
 func reserve(used *atomic.Int64, n, max int64, what string) (func(), error) {
 	if used.Add(n) > max {
 		used.Add(-n)
-		return nil, problemf(ProblemUnavailable, "%s: %d bytes in flight would pass the cap of %d; retry later or stream", what, n, max)
+		return nil, problemf(apitype.ProblemUnavailable, "%s: %d bytes in flight would pass the cap of %d; retry later or stream", what, n, max)
 	}
 	return func() { used.Add(-n) }, nil
 }
 
-// Reconcile re-attaches known sandboxes and deletes tagged orphans; call it
-// once before serving.
-func (s *Server) Reconcile(ctx context.Context) (ReconcileReport, error) {
-	return s.m.reconcile(ctx)
-}
-
-// RunReaper deletes expired sandboxes every ReaperInterval until ctx ends.
-func (s *Server) RunReaper(ctx context.Context) {
-	t := time.NewTicker(s.o.ReaperInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.m.reap(ctx)
-		}
-	}
-}
-
-// Reap deletes expired sandboxes once and returns how many.
-func (s *Server) Reap(ctx context.Context) int { return s.m.reap(ctx) }
+// Engine returns the engine the server answers for.
+func (s *Server) Engine() *sandbox.Engine { return s.e }
 
 // principal is who is calling. owner, when set, confines the caller to
 // that owner's sandboxes (an owner-bound token).
@@ -311,7 +186,7 @@ type principal struct {
 }
 
 // sees reports whether p may see and touch sb.
-func (p principal) sees(sb Sandbox) bool { return p.owner == "" || sb.Owner == p.owner }
+func (p principal) sees(sb apitype.Sandbox) bool { return p.owner == "" || sb.Owner == p.owner }
 
 type ctxKey int
 
@@ -335,10 +210,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allow)
 	}
 	if cw.code == http.StatusMethodNotAllowed {
-		writeProblem(w, problemf(ProblemMethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path))
+		writeProblem(w, problemf(apitype.ProblemMethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path))
 		return
 	}
-	writeProblem(w, problemf(ProblemNotFound, "no route %s %s", r.Method, r.URL.Path))
+	writeProblem(w, problemf(apitype.ProblemNotFound, "no route %s %s", r.Method, r.URL.Path))
 }
 
 // captureWriter records the status of the mux's fallback answers.
@@ -347,9 +222,11 @@ type captureWriter struct {
 	code int
 }
 
-func (c *captureWriter) Header() http.Header         { return c.h }
+func (c *captureWriter) Header() http.Header { return c.h }
+
 func (c *captureWriter) Write(b []byte) (int, error) { return len(b), nil }
-func (c *captureWriter) WriteHeader(code int)        { c.code = code }
+
+func (c *captureWriter) WriteHeader(code int) { c.code = code }
 
 // LocalHandler serves the API to local callers whose access the unix
 // socket's group and mode already decided: they act with the admin scope.
@@ -359,27 +236,17 @@ func (s *Server) LocalHandler() http.Handler {
 	})
 }
 
-func hasScope(have []string, need string) bool {
-	rank := map[string]int{ScopeRead: 1, ScopeExec: 2, ScopeAdmin: 3}
-	for _, h := range have {
-		if rank[h] >= rank[need] {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *Server) authenticate(r *http.Request, need string) (principal, *Problem) {
+func (s *Server) authenticate(r *http.Request, need string) (principal, *apitype.Problem) {
 	if r.Context().Value(localKey) == true {
-		return principal{name: "local", scopes: []string{ScopeAdmin}}, nil
+		return principal{name: "local", scopes: []string{apitype.ScopeAdmin}}, nil
 	}
 	h := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || tok == "" {
-		return principal{}, newProblem(ProblemUnauthorized, "a bearer token is required")
+		return principal{}, newProblem(apitype.ProblemUnauthorized, "a bearer token is required")
 	}
 	if s.o.Tokens == nil {
-		return principal{}, newProblem(ProblemUnauthorized, "token authentication is not configured")
+		return principal{}, newProblem(apitype.ProblemUnauthorized, "token authentication is not configured")
 	}
 	var (
 		name, owner string
@@ -392,10 +259,10 @@ func (s *Server) authenticate(r *http.Request, need string) (principal, *Problem
 		name, scopes, err = s.o.Tokens.Verify(tok)
 	}
 	if err != nil {
-		return principal{}, newProblem(ProblemUnauthorized, "invalid token")
+		return principal{}, newProblem(apitype.ProblemUnauthorized, "invalid token")
 	}
-	if !hasScope(scopes, need) {
-		return principal{}, problemf(ProblemForbidden, "token %q lacks the %s scope", name, need)
+	if !apitype.ScopeIncludes(scopes, need) {
+		return principal{}, problemf(apitype.ProblemForbidden, "token %q lacks the %s scope", name, need)
 	}
 	return principal{name: name, scopes: scopes, owner: owner}, nil
 }
@@ -450,7 +317,7 @@ func (s *Server) wrap(rt route) http.Handler {
 			if v := recover(); v != nil {
 				s.o.Logger.Error("handler panic", "route", pattern, "panic", v)
 				if sw.code == 0 {
-					writeProblem(sw, newProblem(ProblemInternal, "internal error"))
+					writeProblem(sw, newProblem(apitype.ProblemInternal, "internal error"))
 				}
 			}
 			code := sw.code
@@ -464,7 +331,7 @@ func (s *Server) wrap(rt route) http.Handler {
 		s.setDeadlines(sw, rt, timeout)
 		p, prob := s.authenticate(r, rt.scope)
 		if prob != nil {
-			if prob.Type == ProblemUnauthorized {
+			if prob.Type == apitype.ProblemUnauthorized {
 				sw.Header().Set("WWW-Authenticate", `Bearer realm="pve-inspectd"`)
 			}
 			// The body stays unread: close the connection instead of
@@ -478,7 +345,7 @@ func (s *Server) wrap(rt route) http.Handler {
 		defer cancel()
 		if err := rt.h(sw, r.WithContext(ctx), p); err != nil {
 			pr := asProblem(err)
-			if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == ProblemGuestTimeout {
+			if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == apitype.ProblemGuestTimeout {
 				s.met.guestErrors.WithLabelValues(pr.Type).Inc()
 			}
 			if sw.code != 0 {
@@ -515,168 +382,6 @@ func writeJSON(w http.ResponseWriter, code int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	return json.NewEncoder(w).Encode(v)
-}
-
-// ListenUnix listens on a unix socket with the given group (name or
-// number; "" keeps the process group) and mode, replacing a stale socket.
-// The socket is bound under a temporary name, given its group and mode, and
-// only then renamed into place, so it is never reachable with looser
-// permissions.
-func ListenUnix(path, group string, mode os.FileMode) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listen %s: another process serves this socket", path)
-		}
-	}
-	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
-	_ = os.Remove(tmp)
-	ln, err := net.Listen("unix", tmp)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	ul := ln.(*net.UnixListener)
-	ul.SetUnlinkOnClose(false)
-	fail := func(err error) (net.Listener, error) {
-		ln.Close()
-		_ = os.Remove(tmp)
-		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	if err := os.Chmod(tmp, 0); err != nil {
-		return fail(err)
-	}
-	if group != "" {
-		gid, err := strconv.Atoi(group)
-		if err != nil {
-			g, err := user.LookupGroup(group)
-			if err != nil {
-				return fail(err)
-			}
-			gid, _ = strconv.Atoi(g.Gid)
-		}
-		if err := shareDir(dirOf(path), gid); err != nil {
-			return fail(err)
-		}
-		if err := os.Chown(tmp, -1, gid); err != nil {
-			return fail(err)
-		}
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fail(err)
-	}
-	return &unixListener{UnixListener: ul, path: path}, nil
-}
-
-// shareDir lets group gid reach the socket in dir: a directory others
-// cannot traverse (the unit's RuntimeDirectoryMode=0750) gets group gid and
-// group traverse only (0710), so members can open the socket by name but
-// not list the directory. A directory others can traverse is left alone.
-// Changing a directory's group to one root is not a member of needs
-// CAP_CHOWN, which the shipped unit grants for this.
-func shareDir(dir string, gid int) error {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return err
-	}
-	perm := fi.Mode().Perm()
-	if perm&0o001 != 0 {
-		return nil
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Gid) != gid {
-		if err := os.Chown(dir, -1, gid); err != nil {
-			return fmt.Errorf("give the socket directory to group %d: %w", gid, err)
-		}
-	}
-	if want := perm&^0o070 | 0o010; want != perm {
-		if err := os.Chmod(dir, want); err != nil {
-			return fmt.Errorf("socket directory mode: %w", err)
-		}
-	}
-	return nil
-}
-
-// unixListener removes its socket file on Close.
-type unixListener struct {
-	*net.UnixListener
-	path string
-	once sync.Once
-}
-
-func (l *unixListener) Close() error {
-	err := l.UnixListener.Close()
-	l.once.Do(func() { _ = os.Remove(l.path) })
-	return err
-}
-
-func dirOf(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i > 0 {
-		return p[:i]
-	}
-	return "."
-}
-
-// TLSConfig loads a certificate and key (the node's pve-ssl.pem by default)
-// and reloads them when the files change.
-func TLSConfig(certFile, keyFile string) (*tls.Config, error) {
-	var mu sync.Mutex
-	var cur *tls.Certificate
-	var stamp time.Time
-	load := func() (*tls.Certificate, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		fi, err := os.Stat(certFile)
-		if err != nil {
-			return nil, err
-		}
-		if cur != nil && !fi.ModTime().After(stamp) {
-			return cur, nil
-		}
-		c, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, err
-		}
-		cur, stamp = &c, fi.ModTime()
-		return cur, nil
-	}
-	if _, err := load(); err != nil {
-		return nil, fmt.Errorf("load TLS key pair: %w", err)
-	}
-	return &tls.Config{
-		MinVersion:     tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return load() },
-	}, nil
-}
-
-// Serve serves h on ln until ctx ends, then shuts down gracefully.
-func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-errc
-		return nil
-	}
 }
 
 var _ io.Writer = (*statusWriter)(nil)

@@ -130,9 +130,12 @@ func Up(ctx context.Context, o Options) (b *Bed, err error) {
 	if err := writeOwner(b.dir); err != nil {
 		return nil, err
 	}
+	// The error returns below set b to nil before this runs: close the bed
+	// through its own variable.
+	bed := b
 	defer func() {
 		if err != nil {
-			_ = b.Close()
+			_ = bed.Close()
 			b = nil
 		}
 	}()

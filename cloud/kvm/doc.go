@@ -38,4 +38,11 @@
 // fails. Clone copies a stopped node's disk into an independent volume and
 // gives it a fresh seed with a new instance id, so cloud-init runs the
 // recipe again and the recipe's per-instance step makes fresh secrets.
+//
+// Files, one per libvirt object: libvirt.go (the connection: Config,
+// Manager, Dial, errors, undo), node.go (the domains: Create, Get, List,
+// Start, Stop, Delete), network.go (the NAT network and its DHCP
+// reservations), storage.go (the pool and its volumes), clone.go; the XML
+// they send is built in domain.go, the seed in seed.go, the image fetched
+// in image.go.
 package kvm

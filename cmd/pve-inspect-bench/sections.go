@@ -1,47 +1,31 @@
 package main
 
 import (
-	"context"
-	"os"
-
-	guardbench "github.com/pve-inspect/pve-inspect/firewall/bench"
-	"github.com/pve-inspect/pve-inspect/testvm/egressbench"
+	"github.com/pve-inspect/pve-inspect/bench"
+	"github.com/pve-inspect/pve-inspect/bench/api"
+	"github.com/pve-inspect/pve-inspect/bench/egress"
+	"github.com/pve-inspect/pve-inspect/bench/guard"
+	"github.com/pve-inspect/pve-inspect/bench/layer2"
+	"github.com/pve-inspect/pve-inspect/bench/lockdown"
+	"github.com/pve-inspect/pve-inspect/bench/qga"
 )
 
-func sections() []section {
-	return []section{
-		{"guard", benchGuard},
-		{"layer2", benchLayer2},
-		{"lockdown", benchLockdown},
-		{"qga", benchQGA},
-		{"api", benchAPI},
-		{"egress", benchEgress},
-	}
+// section is one benchmark group: a package under bench/ and its name for
+// -only.
+type section struct {
+	name  string
+	about string
+	run   bench.Func
 }
 
-func benchGuard(ctx context.Context, cfg config) error {
-	o := guardbench.Options{}
-	if cfg.quick {
-		o.Rounds, o.RouteChanges = 3, 10
-	}
-	_, err := guardbench.Run(ctx, o, os.Stdout)
-	return err
-}
-
-func benchLayer2(ctx context.Context, cfg config) error {
-	o := guardbench.Layer2Options{}
-	if cfg.quick {
-		o.Rounds, o.Updates = 3, 20
-	}
-	_, err := guardbench.RunLayer2(ctx, o, os.Stdout)
-	return err
-}
-
-func benchEgress(ctx context.Context, cfg config) error {
-	o := egressbench.Options{}
-	if cfg.quick {
-		o.Rounds = 5
-	}
-	_, err := egressbench.Run(ctx, o, os.Stdout)
-	return err
+// sections is the one list of sections, in the order they run. A new
+// section is a package under bench/ with a Section function and one line
+// here (see package bench).
+var sections = []section{
+	{"guard", "host guard apply and route-change latency vs iptables scripts", guard.Section},
+	{"layer2", "the guard's layer-2 table at 500 guest ports vs none", layer2.Section},
+	{"lockdown", "marker-to-enforced latency vs the reference design's 60 s timer", lockdown.Section},
+	{"qga", "guest agent client vs a raw loop and the Proxmox API's shape", qga.Section},
+	{"api", "sandbox API on the emulator and the bed vs the client it sits on", api.Section},
+	{"egress", "egress checks (resolver, Host/SNI proxy) vs an open zone", egress.Section},
 }

@@ -23,7 +23,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -106,7 +106,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	c := client.NewUnix(sock)
 	s.step("create a sandbox of two VMs through the sandbox API")
 	t0 := time.Now()
-	sb, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}},
+	sb, err := c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}},
 		Labels: map[string]string{"demo": "yes"}, TTLSeconds: 1800})
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
@@ -124,7 +124,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	}()
 
 	s.step("exec and a file round trip in vm0 (guest agent, no Proxmox API in the data path)")
-	res, err := c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"uname", "-a"}})
+	res, err := c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"uname", "-a"}})
 	if err != nil {
 		return fmt.Errorf("exec: %w", err)
 	}

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -172,11 +172,11 @@ func TestPlayground(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := client.NewTLS(u.Host, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, client.WithToken(in["admin_token"]))
-	sb, err := c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatalf("create through %s: %v", in["api"], err)
 	}
-	res, err := c.Exec(ctx, sb.ID, sb.VMs[0].Name, sandboxapi.ExecRequest{Argv: []string{"uname", "-s"}})
+	res, err := c.Exec(ctx, sb.ID, sb.VMs[0].Name, apitype.ExecRequest{Argv: []string{"uname", "-s"}})
 	if err != nil || res.ExitCode != 0 || string(res.Stdout) != "Linux\n" {
 		t.Fatalf("exec: %+v %v", res, err)
 	}
@@ -184,7 +184,7 @@ func TestPlayground(t *testing.T) {
 		t.Fatal(err)
 	}
 	ro := client.NewTLS(u.Host, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, client.WithToken(in["read_token"]))
-	if _, err := ro.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}}); !client.IsProblem(err, sandboxapi.ProblemForbidden) {
+	if _, err := ro.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}}); !client.IsProblem(err, apitype.ProblemForbidden) {
 		t.Errorf("read token create: %v, want forbidden", err)
 	}
 

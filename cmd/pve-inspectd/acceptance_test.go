@@ -364,7 +364,9 @@ func TestAcceptanceGuardOnBed(t *testing.T) {
 	// neighbour solicitations for the node, so no IPv6 packet is ever
 	// forwarded and metadata6/ipv6 stay at zero.)
 	out, _ := a.status(ctx)
-	for _, r := range []string{"metadata4", "cross-zone", "private4", "uplink-subnet", "guest-input-drop", "guest-dhcp", "guest-dns-udp"} {
+	// (the guests' lease requests are broadcasts: guest-dhcp-broadcast;
+	// guest-dhcp takes renewals, unicast to the zone's own address)
+	for _, r := range []string{"metadata4", "cross-zone", "private4", "uplink-subnet", "guest-input-drop", "guest-dhcp-broadcast", "guest-dns-udp"} {
 		re := regexp.MustCompile(`(?m)^\s+\S+\s+` + regexp.QuoteMeta(r) + `\s+(\d+)/`)
 		m := re.FindStringSubmatch(out)
 		if m == nil || m[1] == "0" {

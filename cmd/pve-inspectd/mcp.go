@@ -8,7 +8,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
 
@@ -44,7 +44,7 @@ func newMCPCmd(g *globals) *cobra.Command {
 			}
 			// Over the socket the caller is admin; over --addr the API
 			// enforces the token's scopes on every call.
-			srv := mcpserver.New(c, o, sandboxapi.ScopeAdmin)
+			srv := mcpserver.New(c, o, apitype.ScopeAdmin)
 			err = srv.Run(cmd.Context(), &mcp.IOTransport{Reader: io.NopCloser(cmd.InOrStdin()), Writer: nopWriteCloser{cmd.OutOrStdout()},
 				MaxLineLength: int(max(mcpserver.MaxMessageBytes(o), mcp.DefaultMaxLineLength))})
 			if errors.Is(err, mcp.ErrConnectionClosed) || cmd.Context().Err() != nil {

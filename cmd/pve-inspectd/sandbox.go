@@ -16,7 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -101,7 +101,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			"  pve-inspectd sandbox create -f request.json",
 		Args: cobra.NoArgs,
 		RunE: withClient(func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
-			var req sandboxapi.CreateRequest
+			var req apitype.CreateRequest
 			if file != "" {
 				b, err := readFileOrStdin(file)
 				if err != nil {
@@ -114,11 +114,11 @@ func newSandboxCmd(g *globals) *cobra.Command {
 				}
 			}
 			for _, t := range templates {
-				req.VMs = append(req.VMs, sandboxapi.VMRequest{Template: t, Cores: cores, MemoryMiB: mem, DiskGiB: disk})
+				req.VMs = append(req.VMs, apitype.VMRequest{Template: t, Cores: cores, MemoryMiB: mem, DiskGiB: disk})
 			}
 			for _, n := range nws {
 				name, cidr, _ := strings.Cut(n, "=")
-				req.Networks = append(req.Networks, sandboxapi.NetworkRequest{Name: name, CIDR: cidr})
+				req.Networks = append(req.Networks, apitype.NetworkRequest{Name: name, CIDR: cidr})
 			}
 			if len(labels) > 0 && req.Labels == nil {
 				req.Labels = map[string]string{}
@@ -193,7 +193,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		Short: "run a command in a VM, streaming its output; exits with its exit code",
 		Args:  cobra.MinimumNArgs(3),
 		RunE: withClient(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
-			req := sandboxapi.ExecRequest{Argv: args[2:], User: user, Cwd: cwd, TimeoutSeconds: int64(execTO / time.Second)}
+			req := apitype.ExecRequest{Argv: args[2:], User: user, Cwd: cwd, TimeoutSeconds: int64(execTO / time.Second)}
 			if len(env) > 0 {
 				req.Env = map[string]string{}
 				for _, e := range env {
@@ -372,7 +372,7 @@ func newCheckCmd(g *globals) *cobra.Command {
 }
 
 // printCheck prints the check as a table.
-func printCheck(w io.Writer, rep sandboxapi.CheckReport) {
+func printCheck(w io.Writer, rep apitype.CheckReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "containment check of %s from %s\n", rep.Sandbox, rep.VM)
 	fmt.Fprintln(tw, "TARGET\tPROBE\tEXPECTED\tOBSERVED\tRESULT")

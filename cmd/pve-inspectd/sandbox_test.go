@@ -12,15 +12,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // passChecker reports one passing row.
 type passChecker struct{ pass bool }
 
-func (p passChecker) Run(context.Context, sandboxapi.CheckTarget) (sandboxapi.CheckReport, error) {
-	return sandboxapi.CheckReport{Pass: p.pass, Rows: []sandboxapi.CheckRow{{Target: "host api", Probe: "tcp 8006", Expected: "blocked", Observed: "blocked", Pass: p.pass}}}, nil
+func (p passChecker) Run(context.Context, sandbox.CheckTarget) (apitype.CheckReport, error) {
+	return apitype.CheckReport{Pass: p.pass, Rows: []apitype.CheckRow{{Target: "host api", Probe: "tcp 8006", Expected: "blocked", Observed: "blocked", Pass: p.pass}}}, nil
 }
 
 // startAPI serves the API on fakes over a unix socket in a temp dir.
@@ -28,8 +30,20 @@ func startAPI(t *testing.T, pass bool) string {
 	t.Helper()
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "n1", Proxmox: px, Guests: g.Dial, Checker: passChecker{pass}, StateDir: t.TempDir(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	eng, err := sandbox.New(sandbox.Options{
+		Node:     "n1",
+		Proxmox:  px,
+		Guests:   g.Dial,
+		Checker:  passChecker{pass},
+		StateDir: t.TempDir(),
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +81,7 @@ func TestSandboxVerbs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sb sandboxapi.Sandbox
+	var sb apitype.Sandbox
 	if err := json.Unmarshal([]byte(out), &sb); err != nil || len(sb.VMs) != 2 || sb.Labels["eval"] != "x" {
 		t.Fatalf("create output %q: %v", out, err)
 	}
@@ -124,7 +138,7 @@ func TestCheckFailsExitCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sb sandboxapi.Sandbox
+	var sb apitype.Sandbox
 	_ = json.Unmarshal([]byte(out), &sb)
 	out, err = run(t, "", "check", "--socket", sock, sb.ID)
 	var ee *exitError

@@ -85,8 +85,11 @@ func validateTarget(t Target) error {
 	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
 		return validateLayer2(t, ap.Addr())
 	case KindTCP:
-		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.Name != "" || t.QType != "" || t.Host != "" || t.Resolver != "" {
-			return errors.New("tcp target takes only id, kind, addr, timeout_ms")
+		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.QType != "" || t.Host != "" {
+			return errors.New("tcp target takes only id, kind, addr, name, resolver, timeout_ms")
+		}
+		if err := validateResolve(t, ap.Addr()); err != nil {
+			return err
 		}
 	case KindHTTP, KindHTTPS:
 		if t.QType != "" {
@@ -123,6 +126,9 @@ func validateTarget(t Target) error {
 			return fmt.Errorf("qtype %q: want A or AAAA", t.QType)
 		}
 	case KindUDP:
+		if err := validateResolve(t, ap.Addr()); err != nil {
+			return err
+		}
 		return validateUDP(t)
 	default:
 		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp or a layer-2 kind", clip(string(t.Kind), 16))
@@ -130,13 +136,14 @@ func validateTarget(t Target) error {
 	return nil
 }
 
-// validateResolve checks an http(s) target's name, resolver and host.
+// validateResolve checks the name, resolver and host of a target that
+// may resolve its address first (http, https, tcp, udp).
 func validateResolve(t Target, addr netip.Addr) error {
 	if t.Host != "" && (len(t.Host) > maxNameLen || !dnsName(t.Host)) {
 		return fmt.Errorf("host %q: want a DNS name", clip(t.Host, 64))
 	}
 	if (t.Name == "") != (t.Resolver == "") {
-		return errors.New("http target: name and resolver come together")
+		return errors.New("target: name and resolver come together")
 	}
 	if t.Name == "" {
 		return nil
@@ -148,7 +155,7 @@ func validateResolve(t Target, addr netip.Addr) error {
 		return fmt.Errorf("resolver: %w", err)
 	}
 	if addr != netip.IPv4Unspecified() {
-		return errors.New("http target with a name: addr must be 0.0.0.0:port (the name gives the address)")
+		return errors.New("target with a name: addr must be 0.0.0.0:port (the name gives the address)")
 	}
 	return nil
 }

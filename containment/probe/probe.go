@@ -106,6 +106,18 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 	addr := withZone(t.Addr, zone)
 	start := time.Now()
 	var r Result
+	if (t.Kind == KindTCP || t.Kind == KindUDP) && t.Name != "" {
+		// the address of a name, asked of the target's resolver (the
+		// rows a guest tries after resolving an allowed name)
+		ip, err := p.resolveA(ctx, t.Resolver, t.Name)
+		if err != nil {
+			r := Result{ID: t.ID, Outcome: OutcomeNoReply, Detail: clip("resolve "+t.Name+": "+err.Error(), MaxDetailLen)}
+			r.ElapsedMS = int(time.Since(start).Milliseconds())
+			return r
+		}
+		_, port, _ := net.SplitHostPort(t.Addr)
+		addr = net.JoinHostPort(ip.String(), port)
+	}
 	switch t.Kind {
 	case KindTCP:
 		r = p.tcp(ctx, addr)

@@ -52,8 +52,8 @@ const (
 
 // validateUDP checks a udp target's fields.
 func validateUDP(t Target) error {
-	if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.Name != "" || t.QType != "" || t.Host != "" || t.Resolver != "" {
-		return errors.New("udp target takes only id, kind, addr, payload, timeout_ms")
+	if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.QType != "" || t.Host != "" {
+		return errors.New("udp target takes only id, kind, addr, name, resolver, payload, timeout_ms")
 	}
 	switch t.Payload {
 	case PayloadGeneric, PayloadDNS, PayloadNTP:

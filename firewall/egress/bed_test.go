@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,8 @@ type stack struct {
 	reg    *Registry
 	den    *Denials
 	res    *Resolver
+	proxy  *Proxy
+	links  *NetlinkLinks
 	guests map[string]*testvm.Guest // zone -> guest
 	gw     map[string]string        // zone -> gateway address
 	bridge map[string]string        // zone -> vnet bridge
@@ -57,7 +60,20 @@ func inNode(b *testvm.Bed, mark uint32) DialFunc {
 	}
 }
 
+// stackConfig changes the stack's parts from their defaults.
+type stackConfig struct {
+	proxy    ProxyConfig      // IdleTimeout, MaxConns, ConnsPerOwner
+	resolver ResolverConfig   // QueriesPerOwner, TCPPerOwner
+	up       Upstream         // nil: the internet host's resolver
+	reg      []RegistryOption // e.g. WithMaxLearned
+}
+
 func newStack(t *testing.T, ctx context.Context, def Policy) *stack {
+	t.Helper()
+	return newStackWith(t, ctx, def, stackConfig{})
+}
+
+func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig) *stack {
 	t.Helper()
 	testkit.RequireRoot(t)
 	b, err := testvm.Up(ctx, testvm.Options{})
@@ -119,11 +135,20 @@ func newStack(t *testing.T, ctx context.Context, def Policy) *stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(links.Close)
-	s.g, s.reg, s.den = g, NewRegistry(g, defRules, nil), NewDenials()
+	s.g, s.reg, s.den, s.links = g, NewRegistry(g, defRules, nil, sc.reg...), NewDenials(), links
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s.res = NewResolver(ResolverConfig{Upstreams: []string{testvm.InternetAddr + ":53"}, Mark: ec.ResolverMark(),
-		TTLFloor: 30 * time.Second, Timeout: time.Second, Dial: inNode(b, ec.ResolverMark())}, s.reg, links, s.den, nil, log)
-	proxy := NewProxy(ProxyConfig{Mark: ec.ProxyMark(), Dial: inNode(b, ec.ProxyMark()), PeekTimeout: 3 * time.Second}, s.reg, links, s.den, log)
+	rc := sc.resolver
+	// the zones' own names, as the daemon gives them: the bed's dnsmasq
+	// holds <zone>.test as local and writes its leases beside its pid
+	rc.ZoneNames = &LeaseNames{
+		LeaseFile: func(z string) string { return filepath.Join(b.Dir(), "dnsmasq", z+".leases") },
+		Domain:    func(z string) string { return z + ".test" }}
+	rc.Upstreams, rc.Mark, rc.TTLFloor, rc.Timeout, rc.Dial = []string{testvm.InternetAddr + ":53"}, ec.ResolverMark(), 30*time.Second, time.Second, inNode(b, ec.ResolverMark())
+	s.res = NewResolver(rc, s.reg, links, s.den, sc.up, log)
+	pcfg := sc.proxy
+	pcfg.Mark, pcfg.Dial, pcfg.PeekTimeout = ec.ProxyMark(), inNode(b, ec.ProxyMark()), 3*time.Second
+	s.proxy = NewProxy(pcfg, s.reg, links, s.den, log)
+	proxy := s.proxy
 	dnsPort, proxyPort := ec.Ports()
 	var pc net.PacketConn
 	var dnsLn, proxyLn net.Listener
@@ -473,8 +498,8 @@ func TestEgressContainmentOnBed(t *testing.T) {
 			n++
 		}
 	}
-	if n != 5 {
-		t.Errorf("%d egress rows, want 5 (local name, allowed resolves, allowed connects, disallowed name, disallowed SNI)", n)
+	if n != 9 {
+		t.Errorf("%d egress rows, want 9 (zone-local name, allowed resolves, allowed connects, disallowed name, disallowed SNI and Host, tcp 8443, tcp 22 and udp 443 to the allowed address)", n)
 	}
 }
 

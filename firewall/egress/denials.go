@@ -17,6 +17,7 @@ const (
 	ReasonHost    = "host"    // HTTP Host not allowed
 	ReasonPeek    = "peek"    // first bytes were neither TLS nor HTTP with a name
 	ReasonAddress = "address" // a packet the kernel dropped: a denied CIDR, an address no name gave, anything from a none zone
+	ReasonQuota   = "quota"   // past a per-sandbox quota: DNS queries or connections at once, learned addresses
 )
 
 // Denial is one refused name or connection.

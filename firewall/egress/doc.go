@@ -15,7 +15,19 @@
 //   - Proxy (proxy.go, peek.go): tcp 80/443 to name-learned addresses is
 //     redirected to it; it reads the TLS server_name or HTTP Host and
 //     splices to the original destination only for an allowed name. No
-//     TLS interception.
+//     TLS interception. A name-learned address opens nothing else; a
+//     name:port entry opens its tcp port of the name's addresses by
+//     address alone (firewall.Opening).
+//   - Generations (registry.go): every policy change of an interface
+//     starts a new one; answers in flight for an older one are not
+//     learned, the proxy's connections from it are closed, its learned
+//     addresses forgotten, all before Set returns.
+//   - Quotas (quota.go): per owner, UDP queries in flight and TCP
+//     connections at the resolver, connections at the proxy, learned
+//     addresses (WithMaxLearned); refusals are denials with reason
+//     "quota".
+//   - ZoneNames (zonenames.go): the names a zone's own dnsmasq holds are
+//     answered by asking it, in every mode.
 //   - Denials (denials.go): pve_inspect_egress_denied_total{sandbox,reason}
 //     and the last refusals per sandbox.
 //   - KernelDrops (kernel.go): the packets the kernel drops (a disallowed

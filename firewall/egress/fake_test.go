@@ -39,7 +39,7 @@ func (f *fakeGuard) EgressOf(iface string) (firewall.ZoneEgress, bool) {
 	return firewall.ZoneEgress{}, iface != "mgmt0" && iface != "lo"
 }
 
-func (f *fakeGuard) Learn(_ context.Context, iface string, addrs []netip.Addr, ttl time.Duration) ([]netip.Addr, error) {
+func (f *fakeGuard) LearnOpen(_ context.Context, iface string, addrs []netip.Addr, _ firewall.Opening, ttl time.Duration) ([]netip.Addr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var skipped []netip.Addr
@@ -62,6 +62,18 @@ func (f *fakeGuard) Forget(_ context.Context, ifaces []string) error {
 	f.forgot = append(f.forgot, ifaces...)
 	for _, i := range ifaces {
 		delete(f.learned, i)
+	}
+	return nil
+}
+
+func (f *fakeGuard) ForgetExcept(_ context.Context, keep []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.learned {
+		if !slices.Contains(keep, i) {
+			f.forgot = append(f.forgot, i)
+			delete(f.learned, i)
+		}
 	}
 	return nil
 }

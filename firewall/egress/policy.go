@@ -1,10 +1,12 @@
 package egress
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
@@ -18,8 +20,12 @@ type Policy struct {
 	// Mode is "open" (default), "allowlist" or "none".
 	Mode string `json:"mode" toml:"mode"`
 	// Allow lists exact domains (pypi.org), wildcard domains
-	// (*.example.org: every name below it, not the name itself), IPv4
-	// addresses and IPv4 CIDRs. Only allowlist mode uses it.
+	// (*.example.org: every name below it, not the name itself), either
+	// with a tcp port (github.com:22), IPv4 addresses and IPv4 CIDRs.
+	// Only allowlist mode uses it. A domain opens tcp 80 and 443 of the
+	// addresses it resolves to, through the Host/SNI check; a domain:port
+	// opens that tcp port of them by address alone (unchecked); a CIDR
+	// opens every port and protocol.
 	Allow []string `json:"allow,omitempty" toml:"allow"`
 	// Deny lists IPv4 addresses and CIDRs never reachable, in any mode.
 	Deny []string `json:"deny,omitempty" toml:"deny"`
@@ -32,8 +38,33 @@ type Rules struct {
 	Names []string
 	// Suffixes are the wildcard domains as ".example.org".
 	Suffixes []string
+	// Ports are the name:port entries, sorted (Name as in Names, or a
+	// wildcard as in Suffixes).
+	Ports []NamePort
 	// Allow4 and Deny4 are the CIDRs.
 	Allow4, Deny4 []netip.Prefix
+}
+
+// NamePort is a name:port entry: tcp Port of the addresses Name resolves
+// to, opened by address alone. Name is exact (github.com) or a wildcard
+// suffix (.github.com).
+type NamePort struct {
+	Name string
+	Port uint16
+}
+
+func (n NamePort) matches(name string) bool {
+	if strings.HasPrefix(n.Name, ".") {
+		return strings.HasSuffix(name, n.Name)
+	}
+	return name == n.Name
+}
+
+func (n NamePort) String() string {
+	if strings.HasPrefix(n.Name, ".") {
+		return "*" + n.Name + ":" + strconv.Itoa(int(n.Port))
+	}
+	return n.Name + ":" + strconv.Itoa(int(n.Port))
 }
 
 // PolicyError names the entry of a policy that is wrong.
@@ -71,9 +102,21 @@ func Compile(p Policy) (Rules, error) {
 			r.Allow4 = append(r.Allow4, pr)
 			continue
 		}
-		name, wild, err := parseDomain(e)
+		host, port, hasPort, err := splitPort(e)
 		if err != nil {
 			return Rules{}, &PolicyError{Field: "allow", Entry: e, Msg: err.Error()}
+		}
+		name, wild, err := parseDomain(host)
+		if err != nil {
+			return Rules{}, &PolicyError{Field: "allow", Entry: e, Msg: err.Error()}
+		}
+		if hasPort {
+			np := NamePort{Name: name, Port: port}
+			if wild {
+				np.Name = "." + name
+			}
+			r.Ports = append(r.Ports, np)
+			continue
 		}
 		if wild {
 			r.Suffixes = append(r.Suffixes, "."+name)
@@ -95,7 +138,31 @@ func Compile(p Policy) (Rules, error) {
 		slices.Sort(*s)
 		*s = slices.Compact(*s)
 	}
+	slices.SortFunc(r.Ports, func(a, b NamePort) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port))
+	})
+	r.Ports = slices.Compact(r.Ports)
 	return r, nil
+}
+
+// splitPort splits "name:port"; hasPort is false without a colon. Ports
+// 80 and 443 are refused: the name alone opens them, checked.
+func splitPort(e string) (host string, port uint16, hasPort bool, err error) {
+	host, ps, ok := strings.Cut(e, ":")
+	if !ok {
+		return e, 0, false, nil
+	}
+	if _, isCIDR, _ := parseCIDR(host); isCIDR {
+		return "", 0, false, errors.New("a CIDR opens every port already; give it without a port")
+	}
+	n, perr := strconv.ParseUint(ps, 10, 16)
+	if perr != nil || n == 0 {
+		return "", 0, false, fmt.Errorf("port %q: want 1-65535", ps)
+	}
+	if n == 80 || n == 443 {
+		return "", 0, false, fmt.Errorf("tcp %d of an allowed name is open through the Host/SNI check: list the name without a port", n)
+	}
+	return host, uint16(n), true, nil
 }
 
 // parseCIDR parses an IPv4 address or CIDR; ok is false when e does not
@@ -123,6 +190,11 @@ func parseCIDR(e string) (netip.Prefix, bool, error) {
 	}
 	return netip.PrefixFrom(a, 32), true, nil
 }
+
+// ParseDomain validates a (possibly wildcard) domain, as an allow entry
+// takes it, and returns it lower case without the wildcard label and
+// trailing dot.
+func ParseDomain(e string) (name string, wildcard bool, err error) { return parseDomain(e) }
 
 // parseDomain validates a (possibly wildcard) domain and returns it lower
 // case without the wildcard label and trailing dot.
@@ -160,7 +232,8 @@ func checkName(s string) error {
 }
 
 // AllowsName reports whether name (any case, trailing dot or not) is
-// allowed: an exact entry, or below a wildcard entry.
+// allowed through the Host/SNI check (tcp 80/443): an exact entry, or
+// below a wildcard entry (name:port entries do not count).
 func (r Rules) AllowsName(name string) bool {
 	if r.Mode != firewall.EgressAllowlist {
 		return r.Mode == firewall.EgressOpen
@@ -178,6 +251,31 @@ func (r Rules) AllowsName(name string) bool {
 		}
 	}
 	return false
+}
+
+// Resolves reports whether the resolver answers name: it is allowed
+// (AllowsName) or has name:port entries.
+func (r Rules) Resolves(name string) bool {
+	return r.AllowsName(name) || (r.Mode == firewall.EgressAllowlist && len(r.PortsOf(name)) > 0)
+}
+
+// PortsOf returns the tcp ports name:port entries open for name, sorted.
+func (r Rules) PortsOf(name string) []uint16 {
+	if r.Mode != firewall.EgressAllowlist || len(r.Ports) == 0 {
+		return nil
+	}
+	n := strings.ToLower(strings.TrimSuffix(name, "."))
+	if checkName(n) != nil {
+		return nil
+	}
+	var out []uint16
+	for _, p := range r.Ports {
+		if p.matches(n) {
+			out = append(out, p.Port)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Denies reports whether a falls in a deny CIDR.
@@ -201,6 +299,9 @@ func (r Rules) Policy() Policy {
 	p.Allow = append(p.Allow, r.Names...)
 	for _, s := range r.Suffixes {
 		p.Allow = append(p.Allow, "*"+s)
+	}
+	for _, np := range r.Ports {
+		p.Allow = append(p.Allow, np.String())
 	}
 	for _, a := range r.Allow4 {
 		p.Allow = append(p.Allow, a.String())

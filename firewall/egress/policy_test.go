@@ -30,6 +30,13 @@ func TestCompile(t *testing.T) {
 		{"space", Policy{Mode: "allowlist", Allow: []string{"py pi.org"}}, "allow"},
 		{"empty label", Policy{Mode: "allowlist", Allow: []string{"pypi..org"}}, "allow"},
 		{"deny name", Policy{Mode: "open", Deny: []string{"evil.org"}}, "deny"},
+		{"name with a port", Policy{Mode: "allowlist", Allow: []string{"github.com:22", "*.example.org:8443"}}, ""},
+		{"name with port 443", Policy{Mode: "allowlist", Allow: []string{"github.com:443"}}, "allow"},
+		{"name with port 80", Policy{Mode: "allowlist", Allow: []string{"github.com:80"}}, "allow"},
+		{"name with port 0", Policy{Mode: "allowlist", Allow: []string{"github.com:0"}}, "allow"},
+		{"name with a bad port", Policy{Mode: "allowlist", Allow: []string{"github.com:ssh"}}, "allow"},
+		{"name with a port too big", Policy{Mode: "allowlist", Allow: []string{"github.com:65536"}}, "allow"},
+		{"address with a port", Policy{Mode: "allowlist", Allow: []string{"203.0.113.7:22"}}, "allow"},
 		{"too many", Policy{Mode: "allowlist", Allow: slices.Repeat([]string{"a.org"}, MaxEntries+1)}, "allow"},
 	}
 	for _, tc := range cases {
@@ -73,5 +80,40 @@ func TestAllowsName(t *testing.T) {
 	back, err := Compile(r.Policy())
 	if err != nil || !slices.Equal(back.Names, r.Names) || !slices.Equal(back.Suffixes, r.Suffixes) || !slices.Equal(back.Allow4, r.Allow4) {
 		t.Errorf("Policy() does not round-trip: %+v, %v", back, err)
+	}
+}
+
+// TestNamePorts: a name:port entry makes the name resolve and opens only
+// its port; it does not allow the name through the Host/SNI check.
+func TestNamePorts(t *testing.T) {
+	r, err := Compile(Policy{Mode: "allowlist", Allow: []string{"pypi.org", "github.com:22", "GitHub.com:2222", "*.example.org:8443", "github.com:22"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		allows   bool
+		resolves bool
+		ports    []uint16
+	}{
+		{"pypi.org", true, true, nil},
+		{"github.com", false, true, []uint16{22, 2222}},
+		{"api.github.com", false, false, nil},
+		{"a.example.org", false, true, []uint16{8443}},
+		{"example.org", false, false, nil},
+	} {
+		if got := r.AllowsName(tc.name); got != tc.allows {
+			t.Errorf("AllowsName(%q) = %v, want %v", tc.name, got, tc.allows)
+		}
+		if got := r.Resolves(tc.name); got != tc.resolves {
+			t.Errorf("Resolves(%q) = %v, want %v", tc.name, got, tc.resolves)
+		}
+		if got := r.PortsOf(tc.name); !slices.Equal(got, tc.ports) {
+			t.Errorf("PortsOf(%q) = %v, want %v", tc.name, got, tc.ports)
+		}
+	}
+	back, err := Compile(r.Policy())
+	if err != nil || !slices.Equal(back.Ports, r.Ports) {
+		t.Errorf("Policy() does not round-trip the ports: %+v, %v", back.Ports, err)
 	}
 }

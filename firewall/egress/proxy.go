@@ -5,12 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +30,13 @@ type ProxyConfig struct {
 	DialTimeout time.Duration
 	// MaxConns bounds the connections spliced at once. Zero means 1024.
 	MaxConns int
+	// ConnsPerOwner bounds one owner's (sandbox's) share of them; a
+	// connection past it is reset and counted (reason quota). Zero
+	// means 256.
+	ConnsPerOwner int
+	// IdleTimeout closes a spliced connection with no byte either way
+	// for that long. Zero means 5 minutes.
+	IdleTimeout time.Duration
 	// Dial opens upstream connections; nil means a net.Dialer setting
 	// Mark. Tests pass one that dials inside the node's namespace.
 	Dial DialFunc
@@ -47,12 +54,26 @@ type ProxyConfig struct {
 // CDN that serves many names on one address routes by the name inside
 // the encrypted request, so "fronting" through an allowed CDN name
 // reaches whatever that CDN serves.
+//
+// Every connection is tracked by the guest interface it came from; a
+// change of that interface's policy closes it (Registry.OnChange), and a
+// spliced connection idle for IdleTimeout is closed.
 type Proxy struct {
 	cfg   ProxyConfig
 	reg   *Registry
 	links Links
 	den   *Denials
 	log   *slog.Logger
+
+	conns *quota // connections per owner
+
+	mu   sync.Mutex // guards live
+	live map[string]map[*tracked]struct{}
+}
+
+// tracked is one guest connection and, once dialled, its upstream.
+type tracked struct {
+	guest, up net.Conn
 }
 
 // NewProxy returns a proxy for the registry's rules.
@@ -69,7 +90,65 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 	if cfg.Dial == nil {
 		cfg.Dial = markedDialer(cfg.Mark, cfg.DialTimeout)
 	}
-	return &Proxy{cfg: cfg, reg: reg, links: links, den: den, log: log.With("component", "egress-proxy")}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.ConnsPerOwner <= 0 {
+		cfg.ConnsPerOwner = 256
+	}
+	p := &Proxy{cfg: cfg, reg: reg, links: links, den: den, log: log.With("component", "egress-proxy"),
+		conns: newQuota(cfg.ConnsPerOwner), live: map[string]map[*tracked]struct{}{}}
+	reg.OnChange(p.cut)
+	return p
+}
+
+// cut closes every connection from ifaces (their policy changed): the
+// guest sees a reset.
+func (p *Proxy) cut(ifaces []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, n := range ifaces {
+		for t := range p.live[n] {
+			if tc, ok := t.guest.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0)
+			}
+			_ = t.guest.Close()
+			if t.up != nil {
+				_ = t.up.Close()
+			}
+		}
+		delete(p.live, n)
+	}
+}
+
+// track records t under iface; untrack forgets it.
+func (p *Proxy) track(iface string, t *tracked) (untrack func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.live[iface] == nil {
+		p.live[iface] = map[*tracked]struct{}{}
+	}
+	p.live[iface][t] = struct{}{}
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.live[iface], t)
+	}
+}
+
+// setUp records the upstream of t (under the lock cut takes, so a cut
+// either sees it or ran before and closed the guest side).
+func (p *Proxy) setUp(t *tracked, up net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.up = up
+}
+
+// Live returns the number of connections the proxy holds from iface.
+func (p *Proxy) Live(iface string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.live[iface])
 }
 
 // Serve accepts redirected connections on ln until ctx is done; it
@@ -119,8 +198,15 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	if err != nil {
 		return
 	}
-	rules, owner, err := p.reg.For(iface)
+	rules, owner, gen, err := p.reg.ForGen(iface)
 	if err != nil || rules.Mode != firewall.EgressAllowlist {
+		return
+	}
+	// tracked from here: a change of the policy from now on closes the
+	// connection; one before the tracking is seen by the check below
+	t := &tracked{guest: c}
+	defer p.track(iface, t)()
+	if !p.reg.Current(iface, gen) {
 		return
 	}
 	refuse := func(d Denial) {
@@ -130,6 +216,11 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 			_ = tc.SetLinger(0) // reset: the guest sees a refusal at once
 		}
 	}
+	if !p.conns.take(owner) {
+		refuse(Denial{Reason: ReasonQuota})
+		return
+	}
+	defer p.conns.give(owner)
 	name, kind, head, err := p.peek(c)
 	if err != nil {
 		refuse(Denial{Reason: ReasonPeek})
@@ -155,11 +246,15 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		return
 	}
 	defer up.Close()
+	p.setUp(t, up)
+	if !p.reg.Current(iface, gen) {
+		return // changed during the peek or the dial
+	}
 	_ = c.SetDeadline(time.Time{})
 	if _, err := up.Write(head); err != nil {
 		return
 	}
-	splice(ctx, c, up)
+	splice(ctx, c, up, p.cfg.IdleTimeout)
 }
 
 // peek reads until the server name is known.
@@ -185,15 +280,44 @@ func (p *Proxy) peek(c net.Conn) (name, kind string, head []byte, err error) {
 	}
 }
 
-// splice copies both ways until both directions ended (or ctx is done).
-func splice(ctx context.Context, a, b net.Conn) {
+// splice copies both ways until both directions ended (or ctx is done),
+// or until no byte went either way for idle: then both are closed.
+func splice(ctx context.Context, a, b net.Conn, idle time.Duration) {
 	stop := context.AfterFunc(ctx, func() { _ = a.Close(); _ = b.Close() })
 	defer stop()
+	var last atomic.Int64 // unix nanoseconds of the last byte either way
+	last.Store(time.Now().UnixNano())
 	var wg sync.WaitGroup
 	wg.Add(2)
 	half := func(dst, src net.Conn) {
 		defer wg.Done()
-		_, _ = io.Copy(dst, src)
+		buf := make([]byte, 32<<10)
+		for {
+			_ = src.SetReadDeadline(time.Now().Add(idle))
+			n, err := src.Read(buf)
+			if n > 0 {
+				last.Store(time.Now().UnixNano())
+				_ = dst.SetWriteDeadline(time.Now().Add(idle))
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					_ = a.Close()
+					_ = b.Close()
+					return
+				}
+			}
+			if err == nil {
+				continue
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if time.Since(time.Unix(0, last.Load())) < idle {
+					continue // the other direction is busy
+				}
+				_ = a.Close() // idle both ways
+				_ = b.Close()
+				return
+			}
+			break
+		}
 		if tc, ok := dst.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		} else {

@@ -37,6 +37,15 @@ type ResolverConfig struct {
 	// Dial opens upstream connections; nil means a net.Dialer setting
 	// Mark. Tests pass one that dials inside the node's namespace.
 	Dial DialFunc
+	// QueriesPerOwner bounds the UDP queries one owner (sandbox) has in
+	// flight; TCPPerOwner its DNS-over-TCP connections. A query or
+	// connection past it is dropped and counted (reason quota). Zero
+	// means 16 and 8.
+	QueriesPerOwner, TCPPerOwner int
+	// ZoneNames, when set, names what each zone's own dnsmasq holds:
+	// those names are answered by asking that dnsmasq (on the address
+	// the query was redirected to), in every mode, never upstream.
+	ZoneNames ZoneNames
 }
 
 // DialFunc opens a connection (net.Dialer.DialContext's shape).
@@ -85,13 +94,14 @@ type Links interface {
 //     denied CIDR, are cut from the answer and never opened.
 //   - The TTL the guest sees is never longer than the set timeout.
 type Resolver struct {
-	cfg   ResolverConfig
-	reg   *Registry
-	guard Guard
-	links Links
-	den   *Denials
-	log   *slog.Logger
-	up    Upstream
+	cfg     ResolverConfig
+	reg     *Registry
+	links   Links
+	den     *Denials
+	log     *slog.Logger
+	up      Upstream
+	queries *quota // UDP queries in flight per owner
+	conns   *quota // TCP connections per owner
 }
 
 // Upstream answers a query built by the resolver.
@@ -165,8 +175,30 @@ func NewResolver(cfg ResolverConfig, reg *Registry, links Links, den *Denials, u
 	if up == nil {
 		up = &upstreams{addrs: cfg.Upstreams, dial: cfg.Dial, timeout: cfg.Timeout}
 	}
-	return &Resolver{cfg: cfg, reg: reg, guard: reg.guard, links: links, den: den,
-		log: log.With("component", "egress-resolver"), up: up}
+	if cfg.QueriesPerOwner <= 0 {
+		cfg.QueriesPerOwner = 16
+	}
+	if cfg.TCPPerOwner <= 0 {
+		cfg.TCPPerOwner = 8
+	}
+	return &Resolver{cfg: cfg, reg: reg, links: links, den: den,
+		log: log.With("component", "egress-resolver"), up: up,
+		queries: newQuota(cfg.QueriesPerOwner), conns: newQuota(cfg.TCPPerOwner)}
+}
+
+// admit takes one unit of q for the owner of iface's policy; false (and
+// the refusal counted) when the owner is at its quota or iface is no
+// guest's. release gives the unit back.
+func (r *Resolver) admit(q *quota, iface string) (release func(), ok bool) {
+	_, owner, err := r.reg.For(iface)
+	if err != nil {
+		return nil, false
+	}
+	if !q.take(owner) {
+		r.den.Record(owner, Denial{Reason: ReasonQuota})
+		return nil, false
+	}
+	return func() { q.give(owner) }, true
 }
 
 // MarkControl is a net.Dialer Control that sets SO_MARK on the socket
@@ -184,8 +216,9 @@ func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) e
 	}
 }
 
-// maxInFlight bounds the queries answered at once.
-const maxInFlight = 64
+// maxInFlight bounds the queries (and the TCP connections) answered at
+// once, node-wide; each owner's share of it is bounded by its quota.
+const maxInFlight = 256
 
 // ServeUDP answers queries on pc (bound in the daemon's namespace) until
 // ctx is done. It returns after every query goroutine ended.
@@ -224,9 +257,15 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 			if err != nil {
 				return
 			}
+			release, ok := r.admit(r.queries, iface)
+			if !ok {
+				return // past the owner's quota: the guest retries
+			}
+			defer release()
 			qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
 			defer cancel()
-			out := r.Answer(qctx, iface, buf[:n], 512)
+			local, _ := netip.AddrFromSlice(cm.Dst.To4())
+			out := r.answer(qctx, iface, local, buf[:n], 512)
 			if out != nil {
 				_, _ = p.WriteTo(out, &ipv4.ControlMessage{Src: cm.Dst}, src)
 			}
@@ -252,6 +291,11 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 	if err != nil {
 		return
 	}
+	release, ok := r.admit(r.conns, iface)
+	if !ok {
+		return
+	}
+	defer release()
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stop()
 	for range 16 {
@@ -265,7 +309,7 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 			return
 		}
 		qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
-		out := r.Answer(qctx, iface, q, dns.MaxMsgSize)
+		out := r.answer(qctx, iface, a.Unmap(), q, dns.MaxMsgSize)
 		cancel()
 		if out == nil {
 			return
@@ -280,6 +324,12 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 // interface iface, or nil to send nothing (not a query at all). size
 // bounds the answer (512 for UDP without EDNS).
 func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int) []byte {
+	return r.answer(ctx, iface, netip.Addr{}, q, size)
+}
+
+// answer is Answer for a query redirected to local (the zone's own
+// address, where its dnsmasq listens; invalid: no zone-local names).
+func (r *Resolver) answer(ctx context.Context, iface string, local netip.Addr, q []byte, size int) []byte {
 	var req dns.Msg
 	if err := req.Unpack(q); err != nil || req.Response {
 		return nil
@@ -305,9 +355,21 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 		return pack()
 	}
 	qn := req.Question[0]
-	rules, owner, err := r.reg.For(iface)
+	rules, owner, gen, err := r.reg.ForGen(iface)
 	if err != nil {
 		resp.Rcode = dns.RcodeRefused
+		return pack()
+	}
+	if r.zoneLocal(iface, local, qn.Name) {
+		if qn.Qtype == dns.TypeA {
+			ans, err := r.askZone(ctx, local, qn.Name)
+			if err != nil {
+				r.log.Warn("zone resolver query failed", "name", qn.Name, "err", err)
+				resp.Rcode = dns.RcodeServerFailure
+				return pack()
+			}
+			resp.Rcode, resp.Answer = ans.Rcode, zoneRecords(ans.Answer)
+		}
 		return pack()
 	}
 	if rules.Mode == firewall.EgressNone {
@@ -315,7 +377,7 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 		resp.Rcode = dns.RcodeNameError
 		return pack()
 	}
-	if !rules.AllowsName(qn.Name) {
+	if !rules.Resolves(qn.Name) {
 		r.den.Record(owner, Denial{Reason: ReasonName, Name: qn.Name})
 		resp.Rcode = dns.RcodeNameError
 		return pack()
@@ -330,8 +392,53 @@ func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int)
 		return pack()
 	}
 	resp.Rcode = up.Rcode
-	resp.Answer = r.learn(ctx, iface, rules, up.Answer)
+	open := firewall.Opening{Checked: rules.AllowsName(qn.Name), Ports: rules.PortsOf(qn.Name)}
+	ans, err := r.learn(ctx, iface, gen, rules, open, up.Answer)
+	switch {
+	case errors.Is(err, ErrStale):
+		// the policy changed while upstream answered: what the old one
+		// allowed is not opened; the guest asks again under the new one
+		resp.Rcode = dns.RcodeServerFailure
+	case errors.Is(err, ErrQuota):
+		r.den.Record(owner, Denial{Reason: ReasonQuota, Name: qn.Name})
+		resp.Rcode = dns.RcodeServerFailure
+	case err != nil:
+		r.log.Error("open learned addresses", "iface", iface, "err", err)
+		resp.Rcode = dns.RcodeServerFailure
+	}
+	resp.Answer = ans
 	return pack()
+}
+
+// zoneLocal reports whether name is one the dnsmasq of iface's zone
+// holds (ZoneNames), for a query that came to that zone's address.
+func (r *Resolver) zoneLocal(iface string, local netip.Addr, name string) bool {
+	if r.cfg.ZoneNames == nil || !local.IsValid() {
+		return false
+	}
+	zone, ok := r.reg.ZoneOf(iface)
+	return ok && r.cfg.ZoneNames.Holds(zone, strings.ToLower(strings.TrimSuffix(name, ".")))
+}
+
+// askZone asks the zone's dnsmasq at local for name (A), with a fresh
+// query.
+func (r *Resolver) askZone(ctx context.Context, local netip.Addr, name string) (*dns.Msg, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(strings.ToLower(name)), dns.TypeA)
+	z := &upstreams{addrs: []string{netip.AddrPortFrom(local, 53).String()}, dial: r.cfg.Dial, timeout: r.cfg.Timeout}
+	return z.Exchange(ctx, m)
+}
+
+// zoneRecords keeps the A and CNAME records of a zone dnsmasq's answer.
+func zoneRecords(ans []dns.RR) []dns.RR {
+	var out []dns.RR
+	for _, rr := range ans {
+		switch rr.(type) {
+		case *dns.A, *dns.CNAME:
+			out = append(out, rr)
+		}
+	}
+	return out
 }
 
 // forward asks upstream for qn (type A) with a fresh query.
@@ -342,10 +449,11 @@ func (r *Resolver) forward(ctx context.Context, qn dns.Question) (*dns.Msg, erro
 	return r.up.Exchange(ctx, m)
 }
 
-// learn opens the answer's A records for iface and returns the records
-// the guest may see: CNAMEs, and A records the guard accepted, each TTL
-// cut to the set timeout.
-func (r *Resolver) learn(ctx context.Context, iface string, rules Rules, ans []dns.RR) []dns.RR {
+// learn opens the answer's A records for iface (as open says, under
+// policy generation gen) and returns the records the guest may see:
+// CNAMEs, and A records the guard accepted, each TTL cut to the set
+// timeout. On error the guest sees nothing.
+func (r *Resolver) learn(ctx context.Context, iface string, gen uint64, rules Rules, open firewall.Opening, ans []dns.RR) ([]dns.RR, error) {
 	var addrs []netip.Addr
 	minTTL := uint32(0)
 	for _, rr := range ans {
@@ -363,10 +471,9 @@ func (r *Resolver) learn(ctx context.Context, iface string, rules Rules, ans []d
 	ttl := r.cfg.clamp(time.Duration(minTTL) * time.Second)
 	ok := map[netip.Addr]bool{}
 	if len(addrs) > 0 {
-		skipped, err := r.guard.Learn(ctx, iface, addrs, ttl)
+		skipped, err := r.reg.Learn(ctx, iface, gen, addrs, open, ttl)
 		if err != nil {
-			r.log.Error("open learned addresses", "iface", iface, "err", err)
-			return nil
+			return nil, err
 		}
 		for _, a := range addrs {
 			ok[a] = true
@@ -391,5 +498,5 @@ func (r *Resolver) learn(ctx context.Context, iface string, rules Rules, ans []d
 		rr.Header().Ttl = min(rr.Header().Ttl, maxTTL)
 		out = append(out, rr)
 	}
-	return out
+	return out, nil
 }

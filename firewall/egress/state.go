@@ -21,6 +21,10 @@ const stateVersion = 1
 type stateFile struct {
 	Version int          `json:"version"`
 	Zones   []stateEntry `json:"zones"`
+	// Default is the node-wide default in force when the file was
+	// written (absent in files of older runs): a start with another
+	// default forgets what the old one learned (Registry.Reconcile).
+	Default *Policy `json:"default,omitempty"`
 }
 
 type stateEntry struct {
@@ -35,6 +39,7 @@ type stateEntry struct {
 type State struct {
 	path  string
 	zones map[string]zoneEntry
+	def   *Policy // the default the file recorded, nil if none
 }
 
 // LoadState reads the policies persisted at path; a missing file is an
@@ -63,6 +68,14 @@ func LoadState(path string) (*State, error) {
 		}
 		st.zones[e.Zone] = zoneEntry{owner: e.Owner, bridges: e.Bridges, rules: r}
 	}
+	if f.Default != nil {
+		r, err := Compile(*f.Default)
+		if err != nil {
+			return nil, fmt.Errorf("egress state %s: default: %w", path, err)
+		}
+		p := r.Policy()
+		st.def = &p
+	}
 	return st, nil
 }
 
@@ -81,12 +94,14 @@ func kernelZones(zones map[string]zoneEntry) map[string]firewall.ZoneEgress {
 	return m
 }
 
-// save writes zones to the state file atomically (atomicfile).
-func (s *State) save(zones map[string]zoneEntry) error {
+// save writes zones and the default in force to the state file
+// atomically (atomicfile).
+func (s *State) save(zones map[string]zoneEntry, def Rules) error {
 	if s == nil || s.path == "" {
 		return nil
 	}
-	f := stateFile{Version: stateVersion, Zones: []stateEntry{}}
+	dp := def.Policy()
+	f := stateFile{Version: stateVersion, Zones: []stateEntry{}, Default: &dp}
 	for id, e := range zones {
 		f.Zones = append(f.Zones, stateEntry{Zone: id, Owner: e.owner, Bridges: e.bridges, Policy: e.rules.Policy()})
 	}
@@ -101,6 +116,7 @@ func (s *State) save(zones map[string]zoneEntry) error {
 	if err := atomicfile.Write(s.path, b, 0o600); err != nil {
 		return fmt.Errorf("save egress state: %w", err)
 	}
+	s.def = &dp
 	return nil
 }
 

@@ -1,4 +1,4 @@
-// Package apitest holds in-memory fakes of the sandbox API's Proxmox and
+// Package apitest holds in-memory fakes of the sandbox engine's Proxmox and
 // guest agent sides, for tests of the API, its client and the CLI. They keep
 // Proxmox's observable rules that the API relies on (ids unique, clone of a
 // template only, tags as set, zone deletion only when empty, pending SDN
@@ -19,13 +19,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // FakeVM is a VM in the fake Proxmox.
 type FakeVM struct {
-	Info      sandboxapi.VMInfo
-	Config    sandboxapi.VMConfig
+	Info      sandbox.VMInfo
+	Config    sandbox.VMConfig
 	DiskGiB   int
 	Snapshots map[string]map[string][]byte
 }
@@ -35,7 +36,7 @@ type Proxmox struct {
 	mu      sync.Mutex
 	VMs     map[int]*FakeVM
 	Zones   map[string]bool
-	VNets   map[string]sandboxapi.VNetInfo
+	VNets   map[string]sandbox.VNetInfo
 	Subnets map[string][]string
 	Pools   map[string]bool
 	// Applied counts SDN applies; Pending is true when changes await one.
@@ -53,10 +54,10 @@ type Proxmox struct {
 
 // NewProxmox returns a fake with the given templates (name -> vmid).
 func NewProxmox(g *Guests, templates map[string]int) *Proxmox {
-	p := &Proxmox{VMs: map[int]*FakeVM{}, Zones: map[string]bool{}, VNets: map[string]sandboxapi.VNetInfo{},
+	p := &Proxmox{VMs: map[int]*FakeVM{}, Zones: map[string]bool{}, VNets: map[string]sandbox.VNetInfo{},
 		Subnets: map[string][]string{}, Pools: map[string]bool{}, Calls: map[string]int{}, FailOn: map[string]error{}, next: 100, Guests: g}
 	for name, id := range templates {
-		p.VMs[id] = &FakeVM{Info: sandboxapi.VMInfo{VMID: id, Name: name, Status: "stopped", Template: true}}
+		p.VMs[id] = &FakeVM{Info: sandbox.VMInfo{VMID: id, Name: name, Status: "stopped", Template: true}}
 	}
 	return p
 }
@@ -121,7 +122,7 @@ func (p *Proxmox) FailOnce(op string, err error) {
 }
 
 // AddVM adds a VM directly (e.g. a foreign or orphaned one).
-func (p *Proxmox) AddVM(info sandboxapi.VMInfo) {
+func (p *Proxmox) AddVM(info sandbox.VMInfo) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.VMs[info.VMID] = &FakeVM{Info: info, Snapshots: map[string]map[string][]byte{}}
@@ -131,7 +132,7 @@ func (p *Proxmox) AddVM(info sandboxapi.VMInfo) {
 }
 
 // AddVNet adds a vnet (with its zone and subnet) directly.
-func (p *Proxmox) AddVNet(v sandboxapi.VNetInfo, cidr string) {
+func (p *Proxmox) AddVNet(v sandbox.VNetInfo, cidr string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.Zones[v.Zone] = true
@@ -176,7 +177,7 @@ func (p *Proxmox) VMByID(id int) (FakeVM, bool) {
 	return *v, true
 }
 
-// NextID implements sandboxapi.Proxmox.
+// NextID implements sandbox.Proxmox.
 func (p *Proxmox) NextID(ctx context.Context) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -190,7 +191,7 @@ func (p *Proxmox) NextID(ctx context.Context) (int, error) {
 	return id, nil
 }
 
-// TemplateID implements sandboxapi.Proxmox.
+// TemplateID implements sandbox.Proxmox.
 func (p *Proxmox) TemplateID(ctx context.Context, name string) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -202,11 +203,11 @@ func (p *Proxmox) TemplateID(ctx context.Context, name string) (int, error) {
 			return id, nil
 		}
 	}
-	return 0, fmt.Errorf("template %q: %w", name, sandboxapi.ErrNotFound)
+	return 0, fmt.Errorf("template %q: %w", name, sandbox.ErrNotFound)
 }
 
-// CloneVM implements sandboxapi.Proxmox.
-func (p *Proxmox) CloneVM(ctx context.Context, s sandboxapi.CloneSpec) error {
+// CloneVM implements sandbox.Proxmox.
+func (p *Proxmox) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("CloneVM"); err != nil {
@@ -214,15 +215,15 @@ func (p *Proxmox) CloneVM(ctx context.Context, s sandboxapi.CloneSpec) error {
 	}
 	t, ok := p.VMs[s.Template]
 	if !ok || !t.Info.Template {
-		return fmt.Errorf("clone: template %d: %w", s.Template, sandboxapi.ErrNotFound)
+		return fmt.Errorf("clone: template %d: %w", s.Template, sandbox.ErrNotFound)
 	}
 	if p.VMs[s.NewID] != nil {
-		return fmt.Errorf("clone: vm %d: %w", s.NewID, sandboxapi.ErrExists)
+		return fmt.Errorf("clone: vm %d: %w", s.NewID, sandbox.ErrExists)
 	}
 	if s.Pool != "" && !p.Pools[s.Pool] {
 		return fmt.Errorf("clone: pool %q does not exist", s.Pool)
 	}
-	p.VMs[s.NewID] = &FakeVM{Info: sandboxapi.VMInfo{VMID: s.NewID, Name: s.Name, Status: "stopped", Pool: s.Pool, Tags: slices.Clone(t.Info.Tags)},
+	p.VMs[s.NewID] = &FakeVM{Info: sandbox.VMInfo{VMID: s.NewID, Name: s.Name, Status: "stopped", Pool: s.Pool, Tags: slices.Clone(t.Info.Tags)},
 		Snapshots: map[string]map[string][]byte{}}
 	return nil
 }
@@ -230,13 +231,13 @@ func (p *Proxmox) CloneVM(ctx context.Context, s sandboxapi.CloneSpec) error {
 func (p *Proxmox) vm(id int) (*FakeVM, error) {
 	v, ok := p.VMs[id]
 	if !ok {
-		return nil, fmt.Errorf("vm %d: %w", id, sandboxapi.ErrNotFound)
+		return nil, fmt.Errorf("vm %d: %w", id, sandbox.ErrNotFound)
 	}
 	return v, nil
 }
 
-// ConfigureVM implements sandboxapi.Proxmox.
-func (p *Proxmox) ConfigureVM(ctx context.Context, id int, c sandboxapi.VMConfig) error {
+// ConfigureVM implements sandbox.Proxmox.
+func (p *Proxmox) ConfigureVM(ctx context.Context, id int, c sandbox.VMConfig) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("ConfigureVM"); err != nil {
@@ -256,7 +257,7 @@ func (p *Proxmox) ConfigureVM(ctx context.Context, id int, c sandboxapi.VMConfig
 	return nil
 }
 
-// ResizeDisk implements sandboxapi.Proxmox.
+// ResizeDisk implements sandbox.Proxmox.
 func (p *Proxmox) ResizeDisk(ctx context.Context, id int, size int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -271,7 +272,7 @@ func (p *Proxmox) ResizeDisk(ctx context.Context, id int, size int) error {
 	return nil
 }
 
-// StartVM implements sandboxapi.Proxmox.
+// StartVM implements sandbox.Proxmox.
 func (p *Proxmox) StartVM(ctx context.Context, id int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -294,7 +295,7 @@ func (p *Proxmox) StartVM(ctx context.Context, id int) error {
 	return nil
 }
 
-// StopVM implements sandboxapi.Proxmox.
+// StopVM implements sandbox.Proxmox.
 func (p *Proxmox) StopVM(ctx context.Context, id int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -312,7 +313,7 @@ func (p *Proxmox) StopVM(ctx context.Context, id int) error {
 	return nil
 }
 
-// DeleteVM implements sandboxapi.Proxmox.
+// DeleteVM implements sandbox.Proxmox.
 func (p *Proxmox) DeleteVM(ctx context.Context, id int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -333,30 +334,30 @@ func (p *Proxmox) DeleteVM(ctx context.Context, id int) error {
 	return nil
 }
 
-// VM implements sandboxapi.Proxmox.
-func (p *Proxmox) VM(ctx context.Context, id int) (sandboxapi.VMInfo, error) {
+// VM implements sandbox.Proxmox.
+func (p *Proxmox) VM(ctx context.Context, id int) (sandbox.VMInfo, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("VM"); err != nil {
-		return sandboxapi.VMInfo{}, err
+		return sandbox.VMInfo{}, err
 	}
 	v, err := p.vm(id)
 	if err != nil {
-		return sandboxapi.VMInfo{}, err
+		return sandbox.VMInfo{}, err
 	}
 	info := v.Info
 	info.Tags = slices.Clone(info.Tags)
 	return info, nil
 }
 
-// ListVMs implements sandboxapi.Proxmox.
-func (p *Proxmox) ListVMs(ctx context.Context) ([]sandboxapi.VMInfo, error) {
+// ListVMs implements sandbox.Proxmox.
+func (p *Proxmox) ListVMs(ctx context.Context) ([]sandbox.VMInfo, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("ListVMs"); err != nil {
 		return nil, err
 	}
-	var out []sandboxapi.VMInfo
+	var out []sandbox.VMInfo
 	for _, v := range p.VMs {
 		info := v.Info
 		info.Tags = slices.Clone(info.Tags)
@@ -365,7 +366,7 @@ func (p *Proxmox) ListVMs(ctx context.Context) ([]sandboxapi.VMInfo, error) {
 	return out, nil
 }
 
-// Snapshot implements sandboxapi.Proxmox: it copies the guest's files.
+// Snapshot implements sandbox.Proxmox: it copies the guest's files.
 func (p *Proxmox) Snapshot(ctx context.Context, id int, name string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -377,13 +378,13 @@ func (p *Proxmox) Snapshot(ctx context.Context, id int, name string) error {
 		return err
 	}
 	if _, ok := v.Snapshots[name]; ok {
-		return fmt.Errorf("snapshot %q: %w", name, sandboxapi.ErrExists)
+		return fmt.Errorf("snapshot %q: %w", name, sandbox.ErrExists)
 	}
 	v.Snapshots[name] = p.Guests.files(id)
 	return nil
 }
 
-// Rollback implements sandboxapi.Proxmox: it restores the guest's files and
+// Rollback implements sandbox.Proxmox: it restores the guest's files and
 // leaves the VM stopped, as a rollback to a disk-only snapshot does.
 func (p *Proxmox) Rollback(ctx context.Context, id int, name string) error {
 	p.mu.Lock()
@@ -397,7 +398,7 @@ func (p *Proxmox) Rollback(ctx context.Context, id int, name string) error {
 	}
 	snap, ok := v.Snapshots[name]
 	if !ok {
-		return fmt.Errorf("snapshot %q: %w", name, sandboxapi.ErrNotFound)
+		return fmt.Errorf("snapshot %q: %w", name, sandbox.ErrNotFound)
 	}
 	p.Guests.setFiles(id, snap)
 	v.Info.Status = "stopped"
@@ -405,22 +406,22 @@ func (p *Proxmox) Rollback(ctx context.Context, id int, name string) error {
 	return nil
 }
 
-// CreateZone implements sandboxapi.Proxmox.
-func (p *Proxmox) CreateZone(ctx context.Context, z sandboxapi.ZoneSpec) error {
+// CreateZone implements sandbox.Proxmox.
+func (p *Proxmox) CreateZone(ctx context.Context, z sandbox.ZoneSpec) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("CreateZone"); err != nil {
 		return err
 	}
 	if len(z.ID) > 8 || p.Zones[z.ID] {
-		return fmt.Errorf("zone %q: invalid or %w", z.ID, sandboxapi.ErrExists)
+		return fmt.Errorf("zone %q: invalid or %w", z.ID, sandbox.ErrExists)
 	}
 	p.Zones[z.ID] = true
 	p.Pending = true
 	return nil
 }
 
-// DeleteZone implements sandboxapi.Proxmox.
+// DeleteZone implements sandbox.Proxmox.
 func (p *Proxmox) DeleteZone(ctx context.Context, id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -428,7 +429,7 @@ func (p *Proxmox) DeleteZone(ctx context.Context, id string) error {
 		return err
 	}
 	if !p.Zones[id] {
-		return fmt.Errorf("zone %q: %w", id, sandboxapi.ErrNotFound)
+		return fmt.Errorf("zone %q: %w", id, sandbox.ErrNotFound)
 	}
 	for _, v := range p.VNets {
 		if v.Zone == id {
@@ -440,25 +441,25 @@ func (p *Proxmox) DeleteZone(ctx context.Context, id string) error {
 	return nil
 }
 
-// CreateVNet implements sandboxapi.Proxmox.
-func (p *Proxmox) CreateVNet(ctx context.Context, v sandboxapi.VNetSpec) error {
+// CreateVNet implements sandbox.Proxmox.
+func (p *Proxmox) CreateVNet(ctx context.Context, v sandbox.VNetSpec) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("CreateVNet"); err != nil {
 		return err
 	}
 	if !p.Zones[v.Zone] {
-		return fmt.Errorf("vnet %s: zone %q: %w", v.ID, v.Zone, sandboxapi.ErrNotFound)
+		return fmt.Errorf("vnet %s: zone %q: %w", v.ID, v.Zone, sandbox.ErrNotFound)
 	}
 	if _, ok := p.VNets[v.ID]; ok || len(v.ID) > 8 {
-		return fmt.Errorf("vnet %q: invalid or %w", v.ID, sandboxapi.ErrExists)
+		return fmt.Errorf("vnet %q: invalid or %w", v.ID, sandbox.ErrExists)
 	}
-	p.VNets[v.ID] = sandboxapi.VNetInfo(v)
+	p.VNets[v.ID] = sandbox.VNetInfo(v)
 	p.Pending = true
 	return nil
 }
 
-// DeleteVNet implements sandboxapi.Proxmox.
+// DeleteVNet implements sandbox.Proxmox.
 func (p *Proxmox) DeleteVNet(ctx context.Context, id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -466,7 +467,7 @@ func (p *Proxmox) DeleteVNet(ctx context.Context, id string) error {
 		return err
 	}
 	if _, ok := p.VNets[id]; !ok {
-		return fmt.Errorf("vnet %q: %w", id, sandboxapi.ErrNotFound)
+		return fmt.Errorf("vnet %q: %w", id, sandbox.ErrNotFound)
 	}
 	if len(p.Subnets[id]) > 0 {
 		return fmt.Errorf("vnet %q has subnets", id)
@@ -477,22 +478,22 @@ func (p *Proxmox) DeleteVNet(ctx context.Context, id string) error {
 	return nil
 }
 
-// CreateSubnet implements sandboxapi.Proxmox.
-func (p *Proxmox) CreateSubnet(ctx context.Context, s sandboxapi.SubnetSpec) error {
+// CreateSubnet implements sandbox.Proxmox.
+func (p *Proxmox) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("CreateSubnet"); err != nil {
 		return err
 	}
 	if _, ok := p.VNets[s.VNet]; !ok {
-		return fmt.Errorf("subnet: vnet %q: %w", s.VNet, sandboxapi.ErrNotFound)
+		return fmt.Errorf("subnet: vnet %q: %w", s.VNet, sandbox.ErrNotFound)
 	}
 	p.Subnets[s.VNet] = append(p.Subnets[s.VNet], s.CIDR)
 	p.Pending = true
 	return nil
 }
 
-// DeleteSubnet implements sandboxapi.Proxmox.
+// DeleteSubnet implements sandbox.Proxmox.
 func (p *Proxmox) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -501,15 +502,15 @@ func (p *Proxmox) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 	}
 	i := slices.Index(p.Subnets[vnet], cidr)
 	if i < 0 {
-		return fmt.Errorf("subnet %s: %w", cidr, sandboxapi.ErrNotFound)
+		return fmt.Errorf("subnet %s: %w", cidr, sandbox.ErrNotFound)
 	}
 	p.Subnets[vnet] = slices.Delete(p.Subnets[vnet], i, i+1)
 	p.Pending = true
 	return nil
 }
 
-// ListVNets implements sandboxapi.Proxmox.
-func (p *Proxmox) ListVNets(ctx context.Context) ([]sandboxapi.VNetInfo, error) {
+// ListVNets implements sandbox.Proxmox.
+func (p *Proxmox) ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.call("ListVNets"); err != nil {
@@ -518,7 +519,7 @@ func (p *Proxmox) ListVNets(ctx context.Context) ([]sandboxapi.VNetInfo, error) 
 	return slices.Collect(maps.Values(p.VNets)), nil
 }
 
-// ListSubnetCIDRs implements sandboxapi.Proxmox.
+// ListSubnetCIDRs implements sandbox.Proxmox.
 func (p *Proxmox) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -532,7 +533,7 @@ func (p *Proxmox) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// VNetSubnets implements sandboxapi.Proxmox.
+// VNetSubnets implements sandbox.Proxmox.
 func (p *Proxmox) VNetSubnets(ctx context.Context, vnet string) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -542,7 +543,7 @@ func (p *Proxmox) VNetSubnets(ctx context.Context, vnet string) ([]string, error
 	return slices.Clone(p.Subnets[vnet]), nil
 }
 
-// ApplySDN implements sandboxapi.Proxmox.
+// ApplySDN implements sandbox.Proxmox.
 func (p *Proxmox) ApplySDN(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -558,7 +559,7 @@ func (p *Proxmox) ApplySDN(ctx context.Context) error {
 	return nil
 }
 
-// EnsurePool implements sandboxapi.Proxmox.
+// EnsurePool implements sandbox.Proxmox.
 func (p *Proxmox) EnsurePool(ctx context.Context, pool string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -570,7 +571,7 @@ func (p *Proxmox) EnsurePool(ctx context.Context, pool string) error {
 }
 
 // Guests is a registry of fake guest agents keyed by VM id; its Dial is a
-// sandboxapi.GuestDialer.
+// sandbox.GuestDialer.
 type Guests struct {
 	mu     sync.Mutex
 	agents map[int]*Guest
@@ -621,7 +622,7 @@ func (g *Guests) setFiles(id int, fs map[string][]byte) {
 }
 
 // Dial returns the guest behind <dir>/<vmid>.qga.
-func (g *Guests) Dial(socket string) sandboxapi.Guest {
+func (g *Guests) Dial(socket string) sandbox.Guest {
 	id, err := strconv.Atoi(strings.TrimSuffix(filepath.Base(socket), ".qga"))
 	if err != nil {
 		id = -1
@@ -646,16 +647,16 @@ func (a *Guest) alive() error {
 	a.reg.mu.Lock()
 	defer a.reg.mu.Unlock()
 	if !a.running || a.reg.PingFails[a.id] {
-		return fmt.Errorf("vm %d: %w", a.id, sandboxapi.ErrGuestUnavailable)
+		return fmt.Errorf("vm %d: %w", a.id, sandbox.ErrGuestUnavailable)
 	}
 	return nil
 }
 
-// Ping implements sandboxapi.Guest.
+// Ping implements sandbox.Guest.
 func (a *Guest) Ping(ctx context.Context) error { return a.alive() }
 
-// Exec implements sandboxapi.Guest.
-func (a *Guest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
+// Exec implements sandbox.Guest.
+func (a *Guest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
 	var out, errb bytes.Buffer
 	res, err := a.ExecStream(ctx, r, &out, &errb)
 	if err != nil {
@@ -674,12 +675,12 @@ func (a *Guest) Exec(ctx context.Context, r sandboxapi.GuestExec) (*sandboxapi.E
 	return res, nil
 }
 
-// ExecStream implements sandboxapi.Guest.
-func (a *Guest) ExecStream(ctx context.Context, r sandboxapi.GuestExec, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
+// ExecStream implements sandbox.Guest.
+func (a *Guest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, stderr io.Writer) (*apitype.ExecResult, error) {
 	if err := a.alive(); err != nil {
 		return nil, err
 	}
-	res := &sandboxapi.ExecResult{}
+	res := &apitype.ExecResult{}
 	switch r.Argv[0] {
 	case "echo":
 		fmt.Fprintln(stdout, strings.Join(r.Argv[1:], " "))
@@ -721,7 +722,7 @@ func (a *Guest) ExecStream(ctx context.Context, r sandboxapi.GuestExec, stdout, 
 		res.ExitCode, res.TimedOut = -1, true
 	case "hang":
 		// an agent that stops answering
-		return nil, fmt.Errorf("exec: no reply: %w", sandboxapi.ErrGuestTimeout)
+		return nil, fmt.Errorf("exec: no reply: %w", sandbox.ErrGuestTimeout)
 	default:
 		fmt.Fprintf(stderr, "%s: command not found\n", r.Argv[0])
 		res.ExitCode = 127
@@ -729,16 +730,16 @@ func (a *Guest) ExecStream(ctx context.Context, r sandboxapi.GuestExec, stdout, 
 	return res, nil
 }
 
-// WriteFile implements sandboxapi.Guest.
+// WriteFile implements sandbox.Guest.
 func (a *Guest) WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error {
 	if err := a.alive(); err != nil {
 		return err
 	}
 	if strings.HasSuffix(path, "/") {
-		return fmt.Errorf("write %s: %w", path, sandboxapi.ErrIsDirectory)
+		return fmt.Errorf("write %s: %w", path, sandbox.ErrIsDirectory)
 	}
 	if strings.HasPrefix(path, "/proc/") {
-		return fmt.Errorf("write %s: %w", path, sandboxapi.ErrPermission)
+		return fmt.Errorf("write %s: %w", path, sandbox.ErrPermission)
 	}
 	b, err := io.ReadAll(r)
 	if err != nil {
@@ -750,7 +751,7 @@ func (a *Guest) WriteFile(ctx context.Context, path string, r io.Reader, mode os
 	return nil
 }
 
-// ReadFile implements sandboxapi.Guest.
+// ReadFile implements sandbox.Guest.
 func (a *Guest) ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error) {
 	if err := a.alive(); err != nil {
 		return 0, err
@@ -760,12 +761,12 @@ func (a *Guest) ReadFile(ctx context.Context, path string, w io.Writer, max int6
 	a.reg.mu.Unlock()
 	switch {
 	case path == "/" || strings.HasSuffix(path, "/"):
-		return 0, fmt.Errorf("read %s: %w", path, sandboxapi.ErrIsDirectory)
+		return 0, fmt.Errorf("read %s: %w", path, sandbox.ErrIsDirectory)
 	case !ok:
-		return 0, fmt.Errorf("read %s: %w", path, sandboxapi.ErrFileNotFound)
+		return 0, fmt.Errorf("read %s: %w", path, sandbox.ErrFileNotFound)
 	case int64(len(b)) > max:
 		n, _ := w.Write(b[:max])
-		return int64(n), fmt.Errorf("read %s: %w", path, sandboxapi.ErrTooLarge)
+		return int64(n), fmt.Errorf("read %s: %w", path, sandbox.ErrTooLarge)
 	}
 	n, err := w.Write(b)
 	return int64(n), err

@@ -1,6 +1,6 @@
 // Package client is the Go client of the pve-inspect sandbox API
 // (sandboxapi), used by the tests, the pve-inspectd CLI verbs and the demo.
-// Errors from the server are returned as *sandboxapi.Problem; branch on
+// Errors from the server are returned as *apitype.Problem; branch on
 // their Type.
 package client
 
@@ -21,7 +21,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // Client calls one sandbox API endpoint.
@@ -78,17 +78,17 @@ func (c *Client) newRequest(ctx context.Context, method, path string, body io.Re
 	return req, nil
 }
 
-// decodeProblem turns an error response into a *sandboxapi.Problem.
+// decodeProblem turns an error response into a *apitype.Problem.
 func decodeProblem(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if mt == "application/problem+json" {
-		var p sandboxapi.Problem
+		var p apitype.Problem
 		if err := json.Unmarshal(b, &p); err == nil && p.Type != "" {
 			return &p
 		}
 	}
-	return &sandboxapi.Problem{Type: "http-" + strconv.Itoa(resp.StatusCode), Status: resp.StatusCode, Title: resp.Status, Detail: strings.TrimSpace(string(b))}
+	return &apitype.Problem{Type: "http-" + strconv.Itoa(resp.StatusCode), Status: resp.StatusCode, Title: resp.Status, Detail: strings.TrimSpace(string(b))}
 }
 
 // do sends a JSON request (in may be nil) and decodes a JSON answer into
@@ -130,13 +130,13 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 
 // IsProblem reports whether err is a problem document of type typ.
 func IsProblem(err error, typ string) bool {
-	var p *sandboxapi.Problem
+	var p *apitype.Problem
 	return errors.As(err, &p) && p.Type == typ
 }
 
 // Health calls GET /v1/healthz.
-func (c *Client) Health(ctx context.Context) (sandboxapi.Health, error) {
-	var h sandboxapi.Health
+func (c *Client) Health(ctx context.Context) (apitype.Health, error) {
+	var h apitype.Health
 	return h, c.do(ctx, "GET", "/v1/healthz", nil, &h)
 }
 
@@ -147,39 +147,39 @@ func (c *Client) OpenAPI(ctx context.Context) (map[string]any, error) {
 }
 
 // Create creates a sandbox and returns it once every VM answers.
-func (c *Client) Create(ctx context.Context, r sandboxapi.CreateRequest) (sandboxapi.Sandbox, error) {
-	var sb sandboxapi.Sandbox
+func (c *Client) Create(ctx context.Context, r apitype.CreateRequest) (apitype.Sandbox, error) {
+	var sb apitype.Sandbox
 	return sb, c.do(ctx, "POST", "/v1/sandboxes", r, &sb)
 }
 
 // List lists sandboxes.
-func (c *Client) List(ctx context.Context) ([]sandboxapi.Sandbox, error) {
-	var l sandboxapi.SandboxList
+func (c *Client) List(ctx context.Context) ([]apitype.Sandbox, error) {
+	var l apitype.SandboxList
 	return l.Sandboxes, c.do(ctx, "GET", "/v1/sandboxes", nil, &l)
 }
 
 // Get returns one sandbox.
-func (c *Client) Get(ctx context.Context, id string) (sandboxapi.Sandbox, error) {
-	var sb sandboxapi.Sandbox
+func (c *Client) Get(ctx context.Context, id string) (apitype.Sandbox, error) {
+	var sb apitype.Sandbox
 	return sb, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id), nil, &sb)
 }
 
 // Extend sets the sandbox's expiry to now plus ttl.
-func (c *Client) Extend(ctx context.Context, id string, ttl time.Duration) (sandboxapi.Sandbox, error) {
-	var sb sandboxapi.Sandbox
-	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/extend", sandboxapi.ExtendRequest{TTLSeconds: int64(ttl / time.Second)}, &sb)
+func (c *Client) Extend(ctx context.Context, id string, ttl time.Duration) (apitype.Sandbox, error) {
+	var sb apitype.Sandbox
+	return sb, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/extend", apitype.ExtendRequest{TTLSeconds: int64(ttl / time.Second)}, &sb)
 }
 
 // Egress returns a sandbox's egress policy and its recent denials.
-func (c *Client) Egress(ctx context.Context, id string) (sandboxapi.EgressStatus, error) {
-	var st sandboxapi.EgressStatus
+func (c *Client) Egress(ctx context.Context, id string) (apitype.EgressStatus, error) {
+	var st apitype.EgressStatus
 	return st, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/egress", nil, &st)
 }
 
 // SetEgress replaces a sandbox's egress policy; it is enforced when the
 // call returns.
-func (c *Client) SetEgress(ctx context.Context, id string, p sandboxapi.EgressPolicy) (sandboxapi.EgressStatus, error) {
-	var st sandboxapi.EgressStatus
+func (c *Client) SetEgress(ctx context.Context, id string, p apitype.EgressPolicy) (apitype.EgressStatus, error) {
+	var st apitype.EgressStatus
 	return st, c.do(ctx, "PUT", "/v1/sandboxes/"+url.PathEscape(id)+"/egress", p, &st)
 }
 
@@ -193,8 +193,8 @@ func vmPath(id, vm string) string {
 }
 
 // Exec runs a command and collects its output.
-func (c *Client) Exec(ctx context.Context, id, vm string, r sandboxapi.ExecRequest) (*sandboxapi.ExecResult, error) {
-	var res sandboxapi.ExecResult
+func (c *Client) Exec(ctx context.Context, id, vm string, r apitype.ExecRequest) (*apitype.ExecResult, error) {
+	var res apitype.ExecResult
 	if err := c.do(ctx, "POST", vmPath(id, vm)+"/exec", r, &res); err != nil {
 		return nil, err
 	}
@@ -203,7 +203,7 @@ func (c *Client) Exec(ctx context.Context, id, vm string, r sandboxapi.ExecReque
 
 // ExecStream runs a command and copies its output to stdout and stderr as
 // it arrives; the result carries the exit code.
-func (c *Client) ExecStream(ctx context.Context, id, vm string, r sandboxapi.ExecRequest, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
+func (c *Client) ExecStream(ctx context.Context, id, vm string, r apitype.ExecRequest, stdout, stderr io.Writer) (*apitype.ExecResult, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
@@ -225,7 +225,7 @@ func (c *Client) ExecStream(ctx context.Context, id, vm string, r sandboxapi.Exe
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 256<<10), 1<<20)
 	for sc.Scan() {
-		var ev sandboxapi.ExecEvent
+		var ev apitype.ExecEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return nil, fmt.Errorf("exec: bad stream record: %w", err)
 		}
@@ -307,7 +307,7 @@ func (c *Client) ReadFile(ctx context.Context, id, vm, path string, w io.Writer)
 
 // Snapshot snapshots a VM.
 func (c *Client) Snapshot(ctx context.Context, id, vm, name string) error {
-	return c.do(ctx, "POST", vmPath(id, vm)+"/snapshots", sandboxapi.SnapshotRequest{Name: name}, nil)
+	return c.do(ctx, "POST", vmPath(id, vm)+"/snapshots", apitype.SnapshotRequest{Name: name}, nil)
 }
 
 // Rollback rolls a VM back to a snapshot; it returns once the agent answers.
@@ -316,7 +316,7 @@ func (c *Client) Rollback(ctx context.Context, id, vm, name string) error {
 }
 
 // Check runs the containment check from vm ("" = the first VM).
-func (c *Client) Check(ctx context.Context, id, vm string) (sandboxapi.CheckReport, error) {
-	var rep sandboxapi.CheckReport
-	return rep, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/check", sandboxapi.CheckRequest{VM: vm}, &rep)
+func (c *Client) Check(ctx context.Context, id, vm string) (apitype.CheckReport, error) {
+	var rep apitype.CheckReport
+	return rep, c.do(ctx, "POST", "/v1/sandboxes/"+url.PathEscape(id)+"/check", apitype.CheckRequest{VM: vm}, &rep)
 }

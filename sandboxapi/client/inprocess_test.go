@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
 // TestInProcess: the in-process client sends the token, reads answers as
-// they are written, turns problems into *sandboxapi.Problem, and a caller
+// they are written, turns problems into *apitype.Problem, and a caller
 // that gives up ends the handler's request.
 func TestInProcess(t *testing.T) {
 	handlerStarted, handlerDone := make(chan struct{}), make(chan error, 1)
@@ -49,11 +49,11 @@ func TestInProcess(t *testing.T) {
 	if h, err := c.Health(ctx); err != nil || h.Node != "n1" {
 		t.Fatalf("health: %+v %v", h, err)
 	}
-	if _, err := client.NewInProcess(mux).Health(ctx); !client.IsProblem(err, sandboxapi.ProblemUnauthorized) {
+	if _, err := client.NewInProcess(mux).Health(ctx); !client.IsProblem(err, apitype.ProblemUnauthorized) {
 		t.Errorf("without token: %v", err)
 	}
 	var out, errb strings.Builder
-	res, err := c.ExecStream(ctx, "sb", "vm0", sandboxapi.ExecRequest{Argv: []string{"x"}}, &out, &errb)
+	res, err := c.ExecStream(ctx, "sb", "vm0", apitype.ExecRequest{Argv: []string{"x"}}, &out, &errb)
 	if err != nil || res.ExitCode != 3 || out.String() != "one" || errb.String() != "two" {
 		t.Fatalf("stream: %+v %v %q %q", res, err, out.String(), errb.String())
 	}

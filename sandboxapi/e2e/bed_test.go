@@ -28,10 +28,10 @@ import (
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
@@ -42,20 +42,47 @@ type bedEnv struct {
 	px    *pveapi.Client
 	url   string
 	hc    *http.Client
-	opts  sandboxapi.Options
+	opts  options
 	srv   *sandboxapi.Server
 	c     *client.Client
 	close func()
 }
 
 // newBedEnv brings the bed, the emulator on it and the sandbox API up.
-func newBedEnv(t testing.TB, ctx context.Context, mod func(*sandboxapi.Options)) *bedEnv {
+// serverOptions is the HTTP layer's options under a name of its own, so
+// options can embed it beside the engine's.
+type serverOptions = sandboxapi.Options
+
+// options are a test server's engine and HTTP options in one struct: a
+// field name is promoted from whichever has it (Logger is set on both).
+type options struct {
+	sandbox.Options
+	serverOptions
+}
+
+// start builds the engine and the server and reconciles.
+func (o options) start(ctx context.Context) (*sandboxapi.Server, error) {
+	eng, err := sandbox.New(o.Options)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := sandboxapi.New(eng, o.serverOptions)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := eng.Reconcile(ctx); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+func newBedEnv(t testing.TB, ctx context.Context, mod func(*options)) *bedEnv {
 	return newBedEnvWith(t, ctx, nil, mod)
 }
 
 // newBedEnvWith is newBedEnv with the emulator's backend passed through
 // wrap (e.g. to inject faults).
-func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBackend) pveemu.Backend, mod func(*sandboxapi.Options)) *bedEnv {
+func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBackend) pveemu.Backend, mod func(*options)) *bedEnv {
 	bed, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -94,9 +121,12 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 		t.Fatal(err)
 	}
 	e := &bedEnv{bed: bed, emu: emu, px: px, url: ts.URL + "/api2/json", hc: ts.Client()}
-	e.opts = sandboxapi.Options{Node: "pve", Proxmox: px, Guests: qgaguest.Dialer(qga.New(qga.Options{})), QGADir: bed.QGADir(),
-		StateDir: filepath.Join(bed.Dir(), "api-state"), AgentTimeout: 2 * time.Minute, MaxFileBytes: 128 << 20,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e.opts = options{
+		Options: sandbox.Options{Node: "pve", Proxmox: px, Guests: qga.New(qga.Options{}).SandboxGuests(), QGADir: bed.QGADir(),
+			StateDir: filepath.Join(bed.Dir(), "api-state"), AgentTimeout: 2 * time.Minute, Logger: log},
+		serverOptions: sandboxapi.Options{MaxFileBytes: 128 << 20, Logger: log},
+	}
 	if mod != nil {
 		mod(&e.opts)
 	}
@@ -109,11 +139,8 @@ func (e *bedEnv) start(t testing.TB, ctx context.Context) {
 	if e.close != nil {
 		e.close()
 	}
-	srv, err := sandboxapi.New(e.opts)
+	srv, err := e.opts.start(ctx)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := srv.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
@@ -127,16 +154,16 @@ func TestBedAcceptance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	e := newBedEnv(t, ctx, nil)
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"uname", "-a"}})
+	res, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"uname", "-a"}})
 	if err != nil || res.ExitCode != 0 || !strings.HasPrefix(string(res.Stdout), "Linux") {
 		t.Fatalf("uname: %+v %v", res, err)
 	}
 	var out, errb bytes.Buffer
-	res, err = e.c.ExecStream(ctx, sb.ID, "vm1", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, &out, &errb)
+	res, err = e.c.ExecStream(ctx, sb.ID, "vm1", apitype.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, &out, &errb)
 	if err != nil || res.ExitCode != 3 || out.String() != "out\n" || errb.String() != "err\n" {
 		t.Fatalf("stream: %+v %v %q %q", res, err, out.String(), errb.String())
 	}
@@ -161,7 +188,7 @@ func TestBedAcceptance(t *testing.T) {
 	if err := e.c.Rollback(ctx, sb.ID, "vm1", "clean"); err != nil {
 		t.Fatal(err)
 	}
-	res, err = e.c.Exec(ctx, sb.ID, "vm1", sandboxapi.ExecRequest{Argv: []string{"cat", "/root/state"}})
+	res, err = e.c.Exec(ctx, sb.ID, "vm1", apitype.ExecRequest{Argv: []string{"cat", "/root/state"}})
 	if err != nil || string(res.Stdout) != "before\n" {
 		t.Fatalf("after rollback: %+v %v", res, err)
 	}
@@ -180,17 +207,17 @@ func TestBedAcceptance(t *testing.T) {
 		tags []string
 		pool string
 	}{{700, []string{"pvei-n-pve", "pvei-s-sbzzzzzz"}, "pve-inspect"}, {701, nil, ""}, {702, []string{"pvei-n-pve"}, "pve-inspect"}} {
-		if err := root.CloneVM(ctx, sandboxapi.CloneSpec{Template: 9000, NewID: v.id, Name: fmt.Sprintf("extra%d", v.id), Pool: v.pool}); err != nil {
+		if err := root.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: v.id, Name: fmt.Sprintf("extra%d", v.id), Pool: v.pool}); err != nil {
 			t.Fatal(err)
 		}
 		if v.tags != nil {
-			if err := root.ConfigureVM(ctx, v.id, sandboxapi.VMConfig{Tags: v.tags, Cores: 1, MemoryMiB: 512}); err != nil {
+			if err := root.ConfigureVM(ctx, v.id, sandbox.VMConfig{Tags: v.tags, Cores: 1, MemoryMiB: 512}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	e.start(t, ctx)
-	res, err = e.c.Exec(ctx, sb.ID, "vm1", sandboxapi.ExecRequest{Argv: []string{"echo", "again"}})
+	res, err = e.c.Exec(ctx, sb.ID, "vm1", apitype.ExecRequest{Argv: []string{"echo", "again"}})
 	if err != nil || string(res.Stdout) != "again\n" {
 		t.Fatalf("after restart: %+v %v", res, err)
 	}
@@ -238,14 +265,14 @@ func TestBedConcurrentSandboxes(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+			sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			ids[i] = sb.ID
 			for k := range 20 {
-				res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"echo", fmt.Sprint(k)}})
+				res, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo", fmt.Sprint(k)}})
 				if err != nil || string(res.Stdout) != fmt.Sprintf("%d\n", k) {
 					errs[i] = fmt.Errorf("exec %d: %+v %v", k, res, err)
 					return
@@ -272,18 +299,18 @@ func TestBedTTLAndGuard(t *testing.T) {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	e := newBedEnv(t, ctx, func(o *sandboxapi.Options) { o.ReaperInterval = time.Second; o.Caps.NodeVMs = 1 })
+	e := newBedEnv(t, ctx, func(o *options) { o.ReaperInterval = time.Second; o.Caps.NodeVMs = 1 })
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
-	go e.srv.RunReaper(rctx)
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}, TTLSeconds: 5})
+	go e.srv.Engine().RunReaper(rctx)
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, TTLSeconds: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
 	before, _ := e.px.ListVMs(ctx)
-	_, err = e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
-	var p *sandboxapi.Problem
-	if !client.IsProblem(err, sandboxapi.ProblemGuardRefused) || !asProblem(err, &p) || p.Cap != "node_vms" {
+	_, err = e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	var p *apitype.Problem
+	if !client.IsProblem(err, apitype.ProblemGuardRefused) || !asProblem(err, &p) || p.Cap != "node_vms" {
 		t.Fatalf("over the cap: %v", err)
 	}
 	if after, _ := e.px.ListVMs(ctx); len(after) != len(before) {
@@ -291,7 +318,7 @@ func TestBedTTLAndGuard(t *testing.T) {
 	}
 	deadline := time.Now().Add(5*time.Second + 2*e.opts.ReaperInterval + 30*time.Second)
 	for {
-		if _, err := e.c.Get(ctx, sb.ID); client.IsProblem(err, sandboxapi.ProblemNotFound) {
+		if _, err := e.c.Get(ctx, sb.ID); client.IsProblem(err, apitype.ProblemNotFound) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -301,8 +328,8 @@ func TestBedTTLAndGuard(t *testing.T) {
 	}
 }
 
-func asProblem(err error, p **sandboxapi.Problem) bool {
-	q, ok := err.(*sandboxapi.Problem)
+func asProblem(err error, p **apitype.Problem) bool {
+	q, ok := err.(*apitype.Problem)
 	*p = q
 	return ok
 }
@@ -337,7 +364,7 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 	defer cancel()
 	var gmu sync.Mutex
 	var guard *firewall.Guard
-	e := newBedEnv(t, ctx, func(o *sandboxapi.Options) {
+	e := newBedEnv(t, ctx, func(o *options) {
 		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
 			gmu.Lock()
 			defer gmu.Unlock()
@@ -347,11 +374,11 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 			return guard.SetZones(ctx, z)
 		}
 	})
-	a, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	a, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	b, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +388,7 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 	}
 	// exit 124: timed out (no route); anything else: something answered
 	probe := func() int {
-		res, err := e.c.Exec(ctx, a.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"timeout", "3", "bash", "-c", "exec 3<>/dev/tcp/" + gb.IPv4().String() + "/22"}, TimeoutSeconds: 10})
+		res, err := e.c.Exec(ctx, a.ID, "vm0", apitype.ExecRequest{Argv: []string{"timeout", "3", "bash", "-c", "exec 3<>/dev/tcp/" + gb.IPv4().String() + "/22"}, TimeoutSeconds: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -388,7 +415,7 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 	guard = g
 	gmu.Unlock()
 	// a third create publishes the zones to the guard
-	c, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	c, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +440,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	defer cancel()
 	var guard *firewall.Guard
 	var gmu sync.Mutex
-	chk := &containcheck.Checker{
+	chk := &containment.SandboxChecker{
 		Runner: &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"},
 		Client: qga.New(qga.Options{}),
 		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
@@ -432,7 +459,7 @@ func TestBedContainmentCheck(t *testing.T) {
 		},
 		LocalName: testvm.LocalName,
 	}
-	e := newBedEnv(t, ctx, func(o *sandboxapi.Options) {
+	e := newBedEnv(t, ctx, func(o *options) {
 		o.Checker = chk
 		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
 			gmu.Lock()
@@ -469,11 +496,11 @@ func TestBedContainmentCheck(t *testing.T) {
 	gmu.Lock()
 	guard = g
 	gmu.Unlock()
-	a, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	a, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	b, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

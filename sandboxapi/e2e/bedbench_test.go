@@ -11,7 +11,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // BenchmarkBed measures, in one run on the bed with real qemu-ga: exec
@@ -22,14 +22,14 @@ func BenchmarkBed(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	e := newBedEnv(b, ctx, nil)
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	raw := qga.New(qga.Options{}).Agent(filepath.Join(e.bed.QGADir(), strconv.Itoa(sb.VMs[0].VMID)+".qga"))
 	b.Run("exec/api", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"true"}}); err != nil {
+			if _, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"true"}}); err != nil {
 				b.Fatal(err)
 			}
 		}

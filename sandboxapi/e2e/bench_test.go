@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // p50 returns the median of ds.
@@ -23,7 +23,7 @@ func p50(ds []time.Duration) time.Duration {
 func BenchmarkEmuLifecycle(b *testing.B) {
 	e := newEmuEnvTB(b, [][2]string{{"/", "Administrator"}})
 	ctx := context.Background()
-	req := sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}}
+	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}}}
 	var creates, deletes []time.Duration
 	calls := 0
 	n := 0

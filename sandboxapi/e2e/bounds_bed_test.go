@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // countWriter counts bytes and checks they are all zero.
@@ -62,15 +62,15 @@ func TestBedExec200MiB(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	e := newBedEnv(t, ctx, nil)
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const size = 200 << 20
-	req := sandboxapi.ExecRequest{Argv: []string{"head", "-c", strconv.Itoa(size), "/dev/zero"}, OutputLimit: size + 1}
+	req := apitype.ExecRequest{Argv: []string{"head", "-c", strconv.Itoa(size), "/dev/zero"}, OutputLimit: size + 1}
 	_, err = e.c.Exec(ctx, sb.ID, "vm0", req)
-	var p *sandboxapi.Problem
-	if !errors.As(err, &p) || p.Type != sandboxapi.ProblemInvalidRequest || p.Field != "output_limit" {
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Type != apitype.ProblemInvalidRequest || p.Field != "output_limit" {
 		t.Fatalf("collected 200 MiB exec: %v, want refused on output_limit", err)
 	}
 

@@ -25,8 +25,8 @@ import (
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
@@ -52,11 +52,11 @@ type swapTransfer struct {
 func (s *swapTransfer) get() *diskxfer.Transfer  { s.mu.Lock(); defer s.mu.Unlock(); return s.t }
 func (s *swapTransfer) set(t *diskxfer.Transfer) { s.mu.Lock(); s.t = t; s.mu.Unlock() }
 
-func (s *swapTransfer) Upload(ctx context.Context, vmid int, g sandboxapi.Guest, path string, r io.Reader, size int64, mode os.FileMode) error {
+func (s *swapTransfer) Upload(ctx context.Context, vmid int, g sandbox.Guest, path string, r io.Reader, size int64, mode os.FileMode) error {
 	return s.get().Upload(ctx, vmid, g, path, r, size, mode)
 }
 
-func (s *swapTransfer) Download(ctx context.Context, vmid int, g sandboxapi.Guest, path string, size int64, w io.Writer) (int64, error) {
+func (s *swapTransfer) Download(ctx context.Context, vmid int, g sandbox.Guest, path string, size int64, w io.Writer) (int64, error) {
 	return s.get().Download(ctx, vmid, g, path, size, w)
 }
 
@@ -74,7 +74,7 @@ func TestBedDiskTransfer(t *testing.T) {
 	flaky := &flakyDetach{}
 	sw := &swapTransfer{}
 	var px *pveapi.Client
-	e := newBedEnvWith(t, ctx, func(b pveemu.BedBackend) pveemu.Backend { flaky.BedBackend = b; return flaky }, func(o *sandboxapi.Options) {
+	e := newBedEnvWith(t, ctx, func(b pveemu.BedBackend) pveemu.Backend { flaky.BedBackend = b; return flaky }, func(o *options) {
 		px = o.Proxmox.(*pveapi.Client)
 		o.MaxFileBytes = 2 << 30
 		o.DiskTransfer = sw
@@ -86,7 +86,7 @@ func TestBedDiskTransfer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestBedDiskTransfer(t *testing.T) {
 	}
 	guestSum := func(t *testing.T, path string) string {
 		t.Helper()
-		res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sha256sum", "--", path}, TimeoutSeconds: 600})
+		res, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"sha256sum", "--", path}, TimeoutSeconds: 600})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("sha256sum in the guest: %v %+v", err, res)
 		}
@@ -124,7 +124,7 @@ func TestBedDiskTransfer(t *testing.T) {
 	}
 	problem := func(t *testing.T, err error, want string) {
 		t.Helper()
-		var p *sandboxapi.Problem
+		var p *apitype.Problem
 		if !asProblem(err, &p) || p.Type != want {
 			t.Fatalf("got %v, want problem %s", err, want)
 		}
@@ -157,7 +157,7 @@ func TestBedDiskTransfer(t *testing.T) {
 			t.Fatalf("downloaded sha256 %s, uploaded %s", sumHex(down), sumHex(up))
 		}
 		noImage(t)
-		if _, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"rm", "-f", "/root/big"}}); err != nil {
+		if _, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"rm", "-f", "/root/big"}}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -185,14 +185,14 @@ func TestBedDiskTransfer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() {
-			_, _ = e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"rm", "-f", "/usr/local/bin/head"}})
+			_, _ = e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"rm", "-f", "/usr/local/bin/head"}})
 		}()
 		sw.set(diskxfer.New(px, diskxfer.Options{Timeout: 3 * time.Second}))
 		defer sw.set(diskxfer.New(px, diskxfer.Options{}))
 		err := e.c.WriteFile(ctx, sb.ID, "vm0", "/root/never", stream(2, 40<<20), 40<<20, 0)
-		problem(t, err, sandboxapi.ProblemGuestTimeout)
+		problem(t, err, apitype.ProblemGuestTimeout)
 		noImage(t)
-		res, _ := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -a /root | grep -c -e never -e pve-inspect-xfer"}})
+		res, _ := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"sh", "-c", "ls -a /root | grep -c -e never -e pve-inspect-xfer"}})
 		if res == nil || strings.TrimSpace(string(res.Stdout)) != "0" {
 			t.Errorf("guest has a (partial) file: %+v", res)
 		}
@@ -212,9 +212,9 @@ func TestBedDiskTransfer(t *testing.T) {
 			t.Fatalf("mount a small tmpfs in the guest: %v %s", err, out)
 		}
 		err = e.c.WriteFile(ctx, sb.ID, "vm0", "/mnt/small/f", stream(3, 40<<20), 40<<20, 0)
-		problem(t, err, sandboxapi.ProblemGuestNoSpace)
+		problem(t, err, apitype.ProblemGuestNoSpace)
 		noImage(t)
-		res, _ := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -A /mnt/small | wc -l"}})
+		res, _ := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"sh", "-c", "ls -A /mnt/small | wc -l"}})
 		if res == nil || strings.TrimSpace(string(res.Stdout)) != "0" {
 			t.Errorf("partial file left in the guest: %+v", res)
 		}
@@ -223,7 +223,7 @@ func TestBedDiskTransfer(t *testing.T) {
 	t.Run("sizes at block edges, straight through the transfer", func(t *testing.T) {
 		// 0 bytes and a block and a bit: the progress record's place and
 		// the padded last block, which the API's threshold keeps away.
-		g := qgaguest.Dialer(qga.New(qga.Options{}))(filepath.Join(e.bed.QGADir(), strconv.Itoa(vmid)+".qga"))
+		g := qga.New(qga.Options{}).SandboxGuests()(filepath.Join(e.bed.QGADir(), strconv.Itoa(vmid)+".qga"))
 		for _, size := range []int64{0, 4<<20 + 3} {
 			up := sha256.New()
 			if err := sw.get().Upload(ctx, vmid, g, "/root/edge", io.TeeReader(stream(6, size), up), size, 0o600); err != nil {
@@ -251,7 +251,7 @@ func TestBedDiskTransfer(t *testing.T) {
 		// The client's error can come before the server has cleaned up.
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			res, err := e.c.Exec(ctx, sb.ID, "vm0", sandboxapi.ExecRequest{Argv: []string{"sh", "-c", "ls -a /root | grep -c -e cut -e pve-inspect-xfer"}})
+			res, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"sh", "-c", "ls -a /root | grep -c -e cut -e pve-inspect-xfer"}})
 			files := 0
 			if err == nil {
 				files, _ = strconv.Atoi(strings.TrimSpace(string(res.Stdout)))

@@ -11,23 +11,23 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
-// registryEgress is sandboxapi.Egress over an egress.Registry (what the
+// registryEgress is sandbox.Egress over an egress.Registry (what the
 // daemon wires, without its resolver and proxy: the rows here are CIDRs).
 type registryEgress struct {
 	mu  sync.Mutex
 	reg *egress.Registry // nil until the guard is up
 }
 
-func (r *registryEgress) Validate(p sandboxapi.EgressPolicy) error {
+func (r *registryEgress) Validate(p apitype.EgressPolicy) error {
 	_, err := egress.Compile(egress.Policy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny})
 	return err
 }
 
-func (r *registryEgress) Set(ctx context.Context, sandbox, zone string, bridges []string, p sandboxapi.EgressPolicy) error {
+func (r *registryEgress) Set(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
 	rules, err := egress.Compile(egress.Policy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny})
 	if err != nil {
 		return err
@@ -43,12 +43,12 @@ func (r *registryEgress) Remove(ctx context.Context, _, zone string) error {
 	return r.reg.Remove(ctx, zone)
 }
 
-func (r *registryEgress) Status(sandbox, zone string) sandboxapi.EgressStatus {
+func (r *registryEgress) Status(sandbox, zone string) apitype.EgressStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rules, _ := r.reg.Get(zone)
 	p := rules.Policy()
-	return sandboxapi.EgressStatus{Sandbox: sandbox, Policy: sandboxapi.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}}
+	return apitype.EgressStatus{Sandbox: sandbox, Policy: apitype.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}}
 }
 
 // TestBedEgressThroughAPI: a sandbox created with egress none has no
@@ -63,7 +63,7 @@ func TestBedEgressThroughAPI(t *testing.T) {
 	eg := &registryEgress{}
 	var gmu sync.Mutex
 	var guard *firewall.Guard
-	e := newBedEnv(t, ctx, func(o *sandboxapi.Options) {
+	e := newBedEnv(t, ctx, func(o *options) {
 		o.Egress = eg
 		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
 			gmu.Lock()
@@ -95,19 +95,19 @@ func TestBedEgressThroughAPI(t *testing.T) {
 	eg.reg = egress.NewRegistry(g, egress.Rules{Mode: firewall.EgressOpen}, nil)
 	eg.mu.Unlock()
 
-	locked, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}},
-		Egress: &sandboxapi.EgressPolicy{Mode: "none"}})
+	locked, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}},
+		Egress: &apitype.EgressPolicy{Mode: "none"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	open, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	open, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// exit 0: connected; 124: timed out (dropped)
 	internet := func(sb string) int {
 		t.Helper()
-		res, err := e.c.Exec(ctx, sb, "vm0", sandboxapi.ExecRequest{Argv: []string{"timeout", "3", "bash", "-c",
+		res, err := e.c.Exec(ctx, sb, "vm0", apitype.ExecRequest{Argv: []string{"timeout", "3", "bash", "-c",
 			"exec 3<>/dev/tcp/" + testvm.InternetAddr + "/80"}, TimeoutSeconds: 10})
 		if err != nil {
 			t.Fatal(err)
@@ -120,14 +120,14 @@ func TestBedEgressThroughAPI(t *testing.T) {
 	if code := internet(locked.ID); code != 124 {
 		t.Errorf("sandbox created with egress none: internet exit %d, want 124", code)
 	}
-	st, err := e.c.SetEgress(ctx, locked.ID, sandboxapi.EgressPolicy{Mode: "allowlist", Allow: []string{testvm.InternetAddr + "/32"}})
+	st, err := e.c.SetEgress(ctx, locked.ID, apitype.EgressPolicy{Mode: "allowlist", Allow: []string{testvm.InternetAddr + "/32"}})
 	if err != nil || st.Policy.Mode != "allowlist" {
 		t.Fatalf("PUT egress: %+v %v", st, err)
 	}
 	if code := internet(locked.ID); code != 0 {
 		t.Errorf("right after PUT allowlist with the host's CIDR: exit %d, want 0", code)
 	}
-	if _, err := e.c.SetEgress(ctx, locked.ID, sandboxapi.EgressPolicy{Mode: "none"}); err != nil {
+	if _, err := e.c.SetEgress(ctx, locked.ID, apitype.EgressPolicy{Mode: "none"}); err != nil {
 		t.Fatal(err)
 	}
 	if code := internet(locked.ID); code != 124 {

@@ -15,7 +15,9 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
@@ -40,7 +42,7 @@ type emuEnv struct {
 // privilege-separated API token holding the ACLs pve-access-setup grants.
 func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv { return newEmuEnvTB(t, acl) }
 
-func newEmuEnvTB(t testing.TB, acl [][2]string, opts ...func(*sandboxapi.Options)) *emuEnv {
+func newEmuEnvTB(t testing.TB, acl [][2]string, opts ...func(*options)) *emuEnv {
 	return newEmuEnvWith(t, emuSetup{acl: acl, poolStorage: true, opts: opts})
 }
 
@@ -54,7 +56,7 @@ type emuSetup struct {
 	// injection).
 	wrap func(http.Handler) http.Handler
 	// opts change the sandbox API's options.
-	opts []func(*sandboxapi.Options)
+	opts []func(*options)
 }
 
 func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
@@ -111,16 +113,15 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	so := sandboxapi.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
-		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	so := options{Options: sandbox.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
+		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: log},
+		serverOptions: sandboxapi.Options{Logger: log}}
 	for _, f := range o.opts {
 		f(&so)
 	}
-	srv, err := sandboxapi.New(so)
+	srv, err := so.start(ctx)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := srv.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
@@ -133,32 +134,32 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 // guest I/O is exercised with the real agent on the bed (bed_test.go).
 type socketGuest struct{ path string }
 
-func socketGuests(path string) sandboxapi.Guest { return socketGuest{path} }
+func socketGuests(path string) sandbox.Guest { return socketGuest{path} }
 
 func (g socketGuest) Ping(context.Context) error {
 	if _, err := os.Stat(g.path); err != nil {
-		return fmt.Errorf("%w: %v", sandboxapi.ErrGuestUnavailable, err)
+		return fmt.Errorf("%w: %v", sandbox.ErrGuestUnavailable, err)
 	}
 	return nil
 }
-func (socketGuest) Exec(context.Context, sandboxapi.GuestExec) (*sandboxapi.ExecResult, error) {
-	return nil, sandboxapi.ErrGuestUnavailable
+func (socketGuest) Exec(context.Context, sandbox.GuestExec) (*apitype.ExecResult, error) {
+	return nil, sandbox.ErrGuestUnavailable
 }
-func (socketGuest) ExecStream(context.Context, sandboxapi.GuestExec, io.Writer, io.Writer) (*sandboxapi.ExecResult, error) {
-	return nil, sandboxapi.ErrGuestUnavailable
+func (socketGuest) ExecStream(context.Context, sandbox.GuestExec, io.Writer, io.Writer) (*apitype.ExecResult, error) {
+	return nil, sandbox.ErrGuestUnavailable
 }
 func (socketGuest) WriteFile(context.Context, string, io.Reader, os.FileMode) error {
-	return sandboxapi.ErrGuestUnavailable
+	return sandbox.ErrGuestUnavailable
 }
 func (socketGuest) ReadFile(context.Context, string, io.Writer, int64) (int64, error) {
-	return 0, sandboxapi.ErrGuestUnavailable
+	return 0, sandbox.ErrGuestUnavailable
 }
 
 func TestEmulatorLifecycle(t *testing.T) {
 	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian", DiskGiB: 20}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian", DiskGiB: 20}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,8 +211,8 @@ func TestEmulatorUnknownTemplateChangesNothing(t *testing.T) {
 	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "nosuch"}}})
-	if !client.IsProblem(err, sandboxapi.ProblemInvalidRequest) {
+	_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "nosuch"}}})
+	if !client.IsProblem(err, apitype.ProblemInvalidRequest) {
 		t.Fatalf("unknown template: %v", err)
 	}
 	e.assertClean(t, ctx)
@@ -245,7 +246,7 @@ func TestEmulatorTokenACL(t *testing.T) {
 	e := newEmuEnv(t, poolACL)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatalf("create with the pool-limited token: %v", err)
 	}
@@ -263,7 +264,7 @@ func TestEmulatorCloneNeedsStorageGrant(t *testing.T) {
 	e := newEmuEnvWith(t, emuSetup{acl: poolACL})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err == nil || !strings.Contains(err.Error(), "403 Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)") {
 		t.Fatalf("create without the storage grant: %v", err)
 	}
@@ -271,7 +272,7 @@ func TestEmulatorCloneNeedsStorageGrant(t *testing.T) {
 	if err := e.emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian", DiskGiB: 12}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian", DiskGiB: 12}}})
 	if err != nil {
 		t.Fatalf("create with the storage in the pool: %v", err)
 	}

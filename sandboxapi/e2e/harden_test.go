@@ -11,13 +11,14 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/pveapi"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // withHardening gives the API the Proxmox client for the hardened profile.
-func withHardening(allowUnhardened bool) func(*sandboxapi.Options) {
-	return func(o *sandboxapi.Options) {
-		o.VMConfigs = o.Proxmox.(sandboxapi.VMConfigs)
+func withHardening(allowUnhardened bool) func(*options) {
+	return func(o *options) {
+		o.VMConfigs = o.Proxmox.(sandbox.VMConfigs)
 		o.AllowUnhardenedTemplates = allowUnhardened
 	}
 }
@@ -46,7 +47,7 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 
 	// a plain template passes (its clones get the rest), and every clone
 	// is in the whole profile
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,9 +65,9 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 	// the dirty template is refused with a problem listing the items a
 	// clone cannot fix; nothing is created
 	before := len(e.fb.Running())
-	_, err = e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "dirty"}}})
-	var p *sandboxapi.Problem
-	if !errors.As(err, &p) || p.Type != sandboxapi.ProblemTemplateNotHardened || p.Status != 422 {
+	_, err = e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "dirty"}}})
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Type != apitype.ProblemTemplateNotHardened || p.Status != 422 {
 		t.Fatalf("create from dirty template: %v", err)
 	}
 	joined := strings.Join(p.Items, "\n")
@@ -113,7 +114,7 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 	if f := hardening.Check(tc).Failed(); len(f) != 0 {
 		t.Fatalf("template still fails: %v", f)
 	}
-	if _, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "dirty"}}}); err != nil {
+	if _, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "dirty"}}}); err != nil {
 		t.Fatalf("create from hardened template: %v", err)
 	}
 }
@@ -123,7 +124,7 @@ func TestUnhardenedTemplatesAllowed(t *testing.T) {
 	defer cancel()
 	e := newEmuEnvTB(t, [][2]string{{"/", "Administrator"}}, withHardening(true))
 	dirtyTemplate(t, e)
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "dirty"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "dirty"}}})
 	if err != nil {
 		t.Fatalf("require_hardened_templates = false: %v", err)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // These tests hold the sandbox API to what a real Proxmox node does, as
@@ -64,7 +64,7 @@ func TestEmulatorRollbackWithLaggingStats(t *testing.T) {
 	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestEmulatorDeleteJustStartedVM(t *testing.T) {
 	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestEmulatorCleanupBeforeApply(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err == nil || !strings.Contains(err.Error(), "injected failure") {
 		t.Fatalf("create with a failing subnet: %v", err)
 	}
@@ -164,7 +164,7 @@ func TestEmulatorReloadWarningFailsCreate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	e.emu.InjectReloadWarning("reloading network config failed: ifreload -a: exit code 1")
-	_, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err == nil || !strings.Contains(err.Error(), "WARNINGS: 1") || !strings.Contains(err.Error(), "ifreload -a: exit code 1") {
 		t.Fatalf("create with a reload warning: %v", err)
 	}
@@ -186,7 +186,7 @@ func TestEmulatorIPAMEntriesBlockSubnetDelete(t *testing.T) {
 	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sb, err := e.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}, {Template: "debian"}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
@@ -23,13 +25,13 @@ import (
 // checker is a containment check that runs one command in the guest.
 type checker struct{}
 
-func (checker) Run(ctx context.Context, t sandboxapi.CheckTarget) (sandboxapi.CheckReport, error) {
-	res, err := t.Guest.Exec(ctx, sandboxapi.GuestExec{Argv: []string{"echo", "ok"}})
+func (checker) Run(ctx context.Context, t sandbox.CheckTarget) (apitype.CheckReport, error) {
+	res, err := t.Guest.Exec(ctx, sandbox.GuestExec{Argv: []string{"echo", "ok"}})
 	if err != nil {
-		return sandboxapi.CheckReport{}, err
+		return apitype.CheckReport{}, err
 	}
 	ok := string(res.Stdout) == "ok\n"
-	return sandboxapi.CheckReport{Pass: ok, Rows: []sandboxapi.CheckRow{{Target: "control", Probe: "exec", Expected: "ok", Observed: strings.TrimSpace(string(res.Stdout)), Pass: ok, Control: true}}}, nil
+	return apitype.CheckReport{Pass: ok, Rows: []apitype.CheckRow{{Target: "control", Probe: "exec", Expected: "ok", Observed: strings.TrimSpace(string(res.Stdout)), Pass: ok, Control: true}}}, nil
 }
 
 // tokens is a fixed TokenVerifier.
@@ -61,7 +63,7 @@ func (r *recorder) WriteFile(ctx context.Context, id, vm, path string, rd io.Rea
 	return r.API.WriteFile(ctx, id, vm, path, rd, size, mode)
 }
 
-func (r *recorder) ExecStream(ctx context.Context, id, vm string, req sandboxapi.ExecRequest, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error) {
+func (r *recorder) ExecStream(ctx context.Context, id, vm string, req apitype.ExecRequest, stdout, stderr io.Writer) (*apitype.ExecResult, error) {
 	res, err := r.API.ExecStream(ctx, id, vm, req, stdout, stderr)
 	to := r
 	if r.shared != nil {
@@ -96,7 +98,7 @@ type bed struct {
 }
 
 type bedOpts struct {
-	api    func(*sandboxapi.Options)
+	api    func(*sandbox.Options)
 	mcp    func(*mcpserver.Options)
 	scopes []string
 }
@@ -105,21 +107,27 @@ func newBed(t *testing.T, bo bedOpts) *bed {
 	t.Helper()
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
-	o := sandboxapi.Options{
+	o := sandbox.Options{
 		Node: "node1", Proxmox: px, Guests: g.Dial, Checker: checker{},
-		Tokens:   tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}},
-		StateDir: t.TempDir(), SpoolDir: t.TempDir(), AgentTimeout: 2 * time.Second,
-		Caps:   sandboxapi.Caps{NodeVCPUs: 5},
+		StateDir: t.TempDir(), AgentTimeout: 2 * time.Second,
+		Caps:   sandbox.Caps{NodeVCPUs: 5},
 		Logger: slog.New(slog.DiscardHandler),
 	}
 	if bo.api != nil {
 		bo.api(&o)
 	}
-	srv, err := sandboxapi.New(o)
+	eng, err := sandbox.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := srv.Reconcile(context.Background()); err != nil {
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		Tokens:   tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}},
+		SpoolDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	local := httptest.NewServer(srv.LocalHandler())
@@ -135,7 +143,7 @@ func newBed(t *testing.T, bo bedOpts) *bed {
 	}
 	scopes := bo.scopes
 	if scopes == nil {
-		scopes = []string{sandboxapi.ScopeAdmin}
+		scopes = []string{apitype.ScopeAdmin}
 	}
 	b := &bed{t: t, srv: srv, guests: g, tcp: tcp, progress: make(chan *mcp.ProgressNotificationParams, 100),
 		api: &recorder{API: client.New(local.URL), modes: map[string]uint32{}}}
@@ -210,14 +218,14 @@ func ok[T any](t *testing.T, name string, res *mcp.CallToolResult) T {
 }
 
 // problem returns the problem document of a tool error.
-func problem(t *testing.T, name string, res *mcp.CallToolResult) sandboxapi.Problem {
+func problem(t *testing.T, name string, res *mcp.CallToolResult) apitype.Problem {
 	t.Helper()
 	if !res.IsError {
 		t.Fatalf("%s: want a tool error, got %s", name, text(res))
 	}
-	var p sandboxapi.Problem
+	var p apitype.Problem
 	if err := json.Unmarshal([]byte(text(res)), &p); err != nil {
-		return sandboxapi.Problem{Type: "sdk", Detail: text(res)}
+		return apitype.Problem{Type: "sdk", Detail: text(res)}
 	}
 	return p
 }
@@ -233,7 +241,7 @@ func text(res *mcp.CallToolResult) string {
 }
 
 // create makes a small sandbox through the tool.
-func (b *bed) create() sandboxapi.Sandbox {
+func (b *bed) create() apitype.Sandbox {
 	b.t.Helper()
-	return ok[sandboxapi.Sandbox](b.t, "create", b.call(mcpserver.ToolCreate, map[string]any{"labels": map[string]string{"agent": "t"}}))
+	return ok[apitype.Sandbox](b.t, "create", b.call(mcpserver.ToolCreate, map[string]any{"labels": map[string]string{"agent": "t"}}))
 }

@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // maxEnvFile bounds an env file: it holds a few keys, not data.
@@ -44,7 +44,7 @@ func ParseEnv(b []byte) (map[string]string, error) {
 		line = strings.TrimPrefix(line, "export ")
 		k, v, ok := strings.Cut(line, "=")
 		k = strings.TrimSpace(k)
-		if !ok || !sandboxapi.ValidEnvName(k) {
+		if !ok || !apitype.ValidEnvName(k) {
 			return nil, fmt.Errorf("line %d: want KEY=VALUE with KEY of letters, digits and _", n)
 		}
 		v = strings.TrimSpace(v)

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
 
@@ -60,7 +60,7 @@ func FuzzParseEnv(f *testing.F) {
 				t.Fatalf("value of %s holds a newline or NUL", k)
 			}
 		}
-		back, err := mcpserver.ParseEnv(sandboxapi.EnvFile(env))
+		back, err := mcpserver.ParseEnv(apitype.EnvFile(env))
 		if err != nil {
 			t.Fatalf("rendered file does not parse: %v", err)
 		}

@@ -12,8 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // ExecInput are the arguments of sandbox_exec.
@@ -61,11 +60,11 @@ func (t *tools) exec(ctx context.Context, req *mcp.CallToolRequest, in ExecInput
 	if err != nil {
 		return nil, zero, err
 	}
-	er := sandboxapi.ExecRequest{Argv: argv, Cwd: in.Cwd, Env: in.Env, User: in.User, TimeoutSeconds: in.TimeoutSeconds, OutputLimit: t.o.OutputLimit}
+	er := apitype.ExecRequest{Argv: argv, Cwd: in.Cwd, Env: in.Env, User: in.User, TimeoutSeconds: in.TimeoutSeconds, OutputLimit: t.o.OutputLimit}
 	if in.Stdin != "" {
 		er.Stdin = []byte(in.Stdin)
 	}
-	var res *sandboxapi.ExecResult
+	var res *apitype.ExecResult
 	if tok := progressToken(req); tok != nil {
 		res, err = t.execProgress(ctx, req.Session, tok, in.ID, vm, er)
 	} else {
@@ -85,7 +84,7 @@ func progressToken(req *mcp.CallToolRequest) any {
 }
 
 // execOutput shapes an API result for the agent.
-func (t *tools) execOutput(res *sandboxapi.ExecResult) ExecOutput {
+func (t *tools) execOutput(res *apitype.ExecResult) ExecOutput {
 	out := ExecOutput{ExitCode: res.ExitCode, StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated, TimedOut: res.TimedOut}
 	enc := "text"
 	if !validUTF8(res.Stdout) || !validUTF8(res.Stderr) {
@@ -112,7 +111,7 @@ func (t *tools) execOutput(res *sandboxapi.ExecResult) ExecOutput {
 // at most every progressEvery) and every heartbeatEvery while the command
 // is silent. Progress is the milliseconds since the start; the message
 // says how much output came and its last line.
-func (t *tools) execProgress(ctx context.Context, ss *mcp.ServerSession, tok any, id, vm string, er sandboxapi.ExecRequest) (*sandboxapi.ExecResult, error) {
+func (t *tools) execProgress(ctx context.Context, ss *mcp.ServerSession, tok any, id, vm string, er apitype.ExecRequest) (*apitype.ExecResult, error) {
 	p := &progress{ctx: ctx, ss: ss, tok: tok, start: time.Now()}
 	stdout := &capped{limit: t.o.OutputLimit, p: p}
 	stderr := &capped{limit: t.o.OutputLimit, p: p}
@@ -301,7 +300,7 @@ func (t *tools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in ReadFil
 	defer cancel()
 	n, err := t.api.ReadFile(rctx, in.ID, vm, in.Path, &limitWriter{w: &buf, n: limit})
 	if errors.Is(err, errOverCap) {
-		return nil, zero, &ToolError{&sandboxapi.Problem{Type: sandboxapi.ProblemOutputLimit, Title: "Output over the limit", Status: 413,
+		return nil, zero, &ToolError{&apitype.Problem{Type: apitype.ProblemOutputLimit, Title: "Output over the limit", Status: 413,
 			Detail: fmt.Sprintf("%s is larger than %d bytes; read a part with sandbox_exec (head -c, tail -c, split)", in.Path, limit)}}
 	}
 	if err != nil {
@@ -321,7 +320,7 @@ func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteF
 		return nil, zero, err
 	}
 	if int64(len(b)) > t.o.MaxWriteBytes {
-		return nil, zero, &ToolError{&sandboxapi.Problem{Type: sandboxapi.ProblemPayloadTooLarge, Title: "Request body too large", Status: 413,
+		return nil, zero, &ToolError{&apitype.Problem{Type: apitype.ProblemPayloadTooLarge, Title: "Request body too large", Status: 413,
 			Detail: fmt.Sprintf("content is %d bytes, over the cap of %d; split it into parts and join them with sandbox_exec", len(b), t.o.MaxWriteBytes), Field: "content"}}
 	}
 	mode, err := parseMode(in.Mode)

@@ -11,8 +11,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // TokenVerifier checks a bearer token and returns its name and scopes
@@ -68,7 +67,7 @@ func HTTPHandler(tokens TokenVerifier, apiFor func(token string) API, o Options)
 		sum := sha256.Sum256([]byte(tok))
 		if sid := r.Header.Get(sessionHeader); sid != "" {
 			if !owners.check(sid, sum) {
-				writeProblem(w, http.StatusNotFound, sandboxapi.ProblemNotFound, "no MCP session "+sid+" for this token")
+				writeProblem(w, http.StatusNotFound, apitype.ProblemNotFound, "no MCP session "+sid+" for this token")
 				return
 			}
 		} else {
@@ -157,11 +156,11 @@ func (s *sessionRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter
 
 func unauthorized(w http.ResponseWriter, detail string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="pve-inspectd"`)
-	writeProblem(w, http.StatusUnauthorized, sandboxapi.ProblemUnauthorized, detail)
+	writeProblem(w, http.StatusUnauthorized, apitype.ProblemUnauthorized, detail)
 }
 
 func writeProblem(w http.ResponseWriter, status int, typ, detail string) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(sandboxapi.Problem{Type: typ, Title: http.StatusText(status), Status: status, Detail: detail})
+	_ = json.NewEncoder(w).Encode(apitype.Problem{Type: typ, Title: http.StatusText(status), Status: status, Detail: detail})
 }

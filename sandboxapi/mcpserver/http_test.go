@@ -13,7 +13,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
@@ -46,7 +46,7 @@ func TestHTTPTokensAndScopes(t *testing.T) {
 	}
 
 	admin := session("a")
-	sb := ok[sandboxapi.Sandbox](t, "create", callOn(t, b.ctx(), admin, mcpserver.ToolCreate, nil))
+	sb := ok[apitype.Sandbox](t, "create", callOn(t, b.ctx(), admin, mcpserver.ToolCreate, nil))
 	if sb.Owner != "tok-a" {
 		t.Errorf("owner %q: the API did not see the caller's token", sb.Owner)
 	}

@@ -12,25 +12,24 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // API is the part of the sandbox API the tools use; *client.Client
 // implements it (over the unix socket, TCP or in process).
 type API interface {
-	Create(ctx context.Context, r sandboxapi.CreateRequest) (sandboxapi.Sandbox, error)
-	List(ctx context.Context) ([]sandboxapi.Sandbox, error)
-	Get(ctx context.Context, id string) (sandboxapi.Sandbox, error)
-	Extend(ctx context.Context, id string, ttl time.Duration) (sandboxapi.Sandbox, error)
+	Create(ctx context.Context, r apitype.CreateRequest) (apitype.Sandbox, error)
+	List(ctx context.Context) ([]apitype.Sandbox, error)
+	Get(ctx context.Context, id string) (apitype.Sandbox, error)
+	Extend(ctx context.Context, id string, ttl time.Duration) (apitype.Sandbox, error)
 	Delete(ctx context.Context, id string) error
-	Exec(ctx context.Context, id, vm string, r sandboxapi.ExecRequest) (*sandboxapi.ExecResult, error)
-	ExecStream(ctx context.Context, id, vm string, r sandboxapi.ExecRequest, stdout, stderr io.Writer) (*sandboxapi.ExecResult, error)
+	Exec(ctx context.Context, id, vm string, r apitype.ExecRequest) (*apitype.ExecResult, error)
+	ExecStream(ctx context.Context, id, vm string, r apitype.ExecRequest, stdout, stderr io.Writer) (*apitype.ExecResult, error)
 	WriteFile(ctx context.Context, id, vm, path string, r io.Reader, size int64, mode uint32) error
 	ReadFile(ctx context.Context, id, vm, path string, w io.Writer) (int64, error)
 	Snapshot(ctx context.Context, id, vm, name string) error
 	Rollback(ctx context.Context, id, vm, name string) error
-	Check(ctx context.Context, id, vm string) (sandboxapi.CheckReport, error)
+	Check(ctx context.Context, id, vm string) (apitype.CheckReport, error)
 }
 
 // Preset is a named VM size an agent can ask for instead of a template and
@@ -65,8 +64,8 @@ type Options struct {
 	// OutputLimit caps each of a command's stdout and stderr (1 MiB).
 	OutputLimit int64
 	// Env holds secrets (e.g. model API keys) sent with every create
-	// (sandboxapi.CreateRequest.Env): the API writes them into each VM at
-	// sandboxapi.GuestEnvPath, mode 0600 (root only). Never returned or
+	// (apitype.CreateRequest.Env): the API writes them into each VM at
+	// apitype.GuestEnvPath, mode 0600 (root only). Never returned or
 	// logged.
 	Env map[string]string
 	// Version is the server version reported to clients.
@@ -124,7 +123,7 @@ func (o Options) Validate() error {
 	if o.MaxLifetime < time.Hour || o.DefaultLifetime < time.Hour || o.DefaultLifetime > o.MaxLifetime {
 		return fmt.Errorf("mcp: lifetimes must satisfy 1h <= default (%s) <= max (%s)", o.DefaultLifetime, o.MaxLifetime)
 	}
-	if err := sandboxapi.ValidateEnv(o.Env); err != nil {
+	if err := apitype.ValidateEnv(o.Env); err != nil {
 		return fmt.Errorf("mcp: env: %w", err)
 	}
 	return nil
@@ -139,7 +138,7 @@ func MaxMessageBytes(o Options) int64 {
 }
 
 // New returns an MCP server whose tools call api and are those the scopes
-// allow (sandboxapi.ScopeRead, ScopeExec, ScopeAdmin; the highest counts).
+// allow (apitype.ScopeRead, ScopeExec, ScopeAdmin; the highest counts).
 func New(api API, o Options, scopes ...string) *mcp.Server {
 	o.defaults()
 	srv := mcp.NewServer(&mcp.Implementation{Name: "pve-inspect", Title: "pve-inspect sandboxes", Version: o.Version}, &mcp.ServerOptions{
@@ -157,11 +156,11 @@ func rank(scopes []string) int {
 	r := 0
 	for _, s := range scopes {
 		switch s {
-		case sandboxapi.ScopeRead:
+		case apitype.ScopeRead:
 			r = max(r, 1)
-		case sandboxapi.ScopeExec:
+		case apitype.ScopeExec:
 			r = max(r, 2)
-		case sandboxapi.ScopeAdmin:
+		case apitype.ScopeAdmin:
 			r = max(r, 3)
 		}
 	}
@@ -171,7 +170,7 @@ func rank(scopes []string) int {
 // ToolError is the error of a tool call the agent can act on: the API's
 // problem document. Its text (what the agent reads) is the document as
 // JSON.
-type ToolError struct{ Problem *sandboxapi.Problem }
+type ToolError struct{ Problem *apitype.Problem }
 
 // Error implements error.
 func (e *ToolError) Error() string {
@@ -187,7 +186,7 @@ func (e *ToolError) Unwrap() error { return e.Problem }
 
 // invalid returns an invalid-request tool error naming the field.
 func invalid(field, format string, a ...any) error {
-	return &ToolError{&sandboxapi.Problem{Type: sandboxapi.ProblemInvalidRequest, Title: "Invalid request", Status: 400,
+	return &ToolError{&apitype.Problem{Type: apitype.ProblemInvalidRequest, Title: "Invalid request", Status: 400,
 		Detail: fmt.Sprintf(format, a...), Field: field}}
 }
 
@@ -198,13 +197,13 @@ func toolErr(err error) error {
 	if errors.As(err, &te) {
 		return te
 	}
-	var p *sandboxapi.Problem
+	var p *apitype.Problem
 	if errors.As(err, &p) {
 		return &ToolError{p}
 	}
 	if errors.Is(err, context.Canceled) {
-		return &ToolError{&sandboxapi.Problem{Type: sandboxapi.ProblemTimeout, Title: "Cancelled", Status: 499, Detail: err.Error()}}
+		return &ToolError{&apitype.Problem{Type: apitype.ProblemTimeout, Title: "Cancelled", Status: 499, Detail: err.Error()}}
 	}
-	return &ToolError{&sandboxapi.Problem{Type: sandboxapi.ProblemUnavailable, Title: "Service unavailable", Status: 503,
+	return &ToolError{&apitype.Problem{Type: apitype.ProblemUnavailable, Title: "Service unavailable", Status: 503,
 		Detail: "sandbox API: " + err.Error()}}
 }

@@ -12,8 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // tools holds what every tool handler needs.
@@ -93,7 +92,7 @@ type CreateInput struct {
 
 // SandboxList is the result of sandbox_list.
 type SandboxList struct {
-	Sandboxes []sandboxapi.Sandbox `json:"sandboxes"`
+	Sandboxes []apitype.Sandbox `json:"sandboxes"`
 }
 
 // IDInput names a sandbox.
@@ -152,8 +151,8 @@ func (t *tools) lifetime(h int, def time.Duration) (time.Duration, error) {
 	return time.Duration(h) * time.Hour, nil
 }
 
-func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, sandboxapi.Sandbox, error) {
-	var zero sandboxapi.Sandbox
+func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInput) (*mcp.CallToolResult, apitype.Sandbox, error) {
+	var zero apitype.Sandbox
 	size := in.Size
 	if size == "" {
 		size = t.o.DefaultPreset
@@ -176,8 +175,8 @@ func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInp
 	if err != nil {
 		return nil, zero, err
 	}
-	sb, err := t.api.Create(ctx, sandboxapi.CreateRequest{
-		VMs:        []sandboxapi.VMRequest{{Template: tmpl, Cores: p.Cores, MemoryMiB: p.MemoryMiB, DiskGiB: p.DiskGiB}},
+	sb, err := t.api.Create(ctx, apitype.CreateRequest{
+		VMs:        []apitype.VMRequest{{Template: tmpl, Cores: p.Cores, MemoryMiB: p.MemoryMiB, DiskGiB: p.DiskGiB}},
 		Labels:     in.Labels,
 		TTLSeconds: int64(ttl / time.Second),
 		Env:        t.o.Env,
@@ -194,36 +193,36 @@ func (t *tools) list(ctx context.Context, _ *mcp.CallToolRequest, _ struct{}) (*
 		return nil, SandboxList{}, toolErr(err)
 	}
 	if l == nil {
-		l = []sandboxapi.Sandbox{}
+		l = []apitype.Sandbox{}
 	}
 	return nil, SandboxList{Sandboxes: l}, nil
 }
 
-func (t *tools) get(ctx context.Context, _ *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, sandboxapi.Sandbox, error) {
+func (t *tools) get(ctx context.Context, _ *mcp.CallToolRequest, in IDInput) (*mcp.CallToolResult, apitype.Sandbox, error) {
 	if err := needID(in.ID); err != nil {
-		return nil, sandboxapi.Sandbox{}, err
+		return nil, apitype.Sandbox{}, err
 	}
 	sb, err := t.api.Get(ctx, in.ID)
 	if err != nil {
-		return nil, sandboxapi.Sandbox{}, toolErr(err)
+		return nil, apitype.Sandbox{}, toolErr(err)
 	}
 	return nil, sb, nil
 }
 
-func (t *tools) extend(ctx context.Context, _ *mcp.CallToolRequest, in ExtendInput) (*mcp.CallToolResult, sandboxapi.Sandbox, error) {
+func (t *tools) extend(ctx context.Context, _ *mcp.CallToolRequest, in ExtendInput) (*mcp.CallToolResult, apitype.Sandbox, error) {
 	if err := needID(in.ID); err != nil {
-		return nil, sandboxapi.Sandbox{}, err
+		return nil, apitype.Sandbox{}, err
 	}
 	if in.LifetimeHours == 0 {
-		return nil, sandboxapi.Sandbox{}, invalid("lifetime_hours", "lifetime_hours is required (1..%d)", int(t.o.MaxLifetime/time.Hour))
+		return nil, apitype.Sandbox{}, invalid("lifetime_hours", "lifetime_hours is required (1..%d)", int(t.o.MaxLifetime/time.Hour))
 	}
 	ttl, err := t.lifetime(in.LifetimeHours, 0)
 	if err != nil {
-		return nil, sandboxapi.Sandbox{}, err
+		return nil, apitype.Sandbox{}, err
 	}
 	sb, err := t.api.Extend(ctx, in.ID, ttl)
 	if err != nil {
-		return nil, sandboxapi.Sandbox{}, toolErr(err)
+		return nil, apitype.Sandbox{}, toolErr(err)
 	}
 	return nil, sb, nil
 }
@@ -251,7 +250,7 @@ func (t *tools) vm(ctx context.Context, id, vm string) (string, error) {
 		return "", toolErr(err)
 	}
 	if len(sb.VMs) == 0 {
-		return "", &ToolError{&sandboxapi.Problem{Type: sandboxapi.ProblemConflict, Title: "Conflict", Status: 409,
+		return "", &ToolError{&apitype.Problem{Type: apitype.ProblemConflict, Title: "Conflict", Status: 409,
 			Detail: fmt.Sprintf("sandbox %s has no VM (state %s)", id, sb.State)}}
 	}
 	return sb.VMs[0].Name, nil
@@ -280,13 +279,13 @@ func (t *tools) onSnapshot(ctx context.Context, in SnapshotInput, op func(ctx co
 	return nil, SnapshotResult{ID: in.ID, VM: vm, Name: in.Name}, nil
 }
 
-func (t *tools) check(ctx context.Context, _ *mcp.CallToolRequest, in CheckInput) (*mcp.CallToolResult, sandboxapi.CheckReport, error) {
+func (t *tools) check(ctx context.Context, _ *mcp.CallToolRequest, in CheckInput) (*mcp.CallToolResult, apitype.CheckReport, error) {
 	if err := needID(in.ID); err != nil {
-		return nil, sandboxapi.CheckReport{}, err
+		return nil, apitype.CheckReport{}, err
 	}
 	rep, err := t.api.Check(ctx, in.ID, in.VM)
 	if err != nil {
-		return nil, sandboxapi.CheckReport{}, toolErr(err)
+		return nil, apitype.CheckReport{}, toolErr(err)
 	}
 	return nil, rep, nil
 }

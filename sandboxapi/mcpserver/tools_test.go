@@ -14,7 +14,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
 
@@ -26,9 +27,9 @@ func TestToolsFollowScopes(t *testing.T) {
 		scope string
 		want  []string
 	}{
-		{sandboxapi.ScopeRead, read},
-		{sandboxapi.ScopeExec, exec},
-		{sandboxapi.ScopeAdmin, admin},
+		{apitype.ScopeRead, read},
+		{apitype.ScopeExec, exec},
+		{apitype.ScopeAdmin, admin},
 	} {
 		t.Run(tc.scope, func(t *testing.T) {
 			b := newBed(t, bedOpts{scopes: []string{tc.scope}})
@@ -55,7 +56,7 @@ func TestToolsFollowScopes(t *testing.T) {
 func TestLifecycle(t *testing.T) {
 	b := newBed(t, bedOpts{})
 	sb := b.create()
-	if sb.State != sandboxapi.StateReady || len(sb.VMs) != 1 || sb.VMs[0].Cores != 2 || sb.VMs[0].MemoryMiB != 4096 || sb.Labels["agent"] != "t" {
+	if sb.State != apitype.StateReady || len(sb.VMs) != 1 || sb.VMs[0].Cores != 2 || sb.VMs[0].MemoryMiB != 4096 || sb.Labels["agent"] != "t" {
 		t.Fatalf("created: %+v", sb)
 	}
 	if life := sb.ExpiresAt.Sub(sb.CreatedAt); life != 4*time.Hour {
@@ -67,7 +68,7 @@ func TestLifecycle(t *testing.T) {
 	if len(l.Sandboxes) != 1 || l.Sandboxes[0].ID != id {
 		t.Errorf("list: %+v", l)
 	}
-	if g := ok[sandboxapi.Sandbox](t, "get", b.call(mcpserver.ToolGet, map[string]any{"id": id})); g.ID != id {
+	if g := ok[apitype.Sandbox](t, "get", b.call(mcpserver.ToolGet, map[string]any{"id": id})); g.ID != id {
 		t.Errorf("get: %+v", g)
 	}
 
@@ -127,12 +128,12 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("after rollback: %q", r.Content)
 	}
 
-	rep := ok[sandboxapi.CheckReport](t, "check", b.call(mcpserver.ToolCheck, map[string]any{"id": id}))
+	rep := ok[apitype.CheckReport](t, "check", b.call(mcpserver.ToolCheck, map[string]any{"id": id}))
 	if !rep.Pass || rep.Sandbox != id || len(rep.Rows) != 1 || rep.Rows[0].Observed != "ok" {
 		t.Errorf("check: %+v", rep)
 	}
 
-	e := ok[sandboxapi.Sandbox](t, "extend", b.call(mcpserver.ToolExtend, map[string]any{"id": id, "lifetime_hours": 24}))
+	e := ok[apitype.Sandbox](t, "extend", b.call(mcpserver.ToolExtend, map[string]any{"id": id, "lifetime_hours": 24}))
 	if d := time.Until(e.ExpiresAt); d < 23*time.Hour || d > 24*time.Hour {
 		t.Errorf("extended to %s from now, want 24h", d)
 	}
@@ -147,7 +148,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestPresetsAndLifetimes(t *testing.T) {
-	b := newBed(t, bedOpts{api: func(o *sandboxapi.Options) { o.Caps = sandboxapi.Caps{} }, mcp: func(o *mcpserver.Options) {
+	b := newBed(t, bedOpts{api: func(o *sandbox.Options) { o.Caps = sandbox.Caps{} }, mcp: func(o *mcpserver.Options) {
 		o.Presets = map[string]mcpserver.Preset{"tiny": {Cores: 1, MemoryMiB: 512}, "big": {Cores: 8, MemoryMiB: 16384, DiskGiB: 40}}
 		o.DefaultPreset = "tiny"
 		o.DefaultLifetime = 2 * time.Hour
@@ -164,13 +165,13 @@ func TestPresetsAndLifetimes(t *testing.T) {
 		{map[string]any{"size": "big", "lifetime_hours": 12}, 8, 16384, 40, 12 * time.Hour},
 		{map[string]any{"size": "tiny", "lifetime_hours": 1, "template": "debian"}, 1, 512, 0, time.Hour},
 	} {
-		sb := ok[sandboxapi.Sandbox](t, "create", b.call(mcpserver.ToolCreate, tc.args))
+		sb := ok[apitype.Sandbox](t, "create", b.call(mcpserver.ToolCreate, tc.args))
 		v := sb.VMs[0]
 		if v.Cores != tc.cores || v.MemoryMiB != tc.mem || v.DiskGiB != tc.disk || sb.ExpiresAt.Sub(sb.CreatedAt) != tc.life {
 			t.Errorf("%v: vm %+v lifetime %s", tc.args, v, sb.ExpiresAt.Sub(sb.CreatedAt))
 		}
 	}
-	if p := problem(t, "create", b.call(mcpserver.ToolCreate, map[string]any{"lifetime_hours": 13})); p.Type != sandboxapi.ProblemInvalidRequest || p.Field != "lifetime_hours" {
+	if p := problem(t, "create", b.call(mcpserver.ToolCreate, map[string]any{"lifetime_hours": 13})); p.Type != apitype.ProblemInvalidRequest || p.Field != "lifetime_hours" {
 		t.Errorf("lifetime over the max: %+v", p)
 	}
 }
@@ -192,37 +193,37 @@ func TestErrors(t *testing.T) {
 		field string
 		in    string // in the detail
 	}{
-		{"unknown sandbox get", mcpserver.ToolGet, map[string]any{"id": "sb-nope"}, sandboxapi.ProblemNotFound, "", "sb-nope"},
-		{"unknown sandbox exec", mcpserver.ToolExec, map[string]any{"id": "sb-nope", "argv": []string{"true"}}, sandboxapi.ProblemNotFound, "", ""},
-		{"unknown sandbox destroy vm", mcpserver.ToolExec, map[string]any{"id": id, "vm": "nope", "argv": []string{"true"}}, sandboxapi.ProblemNotFound, "", ""},
-		{"cap refused", mcpserver.ToolCreate, map[string]any{"size": "medium"}, sandboxapi.ProblemGuardRefused, "", "node_vcpus"},
-		{"guest agent timeout", mcpserver.ToolExec, map[string]any{"id": id, "argv": []string{"hang"}}, sandboxapi.ProblemGuestTimeout, "", ""},
-		{"file over the cap", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/root/big"}, sandboxapi.ProblemOutputLimit, "", "larger than 1000"},
-		{"file over max_bytes", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/root/big", "max_bytes": 10}, sandboxapi.ProblemOutputLimit, "", "larger than 10"},
-		{"file not found", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/nope"}, sandboxapi.ProblemFileNotFound, "", ""},
-		{"is a directory", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/etc/"}, sandboxapi.ProblemIsDirectory, "", ""},
-		{"permission", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/proc/x", "content": "1"}, sandboxapi.ProblemPermissionDenied, "", ""},
-		{"write over the cap", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/root/x", "content": strings.Repeat("y", 2001)}, sandboxapi.ProblemPayloadTooLarge, "content", ""},
-		{"no id", mcpserver.ToolGet, map[string]any{"id": " "}, sandboxapi.ProblemInvalidRequest, "id", ""},
+		{"unknown sandbox get", mcpserver.ToolGet, map[string]any{"id": "sb-nope"}, apitype.ProblemNotFound, "", "sb-nope"},
+		{"unknown sandbox exec", mcpserver.ToolExec, map[string]any{"id": "sb-nope", "argv": []string{"true"}}, apitype.ProblemNotFound, "", ""},
+		{"unknown sandbox destroy vm", mcpserver.ToolExec, map[string]any{"id": id, "vm": "nope", "argv": []string{"true"}}, apitype.ProblemNotFound, "", ""},
+		{"cap refused", mcpserver.ToolCreate, map[string]any{"size": "medium"}, apitype.ProblemGuardRefused, "", "node_vcpus"},
+		{"guest agent timeout", mcpserver.ToolExec, map[string]any{"id": id, "argv": []string{"hang"}}, apitype.ProblemGuestTimeout, "", ""},
+		{"file over the cap", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/root/big"}, apitype.ProblemOutputLimit, "", "larger than 1000"},
+		{"file over max_bytes", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/root/big", "max_bytes": 10}, apitype.ProblemOutputLimit, "", "larger than 10"},
+		{"file not found", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/nope"}, apitype.ProblemFileNotFound, "", ""},
+		{"is a directory", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/etc/"}, apitype.ProblemIsDirectory, "", ""},
+		{"permission", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/proc/x", "content": "1"}, apitype.ProblemPermissionDenied, "", ""},
+		{"write over the cap", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/root/x", "content": strings.Repeat("y", 2001)}, apitype.ProblemPayloadTooLarge, "content", ""},
+		{"no id", mcpserver.ToolGet, map[string]any{"id": " "}, apitype.ProblemInvalidRequest, "id", ""},
 		{"missing id", mcpserver.ToolGet, map[string]any{}, "sdk", "", "id"},
 		{"unknown argument", mcpserver.ToolList, map[string]any{"bogus": 1}, "sdk", "", "bogus"},
 		{"wrong type", mcpserver.ToolExec, map[string]any{"id": id, "argv": "uname -a"}, "sdk", "", "argv"},
-		{"argv and command", mcpserver.ToolExec, map[string]any{"id": id, "argv": []string{"a"}, "command": "b"}, sandboxapi.ProblemInvalidRequest, "argv", ""},
-		{"no command", mcpserver.ToolExec, map[string]any{"id": id}, sandboxapi.ProblemInvalidRequest, "argv", ""},
-		{"negative timeout", mcpserver.ToolExec, map[string]any{"id": id, "argv": []string{"a"}, "timeout_seconds": -1}, sandboxapi.ProblemInvalidRequest, "timeout_seconds", ""},
-		{"relative path", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "etc/passwd"}, sandboxapi.ProblemInvalidRequest, "path", ""},
-		{"bad read encoding", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/etc/motd", "encoding": "hex"}, sandboxapi.ProblemInvalidRequest, "encoding", ""},
-		{"bad base64", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/x", "content": "!!", "encoding": "base64"}, sandboxapi.ProblemInvalidRequest, "content", ""},
-		{"bad mode", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/x", "content": "a", "mode": "rw-"}, sandboxapi.ProblemInvalidRequest, "mode", ""},
-		{"unknown size", mcpserver.ToolCreate, map[string]any{"size": "huge"}, sandboxapi.ProblemInvalidRequest, "size", "huge"},
+		{"argv and command", mcpserver.ToolExec, map[string]any{"id": id, "argv": []string{"a"}, "command": "b"}, apitype.ProblemInvalidRequest, "argv", ""},
+		{"no command", mcpserver.ToolExec, map[string]any{"id": id}, apitype.ProblemInvalidRequest, "argv", ""},
+		{"negative timeout", mcpserver.ToolExec, map[string]any{"id": id, "argv": []string{"a"}, "timeout_seconds": -1}, apitype.ProblemInvalidRequest, "timeout_seconds", ""},
+		{"relative path", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "etc/passwd"}, apitype.ProblemInvalidRequest, "path", ""},
+		{"bad read encoding", mcpserver.ToolReadFile, map[string]any{"id": id, "path": "/etc/motd", "encoding": "hex"}, apitype.ProblemInvalidRequest, "encoding", ""},
+		{"bad base64", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/x", "content": "!!", "encoding": "base64"}, apitype.ProblemInvalidRequest, "content", ""},
+		{"bad mode", mcpserver.ToolWriteFile, map[string]any{"id": id, "path": "/x", "content": "a", "mode": "rw-"}, apitype.ProblemInvalidRequest, "mode", ""},
+		{"unknown size", mcpserver.ToolCreate, map[string]any{"size": "huge"}, apitype.ProblemInvalidRequest, "size", "huge"},
 		{"lifetime 0.5", mcpserver.ToolCreate, map[string]any{"lifetime_hours": 0.5}, "sdk", "", ""},
-		{"lifetime 25", mcpserver.ToolCreate, map[string]any{"lifetime_hours": 25}, sandboxapi.ProblemInvalidRequest, "lifetime_hours", "1..24"},
-		{"lifetime -1", mcpserver.ToolExtend, map[string]any{"id": id, "lifetime_hours": -1}, sandboxapi.ProblemInvalidRequest, "lifetime_hours", ""},
-		{"extend without lifetime", mcpserver.ToolExtend, map[string]any{"id": id, "lifetime_hours": 0}, sandboxapi.ProblemInvalidRequest, "lifetime_hours", ""},
-		{"unknown template", mcpserver.ToolCreate, map[string]any{"template": "nope"}, sandboxapi.ProblemInvalidRequest, "template", "nope"},
-		{"snapshot without name", mcpserver.ToolSnapshot, map[string]any{"id": id, "name": ""}, sandboxapi.ProblemInvalidRequest, "name", ""},
-		{"rollback unknown sandbox", mcpserver.ToolRollback, map[string]any{"id": "sb-nope", "name": "x"}, sandboxapi.ProblemNotFound, "", ""},
-		{"check unknown vm", mcpserver.ToolCheck, map[string]any{"id": id, "vm": "nope"}, sandboxapi.ProblemNotFound, "", ""},
+		{"lifetime 25", mcpserver.ToolCreate, map[string]any{"lifetime_hours": 25}, apitype.ProblemInvalidRequest, "lifetime_hours", "1..24"},
+		{"lifetime -1", mcpserver.ToolExtend, map[string]any{"id": id, "lifetime_hours": -1}, apitype.ProblemInvalidRequest, "lifetime_hours", ""},
+		{"extend without lifetime", mcpserver.ToolExtend, map[string]any{"id": id, "lifetime_hours": 0}, apitype.ProblemInvalidRequest, "lifetime_hours", ""},
+		{"unknown template", mcpserver.ToolCreate, map[string]any{"template": "nope"}, apitype.ProblemInvalidRequest, "template", "nope"},
+		{"snapshot without name", mcpserver.ToolSnapshot, map[string]any{"id": id, "name": ""}, apitype.ProblemInvalidRequest, "name", ""},
+		{"rollback unknown sandbox", mcpserver.ToolRollback, map[string]any{"id": "sb-nope", "name": "x"}, apitype.ProblemNotFound, "", ""},
+		{"check unknown vm", mcpserver.ToolCheck, map[string]any{"id": id, "vm": "nope"}, apitype.ProblemNotFound, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := len(ok[mcpserver.SandboxList](t, "list", b.call(mcpserver.ToolList, nil)).Sandboxes)
@@ -230,7 +231,7 @@ func TestErrors(t *testing.T) {
 			if p.Type != tc.typ || p.Field != tc.field || !strings.Contains(p.Detail, tc.in) {
 				t.Errorf("problem %+v, want type %s field %q detail with %q", p, tc.typ, tc.field, tc.in)
 			}
-			if tc.typ == sandboxapi.ProblemGuardRefused && p.Cap == "" {
+			if tc.typ == apitype.ProblemGuardRefused && p.Cap == "" {
 				t.Errorf("guard refusal without the cap: %+v", p)
 			}
 			if after := len(ok[mcpserver.SandboxList](t, "list", b.call(mcpserver.ToolList, nil)).Sandboxes); after != before {
@@ -350,9 +351,9 @@ func TestSecretsWritten(t *testing.T) {
 	if strings.Contains(text(res), "sk-ant") {
 		t.Fatal("create result carries the secret")
 	}
-	sb := ok[sandboxapi.Sandbox](t, "create", res)
-	o := ok[mcpserver.ExecOutput](t, "cat", b.call(mcpserver.ToolExec, map[string]any{"id": sb.ID, "argv": []string{"cat", sandboxapi.GuestEnvPath}}))
-	if want := string(sandboxapi.EnvFile(map[string]string{"ANTHROPIC_API_KEY": secret, "OTHER": "x"})); o.Stdout != want {
+	sb := ok[apitype.Sandbox](t, "create", res)
+	o := ok[mcpserver.ExecOutput](t, "cat", b.call(mcpserver.ToolExec, map[string]any{"id": sb.ID, "argv": []string{"cat", apitype.GuestEnvPath}}))
+	if want := string(apitype.EnvFile(map[string]string{"ANTHROPIC_API_KEY": secret, "OTHER": "x"})); o.Stdout != want {
 		t.Errorf("env file %q, want %q", o.Stdout, want)
 	}
 	for _, c := range []struct {

@@ -84,16 +84,10 @@ func (s *Server) agentPing(ctx context.Context, rq *request) (any, error) {
 }
 
 func (s *Server) agentExec(ctx context.Context, rq *request) (any, error) {
-	if err := s.checkNode(rq); err != nil {
+	if err := s.openVM(rq, nil, vmExists); err != nil {
 		return nil, err
 	}
 	vmid := s.vmid(rq)
-	s.mu.Lock()
-	_, err := s.loadVM(vmid)
-	s.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
 	cmd := rq.strings("command")
 	args := map[string]any{"capture-output": true}
 	errmsg := "can't execute command"

@@ -67,4 +67,17 @@
 // directory, a snapshot copies the disk, a rollback (which stops a running
 // VM, as Proxmox does without RAM state) restores it, so both are
 // observable from inside the guest.
+//
+// Files, one per object the emulator manages: server.go (the Server,
+// routing, the serve path), routes.go, request.go (decoding, parameter
+// getters), errors.go and tls.go; schema.go, validate.go, formats.go and
+// fwformats.go (the schema and its checks); auth.go (tickets, CSRF, the auth
+// handler), access.go (users, tokens, ACLs) and perms.go (roles, privilege
+// checks); qemu.go (the VM, its locks, the handler and worker openings
+// openVM and lockVM, create, destroy, template), qemuconfig.go,
+// qemuclone.go, qemusnapshot.go and qemustatus.go; vmharden.go (the hardened
+// profile's VM settings); agent.go and qga.go (the guest agent); storage.go;
+// sandboxnode.go; cluster.go (pools, resources, status); sdn.go (pending and
+// running state, apply) with sdnzone.go, sdnvnet.go and sdnsubnet.go;
+// ipam.go; firewall.go; tasks.go; backend.go with bedbackend.go and fake.go.
 package pveemu

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 // APISection configures the sandbox API ([api]).
@@ -225,7 +225,7 @@ func (a APISection) validate(prefix string) error {
 	if err != nil || !p.Addr().Is4() || p.Masked() != p {
 		return key("auto_cidr_pool", fmt.Errorf("want an IPv4 prefix, got %q", a.AutoCIDRPool))
 	}
-	if !sandboxapi.PrivateV4(p) {
+	if !sandbox.PrivateV4(p) {
 		return key("auto_cidr_pool", fmt.Errorf("%s is not inside a private (RFC 1918) range", p))
 	}
 	if a.AutoCIDRBits < p.Bits() || a.AutoCIDRBits > 28 {

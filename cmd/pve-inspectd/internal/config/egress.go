@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
 )
 
@@ -34,6 +36,27 @@ type EgressSection struct {
 	// tcp 80/443 are redirected to.
 	DNSPort   int `toml:"dns_port"`
 	ProxyPort int `toml:"proxy_port"`
+	// ProxyIdleTimeout closes a connection the proxy spliced when no
+	// byte went either way for that long.
+	ProxyIdleTimeout time.Duration `toml:"proxy_idle_timeout"`
+	// MaxLearned caps the addresses one sandbox's resolved names hold
+	// open at once (a wildcard over a domain whose names encode
+	// addresses cannot grow the kernel's set without bound).
+	MaxLearned int `toml:"max_learned"`
+	// DNSQueriesPerSandbox and DNSTCPPerSandbox bound one sandbox's UDP
+	// queries in flight and DNS-over-TCP connections at the daemon's
+	// resolver; ProxyConnsPerSandbox its connections through the proxy.
+	// Past them a query or connection is refused and counted
+	// (pve_inspect_egress_denied_total reason="quota").
+	DNSQueriesPerSandbox int `toml:"dns_queries_per_sandbox"`
+	DNSTCPPerSandbox     int `toml:"dns_tcp_per_sandbox"`
+	ProxyConnsPerSandbox int `toml:"proxy_conns_per_sandbox"`
+	// ZoneDomain is the DNS domain of a zone's dnsmasq, "{zone}" standing
+	// for the zone id ("" for none): names under it are answered by that
+	// dnsmasq for its guests in every mode, so it must hold the domain as
+	// local (local=/domain/: it never recurses for it). The zone's DHCP
+	// host names (its lease file) are answered the same way.
+	ZoneDomain string `toml:"zone_domain"`
 	// StateFile keeps the sandboxes' policies across restarts (and
 	// reboots: it must not be on a tmpfs); "" means egress.json in
 	// [api] state_dir, beside the sandboxes' own state.
@@ -50,7 +73,8 @@ func (c Config) EgressStateFile() string {
 
 func defaultEgress() EgressSection {
 	return EgressSection{DefaultMode: "open", Allow: []string{}, Deny: []string{}, Upstreams: []string{}, TTLFloor: 30 * time.Second, TTLCeiling: time.Hour,
-		DNSPort: 15353, ProxyPort: 15380}
+		DNSPort: 15353, ProxyPort: 15380, ProxyIdleTimeout: 5 * time.Minute, MaxLearned: egress.DefaultMaxLearned,
+		DNSQueriesPerSandbox: 16, DNSTCPPerSandbox: 8, ProxyConnsPerSandbox: 256}
 }
 
 // DefaultRules compiles the node-wide default policy (validated by Load).
@@ -84,6 +108,27 @@ func (s EgressSection) validate(prefix string) error {
 	for k, p := range map[string]int{"dns_port": s.DNSPort, "proxy_port": s.ProxyPort} {
 		if p < 1 || p > 65535 {
 			return &KeyError{Key: prefix + "." + k, Err: fmt.Errorf("%d: want 1..65535", p)}
+		}
+	}
+	if s.ProxyIdleTimeout < time.Second || s.ProxyIdleTimeout > 24*time.Hour {
+		return &KeyError{Key: prefix + ".proxy_idle_timeout", Err: fmt.Errorf("%s: want 1s..24h", s.ProxyIdleTimeout)}
+	}
+	for _, q := range []struct {
+		key   string
+		v, hi int
+	}{
+		{"max_learned", s.MaxLearned, firewall.EgressLearnedSize},
+		{"dns_queries_per_sandbox", s.DNSQueriesPerSandbox, 256},
+		{"dns_tcp_per_sandbox", s.DNSTCPPerSandbox, 256},
+		{"proxy_conns_per_sandbox", s.ProxyConnsPerSandbox, 1024},
+	} {
+		if q.v < 1 || q.v > q.hi {
+			return &KeyError{Key: prefix + "." + q.key, Err: fmt.Errorf("%d: want 1..%d", q.v, q.hi)}
+		}
+	}
+	if d := strings.ReplaceAll(s.ZoneDomain, "{zone}", "zone"); d != "" {
+		if _, _, err := egress.ParseDomain(d); err != nil {
+			return &KeyError{Key: prefix + ".zone_domain", Err: fmt.Errorf("%q: %w", s.ZoneDomain, err)}
 		}
 	}
 	if s.DNSPort == s.ProxyPort {

@@ -24,6 +24,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/hostnet"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 )
@@ -41,15 +42,15 @@ type Management interface {
 
 // APIDeps are what the sandbox API needs from the rest of the daemon.
 type APIDeps struct {
-	// Guests dials guest agents (qgaguest.Dialer(qga.New(...))).
-	Guests sandboxapi.GuestDialer
+	// Guests dials guest agents (qga.New(...).SandboxGuests()).
+	Guests sandbox.GuestDialer
 	// Checker runs the containment check; nil answers "unavailable".
-	Checker sandboxapi.Checker
+	Checker sandbox.Checker
 	// ZonesChanged receives the sandbox zones and their bridges: pass the
 	// host guard's SetZones.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
 	// Egress enforces sandboxes' egress policies (nil: refused).
-	Egress sandboxapi.Egress
+	Egress sandbox.Egress
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
 	// RetryMin and RetryMax bound the back-off between attempts to reach
@@ -118,7 +119,7 @@ func (a *API) Run(ctx context.Context) error {
 	defer a.ready.Set(0)
 	a.log.Info("sandbox api ready")
 	wg.Add(1)
-	go func() { defer wg.Done(); srv.RunReaper(ctx) }()
+	go func() { defer wg.Done(); srv.Engine().RunReaper(ctx) }()
 	<-ctx.Done()
 	return nil
 }
@@ -161,39 +162,45 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auto_cidr_pool: %w", err)
 	}
-	var dt sandboxapi.DiskTransfer
+	var dt sandbox.DiskTransfer
 	if ac.DiskTransferStorage != "" {
 		dt = diskxfer.New(px, diskxfer.Options{Storage: ac.DiskTransferStorage, Logger: a.log})
 	}
-	srv, err := sandboxapi.New(sandboxapi.Options{
+	eng, err := sandbox.New(sandbox.Options{
 		Node:      cfg.Node.ID,
 		Proxmox:   px,
 		Guests:    d.Guests,
 		Checker:   d.Checker,
-		Tokens:    auth.Open(ac.TokenFile),
 		QGADir:    ac.QGADir,
 		Pool:      ac.Pool,
 		Templates: ac.Templates,
 		StateDir:  ac.StateDir,
-		Caps: sandboxapi.Caps{SandboxVCPUs: ac.Caps.SandboxVCPUs, SandboxMemoryMiB: ac.Caps.SandboxMemoryMiB, SandboxVMs: ac.Caps.SandboxVMs,
+		Caps: sandbox.Caps{SandboxVCPUs: ac.Caps.SandboxVCPUs, SandboxMemoryMiB: ac.Caps.SandboxMemoryMiB, SandboxVMs: ac.Caps.SandboxVMs,
 			NodeVCPUs: ac.Caps.NodeVCPUs, NodeMemoryMiB: ac.Caps.NodeMemoryMiB, NodeVMs: ac.Caps.NodeVMs, NodeSandboxes: ac.Caps.NodeSandboxes},
-		DefaultTTL:     ac.DefaultTTL,
-		MaxTTL:         ac.MaxTTL,
-		ReaperInterval: ac.ReaperInterval,
-		MaxFileBytes:   ac.MaxFileBytes,
-		DiskTransfer:   dt,
-		DiskThreshold:  ac.DiskTransferThreshold,
-		AutoCIDRPool:   pool,
-		AutoCIDRBits:   ac.AutoCIDRBits,
-		AgentTimeout:   ac.AgentTimeout,
-		HostNetworks:   hostnet.New().Prefixes,
-		ZonesChanged:   d.ZonesChanged,
-		Egress:         d.Egress,
-		VMConfigs:      px,
-
+		ReaperInterval:           ac.ReaperInterval,
+		DiskTransfer:             dt,
+		DiskThreshold:            ac.DiskTransferThreshold,
+		AutoCIDRPool:             pool,
+		AutoCIDRBits:             ac.AutoCIDRBits,
+		AgentTimeout:             ac.AgentTimeout,
+		HostNetworks:             hostnet.New().Prefixes,
+		ZonesChanged:             d.ZonesChanged,
+		Egress:                   d.Egress,
+		VMConfigs:                px,
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
 		Registerer:               d.Registerer,
 		Logger:                   a.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		Tokens:       auth.Open(ac.TokenFile),
+		DefaultTTL:   ac.DefaultTTL,
+		MaxTTL:       ac.MaxTTL,
+		MaxFileBytes: ac.MaxFileBytes,
+		Registerer:   d.Registerer,
+		Logger:       a.log,
 	})
 	if err != nil {
 		return nil, err
@@ -205,7 +212,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 func (a *API) reconcile(ctx context.Context, srv *sandboxapi.Server) error {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	rep, err := srv.Reconcile(rctx)
+	rep, err := srv.Engine().Reconcile(rctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
@@ -196,7 +196,7 @@ func TestAPIProxmoxDownAtStart(t *testing.T) {
 	c := client.NewUnix(cfg.API.Socket)
 	waitFor(t, "503 while proxmox is down", func() error {
 		_, err := c.Health(ctx)
-		if client.IsProblem(err, sandboxapi.ProblemUnavailable) && strings.Contains(err.Error(), "connection refused") {
+		if client.IsProblem(err, apitype.ProblemUnavailable) && strings.Contains(err.Error(), "connection refused") {
 			return nil
 		}
 		return fmt.Errorf("want unavailable naming the refused connection, got %v", err)
@@ -239,7 +239,7 @@ func TestAPIMissingGuestsRetried(t *testing.T) {
 	c := client.NewUnix(cfg.API.Socket)
 	waitFor(t, "503 naming the missing dialer", func() error {
 		_, err := c.Health(ctx)
-		if client.IsProblem(err, sandboxapi.ProblemUnavailable) && strings.Contains(err.Error(), "Guests") {
+		if client.IsProblem(err, apitype.ProblemUnavailable) && strings.Contains(err.Error(), "Guests") {
 			return nil
 		}
 		return fmt.Errorf("got %v", err)

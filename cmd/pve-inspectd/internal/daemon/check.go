@@ -21,7 +21,6 @@ import (
 	"github.com/pve-inspect/pve-inspect/containment/lantargets"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/containcheck"
 )
 
 // lockdownView is what the check needs to know of the lockdown.
@@ -42,14 +41,14 @@ type egressView interface {
 // the node-wide part of the plan comes from the node's own addresses, the
 // daemon's ports and the [check] section; the policy from the lockdown and
 // the sandbox's egress mode (ev may be nil).
-func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView) *containcheck.Checker {
+func NewChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView) *containment.SandboxChecker {
 	return newChecker(cfg, qc, lv, ev, netns.None())
 }
 
 // newChecker is NewChecker reading the node's addresses, routes and
 // neighbours, and watching its bridges, in the network namespace node
 // (netns.None(): the daemon's own).
-func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView, node netns.NsHandle) *containcheck.Checker {
+func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressView, node netns.NsHandle) *containment.SandboxChecker {
 	c := cfg.Check
 	var adapt func(string, containment.Spec, containment.Policy) (containment.Spec, containment.Policy)
 	if ev != nil {
@@ -71,7 +70,7 @@ func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 	if node.IsOpen() {
 		obsOpts = append(obsOpts, l2observe.WithNetNS(node))
 	}
-	return &containcheck.Checker{
+	return &containment.SandboxChecker{
 		Sandbox: adapt,
 		Runner: &containment.Runner{ProbePath: c.ProbePath, GuestDir: c.GuestDir, Concurrency: c.Concurrency,
 			Observer: l2observe.New(obsOpts...)},
@@ -96,7 +95,7 @@ func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 // network namespace node: every node address (control-plane rows, TCP and
 // UDP), and, besides the configured [check] lan targets, the LAN targets
 // lantargets.Discover finds without configuration. The per-sandbox part
-// (containcheck) adds the gateway, the other sandboxes' guests, and drops
+// (containment.SandboxChecker) adds the gateway, the other sandboxes' guests, and drops
 // LAN targets inside any sandbox's subnet.
 func nodeSpec(cfg config.Config, node netns.NsHandle) (containment.Spec, error) {
 	c := cfg.Check

@@ -21,9 +21,10 @@ import (
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
@@ -101,10 +102,16 @@ func upCheckBed(t *testing.T, ctx context.Context) *checkBed {
 	}
 	qc := qga.New(qga.Options{})
 	cb := &checkBed{bed: bed, node: node}
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "pve", Proxmox: px, Guests: qgaguest.Dialer(qc), QGADir: bed.QGADir(),
-		StateDir: filepath.Join(bed.Dir(), "api-state"), AgentTimeout: 2 * time.Minute, MaxFileBytes: 1 << 20,
-		AutoCIDRPool: netip.MustParsePrefix(cfg.API.AutoCIDRPool), AutoCIDRBits: cfg.API.AutoCIDRBits,
-		Checker: newChecker(cfg, qc, nil, nil, node),
+	eng, err := sandbox.New(sandbox.Options{
+		Node:         "pve",
+		Proxmox:      px,
+		Guests:       qc.SandboxGuests(),
+		QGADir:       bed.QGADir(),
+		StateDir:     filepath.Join(bed.Dir(), "api-state"),
+		AgentTimeout: 2 * time.Minute,
+		AutoCIDRPool: netip.MustParsePrefix(cfg.API.AutoCIDRPool),
+		AutoCIDRBits: cfg.API.AutoCIDRBits,
+		Checker:      newChecker(cfg, qc, nil, nil, node),
 		ZonesChanged: func(ctx context.Context, z map[string][]string) error {
 			cb.mu.Lock()
 			defer cb.mu.Unlock()
@@ -113,11 +120,19 @@ func upCheckBed(t *testing.T, ctx context.Context) *checkBed {
 			}
 			return cb.guard.SetZones(ctx, z)
 		},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := srv.Reconcile(ctx); err != nil {
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		MaxFileBytes: 1 << 20,
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
@@ -150,8 +165,8 @@ func (cb *checkBed) startGuard(t *testing.T, ctx context.Context, zones map[stri
 }
 
 // rowsWith returns the rows whose check name contains every part.
-func rowsWith(rep sandboxapi.CheckReport, parts ...string) []sandboxapi.CheckRow {
-	var out []sandboxapi.CheckRow
+func rowsWith(rep apitype.CheckReport, parts ...string) []apitype.CheckRow {
+	var out []apitype.CheckRow
 	for _, r := range rep.Rows {
 		ok := true
 		for _, p := range parts {
@@ -178,11 +193,11 @@ func TestBedCheckDefaultConfig(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cb := upCheckBed(t, ctx)
-	a, err := cb.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	a, err := cb.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := cb.c.Create(ctx, sandboxapi.CreateRequest{VMs: []sandboxapi.VMRequest{{Template: "debian"}}})
+	b, err := cb.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +206,7 @@ func TestBedCheckDefaultConfig(t *testing.T) {
 			_ = cb.c.Delete(context.Background(), id)
 		}
 	})
-	logRows := func(rep sandboxapi.CheckReport) {
+	logRows := func(rep apitype.CheckReport) {
 		for _, r := range rep.Rows {
 			t.Logf("%-70s %-40s expect %-9s observed %-9s pass %-5v %s", r.Target, r.Probe, r.Expected, r.Observed, r.Pass, r.Detail)
 		}
@@ -217,7 +232,7 @@ func TestBedCheckDefaultConfig(t *testing.T) {
 	}
 
 	zones := map[string][]string{}
-	for _, sb := range []sandboxapi.Sandbox{a, b} {
+	for _, sb := range []apitype.Sandbox{a, b} {
 		for _, n := range sb.Networks {
 			zones[sb.Zone] = append(zones[sb.Zone], n.VNet)
 		}

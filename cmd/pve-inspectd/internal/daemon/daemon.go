@@ -27,7 +27,6 @@ import (
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/qga"
-	"github.com/pve-inspect/pve-inspect/sandboxapi/qgaguest"
 )
 
 // lockedDown adapts a func to the check's view of the lockdown.
@@ -315,7 +314,7 @@ func (r *run) startAPI(context.Context) error {
 	qc := qga.New(qga.Options{ExecOwnSession: cfg.API.ExecOwnSession})
 	ctl := r.ctl
 	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
-	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qgaguest.Dialer(qc), Checker: chk, ZonesChanged: r.zones.source("api"),
+	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qc.SandboxGuests(), Checker: chk, ZonesChanged: r.zones.source("api"),
 		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {
 		return err

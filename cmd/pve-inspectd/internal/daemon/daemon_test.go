@@ -12,7 +12,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
@@ -154,7 +154,7 @@ func TestRunProxmoxDownAtStart(t *testing.T) {
 	c := client.NewUnix(cfg.API.Socket)
 	waitFor(t, "503 while proxmox is down", func() error {
 		_, err := c.Health(ctx)
-		if client.IsProblem(err, sandboxapi.ProblemUnavailable) {
+		if client.IsProblem(err, apitype.ProblemUnavailable) {
 			return nil
 		}
 		return fmt.Errorf("want unavailable, got %v", err)

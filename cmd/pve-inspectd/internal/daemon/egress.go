@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -16,7 +17,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 
 	"github.com/pve-inspect/pve-inspect/internal/nsrun"
 )
@@ -113,11 +114,23 @@ func (r *run) startEgress(ctx context.Context) error {
 	if err := r.reg.Register(den.Collector()); err != nil {
 		return fmt.Errorf("egress metrics: %w", err)
 	}
-	reg := egress.NewRegistry(r.guard, def, r.egressState)
+	reg := egress.NewRegistry(r.guard, def, r.egressState, egress.WithMaxLearned(ec.MaxLearned))
+	// what the kernel learned before this start stays only where the
+	// persisted policy is still in force
+	if err := reg.Reconcile(ctx); err != nil {
+		return err
+	}
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: ups, TTLFloor: ec.TTLFloor, TTLCeiling: ec.TTLCeiling,
-		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark())}, reg, links, den, nil, r.log)
-	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark())},
-		reg, links, den, r.log)
+		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark()),
+		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox,
+		ZoneNames: &egress.LeaseNames{
+			LeaseFile: func(zone string) string {
+				return filepath.Join(r.d.Config.Guard.NodeRoot, "/", "var", "lib", "misc", "dnsmasq."+zone+".leases")
+			},
+			Domain: func(zone string) string { return strings.ReplaceAll(ec.ZoneDomain, "{zone}", zone) },
+		}}, reg, links, den, nil, r.log)
+	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark()),
+		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox}, reg, links, den, r.log)
 	var pc net.PacketConn
 	var dnsLn, proxyLn net.Listener
 	dnsAddr, proxyAddr := fmt.Sprintf(":%d", ec.DNSPort), fmt.Sprintf(":%d", ec.ProxyPort)
@@ -184,19 +197,19 @@ func dialIn(ns *netns.NsHandle, mark uint32) egress.DialFunc {
 	}
 }
 
-func policyOf(p sandboxapi.EgressPolicy) egress.Policy {
+func policyOf(p apitype.EgressPolicy) egress.Policy {
 	return egress.Policy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
 }
 
-// Validate implements sandboxapi.Egress.
-func (e *Egress) Validate(p sandboxapi.EgressPolicy) error {
+// Validate implements sandbox.Egress.
+func (e *Egress) Validate(p apitype.EgressPolicy) error {
 	_, err := egress.Compile(policyOf(p))
 	return err
 }
 
-// Set implements sandboxapi.Egress: in the kernel and persisted when it
+// Set implements sandbox.Egress: in the kernel and persisted when it
 // returns.
-func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string, p sandboxapi.EgressPolicy) error {
+func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
 	r, err := egress.Compile(policyOf(p))
 	if err != nil {
 		return err
@@ -204,23 +217,23 @@ func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string
 	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
 }
 
-// Remove implements sandboxapi.Egress.
+// Remove implements sandbox.Egress.
 func (e *Egress) Remove(ctx context.Context, sandbox, zone string) error {
 	e.Denials.Forget(sandbox)
 	return e.Registry.Remove(ctx, zone)
 }
 
-// Status implements sandboxapi.Egress. A sandbox without a policy of its
+// Status implements sandbox.Egress. A sandbox without a policy of its
 // own (created before egress policies existed) is open.
-func (e *Egress) Status(sandbox, zone string) sandboxapi.EgressStatus {
-	st := sandboxapi.EgressStatus{Sandbox: sandbox, Policy: sandboxapi.EgressPolicy{Mode: string(firewall.EgressOpen)},
-		Denials: []sandboxapi.EgressDenial{}}
+func (e *Egress) Status(sandbox, zone string) apitype.EgressStatus {
+	st := apitype.EgressStatus{Sandbox: sandbox, Policy: apitype.EgressPolicy{Mode: string(firewall.EgressOpen)},
+		Denials: []apitype.EgressDenial{}}
 	if r, ok := e.Registry.Get(zone); ok {
 		p := r.Policy()
-		st.Policy = sandboxapi.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
+		st.Policy = apitype.EgressPolicy{Mode: p.Mode, Allow: p.Allow, Deny: p.Deny}
 	}
 	for _, d := range e.Denials.Recent(sandbox) {
-		st.Denials = append(st.Denials, sandboxapi.EgressDenial{Time: d.Time, Reason: d.Reason, Name: d.Name, Dest: d.Dest})
+		st.Denials = append(st.Denials, apitype.EgressDenial{Time: d.Time, Reason: d.Reason, Name: d.Name, Dest: d.Dest})
 	}
 	return st
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
-	"github.com/pve-inspect/pve-inspect/sandboxapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // TestRunKeepsEgressPolicies: the daemon starts with the policies a
@@ -78,7 +78,7 @@ func TestRunKeepsEgressPolicies(t *testing.T) {
 		if got := none(); !slices.Equal(got, []string{"vnetq"}) {
 			t.Errorf("egress_none at readiness: %v, want the persisted vnetq", got)
 		}
-		if err := eg.Set(context.Background(), "sb-bbbb", "sb-bbbb", []string{"vnetr"}, sandboxapi.EgressPolicy{Mode: "none"}); err != nil {
+		if err := eg.Set(context.Background(), "sb-bbbb", "sb-bbbb", []string{"vnetr"}, apitype.EgressPolicy{Mode: "none"}); err != nil {
 			t.Fatal(err)
 		}
 		if got := none(); !slices.Equal(got, []string{"vnetq", "vnetr"}) {

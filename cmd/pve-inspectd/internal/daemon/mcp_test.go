@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
@@ -42,8 +43,20 @@ func TestTCPHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := sandboxapi.New(sandboxapi.Options{Node: "n1", Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000}), Guests: g.Dial,
-		Tokens: store, StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	eng, err := sandbox.New(sandbox.Options{
+		Node:     "n1",
+		Proxmox:  apitest.NewProxmox(g, map[string]int{"debian": 9000}),
+		Guests:   g.Dial,
+		StateDir: t.TempDir(),
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sandboxapi.New(eng, sandboxapi.Options{
+		Tokens: store,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,258 @@
+package containment
+
+// This file is the sandbox engine's containment check (sandbox.Checker):
+// SandboxChecker fills the plan's per-sandbox part (the
+// VM's zone gateway and subnet, the zone resolver's local name, the guests
+// of the node's other sandboxes) around a node-wide part the daemon supplies
+// (host addresses, control ports, metadata, LAN, public targets, and the
+// policy the node's mode promises), runs the probe in the VM through the
+// guest agent and converts the rows. With GuestPorts set it also asks for
+// the layer-2 rows on the VM's vnet bridge, leaving the VM's own ports out
+// of the node's watch.
+//
+// On a node with many sandboxes the plan is sampled (this package's
+// sample.go): the node addresses that lie in another sandbox's subnet are
+// that zone's gateway and go to Spec.OtherGateways, and every run takes
+// the next rotation, so consecutive checks on the node cover every other
+// zone and LAN target. The report's Sampling says what a run left out.
+// The other sandboxes' guest addresses are asked for a few at a time,
+// each within its own short timeout.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// SandboxChecker is the containment check of a sandbox: it implements
+// sandbox.Checker.
+type SandboxChecker struct {
+	// Runner uploads and runs the probe.
+	Runner *Runner
+	// Client and QGADir reach the VM's agent (<QGADir>/<vmid>.qga).
+	Client *qga.Client
+	QGADir string
+	// Node returns the node-wide part of the plan and the policy the node's
+	// current mode promises (guard only, or lockdown).
+	Node func(ctx context.Context) (Spec, Policy, error)
+	// Sandbox, when set, adapts the node's spec and policy to the sandbox
+	// (its egress policy: an allow-list or none sandbox reaches no public
+	// address and recurses for no external name; an allow-list one gets
+	// the egress rows).
+	Sandbox func(sandbox string, spec Spec, p Policy) (Spec, Policy)
+	// LocalName is the name a zone's resolver answers itself.
+	LocalName func(zone string) string
+	// OtherZonePort is probed on other sandboxes' guests (22).
+	OtherZonePort uint16
+	// GuestPorts, when set, adds the layer-2 spoofing rows (the Runner
+	// needs an Observer): it names the node's bridge ports of NIC netN of
+	// a VM (firewall.PortNames), which the node's watch leaves out.
+	GuestPorts func(vmid, nic int) []string
+
+	// rotation is the last rotation a run took (0: none yet; the first
+	// run starts from the clock, so a restarted daemon does not start at
+	// the same window again).
+	rotation atomic.Uint64
+}
+
+// nextRotation returns the rotation of a new run: the one after the last.
+func (c *SandboxChecker) nextRotation() uint64 {
+	for {
+		last := c.rotation.Load()
+		next := last + 1
+		if last == 0 {
+			next = uint64(time.Now().Unix())
+		}
+		if c.rotation.CompareAndSwap(last, next) {
+			return next
+		}
+	}
+}
+
+// guestLookups is how many other guests are asked for their address at
+// once.
+const guestLookups = 8
+
+var _ sandbox.Checker = (*SandboxChecker)(nil)
+
+// guestAddr asks a guest for its first global IPv4 address.
+func guestAddr(ctx context.Context, g sandbox.Guest) (netip.Addr, error) {
+	res, err := g.Exec(ctx, sandbox.GuestExec{Argv: []string{"ip", "-4", "-o", "addr", "show", "scope", "global"}, Timeout: 10, OutputLimit: 64 << 10})
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, line := range strings.Split(string(res.Stdout), "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "inet" {
+				if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+					return p.Addr(), nil
+				}
+			}
+		}
+	}
+	return netip.Addr{}, errors.New("no global IPv4 address")
+}
+
+// Run implements sandbox.Checker.
+func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apitype.CheckReport, error) {
+	spec, pol, err := c.Node(ctx)
+	if err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: node facts: %w", err)
+	}
+	if c.Sandbox != nil {
+		spec, pol = c.Sandbox(t.Sandbox.ID, spec, pol)
+	}
+	var nw *apitype.Network
+	for i, n := range t.Sandbox.Networks {
+		if len(t.VM.Networks) > 0 && n.Name == t.VM.Networks[0] {
+			nw = &t.Sandbox.Networks[i]
+		}
+	}
+	if nw == nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: VM %s has no network", t.VM.Name)
+	}
+	if spec.Gateway, err = netip.ParseAddr(nw.Gateway); err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: gateway: %w", err)
+	}
+	if spec.Subnet, err = netip.ParsePrefix(nw.CIDR); err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: subnet: %w", err)
+	}
+	spec.LocalName = c.LocalName(t.Sandbox.Zone)
+	if c.GuestPorts != nil {
+		spec.Layer2 = c.layer2(ctx, t, nw, spec.Subnet)
+	}
+	port := c.OtherZonePort
+	if port == 0 {
+		port = 22
+	}
+	spec.OtherZone = append(spec.OtherZone, otherGuests(ctx, t, port)...)
+	spec.HostAddrs, spec.OtherGateways = splitGateways(spec.HostAddrs, t.Others)
+	spec.Rotation = c.nextRotation()
+	spec.LAN = outsideSandboxes(spec.LAN, t)
+	plan, err := NewPlan(spec, pol)
+	if err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
+	}
+	agent := AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
+	res, err := c.Runner.Run(ctx, agent, plan)
+	if err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
+	}
+	rep := apitype.CheckReport{Pass: res.Passed()}
+	if s := res.Sampling; s != nil {
+		rep.Sampling = &apitype.CheckSampling{RowsNotProbed: s.RowsLeftOut, NotProbed: s.LeftOut, Runs: s.Runs, Note: s.String()}
+	}
+	for _, r := range res.Rows {
+		detail := r.Detail
+		if r.Why != "" {
+			detail += "; " + r.Why
+		}
+		rep.Rows = append(rep.Rows, apitype.CheckRow{Target: r.Name, Probe: r.Target, Expected: string(r.Expect),
+			Observed: string(r.Observed), Pass: r.Status == Pass, Control: r.Control, Detail: detail})
+	}
+	return rep, nil
+}
+
+// otherGuests returns the first guest of every other sandbox, at port,
+// asking guestLookups of them at a time.
+func otherGuests(ctx context.Context, t sandbox.CheckTarget, port uint16) []netip.AddrPort {
+	if t.GuestOf == nil {
+		return nil
+	}
+	found := make([]netip.AddrPort, len(t.Others))
+	var g errgroup.Group
+	g.SetLimit(guestLookups)
+	for i, o := range t.Others {
+		if len(o.VMs) == 0 {
+			continue
+		}
+		g.Go(func() error {
+			// The address comes from the other guest itself: accept it only
+			// inside that sandbox's own subnets (known host-side), so a
+			// guest cannot aim this row anywhere else.
+			if a, err := guestAddr(ctx, t.GuestOf(o.VMs[0].VMID)); err == nil && inNetworks(a, o.Networks) {
+				found[i] = netip.AddrPortFrom(a, port)
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // the lookups return no errors: a guest that does not answer is left out
+	out := found[:0]
+	for _, ap := range found {
+		if ap.IsValid() {
+			out = append(out, ap)
+		}
+	}
+	return out
+}
+
+// splitGateways moves the node addresses that lie in another sandbox's
+// subnet (that zone's gateway) from hosts to the other zones' gateways,
+// whose rows are sampled on a busy node.
+func splitGateways(hosts []netip.Addr, others []apitype.Sandbox) (own, gateways []netip.Addr) {
+	for _, a := range hosts {
+		other := false
+		for _, o := range others {
+			other = other || inNetworks(a, o.Networks)
+		}
+		if other {
+			gateways = append(gateways, a)
+		} else {
+			own = append(own, a)
+		}
+	}
+	return own, gateways
+}
+
+// inNetworks reports whether a lies in one of the networks' CIDRs.
+func inNetworks(a netip.Addr, nws []apitype.Network) bool {
+	for _, n := range nws {
+		if p, err := netip.ParsePrefix(n.CIDR); err == nil && p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// outsideSandboxes drops the LAN targets that lie in a subnet of the
+// sandbox or of another sandbox on the node: those are sandbox zones (the
+// other-zone rows cover them), not the operator's network.
+func outsideSandboxes(lan []netip.AddrPort, t sandbox.CheckTarget) []netip.AddrPort {
+	out := lan[:0:0]
+	for _, ap := range lan {
+		in := inNetworks(ap.Addr(), t.Sandbox.Networks)
+		for _, o := range t.Others {
+			in = in || inNetworks(ap.Addr(), o.Networks)
+		}
+		if !in {
+			out = append(out, ap)
+		}
+	}
+	return out
+}
+
+// layer2 asks for the layer-2 rows of the VM's first NIC (net0, on nw's
+// vnet bridge). The guest's own address, when it tells one inside the
+// subnet, only keeps the spoofed address apart from it.
+func (c *SandboxChecker) layer2(ctx context.Context, t sandbox.CheckTarget, nw *apitype.Network, subnet netip.Prefix) *Layer2Spec {
+	l := &Layer2Spec{Bridge: nw.VNet, GuestPorts: c.GuestPorts(t.VM.VMID, 0)}
+	if t.Guest != nil {
+		if a, err := guestAddr(ctx, t.Guest); err == nil && subnet.Contains(a) {
+			l.GuestAddr = a
+		}
+	}
+	return l
+}

@@ -1,0 +1,47 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Check runs the containment check from VM vm of sandbox sb (an operation
+// begun with Begin), with the node's other ready sandboxes as the
+// cross-zone targets. ErrNotConfigured when no Checker is set.
+func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (apitype.CheckReport, error) {
+	if m.o.Checker == nil {
+		return apitype.CheckReport{}, refuse(ErrNotConfigured, "the containment check is not configured")
+	}
+	var others []apitype.Sandbox
+	for _, o := range m.List() {
+		if o.ID != sb.ID && o.State == apitype.StateReady {
+			others = append(others, o)
+		}
+	}
+	rep, err := m.o.Checker.Run(ctx, CheckTarget{Sandbox: sb, VM: vm, Guest: m.Guest(vm.VMID), Others: others, GuestOf: m.Guest})
+	if err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
+	}
+	rep.Sandbox, rep.VM = sb.ID, vm.Name
+	return rep, nil
+}
+
+// CheckTarget is what the containment check needs to know about a sandbox.
+type CheckTarget struct {
+	Sandbox apitype.Sandbox
+	VM      apitype.VM
+	Guest   Guest
+	// Others are the other ready sandboxes of this node (cross-zone probes).
+	Others []apitype.Sandbox
+	// GuestOf returns the guest of any VM of this node by VM id (to learn
+	// another sandbox's guest address).
+	GuestOf func(vmid int) Guest
+}
+
+// Checker runs the containment check (DESIGN.md section 7) from inside a
+// VM. Implemented by containment.SandboxChecker.
+type Checker interface {
+	Run(ctx context.Context, t CheckTarget) (apitype.CheckReport, error)
+}

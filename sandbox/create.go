@@ -1,0 +1,273 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// templateID resolves a template name.
+func (m *Engine) templateID(ctx context.Context, name string) (int, error) {
+	if id, ok := m.o.Templates[name]; ok {
+		return id, nil
+	}
+	id, err := m.cloner.TemplateID(ctx, name)
+	if errors.Is(err, ErrNotFound) {
+		return 0, invalid("template", "unknown template %q", name)
+	}
+	if err != nil {
+		return 0, pxErr("look up template "+name, err)
+	}
+	return id, nil
+}
+
+// Create builds a sandbox and returns when every VM answers its agent; on
+// failure everything created is removed.
+func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype.Sandbox, error) {
+	tmpl := make([]int, len(req.VMs))
+	for i, v := range req.VMs {
+		id, err := m.templateID(ctx, v.Template)
+		if err != nil {
+			return apitype.Sandbox{}, err
+		}
+		tmpl[i] = id
+	}
+	names := make([]string, len(req.VMs))
+	for i, v := range req.VMs {
+		names[i] = v.Template
+	}
+	if err := m.checkTemplates(ctx, names, tmpl); err != nil {
+		return apitype.Sandbox{}, err
+	}
+	var foreign []netip.Prefix
+	cidrs, err := m.zones.ListSubnetCIDRs(ctx)
+	if err != nil {
+		return apitype.Sandbox{}, pxErr("list subnets", err)
+	}
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			foreign = append(foreign, p.Masked())
+		}
+	}
+
+	var host []netip.Prefix
+	if m.o.HostNetworks != nil {
+		if host, err = m.o.HostNetworks(ctx); err != nil {
+			return apitype.Sandbox{}, fmt.Errorf("create: %w", err)
+		}
+	}
+
+	now := m.o.Now()
+	m.mu.Lock()
+	if err := m.guardLocked(&req); err != nil {
+		m.mu.Unlock()
+		return apitype.Sandbox{}, err
+	}
+	id := newSandboxID()
+	for m.sbx[id] != nil {
+		id = newSandboxID()
+	}
+	prefixes, err := m.allocCIDRsLocked(req.Networks, foreign, host)
+	if err != nil {
+		m.mu.Unlock()
+		return apitype.Sandbox{}, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	defer cancel()
+	rec := &record{
+		Sandbox: apitype.Sandbox{
+			ID: id, State: apitype.StateCreating, Owner: req.Owner, Labels: req.Labels,
+			CreatedAt: now, ExpiresAt: now.Add(time.Duration(req.TTLSeconds) * time.Second), Zone: id,
+		},
+		created: make(chan struct{}),
+		cancel:  cancel,
+		egress:  req.Egress,
+	}
+	for i, n := range req.Networks {
+		gw, _, _ := subnetPlan(prefixes[i])
+		rec.Networks = append(rec.Networks, apitype.Network{
+			Name: n.Name, VNet: vnetID(id, i), CIDR: prefixes[i].String(), Gateway: gw.String(),
+			DHCP: n.DHCP == nil || *n.DHCP, SNAT: n.SNAT == nil || *n.SNAT,
+		})
+	}
+	for _, v := range req.VMs {
+		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB, Networks: v.Networks})
+	}
+	m.sbx[id] = rec
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	defer close(rec.created)
+
+	log := m.log.With("sandbox", id)
+	if err := m.saveState(); err != nil {
+		m.forget(id)
+		return apitype.Sandbox{}, err
+	}
+	err = m.build(cctx, rec, tmpl, req.Env)
+	if err != nil {
+		log.Warn("create failed, tearing down", "err", err)
+		tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
+		defer tcancel()
+		if terr := m.teardown(tctx, rec); terr != nil {
+			log.Error("teardown after failed create", "err", terr)
+			m.setState(id, apitype.StateError, fmt.Sprintf("create failed: %v; teardown failed: %v", err, terr))
+			return apitype.Sandbox{}, err
+		}
+		m.forget(id)
+		m.removeEgress(tctx, id, rec.Zone)
+		if perr := m.publishZones(tctx); perr != nil {
+			log.Error("publish zones after failed create", "err", perr)
+		}
+		return apitype.Sandbox{}, err
+	}
+	m.setState(id, apitype.StateReady, "")
+	log.Info("sandbox ready", "vms", len(rec.VMs))
+	sb, _ := m.Get(id)
+	return sb, nil
+}
+
+// build creates the zone, vnets, subnets and VMs of rec.
+func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
+	zones := m.zones
+	id := rec.ID
+	alias := nodeTag(m.o.Node) + " " + sandboxTag(id)
+	if err := m.pools.EnsurePool(ctx, m.o.Pool); err != nil {
+		return pxErr("ensure pool", err)
+	}
+	if err := zones.CreateZone(ctx, ZoneSpec{ID: id}); err != nil {
+		return pxErr("create zone "+id, err)
+	}
+	for _, n := range rec.Networks {
+		if err := zones.CreateVNet(ctx, VNetSpec{ID: n.VNet, Zone: id, Alias: alias}); err != nil {
+			return pxErr("create vnet "+n.VNet, err)
+		}
+		p := netip.MustParsePrefix(n.CIDR)
+		gw, start, end := subnetPlan(p)
+		s := SubnetSpec{VNet: n.VNet, CIDR: n.CIDR, Gateway: gw.String(), SNAT: n.SNAT}
+		if n.DHCP {
+			s.DHCPStart, s.DHCPEnd = start.String(), end.String()
+		}
+		if err := zones.CreateSubnet(ctx, s); err != nil {
+			return pxErr("create subnet "+n.CIDR, err)
+		}
+	}
+	if err := m.applySDN(ctx); err != nil {
+		return err
+	}
+	if err := m.publishZones(ctx); err != nil {
+		return err
+	}
+	if err := m.applyEgress(ctx, rec); err != nil {
+		return err
+	}
+	errs := make(chan error, len(rec.VMs))
+	vctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range rec.VMs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.buildVM(vctx, rec, i, tmpl[i], env); err != nil {
+				cancel()
+				errs <- fmt.Errorf("vm %s: %w", rec.VMs[i].Name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var first error
+	for err := range errs {
+		if first == nil || errors.Is(first, context.Canceled) {
+			first = err
+		}
+	}
+	return first
+}
+
+// allocVMID reserves a VM id; release it once the clone exists.
+func (m *Engine) allocVMID(ctx context.Context) (int, error) {
+	m.idMu.Lock()
+	defer m.idMu.Unlock()
+	id, err := m.cloner.NextID(ctx)
+	if err != nil {
+		return 0, pxErr("next vm id", err)
+	}
+	for m.reserved[id] {
+		id++
+	}
+	m.reserved[id] = true
+	return id, nil
+}
+
+func (m *Engine) releaseVMID(id int) {
+	m.idMu.Lock()
+	delete(m.reserved, id)
+	m.idMu.Unlock()
+}
+
+func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[string]string) error {
+	px := m.cloner
+	m.mu.Lock()
+	spec := rec.VMs[i]
+	m.mu.Unlock()
+	var vmid int
+	for attempt := 0; ; attempt++ {
+		id, err := m.allocVMID(ctx)
+		if err != nil {
+			return err
+		}
+		m.mu.Lock()
+		rec.VMs[i].VMID = id
+		m.mu.Unlock()
+		if err := m.saveState(); err != nil {
+			m.releaseVMID(id)
+			return err
+		}
+		err = px.CloneVM(ctx, CloneSpec{Template: tmpl, NewID: id, Name: m.vmName(rec.ID, spec.Name), Pool: m.o.Pool})
+		m.releaseVMID(id)
+		if errors.Is(err, ErrExists) && attempt < 5 {
+			m.mu.Lock()
+			rec.VMs[i].VMID = 0
+			m.mu.Unlock()
+			continue
+		}
+		if err != nil {
+			return pxErr(fmt.Sprintf("clone template %d to %d", tmpl, id), err)
+		}
+		vmid = id
+		break
+	}
+	bridges := make([]string, len(spec.Networks))
+	for k, n := range spec.Networks {
+		for _, net := range rec.Networks {
+			if net.Name == n {
+				bridges[k] = net.VNet
+			}
+		}
+	}
+	cfg := VMConfig{Tags: []string{nodeTag(m.o.Node), sandboxTag(rec.ID)}, Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges}
+	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
+		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
+	}
+	if err := m.hardenClone(ctx, vmid); err != nil {
+		return err
+	}
+	if spec.DiskGiB > 0 {
+		if err := px.ResizeDisk(ctx, vmid, spec.DiskGiB); err != nil {
+			return pxErr(fmt.Sprintf("resize disk of vm %d", vmid), err)
+		}
+	}
+	if err := px.StartVM(ctx, vmid); err != nil {
+		return pxErr(fmt.Sprintf("start vm %d", vmid), err)
+	}
+	if err := m.waitAgent(ctx, vmid); err != nil {
+		return err
+	}
+	return m.writeEnv(ctx, vmid, env)
+}

@@ -1,0 +1,208 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Delete deletes a sandbox; deleting an unknown sandbox succeeds.
+func (m *Engine) Delete(ctx context.Context, id string) error {
+	_, err := m.removeIf(ctx, id, nil)
+	return err
+}
+
+// removeIf deletes a sandbox when cond, checked under the lock at the moment
+// the sandbox turns to deleting, holds (nil: always). It reports whether
+// the sandbox was deleted (or already gone).
+func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) bool) (bool, error) {
+	m.mu.Lock()
+	r, ok := m.sbx[id]
+	if !ok {
+		m.mu.Unlock()
+		return true, nil
+	}
+	switch {
+	case r.State == apitype.StateCreating:
+		created := r.created
+		r.cancel()
+		m.mu.Unlock()
+		select {
+		case <-created:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		return m.removeIf(ctx, id, cond)
+	case r.deleted != nil:
+		d := r.deleted
+		m.mu.Unlock()
+		select {
+		case <-d:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+		return m.removeIf(ctx, id, cond)
+	case cond != nil && !cond(r):
+		m.mu.Unlock()
+		return false, nil
+	}
+	r.State = apitype.StateDeleting
+	r.deleted = make(chan struct{})
+	if r.opsCancel != nil {
+		r.opsCancel(errDeleted)
+		r.opsCtx, r.opsCancel = nil, nil
+	}
+	d := r.deleted
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	defer close(d)
+	if err := m.saveState(); err != nil {
+		return false, err
+	}
+	if err := waitOps(ctx, &r.ops); err != nil {
+		m.mu.Lock()
+		r.deleted = nil
+		m.mu.Unlock()
+		m.setState(id, apitype.StateError, "delete: operations still in flight: "+err.Error())
+		return false, err
+	}
+	if err := m.teardown(ctx, r); err != nil {
+		m.mu.Lock()
+		r.deleted = nil
+		m.mu.Unlock()
+		m.setState(id, apitype.StateError, "delete failed: "+err.Error())
+		return false, err
+	}
+	m.forget(id)
+	m.removeEgress(ctx, id, r.Zone)
+	m.log.Info("sandbox deleted", "sandbox", id)
+	if err := m.publishZones(ctx); err != nil {
+		m.log.Error("publish zones after delete", "err", err)
+	}
+	return true, nil
+}
+
+// waitOps waits for the operations in flight, or ctx.
+func waitOps(ctx context.Context, ops *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() { ops.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for operations in flight: %w", ctx.Err())
+	}
+}
+
+// teardown removes every Proxmox object of rec that carries (or was
+// recorded with) its ownership.
+func (m *Engine) teardown(ctx context.Context, rec *record) error {
+	m.mu.Lock()
+	vms := slices.Clone(rec.VMs)
+	nets := slices.Clone(rec.Networks)
+	id := rec.ID
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, len(vms))
+	for i, v := range vms {
+		if v.VMID == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = m.deleteVM(ctx, id, v.VMID, m.vmName(id, v.Name))
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return m.deleteSDN(ctx, id, nets)
+}
+
+// deleteVM stops and destroys a VM when it is owned by sandbox sb: both tags,
+// or (a clone whose tagging failed) the exact name and pool this daemon
+// recorded for it. Anything else is left alone.
+func (m *Engine) deleteVM(ctx context.Context, sb string, vmid int, wantName string) error {
+	px := m.vms
+	info, err := px.VM(ctx, vmid)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return pxErr(fmt.Sprintf("read vm %d", vmid), err)
+	}
+	owner, tagged := m.ownedBy(info.Tags)
+	switch {
+	case info.Template:
+		return nil
+	case tagged && owner == sb:
+	case !tagged && info.Name == wantName && info.Pool == m.o.Pool && !slices.ContainsFunc(info.Tags, func(t string) bool { return strings.HasPrefix(t, "pvei-") }):
+	default:
+		m.log.Warn("vm id recorded for sandbox is not ours; left alone", "sandbox", sb, "vmid", vmid, "tags", info.Tags, "name", info.Name)
+		return nil
+	}
+	if info.Status != "stopped" {
+		if err := px.StopVM(ctx, vmid); err != nil && !errors.Is(err, ErrNotFound) {
+			return pxErr(fmt.Sprintf("stop vm %d", vmid), err)
+		}
+	}
+	if err := px.DeleteVM(ctx, vmid); err != nil && !errors.Is(err, ErrNotFound) {
+		return pxErr(fmt.Sprintf("delete vm %d", vmid), err)
+	}
+	return nil
+}
+
+// deleteSDN removes the sandbox's subnets, vnets (only those whose alias
+// carries both tags) and zone, then applies.
+func (m *Engine) deleteSDN(ctx context.Context, sb string, nets []apitype.Network) error {
+	px := m.cleaner
+	all, err := px.ListVNets(ctx)
+	if err != nil {
+		return pxErr("list vnets", err)
+	}
+	changed := false
+	remaining := 0
+	for _, v := range all {
+		if v.Zone != sb {
+			continue
+		}
+		owner, ok := m.ownedBy(aliasTags(v.Alias))
+		if !ok || owner != sb {
+			remaining++
+			m.log.Warn("vnet in sandbox zone without our tags; left alone", "vnet", v.ID, "zone", v.Zone)
+			continue
+		}
+		for _, n := range nets {
+			if n.VNet == v.ID {
+				if err := px.DeleteSubnet(ctx, v.ID, n.CIDR); err != nil && !errors.Is(err, ErrNotFound) {
+					return pxErr("delete subnet "+n.CIDR, err)
+				}
+			}
+		}
+		if err := px.DeleteVNet(ctx, v.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			return pxErr("delete vnet "+v.ID, err)
+		}
+		changed = true
+	}
+	if remaining == 0 {
+		err := px.DeleteZone(ctx, sb)
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return pxErr("delete zone "+sb, err)
+		default:
+			changed = true
+		}
+	}
+	if changed {
+		return m.applySDN(ctx)
+	}
+	return nil
+}

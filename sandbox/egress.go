@@ -1,0 +1,100 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Egress applies sandboxes' egress policies in the host guard: the parts
+// of the daemon's egress part the engine needs.
+type Egress interface {
+	// Validate checks a policy; the error names the bad entry.
+	Validate(p apitype.EgressPolicy) error
+	// Set puts p in force for the sandbox's zone and bridges; it returns
+	// once the kernel enforces it. On error nothing changed.
+	Set(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error
+	// Remove drops the sandbox's policy (its zone is gone).
+	Remove(ctx context.Context, sandbox, zone string) error
+	// Status returns the policy in force and the recent denials.
+	Status(sandbox, zone string) apitype.EgressStatus
+}
+
+// ValidateEgress checks an optional policy (nil passes) for a create or
+// SetEgress: an InvalidError of field "egress" when egress policies are
+// off on this node or the egress part rejects it.
+func (m *Engine) ValidateEgress(p *apitype.EgressPolicy) error {
+	if p == nil {
+		return nil
+	}
+	if m.o.Egress == nil {
+		return invalid("egress", "egress policies are not enabled on this node")
+	}
+	if err := m.o.Egress.Validate(*p); err != nil {
+		return invalid("egress", "%v", err)
+	}
+	return nil
+}
+
+// EgressStatus returns sb's policy in force and its recent denials
+// (ErrNotConfigured when egress policies are off on this node).
+func (m *Engine) EgressStatus(sb apitype.Sandbox) (apitype.EgressStatus, error) {
+	if m.o.Egress == nil {
+		return apitype.EgressStatus{}, refuse(ErrNotConfigured, "egress policies are not enabled on this node")
+	}
+	return m.o.Egress.Status(sb.ID, sb.Zone), nil
+}
+
+// SetEgress replaces a ready sandbox's policy; it is enforced in the kernel
+// when the call returns. Check p with ValidateEgress first.
+func (m *Engine) SetEgress(ctx context.Context, sb apitype.Sandbox, p apitype.EgressPolicy) (apitype.EgressStatus, error) {
+	if err := m.ValidateEgress(&p); err != nil {
+		return apitype.EgressStatus{}, err
+	}
+	if sb.State != apitype.StateReady {
+		return apitype.EgressStatus{}, refuse(ErrConflict, "sandbox %s is %s", sb.ID, sb.State)
+	}
+	if err := m.o.Egress.Set(ctx, sb.ID, sb.Zone, sandboxBridges(sb), p); err != nil {
+		return apitype.EgressStatus{}, fmt.Errorf("set egress policy of %s: %w", sb.ID, err)
+	}
+	return m.o.Egress.Status(sb.ID, sb.Zone), nil
+}
+
+// applyEgress puts a new sandbox's policy (open when none was asked for)
+// in force before its VMs start.
+func (m *Engine) applyEgress(ctx context.Context, rec *record) error {
+	if m.o.Egress == nil {
+		return nil
+	}
+	m.mu.Lock()
+	p := apitype.EgressPolicy{Mode: "open"}
+	if rec.egress != nil {
+		p = *rec.egress
+	}
+	id, zone, bridges := rec.ID, rec.Zone, sandboxBridges(rec.Sandbox)
+	m.mu.Unlock()
+	if err := m.o.Egress.Set(ctx, id, zone, bridges, p); err != nil {
+		return fmt.Errorf("egress policy: %w", err)
+	}
+	return nil
+}
+
+// removeEgress drops a deleted sandbox's policy; a failure is logged (the
+// zone's bridges are gone, so the stale policy guards nothing).
+func (m *Engine) removeEgress(ctx context.Context, id, zone string) {
+	if m.o.Egress == nil {
+		return
+	}
+	if err := m.o.Egress.Remove(ctx, id, zone); err != nil {
+		m.log.Error("remove egress policy", "sandbox", id, "err", err)
+	}
+}
+
+func sandboxBridges(sb apitype.Sandbox) []string {
+	var out []string
+	for _, n := range sb.Networks {
+		out = append(out, n.VNet)
+	}
+	return out
+}

@@ -1,0 +1,302 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Options configure an Engine. Zero values take the documented defaults.
+type Options struct {
+	// Node is this node's id; it tags every object (required).
+	Node string
+	// Proxmox is the Proxmox API (required).
+	Proxmox Proxmox
+	// Guests dials a VM's guest agent by socket path (required).
+	Guests GuestDialer
+	// Checker runs the containment check; nil: Check fails with
+	// ErrNotConfigured.
+	Checker Checker
+	// QGADir holds <vmid>.qga sockets (default /var/run/qemu-server).
+	QGADir string
+	// Pool is the Proxmox pool of every VM (default "pve-inspect").
+	Pool string
+	// Templates maps template names to VM ids; other names are looked up
+	// with Proxmox.TemplateID.
+	Templates map[string]int
+	// StateDir holds the state file (default /var/lib/pve-inspectd/sandboxapi).
+	StateDir string
+	// Caps are the resource guard's limits.
+	Caps Caps
+	// ReaperInterval is how often expired sandboxes are deleted (30s).
+	ReaperInterval time.Duration
+	// DiskTransfer, when set, moves files of at least DiskThreshold bytes
+	// (32 MiB by default) through a hot-plugged disk instead of the guest
+	// agent (diskxfer).
+	DiskTransfer  DiskTransfer
+	DiskThreshold int64
+	// AutoCIDRPool and AutoCIDRBits: where "auto" networks come from
+	// (10.200.0.0/16 in /24s).
+	AutoCIDRPool netip.Prefix
+	AutoCIDRBits int
+	// HostNetworks, when set, lists the host's own networks (addresses and
+	// routes: hostnet.Lister.Prefixes); a create whose networks overlap one
+	// is refused, and "auto" skips them. An error fails the create.
+	HostNetworks func(ctx context.Context) ([]netip.Prefix, error)
+	// AgentTimeout bounds the wait for a started VM's agent (5m).
+	AgentTimeout time.Duration
+	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m).
+	CreateTimeout, TeardownTimeout time.Duration
+	// ZonesChanged, when set, receives every sandbox zone of this node with
+	// its vnet bridges whenever that set changes (after a create's SDN apply,
+	// before its VMs start; after a delete; after Reconcile). The daemon
+	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
+	// own vnets may forward to each other. An error fails the create.
+	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// Egress, when set, enforces sandboxes' egress policies (create's
+	// egress object, SetEgress); nil refuses them.
+	Egress Egress
+	// VMConfigs, when set, reads and changes VM configurations for the
+	// hardened VM profile (hardening): every clone gets what the
+	// pool-scoped token may set, and a create from a template that fails
+	// the profile's root-only items is refused (NotHardenedError) unless
+	// AllowUnhardenedTemplates.
+	VMConfigs VMConfigs
+	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
+	// lets a create clone a template that fails the profile.
+	AllowUnhardenedTemplates bool
+	// Now is the clock (time.Now).
+	Now func() time.Time
+	// Registerer receives the metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	// Logger is the structured logger (slog.Default()).
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() error {
+	if o.Node == "" || o.Proxmox == nil || o.Guests == nil {
+		return errors.New("sandbox: Node, Proxmox and Guests are required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if o.QGADir == "" {
+		o.QGADir = "/var/run/qemu-server"
+	}
+	if o.Pool == "" {
+		o.Pool = "pve-inspect"
+	}
+	if o.StateDir == "" {
+		o.StateDir = "/var/lib/pve-inspectd/sandboxapi"
+	}
+	def(&o.ReaperInterval, 30*time.Second)
+	def(&o.AgentTimeout, 5*time.Minute)
+	def(&o.CreateTimeout, 10*time.Minute)
+	def(&o.TeardownTimeout, 5*time.Minute)
+	if o.DiskThreshold <= 0 {
+		o.DiskThreshold = DefaultDiskThreshold
+	}
+	if !o.AutoCIDRPool.IsValid() {
+		o.AutoCIDRPool = netip.MustParsePrefix("10.200.0.0/16")
+	}
+	if o.AutoCIDRBits == 0 {
+		o.AutoCIDRBits = 24
+	}
+	if o.AutoCIDRBits < o.AutoCIDRPool.Bits() || o.AutoCIDRBits > 28 || !o.AutoCIDRPool.Addr().Is4() {
+		return fmt.Errorf("sandbox: auto CIDR /%d does not fit pool %s", o.AutoCIDRBits, o.AutoCIDRPool)
+	}
+	if !PrivateV4(o.AutoCIDRPool) {
+		return fmt.Errorf("sandbox: auto CIDR pool %s is not inside a private (RFC 1918) range", o.AutoCIDRPool)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	o.Logger = o.Logger.With("component", "sandbox")
+	return nil
+}
+
+// Engine owns the sandboxes of this node: create, delete, the operations
+// on their VMs, the reaper, reconcile and the state file.
+//
+// Lock order, in words: stateMu and zonesMu are each taken before mu and
+// never while mu is held (saveState and publishZones read the sandboxes
+// under mu inside their own lock, then release mu before they write the
+// file or call the hook); idMu and sdnMu are leaves, taken alone; no two
+// of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
+// held across a call to Proxmox, a guest, a hook or the disk; idMu, sdnMu
+// and zonesMu are held across the one outside call each serializes
+// (NextID, ApplySDN, ZonesChanged), stateMu across the state file's write.
+type Engine struct {
+	o   Options
+	log *slog.Logger
+	met *metrics
+
+	// The parts of the Proxmox API each step uses (all of them o.Proxmox).
+	cloner  cloner
+	vms     vmControl
+	snaps   snapshotter
+	zones   zoneBuilder
+	cleaner zoneCleaner
+	pools   pools
+
+	// The mutex protects the following elements: the map sbx and, in every
+	// record, the fields a create, delete, extend or operation changes after
+	// the record is in the map (State, Error, ExpiresAt, VMs[i].VMID,
+	// deleted, opsCtx, opsCancel, and ops.Add). Held only for memory work.
+	mu  sync.Mutex
+	sbx map[string]*record
+
+	// idMu protects reserved, the VM ids handed out but not yet cloned, and
+	// is held across the NextID call so two clones never pick the same id.
+	idMu     sync.Mutex
+	reserved map[int]bool
+
+	// sdnMu serializes ApplySDN: Proxmox applies the whole cluster's
+	// pending SDN changes at once, so two applies must not overlap.
+	sdnMu sync.Mutex
+	// stateMu serializes writes of the state file, so the file never goes
+	// back to an older list than one already written; taken before mu.
+	stateMu sync.Mutex
+	// zonesMu serializes ZonesChanged calls, so the host guard receives the
+	// zone sets in the order they were read; taken before mu.
+	zonesMu sync.Mutex
+}
+
+// New builds an Engine. Call Reconcile before the first create and run
+// RunReaper.
+func New(o Options) (*Engine, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: register metrics: %w", err)
+	}
+	px := o.Proxmox
+	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, reserved: map[int]bool{},
+		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px}, nil
+}
+
+// Options returns the engine's options with the defaults filled in.
+func (m *Engine) Options() Options { return m.o }
+
+// Node returns this node's id.
+func (m *Engine) Node() string { return m.o.Node }
+
+// record is a sandbox as the engine tracks it (and persists it). Once it
+// is in Engine.sbx, its fields are read and written under Engine.mu; the
+// channels and cancel are set before and never change.
+type record struct {
+	apitype.Sandbox
+	// created is closed when a create finishes (success or teardown).
+	created chan struct{}
+	// deleted is closed when a delete finishes.
+	deleted chan struct{}
+	cancel  context.CancelFunc
+	// egress is the policy asked for at create (nil: open); afterwards
+	// the Egress part owns the sandbox's policy.
+	egress *apitype.EgressPolicy
+	// ops counts the guest and VM operations in flight (exec, files,
+	// snapshots, check); opsCancel cancels them. Both are guarded by
+	// Engine.mu for Add and cancel: a delete sets StateDeleting and
+	// cancels under the lock, so no operation begins after it, then waits
+	// for ops before it stops any VM (VM ids are reused: a stale exec must
+	// not reach the next sandbox's VM).
+	ops       sync.WaitGroup
+	opsCtx    context.Context
+	opsCancel context.CancelCauseFunc
+}
+
+// List returns a copy of the public view of every sandbox, by id.
+func (m *Engine) List() []apitype.Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]apitype.Sandbox, 0, len(m.sbx))
+	for _, r := range m.sbx {
+		out = append(out, cloneSandbox(r.Sandbox))
+	}
+	slices.SortFunc(out, func(a, b apitype.Sandbox) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// cloneSandbox copies s deep enough that the copy shares no slice or map.
+func cloneSandbox(s apitype.Sandbox) apitype.Sandbox {
+	c := s
+	c.Networks = slices.Clone(s.Networks)
+	c.VMs = make([]apitype.VM, len(s.VMs))
+	for i, v := range s.VMs {
+		v.Networks = slices.Clone(v.Networks)
+		c.VMs[i] = v
+	}
+	if s.Labels != nil {
+		c.Labels = make(map[string]string, len(s.Labels))
+		for k, v := range s.Labels {
+			c.Labels[k] = v
+		}
+	}
+	return c
+}
+
+// Get returns a copy of the public view of sandbox id.
+func (m *Engine) Get(id string) (apitype.Sandbox, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.sbx[id]
+	if !ok {
+		return apitype.Sandbox{}, false
+	}
+	return cloneSandbox(r.Sandbox), true
+}
+
+// updateGaugesLocked recomputes the by-state gauges; call with m.mu held.
+func (m *Engine) updateGaugesLocked() {
+	sb := map[string]int{}
+	vms := map[string]int{}
+	for _, r := range m.sbx {
+		sb[r.State]++
+		vms[r.State] += len(r.VMs)
+	}
+	for _, s := range []string{apitype.StateCreating, apitype.StateReady, apitype.StateDeleting, apitype.StateError} {
+		m.met.sandboxes.WithLabelValues(s).Set(float64(sb[s]))
+		m.met.vms.WithLabelValues(s).Set(float64(vms[s]))
+	}
+}
+
+// setState sets a sandbox's state and error and saves the state file.
+func (m *Engine) setState(id, state, msg string) {
+	m.mu.Lock()
+	if r, ok := m.sbx[id]; ok {
+		r.State = state
+		r.Error = msg
+	}
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		m.log.Error("save state", "err", err)
+	}
+}
+
+// forget drops a sandbox from the table and saves the state file.
+func (m *Engine) forget(id string) {
+	m.mu.Lock()
+	delete(m.sbx, id)
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		m.log.Error("save state", "err", err)
+	}
+}

@@ -1,0 +1,72 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Guest returns the guest of VM vmid (the dialer decides about caching).
+func (m *Engine) Guest(vmid int) Guest {
+	return m.o.Guests(filepath.Join(m.o.QGADir, strconv.Itoa(vmid)+".qga"))
+}
+
+// waitAgent pings the VM's agent until it answers or AgentTimeout passes.
+func (m *Engine) waitAgent(ctx context.Context, vmid int) error {
+	ctx, cancel := context.WithTimeout(ctx, m.o.AgentTimeout)
+	defer cancel()
+	g := m.Guest(vmid)
+	delay := 100 * time.Millisecond
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+		err := g.Ping(pctx)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vm %d: wait for guest agent: %w (last: %v)", vmid, ErrGuestUnavailable, err)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
+}
+
+// GuestExec is what a guest runs (the guest agent client converts it to
+// its own request).
+type GuestExec struct {
+	Argv    []string
+	Stdin   []byte
+	Cwd     string
+	Env     map[string]string
+	User    string
+	Timeout int64 // seconds
+	// OutputLimit caps each stream; the result says which was truncated.
+	OutputLimit int64
+}
+
+// Guest is one VM's guest agent: the parts of the guest agent client the
+// engine, the file calls and the checks need. Implemented by qga.Guest;
+// errors wrap the Err* guest sentinels (errors.go).
+type Guest interface {
+	Ping(ctx context.Context) error
+	Exec(ctx context.Context, r GuestExec) (*apitype.ExecResult, error)
+	// ExecStream copies output to the writers while the command runs and
+	// returns the final result (its Stdout/Stderr may be empty).
+	ExecStream(ctx context.Context, r GuestExec, stdout, stderr io.Writer) (*apitype.ExecResult, error)
+	WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error
+	// ReadFile copies the file to w and fails with ErrTooLarge (wrapped)
+	// once more than max bytes would be copied.
+	ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error)
+}
+
+// GuestDialer returns the Guest behind an agent socket path
+// (<QGADir>/<vmid>.qga).
+type GuestDialer func(socketPath string) Guest

@@ -1,0 +1,49 @@
+package sandbox
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// metrics are the engine's Prometheus metrics (prefix pve_inspect_); the
+// HTTP layer's request metrics live in sandboxapi.
+type metrics struct {
+	sandboxes     *prometheus.GaugeVec
+	vms           *prometheus.GaugeVec
+	reaped        prometheus.Counter
+	guardRefusals *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		sandboxes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "pve_inspect", Name: "sandboxes",
+			Help: "Sandboxes known to the daemon, by state.",
+		}, []string{"state"}),
+		vms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "pve_inspect", Name: "sandbox_vms",
+			Help: "Sandbox VMs known to the daemon, by their sandbox's state.",
+		}, []string{"state"}),
+		reaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "reaper_deletions_total",
+			Help: "Sandboxes deleted by the TTL reaper.",
+		}),
+		guardRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "guard_refusals_total",
+			Help: "Sandbox creates refused by the resource guard, by cap.",
+		}, []string{"cap"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, s := range []string{apitype.StateCreating, apitype.StateReady, apitype.StateDeleting, apitype.StateError} {
+		m.sandboxes.WithLabelValues(s)
+		m.vms.WithLabelValues(s)
+	}
+	return m, nil
+}

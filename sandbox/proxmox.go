@@ -1,0 +1,145 @@
+package sandbox
+
+import (
+	"context"
+)
+
+// CloneSpec is a linked clone of a template into the daemon's pool.
+type CloneSpec struct {
+	Template int
+	NewID    int
+	Name     string
+	Pool     string
+}
+
+// VMConfig is the configuration set on a fresh clone.
+type VMConfig struct {
+	// Tags are set as the VM's Proxmox tags (replacing the template's).
+	Tags      []string
+	Cores     int
+	MemoryMiB int
+	// Bridges are attached as net0, net1, ... (virtio, firewall off).
+	Bridges []string
+}
+
+// VMInfo is what the daemon reads back about a VM.
+type VMInfo struct {
+	VMID   int
+	Name   string
+	Status string // "running", "stopped", ...
+	Tags   []string
+	Pool   string
+	// Template is true for templates; they are never touched by cleanup.
+	Template bool
+}
+
+// ZoneSpec is a simple SDN zone with the zone DHCP (dnsmasq) and PVE IPAM.
+type ZoneSpec struct {
+	ID string
+}
+
+// VNetSpec is a vnet in a zone; Alias carries the ownership tags.
+type VNetSpec struct {
+	ID    string
+	Zone  string
+	Alias string
+}
+
+// SubnetSpec is a subnet of a vnet.
+type SubnetSpec struct {
+	VNet      string
+	CIDR      string
+	Gateway   string
+	SNAT      bool
+	DHCPStart string // empty: no DHCP range
+	DHCPEnd   string
+}
+
+// VNetInfo is a vnet as listed for reconcile.
+type VNetInfo struct {
+	ID    string
+	Zone  string
+	Alias string
+}
+
+// Proxmox is the Proxmox API as the engine uses it: the small interfaces
+// below, one per step that calls it. Every method waits for the task it
+// starts and returns an error when the task fails; errors wrap ErrNotFound
+// or ErrExists where the caller branches. Implemented with go-proxmox by
+// pveapi.Client.
+type Proxmox interface {
+	cloner
+	vmControl
+	snapshotter
+	zoneBuilder
+	zoneCleaner
+	pools
+}
+
+// cloner is the parts of the Proxmox API a create needs for its VMs
+// (create.go).
+type cloner interface {
+	// TemplateID looks a template VM up by name (ErrNotFound when absent).
+	TemplateID(ctx context.Context, name string) (int, error)
+	// NextID returns a free VM id.
+	NextID(ctx context.Context) (int, error)
+	CloneVM(ctx context.Context, s CloneSpec) error
+	ConfigureVM(ctx context.Context, vmid int, c VMConfig) error
+	// ResizeDisk grows the VM's boot disk to sizeGiB.
+	ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error
+	StartVM(ctx context.Context, vmid int) error
+}
+
+// vmControl is the parts of the Proxmox API that read, start and remove
+// VMs: delete and reconcile (delete.go, reconcile.go), and a rollback's
+// restart (snapshot.go).
+type vmControl interface {
+	// VM returns the VM's status and tags (ErrNotFound when absent).
+	VM(ctx context.Context, vmid int) (VMInfo, error)
+	// ListVMs lists every VM of the node (for reconcile).
+	ListVMs(ctx context.Context) ([]VMInfo, error)
+	StartVM(ctx context.Context, vmid int) error
+	StopVM(ctx context.Context, vmid int) error
+	// DeleteVM destroys the VM with purge (removes it from pools and jobs).
+	DeleteVM(ctx context.Context, vmid int) error
+}
+
+// snapshotter is the parts of the Proxmox API the snapshot calls need
+// (snapshot.go).
+type snapshotter interface {
+	Snapshot(ctx context.Context, vmid int, name string) error
+	Rollback(ctx context.Context, vmid int, name string) error
+}
+
+// zoneBuilder is the parts of the SDN API a create needs for its zone
+// (create.go, cidr.go).
+type zoneBuilder interface {
+	// ListSubnetCIDRs lists the CIDRs of every subnet in the cluster.
+	ListSubnetCIDRs(ctx context.Context) ([]string, error)
+	CreateZone(ctx context.Context, z ZoneSpec) error
+	CreateVNet(ctx context.Context, v VNetSpec) error
+	CreateSubnet(ctx context.Context, s SubnetSpec) error
+	// ApplySDN applies pending SDN changes (PUT /cluster/sdn).
+	ApplySDN(ctx context.Context) error
+}
+
+// zoneCleaner is the parts of the SDN API that remove a zone: delete and
+// reconcile (delete.go, reconcile.go).
+type zoneCleaner interface {
+	// ListVNets lists every vnet (for reconcile and teardown).
+	ListVNets(ctx context.Context) ([]VNetInfo, error)
+	// VNetSubnets lists the CIDRs of one vnet's subnets.
+	VNetSubnets(ctx context.Context, vnet string) ([]string, error)
+	DeleteSubnet(ctx context.Context, vnet, cidr string) error
+	DeleteVNet(ctx context.Context, id string) error
+	DeleteZone(ctx context.Context, id string) error
+	// ApplySDN applies pending SDN changes (PUT /cluster/sdn).
+	ApplySDN(ctx context.Context) error
+}
+
+// pools is the part of the Proxmox API that makes the daemon's pool
+// (create.go, reconcile.go).
+type pools interface {
+	// EnsurePool creates the pool when it does not exist.
+	EnsurePool(ctx context.Context, pool string) error
+}

@@ -1,0 +1,77 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Extend sets a ready sandbox's expiry to now+ttl.
+func (m *Engine) Extend(id string, ttl time.Duration) (apitype.Sandbox, error) {
+	m.mu.Lock()
+	r, ok := m.sbx[id]
+	if !ok {
+		m.mu.Unlock()
+		return apitype.Sandbox{}, refuse(ErrUnknown, "sandbox %q not found", id)
+	}
+	if r.State != apitype.StateReady {
+		m.mu.Unlock()
+		return apitype.Sandbox{}, refuse(ErrConflict, "sandbox %q is %s", id, r.State)
+	}
+	r.ExpiresAt = m.o.Now().Add(ttl)
+	sb := cloneSandbox(r.Sandbox)
+	m.mu.Unlock()
+	return sb, m.saveState()
+}
+
+// RunReaper deletes expired sandboxes every ReaperInterval until ctx ends.
+func (m *Engine) RunReaper(ctx context.Context) {
+	t := time.NewTicker(m.o.ReaperInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.Reap(ctx)
+		}
+	}
+}
+
+// Reap deletes every sandbox past its expiry once; it returns how many it
+// deleted.
+func (m *Engine) Reap(ctx context.Context) int {
+	now := m.o.Now()
+	var due []string
+	m.mu.Lock()
+	for id, r := range m.sbx {
+		if (r.State == apitype.StateReady || r.State == apitype.StateError) && !now.Before(r.ExpiresAt) {
+			due = append(due, id)
+		}
+	}
+	m.mu.Unlock()
+	// Each is checked again under the lock as it turns to deleting: one
+	// extended since the list was made is left alone.
+	expired := func(r *record) bool {
+		return (r.State == apitype.StateReady || r.State == apitype.StateError) && !m.o.Now().Before(r.ExpiresAt)
+	}
+	n := 0
+	for _, id := range due {
+		rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)
+		deleted, err := m.removeIf(rctx, id, expired)
+		cancel()
+		if err != nil {
+			m.log.Error("reaper: delete expired sandbox", "sandbox", id, "err", err)
+			continue
+		}
+		if !deleted {
+			m.log.Info("reaper: sandbox extended meanwhile; kept", "sandbox", id)
+			continue
+		}
+		m.met.reaped.Inc()
+		m.log.Info("reaper: deleted expired sandbox", "sandbox", id)
+		n++
+	}
+	return n
+}

@@ -1,0 +1,177 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// ReconcileReport says what Reconcile did.
+type ReconcileReport struct {
+	Reattached       []string `json:"reattached"`
+	TornDown         []string `json:"torn_down"`
+	OrphanVMs        []int    `json:"orphan_vms"`
+	OrphanVNets      []string `json:"orphan_vnets"`
+	OrphanZones      []string `json:"orphan_zones"`
+	MissingVMs       []int    `json:"missing_vms"`
+	UntouchedForeign int      `json:"untouched_foreign"`
+	// Failed lists the objects reconcile could not clean up (a VM under a
+	// backup lock, an SDN apply that failed): each was logged and the rest
+	// carried on; the next start tries again.
+	Failed []string `json:"failed,omitempty"`
+}
+
+// Reconcile re-attaches the sandboxes of the state file, tears down those
+// caught mid-create or mid-delete, and deletes objects carrying this node's
+// tags that belong to no known sandbox. Objects without both tags are never
+// touched. It fails only when it cannot see the whole picture (the state
+// file, the pool, the VM or vnet lists); an object that will not go away is
+// logged, listed in Failed, and the rest carried on with.
+func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	var rep ReconcileReport
+	saved, err := m.loadState()
+	if err != nil {
+		return rep, err
+	}
+	if err := m.pools.EnsurePool(ctx, m.o.Pool); err != nil {
+		return rep, pxErr("ensure pool", err)
+	}
+	vms, err := m.vms.ListVMs(ctx)
+	if err != nil {
+		return rep, pxErr("list vms", err)
+	}
+	byID := map[int]VMInfo{}
+	for _, v := range vms {
+		byID[v.VMID] = v
+	}
+	known := map[string]bool{}
+	for _, s := range saved {
+		rec := &record{Sandbox: s, created: make(chan struct{})}
+		close(rec.created)
+		if s.State == apitype.StateReady || s.State == apitype.StateError {
+			missing := false
+			for _, v := range s.VMs {
+				info, ok := byID[v.VMID]
+				owner, tagged := m.ownedBy(info.Tags)
+				if !ok || !tagged || owner != s.ID {
+					missing = true
+					rep.MissingVMs = append(rep.MissingVMs, v.VMID)
+				}
+			}
+			if missing {
+				rec.State = apitype.StateError
+				rec.Error = "VMs missing after restart"
+			}
+			m.mu.Lock()
+			m.sbx[s.ID] = rec
+			m.mu.Unlock()
+			known[s.ID] = true
+			rep.Reattached = append(rep.Reattached, s.ID)
+			continue
+		}
+		// creating or deleting when the daemon stopped: finish it off.
+		if err := m.teardown(ctx, rec); err != nil {
+			rep.failed(m, "sandbox "+s.ID, err)
+			rec.State = apitype.StateError
+			rec.Error = "teardown on start failed: " + err.Error()
+			m.mu.Lock()
+			m.sbx[s.ID] = rec
+			m.mu.Unlock()
+			known[s.ID] = true
+			continue
+		}
+		rep.TornDown = append(rep.TornDown, s.ID)
+	}
+	m.mu.Lock()
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		return rep, err
+	}
+	stuck := map[string]bool{} // orphan sandboxes with a VM that stayed
+	for _, v := range vms {
+		owner, ok := m.ownedBy(v.Tags)
+		if !ok || v.Template {
+			if slices.ContainsFunc(v.Tags, func(t string) bool { return strings.HasPrefix(t, "pvei-") }) {
+				rep.UntouchedForeign++
+			}
+			continue
+		}
+		if known[owner] {
+			continue
+		}
+		if err := m.deleteVM(ctx, owner, v.VMID, ""); err != nil {
+			rep.failed(m, fmt.Sprintf("orphan vm %d", v.VMID), err)
+			stuck[owner] = true
+			continue
+		}
+		rep.OrphanVMs = append(rep.OrphanVMs, v.VMID)
+	}
+	vnets, err := m.cleaner.ListVNets(ctx)
+	if err != nil {
+		return rep, pxErr("list vnets", err)
+	}
+	zones := map[string]bool{}
+	for _, v := range vnets {
+		owner, ok := m.ownedBy(aliasTags(v.Alias))
+		if !ok || known[owner] || v.Zone != owner {
+			continue
+		}
+		zones[owner] = true
+	}
+	for z := range zones {
+		if stuck[z] { // its network goes with its last VM, next time
+			rep.failed(m, "orphan zone "+z, errors.New("a VM of the zone could not be deleted"))
+			continue
+		}
+		var nets []apitype.Network
+		cidrs, err := m.vnetSubnets(ctx, vnets, z)
+		if err != nil {
+			rep.failed(m, "orphan zone "+z, err)
+			continue
+		}
+		for vn, cs := range cidrs {
+			for _, c := range cs {
+				nets = append(nets, apitype.Network{VNet: vn, CIDR: c})
+			}
+			rep.OrphanVNets = append(rep.OrphanVNets, vn)
+		}
+		if err := m.deleteSDN(ctx, z, nets); err != nil {
+			rep.failed(m, "orphan zone "+z, err)
+			continue
+		}
+		rep.OrphanZones = append(rep.OrphanZones, z)
+	}
+	slices.Sort(rep.OrphanVNets)
+	slices.Sort(rep.OrphanZones)
+	if err := m.publishZones(ctx); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// failed records and logs an object reconcile could not clean up.
+func (r *ReconcileReport) failed(m *Engine, what string, err error) {
+	m.log.Error("reconcile: left for the next start", "object", what, "err", err)
+	r.Failed = append(r.Failed, what)
+}
+
+// vnetSubnets returns the subnets of every vnet in zone.
+func (m *Engine) vnetSubnets(ctx context.Context, vnets []VNetInfo, zone string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, v := range vnets {
+		if v.Zone != zone {
+			continue
+		}
+		cs, err := m.cleaner.VNetSubnets(ctx, v.ID)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return nil, pxErr("list subnets of "+v.ID, err)
+		}
+		out[v.ID] = cs
+	}
+	return out, nil
+}

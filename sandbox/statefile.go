@@ -1,0 +1,223 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// The state file (<StateDir>/sandboxes.json) has types of its own, so the
+// API's Sandbox may change without changing what is on disk, and every
+// format that was ever written stays readable:
+//
+//   - version 1 stored the API's Sandbox as it was then (stateV1 below
+//     freezes that shape);
+//   - version 2 stores savedSandbox, this package's own type.
+//
+// A new format adds a version, a frozen type for the old one and a case in
+// decodeState; TestStateMigration keeps a file of every version.
+const stateVersion = 2
+
+// stateFile is the state file of version 2.
+type stateFile struct {
+	Version   int            `json:"version"`
+	Node      string         `json:"node"`
+	Sandboxes []savedSandbox `json:"sandboxes"`
+}
+
+// savedSandbox is one sandbox on disk (version 2).
+type savedSandbox struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	Owner     string            `json:"owner,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	Zone      string            `json:"zone"`
+	Networks  []savedNetwork    `json:"networks"`
+	VMs       []savedVM         `json:"vms"`
+	Error     string            `json:"error,omitempty"`
+}
+
+// savedNetwork is one vnet of a sandbox on disk (version 2).
+type savedNetwork struct {
+	Name    string `json:"name"`
+	VNet    string `json:"vnet"`
+	CIDR    string `json:"cidr"`
+	Gateway string `json:"gateway"`
+	DHCP    bool   `json:"dhcp"`
+	SNAT    bool   `json:"snat"`
+}
+
+// savedVM is one VM of a sandbox on disk (version 2).
+type savedVM struct {
+	Name      string   `json:"name"`
+	VMID      int      `json:"vmid"`
+	Template  string   `json:"template"`
+	Cores     int      `json:"cores"`
+	MemoryMiB int      `json:"memory_mib"`
+	DiskGiB   int      `json:"disk_gib,omitempty"`
+	Networks  []string `json:"networks"`
+}
+
+// stateV1 is the state file of version 1: the API's Sandbox of that time,
+// frozen here.
+type stateV1 struct {
+	Version   int    `json:"version"`
+	Node      string `json:"node"`
+	Sandboxes []struct {
+		ID        string            `json:"id"`
+		State     string            `json:"state"`
+		Owner     string            `json:"owner"`
+		Labels    map[string]string `json:"labels"`
+		CreatedAt time.Time         `json:"created_at"`
+		ExpiresAt time.Time         `json:"expires_at"`
+		Zone      string            `json:"zone"`
+		Networks  []struct {
+			Name    string `json:"name"`
+			VNet    string `json:"vnet"`
+			CIDR    string `json:"cidr"`
+			Gateway string `json:"gateway"`
+			DHCP    bool   `json:"dhcp"`
+			SNAT    bool   `json:"snat"`
+		} `json:"networks"`
+		VMs []struct {
+			Name      string   `json:"name"`
+			VMID      int      `json:"vmid"`
+			Template  string   `json:"template"`
+			Cores     int      `json:"cores"`
+			MemoryMiB int      `json:"memory_mib"`
+			DiskGiB   int      `json:"disk_gib"`
+			Networks  []string `json:"networks"`
+		} `json:"vms"`
+		Error string `json:"error"`
+	} `json:"sandboxes"`
+}
+
+// encodeState renders the sandboxes of node as the current format.
+func encodeState(node string, sbs []apitype.Sandbox) ([]byte, error) {
+	st := stateFile{Version: stateVersion, Node: node, Sandboxes: make([]savedSandbox, len(sbs))}
+	for i, s := range sbs {
+		v := savedSandbox{ID: s.ID, State: s.State, Owner: s.Owner, Labels: s.Labels, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
+			Zone: s.Zone, Error: s.Error, Networks: make([]savedNetwork, len(s.Networks)), VMs: make([]savedVM, len(s.VMs))}
+		for j, n := range s.Networks {
+			v.Networks[j] = savedNetwork(n)
+		}
+		for j, m := range s.VMs {
+			v.VMs[j] = savedVM(m)
+			v.VMs[j].Networks = slices.Clone(m.Networks)
+		}
+		st.Sandboxes[i] = v
+	}
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// decodeState reads a state file of any version this daemon knows.
+func decodeState(b []byte) (node string, sbs []apitype.Sandbox, err error) {
+	var head struct {
+		Version *int `json:"version"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return "", nil, err
+	}
+	switch {
+	case head.Version == nil:
+		return "", nil, fmt.Errorf("no version")
+	case *head.Version == 1:
+		return decodeV1(b)
+	case *head.Version == stateVersion:
+	default:
+		return "", nil, fmt.Errorf("version %d is not one this daemon knows (it reads 1..%d): written by a newer pve-inspectd?", *head.Version, stateVersion)
+	}
+	var st stateFile
+	if err := json.Unmarshal(b, &st); err != nil {
+		return "", nil, err
+	}
+	for _, v := range st.Sandboxes {
+		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
+			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
+		for j, n := range v.Networks {
+			s.Networks[j] = apitype.Network(n)
+		}
+		for j, m := range v.VMs {
+			s.VMs[j] = apitype.VM(m)
+		}
+		sbs = append(sbs, s)
+	}
+	return st.Node, sbs, nil
+}
+
+// decodeV1 migrates a version 1 file.
+func decodeV1(b []byte) (string, []apitype.Sandbox, error) {
+	var st stateV1
+	if err := json.Unmarshal(b, &st); err != nil {
+		return "", nil, err
+	}
+	var sbs []apitype.Sandbox
+	for _, v := range st.Sandboxes {
+		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
+			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
+		for j, n := range v.Networks {
+			s.Networks[j] = apitype.Network(n)
+		}
+		for j, m := range v.VMs {
+			s.VMs[j] = apitype.VM(m)
+		}
+		sbs = append(sbs, s)
+	}
+	return st.Node, sbs, nil
+}
+
+const stateName = "sandboxes.json"
+
+// saveState writes every sandbox to <StateDir>/sandboxes.json atomically.
+func (m *Engine) saveState() error {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	b, err := encodeState(m.o.Node, m.List())
+	if err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := os.MkdirAll(m.o.StateDir, 0o700); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(m.o.StateDir, stateName), b, 0o600); err != nil {
+		return fmt.Errorf("save state: %w", err)
+	}
+	return nil
+}
+
+// loadState reads the state file; a missing file is an empty state.
+func (m *Engine) loadState() ([]apitype.Sandbox, error) {
+	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load state: %w", err)
+	}
+	node, sbs, err := decodeState(b)
+	if err != nil {
+		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
+	}
+	if node != "" && node != m.o.Node {
+		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
+	}
+	for _, s := range sbs {
+		if !reSandbox.MatchString(s.ID) {
+			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
+		}
+	}
+	return sbs, nil
+}

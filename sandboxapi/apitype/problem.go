@@ -1,0 +1,61 @@
+package apitype
+
+import "fmt"
+
+// Problem types: stable values of the "type" member of every error document.
+const (
+	ProblemInvalidRequest       = "invalid-request"
+	ProblemNotFound             = "not-found"
+	ProblemConflict             = "conflict"
+	ProblemGuardRefused         = "guard-refused"
+	ProblemGuestTimeout         = "guest-timeout"
+	ProblemGuestUnavailable     = "guest-agent-unavailable"
+	ProblemGuestProtocol        = "guest-agent-error"
+	ProblemOutputLimit          = "output-limit"
+	ProblemPayloadTooLarge      = "payload-too-large"
+	ProblemFileNotFound         = "file-not-found"
+	ProblemIsDirectory          = "is-a-directory"
+	ProblemPermissionDenied     = "permission-denied"
+	ProblemUnauthorized         = "unauthorized"
+	ProblemForbidden            = "forbidden"
+	ProblemMethodNotAllowed     = "method-not-allowed"
+	ProblemUnsupportedMediaType = "unsupported-media-type"
+	ProblemTimeout              = "timeout"
+	ProblemProxmox              = "proxmox-error"
+	ProblemUnavailable          = "unavailable"
+	ProblemInternal             = "internal"
+	ProblemGuestNoSpace         = "guest-no-space"
+	ProblemTemplateNotHardened  = "template-not-hardened"
+)
+
+// Problem is an RFC 9457 problem document.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// Cap names the guard cap a create would exceed (guard-refused only).
+	Cap string `json:"cap,omitempty"`
+	// Field names the request field that is invalid (invalid-request only).
+	Field string `json:"field,omitempty"`
+	// Items lists the failing profile items (template-not-hardened only).
+	Items []string `json:"items,omitempty"`
+}
+
+// Error makes a Problem usable as an error (the client returns it).
+func (p *Problem) Error() string {
+	if p.Detail != "" {
+		return fmt.Sprintf("%s: %s", p.Type, p.Detail)
+	}
+	return p.Type
+}
+
+// ProblemTypes lists every stable problem type (documented in the OpenAPI
+// document).
+func ProblemTypes() []string {
+	return []string{ProblemInvalidRequest, ProblemNotFound, ProblemConflict, ProblemGuardRefused,
+		ProblemGuestTimeout, ProblemGuestUnavailable, ProblemGuestProtocol, ProblemOutputLimit,
+		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
+		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
+		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened}
+}

@@ -1,0 +1,205 @@
+package apitype
+
+import (
+	"time"
+)
+
+// Sandbox states.
+const (
+	StateCreating = "creating"
+	StateReady    = "ready"
+	StateDeleting = "deleting"
+	StateError    = "error"
+)
+
+// CreateRequest is the body of POST /v1/sandboxes.
+type CreateRequest struct {
+	// VMs to clone; at least one.
+	VMs []VMRequest `json:"vms"`
+	// Networks of the sandbox's own SDN zone; when empty, one network
+	// "net0" with CIDR "auto", DHCP and SNAT on.
+	Networks []NetworkRequest `json:"networks,omitempty"`
+	// Labels are free key/value pairs returned on get/list.
+	Labels map[string]string `json:"labels,omitempty"`
+	// TTLSeconds is the lifetime; 0 means the server default.
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
+	// Owner is a free text owner name (defaults to the caller).
+	Owner string `json:"owner,omitempty"`
+	// Env holds secrets (model API keys) written into every VM at
+	// GuestEnvPath, mode 0600 (root only), before the create returns.
+	// Never stored, returned or logged.
+	Env map[string]string `json:"env,omitempty"`
+	// Egress is the sandbox's egress policy (default: open), in force
+	// before its VMs start.
+	Egress *EgressPolicy `json:"egress,omitempty"`
+}
+
+// GuestEnvPath is where CreateRequest.Env lands in each VM, as
+// shell-sourceable KEY='value' lines.
+const GuestEnvPath = "/etc/pve-inspect/env"
+
+// VMRequest describes one VM of a sandbox.
+type VMRequest struct {
+	// Name is unique in the sandbox; defaults to "vm<N>".
+	Name string `json:"name,omitempty"`
+	// Template is a template name known to the daemon.
+	Template string `json:"template"`
+	// Cores is the number of vCPUs (default 1).
+	Cores int `json:"cores,omitempty"`
+	// MemoryMiB is the RAM in MiB (default 1024).
+	MemoryMiB int `json:"memory_mib,omitempty"`
+	// DiskGiB, when set, grows the boot disk to this size.
+	DiskGiB int `json:"disk_gib,omitempty"`
+	// Networks are the network names the VM is attached to, in NIC order;
+	// default: the first network.
+	Networks []string `json:"networks,omitempty"`
+}
+
+// NetworkRequest describes one vnet (with one subnet) of a sandbox.
+type NetworkRequest struct {
+	// Name is unique in the sandbox.
+	Name string `json:"name"`
+	// CIDR is an IPv4 prefix or "auto" (default) for a free range.
+	CIDR string `json:"cidr,omitempty"`
+	// DHCP enables the zone's DHCP server on the subnet (default true).
+	DHCP *bool `json:"dhcp,omitempty"`
+	// SNAT masquerades the subnet out of the node (default true).
+	SNAT *bool `json:"snat,omitempty"`
+}
+
+// Sandbox is a sandbox as the API returns it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	State     string            `json:"state"`
+	Owner     string            `json:"owner,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	Zone      string            `json:"zone"`
+	Networks  []Network         `json:"networks"`
+	VMs       []VM              `json:"vms"`
+	Error     string            `json:"error,omitempty"`
+}
+
+// SandboxList is the body of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// Network is one vnet of a sandbox.
+type Network struct {
+	Name    string `json:"name"`
+	VNet    string `json:"vnet"`
+	CIDR    string `json:"cidr"`
+	Gateway string `json:"gateway"`
+	DHCP    bool   `json:"dhcp"`
+	SNAT    bool   `json:"snat"`
+}
+
+// VM is one VM of a sandbox.
+type VM struct {
+	Name      string   `json:"name"`
+	VMID      int      `json:"vmid"`
+	Template  string   `json:"template"`
+	Cores     int      `json:"cores"`
+	MemoryMiB int      `json:"memory_mib"`
+	DiskGiB   int      `json:"disk_gib,omitempty"`
+	Networks  []string `json:"networks"`
+}
+
+// ExtendRequest is the body of POST /v1/sandboxes/{id}/extend.
+type ExtendRequest struct {
+	// TTLSeconds is the new lifetime counted from now.
+	TTLSeconds int64 `json:"ttl_seconds"`
+}
+
+// ExecRequest is the body of POST .../exec; it follows Inspect's
+// SandboxEnvironment.exec.
+type ExecRequest struct {
+	Argv []string `json:"argv"`
+	// Stdin is sent to the process (base64 in JSON).
+	Stdin []byte            `json:"stdin,omitempty"`
+	Cwd   string            `json:"cwd,omitempty"`
+	Env   map[string]string `json:"env,omitempty"`
+	User  string            `json:"user,omitempty"`
+	// TimeoutSeconds kills the process tree after this long (0: server default).
+	TimeoutSeconds int64 `json:"timeout_seconds,omitempty"`
+	// OutputLimit caps each of stdout and stderr in bytes (0: 10 MiB).
+	OutputLimit int64 `json:"output_limit,omitempty"`
+}
+
+// ExecResult is the collected result of an exec.
+type ExecResult struct {
+	ExitCode int `json:"exit_code"`
+	// Stdout and Stderr are base64 in JSON.
+	Stdout          []byte `json:"stdout"`
+	Stderr          []byte `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	// TimedOut is set when the process tree was killed by the timeout.
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// ExecEvent is one NDJSON record of a streamed exec: "stdout"/"stderr"
+// chunks (Data), then exactly one "exit" (Result) or "error" (Problem).
+type ExecEvent struct {
+	Type    string      `json:"type"`
+	Data    []byte      `json:"data,omitempty"`
+	Result  *ExecResult `json:"result,omitempty"`
+	Problem *Problem    `json:"problem,omitempty"`
+}
+
+// SnapshotRequest is the body of POST .../snapshots.
+type SnapshotRequest struct {
+	Name string `json:"name"`
+}
+
+// CheckRequest is the optional body of POST /v1/sandboxes/{id}/check.
+type CheckRequest struct {
+	// VM names the VM the probes run from (default: the first).
+	VM string `json:"vm,omitempty"`
+}
+
+// CheckRow is one probe of the containment check (DESIGN.md section 7).
+type CheckRow struct {
+	Target   string `json:"target"`
+	Probe    string `json:"probe"`
+	Expected string `json:"expected"`
+	Observed string `json:"observed"`
+	Pass     bool   `json:"pass"`
+	Control  bool   `json:"control,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// CheckReport is the result of a containment check.
+type CheckReport struct {
+	Sandbox string     `json:"sandbox"`
+	VM      string     `json:"vm"`
+	Pass    bool       `json:"pass"`
+	Rows    []CheckRow `json:"rows"`
+	// Sampling is set when the node has so many sandboxes that this run
+	// probed a rotating sample of the other zones' and LAN targets: Pass
+	// speaks for the rows probed only.
+	Sampling *CheckSampling `json:"sampling,omitempty"`
+}
+
+// CheckSampling says what a sampled containment check did not probe; the
+// next run probes others.
+type CheckSampling struct {
+	// RowsNotProbed is how many planned rows this run left out: they are
+	// not in Rows, neither passed nor failed.
+	RowsNotProbed int `json:"rows_not_probed"`
+	// NotProbed are the addresses left out, as "group address".
+	NotProbed []string `json:"not_probed"`
+	// Runs is how many consecutive runs cover every address.
+	Runs int `json:"runs"`
+	// Note says the above in a sentence.
+	Note string `json:"note"`
+}
+
+// Health is the body of GET /v1/healthz.
+type Health struct {
+	Status    string `json:"status"`
+	Node      string `json:"node"`
+	Sandboxes int    `json:"sandboxes"`
+}

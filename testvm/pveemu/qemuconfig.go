@@ -1,0 +1,256 @@
+package pveemu
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// updateOnlyParams are config update parameters that are not config keys.
+var updateOnlyParams = map[string]bool{
+	"node": true, "vmid": true, "delete": true, "revert": true, "digest": true, "skiplock": true, "force": true, "background_delay": true,
+}
+
+func (s *Server) getConfig(_ context.Context, rq *request) (any, error) {
+	var out map[string]any
+	err := s.openVM(rq, nil, func(v *vm) error {
+		conf := v.conf
+		if sn := rq.str("snapshot"); sn != "" {
+			snap := v.snaps[sn]
+			if snap == nil {
+				return fail("snapshot '%s' does not exist", sn)
+			}
+			conf = snap.conf
+		}
+		out = map[string]any{"digest": confDigest(conf)}
+		for k, val := range conf {
+			out[k] = configValue(k, val)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// configValue renders numeric config keys as numbers like PVE does.
+func configValue(k, v string) any {
+	switch k {
+	case "memory", "cores", "sockets", "balloon", "template", "onboot", "vcpus", "cpuunits", "shares", "acpi", "kvm", "tablet", "protection":
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return v
+}
+
+// configUpdate is one config update (PUT or POST .../config): what
+// update_vm reads from its parameters.
+type configUpdate struct {
+	vmid     int
+	changes  map[string]string
+	deletes  []string
+	skiplock bool
+	force    bool
+	digest   string
+	authid   string
+}
+
+// parse reads the changes and deletions of rq and refuses what update_vm
+// refuses before it loads the config.
+func (u *configUpdate) parse(rq *request) error {
+	if err := checkSkiplock(rq); err != nil {
+		return err
+	}
+	u.changes = map[string]string{}
+	for k := range rq.params {
+		if !updateOnlyParams[k] {
+			u.changes[k] = rq.str(k)
+		}
+	}
+	if t, ok := u.changes["tags"]; ok {
+		u.changes["tags"] = uniqueTags(t)
+	}
+	u.deletes = splitList(rq.str("delete"))
+	for _, d := range u.deletes {
+		if _, ok := u.changes[d]; ok {
+			return paramFail(ParamErrors{"delete": fmt.Sprintf("cannot set and delete '%s' at the same time", d)})
+		}
+	}
+	if len(u.changes) == 0 && len(u.deletes) == 0 && !rq.has("revert") {
+		return fail("no options specified")
+	}
+	return nil
+}
+
+func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any, error) {
+	u := &configUpdate{vmid: s.vmid(rq), skiplock: rq.bool("skiplock", false), force: rq.bool("force", false),
+		digest: rq.str("digest"), authid: rq.authid}
+	onVM := vmExists
+	if !async {
+		onVM = nil // the synchronous update loads the config under its lock only
+	}
+	if err := s.openVM(rq, u.parse, onVM); err != nil {
+		return nil, err
+	}
+	if !async {
+		return nil, s.applyConfig(ctx, u)
+	}
+	return s.startTask(rq.authid, "qmconfig", strconv.Itoa(u.vmid), func(ctx context.Context, t *task) error {
+		return s.applyConfig(ctx, u)
+	}), nil
+}
+
+// applyConfig applies u under the VM's config lock.
+func (s *Server) applyConfig(ctx context.Context, u *configUpdate) error {
+	_, unlock, err := s.lockVM(ctx, u.vmid, func(v *vm) error { return s.applyConfigLocked(ctx, u, v) })
+	if err != nil {
+		return err
+	}
+	unlock()
+	return nil
+}
+
+// applyConfigLocked checks u against v's config and applies it.
+func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) error {
+	if u.digest != "" && u.digest != confDigest(v.conf) {
+		return fail("detected modified configuration - file changed by other user? Try again.")
+	}
+	if !u.skiplock {
+		if err := checkLock(v); err != nil {
+			return err
+		}
+	}
+	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
+		return err
+	}
+	old := copyConf(v.conf)
+	if err := s.hotplugDisks(ctx, v, u.changes, u.deletes, u.force); err != nil {
+		return err
+	}
+	for _, d := range u.deletes {
+		delete(v.conf, d)
+	}
+	for k, val := range u.changes {
+		if strings.HasPrefix(k, "net") {
+			if mac, _ := parseNet(val); mac == "" {
+				val = setNetMAC(val, randomMAC())
+			}
+		}
+		v.conf[k] = val
+	}
+	return s.ipamNICsLocked(u.vmid, old, v.conf)
+}
+
+var reSizeOpt = regexp.MustCompile(`(^|,)size=(\d+(?:\.\d+)?)([KMGT]?)`)
+
+// sizeBytes converts a Proxmox size ("8G", "512M", "1024") to bytes.
+func sizeBytes(num, unit string) (int64, error) {
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return 0, err
+	}
+	mult := map[string]float64{"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
+	return int64(f * mult), nil
+}
+
+// resizeVM grows a disk (PUT .../resize): a task, like Proxmox 8+; shrinking
+// is refused as Proxmox refuses it.
+func (s *Server) resizeVM(ctx context.Context, rq *request) (any, error) {
+	vmid := s.vmid(rq)
+	disk, size := rq.str("disk"), rq.str("size")
+	grow := strings.HasPrefix(size, "+")
+	var want int64
+	params := func(*request) error {
+		m := regexp.MustCompile(`^\+?(\d+(?:\.\d+)?)([KMGT]?)$`).FindStringSubmatch(size)
+		if m == nil {
+			return fail("unable to parse size '%s'", size) // the schema's pattern refused it already
+		}
+		var err error
+		if want, err = sizeBytes(m[1], m[2]); err != nil {
+			return fail("unable to parse size '%s'", size)
+		}
+		return nil
+	}
+	err := s.openVM(rq, params, func(v *vm) error {
+		if err := checkLock(v); err != nil {
+			return err
+		}
+		var cur int64
+		val, ok := v.conf[disk]
+		if !ok || !reDiskKey.MatchString(disk) {
+			return fail("disk '%s' does not exist", disk)
+		} else if sm := reSizeOpt.FindStringSubmatch(val); sm != nil {
+			cur, _ = sizeBytes(sm[2], sm[3])
+		}
+		if grow {
+			want += cur
+		}
+		if want < cur {
+			return fail("shrinking disks is not supported")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.startTask(rq.authid, "resize", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		v, err := s.loadVM(vmid)
+		if err != nil {
+			return err
+		}
+		// resize_vm checks the storage inside the worker's config lock.
+		if sid := volumeStorage(v.conf[disk]); sid != "" {
+			if err := s.checkPrivsLocked(rq.authid, "/storage/"+sid, []string{"Datastore.AllocateSpace"}); err != nil {
+				return err
+			}
+		}
+		gib := float64(want) / (1 << 30)
+		nv := fmt.Sprintf("size=%sG", strconv.FormatFloat(gib, 'f', -1, 64))
+		val := v.conf[disk]
+		if reSizeOpt.MatchString(val) {
+			val = reSizeOpt.ReplaceAllString(val, "${1}"+nv)
+		} else {
+			val += "," + nv
+		}
+		v.conf[disk] = val
+		return nil
+	}), nil
+}
+
+// volumeStorage is the storage ID of a disk value ("local-lvm:vm-1-disk-0,
+// size=8G"); "" for none, CD-ROMs and values without a storage.
+func volumeStorage(val string) string {
+	if strings.Contains(val, "media=cdrom") {
+		return ""
+	}
+	file, _, _ := strings.Cut(val, ",")
+	if file == "none" || file == "cdrom" {
+		return ""
+	}
+	sid, _, ok := strings.Cut(file, ":")
+	if !ok {
+		return ""
+	}
+	return sid
+}
+
+// uniqueTags normalises a tag list as a config update stores it
+// (pve-guest-common PVE/GuestHelpers.pm get_unique_tags with the default
+// tag style): split on ";", "," and spaces, lower-cased, sorted, without
+// duplicates, joined with ";".
+func uniqueTags(v string) string {
+	var out []string
+	for _, t := range strings.FieldsFunc(v, func(r rune) bool { return r == ';' || r == ',' || r == ' ' || r == '\t' || r == '\n' }) {
+		out = append(out, strings.ToLower(t))
+	}
+	sort.Strings(out)
+	return strings.Join(slices.Compact(out), ";")
+}

@@ -1,0 +1,188 @@
+package pveemu
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func (s *Server) vmStatusLocked(v *vm) map[string]any {
+	st := map[string]any{
+		"vmid": v.vmid, "status": "stopped", "qmpstatus": "stopped", "name": v.conf["name"],
+		"cpus": atoiDef(v.conf["cores"], 1), "maxmem": atoiDef(v.conf["memory"], 512) * 1024 * 1024,
+		"maxdisk": 8 << 30, "uptime": 0, "mem": 0, "cpu": 0, "disk": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0,
+	}
+	if v.running {
+		st["status"], st["qmpstatus"] = "running", "running"
+		st["uptime"] = int(time.Since(v.started).Seconds())
+		st["pid"] = 100000 + v.vmid
+	}
+	if v.conf["template"] == "1" {
+		st["template"] = 1
+	}
+	if l := v.conf["lock"]; l != "" {
+		st["lock"] = l
+	}
+	if agentEnabled(v.conf["agent"]) {
+		st["agent"] = 1
+	}
+	if t := v.conf["tags"]; t != "" {
+		st["tags"] = t
+	}
+	return st
+}
+
+func atoiDef(s string, def int) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return def
+	}
+	return n
+}
+
+func agentEnabled(v string) bool {
+	if v == "" {
+		return false
+	}
+	first, _, _ := strings.Cut(v, ",")
+	if k, val, ok := strings.Cut(first, "="); ok {
+		if k != "enabled" {
+			return false
+		}
+		first = val
+	}
+	return parseBoolText(first) == "1"
+}
+
+func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
+	var st map[string]any
+	err := s.openVM(rq, nil, func(v *vm) error {
+		st = s.vmStatusLocked(v)
+		st["ha"] = map[string]any{"managed": 0}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// vmSpec derives what the backend needs to start the guest.
+func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
+	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid)}
+	if n := v.conf["net0"]; n != "" {
+		mac, bridge := parseNet(n)
+		spec.VNet = bridge
+		if mac != "" {
+			hw, err := net.ParseMAC(mac)
+			if err != nil {
+				return spec, fmt.Errorf("net0: %w", err)
+			}
+			spec.MAC = hw
+		}
+		if bridge != "" && !s.sdn.bridgeRunning(bridge) {
+			return spec, fmt.Errorf("bridge '%s' does not exist", bridge)
+		}
+	}
+	return spec, nil
+}
+
+func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) error {
+	var spec VMSpec
+	_, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
+		if v.conf["template"] == "1" {
+			return fail("you can't start a vm if it's a template")
+		}
+		if !skiplock {
+			if err := checkLock(v); err != nil {
+				return err
+			}
+		}
+		if v.running {
+			return fail("VM %d already running", vmid)
+		}
+		var err error
+		spec, err = s.vmSpecLocked(v)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := s.backend.StartVM(ctx, spec); err != nil {
+		return fmt.Errorf("start failed: %w", err)
+	}
+	s.mu.Lock()
+	if v := s.vms[vmid]; v != nil {
+		v.running, v.started = true, time.Now()
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) doStop(ctx context.Context, vmid int, skiplock bool) error {
+	running := false
+	_, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
+		if !skiplock {
+			if err := checkLock(v); err != nil {
+				return err
+			}
+		}
+		running = v.running
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if !running {
+		return nil
+	}
+	if err := s.backend.StopVM(ctx, vmid); err != nil {
+		return fmt.Errorf("stop failed: %w", err)
+	}
+	s.mu.Lock()
+	if v := s.vms[vmid]; v != nil {
+		v.running = false
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) vmAction(typ string) handlerFunc {
+	return func(ctx context.Context, rq *request) (any, error) {
+		vmid := s.vmid(rq)
+		skiplock := rq.bool("skiplock", false)
+		running := false
+		onVM := func(v *vm) error { running = v.running; return nil }
+		if typ == "qmstop" {
+			// vm_stop forks the worker at once: PVE::QemuServer::vm_stop
+			// loads the config (a missing VM fails the task) and returns
+			// quietly when the VM is not running (task OK).
+			onVM = nil
+		}
+		if err := s.openVM(rq, checkSkiplock, onVM); err != nil {
+			return nil, err
+		}
+		switch typ {
+		case "qmstart":
+			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+				return s.doStart(ctx, t, vmid, skiplock)
+			}), nil
+		case "qmstop":
+			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+				return s.doStop(ctx, vmid, skiplock)
+			}), nil
+		default: // qmshutdown
+			if !running {
+				return nil, fail("VM %d not running", vmid)
+			}
+			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+				return s.doStop(ctx, vmid, skiplock)
+			}), nil
+		}
+	}
+}
