@@ -107,6 +107,7 @@ func waitSeed(ctx context.Context, t *testing.T, n Node, ud []byte) {
 // available everywhere): create, list (also through virsh), stop, clone,
 // start, delete, and the bad input that must change nothing.
 func TestLibvirtNodeLifecycle(t *testing.T) {
+	testkit.RequireRoot(t, libvirtdtest.Tools()...)
 	d := libvirtdtest.Start(t)
 	boot := bootFiles(t)
 	img := testImage(t)
