@@ -15,6 +15,7 @@
 //	bench/qga       the guest agent client vs a raw loop and the Proxmox API's shape
 //	bench/api       the sandbox API on the emulator and the bed vs the client it sits on
 //	bench/egress    the egress checks vs an open zone
+//	bench/scale     the guard's per-change paths at 1, 500 and 2000 bridges and ports
 //
 // Each section package has the same files: bench.go measures (Options, a
 // Result, Run) and section.go holds Section, which picks the sizes (full or

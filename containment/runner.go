@@ -154,7 +154,7 @@ func (r *Runner) concurrency(rows int) int {
 // execSlack is the exec timeout's allowance for the upload's start-up, the
 // facts and the report, plus a share per round of targets for scheduling.
 const (
-	execSlack      = 15 * time.Second
+	execSlack      = 30 * time.Second
 	execRoundSlack = 250 * time.Millisecond
 )
 

@@ -36,14 +36,14 @@ func (g *Guard) SetPorts(ctx context.Context, ports []Port) error {
 		g.ports = clean
 		return nil
 	}
-	brs, err := RenderBridge(zoneBridges(g.renderConfig(g.zones)), g.state, clean)
-	if err != nil {
+	// by difference: the mapper sends the whole map every few seconds,
+	// and an unchanged map costs a comparison
+	cs := &changes{}
+	portChanges(cs, g.ports, clean)
+	if _, err := g.commitLocked(cs); err != nil {
 		return fmt.Errorf("set ports: %w", err)
 	}
-	if err := g.updateSetsLocked(g.desired, brs); err != nil {
-		return fmt.Errorf("set ports: %w", err)
-	}
-	g.bridge, g.ports = brs, clean
+	g.ports = clean
 	return nil
 }
 
@@ -58,12 +58,12 @@ func (g *Guard) Ports() []Port {
 	return out
 }
 
-// BridgeDesired returns the layer-2 ruleset the guard keeps in force (do
-// not modify); nil before Start.
+// BridgeDesired returns a copy of the layer-2 ruleset the guard keeps in
+// force; nil before Start.
 func (g *Guard) BridgeDesired() *Ruleset {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.bridge
+	return g.bridge.snapshot()
 }
 
 // UnmappedPorts lists the guest ports without a mapping: they are
@@ -81,7 +81,7 @@ func unmappedPorts(rs *Ruleset) []string {
 	mapped := rs.Set(SetPorts)
 	var out []string
 	for _, n := range rs.Set(SetGuestPorts).Text {
-		if !slices.Contains(mapped.Text, n) {
+		if !has(mapped, n) {
 			out = append(out, n)
 		}
 	}

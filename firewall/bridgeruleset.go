@@ -139,21 +139,26 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 
 // zoneGuestPorts are the ports of the zone bridges named like guest ports.
 func zoneGuestPorts(bridges []string, cls Classification) []string {
-	var out []string
-	for _, e := range cls.Enslaved {
-		if slices.Contains(bridges, e.Bridge) && isGuestPortName(e.Port) {
-			out = append(out, e.Port)
-		}
-	}
-	return out
+	return guestPortsWhere(bridges, cls, true)
 }
 
 // otherGuestPorts are the ports named like guest ports on bridges of no
 // zone.
 func otherGuestPorts(bridges []string, cls Classification) []string {
+	return guestPortsWhere(bridges, cls, false)
+}
+
+// guestPortsWhere are the ports named like guest ports on a zone bridge
+// (inZone) or on a bridge of no zone (a set of the bridges, not a scan
+// of them per port: thousands of each on a busy node).
+func guestPortsWhere(bridges []string, cls Classification, inZone bool) []string {
+	zone := make(map[string]bool, len(bridges))
+	for _, b := range bridges {
+		zone[b] = true
+	}
 	var out []string
 	for _, e := range cls.Enslaved {
-		if !slices.Contains(bridges, e.Bridge) && isGuestPortName(e.Port) {
+		if zone[e.Bridge] == inZone && isGuestPortName(e.Port) {
 			out = append(out, e.Port)
 		}
 	}

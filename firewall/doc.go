@@ -74,6 +74,13 @@
 //
 // Run-time state is set membership only (@mgmt, @lockdown, @failclosed,
 // @zone_peers), so switches never rewrite a rule and counters survive.
+// A change is applied by its difference (update.go): a new bridge, a
+// port moved, a zone added or removed, the port map, a lockdown flip send
+// the members they change in one batch, and the interface classification
+// is kept per link from its own events (classify.go); nothing lists every
+// link or rewrites a large set on the update path. Render stays the
+// definition: Start, repairs and structural changes render the whole
+// table, and the periodic verify compares the patched sets with it.
 //
 // Layer 2 (DESIGN.md section 10): a second table, bridge pve-inspect, with
 // the same owner|persist flags, applied in the same batch, verified and

@@ -112,9 +112,22 @@ type Guard struct {
 	bridge  *Ruleset              // desired layer-2 table (bridgeguard.go)
 	ports   []Port                // run-time guest port map (SetPorts)
 	started bool
+	// mergedZones (configured and run-time zones, as Render names them)
+	// and zoneOf (bridge -> its merged zone ids) index g.zones for the
+	// update path (update.go).
+	mergedZones map[string][]string
+	zoneOf      map[string][]string
+	// gen counts the batches the kernel took, so that a verify reading
+	// the kernel without mu knows whether its reading is still current
+	gen uint64
 
 	subMu sync.Mutex
 	subs  map[chan struct{}]struct{}
+
+	// readMu guards rconn, the connection verifies read the kernel on
+	// without mu; it is never held while taking mu or the other way round.
+	readMu sync.Mutex
+	rconn  *nftables.Conn
 }
 
 // New prepares a guard; it changes nothing until Start.
@@ -149,6 +162,12 @@ func New(cfg Config, opts ...Option) (*Guard, error) {
 // Close releases the guard's connections. The table stays in the kernel
 // (persist): it is orphaned until the next Start re-adopts it.
 func (g *Guard) Close() error {
+	g.readMu.Lock()
+	if g.rconn != nil {
+		_ = g.rconn.CloseLasting()
+		g.rconn = nil
+	}
+	g.readMu.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.cls.close()
@@ -179,7 +198,8 @@ func (g *Guard) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start guard: render bridge table: %w", err)
 	}
-	g.state, g.desired, g.bridge = cls, rs, brs
+	g.state, g.desired, g.bridge = cls, normalized(rs), normalized(brs)
+	g.indexZonesLocked(g.zones)
 	err = g.convergeLocked(ctx, true)
 	var de *DriftError
 	if errors.As(err, &de) {
@@ -232,6 +252,7 @@ func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 			}
 			return fmt.Errorf("%s: %w", action, err)
 		}
+		g.gen++
 		g.met.observeApply(g.opts.now().Sub(start))
 		g.log.Info("table applied", "action", action)
 	}
@@ -302,11 +323,88 @@ func (g *Guard) queueConvergeLocked(rs *Ruleset, k *kernelTable, adopting bool) 
 // verifyLocked compares the kernel's table with g.desired, ownership
 // included.
 func (g *Guard) verifyLocked() error {
+	ks, err := readTables(g.conn, g.tablesLocked())
+	if err != nil {
+		return err
+	}
+	return g.compareLocked(ks)
+}
+
+// readTables reads the kernel's tables of the desired ones, with the
+// members of the sets a verify compares.
+func readTables(c *nftables.Conn, want []*Ruleset) (map[nftables.TableFamily]*kernelTable, error) {
+	out := map[nftables.TableFamily]*kernelTable{}
+	for _, rs := range want {
+		k, err := readKernelTableWith(c, rs.family(), comparedSets(rs))
+		if err != nil {
+			return nil, fmt.Errorf("verify: %w", err)
+		}
+		out[rs.family()] = k
+	}
+	return out, nil
+}
+
+// readOffLock reads the tables on the guard's read connection (a lasting
+// socket of its own, opened at the first use: a dial per dump costs more
+// than the dump inside a network namespace).
+func (g *Guard) readOffLock(want []*Ruleset) (map[nftables.TableFamily]*kernelTable, error) {
+	g.readMu.Lock()
+	defer g.readMu.Unlock()
+	if g.rconn == nil {
+		c, err := nftables.New(g.opts.nftOpts(true)...)
+		if err != nil {
+			return nil, fmt.Errorf("verify: open nftables connection: %w", err)
+		}
+		g.rconn = c
+	}
+	return readTables(g.rconn, want)
+}
+
+// verifyOffLock is verifyLocked with the kernel read without holding mu
+// (at thousands of bridges the reading is the long part, and every
+// change would wait for it); the comparison takes mu, and a batch sent
+// meanwhile means reading again. After a few such races it reads under
+// mu.
+func (g *Guard) verifyOffLock(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		g.mu.Lock()
+		gen, bridge, started := g.gen, g.bridge != nil, g.desired != nil
+		want := g.tablesLocked()
+		if !started || attempt == 3 {
+			defer g.mu.Unlock()
+			if !started {
+				return errors.New("verify: guard not started")
+			}
+			return g.verifyLocked()
+		}
+		g.mu.Unlock()
+		// the desired sets are read for their names and flags only,
+		// which never change in place
+		ks, err := g.readOffLock(want)
+		if err != nil {
+			return err
+		}
+		g.mu.Lock()
+		if g.gen != gen || (g.bridge != nil) != bridge {
+			g.mu.Unlock()
+			continue
+		}
+		err = g.compareLocked(ks)
+		g.mu.Unlock()
+		return err
+	}
+}
+
+// compareLocked compares the tables read with the desired ones.
+func (g *Guard) compareLocked(ks map[nftables.TableFamily]*kernelTable) error {
 	var all []Drift
 	for _, rs := range g.tablesLocked() {
-		k, err := readKernelTable(g.conn, rs.family())
-		if err != nil {
-			return fmt.Errorf("verify: %w", err)
+		k := ks[rs.family()]
+		if k == nil {
+			return fmt.Errorf("verify: %s not read", rs.TableRef())
 		}
 		ds := diff(rs, k, g.port)
 		if rs.family() == nftables.TableFamilyBridge {
@@ -326,24 +424,19 @@ func (g *Guard) verifyLocked() error {
 // Verify compares the kernel's table with the desired one and returns a
 // *DriftError listing every difference, nil when equal. It changes nothing.
 func (g *Guard) Verify(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.desired == nil {
-		return errors.New("verify: guard not started")
-	}
-	return g.verifyLocked()
+	return g.verifyOffLock(ctx)
 }
 
 // repair verifies and, on drift, converges (one batch), counting repairs
 // by reason.
 func (g *Guard) repair(ctx context.Context) error {
+	var de *DriftError
+	if err := g.verifyOffLock(ctx); !errors.As(err, &de) {
+		return err
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	err := g.verifyLocked()
-	var de *DriftError
+	err := g.verifyLocked() // the drift may be gone (a batch of ours raced)
 	if !errors.As(err, &de) {
 		return err
 	}
@@ -377,7 +470,8 @@ func (g *Guard) applyZonesLocked(ctx context.Context, cls Classification, sw Swi
 	if err := g.updateSetsLocked(rs, brs); err != nil {
 		return err
 	}
-	g.state, g.sw, g.desired, g.bridge, g.zones = cls, sw, rs, brs, zones
+	g.state, g.sw, g.desired, g.bridge, g.zones = cls, sw, normalized(rs), normalized(brs), zones
+	g.indexZonesLocked(zones)
 	return nil
 }
 
@@ -402,6 +496,7 @@ func (g *Guard) updateSetsLocked(rs, brs *Ruleset) error {
 		if err := g.conn.Flush(); err != nil {
 			return fmt.Errorf("update sets: %w", err)
 		}
+		g.gen++
 		g.met.observeApply(g.opts.now().Sub(start))
 	}
 	return nil
@@ -410,7 +505,7 @@ func (g *Guard) updateSetsLocked(rs, brs *Ruleset) error {
 // renderConfig is the configuration with the run-time zones added to the
 // configured ones.
 func (g *Guard) renderConfig(zones map[string][]string) Config {
-	cfg := g.cfg
+	cfg := g.egressConfig()
 	merged := map[string][]string{}
 	for id, b := range g.cfg.Zones {
 		merged["config:"+id] = b
@@ -419,6 +514,14 @@ func (g *Guard) renderConfig(zones map[string][]string) Config {
 		merged["run:"+id] = b
 	}
 	cfg.Zones = merged
+	return cfg
+}
+
+// egressConfig is the configuration without zones, with the run-time
+// zones' egress policies added to the configured ones.
+func (g *Guard) egressConfig() Config {
+	cfg := g.cfg
+	cfg.Zones = nil
 	cfg.ZoneEgress = map[string]ZoneEgress{}
 	for id, z := range g.cfg.ZoneEgress {
 		cfg.ZoneEgress["config:"+id] = z
@@ -446,9 +549,31 @@ func (g *Guard) SetZones(ctx context.Context, zones map[string][]string) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if err := g.applyZonesLocked(ctx, g.state, g.sw, cp); err != nil {
+	if g.desired == nil {
+		return errors.New("set zones: guard not started")
+	}
+	if err := g.applyZoneChangesLocked(ctx, cp); err != nil {
 		return fmt.Errorf("set zones: %w", err)
 	}
+	return nil
+}
+
+// applySwitchesLocked puts new switches in force: the members of
+// @lockdown and @failclosed that change, in one batch.
+func (g *Guard) applySwitchesLocked(ctx context.Context, sw Switches) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if g.desired == nil {
+		return errors.New("guard not started")
+	}
+	cs := &changes{}
+	g.replaceSmall(cs, SetLockdown, lockdownSet(g.state, sw))
+	g.replaceSmall(cs, SetFailClosed, failClosedSet(sw))
+	if _, err := g.commitLocked(cs); err != nil {
+		return err
+	}
+	g.sw = sw
 	return nil
 }
 
@@ -460,7 +585,7 @@ func (g *Guard) SetLockdown(ctx context.Context, on bool) error {
 	defer g.mu.Unlock()
 	sw := g.sw
 	sw.Lockdown = on
-	if err := g.applyLocked(ctx, g.state, sw); err != nil {
+	if err := g.applySwitchesLocked(ctx, sw); err != nil {
 		return fmt.Errorf("set lockdown %v: %w", on, err)
 	}
 	return nil
@@ -473,7 +598,7 @@ func (g *Guard) SetFailClosed(ctx context.Context, on bool) error {
 	defer g.mu.Unlock()
 	sw := g.sw
 	sw.FailClosed = on
-	if err := g.applyLocked(ctx, g.state, sw); err != nil {
+	if err := g.applySwitchesLocked(ctx, sw); err != nil {
 		return fmt.Errorf("set fail-closed %v: %w", on, err)
 	}
 	return nil
@@ -498,17 +623,30 @@ func (g *Guard) Management() []string {
 func (g *Guard) Classification() Classification {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	c := g.state
-	c.Management, c.Trusted, c.Interfaces = slices.Clone(c.Management), slices.Clone(c.Trusted), slices.Clone(c.Interfaces)
-	c.UplinkNets, c.Enslaved = slices.Clone(c.UplinkNets), slices.Clone(c.Enslaved)
-	return c
+	return g.state.clone()
 }
 
-// Desired returns the ruleset the guard keeps in force (do not modify).
+// Desired returns a copy of the ruleset the guard keeps in force.
 func (g *Guard) Desired() *Ruleset {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.desired
+	return g.desired.snapshot()
+}
+
+// shapes returns the desired tables without their sets (chains and rules
+// only, which never change in place), for the metrics.
+func (g *Guard) shapes() (inet, bridge *Ruleset) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	strip := func(rs *Ruleset) *Ruleset {
+		if rs == nil {
+			return nil
+		}
+		n := *rs
+		n.Sets = nil
+		return &n
+	}
+	return strip(g.desired), strip(g.bridge)
 }
 
 // Subscribe returns a channel that receives a value (coalesced, never
@@ -540,18 +678,32 @@ func (g *Guard) notify() {
 	}
 }
 
-// reclassify reads the classification and applies it when it changed.
-func (g *Guard) reclassify(ctx context.Context) error {
-	cls, err := g.cls.classify()
-	if err != nil {
-		return err
+// reclassify applies the classification when it changed: the one the
+// classifier keeps from events, or (full) a fresh listing. A change of
+// interfaces and bridge ports only is applied by its difference; one of
+// the management, trusted interfaces or uplink subnets renders the table.
+func (g *Guard) reclassify(ctx context.Context, full bool) error {
+	var cls Classification
+	if full {
+		var err error
+		if cls, err = g.cls.classify(); err != nil {
+			return err
+		}
+	} else {
+		cls = g.cls.current()
 	}
 	g.mu.Lock()
 	if cls.Equal(g.state) {
 		g.mu.Unlock()
 		return nil
 	}
-	err = g.applyLocked(ctx, cls, g.sw)
+	var err error
+	if !slices.Equal(cls.Management, g.state.Management) || !slices.Equal(cls.Trusted, g.state.Trusted) ||
+		!slices.Equal(cls.UplinkNets, g.state.UplinkNets) {
+		err = g.applyLocked(ctx, cls, g.sw)
+	} else if err = g.applyLinksLocked(ctx, cls); errors.Is(err, errStructural) {
+		err = g.applyLocked(ctx, cls, g.sw)
+	}
 	g.mu.Unlock()
 	if err != nil {
 		return err
@@ -600,24 +752,64 @@ func (g *Guard) Run(ctx context.Context) error {
 
 	t := time.NewTicker(g.cfg.verifyInterval())
 	defer t.Stop()
+	full := false // the next reclassify lists everything again
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-reclass:
-			if err := g.reclassify(ctx); err != nil && ctx.Err() == nil {
+			settle(ctx, reclass)
+			if err := g.reclassify(ctx, full); err != nil && ctx.Err() == nil {
 				g.log.Error("apply interface classification", "err", err)
+				full = true
 				kick(check)
+				time.AfterFunc(retryAfter, func() { kick(reclass) })
+				continue
 			}
+			full = false
 		case <-check:
 			if err := g.repair(ctx); err != nil && ctx.Err() == nil {
 				g.log.Error("repair table", "err", err)
 			}
 		case <-t.C:
+			full = true
 			kick(reclass)
+			if err := g.reconcile(ctx); err != nil && ctx.Err() == nil {
+				g.log.Error("periodic check of the applied sets", "err", err)
+			}
 			if err := g.repair(ctx); err != nil && ctx.Err() == nil {
 				g.log.Error("periodic verify", "err", err)
 			}
+		}
+	}
+}
+
+// Event coalescing: the guard applies link and route events after
+// settleQuiet without another one, or settleMax after the first, so a
+// burst of new bridges is one batch (or a few), not one per event.
+// retryAfter is the pause before a failed apply is tried again.
+const (
+	settleQuiet = 2 * time.Millisecond
+	settleMax   = 10 * time.Millisecond
+	retryAfter  = 100 * time.Millisecond
+)
+
+// settle waits until kicks on c stop for settleQuiet, at most settleMax.
+func settle(ctx context.Context, c <-chan struct{}) {
+	deadline := time.NewTimer(settleMax)
+	defer deadline.Stop()
+	quiet := time.NewTimer(settleQuiet)
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			return
+		case <-quiet.C:
+			return
+		case <-c:
+			quiet.Reset(settleQuiet)
 		}
 	}
 }
@@ -725,6 +917,9 @@ func appliedBefore(cfg Config) bool {
 }
 
 func markApplied(cfg Config) error {
+	if appliedBefore(cfg) {
+		return nil // a restart, or the next Start of the bench
+	}
 	if err := os.MkdirAll(cfg.stateDir(), 0o755); err != nil {
 		return err
 	}

@@ -97,7 +97,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.brRepairs.Collect(ch)
 	m.apply.Collect(ch)
 	m.lastVerify.Collect(ch)
-	desired := m.g.Desired()
+	desired, br := m.g.shapes()
 	mgmt := m.g.Management()
 	ch <- prometheus.MustNewConstMetric(m.mgmtCount, prometheus.GaugeValue, float64(len(mgmt)))
 	for _, n := range mgmt {
@@ -108,13 +108,13 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.rulesExpected, prometheus.GaugeValue, float64(desired.RuleCount()))
 	counters, present, err := readCounters(m.g.opts, desired)
-	if br := m.g.BridgeDesired(); br != nil && err == nil {
+	if br != nil && err == nil {
 		var bc []RuleCounter
 		bc, _, err = readCounters(m.g.opts, br)
 		counters = append(counters, bc...)
 	}
-	if br := m.g.BridgeDesired(); br != nil {
-		ch <- prometheus.MustNewConstMetric(m.unmapped, prometheus.GaugeValue, float64(len(unmappedPorts(br))))
+	if br != nil {
+		ch <- prometheus.MustNewConstMetric(m.unmapped, prometheus.GaugeValue, float64(len(m.g.UnmappedPorts())))
 	}
 	failed := 0.0
 	if err != nil {
@@ -153,7 +153,8 @@ func readCounters(o options, desired *Ruleset) ([]RuleCounter, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	k, err := readKernelTable(conn, desired.family())
+	// counters are in the rules: no set's members are read
+	k, err := readKernelTableWith(conn, desired.family(), func(string) bool { return false })
 	if err != nil {
 		return nil, 0, err
 	}

@@ -79,6 +79,13 @@ func readKernel(c *nftables.Conn) (*kernelTable, error) { return readKernelTable
 // readKernelTable reads table pve-inspect of family fam; a missing table
 // is not an error.
 func readKernelTable(c *nftables.Conn, fam nftables.TableFamily) (*kernelTable, error) {
+	return readKernelTableWith(c, fam, func(string) bool { return true })
+}
+
+// readKernelTableWith reads table pve-inspect of family fam, the members
+// only of the sets elems names (a verify skips the sets it never
+// compares, a scrape of counters every set).
+func readKernelTableWith(c *nftables.Conn, fam nftables.TableFamily, elems func(set string) bool) (*kernelTable, error) {
 	k := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{},
 		elems: map[string][]nftables.SetElement{}, rules: map[string][]*nftables.Rule{}}
 	tables, err := c.ListTablesOfFamily(fam)
@@ -114,6 +121,9 @@ func readKernelTable(c *nftables.Conn, fam nftables.TableFamily) (*kernelTable, 
 	}
 	for _, s := range sets {
 		k.sets[s.Name] = s
+		if !elems(s.Name) {
+			continue
+		}
 		els, err := c.GetSetElements(s)
 		if err != nil {
 			return nil, fmt.Errorf("list elements of set %s: %w", s.Name, err)
@@ -121,6 +131,14 @@ func readKernelTable(c *nftables.Conn, fam nftables.TableFamily) (*kernelTable, 
 		k.elems[s.Name] = els
 	}
 	return k, nil
+}
+
+// comparedSets names the sets whose members diff compares with rs.
+func comparedSets(rs *Ruleset) func(string) bool {
+	return func(name string) bool {
+		s := rs.Set(name)
+		return s == nil || !s.Dynamic
+	}
 }
 
 // ruleComment returns the comment stored in a rule's userdata.

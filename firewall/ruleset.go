@@ -195,28 +195,8 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 	addPrefixSet(SetPrivate4Allow, nftables.TypeIPAddr, cfg.Private4Allow)
 	addPrefixSet(SetUplinkNets4, nftables.TypeIPAddr, cls.UplinkNets)
 
-	ifSet := func(name string, names []string) {
-		s := &SetSpec{Name: name, KeyType: nftables.TypeIFName}
-		for _, n := range sortedUnique(names) {
-			s.Elements = append(s.Elements, nftables.SetElement{Key: ifname(n)})
-			s.Text = append(s.Text, n)
-		}
-		rs.Sets = append(rs.Sets, s)
-	}
-	ifSet(SetMgmt, cls.Management)
-	ifSet(SetTrusted, cls.Trusted)
-	var lock []string
-	if sw.Lockdown {
-		lock = cls.Management
-	}
-	ifSet(SetLockdown, lock)
-
-	fc := &SetSpec{Name: SetFailClosed, KeyType: nftables.TypeNFProto}
-	if sw.FailClosed {
-		fc.Elements = []nftables.SetElement{{Key: []byte{unix.NFPROTO_IPV4}}, {Key: []byte{unix.NFPROTO_IPV6}}}
-		fc.Text = []string{"ipv4", "ipv6"}
-	}
-	rs.Sets = append(rs.Sets, fc)
+	rs.Sets = append(rs.Sets, ifNameSet(SetMgmt, cls.Management), ifNameSet(SetTrusted, cls.Trusted),
+		lockdownSet(cls, sw), failClosedSet(sw))
 
 	zp := &SetSpec{Name: SetZonePeers, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIFName), Concat: true}
 	for _, p := range zonePeers(cfg.Zones, cls) {
@@ -315,6 +295,36 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 		return nil, err
 	}
 	return rs, nil
+}
+
+// ifNameSet is an interface-name set holding names.
+func ifNameSet(name string, names []string) *SetSpec {
+	s := &SetSpec{Name: name, KeyType: nftables.TypeIFName}
+	for _, n := range sortedUnique(names) {
+		s.Elements = append(s.Elements, nftables.SetElement{Key: ifname(n)})
+		s.Text = append(s.Text, n)
+	}
+	return s
+}
+
+// lockdownSet is @lockdown: the management interfaces while the lockdown
+// is on, empty otherwise.
+func lockdownSet(cls Classification, sw Switches) *SetSpec {
+	var lock []string
+	if sw.Lockdown {
+		lock = cls.Management
+	}
+	return ifNameSet(SetLockdown, lock)
+}
+
+// failClosedSet is @failclosed: every protocol while fail-closed is on.
+func failClosedSet(sw Switches) *SetSpec {
+	fc := &SetSpec{Name: SetFailClosed, KeyType: nftables.TypeNFProto}
+	if sw.FailClosed {
+		fc.Elements = []nftables.SetElement{{Key: []byte{unix.NFPROTO_IPV4}}, {Key: []byte{unix.NFPROTO_IPV6}}}
+		fc.Text = []string{"ipv4", "ipv6"}
+	}
+	return fc
 }
 
 // zonePeers lists the (in, out) interface pairs forwarding may join without

@@ -232,6 +232,24 @@ func (cn *conn) fileSize(h int64) (int64, error) {
 	return end, nil
 }
 
+// unseekable explains a failed size seek on the open handle h: a directory
+// opens, but its seek fails with EINVAL ("Invalid argument") where a read
+// says "Is a directory". One read of a byte tells them apart; the read's
+// error wins when it has one (ErrIsDir), the seek's otherwise.
+func (cn *conn) unseekable(h int64, seekErr error) error {
+	var ae *AgentError
+	if !errors.As(seekErr, &ae) {
+		return seekErr
+	}
+	if _, _, err := cn.fileRead(h, 1); err != nil {
+		var re *AgentError
+		if errors.As(err, &re) {
+			return err
+		}
+	}
+	return seekErr
+}
+
 func (a *Agent) readFile(ctx context.Context, p string, w io.Writer, limit int64, sizeFn func(int64) error) (int64, error) {
 	if err := checkGuestPath(p); err != nil {
 		return 0, err
@@ -272,7 +290,7 @@ func (a *Agent) readFile(ctx context.Context, p string, w io.Writer, limit int64
 				}
 				if sizeFn != nil {
 					if size, err = cn.fileSize(h); err != nil {
-						return err
+						return cn.unseekable(h, err)
 					}
 				}
 			}

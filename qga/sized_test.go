@@ -155,3 +155,53 @@ func TestCollectCutsAtLimit(t *testing.T) {
 		t.Fatalf("got %+v", res)
 	}
 }
+
+// TestReadFileSizedDirectory: a directory opens, its seek fails with EINVAL
+// (what qemu-ga answers for a directory), and the read of a byte says "Is a
+// directory": the sized read reports ErrIsDir (the API's is-a-directory),
+// not the seek's generic error. A file whose seek fails but whose read works
+// keeps the seek's error.
+func TestReadFileSizedDirectory(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		readErr   bool
+		wantIsDir bool
+	}{{"directory", true, true}, {"unseekable file", false, false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeAgent(t)
+			f.setHandler(func(c net.Conn, cmd string, id, args json.RawMessage) bool {
+				switch cmd {
+				case "guest-file-open":
+					reply(c, `{"return": 1000, "id": `+string(id)+"}\n")
+				case "guest-file-seek":
+					reply(c, `{"error": {"class": "GenericError", "desc": "failed to seek file: Invalid argument"}, "id": `+string(id)+"}\n")
+				case "guest-file-read":
+					if tt.readErr {
+						reply(c, `{"error": {"class": "GenericError", "desc": "failed to read file: Is a directory"}, "id": `+string(id)+"}\n")
+					} else {
+						reply(c, `{"return": {"count": 1, "buf-b64": "aA==", "eof": false}, "id": `+string(id)+"}\n")
+					}
+				default:
+					return okHandler(c, cmd, id, nil)
+				}
+				return true
+			})
+			a := New(hostileOptions()).Agent(f.Socket)
+			var got strings.Builder
+			_, err := a.ReadFileSized(context.Background(), "/etc", &got, 0, func(int64) error {
+				t.Error("size callback called for an unseekable handle")
+				return nil
+			})
+			if err == nil || errors.Is(err, ErrIsDir) != tt.wantIsDir {
+				t.Fatalf("got %v, want ErrIsDir %v", err, tt.wantIsDir)
+			}
+			if !tt.wantIsDir && !strings.Contains(err.Error(), "seek") {
+				t.Fatalf("got %v, want the seek's error", err)
+			}
+			if got.Len() != 0 {
+				t.Fatalf("%d bytes reached the writer", got.Len())
+			}
+		})
+	}
+}

@@ -22,7 +22,7 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 	}
 	rep, err := m.o.Checker.Run(ctx, CheckTarget{Sandbox: sb, VM: vm, Guest: m.Guest(vm.VMID), Others: others, GuestOf: m.Guest})
 	if err != nil {
-		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
+		return apitype.CheckReport{}, fmt.Errorf("sandbox %s vm %s: %w", sb.ID, vm.Name, err)
 	}
 	rep.Sandbox, rep.VM = sb.ID, vm.Name
 	return rep, nil

@@ -495,6 +495,10 @@ func TestProblemDocuments(t *testing.T) {
 		{"bad json", "POST", "/v1/sandboxes", "application/json", `{"vms":`, 400, apitype.ProblemInvalidRequest},
 		{"unknown field", "POST", "/v1/sandboxes", "application/json", `{"vms":[{"template":"debian"}],"root":true}`, 400, apitype.ProblemInvalidRequest},
 		{"trailing data", "POST", "/v1/sandboxes", "", `{"vms":[{"template":"debian"}]} {}`, 400, apitype.ProblemInvalidRequest},
+		// schemathesis ST201: a JSON null body was taken as the empty request.
+		{"null body", "POST", "/v1/sandboxes/" + sb.ID + "/check", "application/json", `null`, 400, apitype.ProblemInvalidRequest},
+		{"null egress policy", "PUT", "/v1/sandboxes/" + sb.ID + "/egress", "application/json", ` null`, 400, apitype.ProblemInvalidRequest},
+		{"array body", "POST", "/v1/sandboxes", "application/json", `[{"vms":[{"template":"debian"}]}]`, 400, apitype.ProblemInvalidRequest},
 		{"wrong content type", "POST", "/v1/sandboxes", "text/plain", `{}`, 415, apitype.ProblemUnsupportedMediaType},
 		{"oversize", "POST", "/v1/sandboxes", "application/json", `{"labels":{"a":"` + strings.Repeat("x", 2<<20) + `"}}`, 413, apitype.ProblemPayloadTooLarge},
 		{"no vms", "POST", "/v1/sandboxes", "", `{"vms":[]}`, 400, apitype.ProblemInvalidRequest},
@@ -691,5 +695,36 @@ func TestReconcileCarriesOn(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOpenAPITTLBounds: the document says the TTL bounds extend and create
+// enforce (schemathesis ST202: a ttl_seconds the schema allowed was
+// refused), and they are exact: the maximum is accepted, one more refused.
+func TestOpenAPITTLBounds(t *testing.T) {
+	e := newEnv(t, nil)
+	doc, err := e.c.OpenAPI(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	props := func(schema string) map[string]any {
+		return doc["components"].(map[string]any)["schemas"].(map[string]any)[schema].(map[string]any)["properties"].(map[string]any)
+	}
+	ext := props("ExtendRequest")["ttl_seconds"].(map[string]any)
+	cr := props("CreateRequest")["ttl_seconds"].(map[string]any)
+	maxTTL, ok := ext["maximum"].(float64)
+	if !ok || ext["minimum"] != float64(1) || cr["maximum"] != maxTTL || cr["minimum"] != float64(0) {
+		t.Fatalf("extend ttl %v, create ttl %v: want documented bounds", ext, cr)
+	}
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	for _, tc := range []struct {
+		ttl    int64
+		status int
+	}{{int64(maxTTL), 200}, {int64(maxTTL) + 1, 400}, {1, 200}, {0, 400}} {
+		resp := e.raw("POST", "/v1/sandboxes/"+sb.ID+"/extend", "application/json", strings.NewReader(fmt.Sprintf(`{"ttl_seconds":%d}`, tc.ttl)))
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("extend ttl %d: status %d, want %d", tc.ttl, resp.StatusCode, tc.status)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package sandboxapi
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,8 +68,25 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, max int64, v any) *apity
 }
 
 // decodeStrict is the body decoder shared by the handlers and fuzz tests.
+// The body must be a JSON object: a null (which json would take as "leave
+// v as it is", an empty request), an array or a scalar is refused.
 func decodeStrict(body io.Reader, max int64, v any) *apitype.Problem {
-	dec := json.NewDecoder(body)
+	br := bufio.NewReader(body)
+	for {
+		b, err := br.ReadByte()
+		if err != nil {
+			break // the decoder below reports the empty or oversized body
+		}
+		if b == ' ' || b == '\t' || b == '\n' || b == '\r' {
+			continue
+		}
+		_ = br.UnreadByte()
+		if b != '{' {
+			return invalid("", "the body must be a JSON object")
+		}
+		break
+	}
+	dec := json.NewDecoder(br)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError

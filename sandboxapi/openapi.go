@@ -97,11 +97,30 @@ func schemaOf(t reflect.Type, top bool) map[string]any {
 	return map[string]any{}
 }
 
+// bounds are limits the validators (decode.go) enforce, said in the
+// document as "Schema.property" keywords, so that a request the schema
+// allows is one the daemon accepts (schemathesis ST202 found the extend TTL
+// unbounded in the document).
+func (s *Server) bounds() map[string]map[string]any {
+	maxTTL := int64(s.o.MaxTTL / time.Second)
+	return map[string]map[string]any{
+		"ExtendRequest.ttl_seconds": {"minimum": 1, "maximum": maxTTL},
+		"CreateRequest.ttl_seconds": {"minimum": 0, "maximum": maxTTL},
+	}
+}
+
 // OpenAPI returns the OpenAPI 3 document of the routes this server serves.
 func (s *Server) OpenAPI() map[string]any {
 	schemas := map[string]any{}
 	for name, v := range schemaTypes {
 		schemas[name] = schemaOf(reflect.TypeOf(v), true)
+	}
+	for prop, kw := range s.bounds() {
+		name, field, _ := strings.Cut(prop, ".")
+		ps := schemas[name].(map[string]any)["properties"].(map[string]any)[field].(map[string]any)
+		for k, v := range kw {
+			ps[k] = v
+		}
 	}
 	probSchema := schemas["Problem"].(map[string]any)
 	probSchema["properties"].(map[string]any)["type"] = map[string]any{"type": "string", "enum": apitype.ProblemTypes()}

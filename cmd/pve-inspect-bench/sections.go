@@ -8,6 +8,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/bench/layer2"
 	"github.com/pve-inspect/pve-inspect/bench/lockdown"
 	"github.com/pve-inspect/pve-inspect/bench/qga"
+	"github.com/pve-inspect/pve-inspect/bench/scale"
 )
 
 // section is one benchmark group: a package under bench/ and its name for
@@ -28,4 +29,5 @@ var sections = []section{
 	{"qga", "guest agent client vs a raw loop and the Proxmox API's shape", qga.Section},
 	{"api", "sandbox API on the emulator and the bed vs the client it sits on", api.Section},
 	{"egress", "egress checks (resolver, Host/SNI proxy) vs an open zone", egress.Section},
+	{"scale", "the guard's per-change paths at 1, 500 and 2000 bridges and ports", scale.Section},
 }

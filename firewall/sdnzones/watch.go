@@ -1,6 +1,7 @@
 package sdnzones
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,10 @@ type Watcher struct {
 	// and applied; owned by the goroutine in Sync/Run.
 	seen     fileStamp
 	everSeen bool // the file existed at some read (owned like seen)
+	// last is the content last parsed and applied (owned like seen): a
+	// forced read of the same bytes is not parsed again, so a burst of
+	// interface changes costs a read each, not a parse of every zone
+	last []byte
 
 	mu      sync.Mutex // guards applied
 	applied map[string][]string
@@ -152,13 +157,21 @@ func (w *Watcher) read(ctx context.Context, force bool) error {
 			return fmt.Errorf("sdn zones: %w", err)
 		}
 	}
+	if !w.pending && w.last != nil && bytes.Equal(data, w.last) {
+		w.seen = st
+		return nil
+	}
 	snap, err := Parse(data)
 	if err != nil {
 		w.o.Metrics.failed("parse")
 		w.seen = st // do not re-parse the same garbled file on every poll
 		return err
 	}
-	return w.apply(ctx, st, snap)
+	if err := w.apply(ctx, st, snap); err != nil {
+		return err
+	}
+	w.last = data
+	return nil
 }
 
 // load stats the file; data stays nil (read later, only when needed).

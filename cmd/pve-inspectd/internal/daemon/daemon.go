@@ -82,6 +82,9 @@ type Daemon struct {
 	// egressHook, when non-nil, receives the egress part once started
 	// (tests of this package).
 	egressHook func(*Egress)
+	// guardHook, when non-nil, receives the guard once in force (tests of
+	// this package).
+	guardHook func(*firewall.Guard)
 }
 
 // run is the state of one Daemon.Run shared by the start functions.
@@ -235,6 +238,9 @@ func (r *run) startGuard(ctx context.Context) error {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	r.guard = guard
+	if r.d.guardHook != nil {
+		r.d.guardHook(guard)
+	}
 	r.parts.OnStop(func() { guard.Close() }) // after the loop below has stopped
 	r.parts.Go("guard", guard.Run)
 	r.parts.Go("portmap", mp.Run) // keeps the port map current

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// needPython finds the Python side's virtual environment (python/.venv),
+// creating it with python/install.sh (PyPI, every version pinned by
+// python/constraints.txt) when it is missing. Under CI a missing piece is a
+// failure.
+func needPython(t *testing.T) string {
+	t.Helper()
+	miss := func(format string, a ...any) {
+		t.Helper()
+		if os.Getenv("CI") != "" {
+			t.Fatalf(format+" (CI is set, so this is a failure; .ci/install-deps installs it)", a...)
+		}
+		t.Skipf("SKIPPED: "+format+" (.ci/install-deps installs it)", a...)
+	}
+	dir, _ := filepath.Abs("../../python")
+	pytest := filepath.Join(dir, ".venv", "bin", "pytest")
+	if _, err := os.Stat(pytest); err != nil {
+		if _, err := exec.LookPath("python3"); err != nil {
+			miss("python3 is not installed")
+		}
+		cmd := exec.Command(filepath.Join(dir, "install.sh"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			miss("python/install.sh: %v\n%s", err, out)
+		}
+	}
+	return dir
+}
+
+// createToken makes a token of scope on the playground's daemon (the
+// printed stdio command with "mcp" swapped for "token create").
+func createToken(t *testing.T, in map[string]string, name, scope string) string {
+	t.Helper()
+	var argv []string
+	if err := json.Unmarshal([]byte(in["mcp_stdio"]), &argv); err != nil || len(argv) < 2 || argv[len(argv)-1] != "mcp" {
+		t.Fatalf("mcp_stdio %q: %v", in["mcp_stdio"], err)
+	}
+	argv = append(argv[:len(argv)-1], "token", "create", name, "--scope", scope)
+	out, err := exec.Command(argv[0], argv[1:]...).Output()
+	if err != nil {
+		t.Fatalf("%v: %v", argv, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// buildBins builds the daemon, the probe and the demo into a temporary
+// directory.
+func buildBins(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	for _, pkg := range []string{"../pve-inspectd", "../pve-inspect-probe", "."} {
+		cmd := exec.Command("go", "build", "-o", bin+"/", pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return bin
+}
+
+// runPytest runs the Python suite (args select tests) with env and fails
+// unless it passed.
+func runPytest(t *testing.T, ctx context.Context, dir string, env []string, args ...string) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, ".venv", "bin", "pytest"), append([]string{"-q", "-p", "no:cacheprovider", "-rxs"}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), append([]string{
+		"CI=true", // a missing bed is a failure inside pytest too
+		"INSPECT_LOG_DIR=" + t.TempDir(), "INSPECT_DISPLAY=none", "HOME=" + t.TempDir()}, env...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	t.Logf("pytest:\n%s", lastLines(out.String(), 60))
+	if err != nil {
+		t.Fatalf("pytest against the playground: %v", err)
+	}
+	if !strings.Contains(out.String(), " passed") || strings.Contains(out.String(), " failed") {
+		t.Fatalf("pytest summary: %s", lastLines(out.String(), 3))
+	}
+}
+
+// TestInspectProvider starts the playground and runs the Python package's
+// pytest suite against it (the real inspect-ai: Inspect's self_check on a
+// pve_inspect sandbox, inspect_ai.eval runs of the example task in both
+// config shapes, `inspect sandbox cleanup pve_inspect`), the daemon reached
+// as an Inspect user would, over TLS with a token; then it stops the
+// playground and checks that nothing is left.
+func TestInspectProvider(t *testing.T) {
+	needRoot(t)
+	dir := needPython(t)
+	p := startPlayground(t, buildBins(t))
+	in := p.info
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	runPytest(t, ctx, dir, []string{
+		"PVE_INSPECT_URL=" + in["api"], "PVE_INSPECT_TOKEN=" + in["admin_token"], "PVE_INSPECT_CA_FILE=" + in["ca"],
+		"PVE_INSPECT_READ_TOKEN=" + in["read_token"],
+		"PVE_INSPECT_EXEC_TOKEN=" + createToken(t, in, "inspect-exec", "exec"),
+	})
+	p.stop(t)
+	assertGone(t, in)
+}
+
+// TestInspectProviderTwoNodes starts two playgrounds (two nodes, each its
+// daemon, token and CA) and runs python/tests/test_nodes.py: 8 samples over
+// both nodes, the second stopped mid-eval (the test sends SIGTERM to its
+// playground), the rest finishing on the first.
+func TestInspectProviderTwoNodes(t *testing.T) {
+	needRoot(t)
+	dir := needPython(t)
+	bin := buildBins(t)
+	p1 := startPlayground(t, bin)
+	p2 := startPlayground(t, bin)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	runPytest(t, ctx, dir, []string{
+		"PVE_INSPECT_URL=" + p1.info["api"] + "," + p2.info["api"],
+		"PVE_INSPECT_TOKEN=" + p1.info["admin_token"] + "," + p2.info["admin_token"],
+		"PVE_INSPECT_CA_FILE=" + p1.info["ca"] + "," + p2.info["ca"],
+		"PVE_INSPECT_STOP_PID=" + strconv.Itoa(p2.cmd.Process.Pid),
+	}, "tests/test_nodes.py")
+	select {
+	case err := <-p2.done:
+		if err != nil {
+			t.Errorf("second playground, stopped mid-eval, exited with %v:\n%s", err, p2.out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the second playground did not stop after the test's SIGTERM")
+	}
+	p1.stop(t)
+	assertGone(t, p1.info)
+	assertGone(t, p2.info)
+}

@@ -1,0 +1,23 @@
+"""Inspect sandbox provider for pve-inspect (sandbox type ``pve_inspect``)."""
+
+from .compat import ProxmoxSandboxEnvironmentConfig
+from .config import (
+    ConfigError,
+    EgressSpec,
+    NetworkSpec,
+    NodeConfig,
+    PveInspectSandboxEnvironmentConfig,
+    VmSpec,
+)
+from .sandbox import PveInspectSandboxEnvironment
+
+__all__ = [
+    "ConfigError",
+    "EgressSpec",
+    "NetworkSpec",
+    "NodeConfig",
+    "ProxmoxSandboxEnvironmentConfig",
+    "PveInspectSandboxEnvironment",
+    "PveInspectSandboxEnvironmentConfig",
+    "VmSpec",
+]

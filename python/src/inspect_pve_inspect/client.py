@@ -1,0 +1,222 @@
+"""A small async client of the pve-inspectd sandbox API (``/v1``).
+
+Errors of the daemon are ``application/problem+json`` documents with a
+stable ``type``; :class:`Problem` carries them and :func:`raise_for` maps
+the ones Inspect gives a meaning to (missing file, directory, permission,
+limits, timeouts) onto Inspect's exceptions.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import quote
+
+import httpx
+
+from .config import NodeConfig
+
+# Deadlines of the calls (seconds): a create waits for every guest agent.
+CREATE_TIMEOUT = 900.0
+CALL_TIMEOUT = 60.0
+FILE_TIMEOUT = 900.0
+
+
+class Problem(Exception):
+    """An error document of the daemon (RFC 9457)."""
+
+    def __init__(self, status: int, doc: dict[str, Any]) -> None:
+        self.status = status
+        self.type = str(doc.get("type", "internal"))
+        self.detail = str(doc.get("detail", ""))
+        self.field = doc.get("field")
+        self.doc = doc
+        super().__init__(f"{self.type} ({status}): {self.detail}")
+
+
+class NodeDown(Exception):
+    """The node did not answer (connection refused, reset, TLS or timeout)."""
+
+
+@dataclass(frozen=True)
+class ExecAnswer:
+    """The collected result of an exec."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool
+
+
+def _transport(node: NodeConfig) -> tuple[str, httpx.AsyncHTTPTransport]:
+    if node.url.startswith("unix://"):
+        return "http://pve-inspectd", httpx.AsyncHTTPTransport(uds=node.url.removeprefix("unix://"))
+    verify: ssl.SSLContext | bool = True
+    if node.ca_file:
+        verify = ssl.create_default_context(cafile=node.ca_file)
+    return node.url, httpx.AsyncHTTPTransport(verify=verify)
+
+
+class Client:
+    """The API of one node. Use as ``async with Client(node) as c``."""
+
+    def __init__(self, node: NodeConfig) -> None:
+        self.node = node
+        base, transport = _transport(node)
+        headers = {"User-Agent": "inspect-pve-inspect"}
+        if node.token is not None:
+            headers["Authorization"] = "Bearer " + node.token.get_secret_value()
+        self._http = httpx.AsyncClient(
+            base_url=base + "/v1",
+            transport=transport,
+            headers=headers,
+            timeout=httpx.Timeout(CALL_TIMEOUT, connect=10.0),
+        )
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(
+        self, method: str, path: str, *, timeout: float | None = CALL_TIMEOUT, **kw: Any
+    ) -> httpx.Response:
+        try:
+            r = await self._http.request(method, path, timeout=_timeout(timeout), **kw)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
+            raise NodeDown(f"{self.node.url}: {e}") from e
+        if r.status_code >= 400:
+            raise _problem(r)
+        return r
+
+    async def healthz(self) -> dict[str, Any]:
+        return cast(dict[str, Any], (await self._send("GET", "/healthz")).json())
+
+    async def capacity(self) -> dict[str, Any] | None:
+        """``GET /v1/capacity``; None when the daemon does not serve it."""
+        try:
+            r = await self._send("GET", "/capacity")
+        except Problem as p:
+            if p.status in (404, 405):
+                return None
+            raise
+        return cast(dict[str, Any], r.json())
+
+    async def create(self, req: dict[str, Any]) -> dict[str, Any]:
+        r = await self._send("POST", "/sandboxes", json=req, timeout=CREATE_TIMEOUT)
+        return cast(dict[str, Any], r.json())
+
+    async def list(self) -> list[dict[str, Any]]:
+        r = await self._send("GET", "/sandboxes")
+        return cast(list[dict[str, Any]], r.json()["sandboxes"])
+
+    async def get(self, sid: str) -> dict[str, Any]:
+        r = await self._send("GET", f"/sandboxes/{quote(sid, safe='')}")
+        return cast(dict[str, Any], r.json())
+
+    async def delete(self, sid: str) -> None:
+        await self._send("DELETE", f"/sandboxes/{quote(sid, safe='')}", timeout=CREATE_TIMEOUT)
+
+    def _vm(self, sid: str, vm: str) -> str:
+        return f"/sandboxes/{quote(sid, safe='')}/vms/{quote(vm, safe='')}"
+
+    async def exec(self, sid: str, vm: str, req: dict[str, Any]) -> ExecAnswer:
+        t = req.get("timeout_seconds")
+        # The daemon kills the command at its timeout; its answer follows.
+        deadline = None if not t else float(t) + 60.0
+        r = await self._send("POST", self._vm(sid, vm) + "/exec", json=req, timeout=deadline)
+        d = r.json()
+        return ExecAnswer(
+            exit_code=int(d["exit_code"]),
+            stdout=base64.b64decode(d.get("stdout") or ""),
+            stderr=base64.b64decode(d.get("stderr") or ""),
+            stdout_truncated=bool(d.get("stdout_truncated")),
+            stderr_truncated=bool(d.get("stderr_truncated")),
+            timed_out=bool(d.get("timed_out")),
+        )
+
+    async def write_file(
+        self, sid: str, vm: str, path: str, data: bytes, mode: int = 0o644
+    ) -> None:
+        # A length-known body: past the daemon's disk_transfer_threshold it
+        # goes through a hot-plugged disk instead of the guest agent.
+        await self._send(
+            "PUT",
+            self._vm(sid, vm) + "/files",
+            params={"path": path, "mode": format(mode, "o")},
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+            timeout=FILE_TIMEOUT,
+        )
+
+    async def read_file(self, sid: str, vm: str, path: str, limit: int) -> AsyncIterator[bytes]:
+        """Stream a guest file. Raises :class:`TooLarge` before the first
+        chunk when the daemon says it holds more than ``limit`` bytes."""
+        req = self._http.build_request(
+            "GET",
+            self._vm(sid, vm) + "/files",
+            params={"path": path},
+            timeout=_timeout(FILE_TIMEOUT),
+        )
+        try:
+            r = await self._http.send(req, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
+            raise NodeDown(f"{self.node.url}: {e}") from e
+        try:
+            if r.status_code >= 400:
+                await r.aread()
+                raise _problem(r)
+            size = r.headers.get("Content-Length")
+            if size is not None and int(size) > limit:
+                raise TooLarge(int(size))
+            n = 0
+            async for chunk in r.aiter_bytes():
+                n += len(chunk)
+                if n > limit:
+                    raise TooLarge(n)
+                yield chunk
+        finally:
+            await r.aclose()
+
+    async def snapshot(self, sid: str, vm: str, name: str) -> None:
+        await self._send(
+            "POST", self._vm(sid, vm) + "/snapshots", json={"name": name}, timeout=CREATE_TIMEOUT
+        )
+
+    async def rollback(self, sid: str, vm: str, name: str) -> None:
+        await self._send(
+            "POST",
+            self._vm(sid, vm) + f"/snapshots/{quote(name, safe='')}/rollback",
+            timeout=CREATE_TIMEOUT,
+        )
+
+
+class TooLarge(Exception):
+    """A read passed the caller's limit; ``size`` is what was known."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        super().__init__(f"{size} bytes")
+
+
+def _timeout(t: float | None) -> httpx.Timeout:
+    return httpx.Timeout(t, connect=10.0)
+
+
+def _problem(r: httpx.Response) -> Problem:
+    try:
+        doc = r.json()
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        doc = {"type": "internal", "detail": r.text[:500]}
+    return Problem(r.status_code, doc)

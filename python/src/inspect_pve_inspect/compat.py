@@ -1,0 +1,283 @@
+"""The reference Proxmox plugin's config shape, converted.
+
+An eval written for ``inspect_proxmox_sandbox`` passes a
+``ProxmoxSandboxEnvironmentConfig``; with only the sandbox type changed to
+``pve_inspect`` it runs here for the common subset of that config:
+``vms_config`` (``vm_source_config.existing_vm_template_tag``, ``name``,
+``ram_mb``, ``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias``) and
+``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP).
+A template tag is looked up as a template name of the daemon. Every other
+field must keep its default; a value this provider cannot honour raises
+:class:`ConfigError` naming the field, never silently ignored.
+
+The models here mirror the field names (so that
+``from inspect_pve_inspect.compat import ProxmoxSandboxEnvironmentConfig``
+is a drop-in for the common subset); a config object of the reference
+package itself is accepted too (by its ``model_dump()``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .config import ConfigError, NetworkSpec, PveInspectSandboxEnvironmentConfig, VmSpec
+
+# The reference's defaults, which a converted config may keep as they are.
+_VM_DEFAULTS: dict[str, Any] = {
+    "uefi_boot": False,
+    "disk_controller": None,
+    "nic_controller": None,
+    "firewall": False,
+    "os_type": "l26",
+    "cpu": None,
+    "await_before_next_vm": False,
+}
+_VM_FIELDS = {"vm_source_config", "name", "ram_mb", "vcpus", "nics", "is_sandbox", *_VM_DEFAULTS}
+
+
+class DhcpRange(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    start: str
+    end: str
+
+
+class SubnetConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    cidr: str
+    gateway: str
+    snat: bool
+    dhcp_ranges: tuple[DhcpRange, ...]
+
+
+class VnetConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    alias: str | None = None
+    subnets: tuple[SubnetConfig, ...] = ()
+
+
+class SdnConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    vnet_configs: tuple[VnetConfig, ...]
+    use_pve_ipam_dnsnmasq: bool = True
+
+
+class VmSourceConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    existing_vm_template_tag: str | None = None
+    ova: str | None = None
+    built_in: str | None = None
+
+
+class VmNicConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    vnet_alias: str
+    mac: str | None = None
+    ipv4: str | None = None
+
+
+class VmConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    vm_source_config: VmSourceConfig
+    name: str | None = None
+    ram_mb: int | None = 2048
+    vcpus: int | None = 2
+    nics: tuple[VmNicConfig, ...] | None = None
+    is_sandbox: bool = True
+    uefi_boot: bool = False
+    disk_controller: Literal["scsi", "ide"] | None = None
+    nic_controller: Literal["virtio", "e1000"] | None = None
+    firewall: bool = False
+    os_type: str | None = "l26"
+    cpu: str | None = None
+    await_before_next_vm: bool = False
+
+
+class ProxmoxSandboxEnvironmentConfig(BaseModel):
+    """The reference plugin's config shape (its common subset is honoured)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    instance_pool_id: str = "default"
+    sdn_config: SdnConfig | Literal["auto"] | None = "auto"
+    vms_config: tuple[VmConfig, ...] = ()
+
+
+REFERENCE_KEYS = {"instance_pool_id", "sdn_config", "vms_config"}
+
+
+def is_reference_shape(d: dict[str, Any]) -> bool:
+    """Whether a config dict is in the reference plugin's shape."""
+    return bool(d) and set(d) <= REFERENCE_KEYS
+
+
+def _s(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _networks(sdn: Any) -> tuple[tuple[NetworkSpec, ...], dict[str, str]]:
+    """The networks of an sdn_config and the vnet alias -> network name map."""
+    if sdn == "auto":
+        return (), {}
+    if sdn is None:
+        raise ConfigError(
+            "sdn_config", "None (existing vnets) is not supported: every sandbox gets its own zone"
+        )
+    if not isinstance(sdn, dict):
+        raise ConfigError("sdn_config", f"want 'auto' or an SdnConfig, got {sdn!r}")
+    extra = set(sdn) - {"vnet_configs", "use_pve_ipam_dnsnmasq"}
+    if extra:
+        raise ConfigError(f"sdn_config.{sorted(extra)[0]}", "unknown field")
+    if sdn.get("use_pve_ipam_dnsnmasq", True) is not True:
+        raise ConfigError(
+            "sdn_config.use_pve_ipam_dnsnmasq",
+            "False is not supported: the zone's DHCP is the daemon's",
+        )
+    nets: list[NetworkSpec] = []
+    aliases: dict[str, str] = {}
+    for i, vn in enumerate(sdn.get("vnet_configs") or ()):
+        f = f"sdn_config.vnet_configs[{i}]"
+        extra = set(vn) - {"alias", "subnets"}
+        if extra:
+            raise ConfigError(f"{f}.{sorted(extra)[0]}", "unknown field")
+        subnets = list(vn.get("subnets") or ())
+        if len(subnets) != 1:
+            raise ConfigError(f"{f}.subnets", f"{len(subnets)} subnets: want exactly one per vnet")
+        nets.append(_subnet(f"{f}.subnets[0]", f"net{i}", subnets[0]))
+        alias = vn.get("alias")
+        if alias is not None:
+            if alias in aliases:
+                raise ConfigError(f"{f}.alias", f"alias {alias!r} used twice")
+            aliases[str(alias)] = f"net{i}"
+    if not nets:
+        raise ConfigError("sdn_config.vnet_configs", "at least one vnet")
+    return tuple(nets), aliases
+
+
+def _subnet(f: str, name: str, sn: dict[str, Any]) -> NetworkSpec:
+    extra = set(sn) - {"cidr", "gateway", "snat", "dhcp_ranges"}
+    if extra:
+        raise ConfigError(f"{f}.{sorted(extra)[0]}", "unknown field")
+    try:
+        net = ipaddress.IPv4Network(str(sn["cidr"]), strict=True)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"{f}.cidr", f"want an IPv4 prefix: {e}") from None
+    # The daemon's subnet plan (sandboxapi subnetPlan): the gateway is the
+    # first address, DHCP serves .10 (.2 in a /28) to the last but one.
+    gw = net.network_address + 1
+    start = net.network_address + (2 if net.num_addresses <= 16 else 10)
+    end = net.broadcast_address - 1
+    if str(sn.get("gateway")) != str(gw):
+        raise ConfigError(
+            f"{f}.gateway", f"{sn.get('gateway')}: the daemon's gateway of {net} is {gw}"
+        )
+    ranges = list(sn.get("dhcp_ranges") or ())
+    if len(ranges) > 1:
+        raise ConfigError(f"{f}.dhcp_ranges", "at most one range")
+    for r in ranges:
+        if (str(r.get("start")), str(r.get("end"))) != (str(start), str(end)):
+            raise ConfigError(
+                f"{f}.dhcp_ranges",
+                f"{r.get('start')}-{r.get('end')}: "
+                f"the daemon's DHCP range of {net} is {start}-{end}",
+            )
+    try:
+        return NetworkSpec(name=name, cidr=str(net), dhcp=bool(ranges), snat=bool(sn.get("snat")))
+    except ValueError as e:
+        raise ConfigError(f"{f}.cidr", str(e)) from None
+
+
+def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSpec:
+    f = f"vms_config[{i}]"
+    extra = set(vm) - _VM_FIELDS
+    if extra:
+        raise ConfigError(f"{f}.{sorted(extra)[0]}", "unknown field")
+    for k, d in _VM_DEFAULTS.items():
+        if k in vm and vm[k] != d:
+            raise ConfigError(
+                f"{f}.{k}", f"{vm[k]!r} is not supported (the daemon's hardened profile decides)"
+            )
+    src = vm.get("vm_source_config") or {}
+    for k in ("ova", "built_in"):
+        if src.get(k) is not None:
+            raise ConfigError(
+                f"{f}.vm_source_config.{k}", "not supported: use existing_vm_template_tag"
+            )
+    tag = src.get("existing_vm_template_tag")
+    if not tag:
+        raise ConfigError(f"{f}.vm_source_config.existing_vm_template_tag", "required")
+    nets: tuple[str, ...] | None = None
+    nics = vm.get("nics")
+    if nics is not None:
+        if len(nics) == 0:
+            raise ConfigError(f"{f}.nics", "a VM without NICs is not supported")
+        out = []
+        for j, nic in enumerate(nics):
+            for k in ("mac", "ipv4"):
+                if nic.get(k) is not None:
+                    raise ConfigError(
+                        f"{f}.nics[{j}].{k}", "not supported: addresses come from DHCP"
+                    )
+            alias = str(nic.get("vnet_alias"))
+            if auto:
+                raise ConfigError(
+                    f"{f}.nics[{j}].vnet_alias", f"{alias!r}: sdn_config 'auto' has no aliases"
+                )
+            if alias not in aliases:
+                raise ConfigError(
+                    f"{f}.nics[{j}].vnet_alias", f"{alias!r}: no vnet with this alias"
+                )
+            out.append(aliases[alias])
+        nets = tuple(out)
+    try:
+        return VmSpec(
+            template=str(tag),
+            name=_s(vm.get("name")),
+            cores=vm.get("vcpus", 2),
+            memory_mib=vm.get("ram_mb", 2048),
+            networks=nets,
+            sandbox=bool(vm.get("is_sandbox", True)),
+        )
+    except ValueError as e:
+        raise ConfigError(f, str(e)) from None
+
+
+def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
+    """Convert a ProxmoxSandboxEnvironmentConfig (as a dict) or refuse it."""
+    extra = set(d) - REFERENCE_KEYS
+    if extra:
+        raise ConfigError(sorted(extra)[0], "unknown field of ProxmoxSandboxEnvironmentConfig")
+    if d.get("instance_pool_id", "default") != "default":
+        raise ConfigError(
+            "instance_pool_id", "pools are not supported: list the nodes in PVE_INSPECT_URL"
+        )
+    sdn = d.get("sdn_config", "auto")
+    nets, aliases = _networks(sdn)
+    vms = d.get("vms_config")
+    if not vms:
+        raise ConfigError(
+            "vms_config", "at least one VM (the reference's built-in default is not supported)"
+        )
+    specs = tuple(_vm(i, dict(v), aliases, sdn == "auto") for i, v in enumerate(vms))
+    try:
+        return PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)
+    except ValueError as e:
+        raise ConfigError("vms_config", str(e)) from None
+
+
+def coerce(config: object) -> PveInspectSandboxEnvironmentConfig:
+    """Any config Inspect hands over (ours, the reference's, a dict, None)."""
+    if config is None:
+        return PveInspectSandboxEnvironmentConfig()
+    if isinstance(config, PveInspectSandboxEnvironmentConfig):
+        return config
+    if isinstance(config, BaseModel):
+        config = config.model_dump(mode="json")
+    if isinstance(config, dict):
+        if is_reference_shape(config):
+            return from_reference(config)
+        return PveInspectSandboxEnvironmentConfig.model_validate(config)
+    raise ConfigError(
+        "config", f"want a PveInspectSandboxEnvironmentConfig, got {type(config).__name__}"
+    )

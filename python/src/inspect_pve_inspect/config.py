@@ -1,0 +1,224 @@
+"""The typed configuration of a ``pve_inspect`` sandbox.
+
+A sample's sandbox is one pve-inspectd sandbox: VMs cloned from templates
+onto an SDN zone of their own. Nodes (daemon URLs and tokens) come from the
+config or from the environment (``PVE_INSPECT_URL``, ``PVE_INSPECT_TOKEN``,
+``PVE_INSPECT_CA_FILE``); a config written for the reference Proxmox plugin
+(``ProxmoxSandboxEnvironmentConfig``) is converted by :mod:`.compat`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+ENV_URL = "PVE_INSPECT_URL"
+ENV_TOKEN = "PVE_INSPECT_TOKEN"
+ENV_CA_FILE = "PVE_INSPECT_CA_FILE"
+ENV_TEMPLATE = "PVE_INSPECT_TEMPLATE"
+
+# The daemon's name rule for VMs and networks (sandboxapi/decode.go).
+_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A config field the provider cannot honour; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class NodeConfig(BaseModel):
+    """One pve-inspectd (one Proxmox node).
+
+    ``url`` is ``https://host:port`` (the daemon's TLS listener, a bearer
+    token needed) or ``unix:///path/to/api.sock`` (the socket's mode decides
+    who may call; no token).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    url: str
+    token: SecretStr | None = None
+    ca_file: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v.startswith("unix://"):
+            if not v.removeprefix("unix://").startswith("/"):
+                raise ValueError(f"url {v!r}: want unix:///absolute/path")
+            return v
+        if not re.match(r"^https?://[^/\s]+/?$", v):
+            raise ValueError(f"url {v!r}: want https://host:port or unix:///path")
+        return v.rstrip("/")
+
+
+class VmSpec(BaseModel):
+    """One VM of the sample's sandbox."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    template: str = Field(description="template name known to the daemon")
+    name: str | None = Field(default=None, description="unique in the sandbox; default vm<N>")
+    cores: int | None = Field(default=None, ge=1, le=64)
+    memory_mib: int | None = Field(default=None, ge=64)
+    disk_gib: int | None = Field(default=None, ge=1)
+    networks: tuple[str, ...] | None = Field(
+        default=None, description="network names in NIC order; default the first network"
+    )
+    sandbox: bool = Field(
+        default=True, description="an Inspect environment (False: a VM the agent cannot exec in)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError(f"VM name {v!r}: want [a-z][a-z0-9-]*, at most 32 characters")
+        return v
+
+
+class NetworkSpec(BaseModel):
+    """One vnet (one subnet) of the sandbox's zone."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    cidr: str = "auto"
+    dhcp: bool = True
+    snat: bool = True
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"network name {v!r}: want [a-z][a-z0-9-]*, at most 32 characters")
+        return v
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        if v == "auto":
+            return v
+        try:
+            net = ipaddress.IPv4Network(v, strict=True)
+        except ValueError as e:
+            raise ValueError(f"cidr {v!r}: {e}") from None
+        if not 16 <= net.prefixlen <= 28:
+            raise ValueError(f"cidr {v!r}: prefix length must be 16..28")
+        if not net.is_private:
+            raise ValueError(f"cidr {v!r}: must be a private (RFC 1918) range")
+        return v
+
+
+class EgressSpec(BaseModel):
+    """The sandbox's egress policy, in force before its VMs start."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["open", "allowlist", "none"] = "open"
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _allow_only_in_allowlist(self) -> EgressSpec:
+        if self.allow and self.mode != "allowlist":
+            raise ValueError("allow: only in mode allowlist")
+        return self
+
+
+class PveInspectSandboxEnvironmentConfig(BaseModel):
+    """Configuration of a ``pve_inspect`` sandbox (one per sample)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    nodes: tuple[NodeConfig, ...] = Field(
+        default=(), description="daemons to place samples on; empty: from PVE_INSPECT_URL"
+    )
+    vms: tuple[VmSpec, ...] = Field(default=(), description="empty: one VM of PVE_INSPECT_TEMPLATE")
+    networks: tuple[NetworkSpec, ...] = Field(
+        default=(), description="empty: one network net0, CIDR auto, DHCP and SNAT on"
+    )
+    egress: EgressSpec | None = None
+    ttl_seconds: int | None = Field(
+        default=None, ge=60, description="lifetime; the daemon reaps it after (default: its own)"
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    working_dir: str = Field(
+        default="/root", description="where relative paths and commands without cwd start"
+    )
+
+    @field_validator("working_dir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"working_dir {v!r}: want an absolute path")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PveInspectSandboxEnvironmentConfig:
+        names = [v.name for v in self.vms if v.name is not None]
+        if len(set(names)) != len(names):
+            raise ValueError("vms: a VM name is used twice")
+        if self.vms and not any(v.sandbox for v in self.vms):
+            raise ValueError("vms: at least one VM must be a sandbox")
+        nets = {n.name for n in self.networks}
+        if len(nets) != len(self.networks):
+            raise ValueError("networks: a network name is used twice")
+        for i, v in enumerate(self.vms):
+            for n in v.networks or ():
+                if n not in nets and (self.networks or n != "net0"):
+                    raise ValueError(f"vms[{i}].networks: no network named {n!r}")
+        for k in self.labels:
+            if k.startswith("inspect."):
+                raise ValueError(f"labels: {k!r}: the inspect. prefix is the provider's")
+        return self
+
+    def __hash__(self) -> int:
+        # Inspect keys its sandbox cache by the config; labels is a dict.
+        return hash(self.model_dump_json())
+
+    def resolved_vms(self) -> tuple[VmSpec, ...]:
+        """The VMs, or one of ``PVE_INSPECT_TEMPLATE`` (default debian)."""
+        if self.vms:
+            return self.vms
+        return (VmSpec(template=os.environ.get(ENV_TEMPLATE, "debian")),)
+
+    def resolved_nodes(self) -> tuple[NodeConfig, ...]:
+        """The nodes, or those of the environment."""
+        if self.nodes:
+            return self.nodes
+        return nodes_from_env()
+
+
+def _per_node(name: str, n: int) -> list[str | None]:
+    """An environment list: one value for every node, or one per node."""
+    vals = [v for v in re.split(r"[,\s]+", os.environ.get(name, "")) if v]
+    if not vals:
+        return [None] * n
+    if len(vals) == 1:
+        return vals * n
+    if len(vals) != n:
+        raise ConfigError("nodes", f"{name} has {len(vals)} entries for {n} URLs: want 1 or {n}")
+    return list(vals)
+
+
+def nodes_from_env() -> tuple[NodeConfig, ...]:
+    """Nodes from ``PVE_INSPECT_URL`` (one URL, or several separated by
+    commas or spaces) with ``PVE_INSPECT_TOKEN`` and ``PVE_INSPECT_CA_FILE``
+    (one for all, or one per URL in the same order)."""
+    urls = [u for u in re.split(r"[,\s]+", os.environ.get(ENV_URL, "")) if u]
+    if not urls:
+        raise ConfigError("nodes", f"no node: set {ENV_URL} or the config's nodes")
+    tokens = _per_node(ENV_TOKEN, len(urls))
+    cas = _per_node(ENV_CA_FILE, len(urls))
+    return tuple(
+        NodeConfig(url=u, token=SecretStr(t) if t else None, ca_file=c)
+        for u, t, c in zip(urls, tokens, cas, strict=True)
+    )

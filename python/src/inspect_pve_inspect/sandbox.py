@@ -1,0 +1,411 @@
+"""The ``pve_inspect`` sandbox environment.
+
+One sample = one pve-inspectd sandbox (``POST /v1/sandboxes``): its VMs on
+an SDN zone of their own; every VM marked ``sandbox`` is an Inspect
+environment, named by its VM name, the first one the default. Commands and
+files go through the daemon's guest-agent API; the VMs are deleted in
+``sample_cleanup``, and whatever a killed eval left is found again by its
+labels (``inspect sandbox cleanup pve_inspect``) or reaped at its TTL.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import posixpath
+import secrets
+import shlex
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal, overload
+
+import anyio
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    sandboxenv,
+)
+from inspect_ai.util._sandbox.environment import SandboxUnavailableError
+from pydantic import BaseModel
+
+from .client import Client, NodeDown, Problem, TooLarge
+from .compat import coerce
+from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
+from .placement import place
+
+# Labels on every sandbox this provider creates.
+LABEL_PROVIDER = "inspect.provider"
+LABEL_TASK = "inspect.task"
+LABEL_RUN = "inspect.run"
+PROVIDER = "pve_inspect"
+
+# stdin up to this size rides in the exec body (the daemon caps the body at
+# 8 MiB, base64 grows it by a third), and arguments up to this total (the
+# daemon caps them at 1 MiB); past either, they are uploaded as files first.
+INLINE_STDIN = 2 << 20
+INLINE_ARGV = 512 << 10
+
+# The wrapper of a staged exec: sources the uploaded script (it sets "$@"
+# and opens stdin), unlinks it, then runs the command through the guest's
+# PATH as the agent's own exec would. Launched by absolute path.
+_STAGED_WRAPPER = 'f=$1; . "$f" || exit 125; rm -f -- "$f"; unset f; exec "$@"'
+
+
+def _label_value(s: str) -> str:
+    out = "".join(c if c.isprintable() else "_" for c in s)
+    return out[:256] or "_"
+
+
+class _Run:
+    """What this process created and has not deleted (for task_cleanup)."""
+
+    id = uuid.uuid4().hex[:16]
+    live: dict[str, NodeConfig] = {}  # noqa: RUF012 - sandbox id -> its node
+
+
+@sandboxenv(name=PROVIDER)
+class PveInspectSandboxEnvironment(SandboxEnvironment):
+    """A VM of a pve-inspectd sandbox."""
+
+    def __init__(
+        self, client: Client, sandbox_id: str, vm: str, working_dir: str, sandbox: dict[str, Any]
+    ) -> None:
+        super().__init__()
+        self.client = client
+        self.sandbox_id = sandbox_id
+        self.vm = vm
+        self.working_dir = working_dir
+        self.sandbox = sandbox
+
+    # --- lifecycle -------------------------------------------------------
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        return coerce(config)
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        cfg = coerce(config)
+        # Fail at task start, not per sample: the config converts and at
+        # least one node answers.
+        nodes = cfg.resolved_nodes()
+        errs: list[str] = []
+        for n in nodes:
+            try:
+                async with Client(n) as c:
+                    await c.healthz()
+                return
+            except (NodeDown, Problem) as e:
+                errs.append(f"{n.url}: {e}")
+        raise RuntimeError("pve_inspect: no node answers: " + "; ".join(errs))
+
+    @classmethod
+    async def sample_init(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
+    ) -> dict[str, SandboxEnvironment]:
+        cfg = coerce(config)
+        req = create_request(cfg, task_name)
+        client, sb = await place(cfg.resolved_nodes(), req)
+        _Run.live[sb["id"]] = client.node
+        sandboxes = [
+            v for v, spec in zip(sb["vms"], cfg.resolved_vms(), strict=True) if spec.sandbox
+        ]
+        envs: dict[str, SandboxEnvironment] = {}
+        for vm in sandboxes:
+            envs[vm["name"]] = cls(client, sb["id"], vm["name"], cfg.working_dir, sb)
+        try:
+            await client.exec(
+                sb["id"], sandboxes[0]["name"], {"argv": ["mkdir", "-p", "--", cfg.working_dir]}
+            )
+        except BaseException:
+            await _delete(client, sb["id"])
+            raise
+        return envs
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        seen: set[str] = set()
+        for env in environments.values():
+            if not isinstance(env, PveInspectSandboxEnvironment) or env.sandbox_id in seen:
+                continue
+            seen.add(env.sandbox_id)
+            with anyio.CancelScope(shield=True):
+                await _delete(env.client, env.sandbox_id)
+                await env.client.aclose()
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        left = dict(_Run.live)
+        if not left:
+            return
+        if not cleanup:
+            print(f"pve_inspect: {len(left)} sandbox(es) kept: {', '.join(sorted(left))}")
+            return
+        for sid, node in left.items():
+            async with Client(node) as c:
+                await _delete(c, sid)
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        """Delete sandbox ``id``, or every sandbox this provider created on
+        the nodes of the environment (those labelled inspect.provider)."""
+        for node in PveInspectSandboxEnvironment._cleanup_nodes():
+            try:
+                async with Client(node) as c:
+                    for sb in await c.list():
+                        ours = sb.get("labels", {}).get(LABEL_PROVIDER) == PROVIDER
+                        if (id is None and ours) or sb["id"] == id:
+                            await c.delete(sb["id"])
+                            print(f"pve_inspect: deleted {sb['id']} on {node.url}")
+            except NodeDown as e:
+                print(f"pve_inspect: {node.url} is down: {e}")
+
+    @staticmethod
+    def _cleanup_nodes() -> Sequence[NodeConfig]:
+        return PveInspectSandboxEnvironmentConfig().resolved_nodes()
+
+    # --- exec ------------------------------------------------------------
+
+    def _path(self, p: str) -> str:
+        return posixpath.normpath(posixpath.join(self.working_dir, p))
+
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        req: dict[str, Any] = {
+            "argv": list(cmd),
+            "cwd": self._path(cwd) if cwd else self.working_dir,
+            "output_limit": limit,
+        }
+        if env:
+            req["env"] = dict(env)
+        if user is not None:
+            req["user"] = user
+        if timeout is not None:
+            req["timeout_seconds"] = max(1, int(timeout))
+        stdin = input.encode() if isinstance(input, str) else input
+        big_argv = sum(len(a.encode()) + 1 for a in cmd) > INLINE_ARGV
+        big_stdin = stdin is not None and len(stdin) > INLINE_STDIN
+        staged: list[str] = []
+        if big_argv or big_stdin:
+            # Past the exec body's caps: the arguments (and stdin) go up as
+            # files first; a sourced script sets them and unlinks the files.
+            staged = await self._stage(cmd, stdin if big_stdin else None, user)
+            req["argv"] = ["/bin/sh", "-c", _STAGED_WRAPPER, "pve-inspect-exec", staged[0]]
+        if stdin is not None and not big_stdin:
+            # An empty stdin is the agent's default (/dev/null): nothing to send.
+            req["stdin"] = base64.b64encode(stdin).decode()
+        try:
+            ans = await self.client.exec(self.sandbox_id, self.vm, req)
+        except Problem as p:
+            for f in staged:
+                await self._unlink(f)
+            raise _exec_error(p) from p
+        except NodeDown as e:
+            raise SandboxUnavailableError(str(e)) from e
+        if ans.timed_out:
+            raise TimeoutError(f"command timed out after {timeout} seconds: {shlex.join(cmd)}")
+        stdout = ans.stdout.decode("utf-8", errors="replace")
+        stderr = ans.stderr.decode("utf-8", errors="replace")
+        if ans.stdout_truncated or ans.stderr_truncated:
+            raise OutputLimitExceededError(
+                limit_str=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
+                truncated_output=stdout if ans.stdout_truncated else stderr,
+            )
+        if ans.exit_code == 126 and "permission denied" in stderr.lower():
+            raise PermissionError(
+                errno.EACCES, f"permission denied executing {cmd[0]}: {stderr.strip()}"
+            )
+        return ExecResult(
+            success=ans.exit_code == 0, returncode=ans.exit_code, stdout=stdout, stderr=stderr
+        )
+
+    async def _stage(self, cmd: list[str], stdin: bytes | None, user: str | None) -> list[str]:
+        """Upload the script that sets the command's arguments (and opens
+        its stdin); returns the paths, the script first."""
+        base = f"/tmp/.pve-inspect-exec-{secrets.token_hex(8)}"
+        script, paths = [], [base + ".sh"]
+        if stdin is not None:
+            paths.append(base + ".in")
+            await self._write(paths[1], stdin, 0o600)
+            script.append(f"exec 0<{shlex.quote(paths[1])} || exit 125")
+            script.append(f"rm -f -- {shlex.quote(paths[1])}")
+        script.append("set -- " + " ".join(shlex.quote(a) for a in cmd))
+        await self._write(paths[0], ("\n".join(script) + "\n").encode(), 0o600)
+        if user is not None and user not in ("root", "0"):
+            r = await self.client.exec(
+                self.sandbox_id, self.vm, {"argv": ["/bin/chown", "--", user, *paths]}
+            )
+            if r.exit_code != 0:
+                # No such user: let the command's own exec say so.
+                for f in paths:
+                    await self._unlink(f)
+        return paths
+
+    async def _unlink(self, path: str) -> None:
+        with contextlib.suppress(Problem, NodeDown):
+            await self.client.exec(
+                self.sandbox_id, self.vm, {"argv": ["/bin/rm", "-f", "--", path]}
+            )
+
+    # --- files -----------------------------------------------------------
+
+    async def _write(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        try:
+            await self.client.write_file(self.sandbox_id, self.vm, path, data, mode)
+        except Problem as p:
+            raise _file_error(p, path) from p
+        except NodeDown as e:
+            raise SandboxUnavailableError(str(e)) from e
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        data = contents.encode("utf-8") if isinstance(contents, str) else contents
+        await self._write(self._path(file), data)
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        path = self._path(file)
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        chunks: list[bytes] = []
+        try:
+            async for c in self.client.read_file(self.sandbox_id, self.vm, path, limit):
+                chunks.append(c)
+        except TooLarge:
+            raise OutputLimitExceededError(
+                limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
+            ) from None
+        except Problem as p:
+            raise _file_error(p, file) from p
+        except NodeDown as e:
+            raise SandboxUnavailableError(str(e)) from e
+        data = b"".join(chunks)
+        # newline="" semantics: bytes are decoded as they are, CRLF kept.
+        return data.decode("utf-8") if text else data
+
+    # --- connection and snapshots ---------------------------------------
+
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        """The daemon's CLI, one shell script per call: type commands, end
+        with Ctrl-D, they run in the VM (PVE_INSPECT_TOKEN must be set for
+        a TCP node)."""
+        node = self.client.node
+        argv = ["pve-inspectd", "sandbox"]
+        if node.url.startswith("unix://"):
+            argv += ["--socket", node.url.removeprefix("unix://")]
+        else:
+            argv += ["--addr", node.url.split("://", 1)[1]]
+            if node.ca_file:
+                argv += ["--ca-file", node.ca_file]
+        argv += ["exec", "--stdin"]
+        if user is not None:
+            argv += ["--user", user]
+        argv += [self.sandbox_id, self.vm, "--", "bash", "-l"]
+        return SandboxConnection(
+            type=PROVIDER, command=shlex.join(argv), container=f"{self.sandbox_id}/{self.vm}"
+        )
+
+    async def snapshot(self, name: str) -> None:
+        """Snapshot this VM (e.g. before an epoch's attempt)."""
+        await self.client.snapshot(self.sandbox_id, self.vm, name)
+
+    async def rollback(self, name: str) -> None:
+        """Roll this VM back to a snapshot; returns once its agent answers."""
+        await self.client.rollback(self.sandbox_id, self.vm, name)
+
+
+def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> dict[str, Any]:
+    """The ``POST /v1/sandboxes`` body of a sample."""
+    vms = []
+    for v in cfg.resolved_vms():
+        d: dict[str, Any] = {"template": v.template}
+        for k in ("name", "cores", "memory_mib", "disk_gib"):
+            if getattr(v, k) is not None:
+                d[k] = getattr(v, k)
+        if v.networks is not None:
+            d["networks"] = list(v.networks)
+        vms.append(d)
+    labels = dict(cfg.labels)
+    labels.update(
+        {LABEL_PROVIDER: PROVIDER, LABEL_TASK: _label_value(task_name), LABEL_RUN: _Run.id}
+    )
+    req: dict[str, Any] = {"vms": vms, "labels": labels}
+    if cfg.networks:
+        req["networks"] = [n.model_dump() for n in cfg.networks]
+    if cfg.egress is not None:
+        e = cfg.egress
+        req["egress"] = {
+            "mode": e.mode,
+            **({"allow": list(e.allow)} if e.allow else {}),
+            **({"deny": list(e.deny)} if e.deny else {}),
+        }
+    if cfg.ttl_seconds is not None:
+        req["ttl_seconds"] = cfg.ttl_seconds
+    return req
+
+
+async def _delete(client: Client, sid: str) -> None:
+    try:
+        await client.delete(sid)
+    except (Problem, NodeDown) as e:
+        # Left to the TTL reaper and `inspect sandbox cleanup pve_inspect`.
+        print(f"pve_inspect: delete {sid}: {e}")
+        return
+    _Run.live.pop(sid, None)
+
+
+def _file_error(p: Problem, path: str) -> Exception:
+    msg = f"{path}: {p.detail}"
+    match p.type:
+        case "file-not-found":
+            return FileNotFoundError(errno.ENOENT, f"file not found: {msg}", path)
+        case "is-a-directory":
+            return IsADirectoryError(errno.EISDIR, f"is a directory: {msg}", path)
+        case "permission-denied":
+            return PermissionError(errno.EACCES, f"permission denied: {msg}", path)
+        case "output-limit":
+            return OutputLimitExceededError(
+                limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
+            )
+        case "guest-timeout" | "timeout":
+            return TimeoutError(msg)
+        case "not-found" | "guest-agent-unavailable" | "unavailable":
+            return SandboxUnavailableError(msg)
+    return p
+
+
+def _exec_error(p: Problem) -> Exception:
+    match p.type:
+        case "guest-timeout" | "timeout":
+            return TimeoutError(p.detail)
+        case "not-found" | "guest-agent-unavailable" | "unavailable":
+            return SandboxUnavailableError(str(p))
+        case "permission-denied":
+            return PermissionError(errno.EACCES, p.detail)
+    return p

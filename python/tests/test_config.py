@@ -1,0 +1,185 @@
+"""The config without a daemon: this provider's own, the reference
+plugin's shape converted, and every field it cannot honour refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inspect_pve_inspect import (
+    ConfigError,
+    PveInspectSandboxEnvironment,
+    PveInspectSandboxEnvironmentConfig,
+    VmSpec,
+)
+from inspect_pve_inspect.compat import coerce
+from inspect_pve_inspect.config import nodes_from_env
+from inspect_pve_inspect.sandbox import LABEL_PROVIDER, create_request
+
+
+def ref_vm(**kw: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"vm_source_config": {"existing_vm_template_tag": "debian"}}
+    d.update(kw)
+    return d
+
+
+def lab(**subnet: Any) -> dict[str, Any]:
+    sn = {
+        "cidr": "172.31.250.0/24",
+        "gateway": "172.31.250.1",
+        "snat": False,
+        "dhcp_ranges": [{"start": "172.31.250.10", "end": "172.31.250.254"}],
+    }
+    sn.update(subnet)
+    return {"vnet_configs": [{"alias": "my lab", "subnets": [sn]}]}
+
+
+def test_reference_shape_converts() -> None:
+    cfg = PveInspectSandboxEnvironment.config_deserialize(
+        {
+            "sdn_config": lab(),
+            "vms_config": [
+                ref_vm(name="attacker", ram_mb=4096, vcpus=2, nics=[{"vnet_alias": "my lab"}]),
+                ref_vm(name="router", is_sandbox=False),
+            ],
+        }
+    )
+    assert isinstance(cfg, PveInspectSandboxEnvironmentConfig)
+    assert [v.name for v in cfg.vms] == ["attacker", "router"]
+    assert cfg.vms[0].memory_mib == 4096 and cfg.vms[0].cores == 2
+    assert cfg.vms[0].networks == ("net0",) and cfg.vms[1].networks is None
+    assert not cfg.vms[1].sandbox
+    (net,) = cfg.networks
+    assert (net.name, net.cidr, net.dhcp, net.snat) == ("net0", "172.31.250.0/24", True, False)
+    # The reference's defaults (2048 MiB, 2 vCPUs) are kept as they are.
+    d = coerce({"vms_config": [ref_vm()]})
+    assert (d.vms[0].memory_mib, d.vms[0].cores, d.networks) == (2048, 2, ())
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"vms_config": [ref_vm(uefi_boot=True)]}, "vms_config[0].uefi_boot"),
+        ({"vms_config": [ref_vm(firewall=True)]}, "vms_config[0].firewall"),
+        ({"vms_config": [ref_vm(cpu="qemu64")]}, "vms_config[0].cpu"),
+        ({"vms_config": [ref_vm(os_type="win11")]}, "vms_config[0].os_type"),
+        ({"vms_config": [ref_vm(disk_controller="ide")]}, "vms_config[0].disk_controller"),
+        ({"vms_config": [ref_vm(await_before_next_vm=True)]}, "vms_config[0].await_before_next_vm"),
+        (
+            {"vms_config": [{"vm_source_config": {"built_in": "ubuntu24.04"}}]},
+            "vms_config[0].vm_source_config.built_in",
+        ),
+        (
+            {"vms_config": [{"vm_source_config": {"ova": "/x.ova"}}]},
+            "vms_config[0].vm_source_config.ova",
+        ),
+        ({"vms_config": [ref_vm(nics=[])]}, "vms_config[0].nics"),
+        (
+            {"sdn_config": lab(), "vms_config": [ref_vm(nics=[{"vnet_alias": "nope"}])]},
+            "vms_config[0].nics[0].vnet_alias",
+        ),
+        (
+            {
+                "sdn_config": lab(),
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "mac": "00:16:3d:1d:eb:a0"}])],
+            },
+            "vms_config[0].nics[0].mac",
+        ),
+        ({"vms_config": [ref_vm(nics=[{"vnet_alias": "x"}])]}, "vms_config[0].nics[0].vnet_alias"),
+        ({"sdn_config": None, "vms_config": [ref_vm()]}, "sdn_config"),
+        (
+            {"sdn_config": lab(gateway="172.31.250.254"), "vms_config": [ref_vm()]},
+            "sdn_config.vnet_configs[0].subnets[0].gateway",
+        ),
+        (
+            {
+                "sdn_config": lab(dhcp_ranges=[{"start": "172.31.250.50", "end": "172.31.250.60"}]),
+                "vms_config": [ref_vm()],
+            },
+            "sdn_config.vnet_configs[0].subnets[0].dhcp_ranges",
+        ),
+        (
+            {
+                "sdn_config": lab(cidr="8.8.8.0/24", gateway="8.8.8.1", dhcp_ranges=[]),
+                "vms_config": [ref_vm()],
+            },
+            "sdn_config.vnet_configs[0].subnets[0].cidr",
+        ),
+        (
+            {"sdn_config": {**lab(), "use_pve_ipam_dnsnmasq": False}, "vms_config": [ref_vm()]},
+            "sdn_config.use_pve_ipam_dnsnmasq",
+        ),
+        ({"instance_pool_id": "ami-1", "vms_config": [ref_vm()]}, "instance_pool_id"),
+        ({"vms_config": []}, "vms_config"),
+    ],
+)
+def test_reference_shape_refuses_what_it_cannot_honour(config: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        coerce(config)
+    assert e.value.field == field, str(e.value)
+
+
+def test_native_config_and_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = PveInspectSandboxEnvironmentConfig.model_validate(
+        {
+            "vms": [{"template": "kali", "name": "attacker", "cores": 2}, {"template": "debian"}],
+            "egress": {"mode": "allowlist", "allow": ["pypi.org"]},
+            "ttl_seconds": 3600,
+            "labels": {"eval": "ctf"},
+        }
+    )
+    assert hash(cfg) == hash(cfg.model_copy())
+    req = create_request(cfg, "my task")
+    assert req["vms"] == [
+        {"template": "kali", "name": "attacker", "cores": 2},
+        {"template": "debian"},
+    ]
+    assert req["egress"] == {"mode": "allowlist", "allow": ["pypi.org"]}
+    assert req["ttl_seconds"] == 3600
+    assert req["labels"]["eval"] == "ctf" and req["labels"][LABEL_PROVIDER] == "pve_inspect"
+    assert req["labels"]["inspect.task"] == "my task"
+    with pytest.raises(ValueError, match="extra"):
+        PveInspectSandboxEnvironmentConfig.model_validate({"vmz": []})
+    with pytest.raises(ValueError, match="allowlist"):
+        PveInspectSandboxEnvironmentConfig.model_validate(
+            {"egress": {"mode": "none", "allow": ["x"]}}
+        )
+    with pytest.raises(ValueError, match="sandbox"):
+        PveInspectSandboxEnvironmentConfig(vms=(VmSpec(template="debian", sandbox=False),))
+    monkeypatch.setenv("PVE_INSPECT_TEMPLATE", "kali")
+    assert PveInspectSandboxEnvironmentConfig().resolved_vms()[0].template == "kali"
+
+
+def test_nodes_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "PVE_INSPECT_URL", "https://10.0.0.1:8443, https://10.0.0.2:8443 unix:///run/x.sock"
+    )
+    monkeypatch.setenv("PVE_INSPECT_TOKEN", "pvei_secret")
+    monkeypatch.setenv("PVE_INSPECT_CA_FILE", "/etc/ca.pem")
+    nodes = nodes_from_env()
+    assert [n.url for n in nodes] == [
+        "https://10.0.0.1:8443",
+        "https://10.0.0.2:8443",
+        "unix:///run/x.sock",
+    ]
+    assert nodes[0].token is not None and nodes[0].token.get_secret_value() == "pvei_secret"
+    assert "pvei_secret" not in repr(nodes[0])
+    monkeypatch.setenv("PVE_INSPECT_URL", "https://a:1,https://b:2")
+    monkeypatch.setenv("PVE_INSPECT_TOKEN", "ta,tb")
+    monkeypatch.setenv("PVE_INSPECT_CA_FILE", "/a.pem /b.pem")
+    a, b = nodes_from_env()
+    assert a.token is not None and b.token is not None
+    assert (a.token.get_secret_value(), a.ca_file, b.token.get_secret_value(), b.ca_file) == (
+        "ta",
+        "/a.pem",
+        "tb",
+        "/b.pem",
+    )
+    monkeypatch.setenv("PVE_INSPECT_TOKEN", "ta,tb,tc")
+    with pytest.raises(ConfigError, match="3 entries for 2 URLs"):
+        nodes_from_env()
+    monkeypatch.setenv("PVE_INSPECT_URL", "")
+    with pytest.raises(ConfigError) as e:
+        nodes_from_env()
+    assert e.value.field == "nodes"

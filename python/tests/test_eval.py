@@ -1,0 +1,93 @@
+"""Real ``inspect_ai.eval(...)`` runs on the bed daemon: the example task
+(two VMs, the mock model's bash calls in each, a scorer reading the files
+back) in this provider's config and in the reference plugin's shape, and
+``inspect sandbox cleanup pve_inspect`` after a killed eval."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from conftest import need_bed
+from inspect_ai import eval as inspect_eval
+
+from inspect_pve_inspect import PveInspectSandboxEnvironment, PveInspectSandboxEnvironmentConfig
+from inspect_pve_inspect.client import Client
+from inspect_pve_inspect.config import nodes_from_env
+from inspect_pve_inspect.sandbox import LABEL_PROVIDER, PROVIDER
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+from two_vm_task import two_vm
+
+
+async def _ours() -> list[str]:
+    out = []
+    for node in nodes_from_env():
+        async with Client(node) as c:
+            out += [
+                s["id"]
+                for s in await c.list()
+                if s.get("labels", {}).get(LABEL_PROVIDER) == PROVIDER
+            ]
+    return out
+
+
+@pytest.mark.parametrize("shape", ["native", "reference"])
+def test_eval_two_vms_scores_correct(shape: str, tmp_path: Path) -> None:
+    need_bed()
+    logs = inspect_eval(two_vm(shape=shape), log_dir=str(tmp_path), display="none")
+    log = logs[0]
+    assert log.status == "success", log.error
+    assert log.results is not None
+    assert log.results.scores[0].metrics["accuracy"].value == 1.0
+    assert log.samples is not None and log.samples[0].scores is not None
+    expl = log.samples[0].scores["flags_written"].explanation or ""
+    assert "from-target" in expl, expl
+    assert anyio.run(_ours) == [], "the eval left sandboxes"
+
+
+def test_cli_cleanup_removes_what_a_killed_eval_left() -> None:
+    """A sample whose eval died before sample_cleanup: its sandbox stays
+    (until its TTL); `inspect sandbox cleanup pve_inspect` deletes it, and
+    with an ID deletes only that one."""
+    need_bed()
+    cfg = PveInspectSandboxEnvironmentConfig()
+
+    async def leave_two() -> list[str]:
+        ids = []
+        for _ in range(2):
+            envs = await PveInspectSandboxEnvironment.sample_init("killed", cfg, {})
+            env = next(iter(envs.values()))
+            assert isinstance(env, PveInspectSandboxEnvironment)
+            ids.append(env.sandbox_id)
+            await env.client.aclose()  # the process "dies": no sample_cleanup
+        return ids
+
+    first, second = anyio.run(leave_two)
+    assert {first, second} <= set(anyio.run(_ours))
+    inspect = Path(sys.executable).parent / "inspect"
+    r = subprocess.run(
+        [str(inspect), "sandbox", "cleanup", PROVIDER, first],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    left = anyio.run(_ours)
+    assert first not in left and second in left, left
+    r = subprocess.run(
+        [str(inspect), "sandbox", "cleanup", PROVIDER],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert anyio.run(_ours) == []
