@@ -3,8 +3,6 @@ package containment
 import (
 	"bytes"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -92,8 +90,8 @@ func TestGoldenTable(t *testing.T) {
 	if err := res.WriteJSON(&js); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "table.golden", text.Bytes())
-	golden(t, "table.json.golden", js.Bytes())
+	testkit.Golden(t, "table.golden", text.Bytes())
+	testkit.Golden(t, "table.json.golden", js.Bytes())
 	if res.Passed() {
 		t.Error("leaks passed")
 	}
@@ -136,27 +134,9 @@ func TestGoldenTableDeadNetwork(t *testing.T) {
 	if err := res.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "table-dead.golden", text.Bytes())
+	testkit.Golden(t, "table-dead.golden", text.Bytes())
 	if res.Passed() || res.ControlsOK {
 		t.Errorf("dead network: passed=%v controls=%v", res.Passed(), res.ControlsOK)
-	}
-}
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if testkit.Update() {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs (run with -update after checking):\n--- got\n%s\n--- want\n%s", name, got, want)
 	}
 }
 

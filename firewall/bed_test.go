@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -32,7 +33,7 @@ func bedPorts(guests ...*testvm.Guest) []Port {
 // when switched: lockdown cuts guest egress and the SDN resolver's
 // upstream, fail-closed cuts all forwarding, and both come back off.
 func TestSwitchesOnBed(t *testing.T) {
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	b, err := testvm.Up(ctx, testvm.Options{})

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func mustMAC(t testing.TB, s string) net.HardwareAddr {
@@ -44,7 +46,7 @@ func TestRenderBridgeGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "bridge-render.txt", rs.String())
+	testkit.Golden(t, "bridge-render.txt", []byte(rs.String()))
 }
 
 func TestRenderBridgeRejects(t *testing.T) {
@@ -86,7 +88,7 @@ func TestBridgeTableGoldenAndPorts(t *testing.T) {
 	if err := g.Verify(ctx); err != nil {
 		t.Fatalf("verify: %v", err)
 	}
-	golden(t, "bridge-table.nft", listBridgeTable(t, n))
+	testkit.Golden(t, "bridge-table.nft", []byte(listBridgeTable(t, n)))
 	handles := handleRE.FindAllString(listBridgeTable(t, n, "-a"), -1)
 
 	// bad input changes nothing
@@ -135,7 +137,7 @@ func TestBridgeTableTamperRepaired(t *testing.T) {
 	if out, err := n.nft(t, "flush", "chain", "bridge", TableName, chainPortGuard); err != nil {
 		t.Fatalf("edit orphan: %v %s", err, out)
 	}
-	g2, err := New(cfg, WithNetNS(n.ns))
+	g2, err := New(cfg, WithNetNS(n.Handle()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +148,7 @@ func TestBridgeTableTamperRepaired(t *testing.T) {
 	if err := g2.Start(ctx); err != nil {
 		t.Fatalf("restart: %v", err)
 	}
-	golden(t, "bridge-table.nft", listBridgeTable(t, n))
+	testkit.Golden(t, "bridge-table.nft", []byte(listBridgeTable(t, n)))
 	var de *DriftError
 	if err := g2.Verify(ctx); errors.As(err, &de) || err != nil {
 		t.Fatalf("verify after repair: %v", err)

@@ -42,19 +42,19 @@ func TestClassifyDefaultRoutes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newTestNS(t)
-			eth0 := n.dummy(t, "eth0", "192.0.2.2/24")
-			eth1 := n.dummy(t, "eth1", "198.51.100.2/24")
+			eth0 := n.Bridge(t, "eth0", "192.0.2.2/24")
+			eth1 := n.Bridge(t, "eth1", "198.51.100.2/24")
 			a6, _ := netlink.ParseAddr("2001:db8:2::2/64")
-			if err := n.h.AddrAdd(eth1, &netlink.Addr{IPNet: a6.IPNet, Flags: 0x80 /* IFA_F_NODAD */}); err != nil {
+			if err := n.Netlink().AddrAdd(eth1, &netlink.Addr{IPNet: a6.IPNet, Flags: 0x80 /* IFA_F_NODAD */}); err != nil {
 				t.Fatal(err)
 			}
-			n.dummy(t, "vnet1", "10.10.1.1/24")
+			n.Bridge(t, "vnet1", "10.10.1.1/24")
 			if tc.route != nil {
-				if err := n.h.RouteAdd(tc.route(n, eth0, eth1)); err != nil {
+				if err := n.Netlink().RouteAdd(tc.route(n, eth0, eth1)); err != nil {
 					t.Fatalf("add route: %v", err)
 				}
 			}
-			cls, err := Classify(context.Background(), Config{Trusted: []string{"vnet1"}}, WithNetNS(n.ns))
+			cls, err := Classify(context.Background(), Config{Trusted: []string{"vnet1"}}, WithNetNS(n.Handle()))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netns"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -36,7 +37,7 @@ const (
 
 func newEgressBed(t *testing.T, ctx context.Context, cfg Config) *egressBed {
 	t.Helper()
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	b, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -330,7 +331,7 @@ func TestEgressKeptAcrossRestart(t *testing.T) {
 	pol := map[string]ZoneEgress{"z": {Bridges: []string{"vnetA"}, Mode: EgressNone},
 		"y": {Bridges: []string{"vnetB"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}}
 	ctx := context.Background()
-	g1, err := New(cfg, WithNetNS(n.ns), WithEgress(pol))
+	g1, err := New(cfg, WithNetNS(n.Handle()), WithEgress(pol))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ func TestEgressKeptAcrossRestart(t *testing.T) {
 	expires := regexp.MustCompile(` expires \S+`)
 	before := expires.ReplaceAllString(listTable(t, n), "")
 	g2 := func() *Guard {
-		g, err := New(cfg, WithNetNS(n.ns), WithEgress(pol))
+		g, err := New(cfg, WithNetNS(n.Handle()), WithEgress(pol))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -365,7 +366,7 @@ func TestEgressKeptAcrossRestart(t *testing.T) {
 	if after := expires.ReplaceAllString(listTable(t, n), ""); after != before {
 		t.Errorf("adoption changed the table:\n%s\nwant\n%s", after, before)
 	}
-	if _, err := New(cfg, WithNetNS(n.ns), WithEgress(map[string]ZoneEgress{"z": {Mode: "closed"}})); err == nil {
+	if _, err := New(cfg, WithNetNS(n.Handle()), WithEgress(map[string]ZoneEgress{"z": {Mode: "closed"}})); err == nil {
 		t.Error("New accepted a bad egress policy")
 	}
 	if err := g2.Verify(ctx); err != nil {

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,33 +21,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
-
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	p := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("read golden (run with -update): %v", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs from golden (run with -update to accept):\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
-}
 
 func startGuard(t *testing.T, n *testNS, cfg Config) *Guard {
 	t.Helper()
-	g, err := New(cfg, WithNetNS(n.ns))
+	g, err := New(cfg, WithNetNS(n.Handle()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +60,7 @@ func listTable(t *testing.T, n *testNS, extra ...string) string {
 // and persistent.
 func requireOwned(t *testing.T, n *testNS, cfg Config) {
 	t.Helper()
-	st, err := Inspect(context.Background(), cfg, WithNetNS(n.ns))
+	st, err := Inspect(context.Background(), cfg, WithNetNS(n.Handle()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +83,7 @@ func TestGoldenAppliedTable(t *testing.T) {
 	if err := g.Verify(context.Background()); err != nil {
 		t.Fatalf("verify after start: %v", err)
 	}
-	golden(t, "table.nft", listTable(t, n))
+	testkit.Golden(t, "table.nft", []byte(listTable(t, n)))
 	requireOwned(t, n, testConfig(t))
 }
 
@@ -137,7 +116,7 @@ func TestTamperFromOtherProcessIsRefused(t *testing.T) {
 func TestSecondGuardIsRefusedWhileOwned(t *testing.T) {
 	n := basicNode(t)
 	startGuard(t, n, testConfig(t))
-	g2, err := New(testConfig(t), WithNetNS(n.ns))
+	g2, err := New(testConfig(t), WithNetNS(n.Handle()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +168,7 @@ func TestKill9ThenReadopt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0])
-	cmd.Env = append(os.Environ(), "PVE_GUARD_HELPER_NS="+n.name)
+	cmd.Env = append(os.Environ(), "PVE_GUARD_HELPER_NS="+n.Name)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +205,7 @@ func TestKill9ThenReadopt(t *testing.T) {
 	_ = cmd.Wait()
 
 	// the gap: no owner, the table and its rules stay in force
-	st, err := Inspect(context.Background(), testConfig(t), WithNetNS(n.ns))
+	st, err := Inspect(context.Background(), testConfig(t), WithNetNS(n.Handle()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +226,7 @@ func TestKill9ThenReadopt(t *testing.T) {
 	if got := ruleHandles(t, n); !slices.Equal(got, handles) {
 		t.Errorf("rule handles changed on re-adopt (rebuilt instead of adopted): %v -> %v", handles, got)
 	}
-	st, err = Inspect(context.Background(), testConfig(t), WithNetNS(n.ns))
+	st, err = Inspect(context.Background(), testConfig(t), WithNetNS(n.Handle()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +251,7 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := basicNode(t)
 			cfg := testConfig(t)
-			g1, err := New(cfg, WithNetNS(n.ns))
+			g1, err := New(cfg, WithNetNS(n.Handle()))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -289,7 +268,7 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 			if tc.tamper == nil {
 				// nft 1.0.6 cannot keep the persist flag it does not know,
 				// which the kernel requires: do it over netlink
-				c, err := nftables.New(nftables.WithNetNSFd(int(n.ns)))
+				c, err := nftables.New(nftables.WithNetNSFd(int(n.Handle())))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -297,7 +276,7 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 				if err := c.Flush(); err != nil {
 					t.Fatalf("make dormant: %v", err)
 				}
-				st, err := Inspect(context.Background(), cfg, WithNetNS(n.ns))
+				st, err := Inspect(context.Background(), cfg, WithNetNS(n.Handle()))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -344,7 +323,7 @@ func TestSameNamedTableWithoutFlagsIsReplaced(t *testing.T) {
 	if err := g.Verify(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "table.nft", listTable(t, n))
+	testkit.Golden(t, "table.nft", []byte(listTable(t, n)))
 	requireOwned(t, n, testConfig(t))
 	if out, err := n.nft(t, "delete", "table", "inet", TableName); err == nil {
 		t.Fatalf("replaced table is not owned: delete succeeded: %s", out)
@@ -391,7 +370,7 @@ func runGuard(t *testing.T, g *Guard) {
 
 func TestManagementFollowsDefaultRoute(t *testing.T) {
 	n := basicNode(t)
-	eth1 := n.dummy(t, "eth1", "198.51.100.2/24")
+	eth1 := n.Bridge(t, "eth1", "198.51.100.2/24")
 	g := startGuard(t, n, testConfig(t))
 	if err := g.SetLockdown(context.Background(), true); err != nil {
 		t.Fatal(err)
@@ -401,7 +380,7 @@ func TestManagementFollowsDefaultRoute(t *testing.T) {
 	defer unsub()
 	runGuard(t, g)
 
-	n.defaultVia(t, eth1, "198.51.100.1")
+	n.DefaultVia(t, eth1, "198.51.100.1")
 	eventually(t, "mgmt set follows the route to eth1", func() bool {
 		return setElements(t, n, SetMgmt) == `"eth1"` && setElements(t, n, SetLockdown) == `"eth1"`
 	})
@@ -596,13 +575,13 @@ func TestRemoveTableRestoresSysctl(t *testing.T) {
 		t.Errorf("disable_ipv6 after start = %q, want 1", b)
 	}
 	var oe *OwnedError
-	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.ns)); !errors.As(err, &oe) {
+	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.Handle())); !errors.As(err, &oe) {
 		t.Errorf("remove while owned: %v, want *OwnedError", err)
 	}
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.ns)); err != nil {
+	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.Handle())); err != nil {
 		t.Fatalf("remove: %v", err)
 	}
 	if out, err := n.nft(t, "list", "table", "inet", TableName); err == nil {
@@ -632,7 +611,7 @@ func TestSetZones(t *testing.T) {
 	if err := g.Verify(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	st, err := Inspect(context.Background(), testConfig(t), WithNetNS(n.ns))
+	st, err := Inspect(context.Background(), testConfig(t), WithNetNS(n.Handle()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -660,7 +639,7 @@ func TestSysctlInNamespace(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.ProcRoot = "/proc"
 	read := func() string {
-		out, err := n.cmd(context.Background(), "cat", "/proc/sys/net/ipv6/conf/default/disable_ipv6").CombinedOutput()
+		out, err := n.Command(context.Background(), "cat", "/proc/sys/net/ipv6/conf/default/disable_ipv6").CombinedOutput()
 		if err != nil {
 			t.Fatalf("read sysctl in netns: %v %s", err, out)
 		}
@@ -668,7 +647,7 @@ func TestSysctlInNamespace(t *testing.T) {
 	}
 	ours, err := os.ReadFile("/proc/sys/net/ipv6/conf/default/disable_ipv6")
 	if err != nil {
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatalf("no IPv6 sysctl in this kernel: %v", err)
 		}
 		t.Skip("SKIPPING: no IPv6 sysctl in this kernel")
@@ -686,7 +665,7 @@ func TestSysctlInNamespace(t *testing.T) {
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.ns)); err != nil {
+	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.Handle())); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(); got != "0" {
@@ -726,7 +705,7 @@ func TestRestartKeepsLockdownSets(t *testing.T) {
 			defer cancel()
 			var mon bytes.Buffer
 			var mu sync.Mutex
-			m := n.cmd(mctx, "nft", "monitor")
+			m := n.Command(mctx, "nft", "monitor")
 			m.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return mon.Write(p) })
 			if err := m.Start(); err != nil {
 				t.Fatal(err)
@@ -745,7 +724,7 @@ func TestRestartKeepsLockdownSets(t *testing.T) {
 				return strings.Contains(monitored(), "pgd-ready")
 			})
 
-			g2, err := New(cfg, append([]Option{WithNetNS(n.ns)}, tc.opts...)...)
+			g2, err := New(cfg, append([]Option{WithNetNS(n.Handle())}, tc.opts...)...)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -32,12 +33,7 @@ import (
 // "not seen" has a positive control (the same path carries a legitimate
 // frame). The table survives "nft flush ruleset" and its daemon's exit.
 func TestLayer2GuardOnBed(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("test needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPING: the test bed needs root")
-	}
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	b, err := testvm.Up(ctx, testvm.Options{})

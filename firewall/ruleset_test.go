@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestMergePrefixes(t *testing.T) {
@@ -67,7 +69,7 @@ func TestRenderGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "render.txt", rs.String())
+	testkit.Golden(t, "render.txt", []byte(rs.String()))
 }
 
 func TestRenderSwitches(t *testing.T) {
@@ -165,7 +167,7 @@ func TestRenderEgressGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "render-egress.txt", rs.String())
+	testkit.Golden(t, "render-egress.txt", []byte(rs.String()))
 }
 
 func TestRenderEgressRejectsBadPolicy(t *testing.T) {

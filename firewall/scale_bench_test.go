@@ -85,7 +85,7 @@ func BenchmarkGuardApply(b *testing.B) {
 		b.StopTimer()
 		n := basicNode(b)
 		cfg := testConfig(b)
-		g, err := New(cfg, WithNetNS(n.ns))
+		g, err := New(cfg, WithNetNS(n.Handle()))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -45,7 +45,7 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 			t.Fatalf("%s: sets differ from a full rendering: %v", what, d)
 		}
 		eventually(t, what+": the event-kept classification equals a listing", func() bool {
-			listed, err := Classify(ctx, cfg, WithNetNS(n.ns))
+			listed, err := Classify(ctx, cfg, WithNetNS(n.Handle()))
 			return err == nil && listed.Equal(g.Classification())
 		})
 	}
@@ -60,26 +60,26 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 	}
 	lacks := func(f func() bool) func() bool { return func() bool { return !f() } }
 
-	n.dummy(t, "vnetA2", "10.10.3.1/24")
+	n.Bridge(t, "vnetA2", "10.10.3.1/24")
 	check("new bridge vnetA2 in zone1 and with itself", hasSet(SetZonePeers, `"vnetA2" . "vnetA2"`))
 	if !strings.Contains(setElements(t, n, SetZonePeers), `"vnetA" . "vnetA2"`) {
 		t.Error("zone pair vnetA . vnetA2 missing")
 	}
-	br, err := n.h.LinkByName("vnetA2")
+	br, err := n.Netlink().LinkByName("vnetA2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "tap101i0", MasterIndex: br.Attrs().Index}, PeerName: "tp101"}
-	if err := n.h.LinkAdd(veth); err != nil {
+	if err := n.Netlink().LinkAdd(veth); err != nil {
 		t.Fatal(err)
 	}
 	check("guest port of a zone bridge guarded", hasBridge(`"tap101i0"`))
-	spare := n.dummy(t, "spare0", "")
-	tap, err := n.h.LinkByName("tap101i0")
+	spare := n.Bridge(t, "spare0", "")
+	tap, err := n.Netlink().LinkByName("tap101i0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.h.LinkSetMaster(tap, spare); err != nil {
+	if err := n.Netlink().LinkSetMaster(tap, spare); err != nil {
 		t.Fatal(err)
 	}
 	check("port moved off the zone bridge", lacks(hasBridge(`"tap101i0"`)))
@@ -88,20 +88,20 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 		return strings.Contains(out, `"tap101i0"`)
 	}
 	check("port on a bridge of no zone is an other port", other)
-	if err := n.h.LinkSetNoMaster(tap); err != nil {
+	if err := n.Netlink().LinkSetNoMaster(tap); err != nil {
 		t.Fatal(err)
 	}
 	check("port released from every bridge", lacks(hasBridge(`"tap101i0"`)))
-	if err := n.h.LinkSetMaster(tap, br); err != nil {
+	if err := n.Netlink().LinkSetMaster(tap, br); err != nil {
 		t.Fatal(err)
 	}
 	check("port moved back", hasBridge(`"tap101i0"`))
 	check("port on a zone bridge is no other port", lacks(other))
-	if err := n.h.LinkSetName(tap, "tap101i1"); err != nil {
+	if err := n.Netlink().LinkSetName(tap, "tap101i1"); err != nil {
 		t.Fatal(err)
 	}
 	check("port renamed", hasBridge(`"tap101i1"`))
-	if err := n.h.LinkSetName(tap, "tap101i0"); err != nil {
+	if err := n.Netlink().LinkSetName(tap, "tap101i0"); err != nil {
 		t.Fatal(err)
 	}
 	check("port renamed back", hasBridge(`"tap101i0"`))
@@ -110,7 +110,7 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("zone added", hasSet(SetZonePeers, `"vnetB" . "spare0"`))
-	if err := n.h.LinkSetMaster(tap, spare); err != nil {
+	if err := n.Netlink().LinkSetMaster(tap, spare); err != nil {
 		t.Fatal(err)
 	}
 	check("port moved to a bridge of another zone", hasBridge(`"tap101i0"`))
@@ -152,11 +152,11 @@ func TestUpdatePathMatchesRendering(t *testing.T) {
 		check("fail-closed flipped", func() bool { return (setElements(t, n, SetFailClosed) != "") == on })
 	}
 
-	if err := n.h.LinkDel(spare); err != nil {
+	if err := n.Netlink().LinkDel(spare); err != nil {
 		t.Fatal(err)
 	}
 	check("bridge of no zone gone", lacks(hasSet(SetZonePeers, `"spare0" . "spare0"`)))
-	if err := n.h.LinkDel(br); err != nil {
+	if err := n.Netlink().LinkDel(br); err != nil {
 		t.Fatal(err)
 	}
 	check("zone bridge gone", func() bool { return !slices.Contains(g.Classification().Interfaces, "vnetA2") })

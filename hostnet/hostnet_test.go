@@ -2,68 +2,25 @@ package hostnet_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
 	"net"
 	"net/http/httptest"
 	"net/netip"
-	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/hostnet"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
-
-// nsHandle returns a netlink handle in a fresh network namespace, removed
-// by the test's cleanup.
-func nsHandle(t *testing.T) *netlink.Handle {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPED: needs root for a network namespace")
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	name := "phn" + hex.EncodeToString(b)
-	ns, err := netns.NewNamed(name)
-	if err2 := netns.Set(orig); err2 != nil {
-		t.Fatalf("back to the original netns: %v", err2)
-	}
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		h.Close()
-		ns.Close()
-		_ = netns.DeleteNamed(name)
-	})
-	return h
-}
 
 // TestPrefixes builds a host in a namespace: a LAN address, a route to
 // another network through the LAN gateway, a default route and a route in
@@ -90,7 +47,7 @@ func TestPrefixes(t *testing.T) {
 // default route, a route to 10.50.0.0/16, one to 10.200.0.0/24 (inside the
 // sandboxes' auto pool) and one in policy table 100.
 func lanHost(t *testing.T) *netlink.Handle {
-	h := nsHandle(t)
+	h := testkit.NewNetNS(t, "phn").Netlink()
 	lan := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lan0"}, PeerName: "lan1"}
 	if err := h.LinkAdd(lan); err != nil {
 		t.Fatal(err)

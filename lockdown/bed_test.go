@@ -22,6 +22,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
@@ -38,7 +39,7 @@ var (
 // dnsmasq, real guests; only the halt is a recording stand-in (the systemd
 // side is tested in lockdown/halt).
 func TestLockdownOnBed(t *testing.T) {
-	requireRoot(t)
+	testkit.RequireRoot(t, "dnsmasq")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	b, err := testvm.Up(ctx, testvm.Options{})

@@ -17,23 +17,9 @@ import (
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
-)
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root (network namespaces, real dnsmasq) and CI is set")
-		}
-		t.Skip("SKIPPED: NEEDS ROOT (network namespaces, real dnsmasq)")
-	}
-	if _, err := exec.LookPath("dnsmasq"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("dnsmasq not installed and CI is set")
-		}
-		t.Skip("SKIPPED: dnsmasq NOT INSTALLED")
-	}
-}
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+)
 
 // zoneDNS is a real dnsmasq in a network namespace of its own (created by
 // unshare, gone with the process), forwarding through its resolver file to
@@ -192,7 +178,7 @@ func readString(path string) string {
 // only the matching dnsmasq is signalled, a rewrite of the resolver file is
 // undone, and the lift restores recursion and the file byte for byte.
 func TestRealDnsmasqLockdown(t *testing.T) {
-	requireRoot(t)
+	testkit.RequireRoot(t, "dnsmasq")
 	dir := t.TempDir()
 	zone := startZoneDNS(t, mkdir(t, dir, "zone"))
 	other := startZoneDNS(t, mkdir(t, dir, "other")) // another resolver path: never signalled

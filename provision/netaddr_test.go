@@ -5,21 +5,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net"
-	"os"
 	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestNetlinkPrimaryAddr(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("TestNetlinkPrimaryAddr needs root (CI)")
-		}
-		t.Skip("SKIPPING TestNetlinkPrimaryAddr: needs root to create a network namespace")
-	}
+	testkit.RequireRoot(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()

@@ -2,13 +2,12 @@ package pveapi
 
 import (
 	"encoding/json"
-	"flag"
 	"os"
 	"sort"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "regenerate testdata/apidata-trimmed.json from the official schema ($PVE_APIDATA, default /work/shared/pve-api/apidata.json)")
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+)
 
 // usedPaths are the Proxmox API paths this package calls.
 var usedPaths = []string{
@@ -34,7 +33,7 @@ type paramSchema struct {
 type trimmed map[string]map[string]paramSchema
 
 func TestSchemaExtract(t *testing.T) {
-	if !*update {
+	if !testkit.Update() {
 		t.Skip("run with -update to regenerate testdata/apidata-trimmed.json")
 	}
 	src := os.Getenv("PVE_APIDATA")

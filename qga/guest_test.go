@@ -3,24 +3,13 @@ package qga
 import (
 	"context"
 	"net/netip"
-	"os"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
-
-// requireRoot skips (or, under CI, fails) tests that need root.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root (the test bed's real qemu-ga guests)")
-		}
-		t.Skip("SKIPPED: needs root for the test bed's real qemu-ga guests; run the tests as root")
-	}
-}
 
 // testGuest is a guest of the test bed: the real qemu-ga in its own net,
 // PID and mount namespaces with an overlay root.
@@ -37,7 +26,7 @@ func startGuest(t testing.TB) *testGuest { return startGuests(t, 1)[0] }
 // torn down when the test ends.
 func startGuests(t testing.TB, n int) []*testGuest {
 	t.Helper()
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	b, err := testvm.Up(ctx, testvm.Options{})

@@ -3,25 +3,13 @@ package testvm
 import (
 	"context"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
-)
 
-// needRoot skips loudly when not root, unless CI is set, where a missing
-// prerequisite is a failure.
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("the test bed needs root (CI is set, so this is a failure)")
-	}
-	t.Skip("SKIPPED: the test bed needs root; run the tests as root")
-}
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+)
 
 // TwoZones is the zone layout most tests use.
 func twoZones() []Zone {
@@ -61,7 +49,7 @@ func upTwoZones(t *testing.T) (*Bed, *Guest, *Guest) {
 }
 
 func TestBedUpDown(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	b, ga, gb := upTwoZones(t)
 	if !netip.MustParsePrefix("10.10.1.0/24").Contains(ga.IPv4()) || !netip.MustParsePrefix("10.10.2.0/24").Contains(gb.IPv4()) {
 		t.Fatalf("DHCP addresses: a=%v b=%v", ga.IPv4(), gb.IPv4())

@@ -11,10 +11,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestAttachBlock(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	b, ga, _ := upTwoZones(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

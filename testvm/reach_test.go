@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // dialFrom opens a TCP connection from inside netns ns.
@@ -74,7 +76,7 @@ func httpFrom(b *Bed, ns, method, url string, hdr map[string]string) (int, strin
 // leak. (The same through the probe and the real agent lives with the
 // containment runner.)
 func TestBedReachability(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	b, ga, gb := upTwoZones(t)
 	for _, tc := range []struct {
 		name, addr string

@@ -3,7 +3,6 @@ package ec2
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"mime"
 	"mime/multipart"
 	"net/mail"
@@ -12,9 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "rewrite golden files")
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+)
 
 var testUD = UserData{
 	Config: []byte(`hostname = "pve1"
@@ -26,23 +25,6 @@ sha256 = "1111111111111111111111111111111111111111111111111111111111111111"
 `),
 	BinaryURL:    "https://files.example.test/pve-bootstrap-linux-amd64",
 	BinarySHA256: "2222222222222222222222222222222222222222222222222222222222222222",
-}
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	p := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(p, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run with -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from golden (run with -update to accept):\n%s", name, got)
-	}
 }
 
 // parts splits a rendered document with the standard library's MIME reader.
@@ -76,7 +58,7 @@ func TestRenderUserData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "userdata.golden", doc)
+	testkit.Golden(t, "userdata.golden", doc)
 	ps := parts(t, doc)
 	cc, sh := ps["text/cloud-config"], ps["text/x-shellscript"]
 	if !bytes.HasPrefix(cc, []byte("#cloud-config\n")) || !bytes.Equal(sh, ShellPart()) {
@@ -100,7 +82,7 @@ func TestRenderUserData(t *testing.T) {
 
 	// The cloud-config part passes Debian's cloud-init schema validation.
 	if _, err := exec.LookPath("cloud-init"); err != nil {
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatal("cloud-init not installed (CI)")
 		}
 		t.Skip("SKIPPING schema check: cloud-init not installed")

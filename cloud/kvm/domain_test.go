@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func testSpec(accel string) DomainSpec {
@@ -53,7 +55,7 @@ func TestXMLGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			golden(t, tc.file, []byte(x+"\n"))
+			testkit.Golden(t, tc.file, []byte(x+"\n"))
 		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cloud/kvm/internal/seedcheck"
 	"github.com/pve-inspect/pve-inspect/cloud/kvm/libvirtdtest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // testImage serves a small locally made qcow2 as the Debian image, with
@@ -44,7 +45,7 @@ func bootFiles(t *testing.T) *directBoot {
 	kernels, _ := filepath.Glob("/boot/vmlinuz-*")
 	if len(kernels) == 0 {
 		msg := "no kernel in /boot/vmlinuz-* (Debian package linux-image-amd64)"
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatal(msg)
 		}
 		t.Skip("SKIPPING: " + msg)
@@ -106,6 +107,7 @@ func waitSeed(ctx context.Context, t *testing.T, n Node, ud []byte) {
 // available everywhere): create, list (also through virsh), stop, clone,
 // start, delete, and the bad input that must change nothing.
 func TestLibvirtNodeLifecycle(t *testing.T) {
+	testkit.RequireRoot(t, libvirtdtest.Tools()...)
 	d := libvirtdtest.Start(t)
 	boot := bootFiles(t)
 	img := testImage(t)

@@ -6,11 +6,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestSeedISOReadBack(t *testing.T) {
 	if _, err := exec.LookPath("xorriso"); err != nil {
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatal("xorriso not installed (CI)")
 		}
 		t.Skip("SKIPPING: xorriso not installed")

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/provision"
 	"github.com/pve-inspect/pve-inspect/testvm/sysbox"
 )
@@ -57,12 +58,7 @@ func packagesEntry(t *testing.T, deb, name, version, arch string) string {
 // container restarts, the oneshot unit resumes apply at the right step and
 // removes itself; a second apply changes nothing.
 func TestRecipeInSystemdContainer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("TestRecipeInSystemdContainer needs root (CI)")
-		}
-		t.Skip("SKIPPING TestRecipeInSystemdContainer: needs root for the systemd container")
-	}
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	dir := t.TempDir()

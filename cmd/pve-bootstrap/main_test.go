@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
 	"go/build"
 	"io"
 	"net/netip"
@@ -15,27 +14,9 @@ import (
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/cloud/ec2"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/provision"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	p := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(p, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run with -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from golden (-update to accept):\n%s", name, got)
-	}
-}
 
 // fixtureDeps answer like a fresh Debian 13 machine: nothing of Proxmox
 // installed, the Debian kernel present.
@@ -84,12 +65,12 @@ func TestNodePlanGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "plan.golden", []byte(out))
+	testkit.Golden(t, "plan.golden", []byte(out))
 	jout, err := runCmd(t, fixtureDeps(freshMachine()), "node", "plan", "--json", "--root", root, "--config", "/etc/pve-bootstrap/config.toml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "plan.json.golden", []byte(jout))
+	testkit.Golden(t, "plan.json.golden", []byte(jout))
 	if tree(t, root) != before {
 		t.Error("plan changed the fixture")
 	}
@@ -124,7 +105,7 @@ func TestNodePlanWithoutProxmoxTools(t *testing.T) {
 	for _, tool := range []string{"dpkg-query", "systemctl"} {
 		p, err := exec.LookPath(tool)
 		if err != nil {
-			if os.Getenv("CI") != "" {
+			if testkit.InCI() {
 				t.Fatalf("%s missing (CI is set, so this is a failure): %v", tool, err)
 			}
 			t.Skipf("SKIPPED: %s missing: %v", tool, err)

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/cloud/kvm/libvirtdtest"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/provision"
 )
 
@@ -48,6 +49,7 @@ func TestNestedBadInput(t *testing.T) {
 // starts (own namespaces, see libvirtdtest) with a blank stand-in image
 // served with its SHA512SUMS; the domains never boot an OS (TCG, no KVM).
 func TestNestedVerbs(t *testing.T) {
+	testkit.RequireRoot(t, libvirtdtest.Tools()...)
 	d := libvirtdtest.Start(t)
 	work := t.TempDir()
 	base := filepath.Join(work, "debian-13-genericcloud-amd64.qcow2")

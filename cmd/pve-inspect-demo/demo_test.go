@@ -9,17 +9,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // TestDemo runs the README's demo end to end with freshly built binaries,
 // so the first command of the README stays true.
 func TestDemo(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("the demo needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPED: the demo needs root")
-	}
+	testkit.RequireRoot(t)
 	bin := t.TempDir()
 	for _, pkg := range []string{"../pve-inspectd", "../pve-inspect-probe"} {
 		cmd := exec.Command("go", "build", "-o", bin+"/", pkg)

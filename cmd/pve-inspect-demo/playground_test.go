@@ -19,21 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
-
-// needRoot fails under CI and skips loudly elsewhere when not root.
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("the playground needs root (CI is set, so this is a failure)")
-	}
-	t.Skip("SKIPPED: the playground needs root")
-}
 
 // needNodeClient finds node and the official MCP TypeScript SDK in
 // mcpclient/node_modules, installing it with `npm ci` from the committed
@@ -42,7 +31,7 @@ func needNodeClient(t *testing.T) string {
 	t.Helper()
 	miss := func(format string, a ...any) {
 		t.Helper()
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatalf(format+" (CI is set, so this is a failure; .ci/install-deps installs it)", a...)
 		}
 		t.Skipf("SKIPPED: "+format+" (.ci/install-deps installs it)", a...)
@@ -154,7 +143,7 @@ func (p *playgroundProc) stop(t *testing.T) {
 // server over stdio and streamable HTTP with the official TypeScript SDK),
 // stops it with SIGTERM and checks that nothing is left behind.
 func TestPlayground(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	node := needNodeClient(t)
 	bin := t.TempDir()
 	for _, pkg := range []string{"../pve-inspectd", "../pve-inspect-probe", "."} {

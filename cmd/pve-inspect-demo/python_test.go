@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // needPython finds the Python side's virtual environment (python/.venv),
@@ -99,7 +101,7 @@ func runPytest(t *testing.T, ctx context.Context, dir string, env []string, args
 // as an Inspect user would, over TLS with a token; then it stops the
 // playground and checks that nothing is left.
 func TestInspectProvider(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	dir := needPython(t)
 	p := startPlayground(t, buildBins(t))
 	in := p.info
@@ -119,7 +121,7 @@ func TestInspectProvider(t *testing.T) {
 // both nodes, the second stopped mid-eval (the test sends SIGTERM to its
 // playground), the rest finishing on the first.
 func TestInspectProviderTwoNodes(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	dir := needPython(t)
 	bin := buildBins(t)
 	p1 := startPlayground(t, bin)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -39,7 +40,7 @@ type accBed struct {
 
 func upAccBed(t *testing.T, ctx context.Context) *accBed {
 	t.Helper()
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	b, err := testvm.Up(ctx, testvm.Options{ExtraNodePorts: []int{accAPIPort}})
 	if err != nil {
 		t.Fatal(err)

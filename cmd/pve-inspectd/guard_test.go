@@ -3,10 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -14,17 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 // TestMain lets the test binary act as pve-inspectd, so the verbs are
 // tested as the real program inside a network namespace.
@@ -37,73 +30,19 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("test needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPING: test needs root to create network namespaces and nftables tables")
-	}
-}
-
-type node struct {
-	name string
-	ns   netns.NsHandle
-}
+// node is a namespace with the tests' fixed interface set.
+type node struct{ *testkit.NetNS }
 
 // newNode creates a namespace with a fixed interface set: eth0 (default
 // route), stor0 (trusted), vnetA and vnetB (guest bridges).
 func newNode(t *testing.T) *node {
-	requireRoot(t)
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	name := "pgc" + hex.EncodeToString(b)
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := netns.NewNamed(name)
-	if err2 := netns.Set(orig); err2 != nil {
-		t.Fatal(err2)
-	}
-	orig.Close()
-	runtime.UnlockOSThread()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close(); _ = netns.DeleteNamed(name) })
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	lo, _ := h.LinkByName("lo")
-	if err := h.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range []struct{ name, addr string }{
-		{"eth0", "192.0.2.2/24"}, {"stor0", "10.99.0.2/24"}, {"vnetA", "10.10.1.1/24"}, {"vnetB", "10.10.2.1/24"},
-	} {
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: l.name}}
-		if err := h.LinkAdd(br); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.LinkSetUp(br); err != nil {
-			t.Fatal(err)
-		}
-		a, _ := netlink.ParseAddr(l.addr)
-		if err := h.AddrAdd(br, a); err != nil {
-			t.Fatal(err)
-		}
-	}
-	eth0, _ := h.LinkByName("eth0")
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("192.0.2.1"),
-		Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}); err != nil {
-		t.Fatal(err)
-	}
-	return &node{name: name, ns: ns}
+	n := testkit.NewNetNS(t, "pgc")
+	eth0 := n.Bridge(t, "eth0", "192.0.2.2/24")
+	n.Bridge(t, "stor0", "10.99.0.2/24")
+	n.Bridge(t, "vnetA", "10.10.1.1/24")
+	n.Bridge(t, "vnetB", "10.10.2.1/24")
+	n.DefaultVia(t, eth0, "192.0.2.1")
+	return &node{n}
 }
 
 func writeConfig(t *testing.T) string {
@@ -148,7 +87,7 @@ state_file = "` + filepath.Join(dir, "egress.json") + `"
 
 // daemonCmd runs this binary as pve-inspectd inside the node namespace.
 func (n *node) daemonCmd(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.name, os.Args[0]}, args...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, os.Args[0]}, args...)...)
 	cmd.Env = append(os.Environ(), "PVE_INSPECTD_TEST_AS_MAIN=1")
 	return cmd
 }
@@ -175,22 +114,9 @@ func TestPlanGolden(t *testing.T) {
 		t.Fatalf("plan: %v\n%s", err, out)
 	}
 	out = []byte(strings.ReplaceAll(string(out), filepath.Join(filepath.Dir(cfg), "running-config"), "SDN_CONFIG"))
-	p := filepath.Join("testdata", "plan.golden")
-	if *update {
-		_ = os.MkdirAll("testdata", 0o755)
-		if err := os.WriteFile(p, out, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("read golden (run with -update): %v", err)
-	}
-	if string(out) != string(want) {
-		t.Errorf("plan output differs from golden (-update to accept):\n%s", out)
-	}
+	testkit.Golden(t, "plan.golden", out)
 	// plan changes nothing
-	if out, err := exec.Command("ip", "netns", "exec", n.name, "nft", "list", "ruleset").CombinedOutput(); err != nil || len(strings.TrimSpace(string(out))) != 0 {
+	if out, err := exec.Command("ip", "netns", "exec", n.Name, "nft", "list", "ruleset").CombinedOutput(); err != nil || len(strings.TrimSpace(string(out))) != 0 {
 		t.Errorf("plan left a ruleset behind: %v %s", err, out)
 	}
 }
@@ -199,18 +125,9 @@ func TestPlanGolden(t *testing.T) {
 func (n *node) scrape(t *testing.T, addr string) string {
 	t.Helper()
 	tr := &http.Transport{DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			return nil, err
-		}
-		defer orig.Close()
-		if err := netns.Set(n.ns); err != nil {
-			return nil, err
-		}
-		defer func() { _ = netns.Set(orig) }()
-		return net.DialTimeout(network, a, 5*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return n.DialContext(ctx, network, a)
 	}}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")

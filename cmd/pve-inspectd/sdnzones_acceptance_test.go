@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -118,7 +119,7 @@ func scrape(b *testvm.Bed) (string, error) {
 // cut, a vnet added to the file later joins its zone without a restart,
 // and a garbled file changes nothing.
 func TestAcceptanceSDNZonesOnBed(t *testing.T) {
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	b, err := testvm.Up(ctx, testvm.Options{})

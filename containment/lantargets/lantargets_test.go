@@ -1,32 +1,15 @@
 package lantargets
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestDiscoverInNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("test needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPING: test needs root for a network namespace")
-	}
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	name := "plt" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	n := testkit.NewNetNS(t, "plt")
 	for _, c := range [][]string{
 		{"link", "add", "eth0", "type", "bridge"}, {"link", "set", "eth0", "up"},
 		{"addr", "add", "192.168.50.2/24", "dev", "eth0"},
@@ -36,20 +19,9 @@ func TestDiscoverInNamespace(t *testing.T) {
 		{"addr", "add", "10.10.1.1/24", "dev", "vneta"},
 		{"neigh", "add", "10.10.1.101", "lladdr", "02:00:00:00:01:01", "dev", "vneta", "nud", "permanent"},
 	} {
-		if out, err := exec.Command("ip", append([]string{"-n", name}, c...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v %s", c, err, out)
-		}
+		n.IP(t, c...)
 	}
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := n.Netlink()
 	for _, tc := range []struct {
 		name    string
 		exclude []netip.Prefix

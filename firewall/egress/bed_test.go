@@ -26,19 +26,10 @@ import (
 	"github.com/pve-inspect/pve-inspect/containment"
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
-
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("test needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPING: test needs root for the test bed")
-	}
-}
 
 // stack is the whole egress machinery on a test bed: the guard, the
 // registry, the resolver and the proxy serving inside the node's
@@ -84,7 +75,7 @@ func newStack(t *testing.T, ctx context.Context, def Policy) *stack {
 
 func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig) *stack {
 	t.Helper()
-	requireRoot(t)
+	testkit.RequireRoot(t)
 	b, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -2,22 +2,18 @@ package nsrun
 
 import (
 	"errors"
-	"os"
 	"runtime"
 	"testing"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // TestDo: fn sees the target namespace, its error comes back, and the
 // caller's thread never leaves its own namespace.
 func TestDo(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (CI is set: a missing prerequisite fails)")
-		}
-		t.Skip("SKIPPED LOUDLY: needs root to create a network namespace")
-	}
+	testkit.RequireRoot(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	here, err := netns.Get()
@@ -25,19 +21,7 @@ func TestDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer here.Close()
-	// a fresh namespace, created on a throwaway locked thread
-	var target netns.NsHandle
-	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		var err error
-		target, err = netns.New()
-		ch <- err
-	}()
-	if err := <-ch; err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	target := testkit.NewNetNS(t, "pnr").Handle()
 	if target.Equal(here) {
 		t.Fatal("the new namespace is the caller's")
 	}

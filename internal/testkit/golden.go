@@ -20,7 +20,14 @@ func Update() bool { return *update }
 // first. A mismatch fails the test with both texts.
 func Golden(tb testing.TB, name string, got []byte) {
 	tb.Helper()
-	p := filepath.Join("testdata", name)
+	GoldenFile(tb, filepath.Join("testdata", name), got)
+}
+
+// GoldenFile is Golden for a golden file outside testdata/ (a shipped file
+// the test regenerates, such as packaging/deb/alerts_test.yml); p is
+// relative to the package directory.
+func GoldenFile(tb testing.TB, p string, got []byte) {
+	tb.Helper()
 	if *update {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			tb.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -21,6 +22,7 @@ import (
 type NetNS struct {
 	Name string
 	h    netns.NsHandle
+	nl   *netlink.Handle
 }
 
 // RandomName returns prefix plus 4 random hex digits.
@@ -94,6 +96,9 @@ func NewNetNS(tb testing.TB, prefix string) *NetNS {
 	n := &NetNS{Name: name}
 	tb.Cleanup(func() {
 		defer os.Remove(owner)
+		if n.nl != nil {
+			n.nl.Close()
+		}
 		if n.h.IsOpen() {
 			n.h.Close()
 		}
@@ -109,8 +114,65 @@ func NewNetNS(tb testing.TB, prefix string) *NetNS {
 		tb.Fatalf("open netns %s: %v", name, err)
 	}
 	n.h = h
+	if n.nl, err = netlink.NewHandleAt(h); err != nil {
+		tb.Fatalf("netlink handle in %s: %v", name, err)
+	}
 	n.IP(tb, "link", "set", "lo", "up")
 	return n
+}
+
+// Handle returns the namespace's handle, open until the test ends, for
+// code that takes one (firewall.WithNetNS, nftables.WithNetNSFd).
+func (n *NetNS) Handle() netns.NsHandle { return n.h }
+
+// Netlink returns the namespace's netlink handle, open until the test
+// ends (like any netlink.Handle, not for concurrent use).
+func (n *NetNS) Netlink() *netlink.Handle { return n.nl }
+
+// Bridge adds a bridge named name, sets it up, gives it the address cidr
+// (none when cidr is "") and returns it. A bridge stands in for any
+// interface (an uplink, a storage NIC, a vnet): it needs no peer, and the
+// kernels the tests run on need not have the dummy driver.
+func (n *NetNS) Bridge(tb testing.TB, name, cidr string) netlink.Link {
+	tb.Helper()
+	h := n.nl
+	if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
+		tb.Fatalf("add bridge %s in %s: %v", name, n.Name, err)
+	}
+	l, err := h.LinkByName(name)
+	if err != nil {
+		tb.Fatalf("bridge %s in %s: %v", name, n.Name, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		tb.Fatalf("set %s up in %s: %v", name, n.Name, err)
+	}
+	if cidr != "" {
+		a, err := netlink.ParseAddr(cidr)
+		if err != nil {
+			tb.Fatalf("address %q: %v", cidr, err)
+		}
+		if err := h.AddrAdd(l, a); err != nil {
+			tb.Fatalf("add address %s to %s in %s: %v", cidr, name, n.Name, err)
+		}
+	}
+	if l, err = h.LinkByName(name); err != nil {
+		tb.Fatalf("bridge %s in %s: %v", name, n.Name, err)
+	}
+	return l
+}
+
+// DefaultVia sets (or replaces) the IPv4 default route through gw on link.
+func (n *NetNS) DefaultVia(tb testing.TB, link netlink.Link, gw string) {
+	tb.Helper()
+	ip := net.ParseIP(gw)
+	if ip == nil {
+		tb.Fatalf("gateway %q is no IP address", gw)
+	}
+	r := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: ip,
+		Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}
+	if err := n.nl.RouteReplace(r); err != nil {
+		tb.Fatalf("default route via %s in %s: %v", gw, n.Name, err)
+	}
 }
 
 // IP runs `ip -n <ns> args...` and fails the test on error.

@@ -12,21 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm/sysbox"
 )
 
 // These tests run the real pve-inspectd (static build) inside a sysbox
 // container with systemd as PID 1 and real D-Bus.
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("the halt container tests need root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPED: the halt container tests boot a systemd container and need root")
-	}
-}
 
 var (
 	buildOnce sync.Once
@@ -110,7 +101,7 @@ const marker = "/etc/inspect-proxmox-egress-lockdown"
 
 func boot(t *testing.T) *sysbox.Container {
 	t.Helper()
-	needRoot(t)
+	testkit.RequireRoot(t)
 	bin := daemonBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

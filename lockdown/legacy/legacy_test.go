@@ -2,15 +2,14 @@ package legacy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 func TestSplitRule(t *testing.T) {
@@ -95,24 +94,8 @@ func (f *fakeSystemd) StopAndDisable(_ context.Context, u string) error {
 // reference's own iptables commands in a network namespace of its own,
 // next to a rule that is not theirs, and checks that exactly theirs go.
 func TestTakeoverInNetns(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPED: needs root to make a network namespace")
-	}
-	for _, tool := range []string{"iptables", "ip6tables", "iptables-save"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not installed: %v", tool, err)
-		}
-	}
-	var r [3]byte
-	_, _ = rand.Read(r[:])
-	ns := "plg" + hex.EncodeToString(r[:])
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	testkit.RequireRoot(t, "iptables", "ip6tables", "iptables-save")
+	ns := testkit.NewNetNS(t, "plg").Name
 	inNS := func(ctx context.Context, argv ...string) ([]byte, error) {
 		return ExecRunner(ctx, append([]string{"ip", "netns", "exec", ns}, argv...)...)
 	}

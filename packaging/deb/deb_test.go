@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm/sysbox"
 )
 
@@ -76,32 +77,11 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// require fails under CI and skips otherwise when a prerequisite is
-// missing.
-func require(t *testing.T, ok bool, what string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s (CI is set, so this is a failure)", what)
-	}
-	t.Skipf("SKIPPED: %s", what)
-}
-
-func requireTool(t *testing.T, tools ...string) {
-	t.Helper()
-	for _, tool := range tools {
-		_, err := exec.LookPath(tool)
-		require(t, err == nil, tool+" is not installed")
-	}
-}
-
 // debs builds the two packages with `make deb` (once per test binary) and
 // returns their paths.
 func debs(t *testing.T) (v1, v2 string) {
 	t.Helper()
-	requireTool(t, "make", "gzip", "git")
+	testkit.RequireTools(t, "make", "gzip", "git")
 	root := repoRoot(t)
 	build.once.Do(func() {
 		bin := filepath.Join(build.dir, "bin")
@@ -128,7 +108,7 @@ func debs(t *testing.T) (v1, v2 string) {
 // overrides, every override has a one-line reason above it, and no
 // override is stale.
 func TestLintian(t *testing.T) {
-	requireTool(t, "lintian")
+	testkit.RequireTools(t, "lintian")
 	v1, _ := debs(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -179,8 +159,7 @@ type box struct {
 // boot starts a container (root only) and removes it when the test ends.
 func boot(t *testing.T, o sysbox.Options) *box {
 	t.Helper()
-	require(t, os.Geteuid() == 0, "needs root for the systemd container")
-	requireTool(t, "debootstrap", "nsenter")
+	testkit.RequireRoot(t, "debootstrap", "nsenter")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
 	o.Rootfs.Packages = append(o.Rootfs.Packages, rootfsPackages...)

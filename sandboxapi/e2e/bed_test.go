@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -35,16 +35,6 @@ import (
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
-
-func needRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root (the test bed), and CI is set")
-		}
-		t.Skip("SKIPPED: needs root for the test bed (network namespaces, qemu-ga, dnsmasq)")
-	}
-}
 
 type bedEnv struct {
 	bed   *testvm.Bed
@@ -160,7 +150,7 @@ func (e *bedEnv) start(t testing.TB, ctx context.Context) {
 }
 
 func TestBedAcceptance(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	e := newBedEnv(t, ctx, nil)
@@ -263,7 +253,7 @@ func TestBedAcceptance(t *testing.T) {
 }
 
 func TestBedConcurrentSandboxes(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	e := newBedEnv(t, ctx, nil)
@@ -306,7 +296,7 @@ func TestBedConcurrentSandboxes(t *testing.T) {
 }
 
 func TestBedTTLAndGuard(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	e := newBedEnv(t, ctx, func(o *options) { o.ReaperInterval = time.Second; o.Caps.NodeVMs = 1 })
@@ -369,7 +359,7 @@ func runPortMap(t *testing.T, ctx context.Context, root string, g *firewall.Guar
 // inside with the guest's own TCP stack); before the guard the same
 // connect is answered (so the probe is not blind).
 func TestBedCrossZoneIsolation(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var gmu sync.Mutex
@@ -445,7 +435,7 @@ func TestBedCrossZoneIsolation(t *testing.T) {
 // the layer-2 rows included, judged from the node's watch of the VM's
 // vnet bridge.
 func TestBedContainmentCheck(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var guard *firewall.Guard

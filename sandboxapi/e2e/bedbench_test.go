@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -17,7 +18,7 @@ import (
 // round trip through the HTTP API against the raw guest agent client on the
 // same VM, and 64 MiB write+read through the API against the client.
 func BenchmarkBed(b *testing.B) {
-	needRoot(b)
+	testkit.RequireRoot(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	e := newBedEnv(b, ctx, nil)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -57,7 +58,7 @@ func procStatusKiB(t *testing.T, field string) int64 {
 // process serving it (the API server, the emulator and this client) grows
 // by less than the collected cap while it flows.
 func TestBedExec200MiB(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	e := newBedEnv(t, ctx, nil)

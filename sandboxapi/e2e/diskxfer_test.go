@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/diskxfer"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -67,7 +68,7 @@ func stream(seed byte, n int64) io.Reader {
 func sumHex(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
 
 func TestBedDiskTransfer(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	flaky := &flakyDetach{}

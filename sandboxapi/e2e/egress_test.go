@@ -10,6 +10,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
@@ -56,7 +57,7 @@ func (r *registryEgress) Status(sandbox, zone string) apitype.EgressStatus {
 // the guest with its own TCP stack, no sleep), both ways; an open
 // sandbox next to it keeps the internet.
 func TestBedEgressThroughAPI(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	eg := &registryEgress{}

@@ -13,24 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("this test needs root (the test bed), and CI is set")
-		}
-		t.Skip("SKIPPED: needs root for the test bed (network namespaces, qemu-ga, dnsmasq)")
-	}
-}
 
 // TestGoProxmoxLifecycleOnBed runs the go-proxmox lifecycle against the
 // emulator wired to the real test bed: real bridges, dnsmasq, guest
 // namespaces and qemu-ga; afterwards nothing the VMs or zones made is left.
 func TestGoProxmoxLifecycleOnBed(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	bed, err := testvm.Up(ctx, testvm.Options{})
@@ -101,7 +92,7 @@ func TestGoProxmoxLifecycleOnBed(t *testing.T) {
 // TestAgentDownOnBed kills the real qemu-ga of a running guest and checks
 // the agent endpoints answer like Proxmox.
 func TestAgentDownOnBed(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	bed, err := testvm.Up(ctx, testvm.Options{})

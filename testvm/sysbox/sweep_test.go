@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // helperEnv makes the test binary a helper that starts a container in the
@@ -45,7 +47,7 @@ func gone(pid int) bool {
 }
 
 func TestSweepAfterOwnerKilled(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t, "debootstrap", "nsenter", "unshare", "chroot")
 	ctx := context.Background()
 	root, err := EnsureRootfs(ctx, RootfsOptions{})
 	if err != nil {

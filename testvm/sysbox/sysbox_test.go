@@ -10,26 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// needRoot skips (or, under CI, fails) tests that boot containers.
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("sysbox tests need root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPED: sysbox tests boot systemd containers and need root")
-	}
-	for _, b := range []string{"debootstrap", "nsenter", "unshare", "chroot"} {
-		if _, err := execLookPath(b); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("missing %s: %v", b, err)
-			}
-			t.Skipf("SKIPPED: missing %s", b)
-		}
-	}
-}
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+)
 
 // start boots a container and closes it at the end of the test.
 func start(t *testing.T, o Options) *Container {
@@ -113,7 +96,7 @@ func TestOptionsValidate(t *testing.T) {
 }
 
 func TestContainerLifecycle(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t, "debootstrap", "nsenter", "unshare", "chroot")
 	ctx := context.Background()
 	c := start(t, Options{
 		Name:  "life",
@@ -203,7 +186,7 @@ func TestContainerLifecycle(t *testing.T) {
 }
 
 func TestSweepStale(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t, "debootstrap", "nsenter", "unshare", "chroot")
 	ctx := context.Background()
 	live := start(t, Options{Name: "live", NoStandIns: true})
 	stale := start(t, Options{Name: "stale", NoStandIns: true})

@@ -25,27 +25,13 @@ import (
 	"libvirt.org/go/libvirtxml"
 )
 
-// NeedRoot skips (loudly) or, under CI, fails when the test cannot run
-// here.
-func NeedRoot(t testing.TB, bins ...string) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	for _, b := range bins {
-		if _, err := exec.LookPath(b); err != nil {
-			missing = append(missing, b)
-		}
-	}
-	if len(missing) == 0 {
-		return
-	}
-	msg := fmt.Sprintf("%s needs %s (Debian: libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils dnsmasq-base iproute2 util-linux)", t.Name(), strings.Join(missing, ", "))
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip("SKIPPING: " + msg)
+// Tools are the programs Start runs; a test calls
+// testkit.RequireRoot(t, libvirtdtest.Tools()...) before Start. Debian:
+// libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
+// qemu-system-x86 qemu-utils dnsmasq-base iproute2 util-linux (make deps
+// installs them).
+func Tools() []string {
+	return []string{"libvirtd", "virsh", "unshare", "ip", "qemu-system-x86_64", "qemu-img", "dnsmasq"}
 }
 
 // Daemon is a libvirtd a test started.
@@ -76,10 +62,13 @@ ip link set lo up
 exec libvirtd
 `
 
-// Start starts a libvirtd and registers its clean-up.
+// Start starts a libvirtd and registers its clean-up. The test must be
+// root (testkit.RequireRoot(t, Tools()...) skips or fails it first).
 func Start(t testing.TB) *Daemon {
 	t.Helper()
-	NeedRoot(t, "libvirtd", "virsh", "unshare", "ip", "qemu-system-x86_64", "qemu-img", "dnsmasq")
+	if os.Geteuid() != 0 {
+		t.Fatal("libvirtdtest.Start needs root: call testkit.RequireRoot(t, libvirtdtest.Tools()...) first")
+	}
 	for _, d := range []string{"/etc/libvirt", "/var/lib/libvirt", "/var/log/libvirt", "/var/cache/libvirt"} {
 		if _, err := os.Stat(d); err != nil {
 			t.Fatalf("%s: %v (libvirt-daemon-system installs it)", d, err)

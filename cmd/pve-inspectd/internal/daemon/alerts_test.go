@@ -3,7 +3,6 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -23,9 +22,8 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
-
-var update = flag.Bool("update", false, "rewrite packaging/deb/alerts_test.yml from a scrape of the daemon")
 
 // alertsDir holds the shipped rules and their promtool unit tests.
 const alertsDir = "../../../../packaging/deb"
@@ -34,7 +32,7 @@ const alertsDir = "../../../../packaging/deb"
 // lifted) and returns one scrape of its metrics listener.
 func scrapeDaemon(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
-	ns := newNS(t)
+	ns := testkit.NewNetNS(t, "pdn").Handle()
 	cfg := config.Default()
 	testParts(t, &cfg)
 	cfg.Metrics.Listen = "127.0.0.1:0"
@@ -259,21 +257,10 @@ func TestAlertRulesFromScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden := filepath.Join(alertsDir, "alerts_test.yml")
-	if *update {
-		if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(want, out.Bytes()) {
-		t.Errorf("%s differs from the rules tested on this scrape (run with -update):\n%s", golden, out.String())
-	}
+	testkit.GoldenFile(t, golden, out.Bytes())
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatal("promtool missing (Debian package prometheus; CI is set, so this is a failure)")
 		}
 		t.Skip("SKIPPED: promtool missing (apt-get install prometheus)")

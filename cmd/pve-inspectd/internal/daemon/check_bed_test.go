@@ -18,6 +18,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/containment/probebuild"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -188,7 +189,7 @@ func rowsWith(rep apitype.CheckReport, parts ...string) []apitype.CheckRow {
 //     neighbour on the management network, each private block, every node
 //     address (TCP and UDP), the other sandbox's guest (TCP and UDP).
 func TestBedCheckDefaultConfig(t *testing.T) {
-	needRoot(t)
+	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cb := upCheckBed(t, ctx)

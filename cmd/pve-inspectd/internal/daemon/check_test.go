@@ -10,13 +10,14 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // TestNodeSpecFindsLANTargets: with no [check] lan configured, the plan
 // still has LAN rows: the node's gateway, its uplink neighbour and one
 // address per private block, never the sandboxes' own pool.
 func TestNodeSpecFindsLANTargets(t *testing.T) {
-	ns := newNS(t)
+	ns := testkit.NewNetNS(t, "pdn").Handle()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()

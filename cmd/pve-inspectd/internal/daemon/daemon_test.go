@@ -2,63 +2,19 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
-
-// needRoot skips a test that needs root, or fails it under CI.
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root (CI is set, so this is a failure)")
-		}
-		t.Skip("SKIPPED: needs root for network namespaces, nftables and the test bed")
-	}
-}
-
-// newNS creates a named network namespace for one test, removed by its
-// cleanup.
-func newNS(t *testing.T) netns.NsHandle {
-	t.Helper()
-	needRoot(t)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	b := make([]byte, 2)
-	_, _ = rand.Read(b)
-	name := "pdn" + hex.EncodeToString(b)
-	ns, err := netns.NewNamed(name)
-	if err2 := netns.Set(orig); err2 != nil {
-		t.Fatalf("back to the original netns: %v", err2)
-	}
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	t.Cleanup(func() {
-		ns.Close()
-		_ = netns.DeleteNamed(name)
-	})
-	return ns
-}
 
 // testParts points the guard, lockdown and halt of cfg at files of the
 // test's own (no marker: the lockdown is lifted) and turns metrics off.
@@ -87,7 +43,7 @@ func (r *sdRecorder) WatchdogInterval() (time.Duration, error) { return r.every,
 // comes once the table is verified in force, WATCHDOG pings follow, and
 // STOPPING is the last word when the daemon stops.
 func TestRunNotifies(t *testing.T) {
-	ns := newNS(t)
+	ns := testkit.NewNetNS(t, "pdn").Handle()
 	cfg := config.Default()
 	testParts(t, &cfg)
 	n := &sdRecorder{fakeNotifier: fakeNotifier{pings: make(chan struct{}, 1)}, every: 200 * time.Millisecond}
@@ -157,7 +113,7 @@ func TestRunNotifies(t *testing.T) {
 // lockdown reconciled, the API answers 503 `unavailable`, and once Proxmox
 // comes up the API answers healthy without a restart.
 func TestRunProxmoxDownAtStart(t *testing.T) {
-	ns := newNS(t)
+	ns := testkit.NewNetNS(t, "pdn").Handle()
 	bed := newPVEBed(t)
 	cfg := bed.config(t, t.TempDir())
 	testParts(t, &cfg)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -20,7 +21,7 @@ import (
 // and a change through the API's egress part is persisted for the next
 // run.
 func TestRunKeepsEgressPolicies(t *testing.T) {
-	ns := newNS(t)
+	ns := testkit.NewNetNS(t, "pdn").Handle()
 	cfg := config.Default()
 	testParts(t, &cfg)
 	state := `{"version": 1, "zones": [{"zone": "sb-aaaa", "owner": "sb-aaaa", "bridges": ["vnetq"],

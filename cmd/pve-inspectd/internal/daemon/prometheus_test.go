@@ -15,6 +15,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // freeAddr returns a loopback address nobody listens on.
@@ -34,7 +35,7 @@ func startPrometheus(t *testing.T, target string) string {
 	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
-		if os.Getenv("CI") != "" {
+		if testkit.InCI() {
 			t.Fatal("prometheus missing (Debian package prometheus; CI is set, so this is a failure)")
 		}
 		t.Skip("SKIPPED: prometheus missing (apt-get install prometheus)")
@@ -135,7 +136,7 @@ func promValue(base, q string) (string, error) {
 // alert is inactive; once the marker appears and the lockdown cannot be
 // proven (its resolver file cannot be blanked), the alert goes pending.
 func TestPrometheusSeesLockdownNotProven(t *testing.T) {
-	ns := newNS(t)
+	ns := testkit.NewNetNS(t, "pdn").Handle()
 	cfg := config.Default()
 	testParts(t, &cfg)
 	// The resolver's directory is a regular file: blanking must fail.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 // runningConfig writes an SDN running config with one simple zone per
@@ -153,7 +154,7 @@ func TestRunAtScaleOnBed(t *testing.T) {
 		t.Skip("2000 bridges: not with -short")
 	}
 	const bridges, burst = 2000, 50
-	ns := newNS(t)
+	ns := testkit.NewNetNS(t, "pdn").Handle()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		t.Fatal(err)

@@ -1,5 +1,0 @@
-package sysbox
-
-import "os/exec"
-
-var execLookPath = exec.LookPath
