@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,11 +76,61 @@ func buildBins(t *testing.T) string {
 	return bin
 }
 
-// runPytest runs the Python suite (args select tests) with env and fails
-// unless it passed.
-func runPytest(t *testing.T, ctx context.Context, dir string, env []string, args ...string) {
+// suiteNS is the network namespace the third-party suites (Inspect's
+// self_check and evals, schemathesis) run in: loopback only, so nothing they
+// do can reach the machine's gateway or a metadata address. Each daemon's
+// API is relayed into it on the same loopback address and port, so URLs and
+// TLS names stay as the playground printed them.
+type suiteNS struct{ ns *testkit.NetNS }
+
+func newSuiteNS(t *testing.T) *suiteNS {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, ".venv", "bin", "pytest"), append([]string{"-q", "-p", "no:cacheprovider", "-rxs"}, args...)...)
+	return &suiteNS{ns: testkit.NewNetNS(t, "pypy")}
+}
+
+// relay listens on api's loopback host:port inside the namespace and
+// forwards each connection to api on the machine's loopback; it stops when
+// the test's cleanup closes the listener.
+func (s *suiteNS) relay(t *testing.T, api string) {
+	t.Helper()
+	u, err := url.Parse(api)
+	if err != nil || u.Host == "" {
+		t.Fatalf("playground API %q: not a URL with a host (%v)", api, err)
+	}
+	if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsLoopback() {
+		t.Fatalf("playground API %q: want a loopback address", api)
+	}
+	l := s.ns.Listen(t, "tcp", u.Host)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return // the listener closed at cleanup
+			}
+			go splice(c, u.Host)
+		}
+	}()
+}
+
+// splice copies between c and a new connection to addr until either side ends.
+func splice(c net.Conn, addr string) {
+	defer c.Close()
+	up, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
+
+// runPytest runs the Python suite (args select tests) with env inside the
+// suite's namespace and fails unless it passed.
+func runPytest(t *testing.T, ctx context.Context, s *suiteNS, dir string, env []string, args ...string) {
+	t.Helper()
+	cmd := s.ns.Command(ctx, append([]string{filepath.Join(dir, ".venv", "bin", "pytest"), "-q", "-p", "no:cacheprovider", "-rxs"}, args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), append([]string{
 		"CI=true", // a missing bed is a failure inside pytest too
@@ -107,7 +160,9 @@ func TestInspectProvider(t *testing.T) {
 	in := p.info
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	runPytest(t, ctx, dir, []string{
+	sns := newSuiteNS(t)
+	sns.relay(t, in["api"])
+	runPytest(t, ctx, sns, dir, []string{
 		"PVE_INSPECT_URL=" + in["api"], "PVE_INSPECT_TOKEN=" + in["admin_token"], "PVE_INSPECT_CA_FILE=" + in["ca"],
 		"PVE_INSPECT_READ_TOKEN=" + in["read_token"],
 		"PVE_INSPECT_EXEC_TOKEN=" + createToken(t, in, "inspect-exec", "exec"),
@@ -128,7 +183,10 @@ func TestInspectProviderTwoNodes(t *testing.T) {
 	p2 := startPlayground(t, bin)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	runPytest(t, ctx, dir, []string{
+	sns := newSuiteNS(t)
+	sns.relay(t, p1.info["api"])
+	sns.relay(t, p2.info["api"])
+	runPytest(t, ctx, sns, dir, []string{
 		"PVE_INSPECT_URL=" + p1.info["api"] + "," + p2.info["api"],
 		"PVE_INSPECT_TOKEN=" + p1.info["admin_token"] + "," + p2.info["admin_token"],
 		"PVE_INSPECT_CA_FILE=" + p1.info["ca"] + "," + p2.info["ca"],
