@@ -1,0 +1,426 @@
+package doctor
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// API is what the read-only checks need of Proxmox: a GET of an API path
+// (relative to /api2/json, query included) decoded into v.
+type API interface {
+	Get(ctx context.Context, path string, v any) error
+}
+
+// Call is one Proxmox call the daemon makes and the privileges it needs
+// (pveapi/access's table, converted by the caller).
+type Call struct {
+	// Method and Path as in the Proxmox API ("POST",
+	// "/nodes/{node}/qemu/{vmid}/clone").
+	Method, Path string
+	// ACLPath is where Proxmox checks the privileges ("/vms/{vmid}").
+	ACLPath string
+	// Privs are the privileges; AnyOf: one of them is enough.
+	Privs []string
+	AnyOf bool
+	// Why says what the daemon uses the call for.
+	Why string
+}
+
+// Node is what the checks compare the node against: the daemon's
+// configuration.
+type Node struct {
+	// Name is the Proxmox node; Pool the sandboxes' pool; TokenID the
+	// daemon's API token.
+	Name, Pool, TokenID string
+	// Templates maps template names to VM ids ([api] templates).
+	Templates map[string]int
+	// TransferStorage is [api] disk_transfer_storage ("" = the disk path
+	// is off).
+	TransferStorage string
+	// RequireHardened is [api] require_hardened_templates.
+	RequireHardened bool
+	// MinMajor is the oldest Proxmox VE major version supported.
+	MinMajor int
+}
+
+// templateIDs returns the templates' ids, sorted, without repeats.
+func (n Node) templateIDs() []int {
+	var ids []int
+	for _, id := range n.Templates {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// VersionCheck reads GET /version and wants at least n.MinMajor.
+func VersionCheck(px API, n Node) Check {
+	return Check{Name: "proxmox version", Run: func(ctx context.Context) Outcome {
+		var v struct {
+			Version string `json:"version"`
+			Release string `json:"release"`
+			RepoID  string `json:"repoid"`
+		}
+		if err := px.Get(ctx, "/version", &v); err != nil {
+			return failf("check [api.proxmox] url, ca_file, token_id and the secret file; is pveproxy running?", "GET /version: %v", err)
+		}
+		major, err := strconv.Atoi(strings.SplitN(v.Version, ".", 2)[0])
+		if err != nil {
+			return failf("report this: the daemon cannot tell the Proxmox version", "version %q: not a version", v.Version)
+		}
+		if major < n.MinMajor {
+			return failf(fmt.Sprintf("upgrade the node to Proxmox VE %d or newer", n.MinMajor), "Proxmox VE %s: the daemon needs %d or newer", v.Version, n.MinMajor)
+		}
+		return passf("Proxmox VE %s (repoid %s)", v.Version, v.RepoID)
+	}}
+}
+
+// rePlaceholder matches a path segment such as {vmid}.
+var rePlaceholder = regexp.MustCompile(`\{[a-z_-]+\}`)
+
+// aclPaths expands an ACL path template into the concrete paths to ask
+// about. {node} and {pool} are the node's; {template} (and {vmid} of a
+// call on a template) every configured template; {vmid} of a sandbox VM
+// the pool (a pool's ACL reaches its member VMs, and sandbox VMs are
+// created into the pool); {storage} each of storages. Any other
+// placeholder ends the path at its parent: the grant must propagate from
+// there to objects the daemon creates later (its SDN zones, for example).
+func aclPaths(c Call, n Node, storages []string) []string {
+	p := strings.ReplaceAll(c.ACLPath, "{node}", n.Name)
+	p = strings.ReplaceAll(p, "{pool}", n.Pool)
+	onTemplate := strings.Contains(c.ACLPath, "{template}") || strings.Contains(strings.ToLower(c.Why), "template") && strings.Contains(c.ACLPath, "{vmid}")
+	switch {
+	case onTemplate:
+		var out []string
+		for _, id := range n.templateIDs() {
+			q := strings.ReplaceAll(strings.ReplaceAll(p, "{template}", strconv.Itoa(id)), "{vmid}", strconv.Itoa(id))
+			out = append(out, truncateAtPlaceholder(q))
+		}
+		return out
+	case strings.HasPrefix(p, "/vms/{vmid}"):
+		return []string{"/pool/" + n.Pool}
+	case strings.Contains(p, "{storage}"):
+		var out []string
+		for _, s := range storages {
+			out = append(out, truncateAtPlaceholder(strings.ReplaceAll(p, "{storage}", s)))
+		}
+		return out
+	}
+	return []string{truncateAtPlaceholder(p)}
+}
+
+func truncateAtPlaceholder(p string) string {
+	loc := rePlaceholder.FindStringIndex(p)
+	if loc == nil {
+		return p
+	}
+	p = strings.TrimRight(p[:loc[0]], "/")
+	if p == "" {
+		return "/"
+	}
+	return p
+}
+
+// effectivePrivs asks GET /access/permissions for the token's privileges
+// on one path (pve-access-control API2/AccessControl.pm permissions: a map
+// path -> privilege -> propagate).
+func effectivePrivs(ctx context.Context, px API, path string) (map[string]bool, error) {
+	var m map[string]map[string]any
+	if err := px.Get(ctx, "/access/permissions?path="+url.QueryEscape(path), &m); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for priv := range m[path] {
+		out[priv] = true
+	}
+	return out, nil
+}
+
+// PrivilegeCheck compares the token's effective privileges with every
+// call's needs.
+func PrivilegeCheck(px API, n Node, calls []Call) Check {
+	return Check{Name: "token privileges", Run: func(ctx context.Context) Outcome {
+		if len(calls) == 0 {
+			return failf("report this: the daemon was built without its privilege table", "no calls to check")
+		}
+		storages, err := neededStorages(ctx, px, n)
+		if err != nil {
+			return failf("make the templates readable by the token (see the template checks)", "%v", err)
+		}
+		cache := map[string]map[string]bool{}
+		var missing []string
+		var fixes []string
+		checked := 0
+		for _, c := range calls {
+			for _, p := range aclPaths(c, n, storages) {
+				have, ok := cache[p]
+				if !ok {
+					if have, err = effectivePrivs(ctx, px, p); err != nil {
+						return failf("the token needs to read its own permissions (GET /access/permissions); check [api.proxmox] token_id", "GET /access/permissions?path=%s: %v", p, err)
+					}
+					cache[p] = have
+				}
+				checked++
+				var lack []string
+				for _, priv := range c.Privs {
+					if !have[priv] {
+						lack = append(lack, priv)
+					}
+				}
+				if len(lack) == 0 || c.AnyOf && len(lack) < len(c.Privs) {
+					continue
+				}
+				need := strings.Join(lack, ", ")
+				if c.AnyOf {
+					need = "one of " + strings.Join(c.Privs, ", ")
+				}
+				missing = append(missing, fmt.Sprintf("%s %s needs %s on %s (%s)", c.Method, c.Path, need, p, c.Why))
+				fix := fmt.Sprintf("grant %s on %s to %s", strings.Join(lack, ","), p, n.TokenID)
+				if !slices.Contains(fixes, fix) {
+					fixes = append(fixes, fix)
+				}
+			}
+		}
+		if len(missing) > 0 {
+			return failf("run pve-access-setup again, or "+strings.Join(fixes, "; ")+" (the token's user needs them too: a privilege-separated token gets only what both have)",
+				"%d call(s) would be refused: %s", len(missing), strings.Join(missing, "; "))
+		}
+		return passf("%d calls on %d ACL paths: every privilege held", checked, len(cache))
+	}}
+}
+
+// vmConfig reads a VM's config as strings.
+func vmConfig(ctx context.Context, px API, node string, vmid int) (map[string]string, error) {
+	var raw map[string]any
+	if err := px.Get(ctx, fmt.Sprintf("/nodes/%s/qemu/%d/config", url.PathEscape(node), vmid), &raw); err != nil {
+		return nil, fmt.Errorf("read config of %d: %w", vmid, err)
+	}
+	out := make(map[string]string, len(raw))
+	for k, v := range raw {
+		switch x := v.(type) {
+		case string:
+			out[k] = x
+		case float64:
+			out[k] = strconv.FormatFloat(x, 'f', -1, 64)
+		default:
+			out[k] = fmt.Sprint(x)
+		}
+	}
+	return out, nil
+}
+
+// reDiskKey matches the config keys that hold a VM's disks.
+var reDiskKey = regexp.MustCompile(`^(scsi|virtio|sata|ide|efidisk|tpmstate)\d+$`)
+
+// diskStorages returns the storages of a config's disks (CD-ROMs and
+// "none" excluded).
+func diskStorages(conf map[string]string) []string {
+	var out []string
+	for k, v := range conf {
+		if !reDiskKey.MatchString(k) || strings.Contains(v, "media=cdrom") {
+			continue
+		}
+		vol, _, _ := strings.Cut(v, ",")
+		sid, _, ok := strings.Cut(vol, ":")
+		if !ok || sid == "" || slices.Contains(out, sid) {
+			continue
+		}
+		out = append(out, sid)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// neededStorages are the storages the daemon touches: the templates'
+// disks' (a clone allocates there) and the transfer storage.
+func neededStorages(ctx context.Context, px API, n Node) ([]string, error) {
+	var out []string
+	for _, id := range n.templateIDs() {
+		conf, err := vmConfig(ctx, px, n.Name, id)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range diskStorages(conf) {
+			if !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	if n.TransferStorage != "" && !slices.Contains(out, n.TransferStorage) {
+		out = append(out, n.TransferStorage)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// StorageInfo is a storage as GET /storage/{storage} describes it
+// (storage.cfg).
+type StorageInfo struct {
+	Storage  string `json:"storage"`
+	Type     string `json:"type"`
+	Content  string `json:"content"`
+	Path     string `json:"path"`
+	VGName   string `json:"vgname"`
+	ThinPool string `json:"thinpool"`
+	Pool     string `json:"pool"`
+	Disable  any    `json:"disable"`
+	Nodes    string `json:"nodes"`
+}
+
+// hasContent says whether the storage allows a content type.
+func (s StorageInfo) hasContent(c string) bool {
+	return slices.Contains(strings.Split(s.Content, ","), c)
+}
+
+// Block says whether the storage's volumes are block devices (the disk
+// path opens a device node) rather than files.
+func (s StorageInfo) Block() bool {
+	switch s.Type {
+	case "dir", "nfs", "cifs", "glusterfs", "cephfs", "btrfs":
+		return false
+	}
+	return true
+}
+
+// readStorage reads GET /storage/{id}.
+func readStorage(ctx context.Context, px API, id string) (StorageInfo, error) {
+	var s StorageInfo
+	if err := px.Get(ctx, "/storage/"+url.PathEscape(id), &s); err != nil {
+		return s, fmt.Errorf("GET /storage/%s: %w", id, err)
+	}
+	if s.Storage == "" {
+		s.Storage = id
+	}
+	return s, nil
+}
+
+// StorageCheck wants every storage the daemon touches configured for VM
+// images, active on this node, and in the pool (the pool's ACL reaches a
+// storage only when it is a member).
+func StorageCheck(px API, n Node) Check {
+	return Check{Name: "storages", Run: func(ctx context.Context) Outcome {
+		ids, err := neededStorages(ctx, px, n)
+		if err != nil {
+			return failf("make the templates readable by the token (see the template checks)", "%v", err)
+		}
+		if len(ids) == 0 {
+			return skipf("no template and no transfer storage configured")
+		}
+		var nodeStorages []struct {
+			Storage string `json:"storage"`
+			Active  any    `json:"active"`
+			Enabled any    `json:"enabled"`
+		}
+		if err := px.Get(ctx, "/nodes/"+url.PathEscape(n.Name)+"/storage", &nodeStorages); err != nil {
+			return failf("the token needs Datastore.Audit on the storages", "GET /nodes/%s/storage: %v", n.Name, err)
+		}
+		active := map[string]bool{}
+		for _, s := range nodeStorages {
+			active[s.Storage] = truthy(s.Active)
+		}
+		var pool struct {
+			Members []struct {
+				Type    string `json:"type"`
+				Storage string `json:"storage"`
+			} `json:"members"`
+		}
+		if err := px.Get(ctx, "/pools/"+url.PathEscape(n.Pool), &pool); err != nil {
+			return failf(fmt.Sprintf("create the pool: pveum pool add %s (pve-access-setup does)", n.Pool), "GET /pools/%s: %v", n.Pool, err)
+		}
+		inPool := map[string]bool{}
+		for _, m := range pool.Members {
+			if m.Type == "storage" {
+				inPool[m.Storage] = true
+			}
+		}
+		var bad, fixes, seen []string
+		for _, id := range ids {
+			s, err := readStorage(ctx, px, id)
+			if err != nil {
+				bad = append(bad, err.Error())
+				fixes = append(fixes, fmt.Sprintf("define storage %s or change the template/disk_transfer_storage", id))
+				continue
+			}
+			if !s.hasContent("images") {
+				bad = append(bad, fmt.Sprintf("%s (%s) has content %q, without images", id, s.Type, s.Content))
+				fixes = append(fixes, fmt.Sprintf("pvesm set %s --content %s", id, strings.TrimPrefix(s.Content+",images", ",")))
+			}
+			if !active[id] {
+				bad = append(bad, fmt.Sprintf("%s is not active on node %s", id, n.Name))
+				fixes = append(fixes, fmt.Sprintf("enable %s on %s (pvesm set %s --disable 0, and its nodes list)", id, n.Name, id))
+			}
+			if !inPool[id] {
+				bad = append(bad, fmt.Sprintf("%s is not in pool %s: the pool's ACL does not reach it", id, n.Pool))
+				fixes = append(fixes, fmt.Sprintf("pveum pool modify %s --storage %s", n.Pool, id))
+			}
+			seen = append(seen, fmt.Sprintf("%s (%s, %s)", id, s.Type, s.Content))
+		}
+		if len(bad) > 0 {
+			return failf(strings.Join(fixes, "; "), "%s", strings.Join(bad, "; "))
+		}
+		return passf("%s: images allowed, active, in pool %s", strings.Join(seen, ", "), n.Pool)
+	}}
+}
+
+// truthy reads Proxmox's booleans (1, "1", true).
+func truthy(v any) bool {
+	switch x := v.(type) {
+	case bool:
+		return x
+	case float64:
+		return x != 0
+	case string:
+		return x == "1" || x == "true"
+	}
+	return false
+}
+
+// SDNCheck reads the SDN zones and wants no pending edits of other
+// clients: the daemon's PUT /cluster/sdn applies the whole pending
+// configuration (pve-network API2/Network/SDN.pm reload), theirs too.
+func SDNCheck(px API, lookDnsmasq func() (string, error)) Check {
+	return Check{Name: "sdn and dnsmasq", Run: func(ctx context.Context) Outcome {
+		var zones []struct {
+			Zone  string `json:"zone"`
+			Type  string `json:"type"`
+			State string `json:"state"`
+		}
+		if err := px.Get(ctx, "/cluster/sdn/zones?pending=1", &zones); err != nil {
+			return failf("the token needs SDN.Audit and SDN.Allocate on /sdn (pve-access-setup grants them); is libpve-network-perl installed?", "GET /cluster/sdn/zones: %v", err)
+		}
+		var pending []string
+		for _, z := range zones {
+			if z.State != "" {
+				pending = append(pending, fmt.Sprintf("%s (%s)", z.Zone, z.State))
+			}
+		}
+		if len(pending) > 0 {
+			return failf("apply or revert them first (Datacenter > SDN > Apply, or pvesh set /cluster/sdn): the daemon's next apply would apply them too",
+				"pending SDN edits not applied: %s", strings.Join(pending, ", "))
+		}
+		p, err := lookDnsmasq()
+		if err != nil {
+			return failf("apt install dnsmasq && systemctl disable --now dnsmasq (SDN DHCP runs its own instances)", "dnsmasq: %v", err)
+		}
+		return passf("%d zone(s), none pending; dnsmasq at %s", len(zones), p)
+	}}
+}
+
+// IPAMCheck reads the pve IPAM the daemon's zones use.
+func IPAMCheck(px API) Check {
+	return Check{Name: "ipam", Run: func(ctx context.Context) Outcome {
+		var entries []map[string]any
+		if err := px.Get(ctx, "/cluster/sdn/ipams/pve/status", &entries); err != nil {
+			return failf("the daemon's zones use the built-in IPAM \"pve\": pvesh create /cluster/sdn/ipams --ipam pve --type pve, and SDN.Audit on /sdn for the token",
+				"GET /cluster/sdn/ipams/pve/status: %v", err)
+		}
+		return passf("IPAM pve: %d entries", len(entries))
+	}}
+}

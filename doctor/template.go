@@ -1,0 +1,108 @@
+package doctor
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/pve-inspect/pve-inspect/hardening"
+)
+
+// TemplateChecks returns one check per configured template: a template,
+// hardened (when creates require it), with disk hotplug (when the disk
+// path is on) and the guest agent on.
+func TemplateChecks(px API, n Node) []Check {
+	names := make([]string, 0, len(n.Templates))
+	for name := range n.Templates {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var out []Check
+	for _, name := range names {
+		vmid := n.Templates[name]
+		out = append(out, Check{Name: fmt.Sprintf("template %s (%d)", name, vmid), Run: func(ctx context.Context) Outcome {
+			conf, err := vmConfig(ctx, px, n.Name, vmid)
+			if err != nil {
+				return failf(fmt.Sprintf("fix [api] templates (%s = %d), or grant the token VM.Audit on /vms/%d", name, vmid, vmid), "%v", err)
+			}
+			return templateOutcome(vmid, conf, n)
+		}})
+	}
+	if len(out) == 0 {
+		out = append(out, Check{Name: "templates", Run: func(context.Context) Outcome {
+			return skipf("[api] templates is empty: creates look templates up by name")
+		}})
+	}
+	return out
+}
+
+func templateOutcome(vmid int, conf map[string]string, n Node) Outcome {
+	var bad, fixes []string
+	if conf["template"] != "1" {
+		bad = append(bad, "not a template")
+		fixes = append(fixes, fmt.Sprintf("qm template %d", vmid))
+	}
+	if n.RequireHardened {
+		if f := hardening.Check(conf).TemplateFailures(); len(f) > 0 {
+			var items []string
+			for _, it := range f {
+				items = append(items, it.Name)
+			}
+			bad = append(bad, fmt.Sprintf("not hardened (%s)", strings.Join(items, ", ")))
+			fixes = append(fixes, fmt.Sprintf("pve-inspectd template harden %d (as root; `template check %d` lists the items)", vmid, vmid))
+		}
+	}
+	if n.TransferStorage != "" && !hotplugs(conf["hotplug"], "disk") {
+		bad = append(bad, fmt.Sprintf("hotplug %q lacks disk: a transfer disk is accepted by PUT /config but never appears in the guest", conf["hotplug"]))
+		fixes = append(fixes, fmt.Sprintf("qm set %d --hotplug %s", vmid, withHotplug(conf["hotplug"], "disk")))
+	}
+	if !agentOn(conf["agent"]) {
+		bad = append(bad, fmt.Sprintf("guest agent off (agent %q)", conf["agent"]))
+		fixes = append(fixes, fmt.Sprintf("qm set %d --agent enabled=1 (and install qemu-guest-agent in the image)", vmid))
+	}
+	if len(bad) > 0 {
+		return failf(strings.Join(fixes, "; "), "%s", strings.Join(bad, "; "))
+	}
+	return passf("template, hotplug %q, agent on", hotplugValue(conf["hotplug"]))
+}
+
+// hotplugValue is the effective hotplug list: qemu-server's default
+// (network,disk,usb) when absent, "1" the same, "0" none
+// (PVE/QemuServer.pm pve-hotplug-features).
+func hotplugValue(v string) string {
+	switch v {
+	case "", "1":
+		return "network,disk,usb"
+	case "0":
+		return ""
+	}
+	return v
+}
+
+func hotplugs(v, feature string) bool {
+	return slices.Contains(strings.Split(hotplugValue(v), ","), feature)
+}
+
+func withHotplug(v, feature string) string {
+	cur := hotplugValue(v)
+	if cur == "" {
+		return feature
+	}
+	return cur + "," + feature
+}
+
+// agentOn reads qemu-server's agent property: "1", or "enabled=1,...", or
+// "1,fstrim_cloned_disks=1".
+func agentOn(v string) bool {
+	for _, part := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(part, "=")
+		if !ok && (k == "1" || k == "true") {
+			return true
+		}
+		if k == "enabled" && (val == "1" || val == "true") {
+			return true
+		}
+	}
+	return false
+}
