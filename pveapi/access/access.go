@@ -1,0 +1,274 @@
+// Package access is the one table of what pve-inspectd's Proxmox API token
+// may do: every call the daemon makes (pveapi.Client) with the privileges
+// Proxmox checks for it and on which ACL path, and the roles, pool members
+// and ACL grants packaging/deb/pve-access-setup creates. The emulator
+// (testvm/pveemu) enforces the same checks, the tests of the daemon run
+// with exactly these grants, a golden test keeps the setup script in step,
+// and `pve-inspectd doctor` compares a node's effective privileges against
+// it.
+//
+// The sources of each check are in testvm/pveemu/FIDELITY.md ("The
+// daemon's role").
+package access
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The objects pve-access-setup creates.
+const (
+	// User is the Proxmox user of the daemon.
+	User = "pve-inspectd@pve"
+	// Token is the name of the user's API token (privilege separated).
+	Token = "daemon"
+	// TokenID is the token's full id as ACLs and the API name it.
+	TokenID = User + "!" + Token
+	// DefaultPool is the pool of the sandboxes (PVE_INSPECTD_POOL).
+	DefaultPool = "pve-inspect"
+	// DefaultStorage is the storage of the templates' disks
+	// (PVE_INSPECTD_STORAGE), added to the pool.
+	DefaultStorage = "local-lvm"
+	// TransferStorage is the dir storage disk transfers allocate their
+	// images on (diskxfer's default), added to the pool.
+	TransferStorage = "local"
+)
+
+// Role names.
+const (
+	// RoleMain is granted on the pool (and so on its VMs and storages) and
+	// on /sdn, both propagating.
+	RoleMain = "PVEInspect"
+	// RoleNode is granted on /nodes/NODE only: the node firewall.
+	RoleNode = "PVEInspectNode"
+	// RoleCluster is granted on "/" without propagation: reading the
+	// cluster firewall switch.
+	RoleCluster = "PVEInspectCluster"
+	// RoleTemplate is granted on each template (/vms/ID) without
+	// propagation.
+	RoleTemplate = "PVEInspectTemplate"
+	// RoleTransfer is granted on /storage/TRANSFER without propagation:
+	// freeing a transfer image.
+	RoleTransfer = "PVEInspectTransfer"
+)
+
+// ACL path placeholders of Call.ACLPath and Grant.Path.
+const (
+	// PhNode is the daemon's node.
+	PhNode = "{node}"
+	// PhPool is the daemon's pool.
+	PhPool = "{pool}"
+	// PhVMID is a sandbox VM (a member of the pool).
+	PhVMID = "{vmid}"
+	// PhTemplate is a template VM.
+	PhTemplate = "{template}"
+	// PhStorage is a storage of a template's or a sandbox's disks (a pool
+	// member).
+	PhStorage = "{storage}"
+	// PhTransfer is the transfer storage (a pool member).
+	PhTransfer = "{transfer}"
+	// PhZone is an SDN zone of the daemon.
+	PhZone = "{zone}"
+	// PhVNet is an SDN vnet of the daemon.
+	PhVNet = "{vnet}"
+	// PhBridge is a bridge or vnet a template's NIC is on.
+	PhBridge = "{bridge}"
+)
+
+// Call is one privilege check Proxmox makes for one API call of the daemon.
+// A call with several checks (a clone checks the template, the target and
+// each storage) has one Call per check, all with the same Method and Path.
+type Call struct {
+	// Method is the HTTP method.
+	Method string
+	// Path is the API path template as in the Proxmox API schema
+	// ("/nodes/{node}/qemu/{vmid}/clone").
+	Path string
+	// ACLPath is the ACL path checked, with Ph* placeholders; "" when the
+	// call needs no privilege (the schema's user => 'all', the handler
+	// checking nothing the daemon reaches).
+	ACLPath string
+	// Privs are the privileges checked on ACLPath.
+	Privs []string
+	// AnyOf: one of Privs suffices (else all are needed).
+	AnyOf bool
+	// Why says what the daemon uses the call for and where Proxmox checks.
+	Why string
+}
+
+// Role is a Proxmox role pve-access-setup creates.
+type Role struct {
+	// Name is the role id.
+	Name string
+	// Privs are its privileges, sorted.
+	Privs []string
+}
+
+// Grant is an ACL entry pve-access-setup creates, for the user and the
+// token alike.
+type Grant struct {
+	// Path is the ACL path with Ph* placeholders.
+	Path string
+	// Role is the role granted.
+	Role string
+	// Propagate: the role reaches the paths below.
+	Propagate bool
+}
+
+// ACLEntry is a Grant made concrete for one node.
+type ACLEntry struct {
+	// Path is the ACL path.
+	Path string
+	// Role is the role granted.
+	Role string
+	// Propagate: the role reaches the paths below.
+	Propagate bool
+}
+
+const (
+	qemu    = "/nodes/{node}/qemu/{vmid}"
+	vmACL   = "/vms/" + PhVMID
+	content = "/nodes/{node}/storage/{storage}/content"
+)
+
+// Calls returns every Proxmox call pveapi.Client makes, one entry per
+// privilege check, in the client's order.
+func Calls() []Call {
+	return []Call{
+		{"GET", "/version", "", nil, false, "Proxmox version (doctor); user => 'all'"},
+		{"GET", "/access/permissions", "", nil, false, "the token's own effective privileges (doctor); a token may read its own"},
+		{"GET", "/cluster/nextid", "", nil, false, "a free VMID for a clone; user => 'all'"},
+		{"GET", "/cluster/resources", "", nil, false, "pools of the node's VMs; user => 'all', lists only VMs with VM.Audit"},
+		{"GET", "/nodes/{node}/qemu", "", nil, false, "the node's VMs and templates; user => 'all', lists only VMs with VM.Audit"},
+		{"GET", "/nodes/{node}/qemu/{vmid}/config", vmACL, []string{"VM.Audit"}, false, "a sandbox's config (disk keys, hardening check)"},
+		{"GET", "/nodes/{node}/qemu/{vmid}/config", "/vms/" + PhTemplate, []string{"VM.Audit"}, false, "a template's config (hardening check before a clone)"},
+		{"GET", "/nodes/{node}/qemu/{vmid}/status/current", vmACL, []string{"VM.Audit"}, false, "a sandbox's live status"},
+		{"POST", "/nodes/{node}/qemu/{vmid}/clone", "/vms/" + PhTemplate, []string{"VM.Clone"}, false, "linked clone of a template (schema check)"},
+		{"POST", "/nodes/{node}/qemu/{vmid}/clone", "/pool/" + PhPool, []string{"VM.Allocate"}, false, "the clone's target pool (schema check, or VM.Allocate on /vms/{newid})"},
+		{"POST", "/nodes/{node}/qemu/{vmid}/clone", "/storage/" + PhStorage, []string{"Datastore.AllocateSpace"}, false, "every storage of the template's disks (check_storage_access_clone)"},
+		{"POST", "/nodes/{node}/qemu/{vmid}/clone", "/sdn/zones/localnetwork/" + PhBridge, []string{"SDN.Use"}, false, "every bridge of the template's NICs (check_bridge_access; a vnet is /sdn/zones/{zone}/{vnet})"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.CPU"}, false, "cores, cpu -nested-virt (check_vm_modify_config_perm)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Memory"}, false, "memory, balloon=0 (check_vm_modify_config_perm)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Network"}, false, "net0.. on the sandbox's vnets, deleting the template's other NICs (check_vm_modify_config_perm)"},
+		{"POST", qemu + "/config", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Use"}, false, "the vnet of each new NIC (check_bridge_access)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.HWType"}, false, "hardening: vga, serial0=socket, tablet, machine, audio0, watchdog, spice usb (check_vm_modify_config_perm, check_usb_perm, serial delete)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.CDROM"}, false, "hardening: deleting CD-ROM drives (check_drive_perms on delete)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Disk"}, false, "hardening: deleting tpmstate0 (check_drive_perms on delete)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Options"}, false, "hardening: ostype, agent; tags are checked by assert_tag_permissions (own VM: none more)"},
+		{"PUT", qemu + "/config", vmACL, []string{"VM.Config.Disk"}, false, "attach and detach a transfer image (check_drive_perms)"},
+		{"PUT", qemu + "/config", "/storage/" + PhTransfer, []string{"Datastore.AllocateSpace"}, false, "attaching an image of the transfer storage (check_storage_access)"},
+		{"PUT", qemu + "/resize", vmACL, []string{"VM.Config.Disk"}, false, "grow the boot disk (schema check)"},
+		{"PUT", qemu + "/resize", "/storage/" + PhStorage, []string{"Datastore.AllocateSpace"}, false, "the boot disk's storage (resize_vm)"},
+		{"POST", qemu + "/status/start", vmACL, []string{"VM.PowerMgmt"}, false, "start a sandbox"},
+		{"POST", qemu + "/status/stop", vmACL, []string{"VM.PowerMgmt"}, false, "stop a sandbox"},
+		{"DELETE", qemu, vmACL, []string{"VM.Allocate"}, false, "destroy a sandbox with purge (schema check); purge takes it out of the pool"},
+		{"POST", qemu + "/snapshot", vmACL, []string{"VM.Snapshot"}, false, "disk snapshot"},
+		{"POST", qemu + "/snapshot/{snapname}/rollback", vmACL, []string{"VM.Snapshot", "VM.Snapshot.Rollback"}, true, "rollback (schema check)"},
+		{"POST", qemu + "/snapshot/{snapname}/rollback", vmACL, []string{"VM.PowerMgmt"}, false, "rollback with start=1"},
+		{"POST", "/cluster/sdn/zones", "/sdn/zones", []string{"SDN.Allocate"}, false, "create the sandbox's zone"},
+		{"DELETE", "/cluster/sdn/zones/{zone}", "/sdn/zones/" + PhZone, []string{"SDN.Allocate"}, false, "delete the sandbox's zone"},
+		{"GET", "/cluster/sdn/vnets", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Audit", "SDN.Allocate"}, true, "list vnets; user => 'all', lists only vnets with SDN.Audit or SDN.Allocate"},
+		{"POST", "/cluster/sdn/vnets", "/sdn/zones/" + PhZone, []string{"SDN.Allocate"}, false, "create the sandbox's vnet"},
+		{"DELETE", "/cluster/sdn/vnets/{vnet}", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Allocate"}, false, "delete the sandbox's vnet (check_vnet_access)"},
+		{"GET", "/cluster/sdn/vnets/{vnet}/subnets", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Audit", "SDN.Allocate"}, true, "list a vnet's subnets (check_vnet_access)"},
+		{"POST", "/cluster/sdn/vnets/{vnet}/subnets", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Allocate"}, false, "create the sandbox's subnet (check_vnet_access)"},
+		{"DELETE", "/cluster/sdn/vnets/{vnet}/subnets/{subnet}", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Allocate"}, false, "delete the sandbox's subnet (check_vnet_access)"},
+		{"GET", "/cluster/sdn/ipams/{ipam}/status", "/sdn/ipams/pve", []string{"SDN.Audit"}, false, "IPAM entries left behind before a subnet delete"},
+		{"DELETE", "/cluster/sdn/vnets/{vnet}/ips", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Allocate"}, false, "delete a leftover IPAM entry"},
+		{"PUT", "/cluster/sdn", "/sdn", []string{"SDN.Allocate"}, false, "apply the SDN configuration"},
+		{"GET", "/pools", "/pool/" + PhPool, []string{"Pool.Audit"}, false, "find the pool; user => 'all', lists only pools with Pool.Audit"},
+		{"POST", content, "/storage/" + PhTransfer, []string{"Datastore.AllocateSpace"}, false, "allocate a transfer image (schema check)"},
+		{"GET", content + "/{volume}", "/storage/" + PhTransfer, []string{"Datastore.Audit"}, false, "a transfer image's path (check_volume_access: Datastore.Audit and VM.Config.Disk on the owner, or Datastore.Allocate)"},
+		{"GET", content + "/{volume}", vmACL, []string{"VM.Config.Disk"}, false, "a transfer image's owner (check_volume_access)"},
+		{"DELETE", content + "/{volume}", "/storage/" + PhTransfer, []string{"Datastore.Allocate"}, false, "free a transfer image (Content.pm delete)"},
+		{"GET", "/nodes/{node}/firewall/rules", "/nodes/" + PhNode, []string{"Sys.Audit"}, false, "the management-port rules"},
+		{"POST", "/nodes/{node}/firewall/rules", "/nodes/" + PhNode, []string{"Sys.Modify"}, false, "add a management-port rule"},
+		{"DELETE", "/nodes/{node}/firewall/rules/{pos}", "/nodes/" + PhNode, []string{"Sys.Modify"}, false, "delete a management-port rule (with the digest of the list it was read from)"},
+		{"GET", "/nodes/{node}/firewall/options", "/nodes/" + PhNode, []string{"Sys.Audit"}, false, "is the node firewall on"},
+		{"PUT", "/nodes/{node}/firewall/options", "/nodes/" + PhNode, []string{"Sys.Modify"}, false, "turn the node firewall on"},
+		{"GET", "/cluster/firewall/options", "/", []string{"Sys.Audit"}, false, "is the cluster firewall on (root turns it on: pve-access-setup)"},
+		{"GET", "/nodes/{node}/tasks/{upid}/status", "", nil, false, "the daemon's own tasks; another user's need Sys.Audit on /nodes/{node}"},
+		{"GET", "/nodes/{node}/tasks/{upid}/log", "", nil, false, "the daemon's own task logs"},
+	}
+}
+
+// Roles returns the roles pve-access-setup creates, privileges sorted.
+func Roles() []Role {
+	return []Role{
+		{RoleMain, sorted(
+			"VM.Allocate", "VM.Audit", "VM.Clone", "VM.PowerMgmt", "VM.Snapshot", "VM.Snapshot.Rollback",
+			"VM.Config.CPU", "VM.Config.Memory", "VM.Config.Disk", "VM.Config.Network", "VM.Config.Options",
+			"VM.Config.HWType", "VM.Config.CDROM",
+			"Datastore.AllocateSpace", "Datastore.Audit",
+			"SDN.Allocate", "SDN.Audit", "SDN.Use",
+			"Pool.Audit")},
+		{RoleNode, sorted("Sys.Audit", "Sys.Modify")},
+		{RoleCluster, sorted("Sys.Audit")},
+		{RoleTemplate, sorted("VM.Audit", "VM.Clone")},
+		{RoleTransfer, sorted("Datastore.Allocate")},
+	}
+}
+
+// Grants returns the ACL entries pve-access-setup creates for the user and
+// for the token; a RoleTemplate grant on /vms/{template} stands for one per
+// template.
+func Grants() []Grant {
+	return []Grant{
+		{"/pool/" + PhPool, RoleMain, true},
+		{"/sdn", RoleMain, true},
+		{"/nodes/" + PhNode, RoleNode, false},
+		{"/", RoleCluster, false},
+		{"/storage/" + PhTransfer, RoleTransfer, false},
+		{"/vms/" + PhTemplate, RoleTemplate, false},
+	}
+}
+
+// PoolStorages returns the storages pve-access-setup adds to the pool: the
+// templates' disk storages (DefaultStorage when none is given) and the
+// transfer storage, sorted, without repeats.
+func PoolStorages(storages ...string) []string {
+	if len(storages) == 0 {
+		storages = []string{DefaultStorage}
+	}
+	out := append(slices.Clone(storages), TransferStorage)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// ACLEntries returns the concrete ACL entries pve-access-setup creates on
+// node for pool ("" is DefaultPool) and the template VMIDs, each for the
+// user and the token alike, in Grants order.
+func ACLEntries(node, pool string, templates []int) []ACLEntry {
+	if pool == "" {
+		pool = DefaultPool
+	}
+	r := strings.NewReplacer(PhNode, node, PhPool, pool, PhTransfer, TransferStorage)
+	var out []ACLEntry
+	for _, g := range Grants() {
+		if strings.Contains(g.Path, PhTemplate) {
+			for _, id := range templates {
+				out = append(out, ACLEntry{strings.ReplaceAll(g.Path, PhTemplate, strconv.Itoa(id)), g.Role, g.Propagate})
+			}
+			continue
+		}
+		out = append(out, ACLEntry{r.Replace(g.Path), g.Role, g.Propagate})
+	}
+	return out
+}
+
+// RolePrivs returns the privileges of the role name, nil when the table has
+// no such role.
+func RolePrivs(name string) []string {
+	for _, r := range Roles() {
+		if r.Name == name {
+			return r.Privs
+		}
+	}
+	return nil
+}
+
+func sorted(p ...string) []string {
+	slices.Sort(p)
+	return p
+}
