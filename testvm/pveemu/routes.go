@@ -86,6 +86,9 @@ func (s *Server) registerRoutes() error {
 		{"GET", "/access/acl", s.getACL},
 		{"PUT", "/access/acl", s.putACL},
 		{"GET", "/access/roles", s.getRoles},
+		{"GET", "/access/permissions", s.effectivePermissions},
+		{"GET", "/storage", s.listStorage},
+		{"GET", "/nodes/{node}/storage", s.nodeStorage},
 	}
 	for _, r := range table {
 		if err := s.handle(r.method, r.path, r.h); err != nil {

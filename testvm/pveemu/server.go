@@ -79,6 +79,9 @@ type Server struct {
 	reloadWarnings []string
 	// storages are the storage IDs the node has.
 	storages map[string]bool
+	// storageContent overrides a storage's content types
+	// (SetStorageContent).
+	storageContent map[string]string
 
 	// hooks let tests pause clones at defined points; nil in production.
 	hooks testHooks
@@ -156,7 +159,8 @@ func New(o Options) (*Server, error) {
 		users: map[string]*user{}, fw: map[string]*firewall{"cluster": newFirewall(), "node": newFirewall()},
 		pwdRoot: o.RootPassword, vmLocks: map[int]*sync.Mutex{},
 		sdn: newSDNState(), ipam: map[string]map[string]map[string]*ipamEntry{},
-		storages: map[string]bool{"local": true, "local-lvm": true},
+		storages:       map[string]bool{"local": true, "local-lvm": true},
+		storageContent: map[string]string{},
 	}
 	if o.StatsInterval == 0 {
 		o.StatsInterval = 10 * time.Second

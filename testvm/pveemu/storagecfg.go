@@ -1,0 +1,143 @@
+package pveemu
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// storageConfig is the storage.cfg section of a storage of the emulated
+// node: "local" is a fresh node's dir storage (content iso,vztmpl,backup:
+// no images, as the installer writes it), "local-lvm" its LVM-thin pool.
+func (s *Server) storageConfig(id string) map[string]any {
+	switch id {
+	case "local":
+		return map[string]any{"storage": id, "type": "dir", "path": s.storageDir(),
+			"content": s.storageContentLocked(id, "backup,iso,vztmpl"), "shared": 0}
+	case "local-lvm":
+		return map[string]any{"storage": id, "type": "lvmthin", "vgname": "pve", "thinpool": "data",
+			"content": s.storageContentLocked(id, "images,rootdir")}
+	}
+	return nil
+}
+
+// storageContentLocked is the storage's content list: the default, or
+// what SetStorageContent set.
+func (s *Server) storageContentLocked(id, def string) string {
+	if c, ok := s.storageContent[id]; ok {
+		return c
+	}
+	return def
+}
+
+// SetStorageContent sets a storage's content types (pvesm set ID
+// --content LIST), e.g. to let the dir storage hold VM images.
+func (s *Server) SetStorageContent(id, content string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.storageContent[id] = content
+}
+
+// listStorage is GET /storage: the storage.cfg sections the caller may see
+// (Datastore.Audit or Datastore.AllocateSpace on /storage/ID; pve-storage
+// API2/Storage/Config.pm index).
+func (s *Server) listStorage(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []map[string]any{}
+	for _, id := range sortedKeys(s.storages) {
+		have := s.privilegesLocked(rq.authid, "/storage/"+id)
+		if !have["Datastore.Audit"] && !have["Datastore.AllocateSpace"] {
+			continue
+		}
+		c := s.storageConfig(id)
+		if c == nil || rq.str("type") != "" && c["type"] != rq.str("type") {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// nodeStorage is GET /nodes/{node}/storage: the storages enabled and active
+// on the node that the caller may see (pve-storage API2/Storage/Status.pm
+// index); sizes are not emulated.
+func (s *Server) nodeStorage(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []map[string]any{}
+	for _, id := range sortedKeys(s.storages) {
+		have := s.privilegesLocked(rq.authid, "/storage/"+id)
+		if !have["Datastore.Audit"] && !have["Datastore.AllocateSpace"] {
+			continue
+		}
+		c := s.storageConfig(id)
+		if c == nil {
+			continue
+		}
+		if sid := rq.str("storage"); sid != "" && sid != id {
+			continue
+		}
+		if want := rq.str("content"); want != "" && !slices.Contains(strings.Split(c["content"].(string), ","), want) {
+			continue
+		}
+		out = append(out, map[string]any{"storage": id, "type": c["type"], "content": c["content"], "active": 1, "enabled": 1, "shared": 0})
+	}
+	return out, nil
+}
+
+// effectivePermissions is GET /access/permissions (pve-access-control
+// API2/AccessControl.pm permissions; RPCEnvironment.pm
+// get_effective_permissions): a map path -> privilege -> propagate of
+// userid (default: the caller). A user may read its own and its tokens';
+// another's needs Sys.Audit on /access. With path, just that path;
+// without, the top-level paths, every ACL path and the pools' paths and
+// members.
+func (s *Server) effectivePermissions(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	who := rq.str("userid")
+	if who == "" {
+		who = rq.authid
+	}
+	callerUser, _, _ := strings.Cut(rq.authid, "!")
+	whoUser, _, whoIsToken := strings.Cut(who, "!")
+	own := who == rq.authid || !strings.Contains(rq.authid, "!") && whoIsToken && whoUser == callerUser
+	if !own && !s.privilegesLocked(rq.authid, "/access")["Sys.Audit"] {
+		return nil, permFail("/access, Sys.Audit")
+	}
+	privsOf := func(path string) map[string]any {
+		out := map[string]any{}
+		for p := range s.privilegesLocked(who, path) {
+			out[p] = 1
+		}
+		return out
+	}
+	if p := rq.str("path"); p != "" {
+		return map[string]any{p: privsOf(normalizePath(p))}, nil
+	}
+	paths := map[string]bool{"/": true, "/access": true, "/access/groups": true, "/nodes": true, "/pool": true, "/sdn": true, "/storage": true, "/vms": true}
+	for _, e := range s.acl {
+		paths[e.path] = true
+	}
+	for id, p := range s.pools {
+		paths["/pool/"+id] = true
+		for vmid := range p.vms {
+			paths["/vms/"+strconv.Itoa(vmid)] = true
+		}
+		for sid := range p.storage {
+			paths["/storage/"+sid] = true
+		}
+	}
+	res := map[string]any{}
+	for p := range paths {
+		if m := privsOf(p); len(m) > 0 {
+			res[p] = m
+		}
+	}
+	return res, nil
+}
