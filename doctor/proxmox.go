@@ -8,27 +8,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 )
 
 // API is what the read-only checks need of Proxmox: a GET of an API path
 // (relative to /api2/json, query included) decoded into v.
 type API interface {
 	Get(ctx context.Context, path string, v any) error
-}
-
-// Call is one Proxmox call the daemon makes and the privileges it needs
-// (pveapi/access's table, converted by the caller).
-type Call struct {
-	// Method and Path as in the Proxmox API ("POST",
-	// "/nodes/{node}/qemu/{vmid}/clone").
-	Method, Path string
-	// ACLPath is where Proxmox checks the privileges ("/vms/{vmid}").
-	ACLPath string
-	// Privs are the privileges; AnyOf: one of them is enough.
-	Privs []string
-	AnyOf bool
-	// Why says what the daemon uses the call for.
-	Why string
 }
 
 // Node is what the checks compare the node against: the daemon's
@@ -82,36 +69,56 @@ func VersionCheck(px API, n Node) Check {
 	}}
 }
 
-// rePlaceholder matches a path segment such as {vmid}.
+// rePlaceholder matches a path segment such as {zone}.
 var rePlaceholder = regexp.MustCompile(`\{[a-z_-]+\}`)
 
-// aclPaths expands an ACL path template into the concrete paths to ask
-// about. {node} and {pool} are the node's; {template} (and {vmid} of a
-// call on a template) every configured template; {vmid} of a sandbox VM
-// the pool (a pool's ACL reaches its member VMs, and sandbox VMs are
-// created into the pool); {storage} each of storages. Any other
-// placeholder ends the path at its parent: the grant must propagate from
-// there to objects the daemon creates later (its SDN zones, for example).
-func aclPaths(c Call, n Node, storages []string) []string {
-	p := strings.ReplaceAll(c.ACLPath, "{node}", n.Name)
-	p = strings.ReplaceAll(p, "{pool}", n.Pool)
-	onTemplate := strings.Contains(c.ACLPath, "{template}") || strings.Contains(strings.ToLower(c.Why), "template") && strings.Contains(c.ACLPath, "{vmid}")
+// scope is what the placeholders of the call table stand for on this node.
+type scope struct {
+	n        Node
+	storages []string // the templates' disk storages
+	bridges  []string // the templates' NICs' bridges
+}
+
+// aclPaths expands an ACL path template (access.Ph*) into the concrete
+// paths to ask about: {node} and {pool} are the node's; {template} every
+// configured template; {vmid} a sandbox VM, whose privileges come from the
+// pool (sandbox VMs are created into it, and a pool's ACL reaches its
+// members: pve-access-control RPCEnvironment.pm compile_acl_path), so the
+// pool's path; {storage} each template disk's storage; {transfer} the
+// transfer storage (none when the disk path is off); {bridge} each
+// template NIC's bridge. {zone} and {vnet} (objects the daemon creates
+// later) end the path at their parent: the grant must propagate from
+// there.
+func (sc scope) aclPaths(c access.Call) []string {
+	if c.ACLPath == "" {
+		return nil
+	}
+	p := strings.NewReplacer(access.PhNode, sc.n.Name, access.PhPool, sc.n.Pool).Replace(c.ACLPath)
+	each := func(ph string, vals []string) []string {
+		var out []string
+		for _, v := range vals {
+			out = append(out, truncateAtPlaceholder(strings.ReplaceAll(p, ph, v)))
+		}
+		return out
+	}
 	switch {
-	case onTemplate:
-		var out []string
-		for _, id := range n.templateIDs() {
-			q := strings.ReplaceAll(strings.ReplaceAll(p, "{template}", strconv.Itoa(id)), "{vmid}", strconv.Itoa(id))
-			out = append(out, truncateAtPlaceholder(q))
+	case strings.Contains(p, access.PhTemplate):
+		var ids []string
+		for _, id := range sc.n.templateIDs() {
+			ids = append(ids, strconv.Itoa(id))
 		}
-		return out
-	case strings.HasPrefix(p, "/vms/{vmid}"):
-		return []string{"/pool/" + n.Pool}
-	case strings.Contains(p, "{storage}"):
-		var out []string
-		for _, s := range storages {
-			out = append(out, truncateAtPlaceholder(strings.ReplaceAll(p, "{storage}", s)))
+		return each(access.PhTemplate, ids)
+	case strings.HasPrefix(p, "/vms/"+access.PhVMID):
+		return []string{"/pool/" + sc.n.Pool}
+	case strings.Contains(p, access.PhStorage):
+		return each(access.PhStorage, sc.storages)
+	case strings.Contains(p, access.PhTransfer):
+		if sc.n.TransferStorage == "" {
+			return nil
 		}
-		return out
+		return each(access.PhTransfer, []string{sc.n.TransferStorage})
+	case strings.Contains(p, access.PhBridge):
+		return each(access.PhBridge, sc.bridges)
 	}
 	return []string{truncateAtPlaceholder(p)}
 }
@@ -145,12 +152,12 @@ func effectivePrivs(ctx context.Context, px API, path string) (map[string]bool, 
 
 // PrivilegeCheck compares the token's effective privileges with every
 // call's needs.
-func PrivilegeCheck(px API, n Node, calls []Call) Check {
+func PrivilegeCheck(px API, n Node, calls []access.Call) Check {
 	return Check{Name: "token privileges", Run: func(ctx context.Context) Outcome {
 		if len(calls) == 0 {
 			return failf("report this: the daemon was built without its privilege table", "no calls to check")
 		}
-		storages, err := neededStorages(ctx, px, n)
+		sc, err := newScope(ctx, px, n)
 		if err != nil {
 			return failf("make the templates readable by the token (see the template checks)", "%v", err)
 		}
@@ -159,7 +166,7 @@ func PrivilegeCheck(px API, n Node, calls []Call) Check {
 		var fixes []string
 		checked := 0
 		for _, c := range calls {
-			for _, p := range aclPaths(c, n, storages) {
+			for _, p := range sc.aclPaths(c) {
 				have, ok := cache[p]
 				if !ok {
 					if have, err = effectivePrivs(ctx, px, p); err != nil {
@@ -238,30 +245,52 @@ func diskStorages(conf map[string]string) []string {
 	return out
 }
 
-// neededStorages are the storages the daemon touches: the templates'
-// disks' (a clone allocates there) and the transfer storage.
-func neededStorages(ctx context.Context, px API, n Node) ([]string, error) {
-	var out []string
+// newScope reads the templates' disks and NICs.
+func newScope(ctx context.Context, px API, n Node) (scope, error) {
+	sc := scope{n: n}
 	for _, id := range n.templateIDs() {
 		conf, err := vmConfig(ctx, px, n.Name, id)
 		if err != nil {
-			return nil, err
+			return sc, err
 		}
 		for _, s := range diskStorages(conf) {
-			if !slices.Contains(out, s) {
-				out = append(out, s)
+			if !slices.Contains(sc.storages, s) {
+				sc.storages = append(sc.storages, s)
+			}
+		}
+		for _, b := range bridges(conf) {
+			if !slices.Contains(sc.bridges, b) {
+				sc.bridges = append(sc.bridges, b)
 			}
 		}
 	}
-	if n.TransferStorage != "" && !slices.Contains(out, n.TransferStorage) {
-		out = append(out, n.TransferStorage)
-	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(sc.storages)
+	slices.Sort(sc.bridges)
+	return sc, nil
 }
 
-// StorageInfo is a storage as GET /storage/{storage} describes it
-// (storage.cfg).
+// reNetKey matches the config keys of a VM's NICs.
+var reNetKey = regexp.MustCompile(`^net\d+$`)
+
+// bridges returns the bridges of a config's NICs.
+func bridges(conf map[string]string) []string {
+	var out []string
+	for k, v := range conf {
+		if !reNetKey.MatchString(k) {
+			continue
+		}
+		for _, part := range strings.Split(v, ",") {
+			if b, ok := strings.CutPrefix(part, "bridge="); ok && !slices.Contains(out, b) {
+				out = append(out, b)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// StorageInfo is a storage as GET /storage describes it (its
+// storage.cfg section).
 type StorageInfo struct {
 	Storage  string `json:"storage"`
 	Type     string `json:"type"`
@@ -289,16 +318,22 @@ func (s StorageInfo) Block() bool {
 	return true
 }
 
-// readStorage reads GET /storage/{id}.
+// readStorage finds a storage in GET /storage: the storage.cfg sections
+// the token may see (Datastore.Audit or Datastore.AllocateSpace;
+// pve-storage API2/Storage/Config.pm index). GET /storage/{storage} would
+// need Datastore.Allocate, which the token has on the transfer storage
+// only.
 func readStorage(ctx context.Context, px API, id string) (StorageInfo, error) {
-	var s StorageInfo
-	if err := px.Get(ctx, "/storage/"+url.PathEscape(id), &s); err != nil {
-		return s, fmt.Errorf("GET /storage/%s: %w", id, err)
+	var all []StorageInfo
+	if err := px.Get(ctx, "/storage", &all); err != nil {
+		return StorageInfo{}, fmt.Errorf("GET /storage: %w", err)
 	}
-	if s.Storage == "" {
-		s.Storage = id
+	for _, s := range all {
+		if s.Storage == id {
+			return s, nil
+		}
 	}
-	return s, nil
+	return StorageInfo{}, fmt.Errorf("storage %s: not defined, or the token lacks Datastore.Audit on /storage/%s", id, id)
 }
 
 // StorageCheck wants every storage the daemon touches configured for VM
@@ -306,9 +341,13 @@ func readStorage(ctx context.Context, px API, id string) (StorageInfo, error) {
 // storage only when it is a member).
 func StorageCheck(px API, n Node) Check {
 	return Check{Name: "storages", Run: func(ctx context.Context) Outcome {
-		ids, err := neededStorages(ctx, px, n)
+		sc, err := newScope(ctx, px, n)
 		if err != nil {
 			return failf("make the templates readable by the token (see the template checks)", "%v", err)
+		}
+		ids := slices.Clone(sc.storages)
+		if n.TransferStorage != "" && !slices.Contains(ids, n.TransferStorage) {
+			ids = append(ids, n.TransferStorage)
 		}
 		if len(ids) == 0 {
 			return skipf("no template and no transfer storage configured")
@@ -348,8 +387,8 @@ func StorageCheck(px API, n Node) Check {
 				fixes = append(fixes, fmt.Sprintf("define storage %s or change the template/disk_transfer_storage", id))
 				continue
 			}
-			if !s.hasContent("images") {
-				bad = append(bad, fmt.Sprintf("%s (%s) has content %q, without images", id, s.Type, s.Content))
+			if slices.Contains(sc.storages, id) && !s.hasContent("images") {
+				bad = append(bad, fmt.Sprintf("%s (%s) holds a template's disk but has content %q, without images: a clone cannot allocate there", id, s.Type, s.Content))
 				fixes = append(fixes, fmt.Sprintf("pvesm set %s --content %s", id, strings.TrimPrefix(s.Content+",images", ",")))
 			}
 			if !active[id] {
