@@ -92,8 +92,28 @@ func (s *Server) SetACL(path, ugid, role string, propagate bool) error {
 	return s.setACLLocked(normalizePath(path), kind, ugid, role, propagate)
 }
 
+// AddRole creates (or, existing and not built in, replaces) a role with
+// the given privileges, as `pveum role add/modify ROLE --privs` does; an
+// unknown privilege is refused as Proxmox refuses it.
+func (s *Server) AddRole(name string, privs []string) error {
+	if _, ok := roles[name]; ok {
+		return fmt.Errorf("pveemu: add role: cannot modify built-in role '%s'", name)
+	}
+	set := map[string]bool{}
+	for _, p := range privs {
+		if !validPrivs[p] {
+			return fmt.Errorf("pveemu: add role %s: invalid privilege '%s'", name, p)
+		}
+		set[p] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.customRoles[name] = set
+	return nil
+}
+
 func (s *Server) setACLLocked(path, kind, ugid, role string, propagate bool) error {
-	if _, ok := roles[role]; !ok {
+	if s.rolePrivsLocked(role) == nil {
 		return fail("role '%s' does not exist", role)
 	}
 	switch kind {
@@ -247,6 +267,11 @@ func (s *Server) getRoles(_ context.Context, _ *request) (any, error) {
 		privs := sortedKeys(roles[r])
 		out = append(out, map[string]any{"roleid": r, "privs": strings.Join(privs, ","), "special": 1})
 	}
+	s.mu.Lock()
+	for _, r := range sortedKeys(s.customRoles) {
+		out = append(out, map[string]any{"roleid": r, "privs": strings.Join(sortedKeys(s.customRoles[r]), ","), "special": 0})
+	}
+	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i]["roleid"].(string) < out[j]["roleid"].(string) })
 	return out, nil
 }

@@ -356,6 +356,16 @@ func TestAuthentication(t *testing.T) {
 		if err := e.s.AddPoolStorage("sbx", "local-lvm"); err != nil {
 			t.Fatal(err)
 		}
+		// The template's NIC needs SDN.Use on its bridge (check_bridge_access).
+		r = e.do("POST", "/nodes/pve/qemu/9000/clone", form, authNone, "Authorization", token)
+		if r.status != 403 || r.reason != "Permission check failed (/sdn/zones/localnetwork/vnet1, SDN.Use)" {
+			t.Fatalf("clone without SDN.Use on the template's bridge: %d %q", r.status, r.reason)
+		}
+		for _, subj := range []string{"agent@pve", tokID} {
+			if err := e.s.SetACL("/sdn/zones/localnetwork", subj, "PVESDNUser", true); err != nil {
+				t.Fatal(err)
+			}
+		}
 		r = e.do("POST", "/nodes/pve/qemu/9000/clone", form, authNone, "Authorization", token)
 		upid, _ := r.body["data"].(string)
 		if r.status != 200 || e.wait(upid) != "OK" {

@@ -20,6 +20,8 @@ var privGroups = map[string][4][]string{
 	"Mapping":   {nil, {"Mapping.Modify"}, {"Mapping.Use"}, {"Mapping.Audit"}},
 }
 
+// validPrivs and roles (the built-in ones) are filled once by init and
+// only read afterwards; a server's own roles are in Server.customRoles.
 var (
 	validPrivs = map[string]bool{"Permissions.Modify": true}
 	roles      = map[string]map[string]bool{}
@@ -151,11 +153,20 @@ func (s *Server) subjectPrivs(kind, id, path string) map[string]bool {
 		return out
 	}
 	for r := range roleSet {
-		for p := range roles[r] {
+		for p := range s.rolePrivsLocked(r) {
 			out[p] = true
 		}
 	}
 	return out
+}
+
+// rolePrivsLocked returns the privileges of a built-in or added role (nil
+// for none).
+func (s *Server) rolePrivsLocked(name string) map[string]bool {
+	if r, ok := roles[name]; ok {
+		return r
+	}
+	return s.customRoles[name]
 }
 
 func (s *Server) subjectRolesExact(kind, id, path string) map[string]bool {

@@ -86,6 +86,9 @@ func (s *Server) cloneSourceLocked(c *cloneJob) (map[string]string, bool, error)
 	if err := s.checkStorageAccessCloneLocked(c.authid, oldconf, c.storage); err != nil {
 		return nil, false, err
 	}
+	if err := s.checkBridgeAccessLocked(c.authid, oldconf); err != nil {
+		return nil, false, err
+	}
 	return oldconf, full, nil
 }
 

@@ -129,6 +129,9 @@ func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) 
 	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
 		return err
 	}
+	if err := s.checkUpdatePermsLocked(u, v.conf); err != nil {
+		return err
+	}
 	old := copyConf(v.conf)
 	if err := s.hotplugDisks(ctx, v, u.changes, u.deletes, u.force); err != nil {
 		return err

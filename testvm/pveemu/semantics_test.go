@@ -181,7 +181,7 @@ func TestRealNodeSemantics(t *testing.T) {
 				t.Fatal(err)
 			}
 			auth := "PVEAPIToken=" + id + "=" + secret
-			for _, a := range [][2]string{{"/pool/p", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}} {
+			for _, a := range [][2]string{{"/pool/p", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}, {"/sdn/zones/localnetwork", "PVESDNUser"}} {
 				if err := e.s.SetACL(a[0], "u@pve", a[1], true); err != nil {
 					t.Fatal(err)
 				}

@@ -64,6 +64,10 @@ type Server struct {
 	pools   map[string]*pool
 	users   map[string]*user
 	acl     []aclEntry
+
+	// customRoles are the roles added by AddRole (built-in ones: roles).
+	customRoles map[string]map[string]bool
+
 	sdn     sdnState
 	fw      map[string]*firewall // "cluster" and "node"
 	records []RequestRecord
@@ -170,6 +174,7 @@ func New(o Options) (*Server, error) {
 		s.wg.Add(1)
 		go s.statsLoop(o.StatsInterval)
 	}
+	s.customRoles = map[string]map[string]bool{}
 	s.users["root@pam"] = &user{id: "root@pam", enable: true, tokens: map[string]*token{}}
 	if err := s.registerRoutes(); err != nil {
 		cancel()

@@ -1,0 +1,67 @@
+package pveemu
+
+import (
+	"fmt"
+
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
+)
+
+// AccessSetup varies what ApplyAccessSetup creates, as pve-access-setup's
+// environment does.
+type AccessSetup struct {
+	// Pool is PVE_INSPECTD_POOL ("": access.DefaultPool). An existing pool
+	// is kept.
+	Pool string
+	// Templates is PVE_INSPECTD_TEMPLATES: the template VMIDs granted
+	// access.RoleTemplate.
+	Templates []int
+	// Storages is PVE_INSPECTD_STORAGE (none: access.DefaultStorage); the
+	// transfer storage is always added to the pool too.
+	Storages []string
+}
+
+// ApplyAccessSetup creates what packaging/deb/pve-access-setup creates on
+// this node, from the same table (pveapi/access): its roles, its user, the
+// pool with its storages, the privilege-separated token and the ACL
+// entries for the user and the token. It returns the token's full id and
+// secret. The tests of the daemon authenticate with it and with nothing
+// broader.
+func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err error) {
+	pool := a.Pool
+	if pool == "" {
+		pool = access.DefaultPool
+	}
+	for _, r := range access.Roles() {
+		if err := s.AddRole(r.Name, r.Privs); err != nil {
+			return "", "", fmt.Errorf("access setup: %w", err)
+		}
+	}
+	if err := s.AddUser(access.User, ""); err != nil {
+		return "", "", fmt.Errorf("access setup: %w", err)
+	}
+	s.mu.Lock()
+	exists := s.pools[pool] != nil
+	s.mu.Unlock()
+	if !exists {
+		if err := s.AddPool(pool, "pve-inspectd sandboxes"); err != nil {
+			return "", "", fmt.Errorf("access setup: %w", err)
+		}
+	}
+	for _, sid := range access.PoolStorages(a.Storages...) {
+		if err := s.AddPoolStorage(pool, sid); err != nil {
+			return "", "", fmt.Errorf("access setup: %w", err)
+		}
+	}
+	tokenID, secret, err = s.AddToken(access.User, access.Token, true)
+	if err != nil {
+		return "", "", fmt.Errorf("access setup: %w", err)
+	}
+	for _, e := range access.ACLEntries(s.node, pool, a.Templates) {
+		for _, who := range []string{access.User, tokenID} {
+			if err := s.SetACL(e.Path, who, e.Role, e.Propagate); err != nil {
+				return "", "", fmt.Errorf("access setup: grant %s on %s to %s: %w", e.Role, e.Path, who, err)
+			}
+		}
+	}
+	return tokenID, secret, nil
+}
