@@ -1,0 +1,211 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+)
+
+const templateID = 9000
+
+// node is an emulated node set up as pve-access-setup does, with the
+// daemon's token client and a root client for faults.
+type node struct {
+	emu  *pveemu.Server
+	px   *pveapi.Client
+	root *pveapi.Client
+	n    Node
+}
+
+func newNode(t *testing.T) *node {
+	t.Helper()
+	dir := t.TempDir()
+	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = emu.Close(); _ = fb.Close() })
+	ctx := context.Background()
+	if err := os.MkdirAll(filepath.Join(dir, "tpl"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := emu.AddSandboxTemplate(ctx, templateID, filepath.Join(dir, "tpl"), "sandboxes"); err != nil {
+		t.Fatal(err)
+	}
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{templateID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(emu)
+	t.Cleanup(ts.Close)
+	client := func(id, secret string) *pveapi.Client {
+		c, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	rid, rsecret, err := emu.RootToken("doctor-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node{emu: emu, px: client(id, secret), root: client(rid, rsecret),
+		n: Node{Name: "pve", Pool: access.DefaultPool, TokenID: id, Templates: map[string]int{"debian": templateID},
+			TransferStorage: access.TransferStorage, RequireHardened: false, MinMajor: 9}}
+}
+
+func run(t *testing.T, c Check) Outcome {
+	t.Helper()
+	rep := Run(context.Background(), []Check{c})
+	if len(rep.Checks) != 1 {
+		t.Fatalf("%d results", len(rep.Checks))
+	}
+	r := rep.Checks[0]
+	if rep.Pass != (r.Status != Fail) {
+		t.Errorf("report pass %v with a %s result", rep.Pass, r.Status)
+	}
+	return Outcome{Status: r.Status, Detail: r.Detail, Fix: r.Fix}
+}
+
+// want checks an outcome's status and that its detail and fix name what
+// they must.
+func want(t *testing.T, o Outcome, st Status, detail, fix string) {
+	t.Helper()
+	if o.Status != st {
+		t.Fatalf("status %s, want %s: %s (fix: %s)", o.Status, st, o.Detail, o.Fix)
+	}
+	if !strings.Contains(o.Detail, detail) {
+		t.Errorf("detail %q does not name %q", o.Detail, detail)
+	}
+	if !strings.Contains(o.Fix, fix) {
+		t.Errorf("fix %q does not name %q", o.Fix, fix)
+	}
+	if st == Fail && o.Fix == "" {
+		t.Error("a failure without a fix")
+	}
+}
+
+func TestVersionCheck(t *testing.T) {
+	nd := newNode(t)
+	want(t, run(t, VersionCheck(nd.px, nd.n)), Pass, "9.1", "")
+	nd.n.MinMajor = 10
+	want(t, run(t, VersionCheck(nd.px, nd.n)), Fail, "needs 10 or newer", "upgrade")
+}
+
+func TestPrivilegeCheck(t *testing.T) {
+	nd := newNode(t)
+	want(t, run(t, PrivilegeCheck(nd.px, nd.n, access.Calls())), Pass, "every privilege held", "")
+
+	// The role without VM.Config.HWType: every hardened create is a 403.
+	privs := slices.DeleteFunc(slices.Clone(access.RolePrivs(access.RoleMain)), func(p string) bool { return p == "VM.Config.HWType" })
+	if err := nd.emu.AddRole(access.RoleMain, privs); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, PrivilegeCheck(nd.px, nd.n, access.Calls())), Fail, "needs VM.Config.HWType on /pool/pve-inspect", "grant VM.Config.HWType on /pool/pve-inspect")
+}
+
+func TestPrivilegeCheckTransferStorage(t *testing.T) {
+	nd := newNode(t)
+	// No Datastore.Allocate on the transfer storage: a failed transfer
+	// leaks its image.
+	if err := nd.emu.AddRole(access.RoleTransfer, []string{"Datastore.Audit"}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, PrivilegeCheck(nd.px, nd.n, access.Calls())), Fail, "needs Datastore.Allocate on /storage/local", "Datastore.Allocate")
+	// With the disk path off, the transfer storage's calls do not count.
+	nd.n.TransferStorage = ""
+	want(t, run(t, PrivilegeCheck(nd.px, nd.n, access.Calls())), Pass, "", "")
+}
+
+func TestStorageCheck(t *testing.T) {
+	nd := newNode(t)
+	want(t, run(t, StorageCheck(nd.px, nd.n)), Pass, "local-lvm (lvmthin, images,rootdir)", "")
+
+	nd.emu.SetStorageContent("local-lvm", "rootdir")
+	want(t, run(t, StorageCheck(nd.px, nd.n)), Fail, "without images", "pvesm set local-lvm --content rootdir,images")
+}
+
+func TestStorageCheckUnknownTransfer(t *testing.T) {
+	nd := newNode(t)
+	nd.n.TransferStorage = "fast"
+	want(t, run(t, StorageCheck(nd.px, nd.n)), Fail, "storage fast: not defined", "define storage fast")
+}
+
+func TestTemplateChecks(t *testing.T) {
+	nd := newNode(t)
+	ctx := context.Background()
+	tpl := filepath.Join(t.TempDir(), "tpl")
+	if err := os.MkdirAll(tpl, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.emu.AddTemplate(ctx, 9001, "nohotplug", tpl, map[string]string{"hotplug": "network,usb", "net0": pveemu.SandboxNet0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.emu.AddTemplate(ctx, 9002, "noagent", tpl, map[string]string{"agent": "0", "net0": pveemu.SandboxNet0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.emu.AddTemplate(ctx, 9003, "unhardened", tpl, map[string]string{"net0": pveemu.SandboxNet0, "args": "-chardev socket,id=x,path=/tmp/x"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"/vms/9001", "/vms/9002", "/vms/9003"} {
+		for _, who := range []string{access.User, nd.n.TokenID} {
+			if err := nd.emu.SetACL(id, who, access.RoleTemplate, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name        string
+		vmid        int
+		hardened    bool
+		transfer    string
+		st          Status
+		detail, fix string
+	}{
+		{"sandbox template", templateID, false, "local", Pass, "agent on", ""},
+		{"no disk hotplug", 9001, false, "local", Fail, `hotplug "network,usb" lacks disk`, "qm set 9001 --hotplug network,usb,disk"},
+		{"no disk hotplug, disk path off", 9001, false, "", Pass, "", ""},
+		{"agent off", 9002, false, "local", Fail, "guest agent off", "qm set 9002 --agent enabled=1"},
+		{"not hardened", 9003, true, "local", Fail, "not hardened", "pve-inspectd template harden 9003"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := nd.n
+			n.Templates, n.RequireHardened, n.TransferStorage = map[string]int{"t": tc.vmid}, tc.hardened, tc.transfer
+			checks := TemplateChecks(nd.px, n)
+			if len(checks) != 1 {
+				t.Fatalf("%d checks", len(checks))
+			}
+			want(t, run(t, checks[0]), tc.st, tc.detail, tc.fix)
+		})
+	}
+	// A template the token cannot read.
+	n := nd.n
+	n.Templates = map[string]int{"gone": 9999}
+	want(t, run(t, TemplateChecks(nd.px, n)[0]), Fail, "9999", "fix [api] templates")
+}
+
+func TestSDNCheck(t *testing.T) {
+	nd := newNode(t)
+	ok := func() (string, error) { return "/usr/sbin/dnsmasq", nil }
+	want(t, run(t, SDNCheck(nd.px, ok)), Pass, "none pending", "")
+	missing := func() (string, error) { return "", errors.New("not found in PATH") }
+	want(t, run(t, SDNCheck(nd.px, missing)), Fail, "dnsmasq: not found", "apt install dnsmasq")
+
+	// Another client's zone, created and not applied.
+	if err := nd.root.CreateZone(context.Background(), sandbox.ZoneSpec{ID: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, SDNCheck(nd.px, ok)), Fail, "pending SDN edits not applied: other (new)", "apply or revert them")
+}

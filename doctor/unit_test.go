@@ -1,0 +1,113 @@
+package doctor
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func unit(t *testing.T, text string) UnitSettings {
+	t.Helper()
+	u, err := ParseUnitSettings("test.service", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func TestUnitWritablePath(t *testing.T) {
+	const images = "/var/lib/vz/images"
+	for _, tc := range []struct {
+		name, unit string
+		ok         bool
+		why, fix   string
+	}{
+		{"no sandbox", "[Service]\nExecStart=/usr/bin/pve-inspectd run\n", true, "not protected", ""},
+		{"strict", "[Service]\nProtectSystem=strict\nReadWritePaths=/run\n", false, "ProtectSystem=strict makes /var/lib/vz/images read-only", "ReadWritePaths=/var/lib/vz/images"},
+		{"strict, path allowed", "[Service]\nProtectSystem=strict\nReadWritePaths=/run -/var/lib/vz/images\n", true, "ReadWritePaths=/var/lib/vz/images", ""},
+		{"strict, parent allowed", "[Service]\nProtectSystem=strict\nReadWritePaths=/var/lib/vz\n", true, "ReadWritePaths=/var/lib/vz", ""},
+		{"reset list", "[Service]\nProtectSystem=strict\nReadWritePaths=/var/lib/vz\nReadWritePaths=\nReadWritePaths=/run\n", false, "ProtectSystem=strict", "ReadWritePaths=/var/lib/vz/images"},
+		{"read-only below a writable", "[Service]\nReadWritePaths=/var\nReadOnlyPaths=/var/lib\n", false, "ReadOnlyPaths=/var/lib", "ReadWritePaths=/var/lib/vz/images"},
+		{"inaccessible", "[Service]\nReadWritePaths=/var/lib/vz\nInaccessiblePaths=/var/lib/vz/images\n", false, "InaccessiblePaths=/var/lib/vz/images", "remove /var/lib/vz/images"},
+		{"full leaves /var", "[Service]\nProtectSystem=full\n", true, "not protected", ""},
+		{"other section ignored", "[Install]\nProtectSystem=strict\n[Service]\nProtectSystem=no\n", true, "not protected", ""},
+		{"systemctl show", "ProtectSystem=strict\nReadWritePaths=/run /var/lib/vz\nPrivateDevices=yes\n", true, "ReadWritePaths=/var/lib/vz", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, why, fix := unit(t, tc.unit).WritablePath(images)
+			if ok != tc.ok || !strings.Contains(why, tc.why) || !strings.Contains(fix, tc.fix) || !ok && fix == "" {
+				t.Errorf("WritablePath = %v, %q, %q; want %v, %q, %q", ok, why, fix, tc.ok, tc.why, tc.fix)
+			}
+		})
+	}
+	for _, p := range []struct {
+		path, unit, why string
+	}{
+		{"/home/vz/images", "[Service]\nProtectHome=yes\n", "ProtectHome=yes"},
+		{"/tmp/vz/images", "[Service]\nPrivateTmp=yes\n", "PrivateTmp=yes"},
+		{"/usr/local/vz/images", "[Service]\nProtectSystem=yes\n", "ProtectSystem=yes"},
+	} {
+		if ok, why, _ := unit(t, p.unit).WritablePath(p.path); ok || !strings.Contains(why, p.why) {
+			t.Errorf("%s under %q: %v %q, want refused by %s", p.path, p.unit, ok, why, p.why)
+		}
+	}
+}
+
+func TestUnitBlockDevices(t *testing.T) {
+	for _, tc := range []struct {
+		name, unit string
+		ok         bool
+		why        string
+	}{
+		{"open", "[Service]\n", true, "not restricted"},
+		{"private devices", "[Service]\nPrivateDevices=yes\nDeviceAllow=block-device-mapper rw\n", false, "PrivateDevices=yes"},
+		{"closed", "[Service]\nDevicePolicy=closed\n", false, "DevicePolicy=closed allows no block device"},
+		{"closed, read-only allow", "[Service]\nDevicePolicy=closed\nDeviceAllow=block-device-mapper r\n", false, "allows no block device"},
+		{"closed with mapper", "[Service]\nDevicePolicy=closed\nDeviceAllow=block-device-mapper rw\n", true, "DeviceAllow=block-device-mapper rw"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, why, fix := unit(t, tc.unit).BlockDevices()
+			if ok != tc.ok || !strings.Contains(why, tc.why) || !ok && !strings.Contains(fix, "DeviceAllow=") {
+				t.Errorf("BlockDevices = %v, %q, %q; want %v, %q", ok, why, fix, tc.ok, tc.why)
+			}
+		})
+	}
+}
+
+// TestUnitCheck runs the check against the emulated node: its transfer
+// storage "local" is a dir storage whose path Proxmox reports; the
+// shipped unit's ProtectSystem=strict must leave its images writable.
+func TestUnitCheck(t *testing.T) {
+	nd := newNode(t)
+	src := func(text string) UnitSource {
+		return func(context.Context) (UnitSettings, bool, string, error) {
+			u, err := ParseUnitSettings("pve-inspectd.service", strings.NewReader(text))
+			return u, true, "", err
+		}
+	}
+	var local []StorageInfo
+	if err := nd.px.Get(context.Background(), "/storage", &local); err != nil {
+		t.Fatal(err)
+	}
+	path := ""
+	for _, s := range local {
+		if s.Storage == "local" {
+			path = s.Path
+		}
+	}
+	if path == "" {
+		t.Fatalf("no path for local in %+v", local)
+	}
+	images := filepath.Join(path, "images")
+	want(t, run(t, UnitCheck(nd.px, nd.n, src("[Service]\nProtectSystem=strict\nReadWritePaths=/run\n"))), Fail,
+		"makes "+images+" read-only", "ReadWritePaths="+images)
+	want(t, run(t, UnitCheck(nd.px, nd.n, src("[Service]\nProtectSystem=strict\nReadWritePaths="+path+"\n"))), Pass, images+" writable", "")
+
+	notUnder := func(context.Context) (UnitSettings, bool, string, error) {
+		return UnitSettings{}, false, "the daemon does not run under systemd here", nil
+	}
+	want(t, run(t, UnitCheck(nd.px, nd.n, notUnder)), Skip, "does not run under systemd", "")
+	nd.n.TransferStorage = ""
+	want(t, run(t, UnitCheck(nd.px, nd.n, src("[Service]\nProtectSystem=strict\n"))), Skip, "disk_transfer_storage is off", "")
+}
