@@ -76,7 +76,10 @@ func writeManpage(w io.Writer, root *cobra.Command, now time.Time) error {
 	b.WriteString(".SH FILES\n.TP\n.I /etc/pve-inspectd/config.toml\nconfiguration; every key is documented in the shipped file\n" +
 		".TP\n.I /etc/inspect\\-proxmox\\-egress\\-lockdown\nthe egress lockdown marker\n" +
 		".TP\n.I /run/pve-inspectd/halted\nthe reason of a fail\\-deadly halt\n")
-	b.WriteString(".SH EXIT STATUS\n0 on success; non\\-zero on any error, and for \\fBstatus\\fR when anything differs from what should be in force.\n")
+	b.WriteString(".SH EXIT STATUS\n0 on success; non\\-zero on any error, for \\fBstatus\\fR when anything differs from what should be in force, " +
+		"and for \\fBdoctor\\fR when any check fails (each failure says what to change).\n")
+	b.WriteString(".SH AFTER INSTALL\nRun \\fBpve\\-inspectd doctor\\fR as root on the node, then \\fBpve\\-inspectd doctor \\-\\-canary\\fR with the daemon running; " +
+		"attach the output of \\fBpve\\-inspectd doctor \\-\\-canary \\-\\-json\\fR to a bug report.\n")
 	b.WriteString(".SH SEE ALSO\n.BR nft (8),\n.BR systemd.service (5)\n")
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -41,7 +41,7 @@ func newRootCmd() *cobra.Command {
 		newMigrateCmd(g),
 		newHaltCmd(g), newRecoverCmd(g, lockdownCause),
 		newLockdownCmd(g),
-		newSandboxCmd(g), newCheckCmd(g), newTokenCmd(g), newMCPCmd(g), newTemplateCmd(g),
+		newSandboxCmd(g), newCheckCmd(g), newTokenCmd(g), newMCPCmd(g), newTemplateCmd(g), newDoctorCmd(g),
 	)
 	root.AddCommand(newGuardCmds(g)...)
 	return root

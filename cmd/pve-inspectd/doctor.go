@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
+	"github.com/pve-inspect/pve-inspect/doctor"
+	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
+)
+
+// minProxmoxMajor is the oldest Proxmox VE major version the daemon
+// supports (DESIGN.md: Proxmox VE 9).
+const minProxmoxMajor = 9
+
+// newDoctorCmd returns `doctor`: the read-only checks, and with --canary a
+// real sandbox end to end. The checks live in package doctor; this wires
+// the configuration, the Proxmox token client, the sandbox API client, the
+// unit's settings, the guard and the lockdown in.
+func newDoctorCmd(g *globals) *cobra.Command {
+	var (
+		af                 apiFlags
+		asJSON, canary     bool
+		template, unitName string
+		unitFile           string
+	)
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "check that this node can run sandboxes (Proxmox, token privileges, storages, SDN, templates, unit, guard, lockdown); --canary drives a real sandbox end to end; exit 0 only when every check passes",
+		Long: "Read-only checks first: the Proxmox version; the token's effective privileges (GET /access/permissions) against every call the daemon makes; " +
+			"the storages of the templates and the transfer storage (images, active, in the pool); SDN (no pending edits of others) and dnsmasq; the pve IPAM; " +
+			"each template (hardened, disk hotplug, guest agent); the unit's sandbox against the transfer storage's path; the guard; the lockdown. " +
+			"With --canary, through the running daemon's API: create a sandbox, exec, a file both ways on the streaming and on the disk path, snapshot and rollback, " +
+			"the containment check, delete, and nothing left on Proxmox; each step timed. Every failure says what to change. Exit 0 only when no check fails.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), af.timeout)
+			defer cancel()
+			rep := runDoctor(ctx, g, &af, cfg, doctorOptions{canary: canary, template: template, unitName: unitName, unitFile: unitFile})
+			if asJSON {
+				err = rep.WriteJSON(cmd.OutOrStdout())
+			} else {
+				err = rep.WriteText(cmd.OutOrStdout())
+			}
+			if err != nil {
+				return err
+			}
+			if n := len(rep.Failed()); n > 0 {
+				return &exitError{code: 1, msg: fmt.Sprintf("doctor: %d check(s) failed", n)}
+			}
+			return nil
+		},
+	}
+	af.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	cmd.Flags().BoolVar(&canary, "canary", false, "also create a sandbox through the daemon's API and drive it end to end (needs the daemon running)")
+	cmd.Flags().StringVar(&template, "template", "", "template of the canary (default: [mcp] default_template, else the first of [api] templates)")
+	cmd.Flags().StringVar(&unitName, "unit", "pve-inspectd.service", "systemd unit whose sandbox is checked (systemctl show)")
+	cmd.Flags().StringVar(&unitFile, "unit-file", "", "read the unit's settings from this file when systemd does not have the unit loaded")
+	return cmd
+}
+
+type doctorOptions struct {
+	canary             bool
+	template           string
+	unitName, unitFile string
+}
+
+// runDoctor builds the checks from the configuration and runs them.
+func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config, o doctorOptions) doctor.Report {
+	px, err := tokenClient(cfg)
+	if err != nil {
+		rep := doctor.Run(ctx, []doctor.Check{{Name: "proxmox token", Run: func(context.Context) doctor.Outcome {
+			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(),
+				Fix: "run pve-access-setup (it writes the token secret), and check [api.proxmox] token_id, secret_file and url"}
+		}}})
+		return rep
+	}
+	n := doctor.Node{Name: proxmoxOptions(cfg).Node, Pool: cfg.API.Pool, TokenID: cfg.API.Proxmox.TokenID, Templates: cfg.API.Templates,
+		TransferStorage: cfg.API.DiskTransferStorage, RequireHardened: cfg.API.RequireHardenedTemplates, MinMajor: minProxmoxMajor}
+	checks := []doctor.Check{
+		doctor.VersionCheck(px, n),
+		doctor.PrivilegeCheck(px, n, access.Calls()),
+		doctor.StorageCheck(px, n),
+		doctor.SDNCheck(px, lookDnsmasq),
+		doctor.IPAMCheck(px),
+	}
+	checks = append(checks, doctor.TemplateChecks(px, n)...)
+	checks = append(checks, doctor.UnitCheck(px, n, unitSource(o.unitName, o.unitFile)), guardCheck(cfg), lockdownCheck(cfg))
+	rep := doctor.Run(ctx, checks)
+	if !o.canary {
+		return rep
+	}
+	c, err := af.client(g)
+	if err != nil {
+		rep.Merge(doctor.Run(ctx, []doctor.Check{{Name: "sandbox api", Run: func(context.Context) doctor.Outcome {
+			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(), Fix: "give --socket, or --addr with $PVE_INSPECT_TOKEN"}
+		}}}))
+		return rep
+	}
+	api := doctor.Run(ctx, []doctor.Check{doctor.DaemonCheck(func(ctx context.Context) error {
+		_, err := c.Health(ctx)
+		return err
+	})})
+	rep.Merge(api)
+	if !api.Pass {
+		return rep
+	}
+	co := doctor.CanaryOptions{Template: canaryTemplate(cfg, o.template)}
+	if cfg.API.DiskTransferStorage != "" {
+		co.DiskBytes = cfg.API.DiskTransferThreshold
+	}
+	rep.Merge(doctor.Canary(ctx, c, px, n, co))
+	return rep
+}
+
+// canaryTemplate picks the canary's template.
+func canaryTemplate(cfg config.Config, flag string) string {
+	switch {
+	case flag != "":
+		return flag
+	case cfg.MCP.DefaultTemplate != "":
+		return cfg.MCP.DefaultTemplate
+	}
+	names := make([]string, 0, len(cfg.API.Templates))
+	for k := range cfg.API.Templates {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	if len(names) > 0 {
+		return names[0]
+	}
+	return "debian"
+}
+
+// lookDnsmasq finds the dnsmasq binary pve-network's DHCP runs.
+func lookDnsmasq() (string, error) {
+	if p, err := exec.LookPath("dnsmasq"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat("/usr/sbin/dnsmasq"); err != nil {
+		return "", fmt.Errorf("not in PATH nor at /usr/sbin/dnsmasq: %w", err)
+	}
+	return "/usr/sbin/dnsmasq", nil
+}
+
+// unitSource reads the unit's effective settings from systemd (drop-ins
+// included); when systemd does not have the unit loaded, from file if
+// given; else the daemon does not run under the unit here.
+func unitSource(name, file string) doctor.UnitSource {
+	return func(ctx context.Context) (doctor.UnitSettings, bool, string, error) {
+		out, err := exec.CommandContext(ctx, "systemctl", "show", name, "-p", "LoadState,"+doctor.UnitShowProperties()).Output()
+		loaded := err == nil && bytes.Contains(out, []byte("LoadState=loaded\n"))
+		if loaded {
+			u, err := doctor.ParseUnitSettings("systemctl show "+name, bytes.NewReader(out))
+			return u, true, "", err
+		}
+		if file != "" {
+			f, err := os.Open(file)
+			if err != nil {
+				return doctor.UnitSettings{}, false, "", fmt.Errorf("unit file: %w", err)
+			}
+			defer f.Close()
+			u, err := doctor.ParseUnitSettings(file, f)
+			return u, true, "", err
+		}
+		why := fmt.Sprintf("%s is not loaded in systemd", name)
+		if err != nil {
+			why = fmt.Sprintf("systemctl show %s: %v", name, err)
+		}
+		return doctor.UnitSettings{}, false, why + ": the daemon does not run under its unit here (give --unit-file to check a unit file)", nil
+	}
+}
+
+// guardCheck wants the guard table in force, held by the daemon, with no
+// difference from the desired ruleset (what `pve-inspectd status` shows).
+func guardCheck(cfg config.Config) doctor.Check {
+	return doctor.Check{Name: "guard", Run: func(ctx context.Context) doctor.Outcome {
+		st, err := firewall.Inspect(ctx, daemon.GuardConfig(cfg.Guard))
+		if err != nil {
+			return doctor.Outcome{Status: doctor.Fail, Detail: fmt.Sprintf("inspect guard: %v", err), Fix: "run doctor as root, in the node's network namespace"}
+		}
+		if !st.Present {
+			return doctor.Outcome{Status: doctor.Fail, Detail: "table inet " + firewall.TableName + " absent: nothing guards the node",
+				Fix: "start the daemon (systemctl start pve-inspectd); pve-inspectd status shows what is in force"}
+		}
+		var drifts []string
+		for _, d := range append(slices.Clone(st.Drifts), st.Bridge.Drifts...) {
+			drifts = append(drifts, d.String())
+		}
+		if len(drifts) > 0 {
+			return doctor.Outcome{Status: doctor.Fail, Detail: fmt.Sprintf("%d difference(s) from the desired guard: %s", len(drifts), strings.Join(drifts, "; ")),
+				Fix: "restart the daemon (systemctl restart pve-inspectd) and read its log; pve-inspectd status lists the differences"}
+		}
+		return doctor.Outcome{Status: doctor.Pass, Detail: fmt.Sprintf("table inet %s in force, owned by port %d", firewall.TableName, st.Owner)}
+	}}
+}
+
+// lockdownCheck wants the daemon's lockdown state current and converged
+// with the marker (what `pve-inspectd lockdown status` shows).
+func lockdownCheck(cfg config.Config) doctor.Check {
+	return doctor.Check{Name: "lockdown", Run: func(context.Context) doctor.Outcome {
+		r := lockdownReport(cfg.Lockdown, time.Now())
+		if !r.OK {
+			fix := "start the daemon (systemctl start pve-inspectd) and read its log; pve-inspectd lockdown status shows the state"
+			if r.Daemon == "running" {
+				fix = "wait one re-assert interval and run doctor again; if it stays, read the daemon's log (pve-inspectd lockdown status)"
+			}
+			return doctor.Outcome{Status: doctor.Fail, Detail: fmt.Sprintf("daemon %s: %s", r.Daemon, r.Why), Fix: fix}
+		}
+		return doctor.Outcome{Status: doctor.Pass, Detail: r.Why}
+	}}
+}
