@@ -42,7 +42,7 @@ func dirtyTemplate(t *testing.T, e *emuEnv) {
 func TestHardenedProfileOnEmulator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	e := newEmuEnvTB(t, [][2]string{{"/", "Administrator"}}, withHardening(false))
+	e := newEmuEnvTB(t, withHardening(false))
 	dirtyTemplate(t, e)
 
 	// a plain template passes (its clones get the rest), and every clone
@@ -122,7 +122,7 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 func TestUnhardenedTemplatesAllowed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	e := newEmuEnvTB(t, [][2]string{{"/", "Administrator"}}, withHardening(true))
+	e := newEmuEnvTB(t, withHardening(true))
 	dirtyTemplate(t, e)
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "dirty"}}})
 	if err != nil {
