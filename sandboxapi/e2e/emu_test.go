@@ -2,11 +2,13 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -203,6 +205,19 @@ func TestEmulatorMgmtRules(t *testing.T) {
 	e := newEmuEnv(t)
 	conv := mgmtport.New(e.px, 8443, nil)
 	ctx := context.Background()
+	// The token may not turn the cluster firewall on: root does.
+	if ch, err := conv.Converge(ctx, "mgmt0"); !errors.Is(err, mgmtport.ErrClusterFirewallOff) || !ch {
+		t.Fatalf("converge with the cluster firewall off: %v %v", ch, err)
+	}
+	if err := e.px.SetClusterFirewall(ctx, true); err == nil {
+		t.Fatal("the daemon's token turned the cluster firewall on")
+	}
+	if code, msg := e.rootCall(t, "PUT", "/cluster/firewall/options", url.Values{"enable": {"1"}}); code != 200 {
+		t.Fatalf("root: cluster firewall on: %d %s", code, msg)
+	}
+	if ch, err := conv.Converge(ctx, "eth8"); err != nil || !ch {
+		t.Fatalf("converge: %v %v", ch, err)
+	}
 	if ch, err := conv.Converge(ctx, "mgmt0"); err != nil || !ch {
 		t.Fatalf("converge: %v %v", ch, err)
 	}
