@@ -683,6 +683,7 @@ type fwRule struct {
 	Iface   string  `json:"iface"`
 	Comment string  `json:"comment"`
 	Enable  flexInt `json:"enable"`
+	Digest  string  `json:"digest"`
 }
 
 // NodeRules implements mgmtport.Firewall.
@@ -693,7 +694,7 @@ func (c *Client) NodeRules(ctx context.Context) ([]mgmtport.Rule, error) {
 	}
 	out := make([]mgmtport.Rule, len(rs))
 	for i, r := range rs {
-		out[i] = mgmtport.Rule{Pos: int(r.Pos), Type: r.Type, Action: r.Action, Proto: r.Proto, DPort: r.DPort, Iface: r.Iface, Comment: r.Comment, Enable: r.Enable != 0}
+		out[i] = mgmtport.Rule{Pos: int(r.Pos), Type: r.Type, Action: r.Action, Proto: r.Proto, DPort: r.DPort, Iface: r.Iface, Comment: r.Comment, Enable: r.Enable != 0, Digest: r.Digest}
 	}
 	return out, nil
 }
@@ -713,9 +714,16 @@ func (c *Client) AddNodeRule(ctx context.Context, r mgmtport.Rule) error {
 	return c.call(ctx, "POST", "add node firewall rule", "/nodes/"+url.PathEscape(c.node)+"/firewall/rules", body)
 }
 
-// DeleteNodeRule implements mgmtport.Firewall.
-func (c *Client) DeleteNodeRule(ctx context.Context, pos int) error {
-	return c.call(ctx, "DELETE", fmt.Sprintf("delete node firewall rule %d", pos), fmt.Sprintf("/nodes/%s/firewall/rules/%d", url.PathEscape(c.node), pos), nil)
+// DeleteNodeRule implements mgmtport.Firewall: with the digest of the
+// list pos was read from, so Proxmox refuses the delete when the list
+// changed since (pve-firewall PVE/API2/Firewall/Rules.pm delete_rule:
+// assert_if_modified).
+func (c *Client) DeleteNodeRule(ctx context.Context, pos int, digest string) error {
+	if digest == "" {
+		return fmt.Errorf("delete node firewall rule %d: no digest of the list it was read from", pos)
+	}
+	p := fmt.Sprintf("/nodes/%s/firewall/rules/%d?%s", url.PathEscape(c.node), pos, url.Values{"digest": {digest}}.Encode())
+	return c.call(ctx, "DELETE", fmt.Sprintf("delete node firewall rule %d", pos), p, nil)
 }
 
 func (c *Client) fwEnabled(ctx context.Context, path string) (bool, error) {
@@ -743,7 +751,9 @@ func (c *Client) ClusterFirewallEnabled(ctx context.Context) (bool, error) {
 	return c.fwEnabled(ctx, "/cluster/firewall/options")
 }
 
-// SetClusterFirewall implements mgmtport.Firewall.
+// SetClusterFirewall turns the cluster firewall on or off. It needs
+// Sys.Modify on "/", which the daemon's token does not have (see
+// mgmtport.ErrClusterFirewallOff): for root's tools.
 func (c *Client) SetClusterFirewall(ctx context.Context, on bool) error {
 	return c.call(ctx, "PUT", "set cluster firewall", "/cluster/firewall/options", map[string]any{"enable": boolInt(on)})
 }

@@ -39,9 +39,11 @@ type fakeServer struct {
 	subs   map[string][]map[string]any
 	pools  map[string]bool
 	rules  []map[string]any
-	fw     map[string]int
-	tasks  map[string]string // upid -> exit status
-	failOp map[string]string // path suffix -> task exit status
+	// rulesGen changes with every change of rules (their digest).
+	rulesGen int
+	fw       map[string]int
+	tasks    map[string]string // upid -> exit status
+	failOp   map[string]string // path suffix -> task exit status
 	// applied are the vnets PUT /cluster/sdn applied; the others are
 	// listed the pending way (only vnet and type on top).
 	applied map[string]bool
@@ -369,7 +371,7 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 	case "GET /nodes/{node}/firewall/rules":
 		out := []map[string]any{}
 		for i, r := range f.rules {
-			c := map[string]any{"pos": i}
+			c := map[string]any{"pos": i, "digest": fmt.Sprintf("d%d", f.rulesGen)}
 			for k, v := range r {
 				c[k] = v
 			}
@@ -384,10 +386,16 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 			}
 		}
 		f.rules = append([]map[string]any{r}, f.rules...)
+		f.rulesGen++
 		return nil, 0, ""
 	case "DELETE /nodes/{node}/firewall/rules/{pos}":
+		// Rules.pm delete_rule: assert_if_modified on the digest
+		if p["digest"] != fmt.Sprintf("d%d", f.rulesGen) {
+			return nil, 500, "detected modified configuration - file changed by other user? Try again."
+		}
 		i := atoi(p["pos"])
 		f.rules = slices.Delete(f.rules, i, i+1)
+		f.rulesGen++
 		return nil, 0, ""
 	case "GET /nodes/{node}/firewall/options":
 		return map[string]any{"enable": f.fw["node"]}, 0, ""
@@ -560,6 +568,7 @@ var _ mgmtport.Firewall = (*Client)(nil)
 func TestManagementRulesThroughAPI(t *testing.T) {
 	f, c := newFakeServer(t)
 	f.rules = []map[string]any{{"type": "in", "action": "ACCEPT", "proto": "tcp", "dport": "3128", "comment": "operator", "enable": 1}}
+	f.fw["cluster"] = 1 // root turns the cluster firewall on (pve-access-setup)
 	conv := mgmtport.New(c, 8443, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx := context.Background()
 	if changed, err := conv.Converge(ctx, "vmbr0"); err != nil || !changed {

@@ -337,23 +337,12 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 	if err := emu.AddSandboxTemplate(ctx, templateID, filepath.Join(bed.Dir(), "template-disk"), "pve-inspectd sandboxes"); err != nil {
 		return nil, "", "", "", err
 	}
-	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
-		return nil, "", "", "", err
-	}
-	id, secret, err := emu.AddToken("pve-inspectd@pve", "daemon", true)
+	// Exactly what packaging/deb/pve-access-setup creates: its roles, the
+	// pool (with the template's and the transfer storage), SDN, the node's
+	// firewall, the cluster firewall switch (read only) and the template.
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{templateID}})
 	if err != nil {
 		return nil, "", "", "", err
-	}
-	// What packaging/deb/pve-access-setup grants: the pool (with the
-	// storage), SDN, the node (its firewall rules) and the template.
-	for _, a := range [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"},
-		{"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/nodes/pve", "PVESysAdmin"}, {"/", "PVEAuditor"},
-		{fmt.Sprintf("/vms/%d", templateID), "PVEVMAdmin"}} {
-		for _, who := range []string{"pve-inspectd@pve", id} {
-			if err := emu.SetACL(a[0], who, a[1], true); err != nil {
-				return nil, "", "", "", err
-			}
-		}
 	}
 	secretFile = filepath.Join(dir, "pve-token")
 	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {

@@ -10,6 +10,7 @@ package mgmtport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -32,6 +33,10 @@ type Rule struct {
 	Iface   string
 	Comment string
 	Enable  bool
+	// Digest is the digest of the rule list the rule was read from (each
+	// rule of GET .../firewall/rules carries it); a delete sends it, so
+	// Proxmox refuses it when the list changed since (positions moved).
+	Digest string
 }
 
 // Firewall is what the converger needs from the Proxmox API. Implemented by
@@ -40,11 +45,14 @@ type Firewall interface {
 	NodeRules(ctx context.Context) ([]Rule, error)
 	// AddNodeRule inserts a rule at the top (position 0), as Proxmox does.
 	AddNodeRule(ctx context.Context, r Rule) error
-	DeleteNodeRule(ctx context.Context, pos int) error
+	// DeleteNodeRule deletes the rule at pos of the list whose digest is
+	// given, refused when the list changed since.
+	DeleteNodeRule(ctx context.Context, pos int, digest string) error
 	NodeFirewallEnabled(ctx context.Context) (bool, error)
 	SetNodeFirewall(ctx context.Context, on bool) error
+	// ClusterFirewallEnabled reports the cluster switch, which only root
+	// turns on (see ErrClusterFirewallOff).
 	ClusterFirewallEnabled(ctx context.Context) (bool, error)
-	SetClusterFirewall(ctx context.Context, on bool) error
 }
 
 // Converger keeps the management-port rules in place.
@@ -87,27 +95,29 @@ func same(a, b Rule) bool {
 		a.Iface == b.Iface && a.Comment == b.Comment && a.Enable == b.Enable
 }
 
-// Converge makes the node's rules match Desired(iface) and enables the node
-// and cluster firewall. It reports whether it changed anything.
+// Converge makes the node's rules match Desired(iface), enables the node
+// firewall and checks the cluster firewall is on (ErrClusterFirewallOff
+// when not). It reports whether it changed anything.
 func (c *Converger) Converge(ctx context.Context, iface string) (bool, error) {
 	want := c.Desired(iface)
-	rules, err := c.fw.NodeRules(ctx)
+	ours, err := c.ours(ctx)
 	if err != nil {
-		return false, fmt.Errorf("converge management rules: %w", err)
+		return false, err
 	}
-	var ours []Rule
-	for _, r := range rules {
-		if strings.HasPrefix(r.Comment, Tag) {
-			ours = append(ours, r)
-		}
-	}
-	sort.Slice(ours, func(i, j int) bool { return ours[i].Pos < ours[j].Pos })
 	changed := false
 	if !slices.EqualFunc(ours, want, same) {
-		// delete from the bottom so positions stay valid
-		for i := len(ours) - 1; i >= 0; i-- {
-			if err := c.fw.DeleteNodeRule(ctx, ours[i].Pos); err != nil {
+		// Delete from the bottom, one at a time, each with the digest of
+		// the list it was found in: a position is only valid in that list
+		// (another writer may have inserted or deleted rules).
+		// At most as many deletes as rules found: a writer that keeps
+		// adding ours is left to the next round.
+		for n := len(ours); len(ours) > 0 && n > 0; n-- {
+			last := ours[len(ours)-1]
+			if err := c.fw.DeleteNodeRule(ctx, last.Pos, last.Digest); err != nil {
 				return true, fmt.Errorf("converge management rules: %w", err)
+			}
+			if ours, err = c.ours(ctx); err != nil {
+				return true, err
 			}
 		}
 		// insert bottom-up at the top: the final order equals want
@@ -134,12 +144,35 @@ func (c *Converger) Converge(ctx context.Context, iface string) (bool, error) {
 		return changed, fmt.Errorf("converge management rules: %w", err)
 	}
 	if !on {
-		if err := c.fw.SetClusterFirewall(ctx, true); err != nil {
-			return true, fmt.Errorf("converge management rules: %w", err)
-		}
-		changed = true
+		return changed, ErrClusterFirewallOff
 	}
 	return changed, nil
+}
+
+// ErrClusterFirewallOff: the node's rules are in place but the cluster
+// firewall, without which Proxmox applies none of them, is off. Turning it
+// on needs Sys.Modify on "/" (pve-firewall PVE/API2/Firewall/Cluster.pm
+// set_options), which would let the daemon's token change every node's
+// firewall and the datacenter options; so root turns it on once, and the
+// daemon only checks.
+var ErrClusterFirewallOff = errors.New("converge management rules: the cluster firewall is off, so Proxmox applies no node rule; " +
+	"as root, after the daemon has put its rules in place: pvesh set /cluster/firewall/options --enable 1")
+
+// ours reads the node's rules and returns those carrying Tag, by
+// position.
+func (c *Converger) ours(ctx context.Context) ([]Rule, error) {
+	rules, err := c.fw.NodeRules(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("converge management rules: %w", err)
+	}
+	var out []Rule
+	for _, r := range rules {
+		if strings.HasPrefix(r.Comment, Tag) {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pos < out[j].Pos })
+	return out, nil
 }
 
 // Run converges with the interface current supplies, again whenever

@@ -3,7 +3,9 @@ package mgmtport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,10 +25,19 @@ func (f *fakeFW) renumber() {
 		f.rules[i].Pos = i
 	}
 }
+
+// digest changes with every change of the list, like the digest of
+// host.fw.
+func (f *fakeFW) digest() string { return fmt.Sprintf("%d-%d", f.adds, f.dels) }
+
 func (f *fakeFW) NodeRules(context.Context) ([]Rule, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return slices.Clone(f.rules), nil
+	out := slices.Clone(f.rules)
+	for i := range out {
+		out[i].Digest = f.digest()
+	}
+	return out, nil
 }
 func (f *fakeFW) AddNodeRule(_ context.Context, r Rule) error {
 	f.mu.Lock()
@@ -39,9 +50,12 @@ func (f *fakeFW) AddNodeRule(_ context.Context, r Rule) error {
 	f.renumber()
 	return nil
 }
-func (f *fakeFW) DeleteNodeRule(_ context.Context, pos int) error {
+func (f *fakeFW) DeleteNodeRule(_ context.Context, pos int, digest string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if digest != f.digest() {
+		return fmt.Errorf("digest %q, list is at %q: detected modified configuration", digest, f.digest())
+	}
 	if pos < 0 || pos >= len(f.rules) {
 		return errors.New("no such rule")
 	}
@@ -53,7 +67,6 @@ func (f *fakeFW) DeleteNodeRule(_ context.Context, pos int) error {
 func (f *fakeFW) NodeFirewallEnabled(context.Context) (bool, error)    { return f.node, nil }
 func (f *fakeFW) SetNodeFirewall(_ context.Context, on bool) error     { f.node = on; return nil }
 func (f *fakeFW) ClusterFirewallEnabled(context.Context) (bool, error) { return f.cluster, nil }
-func (f *fakeFW) SetClusterFirewall(_ context.Context, on bool) error  { f.cluster = on; return nil }
 
 func ours(rules []Rule) []Rule {
 	var out []Rule
@@ -68,7 +81,7 @@ func ours(rules []Rule) []Rule {
 
 func TestConverge(t *testing.T) {
 	foreign := Rule{Type: "in", Action: "ACCEPT", Proto: "tcp", DPort: "3128", Comment: "operator", Enable: true}
-	fw := &fakeFW{rules: []Rule{foreign}}
+	fw := &fakeFW{rules: []Rule{foreign}, cluster: true} // root turned the cluster firewall on
 	c := New(fw, 8443, nil)
 	ctx := context.Background()
 
@@ -115,6 +128,48 @@ func TestConverge(t *testing.T) {
 	fw.failAdd = errors.New("boom")
 	if _, err := c.Converge(ctx, "ens5"); err == nil {
 		t.Error("failure not reported")
+	}
+}
+
+// TestConvergeClusterOff: with the cluster firewall off the rules and the
+// node switch are still put in place, the cluster switch is left to root
+// and the converger says what to run.
+func TestConvergeClusterOff(t *testing.T) {
+	fw := &fakeFW{}
+	c := New(fw, 0, nil)
+	changed, err := c.Converge(context.Background(), "eth0")
+	if !errors.Is(err, ErrClusterFirewallOff) || !changed {
+		t.Fatalf("converge with the cluster firewall off: %v %v", changed, err)
+	}
+	if !strings.Contains(err.Error(), "pvesh set /cluster/firewall/options --enable 1") {
+		t.Errorf("error names no fix: %v", err)
+	}
+	if fw.cluster || !fw.node || !slices.EqualFunc(ours(fw.rules), c.Desired("eth0"), same) {
+		t.Errorf("cluster %v node %v rules %+v", fw.cluster, fw.node, fw.rules)
+	}
+}
+
+// TestConvergeStaleDigest: a delete whose list changed meanwhile is
+// refused by Proxmox; the converger reports it and repairs next round.
+func TestConvergeStaleDigest(t *testing.T) {
+	fw := &fakeFW{cluster: true}
+	c := New(fw, 0, nil)
+	ctx := context.Background()
+	if _, err := c.Converge(ctx, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := fw.NodeRules(ctx)
+	fw.rules = append([]Rule{{Type: "in", Action: "DROP", Comment: "operator"}}, fw.rules...) // another writer
+	fw.adds++
+	fw.renumber()
+	if err := fw.DeleteNodeRule(ctx, rules[0].Pos, rules[0].Digest); err == nil {
+		t.Fatal("delete with a stale digest accepted")
+	}
+	if changed, err := c.Converge(ctx, "eth1"); err != nil || !changed || !slices.EqualFunc(ours(fw.rules), c.Desired("eth1"), same) {
+		t.Fatalf("converge after a foreign change: %v %v %+v", changed, err, fw.rules)
+	}
+	if fw.rules[len(fw.rules)-1].Comment != "operator" {
+		t.Errorf("foreign rule lost: %+v", fw.rules)
 	}
 }
 

@@ -1,18 +1,24 @@
 package deb
 
 import (
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 )
 
 // TestAccessSetup runs pve-access-setup against a recording pveum and
-// checks the grants: the pool with the templates' storage as a member, SDN
-// (where PUT /cluster/sdn is checked),
-// the node, the cluster firewall switch on "/" without propagation, and
-// each template; a second run keeps the token secret.
+// checks the grants: the pool with the templates' and the transfer
+// storage as members, SDN (where PUT /cluster/sdn is checked), the node's
+// firewall, the cluster firewall switch on "/" and the transfer storage
+// without propagation, and each template; a second run keeps the token
+// secret.
 func TestAccessSetup(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "calls")
@@ -41,13 +47,16 @@ esac
 	for _, want := range []string{
 		"acl modify /pool/pve-inspect --tokens pve-inspectd@pve!daemon --roles PVEInspect --propagate 1",
 		"acl modify /sdn --tokens pve-inspectd@pve!daemon --roles PVEInspect --propagate 1",
-		"acl modify /nodes/" + host + " --tokens pve-inspectd@pve!daemon --roles PVEInspect --propagate 1",
+		"acl modify /nodes/" + host + " --tokens pve-inspectd@pve!daemon --roles PVEInspectNode --propagate 0",
+		"acl modify /storage/local --tokens pve-inspectd@pve!daemon --roles PVEInspectTransfer --propagate 0",
 		"acl modify / --tokens pve-inspectd@pve!daemon --roles PVEInspectCluster --propagate 0",
 		"acl modify /vms/9000 --tokens pve-inspectd@pve!daemon --roles PVEInspectTemplate --propagate 0",
 		"acl modify /vms/9001 --tokens pve-inspectd@pve!daemon --roles PVEInspectTemplate --propagate 0",
 		"user token add pve-inspectd@pve daemon --privsep 1",
 		// clone and resize check Datastore.AllocateSpace on the storage
 		"pool modify pve-inspect --storage local-lvm",
+		// disk transfers allocate on the dir storage
+		"pool modify pve-inspect --storage local",
 	} {
 		if !strings.Contains(calls, want) {
 			t.Errorf("no call %q in:\n%s", want, calls)
@@ -55,6 +64,9 @@ esac
 	}
 	if strings.Contains(calls, "acl modify / --tokens pve-inspectd@pve!daemon --roles PVEInspect ") {
 		t.Error("the main role was granted on /")
+	}
+	if strings.Contains(calls, "acl modify /nodes/"+host+" --tokens pve-inspectd@pve!daemon --roles PVEInspect ") {
+		t.Error("the main role was granted on the node")
 	}
 	if s, _ := os.ReadFile(secret); !strings.Contains(string(s), "s3cret") {
 		t.Fatalf("secret file: %q", s)
@@ -65,4 +77,89 @@ esac
 	if strings.Contains(string(b), "token add") || strings.Contains(string(b), "token remove") {
 		t.Errorf("second run touched the token:\n%s", b)
 	}
+}
+
+// runAccessSetup runs pve-access-setup with env against a pveum that
+// records its arguments, and returns them, one call a line.
+func runAccessSetup(t *testing.T, env ...string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls")
+	fake := `#!/bin/sh
+echo "$*" >> ` + log + `
+case "$*" in
+*"list --output-format json"*) echo '[]' ;;
+"user token add"*) echo '{"full-tokenid":"pve-inspectd@pve!daemon","value":"s3cret"}' ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "pve-access-setup")
+	cmd.Env = append(os.Environ(), append([]string{"PATH=" + dir + ":" + os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE=" + filepath.Join(dir, "pve-token")}, env...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pve-access-setup: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+// TestAccessSetupMatchesTable: the roles, pool storages and ACL entries
+// pve-access-setup creates are exactly the pveapi/access table's (the
+// table the emulator's tests authenticate with and the doctor checks), and
+// the script's calls are the golden file's.
+func TestAccessSetupMatchesTable(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000 9001")
+	roles := map[string][]string{}
+	var storages []string
+	entries := map[string][]access.ACLEntry{} // by "users"/"tokens"
+	for _, c := range calls {
+		f := strings.Fields(c)
+		switch {
+		case len(f) == 5 && f[0] == "role" && (f[1] == "add" || f[1] == "modify") && f[3] == "--privs":
+			privs := strings.Split(f[4], ",")
+			slices.Sort(privs)
+			roles[f[2]] = privs
+		case len(f) == 5 && f[0] == "pool" && f[1] == "modify" && f[3] == "--storage":
+			storages = append(storages, f[4])
+		case len(f) == 9 && f[0] == "acl" && f[1] == "modify":
+			who := strings.TrimPrefix(f[3], "--")
+			if (who == "users" && f[4] != access.User) || (who == "tokens" && f[4] != access.TokenID) {
+				t.Errorf("grant to %s %s", who, f[4])
+			}
+			entries[who] = append(entries[who], access.ACLEntry{Path: f[2], Role: f[6], Propagate: f[8] == "1"})
+		}
+	}
+	want := map[string][]string{}
+	for _, r := range access.Roles() {
+		want[r.Name] = r.Privs
+	}
+	if !maps.EqualFunc(roles, want, slices.Equal) {
+		t.Errorf("roles\n%v\nwant (pveapi/access)\n%v", roles, want)
+	}
+	slices.Sort(storages)
+	if ws := access.PoolStorages(); !slices.Equal(storages, ws) {
+		t.Errorf("pool storages %v, want %v", storages, ws)
+	}
+	wantACL := access.ACLEntries(host, "", []int{9000, 9001})
+	sortACL := func(es []access.ACLEntry) {
+		slices.SortFunc(es, func(a, b access.ACLEntry) int { return strings.Compare(a.Path+" "+a.Role, b.Path+" "+b.Role) })
+	}
+	sortACL(wantACL)
+	for _, who := range []string{"users", "tokens"} {
+		got := entries[who]
+		sortACL(got)
+		if !slices.Equal(got, wantACL) {
+			t.Errorf("ACL entries of the %s\n%v\nwant (pveapi/access)\n%v", who, got, wantACL)
+		}
+	}
+	golden := strings.ReplaceAll(strings.Join(calls, "\n")+"\n", "/nodes/"+host+" ", "/nodes/NODE ")
+	testkit.Golden(t, "pve-access-setup.calls", []byte(golden))
 }

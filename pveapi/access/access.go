@@ -197,7 +197,7 @@ func Calls() []Call {
 func Roles() []Role {
 	return []Role{
 		{RoleMain, sorted(
-			"VM.Allocate", "VM.Audit", "VM.Clone", "VM.PowerMgmt", "VM.Snapshot", "VM.Snapshot.Rollback",
+			"VM.Allocate", "VM.Audit", "VM.PowerMgmt", "VM.Snapshot", "VM.Snapshot.Rollback",
 			"VM.Config.CPU", "VM.Config.Memory", "VM.Config.Disk", "VM.Config.Network", "VM.Config.Options",
 			"VM.Config.HWType", "VM.Config.CDROM",
 			"Datastore.AllocateSpace", "Datastore.Audit",

@@ -101,20 +101,10 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 	if err := emu.AddSandboxTemplate(ctx, 9000, filepath.Join(bed.Dir(), "template-disk"), ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
-		t.Fatal(err)
-	}
-	id, secret, err := emu.AddToken("pve-inspectd@pve", "daemon", true)
+	// Exactly what packaging/deb/pve-access-setup creates.
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}})
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, a := range [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"},
-		{"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}} {
-		for _, who := range []string{"pve-inspectd@pve", id} {
-			if err := emu.SetACL(a[0], who, a[1], true); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 	px, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
 	if err != nil {

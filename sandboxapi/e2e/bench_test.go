@@ -21,7 +21,7 @@ func p50(ds []time.Duration) time.Duration {
 // create-to-ready and delete times and the Proxmox API requests of one
 // lifecycle (task polls included).
 func BenchmarkEmuLifecycle(b *testing.B) {
-	e := newEmuEnvTB(b, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnvTB(b)
 	ctx := context.Background()
 	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}}}
 	var creates, deletes []time.Duration

@@ -80,12 +80,9 @@ func TestBedDiskTransfer(t *testing.T) {
 		o.DiskTransfer = sw
 	})
 	sw.set(diskxfer.New(px, diskxfer.Options{}))
-	// The daemon's token may allocate and free on the dir storage.
-	for _, who := range []string{"pve-inspectd@pve", "pve-inspectd@pve!daemon"} {
-		if err := e.emu.SetACL("/storage/local", who, "PVEDatastoreAdmin", true); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The daemon's token allocates and frees on the dir storage with the
+	// grants pve-access-setup creates (the pool's storage and the
+	// transfer role), nothing more.
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)

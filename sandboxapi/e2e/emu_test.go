@@ -2,11 +2,13 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,20 +40,22 @@ type emuEnv struct {
 }
 
 // newEmuEnv runs the sandbox API against the Proxmox emulator (fake
-// backend: no root) with the real guest agent client, authenticated with a
-// privilege-separated API token holding the ACLs pve-access-setup grants.
-func newEmuEnv(t *testing.T, acl [][2]string) *emuEnv { return newEmuEnvTB(t, acl) }
+// backend: no root) with the real guest agent client, authenticated with
+// the privilege-separated API token pve-access-setup creates, holding
+// exactly its roles and ACLs (pveemu.ApplyAccessSetup, from the
+// pveapi/access table) and nothing broader.
+func newEmuEnv(t *testing.T) *emuEnv { return newEmuEnvTB(t) }
 
-func newEmuEnvTB(t testing.TB, acl [][2]string, opts ...func(*options)) *emuEnv {
-	return newEmuEnvWith(t, emuSetup{acl: acl, poolStorage: true, opts: opts})
+func newEmuEnvTB(t testing.TB, opts ...func(*options)) *emuEnv {
+	return newEmuEnvWith(t, emuSetup{opts: opts})
 }
 
 // emuSetup varies the emulator environment.
 type emuSetup struct {
-	acl [][2]string
-	// poolStorage puts local-lvm (the template's disk) in the pool, as
-	// pve-access-setup does.
-	poolStorage bool
+	// storages is pve-access-setup's PVE_INSPECTD_STORAGE (none: its
+	// default, local-lvm, the template's disk); the transfer storage is
+	// added to the pool either way.
+	storages []string
 	// wrap, when set, sits between the client and the emulator (fault
 	// injection).
 	wrap func(http.Handler) http.Handler
@@ -60,7 +64,6 @@ type emuSetup struct {
 }
 
 func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
-	acl := o.acl
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	if err := os.MkdirAll(run, 0o755); err != nil {
@@ -85,29 +88,9 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	if err := emu.AddTemplate(ctx, 9000, "debian", disk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := emu.AddPool("pve-inspect", ""); err != nil {
-		t.Fatal(err)
-	}
-	if o.poolStorage {
-		if err := emu.AddPoolStorage("pve-inspect", "local-lvm"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
-		t.Fatal(err)
-	}
-	id, secret, err := emu.AddToken("pve-inspectd@pve", "daemon", true)
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}, Storages: o.storages})
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, a := range acl { // the user and its token, as pve-access-setup does
-		path, role := a[0], a[1]
-		if err := emu.SetACL(path, "pve-inspectd@pve", role, true); err != nil {
-			t.Fatal(err)
-		}
-		if err := emu.SetACL(path, id, role, true); err != nil {
-			t.Fatal(err)
-		}
 	}
 	px, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 20 * time.Millisecond})
 	if err != nil {
@@ -156,7 +139,7 @@ func (socketGuest) ReadFile(context.Context, string, io.Writer, int64) (int64, e
 }
 
 func TestEmulatorLifecycle(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian", DiskGiB: 20}}})
@@ -208,7 +191,7 @@ func (e *emuEnv) assertClean(t *testing.T, ctx context.Context) {
 }
 
 func TestEmulatorUnknownTemplateChangesNothing(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "nosuch"}}})
@@ -219,9 +202,22 @@ func TestEmulatorUnknownTemplateChangesNothing(t *testing.T) {
 }
 
 func TestEmulatorMgmtRules(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	conv := mgmtport.New(e.px, 8443, nil)
 	ctx := context.Background()
+	// The token may not turn the cluster firewall on: root does.
+	if ch, err := conv.Converge(ctx, "mgmt0"); !errors.Is(err, mgmtport.ErrClusterFirewallOff) || !ch {
+		t.Fatalf("converge with the cluster firewall off: %v %v", ch, err)
+	}
+	if err := e.px.SetClusterFirewall(ctx, true); err == nil {
+		t.Fatal("the daemon's token turned the cluster firewall on")
+	}
+	if code, msg := e.rootCall(t, "PUT", "/cluster/firewall/options", url.Values{"enable": {"1"}}); code != 200 {
+		t.Fatalf("root: cluster firewall on: %d %s", code, msg)
+	}
+	if ch, err := conv.Converge(ctx, "eth8"); err != nil || !ch {
+		t.Fatalf("converge: %v %v", ch, err)
+	}
 	if ch, err := conv.Converge(ctx, "mgmt0"); err != nil || !ch {
 		t.Fatalf("converge: %v %v", ch, err)
 	}
@@ -237,13 +233,10 @@ func TestEmulatorMgmtRules(t *testing.T) {
 	}
 }
 
-// poolACL is what packaging/deb/pve-access-setup grants (in roles the
-// emulator knows).
-var poolACL = [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"}, {"/sdn", "PVESDNAdmin"}, {"/nodes/pve", "PVEVMAdmin"}, {"/vms/9000", "PVEVMAdmin"}}
-
-// TestEmulatorTokenACL uses the ACLs packaging/deb/pve-access-setup grants.
+// TestEmulatorTokenACL uses the ACLs packaging/deb/pve-access-setup grants
+// (as every test here does).
 func TestEmulatorTokenACL(t *testing.T) {
-	e := newEmuEnv(t, poolACL)
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
@@ -261,7 +254,7 @@ func TestEmulatorTokenACL(t *testing.T) {
 // ACL reaches only when the storage is a pool member; without it the
 // create fails naming the privilege and leaves nothing.
 func TestEmulatorCloneNeedsStorageGrant(t *testing.T) {
-	e := newEmuEnvWith(t, emuSetup{acl: poolACL})
+	e := newEmuEnvWith(t, emuSetup{storages: []string{"local"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})

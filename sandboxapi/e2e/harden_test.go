@@ -11,6 +11,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -37,12 +38,18 @@ func dirtyTemplate(t *testing.T, e *emuEnv) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// as pve-access-setup grants it with PVE_INSPECTD_TEMPLATES="9000 9001"
+	for _, who := range []string{access.User, access.TokenID} {
+		if err := e.emu.SetACL("/vms/9001", who, access.RoleTemplate, false); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestHardenedProfileOnEmulator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	e := newEmuEnvTB(t, [][2]string{{"/", "Administrator"}}, withHardening(false))
+	e := newEmuEnvTB(t, withHardening(false))
 	dirtyTemplate(t, e)
 
 	// a plain template passes (its clones get the rest), and every clone
@@ -83,8 +90,20 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 		t.Errorf("a refused create started VMs: %d -> %d", before, after)
 	}
 
-	// the pool-scoped token cannot take root-only items away
-	tokenErr := e.px.UpdateVMConfig(ctx, 9001, nil, []string{"args"})
+	// the pool-scoped token cannot change a template at all (its role
+	// there is VM.Clone and VM.Audit)...
+	tokenErr := e.px.UpdateVMConfig(ctx, 9001, map[string]string{"tablet": "0"}, nil)
+	if tokenErr == nil || !strings.Contains(tokenErr.Error(), "403 Permission check failed (/vms/9001, VM.Config.") {
+		t.Fatalf("token changed the template: %v", tokenErr)
+	}
+	// ...and with the main role there too (a template put in the pool) it
+	// still cannot take root-only items away
+	for _, who := range []string{access.User, access.TokenID} {
+		if err := e.emu.SetACL("/vms/9001", who, access.RoleMain, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokenErr = e.px.UpdateVMConfig(ctx, 9001, nil, []string{"args"})
 	if tokenErr == nil || !strings.Contains(tokenErr.Error(), "only root can set 'args' config") {
 		t.Fatalf("token deleted args: %v", tokenErr)
 	}
@@ -122,7 +141,7 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 func TestUnhardenedTemplatesAllowed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	e := newEmuEnvTB(t, [][2]string{{"/", "Administrator"}}, withHardening(true))
+	e := newEmuEnvTB(t, withHardening(true))
 	dirtyTemplate(t, e)
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "dirty"}}})
 	if err != nil {
@@ -137,5 +156,57 @@ func TestUnhardenedTemplatesAllowed(t *testing.T) {
 		if it.Fix == hardening.FixClone {
 			t.Errorf("clone item not set: %v", it)
 		}
+	}
+}
+
+// TestHardenedCreateNeedsShippedPrivileges: a hardened create with the
+// shipped role succeeds; the same role without VM.Config.HWType (vga,
+// serial0, machine...) or VM.Config.CDROM (deleting a CD-ROM) is refused
+// by qemu-server's config checks, naming the privilege, and leaves
+// nothing behind.
+func TestHardenedCreateNeedsShippedPrivileges(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e := newEmuEnvTB(t, withHardening(false))
+	disk := filepath.Join(t.TempDir(), "disk")
+	if err := os.MkdirAll(filepath.Join(disk, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.emu.AddTemplate(ctx, 9002, "cdrom", disk, map[string]string{
+		"net0": "virtio=BC:24:11:00:00:03,bridge=vmbr0", "ide2": "none,media=cdrom", "cpu": "host",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, who := range []string{access.User, access.TokenID} {
+		if err := e.emu.SetACL("/vms/9002", who, access.RoleTemplate, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "cdrom"}}})
+	if err != nil {
+		t.Fatalf("hardened create with the shipped role: %v", err)
+	}
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean(t, ctx)
+	for _, drop := range []string{"VM.Config.HWType", "VM.Config.CDROM"} {
+		t.Run("without "+drop, func(t *testing.T) {
+			var privs []string
+			for _, p := range access.RolePrivs(access.RoleMain) {
+				if p != drop {
+					privs = append(privs, p)
+				}
+			}
+			if err := e.emu.AddRole(access.RoleMain, privs); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = e.emu.AddRole(access.RoleMain, access.RolePrivs(access.RoleMain)) })
+			_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "cdrom"}}})
+			if err == nil || !strings.Contains(err.Error(), drop) {
+				t.Fatalf("create without %s: %v", drop, err)
+			}
+			e.assertClean(t, ctx)
+		})
 	}
 }

@@ -61,7 +61,7 @@ func (e *emuEnv) rootCall(t *testing.T, method, path string, form url.Values) (i
 // update; the VM must be running again and its agent back well before the
 // agent timeout.
 func TestEmulatorRollbackWithLaggingStats(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
@@ -91,7 +91,7 @@ func TestEmulatorRollbackWithLaggingStats(t *testing.T) {
 // stopped, then it started (a second ago): the delete must still stop it
 // before the destroy, which refuses a running VM.
 func TestEmulatorDeleteJustStartedVM(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
@@ -130,7 +130,7 @@ func TestEmulatorDeleteJustStartedVM(t *testing.T) {
 // the teardown must still find and remove them, and the zone.
 func TestEmulatorCleanupBeforeApply(t *testing.T) {
 	var failed atomic.Bool
-	e := newEmuEnvWith(t, emuSetup{acl: [][2]string{{"/", "Administrator"}}, poolStorage: true, wrap: func(h http.Handler) http.Handler {
+	e := newEmuEnvWith(t, emuSetup{wrap: func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/subnets") && !failed.Swap(true) {
 				w.Header().Set("Content-Type", "application/json")
@@ -160,7 +160,7 @@ func TestEmulatorCleanupBeforeApply(t *testing.T) {
 // on the node (task "WARNINGS: 1"); the create must fail there, before any
 // clone, and leave nothing.
 func TestEmulatorReloadWarningFailsCreate(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	e.emu.InjectReloadWarning("reloading network config failed: ifreload -a: exit code 1")
@@ -183,7 +183,7 @@ func TestEmulatorReloadWarningFailsCreate(t *testing.T) {
 // NICs; a leftover entry makes the subnet delete fail ("not empty"), and
 // the teardown must clear it first.
 func TestEmulatorIPAMEntriesBlockSubnetDelete(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian"}}})
