@@ -145,14 +145,7 @@ func (p *playgroundProc) stop(t *testing.T) {
 func TestPlayground(t *testing.T) {
 	testkit.RequireRoot(t)
 	node := needNodeClient(t)
-	bin := t.TempDir()
-	for _, pkg := range []string{"../pve-inspectd", "../pve-inspect-probe", "."} {
-		cmd := exec.Command("go", "build", "-o", bin+"/", pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", pkg, err, out)
-		}
-	}
+	bin := buildBins(t)
 	p := startPlayground(t, bin)
 	in := p.info
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
