@@ -1,0 +1,213 @@
+package doctor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// fakeSandboxes is a sandbox API with one VM's files in memory. Its
+// fields inject the canary's faults.
+type fakeSandboxes struct {
+	files, snap  map[string][]byte
+	created      bool
+	deleted      bool
+	failCreate   error
+	noRollback   bool // the rollback leaves the files as they are
+	checkFails   bool
+	corruptLarge bool // files of 1 MiB and more come back changed
+	stillListed  bool // the deleted sandbox is still listed
+}
+
+func newFakeSandboxes() *fakeSandboxes {
+	return &fakeSandboxes{files: map[string][]byte{}}
+}
+
+var fakeSB = apitype.Sandbox{ID: "sbtest01", State: "running", Zone: "sbtest01", VMs: []apitype.VM{{Name: "vm0", VMID: 100}}}
+
+func (f *fakeSandboxes) Create(context.Context, apitype.CreateRequest) (apitype.Sandbox, error) {
+	if f.failCreate != nil {
+		return apitype.Sandbox{}, f.failCreate
+	}
+	f.created = true
+	return fakeSB, nil
+}
+
+func (f *fakeSandboxes) List(context.Context) ([]apitype.Sandbox, error) {
+	if f.created && (!f.deleted || f.stillListed) {
+		return []apitype.Sandbox{fakeSB}, nil
+	}
+	return nil, nil
+}
+
+func (f *fakeSandboxes) Exec(_ context.Context, _, _ string, r apitype.ExecRequest) (*apitype.ExecResult, error) {
+	switch {
+	case len(r.Argv) == 2 && r.Argv[0] == "uname":
+		return &apitype.ExecResult{Stdout: []byte("Linux\n")}, nil
+	case len(r.Argv) == 2 && r.Argv[0] == "cat":
+		return &apitype.ExecResult{Stdout: f.files[r.Argv[1]]}, nil
+	}
+	return nil, fmt.Errorf("fake: exec %v", r.Argv)
+}
+
+func (f *fakeSandboxes) WriteFile(_ context.Context, _, _, path string, r io.Reader, _ int64, _ uint32) error {
+	b, err := io.ReadAll(r)
+	f.files[path] = b
+	return err
+}
+
+func (f *fakeSandboxes) ReadFile(_ context.Context, _, _, path string, w io.Writer) (int64, error) {
+	b := bytes.Clone(f.files[path])
+	if f.corruptLarge && len(b) >= 1<<20 {
+		b[0] ^= 1
+	}
+	n, err := w.Write(b)
+	return int64(n), err
+}
+
+func (f *fakeSandboxes) Snapshot(context.Context, string, string, string) error {
+	f.snap = maps.Clone(f.files)
+	return nil
+}
+
+func (f *fakeSandboxes) Rollback(context.Context, string, string, string) error {
+	if !f.noRollback {
+		f.files = maps.Clone(f.snap)
+	}
+	return nil
+}
+
+func (f *fakeSandboxes) Check(context.Context, string, string) (apitype.CheckReport, error) {
+	row := apitype.CheckRow{Target: "node management", Probe: "tcp 8006", Expected: "blocked", Observed: "blocked", Pass: true}
+	if f.checkFails {
+		row.Observed, row.Pass = "open", false
+	}
+	return apitype.CheckReport{Sandbox: fakeSB.ID, VM: "vm0", Pass: row.Pass, Rows: []apitype.CheckRow{row}}, nil
+}
+
+func (f *fakeSandboxes) Delete(context.Context, string) error {
+	f.deleted = true
+	return nil
+}
+
+// fakeAPI answers GETs from a map of path -> value.
+type fakeAPI map[string]any
+
+func (f fakeAPI) Get(_ context.Context, path string, v any) error {
+	x, ok := f[path]
+	if !ok {
+		return fmt.Errorf("fake: no %s", path)
+	}
+	b, err := json.Marshal(x)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+func TestCanary(t *testing.T) {
+	clean := func() fakeAPI {
+		return fakeAPI{"/nodes/pve/qemu": []map[string]any{{"vmid": 9000}}, "/cluster/sdn/zones?pending=1": []map[string]any{}}
+	}
+	steps := []string{"canary: create", "canary: exec", "canary: file, streaming path", "canary: file, disk path",
+		"canary: snapshot and rollback", "canary: containment check", "canary: delete", "canary: nothing left behind"}
+	for _, tc := range []struct {
+		name    string
+		fault   func(*fakeSandboxes, fakeAPI)
+		disk    int64
+		want    map[string]Status // the steps not named pass
+		detail  string            // in the first failure's detail
+		deleted bool
+	}{
+		{name: "all pass", disk: 2 << 20, deleted: true},
+		{name: "disk path off", want: map[string]Status{"canary: file, disk path": Skip}, deleted: true},
+		{name: "create fails", fault: func(f *fakeSandboxes, _ fakeAPI) {
+			f.failCreate = errors.New("403 Permission check failed (/vms/100, VM.Config.HWType)")
+		},
+			want: map[string]Status{"canary: create": Fail, "canary: exec": Skip, "canary: file, streaming path": Skip, "canary: file, disk path": Skip,
+				"canary: snapshot and rollback": Skip, "canary: containment check": Skip, "canary: delete": Skip, "canary: nothing left behind": Skip},
+			detail: "VM.Config.HWType"},
+		{name: "disk path corrupts", disk: 2 << 20, fault: func(f *fakeSandboxes, _ fakeAPI) { f.corruptLarge = true },
+			want: map[string]Status{"canary: file, disk path": Fail}, detail: "content differs", deleted: true},
+		{name: "rollback restores nothing", disk: 1 << 20, fault: func(f *fakeSandboxes, _ fakeAPI) { f.noRollback = true },
+			want: map[string]Status{"canary: snapshot and rollback": Fail}, detail: `"after\n"`, deleted: true},
+		{name: "containment fails", disk: 1 << 20, fault: func(f *fakeSandboxes, _ fakeAPI) { f.checkFails = true },
+			want: map[string]Status{"canary: containment check": Fail}, detail: "node management tcp 8006: want blocked, saw open", deleted: true},
+		{name: "VM and zone left on Proxmox", disk: 1 << 20, fault: func(_ *fakeSandboxes, px fakeAPI) {
+			px["/nodes/pve/qemu"] = []map[string]any{{"vmid": 9000}, {"vmid": 100}}
+			px["/cluster/sdn/zones?pending=1"] = []map[string]any{{"zone": "sbtest01", "state": "deleted"}}
+		}, want: map[string]Status{"canary: nothing left behind": Fail}, detail: "left behind: VM 100, SDN zone sbtest01", deleted: true},
+		{name: "still listed", disk: 1 << 20, fault: func(f *fakeSandboxes, _ fakeAPI) { f.stillListed = true },
+			want: map[string]Status{"canary: nothing left behind": Fail}, detail: "sandbox sbtest01 still listed", deleted: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, px := newFakeSandboxes(), clean()
+			if tc.fault != nil {
+				tc.fault(f, px)
+			}
+			rep := Canary(context.Background(), f, px, Node{Name: "pve"}, CanaryOptions{Template: "debian", DiskBytes: tc.disk})
+			if len(rep.Checks) != len(steps) {
+				t.Fatalf("%d steps: %+v", len(rep.Checks), rep.Checks)
+			}
+			failed := false
+			for i, c := range rep.Checks {
+				want := Pass
+				if w, ok := tc.want[c.Name]; ok {
+					want = w
+				}
+				if c.Name != steps[i] || c.Status != want {
+					t.Errorf("step %d: %s %s (%s), want %s %s", i, c.Name, c.Status, c.Detail, steps[i], want)
+				}
+				if c.Status == Fail {
+					failed = true
+					if c.Fix == "" {
+						t.Errorf("%s failed without a fix", c.Name)
+					}
+				}
+			}
+			if rep.Pass == failed {
+				t.Errorf("report pass %v, a step failed %v", rep.Pass, failed)
+			}
+			if fl := rep.Failed(); tc.detail != "" && (len(fl) == 0 || !strings.Contains(fl[0].Detail, tc.detail)) {
+				t.Errorf("first failure %+v does not name %q", fl, tc.detail)
+			}
+			if f.deleted != tc.deleted {
+				t.Errorf("deleted %v, want %v", f.deleted, tc.deleted)
+			}
+		})
+	}
+}
+
+func TestReportText(t *testing.T) {
+	rep := Run(context.Background(), []Check{
+		{Name: "a", Run: func(context.Context) Outcome { return passf("fine") }},
+		{Name: "b", Run: func(context.Context) Outcome { return failf("do this", "broken\nsecond line") }},
+		{Name: "c", Run: func(context.Context) Outcome { return skipf("n/a") }},
+	})
+	var b bytes.Buffer
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, s := range []string{"CHECK", "a      PASS    ", "b      FAIL    ", "broken; second line", "c      SKIP    ", "b FAILED: broken\nsecond line\n  change: do this", "1 check(s) failed"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("text report lacks %q:\n%s", s, out)
+		}
+	}
+	b.Reset()
+	if err := rep.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b.Bytes(), &back); err != nil || back.Pass || len(back.Checks) != 3 || back.Checks[1].Fix != "do this" {
+		t.Errorf("JSON report: %v %+v", err, back)
+	}
+}
