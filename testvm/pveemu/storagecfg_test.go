@@ -1,0 +1,118 @@
+package pveemu
+
+import (
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
+)
+
+// TestDoctorReads covers the reads of pve-inspectd doctor: a token's own
+// effective permissions, the storage.cfg sections and the node's
+// storages, each limited to what the caller may see.
+func TestDoctorReads(t *testing.T) {
+	e := newEnv(t)
+	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.AddUser("nobody@pve", ""); err != nil {
+		t.Fatal(err)
+	}
+	nid, nsecret, err := e.s.AddToken("nobody@pve", "tok", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := func(id, secret, path string, form url.Values) resp {
+		t.Helper()
+		return e.do("GET", path, form, authNone, "Authorization", "PVEAPIToken="+id+"="+secret)
+	}
+	data := func(r resp) any {
+		t.Helper()
+		if r.status != 200 {
+			t.Fatalf("%d %s %v", r.status, r.reason, r.body)
+		}
+		return r.body["data"]
+	}
+	privs := func(d any, path string) []string {
+		m, _ := d.(map[string]any)
+		p, _ := m[path].(map[string]any)
+		var out []string
+		for k := range p {
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	for _, tc := range []struct {
+		path string
+		want []string
+		not  []string
+	}{
+		{"/pool/" + access.DefaultPool, []string{"VM.Config.HWType", "VM.Config.CDROM", "VM.Allocate", "Datastore.AllocateSpace"}, []string{"Datastore.Allocate", "Sys.Modify"}},
+		{"/storage/local", []string{"Datastore.Allocate", "Datastore.AllocateSpace"}, nil},
+		{"/storage/local-lvm", []string{"Datastore.AllocateSpace"}, []string{"Datastore.Allocate"}},
+		{"/vms/9000", []string{"VM.Clone", "VM.Audit"}, []string{"VM.Config.Disk"}},
+		{"/nodes/pve", []string{"Sys.Modify"}, nil},
+		{"/", []string{"Sys.Audit"}, []string{"Sys.Modify"}},
+	} {
+		got := privs(data(as(id, secret, "/access/permissions", url.Values{"path": {tc.path}})), tc.path)
+		for _, p := range tc.want {
+			if !slices.Contains(got, p) {
+				t.Errorf("%s: %v lacks %s", tc.path, got, p)
+			}
+		}
+		for _, p := range tc.not {
+			if slices.Contains(got, p) {
+				t.Errorf("%s: %v has %s", tc.path, got, p)
+			}
+		}
+	}
+	// Without a path: the top-level paths, the ACL paths and the pool's
+	// members, those with privileges only.
+	all, _ := data(as(id, secret, "/access/permissions", nil)).(map[string]any)
+	for _, p := range []string{"/", "/sdn", "/pool/pve-inspect", "/storage/local-lvm", "/storage/local", "/vms/9000", "/nodes/pve"} {
+		if _, ok := all[p]; !ok {
+			t.Errorf("permissions without path lack %s: %v", p, all)
+		}
+	}
+	if _, ok := all["/access"]; ok {
+		t.Errorf("a path without privileges is listed: %v", all["/access"])
+	}
+	// Another's permissions need Sys.Audit on /access; root has it.
+	if r := as(id, secret, "/access/permissions", url.Values{"userid": {"root@pam"}}); r.status != 403 {
+		t.Errorf("the token read root's permissions: %d", r.status)
+	}
+	if got := privs(e.ok("GET", "/access/permissions", url.Values{"userid": {id}, "path": {"/storage/local"}}), "/storage/local"); !slices.Contains(got, "Datastore.Allocate") {
+		t.Errorf("root reading the token's permissions: %v", got)
+	}
+
+	// storage.cfg: both storages for the token, none for nobody.
+	list, _ := data(as(id, secret, "/storage", nil)).([]any)
+	byID := map[string]map[string]any{}
+	for _, x := range list {
+		m := x.(map[string]any)
+		byID[m["storage"].(string)] = m
+	}
+	if l := byID["local"]; l == nil || l["type"] != "dir" || l["content"] != "backup,iso,vztmpl" || !strings.HasSuffix(l["path"].(string), "/storage/local") {
+		t.Errorf("local: %v", l)
+	}
+	if l := byID["local-lvm"]; l == nil || l["type"] != "lvmthin" || l["vgname"] != "pve" || l["content"] != "images,rootdir" {
+		t.Errorf("local-lvm: %v", l)
+	}
+	if l, _ := data(as(nid, nsecret, "/storage", nil)).([]any); len(l) != 0 {
+		t.Errorf("a token without privileges sees %v", l)
+	}
+	e.s.SetStorageContent("local", "backup,images,iso,vztmpl")
+	if l, _ := data(as(id, secret, "/storage", url.Values{"type": {"dir"}})).([]any); len(l) != 1 || l[0].(map[string]any)["content"] != "backup,images,iso,vztmpl" {
+		t.Errorf("local after SetStorageContent, type=dir: %v", l)
+	}
+	// The node's storages: active, filtered by content.
+	ns, _ := data(as(id, secret, "/nodes/pve/storage", url.Values{"content": {"rootdir"}})).([]any)
+	if len(ns) != 1 || ns[0].(map[string]any)["storage"] != "local-lvm" || ns[0].(map[string]any)["active"] != float64(1) {
+		t.Errorf("node storages with rootdir: %v", ns)
+	}
+}
