@@ -209,3 +209,31 @@ func TestSDNCheck(t *testing.T) {
 	}
 	want(t, run(t, SDNCheck(nd.px, ok)), Fail, "pending SDN edits not applied: other (new)", "apply or revert them")
 }
+
+func TestScopeCheck(t *testing.T) {
+	nd := newNode(t)
+	want(t, run(t, ScopeCheck(nd.px, nd.n, access.Calls())), Pass, "no privilege beyond", "")
+
+	// An older setup's grants: Sys.Modify on / and the agent's
+	// unrestricted privilege on the pool.
+	if err := nd.emu.AddRole("OldInspect", []string{"Sys.Modify", "Sys.Audit"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.emu.AddRole("OldAgent", []string{"VM.GuestAgent.Unrestricted"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, who := range []string{access.User, nd.n.TokenID} {
+		if err := nd.emu.SetACL("/", who, "OldInspect", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := nd.emu.SetACL("/pool/"+access.DefaultPool, who, "OldAgent", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := run(t, ScopeCheck(nd.px, nd.n, access.Calls()))
+	want(t, o, Fail, "Sys.Modify on / (it could change the node's network", "run pve-access-setup again")
+	want(t, o, Fail, "VM.GuestAgent.Unrestricted on /pool/pve-inspect", "")
+	if strings.Contains(o.Detail, "on /nodes/pve") || strings.Contains(o.Detail, "Datastore.Allocate on /storage/local") {
+		t.Errorf("the table's own needs reported as broad: %s", o.Detail)
+	}
+}

@@ -463,3 +463,71 @@ func IPAMCheck(px API) Check {
 		return passf("IPAM pve: %d entries", len(entries))
 	}}
 }
+
+// broadPrivs are privileges that reach far beyond the daemon's work, each
+// with what a leaked token could do with it. The call table may need one
+// on a path of its own (Sys.Modify on /nodes/NODE for the management-port
+// rules, Datastore.Allocate on the transfer storage): held anywhere else,
+// the token is broader than the work.
+var broadPrivs = map[string]string{
+	"Permissions.Modify":         "grant itself anything",
+	"Sys.Modify":                 "change the node's network, certificates, services or the cluster firewall",
+	"Sys.PowerMgmt":              "reboot or shut down nodes",
+	"Sys.Console":                "open a root shell on a node",
+	"User.Modify":                "change users",
+	"Group.Allocate":             "change groups",
+	"Realm.Allocate":             "change authentication realms",
+	"Realm.AllocateUser":         "move users between realms",
+	"VM.GuestAgent.Unrestricted": "run anything in any guest through the Proxmox API (the daemon talks to the agent socket itself)",
+	"VM.Console":                 "open any guest's console",
+	"Datastore.Allocate":         "change or delete storages and any volume on them",
+	"Mapping.Modify":             "change hardware mappings",
+}
+
+// ScopeCheck reads every path the token has privileges on (GET
+// /access/permissions without a path) and fails on a broad privilege the
+// call table does not need there: what an older pve-access-setup granted
+// (Sys.Modify on /, VM.GuestAgent.Unrestricted) or a hand-made grant.
+func ScopeCheck(px API, n Node, calls []access.Call) Check {
+	return Check{Name: "token scope", Run: func(ctx context.Context) Outcome {
+		sc, err := newScope(ctx, px, n)
+		if err != nil {
+			return failf("make the templates readable by the token (see the template checks)", "%v", err)
+		}
+		allowed := map[string]bool{} // path + " " + priv
+		for _, c := range calls {
+			for _, p := range sc.aclPaths(c) {
+				for _, priv := range c.Privs {
+					allowed[p+" "+priv] = true
+				}
+			}
+		}
+		var all map[string]map[string]any
+		if err := px.Get(ctx, "/access/permissions", &all); err != nil {
+			return failf("the token needs to read its own permissions (GET /access/permissions); check [api.proxmox] token_id", "GET /access/permissions: %v", err)
+		}
+		paths := make([]string, 0, len(all))
+		for p := range all {
+			paths = append(paths, p)
+		}
+		slices.Sort(paths)
+		var broad []string
+		for _, p := range paths {
+			privs := make([]string, 0, len(all[p]))
+			for priv := range all[p] {
+				privs = append(privs, priv)
+			}
+			slices.Sort(privs)
+			for _, priv := range privs {
+				if what, ok := broadPrivs[priv]; ok && !allowed[p+" "+priv] {
+					broad = append(broad, fmt.Sprintf("%s on %s (it could %s)", priv, p, what))
+				}
+			}
+		}
+		if len(broad) > 0 {
+			return failf("run pve-access-setup again (it takes the older grants back), or remove the grants by hand (pveum acl delete PATH --tokens "+n.TokenID+" --roles ROLE)",
+				"the token is broader than the work: %s", strings.Join(broad, "; "))
+		}
+		return passf("%d ACL paths, no privilege beyond the call table's", len(paths))
+	}}
+}

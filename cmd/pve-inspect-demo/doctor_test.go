@@ -59,7 +59,7 @@ func TestPlaygroundDoctor(t *testing.T) {
 		t.Logf("%-36s %-4s %6d ms  %s", c.Name, c.Status, c.Millis, c.Detail)
 	}
 	for name, want := range map[string]doctor.Status{
-		"proxmox version": doctor.Pass, "token privileges": doctor.Pass, "storages": doctor.Pass, "sdn and dnsmasq": doctor.Pass,
+		"proxmox version": doctor.Pass, "token privileges": doctor.Pass, "token scope": doctor.Pass, "storages": doctor.Pass, "sdn and dnsmasq": doctor.Pass,
 		"ipam": doctor.Pass, "template debian (9000)": doctor.Pass, "unit sandbox vs transfer storage": doctor.Skip,
 		"guard": doctor.Pass, "lockdown": doctor.Pass, "sandbox api": doctor.Pass,
 		"canary: create": doctor.Pass, "canary: exec": doctor.Pass, "canary: file, streaming path": doctor.Pass,
@@ -70,8 +70,8 @@ func TestPlaygroundDoctor(t *testing.T) {
 			t.Errorf("check %q: %q, want %q", name, got[name], want)
 		}
 	}
-	if len(rep.Checks) != 18 {
-		t.Errorf("%d checks, want 18", len(rep.Checks))
+	if len(rep.Checks) != 19 {
+		t.Errorf("%d checks, want 19", len(rep.Checks))
 	}
 
 	// The human table of the read-only checks, with the shipped unit's

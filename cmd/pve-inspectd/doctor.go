@@ -37,7 +37,7 @@ func newDoctorCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "check that this node can run sandboxes (Proxmox, token privileges, storages, SDN, templates, unit, guard, lockdown); --canary drives a real sandbox end to end; exit 0 only when every check passes",
-		Long: "Read-only checks first: the Proxmox version; the token's effective privileges (GET /access/permissions) against every call the daemon makes; " +
+		Long: "Read-only checks first: the Proxmox version; the token's effective privileges (GET /access/permissions) against every call the daemon makes, and no broad privilege beyond them; " +
 			"the storages of the templates and the transfer storage (images, active, in the pool); SDN (no pending edits of others) and dnsmasq; the pve IPAM; " +
 			"each template (hardened, disk hotplug, guest agent); the unit's sandbox against the transfer storage's path; the guard; the lockdown. " +
 			"With --canary, through the running daemon's API: create a sandbox, exec, a file both ways on the streaming and on the disk path, snapshot and rollback, " +
@@ -95,6 +95,7 @@ func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config,
 	checks := []doctor.Check{
 		doctor.VersionCheck(px, n),
 		doctor.PrivilegeCheck(px, n, access.Calls()),
+		doctor.ScopeCheck(px, n, access.Calls()),
 		doctor.StorageCheck(px, n),
 		doctor.SDNCheck(px, lookDnsmasq),
 		doctor.IPAMCheck(px),
