@@ -2,9 +2,11 @@ package doctor
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -183,6 +185,35 @@ func (u UnitSettings) BlockDevices() (ok bool, why, fix string) {
 // daemon does not run under the unit here (the check is skipped, with
 // why).
 type UnitSource func(ctx context.Context) (u UnitSettings, ok bool, why string, err error)
+
+// SystemdUnit returns a UnitSource that reads the unit's effective
+// settings (drop-ins included) with `systemctl show` through run (the
+// host's; a test's container); when systemd does not have the unit
+// loaded, from file if given; else the daemon does not run under the unit
+// here.
+func SystemdUnit(run func(ctx context.Context, argv ...string) ([]byte, error), name, file string) UnitSource {
+	return func(ctx context.Context) (UnitSettings, bool, string, error) {
+		out, err := run(ctx, "systemctl", "show", name, "-p", "LoadState,"+UnitShowProperties())
+		if err == nil && bytes.Contains(out, []byte("LoadState=loaded\n")) {
+			u, err := ParseUnitSettings("systemctl show "+name, bytes.NewReader(out))
+			return u, true, "", err
+		}
+		if file != "" {
+			f, err := os.Open(file)
+			if err != nil {
+				return UnitSettings{}, false, "", fmt.Errorf("unit file: %w", err)
+			}
+			defer f.Close()
+			u, err := ParseUnitSettings(file, f)
+			return u, true, "", err
+		}
+		why := fmt.Sprintf("%s is not loaded in systemd", name)
+		if err != nil {
+			why = fmt.Sprintf("systemctl show %s: %v", name, err)
+		}
+		return UnitSettings{}, false, why + ": the daemon does not run under its unit here (give --unit-file to check a unit file)", nil
+	}
+}
 
 // UnitCheck compares the unit's sandbox with the transfer storage's
 // volumes: a file storage's images directory must be writable, a block

@@ -2,9 +2,14 @@ package doctor
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+	"github.com/pve-inspect/pve-inspect/testvm/sysbox"
 )
 
 func unit(t *testing.T, text string) UnitSettings {
@@ -110,4 +115,58 @@ func TestUnitCheck(t *testing.T) {
 	want(t, run(t, UnitCheck(nd.px, nd.n, notUnder)), Skip, "does not run under systemd", "")
 	nd.n.TransferStorage = ""
 	want(t, run(t, UnitCheck(nd.px, nd.n, src("[Service]\nProtectSystem=strict\n"))), Skip, "disk_transfer_storage is off", "")
+}
+
+// TestSystemdUnit reads the shipped unit's effective settings from real
+// systemd (a container booting the packaged unit file, plus a drop-in an
+// operator adds) through `systemctl show`: the drop-in's ReadWritePaths
+// reach the check, the unit's PrivateDevices=yes blocks a block storage,
+// and a unit systemd does not know is reported as not running under it.
+func TestSystemdUnit(t *testing.T) {
+	testkit.RequireRoot(t, "debootstrap", "nsenter")
+	shipped, err := os.ReadFile(filepath.Join("..", "packaging", "deb", "pve-inspectd.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c, err := sysbox.Start(ctx, sysbox.Options{Name: "doctor-unit", Units: map[string]string{"pve-inspectd.service": string(shipped)},
+		Files: []sysbox.File{{Path: "/etc/systemd/system/pve-inspectd.service.d/transfer.conf",
+			Data: []byte("[Service]\nReadWritePaths=/srv/vz/images\n")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close container: %v", err)
+		}
+	})
+	run := func(ctx context.Context, argv ...string) ([]byte, error) { return c.Exec(ctx, argv...) }
+	u, ok, why, err := SystemdUnit(run, "pve-inspectd.service", "")(ctx)
+	if err != nil || !ok {
+		t.Fatalf("systemctl show: ok %v, %q, %v", ok, why, err)
+	}
+	if !strings.HasPrefix(u.Source, "systemctl show") {
+		t.Errorf("source %q", u.Source)
+	}
+	for _, tc := range []struct {
+		path string
+		ok   bool
+		why  string
+	}{
+		{"/srv/vz/images", true, "ReadWritePaths=/srv/vz/images"},
+		{"/srv/other/images", false, "ProtectSystem=strict"},
+		{"/run/vz/images", true, "ReadWritePaths=/run"},
+		{"/home/vz/images", false, "ProtectHome=yes"},
+	} {
+		if ok, why, _ := u.WritablePath(tc.path); ok != tc.ok || !strings.Contains(why, tc.why) {
+			t.Errorf("%s: %v %q, want %v %q", tc.path, ok, why, tc.ok, tc.why)
+		}
+	}
+	if ok, why, _ := u.BlockDevices(); ok || !strings.Contains(why, "PrivateDevices=yes") {
+		t.Errorf("block devices under the shipped unit: %v %q", ok, why)
+	}
+	if _, ok, why, err := SystemdUnit(run, "no-such-unit.service", "")(ctx); ok || err != nil || !strings.Contains(why, "not loaded") {
+		t.Errorf("unknown unit: ok %v, %q, %v", ok, why, err)
+	}
 }

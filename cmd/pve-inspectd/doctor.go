@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -101,7 +100,7 @@ func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config,
 		doctor.IPAMCheck(px),
 	}
 	checks = append(checks, doctor.TemplateChecks(px, n)...)
-	checks = append(checks, doctor.UnitCheck(px, n, unitSource(o.unitName, o.unitFile)), guardCheck(cfg), lockdownCheck(cfg))
+	checks = append(checks, doctor.UnitCheck(px, n, doctor.SystemdUnit(runHost, o.unitName, o.unitFile)), guardCheck(cfg), lockdownCheck(cfg))
 	rep := doctor.Run(ctx, checks)
 	if !o.canary {
 		return rep
@@ -159,32 +158,9 @@ func lookDnsmasq() (string, error) {
 	return "/usr/sbin/dnsmasq", nil
 }
 
-// unitSource reads the unit's effective settings from systemd (drop-ins
-// included); when systemd does not have the unit loaded, from file if
-// given; else the daemon does not run under the unit here.
-func unitSource(name, file string) doctor.UnitSource {
-	return func(ctx context.Context) (doctor.UnitSettings, bool, string, error) {
-		out, err := exec.CommandContext(ctx, "systemctl", "show", name, "-p", "LoadState,"+doctor.UnitShowProperties()).Output()
-		loaded := err == nil && bytes.Contains(out, []byte("LoadState=loaded\n"))
-		if loaded {
-			u, err := doctor.ParseUnitSettings("systemctl show "+name, bytes.NewReader(out))
-			return u, true, "", err
-		}
-		if file != "" {
-			f, err := os.Open(file)
-			if err != nil {
-				return doctor.UnitSettings{}, false, "", fmt.Errorf("unit file: %w", err)
-			}
-			defer f.Close()
-			u, err := doctor.ParseUnitSettings(file, f)
-			return u, true, "", err
-		}
-		why := fmt.Sprintf("%s is not loaded in systemd", name)
-		if err != nil {
-			why = fmt.Sprintf("systemctl show %s: %v", name, err)
-		}
-		return doctor.UnitSettings{}, false, why + ": the daemon does not run under its unit here (give --unit-file to check a unit file)", nil
-	}
+// runHost runs a command on this host and returns its standard output.
+func runHost(ctx context.Context, argv ...string) ([]byte, error) {
+	return exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
 }
 
 // guardCheck wants the guard table in force, held by the daemon, with no
