@@ -46,18 +46,25 @@ func (s *Server) listStorage(_ context.Context, rq *request) (any, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []map[string]any{}
-	for _, id := range sortedKeys(s.storages) {
-		have := s.privilegesLocked(rq.authid, "/storage/"+id)
-		if !have["Datastore.Audit"] && !have["Datastore.AllocateSpace"] {
-			continue
+	for _, c := range s.visibleStoragesLocked(rq.authid) {
+		if rq.str("type") == "" || c["type"] == rq.str("type") {
+			out = append(out, c)
 		}
-		c := s.storageConfig(id)
-		if c == nil || rq.str("type") != "" && c["type"] != rq.str("type") {
-			continue
-		}
-		out = append(out, c)
 	}
 	return out, nil
+}
+
+// visibleStoragesLocked returns the storage.cfg sections of the storages
+// authid has Datastore.Audit or Datastore.AllocateSpace on, by id.
+func (s *Server) visibleStoragesLocked(authid string) []map[string]any {
+	var out []map[string]any
+	for _, id := range sortedKeys(s.storages) {
+		have := s.privilegesLocked(authid, "/storage/"+id)
+		if c := s.storageConfig(id); c != nil && (have["Datastore.Audit"] || have["Datastore.AllocateSpace"]) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // nodeStorage is GET /nodes/{node}/storage: the storages enabled and active
@@ -70,15 +77,8 @@ func (s *Server) nodeStorage(_ context.Context, rq *request) (any, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []map[string]any{}
-	for _, id := range sortedKeys(s.storages) {
-		have := s.privilegesLocked(rq.authid, "/storage/"+id)
-		if !have["Datastore.Audit"] && !have["Datastore.AllocateSpace"] {
-			continue
-		}
-		c := s.storageConfig(id)
-		if c == nil {
-			continue
-		}
+	for _, c := range s.visibleStoragesLocked(rq.authid) {
+		id := c["storage"].(string)
 		if sid := rq.str("storage"); sid != "" && sid != id {
 			continue
 		}
