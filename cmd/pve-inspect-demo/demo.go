@@ -344,6 +344,8 @@ func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, ca
 	if err != nil {
 		return nil, "", "", "", err
 	}
+	// and root's one step after it: the cluster firewall on
+	emu.EnableClusterFirewall()
 	secretFile = filepath.Join(dir, "pve-token")
 	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
 		return nil, "", "", "", err

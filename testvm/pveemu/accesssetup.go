@@ -65,3 +65,12 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 	}
 	return tokenID, secret, nil
 }
+
+// EnableClusterFirewall turns the cluster firewall on, as root does once
+// on a node (`pvesh set /cluster/firewall/options --enable 1`): the
+// daemon's token may only read the switch.
+func (s *Server) EnableClusterFirewall() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fw["cluster"].options["enable"] = "1"
+}

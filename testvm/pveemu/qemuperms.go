@@ -151,7 +151,9 @@ func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[st
 // checkBridgeAccessLocked is qemu-server's check_bridge_access with
 // pve-guest-common's check_vnet_access: SDN.Use on
 // /sdn/zones/ZONE/BRIDGE[/TAG] for the bridge of every NIC in conf, ZONE
-// being the (running) vnet's zone or "localnetwork" for a plain bridge.
+// being the vnet's zone in vnets.cfg (the pending generation:
+// PVE::Network::SDN::Vnets::config) or "localnetwork" for a plain bridge.
+// Trunks are not checked (the daemon sets none).
 func (s *Server) checkBridgeAccessLocked(authid string, conf map[string]string) error {
 	if authid == "root@pam" {
 		return nil
@@ -171,7 +173,7 @@ func (s *Server) checkBridgeAccessLocked(authid string, conf map[string]string) 
 			continue
 		}
 		zone := "localnetwork"
-		if v := s.sdn.running.vnets[bridge]; v != nil && v["zone"] != "" {
+		if v := s.sdn.pending.vnets[bridge]; v != nil && v["zone"] != "" {
 			zone = v["zone"]
 		}
 		path := "/sdn/zones/" + zone + "/" + bridge

@@ -67,10 +67,13 @@ func newPVEBed(t *testing.T) *pveBed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = emu.Close(); _ = fb.Close() })
-	id, secret, err := emu.RootToken("daemon")
+	// The daemon's token as pve-access-setup creates it, and the cluster
+	// firewall on as root turns it on.
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	emu.EnableClusterFirewall()
 	// An address nobody listens on: bound once to pick a free port, closed.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -74,7 +74,7 @@ func upCheckBed(t *testing.T, ctx context.Context) *checkBed {
 	if err := emu.AddSandboxTemplate(ctx, 9000, filepath.Join(bed.Dir(), "template-disk"), ""); err != nil {
 		t.Fatal(err)
 	}
-	id, secret, err := emu.RootToken("daemon")
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}})
 	if err != nil {
 		t.Fatal(err)
 	}

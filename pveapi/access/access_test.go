@@ -1,0 +1,162 @@
+package access
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// node is one concrete node for the table: its pool holds sandbox VM 100
+// and the pool storages; template 9000 is granted.
+var node = struct {
+	name, pool string
+	templates  []int
+	vm         string
+	storages   []string
+	vars       *strings.Replacer
+}{
+	name: "pve", pool: DefaultPool, templates: []int{9000}, vm: "100", storages: PoolStorages(),
+	vars: strings.NewReplacer(PhNode, "pve", PhPool, DefaultPool, PhVMID, "100", PhTemplate, "9000",
+		PhStorage, DefaultStorage, PhTransfer, TransferStorage, PhZone, "zsbx", PhVNet, "vsbx", PhBridge, "vmbr0"),
+}
+
+// rolesOn is what RPCEnvironment's compile_acl_path gives one subject on
+// path from the entries: the most specific path of the chain with entries
+// that apply (exact, or propagating), plus the pool's roles for the pool's
+// VMs and storages. It also returns the entries that made the roles.
+func rolesOn(entries []ACLEntry, path string) map[string][]ACLEntry {
+	chain := []string{"/"}
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	for i := range parts {
+		if parts[i] != "" {
+			chain = append(chain, "/"+strings.Join(parts[:i+1], "/"))
+		}
+	}
+	out := map[string][]ACLEntry{}
+	for _, p := range chain {
+		level := map[string][]ACLEntry{}
+		for _, e := range entries {
+			if e.Path == p && (p == path || e.Propagate) {
+				level[e.Role] = append(level[e.Role], e)
+			}
+		}
+		if len(level) > 0 {
+			out = level
+		}
+	}
+	member := path == "/vms/"+node.vm
+	for _, sid := range node.storages {
+		member = member || path == "/storage/"+sid
+	}
+	if member {
+		for r, es := range rolesOn(entries, "/pool/"+node.pool) {
+			out[r] = append(out[r], es...)
+		}
+	}
+	return out
+}
+
+func privsOn(entries []ACLEntry, path string) map[string]bool {
+	out := map[string]bool{}
+	for r := range rolesOn(entries, path) {
+		for _, p := range RolePrivs(r) {
+			out[p] = true
+		}
+	}
+	return out
+}
+
+// TestGrantsCoverCalls: every check of every call passes with the grants
+// pve-access-setup creates.
+func TestGrantsCoverCalls(t *testing.T) {
+	entries := ACLEntries(node.name, "", node.templates)
+	for _, c := range Calls() {
+		if c.ACLPath == "" {
+			if len(c.Privs) != 0 {
+				t.Errorf("%s %s: privileges without a path", c.Method, c.Path)
+			}
+			continue
+		}
+		path := node.vars.Replace(c.ACLPath)
+		have := privsOn(entries, path)
+		ok := !c.AnyOf
+		for _, p := range c.Privs {
+			if c.AnyOf {
+				ok = ok || have[p]
+			} else {
+				ok = ok && have[p]
+			}
+		}
+		if !ok {
+			t.Errorf("%s %s: %v (any %v) on %s not granted (have %v)", c.Method, c.Path, c.Privs, c.AnyOf, path, have)
+		}
+	}
+}
+
+// TestRolesAreLeast: every privilege of every role is needed by some call
+// on a path its grant reaches; none is there for nothing.
+func TestRolesAreLeast(t *testing.T) {
+	entries := ACLEntries(node.name, "", node.templates)
+	used := map[string]bool{} // role + " " + priv
+	for _, c := range Calls() {
+		if c.ACLPath == "" {
+			continue
+		}
+		for r := range rolesOn(entries, node.vars.Replace(c.ACLPath)) {
+			for _, p := range c.Privs {
+				if slices.Contains(RolePrivs(r), p) {
+					used[r+" "+p] = true
+				}
+			}
+		}
+	}
+	for _, r := range Roles() {
+		if !slices.IsSorted(r.Privs) {
+			t.Errorf("role %s: privileges not sorted: %v", r.Name, r.Privs)
+		}
+		for _, p := range r.Privs {
+			if !used[r.Name+" "+p] {
+				t.Errorf("role %s: %s is needed by no call", r.Name, p)
+			}
+		}
+	}
+}
+
+// TestNoBroadGrant: nothing but the cluster role's Sys.Audit reaches "/",
+// nothing propagates from "/" or /nodes, and Sys.Modify is only on the
+// node itself.
+func TestNoBroadGrant(t *testing.T) {
+	for _, e := range ACLEntries(node.name, "", node.templates) {
+		if e.Propagate && (e.Path == "/" || strings.HasPrefix(e.Path, "/nodes") || strings.HasPrefix(e.Path, "/storage") || strings.HasPrefix(e.Path, "/vms")) {
+			t.Errorf("%s on %s propagates", e.Role, e.Path)
+		}
+		if slices.Contains(RolePrivs(e.Role), "Sys.Modify") && e.Path != "/nodes/"+node.name {
+			t.Errorf("Sys.Modify on %s", e.Path)
+		}
+	}
+	if got := privsOn(ACLEntries(node.name, "", node.templates), "/"); len(got) != 1 || !got["Sys.Audit"] {
+		t.Errorf("privileges on /: %v", got)
+	}
+	for _, p := range []string{"/nodes/" + node.name + "/network", "/storage/other", "/vms/101", "/access", "/mapping/pci/x"} {
+		if got := privsOn(ACLEntries(node.name, "", node.templates), p); len(got) != 0 {
+			t.Errorf("privileges on %s: %v", p, got)
+		}
+	}
+}
+
+func TestACLEntries(t *testing.T) {
+	got := ACLEntries("n1", "p", []int{9000, 9001})
+	want := []ACLEntry{
+		{"/pool/p", RoleMain, true}, {"/sdn", RoleMain, true}, {"/nodes/n1", RoleNode, false}, {"/", RoleCluster, false},
+		{"/storage/local", RoleTransfer, false}, {"/vms/9000", RoleTemplate, false}, {"/vms/9001", RoleTemplate, false},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("ACLEntries\n%v\nwant\n%v", got, want)
+	}
+	if got := ACLEntries("n1", "", nil)[0].Path; got != "/pool/"+DefaultPool {
+		t.Errorf("default pool path %s", got)
+	}
+	if got := PoolStorages("local-lvm", "local", "zfs"); !slices.Equal(got, []string{"local", "local-lvm", "zfs"}) {
+		t.Errorf("PoolStorages %v", got)
+	}
+}
