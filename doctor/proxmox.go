@@ -404,7 +404,7 @@ func StorageCheck(px API, n Node) Check {
 		if len(bad) > 0 {
 			return failf(strings.Join(fixes, "; "), "%s", strings.Join(bad, "; "))
 		}
-		return passf("%s: images allowed, active, in pool %s", strings.Join(seen, ", "), n.Pool)
+		return passf("%s: active, in pool %s; the templates' storages allow images", strings.Join(seen, ", "), n.Pool)
 	}}
 }
 
