@@ -122,11 +122,14 @@ func longest(p string, dirs []string) string {
 	return best
 }
 
+// unitDropIn says where an operator changes the unit's sandbox.
+const unitDropIn = "a drop-in (systemctl edit pve-inspectd.service; the package's example is /usr/share/doc/pve-inspectd/examples/transfer-storage.conf)"
+
 // WritablePath says whether the unit lets the daemon write below p, and
 // if not, why and what to change.
 func (u UnitSettings) WritablePath(p string) (ok bool, why, fix string) {
 	p = path.Clean(p)
-	dropIn := "a drop-in (systemctl edit pve-inspectd.service)"
+	dropIn := unitDropIn
 	if d := longest(p, u.paths("InaccessiblePaths")); d != "" {
 		return false, fmt.Sprintf("InaccessiblePaths=%s hides %s", d, p), fmt.Sprintf("remove %s from InaccessiblePaths in %s", d, dropIn)
 	}
@@ -162,7 +165,7 @@ func (u UnitSettings) WritablePath(p string) (ok bool, why, fix string) {
 // BlockDevices says whether the unit lets the daemon open block device
 // nodes (an LVM, LVM-thin, ZFS or Ceph volume).
 func (u UnitSettings) BlockDevices() (ok bool, why, fix string) {
-	dropIn := "a drop-in (systemctl edit pve-inspectd.service)"
+	dropIn := unitDropIn
 	if yes(u.last("PrivateDevices")) {
 		return false, "PrivateDevices=yes gives the daemon a /dev without block devices",
 			"set PrivateDevices=no and DeviceAllow=block-device-mapper rw (LVM), block-zvol rw (ZFS), block-rbd rw (Ceph) in " + dropIn
