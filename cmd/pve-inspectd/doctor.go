@@ -81,28 +81,31 @@ type doctorOptions struct {
 
 // runDoctor builds the checks from the configuration and runs them.
 func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config, o doctorOptions) doctor.Report {
-	px, err := tokenClient(cfg)
-	if err != nil {
-		rep := doctor.Run(ctx, []doctor.Check{{Name: "proxmox token", Run: func(context.Context) doctor.Outcome {
-			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(),
-				Fix: "run pve-access-setup (it writes the token secret), and check [api.proxmox] token_id, secret_file and url"}
-		}}})
-		return rep
-	}
 	n := doctor.Node{Name: proxmoxOptions(cfg).Node, Pool: cfg.API.Pool, TokenID: cfg.API.Proxmox.TokenID, Templates: cfg.API.Templates,
 		TransferStorage: cfg.API.DiskTransferStorage, RequireHardened: cfg.API.RequireHardenedTemplates, MinMajor: minProxmoxMajor}
-	checks := []doctor.Check{
-		doctor.VersionCheck(px, n),
-		doctor.PrivilegeCheck(px, n, access.Calls()),
-		doctor.ScopeCheck(px, n, access.Calls()),
-		doctor.StorageCheck(px, n),
-		doctor.SDNCheck(px, lookDnsmasq),
-		doctor.IPAMCheck(px),
+	var checks []doctor.Check
+	px, tokErr := tokenClient(cfg)
+	if tokErr != nil {
+		// Without the token no Proxmox check can run; the node's own
+		// (guard, lockdown) still do.
+		checks = append(checks, doctor.Check{Name: "proxmox token", Run: func(context.Context) doctor.Outcome {
+			return doctor.Outcome{Status: doctor.Fail, Detail: tokErr.Error(),
+				Fix: "run pve-access-setup (it writes the token secret), and check [api.proxmox] token_id, secret_file and url"}
+		}})
+	} else {
+		checks = append(checks,
+			doctor.VersionCheck(px, n),
+			doctor.PrivilegeCheck(px, n, access.Calls()),
+			doctor.ScopeCheck(px, n, access.Calls()),
+			doctor.StorageCheck(px, n),
+			doctor.SDNCheck(px, lookDnsmasq),
+			doctor.IPAMCheck(px))
+		checks = append(checks, doctor.TemplateChecks(px, n)...)
+		checks = append(checks, doctor.UnitCheck(px, n, doctor.SystemdUnit(runHost, o.unitName, o.unitFile)))
 	}
-	checks = append(checks, doctor.TemplateChecks(px, n)...)
-	checks = append(checks, doctor.UnitCheck(px, n, doctor.SystemdUnit(runHost, o.unitName, o.unitFile)), guardCheck(cfg), lockdownCheck(cfg))
+	checks = append(checks, guardCheck(cfg), lockdownCheck(cfg))
 	rep := doctor.Run(ctx, checks)
-	if !o.canary {
+	if !o.canary || px == nil {
 		return rep
 	}
 	c, err := af.client(g)

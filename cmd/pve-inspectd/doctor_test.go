@@ -1,15 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/doctor"
@@ -126,5 +131,77 @@ ca_file = ""
 	wantStatus(got, "token privileges", doctor.Fail)
 	if r := got["token privileges"]; r.Fix == "" {
 		t.Error("privilege failure without a fix")
+	}
+}
+
+// TestDoctorGuardAndLockdown runs the binary's doctor in a node namespace
+// before and while the daemon runs: before, the guard table is absent and
+// the lockdown state unknown, and without a token secret the Proxmox
+// checks give way to one failure naming pve-access-setup; while the
+// daemon runs, the guard and lockdown rows pass.
+func TestDoctorGuardAndLockdown(t *testing.T) {
+	n := newNode(t)
+	cfg := writeConfig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	doctorRows := func() (map[string]doctor.Result, error) {
+		t.Helper()
+		out, err := n.daemonCmd(ctx, "doctor", "-c", cfg, "--json").Output()
+		var rep doctor.Report
+		if jerr := json.Unmarshal(out, &rep); jerr != nil {
+			t.Fatalf("doctor output: %v (%v)\n%s", jerr, err, out)
+		}
+		got := map[string]doctor.Result{}
+		for _, c := range rep.Checks {
+			got[c.Name] = c
+		}
+		return got, err
+	}
+
+	got, err := doctorRows()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("doctor before the daemon: %v, want exit 1", err)
+	}
+	for name, want := range map[string]string{"proxmox token": "pve-access-setup", "guard": "start the daemon", "lockdown": "start the daemon"} {
+		if r := got[name]; r.Status != doctor.Fail || !strings.Contains(r.Fix, want) {
+			t.Errorf("%s before the daemon: %+v, want a failure whose fix says %q", name, r, want)
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("checks without a token: %v", got)
+	}
+
+	run := n.daemonCmd(ctx, "run", "-c", cfg)
+	stderr, err := run.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = run.Process.Kill(); _ = run.Wait() })
+	sc := bufio.NewScanner(stderr)
+	ready := false
+	for !ready && sc.Scan() {
+		ready = strings.Contains(sc.Text(), "msg=ready")
+	}
+	if !ready {
+		t.Fatal("run never reported ready")
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, _ = doctorRows()
+		if got["guard"].Status == doctor.Pass && got["lockdown"].Status == doctor.Pass {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("while the daemon runs: guard %+v, lockdown %+v", got["guard"], got["lockdown"])
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if !strings.Contains(got["guard"].Detail, "in force") {
+		t.Errorf("guard: %+v", got["guard"])
 	}
 }
