@@ -237,3 +237,12 @@ func TestScopeCheck(t *testing.T) {
 		t.Errorf("the table's own needs reported as broad: %s", o.Detail)
 	}
 }
+
+func TestIPAMCheck(t *testing.T) {
+	nd := newNode(t)
+	want(t, run(t, IPAMCheck(nd.px)), Pass, "IPAM pve", "")
+	// A node whose pve IPAM is gone (or a token without SDN.Audit).
+	want(t, run(t, IPAMCheck(fakeAPI{})), Fail, "GET /cluster/sdn/ipams/pve/status", "--ipam pve --type pve")
+	// The Proxmox API does not answer at all.
+	want(t, run(t, VersionCheck(fakeAPI{}, nd.n)), Fail, "GET /version", "[api.proxmox] url")
+}
