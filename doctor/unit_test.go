@@ -170,3 +170,26 @@ func TestSystemdUnit(t *testing.T) {
 		t.Errorf("unknown unit: ok %v, %q, %v", ok, why, err)
 	}
 }
+
+// FuzzParseUnitSettings: any unit text parses without panic, and the
+// verdicts on it are consistent (a refusal always says what to change).
+func FuzzParseUnitSettings(f *testing.F) {
+	f.Add("[Service]\nProtectSystem=strict\nReadWritePaths=/run -/var/lib/vz/images\n", "/var/lib/vz/images")
+	f.Add("ProtectSystem=strict\nReadOnlyPaths=/var\nBindPaths=/a:/var/lib:rbind\nInaccessiblePaths=-/x\n", "/var/lib/vz")
+	f.Add("[Service]\nPrivateDevices=yes\nDevicePolicy=closed\nDeviceAllow=\nDeviceAllow=/dev/dm-0 rwm\n", "/tmp/x")
+	f.Fuzz(func(t *testing.T, text, p string) {
+		u, err := ParseUnitSettings("fuzz", strings.NewReader(text))
+		if err != nil {
+			return
+		}
+		if !strings.HasPrefix(p, "/") {
+			p = "/" + p
+		}
+		if ok, why, fix := u.WritablePath(p); !ok && (why == "" || fix == "") {
+			t.Errorf("WritablePath(%q) refused without why/fix: %q %q", p, why, fix)
+		}
+		if ok, why, fix := u.BlockDevices(); !ok && (why == "" || fix == "") {
+			t.Errorf("BlockDevices refused without why/fix: %q %q", why, fix)
+		}
+	})
+}
