@@ -16,14 +16,15 @@ import (
 
 // TestPlaygroundDoctor runs the real binary's `pve-inspectd doctor
 // --canary --json` inside the playground's node, against its emulator and
-// running daemon (which has the disk path on the node's dir storage): every
+// running daemon (with the disk path on the node's dir storage,
+// --disk-transfer-storage local): every
 // read-only check passes, the unit check is skipped (the daemon runs
 // outside systemd here), and the canary's every step passes, both file
 // paths included; the exit status is 0 and the human table says so too.
 func TestPlaygroundDoctor(t *testing.T) {
 	testkit.RequireRoot(t)
 	bin := buildBins(t)
-	p := startPlayground(t, bin)
+	p := startPlayground(t, bin, "--disk-transfer-storage", "local")
 	var stdio []string
 	if err := json.Unmarshal([]byte(p.info["mcp_stdio"]), &stdio); err != nil || len(stdio) < 5 || stdio[0] != "ip" {
 		t.Fatalf("mcp_stdio %q: %v", p.info["mcp_stdio"], err)

@@ -26,6 +26,9 @@ type options struct {
 	// loopback address for the API and MCP over HTTP.
 	stay   bool
 	listen string
+	// diskStorage is the playground daemon's [api]
+	// disk_transfer_storage ("" = the disk path off).
+	diskStorage string
 }
 
 func main() {
@@ -35,6 +38,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 15*time.Minute, "deadline of the whole demo (not of --stay)")
 	flag.BoolVar(&o.stay, "stay", false, "playground: bring the node in a box up with the daemon, its API and MCP server, print how to reach them, stay until Ctrl-C/SIGTERM")
 	flag.StringVar(&o.listen, "listen", "127.0.0.1:8443", "playground: loopback address forwarded to the daemon's TLS API listener (port 0: any)")
+	flag.StringVar(&o.diskStorage, "disk-transfer-storage", "", "playground: turn the daemon's disk path on, on this storage (the node's dir storage is \"local\")")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var cancel context.CancelFunc

@@ -69,9 +69,12 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		return err
 	}
 	apiAddr := net.JoinHostPort(testvm.NodeMgmtAddr, fmt.Sprint(apiPort))
-	// The disk path on the node's dir storage, as an operator turns it on:
-	// files of 32 MiB and more go through a transfer disk.
-	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\ndisk_transfer_storage = \"local\"\n", apiAddr, apiCert, apiKey)
+	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\n", apiAddr, apiCert, apiKey)
+	if o.diskStorage != "" {
+		// The disk path, as an operator turns it on: files of 32 MiB and
+		// more go through a transfer disk on that storage.
+		extra += fmt.Sprintf("disk_transfer_storage = %q\n", o.diskStorage)
+	}
 	// A stand-in model API key, to show where an agent's keys land.
 	envFile := filepath.Join(dir, "mcp.env")
 	if err := os.WriteFile(envFile, []byte("PLAYGROUND_API_KEY="+playgroundKey+"\n"), 0o600); err != nil {

@@ -63,11 +63,12 @@ type playgroundProc struct {
 	done chan error
 }
 
-// startPlayground runs the binary and waits for "playground ready".
-func startPlayground(t *testing.T, bin string) *playgroundProc {
+// startPlayground runs the binary (with more flags in args) and waits for
+// "playground ready".
+func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 	t.Helper()
 	p := &playgroundProc{info: map[string]string{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(filepath.Join(bin, "pve-inspect-demo"), "--stay", "--bin", bin, "--listen", "127.0.0.1:0")
+	p.cmd = exec.Command(filepath.Join(bin, "pve-inspect-demo"), append([]string{"--stay", "--bin", bin, "--listen", "127.0.0.1:0"}, args...)...)
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
