@@ -150,15 +150,23 @@ func canaryTemplate(cfg config.Config, flag string) string {
 	return "debian"
 }
 
-// lookDnsmasq finds the dnsmasq binary pve-network's DHCP runs.
+// lookDnsmasq finds the dnsmasq binary pve-network's DHCP runs, and
+// refuses a running distribution dnsmasq.service: pve-network starts one
+// dnsmasq@ZONE per zone and the distribution's, listening on every
+// interface, takes their port 53 (Proxmox's SDN documentation: install
+// dnsmasq and disable its default instance).
 func lookDnsmasq() (string, error) {
-	if p, err := exec.LookPath("dnsmasq"); err == nil {
-		return p, nil
+	p, err := exec.LookPath("dnsmasq")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/dnsmasq"); serr != nil {
+			return "", fmt.Errorf("not in PATH nor at /usr/sbin/dnsmasq: %w", serr)
+		}
+		p = "/usr/sbin/dnsmasq"
 	}
-	if _, err := os.Stat("/usr/sbin/dnsmasq"); err != nil {
-		return "", fmt.Errorf("not in PATH nor at /usr/sbin/dnsmasq: %w", err)
+	if exec.Command("systemctl", "is-active", "--quiet", "dnsmasq.service").Run() == nil {
+		return "", fmt.Errorf("the distribution's dnsmasq.service runs beside the SDN's dnsmasq@ZONE instances")
 	}
-	return "/usr/sbin/dnsmasq", nil
+	return p, nil
 }
 
 // runHost runs a command on this host and returns its standard output.
