@@ -264,7 +264,7 @@ func (c *canary) leftovers(ctx context.Context) Outcome {
 	return passf("no sandbox, VM or zone of %s left", c.sb.ID)
 }
 
-// errNoDaemon is returned by callers that cannot reach the sandbox API.
+// errNoDaemon is the sandbox API check's failure.
 var errNoDaemon = errors.New("the sandbox API does not answer")
 
 // DaemonCheck wants the daemon's sandbox API to answer (the canary's

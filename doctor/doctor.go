@@ -71,15 +71,21 @@ func (r Report) Failed() []Result {
 
 // Check is one named check. Run returns the outcome; the runner times it.
 type Check struct {
+	// Name is the row's name in the report.
 	Name string
-	Run  func(ctx context.Context) Outcome
+	// Run does the check; it must not panic and reports every problem
+	// as an Outcome.
+	Run func(ctx context.Context) Outcome
 }
 
 // Outcome is what a check returns.
 type Outcome struct {
+	// Status is pass, fail or skip.
 	Status Status
+	// Detail is what the check saw.
 	Detail string
-	Fix    string
+	// Fix is what to change (set when Status is fail).
+	Fix string
 }
 
 // passf, failf and skipf build outcomes.

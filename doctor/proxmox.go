@@ -292,15 +292,18 @@ func bridges(conf map[string]string) []string {
 // StorageInfo is a storage as GET /storage describes it (its
 // storage.cfg section).
 type StorageInfo struct {
-	Storage  string `json:"storage"`
-	Type     string `json:"type"`
-	Content  string `json:"content"`
-	Path     string `json:"path"`
+	// Storage is the id; Type the plugin (dir, lvmthin, zfspool, ...).
+	Storage string `json:"storage"`
+	Type    string `json:"type"`
+	// Content lists the content types, comma-separated.
+	Content string `json:"content"`
+	// Path is a file storage's directory.
+	Path string `json:"path"`
+	// VGName and ThinPool name an LVM storage's volume group and thin
+	// pool; Pool a ZFS storage's dataset.
 	VGName   string `json:"vgname"`
 	ThinPool string `json:"thinpool"`
 	Pool     string `json:"pool"`
-	Disable  any    `json:"disable"`
-	Nodes    string `json:"nodes"`
 }
 
 // hasContent says whether the storage allows a content type.
