@@ -157,3 +157,20 @@ func withPending(v *vm) map[string]string {
 	}
 	return out
 }
+
+// snapshotCapable says whether every disk of conf can be snapshotted
+// (pve-guest-common AbstractConfig __snapshot_prepare: has_feature
+// "snapshot" over every non-CD-ROM volume; pve-storage's dir plugin
+// snapshots qcow2 images only). A raw image on the dir storage, such as a
+// transfer disk plugged in, makes the snapshot fail.
+func snapshotCapable(conf map[string]string) bool {
+	for k, val := range conf {
+		if !reDiskKey.MatchString(k) || volumeStorage(val) != dirStorage {
+			continue
+		}
+		if file, _, _ := strings.Cut(val, ","); !strings.HasSuffix(file, ".qcow2") {
+			return false
+		}
+	}
+	return true
+}

@@ -106,3 +106,22 @@ func TestHotplugWithoutDiskStaysPending(t *testing.T) {
 		t.Fatalf("after the detach: unused0 %v scsi1 %v, want unused0 %s", cur["unused0"], cur["scsi1"], volid)
 	}
 }
+
+// TestSnapshotWithTransferDisk: a VM with a raw image of the dir storage
+// plugged in cannot be snapshotted (has_feature "snapshot"); once the
+// image is unplugged it can.
+func TestSnapshotWithTransferDisk(t *testing.T) {
+	e, _, volid := runningClone(t, nil)
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"scsi1": {volid + ",serial=abc"}}); st != "OK" {
+		t.Fatalf("attach: %s", st)
+	}
+	if st := e.task("POST", "/nodes/pve/qemu/101/snapshot", url.Values{"snapname": {"s1"}}); st != "snapshot feature is not available" {
+		t.Fatalf("snapshot with the transfer disk plugged: %q", st)
+	}
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"delete": {"scsi1"}, "force": {"1"}}); st != "OK" {
+		t.Fatalf("detach: %s", st)
+	}
+	if st := e.task("POST", "/nodes/pve/qemu/101/snapshot", url.Values{"snapname": {"s1"}}); st != "OK" {
+		t.Fatalf("snapshot after the detach: %q", st)
+	}
+}
