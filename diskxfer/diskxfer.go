@@ -2,9 +2,11 @@
 // hot-plugged disk instead of the guest agent's JSON channel: the daemon
 // (on the node) allocates a raw image on a Proxmox storage, attaches it to
 // the running VM with a serial, writes the bytes into it, and one guest
-// exec copies between the disk (found under /dev/disk/by-id by the
-// serial) and the guest file; the disk is then unplugged with force, which
-// frees the image. Integrity is checked by sha256 on both sides. Downloads
+// exec copies between the disk (found under /dev/disk/by-id by the name
+// the VM's machine version gives it, diskname.go) and the guest file; the
+// disk is then unplugged with force, which frees the image. A VM whose
+// hotplug option lacks disk is refused first: Proxmox would keep the disk
+// pending and the guest would never see it. Integrity is checked by sha256 on both sides. Downloads
 // run the same steps in reverse. DESIGN.md section 10, ISSUE 18.
 //
 // Where the time goes (image.go, progress.go, the scripts): every byte is
