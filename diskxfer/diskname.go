@@ -2,11 +2,14 @@ package diskxfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // The name a hot-plugged disk gets in the guest depends on the VM's
@@ -81,4 +84,15 @@ func hotplugsDisks(hotplug string) bool {
 		return true
 	}
 	return slices.Contains(strings.Split(strings.ReplaceAll(hotplug, " ", ""), ","), "disk")
+}
+
+// openImageError explains a transfer image the daemon cannot open: under
+// the shipped unit (ProtectSystem=strict, PrivateDevices=yes,
+// DevicePolicy=closed) only the dir storage local's images directory is
+// open to it; other storages need the unit's drop-in.
+func openImageError(path string, err error) error {
+	if errors.Is(err, syscall.EROFS) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("disk transfer: open image %s: %w (under pve-inspectd.service, a transfer storage other than local needs the drop-in /usr/share/doc/pve-inspectd/examples/transfer-storage.conf)", path, err)
+	}
+	return fmt.Errorf("disk transfer: open image %s: %w", path, err)
 }

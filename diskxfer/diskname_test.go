@@ -3,7 +3,9 @@ package diskxfer
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -84,5 +86,24 @@ func TestPendingSlotIsTaken(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(px.calls, ","), "attach scsi3") {
 		t.Errorf("calls %v, want scsi3 attached", px.calls)
+	}
+}
+
+// TestOpenImageError: an image the unit's sandbox hides or makes
+// read-only names the drop-in; other errors do not.
+func TestOpenImageError(t *testing.T) {
+	for _, tt := range []struct {
+		err  error
+		hint bool
+	}{
+		{syscall.EROFS, true},
+		{fs.ErrNotExist, true},
+		{syscall.EACCES, true},
+		{syscall.EIO, false},
+	} {
+		err := openImageError("/var/lib/x.raw", &fs.PathError{Op: "open", Path: "/var/lib/x.raw", Err: tt.err})
+		if !errors.Is(err, tt.err) || strings.Contains(err.Error(), "transfer-storage.conf") != tt.hint {
+			t.Errorf("%v: %v (want hint %v)", tt.err, err, tt.hint)
+		}
 	}
 }

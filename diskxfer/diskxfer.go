@@ -428,7 +428,7 @@ func (t *Transfer) Upload(ctx context.Context, vmid int, g sandbox.Guest, p stri
 	}
 	f, err := os.OpenFile(v.path, os.O_WRONLY, 0)
 	if err != nil {
-		return fmt.Errorf("disk transfer: open image: %w", err)
+		return openImageError(v.path, err)
 	}
 	defer f.Close()
 	got, want, err := t.copyUp(ctx, v, g, f, r, size, p, mode, ph)
@@ -532,7 +532,7 @@ func (t *Transfer) Download(ctx context.Context, vmid int, g sandbox.Guest, p st
 	}
 	f, err := os.Open(v.path)
 	if err != nil {
-		return 0, fmt.Errorf("disk transfer: open image: %w", err)
+		return 0, openImageError(v.path, err)
 	}
 	defer f.Close()
 	want, err := hashImage(f, size)
