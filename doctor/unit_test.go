@@ -155,6 +155,8 @@ func TestSystemdUnit(t *testing.T) {
 		why  string
 	}{
 		{"/srv/vz/images", true, "ReadWritePaths=/srv/vz/images"},
+		{"/var/lib/vz/images", true, "ReadWritePaths=/var/lib/vz/images"},
+		{"/var/lib/vz/dump", false, "ProtectSystem=strict"},
 		{"/srv/other/images", false, "ProtectSystem=strict"},
 		{"/run/vz/images", true, "ReadWritePaths=/run"},
 		{"/home/vz/images", false, "ProtectHome=yes"},
@@ -192,4 +194,30 @@ func FuzzParseUnitSettings(f *testing.F) {
 			t.Errorf("BlockDevices refused without why/fix: %q %q", why, fix)
 		}
 	})
+}
+
+// TestShippedUnit reads packaging/deb/pve-inspectd.service as
+// --unit-file does: the default transfer storage's images directory
+// (local, /var/lib/vz/images) is writable, another dir storage's is not,
+// and a block storage's devices are hidden, each refusal naming the
+// package's example drop-in.
+func TestShippedUnit(t *testing.T) {
+	f, err := os.Open(filepath.Join("..", "packaging", "deb", "pve-inspectd.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	u, err := ParseUnitSettings("pve-inspectd.service", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, why, fix := u.WritablePath("/var/lib/vz/images"); !ok {
+		t.Errorf("the shipped unit hides the default transfer storage's images: %s; %s", why, fix)
+	}
+	if ok, _, fix := u.WritablePath("/srv/pve-dir/images"); ok || !strings.Contains(fix, "transfer-storage.conf") {
+		t.Errorf("another dir storage under the shipped unit: %v, fix %q", ok, fix)
+	}
+	if ok, _, fix := u.BlockDevices(); ok || !strings.Contains(fix, "transfer-storage.conf") {
+		t.Errorf("block devices under the shipped unit: %v, fix %q", ok, fix)
+	}
 }
