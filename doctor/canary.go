@@ -56,7 +56,7 @@ type canary struct {
 // Canary creates a sandbox and drives it end to end through the sandbox
 // API: exec, a file both ways on the streaming path and on the disk path,
 // snapshot and rollback, the containment check, delete, and then checks
-// on Proxmox that nothing is left (VMs, SDN zone). Each step is timed; a
+// on Proxmox that nothing is left (VMs, SDN zone, transfer images). Each step is timed; a
 // step whose predecessor failed is skipped; the sandbox is deleted
 // whatever failed.
 func Canary(ctx context.Context, api SandboxAPI, px API, n Node, o CanaryOptions) Report {
@@ -219,8 +219,9 @@ func (c *canary) check(ctx context.Context) Outcome {
 	return passf("%d probes pass", len(rep.Rows))
 }
 
-// leftovers looks for the sandbox in the API and its VMs and zone on
-// Proxmox.
+// leftovers looks for the sandbox in the API, and on Proxmox for its VMs,
+// its zone and images of its VMs on the transfer storage (a transfer
+// whose clean-up failed leaks one).
 func (c *canary) leftovers(ctx context.Context) Outcome {
 	var left []string
 	l, err := c.api.List(ctx)
@@ -258,10 +259,23 @@ func (c *canary) leftovers(ctx context.Context) Outcome {
 			left = append(left, "SDN zone "+z.Zone)
 		}
 	}
+	if st := c.n.TransferStorage; st != "" {
+		for _, v := range c.sb.VMs {
+			var vols []struct {
+				VolID string `json:"volid"`
+			}
+			if err := c.px.Get(ctx, fmt.Sprintf("/nodes/%s/storage/%s/content?vmid=%d", url.PathEscape(c.n.Name), url.PathEscape(st), v.VMID), &vols); err != nil {
+				return failf("the token needs Datastore.Allocate on the transfer storage (pve-access-setup grants it)", "list %s: %v", st, err)
+			}
+			for _, vol := range vols {
+				left = append(left, "volume "+vol.VolID)
+			}
+		}
+	}
 	if len(left) > 0 {
 		return failf("remove them by hand (qm destroy, pvesh delete /cluster/sdn/zones/...) and "+daemonLog, "left behind: %s", strings.Join(left, ", "))
 	}
-	return passf("no sandbox, VM or zone of %s left", c.sb.ID)
+	return passf("no sandbox, VM, zone or transfer image of %s left", c.sb.ID)
 }
 
 // errNoDaemon is the sandbox API check's failure.

@@ -115,7 +115,8 @@ func (f fakeAPI) Get(_ context.Context, path string, v any) error {
 
 func TestCanary(t *testing.T) {
 	clean := func() fakeAPI {
-		return fakeAPI{"/nodes/pve/qemu": []map[string]any{{"vmid": 9000}}, "/cluster/sdn/zones?pending=1": []map[string]any{}}
+		return fakeAPI{"/nodes/pve/qemu": []map[string]any{{"vmid": 9000}}, "/cluster/sdn/zones?pending=1": []map[string]any{},
+			"/nodes/pve/storage/local/content?vmid=100": []map[string]any{}}
 	}
 	steps := []string{"canary: create", "canary: exec", "canary: file, streaming path", "canary: file, disk path",
 		"canary: snapshot and rollback", "canary: containment check", "canary: delete", "canary: nothing left behind"}
@@ -145,6 +146,9 @@ func TestCanary(t *testing.T) {
 			px["/nodes/pve/qemu"] = []map[string]any{{"vmid": 9000}, {"vmid": 100}}
 			px["/cluster/sdn/zones?pending=1"] = []map[string]any{{"zone": "sbtest01", "state": "deleted"}}
 		}, want: map[string]Status{"canary: nothing left behind": Fail}, detail: "left behind: VM 100, SDN zone sbtest01", deleted: true},
+		{name: "transfer image left", disk: 1 << 20, fault: func(_ *fakeSandboxes, px fakeAPI) {
+			px["/nodes/pve/storage/local/content?vmid=100"] = []map[string]any{{"volid": "local:100/vm-100-disk-1.raw"}}
+		}, want: map[string]Status{"canary: nothing left behind": Fail}, detail: "volume local:100/vm-100-disk-1.raw", deleted: true},
 		{name: "still listed", disk: 1 << 20, fault: func(f *fakeSandboxes, _ fakeAPI) { f.stillListed = true },
 			want: map[string]Status{"canary: nothing left behind": Fail}, detail: "sandbox sbtest01 still listed", deleted: true},
 	} {
@@ -153,7 +157,7 @@ func TestCanary(t *testing.T) {
 			if tc.fault != nil {
 				tc.fault(f, px)
 			}
-			rep := Canary(context.Background(), f, px, Node{Name: "pve"}, CanaryOptions{Template: "debian", DiskBytes: tc.disk})
+			rep := Canary(context.Background(), f, px, Node{Name: "pve", TransferStorage: "local"}, CanaryOptions{Template: "debian", DiskBytes: tc.disk})
 			if len(rep.Checks) != len(steps) {
 				t.Fatalf("%d steps: %+v", len(rep.Checks), rep.Checks)
 			}

@@ -89,6 +89,7 @@ func (s *Server) registerRoutes() error {
 		{"GET", "/access/permissions", s.effectivePermissions},
 		{"GET", "/storage", s.listStorage},
 		{"GET", "/nodes/{node}/storage", s.nodeStorage},
+		{"GET", "/nodes/{node}/storage/{storage}/content", s.listContent},
 	}
 	for _, r := range table {
 		if err := s.handle(r.method, r.path, r.h); err != nil {

@@ -2,6 +2,10 @@ package pveemu
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -140,4 +144,46 @@ func (s *Server) effectivePermissions(_ context.Context, rq *request) (any, erro
 		}
 	}
 	return res, nil
+}
+
+// listContent is GET /nodes/{node}/storage/{storage}/content: the VM
+// images of the dir storage (the schema's Datastore.Audit or
+// Datastore.AllocateSpace on the storage is checked before), each only
+// when check_volume_access lets the caller see it (Datastore.Allocate on
+// the storage, else VM.Config.Disk on its owner; pve-storage
+// API2/Storage/Content.pm index); vmid and content filter.
+func (s *Server) listContent(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	out := []map[string]any{}
+	if rq.str("storage") != dirStorage {
+		return out, nil
+	}
+	if c := rq.str("content"); c != "" && c != "images" {
+		return out, nil
+	}
+	dirs, err := os.ReadDir(filepath.Join(s.storageDir(), "images"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fail("%v", err)
+	}
+	for _, d := range dirs {
+		owner, err := strconv.Atoi(d.Name())
+		if err != nil || rq.has("vmid") && rq.int("vmid", 0) != owner {
+			continue
+		}
+		files, _ := os.ReadDir(filepath.Join(s.storageDir(), "images", d.Name()))
+		for _, f := range files {
+			if !reImageName.MatchString(f.Name()) || s.checkVolumeAccess(rq.authid, dirStorage, owner) != nil {
+				continue
+			}
+			info, err := f.Info()
+			if err != nil {
+				continue
+			}
+			out = append(out, map[string]any{"volid": dirStorage + ":" + d.Name() + "/" + f.Name(), "vmid": owner, "format": "raw",
+				"size": info.Size(), "used": info.Size(), "content": "images", "ctime": info.ModTime().Unix()})
+		}
+	}
+	return out, nil
 }

@@ -115,4 +115,23 @@ func TestDoctorReads(t *testing.T) {
 	if len(ns) != 1 || ns[0].(map[string]any)["storage"] != "local-lvm" || ns[0].(map[string]any)["active"] != float64(1) {
 		t.Errorf("node storages with rootdir: %v", ns)
 	}
+
+	// The transfer storage's images: a volume left by VM 100 is listed for
+	// the token (Datastore.Allocate on local), filtered by vmid; a caller
+	// without privileges on the storage is refused.
+	r := e.do("POST", "/nodes/pve/storage/local/content", url.Values{"vmid": {"100"}, "filename": {"vm-100-disk-9.raw"}, "size": {"1M"}},
+		authNone, "Authorization", "PVEAPIToken="+id+"="+secret)
+	if r.status != 200 {
+		t.Fatalf("alloc: %d %v", r.status, r.body)
+	}
+	vols, _ := data(as(id, secret, "/nodes/pve/storage/local/content", url.Values{"vmid": {"100"}})).([]any)
+	if len(vols) != 1 || vols[0].(map[string]any)["volid"] != "local:100/vm-100-disk-9.raw" {
+		t.Errorf("content of local for VM 100: %v", vols)
+	}
+	if vols, _ := data(as(id, secret, "/nodes/pve/storage/local/content", url.Values{"vmid": {"101"}})).([]any); len(vols) != 0 {
+		t.Errorf("content of local for VM 101: %v", vols)
+	}
+	if r := as(nid, nsecret, "/nodes/pve/storage/local/content", nil); r.status != 403 {
+		t.Errorf("content of local without privileges: %d %v", r.status, r.body)
+	}
 }
