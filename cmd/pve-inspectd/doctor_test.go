@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -172,24 +170,7 @@ func TestDoctorGuardAndLockdown(t *testing.T) {
 		t.Errorf("checks without a token: %v", got)
 	}
 
-	run := n.daemonCmd(ctx, "run", "-c", cfg)
-	stderr, err := run.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = run.Process.Kill(); _ = run.Wait() })
-	sc := bufio.NewScanner(stderr)
-	ready := false
-	for !ready && sc.Scan() {
-		ready = strings.Contains(sc.Text(), "msg=ready")
-	}
-	if !ready {
-		t.Fatal("run never reported ready")
-	}
-	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	n.startRun(t, ctx, cfg)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got, _ = doctorRows()

@@ -85,6 +85,34 @@ state_file = "` + filepath.Join(dir, "egress.json") + `"
 	return p
 }
 
+// startRun starts `run -c cfg` in the node namespace, waits until it
+// logs ready, and kills it when the test ends.
+func (n *node) startRun(t *testing.T, ctx context.Context, cfg string) *exec.Cmd {
+	t.Helper()
+	run := n.daemonCmd(ctx, "run", "-c", cfg)
+	stderr, err := run.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = run.Process.Kill(); _ = run.Wait() })
+	sc := bufio.NewScanner(stderr)
+	ready := false
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), "msg=ready") {
+			ready = true
+			break
+		}
+	}
+	if !ready {
+		t.Fatal("run never reported ready")
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	return run
+}
+
 // daemonCmd runs this binary as pve-inspectd inside the node namespace.
 func (n *node) daemonCmd(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, os.Args[0]}, args...)...)
@@ -150,27 +178,7 @@ func TestRunStatusRemove(t *testing.T) {
 		t.Fatalf("status before run: %v\n%s", err, out)
 	}
 
-	run := n.daemonCmd(ctx, "run", "-c", cfg)
-	stderr, err := run.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = run.Process.Kill(); _ = run.Wait() })
-	sc := bufio.NewScanner(stderr)
-	ready := false
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "msg=ready") {
-			ready = true
-			break
-		}
-	}
-	if !ready {
-		t.Fatal("run never reported ready")
-	}
-	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	run := n.startRun(t, ctx, cfg)
 
 	out, err = n.daemonCmd(ctx, "status", "-c", cfg).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "in force as desired") || !strings.Contains(string(out), "owned by netlink port") {
