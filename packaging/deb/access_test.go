@@ -160,6 +160,16 @@ func TestAccessSetupMatchesTable(t *testing.T) {
 			t.Errorf("ACL entries of the %s\n%v\nwant (pveapi/access)\n%v", who, got, wantACL)
 		}
 	}
+	// another transfer storage moves its pool membership and its role
+	other := runAccessSetup(t, "PVE_INSPECTD_TRANSFER_STORAGE=tank")
+	for _, want := range []string{"pool modify pve-inspect --storage tank", "acl modify /storage/tank --tokens pve-inspectd@pve!daemon --roles PVEInspectTransfer --propagate 0"} {
+		if !slices.Contains(other, want) {
+			t.Errorf("with PVE_INSPECTD_TRANSFER_STORAGE=tank: no call %q", want)
+		}
+	}
+	if got := (access.Setup{Node: host, Transfer: "tank"}.ACLEntries()); !slices.Contains(got, access.ACLEntry{Path: "/storage/tank", Role: access.RoleTransfer}) {
+		t.Errorf("access.Setup with transfer tank: %v", got)
+	}
 	golden := strings.ReplaceAll(strings.Join(calls, "\n")+"\n", "/nodes/"+host+" ", "/nodes/NODE ")
 	testkit.Golden(t, "pve-access-setup.calls", []byte(golden))
 }

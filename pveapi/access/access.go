@@ -31,7 +31,8 @@ const (
 	// (PVE_INSPECTD_STORAGE), added to the pool.
 	DefaultStorage = "local-lvm"
 	// TransferStorage is the dir storage disk transfers allocate their
-	// images on (diskxfer's default), added to the pool.
+	// images on (diskxfer's default; PVE_INSPECTD_TRANSFER_STORAGE), added
+	// to the pool.
 	TransferStorage = "local"
 )
 
@@ -156,7 +157,7 @@ func Calls() []Call {
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.CDROM"}, false, "hardening: deleting CD-ROM drives (check_drive_perms on delete)"},
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Disk"}, false, "hardening: deleting tpmstate0 (check_drive_perms on delete)"},
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Options"}, false, "hardening: ostype, agent; tags are checked by assert_tag_permissions (own VM: none more)"},
-		{"PUT", qemu + "/config", vmACL, []string{"VM.Config.Disk"}, false, "attach and detach a transfer image (check_drive_perms; the image is the VM's own, so check_volume_access needs no storage privilege)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Disk"}, false, "attach and detach a transfer image (check_drive_perms; the image is the VM's own, so check_volume_access needs no storage privilege)"},
 		{"PUT", qemu + "/resize", vmACL, []string{"VM.Config.Disk"}, false, "grow the boot disk (schema check)"},
 		{"PUT", qemu + "/resize", "/storage/" + PhStorage, []string{"Datastore.AllocateSpace"}, false, "the boot disk's storage (resize_vm)"},
 		{"POST", qemu + "/status/start", vmACL, []string{"VM.PowerMgmt"}, false, "start a sandbox"},
@@ -227,26 +228,60 @@ func Grants() []Grant {
 // templates' disk storages (DefaultStorage when none is given) and the
 // transfer storage, sorted, without repeats.
 func PoolStorages(storages ...string) []string {
+	return Setup{}.PoolStorages(storages...)
+}
+
+// PoolStorages is the package's PoolStorages with the run's transfer
+// storage.
+func (s Setup) PoolStorages(storages ...string) []string {
+	transfer := s.Transfer
+	if transfer == "" {
+		transfer = TransferStorage
+	}
 	if len(storages) == 0 {
 		storages = []string{DefaultStorage}
 	}
-	out := append(slices.Clone(storages), TransferStorage)
+	out := append(slices.Clone(storages), transfer)
 	slices.Sort(out)
 	return slices.Compact(out)
 }
 
 // ACLEntries returns the concrete ACL entries pve-access-setup creates on
 // node for pool ("" is DefaultPool) and the template VMIDs, each for the
-// user and the token alike, in Grants order.
+// user and the token alike, in Grants order, with the default transfer
+// storage.
 func ACLEntries(node, pool string, templates []int) []ACLEntry {
+	return Setup{Node: node, Pool: pool, Templates: templates}.ACLEntries()
+}
+
+// Setup is one run of pve-access-setup: its node and environment.
+type Setup struct {
+	// Node is the node's name (hostname).
+	Node string
+	// Pool is PVE_INSPECTD_POOL ("": DefaultPool).
+	Pool string
+	// Templates is PVE_INSPECTD_TEMPLATES.
+	Templates []int
+	// Transfer is PVE_INSPECTD_TRANSFER_STORAGE, the daemon's [api]
+	// disk_transfer_storage ("": TransferStorage).
+	Transfer string
+}
+
+// ACLEntries returns the concrete ACL entries of the run, each for the
+// user and the token alike, in Grants order.
+func (s Setup) ACLEntries() []ACLEntry {
+	pool, transfer := s.Pool, s.Transfer
 	if pool == "" {
 		pool = DefaultPool
 	}
-	r := strings.NewReplacer(PhNode, node, PhPool, pool, PhTransfer, TransferStorage)
+	if transfer == "" {
+		transfer = TransferStorage
+	}
+	r := strings.NewReplacer(PhNode, s.Node, PhPool, pool, PhTransfer, transfer)
 	var out []ACLEntry
 	for _, g := range Grants() {
 		if strings.Contains(g.Path, PhTemplate) {
-			for _, id := range templates {
+			for _, id := range s.Templates {
 				out = append(out, ACLEntry{strings.ReplaceAll(g.Path, PhTemplate, strconv.Itoa(id)), g.Role, g.Propagate})
 			}
 			continue

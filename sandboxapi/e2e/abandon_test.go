@@ -13,7 +13,7 @@ import (
 // adds the VM to the pool only at its end; the daemon must not tear down
 // before it and leave an untagged VM behind (issue 25, item 5).
 func TestEmulatorCancelledCreateMidClone(t *testing.T) {
-	e := newEmuEnv(t, [][2]string{{"/", "Administrator"}})
+	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	held, release := e.emu.HoldClones()
