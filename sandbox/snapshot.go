@@ -13,6 +13,7 @@ func (m *Engine) Snapshot(ctx context.Context, vmid int, name string) error {
 // agent answers again: a rollback to a snapshot without RAM leaves the VM
 // stopped, so it is started.
 func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
+	defer m.holdHealth(vmid)()
 	if err := m.snaps.Rollback(ctx, vmid, name); err != nil {
 		return pxErr("rollback", err)
 	}
