@@ -89,6 +89,10 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request, p principal
 		last = s.e.LastEventID()
 	}
 	rc := http.NewResponseController(w)
+	// The request has no body: lift the read deadline, which would
+	// otherwise cancel the stream's context when it passes (net/http's
+	// background read of an idle connection).
+	_ = rc.SetReadDeadline(time.Time{})
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")

@@ -414,7 +414,11 @@ func sweepBed(ctx context.Context, name, dir string) error {
 	for _, l := range rootLinksWithPrefix(name) {
 		_ = run(ctx, "ip", "link", "del", l)
 	}
+	if err := sweepCgroups(name); err != nil {
+		errs = append(errs, err)
+	}
 	if dir != "" {
+		unmountNodeSys(dir)
 		freeLoops(ctx, dir)
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
