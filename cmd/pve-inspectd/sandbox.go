@@ -304,7 +304,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(create, list, execCmd, cp, del)
-	cmd.AddCommand(newHealthCmds(&af, g)...)
+	cmd.AddCommand(newHealthCmds(withClient)...)
 	return cmd
 }
 

@@ -14,20 +14,18 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
 
+// clientRun is newSandboxCmd's withClient: it gives run a client and a
+// context bounded by --timeout.
+type clientRun func(run func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error
+
 // newHealthCmds are `sandbox health` and `sandbox events`.
-func newHealthCmds(af *apiFlags, g *globals) []*cobra.Command {
+func newHealthCmds(withClient clientRun) []*cobra.Command {
 	var asJSON bool
 	health := &cobra.Command{
 		Use:   "health SANDBOX",
 		Short: "print a sandbox's health: state, reason, and each VM's host-side signals (guest-reported facts marked)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := af.client(g)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), af.timeout)
-			defer cancel()
+		RunE: withClient(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
 			sb, err := c.Get(ctx, args[0])
 			if err != nil {
 				return err
@@ -37,7 +35,7 @@ func newHealthCmds(af *apiFlags, g *globals) []*cobra.Command {
 			}
 			printHealth(cmd.OutOrStdout(), sb)
 			return nil
-		},
+		}),
 	}
 	health.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 
@@ -49,20 +47,14 @@ func newHealthCmds(af *apiFlags, g *globals) []*cobra.Command {
 		Use:   "events",
 		Short: "follow the event stream (one JSON event a line) until interrupted or --timeout",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := af.client(g)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), af.timeout)
-			defer cancel()
-			err = c.Events(ctx, client.EventsRequest{Sandboxes: sandboxes, Types: types, LastEventID: last, Resume: cmd.Flags().Changed("last-event-id")},
+		RunE: withClient(func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
+			err := c.Events(ctx, client.EventsRequest{Sandboxes: sandboxes, Types: types, LastEventID: last, Resume: cmd.Flags().Changed("last-event-id")},
 				func(e apitype.Event) error { return printJSONLine(cmd.OutOrStdout(), e) })
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
-		},
+		}),
 	}
 	events.Flags().StringSliceVar(&sandboxes, "sandbox", nil, "only these sandboxes (repeatable)")
 	events.Flags().StringSliceVar(&types, "type", nil, "only these event types (repeatable): "+strings.Join(apitype.EventTypes(), ", "))
