@@ -154,11 +154,16 @@ type sbTrack struct {
 	denials time.Time
 }
 
-// healthMonitor holds the health of every ready sandbox. Its mutex is a
-// leaf: taken alone or while Engine.mu is held, never the other way
+// healthMonitor holds the health of every ready sandbox. Its mutex mu is
+// a leaf: taken alone or while Engine.mu is held, never the other way
 // round, and never across a call to Proxmox, a guest or the node.
 type healthMonitor struct {
 	o HealthOptions
+
+	// roundMu serializes health rounds (CheckHealth), so two rounds never
+	// judge the same VM at once or send one change twice; taken first,
+	// before m.mu and mu, and held across the round's outside calls.
+	roundMu sync.Mutex
 
 	// The mutex protects the following elements: sb and, in every track,
 	// every field.
@@ -274,6 +279,8 @@ type sbView struct {
 // health, sends the events and drops the tracks of sandboxes that are no
 // longer ready.
 func (m *Engine) CheckHealth(ctx context.Context) {
+	m.health.roundMu.Lock()
+	defer m.health.roundMu.Unlock()
 	m.mu.Lock()
 	var views []sbView
 	for id, r := range m.sbx {

@@ -80,8 +80,7 @@ func TestBedHealth(t *testing.T) {
 	testkit.RequireRoot(t, "nsenter", "mount", "losetup", "mkfs.ext4")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var e *bedEnv
-	e = newBedEnv(t, ctx, func(o *options) {
+	e := newBedEnv(t, ctx, func(o *options) {
 		o.Health = sandbox.HealthOptions{Interval: bedHealthInterval, AgentBrokenAfter: bedAgentBrokenAfter, PingTimeout: bedPingTimeout}
 	})
 	sysfs, err := e.bed.NodeNetSys(ctx)
