@@ -373,6 +373,9 @@ func SweepStale(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := sweepOrphanCgroups("/run/netns", "*"); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -144,6 +144,28 @@ func sweepCgroups(name string) error {
 	return errors.Join(errs...)
 }
 
+// sweepOrphanCgroups removes the cgroup subtrees of beds whose names
+// match pattern and whose node namespace (in netnsDir) is gone: swept by a
+// build that did not know of cgroups, or removed by hand. A live bed has
+// its node namespace from before its first guest (and scope) to its
+// sweep, wherever its state directory is.
+func sweepOrphanCgroups(netnsDir, pattern string) error {
+	var errs []error
+	for _, h := range cgroupHierarchies() {
+		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, h, "pvei-bed-"+pattern))
+		for _, d := range dirs {
+			name := strings.TrimPrefix(filepath.Base(d), "pvei-bed-")
+			if _, err := os.Stat(filepath.Join(netnsDir, name+"-node")); !errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err := sweepCgroups(name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // NodeNetSys is a sysfs mounted from inside the node namespace: its
 // class/net holds the node's links, the guests' tap<vmid>i0 among them
 // (sandbox.NodeReader.NetRoot is NodeNetSys()+"/class/net"). Mounted on
