@@ -48,7 +48,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	$(PROMTOOL) check rules packaging/deb/alerts.yml
-	$(PROMTOOL) test rules packaging/deb/alerts_test.yml
+	$(PROMTOOL) test rules packaging/deb/alerts_test.yml packaging/deb/alerts_health_test.yml
 	cd python && .venv/bin/ruff check && .venv/bin/ruff format --check && .venv/bin/mypy
 
 # The .deb of pve-inspectd, in $(DIST)/ (nfpm.yaml reads DIST and VERSION).

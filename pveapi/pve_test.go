@@ -220,7 +220,11 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		if !ok {
 			return nil, 500, fmt.Sprintf("Configuration file 'nodes/pve1/qemu-server/%d.conf' does not exist", vmid)
 		}
-		return map[string]any{"vmid": vmid, "name": c["name"], "status": c["status"], "tags": c["tags"], "template": c["template"]}, 0, ""
+		st := map[string]any{"vmid": vmid, "name": c["name"], "status": c["status"], "tags": c["tags"], "template": c["template"]}
+		if q, ok := c["qmpstatus"]; ok {
+			st["qmpstatus"] = q
+		}
+		return st, 0, ""
 	case "POST /nodes/{node}/qemu/{vmid}/clone":
 		src, ok := f.vms[vmid]
 		if !ok {

@@ -25,6 +25,7 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 		return apitype.CheckReport{}, fmt.Errorf("sandbox %s vm %s: %w", sb.ID, vm.Name, err)
 	}
 	rep.Sandbox, rep.VM = sb.ID, vm.Name
+	rep.Health = m.healthOf(sb.ID)
 	return rep, nil
 }
 

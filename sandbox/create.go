@@ -108,6 +108,7 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		m.forget(id)
 		return apitype.Sandbox{}, err
 	}
+	m.emitSandbox(apitype.EventCreated, rec, "")
 	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
 		log.Warn("create failed, tearing down", "err", err)
@@ -119,6 +120,7 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 			return apitype.Sandbox{}, err
 		}
 		m.forget(id)
+		m.emitSandbox(apitype.EventDeleted, rec, "create failed: "+err.Error())
 		m.removeEgress(tctx, id, rec.Zone)
 		if perr := m.publishZones(tctx); perr != nil {
 			log.Error("publish zones after failed create", "err", perr)
@@ -126,6 +128,7 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		return apitype.Sandbox{}, err
 	}
 	m.setState(id, apitype.StateReady, "")
+	m.emitSandbox(apitype.EventReady, rec, "")
 	log.Info("sandbox ready", "vms", len(rec.VMs))
 	sb, _ := m.Get(id)
 	return sb, nil

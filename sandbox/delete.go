@@ -80,6 +80,7 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) boo
 		return false, err
 	}
 	m.forget(id)
+	m.emitSandbox(apitype.EventDeleted, r, "")
 	m.removeEgress(ctx, id, r.Zone)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	if err := m.publishZones(ctx); err != nil {

@@ -27,6 +27,10 @@
 //	statefile.go    the state file: its own versioned types, save and load
 //	reconcile.go    Reconcile after a restart
 //	metrics.go      the engine's Prometheus metrics
+//	health.go       the health monitor: per-VM signals, states, BrokenError
+//	healthnode.go   a VM's cgroup (qemu.slice/<vmid>.scope) and tap counters
+//	healthmetrics.go the per-sandbox series (collected from the monitor)
+//	events.go       the bounded event buffer behind GET /v1/events
 //
 // Design decisions:
 //
@@ -51,6 +55,12 @@
 //     first Proxmox object exists, so a crash mid-create is cleaned up on the
 //     next start by Reconcile. The file has its own versioned types
 //     (statefile.go): the wire types may change without changing the disk.
+//   - Health is host-side first: Proxmox and QMP status, the agent's ping,
+//     the VM's cgroup and taps decide; what the agent reports of the guest
+//     is kept apart (guest_reported) and can only degrade a VM, since a
+//     hostile guest can lie about itself. Only exec and file calls (and the
+//     check) refuse a broken VM: snapshots, rollbacks and deletes still run,
+//     as they are how a harness recovers.
 //   - A delete turns the sandbox to "deleting" and cancels its operations
 //     under the engine's mutex, so no operation begins after it, then waits
 //     for them before it stops a VM: VM ids are reused, and a stale exec

@@ -74,6 +74,9 @@ type Options struct {
 	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
 	// lets a create clone a template that fails the profile.
 	AllowUnhardenedTemplates bool
+	// Health configures the health monitor and the event buffer
+	// (health.go, events.go).
+	Health HealthOptions
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).
@@ -126,6 +129,7 @@ func (o *Options) defaults() error {
 		o.Logger = slog.Default()
 	}
 	o.Logger = o.Logger.With("component", "sandbox")
+	o.Health.defaults(o.Proxmox)
 	return nil
 }
 
@@ -144,6 +148,12 @@ type Engine struct {
 	o   Options
 	log *slog.Logger
 	met *metrics
+	// health and events are the health monitor and the event buffer, each
+	// with a leaf mutex of its own (health.go, events.go); hmet their
+	// metrics.
+	health *healthMonitor
+	events *eventBus
+	hmet   *healthMetrics
 
 	// The parts of the Proxmox API each step uses (all of them o.Proxmox).
 	cloner  cloner
@@ -189,8 +199,14 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: register metrics: %w", err)
 	}
+	hm := newHealthMonitor(o.Health)
+	hmet, err := newHealthMetrics(o.Registerer, hm)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: register health metrics: %w", err)
+	}
 	px := o.Proxmox
 	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, reserved: map[int]bool{},
+		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet,
 		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px}, nil
 }
 
@@ -230,7 +246,9 @@ func (m *Engine) List() []apitype.Sandbox {
 	defer m.mu.Unlock()
 	out := make([]apitype.Sandbox, 0, len(m.sbx))
 	for _, r := range m.sbx {
-		out = append(out, cloneSandbox(r.Sandbox))
+		c := cloneSandbox(r.Sandbox)
+		c.Health = m.healthOf(r.ID)
+		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b apitype.Sandbox) int { return strings.Compare(a.ID, b.ID) })
 	return out
@@ -262,7 +280,9 @@ func (m *Engine) Get(id string) (apitype.Sandbox, bool) {
 	if !ok {
 		return apitype.Sandbox{}, false
 	}
-	return cloneSandbox(r.Sandbox), true
+	c := cloneSandbox(r.Sandbox)
+	c.Health = m.healthOf(id)
+	return c, true
 }
 
 // updateGaugesLocked recomputes the by-state gauges; call with m.mu held.

@@ -54,7 +54,12 @@ func (m *Engine) Reap(ctx context.Context) int {
 	// Each is checked again under the lock as it turns to deleting: one
 	// extended since the list was made is left alone.
 	expired := func(r *record) bool {
-		return (r.State == apitype.StateReady || r.State == apitype.StateError) && !m.o.Now().Before(r.ExpiresAt)
+		due := (r.State == apitype.StateReady || r.State == apitype.StateError) && !m.o.Now().Before(r.ExpiresAt)
+		if due {
+			exp := r.ExpiresAt
+			m.emit(apitype.Event{Type: apitype.EventExpired, Sandbox: r.ID, Owner: r.Owner, ExpiresAt: &exp})
+		}
+		return due
 	}
 	n := 0
 	for _, id := range due {

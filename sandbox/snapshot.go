@@ -23,6 +23,7 @@ func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
 		return err
 	}
 	defer done()
+	defer m.holdHealth(vmid)()
 	if err := m.snaps.Rollback(ctx, vmid, name); err != nil {
 		return pxErr("rollback", err)
 	}

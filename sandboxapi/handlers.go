@@ -74,6 +74,7 @@ func (s *Server) routeTable() []route {
 		{method: "PUT", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: apitype.ScopeExec, summary: "Write a guest file (raw bytes)", requestType: "application/octet-stream", okStatus: 204, params: []param{pID, pVM, pPath, pMode}, timeout: fileTimeout, h: s.writeFile},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: apitype.ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: createTimeout, h: s.snapshot},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: apitype.ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: createTimeout, h: s.rollback},
+		s.eventsRoute(),
 	}
 }
 
@@ -205,7 +206,7 @@ func wantsNDJSON(r *http.Request) bool {
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err error) {
-	vm, octx, end, err := s.begin(r, p)
+	vm, octx, end, err := s.beginGuest(r, p)
 	if err != nil {
 		return err
 	}
@@ -302,7 +303,7 @@ func (n *ndjsonWriter) stream(typ string) io.Writer {
 }
 
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (err error) {
-	vm, ctx, end, err := s.begin(r, p)
+	vm, ctx, end, err := s.beginGuest(r, p)
 	if err != nil {
 		return err
 	}
@@ -391,7 +392,7 @@ func (l *limitedBody) Read(p []byte) (int, error) {
 }
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) (err error) {
-	vm, ctx, end, err := s.begin(r, p)
+	vm, ctx, end, err := s.beginGuest(r, p)
 	if err != nil {
 		return err
 	}
@@ -471,6 +472,9 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 		if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 			return pr
 		}
+	}
+	if err := s.e.Broken(r.PathValue("id"), req.VM); err != nil {
+		return err
 	}
 	sb, vm, ctx, end, err := s.e.Begin(r.Context(), r.PathValue("id"), req.VM)
 	if err != nil {

@@ -33,6 +33,12 @@ var schemaTypes = map[string]any{
 	"EgressStatus":    apitype.EgressStatus{},
 	"EgressDenial":    apitype.EgressDenial{},
 	"Problem":         apitype.Problem{},
+	"SandboxHealth":   apitype.SandboxHealth{},
+	"VMHealth":        apitype.VMHealth{},
+	"HostSignals":     apitype.HostSignals{},
+	"GuestReport":     apitype.GuestReport{},
+	"GuestFilesystem": apitype.GuestFilesystem{},
+	"Event":           apitype.Event{},
 }
 
 var timeType = reflect.TypeOf(time.Time{})
@@ -52,6 +58,10 @@ func schemaOf(t reflect.Type, top bool) map[string]any {
 		return map[string]any{"type": "boolean"}
 	case reflect.Int, reflect.Int64, reflect.Int32:
 		return map[string]any{"type": "integer", "format": "int64"}
+	case reflect.Uint64:
+		return map[string]any{"type": "integer", "format": "int64", "minimum": 0}
+	case reflect.Float64:
+		return map[string]any{"type": "number", "format": "double"}
 	case reflect.Slice:
 		if t.Elem().Kind() == reflect.Uint8 {
 			return map[string]any{"type": "string", "format": "byte"}

@@ -39,6 +39,7 @@ var problemTitles = map[string]string{
 	apitype.ProblemInternal:             "Internal error",
 	apitype.ProblemGuestNoSpace:         "No space left in guest",
 	apitype.ProblemTemplateNotHardened:  "Template not hardened",
+	apitype.ProblemSandboxBroken:        "Sandbox broken",
 }
 
 var problemStatus = map[string]int{
@@ -64,6 +65,7 @@ var problemStatus = map[string]int{
 	apitype.ProblemInternal:             problemDefaultStatusInternal,
 	apitype.ProblemGuestNoSpace:         http.StatusInsufficientStorage,
 	apitype.ProblemTemplateNotHardened:  http.StatusUnprocessableEntity,
+	apitype.ProblemSandboxBroken:        http.StatusConflict,
 }
 
 // newProblem builds a problem of a known type.
@@ -90,6 +92,7 @@ func asProblem(err error) *apitype.Problem {
 		ce  *sandbox.CapError
 		ie  *sandbox.InvalidError
 		nhe *sandbox.NotHardenedError
+		be  *sandbox.BrokenError
 	)
 	switch {
 	case errors.As(err, &p):
@@ -101,6 +104,10 @@ func asProblem(err error) *apitype.Problem {
 	case errors.As(err, &ie):
 		p := newProblem(apitype.ProblemInvalidRequest, err.Error())
 		p.Field = ie.Field
+		return p
+	case errors.As(err, &be):
+		p := newProblem(apitype.ProblemSandboxBroken, err.Error())
+		p.Reason = be.Reason
 		return p
 	case errors.As(err, &nhe):
 		p := newProblem(apitype.ProblemTemplateNotHardened, err.Error())

@@ -373,6 +373,9 @@ func SweepStale(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := sweepOrphanCgroups("/run/netns", "*"); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -414,7 +417,11 @@ func sweepBed(ctx context.Context, name, dir string) error {
 	for _, l := range rootLinksWithPrefix(name) {
 		_ = run(ctx, "ip", "link", "del", l)
 	}
+	if err := sweepCgroups(name); err != nil {
+		errs = append(errs, err)
+	}
 	if dir != "" {
+		unmountNodeSys(dir)
 		freeLoops(ctx, dir)
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)

@@ -26,6 +26,9 @@ type GuestSpec struct {
 	VNet string           // bridge to attach to
 	MAC  net.HardwareAddr // nil = derived from VMID
 	Disk string           // the guest's disk: overlay upper dir ("" = a fresh dir)
+	// MemoryMiB caps the memory of the guest's cgroup scope, as the VM's
+	// RAM caps a real guest (0: no cap).
+	MemoryMiB int
 }
 
 // Guest is a running guest: its own network, PID, mount and UTS
@@ -193,7 +196,13 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.Command("ip", "netns", "exec", g.NS,
+	procs, err := b.makeScope(s.VMID, s.MemoryMiB)
+	if err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
+	}
+	// The guest joins its scope (qemu.slice/<vmid>.scope) before it execs
+	// anything, so every process it ever has is counted there.
+	cmd := exec.Command("/bin/sh", "-c", joinScope(procs), "join-scope", "ip", "netns", "exec", g.NS,
 		"unshare", "--pid", "--fork", "--kill-child", "--mount", "--uts", "--ipc", "--propagation", "private",
 		"/bin/sh", "-c", guestSetup, "guest-setup", filepath.Join(gdir, "root"), s.Disk, "vm"+strconv.Itoa(s.VMID), guestInit)
 	cmd.ExtraFiles = []*os.File{lf}
@@ -342,6 +351,9 @@ func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
 		errs = append(errs, err)
 	}
 	_ = run(ctx, "ip", "-n", b.NodeNS(), "link", "del", "tap"+strconv.Itoa(vmid)+"i0")
+	if err := b.removeScope(vmid); err != nil {
+		errs = append(errs, err)
+	}
 	_ = os.Remove(g.Socket)
 	b.detachAllBlocks(ctx, vmid)
 	_ = os.Remove(b.vmConfPath(vmid))

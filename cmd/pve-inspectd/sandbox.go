@@ -166,7 +166,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), l)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tVMS\tNETWORKS\tEXPIRES\tOWNER")
+			fmt.Fprintln(tw, "ID\tSTATE\tHEALTH\tVMS\tNETWORKS\tEXPIRES\tOWNER")
 			for _, s := range l {
 				var vms, nets []string
 				for _, v := range s.VMs {
@@ -175,7 +175,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 				for _, n := range s.Networks {
 					nets = append(nets, n.Name+"="+n.CIDR)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, strings.Join(vms, ","), strings.Join(nets, ","), s.ExpiresAt.Format(time.RFC3339), s.Owner)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, healthWord(s), strings.Join(vms, ","), strings.Join(nets, ","), s.ExpiresAt.Format(time.RFC3339), s.Owner)
 			}
 			return tw.Flush()
 		}),
@@ -304,6 +304,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(create, list, execCmd, cp, del)
+	cmd.AddCommand(newHealthCmds(withClient)...)
 	return cmd
 }
 
@@ -401,5 +402,12 @@ func printCheck(w io.Writer, rep apitype.CheckReport) {
 	}
 	if rep.Sampling != nil {
 		fmt.Fprintln(w, rep.Sampling.Note)
+	}
+	if h := rep.Health; h != nil {
+		fmt.Fprintf(w, "sandbox health: %s", h.State)
+		if h.Reason != "" {
+			fmt.Fprintf(w, " (%s): %s", h.Reason, h.Detail)
+		}
+		fmt.Fprintln(w)
 	}
 }

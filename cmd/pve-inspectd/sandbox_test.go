@@ -28,6 +28,14 @@ func (p passChecker) Run(context.Context, sandbox.CheckTarget) (apitype.CheckRep
 // startAPI serves the API on fakes over a unix socket in a temp dir.
 func startAPI(t *testing.T, pass bool) string {
 	t.Helper()
+	sock, _, _ := startAPIOn(t, pass)
+	return sock
+}
+
+// startAPIOn is startAPI that also returns the engine and the fake
+// Proxmox behind the socket.
+func startAPIOn(t *testing.T, pass bool) (string, *sandbox.Engine, *apitest.Proxmox) {
+	t.Helper()
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
 	eng, err := sandbox.New(sandbox.Options{
@@ -59,7 +67,7 @@ func startAPI(t *testing.T, pass bool) string {
 	done := make(chan struct{})
 	go func() { _ = sandboxapi.Serve(ctx, ln, srv.LocalHandler()); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return sock
+	return sock, eng, px
 }
 
 // run executes the CLI and returns stdout and the error.

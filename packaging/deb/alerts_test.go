@@ -15,6 +15,8 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/lockdown"
 	"github.com/pve-inspect/pve-inspect/lockdown/halt"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 )
 
 // alertRules is the part of a Prometheus rule file the test reads.
@@ -56,11 +58,21 @@ func daemonMetrics(t *testing.T) map[string][]string {
 	if _, err := lockdown.NewMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
+	// The sandbox engine's metrics, its per-sandbox collector among them
+	// (described below: it has no series without sandboxes).
+	rec := &describing{Registerer: reg}
+	if _, err := sandbox.New(sandbox.Options{Node: "n1", Proxmox: apitest.NewProxmox(nil, nil), Guests: apitest.NewGuests().Dial,
+		StateDir: t.TempDir(), Registerer: rec}); err != nil {
+		t.Fatal(err)
+	}
 	// Describe what was registered: the guard's collector and the halt's
 	// vectors (which Gather would omit before their first observation).
 	ch := make(chan *prometheus.Desc, 100)
 	go func() {
 		g.Collector().Describe(ch)
+		for _, c := range rec.collectors {
+			c.Describe(ch)
+		}
 		close(ch)
 	}()
 	out := map[string][]string{}
@@ -102,6 +114,18 @@ func daemonMetrics(t *testing.T) map[string][]string {
 		}
 	}
 	return out
+}
+
+// describing is a Registerer that keeps what is registered, so its
+// descriptions can be read.
+type describing struct {
+	prometheus.Registerer
+	collectors []prometheus.Collector
+}
+
+func (d *describing) Register(c prometheus.Collector) error {
+	d.collectors = append(d.collectors, c)
+	return d.Registerer.Register(c)
 }
 
 // ruleNames returns the guard's rule names (the "rule" label of the drop
@@ -199,7 +223,8 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"PveInspectHalted", "PveInspectGuardRulesMissing", "PveInspectGuardRepairs", "PveInspectGuardVerifyStale", "PveInspectGuardScrapeError", "PveInspectMetadataProbe", "PveInspectLockdownNotEnforced"} {
+	for _, want := range []string{"PveInspectHalted", "PveInspectGuardRulesMissing", "PveInspectGuardRepairs", "PveInspectGuardVerifyStale", "PveInspectGuardScrapeError", "PveInspectMetadataProbe", "PveInspectLockdownNotEnforced",
+		"PveInspectSandboxBroken", "PveInspectSandboxBreaksAboveUsual"} {
 		if !seen[want] {
 			t.Errorf("alerts.yml lacks %s", want)
 		}

@@ -108,6 +108,11 @@ def test_schemathesis(scope: str, tmp_path: Path) -> None:
         "120",
         "-w",
         "1",
+        # The event stream is server-sent events that end only with the
+        # client: every generated request would wait out the request
+        # timeout. Go tests cover it (sandboxapi TestEventsAndBroken).
+        "--exclude-path",
+        "/v1/events",
     ]
     ca = os.environ.get("PVE_INSPECT_CA_FILE", "").split(",")[0]
     if ca:

@@ -29,6 +29,8 @@ type FakeVM struct {
 	Config    sandbox.VMConfig
 	DiskGiB   int
 	Snapshots map[string]map[string][]byte
+	// QMPStatus is QEMU's run state (SetVMState; "" follows Info.Status).
+	QMPStatus string
 }
 
 // Proxmox is an in-memory Proxmox.
@@ -92,7 +94,7 @@ func (p *Proxmox) Mutations() int {
 	n := 0
 	for op, c := range p.Calls {
 		switch op {
-		case "NextID", "TemplateID", "VM", "ListVMs", "ListVNets", "ListSubnetCIDRs", "VNetSubnets":
+		case "NextID", "TemplateID", "VM", "VMStatus", "ListVMs", "ListVNets", "ListSubnetCIDRs", "VNetSubnets":
 		default:
 			n += c
 		}
@@ -770,4 +772,40 @@ func (a *Guest) ReadFile(ctx context.Context, path string, w io.Writer, max int6
 	}
 	n, err := w.Write(b)
 	return int64(n), err
+}
+
+// SetPingFails makes VM id's agent stop answering (fail) or answer again.
+func (g *Guests) SetPingFails(id int, fail bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.PingFails[id] = fail
+}
+
+// SetVMState sets VM id's Proxmox status and QMP status behind the
+// daemon's back (qmp "" keeps QMP in step with status).
+func (p *Proxmox) SetVMState(id int, status, qmp string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if v, ok := p.VMs[id]; ok {
+		v.Info.Status = status
+		v.QMPStatus = qmp
+	}
+}
+
+// VMStatus implements sandbox.VMStatusReader.
+func (p *Proxmox) VMStatus(ctx context.Context, id int) (sandbox.VMRunState, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("VMStatus"); err != nil {
+		return sandbox.VMRunState{}, err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return sandbox.VMRunState{}, err
+	}
+	qmp := v.QMPStatus
+	if qmp == "" {
+		qmp = v.Info.Status
+	}
+	return sandbox.VMRunState{Status: v.Info.Status, QMPStatus: qmp}, nil
 }

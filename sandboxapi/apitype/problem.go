@@ -26,6 +26,10 @@ const (
 	ProblemInternal             = "internal"
 	ProblemGuestNoSpace         = "guest-no-space"
 	ProblemTemplateNotHardened  = "template-not-hardened"
+	// ProblemSandboxBroken: the VM's health is broken (stopped, panicked,
+	// agent silent); the call was not tried. Reason carries the health
+	// reason.
+	ProblemSandboxBroken = "sandbox-broken"
 )
 
 // Problem is an RFC 9457 problem document.
@@ -40,6 +44,8 @@ type Problem struct {
 	Field string `json:"field,omitempty"`
 	// Items lists the failing profile items (template-not-hardened only).
 	Items []string `json:"items,omitempty"`
+	// Reason is the health reason (sandbox-broken only).
+	Reason string `json:"reason,omitempty"`
 }
 
 // Error makes a Problem usable as an error (the client returns it).
@@ -57,5 +63,6 @@ func ProblemTypes() []string {
 		ProblemGuestTimeout, ProblemGuestUnavailable, ProblemGuestProtocol, ProblemOutputLimit,
 		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
 		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
-		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened}
+		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened,
+		ProblemSandboxBroken}
 }

@@ -79,6 +79,9 @@ type Sandbox struct {
 	Networks  []Network         `json:"networks"`
 	VMs       []VM              `json:"vms"`
 	Error     string            `json:"error,omitempty"`
+	// Health is the sandbox's health from host-side signals (ready
+	// sandboxes, once checked).
+	Health *SandboxHealth `json:"health,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -181,6 +184,9 @@ type CheckReport struct {
 	// probed a rotating sample of the other zones' and LAN targets: Pass
 	// speaks for the rows probed only.
 	Sampling *CheckSampling `json:"sampling,omitempty"`
+	// Health is the sandbox's health when the check ran (host-side
+	// signals; see SandboxHealth).
+	Health *SandboxHealth `json:"health,omitempty"`
 }
 
 // CheckSampling says what a sampled containment check did not probe; the

@@ -45,7 +45,8 @@ func (t *tools) register(s *mcp.Server, r int) {
 		mcp.AddTool(s, &mcp.Tool{Name: ToolList, Annotations: ro,
 			Description: "List the sandboxes you can see, with their VMs, state and expiry."}, t.list)
 		mcp.AddTool(s, &mcp.Tool{Name: ToolGet, Annotations: ro,
-			Description: "Get one sandbox by id: its VMs (names for the other tools), networks, state and expiry."}, t.get)
+			Description: "Get one sandbox by id: its VMs (names for the other tools), networks, state, expiry and health " +
+				"(ok, degraded or broken with the reason, from signals the node reads; a broken VM refuses exec and file calls with sandbox-broken)."}, t.get)
 	}
 	if r >= 2 {
 		mcp.AddTool(s, &mcp.Tool{Name: ToolExec, Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(true)},

@@ -47,6 +47,9 @@ type VMSpec struct {
 	VNet string           // bridge of net0 ("" when the VM has no NIC)
 	MAC  net.HardwareAddr // net0's MAC
 	Disk string           // the VM's disk directory
+	// MemoryMiB is the VM's memory (config "memory"): the bed caps the
+	// guest's cgroup scope at it.
+	MemoryMiB int
 }
 
 // Agent sends one QEMU guest agent command to the agent listening on socket

@@ -51,7 +51,7 @@ func (b BedBackend) RemoveZone(ctx context.Context, id string) error {
 
 // StartVM implements Backend.
 func (b BedBackend) StartVM(ctx context.Context, v VMSpec) error {
-	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, Disk: v.Disk})
+	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, Disk: v.Disk, MemoryMiB: v.MemoryMiB})
 	return err
 }
 

@@ -77,7 +77,7 @@ func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
 
 // vmSpec derives what the backend needs to start the guest.
 func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
-	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid)}
+	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid), MemoryMiB: atoiDef(v.conf["memory"], 512)}
 	if n := v.conf["net0"]; n != "" {
 		mac, bridge := parseNet(n)
 		spec.VNet = bridge

@@ -33,6 +33,9 @@ class Problem(Exception):
         self.type = str(doc.get("type", "internal"))
         self.detail = str(doc.get("detail", ""))
         self.field = doc.get("field")
+        # The health reason of a sandbox-broken problem (vm-stopped,
+        # agent-unresponsive, guest-panicked, ...).
+        self.reason = str(doc.get("reason", ""))
         self.doc = doc
         super().__init__(f"{self.type} ({status}): {self.detail}")
 

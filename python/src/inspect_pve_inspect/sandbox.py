@@ -380,9 +380,19 @@ async def _delete(client: Client, sid: str) -> None:
     _Run.live.pop(sid, None)
 
 
+def _broken(p: Problem) -> SandboxUnavailableError:
+    """The sandbox broke (the daemon's health says so from host-side
+    signals): Inspect's sandbox error, saying why, so the eval log records
+    a broken sandbox rather than a failed command."""
+    reason = p.reason or "broken"
+    return SandboxUnavailableError(f"sandbox broken ({reason}): {p.detail}")
+
+
 def _file_error(p: Problem, path: str) -> Exception:
     msg = f"{path}: {p.detail}"
     match p.type:
+        case "sandbox-broken":
+            return _broken(p)
         case "file-not-found":
             return FileNotFoundError(errno.ENOENT, f"file not found: {msg}", path)
         case "is-a-directory":
@@ -402,6 +412,8 @@ def _file_error(p: Problem, path: str) -> Exception:
 
 def _exec_error(p: Problem) -> Exception:
     match p.type:
+        case "sandbox-broken":
+            return _broken(p)
         case "guest-timeout" | "timeout":
             return TimeoutError(p.detail)
         case "not-found" | "guest-agent-unavailable" | "unavailable":

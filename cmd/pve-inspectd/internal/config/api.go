@@ -45,6 +45,11 @@ type APISection struct {
 	ReaperInterval time.Duration `toml:"reaper_interval"`
 	// AgentTimeout bounds the wait for a started VM's guest agent.
 	AgentTimeout time.Duration `toml:"agent_timeout"`
+	// HealthInterval is how often every ready sandbox's VMs are checked;
+	// AgentBrokenAfter how long an agent may be silent before its VM is
+	// broken (sandbox.HealthOptions).
+	HealthInterval   time.Duration `toml:"health_interval"`
+	AgentBrokenAfter time.Duration `toml:"agent_broken_after"`
 	// MaxFileBytes caps file uploads and downloads.
 	MaxFileBytes int64 `toml:"max_file_bytes"`
 	// DiskTransferStorage is the Proxmox storage for the disk path of
@@ -117,6 +122,8 @@ func defaultAPI() APISection {
 		MaxTTL:                24 * time.Hour,
 		ReaperInterval:        30 * time.Second,
 		AgentTimeout:          5 * time.Minute,
+		HealthInterval:        5 * time.Second,
+		AgentBrokenAfter:      20 * time.Second,
 		MaxFileBytes:          1 << 30,
 		DiskTransferThreshold: 32 << 20,
 		AutoCIDRPool:          "10.200.0.0/16",
@@ -203,7 +210,8 @@ func (a APISection) validate(prefix string) error {
 	durs := []struct {
 		k string
 		v time.Duration
-	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout}}
+	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout},
+		{"health_interval", a.HealthInterval}, {"agent_broken_after", a.AgentBrokenAfter}}
 	for _, d := range durs {
 		if d.v <= 0 {
 			return key(d.k, errors.New("must be positive"))

@@ -51,6 +51,10 @@ type APIDeps struct {
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
 	// Egress enforces sandboxes' egress policies (nil: refused).
 	Egress sandbox.Egress
+	// Health adjusts the health monitor (the node in a box passes its
+	// cgroup parent and sysfs); the interval and agent threshold come
+	// from [api] when unset.
+	Health sandbox.HealthOptions
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
 	// RetryMin and RetryMax bound the back-off between attempts to reach
@@ -120,6 +124,8 @@ func (a *API) Run(ctx context.Context) error {
 	a.log.Info("sandbox api ready")
 	wg.Add(1)
 	go func() { defer wg.Done(); srv.Engine().RunReaper(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); srv.Engine().RunHealth(ctx) }()
 	<-ctx.Done()
 	return nil
 }
@@ -166,6 +172,13 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if ac.DiskTransferStorage != "" {
 		dt = diskxfer.New(px, diskxfer.Options{Storage: ac.DiskTransferStorage, Logger: a.log})
 	}
+	health := d.Health
+	if health.Interval == 0 {
+		health.Interval = ac.HealthInterval
+	}
+	if health.AgentBrokenAfter == 0 {
+		health.AgentBrokenAfter = ac.AgentBrokenAfter
+	}
 	eng, err := sandbox.New(sandbox.Options{
 		Node:      cfg.Node.ID,
 		Proxmox:   px,
@@ -188,6 +201,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		Egress:                   d.Egress,
 		VMConfigs:                px,
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
+		Health:                   health,
 		Registerer:               d.Registerer,
 		Logger:                   a.log,
 	})

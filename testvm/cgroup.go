@@ -1,0 +1,193 @@
+package testvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// A guest lives in the cgroup a Proxmox VM lives in: qemu-server starts
+// every VM in the systemd scope qemu.slice/<vmid>.scope
+// (PVE::QemuServer::vm_start_nolock through PVE::Systemd::enter_systemd_scope,
+// see pveemu/FIDELITY.md), so the daemon's health monitor reads the same
+// files on a node and in the bed. The bed's scopes sit under a subtree of
+// its own in every hierarchy (CgroupParent), so beds run side by side.
+// Hosts with the unified (v2) tree get it there; hybrid hosts (v1 memory,
+// cpuacct and blkio beside the unified tree) get a scope in each.
+
+// cgroupRoot is where the cgroup trees are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// CgroupRoot is where the bed's cgroup trees are mounted (what
+// sandbox.NodeReader.CgroupRoot takes).
+func (b *Bed) CgroupRoot() string { return cgroupRoot }
+
+// CgroupParent is the bed's subtree above qemu.slice in every hierarchy
+// (sandbox.NodeReader.Parent).
+func (b *Bed) CgroupParent() string { return "pvei-bed-" + b.name }
+
+// cgroupHierarchies lists the hierarchies a guest's scope is made in:
+// "" for a pure v2 host; the unified tree and the v1 controllers the
+// health monitor reads on a hybrid one.
+func cgroupHierarchies() []string {
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
+		return []string{""}
+	}
+	var out []string
+	for _, h := range []string{"unified", "memory", "cpuacct", "blkio"} {
+		if _, err := os.Stat(filepath.Join(cgroupRoot, h, "cgroup.procs")); err == nil {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// scopeDirs returns vmid's scope directory in every hierarchy.
+func (b *Bed) scopeDirs(vmid int) []string {
+	var out []string
+	for _, h := range cgroupHierarchies() {
+		out = append(out, filepath.Join(cgroupRoot, h, b.CgroupParent(), "qemu.slice", strconv.Itoa(vmid)+".scope"))
+	}
+	return out
+}
+
+// makeScope creates vmid's scopes and, when memMiB > 0, caps their memory
+// at the VM's RAM (what a VM's own kernel has; the guest's OOM kills are
+// then counted in the scope). It returns the cgroup.procs files the
+// guest's first process joins before it execs anything.
+func (b *Bed) makeScope(vmid, memMiB int) ([]string, error) {
+	var procs []string
+	for _, d := range b.scopeDirs(vmid) {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup scope: %w", err)
+		}
+		procs = append(procs, filepath.Join(d, "cgroup.procs"))
+		if memMiB <= 0 {
+			continue
+		}
+		limit := strconv.Itoa(memMiB << 20)
+		for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
+			p := filepath.Join(d, f)
+			if _, err := os.Stat(p); err == nil {
+				if err := os.WriteFile(p, []byte(limit), 0o644); err != nil {
+					return nil, fmt.Errorf("cgroup scope: %s: %w", f, err)
+				}
+			}
+		}
+	}
+	return procs, nil
+}
+
+// joinScope is the shell prefix that moves the guest's first process into
+// its scopes before it execs the guest.
+func joinScope(procs []string) string {
+	var b strings.Builder
+	for _, p := range procs {
+		fmt.Fprintf(&b, "echo $$ > '%s' && ", p)
+	}
+	return b.String() + `exec "$@"`
+}
+
+// removeScope removes vmid's scopes once the guest's processes are gone
+// (a cgroup with processes cannot be removed: kill what is left first).
+func (b *Bed) removeScope(vmid int) error {
+	var errs []error
+	for _, d := range b.scopeDirs(vmid) {
+		if err := removeCgroup(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroup kills what is left in cgroup dir and removes it, retrying
+// while the kernel finishes the kills.
+func removeCgroup(dir string) error {
+	var err error
+	for range 100 {
+		if b, rerr := os.ReadFile(filepath.Join(dir, "cgroup.procs")); rerr == nil {
+			for _, p := range strings.Fields(string(b)) {
+				if pid, perr := strconv.Atoi(p); perr == nil && pid != os.Getpid() {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		err = os.Remove(dir)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("remove cgroup %s: %w", dir, err)
+}
+
+// sweepCgroups removes the bed's cgroup subtrees (scopes, qemu.slice, the
+// parent) in every hierarchy.
+func sweepCgroups(name string) error {
+	var errs []error
+	for _, h := range cgroupHierarchies() {
+		parent := filepath.Join(cgroupRoot, h, "pvei-bed-"+name)
+		slice := filepath.Join(parent, "qemu.slice")
+		scopes, _ := filepath.Glob(filepath.Join(slice, "*.scope"))
+		for _, d := range append(scopes, slice, parent) {
+			if err := removeCgroup(d); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sweepOrphanCgroups removes the cgroup subtrees of beds whose names
+// match pattern and whose node namespace (in netnsDir) is gone: swept by a
+// build that did not know of cgroups, or removed by hand. A live bed has
+// its node namespace from before its first guest (and scope) to its
+// sweep, wherever its state directory is.
+func sweepOrphanCgroups(netnsDir, pattern string) error {
+	var errs []error
+	for _, h := range cgroupHierarchies() {
+		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, h, "pvei-bed-"+pattern))
+		for _, d := range dirs {
+			name := strings.TrimPrefix(filepath.Base(d), "pvei-bed-")
+			if _, err := os.Stat(filepath.Join(netnsDir, name+"-node")); !errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err := sweepCgroups(name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// NodeNetSys is a sysfs mounted from inside the node namespace: its
+// class/net holds the node's links, the guests' tap<vmid>i0 among them
+// (sandbox.NodeReader.NetRoot is NodeNetSys()+"/class/net"). Mounted on
+// first use, unmounted by Close.
+func (b *Bed) NodeNetSys(ctx context.Context) (string, error) {
+	dir := filepath.Join(b.dir, "node-sys")
+	if _, err := os.Stat(filepath.Join(dir, "class", "net")); err == nil {
+		return dir, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	if err := run(ctx, "nsenter", "--net=/run/netns/"+b.NodeNS(), "mount", "-t", "sysfs", "-o", "ro,nosuid,nodev,noexec", "sysfs", dir); err != nil {
+		return "", fmt.Errorf("testvm: node sysfs: %w", err)
+	}
+	return dir, nil
+}
+
+// unmountNodeSys unmounts NodeNetSys's mount in dir, if any.
+func unmountNodeSys(dir string) {
+	p := filepath.Join(dir, "node-sys")
+	if _, err := os.Stat(filepath.Join(p, "class")); err == nil {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
