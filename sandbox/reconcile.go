@@ -19,6 +19,11 @@ type ReconcileReport struct {
 	OrphanZones      []string `json:"orphan_zones"`
 	MissingVMs       []int    `json:"missing_vms"`
 	UntouchedForeign int      `json:"untouched_foreign"`
+	// PoolMembers are the warm pool members re-adopted; PoolTornDown those
+	// of the state file that were not (not ready, VMs gone or retagged,
+	// shape no longer configured).
+	PoolMembers  []string `json:"pool_members,omitempty"`
+	PoolTornDown []string `json:"pool_torn_down,omitempty"`
 	// Failed lists the objects reconcile could not clean up (a VM under a
 	// backup lock, an SDN apply that failed): each was logged and the rest
 	// carried on; the next start tries again.
@@ -33,7 +38,7 @@ type ReconcileReport struct {
 // logged, listed in Failed, and the rest carried on with.
 func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	var rep ReconcileReport
-	saved, err := m.loadState()
+	saved, members, err := m.loadState()
 	if err != nil {
 		return rep, err
 	}
@@ -86,6 +91,7 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.TornDown = append(rep.TornDown, s.ID)
 	}
+	m.readopt(ctx, members, byID, &rep, known)
 	m.mu.Lock()
 	m.updateGaugesLocked()
 	m.mu.Unlock()

@@ -79,6 +79,9 @@ type Sandbox struct {
 	Networks  []Network         `json:"networks"`
 	VMs       []VM              `json:"vms"`
 	Error     string            `json:"error,omitempty"`
+	// FromPool is true when the create claimed a ready sandbox of the
+	// warm pool instead of building one.
+	FromPool bool `json:"from_pool,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
