@@ -33,6 +33,9 @@ var schemaTypes = map[string]any{
 	"EgressStatus":    apitype.EgressStatus{},
 	"EgressDenial":    apitype.EgressDenial{},
 	"Problem":         apitype.Problem{},
+	"PoolStatus":      apitype.PoolStatus{},
+	"PoolShapeStatus": apitype.PoolShapeStatus{},
+	"PoolMember":      apitype.PoolMember{},
 }
 
 var timeType = reflect.TypeOf(time.Time{})
