@@ -111,9 +111,11 @@ func (o *Options) defaults() error {
 	def(&o.CreateTimeout, 10*time.Minute)
 	def(&o.TeardownTimeout, 5*time.Minute)
 	def(&o.PoolInterval, 10*time.Second)
-	if err := validateShapes(o.WarmPool); err != nil {
+	shapes, err := ValidateShapes(o.WarmPool)
+	if err != nil {
 		return err
 	}
+	o.WarmPool = shapes
 	if o.DiskThreshold <= 0 {
 		o.DiskThreshold = DefaultDiskThreshold
 	}

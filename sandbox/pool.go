@@ -94,6 +94,16 @@ func (s *PoolShape) normalize() {
 	}
 }
 
+// ValidateShapes returns the shapes with their defaults filled in, or the
+// first one's error (the configuration's check, and New's).
+func ValidateShapes(shapes []PoolShape) ([]PoolShape, error) {
+	out := slices.Clone(shapes)
+	for i := range out {
+		out[i].Networks = slices.Clone(out[i].Networks)
+	}
+	return out, validateShapes(out)
+}
+
 // validateShapes fills the shapes' defaults and checks them; two shapes
 // that would match the same request are refused.
 func validateShapes(shapes []PoolShape) error {
