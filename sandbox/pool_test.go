@@ -5,9 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
@@ -489,5 +493,59 @@ func TestSDNApplyCoalesced(t *testing.T) {
 	}
 	if zones, _, _ := px.SDNObjects(); zones != n || px.Pending {
 		t.Errorf("%d zones, pending %v: every create's zone applied", zones, px.Pending)
+	}
+}
+
+// TestPoolMetrics: members ready per shape, claims that hit and missed,
+// refill times and SDN applies are exported, and the names pass promlint.
+func TestPoolMetrics(t *testing.T) {
+	ctx := context.Background()
+	reg := prometheus.NewPedanticRegistry()
+	b := newPoolBed(t, []sandbox.PoolShape{small(2)}, func(o *sandbox.Options) { o.Registerer = reg })
+	b.e.MaintainPool(ctx)
+	for range 3 { // two hits, then a miss
+		if _, err := b.e.Create(ctx, oneVMSized("debian", 1, 512)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.e.Create(ctx, oneVMSized("alpine", 1, 512)); err != nil { // no shape
+		t.Fatal(err)
+	}
+	b.e.MaintainPool(ctx)
+	want := `
+# HELP pve_inspect_pool_claims_total Creates that asked the warm pool, by shape and result (hit: claimed a member; miss: the shape had none ready; unmatched: no shape, shape empty).
+# TYPE pve_inspect_pool_claims_total counter
+pve_inspect_pool_claims_total{result="hit",shape="small"} 2
+pve_inspect_pool_claims_total{result="miss",shape="small"} 1
+pve_inspect_pool_claims_total{result="unmatched",shape=""} 1
+# HELP pve_inspect_pool_members Warm pool members by shape and state (ready: claimable; building: being cloned and booted).
+# TYPE pve_inspect_pool_members gauge
+pve_inspect_pool_members{shape="small",state="building"} 0
+pve_inspect_pool_members{shape="small",state="ready"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "pve_inspect_pool_claims_total", "pve_inspect_pool_members"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(reg, "pve_inspect_pool_refill_seconds"); n != 1 {
+		t.Errorf("%d refill_seconds series, want 1", n)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "pve_inspect_pool_refill_seconds" && mf.GetMetric()[0].GetHistogram().GetSampleCount() != 4 {
+			t.Errorf("refill_seconds counted %d members, want 4 (2, then 2 more)", mf.GetMetric()[0].GetHistogram().GetSampleCount())
+		}
+		if mf.GetName() == "pve_inspect_sdn_applies_total" && mf.GetMetric()[0].GetCounter().GetValue() < 3 {
+			t.Errorf("sdn_applies_total %v, want at least the 2 refills' and the cold create's", mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 }
