@@ -134,6 +134,31 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 	return e
 }
 
+// bedChecker is the containment check as the bed's tests run it: the
+// bed's addresses, metadata services, LAN host and public host; set its
+// QGADir (and Observer, GuestPorts) once the bed is up.
+func bedChecker(t *testing.T) *containment.SandboxChecker {
+	return &containment.SandboxChecker{
+		Runner: &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"},
+		Client: qga.New(qga.Options{}),
+		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
+			return containment.Spec{
+				HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr), netip.MustParseAddr(testvm.NodeMgmtAddr6)},
+				ControlPorts: append(containment.DefaultControlPorts(), containment.Port{Port: 8443, Name: "sandbox API"}),
+				Metadata: []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.AlibabaMDAddr),
+					netip.MustParseAddr(testvm.AzureWireAddr), netip.MustParseAddr(testvm.MetadataAddr6)},
+				MetadataDNS:  []netip.Addr{netip.MustParseAddr(testvm.AWSDNSAddr)},
+				LAN:          []netip.AddrPort{netip.MustParseAddrPort(testvm.LANAddr + ":80")},
+				Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
+				Public6:      []netip.Addr{netip.MustParseAddr(testvm.InternetAddr6)},
+				ExternalName: testvm.InternetName,
+				Timeout:      2 * time.Second,
+			}, containment.GuardPolicy(), nil
+		},
+		LocalName: testvm.LocalName,
+	}
+}
+
 // start (re)starts the API server on the same state dir.
 func (e *bedEnv) start(t testing.TB, ctx context.Context) {
 	if e.close != nil {
@@ -440,25 +465,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	defer cancel()
 	var guard *firewall.Guard
 	var gmu sync.Mutex
-	chk := &containment.SandboxChecker{
-		Runner: &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"},
-		Client: qga.New(qga.Options{}),
-		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
-			return containment.Spec{
-				HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr), netip.MustParseAddr(testvm.NodeMgmtAddr6)},
-				ControlPorts: append(containment.DefaultControlPorts(), containment.Port{Port: 8443, Name: "sandbox API"}),
-				Metadata: []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.AlibabaMDAddr),
-					netip.MustParseAddr(testvm.AzureWireAddr), netip.MustParseAddr(testvm.MetadataAddr6)},
-				MetadataDNS:  []netip.Addr{netip.MustParseAddr(testvm.AWSDNSAddr)},
-				LAN:          []netip.AddrPort{netip.MustParseAddrPort(testvm.LANAddr + ":80")},
-				Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
-				Public6:      []netip.Addr{netip.MustParseAddr(testvm.InternetAddr6)},
-				ExternalName: testvm.InternetName,
-				Timeout:      2 * time.Second,
-			}, containment.GuardPolicy(), nil
-		},
-		LocalName: testvm.LocalName,
-	}
+	chk := bedChecker(t)
 	e := newBedEnv(t, ctx, func(o *options) {
 		o.Checker = chk
 		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
