@@ -159,6 +159,28 @@ func bedChecker(t *testing.T) *containment.SandboxChecker {
 	}
 }
 
+// runBedGuard starts the host guard in the bed's node namespace with its
+// loop, as in the daemon (it learns the guest ports that join the zone
+// bridges: the layer-2 table guards only those), and the port map; both
+// stop when the test ends.
+func runBedGuard(t *testing.T, ctx context.Context, e *bedEnv, node netns.NsHandle) *firewall.Guard {
+	t.Helper()
+	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	if err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- g.Run(rctx) }()
+	t.Cleanup(func() { stopRun(); <-runDone })
+	runPortMap(t, ctx, e.bed.NodeRoot(), g)
+	return g
+}
+
 // start (re)starts the API server on the same state dir.
 func (e *bedEnv) start(t testing.TB, ctx context.Context) {
 	if e.close != nil {
@@ -485,21 +507,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	defer node.Close()
 	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
 	chk.GuestPorts = firewall.PortNames
-	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if err := g.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// the guard's loop, as in the daemon: it learns the guest ports that
-	// join the zone bridges (the layer-2 table guards only those)
-	rctx, stopRun := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- g.Run(rctx) }()
-	defer func() { stopRun(); <-runDone }()
-	runPortMap(t, ctx, e.bed.NodeRoot(), g)
+	g := runBedGuard(t, ctx, e, node)
 	gmu.Lock()
 	guard = g
 	gmu.Unlock()
