@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"slices"
@@ -547,5 +548,29 @@ pve_inspect_pool_members{shape="small",state="ready"} 2
 	}
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestPoolClaimFailureRunsCold: a claim whose member fails (here the tag
+// update) tears that member down and the create runs cold; the member is
+// never handed out.
+func TestPoolClaimFailureRunsCold(t *testing.T) {
+	ctx := context.Background()
+	b := newPoolBed(t, []sandbox.PoolShape{small(1)}, nil)
+	b.e.MaintainPool(ctx)
+	member := b.e.Pool().Members[0]
+	b.px.FailOnce("SetVMTags", errors.New("boom"))
+	sb, err := b.e.Create(ctx, oneVMSized("debian", 1, 512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.FromPool || sb.ID == member.ID {
+		t.Errorf("create after a failed claim: %+v, want a cold sandbox", sb)
+	}
+	if _, ok := b.px.VMByID(member.VMIDs[0]); ok && member.VMIDs[0] != sb.VMs[0].VMID {
+		t.Errorf("the failed member's VM %d is still there", member.VMIDs[0])
+	}
+	if _, ok := b.e.Get(member.ID); ok || len(b.e.Pool().Members) != 0 {
+		t.Errorf("the failed member is still known: %+v", b.e.Pool().Members)
 	}
 }

@@ -65,8 +65,8 @@ func (m *Engine) checkMembers(ctx context.Context) {
 	var cands []cand
 	m.mu.Lock()
 	for _, r := range m.members {
-		if r.member.yielding || r.State == apitype.StateCreating || r.State == apitype.StateDeleting {
-			continue
+		if r.State == apitype.StateCreating || r.State == apitype.StateDeleting || r.member.yielding && r.State != apitype.StateError {
+			continue // building, going, or giving way (a failed teardown of one is retried here)
 		}
 		sh, _ := m.pool.shape(r.member.shape)
 		c := cand{rec: r, shape: sh, tmpl: r.member.template, state: r.State, since: r.CreatedAt}
@@ -342,6 +342,9 @@ func (m *Engine) buildMembers(ctx context.Context, batch []*record, ctxs []conte
 func (m *Engine) memberBuilt(ctx context.Context, r *record, err error, start time.Time) {
 	m.mu.Lock()
 	shape := r.member.shape
+	if err == nil && r.member.yielding { // chosen to give way as it finished
+		err = fmt.Errorf("member %s gave way to a cold create: %w", r.ID, context.Canceled)
+	}
 	if err == nil {
 		r.State = apitype.StateReady
 		r.CreatedAt = m.o.Now()
