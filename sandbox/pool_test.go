@@ -419,9 +419,9 @@ func TestPoolReplaces(t *testing.T) {
 	b.e.MaintainPool(ctx)
 	first := ids()
 	for _, tc := range []struct {
-		name  string
+		name   string
 		break_ func(members []apitype.PoolMember)
-		gone  int
+		gone   int
 	}{
 		{"broken: VM stopped", func(ms []apitype.PoolMember) { _ = b.px.StopVM(ctx, ms[0].VMIDs[0]) }, 1},
 		{"broken: agent gone", func(ms []apitype.PoolMember) { b.g.PingFails[ms[0].VMIDs[0]] = true }, 1},
