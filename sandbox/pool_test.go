@@ -419,9 +419,9 @@ func TestPoolReplaces(t *testing.T) {
 	b.e.MaintainPool(ctx)
 	first := ids()
 	for _, tc := range []struct {
-		name   string
-		break_ func(members []apitype.PoolMember)
-		gone   int
+		name  string
+		spoil func(members []apitype.PoolMember)
+		gone  int
 	}{
 		{"broken: VM stopped", func(ms []apitype.PoolMember) { _ = b.px.StopVM(ctx, ms[0].VMIDs[0]) }, 1},
 		{"broken: agent gone", func(ms []apitype.PoolMember) { b.g.PingFails[ms[0].VMIDs[0]] = true }, 1},
@@ -432,7 +432,7 @@ func TestPoolReplaces(t *testing.T) {
 		}, 2},
 	} {
 		before := b.e.Pool().Members
-		tc.break_(before)
+		tc.spoil(before)
 		b.e.MaintainPool(ctx)
 		// A replacement may get the retired VM's id back (Proxmox reuses
 		// ids): the broken agent goes with the VM, as it would.
