@@ -31,8 +31,9 @@ type ReconcileReport struct {
 }
 
 // Reconcile re-attaches the sandboxes of the state file, tears down those
-// caught mid-create or mid-delete, and deletes objects carrying this node's
-// tags that belong to no known sandbox. Objects without both tags are never
+// caught mid-create or mid-delete, re-adopts the warm pool members that are
+// still whole (readopt, poolrefill.go), and deletes objects carrying this
+// node's tags that belong to no known sandbox or member. Objects without both tags are never
 // touched. It fails only when it cannot see the whole picture (the state
 // file, the pool, the VM or vnet lists); an object that will not go away is
 // logged, listed in Failed, and the rest carried on with.

@@ -181,6 +181,43 @@ func runBedGuard(t *testing.T, ctx context.Context, e *bedEnv, node netns.NsHand
 	return g
 }
 
+// guardHook hands a sandbox's zones to the host guard once it runs (the
+// start's reconcile comes before the guard is up).
+type guardHook struct {
+	mu sync.Mutex
+	g  *firewall.Guard // guarded by mu; nil until the guard runs
+}
+
+func (h *guardHook) zonesChanged(ctx context.Context, z map[string][]string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.g == nil {
+		return nil
+	}
+	return h.g.SetZones(ctx, z)
+}
+
+// startCheckedGuard runs the guard in the bed's node namespace (runBedGuard)
+// and points the containment check at the bed: its agent sockets, a
+// layer-2 observer in the node namespace, the guard's port names. The hook
+// hands zones to the guard from then on.
+func startCheckedGuard(t *testing.T, ctx context.Context, e *bedEnv, chk *containment.SandboxChecker, hook *guardHook) *firewall.Guard {
+	t.Helper()
+	chk.QGADir = e.bed.QGADir()
+	node, err := netns.GetFromName(e.bed.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
+	chk.GuestPorts = firewall.PortNames
+	g := runBedGuard(t, ctx, e, node)
+	hook.mu.Lock()
+	hook.g = g
+	hook.mu.Unlock()
+	return g
+}
+
 // start (re)starts the API server on the same state dir.
 func (e *bedEnv) start(t testing.TB, ctx context.Context) {
 	if e.close != nil {
@@ -485,32 +522,13 @@ func TestBedContainmentCheck(t *testing.T) {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var guard *firewall.Guard
-	var gmu sync.Mutex
+	hook := &guardHook{}
 	chk := bedChecker(t)
 	e := newBedEnv(t, ctx, func(o *options) {
 		o.Checker = chk
-		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
-			gmu.Lock()
-			defer gmu.Unlock()
-			if guard == nil {
-				return nil
-			}
-			return guard.SetZones(ctx, z)
-		}
+		o.ZonesChanged = hook.zonesChanged
 	})
-	chk.QGADir = e.bed.QGADir()
-	node, err := netns.GetFromName(e.bed.NodeNS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
-	chk.GuestPorts = firewall.PortNames
-	g := runBedGuard(t, ctx, e, node)
-	gmu.Lock()
-	guard = g
-	gmu.Unlock()
+	g := startCheckedGuard(t, ctx, e, chk, hook)
 	a, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)

@@ -3,13 +3,9 @@ package e2e_test
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
-	"github.com/pve-inspect/pve-inspect/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
@@ -36,8 +32,7 @@ func TestBedPool(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	eg := &registryEgress{}
-	var gmu sync.Mutex
-	var guard *firewall.Guard
+	hook := &guardHook{}
 	chk := bedChecker(t)
 	shapes := []sandbox.PoolShape{
 		{Name: "open", Template: "debian", Target: 2},
@@ -48,27 +43,9 @@ func TestBedPool(t *testing.T) {
 		o.Egress = eg
 		o.WarmPool = shapes
 		o.Caps = sandbox.Caps{NodeVMs: 6}
-		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
-			gmu.Lock()
-			defer gmu.Unlock()
-			if guard == nil { // the start's reconcile, before the guard is up
-				return nil
-			}
-			return guard.SetZones(ctx, z)
-		}
+		o.ZonesChanged = hook.zonesChanged
 	})
-	chk.QGADir = e.bed.QGADir()
-	node, err := netns.GetFromName(e.bed.NodeNS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
-	chk.GuestPorts = firewall.PortNames
-	g := runBedGuard(t, ctx, e, node)
-	gmu.Lock()
-	guard = g
-	gmu.Unlock()
+	g := startCheckedGuard(t, ctx, e, chk, hook)
 	eg.mu.Lock()
 	eg.reg = egress.NewRegistry(g, egress.Rules{Mode: firewall.EgressOpen}, nil)
 	eg.mu.Unlock()
