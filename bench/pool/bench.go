@@ -48,8 +48,8 @@ type Result struct {
 	// CallsPerClaim counts the Proxmox requests of one claimed create, by
 	// "METHOD route" (averaged over Rounds); SDNAppliesPerClaim is the
 	// share of them that are PUT /cluster/sdn.
-	CallsPerClaim      map[string]float64
-	SDNAppliesPerClaim float64
+	CallsPerClaim                         map[string]float64
+	SDNAppliesPerClaim, SDNAppliesPerCold float64
 	// CallsPerClaimTotal and CallsPerCold are the totals per create.
 	CallsPerClaimTotal, CallsPerCold float64
 	// The parts of a claim, each timed alone on a claimed sandbox (p50):
@@ -113,12 +113,14 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 
 	// Cold creates first, the pool empty and not refilled: every create of
 	// the shape misses and builds.
-	cold, coldCalls, err := r.rounds(o.Rounds, false, nil)
+	coldRoutes := map[string]int{}
+	cold, coldCalls, err := r.rounds(o.Rounds, false, coldRoutes)
 	if err != nil {
 		return nil, err
 	}
 	res.ColdP50, res.ColdP99 = quantile(cold, 0.5), quantile(cold, 0.99)
 	res.CallsPerCold = float64(coldCalls) / float64(o.Rounds)
+	res.SDNAppliesPerCold = float64(coldRoutes["PUT /cluster/sdn"]) / float64(o.Rounds)
 	// Claims: the pool refilled (untimed) before each.
 	byRoute := map[string]int{}
 	claims, claimCalls, err := r.rounds(o.Rounds, true, byRoute)
@@ -296,7 +298,7 @@ func print(w io.Writer, o Options, r *Result) {
 	sort.Strings(routes)
 	fmt.Fprintf(w, "  a claim's parts (p50, each timed alone): API round trip %s, tag+name PUT /config %s, agent ping %s, 2 x state file write with fsync %s; the rest (%s): match, lock, the state's JSON, scheduling\n",
 		ms1(r.StepHTTP), ms1(r.StepTag), ms1(r.StepPing), ms1(2*r.StepState), ms1(r.ClaimP50-r.StepHTTP-r.StepTag-r.StepPing-2*r.StepState))
-	fmt.Fprintf(w, "  Proxmox calls per claimed create       %.1f (cold: %.1f); SDN applies (PUT /cluster/sdn) per claim: %.1f\n", total, r.CallsPerCold, r.SDNAppliesPerClaim)
+	fmt.Fprintf(w, "  Proxmox calls per claimed create       %.1f (cold: %.1f); SDN applies (PUT /cluster/sdn) per claim: %.1f (cold: %.1f)\n", total, r.CallsPerCold, r.SDNAppliesPerClaim, r.SDNAppliesPerCold)
 	for _, k := range routes {
 		fmt.Fprintf(w, "    %-60s %.1f\n", strings.TrimSpace(k), r.CallsPerClaim[k])
 	}
