@@ -574,3 +574,34 @@ func TestPoolClaimFailureRunsCold(t *testing.T) {
 		t.Errorf("the failed member is still known: %+v", b.e.Pool().Members)
 	}
 }
+
+// TestPoolShutdownMidRefill: a refill cut short by the daemon's shutdown
+// leaves its members to the next start, which tears them down (nothing
+// leaks, nothing half-built is handed out).
+func TestPoolShutdownMidRefill(t *testing.T) {
+	b := newPoolBed(t, []sandbox.PoolShape{small(2)}, nil)
+	b.g.PingFails[100], b.g.PingFails[101] = true, true // the agents never answer: the build waits
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); b.e.MaintainPool(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(b.px.VMIDs()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the refill cloned nothing")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if n := len(b.px.VMIDs()); n != 2 {
+		t.Errorf("%d VMs right after the shutdown, want the 2 half-built ones left for the next start", n)
+	}
+	clear(b.g.PingFails)
+	e2 := b.restart(t)
+	if m := e2.Pool().Members; len(m) != 0 {
+		t.Errorf("members after the restart %+v, want none re-adopted", m)
+	}
+	if n := len(b.px.VMIDs()); n != 0 {
+		t.Errorf("%d VMs after the restart, want the half-built members torn down", n)
+	}
+}

@@ -354,6 +354,12 @@ func (m *Engine) memberBuilt(ctx context.Context, r *record, err error, start ti
 	}
 	m.poolGaugesLocked()
 	m.mu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		// Shutting down: the state file says "creating", so the next
+		// start's Reconcile tears it down; the daemon does not wait here.
+		m.log.Info("pool: member left half-built at shutdown", "sandbox", r.ID, "shape", shape)
+		return
+	}
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
 			m.log.Warn("pool: member failed; tearing it down", "sandbox", r.ID, "shape", shape, "err", err)
