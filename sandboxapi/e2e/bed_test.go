@@ -418,6 +418,20 @@ func asProblem(err error, p **apitype.Problem) bool {
 	return ok
 }
 
+// waitGuarded waits until the layer-2 table guards the first NIC of VM
+// vmid with a mapping (the port map learned it).
+func waitGuarded(t *testing.T, g *firewall.Guard, vmid int) {
+	t.Helper()
+	tap := firewall.PortNames(vmid, 0)[0]
+	deadline := time.Now().Add(10 * time.Second)
+	for !guardedPort(g, tap) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the layer-2 table does not guard %s with a mapping", tap)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // runPortMap keeps the layer-2 guard's port map current from the bed's
 // VM configs and leases (what the daemon's mapper does on a node) until
 // the test ends.
@@ -537,14 +551,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tap := firewall.PortNames(a.VMs[0].VMID, 0)[0]
-	deadline := time.Now().Add(10 * time.Second)
-	for !guardedPort(g, tap) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the layer-2 table does not guard %s with a mapping", tap)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitGuarded(t, g, a.VMs[0].VMID)
 	rep, err := e.c.Check(ctx, a.ID, "")
 	if err != nil {
 		t.Fatal(err)

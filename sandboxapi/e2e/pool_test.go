@@ -119,14 +119,7 @@ func TestBedPool(t *testing.T) {
 	}
 
 	for _, sb := range []apitype.Sandbox{a, cold} {
-		tap := firewall.PortNames(sb.VMs[0].VMID, 0)[0]
-		deadline := time.Now().Add(10 * time.Second)
-		for !guardedPort(g, tap) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the layer-2 table does not guard %s", tap)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitGuarded(t, g, sb.VMs[0].VMID)
 		rep, err := e.c.Check(ctx, sb.ID, "")
 		if err != nil {
 			t.Fatal(err)
