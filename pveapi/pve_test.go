@@ -266,6 +266,17 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 			}
 		}
 		return f.task("qmconfig", strconv.Itoa(vmid)), 0, ""
+	case "PUT /nodes/{node}/qemu/{vmid}/config": // synchronous: no task
+		c, ok := f.vms[vmid]
+		if !ok {
+			return nil, 500, "Configuration file does not exist"
+		}
+		for k, v := range p {
+			if k != "node" && k != "vmid" {
+				c[k] = v
+			}
+		}
+		return nil, 0, ""
 	case "PUT /nodes/{node}/qemu/{vmid}/resize":
 		f.vms[vmid]["resized"] = fmt.Sprint(p["disk"], "=", p["size"])
 		return f.task("qmresize", strconv.Itoa(vmid)), 0, ""
@@ -463,6 +474,19 @@ func TestClientAgainstSchema(t *testing.T) {
 		t.Fatalf("failed task not reported: %v", err)
 	}
 	delete(f.failOp, "qmsnapshot")
+	// A warm pool claim: tags and name only, in one synchronous request
+	// (the NIC, with its MAC, stays as it is).
+	net0 := cfg["net0"]
+	calls := len(f.calls)
+	if err := c.SetVMTags(ctx, 100, "pvei-sbabcdef-web", []string{"pvei-n-node1", "pvei-s-sbabcdef"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.calls[calls:]; len(got) != 1 || !strings.HasPrefix(got[0], "PUT /nodes/{node}/qemu/{vmid}/config") {
+		t.Errorf("SetVMTags made %v, want one PUT of the config", got)
+	}
+	if cfg := f.vms[100]; cfg["name"] != "pvei-sbabcdef-web" || cfg["tags"] != "pvei-n-node1;pvei-s-sbabcdef" || cfg["net0"] != net0 {
+		t.Errorf("config after SetVMTags: %v", cfg)
+	}
 	if err := c.StopVM(ctx, 100); err != nil {
 		t.Fatal(err)
 	}

@@ -74,3 +74,13 @@ func (c *Client) UpdateVMConfig(ctx context.Context, vmid int, set map[string]st
 	}
 	return c.call(ctx, "POST", fmt.Sprintf("update config of %d", vmid), c.qemu(vmid)+"/config", body)
 }
+
+// SetVMTags implements sandbox.Proxmox: the VM's tags and name in one
+// synchronous config update (PUT, no task to wait for; both are options
+// qemu-server applies at once to a running VM, $fast_plug_option in
+// PVE/QemuServer.pm; nothing else of the config is sent, so the NICs keep
+// their MACs).
+func (c *Client) SetVMTags(ctx context.Context, vmid int, name string, tags []string) error {
+	body := map[string]any{"tags": strings.Join(tags, ";"), "name": name}
+	return c.call(ctx, "PUT", fmt.Sprintf("tag %d", vmid), c.qemu(vmid)+"/config", body)
+}

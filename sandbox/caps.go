@@ -1,6 +1,10 @@
 package sandbox
 
-import "github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+import (
+	"errors"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
 
 // Caps are the resource guard's limits; 0 means unlimited.
 type Caps struct {
@@ -13,24 +17,42 @@ type Caps struct {
 	NodeSandboxes    int `json:"node_sandboxes"`
 }
 
-// guardLocked checks the caps for a new sandbox; call with m.mu held.
+// guardLocked checks the caps for a new sandbox and counts a refusal;
+// call with m.mu held.
 func (m *Engine) guardLocked(req *apitype.CreateRequest) error {
+	err := m.capsLocked(req)
+	var ce *CapError
+	if errors.As(err, &ce) {
+		m.met.guardRefusals.WithLabelValues(ce.Cap).Inc()
+	}
+	return err
+}
+
+// capsLocked checks the caps for a new sandbox: sandboxes and warm pool
+// members count against the node caps (a member giving way to a cold
+// create, pool.go, no longer does); call with m.mu held.
+func (m *Engine) capsLocked(req *apitype.CreateRequest) error {
 	c := m.o.Caps
 	var cores, mem int
 	for _, v := range req.VMs {
 		cores += v.Cores
 		mem += v.MemoryMiB
 	}
-	nodeCores, nodeMem, nodeVMs := cores, mem, len(req.VMs)
-	for _, r := range m.sbx {
-		for _, v := range r.VMs {
-			nodeCores += v.Cores
-			nodeMem += v.MemoryMiB
+	nodeCores, nodeMem, nodeVMs, nodeSbx := cores, mem, len(req.VMs), 1
+	for _, set := range []map[string]*record{m.sbx, m.members} {
+		for _, r := range set {
+			if r.member != nil && r.member.yielding {
+				continue
+			}
+			for _, v := range r.VMs {
+				nodeCores += v.Cores
+				nodeMem += v.MemoryMiB
+			}
+			nodeVMs += len(r.VMs)
+			nodeSbx++
 		}
-		nodeVMs += len(r.VMs)
 	}
 	refuse := func(cp string, want, limit int) error {
-		m.met.guardRefusals.WithLabelValues(cp).Inc()
 		return &CapError{Cap: cp, Need: want, Limit: limit}
 	}
 	switch {
@@ -40,8 +62,8 @@ func (m *Engine) guardLocked(req *apitype.CreateRequest) error {
 		return refuse("sandbox_vcpus", cores, c.SandboxVCPUs)
 	case c.SandboxMemoryMiB > 0 && mem > c.SandboxMemoryMiB:
 		return refuse("sandbox_memory_mib", mem, c.SandboxMemoryMiB)
-	case c.NodeSandboxes > 0 && len(m.sbx)+1 > c.NodeSandboxes:
-		return refuse("node_sandboxes", len(m.sbx)+1, c.NodeSandboxes)
+	case c.NodeSandboxes > 0 && nodeSbx > c.NodeSandboxes:
+		return refuse("node_sandboxes", nodeSbx, c.NodeSandboxes)
 	case c.NodeVMs > 0 && nodeVMs > c.NodeVMs:
 		return refuse("node_vms", nodeVMs, c.NodeVMs)
 	case c.NodeVCPUs > 0 && nodeCores > c.NodeVCPUs:

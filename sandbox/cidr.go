@@ -12,10 +12,12 @@ import (
 // held (so two creates never pick the same range).
 func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, error) {
 	used := append(slices.Clone(foreign), host...)
-	for _, r := range m.sbx {
-		for _, n := range r.Networks {
-			if p, err := netip.ParsePrefix(n.CIDR); err == nil {
-				used = append(used, p)
+	for _, set := range []map[string]*record{m.sbx, m.members} {
+		for _, r := range set {
+			for _, n := range r.Networks {
+				if p, err := netip.ParsePrefix(n.CIDR); err == nil {
+					used = append(used, p)
+				}
 			}
 		}
 	}

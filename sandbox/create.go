@@ -29,6 +29,9 @@ func (m *Engine) templateID(ctx context.Context, name string) (int, error) {
 // Create builds a sandbox and returns when every VM answers its agent; on
 // failure everything created is removed.
 func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype.Sandbox, error) {
+	if sb, ok, err := m.claim(ctx, req); ok {
+		return sb, err
+	}
 	tmpl := make([]int, len(req.VMs))
 	for i, v := range req.VMs {
 		id, err := m.templateID(ctx, v.Template)
@@ -64,40 +67,21 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 
 	now := m.o.Now()
 	m.mu.Lock()
-	if err := m.guardLocked(&req); err != nil {
+	yield, err := m.makeRoomLocked(&req)
+	if err != nil {
 		m.mu.Unlock()
 		return apitype.Sandbox{}, err
 	}
-	id := newSandboxID()
-	for m.sbx[id] != nil {
-		id = newSandboxID()
-	}
+	id := m.newIDLocked()
 	prefixes, err := m.allocCIDRsLocked(req.Networks, foreign, host)
 	if err != nil {
+		unyieldLocked(yield)
 		m.mu.Unlock()
 		return apitype.Sandbox{}, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, m.o.CreateTimeout)
 	defer cancel()
-	rec := &record{
-		Sandbox: apitype.Sandbox{
-			ID: id, State: apitype.StateCreating, Owner: req.Owner, Labels: req.Labels,
-			CreatedAt: now, ExpiresAt: now.Add(time.Duration(req.TTLSeconds) * time.Second), Zone: id,
-		},
-		created: make(chan struct{}),
-		cancel:  cancel,
-		egress:  req.Egress,
-	}
-	for i, n := range req.Networks {
-		gw, _, _ := subnetPlan(prefixes[i])
-		rec.Networks = append(rec.Networks, apitype.Network{
-			Name: n.Name, VNet: vnetID(id, i), CIDR: prefixes[i].String(), Gateway: gw.String(),
-			DHCP: n.DHCP == nil || *n.DHCP, SNAT: n.SNAT == nil || *n.SNAT,
-		})
-	}
-	for _, v := range req.VMs {
-		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB, Networks: v.Networks})
-	}
+	rec := newRecord(id, req, prefixes, now, cancel)
 	m.sbx[id] = rec
 	m.updateGaugesLocked()
 	m.mu.Unlock()
@@ -105,10 +89,14 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 
 	log := m.log.With("sandbox", id)
 	if err := m.saveState(); err != nil {
+		m.mu.Lock()
+		unyieldLocked(yield)
+		m.mu.Unlock()
 		m.forget(id)
 		return apitype.Sandbox{}, err
 	}
 	m.emitSandbox(apitype.EventCreated, rec, "")
+	m.retireAll(cctx, yield, "yield")
 	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
 		log.Warn("create failed, tearing down", "err", err)
@@ -134,8 +122,51 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	return sb, nil
 }
 
+// newRecord is a new sandbox of req (state creating) with its networks
+// in prefixes.
+func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, now time.Time, cancel context.CancelFunc) *record {
+	rec := &record{
+		Sandbox: apitype.Sandbox{
+			ID: id, State: apitype.StateCreating, Owner: req.Owner, Labels: req.Labels,
+			CreatedAt: now, ExpiresAt: now.Add(time.Duration(req.TTLSeconds) * time.Second), Zone: id,
+		},
+		created: make(chan struct{}),
+		cancel:  cancel,
+		egress:  req.Egress,
+	}
+	for i, n := range req.Networks {
+		gw, _, _ := subnetPlan(prefixes[i])
+		rec.Networks = append(rec.Networks, apitype.Network{
+			Name: n.Name, VNet: vnetID(id, i), CIDR: prefixes[i].String(), Gateway: gw.String(),
+			DHCP: n.DHCP == nil || *n.DHCP, SNAT: n.SNAT == nil || *n.SNAT,
+		})
+	}
+	for _, v := range req.VMs {
+		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB, Networks: v.Networks})
+	}
+	return rec
+}
+
 // build creates the zone, vnets, subnets and VMs of rec.
 func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
+	if err := m.buildZone(ctx, rec); err != nil {
+		return err
+	}
+	if err := m.applySDN(ctx); err != nil {
+		return err
+	}
+	if err := m.publishZones(ctx); err != nil {
+		return err
+	}
+	if err := m.applyEgress(ctx, rec); err != nil {
+		return err
+	}
+	return m.buildVMs(ctx, rec, tmpl, env)
+}
+
+// buildZone creates rec's zone, vnets and subnets, pending until the next
+// SDN apply.
+func (m *Engine) buildZone(ctx context.Context, rec *record) error {
 	zones := m.zones
 	id := rec.ID
 	alias := nodeTag(m.o.Node) + " " + sandboxTag(id)
@@ -159,15 +190,11 @@ func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[str
 			return pxErr("create subnet "+n.CIDR, err)
 		}
 	}
-	if err := m.applySDN(ctx); err != nil {
-		return err
-	}
-	if err := m.publishZones(ctx); err != nil {
-		return err
-	}
-	if err := m.applyEgress(ctx, rec); err != nil {
-		return err
-	}
+	return nil
+}
+
+// buildVMs clones, starts and waits for every VM of rec, in parallel.
+func (m *Engine) buildVMs(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
 	errs := make(chan error, len(rec.VMs))
 	vctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -257,7 +284,7 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			}
 		}
 	}
-	cfg := VMConfig{Tags: []string{nodeTag(m.o.Node), sandboxTag(rec.ID)}, Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges}
+	cfg := VMConfig{Tags: m.vmTags(rec), Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges}
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
 	}

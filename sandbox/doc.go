@@ -19,13 +19,15 @@
 //	ops.go          Begin: operations on a ready sandbox's VM, cancelled by a delete
 //	snapshot.go     snapshots and rollbacks
 //	reap.go         Extend and the TTL reaper
-//	zones.go        SDN apply and the zone set handed to the host guard
+//	zones.go        SDN apply (concurrent callers share one) and the zone set handed to the host guard
 //	egress.go       egress policies (the Egress interface)
 //	env.go          a create's secrets file in the guest
 //	harden.go       the hardened VM profile (the VMConfigs interface)
 //	disktransfer.go files through a hot-plugged disk (the DiskTransfer interface)
 //	statefile.go    the state file: its own versioned types, save and load
 //	reconcile.go    Reconcile after a restart
+//	pool.go         the warm pool: shapes, matching, claims, giving way (design decisions there)
+//	poolrefill.go   the warm pool's refills, checks, retirement and re-adoption
 //	metrics.go      the engine's Prometheus metrics
 //	health.go       the health monitor: per-VM signals, states, BrokenError
 //	healthnode.go   a VM's cgroup (qemu.slice/<vmid>.scope) and tap counters

@@ -77,6 +77,12 @@ type Options struct {
 	// Health configures the health monitor and the event buffer
 	// (health.go, events.go).
 	Health HealthOptions
+	// WarmPool lists the shapes of the warm pool ([pool] shape): whole
+	// sandboxes built ahead, claimed by a matching create (pool.go).
+	WarmPool []PoolShape
+	// PoolInterval is how often the pool checks its members and refills
+	// (10s); a claim also wakes it.
+	PoolInterval time.Duration
 	// Now is the clock (time.Now).
 	Now func() time.Time
 	// Registerer receives the metrics (nil: not registered).
@@ -107,6 +113,12 @@ func (o *Options) defaults() error {
 	def(&o.AgentTimeout, 5*time.Minute)
 	def(&o.CreateTimeout, 10*time.Minute)
 	def(&o.TeardownTimeout, 5*time.Minute)
+	def(&o.PoolInterval, 10*time.Second)
+	shapes, err := ValidateShapes(o.WarmPool)
+	if err != nil {
+		return err
+	}
+	o.WarmPool = shapes
 	if o.DiskThreshold <= 0 {
 		o.DiskThreshold = DefaultDiskThreshold
 	}
@@ -141,9 +153,11 @@ func (o *Options) defaults() error {
 // under mu inside their own lock, then release mu before they write the
 // file or call the hook); idMu and sdnMu are leaves, taken alone; no two
 // of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
-// held across a call to Proxmox, a guest, a hook or the disk; idMu, sdnMu
-// and zonesMu are held across the one outside call each serializes
-// (NextID, ApplySDN, ZonesChanged), stateMu across the state file's write.
+// held across a call to Proxmox, a guest, a hook or the disk; idMu and
+// zonesMu are held across the one outside call each serializes (NextID,
+// ZonesChanged), stateMu across the state file's write; sdnMu only guards
+// the next SDN batch and is never held across ApplySDN (sdnRun, a
+// one-slot semaphore, is: zones.go).
 type Engine struct {
 	o   Options
 	log *slog.Logger
@@ -162,6 +176,7 @@ type Engine struct {
 	zones   zoneBuilder
 	cleaner zoneCleaner
 	pools   pools
+	tagger  vmTagger
 
 	// The mutex protects the following elements: the map sbx and, in every
 	// record, the fields a create, delete, extend or operation changes after
@@ -169,15 +184,27 @@ type Engine struct {
 	// deleted, opsCtx, opsCancel, and ops.Add). Held only for memory work.
 	mu  sync.Mutex
 	sbx map[string]*record
+	// members are the warm pool's sandboxes (pool.go), by id, also under
+	// mu: never in sbx, so no API call reaches one; a claim moves a record
+	// from members to sbx under mu.
+	members map[string]*record
+	// pool is the warm pool's configuration, wake-up channel and metrics
+	// (pool.go); its fields are set in New and never change.
+	pool *warmPool
 
 	// idMu protects reserved, the VM ids handed out but not yet cloned, and
 	// is held across the NextID call so two clones never pick the same id.
 	idMu     sync.Mutex
 	reserved map[int]bool
 
-	// sdnMu serializes ApplySDN: Proxmox applies the whole cluster's
-	// pending SDN changes at once, so two applies must not overlap.
-	sdnMu sync.Mutex
+	// sdnMu guards sdnNext, the batch of callers waiting for the next
+	// ApplySDN; sdnRun (capacity 1) is held by the caller running one:
+	// Proxmox applies the whole cluster's pending SDN changes at once, so
+	// two applies must not overlap, and callers that arrive while one runs
+	// share the next (zones.go).
+	sdnMu   sync.Mutex
+	sdnNext *sdnBatch
+	sdnRun  chan struct{}
 	// stateMu serializes writes of the state file, so the file never goes
 	// back to an older list than one already written; taken before mu.
 	stateMu sync.Mutex
@@ -205,9 +232,14 @@ func New(o Options) (*Engine, error) {
 		return nil, fmt.Errorf("sandbox: register health metrics: %w", err)
 	}
 	px := o.Proxmox
-	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, reserved: map[int]bool{},
+	wp, err := newWarmPool(o.WarmPool, o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: register pool metrics: %w", err)
+	}
+	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, members: map[string]*record{}, pool: wp,
+		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1),
 		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet,
-		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px}, nil
+		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px, tagger: px}, nil
 }
 
 // Options returns the engine's options with the defaults filled in.
@@ -238,6 +270,9 @@ type record struct {
 	ops       sync.WaitGroup
 	opsCtx    context.Context
 	opsCancel context.CancelCauseFunc
+	// member is set while the record is a warm pool member (pool.go),
+	// under Engine.mu; a claim clears it.
+	member *memberInfo
 }
 
 // List returns a copy of the public view of every sandbox, by id.

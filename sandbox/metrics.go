@@ -13,6 +13,7 @@ type metrics struct {
 	vms           *prometheus.GaugeVec
 	reaped        prometheus.Counter
 	guardRefusals *prometheus.CounterVec
+	sdnApplies    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,9 +34,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "pve_inspect", Name: "guard_refusals_total",
 			Help: "Sandbox creates refused by the resource guard, by cap.",
 		}, []string{"cap"}),
+		sdnApplies: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "sdn_applies_total",
+			Help: "SDN applies (PUT /cluster/sdn) the engine made; concurrent creates, deletes and pool refills share one.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals} {
+		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals, m.sdnApplies} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -77,6 +77,7 @@ type Proxmox interface {
 	zoneBuilder
 	zoneCleaner
 	pools
+	vmTagger
 }
 
 // cloner is the parts of the Proxmox API a create needs for its VMs
@@ -145,4 +146,12 @@ type zoneCleaner interface {
 type pools interface {
 	// EnsurePool creates the pool when it does not exist.
 	EnsurePool(ctx context.Context, pool string) error
+}
+
+// vmTagger is the part of the Proxmox API a warm pool claim needs
+// (pool.go): a member's VM gets its sandbox's tags and name in one request.
+type vmTagger interface {
+	// SetVMTags replaces the VM's tags and sets its name; nothing else of
+	// its configuration changes (a running VM's NICs keep their MACs).
+	SetVMTags(ctx context.Context, vmid int, name string, tags []string) error
 }

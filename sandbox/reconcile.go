@@ -19,6 +19,11 @@ type ReconcileReport struct {
 	OrphanZones      []string `json:"orphan_zones"`
 	MissingVMs       []int    `json:"missing_vms"`
 	UntouchedForeign int      `json:"untouched_foreign"`
+	// PoolMembers are the warm pool members re-adopted; PoolTornDown those
+	// of the state file that were not (not ready, VMs gone or retagged,
+	// shape no longer configured).
+	PoolMembers  []string `json:"pool_members,omitempty"`
+	PoolTornDown []string `json:"pool_torn_down,omitempty"`
 	// Failed lists the objects reconcile could not clean up (a VM under a
 	// backup lock, an SDN apply that failed): each was logged and the rest
 	// carried on; the next start tries again.
@@ -26,14 +31,15 @@ type ReconcileReport struct {
 }
 
 // Reconcile re-attaches the sandboxes of the state file, tears down those
-// caught mid-create or mid-delete, and deletes objects carrying this node's
-// tags that belong to no known sandbox. Objects without both tags are never
+// caught mid-create or mid-delete, re-adopts the warm pool members that are
+// still whole (readopt, poolrefill.go), and deletes objects carrying this
+// node's tags that belong to no known sandbox or member. Objects without both tags are never
 // touched. It fails only when it cannot see the whole picture (the state
 // file, the pool, the VM or vnet lists); an object that will not go away is
 // logged, listed in Failed, and the rest carried on with.
 func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	var rep ReconcileReport
-	saved, err := m.loadState()
+	saved, members, err := m.loadState()
 	if err != nil {
 		return rep, err
 	}
@@ -86,6 +92,7 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.TornDown = append(rep.TornDown, s.ID)
 	}
+	m.readopt(ctx, members, byID, &rep, known)
 	m.mu.Lock()
 	m.updateGaugesLocked()
 	m.mu.Unlock()

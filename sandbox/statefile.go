@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
@@ -19,13 +20,18 @@ import (
 //
 //   - version 1 stored the API's Sandbox as it was then (stateV1 below
 //     freezes that shape);
-//   - version 2 stores savedSandbox, this package's own type.
+//   - version 2 stores savedSandbox, this package's own type;
+//   - version 3 adds two optional fields to savedSandbox: pool (the entry
+//     is a warm pool member, not a sandbox) and from_pool (a sandbox that
+//     was claimed from the pool). Nothing else changed, so a version 2
+//     file decodes as a version 3 file without them; a version 2 daemon
+//     refuses a version 3 file rather than mistake members for sandboxes.
 //
 // A new format adds a version, a frozen type for the old one and a case in
 // decodeState; TestStateMigration keeps a file of every version.
-const stateVersion = 2
+const stateVersion = 3
 
-// stateFile is the state file of version 2.
+// stateFile is the state file of version 3 (and 2).
 type stateFile struct {
 	Version   int            `json:"version"`
 	Node      string         `json:"node"`
@@ -44,6 +50,23 @@ type savedSandbox struct {
 	Networks  []savedNetwork    `json:"networks"`
 	VMs       []savedVM         `json:"vms"`
 	Error     string            `json:"error,omitempty"`
+	// FromPool: claimed from the warm pool (version 3).
+	FromPool bool `json:"from_pool,omitempty"`
+	// Pool is set on a warm pool member (version 3).
+	Pool *savedPool `json:"pool,omitempty"`
+}
+
+// savedPool is what makes an entry a warm pool member (version 3).
+type savedPool struct {
+	Shape        string `json:"shape"`
+	TemplateVMID int    `json:"template_vmid"`
+}
+
+// memberState is a warm pool member as the state file keeps it.
+type memberState struct {
+	Sandbox  apitype.Sandbox
+	Shape    string
+	Template int
 }
 
 // savedNetwork is one vnet of a sandbox on disk (version 2).
@@ -101,20 +124,17 @@ type stateV1 struct {
 	} `json:"sandboxes"`
 }
 
-// encodeState renders the sandboxes of node as the current format.
-func encodeState(node string, sbs []apitype.Sandbox) ([]byte, error) {
-	st := stateFile{Version: stateVersion, Node: node, Sandboxes: make([]savedSandbox, len(sbs))}
-	for i, s := range sbs {
-		v := savedSandbox{ID: s.ID, State: s.State, Owner: s.Owner, Labels: s.Labels, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
-			Zone: s.Zone, Error: s.Error, Networks: make([]savedNetwork, len(s.Networks)), VMs: make([]savedVM, len(s.VMs))}
-		for j, n := range s.Networks {
-			v.Networks[j] = savedNetwork(n)
-		}
-		for j, m := range s.VMs {
-			v.VMs[j] = savedVM(m)
-			v.VMs[j].Networks = slices.Clone(m.Networks)
-		}
-		st.Sandboxes[i] = v
+// encodeState renders the sandboxes and warm pool members of node as the
+// current format.
+func encodeState(node string, sbs []apitype.Sandbox, members []memberState) ([]byte, error) {
+	st := stateFile{Version: stateVersion, Node: node, Sandboxes: make([]savedSandbox, 0, len(sbs)+len(members))}
+	for _, s := range sbs {
+		st.Sandboxes = append(st.Sandboxes, toSaved(s))
+	}
+	for _, p := range members {
+		v := toSaved(p.Sandbox)
+		v.Pool = &savedPool{Shape: p.Shape, TemplateVMID: p.Template}
+		st.Sandboxes = append(st.Sandboxes, v)
 	}
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
@@ -123,39 +143,59 @@ func encodeState(node string, sbs []apitype.Sandbox) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// decodeState reads a state file of any version this daemon knows.
-func decodeState(b []byte) (node string, sbs []apitype.Sandbox, err error) {
+// toSaved is a sandbox as the current format stores it.
+func toSaved(s apitype.Sandbox) savedSandbox {
+	v := savedSandbox{ID: s.ID, State: s.State, Owner: s.Owner, Labels: s.Labels, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
+		Zone: s.Zone, Error: s.Error, FromPool: s.FromPool, Networks: make([]savedNetwork, len(s.Networks)), VMs: make([]savedVM, len(s.VMs))}
+	for j, n := range s.Networks {
+		v.Networks[j] = savedNetwork(n)
+	}
+	for j, m := range s.VMs {
+		v.VMs[j] = savedVM(m)
+		v.VMs[j].Networks = slices.Clone(m.Networks)
+	}
+	return v
+}
+
+// decodeState reads a state file of any version this daemon knows: the
+// sandboxes, and the warm pool members (version 3).
+func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []memberState, err error) {
 	var head struct {
 		Version *int `json:"version"`
 	}
 	if err := json.Unmarshal(b, &head); err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	switch {
 	case head.Version == nil:
-		return "", nil, fmt.Errorf("no version")
+		return "", nil, nil, fmt.Errorf("no version")
 	case *head.Version == 1:
-		return decodeV1(b)
-	case *head.Version == stateVersion:
+		node, sbs, err := decodeV1(b)
+		return node, sbs, nil, err
+	case *head.Version == 2, *head.Version == stateVersion:
 	default:
-		return "", nil, fmt.Errorf("version %d is not one this daemon knows (it reads 1..%d): written by a newer pve-inspectd?", *head.Version, stateVersion)
+		return "", nil, nil, fmt.Errorf("version %d is not one this daemon knows (it reads 1..%d): written by a newer pve-inspectd?", *head.Version, stateVersion)
 	}
 	var st stateFile
 	if err := json.Unmarshal(b, &st); err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	for _, v := range st.Sandboxes {
 		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
-			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
+			Zone: v.Zone, Error: v.Error, FromPool: v.FromPool, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
 		for j, n := range v.Networks {
 			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
 			s.VMs[j] = apitype.VM(m)
 		}
+		if v.Pool != nil {
+			members = append(members, memberState{Sandbox: s, Shape: v.Pool.Shape, Template: v.Pool.TemplateVMID})
+			continue
+		}
 		sbs = append(sbs, s)
 	}
-	return st.Node, sbs, nil
+	return st.Node, sbs, members, nil
 }
 
 // decodeV1 migrates a version 1 file.
@@ -185,7 +225,7 @@ const stateName = "sandboxes.json"
 func (m *Engine) saveState() error {
 	m.stateMu.Lock()
 	defer m.stateMu.Unlock()
-	b, err := encodeState(m.o.Node, m.List())
+	b, err := encodeState(m.o.Node, m.List(), m.memberStates())
 	if err != nil {
 		return fmt.Errorf("save state: %w", err)
 	}
@@ -198,26 +238,46 @@ func (m *Engine) saveState() error {
 	return nil
 }
 
+// memberStates returns a copy of every warm pool member, by id.
+func (m *Engine) memberStates() []memberState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]memberState, 0, len(m.members))
+	for _, r := range m.members {
+		out = append(out, memberState{Sandbox: cloneSandbox(r.Sandbox), Shape: r.member.shape, Template: r.member.template})
+	}
+	slices.SortFunc(out, func(a, b memberState) int { return strings.Compare(a.Sandbox.ID, b.Sandbox.ID) })
+	return out
+}
+
 // loadState reads the state file; a missing file is an empty state.
-func (m *Engine) loadState() ([]apitype.Sandbox, error) {
+func (m *Engine) loadState() ([]apitype.Sandbox, []memberState, error) {
 	b, err := os.ReadFile(filepath.Join(m.o.StateDir, stateName))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load state: %w", err)
+		return nil, nil, fmt.Errorf("load state: %w", err)
 	}
-	node, sbs, err := decodeState(b)
+	node, sbs, members, err := decodeState(b)
 	if err != nil {
-		return nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
+		return nil, nil, fmt.Errorf("load state %s: %w", filepath.Join(m.o.StateDir, stateName), err)
 	}
 	if node != "" && node != m.o.Node {
-		return nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
+		return nil, nil, fmt.Errorf("load state: file belongs to node %q, this node is %q", node, m.o.Node)
 	}
+	seen := map[string]bool{}
 	for _, s := range sbs {
 		if !reSandbox.MatchString(s.ID) {
-			return nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
+			return nil, nil, fmt.Errorf("load state: bad sandbox id %q", s.ID)
 		}
+		seen[s.ID] = true
 	}
-	return sbs, nil
+	for _, p := range members {
+		if !reSandbox.MatchString(p.Sandbox.ID) || seen[p.Sandbox.ID] {
+			return nil, nil, fmt.Errorf("load state: bad or repeated pool member id %q", p.Sandbox.ID)
+		}
+		seen[p.Sandbox.ID] = true
+	}
+	return sbs, members, nil
 }

@@ -11,36 +11,49 @@ import (
 
 // TestStateMigration: a state file written by the version 1 daemon
 // (testdata/state-v1.json, kept as written) loads into the same sandboxes
-// as its version 2 rewrite (testdata/state-v2.json, golden), and files of
-// an unknown version are refused with a clear error.
+// as its version 3 rewrite (testdata/state-v3.json, golden) and as the
+// version 2 file the previous daemon wrote (testdata/state-v2.json, kept
+// as written); a version 3 file keeps warm pool members apart from
+// sandboxes; files of an unknown version are refused with a clear error.
 func TestStateMigration(t *testing.T) {
 	v1, err := os.ReadFile("testdata/state-v1.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, fromV1, err := decodeState(v1)
+	node, fromV1, _, err := decodeState(v1)
 	if err != nil || node != "node1" || len(fromV1) != 2 {
 		t.Fatalf("version 1: node %q, %d sandboxes, %v", node, len(fromV1), err)
 	}
 	if fromV1[1].Labels["eval"] != "ctf-1" || fromV1[0].Owner != "alice" || fromV1[0].Networks[0].CIDR != "192.168.50.0/24" || fromV1[1].VMs[1].DiskGiB != 20 {
 		t.Errorf("version 1 decoded wrong: %+v", fromV1)
 	}
-	v2, err := encodeState(node, fromV1)
+	v2, err := os.ReadFile("testdata/state-v2.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	testkit.Golden(t, "state-v2.json", v2)
-	_, fromV2, err := decodeState(v2)
-	if err != nil || !reflect.DeepEqual(fromV2, fromV1) {
-		t.Errorf("version 2 round trip: %v\n%+v\nwant %+v", err, fromV2, fromV1)
+	_, fromV2, members, err := decodeState(v2)
+	if err != nil || !reflect.DeepEqual(fromV2, fromV1) || len(members) != 0 {
+		t.Errorf("version 2: %v, %d members\n%+v\nwant %+v", err, len(members), fromV2, fromV1)
+	}
+	member := memberState{Sandbox: fromV1[0], Shape: "small", Template: 9000}
+	member.Sandbox.ID = "sbpool01"
+	fromV1[1].FromPool = true
+	v3, err := encodeState(node, fromV1, []memberState{member})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Golden(t, "state-v3.json", v3)
+	_, fromV3, members, err := decodeState(v3)
+	if err != nil || !reflect.DeepEqual(fromV3, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
+		t.Errorf("version 3 round trip: %v\n%+v\nwant %+v\nmembers %+v", err, fromV3, fromV1, members)
 	}
 	for doc, msg := range map[string]string{
-		`{"version": 3, "node": "node1", "sandboxes": []}`: "version 3",
+		`{"version": 4, "node": "node1", "sandboxes": []}`: "version 4",
 		`{"node": "node1", "sandboxes": []}`:               "no version",
 		`{"version": "2"}`:                                 "cannot unmarshal",
 		`[]`:                                               "cannot unmarshal",
 	} {
-		if _, _, err := decodeState([]byte(doc)); err == nil || !strings.Contains(err.Error(), msg) {
+		if _, _, _, err := decodeState([]byte(doc)); err == nil || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%s: %v, want an error naming %q", doc, err, msg)
 		}
 	}

@@ -5,14 +5,61 @@ import (
 	"fmt"
 )
 
-func (m *Engine) applySDN(ctx context.Context) error {
-	m.sdnMu.Lock()
-	defer m.sdnMu.Unlock()
-	return pxErr("apply sdn", m.zones.ApplySDN(ctx))
+// sdnBatch is one ApplySDN that several callers share: every caller that
+// joined it had written its SDN changes before it joined, and the apply
+// starts only after the batch is closed to newcomers, so it carries them
+// all.
+type sdnBatch struct {
+	done chan struct{}
+	err  error
 }
 
-// publishZones hands every known sandbox zone and its vnets to
-// Options.ZonesChanged.
+// applySDN applies the pending SDN changes of the cluster (PUT
+// /cluster/sdn), coalescing concurrent callers: a caller joins the next
+// batch; when no apply runs it runs that batch itself, otherwise it waits
+// until the running one ends and then either runs its batch or finds it
+// run by another member of the batch. N creates or deletes that reach
+// this point together make at most two applies, not N; a refill of many
+// pool members makes one.
+//
+// The apply runs on a context without the caller's cancel (bounded by
+// TeardownTimeout): the other members of the batch wait for it too.
+func (m *Engine) applySDN(ctx context.Context) error {
+	m.sdnMu.Lock()
+	if m.sdnNext == nil {
+		m.sdnNext = &sdnBatch{done: make(chan struct{})}
+	}
+	b := m.sdnNext
+	m.sdnMu.Unlock()
+	select {
+	case <-b.done:
+		return b.err
+	case m.sdnRun <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("apply sdn: %w", ctx.Err())
+	}
+	defer func() { <-m.sdnRun }()
+	m.sdnMu.Lock()
+	select {
+	case <-b.done: // run by another member while this one waited for the slot
+		m.sdnMu.Unlock()
+		return b.err
+	default:
+	}
+	if m.sdnNext == b {
+		m.sdnNext = nil // newcomers join a fresh batch from here on
+	}
+	m.sdnMu.Unlock()
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
+	defer cancel()
+	b.err = pxErr("apply sdn", m.zones.ApplySDN(actx))
+	m.met.sdnApplies.Inc()
+	close(b.done)
+	return b.err
+}
+
+// publishZones hands every known sandbox zone (warm pool members too) and
+// its vnets to Options.ZonesChanged.
 func (m *Engine) publishZones(ctx context.Context) error {
 	if m.o.ZonesChanged == nil {
 		return nil
@@ -21,9 +68,11 @@ func (m *Engine) publishZones(ctx context.Context) error {
 	defer m.zonesMu.Unlock()
 	zones := map[string][]string{}
 	m.mu.Lock()
-	for _, r := range m.sbx {
-		for _, n := range r.Networks {
-			zones[r.Zone] = append(zones[r.Zone], n.VNet)
+	for _, set := range []map[string]*record{m.sbx, m.members} {
+		for _, r := range set {
+			for _, n := range r.Networks {
+				zones[r.Zone] = append(zones[r.Zone], n.VNet)
+			}
 		}
 	}
 	m.mu.Unlock()

@@ -63,6 +63,7 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/openapi.json", scope: apitype.ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
 		{method: "POST", path: "/v1/sandboxes", scope: apitype.ScopeAdmin, summary: "Create a sandbox; returns when every VM answers its guest agent", request: "CreateRequest", response: "Sandbox", okStatus: 201, timeout: createTimeout, h: s.createSandbox},
 		{method: "GET", path: "/v1/sandboxes", scope: apitype.ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
+		{method: "GET", path: "/v1/pool", scope: apitype.ScopeAdmin, summary: "The warm pool: its shapes with ready and building counts, and its unclaimed members", response: "PoolStatus", okStatus: 200, timeout: reqTimeout, h: s.getPool},
 		{method: "GET", path: "/v1/sandboxes/{id}", scope: apitype.ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
 		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: apitype.ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
 		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: apitype.ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
@@ -117,6 +118,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p princip
 		}
 	}
 	return writeJSON(w, http.StatusOK, apitype.SandboxList{Sandboxes: out})
+}
+
+func (s *Server) getPool(w http.ResponseWriter, r *http.Request, _ principal) error {
+	return writeJSON(w, http.StatusOK, s.e.Pool())
 }
 
 // lookup finds a sandbox p may see; another owner's is not found.

@@ -39,6 +39,9 @@ var schemaTypes = map[string]any{
 	"GuestReport":     apitype.GuestReport{},
 	"GuestFilesystem": apitype.GuestFilesystem{},
 	"Event":           apitype.Event{},
+	"PoolStatus":      apitype.PoolStatus{},
+	"PoolShapeStatus": apitype.PoolShapeStatus{},
+	"PoolMember":      apitype.PoolMember{},
 }
 
 var timeType = reflect.TypeOf(time.Time{})

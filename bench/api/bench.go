@@ -32,15 +32,12 @@ import (
 	"github.com/pve-inspect/pve-inspect/bench"
 	qgabench "github.com/pve-inspect/pve-inspect/bench/qga"
 	"github.com/pve-inspect/pve-inspect/diskxfer"
-	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
-	"github.com/pve-inspect/pve-inspect/testvm"
-	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
 // Options size a run; zero values take the defaults.
@@ -120,36 +117,12 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	if err := resetPeakRSS(); err != nil {
 		return nil, fmt.Errorf("reset peak RSS: %w", err)
 	}
-	bed, err := testvm.Up(ctx, testvm.Options{})
+	node, err := bench.NewEmuNode(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer bed.Close()
-	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
-	if err != nil {
-		return nil, err
-	}
-	ts := httptest.NewTLSServer(emu)
-	defer func() { ts.Close(); _ = emu.Close() }()
-	tdisk := filepath.Join(bed.Dir(), "template-disk")
-	if err := os.MkdirAll(filepath.Join(tdisk, "upper", "var", "tmp"), 0o755); err != nil {
-		return nil, err
-	}
-	if err := emu.AddTemplate(ctx, 9000, "debian", tdisk, map[string]string{"net0": "virtio,bridge=vmbr0"}); err != nil {
-		return nil, err
-	}
-	if err := emu.AddPool("pve-inspect", ""); err != nil {
-		return nil, err
-	}
-	id, secret, err := emu.RootToken("bench")
-	if err != nil {
-		return nil, err
-	}
-	px, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: 50 * time.Millisecond})
-	if err != nil {
-		return nil, err
-	}
-	qc := qga.New(qga.Options{})
+	defer node.Close()
+	bed, emu, px, qc := node.Bed, node.Emu, node.PX, node.QGA
 	// The disk path takes files from 128 MiB here, so the 64 MiB round
 	// trip measures the API's agent path and the DiskSizes its disk path.
 	eng, err := sandbox.New(sandbox.Options{

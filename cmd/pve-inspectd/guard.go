@@ -37,7 +37,7 @@ func newRunCmd(g *globals) *cobra.Command {
 func newPlanCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "plan",
-		Short: "print the interface classification and the exact ruleset the guard would apply; changes nothing",
+		Short: "print the interface classification, the exact ruleset the guard would apply and the warm pool; changes nothing",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.loadConfig()
@@ -73,6 +73,9 @@ func newPlanCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("render bridge table: %w", err)
 			}
 			if err := writeEgressPlan(w, cfg.Egress, st.Entries()); err != nil {
+				return err
+			}
+			if err := writePoolPlan(w, cfg.Pool); err != nil {
 				return err
 			}
 			return writeBridgePlan(w, brs)

@@ -128,7 +128,10 @@ func TestPlanGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.WriteString("default_mode = \"allowlist\"\nallow = [\"pypi.org\", \"203.0.113.0/24\"]\ndeny = [\"203.0.113.9\"]\n")
+	_, err = f.WriteString("default_mode = \"allowlist\"\nallow = [\"pypi.org\", \"203.0.113.0/24\"]\ndeny = [\"203.0.113.9\"]\n" +
+		// and the warm pool's shapes, with what they hold idle
+		"[[pool.shapes]]\nname = \"small\"\ntemplate = \"debian\"\ntarget = 4\nmax_age = \"6h\"\n" +
+		"[[pool.shapes]]\nname = \"big\"\ntemplate = \"debian\"\ncores = 4\nmemory_mib = 8192\nnetworks = [\"lan\", \"dmz\"]\negress = \"allowlist\"\ntarget = 1\n")
 	if err := errors.Join(err, f.Close()); err != nil {
 		t.Fatal(err)
 	}

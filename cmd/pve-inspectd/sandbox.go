@@ -152,12 +152,22 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	create.Flags().StringArrayVar(&labels, "label", nil, "label key=value (repeatable)")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime (default: the server's)")
 
-	var asJSON bool
+	var asJSON, pool bool
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "list sandboxes",
+		Short: "list sandboxes (--pool: the warm pool's shapes and unclaimed members)",
 		Args:  cobra.NoArgs,
 		RunE: withClient(func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
+			if pool {
+				st, err := c.Pool(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), st)
+				}
+				return printPool(cmd.OutOrStdout(), st)
+			}
 			l, err := c.List(ctx)
 			if err != nil {
 				return err
@@ -181,6 +191,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		}),
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	list.Flags().BoolVar(&pool, "pool", false, "list the warm pool instead of the sandboxes")
 
 	var (
 		user, cwd string

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -28,7 +29,7 @@ func (p passChecker) Run(context.Context, sandbox.CheckTarget) (apitype.CheckRep
 // startAPI serves the API on fakes over a unix socket in a temp dir.
 func startAPI(t *testing.T, pass bool) string {
 	t.Helper()
-	sock, _, _ := startAPIOn(t, pass)
+	sock, _, _ := startAPIWith(t, pass, nil)
 	return sock
 }
 
@@ -36,16 +37,27 @@ func startAPI(t *testing.T, pass bool) string {
 // Proxmox behind the socket.
 func startAPIOn(t *testing.T, pass bool) (string, *sandbox.Engine, *apitest.Proxmox) {
 	t.Helper()
+	return startAPIWith(t, pass, nil)
+}
+
+// startAPIWith serves an engine on the fakes whose options mod changes,
+// and returns the engine and the fake Proxmox too.
+func startAPIWith(t *testing.T, pass bool, mod func(*sandbox.Options)) (string, *sandbox.Engine, *apitest.Proxmox) {
+	t.Helper()
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
-	eng, err := sandbox.New(sandbox.Options{
+	o := sandbox.Options{
 		Node:     "n1",
 		Proxmox:  px,
 		Guests:   g.Dial,
 		Checker:  passChecker{pass},
 		StateDir: t.TempDir(),
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if mod != nil {
+		mod(&o)
+	}
+	eng, err := sandbox.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +80,40 @@ func startAPIOn(t *testing.T, pass bool) (string, *sandbox.Engine, *apitest.Prox
 	go func() { _ = sandboxapi.Serve(ctx, ln, srv.LocalHandler()); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return sock, eng, px
+}
+
+// TestSandboxListPool: `sandbox list --pool` shows the shapes and the
+// unclaimed members; a plain `sandbox create` claims one.
+func TestSandboxListPool(t *testing.T) {
+	sock, eng, _ := startAPIWith(t, true, func(o *sandbox.Options) {
+		o.WarmPool = []sandbox.PoolShape{{Name: "small", Template: "debian", Target: 2}}
+	})
+	eng.MaintainPool(context.Background())
+	members := eng.Pool().Members
+	if len(members) != 2 {
+		t.Fatalf("members %+v", members)
+	}
+	out, err := run(t, "", "sandbox", "list", "--socket", sock, "--pool")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^small\s+debian\s+1\s+1024 MiB\s+open\s+2\s+0\s+2$`).MatchString(out) ||
+		!strings.Contains(out, members[0].ID) || !strings.Contains(out, members[1].ID) {
+		t.Fatalf("list --pool:\n%s", out)
+	}
+	out, err = run(t, "", "sandbox", "create", "--socket", sock, "--template", "debian")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb apitype.Sandbox
+	if err := json.Unmarshal([]byte(out), &sb); err != nil || !sb.FromPool || sb.ID != members[0].ID && sb.ID != members[1].ID {
+		t.Fatalf("create output %q: %v, want a member claimed", out, err)
+	}
+	out, err = run(t, "", "sandbox", "list", "--socket", sock, "--pool", "--json")
+	var st apitype.PoolStatus
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || len(st.Members) != 1 || st.Shapes[0].Ready != 1 || st.Members[0].ID == sb.ID {
+		t.Fatalf("list --pool --json after a claim: %q %v", out, err)
+	}
 }
 
 // run executes the CLI and returns stdout and the error.

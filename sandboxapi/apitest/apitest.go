@@ -259,6 +259,23 @@ func (p *Proxmox) ConfigureVM(ctx context.Context, id int, c sandbox.VMConfig) e
 	return nil
 }
 
+// SetVMTags implements sandbox.Proxmox.
+func (p *Proxmox) SetVMTags(ctx context.Context, id int, name string, tags []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("SetVMTags"); err != nil {
+		return err
+	}
+	v, err := p.vm(id)
+	if err != nil {
+		return err
+	}
+	v.Info.Name = name
+	v.Info.Tags = slices.Clone(tags)
+	v.Config.Tags = slices.Clone(tags)
+	return nil
+}
+
 // ResizeDisk implements sandbox.Proxmox.
 func (p *Proxmox) ResizeDisk(ctx context.Context, id int, size int) error {
 	p.mu.Lock()

@@ -82,6 +82,9 @@ type Sandbox struct {
 	// Health is the sandbox's health from host-side signals (ready
 	// sandboxes, once checked).
 	Health *SandboxHealth `json:"health,omitempty"`
+	// FromPool is true when the create claimed a ready sandbox of the
+	// warm pool instead of building one.
+	FromPool bool `json:"from_pool,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.

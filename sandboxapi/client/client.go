@@ -158,6 +158,12 @@ func (c *Client) List(ctx context.Context) ([]apitype.Sandbox, error) {
 	return l.Sandboxes, c.do(ctx, "GET", "/v1/sandboxes", nil, &l)
 }
 
+// Pool returns the warm pool's shapes and unclaimed members.
+func (c *Client) Pool(ctx context.Context) (apitype.PoolStatus, error) {
+	var st apitype.PoolStatus
+	return st, c.do(ctx, "GET", "/v1/pool", nil, &st)
+}
+
 // Get returns one sandbox.
 func (c *Client) Get(ctx context.Context, id string) (apitype.Sandbox, error) {
 	var sb apitype.Sandbox

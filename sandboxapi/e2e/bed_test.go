@@ -124,6 +124,90 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 	return e
 }
 
+// bedChecker is the containment check as the bed's tests run it: the
+// bed's addresses, metadata services, LAN host and public host; set its
+// QGADir (and Observer, GuestPorts) once the bed is up.
+func bedChecker(t *testing.T) *containment.SandboxChecker {
+	return &containment.SandboxChecker{
+		Runner: &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"},
+		Client: qga.New(qga.Options{}),
+		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
+			return containment.Spec{
+				HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr), netip.MustParseAddr(testvm.NodeMgmtAddr6)},
+				ControlPorts: append(containment.DefaultControlPorts(), containment.Port{Port: 8443, Name: "sandbox API"}),
+				Metadata: []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.AlibabaMDAddr),
+					netip.MustParseAddr(testvm.AzureWireAddr), netip.MustParseAddr(testvm.MetadataAddr6)},
+				MetadataDNS:  []netip.Addr{netip.MustParseAddr(testvm.AWSDNSAddr)},
+				LAN:          []netip.AddrPort{netip.MustParseAddrPort(testvm.LANAddr + ":80")},
+				Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
+				Public6:      []netip.Addr{netip.MustParseAddr(testvm.InternetAddr6)},
+				ExternalName: testvm.InternetName,
+				Timeout:      2 * time.Second,
+			}, containment.GuardPolicy(), nil
+		},
+		LocalName: testvm.LocalName,
+	}
+}
+
+// runBedGuard starts the host guard in the bed's node namespace with its
+// loop, as in the daemon (it learns the guest ports that join the zone
+// bridges: the layer-2 table guards only those), and the port map; both
+// stop when the test ends.
+func runBedGuard(t *testing.T, ctx context.Context, e *bedEnv, node netns.NsHandle) *firewall.Guard {
+	t.Helper()
+	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	if err := g.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- g.Run(rctx) }()
+	t.Cleanup(func() { stopRun(); <-runDone })
+	runPortMap(t, ctx, e.bed.NodeRoot(), g)
+	return g
+}
+
+// guardHook hands a sandbox's zones to the host guard once it runs (the
+// start's reconcile comes before the guard is up).
+type guardHook struct {
+	mu sync.Mutex
+	g  *firewall.Guard // guarded by mu; nil until the guard runs
+}
+
+func (h *guardHook) zonesChanged(ctx context.Context, z map[string][]string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.g == nil {
+		return nil
+	}
+	return h.g.SetZones(ctx, z)
+}
+
+// startCheckedGuard runs the guard in the bed's node namespace (runBedGuard)
+// and points the containment check at the bed: its agent sockets, a
+// layer-2 observer in the node namespace, the guard's port names. The hook
+// hands zones to the guard from then on.
+func startCheckedGuard(t *testing.T, ctx context.Context, e *bedEnv, chk *containment.SandboxChecker, hook *guardHook) *firewall.Guard {
+	t.Helper()
+	chk.QGADir = e.bed.QGADir()
+	node, err := netns.GetFromName(e.bed.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
+	chk.GuestPorts = firewall.PortNames
+	g := runBedGuard(t, ctx, e, node)
+	hook.mu.Lock()
+	hook.g = g
+	hook.mu.Unlock()
+	return g
+}
+
 // start (re)starts the API server on the same state dir.
 func (e *bedEnv) start(t testing.TB, ctx context.Context) {
 	if e.close != nil {
@@ -324,6 +408,20 @@ func asProblem(err error, p **apitype.Problem) bool {
 	return ok
 }
 
+// waitGuarded waits until the layer-2 table guards the first NIC of VM
+// vmid with a mapping (the port map learned it).
+func waitGuarded(t *testing.T, g *firewall.Guard, vmid int) {
+	t.Helper()
+	tap := firewall.PortNames(vmid, 0)[0]
+	deadline := time.Now().Add(10 * time.Second)
+	for !guardedPort(g, tap) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the layer-2 table does not guard %s with a mapping", tap)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // runPortMap keeps the layer-2 guard's port map current from the bed's
 // VM configs and leases (what the daemon's mapper does on a node) until
 // the test ends.
@@ -428,64 +526,13 @@ func TestBedContainmentCheck(t *testing.T) {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var guard *firewall.Guard
-	var gmu sync.Mutex
-	chk := &containment.SandboxChecker{
-		Runner: &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"},
-		Client: qga.New(qga.Options{}),
-		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
-			return containment.Spec{
-				HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr), netip.MustParseAddr(testvm.NodeMgmtAddr6)},
-				ControlPorts: append(containment.DefaultControlPorts(), containment.Port{Port: 8443, Name: "sandbox API"}),
-				Metadata: []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr), netip.MustParseAddr(testvm.AlibabaMDAddr),
-					netip.MustParseAddr(testvm.AzureWireAddr), netip.MustParseAddr(testvm.MetadataAddr6)},
-				MetadataDNS:  []netip.Addr{netip.MustParseAddr(testvm.AWSDNSAddr)},
-				LAN:          []netip.AddrPort{netip.MustParseAddrPort(testvm.LANAddr + ":80")},
-				Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
-				Public6:      []netip.Addr{netip.MustParseAddr(testvm.InternetAddr6)},
-				ExternalName: testvm.InternetName,
-				Timeout:      2 * time.Second,
-			}, containment.GuardPolicy(), nil
-		},
-		LocalName: testvm.LocalName,
-	}
+	hook := &guardHook{}
+	chk := bedChecker(t)
 	e := newBedEnv(t, ctx, func(o *options) {
 		o.Checker = chk
-		o.ZonesChanged = func(ctx context.Context, z map[string][]string) error {
-			gmu.Lock()
-			defer gmu.Unlock()
-			if guard == nil {
-				return nil
-			}
-			return guard.SetZones(ctx, z)
-		}
+		o.ZonesChanged = hook.zonesChanged
 	})
-	chk.QGADir = e.bed.QGADir()
-	node, err := netns.GetFromName(e.bed.NodeNS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
-	chk.GuestPorts = firewall.PortNames
-	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	if err := g.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// the guard's loop, as in the daemon: it learns the guest ports that
-	// join the zone bridges (the layer-2 table guards only those)
-	rctx, stopRun := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- g.Run(rctx) }()
-	defer func() { stopRun(); <-runDone }()
-	runPortMap(t, ctx, e.bed.NodeRoot(), g)
-	gmu.Lock()
-	guard = g
-	gmu.Unlock()
+	g := startCheckedGuard(t, ctx, e, chk, hook)
 	a, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -494,14 +541,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tap := firewall.PortNames(a.VMs[0].VMID, 0)[0]
-	deadline := time.Now().Add(10 * time.Second)
-	for !guardedPort(g, tap) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the layer-2 table does not guard %s with a mapping", tap)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitGuarded(t, g, a.VMs[0].VMID)
 	rep, err := e.c.Check(ctx, a.ID, "")
 	if err != nil {
 		t.Fatal(err)

@@ -386,3 +386,28 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateClaimsFromPool: sandbox_create gets the warm pool without any
+// change: its default size matches a shape of the same size, the create
+// claims the member, and the secrets file is written at the claim.
+func TestCreateClaimsFromPool(t *testing.T) {
+	b := newBed(t, bedOpts{
+		api: func(o *sandbox.Options) {
+			o.WarmPool = []sandbox.PoolShape{{Name: "agent", Template: "debian", Cores: 2, MemoryMiB: 4096, Target: 1}}
+		},
+		mcp: func(o *mcpserver.Options) { o.Env = map[string]string{"KEY": "v"} },
+	})
+	b.srv.Engine().MaintainPool(context.Background())
+	members := b.srv.Engine().Pool().Members
+	if len(members) != 1 {
+		t.Fatalf("members %+v", members)
+	}
+	sb := ok[apitype.Sandbox](t, "create", b.call(mcpserver.ToolCreate, nil))
+	if !sb.FromPool || sb.ID != members[0].ID {
+		t.Fatalf("create: %+v, want the member %s claimed", sb, members[0].ID)
+	}
+	o := ok[mcpserver.ExecOutput](t, "cat", b.call(mcpserver.ToolExec, map[string]any{"id": sb.ID, "argv": []string{"cat", apitype.GuestEnvPath}}))
+	if want := string(apitype.EnvFile(map[string]string{"KEY": "v"})); o.Stdout != want {
+		t.Errorf("env file of a claimed sandbox %q, want %q", o.Stdout, want)
+	}
+}

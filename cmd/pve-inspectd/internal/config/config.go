@@ -37,6 +37,8 @@ type Config struct {
 	MCP MCPSection `toml:"mcp"`
 	// Egress is [egress], the egress policies (egress.go).
 	Egress EgressSection `toml:"egress"`
+	// Pool is [pool], the warm pool of ready sandboxes (pool.go).
+	Pool PoolSection `toml:"pool"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -62,7 +64,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress(), Pool: defaultPool()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -129,5 +131,6 @@ func (c Config) sections() map[string]validator {
 		"api":      c.API,
 		"mcp":      c.MCP,
 		"egress":   c.Egress,
+		"pool":     c.Pool,
 	}
 }

@@ -102,7 +102,8 @@ func NewAPI(cfg config.Config, log *slog.Logger, d APIDeps) (*API, error) {
 func (a *API) Server() *sandboxapi.Server { return a.srv.Load() }
 
 // Run binds the listeners (503 until ready), reaches Proxmox and reconciles
-// with back-off, then serves the API and runs the reaper until ctx ends.
+// with back-off, then serves the API and runs the reaper and the warm pool
+// until ctx ends.
 // (The management-port rules are a part of their own: mgmt.go.) It returns nil when ctx ends and
 // never fails on its own.
 func (a *API) Run(ctx context.Context) error {
@@ -126,6 +127,7 @@ func (a *API) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); srv.Engine().RunReaper(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); srv.Engine().RunHealth(ctx) }()
+	go func() { defer wg.Done(); srv.Engine().RunPool(ctx) }()
 	<-ctx.Done()
 	return nil
 }
@@ -168,6 +170,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auto_cidr_pool: %w", err)
 	}
+	shapes, err := cfg.Pool.EngineShapes()
+	if err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
+	}
 	var dt sandbox.DiskTransfer
 	if ac.DiskTransferStorage != "" {
 		dt = diskxfer.New(px, diskxfer.Options{Storage: ac.DiskTransferStorage, Logger: a.log})
@@ -202,6 +208,8 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		VMConfigs:                px,
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
 		Health:                   health,
+		WarmPool:                 shapes,
+		PoolInterval:             cfg.Pool.Interval,
 		Registerer:               d.Registerer,
 		Logger:                   a.log,
 	})

@@ -1,0 +1,600 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// The warm pool: whole sandboxes built ahead of demand, one set per shape,
+// so that a create whose request matches a shape answers in the time of a
+// claim (no clone, no boot, no SDN apply) instead of a build.
+//
+// Design decisions:
+//
+//   - A member is a sandbox in every respect but its owner: its own zone
+//     and vnets applied, its VM cloned, hardened, started and answering
+//     its agent, egress policy "none", its zone handed to the host guard
+//     like any other. Members live in Engine.members, never in Engine.sbx,
+//     so no API call (get, exec, files, delete, extend) can reach one.
+//   - A claim moves one ready member from members to sbx under Engine.mu
+//     (so two claims never get the same member) and writes the state file
+//     before anything else: a restart then finds a sandbox being created
+//     (torn down, never handed out again) or a member (never claimed).
+//     Only then does it put the request's egress policy in force, tag the
+//     VM with the sandbox's tags and name, and write the secrets file.
+//   - A member is used once. A claimed sandbox is deleted like any other;
+//     nothing goes back to the pool.
+//   - Members count against the node caps; a cold create that does not
+//     fit makes room by retiring members (they give way first). Refills
+//     never go past the caps: the pool waits.
+//   - A refill builds the missing members of every shape as one batch:
+//     every zone is written, then one SDN apply for all, then the VMs in
+//     parallel. Retired members go in parallel too, so their deletes share
+//     applies (zones.go coalesces them).
+//   - Members older than the shape's maximum age, whose template now
+//     resolves to another VM, or found broken (VM not running, agent not
+//     answering: the simple check; sandbox health is its own part) are
+//     retired and replaced.
+//   - Proxmox tags: a member's VMs carry the pool tag "pvei-pool" beside
+//     the node and sandbox tags; a claim replaces them with the sandbox's.
+//     Reconcile re-adopts a member only when the state file says it is one
+//     and its VMs still carry all three tags and run.
+
+// poolTag marks a warm pool member's VMs in Proxmox.
+const poolTag = "pvei-pool"
+
+// PoolShape is one shape of the warm pool: the one-VM sandbox its members
+// are, how many to keep ready and for how long.
+type PoolShape struct {
+	// Name names the shape (metrics, listings): [a-z][a-z0-9-]*.
+	Name string `json:"name"`
+	// Template, Cores and MemoryMiB are the member VM's (as a create's
+	// VMRequest; defaults 1 core, 1024 MiB).
+	Template  string `json:"template"`
+	Cores     int    `json:"cores"`
+	MemoryMiB int    `json:"memory_mib"`
+	// Networks are the member's network names, each "auto" with DHCP and
+	// SNAT on, its VM attached to all of them in order (default ["net0"]).
+	Networks []string `json:"networks"`
+	// Egress is the policy kind a claim may ask for: "open" (default; a
+	// request without an egress object), "none" or "allowlist". The
+	// member itself waits with "none"; the claim puts the request's policy
+	// in force.
+	Egress string `json:"egress"`
+	// Target is how many members to keep.
+	Target int `json:"target"`
+	// MaxAge retires a member this long after it became ready (0: never).
+	MaxAge time.Duration `json:"max_age"`
+}
+
+var reShapeName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
+
+// normalize fills the defaults.
+func (s *PoolShape) normalize() {
+	if s.Cores == 0 {
+		s.Cores = 1
+	}
+	if s.MemoryMiB == 0 {
+		s.MemoryMiB = 1024
+	}
+	if len(s.Networks) == 0 {
+		s.Networks = []string{"net0"}
+	}
+	if s.Egress == "" {
+		s.Egress = "open"
+	}
+}
+
+// ValidateShapes returns the shapes with their defaults filled in, or the
+// first one's error (the configuration's check, and New's).
+func ValidateShapes(shapes []PoolShape) ([]PoolShape, error) {
+	out := slices.Clone(shapes)
+	for i := range out {
+		out[i].Networks = slices.Clone(out[i].Networks)
+	}
+	return out, validateShapes(out)
+}
+
+// validateShapes fills the shapes' defaults and checks them; two shapes
+// that would match the same request are refused.
+func validateShapes(shapes []PoolShape) error {
+	seen := map[string]bool{}
+	keys := map[string]string{}
+	for i := range shapes {
+		s := &shapes[i]
+		s.normalize()
+		bad := func(f string, a ...any) error {
+			return fmt.Errorf("sandbox: pool shape %q: %s", s.Name, fmt.Sprintf(f, a...))
+		}
+		switch {
+		case !reShapeName.MatchString(s.Name):
+			return fmt.Errorf("sandbox: pool shape name %q: want [a-z][a-z0-9-]*, at most 32 characters", s.Name)
+		case seen[s.Name]:
+			return bad("name used twice")
+		case s.Template == "":
+			return bad("no template")
+		case s.Cores < 0 || s.MemoryMiB < 0:
+			return bad("cores and memory must be positive")
+		case s.Target < 0:
+			return bad("target %d is negative", s.Target)
+		case s.MaxAge < 0:
+			return bad("max age %s is negative", s.MaxAge)
+		case !slices.Contains([]string{"open", "none", "allowlist"}, s.Egress):
+			return bad("egress %q: want open, none or allowlist", s.Egress)
+		}
+		nets := map[string]bool{}
+		for _, n := range s.Networks {
+			if !reShapeName.MatchString(n) || nets[n] {
+				return bad("network name %q: want [a-z][a-z0-9-]*, each once", n)
+			}
+			nets[n] = true
+		}
+		seen[s.Name] = true
+		key := fmt.Sprintf("%s/%d/%d/%s/%s", s.Template, s.Cores, s.MemoryMiB, strings.Join(s.Networks, ","), s.Egress)
+		if other, ok := keys[key]; ok {
+			return bad("matches the same requests as shape %q", other)
+		}
+		keys[key] = s.Name
+	}
+	return nil
+}
+
+// request is the create request a member of s is built from.
+func (s PoolShape) request() apitype.CreateRequest {
+	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm0", Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB, Networks: slices.Clone(s.Networks)}}}
+	for _, n := range s.Networks {
+		req.Networks = append(req.Networks, apitype.NetworkRequest{Name: n, CIDR: "auto"})
+	}
+	return req
+}
+
+// matches reports whether req asks for exactly a member of s: one VM of
+// the template, cores and memory, no disk resize, the shape's networks by
+// name with "auto" ranges, DHCP and SNAT on, the VM on all of them, and an
+// egress policy of the shape's kind. Defaults are those of the API's
+// create (sandboxapi fills them before the engine sees the request).
+func (s PoolShape) matches(req apitype.CreateRequest) bool {
+	if len(req.VMs) != 1 {
+		return false
+	}
+	v := req.VMs[0]
+	if v.Template != s.Template || orDefault(v.Cores, 1) != s.Cores || orDefault(v.MemoryMiB, 1024) != s.MemoryMiB || v.DiskGiB != 0 {
+		return false
+	}
+	nets := req.Networks
+	if len(nets) == 0 {
+		nets = []apitype.NetworkRequest{{Name: "net0", CIDR: "auto"}}
+	}
+	if len(nets) != len(s.Networks) {
+		return false
+	}
+	for i, n := range nets {
+		if n.Name != s.Networks[i] || (n.CIDR != "" && n.CIDR != "auto") || (n.DHCP != nil && !*n.DHCP) || (n.SNAT != nil && !*n.SNAT) {
+			return false
+		}
+	}
+	vnets := v.Networks
+	if len(vnets) == 0 {
+		vnets = []string{nets[0].Name}
+	}
+	if !slices.Equal(vnets, s.Networks) {
+		return false
+	}
+	mode := "open"
+	if req.Egress != nil {
+		mode = req.Egress.Mode
+	}
+	return mode == s.Egress
+}
+
+func orDefault(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// memberInfo is what makes a record a warm pool member.
+type memberInfo struct {
+	shape string
+	// template is the template VM id the member was cloned from.
+	template int
+	// yielding: the member gives way to a cold create; it no longer counts
+	// against the caps and is never claimed.
+	yielding bool
+}
+
+// warmPool is the pool's configuration, wake-up and metrics; set in New.
+type warmPool struct {
+	shapes []PoolShape
+	// kick wakes RunPool to refill (capacity 1: wake-ups coalesce).
+	kick chan struct{}
+
+	members *prometheus.GaugeVec
+	claims  *prometheus.CounterVec
+	refill  *prometheus.HistogramVec
+	retired *prometheus.CounterVec
+}
+
+func newWarmPool(shapes []PoolShape, reg prometheus.Registerer) (*warmPool, error) {
+	p := &warmPool{shapes: shapes, kick: make(chan struct{}, 1),
+		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "pve_inspect", Subsystem: "pool", Name: "members",
+			Help: "Warm pool members by shape and state (ready: claimable; building: being cloned and booted).",
+		}, []string{"shape", "state"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Subsystem: "pool", Name: "claims_total",
+			Help: "Creates that asked the warm pool, by shape and result (hit: claimed a member; miss: the shape had none ready; unmatched: no shape, shape empty).",
+		}, []string{"shape", "result"}),
+		refill: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "pve_inspect", Subsystem: "pool", Name: "refill_seconds",
+			Help:    "Time from the start of a refill batch to a member being ready, by shape.",
+			Buckets: []float64{1, 2, 4, 8, 15, 30, 60, 120, 300},
+		}, []string{"shape"}),
+		retired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Subsystem: "pool", Name: "retired_total",
+			Help: "Warm pool members retired unclaimed, by shape and reason (age, template, broken, yield).",
+		}, []string{"shape", "reason"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{p.members, p.claims, p.refill, p.retired} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, s := range shapes {
+		for _, st := range []string{"ready", "building"} {
+			p.members.WithLabelValues(s.Name, st)
+		}
+		for _, r := range []string{"hit", "miss"} {
+			p.claims.WithLabelValues(s.Name, r)
+		}
+		p.refill.WithLabelValues(s.Name)
+	}
+	if len(shapes) > 0 {
+		p.claims.WithLabelValues("", "unmatched")
+	}
+	return p, nil
+}
+
+// match returns the shape req matches.
+func (p *warmPool) match(req apitype.CreateRequest) (PoolShape, bool) {
+	for _, s := range p.shapes {
+		if s.matches(req) {
+			return s, true
+		}
+	}
+	return PoolShape{}, false
+}
+
+// shape returns the shape called name.
+func (p *warmPool) shape(name string) (PoolShape, bool) {
+	i := slices.IndexFunc(p.shapes, func(s PoolShape) bool { return s.Name == name })
+	if i < 0 {
+		return PoolShape{}, false
+	}
+	return p.shapes[i], true
+}
+
+// wake asks RunPool to refill soon.
+func (p *warmPool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// poolGaugesLocked recomputes the members gauge; call with m.mu held.
+func (m *Engine) poolGaugesLocked() {
+	ready, building := map[string]int{}, map[string]int{}
+	for _, r := range m.members {
+		switch {
+		case r.member.yielding:
+		case r.State == apitype.StateReady:
+			ready[r.member.shape]++
+		case r.State == apitype.StateCreating:
+			building[r.member.shape]++
+		}
+	}
+	for _, s := range m.pool.shapes {
+		m.pool.members.WithLabelValues(s.Name, "ready").Set(float64(ready[s.Name]))
+		m.pool.members.WithLabelValues(s.Name, "building").Set(float64(building[s.Name]))
+	}
+}
+
+// newIDLocked returns a sandbox id no sandbox or member has; call with
+// m.mu held.
+func (m *Engine) newIDLocked() string {
+	id := newSandboxID()
+	for m.sbx[id] != nil || m.members[id] != nil {
+		id = newSandboxID()
+	}
+	return id
+}
+
+// vmTags are the Proxmox tags of rec's VMs: the ownership tags, and the
+// pool tag while rec is a member.
+func (m *Engine) vmTags(rec *record) []string {
+	tags := []string{nodeTag(m.o.Node), sandboxTag(rec.ID)}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rec.member != nil {
+		tags = append(tags, poolTag)
+	}
+	return tags
+}
+
+// makeRoomLocked checks the caps for a cold create of req and, when only
+// the node caps refuse it, picks warm pool members to give way (marked
+// yielding; retire them with retireAll once the create is recorded). The
+// refusal, when there is no room even so, is the guard's. Call with m.mu
+// held.
+func (m *Engine) makeRoomLocked(req *apitype.CreateRequest) ([]*record, error) {
+	var yield []*record
+	for {
+		err := m.capsLocked(req)
+		if err == nil {
+			return yield, nil
+		}
+		var ce *CapError
+		if !errors.As(err, &ce) || !strings.HasPrefix(ce.Cap, "node_") {
+			break
+		}
+		v := m.victimLocked()
+		if v == nil {
+			break
+		}
+		v.member.yielding = true
+		yield = append(yield, v)
+	}
+	unyieldLocked(yield)
+	return nil, m.guardLocked(req)
+}
+
+// unyieldLocked undoes makeRoomLocked's choice (the create failed before
+// it retired them); call with m.mu held.
+func unyieldLocked(yield []*record) {
+	for _, r := range yield {
+		r.member.yielding = false
+	}
+}
+
+// victimLocked picks the member that gives way first: one of the shape
+// with the most members, the youngest of them (a member still building
+// before a ready one). Call with m.mu held.
+func (m *Engine) victimLocked() *record {
+	count := map[string]int{}
+	for _, r := range m.members {
+		if !r.member.yielding && r.State != apitype.StateDeleting {
+			count[r.member.shape]++
+		}
+	}
+	var best *record
+	better := func(a, b *record) bool {
+		if count[a.member.shape] != count[b.member.shape] {
+			return count[a.member.shape] > count[b.member.shape]
+		}
+		if (a.State == apitype.StateCreating) != (b.State == apitype.StateCreating) {
+			return a.State == apitype.StateCreating
+		}
+		return a.CreatedAt.After(b.CreatedAt)
+	}
+	for _, r := range m.members {
+		if r.member.yielding || r.State == apitype.StateDeleting {
+			continue
+		}
+		if best == nil || better(r, best) {
+			best = r
+		}
+	}
+	return best
+}
+
+// claim hands out a ready member of the shape req matches, as a sandbox of
+// req. ok is false when req matches no shape, the shape has no member
+// ready, or the claimed member failed (it is torn down): the create then
+// runs cold. With ok true, err is the guard's refusal of req or nil.
+func (m *Engine) claim(ctx context.Context, req apitype.CreateRequest) (sb apitype.Sandbox, ok bool, err error) {
+	if len(m.pool.shapes) == 0 {
+		return apitype.Sandbox{}, false, nil
+	}
+	shape, matched := m.pool.match(req)
+	if !matched {
+		m.pool.claims.WithLabelValues("", "unmatched").Inc()
+		return apitype.Sandbox{}, false, nil
+	}
+	now := m.o.Now()
+	m.mu.Lock()
+	rec := m.pickMemberLocked(shape.Name)
+	if rec == nil {
+		m.mu.Unlock()
+		m.pool.claims.WithLabelValues(shape.Name, "miss").Inc()
+		m.pool.wake()
+		return apitype.Sandbox{}, false, nil
+	}
+	// The member already counts against the node caps; the sandbox it
+	// becomes has its size, so only the per-sandbox caps can refuse.
+	rec.member.yielding = true
+	if err := m.guardLocked(&req); err != nil {
+		rec.member.yielding = false
+		m.mu.Unlock()
+		return apitype.Sandbox{}, true, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	defer cancel()
+	delete(m.members, rec.ID)
+	rec.member = nil
+	rec.State = apitype.StateCreating
+	rec.Owner, rec.Labels, rec.FromPool = req.Owner, req.Labels, true
+	rec.CreatedAt, rec.ExpiresAt = now, now.Add(time.Duration(req.TTLSeconds)*time.Second)
+	rec.VMs[0].Name = orName(req.VMs[0].Name)
+	rec.egress = req.Egress
+	rec.created, rec.cancel = make(chan struct{}), cancel
+	m.sbx[rec.ID] = rec
+	m.updateGaugesLocked()
+	m.poolGaugesLocked()
+	m.mu.Unlock()
+	defer close(rec.created)
+	m.pool.wake()
+	log := m.log.With("sandbox", rec.ID, "shape", shape.Name)
+	// The claim is on disk before anything else: a restart from here on
+	// finds a sandbox being created, never a member.
+	err = m.saveState()
+	if err == nil {
+		err = m.finishClaim(cctx, rec, req.Env)
+	}
+	if err != nil {
+		log.Warn("claimed pool member failed; tearing it down, the create runs cold", "err", err)
+		m.scrap(ctx, rec, err, m.forget)
+		m.pool.claims.WithLabelValues(shape.Name, "miss").Inc()
+		return apitype.Sandbox{}, false, nil
+	}
+	m.pool.claims.WithLabelValues(shape.Name, "hit").Inc()
+	m.setState(rec.ID, apitype.StateReady, "")
+	// to a harness a claim is a create like any other
+	m.emitSandbox(apitype.EventCreated, rec, "claimed from the warm pool")
+	m.emitSandbox(apitype.EventReady, rec, "")
+	log.Info("sandbox ready (claimed from the warm pool)")
+	sb, _ = m.Get(rec.ID)
+	return sb, true, nil
+}
+
+func orName(n string) string {
+	if n == "" {
+		return "vm0"
+	}
+	return n
+}
+
+// pickMemberLocked returns the oldest ready member of shape; call with
+// m.mu held.
+func (m *Engine) pickMemberLocked(shape string) *record {
+	var best *record
+	for _, r := range m.members {
+		if r.member.shape != shape || r.member.yielding || r.State != apitype.StateReady {
+			continue
+		}
+		if best == nil || r.CreatedAt.Before(best.CreatedAt) || r.CreatedAt.Equal(best.CreatedAt) && r.ID < best.ID {
+			best = r
+		}
+	}
+	return best
+}
+
+// finishClaim turns a claimed member into the requested sandbox: its
+// egress policy in force first, then the VM's tags and name, then a ping
+// and the secrets file.
+func (m *Engine) finishClaim(ctx context.Context, rec *record, env map[string]string) error {
+	if err := m.applyEgress(ctx, rec); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	vms := slices.Clone(rec.VMs)
+	id := rec.ID
+	m.mu.Unlock()
+	for _, v := range vms {
+		if err := m.tagger.SetVMTags(ctx, v.VMID, m.vmName(id, v.Name), []string{nodeTag(m.o.Node), sandboxTag(id)}); err != nil {
+			return pxErr(fmt.Sprintf("tag vm %d", v.VMID), err)
+		}
+		if len(env) == 0 {
+			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			err := m.Guest(v.VMID).Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("vm %d: %w", v.VMID, err)
+			}
+			continue
+		}
+		if err := m.writeEnv(ctx, v.VMID, env); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scrap tears down a sandbox or member whose create, claim or refill
+// failed with cause, then drops it (forget or forgetMember); when the
+// teardown fails too it stays, in state error, for the next try.
+func (m *Engine) scrap(ctx context.Context, rec *record, cause error, drop func(id string)) {
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
+	defer cancel()
+	if err := m.teardown(tctx, rec); err != nil {
+		m.log.Error("teardown after a failure", "sandbox", rec.ID, "err", err)
+		m.mu.Lock()
+		rec.State, rec.Error = apitype.StateError, fmt.Sprintf("%v; teardown failed: %v", cause, err)
+		m.updateGaugesLocked()
+		m.poolGaugesLocked()
+		m.mu.Unlock()
+		if err := m.saveState(); err != nil {
+			m.log.Error("save state", "err", err)
+		}
+		return
+	}
+	drop(rec.ID)
+	m.removeEgress(tctx, rec.ID, rec.Zone)
+	if err := m.publishZones(tctx); err != nil {
+		m.log.Error("publish zones after teardown", "err", err)
+	}
+}
+
+// forgetMember drops a member from the pool and saves the state file.
+func (m *Engine) forgetMember(id string) {
+	m.mu.Lock()
+	delete(m.members, id)
+	m.poolGaugesLocked()
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		m.log.Error("save state", "err", err)
+	}
+}
+
+// Pool returns the warm pool's shapes with their counts and every member.
+func (m *Engine) Pool() apitype.PoolStatus {
+	now := m.o.Now()
+	st := apitype.PoolStatus{Shapes: []apitype.PoolShapeStatus{}, Members: []apitype.PoolMember{}}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	count := map[string]map[string]int{}
+	for _, r := range m.members {
+		state := r.State
+		if r.member.yielding {
+			state = "yielding"
+		}
+		if count[r.member.shape] == nil {
+			count[r.member.shape] = map[string]int{}
+		}
+		count[r.member.shape][state]++
+		pm := apitype.PoolMember{ID: r.ID, Shape: r.member.shape, State: state, CreatedAt: r.CreatedAt,
+			AgeSeconds: int64(now.Sub(r.CreatedAt) / time.Second), Error: r.Error}
+		for _, v := range r.VMs {
+			pm.VMIDs = append(pm.VMIDs, v.VMID)
+		}
+		for _, n := range r.Networks {
+			pm.CIDRs = append(pm.CIDRs, n.CIDR)
+		}
+		st.Members = append(st.Members, pm)
+	}
+	slices.SortFunc(st.Members, func(a, b apitype.PoolMember) int {
+		if c := strings.Compare(a.Shape, b.Shape); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	for _, s := range m.pool.shapes {
+		c := count[s.Name]
+		st.Shapes = append(st.Shapes, apitype.PoolShapeStatus{Name: s.Name, Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB,
+			Networks: slices.Clone(s.Networks), Egress: s.Egress, Target: s.Target, MaxAgeSeconds: int64(s.MaxAge / time.Second),
+			Ready: c[apitype.StateReady], Building: c[apitype.StateCreating]})
+	}
+	return st
+}
