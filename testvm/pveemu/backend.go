@@ -47,6 +47,12 @@ type VMSpec struct {
 	VNet string           // bridge of net0 ("" when the VM has no NIC)
 	MAC  net.HardwareAddr // net0's MAC
 	Disk string           // the VM's disk directory
+	// IP is the pve IPAM's address of the MAC on VNet (zero when none).
+	// qemu-server's vm_start maps it in the zone's dnsmasq (pve-network
+	// Dhcp.pm add_mapping, Dnsmasq.pm add_ip_mapping: a "mac,ip" line in
+	// the zone's ethers file), and that dnsmasq answers only MACs listed
+	// there (dhcp-ignore=tag:!known).
+	IP netip.Addr
 }
 
 // Agent sends one QEMU guest agent command to the agent listening on socket
