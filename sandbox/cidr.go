@@ -1,11 +1,94 @@
 package sandbox
 
 import (
+	"context"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
+
+// claimSubnet creates the subnet of rec's network i and makes sure no
+// other sandbox's subnet overlaps it. The daemons of a cluster's nodes
+// share one SDN configuration but no lock (pve-network checks only that a
+// subnet id, "<zone>-<cidr>", is new: the same range in two zones is
+// allowed), so two of them may pick the same free range at once. After
+// the create the range must be the only one of its kind in the cluster's
+// list; else this create backs off: its subnet goes and an "auto" network
+// picks another range (a few times), an explicit one fails with
+// ErrConflict. Of two overlapping subnets the one created last sees the
+// other, so never both stay.
+func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
+	for attempt := 0; ; attempt++ {
+		m.mu.Lock()
+		n := rec.Networks[i]
+		auto := i < len(rec.autoCIDR) && rec.autoCIDR[i]
+		m.mu.Unlock()
+		p := netip.MustParsePrefix(n.CIDR)
+		gw, start, end := subnetPlan(p)
+		s := SubnetSpec{VNet: n.VNet, CIDR: n.CIDR, Gateway: gw.String(), SNAT: n.SNAT}
+		if n.DHCP {
+			s.DHCPStart, s.DHCPEnd = start.String(), end.String()
+		}
+		if err := m.zones.CreateSubnet(ctx, s); err != nil {
+			return pxErr("create subnet "+n.CIDR, err)
+		}
+		cidrs, err := m.zones.ListSubnetCIDRs(ctx)
+		if err != nil {
+			return pxErr("list subnets", err)
+		}
+		var seen []netip.Prefix
+		clash := 0
+		for _, c := range cidrs {
+			q, err := netip.ParsePrefix(c)
+			if err != nil {
+				continue
+			}
+			seen = append(seen, q.Masked())
+			if q.Overlaps(p) {
+				clash++
+			}
+		}
+		if clash <= 1 { // only ours
+			return nil
+		}
+		m.log.Info("another sandbox of the cluster took the range too; backing off", "sandbox", rec.ID, "cidr", p)
+		if err := m.cleaner.DeleteSubnet(ctx, n.VNet, n.CIDR); err != nil {
+			return pxErr("delete contested subnet "+n.CIDR, err)
+		}
+		if !auto || attempt >= 5 {
+			return refuse(ErrConflict, "network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)
+		}
+		// A random pause, so that two contenders do not pick in step.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("create: %w", ctx.Err())
+		case <-time.After(time.Duration(rand.IntN(200)) * time.Millisecond):
+		}
+		var host []netip.Prefix
+		if m.o.HostNetworks != nil {
+			if host, err = m.o.HostNetworks(ctx); err != nil {
+				return fmt.Errorf("create: %w", err)
+			}
+		}
+		m.mu.Lock()
+		ps, err := m.allocCIDRsLocked([]apitype.NetworkRequest{{Name: n.Name, CIDR: "auto"}}, seen, host)
+		if err == nil {
+			gw, _, _ := subnetPlan(ps[0])
+			rec.Networks[i].CIDR, rec.Networks[i].Gateway = ps[0].String(), gw.String()
+		}
+		m.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if err := m.saveState(); err != nil {
+			return err
+		}
+	}
+}
 
 // allocCIDRsLocked picks ranges for "auto" networks and checks explicit ones
 // against every known range and the host's own networks; call with m.mu

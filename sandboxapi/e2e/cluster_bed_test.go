@@ -57,7 +57,7 @@ func (s *syncBuffer) String() string {
 // newClusterBed brings up a two-node cluster: one bed per node (pve1,
 // pve2), one emulator serving both (shared SDN, VMIDs, pools, users), a
 // sandbox template on each node, and one daemon per node with its own
-// state and its own range for automatic CIDRs.
+// state.
 func newClusterBed(t *testing.T, ctx context.Context) (*pveemu.Server, []*clusterNode) {
 	t.Helper()
 	names := []string{"pve1", "pve2"}
@@ -121,11 +121,9 @@ func newClusterBed(t *testing.T, ctx context.Context) (*pveemu.Server, []*cluste
 		}
 		o := options{
 			Options: sandbox.Options{Node: name, Proxmox: px, Guests: qga.New(qga.Options{}).SandboxGuests(), QGADir: beds[i].QGADir(),
-				StateDir: filepath.Join(beds[i].Dir(), "api-state"), AgentTimeout: 3 * time.Minute, Logger: log,
-				// Each node's daemon takes its automatic ranges from a
-				// range of its own: two daemons cannot allocate a CIDR
-				// atomically in the shared SDN config.
-				AutoCIDRPool: netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/16", 201+i))},
+				// Both daemons take their automatic ranges from the same
+				// (default) pool: they race for ranges.
+				StateDir: filepath.Join(beds[i].Dir(), "api-state"), AgentTimeout: 3 * time.Minute, Logger: log},
 			serverOptions: sandboxapi.Options{MaxFileBytes: 1 << 20, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		}
 		srv, err := o.start(ctx)
@@ -248,6 +246,9 @@ func TestBedCluster(t *testing.T) {
 		}
 	}
 	assertClusterClean(t, ctx, emu, nodes, ids)
+	for _, n := range nodes {
+		t.Logf("%s: %d creates backed off a range another node's sandbox took", n.name, strings.Count(n.logs.String(), "took the range too"))
+	}
 
 	// pve2 goes down: its daemon cannot reach its node and says so; pve1's
 	// apply only warns about pve2 and its create succeeds.
