@@ -114,7 +114,16 @@ func classify(op string, err error) error {
 		return nil
 	}
 	var tf *proxmox.TaskFailedError
+	var ue *url.Error
 	switch {
+	case errors.As(err, &ue) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
+		// No HTTP answer at all: the node (its pveproxy) is down or
+		// unreachable; in a cluster only this node's work stops.
+		host := ue.URL
+		if u, perr := url.Parse(ue.URL); perr == nil {
+			host = u.Host
+		}
+		return fmt.Errorf("%s: the Proxmox API at %s does not answer (is the node down?): %w", op, host, err)
 	case proxmox.IsNotFound(err), errors.As(err, &tf) && reMissing.MatchString(tf.ExitStatus):
 		return fmt.Errorf("%s: %w: %w", op, sandbox.ErrNotFound, err)
 	case reExists.MatchString(err.Error()):

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -137,5 +139,27 @@ func TestApplySDNForeignPending(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "did not make") {
 		t.Errorf("second apply: %q", logs.String())
+	}
+}
+
+// TestNodeDownIsClear: a node whose API does not answer at all makes each
+// call fail saying so.
+func TestNodeDownIsClear(t *testing.T) {
+	_, c := newFakeServer(t)
+	srv := httptest.NewServer(http.NotFoundHandler())
+	srv.Close()
+	down, err := New(Options{URL: srv.URL + "/api2/json", TokenID: "pve-inspect@pve!daemon", Secret: "s3cret", Node: "pve2", TaskPoll: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = down.ListVMs(ctx)
+	if err == nil || !strings.Contains(err.Error(), "does not answer (is the node down?)") || !strings.Contains(err.Error(), strings.TrimPrefix(srv.URL, "http://")) {
+		t.Fatalf("list VMs of a node that is down: %v", err)
+	}
+	// A node that answers is not reported down.
+	if _, err := c.ListVMs(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
