@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +45,11 @@ func TestDnsmasqRestartsAndEthers(t *testing.T) {
 	}
 	if ga.IPv4() != want {
 		t.Fatalf("guest 101 got %v, want its ethers address %v", ga.IPv4(), want)
+	}
+	// A MAC that is not in the ethers file gets no lease (as a NIC
+	// Proxmox never mapped): one DHCP client, a few seconds.
+	if got := unknownMACLease(t, ctx, b, "vneta"); got != "" {
+		t.Errorf("a MAC missing from ethers got a lease: %s", got)
 	}
 	ethers, err := os.ReadFile(b.ethersFile("zoneb"))
 	if err != nil || !strings.Contains(string(ethers), gb.MAC.String()) {
@@ -90,4 +97,41 @@ func TestDnsmasqRestartsAndEthers(t *testing.T) {
 			t.Errorf("guest %d: %s resolves to %q (%v), want %s", c.g.VMID, LocalName(c.zone), answer, err, gw)
 		}
 	}
+}
+
+// unknownMACLease plugs a namespace with a MAC the zone's ethers file does
+// not list into vnet, runs one dhclient try and returns the IPv4 address
+// it got ("" for none).
+func unknownMACLease(t *testing.T, ctx context.Context, b *Bed, vnet string) string {
+	t.Helper()
+	ns, host, peer := b.Name()+"-unk", b.Name()+"hu", b.Name()+"gu"
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "-n", b.NodeNS(), "link", "del", host).Run()
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+	})
+	for _, st := range [][]string{
+		{"ip", "netns", "add", ns},
+		{"ip", "link", "add", host, "type", "veth", "peer", "name", peer},
+		{"ip", "link", "set", host, "netns", b.NodeNS()},
+		{"ip", "link", "set", peer, "netns", ns},
+		{"ip", "-n", b.NodeNS(), "link", "set", host, "master", vnet, "up"},
+		{"ip", "-n", ns, "link", "set", peer, "address", "bc:24:11:ee:ee:ee", "up"},
+	} {
+		if err := run(ctx, st...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "dhclient.conf")
+	if err := os.WriteFile(conf, []byte("timeout 5;\nretry 1;\ninitial-interval 1;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// -1: one try, exit 2 without a lease.
+	_ = exec.CommandContext(ctx, "ip", "netns", "exec", ns, "dhclient", "-1", "-4", "-sf", "/bin/true", "-cf", conf,
+		"-lf", filepath.Join(dir, "leases"), "-pf", filepath.Join(dir, "pid"), peer).Run()
+	leases, _ := os.ReadFile(filepath.Join(dir, "leases"))
+	if i := strings.Index(string(leases), "fixed-address "); i >= 0 {
+		return strings.TrimSuffix(strings.Fields(string(leases)[i+len("fixed-address "):])[0], ";")
+	}
+	return ""
 }
