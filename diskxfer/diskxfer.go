@@ -2,9 +2,11 @@
 // hot-plugged disk instead of the guest agent's JSON channel: the daemon
 // (on the node) allocates a raw image on a Proxmox storage, attaches it to
 // the running VM with a serial, writes the bytes into it, and one guest
-// exec copies between the disk (found under /dev/disk/by-id by the
-// serial) and the guest file; the disk is then unplugged with force, which
-// frees the image. Integrity is checked by sha256 on both sides. Downloads
+// exec copies between the disk (found under /dev/disk/by-id by the name
+// the VM's machine version gives it, diskname.go) and the guest file; the
+// disk is then unplugged with force, which frees the image. A VM whose
+// hotplug option lacks disk is refused first: Proxmox would keep the disk
+// pending and the guest would never see it. Integrity is checked by sha256 on both sides. Downloads
 // run the same steps in reverse. DESIGN.md section 10, ISSUE 18.
 //
 // Where the time goes (image.go, progress.go, the scripts): every byte is
@@ -45,8 +47,11 @@ type Proxmox interface {
 	VolumePath(ctx context.Context, volid string) (string, error)
 	// FreeVolume deletes a volume no VM config refers to.
 	FreeVolume(ctx context.Context, volid string) error
-	// DiskKeys returns the VM's config keys.
-	DiskKeys(ctx context.Context, vmid int) (map[string]bool, error)
+	// DiskConfig returns the running VM's current config and every
+	// config key, current or pending.
+	DiskConfig(ctx context.Context, vmid int) (current map[string]string, used map[string]bool, err error)
+	// RunningQEMU returns the QEMU version the running VM uses ("10.1.2").
+	RunningQEMU(ctx context.Context, vmid int) (string, error)
 	// AttachVolume hot-plugs volid as disk slot with serial.
 	AttachVolume(ctx context.Context, vmid int, slot, volid, serial string) error
 	// DetachVolume unplugs disk slot with force, freeing its volume.
@@ -128,13 +133,13 @@ func imageSize(size int64) int64 {
 	return max((size+blockSize-1)/blockSize, 1) * blockSize
 }
 
-// findDisk waits up to 30 s for the by-id link of serial $1 and sets dev;
+// findDisk waits up to 30 s for the link /dev/disk/by-id/$1 and sets dev;
 // it also sets H to the fastest sha256 tool that gives the right digest
 // (openssl uses the CPU's SHA extensions, coreutils' sha256sum does not:
 // about 1 GB/s against 0.27 GB/s here).
 const findDisk = `dev=""; i=0
 while [ "$i" -lt 300 ]; do
-  for l in /dev/disk/by-id/*_"$1" /dev/disk/by-id/virtio-"$1"; do [ -b "$l" ] && dev=$l; done
+  [ -b "/dev/disk/by-id/$1" ] && dev=/dev/disk/by-id/$1
   [ -n "$dev" ] && break
   sleep 0.1; i=$((i+1))
 done
@@ -146,7 +151,8 @@ esac
 blocks=$((($2 + 4194303) / 4194304))
 `
 
-// uploadScript: $1 serial, $2 size, $3 destination, $4 mode (octal).
+// uploadScript: $1 by-id name, $2 size, $3 destination, $4 mode (octal),
+// $5 the transfer's serial (in the progress record and the temp name).
 // It runs while the node writes the image and follows the node's progress
 // record (progress.go) in the 4 KiB after the data blocks: it copies each
 // block once the record counts it, in one pass (4 MiB direct reads, so the
@@ -156,10 +162,10 @@ blocks=$((($2 + 4194303) / 4194304))
 // the stream's sha256 against the node's and renames the file. A device
 // that refuses O_DIRECT is read buffered, its cached blocks dropped
 // before every read of the record.
-const uploadScript = findDisk + `serial=$1
+const uploadScript = findDisk + `serial=$5
 d=$(dirname -- "$3")
 mkdir -p -- "$d" 2>/dev/null
-tmp="$d/.pve-inspect-xfer-$1"
+tmp="$d/.pve-inspect-xfer-$serial"
 trap 'rm -f -- "$tmp"' EXIT
 in="iflag=direct"
 dd if="$dev" of=/dev/null bs=4096 count=1 $in status=none 2>/dev/null || in=""
@@ -196,7 +202,7 @@ trap - EXIT
 echo "$sum"
 `
 
-// downloadScript: $1 serial, $2 size, $3 source. Copies the source onto
+// downloadScript: $1 by-id name, $2 size, $3 source. Copies the source onto
 // the disk in whole 4 MiB blocks (the last one padded with zeros) while
 // hashing it, and prints the source's sha256. The copy writes with
 // O_DIRECT: the blocks are in the image when dd returns, with no guest
@@ -233,6 +239,7 @@ type volume struct {
 	vmid           int
 	volid, slot    string
 	serial, path   string
+	byID           string // the disk's /dev/disk/by-id name in the guest
 	attached, done bool
 	unlock         func()
 }
@@ -257,9 +264,13 @@ func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volu
 	_, _ = rand.Read(b[:])
 	tag := hex.EncodeToString(b[:])
 	v := &volume{vmid: vmid, serial: "pvei" + tag}
-	keys, err := t.px.DiskKeys(ctx, vmid)
+	conf, keys, err := t.px.DiskConfig(ctx, vmid)
 	if err != nil {
 		return nil, fmt.Errorf("disk transfer: %w", err)
+	}
+	if !hotplugsDisks(conf["hotplug"]) {
+		return nil, fmt.Errorf("disk transfer: %w: VM %d's hotplug option %q lacks disk, so a hot-plugged disk would stay pending until the next start; add disk to the template's hotplug (qm set ID --hotplug network,disk,usb)",
+			sandbox.ErrNotConfigured, vmid, conf["hotplug"])
 	}
 	for i := 1; i <= 30 && v.slot == ""; i++ {
 		if k := "scsi" + strconv.Itoa(i); !keys[k] {
@@ -268,6 +279,9 @@ func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volu
 	}
 	if v.slot == "" {
 		return nil, errors.New("disk transfer: no free scsi slot on the VM")
+	}
+	if v.byID, err = t.diskName(ctx, vmid, conf["machine"], v.slot, v.serial); err != nil {
+		return nil, err
 	}
 	name := fmt.Sprintf("vm-%d-pvei-%s.raw", vmid, tag)
 	if v.volid, err = t.px.AllocVolume(ctx, t.o.Storage, vmid, name, imageSize(size)+blockSize); err != nil {
@@ -414,7 +428,7 @@ func (t *Transfer) Upload(ctx context.Context, vmid int, g sandbox.Guest, p stri
 	}
 	f, err := os.OpenFile(v.path, os.O_WRONLY, 0)
 	if err != nil {
-		return fmt.Errorf("disk transfer: open image: %w", err)
+		return openImageError(v.path, err)
 	}
 	defer f.Close()
 	got, want, err := t.copyUp(ctx, v, g, f, r, size, p, mode, ph)
@@ -453,7 +467,7 @@ func (t *Transfer) copyUp(ctx context.Context, v *volume, g sandbox.Guest, f *os
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		sum, err := t.run(ectx, v, g, uploadScript, v.serial, strconv.FormatInt(size, 10), p, strconv.FormatUint(uint64(mode.Perm()), 8))
+		sum, err := t.run(ectx, v, g, uploadScript, v.byID, strconv.FormatInt(size, 10), p, strconv.FormatUint(uint64(mode.Perm()), 8), v.serial)
 		res <- result{sum, err}
 	}()
 	want, err = writeImage(f, r, size, func(blocks int64) error {
@@ -511,14 +525,14 @@ func (t *Transfer) Download(ctx context.Context, vmid int, g sandbox.Guest, p st
 	if err := t.attach(ctx, v, ph); err != nil {
 		return 0, err
 	}
-	got, err := t.run(ctx, v, g, downloadScript, v.serial, strconv.FormatInt(size, 10), p)
+	got, err := t.run(ctx, v, g, downloadScript, v.byID, strconv.FormatInt(size, 10), p)
 	ph.mark("guest")
 	if err != nil {
 		return 0, err
 	}
 	f, err := os.Open(v.path)
 	if err != nil {
-		return 0, fmt.Errorf("disk transfer: open image: %w", err)
+		return 0, openImageError(v.path, err)
 	}
 	defer f.Close()
 	want, err := hashImage(f, size)

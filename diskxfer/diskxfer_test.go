@@ -25,6 +25,10 @@ type fakePx struct {
 	failAttach error
 	failDetach int // how many detaches fail
 	failFree   error
+	conf       map[string]string // the VM's current config (scsi0 and machine q35 when nil)
+	pending    []string          // keys only pending
+	qemu       string            // running QEMU ("10.1.2" when empty)
+	asked      int               // RunningQEMU calls
 }
 
 func (f *fakePx) AllocVolume(ctx context.Context, storage string, vmid int, name string, size int64) (string, error) {
@@ -50,8 +54,27 @@ func (f *fakePx) FreeVolume(ctx context.Context, volid string) error {
 	return os.Remove(p)
 }
 
-func (f *fakePx) DiskKeys(ctx context.Context, vmid int) (map[string]bool, error) {
-	return map[string]bool{"scsi0": true, "scsi1": true}, nil
+func (f *fakePx) DiskConfig(ctx context.Context, vmid int) (map[string]string, map[string]bool, error) {
+	conf := f.conf
+	if conf == nil {
+		conf = map[string]string{"scsi0": "local-lvm:vm-1-disk-0", "scsi1": "local-lvm:vm-1-disk-1", "machine": "q35"}
+	}
+	used := map[string]bool{}
+	for k := range conf {
+		used[k] = true
+	}
+	for _, k := range f.pending {
+		used[k] = true
+	}
+	return conf, used, nil
+}
+
+func (f *fakePx) RunningQEMU(ctx context.Context, vmid int) (string, error) {
+	f.asked++
+	if f.qemu == "" {
+		return "10.1.2", nil
+	}
+	return f.qemu, nil
 }
 
 func (f *fakePx) AttachVolume(ctx context.Context, vmid int, slot, volid, serial string) error {
@@ -281,7 +304,7 @@ func (g *followingGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apityp
 		return nil, fmt.Errorf("%d images", len(ents))
 	}
 	p := filepath.Join(g.px.dir, ents[0].Name())
-	serial := r.Argv[4]
+	serial := r.Argv[8]
 	for ctx.Err() == nil {
 		f, err := os.Open(p)
 		if err != nil {

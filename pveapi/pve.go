@@ -285,11 +285,12 @@ type vmStatus struct {
 	Status   string  `json:"status"`
 	Tags     string  `json:"tags"`
 	Template flexInt `json:"template"`
+	Lock     string  `json:"lock"`
 }
 
 func (v vmStatus) info(pool string) sandbox.VMInfo {
 	tags := strings.FieldsFunc(v.Tags, func(r rune) bool { return r == ';' || r == ',' || r == ' ' })
-	return sandbox.VMInfo{VMID: int(v.VMID), Name: v.Name, Status: v.Status, Tags: tags, Pool: pool, Template: v.Template != 0}
+	return sandbox.VMInfo{VMID: int(v.VMID), Name: v.Name, Status: v.Status, Tags: tags, Pool: pool, Template: v.Template != 0, Lock: v.Lock}
 }
 
 // pools maps the VMs of this node to their pools (live in

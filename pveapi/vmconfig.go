@@ -27,8 +27,10 @@ func NewWithPassword(o Options, user, password string) (*Client, error) {
 	return newClient(o, proxmox.WithCredentials(&proxmox.Credentials{Username: user, Password: password}))
 }
 
-// VMConfig returns a VM's current configuration with every value as the
-// text Proxmox keeps in the config file (numbers rendered without
+// VMConfig returns a VM's configuration as its next start runs it (GET
+// .../config without current: pending values merged in; for the stopped
+// templates and fresh clones it reads, the same as the current values)
+// with every value as the text Proxmox keeps in the config file (numbers rendered without
 // exponent; the digest is left out).
 func (c *Client) VMConfig(ctx context.Context, vmid int) (map[string]string, error) {
 	cfg, err := c.config(ctx, vmid)
@@ -37,21 +39,25 @@ func (c *Client) VMConfig(ctx context.Context, vmid int) (map[string]string, err
 	}
 	out := make(map[string]string, len(cfg))
 	for k, v := range cfg {
-		if k == "digest" {
-			continue
-		}
-		switch t := v.(type) {
-		case string:
-			out[k] = t
-		case float64:
-			out[k] = strconv.FormatFloat(t, 'f', -1, 64)
-		case bool:
-			out[k] = map[bool]string{true: "1", false: "0"}[t]
-		default:
-			out[k] = fmt.Sprint(t)
+		if k != "digest" {
+			out[k] = configText(v)
 		}
 	}
 	return out, nil
+}
+
+// configText renders a config value as the text of the config file.
+func configText(v any) string {
+	switch t := v.(type) {
+	case string:
+		return t
+	case float64:
+		return strconv.FormatFloat(t, 'f', -1, 64)
+	case bool:
+		return map[bool]string{true: "1", false: "0"}[t]
+	default:
+		return fmt.Sprint(t)
+	}
 }
 
 // UpdateVMConfig sets and deletes config keys of a VM in one request.

@@ -64,29 +64,64 @@ func (c *Client) FreeVolume(ctx context.Context, volid string) error {
 	return c.call(ctx, "DELETE", "free "+volid, c.storageContent(storage)+"/"+url.PathEscape(volid), nil)
 }
 
-// DiskKeys returns the VM's config keys (to pick a free disk slot).
-func (c *Client) DiskKeys(ctx context.Context, vmid int) (map[string]bool, error) {
-	cfg, err := c.config(ctx, vmid)
-	if err != nil {
-		return nil, err
+// DiskConfig returns a running VM's config as it runs (GET .../config
+// with current=1) and every key the config file holds, current or
+// pending (the default GET merges the pending values in): a slot named by
+// either is taken. qemu-server keeps a change it cannot hot-plug pending.
+func (c *Client) DiskConfig(ctx context.Context, vmid int) (map[string]string, map[string]bool, error) {
+	var cur, pend map[string]any
+	if err := c.c.Get(ctx, c.qemu(vmid)+"/config?current=1", &cur); err != nil {
+		return nil, nil, classify(fmt.Sprintf("read config of %d", vmid), err)
 	}
-	keys := make(map[string]bool, len(cfg))
-	for k := range cfg {
-		keys[k] = true
+	if err := c.c.Get(ctx, c.qemu(vmid)+"/config", &pend); err != nil {
+		return nil, nil, classify(fmt.Sprintf("read pending config of %d", vmid), err)
 	}
-	return keys, nil
+	conf := make(map[string]string, len(cur))
+	used := make(map[string]bool, len(cur))
+	for k, v := range cur {
+		if k != "digest" {
+			conf[k] = configText(v)
+			used[k] = true
+		}
+	}
+	for k := range pend {
+		if k != "digest" {
+			used[k] = true
+		}
+	}
+	return conf, used, nil
+}
+
+// RunningQEMU returns the QEMU version a running VM uses (status/current's
+// running-qemu, e.g. "10.1.2"): the machine version of an unpinned machine
+// type.
+func (c *Client) RunningQEMU(ctx context.Context, vmid int) (string, error) {
+	var st struct {
+		Status      string `json:"status"`
+		RunningQEMU string `json:"running-qemu"`
+	}
+	if err := c.c.Get(ctx, c.qemu(vmid)+"/status/current", &st); err != nil {
+		return "", classify(fmt.Sprintf("status of %d", vmid), err)
+	}
+	if st.RunningQEMU == "" {
+		return "", fmt.Errorf("status of %d: no running-qemu (status %q)", vmid, st.Status)
+	}
+	return st.RunningQEMU, nil
 }
 
 // AttachVolume hot-plugs volid into the running VM as disk slot (e.g.
 // "scsi5") with the given serial (needs VM.Config.Disk on the VM and
-// Datastore.AllocateSpace on the storage).
+// Datastore.AllocateSpace on the storage). It uses the asynchronous POST
+// .../config, a task the client waits for: the synchronous PUT does the
+// hot-plug inside the HTTP request, which pveproxy cuts off after 30 s.
 func (c *Client) AttachVolume(ctx context.Context, vmid int, slot, volid, serial string) error {
-	return c.call(ctx, "PUT", fmt.Sprintf("attach %s to %d", volid, vmid), c.qemu(vmid)+"/config",
+	return c.call(ctx, "POST", fmt.Sprintf("attach %s to %d", volid, vmid), c.qemu(vmid)+"/config",
 		map[string]any{slot: volid + ",serial=" + serial})
 }
 
-// DetachVolume unplugs disk slot with force, which also frees its volume.
+// DetachVolume unplugs disk slot with force, which also frees its volume
+// (the asynchronous POST .../config, as AttachVolume).
 func (c *Client) DetachVolume(ctx context.Context, vmid int, slot string) error {
-	return c.call(ctx, "PUT", fmt.Sprintf("detach %s of %d", slot, vmid), c.qemu(vmid)+"/config",
+	return c.call(ctx, "POST", fmt.Sprintf("detach %s of %d", slot, vmid), c.qemu(vmid)+"/config",
 		map[string]any{"delete": slot, "force": 1})
 }

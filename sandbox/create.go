@@ -224,7 +224,7 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			m.releaseVMID(id)
 			return err
 		}
-		err = px.CloneVM(ctx, CloneSpec{Template: tmpl, NewID: id, Name: m.vmName(rec.ID, spec.Name), Pool: m.o.Pool})
+		err = m.cloneToEnd(ctx, CloneSpec{Template: tmpl, NewID: id, Name: m.vmName(rec.ID, spec.Name), Pool: m.o.Pool})
 		m.releaseVMID(id)
 		if errors.Is(err, ErrExists) && attempt < 5 {
 			m.mu.Lock()
@@ -237,6 +237,9 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 		}
 		vmid = id
 		break
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("after the clone to %d: %w", vmid, err)
 	}
 	bridges := make([]string, len(spec.Networks))
 	for k, n := range spec.Networks {
@@ -265,4 +268,16 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 		return err
 	}
 	return m.writeEnv(ctx, vmid, env)
+}
+
+// cloneToEnd clones and waits for the clone task to end even when ctx is
+// cancelled: qemu-server's clone_vm goes on without its caller and adds
+// the VM to the pool only at its end, so a clone abandoned midway would be
+// found by the teardown neither tagged nor in the pool, and left behind.
+// Waiting makes the teardown find a finished clone with the name and pool
+// this daemon gave it (deleteVM).
+func (m *Engine) cloneToEnd(ctx context.Context, s CloneSpec) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.CreateTimeout)
+	defer cancel()
+	return m.cloner.CloneVM(cctx, s)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -131,7 +132,7 @@ func (m *Engine) teardown(ctx context.Context, rec *record) error {
 // recorded for it. Anything else is left alone.
 func (m *Engine) deleteVM(ctx context.Context, sb string, vmid int, wantName string) error {
 	px := m.vms
-	info, err := px.VM(ctx, vmid)
+	info, err := m.settledVM(ctx, vmid)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}
@@ -157,6 +158,28 @@ func (m *Engine) deleteVM(ctx context.Context, sb string, vmid int, wantName str
 		return pxErr(fmt.Sprintf("delete vm %d", vmid), err)
 	}
 	return nil
+}
+
+// cloneLockPoll is how often deleteVM looks again at a VM still being
+// cloned.
+const cloneLockPoll = 500 * time.Millisecond
+
+// settledVM reads VM vmid, waiting while it carries qemu-server's "clone"
+// lock: a clone still running (its daemon restarted, or its wait failed)
+// has neither its name nor its pool yet, and would be judged foreign.
+func (m *Engine) settledVM(ctx context.Context, vmid int) (VMInfo, error) {
+	for {
+		info, err := m.vms.VM(ctx, vmid)
+		if err != nil || info.Lock != "clone" {
+			return info, err
+		}
+		m.log.Info("vm still being cloned; waiting before its delete", "vmid", vmid)
+		select {
+		case <-ctx.Done():
+			return info, fmt.Errorf("vm %d is still being cloned: %w", vmid, ctx.Err())
+		case <-time.After(cloneLockPoll):
+		}
+	}
 }
 
 // deleteSDN removes the sandbox's subnets, vnets (only those whose alias

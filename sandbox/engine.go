@@ -174,6 +174,9 @@ type Engine struct {
 	// zonesMu serializes ZonesChanged calls, so the host guard receives the
 	// zone sets in the order they were read; taken before mu.
 	zonesMu sync.Mutex
+	// busy keeps a VM's disk transfers and snapshot operations apart
+	// (disktransfer.go); its own mutex, never held with another.
+	busy vmBusy
 }
 
 // New builds an Engine. Call Reconcile before the first create and run

@@ -31,6 +31,9 @@ type VMInfo struct {
 	Pool   string
 	// Template is true for templates; they are never touched by cleanup.
 	Template bool
+	// Lock is the config's lock ("clone" while qemu-server's clone_vm
+	// still runs; "" when none). Only VM fills it.
+	Lock string
 }
 
 // ZoneSpec is a simple SDN zone with the zone DHCP (dnsmasq) and PVE IPAM.

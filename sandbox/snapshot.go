@@ -6,6 +6,11 @@ import (
 
 // Snapshot snapshots VM vmid (of an operation begun with Begin).
 func (m *Engine) Snapshot(ctx context.Context, vmid int, name string) error {
+	done, err := m.busy.begin(vmid, busySnapshot)
+	if err != nil {
+		return err
+	}
+	defer done()
 	return pxErr("snapshot", m.snaps.Snapshot(ctx, vmid, name))
 }
 
@@ -13,6 +18,11 @@ func (m *Engine) Snapshot(ctx context.Context, vmid int, name string) error {
 // agent answers again: a rollback to a snapshot without RAM leaves the VM
 // stopped, so it is started.
 func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
+	done, err := m.busy.begin(vmid, busySnapshot)
+	if err != nil {
+		return err
+	}
+	defer done()
 	if err := m.snaps.Rollback(ctx, vmid, name); err != nil {
 		return pxErr("rollback", err)
 	}

@@ -105,9 +105,10 @@ exec setpriv --bounding-set ` + guestDropCaps + ` chroot "$R" /usr/bin/tini -s -
 // back off to fifteen: one DISCOVER lost while a zone's dnsmasq restarts
 // (every SDN apply restarts them) cost a guest half a minute. The bed's
 // client asks every second and never gives up, as a guest whose network
-// comes up late would want.
+// comes up late would want; it sends its host name as Debian's default
+// configuration does (the zone's dnsmasq learns the guest's name from it).
 const guestInit = `: > /etc/resolv.conf
-printf 'initial-interval 1;\nbackoff-cutoff 2;\ntimeout 3600;\nretry 1;\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, host-name;\n' > /run/dhclient.conf
+printf 'send host-name = gethostname();\ninitial-interval 1;\nbackoff-cutoff 2;\ntimeout 3600;\nretry 1;\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, host-name;\n' > /run/dhclient.conf
 dhclient -4 -nw -cf /run/dhclient.conf -lf /var/lib/dhcp/dhclient.eth0.leases -pf /run/dhclient.pid eth0 </dev/null >/dev/null 2>&1
 export LISTEN_FDS=1
 LISTEN_PID=$$ exec qemu-ga -m unix-listen -p /run/qga/qga.sock -t /var/lib/qemu-ga -f /run/qemu-ga.pid

@@ -388,6 +388,12 @@ func printCheck(w io.Writer, rep apitype.CheckReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", target, r.Probe, r.Expected, r.Observed, res)
 	}
 	_ = tw.Flush()
+	// what a failed row saw is what an operator needs next
+	for _, r := range rep.Rows {
+		if !r.Pass && r.Detail != "" {
+			fmt.Fprintf(w, "FAIL %s (%s): %s\n", r.Target, r.Probe, r.Detail)
+		}
+	}
 	if rep.Pass {
 		fmt.Fprintln(w, "all probes PASS")
 	} else {

@@ -874,6 +874,9 @@ func TestDaemonSandboxFilesystem(t *testing.T) {
 	b := boot(t, sysbox.Options{Name: "pkg-sandbox-fs"})
 	b.install(v1)
 	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	// A Proxmox node's dir storage "local" (the unit's ReadWritePaths
+	// needs it to exist when the unit starts).
+	b.run("mkdir", "-p", "/var/lib/vz/images", "/var/lib/vz/dump")
 	for _, tc := range []struct {
 		path     string
 		writable bool
@@ -885,6 +888,8 @@ func TestDaemonSandboxFilesystem(t *testing.T) {
 		{"/etc/pve-inspectd/config.toml", false},
 		{"/usr/bin/pve-inspectd", false},
 		{"/var/log/probe", false},
+		{"/var/lib/vz/images/100/probe", true},
+		{"/var/lib/vz/dump/probe", false},
 	} {
 		t.Run(tc.path, func(t *testing.T) {
 			b := &box{Container: b.Container, t: t, ctx: b.ctx}
@@ -905,6 +910,61 @@ func TestDaemonSandboxFilesystem(t *testing.T) {
 			if (err == nil) != tc.writable {
 				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "5", "-u", "pve-inspectd-fsprobe.service")
 				t.Fatalf("write %s under the daemon's sandbox: err=%v, want writable=%v\n%s", tc.path, err, tc.writable, j)
+			}
+		})
+	}
+}
+
+// TestDaemonSandboxTransferImage: the node's half of a disk transfer
+// (diskxfer: write the blocks into the image Proxmox allocated, read them
+// back) works under the daemon unit's sandbox for the dir storage "local"
+// (/var/lib/vz/images), is refused for a dir storage elsewhere, and works
+// there with the shipped drop-in (examples/transfer-storage.conf) for it.
+func TestDaemonSandboxTransferImage(t *testing.T) {
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-xfer"})
+	b.install(v1)
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	example := b.run("cat", "/usr/share/doc/pve-inspectd/examples/transfer-storage.conf")
+	const other = "/srv/pve-dir/images"
+	if !strings.Contains(example, "#ReadWritePaths=-"+other) {
+		t.Fatalf("the example drop-in has no ReadWritePaths line for %s:\n%s", other, example)
+	}
+	const dropin = "/etc/systemd/system/pve-inspectd-xferprobe.service.d/transfer-storage.conf"
+	for _, tc := range []struct {
+		name, image string
+		dropin      bool
+		ok          bool
+	}{
+		{"local", "/var/lib/vz/images/100/vm-100-pvei-probe.raw", false, true},
+		{"other dir storage", other + "/100/vm-100-pvei-probe.raw", false, false},
+		{"other dir storage with the drop-in", other + "/100/vm-100-pvei-probe.raw", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &box{Container: b.Container, t: t, ctx: b.ctx}
+			// Proxmox (as root, outside the sandbox) allocates the image.
+			b.run("sh", "-c", `mkdir -p "$(dirname "$0")" && rm -f "$0" && truncate -s 12M "$0"`, tc.image)
+			b.run("rm", "-rf", filepath.Dir(dropin))
+			if tc.dropin {
+				conf := strings.Replace(example, "#ReadWritePaths=-"+other, "ReadWritePaths=-"+other, 1)
+				b.run("mkdir", "-p", filepath.Dir(dropin))
+				if err := b.WriteFile(b.ctx, dropin, []byte(conf), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			script := `dd if=/dev/urandom of=/tmp/src bs=1M count=8 status=none && dd if=/tmp/src of="$0" bs=4M conv=notrunc status=none && cmp -n 8388608 /tmp/src "$0"`
+			probe, err := sandboxedAs(unit, "/bin/sh -c '"+script+"' "+tc.image)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-xferprobe.service", []byte(probe), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			b.run("systemctl", "daemon-reload")
+			_, err = b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-xferprobe.service")
+			if (err == nil) != tc.ok {
+				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "5", "-u", "pve-inspectd-xferprobe.service")
+				t.Fatalf("transfer image %s under the daemon's sandbox: err=%v, want ok=%v\n%s", tc.image, err, tc.ok, j)
 			}
 		})
 	}

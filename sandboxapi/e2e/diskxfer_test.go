@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -157,6 +158,28 @@ func TestBedDiskTransfer(t *testing.T) {
 			t.Fatalf("downloaded sha256 %s, uploaded %s", sumHex(down), sumHex(up))
 		}
 		noImage(t)
+		// Hot-plugs go through the async POST .../config (a task), never
+		// the synchronous PUT behind pveproxy's 30 s timeout (issue 25).
+		plugs := 0
+		for _, r := range e.emu.Requests() {
+			if !strings.HasSuffix(r.Route, "/qemu/{vmid}/config") {
+				continue
+			}
+			slot := false
+			for k := range r.Params {
+				slot = slot || regexp.MustCompile(`^scsi\d+$`).MatchString(k)
+			}
+			_, del := r.Params["delete"]
+			if slot || del && r.Params["force"] != nil {
+				plugs++
+				if r.Method != "POST" {
+					t.Errorf("hot-plug through %s %s %v", r.Method, r.Path, r.Params)
+				}
+			}
+		}
+		if plugs < 4 {
+			t.Errorf("%d hot-plug requests seen, want at least 4 (attach and detach, both ways)", plugs)
+		}
 		if _, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"rm", "-f", "/root/big"}}); err != nil {
 			t.Fatal(err)
 		}

@@ -77,9 +77,9 @@ func (b BedBackend) AgentSocket(vmid int) string {
 // AttachDisk implements BlockBackend: the image becomes a block device in
 // the guest (testvm.Bed.AttachBlock) named like the guest kernel would name
 // the slot (scsiN: sd<letter>, virtioN: vd<letter>), with the by-id link
-// udev makes for a QEMU disk with that serial.
-func (b BedBackend) AttachDisk(ctx context.Context, vmid int, slot, image, serial string) error {
-	name, byID, err := blockNames(slot, serial)
+// byID.
+func (b BedBackend) AttachDisk(ctx context.Context, vmid int, slot, image, byID string) error {
+	name, err := blockName(slot)
 	if err != nil {
 		return err
 	}
@@ -88,33 +88,28 @@ func (b BedBackend) AttachDisk(ctx context.Context, vmid int, slot, image, seria
 
 // DetachDisk implements BlockBackend.
 func (b BedBackend) DetachDisk(ctx context.Context, vmid int, slot string) error {
-	name, _, err := blockNames(slot, "x")
+	name, err := blockName(slot)
 	if err != nil {
 		return err
 	}
 	return b.Bed.DetachBlock(ctx, vmid, name)
 }
 
-// blockNames maps a slot and serial to the guest's device and by-id names.
-// Guess (no QEMU in the bed): the scsi-hd by-id name follows
-// scsi-0QEMU_QEMU_HARDDISK_<serial>, virtio-blk's virtio-<serial>; slots
-// past 25 are refused.
-func blockNames(slot, serial string) (name, byID string, err error) {
-	var prefix, idfmt, num string
+// blockName maps a slot to the guest's device name. Guess (no QEMU in the
+// bed): scsiN is sd<letter>, virtioN vd<letter>; slots past 25 are refused.
+func blockName(slot string) (string, error) {
+	var prefix, num string
 	switch {
 	case strings.HasPrefix(slot, "scsi"):
-		prefix, idfmt, num = "sd", "scsi-0QEMU_QEMU_HARDDISK_%s", strings.TrimPrefix(slot, "scsi")
+		prefix, num = "sd", strings.TrimPrefix(slot, "scsi")
 	case strings.HasPrefix(slot, "virtio"):
-		prefix, idfmt, num = "vd", "virtio-%s", strings.TrimPrefix(slot, "virtio")
+		prefix, num = "vd", strings.TrimPrefix(slot, "virtio")
 	default:
-		return "", "", fmt.Errorf("emulator: cannot hot-plug %s (scsiN and virtioN only)", slot)
+		return "", fmt.Errorf("emulator: cannot hot-plug %s (scsiN and virtioN only)", slot)
 	}
 	n, err := strconv.Atoi(num)
 	if err != nil || n < 0 || n > 25 {
-		return "", "", fmt.Errorf("emulator: cannot hot-plug %s", slot)
+		return "", fmt.Errorf("emulator: cannot hot-plug %s", slot)
 	}
-	if serial == "" {
-		serial = "pveemu" + slot
-	}
-	return prefix + string(rune('a'+n)), fmt.Sprintf(idfmt, serial), nil
+	return prefix + string(rune('a'+n)), nil
 }

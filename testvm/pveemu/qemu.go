@@ -23,6 +23,11 @@ type vm struct {
 	started time.Time
 	pool    string
 	snaps   map[string]*snapshot
+	// pending holds changes a running VM could not hot-plug, and
+	// pendingDel the keys whose deletion waits (qemu-server's [PENDING]
+	// section, qemudisk.go): only disks of a VM whose hotplug lacks disk.
+	pending    map[string]string
+	pendingDel map[string]bool
 }
 
 type snapshot struct {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -205,4 +206,23 @@ func (s *Server) checkStorageAccessCloneLocked(authid string, conf map[string]st
 		}
 	}
 	return nil
+}
+
+// HoldClones makes every clone task stop after it wrote its temporary
+// config ("lock: clone") until release is called, and sends each held
+// VMID on held (buffered; extra sends are dropped): a clone that runs on
+// after its caller is gone, as qemu-server's clone_vm does. Call it
+// before the clones start.
+func (s *Server) HoldClones() (held <-chan int, release func()) {
+	ch := make(chan int, 16)
+	gate := make(chan struct{})
+	var once sync.Once
+	s.hooks.cloneReserved = func(id int) {
+		select {
+		case ch <- id:
+		default:
+		}
+		<-gate
+	}
+	return ch, func() { once.Do(func() { close(gate) }) }
 }

@@ -19,12 +19,16 @@ func (s *Server) getConfig(_ context.Context, rq *request) (any, error) {
 	var out map[string]any
 	err := s.openVM(rq, nil, func(v *vm) error {
 		conf := v.conf
-		if sn := rq.str("snapshot"); sn != "" {
+		sn := rq.str("snapshot")
+		if sn != "" {
 			snap := v.snaps[sn]
 			if snap == nil {
 				return fail("snapshot '%s' does not exist", sn)
 			}
 			conf = snap.conf
+		}
+		if sn == "" && !rq.bool("current", false) {
+			conf = withPending(v)
 		}
 		out = map[string]any{"digest": confDigest(conf)}
 		for k, val := range conf {
@@ -130,13 +134,14 @@ func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) 
 		return err
 	}
 	old := copyConf(v.conf)
-	if err := s.hotplugDisks(ctx, v, u.changes, u.deletes, u.force); err != nil {
+	changes, deletes := deferDisks(v, u.changes, u.deletes, u.force)
+	if err := s.hotplugDisks(ctx, v, changes, deletes, u.force); err != nil {
 		return err
 	}
-	for _, d := range u.deletes {
+	for _, d := range deletes {
 		delete(v.conf, d)
 	}
-	for k, val := range u.changes {
+	for k, val := range changes {
 		if strings.HasPrefix(k, "net") {
 			if mac, _ := parseNet(val); mac == "" {
 				val = setNetMAC(val, randomMAC())

@@ -58,6 +58,9 @@ func (s *Server) createSnapshot(ctx context.Context, rq *request) (any, error) {
 			if v.snaps[name] != nil {
 				return fail("snapshot name '%s' already used", name)
 			}
+			if !snapshotCapable(v.conf) {
+				return fail("snapshot feature is not available")
+			}
 			v.conf["lock"] = "snapshot"
 			return nil
 		})

@@ -62,6 +62,11 @@ func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
 	err := s.openVM(rq, nil, func(v *vm) error {
 		st = s.vmStatusLocked(v)
 		st["ha"] = map[string]any{"managed": 0}
+		if v.running {
+			// vmstatus with full: query-version and query-machines.
+			st["running-qemu"] = QEMUVersion
+			st["running-machine"] = runningMachine(v.conf)
+		}
 		return nil
 	})
 	if err != nil {

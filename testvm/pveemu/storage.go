@@ -17,8 +17,8 @@ import (
 // virtio-blk with serial= does (FIDELITY.md, issue 18).
 type BlockBackend interface {
 	// AttachDisk makes image the guest's disk in slot (e.g. "scsi1"),
-	// findable under /dev/disk/by-id by serial.
-	AttachDisk(ctx context.Context, vmid int, slot, image, serial string) error
+	// linked as /dev/disk/by-id/<byID> (diskByID).
+	AttachDisk(ctx context.Context, vmid int, slot, image, byID string) error
 	// DetachDisk unplugs the disk in slot.
 	DetachDisk(ctx context.Context, vmid int, slot string) error
 }
@@ -250,11 +250,12 @@ func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]str
 		if !ok {
 			return paramFail(ParamErrors{k: "hotplug problem - the emulator's backend cannot hot-plug disks"})
 		}
-		serial := ""
-		if m := reSerial.FindStringSubmatch(val); m != nil {
-			serial = m[1]
+		major, _ := machineVersion(v.conf)
+		byID, err := diskByID(k, val, major)
+		if err != nil {
+			return paramFail(ParamErrors{k: "hotplug problem - " + err.Error()})
 		}
-		if err := bb.AttachDisk(ctx, v.vmid, k, p, serial); err != nil {
+		if err := bb.AttachDisk(ctx, v.vmid, k, p, byID); err != nil {
 			return paramFail(ParamErrors{k: "hotplug problem - " + err.Error()})
 		}
 	}

@@ -1,0 +1,176 @@
+package pveemu
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// QEMUVersion is the QEMU the emulated node has installed (pve-qemu-kvm
+// of Proxmox VE 9.1): the version qemu-server's kvm_user_version reports,
+// which an unpinned machine type takes (FIDELITY.md, "Disk names").
+const QEMUVersion = "10.1.2"
+
+// reMachineVersion is qemu-server Machine.pm extract_version_parts: the
+// major and minor version of a versioned machine type.
+var reMachineVersion = regexp.MustCompile(`^(?:pc(?:-i440fx|-q35)?|virt)-(\d+)\.(\d+)(?:\.\d+)?(?:\+pve\d+)?(?:\.pxe)?`)
+
+// machineVersion is the machine version a hot-plug of v's disks uses
+// (qemu-server vmconfig_hotplug_pending: get_vm_machine of the config,
+// then extract_version with kvm_user_version): the version pinned by the
+// config's machine type, else the installed QEMU's.
+func machineVersion(conf map[string]string) (major, minor int) {
+	typ := conf["machine"]
+	for _, part := range strings.Split(typ, ",") {
+		if t, ok := strings.CutPrefix(part, "type="); ok {
+			typ = t
+			break
+		}
+		if !strings.Contains(part, "=") {
+			typ = part
+			break
+		}
+	}
+	if m := reMachineVersion.FindStringSubmatch(typ); m != nil {
+		major, _ = strconv.Atoi(m[1])
+		minor, _ = strconv.Atoi(m[2])
+		return major, minor
+	}
+	f := strings.SplitN(QEMUVersion, ".", 3)
+	major, _ = strconv.Atoi(f[0])
+	minor, _ = strconv.Atoi(f[1])
+	return major, minor
+}
+
+// diskByID is the /dev/disk/by-id name a Linux guest's udev gives the
+// disk qemu-server hot-plugs into slot with config value val
+// (print_drivedevice_full): a scsi-hd's name comes from its VPD device
+// identification page, which QEMU fills with the device_id property,
+// defaulting to the serial. From machine version 10.0 qemu-server sets
+// device_id=drive-<slot>, so the name no longer carries the serial.
+// virtio-blk has no device_id: its name is virtio-<serial>.
+func diskByID(slot, val string, major int) (string, error) {
+	serial := ""
+	if m := reSerial.FindStringSubmatch(val); m != nil {
+		serial = m[1]
+	}
+	switch {
+	case strings.HasPrefix(slot, "scsi"):
+		id := serial
+		if major >= 10 {
+			id = "drive-" + slot
+		}
+		if id == "" {
+			id = "drive-" + slot // QEMU's fallback: the drive's name
+		}
+		return "scsi-0QEMU_QEMU_HARDDISK_" + id, nil
+	case strings.HasPrefix(slot, "virtio"):
+		if serial == "" {
+			serial = "pveemu" + slot // udev makes no by-id link; the bed needs one
+		}
+		return "virtio-" + serial, nil
+	}
+	return "", fmt.Errorf("emulator: cannot hot-plug %s (scsiN and virtioN only)", slot)
+}
+
+// runningMachine is status/current's running-machine of a VM started with
+// conf (qemu-server current_from_query_machines: the machine type with
+// its +pve version; an unpinned type runs as the installed QEMU's).
+func runningMachine(conf map[string]string) string {
+	major, minor := machineVersion(conf)
+	base := "pc-i440fx"
+	if strings.Contains(conf["machine"], "q35") {
+		base = "pc-q35"
+	}
+	return fmt.Sprintf("%s-%d.%d+pve0", base, major, minor)
+}
+
+// hotplugDisk says whether a VM with conf hot-plugs disks (qemu-server
+// parse_hotplug_features: unset or "1" is the default
+// "network,disk,usb", "0" nothing, else the listed features).
+func hotplugDisk(conf map[string]string) bool {
+	h, ok := conf["hotplug"]
+	if !ok || h == "1" {
+		return true
+	}
+	return slices.Contains(splitList(h), "disk")
+}
+
+// deferDisks keeps the disk changes and deletions of a running VM whose
+// hotplug lacks disk in its pending section and returns the rest of the
+// update. qemu-server's update_vm writes every change to [PENDING] and
+// vmconfig_hotplug_pending applies what it can: for a disk without the
+// disk feature vmconfig_update_disk dies "skip", so the PUT succeeds and
+// the disk stays pending until the next start. Deleting a key whose value
+// is only pending registers that value as unusedN
+// (vmconfig_register_unused_drive) and queues the deletion.
+func deferDisks(v *vm, changes map[string]string, deletes []string, force bool) (map[string]string, []string) {
+	if !v.running || hotplugDisk(v.conf) {
+		return changes, deletes
+	}
+	now := map[string]string{}
+	for k, val := range changes {
+		if !reDiskKey.MatchString(k) {
+			now[k] = val
+			continue
+		}
+		if v.pending == nil {
+			v.pending = map[string]string{}
+		}
+		v.pending[k] = val
+	}
+	var del []string
+	for _, d := range deletes {
+		if !reDiskKey.MatchString(d) {
+			del = append(del, d)
+			continue
+		}
+		if pv, ok := v.pending[d]; ok {
+			delete(v.pending, d)
+			v.conf[freeUnused(v.conf)] = strings.SplitN(pv, ",", 2)[0]
+		}
+		if _, ok := v.conf[d]; ok {
+			if v.pendingDel == nil {
+				v.pendingDel = map[string]bool{}
+			}
+			v.pendingDel[d] = force
+		}
+	}
+	return now, del
+}
+
+// withPending is v's config with its pending values, as GET .../config
+// returns it unless current=1 (pve-guest-common AbstractConfig
+// load_current_config).
+func withPending(v *vm) map[string]string {
+	if len(v.pending) == 0 && len(v.pendingDel) == 0 {
+		return v.conf
+	}
+	out := copyConf(v.conf)
+	for k, val := range v.pending {
+		out[k] = val
+	}
+	for k := range v.pendingDel {
+		delete(out, k)
+	}
+	return out
+}
+
+// snapshotCapable says whether every disk of conf can be snapshotted
+// (pve-guest-common AbstractConfig __snapshot_prepare: has_feature
+// "snapshot" over every non-CD-ROM volume; pve-storage's dir plugin
+// snapshots qcow2 images only). A raw image on the dir storage, such as a
+// transfer disk plugged in, makes the snapshot fail.
+func snapshotCapable(conf map[string]string) bool {
+	for k, val := range conf {
+		if !reDiskKey.MatchString(k) || volumeStorage(val) != dirStorage {
+			continue
+		}
+		if file, _, _ := strings.Cut(val, ","); !strings.HasSuffix(file, ".qcow2") {
+			return false
+		}
+	}
+	return true
+}
