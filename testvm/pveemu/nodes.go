@@ -76,9 +76,16 @@ func (s *Server) backendOf(vmid int) Backend {
 // primary's).
 func (s *Server) backendOfLocked(v *vm) Backend {
 	if v != nil {
-		if n := s.members[s.vmNodeLocked(v)]; n != nil {
-			return n.backend
-		}
+		return s.nodeBackend(s.vmNodeLocked(v))
+	}
+	return s.backend
+}
+
+// nodeBackend is a node's backend; the primary's is s.backend (which
+// tests may replace after New).
+func (s *Server) nodeBackend(name string) Backend {
+	if n := s.members[name]; n != nil && name != s.node {
+		return n.backend
 	}
 	return s.backend
 }

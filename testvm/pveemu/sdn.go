@@ -255,6 +255,7 @@ type DHCPRestarter interface {
 func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 	s.mu.Lock()
 	n := s.members[name]
+	backend := s.nodeBackend(name)
 	online := n.online
 	have := n.applied.clone()
 	all := s.sdn.running.clone()
@@ -288,7 +289,7 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 			continue
 		}
 		t.logf("%s: remove zone %s", name, z)
-		if err := n.backend.RemoveZone(ctx, z); err != nil {
+		if err := backend.RemoveZone(ctx, z); err != nil {
 			t.warn("%s: remove zone %s: %v", name, z, err)
 			continue
 		}
@@ -299,7 +300,7 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 			continue
 		}
 		t.logf("%s: apply zone %s", name, z)
-		if err := n.backend.ApplyZone(ctx, zoneSpec(want, z)); err != nil {
+		if err := backend.ApplyZone(ctx, zoneSpec(want, z)); err != nil {
 			t.warn("%s: apply zone %s: %v", name, z, err)
 			continue
 		}
@@ -308,7 +309,7 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 	s.mu.Lock()
 	n.applied = got
 	s.mu.Unlock()
-	if r, ok := n.backend.(DHCPRestarter); ok && len(got.zones) > 0 {
+	if r, ok := backend.(DHCPRestarter); ok && len(got.zones) > 0 {
 		if err := r.RestartDHCP(ctx); err != nil {
 			t.warn("%s: restart dnsmasq: %v", name, err)
 		}
