@@ -59,7 +59,7 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 		if err := m.cleaner.DeleteSubnet(ctx, n.VNet, n.CIDR); err != nil {
 			return pxErr("delete contested subnet "+n.CIDR, err)
 		}
-		if !auto || attempt >= 5 {
+		if !auto || attempt >= 10 {
 			return refuse(ErrConflict, "network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)
 		}
 		// A random pause, so that two contenders do not pick in step.
@@ -75,7 +75,9 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 			}
 		}
 		m.mu.Lock()
-		ps, err := m.allocCIDRsLocked([]apitype.NetworkRequest{{Name: n.Name, CIDR: "auto"}}, seen, host)
+		// From a random place in the pool: two contenders that both
+		// take the lowest free range would meet again.
+		ps, err := m.allocCIDRsFromLocked([]apitype.NetworkRequest{{Name: n.Name, CIDR: "auto"}}, seen, host, rand.Uint64())
 		if err == nil {
 			gw, _, _ := subnetPlan(ps[0])
 			rec.Networks[i].CIDR, rec.Networks[i].Gateway = ps[0].String(), gw.String()
@@ -94,6 +96,12 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 // against every known range and the host's own networks; call with m.mu
 // held (so two creates never pick the same range).
 func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, error) {
+	return m.allocCIDRsFromLocked(nets, foreign, host, 0)
+}
+
+// allocCIDRsFromLocked is allocCIDRsLocked scanning the pool for "auto"
+// ranges from range number from (modulo the pool's size), wrapping around.
+func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix, from uint64) ([]netip.Prefix, error) {
 	used := append(slices.Clone(foreign), host...)
 	for _, r := range m.sbx {
 		for _, n := range r.Networks {
@@ -138,7 +146,7 @@ func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host [
 		start := uint64(base[0])<<24 | uint64(base[1])<<16 | uint64(base[2])<<8 | uint64(base[3])
 		count := uint64(1) << (m.o.AutoCIDRBits - pool.Bits())
 		for k := uint64(0); k < count; k++ {
-			a := start + k*step
+			a := start + ((from+k)%count)*step
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), m.o.AutoCIDRBits)
 			if !overlaps(p) {
 				out[i] = p
