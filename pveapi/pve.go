@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -42,6 +43,10 @@ type Options struct {
 	// TaskPoll is the first task status poll delay (100ms, then x1.5 up to
 	// 1s); TaskTimeout the longest wait for one task (10m).
 	TaskPoll, TaskTimeout time.Duration
+	// Logger receives what is worth saying but not failing for: another
+	// node's SDN reload warnings, other clients' pending SDN edits an
+	// apply commits (discarded when nil).
+	Logger *slog.Logger
 }
 
 // Client talks to one Proxmox node.
@@ -49,6 +54,10 @@ type Client struct {
 	c    *proxmox.Client
 	node string
 	o    Options
+	log  *slog.Logger
+	// own is what this client edited in the SDN configuration since its
+	// last apply; an apply reports the other pending edits as foreign.
+	own *sdnEdits
 }
 
 var (
@@ -84,7 +93,11 @@ func newClient(o Options, auth proxmox.Option) (*Client, error) {
 	if o.RootCAFile != "" {
 		opts = append(opts, proxmox.WithRootCAFile(o.RootCAFile))
 	}
-	return &Client{c: proxmox.NewClient(strings.TrimRight(o.URL, "/"), opts...), node: o.Node, o: o}, nil
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{c: proxmox.NewClient(strings.TrimRight(o.URL, "/"), opts...), node: o.Node, o: o, log: log, own: newSDNEdits()}, nil
 }
 
 var (
@@ -101,7 +114,16 @@ func classify(op string, err error) error {
 		return nil
 	}
 	var tf *proxmox.TaskFailedError
+	var ue *url.Error
 	switch {
+	case errors.As(err, &ue) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded):
+		// No HTTP answer at all: the node (its pveproxy) is down or
+		// unreachable; in a cluster only this node's work stops.
+		host := ue.URL
+		if u, perr := url.Parse(ue.URL); perr == nil {
+			host = u.Host
+		}
+		return fmt.Errorf("%s: the Proxmox API at %s does not answer (is the node down?): %w", op, host, err)
 	case proxmox.IsNotFound(err), errors.As(err, &tf) && reMissing.MatchString(tf.ExitStatus):
 		return fmt.Errorf("%s: %w: %w", op, sandbox.ErrNotFound, err)
 	case reExists.MatchString(err.Error()):
@@ -110,14 +132,21 @@ func classify(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
+// warnPolicy decides which of a task's warnings (its log's "WARN: " lines,
+// prefix cut) fail the call; nil lets a task with warnings succeed.
+type warnPolicy func(warns []string) (fatal []string)
+
+// allWarnings makes every warning fatal.
+func allWarnings(warns []string) []string { return warns }
+
 // wait polls the task until it ends: first after TaskPoll, then backing
 // off (x1.5, at most 1s) so that long tasks cost few status requests. A
 // failed task is a *proxmox.TaskFailedError; a task that ended with
 // warnings ("WARNINGS: n", which go-proxmox counts as a success) is one too
-// when strict. When the status cannot be read it falls back to go-proxmox's
-// Wait, which also consults the node's task history for a task PVE no
-// longer knows.
-func (c *Client) wait(ctx context.Context, op string, upid string, strict bool) error {
+// when policy finds a fatal one among them (or cannot read them). When the
+// status cannot be read it falls back to go-proxmox's Wait, which also
+// consults the node's task history for a task PVE no longer knows.
+func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPolicy) error {
 	if upid == "" {
 		return nil
 	}
@@ -137,18 +166,20 @@ func (c *Client) wait(ctx context.Context, op string, upid string, strict bool) 
 			}
 		}
 		if t.IsCompleted {
-			if t.IsSuccessful && (!strict || t.ExitStatus == proxmox.TaskExitOK) {
+			if t.IsSuccessful && (policy == nil || t.ExitStatus == proxmox.TaskExitOK) {
 				return nil
 			}
-			return classify(op, c.taskFailure(ctx, t))
+			return classify(op, c.taskFailure(ctx, t, policy))
 		}
 		d = min(d*3/2, time.Second)
 	}
 }
 
 // taskFailure describes a task that did not end OK; for warnings it adds
-// the task log's warning lines, which say what failed.
-func (c *Client) taskFailure(ctx context.Context, t *proxmox.Task) error {
+// the task log's warning lines policy finds fatal, which say what failed,
+// and is nil when policy finds none (a log that cannot be read, or has no
+// warning line, fails).
+func (c *Client) taskFailure(ctx context.Context, t *proxmox.Task, policy warnPolicy) error {
 	err := &proxmox.TaskFailedError{UPID: t.UPID, Node: t.Node, Type: t.Type, ID: t.ID, User: t.User, ExitStatus: t.ExitStatus}
 	if !strings.HasPrefix(t.ExitStatus, "WARNINGS") {
 		return err
@@ -166,16 +197,24 @@ func (c *Client) taskFailure(ctx context.Context, t *proxmox.Task) error {
 	if len(warns) == 0 {
 		return err
 	}
-	return fmt.Errorf("%w: %s", err, strings.Join(warns, "; "))
+	if policy == nil {
+		policy = allWarnings
+	}
+	fatal := policy(warns)
+	if len(fatal) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", err, strings.Join(fatal, "; "))
 }
 
 // call sends a request and waits for the task it may return.
 func (c *Client) call(ctx context.Context, method, op, path string, body any) error {
-	return c.callTask(ctx, method, op, path, body, false)
+	return c.callTask(ctx, method, op, path, body, nil)
 }
 
-// callTask is call, with strict treating a task's warnings as a failure.
-func (c *Client) callTask(ctx context.Context, method, op, path string, body any, strict bool) error {
+// callTask is call, with policy choosing which of a task's warnings fail
+// it (nil: none).
+func (c *Client) callTask(ctx context.Context, method, op, path string, body any, policy warnPolicy) error {
 	var upid any
 	var err error
 	switch method {
@@ -190,7 +229,7 @@ func (c *Client) callTask(ctx context.Context, method, op, path string, body any
 		return classify(op, err)
 	}
 	if s, ok := upid.(string); ok && strings.HasPrefix(s, "UPID:") {
-		return c.wait(ctx, op, s, strict)
+		return c.wait(ctx, op, s, policy)
 	}
 	return nil
 }
@@ -443,23 +482,27 @@ func (c *Client) Rollback(ctx context.Context, vmid int, name string) error {
 // CreateZone implements sandbox.Proxmox: a simple zone with the dnsmasq
 // DHCP and the PVE IPAM.
 func (c *Client) CreateZone(ctx context.Context, z sandbox.ZoneSpec) error {
+	c.own.add("zone", z.ID)
 	return c.call(ctx, "POST", "create zone "+z.ID, "/cluster/sdn/zones",
 		map[string]any{"zone": z.ID, "type": "simple", "dhcp": "dnsmasq", "ipam": "pve", "nodes": c.node})
 }
 
 // DeleteZone implements sandbox.Proxmox.
 func (c *Client) DeleteZone(ctx context.Context, id string) error {
+	c.own.add("zone", id)
 	return c.call(ctx, "DELETE", "delete zone "+id, "/cluster/sdn/zones/"+url.PathEscape(id), nil)
 }
 
 // CreateVNet implements sandbox.Proxmox.
 func (c *Client) CreateVNet(ctx context.Context, v sandbox.VNetSpec) error {
+	c.own.add("vnet", v.ID)
 	return c.call(ctx, "POST", "create vnet "+v.ID, "/cluster/sdn/vnets",
 		map[string]any{"vnet": v.ID, "zone": v.Zone, "alias": v.Alias, "type": "vnet"})
 }
 
 // DeleteVNet implements sandbox.Proxmox.
 func (c *Client) DeleteVNet(ctx context.Context, id string) error {
+	c.own.add("vnet", id)
 	return c.call(ctx, "DELETE", "delete vnet "+id, "/cluster/sdn/vnets/"+url.PathEscape(id), nil)
 }
 
@@ -641,15 +684,6 @@ func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 		out = append(out, cs...)
 	}
 	return out, nil
-}
-
-// ApplySDN implements sandbox.Proxmox. A failed network reload or DHCP
-// step of the apply only warns on the node (pve-network API2/Network/SDN.pm
-// reload: the per-node worker's error becomes a warning and the task ends
-// "WARNINGS: n"), and VMs then fail to start or get no lease: so a task
-// with warnings is a failure here.
-func (c *Client) ApplySDN(ctx context.Context) error {
-	return c.callTask(ctx, "PUT", "apply sdn", "/cluster/sdn", map[string]any{}, true)
 }
 
 // EnsurePool implements sandbox.Proxmox.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -49,6 +50,9 @@ type fakeServer struct {
 	applied map[string]bool
 	// ipam holds pve IPAM entries: vnet, zone, subnet, ip, mac, gateway.
 	ipam []map[string]any
+	// warns are the WARN lines of a task ending in warnings (one about
+	// pve1 when nil); nodes are the cluster's nodes (pve1 when nil).
+	warns, nodes []string
 }
 
 func newFakeServer(t *testing.T) (*fakeServer, *Client) {
@@ -198,7 +202,13 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		st := f.tasks[fmt.Sprint(p["upid"])]
 		out := []map[string]any{{"n": 1, "t": "starting"}}
 		if strings.HasPrefix(st, "WARNINGS") {
-			out = append(out, map[string]any{"n": 2, "t": "WARN: pve1: reloading network config failed"})
+			warns := f.warns
+			if warns == nil {
+				warns = []string{"pve1: reloading network config failed"}
+			}
+			for _, w := range warns {
+				out = append(out, map[string]any{"n": len(out) + 1, "t": "WARN: " + w})
+			}
 		}
 		return append(out, map[string]any{"n": len(out) + 1, "t": "TASK " + st}), 0, ""
 	case "GET /cluster/resources":
@@ -372,8 +382,31 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 			for id := range f.vnets {
 				f.applied[id] = true
 			}
+			for id := range f.zones {
+				f.applied["zone/"+id] = true
+			}
 		}
 		return upid, 0, ""
+	case "GET /cluster/sdn/zones":
+		out := []map[string]any{}
+		for _, id := range slices.Sorted(maps.Keys(f.zones)) {
+			e := map[string]any{"zone": id, "type": "simple"}
+			if !f.applied["zone/"+id] {
+				e["state"] = "new"
+			}
+			out = append(out, e)
+		}
+		return out, 0, ""
+	case "GET /nodes":
+		nodes := f.nodes
+		if nodes == nil {
+			nodes = []string{"pve1"}
+		}
+		out := []map[string]any{}
+		for _, n := range nodes {
+			out = append(out, map[string]any{"node": n, "status": "online"})
+		}
+		return out, 0, ""
 	case "GET /pools":
 		var out []map[string]any
 		for id := range f.pools {

@@ -19,7 +19,7 @@ var usedPaths = []string{
 	"/nodes/{node}/firewall/rules", "/nodes/{node}/firewall/rules/{pos}", "/nodes/{node}/firewall/options",
 	"/cluster/firewall/options", "/nodes/{node}/tasks/{upid}/status", "/nodes/{node}/tasks/{upid}/log",
 	"/nodes/{node}/qemu", "/nodes/{node}/qemu/{vmid}/status/current", "/cluster/sdn/ipams/{ipam}/status",
-	"/cluster/sdn/vnets/{vnet}/ips",
+	"/cluster/sdn/vnets/{vnet}/ips", "/nodes",
 }
 
 // paramSchema is one parameter of the trimmed schema.

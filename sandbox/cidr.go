@@ -1,16 +1,107 @@
 package sandbox
 
 import (
+	"context"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
+
+// claimSubnet creates the subnet of rec's network i and makes sure no
+// other sandbox's subnet overlaps it. The daemons of a cluster's nodes
+// share one SDN configuration but no lock (pve-network checks only that a
+// subnet id, "<zone>-<cidr>", is new: the same range in two zones is
+// allowed), so two of them may pick the same free range at once. After
+// the create the range must be the only one of its kind in the cluster's
+// list; else this create backs off: its subnet goes and an "auto" network
+// picks another range (a few times), an explicit one fails with
+// ErrConflict. Of two overlapping subnets the one created last sees the
+// other, so never both stay.
+func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
+	for attempt := 0; ; attempt++ {
+		m.mu.Lock()
+		n := rec.Networks[i]
+		auto := i < len(rec.autoCIDR) && rec.autoCIDR[i]
+		m.mu.Unlock()
+		p := netip.MustParsePrefix(n.CIDR)
+		gw, start, end := subnetPlan(p)
+		s := SubnetSpec{VNet: n.VNet, CIDR: n.CIDR, Gateway: gw.String(), SNAT: n.SNAT}
+		if n.DHCP {
+			s.DHCPStart, s.DHCPEnd = start.String(), end.String()
+		}
+		if err := m.zones.CreateSubnet(ctx, s); err != nil {
+			return pxErr("create subnet "+n.CIDR, err)
+		}
+		cidrs, err := m.zones.ListSubnetCIDRs(ctx)
+		if err != nil {
+			return pxErr("list subnets", err)
+		}
+		var seen []netip.Prefix
+		clash := 0
+		for _, c := range cidrs {
+			q, err := netip.ParsePrefix(c)
+			if err != nil {
+				continue
+			}
+			seen = append(seen, q.Masked())
+			if q.Overlaps(p) {
+				clash++
+			}
+		}
+		if clash <= 1 { // only ours
+			return nil
+		}
+		m.log.Info("another sandbox of the cluster took the range too; backing off", "sandbox", rec.ID, "cidr", p)
+		if err := m.cleaner.DeleteSubnet(ctx, n.VNet, n.CIDR); err != nil {
+			return pxErr("delete contested subnet "+n.CIDR, err)
+		}
+		if !auto || attempt >= 10 {
+			return refuse(ErrConflict, "network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)
+		}
+		// A random pause, so that two contenders do not pick in step.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("create: %w", ctx.Err())
+		case <-time.After(time.Duration(rand.IntN(200)) * time.Millisecond):
+		}
+		var host []netip.Prefix
+		if m.o.HostNetworks != nil {
+			if host, err = m.o.HostNetworks(ctx); err != nil {
+				return fmt.Errorf("create: %w", err)
+			}
+		}
+		m.mu.Lock()
+		// From a random place in the pool: two contenders that both
+		// take the lowest free range would meet again.
+		ps, err := m.allocCIDRsFromLocked([]apitype.NetworkRequest{{Name: n.Name, CIDR: "auto"}}, seen, host, rand.Uint64())
+		if err == nil {
+			gw, _, _ := subnetPlan(ps[0])
+			rec.Networks[i].CIDR, rec.Networks[i].Gateway = ps[0].String(), gw.String()
+		}
+		m.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if err := m.saveState(); err != nil {
+			return err
+		}
+	}
+}
 
 // allocCIDRsLocked picks ranges for "auto" networks and checks explicit ones
 // against every known range and the host's own networks; call with m.mu
 // held (so two creates never pick the same range).
 func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, error) {
+	return m.allocCIDRsFromLocked(nets, foreign, host, 0)
+}
+
+// allocCIDRsFromLocked is allocCIDRsLocked scanning the pool for "auto"
+// ranges from range number from (modulo the pool's size), wrapping around.
+func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix, from uint64) ([]netip.Prefix, error) {
 	used := append(slices.Clone(foreign), host...)
 	for _, set := range []map[string]*record{m.sbx, m.members} {
 		for _, r := range set {
@@ -57,7 +148,7 @@ func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host [
 		start := uint64(base[0])<<24 | uint64(base[1])<<16 | uint64(base[2])<<8 | uint64(base[3])
 		count := uint64(1) << (m.o.AutoCIDRBits - pool.Bits())
 		for k := uint64(0); k < count; k++ {
-			a := start + k*step
+			a := start + ((from+k)%count)*step
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), m.o.AutoCIDRBits)
 			if !overlaps(p) {
 				out[i] = p

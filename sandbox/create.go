@@ -135,6 +135,7 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 		egress:  req.Egress,
 	}
 	for i, n := range req.Networks {
+		rec.autoCIDR = append(rec.autoCIDR, n.CIDR == "auto")
 		gw, _, _ := subnetPlan(prefixes[i])
 		rec.Networks = append(rec.Networks, apitype.Network{
 			Name: n.Name, VNet: vnetID(id, i), CIDR: prefixes[i].String(), Gateway: gw.String(),
@@ -176,18 +177,12 @@ func (m *Engine) buildZone(ctx context.Context, rec *record) error {
 	if err := zones.CreateZone(ctx, ZoneSpec{ID: id}); err != nil {
 		return pxErr("create zone "+id, err)
 	}
-	for _, n := range rec.Networks {
+	for i, n := range rec.Networks {
 		if err := zones.CreateVNet(ctx, VNetSpec{ID: n.VNet, Zone: id, Alias: alias}); err != nil {
 			return pxErr("create vnet "+n.VNet, err)
 		}
-		p := netip.MustParsePrefix(n.CIDR)
-		gw, start, end := subnetPlan(p)
-		s := SubnetSpec{VNet: n.VNet, CIDR: n.CIDR, Gateway: gw.String(), SNAT: n.SNAT}
-		if n.DHCP {
-			s.DHCPStart, s.DHCPEnd = start.String(), end.String()
-		}
-		if err := zones.CreateSubnet(ctx, s); err != nil {
-			return pxErr("create subnet "+n.CIDR, err)
+		if err := m.claimSubnet(ctx, rec, i); err != nil {
+			return err
 		}
 	}
 	return nil

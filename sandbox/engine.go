@@ -261,6 +261,10 @@ type record struct {
 	// egress is the policy asked for at create (nil: open); afterwards
 	// the Egress part owns the sandbox's policy.
 	egress *apitype.EgressPolicy
+	// autoCIDR tells, per network, whether its range was picked
+	// ("auto"); only such a range is picked again when another node's
+	// sandbox took it first (claimSubnet).
+	autoCIDR []bool
 	// ops counts the guest and VM operations in flight (exec, files,
 	// snapshots, check); opsCancel cancels them. Both are guarded by
 	// Engine.mu for Add and cancel: a delete sets StateDeleting and

@@ -29,6 +29,10 @@ type GuestSpec struct {
 	// MemoryMiB caps the memory of the guest's cgroup scope, as the VM's
 	// RAM caps a real guest (0: no cap).
 	MemoryMiB int
+	// IP is the address the zone's DHCP hands the MAC (zero: one of its
+	// range). Either way the MAC is added to the zone's ethers file first:
+	// the zone's dnsmasq answers no other (dhcp-ignore=tag:!known).
+	IP netip.Addr
 }
 
 // Guest is a running guest: its own network, PID, mount and UTS
@@ -129,6 +133,9 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	}
 	if s.MAC == nil {
 		s.MAC = macFor(s.VMID)
+	}
+	if err := b.addDHCPHost(s.VNet, s.MAC, s.IP); err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
 	}
 	gdir := filepath.Join(b.dir, "guests", strconv.Itoa(s.VMID))
 	if s.Disk == "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -147,12 +148,113 @@ func (b *Bed) RemoveZone(ctx context.Context, id string) error {
 		}
 	}
 	_ = os.Remove(b.leaseFile(id))
+	_ = os.Remove(b.ethersFile(id))
 	errs = append(errs, b.syncNAT(ctx))
 	return errors.Join(errs...)
 }
 
 func (b *Bed) leaseFile(zone string) string {
 	return filepath.Join(b.dir, "dnsmasq", zone+".leases")
+}
+
+// ethersFile is the zone's dnsmasq dhcp-hostsfile: "mac[,ip]" per line,
+// Proxmox's /etc/dnsmasq.d/<zone>/ethers.
+func (b *Bed) ethersFile(zone string) string {
+	return filepath.Join(b.dir, "dnsmasq", zone+".ethers")
+}
+
+// addDHCPHost lists mac (with ip, when valid) in the ethers file of the
+// zone vnet is in, unless it is there, and has the zone's dnsmasq re-read
+// it (SIGHUP), as Proxmox maps a VM's NIC at its start (Dnsmasq.pm
+// add_ip_mapping: append to ethers, "systemctl reload dnsmasq@<zone>").
+func (b *Bed) addDHCPHost(vnet string, mac net.HardwareAddr, ip netip.Addr) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var zs *zoneState
+	for _, z := range b.zones {
+		for _, v := range z.zone.VNets {
+			if v.Name == vnet {
+				zs = z
+			}
+		}
+	}
+	if zs == nil {
+		return fmt.Errorf("vnet %q does not exist", vnet)
+	}
+	line := mac.String()
+	if ip.IsValid() {
+		line += "," + ip.String()
+	}
+	path := b.ethersFile(zs.zone.ID)
+	old, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, l := range strings.Split(string(old), "\n") {
+		if l == line {
+			return nil
+		}
+	}
+	// A MAC mapped again (an IPAM address that changed) replaces its line.
+	var keep []string
+	for _, l := range strings.Split(strings.TrimSpace(string(old)), "\n") {
+		if l != "" && !strings.HasPrefix(l, mac.String()) {
+			keep = append(keep, l)
+		}
+	}
+	keep = append(keep, line)
+	if err := os.WriteFile(path, []byte(strings.Join(keep, "\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	if zs.dnsmasq != nil && zs.dnsmasq.Process != nil {
+		_ = zs.dnsmasq.Process.Signal(syscall.SIGHUP)
+	}
+	return nil
+}
+
+// RestartDnsmasq stops every zone's dnsmasq, then starts each again (with
+// its leases and ethers file kept), as every Proxmox node's network reload
+// does on each SDN apply (pve-network Dhcp/Dnsmasq.pm before_regenerate:
+// systemctl stop dnsmasq@*; after_configure: restart dnsmasq@<zone>).
+// Guests keep their addresses and renew once it is back.
+func (b *Bed) RestartDnsmasq(ctx context.Context) error {
+	b.mu.Lock()
+	zones := make([]*zoneState, 0, len(b.zones))
+	for _, id := range sortedZoneIDs(b.zones) {
+		zones = append(zones, b.zones[id])
+	}
+	b.mu.Unlock()
+	for _, zs := range zones {
+		b.mu.Lock()
+		cmd, done := zs.dnsmasq, zs.done
+		b.mu.Unlock()
+		if cmd != nil && cmd.Process != nil {
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}
+	var errs []error
+	for _, zs := range zones {
+		b.mu.Lock()
+		_, live := b.zones[zs.zone.ID]
+		b.mu.Unlock()
+		if !live {
+			continue
+		}
+		if err := b.startDnsmasq(ctx, zs); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func sortedZoneIDs(m map[string]*zoneState) []string {
+	out := make([]string, 0, len(m))
+	for id := range m {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // DnsmasqPID is the pid of the zone's dnsmasq, or 0.
@@ -176,6 +278,9 @@ func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
 		"--dhcp-leasefile=" + b.leaseFile(z.ID),
 		"--resolv-file=" + b.ResolvConf(),
 		"--domain=" + z.ID + ".test", "--local=/" + z.ID + ".test/",
+		// Only MACs in the zone's ethers file get a lease, as with
+		// Proxmox's per-zone dnsmasq (Dnsmasq.pm before_configure).
+		"--dhcp-hostsfile=" + b.ethersFile(z.ID), "--dhcp-ignore=tag:!known",
 		"--host-record=" + LocalName(z.ID) + "," + z.VNets[0].Gateway.String(),
 		"--dhcp-authoritative", "--log-facility=-", "--quiet-dhcp", "--quiet-dhcp6", "--quiet-ra",
 	}
@@ -202,8 +307,11 @@ func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("testvm: start dnsmasq for %s: %w", z.ID, err)
 	}
-	zs.dnsmasq, zs.done = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(zs.done) }()
+	done := make(chan struct{})
+	b.mu.Lock()
+	zs.dnsmasq, zs.done = cmd, done
+	b.mu.Unlock()
+	go func() { _ = cmd.Wait(); close(done) }()
 	// Ready once it answers its local name on the first gateway.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -211,7 +319,7 @@ func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
 			return nil
 		}
 		select {
-		case <-zs.done:
+		case <-done:
 			log, _ := os.ReadFile(logf.Name())
 			return fmt.Errorf("testvm: dnsmasq for %s exited: %s", z.ID, strings.TrimSpace(string(log)))
 		case <-ctx.Done():

@@ -31,7 +31,7 @@ func (s *Server) agentAvailable(ctx context.Context, vmid int) (string, error) {
 	if !running {
 		return "", fail("VM %d is not running", vmid)
 	}
-	sock := s.backend.AgentSocket(vmid)
+	sock := s.backendOf(vmid).AgentSocket(vmid)
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if _, err := s.agent.Call(pctx, sock, "guest-ping", nil); err != nil {
@@ -158,7 +158,7 @@ func (s *Server) agentFileRead(ctx context.Context, rq *request) (any, error) {
 	if err := json.Unmarshal(raw, &handle); err != nil {
 		return nil, fail("Agent error: can't open file")
 	}
-	sock := s.backend.AgentSocket(vmid)
+	sock := s.backendOf(vmid).AgentSocket(vmid)
 	if offset > 0 {
 		if _, err := s.monCmd(ctx, vmid, sock, "file-seek", map[string]any{"handle": handle, "offset": offset, "whence": "set"}, "can't seek to offset position"); err != nil {
 			return nil, err

@@ -50,6 +50,12 @@ type VMSpec struct {
 	// MemoryMiB is the VM's memory (config "memory"): the bed caps the
 	// guest's cgroup scope at it.
 	MemoryMiB int
+	// IP is the pve IPAM's address of the MAC on VNet (zero when none).
+	// qemu-server's vm_start maps it in the zone's dnsmasq (pve-network
+	// Dhcp.pm add_mapping, Dnsmasq.pm add_ip_mapping: a "mac,ip" line in
+	// the zone's ethers file), and that dnsmasq answers only MACs listed
+	// there (dhcp-ignore=tag:!known).
+	IP netip.Addr
 }
 
 // Agent sends one QEMU guest agent command to the agent listening on socket

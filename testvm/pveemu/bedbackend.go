@@ -51,8 +51,14 @@ func (b BedBackend) RemoveZone(ctx context.Context, id string) error {
 
 // StartVM implements Backend.
 func (b BedBackend) StartVM(ctx context.Context, v VMSpec) error {
-	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, Disk: v.Disk, MemoryMiB: v.MemoryMiB})
+	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, IP: v.IP, Disk: v.Disk, MemoryMiB: v.MemoryMiB})
 	return err
+}
+
+// RestartDHCP implements DHCPRestarter: every zone's dnsmasq on the bed is
+// stopped, then started again.
+func (b BedBackend) RestartDHCP(ctx context.Context) error {
+	return b.Bed.RestartDnsmasq(ctx)
 }
 
 // StopVM implements Backend.

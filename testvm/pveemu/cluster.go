@@ -50,10 +50,29 @@ func (s *Server) version(_ context.Context, _ *request) (any, error) {
 	return map[string]any{"version": "9.1.3", "release": "9.1", "repoid": "pveemu", "console": "xtermjs"}, nil
 }
 
+// nodes is GET /nodes (pve-manager API2/Nodes.pm index): every cluster
+// node, an offline one with status "offline" and no usage figures.
 func (s *Server) nodes(_ context.Context, rq *request) (any, error) {
-	e := map[string]any{"node": s.node, "status": "online", "id": "node/" + s.node, "type": "node", "level": "",
-		"uptime": 1000, "maxcpu": 2, "maxmem": 4 << 30, "ssl_fingerprint": ""}
-	return []map[string]any{e}, nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []map[string]any{}
+	for _, name := range s.nodeNames {
+		e := map[string]any{"node": name, "status": "offline", "id": "node/" + name, "type": "node", "level": "", "ssl_fingerprint": ""}
+		if s.members[name].online {
+			e["status"] = "online"
+			e["uptime"], e["maxcpu"], e["maxmem"] = 1000, 2, 4<<30
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// nodeStatusWord is a node's status in /nodes and /cluster/resources.
+func (s *Server) nodeStatusWordLocked(name string) string {
+	if n := s.members[name]; n != nil && n.online {
+		return "online"
+	}
+	return "offline"
 }
 
 func (s *Server) nextID(_ context.Context, rq *request) (any, error) {
@@ -88,7 +107,7 @@ func (s *Server) resources(_ context.Context, rq *request) (any, error) {
 			e := s.vmStatsLocked(v)
 			e["id"] = fmt.Sprintf("qemu/%d", id)
 			e["type"] = "qemu"
-			e["node"] = s.node
+			e["node"] = s.vmNodeLocked(v)
 			e["vmid"] = id
 			// Only lock and tags are read from the config on every call
 			// (get_guest_config_properties); the pool from user.cfg.
@@ -107,19 +126,26 @@ func (s *Server) resources(_ context.Context, rq *request) (any, error) {
 		}
 	}
 	if typ == "" || typ == "node" {
-		if s.privilegesLocked(rq.authid, "/nodes/"+s.node)["Sys.Audit"] {
-			out = append(out, map[string]any{"id": "node/" + s.node, "type": "node", "node": s.node, "status": "online", "maxcpu": 2, "maxmem": 4 << 30})
+		for _, node := range s.nodeNames {
+			if s.privilegesLocked(rq.authid, "/nodes/"+node)["Sys.Audit"] {
+				out = append(out, map[string]any{"id": "node/" + node, "type": "node", "node": node, "status": s.nodeStatusWordLocked(node), "maxcpu": 2, "maxmem": 4 << 30})
+			}
 		}
 	}
 	if typ == "" || typ == "storage" {
 		if s.privilegesLocked(rq.authid, "/storage/local-lvm")["Datastore.Audit"] {
-			out = append(out, map[string]any{"id": "storage/" + s.node + "/local-lvm", "type": "storage", "node": s.node, "storage": "local-lvm", "status": "available", "content": "images,rootdir", "plugintype": "lvmthin", "shared": 0})
+			for _, node := range s.nodeNames {
+				out = append(out, map[string]any{"id": "storage/" + node + "/local-lvm", "type": "storage", "node": node, "storage": "local-lvm", "status": "available", "content": "images,rootdir", "plugintype": "lvmthin", "shared": 0})
+			}
 		}
 	}
 	if typ == "" || typ == "sdn" {
-		for _, z := range sortedKeys(s.sdn.running.zones) {
-			if s.canSDN(rq.authid, "/sdn/zones/"+z) {
-				out = append(out, map[string]any{"id": "sdn/" + s.node + "/" + z, "type": "sdn", "sdn": z, "node": s.node, "status": "ok"})
+		// Each node reports the zones its network runs.
+		for _, node := range s.nodeNames {
+			for _, z := range sortedKeys(s.members[node].applied.zones) {
+				if s.canSDN(rq.authid, "/sdn/zones/"+z) {
+					out = append(out, map[string]any{"id": "sdn/" + node + "/" + z, "type": "sdn", "sdn": z, "node": node, "status": "ok"})
+				}
 			}
 		}
 	}
@@ -201,7 +227,7 @@ func (s *Server) poolMembers(p *pool) []map[string]any {
 		e := s.vmStatusLocked(s.vms[id])
 		e["id"] = fmt.Sprintf("qemu/%d", id)
 		e["type"] = "qemu"
-		e["node"] = s.node
+		e["node"] = s.vmNodeLocked(s.vms[id])
 		members = append(members, e)
 	}
 	return members
@@ -343,8 +369,32 @@ func (s *Server) deletePool(_ context.Context, rq *request) (any, error) {
 	return nil, nil
 }
 
-func (s *Server) clusterStatus(_ context.Context, _ *request) (any, error) {
-	return []map[string]any{{"type": "node", "name": s.node, "id": "node/" + s.node, "nodeid": 1, "online": 1, "local": 1, "ip": "192.0.2.2", "level": ""}}, nil
+// clusterStatus is GET /cluster/status (pve-manager API2/Cluster.pm
+// get_status): a single node lists itself; a cluster has a "cluster" entry
+// (quorate while more than half the nodes are up) and one per node, the
+// one whose API was called "local".
+func (s *Server) clusterStatus(_ context.Context, rq *request) (any, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	local := rq.local
+	if local == "" {
+		local = s.node
+	}
+	out := []map[string]any{}
+	up := 0
+	for i, name := range s.nodeNames {
+		online := s.members[name].online
+		if online {
+			up++
+		}
+		out = append(out, map[string]any{"type": "node", "name": name, "id": "node/" + name, "nodeid": s.members[name].nodeid,
+			"online": boolInt(online), "local": boolInt(name == local), "ip": fmt.Sprintf("192.0.2.%d", 2+i), "level": ""})
+	}
+	if len(s.nodeNames) > 1 {
+		out = append([]map[string]any{{"type": "cluster", "name": "pveemu", "id": "cluster", "nodes": len(s.nodeNames),
+			"quorate": boolInt(2*up > len(s.nodeNames)), "version": len(s.nodeNames)}}, out...)
+	}
+	return out, nil
 }
 
 func (s *Server) nodeStatus(_ context.Context, rq *request) (any, error) {

@@ -47,6 +47,13 @@
 // VMs' NICs and blocks subnet deletes; InjectReloadWarning makes an SDN
 // apply end with warnings.
 //
+// A cluster: Options.Cluster adds nodes that share the SDN configuration,
+// VMIDs, pools, users and ACLs; NodeHandler serves each node's API. A VM
+// lives on one node, a task on the node that runs it; PUT /cluster/sdn
+// commits, then reloads every node in turn (each applies its own zones
+// through its backend and restarts its DHCP servers, DHCPRestarter), and a
+// node taken down with SetNodeOnline only makes the apply warn for it.
+//
 // Deliberate differences, each observable only in timing:
 //
 //   - A clone holds the new VMID's config lock only while it reserves the

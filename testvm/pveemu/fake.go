@@ -33,6 +33,23 @@ type FakeBackend struct {
 	down   map[int]bool
 	fail   map[string]error
 	calls  []string
+	// dhcpRestarts counts RestartDHCP calls.
+	dhcpRestarts int
+}
+
+// RestartDHCP implements DHCPRestarter: it only counts.
+func (f *FakeBackend) RestartDHCP(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dhcpRestarts++
+	return nil
+}
+
+// DHCPRestarts is how often the node restarted its DHCP servers.
+func (f *FakeBackend) DHCPRestarts() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dhcpRestarts
 }
 
 // FailZone makes ApplyZone of zone id fail with err (nil clears it).

@@ -127,6 +127,23 @@ func (s *Server) ipamAddNICLocked(vnet, mac string, vmid int, hostname string) e
 	return nil
 }
 
+// ipamIPLocked is the IPAM address of mac on vnet (zero when none).
+func (s *Server) ipamIPLocked(vnet, mac string) netip.Addr {
+	v := s.sdn.running.vnets[vnet]
+	if v == nil {
+		return netip.Addr{}
+	}
+	for _, db := range s.ipam[v["zone"]] {
+		for ip, e := range db {
+			if !e.gateway && strings.EqualFold(e.mac, mac) {
+				a, _ := netip.ParseAddr(ip)
+				return a
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
 // dhcpRange parses the first "start-address=..,end-address=.." range.
 func dhcpRange(r string) (start, end netip.Addr) {
 	first, _, _ := strings.Cut(r, "|")

@@ -17,6 +17,7 @@ import (
 
 type vm struct {
 	vmid    int
+	node    string // the node its config is on ("" for the primary)
 	conf    map[string]string
 	running bool
 	started time.Time
@@ -99,7 +100,8 @@ func (s *Server) vmLock(ctx context.Context, vmid int, timeout time.Duration) (f
 }
 
 func (s *Server) checkNode(rq *request) error {
-	if n := rq.str("node"); n != "" && n != s.node {
+	// s.members is fixed once New returns: no lock (callers may hold s.mu).
+	if n := rq.str("node"); n != "" && s.members[n] == nil {
 		return fail("hostname lookup '%s' failed - failed to get address info for: %s: Name or service not known", n, n)
 	}
 	return nil
@@ -290,6 +292,9 @@ func (s *Server) listVMs(_ context.Context, rq *request) (any, error) {
 		if !s.privilegesLocked(rq.authid, fmt.Sprintf("/vms/%d", id))["VM.Audit"] {
 			continue
 		}
+		if s.vmNodeLocked(s.vms[id]) != rq.str("node") {
+			continue
+		}
 		out = append(out, s.vmStatusLocked(s.vms[id]))
 	}
 	return out, nil
@@ -364,10 +369,10 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 		return nil, fail("unable to create VM %d - VM %d already exists on node '%s'", vmid, vmid, s.node)
 	}
 	conf["lock"] = "create"
-	s.vms[vmid] = &vm{vmid: vmid, conf: conf, snaps: map[string]*snapshot{}}
+	s.vms[vmid] = &vm{vmid: vmid, node: rq.str("node"), conf: conf, snaps: map[string]*snapshot{}}
 	s.mu.Unlock()
 	start := rq.bool("start", false)
-	return s.startTask(rq.authid, "qmcreate", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmcreate", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		if err := os.MkdirAll(s.DiskDir(vmid), 0o755); err != nil {
 			s.mu.Lock()
 			delete(s.vms, vmid)
@@ -404,7 +409,7 @@ func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "qmdestroy", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmdestroy", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		v, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
 			if !skiplock {
 				if err := checkLock(v); err != nil {
@@ -463,7 +468,7 @@ func (s *Server) templateVM(ctx context.Context, rq *request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "qmtemplate", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmtemplate", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		v, err := s.loadVM(vmid)

@@ -32,7 +32,7 @@ func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
 	c := &cloneJob{vmid: s.vmid(rq), newid: rq.int("newid", 0), pool: rq.str("pool"), snapname: rq.str("snapname"),
 		name: rq.str("name"), desc: rq.str("description"), storage: rq.str("storage"),
 		hasStorage: rq.has("storage"), hasFormat: rq.has("format"), authid: rq.authid}
-	if t := rq.str("target"); t != "" && t != s.node && t != "localhost" {
+	if t := rq.str("target"); t != "" && t != rq.str("node") && t != "localhost" {
 		return nil, fail("no such cluster node '%s'", t)
 	}
 	if rq.has("full") {
@@ -45,7 +45,7 @@ func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "qmclone", strconv.Itoa(c.vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmclone", strconv.Itoa(c.vmid), func(ctx context.Context, t *task) error {
 		return s.runClone(ctx, t, c)
 	}), nil
 }
@@ -113,7 +113,7 @@ func (s *Server) runClone(ctx context.Context, t *task, c *cloneJob) error {
 	}
 	newconf := c.conf(old, full)
 	// The temporary config ("lock: clone") makes the new VMID taken.
-	s.vms[c.newid] = &vm{vmid: c.newid, conf: map[string]string{"lock": "clone"}, snaps: map[string]*snapshot{}}
+	s.vms[c.newid] = &vm{vmid: c.newid, node: s.vms[c.vmid].node, conf: map[string]string{"lock": "clone"}, snaps: map[string]*snapshot{}}
 	s.mu.Unlock()
 	unlock()
 	if h := s.hooks.cloneReserved; h != nil {

@@ -105,7 +105,7 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 	if !async {
 		return nil, s.applyConfig(ctx, u)
 	}
-	return s.startTask(rq.authid, "qmconfig", strconv.Itoa(u.vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmconfig", strconv.Itoa(u.vmid), func(ctx context.Context, t *task) error {
 		return s.applyConfig(ctx, u)
 	}), nil
 }
@@ -207,7 +207,7 @@ func (s *Server) resizeVM(ctx context.Context, rq *request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "resize", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "resize", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		v, err := s.loadVM(vmid)

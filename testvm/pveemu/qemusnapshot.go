@@ -47,7 +47,7 @@ func (s *Server) createSnapshot(ctx context.Context, rq *request) (any, error) {
 	if err := s.openVM(rq, params, vmExists); err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "qmsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		v, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
 			if err := checkLock(v); err != nil {
 				return err
@@ -105,7 +105,7 @@ func (s *Server) rollbackSnapshot(ctx context.Context, rq *request) (any, error)
 	if err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "qmrollback", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmrollback", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		s.mu.Lock()
 		v, err := s.loadVM(vmid)
 		if err == nil && v.conf["template"] == "1" {
@@ -157,7 +157,7 @@ func (s *Server) deleteSnapshot(ctx context.Context, rq *request) (any, error) {
 	if err := s.openVM(rq, nil, vmExists); err != nil {
 		return nil, err
 	}
-	return s.startTask(rq.authid, "qmdelsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "qmdelsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		s.mu.Lock()
 		v, err := s.loadVM(vmid)
 		if err == nil && v.snaps[name] == nil {

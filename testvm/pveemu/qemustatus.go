@@ -87,8 +87,9 @@ func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
 				return spec, fmt.Errorf("net0: %w", err)
 			}
 			spec.MAC = hw
+			spec.IP = s.ipamIPLocked(bridge, mac)
 		}
-		if bridge != "" && !s.sdn.bridgeRunning(bridge) {
+		if bridge != "" && !s.bridgeOnLocked(s.vmNodeLocked(v), bridge) {
 			return spec, fmt.Errorf("bridge '%s' does not exist", bridge)
 		}
 	}
@@ -117,7 +118,7 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 		return err
 	}
 	defer unlock()
-	if err := s.backend.StartVM(ctx, spec); err != nil {
+	if err := s.backendOf(vmid).StartVM(ctx, spec); err != nil {
 		return fmt.Errorf("start failed: %w", err)
 	}
 	s.mu.Lock()
@@ -146,7 +147,7 @@ func (s *Server) doStop(ctx context.Context, vmid int, skiplock bool) error {
 	if !running {
 		return nil
 	}
-	if err := s.backend.StopVM(ctx, vmid); err != nil {
+	if err := s.backendOf(vmid).StopVM(ctx, vmid); err != nil {
 		return fmt.Errorf("stop failed: %w", err)
 	}
 	s.mu.Lock()
@@ -174,18 +175,18 @@ func (s *Server) vmAction(typ string) handlerFunc {
 		}
 		switch typ {
 		case "qmstart":
-			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+			return s.startTask(rq, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 				return s.doStart(ctx, t, vmid, skiplock)
 			}), nil
 		case "qmstop":
-			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+			return s.startTask(rq, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 				return s.doStop(ctx, vmid, skiplock)
 			}), nil
 		default: // qmshutdown
 			if !running {
 				return nil, fail("VM %d not running", vmid)
 			}
-			return s.startTask(rq.authid, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+			return s.startTask(rq, typ, strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 				return s.doStop(ctx, vmid, skiplock)
 			}), nil
 		}

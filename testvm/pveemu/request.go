@@ -14,6 +14,17 @@ type request struct {
 	authid string // user or "user@realm!token"
 	token  bool
 	route  *route
+	// local is the node whose API was called (its pveproxy).
+	local string
+}
+
+// taskNode is the node a task of this request runs on: the path's node,
+// or for a cluster-wide call the node whose API was called.
+func (rq *request) taskNode() string {
+	if n := rq.str("node"); n != "" {
+		return n
+	}
+	return rq.local
 }
 
 // decodeParams merges the body (JSON or urlencoded) and the query string the

@@ -36,12 +36,6 @@ func (o sdnObjects) clone() sdnObjects {
 	return c
 }
 
-// bridgeRunning reports whether a vnet is applied (its bridge exists).
-func (st *sdnState) bridgeRunning(name string) bool {
-	_, ok := st.running.vnets[name]
-	return ok
-}
-
 // listing renders objects like PVE::Network::SDN's pending_config: with
 // pending, new objects carry state "new" and their values under "pending",
 // changed ones "changed", deleted-but-running ones "deleted".
@@ -221,66 +215,144 @@ func zoneChanged(a, b sdnObjects, zone string) bool {
 	return fmt.Sprint(zoneSpec(a, zone)) != fmt.Sprint(zoneSpec(b, zone)) || fmt.Sprint(a.zones[zone]) != fmt.Sprint(b.zones[zone])
 }
 
+// applySDN is PUT /cluster/sdn (pve-network API2/Network/SDN.pm reload):
+// commit_config makes the pending configuration the running one in the
+// call itself, whatever the nodes' reloads then do; the worker
+// (reloadnetworkall, on the node whose API was called) reloads the network
+// of every cluster node in turn and only warns for one that fails.
 func (s *Server) applySDN(_ context.Context, rq *request) (any, error) {
-	return s.startTask(rq.authid, "reloadnetworkall", "", func(ctx context.Context, t *task) error {
-		s.mu.Lock()
-		want := s.sdn.pending.clone()
-		have := s.sdn.running.clone()
-		injected := ""
-		if len(s.reloadWarnings) > 0 {
-			injected, s.reloadWarnings = s.reloadWarnings[0], s.reloadWarnings[1:]
+	s.mu.Lock()
+	s.sdn.running = s.sdn.pending.clone()
+	s.mu.Unlock()
+	return s.startTask(rq, "reloadnetworkall", "", func(ctx context.Context, t *task) error {
+		s.reloadMu.Lock()
+		defer s.reloadMu.Unlock()
+		for _, name := range s.nodeNames {
+			s.reloadNode(ctx, t, name)
 		}
-		s.mu.Unlock()
-		var failed []string
-		if injected != "" {
-			// The node's reload worker died: reloadnetworkall only warns
-			// (API2/Network/SDN.pm reload: "warn $@ if $@"), and nothing
-			// of this apply reaches the node's network.
-			t.warn("%s: %s", s.node, injected)
-			return nil
-		}
-		for _, z := range sortedKeys(have.zones) {
-			if _, keep := want.zones[z]; keep {
-				continue
-			}
-			t.logf("%s: remove zone %s", s.node, z)
-			if err := s.backend.RemoveZone(ctx, z); err != nil {
-				t.warn("%s: remove zone %s: %v", s.node, z, err)
-				failed = append(failed, z)
-			}
-		}
-		for _, z := range sortedKeys(want.zones) {
-			if _, had := have.zones[z]; had && !zoneChanged(want, have, z) {
-				continue
-			}
-			t.logf("%s: apply zone %s", s.node, z)
-			if err := s.backend.ApplyZone(ctx, zoneSpec(want, z)); err != nil {
-				t.warn("%s: apply zone %s: %v", s.node, z, err)
-				failed = append(failed, z)
-				delete(want.zones, z)
-			}
-		}
-		// A zone the backend refused stays out of the running config (a
-		// removal that failed stays in), so the next apply retries it; the
-		// node reports each failure as a warning, like reloadnetworkall.
-		for _, z := range failed {
-			if _, had := have.zones[z]; had {
-				if _, keep := want.zones[z]; !keep {
-					want.zones[z] = have.zones[z]
-				}
-			}
-		}
-		s.mu.Lock()
-		s.sdn.running = want
-		s.mu.Unlock()
 		return nil
 	}), nil
 }
 
+// DHCPRestarter is a Backend that can restart its zones' DHCP servers, as
+// every node's network reload does (pve-network Dhcp/Dnsmasq.pm
+// before_regenerate stops every dnsmasq@*, after_configure restarts each
+// zone's).
+type DHCPRestarter interface {
+	RestartDHCP(ctx context.Context) error
+}
+
+// reloadNode is one node's network reload within an apply: reloadnetworkall
+// runs "pvesh set /nodes/<node>/network" for it, which renames a staged
+// interfaces.new, regenerates the SDN network and DHCP configuration from
+// the running config and runs ifreload (pve-manager API2/Network.pm
+// reload_network_config). A node that is down cannot be reached: the
+// command fails and the worker warns. The emulator applies the zones that
+// run on the node (their "nodes" list) through its backend, reports a
+// backend failure as a warning "<node>: ..." and keeps what the node runs
+// in its own applied state, so a zone it refused is retried by the next
+// apply; then it restarts the node's DHCP servers.
+func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
+	s.mu.Lock()
+	n := s.members[name]
+	backend := s.nodeBackend(name)
+	online := n.online
+	have := n.applied.clone()
+	all := s.sdn.running.clone()
+	injected := ""
+	if name == s.node && len(s.reloadWarnings) > 0 {
+		injected, s.reloadWarnings = s.reloadWarnings[0], s.reloadWarnings[1:]
+	}
+	s.mu.Unlock()
+	t.logf("%s: reloading network config", name)
+	if !online {
+		// run_command dies, $create_reload_network_worker's caller warns.
+		t.logf("proxy handshake failed: No route to host")
+		t.warn("command 'pvesh set /nodes/%s/network --regenerate-frr 0' failed: exit code 255", name)
+		return
+	}
+	if injected != "" {
+		// The node's reload worker died: nothing of this apply reaches
+		// the node's network.
+		t.warn("%s: %s", name, injected)
+		return
+	}
+	want := newSDNObjects()
+	for z, props := range all.zones {
+		if zoneOnNode(props, name) {
+			copyZone(want, all, z)
+		}
+	}
+	got := have.clone()
+	for _, z := range sortedKeys(have.zones) {
+		if _, keep := want.zones[z]; keep {
+			continue
+		}
+		t.logf("%s: remove zone %s", name, z)
+		if err := backend.RemoveZone(ctx, z); err != nil {
+			t.warn("%s: remove zone %s: %v", name, z, err)
+			continue
+		}
+		copyZone(got, want, z)
+	}
+	for _, z := range sortedKeys(want.zones) {
+		if _, had := have.zones[z]; had && !zoneChanged(want, have, z) {
+			continue
+		}
+		t.logf("%s: apply zone %s", name, z)
+		if err := backend.ApplyZone(ctx, zoneSpec(want, z)); err != nil {
+			t.warn("%s: apply zone %s: %v", name, z, err)
+			continue
+		}
+		copyZone(got, want, z)
+	}
+	s.mu.Lock()
+	n.applied = got
+	s.mu.Unlock()
+	if r, ok := backend.(DHCPRestarter); ok && len(got.zones) > 0 {
+		if err := r.RestartDHCP(ctx); err != nil {
+			t.warn("%s: restart dnsmasq: %v", name, err)
+		}
+	}
+}
+
+// copyZone replaces dst's objects of zone (the zone, its vnets and their
+// subnets) with src's; a zone src lacks is removed from dst.
+func copyZone(dst, src sdnObjects, zone string) {
+	inZone := func(o sdnObjects, vnet string) bool { return o.vnets[vnet]["zone"] == zone }
+	for id, sn := range dst.subnets {
+		if inZone(dst, sn["vnet"]) {
+			delete(dst.subnets, id)
+		}
+	}
+	for id := range dst.vnets {
+		if inZone(dst, id) {
+			delete(dst.vnets, id)
+		}
+	}
+	delete(dst.zones, zone)
+	props, ok := src.zones[zone]
+	if !ok {
+		return
+	}
+	dst.zones[zone] = copyConf(props)
+	for id, v := range src.vnets {
+		if v["zone"] == zone {
+			dst.vnets[id] = copyConf(v)
+		}
+	}
+	for id, sn := range src.subnets {
+		if inZone(src, sn["vnet"]) {
+			dst.subnets[id] = copyConf(sn)
+		}
+	}
+}
+
 // InjectReloadWarning makes the next SDN apply's network reload fail on
-// the node with msg: the task ends "WARNINGS: 1" with "WARN: <node>: msg"
-// in its log, and nothing of that apply reaches the network (zones and
-// vnets stay pending). Each call fails one more apply.
+// the primary node with msg: the task ends "WARNINGS: 1" with
+// "WARN: <node>: msg" in its log, and nothing of that apply reaches the
+// node's network (the configuration is committed all the same, and the
+// next apply brings the node up to date). Each call fails one more apply.
 func (s *Server) InjectReloadWarning(msg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

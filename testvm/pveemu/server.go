@@ -39,6 +39,9 @@ type Options struct {
 	// stale, and a VM created since the last one is "unknown" without a
 	// name. Negative makes them live (for tests of other things only).
 	StatsInterval time.Duration
+	// Cluster are the other nodes of the cluster Node is one of; empty for
+	// a single node. Serve each node's API with NodeHandler.
+	Cluster []ClusterNode
 }
 
 // Server is the Proxmox VE API emulator. It is an http.Handler serving
@@ -86,6 +89,12 @@ type Server struct {
 	// storageContent overrides a storage's content types
 	// (SetStorageContent).
 	storageContent map[string]string
+	// members are the cluster's nodes by name, nodeNames in nodeid order
+	// (the primary, Options.Node, first).
+	members   map[string]*clusterNode
+	nodeNames []string
+	// reloadMu serializes the nodes' network reloads of SDN applies.
+	reloadMu sync.Mutex
 
 	// hooks let tests pause clones at defined points; nil in production.
 	hooks testHooks
@@ -176,6 +185,10 @@ func New(o Options) (*Server, error) {
 	}
 	s.customRoles = map[string]map[string]bool{}
 	s.users["root@pam"] = &user{id: "root@pam", enable: true, tokens: map[string]*token{}}
+	if err := s.initNodes(o); err != nil {
+		cancel()
+		return nil, err
+	}
 	if err := s.registerRoutes(); err != nil {
 		cancel()
 		return nil, err
@@ -267,10 +280,16 @@ func (s *Server) match(method, rel string) (*route, map[string]string) {
 
 const maxBody = 64 * 1024
 
-// ServeHTTP implements http.Handler for /api2/json.
+// ServeHTTP implements http.Handler for /api2/json: the API of the
+// primary node (Options.Node).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.serveAs(w, r, s.node)
+}
+
+// serveAs answers a request to the API of node local.
+func (s *Server) serveAs(w http.ResponseWriter, r *http.Request, local string) {
 	rec := RequestRecord{Method: r.Method}
-	data, err := s.serve(r, &rec)
+	data, err := s.serve(r, &rec, local)
 	if err != nil {
 		ae := asAPIError(err)
 		rec.Status, rec.Message, rec.Errors = ae.code, ae.msg, ae.errors
@@ -300,7 +319,7 @@ func (s *Server) record(rec RequestRecord) {
 	s.mu.Unlock()
 }
 
-func (s *Server) serve(r *http.Request, rec *RequestRecord) (any, error) {
+func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (any, error) {
 	rel, ok := strings.CutPrefix(r.URL.EscapedPath(), "/api2/json")
 	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
 		rec.Path = r.URL.Path
@@ -355,6 +374,14 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord) (any, error) {
 		params[k] = v
 	}
 	rec.Params = params
+	if node, ok := vars["node"]; ok && strings.HasPrefix(rt.path, "/nodes/{node}") {
+		s.mu.Lock()
+		err := s.checkClusterNodeLocked(node)
+		s.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
 
 	if isToken && !rt.ep.AllowToken {
 		return nil, permFail(fmt.Sprintf("URI '%s' not available with API token, need proper ticket.\n", rel))
@@ -366,7 +393,10 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord) (any, error) {
 	if errs := rt.ep.Validate(params); errs != nil {
 		return nil, paramFail(errs)
 	}
-	return rt.h(r.Context(), &request{params: params, authid: authid, token: isToken, route: rt})
+	if err := s.checkVMNode(vars); err != nil {
+		return nil, err
+	}
+	return rt.h(r.Context(), &request{params: params, authid: authid, token: isToken, route: rt, local: local})
 }
 
 // writeError answers like pve-http-server: the first line of the message is

@@ -171,7 +171,7 @@ func (s *Server) freeVolume(_ context.Context, rq *request) (any, error) {
 			return nil, err
 		}
 	}
-	return s.startTask(rq.authid, "imgdel", volid, func(context.Context, *task) error {
+	return s.startTask(rq, "imgdel", volid, func(context.Context, *task) error {
 		return removeImage(p)
 	}), nil
 }
@@ -208,7 +208,7 @@ func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]str
 			}
 		case reDiskKey.MatchString(d):
 			if v.running {
-				bb, ok := s.backend.(BlockBackend)
+				bb, ok := s.backendOfLocked(v).(BlockBackend)
 				if !ok {
 					return paramFail(ParamErrors{d: "hotplug problem - the emulator's backend cannot unplug disks"})
 				}
@@ -246,7 +246,7 @@ func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]str
 		if !v.running {
 			continue
 		}
-		bb, ok := s.backend.(BlockBackend)
+		bb, ok := s.backendOfLocked(v).(BlockBackend)
 		if !ok {
 			return paramFail(ParamErrors{k: "hotplug problem - the emulator's backend cannot hot-plug disks"})
 		}

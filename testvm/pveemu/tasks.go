@@ -59,15 +59,20 @@ func ParseUPID(upid string) (node string, pid, pstart uint64, starttime int64, t
 	return m[1], pid, pstart, st, m[6], m[7], m[8], true
 }
 
-// startTask runs fn as a task owned by the server and returns its UPID.
-func (s *Server) startTask(authid, typ, id string, fn func(ctx context.Context, t *task) error) string {
+// startTask runs fn as a task of the request's caller on the request's
+// node (taskNode) and returns its UPID.
+func (s *Server) startTask(rq *request, typ, id string, fn func(ctx context.Context, t *task) error) string {
+	authid, node := rq.authid, rq.taskNode()
+	if node == "" {
+		node = s.node
+	}
 	s.mu.Lock()
 	s.taskSeq++
 	seq := s.taskSeq
 	s.mu.Unlock()
 	now := time.Now()
 	t := &task{
-		node: s.node, pid: 0x10000 + seq,
+		node: node, pid: 0x10000 + seq,
 		pstart: uint32(now.UnixNano()/1e7) & 0x7fffffff, starttime: now.Unix(),
 		typ: typ, id: id, user: authid, running: true, done: make(chan struct{}),
 	}
@@ -128,13 +133,14 @@ func (s *Server) lookupTask(rq *request) (*task, error) {
 	s.mu.Lock()
 	t := s.tasks[upid]
 	s.mu.Unlock()
-	if t == nil {
+	if t == nil || t.node != rq.str("node") {
+		// Another node's task is not in this node's task list.
 		return nil, paramFail(ParamErrors{"upid": "no such task"})
 	}
 	// The owner may read its tasks; others need Sys.Audit on the node.
 	owner, _, _ := strings.Cut(rq.authid, "!")
 	if rq.authid != t.user && owner != t.user {
-		if err := s.checkPrivs(rq.authid, "/nodes/"+s.node, []string{"Sys.Audit"}, false); err != nil {
+		if err := s.checkPrivs(rq.authid, "/nodes/"+t.node, []string{"Sys.Audit"}, false); err != nil {
 			return nil, err
 		}
 	}

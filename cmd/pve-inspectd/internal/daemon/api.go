@@ -162,7 +162,7 @@ func (a *API) connect(ctx context.Context) *sandboxapi.Server {
 func (a *API) build() (*sandboxapi.Server, error) {
 	cfg, d := a.cfg, a.deps
 	ac := cfg.API
-	px, err := ProxmoxClient(cfg)
+	px, err := proxmoxClient(cfg, a.log)
 	if err != nil {
 		return nil, err
 	}
@@ -383,6 +383,13 @@ func (e *NoTokenError) Unwrap() error { return e.Err }
 // daemon's token; no network I/O. A secret that cannot be read is a
 // *NoTokenError.
 func ProxmoxClient(cfg config.Config) (*pveapi.Client, error) {
+	return proxmoxClient(cfg, nil)
+}
+
+// proxmoxClient is ProxmoxClient with a logger for what the client says
+// but does not fail for (another cluster node's reload warnings, other
+// clients' pending SDN edits an apply commits).
+func proxmoxClient(cfg config.Config, log *slog.Logger) (*pveapi.Client, error) {
 	pc := cfg.API.Proxmox
 	secret, err := ReadTokenSecret(pc.SecretFile)
 	if err != nil {
@@ -397,7 +404,7 @@ func ProxmoxClient(cfg config.Config) (*pveapi.Client, error) {
 			return nil, fmt.Errorf("proxmox CA: %w", err)
 		}
 	}
-	px, err := pveapi.New(pveapi.Options{URL: pc.URL, TokenID: pc.TokenID, Secret: secret, Node: node, RootCAFile: pc.CAFile})
+	px, err := pveapi.New(pveapi.Options{URL: pc.URL, TokenID: pc.TokenID, Secret: secret, Node: node, RootCAFile: pc.CAFile, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("proxmox client: %w", err)
 	}

@@ -1,0 +1,92 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
+)
+
+// racingProxmox is the fake node with another node's daemon in the same
+// cluster: the first subnet this daemon creates is created at the same
+// moment by the other daemon in a zone of its own, so the cluster's list
+// has that range twice from then on.
+type racingProxmox struct {
+	*apitest.Proxmox
+	mu    sync.Mutex
+	taken string
+}
+
+func (r *racingProxmox) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error {
+	r.mu.Lock()
+	if r.taken == "" {
+		r.taken = s.CIDR
+	}
+	r.mu.Unlock()
+	return r.Proxmox.CreateSubnet(ctx, s)
+}
+
+func (r *racingProxmox) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
+	cs, err := r.Proxmox.ListSubnetCIDRs(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.taken != "" {
+		cs = append(cs, r.taken)
+	}
+	return cs, err
+}
+
+// TestSubnetRaceBacksOff: a range another node's daemon took at the same
+// time is given up: an "auto" network gets another one, an explicit one is
+// a conflict, and neither leaves its subnet behind.
+func TestSubnetRaceBacksOff(t *testing.T) {
+	cases := []struct {
+		name string
+		cidr string
+	}{{"auto", "auto"}, {"explicit", "10.77.0.0/24"}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			g := apitest.NewGuests()
+			px := &racingProxmox{Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000})}
+			e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: px, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 2 * time.Second,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := oneVM("debian")
+			req.Networks[0].CIDR = tc.cidr
+			sb, err := e.Create(ctx, req)
+			if tc.cidr == "auto" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if sb.Networks[0].CIDR == px.taken {
+					t.Fatalf("kept the contested range %s", px.taken)
+				}
+				if cs := px.Subnets[sb.Networks[0].VNet]; len(cs) != 1 || cs[0] != sb.Networks[0].CIDR {
+					t.Fatalf("subnets of the vnet: %v, want only %s", cs, sb.Networks[0].CIDR)
+				}
+				return
+			}
+			if !errors.Is(err, sandbox.ErrConflict) {
+				t.Fatalf("explicit contested range: %v", err)
+			}
+			for vn, cs := range px.Subnets {
+				if len(cs) != 0 {
+					t.Errorf("subnets left on %s: %v", vn, cs)
+				}
+			}
+			if list := e.List(); len(list) != 0 {
+				t.Errorf("sandboxes left: %v", list)
+			}
+		})
+	}
+}
