@@ -89,22 +89,13 @@ func newClusterBed(t *testing.T, ctx context.Context) (*pveemu.Server, []*cluste
 	if err := emu.MoveVM(9001, names[1]); err != nil {
 		t.Fatal(err)
 	}
-	if err := emu.AddUser("pve-inspectd@pve", ""); err != nil {
-		t.Fatal(err)
-	}
 	var nodes []*clusterNode
 	for i, name := range names {
-		id, secret, err := emu.AddToken("pve-inspectd@pve", "daemon-"+name, true)
+		// pve-access-setup run on each node: the shipped role, its grants
+		// for this node and template, a token per node
+		id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Node: name, Token: "daemon-" + name, Templates: []int{9000 + i}})
 		if err != nil {
 			t.Fatal(err)
-		}
-		for _, a := range [][2]string{{"/pool/pve-inspect", "PVEVMAdmin"}, {"/pool/pve-inspect", "PVEPoolUser"}, {"/pool/pve-inspect", "PVEDatastoreUser"},
-			{"/sdn", "PVESDNAdmin"}, {"/nodes/" + name, "PVEVMAdmin"}, {fmt.Sprintf("/vms/%d", 9000+i), "PVEVMAdmin"}} {
-			for _, who := range []string{"pve-inspectd@pve", id} {
-				if err := emu.SetACL(a[0], who, a[1], true); err != nil {
-					t.Fatal(err)
-				}
-			}
 		}
 		h, err := emu.NodeHandler(name)
 		if err != nil {

@@ -18,6 +18,14 @@ type AccessSetup struct {
 	// Storages is PVE_INSPECTD_STORAGE (none: access.DefaultStorage); the
 	// transfer storage is always added to the pool too.
 	Storages []string
+	// Node is the node the script runs on ("": the server's primary
+	// node): its grants name it. On a cluster the script runs once per
+	// node; the roles, user and pool are shared and kept.
+	Node string
+	// Token is the token's name ("": access.Token). A cluster gives each
+	// node's daemon a token of its own, so that setting up one node does
+	// not replace the secret another node's daemon holds.
+	Token string
 }
 
 // ApplyAccessSetup creates what packaging/deb/pve-access-setup creates on
@@ -36,8 +44,13 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 			return "", "", fmt.Errorf("access setup: %w", err)
 		}
 	}
-	if err := s.AddUser(access.User, ""); err != nil {
-		return "", "", fmt.Errorf("access setup: %w", err)
+	s.mu.Lock()
+	_, userExists := s.users[access.User]
+	s.mu.Unlock()
+	if !userExists {
+		if err := s.AddUser(access.User, ""); err != nil {
+			return "", "", fmt.Errorf("access setup: %w", err)
+		}
 	}
 	s.mu.Lock()
 	exists := s.pools[pool] != nil
@@ -52,11 +65,18 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 			return "", "", fmt.Errorf("access setup: %w", err)
 		}
 	}
-	tokenID, secret, err = s.AddToken(access.User, access.Token, true)
+	node, token := a.Node, a.Token
+	if node == "" {
+		node = s.node
+	}
+	if token == "" {
+		token = access.Token
+	}
+	tokenID, secret, err = s.AddToken(access.User, token, true)
 	if err != nil {
 		return "", "", fmt.Errorf("access setup: %w", err)
 	}
-	for _, e := range access.ACLEntries(s.node, pool, a.Templates) {
+	for _, e := range access.ACLEntries(node, pool, a.Templates) {
 		for _, who := range []string{access.User, tokenID} {
 			if err := s.SetACL(e.Path, who, e.Role, e.Propagate); err != nil {
 				return "", "", fmt.Errorf("access setup: grant %s on %s to %s: %w", e.Role, e.Path, who, err)
