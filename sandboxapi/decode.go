@@ -33,7 +33,9 @@ const (
 	// maxCollected caps each stream of an exec whose output is collected
 	// and answered in one document; larger limits must stream (NDJSON).
 	maxCollected = 64 << 20
+	minCores     = 1
 	maxCores     = 1024
+	minMemoryMiB = 16
 	maxMemoryMiB = 4 << 20 // 4 TiB
 	maxDiskGiB   = 64 << 10
 )
@@ -189,11 +191,11 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		if v.MemoryMiB == 0 {
 			v.MemoryMiB = 1024
 		}
-		if v.Cores < 1 || v.Cores > maxCores {
-			return invalid(f+".cores", "cores %d: want 1..%d", v.Cores, maxCores)
+		if v.Cores < minCores || v.Cores > maxCores {
+			return invalid(f+".cores", "cores %d: want %d..%d", v.Cores, minCores, maxCores)
 		}
-		if v.MemoryMiB < 16 || v.MemoryMiB > maxMemoryMiB {
-			return invalid(f+".memory_mib", "memory_mib %d: want 16..%d", v.MemoryMiB, maxMemoryMiB)
+		if v.MemoryMiB < minMemoryMiB || v.MemoryMiB > maxMemoryMiB {
+			return invalid(f+".memory_mib", "memory_mib %d: want %d..%d", v.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 		}
 		if v.DiskGiB < 0 || v.DiskGiB > maxDiskGiB {
 			return invalid(f+".disk_gib", "disk_gib %d: want 0..%d", v.DiskGiB, maxDiskGiB)

@@ -60,6 +60,7 @@ var (
 func (s *Server) routeTable() []route {
 	return []route{
 		{method: "GET", path: "/v1/healthz", scope: apitype.ScopeRead, summary: "Daemon health", response: "Health", okStatus: 200, timeout: reqTimeout, h: s.healthz},
+		{method: "GET", path: "/v1/capacity", scope: apitype.ScopeRead, summary: "The node's free room against its caps (sandboxes, VMs, cores, memory)", response: "Capacity", okStatus: 200, timeout: reqTimeout, h: s.capacity},
 		{method: "GET", path: "/v1/openapi.json", scope: apitype.ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
 		{method: "POST", path: "/v1/sandboxes", scope: apitype.ScopeAdmin, summary: "Create a sandbox; returns when every VM answers its guest agent", request: "CreateRequest", response: "Sandbox", okStatus: 201, timeout: createTimeout, h: s.createSandbox},
 		{method: "GET", path: "/v1/sandboxes", scope: apitype.ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
@@ -79,6 +80,16 @@ func (s *Server) routeTable() []route {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request, _ principal) error {
 	return writeJSON(w, http.StatusOK, apitype.Health{Status: "ok", Node: s.e.Node(), Sandboxes: len(s.e.List())})
+}
+
+// capacity answers the guard's room. It is node-wide for every token,
+// owner-bound ones too: the caps are the node's, and a client placing a
+// sandbox needs the room left, not whose sandboxes hold the rest (no
+// sandbox, owner or label is in it).
+func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ principal) error {
+	c := s.e.Capacity()
+	c.FreeSandboxes = c.Fits(apitype.CapacityUse{VMs: 1, VCPUs: minCores, MemoryMiB: minMemoryMiB})
+	return writeJSON(w, http.StatusOK, c)
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
