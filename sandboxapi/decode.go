@@ -38,6 +38,16 @@ const (
 	minMemoryMiB = 16
 	maxMemoryMiB = 4 << 20 // 4 TiB
 	maxDiskGiB   = 64 << 10
+	// defaultCores and defaultMemoryMiB are a VM's when it says 0.
+	defaultCores     = 1
+	defaultMemoryMiB = 1024
+	// minCIDRBits and maxCIDRBits bound a network's prefix length.
+	minCIDRBits = 16
+	maxCIDRBits = 28
+	// maxOwnerChars and maxLabelChars bound the owner and a label value
+	// (characters, as JSON Schema's maxLength counts).
+	maxOwnerChars = 64
+	maxLabelChars = 256
 )
 
 var (
@@ -160,8 +170,8 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			if p.Masked() != p {
 				return invalid(f+".cidr", "cidr %q has host bits set", n.CIDR)
 			}
-			if p.Bits() < 16 || p.Bits() > 28 {
-				return invalid(f+".cidr", "cidr %q: prefix length must be 16..28", n.CIDR)
+			if p.Bits() < minCIDRBits || p.Bits() > maxCIDRBits {
+				return invalid(f+".cidr", "cidr %q: prefix length must be %d..%d", n.CIDR, minCIDRBits, maxCIDRBits)
 			}
 			if !sandbox.PrivateV4(p) {
 				return invalid(f+".cidr", "cidr %q: must be a private (RFC 1918) range", n.CIDR)
@@ -186,10 +196,10 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			return invalid(f+".template", "template %q: want a template name", v.Template)
 		}
 		if v.Cores == 0 {
-			v.Cores = 1
+			v.Cores = defaultCores
 		}
 		if v.MemoryMiB == 0 {
-			v.MemoryMiB = 1024
+			v.MemoryMiB = defaultMemoryMiB
 		}
 		if v.Cores < minCores || v.Cores > maxCores {
 			return invalid(f+".cores", "cores %d: want %d..%d", v.Cores, minCores, maxCores)
@@ -222,12 +232,12 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		if !reLabelKey.MatchString(k) {
 			return invalid("labels", "label key %q: want [A-Za-z0-9._/-], at most 63 characters", k)
 		}
-		if len(v) > 256 || !cleanText(v) {
-			return invalid("labels", "label %q: value must be printable text of at most 256 bytes", k)
+		if utf8.RuneCountInString(v) > maxLabelChars || !cleanText(v) {
+			return invalid("labels", "label %q: value must be printable text of at most %d characters", k, maxLabelChars)
 		}
 	}
-	if len(c.Owner) > 64 || !cleanText(c.Owner) {
-		return invalid("owner", "owner must be printable text of at most 64 bytes")
+	if utf8.RuneCountInString(c.Owner) > maxOwnerChars || !cleanText(c.Owner) {
+		return invalid("owner", "owner must be printable text of at most %d characters", maxOwnerChars)
 	}
 	if c.TTLSeconds == 0 {
 		c.TTLSeconds = defTTL
