@@ -2,6 +2,7 @@ package sandboxapi
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,6 +49,7 @@ const (
 	// (characters, as JSON Schema's maxLength counts).
 	maxOwnerChars = 64
 	maxLabelChars = 256
+	maxUserChars  = 64
 )
 
 var (
@@ -98,7 +100,8 @@ func decodeStrict(body io.Reader, max int64, v any) *apitype.Problem {
 		}
 		break
 	}
-	dec := json.NewDecoder(br)
+	var seen bytes.Buffer // what the decoder read, scanned for nulls after
+	dec := json.NewDecoder(io.TeeReader(br, &seen))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
@@ -117,7 +120,26 @@ func decodeStrict(body io.Reader, max int64, v any) *apitype.Problem {
 		}
 		return invalid("", "trailing data after the JSON object")
 	}
+	if hasNull(seen.Bytes()) {
+		// json leaves a field as it is for null: a null would be taken
+		// as the field left out, which the document does not allow
+		return invalid("", "null is not a value of any field: leave the field out")
+	}
 	return nil
+}
+
+// hasNull reports whether the JSON document b holds a null value.
+func hasNull(b []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if tok == nil {
+			return true
+		}
+	}
 }
 
 // cleanText reports whether s is valid UTF-8 without control characters.
@@ -291,7 +313,7 @@ func validateExec(e *apitype.ExecRequest) *apitype.Problem {
 			return invalid("env", "variable %q: names must be non-empty without '=' and NUL, values without NUL", k)
 		}
 	}
-	if e.User != "" && (len(e.User) > 64 || !cleanText(e.User) || strings.ContainsAny(e.User, " :/")) {
+	if e.User != "" && (utf8.RuneCountInString(e.User) > maxUserChars || !cleanText(e.User) || strings.ContainsAny(e.User, " :/")) {
 		return invalid("user", "user %q is not a user name", e.User)
 	}
 	if e.TimeoutSeconds < 0 || e.TimeoutSeconds > maxExecTimeout {

@@ -39,6 +39,8 @@ type route struct {
 type param struct {
 	name, in, desc string
 	required       bool
+	// schema is the value's schema (nil: any string).
+	schema func() map[string]any
 }
 
 func reqTimeout(s *Server) time.Duration    { return s.o.RequestTimeout }
@@ -52,9 +54,9 @@ func execTimeout(s *Server) time.Duration {
 var (
 	pID   = param{name: "id", in: "path", desc: "sandbox id", required: true}
 	pVM   = param{name: "vm", in: "path", desc: "VM name in the sandbox", required: true}
-	pName = param{name: "name", in: "path", desc: "snapshot name", required: true}
-	pPath = param{name: "path", in: "query", desc: "absolute guest path", required: true}
-	pMode = param{name: "mode", in: "query", desc: "octal permission bits (up to 0777) of the written file (default 0644)"}
+	pName = param{name: "name", in: "path", desc: "snapshot name", required: true, schema: snapshotRule}
+	pPath = param{name: "path", in: "query", desc: "absolute guest path", required: true, schema: pathRule}
+	pMode = param{name: "mode", in: "query", desc: "octal permission bits (up to 0777) of the written file (default 0644)", schema: modeRule}
 )
 
 func (s *Server) routeTable() []route {
@@ -90,6 +92,18 @@ func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ principal) e
 	c := s.e.Capacity()
 	c.FreeSandboxes = c.Fits(apitype.CapacityUse{VMs: 1, VCPUs: minCores, MemoryMiB: minMemoryMiB})
 	return writeJSON(w, http.StatusOK, c)
+}
+
+// parseMode parses the mode query parameter ("": 0644).
+func parseMode(ms string) (os.FileMode, *apitype.Problem) {
+	if ms == "" {
+		return 0o644, nil
+	}
+	v, err := strconv.ParseUint(ms, 8, 32)
+	if err != nil || v > 0o777 {
+		return 0, invalid("mode", "mode %q: want octal permission bits up to 0777", ms)
+	}
+	return os.FileMode(v), nil
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
@@ -417,13 +431,9 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 	if pr := validateGuestPath(path); pr != nil {
 		return pr
 	}
-	mode := os.FileMode(0o644)
-	if ms := q.Get("mode"); ms != "" {
-		v, err := strconv.ParseUint(ms, 8, 32)
-		if err != nil || v > 0o777 {
-			return invalid("mode", "mode %q: want octal permission bits up to 0777", ms)
-		}
-		mode = os.FileMode(v)
+	mode, pr := parseMode(q.Get("mode"))
+	if pr != nil {
+		return pr
 	}
 	if r.ContentLength > s.o.MaxFileBytes {
 		return problemf(apitype.ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)

@@ -154,7 +154,11 @@ func (s *Server) OpenAPI() map[string]any {
 		}
 		var params []any
 		for _, p := range rt.params {
-			params = append(params, map[string]any{"name": p.name, "in": p.in, "required": p.required, "description": p.desc, "schema": map[string]any{"type": "string"}})
+			ps := map[string]any{"type": "string"}
+			if p.schema != nil {
+				ps = p.schema()
+			}
+			params = append(params, map[string]any{"name": p.name, "in": p.in, "required": p.required, "description": p.desc, "schema": ps})
 		}
 		if len(params) > 0 {
 			op["parameters"] = params

@@ -27,6 +27,26 @@ const createRulesText = "Rules JSON Schema cannot say: network names are unique,
 	"a template it has (invalid-request, field template, otherwise), a CIDR not in use and a free range " +
 	"for auto (conflict), the caps of GET /v1/capacity (guard-refused)."
 
+// execRulesText states what the exec keywords cannot.
+const execRulesText = "Rules JSON Schema cannot say: argv[0] is not empty; the arguments hold at most %d bytes " +
+	"in all; without Accept: application/x-ndjson (streaming) output_limit is at most %d (each stream is " +
+	"collected into the answer)."
+
+// pathRule is a guest path (validateGuestPath), as a query parameter.
+func pathRule() map[string]any {
+	return map[string]any{"type": "string", "minLength": 1, "maxLength": maxPathLen, "pattern": `^/[^\x00]*$`}
+}
+
+// modeRule is the mode query parameter: octal up to 0777 (ParseUint base 8).
+func modeRule() map[string]any {
+	return map[string]any{"type": "string", "pattern": `^$|^0*[0-7]{1,3}$`}
+}
+
+// snapshotRule is a snapshot name (validateSnapshotName).
+func snapshotRule() map[string]any {
+	return map[string]any{"type": "string", "pattern": reSnapshot.String()}
+}
+
 func (s *Server) createRules() map[string]map[string]any {
 	maxLen := func(n int) map[string]any { return map[string]any{"maxLength": n, "pattern": noControl} }
 	owner, label := maxLen(maxOwnerChars), maxLen(maxLabelChars)
@@ -48,6 +68,15 @@ func (s *Server) createRules() map[string]map[string]any {
 		"VMRequest.disk_gib":  {"minimum": 0, "maximum": maxDiskGiB},
 		"VMRequest.networks":  {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
 		"NetworkRequest.name": {"pattern": reName.String()},
+		"ExecRequest":         {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
+		"ExecRequest.argv":    {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"ExecRequest.cwd":     {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},
+		"ExecRequest.env": {"maxProperties": maxEnv, "propertyNames": map[string]any{"pattern": `^[^=\x00]+$`},
+			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"ExecRequest.user":            {"maxLength": maxUserChars, "pattern": `^[^\x00-\x1f\x7f :/]*$`},
+		"ExecRequest.timeout_seconds": {"minimum": 0, "maximum": maxExecTimeout},
+		"ExecRequest.output_limit":    {"minimum": 0, "maximum": maxOutputLimit},
+		"SnapshotRequest.name":        snapshotRule(),
 		"NetworkRequest.cidr": {"pattern": cidrPattern(sandbox.PrivateRanges(), minCIDRBits, maxCIDRBits),
 			"description": fmt.Sprintf(`"auto" (or empty) or a private IPv4 prefix of /%d to /%d without host bits`, minCIDRBits, maxCIDRBits)},
 	}

@@ -215,3 +215,116 @@ func TestOpenAPICreateBounds(t *testing.T) {
 		t.Errorf("memory_mib %v: not the validator's bounds", alts)
 	}
 }
+
+// TestOpenAPIExecAndParamPatterns: the exec body's and the file and
+// snapshot parameters' patterns match exactly what their validators
+// accept; the exec bounds are exact.
+func TestOpenAPIExecAndParamPatterns(t *testing.T) {
+	execAccepts := func(mod func(*apitype.ExecRequest)) bool {
+		e := apitype.ExecRequest{Argv: []string{"true"}}
+		mod(&e)
+		return validateExec(&e) == nil
+	}
+	kw := func(prop, sub string) map[string]any {
+		k := rule(t, prop)
+		if sub != "" {
+			k = k[sub].(map[string]any)
+		}
+		return k
+	}
+	paths := randomStrings(7, "/a\x00é.", 12, "", "/", "a/", strings.Repeat("/", maxPathLen), strings.Repeat("/", maxPathLen+1))
+	tests := []struct {
+		name    string
+		kw      map[string]any
+		cands   []string
+		accepts func(string) bool
+	}{
+		{"argv items", kw("ExecRequest.argv", "items"), randomStrings(8, "a\x00 ", 4), func(s string) bool {
+			return execAccepts(func(e *apitype.ExecRequest) { e.Argv = []string{"true", s} })
+		}},
+		{"cwd", kw("ExecRequest.cwd", ""), paths, func(s string) bool {
+			return execAccepts(func(e *apitype.ExecRequest) { e.Cwd = s })
+		}},
+		{"env names", kw("ExecRequest.env", "propertyNames"), randomStrings(9, "a=\x00_", 4), func(s string) bool {
+			return execAccepts(func(e *apitype.ExecRequest) { e.Env = map[string]string{s: "v"} })
+		}},
+		{"env values", kw("ExecRequest.env", "additionalProperties"), randomStrings(10, "a=\x00 ", 4), func(s string) bool {
+			return execAccepts(func(e *apitype.ExecRequest) { e.Env = map[string]string{"K": s} })
+		}},
+		{"user", kw("ExecRequest.user", ""), randomStrings(11, "a :/\x01é", 70, strings.Repeat("é", 64), strings.Repeat("é", 65)), func(s string) bool {
+			return execAccepts(func(e *apitype.ExecRequest) { e.User = s })
+		}},
+		{"path", pathRule(), paths, func(s string) bool { return validateGuestPath(s) == nil }},
+		{"mode", modeRule(), randomStrings(12, "0178+-_x", 6, "", "0", "777", "0777", "1000", "00000000000644"), func(s string) bool {
+			_, pr := parseMode(s)
+			return pr == nil
+		}},
+		{"snapshot", snapshotRule(), randomStrings(13, "aZ9_-é ", 42, strings.Repeat("a", 40), strings.Repeat("a", 41)), func(s string) bool {
+			return validateSnapshotName(s) == nil
+		}},
+	}
+	for _, tc := range tests {
+		re := regexp.MustCompile(tc.kw["pattern"].(string))
+		maxLen, _ := tc.kw["maxLength"].(int)
+		minLen, _ := tc.kw["minLength"].(int)
+		for _, s := range tc.cands {
+			n := len([]rune(s))
+			allowed := re.MatchString(s) && (maxLen == 0 || n <= maxLen) && n >= minLen
+			if got := tc.accepts(s); got != allowed {
+				t.Errorf("%s %q: the document allows it %v, the validator accepts it %v", tc.name, s, allowed, got)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		prop, min, max string
+		set            func(int) func(*apitype.ExecRequest)
+	}{
+		{"ExecRequest.argv", "minItems", "maxItems", func(n int) func(*apitype.ExecRequest) {
+			return func(e *apitype.ExecRequest) { e.Argv = slicesRepeat("a", n) }
+		}},
+		{"ExecRequest.timeout_seconds", "minimum", "maximum", func(n int) func(*apitype.ExecRequest) {
+			return func(e *apitype.ExecRequest) { e.TimeoutSeconds = int64(n) }
+		}},
+		{"ExecRequest.output_limit", "minimum", "maximum", func(n int) func(*apitype.ExecRequest) {
+			return func(e *apitype.ExecRequest) { e.OutputLimit = int64(n) }
+		}},
+	} {
+		k := rule(t, tc.prop)
+		lo, hi := k[tc.min].(int), k[tc.max].(int)
+		if !execAccepts(tc.set(lo)) || execAccepts(tc.set(lo-1)) || !execAccepts(tc.set(hi)) || execAccepts(tc.set(hi+1)) {
+			t.Errorf("%s %d..%d is not the validator's bound", tc.prop, lo, hi)
+		}
+	}
+}
+
+func slicesRepeat(s string, n int) []string {
+	out := make([]string, max(n, 0))
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
+
+// TestDecodeRefusesNull: a null anywhere in a body is refused (schemathesis
+// ST201 on check: {"vm": null} was taken as no VM given); null inside a
+// string is text.
+func TestDecodeRefusesNull(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		ok   bool
+	}{
+		{`{"vm": null}`, false},
+		{`{"vm": "a"}`, true},
+		{`{"vm": "null"}`, true},
+		{`{}`, true},
+	} {
+		var req apitype.CheckRequest
+		if pr := decodeStrict(strings.NewReader(tc.body), 1<<10, &req); (pr == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok %v", tc.body, pr, tc.ok)
+		}
+	}
+	var c apitype.CreateRequest
+	if pr := decodeStrict(strings.NewReader(`{"vms":[{"template":"debian","networks":null}]}`), 1<<10, &c); pr == nil {
+		t.Error("a nested null accepted")
+	}
+}

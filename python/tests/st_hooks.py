@@ -5,6 +5,7 @@ sends (admin, exec, read; none: a token the daemon never issued)."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import schemathesis
@@ -93,13 +94,55 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+# The document's propertyNames, which the generator does not apply to keys.
+CREATE_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+EXEC_ENV_KEY = re.compile(r"^[^=\x00]+$")
+
+
+def keys_matching(d: Any, pattern: re.Pattern[str]) -> Any:
+    """d without the keys pattern refuses (d itself if not an object)."""
+    if not isinstance(d, dict):
+        return d
+    return {k: v for k, v in d.items() if pattern.match(k)}
+
+
+MAX_ARG_BYTES = 1 << 20
+MAX_COLLECTED = 64 << 20
+
+
+def apply_exec_rules(body: dict[str, Any]) -> dict[str, Any]:
+    """A generated exec body with the stated cross-field rules applied:
+    argv[0] not empty, the arguments within their byte budget, a collected
+    answer's output_limit within its cap."""
+    argv = body.get("argv")
+    if isinstance(argv, list) and argv and isinstance(argv[0], str):
+        if argv[0] == "":
+            argv[0] = "true"
+        while len(argv) > 1 and sum(len(str(a).encode()) for a in argv) > MAX_ARG_BYTES:
+            argv.pop()
+    if isinstance(body.get("output_limit"), int) and body["output_limit"] > MAX_COLLECTED:
+        body["output_limit"] = MAX_COLLECTED
+    return body
+
+
 @schemathesis.hook("map_case")
-def create_rules(ctx: Any, case: Any) -> Any:
+def stated_rules(ctx: Any, case: Any) -> Any:
     op = case.operation
-    if op.method.upper() != "POST" or op.path != "/v1/sandboxes" or not isinstance(case.body, dict):
-        return case
     meta = case.meta
-    if meta is None or meta.generation.mode.is_negative:
+    if not isinstance(case.body, dict) or meta is None or meta.generation.mode.is_negative:
         return case
-    case.body = apply_create_rules(case.body)
+    body = case.body
+    if op.method.upper() == "POST" and op.path == "/v1/sandboxes":
+        for k, pat in (("env", CREATE_ENV_KEY), ("labels", LABEL_KEY)):
+            if k in body:
+                body[k] = keys_matching(body[k], pat)
+        case.body = apply_create_rules(body)
+    elif op.method.upper() == "POST" and op.path.endswith("/exec"):
+        if "env" in body:
+            body["env"] = keys_matching(body["env"], EXEC_ENV_KEY)
+        case.body = apply_exec_rules(body)
+    elif op.method.upper() == "POST" and op.path.endswith("/check"):
+        # which VMs a sandbox has is its state: a valid check asks the default
+        body.pop("vm", None)
     return case

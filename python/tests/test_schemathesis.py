@@ -34,8 +34,22 @@ HERE = Path(__file__).parent
 #     unbounded in the document; POST /v1/sandboxes ST202: the document did
 #     not say the create's rules (name patterns, CIDRs, ranges, counts); it
 #     says them now, the cross-field ones in words, which st_hooks.py
-#     applies to the bodies generated as valid.
-KNOWN: set[tuple[str, str]] = set()
+#     applies to the bodies generated as valid; the same for exec (argv,
+#     cwd, env, user, timeout and output bounds) and the file path, mode and
+#     snapshot name parameters (ST202, found once creates succeeded);
+#     POST /v1/sandboxes/{id}/check ST201: {"vm": null} was taken as no VM
+#     given (a null anywhere in a body is refused now: TestDecodeRefusesNull).
+KNOWN: set[tuple[str, str]] = {
+    # A node without egress policies (the playground) answers its egress
+    # routes for the node's configuration: GET 503 unavailable (a 5xx),
+    # PUT 400 invalid-request; pending the lead's choice of status (404 or
+    # 501), which TestProblemDocuments pins to 503 today.
+    ("GET /v1/sandboxes/{id}/egress", "ST101"),
+    ("PUT /v1/sandboxes/{id}/egress", "ST202"),
+    # The containment check runs its probes for tens of seconds by design,
+    # past schemathesis's default response-time limit.
+    ("POST /v1/sandboxes/{id}/check", "ST112"),
+}
 
 
 def _env(name: str) -> str:
