@@ -52,6 +52,10 @@ const (
 	maxUserChars  = 64
 )
 
+// reservedSnapshot is the one name reSnapshot allows that Proxmox refuses
+// (qemu-server API2/Qemu.pm snapshot: "current" is reserved).
+const reservedSnapshot = "current"
+
 var (
 	reName     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$`)
 	reTemplate = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -344,6 +348,9 @@ func validateGuestPath(p string) *apitype.Problem {
 
 // validateSnapshotName checks a snapshot name (Proxmox's pve-configid rules).
 func validateSnapshotName(n string) *apitype.Problem {
+	if n == reservedSnapshot {
+		return invalid("name", "snapshot name %q is reserved by Proxmox (the VM's present state)", n)
+	}
 	if !reSnapshot.MatchString(n) {
 		return invalid("name", "snapshot name %q: want [A-Za-z][A-Za-z0-9_-]{1,39}", n)
 	}

@@ -44,7 +44,7 @@ func modeRule() map[string]any {
 
 // snapshotRule is a snapshot name (validateSnapshotName).
 func snapshotRule() map[string]any {
-	return map[string]any{"type": "string", "pattern": reSnapshot.String()}
+	return map[string]any{"type": "string", "pattern": reSnapshot.String(), "not": map[string]any{"enum": []string{reservedSnapshot}}}
 }
 
 func (s *Server) createRules() map[string]map[string]any {
