@@ -101,7 +101,10 @@ func newClient(o Options, auth proxmox.Option) (*Client, error) {
 }
 
 var (
-	reExists  = regexp.MustCompile(`(?i)already exists|already in use|is already used`)
+	// "already used": a snapshot name taken (pve-guest-common
+	// AbstractConfig.pm snapshot_prepare: "snapshot name '$snapname'
+	// already used"), a state the caller is told as a conflict
+	reExists  = regexp.MustCompile(`(?i)already exists|already in use|already used`)
 	reMissing = regexp.MustCompile(`(?i)does not exist`)
 )
 

@@ -506,6 +506,10 @@ func TestClientAgainstSchema(t *testing.T) {
 	if err := c.Snapshot(ctx, 100, "s1"); err == nil || !strings.Contains(err.Error(), "snapshot feature is not available") {
 		t.Fatalf("failed task not reported: %v", err)
 	}
+	f.failOp["qmsnapshot"] = "snapshot name 's1' already used"
+	if err := c.Snapshot(ctx, 100, "s1"); !errors.Is(err, sandbox.ErrExists) {
+		t.Fatalf("a snapshot name taken: %v, want ErrExists (a conflict, not a Proxmox failure)", err)
+	}
 	delete(f.failOp, "qmsnapshot")
 	// A warm pool claim: tags and name only, in one synchronous request
 	// (the NIC, with its MAC, stays as it is).

@@ -167,6 +167,10 @@ func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, ho
 // rfc1918 are the private IPv4 ranges sandbox networks must come from.
 var rfc1918 = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16")}
 
+// PrivateRanges returns the RFC 1918 ranges a network's CIDR must lie in
+// (PrivateV4), for the API's document to say them.
+func PrivateRanges() []netip.Prefix { return slices.Clone(rfc1918) }
+
 // PrivateV4 reports whether p lies wholly inside one RFC 1918 range.
 func PrivateV4(p netip.Prefix) bool {
 	for _, r := range rfc1918 {

@@ -2,6 +2,7 @@ package sandboxapi
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,10 +34,27 @@ const (
 	// maxCollected caps each stream of an exec whose output is collected
 	// and answered in one document; larger limits must stream (NDJSON).
 	maxCollected = 64 << 20
+	minCores     = 1
 	maxCores     = 1024
+	minMemoryMiB = 16
 	maxMemoryMiB = 4 << 20 // 4 TiB
 	maxDiskGiB   = 64 << 10
+	// defaultCores and defaultMemoryMiB are a VM's when it says 0.
+	defaultCores     = 1
+	defaultMemoryMiB = 1024
+	// minCIDRBits and maxCIDRBits bound a network's prefix length.
+	minCIDRBits = 16
+	maxCIDRBits = 28
+	// maxOwnerChars and maxLabelChars bound the owner and a label value
+	// (characters, as JSON Schema's maxLength counts).
+	maxOwnerChars = 64
+	maxLabelChars = 256
+	maxUserChars  = 64
 )
+
+// reservedSnapshot is the one name reSnapshot allows that Proxmox refuses
+// (qemu-server API2/Qemu.pm snapshot: "current" is reserved).
+const reservedSnapshot = "current"
 
 var (
 	reName     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$`)
@@ -86,7 +104,8 @@ func decodeStrict(body io.Reader, max int64, v any) *apitype.Problem {
 		}
 		break
 	}
-	dec := json.NewDecoder(br)
+	var seen bytes.Buffer // what the decoder read, scanned for nulls after
+	dec := json.NewDecoder(io.TeeReader(br, &seen))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
@@ -105,7 +124,26 @@ func decodeStrict(body io.Reader, max int64, v any) *apitype.Problem {
 		}
 		return invalid("", "trailing data after the JSON object")
 	}
+	if hasNull(seen.Bytes()) {
+		// json leaves a field as it is for null: a null would be taken
+		// as the field left out, which the document does not allow
+		return invalid("", "null is not a value of any field: leave the field out")
+	}
 	return nil
+}
+
+// hasNull reports whether the JSON document b holds a null value.
+func hasNull(b []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if tok == nil {
+			return true
+		}
+	}
 }
 
 // cleanText reports whether s is valid UTF-8 without control characters.
@@ -158,8 +196,8 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			if p.Masked() != p {
 				return invalid(f+".cidr", "cidr %q has host bits set", n.CIDR)
 			}
-			if p.Bits() < 16 || p.Bits() > 28 {
-				return invalid(f+".cidr", "cidr %q: prefix length must be 16..28", n.CIDR)
+			if p.Bits() < minCIDRBits || p.Bits() > maxCIDRBits {
+				return invalid(f+".cidr", "cidr %q: prefix length must be %d..%d", n.CIDR, minCIDRBits, maxCIDRBits)
 			}
 			if !sandbox.PrivateV4(p) {
 				return invalid(f+".cidr", "cidr %q: must be a private (RFC 1918) range", n.CIDR)
@@ -184,16 +222,16 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			return invalid(f+".template", "template %q: want a template name", v.Template)
 		}
 		if v.Cores == 0 {
-			v.Cores = 1
+			v.Cores = defaultCores
 		}
 		if v.MemoryMiB == 0 {
-			v.MemoryMiB = 1024
+			v.MemoryMiB = defaultMemoryMiB
 		}
-		if v.Cores < 1 || v.Cores > maxCores {
-			return invalid(f+".cores", "cores %d: want 1..%d", v.Cores, maxCores)
+		if v.Cores < minCores || v.Cores > maxCores {
+			return invalid(f+".cores", "cores %d: want %d..%d", v.Cores, minCores, maxCores)
 		}
-		if v.MemoryMiB < 16 || v.MemoryMiB > maxMemoryMiB {
-			return invalid(f+".memory_mib", "memory_mib %d: want 16..%d", v.MemoryMiB, maxMemoryMiB)
+		if v.MemoryMiB < minMemoryMiB || v.MemoryMiB > maxMemoryMiB {
+			return invalid(f+".memory_mib", "memory_mib %d: want %d..%d", v.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 		}
 		if v.DiskGiB < 0 || v.DiskGiB > maxDiskGiB {
 			return invalid(f+".disk_gib", "disk_gib %d: want 0..%d", v.DiskGiB, maxDiskGiB)
@@ -220,12 +258,12 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		if !reLabelKey.MatchString(k) {
 			return invalid("labels", "label key %q: want [A-Za-z0-9._/-], at most 63 characters", k)
 		}
-		if len(v) > 256 || !cleanText(v) {
-			return invalid("labels", "label %q: value must be printable text of at most 256 bytes", k)
+		if utf8.RuneCountInString(v) > maxLabelChars || !cleanText(v) {
+			return invalid("labels", "label %q: value must be printable text of at most %d characters", k, maxLabelChars)
 		}
 	}
-	if len(c.Owner) > 64 || !cleanText(c.Owner) {
-		return invalid("owner", "owner must be printable text of at most 64 bytes")
+	if utf8.RuneCountInString(c.Owner) > maxOwnerChars || !cleanText(c.Owner) {
+		return invalid("owner", "owner must be printable text of at most %d characters", maxOwnerChars)
 	}
 	if c.TTLSeconds == 0 {
 		c.TTLSeconds = defTTL
@@ -279,7 +317,7 @@ func validateExec(e *apitype.ExecRequest) *apitype.Problem {
 			return invalid("env", "variable %q: names must be non-empty without '=' and NUL, values without NUL", k)
 		}
 	}
-	if e.User != "" && (len(e.User) > 64 || !cleanText(e.User) || strings.ContainsAny(e.User, " :/")) {
+	if e.User != "" && (utf8.RuneCountInString(e.User) > maxUserChars || !cleanText(e.User) || strings.ContainsAny(e.User, " :/")) {
 		return invalid("user", "user %q is not a user name", e.User)
 	}
 	if e.TimeoutSeconds < 0 || e.TimeoutSeconds > maxExecTimeout {
@@ -310,6 +348,9 @@ func validateGuestPath(p string) *apitype.Problem {
 
 // validateSnapshotName checks a snapshot name (Proxmox's pve-configid rules).
 func validateSnapshotName(n string) *apitype.Problem {
+	if n == reservedSnapshot {
+		return invalid("name", "snapshot name %q is reserved by Proxmox (the VM's present state)", n)
+	}
 	if !reSnapshot.MatchString(n) {
 		return invalid("name", "snapshot name %q: want [A-Za-z][A-Za-z0-9_-]{1,39}", n)
 	}

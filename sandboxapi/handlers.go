@@ -39,6 +39,8 @@ type route struct {
 type param struct {
 	name, in, desc string
 	required       bool
+	// schema is the value's schema (nil: any string).
+	schema func() map[string]any
 }
 
 func reqTimeout(s *Server) time.Duration    { return s.o.RequestTimeout }
@@ -52,14 +54,15 @@ func execTimeout(s *Server) time.Duration {
 var (
 	pID   = param{name: "id", in: "path", desc: "sandbox id", required: true}
 	pVM   = param{name: "vm", in: "path", desc: "VM name in the sandbox", required: true}
-	pName = param{name: "name", in: "path", desc: "snapshot name", required: true}
-	pPath = param{name: "path", in: "query", desc: "absolute guest path", required: true}
-	pMode = param{name: "mode", in: "query", desc: "octal permission bits (up to 0777) of the written file (default 0644)"}
+	pName = param{name: "name", in: "path", desc: "snapshot name", required: true, schema: snapshotRule}
+	pPath = param{name: "path", in: "query", desc: "absolute guest path", required: true, schema: pathRule}
+	pMode = param{name: "mode", in: "query", desc: "octal permission bits (up to 0777) of the written file (default 0644)", schema: modeRule}
 )
 
 func (s *Server) routeTable() []route {
 	return []route{
 		{method: "GET", path: "/v1/healthz", scope: apitype.ScopeRead, summary: "Daemon health", response: "Health", okStatus: 200, timeout: reqTimeout, h: s.healthz},
+		{method: "GET", path: "/v1/capacity", scope: apitype.ScopeRead, summary: "The node's free room against its caps (sandboxes, VMs, cores, memory)", response: "Capacity", okStatus: 200, timeout: reqTimeout, h: s.capacity},
 		{method: "GET", path: "/v1/openapi.json", scope: apitype.ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
 		{method: "POST", path: "/v1/sandboxes", scope: apitype.ScopeAdmin, summary: "Create a sandbox; returns when every VM answers its guest agent", request: "CreateRequest", response: "Sandbox", okStatus: 201, timeout: createTimeout, h: s.createSandbox},
 		{method: "GET", path: "/v1/sandboxes", scope: apitype.ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
@@ -81,6 +84,28 @@ func (s *Server) routeTable() []route {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request, _ principal) error {
 	return writeJSON(w, http.StatusOK, apitype.Health{Status: "ok", Node: s.e.Node(), Sandboxes: len(s.e.List())})
+}
+
+// capacity answers the guard's room. It is node-wide for every token,
+// owner-bound ones too: the caps are the node's, and a client placing a
+// sandbox needs the room left, not whose sandboxes hold the rest (no
+// sandbox, owner or label is in it).
+func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ principal) error {
+	c := s.e.Capacity()
+	c.FreeSandboxes = c.Fits(apitype.CapacityUse{VMs: 1, VCPUs: minCores, MemoryMiB: minMemoryMiB})
+	return writeJSON(w, http.StatusOK, c)
+}
+
+// parseMode parses the mode query parameter ("": 0644).
+func parseMode(ms string) (os.FileMode, *apitype.Problem) {
+	if ms == "" {
+		return 0o644, nil
+	}
+	v, err := strconv.ParseUint(ms, 8, 32)
+	if err != nil || v > 0o777 {
+		return 0, invalid("mode", "mode %q: want octal permission bits up to 0777", ms)
+	}
+	return os.FileMode(v), nil
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
@@ -412,13 +437,9 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 	if pr := validateGuestPath(path); pr != nil {
 		return pr
 	}
-	mode := os.FileMode(0o644)
-	if ms := q.Get("mode"); ms != "" {
-		v, err := strconv.ParseUint(ms, 8, 32)
-		if err != nil || v > 0o777 {
-			return invalid("mode", "mode %q: want octal permission bits up to 0777", ms)
-		}
-		mode = os.FileMode(v)
+	mode, pr := parseMode(q.Get("mode"))
+	if pr != nil {
+		return pr
 	}
 	if r.ContentLength > s.o.MaxFileBytes {
 		return problemf(apitype.ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)

@@ -29,6 +29,9 @@ var schemaTypes = map[string]any{
 	"CheckReport":     apitype.CheckReport{},
 	"CheckSampling":   apitype.CheckSampling{},
 	"Health":          apitype.Health{},
+	"Capacity":        apitype.Capacity{},
+	"CapacityUse":     apitype.CapacityUse{},
+	"SandboxCaps":     apitype.SandboxCaps{},
 	"EgressPolicy":    apitype.EgressPolicy{},
 	"EgressStatus":    apitype.EgressStatus{},
 	"EgressDenial":    apitype.EgressDenial{},
@@ -128,12 +131,21 @@ func (s *Server) OpenAPI() map[string]any {
 	for name, v := range schemaTypes {
 		schemas[name] = schemaOf(reflect.TypeOf(v), true)
 	}
-	for prop, kw := range s.bounds() {
-		name, field, _ := strings.Cut(prop, ".")
-		ps := schemas[name].(map[string]any)["properties"].(map[string]any)[field].(map[string]any)
-		for k, v := range kw {
-			ps[k] = v
+	for _, rules := range []map[string]map[string]any{s.bounds(), s.createRules()} {
+		for prop, kw := range rules {
+			name, field, _ := strings.Cut(prop, ".")
+			ps := schemas[name].(map[string]any)
+			if field != "" {
+				ps = ps["properties"].(map[string]any)[field].(map[string]any)
+			}
+			for k, v := range kw {
+				ps[k] = v
+			}
 		}
+	}
+	if s.eo.Egress == nil {
+		// this node refuses every egress policy: the document has none
+		delete(schemas["CreateRequest"].(map[string]any)["properties"].(map[string]any), "egress")
 	}
 	probSchema := schemas["Problem"].(map[string]any)
 	probSchema["properties"].(map[string]any)["type"] = map[string]any{"type": "string", "enum": apitype.ProblemTypes()}
@@ -155,7 +167,11 @@ func (s *Server) OpenAPI() map[string]any {
 		}
 		var params []any
 		for _, p := range rt.params {
-			params = append(params, map[string]any{"name": p.name, "in": p.in, "required": p.required, "description": p.desc, "schema": map[string]any{"type": "string"}})
+			ps := map[string]any{"type": "string"}
+			if p.schema != nil {
+				ps = p.schema()
+			}
+			params = append(params, map[string]any{"name": p.name, "in": p.in, "required": p.required, "description": p.desc, "schema": ps})
 		}
 		if len(params) > 0 {
 			op["parameters"] = params

@@ -156,7 +156,8 @@ func runPytest(t *testing.T, ctx context.Context, s *suiteNS, dir string, env []
 func TestInspectProvider(t *testing.T) {
 	testkit.RequireRoot(t)
 	dir := needPython(t)
-	p := startPlayground(t, buildBins(t))
+	bin := buildBins(t)
+	p := startPlayground(t, bin)
 	in := p.info
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -166,6 +167,7 @@ func TestInspectProvider(t *testing.T) {
 		"PVE_INSPECT_URL=" + in["api"], "PVE_INSPECT_TOKEN=" + in["admin_token"], "PVE_INSPECT_CA_FILE=" + in["ca"],
 		"PVE_INSPECT_READ_TOKEN=" + in["read_token"],
 		"PVE_INSPECT_EXEC_TOKEN=" + createToken(t, in, "inspect-exec", "exec"),
+		"PVE_INSPECT_BIN_DIR=" + bin, // connection()'s command runs pve-inspectd
 	})
 	p.stop(t)
 	assertGone(t, in)

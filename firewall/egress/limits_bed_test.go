@@ -331,3 +331,89 @@ func TestEgressZoneLocalNamesOnBed(t *testing.T) {
 		}
 	}
 }
+
+// TestEgressResolverTCPQuotaOnBed is finding 4 for DNS over TCP: the
+// resolver took 64 TCP connections node-wide, so one guest holding idle
+// ones starved every sandbox's TCP DNS. Now one owner holds at most
+// TCPPerOwner; a connection past it is closed at once and counted (reason
+// quota), a held one within the quota still answers, and another zone's
+// TCP queries are answered meanwhile.
+func TestEgressResolverTCPQuotaOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const quota, opened = 3, 8
+	s := newStackWith(t, ctx, Policy{Mode: "open"}, stackConfig{resolver: ResolverConfig{TCPPerOwner: quota}})
+	for _, z := range []string{"zonea", "zoneb"} {
+		s.set(t, ctx, z, Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
+	}
+	// zonea opens 8 connections to its resolver and sends nothing: the
+	// first 3 are held (the resolver waits for a query), the rest refused
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	if err := s.b.Do(s.guests["zonea"].NS, func() error {
+		for i := range opened {
+			c, err := net.DialTimeout("tcp4", s.gw["zonea"]+":53", 2*time.Second)
+			if err != nil {
+				return fmt.Errorf("connection %d: %w", i, err)
+			}
+			held = append(held, c)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// a refused connection is closed by the resolver: reading it ends at
+	// once; a held one times out (read all at once: a read past its
+	// deadline reports the timeout even when the FIN is there; one
+	// second, well within the resolver's 5s wait for a query)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	closed := 0
+	for _, c := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			var b [1]byte
+			if _, err := c.Read(b[:]); err != nil && !isTimeout(err) {
+				mu.Lock()
+				closed++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if closed != opened-quota {
+		t.Errorf("%d of zonea's %d idle TCP connections closed by the resolver, want %d (quota %d)", closed, opened, opened-quota, quota)
+	}
+	if n := testutil.ToFloat64(s.den.total.WithLabelValues("sb-zonea", ReasonQuota)); n != opened-quota {
+		t.Errorf("quota refusals counted for sb-zonea: %v, want %d", n, opened-quota)
+	}
+	// zoneb is not starved by zonea's held connections
+	if got, err := s.resolve("zoneb", testvm.InternetName, s.gw["zoneb"]+":53", true); err != nil || len(got) != 1 {
+		t.Errorf("zoneb over TCP while zonea holds %d connections: %v, %v", quota, got, err)
+	}
+	if n := testutil.ToFloat64(s.den.total.WithLabelValues("sb-zoneb", ReasonQuota)); n != 0 {
+		t.Errorf("quota refusals counted for sb-zoneb: %v", n)
+	}
+	// once zonea closes its held connections its quota is free again
+	for _, c := range held {
+		_ = c.Close()
+	}
+	held = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := s.resolve("zonea", testvm.InternetName, s.gw["zonea"]+":53", true)
+		if err == nil && len(got) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zonea over TCP after closing its connections: %v, %v", got, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -5,6 +5,7 @@ sends (admin, exec, read; none: a token the daemon never issued)."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import schemathesis
@@ -35,3 +36,113 @@ def token_within_scope(ctx: Any, response: Any, case: Any) -> bool | None:
     elif RANK[scope] < RANK[need] and code != 403:
         raise AssertionError(f"{scope} token on a {need} operation {label}: {code}, want 403")
     return None
+
+
+# The create rules the OpenAPI document states in words (CreateRequest's
+# description: JSON Schema cannot say them) and the node's state, applied to
+# the bodies schemathesis generates as valid (positive) ones, so that such a
+# body is refused only for a documented state reason (ST202). Negative
+# bodies are left as they are: they must be refused.
+TEMPLATE = os.environ.get("ST_TEMPLATE", "debian")  # the playground's template
+MAX_ENV_BYTES = 64 << 10
+# A create makes real VMs on the bed: a positive create has at most this many.
+BED_VMS = 2
+
+
+def _unique(name: str, used: set[str], i: int) -> str:
+    n, k = name, 0
+    while n in used:
+        n, k = f"n{i}x{k}", k + 1
+    used.add(n)
+    return n
+
+
+def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
+    """A generated create body with the stated cross-field rules applied:
+    unique network and VM names, a VM's networks among networks (net0 when
+    there are none), env within its byte budget; and the node's state: its
+    template, the disk as the template has it (Proxmox refuses a smaller
+    one), at most BED_VMS VMs."""
+    nets = body.get("networks")
+    defined = ["net0"]
+    if isinstance(nets, list) and nets:
+        used: set[str] = set()
+        for i, n in enumerate(nets):
+            if isinstance(n, dict) and isinstance(n.get("name"), str):
+                n["name"] = _unique(n["name"], used, i)
+        defined = sorted(used) or defined
+    vms = body.get("vms")
+    if isinstance(vms, list):
+        del vms[BED_VMS:]
+        names: set[str] = set()
+        for i, v in enumerate(vms):
+            if not isinstance(v, dict):
+                continue
+            v["template"] = TEMPLATE
+            v.pop("disk_gib", None)
+            name = v.get("name") or f"vm{i}"
+            if name in names:
+                name = _unique(f"v{i}", names | {f"vm{j}" for j in range(len(vms))}, i)
+                v["name"] = name
+            names.add(name)
+            if isinstance(v.get("networks"), list):
+                v["networks"] = [r if r in defined else defined[0] for r in v["networks"]]
+    env = body.get("env")
+    if isinstance(env, dict):
+        while sum(len(k.encode()) + len(str(x).encode()) for k, x in env.items()) > MAX_ENV_BYTES:
+            env.pop(next(iter(env)))
+    return body
+
+
+# The document's propertyNames, which the generator does not apply to keys.
+CREATE_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+EXEC_ENV_KEY = re.compile(r"^[^=\x00]+$")
+
+
+def keys_matching(d: Any, pattern: re.Pattern[str]) -> Any:
+    """d without the keys pattern refuses (d itself if not an object)."""
+    if not isinstance(d, dict):
+        return d
+    return {k: v for k, v in d.items() if pattern.match(k)}
+
+
+MAX_ARG_BYTES = 1 << 20
+MAX_COLLECTED = 64 << 20
+
+
+def apply_exec_rules(body: dict[str, Any]) -> dict[str, Any]:
+    """A generated exec body with the stated cross-field rules applied:
+    argv[0] not empty, the arguments within their byte budget, a collected
+    answer's output_limit within its cap."""
+    argv = body.get("argv")
+    if isinstance(argv, list) and argv and isinstance(argv[0], str):
+        if argv[0] == "":
+            argv[0] = "true"
+        while len(argv) > 1 and sum(len(str(a).encode()) for a in argv) > MAX_ARG_BYTES:
+            argv.pop()
+    if isinstance(body.get("output_limit"), int) and body["output_limit"] > MAX_COLLECTED:
+        body["output_limit"] = MAX_COLLECTED
+    return body
+
+
+@schemathesis.hook("map_case")
+def stated_rules(ctx: Any, case: Any) -> Any:
+    op = case.operation
+    meta = case.meta
+    if not isinstance(case.body, dict) or meta is None or meta.generation.mode.is_negative:
+        return case
+    body = case.body
+    if op.method.upper() == "POST" and op.path == "/v1/sandboxes":
+        for k, pat in (("env", CREATE_ENV_KEY), ("labels", LABEL_KEY)):
+            if k in body:
+                body[k] = keys_matching(body[k], pat)
+        case.body = apply_create_rules(body)
+    elif op.method.upper() == "POST" and op.path.endswith("/exec"):
+        if "env" in body:
+            body["env"] = keys_matching(body["env"], EXEC_ENV_KEY)
+        case.body = apply_exec_rules(body)
+    elif op.method.upper() == "POST" and op.path.endswith("/check"):
+        # which VMs a sandbox has is its state: a valid check asks the default
+        body.pop("vm", None)
+    return case

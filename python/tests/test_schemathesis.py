@@ -26,15 +26,36 @@ HERE = Path(__file__).parent
 
 # (operation, check) found and not yet fixed in the daemon. Fixed, each with
 # a regression test (Go: TestProblemDocuments "null body" rows,
-# TestOpenAPITTLBounds; here: the two tests at the end):
+# TestOpenAPITTLBounds, TestOpenAPICreatePatterns, TestOpenAPICreateCIDRPattern,
+# TestOpenAPICreateBounds, TestOpenAPICreateEgressByNode; here: the tests at
+# the end):
 #   PUT /v1/sandboxes/{id}/egress ST201: a JSON null body was taken as the
 #     empty request; POST /v1/sandboxes/{id}/extend ST202: ttl_seconds
-#     unbounded in the document.
+#     unbounded in the document; POST /v1/sandboxes ST202: the document did
+#     not say the create's rules (name patterns, CIDRs, ranges, counts); it
+#     says them now, the cross-field ones in words, which st_hooks.py
+#     applies to the bodies generated as valid; the same for exec (argv,
+#     cwd, env, user, timeout and output bounds) and the file path, mode and
+#     snapshot name parameters (ST202, found once creates succeeded);
+#     POST /v1/sandboxes/{id}/check ST201: {"vm": null} was taken as no VM
+#     given (a null anywhere in a body is refused now: TestDecodeRefusesNull);
+#     POST /v1/sandboxes/{id}/vms/{vm}/snapshots ST101: a snapshot name taken
+#     answered 502 (now conflict: pveapi classify "already used"), and
+#     "current", which Proxmox reserves, is refused up front.
 KNOWN: set[tuple[str, str]] = {
-    # The document does not say every rule of a create (VM and network
-    # name patterns, cores and memory ranges, which templates exist): a
-    # body the schema allows may be refused.
-    ("POST /v1/sandboxes", "ST202"),
+    # A node without egress policies (the playground) answers its egress
+    # routes for the node's configuration: GET 503 unavailable (a 5xx),
+    # PUT 400 invalid-request; pending the lead's choice of status (404 or
+    # 501), which TestProblemDocuments pins to 503 today.
+    ("GET /v1/sandboxes/{id}/egress", "ST101"),
+    ("PUT /v1/sandboxes/{id}/egress", "ST202"),
+    # The containment check runs its probes for tens of seconds by design,
+    # past schemathesis's default response-time limit.
+    ("POST /v1/sandboxes/{id}/check", "ST112"),
+    # Found on the bed (a real guest) in the last run of this round; the
+    # refused body and its problem were not captured: a guest path's state
+    # (a missing parent, a special file) answered 400?  To be looked at.
+    ("PUT /v1/sandboxes/{id}/vms/{vm}/files", "ST202"),
 }
 
 
@@ -170,3 +191,25 @@ def test_egress_null_body_refused(admin: httpx.Client) -> None:
         assert r.status_code == 400, r.text
     finally:
         admin.delete(f"/sandboxes/{sb['id']}")
+
+
+def test_openapi_says_the_create_rules(admin: httpx.Client) -> None:
+    """ST202 on create: the document bounds what the create validator
+    checks, and a body at those bounds is accepted."""
+    sch = admin.get("/openapi.json").json()["components"]["schemas"]
+    vm, net, cr = (sch[n]["properties"] for n in ("VMRequest", "NetworkRequest", "CreateRequest"))
+    assert vm["name"].get("pattern") and vm["template"].get("pattern"), vm
+    assert vm["cores"].get("maximum") and vm["memory_mib"].get("anyOf"), vm
+    assert net["name"].get("pattern") and "auto" in net["cidr"].get("pattern", ""), net
+    assert cr["vms"].get("minItems") == 1 and cr["vms"].get("maxItems"), cr
+    assert cr["labels"].get("maxProperties") and cr["labels"].get("propertyNames"), cr
+    assert "unique" in sch["CreateRequest"].get("description", ""), sch["CreateRequest"]
+    body = {
+        "vms": [{"template": "debian", "name": "b" * 32, "memory_mib": 16, "networks": ["a" * 32]}],
+        "networks": [{"name": "a" * 32, "cidr": "auto"}],
+        "owner": "é" * 64,
+        "labels": {"k": "é" * 256},
+    }
+    r = admin.post("/sandboxes", json=body)
+    assert r.status_code == 201, r.text
+    admin.delete(f"/sandboxes/{r.json()['id']}")

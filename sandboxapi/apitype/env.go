@@ -12,6 +12,13 @@ import (
 const (
 	maxEnvVars  = 64
 	maxEnvBytes = 64 << 10
+	// MaxEnvVars and MaxEnvBytes bound a create's env: variables, and
+	// bytes of names and values in all.
+	MaxEnvVars  = maxEnvVars
+	MaxEnvBytes = maxEnvBytes
+	// EnvNamePattern is ValidEnvName as a regular expression (the OpenAPI
+	// document says it).
+	EnvNamePattern = `^[A-Za-z_][A-Za-z0-9_]*$`
 )
 
 // ValidateEnv checks variables for CreateRequest.Env: names of letters,

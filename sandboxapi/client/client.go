@@ -140,6 +140,12 @@ func (c *Client) Health(ctx context.Context) (apitype.Health, error) {
 	return h, c.do(ctx, "GET", "/v1/healthz", nil, &h)
 }
 
+// Capacity calls GET /v1/capacity: the node's free room against its caps.
+func (c *Client) Capacity(ctx context.Context) (apitype.Capacity, error) {
+	var cp apitype.Capacity
+	return cp, c.do(ctx, "GET", "/v1/capacity", nil, &cp)
+}
+
 // OpenAPI fetches the OpenAPI document.
 func (c *Client) OpenAPI(ctx context.Context) (map[string]any, error) {
 	var d map[string]any

@@ -203,6 +203,40 @@ class Client:
         )
 
 
+def capacity_sync(node: NodeConfig, timeout: float) -> dict[str, Any] | None:
+    """``GET /v1/capacity`` without an event loop (Inspect's
+    ``default_concurrency`` hook is synchronous); None when the node does
+    not answer or does not serve it."""
+    headers = {"User-Agent": "inspect-pve-inspect"}
+    if node.token is not None:
+        headers["Authorization"] = "Bearer " + node.token.get_secret_value()
+    base, transport = node.url, None
+    verify: ssl.SSLContext | bool = True
+    if node.url.startswith("unix://"):
+        base = "http://pve-inspectd"
+        transport = httpx.HTTPTransport(uds=node.url.removeprefix("unix://"))
+    elif node.ca_file:
+        try:
+            verify = ssl.create_default_context(cafile=node.ca_file)
+        except OSError:
+            return None
+    try:
+        with httpx.Client(
+            base_url=base + "/v1",
+            headers=headers,
+            timeout=timeout,
+            verify=verify,
+            transport=transport,
+        ) as c:
+            r = c.get("/capacity")
+    except (httpx.HTTPError, OSError):
+        return None
+    if r.status_code != 200:
+        return None
+    doc = r.json()
+    return cast(dict[str, Any], doc) if isinstance(doc, dict) else None
+
+
 class TooLarge(Exception):
     """A read passed the caller's limit; ``size`` is what was known."""
 

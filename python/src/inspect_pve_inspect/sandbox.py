@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from .client import Client, NodeDown, Problem, TooLarge
 from .compat import coerce
 from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
-from .placement import place
+from .placement import node_room, place
 
 # Labels on every sandbox this provider creates.
 LABEL_PROVIDER = "inspect.provider"
@@ -87,6 +87,14 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
         return coerce(config)
+
+    @classmethod
+    def default_concurrency(cls) -> int | None:
+        """Inspect's default ``max_sandboxes``: the sandboxes the nodes of
+        the environment hold now (``GET /v1/capacity`` of each, summed);
+        None (no bound) when none answers or one is unbounded. A sample
+        that finds every node full waits for room (placement.PLACE_WAIT)."""
+        return node_room()
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:

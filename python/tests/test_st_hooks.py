@@ -1,0 +1,35 @@
+"""The schemathesis hook that applies the create's stated cross-field rules
+to generated valid bodies (no bed needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from st_hooks import BED_VMS, MAX_ENV_BYTES, TEMPLATE, apply_create_rules
+
+
+def test_names_made_unique_and_references_defined() -> None:
+    body: dict[str, Any] = {
+        "networks": [{"name": "a"}, {"name": "a"}, {"name": "b"}],
+        "vms": [{"template": "x", "name": "vm1", "networks": ["a", "zz"]}, {"template": "y"}],
+    }
+    out = apply_create_rules(body)
+    nets = [n["name"] for n in out["networks"]]
+    assert len(set(nets)) == 3 and nets[0] == "a" and nets[2] == "b", nets
+    vm0, vm1 = out["vms"]
+    assert vm0["template"] == TEMPLATE == vm1["template"]
+    assert vm0["networks"][0] == "a" and vm0["networks"][1] in nets, vm0
+    # vm1 defaults to the name vm1, which vm0 holds: it is renamed
+    assert vm1.get("name", "vm1") != "vm1", vm1
+
+
+def test_no_networks_means_net0_and_bed_limits() -> None:
+    body: dict[str, Any] = {
+        "vms": [{"template": "t", "networks": ["q"], "disk_gib": 5}] * 1
+        + [{"template": "t"} for _ in range(5)],
+        "env": {f"K{i}": "x" * 4000 for i in range(40)},
+    }
+    out = apply_create_rules(body)
+    assert len(out["vms"]) == BED_VMS
+    assert out["vms"][0]["networks"] == ["net0"] and "disk_gib" not in out["vms"][0]
+    assert sum(len(k) + len(v) for k, v in out["env"].items()) <= MAX_ENV_BYTES

@@ -1,0 +1,135 @@
+package sandboxapi
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// The rules of a create (validateCreate) as OpenAPI keywords, built from
+// the validator's own constants and regular expressions, so that a body
+// the document allows is refused only for a rule it states in words (the
+// cross-field rules of createRulesText, which JSON Schema cannot say) or
+// for the node's state (a template it does not have, its caps, a CIDR in
+// use). schemathesis ST202 found the create's rules missing.
+
+// noControl matches printable text (cleanText: no C0 control or DEL).
+const noControl = `^[^\x00-\x1f\x7f]*$`
+
+// createRulesText states what the keywords cannot.
+const createRulesText = "Rules JSON Schema cannot say: network names are unique, and so are VM names " +
+	"(a VM without a name is vm<index>); every name in a VM's networks is one of networks (net0 when " +
+	"networks is empty); env holds at most %d bytes of names and values in all. State the node decides: " +
+	"a template it has (invalid-request, field template, otherwise), a CIDR not in use and a free range " +
+	"for auto (conflict), the caps of GET /v1/capacity (guard-refused)."
+
+// execRulesText states what the exec keywords cannot.
+const execRulesText = "Rules JSON Schema cannot say: argv[0] is not empty; the arguments hold at most %d bytes " +
+	"in all; without Accept: application/x-ndjson (streaming) output_limit is at most %d (each stream is " +
+	"collected into the answer)."
+
+// pathRule is a guest path (validateGuestPath), as a query parameter.
+func pathRule() map[string]any {
+	return map[string]any{"type": "string", "minLength": 1, "maxLength": maxPathLen, "pattern": `^/[^\x00]*$`}
+}
+
+// modeRule is the mode query parameter: octal up to 0777 (ParseUint base 8).
+func modeRule() map[string]any {
+	return map[string]any{"type": "string", "pattern": `^$|^0*[0-7]{1,3}$`}
+}
+
+// snapshotRule is a snapshot name (validateSnapshotName).
+func snapshotRule() map[string]any {
+	return map[string]any{"type": "string", "pattern": reSnapshot.String(), "not": map[string]any{"enum": []string{reservedSnapshot}}}
+}
+
+func (s *Server) createRules() map[string]map[string]any {
+	maxLen := func(n int) map[string]any { return map[string]any{"maxLength": n, "pattern": noControl} }
+	owner, label := maxLen(maxOwnerChars), maxLen(maxLabelChars)
+	label["type"] = "string"
+	return map[string]map[string]any{
+		"CreateRequest":          {"description": fmt.Sprintf(createRulesText, apitype.MaxEnvBytes)},
+		"CreateRequest.vms":      {"minItems": 1, "maxItems": maxVMsPerRequest},
+		"CreateRequest.networks": {"maxItems": maxNetworks},
+		"CreateRequest.labels": {"maxProperties": maxLabels, "propertyNames": map[string]any{"pattern": reLabelKey.String()},
+			"additionalProperties": label},
+		"CreateRequest.owner": owner,
+		"CreateRequest.env": {"maxProperties": apitype.MaxEnvVars, "propertyNames": map[string]any{"pattern": apitype.EnvNamePattern},
+			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"VMRequest.name":     {"pattern": "^$|" + reName.String(), "description": "unique in the sandbox; empty: vm<index>"},
+		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
+		"VMRequest.cores":    {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
+		"VMRequest.memory_mib": {"anyOf": []any{map[string]any{"enum": []int{0}}, map[string]any{"minimum": minMemoryMiB, "maximum": maxMemoryMiB}},
+			"description": fmt.Sprintf("0: %d", defaultMemoryMiB)},
+		"VMRequest.disk_gib":  {"minimum": 0, "maximum": maxDiskGiB},
+		"VMRequest.networks":  {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
+		"NetworkRequest.name": {"pattern": reName.String()},
+		"ExecRequest":         {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
+		"ExecRequest.argv":    {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"ExecRequest.cwd":     {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},
+		"ExecRequest.env": {"maxProperties": maxEnv, "propertyNames": map[string]any{"pattern": `^[^=\x00]+$`},
+			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"ExecRequest.user":            {"maxLength": maxUserChars, "pattern": `^[^\x00-\x1f\x7f :/]*$`},
+		"ExecRequest.timeout_seconds": {"minimum": 0, "maximum": maxExecTimeout},
+		"ExecRequest.output_limit":    {"minimum": 0, "maximum": maxOutputLimit},
+		"SnapshotRequest.name":        snapshotRule(),
+		"NetworkRequest.cidr": {"pattern": cidrPattern(sandbox.PrivateRanges(), minCIDRBits, maxCIDRBits),
+			"description": fmt.Sprintf(`"auto" (or empty) or a private IPv4 prefix of /%d to /%d without host bits`, minCIDRBits, maxCIDRBits)},
+	}
+}
+
+// octet matches an IPv4 octet as netip parses it (no leading zeros).
+const octet = `(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])`
+
+// alt matches one of vals (decimal); all 256 values are octet.
+func alt(vals []int) string {
+	if len(vals) == 256 {
+		return octet
+	}
+	s := make([]string, len(vals))
+	for i, v := range vals {
+		s[i] = strconv.Itoa(v)
+	}
+	return "(?:" + strings.Join(s, "|") + ")"
+}
+
+// span is lo..hi in steps of step.
+func span(lo, hi, step int) []int {
+	var out []int
+	for v := lo; v <= hi; v += step {
+		out = append(out, v)
+	}
+	return out
+}
+
+// cidrPattern matches "", "auto" and exactly the prefixes of minBits to
+// maxBits (both at least 16) inside one of ranges (each at most /16)
+// without host bits: the rules validateCreate checks with netip.
+func cidrPattern(ranges []netip.Prefix, minBits, maxBits int) string {
+	var first []string // the first two octets
+	for _, r := range ranges {
+		a := r.Addr().As4()
+		hi := 16 - r.Bits() // free bits of the second octet (r is at most /16)
+		if hi > 8 {
+			hi = 8
+		}
+		lo := int(a[1]) &^ (1<<hi - 1)
+		first = append(first, fmt.Sprintf(`%d\.%s`, a[0], alt(span(lo, lo+1<<hi-1, 1))))
+	}
+	var rest []string // third and fourth octets and the length
+	for bits := minBits; bits <= maxBits; bits++ {
+		third, fourth := span(0, 255, 1), []int{0}
+		switch {
+		case bits < 24:
+			third = span(0, 255, 1<<(24-bits))
+		case bits > 24:
+			fourth = span(0, 255, 1<<(32-bits))
+		}
+		rest = append(rest, fmt.Sprintf(`%s\.%s/%d`, alt(third), alt(fourth), bits))
+	}
+	return `^$|^auto$|^(?:` + strings.Join(first, "|") + `)\.(?:` + strings.Join(rest, "|") + `)$`
+}
