@@ -84,12 +84,12 @@ func idsOf(top map[string]json.RawMessage, key string) (map[string]json.RawMessa
 
 // stringField returns entry[key] when it is a JSON string; ok is false
 // when the key is absent or null.
-func stringField(entry map[string]any, key string) (v string, ok bool, err error) {
+func stringField(entry map[string]json.RawMessage, key string) (v string, ok bool, err error) {
 	raw, has := entry[key]
-	if !has || raw == nil {
+	if !has || string(raw) == "null" {
 		return "", false, nil
 	}
-	if v, ok = raw.(string); !ok {
+	if err := json.Unmarshal(raw, &v); err != nil {
 		return "", false, fmt.Errorf("%s: not a string", key)
 	}
 	return v, true, nil
@@ -172,10 +172,7 @@ func vnetZone(id string, raw json.RawMessage) (string, error) {
 	if !idPattern.MatchString(id) || len(id) > 8 {
 		return "", fmt.Errorf("vnet id %q is not a pve-network vnet id", id)
 	}
-	// one decode of the entry: its keys stay exact (map keys), and a
-	// value's type is checked on the decoded value, not by decoding it
-	// again
-	var e map[string]any
+	var e map[string]json.RawMessage
 	if !isObject(raw) || json.Unmarshal(raw, &e) != nil {
 		return "", fmt.Errorf("vnet %s: not an object", id)
 	}
