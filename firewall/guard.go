@@ -228,12 +228,15 @@ func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 	}
 	start := g.opts.now()
 	var actions []string
-	for _, rs := range g.tablesLocked() {
-		k, err := readKernelTable(g.conn, rs.family())
-		if err != nil {
-			return err
-		}
-		action, err := g.queueConvergeLocked(rs, k, adopting)
+	want := g.tablesLocked()
+	ks, err := readKernelTables(g.conn, families(want), func(nftables.TableFamily) func(string) bool {
+		return func(string) bool { return true }
+	})
+	if err != nil {
+		return err
+	}
+	for _, rs := range want {
+		action, err := g.queueConvergeLocked(rs, ks[rs.family()], adopting)
 		if err != nil {
 			return err
 		}
@@ -333,15 +336,24 @@ func (g *Guard) verifyLocked() error {
 // readTables reads the kernel's tables of the desired ones, with the
 // members of the sets a verify compares.
 func readTables(c *nftables.Conn, want []*Ruleset) (map[nftables.TableFamily]*kernelTable, error) {
-	out := map[nftables.TableFamily]*kernelTable{}
+	compared := map[nftables.TableFamily]func(string) bool{}
 	for _, rs := range want {
-		k, err := readKernelTableWith(c, rs.family(), comparedSets(rs))
-		if err != nil {
-			return nil, fmt.Errorf("verify: %w", err)
-		}
-		out[rs.family()] = k
+		compared[rs.family()] = comparedSets(rs)
 	}
-	return out, nil
+	ks, err := readKernelTables(c, families(want), func(fam nftables.TableFamily) func(string) bool { return compared[fam] })
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	return ks, nil
+}
+
+// families are the families of the tables of want, in order.
+func families(want []*Ruleset) []nftables.TableFamily {
+	out := make([]nftables.TableFamily, len(want))
+	for i, rs := range want {
+		out[i] = rs.family()
+	}
+	return out
 }
 
 // readOffLock reads the tables on the guard's read connection (a lasting

@@ -86,12 +86,44 @@ func readKernelTable(c *nftables.Conn, fam nftables.TableFamily) (*kernelTable, 
 // only of the sets elems names (a verify skips the sets it never
 // compares, a scrape of counters every set).
 func readKernelTableWith(c *nftables.Conn, fam nftables.TableFamily, elems func(set string) bool) (*kernelTable, error) {
-	k := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{},
-		elems: map[string][]nftables.SetElement{}, rules: map[string][]*nftables.Rule{}}
 	tables, err := c.ListTablesOfFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
+	return readTableIn(c, tables, fam, elems)
+}
+
+// readKernelTables reads table pve-inspect of every family of want with
+// one listing of the tables for all of them (a dump costs a round trip
+// and the guard reads two tables per verify), the members only of the
+// sets elems names for the family. A missing table is not an error.
+func readKernelTables(c *nftables.Conn, want []nftables.TableFamily, elems func(fam nftables.TableFamily) func(set string) bool) (map[nftables.TableFamily]*kernelTable, error) {
+	var tables []*nftables.Table
+	var err error
+	if len(want) == 1 {
+		tables, err = c.ListTablesOfFamily(want[0])
+	} else {
+		tables, err = c.ListTables()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	out := make(map[nftables.TableFamily]*kernelTable, len(want))
+	for _, fam := range want {
+		k, err := readTableIn(c, tables, fam, elems(fam))
+		if err != nil {
+			return nil, err
+		}
+		out[fam] = k
+	}
+	return out, nil
+}
+
+// readTableIn reads table pve-inspect of family fam if tables (the
+// kernel's, as just listed) holds it.
+func readTableIn(c *nftables.Conn, tables []*nftables.Table, fam nftables.TableFamily, elems func(set string) bool) (*kernelTable, error) {
+	k := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{},
+		elems: map[string][]nftables.SetElement{}, rules: map[string][]*nftables.Rule{}}
 	for _, t := range tables {
 		if t.Name == TableName && t.Family == fam {
 			k.table = t

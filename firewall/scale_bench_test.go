@@ -99,3 +99,22 @@ func BenchmarkGuardApply(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// BenchmarkGuardVerify is one verify of a started guard on the bed's node:
+// both tables read back and compared with the desired ones.
+func BenchmarkGuardVerify(b *testing.B) {
+	n := basicNode(b)
+	g, err := New(testConfig(b), WithNetNS(n.Handle()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := g.Verify(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

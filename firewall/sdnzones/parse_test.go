@@ -79,3 +79,15 @@ func TestParseTooLarge(t *testing.T) {
 		t.Fatal("a document over MaxSize parsed")
 	}
 }
+
+// TestParseVnetHugeNumber: a vnet field holding a number no float64 holds
+// is no reason to refuse the document (its value is never read).
+func TestParseVnetHugeNumber(t *testing.T) {
+	s, err := Parse([]byte(`{"zones":{"ids":{"z1":{}}},"vnets":{"ids":{"v1":{"zone":"z1","alias":1e999}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Zones["z1"]; len(got) != 1 || got[0] != "v1" {
+		t.Fatalf("zones %v, want z1: [v1]", s.Zones)
+	}
+}
