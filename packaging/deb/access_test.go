@@ -173,3 +173,41 @@ func TestAccessSetupMatchesTable(t *testing.T) {
 	golden := strings.ReplaceAll(strings.Join(calls, "\n")+"\n", "/nodes/"+host+" ", "/nodes/NODE ")
 	testkit.Golden(t, "pve-access-setup.calls", []byte(golden))
 }
+
+// TestAccessSetupTokenPerNode: on a cluster each node's daemon gets a
+// token of its own (PVE_INSPECTD_TOKEN), granted exactly what the default
+// one is; a bad name is refused before any pveum call.
+func TestAccessSetupTokenPerNode(t *testing.T) {
+	def := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000")
+	named := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000", "PVE_INSPECTD_TOKEN=daemon-pve2")
+	if !slices.Contains(named, "user token add pve-inspectd@pve daemon-pve2 --privsep 1 --comment pve-inspectd --output-format json") {
+		t.Errorf("no token daemon-pve2 added:\n%s", strings.Join(named, "\n"))
+	}
+	// every call is the default's with the token's name changed
+	var want []string
+	for _, c := range def {
+		c = strings.ReplaceAll(c, "pve-inspectd@pve!daemon ", "pve-inspectd@pve!daemon-pve2 ")
+		c = strings.ReplaceAll(c+" ", "pve-inspectd@pve daemon ", "pve-inspectd@pve daemon-pve2 ")
+		c = strings.TrimSuffix(c, " ")
+		want = append(want, c)
+	}
+	if !slices.Equal(named, want) {
+		t.Errorf("calls with PVE_INSPECTD_TOKEN:\n%s\nwant:\n%s", strings.Join(named, "\n"), strings.Join(want, "\n"))
+	}
+	for _, bad := range []string{"2daemon", "dae mon", "daemon!x", "-x"} {
+		dir := t.TempDir()
+		log := filepath.Join(dir, "calls")
+		if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte("#!/bin/sh\necho \"$*\" >> "+log+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("sh", "pve-access-setup")
+		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+filepath.Join(dir, "pve-token"), "PVE_INSPECTD_TOKEN="+bad)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "PVE_INSPECTD_TOKEN") {
+			t.Errorf("token %q: err %v, output %q; want a refusal naming PVE_INSPECTD_TOKEN", bad, err, out)
+		}
+		if _, err := os.Stat(log); err == nil {
+			t.Errorf("token %q: pveum was called", bad)
+		}
+	}
+}
