@@ -27,7 +27,11 @@
 //	             SMM emulation is not offered on q35: there qemu-server
 //	             picks the SMM build of OVMF (OVMF.pm), so the profile
 //	             takes SeaBIOS; a UEFI-installed template must be rebuilt
-//	args         no args, no hookscript (root-only, arbitrary host effects)
+//	args         no args, no hookscript (root-only, arbitrary host effects);
+//	             the one exception is args that add only a panic device
+//	             (`-device pvpanic` or `-device pvpanic-pci`, which root
+//	             may add to the template): a guest panic then shows on
+//	             the host as QMP status guest-panicked (PanicDeviceArgs)
 //	agent        agent: enabled=1, the single exception: the guest agent's
 //	             virtio-serial port is the sandbox's I/O channel
 //

@@ -174,7 +174,14 @@ func Check(conf map[string]string) Report {
 	add(absent("watchdog", conf, keysIn(conf, "watchdog"), FixClone))
 	add(absent("pci passthrough", conf, keysMatching(conf, reHostPCI), FixTemplate))
 	add(absent("host-shared folders", conf, append(keysMatching(conf, reVirtioFS), keysIn(conf, "ivshmem")...), FixTemplate))
-	add(absent("args and hookscript", conf, keysIn(conf, "args", "hookscript"), FixTemplate))
+	var rootOnly []string
+	for _, k := range keysIn(conf, "args", "hookscript") {
+		if k == "args" && PanicDeviceArgs(conf[k]) {
+			continue // the one args the profile takes: a panic device
+		}
+		rootOnly = append(rootOnly, k)
+	}
+	add(absent("args and hookscript (but a panic device)", conf, rootOnly, FixTemplate))
 	add(Item{Name: "nested virtualization", Want: "cpu flags -nested-virt", Got: kv(conf, "cpu"), OK: nestedOff(conf["cpu"]), Fix: FixClone})
 	add(Item{Name: "machine", Want: "machine=q35 (10.1 or newer when pinned)", Got: kv(conf, "machine"), OK: machineOK(conf["machine"]), Fix: FixClone})
 	add(equal("hpet off (linux guest)", "ostype", "l26", conf, FixClone))
@@ -182,6 +189,18 @@ func Check(conf map[string]string) Report {
 	add(Item{Name: "no SMM emulation (SeaBIOS, serial display)", Want: "bios=seabios", Got: kv(conf, "bios"), OK: bios == "" || bios == "seabios", Fix: FixRebuild})
 	add(Item{Name: "guest agent (the I/O channel)", Want: "agent enabled=1", Got: kv(conf, "agent"), OK: agentOn(conf["agent"]), Fix: FixClone})
 	return r
+}
+
+// PanicDeviceArgs reports whether a template's args add nothing but a
+// pvpanic device (`-device pvpanic` or `-device pvpanic-pci`): qemu-server
+// has no option for one, so root adds it as args once on the template. With
+// it a guest kernel's panic reaches QEMU, and the VM's QMP status turns
+// guest-panicked (or, for a panic action of shutdown, the VM stops): the
+// daemon's health sees a panic from the host side. Any other args (extra
+// devices, -machine, -object, chardevs) are refused.
+func PanicDeviceArgs(args string) bool {
+	f := strings.Fields(args)
+	return len(f) == 2 && f[0] == "-device" && (f[1] == "pvpanic" || f[1] == "pvpanic-pci")
 }
 
 func keysIn(conf map[string]string, keys ...string) []string {
