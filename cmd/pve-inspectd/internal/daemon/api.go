@@ -125,7 +125,7 @@ func (a *API) Run(ctx context.Context) error {
 	a.log.Info("sandbox api ready")
 	wg.Add(1)
 	go func() { defer wg.Done(); srv.Engine().RunReaper(ctx) }()
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); srv.Engine().RunHealth(ctx) }()
 	go func() { defer wg.Done(); srv.Engine().RunPool(ctx) }()
 	<-ctx.Done()
