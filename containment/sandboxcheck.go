@@ -8,7 +8,10 @@ package containment
 // policy the node's mode promises), runs the probe in the VM through the
 // guest agent and converts the rows. With GuestPorts set it also asks for
 // the layer-2 rows on the VM's vnet bridge, leaving the VM's own ports out
-// of the node's watch.
+// of the node's watch. An allow-list sandbox whose egress the engine can
+// re-apply (CheckTarget.ReapplyEgress) gets the row of an old keep-alive
+// connection: the check re-applies its unchanged policy once, which cuts
+// every connection the egress proxy holds for the zone, the agent's too.
 //
 // On a node with many sandboxes the plan is sampled (this package's
 // sample.go): the node addresses that lie in another sandbox's subnet are
@@ -142,12 +145,26 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 	spec.HostAddrs, spec.OtherGateways = splitGateways(spec.HostAddrs, t.Others)
 	spec.Rotation = c.nextRotation()
 	spec.LAN = outsideSandboxes(spec.LAN, t)
+	if spec.Egress != nil && t.ReapplyEgress != nil {
+		// the old keep-alive connection's row: the check re-applies the
+		// sandbox's policy once, which cuts its open proxied connections
+		e := *spec.Egress
+		e.KeepAlive = true
+		spec.Egress = &e
+	}
 	plan, err := NewPlan(spec, pol)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
 	agent := AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
-	res, err := c.Runner.Run(ctx, agent, plan)
+	runner := c.Runner
+	if plan.keepAlive() {
+		// this run's Change: the sandbox's own policy re-applied
+		r := *c.Runner
+		r.Change = t.ReapplyEgress
+		runner = &r
+	}
+	res, err := runner.Run(ctx, agent, plan)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
