@@ -242,6 +242,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 	}
 	switch r.Outcome {
 	case probe.OutcomeOpen:
+		if c.Target.Kind == probe.KindKeepAlive {
+			return Blocked, with("the old connection was cut")
+		}
 		if c.NeedResponse {
 			return Blocked, with("connected, but closed before any HTTP response: refused")
 		}
