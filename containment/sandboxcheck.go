@@ -145,25 +145,12 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 	spec.HostAddrs, spec.OtherGateways = splitGateways(spec.HostAddrs, t.Others)
 	spec.Rotation = c.nextRotation()
 	spec.LAN = outsideSandboxes(spec.LAN, t)
-	if spec.Egress != nil && t.ReapplyEgress != nil {
-		// the old keep-alive connection's row: the check re-applies the
-		// sandbox's policy once, which cuts its open proxied connections
-		e := *spec.Egress
-		e.KeepAlive = true
-		spec.Egress = &e
-	}
+	spec, runner := withKeepAlive(spec, c.Runner, t.ReapplyEgress)
 	plan, err := NewPlan(spec, pol)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
 	agent := AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
-	runner := c.Runner
-	if plan.keepAlive() {
-		// this run's Change: the sandbox's own policy re-applied
-		r := *c.Runner
-		r.Change = t.ReapplyEgress
-		runner = &r
-	}
 	res, err := runner.Run(ctx, agent, plan)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
@@ -181,6 +168,23 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 			Observed: string(r.Observed), Pass: r.Status == Pass, Control: r.Control, Detail: detail})
 	}
 	return rep, nil
+}
+
+// withKeepAlive adds the row of an old keep-alive connection to an
+// allow-list sandbox's plan (spec has egress rows) when the engine can
+// re-apply the sandbox's policy: the returned runner is r with that as
+// its Change. The check then cuts the sandbox's open proxied connections
+// once. Otherwise spec and r come back as they are.
+func withKeepAlive(spec Spec, r *Runner, reapply func(context.Context) error) (Spec, *Runner) {
+	if spec.Egress == nil || reapply == nil {
+		return spec, r
+	}
+	e := *spec.Egress
+	e.KeepAlive = true
+	spec.Egress = &e
+	run := *r
+	run.Change = reapply
+	return spec, &run
 }
 
 // otherGuests returns the first guest of every other sandbox, at port,
