@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
@@ -105,5 +106,16 @@ func TestValidateKeepAlive(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: %v, want ok=%v", tc.name, err, tc.ok)
 		}
+	}
+}
+
+func TestRunBoundKeepAlive(t *testing.T) {
+	tcp := Target{Kind: KindTCP, Addr: "10.0.0.1:22", TimeoutMS: 1000}
+	ka := Target{Kind: KindKeepAlive, Addr: "0.0.0.0:80", Name: "a.test", Resolver: "10.0.0.1:53", Signal: "/tmp/s", TimeoutMS: 2000}
+	req := &Request{Version: Version, Concurrency: 2, Targets: []Target{ka, tcp, tcp, tcp}}
+	// two rounds of the tcp targets' 1s, and the keep-alive's two
+	// requests of 2s and its wait
+	if got, want := RunBound(req), 2*time.Second+4*time.Second+KeepAliveWaitMS*time.Millisecond; got != want {
+		t.Errorf("bound %v, want %v", got, want)
 	}
 }

@@ -76,18 +76,26 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 // time kL are done by (k+1)L and c more have started: by kL at least
 // (k+1)c have started, and the last ends by ceil(targets/c)·L. Blocked
 // rows (silence) take the whole of their timeout, so a plan of blocked
-// rows comes near the bound. The host adds slack for start-up and the exec.
+// rows comes near the bound. A keep-alive target (K: both requests and
+// its wait) adds K: by Graham's bound for greedy scheduling, a run ends
+// by (work)/c + (1-1/c)·K, within ceil(targets/c)·L + K for one such
+// target, and each more adds at most its own K. The host adds slack for
+// start-up and the exec.
 func RunBound(req *Request) time.Duration {
 	n := req.Concurrency
 	if n <= 0 {
 		n = DefaultConcurrency
 	}
-	var longest time.Duration
+	var longest, keepAlive time.Duration
 	for _, t := range req.Targets {
+		if t.Kind == KindKeepAlive {
+			keepAlive += targetBound(t)
+			continue
+		}
 		longest = max(longest, targetBound(t))
 	}
 	rounds := (len(req.Targets) + n - 1) / n
-	return time.Duration(rounds)*longest + CanaryPhase(req)
+	return time.Duration(rounds)*longest + keepAlive + CanaryPhase(req)
 }
 
 // targetBound is the longest target t takes: its timeout, or for a
