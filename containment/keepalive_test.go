@@ -31,7 +31,7 @@ func TestKeepAliveRow(t *testing.T) {
 		t.Fatalf("%d keep-alive rows, want 1", len(rows))
 	}
 	c := rows[0]
-	if c.Group != GroupEgress || c.Expect != Blocked || c.Control || c.Target.Name != "example.test" || c.Target.Addr != "0.0.0.0:80" ||
+	if c.Group != GroupEgress || c.Expect != Blocked || c.Control || c.Target.Name != "example.test" || c.Target.Addr != "0.0.0.0:443" ||
 		c.Target.Resolver != "10.10.1.1:53" || c.Target.Signal != "" {
 		t.Errorf("keep-alive row %+v", c)
 	}

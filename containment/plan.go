@@ -214,7 +214,7 @@ type EgressSpec struct {
 	// must be blocked. Optional.
 	DeniedAddr netip.Addr
 	// KeepAlive adds the row of an old keep-alive connection: the guest
-	// opens one to AllowedName (HTTP, port 80) through the egress proxy,
+	// opens one to AllowedName (HTTPS, port 443) through the egress proxy,
 	// the Runner's Change re-applies the sandbox's policy (a new policy
 	// generation, which cuts every proxied connection of the zone, the
 	// agent's own included), and a second request on the old connection
@@ -425,7 +425,7 @@ func buildPlan(spec Spec, pol Policy) (*Plan, error) {
 		}
 		if e.KeepAlive {
 			add(Check{Group: GroupEgress, Name: "keep-alive connection to " + e.AllowedName + " from before a policy change is cut", Expect: Blocked, NeedResponse: true,
-				Target: probe.Target{Kind: probe.KindKeepAlive, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), 80).String(), Name: e.AllowedName, Resolver: resolver}})
+				Target: probe.Target{Kind: probe.KindKeepAlive, Addr: anyPort, Name: e.AllowedName, Resolver: resolver}})
 		}
 		if e.DeniedAddr.IsValid() {
 			add(Check{Group: GroupEgress, Name: "disallowed address " + e.DeniedAddr.String() + " is not reachable", Expect: Blocked,

@@ -3,6 +3,7 @@ package probe
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 )
 
 // KindKeepAlive is a two-phase target: an HTTP/1.1 keep-alive connection
+// over TLS (certificate not verified, server name Host or Name, no ALPN)
 // to the first address of Name (asked of Resolver) at Addr's port (Addr's
 // address is 0.0.0.0), one request, then [ReadyPrefix] and the target's
 // id on a line of stderr, a wait of at most [KeepAliveWaitMS] until the
@@ -22,7 +24,7 @@ import (
 // connection still works), [OutcomeOpen] when the connection failed or
 // closed before an answer, and [OutcomeError] when the first request got
 // no answer or no signal came (nothing is proven).
-const KindKeepAlive Kind = "http-keepalive"
+const KindKeepAlive Kind = "https-keepalive"
 
 // ReadyPrefix starts the stderr line a keep-alive target writes once its
 // first request was answered; the target's id follows.
@@ -46,13 +48,14 @@ func (p *Prober) keepAlive(ctx context.Context, t Target, addr string, step time
 	if err != nil {
 		return Result{Outcome: OutcomeError, Detail: "first request: connect: " + err.Error()}
 	}
-	defer c.Close()
-	br := bufio.NewReader(c)
 	host := t.Host
 	if host == "" {
 		host = t.Name
 	}
-	if err := keepAliveGet(c, br, host, t.Path, step); err != nil {
+	c = tls.Client(c, &tls.Config{ServerName: host, InsecureSkipVerify: true}) //nolint:gosec // the probe asks "does it answer", not "is it genuine"
+	defer c.Close()
+	br := bufio.NewReader(c)
+	if _, err := keepAliveGet(c, br, host, t.Path, step); err != nil {
 		return Result{Outcome: OutcomeError, Detail: "first request: " + err.Error()}
 	}
 	p.ready(t.ID)
@@ -60,36 +63,39 @@ func (p *Prober) keepAlive(ctx context.Context, t Target, addr string, step time
 		return Result{Outcome: OutcomeError, Detail: "no signal after the first request: " + err.Error()}
 	}
 	_ = os.Remove(t.Signal) // best effort: the host made it for this run
-	if err := keepAliveGet(c, br, host, t.Path, step); err != nil {
+	status, err := keepAliveGet(c, br, host, t.Path, step)
+	if err != nil && status == 0 {
 		return Result{Outcome: OutcomeOpen, Detail: "second request on the old connection: " + err.Error()}
 	}
-	return Result{Outcome: OutcomeResponse, HTTPStatus: http.StatusOK, Detail: "the old connection answered a second request"}
+	return Result{Outcome: OutcomeResponse, HTTPStatus: status, Detail: "the old connection answered a second request"}
 }
 
 // keepAliveGet sends one GET on c and reads its response (the body
-// drained, so the connection is ready for the next).
-func keepAliveGet(c net.Conn, br *bufio.Reader, host, path string, step time.Duration) error {
+// drained, so the connection is ready for the next). The status is that
+// of a response that arrived (0: none), also when err says the
+// connection cannot carry another request.
+func keepAliveGet(c net.Conn, br *bufio.Reader, host, path string, step time.Duration) (int, error) {
 	if path == "" {
 		path = "/"
 	}
 	if err := c.SetDeadline(time.Now().Add(step)); err != nil {
-		return err
+		return 0, err
 	}
 	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: keep-alive\r\n\r\n", path, host); err != nil {
-		return err
+		return 0, err
 	}
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	if _, err := io.Copy(io.Discard, io.LimitReader(resp.Body, maxHTTPBody)); err != nil {
-		return err
+		return resp.StatusCode, err
 	}
 	if resp.Close {
-		return errors.New("the server closes the connection after one response")
+		return resp.StatusCode, errors.New("the server closes the connection after one response")
 	}
-	return nil
+	return resp.StatusCode, nil
 }
 
 // ready tells the host, on the Ready writer, that target id is waiting

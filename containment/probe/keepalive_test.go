@@ -2,7 +2,7 @@ package probe
 
 import (
 	"context"
-	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,9 +45,11 @@ func TestKeepAliveTarget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := b.ns.Listen(t, "tcp4", "127.0.0.1:0")
-			s := &http.Server{Handler: testkit.Handler()}
-			go func() { _ = s.Serve(l) }()
-			t.Cleanup(func() { s.Close() })
+			s := httptest.NewUnstartedServer(testkit.Handler())
+			s.Listener.Close()
+			s.Listener = l
+			s.StartTLS()
+			t.Cleanup(s.Close)
 			_, port, _ := strings.Cut(l.Addr().String(), ":")
 			signal := filepath.Join(t.TempDir(), "go")
 			w := &signalOnReady{t: t, signal: signal, cut: func() {

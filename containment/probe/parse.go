@@ -83,7 +83,7 @@ func validateTarget(t Target) error {
 		return errors.New("nonce, src_addr and src_mac belong to layer-2 targets only")
 	}
 	if t.Signal != "" && t.Kind != KindKeepAlive {
-		return errors.New("signal: http-keepalive targets only")
+		return errors.New("signal: https-keepalive targets only")
 	}
 	switch t.Kind {
 	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
@@ -137,7 +137,7 @@ func validateTarget(t Target) error {
 		}
 		return validateUDP(t)
 	default:
-		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp, http-keepalive or a layer-2 kind", clip(string(t.Kind), 16))
+		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp, https-keepalive or a layer-2 kind", clip(string(t.Kind), 16))
 	}
 	return nil
 }
@@ -150,14 +150,14 @@ func validPath(p string) error {
 	return nil
 }
 
-// validateKeepAlive checks an http-keepalive target: a name to resolve,
+// validateKeepAlive checks an https-keepalive target: a name to resolve,
 // an optional host and path, and the signal file.
 func validateKeepAlive(t Target, addr netip.Addr) error {
 	if t.Method != "" || len(t.Headers) != 0 || t.QType != "" {
-		return errors.New("http-keepalive target takes no method, headers or qtype")
+		return errors.New("https-keepalive target takes no method, headers or qtype")
 	}
 	if t.Name == "" {
-		return errors.New("http-keepalive target: name and resolver are required")
+		return errors.New("https-keepalive target: name and resolver are required")
 	}
 	if err := validateResolve(t, addr); err != nil {
 		return err

@@ -97,7 +97,7 @@ type Target struct {
 	// SrcMAC (l2-spoof-mac) is the source MAC to claim, lowercase with colons.
 	SrcMAC string `json:"src_mac,omitempty"`
 
-	// Signal (http-keepalive) is the absolute guest path whose creation
+	// Signal (https-keepalive) is the absolute guest path whose creation
 	// tells the target to send its second request.
 	Signal string `json:"signal,omitempty"`
 }
