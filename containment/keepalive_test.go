@@ -53,6 +53,10 @@ func TestKeepAliveRow(t *testing.T) {
 			t.Errorf("%+v observed %s (%s), want %s", tc.r, v, d, tc.want)
 		}
 	}
+	leak := evaluate(&Plan{Checks: []Check{c}}, &probe.Report{Results: []probe.Result{{ID: c.Target.ID, Outcome: probe.OutcomeResponse, HTTPStatus: 200}}}, nil)
+	if w := leak.Rows[len(leak.Rows)-1].Why; !strings.Contains(w, "old egress policy") {
+		t.Errorf("a surviving old connection explained as %q", w)
+	}
 	spec.Egress.KeepAlive = false
 	plan, err = NewPlan(spec, WithEgress(GuardPolicy(), "allowlist"))
 	if err != nil || plan.keepAlive() {
