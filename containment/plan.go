@@ -213,6 +213,13 @@ type EgressSpec struct {
 	// DeniedAddr is an address the policy does not allow: tcp 443 to it
 	// must be blocked. Optional.
 	DeniedAddr netip.Addr
+	// KeepAlive adds the row of an old keep-alive connection: the guest
+	// opens one to AllowedName (HTTPS, port 443) through the egress proxy,
+	// the Runner's Change re-applies the sandbox's policy (a new policy
+	// generation, which cuts every proxied connection of the zone, the
+	// agent's own included), and a second request on the old connection
+	// must fail. The Runner then needs Change and a StreamGuest.
+	KeepAlive bool
 }
 
 // Check is one row to probe.
@@ -276,7 +283,7 @@ func NewPlan(spec Spec, pol Policy) (*Plan, error) {
 	if err := p.sample(spec.Budget, spec.Rotation); err != nil {
 		return nil, err
 	}
-	req := p.request(0)
+	req := p.request(0, signalPlaceholder)
 	if err := probe.ValidateRequest(req); err != nil {
 		return nil, fmt.Errorf("spec: %w", err)
 	}
@@ -416,6 +423,10 @@ func buildPlan(spec Spec, pol Policy) (*Plan, error) {
 			add(Check{Group: GroupEgress, Name: pt.what + " to the address of " + e.AllowedName + " is blocked", Expect: Blocked,
 				Target: probe.Target{Kind: pt.kind, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), pt.port).String(), Name: e.AllowedName, Resolver: resolver}})
 		}
+		if e.KeepAlive {
+			add(Check{Group: GroupEgress, Name: "keep-alive connection to " + e.AllowedName + " from before a policy change is cut", Expect: Blocked, NeedResponse: true,
+				Target: probe.Target{Kind: probe.KindKeepAlive, Addr: anyPort, Name: e.AllowedName, Resolver: resolver}})
+		}
 		if e.DeniedAddr.IsValid() {
 			add(Check{Group: GroupEgress, Name: "disallowed address " + e.DeniedAddr.String() + " is not reachable", Expect: Blocked,
 				Target: probe.Target{Kind: probe.KindTCP, Addr: netip.AddrPortFrom(e.DeniedAddr, 443).String()}})
@@ -463,11 +474,25 @@ func portName(p Port) string {
 	return "port"
 }
 
-// request is the probe input for the plan.
-func (p *Plan) request(concurrency int) *probe.Request {
+// signalPlaceholder stands for the signal path the Runner picks (as long
+// as the longest it picks for the default guest directory) when NewPlan
+// checks the request against the probe's bounds.
+const signalPlaceholder = "/tmp/pve-inspect-probe-000000000000.signal"
+
+// request is the probe input for the plan; signal is the guest path of
+// the keep-alive rows' signal file.
+func (p *Plan) request(concurrency int, signal string) *probe.Request {
 	req := &probe.Request{Version: probe.Version, Concurrency: concurrency, Targets: make([]probe.Target, len(p.Checks))}
 	for i, c := range p.Checks {
 		req.Targets[i] = c.Target
+		if c.Target.Kind == probe.KindKeepAlive {
+			req.Targets[i].Signal = signal
+		}
 	}
 	return req
+}
+
+// keepAlive reports whether the plan has a keep-alive row.
+func (p *Plan) keepAlive() bool {
+	return slices.ContainsFunc(p.Checks, func(c Check) bool { return c.Target.Kind == probe.KindKeepAlive })
 }

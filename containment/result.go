@@ -168,6 +168,9 @@ func why(r Row) string {
 	case GroupIPv6:
 		return "LEAK: IPv6 leaves the node"
 	case GroupEgress:
+		if strings.HasPrefix(r.Target, string(probe.KindKeepAlive)+" ") {
+			return "LEAK: a connection opened under the old egress policy still works after a policy change"
+		}
 		return "LEAK: the egress policy lets through a name or address it does not allow"
 	case GroupLayer2:
 		return "LEAK: a forged frame from the guest reaches a sibling VM or the node (spoofing, ARP poisoning)"
@@ -242,6 +245,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 	}
 	switch r.Outcome {
 	case probe.OutcomeOpen:
+		if c.Target.Kind == probe.KindKeepAlive {
+			return Blocked, with("the old connection was cut")
+		}
 		if c.NeedResponse {
 			return Blocked, with("connected, but closed before any HTTP response: refused")
 		}

@@ -76,6 +76,11 @@ type Runner struct {
 	// for plans with layer-2 rows (l2observe.Observer); without one those
 	// rows are errors.
 	Observer Layer2Observer
+	// Change, for plans with a keep-alive row (EgressSpec.KeepAlive),
+	// re-applies the sandbox's egress policy once the row's first request
+	// was answered: the new policy generation must cut every proxied
+	// connection of the zone. The guest must be a StreamGuest.
+	Change func(ctx context.Context) error
 }
 
 // ErrProbe wraps every failure to obtain a usable report from the guest:
@@ -88,7 +93,17 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	if len(p.Checks) == 0 {
 		return nil, errors.New("containment: empty plan")
 	}
-	req := p.request(r.concurrency(len(p.Checks)))
+	var rnd [6]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("containment: %w", err)
+	}
+	dir := r.GuestDir
+	if dir == "" {
+		dir = "/tmp"
+	}
+	guestPath := path.Join(dir, "pve-inspect-probe-"+hex.EncodeToString(rnd[:]))
+	signal := guestPath + ".signal"
+	req := p.request(r.concurrency(len(p.Checks)), signal)
 	if err := probe.ValidateRequest(req); err != nil {
 		return nil, fmt.Errorf("containment: %w", err)
 	}
@@ -101,22 +116,18 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 		return nil, fmt.Errorf("containment: open probe: %w", err)
 	}
 	defer bin.Close()
-	var rnd [6]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, fmt.Errorf("containment: %w", err)
-	}
-	dir := r.GuestDir
-	if dir == "" {
-		dir = "/tmp"
-	}
-	guestPath := path.Join(dir, "pve-inspect-probe-"+hex.EncodeToString(rnd[:]))
 	if err := g.WriteFile(ctx, guestPath, bin, 0o755); err != nil {
 		return nil, fmt.Errorf("%w: upload to %s: %w", ErrProbe, guestPath, err)
 	}
 	var stdout, stderr []byte
 	var exit int
 	l2 := r.watch(ctx, p, func(ctx context.Context) error {
-		stdout, stderr, exit, err = g.Exec(ctx, []string{guestPath, "-self-remove"}, stdin, r.execTimeout(req))
+		argv := []string{guestPath, "-self-remove"}
+		if p.keepAlive() {
+			stdout, stderr, exit, err = r.execKeepAlive(ctx, g, p, argv, stdin, r.execTimeout(req), signal)
+			return nil
+		}
+		stdout, stderr, exit, err = g.Exec(ctx, argv, stdin, r.execTimeout(req))
 		return nil
 	})
 	if err != nil {

@@ -68,7 +68,7 @@ func TestSampledPlan(t *testing.T) {
 				if err != nil {
 					t.Fatalf("rotation %d: %v", rot, err)
 				}
-				if err := probe.ValidateRequest(p.request((&Runner{}).concurrency(len(p.Checks)))); err != nil {
+				if err := probe.ValidateRequest(p.request((&Runner{}).concurrency(len(p.Checks)), signalPlaceholder)); err != nil {
 					t.Fatalf("rotation %d: %v", rot, err)
 				}
 				if tc.wantMaxRows > 0 && len(p.Checks) > tc.wantMaxRows {

@@ -8,7 +8,10 @@ package containment
 // policy the node's mode promises), runs the probe in the VM through the
 // guest agent and converts the rows. With GuestPorts set it also asks for
 // the layer-2 rows on the VM's vnet bridge, leaving the VM's own ports out
-// of the node's watch.
+// of the node's watch. An allow-list sandbox whose egress the engine can
+// re-apply (CheckTarget.ReapplyEgress) gets the row of an old keep-alive
+// connection: the check re-applies its unchanged policy once, which cuts
+// every connection the egress proxy holds for the zone, the agent's too.
 //
 // On a node with many sandboxes the plan is sampled (this package's
 // sample.go): the node addresses that lie in another sandbox's subnet are
@@ -142,12 +145,13 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 	spec.HostAddrs, spec.OtherGateways = splitGateways(spec.HostAddrs, t.Others)
 	spec.Rotation = c.nextRotation()
 	spec.LAN = outsideSandboxes(spec.LAN, t)
+	spec, runner := withKeepAlive(spec, c.Runner, t.ReapplyEgress)
 	plan, err := NewPlan(spec, pol)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
 	agent := AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
-	res, err := c.Runner.Run(ctx, agent, plan)
+	res, err := runner.Run(ctx, agent, plan)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
@@ -164,6 +168,23 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 			Observed: string(r.Observed), Pass: r.Status == Pass, Control: r.Control, Detail: detail})
 	}
 	return rep, nil
+}
+
+// withKeepAlive adds the row of an old keep-alive connection to an
+// allow-list sandbox's plan (spec has egress rows) when the engine can
+// re-apply the sandbox's policy: the returned runner is r with that as
+// its Change. The check then cuts the sandbox's open proxied connections
+// once. Otherwise spec and r come back as they are.
+func withKeepAlive(spec Spec, r *Runner, reapply func(context.Context) error) (Spec, *Runner) {
+	if spec.Egress == nil || reapply == nil {
+		return spec, r
+	}
+	e := *spec.Egress
+	e.KeepAlive = true
+	spec.Egress = &e
+	run := *r
+	run.Change = reapply
+	return spec, &run
 }
 
 // otherGuests returns the first guest of every other sandbox, at port,

@@ -1,6 +1,7 @@
 package containment
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -111,5 +112,30 @@ func TestNextRotation(t *testing.T) {
 		if r != first+1+uint64(i) {
 			t.Fatalf("rotations %v after %d: want each next one once", got, first)
 		}
+	}
+}
+
+func TestWithKeepAlive(t *testing.T) {
+	reapply := func(context.Context) error { return nil }
+	r := &Runner{ProbePath: "/p"}
+	egress := &EgressSpec{AllowedName: "a.test", DeniedName: "b.test"}
+	for _, tc := range []struct {
+		name    string
+		egress  *EgressSpec
+		reapply func(context.Context) error
+		want    bool
+	}{
+		{"allowlist, re-apply", egress, reapply, true},
+		{"allowlist, no re-apply", egress, nil, false},
+		{"no egress rows", nil, reapply, false},
+	} {
+		spec, run := withKeepAlive(Spec{Egress: tc.egress}, r, tc.reapply)
+		got := spec.Egress != nil && spec.Egress.KeepAlive
+		if got != tc.want || (run.Change != nil) != tc.want || run.ProbePath != "/p" {
+			t.Errorf("%s: keep-alive %v, change %v, want %v", tc.name, got, run.Change != nil, tc.want)
+		}
+	}
+	if egress.KeepAlive || r.Change != nil {
+		t.Error("withKeepAlive changed the node's spec or runner")
 	}
 }

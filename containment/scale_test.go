@@ -68,7 +68,7 @@ func TestRunnerManyBlockedRows(t *testing.T) {
 		t.Fatalf("%d rows, sampling %+v: want every row of a plan of several hundred", len(plan.Checks), plan.Sampling)
 	}
 	r := &Runner{ProbePath: probebuild.ForTest(t), GuestDir: t.TempDir(), Concurrency: 16}
-	req := plan.request(r.concurrency(len(plan.Checks)))
+	req := plan.request(r.concurrency(len(plan.Checks)), signalPlaceholder)
 	limit := r.execTimeout(req)
 	ctx, cancel := context.WithTimeout(context.Background(), limit+time.Minute)
 	defer cancel()

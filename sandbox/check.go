@@ -20,7 +20,11 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 			others = append(others, o)
 		}
 	}
-	rep, err := m.o.Checker.Run(ctx, CheckTarget{Sandbox: sb, VM: vm, Guest: m.Guest(vm.VMID), Others: others, GuestOf: m.Guest})
+	t := CheckTarget{Sandbox: sb, VM: vm, Guest: m.Guest(vm.VMID), Others: others, GuestOf: m.Guest}
+	if m.o.Egress != nil {
+		t.ReapplyEgress = func(ctx context.Context) error { return m.reapplyEgress(ctx, sb) }
+	}
+	rep, err := m.o.Checker.Run(ctx, t)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("sandbox %s vm %s: %w", sb.ID, vm.Name, err)
 	}
@@ -39,6 +43,20 @@ type CheckTarget struct {
 	// GuestOf returns the guest of any VM of this node by VM id (to learn
 	// another sandbox's guest address).
 	GuestOf func(vmid int) Guest
+	// ReapplyEgress, when set, puts the sandbox's egress policy in force
+	// again, unchanged: a new policy generation, which cuts every
+	// connection the egress proxy holds for the zone (the check's row of
+	// an old keep-alive connection). Nil when egress policies are off.
+	ReapplyEgress func(ctx context.Context) error
+}
+
+// reapplyEgress sets sb's egress policy in force again, as it is.
+func (m *Engine) reapplyEgress(ctx context.Context, sb apitype.Sandbox) error {
+	p := m.o.Egress.Status(sb.ID, sb.Zone).Policy
+	if err := m.o.Egress.Set(ctx, sb.ID, sb.Zone, sandboxBridges(sb), p); err != nil {
+		return fmt.Errorf("re-apply the egress policy of %s: %w", sb.ID, err)
+	}
+	return nil
 }
 
 // Checker runs the containment check (DESIGN.md section 7) from inside a

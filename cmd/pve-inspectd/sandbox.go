@@ -352,7 +352,13 @@ func newCheckCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check SANDBOX",
 		Short: "run the containment check from inside a sandbox VM; exit 0 only when every probe passes",
-		Args:  cobra.ExactArgs(1),
+		Long: `Run the containment check from inside a sandbox VM; exit 0 only when every probe passes.
+
+In an allowlist sandbox the check tries an old keep-alive connection after a
+policy change: it re-applies the sandbox's unchanged egress policy once,
+which cuts every connection the egress proxy holds for the sandbox, its
+agent's own included (clients reconnect).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client(g)
 			if err != nil {

@@ -26,6 +26,11 @@
 //     any target runs, the probe sends a canary to a random closed port
 //     (61000-65535) on every udp target's address and reports its outcome
 //     in [Result.Canary]: the host judges silence by it.
+//   - The keep-alive kind ([KindKeepAlive], keepalive.go) is the one
+//     target with two phases: the probe tells the host on stderr
+//     ([ReadyPrefix]) that its first request was answered and waits for
+//     a signal file the host creates once it changed the policy; stdout
+//     stays the one report.
 //   - The output crosses the guest boundary, and the guest is hostile: the
 //     host reads it only through [ParseReport], which is strict (known fields,
 //     known values, one JSON value, bounded sizes and counts) and fuzzed.

@@ -56,7 +56,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "pve-inspect-probe:", err)
 		return ExitUsage
 	}
-	rep := (&Prober{Dialer: d, Root: *root}).Run(ctx, req)
+	rep := (&Prober{Dialer: d, Root: *root, Ready: stderr}).Run(ctx, req)
 	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
 		fmt.Fprintln(stderr, "pve-inspect-probe: write report:", err)
 		return ExitIO

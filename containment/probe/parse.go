@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"path"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -81,9 +82,14 @@ func validateTarget(t Target) error {
 	if !isLayer2(t.Kind) && (t.Nonce != "" || t.SrcAddr != "" || t.SrcMAC != "") {
 		return errors.New("nonce, src_addr and src_mac belong to layer-2 targets only")
 	}
+	if t.Signal != "" && t.Kind != KindKeepAlive {
+		return errors.New("signal: https-keepalive targets only")
+	}
 	switch t.Kind {
 	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
 		return validateLayer2(t, ap.Addr())
+	case KindKeepAlive:
+		return validateKeepAlive(t, ap.Addr())
 	case KindTCP:
 		if t.Method != "" || t.Path != "" || len(t.Headers) != 0 || t.QType != "" || t.Host != "" {
 			return errors.New("tcp target takes only id, kind, addr, name, resolver, timeout_ms")
@@ -101,8 +107,8 @@ func validateTarget(t Target) error {
 		if t.Method != "" && t.Method != "GET" && t.Method != "PUT" {
 			return fmt.Errorf("method %q: want GET or PUT", t.Method)
 		}
-		if t.Path != "" && (!strings.HasPrefix(t.Path, "/") || len(t.Path) > maxPathLen || !printableASCII(t.Path, false)) {
-			return fmt.Errorf("path %q: want /..., printable ASCII without spaces, at most %d bytes", clip(t.Path, 64), maxPathLen)
+		if err := validPath(t.Path); err != nil {
+			return err
 		}
 		if len(t.Headers) > maxHeaders {
 			return fmt.Errorf("%d headers, at most %d", len(t.Headers), maxHeaders)
@@ -131,7 +137,37 @@ func validateTarget(t Target) error {
 		}
 		return validateUDP(t)
 	default:
-		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp or a layer-2 kind", clip(string(t.Kind), 16))
+		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp, https-keepalive or a layer-2 kind", clip(string(t.Kind), 16))
+	}
+	return nil
+}
+
+// validPath checks an http(s) request path ("" is the default, /).
+func validPath(p string) error {
+	if p != "" && (!strings.HasPrefix(p, "/") || len(p) > maxPathLen || !printableASCII(p, false)) {
+		return fmt.Errorf("path %q: want /..., printable ASCII without spaces, at most %d bytes", clip(p, 64), maxPathLen)
+	}
+	return nil
+}
+
+// validateKeepAlive checks an https-keepalive target: a name to resolve,
+// an optional host and path, and the signal file.
+func validateKeepAlive(t Target, addr netip.Addr) error {
+	if t.Method != "" || len(t.Headers) != 0 || t.QType != "" {
+		return errors.New("https-keepalive target takes no method, headers or qtype")
+	}
+	if t.Name == "" {
+		return errors.New("https-keepalive target: name and resolver are required")
+	}
+	if err := validateResolve(t, addr); err != nil {
+		return err
+	}
+	if err := validPath(t.Path); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(t.Signal, "/") || len(t.Signal) > maxStringField || !printableASCII(t.Signal, false) ||
+		path.Clean(t.Signal) != t.Signal {
+		return fmt.Errorf("signal %q: want a clean absolute path, printable ASCII without spaces, at most %d bytes", clip(t.Signal, 64), maxStringField)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -26,6 +27,11 @@ type Prober struct {
 	// SendFrames sends raw Ethernet frames on the interface with the
 	// index (the layer-2 kinds); nil means an AF_PACKET socket.
 	SendFrames func(ifindex int, frames [][]byte) error
+	// Ready gets a line when a keep-alive target waits for its signal
+	// (KindKeepAlive); nil discards it.
+	Ready io.Writer
+
+	readyMu sync.Mutex // serializes the lines on Ready
 }
 
 // Run probes every target of req, at most req.Concurrency at a time, and
@@ -70,22 +76,39 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 // time kL are done by (k+1)L and c more have started: by kL at least
 // (k+1)c have started, and the last ends by ceil(targets/c)·L. Blocked
 // rows (silence) take the whole of their timeout, so a plan of blocked
-// rows comes near the bound. The host adds slack for start-up and the exec.
+// rows comes near the bound. A keep-alive target (K: both requests and
+// its wait) adds K: by Graham's bound for greedy scheduling, a run ends
+// by (work)/c + (1-1/c)·K, within ceil(targets/c)·L + K for one such
+// target, and each more adds at most its own K. The host adds slack for
+// start-up and the exec.
 func RunBound(req *Request) time.Duration {
 	n := req.Concurrency
 	if n <= 0 {
 		n = DefaultConcurrency
 	}
-	longest := 0
+	var longest, keepAlive time.Duration
 	for _, t := range req.Targets {
-		ms := t.TimeoutMS
-		if ms <= 0 {
-			ms = DefaultTimeout
+		if t.Kind == KindKeepAlive {
+			keepAlive += targetBound(t)
+			continue
 		}
-		longest = max(longest, ms)
+		longest = max(longest, targetBound(t))
 	}
 	rounds := (len(req.Targets) + n - 1) / n
-	return time.Duration(rounds*longest)*time.Millisecond + CanaryPhase(req)
+	return time.Duration(rounds)*longest + keepAlive + CanaryPhase(req)
+}
+
+// targetBound is the longest target t takes: its timeout, or for a
+// keep-alive target both its requests and the wait for its signal.
+func targetBound(t Target) time.Duration {
+	ms := t.TimeoutMS
+	if ms <= 0 {
+		ms = DefaultTimeout
+	}
+	if t.Kind == KindKeepAlive {
+		return keepAliveBound(ms)
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 func (p *Prober) dialer() Dialer {
@@ -101,12 +124,12 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 	if timeout <= 0 {
 		timeout = DefaultTimeout * time.Millisecond
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, targetBound(t))
 	defer cancel()
 	addr := withZone(t.Addr, zone)
 	start := time.Now()
 	var r Result
-	if (t.Kind == KindTCP || t.Kind == KindUDP) && t.Name != "" {
+	if (t.Kind == KindTCP || t.Kind == KindUDP || t.Kind == KindKeepAlive) && t.Name != "" {
 		// the address of a name, asked of the target's resolver (the
 		// rows a guest tries after resolving an allowed name)
 		ip, err := p.resolveA(ctx, t.Resolver, t.Name)
@@ -127,6 +150,8 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 		r = p.dns(ctx, t, addr)
 	case KindUDP:
 		r = p.udp(ctx, t, addr)
+	case KindKeepAlive:
+		r = p.keepAlive(ctx, t, addr, timeout)
 	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
 		r = p.layer2(ctx, t, zone)
 	default:

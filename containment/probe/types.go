@@ -96,6 +96,10 @@ type Target struct {
 	SrcAddr string `json:"src_addr,omitempty"`
 	// SrcMAC (l2-spoof-mac) is the source MAC to claim, lowercase with colons.
 	SrcMAC string `json:"src_mac,omitempty"`
+
+	// Signal (https-keepalive) is the absolute guest path whose creation
+	// tells the target to send its second request.
+	Signal string `json:"signal,omitempty"`
 }
 
 // Outcome is what the network answered.

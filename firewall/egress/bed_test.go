@@ -510,3 +510,86 @@ func randLabel(t *testing.T) string {
 	}
 	return hex.EncodeToString(b[:])
 }
+
+// TestEgressContainmentKeepAliveOnBed is the containment check's row of
+// an old keep-alive connection (issue 24), with the probe run over the
+// real guest agent from an allow-list sandbox's guest: the probe opens a
+// keep-alive connection to the allowed name through the proxy, the
+// runner's Change re-applies the zone's unchanged policy (a new
+// generation, so the proxy cuts the zone's connections) and the second
+// request on the old connection fails: the row passes. With a Change
+// that re-applies nothing the old connection still answers, and the row
+// (and the check) must fail: the row can see the leak.
+func TestEgressContainmentKeepAliveOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := newStack(t, ctx, Policy{Mode: "open"})
+	pol := Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}}
+	s.set(t, ctx, "zonea", pol)
+	ga := s.guests["zonea"]
+	agent := containment.AgentGuest{Agent: qga.New(qga.Options{}).Agent(ga.Socket)}
+	for _, tc := range []struct {
+		name    string
+		reapply bool
+		want    containment.Verdict
+	}{
+		{"policy re-applied", true, containment.Blocked},
+		{"no cut", false, containment.Reachable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			changes := 0
+			r := &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp", Change: func(ctx context.Context) error {
+				changes++
+				if !tc.reapply {
+					return nil
+				}
+				rules, err := Compile(pol)
+				if err != nil {
+					return err
+				}
+				return s.reg.Set(ctx, "zonea", "sb-zonea", []string{s.bridge["zonea"]}, rules)
+			}}
+			spec := containment.Spec{
+				Gateway:      netip.MustParseAddr(s.gw["zonea"]),
+				Subnet:       netip.MustParsePrefix("10.10.1.0/24"),
+				ControlPorts: []containment.Port{}, Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{},
+				UDPPorts: []containment.Port{}, PeerUDPPorts: []containment.Port{},
+				ExternalName: "x" + randLabel(t) + ".nope.test",
+				LocalName:    testvm.LocalName("zonea"),
+				Timeout:      2 * time.Second,
+				Egress:       &containment.EgressSpec{AllowedName: testvm.InternetName, DeniedName: "other." + testvm.InternetName, KeepAlive: true},
+			}
+			plan, err := containment.NewPlan(spec, containment.WithEgress(containment.GuardPolicy(), "allowlist"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := r.Run(ctx, agent, plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf strings.Builder
+			if err := res.WriteText(&buf); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("\n%s", buf.String())
+			if changes != 1 {
+				t.Errorf("the policy changed %d times during the check, want once", changes)
+			}
+			var row *containment.Row
+			for i := range res.Rows {
+				if strings.HasPrefix(res.Rows[i].Name, "keep-alive connection") {
+					row = &res.Rows[i]
+				}
+			}
+			if row == nil {
+				t.Fatal("no keep-alive row in the result")
+			}
+			if row.Observed != tc.want {
+				t.Errorf("keep-alive row observed %s (%s), want %s", row.Observed, row.Detail, tc.want)
+			}
+			if passed := tc.want == containment.Blocked; res.Passed() != passed {
+				t.Errorf("check passed = %v, want %v (%d rows not passed)", res.Passed(), passed, len(res.Failed()))
+			}
+		})
+	}
+}
