@@ -143,6 +143,8 @@ func (s *Server) OpenAPI() map[string]any {
 			}
 		}
 	}
+	// an absent mode is open (apitype.EgressPolicy)
+	delete(schemas["EgressPolicy"].(map[string]any), "required")
 	if s.eo.Egress == nil {
 		// this node refuses every egress policy: the document has none
 		delete(schemas["CreateRequest"].(map[string]any)["properties"].(map[string]any), "egress")

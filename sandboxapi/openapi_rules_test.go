@@ -78,3 +78,29 @@ func TestOpenAPIEgressResponsesByNode(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAPIEgressMode: schemathesis ST202 (any mode string was allowed)
+// and ST201 (mode was required, an absent one is open): the document lists
+// the modes, "" among them, and requires none of the policy's fields; each
+// listed mode is one the node takes.
+func TestOpenAPIEgressMode(t *testing.T) {
+	e := newEnv(t, func(o *options) { o.Egress = &fakeEgress{policies: map[string]apitype.EgressPolicy{}} })
+	doc, err := e.c.OpenAPI(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := doc["components"].(map[string]any)["schemas"].(map[string]any)["EgressPolicy"].(map[string]any)
+	if req, has := pol["required"]; has {
+		t.Errorf("EgressPolicy requires %v", req)
+	}
+	enum, _ := pol["properties"].(map[string]any)["mode"].(map[string]any)["enum"].([]any)
+	if len(enum) != 4 || !slices.Contains(enum, any("")) || !slices.Contains(enum, any("open")) {
+		t.Fatalf("mode enum %v", enum)
+	}
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	for _, m := range enum {
+		if _, err := e.c.SetEgress(e.ctx(), sb.ID, apitype.EgressPolicy{Mode: m.(string)}); err != nil {
+			t.Errorf("mode %q: %v", m, err)
+		}
+	}
+}

@@ -57,7 +57,20 @@ HERE = Path(__file__).parent
 #     cleans it now (TestFilesUncleanPaths); POST /v1/sandboxes/{id}/check
 #     ST112: the check runs its probes for tens of seconds by design: its
 #     limit is CHECK_RESPONSE_SECONDS (st_config).
-KNOWN: set[tuple[str, str]] = set()
+#   PUT /v1/sandboxes/{id}/egress ST201, ST202 (the playground has egress
+#     policies now): mode was required in the document and any string, the
+#     daemon takes it absent or empty as open and refuses other modes; the
+#     document says both now (TestOpenAPIEgressMode); POST .../exec ST202:
+#     an env name not an identifier reached the guest agent client, which
+#     refuses it (400); the daemon's validator and the document say the
+#     identifier rule now (TestProblemDocuments "env name not an identifier").
+KNOWN: set[tuple[str, str]] = {
+    # Stateful: a create with a network of a /17 ("cidr": "192.168.0.0/17"
+    # among nine others) answered 502: Proxmox's SDN apply said "bad DHCP
+    # range invalid IP-invalid IP" for one of its vnets. Pending: the DHCP
+    # range the engine plans (sandbox subnetPlan) for that network.
+    ("Stateful tests", "ST101"),
+}
 
 # The containment check's response-time limit (schemathesis's default is
 # 10 s): it probes the guest from inside and outside for tens of seconds by
@@ -130,7 +143,8 @@ def findings(out: str) -> set[tuple[str, str]]:
     """(operation, check code) pairs of a schemathesis report."""
     found, op = set(), ""
     for line in out.splitlines():
-        m = re.match(r"^_+ ([A-Z]+ /\S*) _+$", line)
+        # an operation's section, or "Stateful tests" (a sequence of calls)
+        m = re.match(r"^_+ ([A-Z]+ /\S*|Stateful tests) _+$", line)
         if m:
             op = m.group(1)
         m = re.match(r"^- (ST\d+|[a-z_]+) ", line.strip() + " ")
