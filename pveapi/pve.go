@@ -383,19 +383,14 @@ func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) 
 
 // bootDisk finds the VM's boot disk from its config.
 func bootDisk(cfg map[string]any) (string, error) {
-	if boot, ok := cfg["boot"].(string); ok {
-		if order, ok := strings.CutPrefix(boot, "order="); ok {
-			for _, d := range strings.Split(order, ";") {
-				if v, ok := cfg[d].(string); ok && !strings.Contains(v, "media=cdrom") {
-					return d, nil
-				}
-			}
+	conf := map[string]string{}
+	for k, v := range cfg {
+		if s, ok := v.(string); ok {
+			conf[k] = s
 		}
 	}
-	for _, d := range []string{"scsi0", "virtio0", "sata0", "ide0"} {
-		if v, ok := cfg[d].(string); ok && !strings.Contains(v, "media=cdrom") {
-			return d, nil
-		}
+	if d := sandbox.BootDisk(conf); d != "" {
+		return d, nil
 	}
 	return "", errors.New("no boot disk in the VM config")
 }

@@ -47,6 +47,13 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	if err := m.checkTemplates(ctx, names, tmpl); err != nil {
 		return apitype.Sandbox{}, err
 	}
+	disks := make([]int, len(req.VMs))
+	for i, v := range req.VMs {
+		disks[i] = v.DiskGiB
+	}
+	if err := m.checkDiskSizes(ctx, names, disks, tmpl); err != nil {
+		return apitype.Sandbox{}, err
+	}
 	var foreign []netip.Prefix
 	cidrs, err := m.zones.ListSubnetCIDRs(ctx)
 	if err != nil {

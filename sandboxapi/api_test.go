@@ -516,6 +516,8 @@ func TestProblemDocuments(t *testing.T) {
 		{"wrong method", "PATCH", "/v1/sandboxes", "", "", 405, apitype.ProblemMethodNotAllowed},
 		{"empty argv", "POST", vm + "/exec", "", `{"argv":[]}`, 400, apitype.ProblemInvalidRequest},
 		{"nul in argv", "POST", vm + "/exec", "", `{"argv":["a\u0000b"]}`, 400, apitype.ProblemInvalidRequest},
+		// schemathesis ST202: the guest agent client takes identifiers only
+		{"env name not an identifier", "POST", vm + "/exec", "", `{"argv":["true"],"env":{"(x)":"1"}}`, 400, apitype.ProblemInvalidRequest},
 		{"absurd timeout", "POST", vm + "/exec", "", `{"argv":["true"],"timeout_seconds":999999999}`, 400, apitype.ProblemInvalidRequest},
 		{"nul in path", "GET", vm + "/files?path=/etc/pa%00sswd", "", "", 400, apitype.ProblemInvalidRequest},
 		{"relative path", "GET", vm + "/files?path=etc/passwd", "", "", 400, apitype.ProblemInvalidRequest},

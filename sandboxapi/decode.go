@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"net/netip"
+	"path"
 	"regexp"
 	"strings"
 	"unicode/utf8"
@@ -313,8 +314,10 @@ func validateExec(e *apitype.ExecRequest) *apitype.Problem {
 		return invalid("env", "%d variables: at most %d", len(e.Env), maxEnv)
 	}
 	for k, v := range e.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
-			return invalid("env", "variable %q: names must be non-empty without '=' and NUL, values without NUL", k)
+		// the guest agent client takes identifiers only (qga: an env name
+		// not one is invalid; schemathesis ST202 on exec)
+		if !apitype.ValidEnvName(k) || strings.IndexByte(v, 0) >= 0 {
+			return invalid("env", "variable %q: names of letters, digits and _ (not starting with a digit), values without NUL", k)
 		}
 	}
 	if e.User != "" && (utf8.RuneCountInString(e.User) > maxUserChars || !cleanText(e.User) || strings.ContainsAny(e.User, " :/")) {
@@ -327,6 +330,23 @@ func validateExec(e *apitype.ExecRequest) *apitype.Problem {
 		return invalid("output_limit", "output_limit %d: want 0..%d", e.OutputLimit, maxOutputLimit)
 	}
 	return nil
+}
+
+// guestPath is the guest file path of ?path= as the guest is handed it:
+// validated (validateGuestPath), then cleaned lexically (path.Clean), since
+// the guest agent client takes clean paths only (qga checkGuestPath: an
+// unclean one is invalid), and the document allows any absolute path
+// (schemathesis ST202 on PUT files: "/a//b" or "/a/" answered 400). A write
+// to a path whose last element is empty, "." or ".." (a directory, as the
+// kernel's open with O_CREAT says: EISDIR) is is-a-directory.
+func guestPath(p string, write bool) (string, *apitype.Problem) {
+	if pr := validateGuestPath(p); pr != nil {
+		return "", pr
+	}
+	if last := p[strings.LastIndexByte(p, '/')+1:]; write && (last == "" || last == "." || last == "..") {
+		return "", problemf(apitype.ProblemIsDirectory, "path %q names a directory: a file cannot be written there", p)
+	}
+	return path.Clean(p), nil
 }
 
 // validateGuestPath checks a guest file path from ?path=.

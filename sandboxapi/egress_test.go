@@ -29,8 +29,9 @@ type egressCall struct {
 	vmsRunning    bool
 }
 
+// Validate takes the modes firewall.ParseEgressMode takes ("" is open).
 func (f *fakeEgress) Validate(p apitype.EgressPolicy) error {
-	if p.Mode != "open" && p.Mode != "allowlist" && p.Mode != "none" {
+	if p.Mode != "" && p.Mode != "open" && p.Mode != "allowlist" && p.Mode != "none" {
 		return errors.New("egress mode entry: want open, allowlist or none")
 	}
 	return nil

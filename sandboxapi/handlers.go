@@ -55,7 +55,7 @@ var (
 	pID   = param{name: "id", in: "path", desc: "sandbox id", required: true}
 	pVM   = param{name: "vm", in: "path", desc: "VM name in the sandbox", required: true}
 	pName = param{name: "name", in: "path", desc: "snapshot name", required: true, schema: snapshotRule}
-	pPath = param{name: "path", in: "query", desc: "absolute guest path", required: true, schema: pathRule}
+	pPath = param{name: "path", in: "query", desc: "absolute guest path, cleaned lexically (Go path.Clean) before the guest gets it; a write to a path whose last element is empty, . or .. is is-a-directory", required: true, schema: pathRule}
 	pMode = param{name: "mode", in: "query", desc: "octal permission bits (up to 0777) of the written file (default 0644)", schema: modeRule}
 )
 
@@ -338,8 +338,8 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 		return err
 	}
 	defer func() { err = end(err) }()
-	path := r.URL.Query().Get("path")
-	if pr := validateGuestPath(path); pr != nil {
+	path, pr := guestPath(r.URL.Query().Get("path"), false)
+	if pr != nil {
 		return pr
 	}
 	release, err := acquire(s.files, "file")
@@ -433,8 +433,8 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 	}
 	defer release()
 	q := r.URL.Query()
-	path := q.Get("path")
-	if pr := validateGuestPath(path); pr != nil {
+	path, pr := guestPath(q.Get("path"), true)
+	if pr != nil {
 		return pr
 	}
 	mode, pr := parseMode(q.Get("mode"))

@@ -143,6 +143,8 @@ func (s *Server) OpenAPI() map[string]any {
 			}
 		}
 	}
+	// an absent mode is open (apitype.EgressPolicy)
+	delete(schemas["EgressPolicy"].(map[string]any), "required")
 	if s.eo.Egress == nil {
 		// this node refuses every egress policy: the document has none
 		delete(schemas["CreateRequest"].(map[string]any)["properties"].(map[string]any), "egress")
@@ -203,6 +205,15 @@ func (s *Server) OpenAPI() map[string]any {
 		}
 		item[strings.ToLower(rt.method)] = op
 	}
+	if s.eo.Egress == nil {
+		// this node answers its egress routes with a problem (schemathesis
+		// ST101 and ST202 found them undeclared): the document says which
+		egress := paths["/v1/sandboxes/{id}/egress"].(map[string]any)
+		for method, typ := range map[string]string{"get": apitype.ProblemUnavailable, "put": apitype.ProblemInvalidRequest} {
+			egress[method].(map[string]any)["responses"].(map[string]any)[httpCode(problemStatus[typ])] = problemResponse(
+				"egress policies are not enabled on this node: every call of this operation answers this", typ)
+		}
+	}
 	return map[string]any{
 		"openapi": "3.0.3",
 		"info": map[string]any{
@@ -218,6 +229,16 @@ func (s *Server) OpenAPI() map[string]any {
 			},
 		},
 	}
+}
+
+// problemResponse is a response of problem documents of the given types
+// only, described by desc.
+func problemResponse(desc string, types ...string) map[string]any {
+	return map[string]any{"description": desc, "content": map[string]any{problemContentType: map[string]any{"schema": map[string]any{
+		"allOf": []any{
+			map[string]any{"$ref": "#/components/schemas/Problem"},
+			map[string]any{"type": "object", "required": []string{"type"}, "properties": map[string]any{"type": map[string]any{"type": "string", "enum": types}}},
+		}}}}}
 }
 
 func httpCode(c int) string {

@@ -1,6 +1,10 @@
 package sandboxapi_test
 
 import (
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -27,6 +31,76 @@ func TestOpenAPICreateEgressByNode(t *testing.T) {
 		_, err = e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, Egress: &apitype.EgressPolicy{Mode: "none"}})
 		if (err == nil) != on {
 			t.Errorf("egress enabled %v: a create with a policy: %v", on, err)
+		}
+	}
+}
+
+// TestOpenAPIEgressResponsesByNode: schemathesis ST101 (GET egress: 503)
+// and ST202 (PUT egress with a policy the schema allows: 400) on a node
+// without egress policies. Its document declares what the handlers answer
+// there, status and problem type (taken here from the answers themselves);
+// a node with egress policies answers 200 and declares nothing more.
+func TestOpenAPIEgressResponsesByNode(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		e := newEnv(t, func(o *options) {
+			if on {
+				o.Egress = &fakeEgress{policies: map[string]apitype.EgressPolicy{}}
+			}
+		})
+		sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+		doc, err := e.c.OpenAPI(e.ctx())
+		if err != nil {
+			t.Fatal(err)
+		}
+		item := doc["paths"].(map[string]any)["/v1/sandboxes/{id}/egress"].(map[string]any)
+		for _, tc := range []struct{ method, body string }{{"GET", ""}, {"PUT", `{"mode":"open"}`}} {
+			resp := e.raw(tc.method, "/v1/sandboxes/"+sb.ID+"/egress", "application/json", strings.NewReader(tc.body))
+			responses := item[strings.ToLower(tc.method)].(map[string]any)["responses"].(map[string]any)
+			code := strconv.Itoa(resp.StatusCode)
+			if on {
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || len(responses) != 2 {
+					t.Errorf("egress on, %s: %d, document's responses %v", tc.method, resp.StatusCode, responses)
+				}
+				continue
+			}
+			p := decodeProblemResp(t, resp)
+			declared, ok := responses[code].(map[string]any)
+			if !ok {
+				t.Errorf("egress off, %s answers %s (%s), which the document does not declare: %v", tc.method, code, p.Type, responses)
+				continue
+			}
+			schema := declared["content"].(map[string]any)["application/problem+json"].(map[string]any)["schema"].(map[string]any)
+			enum := schema["allOf"].([]any)[1].(map[string]any)["properties"].(map[string]any)["type"].(map[string]any)["enum"]
+			if !slices.Contains(enum.([]any), any(p.Type)) {
+				t.Errorf("egress off, %s: problem type %q not among the declared %v", tc.method, p.Type, enum)
+			}
+		}
+	}
+}
+
+// TestOpenAPIEgressMode: schemathesis ST202 (any mode string was allowed)
+// and ST201 (mode was required, an absent one is open): the document lists
+// the modes, "" among them, and requires none of the policy's fields; each
+// listed mode is one the node takes.
+func TestOpenAPIEgressMode(t *testing.T) {
+	e := newEnv(t, func(o *options) { o.Egress = &fakeEgress{policies: map[string]apitype.EgressPolicy{}} })
+	doc, err := e.c.OpenAPI(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := doc["components"].(map[string]any)["schemas"].(map[string]any)["EgressPolicy"].(map[string]any)
+	if req, has := pol["required"]; has {
+		t.Errorf("EgressPolicy requires %v", req)
+	}
+	enum, _ := pol["properties"].(map[string]any)["mode"].(map[string]any)["enum"].([]any)
+	if len(enum) != 4 || !slices.Contains(enum, any("")) || !slices.Contains(enum, any("open")) {
+		t.Fatalf("mode enum %v", enum)
+	}
+	sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	for _, m := range enum {
+		if _, err := e.c.SetEgress(e.ctx(), sb.ID, apitype.EgressPolicy{Mode: m.(string)}); err != nil {
+			t.Errorf("mode %q: %v", m, err)
 		}
 	}
 }

@@ -71,12 +71,16 @@ func (s *Server) createRules() map[string]map[string]any {
 		"ExecRequest":         {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
 		"ExecRequest.argv":    {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
 		"ExecRequest.cwd":     {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},
-		"ExecRequest.env": {"maxProperties": maxEnv, "propertyNames": map[string]any{"pattern": `^[^=\x00]+$`},
+		"ExecRequest.env": {"maxProperties": maxEnv, "propertyNames": map[string]any{"pattern": apitype.EnvNamePattern},
 			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
 		"ExecRequest.user":            {"maxLength": maxUserChars, "pattern": `^[^\x00-\x1f\x7f :/]*$`},
 		"ExecRequest.timeout_seconds": {"minimum": 0, "maximum": maxExecTimeout},
 		"ExecRequest.output_limit":    {"minimum": 0, "maximum": maxOutputLimit},
 		"SnapshotRequest.name":        snapshotRule(),
+		// the modes the egress part takes (schemathesis ST202: any string
+		// was allowed); empty or absent, open (ST201: the document had it
+		// required)
+		"EgressPolicy.mode": {"enum": []string{"", "open", "allowlist", "none"}, "default": "open"},
 		"NetworkRequest.cidr": {"pattern": cidrPattern(sandbox.PrivateRanges(), minCIDRBits, maxCIDRBits),
 			"description": fmt.Sprintf(`"auto" (or empty) or a private IPv4 prefix of /%d to /%d without host bits`, minCIDRBits, maxCIDRBits)},
 	}

@@ -138,11 +138,23 @@ func runPytest(t *testing.T, ctx context.Context, s *suiteNS, dir string, env []
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
-	t.Logf("pytest:\n%s", lastLines(out.String(), 60))
+	// The whole output goes to a file (while the test runs) and, on a
+	// failure, to the log: a finding (a schemathesis report, a traceback)
+	// is reproducible only from all of it, not from the last lines.
+	logFile := filepath.Join(t.TempDir(), "pytest.log")
+	if werr := os.WriteFile(logFile, out.Bytes(), 0o644); werr != nil {
+		t.Errorf("write %s: %v", logFile, werr)
+	}
+	failed := err != nil || !strings.Contains(out.String(), " passed") || strings.Contains(out.String(), " failed")
+	if failed {
+		t.Logf("pytest (all of its output, also in %s):\n%s", logFile, out.String())
+	} else {
+		t.Logf("pytest (the last lines; all in %s):\n%s", logFile, lastLines(out.String(), 60))
+	}
 	if err != nil {
 		t.Fatalf("pytest against the playground: %v", err)
 	}
-	if !strings.Contains(out.String(), " passed") || strings.Contains(out.String(), " failed") {
+	if failed {
 		t.Fatalf("pytest summary: %s", lastLines(out.String(), 3))
 	}
 }

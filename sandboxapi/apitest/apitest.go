@@ -12,6 +12,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -754,7 +755,10 @@ func (a *Guest) WriteFile(ctx context.Context, path string, r io.Reader, mode os
 	if err := a.alive(); err != nil {
 		return err
 	}
-	if strings.HasSuffix(path, "/") {
+	if err := checkClean(path); err != nil {
+		return err
+	}
+	if a.isDir(path) {
 		return fmt.Errorf("write %s: %w", path, sandbox.ErrIsDirectory)
 	}
 	if strings.HasPrefix(path, "/proc/") {
@@ -775,11 +779,14 @@ func (a *Guest) ReadFile(ctx context.Context, path string, w io.Writer, max int6
 	if err := a.alive(); err != nil {
 		return 0, err
 	}
+	if err := checkClean(path); err != nil {
+		return 0, err
+	}
 	a.reg.mu.Lock()
 	b, ok := a.fs[path]
 	a.reg.mu.Unlock()
 	switch {
-	case path == "/" || strings.HasSuffix(path, "/"):
+	case a.isDir(path):
 		return 0, fmt.Errorf("read %s: %w", path, sandbox.ErrIsDirectory)
 	case !ok:
 		return 0, fmt.Errorf("read %s: %w", path, sandbox.ErrFileNotFound)
@@ -789,6 +796,35 @@ func (a *Guest) ReadFile(ctx context.Context, path string, w io.Writer, max int6
 	}
 	n, err := w.Write(b)
 	return int64(n), err
+}
+
+// checkClean refuses a path that is not clean, as the real guest agent
+// client does (qga checkGuestPath: invalid, which the daemon answers 400),
+// so that a handler handing the guest an unclean path fails here too.
+func checkClean(p string) error {
+	if path.Clean(p) != p {
+		return fmt.Errorf("%w: guest path %q is not clean (want %q)", sandbox.ErrGuestInvalid, p, path.Clean(p))
+	}
+	return nil
+}
+
+// baseDirs are directories every guest has.
+var baseDirs = map[string]bool{"/": true, "/etc": true, "/tmp": true, "/root": true, "/home": true, "/proc": true}
+
+// isDir says whether p is a directory of the guest: a base one or the
+// parent of a file written.
+func (a *Guest) isDir(p string) bool {
+	if baseDirs[p] {
+		return true
+	}
+	a.reg.mu.Lock()
+	defer a.reg.mu.Unlock()
+	for f := range a.fs {
+		if strings.HasPrefix(f, p+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // SetPingFails makes VM id's agent stop answering (fail) or answer again.

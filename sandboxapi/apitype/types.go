@@ -48,7 +48,9 @@ type VMRequest struct {
 	Cores int `json:"cores,omitempty"`
 	// MemoryMiB is the RAM in MiB (default 1024).
 	MemoryMiB int `json:"memory_mib,omitempty"`
-	// DiskGiB, when set, grows the boot disk to this size.
+	// DiskGiB, when set, grows the boot disk to this size; one smaller than
+	// the template's boot disk is refused (invalid-request, field
+	// vms[i].disk_gib): Proxmox does not shrink disks.
 	DiskGiB int `json:"disk_gib,omitempty"`
 	// Networks are the network names the VM is attached to, in NIC order;
 	// default: the first network.
