@@ -20,7 +20,9 @@ var (
 	// ErrTooLarge: a guest file is larger than the limit the caller gave.
 	ErrTooLarge = errors.New("file larger than the limit")
 	// ErrInvalid: the request itself is malformed (empty argv, relative
-	// path, NUL byte, bad env name, ...). Nothing was sent to the guest.
+	// path, NUL byte, bad env name, ...): nothing was sent to the guest;
+	// or the guest's kernel refused the path as such (too long, a loop of
+	// symbolic links, an invalid argument), an *AgentError matching it.
 	ErrInvalid = errors.New("invalid request")
 )
 
@@ -84,7 +86,12 @@ func (e *AgentError) Is(target error) bool {
 	case ErrIsDir:
 		return strings.Contains(e.Desc, "Is a directory")
 	case ErrPermission:
-		return strings.Contains(e.Desc, "Permission denied") || strings.Contains(e.Desc, "Operation not permitted")
+		return strings.Contains(e.Desc, "Permission denied") || strings.Contains(e.Desc, "Operation not permitted") ||
+			strings.Contains(e.Desc, "Read-only file system")
+	case ErrInvalid:
+		// a path the guest's kernel refuses as such: the caller's to fix
+		return strings.Contains(e.Desc, "File name too long") || strings.Contains(e.Desc, "Invalid argument") ||
+			strings.Contains(e.Desc, "Too many levels of symbolic links")
 	}
 	return false
 }
