@@ -73,6 +73,9 @@ type Bed struct {
 
 	services *services
 
+	// zoneOps serializes adding and removing zones and restarting their
+	// dnsmasqs (held across each whole operation; taken before mu).
+	zoneOps sync.Mutex
 	mu      sync.Mutex
 	zones   map[string]*zoneState
 	guests  map[int]*Guest

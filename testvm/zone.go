@@ -78,6 +78,8 @@ func (v VNet) validate() error {
 // AddZone creates the zone's bridges (with gateway addresses, IPv4 and the
 // vnet's ULA), its SNAT rules and its dnsmasq.
 func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
+	b.zoneOps.Lock()
+	defer b.zoneOps.Unlock()
 	if !zoneIDRE.MatchString(z.ID) {
 		return fmt.Errorf("testvm: zone id %q: want 1-8 of [a-z0-9] starting with a letter", z.ID)
 	}
@@ -99,7 +101,7 @@ func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
 	b.mu.Unlock()
 	defer func() {
 		if err != nil {
-			_ = b.RemoveZone(context.WithoutCancel(ctx), z.ID)
+			_ = b.removeZoneLocked(context.WithoutCancel(ctx), z.ID)
 		}
 	}()
 	node := b.NodeNS()
@@ -130,6 +132,13 @@ func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
 
 // RemoveZone stops the zone's dnsmasq and deletes its bridges and NAT.
 func (b *Bed) RemoveZone(ctx context.Context, id string) error {
+	b.zoneOps.Lock()
+	defer b.zoneOps.Unlock()
+	return b.removeZoneLocked(ctx, id)
+}
+
+// removeZoneLocked is RemoveZone with zoneOps held.
+func (b *Bed) removeZoneLocked(ctx context.Context, id string) error {
 	b.mu.Lock()
 	zs, ok := b.zones[id]
 	delete(b.zones, id)
@@ -218,6 +227,8 @@ func (b *Bed) addDHCPHost(vnet string, mac net.HardwareAddr, ip netip.Addr) erro
 // systemctl stop dnsmasq@*; after_configure: restart dnsmasq@<zone>).
 // Guests keep their addresses and renew once it is back.
 func (b *Bed) RestartDnsmasq(ctx context.Context) error {
+	b.zoneOps.Lock()
+	defer b.zoneOps.Unlock()
 	b.mu.Lock()
 	zones := make([]*zoneState, 0, len(b.zones))
 	for _, id := range sortedZoneIDs(b.zones) {
@@ -241,7 +252,28 @@ func (b *Bed) RestartDnsmasq(ctx context.Context) error {
 		if !live {
 			continue
 		}
-		if err := b.startDnsmasq(ctx, zs); err != nil {
+		// A zone removed meanwhile, or its old dnsmasq's sockets not yet
+		// released on a loaded machine, fails one start: try again a
+		// few times, and a zone gone since is no error.
+		var err error
+		for attempt := range 5 {
+			if err = b.startDnsmasq(ctx, zs); err == nil || ctx.Err() != nil {
+				break
+			}
+			b.mu.Lock()
+			_, live = b.zones[zs.zone.ID]
+			b.mu.Unlock()
+			if !live {
+				err = nil
+				break
+			}
+			b.log.Warn("dnsmasq restart failed, retrying", "zone", zs.zone.ID, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+			}
+		}
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}
