@@ -107,10 +107,12 @@ func (b *Bed) removeScope(vmid int) error {
 }
 
 // removeCgroup kills what is left in cgroup dir and removes it, retrying
-// while the kernel finishes the kills.
+// while the kernel finishes the kills and their parents reap them (a
+// killed process stays in its cgroup until it is reaped, which on a
+// loaded machine took longer than 2 s).
 func removeCgroup(dir string) error {
 	var err error
-	for range 100 {
+	for range 750 { // 15 s
 		if b, rerr := os.ReadFile(filepath.Join(dir, "cgroup.procs")); rerr == nil {
 			for _, p := range strings.Fields(string(b)) {
 				if pid, perr := strconv.Atoi(p); perr == nil && pid != os.Getpid() {

@@ -342,8 +342,22 @@ func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
 		return fmt.Errorf("testvm: guest %d is not running", vmid)
 	}
 	if g.cmd != nil && g.cmd.Process != nil {
-		_ = g.cmd.Process.Kill()
-		<-g.done
+		// Kill the guest's processes first and let unshare, still alive,
+		// reap its child: killing unshare first leaves the guest's init a
+		// zombie of the host's PID 1, in the guest's cgroup until reaped.
+		if pids, _ := output(ctx, "ip", "netns", "pids", g.NS); len(pids) > 0 {
+			for _, p := range strings.Fields(string(pids)) {
+				if pid, err := strconv.Atoi(p); err == nil && pid != g.cmd.Process.Pid {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		select {
+		case <-g.done:
+		case <-time.After(5 * time.Second):
+			_ = g.cmd.Process.Kill()
+			<-g.done
+		}
 	}
 	var errs []error
 	// Anything left in the namespace (there should be nothing).
