@@ -8,7 +8,6 @@ import (
 	"io"
 	"regexp"
 	"sort"
-	"strconv"
 )
 
 // The parser before the single-pass one, kept as the oracle of
@@ -72,7 +71,7 @@ func refStringField(entry map[string]json.RawMessage, key string) (v string, ok 
 	return v, true, nil
 }
 
-// Parse reads a running config document. Empty input (only white space)
+// parseReference is Parse as it was: empty input (only white space)
 // is a node where SDN was never applied: an empty Snapshot. Any other
 // document must be one JSON object whose zone and vnet ids have
 // pve-network's format; otherwise the error is a *ParseError.
@@ -168,24 +167,6 @@ func refVnetZone(id string, raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("vnet %s: zone %q is not a pve-network zone id", id, zone)
 	}
 	return zone, nil
-}
-
-// written as a string of digits.
-func refVersion(raw json.RawMessage) (int64, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return 0, nil
-	}
-	txt := string(raw)
-	if raw[0] == '"' {
-		if err := json.Unmarshal(raw, &txt); err != nil {
-			return 0, fmt.Errorf("version: %w", err)
-		}
-	}
-	v, err := strconv.ParseInt(txt, 10, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("version %s is not a non-negative integer", raw)
-	}
-	return v, nil
 }
 
 func refIsObject(raw json.RawMessage) bool {
