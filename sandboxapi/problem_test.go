@@ -69,3 +69,27 @@ func TestAsProblem(t *testing.T) {
 		}
 	}
 }
+
+// TestProblemTypesComplete: every problem type the API can answer (each
+// with a title and a status here) is listed by apitype.ProblemTypes, which
+// is the OpenAPI document's enum of the problem's type: a type missing
+// there makes its answers break their schema (guest-no-space did).
+func TestProblemTypesComplete(t *testing.T) {
+	listed := apitype.ProblemTypes()
+	for typ := range problemTitles {
+		if !slices.Contains(listed, typ) {
+			t.Errorf("problem type %q has a title but is not in apitype.ProblemTypes()", typ)
+		}
+		if _, ok := problemStatus[typ]; !ok {
+			t.Errorf("problem type %q has a title but no status", typ)
+		}
+	}
+	for _, typ := range listed {
+		if _, ok := problemTitles[typ]; !ok {
+			t.Errorf("apitype.ProblemTypes() lists %q, which has no title", typ)
+		}
+	}
+	if len(problemStatus) != len(problemTitles) {
+		t.Errorf("%d statuses for %d titles", len(problemStatus), len(problemTitles))
+	}
+}

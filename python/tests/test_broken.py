@@ -3,6 +3,8 @@ error, saying the sandbox broke and why; no daemon needed."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 
@@ -32,3 +34,10 @@ def test_other_problems_keep_their_meaning() -> None:
     assert isinstance(_file_error(p, "/x"), FileNotFoundError)
     other = Problem(502, {"type": "guest-agent-error", "detail": "bad"})
     assert _exec_error(other) is other
+
+
+def test_no_space_is_enospc() -> None:
+    p = Problem(507, {"type": "guest-no-space", "detail": "the guest's file system is full"})
+    err = _file_error(p, "/root/big")
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC
+    assert err.filename == "/root/big"

@@ -64,5 +64,5 @@ func ProblemTypes() []string {
 		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
 		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
 		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened,
-		ProblemSandboxBroken}
+		ProblemSandboxBroken, ProblemGuestNoSpace}
 }

@@ -407,6 +407,8 @@ def _file_error(p: Problem, path: str) -> Exception:
             return IsADirectoryError(errno.EISDIR, f"is a directory: {msg}", path)
         case "permission-denied":
             return PermissionError(errno.EACCES, f"permission denied: {msg}", path)
+        case "guest-no-space":
+            return OSError(errno.ENOSPC, f"no space left in the guest: {msg}", path)
         case "output-limit":
             return OutputLimitExceededError(
                 limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
