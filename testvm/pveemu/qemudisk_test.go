@@ -278,3 +278,55 @@ func TestPendingAppliedAtStart(t *testing.T) {
 		t.Fatalf("pending after the start: %v", p["scsi1"])
 	}
 }
+
+// TestSnapshotFreezesAgent: a snapshot of a running VM with the agent and
+// freeze-fs on (the default) holds the agent in qemu-ga's frozen state
+// while it runs: guest-exec gets qemu-ga's refusal, guest-ping and
+// guest-fsfreeze-status answer; with freeze-fs=0 nothing is frozen, and
+// after the snapshot the agent runs every command again.
+func TestSnapshotFreezesAgent(t *testing.T) {
+	for _, tc := range []struct {
+		agent  string
+		frozen bool
+	}{{"1", true}, {"enabled=1,freeze-fs=0", false}, {"1,freeze-fs-on-backup=0", false}} {
+		t.Run(tc.agent, func(t *testing.T) {
+			e, bf, _ := runningClone(t, url.Values{"agent": {tc.agent}})
+			sock := bf.AgentSocket(101)
+			type answer struct {
+				ret string
+				err error
+			}
+			call := func(ctx context.Context, cmd string, args any) answer {
+				ret, err := qgaClient{}.Call(ctx, sock, cmd, args)
+				return answer{string(ret), err}
+			}
+			exec := map[string]any{"path": "true", "capture-output": true}
+			got := map[string]answer{}
+			ran := false
+			e.s.snapshotFrozen = func(ctx context.Context, vmid int) {
+				ran = true
+				got["exec"] = call(ctx, "guest-exec", exec)
+				got["ping"] = call(ctx, "guest-ping", nil)
+				got["status"] = call(ctx, "guest-fsfreeze-status", nil)
+			}
+			if st := e.task("POST", "/nodes/pve/qemu/101/snapshot", url.Values{"snapname": {"s1"}}); st != "OK" {
+				t.Fatalf("snapshot: %s", st)
+			}
+			if ran != tc.frozen {
+				t.Fatalf("frozen during the snapshot: %v, want %v", ran, tc.frozen)
+			}
+			if tc.frozen {
+				var ae *AgentError
+				if !errors.As(got["exec"].err, &ae) || ae.Class != "CommandNotFound" || ae.Desc != "Command guest-exec has been disabled: the command is not allowed" {
+					t.Errorf("guest-exec while frozen: %+v, want qemu-ga's refusal", got["exec"])
+				}
+				if got["ping"].err != nil || got["status"].err != nil || got["status"].ret != `"frozen"` {
+					t.Errorf("while frozen: ping %+v, fsfreeze-status %+v; want both answered, frozen", got["ping"], got["status"])
+				}
+			}
+			if a := call(context.Background(), "guest-exec", exec); a.err != nil {
+				t.Errorf("guest-exec after the snapshot: %v", a.err)
+			}
+		})
+	}
+}

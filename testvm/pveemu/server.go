@@ -50,6 +50,9 @@ type Server struct {
 	node    string
 	backend Backend
 	agent   Agent
+	// snapshotFrozen, when set, runs while a snapshot holds the agent
+	// frozen (snapshotFreeze).
+	snapshotFrozen func(ctx context.Context, vmid int)
 	dataDir string
 	log     *slog.Logger
 	schema  *Schema
