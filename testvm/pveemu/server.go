@@ -53,11 +53,11 @@ type Server struct {
 	// snapshotFrozen, when set, runs while a snapshot holds the agent
 	// frozen (snapshotFreeze).
 	snapshotFrozen func(ctx context.Context, vmid int)
-	dataDir string
-	log     *slog.Logger
-	schema  *Schema
-	routes  []*route
-	secret  []byte
+	dataDir        string
+	log            *slog.Logger
+	schema         *Schema
+	routes         []*route
+	secret         []byte
 
 	ctx    context.Context
 	cancel context.CancelFunc
