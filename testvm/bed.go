@@ -79,6 +79,8 @@ type Bed struct {
 	mu      sync.Mutex
 	zones   map[string]*zoneState
 	guests  map[int]*Guest
+	// qgaReason is qemu-ga's frozen-state reason (qgaFrozenReason).
+	qgaReason string
 	closed  bool
 	uplink2 bool
 }
