@@ -81,8 +81,8 @@ type Bed struct {
 	guests  map[int]*Guest
 	// qgaReason is qemu-ga's frozen-state reason (qgaFrozenReason).
 	qgaReason string
-	closed  bool
-	uplink2 bool
+	closed    bool
+	uplink2   bool
 }
 
 var (

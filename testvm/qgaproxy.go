@@ -27,7 +27,7 @@ type agentProxy struct {
 	// while frozen (frozenReason).
 	reason string
 	frozen atomic.Bool
-	wg       sync.WaitGroup
+	wg     sync.WaitGroup
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
