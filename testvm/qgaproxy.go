@@ -188,10 +188,11 @@ func (pc *proxyConn) fromClient(p *agentProxy) {
 // command forwards one JSON object or answers it.
 func (pc *proxyConn) command(p *agentProxy, obj []byte) error {
 	var req struct {
-		Execute string `json:"execute"`
+		Execute string          `json:"execute"`
+		ID      json.RawMessage `json:"id"`
 	}
 	_ = json.Unmarshal(obj, &req)
-	reply, own := p.answer(req.Execute)
+	reply, own := p.answer(req.Execute, req.ID)
 	if !own {
 		pc.mu.Lock()
 		if req.Execute != "" && !noReply[req.Execute] {
@@ -217,15 +218,23 @@ func (pc *proxyConn) command(p *agentProxy, obj []byte) error {
 
 // answer is the proxy's own reply to command, own false when qemu-ga is
 // to answer it.
-func (p *agentProxy) answer(command string) (reply []byte, own bool) {
-	ret := func(v any) []byte { b, _ := json.Marshal(map[string]any{"return": v}); return b }
+func (p *agentProxy) answer(command string, id json.RawMessage) (reply []byte, own bool) {
+	// qapi/qmp-dispatch.c qmp_dispatch copies the request's id into the
+	// reply
+	msg := func(m map[string]any) []byte {
+		if len(id) > 0 {
+			m["id"] = id
+		}
+		b, _ := json.Marshal(m)
+		return b
+	}
+	ret := func(v any) []byte { return msg(map[string]any{"return": v}) }
 	frozen := p.frozen.Load()
 	switch command {
 	case "guest-fsfreeze-freeze", "guest-fsfreeze-freeze-list":
 		// never a real freeze on the bed
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"class": "GenericError",
-			"desc": "the test bed does not freeze file systems (its guests share the host's)"}})
-		return b, true
+		return msg(map[string]any{"error": map[string]any{"class": "GenericError",
+			"desc": "the test bed does not freeze file systems (its guests share the host's)"}}), true
 	case "guest-fsfreeze-thaw":
 		// qga/commands-posix.c qmp_guest_fsfreeze_thaw: the number thawed
 		if frozen {
@@ -241,9 +250,8 @@ func (p *agentProxy) answer(command string) (reply []byte, own bool) {
 	}
 	if frozen && command != "" && !frozenAllowed[command] {
 		// qapi/qmp-dispatch.c on a command disabled while frozen
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"class": "CommandNotFound",
-			"desc": "Command " + command + " has been disabled: " + p.reason}})
-		return b, true
+		return msg(map[string]any{"error": map[string]any{"class": "CommandNotFound",
+			"desc": "Command " + command + " has been disabled: " + p.reason}}), true
 	}
 	return nil, false
 }

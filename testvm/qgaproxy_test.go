@@ -113,7 +113,7 @@ func TestAgentProxyFrozen(t *testing.T) {
 	}
 	pipelined := "\xff" + `{"execute":"guest-sync-delimited","arguments":{"id":4711}}` + "\n" +
 		`{"execute":"guest-info"}` + "\n" +
-		`{"execute":"guest-exec","arguments":{"path":"/bin/true"}}` + "\n" +
+		`{"execute":"guest-exec","arguments":{"path":"/bin/true"},"id":"x7"}` + "\n" +
 		`{"execute":"guest-ping"}` + "\n" +
 		`{"execute":"guest-fsfreeze-status"}` + "\n"
 	got := roundTrip(pipelined, 6)
@@ -129,6 +129,9 @@ func TestAgentProxyFrozen(t *testing.T) {
 	}
 	if class, desc := errClass(got[2]); class != "CommandNotFound" || desc != "Command guest-exec has been disabled: "+b.qgaFrozenReason(context.Background()) {
 		t.Errorf("guest-exec while frozen: %q, want qemu-ga's refusal", got[2])
+	}
+	if !strings.Contains(got[2], `"id":"x7"`) {
+		t.Errorf("the refusal %q lacks the request's id (qmp_dispatch copies it)", got[2])
 	}
 	if !strings.Contains(got[3], `"return"`) || got[4] != `{"return":"frozen"}` {
 		t.Errorf("ping, fsfreeze-status while frozen: %q, %q", got[3], got[4])
