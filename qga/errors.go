@@ -24,7 +24,40 @@ var (
 	// or the guest's kernel refused the path as such (too long, a loop of
 	// symbolic links, an invalid argument), an *AgentError matching it.
 	ErrInvalid = errors.New("invalid request")
+	// ErrFrozen: the agent refused the command because the guest's file
+	// systems are frozen (a snapshot or backup with fsfreeze runs): retry
+	// once it ends. QEMU's qemu-ga disables every command but guest-ping,
+	// guest-info, guest-sync, guest-sync-delimited, guest-fsfreeze-status
+	// and guest-fsfreeze-thaw while frozen (qga/main.c ga_set_frozen,
+	// ga_command_is_allowed), and qapi/qmp-dispatch.c answers a disabled
+	// command CommandNotFound "Command <name> has been disabled: <reason>".
+	ErrFrozen = errors.New("guest file systems frozen")
 )
+
+// frozenReasons are qemu-ga's reasons for a command disabled by the
+// frozen state: "the agent is in frozen state" up to QEMU 9.0
+// (ga_disable_not_allowed_freeze), "the command is not allowed" since
+// (ga_apply_command_filters_iter; the same text as a command outside
+// the guest's --allow-rpcs, which the daemon's templates do not set).
+var frozenReasons = []string{"the agent is in frozen state", "the command is not allowed"}
+
+// frozenAllowed are the commands qemu-ga still runs while frozen.
+var frozenAllowed = map[string]bool{"guest-ping": true, "guest-info": true, "guest-sync": true,
+	"guest-sync-delimited": true, "guest-fsfreeze-status": true, "guest-fsfreeze-thaw": true}
+
+// isFrozenRefusal says whether an agent error is qemu-ga's refusal of a
+// command disabled while the guest's file systems are frozen.
+func isFrozenRefusal(e *AgentError) bool {
+	if e.Class != "CommandNotFound" || frozenAllowed[e.Command] || !strings.Contains(e.Desc, " has been disabled: ") {
+		return false
+	}
+	for _, r := range frozenReasons {
+		if strings.HasSuffix(e.Desc, r) {
+			return true
+		}
+	}
+	return false
+}
 
 // Kind classifies a protocol failure: the agent (or whatever answers on its
 // socket) broke the protocol, stalled or went away.
@@ -88,6 +121,8 @@ func (e *AgentError) Is(target error) bool {
 	case ErrPermission:
 		return strings.Contains(e.Desc, "Permission denied") || strings.Contains(e.Desc, "Operation not permitted") ||
 			strings.Contains(e.Desc, "Read-only file system")
+	case ErrFrozen:
+		return isFrozenRefusal(e)
 	case ErrInvalid:
 		// a path the guest's kernel refuses as such: the caller's to fix
 		return strings.Contains(e.Desc, "File name too long") || strings.Contains(e.Desc, "Invalid argument") ||

@@ -79,8 +79,10 @@ type Bed struct {
 	mu      sync.Mutex
 	zones   map[string]*zoneState
 	guests  map[int]*Guest
-	closed  bool
-	uplink2 bool
+	// qgaReason is qemu-ga's frozen-state reason (qgaFrozenReason).
+	qgaReason string
+	closed    bool
+	uplink2   bool
 }
 
 var (

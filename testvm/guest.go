@@ -50,6 +50,39 @@ type Guest struct {
 	ipv6 netip.Addr
 	cmd  *exec.Cmd
 	done chan struct{}
+	// proxy listens on Socket and forwards to qemu-ga's own socket
+	// (qgaproxy.go): it emulates qemu-ga's frozen state.
+	proxy *agentProxy
+}
+
+// agentSocket is the path of qemu-ga's own listening socket, behind the
+// proxy on Socket.
+func (g *Guest) agentSocket() string { return strings.TrimSuffix(g.Socket, ".qga") + ".ga" }
+
+// qgaFrozenReason is the host's qemu-ga's frozen-state reason
+// (frozenReason), asked once per bed.
+func (b *Bed) qgaFrozenReason(ctx context.Context) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.qgaReason == "" {
+		out, _ := output(ctx, "qemu-ga", "-V")
+		first, _, _ := strings.Cut(string(out), "\n")
+		b.qgaReason = frozenReason(strings.TrimSpace(first))
+	}
+	return b.qgaReason
+}
+
+// SetAgentFrozen puts guest vmid's agent in qemu-ga's frozen state, or
+// ends it, without freezing any file system: while frozen the proxy in
+// front of qemu-ga answers the commands qemu-ga refuses then with its
+// refusal (qgaproxy.go).
+func (b *Bed) SetAgentFrozen(vmid int, frozen bool) error {
+	g, ok := b.Guest(vmid)
+	if !ok || g.proxy == nil {
+		return fmt.Errorf("testvm: guest %d is not running", vmid)
+	}
+	g.proxy.frozen.Store(frozen)
+	return nil
 }
 
 // IPv4 is the address the guest took by DHCP.
@@ -185,9 +218,16 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	if err := b.writeVMConf(g); err != nil {
 		return nil, fmt.Errorf("testvm: guest %d: config: %w", s.VMID, err)
 	}
-	// The agent's listening socket is made here, on the host side.
+	// The agent's listening socket is made here, on the host side, with
+	// the proxy's in front of it on Socket.
 	_ = os.Remove(g.Socket)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: g.Socket, Net: "unix"})
+	_ = os.Remove(g.agentSocket())
+	pln, err := net.Listen("unix", g.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: agent proxy socket: %w", s.VMID, err)
+	}
+	g.proxy = startAgentProxy(pln, g.agentSocket(), b.qgaFrozenReason(ctx))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: g.agentSocket(), Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("testvm: guest %d: agent socket: %w", s.VMID, err)
 	}
@@ -375,7 +415,11 @@ func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
 	if err := b.removeScope(vmid); err != nil {
 		errs = append(errs, err)
 	}
+	if g.proxy != nil {
+		g.proxy.close()
+	}
 	_ = os.Remove(g.Socket)
+	_ = os.Remove(g.agentSocket())
 	b.detachAllBlocks(ctx, vmid)
 	_ = os.Remove(b.vmConfPath(vmid))
 	_ = os.RemoveAll(filepath.Join(b.dir, "guests", strconv.Itoa(vmid), "root"))

@@ -25,6 +25,33 @@ type Backend interface {
 	AgentSocket(vmid int) string
 }
 
+// AgentFreezer is a Backend that can put a guest's agent in qemu-ga's
+// frozen state without freezing any file system (the bed's guests share
+// the host's file systems): while frozen the agent answers every command
+// but the ones qemu-ga allows then (frozenAllowed) with qemu-ga's own
+// refusal. A snapshot of a running VM with fsfreeze on uses it
+// (qemusnapshot.go).
+type AgentFreezer interface {
+	SetAgentFrozen(vmid int, frozen bool) error
+}
+
+// frozenAllowed are the commands qemu-ga runs while the guest's file
+// systems are frozen (QEMU qga/main.c ga_freeze_allowlist, since QEMU 9.2
+// the qapi-schema.json feature fs-frozen).
+var frozenAllowed = map[string]bool{"guest-ping": true, "guest-info": true, "guest-sync": true,
+	"guest-sync-delimited": true, "guest-fsfreeze-status": true, "guest-fsfreeze-thaw": true}
+
+// FrozenRefusal is qemu-ga's reply to command while frozen, nil for a
+// command it still runs: qapi/qmp-dispatch.c's answer to a disabled
+// command with the reason ga_apply_command_filters_iter gives it (QEMU
+// 9.1 and later; "the agent is in frozen state" before).
+func FrozenRefusal(command string) *AgentError {
+	if frozenAllowed[command] {
+		return nil
+	}
+	return &AgentError{Class: "CommandNotFound", Desc: "Command " + command + " has been disabled: the command is not allowed"}
+}
+
 // ZoneSpec is an applied SDN zone with its vnets.
 type ZoneSpec struct {
 	ID    string

@@ -74,6 +74,13 @@ func (b BedBackend) AgentSocket(vmid int) string {
 	return filepath.Join(b.Bed.QGADir(), strconv.Itoa(vmid)+".qga")
 }
 
+// SetAgentFrozen implements AgentFreezer: the proxy the bed puts in front
+// of the guest's qemu-ga answers as qemu-ga does while frozen; no file
+// system is frozen (testvm.Bed.SetAgentFrozen).
+func (b BedBackend) SetAgentFrozen(vmid int, frozen bool) error {
+	return b.Bed.SetAgentFrozen(vmid, frozen)
+}
+
 // AttachDisk implements BlockBackend: the image becomes a block device in
 // the guest (testvm.Bed.AttachBlock) named like the guest kernel would name
 // the slot (scsiN: sd<letter>, virtioN: vd<letter>), with the by-id link

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // FakeBackend is a Backend without root or namespaces, for unit tests: zones
@@ -215,6 +216,8 @@ type fakeGuest struct {
 	l    net.Listener
 	down func() bool
 	wg   sync.WaitGroup
+	// frozen is qemu-ga's frozen state (SetAgentFrozen).
+	frozen atomic.Bool
 
 	mu      sync.Mutex
 	conns   map[net.Conn]bool
@@ -279,7 +282,13 @@ func (g *fakeGuest) handleConn(c net.Conn) {
 				if req.Execute == "guest-sync-delimited" {
 					_, _ = c.Write([]byte{0xff})
 				}
-				ret, aerr := g.exec(req.Execute, req.Arguments)
+				var ret any
+				var aerr *AgentError
+				if g.frozen.Load() {
+					ret, aerr = g.frozenExec(req.Execute, req.Arguments)
+				} else {
+					ret, aerr = g.exec(req.Execute, req.Arguments)
+				}
 				if aerr != nil {
 					reply, _ = json.Marshal(map[string]any{"error": aerr})
 				} else {
@@ -294,6 +303,37 @@ func (g *fakeGuest) handleConn(c net.Conn) {
 			return
 		}
 	}
+}
+
+// frozenExec answers command while the agent is frozen: qemu-ga's
+// refusal, or the frozen state's own answers of the commands it allows
+// (guest-fsfreeze-status "frozen"; guest-fsfreeze-thaw ends the state,
+// as qga/commands-posix.c qmp_guest_fsfreeze_thaw does); the others it
+// allows (guest-ping, guest-info, guest-sync*) run as usual.
+func (g *fakeGuest) frozenExec(command string, args json.RawMessage) (any, *AgentError) {
+	if e := FrozenRefusal(command); e != nil {
+		return nil, e
+	}
+	switch command {
+	case "guest-fsfreeze-status":
+		return "frozen", nil
+	case "guest-fsfreeze-thaw":
+		g.frozen.Store(false)
+		return 1, nil
+	}
+	return g.exec(command, args)
+}
+
+// SetAgentFrozen implements AgentFreezer.
+func (f *FakeBackend) SetAgentFrozen(vmid int, frozen bool) error {
+	f.mu.Lock()
+	g := f.guests[vmid]
+	f.mu.Unlock()
+	if g == nil {
+		return fmt.Errorf("fake: VM %d is not running", vmid)
+	}
+	g.frozen.Store(frozen)
+	return nil
 }
 
 func (g *fakeGuest) path(p string) string {

@@ -42,6 +42,19 @@ func (s *Server) getConfig(_ context.Context, rq *request) (any, error) {
 	return out, nil
 }
 
+// getPending is GET .../pending (qemu-server vm_pending).
+func (s *Server) getPending(_ context.Context, rq *request) (any, error) {
+	var out []map[string]any
+	err := s.openVM(rq, nil, func(v *vm) error {
+		out = pendingArray(v)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // configValue renders numeric config keys as numbers like PVE does.
 func configValue(k, v string) any {
 	switch k {

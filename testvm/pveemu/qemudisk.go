@@ -174,3 +174,122 @@ func snapshotCapable(conf map[string]string) bool {
 	}
 	return true
 }
+
+// applyPendingLocked applies v's pending values and deletions the way
+// qemu-server's vm_start_nolock does before it starts a VM
+// (vmconfig_apply_pending): each pending deletion of a disk detaches it
+// (vmconfig_delete_or_detach_drive: with force its volume of the dir
+// storage is freed, else it becomes unusedN), then each pending value is
+// set, a disk it replaces registered as unusedN
+// (vmconfig_register_unused_drive). A deletion that fails stays pending,
+// as qemu-server keeps it with a warning. s.mu is held.
+func applyPendingLocked(s *Server, v *vm) {
+	dels := make([]string, 0, len(v.pendingDel))
+	for k := range v.pendingDel {
+		dels = append(dels, k)
+	}
+	slices.Sort(dels)
+	for _, k := range dels {
+		val, ok := v.conf[k]
+		if ok && reDiskKey.MatchString(k) {
+			volid := strings.SplitN(val, ",", 2)[0]
+			if v.pendingDel[k] {
+				if _, p, _, err := s.volumePath("", volid); err == nil {
+					if err := removeImage(p); err != nil {
+						continue // stays pending
+					}
+				}
+			} else {
+				v.conf[freeUnused(v.conf)] = volid
+			}
+		}
+		delete(v.conf, k)
+		delete(v.pendingDel, k)
+	}
+	for k, val := range v.pending {
+		if old, ok := v.conf[k]; ok && reDiskKey.MatchString(k) {
+			v.conf[freeUnused(v.conf)] = strings.SplitN(old, ",", 2)[0]
+		}
+		v.conf[k] = val
+		delete(v.pending, k)
+	}
+}
+
+// coldDisks are the disks of conf a start plugs from the dir storage
+// (qemu-server config_to_command: every drive of the config is part of
+// the VM from its start): slot -> image path, with the by-id name the
+// guest sees.
+func (s *Server) coldDisks(conf map[string]string) []coldDisk {
+	var out []coldDisk
+	major, _ := machineVersion(conf)
+	for k, val := range conf {
+		if !reDiskKey.MatchString(k) || (!strings.HasPrefix(k, "scsi") && !strings.HasPrefix(k, "virtio")) {
+			continue
+		}
+		_, p, _, err := s.volumePath("", strings.SplitN(val, ",", 2)[0])
+		if err != nil {
+			continue // not the dir storage's: the guest's own disk directory stands for it
+		}
+		byID, err := diskByID(k, val, major)
+		if err != nil {
+			continue
+		}
+		out = append(out, coldDisk{slot: k, image: p, byID: byID})
+	}
+	slices.SortFunc(out, func(a, b coldDisk) int { return strings.Compare(a.slot, b.slot) })
+	return out
+}
+
+// coldDisk is one disk a VM start attaches (coldDisks).
+type coldDisk struct{ slot, image, byID string }
+
+// pendingArray is GET .../pending (qemu-server vm_pending,
+// pve-guest-common GuestHelpers config_with_pending_array): one item per
+// key of the config with its value, its pending value and delete (1, or
+// 2 for a forced deletion) when it has them; then the keys only pending;
+// then the pending deletions of keys not in the config.
+func pendingArray(v *vm) []map[string]any {
+	var out []map[string]any
+	keys := make([]string, 0, len(v.conf))
+	for k := range v.conf {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	delFlag := func(force bool) int {
+		if force {
+			return 2
+		}
+		return 1
+	}
+	for _, k := range keys {
+		item := map[string]any{"key": k, "value": v.conf[k]}
+		if pv, ok := v.pending[k]; ok {
+			item["pending"] = pv
+		}
+		if force, ok := v.pendingDel[k]; ok {
+			item["delete"] = delFlag(force)
+		}
+		out = append(out, item)
+	}
+	var rest []string
+	for k := range v.pending {
+		if _, ok := v.conf[k]; !ok {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		out = append(out, map[string]any{"key": k, "pending": v.pending[k]})
+	}
+	rest = rest[:0]
+	for k := range v.pendingDel {
+		if _, ok := v.conf[k]; !ok {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		out = append(out, map[string]any{"key": k, "delete": delFlag(v.pendingDel[k])})
+	}
+	return out
+}

@@ -2,7 +2,12 @@ package pveemu
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 )
@@ -123,5 +128,205 @@ func TestSnapshotWithTransferDisk(t *testing.T) {
 	}
 	if st := e.task("POST", "/nodes/pve/qemu/101/snapshot", url.Values{"snapname": {"s1"}}); st != "OK" {
 		t.Fatalf("snapshot after the detach: %q", st)
+	}
+}
+
+// pendingItemSchema is the item schema of GET .../pending in the official
+// API extract (qemu-server vm_pending's returns).
+func pendingItemSchema(t *testing.T) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("testdata", "apidata-extract.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries []struct {
+		Path string `json:"path"`
+		Info map[string]struct {
+			Returns struct {
+				Items map[string]any `json:"items"`
+			} `json:"returns"`
+		} `json:"info"`
+	}
+	if err := json.Unmarshal(raw, &entries); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Path == "/nodes/{node}/qemu/{vmid}/pending" {
+			return e.Info["GET"].Returns.Items
+		}
+	}
+	t.Fatal("no GET /nodes/{node}/qemu/{vmid}/pending in the extract")
+	return nil
+}
+
+// checkPendingItems fails unless every item has only the schema's
+// properties, of their types and ranges, and its required ones.
+func checkPendingItems(t *testing.T, schema map[string]any, items []any) {
+	t.Helper()
+	props, _ := schema["properties"].(map[string]any)
+	for _, it := range items {
+		m, ok := it.(map[string]any)
+		if !ok {
+			t.Fatalf("item %v is not an object", it)
+		}
+		for name, p := range props {
+			ps := p.(map[string]any)
+			val, has := m[name]
+			if !has {
+				if ps["optional"] == nil {
+					t.Errorf("item %v lacks required %s", m, name)
+				}
+				continue
+			}
+			switch ps["type"] {
+			case "string":
+				if _, ok := val.(string); !ok {
+					t.Errorf("item %v: %s is %T, want a string", m, name, val)
+				}
+			case "integer":
+				n, ok := val.(float64)
+				if !ok || n != float64(int(n)) || (ps["minimum"] != nil && n < ps["minimum"].(float64)) || (ps["maximum"] != nil && n > ps["maximum"].(float64)) {
+					t.Errorf("item %v: %s %v is not an integer in range", m, name, val)
+				}
+			}
+		}
+		for name := range m {
+			if props[name] == nil {
+				t.Errorf("item %v: %s is not in the schema", m, name)
+			}
+		}
+	}
+}
+
+// pendingOf is GET .../pending as key -> item.
+func pendingOf(e *env, schema map[string]any) map[string]map[string]any {
+	items, _ := e.ok("GET", "/nodes/pve/qemu/101/pending", nil).([]any)
+	checkPendingItems(e.t, schema, items)
+	out := map[string]map[string]any{}
+	for _, it := range items {
+		m := it.(map[string]any)
+		out[m["key"].(string)] = m
+	}
+	return out
+}
+
+// TestPendingAppliedAtStart: a disk left pending on a running VM without
+// disk hotplug is attached at the next start (qemu-server vm_start_nolock
+// runs vmconfig_apply_pending first), a pending forced deletion frees the
+// volume at the next start, and GET .../pending shows both as qemu-server
+// vm_pending does (key, value, pending, delete), within its schema.
+func TestPendingAppliedAtStart(t *testing.T) {
+	schema := pendingItemSchema(t)
+	e, bf, volid := runningClone(t, url.Values{"hotplug": {"network,usb"}})
+	val := volid + ",serial=abc"
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"scsi1": {val}}); st != "OK" {
+		t.Fatalf("attach: %s", st)
+	}
+	p := pendingOf(e, schema)
+	if it := p["scsi1"]; it == nil || it["pending"] != val || it["value"] != nil {
+		t.Fatalf("pending scsi1: %v, want only a pending value %s", it, val)
+	}
+	if it := p["hotplug"]; it == nil || it["value"] != "network,usb" || it["pending"] != nil {
+		t.Fatalf("pending hotplug: %v, want its current value only", it)
+	}
+	for _, step := range []string{"stop", "start"} {
+		if st := e.task("POST", "/nodes/pve/qemu/101/status/"+step, nil); st != "OK" {
+			t.Fatalf("%s: %s", step, st)
+		}
+	}
+	if got := bf.byID["scsi1"]; got != "scsi-0QEMU_QEMU_HARDDISK_drive-scsi1" {
+		t.Fatalf("after the start scsi1 is plugged as %q, want the drive-scsi1 name", got)
+	}
+	cur := e.ok("GET", "/nodes/pve/qemu/101/config", url.Values{"current": {"1"}}).(map[string]any)
+	if cur["scsi1"] != val {
+		t.Fatalf("current scsi1 after the start: %v, want %s", cur["scsi1"], val)
+	}
+	if it := pendingOf(e, schema)["scsi1"]; it["pending"] != nil || it["value"] != val {
+		t.Fatalf("pending scsi1 after the start: %v, want applied", it)
+	}
+
+	// a forced deletion waits for the next start, then frees the volume
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"delete": {"scsi1"}, "force": {"1"}}); st != "OK" {
+		t.Fatalf("detach: %s", st)
+	}
+	if it := pendingOf(e, schema)["scsi1"]; it["delete"] != float64(2) || it["value"] != val {
+		t.Fatalf("pending scsi1 deletion: %v, want value %s and delete 2", it, val)
+	}
+	_, img, _, err := e.s.volumePath("", volid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(img); err != nil {
+		t.Fatalf("the image is gone before the next start: %v", err)
+	}
+	bf.mu.Lock()
+	clear(bf.byID)
+	bf.mu.Unlock()
+	for _, step := range []string{"stop", "start"} {
+		if st := e.task("POST", "/nodes/pve/qemu/101/status/"+step, nil); st != "OK" {
+			t.Fatalf("%s: %s", step, st)
+		}
+	}
+	if _, err := os.Stat(img); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the image after the start: %v, want it freed", err)
+	}
+	cur = e.ok("GET", "/nodes/pve/qemu/101/config", url.Values{"current": {"1"}}).(map[string]any)
+	if cur["scsi1"] != nil || cur["unused0"] != nil || len(bf.byID) != 0 {
+		t.Fatalf("after the start: scsi1 %v unused0 %v plugged %v, want none", cur["scsi1"], cur["unused0"], bf.byID)
+	}
+	if p := pendingOf(e, schema); p["scsi1"] != nil {
+		t.Fatalf("pending after the start: %v", p["scsi1"])
+	}
+}
+
+// TestSnapshotFreezesAgent: a snapshot of a running VM with the agent and
+// freeze-fs on (the default) holds the agent in qemu-ga's frozen state
+// while it runs: guest-exec gets qemu-ga's refusal, guest-ping and
+// guest-fsfreeze-status answer; with freeze-fs=0 nothing is frozen, and
+// after the snapshot the agent runs every command again.
+func TestSnapshotFreezesAgent(t *testing.T) {
+	for _, tc := range []struct {
+		agent  string
+		frozen bool
+	}{{"1", true}, {"enabled=1,freeze-fs=0", false}, {"1,freeze-fs-on-backup=0", false}} {
+		t.Run(tc.agent, func(t *testing.T) {
+			e, bf, _ := runningClone(t, url.Values{"agent": {tc.agent}})
+			sock := bf.AgentSocket(101)
+			type answer struct {
+				ret string
+				err error
+			}
+			call := func(ctx context.Context, cmd string, args any) answer {
+				ret, err := qgaClient{}.Call(ctx, sock, cmd, args)
+				return answer{string(ret), err}
+			}
+			exec := map[string]any{"path": "true", "capture-output": true}
+			got := map[string]answer{}
+			ran := false
+			e.s.snapshotFrozen = func(ctx context.Context, vmid int) {
+				ran = true
+				got["exec"] = call(ctx, "guest-exec", exec)
+				got["ping"] = call(ctx, "guest-ping", nil)
+				got["status"] = call(ctx, "guest-fsfreeze-status", nil)
+			}
+			if st := e.task("POST", "/nodes/pve/qemu/101/snapshot", url.Values{"snapname": {"s1"}}); st != "OK" {
+				t.Fatalf("snapshot: %s", st)
+			}
+			if ran != tc.frozen {
+				t.Fatalf("frozen during the snapshot: %v, want %v", ran, tc.frozen)
+			}
+			if tc.frozen {
+				var ae *AgentError
+				if !errors.As(got["exec"].err, &ae) || ae.Class != "CommandNotFound" || ae.Desc != "Command guest-exec has been disabled: the command is not allowed" {
+					t.Errorf("guest-exec while frozen: %+v, want qemu-ga's refusal", got["exec"])
+				}
+				if got["ping"].err != nil || got["status"].err != nil || got["status"].ret != `"frozen"` {
+					t.Errorf("while frozen: ping %+v, fsfreeze-status %+v; want both answered, frozen", got["ping"], got["status"])
+				}
+			}
+			if a := call(context.Background(), "guest-exec", exec); a.err != nil {
+				t.Errorf("guest-exec after the snapshot: %v", a.err)
+			}
+		})
 	}
 }

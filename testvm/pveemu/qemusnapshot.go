@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -68,8 +69,13 @@ func (s *Server) createSnapshot(ctx context.Context, rq *request) (any, error) {
 			return err
 		}
 		unlock()
+		thaw, ferr := s.snapshotFreeze(ctx, t, v)
 		dst := filepath.Join(s.vmDir(vmid), "snap-"+name)
-		cerr := copyDir(ctx, s.DiskDir(vmid), dst)
+		cerr := ferr
+		if cerr == nil {
+			cerr = copyDir(ctx, s.DiskDir(vmid), dst)
+		}
+		thaw()
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		delete(v.conf, "lock")
@@ -196,4 +202,48 @@ func (s *Server) deleteSnapshot(ctx context.Context, rq *request) (any, error) {
 		delete(v.snaps, name)
 		return nil
 	}), nil
+}
+
+// snapshotFreeze puts the agent of a running VM with fsfreeze on in the
+// frozen state for a snapshot (qemu-server QemuConfig
+// __snapshot_check_freeze_needed: running, no vmstate, and Agent
+// guest_fs_freeze_applicable: the agent enabled with freeze-fs, default
+// on; then __snapshot_freeze), without freezing any file system: the
+// backend's AgentFreezer answers as qemu-ga does while frozen. The
+// returned thaw ends the state (__snapshot_freeze's thaw after the
+// volumes' snapshots). The hook snapshotFrozen, when set, runs while
+// frozen (tests hold a snapshot open with it).
+func (s *Server) snapshotFreeze(ctx context.Context, t *task, v *vm) (thaw func(), err error) {
+	s.mu.Lock()
+	need := v.running && agentEnabled(v.conf["agent"]) && freezeFS(v.conf["agent"])
+	be := s.backendOfLocked(v)
+	hook := s.snapshotFrozen
+	s.mu.Unlock()
+	fr, ok := be.(AgentFreezer)
+	if !need || !ok {
+		return func() {}, nil
+	}
+	if err := fr.SetAgentFrozen(v.vmid, true); err != nil {
+		return func() {}, fmt.Errorf("guest-fsfreeze-freeze: %w", err)
+	}
+	t.logf("issuing guest fs freeze")
+	if hook != nil {
+		hook(ctx, v.vmid)
+	}
+	return func() {
+		_ = fr.SetAgentFrozen(v.vmid, false)
+		t.logf("issuing guest fs thaw")
+	}, nil
+}
+
+// freezeFS is the agent option freeze-fs (aliases freeze-fs-on-backup,
+// guest-fsfreeze), default on (qemu-server Agent.pm should_fs_freeze).
+func freezeFS(agent string) bool {
+	for _, part := range strings.Split(agent, ",") {
+		k, val, ok := strings.Cut(part, "=")
+		if ok && (k == "freeze-fs" || k == "freeze-fs-on-backup" || k == "guest-fsfreeze") {
+			return parseBoolText(val) == "1"
+		}
+	}
+	return true
 }

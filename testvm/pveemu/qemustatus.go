@@ -98,6 +98,7 @@ func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
 
 func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) error {
 	var spec VMSpec
+	var disks []coldDisk
 	_, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
 		if v.conf["template"] == "1" {
 			return fail("you can't start a vm if it's a template")
@@ -110,6 +111,9 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 		if v.running {
 			return fail("VM %d already running", vmid)
 		}
+		// vm_start_nolock: pending changes are applied before the start.
+		applyPendingLocked(s, v)
+		disks = s.coldDisks(v.conf)
 		var err error
 		spec, err = s.vmSpecLocked(v)
 		return err
@@ -118,7 +122,12 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 		return err
 	}
 	defer unlock()
-	if err := s.backendOf(vmid).StartVM(ctx, spec); err != nil {
+	be := s.backendOf(vmid)
+	if err := be.StartVM(ctx, spec); err != nil {
+		return fmt.Errorf("start failed: %w", err)
+	}
+	if err := attachCold(ctx, be, vmid, disks); err != nil {
+		_ = be.StopVM(context.WithoutCancel(ctx), vmid)
 		return fmt.Errorf("start failed: %w", err)
 	}
 	s.mu.Lock()
@@ -126,6 +135,25 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 		v.running, v.started = true, time.Now()
 	}
 	s.mu.Unlock()
+	return nil
+}
+
+// attachCold plugs the dir storage's disks of a VM being started: QEMU
+// opens every drive of its command line at the start, so a disk set while
+// the VM was stopped, or applied from pending, is there from the start.
+func attachCold(ctx context.Context, be Backend, vmid int, disks []coldDisk) error {
+	if len(disks) == 0 {
+		return nil
+	}
+	bb, ok := be.(BlockBackend)
+	if !ok {
+		return fmt.Errorf("the emulator's backend cannot attach disks (%s)", disks[0].slot)
+	}
+	for _, d := range disks {
+		if err := bb.AttachDisk(ctx, vmid, d.slot, d.image, d.byID); err != nil {
+			return fmt.Errorf("%s: %w", d.slot, err)
+		}
+	}
 	return nil
 }
 

@@ -20,6 +20,7 @@ func (s *Server) registerRoutes() error {
 		{"DELETE", q, s.deleteVM},
 		{"POST", q + "/clone", s.cloneVM},
 		{"GET", q + "/config", s.getConfig},
+		{"GET", q + "/pending", s.getPending},
 		{"POST", q + "/config", func(ctx context.Context, rq *request) (any, error) { return s.updateConfig(ctx, rq, true) }},
 		{"PUT", q + "/config", func(ctx context.Context, rq *request) (any, error) { return s.updateConfig(ctx, rq, false) }},
 		{"GET", q + "/status/current", s.statusCurrent},

@@ -50,11 +50,14 @@ type Server struct {
 	node    string
 	backend Backend
 	agent   Agent
-	dataDir string
-	log     *slog.Logger
-	schema  *Schema
-	routes  []*route
-	secret  []byte
+	// snapshotFrozen, when set, runs while a snapshot holds the agent
+	// frozen (snapshotFreeze).
+	snapshotFrozen func(ctx context.Context, vmid int)
+	dataDir        string
+	log            *slog.Logger
+	schema         *Schema
+	routes         []*route
+	secret         []byte
 
 	ctx    context.Context
 	cancel context.CancelFunc

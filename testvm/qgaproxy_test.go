@@ -1,0 +1,154 @@
+package testvm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
+)
+
+// TestObjScanner: the proxy's stream splitter finds top-level objects
+// across reads, ignores braces inside strings and resets on 0xFF.
+func TestObjScanner(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		chunks []string
+		want   []string // objects, in order; "~" prefixes bytes between them
+	}{
+		{"one", []string{`{"execute":"guest-ping"}` + "\n"}, []string{`{"execute":"guest-ping"}`, "~\n"}},
+		{"split", []string{`{"execute":"gu`, `est-ping"}`}, []string{`{"execute":"guest-ping"}`}},
+		{"braces in strings", []string{`{"a":"}{\"}","b":{"c":1}}{}`}, []string{`{"a":"}{\"}","b":{"c":1}}`, `{}`}},
+		{"delimiter", []string{"\xff{\"execute\":\"guest-sync-delimited\"}"}, []string{"~\xff", `{"execute":"guest-sync-delimited"}`}},
+		{"reset", []string{"{\"execute\":\"gue\xff{}"}, []string{"~\xff", "{}"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var s objScanner
+			var got []string
+			n := 0
+			for _, c := range tt.chunks {
+				n += s.feed([]byte(c), func(chunk []byte, obj bool) {
+					if obj {
+						got = append(got, string(chunk))
+					} else {
+						got = append(got, "~"+string(chunk))
+					}
+				})
+			}
+			objs := 0
+			for _, w := range tt.want {
+				if !strings.HasPrefix(w, "~") {
+					objs++
+				}
+			}
+			if strings.Join(got, "|") != strings.Join(tt.want, "|") || n != objs {
+				t.Fatalf("got %q (%d objects), want %q (%d)", got, n, tt.want, objs)
+			}
+		})
+	}
+}
+
+// TestFrozenReason: qemu-ga's frozen-state reason by version.
+func TestFrozenReason(t *testing.T) {
+	for v, want := range map[string]string{
+		"QEMU Guest Agent 7.2.22": "the agent is in frozen state",
+		"QEMU Guest Agent 9.0.2":  "the agent is in frozen state",
+		"QEMU Guest Agent 9.1.0":  "the command is not allowed",
+		"QEMU Guest Agent 10.1.2": "the command is not allowed",
+	} {
+		if got := frozenReason(v); got != want {
+			t.Errorf("%s: %q, want %q", v, got, want)
+		}
+	}
+}
+
+// TestAgentProxyFrozen: on the bed, the proxy in front of the real
+// qemu-ga refuses what qemu-ga refuses while frozen, in order with the
+// replies qemu-ga gives to the commands it still runs on the same
+// connection, and never lets a freeze reach qemu-ga.
+func TestAgentProxyFrozen(t *testing.T) {
+	testkit.RequireRoot(t)
+	b, ga, _ := upTwoZones(t)
+	roundTrip := func(send string, replies int) []string {
+		t.Helper()
+		c, err := net.DialTimeout("unix", ga.Socket, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write([]byte(send)); err != nil {
+			t.Fatal(err)
+		}
+		r := bufio.NewReader(c)
+		var out []string
+		for len(out) < replies {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				t.Fatalf("after %q: %v", out, err)
+			}
+			out = append(out, string(bytes.TrimSpace(bytes.TrimPrefix(line, []byte{0xff}))))
+		}
+		return out
+	}
+	errClass := func(reply string) (class, desc string) {
+		var r struct {
+			Error struct{ Class, Desc string } `json:"error"`
+		}
+		_ = json.Unmarshal([]byte(reply), &r)
+		return r.Error.Class, r.Error.Desc
+	}
+
+	// never a freeze, frozen or not
+	if got := roundTrip(`{"execute":"guest-fsfreeze-freeze"}`+"\n"+`{"execute":"guest-fsfreeze-status"}`+"\n", 2); !strings.Contains(got[0], "does not freeze") || got[1] != `{"return":"thawed"}` {
+		t.Fatalf("freeze while thawed: %q", got)
+	}
+	if err := b.SetAgentFrozen(ga.VMID, true); err != nil {
+		t.Fatal(err)
+	}
+	pipelined := "\xff" + `{"execute":"guest-sync-delimited","arguments":{"id":4711}}` + "\n" +
+		`{"execute":"guest-info"}` + "\n" +
+		`{"execute":"guest-exec","arguments":{"path":"/bin/true"},"id":"x7"}` + "\n" +
+		`{"execute":"guest-ping"}` + "\n" +
+		`{"execute":"guest-fsfreeze-status"}` + "\n"
+	got := roundTrip(pipelined, 6)
+	if !strings.Contains(got[0], "JSON parse error") {
+		t.Errorf("reply to 0xFF: %q, want qemu-ga's parse error", got[0])
+	}
+	got = got[1:]
+	if got[0] != `{"return": 4711}` && got[0] != `{"return":4711}` {
+		t.Errorf("sync: %q", got[0])
+	}
+	if !strings.Contains(got[1], `"supported_commands"`) {
+		t.Errorf("guest-info while frozen: %q, want qemu-ga's answer", got[1])
+	}
+	if class, desc := errClass(got[2]); class != "CommandNotFound" || desc != "Command guest-exec has been disabled: "+b.qgaFrozenReason(context.Background()) {
+		t.Errorf("guest-exec while frozen: %q, want qemu-ga's refusal", got[2])
+	}
+	if !strings.Contains(got[2], `"id":"x7"`) {
+		t.Errorf("the refusal %q lacks the request's id (qmp_dispatch copies it)", got[2])
+	}
+	if !strings.Contains(got[3], `"return"`) || got[4] != `{"return":"frozen"}` {
+		t.Errorf("ping, fsfreeze-status while frozen: %q, %q", got[3], got[4])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pingAgent(ctx, ga.Socket); err != nil {
+		t.Errorf("the bed's own ping while frozen: %v", err)
+	}
+	// thaw through the agent ends the emulated state
+	if got := roundTrip(`{"execute":"guest-fsfreeze-thaw"}`+"\n", 1); got[0] != `{"return":1}` {
+		t.Fatalf("thaw: %q", got)
+	}
+	if out := rawExec(t, ga.Socket, "/bin/echo", "thawed"); strings.TrimSpace(out) != "thawed" {
+		t.Fatalf("exec after the thaw: %q", out)
+	}
+	if err := b.SetAgentFrozen(999, true); err == nil {
+		t.Error("froze a guest that does not run")
+	}
+}
