@@ -137,3 +137,37 @@ func cidrPattern(ranges []netip.Prefix, minBits, maxBits int) string {
 	}
 	return `^$|^auto$|^(?:` + strings.Join(first, "|") + `)\.(?:` + strings.Join(rest, "|") + `)$`
 }
+
+// egressRuler is an engine's Egress that says its entry rules (the
+// daemon's: firewall/egress).
+type egressRuler interface {
+	EntryRules() sandbox.EgressEntryRules
+}
+
+// egressRules are the keywords of an egress policy's entries, from the
+// node's egress part when it says them (schemathesis ST202: allow and
+// deny entries were any string in the document), and apitype's rule that
+// only mode allowlist takes an allow list.
+func (s *Server) egressRules() map[string]map[string]any {
+	er, ok := s.eo.Egress.(egressRuler)
+	if !ok {
+		return nil
+	}
+	r := er.EntryRules()
+	entries := func(pattern, desc string) map[string]any {
+		return map[string]any{"maxItems": r.MaxEntries, "description": desc,
+			"items": map[string]any{"type": "string", "maxLength": r.MaxChars, "pattern": pattern}}
+	}
+	return map[string]map[string]any{
+		"EgressPolicy": {
+			"description": "allow is for mode allowlist only",
+			"anyOf": []any{
+				map[string]any{"required": []string{"mode"}, "properties": map[string]any{"mode": map[string]any{"enum": []string{"allowlist"}}}},
+				map[string]any{"properties": map[string]any{"allow": map[string]any{"maxItems": 0}}},
+			},
+		},
+		"EgressPolicy.allow": entries(r.AllowPattern, "IPv4 addresses and CIDRs without host bits, domains "+
+			"(a leading \"*.\" for every name below one, the last label starting with a letter), a domain with a tcp port but 80 and 443"),
+		"EgressPolicy.deny": entries(r.DenyPattern, "IPv4 addresses and CIDRs without host bits"),
+	}
+}
