@@ -32,6 +32,16 @@ const execRulesText = "Rules JSON Schema cannot say: argv[0] is not empty; the a
 	"in all; without Accept: application/x-ndjson (streaming) output_limit is at most %d (each stream is " +
 	"collected into the answer)."
 
+// keyedBy is an object of at most maxProps keys, each matching keyPattern,
+// with values matching value: patternProperties with additionalProperties
+// false, not propertyNames, which OpenAPI 3.0's schema (JSON Schema
+// draft 5's subset) does not have: schemathesis takes a 3.0 document's
+// schemas as draft 4, ignores propertyNames, and generated env names that
+// are no identifiers as valid bodies (ST202).
+func keyedBy(maxProps int, keyPattern string, value map[string]any) map[string]any {
+	return map[string]any{"maxProperties": maxProps, "patternProperties": map[string]any{keyPattern: value}, "additionalProperties": false}
+}
+
 // pathRule is a guest path (validateGuestPath), as a query parameter.
 func pathRule() map[string]any {
 	return map[string]any{"type": "string", "minLength": 1, "maxLength": maxPathLen, "pattern": `^/[^\x00]*$`}
@@ -55,11 +65,9 @@ func (s *Server) createRules() map[string]map[string]any {
 		"CreateRequest":          {"description": fmt.Sprintf(createRulesText, apitype.MaxEnvBytes)},
 		"CreateRequest.vms":      {"minItems": 1, "maxItems": maxVMsPerRequest},
 		"CreateRequest.networks": {"maxItems": maxNetworks},
-		"CreateRequest.labels": {"maxProperties": maxLabels, "propertyNames": map[string]any{"pattern": reLabelKey.String()},
-			"additionalProperties": label},
+		"CreateRequest.labels": keyedBy(maxLabels, reLabelKey.String(), label),
 		"CreateRequest.owner": owner,
-		"CreateRequest.env": {"maxProperties": apitype.MaxEnvVars, "propertyNames": map[string]any{"pattern": apitype.EnvNamePattern},
-			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"CreateRequest.env": keyedBy(apitype.MaxEnvVars, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`}),
 		"VMRequest.name":     {"pattern": "^$|" + reName.String(), "description": "unique in the sandbox; empty: vm<index>"},
 		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
 		"VMRequest.cores":    {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
@@ -71,8 +79,7 @@ func (s *Server) createRules() map[string]map[string]any {
 		"ExecRequest":         {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
 		"ExecRequest.argv":    {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
 		"ExecRequest.cwd":     {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},
-		"ExecRequest.env": {"maxProperties": maxEnv, "propertyNames": map[string]any{"pattern": apitype.EnvNamePattern},
-			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"ExecRequest.env": keyedBy(maxEnv, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`}),
 		"ExecRequest.user":            {"maxLength": maxUserChars, "pattern": `^[^\x00-\x1f\x7f :/]*$`},
 		"ExecRequest.timeout_seconds": {"minimum": 0, "maximum": maxExecTimeout},
 		"ExecRequest.output_limit":    {"minimum": 0, "maximum": maxOutputLimit},
