@@ -21,6 +21,16 @@ type Egress interface {
 	Status(sandbox, zone string) apitype.EgressStatus
 }
 
+// EgressEntryRules are the rules an Egress's Validate applies to each
+// allow and deny entry: regular expressions (RE2 and ECMA-262 alike)
+// matching exactly the entries it takes of at most MaxChars characters,
+// and at most MaxEntries entries in each list. An Egress that has them
+// says them (an EntryRules method), and the API's document states them.
+type EgressEntryRules struct {
+	AllowPattern, DenyPattern string
+	MaxChars, MaxEntries      int
+}
+
 // ValidateEgress checks an optional policy (nil passes) for a create or
 // SetEgress: an InvalidError of field "egress" when egress policies are
 // off on this node or the egress part rejects it.

@@ -131,7 +131,7 @@ func (s *Server) OpenAPI() map[string]any {
 	for name, v := range schemaTypes {
 		schemas[name] = schemaOf(reflect.TypeOf(v), true)
 	}
-	for _, rules := range []map[string]map[string]any{s.bounds(), s.createRules()} {
+	for _, rules := range []map[string]map[string]any{s.bounds(), s.createRules(), s.egressRules()} {
 		for prop, kw := range rules {
 			name, field, _ := strings.Cut(prop, ".")
 			ps := schemas[name].(map[string]any)

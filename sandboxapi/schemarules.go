@@ -32,6 +32,16 @@ const execRulesText = "Rules JSON Schema cannot say: argv[0] is not empty; the a
 	"in all; without Accept: application/x-ndjson (streaming) output_limit is at most %d (each stream is " +
 	"collected into the answer)."
 
+// keyedBy is an object of at most maxProps keys, each matching keyPattern,
+// with values matching value: patternProperties with additionalProperties
+// false, not propertyNames, which OpenAPI 3.0's schema (JSON Schema
+// draft 5's subset) does not have: schemathesis takes a 3.0 document's
+// schemas as draft 4, ignores propertyNames, and generated env names that
+// are no identifiers as valid bodies (ST202).
+func keyedBy(maxProps int, keyPattern string, value map[string]any) map[string]any {
+	return map[string]any{"maxProperties": maxProps, "patternProperties": map[string]any{keyPattern: value}, "additionalProperties": false}
+}
+
 // pathRule is a guest path (validateGuestPath), as a query parameter.
 func pathRule() map[string]any {
 	return map[string]any{"type": "string", "minLength": 1, "maxLength": maxPathLen, "pattern": `^/[^\x00]*$`}
@@ -55,24 +65,21 @@ func (s *Server) createRules() map[string]map[string]any {
 		"CreateRequest":          {"description": fmt.Sprintf(createRulesText, apitype.MaxEnvBytes)},
 		"CreateRequest.vms":      {"minItems": 1, "maxItems": maxVMsPerRequest},
 		"CreateRequest.networks": {"maxItems": maxNetworks},
-		"CreateRequest.labels": {"maxProperties": maxLabels, "propertyNames": map[string]any{"pattern": reLabelKey.String()},
-			"additionalProperties": label},
-		"CreateRequest.owner": owner,
-		"CreateRequest.env": {"maxProperties": apitype.MaxEnvVars, "propertyNames": map[string]any{"pattern": apitype.EnvNamePattern},
-			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
-		"VMRequest.name":     {"pattern": "^$|" + reName.String(), "description": "unique in the sandbox; empty: vm<index>"},
-		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
-		"VMRequest.cores":    {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
+		"CreateRequest.labels":   keyedBy(maxLabels, reLabelKey.String(), label),
+		"CreateRequest.owner":    owner,
+		"CreateRequest.env":      keyedBy(apitype.MaxEnvVars, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`}),
+		"VMRequest.name":         {"pattern": "^$|" + reName.String(), "description": "unique in the sandbox; empty: vm<index>"},
+		"VMRequest.template":     {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
+		"VMRequest.cores":        {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
 		"VMRequest.memory_mib": {"anyOf": []any{map[string]any{"enum": []int{0}}, map[string]any{"minimum": minMemoryMiB, "maximum": maxMemoryMiB}},
 			"description": fmt.Sprintf("0: %d", defaultMemoryMiB)},
-		"VMRequest.disk_gib":  {"minimum": 0, "maximum": maxDiskGiB},
-		"VMRequest.networks":  {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
-		"NetworkRequest.name": {"pattern": reName.String()},
-		"ExecRequest":         {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
-		"ExecRequest.argv":    {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
-		"ExecRequest.cwd":     {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},
-		"ExecRequest.env": {"maxProperties": maxEnv, "propertyNames": map[string]any{"pattern": apitype.EnvNamePattern},
-			"additionalProperties": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"VMRequest.disk_gib":          {"minimum": 0, "maximum": maxDiskGiB},
+		"VMRequest.networks":          {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
+		"NetworkRequest.name":         {"pattern": reName.String()},
+		"ExecRequest":                 {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
+		"ExecRequest.argv":            {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
+		"ExecRequest.cwd":             {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},
+		"ExecRequest.env":             keyedBy(maxEnv, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`}),
 		"ExecRequest.user":            {"maxLength": maxUserChars, "pattern": `^[^\x00-\x1f\x7f :/]*$`},
 		"ExecRequest.timeout_seconds": {"minimum": 0, "maximum": maxExecTimeout},
 		"ExecRequest.output_limit":    {"minimum": 0, "maximum": maxOutputLimit},
@@ -136,4 +143,38 @@ func cidrPattern(ranges []netip.Prefix, minBits, maxBits int) string {
 		rest = append(rest, fmt.Sprintf(`%s\.%s/%d`, alt(third), alt(fourth), bits))
 	}
 	return `^$|^auto$|^(?:` + strings.Join(first, "|") + `)\.(?:` + strings.Join(rest, "|") + `)$`
+}
+
+// egressRuler is an engine's Egress that says its entry rules (the
+// daemon's: firewall/egress).
+type egressRuler interface {
+	EntryRules() sandbox.EgressEntryRules
+}
+
+// egressRules are the keywords of an egress policy's entries, from the
+// node's egress part when it says them (schemathesis ST202: allow and
+// deny entries were any string in the document), and apitype's rule that
+// only mode allowlist takes an allow list.
+func (s *Server) egressRules() map[string]map[string]any {
+	er, ok := s.eo.Egress.(egressRuler)
+	if !ok {
+		return nil
+	}
+	r := er.EntryRules()
+	entries := func(pattern, desc string) map[string]any {
+		return map[string]any{"maxItems": r.MaxEntries, "description": desc,
+			"items": map[string]any{"type": "string", "maxLength": r.MaxChars, "pattern": pattern}}
+	}
+	return map[string]map[string]any{
+		"EgressPolicy": {
+			"description": "allow is for mode allowlist only",
+			"anyOf": []any{
+				map[string]any{"required": []string{"mode"}, "properties": map[string]any{"mode": map[string]any{"enum": []string{"allowlist"}}}},
+				map[string]any{"properties": map[string]any{"allow": map[string]any{"maxItems": 0}}},
+			},
+		},
+		"EgressPolicy.allow": entries(r.AllowPattern, "IPv4 addresses and CIDRs without host bits, domains "+
+			"(a leading \"*.\" for every name below one, the last label starting with a letter), a domain with a tcp port but 80 and 443"),
+		"EgressPolicy.deny": entries(r.DenyPattern, "IPv4 addresses and CIDRs without host bits"),
+	}
 }

@@ -28,6 +28,29 @@ func rule(t *testing.T, prop string) map[string]any {
 	return kw
 }
 
+// sub is the part of the keywords kw that rules a kind of value: "" kw
+// itself; "keys" and "values" an object's keys (as a pattern) and values
+// (its one patternProperties entry, keyedBy); else the keyword of that name.
+func sub(t *testing.T, kw map[string]any, part string) map[string]any {
+	t.Helper()
+	switch part {
+	case "":
+		return kw
+	case "keys", "values":
+		pp, _ := kw["patternProperties"].(map[string]any)
+		if len(pp) != 1 || kw["additionalProperties"] != false {
+			t.Fatalf("want one patternProperties entry and additionalProperties false: %v", kw)
+		}
+		for k, v := range pp {
+			if part == "keys" {
+				return map[string]any{"pattern": k}
+			}
+			return v.(map[string]any)
+		}
+	}
+	return kw[part].(map[string]any)
+}
+
 // randomStrings are fuzz candidates over the characters of alphabet,
 // lengths 0..maxLen, and extra. (JSON carries only valid UTF-8: the
 // decoder replaces anything else, so candidates are characters.)
@@ -73,24 +96,21 @@ func TestOpenAPICreatePatterns(t *testing.T) {
 				c.VMs[0].Networks = []string{s}
 			})
 		}},
-		{"CreateRequest.labels", "propertyNames", randomStrings(3, "aZ9._/-:", 66, strings.Repeat("a", 63), strings.Repeat("a", 64)), func(s string) bool {
+		{"CreateRequest.labels", "keys", randomStrings(3, "aZ9._/-:", 66, strings.Repeat("a", 63), strings.Repeat("a", 64)), func(s string) bool {
 			return createAccepts(func(c *apitype.CreateRequest) { c.Labels = map[string]string{s: "v"} })
 		}},
-		{"CreateRequest.env", "propertyNames", randomStrings(4, "aZ9_-=", 8, "_", "9a", "a9"), func(s string) bool {
+		{"CreateRequest.env", "keys", randomStrings(4, "aZ9_-=", 8, "_", "9a", "a9"), func(s string) bool {
 			return createAccepts(func(c *apitype.CreateRequest) { c.Env = map[string]string{s: "v"} })
 		}},
 		{"CreateRequest.owner", "", randomStrings(5, "a \x01\x7fé", 70, strings.Repeat("é", 64), strings.Repeat("é", 65)), func(s string) bool {
 			return createAccepts(func(c *apitype.CreateRequest) { c.Owner = s })
 		}},
-		{"CreateRequest.labels", "additionalProperties", randomStrings(6, "a \x1f\x7fé", 260, strings.Repeat("é", 256), strings.Repeat("é", 257)), func(s string) bool {
+		{"CreateRequest.labels", "values", randomStrings(6, "a \x1f\x7fé", 260, strings.Repeat("é", 256), strings.Repeat("é", 257)), func(s string) bool {
 			return createAccepts(func(c *apitype.CreateRequest) { c.Labels = map[string]string{"k": s} })
 		}},
 	}
 	for _, tc := range tests {
-		kw := rule(t, tc.prop)
-		if tc.pattern != "" {
-			kw = kw[tc.pattern].(map[string]any)
-		}
+		kw := sub(t, rule(t, tc.prop), tc.pattern)
 		re := regexp.MustCompile(kw["pattern"].(string))
 		maxLen, _ := kw["maxLength"].(int)
 		for _, s := range tc.cands {
@@ -226,13 +246,7 @@ func TestOpenAPIExecAndParamPatterns(t *testing.T) {
 		mod(&e)
 		return validateExec(&e) == nil
 	}
-	kw := func(prop, sub string) map[string]any {
-		k := rule(t, prop)
-		if sub != "" {
-			k = k[sub].(map[string]any)
-		}
-		return k
-	}
+	kw := func(prop, part string) map[string]any { return sub(t, rule(t, prop), part) }
 	paths := randomStrings(7, "/a\x00é.", 12, "", "/", "a/", strings.Repeat("/", maxPathLen), strings.Repeat("/", maxPathLen+1))
 	tests := []struct {
 		name    string
@@ -246,10 +260,10 @@ func TestOpenAPIExecAndParamPatterns(t *testing.T) {
 		{"cwd", kw("ExecRequest.cwd", ""), paths, func(s string) bool {
 			return execAccepts(func(e *apitype.ExecRequest) { e.Cwd = s })
 		}},
-		{"env names", kw("ExecRequest.env", "propertyNames"), randomStrings(9, "a=\x00_", 4), func(s string) bool {
+		{"env names", kw("ExecRequest.env", "keys"), randomStrings(9, "a=\x00_", 4), func(s string) bool {
 			return execAccepts(func(e *apitype.ExecRequest) { e.Env = map[string]string{s: "v"} })
 		}},
-		{"env values", kw("ExecRequest.env", "additionalProperties"), randomStrings(10, "a=\x00 ", 4), func(s string) bool {
+		{"env values", kw("ExecRequest.env", "values"), randomStrings(10, "a=\x00 ", 4), func(s string) bool {
 			return execAccepts(func(e *apitype.ExecRequest) { e.Env = map[string]string{"K": s} })
 		}},
 		{"user", kw("ExecRequest.user", ""), randomStrings(11, "a :/\x01é", 70, strings.Repeat("é", 64), strings.Repeat("é", 65)), func(s string) bool {

@@ -85,7 +85,8 @@ func (b *Bed) SetAgentFrozen(vmid int, frozen bool) error {
 	return nil
 }
 
-// IPv4 is the address the guest took by DHCP.
+// IPv4 is the address the guest took by DHCP (zero on a vnet without
+// DHCP).
 func (g *Guest) IPv4() netip.Addr { return g.ipv4 }
 
 // IPv6 is the guest's address in its vnet's routed ULA prefix.
@@ -155,7 +156,7 @@ func macFor(vmid int) net.HardwareAddr {
 }
 
 // StartGuest starts a guest on a vnet and returns once its agent answers
-// and DHCP gave it an address.
+// and DHCP gave it an address (on a vnet with DHCP).
 func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error) {
 	if s.VMID < 100 || s.VMID > 999999999 {
 		return nil, fmt.Errorf("testvm: vmid %d out of range", s.VMID)
@@ -261,7 +262,7 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	g.cmd = cmd
 	done := g.done // the error path below may set g to nil before Wait returns
 	go func() { _ = cmd.Wait(); close(done) }()
-	if err := b.waitGuest(ctx, g, filepath.Join(gdir, "console.log")); err != nil {
+	if err := b.waitGuest(ctx, g, vnet.HasDHCP(), filepath.Join(gdir, "console.log")); err != nil {
 		return nil, err
 	}
 	b.log.Info("guest up", "vmid", s.VMID, "vnet", s.VNet, "ipv4", g.ipv4)
@@ -273,9 +274,11 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 // for a loaded two-core CI machine running several beds at once.
 const guestReadyTimeout = 90 * time.Second
 
-// waitGuest waits for the agent to answer guest-ping and eth0 to have a
-// DHCP address and the default route the lease gives.
-func (b *Bed) waitGuest(ctx context.Context, g *Guest, console string) error {
+// waitGuest waits for the agent to answer guest-ping and, on a vnet with
+// DHCP, eth0 to have a DHCP address and the default route the lease gives.
+// A guest on a vnet without DHCP gets no IPv4 address (its dhclient asks
+// in vain, as a real guest's would): it is up once its agent answers.
+func (b *Bed) waitGuest(ctx context.Context, g *Guest, dhcp bool, console string) error {
 	ctx, cancel := context.WithTimeout(ctx, guestReadyTimeout)
 	defer cancel()
 	agentOK := false
@@ -283,10 +286,10 @@ func (b *Bed) waitGuest(ctx context.Context, g *Guest, console string) error {
 		if !agentOK {
 			agentOK = pingAgent(ctx, g.Socket) == nil
 		}
-		if agentOK && !g.ipv4.IsValid() {
+		if agentOK && dhcp && !g.ipv4.IsValid() {
 			g.ipv4 = guestIPv4(g.NS)
 		}
-		if agentOK && g.ipv4.IsValid() {
+		if agentOK && (g.ipv4.IsValid() || !dhcp) {
 			return nil
 		}
 		select {

@@ -22,7 +22,7 @@ type VNet struct {
 	Name      string       // bridge name on the node, at most 15 characters
 	Subnet    netip.Prefix // e.g. 10.10.1.0/24
 	Gateway   netip.Addr   // e.g. 10.10.1.1, put on the bridge
-	DHCPStart netip.Addr   // first address handed out
+	DHCPStart netip.Addr   // first address handed out (zero, with DHCPEnd: no DHCP)
 	DHCPEnd   netip.Addr   // last address handed out
 	SNAT      bool         // masquerade guest traffic out of the management NIC
 }
@@ -61,6 +61,13 @@ func ulaAddr(v VNet, host int) netip.Addr {
 	return netip.AddrFrom16(p)
 }
 
+// HasDHCP reports whether the vnet has a DHCP range. A Proxmox subnet
+// without dhcp-range is valid and its zone's dnsmasq gets no range for it
+// (pve-network SubnetPlugin.pm: dhcp-range optional; Dhcp.pm
+// regenerate_config configures a range per get_dhcp_ranges entry): its
+// guests get no address by DHCP.
+func (v VNet) HasDHCP() bool { return v.DHCPStart.IsValid() || v.DHCPEnd.IsValid() }
+
 func (v VNet) validate() error {
 	switch {
 	case !ifnameRE.MatchString(v.Name):
@@ -69,7 +76,7 @@ func (v VNet) validate() error {
 		return fmt.Errorf("vnet %s: subnet must be IPv4", v.Name)
 	case !v.Subnet.Contains(v.Gateway):
 		return fmt.Errorf("vnet %s: gateway %s outside %s", v.Name, v.Gateway, v.Subnet)
-	case !v.Subnet.Contains(v.DHCPStart) || !v.Subnet.Contains(v.DHCPEnd) || v.DHCPEnd.Less(v.DHCPStart):
+	case v.HasDHCP() && (!v.Subnet.Contains(v.DHCPStart) || !v.Subnet.Contains(v.DHCPEnd) || v.DHCPEnd.Less(v.DHCPStart)):
 		return fmt.Errorf("vnet %s: bad DHCP range %s-%s", v.Name, v.DHCPStart, v.DHCPEnd)
 	}
 	return nil
@@ -323,7 +330,11 @@ func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
 	}
 	for _, v := range z.VNets {
 		mask := netip.PrefixFrom(v.Subnet.Addr(), v.Subnet.Bits())
-		args = append(args, "--interface="+v.Name,
+		args = append(args, "--interface="+v.Name)
+		if !v.HasDHCP() {
+			continue // DNS only: no range, so dnsmasq answers no DHCP there
+		}
+		args = append(args,
 			fmt.Sprintf("--dhcp-range=set:%s,%s,%s,%s,1h", v.Name, v.DHCPStart, v.DHCPEnd, prefixMask(mask)),
 			fmt.Sprintf("--dhcp-option=tag:%s,option:router,%s", v.Name, v.Gateway),
 			fmt.Sprintf("--dhcp-option=tag:%s,option:dns-server,%s", v.Name, v.Gateway))

@@ -94,6 +94,16 @@ func Compile(p Policy) (Rules, error) {
 	if mode != firewall.EgressAllowlist && len(p.Allow) > 0 {
 		return Rules{}, &PolicyError{Field: "allow", Msg: fmt.Sprintf("mode %s takes no allow list", mode)}
 	}
+	for _, l := range []struct {
+		field   string
+		entries []string
+	}{{"allow", p.Allow}, {"deny", p.Deny}} {
+		for _, e := range l.entries {
+			if len(e) > MaxEntryChars {
+				return Rules{}, &PolicyError{Field: l.field, Entry: e, Msg: fmt.Sprintf("want at most %d characters", MaxEntryChars)}
+			}
+		}
+	}
 	for _, e := range p.Allow {
 		if pr, ok, err := parseCIDR(e); ok {
 			if err != nil {
@@ -197,9 +207,12 @@ func parseCIDR(e string) (netip.Prefix, bool, error) {
 func ParseDomain(e string) (name string, wildcard bool, err error) { return parseDomain(e) }
 
 // parseDomain validates a (possibly wildcard) domain and returns it lower
-// case without the wildcard label and trailing dot.
+// case without the wildcard label and trailing dot. Its last label starts
+// with a letter (no top-level domain starts with a digit): a mistyped
+// address (10.0.0.256, 010.0.0.1) is no domain. Only ASCII letters are
+// lowered (strings.ToLower made the Kelvin sign a 'k').
 func parseDomain(e string) (name string, wildcard bool, err error) {
-	s := strings.ToLower(strings.TrimSuffix(e, "."))
+	s := asciiLower(strings.TrimSuffix(e, "."))
 	if rest, ok := strings.CutPrefix(s, "*."); ok {
 		s, wildcard = rest, true
 	}
@@ -209,7 +222,21 @@ func parseDomain(e string) (name string, wildcard bool, err error) {
 	if !strings.Contains(s, ".") {
 		return "", false, errors.New("want a domain with at least two labels (a wildcard over a top-level domain is too wide)")
 	}
+	if c := s[strings.LastIndexByte(s, '.')+1]; c < 'a' || c > 'z' {
+		return "", false, errors.New("want a domain whose last label starts with a letter (an IPv4 address has four numbers of 0-255)")
+	}
 	return s, wildcard, nil
+}
+
+// asciiLower lowers the ASCII letters of s and nothing else.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
 }
 
 // checkName checks DNS name syntax: labels of letters, digits, '-' and

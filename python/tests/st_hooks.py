@@ -94,10 +94,12 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-# The document's propertyNames, which the generator does not apply to keys.
+# The document's key patterns (patternProperties; the generator honours
+# them since they replaced propertyNames, which a 3.0 document does not
+# have), kept as a guard on the keys of positive bodies.
 CREATE_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
-EXEC_ENV_KEY = re.compile(r"^[^=\x00]+$")
+EXEC_ENV_KEY = CREATE_ENV_KEY
 
 
 def keys_matching(d: Any, pattern: re.Pattern[str]) -> Any:

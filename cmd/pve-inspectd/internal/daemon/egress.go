@@ -17,6 +17,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 
 	"github.com/pve-inspect/pve-inspect/internal/nsrun"
@@ -205,6 +206,13 @@ func policyOf(p apitype.EgressPolicy) egress.Policy {
 func (e *Egress) Validate(p apitype.EgressPolicy) error {
 	_, err := egress.Compile(policyOf(p))
 	return err
+}
+
+// EntryRules are the rules Validate applies to each entry (the API's
+// OpenAPI document states them).
+func (e *Egress) EntryRules() sandbox.EgressEntryRules {
+	return sandbox.EgressEntryRules{AllowPattern: egress.AllowEntryPattern(), DenyPattern: egress.DenyEntryPattern(),
+		MaxChars: egress.MaxEntryChars, MaxEntries: egress.MaxEntries}
 }
 
 // Set implements sandbox.Egress: in the kernel and persisted when it
