@@ -12,7 +12,9 @@ import (
 // them (sandboxapi's egressRuler, TestOpenAPIEgressEntries).
 func TestEgressSaysEntryRules(t *testing.T) {
 	var e sandbox.Egress = &Egress{}
-	ruler, ok := e.(interface{ EntryRules() sandbox.EgressEntryRules })
+	ruler, ok := e.(interface {
+		EntryRules() sandbox.EgressEntryRules
+	})
 	if !ok {
 		t.Fatal("the daemon's Egress says no entry rules")
 	}
