@@ -11,8 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm/sysbox"
@@ -1049,5 +1052,85 @@ func TestSocketGroup(t *testing.T) {
 	}
 	if p := b.show("pve-inspectd.service", "ActiveState"); p["ActiveState"] != "active" {
 		t.Errorf("daemon %v with the API unable to reach Proxmox", p)
+	}
+}
+
+// TestDaemonSandboxBlockDevice: the shipped drop-in's block-device lines
+// (for LVM and ZFS transfer storages) work. A block device node the test
+// makes (a loop device, the one block device class the test host can
+// create; the drop-in's classes are device-mapper and zvol) is refused
+// under the unit alone (PrivateDevices=yes hides it), refused with the
+// drop-in's lines as shipped (DevicePolicy=closed admits only the listed
+// classes), and opened, written and read back with the drop-in whose
+// DeviceAllow= names the device's class.
+func TestDaemonSandboxBlockDevice(t *testing.T) {
+	testkit.RequireRoot(t, "losetup")
+	v1, _ := debs(t)
+	img := filepath.Join(t.TempDir(), "blk.img")
+	if err := os.WriteFile(img, make([]byte, 4<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v %s", err, out)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
+			t.Errorf("losetup -d %s: %v %s", loop, err, out)
+		}
+	})
+	var st syscall.Stat_t
+	if err := syscall.Stat(loop, &st); err != nil {
+		t.Fatal(err)
+	}
+	major, minor := unix.Major(st.Rdev), unix.Minor(st.Rdev)
+
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-blk"})
+	b.install(v1)
+	const node = "/dev/pvei-probe-blk"
+	b.run("mknod", node, "b", strconv.Itoa(int(major)), strconv.Itoa(int(minor)))
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	example := b.run("cat", "/usr/share/doc/pve-inspectd/examples/transfer-storage.conf")
+	for _, l := range []string{"#PrivateDevices=no", "#DeviceAllow=block-device-mapper rw", "#DeviceAllow=block-zvol rw"} {
+		if !strings.Contains(example, l+"\n") && !strings.HasSuffix(example, l) {
+			t.Fatalf("the example drop-in has no %q line:\n%s", l, example)
+		}
+	}
+	shipped := strings.NewReplacer("#PrivateDevices=", "PrivateDevices=", "#DeviceAllow=", "DeviceAllow=").Replace(example)
+	const dropin = "/etc/systemd/system/pve-inspectd-blkprobe.service.d/transfer-storage.conf"
+	for _, tc := range []struct {
+		name   string
+		dropin string
+		ok     bool
+	}{
+		{"the unit alone", "", false},
+		{"the drop-in as shipped (device-mapper, zvol)", shipped, false},
+		{"the drop-in naming the device's class", strings.Replace(shipped, "DeviceAllow=block-device-mapper rw", "DeviceAllow=block-loop rw", 1), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &box{Container: b.Container, t: t, ctx: b.ctx}
+			b.run("rm", "-rf", filepath.Dir(dropin))
+			if tc.dropin != "" {
+				b.run("mkdir", "-p", filepath.Dir(dropin))
+				if err := b.WriteFile(b.ctx, dropin, []byte(tc.dropin), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			script := `dd if=/dev/urandom of=/tmp/src bs=1M count=2 status=none && dd if=/tmp/src of="$0" bs=1M conv=fsync status=none && cmp -n 2097152 /tmp/src "$0"`
+			probe, err := sandboxedAs(unit, "/bin/sh -c '"+script+"' "+node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-blkprobe.service", []byte(probe), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			b.run("systemctl", "daemon-reload")
+			_, err = b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-blkprobe.service")
+			if (err == nil) != tc.ok {
+				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "5", "-u", "pve-inspectd-blkprobe.service")
+				t.Fatalf("block device %s under the daemon's sandbox: err=%v, want ok=%v\n%s", node, err, tc.ok, j)
+			}
+		})
 	}
 }
