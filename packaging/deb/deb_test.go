@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1132,5 +1134,61 @@ func TestDaemonSandboxBlockDevice(t *testing.T) {
 				t.Fatalf("block device %s under the daemon's sandbox: err=%v, want ok=%v\n%s", node, err, tc.ok, j)
 			}
 		})
+	}
+}
+
+// TestDaemonSandboxAgentSocket: the daemon reaches a guest agent socket in
+// its qga_dir (/var/run/qemu-server by default) under the unit's sandbox:
+// connect(2) to a socket in a directory that ProtectSystem=strict and a
+// read-only bind make read-only works. The socket is the host's (a test
+// listener in a host directory bound into the container, as the bed's
+// QGADir would be), and the probe under the unit's exact sandbox writes to
+// it with util-linux logger over a stream socket.
+func TestDaemonSandboxAgentSocket(t *testing.T) {
+	testkit.RequireRoot(t)
+	v1, _ := debs(t)
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, "100.qga"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() { // owned by the test: ends when ln is closed
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+		buf := make([]byte, 4096)
+		n, _ := io.ReadAtLeast(c, buf, 1)
+		got <- string(buf[:n])
+	}()
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-qga", Binds: []sysbox.Bind{{Source: dir, Target: "/var/run/qemu-server", ReadOnly: true}}})
+	b.install(v1)
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	probe, err := sandboxedAs(unit, "/usr/bin/logger -T -u /var/run/qemu-server/100.qga --socket-errors=on pvei-agent-probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-qgaprobe.service", []byte(probe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.run("systemctl", "daemon-reload")
+	if out, err := b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-qgaprobe.service"); err != nil {
+		j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "10", "-u", "pve-inspectd-qgaprobe.service")
+		t.Fatalf("connect to the agent socket under the daemon's sandbox: %v %s\n%s", err, out, j)
+	}
+	select {
+	case msg := <-got:
+		if !strings.Contains(msg, "pvei-agent-probe") {
+			t.Fatalf("the socket got %q", msg)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("nothing arrived on the agent socket")
+	}
+	if _, err := b.Exec(b.ctx, "touch", "/var/run/qemu-server/new"); err == nil {
+		t.Error("the agent directory's bind is writable; the probe proves nothing about a read-only path")
 	}
 }
