@@ -1090,8 +1090,16 @@ func TestDaemonSandboxBlockDevice(t *testing.T) {
 
 	b := boot(t, sysbox.Options{Name: "pkg-sandbox-blk"})
 	b.install(v1)
-	const node = "/dev/pvei-probe-blk"
+	// The container's /dev is the kernel's one devtmpfs (systemd mounts
+	// it), shared with the host: the node gets a name of this run and goes
+	// when the test ends.
+	node := "/dev/pvei-probe-" + filepath.Base(b.Name())
 	b.run("mknod", node, "b", strconv.Itoa(int(major)), strconv.Itoa(int(minor)))
+	t.Cleanup(func() {
+		if _, err := b.Exec(context.Background(), "rm", "-f", node); err != nil {
+			t.Errorf("remove %s: %v", node, err)
+		}
+	})
 	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
 	example := b.run("cat", "/usr/share/doc/pve-inspectd/examples/transfer-storage.conf")
 	for _, l := range []string{"#PrivateDevices=no", "#DeviceAllow=block-device-mapper rw", "#DeviceAllow=block-zvol rw"} {
