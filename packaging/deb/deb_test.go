@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/pve-inspect/pve-inspect/internal/nsrun"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm/sysbox"
 )
@@ -1198,5 +1199,58 @@ func TestDaemonSandboxAgentSocket(t *testing.T) {
 	}
 	if _, err := b.Exec(b.ctx, "touch", "/var/run/qemu-server/new"); err == nil {
 		t.Error("the agent directory's bind is writable; the probe proves nothing about a read-only path")
+	}
+}
+
+// TestDaemonSandboxReachesAPI: from the container's network namespace,
+// with the installed daemon running (its guard in force) and under the
+// unit's exact sandbox, a TCP connection reaches a listener on Proxmox's
+// API port in a network namespace the test creates, joined to the
+// container's by a veth pair: the path the daemon takes to an emulator
+// there. Nothing is in the machine's own namespace.
+func TestDaemonSandboxReachesAPI(t *testing.T) {
+	testkit.RequireRoot(t, "ip")
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-api"})
+	b.install(v1)
+	b.requireGuardInForce()
+	api := testkit.NewNetNS(t, "pvei-api-")
+	api.IP(t, "link", "add", "emu0", "type", "veth", "peer", "name", "api0", "netns", strconv.Itoa(b.PID()))
+	api.IP(t, "addr", "add", "198.51.100.1/30", "dev", "emu0")
+	api.IP(t, "link", "set", "emu0", "up")
+	b.sh("ip addr add 198.51.100.2/30 dev api0 && ip link set api0 up")
+	h := api.Handle()
+	var ln net.Listener
+	if err := nsrun.Do(&h, func() error {
+		var err error
+		ln, err = net.Listen("tcp", "198.51.100.1:8006")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // owned by the test: ends when ln is closed
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("pvei-api-hello\n"))
+			c.Close()
+		}
+	}()
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	script := `exec 3<>/dev/tcp/198.51.100.1/8006 && read -r l <&3 && [ "$l" = pvei-api-hello ]`
+	probe, err := sandboxedAs(unit, "/bin/bash -c '"+script+"'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-apiprobe.service", []byte(probe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.run("systemctl", "daemon-reload")
+	if out, err := b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-apiprobe.service"); err != nil {
+		j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "10", "-u", "pve-inspectd-apiprobe.service")
+		t.Fatalf("reach the API port under the daemon's sandbox: %v %s\n%s", err, out, j)
 	}
 }
