@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,9 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/pve-inspect/pve-inspect/internal/nsrun"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/testvm/sysbox"
 )
@@ -1049,5 +1055,202 @@ func TestSocketGroup(t *testing.T) {
 	}
 	if p := b.show("pve-inspectd.service", "ActiveState"); p["ActiveState"] != "active" {
 		t.Errorf("daemon %v with the API unable to reach Proxmox", p)
+	}
+}
+
+// TestDaemonSandboxBlockDevice: the shipped drop-in's block-device lines
+// (for LVM and ZFS transfer storages) work. A block device node the test
+// makes (a loop device, the one block device class the test host can
+// create; the drop-in's classes are device-mapper and zvol) is refused
+// under the unit alone (PrivateDevices=yes hides it), refused with the
+// drop-in's lines as shipped (DevicePolicy=closed admits only the listed
+// classes), and opened, written and read back with the drop-in whose
+// DeviceAllow= names the device's class.
+func TestDaemonSandboxBlockDevice(t *testing.T) {
+	testkit.RequireRoot(t, "losetup")
+	v1, _ := debs(t)
+	img := filepath.Join(t.TempDir(), "blk.img")
+	if err := os.WriteFile(img, make([]byte, 4<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v %s", err, out)
+	}
+	loop := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "-d", loop).CombinedOutput(); err != nil {
+			t.Errorf("losetup -d %s: %v %s", loop, err, out)
+		}
+	})
+	var st syscall.Stat_t
+	if err := syscall.Stat(loop, &st); err != nil {
+		t.Fatal(err)
+	}
+	major, minor := unix.Major(st.Rdev), unix.Minor(st.Rdev)
+
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-blk"})
+	b.install(v1)
+	// The container's /dev is the kernel's one devtmpfs (systemd mounts
+	// it), shared with the host: the node gets a name of this run and goes
+	// when the test ends.
+	node := "/dev/pvei-probe-" + filepath.Base(b.Name())
+	b.run("mknod", node, "b", strconv.Itoa(int(major)), strconv.Itoa(int(minor)))
+	t.Cleanup(func() {
+		if _, err := b.Exec(context.Background(), "rm", "-f", node); err != nil {
+			t.Errorf("remove %s: %v", node, err)
+		}
+	})
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	example := b.run("cat", "/usr/share/doc/pve-inspectd/examples/transfer-storage.conf")
+	for _, l := range []string{"#PrivateDevices=no", "#DeviceAllow=block-device-mapper rw", "#DeviceAllow=block-zvol rw"} {
+		if !strings.Contains(example, l+"\n") && !strings.HasSuffix(example, l) {
+			t.Fatalf("the example drop-in has no %q line:\n%s", l, example)
+		}
+	}
+	shipped := strings.NewReplacer("#PrivateDevices=", "PrivateDevices=", "#DeviceAllow=", "DeviceAllow=").Replace(example)
+	const dropin = "/etc/systemd/system/pve-inspectd-blkprobe.service.d/transfer-storage.conf"
+	for _, tc := range []struct {
+		name   string
+		dropin string
+		ok     bool
+	}{
+		{"the unit alone", "", false},
+		{"the drop-in as shipped (device-mapper, zvol)", shipped, false},
+		{"the drop-in naming the device's class", strings.Replace(shipped, "DeviceAllow=block-device-mapper rw", "DeviceAllow=block-loop rw", 1), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &box{Container: b.Container, t: t, ctx: b.ctx}
+			b.run("rm", "-rf", filepath.Dir(dropin))
+			if tc.dropin != "" {
+				b.run("mkdir", "-p", filepath.Dir(dropin))
+				if err := b.WriteFile(b.ctx, dropin, []byte(tc.dropin), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			script := `dd if=/dev/urandom of=/tmp/src bs=1M count=2 status=none && dd if=/tmp/src of="$0" bs=1M conv=fsync status=none && cmp -n 2097152 /tmp/src "$0"`
+			probe, err := sandboxedAs(unit, "/bin/sh -c '"+script+"' "+node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-blkprobe.service", []byte(probe), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			b.run("systemctl", "daemon-reload")
+			_, err = b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-blkprobe.service")
+			if (err == nil) != tc.ok {
+				j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "5", "-u", "pve-inspectd-blkprobe.service")
+				t.Fatalf("block device %s under the daemon's sandbox: err=%v, want ok=%v\n%s", node, err, tc.ok, j)
+			}
+		})
+	}
+}
+
+// TestDaemonSandboxAgentSocket: the daemon reaches a guest agent socket in
+// its qga_dir (/var/run/qemu-server by default) under the unit's sandbox:
+// connect(2) to a socket in a directory that ProtectSystem=strict and a
+// read-only bind make read-only works. The socket is the host's (a test
+// listener in a host directory bound into the container, as the bed's
+// QGADir would be), and the probe under the unit's exact sandbox writes to
+// it with util-linux logger over a stream socket.
+func TestDaemonSandboxAgentSocket(t *testing.T) {
+	testkit.RequireRoot(t)
+	v1, _ := debs(t)
+	dir := t.TempDir()
+	ln, err := net.Listen("unix", filepath.Join(dir, "100.qga"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() { // owned by the test: ends when ln is closed
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+		buf := make([]byte, 4096)
+		n, _ := io.ReadAtLeast(c, buf, 1)
+		got <- string(buf[:n])
+	}()
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-qga", Binds: []sysbox.Bind{{Source: dir, Target: "/var/run/qemu-server", ReadOnly: true}}})
+	b.install(v1)
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	probe, err := sandboxedAs(unit, "/usr/bin/logger -T -u /var/run/qemu-server/100.qga --socket-errors=on pvei-agent-probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-qgaprobe.service", []byte(probe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.run("systemctl", "daemon-reload")
+	if out, err := b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-qgaprobe.service"); err != nil {
+		j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "10", "-u", "pve-inspectd-qgaprobe.service")
+		t.Fatalf("connect to the agent socket under the daemon's sandbox: %v %s\n%s", err, out, j)
+	}
+	select {
+	case msg := <-got:
+		if !strings.Contains(msg, "pvei-agent-probe") {
+			t.Fatalf("the socket got %q", msg)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("nothing arrived on the agent socket")
+	}
+	if _, err := b.Exec(b.ctx, "touch", "/var/run/qemu-server/new"); err == nil {
+		t.Error("the agent directory's bind is writable; the probe proves nothing about a read-only path")
+	}
+}
+
+// TestDaemonSandboxReachesAPI: from the container's network namespace,
+// with the installed daemon running (its guard in force) and under the
+// unit's exact sandbox, a TCP connection reaches a listener on Proxmox's
+// API port in a network namespace the test creates, joined to the
+// container's by a veth pair: the path the daemon takes to an emulator
+// there. Nothing is in the machine's own namespace.
+func TestDaemonSandboxReachesAPI(t *testing.T) {
+	testkit.RequireRoot(t, "ip")
+	v1, _ := debs(t)
+	b := boot(t, sysbox.Options{Name: "pkg-sandbox-api"})
+	b.install(v1)
+	b.requireGuardInForce()
+	api := testkit.NewNetNS(t, "pvei-api-")
+	api.IP(t, "link", "add", "emu0", "type", "veth", "peer", "name", "api0", "netns", strconv.Itoa(b.PID()))
+	api.IP(t, "addr", "add", "198.51.100.1/30", "dev", "emu0")
+	api.IP(t, "link", "set", "emu0", "up")
+	b.sh("ip addr add 198.51.100.2/30 dev api0 && ip link set api0 up")
+	h := api.Handle()
+	var ln net.Listener
+	if err := nsrun.Do(&h, func() error {
+		var err error
+		ln, err = net.Listen("tcp", "198.51.100.1:8006")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // owned by the test: ends when ln is closed
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("pvei-api-hello\n"))
+			c.Close()
+		}
+	}()
+	unit := b.run("cat", "/usr/lib/systemd/system/pve-inspectd.service")
+	script := `exec 3<>/dev/tcp/198.51.100.1/8006 && read -r l <&3 && [ "$l" = pvei-api-hello ]`
+	probe, err := sandboxedAs(unit, "/bin/bash -c '"+script+"'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteFile(b.ctx, "/etc/systemd/system/pve-inspectd-apiprobe.service", []byte(probe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.run("systemctl", "daemon-reload")
+	if out, err := b.Exec(b.ctx, "systemctl", "start", "pve-inspectd-apiprobe.service"); err != nil {
+		j, _ := b.Exec(b.ctx, "journalctl", "--no-pager", "-n", "10", "-u", "pve-inspectd-apiprobe.service")
+		t.Fatalf("reach the API port under the daemon's sandbox: %v %s\n%s", err, out, j)
 	}
 }

@@ -40,6 +40,14 @@ type Options struct {
 	// pvedaemon.service (see StandInUnits), which are installed and enabled
 	// by default.
 	NoStandIns bool
+	// Binds are host directories bind-mounted into the container at every
+	// boot, after the overlay root and the tmpfs /run are mounted (so a
+	// target below /run, or /var/run, which the root links to it, works and
+	// a target elsewhere is not copied into the overlay). For example a
+	// host directory a test also hands to the Proxmox emulator, bound at
+	// /var/lib/vz, so a path the emulator reports is the path a daemon in
+	// the container opens.
+	Binds []Bind
 	// BootTimeout bounds each boot (until systemctl is-system-running
 	// answers running or degraded); 2 minutes when zero.
 	BootTimeout time.Duration
@@ -53,6 +61,18 @@ type File struct {
 	Data []byte
 	// Mode is the permission bits; 0644 when zero.
 	Mode fs.FileMode
+}
+
+// Bind is one bind mount of a host directory into the container.
+type Bind struct {
+	// Source is an existing host directory (absolute).
+	Source string
+	// Target is an absolute, clean path inside the container. Symlinks
+	// of the cached root on the way are resolved within the root; a
+	// missing target directory is created.
+	Target string
+	// ReadOnly makes the mount read-only.
+	ReadOnly bool
 }
 
 // StandInUnits returns the stand-ins for Proxmox's API daemons: simple
@@ -83,6 +103,7 @@ type Container struct {
 	cgroup string // host path of the container's cgroup
 	lock   *os.File
 	boot   time.Duration
+	binds  string // shell lines of the boot script that mount Binds
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -113,6 +134,14 @@ func (o Options) validate() error {
 	for _, f := range o.Files {
 		if !filepath.IsAbs(f.Path) || filepath.Clean(f.Path) != f.Path || f.Path == "/" {
 			return fmt.Errorf("sysbox: file path %q: want a clean absolute path", f.Path)
+		}
+	}
+	for _, b := range o.Binds {
+		if !filepath.IsAbs(b.Source) || !filepath.IsAbs(b.Target) || filepath.Clean(b.Target) != b.Target || b.Target == "/" {
+			return fmt.Errorf("sysbox: bind %q -> %q: want an absolute source and a clean absolute target", b.Source, b.Target)
+		}
+		if st, err := os.Stat(b.Source); err != nil || !st.IsDir() {
+			return fmt.Errorf("sysbox: bind source %q: not a directory (%v)", b.Source, err)
 		}
 	}
 	return nil
@@ -161,6 +190,10 @@ func Start(ctx context.Context, o Options) (*Container, error) {
 		cgroup: filepath.Join(cg2, cgroupParent, name),
 		lock:   lock,
 		boot:   o.BootTimeout,
+	}
+	if c.binds, err = c.bindScript(o.Binds); err != nil {
+		c.Close()
+		return nil, err
 	}
 	if err := c.prepare(o); err != nil {
 		c.Close()
@@ -315,6 +348,30 @@ func (c *Container) linkUpper(link, target string) error {
 	return nil
 }
 
+// bindScript returns the boot script's lines that mount binds, each
+// target resolved within the cached root (so /var/run/x lands in /run/x,
+// never in the host's /run).
+func (c *Container) bindScript(binds []Bind) (string, error) {
+	q := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+	var b strings.Builder
+	for _, bd := range binds {
+		resolved, err := securejoin.SecureJoin(c.lower, bd.Target)
+		if err != nil {
+			return "", fmt.Errorf("sysbox: resolve bind target %s: %w", bd.Target, err)
+		}
+		rel, err := filepath.Rel(c.lower, resolved)
+		if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+			return "", fmt.Errorf("sysbox: bind target %s: outside the root", bd.Target)
+		}
+		dst := `"$SBX_ROOT"/` + q(rel)
+		fmt.Fprintf(&b, "mkdir -p %s\nmount --bind %s %s\n", dst, q(bd.Source), dst)
+		if bd.ReadOnly {
+			fmt.Fprintf(&b, "mount -o remount,bind,ro %s\n", dst)
+		}
+	}
+	return b.String(), nil
+}
+
 // bootScript runs as the container's PID 1 in fresh pid, mount, uts, ipc and
 // net namespaces, inside the container's cgroup. It execs (never forks), so
 // systemd ends up as that same PID 1.
@@ -324,6 +381,7 @@ mount -t overlay overlay -o "lowerdir=$SBX_LOWER,upperdir=$SBX_UPPER,workdir=$SB
 mount -t proc -o nosuid,nodev,noexec proc "$SBX_ROOT/proc"
 mount -t sysfs -o nosuid,nodev,noexec sysfs "$SBX_ROOT/sys"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$SBX_ROOT/run"
+eval "$SBX_BINDS"
 exec unshare --cgroup -- /bin/sh -c 'set -e
 mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 "$SBX_ROOT/sys/fs/cgroup"
 exec chroot "$SBX_ROOT" /usr/bin/env -i container=other /lib/systemd/systemd --system'
@@ -346,6 +404,7 @@ func (c *Container) start(ctx context.Context) error {
 	cmd.Env = []string{
 		"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
 		"SBX_LOWER=" + c.lower, "SBX_UPPER=" + c.upper(), "SBX_WORK=" + c.work(), "SBX_ROOT=" + c.root(),
+		"SBX_BINDS=" + c.binds,
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{

@@ -84,6 +84,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"enable non-unit", Options{Name: "x", Enable: []string{"x"}}},
 		{"relative file", Options{Name: "x", Files: []File{{Path: "etc/x"}}}},
 		{"unclean file", Options{Name: "x", Files: []File{{Path: "/etc/../x"}}}},
+		{"relative bind target", Options{Name: "x", Binds: []Bind{{Source: "/tmp", Target: "var/lib/vz"}}}},
+		{"bind source missing", Options{Name: "x", Binds: []Bind{{Source: "/nonexistent-sysbox", Target: "/var/lib/vz"}}}},
 		{"comma cache", Options{Name: "x", Rootfs: RootfsOptions{CacheDir: "/a,b"}}},
 	}
 	for _, tt := range tests {
@@ -92,6 +94,50 @@ func TestOptionsValidate(t *testing.T) {
 				t.Fatal("Start accepted bad options")
 			}
 		})
+	}
+}
+
+// TestBinds: a read-write bind is shared with the host both ways, a
+// read-only one refuses writes, a target through the root's /var/run
+// symlink lands in the container's /run (not the host's), and both are back
+// after a restart.
+func TestBinds(t *testing.T) {
+	testkit.RequireRoot(t, "debootstrap", "nsenter", "unshare", "chroot")
+	ctx := context.Background()
+	rw, ro := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(ro, "sock-stand-in"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := start(t, Options{Name: "binds", NoStandIns: true, Binds: []Bind{
+		{Source: rw, Target: "/var/lib/vz"},
+		{Source: ro, Target: "/var/run/sysbox-ro", ReadOnly: true},
+	}})
+	for boot := range 2 {
+		if _, err := c.Exec(ctx, "/bin/sh", "-c", "echo from the container > /var/lib/vz/images"); err != nil {
+			t.Fatalf("boot %d: write through the rw bind: %v", boot, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(rw, "images")); err != nil || string(got) != "from the container\n" {
+			t.Fatalf("boot %d: host sees %q (%v)", boot, got, err)
+		}
+		if out, err := c.Exec(ctx, "cat", "/run/sysbox-ro/sock-stand-in"); err != nil || string(out) != "from the host\n" {
+			t.Fatalf("boot %d: read through the ro bind: %q %v", boot, out, err)
+		}
+		if _, err := c.Exec(ctx, "/bin/sh", "-c", "echo x > /run/sysbox-ro/new"); err == nil {
+			t.Fatalf("boot %d: the read-only bind took a write", boot)
+		}
+		if _, err := os.Stat("/run/sysbox-ro"); err == nil {
+			t.Fatalf("boot %d: the bind target was made in the host's /run", boot)
+		}
+		if boot == 0 {
+			if err := c.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The bind is the container's only: the overlay's upper directory has
+	// no copy of what was written.
+	if _, err := os.Stat(filepath.Join(c.upper(), "var/lib/vz/images")); err == nil {
+		t.Error("the write through the bind landed in the overlay")
 	}
 }
 
