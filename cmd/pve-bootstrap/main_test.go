@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"go/build"
 	"io"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/cloud/ec2"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
@@ -44,7 +46,14 @@ func runCmd(t *testing.T, d *deps, args ...string) (string, error) {
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs(args)
-	err := cmd.ExecuteContext(context.Background())
+	// A verb that hangs (a libvirt call without a deadline) fails the test
+	// with what it printed instead of running into go test's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	err := cmd.ExecuteContext(ctx)
+	if ctx.Err() != nil {
+		return out.String(), fmt.Errorf("%v (the verb ran past its 15 minutes: %w)", err, ctx.Err())
+	}
 	return out.String(), err
 }
 

@@ -1202,6 +1202,33 @@ func TestDaemonSandboxAgentSocket(t *testing.T) {
 	}
 }
 
+// apiAddr is where apiListener listens: Proxmox's API port in a network
+// namespace of the test's, across a veth pair from the container.
+const apiAddr = "198.51.100.1:8006"
+
+// apiListener makes a network namespace joined to the container's by a
+// veth pair (198.51.100.1 there, 198.51.100.2 in the container) and
+// listens on apiAddr in it; both go when the test ends.
+func (b *box) apiListener() net.Listener {
+	b.t.Helper()
+	api := testkit.NewNetNS(b.t, "pvei-api-")
+	api.IP(b.t, "link", "add", "emu0", "type", "veth", "peer", "name", "api0", "netns", strconv.Itoa(b.PID()))
+	api.IP(b.t, "addr", "add", "198.51.100.1/30", "dev", "emu0")
+	api.IP(b.t, "link", "set", "emu0", "up")
+	b.sh("ip addr add 198.51.100.2/30 dev api0 && ip link set api0 up")
+	h := api.Handle()
+	var ln net.Listener
+	if err := nsrun.Do(&h, func() error {
+		var err error
+		ln, err = net.Listen("tcp", apiAddr)
+		return err
+	}); err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { _ = ln.Close() })
+	return ln
+}
+
 // TestDaemonSandboxReachesAPI: from the container's network namespace,
 // with the installed daemon running (its guard in force) and under the
 // unit's exact sandbox, a TCP connection reaches a listener on Proxmox's
@@ -1214,21 +1241,7 @@ func TestDaemonSandboxReachesAPI(t *testing.T) {
 	b := boot(t, sysbox.Options{Name: "pkg-sandbox-api"})
 	b.install(v1)
 	b.requireGuardInForce()
-	api := testkit.NewNetNS(t, "pvei-api-")
-	api.IP(t, "link", "add", "emu0", "type", "veth", "peer", "name", "api0", "netns", strconv.Itoa(b.PID()))
-	api.IP(t, "addr", "add", "198.51.100.1/30", "dev", "emu0")
-	api.IP(t, "link", "set", "emu0", "up")
-	b.sh("ip addr add 198.51.100.2/30 dev api0 && ip link set api0 up")
-	h := api.Handle()
-	var ln net.Listener
-	if err := nsrun.Do(&h, func() error {
-		var err error
-		ln, err = net.Listen("tcp", "198.51.100.1:8006")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := b.apiListener()
 	go func() { // owned by the test: ends when ln is closed
 		for {
 			c, err := ln.Accept()

@@ -28,6 +28,12 @@ type Options struct {
 	Agent Agent
 	// DataDir holds VM disk directories and snapshots. Required.
 	DataDir string
+	// StoragePath is where the client sees the dir storage "local"
+	// (DataDir/storage/local): its storage.cfg path and the path of every
+	// volume the API reports are under it. A real node's local is
+	// /var/lib/vz; a daemon in a container that has DataDir/storage/local
+	// bound at /var/lib/vz sets that. Empty reports the directory itself.
+	StoragePath string
 	// Logger receives task and request logs (discarded when nil).
 	Logger *slog.Logger
 	// RootPassword is root@pam's password for POST /access/ticket
@@ -54,6 +60,7 @@ type Server struct {
 	// frozen (snapshotFreeze).
 	snapshotFrozen func(ctx context.Context, vmid int)
 	dataDir        string
+	storagePath    string
 	log            *slog.Logger
 	schema         *Schema
 	routes         []*route
@@ -168,7 +175,7 @@ func New(o Options) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		node: o.Node, backend: o.Backend, agent: o.Agent, dataDir: o.DataDir,
+		node: o.Node, backend: o.Backend, agent: o.Agent, dataDir: o.DataDir, storagePath: o.StoragePath,
 		log: o.Logger.With("component", "pveemu"), schema: schema, secret: secret,
 		ctx: ctx, cancel: cancel,
 		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},

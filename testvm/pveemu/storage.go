@@ -35,6 +35,19 @@ var (
 
 func (s *Server) storageDir() string { return filepath.Join(s.dataDir, "storage", dirStorage) }
 
+// reportedPath is p (under storageDir) as the client sees it
+// (Options.StoragePath).
+func (s *Server) reportedPath(p string) string {
+	if s.storagePath == "" {
+		return p
+	}
+	rel, err := filepath.Rel(s.storageDir(), p)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return p
+	}
+	return filepath.Join(s.storagePath, rel)
+}
+
 // volumePath maps a volume id (with or without "local:") to its file.
 func (s *Server) volumePath(storage, volume string) (volid, path string, owner int, err error) {
 	name := volume
@@ -153,7 +166,7 @@ func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
 	if st.Size() == 0 {
 		return nil, fail("volume '%s' has size zero", volid)
 	}
-	return map[string]any{"path": p, "size": st.Size(), "used": st.Size(), "format": "raw"}, nil
+	return map[string]any{"path": s.reportedPath(p), "size": st.Size(), "used": st.Size(), "format": "raw"}, nil
 }
 
 // freeVolume is DELETE /nodes/{node}/storage/{storage}/content/{volume}:

@@ -17,7 +17,7 @@ import (
 func (s *Server) storageConfig(id string) map[string]any {
 	switch id {
 	case "local":
-		return map[string]any{"storage": id, "type": "dir", "path": s.storageDir(),
+		return map[string]any{"storage": id, "type": "dir", "path": s.reportedPath(s.storageDir()),
 			"content": s.storageContentLocked(id, "backup,iso,vztmpl"), "shared": 0}
 	case "local-lvm":
 		return map[string]any{"storage": id, "type": "lvmthin", "vgname": "pve", "thinpool": "data",

@@ -2,6 +2,8 @@ package pveemu
 
 import (
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -133,5 +135,42 @@ func TestDoctorReads(t *testing.T) {
 	}
 	if r := as(nid, nsecret, "/nodes/pve/storage/local/content", nil); r.status != 403 {
 		t.Errorf("content of local without privileges: %d %v", r.status, r.body)
+	}
+}
+
+// TestStoragePathReported: with Options.StoragePath the dir storage's
+// storage.cfg path and each volume's path are where the client has the
+// emulator's directory mounted (a real node's /var/lib/vz), while the
+// image itself is in DataDir.
+func TestStoragePathReported(t *testing.T) {
+	e := newEnv(t)
+	e.s.storagePath = "/var/lib/vz"
+	volid, _ := e.ok("POST", "/nodes/pve/storage/local/content", url.Values{"filename": {"vm-101-x.raw"}, "vmid": {"101"}, "size": {"4096"}, "format": {"raw"}}).(string)
+	if volid != "local:101/vm-101-x.raw" {
+		t.Fatalf("volid %q", volid)
+	}
+	info, _ := e.ok("GET", "/nodes/pve/storage/local/content/"+url.PathEscape(volid), nil).(map[string]any)
+	if got := info["path"]; got != "/var/lib/vz/images/101/vm-101-x.raw" {
+		t.Errorf("volume path %v, want it under /var/lib/vz", got)
+	}
+	if _, err := os.Stat(filepath.Join(e.s.storageDir(), "images", "101", "vm-101-x.raw")); err != nil {
+		t.Errorf("the image is not in the emulator's directory: %v", err)
+	}
+	cfgPath := func() any {
+		list, _ := e.ok("GET", "/storage", nil).([]any)
+		for _, c := range list {
+			if m, _ := c.(map[string]any); m["storage"] == "local" {
+				return m["path"]
+			}
+		}
+		t.Fatalf("GET /storage has no local: %v", list)
+		return nil
+	}
+	if got := cfgPath(); got != "/var/lib/vz" {
+		t.Errorf("storage.cfg path %v, want /var/lib/vz", got)
+	}
+	e.s.storagePath = ""
+	if got := cfgPath(); got != e.s.storageDir() {
+		t.Errorf("without StoragePath the path is %v, want %s", got, e.s.storageDir())
 	}
 }

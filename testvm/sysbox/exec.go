@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // ExecError is a command inside the container that failed.
@@ -55,11 +56,18 @@ func (c *Container) ExecInput(ctx context.Context, stdin io.Reader, argv ...stri
 		killChildren(cmd.Process.Pid)
 		return cmd.Process.Kill()
 	}
+	// A daemon the command started that kept its output open must not
+	// hold Exec past the command's end (or its cancellation).
+	cmd.WaitDelay = execWaitDelay
 	if err := cmd.Run(); err != nil {
 		return out.Bytes(), &ExecError{Argv: argv, Output: out.Bytes(), Err: err}
 	}
 	return out.Bytes(), nil
 }
+
+// execWaitDelay is how long Exec waits for the command's output to close
+// once the command has exited or been killed.
+const execWaitDelay = 10 * time.Second
 
 // killChildren sends SIGKILL to the direct children of pid.
 func killChildren(pid int) {

@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -44,7 +46,37 @@ type Daemon struct {
 	cmd    *exec.Cmd
 	exited chan error
 	netns  string
-	logBuf *bytes.Buffer
+	logBuf *lockedBuffer
+	// pid is the running daemon's pid (0 when none), for the watchdog.
+	pid   atomic.Int64
+	watch *time.Timer
+}
+
+// watchdogAfter bounds a test's use of its daemon: a test still running
+// this long after Start has a call that hangs (libvirt's RPCs have no
+// deadline), and the watchdog kills the daemon so that the call returns an
+// error and the test fails with the daemon's log instead of running into
+// go test's timeout.
+const watchdogAfter = 20 * time.Minute
+
+// lockedBuffer is the daemon's output, written by exec's copier and read
+// by the clean-up and the watchdog.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// Bytes is a copy of what was written.
+func (l *lockedBuffer) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.b.Bytes())
 }
 
 const daemonScript = `set -e
@@ -91,10 +123,11 @@ func Start(t testing.TB) *Daemon {
 			t.Fatal(err)
 		}
 	}
-	d := &Daemon{Dir: dir, socket: filepath.Join(dir, "run", "libvirt-sock"), logBuf: &bytes.Buffer{}}
+	d := &Daemon{Dir: dir, socket: filepath.Join(dir, "run", "libvirt-sock"), logBuf: &lockedBuffer{}}
 	d.URI = "qemu:///system?socket=" + url.QueryEscape(d.socket)
 	t.Cleanup(func() { d.stop(t) })
 	d.launch(t)
+	d.watch = time.AfterFunc(watchdogAfter, d.bite)
 	return d
 }
 
@@ -104,6 +137,9 @@ func (d *Daemon) launch(t testing.TB) {
 	d.cmd = exec.Command("sh", "-c", daemonScript, "sh", d.Dir)
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET}
 	d.cmd.Stdout, d.cmd.Stderr = d.logBuf, d.logBuf
+	// A process libvirtd started that kept its output open must not hold
+	// Wait (and with it halt) once libvirtd itself is gone.
+	d.cmd.WaitDelay = 10 * time.Second
 	if err := d.cmd.Start(); err != nil {
 		d.cmd = nil
 		t.Fatal(err)
@@ -111,6 +147,7 @@ func (d *Daemon) launch(t testing.TB) {
 	d.exited = make(chan error, 1)
 	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(d.cmd, d.exited)
 	d.netns, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/net", d.cmd.Process.Pid))
+	d.pid.Store(int64(d.cmd.Process.Pid)) // after netns: the watchdog reads both
 	for i := 0; ; i++ {
 		if _, err := os.Stat(d.socket); err == nil {
 			return
@@ -118,11 +155,11 @@ func (d *Daemon) launch(t testing.TB) {
 		select {
 		case err := <-d.exited:
 			d.exited <- err
-			t.Fatalf("libvirtd exited: %v\n%s", err, d.logBuf)
+			t.Fatalf("libvirtd exited: %v\n%s", err, d.logBuf.Bytes())
 		case <-time.After(200 * time.Millisecond):
 		}
 		if i > 600 {
-			t.Fatalf("libvirtd made no socket\n%s", d.logBuf)
+			t.Fatalf("libvirtd made no socket\n%s", d.logBuf.Bytes())
 		}
 	}
 }
@@ -155,6 +192,9 @@ func (d *Daemon) Reboot(t testing.TB) {
 // stop removes every domain, network and pool the daemon holds and halts
 // it.
 func (d *Daemon) stop(t testing.TB) {
+	if d.watch != nil {
+		d.watch.Stop()
+	}
 	if c, err := d.Connect(); err == nil {
 		doms, _, _ := c.ConnectListAllDomains(1, 0)
 		for _, dom := range doms {
@@ -184,6 +224,19 @@ func (d *Daemon) stop(t testing.TB) {
 	}
 }
 
+// bite is the watchdog: it kills the daemon and what it left in its
+// network namespace, so that every call in flight fails.
+func (d *Daemon) bite() {
+	pid := int(d.pid.Load())
+	if pid == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "libvirtdtest: watchdog: the test still uses libvirtd %s after %v; killing it (pid %d) so that hung calls fail; its log ends:\n%s\n",
+		d.Dir, watchdogAfter, pid, Tail(d.logBuf.Bytes()))
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	d.killLeftovers(func(string, ...any) {})
+}
+
 // halt stops the daemon by its pid, then any process it left in its
 // network namespace (dnsmasq, QEMU), found through the pid files under its
 // own run directory.
@@ -191,14 +244,26 @@ func (d *Daemon) halt(t testing.TB) {
 	if d.cmd == nil {
 		return
 	}
+	d.pid.Store(0)
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.exited:
 	case <-time.After(30 * time.Second):
 		d.cmd.Process.Kill()
-		<-d.exited
+		select {
+		case <-d.exited:
+		case <-time.After(time.Minute):
+			t.Errorf("libvirtd (pid %d) not reaped a minute after SIGKILL", d.cmd.Process.Pid)
+		}
 	}
 	d.cmd = nil
+	d.killLeftovers(t.Logf)
+}
+
+// killLeftovers kills the processes libvirtd left in its network
+// namespace (dnsmasq, QEMU), found through the pid files under its own run
+// directory.
+func (d *Daemon) killLeftovers(logf func(string, ...any)) {
 	pids, _ := filepath.Glob(filepath.Join(d.Dir, "run", "*", "*.pid"))
 	for _, p := range pids {
 		b, _ := os.ReadFile(p)
@@ -207,7 +272,7 @@ func (d *Daemon) halt(t testing.TB) {
 			continue
 		}
 		if ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); ns != "" && ns == d.netns {
-			t.Logf("stopping pid %d left by libvirtd (%s)", pid, p)
+			logf("stopping pid %d left by libvirtd (%s)", pid, p)
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
