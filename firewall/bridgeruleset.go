@@ -107,7 +107,7 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 			return nil, fmt.Errorf("zone bridge %q: bad interface name", b)
 		}
 	}
-	rs := &Ruleset{Family: nftables.TableFamilyBridge}
+	rs := &Ruleset{Family: nftables.TableFamilyBridge, norm: newExprCache()}
 	ifSet := func(name string, members []string) *SetSpec {
 		s := &SetSpec{Name: name, KeyType: nftables.TypeIFName}
 		for _, n := range sortedUnique(members) {

@@ -127,7 +127,15 @@ type Guard struct {
 	// readMu guards rconn, the connection verifies read the kernel on
 	// without mu; it is never held while taking mu or the other way round.
 	readMu sync.Mutex
-	rconn  *nftables.Conn
+	rd     *tableReader
+
+	// dump reads rules and set elements under mu (next to conn).
+	dump *dumper
+
+	// metricsMu guards mrd, the connection a metrics scrape reads the
+	// counters on.
+	metricsMu sync.Mutex
+	mrd       *tableReader
 }
 
 // New prepares a guard; it changes nothing until Start.
@@ -148,12 +156,39 @@ func New(cfg Config, opts ...Option) (*Guard, error) {
 		_ = conn.CloseLasting()
 		return nil, fmt.Errorf("nftables port id: %w", err)
 	}
+	// Every socket the guard reads and writes the kernel on is opened
+	// now, while the process has few descriptors: google/nftables waits
+	// for replies with pselect(2), whose fd_set holds descriptors below
+	// 1024 only (a higher one panics in x/sys/unix.FdSet.Set), and a
+	// busy daemon holds more than that later (agent sockets, API
+	// connections).
 	g := &Guard{cfg: cfg, opts: o, log: o.logger.With("component", "guard"), cls: cl,
 		conn: conn, port: port, sw: o.sw, subs: map[chan struct{}]struct{}{}}
-	if g.egress, err = cloneEgress(o.egress); err != nil {
+	fail := func(err error) (*Guard, error) {
 		cl.close()
 		_ = conn.CloseLasting()
-		return nil, fmt.Errorf("egress: %w", err)
+		if g.dump != nil {
+			_ = g.dump.Close()
+		}
+		if g.rd != nil {
+			_ = g.rd.Close()
+		}
+		if g.mrd != nil {
+			_ = g.mrd.Close()
+		}
+		return nil, err
+	}
+	if g.dump, err = newDumper(o.ns); err != nil {
+		return fail(err)
+	}
+	if g.rd, err = openReader(o); err != nil {
+		return fail(fmt.Errorf("verify: %w", err))
+	}
+	if g.mrd, err = openReader(o); err != nil {
+		return fail(fmt.Errorf("metrics: %w", err))
+	}
+	if g.egress, err = cloneEgress(o.egress); err != nil {
+		return fail(fmt.Errorf("egress: %w", err))
 	}
 	g.met = newMetrics(g)
 	return g, nil
@@ -162,16 +197,23 @@ func New(cfg Config, opts ...Option) (*Guard, error) {
 // Close releases the guard's connections. The table stays in the kernel
 // (persist): it is orphaned until the next Start re-adopts it.
 func (g *Guard) Close() error {
+	var errs []error
 	g.readMu.Lock()
-	if g.rconn != nil {
-		_ = g.rconn.CloseLasting()
-		g.rconn = nil
+	if g.rd != nil {
+		errs = append(errs, g.rd.Close())
+		g.rd = nil
 	}
 	g.readMu.Unlock()
+	g.metricsMu.Lock()
+	if g.mrd != nil {
+		errs = append(errs, g.mrd.Close())
+		g.mrd = nil
+	}
+	g.metricsMu.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.cls.close()
-	return g.conn.CloseLasting()
+	return errors.Join(append(errs, g.conn.CloseLasting(), g.dump.Close())...)
 }
 
 // Start puts the guard in force: it disables IPv6 on new interfaces,
@@ -229,7 +271,7 @@ func (g *Guard) convergeLocked(ctx context.Context, adopting bool) error {
 	start := g.opts.now()
 	var actions []string
 	want := g.tablesLocked()
-	ks, err := readKernelTables(g.conn, families(want), func(nftables.TableFamily) func(string) bool {
+	ks, err := readKernelTables(g.readerLocked(), families(want), func(nftables.TableFamily) func(string) bool {
 		return func(string) bool { return true }
 	})
 	if err != nil {
@@ -326,7 +368,7 @@ func (g *Guard) queueConvergeLocked(rs *Ruleset, k *kernelTable, adopting bool) 
 // verifyLocked compares the kernel's table with g.desired, ownership
 // included.
 func (g *Guard) verifyLocked() error {
-	ks, err := readTables(g.conn, g.tablesLocked())
+	ks, err := readTables(g.readerLocked(), g.tablesLocked())
 	if err != nil {
 		return err
 	}
@@ -335,17 +377,20 @@ func (g *Guard) verifyLocked() error {
 
 // readTables reads the kernel's tables of the desired ones, with the
 // members of the sets a verify compares.
-func readTables(c *nftables.Conn, want []*Ruleset) (map[nftables.TableFamily]*kernelTable, error) {
+func readTables(r *tableReader, want []*Ruleset) (map[nftables.TableFamily]*kernelTable, error) {
 	compared := map[nftables.TableFamily]func(string) bool{}
 	for _, rs := range want {
 		compared[rs.family()] = comparedSets(rs)
 	}
-	ks, err := readKernelTables(c, families(want), func(fam nftables.TableFamily) func(string) bool { return compared[fam] })
+	ks, err := readKernelTables(r, families(want), func(fam nftables.TableFamily) func(string) bool { return compared[fam] })
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
 	return ks, nil
 }
+
+// readerLocked reads with the guard's own connection and dumper (mu held).
+func (g *Guard) readerLocked() *tableReader { return &tableReader{c: g.conn, d: g.dump} }
 
 // families are the families of the tables of want, in order.
 func families(want []*Ruleset) []nftables.TableFamily {
@@ -356,20 +401,16 @@ func families(want []*Ruleset) []nftables.TableFamily {
 	return out
 }
 
-// readOffLock reads the tables on the guard's read connection (a lasting
-// socket of its own, opened at the first use: a dial per dump costs more
-// than the dump inside a network namespace).
+// readOffLock reads the tables on the guard's read connection (lasting
+// sockets of its own, opened in New: a dial per dump costs more than the
+// dump inside a network namespace).
 func (g *Guard) readOffLock(want []*Ruleset) (map[nftables.TableFamily]*kernelTable, error) {
 	g.readMu.Lock()
 	defer g.readMu.Unlock()
-	if g.rconn == nil {
-		c, err := nftables.New(g.opts.nftOpts(true)...)
-		if err != nil {
-			return nil, fmt.Errorf("verify: open nftables connection: %w", err)
-		}
-		g.rconn = c
+	if g.rd == nil {
+		return nil, errors.New("verify: guard closed")
 	}
-	return readTables(g.rconn, want)
+	return readTables(g.rd, want)
 }
 
 // verifyOffLock is verifyLocked with the kernel read without holding mu
@@ -884,15 +925,17 @@ func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
 		return err
 	}
 	o := buildOptions(opts)
-	conn, err := nftables.New(o.nftOpts(false)...)
-	if err != nil {
-		return fmt.Errorf("open nftables connection: %w", err)
-	}
-	k, err := readKernel(conn)
+	rd, err := openReader(o)
 	if err != nil {
 		return err
 	}
-	bk, err := readKernelTable(conn, nftables.TableFamilyBridge)
+	defer rd.Close()
+	conn := rd.c
+	k, err := readKernel(rd)
+	if err != nil {
+		return err
+	}
+	bk, err := readKernelTable(rd, nftables.TableFamilyBridge)
 	if err != nil {
 		return err
 	}

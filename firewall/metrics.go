@@ -1,6 +1,7 @@
 package firewall
 
 import (
+	"errors"
 	"time"
 
 	"github.com/google/nftables"
@@ -107,12 +108,14 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(m.rulesExpected, prometheus.GaugeValue, float64(desired.RuleCount()))
-	counters, present, err := readCounters(m.g.opts, desired)
+	m.g.metricsMu.Lock()
+	counters, present, err := readCounters(m.g.mrd, desired)
 	if br != nil && err == nil {
 		var bc []RuleCounter
-		bc, _, err = readCounters(m.g.opts, br)
+		bc, _, err = readCounters(m.g.mrd, br)
 		counters = append(counters, bc...)
 	}
+	m.g.metricsMu.Unlock()
 	if br != nil {
 		ch <- prometheus.MustNewConstMetric(m.unmapped, prometheus.GaugeValue, float64(len(m.g.UnmappedPorts())))
 	}
@@ -148,13 +151,12 @@ type RuleCounter struct {
 
 // readCounters reads every rule's counter from the kernel, and how many of
 // the desired rules are present unchanged.
-func readCounters(o options, desired *Ruleset) ([]RuleCounter, int, error) {
-	conn, err := nftables.New(o.nftOpts(false)...)
-	if err != nil {
-		return nil, 0, err
+func readCounters(rd *tableReader, desired *Ruleset) ([]RuleCounter, int, error) {
+	if rd == nil {
+		return nil, 0, errors.New("read counters: guard closed")
 	}
 	// counters are in the rules: no set's members are read
-	k, err := readKernelTableWith(conn, desired.family(), func(string) bool { return false })
+	k, err := readKernelTableWith(rd, desired.family(), func(string) bool { return false })
 	if err != nil {
 		return nil, 0, err
 	}
@@ -185,7 +187,7 @@ func countersOf(k *kernelTable, desired *Ruleset) ([]RuleCounter, int, error) {
 				}
 			}
 			out = append(out, rc)
-			if w, ok := want[rc.Rule]; ok && len(diffRules(desired.family(), &ChainSpec{Name: c.Name, Rules: []*RuleSpec{w}}, []*nftables.Rule{r})) == 0 {
+			if w, ok := want[rc.Rule]; ok && len(desired.norm.diffRules(desired.family(), &ChainSpec{Name: c.Name, Rules: []*RuleSpec{w}}, []*nftables.Rule{r}, k.unknownExprs)) == 0 {
 				present++
 			}
 		}

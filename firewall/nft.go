@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -71,46 +72,77 @@ type kernelTable struct {
 	sets   map[string]*nftables.Set
 	elems  map[string][]nftables.SetElement
 	rules  map[string][]*nftables.Rule
+	// unknownExprs are the rules holding an expression the guard does
+	// not know, with its name (tableRules).
+	unknownExprs map[*nftables.Rule]string
+}
+
+// tableReader reads the guard's tables: chains, sets and tables through
+// google/nftables, rules and set elements through a dumper (one dump per
+// table's rules instead of one per chain, and no peek per read).
+type tableReader struct {
+	c *nftables.Conn
+	d *dumper
+}
+
+// openReader opens a reader of its own in o's namespace (for the one-off
+// reads of status, metrics and remove). Close it.
+func openReader(o options) (*tableReader, error) {
+	c, err := nftables.New(o.nftOpts(true)...)
+	if err != nil {
+		return nil, fmt.Errorf("open nftables connection: %w", err)
+	}
+	d, err := newDumper(o.ns)
+	if err != nil {
+		_ = c.CloseLasting()
+		return nil, err
+	}
+	return &tableReader{c: c, d: d}, nil
+}
+
+// Close closes both sockets.
+func (r *tableReader) Close() error {
+	return errors.Join(r.c.CloseLasting(), r.d.Close())
 }
 
 // readKernel reads table inet pve-inspect; a missing table is not an error.
-func readKernel(c *nftables.Conn) (*kernelTable, error) { return readKernelTable(c, family) }
+func readKernel(r *tableReader) (*kernelTable, error) { return readKernelTable(r, family) }
 
 // readKernelTable reads table pve-inspect of family fam; a missing table
 // is not an error.
-func readKernelTable(c *nftables.Conn, fam nftables.TableFamily) (*kernelTable, error) {
-	return readKernelTableWith(c, fam, func(string) bool { return true })
+func readKernelTable(r *tableReader, fam nftables.TableFamily) (*kernelTable, error) {
+	return readKernelTableWith(r, fam, func(string) bool { return true })
 }
 
 // readKernelTableWith reads table pve-inspect of family fam, the members
 // only of the sets elems names (a verify skips the sets it never
 // compares, a scrape of counters every set).
-func readKernelTableWith(c *nftables.Conn, fam nftables.TableFamily, elems func(set string) bool) (*kernelTable, error) {
-	tables, err := c.ListTablesOfFamily(fam)
+func readKernelTableWith(r *tableReader, fam nftables.TableFamily, elems func(set string) bool) (*kernelTable, error) {
+	tables, err := r.c.ListTablesOfFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
-	return readTableIn(c, tables, fam, elems)
+	return readTableIn(r, tables, fam, elems)
 }
 
 // readKernelTables reads table pve-inspect of every family of want with
 // one listing of the tables for all of them (a dump costs a round trip
 // and the guard reads two tables per verify), the members only of the
 // sets elems names for the family. A missing table is not an error.
-func readKernelTables(c *nftables.Conn, want []nftables.TableFamily, elems func(fam nftables.TableFamily) func(set string) bool) (map[nftables.TableFamily]*kernelTable, error) {
+func readKernelTables(r *tableReader, want []nftables.TableFamily, elems func(fam nftables.TableFamily) func(set string) bool) (map[nftables.TableFamily]*kernelTable, error) {
 	var tables []*nftables.Table
 	var err error
 	if len(want) == 1 {
-		tables, err = c.ListTablesOfFamily(want[0])
+		tables, err = r.c.ListTablesOfFamily(want[0])
 	} else {
-		tables, err = c.ListTables()
+		tables, err = r.c.ListTables()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list tables: %w", err)
 	}
 	out := make(map[nftables.TableFamily]*kernelTable, len(want))
 	for _, fam := range want {
-		k, err := readTableIn(c, tables, fam, elems(fam))
+		k, err := readTableIn(r, tables, fam, elems(fam))
 		if err != nil {
 			return nil, err
 		}
@@ -121,7 +153,7 @@ func readKernelTables(c *nftables.Conn, want []nftables.TableFamily, elems func(
 
 // readTableIn reads table pve-inspect of family fam if tables (the
 // kernel's, as just listed) holds it.
-func readTableIn(c *nftables.Conn, tables []*nftables.Table, fam nftables.TableFamily, elems func(set string) bool) (*kernelTable, error) {
+func readTableIn(r *tableReader, tables []*nftables.Table, fam nftables.TableFamily, elems func(set string) bool) (*kernelTable, error) {
 	k := &kernelTable{chains: map[string]*nftables.Chain{}, sets: map[string]*nftables.Set{},
 		elems: map[string][]nftables.SetElement{}, rules: map[string][]*nftables.Rule{}}
 	for _, t := range tables {
@@ -132,7 +164,7 @@ func readTableIn(c *nftables.Conn, tables []*nftables.Table, fam nftables.TableF
 	if k.table == nil {
 		return k, nil
 	}
-	chains, err := c.ListChainsOfTableFamily(fam)
+	chains, err := r.c.ListChainsOfTableFamily(fam)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
@@ -141,13 +173,13 @@ func readTableIn(c *nftables.Conn, tables []*nftables.Table, fam nftables.TableF
 			continue
 		}
 		k.chains[ch.Name] = ch
-		rules, err := c.GetRules(k.table, ch)
-		if err != nil {
-			return nil, fmt.Errorf("list rules of chain %s: %w", ch.Name, err)
-		}
-		k.rules[ch.Name] = rules
 	}
-	sets, err := c.GetSets(k.table)
+	rules, err := r.d.rules(fam, TableName)
+	if err != nil {
+		return nil, err
+	}
+	k.rules, k.unknownExprs = rules.byChain, rules.unknown
+	sets, err := r.c.GetSets(k.table)
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
@@ -156,9 +188,9 @@ func readTableIn(c *nftables.Conn, tables []*nftables.Table, fam nftables.TableF
 		if !elems(s.Name) {
 			continue
 		}
-		els, err := c.GetSetElements(s)
+		els, err := r.d.setElements(fam, TableName, s.Name)
 		if err != nil {
-			return nil, fmt.Errorf("list elements of set %s: %w", s.Name, err)
+			return nil, err
 		}
 		k.elems[s.Name] = els
 	}
@@ -285,7 +317,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 			ds = append(ds, Drift{DriftChain, c.Name, "is a base chain, want a regular chain"})
 			continue
 		}
-		ds = append(ds, diffRules(want.family(), c, k.rules[c.Name])...)
+		ds = append(ds, want.norm.diffRules(want.family(), c, k.rules[c.Name], k.unknownExprs)...)
 	}
 	for name := range k.chains {
 		if !wantChains[name] {
@@ -295,7 +327,50 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 	return ds
 }
 
-func diffRules(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule) []Drift {
+// exprCache holds the normalized expressions of the desired rules of one
+// rendering, by rule (a rendering's rules are never changed in place).
+type exprCache struct {
+	mu sync.Mutex
+	m  map[*RuleSpec][][]byte
+}
+
+func newExprCache() *exprCache { return &exprCache{m: map[*RuleSpec][][]byte{}} }
+
+// of returns the normalized expressions of w; a nil cache computes them.
+func (c *exprCache) of(fam nftables.TableFamily, w *RuleSpec) ([][]byte, error) {
+	if c == nil {
+		return normalizedExprs(fam, w.Exprs)
+	}
+	c.mu.Lock()
+	b, ok := c.m[w]
+	c.mu.Unlock()
+	if ok {
+		return b, nil
+	}
+	b, err := normalizedExprs(fam, w.Exprs)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.m[w] = b
+	c.mu.Unlock()
+	return b, nil
+}
+
+// diffRules compares the rules of chain c read from the kernel with the
+// desired ones (their expressions from the cache).
+func (c *exprCache) diffRules(fam nftables.TableFamily, ch *ChainSpec, got []*nftables.Rule, unknown map[*nftables.Rule]string) []Drift {
+	return diffRulesWith(fam, ch, got, unknown, c.of)
+}
+
+// diffRules is exprCache.diffRules without a cache.
+func diffRules(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule, unknown map[*nftables.Rule]string) []Drift {
+	return diffRulesWith(fam, c, got, unknown, func(fam nftables.TableFamily, w *RuleSpec) ([][]byte, error) {
+		return normalizedExprs(fam, w.Exprs)
+	})
+}
+
+func diffRulesWith(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule, unknown map[*nftables.Rule]string, desired func(nftables.TableFamily, *RuleSpec) ([][]byte, error)) []Drift {
 	var ds []Drift
 	if len(got) != len(c.Rules) {
 		var names []string
@@ -310,7 +385,11 @@ func diffRules(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule) []D
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, fmt.Sprintf("position %d holds %q", i, ruleComment(g))})
 			continue
 		}
-		wb, err1 := normalizedExprs(fam, w.Exprs)
+		if name, ok := unknown[g]; ok {
+			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, fmt.Sprintf("holds expression %q, which the guard never writes", name)})
+			continue
+		}
+		wb, err1 := desired(fam, w)
 		gb, err2 := normalizedExprs(fam, g.Exprs)
 		if err := errors.Join(err1, err2); err != nil {
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, err.Error()})

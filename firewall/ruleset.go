@@ -82,6 +82,11 @@ type Ruleset struct {
 	// Notes are facts about the rendering an operator must see (plan,
 	// status), e.g. a rule left out because its user does not exist.
 	Notes []string
+
+	// norm holds each rule's expressions as a verify compares them
+	// (normalizedExprs), made once per rendering: a verify marshals only
+	// what it reads. nil computes them each time.
+	norm *exprCache
 }
 
 // SetSpec is one named set of the table.
@@ -162,7 +167,7 @@ func (r *Ruleset) RuleCount() int {
 // Render builds the desired ruleset from the configuration, the interface
 // classification and the switches. It does not touch the kernel.
 func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
-	rs := &Ruleset{}
+	rs := &Ruleset{norm: newExprCache()}
 
 	addPrefixSet := func(name string, typ nftables.SetDatatype, ps []netip.Prefix) {
 		m := mergePrefixes(ps)

@@ -96,6 +96,7 @@ func BenchmarkGuardApply(b *testing.B) {
 		b.StopTimer()
 		b.ReportMetric(float64(g.Desired().RuleCount()+g.BridgeDesired().RuleCount()), "rules")
 		g.Close()
+		n.DropHandles()
 		b.StartTimer()
 	}
 }

@@ -78,11 +78,12 @@ func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := nftables.New(o.nftOpts(false)...)
+	rd, err := openReader(o)
 	if err != nil {
-		return nil, fmt.Errorf("open nftables connection: %w", err)
+		return nil, err
 	}
-	k, err := readKernel(conn)
+	defer rd.Close()
+	k, err := readKernel(rd)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +120,7 @@ func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	if st.Bridge, err = inspectBridge(conn, cfg, cls); err != nil {
+	if st.Bridge, err = inspectBridge(rd, cfg, cls); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -127,8 +128,8 @@ func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 
 // inspectBridge reads table bridge pve-inspect and compares its chains,
 // rules and set types with the desired ones.
-func inspectBridge(conn *nftables.Conn, cfg Config, cls Classification) (TableStatus, error) {
-	k, err := readKernelTable(conn, nftables.TableFamilyBridge)
+func inspectBridge(rd *tableReader, cfg Config, cls Classification) (TableStatus, error) {
+	k, err := readKernelTable(rd, nftables.TableFamilyBridge)
 	if err != nil {
 		return TableStatus{}, err
 	}

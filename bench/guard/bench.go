@@ -76,18 +76,38 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	}
 	r := &Result{Rounds: o.Rounds, Routes: o.RouteChanges}
 	var guard, ipt []time.Duration
+	// Every round's namespace stays until all rounds are done: deleting
+	// one starts the kernel's clean-up of it (a workqueue), which would
+	// run into the next round's timing.
+	var nodes []*bench.Node
+	defer func() {
+		for _, n := range nodes {
+			n.Close()
+		}
+	}()
+	fresh := func() (*bench.Node, error) {
+		n, err := bench.NewNode()
+		if err == nil {
+			nodes = append(nodes, n)
+		}
+		return n, err
+	}
 	for i := 0; i < o.Rounds; i++ {
 		// alternate which side goes first so neither always runs on a
 		// warmer machine
 		for _, first := range []bool{i%2 == 0, i%2 != 0} {
+			n, err := fresh()
+			if err != nil {
+				return nil, err
+			}
 			if first {
-				d, n, err := timeGuard(ctx)
+				d, rules, err := timeGuard(ctx, n)
 				if err != nil {
 					return nil, err
 				}
-				guard, r.GuardRules = append(guard, d), n
+				guard, r.GuardRules = append(guard, d), rules
 			} else {
-				d, rules, procs, err := timeIptables(ctx)
+				d, rules, procs, err := timeIptables(ctx, n)
 				if err != nil {
 					return nil, err
 				}
@@ -107,12 +127,8 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	return r, nil
 }
 
-func timeGuard(ctx context.Context) (time.Duration, int, error) {
-	n, err := bench.NewNode()
-	if err != nil {
-		return 0, 0, err
-	}
-	defer n.Close()
+// timeGuard times the guard's Start on the fresh node n.
+func timeGuard(ctx context.Context, n *bench.Node) (time.Duration, int, error) {
 	dir, err := os.MkdirTemp("", "pve-inspect-bench")
 	if err != nil {
 		return 0, 0, err
@@ -168,16 +184,11 @@ func baselineRules() [][]string {
 	return rs
 }
 
-// timeIptables applies baselineRules in a fresh namespace the way the
+// timeIptables applies baselineRules in the fresh namespace n the way the
 // reference scripts do, "<cmd> -C <rule> || <cmd> -I <rule>", one process
 // per command; the rules go in last to first so that inserting each at the
 // top leaves them in order.
-func timeIptables(ctx context.Context) (time.Duration, int, int, error) {
-	n, err := bench.NewNode()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	defer n.Close()
+func timeIptables(ctx context.Context, n *bench.Node) (time.Duration, int, int, error) {
 	rules := baselineRules()
 	procs := 0
 	runtime.LockOSThread()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -20,9 +22,35 @@ import (
 
 // NetNS is a named network namespace owned by one test.
 type NetNS struct {
-	Name string
-	h    netns.NsHandle
-	nl   *netlink.Handle
+	Name  string
+	h     netns.NsHandle
+	nl    *netlink.Handle
+	once  sync.Once
+	close func() error
+	err   error
+}
+
+// Close deletes the namespace now; the test's clean-up then does nothing.
+func (n *NetNS) Close() error {
+	n.once.Do(func() { n.err = n.close() })
+	return n.err
+}
+
+// DropHandles closes the descriptors the namespace is held by in this
+// process (its handle and netlink socket); the namespace itself stays
+// until the test ends. A benchmark's iterations keep their namespaces to
+// the end (deleting one starts the kernel's clean-up, which would run
+// into the next timed iteration) but not a thousand descriptors. The
+// methods needing a handle must not be called after it.
+func (n *NetNS) DropHandles() {
+	if n.nl != nil {
+		n.nl.Close()
+		n.nl = nil
+	}
+	if n.h.IsOpen() {
+		n.h.Close()
+		n.h = netns.None()
+	}
 }
 
 // RandomName returns prefix plus 4 random hex digits.
@@ -81,20 +109,40 @@ func NewNetNS(tb testing.TB, prefix string) *NetNS {
 	if err := sweepStale(); err != nil {
 		tb.Fatalf("sweep stale test namespaces: %v", err)
 	}
-	name := RandomName(prefix)
 	if err := os.MkdirAll(ownerDir, 0o755); err != nil {
 		tb.Fatal(err)
 	}
-	owner := filepath.Join(ownerDir, name)
-	if err := os.WriteFile(owner, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+	// Four hex digits collide once a few hundred namespaces are alive (a
+	// benchmark's iterations keep theirs until it ends): a name another
+	// namespace or owner holds is drawn again.
+	var name, owner string
+	for attempt := 0; ; attempt++ {
+		name = RandomName(prefix)
+		owner = filepath.Join(ownerDir, name)
+		f, err := os.OpenFile(owner, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, os.ErrExist) && attempt < 20 {
+			continue
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		_, werr := f.WriteString(strconv.Itoa(os.Getpid()))
+		if err := errors.Join(werr, f.Close()); err != nil {
+			_ = os.Remove(owner)
+			tb.Fatal(err)
+		}
+		out, err := exec.Command("ip", "netns", "add", name).CombinedOutput()
+		if err == nil {
+			break
+		}
 		_ = os.Remove(owner)
+		if strings.Contains(string(out), "File exists") && attempt < 20 {
+			continue
+		}
 		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
 	n := &NetNS{Name: name}
-	tb.Cleanup(func() {
+	n.close = func() error {
 		defer os.Remove(owner)
 		if n.nl != nil {
 			n.nl.Close()
@@ -102,11 +150,18 @@ func NewNetNS(tb testing.TB, prefix string) *NetNS {
 		if n.h.IsOpen() {
 			n.h.Close()
 		}
+		var errs []error
 		if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
-			tb.Errorf("ip netns delete %s: %v: %s", name, err, out)
+			errs = append(errs, fmt.Errorf("ip netns delete %s: %v: %s", name, err, out))
 		}
 		if err := os.RemoveAll(filepath.Join("/etc/netns", name)); err != nil {
-			tb.Errorf("remove /etc/netns/%s: %v", name, err)
+			errs = append(errs, fmt.Errorf("remove /etc/netns/%s: %w", name, err))
+		}
+		return errors.Join(errs...)
+	}
+	tb.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			tb.Error(err)
 		}
 	})
 	h, err := netns.GetFromName(name)
