@@ -50,7 +50,7 @@
 // Files. guest-file-read and guest-file-write move base64 in JSON, which
 // the agent parses at some tens of MB/s, so chunk sizes adapt to the
 // measured speed so that one call takes about ChunkTarget (250 ms), between
-// 64 KiB and MaxChunk (16 MiB; qemu-ga refuses messages over 64 MiB of JSON
+// 64 KiB and MaxChunk (8 MiB; qemu-ga refuses messages over 64 MiB of JSON
 // tokens, i.e. chunks over 48 MiB - 192 bytes). Each chunk is its own
 // session, so other clients (Proxmox's pings) interleave between chunks;
 // the caller's reader and writer are used outside the per-VM lock, one

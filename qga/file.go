@@ -65,6 +65,11 @@ func (cn *conn) fileClose(h int64) error {
 
 // fileRead reads up to count bytes (guest-file-read). A reply that claims
 // more than was asked, or whose count disagrees with its data, is malformed.
+// fileReadReplyOverhead bounds what a guest-file-read reply holds besides
+// its data: {"return": {"count": N, "buf-b64": "...", "eof": false}} with
+// an id, and the newline.
+const fileReadReplyOverhead = 256
+
 func (cn *conn) fileRead(h int64, count int) ([]byte, bool, error) {
 	const cmd = "guest-file-read"
 	var ret struct {
@@ -72,6 +77,8 @@ func (cn *conn) fileRead(h int64, count int) ([]byte, bool, error) {
 		Data  []byte `json:"buf-b64"` // encoding/json decodes base64
 		EOF   bool   `json:"eof"`
 	}
+	// the reply: the data in base64 and a few dozen bytes around it
+	cn.reserve(base64.StdEncoding.EncodedLen(count) + fileReadReplyOverhead)
 	err := cn.call(cmd, struct {
 		Handle int64 `json:"handle"`
 		Count  int   `json:"count"`

@@ -269,7 +269,8 @@ type objScanner struct {
 
 // feed scans b; emit, when not nil, gets each complete object (obj
 // true) and each run of bytes outside objects (obj false). It returns
-// the number of objects completed.
+// the number of objects completed. A scanner is fed with emit always nil
+// or never: without emit it keeps no bytes.
 func (s *objScanner) feed(b []byte, emit func(chunk []byte, obj bool)) int {
 	n := 0
 	start := 0
@@ -317,7 +318,12 @@ func (s *objScanner) feed(b []byte, emit func(chunk []byte, obj bool)) int {
 		}
 	}
 	if s.depth > 0 {
-		s.obj = append(s.obj, b[start:]...)
+		// the object's bytes are kept for emit only: counting needs none
+		// (a guest-exec-status reply of qemu-ga carries up to 16 MiB of
+		// output, base64)
+		if emit != nil {
+			s.obj = append(s.obj, b[start:]...)
+		}
 	} else if emit != nil && start < len(b) {
 		emit(b[start:], false)
 	}

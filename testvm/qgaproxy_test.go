@@ -49,7 +49,39 @@ func TestObjScanner(t *testing.T) {
 			if strings.Join(got, "|") != strings.Join(tt.want, "|") || n != objs {
 				t.Fatalf("got %q (%d objects), want %q (%d)", got, n, tt.want, objs)
 			}
+			// Counting only (the agent's side of the proxy): the same
+			// number of objects.
+			var counter objScanner
+			cn := 0
+			for _, c := range tt.chunks {
+				cn += counter.feed([]byte(c), nil)
+			}
+			if cn != objs {
+				t.Fatalf("counting only: %d objects, want %d", cn, objs)
+			}
 		})
+	}
+}
+
+// TestObjScannerCountingKeepsNothing: fed without emit (the replies
+// direction, where a guest-exec-status reply carries up to 16 MiB of
+// output) the scanner keeps none of an unfinished object's bytes; the
+// proxy's copy of every reply made a 200 MiB streamed exec grow the test
+// process by 100 MiB (e2e TestBedExec200MiB).
+func TestObjScannerCountingKeepsNothing(t *testing.T) {
+	var s objScanner
+	chunk := []byte(`{"return":{"exited":false,"out-data":"` + strings.Repeat("A", 32<<10))
+	if n := s.feed(chunk, nil); n != 0 {
+		t.Fatalf("%d objects in an unfinished one", n)
+	}
+	for range 64 {
+		s.feed([]byte(strings.Repeat("A", 32<<10)), nil)
+	}
+	if len(s.obj) != 0 || cap(s.obj) != 0 {
+		t.Fatalf("the counting scanner keeps %d bytes", len(s.obj))
+	}
+	if n := s.feed([]byte(`"}}`), nil); n != 1 {
+		t.Fatalf("%d objects at the end of the reply, want 1", n)
 	}
 }
 
