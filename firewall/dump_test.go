@@ -164,7 +164,7 @@ func TestDumperMatchesLibrary(t *testing.T) {
 			}
 		}
 		ours.byChain["prerouting"][0].UserData = ours.byChain["prerouting"][1].UserData
-		ds := diffRules(nftables.TableFamilyINet, want, ours.byChain["prerouting"][:len(want.Rules)], ours.unknown)
+		ds := diffRules(nftables.TableFamilyINet, want, ours.byChain["prerouting"][:len(want.Rules)], ours.unknown, nil)
 		if len(ds) == 0 || !strings.Contains(ds[0].Detail, "notrack") {
 			t.Errorf("diff of a rule with an unknown expression: %v", ds)
 		}

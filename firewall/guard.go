@@ -124,7 +124,7 @@ type Guard struct {
 	subMu sync.Mutex
 	subs  map[chan struct{}]struct{}
 
-	// readMu guards rconn, the connection verifies read the kernel on
+	// readMu guards rd, the reader verifies read the kernel with
 	// without mu; it is never held while taking mu or the other way round.
 	readMu sync.Mutex
 	rd     *tableReader

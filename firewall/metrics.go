@@ -187,7 +187,7 @@ func countersOf(k *kernelTable, desired *Ruleset) ([]RuleCounter, int, error) {
 				}
 			}
 			out = append(out, rc)
-			if w, ok := want[rc.Rule]; ok && len(desired.norm.diffRules(desired.family(), &ChainSpec{Name: c.Name, Rules: []*RuleSpec{w}}, []*nftables.Rule{r}, k.unknownExprs)) == 0 {
+			if w, ok := want[rc.Rule]; ok && len(diffRules(desired.family(), &ChainSpec{Name: c.Name, Rules: []*RuleSpec{w}}, []*nftables.Rule{r}, k.unknownExprs, desired.norm)) == 0 {
 				present++
 			}
 		}

@@ -317,7 +317,7 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 			ds = append(ds, Drift{DriftChain, c.Name, "is a base chain, want a regular chain"})
 			continue
 		}
-		ds = append(ds, want.norm.diffRules(want.family(), c, k.rules[c.Name], k.unknownExprs)...)
+		ds = append(ds, diffRules(want.family(), c, k.rules[c.Name], k.unknownExprs, want.norm)...)
 	}
 	for name := range k.chains {
 		if !wantChains[name] {
@@ -358,19 +358,8 @@ func (c *exprCache) of(fam nftables.TableFamily, w *RuleSpec) ([][]byte, error) 
 }
 
 // diffRules compares the rules of chain c read from the kernel with the
-// desired ones (their expressions from the cache).
-func (c *exprCache) diffRules(fam nftables.TableFamily, ch *ChainSpec, got []*nftables.Rule, unknown map[*nftables.Rule]string) []Drift {
-	return diffRulesWith(fam, ch, got, unknown, c.of)
-}
-
-// diffRules is exprCache.diffRules without a cache.
-func diffRules(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule, unknown map[*nftables.Rule]string) []Drift {
-	return diffRulesWith(fam, c, got, unknown, func(fam nftables.TableFamily, w *RuleSpec) ([][]byte, error) {
-		return normalizedExprs(fam, w.Exprs)
-	})
-}
-
-func diffRulesWith(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule, unknown map[*nftables.Rule]string, desired func(nftables.TableFamily, *RuleSpec) ([][]byte, error)) []Drift {
+// desired ones, their expressions from norm (nil computes them).
+func diffRules(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule, unknown map[*nftables.Rule]string, norm *exprCache) []Drift {
 	var ds []Drift
 	if len(got) != len(c.Rules) {
 		var names []string
@@ -389,7 +378,7 @@ func diffRulesWith(fam nftables.TableFamily, c *ChainSpec, got []*nftables.Rule,
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, fmt.Sprintf("holds expression %q, which the guard never writes", name)})
 			continue
 		}
-		wb, err1 := desired(fam, w)
+		wb, err1 := norm.of(fam, w)
 		gb, err2 := normalizedExprs(fam, g.Exprs)
 		if err := errors.Join(err1, err2); err != nil {
 			ds = append(ds, Drift{DriftRule, c.Name + "/" + w.Comment, err.Error()})
