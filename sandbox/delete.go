@@ -14,14 +14,16 @@ import (
 
 // Delete deletes a sandbox; deleting an unknown sandbox succeeds.
 func (m *Engine) Delete(ctx context.Context, id string) error {
-	_, err := m.removeIf(ctx, id, nil)
+	_, err := m.removeIf(ctx, id, nil, nil)
 	return err
 }
 
 // removeIf deletes a sandbox when cond, checked under the lock at the moment
-// the sandbox turns to deleting, holds (nil: always). It reports whether
-// the sandbox was deleted (or already gone).
-func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) bool) (bool, error) {
+// the sandbox turns to deleting, holds (nil: always). announce, when set,
+// is called once the sandbox has turned to deleting, after the lock is
+// released (what it publishes must never be published under m.mu). It
+// reports whether the sandbox was deleted (or already gone).
+func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) bool, announce func()) (bool, error) {
 	m.mu.Lock()
 	r, ok := m.sbx[id]
 	if !ok {
@@ -38,7 +40,7 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) boo
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}
-		return m.removeIf(ctx, id, cond)
+		return m.removeIf(ctx, id, cond, announce)
 	case r.deleted != nil:
 		d := r.deleted
 		m.mu.Unlock()
@@ -47,7 +49,7 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) boo
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}
-		return m.removeIf(ctx, id, cond)
+		return m.removeIf(ctx, id, cond, announce)
 	case cond != nil && !cond(r):
 		m.mu.Unlock()
 		return false, nil
@@ -62,6 +64,9 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) boo
 	m.updateGaugesLocked()
 	m.mu.Unlock()
 	defer close(d)
+	if announce != nil {
+		announce()
+	}
 	if err := m.saveState(); err != nil {
 		return false, err
 	}

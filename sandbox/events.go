@@ -8,63 +8,112 @@ import (
 )
 
 // eventBus is the engine's bounded buffer of events (GET /v1/events): the
-// newest max events, ids growing by one. Readers poll Since and wait on
-// Changed; nothing blocks a publisher.
+// newest len(ring) events, ids growing by one. A publish is O(1) under the
+// lock: it stores the event in the ring and closes the wake-up channel;
+// readers copy the events they have not seen under the lock and filter
+// them outside it (EventsSince), so no reader's filter, however large,
+// and no slow stream ever holds up a publisher.
 type eventBus struct {
-	max int
+	// hooks are test hooks (export_test.go), set before the engine is
+	// used; nil in the daemon.
+	hooks busHooks
 
 	// The mutex protects the following elements; a leaf.
-	mu     sync.Mutex
-	buf    []apitype.Event // oldest first, at most max
-	next   uint64          // the id of the next event (ids start at 1)
-	notify chan struct{}   // closed and replaced on every publish
+	mu sync.Mutex
+	// ring holds the newest events: event id i is at ring[(i-1)%len(ring)].
+	ring   []apitype.Event
+	held   int           // how many of ring hold events (len(ring) once full)
+	next   uint64        // the id of the next event (ids start at 1)
+	notify chan struct{} // closed and replaced on every publish
+}
+
+// busHooks let tests see where the bus's work happens.
+type busHooks struct {
+	// publish is called by every publish before it takes the lock.
+	publish func()
+	// filter is called for each event a reader filters (EventsSince).
+	filter func()
 }
 
 func newEventBus(max int) *eventBus {
-	return &eventBus{max: max, next: 1, notify: make(chan struct{})}
+	return &eventBus{ring: make([]apitype.Event, max), next: 1, notify: make(chan struct{})}
 }
 
-// publish stamps e with the next id and appends it, dropping the oldest
-// event when the buffer is full.
+// publish stamps e with the next id and stores it in place of the oldest
+// event when the ring is full.
 func (b *eventBus) publish(e apitype.Event) apitype.Event {
+	if b.hooks.publish != nil {
+		b.hooks.publish()
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e.ID = b.next
+	b.ring[(b.next-1)%uint64(len(b.ring))] = e
 	b.next++
-	if len(b.buf) == b.max {
-		copy(b.buf, b.buf[1:])
-		b.buf = b.buf[:b.max-1]
+	if b.held < len(b.ring) {
+		b.held++
 	}
-	b.buf = append(b.buf, e)
 	close(b.notify)
 	b.notify = make(chan struct{})
 	return e
 }
 
-// EventFilter selects events: an empty field matches everything.
+// since copies the buffered events after id last (all of them when last is
+// newer than any given: lost), oldest first; the only work a reader does
+// under the lock.
+func (b *eventBus) since(last uint64) (evs []apitype.Event, lost bool, upto uint64, changed <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	upto, changed = b.next-1, b.notify
+	if last > upto {
+		lost, last = true, 0
+	}
+	if oldest := b.next - uint64(b.held); last+1 < oldest {
+		lost, last = true, oldest-1
+	}
+	evs = make([]apitype.Event, 0, upto-last)
+	for id := last + 1; id <= upto; id++ {
+		evs = append(evs, b.ring[(id-1)%uint64(len(b.ring))])
+	}
+	return evs, lost, upto, changed
+}
+
+// EventFilter selects events; build it with NewEventFilter. The zero
+// filter matches everything.
 type EventFilter struct {
-	// Owner, when set, keeps only that owner's sandboxes' events.
-	Owner string
-	// Sandboxes and Types, when not empty, keep only those.
-	Sandboxes, Types []string
+	owner            string
+	sandboxes, types map[string]struct{}
+}
+
+// NewEventFilter keeps only owner's sandboxes' events (owner "": every
+// owner's) of the listed sandboxes and types (an empty list: all). The
+// lists are held as sets: one lookup per event whatever their length.
+func NewEventFilter(owner string, sandboxes, types []string) EventFilter {
+	set := func(list []string) map[string]struct{} {
+		if len(list) == 0 {
+			return nil
+		}
+		s := make(map[string]struct{}, len(list))
+		for _, v := range list {
+			s[v] = struct{}{}
+		}
+		return s
+	}
+	return EventFilter{owner: owner, sandboxes: set(sandboxes), types: set(types)}
 }
 
 func (f EventFilter) match(e apitype.Event) bool {
-	if f.Owner != "" && e.Owner != f.Owner {
+	if f.owner != "" && e.Owner != f.owner {
 		return false
 	}
-	in := func(list []string, v string) bool {
-		if len(list) == 0 {
+	in := func(s map[string]struct{}, v string) bool {
+		if s == nil {
 			return true
 		}
-		for _, x := range list {
-			if x == v {
-				return true
-			}
-		}
-		return false
+		_, ok := s[v]
+		return ok
 	}
-	return in(f.Sandboxes, e.Sandbox) && in(f.Types, e.Type)
+	return in(f.sandboxes, e.Sandbox) && in(f.types, e.Type)
 }
 
 // EventBatch is what EventsSince found.
@@ -82,21 +131,22 @@ type EventBatch struct {
 }
 
 // EventsSince returns the buffered events after id last (0: all of
-// them) that f matches.
+// them) that f matches. The events are copied under the bus's lock and
+// filtered after it is released.
 func (m *Engine) EventsSince(last uint64, f EventFilter) EventBatch {
-	b := m.events
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := EventBatch{Changed: b.notify, Upto: b.next - 1}
-	if last >= b.next {
-		out.Lost, last = true, 0
-	} else if len(b.buf) > 0 && b.buf[0].ID > last+1 {
-		out.Lost = true
-	}
-	for _, e := range b.buf {
-		if e.ID > last && f.match(e) {
-			out.Events = append(out.Events, e)
+	evs, lost, upto, changed := m.events.since(last)
+	out := EventBatch{Lost: lost, Upto: upto, Changed: changed}
+	kept := evs[:0]
+	for _, e := range evs {
+		if m.events.hooks.filter != nil {
+			m.events.hooks.filter()
 		}
+		if f.match(e) {
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) > 0 {
+		out.Events = kept
 	}
 	return out
 }
@@ -109,7 +159,9 @@ func (m *Engine) LastEventID() uint64 {
 	return b.next - 1
 }
 
-// emit publishes e, stamped with the clock.
+// emit publishes e, stamped with the clock. Never call it with m.mu held
+// (TestNoPublishUnderEngineLock): a reader of the bus must never wait for
+// the engine's lock, nor the engine for a reader.
 func (m *Engine) emit(e apitype.Event) {
 	if e.Time.IsZero() {
 		e.Time = m.o.Now()

@@ -166,7 +166,7 @@ func TestHealthStates(t *testing.T) {
 			if got := errors.As(err, &be); got != (tc.state == apitype.HealthBroken) || got && be.Reason != tc.reason {
 				t.Errorf("Broken: %v, want broken=%v", err, tc.state == apitype.HealthBroken)
 			}
-			evs := b.e.EventsSince(last, sandbox.EventFilter{Types: []string{apitype.EventHealth}}).Events
+			evs := b.e.EventsSince(last, sandbox.NewEventFilter("", nil, []string{apitype.EventHealth})).Events
 			if len(evs) == 0 || evs[len(evs)-1].Health.Reason != tc.reason || evs[len(evs)-1].Owner != b.owner {
 				t.Errorf("health events %+v", evs)
 			}
@@ -221,10 +221,10 @@ func TestHealthEvents(t *testing.T) {
 	if strings.Join(types, ",") != strings.Join(want, ",") {
 		t.Errorf("events %v, want %v", types, want)
 	}
-	if evs := b.e.EventsSince(0, sandbox.EventFilter{Owner: "bob"}).Events; len(evs) != 0 {
+	if evs := b.e.EventsSince(0, sandbox.NewEventFilter("bob", nil, nil)).Events; len(evs) != 0 {
 		t.Errorf("another owner sees %+v", evs)
 	}
-	if evs := b.e.EventsSince(0, sandbox.EventFilter{Types: []string{apitype.EventDeleted}}).Events; len(evs) != 1 {
+	if evs := b.e.EventsSince(0, sandbox.NewEventFilter("", nil, []string{apitype.EventDeleted})).Events; len(evs) != 1 {
 		t.Errorf("type filter %+v", evs)
 	}
 	if got := b.e.EventsSince(b.e.LastEventID()+5, sandbox.EventFilter{}); !got.Lost || len(got.Events) != len(want) {

@@ -167,7 +167,7 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 		t.Errorf("matching create: %+v, want a ready sandbox from the pool with owner and labels", sb)
 	}
 	var types []string
-	for _, e := range b.e.EventsSince(0, sandbox.EventFilter{Owner: "alice"}).Events {
+	for _, e := range b.e.EventsSince(0, sandbox.NewEventFilter("alice", nil, nil)).Events {
 		if e.Sandbox == sb.ID {
 			types = append(types, e.Type)
 		}

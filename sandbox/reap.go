@@ -52,19 +52,23 @@ func (m *Engine) Reap(ctx context.Context) int {
 	}
 	m.mu.Unlock()
 	// Each is checked again under the lock as it turns to deleting: one
-	// extended since the list was made is left alone.
+	// extended since the list was made is left alone. The expired event
+	// goes out after the lock is released (removeIf's announce), before
+	// the teardown.
+	var ev apitype.Event
 	expired := func(r *record) bool {
 		due := (r.State == apitype.StateReady || r.State == apitype.StateError) && !m.o.Now().Before(r.ExpiresAt)
 		if due {
 			exp := r.ExpiresAt
-			m.emit(apitype.Event{Type: apitype.EventExpired, Sandbox: r.ID, Owner: r.Owner, ExpiresAt: &exp})
+			ev = apitype.Event{Type: apitype.EventExpired, Sandbox: r.ID, Owner: r.Owner, ExpiresAt: &exp}
 		}
 		return due
 	}
+	announce := func() { m.emit(ev) }
 	n := 0
 	for _, id := range due {
 		rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)
-		deleted, err := m.removeIf(rctx, id, expired)
+		deleted, err := m.removeIf(rctx, id, expired, announce)
 		cancel()
 		if err != nil {
 			m.log.Error("reaper: delete expired sandbox", "sandbox", id, "err", err)

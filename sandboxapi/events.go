@@ -17,51 +17,91 @@ import (
 // Last-Event-ID and misses nothing the buffer still holds.
 func eventsTimeout(*Server) time.Duration { return time.Hour }
 
+// eventsWriteTimeout bounds each write of a stream (a batch of events or
+// a keepalive): a client that does not take it in time is cut off and its
+// stream slot freed; it resumes with Last-Event-ID (a gap event when it
+// fell out of the buffer). Publishing never waits for a stream.
+const eventsWriteTimeout = 30 * time.Second
+
 // eventsKeepalive is how often an idle stream gets a comment line, so
 // proxies and clients see it alive.
 const eventsKeepalive = 15 * time.Second
 
 var (
-	pSandboxFilter = param{name: "sandbox", in: "query", desc: "only events of these sandbox ids (comma-separated or repeated)"}
-	pTypeFilter    = param{name: "type", in: "query", desc: "only events of these types (comma-separated or repeated): " + strings.Join(apitype.EventTypes(), ", ")}
-	pLastEvent     = param{name: "last_event_id", in: "query", desc: "resume after this event id (the Last-Event-ID header wins)"}
+	pSandboxFilter = param{name: "sandbox", in: "query", schema: filterSchema(nil),
+		desc: fmt.Sprintf("only events of these sandbox ids (comma-separated or repeated; at most %d, more is invalid-request)", maxFilterItems)}
+	pTypeFilter = param{name: "type", in: "query", schema: filterSchema(apitype.EventTypes()),
+		desc: fmt.Sprintf("only events of these types (comma-separated or repeated; at most %d): %s", maxFilterItems, strings.Join(apitype.EventTypes(), ", "))}
+	pLastEvent = param{name: "last_event_id", in: "query", desc: "resume after this event id (the Last-Event-ID header wins)"}
 )
+
+// filterSchema is the schema of a filter list: at most maxFilterItems
+// strings, of enum when it is set.
+func filterSchema(enum []string) func() map[string]any {
+	return func() map[string]any {
+		items := map[string]any{"type": "string"}
+		if enum != nil {
+			items["enum"] = enum
+		}
+		return map[string]any{"type": "array", "items": items, "maxItems": maxFilterItems}
+	}
+}
 
 // eventsRoute is GET /v1/events (added to the route table in handlers.go).
 func (s *Server) eventsRoute() route {
 	return route{method: "GET", path: "/v1/events", scope: apitype.ScopeRead,
-		summary:      "Server-sent events of the caller's sandboxes (created, ready, health, egress-denied, expiring-soon, expired, deleted); resumable with Last-Event-ID",
+		summary: "Server-sent events of the caller's sandboxes (created, ready, health, egress-denied, expiring-soon, expired, deleted); resumable with Last-Event-ID. " +
+			"Streams are capped per token, per owner and per node: one past a cap is refused with 429 too-many-requests and Retry-After",
 		responseType: "text/event-stream", okStatus: 200, params: []param{pSandboxFilter, pTypeFilter, pLastEvent},
 		timeout: eventsTimeout, h: s.eventStream}
 }
 
-// listParam splits a repeated or comma-separated query parameter.
-func listParam(r *http.Request, name string) []string {
+// maxFilterItems bounds each of the stream's filter lists (sandbox, type):
+// a filter is held as a set, and a longer list is refused.
+const maxFilterItems = 256
+
+// listParam splits a repeated or comma-separated query parameter; more
+// than maxFilterItems items is an invalid request naming the bound.
+func listParam(r *http.Request, name string) ([]string, error) {
 	var out []string
 	for _, v := range r.URL.Query()[name] {
-		for _, x := range strings.Split(v, ",") {
-			if x = strings.TrimSpace(x); x != "" {
-				out = append(out, x)
+		for v != "" {
+			var x string
+			x, v, _ = strings.Cut(v, ",")
+			if x = strings.TrimSpace(x); x == "" {
+				continue
 			}
+			if len(out) == maxFilterItems {
+				return nil, invalid(name, "more than %d %s filters; follow at most %d per stream (open another stream, or none: all the caller may see)", maxFilterItems, name, maxFilterItems)
+			}
+			out = append(out, x)
 		}
 	}
-	return out
+	return out, nil
 }
 
 // eventFilter reads the stream's filter and resume point (resume: one was
 // given).
 func eventFilter(r *http.Request, p principal) (f sandbox.EventFilter, last uint64, resume bool, err error) {
-	f = sandbox.EventFilter{Owner: p.owner, Sandboxes: listParam(r, "sandbox"), Types: listParam(r, "type")}
-	for _, id := range f.Sandboxes {
+	ids, err := listParam(r, "sandbox")
+	if err != nil {
+		return f, 0, false, err
+	}
+	types, err := listParam(r, "type")
+	if err != nil {
+		return f, 0, false, err
+	}
+	for _, id := range ids {
 		if !sandbox.ValidID(id) {
 			return f, 0, false, invalid("sandbox", "%q is not a sandbox id", id)
 		}
 	}
-	for _, t := range f.Types {
+	for _, t := range types {
 		if !slices.Contains(apitype.EventTypes(), t) {
 			return f, 0, false, invalid("type", "unknown event type %q (one of %s)", t, strings.Join(apitype.EventTypes(), ", "))
 		}
 	}
+	f = sandbox.NewEventFilter(p.owner, ids, types)
 	v := r.Header.Get("Last-Event-ID")
 	if v == "" {
 		v = r.URL.Query().Get("last_event_id")
@@ -85,6 +125,11 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request, p principal
 	if err != nil {
 		return err
 	}
+	release, err := s.openStream(w, p)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if !resume {
 		last = s.e.LastEventID()
 	}
@@ -97,6 +142,8 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request, p principal
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	writing := func() { _ = rc.SetWriteDeadline(time.Now().Add(eventsWriteTimeout)) }
+	writing()
 	if _, err := fmt.Fprintf(w, ": events of node %s\n\n", s.e.Node()); err != nil {
 		return nil
 	}
@@ -106,6 +153,7 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request, p principal
 	defer tick.Stop()
 	for {
 		b := s.e.EventsSince(last, f)
+		writing()
 		if b.Lost {
 			gap := apitype.Event{Type: apitype.EventGap, Time: time.Now().UTC(),
 				Detail: fmt.Sprintf("events after id %d left the daemon's buffer or are from before a restart; re-read the sandboxes followed", last)}
@@ -125,6 +173,7 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request, p principal
 			return nil
 		case <-b.Changed:
 		case <-tick.C:
+			writing()
 			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
 				return nil
 			}

@@ -10,6 +10,8 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	guestErrors *prometheus.CounterVec
+	// quotaRefusals counts the 429 refusals by owner and quota.
+	quotaRefusals *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -27,13 +29,33 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "pve_inspect", Name: "guest_agent_errors_total",
 			Help: "Guest agent errors by kind (problem type).",
 		}, []string{"kind"}),
+		quotaRefusals: newQuotaRefusals(),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.guestErrors} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.guestErrors, m.quotaRefusals} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return m, nil
+}
+
+// newQuotaRefusals is pve_inspect_api_quota_refusals_total{owner,quota}:
+// the requests refused with 429 too-many-requests, by the owner whose
+// share was full ("-" for sandboxes and tokens bound to no owner) and the
+// quota (events_streams, ...).
+func newQuotaRefusals() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "pve_inspect", Name: "api_quota_refusals_total",
+		Help: "Sandbox API requests refused with 429 too-many-requests, by owner and quota.",
+	}, []string{"owner", "quota"})
+}
+
+// ownerLabel is an owner as the quota metrics name it: "-" for none.
+func ownerLabel(owner string) string {
+	if owner == "" {
+		return "-"
+	}
+	return owner
 }

@@ -2,6 +2,7 @@ package sandboxapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
@@ -214,6 +215,15 @@ func (s *Server) OpenAPI() map[string]any {
 				"egress policies are not enabled on this node: every call of this operation answers this", typ)
 		}
 	}
+	// a stream past its caps, a filter past its bound (events.go)
+	events := paths["/v1/events"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
+	tooMany := problemResponse(fmt.Sprintf(
+		"the caller's token (%d), owner (%d) or the node (%d) has as many event streams open as it may",
+		s.o.Streams.PerToken, s.o.Streams.PerOwner, s.o.Streams.Node), apitype.ProblemTooManyRequests)
+	tooMany["headers"] = map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
+	events[httpCode(http.StatusTooManyRequests)] = tooMany
+	events[httpCode(http.StatusBadRequest)] = problemResponse(fmt.Sprintf(
+		"a filter is not a sandbox id or event type, or lists more than %d of them", maxFilterItems), apitype.ProblemInvalidRequest)
 	return map[string]any{
 		"openapi": "3.0.3",
 		"info": map[string]any{

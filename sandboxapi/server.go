@@ -66,6 +66,8 @@ type Options struct {
 	ExecTimeout time.Duration
 	// FileTimeout bounds one file transfer (30m).
 	FileTimeout time.Duration
+	// Streams caps the GET /v1/events streams (events.go).
+	Streams StreamCaps
 	// Registerer receives the request metrics (nil: not registered).
 	Registerer prometheus.Registerer
 	// Logger is the structured logger (slog.Default()).
@@ -107,6 +109,9 @@ func (o *Options) defaults(eo sandbox.Options) error {
 	if o.DefaultTTL > o.MaxTTL {
 		return fmt.Errorf("sandboxapi: default TTL %s is over the max TTL %s", o.DefaultTTL, o.MaxTTL)
 	}
+	if err := o.Streams.defaults(); err != nil {
+		return err
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -129,6 +134,8 @@ type Server struct {
 	// spooled counts the bytes the file reads in flight have spooled;
 	// collected the output the collected execs in flight have reserved.
 	spooled, collected atomic.Int64
+	// streams counts the open event streams (events.go).
+	streams *streamCount
 }
 
 // New builds a Server over the engine e. Call e.Reconcile before serving
@@ -145,7 +152,8 @@ func New(e *sandbox.Engine, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxapi: register metrics: %w", err)
 	}
-	s := &Server{o: o, e: e, eo: eo, met: met, execs: make(chan struct{}, o.MaxExecs), files: make(chan struct{}, o.MaxFileCalls)}
+	s := &Server{o: o, e: e, eo: eo, met: met, execs: make(chan struct{}, o.MaxExecs), files: make(chan struct{}, o.MaxFileCalls),
+		streams: newStreamCount(o.Streams)}
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
 	for _, rt := range s.routes {

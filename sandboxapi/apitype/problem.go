@@ -30,6 +30,9 @@ const (
 	// agent silent); the call was not tried. Reason carries the health
 	// reason.
 	ProblemSandboxBroken = "sandbox-broken"
+	// ProblemTooManyRequests: a per-owner, per-token or node quota is
+	// full (429 with Retry-After); the detail names the quota.
+	ProblemTooManyRequests = "too-many-requests"
 )
 
 // Problem is an RFC 9457 problem document.
@@ -64,5 +67,5 @@ func ProblemTypes() []string {
 		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
 		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
 		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened,
-		ProblemSandboxBroken, ProblemGuestNoSpace}
+		ProblemSandboxBroken, ProblemGuestNoSpace, ProblemTooManyRequests}
 }

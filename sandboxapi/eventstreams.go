@@ -1,0 +1,114 @@
+package sandboxapi
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// StreamCaps cap the GET /v1/events streams open at once ([api.events]).
+// A stream past any of them is refused with 429 too-many-requests and a
+// Retry-After, and counted in pve_inspect_api_quota_refusals_total
+// {quota="events_streams"}. Zero values take the defaults.
+type StreamCaps struct {
+	// PerToken caps one token's streams (8).
+	PerToken int
+	// PerOwner caps the streams of every token bound to one owner
+	// together (16); tokens bound to no owner and the local socket are the
+	// owner "-".
+	PerOwner int
+	// Node caps every stream of the node together (256: sixteen owners at
+	// their share).
+	Node int
+}
+
+// Default stream caps: a stream costs a goroutine, a wake-up per event and
+// the copy of the events it has not seen, so the node's total is sized
+// for sixteen owners at their share rather than for the machine's limits.
+const (
+	defaultStreamsPerToken = 8
+	defaultStreamsPerOwner = 16
+	defaultStreamsNode     = 256
+	// streamRetryAfter is the Retry-After of a refused stream, seconds.
+	streamRetryAfter = 10
+)
+
+func (c *StreamCaps) defaults() error {
+	if c.PerToken < 0 || c.PerOwner < 0 || c.Node < 0 {
+		return errors.New("sandboxapi: the event stream caps must not be negative")
+	}
+	if c.PerToken == 0 {
+		c.PerToken = defaultStreamsPerToken
+	}
+	if c.PerOwner == 0 {
+		c.PerOwner = defaultStreamsPerOwner
+	}
+	if c.Node == 0 {
+		c.Node = defaultStreamsNode
+	}
+	return nil
+}
+
+// streamCount counts the open streams by token, owner and node.
+type streamCount struct {
+	caps StreamCaps
+
+	// The mutex protects the following elements; a leaf, held for the
+	// counts only.
+	mu      sync.Mutex
+	node    int
+	owner   map[string]int
+	byToken map[string]int
+}
+
+func newStreamCount(c StreamCaps) *streamCount {
+	return &streamCount{caps: c, owner: map[string]int{}, byToken: map[string]int{}}
+}
+
+// take counts one more stream of p, or says which cap is full (a
+// too-many-requests problem). release gives the stream back.
+func (s *streamCount) take(p principal) (release func(), _ *apitype.Problem) {
+	owner, token := ownerLabel(p.owner), p.name
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.byToken[token] >= s.caps.PerToken:
+		return nil, problemf(apitype.ProblemTooManyRequests,
+			"token %q has %d event streams open, the most one token may ([api.events] max_streams_per_token); close one or retry later", token, s.caps.PerToken)
+	case s.owner[owner] >= s.caps.PerOwner:
+		return nil, problemf(apitype.ProblemTooManyRequests,
+			"owner %q has %d event streams open, the most one owner may ([api.events] max_streams_per_owner); close one or retry later", owner, s.caps.PerOwner)
+	case s.node >= s.caps.Node:
+		return nil, problemf(apitype.ProblemTooManyRequests,
+			"this node has %d event streams open, the most it serves ([api.events] max_streams); retry later", s.caps.Node)
+	}
+	s.node++
+	s.owner[owner]++
+	s.byToken[token]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.node--
+		if s.owner[owner]--; s.owner[owner] == 0 {
+			delete(s.owner, owner)
+		}
+		if s.byToken[token]--; s.byToken[token] == 0 {
+			delete(s.byToken, token)
+		}
+	}, nil
+}
+
+// openStream takes a stream slot for p, or sets Retry-After on w, counts
+// the refusal and returns the problem.
+func (s *Server) openStream(w http.ResponseWriter, p principal) (func(), error) {
+	release, prob := s.streams.take(p)
+	if prob != nil {
+		w.Header().Set("Retry-After", strconv.Itoa(streamRetryAfter))
+		s.met.quotaRefusals.WithLabelValues(ownerLabel(p.owner), "events_streams").Inc()
+		return nil, prob
+	}
+	return release, nil
+}
