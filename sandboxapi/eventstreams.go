@@ -14,7 +14,8 @@ import (
 // Retry-After, and counted in pve_inspect_api_quota_refusals_total
 // {quota="events_streams"}. Zero values take the defaults.
 type StreamCaps struct {
-	// PerToken caps one token's streams (8).
+	// PerToken caps one token's streams (8); every caller of the local
+	// socket is one token, "local".
 	PerToken int
 	// PerOwner caps the streams of every token bound to one owner
 	// together (16); tokens bound to no owner and the local socket are the

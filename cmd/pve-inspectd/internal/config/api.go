@@ -75,6 +75,8 @@ type APISection struct {
 	MgmtInterval *string `toml:"mgmt_interval"`
 	// Caps are the resource guard's limits (0: unlimited).
 	Caps APICaps `toml:"caps"`
+	// Events caps the GET /v1/events streams ([api.events]).
+	Events APIEvents `toml:"events"`
 	// Proxmox is the API the daemon drives.
 	Proxmox APIProxmox `toml:"proxmox"`
 }
@@ -88,6 +90,16 @@ type APICaps struct {
 	NodeMemoryMiB    int `toml:"node_memory_mib"`
 	NodeVMs          int `toml:"node_vms"`
 	NodeSandboxes    int `toml:"node_sandboxes"`
+}
+
+// APIEvents caps the event streams open at once ([api.events];
+// sandboxapi.StreamCaps): per token, per owner (every token bound to it
+// together; unbound tokens and the local socket are one owner) and per
+// node. A stream past a cap is refused with 429 and Retry-After.
+type APIEvents struct {
+	MaxStreamsPerToken int `toml:"max_streams_per_token"`
+	MaxStreamsPerOwner int `toml:"max_streams_per_owner"`
+	MaxStreams         int `toml:"max_streams"`
 }
 
 // APIProxmox is the Proxmox API connection ([api.proxmox]).
@@ -130,6 +142,7 @@ func defaultAPI() APISection {
 		AutoCIDRBits:          24,
 
 		RequireHardenedTemplates: true,
+		Events:                   APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 16, MaxStreams: 256},
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",
@@ -245,6 +258,14 @@ func (a APISection) validate(prefix string) error {
 		if v < 0 {
 			return key("caps."+k, errors.New("must not be negative"))
 		}
+	}
+	for k, v := range map[string]int{"max_streams_per_token": a.Events.MaxStreamsPerToken, "max_streams_per_owner": a.Events.MaxStreamsPerOwner, "max_streams": a.Events.MaxStreams} {
+		if v < 1 {
+			return key("events."+k, errors.New("must be positive"))
+		}
+	}
+	if a.Events.MaxStreamsPerToken > a.Events.MaxStreamsPerOwner || a.Events.MaxStreamsPerOwner > a.Events.MaxStreams {
+		return key("events.max_streams_per_owner", errors.New("want max_streams_per_token <= max_streams_per_owner <= max_streams"))
 	}
 	if a.Enabled {
 		if a.Proxmox.URL == "" {

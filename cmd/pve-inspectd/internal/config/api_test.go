@@ -23,13 +23,15 @@ disk_transfer_threshold = 67108864
 exec_own_session = true
 [api.caps]
 node_vms = 10
+[api.events]
+max_streams_per_owner = 32
 [api.proxmox]
 token_id = "pve-inspect@pve!daemon"
 `)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
+	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.Events != (APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 32, MaxStreams: 256}) || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
 		c.API.DiskTransferStorage != "local" || c.API.DiskTransferThreshold != 64<<20 || !c.API.ExecOwnSession {
 		t.Errorf("parsed %+v", c.API)
 	}
@@ -52,6 +54,9 @@ token_id = "pve-inspect@pve!daemon"
 		{`[api]` + "\n" + `default_ttl = "48h"`, "api.default_ttl"},
 		{`[api]` + "\n" + `auto_cidr_pool = "10.0.0.1/16"`, "api.auto_cidr_pool"},
 		{`[api.caps]` + "\n" + `node_vms = -1`, "api.caps.node_vms"},
+		{`[api.events]` + "\n" + `max_streams_per_token = 0`, "api.events.max_streams_per_token"},
+		{`[api.events]` + "\n" + `max_streams_per_owner = 4`, "api.events.max_streams_per_owner"},
+		{`[api.events]` + "\n" + `max_streams = 8`, "api.events.max_streams_per_owner"},
 		{`[api]` + "\n" + `enabled = true` + "\n" + `[api.proxmox]` + "\n" + `token_id = "root@pam"`, "api.proxmox.token_id"},
 		{`[api]` + "\n" + `templates = { "bad name" = 9000 }`, "api.templates.bad name"},
 		{`[api]` + "\n" + `bogus = 1`, "api.bogus"},

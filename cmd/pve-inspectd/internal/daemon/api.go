@@ -221,8 +221,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		DefaultTTL:   ac.DefaultTTL,
 		MaxTTL:       ac.MaxTTL,
 		MaxFileBytes: ac.MaxFileBytes,
-		Registerer:   d.Registerer,
-		Logger:       a.log,
+		Streams: sandboxapi.StreamCaps{PerToken: ac.Events.MaxStreamsPerToken, PerOwner: ac.Events.MaxStreamsPerOwner,
+			Node: ac.Events.MaxStreams},
+		Registerer: d.Registerer,
+		Logger:     a.log,
 	})
 	if err != nil {
 		return nil, err
