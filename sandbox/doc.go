@@ -32,7 +32,7 @@
 //	health.go       the health monitor: per-VM signals, states, BrokenError
 //	healthnode.go   a VM's cgroup (qemu.slice/<vmid>.scope) and tap counters
 //	healthmetrics.go the per-sandbox series (collected from the monitor)
-//	events.go       the bounded event buffer behind GET /v1/events
+//	events.go       the bounded event ring behind GET /v1/events
 //
 // Design decisions:
 //
@@ -67,4 +67,10 @@
 //     under the engine's mutex, so no operation begins after it, then waits
 //     for them before it stops a VM: VM ids are reused, and a stale exec
 //     must not reach the next sandbox's VM.
+//   - Events are published with no engine lock held (the reaper's expired
+//     goes out after the delete has turned the sandbox to deleting and
+//     released Engine.mu), and a publish does O(1) work under the event
+//     ring's own lock: readers copy what they have not seen under it and
+//     filter outside it. No reader's filter, however many streams there
+//     are, holds up a publish, and no publish holds up the engine.
 package sandbox

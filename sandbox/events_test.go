@@ -115,9 +115,21 @@ func TestEventRing(t *testing.T) {
 	}
 }
 
+// denyingEgress reports one denial for every sandbox.
+type denyingEgress struct {
+	*fakeEgress
+	at time.Time
+}
+
+func (d denyingEgress) Status(sb, zone string) apitype.EgressStatus {
+	st := d.fakeEgress.Status(sb, zone)
+	st.Denials = []apitype.EgressDenial{{Time: d.at, Reason: "name", Name: "example.com"}}
+	return st
+}
+
 // TestNoPublishUnderEngineLock: every place the engine publishes (create,
-// a failed create, ready, health, expiring-soon, the reaper's expired,
-// delete, a pool claim) does it with Engine.mu free: a hook run by every
+// a failed create, ready, health, egress-denied, expiring-soon, the
+// reaper's expired, delete, a pool claim) does it with Engine.mu free: a hook run by every
 // publish checks that the lock can be taken. Before, the reaper published
 // expired under Engine.mu, so a publish waiting on the bus stalled the
 // engine.
@@ -142,6 +154,7 @@ func TestNoPublishUnderEngineLock(t *testing.T) {
 	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
 	e := newEngine(t, func(o *sandbox.Options) {
 		o.Proxmox, o.Guests, o.Now = px, g.Dial, clk.now
+		o.Egress = denyingEgress{fakeEgress: &fakeEgress{policy: map[string]apitype.EgressPolicy{}}, at: clk.now().Add(time.Second)}
 		o.Health = sandbox.HealthOptions{AgentBrokenAfter: 20 * time.Second, ExpiringSoon: time.Minute}
 	})
 	e.OnPublish(hook(e))
@@ -153,6 +166,8 @@ func TestNoPublishUnderEngineLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.CheckHealth(ctx)
+	clk.add(2 * time.Second)
+	e.CheckHealth(ctx) // egress-denied (the denial is newer than the first round)
 	g.SetPingFails(sb.VMs[0].VMID, true)
 	clk.add(25 * time.Second)
 	e.CheckHealth(ctx) // health
@@ -188,7 +203,7 @@ func TestNoPublishUnderEngineLock(t *testing.T) {
 		}
 	}
 	for _, typ := range apitype.EventTypes() {
-		if !seen[typ] && typ != apitype.EventEgressDenied {
+		if !seen[typ] {
 			t.Errorf("no %s event published: the test did not reach that site", typ)
 		}
 	}
