@@ -17,12 +17,6 @@ import (
 // Last-Event-ID and misses nothing the buffer still holds.
 func eventsTimeout(*Server) time.Duration { return time.Hour }
 
-// eventsWriteTimeout bounds each write of a stream (a batch of events or
-// a keepalive): a client that does not take it in time is cut off and its
-// stream slot freed; it resumes with Last-Event-ID (a gap event when it
-// fell out of the buffer). Publishing never waits for a stream.
-const eventsWriteTimeout = 30 * time.Second
-
 // eventsKeepalive is how often an idle stream gets a comment line, so
 // proxies and clients see it alive.
 const eventsKeepalive = 15 * time.Second
@@ -142,7 +136,7 @@ func (s *Server) eventStream(w http.ResponseWriter, r *http.Request, p principal
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	writing := func() { _ = rc.SetWriteDeadline(time.Now().Add(eventsWriteTimeout)) }
+	writing := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.o.Streams.WriteTimeout)) }
 	writing()
 	if _, err := fmt.Fprintf(w, ": events of node %s\n\n", s.e.Node()); err != nil {
 		return nil

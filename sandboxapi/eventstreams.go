@@ -5,15 +5,17 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// StreamCaps cap the GET /v1/events streams open at once ([api.events]).
-// A stream past any of them is refused with 429 too-many-requests and a
-// Retry-After, and counted in pve_inspect_api_quota_refusals_total
-// {quota="events_streams"}. Zero values take the defaults.
-type StreamCaps struct {
+// StreamLimits cap the GET /v1/events streams open at once ([api.events])
+// and bound their writes. A stream past a cap is refused with 429
+// too-many-requests and a Retry-After, and counted in
+// pve_inspect_api_quota_refusals_total{quota="events_streams"}. Zero
+// values take the defaults.
+type StreamLimits struct {
 	// PerToken caps one token's streams (8); every caller of the local
 	// socket is one token, "local".
 	PerToken int
@@ -24,6 +26,11 @@ type StreamCaps struct {
 	// Node caps every stream of the node together (256: sixteen owners at
 	// their share).
 	Node int
+	// WriteTimeout bounds each write of a stream (a batch of events or a
+	// keepalive; 30s): a client that does not take it in time is cut off
+	// and its slot freed; it resumes with Last-Event-ID (a gap event when
+	// it fell out of the buffer). Publishing never waits for a stream.
+	WriteTimeout time.Duration
 }
 
 // Default stream caps: a stream costs a goroutine, a wake-up per event and
@@ -37,9 +44,9 @@ const (
 	streamRetryAfter = 10
 )
 
-func (c *StreamCaps) defaults() error {
-	if c.PerToken < 0 || c.PerOwner < 0 || c.Node < 0 {
-		return errors.New("sandboxapi: the event stream caps must not be negative")
+func (c *StreamLimits) defaults() error {
+	if c.PerToken < 0 || c.PerOwner < 0 || c.Node < 0 || c.WriteTimeout < 0 {
+		return errors.New("sandboxapi: the event stream limits must not be negative")
 	}
 	if c.PerToken == 0 {
 		c.PerToken = defaultStreamsPerToken
@@ -50,12 +57,15 @@ func (c *StreamCaps) defaults() error {
 	if c.Node == 0 {
 		c.Node = defaultStreamsNode
 	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 30 * time.Second
+	}
 	return nil
 }
 
 // streamCount counts the open streams by token, owner and node.
 type streamCount struct {
-	caps StreamCaps
+	caps StreamLimits
 
 	// The mutex protects the following elements; a leaf, held for the
 	// counts only.
@@ -65,7 +75,7 @@ type streamCount struct {
 	byToken map[string]int
 }
 
-func newStreamCount(c StreamCaps) *streamCount {
+func newStreamCount(c StreamLimits) *streamCount {
 	return &streamCount{caps: c, owner: map[string]int{}, byToken: map[string]int{}}
 }
 

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,7 +66,7 @@ func TestEventStreamCaps(t *testing.T) {
 	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
 	e := newEnv(t, func(o *options) {
 		o.Tokens = store
-		o.Streams = sandboxapi.StreamCaps{PerToken: 2, PerOwner: 3, Node: 6}
+		o.Streams = sandboxapi.StreamLimits{PerToken: 2, PerOwner: 3, Node: 6}
 	})
 	mint := func(name, owner string) string {
 		var (
@@ -204,5 +207,85 @@ func TestOpenAPIEventsDeclared(t *testing.T) {
 				t.Errorf("%s: maxItems %v", pm["name"], max)
 			}
 		}
+	}
+}
+
+// stuckWriter is a client that takes the stream's opening line and then
+// nothing: every later write blocks until the write deadline the handler
+// set passes, as a socket whose peer stopped reading does.
+type stuckWriter struct {
+	h        http.Header
+	mu       sync.Mutex
+	writes   int
+	deadline time.Time
+}
+
+func (w *stuckWriter) Header() http.Header { return w.h }
+
+func (w *stuckWriter) WriteHeader(int) {}
+
+func (w *stuckWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	w.writes++
+	first := w.writes == 1
+	w.mu.Unlock()
+	if first {
+		return len(b), nil
+	}
+	for {
+		w.mu.Lock()
+		d := w.deadline
+		w.mu.Unlock()
+		if !d.IsZero() && time.Now().After(d) {
+			return 0, os.ErrDeadlineExceeded
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (w *stuckWriter) Flush() {}
+
+func (w *stuckWriter) SetWriteDeadline(t time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.deadline = t
+	return nil
+}
+
+func (w *stuckWriter) SetReadDeadline(time.Time) error { return nil }
+
+func (w *stuckWriter) started() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.writes > 0
+}
+
+// TestEventStreamStuckClient: a client that stops reading holds up no
+// publish (creates go on), and is cut off once a write misses the stream's
+// write timeout, which frees its slot.
+func TestEventStreamStuckClient(t *testing.T) {
+	e := newEnv(t, func(o *options) { o.Streams = sandboxapi.StreamLimits{PerToken: 1, WriteTimeout: 200 * time.Millisecond} })
+	w := &stuckWriter{h: http.Header{}}
+	req := httptest.NewRequest("GET", "/v1/events", nil)
+	done := make(chan struct{})
+	go func() { e.srv.LocalHandler().ServeHTTP(w, req); close(done) }()
+	for deadline := time.Now().Add(5 * time.Second); !w.started(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream did not start")
+		}
+	}
+	for range 3 {
+		sb := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+		if err := e.c.Delete(e.ctx(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stuck stream was not cut off 5s after its write timeout of 200ms")
+	}
+	if resp := e.raw("GET", "/v1/events", "", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("the socket's one stream after the stuck one was cut off: %d", resp.StatusCode)
 	}
 }

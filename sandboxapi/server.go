@@ -67,7 +67,7 @@ type Options struct {
 	// FileTimeout bounds one file transfer (30m).
 	FileTimeout time.Duration
 	// Streams caps the GET /v1/events streams (events.go).
-	Streams StreamCaps
+	Streams StreamLimits
 	// Registerer receives the request metrics (nil: not registered).
 	Registerer prometheus.Registerer
 	// Logger is the structured logger (slog.Default()).

@@ -93,7 +93,7 @@ type APICaps struct {
 }
 
 // APIEvents caps the event streams open at once ([api.events];
-// sandboxapi.StreamCaps): per token, per owner (every token bound to it
+// sandboxapi.StreamLimits): per token, per owner (every token bound to it
 // together; unbound tokens and the local socket are one owner) and per
 // node. A stream past a cap is refused with 429 and Retry-After.
 type APIEvents struct {

@@ -221,7 +221,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		DefaultTTL:   ac.DefaultTTL,
 		MaxTTL:       ac.MaxTTL,
 		MaxFileBytes: ac.MaxFileBytes,
-		Streams: sandboxapi.StreamCaps{PerToken: ac.Events.MaxStreamsPerToken, PerOwner: ac.Events.MaxStreamsPerOwner,
+		Streams: sandboxapi.StreamLimits{PerToken: ac.Events.MaxStreamsPerToken, PerOwner: ac.Events.MaxStreamsPerOwner,
 			Node: ac.Events.MaxStreams},
 		Registerer: d.Registerer,
 		Logger:     a.log,
