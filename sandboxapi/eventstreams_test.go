@@ -264,7 +264,9 @@ func (w *stuckWriter) started() bool {
 // publish (creates go on), and is cut off once a write misses the stream's
 // write timeout, which frees its slot.
 func TestEventStreamStuckClient(t *testing.T) {
-	e := newEnv(t, func(o *options) { o.Streams = sandboxapi.StreamLimits{PerToken: 1, WriteTimeout: 200 * time.Millisecond} })
+	e := newEnv(t, func(o *options) {
+		o.Streams = sandboxapi.StreamLimits{PerToken: 1, WriteTimeout: 200 * time.Millisecond}
+	})
 	w := &stuckWriter{h: http.Header{}}
 	req := httptest.NewRequest("GET", "/v1/events", nil)
 	done := make(chan struct{})
