@@ -66,7 +66,8 @@ type Options struct {
 	ExecTimeout time.Duration
 	// FileTimeout bounds one file transfer (30m).
 	FileTimeout time.Duration
-	// Streams caps the GET /v1/events streams (events.go).
+	// Streams caps the GET /v1/events streams and bounds their writes
+	// (eventstreams.go).
 	Streams StreamLimits
 	// Registerer receives the request metrics (nil: not registered).
 	Registerer prometheus.Registerer
@@ -134,7 +135,7 @@ type Server struct {
 	// spooled counts the bytes the file reads in flight have spooled;
 	// collected the output the collected execs in flight have reserved.
 	spooled, collected atomic.Int64
-	// streams counts the open event streams (events.go).
+	// streams counts the open event streams (eventstreams.go).
 	streams *streamCount
 }
 
