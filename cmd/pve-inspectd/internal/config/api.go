@@ -96,10 +96,13 @@ type APICaps struct {
 // sandboxapi.StreamLimits): per token, per owner (every token bound to it
 // together; unbound tokens and the local socket are one owner) and per
 // node. A stream past a cap is refused with 429 and Retry-After.
+// WriteTimeout bounds each write of a stream: a client that does not take
+// it in time is cut off.
 type APIEvents struct {
-	MaxStreamsPerToken int `toml:"max_streams_per_token"`
-	MaxStreamsPerOwner int `toml:"max_streams_per_owner"`
-	MaxStreams         int `toml:"max_streams"`
+	MaxStreamsPerToken int           `toml:"max_streams_per_token"`
+	MaxStreamsPerOwner int           `toml:"max_streams_per_owner"`
+	MaxStreams         int           `toml:"max_streams"`
+	WriteTimeout       time.Duration `toml:"write_timeout"`
 }
 
 // APIProxmox is the Proxmox API connection ([api.proxmox]).
@@ -142,7 +145,7 @@ func defaultAPI() APISection {
 		AutoCIDRBits:          24,
 
 		RequireHardenedTemplates: true,
-		Events:                   APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 16, MaxStreams: 256},
+		Events:                   APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 16, MaxStreams: 256, WriteTimeout: 30 * time.Second},
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",
@@ -224,7 +227,7 @@ func (a APISection) validate(prefix string) error {
 		k string
 		v time.Duration
 	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout},
-		{"health_interval", a.HealthInterval}, {"agent_broken_after", a.AgentBrokenAfter}}
+		{"health_interval", a.HealthInterval}, {"agent_broken_after", a.AgentBrokenAfter}, {"events.write_timeout", a.Events.WriteTimeout}}
 	for _, d := range durs {
 		if d.v <= 0 {
 			return key(d.k, errors.New("must be positive"))

@@ -31,7 +31,7 @@ token_id = "pve-inspect@pve!daemon"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.Events != (APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 32, MaxStreams: 256}) || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
+	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.Events != (APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 32, MaxStreams: 256, WriteTimeout: 30 * time.Second}) || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
 		c.API.DiskTransferStorage != "local" || c.API.DiskTransferThreshold != 64<<20 || !c.API.ExecOwnSession {
 		t.Errorf("parsed %+v", c.API)
 	}
@@ -57,6 +57,7 @@ token_id = "pve-inspect@pve!daemon"
 		{`[api.events]` + "\n" + `max_streams_per_token = 0`, "api.events.max_streams_per_token"},
 		{`[api.events]` + "\n" + `max_streams_per_owner = 4`, "api.events.max_streams_per_owner"},
 		{`[api.events]` + "\n" + `max_streams = 8`, "api.events.max_streams_per_owner"},
+		{`[api.events]` + "\n" + `write_timeout = "0s"`, "api.events.write_timeout"},
 		{`[api]` + "\n" + `enabled = true` + "\n" + `[api.proxmox]` + "\n" + `token_id = "root@pam"`, "api.proxmox.token_id"},
 		{`[api]` + "\n" + `templates = { "bad name" = 9000 }`, "api.templates.bad name"},
 		{`[api]` + "\n" + `bogus = 1`, "api.bogus"},

@@ -222,7 +222,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		MaxTTL:       ac.MaxTTL,
 		MaxFileBytes: ac.MaxFileBytes,
 		Streams: sandboxapi.StreamLimits{PerToken: ac.Events.MaxStreamsPerToken, PerOwner: ac.Events.MaxStreamsPerOwner,
-			Node: ac.Events.MaxStreams},
+			Node: ac.Events.MaxStreams, WriteTimeout: ac.Events.WriteTimeout},
 		Registerer: d.Registerer,
 		Logger:     a.log,
 	})
