@@ -246,6 +246,13 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 		{"set emptied", [][]string{{"flush", "set", "inet", TableName, SetMetadata4}}},
 		{"made dormant", nil},
 		{"chain added", [][]string{{"add", "chain", "inet", TableName, "evil", "{ type filter hook forward priority -400; policy accept; }"}}},
+		{"notrack rules deleted", [][]string{{"flush", "chain", "inet", TableName, chainRawOut}}},
+		{"management port removed", [][]string{{"delete", "element", "inet", TableName, SetMgmtPorts, "{ 8006 }"}}},
+		{"connection limit raised", [][]string{{"flush", "chain", "inet", TableName, chainFlood},
+			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 1000000 } counter drop comment "guest-flood-conns"`}}},
+		{"connection count set shrunk", [][]string{{"flush", "chain", "inet", TableName, chainFlood}, {"delete", "set", "inet", TableName, SetGuestConns},
+			{"add", "set", "inet", TableName, SetGuestConns, "{ type ifname; flags dynamic; size 1; }"},
+			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 16384 } counter drop comment "guest-flood-conns"`}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
