@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -153,8 +154,8 @@ func udpFlows(ns *testkit.NetNS, dst string, count int, gap time.Duration) error
 	})
 }
 
-// synFlood opens count TCP connections to dst from inside ns, 16 at a
-// time, each given up after 100 ms (past the limit the SYNs are dropped).
+// synFlood tries count TCP connections to dst from inside ns, 16 at a
+// time, each given up after 100 ms.
 func synFlood(ns *testkit.NetNS, dst string, count int) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
@@ -261,6 +262,10 @@ func TestFloodFromGuestBridge(t *testing.T) {
 		testkit.ServeDNS(t, n.ListenPacket(t, "udp4", a), testkit.DNSZone{A: map[string][]netip.Addr{"probe.test": {netip.MustParseAddr("192.0.2.99")}}})
 	}
 
+	// the node routes (zone A's SYNs below are forwarded)
+	if err := n.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
+		t.Fatal(err)
+	}
 	g := startGuard(t, n, cfg)
 	ctx := context.Background()
 	if err := g.SetPorts(ctx, []Port{{Name: ga.port, MAC: ga.mac, IPv4: []netip.Addr{ga.addr}}, {Name: gb.port, MAC: gb.mac, IPv4: []netip.Addr{gb.addr}}}); err != nil {
@@ -317,7 +322,10 @@ func TestFloodFromGuestBridge(t *testing.T) {
 		t.Fatal(err)
 	}
 	udpTracked := conntrackLines(t, n, "src=10.10.1.50")
-	synFlood(ga.ns, "10.10.1.1:53", 2*connLimit)
+	// SYNs forwarded towards the uplink, never answered (the uplink's
+	// router does not exist: they end at the node's neighbour lookup,
+	// after conntrack confirmed them): each a new half-open connection
+	synFlood(ga.ns, "203.0.113.7:80", 2*connLimit)
 	tracked := conntrackLines(t, n, "src=10.10.1.50")
 	if err := packetBurst(ga.ns, "10.10.1.1:53", 20000, false); err != nil {
 		t.Fatal(err)
@@ -345,6 +353,38 @@ func TestFloodFromGuestBridge(t *testing.T) {
 	for _, r := range []string{"guest-flood-conns", "guest-flood-rate", "arp-flood", "broadcast-flood", "mgmt-notrack-in", "mgmt-notrack-out"} {
 		if cs[r] == 0 {
 			t.Errorf("counter of rule %s did not move", r)
+		}
+	}
+	// the same counters as the metric operators alert on
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(g.Collector()); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "pve_inspect_guard_rule_drop_packets_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var chain, rule string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "chain":
+					chain = l.GetValue()
+				case "rule":
+					rule = l.GetValue()
+				}
+			}
+			exported[chain+"/"+rule] = m.GetCounter().GetValue()
+		}
+	}
+	for _, r := range []string{"prerouting/guest-flood-rate", "flood/guest-flood-conns", "port_guard/arp-flood", "port_guard/broadcast-flood"} {
+		if exported[r] == 0 {
+			t.Errorf("pve_inspect_guard_rule_drop_packets_total{%s} = %v, want > 0", r, exported[r])
 		}
 	}
 	if err := g.Verify(ctx); err != nil {
