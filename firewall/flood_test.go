@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -356,14 +355,7 @@ func TestFloodFromGuestBridge(t *testing.T) {
 		}
 	}
 	// the same counters as the metric operators alert on
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(g.Collector()); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, mfs := gatherGuard(t, g)
 	exported := map[string]float64{}
 	for _, mf := range mfs {
 		if mf.GetName() != "pve_inspect_guard_rule_drop_packets_total" {

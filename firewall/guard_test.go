@@ -20,6 +20,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
@@ -499,17 +500,10 @@ func TestMonitorEventTriggersVerify(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	n := basicNode(t)
 	g := startGuard(t, n, testConfig(t))
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(g.Collector()); err != nil {
-		t.Fatal(err)
-	}
 	// one packet that the guard drops: output is not guarded except for
 	// dnsmasq, so send from a guest-like interface is not possible here;
 	// instead check the counters are exported for every drop rule.
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, mfs := gatherGuard(t, g)
 	got := map[string]int{}
 	for _, mf := range mfs {
 		got[mf.GetName()] = len(mf.GetMetric())
@@ -550,6 +544,21 @@ func TestMetrics(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
 	}
+}
+
+// gatherGuard registers g's collector in a registry of its own and
+// gathers it once.
+func gatherGuard(t *testing.T, g *Guard) (*prometheus.Registry, []*dto.MetricFamily) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(g.Collector()); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg, mfs
 }
 
 func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
