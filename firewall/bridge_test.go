@@ -42,7 +42,7 @@ func listBridgeTable(t *testing.T, n *testNS, extra ...string) string {
 
 func TestRenderBridgeGolden(t *testing.T) {
 	rs, err := RenderBridge([]string{"vnetA", "vnetA2", "vnetA"}, Classification{Enslaved: []Enslaved{
-		{Port: "tap101i0", Bridge: "vnetA"}, {Port: "tap103i0", Bridge: "vnetA2"}, {Port: "ln_vnetA", Bridge: "vnetA"}, {Port: "tap104i0", Bridge: "vmbr0"}}}, testPorts(t))
+		{Port: "tap101i0", Bridge: "vnetA"}, {Port: "tap103i0", Bridge: "vnetA2"}, {Port: "ln_vnetA", Bridge: "vnetA"}, {Port: "tap104i0", Bridge: "vmbr0"}}}, testPorts(t), FloodConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestRenderBridgeRejects(t *testing.T) {
 		{"bad bridge", []string{"vnet;A"}, nil, "zone bridge"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := RenderBridge(tc.bridges, Classification{}, tc.ports)
+			_, err := RenderBridge(tc.bridges, Classification{}, tc.ports, FloodConfig{})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want one containing %q", err, tc.want)
 			}

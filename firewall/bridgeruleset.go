@@ -96,8 +96,9 @@ func validatePorts(ports []Port) ([]Port, error) {
 // assigned address, ARP claim only that address; DHCP server replies and
 // router advertisements are dropped, and so is everything that is neither
 // IPv4 nor ARP. A port without a mapping (not in ports) may only send DHCP
-// requests. It does not touch the kernel.
-func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset, error) {
+// requests. Each guest port's ARP and broadcast frames are policed (fc,
+// zero values the defaults). It does not touch the kernel.
+func RenderBridge(bridges []string, cls Classification, ports []Port, fc FloodConfig) (*Ruleset, error) {
 	ports, err := validatePorts(ports)
 	if err != nil {
 		return nil, err
@@ -134,6 +135,7 @@ func RenderBridge(bridges []string, cls Classification, ports []Port) (*Ruleset,
 	}
 	rs.Sets = []*SetSpec{gp, op, ps, pm, pi}
 	rs.Chains = []*ChainSpec{portIn(), portGuard(), portUnmapped(), portARP()}
+	addBridgeFlood(rs, fc)
 	return rs, nil
 }
 

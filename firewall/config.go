@@ -33,6 +33,11 @@ type Config struct {
 	// The guard adds the run-time ones from SetEgress; every other guest
 	// interface gets Egress.Default.
 	ZoneEgress map[string]ZoneEgress
+	// Flood bounds what one guest interface or port can do to the
+	// node's control plane (management ports untracked, per-interface
+	// connection limit and packet policer, per-port ARP and broadcast
+	// policers); zero values are the defaults.
+	Flood FloodConfig
 	// DnsmasqUser is the user (name or numeric uid) the SDN dnsmasq runs as;
 	// its upstream queries are cut while the lockdown is on.
 	DnsmasqUser string

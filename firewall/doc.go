@@ -72,6 +72,24 @@
 // packets egress_drop drops, read through EgressDrops. Verify does not
 // compare the members of these four sets.
 //
+// Guest floods (flood.go, FloodConfig; issue 34): the control plane stays
+// in service while guests flood the node:
+//
+//	prerouting -300  mgmt-notrack-in: iifname @mgmt tcp dport @mgmt_ports
+//	                 to a local address notrack; guest-flood-rate: a guest
+//	                 interface's packets past its policer in @guest_rate
+//	                 drop (before they cost a conntrack entry)
+//	raw_out    -300  (output) mgmt-notrack-out: replies from @mgmt_ports out
+//	                 of @mgmt notrack; the same to and from them on lo
+//	flood      -150  (prerouting) guest-flood-conns: a guest interface's new
+//	                 connection past its count in @guest_conns drop
+//	port_guard       (layer 2, first) arp-flood, broadcast-flood: a guest
+//	                 port's ARP and broadcast/multicast frames past their
+//	                 policers in @port_arp_rate, @port_bcast_rate drop
+//
+// The kernel fills those four sets; verify compares their flags and size,
+// not their members.
+//
 // Run-time state is set membership only (@mgmt, @lockdown, @failclosed,
 // @zone_peers), so switches never rewrite a rule and counters survive.
 // A change is applied by its difference (update.go): a new bridge, a

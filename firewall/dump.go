@@ -200,6 +200,8 @@ func newExpr(name string) expr.Any {
 		return &expr.Bitwise{}
 	case "cmp":
 		return &expr.Cmp{}
+	case "connlimit":
+		return &expr.Connlimit{}
 	case "counter":
 		return &expr.Counter{}
 	case "ct":
@@ -228,6 +230,8 @@ func newExpr(name string) expr.Any {
 		return &expr.Reject{}
 	case "nat":
 		return &expr.NAT{}
+	case "notrack":
+		return &expr.Notrack{}
 	case "masq":
 		return &expr.Masq{}
 	case "queue":

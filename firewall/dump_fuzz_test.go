@@ -91,9 +91,9 @@ func TestParseRuleRoundTrip(t *testing.T) {
 	if err1 != nil || err2 != nil || !slices.EqualFunc(gb, wb, bytes.Equal) {
 		t.Errorf("expressions %v, want %v (%v %v)", r.Exprs, want, err1, err2)
 	}
-	r, unknown, err = parseRule(nftables.TableFamilyINet, ruleMessage(t, &expr.Notrack{}, &expr.Counter{}))
-	if err != nil || unknown != "notrack" || len(r.Exprs) != 1 {
-		t.Errorf("a rule with notrack: %v %q %v", err, unknown, r)
+	r, unknown, err = parseRule(nftables.TableFamilyINet, ruleMessage(t, &expr.Numgen{Register: 1, Modulus: 2, Type: unix.NFT_NG_INCREMENTAL}, &expr.Counter{}))
+	if err != nil || unknown != "numgen" || len(r.Exprs) != 1 {
+		t.Errorf("a rule with numgen: %v %q %v", err, unknown, r)
 	}
 	els, err := parseSetElements(elemMessage(t))
 	if err != nil || len(els) != 2 || els[0].IntervalEnd || !els[1].IntervalEnd || !bytes.Equal(els[1].Key, []byte{11, 0, 0, 0}) {

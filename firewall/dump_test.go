@@ -142,18 +142,18 @@ func TestDumperMatchesLibrary(t *testing.T) {
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := n.nft(t, `insert rule inet pve-inspect prerouting notrack comment "foreign"`); err != nil {
+	if out, err := n.nft(t, `insert rule inet pve-inspect prerouting meta mark set numgen inc mod 2 comment "foreign"`); err != nil {
 		t.Fatalf("nft: %v %s", err, out)
 	}
-	t.Run("with a foreign notrack rule", func(t *testing.T) {
+	t.Run("with a foreign numgen rule", func(t *testing.T) {
 		compare(t)
 		ours, err := d.rules(nftables.TableFamilyINet, TableName)
 		if err != nil {
 			t.Fatal(err)
 		}
 		first := ours.byChain["prerouting"][0]
-		if ours.unknown[first] != "notrack" || ruleComment(first) != "foreign" {
-			t.Errorf("the foreign rule: comment %q, unknown expression %q, want foreign and notrack", ruleComment(first), ours.unknown[first])
+		if ours.unknown[first] != "numgen" || ruleComment(first) != "foreign" {
+			t.Errorf("the foreign rule: comment %q, unknown expression %q, want foreign and numgen", ruleComment(first), ours.unknown[first])
 		}
 		// The same rule in place of the first desired one: only the
 		// unknown expression tells them apart.
@@ -165,7 +165,7 @@ func TestDumperMatchesLibrary(t *testing.T) {
 		}
 		ours.byChain["prerouting"][0].UserData = ours.byChain["prerouting"][1].UserData
 		ds := diffRules(nftables.TableFamilyINet, want, ours.byChain["prerouting"][:len(want.Rules)], ours.unknown, nil)
-		if len(ds) == 0 || !strings.Contains(ds[0].Detail, "notrack") {
+		if len(ds) == 0 || !strings.Contains(ds[0].Detail, "numgen") {
 			t.Errorf("diff of a rule with an unknown expression: %v", ds)
 		}
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/vishvananda/netns"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
@@ -246,6 +247,13 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 		{"set emptied", [][]string{{"flush", "set", "inet", TableName, SetMetadata4}}},
 		{"made dormant", nil},
 		{"chain added", [][]string{{"add", "chain", "inet", TableName, "evil", "{ type filter hook forward priority -400; policy accept; }"}}},
+		{"notrack rules deleted", [][]string{{"flush", "chain", "inet", TableName, chainRawOut}}},
+		{"management port removed", [][]string{{"delete", "element", "inet", TableName, SetMgmtPorts, "{ 8006 }"}}},
+		{"connection limit raised", [][]string{{"flush", "chain", "inet", TableName, chainFlood},
+			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 1000000 } counter drop comment "guest-flood-conns"`}}},
+		{"connection count set shrunk", [][]string{{"flush", "chain", "inet", TableName, chainFlood}, {"delete", "set", "inet", TableName, SetGuestConns},
+			{"add", "set", "inet", TableName, SetGuestConns, "{ type ifname; flags dynamic; size 1; }"},
+			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 16384 } counter drop comment "guest-flood-conns"`}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -492,17 +500,10 @@ func TestMonitorEventTriggersVerify(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	n := basicNode(t)
 	g := startGuard(t, n, testConfig(t))
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(g.Collector()); err != nil {
-		t.Fatal(err)
-	}
 	// one packet that the guard drops: output is not guarded except for
 	// dnsmasq, so send from a guest-like interface is not possible here;
 	// instead check the counters are exported for every drop rule.
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, mfs := gatherGuard(t, g)
 	got := map[string]int{}
 	for _, mf := range mfs {
 		got[mf.GetName()] = len(mf.GetMetric())
@@ -543,6 +544,21 @@ func TestMetrics(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
 	}
+}
+
+// gatherGuard registers g's collector in a registry of its own and
+// gathers it once.
+func gatherGuard(t *testing.T, g *Guard) (*prometheus.Registry, []*dto.MetricFamily) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(g.Collector()); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg, mfs
 }
 
 func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {

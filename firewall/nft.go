@@ -290,6 +290,12 @@ func diff(want *Ruleset, k *kernelTable, ownerPort uint32) []Drift {
 			ds = append(ds, Drift{DriftSet, s.Name, fmt.Sprintf("type %s interval=%v, want %s interval=%v", ks.KeyType.Name, ks.Interval, s.KeyType.Name, s.Interval)})
 			continue
 		}
+		if ks.Dynamic != s.Eval || (s.Size > 0 && ks.Size != s.Size) {
+			// a packet-path set made smaller or static stops its rule
+			// (an update that cannot add a member does not match)
+			ds = append(ds, Drift{DriftSet, s.Name, fmt.Sprintf("dynamic=%v size %d, want dynamic=%v size %d", ks.Dynamic, ks.Size, s.Eval, s.Size)})
+			continue
+		}
 		if !s.Dynamic && !slices.Equal(elemKeys(k.elems[s.Name]), elemKeys(s.Elements)) {
 			ds = append(ds, Drift{DriftElements, s.Name, fmt.Sprintf("%d elements, want %d (%s)", len(k.elems[s.Name]), len(s.Elements), strings.Join(s.Text, ", "))})
 		}

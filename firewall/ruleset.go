@@ -299,6 +299,9 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 	if err := addEgress(rs, cfg, cls); err != nil {
 		return nil, err
 	}
+	if err := addFlood(rs, cfg.Flood); err != nil {
+		return nil, err
+	}
 	return rs, nil
 }
 
@@ -455,13 +458,8 @@ func (r *Ruleset) String() string {
 	fmt.Fprintf(&b, "%s { # flags owner, persist\n", r.TableRef())
 	for _, s := range r.Sets {
 		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.KeyType.Name)
-		switch {
-		case s.Interval:
-			b.WriteString("\t\tflags interval\n")
-		case s.Eval:
-			b.WriteString("\t\tflags dynamic,timeout\n")
-		case s.Timeout:
-			b.WriteString("\t\tflags timeout\n")
+		if f := s.setFlags(); f != "" {
+			fmt.Fprintf(&b, "\t\tflags %s\n", f)
 		}
 		if s.Size > 0 {
 			fmt.Fprintf(&b, "\t\tsize %d\n", s.Size)

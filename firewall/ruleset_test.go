@@ -223,3 +223,46 @@ func TestEgressDropsCountOnJumpingRules(t *testing.T) {
 		}
 	}
 }
+
+func TestRenderFlood(t *testing.T) {
+	cls := Classification{Management: []string{"eth0"}, Interfaces: []string{"eth0", "vnetA"}}
+	for _, tc := range []struct {
+		name  string
+		flood FloodConfig
+		want  []string // substrings of the rendering
+		err   bool
+	}{
+		{"defaults", FloodConfig{}, []string{"elements = { 22, 8006 }", "ct count over 16384", "limit rate over 50000/second burst 10000 packets"}, false},
+		{"configured", FloodConfig{ManagementPorts: []uint16{8443, 22, 8443}, ConnLimit: 7, PacketRate: 9, PacketBurst: 3},
+			[]string{"elements = { 22, 8443 }", "ct count over 7 ", "limit rate over 9/second burst 3 packets"}, false},
+		{"port zero", FloodConfig{ManagementPorts: []uint16{0}}, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{DnsmasqUser: "65534", Flood: tc.flood}
+			rs, err := Render(cfg, cls, Switches{})
+			if tc.err {
+				if err == nil {
+					t.Fatal("rendered a management port 0")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(rs.String(), w) {
+					t.Errorf("rendering lacks %q", w)
+				}
+			}
+		})
+	}
+	br, err := RenderBridge(nil, cls, nil, FloodConfig{PortARPRate: 4, PortARPBurst: 8, PortBroadcastRate: 5, PortBroadcastBurst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"limit rate over 4/second burst 8 packets", "limit rate over 5/second burst 10 packets"} {
+		if !strings.Contains(br.String(), w) {
+			t.Errorf("bridge rendering lacks %q", w)
+		}
+	}
+}

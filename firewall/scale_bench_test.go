@@ -34,7 +34,7 @@ func BenchmarkRenderScale(b *testing.B) {
 				if _, err := Render(cfg, cls, Switches{}); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := RenderBridge(zoneBridges(cfg), cls, ports); err != nil {
+				if _, err := RenderBridge(zoneBridges(cfg), cls, ports, cfg.Flood); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -52,7 +52,7 @@ func BenchmarkPatchScale(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		brs, err := RenderBridge(zoneBridges(cfg), cls, ports)
+		brs, err := RenderBridge(zoneBridges(cfg), cls, ports, cfg.Flood)
 		if err != nil {
 			b.Fatal(err)
 		}

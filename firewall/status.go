@@ -140,7 +140,7 @@ func inspectBridge(rd *tableReader, cfg Config, cls Classification) (TableStatus
 		ts.Owner = k.table.Owner
 		ts.Persist = k.table.Flags&nftables.TableFlagPersist != 0
 	}
-	ts.Desired, err = RenderBridge(zoneBridges(cfg), cls, nil)
+	ts.Desired, err = RenderBridge(zoneBridges(cfg), cls, nil, cfg.Flood)
 	if err != nil {
 		return TableStatus{}, fmt.Errorf("render bridge table: %w", err)
 	}

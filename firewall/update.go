@@ -621,7 +621,7 @@ func patchedDiffer(cfg Config, cls Classification, sw Switches, ports []Port, in
 	if err != nil {
 		return nil, fmt.Errorf("render: %w", err)
 	}
-	brs, err := RenderBridge(zoneBridges(cfg), cls, ports)
+	brs, err := RenderBridge(zoneBridges(cfg), cls, ports, cfg.Flood)
 	if err != nil {
 		return nil, fmt.Errorf("render bridge table: %w", err)
 	}

@@ -68,7 +68,7 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err := writePlan(w, cls, rs); err != nil {
 				return err
 			}
-			brs, err := firewall.RenderBridge(bridgesOf(fc), cls, nil)
+			brs, err := firewall.RenderBridge(bridgesOf(fc), cls, nil, fc.Flood)
 			if err != nil {
 				return fmt.Errorf("render bridge table: %w", err)
 			}

@@ -68,6 +68,7 @@ func Default() Config {
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
+	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
 	return c
 }
 
@@ -104,6 +105,7 @@ func Parse(doc string) (Config, error) {
 		c.Guard.MgmtInterval = *c.API.MgmtInterval
 	}
 	c.API.MgmtRules, c.API.MgmtInterval = nil, nil
+	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
 	return c, c.Validate()
 }
 

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,26 @@ import (
 //	# (etc/dnsmasq.d, var/lib/misc) to pin each guest port to its MAC
 //	# and IPv4.
 //	node_root = "/"
+//	# Guest floods (many flows, SYN floods, packet floods, ARP storms)
+//	# must not take the control plane down. TCP ports of the node not
+//	# tracked by conntrack on the management interfaces and on lo (both
+//	# directions): a conntrack table guests filled cannot refuse them.
+//	# The ports of [api] listen and [metrics] listen are always added.
+//	management_ports = [22, 8006]
+//	# Tracked connections one guest interface (a zone bridge, all its
+//	# guests) may hold; its new connections beyond are dropped.
+//	conn_limit = 16384
+//	# Packets a second (and burst) one guest interface may send to or
+//	# through the node; the rest are dropped before conntrack sees them.
+//	# Virtio NICs hand over GRO-merged packets: bulk transfers stay below.
+//	packet_rate = 50000
+//	packet_burst = 10000
+//	# ARP frames and broadcast/multicast frames a second (and burst) one
+//	# guest port (tap) may send, policed in table bridge pve-inspect.
+//	port_arp_rate = 100
+//	port_arp_burst = 200
+//	port_broadcast_rate = 200
+//	port_broadcast_burst = 400
 type GuardSection struct {
 	Metadata4      []string            `toml:"metadata4"`
 	Metadata6      []string            `toml:"metadata6"`
@@ -71,6 +92,15 @@ type GuardSection struct {
 	ProcRoot       string              `toml:"proc_root"`
 	StateDir       string              `toml:"state_dir"`
 	NodeRoot       string              `toml:"node_root"`
+
+	ManagementPorts    []int `toml:"management_ports"`
+	ConnLimit          int   `toml:"conn_limit"`
+	PacketRate         int   `toml:"packet_rate"`
+	PacketBurst        int   `toml:"packet_burst"`
+	PortARPRate        int   `toml:"port_arp_rate"`
+	PortARPBurst       int   `toml:"port_arp_burst"`
+	PortBroadcastRate  int   `toml:"port_broadcast_rate"`
+	PortBroadcastBurst int   `toml:"port_broadcast_burst"`
 }
 
 // MetricsSection is [metrics]: the Prometheus listener.
@@ -84,7 +114,26 @@ type MetricsSection struct {
 }
 
 func defaultGuard() GuardSection {
-	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/"}
+	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/",
+		ManagementPorts: []int{22, 8006}, ConnLimit: 16384, PacketRate: 50000, PacketBurst: 10000,
+		PortARPRate: 100, PortARPBurst: 200, PortBroadcastRate: 200, PortBroadcastBurst: 400}
+}
+
+// addListenerPorts adds the ports of the daemon's own listeners (host:port;
+// an unparsable or empty one is left to its section's validation) to
+// management_ports.
+func (s *GuardSection) addListenerPorts(listen ...string) {
+	for _, l := range listen {
+		_, p, err := net.SplitHostPort(l)
+		if err != nil {
+			continue
+		}
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 || slices.Contains(s.ManagementPorts, int(n)) {
+			continue
+		}
+		s.ManagementPorts = append(s.ManagementPorts, int(n))
+	}
 }
 
 func defaultMetrics() MetricsSection { return MetricsSection{Listen: "127.0.0.1:9474"} }
@@ -192,6 +241,17 @@ func (s GuardSection) validate(prefix string) error {
 	}
 	if d, err := time.ParseDuration(s.MgmtInterval); err != nil || d < time.Second || d > 24*time.Hour {
 		return &KeyError{Key: prefix + ".mgmt_interval", Err: fmt.Errorf("%q is not a duration in 1s..24h like \"1m\"", s.MgmtInterval)}
+	}
+	for i, p := range s.ManagementPorts {
+		if p < 1 || p > 65535 {
+			return &KeyError{Key: fmt.Sprintf("%s.management_ports[%d]", prefix, i), Err: fmt.Errorf("%d is not a port 1-65535", p)}
+		}
+	}
+	for key, v := range map[string]int{".conn_limit": s.ConnLimit, ".packet_rate": s.PacketRate, ".packet_burst": s.PacketBurst,
+		".port_arp_rate": s.PortARPRate, ".port_arp_burst": s.PortARPBurst, ".port_broadcast_rate": s.PortBroadcastRate, ".port_broadcast_burst": s.PortBroadcastBurst} {
+		if v < 1 || v > 1<<24 {
+			return &KeyError{Key: prefix + key, Err: fmt.Errorf("%d is outside 1..%d", v, 1<<24)}
+		}
 	}
 	for key, p := range map[string]string{".proc_root": s.ProcRoot, ".state_dir": s.StateDir, ".node_root": s.NodeRoot} {
 		if !filepath.IsAbs(p) || strings.ContainsRune(p, 0) {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,42 @@ listen = "[::1]:9000"
 		len(g.Metadata6Prefixes()) != 1 || len(g.Private4AllowPrefixes()) != 1 ||
 		g.VerifyEvery() != 5*time.Second || g.Zones["zone1"][1] != "vnet2" || g.SDNConfig != "" || c.Metrics.Listen != "[::1]:9000" {
 		t.Errorf("parsed: %+v %+v", g, c.Metrics)
+	}
+}
+
+func TestGuardFloodKeys(t *testing.T) {
+	d := Default().Guard
+	if !slices.Equal(d.ManagementPorts, []int{22, 8006, 9474}) || d.ConnLimit != 16384 || d.PacketRate != 50000 {
+		t.Errorf("defaults: ports %v conn_limit %d packet_rate %d", d.ManagementPorts, d.ConnLimit, d.PacketRate)
+	}
+	c, err := Parse(`
+[guard]
+management_ports = [2222]
+conn_limit = 100
+port_arp_rate = 5
+[metrics]
+listen = "127.0.0.1:9100"
+[api]
+listen = "192.0.2.2:8443"
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the daemon's listeners are management ports whatever the file says
+	if g := c.Guard; !slices.Equal(g.ManagementPorts, []int{2222, 8443, 9100}) || g.ConnLimit != 100 || g.PortARPRate != 5 || g.PortARPBurst != 200 {
+		t.Errorf("parsed: %+v", g)
+	}
+	for _, tc := range []struct{ doc, key string }{
+		{"[guard]\nmanagement_ports = [0]", "guard.management_ports[0]"},
+		{"[guard]\nmanagement_ports = [70000]", "guard.management_ports[0]"},
+		{"[guard]\nconn_limit = 0", "guard.conn_limit"},
+		{"[guard]\npacket_burst = -1", "guard.packet_burst"},
+		{"[guard]\nport_broadcast_rate = 100000000", "guard.port_broadcast_rate"},
+	} {
+		var ke *KeyError
+		if _, err := Parse(tc.doc); !errors.As(err, &ke) || ke.Key != tc.key {
+			t.Errorf("%q: %v, want a KeyError for %s", tc.doc, err, tc.key)
+		}
 	}
 }
 

@@ -47,7 +47,21 @@ func GuardConfig(s config.GuardSection) firewall.Config {
 		VerifyInterval: s.VerifyEvery(),
 		ProcRoot:       s.ProcRoot,
 		StateDir:       s.StateDir,
+		Flood:          guardFlood(s),
 	}
+}
+
+// guardFlood is the flood part of the [guard] section (validated: every
+// value is in range).
+func guardFlood(s config.GuardSection) firewall.FloodConfig {
+	ports := make([]uint16, 0, len(s.ManagementPorts))
+	for _, p := range s.ManagementPorts {
+		ports = append(ports, uint16(p))
+	}
+	return firewall.FloodConfig{ManagementPorts: ports, ConnLimit: uint32(s.ConnLimit),
+		PacketRate: uint32(s.PacketRate), PacketBurst: uint32(s.PacketBurst),
+		PortARPRate: uint32(s.PortARPRate), PortARPBurst: uint32(s.PortARPBurst),
+		PortBroadcastRate: uint32(s.PortBroadcastRate), PortBroadcastBurst: uint32(s.PortBroadcastBurst)}
 }
 
 // HaltConfig turns the [halt] section into the halt's configuration.
