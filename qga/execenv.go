@@ -6,10 +6,12 @@ package qga
 // qemu-ga hands guest-exec's env list to g_spawn_async_with_pipes as the
 // child's whole envp: without the list the child inherits the agent's own
 // environment, with it the child gets exactly the list, not merged with
-// the agent's (qga/commands.c, qmp_guest_exec: envp =
-// guest_exec_get_args(env, false), spawned with G_SPAWN_SEARCH_PATH |
+// the agent's (QEMU qga/commands.c, qmp_guest_exec: "envp = has_env ?
+// guest_exec_get_args(env, false) : NULL", spawned with
+// G_SPAWN_SEARCH_PATH | G_SPAWN_DO_NOT_REAP_CHILD |
 // G_SPAWN_SEARCH_PATH_FROM_ENVP, so the program is looked up in the PATH
-// of the list). So every guest-exec the client sends carries a whole
+// of the list; GLib's g_spawn_async_with_pipes gives the child the
+// parent's environment only for a NULL envp). So every guest-exec the client sends carries a whole
 // environment: BaseEnv, plus the exec's tag on the tagged direct path;
 // the wrapper adds the request's Env (and for User, HOME, USER and
 // LOGNAME) on top of it.
