@@ -77,24 +77,42 @@ type Transfer struct {
 	px Proxmox
 	o  Options
 
-	mu    sync.Mutex
-	slots map[int]chan struct{} // one transfer per VM at a time: slot choice and attach
+	mu    sync.Mutex      // guards slots
+	slots map[int]*vmSlot // one transfer per VM at a time: slot choice and attach
+}
+
+// vmSlot is one VM's transfer lock and the number of its holder and
+// waiters; the entry goes when the last of them leaves, so nothing is kept
+// about a VMID between transfers (Proxmox gives a freed VMID to the next
+// clone).
+type vmSlot struct {
+	ch   chan struct{}
+	refs int
 }
 
 // lockVM serializes transfers to one VM (two would pick the same free
 // slot, and setting a used slot replaces that disk).
 func (t *Transfer) lockVM(ctx context.Context, vmid int) (func(), error) {
 	t.mu.Lock()
-	ch := t.slots[vmid]
-	if ch == nil {
-		ch = make(chan struct{}, 1)
-		t.slots[vmid] = ch
+	sl := t.slots[vmid]
+	if sl == nil {
+		sl = &vmSlot{ch: make(chan struct{}, 1)}
+		t.slots[vmid] = sl
 	}
+	sl.refs++
 	t.mu.Unlock()
+	leave := func() {
+		t.mu.Lock()
+		if sl.refs--; sl.refs == 0 {
+			delete(t.slots, vmid)
+		}
+		t.mu.Unlock()
+	}
 	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
+	case sl.ch <- struct{}{}:
+		return func() { <-sl.ch; leave() }, nil
 	case <-ctx.Done():
+		leave()
 		return nil, fmt.Errorf("disk transfer: wait for the VM's other transfer: %w", ctx.Err())
 	}
 }
@@ -110,7 +128,7 @@ func New(px Proxmox, o Options) *Transfer {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Transfer{px: px, o: o, slots: map[int]chan struct{}{}}
+	return &Transfer{px: px, o: o, slots: map[int]*vmSlot{}}
 }
 
 // Exit codes of the guest scripts.

@@ -283,6 +283,13 @@ func TestOneTransferPerVM(t *testing.T) {
 	if err := tr.Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
 		t.Fatalf("lock not released after a transfer: %v", err)
 	}
+	// Nothing is kept about a VMID between transfers (issue 34).
+	tr.mu.Lock()
+	left := len(tr.slots)
+	tr.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d VM locks kept after every transfer ended", left)
+	}
 }
 
 // followingGuest plays uploadScript: it follows the progress record in

@@ -124,8 +124,6 @@ type Client struct {
 	mu    sync.Mutex
 	locks map[string]*vmLock
 
-	envs envCache // the agent environment per socket (tagged exec)
-
 	buffered atomic.Int64 // bytes currently held in reply buffers
 	peak     atomic.Int64 // high-water mark of buffered
 }

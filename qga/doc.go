@@ -94,17 +94,20 @@
 //     limit under the agent's 16 MiB capture cap; what the sandbox API's
 //     collected exec sends by default): one guest-exec with
 //     capture-output, tagged: the path is the command itself (looked up
-//     by qemu-ga in PATH), and its env is the agent's own environment plus
+//     by qemu-ga in PATH), and its env is the fixed base environment
+//     (BaseEnv: PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
+//     /sbin:/bin, HOME=/root, LANG=C.UTF-8) plus
 //     PVE_INSPECT_EXEC=<32 random hex digits>, fresh per exec. qemu-ga
 //     gives the child exactly the env list it is sent (not merged with
 //     its own) and looks the program up in that list's PATH
-//     (G_SPAWN_SEARCH_PATH_FROM_ENVP), so the base is the agent's own
-//     environment, read with one bare guest-exec of `/usr/bin/env -0` the
-//     first time a socket is used and again after a minute (so an agent
-//     restarted with another environment is seen within a minute),
-//     parsed strictly (NUL-terminated NAME=VALUE, valid UTF-8, at most 64
-//     KiB and 1024 entries) and cached on the Client per socket, one
-//     capture at a time. One process is spawned, as for a bare
+//     (G_SPAWN_SEARCH_PATH_FROM_ENVP; qga/commands.c, qmp_guest_exec).
+//     Nothing is read from the guest to build it: an earlier version
+//     captured the agent's environment with the guest's own
+//     /usr/bin/env -0 and cached it per socket path, and the next sandbox
+//     on a reused VMID ran with the previous tenant's PATH and BASH_ENV
+//     (issue 34). Every other guest-exec the client sends carries BaseEnv
+//     too, so no command inherits the agent's own environment.
+//     One process is spawned, as for a bare
 //     guest-exec; the pid is the command's own, its exit code or signal
 //     comes back unchanged. A timeout or cancellation kills every process
 //     whose /proc/PID/environ holds the exact tag entry (whole
@@ -133,8 +136,8 @@
 //     the tagged processes that hold one of the agent's pipes; the result
 //     (the command's own status) follows at once. Background processes
 //     that redirected their output are left running, as on the other
-//     paths. When the agent's environment cannot be read or used (no
-//     /usr/bin/env, malformed, too large), the direct path runs
+//     paths. With Options.ExecOwnSession (or when the agent could not
+//     start the program), the direct path runs
 //     /usr/bin/setsid with the command as its arguments instead:
 //     util-linux setsid forks only when its caller leads a process group,
 //     and qemu-ga's children do not, so it calls setsid() and execs the
@@ -160,9 +163,8 @@
 //     cap): the wrapper execs the command and the client reads the output
 //     files while it runs, as described above.
 //
-// Limits of the guest side: the tagged direct path needs /usr/bin/env
-// (coreutils, -0) for the environment and, for its kills and background
-// checks, /bin/sh, GNU grep (-z), ls and tr, and /proc; the setsid
+// Limits of the guest side: the tagged direct path needs, for its kills
+// and background checks, /bin/sh, GNU grep (-z), ls and tr, and /proc; the setsid
 // direct path needs /usr/bin/setsid, and /bin/sh, pkill, pgrep, ls, grep
 // and tr; the wrapper needs /bin/sh, setsid, rm and head in the guest
 // (pgrep for the collected path's kill), setpriv and id for User, and

@@ -27,8 +27,9 @@ type ExecRequest struct {
 	// input travels inline in guest-exec, larger input is streamed into a
 	// guest temp file first.
 	Stdin io.Reader
-	// Env is added to (and overrides) the agent's environment. Names must
-	// be shell identifiers.
+	// Env is added to (and overrides) the base environment, BaseEnv (the
+	// agent's own environment is never used). Names must be shell
+	// identifiers.
 	Env map[string]string
 	// Cwd is the working directory ("" = the agent's, usually /).
 	Cwd string
@@ -165,7 +166,7 @@ func wrapper(r *ExecRequest, outPath, errPath, inPath string, inline bool) *scri
 // working directory, and returns the setpriv prefix (or "") and the
 // quoted command line.
 func commandSetup(s *script, r *ExecRequest) (runas, cmdline string) {
-	s.add(`PATH=${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}; export PATH`)
+	s.add(`PATH=${PATH:-%s}; export PATH`, BasePath)
 	if r.User != "" {
 		u := s.param(r.User)
 		s.add(`u=%s; g=$(id -g -- "$u" 2>/dev/null) || { echo "pve-inspect-exec: no such user: $u" >&2; exit %d; }`, u, ExitSetupFailed)
@@ -207,8 +208,13 @@ func (cn *conn) execStart(argv []string, input []byte, capture bool) (int, error
 }
 
 // execStartEnv is execStart with the command's whole environment (env nil:
-// the agent's own; qemu-ga does not merge the two).
+// BaseEnv). qemu-ga does not merge the list with its own environment, and
+// the client always sends one, so no command it starts inherits the
+// agent's environment (execenv.go).
 func (cn *conn) execStartEnv(argv, env []string, input []byte, capture bool) (int, error) {
+	if env == nil {
+		env = BaseEnv()
+	}
 	args := struct {
 		Path    string   `json:"path"`
 		Arg     []string `json:"arg,omitempty"`

@@ -18,7 +18,7 @@ import (
 // command's exit code or signal comes back from the agent unchanged.
 //
 // Tagged (the default): guest-exec runs the command itself, with the
-// agent's own environment (captured once per socket, execenv.go) plus
+// fixed base environment (BaseEnv, execenv.go) plus
 // PVE_INSPECT_EXEC=<32 random hex digits>, fresh per exec. Every process
 // the command starts inherits the entry, and a kill finds them by it: one
 // guest-exec of a sh script that SIGKILLs every process whose
@@ -37,8 +37,8 @@ import (
 // the other paths (127 or 126 and setsid's message on stderr); nothing ran
 // the first time.
 //
-// Through setsid (with Options.ExecOwnSession, or when the agent's
-// environment is unusable): guest-exec
+// Through setsid (with Options.ExecOwnSession, or when the agent could
+// not start the program on the tagged path): guest-exec, with BaseEnv,
 // runs util-linux's setsid with the command as its arguments. setsid forks
 // only when its caller leads a process group, and a child of qemu-ga does
 // not, so setsid costs an exec, not a spawn: it calls setsid() and execs
@@ -94,20 +94,20 @@ func directPlan(req *ExecRequest) bool {
 // directRun is how one direct exec is started and ended.
 type directRun struct {
 	argv []string
-	env  []string // the whole environment; nil: the agent's own
+	env  []string // the whole environment; nil: BaseEnv
 	// kill kills the command's tree; holders kills the background
 	// processes that hold the agent's pipes once the command is gone.
 	kill    func(ctx context.Context, pid int) error
 	holders func(ctx context.Context, pid int) error
 }
 
-// taggedRun runs the command itself with the agent's environment plus a
-// fresh tag; kills find the tree by the tag.
-func (a *Agent) taggedRun(req *ExecRequest, base []string) directRun {
+// taggedRun runs the command itself with BaseEnv plus a fresh tag; kills
+// find the tree by the tag.
+func (a *Agent) taggedRun(req *ExecRequest) directRun {
 	tag := randomTag() + randomTag()
 	return directRun{
 		argv:    req.Argv,
-		env:     taggedEnv(base, tag),
+		env:     taggedEnv(tag),
 		kill:    func(ctx context.Context, pid int) error { return a.killTagged(ctx, tag, pid) },
 		holders: func(ctx context.Context, pid int) error { return a.endTaggedHolders(ctx, tag, pid) },
 	}
@@ -127,26 +127,17 @@ func (a *Agent) setsidRun(req *ExecRequest) directRun {
 // start (guest-exec failed: not found, not executable, or no setsid).
 var errNotStarted = errors.New("agent did not start the program")
 
-// execDirect runs req on the direct path: tagged when the agent's
-// environment is known (captured once per socket), otherwise through
-// setsid. A program the agent cannot start on the tagged path is run
-// through setsid, which ends with setsid's 127 or 126 and its message,
-// like the wrapper; a guest without setsid gets the wrapper's collected
-// path.
+// execDirect runs req on the direct path: tagged, or through setsid with
+// Options.ExecOwnSession. A program the agent cannot start on the tagged
+// path is run through setsid, which ends with setsid's 127 or 126 and its
+// message, like the wrapper; a guest without setsid gets the wrapper's
+// collected path.
 func (a *Agent) execDirect(ctx context.Context, req *ExecRequest, limit int64) (*ExecResult, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
-	var env []string
 	if !a.c.opts.ExecOwnSession {
-		var err error
-		env, err = a.agentEnv(ctx)
-		if err != nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("qga exec: %w", err)
-		}
-	}
-	if env != nil {
-		res, err := a.execCaptured(ctx, req, limit, a.taggedRun(req, env))
+		res, err := a.execCaptured(ctx, req, limit, a.taggedRun(req))
 		if !errors.Is(err, errNotStarted) {
 			return res, err
 		}

@@ -62,7 +62,6 @@ type execAgent struct {
 	started []execCall
 	refuse  map[string]bool // guest-exec of these paths fails like a missing program
 	status  string          // the guest-exec-status return value of the command
-	env     string          // the guest-exec-status return value of `env -0`
 }
 
 // execCall is one guest-exec the fake agent was asked for.
@@ -71,14 +70,11 @@ type execCall struct {
 	env  []string // nil: none given
 }
 
-const (
-	envPID = 7  // the fake pid of `env -0`
-	cmdPID = 42 // the fake pid of anything else
-)
+// cmdPID is the fake pid of every command.
+const cmdPID = 42
 
 func newExecAgent(t *testing.T, status string) *execAgent {
-	e := &execAgent{fakeAgent: newFakeAgent(t), status: status, refuse: map[string]bool{},
-		env: `{"exited": true, "exitcode": 0, "out-data": "` + base64.StdEncoding.EncodeToString([]byte("PATH=/bin\x00LANG=C\x00")) + `"}`}
+	e := &execAgent{fakeAgent: newFakeAgent(t), status: status, refuse: map[string]bool{}}
 	e.setHandler(func(c net.Conn, cmd string, id, args json.RawMessage) bool {
 		switch cmd {
 		case "guest-exec":
@@ -91,25 +87,14 @@ func newExecAgent(t *testing.T, status string) *execAgent {
 			e.started = append(e.started, execCall{a.Path, a.Env})
 			refused := e.refuse[a.Path]
 			e.mu.Unlock()
-			pid := cmdPID
-			switch {
-			case refused:
+			if refused {
 				reply(c, `{"error": {"class": "GenericError", "desc": "Guest agent command failed, error was 'Failed to execute child process “`+a.Path+`” (No such file or directory)'"}, "id": `+string(id)+"}\n")
 				return true
-			case a.Path == envProgram:
-				pid = envPID
 			}
-			reply(c, `{"return": {"pid": `+strconv.Itoa(pid)+`}, "id": `+string(id)+"}\n")
+			reply(c, `{"return": {"pid": `+strconv.Itoa(cmdPID)+`}, "id": `+string(id)+"}\n")
 		case "guest-exec-status":
-			var a struct {
-				PID int `json:"pid"`
-			}
-			json.Unmarshal(args, &a)
 			e.mu.Lock()
 			st := e.status
-			if a.PID == envPID {
-				st = e.env
-			}
 			e.mu.Unlock()
 			reply(c, `{"return": `+st+`, "id": `+string(id)+"}\n")
 		default:
@@ -140,138 +125,54 @@ func paths(calls []execCall) []string {
 
 var tagEntry = regexp.MustCompile(`^` + envTagName + `=[0-9a-f]{32}$`)
 
-// TestExecDirectPathChoice: the direct exec reads the agent's environment
-// once, then runs the command itself with that environment plus a fresh
-// tag; when the environment is unusable it takes the setsid path, when the
-// agent cannot start the program it retries through setsid (for 127/126),
-// and without setsid it takes the wrapper's collected path.
+// TestExecDirectPathChoice: the direct exec runs the command itself with
+// BaseEnv plus a fresh tag and reads nothing from the guest first; when
+// the agent cannot start the program it retries through setsid (for
+// 127/126), and without setsid it takes the wrapper's collected path.
+// Every guest-exec carries a whole environment: the tagged command
+// BaseEnv and its tag, everything else BaseEnv.
 func TestExecDirectPathChoice(t *testing.T) {
 	t.Parallel()
-	b64 := base64.StdEncoding.EncodeToString
-	malformed := func(out string) string {
-		return `{"exited": true, "exitcode": 0, "out-data": "` + b64([]byte(out)) + `"}`
-	}
 	tests := []struct {
 		name   string
-		env    string   // "" = the default good environment
 		refuse []string // programs the agent cannot start
-		first  []string // programs started by the first exec
-		again  []string // by a second exec on the same client
-		tagged bool     // the command got the agent's environment plus a tag
+		want   []string // programs started by each exec
+		tagged bool     // the command got BaseEnv plus a tag
 		own    bool     // Options.ExecOwnSession
 	}{
-		{name: "tagged", first: []string{envProgram, "x"}, again: []string{"x"}, tagged: true},
-		{name: "no env program", refuse: []string{envProgram}, first: []string{envProgram, setsidPath}, again: []string{setsidPath}},
-		{name: "env fails", env: `{"exited": true, "exitcode": 1}`, first: []string{envProgram, setsidPath}, again: []string{setsidPath}},
-		{name: "env not NUL-terminated", env: malformed("A=1"), first: []string{envProgram, setsidPath}, again: []string{setsidPath}},
-		{name: "env entry without =", env: malformed("A=1\x00B\x00"), first: []string{envProgram, setsidPath}, again: []string{setsidPath}},
-		{name: "env bad base64", env: `{"exited": true, "exitcode": 0, "out-data": "!!"}`, first: []string{envProgram, setsidPath}, again: []string{setsidPath}},
-		{name: "program not found", refuse: []string{"x"}, first: []string{envProgram, "x", setsidPath}, again: []string{"x", setsidPath}, tagged: true},
-		{name: "program and setsid not found", refuse: []string{"x", setsidPath}, first: []string{envProgram, "x", setsidPath, "/bin/sh"}, again: []string{"x", setsidPath, "/bin/sh"}, tagged: true},
-		{name: "own session: setsid, no environment read", own: true, first: []string{setsidPath}, again: []string{setsidPath}},
-		{name: "own session without setsid: the wrapper", own: true, refuse: []string{setsidPath}, first: []string{setsidPath, "/bin/sh"}, again: []string{setsidPath, "/bin/sh"}},
+		{name: "tagged", want: []string{"x"}, tagged: true},
+		{name: "program not found", refuse: []string{"x"}, want: []string{"x", setsidPath}, tagged: true},
+		{name: "program and setsid not found", refuse: []string{"x", setsidPath}, want: []string{"x", setsidPath, "/bin/sh"}, tagged: true},
+		{name: "own session: setsid", own: true, want: []string{setsidPath}},
+		{name: "own session without setsid: the wrapper", own: true, refuse: []string{setsidPath}, want: []string{setsidPath, "/bin/sh"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			e := newExecAgent(t, `{"exited": true, "exitcode": 0}`)
-			if tt.env != "" {
-				e.env = tt.env
-			}
 			for _, p := range tt.refuse {
 				e.refuse[p] = true
 			}
 			opts := hostileOptions()
 			opts.ExecOwnSession = tt.own
 			a := New(opts).Agent(e.Socket)
-			for i, want := range [][]string{tt.first, tt.again} {
+			for i := range 2 {
 				res, err := a.Exec(context.Background(), ExecRequest{Argv: []string{"x"}})
 				if err != nil || res.ExitCode != 0 {
 					t.Fatalf("exec %d: got %+v, %v", i, res, err)
 				}
 				calls := e.calls()
-				if got := paths(calls); !slices.Equal(got, want) {
-					t.Fatalf("exec %d started %q, want %q", i, got, want)
+				if got := paths(calls); !slices.Equal(got, tt.want) {
+					t.Fatalf("exec %d started %q, want %q", i, got, tt.want)
 				}
 				for _, c := range calls {
-					tagged := c.path == "x" && len(c.env) == 3 && c.env[0] == "PATH=/bin" && c.env[1] == "LANG=C" && tagEntry.MatchString(c.env[2])
+					base := BaseEnv()
+					tagged := c.path == "x" && len(c.env) == len(base)+1 && slices.Equal(c.env[:len(base)], base) && tagEntry.MatchString(c.env[len(base)])
 					switch {
-					case c.path == "x" && tt.tagged != tagged, c.path != "x" && c.env != nil:
+					case c.path == "x" && tt.tagged != tagged, c.path != "x" && !slices.Equal(c.env, base):
 						t.Fatalf("exec %d: %s got env %q", i, c.path, c.env)
 					}
 				}
-			}
-		})
-	}
-}
-
-// TestAgentEnvCache: concurrent first execs on one socket read the agent's
-// environment once; every exec gets a tag of its own.
-func TestAgentEnvCache(t *testing.T) {
-	t.Parallel()
-	e := newExecAgent(t, `{"exited": true, "exitcode": 0}`)
-	c := New(hostileOptions())
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := c.Agent(e.Socket).Exec(context.Background(), ExecRequest{Argv: []string{"x"}}); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
-	calls := e.calls()
-	tags := map[string]bool{}
-	envs := 0
-	for _, call := range calls {
-		if call.path == envProgram {
-			envs++
-			continue
-		}
-		tags[call.env[len(call.env)-1]] = true
-	}
-	if envs != 1 || len(tags) != 8 {
-		t.Fatalf("%d env captures and %d distinct tags for 8 execs, want 1 and 8 (%q)", envs, len(tags), paths(calls))
-	}
-}
-
-// TestParseAgentEnv: the agent's environment is accepted only as a strict
-// list of NUL-terminated NAME=VALUE entries within the bounds.
-func TestParseAgentEnv(t *testing.T) {
-	t.Parallel()
-	big := strings.Repeat("A=1\x00", maxAgentEnvVars+1)
-	tests := []struct {
-		name string
-		in   string
-		want []string // nil = rejected
-	}{
-		{"empty", "", []string{}},
-		{"two", "PATH=/usr/bin:/bin\x00LANG=C.UTF-8\x00", []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8"}},
-		{"empty value and = in value", "A=\x00B=x=y\x00", []string{"A=", "B=x=y"}},
-		{"duplicates kept in order", "A=1\x00A=2\x00", []string{"A=1", "A=2"}},
-		{"newline in value", "A=a\nb\x00", []string{"A=a\nb"}},
-		{"old tag dropped", "A=1\x00" + envTagName + "=abc\x00", []string{"A=1"}},
-		{"not NUL-terminated", "A=1", nil},
-		{"empty entry", "A=1\x00\x00", nil},
-		{"no =", "A\x00", nil},
-		{"empty name", "=x\x00", nil},
-		{"invalid UTF-8", "A=\xff\x00", nil},
-		{"too many entries", big, nil},
-		{"too large", "A=" + strings.Repeat("x", maxAgentEnvBytes) + "\x00", nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseAgentEnv([]byte(tt.in))
-			if tt.want == nil {
-				if !errors.Is(err, errAgentEnv) {
-					t.Fatalf("got %q, %v; want errAgentEnv", got, err)
-				}
-				return
-			}
-			if err != nil || !slices.Equal(got, tt.want) {
-				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
 			}
 		})
 	}
@@ -322,8 +223,8 @@ func TestExecDirectReplies(t *testing.T) {
 				res.StdoutTruncated != tt.outTrunc || res.StderrTruncated != tt.errTrunc || res.StdoutBytes != int64(len(tt.stdout)) {
 				t.Fatalf("got %+v", res)
 			}
-			if got := paths(e.calls()); !slices.Equal(got, []string{envProgram, "x"}) {
-				t.Fatalf("started %q, want env, then the command itself", got)
+			if got := paths(e.calls()); !slices.Equal(got, []string{"x"}) {
+				t.Fatalf("started %q, want the command itself", got)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package qga
 
 import (
 	"context"
+	"encoding/base64"
 	"slices"
 	"strings"
 	"sync"
@@ -17,35 +18,136 @@ func envList(b []byte) []string {
 	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 }
 
+// TestBaseEnv: the base environment is exactly the documented PATH, HOME
+// and LANG, and every call returns a list of its own (a caller appending
+// to or changing one cannot change the next exec's).
+func TestBaseEnv(t *testing.T) {
+	t.Parallel()
+	want := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/root",
+		"LANG=C.UTF-8",
+	}
+	first := BaseEnv()
+	if !slices.Equal(first, want) {
+		t.Fatalf("BaseEnv() = %q, want %q", first, want)
+	}
+	first[0] = "PATH=/opt/a-bin"
+	_ = append(first[:1], "BASH_ENV=/tmp/a.sh")
+	if got := BaseEnv(); !slices.Equal(got, want) {
+		t.Fatalf("after changing an earlier result, BaseEnv() = %q", got)
+	}
+	tagged := taggedEnv("0123")
+	if !slices.Equal(tagged, append(want, envTagName+"=0123")) {
+		t.Fatalf("taggedEnv = %q", tagged)
+	}
+}
+
+// TestExecEnvNotFromGuest: every guest-exec the client sends carries a
+// whole environment fixed on the client's side, whatever the guest
+// prints: a guest whose every command prints an `env -0` list naming
+// another PATH and a BASH_ENV (as a replaced /usr/bin/env did in issue
+// 34) changes nothing, on the first exec or the next, on one client or a
+// new agent for the same socket (a VMID reused by the next sandbox), on
+// each path an exec takes.
+func TestExecEnvNotFromGuest(t *testing.T) {
+	t.Parallel()
+	hostile := "PATH=/opt/a-bin\x00BASH_ENV=/tmp/a.sh\x00http_proxy=http://a.example:3128\x00"
+	status := `{"exited": true, "exitcode": 0, "out-data": "` + base64.StdEncoding.EncodeToString([]byte(hostile)) + `"}`
+	base := BaseEnv()
+	tests := []struct {
+		name string
+		req  ExecRequest
+		own  bool
+		// want is the environment of the guest-exec that runs the
+		// command (its path is cmd); tagged adds a tag entry.
+		cmd    string
+		tagged bool
+	}{
+		{name: "argv only: tagged direct", req: ExecRequest{Argv: []string{"bash", "-c", "true"}}, cmd: "bash", tagged: true},
+		{name: "argv only, own session: setsid", req: ExecRequest{Argv: []string{"env"}}, own: true, cmd: setsidPath},
+		{name: "env: wrapper", req: ExecRequest{Argv: []string{"env"}, Env: map[string]string{"A": "b"}}, cmd: "/bin/sh"},
+		{name: "cwd: wrapper", req: ExecRequest{Argv: []string{"env"}, Cwd: "/tmp"}, cmd: "/bin/sh"},
+		{name: "user: wrapper", req: ExecRequest{Argv: []string{"env"}, User: "nobody"}, cmd: "/bin/sh"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := newExecAgent(t, status)
+			opts := hostileOptions()
+			opts.ExecOwnSession = tt.own
+			for i, c := range []*Client{New(opts), New(opts)} {
+				for j := range 2 {
+					if _, err := c.Agent(e.Socket).Exec(context.Background(), tt.req); err != nil {
+						t.Fatalf("client %d exec %d: %v", i, j, err)
+					}
+					calls := e.calls()
+					if len(calls) != 1 || calls[0].path != tt.cmd {
+						t.Fatalf("client %d exec %d started %q, want only %s", i, j, paths(calls), tt.cmd)
+					}
+					env := calls[0].env
+					if tt.tagged {
+						if len(env) != len(base)+1 || !tagEntry.MatchString(env[len(base)]) {
+							t.Fatalf("client %d exec %d: env %q, want BaseEnv and a tag", i, j, env)
+						}
+						env = env[:len(base)]
+					}
+					if !slices.Equal(env, base) {
+						t.Fatalf("client %d exec %d: env %q, want %q", i, j, env, base)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestExecTaggedEnv: on the real agent, the command of a direct exec sees
-// exactly what qemu-ga gives a bare guest-exec plus the tag, and each exec
-// gets its own tag.
+// exactly BaseEnv plus its tag (nothing of the agent's own environment),
+// each exec a tag of its own; the setsid path sees exactly BaseEnv; the
+// wrapper adds the request's env to it.
 func TestExecTaggedEnv(t *testing.T) {
 	g := startGuest(t)
-	a := New(Options{}).Agent(g.Socket)
 	ctx := testCtx(t, time.Minute)
-	bare, err := a.run(ctx, []string{envProgram, "-0"})
-	if err != nil || bare.ExitCode != 0 {
-		t.Fatalf("bare env -0: %+v %v", bare, err)
-	}
-	want := envList(bare.Stdout)
-	if len(want) == 0 {
-		t.Fatal("the agent's environment is empty; the test would prove little")
-	}
+	base := BaseEnv()
 	tags := map[string]bool{}
+	a := New(Options{}).Agent(g.Socket)
 	for i := range 2 {
 		res, err := a.Exec(ctx, ExecRequest{Argv: []string{"env", "-0"}})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("exec %d: %+v %v", i, res, err)
 		}
 		got := envList(res.Stdout)
-		if len(got) != len(want)+1 || !slices.Equal(got[:len(want)], want) || !tagEntry.MatchString(got[len(want)]) {
-			t.Fatalf("exec %d: command saw %q, want %q plus the tag", i, got, want)
+		if len(got) != len(base)+1 || !slices.Equal(got[:len(base)], base) || !tagEntry.MatchString(got[len(base)]) {
+			t.Fatalf("exec %d: command saw %q, want %q plus the tag", i, got, base)
 		}
-		tags[got[len(want)]] = true
+		tags[got[len(base)]] = true
 	}
 	if len(tags) != 2 {
 		t.Fatalf("two execs shared a tag: %v", tags)
+	}
+	own := New(Options{ExecOwnSession: true}).Agent(g.Socket)
+	res, err := own.Exec(ctx, ExecRequest{Argv: []string{"env", "-0"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("setsid path: %+v %v", res, err)
+	}
+	if got := envList(res.Stdout); !slices.Equal(got, base) {
+		t.Fatalf("setsid path: command saw %q, want %q", got, base)
+	}
+	res, err = a.Exec(ctx, ExecRequest{Argv: []string{"env", "-0"}, Env: map[string]string{"A": "b", "PATH": "/usr/bin:/bin"}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("wrapper: %+v %v", res, err)
+	}
+	got := envList(res.Stdout)
+	for _, w := range []string{"A=b", "PATH=/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8"} {
+		if !slices.Contains(got, w) {
+			t.Fatalf("wrapper: command saw %q, want %s in it", got, w)
+		}
+	}
+	for _, e := range got {
+		name, _, _ := strings.Cut(e, "=")
+		if !slices.Contains([]string{"A", "PATH", "HOME", "LANG", "PWD", "SHLVL", "_"}, name) {
+			t.Fatalf("wrapper: command saw %q: %s is neither the base, the request's nor the shell's", got, e)
+		}
 	}
 }
 
@@ -82,25 +184,5 @@ func TestExecTaggedTimeoutKillsEscapees(t *testing.T) {
 	}
 	if !guestHasNo(t, a, "sleep") {
 		t.Fatal("sleep processes survived the timeout")
-	}
-}
-
-// TestExecTaggedCancelWhileCapturing: an exec whose context ends while it
-// waits for another caller's capture of the environment gives up with
-// the context's error.
-func TestExecTaggedCancelWhileCapturing(t *testing.T) {
-	t.Parallel()
-	e := newExecAgent(t, `{"exited": true, "exitcode": 0}`)
-	a := New(hostileOptions()).Agent(e.Socket)
-	entry := a.c.envs.entry(a.socket)
-	entry.fill <- struct{}{} // a capture under way
-	defer func() { <-entry.fill }()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if _, err := a.Exec(ctx, ExecRequest{Argv: []string{"x"}}); err == nil || ctx.Err() == nil {
-		t.Fatalf("got %v, want the context's error", err)
-	}
-	if got := e.calls(); len(got) != 0 {
-		t.Fatalf("started %q while the capture was held", paths(got))
 	}
 }

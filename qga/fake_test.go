@@ -108,7 +108,8 @@ func (f *fakeAgent) serve(c net.Conn) {
 				break
 			}
 		}
-		cc := &countingConn{Conn: c, f: f, inflight: true}
+		cc := &countingConn{Conn: c, f: f}
+		cc.inflight.Store(true)
 		ok := f.dispatch(cc, &req, h, s)
 		cc.done()
 		if !ok {
@@ -118,16 +119,17 @@ func (f *fakeAgent) serve(c net.Conn) {
 }
 
 // countingConn ends the command's in-flight count before the first byte of
-// the reply goes out (the client may act on the reply at once).
+// the reply goes out (the client may act on the reply at once). A handler
+// may write from a goroutine of its own (flood) while serve ends the
+// command: inflight is atomic.
 type countingConn struct {
 	net.Conn
 	f        *fakeAgent
-	inflight bool
+	inflight atomic.Bool
 }
 
 func (c *countingConn) done() {
-	if c.inflight {
-		c.inflight = false
+	if c.inflight.CompareAndSwap(true, false) {
 		c.f.active.Add(-1)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"net"
 	"os"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -119,40 +118,6 @@ func FuzzExecStatus(f *testing.F) {
 		if full, _ := base64.StdEncoding.DecodeString(st.OutData); len(full) > int(limit) && !res.StdoutTruncated ||
 			!bytes.HasPrefix(full, res.Stdout) {
 			t.Fatalf("stdout %q of %q not flagged or not a prefix", res.Stdout, full)
-		}
-	})
-}
-
-// FuzzParseAgentEnv: whatever the guest's `env -0` prints, the parser
-// returns entries that are each a non-empty name, "=" and a value, valid
-// UTF-8 without NUL, in their order in the input, within the bounds and
-// never the tag, or errAgentEnv; it never panics.
-func FuzzParseAgentEnv(f *testing.F) {
-	f.Add([]byte("PATH=/usr/bin\x00LANG=C\x00"))
-	f.Add([]byte("A=1\x00" + envTagName + "=x\x00=\x00"))
-	f.Add([]byte("A=\xff\x00"))
-	f.Fuzz(func(t *testing.T, in []byte) {
-		env, err := parseAgentEnv(in)
-		if err != nil {
-			if !errors.Is(err, errAgentEnv) || env != nil {
-				t.Fatalf("got %q, %v", env, err)
-			}
-			return
-		}
-		if len(in) > maxAgentEnvBytes || len(env) > maxAgentEnvVars {
-			t.Fatalf("accepted %d bytes, %d entries", len(in), len(env))
-		}
-		rest := string(in)
-		for _, e := range env {
-			name, _, ok := strings.Cut(e, "=")
-			if !ok || name == "" || name == envTagName || strings.IndexByte(e, 0) >= 0 || !utf8.ValidString(e) {
-				t.Fatalf("bad entry %q", e)
-			}
-			i := strings.Index(rest, e+"\x00")
-			if i < 0 || (i > 0 && rest[i-1] != 0) {
-				t.Fatalf("entry %q is not a whole entry of the input, in order", e)
-			}
-			rest = rest[i+len(e)+1:]
 		}
 	})
 }

@@ -73,4 +73,104 @@
 //     ring's own lock: readers copy what they have not seen under it and
 //     filter outside it. No reader's filter, however many streams there
 //     are, holds up a publish, and no publish holds up the engine.
+//
+// # What is kept about an instance
+//
+// Proxmox hands a freed VMID to the next clone, and with it the agent
+// socket path (<QGADir>/<vmid>.qga) and the tap names (tap<vmid>i<n>); an
+// auto CIDR freed by a delete is handed to the next sandbox, and with it
+// its addresses. So nothing the daemon keeps about a VM or sandbox may be
+// found again by a VMID, socket path or address alone once the instance is
+// gone (issue 34: a per-socket exec environment cache ran one tenant's
+// PATH and BASH_ENV in the next tenant's VM). An instance is a sandbox
+// record: its id is random ("sb" and 6 characters), never that of a live
+// sandbox or pool member, and the zone, vnets, VM names and tags derive
+// from it. The audit of every such cache, pool, counter and record, as
+// "what: keyed by; dropped when (file)":
+//
+// The engine (this package):
+//   - Sandbox records, Engine.sbx: by sandbox id; removed by forget in the
+//     same critical section as the record's health track, when a delete
+//     or a failed create ends (engine.go, delete.go, create.go).
+//   - Pool members, Engine.members: by member id; removed when a member is
+//     retired (forgetMember), or moved to Engine.sbx by a claim, keeping
+//     its id, so what was keyed by that id during the pool period (egress
+//     denials, below) meets the claimer (pool.go, poolrefill.go).
+//   - State-file records: by sandbox id, each with its VMIDs; the file is
+//     rewritten on every change and a record goes with forget or
+//     forgetMember; after a restart a VM is adopted only when its Proxmox
+//     tags name the sandbox id (pvei-s-<id>), never by VMID alone
+//     (statefile.go, reconcile.go).
+//   - Reserved VMIDs, Engine.reserved: by VMID, only between NextID and the
+//     clone that takes it (create.go).
+//   - Health tracks, healthMonitor.sb (health, agent silence, OOM
+//     baseline, expiry and denial event state): by sandbox id and VM name,
+//     made only while Engine.sbx holds the round's very record; dropped
+//     with the record (forget), and by the next round for any sandbox no
+//     longer ready; a round that overlaps the delete neither remakes nor
+//     folds into a dropped track (health.go).
+//   - Per-sandbox series, pve_inspect_sandbox_vm_* (labels sandbox, vm,
+//     vmid, owner): collected from the health tracks, gone with them
+//     (healthmetrics.go). The engine's other series are by state, cap or
+//     pool shape, never by instance (metrics.go, pool.go).
+//   - Health holds, healthMonitor.held, and busy marks, vmBusy.by: by VMID,
+//     but only inside an operation begun with Begin (a rollback, a
+//     snapshot, a disk transfer); a delete cancels and waits for the
+//     sandbox's operations before it stops a VM, so both are released
+//     before the VMID can be freed (health.go, disktransfer.go, ops.go).
+//   - Events: a bounded ring (HealthOptions.EventBuffer), each event naming
+//     its sandbox id and owner; not dropped by a delete, aged out by newer
+//     events; a filter by sandbox id never matches the next sandbox on the
+//     VMID (events.go).
+//
+// The guest agent client (qga):
+//   - Per-socket locks, Client.locks: by socket path, no data; an entry
+//     lives while a call holds or waits for it. The calls of an operation
+//     end before the delete stops the VM; a health ping that overlaps a
+//     delete is bounded by HealthOptions.PingTimeout and its answer lands
+//     in a dropped track (client.go).
+//   - Exec environments: none. The base environment of every command is
+//     fixed on the daemon's side (qga.BaseEnv: PATH, HOME=/root,
+//     LANG=C.UTF-8, plus the request's env); nothing a guest prints
+//     becomes part of another call (execenv.go).
+//   - Reply buffers, BufferedBytes: a node-wide count, no key.
+//
+// Disk transfers (diskxfer): one lock per VM, Transfer.slots: by VMID, no
+// data; an entry lives while a transfer holds or waits for it
+// (diskxfer.go).
+//
+// The API (sandboxapi): exec and file slots and the collected-output
+// budget are held for the duration of one call and keyed by no instance
+// (server.go); the per-owner shares of issue 34 count by owner.
+//
+// Egress (firewall/egress, listed here, changed there):
+//   - Registry.zones (policy, owner, bridges): by zone (= sandbox id);
+//     removed by the sandbox's delete (removeEgress) (registry.go).
+//   - Registry.learned and the kernel's learned set elements: by guest
+//     interface (the zone's bridges, vnet names from the sandbox id);
+//     dropped at every policy change and removal (changedLocked,
+//     Guard.Forget) (registry.go).
+//   - Registry.gen: by guest interface; never dropped (one counter per
+//     bridge name ever seen) (registry.go).
+//   - Denials.recent: by sandbox id; dropped with the sandbox's policy
+//     (the daemon's Egress.Remove calls Forget). The counter
+//     pve_inspect_egress_denied_total{sandbox,reason}: by sandbox id,
+//     never deleted (finding 6). Pool-period denials are kept under the
+//     member's id and so show to the claimer (finding 6) (denials.go).
+//   - KernelDrops.ifs and .dests: by interface name (and address); rebuilt
+//     from the kernel's counters on every poll (2 s), attributed to the
+//     owner of the interface at poll time (kernel.go).
+//   - The proxy's live connections, proxy.live: by guest interface, cut at
+//     every policy change; its quota, by owner, released per connection
+//     (proxy.go, quota.go).
+//   - LeaseNames.cache (names guests took by DHCP): by zone (= sandbox
+//     id); re-read when the lease file changes, nothing when it is gone,
+//     never dropped (zonenames.go).
+//
+// DHCP leases and names of a reused address: each sandbox has its own
+// zone, named by its id, so its own dnsmasq instance and lease file
+// (Proxmox SDN's dnsmasq plugin, one instance per zone); a reused CIDR
+// meets a fresh zone. Its IPAM entries go with the subnets at teardown
+// (Proxmox refuses a subnet delete while IPAM holds entries in it:
+// e2e TestEmulatorIPAMEntriesBlockSubnetDelete).
 package sandbox

@@ -352,10 +352,12 @@ func (m *Engine) setState(id, state, msg string) {
 	}
 }
 
-// forget drops a sandbox from the table and saves the state file.
+// forget drops a sandbox from the table, with its health track (its
+// health, series and event state), and saves the state file.
 func (m *Engine) forget(id string) {
 	m.mu.Lock()
 	delete(m.sbx, id)
+	m.dropTrackLocked(id)
 	m.updateGaugesLocked()
 	m.mu.Unlock()
 	if err := m.saveState(); err != nil {

@@ -273,6 +273,10 @@ type sbView struct {
 	id, owner, zone string
 	expires         time.Time
 	vms             []apitype.VM
+	// rec is the sandbox's record: the instance. A track is made only
+	// while m.sbx still holds this very record (checkSandbox), so a round
+	// that overlaps a delete never brings a dropped track back.
+	rec *record
 }
 
 // CheckHealth checks every ready sandbox's VMs once, updates their
@@ -285,7 +289,7 @@ func (m *Engine) CheckHealth(ctx context.Context) {
 	var views []sbView
 	for id, r := range m.sbx {
 		if r.State == apitype.StateReady {
-			views = append(views, sbView{id: id, owner: r.Owner, zone: r.Zone, expires: r.ExpiresAt, vms: slices.Clone(r.VMs)})
+			views = append(views, sbView{id: id, owner: r.Owner, zone: r.Zone, expires: r.ExpiresAt, vms: slices.Clone(r.VMs), rec: r})
 		}
 	}
 	m.mu.Unlock()
@@ -302,6 +306,16 @@ func (m *Engine) CheckHealth(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+}
+
+// dropTrackLocked forgets sandbox id's track (its health, its series and
+// the state of its events) at once; call with m.mu held, in the same
+// critical section that removes the record from m.sbx.
+func (m *Engine) dropTrackLocked(id string) {
+	hm := m.health
+	hm.mu.Lock()
+	delete(hm.sb, id)
+	hm.mu.Unlock()
 }
 
 // dropTracks forgets the tracks of sandboxes not in views.
@@ -324,6 +338,11 @@ func (m *Engine) dropTracks(views []sbView) {
 func (m *Engine) checkSandbox(ctx context.Context, v sbView) {
 	hm := m.health
 	now := m.o.Now()
+	m.mu.Lock() // Engine.mu before the monitor's leaf mutex
+	if m.sbx[v.id] != v.rec {
+		m.mu.Unlock()
+		return // deleted since the round began: its track is gone for good
+	}
 	hm.mu.Lock()
 	t, ok := hm.sb[v.id]
 	if !ok {
@@ -336,6 +355,7 @@ func (m *Engine) checkSandbox(ctx context.Context, v sbView) {
 		}
 	}
 	hm.mu.Unlock()
+	m.mu.Unlock()
 
 	results := make([]vmCheck, len(v.vms))
 	var wg sync.WaitGroup
@@ -344,8 +364,11 @@ func (m *Engine) checkSandbox(ctx context.Context, v sbView) {
 		go func() { defer wg.Done(); results[i] = m.checkVM(ctx, vm) }()
 	}
 	wg.Wait()
-	if ctx.Err() != nil {
-		return
+	hm.mu.Lock()
+	current := hm.sb[v.id] == t
+	hm.mu.Unlock()
+	if ctx.Err() != nil || !current {
+		return // ended, or the sandbox was deleted during the checks
 	}
 	now = m.o.Now()
 	changed, h := m.fold(v, t, results, now)

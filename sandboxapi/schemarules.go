@@ -32,6 +32,20 @@ const execRulesText = "Rules JSON Schema cannot say: argv[0] is not empty; the a
 	"in all; without Accept: application/x-ndjson (streaming) output_limit is at most %d (each stream is " +
 	"collected into the answer)."
 
+// execEnvText describes an exec's env: what it is added to. The base is
+// qga.BaseEnv (qga/execenv.go); TestExecEnvDescribed holds the two equal.
+const execEnvText = "Added to (and overriding) the command's base environment, which is exactly " +
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin, HOME=/root (with user: that user's " +
+	"home directory, or /) and LANG=C.UTF-8: nothing of the guest agent's own environment and nothing " +
+	"read from the guest."
+
+// execEnvRule is ExecRequest.env: identifiers to NUL-free values, described.
+func execEnvRule() map[string]any {
+	r := keyedBy(maxEnv, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`})
+	r["description"] = execEnvText
+	return r
+}
+
 // keyedBy is an object of at most maxProps keys, each matching keyPattern,
 // with values matching value: patternProperties with additionalProperties
 // false, not propertyNames, which OpenAPI 3.0's schema (JSON Schema
@@ -79,7 +93,7 @@ func (s *Server) createRules() map[string]map[string]any {
 		"ExecRequest":                 {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
 		"ExecRequest.argv":            {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
 		"ExecRequest.cwd":             {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},
-		"ExecRequest.env":             keyedBy(maxEnv, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`}),
+		"ExecRequest.env":             execEnvRule(),
 		"ExecRequest.user":            {"maxLength": maxUserChars, "pattern": `^[^\x00-\x1f\x7f :/]*$`},
 		"ExecRequest.timeout_seconds": {"minimum": 0, "maximum": maxExecTimeout},
 		"ExecRequest.output_limit":    {"minimum": 0, "maximum": maxOutputLimit},

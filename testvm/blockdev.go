@@ -90,7 +90,7 @@ func (b *Bed) AttachBlock(ctx context.Context, vmid int, image, name, byID strin
 		}
 	}()
 	script := `set -e; mkdir -p /dev/disk/by-id; mknod "/dev/$1" b "$2" "$3"; chmod 0660 "/dev/$1"; ln -sfn "../../$1" "/dev/disk/by-id/$4"`
-	if err := run(ctx, "nsenter", "-t", strconv.Itoa(pid), "-m", "-r", "--wd=/", "/bin/sh", "-c", script, "attach",
+	if err := runInGuest(ctx, "nsenter", "-t", strconv.Itoa(pid), "-m", "-r", "--wd=/", "/bin/sh", "-c", script, "attach",
 		name, strconv.FormatUint(uint64(unix.Major(st.Rdev)), 10), strconv.FormatUint(uint64(unix.Minor(st.Rdev)), 10), byID); err != nil {
 		return fmt.Errorf("testvm: guest %d: create %s: %w", vmid, name, err)
 	}
@@ -112,7 +112,7 @@ func (b *Bed) DetachBlock(ctx context.Context, vmid int, name string) error {
 	if g, ok := b.Guest(vmid); ok {
 		if pid, err := g.InitPID(); err == nil {
 			script := `for l in /dev/disk/by-id/*; do [ "$(readlink "$l")" = "../../$1" ] && rm -f "$l"; done; rm -f "/dev/$1"`
-			if err := run(ctx, "nsenter", "-t", strconv.Itoa(pid), "-m", "-r", "--wd=/", "/bin/sh", "-c", script, "detach", name); err != nil {
+			if err := runInGuest(ctx, "nsenter", "-t", strconv.Itoa(pid), "-m", "-r", "--wd=/", "/bin/sh", "-c", script, "detach", name); err != nil {
 				errs = append(errs, fmt.Errorf("remove %s in the guest: %w", name, err))
 			}
 		}

@@ -151,6 +151,27 @@ export LISTEN_FDS=1
 LISTEN_PID=$$ exec qemu-ga -m unix-listen -p /run/qga/qga.sock -t /var/lib/qemu-ga -f /run/qemu-ga.pid
 `
 
+// guestEnv is the whole environment of every process the bed starts in a
+// guest (its init, dhclient and qemu-ga, and the commands it runs inside
+// one): a guest's own, as a VM's agent starts with its system's
+// environment, never that of whoever started the bed (issue 34: a bed
+// guest's `env` showed the operator's HOME, OLDPWD, CA and toolchain
+// variables, and so would any API key exported in that shell).
+func guestEnv() []string {
+	return []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+}
+
+// runInGuest runs argv (which enters a guest's namespaces, e.g. nsenter)
+// with guestEnv as its whole environment.
+func runInGuest(ctx context.Context, argv ...string) error {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = guestEnv()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 func macFor(vmid int) net.HardwareAddr {
 	return net.HardwareAddr{0xbc, 0x24, 0x11, byte(vmid >> 16), byte(vmid >> 8), byte(vmid)}
 }
@@ -253,6 +274,7 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	cmd := exec.Command("/bin/sh", "-c", joinScope(procs), "join-scope", "ip", "netns", "exec", g.NS,
 		"unshare", "--pid", "--fork", "--kill-child", "--mount", "--uts", "--ipc", "--propagation", "private",
 		"/bin/sh", "-c", guestSetup, "guest-setup", filepath.Join(gdir, "root"), s.Disk, "vm"+strconv.Itoa(s.VMID), guestInit)
+	cmd.Env = guestEnv()
 	cmd.ExtraFiles = []*os.File{lf}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
