@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -57,4 +58,49 @@ func (l *NetlinkLinks) ByAddr(a netip.Addr) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("egress: no interface holds %s", a)
+}
+
+// indexNames remembers the names of interface indexes for a second, so
+// that the resolver's read loop names each query's interface (to take the
+// owner's quota before anything else) without a netlink round trip per
+// packet. The kernel allocates indexes cyclically, so an index does not
+// name another interface within a second of its own going. Used by one
+// goroutine (the read loop): no lock.
+type indexNames struct {
+	links Links
+	now   func() time.Time
+	m     map[int]indexName
+}
+
+type indexName struct {
+	name string
+	at   time.Time
+}
+
+// maxIndexNames bounds the names remembered (a node's guest interfaces).
+const maxIndexNames = 4096
+
+// indexNameTTL is how long a name is remembered.
+const indexNameTTL = time.Second
+
+func newIndexNames(l Links) *indexNames {
+	return &indexNames{links: l, now: time.Now, m: map[int]indexName{}}
+}
+
+// byIndex returns the name of interface index.
+func (c *indexNames) byIndex(index int) (string, error) {
+	now := c.now()
+	if n, ok := c.m[index]; ok && now.Sub(n.at) < indexNameTTL {
+		return n.name, nil
+	}
+	name, err := c.links.ByIndex(index)
+	if err != nil {
+		delete(c.m, index)
+		return "", err
+	}
+	if len(c.m) >= maxIndexNames {
+		clear(c.m)
+	}
+	c.m[index] = indexName{name: name, at: now}
+	return name, nil
 }
