@@ -89,7 +89,7 @@ func defaultEgress() EgressSection {
 
 // maxProxyConns bounds the proxy's node total (owners times
 // proxy_conns_per_sandbox): each connection holds two 16 KiB splice
-// buffers and three goroutines, about 64 MiB per 1024.
+// buffers and three goroutines, about 56 MiB of heap per 1024.
 const maxProxyConns = 8192
 
 // DefaultRules compiles the node-wide default policy (validated by Load).
