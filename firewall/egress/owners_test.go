@@ -322,3 +322,28 @@ func TestKernelDropsNewGenerationIsBaseline(t *testing.T) {
 		t.Errorf("drops under the new policy counted %v, want 3", c)
 	}
 }
+
+// TestZonesGoneForgetsDefaultOwner: a zone the daemon did not create is
+// an owner of its own; when it is gone from the node, its denials and
+// series go with it (OnDrop), a sandbox's zone with its own policy is
+// left to Remove, and other zones keep theirs.
+func TestZonesGoneForgetsDefaultOwner(t *testing.T) {
+	g := newFakeGuard()
+	g.zoneOf = map[string]string{"vnetx": "zx", "vnety": "zy"}
+	reg := NewRegistry(g, Rules{Mode: firewall.EgressAllowlist}, nil)
+	if err := reg.Set(context.Background(), "za", "sb-a", []string{"vneta"}, Rules{Mode: firewall.EgressNone}); err != nil {
+		t.Fatal(err)
+	}
+	den := NewDenials()
+	reg.OnDrop(func(_, owner string) { den.Forget(owner) })
+	for _, o := range []string{"zone:zx", "zone:zy", "sb-a"} {
+		den.Record(o, Denial{Reason: ReasonName, Name: "x.example."})
+	}
+	reg.ZonesGone([]string{"zx", "za"})
+	if len(den.Recent("zone:zx")) != 0 || series(t, den.Collector(), "sandbox", "zone:zx") != 0 {
+		t.Error("a zone gone kept its denials or series")
+	}
+	if len(den.Recent("zone:zy")) != 1 || len(den.Recent("sb-a")) != 1 {
+		t.Errorf("other owners lost their record: zy %v, sb-a %v", den.Recent("zone:zy"), den.Recent("sb-a"))
+	}
+}

@@ -201,6 +201,20 @@ func (r *Registry) Begin(ctx context.Context, zone, owner string, bridges []stri
 	return err
 }
 
+// ZonesGone tells the registry that zones are gone from the node (the
+// guard's zones changed): a zone without a policy of its own is an owner
+// of its own (DefaultOwnerOf), and what is kept of it goes with it
+// (OnDrop). A zone with its own policy ends with Remove instead.
+func (r *Registry) ZonesGone(zones []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range zones {
+		if _, own := r.zones[id]; !own {
+			r.dropLocked(id, DefaultOwnerOf(id, ""))
+		}
+	}
+}
+
 func (r *Registry) dropLocked(zone, owner string) {
 	for _, fn := range r.drops {
 		fn(zone, owner)
