@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"testing"
@@ -345,5 +346,52 @@ func TestZonesGoneForgetsDefaultOwner(t *testing.T) {
 	}
 	if len(den.Recent("zone:zy")) != 1 || len(den.Recent("sb-a")) != 1 {
 		t.Errorf("other owners lost their record: zy %v, sb-a %v", den.Recent("zone:zy"), den.Recent("sb-a"))
+	}
+}
+
+// countingLinks names index i "vnet<i>" and counts the look-ups.
+type countingLinks struct{ calls int }
+
+func (c *countingLinks) ByIndex(i int) (string, error) {
+	c.calls++
+	return fmt.Sprintf("vnet%d", i), nil
+}
+
+func (c *countingLinks) ByAddr(netip.Addr) (string, error) { return "", errors.New("no address") }
+
+// TestIndexNamesOwner: the read loop names a query's owner from what it
+// remembered for a second, and looks it up again at once when a policy
+// changed (a claim, a delete), so a query never takes the old owner's
+// share after the change.
+func TestIndexNamesOwner(t *testing.T) {
+	ctx := context.Background()
+	reg := NewRegistry(newFakeGuard(), Rules{Mode: firewall.EgressOpen}, nil)
+	if err := reg.Set(ctx, "za", "sb-a", []string{"vnet7"}, Rules{Mode: firewall.EgressNone}); err != nil {
+		t.Fatal(err)
+	}
+	l := &countingLinks{}
+	n := newIndexNames(l, reg)
+	clock := time.Unix(1000, 0)
+	n.now = func() time.Time { return clock }
+	for range 100 {
+		if name, owner, err := n.byIndex(7); err != nil || name != "vnet7" || owner != "sb-a" {
+			t.Fatalf("byIndex(7) = %s, %s, %v", name, owner, err)
+		}
+	}
+	if l.calls != 1 {
+		t.Errorf("%d netlink look-ups for 100 queries within a second, want 1", l.calls)
+	}
+	if err := reg.Remove(ctx, "za"); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Set(ctx, "zb", "sb-b", []string{"vnet7"}, Rules{Mode: firewall.EgressNone}); err != nil {
+		t.Fatal(err)
+	}
+	if _, owner, _ := n.byIndex(7); owner != "sb-b" {
+		t.Errorf("owner after the zone changed hands: %q, want sb-b", owner)
+	}
+	clock = clock.Add(2 * time.Second)
+	if _, _, err := n.byIndex(7); err != nil || l.calls != 3 {
+		t.Errorf("after a second: %v, %d look-ups, want 3", err, l.calls)
 	}
 }

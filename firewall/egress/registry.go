@@ -393,6 +393,14 @@ func (r *Registry) Learned(owner string) int {
 	return mine
 }
 
+// Seq is a number that changes with every change of a policy (Set,
+// Begin, Remove): what was looked up under the same Seq still holds.
+func (r *Registry) Seq() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seq
+}
+
 // Current reports whether iface's policy is still generation gen.
 func (r *Registry) Current(iface string, gen uint64) bool {
 	r.mu.Lock()

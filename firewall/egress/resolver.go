@@ -247,7 +247,7 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	names := newIndexNames(r.links)
+	names := newIndexNames(r.links, r.reg)
 	for {
 		buf := make([]byte, 1500)
 		n, cm, src, err := p.ReadFrom(buf)
@@ -260,11 +260,11 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 		if cm == nil {
 			continue
 		}
-		iface, err := names.byIndex(cm.IfIndex)
+		iface, owner, err := names.byIndex(cm.IfIndex)
 		if err != nil {
 			continue
 		}
-		release, ok := r.admit(r.queries, ResourceDNSUDP, iface)
+		release, ok := admitOwner(r.queries, r.den, ResourceDNSUDP, owner, Denial{})
 		if !ok {
 			continue // past the owner's share or the node total: the guest retries
 		}
