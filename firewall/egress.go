@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/nftables"
@@ -451,6 +452,21 @@ func (g *Guard) EgressOf(iface string) (ZoneEgress, bool) {
 	}
 	z, ok := egressByInterface(cfg, cls)[iface]
 	return z, ok
+}
+
+// ZoneOfBridge names the zone whose bridge iface is (a configured or a
+// run-time zone, by its own id; the lowest id if several hold it). The
+// egress part makes each zone without a policy of its own an owner of its
+// own quotas.
+func (g *Guard) ZoneOfBridge(iface string) (string, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ids := g.zoneOf[iface]
+	if len(ids) == 0 {
+		return "", false
+	}
+	_, id, _ := strings.Cut(slices.Min(ids), ":")
+	return id, true
 }
 
 // ErrNotGuest is returned by Learn for an interface that is not a guest

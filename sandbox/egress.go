@@ -21,6 +21,16 @@ type Egress interface {
 	Status(sandbox, zone string) apitype.EgressStatus
 }
 
+// EgressClaimer is an Egress that keeps records of a sandbox's egress
+// (denials, learned addresses, counter series) and so must hear of a
+// pool claim: Claim is Set for a new instance of the sandbox (the pool
+// member handed to its claimer), nothing recorded before it shown or
+// counted for the claimer. The engine calls it at a claim when its
+// Egress has it (the daemon's does), Set otherwise.
+type EgressClaimer interface {
+	Claim(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error
+}
+
 // EgressEntryRules are the rules an Egress's Validate applies to each
 // allow and deny entry: regular expressions (RE2 and ECMA-262 alike)
 // matching exactly the entries it takes of at most MaxChars characters,
@@ -74,6 +84,17 @@ func (m *Engine) SetEgress(ctx context.Context, sb apitype.Sandbox, p apitype.Eg
 // applyEgress puts a new sandbox's policy (open when none was asked for)
 // in force before its VMs start.
 func (m *Engine) applyEgress(ctx context.Context, rec *record) error {
+	return m.putEgress(ctx, rec, false)
+}
+
+// claimEgress puts a claimed pool member's policy in force as a new
+// instance of its egress record (EgressClaimer): the member's denials and
+// learned addresses are not the claimer's.
+func (m *Engine) claimEgress(ctx context.Context, rec *record) error {
+	return m.putEgress(ctx, rec, true)
+}
+
+func (m *Engine) putEgress(ctx context.Context, rec *record, claim bool) error {
 	if m.o.Egress == nil {
 		return nil
 	}
@@ -84,7 +105,11 @@ func (m *Engine) applyEgress(ctx context.Context, rec *record) error {
 	}
 	id, zone, bridges := rec.ID, rec.Zone, sandboxBridges(rec.Sandbox)
 	m.mu.Unlock()
-	if err := m.o.Egress.Set(ctx, id, zone, bridges, p); err != nil {
+	set := m.o.Egress.Set
+	if c, ok := m.o.Egress.(EgressClaimer); ok && claim {
+		set = c.Claim
+	}
+	if err := set(ctx, id, zone, bridges, p); err != nil {
 		return fmt.Errorf("egress policy: %w", err)
 	}
 	return nil

@@ -29,7 +29,9 @@ import (
 //     (so two claims never get the same member) and writes the state file
 //     before anything else: a restart then finds a sandbox being created
 //     (torn down, never handed out again) or a member (never claimed).
-//     Only then does it put the request's egress policy in force, tag the
+//     Only then does it put the request's egress policy in force (as a
+//     new instance of the sandbox's egress record, EgressClaimer: what the
+//     member's guest was denied or learned is not the claimer's), tag the
 //     VM with the sandbox's tags and name, and write the secrets file.
 //   - A member is used once. A claimed sandbox is deleted like any other;
 //     nothing goes back to the pool.
@@ -495,7 +497,7 @@ func (m *Engine) pickMemberLocked(shape string) *record {
 // egress policy in force first, then the VM's tags and name, then a ping
 // and the secrets file.
 func (m *Engine) finishClaim(ctx context.Context, rec *record, env map[string]string) error {
-	if err := m.applyEgress(ctx, rec); err != nil {
+	if err := m.claimEgress(ctx, rec); err != nil {
 		return err
 	}
 	m.mu.Lock()

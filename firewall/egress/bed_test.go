@@ -315,7 +315,7 @@ func TestEgressStackOnBed(t *testing.T) {
 	if n := dropped("sb-zonea"); n < 1 {
 		t.Errorf("kernel drop to a disallowed address: sb-zonea address denials %v, want at least 1", n)
 	}
-	if n := dropped("sb-zoneb") + dropped("sb-zonec") + dropped(NodeOwner); n != 0 {
+	if n := dropped("sb-zoneb") + dropped("sb-zonec") + dropped(DefaultOwnerOf("zonea", "")); n != 0 {
 		t.Errorf("zonea's drop counted for another owner: %v", n)
 	}
 	named := false
@@ -444,7 +444,7 @@ func TestEgressNodeDefaultOnBed(t *testing.T) {
 	if body, err := s.get("zoneb", "https://other."+testvm.InternetName+"/", inet+":443"); err == nil {
 		t.Errorf("default allowlist: disallowed SNI: %q", body)
 	}
-	if len(s.den.Recent(NodeOwner)) == 0 {
+	if len(s.den.Recent(DefaultOwnerOf("zoneb", ""))) == 0 {
 		t.Error("no denial recorded for the node default")
 	}
 	if body, err := s.get("zonec", "https://other."+testvm.InternetName+"/", inet+":443"); err != nil || body != "internet host" {

@@ -34,11 +34,16 @@ type Denial struct {
 // keepDenials is how many recent denials are kept per owner.
 const keepDenials = 32
 
-// Denials counts refused names and connections per owner (sandbox) and
-// keeps the last ones readable.
+// Denials counts refused names and connections per owner (a sandbox, or
+// "zone:<id>" for a zone the daemon did not create) and keeps the last
+// ones readable; it also counts the quota refusals per owner, resource and
+// limit. What it holds of an owner (recent denials, counter series) is
+// dropped with the owner's instance (Forget): a sandbox deleted, a pool
+// member claimed.
 type Denials struct {
-	total *prometheus.CounterVec
-	now   func() time.Time
+	total   *prometheus.CounterVec
+	refused *prometheus.CounterVec
+	now     func() time.Time
 
 	mu     sync.Mutex // guards recent
 	recent map[string][]Denial
@@ -49,15 +54,44 @@ func NewDenials() *Denials {
 	return &Denials{
 		total: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "pve_inspect", Subsystem: "egress", Name: "denied_total",
-			Help: "Names and connections refused by the egress policy, by sandbox (node-default for zones the daemon did not create) and reason.",
+			Help: "Names and connections refused by the egress policy, by sandbox (zone:<id> for zones the daemon did not create) and reason.",
 		}, []string{"sandbox", "reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Subsystem: "egress", Name: "quota_refused_total",
+			Help: "Queries, connections and learned-set elements refused past a quota, by owner (sandbox, or zone:<id> for zones the daemon did not create), resource and limit (owner: its own share; node: the node total).",
+		}, []string{"owner", "resource", "limit"}),
 		now:    time.Now,
 		recent: map[string][]Denial{},
 	}
 }
 
-// Collector is the prometheus collector of the denial counter.
-func (d *Denials) Collector() prometheus.Collector { return d.total }
+// Collector is the prometheus collector of the denial and quota refusal
+// counters.
+func (d *Denials) Collector() prometheus.Collector { return collectors{d.total, d.refused} }
+
+// collectors is several collectors as one.
+type collectors []prometheus.Collector
+
+func (cs collectors) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range cs {
+		c.Describe(ch)
+	}
+}
+
+func (cs collectors) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range cs {
+		c.Collect(ch)
+	}
+}
+
+// Refuse counts one quota refusal of owner's resource by limit
+// (LimitOwner or LimitNode), and records it as a denial with reason
+// ReasonQuota (den's reason is set).
+func (d *Denials) Refuse(owner, resource, limit string, den Denial) {
+	d.refused.WithLabelValues(owner, resource, limit).Inc()
+	den.Reason = ReasonQuota
+	d.Record(owner, den)
+}
 
 // Record counts one denial for owner and keeps it among the recent ones.
 func (d *Denials) Record(owner string, den Denial) {
@@ -93,9 +127,13 @@ func (d *Denials) Recent(owner string) []Denial {
 	return slices.Clone(d.recent[owner])
 }
 
-// Forget drops owner's recent denials (its sandbox is gone); the counter
-// series stays until restart, as counters do.
+// Forget drops everything kept of owner: its recent denials and its
+// series of both counters (its sandbox is gone, or a new instance of it
+// begins: a pool member claimed). A scrape no longer shows the owner;
+// rate() over the deleted series ends with it.
 func (d *Denials) Forget(owner string) {
+	d.total.DeletePartialMatch(prometheus.Labels{"sandbox": owner})
+	d.refused.DeletePartialMatch(prometheus.Labels{"owner": owner})
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.recent, owner)

@@ -23,13 +23,15 @@
 //     learned, the proxy's connections from it are closed, its learned
 //     addresses forgotten, all before Set returns.
 //   - Quotas (quota.go): per owner, UDP queries in flight and TCP
-//     connections at the resolver, connections at the proxy, learned
-//     addresses (WithMaxLearned); refusals are denials with reason
-//     "quota".
+//     connections at the resolver, connections at the proxy, learned-set
+//     elements (WithMaxLearned); refusals are denials with reason
+//     "quota" and counted in pve_inspect_egress_quota_refused_total
+//     {owner,resource,limit}. See "Egress quotas per owner" below.
 //   - ZoneNames (zonenames.go): the names a zone's own dnsmasq holds are
 //     answered by asking it, in every mode.
 //   - Denials (denials.go): pve_inspect_egress_denied_total{sandbox,reason}
-//     and the last refusals per sandbox.
+//     and the last refusals per sandbox; both, and the owner's quota
+//     refusal series, are dropped with the owner's instance.
 //   - KernelDrops (kernel.go): the packets the kernel drops (a disallowed
 //     or denied address, anything from a none zone) as denials with reason
 //     "address", per sandbox, the destination among the recent ones.
@@ -52,6 +54,30 @@
 // drops between the last read of one daemon and the first of the next
 // (the baseline) are not counted per sandbox (the per-rule counters of
 // pve_inspect_guard_rule_drop_packets_total have them).
+//
+// Egress quotas per owner: an owner is a sandbox (its zone's policy is
+// the daemon's), or a zone the daemon did not create, each of those its
+// own ("zone:<id>"; an interface of no known zone "iface:<name>"), so no
+// two tenants share a share. Every shared resource has a per-owner share
+// and a node total of share times ResolverConfig.Owners /
+// ProxyConfig.Owners ([egress] owners), so that that many owners at their
+// share all fit. The owner's share is checked first: an owner past it is
+// refused without taking a unit of the node total (the resolver's UDP
+// read loop names the query's interface and takes the share before a
+// goroutine starts), so a flooding owner holds at most its share of
+// anything. Learned addresses are counted as the kernel counts them, as
+// elements of its sets: an address behind the name check is one, each
+// port of a name:port entry one more; the node total is the set's size.
+//
+// Nothing outlives its instance: what is kept of an owner (its recent
+// denials, its counter series, its interfaces' learned elements and
+// generations, what was read of its zone's lease file) is dropped when
+// the zone goes (Registry.Remove) and when the same zone is handed to a
+// new tenant (Registry.Begin, a pool member claimed), under the
+// registry's lock; a denial decided under an older policy is recorded
+// only while that policy is in force (Registry.IfCurrent), and kernel
+// drops read across a change of policy are a new baseline. A lease names
+// its host only until it expires.
 //
 // What stays possible, by design: a guest can present an allowed name to
 // any address an allowed name resolved to, and a CDN serving many names on

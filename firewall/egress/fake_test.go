@@ -19,6 +19,7 @@ type fakeGuard struct {
 	learned  map[string]map[netip.Addr]time.Duration
 	forgot   []string
 	failSet  error
+	zoneOf   map[string]string // bridge -> zone (ZoneOfBridge)
 }
 
 func newFakeGuard() *fakeGuard {
@@ -37,6 +38,13 @@ func (f *fakeGuard) SetEgress(_ context.Context, p map[string]firewall.ZoneEgres
 
 func (f *fakeGuard) EgressOf(iface string) (firewall.ZoneEgress, bool) {
 	return firewall.ZoneEgress{}, iface != "mgmt0" && iface != "lo"
+}
+
+func (f *fakeGuard) ZoneOfBridge(iface string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	z, ok := f.zoneOf[iface]
+	return z, ok
 }
 
 func (f *fakeGuard) LearnOpen(_ context.Context, iface string, addrs []netip.Addr, _ firewall.Opening, ttl time.Duration) ([]netip.Addr, error) {

@@ -15,9 +15,10 @@ type DropReader interface {
 	EgressDrops(ctx context.Context) (ifaces, dests []firewall.EgressDrop, err error)
 }
 
-// OwnerOf names the owner of a guest interface's policy (*Registry).
+// OwnerOf names the owner of a guest interface's policy and its
+// generation (*Registry).
 type OwnerOf interface {
-	For(iface string) (Rules, string, error)
+	ForGen(iface string) (Rules, string, uint64, error)
 }
 
 // dropKey is one member of the destination set.
@@ -37,6 +38,9 @@ type dropKey struct {
 //
 // What it keeps is bounded by the sets' sizes (firewall.EgressDeniedSize),
 // and each read costs one netlink dump whatever the guest's packet rate.
+// Growth across a change of the interface's policy (a new generation
+// since the last read: a policy change, a pool member claimed) is taken
+// as a new baseline, not counted: it may be the old instance's.
 type KernelDrops struct {
 	r     DropReader
 	own   OwnerOf
@@ -47,6 +51,7 @@ type KernelDrops struct {
 	primed bool
 	ifs    map[string]uint64
 	dests  map[dropKey]uint64
+	gens   map[string]uint64 // interface -> generation of its policy at the last read
 }
 
 // NewKernelDrops returns a reader of r's denial sets, attributing through
@@ -95,13 +100,22 @@ func (k *KernelDrops) Poll(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("egress: %w", err)
 	}
+	owners := map[string]ownerGen{}
+	ownerOf := func(iface string) ownerGen {
+		o, ok := owners[iface]
+		if !ok {
+			o = k.owner(iface)
+			owners[iface] = o
+		}
+		return o
+	}
 	nextIfs := make(map[string]uint64, len(ifs))
 	for _, d := range ifs {
 		nextIfs[d.Iface] = d.Packets
 		before, had := k.ifs[d.Iface]
-		if n := grown(d.Packets, before, had); k.primed && n > 0 {
-			if owner, ok := k.owner(d.Iface); ok {
-				k.den.Add(owner, ReasonAddress, n)
+		if o := ownerOf(d.Iface); o.ok && k.same(d.Iface, o) {
+			if n := grown(d.Packets, before, had); k.primed && n > 0 {
+				k.den.Add(o.owner, ReasonAddress, n)
 			}
 		}
 	}
@@ -110,20 +124,40 @@ func (k *KernelDrops) Poll(ctx context.Context) error {
 		key := dropKey{d.Iface, d.Addr}
 		nextDests[key] = d.Packets
 		before, had := k.dests[key]
-		if n := grown(d.Packets, before, had); k.primed && n > 0 {
-			if owner, ok := k.owner(d.Iface); ok {
-				k.den.Remember(owner, Denial{Reason: ReasonAddress, Dest: d.Addr.String()})
+		if o := ownerOf(d.Iface); o.ok && k.same(d.Iface, o) {
+			if n := grown(d.Packets, before, had); k.primed && n > 0 {
+				k.den.Remember(o.owner, Denial{Reason: ReasonAddress, Dest: d.Addr.String()})
 			}
 		}
 	}
-	k.ifs, k.dests, k.primed = nextIfs, nextDests, true
+	gens := make(map[string]uint64, len(owners))
+	for iface, o := range owners {
+		if o.ok {
+			gens[iface] = o.gen
+		}
+	}
+	k.ifs, k.dests, k.gens, k.primed = nextIfs, nextDests, gens, true
 	return nil
 }
 
-func (k *KernelDrops) owner(iface string) (string, bool) {
-	_, owner, err := k.own.For(iface)
+// ownerGen is an interface's owner and policy generation at one read.
+type ownerGen struct {
+	owner string
+	gen   uint64
+	ok    bool
+}
+
+// same reports whether iface's policy is the one of the last read (an
+// interface not seen then has no growth to attribute but its own).
+func (k *KernelDrops) same(iface string, o ownerGen) bool {
+	g, had := k.gens[iface]
+	return !had || g == o.gen
+}
+
+func (k *KernelDrops) owner(iface string) ownerGen {
+	_, owner, gen, err := k.own.ForGen(iface)
 	if err != nil {
-		return "", false
+		return ownerGen{}
 	}
-	return owner, true
+	return ownerGen{owner: owner, gen: gen, ok: true}
 }

@@ -46,7 +46,7 @@ func TestKernelDropsAttributesGrowth(t *testing.T) {
 	if c := count("sb-a"); c != 3 {
 		t.Errorf("sb-a counted %v, want 3", c)
 	}
-	if c := count(NodeOwner); c != 4 {
+	if c := count(DefaultOwnerOf("", "vnetx")); c != 4 {
 		t.Errorf("node default counted %v, want 4", c)
 	}
 	got := map[string]bool{}

@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -57,4 +58,60 @@ func (l *NetlinkLinks) ByAddr(a netip.Addr) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("egress: no interface holds %s", a)
+}
+
+// indexNames remembers, for a second, the name of an interface index
+// and the owner of its policy, so that the resolver's read loop names
+// each query's owner (to take its share before anything else) without a
+// netlink round trip and a look-up of the guard's interfaces per packet.
+// The kernel allocates indexes cyclically, so an index does not name
+// another interface within a second of its own going; an owner is looked
+// up again at once when the registry's policies changed (Registry.Seq),
+// so a claimed or deleted sandbox's queries never count against the old
+// owner, and within a second when a zone the daemon did not create
+// changed. The owner only decides whose share a query takes: what the
+// query may ask is decided afresh for each (Resolver.answer). Used by one
+// goroutine (the read loop): no lock.
+type indexNames struct {
+	links Links
+	reg   *Registry
+	now   func() time.Time
+	m     map[int]indexName
+}
+
+type indexName struct {
+	name, owner string
+	seq         uint64
+	at          time.Time
+}
+
+// maxIndexNames bounds the names remembered (a node's guest interfaces).
+const maxIndexNames = 4096
+
+// indexNameTTL is how long a name is remembered.
+const indexNameTTL = time.Second
+
+func newIndexNames(l Links, reg *Registry) *indexNames {
+	return &indexNames{links: l, reg: reg, now: time.Now, m: map[int]indexName{}}
+}
+
+// byIndex returns the name of interface index and the owner of its
+// policy (ErrNotGuest for an interface that is no guest's).
+func (c *indexNames) byIndex(index int) (name, owner string, err error) {
+	now, seq := c.now(), c.reg.Seq()
+	if n, ok := c.m[index]; ok && now.Sub(n.at) < indexNameTTL && n.seq == seq {
+		return n.name, n.owner, nil
+	}
+	delete(c.m, index)
+	if name, err = c.links.ByIndex(index); err != nil {
+		return "", "", err
+	}
+	if _, owner, err = c.reg.For(name); err != nil {
+		return "", "", err
+	}
+	if len(c.m) >= maxIndexNames {
+		clear(c.m)
+	}
+	c.m[index] = indexName{name: name, owner: owner, seq: seq, at: now}
+	return name, owner, nil
 }

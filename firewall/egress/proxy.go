@@ -28,12 +28,16 @@ type ProxyConfig struct {
 	PeekTimeout time.Duration
 	// DialTimeout bounds the upstream connect. Zero means 10s.
 	DialTimeout time.Duration
-	// MaxConns bounds the connections spliced at once. Zero means 1024.
-	MaxConns int
-	// ConnsPerOwner bounds one owner's (sandbox's) share of them; a
+	// ConnsPerOwner bounds one owner's (sandbox's) connections at once; a
 	// connection past it is reset and counted (reason quota). Zero
-	// means 256.
+	// means 64.
 	ConnsPerOwner int
+	// Owners is how many owners at their share the node total holds.
+	// Zero means DefaultOwners.
+	Owners int
+	// MaxConns is the node total of connections at once, checked after
+	// the owner's share. Zero means ConnsPerOwner*Owners.
+	MaxConns int
 	// IdleTimeout closes a spliced connection with no byte either way
 	// for that long. Zero means 5 minutes.
 	IdleTimeout time.Duration
@@ -65,7 +69,7 @@ type Proxy struct {
 	den   *Denials
 	log   *slog.Logger
 
-	conns *quota // connections per owner
+	conns *quota // connections, per owner and in all
 
 	mu   sync.Mutex // guards live
 	live map[string]map[*tracked]struct{}
@@ -76,6 +80,10 @@ type tracked struct {
 	guest, up net.Conn
 }
 
+// DefaultProxyConnsPerOwner is one owner's share of the proxy's
+// connections when a config leaves it out.
+const DefaultProxyConnsPerOwner = 64
+
 // NewProxy returns a proxy for the registry's rules.
 func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *slog.Logger) *Proxy {
 	if cfg.PeekTimeout <= 0 {
@@ -84,9 +92,6 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = 1024
-	}
 	if cfg.Dial == nil {
 		cfg.Dial = markedDialer(cfg.Mark, cfg.DialTimeout)
 	}
@@ -94,10 +99,16 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 		cfg.IdleTimeout = 5 * time.Minute
 	}
 	if cfg.ConnsPerOwner <= 0 {
-		cfg.ConnsPerOwner = 256
+		cfg.ConnsPerOwner = DefaultProxyConnsPerOwner
+	}
+	if cfg.Owners <= 0 {
+		cfg.Owners = DefaultOwners
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = cfg.ConnsPerOwner * cfg.Owners
 	}
 	p := &Proxy{cfg: cfg, reg: reg, links: links, den: den, log: log.With("component", "egress-proxy"),
-		conns: newQuota(cfg.ConnsPerOwner), live: map[string]map[*tracked]struct{}{}}
+		conns: newQuota(cfg.ConnsPerOwner, cfg.MaxConns), live: map[string]map[*tracked]struct{}{}}
 	reg.OnChange(p.cut)
 	return p
 }
@@ -152,9 +163,12 @@ func (p *Proxy) Live(iface string) int {
 }
 
 // Serve accepts redirected connections on ln until ctx is done; it
-// returns after every connection it started has ended.
+// returns after every connection it started has ended. A connection is
+// held only within its owner's share and the node total (handle); the
+// handlers at once are bounded by twice the node total (one refused past
+// a share ends within microseconds).
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
-	return serveBounded(ctx, ln, p.cfg.MaxConns, "proxy", func(c net.Conn) { p.handle(ctx, c) })
+	return serveBounded(ctx, ln, 2*p.cfg.MaxConns, "proxy", func(c net.Conn) { p.handle(ctx, c) })
 }
 
 // originalDst returns the destination the guest asked for before the
@@ -209,18 +223,24 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	if !p.reg.Current(iface, gen) {
 		return
 	}
-	refuse := func(d Denial) {
-		d.Dest = dst.String()
-		p.den.Record(owner, d)
+	reset := func() {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetLinger(0) // reset: the guest sees a refusal at once
 		}
 	}
-	if !p.conns.take(owner) {
-		refuse(Denial{Reason: ReasonQuota})
+	// a denial is recorded only while the policy it was decided under is
+	// in force: never for the next instance of the zone
+	refuse := func(d Denial) {
+		d.Dest = dst.String()
+		p.reg.IfCurrent(iface, gen, func() { p.den.Record(owner, d) })
+		reset()
+	}
+	release, ok := admitOwner(p.conns, p.den, ResourceProxy, owner, Denial{Dest: dst.String()})
+	if !ok {
+		reset()
 		return
 	}
-	defer p.conns.give(owner)
+	defer release()
 	name, kind, head, err := p.peek(c)
 	if err != nil {
 		refuse(Denial{Reason: ReasonPeek})
@@ -280,6 +300,11 @@ func (p *Proxy) peek(c net.Conn) (name, kind string, head []byte, err error) {
 	}
 }
 
+// spliceBuf is the buffer of each direction of a spliced connection:
+// with the node total of connections it bounds the proxy's memory
+// (README: two buffers per connection).
+const spliceBuf = 16 << 10
+
 // splice copies both ways until both directions ended (or ctx is done),
 // or until no byte went either way for idle: then both are closed.
 func splice(ctx context.Context, a, b net.Conn, idle time.Duration) {
@@ -291,7 +316,7 @@ func splice(ctx context.Context, a, b net.Conn, idle time.Duration) {
 	wg.Add(2)
 	half := func(dst, src net.Conn) {
 		defer wg.Done()
-		buf := make([]byte, 32<<10)
+		buf := make([]byte, spliceBuf)
 		for {
 			_ = src.SetReadDeadline(time.Now().Add(idle))
 			n, err := src.Read(buf)

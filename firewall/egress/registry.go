@@ -22,27 +22,62 @@ type Guard interface {
 	LearnOpen(ctx context.Context, iface string, addrs []netip.Addr, open firewall.Opening, ttl time.Duration) ([]netip.Addr, error)
 	Forget(ctx context.Context, ifaces []string) error
 	ForgetExcept(ctx context.Context, keep []string) error
+	// ZoneOfBridge names the zone (configured or run-time) whose bridge
+	// iface is.
+	ZoneOfBridge(iface string) (string, bool)
 }
 
-// NodeOwner is the owner label of interfaces under the node-wide default.
-const NodeOwner = "node-default"
+// DefaultOwnerOf is the owner of a guest interface under the node-wide
+// default (a zone the daemon did not create): every such zone is an owner
+// of its own, "zone:<id>", and an interface of no known zone is one too,
+// "iface:<name>", so that no two of them share one quota.
+func DefaultOwnerOf(zone, iface string) string {
+	if zone != "" {
+		return "zone:" + zone
+	}
+	return "iface:" + iface
+}
 
-// DefaultMaxLearned is the default cap on the addresses one owner (a
-// sandbox, or the node default) has open at once.
+// DefaultMaxLearned is the default cap on the learned-set elements one
+// owner has at once.
 const DefaultMaxLearned = 1024
 
 // ErrStale is returned by Learn for an answer to a query asked under a
 // policy that has changed since: what it resolved is not opened.
 var ErrStale = errors.New("policy changed since the query")
 
-// ErrQuota is returned by Learn when the owner's learned addresses are
-// at their cap.
+// ErrQuota is returned by Learn when the owner's learned-set elements
+// are at their cap (or all owners' at the node total); errors.As to a
+// *QuotaError says which.
 var ErrQuota = errors.New("learned-address quota reached")
+
+// QuotaError is Learn's refusal past a quota.
+type QuotaError struct {
+	Owner string
+	// Limit is LimitOwner (the owner's cap) or LimitNode (the node
+	// total: the kernel's learned set).
+	Limit     string
+	Have, Cap int
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("learn for %s: %d learned-set elements of %s, cap %d: %v", e.Owner, e.Have, e.Limit, e.Cap, ErrQuota)
+}
+
+// Is makes errors.Is(err, ErrQuota) true.
+func (e *QuotaError) Is(target error) bool { return target == ErrQuota }
 
 // Registry holds the egress rules of every zone with a policy of its own
 // (the daemon's sandboxes) and the node-wide default, and keeps the
 // guard's sets equal to them. The resolver and the proxy look rules up by
 // the guest's incoming interface.
+//
+// What it keeps of an interface (its generation, its learned-set
+// elements) is dropped on every change of the interface's policy, and so
+// at the end of each instance of its zone: Remove (the sandbox deleted),
+// Begin (the same zone handed to a new tenant, a pool member claimed).
+// The records kept elsewhere of the zone's owner (denials, counter
+// series) are dropped by the OnDrop callbacks at the same two points.
 //
 // Every change of an interface's policy starts a new generation of it:
 // an answer to a query asked under an older generation is not learned,
@@ -59,9 +94,27 @@ type Registry struct {
 	mu      sync.Mutex // guards the fields below; held across the guard and file writes so they apply in order
 	zones   map[string]zoneEntry
 	seq     uint64
-	gen     map[string]uint64                   // guest interface -> generation of its policy
-	learned map[string]map[netip.Addr]time.Time // guest interface -> learned address -> expiry
-	cuts    []func(ifaces []string)
+	gen     map[string]uint64          // guest interface -> generation of its policy
+	learned map[string]*learnedSet     // guest interface -> its learned-set elements
+	cuts    []func(ifaces []string)    // OnChange
+	drops   []func(zone, owner string) // OnDrop
+}
+
+// element is one member of the guard's learned sets for an interface:
+// port 0 is the address in @egress_learned4 (tcp 80/443 through the name
+// check), any other port the address and port in @egress_learned_ports4
+// (a name:port entry). They are what the kernel counts against the sets'
+// size, so they are what the quota counts.
+type element struct {
+	addr netip.Addr
+	port uint16
+}
+
+// learnedSet is what an interface has learned: its elements with their
+// expiry, and the owner they count against.
+type learnedSet struct {
+	owner string
+	els   map[element]time.Time
 }
 
 type zoneEntry struct {
@@ -90,7 +143,7 @@ func WithMaxLearned(n int) RegistryOption {
 // every change is written back to it.
 func NewRegistry(g Guard, def Rules, st *State, opts ...RegistryOption) *Registry {
 	r := &Registry{guard: g, def: def, state: st, maxLearned: DefaultMaxLearned, zones: map[string]zoneEntry{},
-		gen: map[string]uint64{}, learned: map[string]map[netip.Addr]time.Time{}}
+		gen: map[string]uint64{}, learned: map[string]*learnedSet{}}
 	if st != nil {
 		r.zones = maps.Clone(st.zones)
 	}
@@ -110,6 +163,16 @@ func (r *Registry) OnChange(fn func(ifaces []string)) {
 	r.cuts = append(r.cuts, fn)
 }
 
+// OnDrop registers fn to be called with a zone and its owner whose
+// instance ended (Remove, Begin), before they return: what is kept of
+// them elsewhere (Denials.Forget, LeaseNames.Forget) goes with it. fn
+// must not call back into the registry.
+func (r *Registry) OnDrop(fn func(zone, owner string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.drops = append(r.drops, fn)
+}
+
 // Set gives zone (owned by owner, e.g. the sandbox id, with its vnet
 // bridges) its rules. The kernel holds them when Set returns; addresses
 // learned under the previous rules are forgotten and connections the
@@ -119,11 +182,54 @@ func (r *Registry) OnChange(fn func(ifaces []string)) {
 func (r *Registry) Set(ctx context.Context, zone, owner string, bridges []string, rules Rules) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.setLocked(ctx, zone, owner, bridges, rules)
+}
+
+// Begin is Set for a new instance of zone (the same zone and owner handed
+// to another tenant: a pool member claimed). Besides what Set ends, every
+// record of the old instance is dropped (OnDrop) under the same lock, so
+// that a denial decided under the old policy (Registry.IfCurrent) is
+// never recorded for the new one.
+func (r *Registry) Begin(ctx context.Context, zone, owner string, bridges []string, rules Rules) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.setLocked(ctx, zone, owner, bridges, rules)
+	if errors.Is(err, errNotInForce) {
+		return err
+	}
+	r.dropLocked(zone, owner)
+	return err
+}
+
+// ZonesGone tells the registry that zones are gone from the node (the
+// guard's zones changed): a zone without a policy of its own is an owner
+// of its own (DefaultOwnerOf), and what is kept of it goes with it
+// (OnDrop). A zone with its own policy ends with Remove instead.
+func (r *Registry) ZonesGone(zones []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range zones {
+		if _, own := r.zones[id]; !own {
+			r.dropLocked(id, DefaultOwnerOf(id, ""))
+		}
+	}
+}
+
+func (r *Registry) dropLocked(zone, owner string) {
+	for _, fn := range r.drops {
+		fn(zone, owner)
+	}
+}
+
+// errNotInForce marks a Set the kernel refused (nothing changed).
+var errNotInForce = errors.New("not in force")
+
+func (r *Registry) setLocked(ctx context.Context, zone, owner string, bridges []string, rules Rules) error {
 	next := maps.Clone(r.zones)
 	prev, had := next[zone]
 	next[zone] = zoneEntry{owner: owner, bridges: slices.Clone(bridges), rules: rules}
 	if err := r.apply(ctx, next); err != nil {
-		return fmt.Errorf("egress of %s: %w", owner, err)
+		return fmt.Errorf("egress of %s: %w: %w", owner, errNotInForce, err)
 	}
 	r.zones = next
 	changed := slices.Clone(bridges)
@@ -197,9 +303,12 @@ func (r *Registry) Reconcile(ctx context.Context) error {
 
 // Learn opens addrs for iface as open says, for ttl, if iface's policy is
 // still generation gen (the one the query was answered under) and the
-// owner's learned addresses stay within the cap; it returns the addresses
-// the guard skipped. A change of the policy cannot interleave: Set holds
-// the same lock from the kernel change to the forgetting.
+// learned-set elements stay within the owner's cap and the node total
+// (the size of the kernel's sets); it returns the addresses the guard
+// skipped. The elements are counted as the kernel counts them: an address
+// opened through the name check is one, each port of a name:port entry
+// one more. A change of the policy cannot interleave: Set holds the same
+// lock from the kernel change to the forgetting.
 func (r *Registry) Learn(ctx context.Context, iface string, gen uint64, addrs []netip.Addr, open firewall.Opening, ttl time.Duration) ([]netip.Addr, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -208,38 +317,88 @@ func (r *Registry) Learn(ctx context.Context, iface string, gen uint64, addrs []
 	}
 	now := time.Now()
 	owner := r.ownerLocked(iface)
-	have := 0
-	for n, m := range r.learned {
-		if r.ownerLocked(n) != owner {
-			continue
-		}
-		maps.DeleteFunc(m, func(_ netip.Addr, exp time.Time) bool { return !exp.After(now) })
-		have += len(m)
-	}
+	els := elements(addrs, open)
+	have, all := r.countLocked(owner, now)
 	mine := r.learned[iface]
 	fresh := 0
-	for _, a := range addrs {
-		if _, ok := mine[a]; !ok {
+	for _, e := range els {
+		if mine == nil || !mine.has(e) {
 			fresh++
 		}
 	}
 	if have+fresh > r.maxLearned {
-		return nil, fmt.Errorf("learn for %s: %d addresses open, cap %d: %w", owner, have, r.maxLearned, ErrQuota)
+		return nil, &QuotaError{Owner: owner, Limit: LimitOwner, Have: have, Cap: r.maxLearned}
+	}
+	if all+fresh > firewall.EgressLearnedSize {
+		return nil, &QuotaError{Owner: owner, Limit: LimitNode, Have: all, Cap: firewall.EgressLearnedSize}
 	}
 	skipped, err := r.guard.LearnOpen(ctx, iface, addrs, open, ttl)
 	if err != nil {
 		return nil, err
 	}
-	if mine == nil {
-		mine = map[netip.Addr]time.Time{}
+	if mine == nil || mine.owner != owner {
+		mine = &learnedSet{owner: owner, els: map[element]time.Time{}}
 		r.learned[iface] = mine
 	}
-	for _, a := range addrs {
-		if !slices.Contains(skipped, a) {
-			mine[a] = now.Add(ttl)
+	for _, e := range els {
+		if !slices.Contains(skipped, e.addr) {
+			mine.els[e] = now.Add(ttl)
 		}
 	}
 	return skipped, nil
+}
+
+// elements are the learned-set elements open makes of addrs.
+func elements(addrs []netip.Addr, open firewall.Opening) []element {
+	var out []element
+	for _, a := range addrs {
+		if open.Checked {
+			out = append(out, element{addr: a})
+		}
+		for _, p := range open.Ports {
+			out = append(out, element{addr: a, port: p})
+		}
+	}
+	return out
+}
+
+func (l *learnedSet) has(e element) bool {
+	_, ok := l.els[e]
+	return ok
+}
+
+// countLocked drops the expired elements and returns how many owner has
+// and how many all interfaces have.
+func (r *Registry) countLocked(owner string, now time.Time) (mine, all int) {
+	for n, l := range r.learned {
+		maps.DeleteFunc(l.els, func(_ element, exp time.Time) bool { return !exp.After(now) })
+		if len(l.els) == 0 {
+			delete(r.learned, n)
+			continue
+		}
+		all += len(l.els)
+		if l.owner == owner {
+			mine += len(l.els)
+		}
+	}
+	return mine, all
+}
+
+// Learned returns the learned-set elements owner has now (as the kernel
+// counts them).
+func (r *Registry) Learned(owner string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mine, _ := r.countLocked(owner, time.Now())
+	return mine
+}
+
+// Seq is a number that changes with every change of a policy (Set,
+// Begin, Remove): what was looked up under the same Seq still holds.
+func (r *Registry) Seq() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seq
 }
 
 // Current reports whether iface's policy is still generation gen.
@@ -247,6 +406,21 @@ func (r *Registry) Current(iface string, gen uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.gen[iface] == gen
+}
+
+// IfCurrent runs fn if iface's policy is still generation gen, under the
+// registry's lock (so no change, and no Begin dropping the owner's
+// records, interleaves): a denial decided under an old policy is recorded
+// with fn only while that policy is in force. fn must be quick and must
+// not call back into the registry.
+func (r *Registry) IfCurrent(iface string, gen uint64, fn func()) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen[iface] != gen {
+		return false
+	}
+	fn()
+	return true
 }
 
 // Remove drops zone's own rules (its sandbox is gone).
@@ -263,7 +437,9 @@ func (r *Registry) Remove(ctx context.Context, zone string) error {
 		return fmt.Errorf("remove egress of zone %s: %w", zone, err)
 	}
 	r.zones = next
-	if err := r.changedLocked(ctx, e.bridges); err != nil {
+	err := r.changedLocked(ctx, e.bridges)
+	r.dropLocked(zone, e.owner)
+	if err != nil {
 		return fmt.Errorf("remove egress of zone %s: removed, but %w", zone, err)
 	}
 	return nil
@@ -296,8 +472,9 @@ func (r *Registry) Default() Rules { return r.def }
 var ErrNotGuest = errors.New("not a guest interface")
 
 // For returns the rules in force for guest interface iface and their
-// owner; interfaces of no zone with a policy get the default (owner
-// NodeOwner). Management, trusted and lo interfaces get ErrNotGuest.
+// owner; interfaces of no zone with a policy get the default, each zone
+// of them an owner of its own (DefaultOwnerOf). Management, trusted and
+// lo interfaces get ErrNotGuest.
 func (r *Registry) For(iface string) (Rules, string, error) {
 	rules, owner, _, err := r.ForGen(iface)
 	return rules, owner, err
@@ -316,7 +493,7 @@ func (r *Registry) ForGen(iface string) (Rules, string, uint64, error) {
 			return e.rules, e.owner, r.gen[iface], nil
 		}
 	}
-	return r.def, NodeOwner, r.gen[iface], nil
+	return r.def, r.defaultOwnerLocked(iface), r.gen[iface], nil
 }
 
 // ZoneOf returns the zone whose own policy covers iface (none for an
@@ -338,5 +515,12 @@ func (r *Registry) ownerLocked(iface string) string {
 			return e.owner
 		}
 	}
-	return NodeOwner
+	return r.defaultOwnerLocked(iface)
+}
+
+// defaultOwnerLocked is the owner of iface under the default (the guard's
+// lock is taken inside the registry's, as in Set).
+func (r *Registry) defaultOwnerLocked(iface string) string {
+	zone, _ := r.guard.ZoneOfBridge(iface)
+	return DefaultOwnerOf(zone, iface)
 }

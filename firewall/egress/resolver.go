@@ -42,6 +42,10 @@ type ResolverConfig struct {
 	// connection past it is dropped and counted (reason quota). Zero
 	// means 16 and 8.
 	QueriesPerOwner, TCPPerOwner int
+	// Owners is how many owners at their share the node totals hold:
+	// QueriesPerOwner*Owners UDP queries in flight and TCPPerOwner*Owners
+	// TCP connections. Zero means DefaultOwners.
+	Owners int
 	// ZoneNames, when set, names what each zone's own dnsmasq holds:
 	// those names are answered by asking that dnsmasq (on the address
 	// the query was redirected to), in every mode, never upstream.
@@ -100,8 +104,8 @@ type Resolver struct {
 	den     *Denials
 	log     *slog.Logger
 	up      Upstream
-	queries *quota // UDP queries in flight per owner
-	conns   *quota // TCP connections per owner
+	queries *quota // UDP queries in flight, per owner and in all
+	conns   *quota // TCP connections, per owner and in all
 }
 
 // Upstream answers a query built by the resolver.
@@ -181,21 +185,32 @@ func NewResolver(cfg ResolverConfig, reg *Registry, links Links, den *Denials, u
 	if cfg.TCPPerOwner <= 0 {
 		cfg.TCPPerOwner = 8
 	}
+	if cfg.Owners <= 0 {
+		cfg.Owners = DefaultOwners
+	}
 	return &Resolver{cfg: cfg, reg: reg, links: links, den: den,
 		log: log.With("component", "egress-resolver"), up: up,
-		queries: newQuota(cfg.QueriesPerOwner), conns: newQuota(cfg.TCPPerOwner)}
+		queries: newQuota(cfg.QueriesPerOwner, cfg.QueriesPerOwner*cfg.Owners),
+		conns:   newQuota(cfg.TCPPerOwner, cfg.TCPPerOwner*cfg.Owners)}
 }
 
-// admit takes one unit of q for the owner of iface's policy; false (and
-// the refusal counted) when the owner is at its quota or iface is no
-// guest's. release gives the unit back.
-func (r *Resolver) admit(q *quota, iface string) (release func(), ok bool) {
+// admit takes one unit of q (resource) for the owner of iface's policy:
+// the owner's share first, then the node total; false (and the refusal
+// counted for the owner) when either is full or iface is no guest's.
+// release gives the unit back.
+func (r *Resolver) admit(q *quota, resource, iface string) (release func(), ok bool) {
 	_, owner, err := r.reg.For(iface)
 	if err != nil {
 		return nil, false
 	}
-	if !q.take(owner) {
-		r.den.Record(owner, Denial{Reason: ReasonQuota})
+	return admitOwner(q, r.den, resource, owner, Denial{})
+}
+
+// admitOwner takes one unit of q for owner, counting a refusal (with den
+// recorded as a quota denial).
+func admitOwner(q *quota, den *Denials, resource, owner string, d Denial) (release func(), ok bool) {
+	if limit, ok := q.take(owner); !ok {
+		den.Refuse(owner, resource, limit, d)
 		return nil, false
 	}
 	return func() { q.give(owner) }, true
@@ -216,12 +231,13 @@ func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) e
 	}
 }
 
-// maxInFlight bounds the queries (and the TCP connections) answered at
-// once, node-wide; each owner's share of it is bounded by its quota.
-const maxInFlight = 256
-
 // ServeUDP answers queries on pc (bound in the daemon's namespace) until
 // ctx is done. It returns after every query goroutine ended.
+//
+// The read loop names each query's interface and takes its owner's share
+// of the queries in flight before anything else (before the node total,
+// before a goroutine starts): a query past the owner's share is dropped
+// at once and costs no other owner anything.
 func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 	p := ipv4.NewPacketConn(pc)
 	if err := p.SetControlMessage(ipv4.FlagInterface|ipv4.FlagDst, true); err != nil {
@@ -231,7 +247,7 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	sem := make(chan struct{}, maxInFlight)
+	names := newIndexNames(r.links, r.reg)
 	for {
 		buf := make([]byte, 1500)
 		n, cm, src, err := p.ReadFrom(buf)
@@ -244,23 +260,17 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 		if cm == nil {
 			continue
 		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			continue // overloaded: the guest retries
+		iface, owner, err := names.byIndex(cm.IfIndex)
+		if err != nil {
+			continue
+		}
+		release, ok := admitOwner(r.queries, r.den, ResourceDNSUDP, owner, Denial{})
+		if !ok {
+			continue // past the owner's share or the node total: the guest retries
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
-			iface, err := r.links.ByIndex(cm.IfIndex)
-			if err != nil {
-				return
-			}
-			release, ok := r.admit(r.queries, iface)
-			if !ok {
-				return // past the owner's quota: the guest retries
-			}
 			defer release()
 			qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
 			defer cancel()
@@ -273,9 +283,12 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 	}
 }
 
-// ServeTCP answers DNS over TCP on ln until ctx is done.
+// ServeTCP answers DNS over TCP on ln until ctx is done. A connection is
+// held only within its owner's share and the node total (admit); the
+// handlers at once are bounded by twice the node total (one refused past
+// a share ends within microseconds).
 func (r *Resolver) ServeTCP(ctx context.Context, ln net.Listener) error {
-	return serveBounded(ctx, ln, maxInFlight, "resolver", func(c net.Conn) {
+	return serveBounded(ctx, ln, 2*r.conns.node, "resolver", func(c net.Conn) {
 		defer c.Close()
 		r.serveConn(ctx, c)
 	})
@@ -291,7 +304,7 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 	if err != nil {
 		return
 	}
-	release, ok := r.admit(r.conns, iface)
+	release, ok := r.admit(r.conns, ResourceDNSTCP, iface)
 	if !ok {
 		return
 	}
@@ -372,13 +385,16 @@ func (r *Resolver) answer(ctx context.Context, iface string, local netip.Addr, q
 		}
 		return pack()
 	}
+	// a denial is recorded only while the policy it was decided under is
+	// in force: never for the next instance of the zone
+	record := func(d Denial) { r.reg.IfCurrent(iface, gen, func() { r.den.Record(owner, d) }) }
 	if rules.Mode == firewall.EgressNone {
-		r.den.Record(owner, Denial{Reason: ReasonMode, Name: qn.Name})
+		record(Denial{Reason: ReasonMode, Name: qn.Name})
 		resp.Rcode = dns.RcodeNameError
 		return pack()
 	}
 	if !rules.Resolves(qn.Name) {
-		r.den.Record(owner, Denial{Reason: ReasonName, Name: qn.Name})
+		record(Denial{Reason: ReasonName, Name: qn.Name})
 		resp.Rcode = dns.RcodeNameError
 		return pack()
 	}
@@ -394,13 +410,14 @@ func (r *Resolver) answer(ctx context.Context, iface string, local netip.Addr, q
 	resp.Rcode = up.Rcode
 	open := firewall.Opening{Checked: rules.AllowsName(qn.Name), Ports: rules.PortsOf(qn.Name)}
 	ans, err := r.learn(ctx, iface, gen, rules, open, up.Answer)
+	var qe *QuotaError
 	switch {
 	case errors.Is(err, ErrStale):
 		// the policy changed while upstream answered: what the old one
 		// allowed is not opened; the guest asks again under the new one
 		resp.Rcode = dns.RcodeServerFailure
-	case errors.Is(err, ErrQuota):
-		r.den.Record(owner, Denial{Reason: ReasonQuota, Name: qn.Name})
+	case errors.As(err, &qe):
+		r.reg.IfCurrent(iface, gen, func() { r.den.Refuse(owner, ResourceLearned, qe.Limit, Denial{Name: qn.Name}) })
 		resp.Rcode = dns.RcodeServerFailure
 	case err != nil:
 		r.log.Error("open learned addresses", "iface", iface, "err", err)

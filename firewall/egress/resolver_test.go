@@ -95,7 +95,7 @@ func TestResolverAnswer(t *testing.T) {
 			iface: "vneta", q: query(t, "pypi.org.", dns.TypeAAAA), rcode: dns.RcodeSuccess},
 		{name: "allowed name, TXT: empty NOERROR without asking upstream",
 			iface: "vneta", q: query(t, "pypi.org.", dns.TypeTXT), rcode: dns.RcodeSuccess},
-		{name: "default none: NXDOMAIN", iface: "vnetz", q: query(t, "pypi.org.", dns.TypeA), rcode: dns.RcodeNameError, deniedFor: NodeOwner},
+		{name: "default none: NXDOMAIN", iface: "vnetz", q: query(t, "pypi.org.", dns.TypeA), rcode: dns.RcodeNameError, deniedFor: DefaultOwnerOf("", "vnetz")},
 		{name: "management interface: REFUSED", iface: "mgmt0", q: query(t, "pypi.org.", dns.TypeA), rcode: dns.RcodeRefused},
 	}
 	for _, tc := range cases {
@@ -179,7 +179,7 @@ func TestRegistrySetFailsChangesNothing(t *testing.T) {
 	if _, ok := reg.Get("za"); ok {
 		t.Error("a failed Set was kept")
 	}
-	if got, owner, _ := reg.For("vneta"); got.Mode != "open" || owner != NodeOwner {
+	if got, owner, _ := reg.For("vneta"); got.Mode != "open" || owner != DefaultOwnerOf("", "vneta") {
 		t.Errorf("For = %v %s after a failed Set", got.Mode, owner)
 	}
 }

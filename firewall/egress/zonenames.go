@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -24,20 +26,38 @@ type ZoneNames interface {
 // the host names guests took by DHCP, bare and under the zone's domain,
 // and every name under the domain (the zone's dnsmasq must hold it as
 // local, "local=/domain/", so it never recurses for it).
+//
+// A lease that has expired names nothing (its address may be another
+// guest's by now), and what is read of a zone's file is dropped with the
+// zone (Forget) and read again whenever the file is another one (inode),
+// or its size or time changed: no host name of an address outlives the
+// lease, the file or the zone it came from.
 type LeaseNames struct {
 	// LeaseFile returns the path of zone's lease file.
 	LeaseFile func(zone string) string
 	// Domain returns zone's DNS domain, "" for none.
 	Domain func(zone string) string
 
+	// Now is the clock leases expire by; nil means time.Now.
+	Now func() time.Time
+
 	mu    sync.Mutex // guards cache
 	cache map[string]leaseCache
 }
 
 type leaseCache struct {
+	ino   uint64
 	mod   time.Time
 	size  int64
-	names map[string]bool
+	names map[string]time.Time // host -> lease expiry (zero: never)
+}
+
+// Forget drops what was read of zone's lease file (the zone is gone, or
+// handed to a new tenant).
+func (l *LeaseNames) Forget(zone string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.cache, zone)
 }
 
 // Holds implements ZoneNames.
@@ -59,20 +79,29 @@ func (l *LeaseNames) Holds(zone, name string) bool {
 	if strings.Contains(host, ".") || l.LeaseFile == nil {
 		return false
 	}
-	return l.hosts(zone)[host]
+	exp, ok := l.hosts(zone)[host]
+	now := time.Now
+	if l.Now != nil {
+		now = l.Now
+	}
+	return ok && (exp.IsZero() || exp.After(now()))
 }
 
 // hosts returns the host names of zone's lease file, read again when it
 // changed.
-func (l *LeaseNames) hosts(zone string) map[string]bool {
+func (l *LeaseNames) hosts(zone string) map[string]time.Time {
 	path := l.LeaseFile(zone)
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil
 	}
+	var ino uint64
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if c, ok := l.cache[zone]; ok && c.mod.Equal(fi.ModTime()) && c.size == fi.Size() {
+	if c, ok := l.cache[zone]; ok && c.ino == ino && c.mod.Equal(fi.ModTime()) && c.size == fi.Size() {
 		return c.names
 	}
 	f, err := os.Open(path)
@@ -84,7 +113,7 @@ func (l *LeaseNames) hosts(zone string) map[string]bool {
 	if l.cache == nil {
 		l.cache = map[string]leaseCache{}
 	}
-	l.cache[zone] = leaseCache{mod: fi.ModTime(), size: fi.Size(), names: names}
+	l.cache[zone] = leaseCache{ino: ino, mod: fi.ModTime(), size: fi.Size(), names: names}
 	return names
 }
 
@@ -92,11 +121,13 @@ func (l *LeaseNames) hosts(zone string) map[string]bool {
 const maxLeaseFile = 4 << 20
 
 // leaseHosts parses dnsmasq lease lines ("<expiry> <MAC> <IP> <host>
-// <client-id>") and returns the valid single-label host names, lower case
-// ("*" is no name). The host names come from the guests: anything that is
-// not a DNS label is skipped.
-func leaseHosts(r io.Reader) map[string]bool {
-	out := map[string]bool{}
+// <client-id>", expiry in seconds since the epoch, 0 for an infinite
+// lease) and returns the valid single-label host names, lower case ("*"
+// is no name), each with its lease's expiry (the latest if several). The
+// host names come from the guests: anything that is not a DNS label is
+// skipped.
+func leaseHosts(r io.Reader) map[string]time.Time {
+	out := map[string]time.Time{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), 4096)
 	for sc.Scan() {
@@ -108,7 +139,18 @@ func leaseHosts(r io.Reader) map[string]bool {
 		if h == "*" || strings.Contains(h, ".") || checkName(h) != nil {
 			continue
 		}
-		out[h] = true
+		secs, err := strconv.ParseInt(string(fs[0]), 10, 64)
+		if err != nil || secs < 0 {
+			continue
+		}
+		exp := time.Time{}
+		if secs > 0 {
+			exp = time.Unix(secs, 0)
+		}
+		if prev, ok := out[h]; ok && (prev.IsZero() || !exp.IsZero() && prev.After(exp)) {
+			continue
+		}
+		out[h] = exp
 	}
 	return out
 }

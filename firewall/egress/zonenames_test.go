@@ -1,12 +1,14 @@
 package egress
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestLeaseNames(t *testing.T) {
@@ -21,7 +23,7 @@ func TestLeaseNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := &LeaseNames{LeaseFile: func(z string) string { return filepath.Join(dir, z+".leases") },
-		Domain: func(z string) string { return z + ".test" }}
+		Domain: func(z string) string { return z + ".test" }, Now: func() time.Time { return time.Unix(1600000000, 0) }}
 	for _, tc := range []struct {
 		zone, name string
 		want       bool
@@ -46,6 +48,60 @@ func TestLeaseNames(t *testing.T) {
 	}
 	if !l.Holds("za", "vm105") {
 		t.Error("a new lease was not seen")
+	}
+}
+
+// TestLeaseNamesInstance: a host name does not outlive its lease, the
+// lease file it came from or its zone (issue 34): an expired lease names
+// nothing (its address may be another guest's), a file replaced by
+// another of the same size and time is read again, and Forget drops what
+// was read of a zone.
+func TestLeaseNamesInstance(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "za.leases")
+	now := time.Unix(1800000000, 0)
+	write := func(host string, exp int64) {
+		t.Helper()
+		tmp := path + ".new"
+		line := fmt.Sprintf("%d 02:00:00:00:00:01 10.10.1.100 %s *\n", exp, host)
+		if err := os.WriteFile(tmp, []byte(line), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(tmp, now, now); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := &LeaseNames{LeaseFile: func(z string) string { return filepath.Join(dir, z+".leases") }, Now: func() time.Time { return now }}
+	write("old-a", now.Unix()+60)
+	if !l.Holds("za", "old-a") {
+		t.Fatal("a live lease is not held")
+	}
+	// the address's lease expired: its old name goes with it
+	now = now.Add(2 * time.Minute)
+	if l.Holds("za", "old-a") {
+		t.Error("an expired lease still names its host")
+	}
+	now = now.Add(-2 * time.Minute)
+	// another file of the same size and time (the zone made anew, a
+	// new tenant's guest took the address): read again
+	write("new-b", now.Unix()+60)
+	if l.Holds("za", "old-a") || !l.Holds("za", "new-b") {
+		t.Errorf("a replaced lease file of the same size and time: old-a %v, new-b %v", l.Holds("za", "old-a"), l.Holds("za", "new-b"))
+	}
+	// an infinite lease (expiry 0) holds
+	write("inf-c", 0)
+	if !l.Holds("za", "inf-c") {
+		t.Error("an infinite lease is not held")
+	}
+	l.Forget("za")
+	l.mu.Lock()
+	_, kept := l.cache["za"]
+	l.mu.Unlock()
+	if kept {
+		t.Error("Forget kept the zone's names")
 	}
 }
 

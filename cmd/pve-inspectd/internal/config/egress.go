@@ -39,18 +39,28 @@ type EgressSection struct {
 	// ProxyIdleTimeout closes a connection the proxy spliced when no
 	// byte went either way for that long.
 	ProxyIdleTimeout time.Duration `toml:"proxy_idle_timeout"`
-	// MaxLearned caps the addresses one sandbox's resolved names hold
-	// open at once (a wildcard over a domain whose names encode
-	// addresses cannot grow the kernel's set without bound).
+	// MaxLearned caps the learned-set elements one owner's resolved
+	// names hold at once, counted as the kernel counts them (an address
+	// behind the name check is one, each port of a name:port entry one
+	// more): a wildcard over a domain whose names encode addresses
+	// cannot grow the kernel's set without bound.
 	MaxLearned int `toml:"max_learned"`
-	// DNSQueriesPerSandbox and DNSTCPPerSandbox bound one sandbox's UDP
+	// DNSQueriesPerSandbox and DNSTCPPerSandbox bound one owner's UDP
 	// queries in flight and DNS-over-TCP connections at the daemon's
 	// resolver; ProxyConnsPerSandbox its connections through the proxy.
-	// Past them a query or connection is refused and counted
-	// (pve_inspect_egress_denied_total reason="quota").
+	// An owner is a sandbox, or a zone the daemon did not create. Past
+	// them a query or connection is refused and counted
+	// (pve_inspect_egress_quota_refused_total{owner,resource,limit}).
 	DNSQueriesPerSandbox int `toml:"dns_queries_per_sandbox"`
 	DNSTCPPerSandbox     int `toml:"dns_tcp_per_sandbox"`
 	ProxyConnsPerSandbox int `toml:"proxy_conns_per_sandbox"`
+	// Owners is how many owners at their share the node totals hold:
+	// each node total is the per-owner share times Owners, checked after
+	// the owner's share, so that many owners at their quota all fit.
+	// Set it to at least [api.caps] node_sandboxes plus the warm pool's
+	// members and the zones the daemon did not create. Owners times
+	// max_learned must fit the kernel's learned set (65536).
+	Owners int `toml:"owners"`
 	// ZoneDomain is the DNS domain of a zone's dnsmasq, "{zone}" standing
 	// for the zone id ("" for none): names under it are answered by that
 	// dnsmasq for its guests in every mode, so it must hold the domain as
@@ -74,8 +84,13 @@ func (c Config) EgressStateFile() string {
 func defaultEgress() EgressSection {
 	return EgressSection{DefaultMode: "open", Allow: []string{}, Deny: []string{}, Upstreams: []string{}, TTLFloor: 30 * time.Second, TTLCeiling: time.Hour,
 		DNSPort: 15353, ProxyPort: 15380, ProxyIdleTimeout: 5 * time.Minute, MaxLearned: egress.DefaultMaxLearned,
-		DNSQueriesPerSandbox: 16, DNSTCPPerSandbox: 8, ProxyConnsPerSandbox: 256}
+		DNSQueriesPerSandbox: 16, DNSTCPPerSandbox: 8, ProxyConnsPerSandbox: egress.DefaultProxyConnsPerOwner, Owners: egress.DefaultOwners}
 }
+
+// maxProxyConns bounds the proxy's node total (owners times
+// proxy_conns_per_sandbox): each connection holds two 16 KiB splice
+// buffers and three goroutines, about 56 MiB of heap per 1024.
+const maxProxyConns = 8192
 
 // DefaultRules compiles the node-wide default policy (validated by Load).
 func (s EgressSection) DefaultRules() (egress.Rules, error) {
@@ -121,10 +136,17 @@ func (s EgressSection) validate(prefix string) error {
 		{"dns_queries_per_sandbox", s.DNSQueriesPerSandbox, 256},
 		{"dns_tcp_per_sandbox", s.DNSTCPPerSandbox, 256},
 		{"proxy_conns_per_sandbox", s.ProxyConnsPerSandbox, 1024},
+		{"owners", s.Owners, 1024},
 	} {
 		if q.v < 1 || q.v > q.hi {
 			return &KeyError{Key: prefix + "." + q.key, Err: fmt.Errorf("%d: want 1..%d", q.v, q.hi)}
 		}
+	}
+	if s.Owners*s.MaxLearned > firewall.EgressLearnedSize {
+		return &KeyError{Key: prefix + ".owners", Err: fmt.Errorf("owners (%d) times max_learned (%d) past the kernel's learned set (%d)", s.Owners, s.MaxLearned, firewall.EgressLearnedSize)}
+	}
+	if n := s.Owners * s.ProxyConnsPerSandbox; n > maxProxyConns {
+		return &KeyError{Key: prefix + ".owners", Err: fmt.Errorf("owners (%d) times proxy_conns_per_sandbox (%d) is %d proxy connections, past %d", s.Owners, s.ProxyConnsPerSandbox, n, maxProxyConns)}
 	}
 	if d := strings.ReplaceAll(s.ZoneDomain, "{zone}", "zone"); d != "" {
 		if _, _, err := egress.ParseDomain(d); err != nil {

@@ -116,6 +116,18 @@ func (r *run) startEgress(ctx context.Context) error {
 		return fmt.Errorf("egress metrics: %w", err)
 	}
 	reg := egress.NewRegistry(r.guard, def, r.egressState, egress.WithMaxLearned(ec.MaxLearned))
+	leases := &egress.LeaseNames{
+		LeaseFile: func(zone string) string {
+			return filepath.Join(r.d.Config.Guard.NodeRoot, "/", "var", "lib", "misc", "dnsmasq."+zone+".leases")
+		},
+		Domain: func(zone string) string { return strings.ReplaceAll(ec.ZoneDomain, "{zone}", zone) },
+	}
+	// what is kept of a sandbox's egress goes with its instance: deleted,
+	// or a pool member claimed
+	reg.OnDrop(func(zone, owner string) {
+		den.Forget(owner)
+		leases.Forget(zone)
+	})
 	// what the kernel learned before this start stays only where the
 	// persisted policy is still in force
 	if err := reg.Reconcile(ctx); err != nil {
@@ -123,15 +135,10 @@ func (r *run) startEgress(ctx context.Context) error {
 	}
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: ups, TTLFloor: ec.TTLFloor, TTLCeiling: ec.TTLCeiling,
 		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark()),
-		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox,
-		ZoneNames: &egress.LeaseNames{
-			LeaseFile: func(zone string) string {
-				return filepath.Join(r.d.Config.Guard.NodeRoot, "/", "var", "lib", "misc", "dnsmasq."+zone+".leases")
-			},
-			Domain: func(zone string) string { return strings.ReplaceAll(ec.ZoneDomain, "{zone}", zone) },
-		}}, reg, links, den, nil, r.log)
+		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox, Owners: ec.Owners,
+		ZoneNames: leases}, reg, links, den, nil, r.log)
 	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark()),
-		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox}, reg, links, den, r.log)
+		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox, Owners: ec.Owners}, reg, links, den, r.log)
 	var pc net.PacketConn
 	var dnsLn, proxyLn net.Listener
 	dnsAddr, proxyAddr := fmt.Sprintf(":%d", ec.DNSPort), fmt.Sprintf(":%d", ec.ProxyPort)
@@ -224,6 +231,19 @@ func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string
 	}
 	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
 }
+
+// Claim implements sandbox.EgressClaimer: Set for a new instance of the
+// sandbox (a pool member claimed), its denials, counter series and
+// learned addresses dropped under the registry's lock (Registry.Begin).
+func (e *Egress) Claim(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
+	r, err := egress.Compile(policyOf(p))
+	if err != nil {
+		return err
+	}
+	return e.Registry.Begin(ctx, zone, sandbox, bridges, r)
+}
+
+var _ sandbox.EgressClaimer = (*Egress)(nil)
 
 // Remove implements sandbox.Egress.
 func (e *Egress) Remove(ctx context.Context, sandbox, zone string) error {

@@ -20,13 +20,17 @@ import (
 // vnets are joined.
 type zoneUnion struct {
 	set func(context.Context, map[string][]string) error
+	// gone, when set, hears of the zones a successful set dropped (the
+	// egress part forgets what it kept of them); called in order, under
+	// mu, so it must not call back into the union.
+	gone func(zones []string)
 
 	mu    sync.Mutex // guards bySrc and serializes calls of set
 	bySrc map[string]map[string][]string
 }
 
-func newZoneUnion(set func(context.Context, map[string][]string) error) *zoneUnion {
-	return &zoneUnion{set: set, bySrc: map[string]map[string][]string{}}
+func newZoneUnion(set func(context.Context, map[string][]string) error, gone func([]string)) *zoneUnion {
+	return &zoneUnion{set: set, gone: gone, bySrc: map[string]map[string][]string{}}
 }
 
 // source returns the setter for one source's zones.
@@ -35,14 +39,26 @@ func (u *zoneUnion) source(name string) func(context.Context, map[string][]strin
 		u.mu.Lock()
 		defer u.mu.Unlock()
 		prev, had := u.bySrc[name]
+		before := u.mergedLocked()
 		u.bySrc[name] = zones
-		if err := u.set(ctx, u.mergedLocked()); err != nil {
+		after := u.mergedLocked()
+		if err := u.set(ctx, after); err != nil {
 			if had {
 				u.bySrc[name] = prev
 			} else {
 				delete(u.bySrc, name)
 			}
 			return err
+		}
+		var gone []string
+		for id := range before {
+			if _, ok := after[id]; !ok {
+				gone = append(gone, id)
+			}
+		}
+		if len(gone) > 0 && u.gone != nil {
+			slices.Sort(gone)
+			u.gone(gone)
 		}
 		return nil
 	}
@@ -60,7 +76,11 @@ func (u *zoneUnion) mergedLocked() map[string][]string {
 // running config into the guard's run-time zones, and starts keeping the
 // latter current.
 func (r *run) startZones(ctx context.Context) error {
-	r.zones = newZoneUnion(r.guard.SetZones)
+	var gone func([]string)
+	if r.egress != nil { // started before: a zone gone is forgotten there
+		gone = r.egress.Registry.ZonesGone
+	}
+	r.zones = newZoneUnion(r.guard.SetZones, gone)
 	loop, err := StartSDNZones(ctx, r.d.Config.Guard, r.log, r.reg, r.zones.source("sdn"), r.guard)
 	if err != nil {
 		return fmt.Errorf("sdn zones: %w", err)
