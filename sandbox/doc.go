@@ -150,22 +150,29 @@
 //     interface (the zone's bridges, vnet names from the sandbox id);
 //     dropped at every policy change and removal (changedLocked,
 //     Guard.Forget) (registry.go).
-//   - Registry.gen: by guest interface; never dropped (one counter per
-//     bridge name ever seen) (registry.go).
-//   - Denials.recent: by sandbox id; dropped with the sandbox's policy
-//     (the daemon's Egress.Remove calls Forget). The counter
-//     pve_inspect_egress_denied_total{sandbox,reason}: by sandbox id,
-//     never deleted (finding 6). Pool-period denials are kept under the
-//     member's id and so show to the claimer (finding 6) (denials.go).
+//   - Registry.gen: by guest interface; a new generation at every policy
+//     change (no answer asked under an older one is learned), dropped
+//     with the zone's Remove (registry.go).
+//   - Denials.recent and the counters pve_inspect_egress_denied_total and
+//     pve_inspect_egress_quota_refused_total: by sandbox id (the egress
+//     owner); dropped, series deleted, when the sandbox's policy is
+//     removed (Egress.Remove calls Forget) and when a pool member is
+//     claimed (Registry.Begin: the claimer starts clean), and for a zone
+//     the daemon did not create when it leaves the node (ZonesGone)
+//     (denials.go, registry.go).
 //   - KernelDrops.ifs and .dests: by interface name (and address); rebuilt
 //     from the kernel's counters on every poll (2 s), attributed to the
-//     owner of the interface at poll time (kernel.go).
+//     owner of the interface at poll time; drops read across a policy
+//     change are a new baseline, not counted for the new owner (kernel.go).
 //   - The proxy's live connections, proxy.live: by guest interface, cut at
 //     every policy change; its quota, by owner, released per connection
 //     (proxy.go, quota.go).
 //   - LeaseNames.cache (names guests took by DHCP): by zone (= sandbox
-//     id); re-read when the lease file changes, nothing when it is gone,
-//     never dropped (zonenames.go).
+//     id); an expired lease names nothing, a replaced lease file is
+//     re-read, and what was read of a zone goes with the zone
+//     (zonenames.go).
+//   - The resolver's interface index -> name and owner memory: at most
+//     1 s, looked up again at once on a policy change (resolver.go).
 //
 // DHCP leases and names of a reused address: each sandbox has its own
 // zone, named by its id, so its own dnsmasq instance and lease file

@@ -438,6 +438,13 @@ func (r *Registry) Remove(ctx context.Context, zone string) error {
 	}
 	r.zones = next
 	err := r.changedLocked(ctx, e.bridges)
+	// The generation changedLocked just gave them already refuses every
+	// answer in flight; a bridge no zone holds reads generation 0, which
+	// no answer asked under the removed zone carries, so the entries go
+	// with the zone (nothing is kept per bridge name ever seen).
+	for _, n := range e.bridges {
+		delete(r.gen, n)
+	}
 	r.dropLocked(zone, e.owner)
 	if err != nil {
 		return fmt.Errorf("remove egress of zone %s: removed, but %w", zone, err)
