@@ -23,6 +23,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/bench"
@@ -74,7 +75,7 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "tenant A (owner-bound token) held %d execs, %d file writes, %d event streams; first refusals: exec %q, file %q, stream %q\n",
 		r.Attack.ExecsHeld, r.Attack.FilesHeld, r.Attack.StreamsHeld, r.Attack.ExecRefusal, r.Attack.FileRefusal, r.Attack.StreamRefusal)
 	ao := r.Options.WithDefaults()
-	fmt.Fprintf(w, "tenant A floods from each of %d VMs: DNS %d/s to the zone resolver (half denied names), %d connections held through the proxy, SYN %d/s and UDP %d/s to closed ports of the node, the gateway and the internet host\n",
+	fmt.Fprintf(w, "tenant A floods from each of %d VMs: DNS %d/s to the zone resolver (half denied names), %d connections held through the proxy, SYN %d/s to closed ports of the node, the gateway and the internet host and to the proxy, UDP %d/s to closed ports\n",
 		r.VMs, ao.DNSRate, ao.Proxy, ao.SYNRate, ao.UDPRate)
 	fmt.Fprintf(w, "%-44s %21s %34s %8s\n", "tenant B", "alone p50 / p99 (n)", "A attacking p50 / p99 (n, failed)", "p99 x")
 	for _, f := range r.Figures {
@@ -135,6 +136,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 	if o.AttackVMs <= 0 {
 		o.AttackVMs = 2
 	}
+	fmt.Fprintf(w, "command: %s; the playground from %s\n", strings.Join(os.Args, " "), o.Bin)
 	n, err := tenantbed.Start(ctx, o.Bin)
 	if err != nil {
 		return Result{}, err

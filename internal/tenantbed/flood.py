@@ -3,7 +3,8 @@
 # time, aimed only at addresses inside the node in a box. Arguments are
 # key=value: seconds, dns (the resolver address), allowed and denied
 # (name suffixes), dns_n, proxy (an address:port the guard redirects to
-# the proxy), proxy_n, syn (comma-separated addresses), syn_n, udp
+# the proxy), proxy_n, syn (comma-separated addresses, each with an
+# optional :port; without one, ports cycle), syn_n, udp
 # (comma-separated addresses), udp_n. Prints one line of counts as JSON.
 import json
 import os
@@ -111,8 +112,9 @@ def syn_flood():
         pace(sent, n)
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
+        host, _, port = targets[sent % len(targets)].partition(":")
         try:
-            s.connect_ex((targets[sent % len(targets)], 1 + (sent * 7919) % 65000))
+            s.connect_ex((host, int(port) if port else 1 + (sent * 7919) % 65000))
         except OSError:
             count("syn_errors")
         s.close()

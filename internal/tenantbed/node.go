@@ -52,6 +52,7 @@ type Node struct {
 	info    map[string]string
 	tlsCfg  *tls.Config
 	apiHost string
+	closed  sync.Once
 }
 
 // Start runs `pve-inspect-demo --stay` from bin (which also holds
@@ -99,7 +100,7 @@ func Start(ctx context.Context, bin string) (*Node, error) {
 	select {
 	case ok := <-ready:
 		if !ok {
-			<-n.done
+			n.closed.Do(func() { <-n.done })
 			return nil, fmt.Errorf("tenantbed: playground exited before ready:\n%s", n.Output())
 		}
 	case <-ctx.Done():
@@ -144,18 +145,17 @@ func (n *Node) Output() string {
 }
 
 // Close stops the playground (SIGTERM; it tears the bed down) and waits
-// for it, killing it after two minutes.
+// for it, killing it after two minutes. Later calls do nothing.
 func (n *Node) Close() {
-	if n.cmd.Process == nil {
-		return
-	}
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-n.done:
-	case <-time.After(2 * time.Minute):
-		_ = n.cmd.Process.Kill()
-		<-n.done
-	}
+	n.closed.Do(func() {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.done:
+		case <-time.After(2 * time.Minute):
+			_ = n.cmd.Process.Kill()
+			<-n.done
+		}
+	})
 }
 
 // NodeNS is the node's network namespace.

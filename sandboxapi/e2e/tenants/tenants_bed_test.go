@@ -207,8 +207,8 @@ func TestTwoTenants(t *testing.T) {
 		if len(b1.Networks) != len(netA) || len(netA) == 0 || b1.Networks[0].CIDR != netA[0].CIDR {
 			t.Errorf("B's networks %+v, A had %+v", b1.Networks, netA)
 		}
-		if addrB := guestAddr(t, n, b1.VMs[0].VMID); addrB != addrA {
-			t.Logf("B's address %s, A had %s (DHCP handed another)", addrB, addrA)
+		if addrB := guestAddr(t, n, b1.VMs[0].VMID); addrB != addrA || addrA == "" {
+			t.Errorf("B's address %q, A had %q", addrB, addrA)
 		}
 	})
 	t.Run("B sees nothing of A", func(t *testing.T) {
