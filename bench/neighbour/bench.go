@@ -77,6 +77,12 @@ func (r Result) Print(w io.Writer) {
 	ao := r.Options.WithDefaults()
 	fmt.Fprintf(w, "tenant A floods from each of %d VMs: DNS %d/s to the zone resolver (half denied names), %d connections held through the proxy, SYN %d/s to closed ports of the node, the gateway and the internet host and to the proxy, UDP %d/s to closed ports\n",
 		r.VMs, ao.DNSRate, ao.Proxy, ao.SYNRate, ao.UDPRate)
+	for _, l := range strings.Split(r.Attack.Flood, "\n") {
+		if l != "" && !strings.Contains(l, context.Canceled.Error()) {
+			// a flood that ended before Stop: say how
+			fmt.Fprintf(w, "tenant A's flood ended early: %s\n", l)
+		}
+	}
 	fmt.Fprintf(w, "%-44s %21s %34s %8s\n", "tenant B", "alone p50 / p99 (n)", "A attacking p50 / p99 (n, failed)", "p99 x")
 	for _, f := range r.Figures {
 		a50, a99 := bench.Quantile(f.Alone, 0.5), bench.Quantile(f.Alone, 0.99)
@@ -230,7 +236,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 	defer deleteSandbox(a, sa.ID)
 	ao := o.Attack
 	if ao.Flood == 0 {
-		ao.Flood = 10 * time.Minute // ended by Stop and the delete, not by its clock
+		ao.Flood = 5 * time.Minute // ended by Stop and the delete, not by its clock
 	}
 	att, err := tenantbed.StartAttack(ctx, a, sa, ao)
 	if err != nil {

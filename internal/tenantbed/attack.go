@@ -162,7 +162,7 @@ func StartAttack(ctx context.Context, c *client.Client, sb apitype.Sandbox, opts
 	var st AttackStats
 	var err error
 	st.ExecsHeld, err = a.hold(actx, opts.Execs, func(ctx context.Context, i int) error {
-		_, err := c.Exec(ctx, sb.ID, vm, apitype.ExecRequest{Argv: []string{"sleep", "3600"}, Cwd: "/", TimeoutSeconds: 3600})
+		_, err := c.Exec(ctx, sb.ID, vm, apitype.ExecRequest{Argv: []string{"sleep", "600"}, Cwd: "/", TimeoutSeconds: 600})
 		return err
 	})
 	st.ExecRefusal = refusal(err)
