@@ -1,3 +1,6 @@
+// Package tenants_test is the two-tenant suite of issue 34 on the
+// playground's real daemon (internal/tenantbed): TestTwoTenants. It needs
+// root and builds the playground's binaries itself.
 package tenants_test
 
 import (
