@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"slices"
 	"time"
@@ -32,6 +33,17 @@ func Median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// Quantile returns the q-quantile (0 < q <= 1) of ds by the nearest rank,
+// 0 for none. ds is not modified.
+func Quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(ds))
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }
 
 // OneGuestBed brings up a test bed with one zone (zonea, vnet vneta on

@@ -16,7 +16,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -118,7 +117,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.ColdP50, res.ColdP99 = quantile(cold, 0.5), quantile(cold, 0.99)
+	res.ColdP50, res.ColdP99 = bench.Quantile(cold, 0.5), bench.Quantile(cold, 0.99)
 	res.CallsPerCold = float64(coldCalls) / float64(o.Rounds)
 	res.SDNAppliesPerCold = float64(coldRoutes["PUT /cluster/sdn"]) / float64(o.Rounds)
 	// Claims: the pool refilled (untimed) before each.
@@ -127,7 +126,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.ClaimP50, res.ClaimP99 = quantile(claims, 0.5), quantile(claims, 0.99)
+	res.ClaimP50, res.ClaimP99 = bench.Quantile(claims, 0.5), bench.Quantile(claims, 0.99)
 	if res.ClaimP50 > 0 {
 		res.Ratio = float64(res.ColdP50) / float64(res.ClaimP50)
 	}
@@ -226,7 +225,7 @@ func (r *runner) steps(n int, node *bench.EmuNode, res *Result) error {
 		}
 		h, tg, p, sw = append(h, t1.Sub(t0)), append(tg, t2.Sub(t1)), append(p, t3.Sub(t2)), append(sw, time.Since(t3))
 	}
-	res.StepHTTP, res.StepTag, res.StepPing, res.StepState = quantile(h, 0.5), quantile(tg, 0.5), quantile(p, 0.5), quantile(sw, 0.5)
+	res.StepHTTP, res.StepTag, res.StepPing, res.StepState = bench.Quantile(h, 0.5), bench.Quantile(tg, 0.5), bench.Quantile(p, 0.5), bench.Quantile(sw, 0.5)
 	return r.c.Delete(r.ctx, sb.ID)
 }
 
@@ -265,19 +264,8 @@ func (r *runner) burst(o Options, res *Result) error {
 		}
 	}
 	res.BurstHits, res.BurstMisses = len(hits), len(misses)
-	res.BurstP50, res.BurstHitP50, res.BurstMissP50 = quantile(all, 0.5), quantile(hits, 0.5), quantile(misses, 0.5)
+	res.BurstP50, res.BurstHitP50, res.BurstMissP50 = bench.Quantile(all, 0.5), bench.Quantile(hits, 0.5), bench.Quantile(misses, 0.5)
 	return err
-}
-
-// quantile returns the q-quantile of ds (nearest rank), 0 for none.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.999999) - 1
-	return s[max(0, min(i, len(s)-1))]
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }

@@ -4,20 +4,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"time"
-)
 
-// quantile returns the q-quantile (nearest rank) of ds.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Sorted(slices.Values(ds))
-	i := int(q*float64(len(s))+0.999999) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
+	"github.com/pve-inspect/pve-inspect/bench"
+)
 
 // figure is one printed line: a name and its value at one size.
 type figure struct {
@@ -29,16 +20,16 @@ type figure struct {
 func (r SizeResult) figures() []figure {
 	return []figure{
 		{"start to ready", r.StartToReady, 0},
-		{"new bridge -> zone peers p50", quantile(r.NewBridge, 0.5), 0},
-		{"new bridge -> zone peers p99", quantile(r.NewBridge, 0.99), GoalNewBridgeP99},
+		{"new bridge -> zone peers p50", bench.Quantile(r.NewBridge, 0.5), 0},
+		{"new bridge -> zone peers p99", bench.Quantile(r.NewBridge, 0.99), GoalNewBridgeP99},
 		{fmt.Sprintf("burst of %d -> all in zone peers", r.BurstSize), r.Burst, GoalBurst},
 		{"burst: slowest bridge after its creation", r.BurstSlowest, 0},
-		{"port moved -> guest_ports p50", quantile(r.PortMoved, 0.5), 0},
-		{"port moved -> guest_ports p99", quantile(r.PortMoved, 0.99), 0},
-		{"zone added -> zone peers p50", quantile(r.ZoneAdded, 0.5), 0},
-		{"zone added -> zone peers p99", quantile(r.ZoneAdded, 0.99), 0},
-		{"lockdown flip -> lockdown set p50", quantile(r.Lockdown, 0.5), 0},
-		{"lockdown flip -> lockdown set p99", quantile(r.Lockdown, 0.99), GoalLockdownP99},
+		{"port moved -> guest_ports p50", bench.Quantile(r.PortMoved, 0.5), 0},
+		{"port moved -> guest_ports p99", bench.Quantile(r.PortMoved, 0.99), 0},
+		{"zone added -> zone peers p50", bench.Quantile(r.ZoneAdded, 0.5), 0},
+		{"zone added -> zone peers p99", bench.Quantile(r.ZoneAdded, 0.99), 0},
+		{"lockdown flip -> lockdown set p50", bench.Quantile(r.Lockdown, 0.5), 0},
+		{"lockdown flip -> lockdown set p99", bench.Quantile(r.Lockdown, 0.99), GoalLockdownP99},
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/bench/guard"
 	"github.com/pve-inspect/pve-inspect/bench/layer2"
 	"github.com/pve-inspect/pve-inspect/bench/lockdown"
+	"github.com/pve-inspect/pve-inspect/bench/neighbour"
 	"github.com/pve-inspect/pve-inspect/bench/pool"
 	"github.com/pve-inspect/pve-inspect/bench/qga"
 	"github.com/pve-inspect/pve-inspect/bench/scale"
@@ -32,4 +33,5 @@ var sections = []section{
 	{"egress", "egress checks (resolver, Host/SNI proxy) vs an open zone", egress.Section},
 	{"scale", "the guard's per-change paths at 1, 500 and 2000 bridges and ports", scale.Section},
 	{"pool", "a claim from the warm pool vs a cold create of the same shape, its Proxmox calls, 20 creates against a pool of 4", pool.Section},
+	{"neighbour", "tenant B's exec, DNS, events and the node's APIs, alone vs while tenant A floods and holds every quota", neighbour.Section},
 }

@@ -394,6 +394,11 @@ public6 = [%q]
 external_name = "{random}.%s"
 local_name = "gateway.{zone}.test"
 
+# The bed's resolver: the node's /etc/resolv.conf is the machine's, out
+# of the bed's reach.
+[egress]
+upstreams = ["%s:53"]
+
 [api]
 enabled = true
 socket = %q
@@ -414,7 +419,7 @@ ca_file = %q
 default_template = "debian"
 %s`, filepath.Join(dir, "guard"), bed.NodeRoot(), metricsPort, marker, bed.ResolvConf(), filepath.Join(dir, "lockdown"), filepath.Join(dir, "lockdown.json"),
 		bed.ResolvConf(), filepath.Join(dir, "halted"), probePath, testvm.LANAddr, testvm.InternetAddr, testvm.InternetAddr6, testvm.InternetName,
-		sock, filepath.Join(dir, "api-state"), filepath.Join(dir, "tokens.json"), bed.QGADir(), templateID, apiExtra, tokenID, secretFile, caFile, mcpExtra)
+		testvm.InternetAddr, sock, filepath.Join(dir, "api-state"), filepath.Join(dir, "tokens.json"), bed.QGADir(), templateID, apiExtra, tokenID, secretFile, caFile, mcpExtra)
 	cfgPath = filepath.Join(dir, "config.toml")
 	return cfgPath, sock, marker, os.WriteFile(cfgPath, []byte(doc), 0o600)
 }
