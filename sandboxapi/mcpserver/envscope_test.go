@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
@@ -73,7 +74,7 @@ func TestEnvFileScoped(t *testing.T) {
 			}, o)
 			hs := httptest.NewServer(h)
 			t.Cleanup(hs.Close)
-			s := b.connect(b.ctx(), &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: &http.Client{Transport: bearer{tc.tok, http.DefaultTransport}}})
+			s := b.connect(b.ctx(), &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: &http.Client{Transport: testkit.Bearer{Token: tc.tok}}})
 			sb := ok[apitype.Sandbox](t, "create", callOn(t, b.ctx(), s, mcpserver.ToolCreate, nil))
 			out := ok[mcpserver.ExecOutput](t, "cat", callOn(t, b.ctx(), s, mcpserver.ToolExec, map[string]any{"id": sb.ID, "argv": []string{"cat", apitype.GuestEnvPath}}))
 			got := out.ExitCode == 0

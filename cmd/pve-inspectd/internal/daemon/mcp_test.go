@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
@@ -22,14 +23,6 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
-
-type bearerRT struct{ tok string }
-
-func (b bearerRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.tok)
-	return http.DefaultTransport.RoundTrip(r)
-}
 
 // TestTCPHandler: the TCP handler serves the API and, with [mcp] http, the
 // MCP server at /v1/mcp behind the token file's tokens; without it,
@@ -67,7 +60,7 @@ func TestTCPHandler(t *testing.T) {
 		resp.Body.Close()
 		cl := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil)
 		session := func(tok string) (*mcp.ClientSession, error) {
-			return cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: hs.URL + MCPPath, HTTPClient: &http.Client{Transport: bearerRT{tok}}}, nil)
+			return cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: hs.URL + MCPPath, HTTPClient: &http.Client{Transport: testkit.Bearer{Token: tok}}}, nil)
 		}
 		cs, err := session(admin)
 		if !on {
@@ -160,7 +153,7 @@ func TestTCPHandlerEnvFile(t *testing.T) {
 	for name, want := range map[string]bool{"ops": false, "alice-ci": true, "bob-ci": false, "agent-1": true} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(ctx,
-			&mcp.StreamableClientTransport{Endpoint: hs.URL + MCPPath, HTTPClient: &http.Client{Transport: bearerRT{toks[name]}}}, nil)
+			&mcp.StreamableClientTransport{Endpoint: hs.URL + MCPPath, HTTPClient: &http.Client{Transport: testkit.Bearer{Token: toks[name]}}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
