@@ -57,8 +57,9 @@ const sessionIdle = time.Hour
 // scopes again. A session is bound to the token that opened it: a request
 // on it with another token is refused, and a revoked token ends its use at
 // the next request. Options.Env goes only with the creates of sessions
-// opened by a token that EnvTokens or EnvOwners names. Sessions let a client's cancellation reach the call it
-// cancels; idle ones close after an hour.
+// opened by a token that EnvTokens or EnvOwners names. Sessions let a
+// client's cancellation reach the call it cancels; idle ones close after an
+// hour.
 func HTTPHandler(tokens TokenVerifier, apiFor func(token string) API, o Options) http.Handler {
 	o.defaults()
 	sh := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
