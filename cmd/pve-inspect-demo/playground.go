@@ -25,13 +25,31 @@ const (
 	// management address.
 	apiPort = 8443
 	// playgroundKey is the stand-in secret of the playground's [mcp]
-	// env_file: every sandbox created through MCP gets it in
-	// /etc/pve-inspect/env.
+	// env_file: every sandbox created through MCP over stdio, or over HTTP
+	// with a token of playgroundOwner, gets it in /etc/pve-inspect/env.
 	playgroundKey = "playground-not-a-real-key"
+	// playgroundOwner is the owner the example tokens are bound to: they
+	// see and touch only its sandboxes, and create sandboxes for it.
+	playgroundOwner = "playground"
 )
 
+// playgroundToken is one token the playground creates and prints.
+type playgroundToken struct {
+	key, name, scope, owner string // key: the printed "key = token" line
+}
+
+// playgroundTokens are the printed tokens: the examples use token (admin
+// scope, bound to playgroundOwner) and read_token (bound to it too);
+// admin_token is bound to no owner (it sees and deletes every owner's
+// sandboxes) and is printed for node-wide operations only.
+var playgroundTokens = []playgroundToken{
+	{"token", "playground", "admin", playgroundOwner},
+	{"read_token", "playground-read", "read", playgroundOwner},
+	{"admin_token", "playground-admin", "admin", ""},
+}
+
 // playground brings the node in a box up with the emulator, the daemon, its
-// API socket, a TLS listener with two printed tokens and the MCP server,
+// API socket, a TLS listener with the printed tokens and the MCP server,
 // prints how to reach each, and tears everything down when ctx ends
 // (Ctrl-C, SIGTERM). listen is the loopback address forwarded to the
 // node's API listener, so clients outside the bed's namespaces reach it.
@@ -80,7 +98,8 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	if err := os.WriteFile(envFile, []byte("PLAYGROUND_API_KEY="+playgroundKey+"\n"), 0o600); err != nil {
 		return err
 	}
-	cfgPath, sock, _, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, extra, fmt.Sprintf("env_file = %q\n", envFile))
+	mcpExtra := fmt.Sprintf("env_file = %q\nenv_file_owners = [%q]\n", envFile, playgroundOwner)
+	cfgPath, sock, _, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, extra, mcpExtra)
 	if err != nil {
 		return err
 	}
@@ -90,12 +109,16 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	}
 	defer stopDaemon()
 	tokens := map[string]string{}
-	for _, scope := range []string{"admin", "read"} {
-		out, err := bed.Command(ctx, bed.NodeNS(), inspectd, "-c", cfgPath, "token", "create", "playground-"+scope, "--scope", scope).Output()
-		if err != nil {
-			return fmt.Errorf("token create: %w", err)
+	for _, pt := range playgroundTokens {
+		argv := []string{inspectd, "-c", cfgPath, "token", "create", pt.name, "--scope", pt.scope}
+		if pt.owner != "" {
+			argv = append(argv, "--owner", pt.owner)
 		}
-		tokens[scope] = strings.TrimSpace(string(out))
+		out, err := bed.Command(ctx, bed.NodeNS(), argv...).Output()
+		if err != nil {
+			return fmt.Errorf("token create %s: %w", pt.name, err)
+		}
+		tokens[pt.key] = strings.TrimSpace(string(out))
 	}
 	fwd, err := forward(bed, o.listen, apiAddr)
 	if err != nil {
@@ -115,7 +138,7 @@ func printEndpoints(w io.Writer, bed *testvm.Bed, inspectd, cfgPath, sock, url, 
 	stdioJSON, _ := json.Marshal(stdio)
 	claudeStdio, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"pve-inspect": map[string]any{"command": "sudo", "args": stdio}}})
 	claudeHTTP, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"pve-inspect": map[string]any{"type": "http", "url": url + "/v1/mcp",
-		"headers": map[string]string{"Authorization": "Bearer " + tokens["admin"]}}}})
+		"headers": map[string]string{"Authorization": "Bearer " + tokens["token"]}}}})
 	fmt.Fprintf(w, `
 pve-inspect playground: a Proxmox node in a box with pve-inspectd, the
 emulated Proxmox API and real qemu-ga guests. Ctrl-C or SIGTERM tears it down.
@@ -125,11 +148,18 @@ config = %s
 socket = %s
 api = %s
 ca = %s
-admin_token = %s
+owner = %s
+token = %s
 read_token = %s
+admin_token = %s
 mcp_url = %s/v1/mcp
 mcp_stdio = %s
 env_file = %s
+
+token (admin scope) and read_token are bound to owner %s: they see and
+touch only its sandboxes; the examples use them. admin_token is bound to
+no owner: it sees and deletes every owner's sandboxes (node-wide
+operations only, e.g. PVE_INSPECT_CLEANUP_ALL=1 inspect sandbox cleanup).
 
 CLI (as root):
   %s -c %s sandbox create --template debian
@@ -142,13 +172,15 @@ MCP, stdio (Claude Code: claude mcp add pve-inspect -- sudo %s):
   %s
 MCP, streamable HTTP (set NODE_EXTRA_CA_CERTS=%s for Node clients):
   %s
-Sandboxes created through MCP get the variables of env_file in
-/etc/pve-inspect/env (mode 0600, root only).
+Sandboxes created through MCP over stdio, or over HTTP with a token of
+owner %s ([mcp] env_file_owners), get the variables of env_file in
+/etc/pve-inspect/env (mode 0600, root only); admin_token's do not.
 playground ready
-`, bed.Name(), cfgPath, sock, url, ca, tokens["admin"], tokens["read"], url, stdioJSON, envFile,
+`, bed.Name(), cfgPath, sock, url, ca, playgroundOwner, tokens["token"], tokens["read_token"], tokens["admin_token"], url, stdioJSON, envFile,
+		playgroundOwner,
 		inspectd, cfgPath, inspectd, cfgPath,
-		ca, tokens["read"], url, ca, tokens["admin"], url,
-		strings.Join(stdio, " "), claudeStdio, ca, claudeHTTP)
+		ca, tokens["read_token"], url, ca, tokens["token"], url,
+		strings.Join(stdio, " "), claudeStdio, ca, claudeHTTP, playgroundOwner)
 }
 
 // writeAPICert writes a self-signed certificate for the API listener (the

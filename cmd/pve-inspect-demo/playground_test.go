@@ -8,7 +8,9 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -19,9 +21,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
 
 // needNodeClient finds node and the official MCP TypeScript SDK in
@@ -115,7 +120,7 @@ func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 	case <-time.After(5 * time.Minute):
 		t.Fatalf("playground not ready after 5 minutes:\n%s", p.out.String())
 	}
-	for _, k := range []string{"bed", "config", "socket", "api", "ca", "admin_token", "read_token", "mcp_url", "mcp_stdio", "env_file"} {
+	for _, k := range []string{"bed", "config", "socket", "api", "ca", "owner", "token", "read_token", "admin_token", "mcp_url", "mcp_stdio", "env_file"} {
 		if p.info[k] == "" {
 			t.Fatalf("playground did not print %s:\n%s", k, p.out.String())
 		}
@@ -165,19 +170,25 @@ func TestPlayground(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := client.NewTLS(u.Host, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, client.WithToken(in["admin_token"]))
+	tlsc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	c := client.NewTLS(u.Host, tlsc, client.WithToken(in["token"]))
 	sb, err := c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatalf("create through %s: %v", in["api"], err)
+	}
+	if sb.Owner != in["owner"] || in["owner"] != playgroundOwner {
+		t.Errorf("the examples' token created a sandbox of owner %q, want %q (printed %q)", sb.Owner, playgroundOwner, in["owner"])
 	}
 	res, err := c.Exec(ctx, sb.ID, sb.VMs[0].Name, apitype.ExecRequest{Argv: []string{"uname", "-s"}})
 	if err != nil || res.ExitCode != 0 || string(res.Stdout) != "Linux\n" {
 		t.Fatalf("exec: %+v %v", res, err)
 	}
+	checkTokensBound(t, ctx, c, client.NewTLS(u.Host, tlsc, client.WithToken(in["admin_token"])), sb.ID)
+	checkNoEnvFile(t, ctx, in["mcp_url"], tlsc, in["admin_token"])
 	if err := c.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	ro := client.NewTLS(u.Host, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, client.WithToken(in["read_token"]))
+	ro := client.NewTLS(u.Host, tlsc, client.WithToken(in["read_token"]))
 	if _, err := ro.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}}); !client.IsProblem(err, apitype.ProblemForbidden) {
 		t.Errorf("read token create: %v, want forbidden", err)
 	}
@@ -185,7 +196,7 @@ func TestPlayground(t *testing.T) {
 	// The official TypeScript SDK over both transports.
 	cmd := exec.CommandContext(ctx, node, "client.mjs")
 	cmd.Dir = "mcpclient"
-	cmd.Env = append(os.Environ(), "PVEI_STDIO="+in["mcp_stdio"], "PVEI_URL="+in["mcp_url"], "PVEI_TOKEN="+in["admin_token"],
+	cmd.Env = append(os.Environ(), "PVEI_STDIO="+in["mcp_stdio"], "PVEI_URL="+in["mcp_url"], "PVEI_TOKEN="+in["token"],
 		"PVEI_READ_TOKEN="+in["read_token"], "NODE_EXTRA_CA_CERTS="+in["ca"], "PVEI_SECRET="+playgroundKey)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -196,7 +207,7 @@ func TestPlayground(t *testing.T) {
 	t.Logf("TypeScript SDK client: %s", out)
 	checkClientResult(t, out)
 
-	if l, err := c.List(ctx); err != nil || len(l) != 0 {
+	if l, err := client.NewTLS(u.Host, tlsc, client.WithToken(in["admin_token"])).List(ctx); err != nil || len(l) != 0 {
 		t.Errorf("sandboxes left: %v %v", l, err)
 	}
 	p.stop(t)
@@ -204,6 +215,69 @@ func TestPlayground(t *testing.T) {
 		t.Errorf("no clean teardown said:\n%s", p.out.String())
 	}
 	assertGone(t, in)
+}
+
+// checkTokensBound: the examples' token is bound to the playground's
+// owner (a sandbox admin_token makes for no owner is invisible to it and
+// out of its reach), and admin_token, bound to no owner, sees both.
+func checkTokensBound(t *testing.T, ctx context.Context, user, admin *client.Client, mine string) {
+	t.Helper()
+	other, err := admin.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatalf("admin_token create: %v", err)
+	}
+	defer func() {
+		if err := admin.Delete(ctx, other.ID); err != nil {
+			t.Errorf("admin_token delete %s: %v", other.ID, err)
+		}
+	}()
+	ids := func(c *client.Client) []string {
+		l, err := c.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, s := range l {
+			out = append(out, s.ID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := ids(user); !slices.Equal(got, []string{mine}) {
+		t.Errorf("the examples' token lists %v, want only its own %s (it is bound to no owner)", got, mine)
+	}
+	if err := user.Delete(ctx, other.ID); !client.IsProblem(err, apitype.ProblemNotFound) {
+		t.Errorf("the examples' token deleting another owner's sandbox: %v, want not-found", err)
+	}
+	if got, want := ids(admin), slices.Sorted(slices.Values([]string{mine, other.ID})); !slices.Equal(got, want) {
+		t.Errorf("admin_token lists %v, want %v", got, want)
+	}
+}
+
+// checkNoEnvFile: a sandbox made through MCP over HTTP with tok (a token
+// [mcp] env_file_owners does not name) has no /etc/pve-inspect/env.
+func checkNoEnvFile(t *testing.T, ctx context.Context, url string, tlsc *tls.Config, tok string) {
+	t.Helper()
+	hc := &http.Client{Transport: testkit.Bearer{Token: tok, RT: &http.Transport{TLSClientConfig: tlsc}}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatalf("mcp over http with admin_token: %v", err)
+	}
+	defer cs.Close()
+	call := func(name string, args map[string]any) map[string]any {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %v %+v", name, err, res)
+		}
+		m, _ := res.StructuredContent.(map[string]any)
+		return m
+	}
+	id := call(mcpserver.ToolCreate, map[string]any{})["id"]
+	out := call(mcpserver.ToolExec, map[string]any{"id": id, "argv": []string{"cat", apitype.GuestEnvPath}})
+	if out["exit_code"] == float64(0) || strings.Contains(fmt.Sprint(out["stdout"]), playgroundKey) {
+		t.Errorf("admin_token's MCP sandbox holds the env file: %v", out)
+	}
+	call(mcpserver.ToolDestroy, map[string]any{"id": id})
 }
 
 // clientResult is what client.mjs prints.

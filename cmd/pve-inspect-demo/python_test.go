@@ -175,6 +175,9 @@ func TestInspectProvider(t *testing.T) {
 	defer cancel()
 	sns := newSuiteNS(t)
 	sns.relay(t, in["api"])
+	// admin_token, bound to no owner, on purpose: the token that sees every
+	// sandbox of the node is the one the CLI cleanup must not let loose on
+	// other users' sandboxes (test_eval.py).
 	runPytest(t, ctx, sns, dir, []string{
 		"PVE_INSPECT_URL=" + in["api"], "PVE_INSPECT_TOKEN=" + in["admin_token"], "PVE_INSPECT_CA_FILE=" + in["ca"],
 		"PVE_INSPECT_READ_TOKEN=" + in["read_token"],

@@ -15,7 +15,8 @@
 //     one -update flag (go test ./... -update).
 //
 // Also here: small stand-ins for the services namespace tests talk to
-// (a metadata service, an HTTP(S) echo, an authoritative DNS zone).
+// (a metadata service, an HTTP(S) echo, an authoritative DNS zone), and
+// Bearer, the HTTP client transport that presents an API token.
 //
 // Only tests and cmd/pve-inspect-bench import this package
 // (testvm/layout_test.go enforces it).

@@ -18,7 +18,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_pve_inspect import PveInspectSandboxEnvironment, PveInspectSandboxEnvironmentConfig
 from inspect_pve_inspect.client import Client
 from inspect_pve_inspect.config import nodes_from_env
-from inspect_pve_inspect.sandbox import LABEL_PROVIDER, PROVIDER
+from inspect_pve_inspect.sandbox import ENV_CLEANUP_ALL, LABEL_PROVIDER, PROVIDER
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 from two_vm_task import two_vm
@@ -50,16 +50,22 @@ def test_eval_two_vms_scores_correct(shape: str, tmp_path: Path) -> None:
     assert anyio.run(_ours) == [], "the eval left sandboxes"
 
 
-def test_cli_cleanup_removes_what_a_killed_eval_left() -> None:
+def test_cli_cleanup_removes_what_a_killed_eval_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A sample whose eval died before sample_cleanup: its sandbox stays
     (until its TTL); `inspect sandbox cleanup pve_inspect` deletes it, and
-    with an ID deletes only that one."""
+    with an ID deletes only that one. Another user's sandbox (another
+    inspect.user id, the same token: the kind that sees every sandbox) is
+    listed and left alone, deleted only with PVE_INSPECT_CLEANUP_ALL=1."""
     need_bed()
     cfg = PveInspectSandboxEnvironmentConfig()
+    me = str(tmp_path / "me")
+    other = str(tmp_path / "other")
 
-    async def leave_two() -> list[str]:
+    async def leave(n: int) -> list[str]:
         ids = []
-        for _ in range(2):
+        for _ in range(n):
             envs = await PveInspectSandboxEnvironment.sample_init("killed", cfg, {})
             env = next(iter(envs.values()))
             assert isinstance(env, PveInspectSandboxEnvironment)
@@ -67,27 +73,31 @@ def test_cli_cleanup_removes_what_a_killed_eval_left() -> None:
             await env.client.aclose()  # the process "dies": no sample_cleanup
         return ids
 
-    first, second = anyio.run(leave_two)
-    assert {first, second} <= set(anyio.run(_ours))
-    inspect = Path(sys.executable).parent / "inspect"
-    r = subprocess.run(
-        [str(inspect), "sandbox", "cleanup", PROVIDER, first],
-        capture_output=True,
-        text=True,
-        env=os.environ,
-        timeout=300,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("XDG_STATE_HOME", other)
+    (theirs,) = anyio.run(leave, 1)
+    monkeypatch.setenv("XDG_STATE_HOME", me)
+    first, second = anyio.run(leave, 2)
+    assert {first, second, theirs} <= set(anyio.run(_ours))
+
+    def cleanup(*args: str, **env: str) -> str:
+        inspect = Path(sys.executable).parent / "inspect"
+        r = subprocess.run(
+            [str(inspect), "sandbox", "cleanup", PROVIDER, *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "XDG_STATE_HOME": me, **env},
+            timeout=300,
+            check=False,
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    cleanup(first)
     left = anyio.run(_ours)
-    assert first not in left and second in left, left
-    r = subprocess.run(
-        [str(inspect), "sandbox", "cleanup", PROVIDER],
-        capture_output=True,
-        text=True,
-        env=os.environ,
-        timeout=300,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
-    assert anyio.run(_ours) == []
+    assert first not in left and second in left and theirs in left, left
+    out = cleanup()
+    assert set(anyio.run(_ours)) == {theirs}, out
+    assert theirs in out and "left alone" in out and ENV_CLEANUP_ALL + "=1" in out, out
+    out = cleanup(**{ENV_CLEANUP_ALL: "1"})
+    assert anyio.run(_ours) == [], out
+    assert f"deleted {theirs}" in out, out

@@ -68,6 +68,9 @@ var (
 	reName  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 )
 
+// ValidName reports whether s is a well-formed token name or owner.
+func ValidName(s string) bool { return reName.MatchString(s) }
+
 // load re-reads the file when its mtime or size changed.
 func (s *Store) load() (map[string]Token, error) {
 	s.mu.Lock()

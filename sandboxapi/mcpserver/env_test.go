@@ -101,6 +101,7 @@ type bedOpts struct {
 	api    func(*sandbox.Options)
 	mcp    func(*mcpserver.Options)
 	scopes []string
+	tokens sandboxapi.TokenVerifier // the API's tokens (default r, x, a)
 }
 
 func newBed(t *testing.T, bo bedOpts) *bed {
@@ -120,8 +121,12 @@ func newBed(t *testing.T, bo bedOpts) *bed {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var toks sandboxapi.TokenVerifier = tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}}
+	if bo.tokens != nil {
+		toks = bo.tokens
+	}
 	srv, err := sandboxapi.New(eng, sandboxapi.Options{
-		Tokens:   tokens{"r": {"read"}, "x": {"exec"}, "a": {"admin"}},
+		Tokens:   toks,
 		SpoolDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

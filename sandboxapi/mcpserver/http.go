@@ -20,10 +20,29 @@ type TokenVerifier interface {
 	Verify(token string) (name string, scopes []string, err error)
 }
 
+// OwnerVerifier is a TokenVerifier whose tokens may be bound to an owner
+// (sandboxapi/auth.Store implements it); HTTPHandler uses it, when the
+// verifier has it, to match Options.EnvOwners.
+type OwnerVerifier interface {
+	VerifyOwner(token string) (name string, scopes []string, owner string, err error)
+}
+
 // caller is the authenticated caller of one HTTP request.
 type caller struct {
-	token  string
-	scopes []string
+	token, name, owner string
+	scopes             []string
+}
+
+// verify checks tok with tokens, and its owner when tokens knows owners.
+func verify(tokens TokenVerifier, tok string) (caller, error) {
+	c := caller{token: tok}
+	var err error
+	if ov, ok := tokens.(OwnerVerifier); ok {
+		c.name, c.scopes, c.owner, err = ov.VerifyOwner(tok)
+	} else {
+		c.name, c.scopes, err = tokens.Verify(tok)
+	}
+	return c, err
 }
 
 type callerKey struct{}
@@ -37,8 +56,10 @@ const sessionIdle = time.Hour
 // apiFor with that token (the in-process client), so the API enforces the
 // scopes again. A session is bound to the token that opened it: a request
 // on it with another token is refused, and a revoked token ends its use at
-// the next request. Sessions let a client's cancellation reach the call it
-// cancels; idle ones close after an hour.
+// the next request. Options.Env goes only with the creates of sessions
+// opened by a token that EnvTokens or EnvOwners names. Sessions let a
+// client's cancellation reach the call it cancels; idle ones close after an
+// hour.
 func HTTPHandler(tokens TokenVerifier, apiFor func(token string) API, o Options) http.Handler {
 	o.defaults()
 	sh := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
@@ -46,7 +67,7 @@ func HTTPHandler(tokens TokenVerifier, apiFor func(token string) API, o Options)
 		if !ok {
 			return nil
 		}
-		return New(apiFor(c.token), o, c.scopes...)
+		return New(apiFor(c.token), o.envFor(c.name, c.owner), c.scopes...)
 	}, &mcp.StreamableHTTPOptions{SessionTimeout: sessionIdle, Logger: o.Logger, MaxRequestBodyBytes: max(MaxMessageBytes(o), mcp.DefaultMaxRequestBodyBytes)})
 	owners := &sessionOwners{m: map[string]sessionOwner{}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -59,8 +80,8 @@ func HTTPHandler(tokens TokenVerifier, apiFor func(token string) API, o Options)
 			unauthorized(w, "token authentication is not configured")
 			return
 		}
-		name, scopes, err := tokens.Verify(tok)
-		if err != nil || rank(scopes) == 0 {
+		c, err := verify(tokens, tok)
+		if err != nil || rank(c.scopes) == 0 {
 			unauthorized(w, "invalid token")
 			return
 		}
@@ -73,8 +94,8 @@ func HTTPHandler(tokens TokenVerifier, apiFor func(token string) API, o Options)
 		} else {
 			w = &sessionRecorder{ResponseWriter: w, owners: owners, sum: sum}
 		}
-		o.Logger.Debug("mcp request", "token", name, "method", r.Method)
-		sh.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, caller{token: tok, scopes: scopes})))
+		o.Logger.Debug("mcp request", "token", c.name, "method", r.Method)
+		sh.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
 }
 

@@ -13,22 +13,11 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
-
-// bearer adds a token to every request.
-type bearer struct {
-	tok string
-	rt  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.tok)
-	return b.rt.RoundTrip(r)
-}
 
 func TestHTTPTokensAndScopes(t *testing.T) {
 	b := newBed(t, bedOpts{})
@@ -42,7 +31,7 @@ func TestHTTPTokensAndScopes(t *testing.T) {
 	t.Cleanup(hs.Close)
 
 	session := func(tok string) *mcp.ClientSession {
-		return b.connect(b.ctx(), &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: &http.Client{Transport: bearer{tok, http.DefaultTransport}}})
+		return b.connect(b.ctx(), &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: &http.Client{Transport: testkit.Bearer{Token: tok}}})
 	}
 
 	admin := session("a")

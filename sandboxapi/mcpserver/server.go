@@ -66,8 +66,15 @@ type Options struct {
 	// Env holds secrets (e.g. model API keys) sent with every create
 	// (apitype.CreateRequest.Env): the API writes them into each VM at
 	// apitype.GuestEnvPath, mode 0600 (root only). Never returned or
-	// logged.
+	// logged. A server from New sends them on every create (the stdio
+	// server: whoever runs it read them); HTTPHandler only in the
+	// sessions of the tokens EnvTokens and EnvOwners name.
 	Env map[string]string
+	// EnvTokens (token names) and EnvOwners (owners a token is bound to)
+	// are the HTTP callers whose creates carry Env. Any other token, an
+	// admin token bound to no owner included, gets none; both empty (the
+	// default): no HTTP caller gets Env.
+	EnvTokens, EnvOwners []string
 	// Version is the server version reported to clients.
 	Version string
 	// Logger receives one line per failed tool call (never arguments).
@@ -126,7 +133,21 @@ func (o Options) Validate() error {
 	if err := apitype.ValidateEnv(o.Env); err != nil {
 		return fmt.Errorf("mcp: env: %w", err)
 	}
+	for _, n := range slices.Concat(o.EnvTokens, o.EnvOwners) {
+		if n == "" {
+			return errors.New("mcp: env tokens and owners: an empty name matches no token")
+		}
+	}
 	return nil
+}
+
+// envFor returns o with Env only when the caller is one the env is for:
+// a token named in EnvTokens or bound to an owner in EnvOwners.
+func (o Options) envFor(name, owner string) Options {
+	if !slices.Contains(o.EnvTokens, name) && (owner == "" || !slices.Contains(o.EnvOwners, owner)) {
+		o.Env = nil
+	}
+	return o
 }
 
 // MaxMessageBytes is the largest JSON-RPC message the transports must take

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .config import NodeConfig
+from .config import NodeConfig, check_scheme
 
 # Deadlines of the calls (seconds): a create waits for every guest agent.
 CREATE_TIMEOUT = 900.0
@@ -57,6 +57,7 @@ class ExecAnswer:
 
 
 def _transport(node: NodeConfig) -> tuple[str, httpx.AsyncHTTPTransport]:
+    check_scheme(node.url)  # also for a NodeConfig built without validation
     if node.url.startswith("unix://"):
         return "http://pve-inspectd", httpx.AsyncHTTPTransport(uds=node.url.removeprefix("unix://"))
     verify: ssl.SSLContext | bool = True
@@ -210,6 +211,7 @@ def capacity_sync(node: NodeConfig, timeout: float) -> dict[str, Any] | None:
     headers = {"User-Agent": "inspect-pve-inspect"}
     if node.token is not None:
         headers["Authorization"] = "Bearer " + node.token.get_secret_value()
+    check_scheme(node.url)
     base, transport = node.url, None
     verify: ssl.SSLContext | bool = True
     if node.url.startswith("unix://"):

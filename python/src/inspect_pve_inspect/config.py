@@ -38,7 +38,8 @@ class NodeConfig(BaseModel):
 
     ``url`` is ``https://host:port`` (the daemon's TLS listener, a bearer
     token needed) or ``unix:///path/to/api.sock`` (the socket's mode decides
-    who may call; no token).
+    who may call; no token). ``http://`` is refused before any request: the
+    bearer token would go out in clear.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
@@ -54,9 +55,20 @@ class NodeConfig(BaseModel):
             if not v.removeprefix("unix://").startswith("/"):
                 raise ValueError(f"url {v!r}: want unix:///absolute/path")
             return v
-        if not re.match(r"^https?://[^/\s]+/?$", v):
+        check_scheme(v)
+        if not re.match(r"^https://[^/\s]+/?$", v):
             raise ValueError(f"url {v!r}: want https://host:port or unix:///path")
         return v.rstrip("/")
+
+
+def check_scheme(url: str) -> None:
+    """Refuse a plain ``http://`` URL: the daemon's token would travel in
+    clear (its TCP listener speaks TLS only)."""
+    if url[:7].lower() == "http://":
+        raise ValueError(
+            f"url {url!r}: http:// is refused, the bearer token would go out in clear; "
+            "use https://host:port (the daemon's TLS listener) or unix:///path (its socket)"
+        )
 
 
 class VmSpec(BaseModel):

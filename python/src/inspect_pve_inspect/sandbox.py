@@ -5,7 +5,8 @@ an SDN zone of their own; every VM marked ``sandbox`` is an Inspect
 environment, named by its VM name, the first one the default. Commands and
 files go through the daemon's guest-agent API; the VMs are deleted in
 ``sample_cleanup``, and whatever a killed eval left is found again by its
-labels (``inspect sandbox cleanup pve_inspect``) or reaped at its TTL.
+labels (``inspect sandbox cleanup pve_inspect``, this user's only: see
+:mod:`.user`) or reaped at its TTL.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import os
 import posixpath
 import secrets
 import shlex
@@ -37,12 +39,21 @@ from .client import Client, NodeDown, Problem, TooLarge
 from .compat import coerce
 from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
 from .placement import node_room, place
+from .user import user_id
 
 # Labels on every sandbox this provider creates.
 LABEL_PROVIDER = "inspect.provider"
 LABEL_TASK = "inspect.task"
 LABEL_RUN = "inspect.run"
+# This OS user's id (user.user_id): cli_cleanup deletes only its own.
+LABEL_USER = "inspect.user"
 PROVIDER = "pve_inspect"
+
+# Set to 1 (or true, yes), `inspect sandbox cleanup pve_inspect` deletes
+# every provider sandbox its token sees, other users' included, after
+# listing them (Inspect's cleanup command passes only an id, so the opt-in
+# is this variable).
+ENV_CLEANUP_ALL = "PVE_INSPECT_CLEANUP_ALL"
 
 # stdin up to this size rides in the exec body (the daemon caps the body at
 # 8 MiB, base64 grows it by a third), and arguments up to this total (the
@@ -168,16 +179,38 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:
-        """Delete sandbox ``id``, or every sandbox this provider created on
-        the nodes of the environment (those labelled inspect.provider)."""
+        """Delete sandbox ``id``; without one, every sandbox this user's
+        runs made on the nodes of the environment (labelled
+        ``inspect.provider=pve_inspect`` and ``inspect.user`` = this user's
+        id). Other provider sandboxes the token sees (other users', a run
+        older than the label) are listed and left alone, unless
+        ``PVE_INSPECT_CLEANUP_ALL=1``: then they are listed and deleted."""
+        everyone = os.environ.get(ENV_CLEANUP_ALL, "").strip().lower() in ("1", "true", "yes")
+        me = user_id()
         for node in PveInspectSandboxEnvironment._cleanup_nodes():
             try:
                 async with Client(node) as c:
-                    for sb in await c.list():
-                        ours = sb.get("labels", {}).get(LABEL_PROVIDER) == PROVIDER
-                        if (id is None and ours) or sb["id"] == id:
-                            await c.delete(sb["id"])
-                            print(f"pve_inspect: deleted {sb['id']} on {node.url}")
+                    sbs = await c.list()
+                    if id is not None:
+                        for sb in sbs:
+                            if sb["id"] == id:
+                                await _cli_delete(c, node, sb)
+                        continue
+                    ours = [sb for sb in sbs if _labels(sb).get(LABEL_PROVIDER) == PROVIDER]
+                    mine = [sb for sb in ours if _labels(sb).get(LABEL_USER) == me]
+                    others = [sb for sb in ours if _labels(sb).get(LABEL_USER) != me]
+                    if others:
+                        what = "deleting" if everyone else "left alone"
+                        print(
+                            f"pve_inspect: {node.url}: {len(others)} sandbox(es) of other users "
+                            f"or older runs, {what}:"
+                        )
+                        for sb in others:
+                            print("  " + _describe(sb))
+                        if not everyone:
+                            print(f"pve_inspect: set {ENV_CLEANUP_ALL}=1 to delete them too")
+                    for sb in mine + (others if everyone else []):
+                        await _cli_delete(c, node, sb)
             except NodeDown as e:
                 print(f"pve_inspect: {node.url} is down: {e}")
 
@@ -361,7 +394,12 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
         vms.append(d)
     labels = dict(cfg.labels)
     labels.update(
-        {LABEL_PROVIDER: PROVIDER, LABEL_TASK: _label_value(task_name), LABEL_RUN: _Run.id}
+        {
+            LABEL_PROVIDER: PROVIDER,
+            LABEL_TASK: _label_value(task_name),
+            LABEL_RUN: _Run.id,
+            LABEL_USER: user_id(),
+        }
     )
     req: dict[str, Any] = {"vms": vms, "labels": labels}
     if cfg.networks:
@@ -386,6 +424,28 @@ async def _delete(client: Client, sid: str) -> None:
         print(f"pve_inspect: delete {sid}: {e}")
         return
     _Run.live.pop(sid, None)
+
+
+def _labels(sb: dict[str, Any]) -> dict[str, str]:
+    labels = sb.get("labels")
+    return labels if isinstance(labels, dict) else {}
+
+
+def _describe(sb: dict[str, Any]) -> str:
+    lb = _labels(sb)
+    return (
+        f"{sb['id']} (owner {sb.get('owner') or '-'}, task {lb.get(LABEL_TASK, '-')}, "
+        f"user {lb.get(LABEL_USER, '-')})"
+    )
+
+
+async def _cli_delete(c: Client, node: NodeConfig, sb: dict[str, Any]) -> None:
+    try:
+        await c.delete(sb["id"])
+    except Problem as p:
+        print(f"pve_inspect: delete {sb['id']} on {node.url}: {p}")
+        return
+    print(f"pve_inspect: deleted {sb['id']} on {node.url}")
 
 
 def _broken(p: Problem) -> SandboxUnavailableError:

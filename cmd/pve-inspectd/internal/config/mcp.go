@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
 )
 
@@ -34,8 +35,15 @@ type MCPSection struct {
 	OutputLimit   int64 `toml:"output_limit"`
 	// EnvFile holds KEY=VALUE lines (model API keys) written into every VM
 	// of a sandbox created through MCP at /etc/pve-inspect/env, readable by
-	// root only; "" writes none.
+	// root only; "" writes none. The stdio server (`pve-inspectd mcp`)
+	// writes it always (whoever runs it read the file); over HTTP only the
+	// tokens EnvFileTokens and EnvFileOwners name get it.
 	EnvFile string `toml:"env_file"`
+	// EnvFileTokens are token names, EnvFileOwners owners of bound tokens,
+	// whose MCP-over-HTTP creates get EnvFile; any other token (an admin
+	// token bound to no owner included) gets none. Empty: none over HTTP.
+	EnvFileTokens []string `toml:"env_file_tokens"`
+	EnvFileOwners []string `toml:"env_file_owners"`
 }
 
 // MCPSize is one size preset ([mcp.sizes.NAME]).
@@ -60,6 +68,8 @@ func defaultMCP() MCPSection {
 		MaxReadBytes:    8 << 20,
 		MaxWriteBytes:   8 << 20,
 		OutputLimit:     1 << 20,
+		EnvFileTokens:   []string{},
+		EnvFileOwners:   []string{},
 	}
 }
 
@@ -101,6 +111,13 @@ func (m MCPSection) validate(prefix string) error {
 	if m.EnvFile != "" && m.EnvFile[0] != '/' {
 		return key("env_file", fmt.Errorf("want an absolute path, got %q", m.EnvFile))
 	}
+	for k, names := range map[string][]string{"env_file_tokens": m.EnvFileTokens, "env_file_owners": m.EnvFileOwners} {
+		for _, n := range names {
+			if !auth.ValidName(n) {
+				return key(k, fmt.Errorf("%q is not a token name or owner ([A-Za-z0-9._-], at most 64 characters)", n))
+			}
+		}
+	}
 	return nil
 }
 
@@ -116,6 +133,8 @@ func (m MCPSection) ServerOptions(version string, log *slog.Logger) (mcpserver.O
 		MaxReadBytes:    m.MaxReadBytes,
 		MaxWriteBytes:   m.MaxWriteBytes,
 		OutputLimit:     m.OutputLimit,
+		EnvTokens:       m.EnvFileTokens,
+		EnvOwners:       m.EnvFileOwners,
 		Version:         version,
 		Logger:          log,
 	}

@@ -24,6 +24,9 @@ func TestMCPSection(t *testing.T) {
 		{"default over max", "[mcp]\ndefault_lifetime = \"6h\"\nmax_lifetime = \"5h\"\n", "mcp.default_lifetime"},
 		{"zero output", "[mcp]\noutput_limit = 0\n", "mcp.output_limit"},
 		{"relative env file", "[mcp]\nenv_file = \"keys\"\n", "mcp.env_file"},
+		{"env file for named tokens and owners", "[mcp]\nenv_file_tokens = [\"agent-1\"]\nenv_file_owners = [\"alice\", \"bob.team\"]\n", ""},
+		{"empty env file token", "[mcp]\nenv_file_tokens = [\"\"]\n", "mcp.env_file_tokens"},
+		{"bad env file owner", "[mcp]\nenv_file_owners = [\"a b\"]\n", "mcp.env_file_owners"},
 		{"unknown key", "[mcp]\nbogus = 1\n", "mcp.bogus"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,7 +53,7 @@ func TestMCPServerOptions(t *testing.T) {
 	if err := os.WriteFile(env, []byte("ANTHROPIC_API_KEY=sk-1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := Parse("[mcp]\ndefault_template = \"debian\"\ndefault_lifetime = \"2h\"\nenv_file = \"" + env + "\"\n")
+	c, err := Parse("[mcp]\ndefault_template = \"debian\"\ndefault_lifetime = \"2h\"\nenv_file = \"" + env + "\"\nenv_file_owners = [\"alice\"]\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +61,8 @@ func TestMCPServerOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Env["ANTHROPIC_API_KEY"] != "sk-1" || o.DefaultTemplate != "debian" || o.DefaultLifetime != 2*time.Hour || o.Presets["medium"].Cores != 4 || o.Version != "v1" {
+	if o.Env["ANTHROPIC_API_KEY"] != "sk-1" || o.DefaultTemplate != "debian" || o.DefaultLifetime != 2*time.Hour || o.Presets["medium"].Cores != 4 || o.Version != "v1" ||
+		len(o.EnvTokens) != 0 || len(o.EnvOwners) != 1 || o.EnvOwners[0] != "alice" {
 		t.Errorf("options %+v", o)
 	}
 	if err := os.WriteFile(env, []byte("not a line\n"), 0o600); err != nil {

@@ -27,6 +27,9 @@ func TCPHandler(srv *sandboxapi.Server, a config.APISection, m config.MCPSection
 	if err != nil {
 		return nil, err
 	}
+	if len(o.Env) > 0 && len(o.EnvTokens)+len(o.EnvOwners) == 0 {
+		log.Info("mcp over http: [mcp] env_file goes to no token; name them in env_file_tokens or env_file_owners")
+	}
 	mux := http.NewServeMux()
 	mux.Handle(MCPPath, mcpserver.HTTPHandler(auth.Open(a.TokenFile),
 		func(tok string) mcpserver.API { return client.NewInProcess(api, client.WithToken(tok)) }, o))
