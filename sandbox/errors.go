@@ -50,6 +50,9 @@ var (
 	// ErrNotConfigured: the part the call needs (containment check, egress
 	// policies) is not enabled on this node.
 	ErrNotConfigured = errors.New("not configured")
+	// ErrBusy: a node-wide budget the call needs (the buffered guest
+	// bytes of every VM) is used up by other calls; retry later.
+	ErrBusy = errors.New("busy")
 )
 
 // refusal is a sentinel with a message of its own: errors.Is finds the
