@@ -201,6 +201,13 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p princip
 	return writeJSON(w, http.StatusOK, sb)
 }
 
+// ownerOf is the owner of the sandbox {id} (begun already): the owner
+// whose quotas a guest I/O call takes.
+func (s *Server) ownerOf(r *http.Request) string {
+	sb, _ := s.e.Get(r.PathValue("id"))
+	return sb.Owner
+}
+
 // begin resolves {id} and {vm} to a ready sandbox's VM and starts an
 // operation on it: ctx is cancelled when the sandbox is deleted, and end
 // must be called with the handler's result.
@@ -252,7 +259,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	if !stream && req.OutputLimit > maxCollected {
 		return invalid("output_limit", "output_limit %d: output collected into one answer is capped at %d bytes per stream; ask with Accept: application/x-ndjson to stream more", req.OutputLimit, maxCollected)
 	}
-	release, err := acquire(s.execs, "exec")
+	owner := s.ownerOf(r)
+	release, err := s.execs.take(owner, 1)
 	if err != nil {
 		return err
 	}
@@ -262,7 +270,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	defer cancel()
 	g := s.e.Guest(vm.VMID)
 	if !stream {
-		unreserve, err := reserve(&s.collected, 2*ge.OutputLimit, s.o.CollectedBytes, "collected exec output")
+		unreserve, err := s.collected.take(owner, 2*ge.OutputLimit)
 		if err != nil {
 			return err
 		}
@@ -342,7 +350,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 	if pr != nil {
 		return pr
 	}
-	release, err := acquire(s.files, "file")
+	release, err := s.files.take(s.ownerOf(r), 1)
 	if err != nil {
 		return err
 	}
@@ -427,7 +435,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 		return err
 	}
 	defer func() { err = end(err) }()
-	release, err := acquire(s.files, "file")
+	release, err := s.files.take(s.ownerOf(r), 1)
 	if err != nil {
 		return err
 	}

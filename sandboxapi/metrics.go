@@ -10,6 +10,8 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	guestErrors *prometheus.CounterVec
+	// quotaRefusals counts refusals of a quota by owner (countRefusal).
+	quotaRefusals *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -27,13 +29,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "pve_inspect", Name: "guest_agent_errors_total",
 			Help: "Guest agent errors by kind (problem type).",
 		}, []string{"kind"}),
+		quotaRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "api_quota_refusals_total",
+			Help: "Calls refused by a quota, by owner of the sandbox (or token) and quota.",
+		}, []string{"owner", "quota"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.guestErrors} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.guestErrors, m.quotaRefusals} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return m, nil
+}
+
+// countRefusal counts one refusal of quota for owner ("" counts as "-",
+// the owner of the sandboxes created without one).
+func (m *metrics) countRefusal(owner, quota string) {
+	m.quotaRefusals.WithLabelValues(ownerLabel(owner), quota).Inc()
+}
+
+// ownerLabel is owner as a label and a quota key: "" is "-".
+func ownerLabel(owner string) string {
+	if owner == "" {
+		return "-"
+	}
+	return owner
 }

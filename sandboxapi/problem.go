@@ -40,6 +40,7 @@ var problemTitles = map[string]string{
 	apitype.ProblemGuestNoSpace:         "No space left in guest",
 	apitype.ProblemTemplateNotHardened:  "Template not hardened",
 	apitype.ProblemSandboxBroken:        "Sandbox broken",
+	apitype.ProblemTooManyRequests:      "Too many requests",
 }
 
 var problemStatus = map[string]int{
@@ -66,6 +67,7 @@ var problemStatus = map[string]int{
 	apitype.ProblemGuestNoSpace:         http.StatusInsufficientStorage,
 	apitype.ProblemTemplateNotHardened:  http.StatusUnprocessableEntity,
 	apitype.ProblemSandboxBroken:        http.StatusConflict,
+	apitype.ProblemTooManyRequests:      http.StatusTooManyRequests,
 }
 
 // newProblem builds a problem of a known type.

@@ -30,6 +30,10 @@ const (
 	// agent silent); the call was not tried. Reason carries the health
 	// reason.
 	ProblemSandboxBroken = "sandbox-broken"
+	// ProblemTooManyRequests: a per-owner quota (exec or file slots,
+	// collected output, ...) is used up; retry after the Retry-After
+	// header's seconds.
+	ProblemTooManyRequests = "too-many-requests"
 )
 
 // Problem is an RFC 9457 problem document.
@@ -64,5 +68,5 @@ func ProblemTypes() []string {
 		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
 		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
 		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened,
-		ProblemSandboxBroken, ProblemGuestNoSpace}
+		ProblemSandboxBroken, ProblemGuestNoSpace, ProblemTooManyRequests}
 }

@@ -221,8 +221,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		DefaultTTL:   ac.DefaultTTL,
 		MaxTTL:       ac.MaxTTL,
 		MaxFileBytes: ac.MaxFileBytes,
-		Registerer:   d.Registerer,
-		Logger:       a.log,
+		MaxExecs:     ac.ExecSlots, MaxFileCalls: ac.FileSlots, CollectedBytes: ac.CollectedBytes,
+		OwnerExecs: ac.OwnerExecSlots, OwnerFileCalls: ac.OwnerFileSlots, OwnerCollectedBytes: ac.OwnerCollectedBytes,
+		Registerer: d.Registerer,
+		Logger:     a.log,
 	})
 	if err != nil {
 		return nil, err
