@@ -74,7 +74,7 @@ func TestStatusReplyBounded(t *testing.T) {
 			f := bigStatusAgent(t, tt.exited, size)
 			opts := hostileOptions()
 			opts.ExecOwnSession = true // the setsid direct path: no environment capture
-			opts.Budget = NewBudget(1 << 20)
+			opts.Budget = NewBudget(1<<20, 0)
 			c := New(opts)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -126,7 +126,7 @@ func TestBudgetRefuses(t *testing.T) {
 		}
 		return true
 	})
-	b := NewBudget(minChunk) // less than one chunk's reply
+	b := NewBudget(minChunk, 0) // less than one chunk's reply
 	opts := hostileOptions()
 	opts.Budget = b
 	a, other := New(opts), New(opts)
@@ -138,7 +138,7 @@ func TestBudgetRefuses(t *testing.T) {
 	if b.Used() != 0 || a.BufferedBytes() != 0 || other.BufferedBytes() != 0 {
 		t.Fatalf("after the refusal: budget %d, buffered %d", b.Used(), a.BufferedBytes())
 	}
-	b = NewBudget(4 << 20)
+	b = NewBudget(4<<20, 0)
 	opts.Budget = b
 	var got strings.Builder
 	if _, err := New(opts).Agent(f.Socket).ReadFile(context.Background(), "/x", &got, 0); err != nil || got.String() != "AAA" {
@@ -174,5 +174,40 @@ func TestCutter(t *testing.T) {
 				t.Errorf("%s in pieces of %d: %s, want %s", tt.in, piece, out, tt.want)
 			}
 		}
+	}
+}
+
+// TestBudgetShares: an owner holds at most its share (but may always take
+// a first buffer, however large, within the total); calls without an
+// owner count against the total only; giving back restores both.
+func TestBudgetShares(t *testing.T) {
+	t.Parallel()
+	b := NewBudget(1000, 300)
+	steps := []struct {
+		owner string
+		owned bool
+		n     int64
+		want  error
+	}{
+		{"a", true, 200, nil},
+		{"a", true, 100, nil},          // 300: the whole share
+		{"a", true, 1, ErrOwnerBudget}, // past it
+		{"b", true, 400, nil},          // a first buffer over the share
+		{"b", true, 1, ErrOwnerBudget}, // nothing more while it holds one
+		{"", false, 300, nil},          // no owner: the total only (1000)
+		{"c", true, 1, ErrBudget},      // the total is full
+		{"a", true, -300, nil},         // a gives its share back
+		{"c", true, 300, nil},          // room again
+		{"", true, 10, ErrBudget},      // "" is an owner like any other
+		{"b", true, -400, nil},         // b done
+		{"", true, 10, nil},            // now it fits
+	}
+	for i, s := range steps {
+		if err := b.take(s.owner, s.owned, s.n); !errors.Is(err, s.want) || (s.want == nil) != (err == nil) {
+			t.Fatalf("step %d %+v: %v, want %v", i, s, err, s.want)
+		}
+	}
+	if u := b.Used(); u != 610 {
+		t.Fatalf("used %d, want 610", u)
 	}
 }

@@ -116,7 +116,7 @@ func (o Options) withDefaults() Options {
 		o.GuestProgramDir = "/var/lib/pve-inspect-qga"
 	}
 	if o.Budget == nil {
-		o.Budget = NewBudget(0)
+		o.Budget = NewBudget(0, 0)
 	}
 	return o
 }
@@ -162,10 +162,10 @@ func (c *Client) PeakBufferedBytes() int64 { return c.peak.Load() }
 // ResetPeak sets PeakBufferedBytes to the current BufferedBytes.
 func (c *Client) ResetPeak() { c.peak.Store(c.buffered.Load()) }
 
-// grow takes n more bytes for a reply buffer from the budget (n < 0 gives
-// them back) and counts them in BufferedBytes.
-func (c *Client) grow(n int64) error {
-	if err := c.opts.Budget.take(n); err != nil {
+// grow takes n more bytes for a reply buffer of a call for owner (when
+// owned) from the budget and counts them in BufferedBytes.
+func (c *Client) grow(owner string, owned bool, n int64) error {
+	if err := c.opts.Budget.take(owner, owned, n); err != nil {
 		return err
 	}
 	c.addBuffered(n)
@@ -173,8 +173,8 @@ func (c *Client) grow(n int64) error {
 }
 
 // shrink gives n bytes of reply buffers back.
-func (c *Client) shrink(n int64) {
-	_ = c.opts.Budget.take(-n) // giving back never fails
+func (c *Client) shrink(owner string, owned bool, n int64) {
+	_ = c.opts.Budget.take(owner, owned, -n) // giving back never fails
 	c.addBuffered(-n)
 }
 

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 const (
@@ -51,7 +53,17 @@ type conn struct {
 	pending bool   // a request was written whose reply was not consumed
 	broken  error  // first protocol failure; the connection is unusable after it
 	id      uint32
+	// owner is whom the budget charges the buffers for (owned: the
+	// context was marked, sandbox.WithOwner).
+	owner string
+	owned bool
 }
+
+// grow takes n more bytes of the budget for this connection's buffers.
+func (cn *conn) grow(n int64) error { return cn.c.grow(cn.owner, cn.owned, n) }
+
+// shrink gives n bytes back.
+func (cn *conn) shrink(n int64) { cn.c.shrink(cn.owner, cn.owned, n) }
 
 // replyLimit is the bound on one reply line.
 func (cn *conn) replyLimit() int { return cn.c.opts.MaxReplyBytes }
@@ -72,6 +84,7 @@ func (c *Client) dial(ctx context.Context, path string) (*conn, error) {
 		cancel()
 		if err == nil {
 			cn := &conn{c: c, socket: path, nc: nc.(*net.UnixConn), ctx: ctx, id: uint32(1 + rand.IntN(maxID-1))}
+			cn.owner, cn.owned = sandbox.OwnerOf(ctx)
 			cn.stop = context.AfterFunc(ctx, func() {
 				cn.mu.Lock()
 				defer cn.mu.Unlock()
@@ -177,7 +190,7 @@ func (cn *conn) reserve(cmd string, n int) error {
 	if len(cn.buf)-cn.r >= n {
 		return nil
 	}
-	if err := cn.c.grow(int64(n - len(cn.buf))); err != nil {
+	if err := cn.grow(int64(n - len(cn.buf))); err != nil {
 		return cn.failBudget(cmd, err)
 	}
 	nb := make([]byte, n)
@@ -213,7 +226,7 @@ func (cn *conn) fill(cmd string, callEnd time.Time) error {
 				return cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.replyLimit()))
 			}
 			n := min(max(2*len(cn.buf), readSize), limit)
-			if err := cn.c.grow(int64(n - len(cn.buf))); err != nil {
+			if err := cn.grow(int64(n - len(cn.buf))); err != nil {
 				return cn.failBudget(cmd, err)
 			}
 			nb := make([]byte, n)
@@ -404,6 +417,6 @@ func (cn *conn) close() {
 		}
 	}
 	cn.nc.Close()
-	cn.c.shrink(int64(len(cn.buf)))
+	cn.shrink(int64(len(cn.buf)))
 	cn.buf = nil
 }

@@ -108,7 +108,7 @@ func (cn *conn) readLineCut(cmd string, callEnd time.Time, cut, keep, raw int) (
 	c := cutter{max: cut}
 	var out []byte
 	taken := 0
-	release = func() { cn.c.shrink(int64(taken)); taken = 0 }
+	release = func() { cn.shrink(int64(taken)); taken = 0 }
 	seen := 0
 	for {
 		chunk := cn.buf[cn.r:cn.w]
@@ -128,7 +128,7 @@ func (cn *conn) readLineCut(cmd string, callEnd time.Time, cut, keep, raw int) (
 					return nil, nil, cn.fail(KindTooLarge, cmd, fmt.Errorf("reply keeps more than %d bytes of strings cut at %d characters", keep, cut))
 				}
 				grown := min(max(2*cap(out), 4<<10), keep)
-				if err := cn.c.grow(int64(grown - taken)); err != nil {
+				if err := cn.grow(int64(grown - taken)); err != nil {
 					release()
 					return nil, nil, cn.failBudget(cmd, err)
 				}

@@ -266,7 +266,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	}
 	defer release()
 	ge := s.toGuestExec(req)
-	ctx, cancel := context.WithTimeout(octx, time.Duration(ge.Timeout)*time.Second+30*time.Second)
+	ctx, cancel := context.WithTimeout(sandbox.WithOwner(octx, owner), time.Duration(ge.Timeout)*time.Second+30*time.Second)
 	defer cancel()
 	g := s.e.Guest(vm.VMID)
 	if !stream {
@@ -277,7 +277,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 		defer unreserve()
 		res, err := g.Exec(ctx, ge)
 		if err != nil {
-			return err
+			return s.guestRefusal(owner, err)
 		}
 		return writeJSON(w, http.StatusOK, res)
 	}
@@ -287,7 +287,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	sw := &ndjsonWriter{w: w}
 	res, err := g.ExecStream(ctx, ge, sw.stream("stdout"), sw.stream("stderr"))
 	if err != nil {
-		pr := asProblem(err)
+		pr := asProblem(s.guestRefusal(owner, err))
 		if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == apitype.ProblemGuestTimeout {
 			s.met.guestErrors.WithLabelValues(pr.Type).Inc()
 		}
@@ -350,11 +350,14 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 	if pr != nil {
 		return pr
 	}
-	release, err := s.files.take(s.ownerOf(r), 1)
+	owner := s.ownerOf(r)
+	release, err := s.files.take(owner, 1)
 	if err != nil {
 		return err
 	}
 	defer release()
+	ctx = sandbox.WithOwner(ctx, owner)
+	defer func() { err = s.guestRefusal(owner, err) }() // before end
 	if g, ok := s.e.Guest(vm.VMID).(sizedReader); ok {
 		return s.streamFile(ctx, w, vm.VMID, g, path)
 	}
@@ -435,11 +438,14 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 		return err
 	}
 	defer func() { err = end(err) }()
-	release, err := s.files.take(s.ownerOf(r), 1)
+	owner := s.ownerOf(r)
+	release, err := s.files.take(owner, 1)
 	if err != nil {
 		return err
 	}
 	defer release()
+	ctx = sandbox.WithOwner(ctx, owner)
+	defer func() { err = s.guestRefusal(owner, err) }() // before end
 	q := r.URL.Query()
 	path, pr := guestPath(q.Get("path"), true)
 	if pr != nil {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -81,6 +82,23 @@ func (q *quota) give(key string, n int64) {
 	if q.byOwner[key] -= n; q.byOwner[key] <= 0 {
 		delete(q.byOwner, key)
 	}
+}
+
+// guestRefusal turns a refusal of the guest agent client's buffer budget
+// (qga.Budget, through the sandbox sentinels) into a quota refusal of the
+// call's owner: counted, and answered with Retry-After. Other errors pass.
+func (s *Server) guestRefusal(owner string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, sandbox.ErrOwnerBusy):
+		s.met.countRefusal(owner, "guest-buffer-bytes")
+		return &retryError{p: newProblem(apitype.ProblemTooManyRequests, err.Error()), after: quotaRetry}
+	case errors.Is(err, sandbox.ErrBusy):
+		s.met.countRefusal(owner, "node-guest-buffer-bytes")
+		return &retryError{p: newProblem(apitype.ProblemUnavailable, err.Error()), after: quotaRetry}
+	}
+	return err
 }
 
 // retryError is a refusal the client may retry after a while: wrap sends

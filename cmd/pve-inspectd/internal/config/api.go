@@ -63,8 +63,10 @@ type APISection struct {
 	OwnerFileSlots      int   `toml:"owner_file_slots"`
 	OwnerCollectedBytes int64 `toml:"owner_collected_bytes"`
 	// GuestBufferBytes bounds the guest agents' reply bytes the daemon
-	// buffers at once across all VMs (qga.Budget).
-	GuestBufferBytes int64 `toml:"guest_buffer_bytes"`
+	// buffers at once across all VMs, OwnerGuestBufferBytes the part of
+	// them for one owner's calls (qga.Budget).
+	GuestBufferBytes      int64 `toml:"guest_buffer_bytes"`
+	OwnerGuestBufferBytes int64 `toml:"owner_guest_buffer_bytes"`
 	// DiskTransferStorage is the Proxmox storage for the disk path of
 	// large files ("" = off); files of at least DiskTransferThreshold
 	// bytes take it.
@@ -145,6 +147,7 @@ func defaultAPI() APISection {
 		OwnerFileSlots:        2,
 		OwnerCollectedBytes:   64 << 20,
 		GuestBufferBytes:      256 << 20,
+		OwnerGuestBufferBytes: 64 << 20,
 		DiskTransferThreshold: 32 << 20,
 		AutoCIDRPool:          "10.200.0.0/16",
 		AutoCIDRBits:          24,
@@ -248,7 +251,8 @@ func (a APISection) validate(prefix string) error {
 		v int64
 	}{{"exec_slots", int64(a.ExecSlots)}, {"file_slots", int64(a.FileSlots)}, {"collected_bytes", a.CollectedBytes},
 		{"owner_exec_slots", int64(a.OwnerExecSlots)}, {"owner_file_slots", int64(a.OwnerFileSlots)},
-		{"owner_collected_bytes", a.OwnerCollectedBytes}, {"guest_buffer_bytes", a.GuestBufferBytes}} {
+		{"owner_collected_bytes", a.OwnerCollectedBytes}, {"guest_buffer_bytes", a.GuestBufferBytes},
+		{"owner_guest_buffer_bytes", a.OwnerGuestBufferBytes}} {
 		if q.v < 1 {
 			return key(q.k, errors.New("must be positive"))
 		}
