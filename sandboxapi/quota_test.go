@@ -1,9 +1,7 @@
 package sandboxapi_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -11,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
@@ -78,38 +77,12 @@ func TestOwnerExecShare(t *testing.T) {
 	}
 	defer close(release)
 
-	// exec posts an exec as tok and returns the response once its header
-	// is in (a held exec: never, until release).
-	type answer struct {
-		code  int
-		retry string
-		typ   string
-	}
-	exec := func(tok, id, vm string, argv []string, stream bool, out chan<- answer) {
+	exec := func(tok, id, vm string, argv []string, stream bool, out chan<- apitest.ExecAnswer) {
 		// 1 MiB per stream: eight of them fit the owner's collected share
-		body, _ := json.Marshal(apitype.ExecRequest{Argv: argv, OutputLimit: 1 << 20})
-		req, _ := http.NewRequestWithContext(ctx, "POST", e.tcp.URL+"/v1/sandboxes/"+id+"/vms/"+vm+"/exec", bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+tok)
-		req.Header.Set("Content-Type", "application/json")
-		if stream {
-			req.Header.Set("Accept", "application/x-ndjson")
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			out <- answer{code: -1}
-			return
-		}
-		defer resp.Body.Close()
-		var p apitype.Problem
-		if resp.StatusCode != http.StatusOK {
-			json.NewDecoder(resp.Body).Decode(&p)
-		} else {
-			io.Copy(io.Discard, resp.Body)
-		}
-		out <- answer{code: resp.StatusCode, retry: resp.Header.Get("Retry-After"), typ: p.Type}
+		out <- apitest.PostExec(ctx, e.tcp.URL, tok, id, vm, apitype.ExecRequest{Argv: argv, OutputLimit: 1 << 20}, stream)
 	}
 	const tries = 32
-	refused := make(chan answer, tries)
+	refused := make(chan apitest.ExecAnswer, tries)
 	for i := range tries {
 		tok, vm := a1, "a"
 		if i%2 == 1 {
@@ -126,7 +99,7 @@ func TestOwnerExecShare(t *testing.T) {
 			held++
 		case a := <-refused:
 			refusals++
-			if a.code != http.StatusTooManyRequests || a.typ != "too-many-requests" || a.retry == "" {
+			if a.Code != http.StatusTooManyRequests || a.Type != apitype.ProblemTooManyRequests || a.Retry == "" {
 				t.Errorf("A's exec past its share: %+v, want 429 too-many-requests with Retry-After", a)
 			}
 		case <-deadline:
@@ -141,11 +114,11 @@ func TestOwnerExecShare(t *testing.T) {
 	}
 
 	// B's exec runs while A holds its share.
-	done := make(chan answer, 1)
+	done := make(chan apitest.ExecAnswer, 1)
 	go exec(b, sbB.ID, "a", []string{"echo", "b"}, false, done)
 	select {
 	case a := <-done:
-		if a.code != http.StatusOK {
+		if a.Code != http.StatusOK {
 			t.Errorf("B's exec while A holds its share: %+v, want 200", a)
 		}
 	case <-time.After(10 * time.Second):
