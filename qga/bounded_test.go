@@ -177,9 +177,10 @@ func TestCutter(t *testing.T) {
 	}
 }
 
-// TestBudgetShares: an owner holds at most its share (but may always take
-// a first buffer, however large, within the total); calls without an
-// owner count against the total only; giving back restores both.
+// TestBudgetShares: past its share an owner may take more only while a
+// share of the total stays free, and may always take a first buffer,
+// however large, within the total; calls without an owner count against
+// the total only; giving back restores both.
 func TestBudgetShares(t *testing.T) {
 	t.Parallel()
 	b := NewBudget(1000, 300)
@@ -189,25 +190,23 @@ func TestBudgetShares(t *testing.T) {
 		n     int64
 		want  error
 	}{
-		{"a", true, 200, nil},
-		{"a", true, 100, nil},          // 300: the whole share
-		{"a", true, 1, ErrOwnerBudget}, // past it
-		{"b", true, 400, nil},          // a first buffer over the share
-		{"b", true, 1, ErrOwnerBudget}, // nothing more while it holds one
-		{"", false, 300, nil},          // no owner: the total only (1000)
-		{"c", true, 1, ErrBudget},      // the total is full
-		{"a", true, -300, nil},         // a gives its share back
-		{"c", true, 300, nil},          // room again
-		{"", true, 10, ErrBudget},      // "" is an owner like any other
-		{"b", true, -400, nil},         // b done
-		{"", true, 10, nil},            // now it fits
+		{"a", true, 300, nil},
+		{"a", true, 400, nil},          // past the share: 300 stay free
+		{"a", true, 1, ErrOwnerBudget}, // would leave less than a share
+		{"b", true, 400, ErrBudget},    // a first buffer, but over the total
+		{"b", true, 300, nil},          // b's share
+		{"", false, 1, ErrBudget},      // no owner: the total binds
+		{"a", true, -700, nil},         // a gives everything back
+		{"c", true, 600, nil},          // a first buffer over the share
+		{"", true, 10, nil},            // "" is an owner like any other
+		{"b", true, 1, ErrOwnerBudget}, // past b's share, 89 would stay free
 	}
 	for i, s := range steps {
 		if err := b.take(s.owner, s.owned, s.n); !errors.Is(err, s.want) || (s.want == nil) != (err == nil) {
 			t.Fatalf("step %d %+v: %v, want %v", i, s, err, s.want)
 		}
 	}
-	if u := b.Used(); u != 610 {
-		t.Fatalf("used %d, want 610", u)
+	if u := b.Used(); u != 910 {
+		t.Fatalf("used %d, want 910", u)
 	}
 }

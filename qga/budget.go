@@ -10,12 +10,9 @@ import (
 // takes when Options.Budget is nil: 256 MiB, an eighth of the daemon
 // unit's MemoryMax (2 GiB, packaging/deb/pve-inspectd.service), so that
 // with the decoded copies of the replies (README, "What each owner is
-// guaranteed") it stays well under it. DefaultOwnerShare is each owner's
-// share of it: a quarter, so four owners at their full share fit.
-const (
-	DefaultBudget     = 256 << 20
-	DefaultOwnerShare = DefaultBudget / 4
-)
+// guaranteed") it stays well under it. Each owner's share defaults to a
+// quarter of the budget, so four owners at their full share fit.
+const DefaultBudget = 256 << 20
 
 // ErrBudget is returned (wrapped) by a call whose reply would pass the
 // node-wide budget of buffered guest bytes: the daemon is busy with other
@@ -31,11 +28,13 @@ var (
 // of them held for one owner (the owner a call's context is marked with,
 // sandbox.WithOwner; calls without one count against the total only): a
 // buffer grows only by taking bytes from it, and gives them back when its
-// connection closes. A grow that would pass a bound fails at once rather
-// than waiting: connections that each hold part of the budget and wait
-// for more would stall one another until their deadlines. An owner that
-// holds nothing may always take its first buffer (within the total), so
-// one reply larger than the share is not refused for good. Safe for
+// connection closes. An owner past its share may take more only while a
+// full share of the total stays free after the take (so the next owner to
+// arrive finds its share), and an owner that holds nothing may always take
+// its first buffer (within the total), so one reply larger than the share
+// is not refused for good. A grow that would pass a bound fails at once
+// rather than waiting: connections that each hold part of the budget and
+// wait for more would stall one another until their deadlines. Safe for
 // concurrent use.
 type Budget struct {
 	max, share int64
@@ -84,7 +83,7 @@ func (b *Budget) take(owner string, owned bool, n int64) error {
 	defer b.mu.Unlock()
 	held := b.byOwner[owner]
 	if n > 0 {
-		if owned && held > 0 && held+n > b.share {
+		if owned && held > 0 && held+n > b.share && b.max-(b.used+n) < b.share {
 			return fmt.Errorf("%w: %d bytes held for the owner, %d more asked, share %d", ErrOwnerBudget, held, n, b.share)
 		}
 		if b.used+n > b.max {

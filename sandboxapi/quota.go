@@ -16,33 +16,42 @@ import (
 // owner of a call is the owner of the sandbox it targets, whichever token
 // calls, so one tenant's sandboxes share one share.
 //
-// The rule is deliberately simple. An owner never holds more than its
-// share (a refusal is 429 too-many-requests with Retry-After: the owner's
-// own load), except that an owner holding nothing of a resource may always
-// take one call's worth, so a single call larger than the share (a
-// collected exec with a large output limit) is not refused for good. The
-// node total is a hard cap on top (503 unavailable with Retry-After: the
-// node is busy). The defaults make the node total four shares, so four
-// owners at their full share fit and no single owner can take more than a
-// quarter; a fifth owner is refused only while four others are all at
-// their full share. No owner may exceed its share while others are idle:
-// a share is what bounds what one tenant can do to the others' latency,
-// and it stays the same whether they are busy or not.
+// The rule is deliberately simple. An owner never holds more exec or file
+// slots than its share (a refusal is 429 too-many-requests with
+// Retry-After: the owner's own load), except that an owner holding
+// nothing of a resource may always take one call's worth, so a single
+// call larger than the share is not refused for good. The node total is a
+// hard cap on top (503 unavailable with Retry-After: the node is busy).
+// The defaults make the node total four shares, so four owners at their
+// full share fit and no single owner can take more than a quarter; a
+// fifth owner is refused only while four others are all at their full
+// share. A slot may be held for a day (exec timeouts go to 24 h), so no
+// owner may exceed its slot share even while others are idle.
+//
+// The collected-output bytes also let an owner borrow: past its share
+// (64 MiB: three collected execs at the default output limit, each
+// reserving 2 x 10 MiB) it may take more while at least one full share of
+// the node stays free after the take, so that the next owner to arrive
+// still finds its share. Its exec-slot share bounds what it can borrow
+// (eight execs at the default limit: 160 MiB of 256).
 
 // quota is one resource's node total and per-owner share.
 type quota struct {
 	name        string // metric label: exec-slots, file-slots, collected-bytes
 	node, share int64
-	unit        string // what one is: "calls", "bytes"
-	met         *metrics
+	// borrow lets an owner past its share while a share of the node
+	// stays free.
+	borrow bool
+	unit   string // what one is: "calls", "bytes"
+	met    *metrics
 
 	mu      sync.Mutex
 	used    int64
 	byOwner map[string]int64
 }
 
-func newQuota(name, unit string, node, share int64, met *metrics) *quota {
-	return &quota{name: name, unit: unit, node: node, share: share, met: met, byOwner: map[string]int64{}}
+func newQuota(name, unit string, node, share int64, borrow bool, met *metrics) *quota {
+	return &quota{name: name, unit: unit, node: node, share: share, borrow: borrow, met: met, byOwner: map[string]int64{}}
 }
 
 // quotaRetry is the Retry-After of a quota refusal.
@@ -56,11 +65,11 @@ func (q *quota) take(owner string, n int64) (release func(), err error) {
 	q.mu.Lock()
 	held := q.byOwner[key]
 	switch {
-	case held > 0 && held+n > q.share:
+	case held > 0 && held+n > q.share && (!q.borrow || q.node-(q.used+n) < q.share):
 		q.mu.Unlock()
 		q.met.countRefusal(owner, q.name)
 		return nil, &retryError{p: problemf(apitype.ProblemTooManyRequests,
-			"owner %s holds %d of its share of %d %s (%s); retry when one of its calls ends", key, held, q.share, q.unit, q.name), after: quotaRetry}
+			"owner %s holds %d of its share of %d %s (%s), %d more asked; retry when one of its calls ends", key, held, q.share, q.unit, q.name, n), after: quotaRetry}
 	case q.used+n > q.node:
 		used := q.used
 		q.mu.Unlock()

@@ -19,7 +19,7 @@ func TestQuotaTake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := newQuota("collected-bytes", "bytes", 100, 30, met)
+	q := newQuota("exec-slots", "calls", 100, 30, false, met)
 	releases := map[string][]func(){}
 	steps := []struct {
 		owner  string
@@ -60,17 +60,44 @@ func TestQuotaTake(t *testing.T) {
 		rel()
 	}
 	for owner, want := range map[string]float64{"a": 1, "b": 1} {
-		if got := testutil.ToFloat64(met.quotaRefusals.WithLabelValues(owner, "collected-bytes")); got != want {
+		if got := testutil.ToFloat64(met.quotaRefusals.WithLabelValues(owner, "exec-slots")); got != want {
 			t.Errorf("refusals of %s: %v, want %v", owner, got, want)
 		}
 	}
-	if got := testutil.ToFloat64(met.quotaRefusals.WithLabelValues("-", "node-collected-bytes")); got != 1 {
+	if got := testutil.ToFloat64(met.quotaRefusals.WithLabelValues("-", "node-exec-slots")); got != 1 {
 		t.Errorf("node refusals of -: %v", got)
 	}
-	if got := testutil.ToFloat64(met.quotaRefusals.WithLabelValues("c", "node-collected-bytes")); got != 1 {
+	if got := testutil.ToFloat64(met.quotaRefusals.WithLabelValues("c", "node-exec-slots")); got != 1 {
 		t.Errorf("node refusals of c: %v", got)
 	}
 	if q.used != 70 || len(q.byOwner) != 2 {
 		t.Errorf("used %d by %v, want 70 by b and -", q.used, q.byOwner)
+	}
+}
+
+// TestQuotaBorrow: past its share an owner of a borrowing quota may take
+// more while a full share of the node stays free after the take; the
+// next owner still finds its share.
+func TestQuotaBorrow(t *testing.T) {
+	met, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := newQuota("collected-bytes", "bytes", 100, 30, true, met)
+	for i, s := range []struct {
+		owner string
+		n     int64
+		ok    bool
+	}{
+		{"a", 30, true},
+		{"a", 40, true}, // 70: 30 left free, a whole share
+		{"a", 1, false}, // would leave 29
+		{"b", 30, true}, // b's share is there
+		{"b", 1, false}, // the node is full
+	} {
+		_, err := q.take(s.owner, s.n)
+		if (err == nil) != s.ok {
+			t.Fatalf("step %d %+v: %v", i, s, err)
+		}
 	}
 }

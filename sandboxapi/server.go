@@ -59,7 +59,9 @@ type Options struct {
 	// owners at their full share fit). The owner of a call is the owner of
 	// the sandbox it targets. A call past its owner's share answers
 	// too-many-requests (429, Retry-After); an owner holding none of a
-	// resource may always take one call's worth (quota.go).
+	// resource may always take one call's worth, and past its collected
+	// share an owner may borrow while a share of the node stays free
+	// (quota.go).
 	OwnerExecs, OwnerFileCalls int
 	OwnerCollectedBytes        int64
 	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.
@@ -161,9 +163,9 @@ func New(e *sandbox.Engine, o Options) (*Server, error) {
 		return nil, fmt.Errorf("sandboxapi: register metrics: %w", err)
 	}
 	s := &Server{o: o, e: e, eo: eo, met: met,
-		execs:     newQuota("exec-slots", "exec calls", int64(o.MaxExecs), int64(o.OwnerExecs), met),
-		files:     newQuota("file-slots", "file calls", int64(o.MaxFileCalls), int64(o.OwnerFileCalls), met),
-		collected: newQuota("collected-bytes", "bytes of collected exec output", o.CollectedBytes, o.OwnerCollectedBytes, met)}
+		execs:     newQuota("exec-slots", "exec calls", int64(o.MaxExecs), int64(o.OwnerExecs), false, met),
+		files:     newQuota("file-slots", "file calls", int64(o.MaxFileCalls), int64(o.OwnerFileCalls), false, met),
+		collected: newQuota("collected-bytes", "bytes of collected exec output", o.CollectedBytes, o.OwnerCollectedBytes, true, met)}
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
 	for _, rt := range s.routes {
