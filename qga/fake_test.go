@@ -108,7 +108,8 @@ func (f *fakeAgent) serve(c net.Conn) {
 				break
 			}
 		}
-		cc := &countingConn{Conn: c, f: f, inflight: true}
+		cc := &countingConn{Conn: c, f: f}
+		cc.inflight.Store(true)
 		ok := f.dispatch(cc, &req, h, s)
 		cc.done()
 		if !ok {
@@ -121,13 +122,14 @@ func (f *fakeAgent) serve(c net.Conn) {
 // the reply goes out (the client may act on the reply at once).
 type countingConn struct {
 	net.Conn
-	f        *fakeAgent
-	inflight bool
+	f *fakeAgent
+	// inflight is atomic: a handler may keep writing from a goroutine of
+	// its own (flood) while the next command is served.
+	inflight atomic.Bool
 }
 
 func (c *countingConn) done() {
-	if c.inflight {
-		c.inflight = false
+	if c.inflight.CompareAndSwap(true, false) {
 		c.f.active.Add(-1)
 	}
 }
