@@ -63,6 +63,10 @@ type Options struct {
 	// that signals its own group (`kill 0`) also signals the agent and
 	// the other commands running in that guest. See execdirect.go.
 	ExecOwnSession bool
+	// Budget bounds the bytes the reply buffers of all connections hold
+	// together (budget.go); share one between Clients to make it
+	// node-wide. Default: a budget of DefaultBudget for this Client.
+	Budget *Budget
 }
 
 const (
@@ -111,6 +115,9 @@ func (o Options) withDefaults() Options {
 	if o.GuestProgramDir == "" {
 		o.GuestProgramDir = "/var/lib/pve-inspect-qga"
 	}
+	if o.Budget == nil {
+		o.Budget = NewBudget(0, 0)
+	}
 	return o
 }
 
@@ -152,6 +159,22 @@ func (c *Client) PeakBufferedBytes() int64 { return c.peak.Load() }
 
 // ResetPeak sets PeakBufferedBytes to the current BufferedBytes.
 func (c *Client) ResetPeak() { c.peak.Store(c.buffered.Load()) }
+
+// grow takes n more bytes for a reply buffer of a call for owner (when
+// owned) from the budget and counts them in BufferedBytes.
+func (c *Client) grow(owner string, owned bool, n int64) error {
+	if err := c.opts.Budget.take(owner, owned, n); err != nil {
+		return err
+	}
+	c.addBuffered(n)
+	return nil
+}
+
+// shrink gives n bytes of reply buffers back.
+func (c *Client) shrink(owner string, owned bool, n int64) {
+	_ = c.opts.Budget.take(owner, owned, -n) // giving back never fails
+	c.addBuffered(-n)
+}
 
 func (c *Client) addBuffered(n int64) {
 	v := c.buffered.Add(n)

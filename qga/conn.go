@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 const (
@@ -51,13 +53,20 @@ type conn struct {
 	pending bool   // a request was written whose reply was not consumed
 	broken  error  // first protocol failure; the connection is unusable after it
 	id      uint32
-	// maxReply raises the reply bound above Options.MaxReplyBytes for the
-	// calls of one session that expect a larger reply (0: the option).
-	maxReply int
+	// owner is whom the budget charges the buffers for (owned: the
+	// context was marked, sandbox.WithOwner).
+	owner string
+	owned bool
 }
 
+// grow takes n more bytes of the budget for this connection's buffers.
+func (cn *conn) grow(n int64) error { return cn.c.grow(cn.owner, cn.owned, n) }
+
+// shrink gives n bytes back.
+func (cn *conn) shrink(n int64) { cn.c.shrink(cn.owner, cn.owned, n) }
+
 // replyLimit is the bound on one reply line.
-func (cn *conn) replyLimit() int { return max(cn.c.opts.MaxReplyBytes, cn.maxReply) }
+func (cn *conn) replyLimit() int { return cn.c.opts.MaxReplyBytes }
 
 // dial connects to the agent socket. A full listen backlog (EAGAIN: the
 // agent serves one client at a time, e.g. Proxmox's own) is retried until
@@ -75,6 +84,7 @@ func (c *Client) dial(ctx context.Context, path string) (*conn, error) {
 		cancel()
 		if err == nil {
 			cn := &conn{c: c, socket: path, nc: nc.(*net.UnixConn), ctx: ctx, id: uint32(1 + rand.IntN(maxID-1))}
+			cn.owner, cn.owned = sandbox.OwnerOf(ctx)
 			cn.stop = context.AfterFunc(ctx, func() {
 				cn.mu.Lock()
 				defer cn.mu.Unlock()
@@ -175,16 +185,30 @@ func (cn *conn) write(cmd string, b []byte, callEnd time.Time) error {
 // (within the reply bound), for a caller that knows the size of the reply
 // it asked for: growing by doubling to a guest-file-read of 16 MiB (22 MiB
 // of base64) allocates 64 MiB and holds 48 MiB at once while copying.
-func (cn *conn) reserve(n int) {
+func (cn *conn) reserve(cmd string, n int) error {
 	n = min(n, cn.replyLimit()+readSize)
 	if len(cn.buf)-cn.r >= n {
-		return
+		return nil
+	}
+	if err := cn.grow(int64(n - len(cn.buf))); err != nil {
+		return cn.failBudget(cmd, err)
 	}
 	nb := make([]byte, n)
 	cn.w = copy(nb, cn.buf[cn.r:cn.w])
 	cn.r = 0
-	cn.c.addBuffered(int64(n - len(cn.buf)))
 	cn.buf = nb
+	return nil
+}
+
+// failBudget records a refused grow (ErrBudget): not the agent's fault, so
+// not a ProtocolError, but the connection is unusable after it all the
+// same (a reply may be half read).
+func (cn *conn) failBudget(cmd string, err error) error {
+	e := fmt.Errorf("qga %s %s: %w", cn.socket, cmd, err)
+	if cn.broken == nil {
+		cn.broken = e
+	}
+	return e
 }
 
 // fill reads more bytes into the buffer, growing it up to the reply bound.
@@ -202,9 +226,11 @@ func (cn *conn) fill(cmd string, callEnd time.Time) error {
 				return cn.fail(KindTooLarge, cmd, fmt.Errorf("reply line longer than %d bytes", cn.replyLimit()))
 			}
 			n := min(max(2*len(cn.buf), readSize), limit)
+			if err := cn.grow(int64(n - len(cn.buf))); err != nil {
+				return cn.failBudget(cmd, err)
+			}
 			nb := make([]byte, n)
 			copy(nb, cn.buf[:cn.w])
-			cn.c.addBuffered(int64(n - len(cn.buf)))
 			cn.buf = nb
 		}
 	}
@@ -309,8 +335,21 @@ func (cn *conn) call(cmd string, args any, out any) error {
 
 // callRaw is call with pre-encoded arguments (a JSON object).
 func (cn *conn) callRaw(cmd string, args []byte, out any) error {
+	id, end, err := cn.send(cmd, args)
+	if err != nil {
+		return err
+	}
+	line, err := cn.readLine(cmd, end)
+	if err != nil {
+		return err
+	}
+	return cn.finish(cmd, id, line, out)
+}
+
+// send writes one command and returns its id and the end of the call.
+func (cn *conn) send(cmd string, args []byte) (uint32, time.Time, error) {
 	if cn.broken != nil {
-		return cn.broken
+		return 0, time.Time{}, cn.broken
 	}
 	id := cn.nextID()
 	req := make([]byte, 0, len(args)+96)
@@ -326,13 +365,14 @@ func (cn *conn) callRaw(cmd string, args []byte, out any) error {
 	end := cn.callEnd()
 	cn.pending = true
 	if err := cn.write(cmd, req, end); err != nil {
-		return err
+		return 0, time.Time{}, err
 	}
-	line, err := cn.readLine(cmd, end)
-	if err != nil {
-		return err
-	}
-	err = parseReply(line, cmd, id, cn.c.opts.AcceptReplyWithoutID, out)
+	return id, end, nil
+}
+
+// finish checks the reply line to the command id and decodes it into out.
+func (cn *conn) finish(cmd string, id uint32, line []byte, out any) error {
+	err := parseReply(line, cmd, id, cn.c.opts.AcceptReplyWithoutID, out)
 	var ae *AgentError
 	if errors.As(err, &ae) {
 		cn.pending = false
@@ -377,6 +417,6 @@ func (cn *conn) close() {
 		}
 	}
 	cn.nc.Close()
-	cn.c.addBuffered(-int64(len(cn.buf)))
+	cn.shrink(int64(len(cn.buf)))
 	cn.buf = nil
 }

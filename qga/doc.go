@@ -35,8 +35,15 @@
 // exactly one of "return" and "error" and our id, with a return value of
 // the expected shape. Anything else is a *ProtocolError whose Kind tells
 // what happened; the connection is dropped and the next call starts
-// afresh. Client.BufferedBytes and PeakBufferedBytes expose the memory held
-// in reply buffers so tests (and metrics) can check that it stays bounded.
+// afresh. A guest-exec-status reply is streamed and every string in it cut
+// to what the request's output limit needs (replycut.go), so on every exec
+// path a reply costs what the request asked for, whatever the agent sends;
+// output data on a status that has not exited is a protocol error. Every
+// reply buffer is taken from a Budget shared by all connections (one per
+// daemon: node-wide, Options.Budget), and a buffer that would pass it is
+// refused with ErrBudget. Client.BufferedBytes and PeakBufferedBytes
+// expose the memory held in reply buffers so tests (and metrics) can check
+// that it stays bounded.
 // Agent-side failures ({"error": ...}) are *AgentError and match
 // ErrNotFound, ErrIsDir and ErrPermission with errors.Is.
 //

@@ -237,16 +237,33 @@ func (cn *conn) execStartEnv(argv, env []string, input []byte, capture bool) (in
 	return *ret.PID, nil
 }
 
-func (cn *conn) execStatus(pid int) (*guestExec, error) {
-	var st guestExec
-	err := cn.call("guest-exec-status", struct {
-		PID int `json:"pid"`
-	}{pid}, &st)
+// execStatus polls pid (guest-exec-status). Its streams are wanted up to
+// limit bytes each: the reply is read through a cutter (replycut.go), so
+// it costs about what limit asks for whatever the agent sends, and output
+// data on a status that has not exited is a protocol error.
+func (cn *conn) execStatus(pid int, limit int64) (*guestExec, error) {
+	const cmd = "guest-exec-status"
+	args := strconv.AppendInt([]byte(`{"pid":`), int64(pid), 10)
+	args = append(args, '}')
+	id, end, err := cn.send(cmd, args)
 	if err != nil {
 		return nil, err
 	}
+	cut := statusCut(limit)
+	line, release, err := cn.readLineCut(cmd, end, cut, 4*cut+replyOverhead, directReplyBound)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var st guestExec
+	if err := cn.finish(cmd, id, line, &st); err != nil {
+		return nil, err
+	}
 	if st.Exited && st.ExitCode == nil && st.Signal == nil {
-		return nil, cn.fail(KindMalformed, "guest-exec-status", errors.New("exited without exit code or signal"))
+		return nil, cn.fail(KindMalformed, cmd, errors.New("exited without exit code or signal"))
+	}
+	if !st.Exited && (st.OutData != "" || st.ErrData != "") {
+		return nil, cn.fail(KindMalformed, cmd, errDataWhileRunning)
 	}
 	return &st, nil
 }
@@ -314,6 +331,11 @@ func (r *runResult) err() error {
 	return fmt.Errorf("exit status %d: %s", r.ExitCode, msg)
 }
 
+// runOutputLimit is what run keeps of each stream of a helper command
+// (their output is a few lines; the agent's environment, execenv.go, a
+// few KiB).
+const runOutputLimit = 1 << 20
+
 // run executes a small internal helper command (mkdir, mv, kill, rm) with
 // the agent capturing its (tiny) output, and waits for it.
 func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
@@ -330,7 +352,7 @@ func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
 	for {
 		var st *guestExec
 		if err := a.session(ctx, func(cn *conn) (err error) {
-			st, err = cn.execStatus(pid)
+			st, err = cn.execStatus(pid, runOutputLimit)
 			return err
 		}); err != nil {
 			return nil, err
@@ -339,7 +361,7 @@ func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
 			var res ExecResult
 			st.outcome(&res)
 			var out ExecResult
-			if err := collect(&out, st, agentOutputCap); err != nil {
+			if err := collect(&out, st, runOutputLimit); err != nil {
 				return nil, err
 			}
 			return &runResult{ExitCode: res.ExitCode, Stdout: out.Stdout, Stderr: out.Stderr}, nil
@@ -547,7 +569,7 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 		t0 := time.Now()
 		err := a.session(ctx, func(cn *conn) (err error) {
 			if !exited {
-				st, err := cn.execStatus(res.PID)
+				st, err := cn.execStatus(res.PID, 0) // no capture: no data
 				if err != nil {
 					return err
 				}
@@ -635,7 +657,7 @@ func (a *Agent) abandonWith(ctx context.Context, pid int, kill func(context.Cont
 		for fresh.Err() == nil {
 			var st *guestExec
 			err := a.session(fresh, func(cn *conn) (err error) {
-				st, err = cn.execStatus(pid)
+				st, err = cn.execStatus(pid, 0) // the output is not wanted
 				return err
 			})
 			if err != nil || st.Exited {

@@ -62,9 +62,11 @@ import (
 // setsidPath is util-linux's setsid in the guest.
 const setsidPath = "/usr/bin/setsid"
 
-// directReplyBound bounds the final status reply of a direct exec: both
-// streams at the agent's capture cap, in base64, plus the envelope. The
-// agent decides how much it sends (not the limit), so this is the bound.
+// directReplyBound bounds the raw bytes of a status reply: both streams at
+// the agent's capture cap, in base64, plus the envelope (on the direct path
+// the agent decides how much it sends, not the limit). It costs reading
+// time only: what is kept of a reply is bounded by the request's output
+// limit (replycut.go).
 var directReplyBound = 2*base64.StdEncoding.EncodedLen(agentOutputCap) + replyOverhead
 
 const (
@@ -161,13 +163,12 @@ func (a *Agent) execCaptured(ctx context.Context, req *ExecRequest, limit int64,
 		held = min(held, req.Timeout)
 	}
 	err := a.session(ctx, func(cn *conn) (err error) {
-		cn.maxReply = directReplyBound
 		if res.PID, err = cn.execStartEnv(run.argv, run.env, nil, true); err != nil {
 			return err
 		}
 		start = time.Now()
 		for time.Since(start) < held {
-			if st, err = cn.execStatus(res.PID); err != nil || st.Exited {
+			if st, err = cn.execStatus(res.PID, limit); err != nil || st.Exited {
 				return err
 			}
 			if err := sleepCtx(ctx, p.next()); err != nil {
@@ -187,7 +188,7 @@ func (a *Agent) execCaptured(ctx context.Context, req *ExecRequest, limit int64,
 	case err != nil:
 		return nil, fmt.Errorf("qga exec: poll: %w", err)
 	}
-	end, err := a.waitDirect(ctx, req, res.PID, start, p, st, run)
+	end, err := a.waitDirect(ctx, req, limit, res.PID, start, p, st, run)
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +209,7 @@ type directEnd struct {
 // waitDirect polls a started direct exec until the agent reports it
 // exited (st when it already did), killing it on timeout and ending
 // background holders of its output once it is gone.
-func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start time.Time, p *poller, st *guestExec, run directRun) (directEnd, error) {
+func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, limit int64, pid int, start time.Time, p *poller, st *guestExec, run directRun) (directEnd, error) {
 	killed := false
 	var firstKill, lastKill time.Time
 	probeEvery := directProbeFirst
@@ -245,8 +246,7 @@ func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, pid int, start
 			nextProbe = time.Now().Add(probeEvery)
 		}
 		err := a.session(ctx, func(cn *conn) (err error) {
-			cn.maxReply = directReplyBound
-			st, err = cn.execStatus(pid)
+			st, err = cn.execStatus(pid, limit)
 			return err
 		})
 		if err != nil {

@@ -103,8 +103,6 @@ func (a *Agent) execFast(ctx context.Context, req *ExecRequest, limit int64) (*E
 		return nil, fmt.Errorf("qga exec: start: %w", err)
 	}
 	start := time.Now()
-	// The final status carries both streams in base64.
-	replyBound := int(2*((limit+3)/3*4)) + 64<<10
 	p := newPoller()
 	killed := false
 	var firstKill, lastKill time.Time
@@ -129,8 +127,7 @@ func (a *Agent) execFast(ctx context.Context, req *ExecRequest, limit int64) (*E
 		}
 		var st *guestExec
 		err := a.session(ctx, func(cn *conn) (err error) {
-			cn.maxReply = replyBound
-			st, err = cn.execStatus(res.PID)
+			st, err = cn.execStatus(res.PID, limit)
 			return err
 		})
 		if err != nil {

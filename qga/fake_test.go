@@ -124,7 +124,9 @@ func (f *fakeAgent) serve(c net.Conn) {
 // command: inflight is atomic.
 type countingConn struct {
 	net.Conn
-	f        *fakeAgent
+	f *fakeAgent
+	// inflight is atomic: a handler may keep writing from a goroutine of
+	// its own (flood) while the next command is served.
 	inflight atomic.Bool
 }
 

@@ -78,7 +78,9 @@ func (cn *conn) fileRead(h int64, count int) ([]byte, bool, error) {
 		EOF   bool   `json:"eof"`
 	}
 	// the reply: the data in base64 and a few dozen bytes around it
-	cn.reserve(base64.StdEncoding.EncodedLen(count) + fileReadReplyOverhead)
+	if err := cn.reserve(cmd, base64.StdEncoding.EncodedLen(count)+fileReadReplyOverhead); err != nil {
+		return nil, false, err
+	}
 	err := cn.call(cmd, struct {
 		Handle int64 `json:"handle"`
 		Count  int   `json:"count"`

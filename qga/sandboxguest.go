@@ -39,6 +39,10 @@ func mapErr(err error) error {
 	switch {
 	case errors.Is(err, ErrFrozen):
 		return fmt.Errorf("%w: the guest's file systems are frozen for a snapshot: retry when it ends: %w", sandbox.ErrConflict, err)
+	case errors.Is(err, ErrBudget):
+		return fmt.Errorf("%w: %w", sandbox.ErrBusy, err)
+	case errors.Is(err, ErrOwnerBudget):
+		return fmt.Errorf("%w: %w", sandbox.ErrOwnerBusy, err)
 	case errors.Is(err, ErrTooLarge):
 		return fmt.Errorf("%w: %w", sandbox.ErrTooLarge, err)
 	case errors.Is(err, ErrNotFound):

@@ -117,8 +117,9 @@ func TestReadFileSizedRealAgent(t *testing.T) {
 
 func TestHostileCollectedExec(t *testing.T) {
 	t.Parallel()
-	// The wrapper's reply is bounded by the limit, the direct path's by
-	// the agent's capture cap (the agent decides how much it sends).
+	// What is kept of a status reply is bounded by the limit
+	// (TestStatusReplyBounded); the raw line, on either path, by what the
+	// agent may capture of both streams.
 	wrapped := map[string]string{"X": "y"}
 	tests := []struct {
 		name   string
@@ -128,7 +129,7 @@ func TestHostileCollectedExec(t *testing.T) {
 	}{
 		{"bad base64", wrapped, `{"exited": true, "exitcode": 0, "out-data": "!!!!"}`, KindMalformed},
 		{"exited without code", wrapped, `{"exited": true}`, KindMalformed},
-		{"output over the bound", wrapped, `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", 64<<10) + `"}`, KindTooLarge},
+		{"output over the bound", wrapped, `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", (directReplyBound+2*readSize)/4) + `"}`, KindTooLarge},
 		{"direct: output over the bound", nil, `{"exited": true, "exitcode": 0, "out-data": "` + strings.Repeat("QUFB", (directReplyBound+2*readSize)/4) + `"}`, KindTooLarge},
 	}
 	for _, tt := range tests {

@@ -50,6 +50,12 @@ var (
 	// ErrNotConfigured: the part the call needs (containment check, egress
 	// policies) is not enabled on this node.
 	ErrNotConfigured = errors.New("not configured")
+	// ErrBusy: a node-wide budget the call needs (the buffered guest
+	// bytes of every VM) is used up by other calls; retry later.
+	ErrBusy = errors.New("busy")
+	// ErrOwnerBusy: the call's owner has used up its share of such a
+	// budget with its other calls in flight; retry when one ends.
+	ErrOwnerBusy = errors.New("owner's share in use")
 )
 
 // refusal is a sentinel with a message of its own: errors.Is finds the

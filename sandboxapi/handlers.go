@@ -201,6 +201,13 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p princip
 	return writeJSON(w, http.StatusOK, sb)
 }
 
+// ownerOf is the owner of the sandbox {id} (begun already): the owner
+// whose quotas a guest I/O call takes.
+func (s *Server) ownerOf(r *http.Request) string {
+	sb, _ := s.e.Get(r.PathValue("id"))
+	return sb.Owner
+}
+
 // begin resolves {id} and {vm} to a ready sandbox's VM and starts an
 // operation on it: ctx is cancelled when the sandbox is deleted, and end
 // must be called with the handler's result.
@@ -252,24 +259,25 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	if !stream && req.OutputLimit > maxCollected {
 		return invalid("output_limit", "output_limit %d: output collected into one answer is capped at %d bytes per stream; ask with Accept: application/x-ndjson to stream more", req.OutputLimit, maxCollected)
 	}
-	release, err := acquire(s.execs, "exec")
+	owner := s.ownerOf(r)
+	release, err := s.execs.take(owner, 1)
 	if err != nil {
 		return err
 	}
 	defer release()
 	ge := s.toGuestExec(req)
-	ctx, cancel := context.WithTimeout(octx, time.Duration(ge.Timeout)*time.Second+30*time.Second)
+	ctx, cancel := context.WithTimeout(sandbox.WithOwner(octx, owner), time.Duration(ge.Timeout)*time.Second+30*time.Second)
 	defer cancel()
 	g := s.e.Guest(vm.VMID)
 	if !stream {
-		unreserve, err := reserve(&s.collected, 2*ge.OutputLimit, s.o.CollectedBytes, "collected exec output")
+		unreserve, err := s.collected.take(owner, 2*ge.OutputLimit)
 		if err != nil {
 			return err
 		}
 		defer unreserve()
 		res, err := g.Exec(ctx, ge)
 		if err != nil {
-			return err
+			return s.guestRefusal(owner, err)
 		}
 		return writeJSON(w, http.StatusOK, res)
 	}
@@ -279,7 +287,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	sw := &ndjsonWriter{w: w}
 	res, err := g.ExecStream(ctx, ge, sw.stream("stdout"), sw.stream("stderr"))
 	if err != nil {
-		pr := asProblem(err)
+		pr := asProblem(s.guestRefusal(owner, err))
 		if strings.HasPrefix(pr.Type, "guest-agent") || pr.Type == apitype.ProblemGuestTimeout {
 			s.met.guestErrors.WithLabelValues(pr.Type).Inc()
 		}
@@ -342,11 +350,14 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 	if pr != nil {
 		return pr
 	}
-	release, err := acquire(s.files, "file")
+	owner := s.ownerOf(r)
+	release, err := s.files.take(owner, 1)
 	if err != nil {
 		return err
 	}
 	defer release()
+	ctx = sandbox.WithOwner(ctx, owner)
+	defer func() { err = s.guestRefusal(owner, err) }() // before end
 	if g, ok := s.e.Guest(vm.VMID).(sizedReader); ok {
 		return s.streamFile(ctx, w, vm.VMID, g, path)
 	}
@@ -427,11 +438,14 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 		return err
 	}
 	defer func() { err = end(err) }()
-	release, err := acquire(s.files, "file")
+	owner := s.ownerOf(r)
+	release, err := s.files.take(owner, 1)
 	if err != nil {
 		return err
 	}
 	defer release()
+	ctx = sandbox.WithOwner(ctx, owner)
+	defer func() { err = s.guestRefusal(owner, err) }() // before end
 	q := r.URL.Query()
 	path, pr := guestPath(q.Get("path"), true)
 	if pr != nil {

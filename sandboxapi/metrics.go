@@ -10,7 +10,7 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	guestErrors *prometheus.CounterVec
-	// quotaRefusals counts the 429 refusals by owner and quota.
+	// quotaRefusals counts refusals of a quota by owner (countRefusal).
 	quotaRefusals *prometheus.CounterVec
 }
 
@@ -42,17 +42,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // newQuotaRefusals is pve_inspect_api_quota_refusals_total{owner,quota}:
-// the requests refused with 429 too-many-requests, by the owner whose
-// share was full ("-" for sandboxes and tokens bound to no owner) and the
-// quota (events_streams, ...).
+// the requests refused by a quota (429 too-many-requests past a share,
+// 503 past a node total, whose quota is named node-*), by the owner
+// ("-" for sandboxes and tokens bound to no owner) and the quota.
 func newQuotaRefusals() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "pve_inspect", Name: "api_quota_refusals_total",
-		Help: "Sandbox API requests refused with 429 too-many-requests, by owner and quota.",
+		Help: "Sandbox API requests refused by a quota (429 past an owner's or token's share, 503 past the node total: quota node-*), by owner and quota.",
 	}, []string{"owner", "quota"})
 }
 
-// ownerLabel is an owner as the quota metrics name it: "-" for none.
+// countRefusal counts one refusal of quota for owner ("" counts as "-",
+// the owner of the sandboxes created without one).
+func (m *metrics) countRefusal(owner, quota string) {
+	m.quotaRefusals.WithLabelValues(ownerLabel(owner), quota).Inc()
+}
+
+// ownerLabel is owner as a label and a quota key: "" is "-".
 func ownerLabel(owner string) string {
 	if owner == "" {
 		return "-"

@@ -121,8 +121,10 @@ func asProblem(err error) *apitype.Problem {
 		return newProblem(apitype.ProblemConflict, err.Error())
 	case errors.Is(err, sandbox.ErrNoFreeRange):
 		return newProblem(apitype.ProblemGuardRefused, err.Error())
-	case errors.Is(err, sandbox.ErrNotConfigured):
+	case errors.Is(err, sandbox.ErrNotConfigured), errors.Is(err, sandbox.ErrBusy):
 		return newProblem(apitype.ProblemUnavailable, err.Error())
+	case errors.Is(err, sandbox.ErrOwnerBusy):
+		return newProblem(apitype.ProblemTooManyRequests, err.Error())
 	case errors.Is(err, sandbox.ErrGuestInvalid):
 		return newProblem(apitype.ProblemInvalidRequest, err.Error())
 	case errors.Is(err, sandbox.ErrTooLarge):

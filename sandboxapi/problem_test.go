@@ -37,6 +37,8 @@ func TestAsProblem(t *testing.T) {
 		{fmt.Errorf("sandbox x is creating: %w", sandbox.ErrConflict), apitype.ProblemConflict, http.StatusConflict, nil},
 		{sandbox.ErrNoFreeRange, apitype.ProblemGuardRefused, http.StatusTooManyRequests, nil},
 		{wrap(sandbox.ErrNotConfigured), apitype.ProblemUnavailable, http.StatusServiceUnavailable, nil},
+		{wrap(sandbox.ErrBusy), apitype.ProblemUnavailable, http.StatusServiceUnavailable, nil},
+		{wrap(sandbox.ErrOwnerBusy), apitype.ProblemTooManyRequests, http.StatusTooManyRequests, nil},
 		{wrap(sandbox.ErrGuestInvalid), apitype.ProblemInvalidRequest, http.StatusBadRequest, nil},
 		{wrap(sandbox.ErrTooLarge), apitype.ProblemOutputLimit, http.StatusRequestEntityTooLarge, nil},
 		{wrap(sandbox.ErrFileNotFound), apitype.ProblemFileNotFound, http.StatusNotFound, nil},

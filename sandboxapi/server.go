@@ -44,8 +44,9 @@ type Options struct {
 	// that would pass it answers unavailable.
 	SpoolDir   string
 	SpoolBytes int64
-	// MaxExecs and MaxFileCalls cap the exec calls and the file reads and
-	// writes in flight (32 and 8); calls beyond them answer unavailable.
+	// MaxExecs and MaxFileCalls cap the exec calls (streamed or not) and
+	// the file reads and writes in flight on the node (32 and 8); calls
+	// beyond them answer unavailable (503, Retry-After).
 	MaxExecs, MaxFileCalls int
 	// CollectedBytes caps the output all collected (non-streamed) execs in
 	// flight may hold together (256 MiB): each reserves twice its output
@@ -53,6 +54,16 @@ type Options struct {
 	// pass the cap. With the call caps it bounds the daemon's memory (the
 	// unit's MemoryMax).
 	CollectedBytes int64
+	// OwnerExecs, OwnerFileCalls and OwnerCollectedBytes are each owner's
+	// share of those (8, 2 and 64 MiB: a quarter of the node's, so four
+	// owners at their full share fit). The owner of a call is the owner of
+	// the sandbox it targets. A call past its owner's share answers
+	// too-many-requests (429, Retry-After); an owner holding none of a
+	// resource may always take one call's worth, and past its collected
+	// share an owner may borrow while a share of the node stays free
+	// (quota.go).
+	OwnerExecs, OwnerFileCalls int
+	OwnerCollectedBytes        int64
 	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.
 	DefaultTTL, MaxTTL time.Duration
 	// MaxFileBytes caps file uploads and downloads (1 GiB).
@@ -87,17 +98,15 @@ func (o *Options) defaults(eo sandbox.Options) error {
 	if o.SpoolBytes == 0 {
 		o.SpoolBytes = 4 << 30
 	}
-	if o.MaxExecs == 0 {
-		o.MaxExecs = 32
-	}
-	if o.MaxFileCalls == 0 {
-		o.MaxFileCalls = 8
-	}
-	if o.CollectedBytes == 0 {
-		o.CollectedBytes = 256 << 20
-	}
-	if o.SpoolBytes < 0 || o.MaxExecs < 0 || o.MaxFileCalls < 0 {
-		return errors.New("sandboxapi: SpoolBytes, MaxExecs and MaxFileCalls must not be negative")
+	orDefault(&o.MaxExecs, 32)
+	orDefault(&o.MaxFileCalls, 8)
+	orDefault(&o.CollectedBytes, 256<<20)
+	orDefault(&o.OwnerExecs, 8)
+	orDefault(&o.OwnerFileCalls, 2)
+	orDefault(&o.OwnerCollectedBytes, 64<<20)
+	if o.SpoolBytes < 0 || o.MaxExecs < 0 || o.MaxFileCalls < 0 || o.CollectedBytes < 0 ||
+		o.OwnerExecs < 0 || o.OwnerFileCalls < 0 || o.OwnerCollectedBytes < 0 {
+		return errors.New("sandboxapi: SpoolBytes, MaxExecs, MaxFileCalls, CollectedBytes and the owner shares must not be negative")
 	}
 	def(&o.DefaultTTL, time.Hour)
 	def(&o.MaxTTL, 24*time.Hour)
@@ -120,6 +129,13 @@ func (o *Options) defaults(eo sandbox.Options) error {
 	return nil
 }
 
+// orDefault sets *p to v when it is zero.
+func orDefault[T int | int64](p *T, v T) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
 // Server is the sandbox API: HTTP handlers over the sandbox engine.
 type Server struct {
 	o Options
@@ -130,11 +146,12 @@ type Server struct {
 	met    *metrics
 	routes []route
 	mux    *http.ServeMux
-	// execs and files hold one token per exec or file call in flight.
-	execs, files chan struct{}
-	// spooled counts the bytes the file reads in flight have spooled;
-	// collected the output the collected execs in flight have reserved.
-	spooled, collected atomic.Int64
+	// execs and files count the exec and file calls in flight, collected
+	// the output the collected execs in flight have reserved, each per
+	// owner and on the node (quota.go).
+	execs, files, collected *quota
+	// spooled counts the bytes the file reads in flight have spooled.
+	spooled atomic.Int64
 	// streams counts the open event streams (eventstreams.go).
 	streams *streamCount
 }
@@ -153,34 +170,17 @@ func New(e *sandbox.Engine, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxapi: register metrics: %w", err)
 	}
-	s := &Server{o: o, e: e, eo: eo, met: met, execs: make(chan struct{}, o.MaxExecs), files: make(chan struct{}, o.MaxFileCalls),
-		streams: newStreamCount(o.Streams)}
+	s := &Server{o: o, e: e, eo: eo, met: met,
+		execs:     newQuota("exec-slots", "exec calls", int64(o.MaxExecs), int64(o.OwnerExecs), false, met),
+		files:     newQuota("file-slots", "file calls", int64(o.MaxFileCalls), int64(o.OwnerFileCalls), false, met),
+		collected: newQuota("collected-bytes", "bytes of collected exec output", o.CollectedBytes, o.OwnerCollectedBytes, true, met),
+		streams:   newStreamCount(o.Streams)}
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
 	return s, nil
-}
-
-// acquire takes a slot of sem or answers unavailable at once.
-func acquire(sem chan struct{}, what string) (func(), error) {
-	select {
-	case sem <- struct{}{}:
-		return func() { <-sem }, nil
-	default:
-		return nil, problemf(apitype.ProblemUnavailable, "%d %s calls in flight, the most this daemon runs at once; retry later", cap(sem), what)
-	}
-}
-
-// reserve takes n bytes of budget max counted in used, or answers
-// unavailable at once.
-func reserve(used *atomic.Int64, n, max int64, what string) (func(), error) {
-	if used.Add(n) > max {
-		used.Add(-n)
-		return nil, problemf(apitype.ProblemUnavailable, "%s: %d bytes in flight would pass the cap of %d; retry later or stream", what, n, max)
-	}
-	return func() { used.Add(-n) }, nil
 }
 
 // Engine returns the engine the server answers for.
@@ -361,6 +361,7 @@ func (s *Server) wrap(rt route) http.Handler {
 				s.o.Logger.Warn("error after response started", "route", pattern, "err", err)
 				return
 			}
+			setRetryAfter(sw.Header(), err)
 			writeProblem(sw, pr)
 		}
 	})

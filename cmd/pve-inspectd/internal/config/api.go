@@ -52,6 +52,21 @@ type APISection struct {
 	AgentBrokenAfter time.Duration `toml:"agent_broken_after"`
 	// MaxFileBytes caps file uploads and downloads.
 	MaxFileBytes int64 `toml:"max_file_bytes"`
+	// ExecSlots, FileSlots and CollectedBytes are the node's exec calls,
+	// file calls and collected exec output in flight; OwnerExecSlots,
+	// OwnerFileSlots and OwnerCollectedBytes each owner's share of them
+	// (sandboxapi.Options).
+	ExecSlots           int   `toml:"exec_slots"`
+	FileSlots           int   `toml:"file_slots"`
+	CollectedBytes      int64 `toml:"collected_bytes"`
+	OwnerExecSlots      int   `toml:"owner_exec_slots"`
+	OwnerFileSlots      int   `toml:"owner_file_slots"`
+	OwnerCollectedBytes int64 `toml:"owner_collected_bytes"`
+	// GuestBufferBytes bounds the guest agents' reply bytes the daemon
+	// buffers at once across all VMs, OwnerGuestBufferBytes the part of
+	// them for one owner's calls (qga.Budget).
+	GuestBufferBytes      int64 `toml:"guest_buffer_bytes"`
+	OwnerGuestBufferBytes int64 `toml:"owner_guest_buffer_bytes"`
 	// DiskTransferStorage is the Proxmox storage for the disk path of
 	// large files ("" = off); files of at least DiskTransferThreshold
 	// bytes take it.
@@ -140,6 +155,14 @@ func defaultAPI() APISection {
 		HealthInterval:        5 * time.Second,
 		AgentBrokenAfter:      20 * time.Second,
 		MaxFileBytes:          1 << 30,
+		ExecSlots:             32,
+		FileSlots:             8,
+		CollectedBytes:        256 << 20,
+		OwnerExecSlots:        8,
+		OwnerFileSlots:        2,
+		OwnerCollectedBytes:   64 << 20,
+		GuestBufferBytes:      256 << 20,
+		OwnerGuestBufferBytes: 64 << 20,
 		DiskTransferThreshold: 32 << 20,
 		AutoCIDRPool:          "10.200.0.0/16",
 		AutoCIDRBits:          24,
@@ -238,6 +261,17 @@ func (a APISection) validate(prefix string) error {
 	}
 	if a.MaxFileBytes < 1 {
 		return key("max_file_bytes", errors.New("must be positive"))
+	}
+	for _, q := range []struct {
+		k string
+		v int64
+	}{{"exec_slots", int64(a.ExecSlots)}, {"file_slots", int64(a.FileSlots)}, {"collected_bytes", a.CollectedBytes},
+		{"owner_exec_slots", int64(a.OwnerExecSlots)}, {"owner_file_slots", int64(a.OwnerFileSlots)},
+		{"owner_collected_bytes", a.OwnerCollectedBytes}, {"guest_buffer_bytes", a.GuestBufferBytes},
+		{"owner_guest_buffer_bytes", a.OwnerGuestBufferBytes}} {
+		if q.v < 1 {
+			return key(q.k, errors.New("must be positive"))
+		}
 	}
 	if a.DiskTransferThreshold < 1 {
 		return key("disk_transfer_threshold", errors.New("must be positive"))

@@ -223,6 +223,8 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		MaxFileBytes: ac.MaxFileBytes,
 		Streams: sandboxapi.StreamLimits{PerToken: ac.Events.MaxStreamsPerToken, PerOwner: ac.Events.MaxStreamsPerOwner,
 			Node: ac.Events.MaxStreams, WriteTimeout: ac.Events.WriteTimeout},
+		MaxExecs: ac.ExecSlots, MaxFileCalls: ac.FileSlots, CollectedBytes: ac.CollectedBytes,
+		OwnerExecs: ac.OwnerExecSlots, OwnerFileCalls: ac.OwnerFileSlots, OwnerCollectedBytes: ac.OwnerCollectedBytes,
 		Registerer: d.Registerer,
 		Logger:     a.log,
 	})

@@ -331,7 +331,7 @@ func (r *run) startAPI(context.Context) error {
 	if !cfg.API.Enabled {
 		return nil
 	}
-	qc := qga.New(qga.Options{ExecOwnSession: cfg.API.ExecOwnSession})
+	qc := qga.New(qga.Options{ExecOwnSession: cfg.API.ExecOwnSession, Budget: qga.NewBudget(cfg.API.GuestBufferBytes, cfg.API.OwnerGuestBufferBytes)})
 	ctl := r.ctl
 	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
 	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qc.SandboxGuests(), Checker: chk, ZonesChanged: r.zones.source("api"),

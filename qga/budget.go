@@ -1,0 +1,101 @@
+package qga
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// DefaultBudget is the node-wide budget of reply-buffer bytes a Client
+// takes when Options.Budget is nil: 256 MiB, an eighth of the daemon
+// unit's MemoryMax (2 GiB, packaging/deb/pve-inspectd.service), so that
+// with the decoded copies of the replies (README, "What each owner is
+// guaranteed") it stays well under it. Each owner's share defaults to a
+// quarter of the budget, so four owners at their full share fit.
+const DefaultBudget = 256 << 20
+
+// ErrBudget is returned (wrapped) by a call whose reply would pass the
+// node-wide budget of buffered guest bytes: the daemon is busy with other
+// guests' replies, not the guest's fault; retry later. ErrOwnerBudget:
+// the call's owner holds its whole share with its other calls.
+var (
+	ErrBudget      = errors.New("node-wide budget of buffered guest bytes exhausted")
+	ErrOwnerBudget = errors.New("owner's share of the buffered guest bytes exhausted")
+)
+
+// Budget bounds the bytes the reply buffers of every connection hold
+// together, across every VM and every Client that shares it, and the part
+// of them held for one owner (the owner a call's context is marked with,
+// sandbox.WithOwner; calls without one count against the total only): a
+// buffer grows only by taking bytes from it, and gives them back when its
+// connection closes. An owner past its share may take more only while a
+// full share of the total stays free after the take (so the next owner to
+// arrive finds its share), and an owner that holds nothing may always take
+// its first buffer (within the total), so one reply larger than the share
+// is not refused for good. A grow that would pass a bound fails at once
+// rather than waiting: connections that each hold part of the budget and
+// wait for more would stall one another until their deadlines. Safe for
+// concurrent use.
+type Budget struct {
+	max, share int64
+
+	mu      sync.Mutex
+	used    int64
+	peak    int64
+	byOwner map[string]int64
+}
+
+// NewBudget returns a budget of max bytes (max <= 0: DefaultBudget) of
+// which one owner may hold share (share <= 0: a quarter of max).
+func NewBudget(max, share int64) *Budget {
+	if max <= 0 {
+		max = DefaultBudget
+	}
+	if share <= 0 {
+		share = max / 4
+	}
+	return &Budget{max: max, share: share, byOwner: map[string]int64{}}
+}
+
+// Max is the budget's size in bytes; Share one owner's part of it.
+func (b *Budget) Max() int64   { return b.max }
+func (b *Budget) Share() int64 { return b.share }
+
+// Used is the bytes the reply buffers hold now.
+func (b *Budget) Used() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+// Peak is the high-water mark of Used.
+func (b *Budget) Peak() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.peak
+}
+
+// take takes n bytes for owner (counted for it when owned), or fails
+// without taking any when that would pass the total or the owner's share.
+// A negative n gives bytes back and never fails.
+func (b *Budget) take(owner string, owned bool, n int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	held := b.byOwner[owner]
+	if n > 0 {
+		if owned && held > 0 && held+n > b.share && b.max-(b.used+n) < b.share {
+			return fmt.Errorf("%w: %d bytes held for the owner, %d more asked, share %d", ErrOwnerBudget, held, n, b.share)
+		}
+		if b.used+n > b.max {
+			return fmt.Errorf("%w: %d bytes held, %d more asked, budget %d", ErrBudget, b.used, n, b.max)
+		}
+	}
+	b.used += n
+	b.peak = max(b.peak, b.used)
+	if owned {
+		if b.byOwner[owner] = held + n; b.byOwner[owner] <= 0 {
+			delete(b.byOwner, owner)
+		}
+	}
+	return nil
+}
