@@ -13,7 +13,7 @@ import (
 // StreamLimits cap the GET /v1/events streams open at once ([api.events])
 // and bound their writes. A stream past a cap is refused with 429
 // too-many-requests and a Retry-After, and counted in
-// pve_inspect_api_quota_refusals_total{quota="events_streams"}. Zero
+// pve_inspect_api_quota_refusals_total{quota="event-streams"}. Zero
 // values take the defaults.
 type StreamLimits struct {
 	// PerToken caps one token's streams (8); every caller of the local
@@ -85,16 +85,9 @@ func (s *streamCount) take(p principal) (release func(), _ *apitype.Problem) {
 	owner, token := ownerLabel(p.owner), p.name
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case s.byToken[token] >= s.caps.PerToken:
-		return nil, problemf(apitype.ProblemTooManyRequests,
-			"token %q has %d event streams open, the most one token may ([api.events] max_streams_per_token); close one or retry later", token, s.caps.PerToken)
-	case s.owner[owner] >= s.caps.PerOwner:
-		return nil, problemf(apitype.ProblemTooManyRequests,
-			"owner %q has %d event streams open, the most one owner may ([api.events] max_streams_per_owner); close one or retry later", owner, s.caps.PerOwner)
-	case s.node >= s.caps.Node:
-		return nil, problemf(apitype.ProblemTooManyRequests,
-			"this node has %d event streams open, the most it serves ([api.events] max_streams); retry later", s.caps.Node)
+	if p := s.refusalLocked(owner, token); p != nil {
+		p.Quota = streamsQuota
+		return nil, p
 	}
 	s.node++
 	s.owner[owner]++
@@ -118,8 +111,28 @@ func (s *Server) openStream(w http.ResponseWriter, p principal) (func(), error) 
 	release, prob := s.streams.take(p)
 	if prob != nil {
 		w.Header().Set("Retry-After", strconv.Itoa(streamRetryAfter))
-		s.met.quotaRefusals.WithLabelValues(ownerLabel(p.owner), "events_streams").Inc()
+		s.met.quotaRefusals.WithLabelValues(ownerLabel(p.owner), streamsQuota).Inc()
 		return nil, prob
 	}
 	return release, nil
+}
+
+// streamsQuota names the event streams' caps in refusals and their count.
+const streamsQuota = "event-streams"
+
+// refusalLocked says which cap a new stream of owner and token would pass,
+// or nil.
+func (s *streamCount) refusalLocked(owner, token string) *apitype.Problem {
+	switch {
+	case s.byToken[token] >= s.caps.PerToken:
+		return problemf(apitype.ProblemTooManyRequests,
+			"token %q has %d event streams open, the most one token may ([api.events] max_streams_per_token); close one or retry later", token, s.caps.PerToken)
+	case s.owner[owner] >= s.caps.PerOwner:
+		return problemf(apitype.ProblemTooManyRequests,
+			"owner %q has %d event streams open, the most one owner may ([api.events] max_streams_per_owner); close one or retry later", owner, s.caps.PerOwner)
+	case s.node >= s.caps.Node:
+		return problemf(apitype.ProblemTooManyRequests,
+			"this node has %d event streams open, the most it serves ([api.events] max_streams); retry later", s.caps.Node)
+	}
+	return nil
 }

@@ -110,15 +110,15 @@ func TestEventStreamCaps(t *testing.T) {
 			continue
 		}
 		p := problemOf(t, s.resp)
-		if s.resp.StatusCode != http.StatusTooManyRequests || p.Type != apitype.ProblemTooManyRequests || !strings.Contains(p.Detail, tc.cap) ||
+		if s.resp.StatusCode != http.StatusTooManyRequests || p.Type != apitype.ProblemTooManyRequests || !strings.Contains(p.Detail, tc.cap) || p.Quota != "event-streams" ||
 			s.resp.Header.Get("Retry-After") != "10" {
 			t.Errorf("%s: %d %+v Retry-After %q, want 429 too-many-requests naming %s with Retry-After 10", tc.name, s.resp.StatusCode, p, s.resp.Header.Get("Retry-After"), tc.cap)
 		}
-		if n := e.metric("pve_inspect_api_quota_refusals_total", "owner", tc.owner, "quota", "events_streams"); n < 1 {
+		if n := e.metric("pve_inspect_api_quota_refusals_total", "owner", tc.owner, "quota", "event-streams"); n < 1 {
 			t.Errorf("%s: refusals of %s counted %v", tc.name, tc.owner, n)
 		}
 	}
-	if n := e.metric("pve_inspect_api_quota_refusals_total", "owner", "alice", "quota", "events_streams"); n != 2 {
+	if n := e.metric("pve_inspect_api_quota_refusals_total", "owner", "alice", "quota", "event-streams"); n != 2 {
 		t.Errorf("alice's refusals counted %v, want 2", n)
 	}
 	// a closed stream's slot is free again once the handler sees the

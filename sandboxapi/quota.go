@@ -68,14 +68,18 @@ func (q *quota) take(owner string, n int64) (release func(), err error) {
 	case held > 0 && held+n > q.share && (!q.borrow || q.node-(q.used+n) < q.share):
 		q.mu.Unlock()
 		q.met.countRefusal(owner, q.name)
-		return nil, &retryError{p: problemf(apitype.ProblemTooManyRequests,
-			"owner %s holds %d of its share of %d %s (%s), %d more asked; retry when one of its calls ends", key, held, q.share, q.unit, q.name, n), after: quotaRetry}
+		p := problemf(apitype.ProblemTooManyRequests,
+			"owner %s holds %d of its share of %d %s (%s), %d more asked; retry when one of its calls ends", key, held, q.share, q.unit, q.name, n)
+		p.Quota = q.name
+		return nil, &retryError{p: p, after: quotaRetry}
 	case q.used+n > q.node:
 		used := q.used
 		q.mu.Unlock()
 		q.met.countRefusal(owner, "node-"+q.name)
-		return nil, &retryError{p: problemf(apitype.ProblemUnavailable,
-			"%d of the node's %d %s (%s) in use, %d more asked; retry later", used, q.node, q.unit, q.name, n), after: quotaRetry}
+		p := problemf(apitype.ProblemUnavailable,
+			"%d of the node's %d %s (%s) in use, %d more asked; retry later", used, q.node, q.unit, q.name, n)
+		p.Quota = q.name
+		return nil, &retryError{p: p, after: quotaRetry}
 	}
 	q.used += n
 	q.byOwner[key] = held + n

@@ -99,8 +99,8 @@ func TestOwnerExecShare(t *testing.T) {
 			held++
 		case a := <-refused:
 			refusals++
-			if a.Code != http.StatusTooManyRequests || a.Type != apitype.ProblemTooManyRequests || a.Retry == "" {
-				t.Errorf("A's exec past its share: %+v, want 429 too-many-requests with Retry-After", a)
+			if a.Code != http.StatusTooManyRequests || a.Type != apitype.ProblemTooManyRequests || a.Retry == "" || a.Quota != "exec-slots" {
+				t.Errorf("A's exec past its share: %+v, want 429 too-many-requests with Retry-After naming quota exec-slots", a)
 			}
 		case <-deadline:
 			t.Fatalf("after 10s: %d of A's execs held, %d refused", held, refusals)

@@ -11,11 +11,13 @@ import (
 )
 
 // ExecAnswer is how one exec call answered: its HTTP status (-1: the call
-// failed before an answer), Retry-After header and problem type.
+// failed before an answer), Retry-After header, problem type and the
+// quota a refusal names.
 type ExecAnswer struct {
 	Code  int
 	Retry string
 	Type  string
+	Quota string
 }
 
 // PostExec posts an exec of req to VM vm of sandbox id at the API at url
@@ -47,5 +49,5 @@ func PostExec(ctx context.Context, url, tok, id, vm string, req apitype.ExecRequ
 	} else {
 		_, _ = io.Copy(io.Discard, resp.Body)
 	}
-	return ExecAnswer{Code: resp.StatusCode, Retry: resp.Header.Get("Retry-After"), Type: p.Type}
+	return ExecAnswer{Code: resp.StatusCode, Retry: resp.Header.Get("Retry-After"), Type: p.Type, Quota: p.Quota}
 }

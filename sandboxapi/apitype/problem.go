@@ -49,6 +49,12 @@ type Problem struct {
 	Items []string `json:"items,omitempty"`
 	// Reason is the health reason (sandbox-broken only).
 	Reason string `json:"reason,omitempty"`
+	// Quota names the quota that refused the call before anything of it
+	// ran (too-many-requests and unavailable with Retry-After:
+	// exec-slots, file-slots, collected-bytes, events-streams), so that
+	// retrying it after Retry-After cannot run anything twice. Absent
+	// when the refusal came during the call (guest buffer bytes).
+	Quota string `json:"quota,omitempty"`
 }
 
 // Error makes a Problem usable as an error (the client returns it).

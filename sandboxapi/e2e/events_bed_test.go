@@ -112,7 +112,7 @@ func TestBedEventsNeighbour(t *testing.T) {
 		all[i] = fmt.Sprintf("sb%06d", i)
 	}
 	refused("A's 7000-id filter", open(a3, "?sandbox="+strings.Join(all, ",")), http.StatusBadRequest, "invalid-request", "256")
-	if n := quotaRefusalsOf(t, reg, "pve_inspect_api_quota_refusals_total", "tenant-a", "events_streams"); n != 2 {
+	if n := quotaRefusalsOf(t, reg, "pve_inspect_api_quota_refusals_total", "tenant-a", "event-streams"); n != 2 {
 		t.Errorf("A's refusals counted %v, want 2", n)
 	}
 

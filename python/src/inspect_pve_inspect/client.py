@@ -9,12 +9,15 @@ limits, timeouts) onto Inspect's exceptions.
 from __future__ import annotations
 
 import base64
+import logging
 import ssl
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote
 
+import anyio
 import httpx
 
 from .config import NodeConfig, check_scheme
@@ -23,6 +26,16 @@ from .config import NodeConfig, check_scheme
 CREATE_TIMEOUT = 900.0
 CALL_TIMEOUT = 60.0
 FILE_TIMEOUT = 900.0
+# How long a call refused by one of the node's quotas before it ran (an
+# owner's exec or file slots, its collected output, the node's totals:
+# the problem names the quota) is tried again, after the daemon's
+# Retry-After, before the refusal reaches the caller (seconds). Many
+# samples of one eval share their owner's slots; they wait their turn.
+QUOTA_WAIT = 600.0
+# The longest single wait between two tries (seconds).
+QUOTA_RETRY_MAX = 30.0
+
+log = logging.getLogger(__name__)
 
 
 class Problem(Exception):
@@ -69,8 +82,10 @@ def _transport(node: NodeConfig) -> tuple[str, httpx.AsyncHTTPTransport]:
 class Client:
     """The API of one node. Use as ``async with Client(node) as c``."""
 
-    def __init__(self, node: NodeConfig) -> None:
+    def __init__(self, node: NodeConfig, quota_wait: float = QUOTA_WAIT) -> None:
         self.node = node
+        # How long a call refused by a quota before it ran is retried.
+        self.quota_wait = quota_wait
         base, transport = _transport(node)
         headers = {"User-Agent": "inspect-pve-inspect"}
         if node.token is not None:
@@ -94,13 +109,28 @@ class Client:
     async def _send(
         self, method: str, path: str, *, timeout: float | None = CALL_TIMEOUT, **kw: Any
     ) -> httpx.Response:
-        try:
-            r = await self._http.request(method, path, timeout=_timeout(timeout), **kw)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
-            raise NodeDown(f"{self.node.url}: {e}") from e
-        if r.status_code >= 400:
-            raise _problem(r)
-        return r
+        give_up = time.monotonic() + self.quota_wait
+        while True:
+            try:
+                r = await self._http.request(method, path, timeout=_timeout(timeout), **kw)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
+                raise NodeDown(f"{self.node.url}: {e}") from e
+            if r.status_code < 400:
+                return r
+            p = _problem(r)
+            await self._wait_quota(p, r, give_up, f"{method} {path}")
+
+    async def _wait_quota(self, p: Problem, r: httpx.Response, give_up: float, what: str) -> None:
+        """Return after the daemon's Retry-After when ``p`` is a quota
+        refusal of a call that had not started and there is time left;
+        raise ``p`` otherwise."""
+        if not retriable(p):
+            raise p
+        after = retry_after(r.headers.get("Retry-After"))
+        if time.monotonic() + after > give_up:
+            raise p
+        log.info("%s: %s; trying again in %.0f s", what, p.detail, after)
+        await anyio.sleep(after)
 
     async def healthz(self) -> dict[str, Any]:
         return cast(dict[str, Any], (await self._send("GET", "/healthz")).json())
@@ -171,14 +201,20 @@ class Client:
             params={"path": path},
             timeout=_timeout(FILE_TIMEOUT),
         )
-        try:
-            r = await self._http.send(req, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
-            raise NodeDown(f"{self.node.url}: {e}") from e
-        try:
-            if r.status_code >= 400:
+        give_up = time.monotonic() + self.quota_wait
+        while True:
+            try:
+                r = await self._http.send(req, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
+                raise NodeDown(f"{self.node.url}: {e}") from e
+            if r.status_code < 400:
+                break
+            try:
                 await r.aread()
-                raise _problem(r)
+            finally:
+                await r.aclose()
+            await self._wait_quota(_problem(r), r, give_up, f"read {path}")
+        try:
             size = r.headers.get("Content-Length")
             if size is not None and int(size) > limit:
                 raise TooLarge(int(size))
@@ -245,6 +281,23 @@ class TooLarge(Exception):
     def __init__(self, size: int) -> None:
         self.size = size
         super().__init__(f"{size} bytes")
+
+
+def retriable(p: Problem) -> bool:
+    """Whether ``p`` refused a call before any of it ran, so that trying it
+    again cannot run anything twice: a 429 or 503 naming the quota that
+    refused it (``quota``; a refusal during a call names none)."""
+    return p.status in (429, 503) and bool(p.doc.get("quota"))
+
+
+def retry_after(h: str | None) -> float:
+    """The seconds of a Retry-After header (delay-seconds form), within
+    1 and QUOTA_RETRY_MAX; 1 when absent or not a number."""
+    try:
+        v = float(h) if h is not None else 1.0
+    except ValueError:
+        v = 1.0
+    return min(max(v, 1.0), QUOTA_RETRY_MAX)
 
 
 def _timeout(t: float | None) -> httpx.Timeout:
