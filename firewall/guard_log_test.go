@@ -1,35 +1,16 @@
 package firewall
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
-
-// lockedBuffer is a log sink the guard's goroutines may write to while
-// the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
 
 // TestClassificationLoggedOnChange: guest ports coming and going on a zone
 // bridge change the classification (applied) but not what the log line
@@ -38,7 +19,7 @@ func (b *lockedBuffer) count(s string) int {
 func TestClassificationLoggedOnChange(t *testing.T) {
 	n := basicNode(t)
 	eth1 := n.Bridge(t, "eth1", "198.51.100.2/24")
-	var logs lockedBuffer
+	var logs testkit.LogBuffer
 	g, err := New(testConfig(t), WithNetNS(n.Handle()), WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))))
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +36,7 @@ func TestClassificationLoggedOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	const line = "interface classification changed"
-	before := logs.count(line)
+	before := strings.Count(logs.String(), line)
 	for i := range 3 {
 		tap := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "tap10" + string(rune('0'+i)) + "i0"}, PeerName: "guest" + string(rune('0'+i))}
 		if err := n.Netlink().LinkAdd(tap); err != nil {
@@ -70,15 +51,15 @@ func TestClassificationLoggedOnChange(t *testing.T) {
 		}
 		waitNotify(t, sub, "port removed")
 	}
-	if got := logs.count(line) - before; got != 0 {
-		t.Fatalf("%d %q lines for guest ports:\n%s", got, line, logs.buf.String())
+	if got := strings.Count(logs.String(), line) - before; got != 0 {
+		t.Fatalf("%d %q lines for guest ports:\n%s", got, line, logs.String())
 	}
 	n.DefaultVia(t, eth1, "198.51.100.1")
-	eventually(t, "one line for the management change", func() bool { return logs.count(line)-before == 1 })
+	eventually(t, "one line for the management change", func() bool { return strings.Count(logs.String(), line)-before == 1 })
 	if err := g.Verify(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := logs.count(line) - before; got != 1 {
+	if got := strings.Count(logs.String(), line) - before; got != 1 {
 		t.Fatalf("%d %q lines after the management change, want 1", got, line)
 	}
 }
