@@ -13,7 +13,8 @@
 # PLUGIN_CHECKOUT is a checkout of the plugin (git clone
 # https://github.com/UKGovernmentBEIS/inspect_proxmox_sandbox). The script
 # makes a virtual environment in PLUGIN_CHECKOUT/.venv-bed with the plugin,
-# inspect-ai from PyPI and its test tools (done once, outside the bed).
+# inspect-ai from PyPI and its test tools at the versions of the plugin's
+# uv.lock (done once, outside the bed; delete it to reinstall).
 # Environment:
 #   PVE_RELEASE   the emulated release, 9.2 (default) or 9.1
 #   LOCKDOWN=0    skip the second run, the egress lockdown test with the
@@ -52,11 +53,18 @@ deselect=(
 	--deselect tests/proxmoxsandboxtest/test_qemu_commands.py::test_from_ova_uefi_sandbox
 )
 
+# inspect-ai and the test tools at the versions the plugin's uv.lock pins
+# (the newest inspect-ai may lack what its tests import).
+locked() {
+	local v
+	v=$(grep -A1 "^name = \"$1\"\$" "$plugin/uv.lock" 2>/dev/null | sed -n 's/^version = "\(.*\)"/\1/p' | head -1)
+	echo "$1${v:+==$v}"
+}
 venv=$plugin/.venv-bed
 if [ ! -x "$venv/bin/pytest" ]; then
 	python3 -m venv "$venv"
 	"$venv/bin/pip" install --quiet --upgrade pip
-	"$venv/bin/pip" install --quiet -e "$plugin" inspect-ai pytest pytest-asyncio
+	"$venv/bin/pip" install --quiet -e "$plugin" "$(locked inspect-ai)" "$(locked pytest)" "$(locked pytest-asyncio)"
 fi
 
 make -C "$repo" --no-print-directory build >/dev/null

@@ -356,3 +356,48 @@ func TestConfigValueTypes(t *testing.T) {
 		t.Fatalf("memory %#v cores %#v onboot %#v", conf["memory"], conf["cores"], conf["onboot"])
 	}
 }
+
+// TestCDROMMediaChange: an uploaded ISO set as the medium of a running
+// VM's existing CD-ROM drive (the reference plugin's fast write path:
+// sata5) reaches the guest as sr0, also without disk hotplug; "none"
+// ejects it.
+func TestCDROMMediaChange(t *testing.T) {
+	for _, hotplug := range []string{"", "0"} {
+		t.Run("hotplug="+hotplug, func(t *testing.T) {
+			conf := url.Values{"sata5": {"none,media=cdrom"}}
+			if hotplug != "" {
+				conf.Set("hotplug", hotplug)
+			}
+			e, bf, _ := runningClone(t, conf)
+			ct, body := multipartUpload(t, "iso", "filename", "payload.iso", []byte("iso"))
+			res, raw := e.post("/nodes/pve/storage/local/upload", ct, body)
+			var ans struct {
+				Data string `json:"data"`
+			}
+			if res.StatusCode != 200 || json.Unmarshal(raw, &ans) != nil || e.wait(ans.Data) != "OK" {
+				t.Fatalf("upload: %s %q", res.Status, raw)
+			}
+			if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"sata5": {"local:iso/payload.iso,media=cdrom"}}); st != "OK" {
+				t.Fatalf("insert: %s", st)
+			}
+			bf.mu.Lock()
+			got := bf.byID["sr0"]
+			bf.mu.Unlock()
+			if got != "ata-QEMU_DVD-ROM_QM00000" {
+				t.Fatalf("sr0 by-id %q; plugged %v", got, bf.byID)
+			}
+			if c := e.ok("GET", "/nodes/pve/qemu/101/config", nil).(map[string]any); c["sata5"] != "local:iso/payload.iso,media=cdrom" {
+				t.Fatalf("sata5 = %v", c["sata5"])
+			}
+			if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"sata5": {"none,media=cdrom"}}); st != "OK" {
+				t.Fatalf("eject: %s", st)
+			}
+			bf.mu.Lock()
+			_, still := bf.byID["sr0"]
+			bf.mu.Unlock()
+			if still {
+				t.Fatal("medium still in after eject")
+			}
+		})
+	}
+}

@@ -266,6 +266,12 @@ func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]str
 		if !reDiskKey.MatchString(k) {
 			continue
 		}
+		if old, ok := v.conf[k]; ok && (isCDROM(old) || isCDROM(val)) {
+			if err := s.changeMedium(ctx, v, k, old, val); err != nil {
+				return err
+			}
+			continue
+		}
 		volid := strings.SplitN(val, ",", 2)[0]
 		_, p, owner, err := s.volumePath("", volid)
 		if err != nil {
