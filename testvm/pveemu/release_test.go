@@ -316,6 +316,10 @@ func TestUploadAndISOVolumes(t *testing.T) {
 	if len(list) != 1 || list[0].(map[string]any)["volid"] != "local:iso/write_me.iso" || list[0].(map[string]any)["size"] != float64(len(iso)) {
 		t.Fatalf("iso content: %v", list)
 	}
+	all := fmt.Sprint(e.ok("GET", "/nodes/pve/storage/local/content", nil))
+	if !strings.Contains(all, "volid:local:iso/write_me.iso") {
+		t.Fatalf("content without a filter: %s", all)
+	}
 	if st := e.task("DELETE", "/nodes/pve/storage/local/content/local:iso/write_me.iso", nil); st != "OK" {
 		t.Fatalf("delete: %s", st)
 	}

@@ -170,6 +170,16 @@ func (s *Server) listContent(_ context.Context, rq *request) (any, error) {
 		}
 		return append(out, files...), nil
 	}
+	if !rq.has("content") && !rq.has("vmid") {
+		// every content type of the storage, not only images
+		for _, c := range []string{"iso", "vztmpl", "backup", "snippets", "import"} {
+			files, err := s.listDirContent(c)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, files...)
+		}
+	}
 	dirs, err := os.ReadDir(filepath.Join(s.storageDir(), "images"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fail("%v", err)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 )
 
 // maxPost is pve-http-server's $limit_max_post: a request body other than
@@ -284,12 +285,16 @@ func (s *Server) listDirContent(vtype string) ([]map[string]any, error) {
 		if err != nil {
 			continue
 		}
+		ctime := info.ModTime().Unix()
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			ctime = st.Ctim.Sec // list_volumes: ctime => $st->ctime
+		}
 		format := "raw"
 		if vtype == "iso" {
 			format = "iso"
 		}
 		out = append(out, map[string]any{"volid": dirStorage + ":" + name, "content": vtype, "format": format,
-			"size": info.Size(), "ctime": info.ModTime().Unix()})
+			"size": info.Size(), "ctime": ctime})
 	}
 	return out, nil
 }
