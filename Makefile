@@ -13,7 +13,7 @@ DIST    ?= dist
 # they are when make runs as root, and through sudo otherwise.
 AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PATH="$(PATH)")
 
-.PHONY: all build test demo playground bench lint deps deb clean
+.PHONY: all build test demo playground bench lint deps deb clean reference-suite
 
 all: build
 
@@ -35,6 +35,13 @@ demo: deps build
 # it prints how to reach each (CLI, curl, MCP client configs).
 playground: deps build
 	$(AS_ROOT) $(BIN)/pve-inspect-demo --stay
+
+# The reference Inspect plugin's own suite against the playground, pytest in
+# the bed's uplink namespace (never in CI): make reference-suite PLUGIN=path
+# (a checkout of UKGovernmentBEIS/inspect_proxmox_sandbox).
+reference-suite: deps build
+	@test -n "$(PLUGIN)" || { echo "make reference-suite PLUGIN=<plugin checkout>"; exit 2; }
+	$(AS_ROOT) scripts/reference-suite.sh $(PLUGIN)
 
 bench: deps build
 	$(AS_ROOT) $(BIN)/pve-inspect-bench $(BENCHFLAGS)

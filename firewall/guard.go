@@ -751,8 +751,12 @@ func (g *Guard) reclassify(ctx context.Context, full bool) error {
 		return nil
 	}
 	var err error
-	if !slices.Equal(cls.Management, g.state.Management) || !slices.Equal(cls.Trusted, g.state.Trusted) ||
-		!slices.Equal(cls.UplinkNets, g.state.UplinkNets) {
+	// A change of the management, trusted interfaces or uplink subnets is
+	// what the log reports (Info, once per change); interfaces and bridge
+	// ports come and go with every guest (Debug).
+	structural := !slices.Equal(cls.Management, g.state.Management) || !slices.Equal(cls.Trusted, g.state.Trusted) ||
+		!slices.Equal(cls.UplinkNets, g.state.UplinkNets)
+	if structural {
 		err = g.applyLocked(ctx, cls, g.sw)
 	} else if err = g.applyLinksLocked(ctx, cls); errors.Is(err, errStructural) {
 		err = g.applyLocked(ctx, cls, g.sw)
@@ -762,7 +766,11 @@ func (g *Guard) reclassify(ctx context.Context, full bool) error {
 		return err
 	}
 	g.met.setManagement(cls.Management)
-	g.log.Info("interface classification changed", "management", cls.Management)
+	if structural {
+		g.log.Info("interface classification changed", "management", cls.Management, "trusted", cls.Trusted, "uplink_nets", cls.UplinkNets)
+	} else {
+		g.log.Debug("interfaces or bridge ports changed", "interfaces", len(cls.Interfaces), "bridge_ports", len(cls.Enslaved))
+	}
 	g.notify()
 	return nil
 }

@@ -80,7 +80,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	}
 
 	s.step("start the Proxmox API emulator on the node (:8006, real qemu-ga guests on start)")
-	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed)
+	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{})
 	if err != nil {
 		return err
 	}
@@ -296,8 +296,10 @@ func standIn(bed *testvm.Bed, ports []int) (func(), error) {
 
 // startEmulator serves the Proxmox API emulator on the node's :8006 with a
 // self-signed certificate, a template and the daemon's pool-limited token.
-func startEmulator(ctx context.Context, bed *testvm.Bed) (emu *pveemu.Server, caFile, tokenID, secretFile string, err error) {
-	emu, err = pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
+// o gives the emulator's Release and RootPassword (the rest is the bed's).
+func startEmulator(ctx context.Context, bed *testvm.Bed, o pveemu.Options) (emu *pveemu.Server, caFile, tokenID, secretFile string, err error) {
+	emu, err = pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu"),
+		Release: o.Release, RootPassword: o.RootPassword})
 	if err != nil {
 		return nil, "", "", "", err
 	}

@@ -8,6 +8,8 @@
 package main
 
 import (
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+
 	"context"
 	"flag"
 	"fmt"
@@ -29,6 +31,13 @@ type options struct {
 	// diskStorage is the playground daemon's [api]
 	// disk_transfer_storage ("" = the disk path off).
 	diskStorage string
+	// release is the Proxmox VE release the emulator behaves as.
+	release string
+	// referencePlugin readies the playground for the reference plugin's
+	// own suite (scripts/reference-suite.sh): root@pam's password in a
+	// file, a template tagged as its built-in, the dir storage's content
+	// as its README sets it.
+	referencePlugin bool
 }
 
 func main() {
@@ -39,6 +48,8 @@ func main() {
 	flag.BoolVar(&o.stay, "stay", false, "playground: bring the node in a box up with the daemon, its API and MCP server, print how to reach them, stay until Ctrl-C/SIGTERM")
 	flag.StringVar(&o.listen, "listen", "127.0.0.1:8443", "playground: loopback address forwarded to the daemon's TLS API listener (port 0: any)")
 	flag.StringVar(&o.diskStorage, "disk-transfer-storage", "", "playground: turn the daemon's disk path on, on this storage (the node's dir storage is \"local\")")
+	flag.StringVar(&o.release, "pve-release", string(pveemu.Release91), "playground: the Proxmox VE release the emulated API behaves as (9.1 or 9.2)")
+	flag.BoolVar(&o.referencePlugin, "reference-plugin", false, "playground: ready the node for the reference Inspect plugin's suite (scripts/reference-suite.sh)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var cancel context.CancelFunc

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/rand"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -76,12 +78,23 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		}
 		fmt.Fprintln(w, "playground down: every namespace, link, mount and process of the bed is gone")
 	}()
-	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed)
+	release, err := pveemu.ParseRelease(o.release)
+	if err != nil {
+		return err
+	}
+	rootPassword := hex.EncodeToString(randomBytes(12))
+	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{Release: release, RootPassword: rootPassword})
 	if err != nil {
 		return err
 	}
 	defer emu.Close()
 	dir := filepath.Join(bed.Dir(), "demo")
+	var pluginLines string
+	if o.referencePlugin {
+		if pluginLines, err = readyForReferencePlugin(ctx, emu, bed, dir, rootPassword); err != nil {
+			return err
+		}
+	}
 	apiCA, apiCert, apiKey, err := writeAPICert(dir)
 	if err != nil {
 		return err
@@ -125,10 +138,43 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		return err
 	}
 	defer fwd.Close()
+	fmt.Fprint(w, pluginLines)
 	printEndpoints(w, bed, inspectd, cfgPath, sock, "https://"+fwd.Addr().String(), apiCA, envFile, tokens)
 	<-ctx.Done()
 	fmt.Fprintln(w, "stopping: daemon, emulator, bed")
 	return nil
+}
+
+// builtinTemplateID is the playground's stand-in for the reference
+// plugin's built-in template.
+const builtinTemplateID = 9001
+
+// readyForReferencePlugin readies the node as the reference plugin's suite
+// expects one (its README and src/proxmoxsandbox/scripts/ec2/userdata.sh):
+// the dir storage "local" with content iso,vztmpl,backup,snippets,images,
+// rootdir,import, and a template it finds as its built-in "ubuntu24.04"
+// (tags "inspect" and "builtin-ubuntu24.04", _impl/built_in_vm.py
+// known_builtins) - the bed's Debian guest standing in for Ubuntu. It
+// writes root@pam's password to a file and returns the "key = value" lines
+// scripts/reference-suite.sh reads.
+func readyForReferencePlugin(ctx context.Context, emu *pveemu.Server, bed *testvm.Bed, dir, rootPassword string) (string, error) {
+	emu.SetStorageContent("local", "iso,vztmpl,backup,snippets,images,rootdir,import")
+	if err := emu.AddTemplate(ctx, builtinTemplateID, "ubuntu24.04", filepath.Join(bed.Dir(), "template-disk"),
+		map[string]string{"net0": pveemu.SandboxNet0, "tags": "builtin-ubuntu24.04;inspect"}); err != nil {
+		return "", err
+	}
+	pwFile := filepath.Join(dir, "pve-root-password")
+	if err := os.WriteFile(pwFile, []byte(rootPassword+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("uplink_ns = %s\npve_host = %s\npve_root_password_file = %s\nmarker = %s\n",
+		bed.UplinkNS(), testvm.NodeMgmtAddr, pwFile, filepath.Join(dir, "inspect-proxmox-egress-lockdown")), nil
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
 }
 
 // printEndpoints says how to reach every part. The "key = value" lines are

@@ -2,6 +2,7 @@ package portmap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -32,8 +33,9 @@ type Mapper struct {
 
 // Run maps once, then every Interval, until ctx is done (it then returns
 // nil). A failed read keeps the last map in force (ports it never mapped
-// stay DHCP-only) and is logged; problems with single lines are logged
-// when they change.
+// stay DHCP-only) and is logged when it changes, except a missing VM
+// config directory (ErrNoVMConfigs), which is read again quietly until it
+// appears; problems with single lines are logged when they change.
 func (m *Mapper) Run(ctx context.Context) error {
 	log := m.Log
 	if log == nil {
@@ -53,7 +55,10 @@ func (m *Mapper) Run(ctx context.Context) error {
 			return nil
 		}
 		if s := errString(err); s != lastErr {
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrNoVMConfigs):
+				log.Debug("no VM configs yet; waiting for them", "err", err)
+			case err != nil:
 				log.Error("cannot map guest ports; unmapped ports stay DHCP-only", "err", err)
 			}
 			lastErr = s

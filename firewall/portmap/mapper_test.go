@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
 type fakeGuard struct {
@@ -74,5 +76,53 @@ func TestMapperOnce(t *testing.T) {
 	defer fg.mu.Unlock()
 	if len(fg.sets) < 2 {
 		t.Fatalf("Run tried %d times, want retries", len(fg.sets))
+	}
+}
+
+// TestMapperWaitsForVMConfigs: a node without /etc/pve/qemu-server (no
+// guest yet) is not an error: Run logs nothing above Debug and maps the
+// first VM once its config appears (issue 35: an error at every start).
+func TestMapperWaitsForVMConfigs(t *testing.T) {
+	root := t.TempDir()
+	fg := &fakeGuard{}
+	var logs testkit.LogBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- (&Mapper{Paths: Paths{Root: root}, Guard: fg, Interval: 10 * time.Millisecond, Log: log}).Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if _, _, err := (Paths{Root: root}).ReadVMs(); !errors.Is(err, ErrNoVMConfigs) {
+		t.Fatalf("ReadVMs without the directory: %v", err)
+	}
+	conf := filepath.Join(root, "etc/pve/qemu-server/101.conf")
+	if err := os.MkdirAll(filepath.Dir(conf), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, []byte("net0: virtio=BC:24:11:00:01:01,bridge=vneta\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		fg.mu.Lock()
+		mapped := len(fg.sets) > 0 && len(fg.sets[len(fg.sets)-1]) == 1 && fg.sets[len(fg.sets)-1][0].Name == "tap101i0"
+		fg.mu.Unlock()
+		if mapped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("VM 101 never mapped")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := logs.String(); s != "" {
+		t.Fatalf("logged while waiting for the directory:\n%s", s)
 	}
 }

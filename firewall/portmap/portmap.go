@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -319,6 +320,12 @@ func readBounded(path string) ([]byte, error) {
 	return b, nil
 }
 
+// ErrNoVMConfigs is ReadVMs' error when the node has no VM configuration
+// directory (yet): the node in a box before its first guest, or /etc/pve
+// while pmxcfs is not mounted. The caller keeps its last map and reads
+// again later; it is not a failure to report.
+var ErrNoVMConfigs = errors.New("no VM configuration directory")
+
 var confNameRE = regexp.MustCompile(`^([1-9][0-9]{2,8})\.conf$`)
 
 // ReadVMs reads the NICs of every VM configuration of the node
@@ -326,6 +333,9 @@ var confNameRE = regexp.MustCompile(`^([1-9][0-9]{2,8})\.conf$`)
 func (p Paths) ReadVMs() ([]VM, []string, error) {
 	dir := p.path("etc", "pve", "qemu-server")
 	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("read VM configs: %w: %w", ErrNoVMConfigs, err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("read VM configs: %w", err)
 	}

@@ -127,10 +127,12 @@ func (s *Server) agentExecStatus(ctx context.Context, rq *request) (any, error) 
 	if err := json.Unmarshal(res, &out); err != nil {
 		return nil, fail("Agent error: can't get exec status for '%d'", pid)
 	}
+	// qemu_exec_status decodes the data to a Perl byte string: each byte
+	// one character in the JSON answer (latin1), in 9.1 and 9.2 alike.
 	for _, k := range []string{"out-data", "err-data"} {
 		if b64, ok := out[k].(string); ok && b64 != "" {
 			if dec, err := base64.StdEncoding.DecodeString(b64); err == nil {
-				out[k] = string(dec)
+				out[k] = latin1(dec)
 			}
 		}
 	}
@@ -145,6 +147,17 @@ func (s *Server) agentExecStatus(ctx context.Context, rq *request) (any, error) 
 func (s *Server) agentFileRead(ctx context.Context, rq *request) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
+	}
+	if s.release == Release91 {
+		errs := ParamErrors{}
+		for _, k := range fileReadSince92 {
+			if rq.has(k) {
+				errs[k] = "property is not defined in schema and the schema does not allow additional properties"
+			}
+		}
+		if len(errs) > 0 {
+			return nil, paramFail(errs)
+		}
 	}
 	vmid := s.vmid(rq)
 	count := rq.int("count", maxReadSize)
@@ -196,7 +209,13 @@ func (s *Server) agentFileRead(ctx context.Context, rq *request) (any, error) {
 		}
 	}
 	_, _ = s.monCmd(ctx, vmid, sock, "file-close", map[string]any{"handle": handle}, "can't close file")
-	out := map[string]any{"content": string(content), "bytes-read": read}
+	// decode=1: the decoded bytes as a Perl byte string (latin1); decode=0:
+	// each chunk's own base64, concatenated (padding inside).
+	text := string(content)
+	if decode {
+		text = latin1(content)
+	}
+	out := map[string]any{"content": text, "bytes-read": read}
 	if !eof {
 		out["truncated"] = 1
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -104,9 +105,14 @@ func (b BedBackend) DetachDisk(ctx context.Context, vmid int, slot string) error
 
 // blockName maps a slot to the guest's device name. Guess (no QEMU in the
 // bed): scsiN is sd<letter>, virtioN vd<letter>; slots past 25 are refused.
+// A CD-ROM medium comes as its device name srN (cdromDevice).
+var reSrName = regexp.MustCompile(`^sr[0-9]$`)
+
 func blockName(slot string) (string, error) {
 	var prefix, num string
 	switch {
+	case reSrName.MatchString(slot):
+		return slot, nil
 	case strings.HasPrefix(slot, "scsi"):
 		prefix, num = "sd", strings.TrimPrefix(slot, "scsi")
 	case strings.HasPrefix(slot, "virtio"):

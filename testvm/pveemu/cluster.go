@@ -47,7 +47,7 @@ func (s *Server) AddPoolStorage(poolid, storage string) error {
 }
 
 func (s *Server) version(_ context.Context, _ *request) (any, error) {
-	return map[string]any{"version": "9.1.3", "release": "9.1", "repoid": "pveemu", "console": "xtermjs"}, nil
+	return map[string]any{"version": releases[s.release], "release": string(s.release), "repoid": "pveemu", "console": "xtermjs"}, nil
 }
 
 // nodes is GET /nodes (pve-manager API2/Nodes.pm index): every cluster

@@ -29,13 +29,19 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, Options{})
+}
+
+// newEnvWith is newEnv with o's Release (the other options are newEnv's).
+func newEnvWith(t *testing.T, o Options) *env {
+	t.Helper()
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
 	if err := os.MkdirAll(run, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	fb := NewFakeBackend(run)
-	s, err := New(Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data")})
+	s, err := New(Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), Release: o.Release})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +432,7 @@ func TestConfigChangeDuringCloneLock(t *testing.T) {
 	}
 	e.ok("PUT", "/nodes/pve/qemu/105/config", url.Values{"memory": {"1024"}})
 	conf := e.ok("GET", "/nodes/pve/qemu/105/config", nil).(map[string]any)
-	if conf["memory"] != float64(1024) || conf["lock"] != nil || !strings.Contains(conf["scsi0"].(string), "base-9000-disk-0/vm-105-disk-0") {
+	if conf["memory"] != "1024" || conf["lock"] != nil || !strings.Contains(conf["scsi0"].(string), "base-9000-disk-0/vm-105-disk-0") {
 		t.Fatalf("config after clone: %v", conf)
 	}
 	r = e.do("GET", "/nodes/pve/qemu/106/config", nil, authTicket)

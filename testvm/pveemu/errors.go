@@ -16,6 +16,9 @@ type apiError struct {
 	// bare errors are answered without a JSON body (authentication
 	// failures raised before the API handler runs).
 	bare bool
+	// text errors are answered with the message as a plain-text body
+	// (pve-http-server's error: `$content //= $msg`).
+	text bool
 }
 
 func (e *apiError) Error() string { return strings.TrimSuffix(e.msg, "\n") }

@@ -151,6 +151,17 @@ func (f *FakeBackend) StopVM(_ context.Context, vmid int) error {
 	return nil
 }
 
+// GuestRoot is the directory a running guest's agent sees as / ("" when
+// vmid is not running).
+func (f *FakeBackend) GuestRoot(vmid int) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if g := f.guests[vmid]; g != nil {
+		return g.root
+	}
+	return ""
+}
+
 // AgentSocket implements Backend.
 func (f *FakeBackend) AgentSocket(vmid int) string {
 	return filepath.Join(f.dir, strconv.Itoa(vmid)+".qga")

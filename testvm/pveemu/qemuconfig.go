@@ -55,10 +55,14 @@ func (s *Server) getPending(_ context.Context, rq *request) (any, error) {
 	return out, nil
 }
 
-// configValue renders numeric config keys as numbers like PVE does.
+// configValue renders the config keys whose schema type is integer or
+// boolean as numbers: qemu-server's parse_vm_config passes every value
+// through check_type, which returns int() for those types; memory is a
+// property string (`[current=]<MiB>`, type string in the schema), so it
+// stays a string.
 func configValue(k, v string) any {
 	switch k {
-	case "memory", "cores", "sockets", "balloon", "template", "onboot", "vcpus", "cpuunits", "shares", "acpi", "kvm", "tablet", "protection":
+	case "cores", "sockets", "balloon", "template", "onboot", "vcpus", "cpuunits", "shares", "acpi", "kvm", "tablet", "protection":
 		if n, err := strconv.Atoi(v); err == nil {
 			return n
 		}

@@ -112,7 +112,8 @@ func deferDisks(v *vm, changes map[string]string, deletes []string, force bool) 
 	}
 	now := map[string]string{}
 	for k, val := range changes {
-		if !reDiskKey.MatchString(k) {
+		if !reDiskKey.MatchString(k) || isCDROM(v.conf[k]) && isCDROM(val) {
+			// a CD-ROM's medium changes whatever the hotplug setting
 			now[k] = val
 			continue
 		}

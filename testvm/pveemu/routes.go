@@ -42,6 +42,7 @@ func (s *Server) registerRoutes() error {
 		{"POST", "/nodes/{node}/storage/{storage}/content", s.allocVolume},
 		{"GET", "/nodes/{node}/storage/{storage}/content/{volume}", s.volumeInfo},
 		{"DELETE", "/nodes/{node}/storage/{storage}/content/{volume}", s.freeVolume},
+		{"POST", "/nodes/{node}/storage/{storage}/upload", s.upload},
 		{"GET", "/nodes/{node}/tasks/{upid}/status", s.taskStatus},
 		{"GET", "/cluster/tasks", s.clusterTasks},
 		{"GET", "/nodes/{node}/tasks/{upid}/log", s.taskLog},

@@ -48,6 +48,9 @@ type Options struct {
 	// Cluster are the other nodes of the cluster Node is one of; empty for
 	// a single node. Serve each node's API with NodeHandler.
 	Cluster []ClusterNode
+	// Release is the Proxmox VE release the emulator behaves as: Release91
+	// (the default when empty) or Release92 (FIDELITY.md, issue 35).
+	Release Release
 }
 
 // Server is the Proxmox VE API emulator. It is an http.Handler serving
@@ -61,6 +64,7 @@ type Server struct {
 	snapshotFrozen func(ctx context.Context, vmid int)
 	dataDir        string
 	storagePath    string
+	release        Release
 	log            *slog.Logger
 	schema         *Schema
 	routes         []*route
@@ -124,6 +128,9 @@ type RequestRecord struct {
 	Status  int
 	Message string
 	Errors  ParamErrors
+	// protected is set when the matched endpoint is protected: pveproxy
+	// hands it to pvedaemon (compress.go).
+	protected bool
 	// Violation is set when the request did not match a schema route or
 	// failed schema validation.
 	Violation bool
@@ -173,9 +180,15 @@ func New(o Options) (*Server, error) {
 	if o.RootPassword == "" {
 		o.RootPassword = randomHex(16)
 	}
+	if o.Release == "" {
+		o.Release = Release91
+	}
+	if _, err := ParseRelease(string(o.Release)); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		node: o.Node, backend: o.Backend, agent: o.Agent, dataDir: o.DataDir, storagePath: o.StoragePath,
+		node: o.Node, backend: o.Backend, agent: o.Agent, dataDir: o.DataDir, storagePath: o.StoragePath, release: o.Release,
 		log: o.Logger.With("component", "pveemu"), schema: schema, secret: secret,
 		ctx: ctx, cancel: cancel,
 		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},
@@ -288,8 +301,6 @@ func (s *Server) match(method, rel string) (*route, map[string]string) {
 	return nil, nil
 }
 
-const maxBody = 64 * 1024
-
 // ServeHTTP implements http.Handler for /api2/json: the API of the
 // primary node (Options.Node).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -317,7 +328,15 @@ func (s *Server) serveAs(w http.ResponseWriter, r *http.Request, local string) {
 		writeError(w, asAPIError(fmt.Errorf("encode response: %w", err)))
 		return
 	}
+	body, enc, err := compressAnswer(r.Header.Get("Accept-Encoding"), rec.protected, body)
+	if err != nil {
+		writeError(w, asAPIError(err))
+		return
+	}
 	w.Header().Set("Content-Type", "application/json;charset=UTF-8")
+	if enc != "" {
+		w.Header().Set("Content-Encoding", enc)
+	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
@@ -329,14 +348,14 @@ func (s *Server) record(rec RequestRecord) {
 	s.mu.Unlock()
 }
 
-func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (any, error) {
+func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (_ any, err error) {
 	rel, ok := strings.CutPrefix(r.URL.EscapedPath(), "/api2/json")
 	if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
 		rec.Path = r.URL.Path
 		rec.Violation = true
 		return nil, &apiError{code: http.StatusNotImplemented, msg: "no such uri\n", bare: true}
 	}
-	rel, err := url.PathUnescape(rel)
+	rel, err = url.PathUnescape(rel)
 	if err != nil {
 		return nil, &apiError{code: http.StatusBadRequest, msg: "bad path\n", bare: true}
 	}
@@ -347,12 +366,40 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (any, 
 		rec.Violation = true
 		return nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("method '%s' not available\n", r.Method), bare: true}
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil {
-		return nil, &apiError{code: http.StatusBadRequest, msg: "unable to read request body\n", bare: true}
+	var upload map[string]any
+	if r.Method == http.MethodPost && reUploadPath.MatchString(rel) && r.ContentLength > 0 {
+		// An upload is authenticated before its body is read, and the
+		// body is streamed to a file (readUpload).
+		authid, _, aerr := s.authenticate(r, rel)
+		if aerr != nil {
+			return nil, aerr
+		}
+		if err := s.checkPrivs(authid, "/storage/"+reUploadPath.FindStringSubmatch(rel)[2], []string{"Datastore.AllocateTemplate"}, false); err != nil {
+			return nil, err
+		}
+		if upload, err = s.readUpload(r); err != nil {
+			return nil, err
+		}
+		defer func() {
+			// the upload's task removes the file; a refused request here
+			if err != nil {
+				_ = os.Remove(fmt.Sprint(upload["tmpfilename"]))
+			}
+		}()
 	}
-	if len(body) > maxBody {
-		return nil, &apiError{code: http.StatusRequestEntityTooLarge, msg: "request too large\n", bare: true}
+	if r.ContentLength > maxPost && upload == nil {
+		return nil, errTooLarge
+	}
+	var body []byte
+	if upload == nil {
+		b, err := io.ReadAll(io.LimitReader(r.Body, maxPost+1))
+		if err != nil {
+			return nil, &apiError{code: http.StatusBadRequest, msg: "unable to read request body\n", bare: true}
+		}
+		if len(b) > maxPost {
+			return nil, errTooLarge
+		}
+		body = b
 	}
 	if len(body) > 0 && r.Method != http.MethodPost && r.Method != http.MethodPut {
 		return nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("Unexpected content for method '%s'\n", r.Method), bare: true}
@@ -369,11 +416,15 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (any, 
 		return nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("Method '%s %s' not implemented\n", r.Method, rel)}
 	}
 	rec.Route = rt.path
+	rec.protected = rt.ep.Protected
 
-	params, err := decodeParams(r, body)
-	if err != nil {
-		rec.Violation = true
-		return nil, err
+	params := upload
+	if params == nil {
+		params, err = decodeParams(r, body)
+		if err != nil {
+			rec.Violation = true
+			return nil, err
+		}
 	}
 	for k, v := range vars {
 		if old, ok := params[k]; ok {
@@ -413,7 +464,10 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (any, 
 // the reason phrase; API errors carry {"data":null,"message":...,"errors":...}.
 func writeError(w http.ResponseWriter, ae *apiError) {
 	var body []byte
-	if !ae.bare {
+	switch {
+	case ae.text:
+		body = []byte(ae.msg)
+	case !ae.bare:
 		m := map[string]any{"data": nil, "message": ae.msg}
 		if len(ae.errors) > 0 {
 			m["errors"] = ae.errors
@@ -432,7 +486,7 @@ func writeError(w http.ResponseWriter, ae *apiError) {
 		if err == nil {
 			defer conn.Close()
 			fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\n", ae.code, reason)
-			if body != nil {
+			if body != nil && !ae.text {
 				fmt.Fprintf(buf, "Content-Type: application/json;charset=UTF-8\r\n")
 			}
 			fmt.Fprintf(buf, "Content-Length: %d\r\nConnection: close\r\nDate: %s\r\n\r\n", len(body), time.Now().UTC().Format(http.TimeFormat))
@@ -444,7 +498,7 @@ func writeError(w http.ResponseWriter, ae *apiError) {
 	// No hijacking (HTTP/2, recorders): standard reason phrase, message in
 	// the body and in a header.
 	w.Header().Set("X-Pveemu-Reason", reason)
-	if body != nil {
+	if body != nil && !ae.text {
 		w.Header().Set("Content-Type", "application/json;charset=UTF-8")
 	}
 	w.WriteHeader(ae.code)

@@ -48,17 +48,27 @@ func (s *Server) reportedPath(p string) string {
 	return filepath.Join(s.storagePath, rel)
 }
 
-// volumePath maps a volume id (with or without "local:") to its file.
-func (s *Server) volumePath(storage, volume string) (volid, path string, owner int, err error) {
+// splitVolume splits a volume id (with or without "<storage>:") into the
+// dir storage and the volume name (Content.pm $real_volume_id).
+func splitVolume(storage, volume string) (string, string, error) {
 	name := volume
 	if sid, rest, ok := strings.Cut(volume, ":"); ok {
 		if storage != "" && sid != storage {
-			return "", "", 0, paramFail(ParamErrors{"volume": fmt.Sprintf("storage ID mismatch (%s != %s)", sid, storage)})
+			return "", "", paramFail(ParamErrors{"volume": fmt.Sprintf("storage ID mismatch (%s != %s)", sid, storage)})
 		}
 		storage, name = sid, rest
 	}
 	if storage != dirStorage {
-		return "", "", 0, fail("storage '%s' does not exist", storage)
+		return "", "", fail("storage '%s' does not exist", storage)
+	}
+	return storage, name, nil
+}
+
+// volumePath maps a volume id (with or without "local:") to its file.
+func (s *Server) volumePath(storage, volume string) (volid, path string, owner int, err error) {
+	storage, name, err := splitVolume(storage, volume)
+	if err != nil {
+		return "", "", 0, err
 	}
 	m := reVolName.FindStringSubmatch(name)
 	if m == nil || m[1] != m[3] {
@@ -175,17 +185,31 @@ func (s *Server) freeVolume(_ context.Context, rq *request) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
 	}
-	volid, p, _, err := s.volumePath(rq.str("storage"), rq.str("volume"))
+	volid, p, isDir, err := s.dirVolumePath(rq.str("storage"), rq.str("volume"))
 	if err != nil {
 		return nil, err
+	}
+	if !isDir {
+		if volid, p, _, err = s.volumePath(rq.str("storage"), rq.str("volume")); err != nil {
+			return nil, err
+		}
 	}
 	if rq.authid != "root@pam" {
 		if err := s.checkPrivs(rq.authid, "/storage/"+dirStorage, []string{"Datastore.Allocate"}, false); err != nil {
 			return nil, err
 		}
 	}
-	return s.startTask(rq, "imgdel", volid, func(context.Context, *task) error {
-		return removeImage(p)
+	return s.startTask(rq, "imgdel", volid, func(_ context.Context, t *task) error {
+		if isDir {
+			// vdisk_free of a file that is not an image: unlink
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+		} else if err := removeImage(p); err != nil {
+			return err
+		}
+		t.logf("Removed volume '%s'", volid)
+		return nil
 	}), nil
 }
 
@@ -240,6 +264,12 @@ func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]str
 	}
 	for k, val := range changes {
 		if !reDiskKey.MatchString(k) {
+			continue
+		}
+		if old, ok := v.conf[k]; ok && (isCDROM(old) || isCDROM(val)) {
+			if err := s.changeMedium(ctx, v, k, old, val); err != nil {
+				return err
+			}
 			continue
 		}
 		volid := strings.SplitN(val, ",", 2)[0]

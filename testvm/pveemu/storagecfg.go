@@ -161,7 +161,24 @@ func (s *Server) listContent(_ context.Context, rq *request) (any, error) {
 		return out, nil
 	}
 	if c := rq.str("content"); c != "" && c != "images" {
-		return out, nil
+		if _, ok := vtypeSubdir[c]; !ok {
+			return out, nil
+		}
+		files, err := s.listDirContent(c)
+		if err != nil {
+			return nil, err
+		}
+		return append(out, files...), nil
+	}
+	if !rq.has("content") && !rq.has("vmid") {
+		// every content type of the storage, not only images
+		for _, c := range []string{"iso", "vztmpl", "backup", "snippets", "import"} {
+			files, err := s.listDirContent(c)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, files...)
+		}
 	}
 	dirs, err := os.ReadDir(filepath.Join(s.storageDir(), "images"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -236,7 +237,9 @@ func (r *run) startGuard(ctx context.Context) error {
 	// rebuilt or new bridge table pins the running guests from its first
 	// batch instead of holding them to DHCP until the first remap.
 	mp := &portmap.Mapper{Paths: portmap.Paths{Root: r.d.Config.Guard.NodeRoot}, Guard: guard, Log: r.log}
-	if _, err := mp.Once(ctx); err != nil {
+	if _, err := mp.Once(ctx); errors.Is(err, portmap.ErrNoVMConfigs) {
+		r.log.Debug("no VM configs yet; the port map waits for them", "component", "portmap", "err", err)
+	} else if err != nil {
 		r.log.Warn("cannot map guest ports before start; unmapped ports stay DHCP-only", "component", "portmap", "err", err)
 	}
 	if err := guard.Start(ctx); err != nil {
