@@ -148,8 +148,10 @@ func helperOwner(name string) int {
 	}
 	cfg := Config{Trusted: []string{"stor0"}, DnsmasqUser: "65534",
 		Zones: map[string][]string{"zone1": {"vnetA", "vnetA2"}},
-		// killed with SIGKILL: nothing on disk to leave behind
-		ProcRoot: "/nonexistent/pve-inspect-test-proc", StateDir: "/nonexistent/pve-inspect-test-state"}
+		// killed with SIGKILL; its state directory is the test's own
+		// temporary one (a fixed path here once left a directory on the
+		// host that bed guests, whose root overlays the host's, then saw)
+		ProcRoot: "/nonexistent/pve-inspect-test-proc", StateDir: os.Getenv("PVE_GUARD_HELPER_STATE")}
 	g, err := New(cfg, WithNetNS(ns))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -169,7 +171,7 @@ func TestKill9ThenReadopt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0])
-	cmd.Env = append(os.Environ(), "PVE_GUARD_HELPER_NS="+n.Name)
+	cmd.Env = append(os.Environ(), "PVE_GUARD_HELPER_NS="+n.Name, "PVE_GUARD_HELPER_STATE="+t.TempDir())
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
