@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/bench"
-	"github.com/pve-inspect/pve-inspect/internal/tenantbed"
+	"github.com/pve-inspect/pve-inspect/testvm/tenantbed"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm"

@@ -1,5 +1,5 @@
 // Package tenants_test is the two-tenant suite of issue 34 on the
-// playground's real daemon (internal/tenantbed): TestTwoTenants. It needs
+// playground's real daemon (testvm/tenantbed): TestTwoTenants. It needs
 // root and builds the playground's binaries itself.
 package tenants_test
 
@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/internal/tenantbed"
+	"github.com/pve-inspect/pve-inspect/testvm/tenantbed"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
