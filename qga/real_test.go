@@ -23,16 +23,27 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 }
 
 // guestHasNo reports whether no process named name runs in the guest.
+//
+// The kill is sent before the exec answers, but a killed process is gone
+// from /proc only once the guest's init has reaped it, which on a loaded
+// machine may take a moment: pgrep is asked again for up to 10 s (a
+// survivor of SIGKILL is still there then, so this cannot hide one).
 func guestHasNo(t testing.TB, a *Agent, name string) bool {
 	t.Helper()
-	res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"pgrep", "-x", name}})
-	if err != nil {
-		t.Fatalf("pgrep: %v", err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"pgrep", "-x", name}})
+		if err != nil {
+			t.Fatalf("pgrep: %v", err)
+		}
+		if res.ExitCode > 1 {
+			t.Fatalf("pgrep failed: %+v %s", res, res.Stderr)
+		}
+		if res.ExitCode == 1 || time.Now().After(deadline) {
+			return res.ExitCode == 1
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	if res.ExitCode > 1 {
-		t.Fatalf("pgrep failed: %+v %s", res, res.Stderr)
-	}
-	return res.ExitCode == 1
 }
 
 // guestTempEmpty asserts that the client left no temp files in dir (the
