@@ -11,14 +11,15 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
 
-// TestReview2LearnedCountSurvivesRestart (review2): an allow-list zone's
-// learned elements stay in the kernel across a daemon restart (Reconcile
-// keeps them: the guests cached those answers), but the restarted
-// registry counts nothing for them. The owner then learns a whole new
-// max_learned on top: the kernel holds twice the owner's cap for up to
-// the TTL ceiling (an hour), and owners*max_learned = the kernel set's
-// size no longer bounds the set (others' learns fail on a full set).
-func TestReview2LearnedCountSurvivesRestart(t *testing.T) {
+// TestLearnedCountSurvivesRestart: an allow-list zone's learned elements
+// stay in the kernel across a daemon restart (Reconcile keeps them: the
+// guests cached those answers), and the restarted registry counts them
+// against their owner again. Were it to count nothing, the owner would
+// learn a whole new max_learned on top: the kernel would hold twice the
+// owner's cap for up to the TTL ceiling (an hour), and owners*max_learned
+// = the kernel set's size would no longer bound the set (others' learns
+// would fail on a full set).
+func TestLearnedCountSurvivesRestart(t *testing.T) {
 	ctx := context.Background()
 	g := newFakeGuard()
 	path := filepath.Join(t.TempDir(), "egress.json")
@@ -66,7 +67,9 @@ func TestReview2LearnedCountSurvivesRestart(t *testing.T) {
 	if kept != 4 {
 		t.Fatalf("kernel keeps %d of the zone's elements across the restart, want 4", kept)
 	}
-	t.Logf("after restart the registry counts %d of sb-a's elements; the kernel holds %d", reg.Learned("sb-a"), kept)
+	if n := reg.Learned("sb-a"); n != kept {
+		t.Errorf("after restart the registry counts %d of sb-a's elements; the kernel holds %d", n, kept)
+	}
 	err := learn(reg, 101)
 	g.mu.Lock()
 	total := len(g.learned["vneta"])
