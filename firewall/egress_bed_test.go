@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -275,6 +276,22 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 		t.Fatal(err)
 	}
 	eb.expect(t, "learned again", "zonea", inet8080, "internet-8080\n")
+	// a restarted daemon reads them back to count them against their owner
+	kept, err := eb.g.LearnedElements(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inet := netip.MustParseAddr(testvm.InternetAddr)
+	var ports []uint16
+	for _, k := range kept {
+		if k.Iface != "vneta" || k.Addr != inet || k.Expires <= 0 || k.Expires > time.Minute {
+			t.Errorf("learned element %+v, want vneta %s expiring within a minute", k, inet)
+		}
+		ports = append(ports, k.Port)
+	}
+	if slices.Sort(ports); !slices.Equal(ports, []uint16{0, 8080}) {
+		t.Errorf("learned elements' ports %v, want [0 8080] (the name-checked address and its 8080)", ports)
+	}
 	if err := eb.g.Forget(ctx, []string{"vneta"}); err != nil {
 		t.Fatal(err)
 	}

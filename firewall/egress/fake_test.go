@@ -86,6 +86,18 @@ func (f *fakeGuard) ForgetExcept(_ context.Context, keep []string) error {
 	return nil
 }
 
+func (f *fakeGuard) LearnedElements(context.Context) ([]firewall.LearnedElement, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []firewall.LearnedElement
+	for iface, m := range f.learned {
+		for a, ttl := range m {
+			out = append(out, firewall.LearnedElement{Iface: iface, Addr: a, Expires: ttl})
+		}
+	}
+	return out, nil
+}
+
 // fakeUpstream answers A queries from a table and counts every query.
 type fakeUpstream struct {
 	mu      sync.Mutex

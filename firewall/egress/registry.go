@@ -22,6 +22,8 @@ type Guard interface {
 	LearnOpen(ctx context.Context, iface string, addrs []netip.Addr, open firewall.Opening, ttl time.Duration) ([]netip.Addr, error)
 	Forget(ctx context.Context, ifaces []string) error
 	ForgetExcept(ctx context.Context, keep []string) error
+	// LearnedElements lists the learned sets as the kernel holds them.
+	LearnedElements(ctx context.Context) ([]firewall.LearnedElement, error)
 	// ZoneOfBridge names the zone (configured or run-time) whose bridge
 	// iface is.
 	ZoneOfBridge(iface string) (string, bool)
@@ -274,7 +276,9 @@ func (r *Registry) changedLocked(ctx context.Context, ifaces []string) error {
 // guests cached those answers); every other interface's are forgotten,
 // and the node default's too unless it is the same allow-list the last
 // run persisted (a changed [egress] default must not keep what the old
-// one opened). It records the default in the state file.
+// one opened). What is kept counts against its owner again, with the
+// expiry the kernel reports, so that a restart never gives an owner
+// another max_learned on top. It records the default in the state file.
 func (r *Registry) Reconcile(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -295,6 +299,11 @@ func (r *Registry) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("egress: reconcile learned addresses: %w", err)
 	}
+	kept, err := r.guard.LearnedElements(ctx)
+	if err != nil {
+		return fmt.Errorf("egress: reconcile learned addresses: %w", err)
+	}
+	r.countKeptLocked(kept, time.Now())
 	if err := r.state.save(r.zones, r.def); err != nil {
 		return fmt.Errorf("egress: reconcile: %w", err)
 	}
@@ -346,6 +355,19 @@ func (r *Registry) Learn(ctx context.Context, iface string, gen uint64, addrs []
 		}
 	}
 	return skipped, nil
+}
+
+// countKeptLocked counts the elements the kernel kept across a restart
+// against their interfaces' owners, as Learn would have.
+func (r *Registry) countKeptLocked(kept []firewall.LearnedElement, now time.Time) {
+	for _, k := range kept {
+		l := r.learned[k.Iface]
+		if l == nil {
+			l = &learnedSet{owner: r.ownerLocked(k.Iface), els: map[element]time.Time{}}
+			r.learned[k.Iface] = l
+		}
+		l.els[element{addr: k.Addr, port: k.Port}] = now.Add(k.Expires)
+	}
 }
 
 // elements are the learned-set elements open makes of addrs.

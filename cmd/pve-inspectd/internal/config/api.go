@@ -168,7 +168,10 @@ func defaultAPI() APISection {
 		AutoCIDRBits:          24,
 
 		RequireHardenedTemplates: true,
-		Events:                   APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 16, MaxStreams: 256, WriteTimeout: 30 * time.Second},
+		// the egress node totals hold [egress] owners, derived from this
+		// (48 + 16 zones the daemon did not create: 64)
+		Caps:   APICaps{NodeSandboxes: 48},
+		Events: APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 16, MaxStreams: 256, WriteTimeout: 30 * time.Second},
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
 			TokenID:    "pve-inspectd@pve!daemon",

@@ -69,6 +69,7 @@ func Default() Config {
 		c.Node.ID = h
 	}
 	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
+	c.Egress.Owners = c.derivedOwners()
 	return c
 }
 
@@ -89,6 +90,7 @@ func Load(path string, allowMissing bool) (Config, error) {
 // Parse decodes a configuration document over the defaults and validates it.
 func Parse(doc string) (Config, error) {
 	c := Default()
+	c.Egress.Owners = 0 // unset: derived below from what the file sets
 	if err := stricttoml.Decode(doc, &c); err != nil {
 		var uk *stricttoml.UnknownKeysError
 		if errors.As(err, &uk) {
@@ -106,6 +108,9 @@ func Parse(doc string) (Config, error) {
 	}
 	c.API.MgmtRules, c.API.MgmtInterval = nil, nil
 	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
+	if c.Egress.Owners == 0 {
+		c.Egress.Owners = c.derivedOwners()
+	}
 	return c, c.Validate()
 }
 
@@ -119,7 +124,7 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return c.checkEgressOwners()
 }
 
 // sections lists the sections that validate themselves, by key prefix.

@@ -57,9 +57,11 @@ type EgressSection struct {
 	// Owners is how many owners at their share the node totals hold:
 	// each node total is the per-owner share times Owners, checked after
 	// the owner's share, so that many owners at their quota all fit.
-	// Set it to at least [api.caps] node_sandboxes plus the warm pool's
-	// members and the zones the daemon did not create. Owners times
-	// max_learned must fit the kernel's learned set (65536).
+	// Unset (or 0) it is derived: [api.caps] node_sandboxes (warm pool
+	// members count against it) plus ForeignZoneOwners for the zones the
+	// daemon did not create; set, it must be at least node_sandboxes
+	// (Config.Validate). Owners times max_learned must fit the
+	// kernel's learned set (65536).
 	Owners int `toml:"owners"`
 	// ZoneDomain is the DNS domain of a zone's dnsmasq, "{zone}" standing
 	// for the zone id ("" for none): names under it are answered by that
@@ -84,7 +86,35 @@ func (c Config) EgressStateFile() string {
 func defaultEgress() EgressSection {
 	return EgressSection{DefaultMode: "open", Allow: []string{}, Deny: []string{}, Upstreams: []string{}, TTLFloor: 30 * time.Second, TTLCeiling: time.Hour,
 		DNSPort: 15353, ProxyPort: 15380, ProxyIdleTimeout: 5 * time.Minute, MaxLearned: egress.DefaultMaxLearned,
-		DNSQueriesPerSandbox: 16, DNSTCPPerSandbox: 8, ProxyConnsPerSandbox: egress.DefaultProxyConnsPerOwner, Owners: egress.DefaultOwners}
+		DNSQueriesPerSandbox: 16, DNSTCPPerSandbox: 8, ProxyConnsPerSandbox: egress.DefaultProxyConnsPerOwner}
+}
+
+// ForeignZoneOwners is the room a derived [egress] owners keeps for the
+// zones the daemon did not create (each is an owner of its own).
+const ForeignZoneOwners = 16
+
+// derivedOwners is [egress] owners when the file leaves it out: every
+// sandbox the node admits (warm pool members count against
+// node_sandboxes, sandbox.Engine's caps) and ForeignZoneOwners, which
+// also covers a member giving way to a cold create until it is gone.
+func (c Config) derivedOwners() int {
+	return c.API.Caps.NodeSandboxes + ForeignZoneOwners
+}
+
+// checkEgressOwners ties [egress] owners to the sandboxes the node
+// admits: an egress owner is a sandbox, so with more sandboxes than
+// owners the ones past owners at their share hold every node total and
+// each other sandbox is refused DNS, proxy and learned addresses.
+// node_sandboxes 0 (unlimited) cannot be held by any node total.
+func (c Config) checkEgressOwners() error {
+	n := c.API.Caps.NodeSandboxes
+	if n < 1 {
+		return &KeyError{Key: "api.caps.node_sandboxes", Err: fmt.Errorf("%d: want at least 1 (the egress node totals hold [egress] owners, which must cover every sandbox the node admits)", n)}
+	}
+	if c.Egress.Owners < n {
+		return &KeyError{Key: "egress.owners", Err: fmt.Errorf("%d: want at least [api.caps] node_sandboxes (%d), and room for the zones the daemon did not create (leave it out: node_sandboxes + %d)", c.Egress.Owners, n, ForeignZoneOwners)}
+	}
+	return nil
 }
 
 // maxProxyConns bounds the proxy's node total (owners times

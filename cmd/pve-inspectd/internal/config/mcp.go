@@ -42,6 +42,9 @@ type MCPSection struct {
 	// EnvFileTokens are token names, EnvFileOwners owners of bound tokens,
 	// whose MCP-over-HTTP creates get EnvFile; any other token (an admin
 	// token bound to no owner included) gets none. Empty: none over HTTP.
+	// A token names which creates get the file, not who reads it: every
+	// exec token that sees the sandbox (same owner, or bound to none) can,
+	// so EnvFileTokens is effectively per owner (README, MCP).
 	EnvFileTokens []string `toml:"env_file_tokens"`
 	EnvFileOwners []string `toml:"env_file_owners"`
 }
