@@ -78,16 +78,22 @@
 //	prerouting -300  mgmt-notrack-in: iifname @mgmt tcp dport @mgmt_ports
 //	                 to a local address notrack; guest-flood-rate: a guest
 //	                 interface's packets past its policer in @guest_rate
-//	                 drop (before they cost a conntrack entry)
+//	                 drop (before they cost a conntrack entry);
+//	                 guest-dns-rate-udp/-tcp: its DNS packets past its
+//	                 policer in @guest_dns_rate drop (before the redirect
+//	                 to the resolver every zone shares)
 //	raw_out    -300  (output) mgmt-notrack-out: replies from @mgmt_ports out
 //	                 of @mgmt notrack; the same to and from them on lo
 //	flood      -150  (prerouting) guest-flood-conns: a guest interface's new
-//	                 connection past its count in @guest_conns drop
+//	                 connection past its count in @guest_conns drop;
+//	                 node-flood-conns: any guest interface's new
+//	                 connection past the count of all guests in
+//	                 @node_conns (one member) drop
 //	port_guard       (layer 2, first) arp-flood, broadcast-flood: a guest
 //	                 port's ARP and broadcast/multicast frames past their
 //	                 policers in @port_arp_rate, @port_bcast_rate drop
 //
-// The kernel fills those four sets; verify compares their flags and size,
+// The kernel fills those six sets; verify compares their flags and size,
 // not their members.
 //
 // Run-time state is set membership only (@mgmt, @lockdown, @failclosed,

@@ -2,7 +2,10 @@ package firewall
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +26,11 @@ const (
 	SetGuestRate = "guest_rate"
 	// SetGuestConns holds one connection count per guest interface.
 	SetGuestConns = "guest_conns"
+	// SetGuestDNSRate holds one DNS packet policer per guest interface.
+	SetGuestDNSRate = "guest_dns_rate"
+	// SetNodeConns holds one connection count, of every guest interface
+	// together (its one member's key is nodeConnsKey).
+	SetNodeConns = "node_conns"
 	// SetPortARPRate and SetPortBcastRate hold one policer per guest
 	// bridge port (table bridge pve-inspect).
 	SetPortARPRate   = "port_arp_rate"
@@ -30,6 +38,9 @@ const (
 
 	chainRawOut = "raw_out"
 	chainFlood  = "flood"
+
+	// nodeConnsKey is the constant key of @node_conns' one member.
+	nodeConnsKey = "guests"
 )
 
 // Defaults of FloodConfig.
@@ -43,6 +54,18 @@ const (
 	// stays far below the rate; a flood of small packets does not.
 	DefaultPacketRate  = 50000
 	DefaultPacketBurst = 10000
+	// DefaultDNSRate and DefaultDNSBurst police the DNS packets (udp and
+	// tcp to port 53) one guest interface sends, before they reach the
+	// node's resolvers: a zone's guests resolve a few names a second, and
+	// one zone's flood cannot fill the resolver socket every zone shares.
+	DefaultDNSRate  = 500
+	DefaultDNSBurst = 1000
+	// DefaultNodeConnLimit is how many tracked connections all guest
+	// interfaces together may hold: well under pve-firewall's
+	// nf_conntrack_max of 262144 (src/PVE/Firewall.pm
+	// update_nf_conntrack_max, the host option nf_conntrack_max), so
+	// guests of many zones cannot fill the node's conntrack table.
+	DefaultNodeConnLimit = 131072
 	// DefaultPortARPRate and DefaultPortARPBurst police the ARP frames of
 	// one guest port (a guest resolves its gateway and neighbours, a few
 	// frames a second).
@@ -77,6 +100,12 @@ type FloodConfig struct {
 	// ConnLimit is how many tracked connections one guest interface may
 	// hold; its new connections beyond are dropped.
 	ConnLimit uint32
+	// NodeConnLimit is how many tracked connections all guest interfaces
+	// together may hold; new guest connections beyond are dropped.
+	NodeConnLimit uint32
+	// DNSRate and DNSBurst police each guest interface's DNS packets
+	// (udp and tcp to port 53), before the egress redirects.
+	DNSRate, DNSBurst uint32
 	// PacketRate (packets a second) and PacketBurst police every guest
 	// interface's packets to and through the node, before connection
 	// tracking.
@@ -96,6 +125,9 @@ func (c FloodConfig) withDefaults() FloodConfig {
 		}
 	}
 	def(&c.ConnLimit, DefaultConnLimit)
+	def(&c.NodeConnLimit, DefaultNodeConnLimit)
+	def(&c.DNSRate, DefaultDNSRate)
+	def(&c.DNSBurst, DefaultDNSBurst)
 	def(&c.PacketRate, DefaultPacketRate)
 	def(&c.PacketBurst, DefaultPacketBurst)
 	def(&c.PortARPRate, DefaultPortARPRate)
@@ -146,13 +178,16 @@ func evalSet(name string, timeout bool) *SetSpec {
 //   - prerouting (raw, before connection tracking): tcp to a management
 //     port of the node on a management interface is not tracked; every
 //     guest interface's packets pass a policer (dropped past the rate
-//     before they cost a conntrack entry);
+//     before they cost a conntrack entry), and its DNS packets pass a
+//     DNS policer (one zone's DNS flood cannot fill the resolver's socket
+//     that every zone shares);
 //   - raw_out (output, raw): the node's replies from a management port
 //     on a management interface, and lo connections to or from one, are
 //     not tracked;
 //   - flood (prerouting, after connection tracking, before the egress
 //     redirects): a guest interface's new connections beyond ConnLimit
-//     tracked ones are dropped.
+//     tracked ones are dropped, and so are every guest interface's new
+//     connections beyond NodeConnLimit tracked ones of all guests.
 //
 // Management traffic never meets the input policy's established rule (it
 // arrives on @mgmt; guest_in is for guest interfaces only), so untracked
@@ -167,7 +202,8 @@ func addFlood(rs *Ruleset, fc FloodConfig) error {
 		ports.Elements = append(ports.Elements, nftables.SetElement{Key: be16(p)})
 		ports.Text = append(ports.Text, strconv.Itoa(int(p)))
 	}
-	rs.Sets = append(rs.Sets, ports, evalSet(SetGuestRate, true), evalSet(SetGuestConns, false))
+	rs.Sets = append(rs.Sets, ports, evalSet(SetGuestRate, true), evalSet(SetGuestDNSRate, true), evalSet(SetGuestConns, false),
+		&SetSpec{Name: SetNodeConns, KeyType: nftables.TypeIFName, Dynamic: true, Eval: true, Size: 1})
 
 	tcpPort := func(off uint32) []expr.Any {
 		return append(l4proto(unix.IPPROTO_TCP),
@@ -186,6 +222,8 @@ func addFlood(rs *Ruleset, fc FloodConfig) error {
 		rule("guest-flood-rate", `iifname != "lo" iifname != @mgmt iifname != @trusted update @guest_rate { `+
 			policerText("iifname", fc.PacketRate, fc.PacketBurst)+" } counter drop",
 			guestSide(), policer(SetGuestRate, fc.PacketRate, fc.PacketBurst), drop()),
+		dnsPolicer("udp", unix.IPPROTO_UDP, fc),
+		dnsPolicer("tcp", unix.IPPROTO_TCP, fc),
 	)
 	out := &ChainSpec{Name: chainRawOut, Hook: nftables.ChainHookOutput, HookName: "output", Priority: -300}
 	out.Rules = []*RuleSpec{
@@ -199,20 +237,68 @@ func addFlood(rs *Ruleset, fc FloodConfig) error {
 	fl := &ChainSpec{Name: chainFlood, Hook: nftables.ChainHookPrerouting, HookName: "prerouting", Priority: -150}
 	fl.Rules = []*RuleSpec{
 		rule("guest-flood-conns", fmt.Sprintf(`iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over %d } counter drop`, fc.ConnLimit),
-			guestSide(),
-			&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-				Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitNEW), Xor: []byte{0, 0, 0, 0}},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+			guestSide(), ctStateNew(),
 			meta(expr.MetaKeyIIFNAME),
 			// a connection count cannot live in a set with timeouts: its
 			// member goes when the interface's last connection does
 			&expr.Dynset{SrcRegKey: 1, SetName: SetGuestConns, Operation: unix.NFT_DYNSET_OP_ADD,
 				Exprs: []expr.Any{&expr.Connlimit{Count: fc.ConnLimit, Flags: expr.NFT_CONNLIMIT_F_INV}}},
 			drop()),
+		rule("node-flood-conns", fmt.Sprintf(`iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @node_conns { %q ct count over %d } counter drop`, nodeConnsKey, fc.NodeConnLimit),
+			guestSide(), ctStateNew(),
+			&expr.Immediate{Register: 1, Data: ifname(nodeConnsKey)},
+			&expr.Dynset{SrcRegKey: 1, SetName: SetNodeConns, Operation: unix.NFT_DYNSET_OP_ADD,
+				Exprs: []expr.Any{&expr.Connlimit{Count: fc.NodeConnLimit, Flags: expr.NFT_CONNLIMIT_F_INV}}},
+			drop()),
 	}
 	rs.Chains = append(rs.Chains, out, fl)
 	return nil
+}
+
+// ErrNodeConnLimit: the node-wide bound on guest connections is not below
+// the node's nf_conntrack_max, so guests can still fill the conntrack
+// table before the bound drops anything.
+var ErrNodeConnLimit = errors.New("guard node_conn_limit is not below the node's nf_conntrack_max")
+
+// CheckNodeConnLimit reads net.netfilter.nf_conntrack_max under procRoot
+// ("/proc" when empty) and returns an error wrapping ErrNodeConnLimit
+// when fc's NodeConnLimit is not below it (a read failure is returned as
+// is: os.ErrNotExist when conntrack is not loaded).
+func CheckNodeConnLimit(procRoot string, fc FloodConfig) error {
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	fc = fc.withDefaults()
+	b, err := os.ReadFile(filepath.Join(procRoot, "sys/net/netfilter/nf_conntrack_max"))
+	if err != nil {
+		return fmt.Errorf("read nf_conntrack_max: %w", err)
+	}
+	ctMax, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return fmt.Errorf("read nf_conntrack_max: %w", err)
+	}
+	if uint64(fc.NodeConnLimit) >= ctMax {
+		return fmt.Errorf("%w: node_conn_limit %d, nf_conntrack_max %d: lower [guard] node_conn_limit or raise the host firewall's nf_conntrack_max",
+			ErrNodeConnLimit, fc.NodeConnLimit, ctMax)
+	}
+	return nil
+}
+
+// ctStateNew matches "ct state new".
+func ctStateNew() []expr.Any {
+	return []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitNEW), Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}}}
+}
+
+// dnsPolicer is the DNS policer's rule for one transport protocol: udp
+// and tcp to port 53 share each interface's policer in @guest_dns_rate.
+func dnsPolicer(proto string, p byte, fc FloodConfig) *RuleSpec {
+	return rule("guest-dns-rate-"+proto, `iifname != "lo" iifname != @mgmt iifname != @trusted `+proto+` dport 53 update @guest_dns_rate { `+
+		policerText("iifname", fc.DNSRate, fc.DNSBurst)+" } counter drop",
+		guestSide(), l4proto(p), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(53)},
+		meta(expr.MetaKeyIIFNAME), policer(SetGuestDNSRate, fc.DNSRate, fc.DNSBurst), drop())
 }
 
 // addBridgeFlood adds the per-port ARP and broadcast policers to the

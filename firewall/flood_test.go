@@ -119,6 +119,22 @@ func askDNS(ns *testkit.NetNS, server string) (time.Duration, error) {
 
 // connectMgmt connects from ns to addr, reads the greeting and returns
 // the time it took.
+// serveMgmt listens on addr in the node and greets every connection with
+// "mgmt\n" (what connectMgmt expects), until the test ends.
+func serveMgmt(t *testing.T, n *testNS, addr string) {
+	ml := n.Listen(t, "tcp4", addr)
+	go func() {
+		for {
+			c, err := ml.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("mgmt\n"))
+			c.Close()
+		}
+	}()
+}
+
 func connectMgmt(ns *testkit.NetNS, addr string) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -246,17 +262,7 @@ func TestFloodFromGuestBridge(t *testing.T) {
 
 	// the node's services: a management port on the uplink, each zone's
 	// resolver on its bridge's address
-	ml := n.Listen(t, "tcp4", "192.0.2.2:8006")
-	go func() {
-		for {
-			c, err := ml.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("mgmt\n"))
-			c.Close()
-		}
-	}()
+	serveMgmt(t, n, "192.0.2.2:8006")
 	for _, a := range []string{"10.10.1.1:53", "10.10.2.1:53"} {
 		testkit.ServeDNS(t, n.ListenPacket(t, "udp4", a), testkit.DNSZone{A: map[string][]netip.Addr{"probe.test": {netip.MustParseAddr("192.0.2.99")}}})
 	}

@@ -253,6 +253,11 @@ func (g *Guard) Start(ctx context.Context) error {
 		return fmt.Errorf("start guard: %w", err)
 	}
 	g.started = true
+	if err := CheckNodeConnLimit(g.cfg.procRoot(), g.cfg.Flood); errors.Is(err, ErrNodeConnLimit) {
+		g.log.Warn("guests can fill the node's conntrack table", "err", err)
+	} else if err != nil {
+		g.log.Debug("nf_conntrack_max not checked", "err", err)
+	}
 	if err := markApplied(g.cfg); err != nil {
 		// only the repairs metric after a restart depends on it
 		g.log.Warn("cannot record that the table was applied", "err", err)

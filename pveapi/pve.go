@@ -713,6 +713,7 @@ type fwRule struct {
 	Action  string  `json:"action"`
 	Proto   string  `json:"proto"`
 	DPort   string  `json:"dport"`
+	SPort   string  `json:"sport"`
 	Iface   string  `json:"iface"`
 	Comment string  `json:"comment"`
 	Enable  flexInt `json:"enable"`
@@ -727,7 +728,7 @@ func (c *Client) NodeRules(ctx context.Context) ([]mgmtport.Rule, error) {
 	}
 	out := make([]mgmtport.Rule, len(rs))
 	for i, r := range rs {
-		out[i] = mgmtport.Rule{Pos: int(r.Pos), Type: r.Type, Action: r.Action, Proto: r.Proto, DPort: r.DPort, Iface: r.Iface, Comment: r.Comment, Enable: r.Enable != 0, Digest: r.Digest}
+		out[i] = mgmtport.Rule{Pos: int(r.Pos), Type: r.Type, Action: r.Action, Proto: r.Proto, DPort: r.DPort, SPort: r.SPort, Iface: r.Iface, Comment: r.Comment, Enable: r.Enable != 0, Digest: r.Digest}
 	}
 	return out, nil
 }
@@ -740,6 +741,9 @@ func (c *Client) AddNodeRule(ctx context.Context, r mgmtport.Rule) error {
 	}
 	if r.DPort != "" {
 		body["dport"] = r.DPort
+	}
+	if r.SPort != "" {
+		body["sport"] = r.SPort
 	}
 	if r.Iface != "" {
 		body["iface"] = r.Iface

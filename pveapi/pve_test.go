@@ -643,7 +643,7 @@ func TestManagementRulesThroughAPI(t *testing.T) {
 	n := len(f.rules)
 	calls := len(f.calls)
 	f.mu.Unlock()
-	if n != 7 || f.fw["node"] != 1 || f.fw["cluster"] != 1 {
+	if n != 10 || f.fw["node"] != 1 || f.fw["cluster"] != 1 {
 		t.Fatalf("rules %d fw %v", n, f.fw)
 	}
 	if changed, err := conv.Converge(ctx, "vmbr0"); err != nil || changed {
@@ -656,7 +656,10 @@ func TestManagementRulesThroughAPI(t *testing.T) {
 			t.Errorf("converged state still wrote: %s", op)
 		}
 	}
-	if f.rules[6]["comment"] != "operator" {
+	if f.rules[6]["sport"] != "8006" || f.rules[6]["type"] != "out" || f.rules[6]["iface"] != "vmbr0" {
+		t.Errorf("node OUT rule for the API's replies: %v", f.rules[6])
+	}
+	if f.rules[9]["comment"] != "operator" {
 		t.Errorf("operator rule moved: %v", f.rules)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -35,10 +36,10 @@ func newDoctorCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "doctor",
-		Short: "check that this node can run sandboxes (Proxmox, token privileges, storages, SDN, templates, unit, guard, lockdown); --canary drives a real sandbox end to end; exit 0 only when every check passes",
+		Short: "check that this node can run sandboxes (Proxmox, token privileges, storages, SDN, templates, unit, guard, conntrack bound, lockdown); --canary drives a real sandbox end to end; exit 0 only when every check passes",
 		Long: "Read-only checks first: the Proxmox version; the token's effective privileges (GET /access/permissions) against every call the daemon makes, and no broad privilege beyond them; " +
 			"the storages of the templates and the transfer storage (images, active, in the pool); SDN (no pending edits of others) and dnsmasq; the pve IPAM; " +
-			"each template (hardened, disk hotplug, guest agent); the unit's sandbox against the transfer storage's path; the guard; the lockdown. " +
+			"each template (hardened, disk hotplug, guest agent); the unit's sandbox against the transfer storage's path; the guard; [guard] node_conn_limit below the node's nf_conntrack_max; the lockdown. " +
 			"With --canary, through the running daemon's API: create a sandbox, exec, a file both ways on the streaming and on the disk path, snapshot and rollback, " +
 			"the containment check, delete, and nothing left on Proxmox; each step timed. Every failure says what to change. Exit 0 only when no check fails.",
 		Args: cobra.NoArgs,
@@ -103,7 +104,7 @@ func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config,
 		checks = append(checks, doctor.TemplateChecks(px, n)...)
 		checks = append(checks, doctor.UnitCheck(px, n, doctor.SystemdUnit(runHost, o.unitName, o.unitFile)))
 	}
-	checks = append(checks, guardCheck(cfg), lockdownCheck(cfg))
+	checks = append(checks, guardCheck(cfg), conntrackCheck(cfg), lockdownCheck(cfg))
 	rep := doctor.Run(ctx, checks)
 	if !o.canary || px == nil {
 		return rep
@@ -195,6 +196,26 @@ func guardCheck(cfg config.Config) doctor.Check {
 				Fix: "restart the daemon (systemctl restart pve-inspectd) and read its log; pve-inspectd status lists the differences"}
 		}
 		return doctor.Outcome{Status: doctor.Pass, Detail: fmt.Sprintf("table inet %s in force, owned by port %d", firewall.TableName, st.Owner)}
+	}}
+}
+
+// conntrackCheck wants [guard] node_conn_limit below the node's
+// nf_conntrack_max: otherwise guests fill the conntrack table before the
+// guard's node-wide bound drops anything.
+func conntrackCheck(cfg config.Config) doctor.Check {
+	return doctor.Check{Name: "conntrack bound", Run: func(context.Context) doctor.Outcome {
+		gc := daemon.GuardConfig(cfg.Guard)
+		err := firewall.CheckNodeConnLimit(gc.ProcRoot, gc.Flood)
+		switch {
+		case errors.Is(err, firewall.ErrNodeConnLimit):
+			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(),
+				Fix: "lower [guard] node_conn_limit, or raise nf_conntrack_max in the host firewall options (pvesh set /nodes/<node>/firewall/options --nf_conntrack_max N)"}
+		case errors.Is(err, os.ErrNotExist):
+			return doctor.Outcome{Status: doctor.Skip, Detail: "nf_conntrack is not loaded: no conntrack table to fill yet"}
+		case err != nil:
+			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(), Fix: "run doctor as root on the node"}
+		}
+		return doctor.Outcome{Status: doctor.Pass, Detail: fmt.Sprintf("node_conn_limit %d is below nf_conntrack_max", gc.Flood.NodeConnLimit)}
 	}}
 }
 

@@ -166,7 +166,10 @@ func TestDoctorGuardAndLockdown(t *testing.T) {
 			t.Errorf("%s before the daemon: %+v, want a failure whose fix says %q", name, r, want)
 		}
 	}
-	if len(got) != 3 {
+	if r := got["conntrack bound"]; r.Status == doctor.Fail {
+		t.Errorf("conntrack bound with the default node_conn_limit: %+v", r)
+	}
+	if len(got) != 4 {
 		t.Errorf("checks without a token: %v", got)
 	}
 
@@ -184,5 +187,34 @@ func TestDoctorGuardAndLockdown(t *testing.T) {
 	}
 	if !strings.Contains(got["guard"].Detail, "in force") {
 		t.Errorf("guard: %+v", got["guard"])
+	}
+}
+
+func TestDoctorConntrackBound(t *testing.T) {
+	cases := []struct {
+		name, max string // max "": no nf_conntrack_max (module not loaded)
+		want      doctor.Status
+	}{
+		{"pve-firewall default", "262144\n", doctor.Pass},
+		{"below node_conn_limit", "65536\n", doctor.Fail},
+		{"not loaded", "", doctor.Skip},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Guard.ProcRoot = t.TempDir()
+			if tc.max != "" {
+				p := filepath.Join(cfg.Guard.ProcRoot, "sys/net/netfilter/nf_conntrack_max")
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(tc.max), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if o := conntrackCheck(cfg).Run(context.Background()); o.Status != tc.want {
+				t.Errorf("%+v, want %s", o, tc.want)
+			}
+		})
 	}
 }

@@ -231,6 +231,10 @@ func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) e
 	}
 }
 
+// udpReadBuffer is the receive buffer the resolver asks for its UDP
+// socket (4 MiB; the kernel caps it at net.core.rmem_max).
+const udpReadBuffer = 4 << 20
+
 // ServeUDP answers queries on pc (bound in the daemon's namespace) until
 // ctx is done. It returns after every query goroutine ended.
 //
@@ -239,6 +243,15 @@ func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) e
 // before a goroutine starts): a query past the owner's share is dropped
 // at once and costs no other owner anything.
 func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
+	// every zone's queries queue on this one socket: room for a burst of
+	// them while the read loop catches up (the guard's DNS policer bounds
+	// each zone's rate before they get here). The kernel caps the size at
+	// net.core.rmem_max (SO_RCVBUF); what it grants is used as is.
+	if u, ok := pc.(interface{ SetReadBuffer(int) error }); ok {
+		if err := u.SetReadBuffer(udpReadBuffer); err != nil {
+			return fmt.Errorf("resolver: receive buffer: %w", err)
+		}
+	}
 	p := ipv4.NewPacketConn(pc)
 	if err := p.SetControlMessage(ipv4.FlagInterface|ipv4.FlagDst, true); err != nil {
 		return fmt.Errorf("resolver: pktinfo: %w", err)

@@ -1,7 +1,22 @@
 // Package mgmtport converges the Proxmox management-port rules of DESIGN.md
 // section 3 through the Proxmox API: node firewall rules accepting tcp 8006
 // and 22 (and the sandbox API port) on the default-route interface, udp/tcp
-// 53 and udp 67 everywhere, with the node and cluster firewall enabled.
+// 53 and udp 67 everywhere, with the node and cluster firewall enabled; and
+// node OUT rules accepting the node's replies from those tcp ports out of
+// the default-route interface.
+//
+// The OUT rules are there because the guard (package firewall) takes those
+// connections out of connection tracking (its mgmt-notrack rules: a
+// conntrack table guests filled cannot refuse them). The host firewall's
+// output chain accepts the node's replies only as ESTABLISHED before the
+// cluster's policy_out: pve-firewall's PVEFW-HOST-OUT (src/PVE/Firewall.pm
+// generate_std_chains / ruleset_chain_add_conn_filters: "-m conntrack
+// --ctstate RELATED,ESTABLISHED -j ACCEPT", then the node's OUT rules, then
+// policy_out) and proxmox-firewall's default-out ct state vmap. An untracked
+// reply is not ESTABLISHED; with policy_out DROP or REJECT it would be
+// dropped. The node OUT rules are compiled by ruleset_generate_rule into
+// PVEFW-HOST-OUT as "-o <iface> -p tcp --sport <port> -j ACCEPT", with no
+// conntrack match: they accept untracked packets too.
 //
 // Our rules carry a comment starting with Tag; nothing else is touched. They
 // are deleted and recreated only when they differ from the desired set, and
@@ -25,11 +40,13 @@ const Tag = "pve-inspect:mgmt"
 
 // Rule is a node firewall rule.
 type Rule struct {
-	Pos     int
-	Type    string // "in"
-	Action  string // "ACCEPT"
-	Proto   string
-	DPort   string
+	Pos    int
+	Type   string // "in" or "out"
+	Action string // "ACCEPT"
+	Proto  string
+	DPort  string
+	// SPort restricts the source port (the OUT rules: the node's replies).
+	SPort   string
 	Iface   string
 	Comment string
 	Enable  bool
@@ -87,11 +104,23 @@ func (c *Converger) Desired(iface string) []Rule {
 	add("udp", "53", "", "dns")
 	add("tcp", "53", "", "dns")
 	add("udp", "67", "", "dhcp")
+	if iface != "" {
+		// the node's replies, untracked under the guard (see the package
+		// comment): stateless, so policy_out DROP cannot take them
+		reply := func(port, what string) {
+			out = append(out, Rule{Type: "out", Action: "ACCEPT", Proto: "tcp", SPort: port, Iface: iface, Enable: true, Comment: Tag + " " + what + "-reply"})
+		}
+		reply("8006", "proxmox-api")
+		reply("22", "ssh")
+		if c.apiPort > 0 {
+			reply(strconv.Itoa(c.apiPort), "sandbox-api")
+		}
+	}
 	return out
 }
 
 func same(a, b Rule) bool {
-	return a.Type == b.Type && strings.EqualFold(a.Action, b.Action) && a.Proto == b.Proto && a.DPort == b.DPort &&
+	return a.Type == b.Type && strings.EqualFold(a.Action, b.Action) && a.Proto == b.Proto && a.DPort == b.DPort && a.SPort == b.SPort &&
 		a.Iface == b.Iface && a.Comment == b.Comment && a.Enable == b.Enable
 }
 

@@ -93,7 +93,12 @@ func TestConverge(t *testing.T) {
 	if got := ours(fw.rules); !slices.EqualFunc(got, want, same) {
 		t.Fatalf("rules %+v, want %+v", got, want)
 	}
-	if len(want) != 6 || want[2].DPort != "8443" || want[0].Iface != "eth0" || want[3].Iface != "" {
+	if len(want) != 9 || want[2].DPort != "8443" || want[0].Iface != "eth0" || want[3].Iface != "" {
+		t.Errorf("desired set %+v", want)
+	}
+	// the node's replies from the management ports, stateless out of the
+	// default-route interface (untracked under the guard's mgmt-notrack)
+	if r := want[6]; r.Type != "out" || r.SPort != "8006" || r.DPort != "" || r.Iface != "eth0" || want[7].SPort != "22" || want[8].SPort != "8443" {
 		t.Errorf("desired set %+v", want)
 	}
 	if !fw.node || !fw.cluster {
@@ -119,8 +124,8 @@ func TestConverge(t *testing.T) {
 	if changed, _ := c.Converge(ctx, "ens5"); !changed || !slices.EqualFunc(ours(fw.rules), c.Desired("ens5"), same) {
 		t.Fatalf("iface change not applied: %+v", fw.rules)
 	}
-	if n := len(fw.rules); n != 7 {
-		t.Errorf("%d rules, want 6 ours + 1 foreign", n)
+	if n := len(fw.rules); n != 10 {
+		t.Errorf("%d rules, want 9 ours + 1 foreign", n)
 	}
 
 	// errors are returned

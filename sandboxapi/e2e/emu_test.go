@@ -228,7 +228,7 @@ func TestEmulatorMgmtRules(t *testing.T) {
 		t.Fatalf("iface change: %v %v", ch, err)
 	}
 	rules, _ := e.px.NodeRules(ctx)
-	if len(rules) != 6 || rules[0].Iface != "eth9" {
+	if len(rules) != 9 || rules[0].Iface != "eth9" || rules[6].Type != "out" || rules[6].SPort != "8006" || rules[6].Iface != "eth9" {
 		t.Errorf("rules %+v", rules)
 	}
 }

@@ -631,6 +631,14 @@ func TestFirewall(t *testing.T) {
 		if r.status != 400 {
 			t.Fatalf("%s bad proto accepted: %d", base, r.status)
 		}
+		// a node OUT rule on a source port and an interface (the
+		// management-port converger's reply rules) is stored as given
+		e.ok("POST", base+"/rules", url.Values{"type": {"out"}, "action": {"ACCEPT"}, "proto": {"tcp"}, "sport": {"8006"}, "iface": {"vmbr0"}, "enable": {"1"}})
+		rules = e.ok("GET", base+"/rules", nil).([]any)
+		if o := rules[0].(map[string]any); len(rules) != 2 || o["type"] != "out" || o["sport"] != "8006" || o["iface"] != "vmbr0" || o["dport"] != nil {
+			t.Fatalf("%s out rule %v", base, rules)
+		}
+		e.ok("DELETE", base+"/rules/0", nil)
 		e.ok("DELETE", base+"/rules/0", nil)
 		r = e.do("DELETE", base+"/rules/0", nil, authTicket)
 		if r.status != 500 || r.reason != "no rule at position 0" {

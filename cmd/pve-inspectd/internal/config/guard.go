@@ -67,6 +67,13 @@ import (
 //	# Tracked connections one guest interface (a zone bridge, all its
 //	# guests) may hold; its new connections beyond are dropped.
 //	conn_limit = 16384
+//	# Tracked connections all guest interfaces together may hold; keep it
+//	# well under the node's nf_conntrack_max (262144 under pve-firewall).
+//	node_conn_limit = 131072
+//	# DNS packets (udp and tcp to port 53) a second (and burst) one guest
+//	# interface may send to the node's resolvers.
+//	dns_rate = 500
+//	dns_burst = 1000
 //	# Packets a second (and burst) one guest interface may send to or
 //	# through the node; the rest are dropped before conntrack sees them.
 //	# Virtio NICs hand over GRO-merged packets: bulk transfers stay below.
@@ -95,6 +102,9 @@ type GuardSection struct {
 
 	ManagementPorts    []int `toml:"management_ports"`
 	ConnLimit          int   `toml:"conn_limit"`
+	NodeConnLimit      int   `toml:"node_conn_limit"`
+	DNSRate            int   `toml:"dns_rate"`
+	DNSBurst           int   `toml:"dns_burst"`
 	PacketRate         int   `toml:"packet_rate"`
 	PacketBurst        int   `toml:"packet_burst"`
 	PortARPRate        int   `toml:"port_arp_rate"`
@@ -115,7 +125,7 @@ type MetricsSection struct {
 
 func defaultGuard() GuardSection {
 	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/",
-		ManagementPorts: []int{22, 8006}, ConnLimit: 16384, PacketRate: 50000, PacketBurst: 10000,
+		ManagementPorts: []int{22, 8006}, ConnLimit: 16384, NodeConnLimit: 131072, DNSRate: 500, DNSBurst: 1000, PacketRate: 50000, PacketBurst: 10000,
 		PortARPRate: 100, PortARPBurst: 200, PortBroadcastRate: 200, PortBroadcastBurst: 400}
 }
 
@@ -247,7 +257,7 @@ func (s GuardSection) validate(prefix string) error {
 			return &KeyError{Key: fmt.Sprintf("%s.management_ports[%d]", prefix, i), Err: fmt.Errorf("%d is not a port 1-65535", p)}
 		}
 	}
-	for key, v := range map[string]int{".conn_limit": s.ConnLimit, ".packet_rate": s.PacketRate, ".packet_burst": s.PacketBurst,
+	for key, v := range map[string]int{".conn_limit": s.ConnLimit, ".node_conn_limit": s.NodeConnLimit, ".dns_rate": s.DNSRate, ".dns_burst": s.DNSBurst, ".packet_rate": s.PacketRate, ".packet_burst": s.PacketBurst,
 		".port_arp_rate": s.PortARPRate, ".port_arp_burst": s.PortARPBurst, ".port_broadcast_rate": s.PortBroadcastRate, ".port_broadcast_burst": s.PortBroadcastBurst} {
 		if v < 1 || v > 1<<24 {
 			return &KeyError{Key: prefix + key, Err: fmt.Errorf("%d is outside 1..%d", v, 1<<24)}

@@ -88,6 +88,9 @@ listen = "192.0.2.2:8443"
 		{"[guard]\nmanagement_ports = [0]", "guard.management_ports[0]"},
 		{"[guard]\nmanagement_ports = [70000]", "guard.management_ports[0]"},
 		{"[guard]\nconn_limit = 0", "guard.conn_limit"},
+		{"[guard]\nnode_conn_limit = 0", "guard.node_conn_limit"},
+		{"[guard]\ndns_rate = 0", "guard.dns_rate"},
+		{"[guard]\ndns_burst = 100000000", "guard.dns_burst"},
 		{"[guard]\npacket_burst = -1", "guard.packet_burst"},
 		{"[guard]\nport_broadcast_rate = 100000000", "guard.port_broadcast_rate"},
 	} {

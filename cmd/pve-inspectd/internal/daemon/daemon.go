@@ -60,6 +60,7 @@ func guardFlood(s config.GuardSection) firewall.FloodConfig {
 		ports = append(ports, uint16(p))
 	}
 	return firewall.FloodConfig{ManagementPorts: ports, ConnLimit: uint32(s.ConnLimit),
+		NodeConnLimit: uint32(s.NodeConnLimit), DNSRate: uint32(s.DNSRate), DNSBurst: uint32(s.DNSBurst),
 		PacketRate: uint32(s.PacketRate), PacketBurst: uint32(s.PacketBurst),
 		PortARPRate: uint32(s.PortARPRate), PortARPBurst: uint32(s.PortARPBurst),
 		PortBroadcastRate: uint32(s.PortBroadcastRate), PortBroadcastBurst: uint32(s.PortBroadcastBurst)}
