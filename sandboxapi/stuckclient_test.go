@@ -36,19 +36,19 @@ func (g yesGuest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, s
 	return nil, ctx.Err()
 }
 
-// TestReviewStuckStreamStallsReaper (review1): a streamed exec whose
-// client stops reading blocks in the response's Write (the exec route's
-// write deadline is 24 h + 60 s; a delete's cancellation does not unblock
-// a Write). The operation never ends, so the delete of that sandbox waits
+// TestStuckStreamClientDoesNotStallReaper (from review1): a streamed
+// exec whose client stops reading blocked in the response's Write (the
+// exec route's write deadline is 24 h + 60 s; a delete's cancellation
+// does not unblock a Write). The operation never ends, so the delete of that sandbox waits
 // for it for TeardownTimeout (5 min) and fails; the reaper does the
 // expired sandboxes one after another, so every pass spends
 // TeardownTimeout per such sandbox before (or after) every other owner's
 // expired sandbox, and the stuck one is due again next pass (state
 // error). One owner with k sandboxes holds the node's reaper for k x 5
-// min a pass, every pass, for a day. Want: a streamed write with a short
+// min a pass, every pass, for a day. Now: a streamed write with a short
 // deadline of its own (like the events' WriteTimeout), so a delete ends
 // the call, and the reaper not serialised behind one sandbox.
-func TestReviewStuckStreamStallsReaper(t *testing.T) {
+func TestStuckStreamClientDoesNotStallReaper(t *testing.T) {
 	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
 	e := newEnv(t, func(o *options) {
 		o.Tokens = store
