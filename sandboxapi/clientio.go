@@ -30,7 +30,7 @@ type clientIO struct {
 	// leaves the write deadline alone, so the call's problem (a conflict:
 	// the sandbox was deleted) is still written, after the call ended.
 	writing atomic.Bool
-	stop              func() bool
+	stop    func() bool
 }
 
 // chunk is the most one deadline covers of a longer write.
