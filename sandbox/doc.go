@@ -118,9 +118,9 @@
 //     snapshot, a disk transfer); a delete cancels and waits for the
 //     sandbox's operations before it stops a VM, so both are released
 //     before the VMID can be freed (health.go, disktransfer.go, ops.go).
-//   - Events: a bounded ring (HealthOptions.EventBuffer), each event naming
-//     its sandbox id and owner; not dropped by a delete, aged out by newer
-//     events; a filter by sandbox id never matches the next sandbox on the
+//   - Events: a bounded buffer (HealthOptions.EventBuffer) kept per owner,
+//     each event naming its sandbox id and owner; not dropped by a delete,
+//     aged out by newer events of the owner holding the most; a filter by sandbox id never matches the next sandbox on the
 //     VMID (events.go).
 //
 // The guest agent client (qga):

@@ -39,6 +39,11 @@ type Options struct {
 	Caps Caps
 	// ReaperInterval is how often expired sandboxes are deleted (30s).
 	ReaperInterval time.Duration
+	// ReapParallel is how many expired sandboxes the reaper deletes at
+	// once (4), each within its own TeardownTimeout: one whose teardown
+	// hangs holds one of these, not the pass and every other owner's
+	// expired sandboxes behind it.
+	ReapParallel int
 	// DiskTransfer, when set, moves files of at least DiskThreshold bytes
 	// (32 MiB by default) through a hot-plugged disk instead of the guest
 	// agent (diskxfer).
@@ -110,6 +115,9 @@ func (o *Options) defaults() error {
 		o.StateDir = "/var/lib/pve-inspectd/sandboxapi"
 	}
 	def(&o.ReaperInterval, 30*time.Second)
+	if o.ReapParallel <= 0 {
+		o.ReapParallel = 4
+	}
 	def(&o.AgentTimeout, 5*time.Minute)
 	def(&o.CreateTimeout, 10*time.Minute)
 	def(&o.TeardownTimeout, 5*time.Minute)

@@ -1,30 +1,72 @@
 package sandbox
 
 import (
+	"cmp"
+	"container/heap"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// eventBus is the engine's bounded buffer of events (GET /v1/events): the
-// newest len(ring) events, ids growing by one. A publish is O(1) under the
-// lock: it stores the event in the ring and closes the wake-up channel;
-// readers copy the events they have not seen under the lock and filter
-// them outside it (EventsSince), so no reader's filter, however large,
-// and no slow stream ever holds up a publisher.
+// eventBus is the engine's bounded buffer of events (GET /v1/events): at
+// most max events, ids growing by one, kept per owner so that one owner's
+// volume cannot push out another's. When the buffer is full a publish
+// drops the oldest event of the owner holding the most (its own when it
+// holds as many): an owner's events leave the buffer only for its own
+// newer ones, or once it holds more than any other owner. A publish is
+// O(log owners) under the lock; readers copy the events they have not
+// seen under the lock (one owner's only, for a stream bound to an owner)
+// and filter and order them outside it (EventsSince), so no reader's
+// filter, however large, and no slow stream ever holds up a publisher.
 type eventBus struct {
 	// hooks are test hooks (export_test.go), set before the engine is
 	// used; nil in the daemon.
 	hooks busHooks
+	max   int
 
 	// The mutex protects the following elements; a leaf.
 	mu sync.Mutex
-	// ring holds the newest events: event id i is at ring[(i-1)%len(ring)].
-	ring   []apitype.Event
-	held   int           // how many of ring hold events (len(ring) once full)
-	next   uint64        // the id of the next event (ids start at 1)
-	notify chan struct{} // closed and replaced on every publish
+	// owners holds each owner's buffered events (an owner with none is
+	// dropped); byCount orders them by how many they hold, most first.
+	owners  map[string]*ownerEvents
+	byCount ownerHeap
+	held    int           // events buffered, at most max
+	next    uint64        // the id of the next event (ids start at 1)
+	dropped uint64        // the newest id dropped, of any owner
+	gone    uint64        // the newest id dropped of an owner since forgotten
+	notify  chan struct{} // closed and replaced on every publish
+}
+
+// ownerEvents are one owner's buffered events, oldest first.
+type ownerEvents struct {
+	owner   string
+	evs     []apitype.Event
+	dropped uint64 // the newest of its ids dropped
+	index   int    // in byCount
+}
+
+// ownerHeap is a max-heap of owners by the events they hold.
+type ownerHeap []*ownerEvents
+
+func (h ownerHeap) Len() int           { return len(h) }
+func (h ownerHeap) Less(i, j int) bool { return len(h[i].evs) > len(h[j].evs) }
+func (h ownerHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *ownerHeap) Push(x any) {
+	o := x.(*ownerEvents)
+	o.index = len(*h)
+	*h = append(*h, o)
+}
+func (h *ownerHeap) Pop() any {
+	old := *h
+	o := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return o
 }
 
 // busHooks let tests see where the bus's work happens.
@@ -36,11 +78,11 @@ type busHooks struct {
 }
 
 func newEventBus(max int) *eventBus {
-	return &eventBus{ring: make([]apitype.Event, max), next: 1, notify: make(chan struct{})}
+	return &eventBus{max: max, owners: map[string]*ownerEvents{}, next: 1, notify: make(chan struct{})}
 }
 
-// publish stamps e with the next id and stores it in place of the oldest
-// event when the ring is full.
+// publish stamps e with the next id and stores it, in place of the oldest
+// event of the owner holding the most when the buffer is full.
 func (b *eventBus) publish(e apitype.Event) apitype.Event {
 	if b.hooks.publish != nil {
 		b.hooks.publish()
@@ -48,32 +90,71 @@ func (b *eventBus) publish(e apitype.Event) apitype.Event {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e.ID = b.next
-	b.ring[(b.next-1)%uint64(len(b.ring))] = e
 	b.next++
-	if b.held < len(b.ring) {
-		b.held++
+	if b.held == b.max {
+		victim := b.byCount[0]
+		if o := b.owners[e.Owner]; o != nil && len(o.evs) >= len(victim.evs) {
+			victim = o // an owner as full as the fullest drops its own
+		}
+		b.dropOldest(victim)
 	}
+	o := b.owners[e.Owner]
+	if o == nil {
+		o = &ownerEvents{owner: e.Owner}
+		b.owners[e.Owner] = o
+		heap.Push(&b.byCount, o)
+	}
+	o.evs = append(o.evs, e)
+	b.held++
+	heap.Fix(&b.byCount, o.index)
 	close(b.notify)
 	b.notify = make(chan struct{})
 	return e
 }
 
-// since copies the buffered events after id last (all of them when last is
-// newer than any given: lost), oldest first; the only work a reader does
-// under the lock.
-func (b *eventBus) since(last uint64) (evs []apitype.Event, lost bool, upto uint64, changed <-chan struct{}) {
+// dropOldest removes o's oldest event; an owner left with none is
+// forgotten (its newest dropped id goes to gone).
+func (b *eventBus) dropOldest(o *ownerEvents) {
+	o.dropped = o.evs[0].ID
+	b.dropped = max(b.dropped, o.dropped)
+	o.evs[0] = apitype.Event{}
+	o.evs = o.evs[1:]
+	b.held--
+	if len(o.evs) == 0 {
+		heap.Remove(&b.byCount, o.index)
+		delete(b.owners, o.owner)
+		b.gone = max(b.gone, o.dropped)
+		return
+	}
+	heap.Fix(&b.byCount, o.index)
+}
+
+// since copies the buffered events after id last of owner (""): every
+// owner's), in no particular order, and says whether any of them after
+// last were dropped (lost; all of them when last is newer than any
+// given); the only work a reader does under the lock.
+func (b *eventBus) since(last uint64, owner string) (evs []apitype.Event, lost bool, upto uint64, changed <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	upto, changed = b.next-1, b.notify
 	if last > upto {
 		lost, last = true, 0
 	}
-	if oldest := b.next - uint64(b.held); last+1 < oldest {
-		lost, last = true, oldest-1
+	after := func(o *ownerEvents) {
+		i, _ := slices.BinarySearchFunc(o.evs, last+1, func(e apitype.Event, id uint64) int { return cmp.Compare(e.ID, id) })
+		evs = append(evs, o.evs[i:]...)
 	}
-	evs = make([]apitype.Event, 0, upto-last)
-	for id := last + 1; id <= upto; id++ {
-		evs = append(evs, b.ring[(id-1)%uint64(len(b.ring))])
+	if owner == "" {
+		lost = lost || b.dropped > last
+		for _, o := range b.owners {
+			after(o)
+		}
+		return evs, lost, upto, changed
+	}
+	lost = lost || b.gone > last
+	if o := b.owners[owner]; o != nil {
+		lost = lost || o.dropped > last
+		after(o)
 	}
 	return evs, lost, upto, changed
 }
@@ -134,7 +215,7 @@ type EventBatch struct {
 // them) that f matches. The events are copied under the bus's lock and
 // filtered after it is released.
 func (m *Engine) EventsSince(last uint64, f EventFilter) EventBatch {
-	evs, lost, upto, changed := m.events.since(last)
+	evs, lost, upto, changed := m.events.since(last, f.owner)
 	out := EventBatch{Lost: lost, Upto: upto, Changed: changed}
 	kept := evs[:0]
 	for _, e := range evs {
@@ -146,6 +227,7 @@ func (m *Engine) EventsSince(last uint64, f EventFilter) EventBatch {
 		}
 	}
 	if len(kept) > 0 {
+		slices.SortFunc(kept, func(a, b apitype.Event) int { return cmp.Compare(a.ID, b.ID) })
 		out.Events = kept
 	}
 	return out

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -39,8 +41,8 @@ func (m *Engine) RunReaper(ctx context.Context) {
 	}
 }
 
-// Reap deletes every sandbox past its expiry once; it returns how many it
-// deleted.
+// Reap deletes every sandbox past its expiry once, up to ReapParallel at
+// a time; it returns how many it deleted.
 func (m *Engine) Reap(ctx context.Context) int {
 	now := m.o.Now()
 	var due []string
@@ -51,10 +53,29 @@ func (m *Engine) Reap(ctx context.Context) int {
 		}
 	}
 	m.mu.Unlock()
-	// Each is checked again under the lock as it turns to deleting: one
-	// extended since the list was made is left alone. The expired event
-	// goes out after the lock is released (removeIf's announce), before
-	// the teardown.
+	var (
+		n    atomic.Int64
+		wg   sync.WaitGroup
+		slot = make(chan struct{}, m.o.ReapParallel)
+	)
+	for _, id := range due {
+		slot <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slot }()
+			if m.reapOne(ctx, id) {
+				n.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return int(n.Load())
+}
+
+// reapOne deletes the expired sandbox id within TeardownTimeout. It is
+// checked again under the lock as it turns to deleting: one extended
+// since the list was made is left alone. The expired event goes out after
+// the lock is released (removeIf's announce), before the teardown.
+func (m *Engine) reapOne(ctx context.Context, id string) bool {
 	var ev apitype.Event
 	expired := func(r *record) bool {
 		due := (r.State == apitype.StateReady || r.State == apitype.StateError) && !m.o.Now().Before(r.ExpiresAt)
@@ -65,22 +86,18 @@ func (m *Engine) Reap(ctx context.Context) int {
 		return due
 	}
 	announce := func() { m.emit(ev) }
-	n := 0
-	for _, id := range due {
-		rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)
-		deleted, err := m.removeIf(rctx, id, expired, announce)
-		cancel()
-		if err != nil {
-			m.log.Error("reaper: delete expired sandbox", "sandbox", id, "err", err)
-			continue
-		}
-		if !deleted {
-			m.log.Info("reaper: sandbox extended meanwhile; kept", "sandbox", id)
-			continue
-		}
-		m.met.reaped.Inc()
-		m.log.Info("reaper: deleted expired sandbox", "sandbox", id)
-		n++
+	rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)
+	defer cancel()
+	deleted, err := m.removeIf(rctx, id, expired, announce)
+	switch {
+	case err != nil:
+		m.log.Error("reaper: delete expired sandbox", "sandbox", id, "err", err)
+		return false
+	case !deleted:
+		m.log.Info("reaper: sandbox extended meanwhile; kept", "sandbox", id)
+		return false
 	}
-	return n
+	m.met.reaped.Inc()
+	m.log.Info("reaper: deleted expired sandbox", "sandbox", id)
+	return true
 }

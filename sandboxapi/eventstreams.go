@@ -17,11 +17,12 @@ import (
 // values take the defaults.
 type StreamLimits struct {
 	// PerToken caps one token's streams (8); every caller of the local
-	// socket is one token, "local".
+	// socket is one token of its own (no token, whatever its name, shares
+	// its count).
 	PerToken int
 	// PerOwner caps the streams of every token bound to one owner
-	// together (16); tokens bound to no owner and the local socket are the
-	// owner "-".
+	// together (16); a token bound to no owner is an owner of its own, and
+	// so is the local socket (streamKeys).
 	PerOwner int
 	// Node caps every stream of the node together (256: sixteen owners at
 	// their share).
@@ -30,6 +31,9 @@ type StreamLimits struct {
 	// keepalive; 30s): a client that does not take it in time is cut off
 	// and its slot freed; it resumes with Last-Event-ID (a gap event when
 	// it fell out of the buffer). Publishing never waits for a stream.
+	// It bounds the guest I/O calls' client too (clientio.go): each write
+	// of an exec's answer (streamed or collected) and of a file download,
+	// and each read of a file upload's body.
 	WriteTimeout time.Duration
 }
 
@@ -82,7 +86,7 @@ func newStreamCount(c StreamLimits) *streamCount {
 // take counts one more stream of p, or says which cap is full (a
 // too-many-requests problem). release gives the stream back.
 func (s *streamCount) take(p principal) (release func(), _ *apitype.Problem) {
-	owner, token := ownerLabel(p.owner), p.name
+	owner, token := streamKeys(p)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p := s.refusalLocked(owner, token); p != nil {
@@ -103,6 +107,27 @@ func (s *streamCount) take(p principal) (release func(), _ *apitype.Problem) {
 			delete(s.byToken, token)
 		}
 	}, nil
+}
+
+// localStreamKey is the local socket's key in the stream counts, by token and
+// by owner: no token name or owner (auth.ValidName: [A-Za-z0-9._-]) can
+// equal it.
+const localStreamKey = "(local)"
+
+// streamKeys are the keys p's streams are counted under: by owner, the
+// owner of a bound token, "token:<name>" for a token bound to none (each
+// its own owner: two unbound tokens cannot fill one shared share) and
+// localStreamKey for the local socket; by token, the token's name, or
+// localStreamKey. A ':' or '(' is in no token name or owner, so no key of
+// one kind equals another's.
+func streamKeys(p principal) (owner, token string) {
+	switch {
+	case p.local:
+		return localStreamKey, localStreamKey
+	case p.owner != "":
+		return p.owner, p.name
+	}
+	return "token:" + p.name, p.name
 }
 
 // openStream takes a stream slot for p, or sets Retry-After on w, counts

@@ -248,6 +248,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 		return err
 	}
 	defer func() { err = end(err) }()
+	guard := s.guardClient(octx, w)
+	defer guard.stop()
 	var req apitype.ExecRequest
 	if pr := decodeJSON(w, r, maxExecBody, &req); pr != nil {
 		return pr
@@ -269,6 +271,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	ctx, cancel := context.WithTimeout(sandbox.WithOwner(octx, owner), time.Duration(ge.Timeout)*time.Second+30*time.Second)
 	defer cancel()
 	g := s.e.Guest(vm.VMID)
+	w = guard.writer(w)
 	if !stream {
 		unreserve, err := s.collected.take(owner, 2*ge.OutputLimit)
 		if err != nil {
@@ -346,6 +349,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 		return err
 	}
 	defer func() { err = end(err) }()
+	guard := s.guardClient(ctx, w)
+	defer guard.stop()
+	w = guard.writer(w)
 	path, pr := guestPath(r.URL.Query().Get("path"), false)
 	if pr != nil {
 		return pr
@@ -438,6 +444,8 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 		return err
 	}
 	defer func() { err = end(err) }()
+	guard := s.guardClient(ctx, w)
+	defer guard.stop()
 	owner := s.ownerOf(r)
 	release, err := s.files.take(owner, 1)
 	if err != nil {
@@ -458,7 +466,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 	if r.ContentLength > s.o.MaxFileBytes {
 		return problemf(apitype.ProblemPayloadTooLarge, "body of %d bytes is over the cap of %d", r.ContentLength, s.o.MaxFileBytes)
 	}
-	body := &limitedBody{r: http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes), max: s.o.MaxFileBytes}
+	body := &limitedBody{r: guard.body(http.MaxBytesReader(w, r.Body, s.o.MaxFileBytes)), max: s.o.MaxFileBytes}
 	if err := s.e.Upload(ctx, vm.VMID, path, body, r.ContentLength, mode); err != nil {
 		return err
 	}

@@ -51,10 +51,10 @@ func hooked(t *testing.T, mod func(*options)) (*env, *hookedProxmox) {
 }
 
 // TestReaperRace: a sandbox extended while it waits in the reaper's list
-// (the reaper busy deleting another) is kept: the caller was told 200 with a
-// new expiry.
+// (the reaper busy deleting another: one at a time here, so the second
+// waits) is kept: the caller was told 200 with a new expiry.
 func TestReaperRace(t *testing.T) {
-	e, hp := hooked(t, nil)
+	e, hp := hooked(t, func(o *options) { o.ReapParallel = 1 })
 	ctx := e.ctx()
 	req := twoVMs()
 	req.TTLSeconds = 60

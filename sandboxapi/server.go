@@ -192,6 +192,8 @@ type principal struct {
 	name   string
 	scopes []string
 	owner  string
+	// local is set for a caller of the local socket (name "local").
+	local bool
 }
 
 // sees reports whether p may see and touch sb.
@@ -247,7 +249,7 @@ func (s *Server) LocalHandler() http.Handler {
 
 func (s *Server) authenticate(r *http.Request, need string) (principal, *apitype.Problem) {
 	if r.Context().Value(localKey) == true {
-		return principal{name: "local", scopes: []string{apitype.ScopeAdmin}}, nil
+		return principal{name: "local", scopes: []string{apitype.ScopeAdmin}, local: true}, nil
 	}
 	h := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(h, "Bearer ")

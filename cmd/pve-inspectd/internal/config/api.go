@@ -109,10 +109,11 @@ type APICaps struct {
 
 // APIEvents caps the event streams open at once ([api.events];
 // sandboxapi.StreamLimits): per token, per owner (every token bound to it
-// together; unbound tokens and the local socket are one owner) and per
-// node. A stream past a cap is refused with 429 and Retry-After.
-// WriteTimeout bounds each write of a stream: a client that does not take
-// it in time is cut off.
+// together; an unbound token is an owner of its own, and so is the local
+// socket) and per node. A stream past a cap is refused with 429 and
+// Retry-After. WriteTimeout bounds each write of a stream, and of an
+// exec's or a file download's answer, and each read of an upload's body:
+// a client that does not take (or send) it in time is cut off.
 type APIEvents struct {
 	MaxStreamsPerToken int           `toml:"max_streams_per_token"`
 	MaxStreamsPerOwner int           `toml:"max_streams_per_owner"`
