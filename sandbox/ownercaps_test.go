@@ -45,3 +45,19 @@ func TestOwnerCapsCountClaims(t *testing.T) {
 		t.Errorf("%d members ready, want 1 (two claimed, the refused claim left its member)", n)
 	}
 }
+
+// TestCapsWithOwnerDefaults: an unset owner cap is a quarter of its node
+// cap, rounded up, and stays unset under an unlimited node cap; a set one
+// stays.
+func TestCapsWithOwnerDefaults(t *testing.T) {
+	for _, tt := range []struct{ in, want sandbox.Caps }{
+		{sandbox.Caps{}, sandbox.Caps{}},
+		{sandbox.Caps{NodeSandboxes: 4, NodeVMs: 10, NodeVCPUs: 1, NodeMemoryMiB: 65536},
+			sandbox.Caps{NodeSandboxes: 4, NodeVMs: 10, NodeVCPUs: 1, NodeMemoryMiB: 65536, OwnerSandboxes: 1, OwnerVMs: 3, OwnerVCPUs: 1, OwnerMemoryMiB: 16384}},
+		{sandbox.Caps{NodeSandboxes: 8, OwnerSandboxes: 8, OwnerVMs: 2}, sandbox.Caps{NodeSandboxes: 8, OwnerSandboxes: 8, OwnerVMs: 2}},
+	} {
+		if got := tt.in.WithOwnerDefaults(); got != tt.want {
+			t.Errorf("%+v: %+v, want %+v", tt.in, got, tt.want)
+		}
+	}
+}
