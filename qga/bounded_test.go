@@ -177,10 +177,11 @@ func TestCutter(t *testing.T) {
 	}
 }
 
-// TestBudgetShares: past its share an owner may take more only while a
-// share of the total stays free, and may always take a first buffer,
-// however large, within the total; calls without an owner count against
-// the total only; giving back restores both.
+// TestBudgetShares: past its share an owner may take only from the part
+// of the total that is not whole shares (1000 mod 300 = 100, shared by
+// every owner), so a fourth owner still finds its share while three hold
+// bytes; a buffer larger than that is refused for good; calls without an
+// owner count against the total only; giving back restores both.
 func TestBudgetShares(t *testing.T) {
 	t.Parallel()
 	b := NewBudget(1000, 300)
@@ -191,22 +192,23 @@ func TestBudgetShares(t *testing.T) {
 		want  error
 	}{
 		{"a", true, 300, nil},
-		{"a", true, 400, nil},          // past the share: 300 stay free
-		{"a", true, 1, ErrOwnerBudget}, // would leave less than a share
-		{"b", true, 400, ErrBudget},    // a first buffer, but over the total
-		{"b", true, 300, nil},          // b's share
-		{"", false, 1, ErrBudget},      // no owner: the total binds
-		{"a", true, -700, nil},         // a gives everything back
-		{"c", true, 600, nil},          // a first buffer over the share
-		{"", true, 10, nil},            // "" is an owner like any other
-		{"b", true, 1, ErrOwnerBudget}, // past b's share, 89 would stay free
+		{"a", true, 60, nil},             // 60 of the 100 past the shares
+		{"b", true, 341, ErrOwnerBudget}, // a first buffer past what is left of them
+		{"b", true, 340, nil},            // the other 40
+		{"a", true, 1, ErrOwnerBudget},   // nothing left past the shares
+		{"c", true, 300, nil},            // c's share is there
+		{"", false, 1, ErrBudget},        // no owner: the total binds
+		{"a", true, -360, nil},           // a gives everything back
+		{"d", true, 401, ErrOwnerBudget}, // past the share by more than is left (60)
+		{"d", true, 360, nil},            // the 60 a gave back
+		{"", true, 10, ErrBudget},        // "" is an owner like any other, the total binds
 	}
 	for i, s := range steps {
 		if err := b.take(s.owner, s.owned, s.n); !errors.Is(err, s.want) || (s.want == nil) != (err == nil) {
 			t.Fatalf("step %d %+v: %v, want %v", i, s, err, s.want)
 		}
 	}
-	if u := b.Used(); u != 910 {
-		t.Fatalf("used %d, want 910", u)
+	if u := b.Used(); u != 1000 {
+		t.Fatalf("used %d, want 1000", u)
 	}
 }

@@ -28,11 +28,14 @@ var (
 // of them held for one owner (the owner a call's context is marked with,
 // sandbox.WithOwner; calls without one count against the total only): a
 // buffer grows only by taking bytes from it, and gives them back when its
-// connection closes. An owner past its share may take more only while a
-// full share of the total stays free after the take (so the next owner to
-// arrive finds its share), and an owner that holds nothing may always take
-// its first buffer (within the total), so one reply larger than the share
-// is not refused for good. A grow that would pass a bound fails at once
+// connection closes. The owners' shares follow the rule of the API's
+// quotas (sandboxapi/quota.go): with seats = max / share whole shares,
+// the owners together hold past their shares at most max mod share (none
+// with the defaults), so while fewer than seats owners hold bytes every
+// owner arriving finds its whole share and every holder can fill its own
+// (calls without an owner aside: they count against the total only).
+// A reply larger than the share (plus that remainder) is refused for good
+// with ErrOwnerBudget. A grow that would pass a bound fails at once
 // rather than waiting: connections that each hold part of the budget and
 // wait for more would stall one another until their deadlines. Safe for
 // concurrent use.
@@ -42,6 +45,7 @@ type Budget struct {
 	mu      sync.Mutex
 	used    int64
 	peak    int64
+	excess  int64 // held past their shares by the owners together
 	byOwner map[string]int64
 }
 
@@ -76,14 +80,20 @@ func (b *Budget) Peak() int64 {
 }
 
 // take takes n bytes for owner (counted for it when owned), or fails
-// without taking any when that would pass the total or the owner's share.
-// A negative n gives bytes back and never fails.
+// without taking any when that would pass the total or the owner's share
+// (past it, the owners may hold max mod share together). A negative n
+// gives bytes back and never fails.
 func (b *Budget) take(owner string, owned bool, n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	held := b.byOwner[owner]
+	over := func(h int64) int64 { return max(0, h-b.share) }
+	excess := b.excess
+	if owned {
+		excess += over(held+n) - over(held)
+	}
 	if n > 0 {
-		if owned && held > 0 && held+n > b.share && b.max-(b.used+n) < b.share {
+		if owned && excess > b.max%b.share {
 			return fmt.Errorf("%w: %d bytes held for the owner, %d more asked, share %d", ErrOwnerBudget, held, n, b.share)
 		}
 		if b.used+n > b.max {
@@ -93,6 +103,7 @@ func (b *Budget) take(owner string, owned bool, n int64) error {
 	b.used += n
 	b.peak = max(b.peak, b.used)
 	if owned {
+		b.excess = excess
 		if b.byOwner[owner] = held + n; b.byOwner[owner] <= 0 {
 			delete(b.byOwner, owner)
 		}

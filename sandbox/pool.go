@@ -344,7 +344,7 @@ func (m *Engine) vmTags(rec *record) []string {
 func (m *Engine) makeRoomLocked(req *apitype.CreateRequest) ([]*record, error) {
 	var yield []*record
 	for {
-		err := m.capsLocked(req)
+		err := m.capsLocked(req, true)
 		if err == nil {
 			return yield, nil
 		}

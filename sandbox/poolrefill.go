@@ -270,7 +270,7 @@ func (m *Engine) planMembers(ctx context.Context, want map[string]int, tmpl map[
 	for _, sh := range m.pool.shapes {
 		for range want[sh.Name] {
 			req := sh.request()
-			if err := m.capsLocked(&req); err != nil {
+			if err := m.capsLocked(&req, false); err != nil {
 				m.log.Info("pool: node caps reached; shape waits", "shape", sh.Name, "cap", err)
 				break
 			}

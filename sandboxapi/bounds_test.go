@@ -103,8 +103,10 @@ func TestUnauthorizedCloses(t *testing.T) {
 }
 
 // TestCollectedOutputCap: an exec whose output is collected into one answer
-// may ask for at most 64 MiB per stream; a larger limit is refused before
-// anything runs unless the output is streamed.
+// may ask for at most 64 MiB per stream, and (it reserves twice its limit)
+// at most half its owner's share of the collected output (32 MiB at the
+// defaults); a larger limit is refused before anything runs, naming
+// output_limit, unless the output is streamed.
 func TestCollectedOutputCap(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := e.ctx()
@@ -120,7 +122,11 @@ func TestCollectedOutputCap(t *testing.T) {
 	if err != nil || res.ExitCode != 0 || out.String() != "hi\n" {
 		t.Fatalf("streamed exec asking 200 MiB: %+v %q %v", res, out.String(), err)
 	}
-	ok := apitype.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 64 << 20}
+	share := apitype.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 32<<20 + 1}
+	if _, err := e.c.Exec(ctx, sb.ID, "a", share); !errors.As(err, &p) || p.Type != apitype.ProblemInvalidRequest || p.Field != "output_limit" || !strings.Contains(p.Detail, "owner_collected_bytes") {
+		t.Fatalf("collected exec past half the owner's share: %v, want invalid output_limit naming the share", err)
+	}
+	ok := apitype.ExecRequest{Argv: []string{"echo", "hi"}, OutputLimit: 32 << 20}
 	if _, err := e.c.Exec(ctx, sb.ID, "a", ok); err != nil {
 		t.Fatalf("collected exec at the cap: %v", err)
 	}

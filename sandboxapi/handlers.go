@@ -273,6 +273,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	g := s.e.Guest(vm.VMID)
 	w = guard.writer(w)
 	if !stream {
+		if most := s.collected.share + s.collected.spare(); 2*ge.OutputLimit > most {
+			return invalid("output_limit", "output_limit %d: a collected exec reserves twice its output limit, and an owner's share of the collected output is %d bytes (owner_collected_bytes); ask for at most %d or ask with Accept: application/x-ndjson to stream", ge.OutputLimit, most, most/2)
+		}
 		unreserve, err := s.collected.take(owner, 2*ge.OutputLimit)
 		if err != nil {
 			return err

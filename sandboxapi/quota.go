@@ -16,37 +16,47 @@ import (
 // owner of a call is the owner of the sandbox it targets, whichever token
 // calls, so one tenant's sandboxes share one share.
 //
-// The rule is deliberately simple. An owner never holds more exec or file
-// slots than its share (a refusal is 429 too-many-requests with
-// Retry-After: the owner's own load), except that an owner holding
-// nothing of a resource may always take one call's worth, so a single
-// call larger than the share is not refused for good. The node total is a
-// hard cap on top (503 unavailable with Retry-After: the node is busy).
-// The defaults make the node total four shares, so four owners at their
-// full share fit and no single owner can take more than a quarter; a
-// fifth owner is refused only while four others are all at their full
-// share. A slot may be held for a day (exec timeouts go to 24 h), so no
-// owner may exceed its slot share even while others are idle.
+// The rule keeps one invariant. Let seats = node / share (whole shares;
+// four with the defaults) and A the owners holding some of the resource.
+// After every take,
 //
-// The collected-output bytes also let an owner borrow: past its share
-// (64 MiB: three collected execs at the default output limit, each
-// reserving 2 x 10 MiB) it may take more while at least one full share of
-// the node stays free after the take, so that the next owner to arrive
-// still finds its share. Its exec-slot share bounds what it can borrow
-// (eight execs at the default limit: 160 MiB of 256).
+//	node - used >= sum over holders of (share - min(held, share)) + (seats - A) x share
+//
+// while A < seats: every owner holding some can still fill its share, and
+// every owner arriving finds its whole share, until seats owners hold
+// some. A fifth owner is thus refused only while four others hold some (a
+// quarter each at most). It follows that an owner takes past its share
+// only from the part of the node total that is not whole shares (node mod
+// share: none with the defaults), and only for a quota that lets it
+// borrow (the collected bytes; never the slots, a slot may be held for a
+// day). The collected bytes are held for as long as their exec runs (up
+// to 24 h), so a borrowed share could not be handed back to an owner who
+// arrives later: there is no borrowing from the shares themselves, and no
+// "first call" exemption either. A take that keeps the invariant is never
+// refused; one within the owner's share never is while A < seats. A take
+// past the share is refused with 429 too-many-requests and Retry-After
+// (the owner's own load), past the node total with 503 unavailable and
+// Retry-After (only reached when seats owners hold some, or when the node
+// total is not a multiple of the share). A single call larger than the
+// share plus the borrowable remainder could never be taken: it is refused
+// for good with 400 invalid-request naming the share (a collected exec
+// with output_limit over 32 MiB at the defaults must stream).
 
 // quota is one resource's node total and per-owner share.
 type quota struct {
 	name        string // metric label: exec-slots, file-slots, collected-bytes
 	node, share int64
-	// borrow lets an owner past its share while a share of the node
-	// stays free.
+	// borrow lets owners past their share within node mod share, the part
+	// of the node total that is not whole shares.
 	borrow bool
 	unit   string // what one is: "calls", "bytes"
 	met    *metrics
 
-	mu      sync.Mutex
-	used    int64
+	mu   sync.Mutex
+	used int64
+	// excess is what the owners hold past their shares together: at most
+	// q.spare().
+	excess  int64
 	byOwner map[string]int64
 }
 
@@ -54,18 +64,37 @@ func newQuota(name, unit string, node, share int64, borrow bool, met *metrics) *
 	return &quota{name: name, unit: unit, node: node, share: share, borrow: borrow, met: met, byOwner: map[string]int64{}}
 }
 
+// spare is what the owners may hold past their shares together: the part
+// of the node total that is not whole shares, for a borrowing quota.
+func (q *quota) spare() int64 {
+	if !q.borrow || q.share <= 0 {
+		return 0
+	}
+	return q.node % q.share
+}
+
+// over is what holding held is past the share.
+func (q *quota) over(held int64) int64 { return max(0, held-q.share) }
+
 // quotaRetry is the Retry-After of a quota refusal.
 const quotaRetry = 5 * time.Second
 
-// take takes n of the resource for owner, or refuses at once: 429 when the
-// owner's share is used up, 503 when the node total is. Every refusal is
-// counted. release gives n back.
+// take takes n of the resource for owner, or refuses at once: 400 when n
+// could never be taken, 429 when the owner's share is used up, 503 when
+// the node total is. Every refusal is counted. release gives n back.
 func (q *quota) take(owner string, n int64) (release func(), err error) {
 	key := ownerLabel(owner)
 	q.mu.Lock()
 	held := q.byOwner[key]
+	excess := q.excess - q.over(held) + q.over(held+n)
 	switch {
-	case held > 0 && held+n > q.share && (!q.borrow || q.node-(q.used+n) < q.share):
+	case n > q.share+q.spare():
+		q.mu.Unlock()
+		q.met.countRefusal(owner, q.name)
+		p := problemf(apitype.ProblemInvalidRequest,
+			"the call asks %d %s (%s), more than an owner's share of %d can ever give; ask for less", n, q.unit, q.name, q.share+q.spare())
+		return nil, p
+	case excess > q.spare():
 		q.mu.Unlock()
 		q.met.countRefusal(owner, q.name)
 		p := problemf(apitype.ProblemTooManyRequests,
@@ -82,6 +111,7 @@ func (q *quota) take(owner string, n int64) (release func(), err error) {
 		return nil, &retryError{p: p, after: quotaRetry}
 	}
 	q.used += n
+	q.excess = excess
 	q.byOwner[key] = held + n
 	q.mu.Unlock()
 	var once sync.Once
@@ -91,8 +121,10 @@ func (q *quota) take(owner string, n int64) (release func(), err error) {
 func (q *quota) give(key string, n int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	held := q.byOwner[key]
 	q.used -= n
-	if q.byOwner[key] -= n; q.byOwner[key] <= 0 {
+	q.excess += q.over(held-n) - q.over(held)
+	if q.byOwner[key] = held - n; q.byOwner[key] <= 0 {
 		delete(q.byOwner, key)
 	}
 }

@@ -58,10 +58,10 @@ type Options struct {
 	// share of those (8, 2 and 64 MiB: a quarter of the node's, so four
 	// owners at their full share fit). The owner of a call is the owner of
 	// the sandbox it targets. A call past its owner's share answers
-	// too-many-requests (429, Retry-After); an owner holding none of a
-	// resource may always take one call's worth, and past its collected
-	// share an owner may borrow while a share of the node stays free
-	// (quota.go).
+	// too-many-requests (429, Retry-After); while fewer than node/share
+	// owners hold some of a resource, every owner arriving finds its whole
+	// share (quota.go: nobody holds past its share but of the collected
+	// bytes' node total mod share).
 	OwnerExecs, OwnerFileCalls int
 	OwnerCollectedBytes        int64
 	// DefaultTTL (1h) and MaxTTL (24h) bound sandbox lifetimes.

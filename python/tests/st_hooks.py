@@ -110,7 +110,9 @@ def keys_matching(d: Any, pattern: re.Pattern[str]) -> Any:
 
 
 MAX_ARG_BYTES = 1 << 20
-MAX_COLLECTED = 64 << 20
+# A collected exec reserves twice its output_limit of its owner's 64 MiB
+# share of the collected output (owner_collected_bytes, sandboxapi/quota.go).
+MAX_COLLECTED = 32 << 20
 
 
 def apply_exec_rules(body: dict[str, Any]) -> dict[str, Any]:

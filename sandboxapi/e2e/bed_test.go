@@ -346,7 +346,10 @@ func TestBedConcurrentSandboxes(t *testing.T) {
 			}
 			ids[i] = sb.ID
 			for k := range 20 {
-				res, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo", fmt.Sprint(k)}})
+				// A small output limit: eight collected execs at the
+				// default (10 MiB, reserving 20) would pass one owner's
+				// 64 MiB share of the collected bytes (quota.go).
+				res, err := e.c.Exec(ctx, sb.ID, "vm0", apitype.ExecRequest{Argv: []string{"echo", fmt.Sprint(k)}, OutputLimit: 4096})
 				if err != nil || string(res.Stdout) != fmt.Sprintf("%d\n", k) {
 					errs[i] = fmt.Errorf("exec %d: %+v %v", k, res, err)
 					return

@@ -96,7 +96,9 @@ type APISection struct {
 	Proxmox APIProxmox `toml:"proxmox"`
 }
 
-// APICaps are the guard's per-sandbox and node-wide caps ([api.caps]).
+// APICaps are the guard's per-sandbox, node-wide and per-owner caps
+// ([api.caps]; 0 = unlimited). An unset owner cap is a quarter of its node
+// cap (sandbox.Caps.WithOwnerDefaults).
 type APICaps struct {
 	SandboxVCPUs     int `toml:"sandbox_vcpus"`
 	SandboxMemoryMiB int `toml:"sandbox_memory_mib"`
@@ -105,6 +107,10 @@ type APICaps struct {
 	NodeMemoryMiB    int `toml:"node_memory_mib"`
 	NodeVMs          int `toml:"node_vms"`
 	NodeSandboxes    int `toml:"node_sandboxes"`
+	OwnerVCPUs       int `toml:"owner_vcpus"`
+	OwnerMemoryMiB   int `toml:"owner_memory_mib"`
+	OwnerVMs         int `toml:"owner_vms"`
+	OwnerSandboxes   int `toml:"owner_sandboxes"`
 }
 
 // APIEvents caps the event streams open at once ([api.events];
@@ -294,7 +300,8 @@ func (a APISection) validate(prefix string) error {
 		return key("auto_cidr_bits", fmt.Errorf("want %d..28", p.Bits()))
 	}
 	caps := map[string]int{"sandbox_vcpus": a.Caps.SandboxVCPUs, "sandbox_memory_mib": a.Caps.SandboxMemoryMiB, "sandbox_vms": a.Caps.SandboxVMs,
-		"node_vcpus": a.Caps.NodeVCPUs, "node_memory_mib": a.Caps.NodeMemoryMiB, "node_vms": a.Caps.NodeVMs, "node_sandboxes": a.Caps.NodeSandboxes}
+		"node_vcpus": a.Caps.NodeVCPUs, "node_memory_mib": a.Caps.NodeMemoryMiB, "node_vms": a.Caps.NodeVMs, "node_sandboxes": a.Caps.NodeSandboxes,
+		"owner_vcpus": a.Caps.OwnerVCPUs, "owner_memory_mib": a.Caps.OwnerMemoryMiB, "owner_vms": a.Caps.OwnerVMs, "owner_sandboxes": a.Caps.OwnerSandboxes}
 	for k, v := range caps {
 		if v < 0 {
 			return key("caps."+k, errors.New("must not be negative"))

@@ -23,6 +23,7 @@ disk_transfer_threshold = 67108864
 exec_own_session = true
 [api.caps]
 node_vms = 10
+owner_sandboxes = 3
 [api.events]
 max_streams_per_owner = 32
 [api.proxmox]
@@ -31,7 +32,7 @@ token_id = "pve-inspect@pve!daemon"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.Events != (APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 32, MaxStreams: 256, WriteTimeout: 30 * time.Second}) || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
+	if c.API.DefaultTTL != 30*time.Minute || c.API.ReaperInterval != 5*time.Second || c.API.Templates["debian"] != 9000 || c.API.Caps.NodeVMs != 10 || c.API.Caps.OwnerSandboxes != 3 || c.API.Events != (APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 32, MaxStreams: 256, WriteTimeout: 30 * time.Second}) || c.API.TLSCert != "/etc/pve/local/pve-ssl.pem" ||
 		c.API.DiskTransferStorage != "local" || c.API.DiskTransferThreshold != 64<<20 || !c.API.ExecOwnSession {
 		t.Errorf("parsed %+v", c.API)
 	}
@@ -54,6 +55,8 @@ token_id = "pve-inspect@pve!daemon"
 		{`[api]` + "\n" + `default_ttl = "48h"`, "api.default_ttl"},
 		{`[api]` + "\n" + `auto_cidr_pool = "10.0.0.1/16"`, "api.auto_cidr_pool"},
 		{`[api.caps]` + "\n" + `node_vms = -1`, "api.caps.node_vms"},
+		{`[api.caps]` + "\n" + `owner_vms = -1`, "api.caps.owner_vms"},
+		{`[api.caps]` + "\n" + `owner_memory_mib = -1`, "api.caps.owner_memory_mib"},
 		{`[api.events]` + "\n" + `max_streams_per_token = 0`, "api.events.max_streams_per_token"},
 		{`[api.events]` + "\n" + `max_streams_per_owner = 4`, "api.events.max_streams_per_owner"},
 		{`[api.events]` + "\n" + `max_streams = 8`, "api.events.max_streams_per_owner"},
