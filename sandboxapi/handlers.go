@@ -86,12 +86,12 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request, _ principal) er
 	return writeJSON(w, http.StatusOK, apitype.Health{Status: "ok", Node: s.e.Node(), Sandboxes: len(s.e.List())})
 }
 
-// capacity answers the guard's room. It is node-wide for every token,
-// owner-bound ones too: the caps are the node's, and a client placing a
-// sandbox needs the room left, not whose sandboxes hold the rest (no
-// sandbox, owner or label is in it).
-func (s *Server) capacity(w http.ResponseWriter, r *http.Request, _ principal) error {
-	c := s.e.Capacity()
+// capacity answers the guard's room: the node's, narrowed to what the
+// caller's owner caps still admit (an owner-bound token's owner, else the
+// owner "-" of sandboxes created without one), since that is the room its
+// creates will find; no sandbox, owner or label of anyone else is in it.
+func (s *Server) capacity(w http.ResponseWriter, r *http.Request, p principal) error {
+	c := s.e.CapacityFor(p.owner, true)
 	c.FreeSandboxes = c.Fits(apitype.CapacityUse{VMs: 1, VCPUs: minCores, MemoryMiB: minMemoryMiB})
 	return writeJSON(w, http.StatusOK, c)
 }

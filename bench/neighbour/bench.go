@@ -27,10 +27,10 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/bench"
-	"github.com/pve-inspect/pve-inspect/testvm/tenantbed"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm"
+	"github.com/pve-inspect/pve-inspect/testvm/tenantbed"
 )
 
 // Options tunes a run.

@@ -14,11 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/testvm/tenantbed"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm"
+	"github.com/pve-inspect/pve-inspect/testvm/tenantbed"
 )
 
 // buildBins builds the playground and the binaries it runs into a
