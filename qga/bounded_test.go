@@ -179,8 +179,9 @@ func TestCutter(t *testing.T) {
 
 // TestBudgetShares: past its share an owner may take more only while a
 // share of the total stays free, and may always take a first buffer,
-// however large, within the total; calls without an owner count against
-// the total only; giving back restores both.
+// however large, within the total; calls without an owner share one
+// share of their own, apart from every owner's (the owner "" too);
+// giving back restores both.
 func TestBudgetShares(t *testing.T) {
 	t.Parallel()
 	b := NewBudget(1000, 300)
@@ -191,22 +192,26 @@ func TestBudgetShares(t *testing.T) {
 		want  error
 	}{
 		{"a", true, 300, nil},
-		{"a", true, 400, nil},          // past the share: 300 stay free
-		{"a", true, 1, ErrOwnerBudget}, // would leave less than a share
-		{"b", true, 400, ErrBudget},    // a first buffer, but over the total
-		{"b", true, 300, nil},          // b's share
-		{"", false, 1, ErrBudget},      // no owner: the total binds
-		{"a", true, -700, nil},         // a gives everything back
-		{"c", true, 600, nil},          // a first buffer over the share
-		{"", true, 10, nil},            // "" is an owner like any other
-		{"b", true, 1, ErrOwnerBudget}, // past b's share, 89 would stay free
+		{"a", true, 400, nil},            // past the share: 300 stay free
+		{"a", true, 1, ErrOwnerBudget},   // would leave less than a share
+		{"b", true, 400, ErrBudget},      // a first buffer, but over the total
+		{"b", true, 300, nil},            // b's share
+		{"", false, 1, ErrBudget},        // no owner: the total binds
+		{"a", true, -700, nil},           // a gives everything back
+		{"c", true, 600, nil},            // a first buffer over the share
+		{"", true, 10, nil},              // "" is an owner like any other
+		{"b", true, 1, ErrOwnerBudget},   // past b's share, 89 would stay free
+		{"c", true, -600, nil},           // c gives everything back
+		{"", false, 300, nil},            // no owner: a first buffer of its own
+		{"", false, 100, ErrOwnerBudget}, // ... and one share, like an owner
+		{"", true, 10, nil},              // the owner "" is not the calls of no owner
 	}
 	for i, s := range steps {
 		if err := b.take(s.owner, s.owned, s.n); !errors.Is(err, s.want) || (s.want == nil) != (err == nil) {
 			t.Fatalf("step %d %+v: %v, want %v", i, s, err, s.want)
 		}
 	}
-	if u := b.Used(); u != 910 {
-		t.Fatalf("used %d, want 910", u)
+	if u := b.Used(); u != 620 {
+		t.Fatalf("used %d, want 620", u)
 	}
 }

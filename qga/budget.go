@@ -26,7 +26,8 @@ var (
 // Budget bounds the bytes the reply buffers of every connection hold
 // together, across every VM and every Client that shares it, and the part
 // of them held for one owner (the owner a call's context is marked with,
-// sandbox.WithOwner; calls without one count against the total only): a
+// sandbox.WithOwner; calls without one are held to one share together,
+// apart from every owner's, so that no call escapes the share rule): a
 // buffer grows only by taking bytes from it, and gives them back when its
 // connection closes. An owner past its share may take more only while a
 // full share of the total stays free after the take (so the next owner to
@@ -43,6 +44,7 @@ type Budget struct {
 	used    int64
 	peak    int64
 	byOwner map[string]int64
+	unowned int64 // held for calls of no owner
 }
 
 // NewBudget returns a budget of max bytes (max <= 0: DefaultBudget) of
@@ -75,27 +77,31 @@ func (b *Budget) Peak() int64 {
 	return b.peak
 }
 
-// take takes n bytes for owner (counted for it when owned), or fails
-// without taking any when that would pass the total or the owner's share.
+// take takes n bytes for owner (when owned; else for the calls of no
+// owner), or fails without taking any when that would pass the total or
+// the owner's share.
 // A negative n gives bytes back and never fails.
 func (b *Budget) take(owner string, owned bool, n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	held := b.byOwner[owner]
+	if !owned {
+		held = b.unowned
+	}
 	if n > 0 {
-		if owned && held > 0 && held+n > b.share && b.max-(b.used+n) < b.share {
-			return fmt.Errorf("%w: %d bytes held for the owner, %d more asked, share %d", ErrOwnerBudget, held, n, b.share)
-		}
 		if b.used+n > b.max {
 			return fmt.Errorf("%w: %d bytes held, %d more asked, budget %d", ErrBudget, b.used, n, b.max)
+		}
+		if held > 0 && held+n > b.share && b.max-(b.used+n) < b.share {
+			return fmt.Errorf("%w: %d bytes held for the owner, %d more asked, share %d", ErrOwnerBudget, held, n, b.share)
 		}
 	}
 	b.used += n
 	b.peak = max(b.peak, b.used)
-	if owned {
-		if b.byOwner[owner] = held + n; b.byOwner[owner] <= 0 {
-			delete(b.byOwner, owner)
-		}
+	if !owned {
+		b.unowned += n
+	} else if b.byOwner[owner] = held + n; b.byOwner[owner] <= 0 {
+		delete(b.byOwner, owner)
 	}
 	return nil
 }

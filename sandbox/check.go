@@ -24,7 +24,8 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 	if m.o.Egress != nil {
 		t.ReapplyEgress = func(ctx context.Context) error { return m.reapplyEgress(ctx, sb) }
 	}
-	rep, err := m.o.Checker.Run(ctx, t)
+	// a guest call of the sandbox's owner, charged to its share
+	rep, err := m.o.Checker.Run(WithOwner(ctx, sb.Owner), t)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("sandbox %s vm %s: %w", sb.ID, vm.Name, err)
 	}
