@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -141,4 +142,48 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, v string) float6
 		}
 	}
 	return 0
+}
+
+// ownedPingGuest records the owner of each ping's context.
+type ownedPingGuest struct {
+	sandbox.Guest
+	owners *ownerLog
+}
+
+func (g ownedPingGuest) Ping(ctx context.Context) error {
+	g.owners.add(ctx)
+	return g.Guest.Ping(ctx)
+}
+
+// TestPoolGuestCallsChargedToAnOwner: the pool's own calls into its
+// members (the build's and the refill check's pings) are charged to
+// sandbox.PoolOwner, no tenant's share and never no owner; once a member
+// is claimed, the claim's ping is charged to the claimant.
+func TestPoolGuestCallsChargedToAnOwner(t *testing.T) {
+	ctx := context.Background()
+	owners := &ownerLog{owners: map[string]int{}}
+	b := newPoolBed(t, []sandbox.PoolShape{small(1)}, func(o *sandbox.Options) {
+		dial := o.Guests
+		o.Guests = func(s string) sandbox.Guest { return ownedPingGuest{Guest: dial(s), owners: owners} }
+	})
+	b.e.MaintainPool(ctx) // builds the member
+	b.e.MaintainPool(ctx) // checks it
+	owners.mu.Lock()
+	got := maps.Clone(owners.owners)
+	clear(owners.owners)
+	owners.mu.Unlock()
+	if len(got) != 1 || got[sandbox.PoolOwner] < 2 {
+		t.Errorf("pool pings charged to %v, want %s only (the build's and the check's)", got, sandbox.PoolOwner)
+	}
+	req := oneVMSized("debian", 1, 512)
+	req.Owner = "alice"
+	sb, err := b.e.Create(ctx, req)
+	if err != nil || !sb.FromPool {
+		t.Fatalf("claim: %+v, %v", sb, err)
+	}
+	owners.mu.Lock()
+	defer owners.mu.Unlock()
+	if len(owners.owners) != 1 || owners.owners["alice"] == 0 {
+		t.Errorf("the claim's pings charged to %v, want alice only", owners.owners)
+	}
 }
