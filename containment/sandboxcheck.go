@@ -18,8 +18,8 @@ package containment
 // that zone's gateway and go to Spec.OtherGateways, and every run takes
 // the next rotation, so consecutive checks on the node cover every other
 // zone and LAN target. The report's Sampling says what a run left out.
-// The other sandboxes' guest addresses are asked for a few at a time,
-// each within its own short timeout.
+// The other sandboxes' guest addresses come from the node's files (the
+// VMs' MACs and the zones' DHCP leases), never from those guests.
 
 import (
 	"context"
@@ -31,8 +31,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sync/errgroup"
 
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -59,6 +57,11 @@ type SandboxChecker struct {
 	LocalName func(zone string) string
 	// OtherZonePort is probed on other sandboxes' guests (22).
 	OtherZonePort uint16
+	// GuestAddrs returns the addresses the node gave VM vmid in zone
+	// (portmap.Paths.GuestAddrs: its MACs from the VM's configuration, the
+	// zone's DHCP leases): the other sandboxes' guests the cross-zone
+	// rows aim at. Nil: no such rows.
+	GuestAddrs func(vmid int, zone string) ([]netip.Addr, error)
 	// GuestPorts, when set, adds the layer-2 spoofing rows (the Runner
 	// needs an Observer): it names the node's bridge ports of NIC netN of
 	// a VM (firewall.PortNames), which the node's watch leaves out.
@@ -84,30 +87,7 @@ func (c *SandboxChecker) nextRotation() uint64 {
 	}
 }
 
-// guestLookups is how many other guests are asked for their address at
-// once.
-const guestLookups = 8
-
 var _ sandbox.Checker = (*SandboxChecker)(nil)
-
-// guestAddr asks a guest for its first global IPv4 address.
-func guestAddr(ctx context.Context, g sandbox.Guest) (netip.Addr, error) {
-	res, err := g.Exec(ctx, sandbox.GuestExec{Argv: []string{"ip", "-4", "-o", "addr", "show", "scope", "global"}, Timeout: 10, OutputLimit: 64 << 10})
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	for _, line := range strings.Split(string(res.Stdout), "\n") {
-		f := strings.Fields(line)
-		for i := 0; i+1 < len(f); i++ {
-			if f[i] == "inet" {
-				if p, err := netip.ParsePrefix(f[i+1]); err == nil {
-					return p.Addr(), nil
-				}
-			}
-		}
-	}
-	return netip.Addr{}, errors.New("no global IPv4 address")
-}
 
 // Run implements sandbox.Checker.
 func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apitype.CheckReport, error) {
@@ -141,7 +121,7 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 	if port == 0 {
 		port = 22
 	}
-	spec.OtherZone = append(spec.OtherZone, otherGuests(ctx, t, port)...)
+	spec.OtherZone = append(spec.OtherZone, c.otherGuests(t, port)...)
 	spec.HostAddrs, spec.OtherGateways = splitGateways(spec.HostAddrs, t.Others)
 	spec.Rotation = c.nextRotation()
 	spec.LAN = outsideSandboxes(spec.LAN, t)
@@ -188,33 +168,28 @@ func withKeepAlive(spec Spec, r *Runner, reapply func(context.Context) error) (S
 }
 
 // otherGuests returns the first guest of every other sandbox, at port,
-// asking guestLookups of them at a time.
-func otherGuests(ctx context.Context, t sandbox.CheckTarget, port uint16) []netip.AddrPort {
-	if t.GuestOf == nil {
+// with its address as the node knows it (GuestAddrs): no call goes into
+// another tenant's guest, and no guest can aim the row anywhere else.
+// Only an address inside that sandbox's own subnets is taken; a guest
+// without one (no lease yet) is left out.
+func (c *SandboxChecker) otherGuests(t sandbox.CheckTarget, port uint16) []netip.AddrPort {
+	if c.GuestAddrs == nil {
 		return nil
 	}
-	found := make([]netip.AddrPort, len(t.Others))
-	var g errgroup.Group
-	g.SetLimit(guestLookups)
-	for i, o := range t.Others {
+	var out []netip.AddrPort
+	for _, o := range t.Others {
 		if len(o.VMs) == 0 {
 			continue
 		}
-		g.Go(func() error {
-			// The address comes from the other guest itself: accept it only
-			// inside that sandbox's own subnets (known host-side), so a
-			// guest cannot aim this row anywhere else.
-			if a, err := guestAddr(ctx, t.GuestOf(o.VMs[0].VMID)); err == nil && inNetworks(a, o.Networks) {
-				found[i] = netip.AddrPortFrom(a, port)
+		addrs, err := c.GuestAddrs(o.VMs[0].VMID, o.Zone)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if inNetworks(a, o.Networks) {
+				out = append(out, netip.AddrPortFrom(a, port))
+				break
 			}
-			return nil
-		})
-	}
-	_ = g.Wait() // the lookups return no errors: a guest that does not answer is left out
-	out := found[:0]
-	for _, ap := range found {
-		if ap.IsValid() {
-			out = append(out, ap)
 		}
 	}
 	return out
@@ -270,10 +245,39 @@ func outsideSandboxes(lan []netip.AddrPort, t sandbox.CheckTarget) []netip.AddrP
 // subnet, only keeps the spoofed address apart from it.
 func (c *SandboxChecker) layer2(ctx context.Context, t sandbox.CheckTarget, nw *apitype.Network, subnet netip.Prefix) *Layer2Spec {
 	l := &Layer2Spec{Bridge: nw.VNet, GuestPorts: c.GuestPorts(t.VM.VMID, 0)}
+	if c.GuestAddrs != nil {
+		addrs, _ := c.GuestAddrs(t.VM.VMID, t.Sandbox.Zone)
+		for _, a := range addrs {
+			if subnet.Contains(a) {
+				l.GuestAddr = a
+				return l
+			}
+		}
+	}
 	if t.Guest != nil {
 		if a, err := guestAddr(ctx, t.Guest); err == nil && subnet.Contains(a) {
 			l.GuestAddr = a
 		}
 	}
 	return l
+}
+
+// guestAddr asks the sandbox's own guest for its first global IPv4
+// address (when the node's files do not tell it).
+func guestAddr(ctx context.Context, g sandbox.Guest) (netip.Addr, error) {
+	res, err := g.Exec(ctx, sandbox.GuestExec{Argv: []string{"ip", "-4", "-o", "addr", "show", "scope", "global"}, Timeout: 10, OutputLimit: 64 << 10})
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, line := range strings.Split(string(res.Stdout), "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "inet" {
+				if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+					return p.Addr(), nil
+				}
+			}
+		}
+	}
+	return netip.Addr{}, errors.New("no global IPv4 address")
 }

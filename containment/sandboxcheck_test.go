@@ -139,3 +139,49 @@ func TestWithKeepAlive(t *testing.T) {
 		t.Error("withKeepAlive changed the node's spec or runner")
 	}
 }
+
+// TestOtherGuestsFromTheNode: the other zones' guest addresses come from
+// the node (GuestAddrs, keyed by VM id and zone), only inside that
+// sandbox's own subnets; a sandbox the node knows no address of, or no
+// VM of, is left out. No guest is asked (CheckTarget carries none of the
+// other sandboxes' guests).
+func TestOtherGuestsFromTheNode(t *testing.T) {
+	node := map[string][]netip.Addr{
+		"101@za": {netip.MustParseAddr("192.0.2.9"), netip.MustParseAddr("10.200.1.17")}, // the first lies outside za's subnet
+		"102@zb": {netip.MustParseAddr("10.200.1.18")},                                   // in za's subnet, not zb's
+		"104@zd": {netip.MustParseAddr("10.200.4.20")},
+	}
+	var asked []string
+	c := &SandboxChecker{GuestAddrs: func(vmid int, zone string) ([]netip.Addr, error) {
+		k := fmt.Sprintf("%d@%s", vmid, zone)
+		asked = append(asked, k)
+		if a, ok := node[k]; ok {
+			return a, nil
+		}
+		return nil, fmt.Errorf("no VM %d", vmid)
+	}}
+	sb := func(zone, cidr string, vmids ...int) apitype.Sandbox {
+		s := apitype.Sandbox{Zone: zone, Networks: []apitype.Network{{CIDR: cidr}}}
+		for _, id := range vmids {
+			s.VMs = append(s.VMs, apitype.VM{VMID: id})
+		}
+		return s
+	}
+	tg := sandbox.CheckTarget{Others: []apitype.Sandbox{
+		sb("za", "10.200.1.0/24", 101, 105),
+		sb("zb", "10.200.2.0/24", 102),
+		sb("zc", "10.200.3.0/24", 103), // the node has no address for it
+		sb("ze", "10.200.5.0/24"),      // no VM
+		sb("zd", "10.200.4.0/24", 104),
+	}}
+	got := fmt.Sprint(c.otherGuests(tg, 22))
+	if want := "[10.200.1.17:22 10.200.4.20:22]"; got != want {
+		t.Errorf("other zone guests %s, want %s", got, want)
+	}
+	if want := "[101@za 102@zb 103@zc 104@zd]"; fmt.Sprint(asked) != want {
+		t.Errorf("asked the node for %v, want %s (each sandbox's first VM, in its own zone)", asked, want)
+	}
+	if got := (&SandboxChecker{}).otherGuests(tg, 22); got != nil {
+		t.Errorf("without GuestAddrs: %v, want no rows", got)
+	}
+}

@@ -126,7 +126,7 @@ func TestBudgetRefuses(t *testing.T) {
 		}
 		return true
 	})
-	b := NewBudget(minChunk, 0) // less than one chunk's reply
+	b := NewBudget(minChunk, minChunk) // less than one chunk's reply; the share is the whole
 	opts := hostileOptions()
 	opts.Budget = b
 	a, other := New(opts), New(opts)
@@ -180,8 +180,9 @@ func TestCutter(t *testing.T) {
 // TestBudgetShares: past its share an owner may take only from the part
 // of the total that is not whole shares (1000 mod 300 = 100, shared by
 // every owner), so a fourth owner still finds its share while three hold
-// bytes; a buffer larger than that is refused for good; calls without an
-// owner count against the total only; giving back restores both.
+// bytes; a buffer larger than that is refused for good; the total binds
+// first; calls without an owner hold one share together, apart from every
+// owner's (the owner "" too); giving back restores both.
 func TestBudgetShares(t *testing.T) {
 	t.Parallel()
 	b := NewBudget(1000, 300)
@@ -197,18 +198,22 @@ func TestBudgetShares(t *testing.T) {
 		{"b", true, 340, nil},            // the other 40
 		{"a", true, 1, ErrOwnerBudget},   // nothing left past the shares
 		{"c", true, 300, nil},            // c's share is there
-		{"", false, 1, ErrBudget},        // no owner: the total binds
+		{"", false, 1, ErrBudget},        // no owner: the total binds first
 		{"a", true, -360, nil},           // a gives everything back
-		{"d", true, 401, ErrOwnerBudget}, // past the share by more than is left (60)
-		{"d", true, 360, nil},            // the 60 a gave back
+		{"d", true, 360, nil},            // the 60 a gave back, past d's share
 		{"", true, 10, ErrBudget},        // "" is an owner like any other, the total binds
+		{"c", true, -300, nil},           // c and b give back
+		{"b", true, -340, nil},           //
+		{"", false, 300, nil},            // no owner: a share of its own
+		{"", false, 100, ErrOwnerBudget}, // ... and no more, d holds 60 past its share
+		{"", true, 10, nil},              // the owner "" is not the calls of no owner
 	}
 	for i, s := range steps {
 		if err := b.take(s.owner, s.owned, s.n); !errors.Is(err, s.want) || (s.want == nil) != (err == nil) {
 			t.Fatalf("step %d %+v: %v, want %v", i, s, err, s.want)
 		}
 	}
-	if u := b.Used(); u != 1000 {
-		t.Fatalf("used %d, want 1000", u)
+	if u := b.Used(); u != 670 {
+		t.Fatalf("used %d, want 670", u)
 	}
 }

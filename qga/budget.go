@@ -26,14 +26,15 @@ var (
 // Budget bounds the bytes the reply buffers of every connection hold
 // together, across every VM and every Client that shares it, and the part
 // of them held for one owner (the owner a call's context is marked with,
-// sandbox.WithOwner; calls without one count against the total only): a
+// sandbox.WithOwner; calls without one are held to one share together,
+// apart from every owner's, so that no call escapes the share rule): a
 // buffer grows only by taking bytes from it, and gives them back when its
 // connection closes. The owners' shares follow the rule of the API's
 // quotas (sandboxapi/quota.go): with seats = max / share whole shares,
 // the owners together hold past their shares at most max mod share (none
 // with the defaults), so while fewer than seats owners hold bytes every
 // owner arriving finds its whole share and every holder can fill its own
-// (calls without an owner aside: they count against the total only).
+// (the calls without an owner take a seat like an owner).
 // A reply larger than the share (plus that remainder) is refused for good
 // with ErrOwnerBudget. A grow that would pass a bound fails at once
 // rather than waiting: connections that each hold part of the budget and
@@ -47,6 +48,7 @@ type Budget struct {
 	peak    int64
 	excess  int64 // held past their shares by the owners together
 	byOwner map[string]int64
+	unowned int64 // held for calls of no owner
 }
 
 // NewBudget returns a budget of max bytes (max <= 0: DefaultBudget) of
@@ -79,34 +81,36 @@ func (b *Budget) Peak() int64 {
 	return b.peak
 }
 
-// take takes n bytes for owner (counted for it when owned), or fails
-// without taking any when that would pass the total or the owner's share
-// (past it, the owners may hold max mod share together). A negative n
-// gives bytes back and never fails.
+// take takes n bytes for owner (when owned; else for the calls of no
+// owner, which hold one share together like an owner), or fails without
+// taking any when that would pass the total (ErrBudget) or the owner's
+// share (ErrOwnerBudget; past their shares the owners, the calls of no
+// owner among them, may hold max mod share together). A negative n gives
+// bytes back and never fails.
 func (b *Budget) take(owner string, owned bool, n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	held := b.byOwner[owner]
-	over := func(h int64) int64 { return max(0, h-b.share) }
-	excess := b.excess
-	if owned {
-		excess += over(held+n) - over(held)
+	if !owned {
+		held = b.unowned
 	}
+	over := func(h int64) int64 { return max(0, h-b.share) }
+	excess := b.excess + over(held+n) - over(held)
 	if n > 0 {
-		if owned && excess > b.max%b.share {
-			return fmt.Errorf("%w: %d bytes held for the owner, %d more asked, share %d", ErrOwnerBudget, held, n, b.share)
-		}
 		if b.used+n > b.max {
 			return fmt.Errorf("%w: %d bytes held, %d more asked, budget %d", ErrBudget, b.used, n, b.max)
+		}
+		if excess > b.max%b.share {
+			return fmt.Errorf("%w: %d bytes held for the owner, %d more asked, share %d", ErrOwnerBudget, held, n, b.share)
 		}
 	}
 	b.used += n
 	b.peak = max(b.peak, b.used)
-	if owned {
-		b.excess = excess
-		if b.byOwner[owner] = held + n; b.byOwner[owner] <= 0 {
-			delete(b.byOwner, owner)
-		}
+	b.excess = excess
+	if !owned {
+		b.unowned += n
+	} else if b.byOwner[owner] = held + n; b.byOwner[owner] <= 0 {
+		delete(b.byOwner, owner)
 	}
 	return nil
 }

@@ -57,6 +57,10 @@ type conn struct {
 	// context was marked, sandbox.WithOwner).
 	owner string
 	owned bool
+	// limit, when set below the client's MaxReplyBytes, bounds the reply
+	// lines of this connection's calls (a call that knows its replies are
+	// small: guest-get-fsinfo).
+	limit int
 }
 
 // grow takes n more bytes of the budget for this connection's buffers.
@@ -66,7 +70,12 @@ func (cn *conn) grow(n int64) error { return cn.c.grow(cn.owner, cn.owned, n) }
 func (cn *conn) shrink(n int64) { cn.c.shrink(cn.owner, cn.owned, n) }
 
 // replyLimit is the bound on one reply line.
-func (cn *conn) replyLimit() int { return cn.c.opts.MaxReplyBytes }
+func (cn *conn) replyLimit() int {
+	if cn.limit > 0 && cn.limit < cn.c.opts.MaxReplyBytes {
+		return cn.limit
+	}
+	return cn.c.opts.MaxReplyBytes
+}
 
 // dial connects to the agent socket. A full listen backlog (EAGAIN: the
 // agent serves one client at a time, e.g. Proxmox's own) is retried until

@@ -17,6 +17,13 @@ const (
 	maxFSString    = 256
 )
 
+// maxFSInfoReply bounds a guest-get-fsinfo reply line: far below
+// MaxReplyBytes (sized for file reads), and far above what a guest with a
+// few hundred mounts answers (a few hundred bytes each). The health
+// monitor asks every VM for it every round, so what a hostile guest can
+// pin with it is this, not a file read's reply.
+const maxFSInfoReply = 1 << 20
+
 // Filesystem is one mounted filesystem as the agent reports it
 // (guest-get-fsinfo; used-bytes and total-bytes since QEMU 3.0). The
 // guest controls every field.
@@ -29,14 +36,32 @@ type Filesystem struct {
 }
 
 // Filesystems asks the agent for the guest's mounted filesystems
-// (guest-get-fsinfo). At most maxFilesystems are returned, with their
-// strings clipped and sizes that are absent or negative read as 0.
+// (guest-get-fsinfo). The reply line is bounded by maxFSInfoReply; at
+// most maxFilesystems are returned, with their strings clipped and sizes
+// that are absent or negative read as 0.
 func (a *Agent) Filesystems(ctx context.Context) ([]Filesystem, error) {
-	var raw json.RawMessage
-	if err := a.session(ctx, func(cn *conn) error { return cn.call("guest-get-fsinfo", nil, &raw) }); err != nil {
+	var fs []Filesystem
+	err := a.session(ctx, func(cn *conn) error {
+		cn.limit = maxFSInfoReply
+		var raw json.RawMessage
+		if err := cn.call("guest-get-fsinfo", nil, &raw); err != nil {
+			return err
+		}
+		// the copy of the return value and what is decoded of it live
+		// while the reply buffer does: the budget holds them too
+		n := 2 * int64(len(raw))
+		if err := cn.grow(n); err != nil {
+			return cn.failBudget("guest-get-fsinfo", err)
+		}
+		defer cn.shrink(n)
+		var err error
+		fs, err = parseFSInfo(raw)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	return parseFSInfo(raw)
+	return fs, nil
 }
 
 // parseFSInfo decodes and bounds a guest-get-fsinfo return value.

@@ -20,11 +20,12 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 			others = append(others, o)
 		}
 	}
-	t := CheckTarget{Sandbox: sb, VM: vm, Guest: m.Guest(vm.VMID), Others: others, GuestOf: m.Guest}
+	t := CheckTarget{Sandbox: sb, VM: vm, Guest: m.Guest(vm.VMID), Others: others}
 	if m.o.Egress != nil {
 		t.ReapplyEgress = func(ctx context.Context) error { return m.reapplyEgress(ctx, sb) }
 	}
-	rep, err := m.o.Checker.Run(ctx, t)
+	// a guest call of the sandbox's owner, charged to its share
+	rep, err := m.o.Checker.Run(WithOwner(ctx, sb.Owner), t)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("sandbox %s vm %s: %w", sb.ID, vm.Name, err)
 	}
@@ -38,11 +39,10 @@ type CheckTarget struct {
 	Sandbox apitype.Sandbox
 	VM      apitype.VM
 	Guest   Guest
-	// Others are the other ready sandboxes of this node (cross-zone probes).
+	// Others are the other ready sandboxes of this node (cross-zone
+	// probes). The check makes no call into their guests: their addresses
+	// come from the node (containment.SandboxChecker.GuestAddrs).
 	Others []apitype.Sandbox
-	// GuestOf returns the guest of any VM of this node by VM id (to learn
-	// another sandbox's guest address).
-	GuestOf func(vmid int) Guest
 	// ReapplyEgress, when set, puts the sandbox's egress policy in force
 	// again, unchanged: a new policy generation, which cuts every
 	// connection the egress proxy holds for the zone (the check's row of

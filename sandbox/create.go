@@ -198,7 +198,15 @@ func (m *Engine) buildZone(ctx context.Context, rec *record) error {
 // buildVMs clones, starts and waits for every VM of rec, in parallel.
 func (m *Engine) buildVMs(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
 	errs := make(chan error, len(rec.VMs))
-	vctx, cancel := context.WithCancel(ctx)
+	// the guest calls of the build (agent pings, the secrets file) are
+	// charged to the sandbox's owner, or the pool's for a pool member
+	m.mu.Lock()
+	owner := rec.Owner
+	if rec.member != nil {
+		owner = PoolOwner
+	}
+	m.mu.Unlock()
+	vctx, cancel := context.WithCancel(WithOwner(ctx, owner))
 	defer cancel()
 	var wg sync.WaitGroup
 	for i := range rec.VMs {

@@ -136,6 +136,11 @@ type vmTrack struct {
 	// lastAnswer is when the agent last answered (the track's start
 	// before the first answer).
 	lastAnswer time.Time
+	// lastBusy is when a ping was last refused by the daemon's own
+	// budget (ErrBusy, ErrOwnerBusy): the agent's silence is counted from
+	// the later of the two, so a node busy with other guests' replies
+	// never turns a sandbox broken.
+	lastBusy time.Time
 	// oomBase is the cgroup's OOM kill count when the track began;
 	// lastOOM when a new kill was last seen, oomSeen the count then.
 	oomBase, oomSeen uint64
@@ -359,9 +364,12 @@ func (m *Engine) checkSandbox(ctx context.Context, v sbView) {
 
 	results := make([]vmCheck, len(v.vms))
 	var wg sync.WaitGroup
+	// the monitor's calls into the guests are charged to the sandbox's
+	// owner (the guest agent client's share rule, qga.Budget)
+	octx := WithOwner(ctx, v.owner)
 	for i, vm := range v.vms {
 		wg.Add(1)
-		go func() { defer wg.Done(); results[i] = m.checkVM(ctx, vm) }()
+		go func() { defer wg.Done(); results[i] = m.checkVM(octx, vm) }()
 	}
 	wg.Wait()
 	hm.mu.Lock()
@@ -389,6 +397,7 @@ type vmCheck struct {
 	run     VMRunState
 	runErr  error
 	ping    error
+	busy    bool // ping refused by the daemon's budget, not the guest's doing
 	rtt     time.Duration
 	stats   VMStats
 	fs      []apitype.GuestFilesystem
@@ -421,6 +430,11 @@ func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
 	c.ping = g.Ping(pctx)
 	c.rtt = time.Since(start)
 	cancel()
+	if errors.Is(c.ping, ErrBusy) || errors.Is(c.ping, ErrOwnerBusy) {
+		c.busy = true
+		owner, _ := OwnerOf(ctx)
+		m.hmet.busy.WithLabelValues(ownerLabel(owner)).Inc()
+	}
 	if fr, ok := g.(FilesystemReporter); ok && c.ping == nil {
 		fctx, cancel := context.WithTimeout(ctx, hm.o.PingTimeout)
 		c.fs, c.fsErr = fr.Filesystems(fctx)
@@ -508,8 +522,15 @@ func (hm *healthMonitor) judge(vt *vmTrack, c vmCheck, now time.Time) (string, s
 	}
 	la := vt.lastAnswer
 	host.LastAgentAnswer = &la
+	host.SecondsSinceAgentAnswer = now.Sub(vt.lastAnswer).Seconds()
+	if c.busy {
+		vt.lastBusy = now
+	}
+	// silence: since the agent answered, or the daemon last could not ask
 	silent := now.Sub(vt.lastAnswer)
-	host.SecondsSinceAgentAnswer = silent.Seconds()
+	if vt.lastBusy.After(vt.lastAnswer) {
+		silent = now.Sub(vt.lastBusy)
+	}
 	if !vt.oomBaseSet && !slices.Contains(st.Missing, "cgroup") {
 		vt.oomBase, vt.oomSeen, vt.oomBaseSet = st.OOMKills, st.OOMKills, true
 	}
@@ -541,6 +562,13 @@ func (hm *healthMonitor) judge(vt *vmTrack, c vmCheck, now time.Time) (string, s
 		return apitype.HealthBroken, apitype.ReasonInternalError, fmt.Sprintf("vm %s (%d): QEMU stopped the guest (QMP status internal-error)", c.name, c.vmid)
 	case c.run.QMPStatus != "" && c.run.QMPStatus != "running":
 		return apitype.HealthDegraded, apitype.ReasonVMPaused, fmt.Sprintf("vm %s (%d): QMP status %s", c.name, c.vmid, c.run.QMPStatus)
+	case c.busy:
+		// the daemon's budget refused the ping: no word on the agent this
+		// round, keep the last verdict
+		if vt.h.State != "" {
+			return vt.h.State, vt.h.Reason, vt.h.Detail
+		}
+		return apitype.HealthOK, "", ""
 	case c.ping != nil && silent > hm.o.AgentBrokenAfter:
 		return apitype.HealthBroken, apitype.ReasonAgentUnresponsive, fmt.Sprintf("vm %s (%d): the guest agent has not answered for %s (last: %v)", c.name, c.vmid, silent.Round(time.Second), c.ping)
 	case vt.oomBaseSet && vt.oomSeen > vt.oomBase && now.Sub(vt.lastOOM) < hm.o.OOMWindow:

@@ -15,6 +15,7 @@ import (
 type healthMetrics struct {
 	changes *prometheus.CounterVec
 	breaks  *prometheus.CounterVec
+	busy    *prometheus.CounterVec
 	vms     *vmCollector
 }
 
@@ -28,10 +29,14 @@ func newHealthMetrics(reg prometheus.Registerer, hm *healthMonitor) (*healthMetr
 			Namespace: "pve_inspect", Name: "sandbox_breaks_total",
 			Help: "Sandboxes that turned broken, by reason.",
 		}, []string{"reason"}),
+		busy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "sandbox_health_pings_refused_busy_total",
+			Help: "Health pings the daemon's own guest buffer budget refused (node or owner busy): no verdict on the agent that round, by the sandbox's owner (\"-\" for none).",
+		}, []string{"owner"}),
 		vms: newVMCollector(hm),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.changes, m.breaks, m.vms} {
+		for _, c := range []prometheus.Collector{m.changes, m.breaks, m.busy, m.vms} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

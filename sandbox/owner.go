@@ -18,3 +18,16 @@ func OwnerOf(ctx context.Context) (string, bool) {
 	o, ok := ctx.Value(ownerKey{}).(string)
 	return o, ok
 }
+
+// PoolOwner is the owner the daemon's calls into warm pool members are
+// charged to until a member is claimed: no tenant's name (owner names
+// begin with a letter or a digit, auth.ValidName).
+const PoolOwner = "(pool)"
+
+// ownerLabel is owner as a metric label: "" is "-".
+func ownerLabel(owner string) string {
+	if owner == "" {
+		return "-"
+	}
+	return owner
+}

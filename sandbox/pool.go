@@ -502,8 +502,9 @@ func (m *Engine) finishClaim(ctx context.Context, rec *record, env map[string]st
 	}
 	m.mu.Lock()
 	vms := slices.Clone(rec.VMs)
-	id := rec.ID
+	id, owner := rec.ID, rec.Owner
 	m.mu.Unlock()
+	ctx = WithOwner(ctx, owner) // the claimant's calls: charged to the new owner
 	for _, v := range vms {
 		if err := m.tagger.SetVMTags(ctx, v.VMID, m.vmName(id, v.Name), []string{nodeTag(m.o.Node), sandboxTag(id)}); err != nil {
 			return pxErr(fmt.Sprintf("tag vm %d", v.VMID), err)

@@ -120,7 +120,7 @@ func (m *Engine) memberBroken(ctx context.Context, vmids []int) error {
 		if info.Status != "running" {
 			return fmt.Errorf("vm %d is %s", id, info.Status)
 		}
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		pctx, cancel := context.WithTimeout(WithOwner(ctx, PoolOwner), 3*time.Second)
 		err = m.Guest(id).Ping(pctx)
 		cancel()
 		if err != nil {

@@ -532,9 +532,17 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 		return err
 	}
 	defer func() { err = end(err) }()
-	rep, err := s.e.Check(ctx, sb, vm)
+	// the check runs the probe through the VM's agent: a guest call of
+	// the sandbox's owner, holding one of its exec slots and charged to
+	// its share of the agent's reply buffers
+	release, err := s.execs.take(sb.Owner, 1)
 	if err != nil {
 		return err
+	}
+	defer release()
+	rep, err := s.e.Check(sandbox.WithOwner(ctx, sb.Owner), sb, vm)
+	if err != nil {
+		return s.guestRefusal(sb.Owner, err)
 	}
 	return writeJSON(w, http.StatusOK, rep)
 }

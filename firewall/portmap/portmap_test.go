@@ -1,6 +1,7 @@
 package portmap
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,6 +98,25 @@ func TestReadNode(t *testing.T) {
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("ports\n got %v\nwant %v", got, want)
+	}
+	// a VM's own addresses, from the node's files only: 102's unexpired
+	// lease (not the expired .150), none of 105's (no such VM)
+	for _, c := range []struct {
+		vmid int
+		zone string
+		want string
+		err  bool
+	}{
+		{101, "zonea", "[10.10.1.101]", false},
+		{102, "zonea", "[10.10.1.102]", false},
+		{102, "zoneb", "[]", false},
+		{105, "zonea", "[]", true},
+		{101, "../etc", "[]", true},
+	} {
+		got, err := p.GuestAddrs(c.vmid, c.zone, now)
+		if fmt.Sprint(got) != c.want || (err != nil) != c.err {
+			t.Errorf("GuestAddrs(%d, %s) = %v, %v; want %s, error %v", c.vmid, c.zone, got, err, c.want, c.err)
+		}
 	}
 	if _, _, err := p.ReadZone("../etc"); err == nil {
 		t.Fatal("ReadZone accepted a path as zone id")

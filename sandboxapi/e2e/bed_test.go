@@ -201,6 +201,9 @@ func startCheckedGuard(t *testing.T, ctx context.Context, e *bedEnv, chk *contai
 	t.Cleanup(func() { node.Close() })
 	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
 	chk.GuestPorts = firewall.PortNames
+	chk.GuestAddrs = func(vmid int, zone string) ([]netip.Addr, error) {
+		return portmap.Paths{Root: e.bed.NodeRoot()}.GuestAddrs(vmid, zone, time.Now())
+	}
 	g := runBedGuard(t, ctx, e, node)
 	hook.mu.Lock()
 	hook.g = g

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -20,6 +21,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/containment/l2observe"
 	"github.com/pve-inspect/pve-inspect/containment/lantargets"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/qga"
 )
 
@@ -77,8 +79,13 @@ func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 		// the guard's layer-2 table is always in force: the spoofing rows
 		// are expected blocked
 		GuestPorts: firewall.PortNames,
-		Client:     qc,
-		QGADir:     cfg.API.QGADir,
+		// the other sandboxes' guests, as the node gave them their
+		// addresses: the check never calls into another tenant's guest
+		GuestAddrs: func(vmid int, zone string) ([]netip.Addr, error) {
+			return portmap.Paths{Root: cfg.Guard.NodeRoot}.GuestAddrs(vmid, zone, time.Now())
+		},
+		Client: qc,
+		QGADir: cfg.API.QGADir,
 		Node: func(context.Context) (containment.Spec, containment.Policy, error) {
 			spec, err := nodeSpec(cfg, node)
 			pol := containment.GuardPolicy()
