@@ -27,15 +27,12 @@ func (c bigReportChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apity
 	return rep, nil
 }
 
-// TestReview3StuckCheckClientHoldsDelete: POST .../check writes its
-// report with the plain response writer (no clientIO guard, handlers.go
-// check), inside the operation Begin started (end is deferred), under
-// the route's write deadline only (CreateTimeout + 30 s). A client that
-// sends a check and never reads the answer holds the operation, so the
-// sandbox's delete waits for it for TeardownTimeout and fails, and the
-// reaper's pass (a barrier: Reap waits for every slot) waits with it:
-// the stuck-client fix (clientio.go) left the check route out.
-func TestReview3StuckCheckClientHoldsDelete(t *testing.T) {
+// TestCheckStuckClientDoesNotHoldDelete: POST .../check computes its
+// report inside the operation Begin started and writes it after the
+// operation has ended. A client that pipelines checks and never reads the
+// answers holds only its own connection: the sandbox's delete does not
+// wait TeardownTimeout for the stalled report write.
+func TestCheckStuckClientDoesNotHoldDelete(t *testing.T) {
 	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
 	e := newEnv(t, func(o *options) {
 		o.Tokens = store
