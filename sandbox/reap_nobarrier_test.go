@@ -8,18 +8,12 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
-// TestReview3ReapPassIsNoBarrier: the parallel reaper (reap.go) lists
-// the sandboxes due when a pass starts and waits for every one of them
-// (wg.Wait) before the next tick can start a pass. One sandbox whose
-// delete hangs (an operation that does not end: a check whose client
-// pipelines requests and never reads, see sandboxapi
-// TestReview3StuckCheckClientHoldsDelete) holds the pass for its whole
-// TeardownTimeout (5 min in the daemon), and every other owner's sandbox
-// that expires meanwhile waits for the pass to end: bob's sandbox, due a
-// moment after mallory's, outlives its expiry by a teardown timeout,
-// not by a reaper interval, and holds its node caps meanwhile. The
-// stuck sandbox goes to state error and is due again next pass.
-func TestReview3ReapPassIsNoBarrier(t *testing.T) {
+// TestReapPassIsNoBarrier: RunReaper does not wait for the deletes it
+// started before it starts the next ones. One sandbox whose delete hangs
+// (an operation that does not end) holds its own slot for its
+// TeardownTimeout, while another owner's sandbox that expires meanwhile
+// is deleted within a few reaper intervals of its expiry.
+func TestReapPassIsNoBarrier(t *testing.T) {
 	const teardown = 3 * time.Second
 	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	e := newEngine(t, func(o *sandbox.Options) {
