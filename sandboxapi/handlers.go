@@ -527,9 +527,22 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 	if err := s.e.Broken(r.PathValue("id"), req.VM); err != nil {
 		return err
 	}
-	sb, vm, ctx, end, err := s.e.Begin(r.Context(), r.PathValue("id"), req.VM)
+	rep, err := s.runCheck(r, req.VM)
 	if err != nil {
 		return err
+	}
+	// the report is written after the operation has ended: a client that
+	// never reads it holds its own connection, not the sandbox (a delete
+	// does not wait for it)
+	return writeJSON(w, http.StatusOK, rep)
+}
+
+// runCheck runs the containment check of sandbox {id}'s VM vm inside one
+// operation, which has ended when it returns.
+func (s *Server) runCheck(r *http.Request, vmName string) (rep apitype.CheckReport, err error) {
+	sb, vm, ctx, end, err := s.e.Begin(r.Context(), r.PathValue("id"), vmName)
+	if err != nil {
+		return rep, err
 	}
 	defer func() { err = end(err) }()
 	// the check runs the probe through the VM's agent: a guest call of
@@ -537,12 +550,12 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 	// its share of the agent's reply buffers
 	release, err := s.execs.take(sb.Owner, 1)
 	if err != nil {
-		return err
+		return rep, err
 	}
 	defer release()
-	rep, err := s.e.Check(sandbox.WithOwner(ctx, sb.Owner), sb, vm)
+	rep, err = s.e.Check(sandbox.WithOwner(ctx, sb.Owner), sb, vm)
 	if err != nil {
-		return s.guestRefusal(sb.Owner, err)
+		return rep, s.guestRefusal(sb.Owner, err)
 	}
-	return writeJSON(w, http.StatusOK, rep)
+	return rep, nil
 }

@@ -283,6 +283,19 @@ func (a APISection) validate(prefix string) error {
 			return key(q.k, errors.New("must be positive"))
 		}
 	}
+	// an owner's share is a part of the node's total: a share past the
+	// total would let one owner's calls be refused by the total alone
+	for _, q := range []struct {
+		owner, node string
+		o, n        int64
+	}{{"owner_exec_slots", "exec_slots", int64(a.OwnerExecSlots), int64(a.ExecSlots)},
+		{"owner_file_slots", "file_slots", int64(a.OwnerFileSlots), int64(a.FileSlots)},
+		{"owner_collected_bytes", "collected_bytes", a.OwnerCollectedBytes, a.CollectedBytes},
+		{"owner_guest_buffer_bytes", "guest_buffer_bytes", a.OwnerGuestBufferBytes, a.GuestBufferBytes}} {
+		if q.o > q.n {
+			return key(q.owner, fmt.Errorf("%d is over %s (%d): an owner's share cannot exceed the node's total", q.o, q.node, q.n))
+		}
+	}
 	if a.DiskTransferThreshold < 1 {
 		return key("disk_transfer_threshold", errors.New("must be positive"))
 	}

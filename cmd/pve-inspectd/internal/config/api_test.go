@@ -67,6 +67,10 @@ token_id = "pve-inspect@pve!daemon"
 		{`[api]` + "\n" + `disk_transfer_storage = "Local Disk"`, "api.disk_transfer_storage"},
 		{`[api]` + "\n" + `disk_transfer_storage = "../x"`, "api.disk_transfer_storage"},
 		{`[api]` + "\n" + `disk_transfer_threshold = 0`, "api.disk_transfer_threshold"},
+		{`[api]` + "\n" + `exec_slots = 4` + "\n" + `owner_exec_slots = 5`, "api.owner_exec_slots"},
+		{`[api]` + "\n" + `file_slots = 4` + "\n" + `owner_file_slots = 5`, "api.owner_file_slots"},
+		{`[api]` + "\n" + `collected_bytes = 1024` + "\n" + `owner_collected_bytes = 1025`, "api.owner_collected_bytes"},
+		{`[api]` + "\n" + `guest_buffer_bytes = 1024` + "\n" + `owner_guest_buffer_bytes = 1025`, "api.owner_guest_buffer_bytes"},
 	}
 	for _, b := range bad {
 		_, err := Parse("[node]\nid = \"n\"\n" + b.doc)
