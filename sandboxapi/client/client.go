@@ -265,6 +265,11 @@ func (c *Client) ExecStream(ctx context.Context, id, vm string, r apitype.ExecRe
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("exec: read stream: %w", err)
 	}
+	if err := ctx.Err(); err != nil {
+		// The daemon ends the stream of a cancelled call cleanly; the
+		// caller's cancellation is why, not a broken stream.
+		return nil, fmt.Errorf("exec: %w", err)
+	}
 	return nil, errors.New("exec: stream ended without an exit record")
 }
 
