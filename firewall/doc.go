@@ -85,10 +85,7 @@
 //	raw_out    -300  (output) mgmt-notrack-out: replies from @mgmt_ports out
 //	                 of @mgmt notrack; the same to and from them on lo
 //	flood      -150  (prerouting) guest-flood-conns: a guest interface's new
-//	                 connection past its count in @guest_conns drop;
-//	                 node-flood-conns: any guest interface's new
-//	                 connection past the count of all guests in
-//	                 @node_conns (one member) drop
+//	                 connection past its count in @guest_conns drop
 //	port_guard       (layer 2, first) arp-flood, broadcast-flood: a guest
 //	                 port's ARP and broadcast/multicast frames past their
 //	                 policers in @port_arp_rate, @port_bcast_rate drop

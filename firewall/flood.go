@@ -28,9 +28,6 @@ const (
 	SetGuestConns = "guest_conns"
 	// SetGuestDNSRate holds one DNS packet policer per guest interface.
 	SetGuestDNSRate = "guest_dns_rate"
-	// SetNodeConns holds one connection count, of every guest interface
-	// together (its one member's key is nodeConnsKey).
-	SetNodeConns = "node_conns"
 	// SetPortARPRate and SetPortBcastRate hold one policer per guest
 	// bridge port (table bridge pve-inspect).
 	SetPortARPRate   = "port_arp_rate"
@@ -38,9 +35,6 @@ const (
 
 	chainRawOut = "raw_out"
 	chainFlood  = "flood"
-
-	// nodeConnsKey is the constant key of @node_conns' one member.
-	nodeConnsKey = "guests"
 )
 
 // Defaults of FloodConfig.
@@ -186,8 +180,11 @@ func evalSet(name string, timeout bool) *SetSpec {
 //     not tracked;
 //   - flood (prerouting, after connection tracking, before the egress
 //     redirects): a guest interface's new connections beyond ConnLimit
-//     tracked ones are dropped, and so are every guest interface's new
-//     connections beyond NodeConnLimit tracked ones of all guests.
+//     tracked ones are dropped. NodeConnLimit is not a rule: one count of
+//     every guest's connections is one list the kernel walks on a new
+//     connection (nf_conncount, at most once a jiffy), which under a
+//     flood cost the other zones their DNS; the config keeps ConnLimit
+//     times the interfaces it admits under NodeConnLimit instead.
 //
 // Management traffic never meets the input policy's established rule (it
 // arrives on @mgmt; guest_in is for guest interfaces only), so untracked
@@ -202,8 +199,7 @@ func addFlood(rs *Ruleset, fc FloodConfig) error {
 		ports.Elements = append(ports.Elements, nftables.SetElement{Key: be16(p)})
 		ports.Text = append(ports.Text, strconv.Itoa(int(p)))
 	}
-	rs.Sets = append(rs.Sets, ports, evalSet(SetGuestRate, true), evalSet(SetGuestDNSRate, true), evalSet(SetGuestConns, false),
-		&SetSpec{Name: SetNodeConns, KeyType: nftables.TypeIFName, Dynamic: true, Eval: true, Size: 1})
+	rs.Sets = append(rs.Sets, ports, evalSet(SetGuestRate, true), evalSet(SetGuestDNSRate, true), evalSet(SetGuestConns, false))
 
 	tcpPort := func(off uint32) []expr.Any {
 		return append(l4proto(unix.IPPROTO_TCP),
@@ -243,12 +239,6 @@ func addFlood(rs *Ruleset, fc FloodConfig) error {
 			// member goes when the interface's last connection does
 			&expr.Dynset{SrcRegKey: 1, SetName: SetGuestConns, Operation: unix.NFT_DYNSET_OP_ADD,
 				Exprs: []expr.Any{&expr.Connlimit{Count: fc.ConnLimit, Flags: expr.NFT_CONNLIMIT_F_INV}}},
-			drop()),
-		rule("node-flood-conns", fmt.Sprintf(`iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @node_conns { %q ct count over %d } counter drop`, nodeConnsKey, fc.NodeConnLimit),
-			guestSide(), ctStateNew(),
-			&expr.Immediate{Register: 1, Data: ifname(nodeConnsKey)},
-			&expr.Dynset{SrcRegKey: 1, SetName: SetNodeConns, Operation: unix.NFT_DYNSET_OP_ADD,
-				Exprs: []expr.Any{&expr.Connlimit{Count: fc.NodeConnLimit, Flags: expr.NFT_CONNLIMIT_F_INV}}},
 			drop()),
 	}
 	rs.Chains = append(rs.Chains, out, fl)

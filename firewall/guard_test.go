@@ -253,8 +253,6 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 		{"management port removed", [][]string{{"delete", "element", "inet", TableName, SetMgmtPorts, "{ 8006 }"}}},
 		{"connection limit raised", [][]string{{"flush", "chain", "inet", TableName, chainFlood},
 			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 1000000 } counter drop comment "guest-flood-conns"`}}},
-		{"node connection limit raised", [][]string{{"flush", "chain", "inet", TableName, chainFlood},
-			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 16384 } counter drop comment "guest-flood-conns"`}}},
 		{"DNS rate raised", [][]string{{"flush", "chain", "inet", TableName, "prerouting"},
 			{"add", "rule", "inet", TableName, "prerouting", `iifname != "lo" iifname != @mgmt iifname != @trusted udp dport 53 update @guest_dns_rate { iifname timeout 60s limit rate over 100000/second burst 1000 packets } counter drop comment "guest-dns-rate-udp"`}}},
 		{"DNS policer set deleted", [][]string{{"flush", "chain", "inet", TableName, "prerouting"}, {"delete", "set", "inet", TableName, SetGuestDNSRate}}},
