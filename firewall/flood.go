@@ -40,8 +40,11 @@ const (
 // Defaults of FloodConfig.
 const (
 	// DefaultConnLimit is how many tracked connections one guest
-	// interface (a zone's bridge, all its guests) may hold.
-	DefaultConnLimit = 16384
+	// interface (a zone's bridge, all its guests) may hold:
+	// DefaultNodeConnLimit shared by 64 zones (the daemon's default
+	// [egress] owners), so every zone at its limit fits the node-wide
+	// bound together.
+	DefaultConnLimit = 2048
 	// DefaultPacketRate and DefaultPacketBurst police the packets one
 	// guest interface sends to the node or through it. A virtio NIC hands
 	// the bridge GRO-merged packets (up to 64 KiB each), so bulk traffic

@@ -232,7 +232,7 @@ func TestRenderFlood(t *testing.T) {
 		want  []string // substrings of the rendering
 		err   bool
 	}{
-		{"defaults", FloodConfig{}, []string{"elements = { 22, 8006 }", "ct count over 16384", "limit rate over 50000/second burst 10000 packets"}, false},
+		{"defaults", FloodConfig{}, []string{"elements = { 22, 8006 }", "ct count over 2048", "limit rate over 50000/second burst 10000 packets"}, false},
 		{"configured", FloodConfig{ManagementPorts: []uint16{8443, 22, 8443}, ConnLimit: 7, PacketRate: 9, PacketBurst: 3},
 			[]string{"elements = { 22, 8443 }", "ct count over 7 ", "limit rate over 9/second burst 3 packets"}, false},
 		{"port zero", FloodConfig{ManagementPorts: []uint16{0}}, nil, true},

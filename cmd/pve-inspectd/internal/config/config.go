@@ -70,6 +70,7 @@ func Default() Config {
 	}
 	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
 	c.Egress.Owners = c.derivedOwners()
+	c.Guard.ConnLimit = c.derivedConnLimit()
 	return c
 }
 
@@ -91,6 +92,7 @@ func Load(path string, allowMissing bool) (Config, error) {
 func Parse(doc string) (Config, error) {
 	c := Default()
 	c.Egress.Owners = 0 // unset: derived below from what the file sets
+	c.Guard.ConnLimit = connLimitUnset
 	if err := stricttoml.Decode(doc, &c); err != nil {
 		var uk *stricttoml.UnknownKeysError
 		if errors.As(err, &uk) {
@@ -111,6 +113,9 @@ func Parse(doc string) (Config, error) {
 	if c.Egress.Owners == 0 {
 		c.Egress.Owners = c.derivedOwners()
 	}
+	if c.Guard.ConnLimit == connLimitUnset {
+		c.Guard.ConnLimit = c.derivedConnLimit()
+	}
 	return c, c.Validate()
 }
 
@@ -124,7 +129,10 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	return c.checkEgressOwners()
+	if err := c.checkEgressOwners(); err != nil {
+		return err
+	}
+	return c.checkConnLimit()
 }
 
 // sections lists the sections that validate themselves, by key prefix.

@@ -117,6 +117,31 @@ func (c Config) checkEgressOwners() error {
 	return nil
 }
 
+// derivedConnLimit is [guard] conn_limit when the file leaves it out:
+// node_conn_limit shared by [egress] owners, so every owner's zone at its
+// limit still fits the node-wide bound (at least 1; checkConnLimit
+// refuses a node_conn_limit below owners).
+func (c Config) derivedConnLimit() int {
+	if c.Egress.Owners < 1 {
+		return c.Guard.NodeConnLimit
+	}
+	return max(c.Guard.NodeConnLimit/c.Egress.Owners, 1)
+}
+
+// checkConnLimit ties [guard] conn_limit to node_conn_limit, the bound on
+// all guests' tracked connections together (below the node's
+// nf_conntrack_max): with conn_limit x [egress] owners past it, a few
+// zones at their limit fill it and every other tenant's new connections
+// are dropped.
+func (c Config) checkConnLimit() error {
+	g := c.Guard
+	if int64(g.ConnLimit)*int64(c.Egress.Owners) > int64(g.NodeConnLimit) {
+		return &KeyError{Key: "guard.conn_limit", Err: fmt.Errorf("%d times [egress] owners (%d) is %d, past [guard] node_conn_limit (%d): a few zones at conn_limit would fill the node-wide bound on guest connections and every other zone's new connections would be dropped (leave conn_limit out: node_conn_limit / owners = %d)",
+			g.ConnLimit, c.Egress.Owners, int64(g.ConnLimit)*int64(c.Egress.Owners), g.NodeConnLimit, g.NodeConnLimit/max(c.Egress.Owners, 1))}
+	}
+	return nil
+}
+
 // maxProxyConns bounds the proxy's node total (owners times
 // proxy_conns_per_sandbox): each connection holds two 16 KiB splice
 // buffers and three goroutines, about 56 MiB of heap per 1024.

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -65,8 +66,12 @@ import (
 //	# The ports of [api] listen and [metrics] listen are always added.
 //	management_ports = [22, 8006]
 //	# Tracked connections one guest interface (a zone bridge, all its
-//	# guests) may hold; its new connections beyond are dropped.
-//	conn_limit = 16384
+//	# guests) may hold; its new connections beyond are dropped. Left out:
+//	# node_conn_limit / [egress] owners (2048 at the defaults), so every
+//	# zone at its limit still fits node_conn_limit; set, conn_limit x
+//	# [egress] owners must not pass node_conn_limit. A sandbox with
+//	# several networks has one limit per network bridge.
+//	conn_limit = 2048
 //	# Tracked connections all guest interfaces together may hold; keep it
 //	# well under the node's nf_conntrack_max (262144 under pve-firewall).
 //	node_conn_limit = 131072
@@ -123,9 +128,13 @@ type MetricsSection struct {
 	Listen string `toml:"listen"`
 }
 
+// connLimitUnset marks [guard] conn_limit left out of the file while
+// parsing: it is then derived (Config.derivedConnLimit).
+const connLimitUnset = math.MinInt
+
 func defaultGuard() GuardSection {
 	return GuardSection{DnsmasqUser: "dnsmasq", SDNConfig: "/etc/pve/sdn/.running-config", MgmtRules: true, MgmtInterval: "1m", VerifyInterval: "30s", ProcRoot: "/proc", StateDir: "/run/pve-inspectd", NodeRoot: "/",
-		ManagementPorts: []int{22, 8006}, ConnLimit: 16384, NodeConnLimit: 131072, DNSRate: 500, DNSBurst: 1000, PacketRate: 50000, PacketBurst: 10000,
+		ManagementPorts: []int{22, 8006}, NodeConnLimit: 131072, DNSRate: 500, DNSBurst: 1000, PacketRate: 50000, PacketBurst: 10000,
 		PortARPRate: 100, PortARPBurst: 200, PortBroadcastRate: 200, PortBroadcastBurst: 400}
 }
 

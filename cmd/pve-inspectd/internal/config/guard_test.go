@@ -64,7 +64,7 @@ listen = "[::1]:9000"
 
 func TestGuardFloodKeys(t *testing.T) {
 	d := Default().Guard
-	if !slices.Equal(d.ManagementPorts, []int{22, 8006, 9474}) || d.ConnLimit != 16384 || d.PacketRate != 50000 {
+	if !slices.Equal(d.ManagementPorts, []int{22, 8006, 9474}) || d.ConnLimit != 2048 || d.PacketRate != 50000 {
 		t.Errorf("defaults: ports %v conn_limit %d packet_rate %d", d.ManagementPorts, d.ConnLimit, d.PacketRate)
 	}
 	c, err := Parse(`
