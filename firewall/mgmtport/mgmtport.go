@@ -2,7 +2,8 @@
 // section 3 through the Proxmox API: node firewall rules accepting tcp 8006
 // and 22 (and the sandbox API port) on the default-route interface, udp/tcp
 // 53 and udp 67 everywhere, with the node and cluster firewall enabled; and
-// node OUT rules accepting the node's replies from those tcp ports out of
+// node OUT rules accepting the node's replies from those tcp ports (and
+// every other port the guard notracks: New's notracked) out of
 // the default-route interface.
 //
 // The OUT rules are there because the guard (package firewall) takes those
@@ -76,15 +77,31 @@ type Firewall interface {
 type Converger struct {
 	fw      Firewall
 	apiPort int
-	log     *slog.Logger
+	// notracked are the other tcp ports the guard takes out of connection
+	// tracking (its management_ports: the metrics listener's, the ones an
+	// operator adds), sorted, without 8006, 22 and apiPort.
+	notracked []int
+	log       *slog.Logger
 }
 
-// New returns a Converger; apiPort is the sandbox API's TCP port (0: none).
-func New(fw Firewall, apiPort int, log *slog.Logger) *Converger {
+// New returns a Converger; apiPort is the sandbox API's TCP port (0: none),
+// notracked every tcp port the guard takes out of connection tracking on
+// the management interfaces ([guard] management_ports): each gets a node
+// OUT rule for its replies. Only OUT rules: accepting the connections to
+// a port past 8006, 22 and apiPort is the operator's decision.
+func New(fw Firewall, apiPort int, log *slog.Logger, notracked ...int) *Converger {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Converger{fw: fw, apiPort: apiPort, log: log.With("component", "mgmtport")}
+	var extra []int
+	for _, p := range notracked {
+		if p < 1 || p > 65535 || p == 8006 || p == 22 || p == apiPort || slices.Contains(extra, p) {
+			continue
+		}
+		extra = append(extra, p)
+	}
+	slices.Sort(extra)
+	return &Converger{fw: fw, apiPort: apiPort, notracked: extra, log: log.With("component", "mgmtport")}
 }
 
 // Desired returns the rules for the default-route interface iface ("" when
@@ -114,6 +131,9 @@ func (c *Converger) Desired(iface string) []Rule {
 		reply("22", "ssh")
 		if c.apiPort > 0 {
 			reply(strconv.Itoa(c.apiPort), "sandbox-api")
+		}
+		for _, p := range c.notracked {
+			reply(strconv.Itoa(p), "port-"+strconv.Itoa(p))
 		}
 	}
 	return out

@@ -202,3 +202,31 @@ func TestRunFollowsInterface(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestDesiredNotrackedReplies: every port the guard notracks gets one node
+// OUT rule for its replies (sorted, once), and no IN rule: 8006, 22 and
+// the API port keep their named rules.
+func TestDesiredNotrackedReplies(t *testing.T) {
+	var in, out []string
+	for _, r := range New(nil, 8443, nil, 9474, 22, 3128, 8006, 8443, 9474).Desired("vmbr0") {
+		switch r.Type {
+		case "in":
+			if r.Proto == "tcp" && r.Iface != "" {
+				in = append(in, r.DPort)
+			}
+		case "out":
+			out = append(out, r.SPort+" "+r.Comment)
+		}
+	}
+	if !slices.Equal(in, []string{"8006", "22", "8443"}) {
+		t.Errorf("in rules %v, want 8006 22 8443 only", in)
+	}
+	want := []string{"8006 " + Tag + " proxmox-api-reply", "22 " + Tag + " ssh-reply", "8443 " + Tag + " sandbox-api-reply",
+		"3128 " + Tag + " port-3128-reply", "9474 " + Tag + " port-9474-reply"}
+	if !slices.Equal(out, want) {
+		t.Errorf("out rules %q, want %q", out, want)
+	}
+	if rs := New(nil, 8443, nil, 9474).Desired(""); slices.ContainsFunc(rs, func(r Rule) bool { return r.Type == "out" }) {
+		t.Errorf("out rules without a default-route interface: %+v", rs)
+	}
+}

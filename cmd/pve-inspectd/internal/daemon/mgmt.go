@@ -32,13 +32,14 @@ var mgmtStates = []string{mgmtConverged, mgmtFailed, mgmtNoToken}
 // token created later is picked up without a restart. It never fails the
 // daemon.
 type mgmtRules struct {
-	log      *slog.Logger
-	mgmt     Management
-	connect  func() (mgmtport.Firewall, error) // *NoTokenError when there is no token
-	apiPort  int
-	interval time.Duration
-	state    *prometheus.GaugeVec
-	rounds   *prometheus.CounterVec
+	log     *slog.Logger
+	mgmt    Management
+	connect func() (mgmtport.Firewall, error) // *NoTokenError when there is no token
+	// converger builds the converger once connected (mgmtConverger)
+	converger func(mgmtport.Firewall) *mgmtport.Converger
+	interval  time.Duration
+	state     *prometheus.GaugeVec
+	rounds    *prometheus.CounterVec
 }
 
 // startMgmtRules starts the management-port rules part unless
@@ -51,7 +52,7 @@ func (r *run) startMgmtRules(context.Context) error {
 		return nil
 	}
 	m, err := newMgmtRules(r.log, r.reg, r.guard, func() (mgmtport.Firewall, error) { return ProxmoxClient(cfg) },
-		sandboxAPIPort(cfg), cfg.Guard.MgmtEvery())
+		func(fw mgmtport.Firewall) *mgmtport.Converger { return mgmtConverger(fw, cfg, r.log) }, cfg.Guard.MgmtEvery())
 	if err != nil {
 		return err
 	}
@@ -59,12 +60,20 @@ func (r *run) startMgmtRules(context.Context) error {
 	return nil
 }
 
+// mgmtConverger is cfg's converger: the rules of the sandbox API port,
+// and a node OUT rule for the replies of every port the guard takes out
+// of connection tracking ([guard] management_ports, with the daemon's
+// listeners), so a host firewall's policy_out DROP cannot take them.
+func mgmtConverger(fw mgmtport.Firewall, cfg config.Config, log *slog.Logger) *mgmtport.Converger {
+	return mgmtport.New(fw, sandboxAPIPort(cfg), log, cfg.Guard.ManagementPorts...)
+}
+
 func newMgmtRules(log *slog.Logger, reg prometheus.Registerer, mgmt Management, connect func() (mgmtport.Firewall, error),
-	apiPort int, interval time.Duration) (*mgmtRules, error) {
+	converger func(mgmtport.Firewall) *mgmtport.Converger, interval time.Duration) (*mgmtRules, error) {
 	if interval <= 0 {
 		interval = time.Minute
 	}
-	m := &mgmtRules{log: log.With("component", "mgmtport"), mgmt: mgmt, connect: connect, apiPort: apiPort, interval: interval,
+	m := &mgmtRules{log: log.With("component", "mgmtport"), mgmt: mgmt, connect: connect, converger: converger, interval: interval,
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pve_inspect_mgmt_rules_state",
 			Help: "1 for the current state of the Proxmox management-port rules: converged, failed (retried), no_token (skipped until the daemon's Proxmox token exists)."},
 			[]string{"state"}),
@@ -133,7 +142,7 @@ func (m *mgmtRules) round(ctx context.Context, conv **mgmtport.Converger, iface 
 		if err != nil {
 			return mgmtFailed, err
 		}
-		*conv = mgmtport.New(fw, m.apiPort, m.log)
+		*conv = m.converger(fw)
 	}
 	cctx, cancel := context.WithTimeout(ctx, m.interval)
 	defer cancel()

@@ -61,7 +61,8 @@ func TestMgmtRulesWithoutAPI(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(lockedWriter{&logs, &logMu}, nil))
 	reg := prometheus.NewPedanticRegistry()
 	mg := &movingMgmt{iface: "mgmt0", sub: make(chan struct{}, 1)}
-	m, err := newMgmtRules(log, reg, mg, func() (mgmtport.Firewall, error) { return ProxmoxClient(cfg) }, sandboxAPIPort(cfg), 100*time.Millisecond)
+	m, err := newMgmtRules(log, reg, mg, func() (mgmtport.Firewall, error) { return ProxmoxClient(cfg) },
+		func(fw mgmtport.Firewall) *mgmtport.Converger { return mgmtConverger(fw, cfg, log) }, 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +97,10 @@ func TestMgmtRulesWithoutAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "rules once the token exists", func() error {
-		if n := bed.nodeRules(); n != 5 || state(mgmtConverged) != 1 {
-			return fmt.Errorf("%d node rules (want 5), converged %v", n, state(mgmtConverged))
+		// in: 8006, 22, dns udp/tcp, dhcp; out: the replies of every port
+		// the guard notracks: 8006, 22 and the metrics listener's 9474
+		if n := bed.nodeRules(); n != 8 || state(mgmtConverged) != 1 {
+			return fmt.Errorf("%d node rules (want 8), converged %v", n, state(mgmtConverged))
 		}
 		return nil
 	})
