@@ -258,7 +258,7 @@ func TestRebuildAfterEditWhileDown(t *testing.T) {
 		{"DNS policer set deleted", [][]string{{"flush", "chain", "inet", TableName, "prerouting"}, {"delete", "set", "inet", TableName, SetGuestDNSRate}}},
 		{"connection count set shrunk", [][]string{{"flush", "chain", "inet", TableName, chainFlood}, {"delete", "set", "inet", TableName, SetGuestConns},
 			{"add", "set", "inet", TableName, SetGuestConns, "{ type ifname; flags dynamic; size 1; }"},
-			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 16384 } counter drop comment "guest-flood-conns"`}}},
+			{"add", "rule", "inet", TableName, chainFlood, `iifname != "lo" iifname != @mgmt iifname != @trusted ct state new add @guest_conns { iifname ct count over 2048 } counter drop comment "guest-flood-conns"`}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,21 +7,20 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
-// TestOneOwnerCannotFillNodeConns: the guard's node-wide bound on
-// guest-originated tracked connections (@node_conns, node_conn_limit
-// 131072) is one counter for every zone of every owner; only the
-// per-zone bound (conn_limit, 16384 before it was derived) stands
-// between one owner and it.
-// An owner may hold owner_sandboxes zones (a quarter of node_sandboxes
-// 48: 12), so one owner's 8 sandboxes, each holding conn_limit tracked
+// TestOneOwnerCannotFillNodeConns: node_conn_limit (131072) bounds the
+// guest-originated tracked connections of every zone of every owner
+// together (through the config, below the node's nf_conntrack_max); only
+// the per-zone bound (conn_limit, 16384 before it was derived) stands
+// between one owner and it. An owner may hold owner_sandboxes zones (a
+// quarter of node_sandboxes 48: 12), each holding conn_limit tracked
 // connections (UDP to the gateway's DHCP port 67 from fresh source ports,
 // or half-open TCP to the resolver or proxy: confirmed entries, counted
-// until their conntrack timeout), fill node_conn_limit, and from then
-// every other tenant's new connections (DNS, DHCP renewals, the proxy,
-// egress) are dropped by node-flood-conns. The node total must fit the
+// until their conntrack timeout); at 16384 eight of them fill
+// node_conn_limit and every other tenant's new connections (DNS, DHCP
+// renewals, the proxy, egress) are dropped. The node total must fit the
 // owners at their share, as the other quotas' rule says (seats =
 // node/share whole shares): an owner's zones together must hold at most
-// node_conn_limit / 4 at the defaults (or the count must be per owner).
+// node_conn_limit / 4 at the defaults.
 func TestOneOwnerCannotFillNodeConns(t *testing.T) {
 	c := Default()
 	caps := sandbox.Caps{NodeSandboxes: c.API.Caps.NodeSandboxes, OwnerSandboxes: c.API.Caps.OwnerSandboxes}.WithOwnerDefaults()
