@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -342,9 +344,33 @@ func TestUploadAndISOVolumes(t *testing.T) {
 		t.Fatalf("wrong field: %s", res.Status)
 	}
 
-	res, raw = e.post("/nodes/pve/qemu/9000/config", "application/x-www-form-urlencoded", strings.NewReader("description="+strings.Repeat("a", maxPost)))
-	if res.StatusCode != 501 || res.Status != "501 for data too large" || string(raw) != "for data too large" {
-		t.Fatalf("large body: %s %q", res.Status, raw)
+	// pve-http-server answers a body over the limit at once and closes
+	// without reading it (as the emulator does), so a client still
+	// writing may see the connection reset instead of the answer; either
+	// way the request is refused, never taken.
+	req, err := http.NewRequest("POST", e.ts.URL+"/api2/json/nodes/pve/qemu/9000/config",
+		strings.NewReader("description="+strings.Repeat("a", maxPost)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Cookie", "PVEAuthCookie="+url.QueryEscape(e.ticket))
+	req.Header.Set("CSRFPreventionToken", e.csrf)
+	res, err = e.ts.Client().Do(req)
+	switch {
+	case err != nil && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)):
+		t.Logf("large body: the connection was closed while the body was written: %v", err)
+	case err != nil:
+		t.Fatalf("large body: %v", err)
+	default:
+		raw, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 501 || res.Status != "501 for data too large" || string(raw) != "for data too large" {
+			t.Fatalf("large body: %s %q", res.Status, raw)
+		}
+	}
+	if desc := e.ok("GET", "/nodes/pve/qemu/9000/config", nil).(map[string]any)["description"]; strings.HasPrefix(fmt.Sprint(desc), "aaaa") {
+		t.Fatal("large body: the description was set")
 	}
 }
 
