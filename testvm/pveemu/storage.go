@@ -189,17 +189,24 @@ func (s *Server) freeVolume(_ context.Context, rq *request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	owner := 0
 	if !isDir {
-		if volid, p, _, err = s.volumePath(rq.str("storage"), rq.str("volume")); err != nil {
+		if volid, p, owner, err = s.volumePath(rq.str("storage"), rq.str("volume")); err != nil {
 			return nil, err
 		}
+	}
+	// The task's id is "[<owner vmid>@]<storage>" (Content.pm delete), never
+	// the volume id: a UPID's fields hold no ':' (PVE::Tools upid_decode).
+	taskID := dirStorage
+	if owner > 0 {
+		taskID = strconv.Itoa(owner) + "@" + dirStorage
 	}
 	if rq.authid != "root@pam" {
 		if err := s.checkPrivs(rq.authid, "/storage/"+dirStorage, []string{"Datastore.Allocate"}, false); err != nil {
 			return nil, err
 		}
 	}
-	return s.startTask(rq, "imgdel", volid, func(_ context.Context, t *task) error {
+	return s.startTask(rq, "imgdel", taskID, func(_ context.Context, t *task) error {
 		if isDir {
 			// vdisk_free of a file that is not an image: unlink
 			if err := os.Remove(p); err != nil {

@@ -174,3 +174,21 @@ func TestStoragePathReported(t *testing.T) {
 		t.Errorf("without StoragePath the path is %v, want %s", got, e.s.storageDir())
 	}
 }
+
+// TestFreeVolumeTask: DELETE .../content/{volume} answers a UPID whose id
+// is "[<owner>@]<storage>" (pve-storage Content.pm delete), so a client
+// reads its status by the UPID; a volume id in it would put ':' and '/'
+// into the UPID, which upid_decode rejects and no route matches.
+func TestFreeVolumeTask(t *testing.T) {
+	e := newEnv(t)
+	volid, _ := e.ok("POST", "/nodes/pve/storage/local/content", url.Values{"filename": {"vm-101-x.raw"}, "vmid": {"101"}, "size": {"4096"}, "format": {"raw"}}).(string)
+	upid, _ := e.ok("DELETE", "/nodes/pve/storage/local/content/"+url.PathEscape(volid), nil).(string)
+	if f := strings.Split(upid, ":"); len(f) != 9 || f[5] != "imgdel" || f[6] != "101@local" {
+		t.Fatalf("UPID %q, want the id 101@local", upid)
+	}
+	e.wait(upid)
+	st, _ := e.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any)
+	if st["status"] != "stopped" || st["exitstatus"] != "OK" || st["id"] != "101@local" {
+		t.Fatalf("task status %v", st)
+	}
+}
