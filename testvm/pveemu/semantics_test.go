@@ -202,7 +202,7 @@ func TestRealNodeSemantics(t *testing.T) {
 			e.s.acl = slices.DeleteFunc(e.s.acl, func(a aclEntry) bool { return a.path == "/storage/local-lvm" })
 			e.s.mu.Unlock()
 			r = e.do("PUT", "/nodes/pve/qemu/130/resize", url.Values{"disk": {"scsi0"}, "size": {"+1G"}}, authNone, "Authorization", auth)
-			if upid, _ := r.body["data"].(string); r.status != 200 || e.wait(upid) != "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)" {
+			if upid, _ := r.body["data"].(string); r.status != 200 || e.wait(upid) != "403 Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)" {
 				t.Fatalf("resize without the grant: %d %q %v", r.status, r.reason, r.body)
 			}
 		}},

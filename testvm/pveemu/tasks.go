@@ -3,6 +3,7 @@ package pveemu
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"regexp"
 	"sort"
 	"strconv"
@@ -91,7 +92,7 @@ func (s *Server) startTask(rq *request, typ, id string, fn func(ctx context.Cont
 		t.endtime = time.Now().Unix()
 		switch {
 		case err != nil:
-			msg := strings.TrimSuffix(err.Error(), "\n")
+			msg := taskErrorMessage(err)
 			t.lines = append(t.lines, "TASK ERROR: "+msg)
 			t.exitstatus = msg
 		case t.warnings > 0:
@@ -104,6 +105,22 @@ func (s *Server) startTask(rq *request, typ, id string, fn func(ctx context.Cont
 		s.log.Debug("task finished", "upid", t.upid, "exitstatus", t.exitstatus)
 	}()
 	return t.upid
+}
+
+// taskErrorMessage is what fork_worker makes of a worker's die (pve-common
+// RESTEnvironment.pm fork_worker: chomp, every newline a space): a
+// PVE::Exception stringified with its code and, for a parameter exception,
+// one "param: message" line per error, so a failed hot-plug's task says
+// which drive and why.
+func taskErrorMessage(err error) string {
+	msg := err.Error()
+	if ae, ok := err.(*apiError); ok && (ae.code == http.StatusBadRequest || ae.code == http.StatusForbidden) {
+		msg = strconv.Itoa(ae.code) + " " + ae.msg
+		for _, k := range sortedKeys(ae.errors) {
+			msg += k + ": " + strings.TrimSuffix(ae.errors[k], "\n") + "\n"
+		}
+	}
+	return strings.ReplaceAll(strings.TrimSuffix(msg, "\n"), "\n", " ")
 }
 
 // WaitTask blocks until the task ends and returns its exitstatus.
