@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 )
 
 // agentProxy sits in front of a guest's qemu-ga socket: the socket the
@@ -56,6 +58,7 @@ func (p *agentProxy) close() {
 	for c := range p.conns {
 		_ = c.Close()
 	}
+	p.conns = nil
 	p.mu.Unlock()
 	p.wg.Wait()
 }
@@ -89,6 +92,54 @@ func (p *agentProxy) serve() {
 	}
 }
 
+// dialAgent connects to qemu-ga for the client c. qemu-ga serves one
+// client at a time with a listen backlog of one (QEMU qga/channel-posix.c
+// ga_channel_open: unix_listen), so a connect while it is busy fails with
+// EAGAIN. The proxy has accepted c already, as a longer backlog would have,
+// so it waits for qemu-ga as that backlog would: it retries until qemu-ga
+// takes it, the proxy closes or the client goes away (a read of c that
+// ends). Closing c on the first EAGAIN would be a reset real QEMU never
+// sends to a connected client.
+func (p *agentProxy) dialAgent(c net.Conn) (net.Conn, error) {
+	backoff := time.Millisecond
+	for {
+		up, err := net.Dial("unix", p.upstream)
+		if err == nil || !errors.Is(err, syscall.EAGAIN) {
+			return up, err
+		}
+		p.mu.Lock()
+		closed := p.conns == nil
+		p.mu.Unlock()
+		if closed || clientGone(c) {
+			return nil, err
+		}
+		time.Sleep(backoff)
+		backoff = min(backoff*2, 20*time.Millisecond)
+	}
+}
+
+// clientGone says whether c's peer closed it: a unix socket with nothing
+// to read polls readable only at EOF or error, so a zero-length peek with
+// MSG_PEEK|MSG_DONTWAIT tells EOF (0, nil) from a live idle peer (EAGAIN).
+// Bytes already sent by the client also mean it is there.
+func clientGone(c net.Conn) bool {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return false
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	gone := false
+	_ = rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		gone = err == nil && n == 0 || err != nil && !errors.Is(err, syscall.EAGAIN)
+	})
+	return gone
+}
+
 // proxyConn is one client connection and its connection to qemu-ga.
 type proxyConn struct {
 	client, agent net.Conn
@@ -100,13 +151,14 @@ type proxyConn struct {
 
 func (p *agentProxy) handle(c net.Conn) {
 	defer c.Close()
-	up, err := net.Dial("unix", p.upstream)
+	up, err := p.dialAgent(c)
 	if err != nil {
 		return
 	}
 	defer up.Close()
-	p.track(c, true)
-	p.track(up, true)
+	if !p.track(c, true) || !p.track(up, true) {
+		return
+	}
 	defer p.track(c, false)
 	defer p.track(up, false)
 	pc := &proxyConn{client: c, agent: up}

@@ -5,8 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,5 +186,91 @@ func TestAgentProxyFrozen(t *testing.T) {
 	}
 	if err := b.SetAgentFrozen(999, true); err == nil {
 		t.Error("froze a guest that does not run")
+	}
+}
+
+// busyAgent listens on path with qemu-ga's backlog (unix_listen: one
+// pending connection) and serves one client at a time, each for hold
+// before it answers its lines with {"return":{}}.
+func busyAgent(t *testing.T, path string, hold time.Duration) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	ln, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			time.Sleep(hold)
+			sc := bufio.NewScanner(c)
+			for sc.Scan() {
+				if _, err := c.Write([]byte("{\"return\": {}}\n")); err != nil {
+					break
+				}
+			}
+			c.Close()
+		}
+	}()
+}
+
+// TestProxyWaitsForBusyAgent: qemu-ga serves one client and queues one
+// more; a connect beyond that fails with EAGAIN. The proxy has accepted its
+// clients already, so it waits for the agent as a connected client of
+// QEMU's would, and never resets one (a CI run's disk transfer saw its
+// execs reset for 30 s while the agent was busy).
+func TestProxyWaitsForBusyAgent(t *testing.T) {
+	dir := t.TempDir()
+	up := filepath.Join(dir, "agent.sock")
+	busyAgent(t, up, 100*time.Millisecond)
+	ln, err := net.Listen("unix", filepath.Join(dir, "proxy.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startAgentProxy(ln, up, "")
+	defer p.close()
+	const clients = 6
+	errs := make(chan error, clients)
+	for range clients {
+		go func() {
+			c, err := net.Dial("unix", filepath.Join(dir, "proxy.sock"))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(time.Minute))
+			if _, err := c.Write([]byte(`{"execute":"guest-info"}` + "\n")); err != nil {
+				errs <- err
+				return
+			}
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err == nil && strings.TrimSpace(line) != `{"return": {}}` {
+				err = fmt.Errorf("reply %q", line)
+			}
+			errs <- err
+		}()
+	}
+	for range clients {
+		if err := <-errs; err != nil {
+			t.Errorf("a client of a busy agent: %v", err)
+		}
 	}
 }
