@@ -544,23 +544,6 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 		if ctx.Err() != nil {
 			return nil, a.abandon(ctx, res.PID)
 		}
-		if !exited && req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
-			// Repeat the kill while the command lives: it may not have
-			// become a group leader yet the first time.
-			if err := a.killGroup(ctx, res.PID); err != nil {
-				if ctx.Err() != nil {
-					return nil, a.abandon(ctx, res.PID)
-				}
-				return nil, fmt.Errorf("qga exec: kill after timeout: %w", err)
-			}
-			if !killed {
-				firstKill = time.Now()
-			}
-			killed, lastKill = true, time.Now()
-		}
-		if killed && !exited && time.Since(firstKill) > killGrace {
-			return nil, fmt.Errorf("qga exec: pid %d still running %v after SIGKILL", res.PID, killGrace)
-		}
 		// One session: status (until it exited); once it exited, or when
 		// outputEvery passed since the last read, one chunk of each stream;
 		// once both are drained, closing the handles. While a quick command
@@ -615,6 +598,26 @@ func (a *Agent) ExecStream(ctx context.Context, req ExecRequest, stdout, stderr 
 		}
 		if exited && so.done && se.done {
 			break
+		}
+		// The kill follows a status that found the command running: one
+		// that ended between the last poll and its deadline is not
+		// reported as timed out.
+		if !exited && req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
+			// Repeat the kill while the command lives: it may not have
+			// become a group leader yet the first time.
+			if err := a.killGroup(ctx, res.PID); err != nil {
+				if ctx.Err() != nil {
+					return nil, a.abandon(ctx, res.PID)
+				}
+				return nil, fmt.Errorf("qga exec: kill after timeout: %w", err)
+			}
+			if !killed {
+				firstKill = time.Now()
+			}
+			killed, lastKill = true, time.Now()
+		}
+		if killed && !exited && time.Since(firstKill) > killGrace {
+			return nil, fmt.Errorf("qga exec: pid %d still running %v after SIGKILL", res.PID, killGrace)
 		}
 		if !exited {
 			if err := sleepCtx(ctx, p.next()); err != nil {

@@ -218,6 +218,20 @@ func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, limit int64, p
 		if ctx.Err() != nil {
 			return directEnd{}, a.abandonWith(ctx, pid, run.kill)
 		}
+		err := a.session(ctx, func(cn *conn) (err error) {
+			st, err = cn.execStatus(pid, limit)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return directEnd{}, a.abandonWith(ctx, pid, run.kill)
+			}
+			return directEnd{}, fmt.Errorf("qga exec: poll: %w", err)
+		}
+		if st.Exited {
+			break
+		}
+		// Killed only after a status that found it running.
 		if req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
 			// Repeated while the command lives: its children may fork
 			// between the listing and the kill.
@@ -244,19 +258,6 @@ func (a *Agent) waitDirect(ctx context.Context, req *ExecRequest, limit int64, p
 			}
 			probeEvery = min(2*probeEvery, directProbeMax)
 			nextProbe = time.Now().Add(probeEvery)
-		}
-		err := a.session(ctx, func(cn *conn) (err error) {
-			st, err = cn.execStatus(pid, limit)
-			return err
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return directEnd{}, a.abandonWith(ctx, pid, run.kill)
-			}
-			return directEnd{}, fmt.Errorf("qga exec: poll: %w", err)
-		}
-		if st.Exited {
-			break
 		}
 		if err := sleepCtx(ctx, p.next()); err != nil {
 			return directEnd{}, a.abandonWith(ctx, pid, run.kill)

@@ -110,21 +110,6 @@ func (a *Agent) execFast(ctx context.Context, req *ExecRequest, limit int64) (*E
 		if ctx.Err() != nil {
 			return nil, a.abandonWith(ctx, res.PID, a.killChildren)
 		}
-		if req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
-			if err := a.killChildren(ctx, res.PID); err != nil {
-				if ctx.Err() != nil {
-					return nil, a.abandonWith(ctx, res.PID, a.killChildren)
-				}
-				return nil, fmt.Errorf("qga exec: kill after timeout: %w", err)
-			}
-			if !killed {
-				firstKill = time.Now()
-			}
-			killed, lastKill = true, time.Now()
-		}
-		if killed && time.Since(firstKill) > killGrace {
-			return nil, fmt.Errorf("qga exec: pid %d still running %v after SIGKILL", res.PID, killGrace)
-		}
 		var st *guestExec
 		err := a.session(ctx, func(cn *conn) (err error) {
 			st, err = cn.execStatus(res.PID, limit)
@@ -143,6 +128,22 @@ func (a *Agent) execFast(ctx context.Context, req *ExecRequest, limit int64) (*E
 			}
 			res.TimedOut = killed
 			return res, nil
+		}
+		// Killed only after a status that found it running.
+		if req.Timeout > 0 && time.Since(start) >= req.Timeout && time.Since(lastKill) > 500*time.Millisecond {
+			if err := a.killChildren(ctx, res.PID); err != nil {
+				if ctx.Err() != nil {
+					return nil, a.abandonWith(ctx, res.PID, a.killChildren)
+				}
+				return nil, fmt.Errorf("qga exec: kill after timeout: %w", err)
+			}
+			if !killed {
+				firstKill = time.Now()
+			}
+			killed, lastKill = true, time.Now()
+		}
+		if killed && time.Since(firstKill) > killGrace {
+			return nil, fmt.Errorf("qga exec: pid %d still running %v after SIGKILL", res.PID, killGrace)
 		}
 		if err := sleepCtx(ctx, p.next()); err != nil {
 			return nil, a.abandonWith(ctx, res.PID, a.killChildren)
