@@ -134,7 +134,7 @@ func RenderBridge(bridges []string, cls Classification, ports []Port, fc FloodCo
 		}
 	}
 	rs.Sets = []*SetSpec{gp, op, ps, pm, pi}
-	rs.Chains = []*ChainSpec{portIn(), portGuard(), portUnmapped(), portARP()}
+	rs.Chains = []*ChainSpec{portIn(), portGuard(), portUnmapped(), portARP(), portUp()}
 	addBridgeFlood(rs, fc)
 	return rs, nil
 }

@@ -34,7 +34,11 @@
 //	forward    -150  linklocal-saddr, ipv6, failclosed (meta nfproto @failclosed),
 //	                 lockdown-in/out (iifname/oifname @lockdown),
 //	                 cross-zone (iifname . oifname != @zone_peers between non-mgmt
-//	                 interfaces), private4 (oifname @mgmt ip daddr @private4
+//	                 interfaces), routed-to-no-guest (a packet a guest
+//	                 port handed up to the node, GuestUpMark, leaving
+//	                 through no @mgmt interface to an address not in
+//	                 @guest_addrs4: routed.go), guest-up-clear,
+//	                 private4 (oifname @mgmt ip daddr @private4
 //	                 not in @private4_allow), uplink-subnet (the same for the
 //	                 subnets of the management interfaces: other nodes, the
 //	                 router's admin side, even when they are public addresses)
@@ -117,6 +121,8 @@
 //	                 (0.0.0.0:68 -> :67) accept; ip4-saddr (iifname . ip
 //	                 saddr != @port_ip4) drop; ip4 accept; other drop
 //	port_unmapped    dhcp-client accept; drop (fail safe: DHCP only)
+//	port_up (input -300) guest-up, unseen-up-*: meta mark set meta
+//	                 mark | GuestUpMark on what a guest port hands up
 //	port_arp         arp-shape (Ethernet/IPv4 only), arp-mac (sender MAC
 //	                 != @port_mac), arp-ip (sender IP != @port_ip4, 0.0.0.0
 //	                 probes accepted) drop

@@ -236,6 +236,7 @@ func (g *Guard) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start guard: render: %w", err)
 	}
+	withGuestAddrs(rs, g.ports)
 	brs, err := RenderBridge(zoneBridges(g.renderConfig(g.zones)), cls, g.ports, g.cfg.Flood)
 	if err != nil {
 		return fmt.Errorf("start guard: render bridge table: %w", err)
@@ -521,6 +522,7 @@ func (g *Guard) applyZonesLocked(ctx context.Context, cls Classification, sw Swi
 	if err != nil {
 		return fmt.Errorf("render: %w", err)
 	}
+	withGuestAddrs(rs, g.ports)
 	brs, err := RenderBridge(zoneBridges(g.renderConfig(zones)), cls, g.ports, g.cfg.Flood)
 	if err != nil {
 		return fmt.Errorf("render bridge table: %w", err)

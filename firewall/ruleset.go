@@ -208,7 +208,7 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 		zp.Elements = append(zp.Elements, nftables.SetElement{Key: append(ifname(p[0]), ifname(p[1])...)})
 		zp.Text = append(zp.Text, fmt.Sprintf("%s . %s", p[0], p[1]))
 	}
-	rs.Sets = append(rs.Sets, zp)
+	rs.Sets = append(rs.Sets, zp, guestAddrsSet(nil))
 
 	pre := &ChainSpec{Name: "prerouting", Hook: nftables.ChainHookPrerouting, HookName: "prerouting", Priority: -300}
 	pre.Rules = []*RuleSpec{
@@ -235,13 +235,16 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, true),
 			meta(expr.MetaKeyIIFNAME), &expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 2},
 			lookup(SetZonePeers, true), drop()),
+	}
+	fwd.Rules = append(fwd.Rules, routedRules()...)
+	fwd.Rules = append(fwd.Rules,
 		rule("private4", "oifname @mgmt ip daddr @private4 ip daddr != @private4_allow counter drop",
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false),
 			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetPrivate4, false), lookup(SetPrivate4Allow, true), drop()),
 		rule("uplink-subnet", "oifname @mgmt ip daddr @uplink_nets4 ip daddr != @private4_allow counter drop",
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, false),
 			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetUplinkNets4, false), lookup(SetPrivate4Allow, true), drop()),
-	}
+	)
 
 	in := &ChainSpec{Name: "input", Hook: nftables.ChainHookInput, HookName: "input", Priority: -150}
 	in.Rules = []*RuleSpec{

@@ -104,6 +104,11 @@ func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 	// not counted as differences; missing configured pairs still are.
 	kept := st.Drifts[:0]
 	for _, d := range st.Drifts {
+		if d.Kind == DriftElements && d.Object == SetGuestAddrs4 {
+			// the running daemon's port map, not configuration
+			st.Notes = append(st.Notes, fmt.Sprintf("%d guest address(es) from the port map", len(k.elems[SetGuestAddrs4])))
+			continue
+		}
 		if d.Kind == DriftElements && d.Object == SetZonePeers {
 			if extra, ok := superset(k.elems[SetZonePeers], st.Desired.Set(SetZonePeers).Elements); ok {
 				st.Notes = append(st.Notes, fmt.Sprintf("%d zone pair(s) added at run time (SetZones)", extra))

@@ -572,6 +572,7 @@ func portChanges(cs *changes, cur, next []Port) {
 			queue(p, false)
 		}
 	}
+	guestAddrChanges(cs, cur, next)
 }
 
 func samePort(a, b Port) bool {
@@ -621,6 +622,7 @@ func patchedDiffer(cfg Config, cls Classification, sw Switches, ports []Port, in
 	if err != nil {
 		return nil, fmt.Errorf("render: %w", err)
 	}
+	withGuestAddrs(rs, ports)
 	brs, err := RenderBridge(zoneBridges(cfg), cls, ports, cfg.Flood)
 	if err != nil {
 		return nil, fmt.Errorf("render bridge table: %w", err)

@@ -1,0 +1,148 @@
+package firewall
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Routed guest traffic into a zone (issue 34, review 2): a guest that
+// routes through its gateway (the node) to addresses of its own zone's
+// subnets, none of them a guest, makes the node create a neighbour entry
+// for each. The kernel's IPv4 neighbour table is one for the whole host
+// (gc_thresh3, 1024 by default, Proxmox does not raise it); past it no
+// entry can be made and the forced collection evicts the management
+// gateway's too, so the node's API goes dark for everyone.
+//
+// The inet forward hook cannot tell such a routed packet from a guest's
+// frame to another guest that br_netfilter passes through it: both come in
+// and go out of the zone bridge. The bridge's own input hook can: it sees
+// only the frames the bridge hands up to the node (to the bridge's MAC, or
+// flooded), never those it forwards between ports. So the layer-2 table
+// marks what a guest port hands up (GuestUpMark, chain port_up), and the
+// forward chain drops a marked packet leaving through anything but the
+// management interfaces unless its destination is an address a guest
+// holds (@guest_addrs4, from the port map). A zone's guests still reach
+// each other at layer 2, and through the node between the vnets of one
+// zone; its egress leaves through the management interfaces as before.
+// The mark is cleared once forwarded, so no other rule sees it.
+//
+// What a guest can still make the node resolve is bounded by the guest
+// addresses of the node (a zone whose subnet overlaps another's reaches
+// those too), never by the size of its subnet.
+
+// GuestUpMark is the packet mark bit the layer-2 table sets on frames a
+// guest port hands up to the node. pve-firewall uses 0x80000000
+// (PVE/Firewall.pm FWACCEPTMARK) and the egress proxy whole values around
+// 0x70690000 on its own sockets; this bit is neither.
+const GuestUpMark uint32 = 0x00100000
+
+// Names of the set and chain of this part.
+const (
+	// SetGuestAddrs4 (inet) holds every IPv4 address of the port map.
+	SetGuestAddrs4 = "guest_addrs4"
+
+	chainPortUp = "port_up"
+)
+
+// portUp is the layer-2 table's input chain: frames a guest port hands up
+// to the node get GuestUpMark. Ports are matched as port_in matches them
+// (the guest ports, and ports named like one the guard has not seen).
+func portUp() *ChainSpec {
+	set := fmt.Sprintf("counter meta mark set meta mark | %#x", GuestUpMark)
+	rules := []*RuleSpec{rule("guest-up", "iifname @guest_ports "+set,
+		meta(expr.MetaKeyIIFNAME), lookup(SetGuestPorts, false), markSet(GuestUpMark, true))}
+	for _, p := range GuestPortPrefixes {
+		rules = append(rules, rule("unseen-up-"+p, fmt.Sprintf("iifname %q iifname != @other_ports %s", p+"*", set),
+			meta(expr.MetaKeyIIFNAME), cmpEq([]byte(p)), lookup(SetOtherPorts, true), markSet(GuestUpMark, true)))
+	}
+	return &ChainSpec{Name: chainPortUp, Hook: nftables.ChainHookInput, HookName: "input", Priority: -300, Rules: rules}
+}
+
+// markSet sets (on) or clears bit in the packet's mark: nft's "meta mark
+// set meta mark | bit", (mark & ^bit) ^ bit, or "& ^bit".
+func markSet(bit uint32, on bool) []expr.Any {
+	xor := uint32(0)
+	if on {
+		xor = bit
+	}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, ^bit), Xor: binary.NativeEndian.AppendUint32(nil, xor)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1}}
+}
+
+// markHas matches packets whose mark has bit.
+func markHas(bit uint32) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, bit), Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}}}
+}
+
+// routedRules are the forward chain's rules for routed guest packets: the
+// drop of those into a zone to no guest, then the clearing of the mark.
+func routedRules() []*RuleSpec {
+	return []*RuleSpec{
+		rule("routed-to-no-guest", fmt.Sprintf("meta mark & %#x != 0 oifname != @mgmt ip daddr != @guest_addrs4 counter drop", GuestUpMark),
+			markHas(GuestUpMark), meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, true),
+			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetGuestAddrs4, true), drop()),
+		rule("guest-up-clear", fmt.Sprintf("meta mark & %#x != 0 counter meta mark set meta mark & %#x", GuestUpMark, ^GuestUpMark),
+			markHas(GuestUpMark), markSet(GuestUpMark, false)),
+	}
+}
+
+// guestAddrs returns the sorted, distinct IPv4 addresses of ports.
+func guestAddrs(ports []Port) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range ports {
+		out = append(out, p.IPv4...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// guestAddrsSet is @guest_addrs4 holding the addresses of ports.
+func guestAddrsSet(ports []Port) *SetSpec {
+	s := &SetSpec{Name: SetGuestAddrs4, KeyType: nftables.TypeIPAddr}
+	for _, a := range guestAddrs(ports) {
+		b := a.As4()
+		s.Elements = append(s.Elements, nftables.SetElement{Key: b[:]})
+		s.Text = append(s.Text, a.String())
+	}
+	return s
+}
+
+// withGuestAddrs fills rs's @guest_addrs4 from ports (Render leaves it
+// empty: the port map is the guard's run-time state).
+func withGuestAddrs(rs *Ruleset, ports []Port) *Ruleset {
+	for i, s := range rs.Sets {
+		if s.Name == SetGuestAddrs4 {
+			rs.Sets[i] = guestAddrsSet(ports)
+		}
+	}
+	return rs
+}
+
+// guestAddrChanges queues the change of @guest_addrs4 between the port
+// maps cur and next: an address stays while any port holds it.
+func guestAddrChanges(cs *changes, cur, next []Port) {
+	a, b := guestAddrs(cur), guestAddrs(next)
+	c := cs.of(false, SetGuestAddrs4)
+	m := func(x netip.Addr) member { k := x.As4(); return member{key: k[:], text: x.String()} }
+	for _, x := range b {
+		if _, ok := slices.BinarySearchFunc(a, x, netip.Addr.Compare); !ok {
+			c.add = append(c.add, m(x))
+		}
+	}
+	for _, x := range a {
+		if _, ok := slices.BinarySearchFunc(b, x, netip.Addr.Compare); !ok {
+			c.del = append(c.del, m(x))
+		}
+	}
+}
