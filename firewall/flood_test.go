@@ -121,19 +121,7 @@ func askDNS(ns *testkit.NetNS, server string) (time.Duration, error) {
 // the time it took.
 // serveMgmt listens on addr in the node and greets every connection with
 // "mgmt\n" (what connectMgmt expects), until the test ends.
-func serveMgmt(t *testing.T, n *testNS, addr string) {
-	ml := n.Listen(t, "tcp4", addr)
-	go func() {
-		for {
-			c, err := ml.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("mgmt\n"))
-			c.Close()
-		}
-	}()
-}
+func serveMgmt(t *testing.T, n *testNS, addr string) { serveGreeting(t, n.NetNS, addr) }
 
 func connectMgmt(ns *testkit.NetNS, addr string) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
