@@ -287,3 +287,25 @@ func TestCollectedBudget(t *testing.T) {
 		t.Errorf("collected exec after the budget freed: %v", err)
 	}
 }
+
+// TestSlowSnapshotBodyHoldsNoOperation: a snapshot whose client trickles
+// its body has not begun its operation, so a delete of the sandbox (which
+// waits for the sandbox's operations) is not held until the request's
+// read deadline cuts the body.
+func TestSlowSnapshotBodyHoldsNoOperation(t *testing.T) {
+	e := newEnv(t, func(o *options) { o.RequestTimeout = 2 * time.Minute })
+	sb := e.create(twoVMs())
+	conn := rawRequest(t, e, fmt.Sprintf("POST /v1/sandboxes/%s/vms/a/snapshots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", sb.ID))
+	// The server has the headers; let it reach the body read.
+	time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(e.ctx(), 20*time.Second)
+	defer cancel()
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatalf("delete while a snapshot's body trickles: %v (held by the snapshot's operation?)", err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+		t.Fatal("the snapshot was answered before its body came")
+	}
+}

@@ -478,11 +478,12 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 }
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p principal) (err error) {
-	vm, ctx, end, err := s.begin(r, p)
-	if err != nil {
+	// The body is read before the operation begins: a delete waits for
+	// the sandbox's operations, and a client that trickles its body would
+	// hold it until the request's read deadline.
+	if _, err := s.lookup(p, r.PathValue("id")); err != nil {
 		return err
 	}
-	defer func() { err = end(err) }()
 	var req apitype.SnapshotRequest
 	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 		return pr
@@ -490,6 +491,11 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, p principal) (
 	if pr := validateSnapshotName(req.Name); pr != nil {
 		return pr
 	}
+	vm, ctx, end, err := s.begin(r, p)
+	if err != nil {
+		return err
+	}
+	defer func() { err = end(err) }()
 	if err := s.e.Snapshot(ctx, vm.VMID, req.Name); err != nil {
 		return err
 	}
