@@ -176,7 +176,8 @@ func (c *classifier) defaultLinksLocked(links map[int]linkInfo) ([]int, error) {
 }
 
 // refreshMgmtLocked sets Management and UplinkNets from c.mgmt: the
-// management links' names and the IPv4 subnets of their addresses.
+// management links' names, the IPv4 subnets of their addresses and their
+// on-link (scope link) routes of the main table.
 func (c *classifier) refreshMgmtLocked() error {
 	var names []string
 	var nets []netip.Prefix
@@ -196,6 +197,28 @@ func (c *classifier) refreshMgmtLocked() error {
 		for _, a := range addrs {
 			ip, ok := netip.AddrFromSlice(a.IP.To4())
 			ones, _ := a.Mask.Size()
+			if !ok || ones < 8 {
+				continue
+			}
+			nets = append(nets, netip.PrefixFrom(ip, ones).Masked())
+		}
+		// and its on-link routes without an address of the node in
+		// them (a provider's extra range, "ip route add NET dev vmbr0"):
+		// the node resolves every address of them too (review 4)
+		var routes []netlink.Route
+		if err := retryDump("routes of "+l.name, func() (err error) {
+			routes, err = c.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: idx, Table: unix.RT_TABLE_MAIN},
+				netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+			return err
+		}); err != nil {
+			return err
+		}
+		for _, r := range routes {
+			if r.Scope != netlink.SCOPE_LINK || r.Dst == nil || r.Gw != nil {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+			ones, _ := r.Dst.Mask.Size()
 			if !ok || ones < 8 {
 				continue
 			}

@@ -42,8 +42,10 @@
 //	                 not in @private4_allow), uplink-subnet (the same for the
 //	                 subnets of the management interfaces: other nodes, the
 //	                 router's admin side, even when they are public addresses)
-//	input      -150  guest-input: not lo, @mgmt or @trusted -> guest_in:
-//	                 ct established,related, udp 67-68, udp/tcp 53 accept; drop
+//	input      -150  guest-up-clear-in (GuestUpMark off); guest-input: not
+//	                 lo, @mgmt or @trusted -> guest_in: guest-dhcp-relay,
+//	                 guest-dhcp-ciaddr drop (routed.go); ct
+//	                 established,related, udp 67-68, udp/tcp 53 accept; drop
 //	output     -150  dnsmasq-lockdown: meta skuid <dnsmasq> oifname @lockdown drop
 //
 // Egress policy per zone (DESIGN.md section 10, egress.go): open,

@@ -435,7 +435,9 @@ func TestGuestDHCPInputOwnBridgeOnBed(t *testing.T) {
 				return err
 			}
 			defer c.Close()
-			_, err = c.Write([]byte("not a DHCP message"))
+			// a well-formed request (no relay address, no ciaddr), so
+			// that only the own-bridge rule decides
+			_, err = c.Write(dhcpRelayed(net.HardwareAddr{2, 0, 0, 0, 0, 1}, netip.IPv4Unspecified(), 1))
 			return err
 		}); err != nil {
 			t.Fatal(err)

@@ -30,7 +30,14 @@ import (
 // holds (@guest_addrs4, from the port map). A zone's guests still reach
 // each other at layer 2, and through the node between the vnets of one
 // zone; its egress leaves through the management interfaces as before.
-// The mark is cleared once forwarded, so no other rule sees it.
+// The mark is cleared once forwarded or delivered (the input chain's first
+// rule), so no later rule, and no socket, sees it.
+//
+// The node itself answers guests too: the zone's dnsmasq replies to
+// addresses a DHCP request names (guestDHCPRules), and a route of the
+// uplink without an address of the node on it is in @uplink_nets4 with
+// the subnets of its addresses (classify.go), so neither reaches past the
+// guests' addresses or the uplink's own ranges.
 //
 // What a guest can still make the node resolve is bounded by the guest
 // addresses of the node (a zone whose subnet overlaps another's reaches
@@ -92,9 +99,40 @@ func routedRules() []*RuleSpec {
 		rule("routed-to-no-guest", fmt.Sprintf("meta mark & %#x != 0 oifname != @mgmt ip daddr != @guest_addrs4 counter drop", GuestUpMark),
 			markHas(GuestUpMark), meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, true),
 			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetGuestAddrs4, true), drop()),
-		rule("guest-up-clear", fmt.Sprintf("meta mark & %#x != 0 counter meta mark set meta mark & %#x", GuestUpMark, ^GuestUpMark),
-			markHas(GuestUpMark), markSet(GuestUpMark, false)),
+		clearUpMark("guest-up-clear"),
 	}
+}
+
+// guestDHCPRules come first in guest_in (before its established rule: a
+// renewal dnsmasq answered makes its 5-tuple established): a guest's
+// request to the zone's DHCP server may not make the server answer an
+// address of the guest's choosing, which the node would then resolve. The
+// zone's dnsmasq answers a relayed request at its giaddr (port 67) and a
+// request of a client without a source address at its ciaddr (dnsmasq
+// dhcp.c dhcp_packet), from the node itself: the output path, where the
+// forward chain's bound does not reach. A guest is never a relay agent
+// (giaddr must be 0), and a ciaddr must be 0 or a guest's address. The
+// input hook sees the datagram reassembled (conntrack's defragmentation
+// runs at -400), so no field can hide in a second fragment.
+func guestDHCPRules() []*RuleSpec {
+	bootp := func(off uint32) *expr.Payload { // a BOOTP field after the UDP header
+		return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 8 + off, Len: 4}
+	}
+	toServer := []any{l4proto(unix.IPPROTO_UDP), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(67)}}
+	zero := &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}}
+	return []*RuleSpec{
+		rule("guest-dhcp-relay", "udp dport 67 @th,256,32 != 0 counter drop",
+			append(toServer, bootp(24), zero, drop())...),
+		rule("guest-dhcp-ciaddr", "udp dport 67 @th,160,32 != 0 @th,160,32 != @guest_addrs4 counter drop",
+			append(toServer, bootp(12), zero, lookup(SetGuestAddrs4, true), drop())...),
+	}
+}
+
+// clearUpMark is the rule that takes GuestUpMark off a packet (the
+// forward chain's last word on it, and the input chain's first).
+func clearUpMark(comment string) *RuleSpec {
+	return rule(comment, fmt.Sprintf("meta mark & %#x != 0 counter meta mark set meta mark & %#x", GuestUpMark, ^GuestUpMark),
+		markHas(GuestUpMark), markSet(GuestUpMark, false))
 }
 
 // guestAddrs returns the sorted, distinct IPv4 addresses of ports.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
-	"github.com/vishvananda/netlink"
 )
 
 // serveGreeting answers every connection to addr in ns with "mgmt\n" (what
@@ -93,20 +92,8 @@ func TestGuestCannotFillNodeNeighbourTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	br, err := n.Netlink().LinkByName("vnetA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	neigh, err := n.Netlink().NeighList(br.Attrs().Index, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var strangers []string
-	for _, e := range neigh {
-		if ip, ok := netip.AddrFromSlice(e.IP.To4()); ok && ip != a.addr && ip != c.addr && ip != r.addr && !ip.IsMulticast() { // the node's own IGMP reports have multicast entries
-			strangers = append(strangers, ip.String())
-		}
-	}
+	// (multicast entries, the node's own IGMP reports, are not counted)
+	strangers := strangerNeighbours(t, n, "vnetA", a.addr, c.addr, r.addr)
 	if len(strangers) > 0 {
 		t.Errorf("after %d routed packets to no guest the node resolves %d addresses on vnetA that no guest holds, e.g. %v", targets, len(strangers), strangers[:min(5, len(strangers))])
 	}

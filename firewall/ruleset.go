@@ -45,7 +45,8 @@ type Classification struct {
 	Interfaces []string
 	// UplinkNets are the IPv4 subnets of the management interfaces'
 	// addresses (the segment other nodes and the router's admin side live
-	// on), masked and sorted. Prefixes shorter than /8 are left out.
+	// on) and their on-link routes, masked and sorted. Prefixes shorter
+	// than /8 are left out.
 	UplinkNets []netip.Prefix
 	// Enslaved are the links that have a master (bridge ports), sorted by
 	// port: the layer-2 table guards the guest ports of zone bridges.
@@ -248,13 +249,14 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 
 	in := &ChainSpec{Name: "input", Hook: nftables.ChainHookInput, HookName: "input", Priority: -150}
 	in.Rules = []*RuleSpec{
+		clearUpMark("guest-up-clear-in"),
 		rule("guest-input", `iifname != "lo" iifname != @mgmt iifname != @trusted counter jump guest_in`,
 			meta(expr.MetaKeyIIFNAME), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname("lo")},
 			lookup(SetMgmt, true), lookup(SetTrusted, true),
 			&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictJump, Chain: chainGuestIn}),
 	}
 	gin := &ChainSpec{Name: chainGuestIn}
-	gin.Rules = []*RuleSpec{
+	gin.Rules = append(guestDHCPRules(),
 		rule("guest-established", "ct state established,related counter accept",
 			&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
@@ -280,7 +282,7 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 		rule("guest-dns-tcp", "tcp dport 53 fib daddr . iif type local counter accept",
 			l4proto(unix.IPPROTO_TCP), dport(), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(53)}, daddrOnIIF(), accept()),
 		rule("guest-input-drop", "counter drop", drop()),
-	}
+	)
 
 	out := &ChainSpec{Name: "output", Hook: nftables.ChainHookOutput, HookName: "output", Priority: -150}
 	uid, ok, err := resolveUID(cfg.DnsmasqUser)
