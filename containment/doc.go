@@ -68,7 +68,11 @@
 //     per [RowsPerProbe] rows, up to probe.MaxConcurrency), and the exec
 //     timeout is probe.RunBound (every round of rows its full timeout,
 //     blocked rows being silent until then, after the UDP canary phase)
-//     plus slack. A plan has a row budget ([DefaultBudget], about a
+//     plus slack. The probe itself stops at probe.RunBound plus
+//     probe.RunGrace, less than that slack, and reports: a row it cut
+//     short is an error (no verdict: silence cut short proves nothing),
+//     so a guest too busy to finish in time yields a report naming the
+//     unfinished rows, not a killed probe. A plan has a row budget ([DefaultBudget], about a
 //     minute of blocked rows at the default 3 s timeout): a node with 60
 //     other sandboxes gets every row. Over the budget, the rows of other zones'
 //     gateways and guests and of LAN targets are sampled, whole addresses

@@ -7,7 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 )
+
+// RunGrace is what a run may take past [RunBound] (scheduling on a busy
+// guest) before the probe ends its unfinished rows as errors and reports.
+// The host's exec timeout allows more, so the report comes back.
+const RunGrace = 10 * time.Second
 
 // Exit codes of [Main].
 const (
@@ -56,6 +62,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "pve-inspect-probe:", err)
 		return ExitUsage
 	}
+	// The probe ends its rows at its own bound and reports, well before
+	// the host's exec timeout (RunBound plus the host's slack) would kill
+	// it without a report: a row cut there is an error, never silence.
+	ctx, cancel := context.WithTimeout(ctx, RunBound(req)+RunGrace)
+	defer cancel()
 	rep := (&Prober{Dialer: d, Root: *root, Ready: stderr}).Run(ctx, req)
 	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
 		fmt.Fprintln(stderr, "pve-inspect-probe: write report:", err)

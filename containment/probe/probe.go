@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -124,6 +125,7 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 	if timeout <= 0 {
 		timeout = DefaultTimeout * time.Millisecond
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, targetBound(t))
 	defer cancel()
 	addr := withZone(t.Addr, zone)
@@ -159,6 +161,11 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 	}
 	r.ID = t.ID
 	r.ElapsedMS = int(time.Since(start).Milliseconds())
+	if err := parent.Err(); err != nil {
+		// Cut by the run's own bound (or the caller), not by the row's
+		// timeout: silence then is no verdict on the path.
+		r.Outcome, r.Detail = OutcomeError, "not finished: "+err.Error()+" after "+strconv.Itoa(r.ElapsedMS)+" ms (was "+string(r.Outcome)+")"
+	}
 	r.Detail = clip(r.Detail, MaxDetailLen)
 	return r
 }

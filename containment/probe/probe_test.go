@@ -219,8 +219,8 @@ func TestRunCancelled(t *testing.T) {
 	}}
 	rep := (&Prober{Dialer: &countingDialer{}, Root: t.TempDir()}).Run(ctx, req)
 	for _, r := range rep.Results {
-		if r.Outcome != OutcomeError && r.Outcome != OutcomeTimeout {
-			t.Errorf("%s = %s after cancel", r.ID, r.Outcome)
+		if r.Outcome != OutcomeError {
+			t.Errorf("%s = %s after cancel, want error (no verdict)", r.ID, r.Outcome)
 		}
 	}
 	if _, err := ParseReport(mustJSON(t, rep)); err != nil {
@@ -288,4 +288,18 @@ func (f dialerFunc) DialContext(ctx context.Context, network, address string) (n
 func port(addr string) string {
 	_, p, _ := net.SplitHostPort(addr)
 	return p
+}
+
+// TestRunBoundCutIsNoVerdict: a row still waiting when the run's own
+// bound ends it (main's deadline: RunBound plus RunGrace, so the report
+// comes back before the host's exec timeout) is an error, never a
+// timeout: silence cut short is no proof the path is blocked.
+func TestRunBoundCutIsNoVerdict(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	req := &Request{Version: Version, Targets: []Target{{ID: "slow", Kind: KindTCP, Addr: "192.0.2.1:80", TimeoutMS: 5000}}}
+	rep := (&Prober{Dialer: &countingDialer{}, Root: t.TempDir()}).Run(ctx, req)
+	if r := rep.Results[0]; r.Outcome != OutcomeError || !strings.Contains(r.Detail, "not finished") {
+		t.Fatalf("a row cut by the run's bound: %s %q, want error (not finished)", r.Outcome, r.Detail)
+	}
 }
