@@ -128,6 +128,32 @@ func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 	return p
 }
 
+// daemonLog returns the last lines of the playground daemon's log (its
+// path is in the "pve-inspectd ready" line) that contain one of words, for
+// a failure's message.
+func (p *playgroundProc) daemonLog(t *testing.T, words ...string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(p.out.String(), "(log ")
+	path, _, _ := strings.Cut(rest, ")")
+	if !ok || path == "" {
+		return "(no log path printed)"
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				keep = append(keep, l)
+				break
+			}
+		}
+	}
+	return lastLines(strings.Join(keep, "\n"), 60)
+}
+
 // stop sends SIGTERM and waits for a clean exit.
 func (p *playgroundProc) stop(t *testing.T) {
 	t.Helper()
@@ -202,7 +228,7 @@ func TestPlayground(t *testing.T) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("node client.mjs: %v\n%s", err, lastLines(stderr.String(), 40))
+		t.Fatalf("node client.mjs: %v\n%s\nthe daemon's log, warnings and the check:\n%s", err, lastLines(stderr.String(), 40), p.daemonLog(t, "level=WARN", "level=ERROR", "containment", "check"))
 	}
 	t.Logf("TypeScript SDK client: %s", out)
 	checkClientResult(t, out)
@@ -302,8 +328,9 @@ type transportResult struct {
 		Equal         bool
 	}
 	Check struct {
-		Pass bool
-		Rows int
+		Pass   bool
+		Rows   int
+		Failed []string // the failing rows, said when the check fails
 	}
 	Progress struct {
 		Notifications int

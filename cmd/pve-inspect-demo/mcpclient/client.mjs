@@ -44,7 +44,8 @@ async function roundTrip(client) {
     out.file = { written: w.size, read: r.size, equal: Buffer.from(r.content, "base64").equals(data) };
 
     const rep = await call("sandbox_check", { id: sb.id });
-    out.check = { pass: rep.pass, rows: rep.rows.length };
+    out.check = { pass: rep.pass, rows: rep.rows.length,
+      failed: rep.rows.filter((r) => !r.pass).map((r) => `${r.target} ${r.probe}: want ${r.expected}, saw ${r.observed} ${r.detail || ""}`) };
 
     // progress notifications while a command runs
     let progress = 0;
