@@ -202,9 +202,19 @@ func (c *classifier) refreshMgmtLocked() error {
 			}
 			nets = append(nets, netip.PrefixFrom(ip, ones).Masked())
 		}
-		// and its on-link routes without an address of the node in
-		// them (a provider's extra range, "ip route add NET dev vmbr0"):
-		// the node resolves every address of them too (review 4)
+		// and its on-link routes (no gateway: the node resolves every
+		// destination itself, whatever the route's scope) without an
+		// address of the node in them: a provider's extra range, "ip
+		// route add NET dev vmbr0 [scope global]", a dev-only nexthop
+		// object (reviews 4, 5). A link without ARP (point-to-point:
+		// wg, ppp, tun) resolves nothing; its routes stay open.
+		nd, err := c.h.LinkByIndex(idx)
+		if err != nil {
+			return fmt.Errorf("link %s: %w", l.name, err)
+		}
+		if nd.Attrs().RawFlags&(unix.IFF_NOARP|unix.IFF_POINTOPOINT) != 0 {
+			continue
+		}
 		var routes []netlink.Route
 		if err := retryDump("routes of "+l.name, func() (err error) {
 			routes, err = c.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: idx, Table: unix.RT_TABLE_MAIN},
@@ -214,7 +224,7 @@ func (c *classifier) refreshMgmtLocked() error {
 			return err
 		}
 		for _, r := range routes {
-			if r.Scope != netlink.SCOPE_LINK || r.Dst == nil || r.Gw != nil {
+			if !onLink(r) {
 				continue
 			}
 			ip, ok := netip.AddrFromSlice(r.Dst.IP.To4())
@@ -234,6 +244,21 @@ func (c *classifier) refreshMgmtLocked() error {
 	c.cur.Management = sortedUnique(names)
 	c.cur.UplinkNets = slices.Compact(nets)
 	return nil
+}
+
+// onLink reports whether r is a unicast route to a network with no
+// gateway on any next hop: one whose destinations the node resolves on
+// the link itself.
+func onLink(r netlink.Route) bool {
+	if r.Dst == nil || r.Gw != nil || r.Via != nil || r.Type != unix.RTN_UNICAST {
+		return false
+	}
+	for _, nh := range r.MultiPath {
+		if nh.Gw != nil || nh.Via != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // current returns the cached classification.

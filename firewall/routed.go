@@ -53,6 +53,9 @@ const GuestUpMark uint32 = 0x00100000
 const (
 	// SetGuestAddrs4 (inet) holds every IPv4 address of the port map.
 	SetGuestAddrs4 = "guest_addrs4"
+	// SetGuestSelf4 (inet) holds "a . a" for each of them: a guest's DHCP
+	// request may name (ciaddr) only its own source address.
+	SetGuestSelf4 = "guest_self4"
 
 	chainPortUp = "port_up"
 )
@@ -111,7 +114,12 @@ func routedRules() []*RuleSpec {
 // request of a client without a source address at its ciaddr (dnsmasq
 // dhcp.c dhcp_packet), from the node itself: the output path, where the
 // forward chain's bound does not reach. A guest is never a relay agent
-// (giaddr must be 0), and a ciaddr must be 0 or a guest's address. The
+// (giaddr must be 0), and a ciaddr must be 0 or the request's own source
+// address, which the layer-2 table pins to the port's (ip4-saddr; a
+// client without an address sends from 0.0.0.0, and RFC 2131 4.4.1 has it
+// send ciaddr 0 then): naming another guest's address would make dnsmasq
+// answer it out of the sender's bridge (the reply's interface is the
+// request's, IP_PKTINFO), where the node resolves it (review 5). The
 // input hook sees the datagram reassembled (conntrack's defragmentation
 // runs at -400), so no field can hide in a second fragment.
 func guestDHCPRules() []*RuleSpec {
@@ -123,8 +131,13 @@ func guestDHCPRules() []*RuleSpec {
 	return []*RuleSpec{
 		rule("guest-dhcp-relay", "udp dport 67 @th,256,32 != 0 counter drop",
 			append(toServer, bootp(24), zero, drop())...),
-		rule("guest-dhcp-ciaddr", "udp dport 67 @th,160,32 != 0 @th,160,32 != @guest_addrs4 counter drop",
-			append(toServer, bootp(12), zero, lookup(SetGuestAddrs4, true), drop())...),
+		rule("guest-dhcp-ciaddr", "udp dport 67 @th,160,32 != 0 ip saddr . @th,160,32 != @guest_self4 counter drop",
+			append(toServer, bootp(12), zero, nfproto(unix.NFPROTO_IPV4),
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+				// the ciaddr into the 32-bit register after the source
+				// (NFT_REG32_01): each part of a concatenation is 4 bytes
+				&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseTransportHeader, Offset: 8 + 12, Len: 4},
+				lookup(SetGuestSelf4, true), drop())...),
 	}
 }
 
@@ -145,42 +158,58 @@ func guestAddrs(ports []Port) []netip.Addr {
 	return slices.Compact(out)
 }
 
-// guestAddrsSet is @guest_addrs4 holding the addresses of ports.
-func guestAddrsSet(ports []Port) *SetSpec {
-	s := &SetSpec{Name: SetGuestAddrs4, KeyType: nftables.TypeIPAddr}
-	for _, a := range guestAddrs(ports) {
-		b := a.As4()
-		s.Elements = append(s.Elements, nftables.SetElement{Key: b[:]})
-		s.Text = append(s.Text, a.String())
+// guestAddrMember is the member of set for the guest address a.
+func guestAddrMember(set string, a netip.Addr) member {
+	k := a.As4()
+	if set == SetGuestSelf4 {
+		return member{key: append(k[:], k[:]...), text: a.String() + " . " + a.String()}
 	}
-	return s
+	return member{key: k[:], text: a.String()}
 }
 
-// withGuestAddrs fills rs's @guest_addrs4 from ports (Render leaves it
-// empty: the port map is the guard's run-time state).
+// guestAddrSets are @guest_addrs4 and @guest_self4 holding the addresses
+// of ports.
+func guestAddrSets(ports []Port) []*SetSpec {
+	out := []*SetSpec{{Name: SetGuestAddrs4, KeyType: nftables.TypeIPAddr},
+		{Name: SetGuestSelf4, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr), Concat: true}}
+	for _, a := range guestAddrs(ports) {
+		for _, s := range out {
+			m := guestAddrMember(s.Name, a)
+			s.Elements = append(s.Elements, nftables.SetElement{Key: m.key})
+			s.Text = append(s.Text, m.text)
+		}
+	}
+	return out
+}
+
+// withGuestAddrs fills rs's guest address sets from ports (Render leaves
+// them empty: the port map is the guard's run-time state).
 func withGuestAddrs(rs *Ruleset, ports []Port) *Ruleset {
-	for i, s := range rs.Sets {
-		if s.Name == SetGuestAddrs4 {
-			rs.Sets[i] = guestAddrsSet(ports)
+	for _, fill := range guestAddrSets(ports) {
+		for i, s := range rs.Sets {
+			if s.Name == fill.Name {
+				rs.Sets[i] = fill
+			}
 		}
 	}
 	return rs
 }
 
-// guestAddrChanges queues the change of @guest_addrs4 between the port
-// maps cur and next: an address stays while any port holds it.
+// guestAddrChanges queues the changes of the guest address sets between
+// the port maps cur and next: an address stays while any port holds it.
 func guestAddrChanges(cs *changes, cur, next []Port) {
 	a, b := guestAddrs(cur), guestAddrs(next)
-	c := cs.of(false, SetGuestAddrs4)
-	m := func(x netip.Addr) member { k := x.As4(); return member{key: k[:], text: x.String()} }
-	for _, x := range b {
-		if _, ok := slices.BinarySearchFunc(a, x, netip.Addr.Compare); !ok {
-			c.add = append(c.add, m(x))
+	for _, set := range []string{SetGuestAddrs4, SetGuestSelf4} {
+		c := cs.of(false, set)
+		for _, x := range b {
+			if _, ok := slices.BinarySearchFunc(a, x, netip.Addr.Compare); !ok {
+				c.add = append(c.add, guestAddrMember(set, x))
+			}
 		}
-	}
-	for _, x := range a {
-		if _, ok := slices.BinarySearchFunc(b, x, netip.Addr.Compare); !ok {
-			c.del = append(c.del, m(x))
+		for _, x := range a {
+			if _, ok := slices.BinarySearchFunc(b, x, netip.Addr.Compare); !ok {
+				c.del = append(c.del, guestAddrMember(set, x))
+			}
 		}
 	}
 }

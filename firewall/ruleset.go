@@ -209,7 +209,8 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 		zp.Elements = append(zp.Elements, nftables.SetElement{Key: append(ifname(p[0]), ifname(p[1])...)})
 		zp.Text = append(zp.Text, fmt.Sprintf("%s . %s", p[0], p[1]))
 	}
-	rs.Sets = append(rs.Sets, zp, guestAddrsSet(nil))
+	rs.Sets = append(rs.Sets, zp)
+	rs.Sets = append(rs.Sets, guestAddrSets(nil)...)
 
 	pre := &ChainSpec{Name: "prerouting", Hook: nftables.ChainHookPrerouting, HookName: "prerouting", Priority: -300}
 	pre.Rules = []*RuleSpec{

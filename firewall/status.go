@@ -104,9 +104,9 @@ func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 	// not counted as differences; missing configured pairs still are.
 	kept := st.Drifts[:0]
 	for _, d := range st.Drifts {
-		if d.Kind == DriftElements && d.Object == SetGuestAddrs4 {
+		if d.Kind == DriftElements && (d.Object == SetGuestAddrs4 || d.Object == SetGuestSelf4) {
 			// the running daemon's port map, not configuration
-			st.Notes = append(st.Notes, fmt.Sprintf("%d guest address(es) from the port map", len(k.elems[SetGuestAddrs4])))
+			st.Notes = append(st.Notes, fmt.Sprintf("%s: %d guest address(es) from the port map", d.Object, len(k.elems[d.Object])))
 			continue
 		}
 		if d.Kind == DriftElements && d.Object == SetZonePeers {
