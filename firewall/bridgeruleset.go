@@ -206,6 +206,16 @@ func portGuard() *ChainSpec {
 			etherType(unix.ETH_P_IPV6), l4proto(unix.IPPROTO_ICMPV6),
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
 			cmpEq([]byte{134}), drop()),
+		// a DHCP request's ciaddr is 0 or the port's own address: the
+		// zone's dnsmasq answers it at ciaddr out of this bridge, and the
+		// node resolves it there (routed.go)
+		rule("dhcp-ciaddr", "ether type ip udp dport 67 @th,160,32 != 0 iifname . @th,160,32 != @port_ip4 counter drop",
+			etherType(unix.ETH_P_IP), l4proto(unix.IPPROTO_UDP), dport(), cmpEq(be16(67)),
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 8 + 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+			meta(expr.MetaKeyIIFNAME),
+			&expr.Payload{DestRegister: 2, Base: expr.PayloadBaseTransportHeader, Offset: 8 + 12, Len: 4},
+			lookup(SetPortIPv4, true), drop()),
 		rule("unmapped", "iifname != @ports counter jump "+chainPortUnmapped,
 			meta(expr.MetaKeyIIFNAME), lookup(SetPorts, true), &expr.Counter{}, jump(chainPortUnmapped)),
 		rule("mac", "iifname . ether saddr != @port_mac counter drop",

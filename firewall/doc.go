@@ -117,7 +117,8 @@
 //
 //	prerouting -300  port_in: iifname @guest_ports jump port_guard
 //	port_guard       dhcp-server (udp sport 67), dhcp-to-client (udp dport
-//	                 68), router-advert drop; unmapped (iifname != @ports)
+//	                 68), router-advert, dhcp-ciaddr (a request's ciaddr
+//	                 neither 0 nor the port's) drop; unmapped (iifname != @ports)
 //	                 -> port_unmapped; mac (iifname . ether saddr !=
 //	                 @port_mac) drop; arp -> port_arp; dhcp-client
 //	                 (0.0.0.0:68 -> :67) accept; ip4-saddr (iifname . ip

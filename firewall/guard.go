@@ -217,7 +217,8 @@ func (g *Guard) Close() error {
 }
 
 // Start puts the guard in force: it disables IPv6 on new interfaces,
-// classifies the interfaces, then in one batch creates the table, re-adopts
+// classifies the interfaces, turns on the loose source check for guest
+// ports (looseRPFilter), then in one batch creates the table, re-adopts
 // an orphaned one (its rules and counters kept), or rebuilds one that was
 // deleted, edited, or created without the owner|persist flags. It returns
 // nil only once Verify has found the kernel's table equal to the desired
@@ -228,6 +229,15 @@ func (g *Guard) Start(ctx context.Context) error {
 	}
 	cls, err := g.cls.classify()
 	if err != nil {
+		return fmt.Errorf("start guard: %w", err)
+	}
+	var guestPorts []string
+	for _, e := range cls.Enslaved {
+		if isGuestPortName(e.Port) {
+			guestPorts = append(guestPorts, e.Port)
+		}
+	}
+	if err := inNS(g.opts.ns, func() error { return looseRPFilter(g.cfg, guestPorts) }); err != nil {
 		return fmt.Errorf("start guard: %w", err)
 	}
 	g.mu.Lock()
@@ -968,7 +978,7 @@ func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
 			return fmt.Errorf("remove table: %w", err)
 		}
 	}
-	if err := inNS(o.ns, func() error { return restoreIPv6Default(cfg) }); err != nil {
+	if err := inNS(o.ns, func() error { return errors.Join(restoreIPv6Default(cfg), restoreRPFilterDefault(cfg)) }); err != nil {
 		return fmt.Errorf("remove guard: %w", err)
 	}
 	if err := os.Remove(filepath.Join(cfg.stateDir(), appliedMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {

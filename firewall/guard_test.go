@@ -581,19 +581,30 @@ func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	return 0
 }
 
+// TestRemoveTableRestoresSysctl: Start sets the defaults new interfaces
+// inherit (IPv6 off; the loose source check, when it was off) and saves
+// them; guard remove puts them back.
 func TestRemoveTableRestoresSysctl(t *testing.T) {
 	n := basicNode(t)
 	cfg := testConfig(t)
-	p := filepath.Join(cfg.ProcRoot, ipv6DefaultSysctl)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
+	sysctls := []struct{ rel, before, started string }{
+		{ipv6DefaultSysctl, "0\n", "1\n"},
+		{rpFilterDefaultSysctl, "0\n", "2\n"},
 	}
-	if err := os.WriteFile(p, []byte("0\n"), 0o644); err != nil {
-		t.Fatal(err)
+	for _, sc := range sysctls {
+		p := filepath.Join(cfg.ProcRoot, sc.rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(sc.before), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	g := startGuard(t, n, cfg)
-	if b, _ := os.ReadFile(p); string(b) != "1\n" {
-		t.Errorf("disable_ipv6 after start = %q, want 1", b)
+	for _, sc := range sysctls {
+		if b, _ := os.ReadFile(filepath.Join(cfg.ProcRoot, sc.rel)); string(b) != sc.started {
+			t.Errorf("%s after start = %q, want %q", sc.rel, b, sc.started)
+		}
 	}
 	var oe *OwnedError
 	if err := RemoveTable(context.Background(), cfg, WithNetNS(n.Handle())); !errors.As(err, &oe) {
@@ -608,8 +619,10 @@ func TestRemoveTableRestoresSysctl(t *testing.T) {
 	if out, err := n.nft(t, "list", "table", "inet", TableName); err == nil {
 		t.Errorf("table still there after remove:\n%s", out)
 	}
-	if b, _ := os.ReadFile(p); string(b) != "0\n" {
-		t.Errorf("disable_ipv6 after remove = %q, want 0", b)
+	for _, sc := range sysctls {
+		if b, _ := os.ReadFile(filepath.Join(cfg.ProcRoot, sc.rel)); string(b) != sc.before {
+			t.Errorf("%s after remove = %q, want %q", sc.rel, b, sc.before)
+		}
 	}
 }
 

@@ -53,8 +53,10 @@ const GuestUpMark uint32 = 0x00100000
 const (
 	// SetGuestAddrs4 (inet) holds every IPv4 address of the port map.
 	SetGuestAddrs4 = "guest_addrs4"
-	// SetGuestSelf4 (inet) holds "a . a" for each of them: a guest's DHCP
-	// request may name (ciaddr) only its own source address.
+	// SetGuestSelf4 (inet) holds "a . a" and "0.0.0.0 . a" for each of
+	// them: a guest's DHCP request may name (ciaddr) only its own source
+	// address, or a guest's address when sent from 0.0.0.0 (the layer-2
+	// table pins that one to the port's own).
 	SetGuestSelf4 = "guest_self4"
 
 	chainPortUp = "port_up"
@@ -115,11 +117,14 @@ func routedRules() []*RuleSpec {
 // dhcp.c dhcp_packet), from the node itself: the output path, where the
 // forward chain's bound does not reach. A guest is never a relay agent
 // (giaddr must be 0), and a ciaddr must be 0 or the request's own source
-// address, which the layer-2 table pins to the port's (ip4-saddr; a
-// client without an address sends from 0.0.0.0, and RFC 2131 4.4.1 has it
-// send ciaddr 0 then): naming another guest's address would make dnsmasq
-// answer it out of the sender's bridge (the reply's interface is the
-// request's, IP_PKTINFO), where the node resolves it (review 5). The
+// address, which the layer-2 table pins to the port's (ip4-saddr), or,
+// from 0.0.0.0 (a rebinding client on a packet socket: sd-dhcp-client,
+// udhcpc), a guest's address that the layer-2 table's dhcp-ciaddr rule
+// pinned to the port's own (a fragment from 0.0.0.0 never passes it, so
+// no such request is reassembled unchecked). Naming another guest's
+// address would make dnsmasq answer it out of the sender's bridge (the
+// reply's interface is the request's, IP_PKTINFO), where the node
+// resolves it (reviews 5, 6). The
 // input hook sees the datagram reassembled (conntrack's defragmentation
 // runs at -400), so no field can hide in a second fragment.
 func guestDHCPRules() []*RuleSpec {
@@ -158,13 +163,17 @@ func guestAddrs(ports []Port) []netip.Addr {
 	return slices.Compact(out)
 }
 
-// guestAddrMember is the member of set for the guest address a.
-func guestAddrMember(set string, a netip.Addr) member {
+// guestAddrMembers are the members of set for the guest address a: a, or
+// for @guest_self4 "a . a" (a request from a) and "0.0.0.0 . a" (one from a
+// client sending without its address, as sd-dhcp-client and udhcpc rebind;
+// the layer-2 table's dhcp-ciaddr rule pins that ciaddr to the port's own).
+func guestAddrMembers(set string, a netip.Addr) []member {
 	k := a.As4()
 	if set == SetGuestSelf4 {
-		return member{key: append(k[:], k[:]...), text: a.String() + " . " + a.String()}
+		return []member{{key: append(k[:], k[:]...), text: a.String() + " . " + a.String()},
+			{key: append([]byte{0, 0, 0, 0}, k[:]...), text: "0.0.0.0 . " + a.String()}}
 	}
-	return member{key: k[:], text: a.String()}
+	return []member{{key: k[:], text: a.String()}}
 }
 
 // guestAddrSets are @guest_addrs4 and @guest_self4 holding the addresses
@@ -174,9 +183,10 @@ func guestAddrSets(ports []Port) []*SetSpec {
 		{Name: SetGuestSelf4, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr), Concat: true}}
 	for _, a := range guestAddrs(ports) {
 		for _, s := range out {
-			m := guestAddrMember(s.Name, a)
-			s.Elements = append(s.Elements, nftables.SetElement{Key: m.key})
-			s.Text = append(s.Text, m.text)
+			for _, m := range guestAddrMembers(s.Name, a) {
+				s.Elements = append(s.Elements, nftables.SetElement{Key: m.key})
+				s.Text = append(s.Text, m.text)
+			}
 		}
 	}
 	return out
@@ -203,12 +213,12 @@ func guestAddrChanges(cs *changes, cur, next []Port) {
 		c := cs.of(false, set)
 		for _, x := range b {
 			if _, ok := slices.BinarySearchFunc(a, x, netip.Addr.Compare); !ok {
-				c.add = append(c.add, guestAddrMember(set, x))
+				c.add = append(c.add, guestAddrMembers(set, x)...)
 			}
 		}
 		for _, x := range a {
 			if _, ok := slices.BinarySearchFunc(b, x, netip.Addr.Compare); !ok {
-				c.del = append(c.del, guestAddrMember(set, x))
+				c.del = append(c.del, guestAddrMembers(set, x)...)
 			}
 		}
 	}

@@ -83,15 +83,11 @@ func TestGuestCannotFillNeighbourTableThroughZoneDHCP(t *testing.T) {
 					return err
 				}
 				defer c.Close()
-				eth0, err := net.InterfaceByName("eth0")
+				raw, err := openRaw("eth0")
 				if err != nil {
 					return err
 				}
-				fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-				if err != nil {
-					return err
-				}
-				defer unix.Close(fd)
+				defer raw.close()
 				for i := range targets {
 					x := netip.AddrFrom4([4]byte{10, 77, byte(1 + i/250), byte(1 + i%250)})
 					if mode == "giaddr" {
@@ -105,7 +101,7 @@ func TestGuestCannotFillNeighbourTableThroughZoneDHCP(t *testing.T) {
 						k := x.As4()
 						copy(p[12:16], k[:])
 						p[242] = typ
-						if err := unix.Sendto(fd, dhcpFrame(a.mac, p), 0, &unix.SockaddrLinklayer{Ifindex: eth0.Index, Halen: 6}); err != nil {
+						if err := raw.send(dhcpFrame(a.mac, p)); err != nil {
 							return err
 						}
 					}
@@ -257,3 +253,26 @@ func TestGuestDHCPRenewalStillAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// rawSender sends whole Ethernet frames out of one interface of the
+// namespace it was opened in (a guest forging what its kernel would not).
+type rawSender struct{ fd, ifindex int }
+
+// openRaw opens a packet socket for iface; call it inside the namespace.
+func openRaw(iface string) (*rawSender, error) {
+	ifi, err := net.InterfaceByName(iface)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &rawSender{fd: fd, ifindex: ifi.Index}, nil
+}
+
+func (r *rawSender) send(frame []byte) error {
+	return unix.Sendto(r.fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: r.ifindex, Halen: 6})
+}
+
+func (r *rawSender) close() { unix.Close(r.fd) }

@@ -3,15 +3,12 @@ package firewall
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestGuestCannotSweepOnLinkRouteOfUplinkAnyScope (review 5): an on-link
@@ -85,21 +82,17 @@ func TestGuestCannotResolveOtherGuestsOnItsVnetThroughZoneDHCP(t *testing.T) {
 		return []Port{{Name: b.port, MAC: b.mac, IPv4: append([]netip.Addr{b.addr}, others...)}}
 	})
 	if err := a.ns.Do(func() error {
-		eth0, err := net.InterfaceByName("eth0")
+		raw, err := openRaw("eth0")
 		if err != nil {
 			return err
 		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
+		defer raw.close()
 		for i, x := range others {
 			p := dhcpRelayed(a.mac, netip.IPv4Unspecified(), uint32(i+1))
 			k := x.As4()
 			copy(p[12:16], k[:])
 			p[242] = 8 // INFORM
-			if err := unix.Sendto(fd, dhcpFrame(a.mac, p), 0, &unix.SockaddrLinklayer{Ifindex: eth0.Index, Halen: 6}); err != nil {
+			if err := raw.send(dhcpFrame(a.mac, p)); err != nil {
 				return err
 			}
 			time.Sleep(2 * time.Millisecond)

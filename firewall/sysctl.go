@@ -27,7 +27,22 @@ const (
 // directory so that RemoveTable can restore it. A kernel without IPv6 has
 // no such file: nothing to do.
 func disableIPv6Default(cfg Config) error {
-	p := filepath.Join(cfg.procRoot(), ipv6DefaultSysctl)
+	return raiseDefault(cfg, ipv6DefaultSysctl, ipv6BackupFile, func(old string) string {
+		return "1"
+	})
+}
+
+// restoreIPv6Default puts back the value saved by disableIPv6Default.
+func restoreIPv6Default(cfg Config) error {
+	return restoreDefault(cfg, ipv6DefaultSysctl, ipv6BackupFile)
+}
+
+// raiseDefault sets the sysctl rel (under the proc root) to want(old)
+// when that differs from old, after saving old once in the state
+// directory as backup. A missing sysctl (a kernel without it) is nothing
+// to do.
+func raiseDefault(cfg Config, rel, backup string, want func(old string) string) error {
+	p := filepath.Join(cfg.procRoot(), rel)
 	old, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -35,40 +50,98 @@ func disableIPv6Default(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", p, err)
 	}
-	backup := filepath.Join(cfg.stateDir(), ipv6BackupFile)
-	if _, err := os.Stat(backup); errors.Is(err, os.ErrNotExist) {
+	saved := filepath.Join(cfg.stateDir(), backup)
+	if _, err := os.Stat(saved); errors.Is(err, os.ErrNotExist) {
 		if err := os.MkdirAll(cfg.stateDir(), 0o755); err != nil {
 			return fmt.Errorf("create state dir: %w", err)
 		}
-		if err := os.WriteFile(backup, old, 0o644); err != nil {
+		if err := os.WriteFile(saved, old, 0o644); err != nil {
 			return fmt.Errorf("save %s: %w", p, err)
 		}
 	}
-	if strings.TrimSpace(string(old)) == "1" {
-		return nil
-	}
-	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", p, err)
+	cur := strings.TrimSpace(string(old))
+	if next := want(cur); next != cur {
+		if err := os.WriteFile(p, []byte(next+"\n"), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", p, err)
+		}
 	}
 	return nil
 }
 
-// restoreIPv6Default puts back the value saved by disableIPv6Default.
-func restoreIPv6Default(cfg Config) error {
-	backup := filepath.Join(cfg.stateDir(), ipv6BackupFile)
-	old, err := os.ReadFile(backup)
+// restoreDefault puts back the value raiseDefault saved as backup.
+func restoreDefault(cfg Config, rel, backup string) error {
+	saved := filepath.Join(cfg.stateDir(), backup)
+	old, err := os.ReadFile(saved)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("read %s: %w", backup, err)
+		return fmt.Errorf("read %s: %w", saved, err)
 	}
-	p := filepath.Join(cfg.procRoot(), ipv6DefaultSysctl)
+	p := filepath.Join(cfg.procRoot(), rel)
 	if err := os.WriteFile(p, old, 0o644); err != nil {
 		return fmt.Errorf("restore %s: %w", p, err)
 	}
-	if err := os.Remove(backup); err != nil {
-		return fmt.Errorf("remove %s: %w", backup, err)
+	if err := os.Remove(saved); err != nil {
+		return fmt.Errorf("remove %s: %w", saved, err)
 	}
 	return nil
+}
+
+const (
+	rpFilterDefaultSysctl = "sys/net/ipv4/conf/default/rp_filter"
+	rpFilterBackupFile    = "guard-rp-filter-default.orig"
+)
+
+// looseRPFilter makes the node check the source of what a guest port's
+// own device receives (review 6). A frame to a reserved link-local group
+// (01:80:c2:00:00:0X) that the bridge does not forward skips the bridge's
+// prerouting hook, and the node's stack receives it on the port device
+// itself (net/bridge/br_input.c br_handle_frame, RX_HANDLER_PASS; from
+// memory): an ARP request there, for an address of the node, with a
+// forged sender address, made the node create a neighbour entry per
+// sender (net/ipv4/arp.c arp_process) past every layer-2 check. A port
+// has no address, so with rp_filter 1 or 2 the source check fails for
+// every sender (net/ipv4/fib_frontend.c __fib_validate_source: no_addr,
+// last_resort, e_rpf) and nothing is created or answered. So
+// net.ipv4.conf.default.rp_filter goes to 2 (loose: an address-bearing
+// interface then only refuses sources it has no route for, as Ubuntu's
+// default has it) when it is 0, saved once for RemoveTable, and each
+// existing port named like a guest port (ports) with 0 gets 2; new ports
+// inherit the default. A value of 1 is kept.
+func looseRPFilter(cfg Config, ports []string) error {
+	loose := func(old string) string {
+		if old == "0" {
+			return "2"
+		}
+		return old
+	}
+	if err := raiseDefault(cfg, rpFilterDefaultSysctl, rpFilterBackupFile, loose); err != nil {
+		return err
+	}
+	for _, port := range ports {
+		if !portNameRE.MatchString(port) || port == "." || port == ".." {
+			continue
+		}
+		p := filepath.Join(cfg.procRoot(), "sys/net/ipv4/conf", port, "rp_filter")
+		v, err := os.ReadFile(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the port went meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", p, err)
+		}
+		if strings.TrimSpace(string(v)) != "0" {
+			continue
+		}
+		if err := os.WriteFile(p, []byte("2\n"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("write %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// restoreRPFilterDefault puts back the value saved by looseRPFilter.
+func restoreRPFilterDefault(cfg Config) error {
+	return restoreDefault(cfg, rpFilterDefaultSysctl, rpFilterBackupFile)
 }

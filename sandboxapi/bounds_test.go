@@ -288,24 +288,29 @@ func TestCollectedBudget(t *testing.T) {
 	}
 }
 
-// TestSlowSnapshotBodyHoldsNoOperation: a snapshot whose client trickles
-// its body has not begun its operation, so a delete of the sandbox (which
-// waits for the sandbox's operations) is not held until the request's
-// read deadline cuts the body.
-func TestSlowSnapshotBodyHoldsNoOperation(t *testing.T) {
-	e := newEnv(t, func(o *options) { o.RequestTimeout = 2 * time.Minute })
-	sb := e.create(twoVMs())
-	conn := rawRequest(t, e, fmt.Sprintf("POST /v1/sandboxes/%s/vms/a/snapshots HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\n"+
-		"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", sb.ID))
-	// The server has the headers; let it reach the body read.
-	time.Sleep(200 * time.Millisecond)
-	ctx, cancel := context.WithTimeout(e.ctx(), 20*time.Second)
-	defer cancel()
-	if err := e.c.Delete(ctx, sb.ID); err != nil {
-		t.Fatalf("delete while a snapshot's body trickles: %v (held by the snapshot's operation?)", err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	if _, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
-		t.Fatal("the snapshot was answered before its body came")
+// TestSlowBodyHoldsNoDelete: a call whose client trickles its body does
+// not hold a delete of the sandbox (which waits for the sandbox's
+// operations) until the request's read deadline cuts the body: a snapshot
+// reads its body before its operation begins, an exec's body read is cut
+// when the delete cancels the operation (guardClient).
+func TestSlowBodyHoldsNoDelete(t *testing.T) {
+	for _, call := range []string{"snapshots", "exec"} {
+		t.Run(call, func(t *testing.T) {
+			e := newEnv(t, func(o *options) { o.RequestTimeout = 2 * time.Minute })
+			sb := e.create(twoVMs())
+			conn := rawRequest(t, e, fmt.Sprintf("POST /v1/sandboxes/%s/vms/a/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\n"+
+				"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", sb.ID, call))
+			// The server has the headers; let it reach the body read.
+			time.Sleep(200 * time.Millisecond)
+			ctx, cancel := context.WithTimeout(e.ctx(), 20*time.Second)
+			defer cancel()
+			if err := e.c.Delete(ctx, sb.ID); err != nil {
+				t.Fatalf("delete while a %s body trickles: %v (held by the call's operation?)", call, err)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil && resp.StatusCode < 400 {
+				t.Fatalf("the %s was answered %s before its body came", call, resp.Status)
+			}
+		})
 	}
 }
