@@ -217,8 +217,8 @@ func (g *Guard) Close() error {
 }
 
 // Start puts the guard in force: it disables IPv6 on new interfaces,
-// classifies the interfaces, turns on the loose source check for guest
-// ports (looseRPFilter), then in one batch creates the table, re-adopts
+// classifies the interfaces, turns on the loose source check of the guest
+// ports (checkPortSources), then in one batch creates the table, re-adopts
 // an orphaned one (its rules and counters kept), or rebuilds one that was
 // deleted, edited, or created without the owner|persist flags. It returns
 // nil only once Verify has found the kernel's table equal to the desired
@@ -237,7 +237,7 @@ func (g *Guard) Start(ctx context.Context) error {
 			guestPorts = append(guestPorts, e.Port)
 		}
 	}
-	if err := inNS(g.opts.ns, func() error { return looseRPFilter(g.cfg, guestPorts) }); err != nil {
+	if err := inNS(g.opts.ns, func() error { return checkPortSources(g.cfg, guestPorts) }); err != nil {
 		return fmt.Errorf("start guard: %w", err)
 	}
 	g.mu.Lock()
@@ -767,6 +767,12 @@ func (g *Guard) reclassify(ctx context.Context, full bool) error {
 		g.mu.Unlock()
 		return nil
 	}
+	var joined []string // guest ports new on a bridge: their source check
+	for _, m := range enslavedDiff(g.state.Enslaved, cls.Enslaved) {
+		if m.before == "" && m.after != "" && isGuestPortName(m.port) {
+			joined = append(joined, m.port)
+		}
+	}
 	var err error
 	// A change of the management, trusted interfaces or uplink subnets is
 	// what the log reports (Info, once per change); interfaces and bridge
@@ -779,6 +785,9 @@ func (g *Guard) reclassify(ctx context.Context, full bool) error {
 		err = g.applyLocked(ctx, cls, g.sw)
 	}
 	g.mu.Unlock()
+	if len(joined) > 0 {
+		err = errors.Join(err, inNS(g.opts.ns, func() error { return checkPortSources(g.cfg, joined) }))
+	}
 	if err != nil {
 		return err
 	}
@@ -978,7 +987,7 @@ func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
 			return fmt.Errorf("remove table: %w", err)
 		}
 	}
-	if err := inNS(o.ns, func() error { return errors.Join(restoreIPv6Default(cfg), restoreRPFilterDefault(cfg)) }); err != nil {
+	if err := inNS(o.ns, func() error { return restoreIPv6Default(cfg) }); err != nil {
 		return fmt.Errorf("remove guard: %w", err)
 	}
 	if err := os.Remove(filepath.Join(cfg.stateDir(), appliedMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {

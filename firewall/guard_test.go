@@ -581,15 +581,13 @@ func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	return 0
 }
 
-// TestRemoveTableRestoresSysctl: Start sets the defaults new interfaces
-// inherit (IPv6 off; the loose source check, when it was off) and saves
-// them; guard remove puts them back.
+// TestRemoveTableRestoresSysctl: Start sets the default new interfaces
+// inherit (IPv6 off) and saves it; guard remove puts it back.
 func TestRemoveTableRestoresSysctl(t *testing.T) {
 	n := basicNode(t)
 	cfg := testConfig(t)
 	sysctls := []struct{ rel, before, started string }{
 		{ipv6DefaultSysctl, "0\n", "1\n"},
-		{rpFilterDefaultSysctl, "0\n", "2\n"},
 	}
 	for _, sc := range sysctls {
 		p := filepath.Join(cfg.ProcRoot, sc.rel)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -35,7 +36,7 @@ func arpRequestTo(dst, src net.HardwareAddr, sip, tip netip.Addr) []byte {
 func TestGuestLinkLocalGroupFramesBypassPortGuard(t *testing.T) {
 	for _, tc := range []struct {
 		grp         byte
-		plugLater   bool // the port comes after the guard started (it inherits the default)
+		plugLater   bool // the port comes after the guard started (its link event)
 		description string
 	}{{0x0e, false, "port before start"}, {0x03, false, "port before start"}, {0x0e, true, "port after start"}} {
 		grp := tc.grp
@@ -49,7 +50,13 @@ func TestGuestLinkLocalGroupFramesBypassPortGuard(t *testing.T) {
 			}
 			g := startGuard(t, n, cfg)
 			if tc.plugLater {
+				runGuard(t, g) // the port's link event
 				a = plugGuest(t, n, "tap901i0", "vnetA", "10.10.1.50", "10.10.1.1")
+				eventually(t, "the new port's rp_filter 2", func() bool {
+					var v []byte
+					_ = n.Do(func() (err error) { v, err = os.ReadFile("/proc/sys/net/ipv4/conf/tap901i0/rp_filter"); return err })
+					return strings.TrimSpace(string(v)) == "2"
+				})
 			}
 			if err := g.SetPorts(t.Context(), []Port{{Name: a.port, MAC: a.mac, IPv4: []netip.Addr{a.addr}}}); err != nil {
 				t.Fatal(err)

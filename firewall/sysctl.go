@@ -88,37 +88,22 @@ func restoreDefault(cfg Config, rel, backup string) error {
 	return nil
 }
 
-const (
-	rpFilterDefaultSysctl = "sys/net/ipv4/conf/default/rp_filter"
-	rpFilterBackupFile    = "guard-rp-filter-default.orig"
-)
-
-// looseRPFilter makes the node check the source of what a guest port's
-// own device receives (review 6). A frame to a reserved link-local group
-// (01:80:c2:00:00:0X) that the bridge does not forward skips the bridge's
-// prerouting hook, and the node's stack receives it on the port device
-// itself (net/bridge/br_input.c br_handle_frame, RX_HANDLER_PASS; from
-// memory): an ARP request there, for an address of the node, with a
-// forged sender address, made the node create a neighbour entry per
-// sender (net/ipv4/arp.c arp_process) past every layer-2 check. A port
-// has no address, so with rp_filter 1 or 2 the source check fails for
-// every sender (net/ipv4/fib_frontend.c __fib_validate_source: no_addr,
-// last_resort, e_rpf) and nothing is created or answered. So
-// net.ipv4.conf.default.rp_filter goes to 2 (loose: an address-bearing
-// interface then only refuses sources it has no route for, as Ubuntu's
-// default has it) when it is 0, saved once for RemoveTable, and each
-// existing port named like a guest port (ports) with 0 gets 2; new ports
-// inherit the default. A value of 1 is kept.
-func looseRPFilter(cfg Config, ports []string) error {
-	loose := func(old string) string {
-		if old == "0" {
-			return "2"
-		}
-		return old
-	}
-	if err := raiseDefault(cfg, rpFilterDefaultSysctl, rpFilterBackupFile, loose); err != nil {
-		return err
-	}
+// checkPortSources turns on the loose source check (rp_filter 2) of each
+// port in ports (guest ports) that has it off (review 6). A frame to a
+// reserved link-local group (01:80:c2:00:00:0X) that the bridge does not
+// forward skips the bridge's prerouting hook, and the node's stack
+// receives it on the port device itself (net/bridge/br_input.c
+// br_handle_frame, RX_HANDLER_PASS; from memory): an ARP request there,
+// for an address of the node, with a forged sender, made the node create a
+// neighbour entry per sender (net/ipv4/arp.c arp_process) past every
+// layer-2 check. A port has no address, so with rp_filter 1 or 2 every
+// sender fails the source check (net/ipv4/fib_frontend.c
+// __fib_validate_source: no_addr, last_resort, e_rpf) and nothing is
+// created or answered. The effective value is the larger of the port's and
+// "all", so a node's own choice of 1 stays. Only guest ports change: the
+// default that new interfaces inherit stays as the node has it (EVPN exit
+// nodes want 0 on theirs), so the guard sets each port as it appears.
+func checkPortSources(cfg Config, ports []string) error {
 	for _, port := range ports {
 		if !portNameRE.MatchString(port) || port == "." || port == ".." {
 			continue
@@ -139,9 +124,4 @@ func looseRPFilter(cfg Config, ports []string) error {
 		}
 	}
 	return nil
-}
-
-// restoreRPFilterDefault puts back the value saved by looseRPFilter.
-func restoreRPFilterDefault(cfg Config) error {
-	return restoreDefault(cfg, rpFilterDefaultSysctl, rpFilterBackupFile)
 }

@@ -872,8 +872,9 @@ func TestDaemonSandboxCanSignalDnsmasq(t *testing.T) {
 	}
 }
 
-// TestDaemonSandboxFilesystem: under the daemon unit's sandbox the one
-// sysctl the guard sets and /run are writable; the rest of /proc/sys,
+// TestDaemonSandboxFilesystem: under the daemon unit's sandbox the
+// sysctls the guard sets (the IPv6 default, the interfaces' ipv4 conf)
+// and /run are writable; the rest of /proc/sys,
 // /etc, /usr and /var (but its state directory) are not.
 func TestDaemonSandboxFilesystem(t *testing.T) {
 	v1, _ := debs(t)
@@ -888,6 +889,7 @@ func TestDaemonSandboxFilesystem(t *testing.T) {
 		writable bool
 	}{
 		{"/proc/sys/net/ipv6/conf/default/disable_ipv6", true},
+		{"/proc/sys/net/ipv4/conf/lo/rp_filter", true},
 		{"/run/dnsmasq/resolv.conf", true},
 		{"/var/lib/pve-inspectd/probe", true},
 		{"/proc/sys/net/ipv4/ip_forward", false},
