@@ -34,13 +34,13 @@ type StreamGuest interface {
 // ExecStream implements StreamGuest.
 func (g AgentGuest) ExecStream(ctx context.Context, argv []string, stdin []byte, timeout time.Duration, w io.Writer) ([]byte, int, error) {
 	var out bytes.Buffer
-	res, err := g.Agent.ExecStream(ctx, qga.ExecRequest{Argv: argv, Stdin: bytes.NewReader(stdin), Timeout: timeout,
+	res, err := g.Agent.ExecStream(ctx, qga.ExecRequest{Argv: argv, Stdin: stdinOf(stdin), Timeout: timeout,
 		OutputLimit: probe.MaxReportBytes + 1}, &out, w)
 	if err != nil {
 		return nil, 0, err
 	}
 	if res.TimedOut {
-		return nil, 0, fmt.Errorf("probe killed after %v", timeout)
+		return nil, 0, fmt.Errorf("probe killed after %v (its stderr: %q)", timeout, tail(stderrSeen(w), 512))
 	}
 	return out.Bytes(), res.ExitCode, nil
 }
@@ -118,4 +118,12 @@ func (r *Runner) execKeepAlive(ctx context.Context, g Guest, p *Plan, argv []str
 		err = w.err
 	}
 	return stdout, w.kept, exit, err
+}
+
+// stderrSeen is what the probe wrote to w, when w keeps it (readyWatch).
+func stderrSeen(w io.Writer) []byte {
+	if rw, ok := w.(*readyWatch); ok {
+		return rw.kept
+	}
+	return nil
 }

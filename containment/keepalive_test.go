@@ -119,16 +119,17 @@ func TestRunnerKeepAlive(t *testing.T) {
 	if _, err := r.Run(context.Background(), g, plan); err == nil || !errors.Is(err, ErrProbe) {
 		t.Errorf("run: %v, want the probe's report refused", err)
 	}
-	want := "write /tmp/pve-inspect-probe-X|chunk|chunk|change|write signal|chunk"
+	// the request (.json), the probe (its random name), then the run
+	want := "write json|write probe|chunk|chunk|change|write signal|chunk"
 	got := strings.Join(g.events, "|")
-	if i := strings.Index(got, "|"); i > 0 {
-		got = "write /tmp/pve-inspect-probe-X" + got[i:]
+	if len(g.files) == 3 {
+		got = strings.Replace(got, "write "+g.files[1][strings.LastIndexByte(g.files[1], '.')+1:], "write probe", 1)
 	}
 	if got != want {
 		t.Errorf("events %s, want %s", got, want)
 	}
-	if len(g.files) != 2 || g.files[1] != g.files[0]+".signal" {
-		t.Errorf("files written %q, want the probe and its .signal", g.files)
+	if len(g.files) != 3 || g.files[0] != g.files[1]+".json" || g.files[2] != g.files[1]+".signal" {
+		t.Errorf("files written %q, want the request, the probe and its .signal", g.files)
 	}
 	// a failed change is the run's error, and the signal still goes out
 	g = &streamGuest{chunks: []string{line}}
@@ -136,8 +137,8 @@ func TestRunnerKeepAlive(t *testing.T) {
 	if _, err := r.Run(context.Background(), g, plan); err == nil || !strings.Contains(err.Error(), "kernel says no") {
 		t.Errorf("run with a failing change: %v", err)
 	}
-	if len(g.files) != 2 {
-		t.Errorf("files written %q, want the probe and the signal", g.files)
+	if len(g.files) != 3 {
+		t.Errorf("files written %q, want the request, the probe and the signal", g.files)
 	}
 	r.Change = nil
 	if _, err := r.Run(context.Background(), &streamGuest{}, plan); err == nil || !strings.Contains(err.Error(), "Change") {

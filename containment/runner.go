@@ -107,9 +107,17 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	if err := probe.ValidateRequest(req); err != nil {
 		return nil, fmt.Errorf("containment: %w", err)
 	}
-	stdin, err := json.Marshal(req)
+	reqJSON, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("containment: encode request: %w", err)
+	}
+	// The request goes as a file beside the probe, not on stdin: a probe
+	// reads its request to the end before its own deadline starts, and
+	// stdin ends only when the agent closes its pipe (a guest agent slow to
+	// do so held the probe until the host killed it, reportless).
+	reqPath := guestPath + ".json"
+	if err := g.WriteFile(ctx, reqPath, bytes.NewReader(reqJSON), 0o600); err != nil {
+		return nil, fmt.Errorf("%w: upload the request to %s: %w", ErrProbe, reqPath, err)
 	}
 	bin, err := os.Open(r.ProbePath)
 	if err != nil {
@@ -122,12 +130,12 @@ func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	var stdout, stderr []byte
 	var exit int
 	l2 := r.watch(ctx, p, func(ctx context.Context) error {
-		argv := []string{guestPath, "-self-remove"}
+		argv := []string{guestPath, "-self-remove", reqPath}
 		if p.keepAlive() {
-			stdout, stderr, exit, err = r.execKeepAlive(ctx, g, p, argv, stdin, r.execTimeout(req), signal)
+			stdout, stderr, exit, err = r.execKeepAlive(ctx, g, p, argv, nil, r.execTimeout(req), signal)
 			return nil
 		}
-		stdout, stderr, exit, err = g.Exec(ctx, argv, stdin, r.execTimeout(req))
+		stdout, stderr, exit, err = g.Exec(ctx, argv, nil, r.execTimeout(req))
 		return nil
 	})
 	if err != nil {

@@ -128,16 +128,15 @@ func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 	return p
 }
 
-// daemonLog returns the last lines of the playground daemon's log (its
-// path is in the "pve-inspectd ready" line) that contain one of words, for
-// a failure's message.
+// daemonLog returns the last lines of the playground daemon's log that
+// contain one of words, for a failure's message.
 func (p *playgroundProc) daemonLog(t *testing.T, words ...string) string {
 	t.Helper()
-	_, rest, ok := strings.Cut(p.out.String(), "(log ")
-	path, _, _ := strings.Cut(rest, ")")
-	if !ok || path == "" {
-		return "(no log path printed)"
+	// the daemon logs next to its configuration (startDaemon)
+	if p.info["config"] == "" {
+		return "(no config path printed)"
 	}
+	path := filepath.Join(filepath.Dir(p.info["config"]), "pve-inspectd.log")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()

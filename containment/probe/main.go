@@ -34,7 +34,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs := flag.NewFlagSet("pve-inspect-probe", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("root", "/", "prefix of the /proc and /etc paths the facts are read from")
-	selfRemove := fs.Bool("self-remove", false, "delete the probe's own executable at start (it was uploaded for one run)")
+	selfRemove := fs.Bool("self-remove", false, "delete the probe's own executable and its request file at start (both were uploaded for one run)")
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage
 	}
@@ -55,6 +55,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return ExitUsage
 		}
 		defer fh.Close()
+		if *selfRemove {
+			_ = os.Remove(fs.Arg(0)) // uploaded for this run too; open, it still reads
+		}
 		in = fh
 	}
 	req, err := ParseRequest(in)
@@ -62,12 +65,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintln(stderr, "pve-inspect-probe:", err)
 		return ExitUsage
 	}
+	// progress on stderr: a probe the host had to kill says how far it got
+	start := time.Now()
+	fmt.Fprintf(stderr, "pve-inspect-probe: request read, %d targets, bound %v\n", len(req.Targets), RunBound(req)+RunGrace)
 	// The probe ends its rows at its own bound and reports, well before
 	// the host's exec timeout (RunBound plus the host's slack) would kill
 	// it without a report: a row cut there is an error, never silence.
 	ctx, cancel := context.WithTimeout(ctx, RunBound(req)+RunGrace)
 	defer cancel()
 	rep := (&Prober{Dialer: d, Root: *root, Ready: stderr}).Run(ctx, req)
+	fmt.Fprintf(stderr, "pve-inspect-probe: rows done after %v\n", time.Since(start).Round(time.Millisecond))
 	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
 		fmt.Fprintln(stderr, "pve-inspect-probe: write report:", err)
 		return ExitIO
