@@ -13,7 +13,7 @@ DIST    ?= dist
 # they are when make runs as root, and through sudo otherwise.
 AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PATH="$(PATH)")
 
-.PHONY: all build test demo playground bench lint deps deb clean reference-suite
+.PHONY: all build test race demo playground bench lint deps deb clean reference-suite
 
 all: build
 
@@ -26,6 +26,12 @@ build:
 # Runs every test, including the root and test-bed ones (needs root).
 test: deps build
 	$(AS_ROOT) $(GO) test -count=1 -timeout 75m ./...
+
+# The race detector on the packages that share state between tenants: the
+# engine, the API, the guest agent client and the egress resolver and proxy
+# (needs root: their tests use the bed and network namespaces).
+race: deps
+	$(AS_ROOT) $(GO) test -race -count=1 -timeout 45m ./sandbox/ ./sandboxapi/ ./qga/ ./firewall/egress/
 
 # Brings the node in a box up, runs the containment check, tears it down.
 demo: deps build
