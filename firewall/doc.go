@@ -109,6 +109,11 @@
 // definition: Start, repairs and structural changes render the whole
 // table, and the periodic verify compares the patched sets with it.
 //
+// A third table, arp pve-inspect (arptable.go), with the same flags, drops
+// ARP arriving on a guest port's own device (frames to link-local groups
+// the bridge hands up past its hooks), applied and verified with the
+// others.
+//
 // Layer 2 (DESIGN.md section 10): a second table, bridge pve-inspect, with
 // the same owner|persist flags, applied in the same batch, verified and
 // repaired with the inet table (repairs counted apart:

@@ -110,6 +110,7 @@ type Guard struct {
 	zones   map[string][]string   // run-time zones (SetZones)
 	egress  map[string]ZoneEgress // run-time zones' egress (SetEgress)
 	bridge  *Ruleset              // desired layer-2 table (bridgeguard.go)
+	arp     *Ruleset              // desired arp table: no ARP on guest port devices (arptable.go)
 	ports   []Port                // run-time guest port map (SetPorts)
 	started bool
 	// mergedZones (configured and run-time zones, as Render names them)
@@ -251,7 +252,7 @@ func (g *Guard) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start guard: render bridge table: %w", err)
 	}
-	g.state, g.desired, g.bridge = cls, normalized(rs), normalized(brs)
+	g.state, g.desired, g.bridge, g.arp = cls, normalized(rs), normalized(brs), RenderARP()
 	g.indexZonesLocked(g.zones)
 	err = g.convergeLocked(ctx, true)
 	var de *DriftError
@@ -325,7 +326,10 @@ func (g *Guard) tablesLocked() []*Ruleset {
 	if g.bridge == nil {
 		return []*Ruleset{g.desired}
 	}
-	return []*Ruleset{g.desired, g.bridge}
+	if g.arp == nil {
+		return []*Ruleset{g.desired, g.bridge}
+	}
+	return []*Ruleset{g.desired, g.bridge, g.arp}
 }
 
 // queueConvergeLocked queues what makes the kernel's table k equal to rs
@@ -476,9 +480,10 @@ func (g *Guard) compareLocked(ks map[nftables.TableFamily]*kernelTable) error {
 			return fmt.Errorf("verify: %s not read", rs.TableRef())
 		}
 		ds := diff(rs, k, g.port)
-		if rs.family() == nftables.TableFamilyBridge {
+		if f := rs.family(); f != nftables.TableFamilyINet {
+			prefix := map[nftables.TableFamily]string{nftables.TableFamilyBridge: "bridge:", nftables.TableFamilyARP: "arp:"}[f]
 			for i := range ds {
-				ds[i].Object = "bridge:" + ds[i].Object
+				ds[i].Object = prefix + ds[i].Object
 			}
 		}
 		all = append(all, ds...)
@@ -867,8 +872,28 @@ func (g *Guard) Run(ctx context.Context) error {
 			if err := g.repair(ctx); err != nil && ctx.Err() == nil {
 				g.log.Error("periodic verify", "err", err)
 			}
+			if err := g.checkSources(); err != nil && ctx.Err() == nil {
+				g.log.Error("periodic check of the guest ports' source check", "err", err)
+			}
 		}
 	}
+}
+
+// checkSources gives every guest port of the current classification its
+// source check (checkPortSources): the backstop for a port whose link
+// events left the classification equal (deleted and made again under its
+// name between two looks, as an LXC container's reboot does; review 7).
+// One read per port, off the guard's lock.
+func (g *Guard) checkSources() error {
+	g.mu.Lock()
+	var ports []string
+	for _, e := range g.state.Enslaved {
+		if isGuestPortName(e.Port) {
+			ports = append(ports, e.Port)
+		}
+	}
+	g.mu.Unlock()
+	return inNS(g.opts.ns, func() error { return checkPortSources(g.cfg, ports) })
 }
 
 // Event coalescing: the guard applies link and route events after
@@ -973,7 +998,11 @@ func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
 	if err != nil {
 		return err
 	}
-	for _, t := range []*nftables.Table{k.table, bk.table} {
+	ak, err := readKernelTable(rd, nftables.TableFamilyARP)
+	if err != nil {
+		return err
+	}
+	for _, t := range []*nftables.Table{k.table, bk.table, ak.table} {
 		if t == nil {
 			continue
 		}
@@ -982,7 +1011,7 @@ func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
 		}
 		conn.DelTable(&nftables.Table{Name: TableName, Family: t.Family})
 	}
-	if k.table != nil || bk.table != nil {
+	if k.table != nil || bk.table != nil || ak.table != nil {
 		if err := conn.Flush(); err != nil {
 			return fmt.Errorf("remove table: %w", err)
 		}

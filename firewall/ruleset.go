@@ -150,8 +150,11 @@ func (r *Ruleset) family() nftables.TableFamily {
 // TableRef names the table, e.g. "table inet pve-inspect".
 func (r *Ruleset) TableRef() string {
 	name := "inet"
-	if r.family() == nftables.TableFamilyBridge {
+	switch r.family() {
+	case nftables.TableFamilyBridge:
 		name = "bridge"
+	case nftables.TableFamilyARP:
+		name = "arp"
 	}
 	return "table " + name + " " + TableName
 }
