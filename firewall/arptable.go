@@ -2,6 +2,7 @@ package firewall
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -23,18 +24,28 @@ import (
 // the port, so nothing a guest may do is dropped. The table has no sets;
 // it is applied, verified and repaired with the other two.
 
-// chainARPIn is the arp table's one chain.
-const chainARPIn = "arp_in"
+// chainARPIn is the arp table's one chain; SetARPSpared its set.
+const (
+	chainARPIn   = "arp_in"
+	SetARPSpared = "spared"
+)
 
 // arpHookIn is NF_ARP_IN (0): the arp family numbers its hooks apart from
 // the inet ones (NF_INET_LOCAL_IN is 1, NF_ARP_OUT there).
 var arpHookIn = nftables.ChainHook(0)
 
 // RenderARP builds the desired table arp pve-inspect: ARP arriving on a
-// device named like a guest port (GuestPortPrefixes) is dropped.
-func RenderARP() *Ruleset {
+// device named like a guest port (GuestPortPrefixes) is dropped, unless the
+// device is one of the node's management or trusted interfaces (@spared:
+// a VPN's tap0 or a routed veth carrying the node's own traffic keeps its
+// ARP; review 8). @spared follows the classification as a set, so the
+// rules never change.
+func RenderARP(cls Classification) *Ruleset {
 	rs := &Ruleset{Family: nftables.TableFamilyARP, norm: newExprCache()}
+	rs.Sets = []*SetSpec{ifNameSet(SetARPSpared, append(slices.Clone(cls.Management), cls.Trusted...))}
 	c := &ChainSpec{Name: chainARPIn, Hook: &arpHookIn, HookName: "input", Priority: 0}
+	c.Rules = append(c.Rules, rule("spared", "iifname @spared counter accept",
+		meta(expr.MetaKeyIIFNAME), lookup(SetARPSpared, false), accept()))
 	for _, p := range GuestPortPrefixes {
 		c.Rules = append(c.Rules, rule("guest-port-arp-"+p, fmt.Sprintf("iifname %q counter drop", p+"*"),
 			meta(expr.MetaKeyIIFNAME), cmpEq([]byte(p)), drop()))

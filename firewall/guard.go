@@ -252,7 +252,7 @@ func (g *Guard) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start guard: render bridge table: %w", err)
 	}
-	g.state, g.desired, g.bridge, g.arp = cls, normalized(rs), normalized(brs), RenderARP()
+	g.state, g.desired, g.bridge, g.arp = cls, normalized(rs), normalized(brs), normalized(RenderARP(cls))
 	g.indexZonesLocked(g.zones)
 	err = g.convergeLocked(ctx, true)
 	var de *DriftError
@@ -542,21 +542,29 @@ func (g *Guard) applyZonesLocked(ctx context.Context, cls Classification, sw Swi
 	if err != nil {
 		return fmt.Errorf("render bridge table: %w", err)
 	}
-	if err := g.updateSetsLocked(rs, brs); err != nil {
+	ars := RenderARP(cls)
+	if err := g.updateSetsLocked(rs, brs, ars); err != nil {
 		return err
 	}
 	g.state, g.sw, g.desired, g.bridge, g.zones = cls, sw, normalized(rs), normalized(brs), zones
+	if g.arp != nil {
+		g.arp = normalized(ars)
+	}
 	g.indexZonesLocked(zones)
 	return nil
 }
 
-// updateSetsLocked queues, for both tables, the sets whose members differ
+// updateSetsLocked queues, for every table, the sets whose members differ
 // from the desired ones, and sends them in one batch. Rules and counters
 // are untouched.
-func (g *Guard) updateSetsLocked(rs, brs *Ruleset) error {
+func (g *Guard) updateSetsLocked(rs, brs, ars *Ruleset) error {
 	start := g.opts.now()
 	total := 0
-	for _, p := range [][2]*Ruleset{{g.desired, rs}, {g.bridge, brs}} {
+	pairs := [][2]*Ruleset{{g.desired, rs}, {g.bridge, brs}}
+	if g.arp != nil {
+		pairs = append(pairs, [2]*Ruleset{g.arp, ars})
+	}
+	for _, p := range pairs {
 		cur := map[string][]nftables.SetElement{}
 		for _, s := range p[0].Sets {
 			cur[s.Name] = s.Elements

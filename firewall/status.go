@@ -128,6 +128,19 @@ func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 	if st.Bridge, err = inspectBridge(rd, cfg, cls); err != nil {
 		return nil, err
 	}
+	// the arp table (arptable.go): its differences count with the inet
+	// table's, named arp:...; its owner is the inet table's
+	ak, err := readKernelTable(rd, nftables.TableFamilyARP)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range diff(RenderARP(cls), ak, 0) {
+		if d.Kind == DriftTableOwner {
+			continue
+		}
+		d.Object = "arp:" + d.Object
+		st.Drifts = append(st.Drifts, d)
+	}
 	return st, nil
 }
 
