@@ -90,8 +90,7 @@ func TestBedDiskTransfer(t *testing.T) {
 	}
 	vmid := sb.VMs[0].VMID
 	images := filepath.Join(e.bed.Dir(), "pveemu", "storage", "local", "images")
-	noImage := func(t *testing.T) {
-		t.Helper()
+	imagesLeft := func() []string {
 		var left []string
 		_ = filepath.Walk(images, func(p string, fi os.FileInfo, err error) error {
 			if err == nil && !fi.IsDir() {
@@ -99,6 +98,21 @@ func TestBedDiskTransfer(t *testing.T) {
 			}
 			return nil
 		})
+		return left
+	}
+	// A download's response carries its size as Content-Length, so the
+	// client has every byte (and returns) while the daemon may still be
+	// detaching and freeing the transfer volume behind it; an upload
+	// answers only after its cleanup. noImage waits for that cleanup,
+	// bounded, instead of racing it.
+	noImage := func(t *testing.T) {
+		t.Helper()
+		var left []string
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			if left = imagesLeft(); len(left) == 0 || time.Now().After(deadline) {
+				break
+			}
+		}
 		if len(left) > 0 {
 			t.Errorf("image left on the node: %v", left)
 		}
