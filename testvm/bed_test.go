@@ -3,7 +3,10 @@ package testvm
 import (
 	"context"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +40,7 @@ func upTwoZones(t *testing.T) (*Bed, *Guest, *Guest) {
 			t.Fatal(err)
 		}
 	}
-	ga, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vneta"})
+	ga, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vneta", MemoryMiB: 384, CPUs: 1.5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +59,25 @@ func TestBedUpDown(t *testing.T) {
 	}
 	out, err := exec.Command("ip", "netns", "exec", ga.NS, "ip", "-4", "route").CombinedOutput()
 	t.Logf("guest a routes: %s (%v)", out, err)
+	// Guest a's scope is capped as its VM would be: 384 MiB of RAM and
+	// 1.5 CPUs of CPU time; guest b's has no cap.
+	caps := map[string]string{}
+	for _, d := range b.scopeDirs(101) {
+		for _, f := range []string{"memory.max", "memory.limit_in_bytes", "cpu.max", "cpu.cfs_quota_us"} {
+			if v, err := os.ReadFile(filepath.Join(d, f)); err == nil {
+				caps[f] = strings.TrimSpace(string(v))
+			}
+		}
+	}
+	mem, cpu := caps["memory.max"]+caps["memory.limit_in_bytes"], caps["cpu.max"]+caps["cpu.cfs_quota_us"]
+	if mem != strconv.Itoa(384<<20) || (cpu != "150000 100000" && cpu != "150000") {
+		t.Errorf("guest 101's scope caps: %v, want memory %d and cpu 1.5 CPUs", caps, 384<<20)
+	}
+	for _, d := range b.scopeDirs(102) {
+		if v, err := os.ReadFile(filepath.Join(d, "cpu.cfs_quota_us")); err == nil && strings.TrimSpace(string(v)) != "-1" {
+			t.Errorf("guest 102 has a CPU cap: %s", v)
+		}
+	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,15 @@ import (
 // files on a node and in the bed. The bed's scopes sit under a subtree of
 // its own in every hierarchy (CgroupParent), so beds run side by side.
 // Hosts with the unified (v2) tree get it there; hybrid hosts (v1 memory,
-// cpuacct and blkio beside the unified tree) get a scope in each.
+// cpu, cpuacct and blkio beside the unified tree) get a scope in each.
+//
+// CPU: every VM scope has the same weight (qemu-server vm_start_nolock sets
+// CPUWeight, or CPUShares on v1, from cpuunits, default 100 or 1024), all
+// of them sit in one qemu.slice beside the host's own services, and a
+// guest's code runs on its vCPU threads only (sockets x cores, or vcpus),
+// at most cpulimit CPUs when set (CPUQuota). The bed's scope gets the
+// default weight and a quota of the VM's CPUs, its qemu.slice one weight
+// against the host's processes.
 
 // cgroupRoot is where the cgroup trees are mounted.
 const cgroupRoot = "/sys/fs/cgroup"
@@ -40,7 +48,7 @@ func cgroupHierarchies() []string {
 		return []string{""}
 	}
 	var out []string
-	for _, h := range []string{"unified", "memory", "cpuacct", "blkio"} {
+	for _, h := range []string{"unified", "memory", "cpu", "cpuacct", "blkio"} {
 		if _, err := os.Stat(filepath.Join(cgroupRoot, h, "cgroup.procs")); err == nil {
 			out = append(out, h)
 		}
@@ -57,31 +65,59 @@ func (b *Bed) scopeDirs(vmid int) []string {
 	return out
 }
 
+// cfsPeriod is the CFS period the bed's quotas are set against (the
+// kernel's default, 100 ms).
+const cfsPeriod = 100000
+
 // makeScope creates vmid's scopes and, when memMiB > 0, caps their memory
 // at the VM's RAM (what a VM's own kernel has; the guest's OOM kills are
-// then counted in the scope). It returns the cgroup.procs files the
-// guest's first process joins before it execs anything.
-func (b *Bed) makeScope(vmid, memMiB int) ([]string, error) {
+// then counted in the scope); when cpus > 0 it caps their CPU time at cpus
+// CPUs (what a VM's vCPU threads can use). It returns the cgroup.procs
+// files the guest's first process joins before it execs anything.
+func (b *Bed) makeScope(vmid, memMiB int, cpus float64) ([]string, error) {
 	var procs []string
 	for _, d := range b.scopeDirs(vmid) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("cgroup scope: %w", err)
 		}
+		enableControllers(filepath.Dir(filepath.Dir(d)), filepath.Dir(d))
 		procs = append(procs, filepath.Join(d, "cgroup.procs"))
-		if memMiB <= 0 {
-			continue
+		var limits [][2]string
+		if memMiB > 0 {
+			limit := strconv.Itoa(memMiB << 20)
+			limits = append(limits, [2]string{"memory.max", limit}, [2]string{"memory.limit_in_bytes", limit})
 		}
-		limit := strconv.Itoa(memMiB << 20)
-		for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
-			p := filepath.Join(d, f)
+		if cpus > 0 {
+			quota := strconv.Itoa(int(cpus * cfsPeriod))
+			limits = append(limits, [2]string{"cpu.max", quota + " " + strconv.Itoa(cfsPeriod)},
+				[2]string{"cpu.cfs_period_us", strconv.Itoa(cfsPeriod)}, [2]string{"cpu.cfs_quota_us", quota})
+		}
+		for _, l := range limits {
+			p := filepath.Join(d, l[0])
 			if _, err := os.Stat(p); err == nil {
-				if err := os.WriteFile(p, []byte(limit), 0o644); err != nil {
-					return nil, fmt.Errorf("cgroup scope: %s: %w", f, err)
+				if err := os.WriteFile(p, []byte(l[1]), 0o644); err != nil {
+					return nil, fmt.Errorf("cgroup scope: %s: %w", l[0], err)
 				}
 			}
 		}
 	}
 	return procs, nil
+}
+
+// enableControllers lets the children of the unified tree's dirs (the
+// bed's parent and its qemu.slice) have memory and cpu files, where the
+// host's root delegates those controllers; elsewhere (v1 hierarchies, a
+// host without them) it changes nothing and the scope gets no such cap.
+func enableControllers(dirs ...string) {
+	for _, d := range dirs {
+		f := filepath.Join(d, "cgroup.subtree_control")
+		if _, err := os.Stat(f); err != nil {
+			continue
+		}
+		for _, c := range []string{"+memory", "+cpu"} {
+			_ = os.WriteFile(f, []byte(c), 0o644)
+		}
+	}
 }
 
 // joinScope is the shell prefix that moves the guest's first process into

@@ -29,6 +29,9 @@ type GuestSpec struct {
 	// MemoryMiB caps the memory of the guest's cgroup scope, as the VM's
 	// RAM caps a real guest (0: no cap).
 	MemoryMiB int
+	// CPUs caps the CPU time of the guest's scope at that many CPUs, as a
+	// VM's vCPUs (or its cpulimit) cap a real guest's (0: no cap).
+	CPUs float64
 	// IP is the address the zone's DHCP hands the MAC (zero: one of its
 	// range). Either way the MAC is added to the zone's ethers file first:
 	// the zone's dnsmasq answers no other (dhcp-ignore=tag:!known).
@@ -265,7 +268,7 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		return nil, err
 	}
 	defer logf.Close()
-	procs, err := b.makeScope(s.VMID, s.MemoryMiB)
+	procs, err := b.makeScope(s.VMID, s.MemoryMiB, s.CPUs)
 	if err != nil {
 		return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
 	}

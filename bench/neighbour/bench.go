@@ -38,7 +38,8 @@ type Options struct {
 	// Bin holds pve-inspect-demo, pve-inspectd and pve-inspect-probe;
 	// "" means the bench command's own directory.
 	Bin string
-	// Rounds is the samples of each figure per phase [100]; Events the
+	// Rounds is the samples of each figure per phase [500: its p99 is the
+	// 5th slowest, not the one or two slowest a run of 100 leaves]; Events the
 	// sandboxes B creates and deletes per phase for the event figure [5].
 	Rounds, Events int
 	// AttackVMs is the VMs of A's sandbox, each flooding [2].
@@ -134,7 +135,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 		o.Bin = filepath.Dir(self)
 	}
 	if o.Rounds <= 0 {
-		o.Rounds = 100
+		o.Rounds = 500
 	}
 	if o.Events <= 0 {
 		o.Events = 5

@@ -77,6 +77,10 @@ type VMSpec struct {
 	// MemoryMiB is the VM's memory (config "memory"): the bed caps the
 	// guest's cgroup scope at it.
 	MemoryMiB int
+	// CPUs is what the VM's vCPU threads can run: sockets x cores (or
+	// vcpus), at most cpulimit when set; the bed caps the guest's scope
+	// at it.
+	CPUs float64
 	// IP is the pve IPAM's address of the MAC on VNet (zero when none).
 	// qemu-server's vm_start maps it in the zone's dnsmasq (pve-network
 	// Dhcp.pm add_mapping, Dnsmasq.pm add_ip_mapping: a "mac,ip" line in

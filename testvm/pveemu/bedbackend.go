@@ -52,7 +52,7 @@ func (b BedBackend) RemoveZone(ctx context.Context, id string) error {
 
 // StartVM implements Backend.
 func (b BedBackend) StartVM(ctx context.Context, v VMSpec) error {
-	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, IP: v.IP, Disk: v.Disk, MemoryMiB: v.MemoryMiB})
+	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, IP: v.IP, Disk: v.Disk, MemoryMiB: v.MemoryMiB, CPUs: v.CPUs})
 	return err
 }
 

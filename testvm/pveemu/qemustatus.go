@@ -77,7 +77,7 @@ func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
 
 // vmSpec derives what the backend needs to start the guest.
 func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
-	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid), MemoryMiB: atoiDef(v.conf["memory"], 512)}
+	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid), MemoryMiB: atoiDef(v.conf["memory"], 512), CPUs: vmCPUs(v.conf)}
 	if n := v.conf["net0"]; n != "" {
 		mac, bridge := parseNet(n)
 		spec.VNet = bridge
@@ -219,4 +219,19 @@ func (s *Server) vmAction(typ string) handlerFunc {
 			}), nil
 		}
 	}
+}
+
+// vmCPUs is the CPU time a VM's guest can use: its vCPU threads
+// (qemu-server: sockets x cores, or vcpus when set and smaller), at most
+// cpulimit when that is set (vm_start_nolock's CPUQuota).
+func vmCPUs(conf map[string]string) float64 {
+	n := atoiDef(conf["sockets"], 1) * atoiDef(conf["cores"], 1)
+	if v := atoiDef(conf["vcpus"], 0); v > 0 && v < n {
+		n = v
+	}
+	cpus := float64(n)
+	if l, err := strconv.ParseFloat(conf["cpulimit"], 64); err == nil && l > 0 && l < cpus {
+		cpus = l
+	}
+	return cpus
 }
