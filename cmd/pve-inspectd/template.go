@@ -17,6 +17,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
 	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 )
 
 // vmConfigs is what the template verbs need of the Proxmox client.
@@ -104,22 +105,31 @@ func parseVMID(s string) (int, error) {
 }
 
 func proxmoxOptions(cfg config.Config) pveapi.Options {
-	node := cfg.API.Proxmox.Node
-	if node == "" {
-		node = cfg.Node.ID
-	}
-	return pveapi.Options{URL: cfg.API.Proxmox.URL, Node: node, RootCAFile: cfg.API.Proxmox.CAFile}
+	return pveapi.Options{URL: cfg.API.Proxmox.URL, Node: daemon.ProxmoxNode(cfg), RootCAFile: cfg.API.Proxmox.CAFile}
 }
 
 // tokenClient is the daemon's pool-scoped token client ([api.proxmox]).
 func tokenClient(cfg config.Config) (*pveapi.Client, error) {
-	secret, err := daemon.ReadTokenSecret(cfg.API.Proxmox.SecretFile)
+	o := proxmoxOptions(cfg)
+	var err error
+	o.TokenID, o.Secret, err = daemon.ReadToken(cfg.API.Proxmox.SecretFile, cfg.API.Proxmox.TokenID, o.Node)
 	if err != nil {
 		return nil, err
 	}
-	o := proxmoxOptions(cfg)
-	o.TokenID, o.Secret = cfg.API.Proxmox.TokenID, secret
 	return pveapi.New(o)
+}
+
+// tokenID is the daemon's token id as the doctor names it in its fixes:
+// the one tokenClient uses, or what the configuration says when the
+// secret cannot be read.
+func tokenID(cfg config.Config) string {
+	id, _, err := daemon.ReadToken(cfg.API.Proxmox.SecretFile, cfg.API.Proxmox.TokenID, daemon.ProxmoxNode(cfg))
+	if err != nil {
+		if id = cfg.API.Proxmox.TokenID; id == "" {
+			id = access.TokenID(daemon.ProxmoxNode(cfg))
+		}
+	}
+	return id
 }
 
 func readPassword(path string, stdin io.Reader) (string, error) {

@@ -26,7 +26,7 @@ func TestAccessSetup(t *testing.T) {
 echo "$*" >> ` + log + `
 case "$*" in
 *"list --output-format json"*) echo '[]' ;;
-"user token add"*) echo '{"full-tokenid":"pve-inspectd@pve!daemon","value":"s3cret"}' ;;
+"user token add"*) echo "{\"full-tokenid\":\"$4!$5\",\"value\":\"s3cret\"}" ;;
 esac
 `
 	if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte(fake), 0o755); err != nil {
@@ -43,16 +43,17 @@ esac
 	run()
 	b, _ := os.ReadFile(log)
 	calls := string(b)
-	host, _ := os.Hostname()
+	host := nodeName(t)
+	tok := access.TokenID(host)
 	for _, want := range []string{
-		"acl modify /pool/pve-inspect --tokens pve-inspectd@pve!daemon --roles PVEInspect --propagate 1",
-		"acl modify /sdn --tokens pve-inspectd@pve!daemon --roles PVEInspect --propagate 1",
-		"acl modify /nodes/" + host + " --tokens pve-inspectd@pve!daemon --roles PVEInspectNode --propagate 0",
-		"acl modify /storage/local --tokens pve-inspectd@pve!daemon --roles PVEInspectTransfer --propagate 0",
-		"acl modify / --tokens pve-inspectd@pve!daemon --roles PVEInspectCluster --propagate 0",
-		"acl modify /vms/9000 --tokens pve-inspectd@pve!daemon --roles PVEInspectTemplate --propagate 0",
-		"acl modify /vms/9001 --tokens pve-inspectd@pve!daemon --roles PVEInspectTemplate --propagate 0",
-		"user token add pve-inspectd@pve daemon --privsep 1",
+		"acl modify /pool/pve-inspect --tokens " + tok + " --roles PVEInspect --propagate 1",
+		"acl modify /sdn --tokens " + tok + " --roles PVEInspect --propagate 1",
+		"acl modify /nodes/" + host + " --tokens " + tok + " --roles PVEInspectNode --propagate 0",
+		"acl modify /storage/local --tokens " + tok + " --roles PVEInspectTransfer --propagate 0",
+		"acl modify / --tokens " + tok + " --roles PVEInspectCluster --propagate 0",
+		"acl modify /vms/9000 --tokens " + tok + " --roles PVEInspectTemplate --propagate 0",
+		"acl modify /vms/9001 --tokens " + tok + " --roles PVEInspectTemplate --propagate 0",
+		"user token add pve-inspectd@pve " + access.TokenName(host) + " --privsep 1 --comment pve-inspectd node=" + host,
 		// clone and resize check Datastore.AllocateSpace on the storage
 		"pool modify pve-inspect --storage local-lvm",
 		// disk transfers allocate on the dir storage
@@ -62,10 +63,10 @@ esac
 			t.Errorf("no call %q in:\n%s", want, calls)
 		}
 	}
-	if strings.Contains(calls, "acl modify / --tokens pve-inspectd@pve!daemon --roles PVEInspect ") {
+	if strings.Contains(calls, "acl modify / --tokens "+tok+" --roles PVEInspect ") {
 		t.Error("the main role was granted on /")
 	}
-	if strings.Contains(calls, "acl modify /nodes/"+host+" --tokens pve-inspectd@pve!daemon --roles PVEInspect ") {
+	if strings.Contains(calls, "acl modify /nodes/"+host+" --tokens "+tok+" --roles PVEInspect ") {
 		t.Error("the main role was granted on the node")
 	}
 	if s, _ := os.ReadFile(secret); !strings.Contains(string(s), "s3cret") {
@@ -89,7 +90,7 @@ func runAccessSetup(t *testing.T, env ...string) []string {
 echo "$*" >> ` + log + `
 case "$*" in
 *"list --output-format json"*) echo '[]' ;;
-"user token add"*) echo '{"full-tokenid":"pve-inspectd@pve!daemon","value":"s3cret"}' ;;
+"user token add"*) echo "{\"full-tokenid\":\"$4!$5\",\"value\":\"s3cret\"}" ;;
 esac
 `
 	if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte(fake), 0o755); err != nil {
@@ -112,10 +113,7 @@ esac
 // table the emulator's tests authenticate with and the doctor checks), and
 // the script's calls are the golden file's.
 func TestAccessSetupMatchesTable(t *testing.T) {
-	host, err := os.Hostname()
-	if err != nil {
-		t.Fatal(err)
-	}
+	host := nodeName(t)
 	calls := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000 9001")
 	roles := map[string][]string{}
 	var storages []string
@@ -131,7 +129,7 @@ func TestAccessSetupMatchesTable(t *testing.T) {
 			storages = append(storages, f[4])
 		case len(f) == 9 && f[0] == "acl" && f[1] == "modify":
 			who := strings.TrimPrefix(f[3], "--")
-			if (who == "users" && f[4] != access.User) || (who == "tokens" && f[4] != access.TokenID) {
+			if (who == "users" && f[4] != access.User) || (who == "tokens" && f[4] != access.TokenID(host)) {
 				t.Errorf("grant to %s %s", who, f[4])
 			}
 			entries[who] = append(entries[who], access.ACLEntry{Path: f[2], Role: f[6], Propagate: f[8] == "1"})
@@ -162,7 +160,7 @@ func TestAccessSetupMatchesTable(t *testing.T) {
 	}
 	// another transfer storage moves its pool membership and its role
 	other := runAccessSetup(t, "PVE_INSPECTD_TRANSFER_STORAGE=tank")
-	for _, want := range []string{"pool modify pve-inspect --storage tank", "acl modify /storage/tank --tokens pve-inspectd@pve!daemon --roles PVEInspectTransfer --propagate 0"} {
+	for _, want := range []string{"pool modify pve-inspect --storage tank", "acl modify /storage/tank --tokens " + access.TokenID(host) + " --roles PVEInspectTransfer --propagate 0"} {
 		if !slices.Contains(other, want) {
 			t.Errorf("with PVE_INSPECTD_TRANSFER_STORAGE=tank: no call %q", want)
 		}
@@ -171,6 +169,8 @@ func TestAccessSetupMatchesTable(t *testing.T) {
 		t.Errorf("access.Setup with transfer tank: %v", got)
 	}
 	golden := strings.ReplaceAll(strings.Join(calls, "\n")+"\n", "/nodes/"+host+" ", "/nodes/NODE ")
+	golden = strings.ReplaceAll(golden, access.TokenName(host), "daemon-NODE")
+	golden = strings.ReplaceAll(golden, "node="+host, "node=NODE")
 	testkit.Golden(t, "pve-access-setup.calls", []byte(golden))
 }
 
@@ -180,21 +180,22 @@ func TestAccessSetupMatchesTable(t *testing.T) {
 func TestAccessSetupTokenPerNode(t *testing.T) {
 	def := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000")
 	named := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000", "PVE_INSPECTD_TOKEN=daemon-pve2")
-	if !slices.Contains(named, "user token add pve-inspectd@pve daemon-pve2 --privsep 1 --comment pve-inspectd --output-format json") {
+	host := nodeName(t)
+	if !slices.Contains(named, "user token add pve-inspectd@pve daemon-pve2 --privsep 1 --comment pve-inspectd node="+host+" --output-format json") {
 		t.Errorf("no token daemon-pve2 added:\n%s", strings.Join(named, "\n"))
 	}
 	// every call is the default's with the token's name changed
 	var want []string
 	for _, c := range def {
-		c = strings.ReplaceAll(c, "pve-inspectd@pve!daemon ", "pve-inspectd@pve!daemon-pve2 ")
-		c = strings.ReplaceAll(c+" ", "pve-inspectd@pve daemon ", "pve-inspectd@pve daemon-pve2 ")
+		c = strings.ReplaceAll(c+" ", " "+access.TokenName(host)+" ", " daemon-pve2 ")
+		c = strings.ReplaceAll(c, "!"+access.TokenName(host)+" ", "!daemon-pve2 ")
 		c = strings.TrimSuffix(c, " ")
 		want = append(want, c)
 	}
 	if !slices.Equal(named, want) {
 		t.Errorf("calls with PVE_INSPECTD_TOKEN:\n%s\nwant:\n%s", strings.Join(named, "\n"), strings.Join(want, "\n"))
 	}
-	for _, bad := range []string{"2daemon", "dae mon", "daemon!x", "-x"} {
+	for _, bad := range []string{"2daemon", "dae mon", "daemon!x", "-x", "d"} {
 		dir := t.TempDir()
 		log := filepath.Join(dir, "calls")
 		if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte("#!/bin/sh\necho \"$*\" >> "+log+"\n"), 0o755); err != nil {
@@ -210,4 +211,15 @@ func TestAccessSetupTokenPerNode(t *testing.T) {
 			t.Errorf("token %q: pveum was called", bad)
 		}
 	}
+}
+
+// nodeName is this machine's node name as pve-access-setup and Proxmox
+// take it: the host name without its domain.
+func nodeName(t *testing.T) string {
+	t.Helper()
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return access.NodeName(h)
 }

@@ -21,10 +21,9 @@ import (
 const (
 	// User is the Proxmox user of the daemon.
 	User = "pve-inspectd@pve"
-	// Token is the name of the user's API token (privilege separated).
-	Token = "daemon"
-	// TokenID is the token's full id as ACLs and the API name it.
-	TokenID = User + "!" + Token
+	// TokenPrefix starts the name of a node's API token (privilege
+	// separated): TokenName.
+	TokenPrefix = "daemon-"
 	// DefaultPool is the pool of the sandboxes (PVE_INSPECTD_POOL).
 	DefaultPool = "pve-inspect"
 	// DefaultStorage is the storage of the templates' disks
@@ -35,6 +34,23 @@ const (
 	// to the pool.
 	TransferStorage = "local"
 )
+
+// TokenName is the name pve-access-setup gives node's token by default:
+// users and tokens are cluster-wide (pmxcfs user.cfg), so each node's
+// daemon has a token of its own and setting up one node never replaces
+// the secret another node's daemon holds.
+func TokenName(node string) string { return TokenPrefix + node }
+
+// TokenID is the full id of node's default token, as ACLs and the API
+// name it.
+func TokenID(node string) string { return User + "!" + TokenName(node) }
+
+// NodeName is the name Proxmox gives the node whose host name is host:
+// the host name without its domain (pve-common INotify.pm nodename).
+func NodeName(host string) string {
+	name, _, _ := strings.Cut(host, ".")
+	return name
+}
 
 // Role names.
 const (

@@ -39,7 +39,7 @@ func dirtyTemplate(t *testing.T, e *emuEnv) {
 		t.Fatal(err)
 	}
 	// as pve-access-setup grants it with PVE_INSPECTD_TEMPLATES="9000 9001"
-	for _, who := range []string{access.User, access.TokenID} {
+	for _, who := range []string{access.User, access.TokenID("pve")} {
 		if err := e.emu.SetACL("/vms/9001", who, access.RoleTemplate, false); err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestHardenedProfileOnEmulator(t *testing.T) {
 	}
 	// ...and with the main role there too (a template put in the pool) it
 	// still cannot take root-only items away
-	for _, who := range []string{access.User, access.TokenID} {
+	for _, who := range []string{access.User, access.TokenID("pve")} {
 		if err := e.emu.SetACL("/vms/9001", who, access.RoleMain, false); err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +177,7 @@ func TestHardenedCreateNeedsShippedPrivileges(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, who := range []string{access.User, access.TokenID} {
+	for _, who := range []string{access.User, access.TokenID("pve")} {
 		if err := e.emu.SetACL("/vms/9002", who, access.RoleTemplate, false); err != nil {
 			t.Fatal(err)
 		}

@@ -22,9 +22,10 @@ type AccessSetup struct {
 	// node): its grants name it. On a cluster the script runs once per
 	// node; the roles, user and pool are shared and kept.
 	Node string
-	// Token is the token's name ("": access.Token). A cluster gives each
-	// node's daemon a token of its own, so that setting up one node does
-	// not replace the secret another node's daemon holds.
+	// Token is the token's name ("": access.TokenName of the node, as
+	// pve-access-setup names it). Each node's daemon has a token of its
+	// own, so that setting up one node does not replace the secret
+	// another node's daemon holds.
 	Token string
 }
 
@@ -70,7 +71,7 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 		node = s.node
 	}
 	if token == "" {
-		token = access.Token
+		token = access.TokenName(node)
 	}
 	tokenID, secret, err = s.AddToken(access.User, token, true)
 	if err != nil {

@@ -135,7 +135,10 @@ type APIProxmox struct {
 	Node string `toml:"node"`
 	// TokenID is "user@realm!name" of an API token limited to the pool;
 	// the secret is read from SecretFile (the plain secret, or the JSON
-	// `pveum user token add --output-format json` prints).
+	// `pveum user token add --output-format json` prints). "" means the
+	// token the secret file names (pve-access-setup writes that JSON),
+	// else pve-access-setup's default for the node,
+	// pve-inspectd@pve!daemon-<node>.
 	TokenID    string `toml:"token_id"`
 	SecretFile string `toml:"secret_file"`
 	// CAFile verifies the API certificate ("" = system pool).
@@ -181,12 +184,15 @@ func defaultAPI() APISection {
 		Events: APIEvents{MaxStreamsPerToken: 8, MaxStreamsPerOwner: 16, MaxStreams: 256, WriteTimeout: 30 * time.Second},
 		Proxmox: APIProxmox{
 			URL:        "https://127.0.0.1:8006/api2/json",
-			TokenID:    "pve-inspectd@pve!daemon",
 			SecretFile: "/etc/pve-inspectd/pve-token",
 			CAFile:     "/etc/pve/pve-root-ca.pem",
 		},
 	}
 }
+
+// reTokenID is an API token's full id: user@realm!name, the name as
+// pve-access-control's token_subid_regex allows.
+var reTokenID = regexp.MustCompile(`^[^@!]+@[^@!]+![A-Za-z][A-Za-z0-9._-]+$`)
 
 var reTemplateName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
@@ -332,7 +338,7 @@ func (a APISection) validate(prefix string) error {
 		if a.Proxmox.URL == "" {
 			return key("proxmox.url", errors.New("must not be empty"))
 		}
-		if !regexp.MustCompile(`^[^@!]+@[^@!]+![A-Za-z][A-Za-z0-9._-]*$`).MatchString(a.Proxmox.TokenID) {
+		if a.Proxmox.TokenID != "" && !reTokenID.MatchString(a.Proxmox.TokenID) {
 			return key("proxmox.token_id", fmt.Errorf("want user@realm!tokenname (an API token, never a password login), got %q", a.Proxmox.TokenID))
 		}
 		if err := abs("proxmox.secret_file", a.Proxmox.SecretFile, false); err != nil {

@@ -62,6 +62,7 @@ token_id = "pve-inspect@pve!daemon"
 		{`[api.events]` + "\n" + `max_streams = 8`, "api.events.max_streams_per_owner"},
 		{`[api.events]` + "\n" + `write_timeout = "0s"`, "api.events.write_timeout"},
 		{`[api]` + "\n" + `enabled = true` + "\n" + `[api.proxmox]` + "\n" + `token_id = "root@pam"`, "api.proxmox.token_id"},
+		{`[api]` + "\n" + `enabled = true` + "\n" + `[api.proxmox]` + "\n" + `token_id = "u@pve!d"`, "api.proxmox.token_id"},
 		{`[api]` + "\n" + `templates = { "bad name" = 9000 }`, "api.templates.bad name"},
 		{`[api]` + "\n" + `bogus = 1`, "api.bogus"},
 		{`[api]` + "\n" + `disk_transfer_storage = "Local Disk"`, "api.disk_transfer_storage"},
@@ -78,5 +79,22 @@ token_id = "pve-inspect@pve!daemon"
 		if !errors.As(err, &ke) || !strings.HasPrefix(ke.Key, b.key) {
 			t.Errorf("%q: err %v, want key %s", b.doc, err, b.key)
 		}
+	}
+}
+
+// TestDefaultTokenAndNode: with the API on and no token_id the default
+// configuration is valid (the daemon takes the token the secret file
+// names, else daemon-<node>), and the node's id is the host name without
+// its domain, as Proxmox names the node.
+func TestDefaultTokenAndNode(t *testing.T) {
+	c, err := Parse("[api]\nenabled = true\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.API.Proxmox.TokenID != "" {
+		t.Errorf("default token_id %q, want none", c.API.Proxmox.TokenID)
+	}
+	if strings.Contains(c.Node.ID, ".") {
+		t.Errorf("node id %q has a domain", c.Node.ID)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/internal/stricttoml"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 )
 
 // DefaultPath is where the daemon looks for its configuration file.
@@ -66,7 +67,8 @@ type validator interface {
 func Default() Config {
 	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress(), Pool: defaultPool()}
 	if h, err := os.Hostname(); err == nil {
-		c.Node.ID = h
+		// as Proxmox names the node: without the domain
+		c.Node.ID = access.NodeName(h)
 	}
 	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
 	c.Egress.Owners = c.derivedOwners()

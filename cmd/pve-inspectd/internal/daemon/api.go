@@ -24,6 +24,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/hostnet"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
@@ -396,46 +397,84 @@ func ProxmoxClient(cfg config.Config) (*pveapi.Client, error) {
 // clients' pending SDN edits an apply commits).
 func proxmoxClient(cfg config.Config, log *slog.Logger) (*pveapi.Client, error) {
 	pc := cfg.API.Proxmox
-	secret, err := ReadTokenSecret(pc.SecretFile)
+	node := ProxmoxNode(cfg)
+	tokenID, secret, err := ReadToken(pc.SecretFile, pc.TokenID, node)
 	if err != nil {
 		return nil, &NoTokenError{Err: err}
-	}
-	node := pc.Node
-	if node == "" {
-		node = cfg.Node.ID
 	}
 	if pc.CAFile != "" {
 		if _, err := os.Stat(pc.CAFile); err != nil {
 			return nil, fmt.Errorf("proxmox CA: %w", err)
 		}
 	}
-	px, err := pveapi.New(pveapi.Options{URL: pc.URL, TokenID: pc.TokenID, Secret: secret, Node: node, RootCAFile: pc.CAFile, Logger: log})
+	px, err := pveapi.New(pveapi.Options{URL: pc.URL, TokenID: tokenID, Secret: secret, Node: node, RootCAFile: pc.CAFile, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("proxmox client: %w", err)
 	}
 	return px, nil
 }
 
+// ProxmoxNode is the Proxmox node the daemon drives: [api.proxmox] node,
+// else node.id.
+func ProxmoxNode(cfg config.Config) string {
+	if cfg.API.Proxmox.Node != "" {
+		return cfg.API.Proxmox.Node
+	}
+	return cfg.Node.ID
+}
+
+// ReadToken reads the daemon's Proxmox API token from the secret file at
+// path (ReadTokenSecret) and returns its full id: configured
+// ([api.proxmox] token_id) when set, else the id the file names (the JSON
+// pve-access-setup stores carries "full-tokenid"), else
+// pve-access-setup's default for node. A configured id that is not the
+// file's is an error: the secret would not match it.
+func ReadToken(path, configured, node string) (tokenID, secret string, err error) {
+	secret, named, err := readTokenFile(path)
+	if err != nil {
+		return "", "", err
+	}
+	switch {
+	case configured != "" && named != "" && configured != named:
+		return "", "", fmt.Errorf("[api.proxmox] token_id is %q, but %s holds the secret of %q: set token_id to that (or leave it out), or run pve-access-setup for %q", configured, path, named, configured)
+	case configured != "":
+		return configured, secret, nil
+	case named != "":
+		return named, secret, nil
+	case node == "":
+		return "", "", fmt.Errorf("no [api.proxmox] token_id, %s names no token, and the node has no name", path)
+	}
+	return access.TokenID(node), secret, nil
+}
+
 // ReadTokenSecret reads a Proxmox API token secret: the plain value, or
 // the JSON document `pveum user token add --output-format json` writes
 // (packaging/deb/pve-access-setup stores that).
 func ReadTokenSecret(path string) (string, error) {
+	secret, _, err := readTokenFile(path)
+	return secret, err
+}
+
+// readTokenFile reads a token secret file: the secret, and the token's
+// full id when the file is pveum's JSON and names it.
+func readTokenFile(path string) (secret, tokenID string, err error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("read proxmox token secret: %w", err)
+		return "", "", fmt.Errorf("read proxmox token secret: %w", err)
 	}
 	s := strings.TrimSpace(string(b))
 	if strings.HasPrefix(s, "{") {
 		var doc struct {
-			Value string `json:"value"`
+			Value   string `json:"value"`
+			TokenID string `json:"full-tokenid"`
 		}
 		if err := json.Unmarshal([]byte(s), &doc); err != nil || doc.Value == "" {
-			return "", fmt.Errorf("proxmox token secret %s: JSON without a \"value\"", path)
+			return "", "", fmt.Errorf("proxmox token secret %s: JSON without a \"value\"", path)
 		}
-		return doc.Value, nil
+		return doc.Value, doc.TokenID, nil
 	}
 	if s == "" {
-		return "", fmt.Errorf("proxmox token secret %s is empty", path)
+		return "", "", fmt.Errorf("proxmox token secret %s is empty", path)
 	}
-	return s, nil
+	return s, "", nil
 }

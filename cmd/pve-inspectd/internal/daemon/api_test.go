@@ -45,6 +45,40 @@ func TestReadTokenSecret(t *testing.T) {
 	}
 }
 
+// TestReadToken: the daemon's token id is token_id when set, else the one
+// the secret file names (pve-access-setup's JSON: an upgrade keeps its
+// token), else pve-access-setup's default for the node; a token_id the
+// file's secret is not for is an error naming both.
+func TestReadToken(t *testing.T) {
+	dir := t.TempDir()
+	js := func(id string) string { return `{"full-tokenid":"` + id + `","info":{"privsep":"1"},"value":"s"}` }
+	for _, c := range []struct {
+		name, body, configured, node string
+		want, err                    string
+	}{
+		{"plain secret, default for the node", "s\n", "", "pve1", "pve-inspectd@pve!daemon-pve1", ""},
+		{"plain secret, configured", "s", "u@pve!t1", "pve1", "u@pve!t1", ""},
+		{"file names its token", js("pve-inspectd@pve!daemon-pve2"), "", "pve1", "pve-inspectd@pve!daemon-pve2", ""},
+		{"upgrade from the single token", js("pve-inspectd@pve!daemon"), "", "pve1", "pve-inspectd@pve!daemon", ""},
+		{"configured as the file says", js("u@pve!t1"), "u@pve!t1", "pve1", "u@pve!t1", ""},
+		{"configured another", js("u@pve!t1"), "u@pve!t2", "pve1", "", `holds the secret of "u@pve!t1"`},
+		{"no name anywhere", "s", "", "", "", "no [api.proxmox] token_id"},
+		{"empty file", "", "", "pve1", "", "empty"},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
+		if err := os.WriteFile(p, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		id, secret, err := ReadToken(p, c.configured, c.node)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: %q %v, want an error with %q", c.name, id, err, c.err)
+		case c.err == "" && (err != nil || id != c.want || secret != "s"):
+			t.Errorf("%s: %q %q %v, want %q", c.name, id, secret, err, c.want)
+		}
+	}
+}
+
 // pveBed is the Proxmox emulator behind an address that is first down
 // (nothing listens) and comes up with up.
 type pveBed struct {
