@@ -171,6 +171,7 @@ func Calls() []Call {
 		{"POST", qemu + "/config", "/sdn/zones/" + PhZone + "/" + PhVNet, []string{"SDN.Use"}, false, "the vnet of each new NIC (check_bridge_access)"},
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.HWType"}, false, "hardening: vga, serial0=socket, tablet, machine, audio0, watchdog, spice usb (check_vm_modify_config_perm, check_usb_perm, serial delete)"},
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.CDROM"}, false, "hardening: deleting CD-ROM drives (check_drive_perms on delete)"},
+		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Cloudinit", "VM.Config.CDROM"}, false, "hardening: deleting a template's cloud-init drive (check_drive_perms: drive_is_cloudinit needs both)"},
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Disk"}, false, "hardening: deleting tpmstate0 (check_drive_perms on delete)"},
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Options"}, false, "hardening: ostype, agent; tags are checked by assert_tag_permissions (own VM: none more)"},
 		{"POST", qemu + "/config", vmACL, []string{"VM.Config.Disk"}, false, "attach and detach a transfer image (check_drive_perms; the image is the VM's own, so check_volume_access needs no storage privilege)"},
@@ -215,7 +216,7 @@ func Roles() []Role {
 		{RoleMain, sorted(
 			"VM.Allocate", "VM.Audit", "VM.PowerMgmt", "VM.Snapshot", "VM.Snapshot.Rollback",
 			"VM.Config.CPU", "VM.Config.Memory", "VM.Config.Disk", "VM.Config.Network", "VM.Config.Options",
-			"VM.Config.HWType", "VM.Config.CDROM",
+			"VM.Config.HWType", "VM.Config.CDROM", "VM.Config.Cloudinit",
 			"Datastore.AllocateSpace", "Datastore.Audit",
 			"SDN.Allocate", "SDN.Audit", "SDN.Use",
 			"Pool.Audit")},

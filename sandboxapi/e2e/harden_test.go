@@ -210,3 +210,60 @@ func TestHardenedCreateNeedsShippedPrivileges(t *testing.T) {
 		})
 	}
 }
+
+// TestHardenedCreateFromCloudInitTemplate: a template with a cloud-init
+// drive (a media=cdrom drive whose volume is the VM's cloudinit image)
+// clones into a sandbox without it: deleting it is qemu-server's
+// check_drive_perms for a cloud-init drive, VM.Config.Cloudinit and
+// VM.Config.CDROM, both in the shipped role; without VM.Config.Cloudinit
+// the create is refused naming it and leaves nothing behind.
+func TestHardenedCreateFromCloudInitTemplate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e := newEmuEnvTB(t, withHardening(false))
+	disk := filepath.Join(t.TempDir(), "disk")
+	if err := os.MkdirAll(filepath.Join(disk, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.emu.AddTemplate(ctx, 9003, "cloudinit", disk, map[string]string{
+		"net0": "virtio=BC:24:11:00:00:04,bridge=vmbr0", "ide2": "local-lvm:vm-9003-cloudinit,media=cdrom",
+		"ciuser": "admin", "ipconfig0": "ip=dhcp",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, who := range []string{access.User, access.TokenID("pve")} {
+		if err := e.emu.SetACL("/vms/9003", who, access.RoleTemplate, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "cloudinit"}}})
+	if err != nil {
+		t.Fatalf("hardened create from a cloud-init template with the shipped role: %v", err)
+	}
+	conf, err := e.px.VMConfig(ctx, sb.VMs[0].VMID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := conf["ide2"]; ok {
+		t.Errorf("the sandbox kept the template's cloud-init drive: ide2=%s", v)
+	}
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean(t, ctx)
+
+	var privs []string
+	for _, p := range access.RolePrivs(access.RoleMain) {
+		if p != "VM.Config.Cloudinit" {
+			privs = append(privs, p)
+		}
+	}
+	if err := e.emu.AddRole(access.RoleMain, privs); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.emu.AddRole(access.RoleMain, access.RolePrivs(access.RoleMain)) }()
+	if _, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "cloudinit"}}}); err == nil || !strings.Contains(err.Error(), "VM.Config.Cloudinit") {
+		t.Fatalf("create without VM.Config.Cloudinit: %v", err)
+	}
+	e.assertClean(t, ctx)
+}
