@@ -51,7 +51,11 @@ type Options struct {
 
 // Client talks to one Proxmox node.
 type Client struct {
-	c    *proxmox.Client
+	c *proxmox.Client
+	// hc is the HTTP client go-proxmox sends with (its TLS options
+	// applied), for the few answers whose result attributes beside
+	// "data" matter (getEnvelope).
+	hc   *http.Client
 	node string
 	o    Options
 	log  *slog.Logger
@@ -85,11 +89,11 @@ func newClient(o Options, auth proxmox.Option) (*Client, error) {
 		o.TaskTimeout = 10 * time.Minute
 	}
 	opts := []proxmox.Option{auth, proxmox.WithUserAgent("pve-inspectd")}
-	if o.HTTPClient != nil {
-		opts = append(opts, proxmox.WithHTTPClient(o.HTTPClient))
-	} else {
-		opts = append(opts, proxmox.WithHTTPClient(&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}}))
+	hc := o.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}}
 	}
+	opts = append(opts, proxmox.WithHTTPClient(hc))
 	if o.RootCAFile != "" {
 		opts = append(opts, proxmox.WithRootCAFile(o.RootCAFile))
 	}
@@ -97,7 +101,7 @@ func newClient(o Options, auth proxmox.Option) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Client{c: proxmox.NewClient(strings.TrimRight(o.URL, "/"), opts...), node: o.Node, o: o, log: log, own: newSDNEdits()}, nil
+	return &Client{c: proxmox.NewClient(strings.TrimRight(o.URL, "/"), opts...), hc: hc, node: o.Node, o: o, log: log, own: newSDNEdits()}, nil
 }
 
 var (

@@ -100,6 +100,7 @@ func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config,
 			doctor.ScopeCheck(px, n, access.Calls()),
 			doctor.StorageCheck(px, n),
 			doctor.SDNCheck(px, lookDnsmasq),
+			doctor.NetworkCheck(px, n),
 			doctor.IPAMCheck(px))
 		checks = append(checks, doctor.TemplateChecks(px, n)...)
 		checks = append(checks, doctor.UnitCheck(px, n, doctor.SystemdUnit(runHost, o.unitName, o.unitFile)))

@@ -186,3 +186,68 @@ func TestAccessSetupClusterTokens(t *testing.T) {
 		t.Errorf("mismatched PVE_INSPECTD_TOKEN: err %v, output %q, calls %v", err, out, calls)
 	}
 }
+
+// TestAccessSetupRefusesBeforeChanging: what would make the script judge
+// a token's owner wrongly, or grant on a path that is no node, stops it
+// before its first pveum call, or before it touches any token: a token
+// name matched as a pattern (a "." standing for the "-" of another
+// node's token), a node name Proxmox would not have, a secret file that
+// names no token of the user, one that holds no secret.
+func TestAccessSetupRefusesBeforeChanging(t *testing.T) {
+	c := newClusterNodes(t)
+	if _, out, err := c.run("pvea", "PVE_INSPECTD_TOKEN=sandbox.1"); err != nil {
+		t.Fatalf("node a: %v\n%s", err, out)
+	}
+	if _, out, err := c.run("pveb", "PVE_INSPECTD_TOKEN=sandbox-1"); err != nil {
+		t.Fatalf("node b: %v\n%s", err, out)
+	}
+	// node c (no secret) asked for sandbox.1: a's, not c's
+	_ = os.Remove(c.secretFile("pvec"))
+	calls, out, err := c.run("pvec", "PVE_INSPECTD_TOKEN=sandbox.1")
+	if err == nil || len(removes(calls)) > 0 {
+		t.Errorf("node c took node a's token: err %v, removes %v\n%s", err, removes(calls), out)
+	}
+	// node b without its secret, asked for sandbox.1: still a's
+	if err := os.Remove(c.secretFile("pveb")); err != nil {
+		t.Fatal(err)
+	}
+	calls, out, err = c.run("pveb", "PVE_INSPECTD_TOKEN=sandbox.1")
+	if err == nil || len(removes(calls)) > 0 {
+		t.Errorf("node b took node a's token by a pattern: err %v, removes %v\n%s", err, removes(calls), out)
+	}
+	if got := c.tokens(); !slices.Equal(got, []string{"sandbox-1=pve-inspectd node=pveb", "sandbox.1=pve-inspectd node=pvea"}) {
+		t.Errorf("tokens: %v", got)
+	}
+
+	for name, tc := range map[string]struct {
+		host, secret, want string
+		env                []string
+	}{
+		"empty node name":           {host: ".example.org", want: "node name"},
+		"node name with a slash":    {host: "a/b", want: "node name"},
+		"node name ending in -":     {host: "pve-", want: "node name"},
+		"plain secret, no name":     {host: "pved", secret: "abc-123", want: "does not say which token"},
+		"another user's token":      {host: "pved", secret: `{"full-tokenid":"root@pam!x","value":"s"}`, want: "does not say which token"},
+		"JSON without a secret":     {host: "pved", secret: `{"full-tokenid":"pve-inspectd@pve!daemon-pved"}`, want: "holds no secret"},
+		"JSON with an empty secret": {host: "pved", secret: `{"full-tokenid":"pve-inspectd@pve!daemon-pved","value":""}`, want: "holds no secret"},
+	} {
+		if tc.secret != "" {
+			if err := os.WriteFile(c.secretFile(tc.host), []byte(tc.secret), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		calls, out, err := c.run(tc.host, tc.env...)
+		if err == nil || !strings.Contains(out, tc.want) || strings.Join(calls, "") != "" {
+			t.Errorf("%s: err %v, output %q, calls %v; want a refusal with %q and no pveum call", name, err, out, calls, tc.want)
+		}
+		_ = os.Remove(c.secretFile(tc.host))
+	}
+	// a plain secret with its token named is taken as that token's
+	if err := os.WriteFile(c.secretFile("pved"), []byte("abc-123"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	calls, out, err = c.run("pved", "PVE_INSPECTD_TOKEN=hand-made")
+	if err != nil || strings.Contains(strings.Join(calls, "\n"), "user token") {
+		t.Errorf("plain secret with PVE_INSPECTD_TOKEN: err %v, calls %v\n%s", err, calls, out)
+	}
+}

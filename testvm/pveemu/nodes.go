@@ -25,6 +25,11 @@ type clusterNode struct {
 	backend Backend
 	online  bool
 	applied sdnObjects
+	// staged is a staged host network edit (interfaces.new, its diff)
+	// the next reload of the node applies; appliedEdits the ones reloads
+	// applied.
+	staged       string
+	appliedEdits []string
 }
 
 // initNodes registers the primary node and Options.Cluster.

@@ -12,6 +12,7 @@ func (s *Server) registerRoutes() error {
 		{"GET", "/nodes", s.nodes},
 		{"GET", "/cluster/status", s.clusterStatus},
 		{"GET", "/nodes/{node}/status", s.nodeStatus},
+		{"GET", "/nodes/{node}/network", s.networkIndex},
 		{"GET", "/cluster/nextid", s.nextID},
 		{"GET", "/cluster/resources", s.resources},
 		{"GET", "/nodes/{node}/qemu", s.listVMs},

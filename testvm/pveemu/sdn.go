@@ -277,6 +277,16 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 		t.warn("%s: %s", name, injected)
 		return
 	}
+	// reload_network_config's worker first renames a staged
+	// interfaces.new over interfaces: whatever was staged on the node, by
+	// anyone, goes live with this apply.
+	s.mu.Lock()
+	if n.staged != "" {
+		t.logf("%s: staged /etc/network/interfaces.new renamed over /etc/network/interfaces", name)
+		n.appliedEdits = append(n.appliedEdits, n.staged)
+		n.staged = ""
+	}
+	s.mu.Unlock()
 	want := newSDNObjects()
 	for z, props := range all.zones {
 		if zoneOnNode(props, name) {

@@ -323,7 +323,14 @@ func (s *Server) serveAs(w http.ResponseWriter, r *http.Request, local string) {
 	}
 	rec.Status = http.StatusOK
 	s.record(rec)
-	body, err := json.Marshal(map[string]any{"data": data})
+	env := map[string]any{"data": data}
+	if a, ok := data.(withAttribs); ok {
+		env = map[string]any{"data": a.data}
+		for k, v := range a.attribs {
+			env[k] = v
+		}
+	}
+	body, err := json.Marshal(env)
 	if err != nil {
 		writeError(w, asAPIError(fmt.Errorf("encode response: %w", err)))
 		return

@@ -82,19 +82,15 @@ token_id = "pve-inspect@pve!daemon"
 	}
 }
 
-// TestDefaultTokenAndNode: with the API on and no token_id the default
+// TestDefaultToken: with the API on and no token_id the default
 // configuration is valid (the daemon takes the token the secret file
-// names, else daemon-<node>), and the node's id is the host name without
-// its domain, as Proxmox names the node.
-func TestDefaultTokenAndNode(t *testing.T) {
+// names, else daemon-<node>).
+func TestDefaultToken(t *testing.T) {
 	c, err := Parse("[api]\nenabled = true\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.API.Proxmox.TokenID != "" {
 		t.Errorf("default token_id %q, want none", c.API.Proxmox.TokenID)
-	}
-	if strings.Contains(c.Node.ID, ".") {
-		t.Errorf("node id %q has a domain", c.Node.ID)
 	}
 }

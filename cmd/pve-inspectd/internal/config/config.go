@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/internal/stricttoml"
-	"github.com/pve-inspect/pve-inspect/pveapi/access"
 )
 
 // DefaultPath is where the daemon looks for its configuration file.
@@ -67,8 +66,7 @@ type validator interface {
 func Default() Config {
 	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress(), Pool: defaultPool()}
 	if h, err := os.Hostname(); err == nil {
-		// as Proxmox names the node: without the domain
-		c.Node.ID = access.NodeName(h)
+		c.Node.ID = h
 	}
 	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
 	c.Egress.Owners = c.derivedOwners()

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -415,12 +416,13 @@ func proxmoxClient(cfg config.Config, log *slog.Logger) (*pveapi.Client, error) 
 }
 
 // ProxmoxNode is the Proxmox node the daemon drives: [api.proxmox] node,
-// else node.id.
+// else node.id without a domain (Proxmox names a node by its host name
+// without the domain: pve-common INotify.pm nodename).
 func ProxmoxNode(cfg config.Config) string {
 	if cfg.API.Proxmox.Node != "" {
 		return cfg.API.Proxmox.Node
 	}
-	return cfg.Node.ID
+	return access.NodeName(cfg.Node.ID)
 }
 
 // ReadToken reads the daemon's Proxmox API token from the secret file at
@@ -433,6 +435,9 @@ func ReadToken(path, configured, node string) (tokenID, secret string, err error
 	secret, named, err := readTokenFile(path)
 	if err != nil {
 		return "", "", err
+	}
+	if named != "" && !reTokenID.MatchString(named) {
+		return "", "", fmt.Errorf("%s names %q as its token, not an API token id (user@realm!name)", path, named)
 	}
 	switch {
 	case configured != "" && named != "" && configured != named:
@@ -454,6 +459,10 @@ func ReadTokenSecret(path string) (string, error) {
 	secret, _, err := readTokenFile(path)
 	return secret, err
 }
+
+// reTokenID is an API token's full id, user@realm!name (the name as
+// pve-access-control's token_subid_regex allows).
+var reTokenID = regexp.MustCompile(`^[^@!\s]+@[^@!\s]+![A-Za-z][A-Za-z0-9._-]+$`)
 
 // readTokenFile reads a token secret file: the secret, and the token's
 // full id when the file is pveum's JSON and names it.

@@ -64,6 +64,8 @@ func TestReadToken(t *testing.T) {
 		{"configured another", js("u@pve!t1"), "u@pve!t2", "pve1", "", `holds the secret of "u@pve!t1"`},
 		{"no name anywhere", "s", "", "", "", "no [api.proxmox] token_id"},
 		{"empty file", "", "", "pve1", "", "empty"},
+		{"file names a password login", js("root@pam"), "", "pve1", "", "not an API token id"},
+		{"file names garbage", js("a b!x"), "", "pve1", "", "not an API token id"},
 	} {
 		p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "_"))
 		if err := os.WriteFile(p, []byte(c.body), 0o600); err != nil {

@@ -1,0 +1,73 @@
+package pveemu
+
+import (
+	"context"
+	"fmt"
+)
+
+// withAttribs is a handler's answer with result attributes beside "data"
+// (PVE::RESTEnvironment set_result_attrib: pve-http-server puts each at
+// the top level of the JSON answer).
+type withAttribs struct {
+	data    any
+	attribs map[string]any
+}
+
+// StageNetworkEdit stages an edit of node's host network as the GUI's
+// Network panel or `pvesh create /nodes/<node>/network` does: it is
+// written to /etc/network/interfaces.new and shown as the diff in the
+// "changes" of GET /nodes/<node>/network until a reload renames it over
+// /etc/network/interfaces. Every SDN apply reloads every node, so it
+// applies what was staged (pve-manager API2/Network.pm
+// reload_network_config). diff stands for the file's diff.
+func (s *Server) StageNetworkEdit(node, diff string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.members[node]
+	if n == nil {
+		return fmt.Errorf("pveemu: no node %q", node)
+	}
+	n.staged = diff
+	return nil
+}
+
+// AppliedNetworkEdits returns the staged edits reloads applied on node,
+// oldest first.
+func (s *Server) AppliedNetworkEdits(node string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.members[node]; n != nil {
+		return append([]string(nil), n.appliedEdits...)
+	}
+	return nil
+}
+
+// networkIndex is GET /nodes/{node}/network (pve-manager API2/Network.pm
+// index: user => 'all'): the node's interfaces from
+// /etc/network/interfaces, a bridge listed only when the caller has
+// SDN.Audit or SDN.Use on /sdn/zones/localnetwork/<bridge>, and the diff
+// of a staged interfaces.new as the result attribute "changes".
+func (s *Server) networkIndex(_ context.Context, rq *request) (any, error) {
+	if err := s.checkNode(rq); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	node := rq.str("node")
+	if err := s.checkClusterNodeLocked(node); err != nil {
+		return nil, err
+	}
+	ifaces := []map[string]any{}
+	bridge := "vmbr0"
+	if rq.authid == "root@pam" || s.checkPrivsLocked(rq.authid, "/sdn/zones/localnetwork/"+bridge, []string{"SDN.Audit"}) == nil ||
+		s.checkPrivsLocked(rq.authid, "/sdn/zones/localnetwork/"+bridge, []string{"SDN.Use"}) == nil {
+		ifaces = append(ifaces, map[string]any{"iface": bridge, "type": "bridge", "active": 1, "autostart": 1,
+			"bridge_ports": "eth0", "bridge_stp": "off", "bridge_fd": "0", "method": "static", "families": []string{"inet"}})
+	}
+	ifaces = append(ifaces, map[string]any{"iface": "eth0", "type": "eth", "active": 1, "method": "manual", "families": []string{"inet"}})
+	out := withAttribs{data: ifaces}
+	if d := s.members[node].staged; d != "" {
+		out.attribs = map[string]any{"changes": d}
+	}
+	return out, nil
+}
