@@ -108,7 +108,12 @@ var (
 	// "already used": a snapshot name taken (pve-guest-common
 	// AbstractConfig.pm snapshot_prepare: "snapshot name '$snapname'
 	// already used"), a state the caller is told as a conflict
-	reExists  = regexp.MustCompile(`(?i)already exists|already in use|already used`)
+	// "File exists": a clone to an id another node's VM has passes
+	// clone_vm's check of the local node's config file and fails when
+	// pmxcfs refuses the rename of its temporary config (pve-common
+	// File.pm file_set_contents: "close (rename) atomic file '...'
+	// failed: File exists")
+	reExists  = regexp.MustCompile(`(?i)already exists|already in use|already used|failed: File exists`)
 	reMissing = regexp.MustCompile(`(?i)does not exist`)
 )
 
@@ -269,6 +274,22 @@ func (c *Client) NextID(ctx context.Context) (int, error) {
 		return 0, classify("next id", err)
 	}
 	return int(id), nil
+}
+
+// VMIDFree reports whether no VM of the cluster has id: GET
+// /cluster/nextid?vmid=N answers N when it is free and fails the vmid
+// parameter with "VM N already exists" when it is not (pve-manager
+// API2/Cluster.pm nextid, from the cluster's vmlist).
+func (c *Client) VMIDFree(ctx context.Context, id int) (bool, error) {
+	var got flexInt
+	err := c.c.Get(ctx, "/cluster/nextid?vmid="+strconv.Itoa(id), &got)
+	switch {
+	case err == nil:
+		return int(got) == id, nil
+	case strings.Contains(err.Error(), fmt.Sprintf("VM %d already exists", id)):
+		return false, nil
+	}
+	return false, classify("is vm id free", err)
 }
 
 // resource is a VM as GET /cluster/resources lists it. Only the VM list,

@@ -193,6 +193,13 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		}
 		return map[string]any{"status": "stopped", "exitstatus": st, "upid": p["upid"]}, 0, ""
 	case "GET /cluster/nextid":
+		if v, ok := p["vmid"]; ok { // pve-manager Cluster.pm nextid: is this one free
+			n, _ := strconv.Atoi(fmt.Sprint(v))
+			if f.vms[n] != nil {
+				return nil, 400, fmt.Sprintf("Parameter verification failed. vmid: VM %d already exists", n)
+			}
+			return strconv.Itoa(n), 0, ""
+		}
 		id := 100
 		for f.vms[id] != nil {
 			id++

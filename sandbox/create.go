@@ -230,7 +230,21 @@ func (m *Engine) buildVMs(ctx context.Context, rec *record, tmpl []int, env map[
 	return first
 }
 
-// allocVMID reserves a VM id; release it once the clone exists.
+// idChecker is a Proxmox API that can say whether one VM id is free
+// cluster-wide (pveapi: GET /cluster/nextid?vmid=N).
+type idChecker interface {
+	VMIDFree(ctx context.Context, id int) (bool, error)
+}
+
+// maxIDSkips bounds the ids allocVMID tries past the one NextID gave.
+const maxIDSkips = 64
+
+// allocVMID reserves a VM id; release it once the clone exists. NextID
+// gives the lowest id free in the whole cluster; while that one is
+// reserved by a clone of this engine still running, the next ids are
+// tried, each asked of the cluster where the API can say (an id above
+// the lowest free one may be another node's VM: clone_vm checks only the
+// local node's config file, and the clone would fail late, in pmxcfs).
 func (m *Engine) allocVMID(ctx context.Context) (int, error) {
 	m.idMu.Lock()
 	defer m.idMu.Unlock()
@@ -238,8 +252,26 @@ func (m *Engine) allocVMID(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, pxErr("next vm id", err)
 	}
-	for m.reserved[id] {
-		id++
+	check, _ := m.cloner.(idChecker)
+	for skips := 0; ; skips++ {
+		if skips > maxIDSkips {
+			return 0, fmt.Errorf("next vm id: no free id in %d after %d: %w", maxIDSkips, id-maxIDSkips-1, ErrExists)
+		}
+		if m.reserved[id] {
+			id++
+			continue
+		}
+		if skips > 0 && check != nil {
+			free, err := check.VMIDFree(ctx, id)
+			if err != nil {
+				return 0, pxErr(fmt.Sprintf("is vm id %d free", id), err)
+			}
+			if !free {
+				id++
+				continue
+			}
+		}
+		break
 	}
 	m.reserved[id] = true
 	return id, nil

@@ -155,7 +155,7 @@ func Calls() []Call {
 	return []Call{
 		{"GET", "/version", "", nil, false, "Proxmox version (doctor); user => 'all'"},
 		{"GET", "/access/permissions", "", nil, false, "the token's own effective privileges (doctor); a token may read its own"},
-		{"GET", "/cluster/nextid", "", nil, false, "a free VMID for a clone; user => 'all'"},
+		{"GET", "/cluster/nextid", "", nil, false, "a free VMID for a clone, and with vmid=N whether N is free cluster-wide; user => 'all'"},
 		{"GET", "/cluster/resources", "", nil, false, "pools of the node's VMs; user => 'all', lists only VMs with VM.Audit"},
 		{"GET", "/nodes/{node}/qemu", "", nil, false, "the node's VMs and templates; user => 'all', lists only VMs with VM.Audit"},
 		{"GET", "/nodes/{node}/qemu/{vmid}/config", vmACL, []string{"VM.Audit"}, false, "a sandbox's config (disk keys, hardening check)"},

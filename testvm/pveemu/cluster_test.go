@@ -246,3 +246,35 @@ func TestClusterNodeHandlerUnknown(t *testing.T) {
 		t.Error("a node twice")
 	}
 }
+
+// TestClusterCloneToAnotherNodesVMID: clone_vm checks the new id's
+// config file on its own node only. A clone on pve to the id of a VM on
+// pve2 is accepted and its task fails when pmxcfs refuses the rename of
+// the temporary config ("close (rename) atomic file ... failed: File
+// exists"), leaving nothing; one to the id of a VM on its own node is
+// refused at once; GET /cluster/nextid?vmid=N knows the whole cluster.
+func TestClusterCloneToAnotherNodesVMID(t *testing.T) {
+	e1, e2 := newClusterEnv(t)
+	if st := e2.wait(e2.ok("POST", "/nodes/pve2/qemu/9001/clone", url.Values{"newid": {"150"}}).(string)); st != "OK" {
+		t.Fatalf("clone on pve2: %s", st)
+	}
+	upid := e1.ok("POST", "/nodes/pve/qemu/9000/clone", url.Values{"newid": {"150"}}).(string)
+	want := "close (rename) atomic file '/etc/pve/nodes/pve/qemu-server/150.conf' failed: File exists"
+	if st := e1.wait(upid); st != want {
+		t.Errorf("clone on pve to pve2's 150: task %q, want %q", st, want)
+	}
+	if r := e2.do("POST", "/nodes/pve2/qemu/9001/clone", url.Values{"newid": {"150"}}, authTicket); r.status != 500 || r.reason != "unable to create VM 150: config file already exists" {
+		t.Errorf("clone on pve2 to its own 150: %d %q", r.status, r.reason)
+	}
+	if r := e1.do("GET", "/cluster/nextid", url.Values{"vmid": {"150"}}, authTicket); r.status != 400 {
+		t.Errorf("nextid?vmid=150: %d %q", r.status, r.reason)
+	}
+	if got := e1.ok("GET", "/cluster/nextid", url.Values{"vmid": {"151"}}); got != "151" {
+		t.Errorf("nextid?vmid=151: %v", got)
+	}
+	for _, x := range e1.ok("GET", "/cluster/resources", url.Values{"type": {"vm"}}).([]any) {
+		if m := x.(map[string]any); m["vmid"] == float64(150) && m["node"] != "pve2" {
+			t.Errorf("150 after the failed clone: %v", m)
+		}
+	}
+}

@@ -22,6 +22,7 @@ type cloneJob struct {
 	hasFormat      bool
 	full           *bool // the full parameter; nil when not given
 	authid         string
+	node           string // the node whose API was called (the path's)
 }
 
 func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
@@ -31,7 +32,7 @@ func (s *Server) cloneVM(ctx context.Context, rq *request) (any, error) {
 	}
 	c := &cloneJob{vmid: s.vmid(rq), newid: rq.int("newid", 0), pool: rq.str("pool"), snapname: rq.str("snapname"),
 		name: rq.str("name"), desc: rq.str("description"), storage: rq.str("storage"),
-		hasStorage: rq.has("storage"), hasFormat: rq.has("format"), authid: rq.authid}
+		hasStorage: rq.has("storage"), hasFormat: rq.has("format"), authid: rq.authid, node: rq.str("node")}
 	if t := rq.str("target"); t != "" && t != rq.str("node") && t != "localhost" {
 		return nil, fail("no such cluster node '%s'", t)
 	}
@@ -77,7 +78,11 @@ func (s *Server) cloneSourceLocked(c *cloneJob) (map[string]string, bool, error)
 	if c.hasFormat && !full {
 		return nil, false, fail("parameter 'format' not allowed for linked clones")
 	}
-	if _, exists := s.vms[c.newid]; exists {
+	// clone_vm checks the new id's config file on this node only
+	// (PVE::QemuConfig->config_file: /etc/pve/nodes/<local>/...); another
+	// node's VM of that id is found only when pmxcfs refuses the rename
+	// of the temporary config (runClone).
+	if v, exists := s.vms[c.newid]; exists && s.vmNodeLocked(v) == c.node {
 		return nil, false, fail("unable to create VM %d: config file already exists", c.newid)
 	}
 	oldconf := src.conf
@@ -112,6 +117,14 @@ func (s *Server) runClone(ctx context.Context, t *task, c *cloneJob) error {
 		return err
 	}
 	newconf := c.conf(old, full)
+	if _, exists := s.vms[c.newid]; exists {
+		// Another node has a VM of that id: file_set_contents' rename
+		// of the temporary config fails in pmxcfs (EEXIST: the id is
+		// in the cluster's vmlist), and the task with it.
+		s.mu.Unlock()
+		unlock()
+		return fmt.Errorf("close (rename) atomic file '/etc/pve/nodes/%s/qemu-server/%d.conf' failed: File exists", c.node, c.newid)
+	}
 	// The temporary config ("lock: clone") makes the new VMID taken.
 	s.vms[c.newid] = &vm{vmid: c.newid, node: s.vms[c.vmid].node, conf: map[string]string{"lock": "clone"}, snaps: map[string]*snapshot{}}
 	s.mu.Unlock()
