@@ -6,21 +6,26 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
-// StagedNetworkChanges returns the diff of the node's staged host network
+// StagedNetworkChanges returns the diff of node's staged host network
 // edits (/etc/network/interfaces.new against /etc/network/interfaces), ""
 // when none are staged: GET /nodes/{node}/network answers it as the
 // result attribute "changes" (pve-manager API2/Network.pm index). Every
 // SDN apply reloads every node's network, and a reload renames a staged
-// interfaces.new over interfaces first, so whatever is staged goes live
-// with the daemon's next apply.
-func (c *Client) StagedNetworkChanges(ctx context.Context) (string, error) {
+// interfaces.new over interfaces first, so whatever is staged on any node
+// goes live with the daemon's next apply
+// ("" is this client's node).
+func (c *Client) StagedNetworkChanges(ctx context.Context, node string) (string, error) {
+	if node == "" {
+		node = c.node
+	}
 	var env struct {
 		Changes string `json:"changes"`
 	}
-	if err := c.getEnvelope(ctx, "/nodes/"+c.node+"/network", &env); err != nil {
+	if err := c.getEnvelope(ctx, "/nodes/"+url.PathEscape(node)+"/network", &env); err != nil {
 		return "", err
 	}
 	return env.Changes, nil

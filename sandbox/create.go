@@ -236,45 +236,79 @@ type idChecker interface {
 	VMIDFree(ctx context.Context, id int) (bool, error)
 }
 
-// maxIDSkips bounds the ids allocVMID tries past the one NextID gave.
-const maxIDSkips = 64
+const (
+	// nextIDWaits and nextIDWait: while NextID answers an id this
+	// engine's own clone holds (its temporary config not written yet),
+	// allocVMID asks again after nextIDWait, nextIDWaits times.
+	nextIDWaits = 20
+	nextIDWait  = 100 * time.Millisecond
+	// maxIDChecks bounds the ids past a reserved one allocVMID asks the
+	// cluster about once it stops waiting.
+	maxIDChecks = 16
+)
 
 // allocVMID reserves a VM id; release it once the clone exists. NextID
-// gives the lowest id free in the whole cluster; while that one is
-// reserved by a clone of this engine still running, the next ids are
-// tried, each asked of the cluster where the API can say (an id above
-// the lowest free one may be another node's VM: clone_vm checks only the
-// local node's config file, and the clone would fail late, in pmxcfs).
+// gives the lowest id free in the whole cluster. When that is an id a
+// clone of this engine holds (reserved here, not yet in the cluster's
+// list), NextID is asked again a little later, the engine's lock not
+// held: the clone's temporary config soon takes the id. Only when it
+// stays reserved are the ids after it tried, each asked of the cluster
+// where the API can say: an id above the lowest free one may be another
+// node's VM, and clone_vm, which checks only its own node's config file,
+// would fail late, in pmxcfs.
 func (m *Engine) allocVMID(ctx context.Context) (int, error) {
+	for attempt := 0; ; attempt++ {
+		id, ok, err := m.tryAllocVMID(ctx, attempt >= nextIDWaits)
+		if err != nil || ok {
+			return id, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("next vm id: %w", ctx.Err())
+		case <-time.After(nextIDWait):
+		}
+	}
+}
+
+// tryAllocVMID is one try of allocVMID: ok is false when NextID gave a
+// reserved id and step is not set; with step it goes past the reserved
+// ids.
+func (m *Engine) tryAllocVMID(ctx context.Context, step bool) (id int, ok bool, err error) {
 	m.idMu.Lock()
 	defer m.idMu.Unlock()
-	id, err := m.cloner.NextID(ctx)
+	id, err = m.cloner.NextID(ctx)
 	if err != nil {
-		return 0, pxErr("next vm id", err)
+		return 0, false, pxErr("next vm id", err)
+	}
+	if !m.reserved[id] {
+		m.reserved[id] = true
+		return id, true, nil
+	}
+	if !step {
+		return 0, false, nil
 	}
 	check, _ := m.cloner.(idChecker)
-	for skips := 0; ; skips++ {
-		if skips > maxIDSkips {
-			return 0, fmt.Errorf("next vm id: no free id in %d after %d: %w", maxIDSkips, id-maxIDSkips-1, ErrExists)
-		}
+	for checks := 0; ; id++ {
 		if m.reserved[id] {
-			id++
 			continue
 		}
-		if skips > 0 && check != nil {
-			free, err := check.VMIDFree(ctx, id)
-			if err != nil {
-				return 0, pxErr(fmt.Sprintf("is vm id %d free", id), err)
-			}
-			if !free {
-				id++
-				continue
-			}
+		if check == nil {
+			break
 		}
-		break
+		if checks == maxIDChecks {
+			return 0, false, fmt.Errorf("next vm id: the %d ids after the ones this node's clones hold are taken; retry when a clone ends", maxIDChecks)
+		}
+		checks++
+		free, err := check.VMIDFree(ctx, id)
+		if err != nil {
+			return 0, false, pxErr(fmt.Sprintf("is vm id %d free", id), err)
+		}
+		if free {
+			break
+		}
 	}
 	m.reserved[id] = true
-	return id, nil
+	return id, true, nil
 }
 
 func (m *Engine) releaseVMID(id int) {
@@ -303,11 +337,19 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 		}
 		err = m.cloneToEnd(ctx, CloneSpec{Template: tmpl, NewID: id, Name: m.vmName(rec.ID, spec.Name), Pool: m.o.Pool})
 		m.releaseVMID(id)
-		if errors.Is(err, ErrExists) && attempt < 5 {
+		if errors.Is(err, ErrExists) {
+			// Another VM had the id (this node's, or another node's
+			// found by pmxcfs): nothing of ours is there, so the record
+			// must not send a teardown after it.
 			m.mu.Lock()
 			rec.VMs[i].VMID = 0
 			m.mu.Unlock()
-			continue
+			if err := m.saveState(); err != nil {
+				return err
+			}
+			if attempt < 5 {
+				continue
+			}
 		}
 		if err != nil {
 			return pxErr(fmt.Sprintf("clone template %d to %d", tmpl, id), err)

@@ -170,16 +170,50 @@ func (m *Engine) deleteVM(ctx context.Context, sb string, vmid int, wantName str
 // cloned.
 const cloneLockPoll = 500 * time.Millisecond
 
+// invisibleCloneWait bounds how long settledVM waits for a VM id that is
+// taken but not visible to the token to become visible (a clone still
+// running) or free (a clone that failed). Past it the id is another
+// user's VM, never ours.
+const invisibleCloneWait = 10 * time.Minute
+
 // settledVM reads VM vmid, waiting while it carries qemu-server's "clone"
 // lock: a clone still running (its daemon restarted, or its wait failed)
-// has neither its name nor its pool yet, and would be judged foreign.
+// has neither its name nor its pool yet, and would be judged foreign. A
+// clone the token cannot see at all (clone_vm adds the VM to the pool
+// last, and the pool's grant reaches members only) reads as not found;
+// while the cluster says its id is taken (VMIDFree) it is waited for too,
+// up to invisibleCloneWait, so that it is deleted once it lands instead
+// of being taken as gone and left behind.
 func (m *Engine) settledVM(ctx context.Context, vmid int) (VMInfo, error) {
+	var invisibleSince time.Time
 	for {
 		info, err := m.vms.VM(ctx, vmid)
-		if err != nil || info.Lock != "clone" {
+		switch {
+		case errors.Is(err, ErrNotFound):
+			check, ok := m.vms.(idChecker)
+			if !ok {
+				return info, err
+			}
+			free, cerr := check.VMIDFree(ctx, vmid)
+			if cerr != nil {
+				return info, fmt.Errorf("vm %d not visible, and is its id free: %w", vmid, cerr)
+			}
+			if free {
+				return info, err
+			}
+			if invisibleSince.IsZero() {
+				invisibleSince = time.Now()
+				m.log.Info("vm id taken but not visible to the token (a clone still running?); waiting before its delete", "vmid", vmid)
+			}
+			if time.Since(invisibleSince) > invisibleCloneWait {
+				m.log.Warn("vm id stays taken by a vm the token cannot see; taken as not ours", "vmid", vmid, "waited", invisibleCloneWait)
+				return info, err
+			}
+		case err != nil || info.Lock != "clone":
 			return info, err
+		default:
+			m.log.Info("vm still being cloned; waiting before its delete", "vmid", vmid)
 		}
-		m.log.Info("vm still being cloned; waiting before its delete", "vmid", vmid)
 		select {
 		case <-ctx.Done():
 			return info, fmt.Errorf("vm %d is still being cloned: %w", vmid, ctx.Err())

@@ -20,11 +20,28 @@ import (
 // cluster. The clone to 100 parks until released, holding its id.
 type clusterCloner struct {
 	*apitest.Proxmox
-	foreign  map[int]bool
-	parked   chan struct{}
-	release  chan struct{}
-	mu       sync.Mutex
-	attempts map[int]int
+	foreign map[int]bool
+	// tempConfig makes the parked clone show its temporary config
+	// ("lock: clone") first, as qemu-server's worker writes it, so that
+	// the cluster counts its id as taken.
+	tempConfig bool
+	parked     chan struct{}
+	release    chan struct{}
+	mu         sync.Mutex
+	attempts   map[int]int
+	checks     int
+}
+
+// NextID is the cluster's: the lowest id no node has.
+func (c *clusterCloner) NextID(ctx context.Context) (int, error) {
+	id, err := c.Proxmox.NextID(ctx)
+	for err == nil && c.foreign[id] {
+		id++
+		for _, local := c.VMByID(id); local; _, local = c.VMByID(id) {
+			id++
+		}
+	}
+	return id, err
 }
 
 func (c *clusterCloner) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
@@ -35,6 +52,9 @@ func (c *clusterCloner) CloneVM(ctx context.Context, s sandbox.CloneSpec) error 
 		return fmt.Errorf("clone: %w: close (rename) atomic file '/etc/pve/nodes/node1/qemu-server/%d.conf' failed: File exists", sandbox.ErrExists, s.NewID)
 	}
 	if s.NewID == 100 {
+		if c.tempConfig {
+			c.AddVM(sandbox.VMInfo{VMID: 100, Status: "stopped", Lock: "clone"})
+		}
 		c.parked <- struct{}{}
 		<-c.release
 	}
@@ -42,49 +62,84 @@ func (c *clusterCloner) CloneVM(ctx context.Context, s sandbox.CloneSpec) error 
 }
 
 func (c *clusterCloner) VMIDFree(ctx context.Context, id int) (bool, error) {
+	c.mu.Lock()
+	c.checks++
+	c.mu.Unlock()
 	_, local := c.VMByID(id)
 	return !local && !c.foreign[id], nil
 }
 
 // TestVMIDPastAReservedOneAsksTheCluster: while one create's clone holds
-// the lowest free id (100), a second create takes the next id only once
-// the cluster says it is free: 101 is another node's VM, so it gets 102,
-// and no clone is ever sent to 101 (issue 36 item 3).
+// the lowest free id (100), a second create gets an id no node has and
+// no clone is ever sent to another node's id (issue 36 item 3). When the
+// clone's temporary config shows (as qemu-server writes it first), the
+// cluster's next id moves past 100 and past another node's 101-170 at
+// once; when it never shows, the engine asks the cluster about each id
+// after 100, a bounded number of them.
 func TestVMIDPastAReservedOneAsksTheCluster(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	g := apitest.NewGuests()
-	cc := &clusterCloner{Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000}), foreign: map[int]bool{101: true},
-		parked: make(chan struct{}), release: make(chan struct{}), attempts: map[int]int{}}
-	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: cc, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 5 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name       string
+		foreign    []int
+		tempConfig bool
+		want       int
+		maxChecks  int
+	}{
+		{"temporary config shows", span(101, 170), true, 171, 0},
+		{"temporary config never shows", []int{101}, false, 102, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			g := apitest.NewGuests()
+			cc := &clusterCloner{Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000}), foreign: map[int]bool{}, tempConfig: c.tempConfig,
+				parked: make(chan struct{}), release: make(chan struct{}), attempts: map[int]int{}}
+			for _, id := range c.foreign {
+				cc.foreign[id] = true
+			}
+			e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: cc, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 5 * time.Second,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.Reconcile(ctx); err != nil {
+				t.Fatal(err)
+			}
+			first := make(chan error, 1)
+			go func() { _, err := e.Create(ctx, oneVM("debian")); first <- err }()
+			select {
+			case <-cc.parked:
+			case <-ctx.Done():
+				t.Fatal("the first clone never started")
+			}
+			sb, err := e.Create(ctx, oneVM("debian"))
+			close(cc.release)
+			if err != nil {
+				t.Fatalf("second create while 100 is held: %v", err)
+			}
+			if got := sb.VMs[0].VMID; got != c.want {
+				t.Errorf("second create's VM id %d, want %d", got, c.want)
+			}
+			if err := <-first; err != nil {
+				t.Fatalf("first create: %v", err)
+			}
+			cc.mu.Lock()
+			defer cc.mu.Unlock()
+			for id := range cc.foreign {
+				if n := cc.attempts[id]; n != 0 {
+					t.Errorf("%d clones sent to another node's id %d", n, id)
+				}
+			}
+			if cc.checks > c.maxChecks {
+				t.Errorf("%d ids asked of the cluster, want at most %d", cc.checks, c.maxChecks)
+			}
+		})
 	}
-	if _, err := e.Reconcile(ctx); err != nil {
-		t.Fatal(err)
+}
+
+func span(from, to int) []int {
+	var out []int
+	for i := from; i <= to; i++ {
+		out = append(out, i)
 	}
-	first := make(chan error, 1)
-	go func() { _, err := e.Create(ctx, oneVM("debian")); first <- err }()
-	select {
-	case <-cc.parked:
-	case <-ctx.Done():
-		t.Fatal("the first clone never started")
-	}
-	sb, err := e.Create(ctx, oneVM("debian"))
-	close(cc.release)
-	if err != nil {
-		t.Fatalf("second create while 100 is reserved and 101 is another node's: %v", err)
-	}
-	if got := sb.VMs[0].VMID; got != 102 {
-		t.Errorf("second create's VM id %d, want 102", got)
-	}
-	if err := <-first; err != nil {
-		t.Fatalf("first create: %v", err)
-	}
-	cc.mu.Lock()
-	defer cc.mu.Unlock()
-	if n := cc.attempts[101]; n != 0 {
-		t.Errorf("%d clones sent to another node's id 101", n)
-	}
+	return out
 }

@@ -1,0 +1,108 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// deadDaemon is the daemon's Proxmox client whose clone call starts the
+// clone task on the emulator and then never returns: the daemon died
+// while qemu-server's clone ran on.
+type deadDaemon struct {
+	*pveapi.Client
+	stop   chan struct{}
+	cloned chan error // the clone call's own end
+}
+
+func (d *deadDaemon) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
+	go func() { d.cloned <- d.Client.CloneVM(context.WithoutCancel(ctx), s) }()
+	<-d.stop
+	return errors.New("the first daemon is gone")
+}
+
+// TestRestartMidCloneLeavesNothing: the daemon dies while a create's
+// clone runs; the restarted daemon tears the sandbox down. The pool's
+// token cannot see the clone yet (clone_vm adds the VM to the pool last,
+// and the pool's grant reaches members only), so the VM reads as not
+// found; the id is taken all the same (GET /cluster/nextid?vmid=N), so
+// the teardown waits for the clone to land and deletes it, leaving no VM
+// behind, not even one only root can see (issue 36 item 6).
+func TestRestartMidCloneLeavesNothing(t *testing.T) {
+	e := newEmuEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	held, release := e.emu.HoldClones()
+	defer release()
+	state := t.TempDir()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	opts := func(p sandbox.Proxmox) sandbox.Options {
+		return sandbox.Options{Node: "pve", Proxmox: p, Guests: socketGuests, QGADir: e.run, StateDir: state, AgentTimeout: 5 * time.Second, Logger: log}
+	}
+	dead := &deadDaemon{Client: e.px, stop: make(chan struct{}), cloned: make(chan error, 1)}
+	first, err := sandbox.New(opts(dead))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	created := make(chan struct{})
+	go func() {
+		defer close(created)
+		_, err := first.Create(context.WithoutCancel(ctx), apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm0", Template: "debian"}}})
+		t.Logf("the first daemon's create: %v", err)
+	}()
+	t.Cleanup(func() { close(dead.stop); <-created })
+	var vmid int
+	select {
+	case vmid = <-held:
+	case err := <-dead.cloned:
+		t.Fatalf("the clone ended before it was held: %v", err)
+	case <-created:
+		t.Fatal("the first daemon's create ended before its clone started")
+	case <-ctx.Done():
+		t.Fatal("the clone never started")
+	}
+	if _, err := e.px.VM(ctx, vmid); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("the clone in progress as the token sees it: %v, want not found", err)
+	}
+	// The restarted daemon; the clone ends a second after its reconcile
+	// began.
+	second, err := sandbox.New(opts(e.px))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(time.Second); release() }()
+	if _, err := second.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := second.List(); len(l) != 0 {
+		t.Errorf("sandboxes after the restart's teardown: %+v", l)
+	}
+	rid, rsecret, err := e.emu.RootToken("restart-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := pveapi.New(pveapi.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vms, err := root.ListVMs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vms {
+		if !v.Template {
+			t.Errorf("VM left after the restart (as root sees it): %+v", v)
+		}
+	}
+	e.assertClean(t, ctx)
+}
