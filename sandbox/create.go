@@ -160,7 +160,7 @@ func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[str
 	if err := m.buildZone(ctx, rec); err != nil {
 		return err
 	}
-	if err := m.applySDN(ctx); err != nil {
+	if err := m.applySDNFor(ctx, rec); err != nil {
 		return err
 	}
 	if err := m.publishZones(ctx); err != nil {

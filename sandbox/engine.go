@@ -67,6 +67,15 @@ type Options struct {
 	// passes it to the host guard (firewall.Guard.SetZones) so a sandbox's
 	// own vnets may forward to each other. An error fails the create.
 	ZonesChanged func(ctx context.Context, zones map[string][]string) error
+	// BridgeUp, when set, says whether a vnet's bridge exists on this
+	// node. After each SDN apply a create or refill made, the engine
+	// checks its vnets' bridges and applies again (BridgeRetries times)
+	// when one is missing: an apply whose node reload ran while another
+	// client's did ends OK with nothing made (ifupdown2's lock does not
+	// wait). nil skips the check.
+	BridgeUp func(ctx context.Context, bridge string) (bool, error)
+	// BridgeRetries is how many more applies a missing bridge gets (3).
+	BridgeRetries int
 	// Egress, when set, enforces sandboxes' egress policies (create's
 	// egress object, SetEgress); nil refuses them.
 	Egress Egress

@@ -14,6 +14,7 @@ type metrics struct {
 	reaped        prometheus.Counter
 	guardRefusals *prometheus.CounterVec
 	sdnApplies    prometheus.Counter
+	sdnReapplies  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -38,9 +39,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "pve_inspect", Name: "sdn_applies_total",
 			Help: "SDN applies (PUT /cluster/sdn) the engine made; concurrent creates, deletes and pool refills share one.",
 		}),
+		sdnReapplies: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "sdn_reapplies_total",
+			Help: "SDN applies made again because an apply that ended OK left a vnet bridge of this node missing (its reload lost to another's).",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals, m.sdnApplies} {
+		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals, m.sdnApplies, m.sdnReapplies} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

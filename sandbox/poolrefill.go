@@ -310,7 +310,13 @@ func (m *Engine) buildMembers(ctx context.Context, batch []*record, ctxs []conte
 		}
 	}
 	if zoned {
-		err := m.applySDN(ctx)
+		var zonedRecs []*record
+		for i, r := range batch {
+			if errs[i] == nil {
+				zonedRecs = append(zonedRecs, r)
+			}
+		}
+		err := m.applySDNFor(ctx, zonedRecs...)
 		if err == nil {
 			err = m.publishZones(ctx)
 		}

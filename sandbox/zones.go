@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // sdnBatch is one ApplySDN that several callers share: every caller that
@@ -56,6 +57,67 @@ func (m *Engine) applySDN(ctx context.Context) error {
 	m.met.sdnApplies.Inc()
 	close(b.done)
 	return b.err
+}
+
+// applySDNFor is applySDN for records whose vnets the apply must make:
+// once it ends OK, each record's vnet bridges are checked on this node
+// (Options.BridgeUp), and while one is missing the apply is made again,
+// after a pause that grows, Options.BridgeRetries times. A reload that
+// started while another client's ran on the node is lost without a word
+// (pve-manager API2/Network.pm reload_network_config takes no lock;
+// ifupdown2's does not wait), and the task still ends OK.
+func (m *Engine) applySDNFor(ctx context.Context, recs ...*record) error {
+	if err := m.applySDN(ctx); err != nil {
+		return err
+	}
+	if m.o.BridgeUp == nil {
+		return nil
+	}
+	retries := m.o.BridgeRetries
+	if retries <= 0 {
+		retries = 3
+	}
+	for try := 0; ; try++ {
+		missing, err := m.missingBridges(ctx, recs)
+		if err != nil || len(missing) == 0 {
+			return err
+		}
+		if try == retries {
+			return pxErr("apply sdn", fmt.Errorf("ended OK %d times, but vnet bridges %v are not on this node (each reload lost to another client's?)", try+1, missing))
+		}
+		m.log.Warn("sdn apply ended OK without some of its bridges; applying again", "missing", missing, "try", try+1)
+		m.met.sdnReapplies.Inc()
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("apply sdn: %w", ctx.Err())
+		case <-time.After(time.Duration(try+1) * 500 * time.Millisecond):
+		}
+		if err := m.applySDN(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// missingBridges lists the vnets of recs whose bridge is not on the node.
+func (m *Engine) missingBridges(ctx context.Context, recs []*record) ([]string, error) {
+	var vnets, missing []string
+	m.mu.Lock()
+	for _, r := range recs {
+		for _, n := range r.Networks {
+			vnets = append(vnets, n.VNet)
+		}
+	}
+	m.mu.Unlock()
+	for _, v := range vnets {
+		up, err := m.o.BridgeUp(ctx, v)
+		if err != nil {
+			return nil, fmt.Errorf("is bridge %s up: %w", v, err)
+		}
+		if !up {
+			missing = append(missing, v)
+		}
+	}
+	return missing, nil
 }
 
 // publishZones hands every known sandbox zone (warm pool members too) and

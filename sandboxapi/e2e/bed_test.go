@@ -112,9 +112,14 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 	}
 	e := &bedEnv{bed: bed, emu: emu, px: px, url: ts.URL + "/api2/json", hc: ts.Client()}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	netSys, err := bed.NodeNetSys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.opts = options{
 		Options: sandbox.Options{Node: "pve", Proxmox: px, Guests: qga.New(qga.Options{}).SandboxGuests(), QGADir: bed.QGADir(),
-			StateDir: filepath.Join(bed.Dir(), "api-state"), AgentTimeout: 2 * time.Minute, Logger: log},
+			StateDir: filepath.Join(bed.Dir(), "api-state"), AgentTimeout: 2 * time.Minute, Logger: log,
+			BridgeUp: sandbox.SysfsBridgeUp(filepath.Join(netSys, "class", "net"))},
 		serverOptions: sandboxapi.Options{MaxFileBytes: 128 << 20, Logger: log},
 	}
 	if mod != nil {

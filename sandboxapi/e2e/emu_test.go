@@ -98,7 +98,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	so := options{Options: sandbox.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
-		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: log},
+		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: log, BridgeUp: fakeBridgeUp(fb)},
 		serverOptions: sandboxapi.Options{Logger: log}}
 	for _, f := range o.opts {
 		f(&so)
@@ -118,6 +118,22 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 type socketGuest struct{ path string }
 
 func socketGuests(path string) sandbox.Guest { return socketGuest{path} }
+
+// fakeBridgeUp is Options.BridgeUp for the fake backend: a vnet's bridge
+// is up when a zone the backend applied has it.
+func fakeBridgeUp(fb *pveemu.FakeBackend) func(context.Context, string) (bool, error) {
+	return func(_ context.Context, bridge string) (bool, error) {
+		for _, id := range fb.Zones() {
+			z, _ := fb.Zone(id)
+			for _, v := range z.VNets {
+				if v.Name == bridge {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	}
+}
 
 func (g socketGuest) Ping(context.Context) error {
 	if _, err := os.Stat(g.path); err != nil {

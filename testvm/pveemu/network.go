@@ -3,6 +3,7 @@ package pveemu
 import (
 	"context"
 	"fmt"
+	"sync"
 )
 
 // withAttribs is a handler's answer with result attributes beside "data"
@@ -70,4 +71,27 @@ func (s *Server) networkIndex(_ context.Context, rq *request) (any, error) {
 		out.attribs = map[string]any{"changes": d}
 	}
 	return out, nil
+}
+
+// HoldReloads makes each node's network reload of an SDN apply stop while
+// it holds the node's ifreload lock, before it applies anything, until
+// release is called, and sends the node's name on held (buffered; extra
+// sends are dropped): an apply whose reload is slow, as a real one is
+// while it creates bridges and restarts dnsmasq. A reload of the node that
+// starts meanwhile is lost, as ifupdown2's non-blocking lock makes it.
+// Call it before the applies start.
+func (s *Server) HoldReloads() (held <-chan string, release func()) {
+	ch := make(chan string, 16)
+	gate := make(chan struct{})
+	var once sync.Once
+	s.mu.Lock()
+	s.hooks.reloadHeld = func(node string) {
+		select {
+		case ch <- node:
+		default:
+		}
+		<-gate
+	}
+	s.mu.Unlock()
+	return ch, func() { once.Do(func() { close(gate) }) }
 }

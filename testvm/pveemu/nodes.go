@@ -30,6 +30,9 @@ type clusterNode struct {
 	// applied.
 	staged       string
 	appliedEdits []string
+	// reloading is set while a reload runs on the node (ifupdown2's
+	// lock).
+	reloading bool
 }
 
 // initNodes registers the primary node and Options.Cluster.

@@ -219,14 +219,15 @@ func zoneChanged(a, b sdnObjects, zone string) bool {
 // commit_config makes the pending configuration the running one in the
 // call itself, whatever the nodes' reloads then do; the worker
 // (reloadnetworkall, on the node whose API was called) reloads the network
-// of every cluster node in turn and only warns for one that fails.
+// of every cluster node in turn and only warns for one that fails. Nothing
+// serialises two applies: reloadnetworkall and reload_network_config take
+// no lock, and a node's reload that starts while another runs there is
+// lost (reloadNode).
 func (s *Server) applySDN(_ context.Context, rq *request) (any, error) {
 	s.mu.Lock()
 	s.sdn.running = s.sdn.pending.clone()
 	s.mu.Unlock()
 	return s.startTask(rq, "reloadnetworkall", "", func(ctx context.Context, t *task) error {
-		s.reloadMu.Lock()
-		defer s.reloadMu.Unlock()
 		for _, name := range s.nodeNames {
 			s.reloadNode(ctx, t, name)
 		}
@@ -276,6 +277,27 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 		// the node's network.
 		t.warn("%s: %s", name, injected)
 		return
+	}
+	// ifupdown2 takes its lock without waiting: an ifreload that finds
+	// another running on the node exits at once, and its error line
+	// ("error: another instance of this program is already running")
+	// matches none of the patterns reload_network_config's errfunc prints,
+	// so the node's task ends OK with nothing of this apply made there.
+	s.mu.Lock()
+	if n.reloading {
+		s.mu.Unlock()
+		return
+	}
+	n.reloading = true
+	hold := s.hooks.reloadHeld
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		n.reloading = false
+		s.mu.Unlock()
+	}()
+	if hold != nil {
+		hold(name)
 	}
 	// reload_network_config's worker first renames a staged
 	// interfaces.new over interfaces: whatever was staged on the node, by

@@ -107,16 +107,15 @@ type Server struct {
 	// (the primary, Options.Node, first).
 	members   map[string]*clusterNode
 	nodeNames []string
-	// reloadMu serializes the nodes' network reloads of SDN applies.
-	reloadMu sync.Mutex
 
 	// hooks let tests pause clones at defined points; nil in production.
 	hooks testHooks
 }
 
 type testHooks struct {
-	cloneTaskStart func(newid int) // a clone task begins, before locking
-	cloneReserved  func(newid int) // "lock: clone" written, before the copy
+	cloneTaskStart func(newid int)   // a clone task begins, before locking
+	cloneReserved  func(newid int)   // "lock: clone" written, before the copy
+	reloadHeld     func(node string) // a node's reload holds its ifreload lock, before it applies
 }
 
 // RequestRecord is one request the emulator received, as validated.

@@ -57,6 +57,9 @@ type APIDeps struct {
 	// cgroup parent and sysfs); the interval and agent threshold come
 	// from [api] when unset.
 	Health sandbox.HealthOptions
+	// BridgeUp says whether a vnet's bridge is on the node (nil: the
+	// node's /sys/class/net, sandbox.SysfsBridgeUp).
+	BridgeUp func(ctx context.Context, bridge string) (bool, error)
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
 	// RetryMin and RetryMax bound the back-off between attempts to reach
@@ -187,6 +190,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if health.AgentBrokenAfter == 0 {
 		health.AgentBrokenAfter = ac.AgentBrokenAfter
 	}
+	bridgeUp := d.BridgeUp
+	if bridgeUp == nil {
+		bridgeUp = sandbox.SysfsBridgeUp("/sys/class/net")
+	}
 	eng, err := sandbox.New(sandbox.Options{
 		Node:      cfg.Node.ID,
 		Proxmox:   px,
@@ -207,6 +214,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AgentTimeout:             ac.AgentTimeout,
 		HostNetworks:             hostnet.New().Prefixes,
 		ZonesChanged:             d.ZonesChanged,
+		BridgeUp:                 bridgeUp,
 		Egress:                   d.Egress,
 		VMConfigs:                px,
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
