@@ -276,14 +276,7 @@ func TestBedAcceptance(t *testing.T) {
 	}
 	// restart mid-life: still usable; an orphan of ours is deleted, a
 	// foreign VM is not touched (added through the emulator as root).
-	rid, rsecret, err := e.emu.RootToken("e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := pveapi.New(pveapi.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := rootClient(t, e.emu, e.url, e.hc, "e2e")
 	for _, v := range []struct {
 		id   int
 		tags []string

@@ -119,6 +119,21 @@ type socketGuest struct{ path string }
 
 func socketGuests(path string) sandbox.Guest { return socketGuest{path} }
 
+// rootClient is a Proxmox client of the emulator at url with a root token
+// (the operator's, or another client's: not the daemon's pool token).
+func rootClient(t *testing.T, emu *pveemu.Server, url string, hc *http.Client, name string) *pveapi.Client {
+	t.Helper()
+	rid, rsecret, err := emu.RootToken(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := pveapi.New(pveapi.Options{URL: url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: hc, TaskPoll: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
 // fakeBridgeUp is Options.BridgeUp for the fake backend: a vnet's bridge
 // is up when a zone the backend applied has it.
 func fakeBridgeUp(fb *pveemu.FakeBackend) func(context.Context, string) (bool, error) {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
-	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
@@ -107,14 +106,7 @@ func TestBedHealth(t *testing.T) {
 			return nil
 		})
 	}()
-	rid, rsecret, err := e.emu.RootToken("health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := pveapi.New(pveapi.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := rootClient(t, e.emu, e.url, e.hc, "health")
 
 	create := func(t *testing.T, memMiB int) apitype.Sandbox {
 		t.Helper()

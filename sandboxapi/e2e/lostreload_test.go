@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -19,14 +18,7 @@ func TestCreateSurvivesALostReload(t *testing.T) {
 	e := newEmuEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rid, rsecret, err := e.emu.RootToken("other-client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := pveapi.New(pveapi.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := rootClient(t, e.emu, e.url, e.hc, "other-client")
 	held, release := e.emu.HoldReloads()
 	defer release()
 	otherDone := make(chan error, 1)

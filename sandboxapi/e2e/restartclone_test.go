@@ -87,14 +87,7 @@ func TestRestartMidCloneLeavesNothing(t *testing.T) {
 	if l := second.List(); len(l) != 0 {
 		t.Errorf("sandboxes after the restart's teardown: %+v", l)
 	}
-	rid, rsecret, err := e.emu.RootToken("restart-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := pveapi.New(pveapi.Options{URL: e.url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: e.hc, TaskPoll: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := rootClient(t, e.emu, e.url, e.hc, "restart-test")
 	vms, err := root.ListVMs(ctx)
 	if err != nil {
 		t.Fatal(err)
