@@ -75,3 +75,82 @@ func TestCloneToAnotherNodesVMID(t *testing.T) {
 		}
 	}
 }
+
+// TestStartDuringAnApply: another client's SDN apply has the node's
+// dnsmasqs stopped when a VM starts there for the first time; the
+// pve-bridge hook's dnsmasq reload fails and QEMU does not start, but
+// the mapping is written, so StartVM starts again and the VM runs.
+func TestStartDuringAnApply(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
+	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
+	disk := filepath.Join(dir, "disk")
+	if err := os.MkdirAll(disk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTemplate(ctx, 9000, "tmpl", disk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=sbv0"}); err != nil {
+		t.Fatal(err)
+	}
+	id, secret, err := s.RootToken("start-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	c, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateZone(ctx, sandbox.ZoneSpec{ID: "sbz"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateVNet(ctx, sandbox.VNetSpec{ID: "sbv0", Zone: "sbz"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ApplySDN(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 150, Name: "first-start"}); err != nil {
+		t.Fatal(err)
+	}
+	held, release := s.HoldReloads()
+	defer release()
+	applied := make(chan error, 1)
+	go func() { applied <- c.ApplySDN(ctx) }()
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the apply's reload never started")
+	}
+	if err := c.StartVM(ctx, 150); err != nil {
+		t.Fatalf("first start while an apply has dnsmasq stopped: %v", err)
+	}
+	starts := 0
+	for _, r := range s.Requests() {
+		if r.Route == "/nodes/{node}/qemu/{vmid}/status/start" {
+			starts++
+		}
+	}
+	if starts != 2 {
+		t.Errorf("%d start requests, want 2 (the first failed in the hook)", starts)
+	}
+	release()
+	if err := <-applied; err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.VM(ctx, 150); err != nil || info.Status != "running" {
+		t.Errorf("vm 150: %+v %v", info, err)
+	}
+}

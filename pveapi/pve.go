@@ -433,9 +433,49 @@ func (c *Client) ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error {
 	return c.call(ctx, "PUT", fmt.Sprintf("resize %s of %d", disk, vmid), c.qemu(vmid)+"/resize", map[string]any{"disk": disk, "size": fmt.Sprintf("%dG", sizeGiB)})
 }
 
-// StartVM implements sandbox.Proxmox.
+// StartVM implements sandbox.Proxmox. A first start on a vnet reloads
+// the zone's dnsmasq from qemu-server's pve-bridge hook (pve-network
+// Dnsmasq.pm add_ip_mapping), which fails while any client's SDN apply
+// has the node's dnsmasqs stopped (before_regenerate); the hook dies and
+// QEMU does not start, but the mapping is written, so the start is made
+// again (startTries in all) when the task log says so.
 func (c *Client) StartVM(ctx context.Context, vmid int) error {
-	return c.call(ctx, "POST", fmt.Sprintf("start %d", vmid), c.qemu(vmid)+"/status/start", map[string]any{})
+	op := fmt.Sprintf("start %d", vmid)
+	for try := 1; ; try++ {
+		err := c.call(ctx, "POST", op, c.qemu(vmid)+"/status/start", map[string]any{})
+		var tf *proxmox.TaskFailedError
+		if err == nil || try == startTries || !errors.As(err, &tf) || !c.taskLogHas(ctx, tf.UPID, reDnsmasqReload) {
+			return err
+		}
+		c.log.Warn("vm start failed reloading its zone's dnsmasq (an SDN apply had it stopped); starting again", "vmid", vmid, "try", try)
+		select {
+		case <-ctx.Done():
+			return classify(op, ctx.Err())
+		case <-time.After(time.Duration(try) * 200 * time.Millisecond):
+		}
+	}
+}
+
+// startTries bounds StartVM's starts.
+const startTries = 3
+
+// reDnsmasqReload is the pve-bridge hook's failed dnsmasq reload in a
+// start task's log (PVE::Tools::run_command's "command '...' failed").
+var reDnsmasqReload = regexp.MustCompile(`command 'systemctl reload dnsmasq@[^']*' failed`)
+
+// taskLogHas reports whether a line of task upid's log matches re (false
+// when the log cannot be read).
+func (c *Client) taskLogHas(ctx context.Context, upid proxmox.UPID, re *regexp.Regexp) bool {
+	log, err := proxmox.NewTask(upid, c.c).Log(ctx, 0, 500)
+	if err != nil {
+		return false
+	}
+	for _, l := range log {
+		if re.MatchString(l) {
+			return true
+		}
+	}
+	return false
 }
 
 // StopVM implements sandbox.Proxmox (hard stop).

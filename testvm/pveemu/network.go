@@ -74,7 +74,8 @@ func (s *Server) networkIndex(_ context.Context, rq *request) (any, error) {
 }
 
 // HoldReloads makes each node's network reload of an SDN apply stop while
-// it holds the node's ifreload lock, before it applies anything, until
+// it holds the node's ifreload lock and has the node's dnsmasqs stopped,
+// before it applies its zones, until
 // release is called, and sends the node's name on held (buffered; extra
 // sends are dropped): an apply whose reload is slow, as a real one is
 // while it creates bridges and restarts dnsmasq. A reload of the node that

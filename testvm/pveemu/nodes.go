@@ -31,8 +31,14 @@ type clusterNode struct {
 	staged       string
 	appliedEdits []string
 	// reloading is set while a reload runs on the node (ifupdown2's
-	// lock).
-	reloading bool
+	// lock); dhcpStopped while that reload has every dnsmasq@* of the
+	// node stopped (Dnsmasq.pm before_regenerate, until each zone's is
+	// started again).
+	reloading, dhcpStopped bool
+	// dhcpMapped are the "vnet mac" pairs whose mapping is in the zone's
+	// ethers file on the node (a first start adds it and reloads the
+	// zone's dnsmasq).
+	dhcpMapped map[string]bool
 }
 
 // initNodes registers the primary node and Options.Cluster.

@@ -122,6 +122,9 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 		return err
 	}
 	defer unlock()
+	if err := s.dhcpMapping(t, vmid, spec); err != nil {
+		return err
+	}
 	be := s.backendOf(vmid)
 	if err := be.StartVM(ctx, spec); err != nil {
 		return fmt.Errorf("start failed: %w", err)
@@ -234,4 +237,47 @@ func vmCPUs(conf map[string]string) float64 {
 		cpus = l
 	}
 	return cpus
+}
+
+// dhcpMapping is what qemu-server's pve-bridge hook does for the VM's NIC
+// before QEMU starts: pve-network's add_dhcp_mapping writes the MAC's
+// address to the zone's ethers file and, when that changed it (the
+// VM's first start there), reloads dnsmasq@<zone> with no error handling
+// (Dnsmasq.pm add_ip_mapping, systemctl_service: run_command dies). While
+// an SDN apply has the node's dnsmasqs stopped the reload fails, the hook
+// dies and QEMU does not start; the mapping is written all the same, so
+// the next start needs no reload.
+func (s *Server) dhcpMapping(t *task, vmid int, spec VMSpec) error {
+	if spec.VNet == "" || len(spec.MAC) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	vn := s.sdn.running.vnets[spec.VNet]
+	if vn == nil {
+		return nil
+	}
+	zone := vn["zone"]
+	if z := s.sdn.running.zones[zone]; z == nil || z["dhcp"] == "" || z["ipam"] == "" {
+		return nil
+	}
+	v := s.vms[vmid]
+	if v == nil {
+		return nil
+	}
+	n := s.members[s.vmNodeLocked(v)]
+	key := spec.VNet + " " + spec.MAC.String()
+	if n.dhcpMapped[key] {
+		return nil
+	}
+	if n.dhcpMapped == nil {
+		n.dhcpMapped = map[string]bool{}
+	}
+	n.dhcpMapped[key] = true
+	if n.dhcpStopped {
+		t.logf("command 'systemctl reload dnsmasq@%s' failed: exit code 1", zone)
+		t.logf("kvm: -netdev type=tap,id=net0,ifname=tap%di0,script=/usr/libexec/qemu-server/pve-bridge,downscript=/usr/libexec/qemu-server/pve-bridgedown: network script /usr/libexec/qemu-server/pve-bridge failed with status 256", vmid)
+		return fmt.Errorf("start failed: QEMU exited with code 1")
+	}
+	return nil
 }

@@ -296,9 +296,6 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 		n.reloading = false
 		s.mu.Unlock()
 	}()
-	if hold != nil {
-		hold(name)
-	}
 	// reload_network_config's worker first renames a staged
 	// interfaces.new over interfaces: whatever was staged on the node, by
 	// anyone, goes live with this apply.
@@ -309,6 +306,19 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 		n.staged = ""
 	}
 	s.mu.Unlock()
+	// generate_dhcp_config: before_regenerate stops every dnsmasq@* of
+	// the node, then each zone's is configured and started again.
+	s.mu.Lock()
+	n.dhcpStopped = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		n.dhcpStopped = false
+		s.mu.Unlock()
+	}()
+	if hold != nil {
+		hold(name)
+	}
 	want := newSDNObjects()
 	for z, props := range all.zones {
 		if zoneOnNode(props, name) {
