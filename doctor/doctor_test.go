@@ -210,6 +210,48 @@ func TestSDNCheck(t *testing.T) {
 	want(t, run(t, SDNCheck(nd.px, ok)), Fail, "pending SDN edits not applied: other (new)", "apply or revert them")
 }
 
+// TestSDNCheckNamesOtherDaemonsInFlight: a zone another node's daemon
+// created and has not applied yet (a sandbox id, its vnet tagged with
+// that daemon's node) is named, not failed on; anyone else's pending
+// zone still fails the check.
+func TestSDNCheckNamesOtherDaemonsInFlight(t *testing.T) {
+	nd := newNode(t)
+	ctx := context.Background()
+	ok := func() (string, error) { return "/usr/sbin/dnsmasq", nil }
+	if err := nd.root.CreateZone(ctx, sandbox.ZoneSpec{ID: "sbk2x9q0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.root.CreateVNet(ctx, sandbox.VNetSpec{ID: "vk2x9q00", Zone: "sbk2x9q0", Alias: "pvei-n-pve2 pvei-s-sbk2x9q0"}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, SDNCheck(nd.px, ok)), Pass, "in flight: sbk2x9q0 (new)", "")
+	if err := nd.root.CreateZone(ctx, sandbox.ZoneSpec{ID: "lab"}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, SDNCheck(nd.px, ok)), Fail, "pending SDN edits not applied: lab (new)", "apply or revert them")
+}
+
+// TestSDNLockCheck: a held SDN global lock (its token file) fails the
+// check; none passes.
+func TestSDNLockCheck(t *testing.T) {
+	p := filepath.Join(t.TempDir(), ".lock")
+	want(t, run(t, SDNLockCheck(p)), Pass, "not held", "")
+	if err := os.WriteFile(p, []byte("0190c3a2-uuid"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, SDNLockCheck(p)), Fail, "holds the SDN global lock", "pvesh delete /cluster/sdn/lock --force 1")
+}
+
+// TestNodeCheck: the daemon's node must be one of the cluster's, as
+// Proxmox names it (no domain).
+func TestNodeCheck(t *testing.T) {
+	nd := newNode(t)
+	want(t, run(t, NodeCheck(nd.px, nd.n)), Pass, "pve is one of the cluster's 1 node(s)", "")
+	n := nd.n
+	n.Name = "pve.lab.example"
+	want(t, run(t, NodeCheck(nd.px, n)), Fail, `"pve.lab.example" is not a node of the cluster (nodes: pve)`, "without its domain")
+}
+
 func TestScopeCheck(t *testing.T) {
 	nd := newNode(t)
 	want(t, run(t, ScopeCheck(nd.px, nd.n, access.Calls())), Pass, "no privilege beyond", "")

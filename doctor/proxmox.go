@@ -2,14 +2,18 @@ package doctor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/pveapi/access"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 // API is what the read-only checks need of Proxmox: a GET of an API path
@@ -427,6 +431,9 @@ func truthy(v any) bool {
 // SDNCheck reads the SDN zones and wants no pending edits of other
 // clients: the daemon's PUT /cluster/sdn applies the whole pending
 // configuration (pve-network API2/Network/SDN.pm reload), theirs too.
+// Pending zones of pve-inspectd daemons (a sandbox id, or a vnet tagged
+// with a daemon's node) are another node's create or delete in flight:
+// named, not failed on.
 func SDNCheck(px API, lookDnsmasq func() (string, error)) Check {
 	return Check{Name: "sdn and dnsmasq", Run: func(ctx context.Context) Outcome {
 		var zones []struct {
@@ -437,11 +444,30 @@ func SDNCheck(px API, lookDnsmasq func() (string, error)) Check {
 		if err := px.Get(ctx, "/cluster/sdn/zones?pending=1", &zones); err != nil {
 			return failf("the token needs SDN.Audit and SDN.Allocate on /sdn (pve-access-setup grants them); is libpve-network-perl installed?", "GET /cluster/sdn/zones: %v", err)
 		}
-		var pending []string
-		for _, z := range zones {
-			if z.State != "" {
-				pending = append(pending, fmt.Sprintf("%s (%s)", z.Zone, z.State))
+		var vnets []struct {
+			Zone  string `json:"zone"`
+			Alias string `json:"alias"`
+		}
+		if err := px.Get(ctx, "/cluster/sdn/vnets?pending=1", &vnets); err != nil {
+			return failf("the token needs SDN.Audit on /sdn (pve-access-setup grants it)", "GET /cluster/sdn/vnets: %v", err)
+		}
+		daemonZone := map[string]bool{}
+		for _, v := range vnets {
+			if strings.Contains(v.Alias, "pvei-n-") {
+				daemonZone[v.Zone] = true
 			}
+		}
+		var pending, inFlight []string
+		for _, z := range zones {
+			if z.State == "" {
+				continue
+			}
+			e := fmt.Sprintf("%s (%s)", z.Zone, z.State)
+			if daemonZone[z.Zone] || sandbox.ValidID(z.Zone) {
+				inFlight = append(inFlight, e)
+				continue
+			}
+			pending = append(pending, e)
 		}
 		if len(pending) > 0 {
 			return failf("apply or revert them first (Datacenter > SDN > Apply, or pvesh set /cluster/sdn): the daemon's next apply would apply them too",
@@ -451,7 +477,58 @@ func SDNCheck(px API, lookDnsmasq func() (string, error)) Check {
 		if err != nil {
 			return failf("apt install dnsmasq && systemctl disable --now dnsmasq (SDN DHCP runs its own instances)", "dnsmasq: %v", err)
 		}
-		return passf("%d zone(s), none pending; dnsmasq at %s", len(zones), p)
+		msg := fmt.Sprintf("%d zone(s), none pending", len(zones))
+		if len(inFlight) > 0 {
+			msg = fmt.Sprintf("%d zone(s); pending only in pve-inspectd creates or deletes in flight: %s", len(zones), strings.Join(inFlight, ", "))
+		}
+		return passf("%s; dnsmasq at %s", msg, p)
+	}}
+}
+
+// sdnLockFile is pve-network's SDN global lock (SDN.pm $LOCK_TOKEN_FILE).
+const sdnLockFile = "/etc/pve/sdn/.lock"
+
+// SDNLockCheck wants no client holding the SDN global lock (POST
+// /cluster/sdn/lock writes its token to /etc/pve/sdn/.lock): while it is
+// held every SDN edit without the token fails "invalid lock token
+// provided!" (pve-network SDN.pm lock_sdn_config), every create and
+// delete of the daemon with it. path "" is the real file.
+func SDNLockCheck(path string) Check {
+	if path == "" {
+		path = sdnLockFile
+	}
+	return Check{Name: "sdn global lock", Run: func(context.Context) Outcome {
+		fi, err := os.Stat(path)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return passf("not held")
+		case err != nil:
+			return failf("run the doctor as root on the node (it reads "+path+")", "%v", err)
+		}
+		return failf("find the client holding it (Datacenter > SDN shows the lock) and let it finish, or release it: pvesh delete /cluster/sdn/lock --force 1",
+			"a client holds the SDN global lock since %s: every SDN edit of the daemon fails (\"invalid lock token provided!\")", fi.ModTime().UTC().Format(time.RFC3339))
+	}}
+}
+
+// NodeCheck wants the daemon's Proxmox node to be a node of the cluster,
+// as Proxmox names it (the host name without its domain).
+func NodeCheck(px API, n Node) Check {
+	return Check{Name: "node name", Run: func(ctx context.Context) Outcome {
+		var nodes []struct {
+			Node string `json:"node"`
+		}
+		if err := px.Get(ctx, "/nodes", &nodes); err != nil {
+			return failf("GET /nodes is open to every user; check [api.proxmox] url", "GET /nodes: %v", err)
+		}
+		var names []string
+		for _, nd := range nodes {
+			if nd.Node == n.Name {
+				return passf("%s is one of the cluster's %d node(s)", n.Name, len(nodes))
+			}
+			names = append(names, nd.Node)
+		}
+		return failf("set [api.proxmox] node (or node.id) to this node's name as Proxmox has it: the host name without its domain",
+			"%q is not a node of the cluster (nodes: %s)", n.Name, strings.Join(names, ", "))
 	}}
 }
 

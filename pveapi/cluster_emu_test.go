@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,5 +153,14 @@ func TestStartDuringAnApply(t *testing.T) {
 	}
 	if info, err := c.VM(ctx, 150); err != nil || info.Status != "running" {
 		t.Errorf("vm 150: %+v %v", info, err)
+	}
+}
+
+// TestSDNLockedSaysSo: an SDN edit refused for another client's global
+// lock says so, naming the lock, not only Proxmox's terse message.
+func TestSDNLockedSaysSo(t *testing.T) {
+	err := pveapi.Classify("create zone sbk2x9q0", errors.New("500 create sdn zone object failed: invalid lock token provided! at /usr/share/perl5/PVE/Network/SDN.pm line 291."))
+	if err == nil || !strings.Contains(err.Error(), "another client holds the SDN global lock") || !strings.Contains(err.Error(), "invalid lock token provided") {
+		t.Fatalf("%v", err)
 	}
 }

@@ -140,6 +140,11 @@ func classify(op string, err error) error {
 		return fmt.Errorf("%s: %w: %w", op, sandbox.ErrNotFound, err)
 	case reExists.MatchString(err.Error()):
 		return fmt.Errorf("%s: %w: %w", op, sandbox.ErrExists, err)
+	case strings.Contains(err.Error(), "invalid lock token provided"):
+		// pve-network SDN.pm lock_sdn_config: another client holds the
+		// SDN global lock (/etc/pve/sdn/.lock), and every edit without
+		// its token fails until it is released.
+		return fmt.Errorf("%s: another client holds the SDN global lock (/etc/pve/sdn/.lock; pve-inspectd doctor names it): no zone can be created or removed until it releases it: %w", op, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

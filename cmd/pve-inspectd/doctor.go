@@ -99,7 +99,9 @@ func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config,
 			doctor.PrivilegeCheck(px, n, access.Calls()),
 			doctor.ScopeCheck(px, n, access.Calls()),
 			doctor.StorageCheck(px, n),
+			doctor.NodeCheck(px, n),
 			doctor.SDNCheck(px, lookDnsmasq),
+			doctor.SDNLockCheck(""),
 			doctor.NetworkCheck(px, n),
 			doctor.IPAMCheck(px))
 		checks = append(checks, doctor.TemplateChecks(px, n)...)

@@ -199,6 +199,7 @@ func Calls() []Call {
 		{"GET", content + "/{volume}", "/storage/" + PhTransfer, []string{"Datastore.Audit"}, false, "a transfer image's path (check_volume_access: Datastore.Audit and VM.Config.Disk on the owner, or Datastore.Allocate)"},
 		{"GET", content + "/{volume}", vmACL, []string{"VM.Config.Disk"}, false, "a transfer image's owner (check_volume_access)"},
 		{"DELETE", content + "/{volume}", "/storage/" + PhTransfer, []string{"Datastore.Allocate"}, false, "free a transfer image (Content.pm delete)"},
+		{"GET", "/nodes", "", nil, false, "the doctor: the cluster's nodes (the node name, each node's staged network edits); user => 'all'"},
 		{"GET", "/nodes/{node}/network", "", nil, false, "the doctor: staged host network edits (the \"changes\" of interfaces.new an apply would make live); user => 'all'"},
 		{"GET", "/nodes/{node}/firewall/rules", "/nodes/" + PhNode, []string{"Sys.Audit"}, false, "the management-port rules"},
 		{"POST", "/nodes/{node}/firewall/rules", "/nodes/" + PhNode, []string{"Sys.Modify"}, false, "add a management-port rule"},
