@@ -44,7 +44,7 @@ func newNode(t *testing.T) *node {
 	if err := emu.AddSandboxTemplate(ctx, templateID, filepath.Join(dir, "tpl"), "sandboxes"); err != nil {
 		t.Fatal(err)
 	}
-	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{templateID}})
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{templateID}, Transfer: access.TransferStorage})
 	if err != nil {
 		t.Fatal(err)
 	}

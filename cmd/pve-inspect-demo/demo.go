@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/containment"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
@@ -339,10 +340,12 @@ func startEmulator(ctx context.Context, bed *testvm.Bed, o pveemu.Options) (emu 
 	if err := emu.AddSandboxTemplate(ctx, templateID, filepath.Join(bed.Dir(), "template-disk"), "pve-inspectd sandboxes"); err != nil {
 		return nil, "", "", "", err
 	}
-	// Exactly what packaging/deb/pve-access-setup creates: its roles, the
-	// pool (with the template's and the transfer storage), SDN, the node's
-	// firewall, the cluster firewall switch (read only) and the template.
-	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{templateID}})
+	// Exactly what packaging/deb/pve-access-setup creates with
+	// PVE_INSPECTD_TRANSFER_STORAGE=local (so that --disk-transfer-storage
+	// local works): its roles, the pool (with the template's and the
+	// transfer storage), SDN, the node's firewall, the cluster firewall
+	// switch (read only) and the template.
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{templateID}, Transfer: access.TransferStorage})
 	if err != nil {
 		return nil, "", "", "", err
 	}

@@ -45,7 +45,7 @@ func TestDoctorVerb(t *testing.T) {
 	if err := emu.AddTemplate(ctx, 9001, "cold", tpl, map[string]string{"hotplug": "network", "net0": pveemu.SandboxNet0}); err != nil {
 		t.Fatal(err)
 	}
-	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000, 9001}})
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000, 9001}, Transfer: "local"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ esac
 	secret := filepath.Join(dir, "pve-token")
 	run := func() {
 		cmd := exec.Command("sh", "pve-access-setup")
-		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+secret, "PVE_INSPECTD_TEMPLATES=9000 9001")
+		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+secret, "PVE_INSPECTD_TEMPLATES=9000 9001", "PVE_INSPECTD_TRANSFER_STORAGE=local")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("pve-access-setup: %v\n%s", err, out)
 		}
@@ -106,6 +106,30 @@ esac
 		t.Fatal(err)
 	}
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+// TestAccessSetupNoTransferByDefault: without PVE_INSPECTD_TRANSFER_STORAGE
+// (the daemon's disk path is off by default) the token gets nothing on any
+// transfer storage: Datastore.Allocate on a storage lets it free and
+// attach any volume there (pve-storage check_volume_access returns early
+// for it). The grant earlier versions made on "local" is taken back.
+func TestAccessSetupNoTransferByDefault(t *testing.T) {
+	calls := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000")
+	joined := strings.Join(calls, "\n")
+	for _, bad := range []string{"acl modify /storage/", "--storage local\n", "PVEInspectTransfer --propagate"} {
+		if strings.Contains(joined+"\n", bad) {
+			t.Errorf("a transfer storage granted by default (%q):\n%s", bad, joined)
+		}
+	}
+	tok := access.TokenID(nodeName(t))
+	for _, want := range []string{
+		"acl delete /storage/local --users pve-inspectd@pve --roles PVEInspectTransfer",
+		"acl delete /storage/local --tokens " + tok + " --roles PVEInspectTransfer",
+	} {
+		if !slices.Contains(calls, want) {
+			t.Errorf("no call %q (the earlier default grant taken back) in:\n%s", want, joined)
+		}
+	}
 }
 
 // TestAccessSetupMatchesTable: the roles, pool storages and ACL entries

@@ -60,7 +60,7 @@ func TestUnitDiskTransfer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Exactly what pve-access-setup creates, and root's step after it.
-	tokenID, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{xferTemplate}})
+	tokenID, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{xferTemplate}, Transfer: "local"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +100,8 @@ templates = { debian = %d }
 disk_transfer_storage = "local"
 disk_transfer_threshold = 1048576
 agent_timeout = "2m"
+# the node is the emulator's, its bridges not this host's
+verify_bridges = false
 
 [api.proxmox]
 url = "https://%s/api2/json"

@@ -29,9 +29,10 @@ const (
 	// DefaultStorage is the storage of the templates' disks
 	// (PVE_INSPECTD_STORAGE), added to the pool.
 	DefaultStorage = "local-lvm"
-	// TransferStorage is the dir storage disk transfers allocate their
-	// images on (diskxfer's default; PVE_INSPECTD_TRANSFER_STORAGE), added
-	// to the pool.
+	// TransferStorage is the dir storage the examples and tests give disk
+	// transfers (PVE_INSPECTD_TRANSFER_STORAGE=local, [api]
+	// disk_transfer_storage = "local"). pve-access-setup grants a
+	// transfer storage only when one is named.
 	TransferStorage = "local"
 )
 
@@ -243,32 +244,30 @@ func Grants() []Grant {
 	}
 }
 
-// PoolStorages returns the storages pve-access-setup adds to the pool: the
-// templates' disk storages (DefaultStorage when none is given) and the
-// transfer storage, sorted, without repeats.
+// PoolStorages returns the storages pve-access-setup adds to the pool
+// without a transfer storage: the templates' disk storages
+// (DefaultStorage when none is given), sorted, without repeats.
 func PoolStorages(storages ...string) []string {
 	return Setup{}.PoolStorages(storages...)
 }
 
 // PoolStorages is the package's PoolStorages with the run's transfer
-// storage.
+// storage, when it names one.
 func (s Setup) PoolStorages(storages ...string) []string {
-	transfer := s.Transfer
-	if transfer == "" {
-		transfer = TransferStorage
-	}
 	if len(storages) == 0 {
 		storages = []string{DefaultStorage}
 	}
-	out := append(slices.Clone(storages), transfer)
+	out := slices.Clone(storages)
+	if s.Transfer != "" {
+		out = append(out, s.Transfer)
+	}
 	slices.Sort(out)
 	return slices.Compact(out)
 }
 
 // ACLEntries returns the concrete ACL entries pve-access-setup creates on
 // node for pool ("" is DefaultPool) and the template VMIDs, each for the
-// user and the token alike, in Grants order, with the default transfer
-// storage.
+// user and the token alike, in Grants order, without a transfer storage.
 func ACLEntries(node, pool string, templates []int) []ACLEntry {
 	return Setup{Node: node, Pool: pool, Templates: templates}.ACLEntries()
 }
@@ -282,23 +281,23 @@ type Setup struct {
 	// Templates is PVE_INSPECTD_TEMPLATES.
 	Templates []int
 	// Transfer is PVE_INSPECTD_TRANSFER_STORAGE, the daemon's [api]
-	// disk_transfer_storage ("": TransferStorage).
+	// disk_transfer_storage ("": none, no grant for one).
 	Transfer string
 }
 
 // ACLEntries returns the concrete ACL entries of the run, each for the
 // user and the token alike, in Grants order.
 func (s Setup) ACLEntries() []ACLEntry {
-	pool, transfer := s.Pool, s.Transfer
+	pool := s.Pool
 	if pool == "" {
 		pool = DefaultPool
 	}
-	if transfer == "" {
-		transfer = TransferStorage
-	}
-	r := strings.NewReplacer(PhNode, s.Node, PhPool, pool, PhTransfer, transfer)
+	r := strings.NewReplacer(PhNode, s.Node, PhPool, pool, PhTransfer, s.Transfer)
 	var out []ACLEntry
 	for _, g := range Grants() {
+		if strings.Contains(g.Path, PhTransfer) && s.Transfer == "" {
+			continue
+		}
 		if strings.Contains(g.Path, PhTemplate) {
 			for _, id := range s.Templates {
 				out = append(out, ACLEntry{strings.ReplaceAll(g.Path, PhTemplate, strconv.Itoa(id)), g.Role, g.Propagate})

@@ -6,7 +6,8 @@ import (
 	"testing"
 )
 
-// node is one concrete node for the table: its pool holds sandbox VM 100
+// node is one concrete node for the table, set up with the disk path on
+// (PVE_INSPECTD_TRANSFER_STORAGE=local): its pool holds sandbox VM 100
 // and the pool storages; template 9000 is granted.
 var node = struct {
 	name, pool string
@@ -15,9 +16,14 @@ var node = struct {
 	storages   []string
 	vars       *strings.Replacer
 }{
-	name: "pve", pool: DefaultPool, templates: []int{9000}, vm: "100", storages: PoolStorages(),
+	name: "pve", pool: DefaultPool, templates: []int{9000}, vm: "100", storages: Setup{Transfer: TransferStorage}.PoolStorages(),
 	vars: strings.NewReplacer(PhNode, "pve", PhPool, DefaultPool, PhVMID, "100", PhTemplate, "9000",
 		PhStorage, DefaultStorage, PhTransfer, TransferStorage, PhZone, "zsbx", PhVNet, "vsbx", PhBridge, "vmbr0"),
+}
+
+// nodeEntries are node's ACL entries.
+func nodeEntries() []ACLEntry {
+	return Setup{Node: node.name, Templates: node.templates, Transfer: TransferStorage}.ACLEntries()
 }
 
 // rolesOn is what RPCEnvironment's compile_acl_path gives one subject on
@@ -69,7 +75,7 @@ func privsOn(entries []ACLEntry, path string) map[string]bool {
 // TestGrantsCoverCalls: every check of every call passes with the grants
 // pve-access-setup creates.
 func TestGrantsCoverCalls(t *testing.T) {
-	entries := ACLEntries(node.name, "", node.templates)
+	entries := nodeEntries()
 	for _, c := range Calls() {
 		if c.ACLPath == "" {
 			if len(c.Privs) != 0 {
@@ -96,7 +102,7 @@ func TestGrantsCoverCalls(t *testing.T) {
 // TestRolesAreLeast: every privilege of every role is needed by some call
 // on a path its grant reaches; none is there for nothing.
 func TestRolesAreLeast(t *testing.T) {
-	entries := ACLEntries(node.name, "", node.templates)
+	entries := nodeEntries()
 	used := map[string]bool{} // role + " " + priv
 	for _, c := range Calls() {
 		if c.ACLPath == "" {
@@ -126,7 +132,7 @@ func TestRolesAreLeast(t *testing.T) {
 // nothing propagates from "/" or /nodes, and Sys.Modify is only on the
 // node itself.
 func TestNoBroadGrant(t *testing.T) {
-	for _, e := range ACLEntries(node.name, "", node.templates) {
+	for _, e := range nodeEntries() {
 		if e.Propagate && (e.Path == "/" || strings.HasPrefix(e.Path, "/nodes") || strings.HasPrefix(e.Path, "/storage") || strings.HasPrefix(e.Path, "/vms")) {
 			t.Errorf("%s on %s propagates", e.Role, e.Path)
 		}
@@ -134,11 +140,11 @@ func TestNoBroadGrant(t *testing.T) {
 			t.Errorf("Sys.Modify on %s", e.Path)
 		}
 	}
-	if got := privsOn(ACLEntries(node.name, "", node.templates), "/"); len(got) != 1 || !got["Sys.Audit"] {
+	if got := privsOn(nodeEntries(), "/"); len(got) != 1 || !got["Sys.Audit"] {
 		t.Errorf("privileges on /: %v", got)
 	}
 	for _, p := range []string{"/nodes/" + node.name + "/network", "/storage/other", "/vms/101", "/access", "/mapping/pci/x"} {
-		if got := privsOn(ACLEntries(node.name, "", node.templates), p); len(got) != 0 {
+		if got := privsOn(nodeEntries(), p); len(got) != 0 {
 			t.Errorf("privileges on %s: %v", p, got)
 		}
 	}
@@ -148,10 +154,21 @@ func TestACLEntries(t *testing.T) {
 	got := ACLEntries("n1", "p", []int{9000, 9001})
 	want := []ACLEntry{
 		{"/pool/p", RoleMain, true}, {"/sdn", RoleMain, true}, {"/nodes/n1", RoleNode, false}, {"/", RoleCluster, false},
-		{"/storage/local", RoleTransfer, false}, {"/vms/9000", RoleTemplate, false}, {"/vms/9001", RoleTemplate, false},
+		{"/vms/9000", RoleTemplate, false}, {"/vms/9001", RoleTemplate, false},
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("ACLEntries\n%v\nwant\n%v", got, want)
+		t.Errorf("ACLEntries (no transfer storage)\n%v\nwant\n%v", got, want)
+	}
+	got = Setup{Node: "n1", Pool: "p", Templates: []int{9000}, Transfer: "xfer"}.ACLEntries()
+	want = []ACLEntry{
+		{"/pool/p", RoleMain, true}, {"/sdn", RoleMain, true}, {"/nodes/n1", RoleNode, false}, {"/", RoleCluster, false},
+		{"/storage/xfer", RoleTransfer, false}, {"/vms/9000", RoleTemplate, false},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("ACLEntries with transfer storage xfer\n%v\nwant\n%v", got, want)
+	}
+	if got := PoolStorages(); !slices.Equal(got, []string{DefaultStorage}) {
+		t.Errorf("PoolStorages() %v, want the template storage only", got)
 	}
 	if got := ACLEntries("n1", "", nil)[0].Path; got != "/pool/"+DefaultPool {
 		t.Errorf("default pool path %s", got)

@@ -27,6 +27,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall/portmap"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
@@ -102,7 +103,7 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 		t.Fatal(err)
 	}
 	// Exactly what packaging/deb/pve-access-setup creates.
-	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}})
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}, Transfer: access.TransferStorage})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -88,7 +89,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	if err := emu.AddTemplate(ctx, 9000, "debian", disk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}); err != nil {
 		t.Fatal(err)
 	}
-	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}, Storages: o.storages})
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}, Storages: o.storages, Transfer: access.TransferStorage})
 	if err != nil {
 		t.Fatal(err)
 	}

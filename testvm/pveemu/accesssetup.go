@@ -16,12 +16,16 @@ type AccessSetup struct {
 	// access.RoleTemplate.
 	Templates []int
 	// Storages is PVE_INSPECTD_STORAGE (none: access.DefaultStorage); the
-	// transfer storage is always added to the pool too.
+	// transfer storage, when named, is added to the pool too.
 	Storages []string
 	// Node is the node the script runs on ("": the server's primary
 	// node): its grants name it. On a cluster the script runs once per
 	// node; the roles, user and pool are shared and kept.
 	Node string
+	// Transfer is PVE_INSPECTD_TRANSFER_STORAGE: the disk transfer
+	// storage added to the pool and granted access.RoleTransfer ("":
+	// none, as the script does by default).
+	Transfer string
 	// Token is the token's name ("": access.TokenName of the node, as
 	// pve-access-setup names it). Each node's daemon has a token of its
 	// own, so that setting up one node does not replace the secret
@@ -61,7 +65,8 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 			return "", "", fmt.Errorf("access setup: %w", err)
 		}
 	}
-	for _, sid := range access.PoolStorages(a.Storages...) {
+	setup := access.Setup{Pool: pool, Templates: a.Templates, Transfer: a.Transfer}
+	for _, sid := range setup.PoolStorages(a.Storages...) {
 		if err := s.AddPoolStorage(pool, sid); err != nil {
 			return "", "", fmt.Errorf("access setup: %w", err)
 		}
@@ -77,7 +82,8 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 	if err != nil {
 		return "", "", fmt.Errorf("access setup: %w", err)
 	}
-	for _, e := range access.ACLEntries(node, pool, a.Templates) {
+	setup.Node = node
+	for _, e := range setup.ACLEntries() {
 		for _, who := range []string{access.User, tokenID} {
 			if err := s.SetACL(e.Path, who, e.Role, e.Propagate); err != nil {
 				return "", "", fmt.Errorf("access setup: grant %s on %s to %s: %w", e.Role, e.Path, who, err)

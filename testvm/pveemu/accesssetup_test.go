@@ -36,7 +36,7 @@ func TestAccessTableEndpoints(t *testing.T) {
 func TestConfigPermissions(t *testing.T) {
 	e := newEnv(t)
 	e.setupZone()
-	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}})
+	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}, Transfer: access.TransferStorage})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestConfigPermissions(t *testing.T) {
 func TestTransferImagePermissions(t *testing.T) {
 	e := newEnv(t)
 	e.setupZone()
-	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}})
+	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}, Transfer: access.TransferStorage})
 	if err != nil {
 		t.Fatal(err)
 	}

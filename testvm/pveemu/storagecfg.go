@@ -160,6 +160,18 @@ func (s *Server) listContent(_ context.Context, rq *request) (any, error) {
 	if rq.str("storage") != dirStorage {
 		return out, nil
 	}
+	// pve-storage volume_list lists only the content types the storage
+	// is configured for: a dir storage without "images" (a fresh node's
+	// "local") shows no VM image, whatever is in its images directory.
+	s.mu.Lock()
+	configured := map[string]bool{}
+	for _, c := range strings.Split(s.storageContentLocked(dirStorage, "backup,iso,vztmpl"), ",") {
+		configured[strings.TrimSpace(c)] = true
+	}
+	s.mu.Unlock()
+	if c := rq.str("content"); c != "" && !configured[c] {
+		return out, nil
+	}
 	if c := rq.str("content"); c != "" && c != "images" {
 		if _, ok := vtypeSubdir[c]; !ok {
 			return out, nil
@@ -173,12 +185,18 @@ func (s *Server) listContent(_ context.Context, rq *request) (any, error) {
 	if !rq.has("content") && !rq.has("vmid") {
 		// every content type of the storage, not only images
 		for _, c := range []string{"iso", "vztmpl", "backup", "snippets", "import"} {
+			if !configured[c] {
+				continue
+			}
 			files, err := s.listDirContent(c)
 			if err != nil {
 				return nil, err
 			}
 			out = append(out, files...)
 		}
+	}
+	if !configured["images"] {
+		return out, nil
 	}
 	dirs, err := os.ReadDir(filepath.Join(s.storageDir(), "images"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

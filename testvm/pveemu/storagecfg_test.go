@@ -16,7 +16,7 @@ import (
 // storages, each limited to what the caller may see.
 func TestDoctorReads(t *testing.T) {
 	e := newEnv(t)
-	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}})
+	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}, Transfer: access.TransferStorage})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,5 +190,42 @@ func TestFreeVolumeTask(t *testing.T) {
 	st, _ := e.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any)
 	if st["status"] != "stopped" || st["exitstatus"] != "OK" || st["id"] != "101@local" {
 		t.Fatalf("task status %v", st)
+	}
+}
+
+// TestContentListFollowsConfiguredTypes: pve-storage's volume_list lists
+// only the content types the storage is configured for; a VM image in
+// the images directory of a storage without "images" (a fresh node's
+// "local") is not listed, whatever is asked, until the storage gets that
+// content type.
+func TestContentListFollowsConfiguredTypes(t *testing.T) {
+	e := newEnv(t)
+	e.setupZone()
+	if st := e.task("POST", "/nodes/pve/qemu/9000/clone", url.Values{"newid": {"100"}}); st != "OK" {
+		t.Fatalf("clone: %s", st)
+	}
+	content := "/nodes/pve/storage/local/content"
+	volid, _ := e.ok("POST", content, url.Values{"filename": {"vm-100-pvei-leak.raw"}, "vmid": {"100"}, "size": {"1024"}, "format": {"raw"}}).(string)
+	if volid == "" {
+		t.Fatal("no volume allocated")
+	}
+	listed := func(q url.Values) bool {
+		for _, x := range e.ok("GET", content, q).([]any) {
+			if x.(map[string]any)["volid"] == volid {
+				return true
+			}
+		}
+		return false
+	}
+	for _, q := range []url.Values{nil, {"content": {"images"}}, {"vmid": {"100"}}} {
+		if listed(q) {
+			t.Errorf("listed %v on local without images content", q)
+		}
+	}
+	e.s.SetStorageContent("local", "backup,images,iso,vztmpl")
+	for _, q := range []url.Values{nil, {"content": {"images"}}, {"vmid": {"100"}}} {
+		if !listed(q) {
+			t.Errorf("not listed %v once local has images", q)
+		}
 	}
 }

@@ -72,6 +72,12 @@ type APISection struct {
 	// bytes take it.
 	DiskTransferStorage   string `toml:"disk_transfer_storage"`
 	DiskTransferThreshold int64  `toml:"disk_transfer_threshold"`
+	// VerifyBridges checks, after each SDN apply of a create or a pool
+	// refill, that the sandbox's vnet bridges are on this node
+	// (/sys/class/net) and applies again when one is missing (a reload
+	// lost to another client's). Off only where the Proxmox node is not
+	// this host (tests against an emulated node).
+	VerifyBridges bool `toml:"verify_bridges"`
 	// ExecOwnSession runs each plain exec as the leader of its own session
 	// (through setsid: one more program exec per command) instead of
 	// leaving it in the guest agent's process group (qga.Options).
@@ -174,6 +180,7 @@ func defaultAPI() APISection {
 		GuestBufferBytes:      256 << 20,
 		OwnerGuestBufferBytes: 64 << 20,
 		DiskTransferThreshold: 32 << 20,
+		VerifyBridges:         true,
 		AutoCIDRPool:          "10.200.0.0/16",
 		AutoCIDRBits:          24,
 

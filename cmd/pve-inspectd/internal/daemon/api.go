@@ -58,7 +58,8 @@ type APIDeps struct {
 	// from [api] when unset.
 	Health sandbox.HealthOptions
 	// BridgeUp says whether a vnet's bridge is on the node (nil: the
-	// node's /sys/class/net, sandbox.SysfsBridgeUp).
+	// node's /sys/class/net, sandbox.SysfsBridgeUp, unless [api]
+	// verify_bridges is off).
 	BridgeUp func(ctx context.Context, bridge string) (bool, error)
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
@@ -191,7 +192,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		health.AgentBrokenAfter = ac.AgentBrokenAfter
 	}
 	bridgeUp := d.BridgeUp
-	if bridgeUp == nil {
+	if bridgeUp == nil && ac.VerifyBridges {
 		bridgeUp = sandbox.SysfsBridgeUp("/sys/class/net")
 	}
 	eng, err := sandbox.New(sandbox.Options{
