@@ -105,6 +105,12 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		// The disk path, as an operator turns it on: files of 32 MiB and
 		// more go through a transfer disk on that storage.
 		extra += fmt.Sprintf("disk_transfer_storage = %q\n", o.diskStorage)
+		// and gives the storage the images content type, so that its
+		// transfer images are listed (pve-storage lists only the
+		// configured types): a leaked one shows.
+		if o.diskStorage == "local" {
+			emu.SetStorageContent("local", "backup,images,iso,vztmpl")
+		}
 	}
 	// A stand-in model API key, to show where an agent's keys land.
 	envFile := filepath.Join(dir, "mcp.env")
