@@ -64,7 +64,7 @@ func (c *clusterNodes) run(host string, env ...string) (calls []string, out stri
 	_ = os.Remove(log)
 	cmd := exec.Command("sh", "pve-access-setup")
 	cmd.Env = append(os.Environ(), append([]string{"PATH=" + c.bin + ":" + os.Getenv("PATH"),
-		"PVEUM_LOG=" + log, "PVEUM_STATE=" + c.state,
+		"PVEUM_LOG=" + log, "PVEUM_STATE=" + c.state, "PVE_INSPECTD_CONFIG=" + filepath.Join(c.logs, "no-config.toml"),
 		"PVE_INSPECTD_NODE=" + host, "PVE_INSPECTD_SECRET_FILE=" + c.secretFile(host)}, env...)...)
 	b, err := cmd.CombinedOutput()
 	lb, _ := os.ReadFile(log)

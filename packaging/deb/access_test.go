@@ -35,7 +35,8 @@ esac
 	secret := filepath.Join(dir, "pve-token")
 	run := func() {
 		cmd := exec.Command("sh", "pve-access-setup")
-		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+secret, "PVE_INSPECTD_TEMPLATES=9000 9001", "PVE_INSPECTD_TRANSFER_STORAGE=local")
+		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+secret, "PVE_INSPECTD_TEMPLATES=9000 9001", "PVE_INSPECTD_TRANSFER_STORAGE=local",
+			"PVE_INSPECTD_CONFIG="+filepath.Join(dir, "no-config.toml"))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("pve-access-setup: %v\n%s", err, out)
 		}
@@ -97,7 +98,8 @@ esac
 		t.Fatal(err)
 	}
 	cmd := exec.Command("sh", "pve-access-setup")
-	cmd.Env = append(os.Environ(), append([]string{"PATH=" + dir + ":" + os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE=" + filepath.Join(dir, "pve-token")}, env...)...)
+	cmd.Env = append(os.Environ(), append([]string{"PATH=" + dir + ":" + os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE=" + filepath.Join(dir, "pve-token"),
+		"PVE_INSPECTD_CONFIG=" + filepath.Join(dir, "no-config.toml")}, env...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("pve-access-setup: %v\n%s", err, out)
 	}
@@ -128,6 +130,40 @@ func TestAccessSetupNoTransferByDefault(t *testing.T) {
 	} {
 		if !slices.Contains(calls, want) {
 			t.Errorf("no call %q (the earlier default grant taken back) in:\n%s", want, joined)
+		}
+	}
+}
+
+// TestAccessSetupTransferFromConfig: without PVE_INSPECTD_TRANSFER_STORAGE
+// the transfer storage is the daemon's [api] disk_transfer_storage, so an
+// upgrade of a node that has the disk path on keeps its grant; a
+// commented key is none.
+func TestAccessSetupTransferFromConfig(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	tok := access.TokenID(nodeName(t))
+	for _, c := range []struct {
+		doc, want string
+	}{
+		{"[api]\nenabled = true\ndisk_transfer_storage = \"tank\"\n", "tank"},
+		{"[api]\n  disk_transfer_storage=\"xfer-1\"  # dedicated\n", "xfer-1"},
+		{"[api]\n# disk_transfer_storage = \"local\"\n", ""},
+		{"[api]\ndisk_transfer_storage = \"\"\n", ""},
+	} {
+		if err := os.WriteFile(cfg, []byte(c.doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		calls := strings.Join(runAccessSetup(t, "PVE_INSPECTD_CONFIG="+cfg), "\n")
+		granted := strings.Contains(calls, "acl modify /storage/")
+		if c.want == "" {
+			if granted {
+				t.Errorf("%q: a transfer storage granted:\n%s", c.doc, calls)
+			}
+			continue
+		}
+		for _, w := range []string{"pool modify pve-inspect --storage " + c.want, "acl modify /storage/" + c.want + " --tokens " + tok + " --roles PVEInspectTransfer --propagate 0"} {
+			if !strings.Contains(calls, w) {
+				t.Errorf("%q: no call %q in:\n%s", c.doc, w, calls)
+			}
 		}
 	}
 }
@@ -226,7 +262,8 @@ func TestAccessSetupTokenPerNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd := exec.Command("sh", "pve-access-setup")
-		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+filepath.Join(dir, "pve-token"), "PVE_INSPECTD_TOKEN="+bad)
+		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+filepath.Join(dir, "pve-token"), "PVE_INSPECTD_TOKEN="+bad,
+			"PVE_INSPECTD_CONFIG="+filepath.Join(dir, "no-config.toml"))
 		out, err := cmd.CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "PVE_INSPECTD_TOKEN") {
 			t.Errorf("token %q: err %v, output %q; want a refusal naming PVE_INSPECTD_TOKEN", bad, err, out)
