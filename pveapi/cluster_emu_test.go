@@ -164,3 +164,48 @@ func TestSDNLockedSaysSo(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+// TestImageVolumes: the images of a storage, as the sweep lists them, only
+// once the storage is configured for images (pve-storage volume_list).
+func TestImageVolumes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
+	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
+	if err := os.MkdirAll(filepath.Join(dir, "disk"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTemplate(ctx, 9000, "tmpl", filepath.Join(dir, "disk"), map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	id, secret, err := s.RootToken("images")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	c, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 150, Name: "owner"}); err != nil {
+		t.Fatal(err)
+	}
+	volid, err := c.AllocVolume(ctx, "local", 150, "vm-150-pvei-0123456789ab.raw", 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vols, err := c.ImageVolumes(ctx, "local"); err != nil || len(vols) != 0 {
+		t.Errorf("local without images content: %v %v", vols, err)
+	}
+	s.SetStorageContent("local", "backup,images,iso,vztmpl")
+	vols, err := c.ImageVolumes(ctx, "local")
+	if err != nil || len(vols) != 1 || vols[0].VolID != volid || vols[0].VMID != 150 {
+		t.Errorf("local with images: %+v %v, want %s of 150", vols, err, volid)
+	}
+}

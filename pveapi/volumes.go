@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/diskxfer"
 )
 
 // Volumes of a storage, used by the disk path for large transfers
 // (diskxfer): a raw image is allocated on a storage, written on
 // the node, hot-plugged into the VM and unplugged with force, which frees it.
+
+var _ diskxfer.Lister = (*Client)(nil)
 
 func (c *Client) storageContent(storage string) string {
 	return fmt.Sprintf("/nodes/%s/storage/%s/content", url.PathEscape(c.node), url.PathEscape(storage))
@@ -124,4 +128,23 @@ func (c *Client) AttachVolume(ctx context.Context, vmid int, slot, volid, serial
 func (c *Client) DetachVolume(ctx context.Context, vmid int, slot string) error {
 	return c.call(ctx, "POST", fmt.Sprintf("detach %s of %d", slot, vmid), c.qemu(vmid)+"/config",
 		map[string]any{"delete": slot, "force": 1})
+}
+
+// ImageVolumes lists storage's VM images on this node (GET
+// .../storage/{storage}/content?content=images: Datastore.Audit on the
+// storage, and each volume's check_volume_access). A storage not
+// configured for images lists none.
+func (c *Client) ImageVolumes(ctx context.Context, storage string) ([]diskxfer.Volume, error) {
+	var list []struct {
+		VolID string  `json:"volid"`
+		VMID  flexInt `json:"vmid"`
+	}
+	if err := c.c.Get(ctx, c.storageContent(storage)+"?content=images", &list); err != nil {
+		return nil, classify("list images of "+storage, err)
+	}
+	out := make([]diskxfer.Volume, 0, len(list))
+	for _, v := range list {
+		out = append(out, diskxfer.Volume{VolID: v.VolID, VMID: int(v.VMID)})
+	}
+	return out, nil
 }

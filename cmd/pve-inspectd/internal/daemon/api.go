@@ -81,6 +81,9 @@ type API struct {
 
 	local, remote gate // handlers of the unix socket and the TCP listener
 	srv           atomic.Pointer[sandboxapi.Server]
+	// xfer is the disk path the last build made (nil when it is off),
+	// swept of leftover transfer images after each reconcile.
+	xfer *diskxfer.Transfer
 }
 
 // NewAPI prepares the sandbox API; it does no I/O. Serve it with Run.
@@ -181,8 +184,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
 	var dt sandbox.DiskTransfer
+	a.xfer = nil
 	if ac.DiskTransferStorage != "" {
-		dt = diskxfer.New(px, diskxfer.Options{Storage: ac.DiskTransferStorage, Logger: a.log})
+		a.xfer = diskxfer.New(px, diskxfer.Options{Storage: ac.DiskTransferStorage, Logger: a.log})
+		dt = a.xfer
 	}
 	health := d.Health
 	if health.Interval == 0 {
@@ -256,6 +261,16 @@ func (a *API) reconcile(ctx context.Context, srv *sandboxapi.Server) error {
 	}
 	a.log.Info("sandbox api reconciled", "reattached", len(rep.Reattached), "torn_down", len(rep.TornDown),
 		"orphan_vms", rep.OrphanVMs, "orphan_zones", rep.OrphanZones, "failed", rep.Failed)
+	if a.xfer != nil {
+		// Before the API serves, no transfer runs: images of the
+		// transfer name are a stopped daemon's leftovers.
+		sw, err := a.xfer.Sweep(rctx)
+		if err != nil {
+			a.log.Warn("disk transfer sweep", "err", err, "freed", sw.Freed, "left", sw.Left)
+		} else if len(sw.Freed)+len(sw.Left) > 0 {
+			a.log.Info("disk transfer sweep", "freed", sw.Freed, "left", sw.Left)
+		}
+	}
 	return nil
 }
 
