@@ -84,33 +84,7 @@ func TestCloneToAnotherNodesVMID(t *testing.T) {
 func TestStartDuringAnApply(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
-	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
-	disk := filepath.Join(dir, "disk")
-	if err := os.MkdirAll(disk, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddTemplate(ctx, 9000, "tmpl", disk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=sbv0"}); err != nil {
-		t.Fatal(err)
-	}
-	id, secret, err := s.RootToken("start-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	c, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c := oneNode(t, ctx, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=sbv0"})
 	if err := c.CreateZone(ctx, sandbox.ZoneSpec{ID: "sbz"}); err != nil {
 		t.Fatal(err)
 	}
@@ -170,29 +144,7 @@ func TestSDNLockedSaysSo(t *testing.T) {
 func TestImageVolumes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
-	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
-	if err := os.MkdirAll(filepath.Join(dir, "disk"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.AddTemplate(ctx, 9000, "tmpl", filepath.Join(dir, "disk"), map[string]string{}); err != nil {
-		t.Fatal(err)
-	}
-	id, secret, err := s.RootToken("images")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	c, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c := oneNode(t, ctx, map[string]string{})
 	if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 150, Name: "owner"}); err != nil {
 		t.Fatal(err)
 	}
@@ -208,4 +160,38 @@ func TestImageVolumes(t *testing.T) {
 	if err != nil || len(vols) != 1 || vols[0].VolID != volid || vols[0].VMID != 150 {
 		t.Errorf("local with images: %+v %v, want %s of 150", vols, err, volid)
 	}
+}
+
+// oneNode is the emulator's single node "pve" on a fake backend with
+// template 9000 of conf, and a client of it with a root token.
+func oneNode(t *testing.T, ctx context.Context, conf map[string]string) (*pveemu.Server, *pveapi.Client) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
+	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
+	disk := filepath.Join(dir, "disk")
+	if err := os.MkdirAll(disk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddTemplate(ctx, 9000, "tmpl", disk, conf); err != nil {
+		t.Fatal(err)
+	}
+	id, secret, err := s.RootToken("one-node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	c, err := pveapi.New(pveapi.Options{URL: ts.URL + "/api2/json", TokenID: id, Secret: secret, Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c
 }
