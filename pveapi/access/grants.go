@@ -1,0 +1,101 @@
+package access
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// GrantOf returns the grant that gives call c its privileges on a node
+// set up by pve-access-setup: the pool's for its VMs, its member storages
+// and itself, /sdn's for every SDN path, and each of the others for its
+// own path; the transfer storage is a pool member too, so a call there is
+// the transfer role's when that role holds what it needs, else the
+// pool's. ok is false for a call that needs no privilege.
+func GrantOf(c Call) (g Grant, ok bool) {
+	p := c.ACLPath
+	var want []string
+	switch {
+	case p == "":
+		return Grant{}, false
+	case p == "/vms/"+PhVMID, p == "/pool/"+PhPool, p == "/storage/"+PhStorage:
+		want = []string{"/pool/" + PhPool}
+	case p == "/storage/"+PhTransfer:
+		want = []string{p, "/pool/" + PhPool}
+	case strings.HasPrefix(p, "/sdn"):
+		want = []string{"/sdn"}
+	default:
+		want = []string{p}
+	}
+	for _, w := range want {
+		for _, g := range Grants() {
+			if g.Path == w && covers(RolePrivs(g.Role), c) {
+				return g, true
+			}
+		}
+	}
+	return Grant{}, false
+}
+
+// covers reports whether privs hold what call c needs.
+func covers(privs []string, c Call) bool {
+	n := 0
+	for _, p := range c.Privs {
+		if slices.Contains(privs, p) {
+			n++
+		}
+	}
+	if c.AnyOf {
+		return n > 0
+	}
+	return n == len(c.Privs)
+}
+
+// alsoAllows is what each grant lets the token do beyond the daemon's
+// calls, by grant path: what a stolen token could do with it.
+var alsoAllows = map[string]string{
+	"/pool/" + PhPool: "every one of these privileges on any VM and storage put in the pool, whoever put it there (keep other VMs out of the pool): power, config (CPU, memory, disks, NICs, options, hardware, CD-ROM, cloud-init), snapshots and rollback, destroy; space on the pool's storages",
+	"/sdn":            "create, change and delete any SDN zone, vnet and subnet of the cluster and apply the whole pending SDN configuration; SDN.Use on every zone and bridge, `localnetwork/vmbr0` included, so a pool VM can be put on the host's bridges (a clone needs it for the template's own NIC bridges)",
+	"/nodes/" + PhNode: "Sys.Modify on the node beyond its firewall: stage and apply edits of the host network, start, stop and restart its services, replace its TLS certificate, refresh APT lists, set node options; Sys.Audit: read the node's status and its tasks",
+	"/":                "read the datacenter options and the cluster firewall's options and rules (Sys.Audit on `/` only, not propagating)",
+	"/storage/" + PhTransfer: "read, free and attach any volume of that storage (pve-storage's check_volume_access returns early for Datastore.Allocate): name a storage holding nothing but transfer images",
+	"/vms/" + PhTemplate:    "clone the template and read its config; nothing else on it",
+}
+
+// GrantTable is the table of every grant pve-access-setup makes: its path,
+// role and privileges, the daemon's calls that need it, and what else it
+// allows (markdown).
+func GrantTable() string {
+	var b strings.Builder
+	b.WriteString("| ACL path | role (propagates) | privileges | the daemon's calls that need it | what else it allows |\n|---|---|---|---|---|\n")
+	for _, g := range Grants() {
+		var calls []string
+		for _, c := range Calls() {
+			if cg, ok := GrantOf(c); ok && cg == g {
+				calls = append(calls, fmt.Sprintf("`%s %s` (%s on `%s`)", c.Method, c.Path, strings.Join(c.Privs, anyOr(c.AnyOf)), c.ACLPath))
+			}
+		}
+		calls = slices.Compact(calls)
+		prop := "no"
+		if g.Propagate {
+			prop = "yes"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s (%s) | %s | %s | %s |\n", g.Path, g.Role, prop, strings.Join(RolePrivs(g.Role), ", "),
+			strings.Join(calls, "; "), alsoAllows[g.Path])
+	}
+	var free []string
+	for _, c := range Calls() {
+		if _, ok := GrantOf(c); !ok {
+			free = append(free, fmt.Sprintf("`%s %s`", c.Method, c.Path))
+		}
+	}
+	fmt.Fprintf(&b, "\nCalls that need no grant (open to every user, or the caller's own): %s.\n", strings.Join(slices.Compact(free), ", "))
+	return b.String()
+}
+
+func anyOr(anyOf bool) string {
+	if anyOf {
+		return " or "
+	}
+	return " and "
+}
