@@ -54,12 +54,12 @@ func covers(privs []string, c Call) bool {
 // alsoAllows is what each grant lets the token do beyond the daemon's
 // calls, by grant path: what a stolen token could do with it.
 var alsoAllows = map[string]string{
-	"/pool/" + PhPool: "every one of these privileges on any VM and storage put in the pool, whoever put it there (keep other VMs out of the pool): power, config (CPU, memory, disks, NICs, options, hardware, CD-ROM, cloud-init), snapshots and rollback, destroy; space on the pool's storages",
-	"/sdn":            "create, change and delete any SDN zone, vnet and subnet of the cluster and apply the whole pending SDN configuration; SDN.Use on every zone and bridge, `localnetwork/vmbr0` included, so a pool VM can be put on the host's bridges (a clone needs it for the template's own NIC bridges)",
-	"/nodes/" + PhNode: "Sys.Modify on the node beyond its firewall: stage and apply edits of the host network, start, stop and restart its services, replace its TLS certificate, refresh APT lists, set node options; Sys.Audit: read the node's status and its tasks",
-	"/":                "read the datacenter options and the cluster firewall's options and rules (Sys.Audit on `/` only, not propagating)",
+	"/pool/" + PhPool:        "every one of these privileges on any VM and storage put in the pool, whoever put it there (keep other VMs out of the pool): power, config (CPU, memory, disks, NICs, options, hardware, CD-ROM, cloud-init), snapshots and rollback, destroy; space on the pool's storages",
+	"/sdn":                   "create, change and delete any SDN zone, vnet and subnet of the cluster and apply the whole pending SDN configuration; SDN.Use on every zone and bridge, `localnetwork/vmbr0` included, so a pool VM can be put on the host's bridges (a clone needs it for the template's own NIC bridges)",
+	"/nodes/" + PhNode:       "Sys.Modify on the node beyond its firewall: stage and apply edits of the host network, start, stop and restart its services, replace its TLS certificate, refresh APT lists, set node options; Sys.Audit: read the node's status and its tasks",
+	"/":                      "read the datacenter options and the cluster firewall's options and rules (Sys.Audit on `/` only, not propagating)",
 	"/storage/" + PhTransfer: "read, free and attach any volume of that storage (pve-storage's check_volume_access returns early for Datastore.Allocate): name a storage holding nothing but transfer images",
-	"/vms/" + PhTemplate:    "clone the template and read its config; nothing else on it",
+	"/vms/" + PhTemplate:     "clone the template and read its config; nothing else on it",
 }
 
 // GrantTable is the table of every grant pve-access-setup makes: its path,
