@@ -225,10 +225,31 @@ func TestSDNCheckNamesOtherDaemonsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	want(t, run(t, SDNCheck(nd.px, ok)), Pass, "in flight: sbk2x9q0 (new)", "")
-	if err := nd.root.CreateZone(ctx, sandbox.ZoneSpec{ID: "lab"}); err != nil {
+	// a zone with a sandbox id but no daemon's vnet is anyone's
+	if err := nd.root.CreateZone(ctx, sandbox.ZoneSpec{ID: "sbadmin1"}); err != nil {
 		t.Fatal(err)
 	}
-	want(t, run(t, SDNCheck(nd.px, ok)), Fail, "pending SDN edits not applied: lab (new)", "apply or revert them")
+	want(t, run(t, SDNCheck(nd.px, ok)), Fail, "pending SDN edits not applied: sbadmin1 (new)", "apply or revert them")
+}
+
+// TestSDNCheckPendingVNet: a pending change of a vnet in someone else's
+// zone (here a new vnet of an applied zone) fails the check: the daemon's
+// next apply would commit it.
+func TestSDNCheckPendingVNet(t *testing.T) {
+	nd := newNode(t)
+	ctx := context.Background()
+	ok := func() (string, error) { return "/usr/sbin/dnsmasq", nil }
+	if err := nd.root.CreateZone(ctx, sandbox.ZoneSpec{ID: "prod"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.root.ApplySDN(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, SDNCheck(nd.px, ok)), Pass, "none pending", "")
+	if err := nd.root.CreateVNet(ctx, sandbox.VNetSpec{ID: "prod0", Zone: "prod"}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, run(t, SDNCheck(nd.px, ok)), Fail, "vnet prod0 of zone prod (new)", "apply or revert them")
 }
 
 // TestSDNLockCheck: a held SDN global lock (its token file) fails the

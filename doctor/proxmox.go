@@ -444,16 +444,34 @@ func SDNCheck(px API, lookDnsmasq func() (string, error)) Check {
 		if err := px.Get(ctx, "/cluster/sdn/zones?pending=1", &zones); err != nil {
 			return failf("the token needs SDN.Audit and SDN.Allocate on /sdn (pve-access-setup grants them); is libpve-network-perl installed?", "GET /cluster/sdn/zones: %v", err)
 		}
+		// pending=1 lists a new vnet's properties under "pending" only
+		// (pve-network SDN.pm pending_config).
 		var vnets []struct {
-			Zone  string `json:"zone"`
-			Alias string `json:"alias"`
+			VNet    string `json:"vnet"`
+			Zone    string `json:"zone"`
+			Alias   string `json:"alias"`
+			State   string `json:"state"`
+			Pending struct {
+				Zone  string `json:"zone"`
+				Alias string `json:"alias"`
+			} `json:"pending"`
 		}
 		if err := px.Get(ctx, "/cluster/sdn/vnets?pending=1", &vnets); err != nil {
 			return failf("the token needs SDN.Audit on /sdn (pve-access-setup grants it)", "GET /cluster/sdn/vnets: %v", err)
 		}
+		for i := range vnets {
+			if vnets[i].Zone == "" {
+				vnets[i].Zone = vnets[i].Pending.Zone
+			}
+			if vnets[i].Alias == "" {
+				vnets[i].Alias = vnets[i].Pending.Alias
+			}
+		}
+		// A daemon's zone: a sandbox id whose vnets carry a daemon's node
+		// tag (the id alone could be anyone's).
 		daemonZone := map[string]bool{}
 		for _, v := range vnets {
-			if strings.Contains(v.Alias, "pvei-n-") {
+			if strings.Contains(v.Alias, "pvei-n-") && sandbox.ValidID(v.Zone) {
 				daemonZone[v.Zone] = true
 			}
 		}
@@ -463,11 +481,16 @@ func SDNCheck(px API, lookDnsmasq func() (string, error)) Check {
 				continue
 			}
 			e := fmt.Sprintf("%s (%s)", z.Zone, z.State)
-			if daemonZone[z.Zone] || sandbox.ValidID(z.Zone) {
+			if daemonZone[z.Zone] {
 				inFlight = append(inFlight, e)
 				continue
 			}
 			pending = append(pending, e)
+		}
+		for _, v := range vnets {
+			if v.State != "" && !daemonZone[v.Zone] {
+				pending = append(pending, fmt.Sprintf("vnet %s of zone %s (%s)", v.VNet, v.Zone, v.State))
+			}
 		}
 		if len(pending) > 0 {
 			return failf("apply or revert them first (Datacenter > SDN > Apply, or pvesh set /cluster/sdn): the daemon's next apply would apply them too",

@@ -438,35 +438,39 @@ func (c *Client) ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error {
 	return c.call(ctx, "PUT", fmt.Sprintf("resize %s of %d", disk, vmid), c.qemu(vmid)+"/resize", map[string]any{"disk": disk, "size": fmt.Sprintf("%dG", sizeGiB)})
 }
 
-// StartVM implements sandbox.Proxmox. A first start on a vnet reloads
-// the zone's dnsmasq from qemu-server's pve-bridge hook (pve-network
-// Dnsmasq.pm add_ip_mapping), which fails while any client's SDN apply
-// has the node's dnsmasqs stopped (before_regenerate); the hook dies and
-// QEMU does not start, but the mapping is written, so the start is made
-// again (startTries in all) when the task log says so.
+// StartVM implements sandbox.Proxmox. A start on an SDN vnet goes
+// through qemu-server's pve-bridge hook, which talks to the zone's
+// dnsmasq (pve-network Dnsmasq.pm add_ip_mapping: a reload for a new
+// mapping, then update_lease over D-Bus) with no error handling; while any
+// client's SDN apply has the node's dnsmasqs stopped (before_regenerate,
+// until each zone's is started again) the hook dies and QEMU does not
+// start. Such a start is made again, with a growing pause, until
+// startRetryFor has passed.
 func (c *Client) StartVM(ctx context.Context, vmid int) error {
 	op := fmt.Sprintf("start %d", vmid)
+	deadline := time.Now().Add(startRetryFor)
 	for try := 1; ; try++ {
 		err := c.call(ctx, "POST", op, c.qemu(vmid)+"/status/start", map[string]any{})
 		var tf *proxmox.TaskFailedError
-		if err == nil || try == startTries || !errors.As(err, &tf) || !c.taskLogHas(ctx, tf.UPID, reDnsmasqReload) {
+		if err == nil || time.Now().After(deadline) || !errors.As(err, &tf) || !c.taskLogHas(ctx, tf.UPID, reBridgeHook) {
 			return err
 		}
-		c.log.Warn("vm start failed reloading its zone's dnsmasq (an SDN apply had it stopped); starting again", "vmid", vmid, "try", try)
+		c.log.Warn("vm start failed in the pve-bridge hook (an SDN apply had the zone's dnsmasq stopped); starting again", "vmid", vmid, "try", try)
 		select {
 		case <-ctx.Done():
 			return classify(op, ctx.Err())
-		case <-time.After(time.Duration(try) * 200 * time.Millisecond):
+		case <-time.After(min(time.Duration(try)*250*time.Millisecond, 2*time.Second)):
 		}
 	}
 }
 
-// startTries bounds StartVM's starts.
-const startTries = 3
+// startRetryFor bounds how long StartVM starts again.
+const startRetryFor = 60 * time.Second
 
-// reDnsmasqReload is the pve-bridge hook's failed dnsmasq reload in a
-// start task's log (PVE::Tools::run_command's "command '...' failed").
-var reDnsmasqReload = regexp.MustCompile(`command 'systemctl reload dnsmasq@[^']*' failed`)
+// reBridgeHook is a start task's log line of the pve-bridge hook failing:
+// QEMU's "network script ... pve-bridge failed", or the hook's own dnsmasq
+// reload (PVE::Tools::run_command's "command '...' failed").
+var reBridgeHook = regexp.MustCompile(`network script \S*pve-bridge failed|command 'systemctl reload dnsmasq@[^']*' failed`)
 
 // taskLogHas reports whether a line of task upid's log matches re (false
 // when the log cannot be read).

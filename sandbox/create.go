@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"sync"
 	"time"
 
@@ -230,6 +231,20 @@ func (m *Engine) buildVMs(ctx context.Context, rec *record, tmpl []int, env map[
 	return first
 }
 
+// cloneLeftNothing reports whether a clone that failed with err made
+// nothing that stays: Proxmox answered (the clone was refused, or its task
+// failed and qemu-server's clone_vm cleaned up after it). A clone whose
+// wait was cut (the context, the node not answering) may still run: its
+// id stays recorded for the teardown.
+func cloneLeftNothing(err error) bool {
+	var ue *url.Error
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.As(err, &ue):
+		return false
+	}
+	return true
+}
+
 // idChecker is a Proxmox API that can say whether one VM id is free
 // cluster-wide (pveapi: GET /cluster/nextid?vmid=N).
 type idChecker interface {
@@ -337,17 +352,19 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 		}
 		err = m.cloneToEnd(ctx, CloneSpec{Template: tmpl, NewID: id, Name: m.vmName(rec.ID, spec.Name), Pool: m.o.Pool})
 		m.releaseVMID(id)
-		if errors.Is(err, ErrExists) {
+		if err != nil && cloneLeftNothing(err) {
 			// Another VM had the id (this node's, or another node's
-			// found by pmxcfs): nothing of ours is there, so the record
-			// must not send a teardown after it.
+			// found by pmxcfs), or the clone's task failed and
+			// qemu-server removed what it had made: nothing of ours is
+			// there, so the record must not send a teardown after it
+			// (another user's VM may take the id next).
 			m.mu.Lock()
 			rec.VMs[i].VMID = 0
 			m.mu.Unlock()
 			if err := m.saveState(); err != nil {
 				return err
 			}
-			if attempt < 5 {
+			if errors.Is(err, ErrExists) && attempt < 5 {
 				continue
 			}
 		}
@@ -380,7 +397,7 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			return pxErr(fmt.Sprintf("resize disk of vm %d", vmid), err)
 		}
 	}
-	if err := px.StartVM(ctx, vmid); err != nil {
+	if err := m.startVM(ctx, px, vmid); err != nil {
 		return pxErr(fmt.Sprintf("start vm %d", vmid), err)
 	}
 	if err := m.waitAgent(ctx, vmid); err != nil {
@@ -399,4 +416,16 @@ func (m *Engine) cloneToEnd(ctx context.Context, s CloneSpec) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.CreateTimeout)
 	defer cancel()
 	return m.cloner.CloneVM(cctx, s)
+}
+
+// vmStarter is the part of the Proxmox API that starts a VM.
+type vmStarter interface {
+	StartVM(ctx context.Context, vmid int) error
+}
+
+// startVM starts vmid outside this engine's own SDN applies (startMu).
+func (m *Engine) startVM(ctx context.Context, px vmStarter, vmid int) error {
+	m.startMu.RLock()
+	defer m.startMu.RUnlock()
+	return px.StartVM(ctx, vmid)
 }

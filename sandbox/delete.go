@@ -172,7 +172,8 @@ const cloneLockPoll = 500 * time.Millisecond
 
 // invisibleCloneWait bounds how long settledVM waits for a VM id that is
 // taken but not visible to the token to become visible (a clone still
-// running) or free (a clone that failed). Past it the id is another
+// running) or free (a clone that failed), and half the teardown's bound
+// does too, so that the teardown goes on. Past it the id is another
 // user's VM, never ours.
 const invisibleCloneWait = 10 * time.Minute
 
@@ -205,8 +206,8 @@ func (m *Engine) settledVM(ctx context.Context, vmid int) (VMInfo, error) {
 				invisibleSince = time.Now()
 				m.log.Info("vm id taken but not visible to the token (a clone still running?); waiting before its delete", "vmid", vmid)
 			}
-			if time.Since(invisibleSince) > invisibleCloneWait {
-				m.log.Warn("vm id stays taken by a vm the token cannot see; taken as not ours", "vmid", vmid, "waited", invisibleCloneWait)
+			if time.Since(invisibleSince) > min(invisibleCloneWait, m.o.TeardownTimeout/2) {
+				m.log.Warn("vm id stays taken by a vm the token cannot see; taken as not ours", "vmid", vmid, "waited", time.Since(invisibleSince))
 				return info, err
 			}
 		case err != nil || info.Lock != "clone":

@@ -168,7 +168,7 @@ func (o *Options) defaults() error {
 // Lock order, in words: stateMu and zonesMu are each taken before mu and
 // never while mu is held (saveState and publishZones read the sandboxes
 // under mu inside their own lock, then release mu before they write the
-// file or call the hook); idMu and sdnMu are leaves, taken alone; no two
+// file or call the hook); idMu, sdnMu and startMu are leaves, taken alone; no two
 // of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
 // held across a call to Proxmox, a guest, a hook or the disk; idMu and
 // zonesMu are held across the one outside call each serializes (NextID,
@@ -222,6 +222,12 @@ type Engine struct {
 	sdnMu   sync.Mutex
 	sdnNext *sdnBatch
 	sdnRun  chan struct{}
+	// startMu keeps this engine's VM starts out of its own SDN applies:
+	// an apply stops the node's dnsmasqs, and a start's pve-bridge hook
+	// fails while they are stopped. An apply holds it for writing across
+	// its PUT /cluster/sdn task, a start for reading across its start; a
+	// leaf, taken alone.
+	startMu sync.RWMutex
 	// stateMu serializes writes of the state file, so the file never goes
 	// back to an older list than one already written; taken before mu.
 	stateMu sync.Mutex

@@ -2,10 +2,12 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,4 +144,52 @@ func span(from, to int) []int {
 		out = append(out, i)
 	}
 	return out
+}
+
+// takenCloner fails every clone in its task, and another user's VM (one
+// the token cannot see) takes each id the clone was given.
+type takenCloner struct {
+	*apitest.Proxmox
+	asked atomic.Int32 // VMIDFree calls
+}
+
+func (c *takenCloner) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
+	return errors.New("clone 9000 to 100: task failed: storage error")
+}
+
+func (c *takenCloner) VMIDFree(ctx context.Context, id int) (bool, error) {
+	c.asked.Add(1)
+	return false, nil
+}
+
+// TestFailedCloneLeavesNoIDToWait: a clone whose task failed made nothing
+// that stays (qemu-server cleans up), so its id is not recorded; when
+// another user's invisible VM takes that id, the teardown does not wait
+// on it, and the failed create leaves no SDN object behind.
+func TestFailedCloneLeavesNoIDToWait(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g := apitest.NewGuests()
+	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
+	tc := &takenCloner{Proxmox: px}
+	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: tc, Guests: g.Dial, StateDir: t.TempDir(),
+		AgentTimeout: 5 * time.Second, TeardownTimeout: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Create(ctx, oneVM("debian")); err == nil {
+		t.Fatal("a create whose clone failed succeeded")
+	}
+	if l := e.List(); len(l) != 0 {
+		t.Errorf("sandboxes after the failed create: %+v", l)
+	}
+	if z, v, s := px.SDNObjects(); z+v+s != 0 {
+		t.Errorf("left: %d zones, %d vnets, %d subnets", z, v, s)
+	}
+	if n := tc.asked.Load(); n != 0 {
+		t.Errorf("the teardown asked the cluster about the failed clone's id %d times: it was recorded", n)
+	}
 }

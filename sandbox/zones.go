@@ -53,7 +53,9 @@ func (m *Engine) applySDN(ctx context.Context) error {
 	m.sdnMu.Unlock()
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
 	defer cancel()
+	m.startMu.Lock()
 	b.err = pxErr("apply sdn", m.zones.ApplySDN(actx))
+	m.startMu.Unlock()
 	m.met.sdnApplies.Inc()
 	close(b.done)
 	return b.err

@@ -146,6 +146,8 @@ func TestAccessSetupTransferFromConfig(t *testing.T) {
 	}{
 		{"[api]\nenabled = true\ndisk_transfer_storage = \"tank\"\n", "tank"},
 		{"[api]\n  disk_transfer_storage=\"xfer-1\"  # dedicated\n", "xfer-1"},
+		{"[api]\ndisk_transfer_storage = 'single-q'\n", "single-q"},
+		{"api.disk_transfer_storage = \"dotted\"\n", "dotted"},
 		{"[api]\n# disk_transfer_storage = \"local\"\n", ""},
 		{"[api]\ndisk_transfer_storage = \"\"\n", ""},
 	} {
@@ -163,6 +165,45 @@ func TestAccessSetupTransferFromConfig(t *testing.T) {
 		for _, w := range []string{"pool modify pve-inspect --storage " + c.want, "acl modify /storage/" + c.want + " --tokens " + tok + " --roles PVEInspectTransfer --propagate 0"} {
 			if !strings.Contains(calls, w) {
 				t.Errorf("%q: no call %q in:\n%s", c.doc, w, calls)
+			}
+		}
+	}
+}
+
+// TestAccessSetupTakesBackLocal: a node set up by an earlier version has
+// "local" in the pool and the transfer role on it; unless "local" is the
+// transfer storage, both are taken back, also when another storage is.
+func TestAccessSetupTakesBackLocal(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls")
+	fake := `#!/bin/sh
+echo "$*" >> ` + log + `
+case "$*" in
+"pool list --poolid"*) echo '[{"members":[{"storage":"local","type":"storage"},{"storage":"local-lvm","type":"storage"}],"poolid":"pve-inspect"}]' ;;
+*"list --output-format json"*) echo '[]' ;;
+"user token add"*) echo "{\"full-tokenid\":\"$4!$5\",\"value\":\"s3cret\"}" ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tok := access.TokenID(nodeName(t))
+	for _, c := range []struct {
+		transfer string
+		back     bool
+	}{{"", true}, {"tank", true}, {"local", false}} {
+		_ = os.Remove(log)
+		cmd := exec.Command("sh", "pve-access-setup")
+		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+filepath.Join(dir, "pve-token"),
+			"PVE_INSPECTD_CONFIG="+filepath.Join(dir, "none.toml"), "PVE_INSPECTD_TRANSFER_STORAGE="+c.transfer)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%q: %v\n%s", c.transfer, err, out)
+		}
+		b, _ := os.ReadFile(log)
+		calls := string(b)
+		for _, w := range []string{"pool modify pve-inspect --storage local --delete 1", "acl delete /storage/local --tokens " + tok + " --roles PVEInspectTransfer"} {
+			if strings.Contains(calls, w) != c.back {
+				t.Errorf("transfer %q: call %q made: %v, want %v\n%s", c.transfer, w, !c.back, c.back, calls)
 			}
 		}
 	}

@@ -241,12 +241,12 @@ func vmCPUs(conf map[string]string) float64 {
 
 // dhcpMapping is what qemu-server's pve-bridge hook does for the VM's NIC
 // before QEMU starts: pve-network's add_dhcp_mapping writes the MAC's
-// address to the zone's ethers file and, when that changed it (the
-// VM's first start there), reloads dnsmasq@<zone> with no error handling
-// (Dnsmasq.pm add_ip_mapping, systemctl_service: run_command dies). While
-// an SDN apply has the node's dnsmasqs stopped the reload fails, the hook
-// dies and QEMU does not start; the mapping is written all the same, so
-// the next start needs no reload.
+// address to the zone's ethers file, reloads dnsmasq@<zone> when that
+// changed it (a first start) and updates the lease over D-Bus on every
+// start, with no error handling (Dnsmasq.pm add_ip_mapping,
+// systemctl_service, update_lease). While an SDN apply has the node's
+// dnsmasqs stopped either fails, the hook dies and QEMU does not start;
+// the mapping is written all the same.
 func (s *Server) dhcpMapping(t *task, vmid int, spec VMSpec) error {
 	if spec.VNet == "" || len(spec.MAC) == 0 {
 		return nil
@@ -267,17 +267,19 @@ func (s *Server) dhcpMapping(t *task, vmid int, spec VMSpec) error {
 	}
 	n := s.members[s.vmNodeLocked(v)]
 	key := spec.VNet + " " + spec.MAC.String()
-	if n.dhcpMapped[key] {
-		return nil
-	}
+	first := !n.dhcpMapped[key]
 	if n.dhcpMapped == nil {
 		n.dhcpMapped = map[string]bool{}
 	}
 	n.dhcpMapped[key] = true
-	if n.dhcpStopped {
-		t.logf("command 'systemctl reload dnsmasq@%s' failed: exit code 1", zone)
-		t.logf("kvm: -netdev type=tap,id=net0,ifname=tap%di0,script=/usr/libexec/qemu-server/pve-bridge,downscript=/usr/libexec/qemu-server/pve-bridgedown: network script /usr/libexec/qemu-server/pve-bridge failed with status 256", vmid)
-		return fmt.Errorf("start failed: QEMU exited with code 1")
+	if !n.dhcpStopped {
+		return nil
 	}
-	return nil
+	if first {
+		t.logf("command 'systemctl reload dnsmasq@%s' failed: exit code 1", zone)
+	} else {
+		t.logf("org.freedesktop.DBus.Error.ServiceUnknown: The name uk.org.thekelleys.dnsmasq.%s was not provided by any .service files", zone)
+	}
+	t.logf("kvm: -netdev type=tap,id=net0,ifname=tap%di0,script=/usr/libexec/qemu-server/pve-bridge,downscript=/usr/libexec/qemu-server/pve-bridgedown: network script /usr/libexec/qemu-server/pve-bridge failed with status 256", vmid)
+	return fmt.Errorf("start failed: QEMU exited with code 1")
 }
