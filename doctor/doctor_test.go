@@ -159,7 +159,10 @@ func TestTemplateChecks(t *testing.T) {
 	if err := nd.emu.AddTemplate(ctx, 9003, "unhardened", tpl, map[string]string{"net0": pveemu.SandboxNet0, "args": "-chardev socket,id=x,path=/tmp/x"}); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"/vms/9001", "/vms/9002", "/vms/9003"} {
+	if err := nd.emu.AddTemplate(ctx, 9004, "cloudinit", tpl, map[string]string{"net0": pveemu.SandboxNet0, "ide2": "local-lvm:vm-9004-cloudinit,media=cdrom", "ciuser": "admin"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"/vms/9001", "/vms/9002", "/vms/9003", "/vms/9004"} {
 		for _, who := range []string{access.User, nd.n.TokenID} {
 			if err := nd.emu.SetACL(id, who, access.RoleTemplate, false); err != nil {
 				t.Fatal(err)
@@ -179,6 +182,7 @@ func TestTemplateChecks(t *testing.T) {
 		{"no disk hotplug, disk path off", 9001, false, "", Pass, "", ""},
 		{"agent off", 9002, false, "local", Fail, "guest agent off", "qm set 9002 --agent enabled=1"},
 		{"not hardened", 9003, true, "local", Fail, "not hardened", "pve-inspectd template harden 9003"},
+		{"cloud-init drive", 9004, false, "local", Pass, "cloud-init drive ide2 removed from every sandbox", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := nd.n

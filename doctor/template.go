@@ -3,6 +3,7 @@ package doctor
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -64,8 +65,33 @@ func templateOutcome(vmid int, conf map[string]string, n Node) Outcome {
 	if len(bad) > 0 {
 		return failf(strings.Join(fixes, "; "), "%s", strings.Join(bad, "; "))
 	}
-	return passf("template, hotplug %q, agent on", hotplugValue(conf["hotplug"]))
+	msg := fmt.Sprintf("template, hotplug %q, agent on", hotplugValue(conf["hotplug"]))
+	if ci := cloudInitDrives(conf); len(ci) > 0 {
+		// The hardening deletes every CD-ROM drive of a clone, a
+		// cloud-init one too (VM.Config.Cloudinit and VM.Config.CDROM,
+		// both in the role): the template's cloud-init settings never
+		// reach a sandbox.
+		msg += fmt.Sprintf("; cloud-init drive %s removed from every sandbox (its cloud-init settings do not apply there)", strings.Join(ci, ", "))
+	}
+	return passf("%s", msg)
 }
+
+// cloudInitDrives lists the drives of conf whose volume is a cloud-init
+// image (qemu-server Drive.pm drive_is_cloudinit: the volume's name is
+// "cloudinit" or "vm-N-cloudinit", a format suffix allowed).
+func cloudInitDrives(conf map[string]string) []string {
+	var out []string
+	for k, v := range conf {
+		file, _, _ := strings.Cut(v, ",")
+		if reDiskKey.MatchString(k) && reCloudInit.MatchString(file) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+var reCloudInit = regexp.MustCompile(`[:/](?:vm-\d+-)?cloudinit(?:\.(?:raw|qcow2|vmdk))?$`)
 
 // hotplugValue is the effective hotplug list: qemu-server's default
 // (network,disk,usb) when absent, "1" the same, "0" none
