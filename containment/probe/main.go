@@ -73,7 +73,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	// it without a report: a row cut there is an error, never silence.
 	ctx, cancel := context.WithTimeout(ctx, RunBound(req)+RunGrace)
 	defer cancel()
-	rep := (&Prober{Dialer: d, Root: *root, Ready: stderr}).Run(ctx, req)
+	rep := (&Prober{Dialer: d, Root: *root, Ready: stderr, Progress: stderr}).Run(ctx, req)
 	fmt.Fprintf(stderr, "pve-inspect-probe: rows done after %v\n", time.Since(start).Round(time.Millisecond))
 	if err := json.NewEncoder(stdout).Encode(rep); err != nil {
 		fmt.Fprintln(stderr, "pve-inspect-probe: write report:", err)

@@ -31,6 +31,9 @@ type Prober struct {
 	// Ready gets a line when a keep-alive target waits for its signal
 	// (KindKeepAlive); nil discards it.
 	Ready io.Writer
+	// Progress gets a line at each phase's end, and when rows are cut
+	// (the host shows a killed probe's last lines); nil discards them.
+	Progress io.Writer
 
 	readyMu sync.Mutex // serializes the lines on Ready
 }
@@ -50,6 +53,20 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 		n = DefaultConcurrency
 	}
 	results := make([]Result, len(req.Targets))
+	// A row that does not end by ctx's end (one blocked in a call its
+	// context does not reach) is cut: Run reports without it, and its
+	// goroutine's late result is dropped (closed), so the host always
+	// gets a report before its own timeout.
+	var mu sync.Mutex
+	filled := make([]bool, len(results))
+	closed := false
+	set := func(i int, r Result) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !closed {
+			results[i], filled[i] = r, true
+		}
+	}
 	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
 	for i := range req.Targets {
@@ -59,15 +76,59 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				results[i] = Result{ID: req.Targets[i].ID, Outcome: OutcomeError, Detail: "not run: " + ctx.Err().Error()}
+				set(i, Result{ID: req.Targets[i].ID, Outcome: OutcomeError, Detail: "not run: " + ctx.Err().Error()})
 				return
 			}
 			defer func() { <-sem }()
-			results[i] = p.one(ctx, req.Targets[i], zone)
+			set(i, p.one(ctx, req.Targets[i], zone))
 		}()
 	}
-	wg.Wait()
-	return &Report{Version: Version, Facts: facts, Results: results}
+	cut := !waitBounded(ctx, &wg, CutGrace)
+	mu.Lock()
+	closed = true
+	out := make([]Result, len(results))
+	for i := range results {
+		out[i] = results[i]
+		if !filled[i] {
+			out[i] = Result{ID: req.Targets[i].ID, Outcome: OutcomeError, Detail: "cut: the row did not end by the probe's bound"}
+		}
+	}
+	mu.Unlock()
+	if cut {
+		p.progress("rows cut at the bound")
+	}
+	return &Report{Version: Version, Facts: facts, Results: out}
+}
+
+// CutGrace is how long Run and the canary phase wait past their context's
+// end for what still runs before they go on without it.
+const CutGrace = 2 * time.Second
+
+// waitBounded waits for wg, or for ctx's end and grace more; it reports
+// whether wg was done.
+func waitBounded(ctx context.Context, wg *sync.WaitGroup, grace time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+	}
+	select {
+	case <-done:
+		return true
+	case <-time.After(grace):
+		return false
+	}
+}
+
+// progress writes a line to Progress, when set.
+func (p *Prober) progress(msg string) {
+	if p.Progress != nil {
+		p.readyMu.Lock()
+		defer p.readyMu.Unlock()
+		_, _ = io.WriteString(p.Progress, "pve-inspect-probe: "+msg+"\n")
+	}
 }
 
 // RunBound is the longest [Prober.Run] of req takes, facts aside: the

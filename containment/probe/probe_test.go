@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -301,5 +302,41 @@ func TestRunBoundCutIsNoVerdict(t *testing.T) {
 	rep := (&Prober{Dialer: &countingDialer{}, Root: t.TempDir()}).Run(ctx, req)
 	if r := rep.Results[0]; r.Outcome != OutcomeError || !strings.Contains(r.Detail, "not finished") {
 		t.Fatalf("a row cut by the run's bound: %s %q, want error (not finished)", r.Outcome, r.Detail)
+	}
+}
+
+// stuckDialer blocks every dial until release, whatever its context: a
+// call the row's context does not reach.
+type stuckDialer struct{ release chan struct{} }
+
+func (d stuckDialer) DialContext(context.Context, string, string) (net.Conn, error) {
+	<-d.release
+	return nil, errors.New("released")
+}
+
+// TestRunCutsStuckRows: rows that do not end by the run's context's end
+// are cut: Run still reports (each such row an error saying so, never a
+// verdict), and the late results are dropped.
+func TestRunCutsStuckRows(t *testing.T) {
+	d := stuckDialer{release: make(chan struct{})}
+	defer close(d.release)
+	req := &Request{Version: Version, Concurrency: 2}
+	for i := range 3 {
+		req.Targets = append(req.Targets, Target{ID: "t" + strconv.Itoa(i), Kind: KindTCP, Addr: "192.0.2.1:80", TimeoutMS: 30})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	var progress strings.Builder
+	rep := (&Prober{Dialer: d, Root: t.TempDir(), Progress: &progress}).Run(ctx, req)
+	if len(rep.Results) != 3 {
+		t.Fatalf("%d results", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		if r.Outcome != OutcomeError || (!strings.HasPrefix(r.Detail, "cut:") && !strings.HasPrefix(r.Detail, "not run:")) {
+			t.Errorf("%s = %s %q, want an error: cut or not run", r.ID, r.Outcome, r.Detail)
+		}
+	}
+	if !strings.Contains(progress.String(), "rows cut at the bound") {
+		t.Errorf("progress %q", progress.String())
 	}
 }

@@ -180,7 +180,11 @@ func (p *Prober) runCanaries(ctx context.Context, req *Request, zone string) con
 			p.canary(ctx, c, a, budget)
 		}()
 	}
-	wg.Wait()
+	if !waitBounded(ctx, &wg, CutGrace) {
+		p.progress("canaries cut at the bound")
+	} else {
+		p.progress("canaries done")
+	}
 	return ctx
 }
 
