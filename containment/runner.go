@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"strings"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/containment/probe"
@@ -89,7 +90,36 @@ var ErrProbe = errors.New("containment probe")
 
 // Run uploads the probe, runs the plan in the guest and judges the report.
 // An error means no judgement was possible (treat it as a failed check).
+// A run the probe itself could not finish (killed by the exec's timeout,
+// or rows it had to cut at its own bound: a call that outlived its
+// context) is run once more, and the second run's result is the answer:
+// such a row is no verdict either way, and one more run costs less than
+// a check failed for the probe's own sake. A row with a verdict (a leak)
+// is never run again.
 func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
+	res, err := r.runOnce(ctx, g, p)
+	if ctx.Err() == nil && probeCut(res, err) {
+		return r.runOnce(ctx, g, p)
+	}
+	return res, err
+}
+
+// probeCut reports whether a run ended without the probe finishing its
+// rows: killed by the exec's timeout, or rows cut at its own bound.
+func probeCut(res *Result, err error) bool {
+	if err != nil {
+		return errors.Is(err, ErrProbe) && strings.Contains(err.Error(), "probe killed after")
+	}
+	for _, row := range res.Rows {
+		if row.Observed == Errored && strings.Contains(row.Detail, probe.CutDetail) {
+			return true
+		}
+	}
+	return false
+}
+
+// runOnce is one run of Run.
+func (r *Runner) runOnce(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	if len(p.Checks) == 0 {
 		return nil, errors.New("containment: empty plan")
 	}

@@ -358,3 +358,67 @@ func TestLocateProbe(t *testing.T) {
 		}
 	}
 }
+
+// sequenceGuest answers each exec with the next of its outputs.
+type sequenceGuest struct {
+	outs  []string
+	execs int
+}
+
+func (g *sequenceGuest) WriteFile(context.Context, string, io.Reader, fs.FileMode) error { return nil }
+
+func (g *sequenceGuest) Exec(context.Context, []string, []byte, time.Duration) ([]byte, []byte, int, error) {
+	out := g.outs[min(g.execs, len(g.outs)-1)]
+	g.execs++
+	return []byte(out), nil, 0, nil
+}
+
+// TestRunnerRerunsACutProbe: a report with rows the probe cut at its
+// bound is no verdict, so the run is made once more and its result is the
+// answer; a report with verdicts only is not run again.
+func TestRunnerRerunsACutProbe(t *testing.T) {
+	spec := Spec{Gateway: netip.MustParseAddr("10.10.1.1"), Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{}, ControlPorts: []Port{{22, "SSH"}},
+		UDPPorts: []Port{}, PeerUDPPorts: []Port{},
+		ExternalName: "example.test", LocalName: "a.zone.test"}
+	plan, err := NewPlan(spec, LockdownPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "probe")
+	if err := os.WriteFile(bin, []byte("not really"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	report := func(c2 string) string {
+		return `{"version":1,"facts":{"interfaces":[],"resolvers":[]},"results":[` +
+			`{"id":"c1","outcome":"timeout","elapsed_ms":1},` + c2 + `,{"id":"c3","outcome":"timeout","elapsed_ms":1}]}`
+	}
+	cut := report(`{"id":"c2","outcome":"error","detail":"` + probe.CutDetail + `"}`)
+	done := report(`{"id":"c2","outcome":"timeout","elapsed_ms":1}`)
+	detail := func(res *Result) string {
+		for _, row := range res.Rows {
+			if strings.Contains(row.Detail, probe.CutDetail) {
+				return row.Detail
+			}
+		}
+		return ""
+	}
+	for _, c := range []struct {
+		name     string
+		outs     []string
+		execs    int
+		stillCut bool
+	}{
+		{"cut, then done", []string{cut, done}, 2, false},
+		{"cut twice", []string{cut, cut}, 2, true},
+		{"done", []string{done}, 1, false},
+	} {
+		g := &sequenceGuest{outs: c.outs}
+		res, err := (&Runner{ProbePath: bin}).Run(context.Background(), g, plan)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if g.execs != c.execs || (detail(res) != "") != c.stillCut {
+			t.Errorf("%s: %d runs, cut row %q; want %d runs, cut %v", c.name, g.execs, detail(res), c.execs, c.stillCut)
+		}
+	}
+}

@@ -90,7 +90,7 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 	for i := range results {
 		out[i] = results[i]
 		if !filled[i] {
-			out[i] = Result{ID: req.Targets[i].ID, Outcome: OutcomeError, Detail: "cut: the row did not end by the probe's bound"}
+			out[i] = Result{ID: req.Targets[i].ID, Outcome: OutcomeError, Detail: CutDetail}
 		}
 	}
 	mu.Unlock()
@@ -99,6 +99,9 @@ func (p *Prober) Run(ctx context.Context, req *Request) *Report {
 	}
 	return &Report{Version: Version, Facts: facts, Results: out}
 }
+
+// CutDetail is the detail of a row Run cut at its bound.
+const CutDetail = "cut: the row did not end by the probe's bound"
 
 // CutGrace is how long Run and the canary phase wait past their context's
 // end for what still runs before they go on without it.
