@@ -2,16 +2,11 @@ package pveapi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
-
-	proxmox "github.com/luthermonson/go-proxmox"
-
-	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 // ApplySDN implements sandbox.Proxmox: PUT /cluster/sdn, which commits the
@@ -36,11 +31,6 @@ func (c *Client) ApplySDN(ctx context.Context) error {
 	})
 	if err != nil {
 		c.own.restore(mine)
-		var tf *proxmox.TaskFailedError
-		if errors.As(err, &tf) && strings.HasPrefix(tf.ExitStatus, "WARNINGS") {
-			// committed, but this node's reload failed in it
-			return fmt.Errorf("%w: %w", sandbox.ErrReloadFailed, err)
-		}
 	}
 	return err
 }

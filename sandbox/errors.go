@@ -11,11 +11,6 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrExists: the Proxmox object (e.g. a VM id) already exists.
 	ErrExists = errors.New("already exists")
-	// ErrReloadFailed: an SDN apply committed, but the network reload of
-	// this node failed in it (its task ended with a warning about this
-	// node): the zones may not be made here yet; another apply may make
-	// them (a reload lost to another client's running at once).
-	ErrReloadFailed = errors.New("the node's network reload failed")
 )
 
 // Errors a Guest returns (wrapped) so the API maps them to problem types.

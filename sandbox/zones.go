@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -62,43 +61,41 @@ func (m *Engine) applySDN(ctx context.Context) error {
 	return b.err
 }
 
-// applySDNFor is applySDN for records whose vnets the apply must make.
-// A reload that started while another client's ran on the node is lost
+// applySDNFor is applySDN for records whose vnets the apply must make:
+// once it ends OK, each record's vnet bridges are checked on this node
+// (Options.BridgeUp), and while one is missing the apply is made again,
+// after a pause that grows, Options.BridgeRetries times. A reload that
+// started while another client's ran on the node is lost without a word
 // (pve-manager API2/Network.pm reload_network_config takes no lock;
-// ifupdown2's does not wait): the apply then fails with a warning about
-// this node (ErrReloadFailed), or ends OK without the records' bridges on
-// this node (Options.BridgeUp). Either way the apply is made again, after
-// a pause that grows, Options.BridgeRetries times.
+// ifupdown2's does not wait), and the task still ends OK.
 func (m *Engine) applySDNFor(ctx context.Context, recs ...*record) error {
+	if err := m.applySDN(ctx); err != nil {
+		return err
+	}
+	if m.o.BridgeUp == nil {
+		return nil
+	}
 	retries := m.o.BridgeRetries
 	if retries <= 0 {
 		retries = 3
 	}
 	for try := 0; ; try++ {
-		err := m.applySDN(ctx)
-		var missing []string
-		switch {
-		case err == nil && m.o.BridgeUp == nil:
-			return nil
-		case err == nil:
-			if missing, err = m.missingBridges(ctx, recs); err != nil || len(missing) == 0 {
-				return err
-			}
-		case !errors.Is(err, ErrReloadFailed):
+		missing, err := m.missingBridges(ctx, recs)
+		if err != nil || len(missing) == 0 {
 			return err
 		}
 		if try == retries {
-			if err != nil {
-				return err
-			}
 			return pxErr("apply sdn", fmt.Errorf("ended OK %d times, but vnet bridges %v are not on this node (each reload lost to another client's?)", try+1, missing))
 		}
-		m.log.Warn("sdn apply did not make this node's network; applying again", "missing", missing, "err", err, "try", try+1)
+		m.log.Warn("sdn apply ended OK without some of its bridges; applying again", "missing", missing, "try", try+1)
 		m.met.sdnReapplies.Inc()
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("apply sdn: %w", ctx.Err())
 		case <-time.After(time.Duration(try+1) * 500 * time.Millisecond):
+		}
+		if err := m.applySDN(ctx); err != nil {
+			return err
 		}
 	}
 }

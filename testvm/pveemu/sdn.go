@@ -279,15 +279,13 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 		return
 	}
 	// ifupdown2 takes its lock without waiting: an ifreload that finds
-	// another running on the node exits at once (89), so nothing of this
-	// apply is made there, and the apply's task warns about the node.
+	// another running on the node exits at once, and its error line
+	// ("error: another instance of this program is already running")
+	// matches none of the patterns reload_network_config's errfunc prints,
+	// so the node's task ends OK with nothing of this apply made there.
 	s.mu.Lock()
 	if n.reloading {
 		s.mu.Unlock()
-		// ifreload exits 89 (already running): the node's srvreload
-		// worker dies, pvesh (which runs it in the CLI environment)
-		// fails, and reloadnetworkall warns.
-		t.warn("command 'pvesh set /nodes/%s/network --regenerate-frr 0' failed: exit code 255", name)
 		return
 	}
 	n.reloading = true
