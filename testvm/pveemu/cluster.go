@@ -81,7 +81,9 @@ func (s *Server) nextID(_ context.Context, rq *request) (any, error) {
 	if rq.has("vmid") {
 		id := rq.int("vmid", 0)
 		if _, ok := s.vms[id]; ok {
-			return nil, paramFail(ParamErrors{"vmid": fmt.Sprintf("VM %d already exists", id)})
+			// the answer to "is N free?" (the daemon asks it), not a
+			// malformed request
+			return nil, paramAnswer(ParamErrors{"vmid": fmt.Sprintf("VM %d already exists", id)})
 		}
 		return strconv.Itoa(id), nil
 	}

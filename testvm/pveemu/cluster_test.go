@@ -272,9 +272,81 @@ func TestClusterCloneToAnotherNodesVMID(t *testing.T) {
 	if got := e1.ok("GET", "/cluster/nextid", url.Values{"vmid": {"151"}}); got != "151" {
 		t.Errorf("nextid?vmid=151: %v", got)
 	}
+	// the 400 of a taken id is the answer to a well-formed question
+	if v := e1.s.Violations(); len(v) != 0 {
+		t.Errorf("violations: %+v", v)
+	}
 	for _, x := range e1.ok("GET", "/cluster/resources", url.Values{"type": {"vm"}}).([]any) {
 		if m := x.(map[string]any); m["vmid"] == float64(150) && m["node"] != "pve2" {
 			t.Errorf("150 after the failed clone: %v", m)
 		}
+	}
+}
+
+// TestThinContentPerNode: GET .../storage/local-lvm/content lists the thin
+// pool's LVs of the node asked (LvmThinPlugin list_images): a template's
+// base volume and a linked clone's own vm-<newid>-disk-0, on the node of
+// their VM only; a destroyed VM's volume is gone, and a disk left without
+// its VM is listed (on the primary node).
+func TestThinContentPerNode(t *testing.T) {
+	e1, e2 := newClusterEnv(t)
+	e1.clone("100")
+	if st := e2.task("POST", "/nodes/pve2/qemu/9001/clone", url.Values{"newid": {"101"}}); st != "OK" {
+		t.Fatalf("clone on pve2: %s", st)
+	}
+	list := func(e *env, node string, q url.Values) []string {
+		t.Helper()
+		var out []string
+		for _, x := range e.ok("GET", "/nodes/"+node+"/storage/local-lvm/content", q).([]any) {
+			out = append(out, x.(map[string]any)["volid"].(string))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		e    *env
+		node string
+		q    url.Values
+		want []string
+	}{
+		{e1, "pve", nil, []string{"local-lvm:base-9000-disk-0", "local-lvm:vm-100-disk-0"}},
+		{e2, "pve2", nil, []string{"local-lvm:base-9001-disk-0", "local-lvm:vm-101-disk-0"}},
+		{e2, "pve2", url.Values{"vmid": {"101"}}, []string{"local-lvm:vm-101-disk-0"}},
+		{e1, "pve", url.Values{"content": {"rootdir"}}, nil},
+	} {
+		if got := list(tc.e, tc.node, tc.q); !slices.Equal(got, tc.want) {
+			t.Errorf("%s %v: %v, want %v", tc.node, tc.q, got, tc.want)
+		}
+	}
+	if st := e2.task("DELETE", "/nodes/pve2/qemu/101", nil); st != "OK" {
+		t.Fatalf("destroy 101: %s", st)
+	}
+	if got := list(e2, "pve2", nil); !slices.Equal(got, []string{"local-lvm:base-9001-disk-0"}) {
+		t.Errorf("pve2 after the destroy: %v", got)
+	}
+	if err := os.MkdirAll(e1.s.DiskDir(102), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := list(e1, "pve", nil); !slices.Contains(got, "local-lvm:vm-102-disk-0") {
+		t.Errorf("a disk without its VM is not listed: %v", got)
+	}
+}
+
+// TestHoldClonesOnOneNode: a hold on pve2 stops pve2's clones after
+// "lock: clone" and lets pve's run through.
+func TestHoldClonesOnOneNode(t *testing.T) {
+	e1, e2 := newClusterEnv(t)
+	held, release := e1.s.HoldClonesOn("pve2")
+	defer release()
+	e1.clone("100")
+	upid, _ := e2.ok("POST", "/nodes/pve2/qemu/9001/clone", url.Values{"newid": {"101"}}).(string)
+	if id := <-held; id != 101 {
+		t.Fatalf("held %d, want 101", id)
+	}
+	if conf := e2.ok("GET", "/nodes/pve2/qemu/101/config", nil).(map[string]any); conf["lock"] != "clone" {
+		t.Errorf("held clone's config: %v", conf)
+	}
+	release()
+	if st := e2.wait(upid); st != "OK" {
+		t.Fatalf("released clone: %s", st)
 	}
 }

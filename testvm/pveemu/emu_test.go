@@ -411,7 +411,7 @@ func TestAuthentication(t *testing.T) {
 func TestConfigChangeDuringCloneLock(t *testing.T) {
 	e := newEnv(t)
 	reserved, release := make(chan struct{}), make(chan struct{})
-	e.s.hooks.cloneReserved = func(int) { close(reserved); <-release }
+	e.s.hooks.cloneReserved = func(string, int) { close(reserved); <-release }
 	upid, _ := e.ok("POST", "/nodes/pve/qemu/9000/clone", url.Values{"newid": {"105"}}).(string)
 	<-reserved
 	r := e.do("PUT", "/nodes/pve/qemu/105/config", url.Values{"memory": {"1024"}}, authTicket)

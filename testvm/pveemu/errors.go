@@ -19,6 +19,10 @@ type apiError struct {
 	// text errors are answered with the message as a plain-text body
 	// (pve-http-server's error: `$content //= $msg`).
 	text bool
+	// answer marks a parameter exception that is the call's answer to a
+	// well-formed request (paramAnswer), not a refusal of the request's
+	// parameters: it is no violation.
+	answer bool
 }
 
 func (e *apiError) Error() string { return strings.TrimSuffix(e.msg, "\n") }
@@ -31,6 +35,15 @@ func fail(format string, a ...any) error {
 // paramFail is raise_param_exc.
 func paramFail(errs ParamErrors) error {
 	return &apiError{code: http.StatusBadRequest, msg: "Parameter verification failed.\n", errors: errs}
+}
+
+// paramAnswer is raise_param_exc as the documented answer of a call
+// asked a question, such as GET /cluster/nextid?vmid=N for a taken id:
+// the same 400, but the client did nothing wrong (no violation).
+func paramAnswer(errs ParamErrors) error {
+	e := paramFail(errs).(*apiError)
+	e.answer = true
+	return e
 }
 
 // permFail is raise_perm_exc.

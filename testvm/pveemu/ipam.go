@@ -287,6 +287,23 @@ func (s *Server) vnetIP(add bool) handlerFunc {
 	}
 }
 
+// IPAMZones lists the zones that hold any entry of the pve IPAM database,
+// running or not (tests: an entry left of a zone that is gone).
+func (s *Server) IPAMZones() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, zone := range sortedKeys(s.ipam) {
+		for _, db := range s.ipam[zone] {
+			if len(db) > 0 {
+				out = append(out, zone)
+				break
+			}
+		}
+	}
+	return out
+}
+
 // IPAMEntries lists the IPAM entries of a zone as "cidr ip mac" lines
 // (gateways as "cidr ip gateway"), sorted, for tests.
 func (s *Server) IPAMEntries(zone string) []string {

@@ -127,10 +127,11 @@ func (s *Server) runClone(ctx context.Context, t *task, c *cloneJob) error {
 	}
 	// The temporary config ("lock: clone") makes the new VMID taken.
 	s.vms[c.newid] = &vm{vmid: c.newid, node: s.vms[c.vmid].node, conf: map[string]string{"lock": "clone"}, snaps: map[string]*snapshot{}}
+	reserved := s.hooks.cloneReserved
 	s.mu.Unlock()
 	unlock()
-	if h := s.hooks.cloneReserved; h != nil {
-		h(c.newid)
+	if reserved != nil {
+		reserved(c.node, c.newid)
 	}
 	t.logf("create %s clone of VM %d with ID %d", map[bool]string{true: "full", false: "linked"}[full], c.vmid, c.newid)
 	t.logf("creating a clone of VM %d with ID %d", c.vmid, c.newid)
@@ -227,13 +228,24 @@ func (s *Server) checkStorageAccessCloneLocked(authid string, conf map[string]st
 // HoldClones makes every clone task stop after it wrote its temporary
 // config ("lock: clone") until release is called, and sends each held
 // VMID on held (buffered; extra sends are dropped): a clone that runs on
-// after its caller is gone, as qemu-server's clone_vm does. Call it
-// before the clones start.
-func (s *Server) HoldClones() (held <-chan int, release func()) {
+// after its caller is gone, as qemu-server's clone_vm does. Clones that
+// reach that point before the call run through.
+func (s *Server) HoldClones() (held <-chan int, release func()) { return s.HoldClonesOn("") }
+
+// HoldClonesOn is HoldClones for the clones that run on node only (the
+// node of the clone call's path, where clone_vm runs); the other nodes'
+// clones run through. "" holds every node's. A later call replaces the
+// hold (an earlier one's clones stay held until its release).
+func (s *Server) HoldClonesOn(node string) (held <-chan int, release func()) {
 	ch := make(chan int, 16)
 	gate := make(chan struct{})
 	var once sync.Once
-	s.hooks.cloneReserved = func(id int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hooks.cloneReserved = func(on string, id int) {
+		if node != "" && on != node {
+			return
+		}
 		select {
 		case ch <- id:
 		default:

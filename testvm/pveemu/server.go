@@ -113,9 +113,9 @@ type Server struct {
 }
 
 type testHooks struct {
-	cloneTaskStart func(newid int)   // a clone task begins, before locking
-	cloneReserved  func(newid int)   // "lock: clone" written, before the copy
-	reloadHeld     func(node string) // a node's reload holds its ifreload lock, before it applies
+	cloneTaskStart func(newid int)              // a clone task begins, before locking
+	cloneReserved  func(node string, newid int) // "lock: clone" written, before the copy; read under mu
+	reloadHeld     func(node string)            // a node's reload holds its ifreload lock, before it applies
 }
 
 // RequestRecord is one request the emulator received, as validated.
@@ -131,7 +131,8 @@ type RequestRecord struct {
 	// hands it to pvedaemon (compress.go).
 	protected bool
 	// Violation is set when the request did not match a schema route or
-	// failed schema validation.
+	// its parameters were refused (schema validation or a handler's
+	// parameter exception; not one that is the call's answer, paramAnswer).
 	Violation bool
 }
 
@@ -313,7 +314,7 @@ func (s *Server) serveAs(w http.ResponseWriter, r *http.Request, local string) {
 	if err != nil {
 		ae := asAPIError(err)
 		rec.Status, rec.Message, rec.Errors = ae.code, ae.msg, ae.errors
-		if ae.code == http.StatusBadRequest && ae.errors != nil {
+		if ae.code == http.StatusBadRequest && ae.errors != nil && !ae.answer {
 			rec.Violation = true
 		}
 		s.record(rec)

@@ -146,8 +146,8 @@ func (s *Server) effectivePermissions(_ context.Context, rq *request) (any, erro
 	return res, nil
 }
 
-// listContent is GET /nodes/{node}/storage/{storage}/content: the VM
-// images of the dir storage (the schema's Datastore.Audit or
+// listContent is GET /nodes/{node}/storage/{storage}/content: the thin
+// pool's images (listThinContent), or the VM images of the dir storage (the schema's Datastore.Audit or
 // Datastore.AllocateSpace on the storage is checked before), each only
 // when check_volume_access lets the caller see it (Datastore.Allocate on
 // the storage, else VM.Config.Disk on its owner; pve-storage
@@ -155,6 +155,9 @@ func (s *Server) effectivePermissions(_ context.Context, rq *request) (any, erro
 func (s *Server) listContent(_ context.Context, rq *request) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
+	}
+	if rq.str("storage") == thinStorage {
+		return s.listThinContent(rq)
 	}
 	out := []map[string]any{}
 	if rq.str("storage") != dirStorage {
