@@ -135,3 +135,91 @@ func unknownMACLease(t *testing.T, ctx context.Context, b *Bed, vnet string) str
 	}
 	return ""
 }
+
+// TestApplyZoneInPlace: a guest started on a zone whose bridge still has
+// an older subnet (its move not applied on the node yet: a lost reload)
+// is mapped to an address of the new one and gets no lease; applying the
+// zone with its new subnet keeps the guest attached and the zone's ethers,
+// so the guest gets its address, as on a Proxmox node where ifreload
+// changes the bridge in place and the ethers file stays.
+func TestApplyZoneInPlace(t *testing.T) {
+	testkit.RequireRoot(t, "dnsmasq")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Up(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	old := twoZones()[0]
+	if err := b.AddZone(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	moved := Zone{ID: old.ID, VNets: []VNet{{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.7.0/24"), Gateway: netip.MustParseAddr("10.10.7.1"),
+		DHCPStart: netip.MustParseAddr("10.10.7.100"), DHCPEnd: netip.MustParseAddr("10.10.7.200"), SNAT: true}}}
+	want := netip.MustParseAddr("10.10.7.150")
+	type started struct {
+		g   *Guest
+		err error
+	}
+	done := make(chan started, 1)
+	go func() {
+		g, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vneta", IP: want})
+		done <- started{g, err}
+	}()
+	// The guest asks in vain while the bridge has the old subnet.
+	select {
+	case s := <-done:
+		t.Fatalf("the guest started on the old subnet: %+v", s)
+	case <-time.After(3 * time.Second):
+	}
+	if err := b.ApplyZone(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	s := <-done
+	if s.err != nil {
+		t.Fatalf("guest after the zone's apply: %v", s.err)
+	}
+	if s.g.IPv4() != want {
+		t.Errorf("guest got %v, want %v", s.g.IPv4(), want)
+	}
+	ethers, err := os.ReadFile(b.ethersFile(old.ID))
+	if err != nil || !strings.Contains(string(ethers), s.g.MAC.String()) {
+		t.Errorf("ethers after the apply %q %v: want %s listed", ethers, err, s.g.MAC)
+	}
+}
+
+// TestAddZoneOnAMovingZonesGateway: a new zone whose subnet another zone
+// still has on its bridge (that zone moved in the same apply and is
+// applied after it) starts its dnsmasq all the same, as on a Proxmox node
+// where the reload has stopped every dnsmasq first; once the other zone is
+// applied, both resolve on their gateways.
+func TestAddZoneOnAMovingZonesGateway(t *testing.T) {
+	testkit.RequireRoot(t, "dnsmasq")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Up(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	x := twoZones()[0]
+	if err := b.AddZone(ctx, x); err != nil {
+		t.Fatal(err)
+	}
+	d := Zone{ID: "zoned", VNets: []VNet{x.VNets[0]}}
+	d.VNets[0].Name = "vnetd"
+	if err := b.AddZone(ctx, d); err != nil {
+		t.Fatalf("a zone on the gateway of one that moves: %v", err)
+	}
+	x.VNets[0].Subnet, x.VNets[0].Gateway = netip.MustParsePrefix("10.10.8.0/24"), netip.MustParseAddr("10.10.8.1")
+	x.VNets[0].DHCPStart, x.VNets[0].DHCPEnd = netip.MustParseAddr("10.10.8.100"), netip.MustParseAddr("10.10.8.200")
+	if err := b.ApplyZone(ctx, x); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range []Zone{x, d} {
+		if !b.dnsReady(z) || b.DnsmasqPID(z.ID) == 0 {
+			t.Errorf("zone %s: resolver on %s does not answer", z.ID, z.VNets[0].Gateway)
+		}
+	}
+}

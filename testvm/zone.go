@@ -11,6 +11,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -84,9 +85,67 @@ func (v VNet) validate() error {
 
 // AddZone creates the zone's bridges (with gateway addresses, IPv4 and the
 // vnet's ULA), its SNAT rules and its dnsmasq.
-func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
+func (b *Bed) AddZone(ctx context.Context, z Zone) error {
 	b.zoneOps.Lock()
 	defer b.zoneOps.Unlock()
+	if err := z.validate(); err != nil {
+		return err
+	}
+	return b.addZoneLocked(ctx, z)
+}
+
+// ApplyZone makes z the configuration of the zone of its id, as a Proxmox
+// node's network reload does for a zone it already runs: the bridges of
+// vnets it keeps stay, with their ports (a running guest stays attached),
+// and get z's addresses (ifreload changes a bridge's addresses in place;
+// ifupdown2, from memory), the bridges of vnets it lost go, new vnets get
+// theirs, and the zone's dnsmasq starts again with its DHCP host mappings
+// (ethers) and leases kept (pve-network Dhcp/Dnsmasq.pm before_configure
+// rewrites the zone's configuration and unlinks only its 10-*.conf files).
+// A zone the bed does not run is added (AddZone).
+func (b *Bed) ApplyZone(ctx context.Context, z Zone) error {
+	b.zoneOps.Lock()
+	defer b.zoneOps.Unlock()
+	if err := z.validate(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	zs, ok := b.zones[z.ID]
+	b.mu.Unlock()
+	if !ok {
+		return b.addZoneLocked(ctx, z)
+	}
+	b.stopDnsmasq(zs)
+	node := b.NodeNS()
+	for _, v := range zs.zone.VNets {
+		if !z.hasVNet(v.Name) {
+			if err := run(ctx, "ip", "-n", node, "link", "del", v.Name); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+				return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
+			}
+		}
+	}
+	for _, v := range z.VNets {
+		if !zs.zone.hasVNet(v.Name) {
+			if err := b.addVNet(ctx, z.ID, v); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := run(ctx, "ip", "-n", node, "addr", "flush", "dev", v.Name, "scope", "global"); err != nil {
+			return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
+		}
+		if err := b.addressVNet(ctx, z.ID, v); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	zs.zone = z
+	b.mu.Unlock()
+	return b.serveZone(ctx, zs)
+}
+
+// validate checks a zone's id and vnets.
+func (z Zone) validate() error {
 	if !zoneIDRE.MatchString(z.ID) {
 		return fmt.Errorf("testvm: zone id %q: want 1-8 of [a-z0-9] starting with a letter", z.ID)
 	}
@@ -98,6 +157,21 @@ func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
 			return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
 		}
 	}
+	return nil
+}
+
+// hasVNet reports whether the zone has a vnet of that name.
+func (z Zone) hasVNet(name string) bool {
+	for _, v := range z.VNets {
+		if v.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// addZoneLocked is AddZone with zoneOps held and z valid.
+func (b *Bed) addZoneLocked(ctx context.Context, z Zone) (err error) {
 	b.mu.Lock()
 	if _, ok := b.zones[z.ID]; ok {
 		b.mu.Unlock()
@@ -111,30 +185,86 @@ func (b *Bed) AddZone(ctx context.Context, z Zone) (err error) {
 			_ = b.removeZoneLocked(context.WithoutCancel(ctx), z.ID)
 		}
 	}()
-	node := b.NodeNS()
 	for _, v := range z.VNets {
-		for _, s := range [][]string{
-			{"ip", "-n", node, "link", "add", v.Name, "type", "bridge"},
-			{"ip", "-n", node, "addr", "add", netip.PrefixFrom(v.Gateway, v.Subnet.Bits()).String(), "dev", v.Name},
-			{"ip", "-n", node, "link", "set", v.Name, "up"},
-		} {
-			if err := run(ctx, s...); err != nil {
-				return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
-			}
-		}
-		// A node that came up with IPv6 off for new interfaces (the guard
-		// sets that) keeps the vnet v6-less, as on a real node.
-		if err := run(ctx, "ip", "-n", node, "addr", "add", netip.PrefixFrom(ulaAddr(v, 1), 64).String(), "dev", v.Name, "nodad"); err != nil {
-			b.log.Info("vnet without IPv6", "vnet", v.Name, "err", err)
+		if err := b.addVNet(ctx, z.ID, v); err != nil {
+			return err
 		}
 	}
+	return b.serveZone(ctx, zs)
+}
+
+// addVNet creates a vnet's bridge with its addresses.
+func (b *Bed) addVNet(ctx context.Context, zone string, v VNet) error {
+	if err := run(ctx, "ip", "-n", b.NodeNS(), "link", "add", v.Name, "type", "bridge"); err != nil {
+		return fmt.Errorf("testvm: zone %s: %w", zone, err)
+	}
+	if err := b.addressVNet(ctx, zone, v); err != nil {
+		return err
+	}
+	if err := run(ctx, "ip", "-n", b.NodeNS(), "link", "set", v.Name, "up"); err != nil {
+		return fmt.Errorf("testvm: zone %s: %w", zone, err)
+	}
+	return nil
+}
+
+// addressVNet puts the vnet's gateway and ULA on its bridge.
+func (b *Bed) addressVNet(ctx context.Context, zone string, v VNet) error {
+	node := b.NodeNS()
+	if err := run(ctx, "ip", "-n", node, "addr", "add", netip.PrefixFrom(v.Gateway, v.Subnet.Bits()).String(), "dev", v.Name); err != nil {
+		return fmt.Errorf("testvm: zone %s: %w", zone, err)
+	}
+	// A node that came up with IPv6 off for new interfaces (the guard
+	// sets that) keeps the vnet v6-less, as on a real node.
+	if err := run(ctx, "ip", "-n", node, "addr", "add", netip.PrefixFrom(ulaAddr(v, 1), 64).String(), "dev", v.Name, "nodad"); err != nil {
+		b.log.Info("vnet without IPv6", "vnet", v.Name, "err", err)
+	}
+	return nil
+}
+
+// serveZone brings a zone's SNAT rules and lease link up to date and
+// starts its dnsmasq. The dnsmasq of another zone that holds one of its
+// gateways (a zone whose subnet moved in the same apply, not yet applied
+// again) is stopped first: a Proxmox node's reload has stopped every
+// dnsmasq before it configures any zone (pve-network Dhcp.pm
+// regenerate_config: before_regenerate, "systemctl stop dnsmasq@*"), so
+// an old one never holds the address; that zone's own apply, or the
+// reload's restart of every dnsmasq (RestartDnsmasq), starts it again.
+func (b *Bed) serveZone(ctx context.Context, zs *zoneState) error {
+	z := zs.zone
 	if err := b.syncNAT(ctx); err != nil {
 		return err
 	}
 	if err := b.linkLeases(z.ID); err != nil {
 		return fmt.Errorf("testvm: zone %s: %w", z.ID, err)
 	}
+	gateways := map[netip.Addr]bool{}
+	for _, v := range z.VNets {
+		gateways[v.Gateway] = true
+	}
+	var holders []*zoneState
+	b.mu.Lock()
+	for id, o := range b.zones {
+		if id != z.ID && slices.ContainsFunc(o.zone.VNets, func(v VNet) bool { return gateways[v.Gateway] }) {
+			holders = append(holders, o)
+		}
+	}
+	b.mu.Unlock()
+	for _, o := range holders {
+		b.stopDnsmasq(o)
+	}
 	return b.startDnsmasq(ctx, zs)
+}
+
+// stopDnsmasq stops a zone's dnsmasq, if it runs; call with zoneOps held.
+func (b *Bed) stopDnsmasq(zs *zoneState) {
+	b.mu.Lock()
+	cmd, done := zs.dnsmasq, zs.done
+	zs.dnsmasq = nil
+	b.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // RemoveZone stops the zone's dnsmasq and deletes its bridges and NAT.
@@ -154,10 +284,7 @@ func (b *Bed) removeZoneLocked(ctx context.Context, id string) error {
 		return fmt.Errorf("testvm: zone %s does not exist", id)
 	}
 	var errs []error
-	if zs.dnsmasq != nil && zs.dnsmasq.Process != nil {
-		_ = zs.dnsmasq.Process.Kill()
-		<-zs.done
-	}
+	b.stopDnsmasq(zs)
 	for _, v := range zs.zone.VNets {
 		if err := run(ctx, "ip", "-n", b.NodeNS(), "link", "del", v.Name); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
 			errs = append(errs, err)

@@ -19,8 +19,9 @@ type BedBackend struct {
 	Bed *testvm.Bed
 }
 
-// ApplyZone implements Backend. A zone already running is replaced. The
-// bed builds a vnet from its address plan, so a vnet without a subnet (a
+// ApplyZone implements Backend. A zone already running is changed in
+// place (testvm.Bed.ApplyZone: its guests stay attached and its DHCP host
+// mappings and leases stay, as on a node). The bed builds a vnet from its address plan, so a vnet without a subnet (a
 // sandbox half built while another one applies) is left out, and a zone
 // left without vnets has nothing on the bed; a real node applies both
 // without error (bridges without addresses).
@@ -33,13 +34,10 @@ func (b BedBackend) ApplyZone(ctx context.Context, z ZoneSpec) error {
 		zone.VNets = append(zone.VNets, testvm.VNet{Name: v.Name, Subnet: v.Subnet, Gateway: v.Gateway,
 			DHCPStart: v.DHCPStart, DHCPEnd: v.DHCPEnd, SNAT: v.SNAT})
 	}
-	if err := b.RemoveZone(ctx, z.ID); err != nil {
-		return err
-	}
 	if len(zone.VNets) == 0 {
-		return nil
+		return b.RemoveZone(ctx, z.ID)
 	}
-	return b.Bed.AddZone(ctx, zone)
+	return b.Bed.ApplyZone(ctx, zone)
 }
 
 // RemoveZone implements Backend.
