@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"net/url"
 	"sync"
@@ -260,6 +261,16 @@ const (
 	// maxIDChecks bounds the ids past a reserved one allocVMID asks the
 	// cluster about once it stops waiting.
 	maxIDChecks = 16
+	// spreadIDs: once a clone lost its id to another node's VM (every
+	// node's daemon takes the cluster's lowest free id, and each node's
+	// clone_vm checks only its own config files), the next id is picked
+	// at random among the spreadIDs ids above the lowest free one, each
+	// asked of the cluster: the daemons that lost would otherwise all
+	// take the next lowest, and meet there again, in step.
+	spreadIDs = 32
+	// cloneCollisions is how many clones of one VM may lose their id to
+	// another node's before the create fails.
+	cloneCollisions = 8
 )
 
 // allocVMID reserves a VM id; release it once the clone exists. NextID
@@ -271,9 +282,13 @@ const (
 // where the API can say: an id above the lowest free one may be another
 // node's VM, and clone_vm, which checks only its own node's config file,
 // would fail late, in pmxcfs.
-func (m *Engine) allocVMID(ctx context.Context) (int, error) {
+//
+// With spread (the last clone lost its id to another node's), the id is
+// one of the spreadIDs after the lowest free one, at random, that the
+// cluster says is free.
+func (m *Engine) allocVMID(ctx context.Context, spread bool) (int, error) {
 	for attempt := 0; ; attempt++ {
-		id, ok, err := m.tryAllocVMID(ctx, attempt >= nextIDWaits)
+		id, ok, err := m.tryAllocVMID(ctx, attempt >= nextIDWaits, spread)
 		if err != nil || ok {
 			return id, err
 		}
@@ -286,23 +301,26 @@ func (m *Engine) allocVMID(ctx context.Context) (int, error) {
 }
 
 // tryAllocVMID is one try of allocVMID: ok is false when NextID gave a
-// reserved id and step is not set; with step it goes past the reserved
-// ids.
-func (m *Engine) tryAllocVMID(ctx context.Context, step bool) (id int, ok bool, err error) {
+// reserved id and neither step nor spread is set; with step it goes past
+// the reserved ids, with spread it starts at a random one of the
+// spreadIDs ids after NextID's (when the cluster can be asked).
+func (m *Engine) tryAllocVMID(ctx context.Context, step, spread bool) (id int, ok bool, err error) {
 	m.idMu.Lock()
 	defer m.idMu.Unlock()
 	id, err = m.cloner.NextID(ctx)
 	if err != nil {
 		return 0, false, pxErr("next vm id", err)
 	}
-	if !m.reserved[id] {
+	check, _ := m.cloner.(idChecker)
+	switch {
+	case spread && check != nil:
+		id += 1 + rand.IntN(spreadIDs)
+	case !m.reserved[id]:
 		m.reserved[id] = true
 		return id, true, nil
-	}
-	if !step {
+	case !step:
 		return 0, false, nil
 	}
-	check, _ := m.cloner.(idChecker)
 	for checks := 0; ; id++ {
 		if m.reserved[id] {
 			continue
@@ -338,8 +356,9 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 	spec := rec.VMs[i]
 	m.mu.Unlock()
 	var vmid int
+	spread := false
 	for attempt := 0; ; attempt++ {
-		id, err := m.allocVMID(ctx)
+		id, err := m.allocVMID(ctx, spread)
 		if err != nil {
 			return err
 		}
@@ -364,7 +383,8 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			if err := m.saveState(); err != nil {
 				return err
 			}
-			if errors.Is(err, ErrExists) && attempt < 5 {
+			if errors.Is(err, ErrExists) && attempt+1 < cloneCollisions {
+				spread = true
 				continue
 			}
 		}

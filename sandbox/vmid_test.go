@@ -59,6 +59,10 @@ func (c *clusterCloner) CloneVM(ctx context.Context, s sandbox.CloneSpec) error 
 		}
 		c.parked <- struct{}{}
 		<-c.release
+		if c.tempConfig {
+			// the worker's temporary config becomes the clone's own
+			_ = c.Proxmox.DeleteVM(ctx, 100)
+		}
 	}
 	return c.Proxmox.CloneVM(ctx, s)
 }
@@ -191,5 +195,91 @@ func TestFailedCloneLeavesNoIDToWait(t *testing.T) {
 	}
 	if n := tc.asked.Load(); n != 0 {
 		t.Errorf("the teardown asked the cluster about the failed clone's id %d times: it was recorded", n)
+	}
+}
+
+// rivalCloner is this node's Proxmox while another node's daemon creates
+// as fast: the id the cluster's nextid answers is the one the other
+// daemon clones to as well, and its clone lands first (this node's fails
+// in pmxcfs, ErrExists).
+type rivalCloner struct {
+	*apitest.Proxmox
+	mu      sync.Mutex
+	foreign map[int]bool
+	lost    int
+}
+
+// lowestLocked is the cluster's lowest free id; call with mu held.
+func (c *rivalCloner) lowestLocked(ctx context.Context) (int, error) {
+	id, err := c.Proxmox.NextID(ctx)
+	for err == nil && c.foreign[id] {
+		id++
+		for _, local := c.VMByID(id); local; _, local = c.VMByID(id) {
+			id++
+		}
+	}
+	return id, err
+}
+
+func (c *rivalCloner) NextID(ctx context.Context) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lowestLocked(ctx)
+}
+
+func (c *rivalCloner) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
+	c.mu.Lock()
+	lowest, err := c.lowestLocked(ctx)
+	if err == nil && s.NewID == lowest {
+		c.foreign[s.NewID] = true
+		c.lost++
+		c.mu.Unlock()
+		return fmt.Errorf("clone: %w: close (rename) atomic file '/etc/pve/nodes/node1/qemu-server/%d.conf' failed: File exists", sandbox.ErrExists, s.NewID)
+	}
+	c.mu.Unlock()
+	return c.Proxmox.CloneVM(ctx, s)
+}
+
+func (c *rivalCloner) VMIDFree(ctx context.Context, id int) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, local := c.VMByID(id)
+	return !local && !c.foreign[id], nil
+}
+
+// TestVMIDCollisionsSpreadOut: another node's daemon takes every id the
+// cluster's nextid answers, first. After its first clone lost, the create
+// takes an id above the lowest free one, one the cluster says is free,
+// and succeeds, instead of meeting the other daemon on the next lowest
+// again until its retries run out (the three-node bed's 90 creates lost
+// a create or two that way).
+func TestVMIDCollisionsSpreadOut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g := apitest.NewGuests()
+	rc := &rivalCloner{Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000}), foreign: map[int]bool{}}
+	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: rc, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		sb, err := e.Create(ctx, oneVM("debian"))
+		if err != nil {
+			t.Fatalf("create while another node takes every lowest id: %v", err)
+		}
+		rc.mu.Lock()
+		if id := sb.VMs[0].VMID; rc.foreign[id] {
+			t.Errorf("VM id %d is the other node's", id)
+		}
+		rc.mu.Unlock()
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.lost != 3 {
+		t.Errorf("%d clones lost their id, want one per create", rc.lost)
 	}
 }
