@@ -462,6 +462,13 @@ func (b *Bed) Guest(vmid int) (*Guest, bool) {
 	return g, ok
 }
 
+// HasVNet reports whether a zone the bed runs has the vnet (its bridge
+// is on the node).
+func (b *Bed) HasVNet(name string) bool {
+	_, ok := b.vnet(name)
+	return ok
+}
+
 func (b *Bed) vnet(name string) (VNet, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -35,6 +35,17 @@ type AgentFreezer interface {
 	SetAgentFrozen(vmid int, frozen bool) error
 }
 
+// BridgeReporter is a Backend that can say whether a bridge device
+// exists on its node. A VM's start checks the device itself (qemu-server's
+// pve-bridge hook, through pve-network's tap_create, reads
+// /sys/class/net/<bridge>/mtu: pve-common Network.pm read_bridge_mtu,
+// "bridge '...' does not exist"), so a bridge a reload has made is there
+// for a start at once, before that reload has ended; without one, the
+// emulator goes by what the node's last reload applied.
+type BridgeReporter interface {
+	HasBridge(name string) bool
+}
+
 // frozenAllowed are the commands qemu-ga runs while the guest's file
 // systems are frozen (QEMU qga/main.c ga_freeze_allowlist, since QEMU 9.2
 // the qapi-schema.json feature fs-frozen).

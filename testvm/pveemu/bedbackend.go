@@ -54,6 +54,9 @@ func (b BedBackend) StartVM(ctx context.Context, v VMSpec) error {
 	return err
 }
 
+// HasBridge implements BridgeReporter: the bed runs a zone with the vnet.
+func (b BedBackend) HasBridge(name string) bool { return b.Bed.HasVNet(name) }
+
 // RestartDHCP implements DHCPRestarter: every zone's dnsmasq on the bed is
 // stopped, then started again.
 func (b BedBackend) RestartDHCP(ctx context.Context) error {

@@ -126,6 +126,13 @@ func (f *FakeBackend) StartVM(_ context.Context, v VMSpec) error {
 	return nil
 }
 
+// HasBridge implements BridgeReporter: a zone applied here has the vnet.
+func (f *FakeBackend) HasBridge(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hasBridgeLocked(name)
+}
+
 func (f *FakeBackend) hasBridgeLocked(name string) bool {
 	for _, z := range f.zones {
 		for _, v := range z.VNets {

@@ -217,12 +217,16 @@ func zoneOnNode(zone map[string]string, node string) bool {
 	return slices.Contains(splitList(ns), node)
 }
 
-// bridgeOnLocked reports whether a vnet's bridge exists on node (its last
-// reload applied the vnet).
+// bridgeOnLocked reports whether a vnet's bridge exists on node: the
+// node's backend says when it can (BridgeReporter: a reload still running
+// may have made it), else its last reload applied the vnet.
 func (s *Server) bridgeOnLocked(node, bridge string) bool {
 	n := s.members[node]
 	if n == nil {
 		return false
+	}
+	if br, ok := s.nodeBackend(node).(BridgeReporter); ok {
+		return br.HasBridge(bridge)
 	}
 	_, ok := n.applied.vnets[bridge]
 	return ok

@@ -1,6 +1,7 @@
 package pveemu
 
 import (
+	"context"
 	"net/url"
 	"slices"
 	"testing"
@@ -38,5 +39,55 @@ func TestConcurrentApplyLosesItsReload(t *testing.T) {
 	}
 	if z := e.fb.Zones(); !slices.Equal(z, []string{"za", "zb"}) {
 		t.Errorf("zones after a third apply: %v", z)
+	}
+}
+
+// slowZoneBackend is the fake node whose apply of one zone waits until
+// released (a reload that has made some zones and is making the next).
+type slowZoneBackend struct {
+	*FakeBackend
+	zone    string
+	blocked chan struct{} // closed when the zone's apply waits
+	release chan struct{}
+}
+
+func (b *slowZoneBackend) ApplyZone(ctx context.Context, z ZoneSpec) error {
+	if z.ID == b.zone {
+		close(b.blocked)
+		<-b.release
+	}
+	return b.FakeBackend.ApplyZone(ctx, z)
+}
+
+// TestStartSeesABridgeItsReloadMade: a VM's start checks the bridge
+// device itself (pve-bridge's tap_create reads its mtu), so a bridge the
+// node's running reload has made serves a start before that reload ends
+// (here: while it makes the next zone), as it does the daemon's check of
+// its bridges.
+func TestStartSeesABridgeItsReloadMade(t *testing.T) {
+	e := newEnv(t)
+	slow := &slowZoneBackend{FakeBackend: e.fb, zone: "sbx2", blocked: make(chan struct{}), release: make(chan struct{})}
+	e.s.mu.Lock()
+	e.s.backend = slow
+	e.s.mu.Unlock()
+	for _, z := range []string{"sbx1", "sbx2"} {
+		e.ok("POST", "/cluster/sdn/zones", url.Values{"zone": {z}, "type": {"simple"}})
+	}
+	e.ok("POST", "/cluster/sdn/vnets", url.Values{"vnet": {"vnet1"}, "zone": {"sbx1"}})
+	e.ok("POST", "/cluster/sdn/vnets", url.Values{"vnet": {"vnet2"}, "zone": {"sbx2"}})
+	e.clone("100")
+	apply := e.ok("PUT", "/cluster/sdn", nil).(string)
+	select {
+	case <-slow.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reload never reached the second zone")
+	}
+	st := e.task("POST", "/nodes/pve/qemu/100/status/start", nil)
+	close(slow.release)
+	if ast := e.wait(apply); ast != "OK" {
+		t.Fatalf("apply: %s", ast)
+	}
+	if st != "OK" {
+		t.Errorf("start on a bridge the running reload has made: %s", st)
 	}
 }
