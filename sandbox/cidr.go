@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -21,6 +22,14 @@ import (
 // picks another range (a few times), an explicit one fails with
 // ErrConflict. Of two overlapping subnets the one created last sees the
 // other, so never both stay.
+//
+// A range given up goes with its vnet, and the next range gets a vnet of
+// a new name (renameVNet): another client's apply may have committed the
+// contested subnet and a node's reload made its bridge with it; were the
+// vnet kept, a lost reload of this create's own apply (ifupdown2's lock
+// does not wait) would leave that bridge, of the right name and the wrong
+// range, to pass the check of the sandbox's bridges (applySDNFor), and
+// its VM would get no lease until some later apply.
 func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 	for attempt := 0; ; attempt++ {
 		m.mu.Lock()
@@ -62,6 +71,9 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 		if !auto || attempt >= 10 {
 			return refuse(ErrConflict, "network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)
 		}
+		if err := m.renameVNet(ctx, rec, i); err != nil {
+			return err
+		}
 		// A random pause, so that two contenders do not pick in step.
 		select {
 		case <-ctx.Done():
@@ -90,6 +102,34 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 			return err
 		}
 	}
+}
+
+// renameVNet replaces the vnet of rec's network i (its subnet gone) by one
+// of a new name in the same zone: "v", the sandbox id's six characters and
+// a letter, never one the sandbox had (claimSubnet says why).
+func (m *Engine) renameVNet(ctx context.Context, rec *record, i int) error {
+	m.mu.Lock()
+	old := rec.Networks[i].VNet
+	if rec.vnetRenames >= 26 {
+		m.mu.Unlock()
+		return refuse(ErrConflict, "network %q: no more vnet names to move to a new range", rec.Networks[i].Name)
+	}
+	name := "v" + rec.ID[2:] + string(rune('a'+rec.vnetRenames))
+	rec.vnetRenames++
+	m.mu.Unlock()
+	if err := m.cleaner.DeleteVNet(ctx, old); err != nil && !errors.Is(err, ErrNotFound) {
+		return pxErr("delete vnet "+old+" of a contested range", err)
+	}
+	m.mu.Lock()
+	rec.Networks[i].VNet = name
+	m.mu.Unlock()
+	if err := m.saveState(); err != nil {
+		return err
+	}
+	if err := m.zones.CreateVNet(ctx, VNetSpec{ID: name, Zone: rec.ID, Alias: nodeTag(m.o.Node) + " " + sandboxTag(rec.ID)}); err != nil {
+		return pxErr("create vnet "+name, err)
+	}
+	return nil
 }
 
 // allocCIDRsLocked picks ranges for "auto" networks and checks explicit ones

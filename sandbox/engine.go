@@ -288,6 +288,10 @@ type record struct {
 	// ("auto"); only such a range is picked again when another node's
 	// sandbox took it first (claimSubnet).
 	autoCIDR []bool
+	// vnetRenames counts the vnets given a new name with a new range
+	// (renameVNet), under Engine.mu; a restart tears a record still
+	// being created down, so it is not persisted.
+	vnetRenames int
 	// ops counts the guest and VM operations in flight (exec, files,
 	// snapshots, check); opsCancel cancels them. Both are guarded by
 	// Engine.mu for Add and cancel: a delete sets StateDeleting and
