@@ -35,9 +35,29 @@ func (s *services) close() {
 		_ = c.Close()
 	}
 	for _, d := range s.dnsServer {
+		// Shutdown stops only a server that has started serving; one
+		// whose goroutine has not got that far (a bed torn down at once,
+		// its Up failing) would serve on for ever: its socket closed,
+		// it returns.
 		_ = d.Shutdown()
+		if d.PacketConn != nil {
+			_ = d.PacketConn.Close()
+		}
+		if d.Listener != nil {
+			_ = d.Listener.Close()
+		}
 	}
 	s.wg.Wait()
+}
+
+// serveDNS serves srv (its PacketConn or Listener set) until close.
+func (s *services) serveDNS(srv *dns.Server) {
+	s.dnsServer = append(s.dnsServer, srv)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		_ = srv.ActivateAndServe()
+	}()
 }
 
 func (s *services) serveHTTP(ln net.Listener, h http.Handler) {
@@ -88,12 +108,7 @@ func startServices(b *Bed, nodePorts []int) (_ *services, err error) {
 					}
 					srv.Listener = l
 				}
-				s.dnsServer = append(s.dnsServer, srv)
-				s.wg.Add(1)
-				go func() {
-					defer s.wg.Done()
-					_ = srv.ActivateAndServe()
-				}()
+				s.serveDNS(srv)
 			}
 		}
 		return nil
