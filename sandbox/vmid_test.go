@@ -36,10 +36,16 @@ type clusterCloner struct {
 
 // NextID is the cluster's: the lowest id no node has.
 func (c *clusterCloner) NextID(ctx context.Context) (int, error) {
-	id, err := c.Proxmox.NextID(ctx)
-	for err == nil && c.foreign[id] {
+	return clusterNextID(ctx, c.Proxmox, c.foreign)
+}
+
+// clusterNextID is the lowest id neither px nor another node (foreign)
+// has.
+func clusterNextID(ctx context.Context, px *apitest.Proxmox, foreign map[int]bool) (int, error) {
+	id, err := px.NextID(ctx)
+	for err == nil && foreign[id] {
 		id++
-		for _, local := c.VMByID(id); local; _, local = c.VMByID(id) {
+		for _, local := px.VMByID(id); local; _, local = px.VMByID(id) {
 			id++
 		}
 	}
@@ -211,14 +217,7 @@ type rivalCloner struct {
 
 // lowestLocked is the cluster's lowest free id; call with mu held.
 func (c *rivalCloner) lowestLocked(ctx context.Context) (int, error) {
-	id, err := c.Proxmox.NextID(ctx)
-	for err == nil && c.foreign[id] {
-		id++
-		for _, local := c.VMByID(id); local; _, local = c.VMByID(id) {
-			id++
-		}
-	}
-	return id, err
+	return clusterNextID(ctx, c.Proxmox, c.foreign)
 }
 
 func (c *rivalCloner) NextID(ctx context.Context) (int, error) {

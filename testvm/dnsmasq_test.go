@@ -143,18 +143,9 @@ func unknownMACLease(t *testing.T, ctx context.Context, b *Bed, vnet string) str
 // so the guest gets its address, as on a Proxmox node where ifreload
 // changes the bridge in place and the ethers file stays.
 func TestApplyZoneInPlace(t *testing.T) {
-	testkit.RequireRoot(t, "dnsmasq")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	b, err := Up(ctx, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	old := twoZones()[0]
-	if err := b.AddZone(ctx, old); err != nil {
-		t.Fatal(err)
-	}
+	b, old := upZoneA(t, ctx)
 	moved := Zone{ID: old.ID, VNets: []VNet{{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.7.0/24"), Gateway: netip.MustParseAddr("10.10.7.1"),
 		DHCPStart: netip.MustParseAddr("10.10.7.100"), DHCPEnd: netip.MustParseAddr("10.10.7.200"), SNAT: true}}}
 	want := netip.MustParseAddr("10.10.7.150")
@@ -195,18 +186,9 @@ func TestApplyZoneInPlace(t *testing.T) {
 // where the reload has stopped every dnsmasq first; once the other zone is
 // applied, both resolve on their gateways.
 func TestAddZoneOnAMovingZonesGateway(t *testing.T) {
-	testkit.RequireRoot(t, "dnsmasq")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	b, err := Up(ctx, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	x := twoZones()[0]
-	if err := b.AddZone(ctx, x); err != nil {
-		t.Fatal(err)
-	}
+	b, x := upZoneA(t, ctx)
 	d := Zone{ID: "zoned", VNets: []VNet{x.VNets[0]}}
 	d.VNets[0].Name = "vnetd"
 	if err := b.AddZone(ctx, d); err != nil {
@@ -222,4 +204,21 @@ func TestAddZoneOnAMovingZonesGateway(t *testing.T) {
 			t.Errorf("zone %s: resolver on %s does not answer", z.ID, z.VNets[0].Gateway)
 		}
 	}
+}
+
+// upZoneA brings up a bed (closed when the test ends) with the first of
+// twoZones, which it returns.
+func upZoneA(t *testing.T, ctx context.Context) (*Bed, Zone) {
+	t.Helper()
+	testkit.RequireRoot(t, "dnsmasq")
+	b, err := Up(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	z := twoZones()[0]
+	if err := b.AddZone(ctx, z); err != nil {
+		t.Fatal(err)
+	}
+	return b, z
 }
