@@ -124,11 +124,17 @@ func socketGuests(path string) sandbox.Guest { return socketGuest{path} }
 // (the operator's, or another client's: not the daemon's pool token).
 func rootClient(t *testing.T, emu *pveemu.Server, url string, hc *http.Client, name string) *pveapi.Client {
 	t.Helper()
+	return rootClientOn(t, emu, url, hc, name, "pve")
+}
+
+// rootClientOn is rootClient for node's API (a cluster's).
+func rootClientOn(t *testing.T, emu *pveemu.Server, url string, hc *http.Client, name, node string) *pveapi.Client {
+	t.Helper()
 	rid, rsecret, err := emu.RootToken(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := pveapi.New(pveapi.Options{URL: url, TokenID: rid, Secret: rsecret, Node: "pve", HTTPClient: hc, TaskPoll: 20 * time.Millisecond})
+	root, err := pveapi.New(pveapi.Options{URL: url, TokenID: rid, Secret: rsecret, Node: node, HTTPClient: hc, TaskPoll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

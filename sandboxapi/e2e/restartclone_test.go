@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,16 +14,29 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// deadDaemon is the daemon's Proxmox client whose clone call starts the
-// clone task on the emulator and then never returns: the daemon died
-// while qemu-server's clone ran on.
+// deadDaemon is the daemon's Proxmox client whose clone call, once the
+// daemon is dead, starts the clone task on the emulator and then never
+// returns (until stop is closed, at the test's end): the daemon died while
+// qemu-server's clone ran on. While alive is set (aliveDaemon) clones run
+// as usual; the zero value is dead from the start.
 type deadDaemon struct {
 	*pveapi.Client
+	alive  atomic.Bool
 	stop   chan struct{}
-	cloned chan error // the clone call's own end
+	cloned chan error // the dead clone call's own end
+}
+
+// aliveDaemon is a deadDaemon of px that lives until its alive is cleared.
+func aliveDaemon(px *pveapi.Client) *deadDaemon {
+	d := &deadDaemon{Client: px, stop: make(chan struct{}), cloned: make(chan error, 1)}
+	d.alive.Store(true)
+	return d
 }
 
 func (d *deadDaemon) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
+	if d.alive.Load() {
+		return d.Client.CloneVM(ctx, s)
+	}
 	go func() { d.cloned <- d.Client.CloneVM(context.WithoutCancel(ctx), s) }()
 	<-d.stop
 	return errors.New("the first daemon is gone")
@@ -54,26 +68,7 @@ func TestRestartMidCloneLeavesNothing(t *testing.T) {
 	if _, err := first.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	created := make(chan struct{})
-	go func() {
-		defer close(created)
-		_, err := first.Create(context.WithoutCancel(ctx), apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm0", Template: "debian"}}})
-		t.Logf("the first daemon's create: %v", err)
-	}()
-	t.Cleanup(func() { close(dead.stop); <-created })
-	var vmid int
-	select {
-	case vmid = <-held:
-	case err := <-dead.cloned:
-		t.Fatalf("the clone ended before it was held: %v", err)
-	case <-created:
-		t.Fatal("the first daemon's create ended before its clone started")
-	case <-ctx.Done():
-		t.Fatal("the clone never started")
-	}
-	if _, err := e.px.VM(ctx, vmid); !errors.Is(err, sandbox.ErrNotFound) {
-		t.Fatalf("the clone in progress as the token sees it: %v, want not found", err)
-	}
+	dieMidClone(t, ctx, first, dead, held, apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm0", Template: "debian"}}})
 	// The restarted daemon; the clone ends a second after its reconcile
 	// began.
 	second, err := sandbox.New(opts(e.px))
@@ -98,4 +93,33 @@ func TestRestartMidCloneLeavesNothing(t *testing.T) {
 		}
 	}
 	e.assertClean(t, ctx)
+}
+
+// dieMidClone has eng, whose Proxmox is dead (it dies at its next clone),
+// create req, and returns once the emulator holds the create's clone: the
+// daemon is gone mid-clone. The create stays blocked until the test ends.
+// The token cannot see the clone in progress (clone_vm adds the VM to the
+// pool last, and the pool's grant reaches members only).
+func dieMidClone(t *testing.T, ctx context.Context, eng *sandbox.Engine, dead *deadDaemon, held <-chan int, req apitype.CreateRequest) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := eng.Create(context.WithoutCancel(ctx), req)
+		t.Logf("the killed daemon's create: %v", err)
+	}()
+	t.Cleanup(func() { close(dead.stop); <-done })
+	var vmid int
+	select {
+	case vmid = <-held:
+	case err := <-dead.cloned:
+		t.Fatalf("the clone ended before it was held: %v", err)
+	case <-done:
+		t.Fatal("the killed daemon's create ended before its clone started")
+	case <-ctx.Done():
+		t.Fatal("the clone never started")
+	}
+	if _, err := dead.Client.VM(ctx, vmid); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("the clone in progress as the token sees it: %v, want not found", err)
+	}
 }
