@@ -61,6 +61,18 @@ type Options struct {
 	AgentTimeout time.Duration
 	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m).
 	CreateTimeout, TeardownTimeout time.Duration
+	// ApplyTimeout bounds the wait for one SDN apply (30m), apart from
+	// the create or teardown that asked for it: an apply's time grows with
+	// every DHCP zone of the cluster on every node (each node's reload
+	// restarts every zone's dnsmasq, and the nodes are visited one after
+	// another), so a cluster of a few hundred zones takes minutes, and a
+	// wait given up leaves the apply running while the caller fails.
+	ApplyTimeout time.Duration
+	// UnbatchedApplies makes every create, delete and refill run an SDN
+	// apply of its own, one after another, instead of sharing one: the
+	// behaviour before applies were shared, kept as the cluster bench's
+	// baseline (bench/cluster). The daemon never sets it.
+	UnbatchedApplies bool
 	// ZonesChanged, when set, receives every sandbox zone of this node with
 	// its vnet bridges whenever that set changes (after a create's SDN apply,
 	// before its VMs start; after a delete; after Reconcile). The daemon
@@ -130,6 +142,7 @@ func (o *Options) defaults() error {
 	def(&o.AgentTimeout, 5*time.Minute)
 	def(&o.CreateTimeout, 10*time.Minute)
 	def(&o.TeardownTimeout, 5*time.Minute)
+	def(&o.ApplyTimeout, 30*time.Minute)
 	def(&o.PoolInterval, 10*time.Second)
 	shapes, err := ValidateShapes(o.WarmPool)
 	if err != nil {

@@ -23,14 +23,21 @@ type sdnBatch struct {
 // this point together make at most two applies, not N; a refill of many
 // pool members makes one.
 //
-// The apply runs on a context without the caller's cancel (bounded by
-// TeardownTimeout): the other members of the batch wait for it too.
+// The apply runs on a context without the caller's cancel, bounded by
+// ApplyTimeout, not by the caller's own bound: the other members of the
+// batch wait for it too, and an apply of a large cluster outlasts a
+// teardown's bound (an abandoned wait leaves the apply running and the
+// caller failed). An apply that took more than half of TeardownTimeout
+// is logged as a warning.
 func (m *Engine) applySDN(ctx context.Context) error {
 	m.sdnMu.Lock()
-	if m.sdnNext == nil {
+	if m.sdnNext == nil || m.o.UnbatchedApplies {
 		m.sdnNext = &sdnBatch{done: make(chan struct{})}
 	}
 	b := m.sdnNext
+	if m.o.UnbatchedApplies {
+		m.sdnNext = nil // a batch of one: nobody joins it
+	}
 	m.sdnMu.Unlock()
 	select {
 	case <-b.done:
@@ -51,12 +58,19 @@ func (m *Engine) applySDN(ctx context.Context) error {
 		m.sdnNext = nil // newcomers join a fresh batch from here on
 	}
 	m.sdnMu.Unlock()
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.ApplyTimeout)
 	defer cancel()
 	m.startMu.Lock()
+	start := time.Now()
 	b.err = pxErr("apply sdn", m.zones.ApplySDN(actx))
+	took := time.Since(start)
 	m.startMu.Unlock()
 	m.met.sdnApplies.Inc()
+	m.met.sdnApplyTime.Observe(took.Seconds())
+	if took > m.o.TeardownTimeout/2 {
+		m.log.Warn("an SDN apply took long: its time grows with every DHCP zone of the cluster on every node; creates and deletes wait for it (up to [api] sdn_apply_timeout)",
+			"took", took.Round(time.Millisecond), "bound", m.o.ApplyTimeout)
+	}
 	close(b.done)
 	return b.err
 }

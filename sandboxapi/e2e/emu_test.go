@@ -23,6 +23,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu/emuguest"
 )
 
 // emuRootPassword is root@pam's password in the emulator.
@@ -62,6 +63,8 @@ type emuSetup struct {
 	wrap func(http.Handler) http.Handler
 	// opts change the sandbox API's options.
 	opts []func(*options)
+	// reloadCost is the emulator's cost of a node's network reload.
+	reloadCost pveemu.ReloadCost
 }
 
 func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
@@ -71,7 +74,8 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 		t.Fatal(err)
 	}
 	fb := pveemu.NewFakeBackend(run)
-	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), RootPassword: emuRootPassword})
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), RootPassword: emuRootPassword,
+		ReloadCost: o.reloadCost})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,12 +117,8 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
 }
 
-// socketGuest answers Ping while the emulator's agent socket exists (the
-// emulator creates it when the VM starts and removes it when it stops);
-// guest I/O is exercised with the real agent on the bed (bed_test.go).
-type socketGuest struct{ path string }
-
-func socketGuests(path string) sandbox.Guest { return socketGuest{path} }
+// socketGuests is the fake backend's guest (emuguest).
+var socketGuests sandbox.GuestDialer = emuguest.Dial
 
 // rootClient is a Proxmox client of the emulator at url with a root token
 // (the operator's, or another client's: not the daemon's pool token).
@@ -149,25 +149,6 @@ func fakeBridgeUp(fb *pveemu.FakeBackend) func(context.Context, string) (bool, e
 		}
 		return false, nil
 	}
-}
-
-func (g socketGuest) Ping(context.Context) error {
-	if _, err := os.Stat(g.path); err != nil {
-		return fmt.Errorf("%w: %v", sandbox.ErrGuestUnavailable, err)
-	}
-	return nil
-}
-func (socketGuest) Exec(context.Context, sandbox.GuestExec) (*apitype.ExecResult, error) {
-	return nil, sandbox.ErrGuestUnavailable
-}
-func (socketGuest) ExecStream(context.Context, sandbox.GuestExec, io.Writer, io.Writer) (*apitype.ExecResult, error) {
-	return nil, sandbox.ErrGuestUnavailable
-}
-func (socketGuest) WriteFile(context.Context, string, io.Reader, os.FileMode) error {
-	return sandbox.ErrGuestUnavailable
-}
-func (socketGuest) ReadFile(context.Context, string, io.Writer, int64) (int64, error) {
-	return 0, sandbox.ErrGuestUnavailable
 }
 
 func TestEmulatorLifecycle(t *testing.T) {

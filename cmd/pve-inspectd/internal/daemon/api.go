@@ -218,6 +218,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AutoCIDRPool:             pool,
 		AutoCIDRBits:             ac.AutoCIDRBits,
 		AgentTimeout:             ac.AgentTimeout,
+		ApplyTimeout:             ac.SDNApplyTimeout,
 		HostNetworks:             hostnet.New().Prefixes,
 		ZonesChanged:             d.ZonesChanged,
 		BridgeUp:                 bridgeUp,
