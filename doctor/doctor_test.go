@@ -137,6 +137,56 @@ func TestStorageCheck(t *testing.T) {
 	want(t, run(t, StorageCheck(nd.px, nd.n)), Fail, "without images", "pvesm set local-lvm --content rootdir,images")
 }
 
+// TestTransferStorageCheck: the transfer storage must list images (else a
+// leaked transfer image is invisible); more content types than images
+// warn, naming what the token's Datastore.Allocate reaches; no transfer
+// storage skips.
+func TestTransferStorageCheck(t *testing.T) {
+	nd := newNode(t)
+	for _, tc := range []struct {
+		content     string
+		st          Status
+		detail, fix string
+	}{
+		{"backup,iso,vztmpl", Fail, `has content "backup,iso,vztmpl", without images`, "pvesm set local --content backup,iso,vztmpl,images"},
+		{"backup,images,iso,vztmpl", Warn, "reaches ISO images (attach one to a pool VM, delete it); backups", "storage of their own with content images only"},
+		{"images,import", Warn, "import volumes", "take the other content types off local"},
+		{"images", Pass, "content images only", ""},
+	} {
+		t.Run(tc.content, func(t *testing.T) {
+			nd.emu.SetStorageContent("local", tc.content)
+			o := run(t, TransferStorageCheck(nd.px, nd.n))
+			want(t, o, tc.st, tc.detail, tc.fix)
+			if tc.st == Warn && o.Fix == "" {
+				t.Error("a warning without a fix")
+			}
+		})
+	}
+	n := nd.n
+	n.TransferStorage = ""
+	want(t, run(t, TransferStorageCheck(nd.px, n)), Skip, "disk_transfer_storage is unset", "")
+	n.TransferStorage = "fast"
+	want(t, run(t, TransferStorageCheck(nd.px, n)), Fail, "storage fast: not defined", "define storage fast")
+}
+
+// TestReportWarnings: a warning keeps the run passing and prints its fix.
+func TestReportWarnings(t *testing.T) {
+	rep := Run(context.Background(), []Check{
+		{Name: "a", Run: func(context.Context) Outcome { return passf("fine") }},
+		{Name: "b", Run: func(context.Context) Outcome { return warnf("do this", "broad") }},
+	})
+	if !rep.Pass || len(rep.Warnings()) != 1 || len(rep.Failed()) != 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "b WARNING: broad\n  change: do this") || !strings.Contains(out, "all checks pass, 1 with a warning") {
+		t.Errorf("text:\n%s", out)
+	}
+}
+
 func TestStorageCheckUnknownTransfer(t *testing.T) {
 	nd := newNode(t)
 	nd.n.TransferStorage = "fast"
@@ -162,7 +212,13 @@ func TestTemplateChecks(t *testing.T) {
 	if err := nd.emu.AddTemplate(ctx, 9004, "cloudinit", tpl, map[string]string{"net0": pveemu.SandboxNet0, "ide2": "local-lvm:vm-9004-cloudinit,media=cdrom", "ciuser": "admin"}); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"/vms/9001", "/vms/9002", "/vms/9003", "/vms/9004"} {
+	if err := nd.emu.AddTemplate(ctx, 9005, "lsi", tpl, map[string]string{"net0": pveemu.SandboxNet0, "scsihw": "lsi"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.emu.AddTemplate(ctx, 9006, "megasas", tpl, map[string]string{"net0": pveemu.SandboxNet0, "scsihw": "megasas"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"/vms/9001", "/vms/9002", "/vms/9003", "/vms/9004", "/vms/9005", "/vms/9006"} {
 		for _, who := range []string{access.User, nd.n.TokenID} {
 			if err := nd.emu.SetACL(id, who, access.RoleTemplate, false); err != nil {
 				t.Fatal(err)
@@ -183,6 +239,10 @@ func TestTemplateChecks(t *testing.T) {
 		{"agent off", 9002, false, "local", Fail, "guest agent off", "qm set 9002 --agent enabled=1"},
 		{"not hardened", 9003, true, "local", Fail, "not hardened", "pve-inspectd template harden 9003"},
 		{"cloud-init drive", 9004, false, "local", Pass, "cloud-init drive ide2 removed from every sandbox", ""},
+		{"lsi controller", 9005, false, "local", Fail, "SCSI controller lsi cannot hot-plug disks", "qm set 9005 --scsihw virtio-scsi-single"},
+		{"megasas controller", 9006, false, "local", Fail, "SCSI controller megasas cannot hot-plug disks", "qm set 9006 --scsihw virtio-scsi-single"},
+		{"lsi controller, disk path off", 9005, false, "", Pass, "note: scsihw lsi cannot hot-plug disks", ""},
+		{"virtio-scsi-single", templateID, false, "local", Pass, "scsihw virtio-scsi-single, agent on", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := nd.n

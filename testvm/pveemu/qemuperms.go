@@ -104,14 +104,18 @@ func (s *Server) drivePermLocked(authid string, vmid int, val string) error {
 // with the values at hand: for each deletion the drive's kind, a socket
 // serial port's VM.Config.HWType, a spice USB port's VM.Config.HWType
 // (check_usb_perm), an unused disk's VM.Config.Disk; for each drive set,
-// the old and the new value's kind. Values root alone may set are
-// refused before (checkRootOnlyConfig).
-func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[string]string, del []string, conf map[string]string) error {
+// the old and the new value's kind. A deletion checks the current value,
+// else the pending one ($conf->{$opt} // $conf->{pending}->{$opt}).
+// Values root alone may set are refused before (checkRootOnlyConfig).
+func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[string]string, del []string, conf, pending map[string]string) error {
 	if authid == "root@pam" {
 		return nil
 	}
 	for _, k := range del {
 		val, ok := conf[k]
+		if !ok {
+			val, ok = pending[k]
+		}
 		if !ok {
 			continue // "cannot delete ... not set": a warning only
 		}
@@ -187,18 +191,17 @@ func (s *Server) checkBridgeAccessLocked(authid string, conf map[string]string) 
 	return nil
 }
 
-// checkUpdatePermsLocked is update_vm's privilege checks in its order:
-// the keys deleted, the keys set (check_vm_modify_config_perm), the
-// bridges of the NICs set, then the values (the worker's per-key checks).
-func (s *Server) checkUpdatePermsLocked(u *configUpdate, conf map[string]string) error {
+// checkKeyPermsLocked is update_vm's privilege checks before it loads the
+// config, in its order: the keys deleted, the keys set
+// (check_vm_modify_config_perm), then the bridges of the NICs set. The
+// values are checked after (checkConfigValuePermsLocked), reverted keys
+// with them.
+func (s *Server) checkKeyPermsLocked(u *configUpdate) error {
 	if err := s.checkModifyConfigPermLocked(u.authid, u.vmid, u.deletes); err != nil {
 		return err
 	}
 	if err := s.checkModifyConfigPermLocked(u.authid, u.vmid, sortedKeys(u.changes)); err != nil {
 		return err
 	}
-	if err := s.checkBridgeAccessLocked(u.authid, u.changes); err != nil {
-		return err
-	}
-	return s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, conf)
+	return s.checkBridgeAccessLocked(u.authid, u.changes)
 }

@@ -126,6 +126,9 @@ type Server struct {
 	// reloadWarnings are injected failures of the next SDN applies' network
 	// reload (InjectReloadWarning).
 	reloadWarnings []string
+	// hotplugFailures are injected failures of the next disk hot-plug
+	// per VM (FailNextHotplug).
+	hotplugFailures map[int]string
 	// storages are the storage IDs the node has.
 	storages map[string]bool
 	// storageContent overrides a storage's content types
