@@ -584,6 +584,7 @@ func (c *Client) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error {
 	if s.DHCPStart != "" {
 		body["dhcp-range"] = []string{"start-address=" + s.DHCPStart + ",end-address=" + s.DHCPEnd}
 	}
+	c.own.add("subnet", s.VNet+" "+s.CIDR)
 	return c.call(ctx, "POST", "create subnet "+s.CIDR, "/cluster/sdn/vnets/"+url.PathEscape(s.VNet)+"/subnets", body)
 }
 
@@ -638,6 +639,7 @@ func (c *Client) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 			if err := c.clearIPAM(ctx, vnet, s.Zone, cidr); err != nil {
 				return err
 			}
+			c.own.add("subnet", vnet+" "+cidr)
 			return c.call(ctx, "DELETE", "delete subnet "+cidr, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/subnets/"+url.PathEscape(s.ID), nil)
 		}
 	}

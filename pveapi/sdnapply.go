@@ -3,6 +3,7 @@ package pveapi
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
 	"sort"
 	"strings"
@@ -133,8 +134,8 @@ func (c *Client) foreignPending(ctx context.Context, mine map[string]bool) ([]st
 // reSandboxID is the form of a sandbox id, which is also its zone's id.
 var reSandboxID = regexp.MustCompile(`^sb[a-z0-9]{6}$`)
 
-// sdnEdits records the zones and vnets a client edited since its last
-// apply ("zone <id>", "vnet <id>").
+// sdnEdits records the zones, vnets and subnets a client edited since its
+// last apply ("zone <id>", "vnet <id>", "subnet <vnet> <cidr>").
 type sdnEdits struct {
 	mu  sync.Mutex
 	ids map[string]bool
@@ -155,6 +156,22 @@ func (e *sdnEdits) take() map[string]bool {
 	out := e.ids
 	e.ids = map[string]bool{}
 	return out
+}
+
+// snapshot returns the edits so far, keeping them.
+func (e *sdnEdits) snapshot() map[string]bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.ids)
+}
+
+// drop removes ids (and only those: edits made since stay).
+func (e *sdnEdits) drop(ids map[string]bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for id := range ids {
+		delete(e.ids, id)
+	}
 }
 
 // restore puts edits back after an apply that failed (they are still

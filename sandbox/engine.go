@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,6 +89,17 @@ type Options struct {
 	BridgeUp func(ctx context.Context, bridge string) (bool, error)
 	// BridgeRetries is how many more applies a missing bridge gets (3).
 	BridgeRetries int
+	// GatewayUp, when set (with BridgeUp), says whether a vnet's bridge
+	// is on this node carrying its subnet's gateway address: proof that
+	// a network reload made it from a running configuration holding the
+	// subnet (pve-network Zones/SimplePlugin.pm puts "address <gateway>"
+	// on the bridge; the zone's DHCP configuration is regenerated in the
+	// same reload). It lets the engine share another client's apply: when
+	// that apply has already committed every SDN edit of this engine's
+	// batch, the engine waits for its reload to reach this node instead
+	// of applying again (a second apply of the whole cluster for nothing);
+	// when the reload does not come in time, it applies after all.
+	GatewayUp func(ctx context.Context, bridge string, gateway netip.Addr) (bool, error)
 	// Egress, when set, enforces sandboxes' egress policies (create's
 	// egress object, SetEgress); nil refuses them.
 	Egress Egress
@@ -235,6 +247,9 @@ type Engine struct {
 	sdnMu   sync.Mutex
 	sdnNext *sdnBatch
 	sdnRun  chan struct{}
+	// lastApply is how long the engine's last own SDN apply took
+	// (nanoseconds): how long a shared apply's reload is waited for.
+	lastApply atomic.Int64
 	// startMu keeps this engine's VM starts out of its own SDN applies:
 	// an apply stops the node's dnsmasqs, and a start's pve-bridge hook
 	// fails while they are stopped. An apply holds it for writing across

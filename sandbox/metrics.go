@@ -16,6 +16,7 @@ type metrics struct {
 	sdnApplies    prometheus.Counter
 	sdnReapplies  prometheus.Counter
 	sdnApplyTime  prometheus.Histogram
+	sdnShared     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -49,9 +50,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "How long the engine's SDN applies took, until the apply task ended; it grows with every DHCP zone of the cluster on every node.",
 			Buckets: []float64{0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800},
 		}),
+		sdnShared: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "sdn_shared_applies_total",
+			Help: "SDN applies the engine left out because another client's apply (another node's daemon) had already committed all of its edits.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals, m.sdnApplies, m.sdnReapplies, m.sdnApplyTime} {
+		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals, m.sdnApplies, m.sdnReapplies, m.sdnApplyTime, m.sdnShared} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -308,7 +309,14 @@ func newCluster(ctx context.Context, n int, cost pveemu.ReloadCost, unbatched bo
 		fb := c.fbs[i]
 		eng, err := sandbox.New(sandbox.Options{Node: name, Proxmox: px, Guests: emuguest.Dial, QGADir: filepath.Join(dir, name),
 			StateDir: filepath.Join(dir, "state-"+name), AgentTimeout: 30 * time.Second, UnbatchedApplies: unbatched, Logger: log,
-			BridgeUp: func(_ context.Context, bridge string) (bool, error) { return fakeBridge(fb, bridge), nil }})
+			BridgeUp: func(_ context.Context, bridge string) (bool, error) {
+				_, ok := fb.VNet(bridge)
+				return ok, nil
+			},
+			GatewayUp: func(_ context.Context, bridge string, gw netip.Addr) (bool, error) {
+				v, ok := fb.VNet(bridge)
+				return ok && v.Gateway == gw, nil
+			}})
 		if err != nil {
 			return nil, err
 		}
@@ -334,19 +342,6 @@ func (c *cluster) countApplies(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
-}
-
-// fakeBridge says whether fb runs a vnet named bridge.
-func fakeBridge(fb *pveemu.FakeBackend, bridge string) bool {
-	for _, id := range fb.Zones() {
-		z, _ := fb.Zone(id)
-		for _, v := range z.VNets {
-			if v.Name == bridge {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // addZones adds n DHCP zones of nobody's sandbox, spread over the nodes,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -103,7 +104,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	so := options{Options: sandbox.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
-		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: log, BridgeUp: fakeBridgeUp(fb)},
+		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: log, BridgeUp: fakeBridgeUp(fb), GatewayUp: fakeGatewayUp(fb)},
 		serverOptions: sandboxapi.Options{Logger: log}}
 	for _, f := range o.opts {
 		f(&so)
@@ -139,15 +140,17 @@ func rootClient(t *testing.T, emu *pveemu.Server, url string, hc *http.Client, n
 // is up when a zone the backend applied has it.
 func fakeBridgeUp(fb *pveemu.FakeBackend) func(context.Context, string) (bool, error) {
 	return func(_ context.Context, bridge string) (bool, error) {
-		for _, id := range fb.Zones() {
-			z, _ := fb.Zone(id)
-			for _, v := range z.VNets {
-				if v.Name == bridge {
-					return true, nil
-				}
-			}
-		}
-		return false, nil
+		_, ok := fb.VNet(bridge)
+		return ok, nil
+	}
+}
+
+// fakeGatewayUp is Options.GatewayUp for the fake backend: the bridge is
+// up with its subnet's gateway.
+func fakeGatewayUp(fb *pveemu.FakeBackend) func(context.Context, string, netip.Addr) (bool, error) {
+	return func(_ context.Context, bridge string, gw netip.Addr) (bool, error) {
+		v, ok := fb.VNet(bridge)
+		return ok && v.Gateway == gw, nil
 	}
 }
 

@@ -197,8 +197,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		health.AgentBrokenAfter = ac.AgentBrokenAfter
 	}
 	bridgeUp := d.BridgeUp
+	var gatewayUp func(context.Context, string, netip.Addr) (bool, error)
 	if bridgeUp == nil && ac.VerifyBridges {
 		bridgeUp = sandbox.SysfsBridgeUp("/sys/class/net")
+		gatewayUp = hostnet.New().HasAddress
 	}
 	eng, err := sandbox.New(sandbox.Options{
 		Node:      cfg.Node.ID,
@@ -222,6 +224,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		HostNetworks:             hostnet.New().Prefixes,
 		ZonesChanged:             d.ZonesChanged,
 		BridgeUp:                 bridgeUp,
+		GatewayUp:                gatewayUp,
 		Egress:                   d.Egress,
 		VMConfigs:                px,
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
