@@ -38,6 +38,8 @@ type emuEnv struct {
 	srv *sandboxapi.Server
 	c   *client.Client
 	run string
+	// tokenID is the daemon's token (ApplyAccessSetup's).
+	tokenID string
 }
 
 // newEmuEnv runs the sandbox API against the Proxmox emulator (fake
@@ -62,6 +64,9 @@ type emuSetup struct {
 	wrap func(http.Handler) http.Handler
 	// opts change the sandbox API's options.
 	opts []func(*options)
+	// recordPerms makes the emulator record its privilege checks from
+	// its start (pveemu.Server.PermChecks).
+	recordPerms bool
 }
 
 func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
@@ -74,6 +79,9 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), RootPassword: emuRootPassword})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.recordPerms {
+		emu.RecordPermChecks()
 	}
 	var h http.Handler = emu
 	if o.wrap != nil {
@@ -110,7 +118,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
 	t.Cleanup(hs.Close)
-	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
+	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run, tokenID: id}
 }
 
 // socketGuest answers Ping while the emulator's agent socket exists (the
