@@ -40,6 +40,8 @@ type emuEnv struct {
 	srv *sandboxapi.Server
 	c   *client.Client
 	run string
+	// tokenID is the daemon's token (ApplyAccessSetup's).
+	tokenID string
 }
 
 // newEmuEnv runs the sandbox API against the Proxmox emulator (fake
@@ -66,6 +68,9 @@ type emuSetup struct {
 	opts []func(*options)
 	// reloadCost is the emulator's cost of a node's network reload.
 	reloadCost pveemu.ReloadCost
+	// recordPerms makes the emulator record its privilege checks from
+	// its start (pveemu.Server.PermChecks).
+	recordPerms bool
 }
 
 func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
@@ -79,6 +84,9 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 		ReloadCost: o.reloadCost})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.recordPerms {
+		emu.RecordPermChecks()
 	}
 	var h http.Handler = emu
 	if o.wrap != nil {
@@ -115,7 +123,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
 	t.Cleanup(hs.Close)
-	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
+	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run, tokenID: id}
 }
 
 // socketGuests is the fake backend's guest (emuguest).

@@ -141,7 +141,18 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 	if !async {
 		onVM = nil // the synchronous update loads the config under its lock only
 	}
-	if err := s.openVM(rq, u.parse, onVM); err != nil {
+	// update_vm_api checks the request's privileges before it loads the
+	// config and before the asynchronous update forks its worker: a
+	// refusal is the request's 403, not the task's.
+	parse := func(rq *request) error {
+		if err := u.parse(rq); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.checkUpdateRequestLocked(u)
+	}
+	if err := s.openVM(rq, parse, onVM); err != nil {
 		return nil, err
 	}
 	if !async {
@@ -175,9 +186,8 @@ func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) 
 	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
 		return err
 	}
-	if err := s.checkKeyPermsLocked(u); err != nil {
-		return err
-	}
+	// The request's own checks ran before the fork (checkUpdateRequestLocked);
+	// reverted keys become changes and deletions and are checked by value.
 	u.revertLocked(v)
 	if err := s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, v.conf, v.pending); err != nil {
 		return err

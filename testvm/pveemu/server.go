@@ -116,6 +116,13 @@ type Server struct {
 	sdn     sdnState
 	fw      map[string]*firewall // "cluster" and "node"
 	records []RequestRecord
+
+	// permMu guards permLog, the privilege checks made while
+	// recordPerms is set (RecordPermChecks).
+	permMu      sync.Mutex
+	recordPerms bool
+	permLog     []PermCheck
+
 	pwdRoot string
 	vmLocks map[int]*sync.Mutex
 	// stats is what the last pvestatd-like refresh published per VM (nil
@@ -151,6 +158,9 @@ type testHooks struct {
 
 // RequestRecord is one request the emulator received, as validated.
 type RequestRecord struct {
+	// AuthID is the user or token the request authenticated as ("" when
+	// it did not).
+	AuthID  string
 	Method  string
 	Path    string // relative to /api2/json
 	Route   string // matched path template ("" when none)
@@ -446,6 +456,7 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (_ any
 	if err != nil {
 		return nil, err
 	}
+	rec.AuthID = authid
 
 	rt, vars := s.match(r.Method, rel)
 	if rt == nil {
