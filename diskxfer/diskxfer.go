@@ -471,15 +471,26 @@ func (t *Transfer) release(ctx context.Context, vmid int, volid string, tries in
 // attach hot-plugs the image into the VM. A hot-plug Proxmox refuses
 // leaves the disk pending in the VM's config; the cleanup reverts it
 // before the image is freed.
+//
+// The hot-plug runs on a context the caller cannot cancel (bounded by
+// attachBound): a wait given up while Proxmox's config task runs on would
+// let the cleanup find no key naming the image yet and free it, and the
+// task would then record a disk on a freed volume.
 func (t *Transfer) attach(ctx context.Context, v *volume, ph *phases) error {
 	v.plugTried = true
-	if err := t.px.AttachVolume(ctx, v.vmid, v.slot, v.volid, v.serial); err != nil {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attachBound)
+	defer cancel()
+	if err := t.px.AttachVolume(actx, v.vmid, v.slot, v.volid, v.serial); err != nil {
 		return fmt.Errorf("disk transfer: hot-plug of the transfer disk into VM %d as %s failed: %w", v.vmid, v.slot, err)
 	}
 	v.attached = true
 	ph.mark("attach")
 	return nil
 }
+
+// attachBound bounds a hot-plug's config task: qemu-server's device_add
+// and its checks take seconds; minutes mean the node is in trouble.
+const attachBound = 2 * time.Minute
 
 // SCSIHotplug says whether a guest sees a SCSI disk hot-plugged on
 // controller scsihw ("": qemu-server's default, lsi). qemu-server plugs

@@ -87,7 +87,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		m.mu.Unlock()
 		return apitype.Sandbox{}, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	// The record's cancel stops the create (a delete of it); its bounds
+	// are build's: CreateTimeout on each side of the SDN apply.
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rec := newRecord(id, req, prefixes, now, cancel)
 	m.sbx[id] = rec
@@ -104,7 +106,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		return apitype.Sandbox{}, err
 	}
 	m.emitSandbox(apitype.EventCreated, rec, "")
-	m.retireAll(cctx, yield, "yield")
+	rctx, rcancel := context.WithTimeout(cctx, m.o.CreateTimeout)
+	m.retireAll(rctx, yield, "yield")
+	rcancel()
 	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
 		log.Warn("create failed, tearing down", "err", err)
@@ -157,20 +161,30 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 }
 
 // build creates the zone, vnets, subnets and VMs of rec.
+//
+// CreateTimeout bounds the create's own work before its SDN apply and,
+// afresh, after it; the wait for the apply is bounded apart (ApplyTimeout
+// for each apply it waits for): on a cluster of many zones the apply alone
+// can take longer than a create's own work, and it is not the create's.
 func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
-	if err := m.buildZone(ctx, rec); err != nil {
+	zctx, zcancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	err := m.buildZone(zctx, rec)
+	zcancel()
+	if err != nil {
 		return err
 	}
 	if err := m.applySDNFor(ctx, rec); err != nil {
 		return err
 	}
-	if err := m.publishZones(ctx); err != nil {
+	vctx, vcancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	defer vcancel()
+	if err := m.publishZones(vctx); err != nil {
 		return err
 	}
-	if err := m.applyEgress(ctx, rec); err != nil {
+	if err := m.applyEgress(vctx, rec); err != nil {
 		return err
 	}
-	return m.buildVMs(ctx, rec, tmpl, env)
+	return m.buildVMs(vctx, rec, tmpl, env)
 }
 
 // buildZone creates rec's zone, vnets and subnets, pending until the next
@@ -423,9 +437,15 @@ type vmStarter interface {
 	StartVM(ctx context.Context, vmid int) error
 }
 
-// startVM starts vmid outside this engine's own SDN applies (startMu).
+// allStarts is the weight of Engine.starts an SDN apply takes: more
+// than any number of concurrent starts.
+const allStarts = 1 << 30
+
+// startVM starts vmid outside this engine's own SDN applies (starts).
 func (m *Engine) startVM(ctx context.Context, px vmStarter, vmid int) error {
-	m.startMu.RLock()
-	defer m.startMu.RUnlock()
+	if err := m.starts.Acquire(ctx, 1); err != nil {
+		return fmt.Errorf("start vm %d: waiting for this node's SDN apply: %w", vmid, err)
+	}
+	defer m.starts.Release(1)
 	return px.StartVM(ctx, vmid)
 }

@@ -266,7 +266,11 @@ func (m *Engine) deleteSDN(ctx context.Context, sb string, nets []apitype.Networ
 		}
 	}
 	if changed {
-		return m.applySDN(ctx)
+		// The teardown waits for its apply, shared or its own, as long as
+		// the apply may take (ApplyTimeout), not only its own bound: an
+		// apply of a large cluster outlasts it, and a teardown that gives
+		// up leaves the sandbox in error while the apply runs on.
+		return m.applySDN(context.WithoutCancel(ctx))
 	}
 	return nil
 }

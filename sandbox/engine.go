@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sync/semaphore"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -193,7 +195,7 @@ func (o *Options) defaults() error {
 // Lock order, in words: stateMu and zonesMu are each taken before mu and
 // never while mu is held (saveState and publishZones read the sandboxes
 // under mu inside their own lock, then release mu before they write the
-// file or call the hook); idMu, sdnMu and startMu are leaves, taken alone; no two
+// file or call the hook); idMu, sdnMu and starts are leaves, taken alone; no two
 // of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
 // held across a call to Proxmox, a guest, a hook or the disk; idMu and
 // zonesMu are held across the one outside call each serializes (NextID,
@@ -250,12 +252,13 @@ type Engine struct {
 	// lastApply is how long the engine's last own SDN apply took
 	// (nanoseconds): how long a shared apply's reload is waited for.
 	lastApply atomic.Int64
-	// startMu keeps this engine's VM starts out of its own SDN applies:
-	// an apply stops the node's dnsmasqs, and a start's pve-bridge hook
-	// fails while they are stopped. An apply holds it for writing across
-	// its PUT /cluster/sdn task, a start for reading across its start; a
-	// leaf, taken alone.
-	startMu sync.RWMutex
+	// starts keeps this engine's VM starts out of its own SDN applies: an
+	// apply stops the node's dnsmasqs, and a start's pve-bridge hook fails
+	// while they are stopped. An apply holds all of it (allStarts) across
+	// its PUT /cluster/sdn task, a start one unit across its start. A
+	// start's or an apply's wait for it ends with its context; a leaf,
+	// taken alone.
+	starts *semaphore.Weighted
 	// stateMu serializes writes of the state file, so the file never goes
 	// back to an older list than one already written; taken before mu.
 	stateMu sync.Mutex
@@ -288,7 +291,7 @@ func New(o Options) (*Engine, error) {
 		return nil, fmt.Errorf("sandbox: register pool metrics: %w", err)
 	}
 	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, members: map[string]*record{}, pool: wp,
-		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1),
+		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1), starts: semaphore.NewWeighted(allStarts),
 		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet,
 		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px, tagger: px}, nil
 }

@@ -99,11 +99,15 @@ func (m *Engine) applyBatch(ctx context.Context, own bool) (shared bool, err err
 			return true, nil
 		}
 	}
-	m.startMu.Lock()
+	if err := m.starts.Acquire(actx, allStarts); err != nil {
+		b.err = fmt.Errorf("apply sdn: waiting for this node's VM starts: %w", err)
+		close(b.done)
+		return false, b.err
+	}
 	start := time.Now()
 	b.err = pxErr("apply sdn", m.zones.ApplySDN(actx))
 	took := time.Since(start)
-	m.startMu.Unlock()
+	m.starts.Release(allStarts)
 	m.lastApply.Store(int64(took))
 	m.met.sdnApplies.Inc()
 	m.met.sdnApplyTime.Observe(took.Seconds())

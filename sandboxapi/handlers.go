@@ -44,8 +44,10 @@ type param struct {
 }
 
 func reqTimeout(s *Server) time.Duration    { return s.o.RequestTimeout }
-func createTimeout(s *Server) time.Duration { return s.eo.CreateTimeout + s.eo.TeardownTimeout }
-func deleteTimeout(s *Server) time.Duration { return s.eo.TeardownTimeout }
+func createTimeout(s *Server) time.Duration {
+	return 2*s.eo.CreateTimeout + 2*s.eo.ApplyTimeout + s.eo.TeardownTimeout
+}
+func deleteTimeout(s *Server) time.Duration { return s.eo.TeardownTimeout + s.eo.ApplyTimeout }
 func fileTimeout(s *Server) time.Duration   { return s.o.FileTimeout }
 func execTimeout(s *Server) time.Duration {
 	return time.Duration(maxExecTimeout)*time.Second + 30*time.Second
