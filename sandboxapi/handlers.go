@@ -43,7 +43,7 @@ type param struct {
 	schema func() map[string]any
 }
 
-func reqTimeout(s *Server) time.Duration    { return s.o.RequestTimeout }
+func reqTimeout(s *Server) time.Duration { return s.o.RequestTimeout }
 func createTimeout(s *Server) time.Duration {
 	return 2*s.eo.CreateTimeout + 2*s.eo.ApplyTimeout + s.eo.TeardownTimeout
 }
