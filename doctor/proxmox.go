@@ -606,14 +606,32 @@ func broadOn(path, priv string) (string, bool) {
 	if priv == "SDN.Use" && (path == access.LocalZonePath || strings.HasPrefix(path, access.LocalZonePath+"/")) {
 		return hostBridgeUse, true
 	}
+	for _, sub := range sdnDefinitions {
+		if strings.HasPrefix(priv, "SDN.") && (path == sub || strings.HasPrefix(path, sub+"/")) {
+			return "define " + strings.TrimPrefix(sub, "/sdn/") + " (an external IPAM or DNS server, FRR peers the node's routing follows)", true
+		}
+	}
 	return "", false
 }
+
+// sdnDefinitions are the SDN paths beside /sdn/zones that the token needs
+// nothing on: IPAM, DNS, controller and fabric definitions (pve-network
+// API2/Network/SDN/Ipams.pm, Dns.pm, Controllers.pm, Fabrics), reached by
+// an older pve-access-setup's propagating grant on /sdn.
+var sdnDefinitions = []string{"/sdn/ipams", "/sdn/dns", "/sdn/controllers", "/sdn/fabrics"}
+
+// probeVLAN is a VLAN tag the scope check asks for below each host bridge:
+// SDN.Use there that no template's NIC needs means a bridge grant that
+// propagates (every VLAN of the bridge).
+const probeVLAN = "4094"
 
 // ScopeCheck reads every path the token has privileges on (GET
 // /access/permissions without a path: the ACL tree's paths and the pools'
 // members), /sdn/zones/localnetwork and each host bridge the token may
 // use (GET /nodes/{node}/network?type=any_local_bridge lists those with
-// SDN.Audit or SDN.Use: pve-manager API2/Network.pm index, check_sdn_bridge),
+// SDN.Audit or SDN.Use: pve-manager API2/Network.pm index, check_sdn_bridge)
+// and a VLAN of each (a propagating bridge grant), the SDN definitions
+// beside /sdn/zones,
 // and fails on a broad privilege the call table does not need there: what
 // an older pve-access-setup granted (Sys.Modify on /,
 // VM.GuestAgent.Unrestricted, SDN.Use propagated from /sdn onto the host's
@@ -651,9 +669,9 @@ func ScopeCheck(px API, n Node, calls []access.Call) Check {
 		if err := px.Get(ctx, "/nodes/"+url.PathEscape(n.Name)+"/network?type=any_local_bridge", &bridges); err != nil {
 			return failf("GET /nodes/{node}/network is open to every user; check [api.proxmox] node", "GET /nodes/%s/network: %v", n.Name, err)
 		}
-		probe := []string{access.LocalZonePath}
+		probe := append([]string{access.LocalZonePath}, sdnDefinitions...)
 		for _, b := range bridges {
-			probe = append(probe, access.LocalZonePath+"/"+b.Iface)
+			probe = append(probe, access.LocalZonePath+"/"+b.Iface, access.LocalZonePath+"/"+b.Iface+"/"+probeVLAN)
 		}
 		for _, p := range probe {
 			if _, ok := privsOf[p]; ok {

@@ -72,7 +72,7 @@ func (c *Client) EditsCommitted(ctx context.Context) (bool, error) {
 			if cidr == "" {
 				cidr = subnetCIDR(s.ID)
 			}
-			if s.State != "" && edits["subnet "+v+" "+cidr] {
+			if _, mine := edits["subnet "+v+" "+cidr]; s.State != "" && mine {
 				return false, nil
 			}
 		}

@@ -176,15 +176,15 @@ func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[str
 	if err := m.applySDNFor(ctx, rec); err != nil {
 		return err
 	}
-	vctx, vcancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	vctx, vcancel := withBudget(ctx, m.o.CreateTimeout)
 	defer vcancel()
 	if err := m.publishZones(vctx); err != nil {
-		return err
+		return budgetErr(vctx, err)
 	}
 	if err := m.applyEgress(vctx, rec); err != nil {
-		return err
+		return budgetErr(vctx, err)
 	}
-	return m.buildVMs(vctx, rec, tmpl, env)
+	return budgetErr(vctx, m.buildVMs(vctx, rec, tmpl, env))
 }
 
 // buildZone creates rec's zone, vnets and subnets, pending until the next
@@ -442,8 +442,16 @@ type vmStarter interface {
 const allStarts = 1 << 30
 
 // startVM starts vmid outside this engine's own SDN applies (starts).
+// The wait for an apply to end is not the create's work: its budget
+// (withBudget) is paused meanwhile, and the wait is bounded by
+// ApplyTimeout.
 func (m *Engine) startVM(ctx context.Context, px vmStarter, vmid int) error {
-	if err := m.starts.Acquire(ctx, 1); err != nil {
+	resume := pauseBudget(ctx)
+	gctx, cancel := context.WithTimeout(ctx, m.o.ApplyTimeout)
+	err := m.starts.Acquire(gctx, 1)
+	cancel()
+	resume()
+	if err != nil {
 		return fmt.Errorf("start vm %d: waiting for this node's SDN apply: %w", vmid, err)
 	}
 	defer m.starts.Release(1)

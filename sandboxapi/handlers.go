@@ -48,7 +48,10 @@ func createTimeout(s *Server) time.Duration {
 	return 2*s.eo.CreateTimeout + 2*s.eo.ApplyTimeout + s.eo.TeardownTimeout
 }
 func deleteTimeout(s *Server) time.Duration { return s.eo.TeardownTimeout + s.eo.ApplyTimeout }
-func fileTimeout(s *Server) time.Duration   { return s.o.FileTimeout }
+
+// vmOpTimeout bounds a check, a snapshot or a rollback: no SDN apply.
+func vmOpTimeout(s *Server) time.Duration { return s.eo.CreateTimeout + s.eo.TeardownTimeout }
+func fileTimeout(s *Server) time.Duration { return s.o.FileTimeout }
 func execTimeout(s *Server) time.Duration {
 	return time.Duration(maxExecTimeout)*time.Second + 30*time.Second
 }
@@ -74,12 +77,12 @@ func (s *Server) routeTable() []route {
 		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: apitype.ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
 		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
 		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
-		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: apitype.ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
+		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: apitype.ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: vmOpTimeout, h: s.check},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: apitype.ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
 		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: apitype.ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
 		{method: "PUT", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: apitype.ScopeExec, summary: "Write a guest file (raw bytes)", requestType: "application/octet-stream", okStatus: 204, params: []param{pID, pVM, pPath, pMode}, timeout: fileTimeout, h: s.writeFile},
-		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: apitype.ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: createTimeout, h: s.snapshot},
-		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: apitype.ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: createTimeout, h: s.rollback},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: apitype.ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: vmOpTimeout, h: s.snapshot},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: apitype.ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: vmOpTimeout, h: s.rollback},
 		s.eventsRoute(),
 	}
 }

@@ -66,14 +66,14 @@ func TestPlaygroundDoctor(t *testing.T) {
 		"guard": doctor.Pass, "conntrack bound": doctor.Pass, "lockdown": doctor.Pass, "sandbox api": doctor.Pass,
 		"canary: create": doctor.Pass, "canary: exec": doctor.Pass, "canary: file, streaming path": doctor.Pass,
 		"canary: file, disk path": doctor.Pass, "canary: snapshot and rollback": doctor.Pass, "canary: containment check": doctor.Pass,
-		"canary: delete": doctor.Pass, "canary: nothing left behind": doctor.Pass,
+		"canary: delete": doctor.Pass, "canary: nothing left behind": doctor.Pass, "pool VM NICs": doctor.Pass,
 	} {
 		if got[name] != want {
 			t.Errorf("check %q: %q, want %q", name, got[name], want)
 		}
 	}
-	if len(rep.Checks) != 24 {
-		t.Errorf("%d checks, want 24", len(rep.Checks))
+	if len(rep.Checks) != 25 {
+		t.Errorf("%d checks, want 25", len(rep.Checks))
 	}
 
 	// The human table of the read-only checks, with the shipped unit's

@@ -98,7 +98,9 @@ esac
 	tok := access.TokenID(host)
 	for _, want := range []string{
 		"acl modify /pool/pve-inspect --tokens " + tok + " --roles PVEInspect --propagate 1",
-		"acl modify /sdn --tokens " + tok + " --roles PVEInspect --propagate 1",
+		// the apply on /sdn alone; zones, vnets, subnets below /sdn/zones
+		"acl modify /sdn --tokens " + tok + " --roles PVEInspect --propagate 0",
+		"acl modify /sdn/zones --tokens " + tok + " --roles PVEInspect --propagate 1",
 		// the host's bridges: none but the templates' NICs'
 		"acl modify /sdn/zones/localnetwork --tokens " + tok + " --roles NoAccess --propagate 1",
 		"acl modify /sdn/zones/localnetwork/vmbr0 --tokens " + tok + " --roles PVEInspectBridge --propagate 0",

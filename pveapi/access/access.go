@@ -294,7 +294,8 @@ func Roles() []Role {
 func Grants() []Grant {
 	return []Grant{
 		{"/pool/" + PhPool, RoleMain, true},
-		{"/sdn", RoleMain, true},
+		{"/sdn", RoleMain, false},
+		{"/sdn/zones", RoleMain, true},
 		{LocalZonePath, RoleNoAccess, true},
 		{LocalZonePath + "/" + PhBridge, RoleBridge, false},
 		{"/nodes/" + PhNode, RoleNode, false},

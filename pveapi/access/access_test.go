@@ -149,6 +149,7 @@ func TestNoBroadGrant(t *testing.T) {
 		t.Errorf("privileges on /: %v", got)
 	}
 	for _, p := range []string{"/nodes/" + node.name + "/network", "/storage/other", "/vms/101", "/access", "/mapping/pci/x",
+		"/sdn/ipams/pve", "/sdn/dns/pdns", "/sdn/controllers/evpn", "/sdn/fabrics/f",
 		LocalZonePath, LocalZonePath + "/vmbr1", LocalZonePath + "/vmbr0/5", LocalZonePath + "/eth0"} {
 		if got := privsOn(nodeEntries(), p); len(got) != 0 {
 			t.Errorf("privileges on %s: %v", p, got)
@@ -166,7 +167,7 @@ func TestNoBroadGrant(t *testing.T) {
 func TestACLEntries(t *testing.T) {
 	got := ACLEntries("n1", "p", []int{9000, 9001}, []string{"vmbr0", "vmbr1/5"})
 	want := []ACLEntry{
-		{"/pool/p", RoleMain, true}, {"/sdn", RoleMain, true}, {LocalZonePath, RoleNoAccess, true},
+		{"/pool/p", RoleMain, true}, {"/sdn", RoleMain, false}, {"/sdn/zones", RoleMain, true}, {LocalZonePath, RoleNoAccess, true},
 		{LocalZonePath + "/vmbr0", RoleBridge, false}, {LocalZonePath + "/vmbr1/5", RoleBridge, false},
 		{"/nodes/n1", RoleNode, false}, {"/", RoleCluster, false},
 		{"/vms/9000", RoleTemplate, false}, {"/vms/9001", RoleTemplate, false},
@@ -176,7 +177,7 @@ func TestACLEntries(t *testing.T) {
 	}
 	got = Setup{Node: "n1", Pool: "p", Templates: []int{9000}, Transfer: "xfer"}.ACLEntries()
 	want = []ACLEntry{
-		{"/pool/p", RoleMain, true}, {"/sdn", RoleMain, true}, {LocalZonePath, RoleNoAccess, true},
+		{"/pool/p", RoleMain, true}, {"/sdn", RoleMain, false}, {"/sdn/zones", RoleMain, true}, {LocalZonePath, RoleNoAccess, true},
 		{"/nodes/n1", RoleNode, false}, {"/", RoleCluster, false},
 		{"/storage/xfer", RoleTransfer, false}, {"/vms/9000", RoleTemplate, false},
 	}

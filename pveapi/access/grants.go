@@ -8,8 +8,9 @@ import (
 
 // GrantOf returns the grant that gives call c its privileges on a node
 // set up by pve-access-setup: the pool's for its VMs, its member storages
-// and itself, the bridge role's for a template NIC's host bridge, /sdn's
-// for every other SDN path, and each of the others for its own path; the
+// and itself, the bridge role's for a template NIC's host bridge,
+// /sdn/zones' for every zone and vnet path, and each of the others (/sdn
+// itself among them: the apply) for its own path; the
 // transfer storage is a pool member too, so a call there is the transfer
 // role's when that role holds what it needs, else the pool's. ok is false
 // for a call that needs no privilege.
@@ -25,8 +26,8 @@ func GrantOf(c Call) (g Grant, ok bool) {
 		want = []string{p, "/pool/" + PhPool}
 	case strings.HasPrefix(p, LocalZonePath+"/"):
 		want = []string{LocalZonePath + "/" + PhBridge}
-	case strings.HasPrefix(p, "/sdn"):
-		want = []string{"/sdn"}
+	case p == "/sdn/zones" || strings.HasPrefix(p, "/sdn/zones/"):
+		want = []string{"/sdn/zones"}
 	default:
 		want = []string{p}
 	}
@@ -58,8 +59,9 @@ func covers(privs []string, c Call) bool {
 // calls, by grant path: what a stolen token could do with it.
 var alsoAllows = map[string]string{
 	"/pool/" + PhPool:              "every one of these privileges on any VM and storage put in the pool, whoever put it there (keep other VMs out of the pool): power, config (CPU, memory, disks, NICs, options, hardware, CD-ROM, cloud-init), snapshots and rollback, destroy; space on the pool's storages",
-	"/sdn":                         "create, change and delete any SDN zone, vnet and subnet of the cluster and apply the whole pending SDN configuration; SDN.Use on every SDN vnet of the cluster (another tenant's too), so a pool VM can be put on it; not on the host's bridges (the next row)",
-	LocalZonePath:                  "nothing: NoAccess, propagating, takes /sdn's role from every host bridge (`" + LocalZonePath + "/<bridge>`, VLANs included); without it a pool VM could be put on `vmbr0` or any other bridge of the host",
+	"/sdn":                         "apply the whole pending SDN configuration of the cluster, every client's edits with it; not propagating: no IPAM, DNS, controller or fabric definition (an external IPAM or DNS server, FRR peers) is reachable",
+	"/sdn/zones":                   "create, change and delete any SDN zone, vnet and subnet of the cluster, of any type (a VLAN, QinQ or VXLAN zone on a host bridge or towards peers it names, which no ACL below can stop), and SDN.Use on every SDN vnet (another tenant's too) and on a vnet it names like a host bridge and deletes again before a start (qemu-server plugs the NIC into the host bridge of that name): a stolen token can still put a pool VM on the host's networks, and a NIC with no bridge gets QEMU's user-mode network (the host's own traffic); the doctor's pool-VM check fails on a pool VM whose NIC is not on its own sandbox vnet. Not on the host's bridges by name (the next rows)",
+	LocalZonePath:                  "nothing: NoAccess, propagating, takes /sdn/zones' role from every host bridge (`" + LocalZonePath + "/<bridge>`, VLANs included); without it a pool VM could be put on `vmbr0` or any other bridge of the host",
 	LocalZonePath + "/" + PhBridge: "put a pool VM's NIC on that one host bridge (VLAN): the one a template's NIC is on (every NIC of a template must be usable to clone it, and replacing or deleting it checks it again), `vmbr0` for the usual templates; give the templates no NIC, or one on a bridge of its own without uplink, and this grant reaches nothing else (pve-access-setup grants exactly the templates' NIC paths and takes back the token's others)",
 	"/nodes/" + PhNode:             "Sys.Modify on the node beyond its firewall: stage and apply edits of the host network, start, stop and restart its services, replace its TLS certificate, refresh APT lists, set node options; Sys.Audit: read the node's status and its tasks",
 	"/":                            "read the datacenter options and the cluster firewall's options and rules (Sys.Audit on `/` only, not propagating)",

@@ -1,7 +1,6 @@
 package pveemu
 
 import (
-	"context"
 	"fmt"
 	"net/url"
 	"slices"
@@ -169,22 +168,7 @@ func TestTransferImagePermissions(t *testing.T) {
 // pool VM on any host bridge; without the bridge entry it cannot replace
 // the clone's NIC (update_vm's worker checks the NIC's old bridge too).
 func TestHostBridgeAccess(t *testing.T) {
-	e := newEnv(t)
-	e.setupZone()
-	if err := e.s.AddTemplate(context.Background(), 9001, "host", t.TempDir(), map[string]string{"net0": "virtio=BC:24:11:00:00:02,bridge=vmbr0"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.s.AddHostBridge("pve", "vmbr1"); err != nil {
-		t.Fatal(err)
-	}
-	id, secret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID, 9001}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	as := func(method, path string, form url.Values) resp {
-		t.Helper()
-		return e.do(method, path, form, authNone, "Authorization", "PVEAPIToken="+id+"="+secret)
-	}
+	e, id, as := tokenOnHostBridges(t)
 	asTask := func(method, path string, form url.Values) string {
 		t.Helper()
 		r := as(method, path, form)
