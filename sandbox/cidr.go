@@ -59,7 +59,10 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 		if err := m.cleaner.DeleteSubnet(ctx, n.VNet, n.CIDR); err != nil {
 			return pxErr("delete contested subnet "+n.CIDR, err)
 		}
-		if !auto || attempt >= 10 {
+		if !auto {
+			return &RangeInUseError{Index: i, Msg: fmt.Sprintf("network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)}
+		}
+		if attempt >= 10 {
 			return refuse(ErrConflict, "network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)
 		}
 		// A random pause, so that two contenders do not pick in step.
@@ -126,13 +129,11 @@ func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, ho
 			continue
 		}
 		p := netip.MustParsePrefix(n.CIDR)
-		for _, h := range host {
-			if h.Overlaps(p) {
-				return nil, refuse(ErrConflict, "network %q: cidr %s overlaps the host's network %s", n.Name, p, h)
-			}
+		if err := hostClash(n.Name, p, host); err != nil {
+			return nil, err
 		}
 		if overlaps(p) {
-			return nil, refuse(ErrConflict, "network %q: cidr %s overlaps a range in use", n.Name, p)
+			return nil, &RangeInUseError{Index: i, Msg: fmt.Sprintf("network %q: cidr %s overlaps a range in use by another sandbox", n.Name, p)}
 		}
 		out[i] = p
 		used = append(used, p)
