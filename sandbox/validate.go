@@ -57,11 +57,9 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 	if err := m.ValidateEgress(req.Egress); err != nil {
 		refusals = append(refusals, err)
 	}
-	var host []netip.Prefix
-	if m.o.HostNetworks != nil {
-		if host, err = m.o.HostNetworks(ctx); err != nil {
-			return nil, nil, fmt.Errorf("validate: %w", err)
-		}
+	host, err := m.ownHostNetworks(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	for i, n := range req.Networks {
 		p, perr := netip.ParsePrefix(n.CIDR)
@@ -94,6 +92,23 @@ func (m *Engine) Templates(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil
+}
+
+// ownHostNetworks returns the host's networks that are not a sandbox's:
+// a range in use (the cluster's subnets, this node's sandboxes) puts its
+// gateway's network on the host, and a fixed CIDR on it waits for the
+// range rather than being refused for good.
+func (m *Engine) ownHostNetworks(ctx context.Context) ([]netip.Prefix, error) {
+	foreign, host, err := m.rangesInUse(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	inUse := m.rangesInUseLocked(foreign)
+	m.mu.Unlock()
+	return slices.DeleteFunc(host, func(h netip.Prefix) bool {
+		return slices.ContainsFunc(inUse, func(u netip.Prefix) bool { return u.Bits() <= h.Bits() && u.Contains(h.Addr()) })
+	}), nil
 }
 
 // hostClash refuses a fixed CIDR of network name that overlaps one of the

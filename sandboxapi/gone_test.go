@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,19 +73,28 @@ func TestCallEndedByDelete(t *testing.T) {
 	}
 }
 
-// TestValidate: POST /v1/sandboxes/validate lists every refusal a create
-// would meet whatever else runs (each a problem document as the create's
-// would be), with the templates the node knows; ranges and room other
-// sandboxes hold pass; nothing is created.
+// TestValidate: POST /v1/sandboxes/validate lists every refusal of the
+// node a create would meet whatever else runs (each a problem document as
+// the create's would be), with the templates the node knows; ranges and
+// room other sandboxes hold pass; nothing is created. What the request's
+// own rules refuse is refused (400) as the create would.
 func TestValidate(t *testing.T) {
+	var vnetUp atomic.Bool
 	e := newEnv(t, func(o *options) {
 		o.Caps = sandbox.Caps{SandboxVCPUs: 4, NodeVCPUs: 6}
 		o.Egress = &fakeEgress{policies: map[string]apitype.EgressPolicy{}}
+		// The host's LAN, and the network the held sandbox's vnet puts on
+		// the host (its gateway's).
 		o.HostNetworks = func(context.Context) ([]netip.Prefix, error) {
-			return []netip.Prefix{netip.MustParsePrefix("192.168.7.0/24")}, nil
+			host := []netip.Prefix{netip.MustParsePrefix("192.168.7.0/24")}
+			if vnetUp.Load() {
+				host = append(host, netip.MustParsePrefix("10.9.0.0/24"))
+			}
+			return host, nil
 		}
 	})
 	held := e.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian", Cores: 4}}, Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: "10.9.0.0/24"}}})
+	vnetUp.Store(true)
 	type want struct{ typ, field, cap string }
 	for _, tc := range []struct {
 		name string
@@ -104,9 +114,6 @@ func TestValidate(t *testing.T) {
 			{apitype.ProblemGuardRefused, "", "sandbox_vcpus"},
 			{apitype.ProblemInvalidRequest, "egress", ""},
 			{apitype.ProblemInvalidRequest, "networks[0].cidr", ""},
-		}},
-		{"refused by the request's own rules", apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, TTLSeconds: 1 << 40}, []want{
-			{apitype.ProblemInvalidRequest, "ttl_seconds", ""},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,7 +140,19 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
+	// The request's own rules refuse it as the create would.
+	_, err := e.c.Validate(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, TTLSeconds: 1 << 40})
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Status != http.StatusBadRequest || p.Field != "ttl_seconds" {
+		t.Errorf("validate over the max TTL: %v, want invalid-request of field ttl_seconds", err)
+	}
 	if l, err := e.c.List(e.ctx()); err != nil || len(l) != 1 || l[0].ID != held.ID {
 		t.Errorf("sandboxes after validating: %v %v", l, err)
+	}
+	// A create of the held range waits for it (cidr-in-use), not refused
+	// for the host's network its vnet put there.
+	_, err = e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: "10.9.0.0/25"}}})
+	if !errors.As(err, &p) || p.Reason != apitype.ReasonCIDRInUse || p.Field != "networks[0].cidr" {
+		t.Errorf("create on the held range: %v, want a conflict of reason %s", err, apitype.ReasonCIDRInUse)
 	}
 }

@@ -140,18 +140,18 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 }
 
 // validateSandbox answers what a create of the body would be refused for
-// on this node (validateCreate's first refusal, then the engine's), with
-// the node's templates; a body that does not decode is refused as a
-// create's would be.
+// on this node, with the node's templates. A body the create's own rules
+// refuse (it does not decode, or breaks a rule of the request alone) is
+// refused as the create would refuse it, invalid-request (400).
 func (s *Server) validateSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
 	var req apitype.CreateRequest
 	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
 		return pr
 	}
-	rep := apitype.ValidateReport{Problems: []apitype.Problem{}}
 	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
-		rep.Problems = append(rep.Problems, *pr)
+		return pr
 	}
+	rep := apitype.ValidateReport{Problems: []apitype.Problem{}}
 	refusals, templates, err := s.e.Validate(r.Context(), req)
 	if err != nil {
 		return err

@@ -117,7 +117,8 @@ type VM struct {
 
 // ValidateReport is the answer of POST /v1/sandboxes/validate: what a
 // create of the request would be refused for on this node whatever else
-// runs there (the room and ranges other sandboxes hold are not in it).
+// runs there (the room and ranges other sandboxes hold are not in it). A
+// request its own rules refuse gets the create's invalid-request instead.
 type ValidateReport struct {
 	// Valid is true when Problems is empty.
 	Valid bool `json:"valid"`
