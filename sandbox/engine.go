@@ -331,6 +331,11 @@ type record struct {
 	// member is set while the record is a warm pool member (pool.go),
 	// under Engine.mu; a claim clears it.
 	member *memberInfo
+	// gone is why the sandbox is being deleted (expired, deleted by whom),
+	// set under Engine.mu as it turns to deleting: the calls the delete
+	// ends or refuses say it. Not persisted: a delete resumed after a
+	// restart says no why.
+	gone *goneWhy
 }
 
 // List returns a copy of the public view of every sandbox, by id.
