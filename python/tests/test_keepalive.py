@@ -61,13 +61,13 @@ async def _next_renewal(fake: FakeNode, sid: str) -> None:
 
 
 async def _sample(
-    node: NodeConfig, monkeypatch: pytest.MonkeyPatch, **cfg: Any
+    node: NodeConfig, monkeypatch: pytest.MonkeyPatch, task: str = "t", **cfg: Any
 ) -> tuple[PveInspectSandboxEnvironmentConfig, Sample]:
     # A renewal every 10 ms of a 60 s lease: the test moves the fake's clock.
     monkeypatch.setattr(keepalive, "RENEW_PER_LEASE", 6000)
     monkeypatch.setattr(keepalive, "MIN_INTERVAL", 0.0)
     c = PveInspectSandboxEnvironmentConfig(nodes=(node,), ttl_seconds=60, **cfg)
-    envs = await PveInspectSandboxEnvironment.sample_init("t", c, {})
+    envs = await PveInspectSandboxEnvironment.sample_init(task, c, {})
     return c, {k: v for k, v in envs.items() if isinstance(v, PveInspectSandboxEnvironment)}
 
 
@@ -205,18 +205,27 @@ async def test_failed_sample_init_leaves_no_heartbeat(
     """A sample_init that fails after the create (its first exec) stops
     the heartbeat and deletes the sandbox."""
     fake, node = fake_node
+    before = dict(_Run.keepalives)  # other tests' (this process's other evals)
     fake.exec_answer = (502, {"type": "guest-agent-error", "status": 502, "detail": "bad"})
     with pytest.raises(Exception, match="guest-agent-error"):
         await _sample(node, monkeypatch)
-    assert _heartbeats() == [] and _Run.keepalives == {} and fake.sandboxes == {}
+    assert _heartbeats() == [] and _Run.keepalives == before and fake.sandboxes == {}
 
 
 async def test_task_cleanup_stops_what_sample_cleanup_did_not(
     fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake, node = fake_node
-    c, envs = await _sample(node, monkeypatch)
-    assert len(_heartbeats()) == 1
-    await PveInspectSandboxEnvironment.task_cleanup("t", c, True)
-    assert _heartbeats() == [] and _Run.keepalives == {} and fake.sandboxes == {}
+    before = dict(_Run.keepalives)  # other tests' (this process's other evals)
+    c, envs = await _sample(node, monkeypatch, task="task-a")
+    other_c, other = await _sample(node, monkeypatch, task="task-b")
+    assert len(_heartbeats()) == 2
+    # Task a's cleanup stops and deletes task a's sandbox only: task b,
+    # running beside it in an eval-set, keeps its heartbeat and sandbox.
+    await PveInspectSandboxEnvironment.task_cleanup("task-a", c, True)
+    assert len(_heartbeats()) == 1 and list(fake.sandboxes) == [other["vm0"].sandbox_id]
+    assert _Run.keepalives.keys() - before.keys() == {other["vm0"].sandbox_id}
+    await PveInspectSandboxEnvironment.task_cleanup("task-b", other_c, True)
+    assert _heartbeats() == [] and _Run.keepalives == before and fake.sandboxes == {}
     await envs["vm0"].client.aclose()
+    await other["vm0"].client.aclose()

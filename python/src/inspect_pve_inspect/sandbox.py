@@ -83,6 +83,10 @@ class _Run:
     live: dict[str, NodeConfig] = {}  # noqa: RUF012 - sandbox id -> its node
     # sandbox id -> its heartbeat, until sample_cleanup (or task_cleanup) stops it
     keepalives: dict[str, Keepalive] = {}  # noqa: RUF012
+    # sandbox id -> the task whose sample made it: a task's cleanup stops
+    # and deletes its own, never another task's of the same eval (eval-sets
+    # run tasks side by side)
+    task_of: dict[str, str] = {}  # noqa: RUF012
 
 
 @sandboxenv(name=PROVIDER)
@@ -150,6 +154,7 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
             labels=[n.label() for n in cfg.networks],
         )
         _Run.live[sb["id"]] = client.node
+        _Run.task_of[sb["id"]] = task_name
         try:
             try:
                 health = await client.healthz()
@@ -202,9 +207,11 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
+        mine = {sid for sid, t in _Run.task_of.items() if t == task_name}
         for sid in list(_Run.keepalives):
-            await _stop_keepalive(sid)
-        left = dict(_Run.live)
+            if sid in mine:
+                await _stop_keepalive(sid)
+        left = {sid: node for sid, node in _Run.live.items() if sid in mine}
         if not left:
             return
         if not cleanup:
@@ -476,6 +483,7 @@ async def _delete(client: Client, sid: str) -> None:
         print(f"pve_inspect: delete {sid}: {e}")
         return
     _Run.live.pop(sid, None)
+    _Run.task_of.pop(sid, None)
 
 
 def _labels(sb: dict[str, Any]) -> dict[str, str]:
