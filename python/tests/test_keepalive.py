@@ -218,14 +218,16 @@ async def test_task_cleanup_stops_what_sample_cleanup_did_not(
     fake, node = fake_node
     before = dict(_Run.keepalives)  # other tests' (this process's other evals)
     c, envs = await _sample(node, monkeypatch, task="task-a")
-    other_c, other = await _sample(node, monkeypatch, task="task-b")
+    other_c, other = await _sample(node, monkeypatch, task="task-b", cidr_wait_seconds=5)
     assert len(_heartbeats()) == 2
-    # Task a's cleanup stops and deletes task a's sandbox only: task b,
-    # running beside it in an eval-set, keeps its heartbeat and sandbox.
-    await PveInspectSandboxEnvironment.task_cleanup("task-a", c, True)
+    # Inspect calls task_cleanup once per sandbox config, as "shutdown"
+    # (inspect_ai _eval/run.py): the cleanup of task a's config stops and
+    # deletes its sandbox only; task b's, of another config and running
+    # beside it in an eval-set, keeps its heartbeat and sandbox.
+    await PveInspectSandboxEnvironment.task_cleanup("shutdown", c, True)
     assert len(_heartbeats()) == 1 and list(fake.sandboxes) == [other["vm0"].sandbox_id]
     assert _Run.keepalives.keys() - before.keys() == {other["vm0"].sandbox_id}
-    await PveInspectSandboxEnvironment.task_cleanup("task-b", other_c, True)
+    await PveInspectSandboxEnvironment.task_cleanup("shutdown", other_c, True)
     assert _heartbeats() == [] and _Run.keepalives == before and fake.sandboxes == {}
     await envs["vm0"].client.aclose()
     await other["vm0"].client.aclose()

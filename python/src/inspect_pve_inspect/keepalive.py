@@ -19,7 +19,6 @@ why, so that the sample's next call raises Inspect's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import UTC, datetime
 
@@ -123,8 +122,14 @@ class Keepalive:
         if task is None:
             return
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # the heartbeat's own failure must not stop the cleanup
+            log.warning(
+                "pve_inspect: the heartbeat of sandbox %s had ended: %r", self.sandbox_id, e
+            )
 
     async def _run(self) -> None:
         wait = self.interval
@@ -145,6 +150,10 @@ class Keepalive:
                 continue
             except (NodeDown, httpx.HTTPError, OSError) as e:
                 self._failed(str(e) or type(e).__name__)
+                wait = min(RETRY, self.interval)
+                continue
+            except Exception as e:  # an answer it cannot read: renew again later
+                self._failed(f"{type(e).__name__}: {e}")
                 wait = min(RETRY, self.interval)
                 continue
             self.expires_at = parse_time(sb.get("expires_at")) or self.expires_at

@@ -83,10 +83,12 @@ class _Run:
     live: dict[str, NodeConfig] = {}  # noqa: RUF012 - sandbox id -> its node
     # sandbox id -> its heartbeat, until sample_cleanup (or task_cleanup) stops it
     keepalives: dict[str, Keepalive] = {}  # noqa: RUF012
-    # sandbox id -> the task whose sample made it: a task's cleanup stops
-    # and deletes its own, never another task's of the same eval (eval-sets
-    # run tasks side by side)
-    task_of: dict[str, str] = {}  # noqa: RUF012
+    # sandbox id -> the sandbox config its sample was made with: Inspect
+    # calls task_cleanup once per distinct config (with the task name
+    # "shutdown", not the task's), so a cleanup stops and deletes the
+    # sandboxes of its config only, never those of another config that
+    # another task of the same eval-set still runs
+    cfg_of: dict[str, str] = {}  # noqa: RUF012
 
 
 @sandboxenv(name=PROVIDER)
@@ -154,7 +156,7 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
             labels=[n.label() for n in cfg.networks],
         )
         _Run.live[sb["id"]] = client.node
-        _Run.task_of[sb["id"]] = task_name
+        _Run.cfg_of[sb["id"]] = _config_key(cfg)
         try:
             try:
                 health = await client.healthz()
@@ -207,7 +209,8 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
-        mine = {sid for sid, t in _Run.task_of.items() if t == task_name}
+        key = _config_key(coerce(config))
+        mine = {sid for sid, k in _Run.cfg_of.items() if k == key}
         for sid in list(_Run.keepalives):
             if sid in mine:
                 await _stop_keepalive(sid)
@@ -469,6 +472,11 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
     return req
 
 
+def _config_key(cfg: PveInspectSandboxEnvironmentConfig) -> str:
+    """The identity of a sandbox config, as task_cleanup gets it back."""
+    return cfg.model_dump_json()
+
+
 async def _stop_keepalive(sid: str) -> None:
     ka = _Run.keepalives.pop(sid, None)
     if ka is not None:
@@ -483,7 +491,7 @@ async def _delete(client: Client, sid: str) -> None:
         print(f"pve_inspect: delete {sid}: {e}")
         return
     _Run.live.pop(sid, None)
-    _Run.task_of.pop(sid, None)
+    _Run.cfg_of.pop(sid, None)
 
 
 def _labels(sb: dict[str, Any]) -> dict[str, str]:
