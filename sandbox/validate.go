@@ -26,16 +26,27 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 	}
 	var names []string
 	var ids, disks []int
+	// Each template name is looked up once, however many VMs name it: a
+	// read-scope call must not multiply Proxmox's work by the request's
+	// size.
+	known := map[string]int{}
+	unknownName := map[string]bool{}
 	for i, v := range req.VMs {
-		id, err := m.templateID(ctx, v.Template)
+		id, seen := known[v.Template]
+		var err error
+		if !seen && !unknownName[v.Template] {
+			id, err = m.templateID(ctx, v.Template)
+		}
 		var unknown *InvalidError
-		if errors.As(err, &unknown) {
+		if unknownName[v.Template] || errors.As(err, &unknown) {
+			unknownName[v.Template] = true
 			refusals = append(refusals, invalid(fmt.Sprintf("vms[%d].template", i), "unknown template %q", v.Template))
 			continue
 		}
 		if err != nil {
 			return nil, nil, err
 		}
+		known[v.Template] = id
 		names, ids, disks = append(names, v.Template), append(ids, id), append(disks, v.DiskGiB)
 	}
 	// A profile or disk refusal is the request's; a failed Proxmox call is
