@@ -30,7 +30,7 @@ func TestDiskName(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			px := &fakePx{dir: t.TempDir(), qemu: tt.qemu,
-				conf: map[string]string{"scsi0": "local-lvm:vm-100-disk-0", "scsi1": "x", "machine": tt.machine}}
+				conf: vmConf("machine=" + tt.machine)}
 			g := &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")) + "\n")}}
 			if err := New(px, Options{}).Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
 				t.Fatal(err)
@@ -50,27 +50,32 @@ func TestDiskName(t *testing.T) {
 	}
 }
 
-// TestHotplugWithoutDisk: a VM whose hotplug lacks disk would keep the
-// disk pending (the PUT succeeds, nothing appears): refused before any
-// image is allocated.
-func TestHotplugWithoutDisk(t *testing.T) {
+// TestUnpluggableVMRefused: a VM a hot-plugged disk would never reach is
+// refused before any image is allocated, naming the fix: one whose
+// hotplug lacks disk (Proxmox keeps the disk pending), and one whose SCSI
+// controller never tells the guest (lsi, qemu-server's default,
+// lsi53c810, megasas: Proxmox plugs it and reports success). The virtio
+// SCSI controllers and pvscsi pass.
+func TestUnpluggableVMRefused(t *testing.T) {
+	const fixHotplug, fixSCSI = "qm set ID --hotplug network,disk,usb", "qm set ID --scsihw virtio-scsi-single"
 	for _, tt := range []struct {
-		hotplug string
-		ok      bool
-	}{{"", true}, {"1", true}, {"network,disk,usb", true}, {"disk", true}, {"0", false}, {"network,usb", false}, {"cpu,memory", false}} {
-		t.Run(tt.hotplug, func(t *testing.T) {
-			conf := map[string]string{"scsi0": "x", "machine": "q35"}
-			if tt.hotplug != "" {
-				conf["hotplug"] = tt.hotplug
-			}
-			px := &fakePx{dir: t.TempDir(), conf: conf}
+		conf string // a vmConf override
+		fix  string // "" when the transfer goes ahead
+	}{
+		{"hotplug=", ""}, {"hotplug=1", ""}, {"hotplug=network,disk,usb", ""}, {"hotplug=disk", ""},
+		{"hotplug=0", fixHotplug}, {"hotplug=network,usb", fixHotplug}, {"hotplug=cpu,memory", fixHotplug},
+		{"scsihw=", fixSCSI}, {"scsihw=lsi", fixSCSI}, {"scsihw=lsi53c810", fixSCSI}, {"scsihw=megasas", fixSCSI},
+		{"scsihw=virtio-scsi-single", ""}, {"scsihw=virtio-scsi-pci", ""}, {"scsihw=pvscsi", ""},
+	} {
+		t.Run(tt.conf, func(t *testing.T) {
+			px := &fakePx{dir: t.TempDir(), conf: vmConf(tt.conf)}
 			g := &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")) + "\n")}}
 			err := New(px, Options{}).Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644)
-			if tt.ok != (err == nil) {
-				t.Fatalf("got %v, want ok %v", err, tt.ok)
+			if (tt.fix == "") != (err == nil) {
+				t.Fatalf("got %v, want refused %v", err, tt.fix != "")
 			}
-			if !tt.ok && (!errors.Is(err, sandbox.ErrNotConfigured) || !strings.Contains(err.Error(), "hotplug") || len(px.calls) != 0) {
-				t.Errorf("got %v with calls %v, want a clear refusal before any call", err, px.calls)
+			if tt.fix != "" && (!errors.Is(err, sandbox.ErrNotConfigured) || !strings.Contains(err.Error(), tt.fix) || len(px.calls) != 0) {
+				t.Errorf("got %v with calls %v, want a refusal naming %q before any call", err, px.calls, tt.fix)
 			}
 		})
 	}
@@ -79,7 +84,7 @@ func TestHotplugWithoutDisk(t *testing.T) {
 // TestPendingSlotIsTaken: a slot only pending (a change qemu-server could
 // not hot-plug) is not picked again.
 func TestPendingSlotIsTaken(t *testing.T) {
-	px := &fakePx{dir: t.TempDir(), conf: map[string]string{"scsi0": "x", "machine": "q35"}, pending: []string{"scsi1", "scsi2"}}
+	px := &fakePx{dir: t.TempDir(), conf: vmConf("scsi1="), pend: map[string]string{"scsi1": "local-lvm:vm-100-disk-3", "scsi2": "local-lvm:vm-100-disk-4"}}
 	g := &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")) + "\n")}}
 	if err := New(px, Options{}).Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644); err != nil {
 		t.Fatal(err)

@@ -5,9 +5,13 @@
 // exec copies between the disk (found under /dev/disk/by-id by the name
 // the VM's machine version gives it, diskname.go) and the guest file; the
 // disk is then unplugged with force, which frees the image. A VM whose
-// hotplug option lacks disk is refused first: Proxmox would keep the disk
-// pending and the guest would never see it. Integrity is checked by sha256 on both sides. Downloads
-// run the same steps in reverse. DESIGN.md section 10, ISSUE 18.
+// hotplug option lacks disk is refused first (Proxmox would keep the disk
+// pending and the guest would never see it), and so is one whose SCSI
+// controller never tells the guest of a hot-plugged disk (lsi, the
+// default, and megasas). No image is freed while a key of the VM's
+// config, current or pending, still names it (release). Integrity is
+// checked by sha256 on both sides. Downloads run the same steps in
+// reverse. DESIGN.md section 10, ISSUE 18.
 //
 // Where the time goes (image.go, progress.go, the scripts): every byte is
 // moved once on each side in 4 MiB blocks, hashed while it moves (a second
@@ -29,6 +33,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,15 +52,23 @@ type Proxmox interface {
 	VolumePath(ctx context.Context, volid string) (string, error)
 	// FreeVolume deletes a volume no VM config refers to.
 	FreeVolume(ctx context.Context, volid string) error
-	// DiskConfig returns the running VM's current config and every
-	// config key, current or pending.
-	DiskConfig(ctx context.Context, vmid int) (current map[string]string, used map[string]bool, err error)
+	// DiskConfig returns the running VM's config as it runs (current)
+	// and as it will be with its pending changes (pending: values only
+	// pending included, keys whose deletion is pending left out).
+	DiskConfig(ctx context.Context, vmid int) (current, pending map[string]string, err error)
 	// RunningQEMU returns the QEMU version the running VM uses ("10.1.2").
 	RunningQEMU(ctx context.Context, vmid int) (string, error)
-	// AttachVolume hot-plugs volid as disk slot with serial.
+	// AttachVolume hot-plugs volid as disk slot with serial. A hot-plug
+	// that fails leaves the disk pending in the VM's config.
 	AttachVolume(ctx context.Context, vmid int, slot, volid, serial string) error
-	// DetachVolume unplugs disk slot with force, freeing its volume.
+	// DetachVolume deletes disk slot with force: a plugged disk is
+	// unplugged and its volume freed, an unusedN's volume freed. An
+	// unplug that fails leaves the deletion pending.
 	DetachVolume(ctx context.Context, vmid int, slot string) error
+	// RevertPending drops the pending changes of the VM's config keys: a
+	// pending deletion is cancelled, a disk only pending goes and its
+	// volume becomes unusedN.
+	RevertPending(ctx context.Context, vmid int, keys ...string) error
 }
 
 // Options configure a Transfer.
@@ -254,12 +267,14 @@ func clip(b []byte) string {
 
 // volume is one transfer image and where it is.
 type volume struct {
-	vmid           int
-	volid, slot    string
-	serial, path   string
-	byID           string // the disk's /dev/disk/by-id name in the guest
-	attached, done bool
-	unlock         func()
+	vmid         int
+	volid, slot  string
+	serial, path string
+	byID         string // the disk's /dev/disk/by-id name in the guest
+	// plugTried: a hot-plug was asked for (the config may name the
+	// image, pending); attached: it succeeded; done: cleaned up.
+	plugTried, attached, done bool
+	unlock                    func()
 }
 
 // setup allocates the image, finds a free slot and learns the image's path.
@@ -282,7 +297,7 @@ func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volu
 	_, _ = rand.Read(b[:])
 	tag := hex.EncodeToString(b[:])
 	v := &volume{vmid: vmid, serial: "pvei" + tag}
-	conf, keys, err := t.px.DiskConfig(ctx, vmid)
+	conf, pending, err := t.px.DiskConfig(ctx, vmid)
 	if err != nil {
 		return nil, fmt.Errorf("disk transfer: %w", err)
 	}
@@ -290,9 +305,16 @@ func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volu
 		return nil, fmt.Errorf("disk transfer: %w: VM %d's hotplug option %q lacks disk, so a hot-plugged disk would stay pending until the next start; add disk to the template's hotplug (qm set ID --hotplug network,disk,usb)",
 			sandbox.ErrNotConfigured, vmid, conf["hotplug"])
 	}
+	if !SCSIHotplug(conf["scsihw"]) {
+		return nil, fmt.Errorf("disk transfer: %w: VM %d's SCSI controller %s cannot hot-plug disks: Proxmox plugs the transfer disk and reports success, but the controller never tells the guest, which would not see it; give the template a virtio SCSI controller (qm set ID --scsihw virtio-scsi-single)",
+			sandbox.ErrNotConfigured, vmid, scsihwName(conf["scsihw"]))
+	}
 	for i := 1; i <= 30 && v.slot == ""; i++ {
-		if k := "scsi" + strconv.Itoa(i); !keys[k] {
-			v.slot = k
+		k := "scsi" + strconv.Itoa(i)
+		if _, cur := conf[k]; !cur {
+			if _, pend := pending[k]; !pend {
+				v.slot = k
+			}
 		}
 	}
 	if v.slot == "" {
@@ -312,13 +334,13 @@ func (t *Transfer) setupLocked(ctx context.Context, vmid int, size int64) (*volu
 	return v, nil
 }
 
-// detachTries is how often an unplug is tried before the image is freed
-// through the storage API instead.
+// detachTries is how often an unplug is tried before the image is left
+// plugged.
 const detachTries = 3
 
-// cleanup unplugs (and so frees) the image, or frees it directly when it
-// was never attached or will not unplug. It runs on a fresh context so a
-// cancelled request still cleans up, and returns what failed.
+// cleanup unplugs (and so frees) the image, or frees it when no config
+// names it. It runs on a fresh context so a cancelled request still
+// cleans up, and returns what failed.
 func (t *Transfer) cleanup(ctx context.Context, v *volume) error {
 	if v.unlock != nil {
 		defer v.unlock()
@@ -327,38 +349,168 @@ func (t *Transfer) cleanup(ctx context.Context, v *volume) error {
 	if v.done {
 		return nil
 	}
+	v.done = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	var detachErr error
-	if v.attached {
-		for i := range detachTries {
-			if detachErr = t.px.DetachVolume(ctx, v.vmid, v.slot); detachErr == nil {
-				v.done = true
-				return nil
-			}
-			t.o.Logger.Warn("disk transfer: detach failed", "vmid", v.vmid, "slot", v.slot, "try", i+1, "err", detachErr)
-			time.Sleep(time.Duration(i+1) * 500 * time.Millisecond)
+	var err error
+	switch {
+	case v.attached:
+		// the common case: one unplug frees the image
+		if err = t.px.DetachVolume(ctx, v.vmid, v.slot); err == nil {
+			return nil
+		}
+		t.o.Logger.Warn("disk transfer: detach failed", "vmid", v.vmid, "slot", v.slot, "try", 1, "err", err)
+		err = t.release(ctx, v.vmid, v.volid, detachTries-1)
+	case v.plugTried:
+		err = t.release(ctx, v.vmid, v.volid, detachTries)
+	default:
+		if err = t.px.FreeVolume(ctx, v.volid); err != nil {
+			err = fmt.Errorf("free %s: %w", v.volid, err)
 		}
 	}
-	if err := t.px.FreeVolume(ctx, v.volid); err != nil {
+	if err != nil {
 		t.o.Logger.Error("disk transfer: image left on the node", "volid", v.volid, "err", err)
-		return errors.Join(detachErr, fmt.Errorf("free %s: %w", v.volid, err))
 	}
-	v.done = true
-	if detachErr != nil {
-		return fmt.Errorf("detach %s from %d (image freed): %w", v.slot, v.vmid, detachErr)
+	return err
+}
+
+// volumeRefs are the keys of a VM's config that name one volume.
+type volumeRefs struct {
+	// pending: keys with a pending change that names the volume or
+	// drops it (a value only pending, a pending deletion).
+	pending []string
+	// plugged is the disk key that holds it now, unused the unusedN.
+	plugged, unused string
+}
+
+// refsTo finds volid in VM vmid's config, current and pending.
+func (t *Transfer) refsTo(ctx context.Context, vmid int, volid string) (volumeRefs, error) {
+	var r volumeRefs
+	cur, pend, err := t.px.DiskConfig(ctx, vmid)
+	if err != nil {
+		return r, err
+	}
+	names := func(val string) bool { file, _, _ := strings.Cut(val, ","); return file == volid }
+	for _, k := range sortedKeys(cur, pend) {
+		c, inCur := cur[k]
+		p, inPend := pend[k]
+		switch {
+		case inCur && names(c) && (!inPend || p != c), inPend && names(p) && c != p:
+			r.pending = append(r.pending, k)
+		case inCur && names(c) && strings.HasPrefix(k, "unused"):
+			r.unused = k
+		case inCur && names(c):
+			r.plugged = k
+		}
+	}
+	return r, nil
+}
+
+// sortedKeys is the keys of the maps, sorted, without repeats.
+func sortedKeys(ms ...map[string]string) []string {
+	var out []string
+	for _, m := range ms {
+		for k := range m {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// release frees volid, an image of VM vmid, so that no key of the VM's
+// config, current or pending, names a freed volume (the VM's next start,
+// or a rollback, would fail on it). qemu-server keeps a disk whose
+// hot-plug failed pending, and a deletion whose unplug failed
+// (vmconfig_hotplug_pending); so release first reverts every pending
+// change naming the image (a disk only pending then becomes unusedN),
+// then unplugs a disk still holding it (up to tries times; when that
+// keeps failing the deletion is reverted and the image stays plugged, to
+// go with the VM), deletes an unusedN naming it (which frees it), or
+// frees it through the storage when no key names it.
+func (t *Transfer) release(ctx context.Context, vmid int, volid string, tries int) error {
+	r, err := t.refsTo(ctx, vmid, volid)
+	if err != nil {
+		return fmt.Errorf("find %s in VM %d's config: %w", volid, vmid, err)
+	}
+	if len(r.pending) > 0 {
+		if err := t.px.RevertPending(ctx, vmid, r.pending...); err != nil {
+			return fmt.Errorf("revert the pending %s of VM %d (image %s kept): %w", strings.Join(r.pending, ","), vmid, volid, err)
+		}
+		if r, err = t.refsTo(ctx, vmid, volid); err != nil {
+			return fmt.Errorf("find %s in VM %d's config: %w", volid, vmid, err)
+		}
+	}
+	switch {
+	case r.plugged != "":
+		var derr error
+		for i := range tries {
+			if derr = t.px.DetachVolume(ctx, vmid, r.plugged); derr == nil {
+				return nil
+			}
+			t.o.Logger.Warn("disk transfer: detach failed", "vmid", vmid, "slot", r.plugged, "try", i+2, "err", derr)
+			time.Sleep(time.Duration(i+1) * 500 * time.Millisecond)
+		}
+		// each failed unplug left the deletion pending
+		if err := t.px.RevertPending(ctx, vmid, r.plugged); err != nil {
+			derr = errors.Join(derr, fmt.Errorf("revert the pending deletion: %w", err))
+		}
+		return fmt.Errorf("detach %s from %d: image %s stays plugged (it goes with the VM): %w", r.plugged, vmid, volid, derr)
+	case r.unused != "":
+		if err := t.px.DetachVolume(ctx, vmid, r.unused); err != nil {
+			return fmt.Errorf("free %s (%s of VM %d): %w", volid, r.unused, vmid, err)
+		}
+		return nil
+	}
+	if err := t.px.FreeVolume(ctx, volid); err != nil {
+		return fmt.Errorf("free %s: %w", volid, err)
 	}
 	return nil
 }
 
-// attach hot-plugs the image into the VM.
+// attach hot-plugs the image into the VM. A hot-plug Proxmox refuses
+// leaves the disk pending in the VM's config; the cleanup reverts it
+// before the image is freed.
+//
+// The hot-plug runs on a context the caller cannot cancel (bounded by
+// attachBound): a wait given up while Proxmox's config task runs on would
+// let the cleanup find no key naming the image yet and free it, and the
+// task would then record a disk on a freed volume.
 func (t *Transfer) attach(ctx context.Context, v *volume, ph *phases) error {
-	if err := t.px.AttachVolume(ctx, v.vmid, v.slot, v.volid, v.serial); err != nil {
-		return fmt.Errorf("disk transfer: attach: %w", err)
+	v.plugTried = true
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), attachBound)
+	defer cancel()
+	if err := t.px.AttachVolume(actx, v.vmid, v.slot, v.volid, v.serial); err != nil {
+		return fmt.Errorf("disk transfer: hot-plug of the transfer disk into VM %d as %s failed: %w", v.vmid, v.slot, err)
 	}
 	v.attached = true
 	ph.mark("attach")
 	return nil
+}
+
+// attachBound bounds a hot-plug's config task: qemu-server's device_add
+// and its checks take seconds; minutes mean the node is in trouble.
+const attachBound = 2 * time.Minute
+
+// SCSIHotplug says whether a guest sees a SCSI disk hot-plugged on
+// controller scsihw ("": qemu-server's default, lsi). qemu-server plugs
+// one on every controller and reports success (vm_deviceplug), but only
+// virtio-scsi and pvscsi tell the guest (QEMU's virtio_scsi_hotplug,
+// pvscsi_hotplug); lsi, lsi53c810 and megasas have no hotplug handler,
+// so the guest would not see the disk until it rescans the bus itself.
+func SCSIHotplug(scsihw string) bool {
+	switch scsihw {
+	case "virtio-scsi-pci", "virtio-scsi-single", "pvscsi":
+		return true
+	}
+	return false
+}
+
+func scsihwName(scsihw string) string {
+	if scsihw == "" {
+		return "lsi (the default)"
+	}
+	return scsihw
 }
 
 // run runs one guest script on the attached image.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,17 +19,49 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// fakePx keeps images as files in a directory and records calls.
+// fakePx keeps images as files in a directory, models one VM's config
+// as qemu-server keeps it (a failed hot-plug stays pending, a failed
+// unplug a pending deletion, a reverted pending disk becomes unusedN) and
+// records calls.
 type fakePx struct {
 	dir        string
 	calls      []string
 	failAttach error
 	failDetach int // how many detaches fail
 	failFree   error
-	conf       map[string]string // the VM's current config (scsi0 and machine q35 when nil)
-	pending    []string          // keys only pending
+	conf       map[string]string // the VM's current config (vmConf() when nil)
+	pend       map[string]string // values only pending
+	pendDel    map[string]bool   // keys whose deletion is pending
 	qemu       string            // running QEMU ("10.1.2" when empty)
 	asked      int               // RunningQEMU calls
+}
+
+// vmConf is a running VM's config as the tests' templates give it: disks
+// in scsi0 and scsi1, a q35 machine, a virtio SCSI controller; extra are
+// "key=value" overrides ("key=" deletes).
+func vmConf(extra ...string) map[string]string {
+	c := map[string]string{"scsi0": "local-lvm:vm-1-disk-0", "scsi1": "local-lvm:vm-1-disk-1", "machine": "q35", "scsihw": "virtio-scsi-single"}
+	for _, e := range extra {
+		k, v, _ := strings.Cut(e, "=")
+		if v == "" {
+			delete(c, k)
+		} else {
+			c[k] = v
+		}
+	}
+	return c
+}
+
+func (f *fakePx) init() {
+	if f.conf == nil {
+		f.conf = vmConf()
+	}
+	if f.pend == nil {
+		f.pend = map[string]string{}
+	}
+	if f.pendDel == nil {
+		f.pendDel = map[string]bool{}
+	}
 }
 
 func (f *fakePx) AllocVolume(ctx context.Context, storage string, vmid int, name string, size int64) (string, error) {
@@ -54,19 +87,19 @@ func (f *fakePx) FreeVolume(ctx context.Context, volid string) error {
 	return os.Remove(p)
 }
 
-func (f *fakePx) DiskConfig(ctx context.Context, vmid int) (map[string]string, map[string]bool, error) {
-	conf := f.conf
-	if conf == nil {
-		conf = map[string]string{"scsi0": "local-lvm:vm-1-disk-0", "scsi1": "local-lvm:vm-1-disk-1", "machine": "q35"}
+func (f *fakePx) DiskConfig(ctx context.Context, vmid int) (map[string]string, map[string]string, error) {
+	f.init()
+	cur, pend := map[string]string{}, map[string]string{}
+	for k, v := range f.conf {
+		cur[k] = v
+		if !f.pendDel[k] {
+			pend[k] = v
+		}
 	}
-	used := map[string]bool{}
-	for k := range conf {
-		used[k] = true
+	for k, v := range f.pend {
+		pend[k] = v
 	}
-	for _, k := range f.pending {
-		used[k] = true
-	}
-	return conf, used, nil
+	return cur, pend, nil
 }
 
 func (f *fakePx) RunningQEMU(ctx context.Context, vmid int) (string, error) {
@@ -78,21 +111,70 @@ func (f *fakePx) RunningQEMU(ctx context.Context, vmid int) (string, error) {
 }
 
 func (f *fakePx) AttachVolume(ctx context.Context, vmid int, slot, volid, serial string) error {
+	f.init()
 	f.calls = append(f.calls, "attach "+slot)
-	return f.failAttach
+	if f.failAttach != nil {
+		f.pend[slot] = volid + ",serial=" + serial
+		return f.failAttach
+	}
+	f.conf[slot] = volid + ",serial=" + serial
+	return nil
 }
 
 func (f *fakePx) DetachVolume(ctx context.Context, vmid int, slot string) error {
+	f.init()
 	f.calls = append(f.calls, "detach")
-	if f.failDetach > 0 {
+	if f.failDetach > 0 && !strings.HasPrefix(slot, "unused") {
 		f.failDetach--
+		f.pendDel[slot] = true
 		return errors.New("unplug timed out")
 	}
-	ents, _ := os.ReadDir(f.dir)
-	for _, e := range ents {
-		os.Remove(filepath.Join(f.dir, e.Name()))
+	volid, _, _ := strings.Cut(f.conf[slot], ",")
+	p, _ := f.VolumePath(ctx, volid)
+	delete(f.conf, slot)
+	delete(f.pendDel, slot)
+	return os.Remove(p)
+}
+
+func (f *fakePx) RevertPending(ctx context.Context, vmid int, keys ...string) error {
+	f.init()
+	f.calls = append(f.calls, "revert "+strings.Join(keys, ","))
+	for _, k := range keys {
+		if _, ok := f.conf[k]; ok {
+			delete(f.pend, k)
+			delete(f.pendDel, k)
+		} else if pv, ok := f.pend[k]; ok {
+			delete(f.pend, k)
+			volid, _, _ := strings.Cut(pv, ",")
+			for i := 0; ; i++ {
+				if u := fmt.Sprintf("unused%d", i); f.conf[u] == "" {
+					f.conf[u] = volid
+					break
+				}
+			}
+		}
 	}
 	return nil
+}
+
+// imageRefs are the config keys, current or pending, that name a
+// transfer image.
+func (f *fakePx) imageRefs() []string {
+	var out []string
+	for k, v := range f.conf {
+		if strings.Contains(v, "-pvei-") {
+			out = append(out, k)
+		}
+	}
+	for k, v := range f.pend {
+		if strings.Contains(v, "-pvei-") {
+			out = append(out, k+" (pending)")
+		}
+	}
+	for k := range f.pendDel {
+		out = append(out, k+" (deletion pending)")
+	}
+	return out
 }
 
 // fakeGuest answers the copy with a fixed result.
@@ -126,17 +208,20 @@ func TestUploadOutcomes(t *testing.T) {
 		body      []byte
 		wantErr   error
 		wantCalls string
+		plugged   bool // the image is left plugged (its unplug keeps failing)
 	}{
-		{"copied", fakePx{}, &apitype.ExecResult{Stdout: []byte(good + "\n")}, nil, data, nil, "alloc,attach scsi2,detach"},
-		{"disk never seen", fakePx{}, &apitype.ExecResult{ExitCode: exitNoDevice, Stderr: []byte("did not appear")}, nil, data, sandbox.ErrGuestTimeout, "alloc,attach scsi2,detach"},
-		{"guest copy times out", fakePx{}, &apitype.ExecResult{ExitCode: 137, TimedOut: true}, nil, data, sandbox.ErrGuestTimeout, "alloc,attach scsi2,detach"},
-		{"guest file system full", fakePx{}, &apitype.ExecResult{ExitCode: exitWrite, Stderr: []byte("full")}, nil, data, sandbox.ErrGuestNoSpace, "alloc,attach scsi2,detach"},
-		{"agent gone", fakePx{}, nil, sandbox.ErrGuestUnavailable, data, sandbox.ErrGuestUnavailable, "alloc,attach scsi2,detach"},
-		{"guest prints garbage", fakePx{}, &apitype.ExecResult{Stdout: []byte("ok\n")}, nil, data, sandbox.ErrGuestProtocol, "alloc,attach scsi2,detach"},
-		{"attach refused", fakePx{failAttach: errors.New("hotplug problem")}, nil, nil, data, nil, "alloc,attach scsi2,free"},
-		{"detach fails once", fakePx{failDetach: 1}, &apitype.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach"},
-		{"detach keeps failing", fakePx{failDetach: 99}, &apitype.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,detach,detach,free"},
-		{"short body", fakePx{}, nil, nil, data[:3], nil, "alloc,attach scsi2,detach"},
+		{"copied", fakePx{}, &apitype.ExecResult{Stdout: []byte(good + "\n")}, nil, data, nil, "alloc,attach scsi2,detach", false},
+		{"disk never seen", fakePx{}, &apitype.ExecResult{ExitCode: exitNoDevice, Stderr: []byte("did not appear")}, nil, data, sandbox.ErrGuestTimeout, "alloc,attach scsi2,detach", false},
+		{"guest copy times out", fakePx{}, &apitype.ExecResult{ExitCode: 137, TimedOut: true}, nil, data, sandbox.ErrGuestTimeout, "alloc,attach scsi2,detach", false},
+		{"guest file system full", fakePx{}, &apitype.ExecResult{ExitCode: exitWrite, Stderr: []byte("full")}, nil, data, sandbox.ErrGuestNoSpace, "alloc,attach scsi2,detach", false},
+		{"agent gone", fakePx{}, nil, sandbox.ErrGuestUnavailable, data, sandbox.ErrGuestUnavailable, "alloc,attach scsi2,detach", false},
+		{"guest prints garbage", fakePx{}, &apitype.ExecResult{Stdout: []byte("ok\n")}, nil, data, sandbox.ErrGuestProtocol, "alloc,attach scsi2,detach", false},
+		// the failed hot-plug left scsi2 pending: reverted (the image
+		// becomes unused0), then unused0 deleted, which frees it
+		{"attach refused", fakePx{failAttach: errors.New("hotplug problem")}, nil, nil, data, nil, "alloc,attach scsi2,revert scsi2,detach", false},
+		{"detach fails once", fakePx{failDetach: 1}, &apitype.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,revert scsi2,detach", false},
+		{"detach keeps failing", fakePx{failDetach: 99}, &apitype.ExecResult{Stdout: []byte(good)}, nil, data, nil, "alloc,attach scsi2,detach,revert scsi2,detach,detach,revert scsi2", true},
+		{"short body", fakePx{}, nil, nil, data[:3], nil, "alloc,attach scsi2,detach", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,8 +241,20 @@ func TestUploadOutcomes(t *testing.T) {
 			if got := strings.Join(tt.px.calls, ","); got != tt.wantCalls {
 				t.Errorf("calls %s, want %s", got, tt.wantCalls)
 			}
-			if ents, _ := os.ReadDir(tt.px.dir); len(ents) != 0 {
-				t.Errorf("image left behind: %v", ents)
+			ents, _ := os.ReadDir(tt.px.dir)
+			refs := tt.px.imageRefs()
+			switch {
+			case tt.plugged:
+				// never freed while the config names it: plugged in
+				// scsi2, no deletion pending
+				if len(ents) != 1 || !slices.Equal(refs, []string{"scsi2"}) {
+					t.Errorf("images %v, config references %v; want the image kept, plugged in scsi2 only", ents, refs)
+				}
+				if !strings.Contains(fmt.Sprint(err), "stays plugged") {
+					t.Errorf("got %v, want the plugged image named", err)
+				}
+			case len(ents) != 0 || len(refs) != 0:
+				t.Errorf("images left %v, config references %v", ents, refs)
 			}
 			if tt.wantErr != nil && (len(g.cleanups) != 1 || !strings.Contains(g.cleanups[0], "/root/.pve-inspect-xfer-pvei")) {
 				t.Errorf("failed copy did not remove the guest temp file: %q", g.cleanups)
@@ -166,13 +263,38 @@ func TestUploadOutcomes(t *testing.T) {
 	}
 }
 
+// TestAttachRefusedIsClear: a hot-plug Proxmox refuses is an error that
+// says so, and the image it named is freed only after the pending disk
+// was reverted: no step of the cleanup frees a volume a key still names.
+func TestAttachRefusedIsClear(t *testing.T) {
+	px := &fakePx{dir: t.TempDir(), failAttach: errors.New("400 Parameter verification failed. scsi2: hotplug problem - error on hotplug device 'virtioscsi2'")}
+	err := New(px, Options{}).Upload(context.Background(), 100, &fakeGuest{}, "/f", strings.NewReader("x"), 1, 0o644)
+	if err == nil || !strings.Contains(err.Error(), "hot-plug of the transfer disk into VM 100 as scsi2 failed") || !strings.Contains(err.Error(), "hotplug problem") {
+		t.Fatalf("got %v, want the failed hot-plug named", err)
+	}
+	if refs := px.imageRefs(); len(refs) != 0 {
+		t.Fatalf("config still names the image: %v", refs)
+	}
+}
+
 func TestUploadImageLeftIsReported(t *testing.T) {
-	px := &fakePx{dir: t.TempDir(), failDetach: 99, failFree: errors.New("no Datastore.Allocate")}
-	g := &fakeGuest{res: &apitype.ExecResult{Stdout: []byte(sumOf([]byte("x")))}}
-	err := New(px, Options{}).Upload(context.Background(), 100, g, "/f", strings.NewReader("x"), 1, 0o644)
-	if err == nil || !strings.Contains(err.Error(), "no Datastore.Allocate") {
+	// the reverted disk's unusedN cannot be deleted: the image stays,
+	// named by unused0, and the error says so
+	px := &fakePx{dir: t.TempDir(), failAttach: errors.New("hotplug problem")}
+	err := New(&failingUnused{fakePx: px}, Options{}).Upload(context.Background(), 100, &fakeGuest{}, "/f", strings.NewReader("x"), 1, 0o644)
+	if err == nil || !strings.Contains(err.Error(), "unused0 of VM 100") || !strings.Contains(err.Error(), "no Datastore.AllocateSpace") {
 		t.Fatalf("got %v, want the failed free reported", err)
 	}
+}
+
+// failingUnused is fakePx whose deletions of unusedN fail.
+type failingUnused struct{ *fakePx }
+
+func (f *failingUnused) DetachVolume(ctx context.Context, vmid int, slot string) error {
+	if strings.HasPrefix(slot, "unused") {
+		return errors.New("no Datastore.AllocateSpace")
+	}
+	return f.fakePx.DetachVolume(ctx, vmid, slot)
 }
 
 func TestDownload(t *testing.T) {

@@ -39,7 +39,9 @@ type SweepReport struct {
 // Sweep frees the transfer images a daemon that stopped mid-transfer left
 // on the storage: each image of the transfer name whose owner VM is on
 // this node (its config reads) and holds no transfer of this daemon now.
-// One still plugged into the VM is unplugged (DetachVolume frees it); one
+// One still plugged into the VM is unplugged (DetachVolume frees it), one
+// a failed hot-plug left pending is reverted first, one the VM keeps as
+// unusedN is deleted there; one
 // whose VM this node cannot read (gone, or another node's on a shared
 // storage) is left and named, as is one whose VM's config cannot be read
 // for another reason. Run it when no transfer can be running (at start).
@@ -84,30 +86,22 @@ func (t *Transfer) Sweep(ctx context.Context) (SweepReport, error) {
 var errLeave = errors.New("left alone")
 
 // sweepOne frees one leftover image of VM v.VMID, under the VM's transfer
-// lock.
+// lock, the way a transfer's cleanup does (release: pending references
+// reverted first, a plugged one unplugged, an unusedN deleted).
 func (t *Transfer) sweepOne(ctx context.Context, v Volume) error {
 	unlock, err := t.lockVM(ctx, v.VMID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	conf, _, err := t.px.DiskConfig(ctx, v.VMID)
-	switch {
+	switch _, _, err := t.px.DiskConfig(ctx, v.VMID); {
 	case errors.Is(err, sandbox.ErrNotFound):
 		return fmt.Errorf("%s: VM %d is not on this node: %w", v.VolID, v.VMID, errLeave)
 	case err != nil:
 		return fmt.Errorf("%s: VM %d's config: %v: %w", v.VolID, v.VMID, err, errLeave)
 	}
-	for k, val := range conf {
-		if strings.HasPrefix(k, "scsi") && strings.HasPrefix(val, v.VolID+",") || val == v.VolID {
-			if err := t.px.DetachVolume(ctx, v.VMID, k); err != nil {
-				return fmt.Errorf("disk transfer sweep: detach %s (%s) from %d: %w", k, v.VolID, v.VMID, err)
-			}
-			return nil
-		}
-	}
-	if err := t.px.FreeVolume(ctx, v.VolID); err != nil {
-		return fmt.Errorf("disk transfer sweep: free %s: %w", v.VolID, err)
+	if err := t.release(ctx, v.VMID, v.VolID, detachTries); err != nil {
+		return fmt.Errorf("disk transfer sweep: %w", err)
 	}
 	return nil
 }

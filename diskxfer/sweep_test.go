@@ -42,10 +42,11 @@ func (l *listingPx) DetachVolume(ctx context.Context, vmid int, slot string) err
 	l.calls = append(l.calls, "detach "+slot)
 	volid, _, _ := strings.Cut(l.conf[slot], ",")
 	_, name, _ := strings.Cut(volid, ":")
+	delete(l.conf, slot)
 	return os.Remove(filepath.Join(l.dir, name))
 }
 
-func (l *listingPx) DiskConfig(ctx context.Context, vmid int) (map[string]string, map[string]bool, error) {
+func (l *listingPx) DiskConfig(ctx context.Context, vmid int) (map[string]string, map[string]string, error) {
 	if l.gone[vmid] {
 		return nil, nil, fmt.Errorf("vm %d: %w", vmid, sandbox.ErrNotFound)
 	}
@@ -53,7 +54,9 @@ func (l *listingPx) DiskConfig(ctx context.Context, vmid int) (map[string]string
 }
 
 // TestSweep: at start, transfer images a stopped daemon left are freed
-// (unplugged first when the VM still has one); images of other names, of
+// (unplugged first when the VM still has one, reverted first when a
+// failed hot-plug left it pending, deleted as unusedN when the VM keeps it
+// so): no key of the config names a freed image; images of other names, of
 // a VM this node cannot read, or named for another VM than their owner
 // are left and named.
 func TestSweep(t *testing.T) {
@@ -64,26 +67,33 @@ func TestSweep(t *testing.T) {
 		"vm-100-disk-0.raw",            // a VM's own disk
 		"vm-102-pvei-bbbbbbbbbbbb.raw", // its VM is not on this node
 		"vm-100-pvei-short.raw",        // not the transfer name
+		"vm-100-pvei-cccccccccccc.raw", // pending as scsi7 (a failed hot-plug)
+		"vm-100-pvei-dddddddddddd.raw", // unused0
 	} {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	f := &fakePx{dir: dir, conf: map[string]string{"scsi0": "local-lvm:vm-1-disk-0", "scsi5": "local:vm-101-pvei-aaaaaaaaaaaa.raw,serial=pveiaaaaaaaaaaaa"}}
+	f := &fakePx{dir: dir, conf: map[string]string{"scsi0": "local-lvm:vm-1-disk-0", "scsi5": "local:vm-101-pvei-aaaaaaaaaaaa.raw,serial=pveiaaaaaaaaaaaa",
+		"unused0": "local:vm-100-pvei-dddddddddddd.raw"},
+		pend: map[string]string{"scsi7": "local:vm-100-pvei-cccccccccccc.raw,serial=pveicccccccccccc"}}
 	lp := &listingPx{fakePx: f, gone: map[int]bool{102: true}}
 	tr := New(lp, Options{Storage: "local"})
 	rep, err := tr.Sweep(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"local:vm-100-pvei-0123456789ab.raw", "local:vm-101-pvei-aaaaaaaaaaaa.raw"}; !slices.Equal(rep.Freed, want) {
+	if want := []string{"local:vm-100-pvei-0123456789ab.raw", "local:vm-100-pvei-cccccccccccc.raw", "local:vm-100-pvei-dddddddddddd.raw", "local:vm-101-pvei-aaaaaaaaaaaa.raw"}; !slices.Equal(rep.Freed, want) {
 		t.Errorf("freed %v, want %v", rep.Freed, want)
 	}
 	if len(rep.Left) != 1 || !strings.Contains(rep.Left[0], "vm-102-pvei-bbbbbbbbbbbb.raw: VM 102 is not on this node") {
 		t.Errorf("left %v", rep.Left)
 	}
-	if !slices.Equal(f.calls, []string{"free", "detach scsi5"}) {
-		t.Errorf("calls %v: want the leftover freed and the plugged one unplugged", f.calls)
+	if want := []string{"free", "revert scsi7", "detach unused1", "detach unused0", "detach scsi5"}; !slices.Equal(f.calls, want) {
+		t.Errorf("calls %v, want %v: the leftover freed, the pending one reverted and freed as unused1, unused0 deleted, the plugged one unplugged", f.calls, want)
+	}
+	if refs := f.imageRefs(); len(refs) != 0 {
+		t.Errorf("config still names %v", refs)
 	}
 	ents, _ := os.ReadDir(dir)
 	var left []string

@@ -32,17 +32,20 @@ const (
 	// Skip: the check does not apply here (Detail says why); a skip never
 	// fails the run.
 	Skip Status = "skip"
+	// Warn: the daemon works, but something is broader or weaker than it
+	// should be; Fix says what to change. A warning never fails the run.
+	Warn Status = "warn"
 )
 
 // Result is one row of the report.
 type Result struct {
 	// Name identifies the check ("privileges", "canary: create", ...).
 	Name string `json:"name"`
-	// Status is pass, fail or skip.
+	// Status is pass, fail, warn or skip.
 	Status Status `json:"status"`
 	// Detail is what the check saw.
 	Detail string `json:"detail,omitempty"`
-	// Fix is what to change when Status is fail.
+	// Fix is what to change when Status is fail or warn.
 	Fix string `json:"fix,omitempty"`
 	// Duration is how long the check took.
 	Duration time.Duration `json:"-"`
@@ -59,10 +62,15 @@ type Report struct {
 }
 
 // Failed returns the failed results.
-func (r Report) Failed() []Result {
+func (r Report) Failed() []Result { return r.with(Fail) }
+
+// Warnings returns the results that warn.
+func (r Report) Warnings() []Result { return r.with(Warn) }
+
+func (r Report) with(st Status) []Result {
 	var out []Result
 	for _, c := range r.Checks {
-		if c.Status == Fail {
+		if c.Status == st {
 			out = append(out, c)
 		}
 	}
@@ -80,21 +88,25 @@ type Check struct {
 
 // Outcome is what a check returns.
 type Outcome struct {
-	// Status is pass, fail or skip.
+	// Status is pass, fail, warn or skip.
 	Status Status
 	// Detail is what the check saw.
 	Detail string
-	// Fix is what to change (set when Status is fail).
+	// Fix is what to change (set when Status is fail or warn).
 	Fix string
 }
 
-// passf, failf and skipf build outcomes.
+// passf, failf, warnf and skipf build outcomes.
 func passf(format string, a ...any) Outcome {
 	return Outcome{Status: Pass, Detail: fmt.Sprintf(format, a...)}
 }
 
 func failf(fix, format string, a ...any) Outcome {
 	return Outcome{Status: Fail, Detail: fmt.Sprintf(format, a...), Fix: fix}
+}
+
+func warnf(fix, format string, a ...any) Outcome {
+	return Outcome{Status: Warn, Detail: fmt.Sprintf(format, a...), Fix: fix}
 }
 
 func skipf(format string, a ...any) Outcome {
@@ -131,7 +143,8 @@ func timed(f func() Outcome) (Outcome, time.Duration) {
 	return o, time.Since(t0)
 }
 
-// WriteText prints the report as a table, then every failure's fix.
+// WriteText prints the report as a table, then every failure's and
+// warning's fix.
 func (r Report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tRESULT\tTIME\tDETAIL")
@@ -141,12 +154,19 @@ func (r Report) WriteText(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	failed := r.Failed()
+	failed, warned := r.Failed(), r.Warnings()
 	for _, c := range failed {
 		fmt.Fprintf(w, "\n%s FAILED: %s\n  change: %s\n", c.Name, c.Detail, c.Fix)
 	}
+	for _, c := range warned {
+		fmt.Fprintf(w, "\n%s WARNING: %s\n  change: %s\n", c.Name, c.Detail, c.Fix)
+	}
 	if len(failed) == 0 {
-		_, err := fmt.Fprintln(w, "\nall checks pass")
+		msg := "\nall checks pass"
+		if len(warned) > 0 {
+			msg += fmt.Sprintf(", %d with a warning", len(warned))
+		}
+		_, err := fmt.Fprintln(w, msg)
 		return err
 	}
 	_, err := fmt.Fprintf(w, "\n%d check(s) failed\n", len(failed))

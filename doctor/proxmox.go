@@ -80,7 +80,10 @@ var rePlaceholder = regexp.MustCompile(`\{[a-z_-]+\}`)
 type scope struct {
 	n        Node
 	storages []string // the templates' disk storages
-	bridges  []string // the templates' NICs' bridges
+	// bridges are the paths below access.LocalZonePath the templates'
+	// NICs on host bridges are checked on, vnets those below /sdn/zones
+	// of their NICs on SDN vnets (access.TemplateBridges).
+	bridges, vnets []string
 }
 
 // aclPaths expands an ACL path template (access.Ph*) into the concrete
@@ -90,9 +93,9 @@ type scope struct {
 // members: pve-access-control RPCEnvironment.pm compile_acl_path), so the
 // pool's path; {storage} each template disk's storage; {transfer} the
 // transfer storage (none when the disk path is off); {bridge} each
-// template NIC's bridge. {zone} and {vnet} (objects the daemon creates
-// later) end the path at their parent: the grant must propagate from
-// there.
+// template NIC's host bridge path, {template-vnet} each template NIC's
+// vnet path. {zone} and {vnet} (objects the daemon creates later) end the
+// path at their parent: the grant must propagate from there.
 func (sc scope) aclPaths(c access.Call) []string {
 	if c.ACLPath == "" {
 		return nil
@@ -123,6 +126,8 @@ func (sc scope) aclPaths(c access.Call) []string {
 		return each(access.PhTransfer, []string{sc.n.TransferStorage})
 	case strings.Contains(p, access.PhBridge):
 		return each(access.PhBridge, sc.bridges)
+	case strings.Contains(p, access.PhTemplateVNet):
+		return each(access.PhTemplateVNet, sc.vnets)
 	}
 	return []string{truncateAtPlaceholder(p)}
 }
@@ -249,9 +254,13 @@ func diskStorages(conf map[string]string) []string {
 	return out
 }
 
-// newScope reads the templates' disks and NICs.
+// newScope reads the templates' disks and NICs, and for NICs the SDN
+// vnets (GET /cluster/sdn/vnets: vnets.cfg, which check_vnet_access reads
+// for a vnet's zone).
 func newScope(ctx context.Context, px API, n Node) (scope, error) {
 	sc := scope{n: n}
+	var confs []map[string]string
+	nics := false
 	for _, id := range n.templateIDs() {
 		conf, err := vmConfig(ctx, px, n.Name, id)
 		if err != nil {
@@ -262,36 +271,32 @@ func newScope(ctx context.Context, px API, n Node) (scope, error) {
 				sc.storages = append(sc.storages, s)
 			}
 		}
-		for _, b := range bridges(conf) {
-			if !slices.Contains(sc.bridges, b) {
-				sc.bridges = append(sc.bridges, b)
-			}
+		for k := range conf {
+			nics = nics || reNetKey.MatchString(k)
 		}
+		confs = append(confs, conf)
 	}
 	slices.Sort(sc.storages)
-	slices.Sort(sc.bridges)
+	if !nics {
+		return sc, nil
+	}
+	var vnets []struct {
+		VNet string `json:"vnet"`
+		Zone string `json:"zone"`
+	}
+	if err := px.Get(ctx, "/cluster/sdn/vnets", &vnets); err != nil {
+		return sc, fmt.Errorf("GET /cluster/sdn/vnets (which of the templates' NICs are on SDN vnets): %w", err)
+	}
+	zones := map[string]string{}
+	for _, v := range vnets {
+		zones[v.VNet] = v.Zone
+	}
+	sc.bridges, sc.vnets = access.TemplateBridges(confs, func(b string) string { return zones[b] })
 	return sc, nil
 }
 
 // reNetKey matches the config keys of a VM's NICs.
 var reNetKey = regexp.MustCompile(`^net\d+$`)
-
-// bridges returns the bridges of a config's NICs.
-func bridges(conf map[string]string) []string {
-	var out []string
-	for k, v := range conf {
-		if !reNetKey.MatchString(k) {
-			continue
-		}
-		for _, part := range strings.Split(v, ",") {
-			if b, ok := strings.CutPrefix(part, "bridge="); ok && !slices.Contains(out, b) {
-				out = append(out, b)
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
-}
 
 // StorageInfo is a storage as GET /storage describes it (its
 // storage.cfg section).
@@ -560,7 +565,7 @@ func IPAMCheck(px API) Check {
 	return Check{Name: "ipam", Run: func(ctx context.Context) Outcome {
 		var entries []map[string]any
 		if err := px.Get(ctx, "/cluster/sdn/ipams/pve/status", &entries); err != nil {
-			return failf("the daemon's zones use the built-in IPAM \"pve\": pvesh create /cluster/sdn/ipams --ipam pve --type pve, and SDN.Audit on /sdn for the token",
+			return failf("the daemon's zones use the built-in IPAM \"pve\": pvesh create /cluster/sdn/ipams --ipam pve --type pve (its status is open to every user, listing the entries of the vnets the token has SDN.Audit or SDN.Allocate on)",
 				"GET /cluster/sdn/ipams/pve/status: %v", err)
 		}
 		return passf("IPAM pve: %d entries", len(entries))
@@ -587,10 +592,50 @@ var broadPrivs = map[string]string{
 	"Mapping.Modify":             "change hardware mappings",
 }
 
+// hostBridgeUse is what SDN.Use on a host bridge path lets a leaked token
+// do.
+const hostBridgeUse = "put pool VMs on the host's bridge there (" + access.LocalZonePath + " is the zone of every host bridge: vmbr0 and the others); the daemon needs it only on its templates' NIC bridges"
+
+// broadOn says whether priv on path reaches beyond the daemon's work
+// wherever the call table does not need it there, and what a leaked token
+// could do with it.
+func broadOn(path, priv string) (string, bool) {
+	if what, ok := broadPrivs[priv]; ok {
+		return what, true
+	}
+	if priv == "SDN.Use" && (path == access.LocalZonePath || strings.HasPrefix(path, access.LocalZonePath+"/")) {
+		return hostBridgeUse, true
+	}
+	for _, sub := range sdnDefinitions {
+		if strings.HasPrefix(priv, "SDN.") && (path == sub || strings.HasPrefix(path, sub+"/")) {
+			return "define " + strings.TrimPrefix(sub, "/sdn/") + " (an external IPAM or DNS server, FRR peers the node's routing follows)", true
+		}
+	}
+	return "", false
+}
+
+// sdnDefinitions are the SDN paths beside /sdn/zones that the token needs
+// nothing on: IPAM, DNS, controller and fabric definitions (pve-network
+// API2/Network/SDN/Ipams.pm, Dns.pm, Controllers.pm, Fabrics), reached by
+// an older pve-access-setup's propagating grant on /sdn.
+var sdnDefinitions = []string{"/sdn/ipams", "/sdn/dns", "/sdn/controllers", "/sdn/fabrics"}
+
+// probeVLAN is a VLAN tag the scope check asks for below each host bridge:
+// SDN.Use there that no template's NIC needs means a bridge grant that
+// propagates (every VLAN of the bridge).
+const probeVLAN = "4094"
+
 // ScopeCheck reads every path the token has privileges on (GET
-// /access/permissions without a path) and fails on a broad privilege the
-// call table does not need there: what an older pve-access-setup granted
-// (Sys.Modify on /, VM.GuestAgent.Unrestricted) or a hand-made grant.
+// /access/permissions without a path: the ACL tree's paths and the pools'
+// members), /sdn/zones/localnetwork and each host bridge the token may
+// use (GET /nodes/{node}/network?type=any_local_bridge lists those with
+// SDN.Audit or SDN.Use: pve-manager API2/Network.pm index, check_sdn_bridge)
+// and a VLAN of each (a propagating bridge grant), the SDN definitions
+// beside /sdn/zones,
+// and fails on a broad privilege the call table does not need there: what
+// an older pve-access-setup granted (Sys.Modify on /,
+// VM.GuestAgent.Unrestricted, SDN.Use propagated from /sdn onto the host's
+// bridges) or a hand-made grant.
 func ScopeCheck(px API, n Node, calls []access.Call) Check {
 	return Check{Name: "token scope", Run: func(ctx context.Context) Outcome {
 		sc, err := newScope(ctx, px, n)
@@ -605,24 +650,52 @@ func ScopeCheck(px API, n Node, calls []access.Call) Check {
 				}
 			}
 		}
+		const readOwn = "the token needs to read its own permissions (GET /access/permissions); check [api.proxmox] token_id"
 		var all map[string]map[string]any
 		if err := px.Get(ctx, "/access/permissions", &all); err != nil {
-			return failf("the token needs to read its own permissions (GET /access/permissions); check [api.proxmox] token_id", "GET /access/permissions: %v", err)
+			return failf(readOwn, "GET /access/permissions: %v", err)
 		}
-		paths := make([]string, 0, len(all))
-		for p := range all {
+		privsOf := map[string][]string{}
+		for p, m := range all {
+			for priv := range m {
+				privsOf[p] = append(privsOf[p], priv)
+			}
+		}
+		// SDN.Use propagated onto the host bridges has no ACL entry of
+		// its own there: ask for localnetwork and each bridge.
+		var bridges []struct {
+			Iface string `json:"iface"`
+		}
+		if err := px.Get(ctx, "/nodes/"+url.PathEscape(n.Name)+"/network?type=any_local_bridge", &bridges); err != nil {
+			return failf("GET /nodes/{node}/network is open to every user; check [api.proxmox] node", "GET /nodes/%s/network: %v", n.Name, err)
+		}
+		probe := append([]string{access.LocalZonePath}, sdnDefinitions...)
+		for _, b := range bridges {
+			probe = append(probe, access.LocalZonePath+"/"+b.Iface, access.LocalZonePath+"/"+b.Iface+"/"+probeVLAN)
+		}
+		for _, p := range probe {
+			if _, ok := privsOf[p]; ok {
+				continue
+			}
+			have, err := effectivePrivs(ctx, px, p)
+			if err != nil {
+				return failf(readOwn, "GET /access/permissions?path=%s: %v", p, err)
+			}
+			for priv := range have {
+				privsOf[p] = append(privsOf[p], priv)
+			}
+		}
+		paths := make([]string, 0, len(privsOf))
+		for p := range privsOf {
 			paths = append(paths, p)
 		}
 		slices.Sort(paths)
 		var broad []string
 		for _, p := range paths {
-			privs := make([]string, 0, len(all[p]))
-			for priv := range all[p] {
-				privs = append(privs, priv)
-			}
+			privs := privsOf[p]
 			slices.Sort(privs)
 			for _, priv := range privs {
-				if what, ok := broadPrivs[priv]; ok && !allowed[p+" "+priv] {
+				if what, ok := broadOn(p, priv); ok && !allowed[p+" "+priv] {
 					broad = append(broad, fmt.Sprintf("%s on %s (it could %s)", priv, p, what))
 				}
 			}

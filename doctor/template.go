@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/hardening"
 )
 
 // TemplateChecks returns one check per configured template: a template,
-// hardened (when creates require it), with disk hotplug (when the disk
+// hardened (when creates require it), with disk hotplug and a SCSI
+// controller that tells the guest of a hot-plugged disk (when the disk
 // path is on) and the guest agent on.
 func TemplateChecks(px API, n Node) []Check {
 	names := make([]string, 0, len(n.Templates))
@@ -58,6 +60,14 @@ func templateOutcome(vmid int, conf map[string]string, n Node) Outcome {
 		bad = append(bad, fmt.Sprintf("hotplug %q lacks disk: a transfer disk is accepted by PUT /config but never appears in the guest", conf["hotplug"]))
 		fixes = append(fixes, fmt.Sprintf("qm set %d --hotplug %s", vmid, withHotplug(conf["hotplug"], "disk")))
 	}
+	scsihw := conf["scsihw"]
+	if scsihw == "" {
+		scsihw = "lsi (the default)"
+	}
+	if n.TransferStorage != "" && !diskxfer.SCSIHotplug(conf["scsihw"]) {
+		bad = append(bad, fmt.Sprintf("SCSI controller %s cannot hot-plug disks: Proxmox plugs a transfer disk and reports success, but the guest is never told and never sees it, so every disk transfer is refused", scsihw))
+		fixes = append(fixes, fmt.Sprintf("qm set %d --scsihw virtio-scsi-single", vmid))
+	}
 	if !agentOn(conf["agent"]) {
 		bad = append(bad, fmt.Sprintf("guest agent off (agent %q)", conf["agent"]))
 		fixes = append(fixes, fmt.Sprintf("qm set %d --agent enabled=1 (and install qemu-guest-agent in the image)", vmid))
@@ -65,7 +75,10 @@ func templateOutcome(vmid int, conf map[string]string, n Node) Outcome {
 	if len(bad) > 0 {
 		return failf(strings.Join(fixes, "; "), "%s", strings.Join(bad, "; "))
 	}
-	msg := fmt.Sprintf("template, hotplug %q, agent on", hotplugValue(conf["hotplug"]))
+	msg := fmt.Sprintf("template, hotplug %q, scsihw %s, agent on", hotplugValue(conf["hotplug"]), scsihw)
+	if !diskxfer.SCSIHotplug(conf["scsihw"]) {
+		msg += fmt.Sprintf("; note: scsihw %s cannot hot-plug disks, so before turning the disk path on: qm set %d --scsihw virtio-scsi-single", scsihw, vmid)
+	}
 	if ci := cloudInitDrives(conf); len(ci) > 0 {
 		// The hardening deletes every CD-ROM drive of a clone, a
 		// cloud-init one too (VM.Config.Cloudinit and VM.Config.CDROM,

@@ -8,6 +8,7 @@ package hostnet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -78,4 +79,30 @@ func prefix(n *net.IPNet) (netip.Prefix, bool) {
 		return netip.Prefix{}, false
 	}
 	return p, true
+}
+
+// HasAddress says whether the interface named link exists and carries
+// addr (false, no error, when the interface does not exist). The daemon
+// asks it of a vnet's bridge and its subnet's gateway (sandbox.Options
+// GatewayUp): a network reload that made the bridge from a configuration
+// holding the subnet put the gateway address on it.
+func (l *Lister) HasAddress(_ context.Context, link string, addr netip.Addr) (bool, error) {
+	lk, err := l.h.LinkByName(link)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return false, nil
+		}
+		return false, fmt.Errorf("interface %s: %w", link, err)
+	}
+	addrs, err := l.h.AddrList(lk, netlink.FAMILY_ALL)
+	if err != nil {
+		return false, fmt.Errorf("addresses of %s: %w", link, err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == addr.Unmap() {
+			return true, nil
+		}
+	}
+	return false, nil
 }

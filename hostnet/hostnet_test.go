@@ -43,6 +43,26 @@ func TestPrefixes(t *testing.T) {
 	}
 }
 
+// TestHasAddress: the LAN interface carries its address and not another;
+// an interface that does not exist is no error.
+func TestHasAddress(t *testing.T) {
+	l := hostnet.NewAt(lanHost(t))
+	for _, tc := range []struct {
+		link, addr string
+		want       bool
+	}{
+		{"lan0", "192.168.1.10", true},
+		{"lan0", "192.168.1.11", false},
+		{"lan1", "192.168.1.10", false},
+		{"vnone", "192.168.1.10", false},
+	} {
+		got, err := l.HasAddress(context.Background(), tc.link, netip.MustParseAddr(tc.addr))
+		if err != nil || got != tc.want {
+			t.Errorf("HasAddress(%s, %s) = %v, %v; want %v", tc.link, tc.addr, got, err, tc.want)
+		}
+	}
+}
+
 // lanHost is a namespace whose host sits on the LAN 192.168.1.0/24 with a
 // default route, a route to 10.50.0.0/16, one to 10.200.0.0/24 (inside the
 // sandboxes' auto pool) and one in policy table 100.

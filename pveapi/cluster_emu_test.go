@@ -170,6 +170,12 @@ func TestImageVolumes(t *testing.T) {
 // template 9000 of conf, and a client of it with a root token.
 func oneNode(t *testing.T, ctx context.Context, conf map[string]string) (*pveemu.Server, *pveapi.Client) {
 	t.Helper()
+	return oneNodeAs(t, ctx, conf, func(s *pveemu.Server) (string, string, error) { return s.RootToken("one-node") })
+}
+
+// oneNodeAs is oneNode with a client of the token that token makes.
+func oneNodeAs(t *testing.T, ctx context.Context, conf map[string]string, token func(*pveemu.Server) (id, secret string, err error)) (*pveemu.Server, *pveapi.Client) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o755); err != nil {
 		t.Fatal(err)
@@ -187,7 +193,7 @@ func oneNode(t *testing.T, ctx context.Context, conf map[string]string) (*pveemu
 	if err := s.AddTemplate(ctx, 9000, "tmpl", disk, conf); err != nil {
 		t.Fatal(err)
 	}
-	id, secret, err := s.RootToken("one-node")
+	id, secret, err := token(s)
 	if err != nil {
 		t.Fatal(err)
 	}

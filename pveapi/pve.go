@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -584,6 +583,7 @@ func (c *Client) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error {
 	if s.DHCPStart != "" {
 		body["dhcp-range"] = []string{"start-address=" + s.DHCPStart + ",end-address=" + s.DHCPEnd}
 	}
+	c.own.add("subnet", s.VNet+" "+s.CIDR)
 	return c.call(ctx, "POST", "create subnet "+s.CIDR, "/cluster/sdn/vnets/"+url.PathEscape(s.VNet)+"/subnets", body)
 }
 
@@ -638,6 +638,7 @@ func (c *Client) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 			if err := c.clearIPAM(ctx, vnet, s.Zone, cidr); err != nil {
 				return err
 			}
+			c.own.add("subnet", vnet+" "+cidr)
 			return c.call(ctx, "DELETE", "delete subnet "+cidr, "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/subnets/"+url.PathEscape(s.ID), nil)
 		}
 	}
@@ -758,7 +759,12 @@ func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// EnsurePool implements sandbox.Proxmox.
+// EnsurePool implements sandbox.Proxmox: it finds the pool and never
+// creates it. Creating a pool needs Pool.Allocate on /pool/<pool>
+// (pve-manager PVE/API2/Pool.pm create_pool), which the token does not
+// get: pve-access-setup creates the pool before it grants the token on
+// it. The token lists only pools it has Pool.Audit on (Pool.pm index), so
+// a pool it has no grant on is missing too.
 func (c *Client) EnsurePool(ctx context.Context, pool string) error {
 	var ps []struct {
 		ID string `json:"poolid"`
@@ -766,18 +772,12 @@ func (c *Client) EnsurePool(ctx context.Context, pool string) error {
 	if err := c.c.Get(ctx, "/pools", &ps); err != nil {
 		return classify("list pools", err)
 	}
-	if slices.ContainsFunc(ps, func(p struct {
-		ID string `json:"poolid"`
-	}) bool {
-		return p.ID == pool
-	}) {
-		return nil
+	for _, p := range ps {
+		if p.ID == pool {
+			return nil
+		}
 	}
-	err := c.call(ctx, "POST", "create pool "+pool, "/pools", map[string]any{"poolid": pool, "comment": "pve-inspect sandboxes"})
-	if errors.Is(err, sandbox.ErrExists) {
-		return nil
-	}
-	return err
+	return fmt.Errorf("pool %q does not exist, or the token has no grant on it: run pve-access-setup (/usr/lib/pve-inspectd/pve-access-setup, with PVE_INSPECTD_POOL=%s for a pool of another name): it creates the pool and grants the token on it", pool, pool)
 }
 
 // fwRule is a firewall rule as Proxmox lists it.

@@ -420,9 +420,6 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 			out = append(out, map[string]any{"poolid": id})
 		}
 		return out, 0, ""
-	case "POST /pools":
-		f.pools[fmt.Sprint(p["poolid"])] = true
-		return nil, 0, ""
 	case "GET /nodes/{node}/firewall/rules":
 		out := []map[string]any{}
 		for i, r := range f.rules {
@@ -480,6 +477,17 @@ func TestClientAgainstSchema(t *testing.T) {
 	if _, err := c.TemplateID(ctx, "nope"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("unknown template: %v", err)
 	}
+	// The pool is pve-access-setup's: a missing one is an error naming
+	// it, and the client never creates one (Pool.Allocate, not granted).
+	if err := c.EnsurePool(ctx, "pve-inspect"); err == nil || !strings.Contains(err.Error(), "pve-access-setup") {
+		t.Fatalf("missing pool: %v", err)
+	}
+	f.mu.Lock()
+	if slices.Contains(f.calls, "POST /pools") {
+		t.Error("the client created a pool")
+	}
+	f.pools["pve-inspect"] = true
+	f.mu.Unlock()
 	if err := c.EnsurePool(ctx, "pve-inspect"); err != nil {
 		t.Fatal(err)
 	}
@@ -553,6 +561,7 @@ func TestClientAgainstSchema(t *testing.T) {
 // lifecycle.
 func TestSandboxLifecycleThroughAPI(t *testing.T) {
 	f, c := newFakeServer(t)
+	f.pools["pve-inspect"] = true // pve-access-setup's
 	g := apitest.NewGuests()
 	// The fake guests come up when the HTTP fake starts a VM.
 	up := func(ctx context.Context) {

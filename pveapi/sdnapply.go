@@ -3,6 +3,7 @@ package pveapi
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
 	"sort"
 	"strings"
@@ -133,18 +134,22 @@ func (c *Client) foreignPending(ctx context.Context, mine map[string]bool) ([]st
 // reSandboxID is the form of a sandbox id, which is also its zone's id.
 var reSandboxID = regexp.MustCompile(`^sb[a-z0-9]{6}$`)
 
-// sdnEdits records the zones and vnets a client edited since its last
-// apply ("zone <id>", "vnet <id>").
+// sdnEdits records the zones, vnets and subnets a client edited since its
+// last apply ("zone <id>", "vnet <id>", "subnet <vnet> <cidr>"), each with
+// the generation of its last write, so that dropping a snapshot keeps an
+// edit made again since.
 type sdnEdits struct {
 	mu  sync.Mutex
-	ids map[string]bool
+	seq uint64
+	ids map[string]uint64
 }
 
-func newSDNEdits() *sdnEdits { return &sdnEdits{ids: map[string]bool{}} }
+func newSDNEdits() *sdnEdits { return &sdnEdits{ids: map[string]uint64{}} }
 
 func (e *sdnEdits) add(kind, id string) {
 	e.mu.Lock()
-	e.ids[kind+" "+id] = true
+	e.seq++
+	e.ids[kind+" "+id] = e.seq
 	e.mu.Unlock()
 }
 
@@ -152,9 +157,30 @@ func (e *sdnEdits) add(kind, id string) {
 func (e *sdnEdits) take() map[string]bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := e.ids
-	e.ids = map[string]bool{}
+	out := make(map[string]bool, len(e.ids))
+	for id := range e.ids {
+		out[id] = true
+	}
+	e.ids = map[string]uint64{}
 	return out
+}
+
+// snapshot returns the edits so far with their generations, keeping them.
+func (e *sdnEdits) snapshot() map[string]uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.ids)
+}
+
+// drop removes the edits of snap not written again since it was taken.
+func (e *sdnEdits) drop(snap map[string]uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for id, gen := range snap {
+		if e.ids[id] == gen {
+			delete(e.ids, id)
+		}
+	}
 }
 
 // restore puts edits back after an apply that failed (they are still
@@ -163,6 +189,9 @@ func (e *sdnEdits) restore(ids map[string]bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for id := range ids {
-		e.ids[id] = true
+		if _, ok := e.ids[id]; !ok {
+			e.seq++
+			e.ids[id] = e.seq
+		}
 	}
 }

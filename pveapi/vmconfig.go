@@ -37,13 +37,7 @@ func (c *Client) VMConfig(ctx context.Context, vmid int) (map[string]string, err
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]string, len(cfg))
-	for k, v := range cfg {
-		if k != "digest" {
-			out[k] = configText(v)
-		}
-	}
-	return out, nil
+	return configTexts(cfg), nil
 }
 
 // configText renders a config value as the text of the config file.

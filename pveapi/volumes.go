@@ -69,10 +69,11 @@ func (c *Client) FreeVolume(ctx context.Context, volid string) error {
 }
 
 // DiskConfig returns a running VM's config as it runs (GET .../config
-// with current=1) and every key the config file holds, current or
-// pending (the default GET merges the pending values in): a slot named by
-// either is taken. qemu-server keeps a change it cannot hot-plug pending.
-func (c *Client) DiskConfig(ctx context.Context, vmid int) (map[string]string, map[string]bool, error) {
+// with current=1) and as it will be with its pending changes (the default
+// GET merges the pending values in and leaves out the keys whose deletion
+// is pending: pve-guest-common load_current_config). qemu-server keeps a
+// change it cannot hot-plug pending.
+func (c *Client) DiskConfig(ctx context.Context, vmid int) (current, pending map[string]string, err error) {
 	var cur, pend map[string]any
 	if err := c.c.Get(ctx, c.qemu(vmid)+"/config?current=1", &cur); err != nil {
 		return nil, nil, classify(fmt.Sprintf("read config of %d", vmid), err)
@@ -80,20 +81,18 @@ func (c *Client) DiskConfig(ctx context.Context, vmid int) (map[string]string, m
 	if err := c.c.Get(ctx, c.qemu(vmid)+"/config", &pend); err != nil {
 		return nil, nil, classify(fmt.Sprintf("read pending config of %d", vmid), err)
 	}
-	conf := make(map[string]string, len(cur))
-	used := make(map[string]bool, len(cur))
-	for k, v := range cur {
+	return configTexts(cur), configTexts(pend), nil
+}
+
+// configTexts is a config as strings, without its digest.
+func configTexts(m map[string]any) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
 		if k != "digest" {
-			conf[k] = configText(v)
-			used[k] = true
+			out[k] = configText(v)
 		}
 	}
-	for k := range pend {
-		if k != "digest" {
-			used[k] = true
-		}
-	}
-	return conf, used, nil
+	return out
 }
 
 // RunningQEMU returns the QEMU version a running VM uses (status/current's
@@ -123,11 +122,24 @@ func (c *Client) AttachVolume(ctx context.Context, vmid int, slot, volid, serial
 		map[string]any{slot: volid + ",serial=" + serial})
 }
 
-// DetachVolume unplugs disk slot with force, which also frees its volume
-// (the asynchronous POST .../config, as AttachVolume).
+// DetachVolume deletes disk slot with force: a plugged disk is unplugged
+// and its volume freed, an unusedN's volume freed (qemu-server
+// try_deallocate_drive: VM.Config.Disk, and Datastore.AllocateSpace on the
+// storage of the VM's own volume). The asynchronous POST .../config, as
+// AttachVolume.
 func (c *Client) DetachVolume(ctx context.Context, vmid int, slot string) error {
 	return c.call(ctx, "POST", fmt.Sprintf("detach %s of %d", slot, vmid), c.qemu(vmid)+"/config",
 		map[string]any{"delete": slot, "force": 1})
+}
+
+// RevertPending drops the pending changes of VM vmid's config keys (POST
+// .../config revert=keys; qemu-server update_vm: a key in the config gets
+// its current value back, which cancels a pending deletion; a key only
+// pending is deleted, and a disk's volume the VM owns becomes unusedN).
+func (c *Client) RevertPending(ctx context.Context, vmid int, keys ...string) error {
+	list := strings.Join(keys, ",")
+	return c.call(ctx, "POST", fmt.Sprintf("revert %s of %d", list, vmid), c.qemu(vmid)+"/config",
+		map[string]any{"revert": list})
 }
 
 // ImageVolumes lists storage's VM images on this node (GET

@@ -72,12 +72,8 @@ func (m *Engine) guardLocked(req *apitype.CreateRequest) error {
 // create or a claim, not a pool member) req's owner's sandboxes and req
 // against the owner caps; call with m.mu held.
 func (m *Engine) capsLocked(req *apitype.CreateRequest, owned bool) error {
-	c := m.o.Caps
-	var want capUse
-	for _, v := range req.VMs {
-		want.add(v.Cores, v.MemoryMiB, 1)
-	}
-	want.sandboxes = 1
+	sandbox, nodeCaps, ownerCaps := m.o.Caps.scopes()
+	want := wantOf(req)
 	node, own := want, want
 	for _, set := range []map[string]*record{m.sbx, m.members} {
 		for _, r := range set {
@@ -90,13 +86,44 @@ func (m *Engine) capsLocked(req *apitype.CreateRequest, owned bool) error {
 			}
 		}
 	}
-	if err := want.over(capLimits{"sandbox", 0, c.SandboxVMs, c.SandboxVCPUs, c.SandboxMemoryMiB}); err != nil {
+	if err := want.over(sandbox); err != nil {
 		return err
 	}
-	if err := node.over(capLimits{"node", c.NodeSandboxes, c.NodeVMs, c.NodeVCPUs, c.NodeMemoryMiB}); err != nil || !owned {
+	if err := node.over(nodeCaps); err != nil || !owned {
 		return err
 	}
-	return own.over(capLimits{"owner", c.OwnerSandboxes, c.OwnerVMs, c.OwnerVCPUs, c.OwnerMemoryMiB})
+	return own.over(ownerCaps)
+}
+
+// alone is the CapError of the first cap req passes on its own: a
+// per-sandbox cap, or a node or owner cap with nothing else on the node
+// (a create no wait admits); nil when none.
+func (c Caps) alone(req *apitype.CreateRequest) error {
+	want := wantOf(req)
+	sandbox, node, owner := c.scopes()
+	for _, l := range []capLimits{sandbox, node, owner} {
+		if err := want.over(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scopes are c's limits of one sandbox, the node and an owner.
+func (c Caps) scopes() (sandbox, node, owner capLimits) {
+	return capLimits{"sandbox", 0, c.SandboxVMs, c.SandboxVCPUs, c.SandboxMemoryMiB},
+		capLimits{"node", c.NodeSandboxes, c.NodeVMs, c.NodeVCPUs, c.NodeMemoryMiB},
+		capLimits{"owner", c.OwnerSandboxes, c.OwnerVMs, c.OwnerVCPUs, c.OwnerMemoryMiB}
+}
+
+// wantOf is what a sandbox of req holds.
+func wantOf(req *apitype.CreateRequest) capUse {
+	var want capUse
+	for _, v := range req.VMs {
+		want.add(v.Cores, v.MemoryMiB, 1)
+	}
+	want.sandboxes = 1
+	return want
 }
 
 // capUse is what sandboxes hold, summed for a cap.

@@ -68,7 +68,10 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 		if err := m.cleaner.DeleteSubnet(ctx, n.VNet, n.CIDR); err != nil {
 			return pxErr("delete contested subnet "+n.CIDR, err)
 		}
-		if !auto || attempt >= 10 {
+		if !auto {
+			return &RangeInUseError{Index: i, Msg: fmt.Sprintf("network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)}
+		}
+		if attempt >= 10 {
 			return refuse(ErrConflict, "network %q: cidr %s is taken by another sandbox of the cluster", n.Name, p)
 		}
 		if err := m.renameVNet(ctx, rec, i); err != nil {
@@ -141,24 +144,14 @@ func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host [
 
 // allocCIDRsFromLocked is allocCIDRsLocked scanning the pool for "auto"
 // ranges from range number from (modulo the pool's size), wrapping around.
+// An explicit range that overlaps one in use (another sandbox's, or a
+// foreign subnet) is a RangeInUseError, checked before the host's
+// networks: a sandbox's vnet puts its gateway's network on the host.
 func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix, from uint64) ([]netip.Prefix, error) {
-	used := append(slices.Clone(foreign), host...)
-	for _, set := range []map[string]*record{m.sbx, m.members} {
-		for _, r := range set {
-			for _, n := range r.Networks {
-				if p, err := netip.ParsePrefix(n.CIDR); err == nil {
-					used = append(used, p)
-				}
-			}
-		}
-	}
-	overlaps := func(p netip.Prefix) bool {
-		for _, u := range used {
-			if u.Overlaps(p) {
-				return true
-			}
-		}
-		return false
+	inUse := m.rangesInUseLocked(foreign)
+	used := append(slices.Clone(inUse), host...)
+	overlaps := func(p netip.Prefix, in []netip.Prefix) bool {
+		return slices.ContainsFunc(in, p.Overlaps)
 	}
 	out := make([]netip.Prefix, len(nets))
 	for i, n := range nets {
@@ -166,13 +159,16 @@ func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, ho
 			continue
 		}
 		p := netip.MustParsePrefix(n.CIDR)
-		for _, h := range host {
-			if h.Overlaps(p) {
-				return nil, refuse(ErrConflict, "network %q: cidr %s overlaps the host's network %s", n.Name, p, h)
+		for j := range i {
+			if out[j].IsValid() && out[j].Overlaps(p) {
+				return nil, refuse(ErrConflict, "network %q: cidr %s overlaps network %q of the same sandbox", n.Name, p, nets[j].Name)
 			}
 		}
-		if overlaps(p) {
-			return nil, refuse(ErrConflict, "network %q: cidr %s overlaps a range in use", n.Name, p)
+		if overlaps(p, inUse) {
+			return nil, &RangeInUseError{Index: i, Msg: fmt.Sprintf("network %q: cidr %s overlaps a range in use by another sandbox", n.Name, p)}
+		}
+		if err := hostClash(n.Name, p, host); err != nil {
+			return nil, err
 		}
 		out[i] = p
 		used = append(used, p)
@@ -190,7 +186,7 @@ func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, ho
 		for k := uint64(0); k < count; k++ {
 			a := start + ((from+k)%count)*step
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), m.o.AutoCIDRBits)
-			if !overlaps(p) {
+			if !overlaps(p, used) {
 				out[i] = p
 				used = append(used, p)
 				found = true
@@ -202,6 +198,23 @@ func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, ho
 		}
 	}
 	return out, nil
+}
+
+// rangesInUseLocked returns foreign (the cluster's subnets) and the range
+// of every network of this node's sandboxes and warm pool members; call
+// with m.mu held.
+func (m *Engine) rangesInUseLocked(foreign []netip.Prefix) []netip.Prefix {
+	out := slices.Clone(foreign)
+	for _, set := range []map[string]*record{m.sbx, m.members} {
+		for _, r := range set {
+			for _, n := range r.Networks {
+				if p, err := netip.ParsePrefix(n.CIDR); err == nil {
+					out = append(out, p)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // rfc1918 are the private IPv4 ranges sandbox networks must come from.

@@ -88,7 +88,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		m.mu.Unlock()
 		return apitype.Sandbox{}, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	// The record's cancel stops the create (a delete of it); its bounds
+	// are build's: CreateTimeout on each side of the SDN apply.
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rec := newRecord(id, req, prefixes, now, cancel)
 	m.sbx[id] = rec
@@ -105,7 +107,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		return apitype.Sandbox{}, err
 	}
 	m.emitSandbox(apitype.EventCreated, rec, "")
-	m.retireAll(cctx, yield, "yield")
+	rctx, rcancel := context.WithTimeout(cctx, m.o.CreateTimeout)
+	m.retireAll(rctx, yield, "yield")
+	rcancel()
 	err = m.build(cctx, rec, tmpl, req.Env)
 	if err != nil {
 		log.Warn("create failed, tearing down", "err", err)
@@ -158,20 +162,30 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 }
 
 // build creates the zone, vnets, subnets and VMs of rec.
+//
+// CreateTimeout bounds the create's own work before its SDN apply and,
+// afresh, after it; the wait for the apply is bounded apart (ApplyTimeout
+// for each apply it waits for): on a cluster of many zones the apply alone
+// can take longer than a create's own work, and it is not the create's.
 func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[string]string) error {
-	if err := m.buildZone(ctx, rec); err != nil {
+	zctx, zcancel := context.WithTimeout(ctx, m.o.CreateTimeout)
+	err := m.buildZone(zctx, rec)
+	zcancel()
+	if err != nil {
 		return err
 	}
 	if err := m.applySDNFor(ctx, rec); err != nil {
 		return err
 	}
-	if err := m.publishZones(ctx); err != nil {
-		return err
+	vctx, vcancel := withBudget(ctx, m.o.CreateTimeout)
+	defer vcancel()
+	if err := m.publishZones(vctx); err != nil {
+		return budgetErr(vctx, err)
 	}
-	if err := m.applyEgress(ctx, rec); err != nil {
-		return err
+	if err := m.applyEgress(vctx, rec); err != nil {
+		return budgetErr(vctx, err)
 	}
-	return m.buildVMs(ctx, rec, tmpl, env)
+	return budgetErr(vctx, m.buildVMs(vctx, rec, tmpl, env))
 }
 
 // buildZone creates rec's zone, vnets and subnets, pending until the next
@@ -443,9 +457,23 @@ type vmStarter interface {
 	StartVM(ctx context.Context, vmid int) error
 }
 
-// startVM starts vmid outside this engine's own SDN applies (startMu).
+// allStarts is the weight of Engine.starts an SDN apply takes: more
+// than any number of concurrent starts.
+const allStarts = 1 << 30
+
+// startVM starts vmid outside this engine's own SDN applies (starts).
+// The wait for an apply to end is not the create's work: its budget
+// (withBudget) is paused meanwhile, and the wait is bounded by
+// ApplyTimeout.
 func (m *Engine) startVM(ctx context.Context, px vmStarter, vmid int) error {
-	m.startMu.RLock()
-	defer m.startMu.RUnlock()
+	resume := pauseBudget(ctx)
+	gctx, cancel := context.WithTimeout(ctx, m.o.ApplyTimeout)
+	err := m.starts.Acquire(gctx, 1)
+	cancel()
+	resume()
+	if err != nil {
+		return fmt.Errorf("start vm %d: waiting for this node's SDN apply: %w", vmid, err)
+	}
+	defer m.starts.Release(1)
 	return px.StartVM(ctx, vmid)
 }

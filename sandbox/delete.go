@@ -14,16 +14,28 @@ import (
 
 // Delete deletes a sandbox; deleting an unknown sandbox succeeds.
 func (m *Engine) Delete(ctx context.Context, id string) error {
-	_, err := m.removeIf(ctx, id, nil, nil)
+	return m.DeleteBy(ctx, id, "")
+}
+
+// DeleteBy is Delete on behalf of by (a token, the local socket: "" when
+// unknown); the calls the delete ends, and its deleted event, say who
+// deleted the sandbox.
+func (m *Engine) DeleteBy(ctx context.Context, id, by string) error {
+	g := &goneWhy{reason: apitype.ReasonDeleted, why: "it was deleted"}
+	if by != "" {
+		g.why += " by " + by
+	}
+	_, err := m.removeIf(ctx, id, func(*record) *goneWhy { return g }, nil)
 	return err
 }
 
-// removeIf deletes a sandbox when cond, checked under the lock at the moment
-// the sandbox turns to deleting, holds (nil: always). announce, when set,
-// is called once the sandbox has turned to deleting, after the lock is
-// released (what it publishes must never be published under m.mu). It
-// reports whether the sandbox was deleted (or already gone).
-func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) bool, announce func()) (bool, error) {
+// removeIf deletes a sandbox when cond, called under the lock at the
+// moment the sandbox turns to deleting, says why it goes (nil: it stays).
+// announce, when set, is called once the sandbox has turned to deleting,
+// after the lock is released (what it publishes must never be published
+// under m.mu). It reports whether the sandbox was deleted (or already
+// gone).
+func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *goneWhy, announce func()) (bool, error) {
 	m.mu.Lock()
 	r, ok := m.sbx[id]
 	if !ok {
@@ -50,11 +62,14 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) boo
 			return false, ctx.Err()
 		}
 		return m.removeIf(ctx, id, cond, announce)
-	case cond != nil && !cond(r):
+	}
+	g := cond(r)
+	if g == nil {
 		m.mu.Unlock()
 		return false, nil
 	}
 	r.State = apitype.StateDeleting
+	r.gone = g
 	r.deleted = make(chan struct{})
 	if r.opsCancel != nil {
 		r.opsCancel(errDeleted)
@@ -85,7 +100,7 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) boo
 		return false, err
 	}
 	m.forget(id)
-	m.emitSandbox(apitype.EventDeleted, r, "")
+	m.emitSandbox(apitype.EventDeleted, r, g.why)
 	m.removeEgress(ctx, id, r.Zone)
 	m.log.Info("sandbox deleted", "sandbox", id)
 	if err := m.publishZones(ctx); err != nil {
@@ -266,7 +281,11 @@ func (m *Engine) deleteSDN(ctx context.Context, sb string, nets []apitype.Networ
 		}
 	}
 	if changed {
-		return m.applySDN(ctx)
+		// The teardown waits for its apply, shared or its own, as long as
+		// the apply may take (ApplyTimeout), not only its own bound: an
+		// apply of a large cluster outlasts it, and a teardown that gives
+		// up leaves the sandbox in error while the apply runs on.
+		return m.applySDN(context.WithoutCancel(ctx))
 	}
 	return nil
 }

@@ -9,6 +9,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sync/semaphore"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,6 +64,18 @@ type Options struct {
 	AgentTimeout time.Duration
 	// CreateTimeout bounds a create (10m); TeardownTimeout a teardown (5m).
 	CreateTimeout, TeardownTimeout time.Duration
+	// ApplyTimeout bounds the wait for one SDN apply (30m), apart from
+	// the create or teardown that asked for it: an apply's time grows with
+	// every DHCP zone of the cluster on every node (each node's reload
+	// restarts every zone's dnsmasq, and the nodes are visited one after
+	// another), so a cluster of a few hundred zones takes minutes, and a
+	// wait given up leaves the apply running while the caller fails.
+	ApplyTimeout time.Duration
+	// UnbatchedApplies makes every create, delete and refill run an SDN
+	// apply of its own, one after another, instead of sharing one: the
+	// behaviour before applies were shared, kept as the cluster bench's
+	// baseline (bench/cluster). The daemon never sets it.
+	UnbatchedApplies bool
 	// ZonesChanged, when set, receives every sandbox zone of this node with
 	// its vnet bridges whenever that set changes (after a create's SDN apply,
 	// before its VMs start; after a delete; after Reconcile). The daemon
@@ -76,6 +91,17 @@ type Options struct {
 	BridgeUp func(ctx context.Context, bridge string) (bool, error)
 	// BridgeRetries is how many more applies a missing bridge gets (3).
 	BridgeRetries int
+	// GatewayUp, when set (with BridgeUp), says whether a vnet's bridge
+	// is on this node carrying its subnet's gateway address: proof that
+	// a network reload made it from a running configuration holding the
+	// subnet (pve-network Zones/SimplePlugin.pm puts "address <gateway>"
+	// on the bridge; the zone's DHCP configuration is regenerated in the
+	// same reload). It lets the engine share another client's apply: when
+	// that apply has already committed every SDN edit of this engine's
+	// batch, the engine waits for its reload to reach this node instead
+	// of applying again (a second apply of the whole cluster for nothing);
+	// when the reload does not come in time, it applies after all.
+	GatewayUp func(ctx context.Context, bridge string, gateway netip.Addr) (bool, error)
 	// Egress, when set, enforces sandboxes' egress policies (create's
 	// egress object, SetEgress); nil refuses them.
 	Egress Egress
@@ -130,6 +156,7 @@ func (o *Options) defaults() error {
 	def(&o.AgentTimeout, 5*time.Minute)
 	def(&o.CreateTimeout, 10*time.Minute)
 	def(&o.TeardownTimeout, 5*time.Minute)
+	def(&o.ApplyTimeout, 30*time.Minute)
 	def(&o.PoolInterval, 10*time.Second)
 	shapes, err := ValidateShapes(o.WarmPool)
 	if err != nil {
@@ -168,7 +195,7 @@ func (o *Options) defaults() error {
 // Lock order, in words: stateMu and zonesMu are each taken before mu and
 // never while mu is held (saveState and publishZones read the sandboxes
 // under mu inside their own lock, then release mu before they write the
-// file or call the hook); idMu, sdnMu and startMu are leaves, taken alone; no two
+// file or call the hook); idMu, sdnMu and starts are leaves, taken alone; no two
 // of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
 // held across a call to Proxmox, a guest, a hook or the disk; idMu and
 // zonesMu are held across the one outside call each serializes (NextID,
@@ -222,12 +249,16 @@ type Engine struct {
 	sdnMu   sync.Mutex
 	sdnNext *sdnBatch
 	sdnRun  chan struct{}
-	// startMu keeps this engine's VM starts out of its own SDN applies:
-	// an apply stops the node's dnsmasqs, and a start's pve-bridge hook
-	// fails while they are stopped. An apply holds it for writing across
-	// its PUT /cluster/sdn task, a start for reading across its start; a
-	// leaf, taken alone.
-	startMu sync.RWMutex
+	// lastApply is how long the engine's last own SDN apply took
+	// (nanoseconds): how long a shared apply's reload is waited for.
+	lastApply atomic.Int64
+	// starts keeps this engine's VM starts out of its own SDN applies: an
+	// apply stops the node's dnsmasqs, and a start's pve-bridge hook fails
+	// while they are stopped. An apply holds all of it (allStarts) across
+	// its PUT /cluster/sdn task, a start one unit across its start. A
+	// start's or an apply's wait for it ends with its context; a leaf,
+	// taken alone.
+	starts *semaphore.Weighted
 	// stateMu serializes writes of the state file, so the file never goes
 	// back to an older list than one already written; taken before mu.
 	stateMu sync.Mutex
@@ -260,7 +291,7 @@ func New(o Options) (*Engine, error) {
 		return nil, fmt.Errorf("sandbox: register pool metrics: %w", err)
 	}
 	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, members: map[string]*record{}, pool: wp,
-		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1),
+		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1), starts: semaphore.NewWeighted(allStarts),
 		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet,
 		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px, tagger: px}, nil
 }
@@ -304,6 +335,11 @@ type record struct {
 	// member is set while the record is a warm pool member (pool.go),
 	// under Engine.mu; a claim clears it.
 	member *memberInfo
+	// gone is why the sandbox is being deleted (expired, deleted by whom),
+	// set under Engine.mu as it turns to deleting: the calls the delete
+	// ends or refuses say it. Not persisted: a delete resumed after a
+	// restart says no why.
+	gone *goneWhy
 }
 
 // List returns a copy of the public view of every sandbox, by id.

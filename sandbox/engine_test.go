@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -95,39 +96,66 @@ func TestEngineErrors(t *testing.T) {
 }
 
 // TestEngineDeleteDuringOperation: an operation begun before a delete ends
-// with a conflict (the sandbox was deleted during the call), and the
-// delete waits for it.
+// with a conflict saying why the sandbox went (deleted by whom, or expired
+// when), a call begun while the delete waits for it is refused with the
+// same why, and the delete waits for the operation.
 func TestEngineDeleteDuringOperation(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t, nil)
-	sb, err := e.Create(ctx, oneVM("debian"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _, octx, end, err := e.Begin(ctx, sb.ID, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deleted := make(chan error, 1)
-	go func() { deleted <- e.Delete(ctx, sb.ID) }()
-	select {
-	case <-octx.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the delete did not cancel the operation")
-	}
-	select {
-	case err := <-deleted:
-		t.Fatalf("the delete finished before the operation ended: %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	if err := end(octx.Err()); !errors.Is(err, sandbox.ErrConflict) || !strings.Contains(err.Error(), "was deleted during the call") {
-		t.Errorf("end after a delete: %v, want a conflict", err)
-	}
-	if err := <-deleted; err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := e.Get(sb.ID); ok {
-		t.Error("the sandbox is still known after the delete")
+	for _, tc := range []struct {
+		name   string
+		del    func(e *sandbox.Engine, clk *clock, id string) error
+		reason string
+		why    string
+	}{
+		{"delete call", func(e *sandbox.Engine, _ *clock, id string) error {
+			return e.DeleteBy(ctx, id, `token "ci"`)
+		}, apitype.ReasonDeleted, `it was deleted by token "ci"`},
+		{"expiry", func(e *sandbox.Engine, clk *clock, id string) error {
+			clk.add(2 * time.Minute)
+			if n := e.Reap(ctx); n != 1 {
+				return fmt.Errorf("reaped %d, want 1", n)
+			}
+			return nil
+		}, apitype.ReasonExpired, "it expired at 2026-01-01T00:01:00Z (its TTL ran out and nothing extended it)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+			e := newEngine(t, func(o *sandbox.Options) { o.Now = clk.now })
+			sb, err := e.Create(ctx, oneVM("debian")) // TTL 60 s
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, octx, end, err := e.Begin(ctx, sb.ID, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			deleted := make(chan error, 1)
+			go func() { deleted <- tc.del(e, clk, sb.ID) }()
+			select {
+			case <-octx.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the delete did not cancel the operation")
+			}
+			_, _, _, _, errLate := e.Begin(ctx, sb.ID, "")
+			select {
+			case err := <-deleted:
+				t.Fatalf("the delete finished before the operation ended: %v", err)
+			case <-time.After(50 * time.Millisecond):
+			}
+			for what, err := range map[string]error{"was deleted during the call": end(octx.Err()), "is being deleted": errLate} {
+				var ge *sandbox.GoneError
+				if !errors.As(err, &ge) || !errors.Is(err, sandbox.ErrConflict) || ge.Reason != tc.reason ||
+					err.Error() != "sandbox "+sb.ID+" "+what+": "+tc.why {
+					t.Errorf("%s: %v, want a conflict of reason %s saying %q", what, err, tc.reason, tc.why)
+				}
+			}
+			if err := <-deleted; err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := e.Get(sb.ID); ok {
+				t.Error("the sandbox is still known after the delete")
+			}
+		})
 	}
 }
 

@@ -73,6 +73,47 @@ func refuse(kind error, format string, a ...any) error {
 	return &refusal{kind: kind, msg: fmt.Sprintf(format, a...)}
 }
 
+// GoneError refuses a call on a sandbox that is being deleted, or that
+// its delete ended: Reason says why in a word (apitype.ReasonExpired,
+// apitype.ReasonDeleted),
+// Error in a sentence (when it expired, who deleted it). It is a conflict
+// (errors.Is ErrConflict).
+type GoneError struct {
+	Reason string
+	Msg    string
+}
+
+func (e *GoneError) Error() string { return e.Msg }
+func (e *GoneError) Unwrap() error { return ErrConflict }
+
+// goneWhy is why a sandbox is being deleted, kept in its record from the
+// moment it turns to deleting (and gone with the record).
+type goneWhy struct {
+	reason string // apitype.ReasonExpired, apitype.ReasonDeleted
+	why    string // "it expired at ...", "it was deleted by ..."
+}
+
+// refusal is the GoneError of a call on sandbox id: what happened (a
+// sentence about the sandbox) and why; g nil says no why.
+func (g *goneWhy) refusal(id, what string) error {
+	if g == nil {
+		return refuse(ErrConflict, "sandbox %s %s", id, what)
+	}
+	return &GoneError{Reason: g.reason, Msg: fmt.Sprintf("sandbox %s %s: %s", id, what, g.why)}
+}
+
+// RangeInUseError refuses a network whose fixed CIDR overlaps a range in
+// use by another sandbox (of this node or another of the cluster): a
+// conflict that ends when that sandbox goes. Index is the network's in the
+// request.
+type RangeInUseError struct {
+	Index int
+	Msg   string
+}
+
+func (e *RangeInUseError) Error() string { return e.Msg }
+func (e *RangeInUseError) Unwrap() error { return ErrConflict }
+
 // CapError is a create the resource guard refuses: it would pass Cap.
 type CapError struct {
 	// Cap is the cap's name as configured ("node_vcpus", ...).

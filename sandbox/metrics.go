@@ -15,6 +15,8 @@ type metrics struct {
 	guardRefusals *prometheus.CounterVec
 	sdnApplies    prometheus.Counter
 	sdnReapplies  prometheus.Counter
+	sdnApplyTime  prometheus.Histogram
+	sdnShared     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,9 +45,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "pve_inspect", Name: "sdn_reapplies_total",
 			Help: "SDN applies made again because an apply that ended OK left a vnet bridge of this node missing (its reload lost to another's).",
 		}),
+		sdnApplyTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "pve_inspect", Name: "sdn_apply_seconds",
+			Help:    "How long the engine's SDN applies took, until the apply task ended; it grows with every DHCP zone of the cluster on every node.",
+			Buckets: []float64{0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800},
+		}),
+		sdnShared: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "pve_inspect", Name: "sdn_shared_applies_total",
+			Help: "SDN applies the engine left out because another client's apply (another node's daemon) had already committed all of its edits.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals, m.sdnApplies, m.sdnReapplies} {
+		for _, c := range []prometheus.Collector{m.sandboxes, m.vms, m.reaped, m.guardRefusals, m.sdnApplies, m.sdnReapplies, m.sdnApplyTime, m.sdnShared} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -23,7 +23,7 @@ func (m *Engine) Begin(ctx context.Context, id, vm string) (apitype.Sandbox, api
 		return apitype.Sandbox{}, apitype.VM{}, nil, nil, refuse(ErrUnknown, "sandbox %q not found", id)
 	}
 	if r.State != apitype.StateReady {
-		return apitype.Sandbox{}, apitype.VM{}, nil, nil, refuse(ErrConflict, "sandbox %s is %s", id, r.State)
+		return apitype.Sandbox{}, apitype.VM{}, nil, nil, r.notReady()
 	}
 	var v apitype.VM
 	found := false
@@ -48,9 +48,22 @@ func (m *Engine) Begin(ctx context.Context, id, vm string) (apitype.Sandbox, api
 		cancel(nil)
 		r.ops.Done()
 		if err != nil && deleted {
-			return refuse(ErrConflict, "sandbox %s was deleted during the call", id)
+			m.mu.Lock()
+			g := r.gone
+			m.mu.Unlock()
+			return g.refusal(id, "was deleted during the call")
 		}
 		return err
 	}
 	return cloneSandbox(r.Sandbox), v, octx, end, nil
+}
+
+// notReady refuses a call on r, which is not ready: a conflict saying its
+// state, and why it goes when it is being deleted. Call with Engine.mu
+// held.
+func (r *record) notReady() error {
+	if r.State == apitype.StateDeleting && r.gone != nil {
+		return r.gone.refusal(r.ID, "is being deleted")
+	}
+	return refuse(ErrConflict, "sandbox %s is %s", r.ID, r.State)
 }

@@ -141,10 +141,11 @@ type zoneCleaner interface {
 	ApplySDN(ctx context.Context) error
 }
 
-// pools is the part of the Proxmox API that makes the daemon's pool
+// pools is the part of the Proxmox API that finds the daemon's pool
 // (create.go, reconcile.go).
 type pools interface {
-	// EnsurePool creates the pool when it does not exist.
+	// EnsurePool fails when the pool does not exist: pve-access-setup
+	// creates it (the token may not: Pool.Allocate).
 	EnsurePool(ctx context.Context, pool string) error
 }
 

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ func (m *Engine) Extend(id string, ttl time.Duration) (apitype.Sandbox, error) {
 	}
 	if r.State != apitype.StateReady {
 		m.mu.Unlock()
-		return apitype.Sandbox{}, refuse(ErrConflict, "sandbox %q is %s", id, r.State)
+		return apitype.Sandbox{}, r.notReady()
 	}
 	r.ExpiresAt = m.o.Now().Add(ttl)
 	sb := cloneSandbox(r.Sandbox)
@@ -161,13 +162,13 @@ func (m *Engine) Reap(ctx context.Context) int {
 // the lock is released (removeIf's announce), before the teardown.
 func (m *Engine) reapOne(ctx context.Context, id string) bool {
 	var ev apitype.Event
-	expired := func(r *record) bool {
-		due := (r.State == apitype.StateReady || r.State == apitype.StateError) && !m.o.Now().Before(r.ExpiresAt)
-		if due {
-			exp := r.ExpiresAt
-			ev = apitype.Event{Type: apitype.EventExpired, Sandbox: r.ID, Owner: r.Owner, ExpiresAt: &exp}
+	expired := func(r *record) *goneWhy {
+		if (r.State != apitype.StateReady && r.State != apitype.StateError) || m.o.Now().Before(r.ExpiresAt) {
+			return nil
 		}
-		return due
+		exp := r.ExpiresAt
+		ev = apitype.Event{Type: apitype.EventExpired, Sandbox: r.ID, Owner: r.Owner, ExpiresAt: &exp}
+		return &goneWhy{reason: apitype.ReasonExpired, why: fmt.Sprintf("it expired at %s (its TTL ran out and nothing extended it)", exp.UTC().Format(time.RFC3339))}
 	}
 	announce := func() { m.emit(ev) }
 	rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 )
 
@@ -13,9 +14,27 @@ import (
 type sdnBatch struct {
 	done chan struct{}
 	err  error
+	// own is set by a member that must see an apply of this engine's own
+	// (a retry after a shared apply's reload did not come); shared tells
+	// the members that another client's apply carried the batch.
+	own, shared bool
+}
+
+// sdnSharer is the part of the Proxmox client that tells whether another
+// client's apply has already committed this engine's SDN edits
+// (pveapi.Client.EditsCommitted).
+type sdnSharer interface {
+	EditsCommitted(ctx context.Context) (bool, error)
 }
 
 // applySDN applies the pending SDN changes of the cluster (PUT
+// /cluster/sdn); see applyBatch.
+func (m *Engine) applySDN(ctx context.Context) error {
+	_, err := m.applyBatch(ctx, false)
+	return err
+}
+
+// applyBatch applies the pending SDN changes of the cluster (PUT
 // /cluster/sdn), coalescing concurrent callers: a caller joins the next
 // batch; when no apply runs it runs that batch itself, otherwise it waits
 // until the running one ends and then either runs its batch or finds it
@@ -23,57 +42,121 @@ type sdnBatch struct {
 // this point together make at most two applies, not N; a refill of many
 // pool members makes one.
 //
-// The apply runs on a context without the caller's cancel (bounded by
-// TeardownTimeout): the other members of the batch wait for it too.
-func (m *Engine) applySDN(ctx context.Context) error {
+// Before it applies, the runner asks whether another client's apply (on a
+// cluster, another node's daemon creating at the same time) has already
+// committed every SDN edit of this engine (canShare): then that apply's
+// worker reloads this node too, and the batch ends without an apply of
+// its own, shared true. A member that needs an apply of this engine's own
+// (own) makes the batch apply.
+//
+// The apply runs on a context without the caller's cancel, bounded by
+// ApplyTimeout, not by the caller's own bound: the other members of the
+// batch wait for it too, and an apply of a large cluster outlasts a
+// teardown's bound (an abandoned wait leaves the apply running and the
+// caller failed). An apply that took more than half of TeardownTimeout
+// is logged as a warning.
+func (m *Engine) applyBatch(ctx context.Context, own bool) (shared bool, err error) {
 	m.sdnMu.Lock()
-	if m.sdnNext == nil {
+	if m.sdnNext == nil || m.o.UnbatchedApplies {
 		m.sdnNext = &sdnBatch{done: make(chan struct{})}
 	}
 	b := m.sdnNext
+	b.own = b.own || own
+	if m.o.UnbatchedApplies {
+		m.sdnNext = nil // a batch of one: nobody joins it
+	}
 	m.sdnMu.Unlock()
 	select {
 	case <-b.done:
-		return b.err
+		return b.shared, b.err
 	case m.sdnRun <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("apply sdn: %w", ctx.Err())
+		return false, fmt.Errorf("apply sdn: %w", ctx.Err())
 	}
 	defer func() { <-m.sdnRun }()
 	m.sdnMu.Lock()
 	select {
 	case <-b.done: // run by another member while this one waited for the slot
 		m.sdnMu.Unlock()
-		return b.err
+		return b.shared, b.err
 	default:
 	}
 	if m.sdnNext == b {
 		m.sdnNext = nil // newcomers join a fresh batch from here on
 	}
+	mustApply := b.own
 	m.sdnMu.Unlock()
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TeardownTimeout)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.ApplyTimeout)
 	defer cancel()
-	m.startMu.Lock()
+	if !mustApply && m.canShare() {
+		done, err := m.o.Proxmox.(sdnSharer).EditsCommitted(actx)
+		if err != nil {
+			m.log.Warn("cannot tell whether another client's SDN apply carried this one's edits; applying", "err", err)
+		} else if done {
+			m.met.sdnShared.Inc()
+			b.shared = true
+			close(b.done)
+			return true, nil
+		}
+	}
+	if err := m.starts.Acquire(actx, allStarts); err != nil {
+		b.err = fmt.Errorf("apply sdn: waiting for this node's VM starts: %w", err)
+		close(b.done)
+		return false, b.err
+	}
+	start := time.Now()
 	b.err = pxErr("apply sdn", m.zones.ApplySDN(actx))
-	m.startMu.Unlock()
+	took := time.Since(start)
+	m.starts.Release(allStarts)
+	m.lastApply.Store(int64(took))
 	m.met.sdnApplies.Inc()
+	m.met.sdnApplyTime.Observe(took.Seconds())
+	if took > m.o.TeardownTimeout/2 {
+		m.log.Warn("an SDN apply took long: its time grows with every DHCP zone of the cluster on every node; creates and deletes wait for it (up to [api] sdn_apply_timeout)",
+			"took", took.Round(time.Millisecond), "bound", m.o.ApplyTimeout)
+	}
 	close(b.done)
-	return b.err
+	return false, b.err
 }
 
-// applySDNFor is applySDN for records whose vnets the apply must make:
-// once it ends OK, each record's vnet bridges are checked on this node
-// (Options.BridgeUp), and while one is missing the apply is made again,
-// after a pause that grows, Options.BridgeRetries times. A reload that
-// started while another client's ran on the node is lost without a word
-// (pve-manager API2/Network.pm reload_network_config takes no lock;
-// ifupdown2's does not wait), and the task still ends OK.
+// canShare says whether the engine may leave its apply to another
+// client's: only where it can see that apply's reload reach this node
+// (GatewayUp and BridgeUp), and never for the bench's baseline.
+func (m *Engine) canShare() bool {
+	_, ok := m.o.Proxmox.(sdnSharer)
+	return ok && m.o.GatewayUp != nil && m.o.BridgeUp != nil && !m.o.UnbatchedApplies
+}
+
+// applySDNFor is applySDN for records whose vnets the apply must make.
+// When another client's apply carried the batch (applyBatch), it waits
+// for that apply's reload to put each vnet's bridge, with its gateway,
+// on this node (waitShared) and applies itself when it does not come.
+// Then, once an apply of its own ends OK, each record's vnet bridges are
+// checked on this node (Options.BridgeUp), and while one is missing the
+// apply is made again, after a pause that grows, Options.BridgeRetries
+// times. A reload that started while another client's ran on the node is
+// lost without a word (pve-manager API2/Network.pm reload_network_config
+// takes no lock; ifupdown2's does not wait), and the task still ends OK.
 func (m *Engine) applySDNFor(ctx context.Context, recs ...*record) error {
-	if err := m.applySDN(ctx); err != nil {
+	shared, err := m.applyBatch(ctx, false)
+	if err != nil {
 		return err
 	}
 	if m.o.BridgeUp == nil {
 		return nil
+	}
+	if shared {
+		ready, err := m.waitShared(ctx, recs)
+		if err != nil {
+			return err
+		}
+		if ready {
+			return nil
+		}
+		m.log.Info("another client's SDN apply committed this one's edits, but its reload has not made them on this node; applying")
+		if _, err := m.applyBatch(ctx, true); err != nil {
+			return err
+		}
 	}
 	retries := m.o.BridgeRetries
 	if retries <= 0 {
@@ -94,8 +177,61 @@ func (m *Engine) applySDNFor(ctx context.Context, recs ...*record) error {
 			return fmt.Errorf("apply sdn: %w", ctx.Err())
 		case <-time.After(time.Duration(try+1) * 500 * time.Millisecond):
 		}
-		if err := m.applySDN(ctx); err != nil {
+		if _, err := m.applyBatch(ctx, true); err != nil {
 			return err
+		}
+	}
+}
+
+// minSharedWait is the least time waitShared gives another client's apply
+// to reach this node (an apply visits the nodes one after another, so
+// this node's reload can come last).
+const minSharedWait = 5 * time.Second
+
+// waitShared waits, up to twice the engine's last apply (minSharedWait at
+// least), until every vnet of recs is on this node with its gateway
+// (GatewayUp), polling; it says whether they all came.
+func (m *Engine) waitShared(ctx context.Context, recs []*record) (bool, error) {
+	type net struct {
+		vnet string
+		gw   netip.Addr
+	}
+	var nets []net
+	m.mu.Lock()
+	for _, r := range recs {
+		for _, n := range r.Networks {
+			gw, err := netip.ParseAddr(n.Gateway)
+			if err != nil {
+				m.mu.Unlock()
+				return false, fmt.Errorf("sandbox %s network %s: gateway %q: %w", r.ID, n.Name, n.Gateway, err)
+			}
+			nets = append(nets, net{n.VNet, gw})
+		}
+	}
+	m.mu.Unlock()
+	deadline := time.Now().Add(max(minSharedWait, 2*time.Duration(m.lastApply.Load())))
+	for {
+		ready := true
+		for _, n := range nets {
+			up, err := m.o.GatewayUp(ctx, n.vnet, n.gw)
+			if err != nil {
+				return false, fmt.Errorf("is bridge %s up with %s: %w", n.vnet, n.gw, err)
+			}
+			if !up {
+				ready = false
+				break
+			}
+		}
+		if ready {
+			return true, nil
+		}
+		if time.Now().After(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("apply sdn: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

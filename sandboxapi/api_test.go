@@ -278,6 +278,17 @@ func TestExplicitCIDRConflict(t *testing.T) {
 	if !client.IsProblem(err, apitype.ProblemConflict) || e.px.Mutations() != before {
 		t.Fatalf("overlapping CIDR: %v (mutations %d -> %d)", err, before, e.px.Mutations())
 	}
+	// The refusal says it ends when the range is free, and which network.
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Reason != apitype.ReasonCIDRInUse || p.Field != "networks[0].cidr" {
+		t.Errorf("overlapping CIDR: %+v, want reason %s and field networks[0].cidr", p, apitype.ReasonCIDRInUse)
+	}
+	// Two networks of one request that overlap: a conflict no wait ends.
+	_, err = e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, Networks: []apitype.NetworkRequest{
+		{Name: "a", CIDR: "192.168.60.0/24"}, {Name: "b", CIDR: "192.168.60.0/25"}}})
+	if !errors.As(err, &p) || p.Type != apitype.ProblemConflict || p.Reason != "" || !strings.Contains(p.Detail, `overlaps network "a" of the same sandbox`) {
+		t.Errorf("overlapping networks of one sandbox: %v, want a conflict without a reason", err)
+	}
 	// A foreign subnet in Proxmox is avoided by auto.
 	e2 := newEnv(t, nil)
 	e2.px.AddVNet(sandbox.VNetInfo{ID: "other", Zone: "otherz"}, "10.200.0.0/23")

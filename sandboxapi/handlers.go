@@ -43,10 +43,15 @@ type param struct {
 	schema func() map[string]any
 }
 
-func reqTimeout(s *Server) time.Duration    { return s.o.RequestTimeout }
-func createTimeout(s *Server) time.Duration { return s.eo.CreateTimeout + s.eo.TeardownTimeout }
-func deleteTimeout(s *Server) time.Duration { return s.eo.TeardownTimeout }
-func fileTimeout(s *Server) time.Duration   { return s.o.FileTimeout }
+func reqTimeout(s *Server) time.Duration { return s.o.RequestTimeout }
+func createTimeout(s *Server) time.Duration {
+	return 2*s.eo.CreateTimeout + 2*s.eo.ApplyTimeout + s.eo.TeardownTimeout
+}
+func deleteTimeout(s *Server) time.Duration { return s.eo.TeardownTimeout + s.eo.ApplyTimeout }
+
+// vmOpTimeout bounds a check, a snapshot or a rollback: no SDN apply.
+func vmOpTimeout(s *Server) time.Duration { return s.eo.CreateTimeout + s.eo.TeardownTimeout }
+func fileTimeout(s *Server) time.Duration { return s.o.FileTimeout }
 func execTimeout(s *Server) time.Duration {
 	return time.Duration(maxExecTimeout)*time.Second + 30*time.Second
 }
@@ -65,6 +70,7 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/capacity", scope: apitype.ScopeRead, summary: "The node's free room against its caps (sandboxes, VMs, cores, memory)", response: "Capacity", okStatus: 200, timeout: reqTimeout, h: s.capacity},
 		{method: "GET", path: "/v1/openapi.json", scope: apitype.ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
 		{method: "POST", path: "/v1/sandboxes", scope: apitype.ScopeAdmin, summary: "Create a sandbox; returns when every VM answers its guest agent", request: "CreateRequest", response: "Sandbox", okStatus: 201, timeout: createTimeout, h: s.createSandbox},
+		{method: "POST", path: "/v1/sandboxes/validate", scope: apitype.ScopeRead, summary: "Check a create request against this node without creating anything: every refusal a create would meet whatever else runs, and the templates the node knows", request: "CreateRequest", response: "ValidateReport", okStatus: 200, timeout: reqTimeout, h: s.validateSandbox},
 		{method: "GET", path: "/v1/sandboxes", scope: apitype.ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
 		{method: "GET", path: "/v1/pool", scope: apitype.ScopeAdmin, summary: "The warm pool: its shapes with ready and building counts, and its unclaimed members", response: "PoolStatus", okStatus: 200, timeout: reqTimeout, h: s.getPool},
 		{method: "GET", path: "/v1/sandboxes/{id}", scope: apitype.ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
@@ -72,18 +78,19 @@ func (s *Server) routeTable() []route {
 		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: apitype.ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
 		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
 		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
-		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: apitype.ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: createTimeout, h: s.check},
+		{method: "POST", path: "/v1/sandboxes/{id}/check", scope: apitype.ScopeExec, summary: "Run the containment check from a VM of the sandbox", request: "CheckRequest", response: "CheckReport", okStatus: 200, params: []param{pID}, timeout: vmOpTimeout, h: s.check},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/exec", scope: apitype.ScopeExec, summary: "Run a command; Accept: application/x-ndjson streams ExecEvent records", request: "ExecRequest", response: "ExecResult", okStatus: 200, params: []param{pID, pVM}, timeout: execTimeout, h: s.exec},
 		{method: "GET", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: apitype.ScopeExec, summary: "Read a guest file (raw bytes)", responseType: "application/octet-stream", okStatus: 200, params: []param{pID, pVM, pPath}, timeout: fileTimeout, h: s.readFile},
 		{method: "PUT", path: "/v1/sandboxes/{id}/vms/{vm}/files", scope: apitype.ScopeExec, summary: "Write a guest file (raw bytes)", requestType: "application/octet-stream", okStatus: 204, params: []param{pID, pVM, pPath, pMode}, timeout: fileTimeout, h: s.writeFile},
-		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: apitype.ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: createTimeout, h: s.snapshot},
-		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: apitype.ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: createTimeout, h: s.rollback},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: apitype.ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: vmOpTimeout, h: s.snapshot},
+		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: apitype.ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: vmOpTimeout, h: s.rollback},
 		s.eventsRoute(),
 	}
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request, _ principal) error {
-	return writeJSON(w, http.StatusOK, apitype.Health{Status: "ok", Node: s.e.Node(), Sandboxes: len(s.e.List())})
+	return writeJSON(w, http.StatusOK, apitype.Health{Status: "ok", Node: s.e.Node(), Sandboxes: len(s.e.List()),
+		DefaultTTLSeconds: int64(s.o.DefaultTTL / time.Second), MaxTTLSeconds: int64(s.o.MaxTTL / time.Second)})
 }
 
 // capacity answers the guard's room: the node's, narrowed to what the
@@ -135,6 +142,34 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p princip
 	return writeJSON(w, http.StatusCreated, sb)
 }
 
+// validateSandbox answers what a create of the body would be refused for
+// on this node, with the node's templates. A body the create's own rules
+// refuse (it does not decode, or breaks a rule of the request alone) is
+// refused as the create would refuse it, invalid-request (400).
+func (s *Server) validateSandbox(w http.ResponseWriter, r *http.Request, _ principal) error {
+	var req apitype.CreateRequest
+	if pr := decodeJSON(w, r, maxJSONBody, &req); pr != nil {
+		return pr
+	}
+	if pr := validateCreate(&req, int64(s.o.DefaultTTL/time.Second), int64(s.o.MaxTTL/time.Second)); pr != nil {
+		return pr
+	}
+	rep := apitype.ValidateReport{Problems: []apitype.Problem{}}
+	refusals, templates, err := s.e.Validate(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	for _, e := range refusals {
+		rep.Problems = append(rep.Problems, *asProblem(e))
+	}
+	rep.Templates = templates
+	if rep.Templates == nil {
+		rep.Templates = []string{}
+	}
+	rep.Valid = len(rep.Problems) == 0
+	return writeJSON(w, http.StatusOK, rep)
+}
+
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p principal) error {
 	out := []apitype.Sandbox{}
 	for _, sb := range s.e.List() {
@@ -175,7 +210,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p princip
 		if sb, ok := s.e.Get(id); ok && !p.sees(sb) {
 			return problemf(apitype.ProblemNotFound, "sandbox %q not found", id)
 		}
-		if err := s.e.Delete(r.Context(), id); err != nil {
+		if err := s.e.DeleteBy(r.Context(), id, p.who()); err != nil {
 			return err
 		}
 	}

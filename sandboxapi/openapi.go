@@ -21,6 +21,7 @@ var schemaTypes = map[string]any{
 	"Network":         apitype.Network{},
 	"VM":              apitype.VM{},
 	"ExtendRequest":   apitype.ExtendRequest{},
+	"ValidateReport":  apitype.ValidateReport{},
 	"ExecRequest":     apitype.ExecRequest{},
 	"ExecResult":      apitype.ExecResult{},
 	"ExecEvent":       apitype.ExecEvent{},

@@ -95,6 +95,8 @@ func asProblem(err error) *apitype.Problem {
 		ie  *sandbox.InvalidError
 		nhe *sandbox.NotHardenedError
 		be  *sandbox.BrokenError
+		ge  *sandbox.GoneError
+		re  *sandbox.RangeInUseError
 	)
 	switch {
 	case errors.As(err, &p):
@@ -110,6 +112,15 @@ func asProblem(err error) *apitype.Problem {
 	case errors.As(err, &be):
 		p := newProblem(apitype.ProblemSandboxBroken, err.Error())
 		p.Reason = be.Reason
+		return p
+	case errors.As(err, &ge):
+		p := newProblem(apitype.ProblemConflict, err.Error())
+		p.Reason = ge.Reason
+		return p
+	case errors.As(err, &re):
+		p := newProblem(apitype.ProblemConflict, err.Error())
+		p.Reason = apitype.ReasonCIDRInUse
+		p.Field = fmt.Sprintf("networks[%d].cidr", re.Index)
 		return p
 	case errors.As(err, &nhe):
 		p := newProblem(apitype.ProblemTemplateNotHardened, err.Error())

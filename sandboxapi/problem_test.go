@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -35,6 +36,12 @@ func TestAsProblem(t *testing.T) {
 		}},
 		{fmt.Errorf("sandbox x: %w", sandbox.ErrUnknown), apitype.ProblemNotFound, http.StatusNotFound, nil},
 		{fmt.Errorf("sandbox x is creating: %w", sandbox.ErrConflict), apitype.ProblemConflict, http.StatusConflict, nil},
+		{wrap(&sandbox.GoneError{Reason: apitype.ReasonExpired, Msg: "sandbox x was deleted during the call: it expired at T"}), apitype.ProblemConflict, http.StatusConflict, func(p *apitype.Problem) bool {
+			return p.Reason == apitype.ReasonExpired && p.Detail == "vm vm0: sandbox x was deleted during the call: it expired at T"
+		}},
+		{&sandbox.RangeInUseError{Index: 1, Msg: "network \"lab\": cidr 10.9.0.0/24 overlaps a range in use by another sandbox"}, apitype.ProblemConflict, http.StatusConflict, func(p *apitype.Problem) bool {
+			return p.Reason == apitype.ReasonCIDRInUse && p.Field == "networks[1].cidr" && strings.HasPrefix(p.Detail, "network \"lab\"")
+		}},
 		{sandbox.ErrNoFreeRange, apitype.ProblemGuardRefused, http.StatusTooManyRequests, nil},
 		{wrap(sandbox.ErrNotConfigured), apitype.ProblemUnavailable, http.StatusServiceUnavailable, nil},
 		{wrap(sandbox.ErrBusy), apitype.ProblemUnavailable, http.StatusServiceUnavailable, nil},

@@ -196,6 +196,19 @@ type principal struct {
 	local bool
 }
 
+// who names p in a sentence: "token NAME" (with its owner when bound),
+// or "a caller of the local socket".
+func (p principal) who() string {
+	if p.local {
+		return "a caller of the local socket"
+	}
+	s := fmt.Sprintf("token %q", p.name)
+	if p.owner != "" {
+		s += fmt.Sprintf(" (owner %q)", p.owner)
+	}
+	return s
+}
+
 // sees reports whether p may see and touch sb.
 func (p principal) sees(sb apitype.Sandbox) bool { return p.owner == "" || sb.Owner == p.owner }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/pve-inspect/pve-inspect/bench"
 	"github.com/pve-inspect/pve-inspect/bench/api"
+	"github.com/pve-inspect/pve-inspect/bench/cluster"
 	"github.com/pve-inspect/pve-inspect/bench/egress"
 	"github.com/pve-inspect/pve-inspect/bench/guard"
 	"github.com/pve-inspect/pve-inspect/bench/layer2"
@@ -33,5 +34,6 @@ var sections = []section{
 	{"egress", "egress checks (resolver, Host/SNI proxy) vs an open zone", egress.Section},
 	{"scale", "the guard's per-change paths at 1, 500 and 2000 bridges and ports", scale.Section},
 	{"pool", "a claim from the warm pool vs a cold create of the same shape, its Proxmox calls, 20 creates against a pool of 4", pool.Section},
+	{"cluster", "creates per minute on one node and on three, an SDN apply at 10, 100 and 300 zones: shared applies vs one per create", cluster.Section},
 	{"neighbour", "tenant B's exec, DNS, events and the node's APIs, alone vs while tenant A floods and holds every quota", neighbour.Section},
 }

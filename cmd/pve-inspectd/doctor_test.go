@@ -112,6 +112,13 @@ ca_file = ""
 	if _, ok := got["canary: create"]; ok {
 		t.Error("the canary ran without --canary")
 	}
+	// A fresh node's local lists no images (a leaked transfer image is
+	// invisible); with images among ISOs and backups the grant reaches
+	// those: a warning.
+	wantStatus(got, "transfer storage content", doctor.Fail)
+	emu.SetStorageContent("local", "backup,images,iso,vztmpl")
+	got, _ = doctorJSON(cfgFile(`debian = 9000`))
+	wantStatus(got, "transfer storage content", doctor.Warn)
 
 	// A template without disk hotplug while the disk path is on.
 	got, err = doctorJSON(cfgFile(`debian = 9000, cold = 9001`))

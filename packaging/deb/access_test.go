@@ -1,6 +1,7 @@
 package deb
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -12,6 +13,54 @@ import (
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/pveapi/access"
 )
+
+// fakeTemplates are the templates the fake qm of writeFakePVE knows, by
+// VMID (their NICs: on host bridges, a VLAN, trunks, and an SDN vnet of
+// fakeVNets).
+var fakeTemplates = map[int]map[string]string{
+	9000: {"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0,firewall=1", "net1": "virtio=BC:24:11:00:00:02,bridge=tplnet"},
+	9001: {"net0": "e1000=BC:24:11:00:00:03,bridge=vmbr1,tag=5", "net1": "virtio=BC:24:11:00:00:04,bridge=vmbr2,trunks=10;20-21"},
+}
+
+// fakeVNets are the SDN vnets (vnet: zone) the fake pvesh lists.
+var fakeVNets = map[string]string{"tplnet": "tplz"}
+
+// fakeBridges are the host bridge paths of templates as pveapi/access
+// computes them (what the script must grant).
+func fakeBridges(ids ...int) []string {
+	var confs []map[string]string
+	for _, id := range ids {
+		confs = append(confs, fakeTemplates[id])
+	}
+	local, _ := access.TemplateBridges(confs, func(b string) string { return fakeVNets[b] })
+	return local
+}
+
+// writeFakePVE writes a qm that prints fakeTemplates' configs (`qm config
+// ID --current 1`; an unknown ID fails as qm does) and a pvesh that lists
+// fakeVNets into dir.
+func writeFakePVE(t *testing.T, dir string) {
+	t.Helper()
+	qm := "#!/bin/sh\n[ \"$1 $3 $4\" = \"config --current 1\" ] || { echo \"fake qm: $*\" >&2; exit 9; }\ncase $2 in\n"
+	for _, id := range slices.Sorted(maps.Keys(fakeTemplates)) {
+		qm += fmt.Sprintf("%d) cat <<'EOF'\nname: t%d\n", id, id)
+		for _, k := range slices.Sorted(maps.Keys(fakeTemplates[id])) {
+			qm += k + ": " + fakeTemplates[id][k] + "\n"
+		}
+		qm += "scsi0: local-lvm:base-" + fmt.Sprint(id) + "-disk-0,size=8G\ntemplate: 1\nEOF\n;;\n"
+	}
+	qm += "*) echo \"Configuration file 'nodes/pve/qemu-server/$2.conf' does not exist\" >&2; exit 2 ;;\nesac\n"
+	var vnets []string
+	for _, v := range slices.Sorted(maps.Keys(fakeVNets)) {
+		vnets = append(vnets, fmt.Sprintf(`{"digest":"d","type":"vnet","vnet":"%s","zone":"%s"}`, v, fakeVNets[v]))
+	}
+	pvesh := "#!/bin/sh\n[ \"$*\" = \"get /cluster/sdn/vnets --output-format json\" ] || { echo \"fake pvesh: $*\" >&2; exit 9; }\necho '[" + strings.Join(vnets, ",") + "]'\n"
+	for name, body := range map[string]string{"qm": qm, "pvesh": pvesh} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 // TestAccessSetup runs pve-access-setup against a recording pveum and
 // checks the grants: the pool with the templates' and the transfer
@@ -32,6 +81,7 @@ esac
 	if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte(fake), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	writeFakePVE(t, dir)
 	secret := filepath.Join(dir, "pve-token")
 	run := func() {
 		cmd := exec.Command("sh", "pve-access-setup")
@@ -48,7 +98,13 @@ esac
 	tok := access.TokenID(host)
 	for _, want := range []string{
 		"acl modify /pool/pve-inspect --tokens " + tok + " --roles PVEInspect --propagate 1",
-		"acl modify /sdn --tokens " + tok + " --roles PVEInspect --propagate 1",
+		// the apply on /sdn alone; zones, vnets, subnets below /sdn/zones
+		"acl modify /sdn --tokens " + tok + " --roles PVEInspect --propagate 0",
+		"acl modify /sdn/zones --tokens " + tok + " --roles PVEInspect --propagate 1",
+		// the host's bridges: none but the templates' NICs'
+		"acl modify /sdn/zones/localnetwork --tokens " + tok + " --roles NoAccess --propagate 1",
+		"acl modify /sdn/zones/localnetwork/vmbr0 --tokens " + tok + " --roles PVEInspectBridge --propagate 0",
+		"acl modify /sdn/zones/localnetwork/vmbr1/5 --tokens " + tok + " --roles PVEInspectBridge --propagate 0",
 		"acl modify /nodes/" + host + " --tokens " + tok + " --roles PVEInspectNode --propagate 0",
 		"acl modify /storage/local --tokens " + tok + " --roles PVEInspectTransfer --propagate 0",
 		"acl modify / --tokens " + tok + " --roles PVEInspectCluster --propagate 0",
@@ -66,6 +122,11 @@ esac
 	}
 	if strings.Contains(calls, "acl modify / --tokens "+tok+" --roles PVEInspect ") {
 		t.Error("the main role was granted on /")
+	}
+	for _, bad := range []string{"localnetwork/tplnet", "localnetwork/vmbr1 "} {
+		if strings.Contains(calls, bad) {
+			t.Errorf("granted %s (a vnet's NIC, or the bridge of a NIC with a VLAN tag):\n%s", bad, calls)
+		}
 	}
 	if strings.Contains(calls, "acl modify /nodes/"+host+" --tokens "+tok+" --roles PVEInspect ") {
 		t.Error("the main role was granted on the node")
@@ -97,6 +158,7 @@ esac
 	if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte(fake), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	writeFakePVE(t, dir)
 	cmd := exec.Command("sh", "pve-access-setup")
 	cmd.Env = append(os.Environ(), append([]string{"PATH=" + dir + ":" + os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE=" + filepath.Join(dir, "pve-token"),
 		"PVE_INSPECTD_CONFIG=" + filepath.Join(dir, "no-config.toml")}, env...)...)
@@ -247,7 +309,7 @@ func TestAccessSetupMatchesTable(t *testing.T) {
 	if ws := access.PoolStorages(); !slices.Equal(storages, ws) {
 		t.Errorf("pool storages %v, want %v", storages, ws)
 	}
-	wantACL := access.ACLEntries(host, "", []int{9000, 9001})
+	wantACL := access.ACLEntries(host, "", []int{9000, 9001}, fakeBridges(9000, 9001))
 	sortACL := func(es []access.ACLEntry) {
 		slices.SortFunc(es, func(a, b access.ACLEntry) int { return strings.Compare(a.Path+" "+a.Role, b.Path+" "+b.Role) })
 	}
@@ -324,4 +386,66 @@ func nodeName(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return access.NodeName(h)
+}
+
+// TestAccessSetupTemplateBridges: the token's bridge grants on host bridge
+// paths no template's NIC is on any more are taken back (the user's stay:
+// other nodes' tokens may need them, and another token's are not this
+// node's); a template qm cannot read stops the script before its first
+// pveum call.
+func TestAccessSetupTemplateBridges(t *testing.T) {
+	host := nodeName(t)
+	tok := access.TokenID(host)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls")
+	entry := func(path, typ, ugid string) string {
+		return fmt.Sprintf(`{"path":"%s","propagate":0,"roleid":"%s","type":"%s","ugid":"%s"}`, path, access.RoleBridge, typ, ugid)
+	}
+	list := "[" + strings.Join([]string{
+		entry(access.LocalZonePath+"/vmbr0", "token", tok),
+		entry(access.LocalZonePath+"/vmbr9", "token", tok),
+		entry(access.LocalZonePath+"/vmbr9", "user", access.User),
+		entry(access.LocalZonePath+"/vmbr8", "token", tok+"x"),
+		`{"path":"/sdn","propagate":1,"roleid":"PVEInspect","type":"token","ugid":"` + tok + `"}`,
+	}, ",") + "]"
+	fake := `#!/bin/sh
+echo "$*" >> ` + log + `
+case "$*" in
+"acl list --output-format json") echo '` + list + `' ;;
+*"list --output-format json"*) echo '[]' ;;
+"user token add"*) echo "{\"full-tokenid\":\"$4!$5\",\"value\":\"s3cret\"}" ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(dir, "pveum"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFakePVE(t, dir)
+	run := func(templates string) (string, error) {
+		_ = os.Remove(log)
+		cmd := exec.Command("sh", "pve-access-setup")
+		cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "PVE_INSPECTD_SECRET_FILE="+filepath.Join(dir, "pve-token"),
+			"PVE_INSPECTD_CONFIG="+filepath.Join(dir, "none.toml"), "PVE_INSPECTD_TEMPLATES="+templates)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("9000"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	b, _ := os.ReadFile(log)
+	var deletes []string
+	for _, c := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(c, "acl delete "+access.LocalZonePath) {
+			deletes = append(deletes, c)
+		}
+	}
+	if want := []string{"acl delete " + access.LocalZonePath + "/vmbr9 --tokens " + tok + " --roles " + access.RoleBridge}; !slices.Equal(deletes, want) {
+		t.Errorf("bridge grants taken back: %q, want %q", deletes, want)
+	}
+	out, err := run("9000 9999")
+	if err == nil || !strings.Contains(out, "template 9999") {
+		t.Errorf("an unknown template: err %v, output %q; want a refusal naming it", err, out)
+	}
+	if b, _ := os.ReadFile(log); len(b) != 0 {
+		t.Errorf("pveum called before the refusal:\n%s", b)
+	}
 }

@@ -8,10 +8,12 @@ import (
 
 // GrantOf returns the grant that gives call c its privileges on a node
 // set up by pve-access-setup: the pool's for its VMs, its member storages
-// and itself, /sdn's for every SDN path, and each of the others for its
-// own path; the transfer storage is a pool member too, so a call there is
-// the transfer role's when that role holds what it needs, else the
-// pool's. ok is false for a call that needs no privilege.
+// and itself, the bridge role's for a template NIC's host bridge,
+// /sdn/zones' for every zone and vnet path, and each of the others (/sdn
+// itself among them: the apply) for its own path; the
+// transfer storage is a pool member too, so a call there is the transfer
+// role's when that role holds what it needs, else the pool's. ok is false
+// for a call that needs no privilege.
 func GrantOf(c Call) (g Grant, ok bool) {
 	p := c.ACLPath
 	var want []string
@@ -22,8 +24,10 @@ func GrantOf(c Call) (g Grant, ok bool) {
 		want = []string{"/pool/" + PhPool}
 	case p == "/storage/"+PhTransfer:
 		want = []string{p, "/pool/" + PhPool}
-	case strings.HasPrefix(p, "/sdn"):
-		want = []string{"/sdn"}
+	case strings.HasPrefix(p, LocalZonePath+"/"):
+		want = []string{LocalZonePath + "/" + PhBridge}
+	case p == "/sdn/zones" || strings.HasPrefix(p, "/sdn/zones/"):
+		want = []string{"/sdn/zones"}
 	default:
 		want = []string{p}
 	}
@@ -54,12 +58,15 @@ func covers(privs []string, c Call) bool {
 // alsoAllows is what each grant lets the token do beyond the daemon's
 // calls, by grant path: what a stolen token could do with it.
 var alsoAllows = map[string]string{
-	"/pool/" + PhPool:        "every one of these privileges on any VM and storage put in the pool, whoever put it there (keep other VMs out of the pool): power, config (CPU, memory, disks, NICs, options, hardware, CD-ROM, cloud-init), snapshots and rollback, destroy; space on the pool's storages",
-	"/sdn":                   "create, change and delete any SDN zone, vnet and subnet of the cluster and apply the whole pending SDN configuration; SDN.Use on every zone and bridge, `localnetwork/vmbr0` included, so a pool VM can be put on the host's bridges (a clone needs it for the template's own NIC bridges)",
-	"/nodes/" + PhNode:       "Sys.Modify on the node beyond its firewall: stage and apply edits of the host network, start, stop and restart its services, replace its TLS certificate, refresh APT lists, set node options; Sys.Audit: read the node's status and its tasks",
-	"/":                      "read the datacenter options and the cluster firewall's options and rules (Sys.Audit on `/` only, not propagating)",
-	"/storage/" + PhTransfer: "read, free and attach any volume of that storage (pve-storage's check_volume_access returns early for Datastore.Allocate): name a storage holding nothing but transfer images",
-	"/vms/" + PhTemplate:     "clone the template and read its config; nothing else on it",
+	"/pool/" + PhPool:              "every one of these privileges on any VM and storage put in the pool, whoever put it there (keep other VMs out of the pool): power, config (CPU, memory, disks, NICs, options, hardware, CD-ROM, cloud-init), snapshots and rollback, destroy; space on the pool's storages",
+	"/sdn":                         "apply the whole pending SDN configuration of the cluster, every client's edits with it; not propagating: no IPAM, DNS, controller or fabric definition (an external IPAM or DNS server, FRR peers) is reachable",
+	"/sdn/zones":                   "create, change and delete any SDN zone, vnet and subnet of the cluster, of any type (a VLAN, QinQ or VXLAN zone on a host bridge or towards peers it names, which no ACL below can stop), and SDN.Use on every SDN vnet (another tenant's too) and on a vnet it names like a host bridge and deletes again before a start (qemu-server plugs the NIC into the host bridge of that name): a stolen token can still put a pool VM on the host's networks, and a NIC with no bridge gets QEMU's user-mode network (the host's own traffic); the doctor's pool-VM check fails on a pool VM whose NIC is not on its own sandbox vnet. Not on the host's bridges by name (the next rows)",
+	LocalZonePath:                  "nothing: NoAccess, propagating, takes /sdn/zones' role from every host bridge (`" + LocalZonePath + "/<bridge>`, VLANs included); without it a pool VM could be put on `vmbr0` or any other bridge of the host",
+	LocalZonePath + "/" + PhBridge: "put a pool VM's NIC on that one host bridge (VLAN): the one a template's NIC is on (every NIC of a template must be usable to clone it, and replacing or deleting it checks it again), `vmbr0` for the usual templates; give the templates no NIC, or one on a bridge of its own without uplink, and this grant reaches nothing else (pve-access-setup grants exactly the templates' NIC paths and takes back the token's others)",
+	"/nodes/" + PhNode:             "Sys.Modify on the node beyond its firewall: stage and apply edits of the host network, start, stop and restart its services, replace its TLS certificate, refresh APT lists, set node options; Sys.Audit: read the node's status and its tasks",
+	"/":                            "read the datacenter options and the cluster firewall's options and rules (Sys.Audit on `/` only, not propagating)",
+	"/storage/" + PhTransfer:       "read, free and attach any volume of that storage (pve-storage's check_volume_access returns early for Datastore.Allocate): name a storage holding nothing but transfer images",
+	"/vms/" + PhTemplate:           "clone the template and read its config; nothing else on it",
 }
 
 // GrantTable is the table of every grant pve-access-setup makes: its path,
@@ -80,7 +87,14 @@ func GrantTable() string {
 		if g.Propagate {
 			prop = "yes"
 		}
-		fmt.Fprintf(&b, "| `%s` | %s (%s) | %s | %s | %s |\n", g.Path, g.Role, prop, strings.Join(RolePrivs(g.Role), ", "),
+		privs := strings.Join(RolePrivs(g.Role), ", ")
+		if privs == "" {
+			privs = "none"
+		}
+		if len(calls) == 0 {
+			calls = []string{"none"}
+		}
+		fmt.Fprintf(&b, "| `%s` | %s (%s) | %s | %s | %s |\n", g.Path, g.Role, prop, privs,
 			strings.Join(calls, "; "), alsoAllows[g.Path])
 	}
 	var free []string

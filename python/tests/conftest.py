@@ -1,15 +1,22 @@
 """Fixtures: the bed daemon (PVE_INSPECT_URL, PVE_INSPECT_TOKEN,
 PVE_INSPECT_CA_FILE; the Go test TestInspectProvider sets them) and a
-sample's sandbox on it."""
+sample's sandbox on it; a fake daemon for the rules that need no bed."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from fakenode import FakeNode, serve
 
-from inspect_pve_inspect import PveInspectSandboxEnvironment, PveInspectSandboxEnvironmentConfig
+from inspect_pve_inspect import (
+    NodeConfig,
+    PveInspectSandboxEnvironment,
+    PveInspectSandboxEnvironmentConfig,
+)
 from inspect_pve_inspect.config import ENV_URL
 
 
@@ -27,6 +34,18 @@ def need_bed() -> None:
     pytest.skip(
         f"SKIPPED: no bed daemon ({ENV_URL} unset); see cmd/pve-inspect-demo TestInspectProvider"
     )
+
+
+@pytest.fixture
+def fake_node() -> Iterator[tuple[FakeNode, NodeConfig]]:
+    """A fake daemon (tests/fakenode.py) on a unix socket, and its node."""
+    d = tempfile.mkdtemp(prefix="pvei-", dir="/tmp")  # a socket path is short
+    fake = FakeNode()
+    try:
+        with serve(os.path.join(d, "api.sock"), fake) as node:
+            yield fake, node
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

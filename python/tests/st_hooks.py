@@ -137,7 +137,7 @@ def stated_rules(ctx: Any, case: Any) -> Any:
     if not isinstance(case.body, dict) or meta is None or meta.generation.mode.is_negative:
         return case
     body = case.body
-    if op.method.upper() == "POST" and op.path == "/v1/sandboxes":
+    if op.method.upper() == "POST" and op.path in ("/v1/sandboxes", "/v1/sandboxes/validate"):
         for k, pat in (("env", CREATE_ENV_KEY), ("labels", LABEL_KEY)):
             if k in body:
                 body[k] = keys_matching(body[k], pat)

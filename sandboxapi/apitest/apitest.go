@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -597,7 +598,13 @@ type Guests struct {
 	agents map[int]*Guest
 	// PingFails makes the agent of these VMs never answer.
 	PingFails map[int]bool
+	// blocking counts the "block" commands running.
+	blocking atomic.Int64
 }
+
+// Blocking returns how many "block" commands run now (each runs until its
+// call ends).
+func (g *Guests) Blocking() int { return int(g.blocking.Load()) }
 
 // NewGuests returns an empty registry.
 func NewGuests() *Guests { return &Guests{agents: map[int]*Guest{}, PingFails: map[int]bool{}} }
@@ -740,6 +747,12 @@ func (a *Guest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, std
 		case <-time.After(time.Duration(r.Timeout) * time.Second):
 		}
 		res.ExitCode, res.TimedOut = -1, true
+	case "block":
+		// runs until the call ends (a delete ends it); Blocking counts it
+		a.reg.blocking.Add(1)
+		defer a.reg.blocking.Add(-1)
+		<-ctx.Done()
+		return nil, ctx.Err()
 	case "hang":
 		// an agent that stops answering
 		return nil, fmt.Errorf("exec: no reply: %w", sandbox.ErrGuestTimeout)

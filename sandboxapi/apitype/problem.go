@@ -35,6 +35,17 @@ const (
 	ProblemTooManyRequests = "too-many-requests"
 )
 
+// Reasons of a conflict (Problem.Reason).
+const (
+	// ReasonExpired: the reaper deleted the sandbox at its expiry.
+	ReasonExpired = "expired"
+	// ReasonDeleted: a delete call deleted the sandbox.
+	ReasonDeleted = "deleted"
+	// ReasonCIDRInUse: a fixed CIDR of the create overlaps a range
+	// another sandbox holds; the create may succeed once it is gone.
+	ReasonCIDRInUse = "cidr-in-use"
+)
+
 // Problem is an RFC 9457 problem document.
 type Problem struct {
 	Type   string `json:"type"`
@@ -43,11 +54,16 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// Cap names the guard cap a create would exceed (guard-refused only).
 	Cap string `json:"cap,omitempty"`
-	// Field names the request field that is invalid (invalid-request only).
+	// Field names the request field that is invalid (invalid-request; a
+	// conflict of reason cidr-in-use names the network's cidr).
 	Field string `json:"field,omitempty"`
 	// Items lists the failing profile items (template-not-hardened only).
 	Items []string `json:"items,omitempty"`
-	// Reason is the health reason (sandbox-broken only).
+	// Reason says why in a word: the health reason (sandbox-broken); for
+	// a conflict, ReasonExpired or ReasonDeleted (the sandbox is being
+	// deleted, or its delete ended the call; the detail says when it
+	// expired or who deleted it) or ReasonCIDRInUse (a fixed CIDR
+	// overlaps another sandbox's range; field names the network).
 	Reason string `json:"reason,omitempty"`
 	// Quota names the quota that refused the call before anything of it
 	// ran (too-many-requests and unavailable with Retry-After:

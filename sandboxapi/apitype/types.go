@@ -115,6 +115,20 @@ type VM struct {
 	Networks  []string `json:"networks"`
 }
 
+// ValidateReport is the answer of POST /v1/sandboxes/validate: what a
+// create of the request would be refused for on this node whatever else
+// runs there (the room and ranges other sandboxes hold are not in it). A
+// request its own rules refuse gets the create's invalid-request instead.
+type ValidateReport struct {
+	// Valid is true when Problems is empty.
+	Valid bool `json:"valid"`
+	// Problems are the refusals, one problem document each (type, field,
+	// cap, items as a create's refusal would carry them).
+	Problems []Problem `json:"problems"`
+	// Templates are the template names this node knows, sorted.
+	Templates []string `json:"templates"`
+}
+
 // ExtendRequest is the body of POST /v1/sandboxes/{id}/extend.
 type ExtendRequest struct {
 	// TTLSeconds is the new lifetime counted from now.
@@ -213,4 +227,10 @@ type Health struct {
 	Status    string `json:"status"`
 	Node      string `json:"node"`
 	Sandboxes int    `json:"sandboxes"`
+	// DefaultTTLSeconds is the lifetime of a sandbox created without
+	// ttl_seconds; MaxTTLSeconds the most a create or an extend may ask
+	// for ([api] default_ttl, max_ttl). A client that keeps a sandbox
+	// alive extends it by at most MaxTTLSeconds at a time.
+	DefaultTTLSeconds int64 `json:"default_ttl_seconds"`
+	MaxTTLSeconds     int64 `json:"max_ttl_seconds"`
 }

@@ -176,6 +176,13 @@ func (c *Client) Get(ctx context.Context, id string) (apitype.Sandbox, error) {
 	return sb, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id), nil, &sb)
 }
 
+// Validate asks what a create of r would be refused for on this node,
+// without creating anything.
+func (c *Client) Validate(ctx context.Context, r apitype.CreateRequest) (apitype.ValidateReport, error) {
+	var rep apitype.ValidateReport
+	return rep, c.do(ctx, "POST", "/v1/sandboxes/validate", r, &rep)
+}
+
 // Extend sets the sandbox's expiry to now plus ttl.
 func (c *Client) Extend(ctx context.Context, id string, ttl time.Duration) (apitype.Sandbox, error) {
 	var sb apitype.Sandbox

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu/emuguest"
 )
 
 // emuRootPassword is root@pam's password in the emulator.
@@ -38,6 +40,8 @@ type emuEnv struct {
 	srv *sandboxapi.Server
 	c   *client.Client
 	run string
+	// tokenID is the daemon's token (ApplyAccessSetup's).
+	tokenID string
 }
 
 // newEmuEnv runs the sandbox API against the Proxmox emulator (fake
@@ -62,6 +66,11 @@ type emuSetup struct {
 	wrap func(http.Handler) http.Handler
 	// opts change the sandbox API's options.
 	opts []func(*options)
+	// reloadCost is the emulator's cost of a node's network reload.
+	reloadCost pveemu.ReloadCost
+	// recordPerms makes the emulator record its privilege checks from
+	// its start (pveemu.Server.PermChecks).
+	recordPerms bool
 }
 
 func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
@@ -71,9 +80,13 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 		t.Fatal(err)
 	}
 	fb := pveemu.NewFakeBackend(run)
-	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), RootPassword: emuRootPassword})
+	emu, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), RootPassword: emuRootPassword,
+		ReloadCost: o.reloadCost})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.recordPerms {
+		emu.RecordPermChecks()
 	}
 	var h http.Handler = emu
 	if o.wrap != nil {
@@ -99,7 +112,7 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	so := options{Options: sandbox.Options{Node: "pve", Proxmox: px, Guests: socketGuests, QGADir: run,
-		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: log, BridgeUp: fakeBridgeUp(fb)},
+		StateDir: filepath.Join(dir, "state"), AgentTimeout: 30 * time.Second, Logger: log, BridgeUp: fakeBridgeUp(fb), GatewayUp: fakeGatewayUp(fb)},
 		serverOptions: sandboxapi.Options{Logger: log}}
 	for _, f := range o.opts {
 		f(&so)
@@ -110,15 +123,11 @@ func newEmuEnvWith(t testing.TB, o emuSetup) *emuEnv {
 	}
 	hs := httptest.NewServer(srv.LocalHandler())
 	t.Cleanup(hs.Close)
-	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run}
+	return &emuEnv{emu: emu, url: ts.URL + "/api2/json", hc: ts.Client(), fb: fb, px: px, srv: srv, c: client.New(hs.URL), run: run, tokenID: id}
 }
 
-// socketGuest answers Ping while the emulator's agent socket exists (the
-// emulator creates it when the VM starts and removes it when it stops);
-// guest I/O is exercised with the real agent on the bed (bed_test.go).
-type socketGuest struct{ path string }
-
-func socketGuests(path string) sandbox.Guest { return socketGuest{path} }
+// socketGuests is the fake backend's guest (emuguest).
+var socketGuests sandbox.GuestDialer = emuguest.Dial
 
 // rootClient is a Proxmox client of the emulator at url with a root token
 // (the operator's, or another client's: not the daemon's pool token).
@@ -145,35 +154,18 @@ func rootClientOn(t *testing.T, emu *pveemu.Server, url string, hc *http.Client,
 // is up when a zone the backend applied has it.
 func fakeBridgeUp(fb *pveemu.FakeBackend) func(context.Context, string) (bool, error) {
 	return func(_ context.Context, bridge string) (bool, error) {
-		for _, id := range fb.Zones() {
-			z, _ := fb.Zone(id)
-			for _, v := range z.VNets {
-				if v.Name == bridge {
-					return true, nil
-				}
-			}
-		}
-		return false, nil
+		_, ok := fb.VNet(bridge)
+		return ok, nil
 	}
 }
 
-func (g socketGuest) Ping(context.Context) error {
-	if _, err := os.Stat(g.path); err != nil {
-		return fmt.Errorf("%w: %v", sandbox.ErrGuestUnavailable, err)
+// fakeGatewayUp is Options.GatewayUp for the fake backend: the bridge is
+// up with its subnet's gateway.
+func fakeGatewayUp(fb *pveemu.FakeBackend) func(context.Context, string, netip.Addr) (bool, error) {
+	return func(_ context.Context, bridge string, gw netip.Addr) (bool, error) {
+		v, ok := fb.VNet(bridge)
+		return ok && v.Gateway == gw, nil
 	}
-	return nil
-}
-func (socketGuest) Exec(context.Context, sandbox.GuestExec) (*apitype.ExecResult, error) {
-	return nil, sandbox.ErrGuestUnavailable
-}
-func (socketGuest) ExecStream(context.Context, sandbox.GuestExec, io.Writer, io.Writer) (*apitype.ExecResult, error) {
-	return nil, sandbox.ErrGuestUnavailable
-}
-func (socketGuest) WriteFile(context.Context, string, io.Reader, os.FileMode) error {
-	return sandbox.ErrGuestUnavailable
-}
-func (socketGuest) ReadFile(context.Context, string, io.Writer, int64) (int64, error) {
-	return 0, sandbox.ErrGuestUnavailable
 }
 
 func TestEmulatorLifecycle(t *testing.T) {

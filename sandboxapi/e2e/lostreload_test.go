@@ -131,3 +131,26 @@ func TestContestedRangeLeavesNoStaleBridge(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestApplyOutlastsTheTeardownBound: on a cluster of many DHCP zones an
+// SDN apply takes longer than a teardown's bound (each node's reload
+// restarts every zone's dnsmasq; issue 36 item 10). A create and a delete
+// wait for their apply (up to ApplyTimeout) instead of giving it up at
+// TeardownTimeout, which failed the create, left its teardown's own apply
+// cut short and the sandbox in error.
+func TestApplyOutlastsTheTeardownBound(t *testing.T) {
+	e := newEmuEnvWith(t, emuSetup{
+		reloadCost: pveemu.ReloadCost{PerNode: 1500 * time.Millisecond},
+		opts:       []func(*options){func(o *options) { o.TeardownTimeout = 300 * time.Millisecond }},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatalf("create whose apply outlasts the teardown bound: %v", err)
+	}
+	if err := e.c.Delete(ctx, sb.ID); err != nil {
+		t.Fatalf("delete whose apply outlasts the teardown bound: %v", err)
+	}
+	e.assertClean(t, ctx)
+}

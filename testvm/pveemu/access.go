@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -90,6 +91,25 @@ func (s *Server) SetACL(path, ugid, role string, propagate bool) error {
 		kind = "token"
 	}
 	return s.setACLLocked(normalizePath(path), kind, ugid, role, propagate)
+}
+
+// DeleteACL takes role on path back from a user or a token, as `pveum acl
+// delete PATH --users|--tokens UGID --roles ROLE` does (nothing when there
+// is no such entry).
+func (s *Server) DeleteACL(path, ugid, role string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kind := "user"
+	if strings.Contains(ugid, "!") {
+		kind = "token"
+	}
+	s.deleteACLLocked(normalizePath(path), kind, ugid, role)
+}
+
+func (s *Server) deleteACLLocked(path, kind, ugid, role string) {
+	s.acl = slices.DeleteFunc(s.acl, func(e aclEntry) bool {
+		return e.path == path && e.kind == kind && e.ugid == ugid && e.role == role
+	})
 }
 
 // AddRole creates (or, existing and not built in, replaces) a role with
@@ -244,13 +264,7 @@ func (s *Server) putACL(_ context.Context, rq *request) (any, error) {
 	for _, sub := range subjects {
 		for _, r := range rolesList {
 			if del {
-				kept := s.acl[:0]
-				for _, e := range s.acl {
-					if !(e.path == path && e.kind == sub[0] && e.ugid == sub[1] && e.role == r) {
-						kept = append(kept, e)
-					}
-				}
-				s.acl = kept
+				s.deleteACLLocked(path, sub[0], sub[1], r)
 				continue
 			}
 			if err := s.setACLLocked(path, sub[0], sub[1], r, propagate); err != nil {

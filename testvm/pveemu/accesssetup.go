@@ -13,7 +13,10 @@ type AccessSetup struct {
 	// is kept.
 	Pool string
 	// Templates is PVE_INSPECTD_TEMPLATES: the template VMIDs granted
-	// access.RoleTemplate.
+	// access.RoleTemplate; each must exist. The paths their NICs on host
+	// bridges are checked on (a clone's check_bridge_access) are granted
+	// access.RoleBridge, as the script reads them from the templates'
+	// configs.
 	Templates []int
 	// Storages is PVE_INSPECTD_STORAGE (none: access.DefaultStorage); the
 	// transfer storage, when named, is added to the pool too.
@@ -36,13 +39,17 @@ type AccessSetup struct {
 // ApplyAccessSetup creates what packaging/deb/pve-access-setup creates on
 // this node, from the same table (pveapi/access): its roles, its user, the
 // pool with its storages, the privilege-separated token and the ACL
-// entries for the user and the token. It returns the token's full id and
-// secret. The tests of the daemon authenticate with it and with nothing
-// broader.
+// entries for the user and the token (the templates' NIC bridges read
+// from their configs). It returns the token's full id and secret. The
+// tests of the daemon authenticate with it and with nothing broader.
 func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err error) {
 	pool := a.Pool
 	if pool == "" {
 		pool = access.DefaultPool
+	}
+	bridges, err := s.templateBridges(a.Templates)
+	if err != nil {
+		return "", "", fmt.Errorf("access setup: %w", err)
 	}
 	for _, r := range access.Roles() {
 		if err := s.AddRole(r.Name, r.Privs); err != nil {
@@ -65,7 +72,7 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 			return "", "", fmt.Errorf("access setup: %w", err)
 		}
 	}
-	setup := access.Setup{Pool: pool, Templates: a.Templates, Transfer: a.Transfer}
+	setup := access.Setup{Pool: pool, Templates: a.Templates, Bridges: bridges, Transfer: a.Transfer}
 	for _, sid := range setup.PoolStorages(a.Storages...) {
 		if err := s.AddPoolStorage(pool, sid); err != nil {
 			return "", "", fmt.Errorf("access setup: %w", err)
@@ -91,6 +98,30 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 		}
 	}
 	return tokenID, secret, nil
+}
+
+// templateBridges returns the paths below access.LocalZonePath the NICs of
+// the templates on host bridges are checked on, as pve-access-setup reads
+// them (`qm config`, and the SDN vnets of vnets.cfg).
+func (s *Server) templateBridges(ids []int) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var confs []map[string]string
+	for _, id := range ids {
+		v := s.vms[id]
+		if v == nil {
+			return nil, fmt.Errorf("template %d: Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", id, s.node, id)
+		}
+		confs = append(confs, v.conf)
+	}
+	local, _ := access.TemplateBridges(confs, s.vnetZoneLocked)
+	return local, nil
+}
+
+// vnetZoneLocked is the zone of vnet in vnets.cfg (the pending
+// generation), "" when it is no vnet.
+func (s *Server) vnetZoneLocked(vnet string) string {
+	return s.sdn.pending.vnets[vnet]["zone"]
 }
 
 // EnableClusterFirewall turns the cluster firewall on, as root does once

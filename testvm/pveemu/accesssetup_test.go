@@ -1,7 +1,9 @@
 package pveemu
 
 import (
+	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,14 +18,12 @@ func TestAccessTableEndpoints(t *testing.T) {
 	for _, r := range e.s.Routes() {
 		routes[r.Method+" "+r.Path] = true
 	}
-	// pve-inspectd doctor's (its schema entry and route come with it)
-	notServed := map[string]bool{"GET /access/permissions": true}
 	for _, c := range access.Calls() {
 		k := c.Method + " " + c.Path
-		if _, ok := e.s.Schema().Endpoint(c.Method, c.Path); !ok && !notServed[k] {
+		if _, ok := e.s.Schema().Endpoint(c.Method, c.Path); !ok {
 			t.Errorf("%s: not in the Proxmox API schema", k)
 		}
-		if !routes[k] && !notServed[k] {
+		if !routes[k] {
 			t.Errorf("%s: not served by the emulator", k)
 		}
 	}
@@ -71,6 +71,8 @@ func TestConfigPermissions(t *testing.T) {
 		{"balloon", url.Values{"balloon": {"0"}}, "VM.Config.Memory", ""},
 		{"ostype", url.Values{"ostype": {"l26"}}, "VM.Config.Options", ""},
 		{"agent", url.Values{"agent": {"enabled=1"}}, "VM.Config.Options", ""},
+		{"tags and name (the claim's rename)", url.Values{"tags": {"pvei-n-pve;pvei-s-sbabcdef"}, "name": {"pvei-sbabcdef-vm0"}}, "VM.Config.Options", ""},
+		{"tags alone", url.Values{"tags": {"pvei-s-sbother"}}, "VM.Config.Options", ""},
 		{"nic", url.Values{"net1": {"virtio,bridge=vnet1,firewall=0"}}, "VM.Config.Network", ""},
 		{"nic on vnet needs SDN.Use", url.Values{"net2": {"virtio,bridge=vnet1,firewall=0"}}, "SDN.Use", "/sdn/zones/sbx1/vnet1, SDN.Use"},
 		{"startup needs Sys.Modify on /", url.Values{"startup": {"order=1"}}, "", "/, Sys.Modify"},
@@ -154,5 +156,137 @@ func TestTransferImagePermissions(t *testing.T) {
 	r = e.do("DELETE", content+"/"+url.PathEscape(volid), nil, authNone, "Authorization", token)
 	if r.status != 403 || !strings.Contains(r.reason, "/storage/local, Datastore.Allocate") {
 		t.Fatalf("free without the transfer role: %d %q", r.status, r.reason)
+	}
+}
+
+// TestHostBridgeAccess: with pve-access-setup's grants the token uses the
+// host bridge a template's NIC is on (cloning the template, replacing and
+// deleting that NIC) and no other host bridge, nor another VLAN of it:
+// /sdn's SDN.Use stops at /sdn/zones/localnetwork (NoAccess, propagating),
+// and only the template's bridge has it back (a more specific entry).
+// Without the NoAccess entry (the grants before issue 36) the token puts a
+// pool VM on any host bridge; without the bridge entry it cannot replace
+// the clone's NIC (update_vm's worker checks the NIC's old bridge too).
+func TestHostBridgeAccess(t *testing.T) {
+	e, id, as := tokenOnHostBridges(t)
+	asTask := func(method, path string, form url.Values) string {
+		t.Helper()
+		r := as(method, path, form)
+		upid, _ := r.body["data"].(string)
+		if r.status != 200 || upid == "" {
+			return fmt.Sprintf("%d %s", r.status, r.reason)
+		}
+		return e.wait(upid)
+	}
+	if st := asTask("POST", "/nodes/pve/qemu/9001/clone", url.Values{"newid": {"101"}, "pool": {access.DefaultPool}}); st != "OK" {
+		t.Fatalf("the token's clone of a template on vmbr0: %s", st)
+	}
+	cfg := "/nodes/pve/qemu/101/config"
+	for _, c := range []struct {
+		name, nic, refused string // refused: the 403's path, "" for accepted
+	}{
+		{"another host bridge", "virtio,bridge=vmbr1", access.LocalZonePath + "/vmbr1, SDN.Use"},
+		{"a bridge the node does not have", "virtio,bridge=vmbr9", access.LocalZonePath + "/vmbr9, SDN.Use"},
+		{"a VLAN of the template's bridge", "virtio,bridge=vmbr0,tag=5", access.LocalZonePath + "/vmbr0/5, SDN.Use"},
+		{"trunks on the template's bridge", "virtio,bridge=vmbr0,trunks=7", access.LocalZonePath + "/vmbr0/7, SDN.Use"},
+		{"the template's bridge", "virtio,bridge=vmbr0", ""},
+		{"the daemon's vnet", "virtio,bridge=vnet1", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := as("POST", cfg, url.Values{"net1": {c.nic}})
+			switch {
+			case c.refused != "" && (r.status != 403 || !strings.Contains(r.reason, c.refused)):
+				t.Errorf("net1=%s: %d %q, want 403 naming %q", c.nic, r.status, r.reason, c.refused)
+			case c.refused == "" && r.status != 200:
+				t.Errorf("net1=%s: %d %q", c.nic, r.status, r.reason)
+			case c.refused == "":
+				if st := e.wait(r.body["data"].(string)); st != "OK" {
+					t.Errorf("net1=%s: task %s", c.nic, st)
+				}
+			}
+		})
+	}
+	// The network list shows the token the template's bridge only.
+	r := as("GET", "/nodes/pve/network", url.Values{"type": {"any_local_bridge"}})
+	if list, _ := r.body["data"].([]any); len(list) != 1 || list[0].(map[string]any)["iface"] != "vmbr0" {
+		t.Errorf("bridges the token sees: %v", r.body["data"])
+	}
+
+	// The grants before issue 36: /sdn's role reaches every host bridge.
+	noAccess := url.Values{"path": {access.LocalZonePath}, "users": {access.User}, "tokens": {id}, "roles": {access.RoleNoAccess}}
+	noAccess.Set("delete", "1")
+	e.ok("PUT", "/access/acl", noAccess)
+	if r := as("PUT", cfg, url.Values{"net2": {"virtio,bridge=vmbr1"}}); r.status != 200 {
+		t.Errorf("without NoAccess on %s: net2 on vmbr1 refused: %d %q", access.LocalZonePath, r.status, r.reason)
+	}
+	noAccess.Del("delete")
+	e.ok("PUT", "/access/acl", noAccess)
+	// Without the template's bridge: the NIC on it can be neither replaced
+	// nor deleted (the worker's check of the old value: the task fails).
+	e.ok("PUT", cfg, url.Values{"net2": {"virtio,bridge=vmbr0"}})
+	e.ok("PUT", "/access/acl", url.Values{"path": {access.LocalZonePath + "/vmbr0"}, "tokens": {id}, "roles": {access.RoleBridge}, "delete": {"1"}})
+	for _, form := range []url.Values{{"net0": {"virtio,bridge=vnet1"}}, {"delete": {"net2"}}} {
+		if st := asTask("POST", cfg, form); !strings.Contains(st, access.LocalZonePath+"/vmbr0, SDN.Use") {
+			t.Errorf("%v with the NIC's old bridge not granted: %s", form, st)
+		}
+	}
+}
+
+// TestIPAMStatusPerVNet: GET /cluster/sdn/ipams/pve/status is open to every
+// user and lists the entries of a subnet only to a caller with SDN.Audit or
+// SDN.Allocate on /sdn/zones/<zone>/<vnet> of its vnet (pve-network
+// Ipams.pm ipamindex), whether granted there or propagated from the zone.
+func TestIPAMStatusPerVNet(t *testing.T) {
+	e := newEnv(t)
+	e.setupZone()
+	e.ok("POST", "/cluster/sdn/zones", url.Values{"zone": {"sbx2"}, "type": {"simple"}, "ipam": {"pve"}, "dhcp": {"dnsmasq"}})
+	e.ok("POST", "/cluster/sdn/vnets", url.Values{"vnet": {"vnet2"}, "zone": {"sbx2"}})
+	e.ok("POST", "/cluster/sdn/vnets/vnet2/subnets", url.Values{"subnet": {"10.10.2.0/24"}, "type": {"subnet"}, "gateway": {"10.10.2.1"},
+		"dhcp-range": {"start-address=10.10.2.100,end-address=10.10.2.200"}})
+	if st := e.task("PUT", "/cluster/sdn", nil); st != "OK" {
+		t.Fatalf("sdn apply: %s", st)
+	}
+	if err := e.s.AddUser("ipam@pve", ""); err != nil {
+		t.Fatal(err)
+	}
+	tok, secret, err := e.s.AddToken("ipam@pve", "tk", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.AddRole("SDNAudit", []string{"SDN.Audit"}); err != nil {
+		t.Fatal(err)
+	}
+	vnets := func() []string {
+		t.Helper()
+		r := e.do("GET", "/cluster/sdn/ipams/pve/status", nil, authNone, "Authorization", "PVEAPIToken="+tok+"="+secret)
+		if r.status != 200 {
+			t.Fatalf("ipam status: %d %s", r.status, r.reason)
+		}
+		var out []string
+		for _, x := range r.body["data"].([]any) {
+			if v := x.(map[string]any)["vnet"].(string); !slices.Contains(out, v) {
+				out = append(out, v)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	for _, c := range []struct {
+		path      string
+		propagate bool
+		want      []string
+	}{
+		{"", false, nil},
+		{"/sdn/zones/sbx1/vnet1", false, []string{"vnet1"}},
+		{"/sdn/zones/sbx2", true, []string{"vnet1", "vnet2"}},
+	} {
+		if c.path != "" {
+			if err := e.s.SetACL(c.path, "ipam@pve", "SDNAudit", c.propagate); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := vnets(); !slices.Equal(got, c.want) {
+			t.Errorf("after a grant on %q: entries of %v, want %v", c.path, got, c.want)
+		}
 	}
 }

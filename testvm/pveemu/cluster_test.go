@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // newClusterEnv is newEnv's emulator as a two-node cluster, pve and pve2:
@@ -348,5 +349,40 @@ func TestHoldClonesOnOneNode(t *testing.T) {
 	release()
 	if st := e2.wait(upid); st != "OK" {
 		t.Fatalf("released clone: %s", st)
+	}
+}
+
+// TestReloadCostCountsEveryZone: a node's reload regenerates dnsmasq for
+// every DHCP zone of the cluster, its own or not (Dhcp.pm
+// regenerate_config has no node filter), and the apply visits every node:
+// the log of one apply names each node with the cluster's count.
+func TestReloadCostCountsEveryZone(t *testing.T) {
+	e1, e2 := newClusterEnv(t)
+	e1.zone("za", "pve")
+	e2.zone("zb", "pve2")
+	e2.zone("zc", "pve2")
+	e1.ok("POST", "/cluster/sdn/zones", url.Values{"zone": {"zn"}, "type": {"simple"}, "ipam": {"pve"}, "nodes": {"pve"}})
+	upid := e1.ok("PUT", "/cluster/sdn", nil).(string)
+	if st := e1.wait(upid); st != "OK" {
+		t.Fatal(st)
+	}
+	log := strings.Join(e1.taskLogLines("pve", upid), "\n")
+	for _, n := range []string{"pve", "pve2"} {
+		if want := n + ": regenerating dnsmasq for 3 DHCP zones of the cluster"; !strings.Contains(log, want) {
+			t.Errorf("apply log lacks %q:\n%s", want, log)
+		}
+	}
+	for _, tc := range []struct {
+		c     ReloadCost
+		zones int
+		want  time.Duration
+	}{
+		{ReloadCost{}, 300, 0},
+		{ReloadCost{PerNode: time.Second}, 0, time.Second},
+		{ReloadCost{PerNode: time.Second, PerDHCPZone: 10 * time.Millisecond}, 300, 4 * time.Second},
+	} {
+		if got := tc.c.of(tc.zones); got != tc.want {
+			t.Errorf("%+v of %d zones: %v, want %v", tc.c, tc.zones, got, tc.want)
+		}
 	}
 }

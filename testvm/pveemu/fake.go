@@ -197,6 +197,20 @@ func (f *FakeBackend) Zone(id string) (ZoneSpec, bool) {
 	return z, ok
 }
 
+// VNet returns the applied vnet named bridge, if a zone has it.
+func (f *FakeBackend) VNet(bridge string) (VNetSpec, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, z := range f.zones {
+		for _, v := range z.VNets {
+			if v.Name == bridge {
+				return v, true
+			}
+		}
+	}
+	return VNetSpec{}, false
+}
+
 // Running returns the VMIDs of running guests, sorted.
 func (f *FakeBackend) Running() []int {
 	f.mu.Lock()

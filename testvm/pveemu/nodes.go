@@ -30,6 +30,9 @@ type clusterNode struct {
 	// applied.
 	staged       string
 	appliedEdits []string
+	// bridges are the host's own Linux bridges in its
+	// /etc/network/interfaces (vmbr0; AddHostBridge).
+	bridges []string
 	// reloading is set while a reload runs on the node (ifupdown2's
 	// lock); dhcpStopped while that reload has every dnsmasq@* of the
 	// node stopped (Dnsmasq.pm before_regenerate, until each zone's is
@@ -54,7 +57,7 @@ func (s *Server) initNodes(o Options) error {
 		if s.members[name] != nil {
 			return fmt.Errorf("pveemu: node %s given twice", name)
 		}
-		s.members[name] = &clusterNode{name: name, nodeid: len(s.nodeNames) + 1, backend: b, online: true, applied: newSDNObjects()}
+		s.members[name] = &clusterNode{name: name, nodeid: len(s.nodeNames) + 1, backend: b, online: true, applied: newSDNObjects(), bridges: []string{"vmbr0"}}
 		s.nodeNames = append(s.nodeNames, name)
 		return nil
 	}

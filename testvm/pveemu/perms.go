@@ -194,32 +194,73 @@ func (s *Server) subjectRolesExact(kind, id, path string) map[string]bool {
 	return out
 }
 
-func (s *Server) checkPrivs(authid, path string, privs []string, anyOf bool) error {
-	have := s.privileges(authid, path)
+// PermCheck is one privilege check the emulator made for a request
+// (RPCEnvironment check or check_any, a schema check's "perm"), as
+// RecordPermChecks records them. Listing filters are not checks.
+type PermCheck struct {
+	AuthID string
+	Path   string
+	Privs  []string
+	// AnyOf: one of Privs was enough.
+	AnyOf bool
+	// OK: the check passed.
+	OK bool
+}
+
+// RecordPermChecks makes the server record every privilege check from now
+// on (PermChecks).
+func (s *Server) RecordPermChecks() {
+	s.permMu.Lock()
+	s.recordPerms = true
+	s.permMu.Unlock()
+}
+
+// PermChecks returns the privilege checks recorded so far, in order.
+func (s *Server) PermChecks() []PermCheck {
+	s.permMu.Lock()
+	defer s.permMu.Unlock()
+	return append([]PermCheck(nil), s.permLog...)
+}
+
+// notePerm records one check when recording is on.
+func (s *Server) notePerm(authid, path string, privs []string, anyOf, ok bool) {
+	s.permMu.Lock()
+	defer s.permMu.Unlock()
+	if s.recordPerms {
+		s.permLog = append(s.permLog, PermCheck{AuthID: authid, Path: path, Privs: append([]string(nil), privs...), AnyOf: anyOf, OK: ok})
+	}
+}
+
+// privsCheck is RPCEnvironment check (all of privs) or check_any (anyOf)
+// against the privileges have on path.
+func (s *Server) privsCheck(authid, path string, have map[string]bool, privs []string, anyOf bool) error {
+	var err error
 	if anyOf {
+		err = permFail(path + ", " + strings.Join(privs, "|"))
 		for _, p := range privs {
 			if have[p] {
-				return nil
+				err = nil
+				break
 			}
 		}
-		return permFail(path + ", " + strings.Join(privs, "|"))
-	}
-	for _, p := range privs {
-		if !have[p] {
-			return permFail(path + ", " + p)
+	} else {
+		for _, p := range privs {
+			if !have[p] {
+				err = permFail(path + ", " + p)
+				break
+			}
 		}
 	}
-	return nil
+	s.notePerm(authid, path, privs, anyOf, err == nil)
+	return err
+}
+
+func (s *Server) checkPrivs(authid, path string, privs []string, anyOf bool) error {
+	return s.privsCheck(authid, path, s.privileges(authid, path), privs, anyOf)
 }
 
 func (s *Server) checkPrivsLocked(authid, path string, privs []string) error {
-	have := s.privilegesLocked(authid, path)
-	for _, p := range privs {
-		if !have[p] {
-			return permFail(path + ", " + p)
-		}
-	}
-	return nil
+	return s.privsCheck(authid, path, s.privilegesLocked(authid, path), privs, false)
 }
 
 func (s *Server) checkAPI2Permissions(perm Permissions, authid string, params map[string]any) error {

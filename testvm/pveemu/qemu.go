@@ -25,9 +25,14 @@ type vm struct {
 	snaps   map[string]*snapshot
 	// pending holds changes a running VM could not hot-plug, and
 	// pendingDel the keys whose deletion waits (qemu-server's [PENDING]
-	// section, qemudisk.go): only disks of a VM whose hotplug lacks disk.
+	// section, qemudisk.go): disks of a VM whose hotplug lacks disk, and
+	// disks whose hot-plug or unplug failed.
 	pending    map[string]string
 	pendingDel map[string]bool
+	// unseen are the SCSI slots hot-plugged into the running VM whose
+	// controller told the guest nothing (scsiHotplugSeen): in QEMU, not
+	// in the guest. Cleared when the VM starts or stops.
+	unseen map[string]bool
 }
 
 type snapshot struct {
@@ -431,6 +436,7 @@ func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		s.freeOwnedImagesLocked(t, v)
 		if v.pool != "" && s.pools[v.pool] != nil {
 			delete(s.pools[v.pool].vms, vmid)
 		}

@@ -76,6 +76,7 @@ type configUpdate struct {
 	vmid     int
 	changes  map[string]string
 	deletes  []string
+	reverts  []string
 	skiplock bool
 	force    bool
 	digest   string
@@ -98,15 +99,39 @@ func (u *configUpdate) parse(rq *request) error {
 		u.changes["tags"] = uniqueTags(t)
 	}
 	u.deletes = splitList(rq.str("delete"))
+	u.reverts = splitList(rq.str("revert"))
+	if len(u.changes) == 0 && len(u.deletes) == 0 && len(u.reverts) == 0 {
+		return fail("no options specified")
+	}
+	for _, r := range u.reverts {
+		if _, ok := u.changes[r]; ok {
+			// update_vm_api's message, its odd parameter name included
+			return paramFail(ParamErrors{"delete": fmt.Sprintf("you can't use '-%s' and -revert %s' at the same time", r, r)})
+		}
+	}
 	for _, d := range u.deletes {
 		if _, ok := u.changes[d]; ok {
 			return paramFail(ParamErrors{"delete": fmt.Sprintf("cannot set and delete '%s' at the same time", d)})
 		}
-	}
-	if len(u.changes) == 0 && len(u.deletes) == 0 && !rq.has("revert") {
-		return fail("no options specified")
+		if slices.Contains(u.reverts, d) {
+			return paramFail(ParamErrors{"revert": fmt.Sprintf("you can't use '-delete %s' and -revert %s' at the same time", d, d)})
+		}
 	}
 	return nil
+}
+
+// revertLocked turns u's reverts into changes and deletions the way
+// update_vm's load_and_check_config does: a key in the config is set to
+// its current value (its pending value or deletion dropped), a key only
+// pending is deleted (a disk's volume then becomes unusedN).
+func (u *configUpdate) revertLocked(v *vm) {
+	for _, k := range u.reverts {
+		if cur, ok := v.conf[k]; ok {
+			u.changes[k] = cur
+		} else if _, ok := v.pending[k]; ok {
+			u.deletes = append(u.deletes, k)
+		}
+	}
 }
 
 func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any, error) {
@@ -116,7 +141,18 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 	if !async {
 		onVM = nil // the synchronous update loads the config under its lock only
 	}
-	if err := s.openVM(rq, u.parse, onVM); err != nil {
+	// update_vm_api checks the request's privileges before it loads the
+	// config and before the asynchronous update forks its worker: a
+	// refusal is the request's 403, not the task's.
+	parse := func(rq *request) error {
+		if err := u.parse(rq); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.checkUpdateRequestLocked(u)
+	}
+	if err := s.openVM(rq, parse, onVM); err != nil {
 		return nil, err
 	}
 	if !async {
@@ -150,18 +186,31 @@ func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) 
 	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
 		return err
 	}
-	if err := s.checkUpdatePermsLocked(u, v.conf); err != nil {
+	// The request's own checks ran before the fork (checkUpdateRequestLocked);
+	// reverted keys become changes and deletions and are checked by value.
+	u.revertLocked(v)
+	if err := s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, v.conf, v.pending); err != nil {
 		return err
 	}
 	old := copyConf(v.conf)
-	changes, deletes := deferDisks(v, u.changes, u.deletes, u.force)
-	if err := s.hotplugDisks(ctx, v, changes, deletes, u.force); err != nil {
+	changes, deletes := dropPendingLocked(v, u.changes, u.deletes)
+	changes, deletes = deferDisks(v, changes, deletes, u.force)
+	// vmconfig_hotplug_pending: what cannot be hot-plugged stays pending
+	// and the update fails with one "hotplug problem" per key, after the
+	// rest is applied.
+	failed, err := s.hotplugDisks(ctx, u, v, changes, deletes)
+	if err != nil {
 		return err
 	}
 	for _, d := range deletes {
-		delete(v.conf, d)
+		if _, ok := failed[d]; !ok {
+			delete(v.conf, d)
+		}
 	}
 	for k, val := range changes {
+		if _, ok := failed[k]; ok {
+			continue
+		}
 		if strings.HasPrefix(k, "net") {
 			if mac, _ := parseNet(val); mac == "" {
 				val = setNetMAC(val, randomMAC())
@@ -169,7 +218,13 @@ func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) 
 		}
 		v.conf[k] = val
 	}
-	return s.ipamNICsLocked(u.vmid, old, v.conf)
+	if err := s.ipamNICsLocked(u.vmid, old, v.conf); err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		return paramFail(failed)
+	}
+	return nil
 }
 
 var reSizeOpt = regexp.MustCompile(`(^|,)size=(\d+(?:\.\d+)?)([KMGT]?)`)

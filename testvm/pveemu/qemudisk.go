@@ -98,14 +98,91 @@ func hotplugDisk(conf map[string]string) bool {
 	return slices.Contains(splitList(h), "disk")
 }
 
+// dropPendingLocked writes an update's changes and deletions over v's
+// pending section the way update_vm does before it hot-plugs anything
+// (qemu-server API2/Qemu.pm $update_vm_api): deleting a key whose value is
+// only pending drops that value, a disk's volume registered as unusedN
+// (vmconfig_register_unused_drive), and leaves no deletion behind when
+// the key is not in the config (cleanup_pending); setting a key replaces
+// its pending value (a disk's old one registered the same way) and
+// cancels its pending deletion (remove_from_pending_delete); a key set to
+// its current value is no change (cleanup_pending). It returns the
+// changes and deletions left to apply.
+func dropPendingLocked(v *vm, changes map[string]string, deletes []string) (map[string]string, []string) {
+	var del []string
+	for _, d := range deletes {
+		if pv, ok := v.pending[d]; ok {
+			delete(v.pending, d)
+			if reDiskKey.MatchString(d) {
+				registerUnused(v, pv)
+			}
+		}
+		if _, ok := v.conf[d]; ok {
+			del = append(del, d)
+		}
+	}
+	out := make(map[string]string, len(changes))
+	for k, val := range changes {
+		if pv, ok := v.pending[k]; ok {
+			delete(v.pending, k)
+			if pv != val && reDiskKey.MatchString(k) {
+				registerUnused(v, pv)
+			}
+		}
+		delete(v.pendingDel, k)
+		if cur, ok := v.conf[k]; ok && cur == val {
+			continue
+		}
+		out[k] = val
+	}
+	return out, del
+}
+
+// registerUnused is vmconfig_register_unused_drive for a disk value of v:
+// a volume the VM owns (vm_is_volid_owner) becomes its first free unusedN,
+// never twice (pve-guest-common AbstractConfig add_unused_volume);
+// CD-ROMs and other VMs' volumes are not registered.
+func registerUnused(v *vm, val string) {
+	if isCDROM(val) {
+		return
+	}
+	volid := strings.SplitN(val, ",", 2)[0]
+	if volumeOwner(volid) != v.vmid {
+		return
+	}
+	for k, x := range v.conf {
+		if strings.HasPrefix(k, "unused") && x == volid {
+			return
+		}
+	}
+	v.conf[freeUnused(v.conf)] = volid
+}
+
+// reOwnedName is a VM image's name (pve-storage parse_volname's owner:
+// vm-<vmid>-... or base-<vmid>-...).
+var reOwnedName = regexp.MustCompile(`^(?:vm|base)-(\d+)-`)
+
+// volumeOwner is the VM a volume id's image name says owns it (0: none).
+func volumeOwner(volid string) int {
+	_, name, ok := strings.Cut(volid, ":")
+	if !ok {
+		return 0
+	}
+	name = name[strings.LastIndex(name, "/")+1:]
+	m := reOwnedName.FindStringSubmatch(name)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
 // deferDisks keeps the disk changes and deletions of a running VM whose
 // hotplug lacks disk in its pending section and returns the rest of the
 // update. qemu-server's update_vm writes every change to [PENDING] and
 // vmconfig_hotplug_pending applies what it can: for a disk without the
 // disk feature vmconfig_update_disk dies "skip", so the PUT succeeds and
-// the disk stays pending until the next start. Deleting a key whose value
-// is only pending registers that value as unusedN
-// (vmconfig_register_unused_drive) and queues the deletion.
+// the disk stays pending until the next start.
 func deferDisks(v *vm, changes map[string]string, deletes []string, force bool) (map[string]string, []string) {
 	if !v.running || hotplugDisk(v.conf) {
 		return changes, deletes
@@ -128,18 +205,36 @@ func deferDisks(v *vm, changes map[string]string, deletes []string, force bool) 
 			del = append(del, d)
 			continue
 		}
-		if pv, ok := v.pending[d]; ok {
-			delete(v.pending, d)
-			v.conf[freeUnused(v.conf)] = strings.SplitN(pv, ",", 2)[0]
-		}
-		if _, ok := v.conf[d]; ok {
-			if v.pendingDel == nil {
-				v.pendingDel = map[string]bool{}
-			}
-			v.pendingDel[d] = force
-		}
+		pendDelete(v, d, force)
 	}
 	return now, del
+}
+
+// pendDelete records a deletion of key k that waits in v's pending
+// section (AbstractConfig add_to_pending_delete; force: "!k").
+func pendDelete(v *vm, k string, force bool) {
+	if v.pendingDel == nil {
+		v.pendingDel = map[string]bool{}
+	}
+	v.pendingDel[k] = force
+}
+
+// scsiHotplugSeen says whether the guest learns of a SCSI disk hot-plugged
+// on controller scsihw ("" is qemu-server's default, lsi). qemu-server
+// plugs it on every controller alike (vm_deviceplug: device_add through
+// the human monitor, whose error it does not read, and no
+// qemu_deviceaddverify for scsiN), and QEMU's SCSI bus accepts it
+// (hw/scsi/scsi-bus.c: every bus is its own hotplug handler), but only
+// virtio-scsi (virtio_scsi_hotplug: a VIRTIO_SCSI_T_TRANSPORT_RESET
+// rescan event) and pvscsi (pvscsi_hotplug: PVSCSI_MSG_DEV_ADDED) tell
+// the guest; lsi53c895a, lsi53c810 and megasas have no hotplug handler,
+// so the guest sees the disk only after a rescan of its own.
+func scsiHotplugSeen(scsihw string) bool {
+	switch scsihw {
+	case "virtio-scsi-pci", "virtio-scsi-single", "pvscsi":
+		return true
+	}
+	return false
 }
 
 // withPending is v's config with its pending values, as GET .../config
@@ -293,4 +388,30 @@ func pendingArray(v *vm) []map[string]any {
 		out = append(out, map[string]any{"key": k, "delete": delFlag(v.pendingDel[k])})
 	}
 	return out
+}
+
+// freeOwnedImagesLocked frees the dir storage's images of v that its
+// config names, current or pending, unusedN included (qemu-server
+// destroy_vm: $remove_owned_drive over the config and its pending
+// section; a volume of another VM is left). A failed removal is a
+// warning of task t, as destroy_vm logs it. s.mu is held.
+func (s *Server) freeOwnedImagesLocked(t *task, v *vm) {
+	vals := make([]string, 0, len(v.conf)+len(v.pending))
+	for _, m := range []map[string]string{v.conf, v.pending} {
+		for k, val := range m {
+			if (reDiskKey.MatchString(k) || strings.HasPrefix(k, "unused")) && !isCDROM(val) {
+				vals = append(vals, strings.SplitN(val, ",", 2)[0])
+			}
+		}
+	}
+	slices.Sort(vals)
+	for _, volid := range slices.Compact(vals) {
+		_, p, owner, err := s.volumePath("", volid)
+		if err != nil || owner != v.vmid {
+			continue
+		}
+		if err := removeImage(p); err != nil {
+			t.warn("Could not remove disk '%s', check manually: %v", volid, err)
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -16,8 +17,9 @@ import (
 // hot-plug: slot -> by-id name.
 type blockFake struct {
 	*FakeBackend
-	mu   sync.Mutex
-	byID map[string]string
+	mu         sync.Mutex
+	byID       map[string]string
+	failDetach error // every unplug fails with it when set
 }
 
 func (b *blockFake) AttachDisk(_ context.Context, _ int, slot, _, byID string) error {
@@ -30,6 +32,9 @@ func (b *blockFake) AttachDisk(_ context.Context, _ int, slot, _, byID string) e
 func (b *blockFake) DetachDisk(_ context.Context, _ int, slot string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.failDetach != nil {
+		return b.failDetach
+	}
 	delete(b.byID, slot)
 	return nil
 }
@@ -109,6 +114,127 @@ func TestHotplugWithoutDiskStaysPending(t *testing.T) {
 	cur = e.ok("GET", "/nodes/pve/qemu/101/config", url.Values{"current": {"1"}}).(map[string]any)
 	if cur["unused0"] != volid || cur["scsi1"] != nil {
 		t.Fatalf("after the detach: unused0 %v scsi1 %v, want unused0 %s", cur["unused0"], cur["scsi1"], volid)
+	}
+}
+
+// TestFailedHotplugStaysPending: a disk whose hot-plug QEMU refuses stays
+// in the pending section and the update's task fails with qemu-server's
+// "hotplug problem" for the key (vmconfig_hotplug_pending, then
+// raise_param_exc); revert on the only-pending key drops it and registers
+// the VM's volume as unused0 (update_vm: revert becomes a delete,
+// vmconfig_register_unused_drive), and deleting unused0 frees the image
+// (try_deallocate_drive).
+func TestFailedHotplugStaysPending(t *testing.T) {
+	schema := pendingItemSchema(t)
+	e, bf, volid := runningClone(t, nil)
+	val := volid + ",serial=abc"
+	e.s.FailNextHotplug(101, "error on hotplug device 'virtioscsi1'")
+	st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"scsi1": {val}})
+	if want := "400 Parameter verification failed. scsi1: hotplug problem - error on hotplug device 'virtioscsi1'"; st != want {
+		t.Fatalf("attach: %q, want %q", st, want)
+	}
+	if len(bf.byID) != 0 {
+		t.Fatalf("plugged %v", bf.byID)
+	}
+	cur := e.ok("GET", "/nodes/pve/qemu/101/config", url.Values{"current": {"1"}}).(map[string]any)
+	merged := e.ok("GET", "/nodes/pve/qemu/101/config", nil).(map[string]any)
+	if cur["scsi1"] != nil || merged["scsi1"] != val {
+		t.Fatalf("scsi1: current %v, with pending %v; want it pending only", cur["scsi1"], merged["scsi1"])
+	}
+	if it := pendingOf(e, schema)["scsi1"]; it == nil || it["pending"] != val {
+		t.Fatalf("GET pending scsi1: %v", it)
+	}
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"revert": {"scsi1"}}); st != "OK" {
+		t.Fatalf("revert: %s", st)
+	}
+	cur = e.ok("GET", "/nodes/pve/qemu/101/config", url.Values{"current": {"1"}}).(map[string]any)
+	if p := pendingOf(e, schema); p["scsi1"] != nil || cur["unused0"] != volid {
+		t.Fatalf("after the revert: pending scsi1 %v, unused0 %v; want no scsi1 and unused0 %s", p["scsi1"], cur["unused0"], volid)
+	}
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"delete": {"unused0"}}); st != "OK" {
+		t.Fatalf("delete unused0: %s", st)
+	}
+	_, img, _, _ := e.s.volumePath("", volid)
+	if _, err := os.Stat(img); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("image after deleting unused0: %v, want it freed", err)
+	}
+	// the next hot-plug is not failed
+	volid2, _ := e.ok("POST", "/nodes/pve/storage/local/content", url.Values{"filename": {"vm-101-y.raw"}, "vmid": {"101"}, "size": {"4096"}, "format": {"raw"}}).(string)
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"scsi1": {volid2}}); st != "OK" || bf.byID["scsi1"] == "" {
+		t.Fatalf("second attach: %s, plugged %v", st, bf.byID)
+	}
+}
+
+// TestFailedUnplugStaysPending: a forced deletion whose unplug fails
+// stays a pending deletion (delete 2 in GET .../pending), the volume
+// still in the config and on the storage; revert takes the deletion back.
+func TestFailedUnplugStaysPending(t *testing.T) {
+	schema := pendingItemSchema(t)
+	e, bf, volid := runningClone(t, nil)
+	val := volid + ",serial=abc"
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"scsi1": {val}}); st != "OK" {
+		t.Fatalf("attach: %s", st)
+	}
+	bf.failDetach = errors.New("error on hot-unplugging device 'scsi1' - still busy in guest?")
+	st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"delete": {"scsi1"}, "force": {"1"}})
+	if !strings.Contains(st, "scsi1: hotplug problem - error on hot-unplugging device 'scsi1'") {
+		t.Fatalf("detach: %q", st)
+	}
+	if it := pendingOf(e, schema)["scsi1"]; it["value"] != val || it["delete"] != float64(2) {
+		t.Fatalf("GET pending scsi1: %v, want its value and delete 2", it)
+	}
+	_, img, _, _ := e.s.volumePath("", volid)
+	if _, err := os.Stat(img); err != nil {
+		t.Fatalf("image after the failed unplug: %v", err)
+	}
+	if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"revert": {"scsi1"}}); st != "OK" {
+		t.Fatalf("revert: %s", st)
+	}
+	if it := pendingOf(e, schema)["scsi1"]; it["value"] != val || it["delete"] != nil || it["pending"] != nil {
+		t.Fatalf("GET pending scsi1 after the revert: %v, want the current value only", it)
+	}
+	// the image the VM keeps goes with the VM (destroy_vm frees its
+	// owned volumes)
+	if st := e.task("POST", "/nodes/pve/qemu/101/status/stop", nil); st != "OK" {
+		t.Fatalf("stop: %s", st)
+	}
+	if st := e.task("DELETE", "/nodes/pve/qemu/101", url.Values{"purge": {"1"}}); st != "OK" {
+		t.Fatalf("destroy: %s", st)
+	}
+	if _, err := os.Stat(img); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("image after the destroy: %v, want it freed", err)
+	}
+}
+
+// TestSCSIControllerHotplug: qemu-server hot-plugs a SCSI disk on every
+// controller and the update succeeds, but only virtio-scsi and pvscsi tell
+// the guest: on lsi (the default), lsi53c810 and megasas the disk is in
+// the config and never reaches the guest; its unplug succeeds.
+func TestSCSIControllerHotplug(t *testing.T) {
+	for _, tc := range []struct {
+		scsihw string
+		seen   bool
+	}{{"", false}, {"lsi", false}, {"lsi53c810", false}, {"megasas", false}, {"virtio-scsi-pci", true}, {"virtio-scsi-single", true}, {"pvscsi", true}} {
+		t.Run(tc.scsihw, func(t *testing.T) {
+			conf := url.Values{"scsihw": {tc.scsihw}}
+			if tc.scsihw == "" {
+				conf = url.Values{"delete": {"scsihw"}}
+			}
+			e, bf, volid := runningClone(t, conf)
+			if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"scsi1": {volid}}); st != "OK" {
+				t.Fatalf("attach: %s", st)
+			}
+			cur := e.ok("GET", "/nodes/pve/qemu/101/config", url.Values{"current": {"1"}}).(map[string]any)
+			if cur["scsi1"] != volid {
+				t.Fatalf("scsi1 %v, want %s", cur["scsi1"], volid)
+			}
+			if seen := bf.byID["scsi1"] != ""; seen != tc.seen {
+				t.Fatalf("guest sees the disk: %v, want %v", seen, tc.seen)
+			}
+			if st := e.task("POST", "/nodes/pve/qemu/101/config", url.Values{"delete": {"scsi1"}, "force": {"1"}}); st != "OK" {
+				t.Fatalf("detach: %s", st)
+			}
+		})
 	}
 }
 

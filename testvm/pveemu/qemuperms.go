@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 )
 
 // Config keys by the privilege qemu-server's update_vm checks for them
@@ -38,16 +40,7 @@ var (
 // (all, or with anyOf one of them) on /vms/VMID.
 func (s *Server) vmPermLocked(authid string, vmid int, privs []string, anyOf bool) error {
 	path := fmt.Sprintf("/vms/%d", vmid)
-	if !anyOf {
-		return s.checkPrivsLocked(authid, path, privs)
-	}
-	have := s.privilegesLocked(authid, path)
-	for _, p := range privs {
-		if have[p] {
-			return nil
-		}
-	}
-	return permFail(path + ", " + strings.Join(privs, "|"))
+	return s.privsCheck(authid, path, s.privilegesLocked(authid, path), privs, anyOf)
 }
 
 // checkModifyConfigPermLocked is qemu-server's check_vm_modify_config_perm
@@ -103,15 +96,22 @@ func (s *Server) drivePermLocked(authid string, vmid int, val string) error {
 // checkConfigValuePermsLocked is what update_vm's worker checks per key
 // with the values at hand: for each deletion the drive's kind, a socket
 // serial port's VM.Config.HWType, a spice USB port's VM.Config.HWType
-// (check_usb_perm), an unused disk's VM.Config.Disk; for each drive set,
-// the old and the new value's kind. Values root alone may set are
-// refused before (checkRootOnlyConfig).
-func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[string]string, del []string, conf map[string]string) error {
+// (check_usb_perm), an unused disk's VM.Config.Disk, a NIC's bridge
+// (check_bridge_access on the value deleted), the tags' (tagPermLocked);
+// for each drive set, the old and the new value's kind; for each NIC set
+// over one in the config, the old NIC's bridge; tags set, the tags'. A
+// deletion checks the current value, else the pending one
+// ($conf->{$opt} // $conf->{pending}->{$opt}). Values root alone may set
+// are refused before (checkRootOnlyConfig).
+func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[string]string, del []string, conf, pending map[string]string) error {
 	if authid == "root@pam" {
 		return nil
 	}
 	for _, k := range del {
 		val, ok := conf[k]
+		if !ok {
+			val, ok = pending[k]
+		}
 		if !ok {
 			continue // "cannot delete ... not set": a warning only
 		}
@@ -123,6 +123,10 @@ func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[st
 			err = s.drivePermLocked(authid, vmid, val)
 		case reSerialKey.MatchString(k), strings.HasPrefix(k, "usb"), strings.HasPrefix(k, "rng"):
 			err = s.vmPermLocked(authid, vmid, []string{"VM.Config.HWType"}, false)
+		case reNetKey.MatchString(k):
+			err = s.checkBridgeAccessLocked(authid, map[string]string{k: val})
+		case k == "tags":
+			err = s.tagPermLocked(authid, vmid)
 		}
 		if err != nil {
 			return err
@@ -131,6 +135,12 @@ func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[st
 	for _, k := range sortedKeys(set) {
 		var err error
 		switch {
+		case reNetKey.MatchString(k):
+			if old := conf[k]; old != "" {
+				err = s.checkBridgeAccessLocked(authid, map[string]string{k: old})
+			}
+		case k == "tags":
+			err = s.tagPermLocked(authid, vmid)
 		case reDiskKey.MatchString(k):
 			if old, ok := conf[k]; ok {
 				if err := s.drivePermLocked(authid, vmid, old); err != nil {
@@ -148,38 +158,25 @@ func (s *Server) checkConfigValuePermsLocked(authid string, vmid int, set map[st
 	return nil
 }
 
+// tagPermLocked is pve-guest-common's assert_tag_permissions with the
+// datacenter's defaults (user-tag-access "free", no registered tags):
+// VM.Config.Options on the VM, and any tag is allowed.
+func (s *Server) tagPermLocked(authid string, vmid int) error {
+	return s.vmPermLocked(authid, vmid, []string{"VM.Config.Options"}, false)
+}
+
 // checkBridgeAccessLocked is qemu-server's check_bridge_access with
 // pve-guest-common's check_vnet_access: SDN.Use on
-// /sdn/zones/ZONE/BRIDGE[/TAG] for the bridge of every NIC in conf, ZONE
-// being the vnet's zone in vnets.cfg (the pending generation:
-// PVE::Network::SDN::Vnets::config) or "localnetwork" for a plain bridge.
-// Trunks are not checked (the daemon sets none).
+// /sdn/zones/ZONE/BRIDGE, or on .../TAG for a NIC's VLAN tag and each VLAN
+// of its trunks instead, for the bridge of every NIC in conf, ZONE being
+// the vnet's zone in vnets.cfg (the pending generation:
+// PVE::Network::SDN::Vnets::config) or "localnetwork" for a host bridge
+// (access.NICPaths).
 func (s *Server) checkBridgeAccessLocked(authid string, conf map[string]string) error {
 	if authid == "root@pam" {
 		return nil
 	}
-	for _, k := range sortedKeys(conf) {
-		if !reNetKey.MatchString(k) {
-			continue
-		}
-		opts := map[string]string{}
-		for _, part := range strings.Split(conf[k], ",") {
-			if key, val, ok := strings.Cut(part, "="); ok {
-				opts[key] = val
-			}
-		}
-		bridge := opts["bridge"]
-		if bridge == "" {
-			continue
-		}
-		zone := "localnetwork"
-		if v := s.sdn.pending.vnets[bridge]; v != nil && v["zone"] != "" {
-			zone = v["zone"]
-		}
-		path := "/sdn/zones/" + zone + "/" + bridge
-		if opts["tag"] != "" {
-			path += "/" + opts["tag"]
-		}
+	for _, path := range access.NICPaths(conf, s.vnetZoneLocked) {
 		if err := s.checkPrivsLocked(authid, path, []string{"SDN.Use"}); err != nil {
 			return err
 		}
@@ -187,18 +184,17 @@ func (s *Server) checkBridgeAccessLocked(authid string, conf map[string]string) 
 	return nil
 }
 
-// checkUpdatePermsLocked is update_vm's privilege checks in its order:
-// the keys deleted, the keys set (check_vm_modify_config_perm), the
-// bridges of the NICs set, then the values (the worker's per-key checks).
-func (s *Server) checkUpdatePermsLocked(u *configUpdate, conf map[string]string) error {
+// checkUpdateRequestLocked is what update_vm_api checks of the request
+// before it loads the config (and before the asynchronous POST forks its
+// worker): check_vm_modify_config_perm of the keys deleted, then of the
+// keys set, then check_bridge_access of the NICs set. The checks that need
+// the config's values (checkConfigValuePermsLocked) are the worker's.
+func (s *Server) checkUpdateRequestLocked(u *configUpdate) error {
 	if err := s.checkModifyConfigPermLocked(u.authid, u.vmid, u.deletes); err != nil {
 		return err
 	}
 	if err := s.checkModifyConfigPermLocked(u.authid, u.vmid, sortedKeys(u.changes)); err != nil {
 		return err
 	}
-	if err := s.checkBridgeAccessLocked(u.authid, u.changes); err != nil {
-		return err
-	}
-	return s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, conf)
+	return s.checkBridgeAccessLocked(u.authid, u.changes)
 }

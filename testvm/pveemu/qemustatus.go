@@ -135,7 +135,7 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 	}
 	s.mu.Lock()
 	if v := s.vms[vmid]; v != nil {
-		v.running, v.started = true, time.Now()
+		v.running, v.started, v.unseen = true, time.Now(), nil
 	}
 	s.mu.Unlock()
 	return nil
@@ -183,7 +183,7 @@ func (s *Server) doStop(ctx context.Context, vmid int, skiplock bool) error {
 	}
 	s.mu.Lock()
 	if v := s.vms[vmid]; v != nil {
-		v.running = false
+		v.running, v.unseen = false, nil
 	}
 	s.mu.Unlock()
 	return nil

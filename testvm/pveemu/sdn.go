@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 )
 
 // sdnObjects is one generation of SDN configuration: the pending one
@@ -319,6 +320,19 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 	if hold != nil {
 		hold(name)
 	}
+	// The reload's time (ReloadCost): three systemctl calls for every DHCP
+	// zone of the cluster, this node's or not, with the node's dnsmasqs
+	// stopped throughout.
+	nDHCP := dhcpZones(all)
+	t.logf("%s: regenerating dnsmasq for %d DHCP zones of the cluster", name, nDHCP)
+	if d := s.reloadCost.of(nDHCP); d > 0 {
+		select {
+		case <-ctx.Done():
+			t.warn("%s: reload cut short: %v", name, ctx.Err())
+			return
+		case <-time.After(d):
+		}
+	}
 	want := newSDNObjects()
 	for z, props := range all.zones {
 		if zoneOnNode(props, name) {
@@ -356,6 +370,18 @@ func (s *Server) reloadNode(ctx context.Context, t *task, name string) {
 			t.warn("%s: restart dnsmasq: %v", name, err)
 		}
 	}
+}
+
+// dhcpZones counts the zones of o with DHCP (pve-network Dhcp.pm
+// regenerate_config configures each of them on every node).
+func dhcpZones(o sdnObjects) int {
+	n := 0
+	for _, props := range o.zones {
+		if props["dhcp"] != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // copyZone replaces dst's objects of zone (the zone, its vnets and their

@@ -51,6 +51,33 @@ type Options struct {
 	// Release is the Proxmox VE release the emulator behaves as: Release91
 	// (the default when empty) or Release92 (FIDELITY.md, issue 35).
 	Release Release
+	// ReloadCost is what one node's network reload costs within an SDN
+	// apply (zero: nothing, for tests of other things). See ReloadCost.
+	ReloadCost ReloadCost
+}
+
+// ReloadCost models the time of one node's network reload in an SDN
+// apply, as pve-network's sources spend it: a fixed part (the staged
+// interfaces rename, the network config regeneration, ifreload -a) and
+// three systemctl calls for every zone with DHCP in the whole cluster's
+// running config, not only the zones of that node (Dhcp.pm
+// regenerate_config has no node filter; Dnsmasq.pm after_configure
+// reloads dbus, enables and restarts dnsmasq@<zone>). The apply's worker
+// visits the cluster's nodes one after another, so an apply of Z DHCP
+// zones on N nodes takes about N × (PerNode + Z × PerDHCPZone). The
+// dnsmasqs of the node stay stopped for the whole reload (FIDELITY.md,
+// issue 36 item 10).
+type ReloadCost struct {
+	// PerNode is the fixed part of a node's reload.
+	PerNode time.Duration
+	// PerDHCPZone is the cost of one DHCP zone's three systemctl calls.
+	PerDHCPZone time.Duration
+}
+
+// of is the time a node's reload takes with dhcpZones DHCP zones in the
+// cluster's running config.
+func (c ReloadCost) of(dhcpZones int) time.Duration {
+	return c.PerNode + time.Duration(dhcpZones)*c.PerDHCPZone
 }
 
 // Server is the Proxmox VE API emulator. It is an http.Handler serving
@@ -65,6 +92,7 @@ type Server struct {
 	dataDir        string
 	storagePath    string
 	release        Release
+	reloadCost     ReloadCost
 	log            *slog.Logger
 	schema         *Schema
 	routes         []*route
@@ -88,6 +116,13 @@ type Server struct {
 	sdn     sdnState
 	fw      map[string]*firewall // "cluster" and "node"
 	records []RequestRecord
+
+	// permMu guards permLog, the privilege checks made while
+	// recordPerms is set (RecordPermChecks).
+	permMu      sync.Mutex
+	recordPerms bool
+	permLog     []PermCheck
+
 	pwdRoot string
 	vmLocks map[int]*sync.Mutex
 	// stats is what the last pvestatd-like refresh published per VM (nil
@@ -98,6 +133,9 @@ type Server struct {
 	// reloadWarnings are injected failures of the next SDN applies' network
 	// reload (InjectReloadWarning).
 	reloadWarnings []string
+	// hotplugFailures are injected failures of the next disk hot-plug
+	// per VM (FailNextHotplug).
+	hotplugFailures map[int]string
 	// storages are the storage IDs the node has.
 	storages map[string]bool
 	// storageContent overrides a storage's content types
@@ -120,6 +158,9 @@ type testHooks struct {
 
 // RequestRecord is one request the emulator received, as validated.
 type RequestRecord struct {
+	// AuthID is the user or token the request authenticated as ("" when
+	// it did not).
+	AuthID  string
 	Method  string
 	Path    string // relative to /api2/json
 	Route   string // matched path template ("" when none)
@@ -188,7 +229,7 @@ func New(o Options) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		node: o.Node, backend: o.Backend, agent: o.Agent, dataDir: o.DataDir, storagePath: o.StoragePath, release: o.Release,
+		node: o.Node, backend: o.Backend, agent: o.Agent, dataDir: o.DataDir, storagePath: o.StoragePath, release: o.Release, reloadCost: o.ReloadCost,
 		log: o.Logger.With("component", "pveemu"), schema: schema, secret: secret,
 		ctx: ctx, cancel: cancel,
 		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},
@@ -416,6 +457,7 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (_ any
 	if err != nil {
 		return nil, err
 	}
+	rec.AuthID = authid
 
 	rt, vars := s.match(r.Method, rel)
 	if rt == nil {

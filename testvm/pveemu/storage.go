@@ -233,50 +233,89 @@ func removeImage(p string) error {
 // volume is on the dir storage is attached through the backend; a deleted
 // disk key is unplugged and becomes unusedN, or with force is freed; a
 // deleted unusedN is freed (try_deallocate_drive). Only volumes of the dir
-// storage are handled; other disk keys stay plain config.
-func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]string, deletes []string, force bool) error {
+// storage are handled; other disk keys stay plain config. A new disk that
+// fails to plug stays pending, a deletion that fails to unplug stays a
+// pending deletion (vmconfig_hotplug_pending keeps every key whose eval
+// died): those keys come back with their "hotplug problem - ..." message,
+// for the caller to leave alone and raise after the rest is applied.
+// Other errors come back before anything changed (the checks of the new
+// disks) or as they happen.
+func (s *Server) hotplugDisks(ctx context.Context, u *configUpdate, v *vm, changes map[string]string, deletes []string) (ParamErrors, error) {
+	plugs, err := s.newDisksLocked(v, changes)
+	if err != nil {
+		return nil, err
+	}
+	failed := ParamErrors{}
 	for _, d := range deletes {
 		val, ok := v.conf[d]
 		if !ok {
 			continue
 		}
 		volid := strings.SplitN(val, ",", 2)[0]
-		_, p, _, err := s.volumePath("", volid)
+		_, p, owner, err := s.volumePath("", volid)
 		if err != nil {
 			continue // not ours (e.g. local-lvm): plain config
 		}
 		switch {
 		case strings.HasPrefix(d, "unused"):
-			if err := removeImage(p); err != nil {
-				return fail("%v", err)
+			if err := s.deallocateLocked(u.authid, owner, v.vmid, p); err != nil {
+				return nil, err
 			}
 		case reDiskKey.MatchString(d):
 			if v.running {
-				bb, ok := s.backendOfLocked(v).(BlockBackend)
-				if !ok {
-					return paramFail(ParamErrors{d: "hotplug problem - the emulator's backend cannot unplug disks"})
-				}
-				if err := bb.DetachDisk(ctx, v.vmid, d); err != nil {
-					return paramFail(ParamErrors{d: "hotplug problem - " + err.Error()})
+				if err := s.unplugLocked(ctx, v, d); err != nil {
+					pendDelete(v, d, u.force)
+					failed[d] = "hotplug problem - " + err.Error()
+					continue
 				}
 			}
-			if force {
-				if err := removeImage(p); err != nil {
-					return fail("%v", err)
-				}
-			} else {
-				v.conf[freeUnused(v.conf)] = volid
+			if !u.force {
+				registerUnused(v, val)
+			} else if err := s.deallocateLocked(u.authid, owner, v.vmid, p); err != nil {
+				// vmconfig_delete_or_detach_drive runs inside the
+				// hot-plug's eval: the deletion stays pending
+				pendDelete(v, d, u.force)
+				failed[d] = "hotplug problem - " + err.Error()
 			}
 		}
 	}
-	for k, val := range changes {
+	for _, k := range sortedKeys(changes) {
+		val := changes[k]
 		if !reDiskKey.MatchString(k) {
 			continue
 		}
 		if old, ok := v.conf[k]; ok && (isCDROM(old) || isCDROM(val)) {
 			if err := s.changeMedium(ctx, v, k, old, val); err != nil {
-				return err
+				return nil, err
 			}
+			continue
+		}
+		p, ok := plugs[k]
+		if !ok || !v.running {
+			continue
+		}
+		if err := s.plugLocked(ctx, v, k, val, p); err != nil {
+			if v.pending == nil {
+				v.pending = map[string]string{}
+			}
+			v.pending[k] = val
+			failed[k] = "hotplug problem - " + err.Error()
+		}
+	}
+	return failed, nil
+}
+
+// newDisksLocked checks the new disks of changes that are images of the
+// dir storage and returns their paths by key: the VM's own volume, an
+// existing image, a free slot.
+func (s *Server) newDisksLocked(v *vm, changes map[string]string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, k := range sortedKeys(changes) {
+		val := changes[k]
+		if !reDiskKey.MatchString(k) {
+			continue
+		}
+		if old, ok := v.conf[k]; ok && (isCDROM(old) || isCDROM(val)) {
 			continue
 		}
 		volid := strings.SplitN(val, ",", 2)[0]
@@ -285,31 +324,90 @@ func (s *Server) hotplugDisks(ctx context.Context, v *vm, changes map[string]str
 			continue
 		}
 		if owner != v.vmid {
-			return paramFail(ParamErrors{k: fmt.Sprintf("volume '%s' belongs to VM %d", volid, owner)})
+			return nil, paramFail(ParamErrors{k: fmt.Sprintf("volume '%s' belongs to VM %d", volid, owner)})
 		}
 		if _, err := os.Stat(p); err != nil {
-			return paramFail(ParamErrors{k: fmt.Sprintf("volume '%s' does not exist", volid)})
+			return nil, paramFail(ParamErrors{k: fmt.Sprintf("volume '%s' does not exist", volid)})
 		}
 		if _, used := v.conf[k]; used {
-			return paramFail(ParamErrors{k: "hotplug problem - slot in use"})
+			return nil, paramFail(ParamErrors{k: "hotplug problem - slot in use"})
 		}
-		if !v.running {
-			continue
-		}
-		bb, ok := s.backendOfLocked(v).(BlockBackend)
-		if !ok {
-			return paramFail(ParamErrors{k: "hotplug problem - the emulator's backend cannot hot-plug disks"})
-		}
-		major, _ := machineVersion(v.conf)
-		byID, err := diskByID(k, val, major)
-		if err != nil {
-			return paramFail(ParamErrors{k: "hotplug problem - " + err.Error()})
-		}
-		if err := bb.AttachDisk(ctx, v.vmid, k, p, byID); err != nil {
-			return paramFail(ParamErrors{k: "hotplug problem - " + err.Error()})
+		out[k] = p
+	}
+	return out, nil
+}
+
+// deallocateLocked is try_deallocate_drive for an image of the dir
+// storage at p: the VM's own volume is freed, with Datastore.AllocateSpace
+// on the storage; another VM's is only dropped from the config.
+func (s *Server) deallocateLocked(authid string, owner, vmid int, p string) error {
+	if owner != vmid {
+		return nil
+	}
+	if authid != "root@pam" {
+		if err := s.checkPrivsLocked(authid, "/storage/"+dirStorage, []string{"Datastore.AllocateSpace"}); err != nil {
+			return err
 		}
 	}
+	if err := removeImage(p); err != nil {
+		return fail("%v", err)
+	}
 	return nil
+}
+
+// plugLocked hot-plugs the image p into the running VM v as slot with
+// config value val (vm_deviceplug): an injected failure (FailNextHotplug)
+// fails it; a SCSI disk on a controller that tells the guest nothing
+// (scsiHotplugSeen) is plugged in QEMU only.
+func (s *Server) plugLocked(ctx context.Context, v *vm, slot, val, p string) error {
+	if reason, ok := s.hotplugFailures[v.vmid]; ok {
+		delete(s.hotplugFailures, v.vmid)
+		return errors.New(reason)
+	}
+	bb, ok := s.backendOfLocked(v).(BlockBackend)
+	if !ok {
+		return errors.New("the emulator's backend cannot hot-plug disks")
+	}
+	if strings.HasPrefix(slot, "scsi") && !scsiHotplugSeen(v.conf["scsihw"]) {
+		if v.unseen == nil {
+			v.unseen = map[string]bool{}
+		}
+		v.unseen[slot] = true
+		return nil
+	}
+	major, _ := machineVersion(v.conf)
+	byID, err := diskByID(slot, val, major)
+	if err != nil {
+		return err
+	}
+	return bb.AttachDisk(ctx, v.vmid, slot, p, byID)
+}
+
+// unplugLocked unplugs disk slot from the running VM v (vm_deviceunplug).
+func (s *Server) unplugLocked(ctx context.Context, v *vm, slot string) error {
+	if v.unseen[slot] {
+		delete(v.unseen, slot)
+		return nil
+	}
+	bb, ok := s.backendOfLocked(v).(BlockBackend)
+	if !ok {
+		return errors.New("the emulator's backend cannot unplug disks")
+	}
+	return bb.DetachDisk(ctx, v.vmid, slot)
+}
+
+// FailNextHotplug makes the next disk hot-plug into VM vmid fail with
+// reason, as qemu-server's vm_deviceplug dies when QEMU refuses the device
+// or its controller (e.g. "error on hotplug device 'virtioscsi1'" from
+// qemu_deviceaddverify): the disk stays pending and the config update
+// fails with "hotplug problem - <reason>".
+func (s *Server) FailNextHotplug(vmid int, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hotplugFailures == nil {
+		s.hotplugFailures = map[int]string{}
+	}
+	s.hotplugFailures[vmid] = reason
 }
 
 // freeUnused is the first unusedN key not in conf.

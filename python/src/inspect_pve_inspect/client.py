@@ -145,6 +145,30 @@ class Client:
             raise
         return cast(dict[str, Any], r.json())
 
+    async def validate(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        """``POST /v1/sandboxes/validate``: what a create of ``req`` would be
+        refused for on this node, and its templates (a ValidateReport); None
+        when the daemon does not serve it."""
+        try:
+            r = await self._send("POST", "/sandboxes/validate", json=req)
+        except Problem as p:
+            if p.status in (404, 405):
+                return None
+            raise
+        return cast(dict[str, Any], r.json())
+
+    async def extend(
+        self, sid: str, ttl_seconds: int, timeout: float = CALL_TIMEOUT
+    ) -> dict[str, Any]:
+        """Set the sandbox's expiry to now plus ``ttl_seconds``."""
+        r = await self._send(
+            "POST",
+            f"/sandboxes/{quote(sid, safe='')}/extend",
+            json={"ttl_seconds": ttl_seconds},
+            timeout=timeout,
+        )
+        return cast(dict[str, Any], r.json())
+
     async def create(self, req: dict[str, Any]) -> dict[str, Any]:
         r = await self._send("POST", "/sandboxes", json=req, timeout=CREATE_TIMEOUT)
         return cast(dict[str, Any], r.json())

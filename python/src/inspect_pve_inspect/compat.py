@@ -19,9 +19,11 @@ package itself is accepted too (by its ``model_dump()``).
 from __future__ import annotations
 
 import ipaddress
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .config import ConfigError, NetworkSpec, PveInspectSandboxEnvironmentConfig, VmSpec
 
@@ -144,8 +146,8 @@ def _networks(sdn: Any) -> tuple[tuple[NetworkSpec, ...], dict[str, str]]:
         subnets = list(vn.get("subnets") or ())
         if len(subnets) != 1:
             raise ConfigError(f"{f}.subnets", f"{len(subnets)} subnets: want exactly one per vnet")
-        nets.append(_subnet(f"{f}.subnets[0]", f"net{i}", subnets[0]))
         alias = vn.get("alias")
+        nets.append(_subnet(f"{f}.subnets[0]", f"net{i}", subnets[0], _s(alias)))
         if alias is not None:
             if alias in aliases:
                 raise ConfigError(f"{f}.alias", f"alias {alias!r} used twice")
@@ -155,7 +157,7 @@ def _networks(sdn: Any) -> tuple[tuple[NetworkSpec, ...], dict[str, str]]:
     return tuple(nets), aliases
 
 
-def _subnet(f: str, name: str, sn: dict[str, Any]) -> NetworkSpec:
+def _subnet(f: str, name: str, sn: dict[str, Any], alias: str | None) -> NetworkSpec:
     extra = set(sn) - {"cidr", "gateway", "snat", "dhcp_ranges"}
     if extra:
         raise ConfigError(f"{f}.{sorted(extra)[0]}", "unknown field")
@@ -183,7 +185,9 @@ def _subnet(f: str, name: str, sn: dict[str, Any]) -> NetworkSpec:
                 f"the daemon's DHCP range of {net} is {start}-{end}",
             )
     try:
-        return NetworkSpec(name=name, cidr=str(net), dhcp=bool(ranges), snat=bool(sn.get("snat")))
+        return NetworkSpec(
+            name=name, cidr=str(net), dhcp=bool(ranges), snat=bool(sn.get("snat")), alias=alias
+        )
     except ValueError as e:
         raise ConfigError(f"{f}.cidr", str(e)) from None
 
@@ -266,12 +270,48 @@ def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
         raise ConfigError("vms_config", str(e)) from None
 
 
+def load_file(path: str) -> dict[str, Any]:
+    """A config file (Inspect's ``--sandbox pve_inspect:cfg.yaml`` convention):
+    YAML (``.yaml``, ``.yml``) or JSON (``.json``; any other name is read as
+    YAML, which JSON is a subset of), holding one config in this provider's
+    shape or the reference plugin's. A relative path is the working
+    directory's (Inspect passes the task directory's, made absolute)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError("config", f"config file {path}: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise ConfigError("config", f"config file {path}: not valid {_kind(path)}: {e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(
+            "config",
+            f"config file {path}: want a mapping of config fields, got {type(doc).__name__}",
+        )
+    return doc
+
+
+def _kind(path: str) -> str:
+    return "JSON" if path.endswith(".json") else "YAML"
+
+
 def coerce(config: object) -> PveInspectSandboxEnvironmentConfig:
-    """Any config Inspect hands over (ours, the reference's, a dict, None)."""
+    """Any config Inspect hands over (ours, the reference's, a dict, the
+    path of a config file, None)."""
     if config is None:
         return PveInspectSandboxEnvironmentConfig()
     if isinstance(config, PveInspectSandboxEnvironmentConfig):
         return config
+    if isinstance(config, str):
+        doc = load_file(config)
+        try:
+            return coerce(doc)
+        except ConfigError as e:
+            raise ConfigError(e.field, f"{e.message} (config file {config})") from None
+        except ValidationError as e:
+            raise ConfigError("config", f"config file {config}: {e}") from None
     if isinstance(config, BaseModel):
         config = config.model_dump(mode="json")
     if isinstance(config, dict):
@@ -279,5 +319,7 @@ def coerce(config: object) -> PveInspectSandboxEnvironmentConfig:
             return from_reference(config)
         return PveInspectSandboxEnvironmentConfig.model_validate(config)
     raise ConfigError(
-        "config", f"want a PveInspectSandboxEnvironmentConfig, got {type(config).__name__}"
+        "config",
+        f"want a PveInspectSandboxEnvironmentConfig or a config file's path, "
+        f"got {type(config).__name__}",
     )

@@ -30,6 +30,7 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
 
 
@@ -105,6 +106,14 @@ class NetworkSpec(BaseModel):
     cidr: str = "auto"
     dhcp: bool = True
     snat: bool = True
+    alias: str | None = Field(
+        default=None,
+        description="what the eval calls this network (the reference's vnet alias), in messages",
+    )
+
+    def label(self) -> str:
+        """The network as the eval's config names it."""
+        return self.name if self.alias in (None, self.name) else f"{self.alias!r} ({self.name})"
 
     @field_validator("name")
     @classmethod
@@ -159,7 +168,22 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
     )
     egress: EgressSpec | None = None
     ttl_seconds: int | None = Field(
-        default=None, ge=60, description="lifetime; the daemon reaps it after (default: its own)"
+        default=None,
+        ge=60,
+        description="the lease: with keepalive, the daemon reaps the sandbox this long after the "
+        "provider last renewed it (the eval died or lost the node); without, its lifetime "
+        "(default: the node's default_ttl; at most its max_ttl)",
+    )
+    keepalive: bool = Field(
+        default=True,
+        description="renew the lease while the sample runs (a heartbeat), so that a sample "
+        "runs as long as it needs; False: the sandbox is reaped ttl_seconds after its creation",
+    )
+    cidr_wait_seconds: float = Field(
+        default=900.0,
+        ge=0,
+        description="how long a sample waits for a fixed CIDR that another sandbox holds "
+        "before it fails",
     )
     labels: dict[str, str] = Field(default_factory=dict)
     working_dir: str = Field(

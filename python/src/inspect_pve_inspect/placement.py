@@ -10,6 +10,18 @@ fails because the node went down moves on to the next. When every node
 that answers is full, the sample waits for room (up to ``PLACE_WAIT``
 seconds) instead of failing: the nodes bound how many samples run.
 
+A create refused because a fixed CIDR of the sample overlaps a range
+another sandbox holds (a conflict of reason ``cidr-in-use``: two samples
+of one eval with the same fixed CIDR, or another eval's) waits too: it is
+tried again with a growing, jittered pause until the range is free, up to
+the config's ``cidr_wait_seconds``, said once in the log with the network
+named as the eval's config names it. The wait is the provider's, not the
+daemon's: the range may be held on another node of the cluster (the
+daemon sees it free only by asking Proxmox again), only the eval knows how
+long its sample may wait, and every other client keeps the daemon's
+immediate answer. A holder never keeps the range past its sample: the
+sandbox goes at the sample's cleanup, or one lease after its eval died.
+
 The eval's concurrency is bounded too: :func:`node_room` (the provider's
 ``default_concurrency``, Inspect's default ``max_sandboxes``) is what the
 nodes of the environment hold now.
@@ -18,8 +30,11 @@ nodes of the environment hold now.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import os
+import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +50,12 @@ PROBE_TIMEOUT = 10.0
 # and how often it asks again.
 PLACE_WAIT = 900.0
 PLACE_POLL = 5.0
+# The pauses between tries of a create whose fixed CIDR is held: from the
+# first, doubling up to the last (each jittered down to half).
+RANGE_POLL_FIRST = 2.0
+RANGE_POLL_MAX = 30.0
+
+log = logging.getLogger(__name__)
 
 # The daemon's defaults for a VM that does not say (sandboxapi validateCreate).
 DEFAULT_CORES = 1
@@ -118,16 +139,44 @@ async def rank(
     return [n for _, n, room in found if room > 0], sum(1 for *_, room in found if room <= 0)
 
 
+def range_held(p: Problem) -> bool:
+    """Whether ``p`` refused a create because a fixed CIDR of it overlaps a
+    range another sandbox holds (a refusal that ends when that one goes)."""
+    return p.type == "conflict" and p.reason == "cidr-in-use"
+
+
+def range_detail(p: Problem, req: Mapping[str, Any], labels: Sequence[str]) -> str:
+    """The daemon's detail of a ``cidr-in-use`` refusal with the network
+    named as the eval's config names it (``labels``, by the request's
+    network index; the problem's field gives the index)."""
+    m = re.fullmatch(r"networks\[(\d+)\]\.cidr", str(p.field or ""))
+    nets = list(req.get("networks") or ())
+    if m is None or int(m[1]) >= min(len(nets), len(labels)):
+        return p.detail
+    i = int(m[1])
+    return p.detail.replace(f'network "{nets[i]["name"]}"', f"network {labels[i]}", 1)
+
+
 async def place(
-    nodes: Sequence[NodeConfig], req: dict[str, Any], wait: float | None = None
+    nodes: Sequence[NodeConfig],
+    req: dict[str, Any],
+    wait: float | None = None,
+    cidr_wait: float = 0.0,
+    labels: Sequence[str] = (),
 ) -> tuple[Client, dict[str, Any]]:
     """Create the sandbox on the first node that takes it; the returned
     client stays open (the caller closes it). While every node that answers
-    is full it waits for room, up to ``wait`` seconds (``PLACE_WAIT``)."""
+    is full it waits for room, up to ``wait`` seconds (``PLACE_WAIT``);
+    while a fixed CIDR of it is held by another sandbox, up to
+    ``cidr_wait`` seconds (``labels`` name its networks in the log and the
+    error)."""
     want = shape(req)
-    deadline = anyio.current_time() + (PLACE_WAIT if wait is None else wait)
+    start = anyio.current_time()
+    deadline = start + (PLACE_WAIT if wait is None else wait)
+    held_tries = 0
     while True:
         errs: list[str] = []
+        held: Problem | None = None
         ranked, full = await rank(nodes, want)
         for node in ranked:
             try:
@@ -140,12 +189,37 @@ async def place(
             except (NodeDown, OSError) as e:
                 errs.append(f"{node.url}: down: {e}")
             except Problem as p:
-                if p.type not in _NEXT_NODE:
+                if range_held(p):
+                    held = p
+                elif p.type not in _NEXT_NODE:
                     await c.aclose()
                     raise
-                full += 1
+                else:
+                    full += 1
                 errs.append(f"{node.url}: {p}")
             await c.aclose()
+        if held is not None:
+            what = range_detail(held, req, labels)
+            pause = min(RANGE_POLL_MAX, RANGE_POLL_FIRST * 2**held_tries)
+            pause *= random.uniform(0.5, 1.0)
+            waited = anyio.current_time() - start
+            if waited + pause > cidr_wait:
+                raise RuntimeError(
+                    f"pve_inspect: {what}: still held after {waited:.0f} s of waiting "
+                    f"(cidr_wait_seconds is {cidr_wait:.0f}); give the sample's network "
+                    "cidr 'auto', or let fewer samples with this cidr run at once"
+                )
+            if held_tries == 0:
+                log.warning(
+                    "pve_inspect: %s; waiting for it (up to %.0f s, cidr_wait_seconds)",
+                    what,
+                    cidr_wait,
+                )
+            else:
+                log.info("pve_inspect: %s; trying again in %.0f s", what, pause)
+            held_tries += 1
+            await anyio.sleep(pause)
+            continue
         if full == 0 or anyio.current_time() + PLACE_POLL > deadline:
             break
         await anyio.sleep(PLACE_POLL)

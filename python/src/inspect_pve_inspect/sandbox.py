@@ -3,10 +3,12 @@
 One sample = one pve-inspectd sandbox (``POST /v1/sandboxes``): its VMs on
 an SDN zone of their own; every VM marked ``sandbox`` is an Inspect
 environment, named by its VM name, the first one the default. Commands and
-files go through the daemon's guest-agent API; the VMs are deleted in
-``sample_cleanup``, and whatever a killed eval left is found again by its
-labels (``inspect sandbox cleanup pve_inspect``, this user's only: see
-:mod:`.user`) or reaped at its TTL.
+files go through the daemon's guest-agent API. A heartbeat
+(:mod:`.keepalive`) renews the sandbox's lease while the sample runs; the
+VMs are deleted in ``sample_cleanup``, and whatever a killed eval left is
+found again by its labels (``inspect sandbox cleanup pve_inspect``, this
+user's only: see :mod:`.user`) or reaped one lease after its last renewal.
+``task_init`` checks the config against every node first (:mod:`.preflight`).
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ from inspect_ai.util import (
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
     SandboxEnvironmentLimits,
+    SandboxUnavailableError,
     sandboxenv,
 )
-from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import BaseModel
 
 from .client import Client, NodeDown, Problem, TooLarge
 from .compat import coerce
 from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
+from .keepalive import Keepalive, gone_problem, lease_seconds, parse_time
 from .placement import node_room, place
+from .preflight import preflight
 from .user import user_id
 
 # Labels on every sandbox this provider creates.
@@ -77,6 +81,14 @@ class _Run:
 
     id = uuid.uuid4().hex[:16]
     live: dict[str, NodeConfig] = {}  # noqa: RUF012 - sandbox id -> its node
+    # sandbox id -> its heartbeat, until sample_cleanup (or task_cleanup) stops it
+    keepalives: dict[str, Keepalive] = {}  # noqa: RUF012
+    # sandbox id -> the sandbox config its sample was made with: Inspect
+    # calls task_cleanup once per distinct config (with the task name
+    # "shutdown", not the task's), so a cleanup stops and deletes the
+    # sandboxes of its config only, never those of another config that
+    # another task of the same eval-set still runs
+    cfg_of: dict[str, str] = {}  # noqa: RUF012
 
 
 @sandboxenv(name=PROVIDER)
@@ -84,7 +96,13 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     """A VM of a pve-inspectd sandbox."""
 
     def __init__(
-        self, client: Client, sandbox_id: str, vm: str, working_dir: str, sandbox: dict[str, Any]
+        self,
+        client: Client,
+        sandbox_id: str,
+        vm: str,
+        working_dir: str,
+        sandbox: dict[str, Any],
+        keepalive: Keepalive | None = None,
     ) -> None:
         super().__init__()
         self.client = client
@@ -92,12 +110,21 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         self.vm = vm
         self.working_dir = working_dir
         self.sandbox = sandbox
+        # The sample's heartbeat (one per sandbox, shared by its VMs): it
+        # also knows the sandbox's expiry, for saying why it is gone.
+        self.keepalive = keepalive
 
     # --- lifecycle -------------------------------------------------------
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
         return coerce(config)
+
+    @classmethod
+    def config_files(cls) -> list[str]:
+        """Config files Inspect finds in the task's directory when
+        ``--sandbox pve_inspect`` names none (``pve_inspect:FILE`` names one)."""
+        return ["pve_inspect.yaml", "pve_inspect.yml", "pve_inspect.json"]
 
     @classmethod
     def default_concurrency(cls) -> int | None:
@@ -109,19 +136,12 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """Fail at task start, not per sample, with one message: the config
+        (a file's too) converts, every node that answers accepts the token
+        and would create it (templates, caps, egress, networks), and at
+        least one answers."""
         cfg = coerce(config)
-        # Fail at task start, not per sample: the config converts and at
-        # least one node answers.
-        nodes = cfg.resolved_nodes()
-        errs: list[str] = []
-        for n in nodes:
-            try:
-                async with Client(n) as c:
-                    await c.healthz()
-                return
-            except (NodeDown, Problem) as e:
-                errs.append(f"{n.url}: {e}")
-        raise RuntimeError("pve_inspect: no node answers: " + "; ".join(errs))
+        await preflight(cfg, create_request(cfg, task_name))
 
     @classmethod
     async def sample_init(
@@ -129,20 +149,41 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     ) -> dict[str, SandboxEnvironment]:
         cfg = coerce(config)
         req = create_request(cfg, task_name)
-        client, sb = await place(cfg.resolved_nodes(), req)
+        client, sb = await place(
+            cfg.resolved_nodes(),
+            req,
+            cidr_wait=cfg.cidr_wait_seconds,
+            labels=[n.label() for n in cfg.networks],
+        )
         _Run.live[sb["id"]] = client.node
-        sandboxes = [
-            v for v, spec in zip(sb["vms"], cfg.resolved_vms(), strict=True) if spec.sandbox
-        ]
-        envs: dict[str, SandboxEnvironment] = {}
-        for vm in sandboxes:
-            envs[vm["name"]] = cls(client, sb["id"], vm["name"], cfg.working_dir, sb)
+        _Run.cfg_of[sb["id"]] = _config_key(cfg)
         try:
+            try:
+                health = await client.healthz()
+            except (NodeDown, Problem):
+                health = {}  # the lease is then the config's, or an hour
+            ka = Keepalive(
+                client,
+                sb["id"],
+                lease_seconds(cfg.ttl_seconds, health),
+                parse_time(sb.get("expires_at")),
+            )
+            if cfg.keepalive and ka.start():
+                _Run.keepalives[sb["id"]] = ka
+            sandboxes = [
+                v for v, spec in zip(sb["vms"], cfg.resolved_vms(), strict=True) if spec.sandbox
+            ]
+            envs: dict[str, SandboxEnvironment] = {}
+            for vm in sandboxes:
+                envs[vm["name"]] = cls(client, sb["id"], vm["name"], cfg.working_dir, sb, ka)
             await client.exec(
                 sb["id"], sandboxes[0]["name"], {"argv": ["mkdir", "-p", "--", cfg.working_dir]}
             )
         except BaseException:
-            await _delete(client, sb["id"])
+            with anyio.CancelScope(shield=True):
+                await _stop_keepalive(sb["id"])
+                await _delete(client, sb["id"])
+                await client.aclose()
             raise
         return envs
 
@@ -160,6 +201,7 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
                 continue
             seen.add(env.sandbox_id)
             with anyio.CancelScope(shield=True):
+                await _stop_keepalive(env.sandbox_id)
                 await _delete(env.client, env.sandbox_id)
                 await env.client.aclose()
 
@@ -167,7 +209,12 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     async def task_cleanup(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
     ) -> None:
-        left = dict(_Run.live)
+        key = _config_key(coerce(config))
+        mine = {sid for sid, k in _Run.cfg_of.items() if k == key}
+        for sid in list(_Run.keepalives):
+            if sid in mine:
+                await _stop_keepalive(sid)
+        left = {sid: node for sid, node in _Run.live.items() if sid in mine}
         if not left:
             return
         if not cleanup:
@@ -263,7 +310,7 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         except Problem as p:
             for f in staged:
                 await self._unlink(f)
-            raise _exec_error(p) from p
+            raise self._gone(p) or _exec_error(p) from p
         except NodeDown as e:
             raise SandboxUnavailableError(str(e)) from e
         if ans.timed_out:
@@ -311,13 +358,22 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
                 self.sandbox_id, self.vm, {"argv": ["/bin/rm", "-f", "--", path]}
             )
 
+    def _gone(self, p: Problem) -> SandboxUnavailableError | None:
+        """Inspect's sandbox error when ``p`` says the sandbox is gone
+        (expired, deleted: during the call or before it), saying why; None
+        for any other problem."""
+        if not gone_problem(p):
+            return None
+        why = self.keepalive.why_gone(p) if self.keepalive is not None else p.detail
+        return SandboxUnavailableError(f"pve_inspect: sandbox {self.sandbox_id} is gone: {why}")
+
     # --- files -----------------------------------------------------------
 
     async def _write(self, path: str, data: bytes, mode: int = 0o644) -> None:
         try:
             await self.client.write_file(self.sandbox_id, self.vm, path, data, mode)
         except Problem as p:
-            raise _file_error(p, path) from p
+            raise self._gone(p) or _file_error(p, path) from p
         except NodeDown as e:
             raise SandboxUnavailableError(str(e)) from e
 
@@ -343,7 +399,7 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
                 limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
             ) from None
         except Problem as p:
-            raise _file_error(p, file) from p
+            raise self._gone(p) or _file_error(p, file) from p
         except NodeDown as e:
             raise SandboxUnavailableError(str(e)) from e
         data = b"".join(chunks)
@@ -403,7 +459,7 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
     )
     req: dict[str, Any] = {"vms": vms, "labels": labels}
     if cfg.networks:
-        req["networks"] = [n.model_dump() for n in cfg.networks]
+        req["networks"] = [n.model_dump(exclude={"alias"}) for n in cfg.networks]
     if cfg.egress is not None:
         e = cfg.egress
         req["egress"] = {
@@ -416,6 +472,17 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
     return req
 
 
+def _config_key(cfg: PveInspectSandboxEnvironmentConfig) -> str:
+    """The identity of a sandbox config, as task_cleanup gets it back."""
+    return cfg.model_dump_json()
+
+
+async def _stop_keepalive(sid: str) -> None:
+    ka = _Run.keepalives.pop(sid, None)
+    if ka is not None:
+        await ka.stop()
+
+
 async def _delete(client: Client, sid: str) -> None:
     try:
         await client.delete(sid)
@@ -424,6 +491,7 @@ async def _delete(client: Client, sid: str) -> None:
         print(f"pve_inspect: delete {sid}: {e}")
         return
     _Run.live.pop(sid, None)
+    _Run.cfg_of.pop(sid, None)
 
 
 def _labels(sb: dict[str, Any]) -> dict[str, str]:

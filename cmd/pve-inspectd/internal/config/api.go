@@ -45,6 +45,10 @@ type APISection struct {
 	ReaperInterval time.Duration `toml:"reaper_interval"`
 	// AgentTimeout bounds the wait for a started VM's guest agent.
 	AgentTimeout time.Duration `toml:"agent_timeout"`
+	// SDNApplyTimeout bounds the wait for one SDN apply (sandbox.Options
+	// ApplyTimeout): an apply's time grows with every DHCP zone of the
+	// cluster on every node.
+	SDNApplyTimeout time.Duration `toml:"sdn_apply_timeout"`
 	// HealthInterval is how often every ready sandbox's VMs are checked;
 	// AgentBrokenAfter how long an agent may be silent before its VM is
 	// broken (sandbox.HealthOptions).
@@ -168,6 +172,7 @@ func defaultAPI() APISection {
 		MaxTTL:                24 * time.Hour,
 		ReaperInterval:        30 * time.Second,
 		AgentTimeout:          5 * time.Minute,
+		SDNApplyTimeout:       30 * time.Minute,
 		HealthInterval:        5 * time.Second,
 		AgentBrokenAfter:      20 * time.Second,
 		MaxFileBytes:          1 << 30,
@@ -273,6 +278,7 @@ func (a APISection) validate(prefix string) error {
 		k string
 		v time.Duration
 	}{{"default_ttl", a.DefaultTTL}, {"max_ttl", a.MaxTTL}, {"reaper_interval", a.ReaperInterval}, {"agent_timeout", a.AgentTimeout},
+		{"sdn_apply_timeout", a.SDNApplyTimeout},
 		{"health_interval", a.HealthInterval}, {"agent_broken_after", a.AgentBrokenAfter}, {"events.write_timeout", a.Events.WriteTimeout}}
 	for _, d := range durs {
 		if d.v <= 0 {

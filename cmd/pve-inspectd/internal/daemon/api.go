@@ -197,8 +197,10 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		health.AgentBrokenAfter = ac.AgentBrokenAfter
 	}
 	bridgeUp := d.BridgeUp
+	var gatewayUp func(context.Context, string, netip.Addr) (bool, error)
 	if bridgeUp == nil && ac.VerifyBridges {
 		bridgeUp = sandbox.SysfsBridgeUp("/sys/class/net")
+		gatewayUp = hostnet.New().HasAddress
 	}
 	eng, err := sandbox.New(sandbox.Options{
 		Node:      cfg.Node.ID,
@@ -218,9 +220,11 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AutoCIDRPool:             pool,
 		AutoCIDRBits:             ac.AutoCIDRBits,
 		AgentTimeout:             ac.AgentTimeout,
+		ApplyTimeout:             ac.SDNApplyTimeout,
 		HostNetworks:             hostnet.New().Prefixes,
 		ZonesChanged:             d.ZonesChanged,
 		BridgeUp:                 bridgeUp,
+		GatewayUp:                gatewayUp,
 		Egress:                   d.Egress,
 		VMConfigs:                px,
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,

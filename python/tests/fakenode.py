@@ -1,0 +1,247 @@
+"""A fake pve-inspectd on a unix socket, for the provider's rules without a
+bed: the calls the provider makes (healthz, capacity, validate, create,
+extend, delete, exec, files), the sandbox API's answers and problem
+documents as sandboxapi writes them, a clock the test moves and a reaper
+the test runs. Not the daemon: only what the tests here need of it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socketserver
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import urlsplit
+
+from inspect_pve_inspect import NodeConfig
+
+_SB = re.compile(r"^/v1/sandboxes/([a-z0-9]+)(/.*)?$")
+
+
+@dataclass
+class Sandbox:
+    """A sandbox of the fake."""
+
+    id: str
+    req: dict[str, Any]
+    expires_at: datetime
+    extends: int = 0
+
+
+@dataclass
+class FakeNode:
+    """The fake's state; every field is read and written under ``lock``."""
+
+    templates: tuple[str, ...] = ("debian",)
+    token: str | None = None
+    default_ttl: int = 3600
+    max_ttl: int = 86400
+    # The fake's clock: the time the test has moved it to.
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    sandboxes: dict[str, Sandbox] = field(default_factory=dict)
+    # Why each deleted sandbox went ("expired at ...", "deleted by ...").
+    gone: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # An answer every exec gets instead of running (status, problem), once.
+    exec_answer: tuple[int, dict[str, Any]] | None = None
+    calls: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _next: int = 0
+
+    def new_id(self) -> str:
+        self._next += 1
+        return f"sbfake{self._next:02d}"
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock."""
+        with self.lock:
+            self.now += timedelta(seconds=seconds)
+
+    def reap(self) -> list[str]:
+        """Delete every sandbox past its expiry, as the daemon's reaper."""
+        with self.lock:
+            due = [s for s in self.sandboxes.values() if self.now >= s.expires_at]
+            for s in due:
+                del self.sandboxes[s.id]
+                self.gone[s.id] = ("expired", f"it expired at {_rfc3339(s.expires_at)}")
+            return [s.id for s in due]
+
+    def extends(self, sid: str) -> int:
+        """How many extends sandbox sid got."""
+        with self.lock:
+            sb = self.sandboxes.get(sid)
+            return sb.extends if sb is not None else -1
+
+
+def _rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _problem(status: int, typ: str, detail: str, **extra: Any) -> tuple[int, dict[str, Any]]:
+    return status, {"type": typ, "title": typ, "status": status, "detail": detail, **extra}
+
+
+def _view(sb: Sandbox) -> dict[str, Any]:
+    vms = [
+        {"name": v.get("name") or f"vm{i}", "vmid": 100 + i, "template": v["template"]}
+        for i, v in enumerate(sb.req.get("vms", []))
+    ]
+    return {
+        "id": sb.id,
+        "state": "ready",
+        "labels": sb.req.get("labels", {}),
+        "expires_at": _rfc3339(sb.expires_at),
+        "vms": vms,
+        "networks": sb.req.get("networks", []),
+    }
+
+
+def _refusals(fake: FakeNode, req: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the fake's validate and create refuse (a few of the daemon's
+    rules: unknown templates, the TTL bound)."""
+    out = []
+    for i, v in enumerate(req.get("vms", [])):
+        if v.get("template") not in fake.templates:
+            detail = f'unknown template "{v.get("template")}"'
+            out.append(_problem(400, "invalid-request", detail, field=f"vms[{i}].template")[1])
+    ttl = int(req.get("ttl_seconds") or fake.default_ttl)
+    if not 1 <= ttl <= fake.max_ttl:
+        out.append(
+            _problem(
+                400,
+                "invalid-request",
+                f"ttl_seconds {ttl}: want 1..{fake.max_ttl}",
+                field="ttl_seconds",
+            )[1]
+        )
+    return out
+
+
+def _held(fake: FakeNode, req: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The cidr-in-use refusal of a create whose fixed CIDR another sandbox holds."""
+    for i, n in enumerate(req.get("networks", [])):
+        cidr = n.get("cidr", "auto")
+        if cidr == "auto":
+            continue
+        for sb in fake.sandboxes.values():
+            if any(m.get("cidr") == cidr for m in sb.req.get("networks", [])):
+                detail = f'network "{n["name"]}": cidr {cidr} overlaps a range in use'
+                return _problem(
+                    409, "conflict", detail, reason="cidr-in-use", field=f"networks[{i}].cidr"
+                )
+    return None
+
+
+def handle(fake: FakeNode, method: str, path: str, body: bytes) -> tuple[int, Any]:
+    """The fake's answer to one call."""
+    fake.calls.append(f"{method} {path}")
+    doc: dict[str, Any] = json.loads(body) if body and method != "PUT" else {}
+    if (method, path) == ("GET", "/v1/healthz"):
+        return 200, {
+            "status": "ok",
+            "node": "fake",
+            "sandboxes": len(fake.sandboxes),
+            "default_ttl_seconds": fake.default_ttl,
+            "max_ttl_seconds": fake.max_ttl,
+        }
+    if (method, path) == ("GET", "/v1/capacity"):
+        unlimited = {"sandboxes": -1, "vms": -1, "vcpus": -1, "memory_mib": -1}
+        return 200, {"node": "fake", "free": unlimited, "sandbox": {}, "free_sandboxes": -1}
+    if (method, path) == ("POST", "/v1/sandboxes/validate"):
+        probs = _refusals(fake, doc)
+        own = [p for p in probs if p["field"] == "ttl_seconds"]  # the request's own rules
+        if own:
+            return 400, own[0]
+        return 200, {"valid": not probs, "problems": probs, "templates": list(fake.templates)}
+    if (method, path) == ("POST", "/v1/sandboxes"):
+        probs = _refusals(fake, doc)
+        if probs:
+            return 400, probs[0]
+        held = _held(fake, doc)
+        if held is not None:
+            return held
+        ttl = int(doc.get("ttl_seconds") or fake.default_ttl)
+        new = Sandbox(fake.new_id(), doc, fake.now + timedelta(seconds=ttl))
+        fake.sandboxes[new.id] = new
+        return 201, _view(new)
+    m = _SB.match(path)
+    if m is None:
+        return _problem(404, "not-found", f"no route {method} {path}")
+    sid, rest = m[1], m[2] or ""
+    sb = fake.sandboxes.get(sid)
+    if method == "DELETE" and rest == "":
+        if fake.sandboxes.pop(sid, None) is not None:
+            fake.gone[sid] = ("deleted", 'it was deleted by token "fake"')
+        return 204, None
+    if sb is None:
+        return _problem(404, "not-found", f'sandbox "{sid}" not found')
+    if method == "POST" and rest == "/extend":
+        sb.expires_at = fake.now + timedelta(seconds=int(doc["ttl_seconds"]))
+        sb.extends += 1
+        return 200, _view(sb)
+    if method == "POST" and rest.endswith("/exec"):
+        if fake.exec_answer is not None:
+            ans, fake.exec_answer = fake.exec_answer, None
+            return ans
+        out = base64.b64encode(" ".join(doc.get("argv", [])).encode()).decode()
+        return 200, {"exit_code": 0, "stdout": out, "stderr": ""}
+    if rest.endswith("/files"):
+        return (204, None) if method == "PUT" else (200, b"data")
+    return _problem(404, "not-found", f"no route {method} {path}")
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, fake: FakeNode) -> None:
+        self.fake = fake
+        super().__init__(path, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def address_string(self) -> str:
+        return "unix"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _serve(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        fake = self.server.fake
+        if fake.token is not None and self.headers.get("Authorization") != f"Bearer {fake.token}":
+            code, doc = _problem(401, "unauthorized", "missing or unknown bearer token")
+        else:
+            with fake.lock:
+                code, doc = handle(fake, self.command, urlsplit(self.path).path, body)
+        self.send_response(code)
+        if isinstance(doc, bytes):
+            b, ctype = doc, "application/octet-stream"
+        else:
+            b = b"" if doc is None else json.dumps(doc).encode()
+            ctype = "application/json" if code < 400 else "application/problem+json"
+        if b:
+            self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _serve
+
+
+@contextmanager
+def serve(path: str, fake: FakeNode) -> Iterator[NodeConfig]:
+    """Serve fake on the unix socket path; yields its NodeConfig."""
+    srv = _Server(path, fake)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield NodeConfig(url="unix://" + path)
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -1,0 +1,134 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Validate checks a create request (its defaults filled, as the API's
+// validation leaves it) against this node without creating anything. It
+// returns every refusal a create of it would meet whatever else runs on
+// the node, in request order: unknown templates, templates that fail the
+// hardened profile, disk sizes, a cap the sandbox passes on its own (a
+// per-sandbox cap, or a node or owner cap on an empty node), the egress
+// policy, a fixed CIDR on the host's networks. What other sandboxes hold
+// (room, ranges in use) passes: a create waits for it or is placed
+// elsewhere. It also returns the template names the node knows, sorted.
+// err is a failure to ask Proxmox.
+func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refusals []error, templates []string, err error) {
+	if templates, err = m.Templates(ctx); err != nil {
+		return nil, nil, err
+	}
+	var names []string
+	var ids, disks []int
+	// Each template name is looked up once, however many VMs name it: a
+	// read-scope call must not multiply Proxmox's work by the request's
+	// size.
+	known := map[string]int{}
+	unknownName := map[string]bool{}
+	for i, v := range req.VMs {
+		id, seen := known[v.Template]
+		var err error
+		if !seen && !unknownName[v.Template] {
+			id, err = m.templateID(ctx, v.Template)
+		}
+		var unknown *InvalidError
+		if unknownName[v.Template] || errors.As(err, &unknown) {
+			unknownName[v.Template] = true
+			refusals = append(refusals, invalid(fmt.Sprintf("vms[%d].template", i), "unknown template %q", v.Template))
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		known[v.Template] = id
+		names, ids, disks = append(names, v.Template), append(ids, id), append(disks, v.DiskGiB)
+	}
+	// A profile or disk refusal is the request's; a failed Proxmox call is
+	// not.
+	var pe *ProxmoxError
+	if err := m.checkTemplates(ctx, names, ids); errors.As(err, &pe) {
+		return nil, nil, err
+	} else if err != nil {
+		refusals = append(refusals, err)
+	}
+	if err := m.checkDiskSizes(ctx, names, disks, ids); errors.As(err, &pe) {
+		return nil, nil, err
+	} else if err != nil {
+		refusals = append(refusals, err)
+	}
+	if err := m.o.Caps.alone(&req); err != nil {
+		refusals = append(refusals, err)
+	}
+	if err := m.ValidateEgress(req.Egress); err != nil {
+		refusals = append(refusals, err)
+	}
+	host, err := m.ownHostNetworks(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, n := range req.Networks {
+		p, perr := netip.ParsePrefix(n.CIDR)
+		if perr != nil {
+			continue // "auto", or refused by the API's validation
+		}
+		if err := hostClash(n.Name, p, host); err != nil {
+			refusals = append(refusals, invalid(fmt.Sprintf("networks[%d].cidr", i), "%v", err))
+		}
+	}
+	return refusals, templates, nil
+}
+
+// Templates returns the names a create's VM may give as its template,
+// sorted: the configured ones ([templates]) and the node's template VMs
+// (found by name).
+func (m *Engine) Templates(ctx context.Context) ([]string, error) {
+	var out []string
+	for name := range m.o.Templates {
+		out = append(out, name)
+	}
+	vms, err := m.vms.ListVMs(ctx)
+	if err != nil {
+		return nil, pxErr("list vms", err)
+	}
+	for _, v := range vms {
+		if v.Template && v.Name != "" {
+			out = append(out, v.Name)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// ownHostNetworks returns the host's networks that are not a sandbox's:
+// a range in use (the cluster's subnets, this node's sandboxes) puts its
+// gateway's network on the host, and a fixed CIDR on it waits for the
+// range rather than being refused for good.
+func (m *Engine) ownHostNetworks(ctx context.Context) ([]netip.Prefix, error) {
+	foreign, host, err := m.rangesInUse(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	inUse := m.rangesInUseLocked(foreign)
+	m.mu.Unlock()
+	return slices.DeleteFunc(host, func(h netip.Prefix) bool {
+		return slices.ContainsFunc(inUse, func(u netip.Prefix) bool { return u.Bits() <= h.Bits() && u.Contains(h.Addr()) })
+	}), nil
+}
+
+// hostClash refuses a fixed CIDR of network name that overlaps one of the
+// host's networks (a refusal no wait ends).
+func hostClash(name string, p netip.Prefix, host []netip.Prefix) error {
+	for _, h := range host {
+		if h.Overlaps(p) {
+			return refuse(ErrConflict, "network %q: cidr %s overlaps the host's network %s", name, p, h)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,162 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/doctor"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+)
+
+// sdnZoneRE is an SDN zone id (pve-network's pve-sdn-zone-id: 2 to 8
+// characters), which "localnetwork" is not.
+const sdnZoneRE = `[a-zA-Z][a-zA-Z0-9]{1,7}`
+
+// placeholderRE is what each placeholder of an ACL path template stands
+// for in a concrete path: one segment, an SDN zone, a host bridge with an
+// optional VLAN, a zone and vnet with an optional VLAN.
+var placeholderRE = map[string]string{
+	access.PhZone:         sdnZoneRE,
+	access.PhBridge:       `[^/]+(/[0-9]+)?`,
+	access.PhTemplateVNet: sdnZoneRE + `/[^/]+(/[0-9]+)?`,
+}
+
+var rePlaceholder = regexp.MustCompile(`\\\{[a-z-]+\\\}`)
+
+// aclPathRE turns a call's ACL path template into a pattern of the
+// concrete paths it stands for.
+func aclPathRE(tmpl string) *regexp.Regexp {
+	re := rePlaceholder.ReplaceAllStringFunc(regexp.QuoteMeta(tmpl), func(m string) string {
+		ph := strings.ReplaceAll(m, `\`, "")
+		if r, ok := placeholderRE[ph]; ok {
+			return r
+		}
+		return `[^/]+`
+	})
+	return regexp.MustCompile("^" + re + "$")
+}
+
+// tableGaps lists what the emulator saw the token do that calls does not
+// list: a request (method and route) no call names, and a privilege
+// checked on a path where no call lists it (on an ACL path template that
+// matches).
+func tableGaps(calls []access.Call, reqs []pveemu.RequestRecord, checks []pveemu.PermCheck, token string) []string {
+	var gaps []string
+	listed := map[string]bool{}
+	for _, c := range calls {
+		listed[c.Method+" "+c.Path] = true
+	}
+	for _, r := range reqs {
+		k := r.Method + " " + r.Route
+		if r.AuthID != token || r.Route == "" || listed[k] {
+			continue
+		}
+		if !slices.Contains(gaps, "request "+k) {
+			gaps = append(gaps, "request "+k)
+		}
+	}
+	for _, pc := range checks {
+		if pc.AuthID != token || !pc.OK {
+			continue
+		}
+		for _, priv := range pc.Privs {
+			covered := slices.ContainsFunc(calls, func(c access.Call) bool {
+				return c.ACLPath != "" && slices.Contains(c.Privs, priv) && aclPathRE(c.ACLPath).MatchString(pc.Path)
+			})
+			if g := fmt.Sprintf("check %s on %s", priv, pc.Path); !covered && !slices.Contains(gaps, g) {
+				gaps = append(gaps, g)
+			}
+		}
+	}
+	return gaps
+}
+
+// TestEmulatorAccessTableCoversCalls: every request the daemon's client
+// makes with its token (a warm pool's member claimed and renamed, a cold
+// two-VM create with a bigger disk, snapshot, rollback, the disk path's
+// volume calls, delete, the doctor's checks) is a call of the access
+// table, and every privilege the emulator checked for them is one the
+// table lists on a matching ACL path; the table without its PUT config
+// entry misses the claim's rename.
+func TestEmulatorAccessTableCoversCalls(t *testing.T) {
+	e := newEmuEnvWith(t, emuSetup{recordPerms: true, opts: []func(*options){func(o *options) {
+		o.WarmPool = []sandbox.PoolShape{{Name: "open", Template: "debian", Target: 1}}
+	}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e.srv.Engine().MaintainPool(ctx)
+	warm, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !warm.FromPool {
+		t.Error("the plain create was not claimed from the warm pool (no rename through PUT config)")
+	}
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian", DiskGiB: 20, Cores: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Snapshot(ctx, sb.ID, "vm1", "clean"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Rollback(ctx, sb.ID, "vm1", "clean"); err != nil {
+		t.Fatal(err)
+	}
+	// The disk path's Proxmox calls (the transfer itself needs the bed).
+	vmid := sb.VMs[0].VMID
+	volid, err := e.px.AllocVolume(ctx, access.TransferStorage, vmid, fmt.Sprintf("vm-%d-pvei-table.raw", vmid), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.px.VolumePath(ctx, volid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.px.ImageVolumes(ctx, access.TransferStorage); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.px.DiskConfig(ctx, vmid); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.px.FreeVolume(ctx, volid); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{warm.ID, sb.ID} {
+		if err := e.c.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := doctor.Node{Name: "pve", Pool: access.DefaultPool, TokenID: e.tokenID, Templates: map[string]int{"debian": 9000},
+		TransferStorage: access.TransferStorage, MinMajor: 9}
+	checks := []doctor.Check{doctor.VersionCheck(e.px, n), doctor.NodeCheck(e.px, n), doctor.NetworkCheck(e.px, n),
+		doctor.PrivilegeCheck(e.px, n, access.Calls()), doctor.ScopeCheck(e.px, n, access.Calls()), doctor.StorageCheck(e.px, n),
+		doctor.SDNCheck(e.px, func() (string, error) { return "/usr/sbin/dnsmasq", nil }), doctor.IPAMCheck(e.px)}
+	checks = append(checks, doctor.TemplateChecks(e.px, n)...)
+	for _, r := range doctor.Run(ctx, checks).Checks {
+		if r.Status == doctor.Fail {
+			t.Errorf("doctor %s: %s (%s)", r.Name, r.Detail, r.Fix)
+		}
+	}
+
+	reqs, perms := e.emu.Requests(), e.emu.PermChecks()
+	if gaps := tableGaps(access.Calls(), reqs, perms, e.tokenID); len(gaps) > 0 {
+		t.Errorf("the access table (pveapi/access Calls) misses what the client did:\n%s", strings.Join(gaps, "\n"))
+	}
+	// The check can fail: the table without the rename's entry.
+	less := slices.DeleteFunc(access.Calls(), func(c access.Call) bool { return c.Method == "PUT" && c.Path == "/nodes/{node}/qemu/{vmid}/config" })
+	if gaps := tableGaps(less, reqs, perms, e.tokenID); !slices.Contains(gaps, "request PUT /nodes/{node}/qemu/{vmid}/config") {
+		t.Errorf("a table without PUT config: gaps %v", gaps)
+	}
+	// ... and a table whose clone lacks the template's bridge.
+	less = slices.DeleteFunc(access.Calls(), func(c access.Call) bool { return strings.Contains(c.ACLPath, access.PhBridge) })
+	if gaps := tableGaps(less, reqs, perms, e.tokenID); !slices.Contains(gaps, "check SDN.Use on "+access.LocalZonePath+"/vmbr0") {
+		t.Errorf("a table without the template's bridge: gaps %v", gaps)
+	}
+}

@@ -1,0 +1,44 @@
+// Package emuguest is a sandbox.Guest for VMs of the emulator's fake
+// backend (pveemu.FakeBackend), which runs no guest: the guest answers
+// Ping while the VM's agent socket exists (the backend creates it when the
+// VM starts and removes it when it stops) and refuses all guest I/O.
+// Guest I/O is exercised with the real agent on the bed.
+package emuguest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Dial is a sandbox.GuestDialer: the guest behind the agent socket path.
+func Dial(path string) sandbox.Guest { return guest{path} }
+
+type guest struct{ path string }
+
+func (g guest) Ping(context.Context) error {
+	if _, err := os.Stat(g.path); err != nil {
+		return fmt.Errorf("%w: %v", sandbox.ErrGuestUnavailable, err)
+	}
+	return nil
+}
+
+func (guest) Exec(context.Context, sandbox.GuestExec) (*apitype.ExecResult, error) {
+	return nil, sandbox.ErrGuestUnavailable
+}
+
+func (guest) ExecStream(context.Context, sandbox.GuestExec, io.Writer, io.Writer) (*apitype.ExecResult, error) {
+	return nil, sandbox.ErrGuestUnavailable
+}
+
+func (guest) WriteFile(context.Context, string, io.Reader, os.FileMode) error {
+	return sandbox.ErrGuestUnavailable
+}
+
+func (guest) ReadFile(context.Context, string, io.Writer, int64) (int64, error) {
+	return 0, sandbox.ErrGuestUnavailable
+}
