@@ -18,6 +18,8 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/internal/deathsig"
 )
 
 // GuestSpec describes a guest VM to start.
@@ -280,13 +282,21 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	cmd.Env = guestEnv()
 	cmd.ExtraFiles = []*os.File{lf}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("testvm: guest %d: start: %w", s.VMID, err)
+	// Started through deathsig: a bare Pdeathsig killed a guest whenever
+	// the Go thread that had forked it ended (its agent gone mid-test).
+	waited, err := deathsig.Start(cmd, syscall.SIGKILL)
+	if err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
 	}
 	g.cmd = cmd
 	done := g.done // the error path below may set g to nil before Wait returns
-	go func() { _ = cmd.Wait(); close(done) }()
+	go func() {
+		err := <-waited
+		// Said for every end, asked for or not: a guest that dies under
+		// a test shows how here (its signal, or its exit code).
+		b.log.Info("guest process ended", "vmid", s.VMID, "status", err)
+		close(done)
+	}()
 	if err := b.waitGuest(ctx, g, vnet.HasDHCP(), filepath.Join(gdir, "console.log")); err != nil {
 		return nil, err
 	}

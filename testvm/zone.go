@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/deathsig"
 )
 
 // VNet is one SDN vnet: a bridge on the node with the gateway address.
@@ -473,15 +475,15 @@ func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
 	defer logf.Close()
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("testvm: start dnsmasq for %s: %w", z.ID, err)
+	waited, err := deathsig.Start(cmd, syscall.SIGKILL)
+	if err != nil {
+		return fmt.Errorf("testvm: dnsmasq for %s: %w", z.ID, err)
 	}
 	done := make(chan struct{})
 	b.mu.Lock()
 	zs.dnsmasq, zs.done = cmd, done
 	b.mu.Unlock()
-	go func() { _ = cmd.Wait(); close(done) }()
+	go func() { <-waited; close(done) }()
 	// Ready once it answers its local name on the first gateway.
 	deadline := time.Now().Add(10 * time.Second)
 	for {

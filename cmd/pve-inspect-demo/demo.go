@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/containment"
+	"github.com/pve-inspect/pve-inspect/internal/deathsig"
 	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -439,13 +440,13 @@ func startDaemon(ctx context.Context, w io.Writer, bed *testvm.Bed, inspectd, cf
 	}
 	cmd := exec.Command("ip", "netns", "exec", bed.NodeNS(), inspectd, "-c", cfgPath, "run")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
+	waited, err := deathsig.Start(cmd, syscall.SIGTERM)
+	if err != nil {
 		logf.Close()
 		return nil, err
 	}
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait(); logf.Close() }()
+	go func() { done <- <-waited; logf.Close() }()
 	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {

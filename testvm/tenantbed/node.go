@@ -30,6 +30,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/pve-inspect/pve-inspect/internal/deathsig"
 	"github.com/pve-inspect/pve-inspect/internal/nsrun"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
@@ -65,14 +66,19 @@ func Start(ctx context.Context, bin string) (*Node, error) {
 	}
 	n := &Node{bin: bin, done: make(chan error, 1), info: map[string]string{}}
 	n.cmd = exec.Command(filepath.Join(bin, "pve-inspect-demo"), "--stay", "--bin", bin, "--listen", "127.0.0.1:0")
-	// the playground tears its bed down on SIGTERM, also when we die
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	stdout, err := n.cmd.StdoutPipe()
+	// Our own pipe, not StdoutPipe: deathsig's Wait runs at once and would
+	// close StdoutPipe's read end under the reader when the child exits.
+	stdout, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
+	n.cmd.Stdout = w
 	n.cmd.Stderr = &lockedWriter{mu: &n.mu, w: &n.out}
-	if err := n.cmd.Start(); err != nil {
+	// the playground tears its bed down on SIGTERM, also when we die
+	waited, err := deathsig.Start(n.cmd, syscall.SIGTERM)
+	w.Close()
+	if err != nil {
+		stdout.Close()
 		return nil, fmt.Errorf("tenantbed: start playground: %w", err)
 	}
 	ready := make(chan bool, 1)
@@ -95,7 +101,8 @@ func Start(ctx context.Context, bin string) (*Node, error) {
 		if !said {
 			ready <- false
 		}
-		n.done <- n.cmd.Wait()
+		stdout.Close()
+		n.done <- <-waited
 	}()
 	select {
 	case ok := <-ready:

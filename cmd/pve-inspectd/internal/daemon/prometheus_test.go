@@ -15,6 +15,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/internal/deathsig"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
 
@@ -65,13 +66,13 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	waited, err := deathsig.Start(cmd, syscall.SIGKILL)
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-waited
 		logf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
