@@ -220,6 +220,9 @@ curl:
   curl --cacert %s -H 'Authorization: Bearer %s' %s/v1/sandboxes
   curl --cacert %s -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' \
        -d '{"vms":[{"template":"debian"}]}' %s/v1/sandboxes
+Inspect (the pve_inspect provider; python/install.sh first):
+  export PVE_INSPECT_URL=%s PVE_INSPECT_TOKEN=%s PVE_INSPECT_CA_FILE=%s
+  python/.venv/bin/inspect eval python/examples/two_vm_task.py
 MCP, stdio (Claude Code: claude mcp add pve-inspect -- sudo %s):
   %s
 MCP, streamable HTTP (set NODE_EXTRA_CA_CERTS=%s for Node clients):
@@ -232,6 +235,7 @@ playground ready
 		playgroundOwner,
 		inspectd, cfgPath, inspectd, cfgPath,
 		ca, tokens["read_token"], url, ca, tokens["token"], url,
+		url, tokens["token"], ca,
 		strings.Join(stdio, " "), claudeStdio, ca, claudeHTTP, playgroundOwner)
 }
 

@@ -92,6 +92,9 @@ func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 			if k, v, ok := strings.Cut(line, " = "); ok && !strings.HasPrefix(line, " ") && !said {
 				p.info[k] = v
 			}
+			if rest, ok := strings.CutPrefix(line, "  export PVE_INSPECT_"); ok && !said {
+				p.info["inspect_export"] = "PVE_INSPECT_" + rest
+			}
 			if line == "playground ready" && !said {
 				said = true
 				ready <- true
@@ -181,6 +184,13 @@ func TestPlayground(t *testing.T) {
 	in := p.info
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
+
+	// The Inspect provider's export line (the README tells users to run
+	// it) names the listener, the examples' token and the listener's CA.
+	want := "PVE_INSPECT_URL=" + in["api"] + " PVE_INSPECT_TOKEN=" + in["token"] + " PVE_INSPECT_CA_FILE=" + in["ca"]
+	if in["inspect_export"] != want {
+		t.Errorf("the Inspect export line says %q, want %q", in["inspect_export"], want)
+	}
 
 	// The API over TLS, as the printed curl lines do.
 	pem, err := os.ReadFile(in["ca"])
