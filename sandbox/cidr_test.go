@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,5 +90,49 @@ func TestSubnetRaceBacksOff(t *testing.T) {
 				t.Errorf("sandboxes left: %v", list)
 			}
 		})
+	}
+}
+
+// TestContestedRangeMovesToANewVNet: the vnet that had a contested range
+// goes with it, and the next range is on a vnet of a new name, in the
+// sandbox's zone, with its tags; the VM is on that vnet, and the delete
+// leaves neither vnet nor zone.
+func TestContestedRangeMovesToANewVNet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := apitest.NewGuests()
+	px := &racingProxmox{Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000})}
+	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: px, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := e.Create(ctx, oneVM("debian"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, moved := "v"+sb.ID[2:]+"0", sb.Networks[0].VNet
+	vnets, err := px.ListVNets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, v := range vnets {
+		names = append(names, v.ID)
+		if v.ID == moved && (v.Zone != sb.ID || !strings.Contains(v.Alias, sb.ID)) {
+			t.Errorf("the new vnet: %+v, want one in zone %s with the sandbox's tags", v, sb.ID)
+		}
+	}
+	if moved == first || !slices.Equal(names, []string{moved}) {
+		t.Errorf("vnets %v (the sandbox's: %s): want only a vnet other than %s, which had the contested range", names, moved, first)
+	}
+	if vm, _ := px.VMByID(sb.VMs[0].VMID); !slices.Equal(vm.Config.Bridges, []string{moved}) {
+		t.Errorf("the VM's bridges: %v, want [%s]", vm.Config.Bridges, moved)
+	}
+	if err := e.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if vnets, err := px.ListVNets(ctx); err != nil || len(vnets) != 0 {
+		t.Errorf("vnets left after the delete: %v (%v)", vnets, err)
 	}
 }

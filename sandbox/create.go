@@ -299,7 +299,8 @@ const (
 //
 // With spread (the last clone lost its id to another node's), the id is
 // one of the spreadIDs after the lowest free one, at random, that the
-// cluster says is free.
+// cluster says is free; when the maxIDChecks ids from there are all
+// taken, the lowest free one.
 func (m *Engine) allocVMID(ctx context.Context, spread bool) (int, error) {
 	for attempt := 0; ; attempt++ {
 		id, ok, err := m.tryAllocVMID(ctx, attempt >= nextIDWaits, spread)
@@ -326,6 +327,7 @@ func (m *Engine) tryAllocVMID(ctx context.Context, step, spread bool) (id int, o
 		return 0, false, pxErr("next vm id", err)
 	}
 	check, _ := m.cloner.(idChecker)
+	lowest := id
 	switch {
 	case spread && check != nil:
 		id += 1 + rand.IntN(spreadIDs)
@@ -343,6 +345,13 @@ func (m *Engine) tryAllocVMID(ctx context.Context, step, spread bool) (id int, o
 			break
 		}
 		if checks == maxIDChecks {
+			if spread && !m.reserved[lowest] {
+				// The ids above the lowest free one are taken (a
+				// cluster with holes in its ids): the lowest it is,
+				// as without the spread.
+				id = lowest
+				break
+			}
 			return 0, false, fmt.Errorf("next vm id: the %d ids after the ones this node's clones hold are taken; retry when a clone ends", maxIDChecks)
 		}
 		checks++

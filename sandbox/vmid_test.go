@@ -282,3 +282,39 @@ func TestVMIDCollisionsSpreadOut(t *testing.T) {
 		t.Errorf("%d clones lost their id, want one per create", rc.lost)
 	}
 }
+
+// TestVMIDSpreadIntoTakenIDsFallsBack: a cluster whose ids have holes
+// (VMs 101 to 200 but 110): the clone to the lowest free id, 100, loses
+// it to another node's, and every id the spread may pick above the next
+// lowest free one, 110, is taken. The create takes 110, as a create
+// without the spread would, instead of failing once its checks run out;
+// losing that one too, it goes on above the taken block.
+func TestVMIDSpreadIntoTakenIDsFallsBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g := apitest.NewGuests()
+	rc := &rivalCloner{Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000}), foreign: map[int]bool{}}
+	for id := 101; id <= 200; id++ {
+		rc.foreign[id] = id != 110
+	}
+	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: rc, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := e.Create(ctx, oneVM("debian"))
+	if err != nil {
+		t.Fatalf("create on a cluster with holes in its ids: %v", err)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if id := sb.VMs[0].VMID; id <= 200 {
+		t.Errorf("VM id %d: want one above the taken block", id)
+	}
+	if rc.lost != 2 {
+		t.Errorf("%d clones lost their id, want 2 (100, then 110)", rc.lost)
+	}
+}
