@@ -61,7 +61,37 @@ def test_reference_shape_converts() -> None:
     ("config", "field"),
     [
         ({"vms_config": [ref_vm(uefi_boot=True)]}, "vms_config[0].uefi_boot"),
-        ({"vms_config": [ref_vm(firewall=True)]}, "vms_config[0].firewall"),
+        ({"vms_config": [ref_vm(firewall="yes")]}, "vms_config[0].firewall"),
+        ({"vms_config": [ref_vm(nic_controller="e1000")]}, "vms_config[0].nic_controller"),
+        ({"vms_config": [ref_vm(vga="std")]}, "vms_config[0].vga"),
+        ({"vms_config": [ref_vm(tablet=True)]}, "vms_config[0].tablet"),
+        (
+            {
+                "sdn_config": lab(),
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "vlan_tag": 5}])],
+            },
+            "vms_config[0].nics[0].vlan_tag",
+        ),
+        (
+            {
+                "sdn_config": {"vnet_configs": [{**lab()["vnet_configs"][0], "vlan_aware": True}]},
+                "vms_config": [ref_vm()],
+            },
+            "sdn_config.vnet_configs[0].vlan_aware",
+        ),
+        ({"vms_config": [ref_vm(depends_on=["nope"])]}, "vms_config[0].depends_on"),
+        ({"vms_config": [ref_vm(name="a", depends_on=["a"])]}, "vms_config[0].depends_on"),
+        (
+            {
+                "vms_config": [
+                    ref_vm(name="a", depends_on=["b"]),
+                    ref_vm(name="b", depends_on=["a"]),
+                ]
+            },
+            "vms_config",
+        ),
+        ({"vms_config": [ref_vm(healthcheck={"test": []})]}, "vms_config[0]"),
+        ({"vms_config": [ref_vm(healthcheck={"test": ["true"], "retries": 0})]}, "vms_config[0]"),
         ({"vms_config": [ref_vm(cpu="qemu64")]}, "vms_config[0].cpu"),
         ({"vms_config": [ref_vm(os_type="win11")]}, "vms_config[0].os_type"),
         ({"vms_config": [ref_vm(disk_controller="ide")]}, "vms_config[0].disk_controller"),
@@ -183,3 +213,57 @@ def test_nodes_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError) as e:
         nodes_from_env()
     assert e.value.field == "nodes"
+
+
+def test_reference_effective_defaults_written_out_are_accepted() -> None:
+    """Every field the reference has, at its default written out (and at the
+    value the reference uses when the field is unset), converts; so do
+    firewall=True (the guard's job here) and depends_on between VMs."""
+    vm = ref_vm(
+        name="default",
+        ram_mb=2048,
+        vcpus=2,
+        nics=None,
+        is_sandbox=True,
+        uefi_boot=False,
+        disk_controller="scsi",
+        nic_controller="virtio",
+        firewall=True,
+        os_type="l26",
+        vga="none",
+        tablet=False,
+        cpu="host",
+        depends_on=[],
+        healthcheck=None,
+    )
+    target = ref_vm(name="target", disk_controller=None, nic_controller=None, cpu=None)
+    d = coerce(
+        {
+            "instance_pool_id": "default",
+            "sdn_config": "auto",
+            "vms_config": [vm, {**target, "depends_on": ["default"]}],
+        }
+    )
+    assert [v.name for v in d.vms] == ["default", "target"]
+
+
+def test_reference_healthcheck_converts() -> None:
+    d = coerce(
+        {
+            "vms_config": [
+                ref_vm(
+                    name="web",
+                    healthcheck={"test": ["sh", "-c", "true"], "interval": 0.5, "retries": 3},
+                )
+            ]
+        }
+    )
+    hc = d.vms[0].healthcheck
+    assert hc is not None
+    assert (hc.test, hc.interval, hc.timeout, hc.retries, hc.start_period) == (
+        ("sh", "-c", "true"),
+        0.5,
+        30,
+        3,
+        0,
+    )

@@ -4,6 +4,7 @@ from .compat import ProxmoxSandboxEnvironmentConfig
 from .config import (
     ConfigError,
     EgressSpec,
+    HealthCheck,
     NetworkSpec,
     NodeConfig,
     PveInspectSandboxEnvironmentConfig,
@@ -14,6 +15,7 @@ from .sandbox import PveInspectSandboxEnvironment
 __all__ = [
     "ConfigError",
     "EgressSpec",
+    "HealthCheck",
     "NetworkSpec",
     "NodeConfig",
     "ProxmoxSandboxEnvironmentConfig",

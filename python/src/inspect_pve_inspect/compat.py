@@ -2,18 +2,21 @@
 
 An eval written for ``inspect_proxmox_sandbox`` passes a
 ``ProxmoxSandboxEnvironmentConfig``; with only the sandbox type changed to
-``pve_inspect`` it runs here for the common subset of that config:
-``vms_config`` (``vm_source_config.existing_vm_template_tag``, ``name``,
-``ram_mb``, ``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias``) and
+``pve_inspect`` it runs here. Honoured: ``vms_config``
+(``vm_source_config.existing_vm_template_tag``, ``name``, ``ram_mb``,
+``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias``, ``healthcheck``) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP).
-A template tag is looked up as a template name of the daemon. Every other
-field must keep its default; a value this provider cannot honour raises
-:class:`ConfigError` naming the field, never silently ignored.
+Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
+(checked; every VM starts at once and the sample waits for all of them and
+their healthchecks). A template tag is looked up as a template name of the
+daemon. Every other field must keep the reference's default (written out,
+or the value the reference uses when it is unset); any other value raises
+:class:`ConfigError` naming the field and why, never silently ignored.
 
 The models here mirror the field names (so that
 ``from inspect_pve_inspect.compat import ProxmoxSandboxEnvironmentConfig``
-is a drop-in for the common subset); a config object of the reference
-package itself is accepted too (by its ``model_dump()``).
+is a drop-in); a config object of the reference package itself is accepted
+too (by its ``model_dump()``).
 """
 
 from __future__ import annotations
@@ -25,19 +28,57 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .config import ConfigError, NetworkSpec, PveInspectSandboxEnvironmentConfig, VmSpec
+from .config import (
+    ConfigError,
+    HealthCheck,
+    NetworkSpec,
+    PveInspectSandboxEnvironmentConfig,
+    VmSpec,
+)
 
-# The reference's defaults, which a converted config may keep as they are.
-_VM_DEFAULTS: dict[str, Any] = {
-    "uefi_boot": False,
-    "disk_controller": None,
-    "nic_controller": None,
-    "firewall": False,
-    "os_type": "l26",
-    "cpu": None,
-    "await_before_next_vm": False,
+# Fields this provider cannot honour otherwise: each may keep the
+# reference's default, written out or not (its effective default, the
+# value the reference itself uses when the field is unset, included).
+_VM_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "uefi_boot": (False,),
+    "os_type": ("l26",),
+    "vga": ("none",),
+    "tablet": (False,),
+    "await_before_next_vm": (False,),
+    # The template's controllers and CPU model, as the daemon's hardened
+    # profile keeps them; "scsi", "virtio" and "host" are the reference's
+    # own defaults (what it uses when the field is None).
+    "disk_controller": (None, "scsi"),
+    "nic_controller": (None, "virtio"),
+    "cpu": (None, "host"),
 }
-_VM_FIELDS = {"vm_source_config", "name", "ram_mb", "vcpus", "nics", "is_sandbox", *_VM_DEFAULTS}
+# Why a value other than the defaults is refused, by field.
+_VM_WHY: dict[str, str] = {
+    "uefi_boot": "the template decides the firmware",
+    "os_type": "Windows and other OS types are not supported: the daemon's guest I/O is Linux's",
+    "vga": "the hardened profile has no display device",
+    "tablet": "the hardened profile has no USB tablet",
+    "await_before_next_vm": "removed by the reference itself: use depends_on and healthcheck",
+    "disk_controller": "the template's disk controller is kept (the reference's default is scsi)",
+    "nic_controller": "the template's NIC model is kept (the reference's default is virtio)",
+    "cpu": "the template's CPU model is kept (the reference's default is host)",
+}
+# Accepted as covered: firewall=True (the node's guard isolates every
+# sandbox whatever it says), depends_on (checked; every VM starts at once
+# and the sample starts once all are ready and every healthcheck passed),
+# healthcheck (run before the sample starts).
+_VM_FIELDS = {
+    "vm_source_config",
+    "name",
+    "ram_mb",
+    "vcpus",
+    "nics",
+    "is_sandbox",
+    "firewall",
+    "depends_on",
+    "healthcheck",
+    *_VM_DEFAULTS,
+}
 
 
 class DhcpRange(BaseModel):
@@ -58,6 +99,7 @@ class VnetConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     alias: str | None = None
     subnets: tuple[SubnetConfig, ...] = ()
+    vlan_aware: bool = False
 
 
 class SdnConfig(BaseModel):
@@ -78,6 +120,7 @@ class VmNicConfig(BaseModel):
     vnet_alias: str
     mac: str | None = None
     ipv4: str | None = None
+    vlan_tag: int | None = None
 
 
 class VmConfig(BaseModel):
@@ -93,8 +136,11 @@ class VmConfig(BaseModel):
     nic_controller: Literal["virtio", "e1000"] | None = None
     firewall: bool = False
     os_type: str | None = "l26"
+    vga: Literal["none", "std"] = "none"
+    tablet: bool = False
     cpu: str | None = None
-    await_before_next_vm: bool = False
+    depends_on: tuple[str, ...] = ()
+    healthcheck: HealthCheck | None = None
 
 
 class ProxmoxSandboxEnvironmentConfig(BaseModel):
@@ -140,9 +186,13 @@ def _networks(sdn: Any) -> tuple[tuple[NetworkSpec, ...], dict[str, str]]:
     aliases: dict[str, str] = {}
     for i, vn in enumerate(sdn.get("vnet_configs") or ()):
         f = f"sdn_config.vnet_configs[{i}]"
-        extra = set(vn) - {"alias", "subnets"}
+        extra = set(vn) - {"alias", "subnets", "vlan_aware"}
         if extra:
             raise ConfigError(f"{f}.{sorted(extra)[0]}", "unknown field")
+        if vn.get("vlan_aware", False) is not False:
+            raise ConfigError(
+                f"{f}.vlan_aware", "not supported: a sandbox's vnets carry no VLANs of the guest's"
+            )
         subnets = list(vn.get("subnets") or ())
         if len(subnets) != 1:
             raise ConfigError(f"{f}.subnets", f"{len(subnets)} subnets: want exactly one per vnet")
@@ -197,11 +247,11 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
     extra = set(vm) - _VM_FIELDS
     if extra:
         raise ConfigError(f"{f}.{sorted(extra)[0]}", "unknown field")
-    for k, d in _VM_DEFAULTS.items():
-        if k in vm and vm[k] != d:
-            raise ConfigError(
-                f"{f}.{k}", f"{vm[k]!r} is not supported (the daemon's hardened profile decides)"
-            )
+    for k, ok in _VM_DEFAULTS.items():
+        if k in vm and vm[k] not in ok:
+            raise ConfigError(f"{f}.{k}", f"{vm[k]!r} is not supported: {_VM_WHY[k]}")
+    if not isinstance(vm.get("firewall", False), bool):
+        raise ConfigError(f"{f}.firewall", f"want a bool, got {vm['firewall']!r}")
     src = vm.get("vm_source_config") or {}
     for k in ("ova", "built_in"):
         if src.get(k) is not None:
@@ -223,6 +273,10 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
                     raise ConfigError(
                         f"{f}.nics[{j}].{k}", "not supported: addresses come from DHCP"
                     )
+            if nic.get("vlan_tag") is not None:
+                raise ConfigError(
+                    f"{f}.nics[{j}].vlan_tag", "not supported: a sandbox's vnets carry no VLANs"
+                )
             alias = str(nic.get("vnet_alias"))
             if auto:
                 raise ConfigError(
@@ -234,6 +288,7 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
                 )
             out.append(aliases[alias])
         nets = tuple(out)
+    hc = vm.get("healthcheck")
     try:
         return VmSpec(
             template=str(tag),
@@ -242,9 +297,41 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
             memory_mib=vm.get("ram_mb", 2048),
             networks=nets,
             sandbox=bool(vm.get("is_sandbox", True)),
+            healthcheck=None if hc is None else HealthCheck.model_validate(hc),
         )
     except ValueError as e:
         raise ConfigError(f, str(e)) from None
+
+
+def _check_depends_on(vms: list[dict[str, Any]]) -> None:
+    """depends_on names VMs of the config, never the VM itself, in no
+    cycle (the reference refuses the same)."""
+    names = [str(v.get("name") or "default") for v in vms]
+    deps: dict[str, list[str]] = {}
+    for i, v in enumerate(vms):
+        f = f"vms_config[{i}].depends_on"
+        on = [str(d) for d in (v.get("depends_on") or ())]
+        for d in on:
+            if d not in names:
+                raise ConfigError(f, f"{d!r}: no VM of this config has that name")
+            if d == names[i]:
+                raise ConfigError(f, f"{d!r}: a VM cannot depend on itself")
+        deps[names[i]] = on
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            cyc = [*path[path.index(n) :], n]
+            raise ConfigError("vms_config", "depends_on has a cycle: " + " -> ".join(cyc))
+        state[n] = 1
+        for d in deps.get(n, []):
+            visit(d, [*path, n])
+        state[n] = 2
+
+    for n in names:
+        visit(n, [])
 
 
 def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
@@ -264,6 +351,7 @@ def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
             "vms_config", "at least one VM (the reference's built-in default is not supported)"
         )
     specs = tuple(_vm(i, dict(v), aliases, sdn == "auto") for i, v in enumerate(vms))
+    _check_depends_on([dict(v) for v in vms])
     try:
         return PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)
     except ValueError as e:

@@ -72,6 +72,34 @@ def check_scheme(url: str) -> None:
         )
 
 
+class HealthCheck(BaseModel):
+    """A guest command run once the sandbox is up, until it exits 0; the
+    sample starts only after it passed (the reference plugin's
+    ``healthcheck``, same fields and defaults). Durations are seconds:
+    ``interval`` between attempts, ``timeout`` per attempt (whole seconds;
+    the daemon kills the command's tree then), ``retries`` failures in a
+    row before the sample fails, ``start_period`` after the first attempt
+    in which failures do not count. An attempt that cannot reach the guest
+    agent does not count either, but 25 such in a row fail the sample."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    test: tuple[str, ...] = Field(min_length=1, description="argv run in the guest")
+    interval: float = Field(default=5, gt=0)
+    timeout: int = Field(default=30, gt=0)
+    retries: int = Field(default=60, gt=0)
+    start_period: float = Field(default=0, ge=0)
+
+    @field_validator("test")
+    @classmethod
+    def _test(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v[0]:
+            raise ValueError("test needs a program as its first element")
+        if any("\x00" in a for a in v):
+            raise ValueError("test arguments must not contain NUL")
+        return v
+
+
 class VmSpec(BaseModel):
     """One VM of the sample's sandbox."""
 
@@ -87,6 +115,9 @@ class VmSpec(BaseModel):
     )
     sandbox: bool = Field(
         default=True, description="an Inspect environment (False: a VM the agent cannot exec in)"
+    )
+    healthcheck: HealthCheck | None = Field(
+        default=None, description="a guest command that must pass before the sample starts"
     )
 
     @field_validator("name")

@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from .client import Client, NodeDown, Problem, TooLarge
 from .compat import coerce
 from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
+from .healthcheck import wait_all
 from .keepalive import Keepalive, gone_problem, lease_seconds, parse_time
 from .placement import node_room, place
 from .preflight import preflight
@@ -176,6 +177,13 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
             envs: dict[str, SandboxEnvironment] = {}
             for vm in sandboxes:
                 envs[vm["name"]] = cls(client, sb["id"], vm["name"], cfg.working_dir, sb, ka)
+            checks = [
+                (vm["name"], spec.healthcheck)
+                for vm, spec in zip(sb["vms"], cfg.resolved_vms(), strict=True)
+                if spec.healthcheck is not None
+            ]
+            if checks:
+                await wait_all(client, sb["id"], checks)
             await client.exec(
                 sb["id"], sandboxes[0]["name"], {"argv": ["mkdir", "-p", "--", cfg.working_dir]}
             )

@@ -1,0 +1,128 @@
+"""Healthchecks: a VM's guest command polled until it exits 0 before the
+sample starts (:class:`~.config.HealthCheck`, the reference plugin's
+``healthcheck`` with its fields and defaults).
+
+Each attempt is one exec through the daemon with the check's timeout (the
+daemon kills the command's whole tree at it). A non-zero exit, a timeout or
+a program that cannot run counts as a failure, except within
+``start_period`` of the first attempt; ``retries`` counted failures in a
+row fail the sample. An attempt the daemon answers with an unreachable
+guest agent (the guest still booting) or that does not reach the daemon is
+not counted, but :data:`MAX_UNREACHABLE` in a row fail the sample. Any
+other refusal (the sandbox is gone or broken) ends the wait at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import anyio
+
+from .client import ExecAnswer, NodeDown, Problem
+from .config import HealthCheck
+
+# Attempts in a row that cannot reach the guest agent before the check fails.
+MAX_UNREACHABLE = 25
+
+# Problem types that mean "the guest agent does not answer yet".
+_UNREACHABLE = {"guest-agent-unavailable", "guest-timeout"}
+
+
+class Execer(Protocol):
+    """What a healthcheck needs of the client."""
+
+    async def exec(self, sid: str, vm: str, req: dict[str, Any]) -> ExecAnswer: ...
+
+
+class HealthCheckFailed(RuntimeError):
+    """A VM's healthcheck did not pass; the message says how."""
+
+
+def _tail(b: bytes, n: int = 300) -> str:
+    s = b.decode("utf-8", "replace").strip()
+    return s if len(s) <= n else "..." + s[-n:]
+
+
+def _describe(a: ExecAnswer) -> str:
+    if a.timed_out:
+        return "timed out"
+    out = _tail(a.stderr) or _tail(a.stdout)
+    return f"exit {a.exit_code}" + (f": {out}" if out else "")
+
+
+async def wait_healthy(
+    client: Execer,
+    sid: str,
+    vm: str,
+    hc: HealthCheck,
+    *,
+    clock: Callable[[], float] = anyio.current_time,
+    sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+) -> int:
+    """Run ``hc`` in VM ``vm`` of sandbox ``sid`` until it passes; return
+    the number of attempts. Raise :class:`HealthCheckFailed` when it does
+    not pass (counted failures or unreachable attempts in a row), and let
+    any other refusal of the daemon through."""
+    req = {"argv": list(hc.test), "timeout_seconds": hc.timeout}
+    first: float | None = None
+    failures = unreachable = attempts = 0
+    last = ""
+    while True:
+        attempts += 1
+        now = clock()
+        if first is None:
+            first = now
+        try:
+            ans = await client.exec(sid, vm, req)
+        except NodeDown as e:
+            ans, why = None, f"the node does not answer: {e}"
+        except Problem as p:
+            if p.type not in _UNREACHABLE:
+                raise
+            ans, why = None, f"the guest agent does not answer: {p}"
+        if ans is None:
+            unreachable += 1
+            last = why
+            if unreachable >= MAX_UNREACHABLE:
+                raise HealthCheckFailed(
+                    f"VM {vm!r}: healthcheck {list(hc.test)!r} could not run "
+                    f"{unreachable} times in a row ({last})"
+                )
+        else:
+            unreachable = 0
+            if ans.exit_code == 0 and not ans.timed_out:
+                return attempts
+            last = _describe(ans)
+            if now - first >= hc.start_period:
+                failures += 1
+                if failures >= hc.retries:
+                    raise HealthCheckFailed(
+                        f"VM {vm!r}: healthcheck {list(hc.test)!r} failed {failures} "
+                        f"times in a row (last: {last})"
+                    )
+        await sleep(hc.interval)
+
+
+async def wait_all(client: Execer, sid: str, checks: list[tuple[str, HealthCheck]]) -> None:
+    """Run every VM's healthcheck at once; raise one error naming each VM
+    whose check failed (or the first other error)."""
+    errors: list[Exception] = []
+
+    async def one(vm: str, hc: HealthCheck) -> None:
+        try:
+            await wait_healthy(client, sid, vm, hc)
+        except Exception as e:  # collected: the other checks run on
+            errors.append(e)
+
+    async with anyio.create_task_group() as tg:
+        for vm, hc in checks:
+            tg.start_soon(one, vm, hc)
+    other = [e for e in errors if not isinstance(e, HealthCheckFailed)]
+    if other:
+        raise other[0]
+    if errors:
+        raise HealthCheckFailed(
+            "pve_inspect: the sandbox's healthchecks failed:\n"
+            + "\n".join(f"  - {e}" for e in errors)
+        )
