@@ -75,6 +75,16 @@ const hostsRead = `if ! hostname "$1" 2>/dev/null; then printf %s "$1" > /proc/s
 [ -f /etc/hosts ] || exit 4
 exec head -c "$2" /etc/hosts`
 
+// namingTag is argv[0] of the naming script ($0 of sh -c).
+const namingTag = "pve-inspect-names"
+
+// IsNamingExec reports whether r is the exec that names a guest (sets its
+// hostname and reads /etc/hosts; its arguments after the script are the
+// name and the read bound): guest doubles that run no guest answer it.
+func IsNamingExec(r GuestExec) bool {
+	return len(r.Argv) == 6 && r.Argv[0] == "/bin/sh" && r.Argv[2] == hostsRead && r.Argv[3] == namingTag
+}
+
 // learnAddresses reads the IPAM addresses of rec's VMs into
 // rec.VMs[i].Addresses.
 func (m *Engine) learnAddresses(ctx context.Context, rec *record) error {
@@ -234,7 +244,7 @@ func (m *Engine) nameGuest(ctx context.Context, vmid int, name string, block []b
 	ctx, cancel := context.WithTimeout(ctx, nameTimeout)
 	defer cancel()
 	g := m.Guest(vmid)
-	res, err := g.Exec(ctx, GuestExec{Argv: []string{"/bin/sh", "-c", hostsRead, "pve-inspect-names", name, strconv.Itoa(maxHostsFile + 1)},
+	res, err := g.Exec(ctx, GuestExec{Argv: []string{"/bin/sh", "-c", hostsRead, namingTag, name, strconv.Itoa(maxHostsFile + 1)},
 		Timeout: int64(nameTimeout / time.Second), OutputLimit: maxHostsFile + 1})
 	if err != nil {
 		return fmt.Errorf("vm %d: set hostname and read /etc/hosts: %s", vmid, guestCause(err))

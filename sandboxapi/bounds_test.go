@@ -151,7 +151,7 @@ func (g blockingGuest) hold(ctx context.Context) error {
 }
 
 func (g blockingGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
-	if len(r.Argv) > 3 && r.Argv[3] == "pve-inspect-names" {
+	if sandbox.IsNamingExec(r) {
 		return g.Guest.Exec(ctx, r)
 	}
 	if err := g.hold(ctx); err != nil {

@@ -808,7 +808,7 @@ func (a *Guest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, std
 	case "/bin/sh":
 		// the daemon's naming script (sandbox names.go): the hostname
 		// is set, /etc/hosts printed when the fake holds one
-		if len(r.Argv) < 6 || r.Argv[3] != "pve-inspect-names" {
+		if !sandbox.IsNamingExec(r) {
 			fmt.Fprintln(stderr, "sh: only the naming script runs here")
 			res.ExitCode = 127
 			break
