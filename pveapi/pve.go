@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"sort"
@@ -652,7 +653,38 @@ type ipamEntry struct {
 	Subnet  string  `json:"subnet"`
 	IP      string  `json:"ip"`
 	MAC     string  `json:"mac"`
+	VMID    flexInt `json:"vmid"`
 	Gateway flexInt `json:"gateway"`
+}
+
+// IPAMAddresses implements sandbox.Proxmox: the IPv4 entries of the pve
+// IPAM on the given vnets that name a VM (GET
+// /cluster/sdn/ipams/pve/status, which lists only the entries of zones
+// with the pve IPAM and DHCP whose vnet the token may audit: pve-network
+// API2/Network/SDN/Ipams.pm ipamindex; an entry's vmid is the VM whose
+// NIC qemu-server registered it for, QemuServer/Network.pm
+// create_ifaces_ipams_ips). Entries of other vnets are dropped here.
+func (c *Client) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.IPAMAddress, error) {
+	want := map[string]bool{}
+	for _, v := range vnets {
+		want[v] = true
+	}
+	var es []ipamEntry
+	if err := c.c.Get(ctx, "/cluster/sdn/ipams/pve/status", &es); err != nil {
+		return nil, classify("list ipam entries", err)
+	}
+	var out []sandbox.IPAMAddress
+	for _, e := range es {
+		if !want[e.VNet] || e.Gateway != 0 || e.VMID <= 0 {
+			continue
+		}
+		ip, err := netip.ParseAddr(e.IP)
+		if err != nil || !ip.Is4() {
+			continue
+		}
+		out = append(out, sandbox.IPAMAddress{VNet: e.VNet, VMID: int(e.VMID), IP: ip})
+	}
+	return out, nil
 }
 
 // clearIPAM deletes the pve IPAM's entries of vnet inside cidr, the

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -778,6 +779,22 @@ func TestRealNodeSemantics(t *testing.T) {
 			}
 			if len(f.ipam) != 2 || f.ipam[0]["ip"] != "10.9.0.1" || f.ipam[1]["vnet"] != "other" || len(f.subs["sbv0"]) != 0 {
 				t.Fatalf("ipam %v subnets %v", f.ipam, f.subs["sbv0"])
+			}
+		}},
+		{"VM addresses from the IPAM, only of the vnets asked for", func(t *testing.T, f *fakeServer, c *Client) {
+			f.ipam = []map[string]any{
+				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.1", "gateway": 1},
+				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.10", "mac": "BC:24:11:00:00:02", "vmid": 100, "hostname": "pvei-sb-vm0"},
+				{"vnet": "sbv1", "zone": "sbz", "subnet": "10.9.1.0/24", "ip": "10.9.1.10", "mac": "BC:24:11:00:00:04", "vmid": "101"},
+				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.11", "mac": "BC:24:11:00:00:05"},
+				{"vnet": "other", "zone": "oz", "subnet": "10.8.0.0/24", "ip": "10.8.0.10", "mac": "BC:24:11:00:00:03", "vmid": 102}}
+			got, err := c.IPAMAddresses(ctx, []string{"sbv0", "sbv1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []sandbox.IPAMAddress{{VNet: "sbv0", VMID: 100, IP: netip.MustParseAddr("10.9.0.10")}, {VNet: "sbv1", VMID: 101, IP: netip.MustParseAddr("10.9.1.10")}}
+			if !slices.Equal(got, want) {
+				t.Fatalf("addresses %+v, want %+v (no gateway, no entry without a vmid, nothing of vnet other)", got, want)
 			}
 		}},
 	}

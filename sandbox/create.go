@@ -161,7 +161,8 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 	return rec
 }
 
-// build creates the zone, vnets, subnets and VMs of rec.
+// build creates the zone, vnets, subnets and VMs of rec, and names the
+// VMs in their guests (names.go).
 //
 // CreateTimeout bounds the create's own work before its SDN apply and,
 // afresh, after it; the wait for the apply is bounded apart (ApplyTimeout
@@ -185,7 +186,13 @@ func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[str
 	if err := m.applyEgress(vctx, rec); err != nil {
 		return budgetErr(vctx, err)
 	}
-	return budgetErr(vctx, m.buildVMs(vctx, rec, tmpl, env))
+	if err := m.buildVMs(vctx, rec, tmpl, env); err != nil {
+		return budgetErr(vctx, err)
+	}
+	m.mu.Lock()
+	owner := rec.Owner
+	m.mu.Unlock()
+	return budgetErr(vctx, m.nameGuests(WithOwner(vctx, owner), rec))
 }
 
 // buildZone creates rec's zone, vnets and subnets, pending until the next

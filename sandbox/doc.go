@@ -22,6 +22,7 @@
 //	zones.go        SDN apply (concurrent callers share one) and the zone set handed to the host guard
 //	egress.go       egress policies (the Egress interface)
 //	env.go          a create's secrets file in the guest
+//	names.go        VM addresses from Proxmox's IPAM; hostnames and /etc/hosts in the guests
 //	harden.go       the hardened VM profile (the VMConfigs interface)
 //	disktransfer.go files through a hot-plugged disk (the DiskTransfer interface)
 //	statefile.go    the state file: its own versioned types, save and load

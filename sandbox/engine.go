@@ -221,6 +221,7 @@ type Engine struct {
 	cleaner zoneCleaner
 	pools   pools
 	tagger  vmTagger
+	addrs   addresser
 
 	// The mutex protects the following elements: the map sbx and, in every
 	// record, the fields a create, delete, extend or operation changes after
@@ -293,7 +294,7 @@ func New(o Options) (*Engine, error) {
 	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, members: map[string]*record{}, pool: wp,
 		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1), starts: semaphore.NewWeighted(allStarts),
 		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet,
-		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px, tagger: px}, nil
+		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px, tagger: px, addrs: px}, nil
 }
 
 // Options returns the engine's options with the defaults filled in.
@@ -363,6 +364,7 @@ func cloneSandbox(s apitype.Sandbox) apitype.Sandbox {
 	c.VMs = make([]apitype.VM, len(s.VMs))
 	for i, v := range s.VMs {
 		v.Networks = slices.Clone(v.Networks)
+		v.Addresses = slices.Clone(v.Addresses)
 		c.VMs[i] = v
 	}
 	if s.Labels != nil {

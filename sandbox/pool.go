@@ -32,7 +32,8 @@ import (
 //     Only then does it put the request's egress policy in force (as a
 //     new instance of the sandbox's egress record, EgressClaimer: what the
 //     member's guest was denied or learned is not the claimer's), tag the
-//     VM with the sandbox's tags and name, and write the secrets file.
+//     VM with the sandbox's tags and name, write the secrets file, and
+//     give the guest its new name (hostname, /etc/hosts: names.go).
 //   - A member is used once. A claimed sandbox is deleted like any other;
 //     nothing goes back to the pool.
 //   - Members count against the node caps; a cold create that does not
@@ -495,7 +496,7 @@ func (m *Engine) pickMemberLocked(shape string) *record {
 
 // finishClaim turns a claimed member into the requested sandbox: its
 // egress policy in force first, then the VM's tags and name, then a ping
-// and the secrets file.
+// and the secrets file, then its name in the guest (names.go).
 func (m *Engine) finishClaim(ctx context.Context, rec *record, env map[string]string) error {
 	if err := m.claimEgress(ctx, rec); err != nil {
 		return err
@@ -522,7 +523,7 @@ func (m *Engine) finishClaim(ctx context.Context, rec *record, env map[string]st
 			return err
 		}
 	}
-	return nil
+	return m.nameGuests(ctx, rec)
 }
 
 // scrap tears down a sandbox or member whose create, claim or refill

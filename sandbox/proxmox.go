@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"net/netip"
 )
 
 // CloneSpec is a linked clone of a template into the daemon's pool.
@@ -78,6 +79,7 @@ type Proxmox interface {
 	zoneCleaner
 	pools
 	vmTagger
+	addresser
 }
 
 // cloner is the parts of the Proxmox API a create needs for its VMs
@@ -155,4 +157,20 @@ type vmTagger interface {
 	// SetVMTags replaces the VM's tags and sets its name; nothing else of
 	// its configuration changes (a running VM's NICs keep their MACs).
 	SetVMTags(ctx context.Context, vmid int, name string, tags []string) error
+}
+
+// IPAMAddress is one address of Proxmox's IPAM: the IPv4 address it holds
+// for a NIC of VM VMID on vnet VNet.
+type IPAMAddress struct {
+	VNet string
+	VMID int
+	IP   netip.Addr
+}
+
+// addresser is the part of the Proxmox API that tells which address each
+// VM of a sandbox has (names.go): the node's own record, never the guest's.
+type addresser interface {
+	// IPAMAddresses lists the IPv4 entries of the pve IPAM on the given
+	// vnets that name a VM; entries of other vnets are not returned.
+	IPAMAddresses(ctx context.Context, vnets []string) ([]IPAMAddress, error)
 }

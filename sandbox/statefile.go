@@ -26,6 +26,10 @@ import (
 //     was claimed from the pool). Nothing else changed, so a version 2
 //     file decodes as a version 3 file without them; a version 2 daemon
 //     refuses a version 3 file rather than mistake members for sandboxes.
+//     A VM of a version 3 file may also carry addresses (its IPAM
+//     addresses, added later without a new version: a daemon that does
+//     not know them drops them, and the API then shows none until the
+//     sandbox's names are written again).
 //
 // A new format adds a version, a frozen type for the old one and a case in
 // decodeState; TestStateMigration keeps a file of every version.
@@ -88,6 +92,14 @@ type savedVM struct {
 	MemoryMiB int      `json:"memory_mib"`
 	DiskGiB   int      `json:"disk_gib,omitempty"`
 	Networks  []string `json:"networks"`
+	// Addresses are the VM's IPAM addresses (optional, version 3).
+	Addresses []savedAddress `json:"addresses,omitempty"`
+}
+
+// savedAddress is one IPAM address of a VM on disk (version 3).
+type savedAddress struct {
+	Network string `json:"network"`
+	IPv4    string `json:"ipv4"`
 }
 
 // stateV1 is the state file of version 1: the API's Sandbox of that time,
@@ -151,8 +163,11 @@ func toSaved(s apitype.Sandbox) savedSandbox {
 		v.Networks[j] = savedNetwork(n)
 	}
 	for j, m := range s.VMs {
-		v.VMs[j] = savedVM(m)
-		v.VMs[j].Networks = slices.Clone(m.Networks)
+		v.VMs[j] = savedVM{Name: m.Name, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
+			DiskGiB: m.DiskGiB, Networks: slices.Clone(m.Networks)}
+		for _, a := range m.Addresses {
+			v.VMs[j].Addresses = append(v.VMs[j].Addresses, savedAddress(a))
+		}
 	}
 	return v
 }
@@ -187,7 +202,11 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
-			s.VMs[j] = apitype.VM(m)
+			s.VMs[j] = apitype.VM{Name: m.Name, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
+				DiskGiB: m.DiskGiB, Networks: m.Networks}
+			for _, a := range m.Addresses {
+				s.VMs[j].Addresses = append(s.VMs[j].Addresses, apitype.VMAddress(a))
+			}
 		}
 		if v.Pool != nil {
 			members = append(members, memberState{Sandbox: s, Shape: v.Pool.Shape, Template: v.Pool.TemplateVMID})
@@ -212,7 +231,8 @@ func decodeV1(b []byte) (string, []apitype.Sandbox, error) {
 			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
-			s.VMs[j] = apitype.VM(m)
+			s.VMs[j] = apitype.VM{Name: m.Name, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
+				DiskGiB: m.DiskGiB, Networks: m.Networks}
 		}
 		sbs = append(sbs, s)
 	}

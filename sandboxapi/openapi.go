@@ -20,6 +20,7 @@ var schemaTypes = map[string]any{
 	"SandboxList":     apitype.SandboxList{},
 	"Network":         apitype.Network{},
 	"VM":              apitype.VM{},
+	"VMAddress":       apitype.VMAddress{},
 	"ExtendRequest":   apitype.ExtendRequest{},
 	"ValidateReport":  apitype.ValidateReport{},
 	"ExecRequest":     apitype.ExecRequest{},

@@ -82,9 +82,12 @@ func (s *Server) createRules() map[string]map[string]any {
 		"CreateRequest.labels":   keyedBy(maxLabels, reLabelKey.String(), label),
 		"CreateRequest.owner":    owner,
 		"CreateRequest.env":      keyedBy(apitype.MaxEnvVars, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`}),
-		"VMRequest.name":         {"pattern": "^$|" + reName.String(), "description": "unique in the sandbox; empty: vm<index>"},
-		"VMRequest.template":     {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
-		"VMRequest.cores":        {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
+		"VMRequest.name": {"pattern": "^$|" + reName.String(), "description": "unique in the sandbox; empty: vm<index>. A DNS label: " +
+			"the guest's hostname, and the name every VM of the sandbox resolves it by (/etc/hosts); any other name is refused"},
+		"VM.addresses": {"description": "IPv4 addresses per network, in NIC order, from Proxmox's IPAM on the node (never from the guest); " +
+			"none on a network without DHCP. Each guest's /etc/hosts maps every VM name of its sandbox to these"},
+		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
+		"VMRequest.cores":    {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
 		"VMRequest.memory_mib": {"anyOf": []any{map[string]any{"enum": []int{0}}, map[string]any{"minimum": minMemoryMiB, "maximum": maxMemoryMiB}},
 			"description": fmt.Sprintf("0: %d", defaultMemoryMiB)},
 		"VMRequest.disk_gib":          {"minimum": 0, "maximum": maxDiskGiB},

@@ -59,6 +59,18 @@ func TestBedUpDown(t *testing.T) {
 	}
 	out, err := exec.Command("ip", "netns", "exec", ga.NS, "ip", "-4", "route").CombinedOutput()
 	t.Logf("guest a routes: %s (%v)", out, err)
+	// A guest's root sets its own hostname, as a VM's does, and only its
+	// own: the machine's and the other guest's stay.
+	host, _ := os.Hostname()
+	if out := rawExec(t, ga.Socket, "/bin/sh", "-c", "hostname; hostname attacker && hostname"); out != "vm101\nattacker\n" {
+		t.Errorf("guest 101: hostname before and after setting it: %q", out)
+	}
+	if out := rawExec(t, gb.Socket, "/bin/hostname"); out != "vm102\n" {
+		t.Errorf("guest 102's hostname: %q", out)
+	}
+	if now, _ := os.Hostname(); now != host {
+		t.Errorf("the machine's hostname changed from %q to %q", host, now)
+	}
 	// Guest a's scope is capped as its VM would be: 384 MiB of RAM and
 	// 1.5 CPUs of CPU time; guest b's has no cap.
 	caps := map[string]string{}

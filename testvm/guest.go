@@ -116,6 +116,16 @@ const guestDropCaps = "-sys_admin,-sys_module,-sys_rawio,-mknod,-sys_boot,-sys_t
 
 // guestSetup runs as PID 1 of the guest's new PID namespace, in a private
 // mount namespace: it builds the guest's root and execs tini in it.
+//
+// The guest's UTS namespace is made by a child user namespace (a holder
+// process, unshare --user --uts, killed once the guest joined): root of a
+// VM sets its own hostname, and sethostname asks for CAP_SYS_ADMIN in the
+// user namespace that owns the UTS namespace, which the guest's root,
+// without CAP_SYS_ADMIN, has in a child user namespace owned by its uid
+// (user_namespaces(7): the owner in the parent namespace has every
+// capability in it). That namespace owns nothing else (the network, mount
+// and PID namespaces are the initial one's), so this gives no more than
+// the unprivileged user namespace any guest process may make.
 const guestSetup = `set -eu
 R="$1"; D="$2"
 mkdir -p "$D/upper" "$D/work" "$R"
@@ -133,9 +143,11 @@ done
 mkdir -p "$R/dev/shm" "$R/dev/pts" "$R/run/qga" "$R/var/lib/qemu-ga" "$R/var/lib/dhcp"
 ln -s /proc/self/fd "$R/dev/fd"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"
-hostname "$3"
 cp /etc/resolv.conf "$R/run/resolv.conf.host" 2>/dev/null || true
-exec setpriv --bounding-set ` + guestDropCaps + ` chroot "$R" /usr/bin/tini -s -g -- /bin/sh -c "$4"
+unshare --user --uts -- sleep infinity & H=$!
+while [ "$(readlink "$R/proc/$H/ns/uts")" = "$(readlink "$R/proc/1/ns/uts")" ]; do sleep 0.01; done
+exec nsenter --uts="$R/proc/$H/ns/uts" -- /bin/sh -c 'kill -KILL "$1"; hostname "$2"; shift 2; exec "$@"' uts "$H" "$3" \
+  setpriv --bounding-set ` + guestDropCaps + ` chroot "$R" /usr/bin/tini -s -g -- /bin/sh -c "$4"
 `
 
 // guestInit runs inside the guest's root under tini: DHCP in the

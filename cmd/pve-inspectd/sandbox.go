@@ -180,7 +180,11 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			for _, s := range l {
 				var vms, nets []string
 				for _, v := range s.VMs {
-					vms = append(vms, fmt.Sprintf("%s(%d)", v.Name, v.VMID))
+					vm := fmt.Sprintf("%s(%d", v.Name, v.VMID)
+					for _, a := range v.Addresses {
+						vm += " " + a.IPv4
+					}
+					vms = append(vms, vm+")")
 				}
 				for _, n := range s.Networks {
 					nets = append(nets, n.Name+"="+n.CIDR)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -142,6 +143,12 @@ func TestSandboxVerbs(t *testing.T) {
 	out, err = run(t, "", "sandbox", "list", "--socket", sock)
 	if err != nil || !strings.Contains(out, sb.ID) || !strings.Contains(out, "ready") {
 		t.Fatalf("list: %q %v", out, err)
+	}
+	// each VM with its id and IPAM address
+	for _, v := range sb.VMs {
+		if len(v.Addresses) != 1 || !strings.Contains(out, fmt.Sprintf("%s(%d %s)", v.Name, v.VMID, v.Addresses[0].IPv4)) {
+			t.Errorf("list %q: want %s with its vmid and address %+v", out, v.Name, v.Addresses)
+		}
 	}
 	out, err = run(t, "", "sandbox", "exec", "--socket", sock, sb.ID, "vm1", "--", "echo", "hello")
 	if err != nil || out != "hello\n" {

@@ -234,7 +234,7 @@ func Calls() []Call {
 		{"GET", "/cluster/sdn/vnets/{vnet}/subnets", ownVNet, audit, true, "list a vnet's subnets, pending=1 (check_vnet_access)"},
 		{"POST", "/cluster/sdn/vnets/{vnet}/subnets", ownVNet, []string{"SDN.Allocate"}, false, "create the sandbox's subnet (check_vnet_access)"},
 		{"DELETE", "/cluster/sdn/vnets/{vnet}/subnets/{subnet}", ownVNet, []string{"SDN.Allocate"}, false, "delete the sandbox's subnet (check_vnet_access)"},
-		{"GET", "/cluster/sdn/ipams/{ipam}/status", ownVNet, audit, true, "IPAM entries left behind before a subnet delete, the doctor's IPAM check; user => 'all', lists only the entries of subnets whose vnet has SDN.Audit or SDN.Allocate (of zones with ipam pve and dhcp)"},
+		{"GET", "/cluster/sdn/ipams/{ipam}/status", ownVNet, audit, true, "each VM's address on the sandbox's vnets (the API's addresses and the guests' /etc/hosts), IPAM entries left behind before a subnet delete, the doctor's IPAM check; user => 'all', lists only the entries of subnets whose vnet has SDN.Audit or SDN.Allocate (of zones with ipam pve and dhcp)"},
 		{"DELETE", "/cluster/sdn/vnets/{vnet}/ips", ownVNet, []string{"SDN.Allocate"}, false, "delete a leftover IPAM entry"},
 		{"PUT", "/cluster/sdn", "/sdn", []string{"SDN.Allocate"}, false, "apply the SDN configuration"},
 		{"GET", "/pools", "/pool/" + PhPool, []string{"Pool.Audit"}, false, "find the pool (pve-access-setup creates it; the token cannot, Pool.Allocate); user => 'all', lists only pools with Pool.Audit"},

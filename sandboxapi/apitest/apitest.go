@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -96,7 +97,7 @@ func (p *Proxmox) Mutations() int {
 	n := 0
 	for op, c := range p.Calls {
 		switch op {
-		case "NextID", "TemplateID", "VM", "VMStatus", "ListVMs", "ListVNets", "ListSubnetCIDRs", "VNetSubnets":
+		case "NextID", "TemplateID", "VM", "VMStatus", "ListVMs", "ListVNets", "ListSubnetCIDRs", "VNetSubnets", "IPAMAddresses":
 		default:
 			n += c
 		}
@@ -259,6 +260,36 @@ func (p *Proxmox) ConfigureVM(ctx context.Context, id int, c sandbox.VMConfig) e
 	v.Config = c
 	v.Info.Tags = slices.Clone(c.Tags)
 	return nil
+}
+
+// IPAMAddresses implements sandbox.Proxmox: each NIC of a VM on a wanted
+// vnet has the address 10+(vmid-100)%240 past the start of the vnet's
+// first subnet (as Proxmox's IPAM, one per NIC, distinct within a
+// sandbox).
+func (p *Proxmox) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.IPAMAddress, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("IPAMAddresses"); err != nil {
+		return nil, err
+	}
+	var out []sandbox.IPAMAddress
+	for id, v := range p.VMs {
+		for _, b := range v.Config.Bridges {
+			if !slices.Contains(vnets, b) || len(p.Subnets[b]) == 0 {
+				continue
+			}
+			pfx, err := netip.ParsePrefix(p.Subnets[b][0])
+			if err != nil {
+				continue
+			}
+			ip := pfx.Masked().Addr()
+			for range 10 + (id-100)%240 {
+				ip = ip.Next()
+			}
+			out = append(out, sandbox.IPAMAddress{VNet: b, VMID: id, IP: ip})
+		}
+	}
+	return out, nil
 }
 
 // SetVMTags implements sandbox.Proxmox.
@@ -662,12 +693,30 @@ func (g *Guests) Dial(socket string) sandbox.Guest {
 // Guest is one fake agent with an in-memory file system. Exec knows a few
 // programs: echo ARGS, cat PATH, uname [-a], fail CODE, stream N (N chunks
 // alternating stdout/stderr), sleep (killed by its timeout), hang (the agent
-// stops answering: ErrGuestTimeout).
+// stops answering: ErrGuestTimeout), and the daemon's naming script
+// (/bin/sh -c SCRIPT pve-inspect-names NAME LIMIT).
 type Guest struct {
 	id      int
 	reg     *Guests
 	running bool
 	fs      map[string][]byte
+	// hostname is what the naming script set (Hostname).
+	hostname string
+}
+
+// Hostname is the hostname the daemon set in VM id's guest ("" when none).
+func (g *Guests) Hostname(id int) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.agent(id).hostname
+}
+
+// File is the content of path in VM id's guest (ok false when absent).
+func (g *Guests) File(id int, path string) (b []byte, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b, ok = g.agent(id).fs[path]
+	return slices.Clone(b), ok
 }
 
 func (a *Guest) alive() error {
@@ -756,6 +805,23 @@ func (a *Guest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, std
 	case "hang":
 		// an agent that stops answering
 		return nil, fmt.Errorf("exec: no reply: %w", sandbox.ErrGuestTimeout)
+	case "/bin/sh":
+		// the daemon's naming script (sandbox names.go): the hostname
+		// is set, /etc/hosts printed when the fake holds one
+		if !sandbox.IsNamingExec(r) {
+			fmt.Fprintln(stderr, "sh: only the naming script runs here")
+			res.ExitCode = 127
+			break
+		}
+		a.reg.mu.Lock()
+		a.hostname = r.Argv[4]
+		b, ok := a.fs["/etc/hosts"]
+		a.reg.mu.Unlock()
+		if !ok {
+			res.ExitCode = 4
+			break
+		}
+		_, _ = stdout.Write(b)
 	default:
 		fmt.Fprintf(stderr, "%s: command not found\n", r.Argv[0])
 		res.ExitCode = 127

@@ -40,7 +40,11 @@ const GuestEnvPath = "/etc/pve-inspect/env"
 
 // VMRequest describes one VM of a sandbox.
 type VMRequest struct {
-	// Name is unique in the sandbox; defaults to "vm<N>".
+	// Name is unique in the sandbox; defaults to "vm<N>". It must be a
+	// DNS label ([a-z][a-z0-9-]*, at most 32 characters, not ending in
+	// "-"): it becomes the guest's hostname and the name its siblings
+	// resolve it by. Any other name is refused (invalid-request, field
+	// vms[i].name), never rewritten.
 	Name string `json:"name,omitempty"`
 	// Template is a template name known to the daemon.
 	Template string `json:"template"`
@@ -106,6 +110,9 @@ type Network struct {
 
 // VM is one VM of a sandbox.
 type VM struct {
+	// Name is the VM's name in the sandbox, a DNS label; it is also the
+	// guest's hostname, and every VM of the sandbox resolves it through
+	// its /etc/hosts (see Addresses).
 	Name      string   `json:"name"`
 	VMID      int      `json:"vmid"`
 	Template  string   `json:"template"`
@@ -113,6 +120,21 @@ type VM struct {
 	MemoryMiB int      `json:"memory_mib"`
 	DiskGiB   int      `json:"disk_gib,omitempty"`
 	Networks  []string `json:"networks"`
+	// Addresses are the VM's IPv4 addresses, one per network that hands
+	// out addresses, in NIC order: taken from Proxmox's IPAM on the node
+	// (the entry of the VM's NIC on the network's vnet), never from what
+	// the guest says. A network without DHCP has none. Empty until the
+	// sandbox is ready.
+	Addresses []VMAddress `json:"addresses,omitempty"`
+}
+
+// VMAddress is one IPv4 address of a VM on one of its sandbox's networks.
+type VMAddress struct {
+	// Network is the network's name in the sandbox.
+	Network string `json:"network"`
+	// IPv4 is the address Proxmox's IPAM holds for the VM's NIC there
+	// (the one the zone's DHCP server hands it).
+	IPv4 string `json:"ipv4"`
 }
 
 // ValidateReport is the answer of POST /v1/sandboxes/validate: what a

@@ -1,0 +1,268 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Names and addresses: every VM of a sandbox is called by its name, and
+// its siblings resolve that name, in every egress mode.
+//
+// Design decisions:
+//
+//   - Addresses are the node's: Proxmox's IPAM entries (GET
+//     /cluster/sdn/ipams/pve/status) on the sandbox's own vnets that name
+//     the sandbox's own VMIDs. The vnet names derive from the sandbox's
+//     random id and an IPAM entry goes with its VM, so nothing of another
+//     sandbox can match. What the guest says of its addresses is never
+//     read.
+//   - Names resolve through /etc/hosts, which needs no DNS: the same in
+//     egress open, allowlist and none, with or without the zone's
+//     resolver. Each guest's /etc/hosts gets a managed block between two
+//     marker lines, holding the sandbox's own names only, built from node
+//     data only (the API's names, the IPAM's addresses). It is rewritten
+//     whole each time and put first in the file (the files database
+//     answers with the first line that names a host, so a template's own
+//     line for "target" cannot shadow a sibling); lines outside it are the
+//     guest's and are kept.
+//   - The existing /etc/hosts is read by one exec that refuses a symlink
+//     or anything but a regular file and reads at most maxHostsFile+1
+//     bytes (head -c, so the guest never sends more). A symlink, a
+//     missing or odd file, or one larger than maxHostsFile is not kept:
+//     the guest gets a fresh file (hostsBase and the block). The write is
+//     the agent client's WriteFile: a new file of a random name in /etc,
+//     renamed over /etc/hosts; a rename replaces a symlink and never
+//     writes through it.
+//   - The hostname is the VM's name (a DNS label: the API refuses any
+//     other name): set with hostname(1) (or /proc/sys/kernel/hostname
+//     when the guest has no hostname(1)) in the same exec, and written to
+//     /etc/hostname.
+//   - When: once every VM of a cold create answers its agent, before the
+//     sandbox is ready; and at a claim, after the member's VM got the
+//     sandbox's name. Warm pool members are not named while they wait (a
+//     claim names them), so a claimed VM never keeps a previous name.
+//   - A failure fails the create (or the claim, which then runs cold):
+//     a sandbox whose names do not resolve is not the one the API
+//     describes.
+
+const (
+	// hostsBegin and hostsEnd delimit the managed block of /etc/hosts.
+	hostsBegin = "# BEGIN pve-inspect sandbox names (written by pve-inspectd, replaced whole; edits inside are lost)"
+	hostsEnd   = "# END pve-inspect sandbox names"
+	// hostsBase starts a fresh /etc/hosts (Debian's localhost lines).
+	hostsBase = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	// maxHostsFile is the largest existing /etc/hosts whose lines are
+	// kept; a larger one is replaced by a fresh file.
+	maxHostsFile = 64 << 10
+	// nameTimeout bounds each guest call of naming a VM.
+	nameTimeout = 30 * time.Second
+)
+
+// hostsRead sets the hostname ($1), then prints at most $2 bytes of
+// /etc/hosts. Exit 3: /etc/hosts is a symlink; 4: it is missing or not a
+// regular file; 5: the hostname could not be set.
+const hostsRead = `if ! hostname "$1" 2>/dev/null; then printf %s "$1" > /proc/sys/kernel/hostname || exit 5; fi
+[ -L /etc/hosts ] && exit 3
+[ -f /etc/hosts ] || exit 4
+exec head -c "$2" /etc/hosts`
+
+// namingTag is argv[0] of the naming script ($0 of sh -c).
+const namingTag = "pve-inspect-names"
+
+// IsNamingExec reports whether r is the exec that names a guest (sets its
+// hostname and reads /etc/hosts; its arguments after the script are the
+// name and the read bound): guest doubles that run no guest answer it.
+func IsNamingExec(r GuestExec) bool {
+	return len(r.Argv) == 6 && r.Argv[0] == "/bin/sh" && r.Argv[2] == hostsRead && r.Argv[3] == namingTag
+}
+
+// learnAddresses reads the IPAM addresses of rec's VMs into
+// rec.VMs[i].Addresses.
+func (m *Engine) learnAddresses(ctx context.Context, rec *record) error {
+	m.mu.Lock()
+	nets := slices.Clone(rec.Networks)
+	vms := cloneSandbox(rec.Sandbox).VMs
+	m.mu.Unlock()
+	vnets := make([]string, len(nets))
+	for i, n := range nets {
+		vnets[i] = n.VNet
+	}
+	entries, err := m.addrs.IPAMAddresses(ctx, vnets)
+	if err != nil {
+		return pxErr("list ipam addresses", err)
+	}
+	found := vmAddresses(nets, vms, entries)
+	m.mu.Lock()
+	for i := range rec.VMs {
+		if i < len(vms) && rec.VMs[i].VMID == vms[i].VMID {
+			rec.VMs[i].Addresses = found[i]
+		}
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// vmAddresses picks, for each VM, its address on each of its networks
+// (NIC order) from the IPAM entries: the lowest address the IPAM holds for
+// the VM's VMID on the network's vnet. Entries of other vnets or VMIDs
+// are ignored.
+func vmAddresses(nets []apitype.Network, vms []apitype.VM, entries []IPAMAddress) [][]apitype.VMAddress {
+	type key struct {
+		vnet string
+		vmid int
+	}
+	best := map[key]netip.Addr{}
+	for _, e := range entries {
+		if !e.IP.Is4() || e.VMID == 0 {
+			continue
+		}
+		k := key{e.VNet, e.VMID}
+		if cur, ok := best[k]; !ok || e.IP.Less(cur) {
+			best[k] = e.IP
+		}
+	}
+	out := make([][]apitype.VMAddress, len(vms))
+	for i, v := range vms {
+		for _, name := range v.Networks {
+			for _, n := range nets {
+				if n.Name != name {
+					continue
+				}
+				if ip, ok := best[key{n.VNet, v.VMID}]; ok && v.VMID != 0 {
+					out[i] = append(out[i], apitype.VMAddress{Network: name, IPv4: ip.String()})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// hostsBlock is the managed block for VM self of vms: every VM's name with
+// the address a VM on self's networks reaches it by (its address on the
+// first of self's networks it is also on, else its first address). A VM
+// without an address is left out, except self, which is named at
+// 127.0.1.1 (Debian's line for a host without a fixed address) so that
+// its own name resolves.
+func hostsBlock(vms []apitype.VM, self int) []byte {
+	var b bytes.Buffer
+	b.WriteString(hostsBegin + "\n")
+	for i, v := range vms {
+		addr := reachBy(vms[self].Networks, v.Addresses)
+		if addr == "" && i == self {
+			addr = "127.0.1.1"
+		}
+		if addr == "" {
+			continue
+		}
+		b.WriteString(addr + "\t" + v.Name + "\n")
+	}
+	b.WriteString(hostsEnd + "\n")
+	return b.Bytes()
+}
+
+// reachBy is the address of addrs on the first of nets it has one on,
+// else its first address ("" when none).
+func reachBy(nets []string, addrs []apitype.VMAddress) string {
+	for _, n := range nets {
+		for _, a := range addrs {
+			if a.Network == n {
+				return a.IPv4
+			}
+		}
+	}
+	if len(addrs) > 0 {
+		return addrs[0].IPv4
+	}
+	return ""
+}
+
+// mergeHosts is the /etc/hosts holding block first and then every line of
+// existing outside managed blocks: lines from a begin marker through the
+// next end marker go, as does a marker line without its pair. Merging
+// the result again with the same block gives the same bytes.
+func mergeHosts(existing, block []byte) []byte {
+	out := bytes.NewBuffer(slices.Clip(block))
+	lines := bytes.SplitAfter(existing, []byte("\n"))
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		switch string(bytes.TrimRight(l, "\r\n")) {
+		case hostsEnd:
+			continue
+		case hostsBegin:
+			end := i + 1
+			for end < len(lines) && string(bytes.TrimRight(lines[end], "\r\n")) != hostsEnd {
+				end++
+			}
+			if end < len(lines) {
+				i = end
+			}
+			continue
+		}
+		out.Write(l)
+	}
+	if b := out.Bytes(); len(b) > 0 && b[len(b)-1] != '\n' {
+		out.WriteByte('\n')
+	}
+	return out.Bytes()
+}
+
+// nameGuests learns rec's addresses and names every VM of rec in its
+// guest (hostname, /etc/hostname, the managed block of /etc/hosts), in
+// parallel.
+func (m *Engine) nameGuests(ctx context.Context, rec *record) error {
+	if err := m.learnAddresses(ctx, rec); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	vms := cloneSandbox(rec.Sandbox).VMs
+	m.mu.Unlock()
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range vms {
+		g.Go(func() error {
+			if err := m.nameGuest(gctx, vms[i].VMID, vms[i].Name, hostsBlock(vms, i)); err != nil {
+				return fmt.Errorf("vm %s: %w", vms[i].Name, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// nameGuest sets VM vmid's hostname to name and puts block into its
+// /etc/hosts (see the design decisions above). Errors name the step and
+// the guest call's cause, never what the guest printed.
+func (m *Engine) nameGuest(ctx context.Context, vmid int, name string, block []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, nameTimeout)
+	defer cancel()
+	g := m.Guest(vmid)
+	res, err := g.Exec(ctx, GuestExec{Argv: []string{"/bin/sh", "-c", hostsRead, namingTag, name, strconv.Itoa(maxHostsFile + 1)},
+		Timeout: int64(nameTimeout / time.Second), OutputLimit: maxHostsFile + 1})
+	if err != nil {
+		return fmt.Errorf("vm %d: set hostname and read /etc/hosts: %s", vmid, guestCause(err))
+	}
+	// any outcome but a whole read (a symlink, no regular file, too
+	// large, a failed read): a fresh file
+	existing := []byte(hostsBase)
+	switch {
+	case res.ExitCode == 5:
+		return fmt.Errorf("vm %d: set hostname %s: refused by the guest (exit 5)", vmid, name)
+	case res.ExitCode == 0 && !res.StdoutTruncated && len(res.Stdout) <= maxHostsFile:
+		existing = res.Stdout
+	}
+	if err := g.WriteFile(ctx, "/etc/hosts", bytes.NewReader(mergeHosts(existing, block)), 0o644); err != nil {
+		return fmt.Errorf("vm %d: write /etc/hosts: %s", vmid, guestCause(err))
+	}
+	if err := g.WriteFile(ctx, "/etc/hostname", bytes.NewReader([]byte(name+"\n")), 0o644); err != nil {
+		return fmt.Errorf("vm %d: write /etc/hostname: %s", vmid, guestCause(err))
+	}
+	return nil
+}
