@@ -116,6 +116,10 @@ func TestCreateRefusesHostOverlap(t *testing.T) {
 		Proxmox:      px,
 		Guests:       g.Dial,
 		StateDir:     t.TempDir(),
+		// Two ranges, the first under the host route: whichever this
+		// node's search starts at (the node's place in the pool), the
+		// free one is the second.
+		AutoCIDRPool: netip.MustParsePrefix("10.200.0.0/23"),
 		AgentTimeout: 2 * time.Second,
 		HostNetworks: hostnet.NewAt(h).Prefixes,
 		Logger:       slog.New(slog.DiscardHandler),

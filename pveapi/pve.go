@@ -774,7 +774,9 @@ func (c *Client) VNetSubnets(ctx context.Context, vn string) ([]string, error) {
 	return out, nil
 }
 
-// ListSubnetCIDRs implements sandbox.Proxmox.
+// ListSubnetCIDRs lists the CIDRs of every subnet of the cluster: the
+// vnets, then each one's subnets (the engine reads them through its cache,
+// sandbox/subnetview.go; tests and tools read them all at once).
 func (c *Client) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	vs, err := c.vnets(ctx)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -45,18 +46,14 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 		if err := m.zones.CreateSubnet(ctx, s); err != nil {
 			return pxErr("create subnet "+n.CIDR, err)
 		}
-		cidrs, err := m.zones.ListSubnetCIDRs(ctx)
+		// Fresh: every vnet whose subnets may have changed since the
+		// pick is read again (subnetCache says which and why).
+		seen, err := m.clusterSubnets(ctx, true)
 		if err != nil {
-			return pxErr("list subnets", err)
+			return err
 		}
-		var seen []netip.Prefix
 		clash := 0
-		for _, c := range cidrs {
-			q, err := netip.ParsePrefix(c)
-			if err != nil {
-				continue
-			}
-			seen = append(seen, q.Masked())
+		for _, q := range seen {
 			if q.Overlaps(p) {
 				clash++
 			}
@@ -137,9 +134,24 @@ func (m *Engine) renameVNet(ctx context.Context, rec *record, i int) error {
 
 // allocCIDRsLocked picks ranges for "auto" networks and checks explicit ones
 // against every known range and the host's own networks; call with m.mu
-// held (so two creates never pick the same range).
+// held (so two creates never pick the same range). The search for a free
+// range starts at this node's place in the pool (nodeStart), so that the
+// daemons of a cluster do not all try the same lowest free range first.
 func (m *Engine) allocCIDRsLocked(nets []apitype.NetworkRequest, foreign, host []netip.Prefix) ([]netip.Prefix, error) {
-	return m.allocCIDRsFromLocked(nets, foreign, host, 0)
+	return m.allocCIDRsFromLocked(nets, foreign, host, nodeStart(m.o.Node))
+}
+
+// nodeStart is the range number (modulo the pool's size) the search for
+// node's "auto" ranges starts at: a hash of the node's name (FNV-1a), the
+// same on each of its daemon's starts and different, but for a collision,
+// from another node's. A node's sandboxes then take the ranges after its
+// start, and two nodes' creates meet only where one node's run of ranges
+// reaches the other's start (the back-off of claimSubnet handles that
+// meeting as any other).
+func nodeStart(node string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(node))
+	return h.Sum64()
 }
 
 // allocCIDRsFromLocked is allocCIDRsLocked scanning the pool for "auto"

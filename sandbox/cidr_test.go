@@ -17,13 +17,16 @@ import (
 
 // racingProxmox is the fake node with another node's daemon in the same
 // cluster: the first subnet this daemon creates is created at the same
-// moment by the other daemon in a zone of its own, so the cluster's list
-// has that range twice from then on.
+// moment by the other daemon, on a vnet of its own sandbox (racerVNet),
+// so the cluster's subnets have that range twice from then on.
 type racingProxmox struct {
 	*apitest.Proxmox
 	mu    sync.Mutex
 	taken string
 }
+
+// racerVNet is the other daemon's vnet of racingProxmox.
+var racerVNet = sandbox.VNetInfo{ID: "vracer10", Zone: "sbracer1", Alias: "pvei-n-node2 pvei-s-sbracer1"}
 
 func (r *racingProxmox) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error {
 	r.mu.Lock()
@@ -34,14 +37,23 @@ func (r *racingProxmox) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) 
 	return r.Proxmox.CreateSubnet(ctx, s)
 }
 
-func (r *racingProxmox) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
-	cs, err := r.Proxmox.ListSubnetCIDRs(ctx)
+func (r *racingProxmox) ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error) {
+	vs, err := r.Proxmox.ListVNets(ctx)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.taken != "" {
-		cs = append(cs, r.taken)
+		vs = append(vs, racerVNet)
 	}
-	return cs, err
+	return vs, err
+}
+
+func (r *racingProxmox) VNetSubnets(ctx context.Context, vnet string) ([]string, error) {
+	if vnet == racerVNet.ID {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return []string{r.taken}, nil
+	}
+	return r.Proxmox.VNetSubnets(ctx, vnet)
 }
 
 // TestSubnetRaceBacksOff: a range another node's daemon took at the same
@@ -112,7 +124,7 @@ func TestContestedRangeMovesToANewVNet(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, moved := "v"+sb.ID[2:]+"0", sb.Networks[0].VNet
-	vnets, err := px.ListVNets(ctx)
+	vnets, err := px.Proxmox.ListVNets(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +144,7 @@ func TestContestedRangeMovesToANewVNet(t *testing.T) {
 	if err := e.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if vnets, err := px.ListVNets(ctx); err != nil || len(vnets) != 0 {
+	if vnets, err := px.Proxmox.ListVNets(ctx); err != nil || len(vnets) != 0 {
 		t.Errorf("vnets left after the delete: %v (%v)", vnets, err)
 	}
 }

@@ -56,15 +56,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	if err := m.checkDiskSizes(ctx, names, disks, tmpl); err != nil {
 		return apitype.Sandbox{}, err
 	}
-	var foreign []netip.Prefix
-	cidrs, err := m.zones.ListSubnetCIDRs(ctx)
+	foreign, err := m.clusterSubnets(ctx, false)
 	if err != nil {
-		return apitype.Sandbox{}, pxErr("list subnets", err)
-	}
-	for _, c := range cidrs {
-		if p, err := netip.ParsePrefix(c); err == nil {
-			foreign = append(foreign, p.Masked())
-		}
+		return apitype.Sandbox{}, err
 	}
 
 	var host []netip.Prefix

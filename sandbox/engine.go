@@ -195,7 +195,7 @@ func (o *Options) defaults() error {
 // Lock order, in words: stateMu and zonesMu are each taken before mu and
 // never while mu is held (saveState and publishZones read the sandboxes
 // under mu inside their own lock, then release mu before they write the
-// file or call the hook); idMu, sdnMu and starts are leaves, taken alone; no two
+// file or call the hook); idMu, sdnMu, starts and subnetCache's are leaves, taken alone; no two
 // of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
 // held across a call to Proxmox, a guest, a hook or the disk; idMu and
 // zonesMu are held across the one outside call each serializes (NextID,
@@ -219,6 +219,7 @@ type Engine struct {
 	snaps   snapshotter
 	zones   zoneBuilder
 	cleaner zoneCleaner
+	subnets subnetLister
 	pools   pools
 	tagger  vmTagger
 	addrs   addresser
@@ -263,6 +264,9 @@ type Engine struct {
 	// stateMu serializes writes of the state file, so the file never goes
 	// back to an older list than one already written; taken before mu.
 	stateMu sync.Mutex
+	// subnetCache is the cluster's subnets as last read (subnetview.go),
+	// with a leaf mutex of its own.
+	subnetCache *subnetCache
 	// zonesMu serializes ZonesChanged calls, so the host guard receives the
 	// zone sets in the order they were read; taken before mu.
 	zonesMu sync.Mutex
@@ -293,8 +297,8 @@ func New(o Options) (*Engine, error) {
 	}
 	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, members: map[string]*record{}, pool: wp,
 		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1), starts: semaphore.NewWeighted(allStarts),
-		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet,
-		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, pools: px, tagger: px, addrs: px}, nil
+		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet, subnetCache: newSubnetCache(),
+		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, subnets: px, pools: px, tagger: px, addrs: px}, nil
 }
 
 // Options returns the engine's options with the defaults filled in.

@@ -240,14 +240,8 @@ func (m *Engine) deficits() map[string]int {
 // rangesInUse returns the cluster's subnets and the host's networks (what
 // auto ranges must avoid).
 func (m *Engine) rangesInUse(ctx context.Context) (foreign, host []netip.Prefix, err error) {
-	cidrs, err := m.zones.ListSubnetCIDRs(ctx)
-	if err != nil {
-		return nil, nil, pxErr("list subnets", err)
-	}
-	for _, c := range cidrs {
-		if p, err := netip.ParsePrefix(c); err == nil {
-			foreign = append(foreign, p.Masked())
-		}
+	if foreign, err = m.clusterSubnets(ctx, false); err != nil {
+		return nil, nil, err
 	}
 	if m.o.HostNetworks != nil {
 		if host, err = m.o.HostNetworks(ctx); err != nil {

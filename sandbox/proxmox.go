@@ -120,8 +120,6 @@ type snapshotter interface {
 // zoneBuilder is the parts of the SDN API a create needs for its zone
 // (create.go, cidr.go).
 type zoneBuilder interface {
-	// ListSubnetCIDRs lists the CIDRs of every subnet in the cluster.
-	ListSubnetCIDRs(ctx context.Context) ([]string, error)
 	CreateZone(ctx context.Context, z ZoneSpec) error
 	CreateVNet(ctx context.Context, v VNetSpec) error
 	CreateSubnet(ctx context.Context, s SubnetSpec) error

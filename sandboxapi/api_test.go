@@ -59,7 +59,8 @@ func TestLifecycle(t *testing.T) {
 	if z, v, s := e.px.SDNObjects(); z != 1 || v != 1 || s != 1 {
 		t.Errorf("sdn objects %d/%d/%d, want 1/1/1", z, v, s)
 	}
-	if got := sb.Networks[0]; got.CIDR != "10.200.0.0/24" || got.Gateway != "10.200.0.1" || !got.DHCP || !got.SNAT {
+	if got, p := sb.Networks[0], netip.MustParsePrefix(sb.Networks[0].CIDR); p.Bits() != 24 || !netip.MustParsePrefix("10.200.0.0/16").Contains(p.Addr()) ||
+		got.Gateway != p.Addr().Next().String() || !got.DHCP || !got.SNAT {
 		t.Errorf("network %+v", got)
 	}
 
@@ -289,12 +290,16 @@ func TestExplicitCIDRConflict(t *testing.T) {
 	if !errors.As(err, &p) || p.Type != apitype.ProblemConflict || p.Reason != "" || !strings.Contains(p.Detail, `overlaps network "a" of the same sandbox`) {
 		t.Errorf("overlapping networks of one sandbox: %v, want a conflict without a reason", err)
 	}
-	// A foreign subnet in Proxmox is avoided by auto.
+	// A foreign subnet in Proxmox is avoided by auto: one over the range
+	// the node's search starts at (what auto picks on an empty cluster),
+	// and the range before it.
+	first := netip.MustParsePrefix(newEnv(t, nil).create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}}).Networks[0].CIDR)
+	foreign := netip.PrefixFrom(first.Addr(), 23).Masked()
 	e2 := newEnv(t, nil)
-	e2.px.AddVNet(sandbox.VNetInfo{ID: "other", Zone: "otherz"}, "10.200.0.0/23")
+	e2.px.AddVNet(sandbox.VNetInfo{ID: "other", Zone: "otherz"}, foreign.String())
 	sb := e2.create(apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
-	if sb.Networks[0].CIDR != "10.200.2.0/24" {
-		t.Errorf("auto picked %s next to a foreign 10.200.0.0/23", sb.Networks[0].CIDR)
+	if got := netip.MustParsePrefix(sb.Networks[0].CIDR); got.Overlaps(foreign) {
+		t.Errorf("auto picked %s in a foreign %s", got, foreign)
 	}
 }
 

@@ -571,7 +571,7 @@ func (p *Proxmox) ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error) {
 	return slices.Collect(maps.Values(p.VNets)), nil
 }
 
-// ListSubnetCIDRs implements sandbox.Proxmox.
+// ListSubnetCIDRs lists the CIDRs of every subnet (for tests).
 func (p *Proxmox) ListSubnetCIDRs(ctx context.Context) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
