@@ -133,3 +133,61 @@ func sandboxBridges(sb apitype.Sandbox) []string {
 	}
 	return out
 }
+
+// EgressLogFilter selects records of a sandbox's egress record.
+type EgressLogFilter struct {
+	// Type is "dns" or "conn" ("": both); VMID one VM's (0: all).
+	Type string
+	VMID int
+	// Since and Limit page: the records after Seq Since, at most Limit.
+	Since uint64
+	Limit int
+}
+
+// EgressRecorder is an Egress that keeps the sandboxes' egress record
+// (the daemon's does): the DNS questions and connections of a sandbox's
+// guests, VM by VMID (the engine names them).
+type EgressRecorder interface {
+	Log(sandbox string, f EgressLogFilter) apitype.EgressLog
+}
+
+// MaxEgressLogLimit is the most records one read of the egress record
+// returns; DefaultEgressLogLimit when the query says none.
+const (
+	MaxEgressLogLimit     = 10000
+	DefaultEgressLogLimit = 1000
+)
+
+// EgressLog returns a page of sb's egress record (ErrNotConfigured when
+// this node keeps none). q.VM must name a VM of sb.
+func (m *Engine) EgressLog(sb apitype.Sandbox, q apitype.EgressLogQuery) (apitype.EgressLog, error) {
+	rec, ok := m.o.Egress.(EgressRecorder)
+	if !ok {
+		return apitype.EgressLog{}, refuse(ErrNotConfigured, "this node keeps no egress record")
+	}
+	f := EgressLogFilter{Type: q.Type, Since: q.Since, Limit: q.Limit}
+	if f.Limit == 0 {
+		f.Limit = DefaultEgressLogLimit
+	}
+	switch {
+	case q.Type != "" && q.Type != "dns" && q.Type != "conn":
+		return apitype.EgressLog{}, invalid("type", "type %q: want dns or conn", q.Type)
+	case f.Limit < 1 || f.Limit > MaxEgressLogLimit:
+		return apitype.EgressLog{}, invalid("limit", "limit %d: want 1..%d", q.Limit, MaxEgressLogLimit)
+	}
+	names := map[int]string{}
+	for _, v := range sb.VMs {
+		names[v.VMID] = v.Name
+		if q.VM != "" && v.Name == q.VM {
+			f.VMID = v.VMID
+		}
+	}
+	if q.VM != "" && f.VMID == 0 {
+		return apitype.EgressLog{}, invalid("vm", "sandbox %s has no VM %q", sb.ID, q.VM)
+	}
+	out := rec.Log(sb.ID, f)
+	for i := range out.Records {
+		out.Records[i].VM = names[out.Records[i].VMID]
+	}
+	return out, nil
+}

@@ -1,10 +1,72 @@
 package sandboxapi
 
 import (
+	"encoding/json"
 	"net/http"
+	"strconv"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
+
+// The query parameters of GET .../egress/log.
+var (
+	pLogType = param{name: "type", in: "query", desc: "only records of this type", schema: func() map[string]any {
+		return map[string]any{"type": "string", "enum": []string{"dns", "conn"}}
+	}}
+	pLogVM    = param{name: "vm", in: "query", desc: "only records of this VM of the sandbox (its name)"}
+	pLogSince = param{name: "since", in: "query", desc: "only records after this seq (a page's next)", schema: func() map[string]any {
+		return map[string]any{"type": "integer", "format": "int64", "minimum": 0}
+	}}
+	pLogLimit = param{name: "limit", in: "query", desc: "the most records returned (default 1000)", schema: func() map[string]any {
+		return map[string]any{"type": "integer", "minimum": 1, "maximum": sandbox.MaxEgressLogLimit}
+	}}
+)
+
+// getEgressLog answers a page of the sandbox's egress record: JSON
+// (EgressLog), or with Accept: application/x-ndjson one EgressRecord per
+// line, the page's dropped, next and more in X-Egress-Dropped,
+// X-Egress-Next and X-Egress-More.
+func (s *Server) getEgressLog(w http.ResponseWriter, r *http.Request, p principal) error {
+	sb, err := s.lookup(p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	q := apitype.EgressLogQuery{Type: r.URL.Query().Get("type"), VM: r.URL.Query().Get("vm")}
+	if v := r.URL.Query().Get("since"); v != "" {
+		if q.Since, err = strconv.ParseUint(v, 10, 64); err != nil {
+			return invalid("since", "since %q: want a record's seq (a non-negative integer)", v)
+		}
+	}
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return invalid("limit", "limit %q: want 1..%d", v, sandbox.MaxEgressLogLimit)
+		}
+		q.Limit = n
+	}
+	page, err := s.e.EgressLog(sb, q)
+	if err != nil {
+		return err
+	}
+	if !wantsNDJSON(r) {
+		return writeJSON(w, http.StatusOK, page)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/x-ndjson")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Egress-Dropped", strconv.FormatUint(page.Dropped, 10))
+	h.Set("X-Egress-Next", strconv.FormatUint(page.Next, 10))
+	h.Set("X-Egress-More", strconv.FormatBool(page.More))
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	for _, rec := range page.Records {
+		if err := enc.Encode(rec); err != nil {
+			return nil // the client went away; the status is sent
+		}
+	}
+	return nil
+}
 
 func (s *Server) getEgress(w http.ResponseWriter, r *http.Request, p principal) error {
 	sb, err := s.lookup(p, r.PathValue("id"))

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -38,6 +39,8 @@ var schemaTypes = map[string]any{
 	"EgressPolicy":    apitype.EgressPolicy{},
 	"EgressStatus":    apitype.EgressStatus{},
 	"EgressDenial":    apitype.EgressDenial{},
+	"EgressLog":       apitype.EgressLog{},
+	"EgressRecord":    apitype.EgressRecord{},
 	"Problem":         apitype.Problem{},
 	"SandboxHealth":   apitype.SandboxHealth{},
 	"VMHealth":        apitype.VMHealth{},
@@ -193,8 +196,11 @@ func (s *Server) OpenAPI() map[string]any {
 		switch {
 		case rt.response != "":
 			content := map[string]any{"application/json": map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/" + rt.response}}}
-			if rt.response == "ExecResult" {
+			switch rt.response {
+			case "ExecResult":
 				content["application/x-ndjson"] = map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/ExecEvent"}}
+			case "EgressLog":
+				content["application/x-ndjson"] = map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/EgressRecord"}}
 			}
 			ok["content"] = content
 		case rt.responseType != "":
@@ -216,6 +222,12 @@ func (s *Server) OpenAPI() map[string]any {
 			egress[method].(map[string]any)["responses"].(map[string]any)[httpCode(problemStatus[typ])] = problemResponse(
 				"egress policies are not enabled on this node: every call of this operation answers this", typ)
 		}
+	}
+	if _, ok := s.eo.Egress.(sandbox.EgressRecorder); !ok {
+		// this node keeps no egress record: every read answers unavailable
+		log := paths["/v1/sandboxes/{id}/egress/log"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
+		log[httpCode(problemStatus[apitype.ProblemUnavailable])] = problemResponse(
+			"this node keeps no egress record (egress policies are not enabled): every call of this operation answers this", apitype.ProblemUnavailable)
 	}
 	// a stream past its caps, a filter past its bound (events.go)
 	events := paths["/v1/events"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)

@@ -320,6 +320,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(create, list, execCmd, cp, del)
 	cmd.AddCommand(newHealthCmds(withClient)...)
+	cmd.AddCommand(newEgressLogCmd(withClient))
 	return cmd
 }
 

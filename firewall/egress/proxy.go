@@ -44,6 +44,11 @@ type ProxyConfig struct {
 	// Dial opens upstream connections; nil means a net.Dialer setting
 	// Mark. Tests pass one that dials inside the node's namespace.
 	Dial DialFunc
+	// Log, when set, records every connection handled for a guest (its
+	// owner's ring): a refusal at once, any other when it ends. Guests
+	// names the guest (nil: by address alone).
+	Log    *Log
+	Guests Guests
 }
 
 // Proxy checks tcp 80/443 connections from allow-list zones to addresses
@@ -212,6 +217,13 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	if err != nil {
 		return
 	}
+	p.serve(ctx, c, iface, dst)
+}
+
+// serve checks and splices guest connection c, which came in on iface
+// for dst, and records it (Log) when it ends.
+func (p *Proxy) serve(ctx context.Context, c net.Conn, iface string, dst netip.AddrPort) {
+	start := time.Now()
 	rules, owner, gen, err := p.reg.ForGen(iface)
 	if err != nil || rules.Mode != firewall.EgressAllowlist {
 		return
@@ -220,9 +232,15 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	// connection; one before the tracking is seen by the check below
 	t := &tracked{guest: c}
 	defer p.track(iface, t)()
+	ring := openRing(p.reg, p.cfg.Log, iface, gen, owner)
 	if !p.reg.Current(iface, gen) {
 		return
 	}
+	rec := Record{Type: RecordConn, Time: start.UTC(), Proto: "tcp", Dest: dst, Guest: guestOf(p.cfg.Guests, addrOf(c.RemoteAddr()))}
+	defer func() {
+		rec.Duration = time.Since(start)
+		ring.Add(rec)
+	}()
 	reset := func() {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetLinger(0) // reset: the guest sees a refusal at once
@@ -231,12 +249,14 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	// a denial is recorded only while the policy it was decided under is
 	// in force: never for the next instance of the zone
 	refuse := func(d Denial) {
+		rec.Verdict, rec.Reason = VerdictRefused, d.Reason
 		d.Dest = dst.String()
 		p.reg.IfCurrent(iface, gen, func() { p.den.Record(owner, d) })
 		reset()
 	}
 	release, ok := admitOwner(p.conns, p.den, ResourceProxy, owner, Denial{Dest: dst.String()})
 	if !ok {
+		rec.Verdict, rec.Reason = VerdictRefused, ReasonQuota
 		reset()
 		return
 	}
@@ -246,35 +266,49 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		refuse(Denial{Reason: ReasonPeek})
 		return
 	}
+	rec.Name, rec.Check = name, checkOf(kind)
 	if !rules.AllowsName(name) {
-		reason := ReasonSNI
-		if kind == kindHTTP {
-			reason = ReasonHost
-		}
-		refuse(Denial{Reason: reason, Name: name})
+		refuse(Denial{Reason: rec.Check, Name: name})
 		return
 	}
 	if rules.Denies(dst.Addr()) {
 		refuse(Denial{Reason: ReasonAddress, Name: name})
 		return
 	}
+	rec.Verdict, rec.Reason = p.relay(ctx, c, t, iface, gen, dst, head, &rec)
+}
+
+// checkOf is the reason a refused name of a kind of first bytes gets
+// (and how the record says the name was seen).
+func checkOf(kind string) string {
+	if kind == kindHTTP {
+		return ReasonHost
+	}
+	return ReasonSNI
+}
+
+// relay dials dst, sends head and splices c to it until either ends; it
+// counts the bytes each way into rec and returns the verdict.
+func (p *Proxy) relay(ctx context.Context, c net.Conn, t *tracked, iface string, gen uint64, dst netip.AddrPort, head []byte, rec *Record) (verdict, reason string) {
 	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
 	up, err := p.cfg.Dial(dctx, "tcp4", net.JoinHostPort(dst.Addr().String(), strconv.Itoa(int(dst.Port()))))
 	cancel()
 	if err != nil {
-		p.log.Debug("upstream connect failed", "dest", dst, "name", name, "err", err)
-		return
+		p.log.Debug("upstream connect failed", "dest", dst, "name", rec.Name, "err", err)
+		return VerdictFailed, ReasonConnect
 	}
 	defer up.Close()
 	p.setUp(t, up)
 	if !p.reg.Current(iface, gen) {
-		return // changed during the peek or the dial
+		return VerdictFailed, ReasonStale // changed during the peek or the dial
 	}
 	_ = c.SetDeadline(time.Time{})
 	if _, err := up.Write(head); err != nil {
-		return
+		return VerdictFailed, ReasonConnect
 	}
-	splice(ctx, c, up, p.cfg.IdleTimeout)
+	out, in := splice(ctx, c, up, p.cfg.IdleTimeout)
+	rec.BytesOut, rec.BytesIn = int64(len(head))+out, in
+	return VerdictAllowed, ""
 }
 
 // peek reads until the server name is known.
@@ -306,15 +340,16 @@ func (p *Proxy) peek(c net.Conn) (name, kind string, head []byte, err error) {
 const spliceBuf = 16 << 10
 
 // splice copies both ways until both directions ended (or ctx is done),
-// or until no byte went either way for idle: then both are closed.
-func splice(ctx context.Context, a, b net.Conn, idle time.Duration) {
+// or until no byte went either way for idle: then both are closed. It
+// returns the bytes written from a to b and from b to a.
+func splice(ctx context.Context, a, b net.Conn, idle time.Duration) (aToB, bToA int64) {
 	stop := context.AfterFunc(ctx, func() { _ = a.Close(); _ = b.Close() })
 	defer stop()
 	var last atomic.Int64 // unix nanoseconds of the last byte either way
 	last.Store(time.Now().UnixNano())
 	var wg sync.WaitGroup
 	wg.Add(2)
-	half := func(dst, src net.Conn) {
+	half := func(dst, src net.Conn, moved *int64) {
 		defer wg.Done()
 		buf := make([]byte, spliceBuf)
 		for {
@@ -323,7 +358,9 @@ func splice(ctx context.Context, a, b net.Conn, idle time.Duration) {
 			if n > 0 {
 				last.Store(time.Now().UnixNano())
 				_ = dst.SetWriteDeadline(time.Now().Add(idle))
-				if _, werr := dst.Write(buf[:n]); werr != nil {
+				w, werr := dst.Write(buf[:n])
+				*moved += int64(w)
+				if werr != nil {
 					_ = a.Close()
 					_ = b.Close()
 					return
@@ -349,7 +386,8 @@ func splice(ctx context.Context, a, b net.Conn, idle time.Duration) {
 			_ = dst.Close()
 		}
 	}
-	go half(a, b)
-	go half(b, a)
+	go half(a, b, &bToA)
+	go half(b, a, &aToB)
 	wg.Wait()
+	return aToB, bToA
 }

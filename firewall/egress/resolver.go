@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +51,10 @@ type ResolverConfig struct {
 	// those names are answered by asking that dnsmasq (on the address
 	// the query was redirected to), in every mode, never upstream.
 	ZoneNames ZoneNames
+	// Log, when set, records every question answered for a guest (its
+	// owner's ring), the guest named by Guests (nil: by address alone).
+	Log    *Log
+	Guests Guests
 }
 
 // DialFunc opens a connection (net.Dialer.DialContext's shape).
@@ -288,7 +293,7 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 			qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
 			defer cancel()
 			local, _ := netip.AddrFromSlice(cm.Dst.To4())
-			out := r.answer(qctx, iface, local, buf[:n], 512)
+			out := r.answer(qctx, iface, local, addrOf(src), buf[:n], 512)
 			if out != nil {
 				_, _ = p.WriteTo(out, &ipv4.ControlMessage{Src: cm.Dst}, src)
 			}
@@ -335,7 +340,7 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 			return
 		}
 		qctx, cancel := context.WithTimeout(ctx, 2*r.cfg.Timeout)
-		out := r.answer(qctx, iface, a.Unmap(), q, dns.MaxMsgSize)
+		out := r.answer(qctx, iface, a.Unmap(), addrOf(c.RemoteAddr()), q, dns.MaxMsgSize)
 		cancel()
 		if out == nil {
 			return
@@ -350,12 +355,27 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 // interface iface, or nil to send nothing (not a query at all). size
 // bounds the answer (512 for UDP without EDNS).
 func (r *Resolver) Answer(ctx context.Context, iface string, q []byte, size int) []byte {
-	return r.answer(ctx, iface, netip.Addr{}, q, size)
+	return r.answer(ctx, iface, netip.Addr{}, netip.Addr{}, q, size)
 }
 
-// answer is Answer for a query redirected to local (the zone's own
-// address, where its dnsmasq listens; invalid: no zone-local names).
-func (r *Resolver) answer(ctx context.Context, iface string, local netip.Addr, q []byte, size int) []byte {
+// addrOf is the IPv4 address of a UDP or TCP address (invalid for any
+// other).
+func addrOf(a net.Addr) netip.Addr {
+	var ip net.IP
+	switch v := a.(type) {
+	case *net.UDPAddr:
+		ip = v.IP
+	case *net.TCPAddr:
+		ip = v.IP
+	}
+	out, _ := netip.AddrFromSlice(ip)
+	return out.Unmap()
+}
+
+// answer is Answer for a query from guest address src redirected to
+// local (the zone's own address, where its dnsmasq listens; invalid: no
+// zone-local names). The question and its answer are recorded (Log).
+func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Addr, q []byte, size int) []byte {
 	var req dns.Msg
 	if err := req.Unpack(q); err != nil || req.Response {
 		return nil
@@ -386,17 +406,29 @@ func (r *Resolver) answer(ctx context.Context, iface string, local netip.Addr, q
 		resp.Rcode = dns.RcodeRefused
 		return pack()
 	}
+	rec := Record{Type: RecordDNS, Name: strings.ToLower(strings.TrimSuffix(qn.Name, ".")), QType: dns.TypeToString[qn.Qtype]}
+	if rec.QType == "" {
+		rec.QType = strconv.Itoa(int(qn.Qtype))
+	}
+	done := func(verdict, reason string) []byte {
+		out := pack()
+		rec.Verdict, rec.Reason, rec.Rcode = verdict, reason, dns.RcodeToString[resp.Rcode]
+		rec.Answers = answerAddrs(resp.Answer)
+		rec.Guest = guestOf(r.cfg.Guests, src)
+		openRing(r.reg, r.cfg.Log, iface, gen, owner).Add(rec)
+		return out
+	}
 	if r.zoneLocal(iface, local, qn.Name) {
 		if qn.Qtype == dns.TypeA {
 			ans, err := r.askZone(ctx, local, qn.Name)
 			if err != nil {
 				r.log.Warn("zone resolver query failed", "name", qn.Name, "err", err)
 				resp.Rcode = dns.RcodeServerFailure
-				return pack()
+				return done(VerdictFailed, ReasonZone)
 			}
 			resp.Rcode, resp.Answer = ans.Rcode, zoneRecords(ans.Answer)
 		}
-		return pack()
+		return done(VerdictAnswered, ReasonZone)
 	}
 	// a denial is recorded only while the policy it was decided under is
 	// in force: never for the next instance of the zone
@@ -404,40 +436,70 @@ func (r *Resolver) answer(ctx context.Context, iface string, local netip.Addr, q
 	if rules.Mode == firewall.EgressNone {
 		record(Denial{Reason: ReasonMode, Name: qn.Name})
 		resp.Rcode = dns.RcodeNameError
-		return pack()
+		return done(VerdictRefused, ReasonMode)
 	}
 	if !rules.Resolves(qn.Name) {
 		record(Denial{Reason: ReasonName, Name: qn.Name})
 		resp.Rcode = dns.RcodeNameError
-		return pack()
+		return done(VerdictRefused, ReasonName)
 	}
 	if qn.Qtype != dns.TypeA {
-		return pack() // NOERROR, no data
+		return done(VerdictAnswered, "") // NOERROR, no data
 	}
 	up, err := r.forward(ctx, qn)
 	if err != nil {
 		r.log.Warn("upstream query failed", "name", qn.Name, "err", err)
 		resp.Rcode = dns.RcodeServerFailure
-		return pack()
+		return done(VerdictFailed, ReasonUpstream)
 	}
 	resp.Rcode = up.Rcode
 	open := firewall.Opening{Checked: rules.AllowsName(qn.Name), Ports: rules.PortsOf(qn.Name)}
 	ans, err := r.learn(ctx, iface, gen, rules, open, up.Answer)
+	verdict, reason := VerdictAnswered, ""
 	var qe *QuotaError
 	switch {
 	case errors.Is(err, ErrStale):
 		// the policy changed while upstream answered: what the old one
 		// allowed is not opened; the guest asks again under the new one
 		resp.Rcode = dns.RcodeServerFailure
+		verdict, reason = VerdictFailed, ReasonStale
 	case errors.As(err, &qe):
 		r.reg.IfCurrent(iface, gen, func() { r.den.Refuse(owner, ResourceLearned, qe.Limit, Denial{Name: qn.Name}) })
 		resp.Rcode = dns.RcodeServerFailure
+		verdict, reason = VerdictRefused, ReasonQuota
 	case err != nil:
 		r.log.Error("open learned addresses", "iface", iface, "err", err)
 		resp.Rcode = dns.RcodeServerFailure
+		verdict, reason = VerdictFailed, ReasonLearn
 	}
 	resp.Answer = ans
-	return pack()
+	return done(verdict, reason)
+}
+
+// answerAddrs are the A addresses of an answer (at most
+// maxRecordAnswers).
+func answerAddrs(rrs []dns.RR) []netip.Addr {
+	var out []netip.Addr
+	for _, rr := range rrs {
+		if a, ok := rr.(*dns.A); ok && len(out) < maxRecordAnswers {
+			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out
+}
+
+// openRing returns owner's ring of log if iface's policy is still
+// generation gen (so that no ring is made for an instance already
+// dropped); nil, which records nothing, otherwise or without a log.
+func openRing(reg *Registry, log *Log, iface string, gen uint64, owner string) *Ring {
+	if log == nil {
+		return nil
+	}
+	var ring *Ring
+	reg.IfCurrent(iface, gen, func() { ring = log.Open(owner) })
+	return ring
 }
 
 // zoneLocal reports whether name is one the dnsmasq of iface's zone

@@ -34,3 +34,70 @@ type EgressStatus struct {
 	Policy  EgressPolicy   `json:"policy"`
 	Denials []EgressDenial `json:"denials"`
 }
+
+// EgressRecord is one entry of a sandbox's egress record (GET
+// .../egress/log): a DNS question the node's resolver answered or a
+// connection its proxy handled, written by the daemon only. No payload
+// is recorded.
+type EgressRecord struct {
+	// Seq numbers the sandbox's records from 1 (a gap: records dropped).
+	Seq  uint64    `json:"seq"`
+	Time time.Time `json:"time"`
+	// Type is dns or conn.
+	Type string `json:"type"`
+	// VM and VMID name the VM the guest address belongs to (the guard's
+	// port map), MAC its NIC; Source is the guest address.
+	VM     string `json:"vm,omitempty"`
+	VMID   int    `json:"vmid,omitempty"`
+	MAC    string `json:"mac,omitempty"`
+	Source string `json:"source,omitempty"`
+	// Verdict is answered (dns), allowed (conn), refused or failed;
+	// Reason says why (a denial reason: name, mode, sni, host, peek,
+	// address, quota; or upstream, stale, connect, learn, zone).
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason,omitempty"`
+	// Name is the DNS question, or the name a connection was checked as
+	// (its TLS SNI or HTTP Host) when the proxy saw one.
+	Name string `json:"name,omitempty"`
+	// QType, Rcode and Answers are a question's type, its answer's code
+	// and the addresses given (at most 8).
+	QType   string   `json:"qtype,omitempty"`
+	Rcode   string   `json:"rcode,omitempty"`
+	Answers []string `json:"answers,omitempty"`
+	// Proto, Dest and Check are a connection's protocol, destination
+	// (address:port) and how its name was seen (sni or host).
+	Proto string `json:"proto,omitempty"`
+	Dest  string `json:"dest,omitempty"`
+	Check string `json:"check,omitempty"`
+	// BytesOut and BytesIn are the bytes relayed guest to destination
+	// and back (absent: none); DurationMS from accept to close.
+	BytesOut   int64 `json:"bytes_out,omitempty"`
+	BytesIn    int64 `json:"bytes_in,omitempty"`
+	DurationMS int64 `json:"duration_ms,omitempty"`
+}
+
+// EgressLog is the body of GET /v1/sandboxes/{id}/egress/log: a page of
+// the sandbox's egress record, oldest first.
+type EgressLog struct {
+	Sandbox string         `json:"sandbox"`
+	Records []EgressRecord `json:"records"`
+	// Dropped counts the sandbox's records dropped so far (its ring
+	// full, or the node's bound reached).
+	Dropped uint64 `json:"dropped"`
+	// Next is the since of the next page; More is true when records
+	// past it match.
+	Next uint64 `json:"next"`
+	More bool   `json:"more"`
+}
+
+// EgressLogQuery selects records of GET .../egress/log.
+type EgressLogQuery struct {
+	// Type is dns or conn ("": both).
+	Type string
+	// VM is a VM name of the sandbox ("": all).
+	VM string
+	// Since returns the records after this Seq.
+	Since uint64
+	// Limit is the most records returned (0: the server's default).
+	Limit int
+}

@@ -195,6 +195,30 @@ func (c *Client) Egress(ctx context.Context, id string) (apitype.EgressStatus, e
 	return st, c.do(ctx, "GET", "/v1/sandboxes/"+url.PathEscape(id)+"/egress", nil, &st)
 }
 
+// EgressLog returns a page of a sandbox's egress record (the DNS
+// questions and connections of its guests); q's zero fields are left out.
+func (c *Client) EgressLog(ctx context.Context, id string, q apitype.EgressLogQuery) (apitype.EgressLog, error) {
+	v := url.Values{}
+	if q.Type != "" {
+		v.Set("type", q.Type)
+	}
+	if q.VM != "" {
+		v.Set("vm", q.VM)
+	}
+	if q.Since > 0 {
+		v.Set("since", strconv.FormatUint(q.Since, 10))
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	path := "/v1/sandboxes/" + url.PathEscape(id) + "/egress/log"
+	if len(v) > 0 {
+		path += "?" + v.Encode()
+	}
+	var l apitype.EgressLog
+	return l, c.do(ctx, "GET", path, nil, &l)
+}
+
 // SetEgress replaces a sandbox's egress policy; it is enforced when the
 // call returns.
 func (c *Client) SetEgress(ctx context.Context, id string, p apitype.EgressPolicy) (apitype.EgressStatus, error) {

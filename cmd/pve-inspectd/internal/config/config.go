@@ -71,6 +71,7 @@ func Default() Config {
 	c.Guard.addListenerPorts(c.API.Listen, c.Metrics.Listen)
 	c.Egress.Owners = c.derivedOwners()
 	c.Guard.ConnLimit = c.derivedConnLimit()
+	c.Egress.LogEntries = c.derivedLogEntries()
 	return c
 }
 
@@ -92,6 +93,7 @@ func Load(path string, allowMissing bool) (Config, error) {
 func Parse(doc string) (Config, error) {
 	c := Default()
 	c.Egress.Owners = 0 // unset: derived below from what the file sets
+	c.Egress.LogEntries = 0
 	c.Guard.ConnLimit = connLimitUnset
 	if err := stricttoml.Decode(doc, &c); err != nil {
 		var uk *stricttoml.UnknownKeysError
@@ -115,6 +117,9 @@ func Parse(doc string) (Config, error) {
 	}
 	if c.Guard.ConnLimit == connLimitUnset {
 		c.Guard.ConnLimit = c.derivedConnLimit()
+	}
+	if c.Egress.LogEntries == 0 {
+		c.Egress.LogEntries = c.derivedLogEntries()
 	}
 	return c, c.Validate()
 }

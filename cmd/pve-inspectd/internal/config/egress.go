@@ -69,6 +69,13 @@ type EgressSection struct {
 	// local (local=/domain/: it never recurses for it). The zone's DHCP
 	// host names (its lease file) are answered the same way.
 	ZoneDomain string `toml:"zone_domain"`
+	// LogEntries is the records of DNS questions and proxied connections
+	// kept per sandbox (a ring: past it the oldest go, counted as
+	// dropped); the node keeps at most LogEntries times Owners, so every
+	// owner's ring fits and no owner's flood evicts another's records.
+	// Unset (or 0) it is egress.DefaultLogEntries (4096), fewer when
+	// owners times that is past maxLogRecords.
+	LogEntries int `toml:"log_entries"`
 	// StateFile keeps the sandboxes' policies across restarts (and
 	// reboots: it must not be on a tmpfs); "" means egress.json in
 	// [api] state_dir, beside the sandboxes' own state.
@@ -87,6 +94,13 @@ func defaultEgress() EgressSection {
 	return EgressSection{DefaultMode: "open", Allow: []string{}, Deny: []string{}, Upstreams: []string{}, TTLFloor: 30 * time.Second, TTLCeiling: time.Hour,
 		DNSPort: 15353, ProxyPort: 15380, ProxyIdleTimeout: 5 * time.Minute, MaxLearned: egress.DefaultMaxLearned,
 		DNSQueriesPerSandbox: 16, DNSTCPPerSandbox: 8, ProxyConnsPerSandbox: egress.DefaultProxyConnsPerOwner}
+}
+
+// derivedLogEntries is [egress] log_entries when the file leaves it
+// out: egress.DefaultLogEntries, or as many as owners' rings fit in
+// maxLogRecords.
+func (c Config) derivedLogEntries() int {
+	return max(min(egress.DefaultLogEntries, maxLogRecords/max(c.Egress.Owners, 1)), 1)
 }
 
 // ForeignZoneOwners is the room a derived [egress] owners keeps for the
@@ -147,6 +161,12 @@ func (c Config) checkConnLimit() error {
 // buffers and three goroutines, about 56 MiB of heap per 1024.
 const maxProxyConns = 8192
 
+// maxLogRecords bounds the egress records of the node (owners times
+// log_entries): a record is under 700 bytes (a name of 253 characters,
+// eight answer addresses), so about 350 MiB at this bound and 170 MiB at
+// the default (64 owners of 4096).
+const maxLogRecords = 1 << 19
+
 // DefaultRules compiles the node-wide default policy (validated by Load).
 func (s EgressSection) DefaultRules() (egress.Rules, error) {
 	return egress.Compile(egress.Policy{Mode: s.DefaultMode, Allow: s.Allow, Deny: s.Deny})
@@ -192,6 +212,7 @@ func (s EgressSection) validate(prefix string) error {
 		{"dns_tcp_per_sandbox", s.DNSTCPPerSandbox, 256},
 		{"proxy_conns_per_sandbox", s.ProxyConnsPerSandbox, 1024},
 		{"owners", s.Owners, 1024},
+		{"log_entries", s.LogEntries, 65536},
 	} {
 		if q.v < 1 || q.v > q.hi {
 			return &KeyError{Key: prefix + "." + q.key, Err: fmt.Errorf("%d: want 1..%d", q.v, q.hi)}
@@ -202,6 +223,9 @@ func (s EgressSection) validate(prefix string) error {
 	}
 	if n := s.Owners * s.ProxyConnsPerSandbox; n > maxProxyConns {
 		return &KeyError{Key: prefix + ".owners", Err: fmt.Errorf("owners (%d) times proxy_conns_per_sandbox (%d) is %d proxy connections, past %d", s.Owners, s.ProxyConnsPerSandbox, n, maxProxyConns)}
+	}
+	if n := s.Owners * s.LogEntries; n > maxLogRecords {
+		return &KeyError{Key: prefix + ".log_entries", Err: fmt.Errorf("owners (%d) times log_entries (%d) is %d egress records, past %d", s.Owners, s.LogEntries, n, maxLogRecords)}
 	}
 	if d := strings.ReplaceAll(s.ZoneDomain, "{zone}", "zone"); d != "" {
 		if _, _, err := egress.ParseDomain(d); err != nil {

@@ -33,6 +33,10 @@ func TestEgressSection(t *testing.T) {
 		{"owners' proxy connections past the bound", "[egress]\nowners = 256\nmax_learned = 256\nproxy_conns_per_sandbox = 64", "egress.owners"},
 		{"check: bad denied addr", "[check]\negress_denied_addr = \"evil.org\"", "check.egress_denied_addr"},
 		{"check: wildcard allowed name", "[check]\negress_allowed_name = \"*.org\"", "check.egress_allowed_name"},
+		{"log entries", "[egress]\nlog_entries = 100", ""},
+		{"log entries 0 is derived", "[egress]\nlog_entries = 0", ""},
+		{"log entries past the ring bound", "[egress]\nlog_entries = 70000", "egress.log_entries"},
+		{"owners' log entries past the node bound", "[egress]\nowners = 256\nmax_learned = 256\nproxy_conns_per_sandbox = 32\nlog_entries = 4096", "egress.log_entries"},
 		{"relative state file", "[egress]\nstate_file = \"egress.json\"", "egress.state_file"},
 	}
 	for _, tc := range cases {

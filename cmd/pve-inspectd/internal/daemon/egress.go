@@ -116,6 +116,8 @@ func (r *run) startEgress(ctx context.Context) error {
 		return fmt.Errorf("egress metrics: %w", err)
 	}
 	reg := egress.NewRegistry(r.guard, def, r.egressState, egress.WithMaxLearned(ec.MaxLearned))
+	elog := egress.NewLog(egress.LogConfig{PerOwner: ec.LogEntries, Node: ec.LogEntries * ec.Owners})
+	guests := &egress.PortGuests{Ports: r.guard.Ports}
 	leases := &egress.LeaseNames{
 		LeaseFile: func(zone string) string {
 			return filepath.Join(r.d.Config.Guard.NodeRoot, "/", "var", "lib", "misc", "dnsmasq."+zone+".leases")
@@ -126,6 +128,7 @@ func (r *run) startEgress(ctx context.Context) error {
 	// or a pool member claimed
 	reg.OnDrop(func(zone, owner string) {
 		den.Forget(owner)
+		elog.Forget(owner)
 		leases.Forget(zone)
 	})
 	// what the kernel learned before this start stays only where the
@@ -136,9 +139,9 @@ func (r *run) startEgress(ctx context.Context) error {
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: ups, TTLFloor: ec.TTLFloor, TTLCeiling: ec.TTLCeiling,
 		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark()),
 		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox, Owners: ec.Owners,
-		ZoneNames: leases}, reg, links, den, nil, r.log)
+		ZoneNames: leases, Log: elog, Guests: guests}, reg, links, den, nil, r.log)
 	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark()),
-		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox, Owners: ec.Owners}, reg, links, den, r.log)
+		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox, Owners: ec.Owners, Log: elog, Guests: guests}, reg, links, den, r.log)
 	var pc net.PacketConn
 	var dnsLn, proxyLn net.Listener
 	dnsAddr, proxyAddr := fmt.Sprintf(":%d", ec.DNSPort), fmt.Sprintf(":%d", ec.ProxyPort)
@@ -162,7 +165,7 @@ func (r *run) startEgress(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.egress = &Egress{Registry: reg, Denials: den}
+	r.egress = &Egress{Registry: reg, Denials: den, Record: elog}
 	if r.d.egressHook != nil {
 		r.d.egressHook(r.egress)
 	}
@@ -179,6 +182,8 @@ func (r *run) startEgress(ctx context.Context) error {
 type Egress struct {
 	Registry *egress.Registry
 	Denials  *egress.Denials
+	// Record is the sandboxes' egress record (nil: none kept).
+	Record *egress.Log
 }
 
 // dialIn dials from sockets marked mark, created in ns (nil: the
@@ -248,6 +253,7 @@ var _ sandbox.EgressClaimer = (*Egress)(nil)
 // Remove implements sandbox.Egress.
 func (e *Egress) Remove(ctx context.Context, sandbox, zone string) error {
 	e.Denials.Forget(sandbox)
+	e.Record.Forget(sandbox)
 	return e.Registry.Remove(ctx, zone)
 }
 
@@ -280,4 +286,35 @@ func (e *Egress) Mode(sandbox string) string {
 		return string(r.Mode)
 	}
 	return string(firewall.EgressOpen)
+}
+
+// Log implements sandbox.EgressRecorder: a page of the sandbox's egress
+// record.
+func (e *Egress) Log(id string, f sandbox.EgressLogFilter) apitype.EgressLog {
+	p := e.Record.Read(id, egress.LogQuery{Type: f.Type, VMID: f.VMID, Since: f.Since, Limit: f.Limit})
+	out := apitype.EgressLog{Sandbox: id, Records: make([]apitype.EgressRecord, 0, len(p.Records)),
+		Dropped: p.Dropped, Next: p.Next, More: p.More}
+	for _, r := range p.Records {
+		out.Records = append(out.Records, recordOf(r))
+	}
+	return out
+}
+
+var _ sandbox.EgressRecorder = (*Egress)(nil)
+
+// recordOf is r as the API shows it.
+func recordOf(r egress.Record) apitype.EgressRecord {
+	out := apitype.EgressRecord{Seq: r.Seq, Time: r.Time, Type: r.Type, VMID: r.Guest.VMID, MAC: r.Guest.MAC,
+		Verdict: r.Verdict, Reason: r.Reason, Name: r.Name, QType: r.QType, Rcode: r.Rcode, Proto: r.Proto, Check: r.Check,
+		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds()}
+	if r.Guest.Addr.IsValid() {
+		out.Source = r.Guest.Addr.String()
+	}
+	if r.Dest.IsValid() {
+		out.Dest = r.Dest.String()
+	}
+	for _, a := range r.Answers {
+		out.Answers = append(out.Answers, a.String())
+	}
+	return out
 }

@@ -1,0 +1,71 @@
+package egress
+
+import (
+	"net/netip"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
+)
+
+// PortGuests implements Guests from the layer-2 guard's port map
+// (firewall.Guard.Ports): the address is one the guard pins to a VM's
+// port, so a guest cannot claim another's. The map is read again at most
+// once a second (Ports copies it under the guard's lock).
+type PortGuests struct {
+	// Ports returns the guard's port map.
+	Ports func() []firewall.Port
+
+	mu   sync.Mutex // guards byIP and at
+	byIP map[netip.Addr]Guest
+	at   time.Time
+}
+
+// portGuestTTL is how long PortGuests uses one read of the port map.
+const portGuestTTL = time.Second
+
+// portVMID takes the VMID out of a port name of firewall.PortNames (and
+// a container's veth<vmid>i<n>).
+var portVMID = regexp.MustCompile(`^(?:tap|veth)([0-9]+)i[0-9]+$|^fwpr([0-9]+)p[0-9]+$`)
+
+// GuestOf implements Guests.
+func (p *PortGuests) GuestOf(a netip.Addr) (Guest, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now := time.Now(); p.byIP == nil || now.Sub(p.at) >= portGuestTTL {
+		p.byIP, p.at = guestsByIP(p.Ports()), now
+	}
+	g, ok := p.byIP[a]
+	return g, ok
+}
+
+func guestsByIP(ports []firewall.Port) map[netip.Addr]Guest {
+	out := map[netip.Addr]Guest{}
+	for _, pt := range ports {
+		m := portVMID.FindStringSubmatch(pt.Name)
+		if m == nil {
+			continue
+		}
+		vmid, err := strconv.Atoi(m[1] + m[2])
+		if err != nil {
+			continue
+		}
+		for _, a := range pt.IPv4 {
+			out[a] = Guest{Addr: a, VMID: vmid, MAC: pt.MAC.String()}
+		}
+	}
+	return out
+}
+
+// guestOf names the guest at a (its address alone when gs is nil or
+// does not know it).
+func guestOf(gs Guests, a netip.Addr) Guest {
+	if gs != nil && a.IsValid() {
+		if g, ok := gs.GuestOf(a); ok {
+			return g
+		}
+	}
+	return Guest{Addr: a}
+}

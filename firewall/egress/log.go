@@ -1,0 +1,256 @@
+package egress
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// Types of a Record.
+const (
+	RecordDNS  = "dns"  // a DNS question the resolver answered
+	RecordConn = "conn" // a connection the proxy handled
+)
+
+// Verdicts of a Record.
+const (
+	VerdictAnswered = "answered" // DNS: answered (NOERROR with or without data, or upstream's NXDOMAIN)
+	VerdictAllowed  = "allowed"  // conn: spliced to its destination
+	VerdictRefused  = "refused"  // refused by the policy or a quota (Reason says which)
+	VerdictFailed   = "failed"   // allowed, but it could not be served (Reason says why)
+)
+
+// Reasons of a failed Record (the refusals use the denial reasons).
+const (
+	ReasonUpstream = "upstream" // DNS: the upstream resolver failed
+	ReasonStale    = "stale"    // the policy changed while it was served
+	ReasonConnect  = "connect"  // conn: the destination did not accept
+	ReasonLearn    = "learn"    // DNS: the guard did not take the answer's addresses
+	ReasonZone     = "zone"     // DNS: answered by the zone's own dnsmasq
+)
+
+// maxRecordAnswers bounds the answer addresses kept in one Record.
+const maxRecordAnswers = 8
+
+// Guest is a guest as the node knows it: the address a record came
+// from and, when the layer-2 table maps it, the VM and MAC of its port.
+type Guest struct {
+	Addr netip.Addr
+	VMID int
+	MAC  string
+}
+
+// Guests names the guest behind a source address (the guard's port
+// map: the address it pins to a VM's port).
+type Guests interface {
+	GuestOf(a netip.Addr) (Guest, bool)
+}
+
+// Record is one entry of a sandbox's egress record: a DNS question or a
+// connection, never a byte of payload.
+type Record struct {
+	// Seq numbers the owner's records from 1, in the order they were
+	// recorded (a gap is a record dropped).
+	Seq  uint64
+	Time time.Time
+	Type string
+	// Guest is where it came from.
+	Guest Guest
+	// Verdict is one of the Verdict constants; Reason why (a denial
+	// reason, or a failure reason).
+	Verdict, Reason string
+	// Name is the DNS question (RecordDNS) or the name the connection
+	// was checked as (RecordConn: its TLS SNI or HTTP Host, when seen).
+	Name string
+	// QType and Rcode are the question's type and the answer's code;
+	// Answers the addresses the guest was given (at most 8).
+	QType, Rcode string
+	Answers      []netip.Addr
+	// Proto, Dest and Check are a connection's protocol, original
+	// destination, and how its name was seen ("sni" or "host").
+	Proto string
+	Dest  netip.AddrPort
+	Check string
+	// BytesOut and BytesIn are the payload bytes relayed guest to
+	// destination and back; Duration is from accept to close.
+	BytesOut, BytesIn int64
+	Duration          time.Duration
+}
+
+// LogConfig bounds the egress record.
+type LogConfig struct {
+	// PerOwner is the records kept per owner (a ring: past it the oldest
+	// goes). Zero means DefaultLogEntries.
+	PerOwner int
+	// Node is the records kept of all owners; past it an owner's new
+	// record is dropped unless its ring is full (then its own oldest
+	// goes), so one owner's flood never evicts another's records. Zero
+	// means PerOwner times DefaultOwners.
+	Node int
+}
+
+// DefaultLogEntries is the records kept per owner when a config leaves
+// it out.
+const DefaultLogEntries = 4096
+
+// Log is the egress record of every owner (a sandbox, or a zone the
+// daemon did not create): a ring per owner, written only by the
+// daemon's resolver and proxy, so a guest can neither forge nor erase
+// an entry. What it holds of an owner is dropped with the owner's
+// instance (Forget, from Registry.OnDrop): a ring taken before that
+// (Open) takes no more records, and a new instance starts empty.
+type Log struct {
+	perOwner, node int
+	now            func() time.Time
+
+	mu    sync.Mutex // guards rings, total and every Ring's fields
+	rings map[string]*Ring
+	total int // records held in all rings
+}
+
+// Ring is one owner's records (of one instance of it).
+type Ring struct {
+	log *Log
+	// guarded by log.mu
+	buf     []Record // oldest at head once full
+	head    int
+	seq     uint64
+	dropped uint64
+	gone    bool
+}
+
+// NewLog returns an empty record bounded by cfg.
+func NewLog(cfg LogConfig) *Log {
+	if cfg.PerOwner <= 0 {
+		cfg.PerOwner = DefaultLogEntries
+	}
+	if cfg.Node <= 0 {
+		cfg.Node = cfg.PerOwner * DefaultOwners
+	}
+	return &Log{perOwner: cfg.PerOwner, node: cfg.Node, now: time.Now, rings: map[string]*Ring{}}
+}
+
+// Open returns owner's ring, made if it has none. A nil Log returns a
+// nil Ring, which records nothing. Call it while owner's instance is
+// known current (under Registry.IfCurrent), so that no ring is made for
+// an instance already forgotten.
+func (l *Log) Open(owner string) *Ring {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.rings[owner]
+	if r == nil {
+		r = &Ring{log: l}
+		l.rings[owner] = r
+	}
+	return r
+}
+
+// Add records rec (its Seq and, if zero, its Time set here). A ring of a
+// forgotten instance, or a nil one, records nothing.
+func (r *Ring) Add(rec Record) {
+	if r == nil {
+		return
+	}
+	l := r.log
+	now := l.now().UTC()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r.gone {
+		return
+	}
+	r.seq++
+	rec.Seq = r.seq
+	if rec.Time.IsZero() {
+		rec.Time = now
+	}
+	switch {
+	case len(r.buf) == l.perOwner:
+		r.buf[r.head] = rec // its own oldest goes
+		r.head = (r.head + 1) % len(r.buf)
+		r.dropped++
+	case l.total >= l.node:
+		r.dropped++ // the node is full: never another owner's record
+	default:
+		r.buf = append(r.buf, rec)
+		l.total++
+	}
+}
+
+// Forget drops owner's records (its instance ended); a ring taken of it
+// before records nothing more.
+func (l *Log) Forget(owner string) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.rings[owner]; r != nil {
+		l.total -= len(r.buf)
+		r.buf, r.gone = nil, true
+		delete(l.rings, owner)
+	}
+}
+
+// LogQuery selects records of one owner.
+type LogQuery struct {
+	// Type is RecordDNS or RecordConn; "" both.
+	Type string
+	// VMID selects one VM's records (0: all).
+	VMID int
+	// Since returns only records with a larger Seq.
+	Since uint64
+	// Limit is the most records returned (0: all).
+	Limit int
+}
+
+// LogPage is an answer of Read.
+type LogPage struct {
+	Records []Record
+	// Dropped counts the owner's records dropped so far (ring or node
+	// bound).
+	Dropped uint64
+	// Next is the Since of the next page: the Seq of the last record
+	// looked at.
+	Next uint64
+	// More is true when records past Next match.
+	More bool
+}
+
+// Read returns owner's records matching q, oldest first.
+func (l *Log) Read(owner string, q LogQuery) LogPage {
+	page := LogPage{Records: []Record{}, Next: q.Since}
+	if l == nil {
+		return page
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.rings[owner]
+	if r == nil {
+		return page
+	}
+	page.Dropped = r.dropped
+	for i := range r.buf {
+		rec := r.buf[(r.head+i)%len(r.buf)]
+		if rec.Seq <= q.Since || q.Type != "" && rec.Type != q.Type || q.VMID != 0 && rec.Guest.VMID != q.VMID {
+			continue
+		}
+		if q.Limit > 0 && len(page.Records) == q.Limit {
+			page.More = true
+			break
+		}
+		rec.Answers = append([]netip.Addr(nil), rec.Answers...)
+		page.Records = append(page.Records, rec)
+		page.Next = rec.Seq
+	}
+	return page
+}
+
+// Held returns the records held of all owners.
+func (l *Log) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
+}
