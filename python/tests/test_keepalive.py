@@ -231,3 +231,32 @@ async def test_task_cleanup_stops_what_sample_cleanup_did_not(
     assert _heartbeats() == [] and _Run.keepalives == before and fake.sandboxes == {}
     await envs["vm0"].client.aclose()
     await other["vm0"].client.aclose()
+
+
+async def test_stop_lets_a_renewal_in_flight_finish() -> None:
+    """stop() does not cancel a renewal under way (cancelling a read on a
+    unix-socket stream races anyio's reader callback: InvalidStateError in
+    the loop, seen in CI); it waits for it, then the heartbeat ends."""
+    started, release = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+
+    class Slow:
+        async def extend(self, sid: str, ttl: int, timeout: float) -> dict[str, Any]:
+            started.set()
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            seen.append("finished")
+            return {}
+
+    ka = keepalive.Keepalive(Slow(), "sb1", 60, None, interval=0.001)  # type: ignore[arg-type]
+    assert ka.start()
+    await started.wait()
+    stopping = asyncio.create_task(ka.stop())
+    await asyncio.sleep(0.05)
+    assert not stopping.done(), "stop() returned while the renewal was under way"
+    release.set()
+    await stopping
+    assert seen == ["finished"] and not ka.running

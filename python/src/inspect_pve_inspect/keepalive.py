@@ -94,6 +94,8 @@ class Keepalive:
         # The last renewal's failure, while renewals fail.
         self.failing: str | None = None
         self._task: asyncio.Task[None] | None = None
+        # Set by stop: the heartbeat ends at its next wait.
+        self._stopping = asyncio.Event()
 
     def start(self) -> bool:
         """Start the heartbeat in the running event loop; False (and a
@@ -117,15 +119,32 @@ class Keepalive:
         return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
-        """Stop the heartbeat and wait for its task to end (idempotent)."""
+        """Stop the heartbeat and wait for its task to end (idempotent).
+
+        A renewal in flight is let finish (it ends by its own timeout)
+        rather than cancelled: cancelling a read on a unix-socket stream
+        races anyio's reader callback (up to anyio 4.16 it can set the
+        result of the cancelled future, an InvalidStateError in the event
+        loop). The task is cancelled only if it outlives that."""
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
+        self._stopping.set()
         try:
-            await task
+            await asyncio.wait_for(asyncio.shield(task), CALL_TIMEOUT + 5)
+        except TimeoutError:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:
+                log.warning(
+                    "pve_inspect: the heartbeat of sandbox %s had ended: %r", self.sandbox_id, e
+                )
         except asyncio.CancelledError:
-            pass
+            task.cancel()
+            raise
         except Exception as e:  # the heartbeat's own failure must not stop the cleanup
             log.warning(
                 "pve_inspect: the heartbeat of sandbox %s had ended: %r", self.sandbox_id, e
@@ -134,7 +153,11 @@ class Keepalive:
     async def _run(self) -> None:
         wait = self.interval
         while True:
-            await asyncio.sleep(wait)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), wait)
+                return  # stopped
+            except TimeoutError:
+                pass
             wait = self.interval
             try:
                 sb = await self.client.extend(
