@@ -91,7 +91,7 @@ type LogConfig struct {
 
 // DefaultLogEntries is the records kept per owner when a config leaves
 // it out.
-const DefaultLogEntries = 4096
+const DefaultLogEntries = 2048
 
 // Log is the egress record of every owner (a sandbox, or a zone the
 // daemon did not create): a ring per owner, written only by the

@@ -163,9 +163,9 @@ const maxProxyConns = 8192
 
 // maxLogRecords bounds the egress records of the node (owners times
 // log_entries): a record is under 700 bytes (a name of 253 characters,
-// eight answer addresses), so about 350 MiB at this bound and 170 MiB at
-// the default (64 owners of 4096).
-const maxLogRecords = 1 << 19
+// eight answer addresses), so about 88 MiB at this bound, a row of the
+// README's worst-case memory table (the default: 64 owners of 2048).
+const maxLogRecords = 1 << 17
 
 // DefaultRules compiles the node-wide default policy (validated by Load).
 func (s EgressSection) DefaultRules() (egress.Rules, error) {
