@@ -35,17 +35,19 @@ import (
 //     line for "target" cannot shadow a sibling); lines outside it are the
 //     guest's and are kept.
 //   - The existing /etc/hosts is read by one exec that refuses a symlink
-//     or anything but a regular file and reads at most maxHostsFile+1
+//     (and removes it: only the link, never what it points to) or
+//     anything but a regular file and reads at most maxHostsFile+1
 //     bytes (head -c, so the guest never sends more). A symlink, a
 //     missing or odd file, or one larger than maxHostsFile is not kept:
 //     the guest gets a fresh file (hostsBase and the block). The write is
 //     the agent client's WriteFile: a new file of a random name in /etc,
-//     renamed over /etc/hosts; a rename replaces a symlink and never
-//     writes through it.
+//     renamed over /etc/hosts; a rename replaces a file and never writes
+//     through a symlink. A directory at /etc/hosts is left alone: the
+//     write refuses it and the naming fails.
 //   - The hostname is the VM's name (a DNS label: the API refuses any
 //     other name): set with hostname(1) (or /proc/sys/kernel/hostname
 //     when the guest has no hostname(1)) in the same exec, and written to
-//     /etc/hostname.
+//     /etc/hostname (a symlink there is removed first, as at /etc/hosts).
 //   - When: once every VM of a cold create answers its agent, before the
 //     sandbox is ready; and at a claim, after the member's VM got the
 //     sandbox's name. Warm pool members are not named while they wait (a
@@ -67,11 +69,15 @@ const (
 	nameTimeout = 30 * time.Second
 )
 
-// hostsRead sets the hostname ($1), then prints at most $2 bytes of
-// /etc/hosts. Exit 3: /etc/hosts is a symlink; 4: it is missing or not a
-// regular file; 5: the hostname could not be set.
+// hostsRead sets the hostname ($1), removes /etc/hostname when it is a
+// symlink, then prints at most $2 bytes of /etc/hosts. Exit 3:
+// /etc/hosts was a symlink, now removed; 4: it is missing or not a
+// regular file; 5: the hostname could not be set. (The writes that
+// follow rename new files into place; a symlink left at either path to a
+// directory would have the agent client's WriteFile refuse the path.)
 const hostsRead = `if ! hostname "$1" 2>/dev/null; then printf %s "$1" > /proc/sys/kernel/hostname || exit 5; fi
-[ -L /etc/hosts ] && exit 3
+if [ -L /etc/hostname ]; then rm -f /etc/hostname; fi
+[ -L /etc/hosts ] && { rm -f /etc/hosts; exit 3; }
 [ -f /etc/hosts ] || exit 4
 exec head -c "$2" /etc/hosts`
 

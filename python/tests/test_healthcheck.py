@@ -124,6 +124,34 @@ async def test_fails(
     assert len(s.reqs) == calls
 
 
+@pytest.mark.parametrize(
+    ("err", "shown"),
+    [
+        # a forged line of the joined message, a terminal escape, a bidi
+        # override: each shown as an escape, on the message's one line
+        (
+            b"no\n  - VM 'db': healthcheck passed",
+            "exit 1: no\\n  - VM 'db': healthcheck passed",
+        ),
+        (b"\x1b]0;pwned\x07\x1b[2Jx", "exit 1: \\x1b]0;pwned\\x07\\x1b[2Jx"),
+        ("a\u202eb".encode(), "exit 1: a\\u202eb"),
+        (b"\xff\tz", "exit 1: \ufffd\\tz"),
+    ],
+)
+async def test_guest_output_is_shown_escaped(err: bytes, shown: str) -> None:
+    with pytest.raises(HealthCheckFailed) as e:
+        await run(Script(ans(1, err)), HealthCheck(test=("x",), retries=1))
+    msg = str(e.value)
+    assert f"(last: {shown})" in msg
+    assert msg.isprintable()
+
+
+async def test_guest_output_shown_is_bounded() -> None:
+    with pytest.raises(HealthCheckFailed) as e:
+        await run(Script(ans(1, b"\x1b" * 10_000)), HealthCheck(test=("x",), retries=1))
+    assert len(str(e.value)) < 500
+
+
 async def test_other_refusals_end_the_wait() -> None:
     s = Script(Problem(409, {"type": "sandbox-broken", "detail": "vm stopped"}))
     with pytest.raises(Problem):

@@ -23,10 +23,10 @@ import (
 // each VM's address from Proxmox's IPAM, which is the address the guest
 // got; `getent hosts target` in attacker answers target's address,
 // through /etc/hosts, without DNS; `hostname` prints each VM's name. The
-// three sandboxes use the same names, and each resolves its own. A warm
-// pool member claimed under a new name answers to it, although its
-// /etc/hosts was a symlink to another file (the file it pointed to is
-// left alone).
+// three sandboxes use the same names, and each resolves its own. Two warm
+// pool members claimed under a new name answer to it, although their
+// /etc/hosts was a symlink, to another file in one, to a directory in the
+// other (what it pointed to is left alone).
 func TestBedNamesResolve(t *testing.T) {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -35,7 +35,7 @@ func TestBedNamesResolve(t *testing.T) {
 	hook := &guardHook{}
 	e := newBedEnv(t, ctx, func(o *options) {
 		o.Egress = eg
-		o.WarmPool = []sandbox.PoolShape{{Name: "one", Template: "debian", Target: 1}}
+		o.WarmPool = []sandbox.PoolShape{{Name: "one", Template: "debian", Target: 2}}
 		o.ZonesChanged = hook.zonesChanged
 	})
 	g := startCheckedGuard(t, ctx, e, bedChecker(t), hook)
@@ -96,36 +96,44 @@ func TestBedNamesResolve(t *testing.T) {
 		}
 	}
 
-	// The pool member: its /etc/hosts made a symlink to another file
-	// before the claim (directly through its agent: no API call reaches a
-	// member).
+	// The pool members: each one's /etc/hosts made a symlink before the
+	// claim (directly through its agent: no API call reaches a member),
+	// one to another file, one to a directory.
 	e.srv.Engine().MaintainPool(ctx)
 	members := e.srv.Engine().Pool().Members
-	if len(members) != 1 || len(members[0].VMIDs) != 1 {
+	if len(members) != 2 || len(members[0].VMIDs) != 1 || len(members[1].VMIDs) != 1 {
 		t.Fatalf("pool members %+v", members)
 	}
-	guest := qga.New(qga.Options{}).SandboxGuests()(filepath.Join(e.bed.QGADir(), strconv.Itoa(members[0].VMIDs[0])+".qga"))
 	const victim = "192.0.2.99 web\n"
-	plant, err := guest.Exec(ctx, sandbox.GuestExec{Argv: []string{"/bin/sh", "-c", "printf '" + victim + "' > /root/victim && ln -sf /root/victim /etc/hosts"}, Timeout: 10})
-	if err != nil || plant.ExitCode != 0 {
-		t.Fatalf("plant the symlink: %+v %v", plant, err)
+	plants := map[int]string{
+		members[0].VMIDs[0]: "printf '" + victim + "' > /root/victim && ln -sf /root/victim /etc/hosts",
+		members[1].VMIDs[0]: "mkdir /root/victim.d && printf '" + victim + "' > /root/victim.d/x && ln -sf /root/victim.d /etc/hosts",
 	}
-	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "web", Template: "debian"}}})
-	if err != nil {
-		t.Fatal(err)
+	for vmid, plant := range plants {
+		guest := qga.New(qga.Options{}).SandboxGuests()(filepath.Join(e.bed.QGADir(), strconv.Itoa(vmid)+".qga"))
+		res, err := guest.Exec(ctx, sandbox.GuestExec{Argv: []string{"/bin/sh", "-c", plant}, Timeout: 10})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("plant the symlink in %d: %+v %v", vmid, res, err)
+		}
 	}
-	t.Cleanup(func() { _ = e.c.Delete(context.Background(), sb.ID) })
-	if !sb.FromPool || sb.VMs[0].VMID != members[0].VMIDs[0] {
-		t.Fatalf("create not claimed from the pool: %+v", sb)
-	}
-	web := addr(sb.VMs[0])
-	if out := run(sb.ID, "web", "hostname"); out != "web" {
-		t.Errorf("claimed VM's hostname %q, want web (not the member's)", out)
-	}
-	if out := run(sb.ID, "web", "getent hosts web"); strings.Join(strings.Fields(out), " ") != web+" web" {
-		t.Errorf("claimed VM: getent hosts web %q, want %s", out, web)
-	}
-	if out := run(sb.ID, "web", "if [ -L /etc/hosts ]; then echo link; fi; cat /root/victim"); out != strings.TrimSpace(victim) {
-		t.Errorf("after the claim: %q, want /etc/hosts a file of its own and the symlink's target untouched", out)
+	for range plants {
+		sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "web", Template: "debian"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.c.Delete(context.Background(), sb.ID) })
+		if _, ok := plants[sb.VMs[0].VMID]; !sb.FromPool || !ok {
+			t.Fatalf("create not claimed from the pool: %+v", sb)
+		}
+		web := addr(sb.VMs[0])
+		if out := run(sb.ID, "web", "hostname"); out != "web" {
+			t.Errorf("claimed VM %d's hostname %q, want web (not the member's)", sb.VMs[0].VMID, out)
+		}
+		if out := run(sb.ID, "web", "getent hosts web"); strings.Join(strings.Fields(out), " ") != web+" web" {
+			t.Errorf("claimed VM %d: getent hosts web %q, want %s", sb.VMs[0].VMID, out, web)
+		}
+		if out := run(sb.ID, "web", "if [ -L /etc/hosts ]; then echo link; fi; cat /root/victim /root/victim.d/x 2>/dev/null; true"); out != strings.TrimSpace(victim) {
+			t.Errorf("claimed VM %d after the claim: %q, want /etc/hosts a file of its own and the symlink's target untouched", sb.VMs[0].VMID, out)
+		}
 	}
 }

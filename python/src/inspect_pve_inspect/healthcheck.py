@@ -40,8 +40,20 @@ class HealthCheckFailed(RuntimeError):
 
 
 def _tail(b: bytes, n: int = 300) -> str:
+    """The end of a guest's output for a message: at most ``n`` characters,
+    every character that is not printable (a newline that would forge a
+    line of :func:`wait_all`'s message, a terminal escape, a bidi
+    override) shown as its Python escape."""
     s = b.decode("utf-8", "replace").strip()
-    return s if len(s) <= n else "..." + s[-n:]
+    out: list[str] = []
+    size = 0
+    for c in reversed(s):
+        e = c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        if size + len(e) > n:
+            return "..." + "".join(reversed(out))
+        out.append(e)
+        size += len(e)
+    return "".join(reversed(out))
 
 
 def _describe(a: ExecAnswer) -> str:
