@@ -112,10 +112,10 @@ func TestCreateRefusesHostOverlap(t *testing.T) {
 	g := apitest.NewGuests()
 	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
 	eng, err := sandbox.New(sandbox.Options{
-		Node:         "node1",
-		Proxmox:      px,
-		Guests:       g.Dial,
-		StateDir:     t.TempDir(),
+		Node:     "node1",
+		Proxmox:  px,
+		Guests:   g.Dial,
+		StateDir: t.TempDir(),
 		// Two ranges, the first under the host route: whichever this
 		// node's search starts at (the node's place in the pool), the
 		// free one is the second.

@@ -15,6 +15,7 @@ from inspect_pve_inspect.client import Client, ExecAnswer, NodeDown, Problem
 from inspect_pve_inspect.config import HealthCheck, VmSpec, nodes_from_env
 from inspect_pve_inspect.healthcheck import (
     MAX_UNREACHABLE,
+    OUTPUT_LIMIT,
     HealthCheckFailed,
     wait_all,
     wait_healthy,
@@ -86,7 +87,11 @@ async def test_passes(
 ) -> None:
     s = Script(*steps)
     assert await run(s, hc) == attempts
-    assert s.reqs[0] == {"argv": list(hc.test), "timeout_seconds": hc.timeout}
+    assert s.reqs[0] == {
+        "argv": list(hc.test),
+        "timeout_seconds": hc.timeout,
+        "output_limit": OUTPUT_LIMIT,
+    }
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,9 @@ from .config import HealthCheck
 # Attempts in a row that cannot reach the guest agent before the check fails.
 MAX_UNREACHABLE = 25
 
+# The output an attempt keeps, each stream (bytes).
+OUTPUT_LIMIT = 4096
+
 # Problem types that mean "the guest agent does not answer yet".
 _UNREACHABLE = {"guest-agent-unavailable", "guest-timeout"}
 
@@ -76,7 +79,9 @@ async def wait_healthy(
     the number of attempts. Raise :class:`HealthCheckFailed` when it does
     not pass (counted failures or unreachable attempts in a row), and let
     any other refusal of the daemon through."""
-    req = {"argv": list(hc.test), "timeout_seconds": hc.timeout}
+    # Only the output's end is shown (300 characters): a small limit keeps
+    # a chatty check from holding the daemon's buffers.
+    req = {"argv": list(hc.test), "timeout_seconds": hc.timeout, "output_limit": OUTPUT_LIMIT}
     first: float | None = None
     failures = unreachable = attempts = 0
     last = ""
