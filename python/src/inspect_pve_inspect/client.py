@@ -132,6 +132,17 @@ class Client:
         log.info("%s: %s; trying again in %.0f s", what, p.detail, after)
         await anyio.sleep(after)
 
+    async def egress_log(
+        self, sid: str, *, since: int = 0, limit: int = 1000, type: str | None = None
+    ) -> dict[str, Any]:
+        """One page of ``GET /v1/sandboxes/{id}/egress/log``: the records
+        after ``since`` (``records``, ``next``, ``more``, ``dropped``)."""
+        params = {"since": str(since), "limit": str(limit)}
+        if type is not None:
+            params["type"] = type
+        r = await self._send("GET", f"/sandboxes/{quote(sid, safe='')}/egress/log", params=params)
+        return cast(dict[str, Any], r.json())
+
     async def healthz(self) -> dict[str, Any]:
         return cast(dict[str, Any], (await self._send("GET", "/healthz")).json())
 

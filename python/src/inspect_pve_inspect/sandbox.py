@@ -444,6 +444,23 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         """Roll this VM back to a snapshot; returns once its agent answers."""
         await self.client.rollback(self.sandbox_id, self.vm, name)
 
+    async def egress_log(self, max_records: int = 100_000) -> tuple[list[dict[str, Any]], int]:
+        """The sandbox's egress record so far (every VM's: the daemon's
+        ``GET .../egress/log``, paged through, at most ``max_records``) and
+        how many records the daemon dropped (its ring was full)."""
+        out: list[dict[str, Any]] = []
+        since, dropped = 0, 0
+        while len(out) < max_records:
+            page = await self.client.egress_log(
+                self.sandbox_id, since=since, limit=min(1000, max_records - len(out))
+            )
+            out += page.get("records") or []
+            dropped = int(page.get("dropped") or 0)
+            if not page.get("more"):
+                break
+            since = int(page["next"])
+        return out, dropped
+
 
 def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> dict[str, Any]:
     """The ``POST /v1/sandboxes`` body of a sample."""
