@@ -246,7 +246,7 @@ type LogPage struct {
 	// bound).
 	Dropped uint64
 	// Next is the Since of the next page: the Seq of the last record
-	// looked at.
+	// returned (the query's Since when none is).
 	Next uint64
 	// More is true when records past Next match.
 	More bool
