@@ -118,3 +118,39 @@ func TestEgressLogScope(t *testing.T) {
 		t.Errorf("a node keeping no record: %v, want unavailable", err)
 	}
 }
+
+// TestOpenAPIEgressLogHeaders: the NDJSON answer of GET .../egress/log
+// carries the page's dropped, next and more in X-Egress-* headers (the
+// records are its lines); the document declares each header the answer
+// sets, with its type, so a client of the document can page.
+func TestOpenAPIEgressLogHeaders(t *testing.T) {
+	rec := &recordingEgress{fakeEgress: &fakeEgress{policies: map[string]apitype.EgressPolicy{}}, vmids: []int{0}}
+	e := newEnv(t, func(o *options) { o.Egress = rec })
+	sb := e.create(twoVMs())
+	doc, err := e.c.OpenAPI(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := doc["paths"].(map[string]any)["/v1/sandboxes/{id}/egress/log"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)["200"].(map[string]any)
+	headers, _ := ok["headers"].(map[string]any)
+	req, _ := http.NewRequest("GET", e.http.URL+"/v1/sandboxes/"+sb.ID+"/egress/log", nil)
+	req.Header.Set("Accept", "application/x-ndjson")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("NDJSON read: %d", resp.StatusCode)
+	}
+	for _, tc := range []struct{ name, typ string }{{"X-Egress-Dropped", "integer"}, {"X-Egress-Next", "integer"}, {"X-Egress-More", "boolean"}} {
+		if resp.Header.Get(tc.name) == "" {
+			t.Errorf("the NDJSON answer has no %s", tc.name)
+		}
+		h, _ := headers[tc.name].(map[string]any)
+		schema, _ := h["schema"].(map[string]any)
+		if schema["type"] != tc.typ || h["description"] == "" {
+			t.Errorf("%s declared as %v, want a described %s", tc.name, h, tc.typ)
+		}
+	}
+}

@@ -201,6 +201,7 @@ func (s *Server) OpenAPI() map[string]any {
 				content["application/x-ndjson"] = map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/ExecEvent"}}
 			case "EgressLog":
 				content["application/x-ndjson"] = map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/EgressRecord"}}
+				ok["headers"] = egressLogHeaders()
 			}
 			ok["content"] = content
 		case rt.responseType != "":
@@ -252,6 +253,19 @@ func (s *Server) OpenAPI() map[string]any {
 				"bearer": map[string]any{"type": "http", "scheme": "bearer"},
 			},
 		},
+	}
+}
+
+// egressLogHeaders are the headers of an egress record page answered as
+// NDJSON (getEgressLog): the page's fields that are not records.
+func egressLogHeaders() map[string]any {
+	h := func(typ, desc string) map[string]any {
+		return map[string]any{"description": desc, "schema": map[string]any{"type": typ}}
+	}
+	return map[string]any{
+		"X-Egress-Dropped": h("integer", "application/x-ndjson only: the sandbox's records dropped so far (EgressLog.dropped)"),
+		"X-Egress-Next":    h("integer", "application/x-ndjson only: the since of the next page (EgressLog.next)"),
+		"X-Egress-More":    h("boolean", "application/x-ndjson only: whether records past next match (EgressLog.more)"),
 	}
 }
 

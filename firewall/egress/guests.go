@@ -41,8 +41,13 @@ func (p *PortGuests) GuestOf(a netip.Addr) (Guest, bool) {
 	return g, ok
 }
 
+// guestsByIP maps each address of the port map to the VM whose ports
+// hold it. An address the ports of two VMs hold (the guard pins by port
+// and address, so zones with overlapping subnets may both send from it)
+// names neither: the source address alone cannot say which it was.
 func guestsByIP(ports []firewall.Port) map[netip.Addr]Guest {
 	out := map[netip.Addr]Guest{}
+	shared := map[netip.Addr]bool{}
 	for _, pt := range ports {
 		m := portVMID.FindStringSubmatch(pt.Name)
 		if m == nil {
@@ -53,8 +58,14 @@ func guestsByIP(ports []firewall.Port) map[netip.Addr]Guest {
 			continue
 		}
 		for _, a := range pt.IPv4 {
+			if g, ok := out[a]; ok && g.VMID != vmid {
+				shared[a] = true
+			}
 			out[a] = Guest{Addr: a, VMID: vmid, MAC: pt.MAC.String()}
 		}
+	}
+	for a := range shared {
+		delete(out, a)
 	}
 	return out
 }

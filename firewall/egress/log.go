@@ -32,6 +32,39 @@ const (
 // maxRecordAnswers bounds the answer addresses kept in one Record.
 const maxRecordAnswers = 8
 
+// maxRecordName bounds the bytes of a Record's Name: a DNS name of
+// valid syntax (at most 253 characters) is kept whole; a question's name
+// in presentation form can be four times that (each octet outside
+// printable ASCII is \DDD), and such a name is cut (recordName).
+const maxRecordName = 253
+
+// recordName is name as a Record keeps it: whole when it fits
+// maxRecordName, else its longest prefix of whole characters (a byte,
+// \X or \DDD: never a part of an escape) that fits with the ellipsis
+// marking the cut, which no name in presentation form has (miekg/dns
+// escapes every byte outside printable ASCII).
+func recordName(name string) string {
+	if len(name) <= maxRecordName {
+		return name
+	}
+	const mark = "…"
+	keep := 0
+	for keep < len(name) {
+		n := 1
+		if name[keep] == '\\' {
+			n = 2
+			if keep+1 < len(name) && name[keep+1] >= '0' && name[keep+1] <= '9' {
+				n = 4
+			}
+		}
+		if keep+n > maxRecordName-len(mark) {
+			break
+		}
+		keep += n
+	}
+	return name[:keep] + mark
+}
+
 // Guest is a guest as the node knows it: the address a record came
 // from and, when the layer-2 table maps it, the VM and MAC of its port.
 type Guest struct {
@@ -213,7 +246,7 @@ type LogPage struct {
 	// bound).
 	Dropped uint64
 	// Next is the Since of the next page: the Seq of the last record
-	// looked at.
+	// returned (the query's Since when none is).
 	Next uint64
 	// More is true when records past Next match.
 	More bool

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -308,4 +309,50 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 	}
 	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
 	return client, server
+}
+
+// TestResolverRecordsNameBounded: a question's name is recorded as the
+// resolver reads it (presentation form, each byte outside printable
+// ASCII escaped as \DDD), so a 255-octet name of such bytes is 1003
+// characters; the record keeps at most maxRecordName bytes of it, cut
+// between two characters of the name (never inside an escape) and marked
+// with an ellipsis, which no name in presentation form has. A name of
+// 253 characters is kept whole.
+func TestResolverRecordsNameBounded(t *testing.T) {
+	esc := strings.Repeat(`\255`, 63)
+	valid := strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." + strings.Repeat("d", 61)
+	// a backslash at the end, or one and fewer than three digits, not
+	// itself escaped: the kept part ends inside an escape
+	partial := regexp.MustCompile(`(?:^|[^\\])(?:\\\\)*\\[0-9]{0,2}$`)
+	cases := []struct {
+		name, qname string
+		keep        int // bytes of the name kept before the mark; 0: whole
+	}{
+		{name: "253 characters: whole", qname: valid + "."},
+		{name: "255 octets of escapes: cut at an escape", qname: esc + "." + esc + "." + esc + "." + strings.Repeat(`\255`, 61) + ".", keep: 248},
+		{name: "the bound inside an escape: cut before it", qname: strings.Repeat("a", 60) + `\.` + "." + esc + "." + esc + "." + esc + ".", keep: 247},
+		{name: "the bound between escaped backslashes", qname: strings.Repeat(`\\`, 63) + "." + strings.Repeat(`\\`, 63) + "." + esc + ".", keep: 249},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newResolverFixture(t)
+			f.res.cfg.Log = NewLog(LogConfig{})
+			f.res.answer(context.Background(), "vneta", netip.Addr{}, netip.Addr{}, query(t, tc.qname, dns.TypeA), 512)
+			p := f.res.cfg.Log.Read("sb-allow", LogQuery{})
+			if len(p.Records) != 1 {
+				t.Fatalf("records %+v, want one", p.Records)
+			}
+			got, full := p.Records[0].Name, strings.TrimSuffix(tc.qname, ".")
+			if tc.keep == 0 {
+				if got != full {
+					t.Errorf("name %q, want %q", got, full)
+				}
+				return
+			}
+			kept, marked := strings.CutSuffix(got, "…")
+			if !marked || len(got) > maxRecordName || len(kept) != tc.keep || !strings.HasPrefix(full, kept) || partial.MatchString(kept) {
+				t.Errorf("name of %d bytes %q: want the question's first %d bytes, whole characters, marked …, at most %d bytes", len(got), got, tc.keep, maxRecordName)
+			}
+		})
+	}
 }

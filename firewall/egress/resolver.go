@@ -406,7 +406,7 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 		resp.Rcode = dns.RcodeRefused
 		return pack()
 	}
-	rec := Record{Type: RecordDNS, Name: strings.ToLower(strings.TrimSuffix(qn.Name, ".")), QType: dns.TypeToString[qn.Qtype]}
+	rec := Record{Type: RecordDNS, Name: recordName(strings.ToLower(strings.TrimSuffix(qn.Name, "."))), QType: dns.TypeToString[qn.Qtype]}
 	if rec.QType == "" {
 		rec.QType = strconv.Itoa(int(qn.Qtype))
 	}

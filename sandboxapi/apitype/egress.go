@@ -57,7 +57,9 @@ type EgressRecord struct {
 	Verdict string `json:"verdict"`
 	Reason  string `json:"reason,omitempty"`
 	// Name is the DNS question, or the name a connection was checked as
-	// (its TLS SNI or HTTP Host) when the proxy saw one.
+	// (its TLS SNI or HTTP Host) when the proxy saw one. A question past
+	// 253 characters (only escaped bytes, \DDD, make one) is cut to at
+	// most 250, between two characters, and marked "…".
 	Name string `json:"name,omitempty"`
 	// QType, Rcode and Answers are a question's type, its answer's code
 	// and the addresses given (at most 8).

@@ -73,7 +73,7 @@ type EgressSection struct {
 	// kept per sandbox (a ring: past it the oldest go, counted as
 	// dropped); the node keeps at most LogEntries times Owners, so every
 	// owner's ring fits and no owner's flood evicts another's records.
-	// Unset (or 0) it is egress.DefaultLogEntries (4096), fewer when
+	// Unset (or 0) it is egress.DefaultLogEntries (2048), fewer when
 	// owners times that is past maxLogRecords.
 	LogEntries int `toml:"log_entries"`
 	// StateFile keeps the sandboxes' policies across restarts (and
@@ -162,9 +162,10 @@ func (c Config) checkConnLimit() error {
 const maxProxyConns = 8192
 
 // maxLogRecords bounds the egress records of the node (owners times
-// log_entries): a record is under 700 bytes (a name of 253 characters,
-// eight answer addresses), so about 88 MiB at this bound, a row of the
-// README's worst-case memory table (the default: 64 owners of 2048).
+// log_entries): a record is under 900 bytes (measured: 874 for a name of
+// 253 characters, the most a record keeps, with eight answer addresses
+// and the ring's growth slack), so about 113 MiB at this bound, a row of
+// the README's worst-case memory table (the default: 64 owners of 2048).
 const maxLogRecords = 1 << 17
 
 // DefaultRules compiles the node-wide default policy (validated by Load).
