@@ -154,7 +154,7 @@ type EgressRecorder interface {
 // MaxEgressLogLimit is the most records one read of the egress record
 // returns; DefaultEgressLogLimit when the query says none.
 const (
-	MaxEgressLogLimit     = 10000
+	MaxEgressLogLimit     = 2000
 	DefaultEgressLogLimit = 1000
 )
 

@@ -23,6 +23,16 @@ var (
 	}}
 )
 
+// An egress record read holds its page (up to sandbox.MaxEgressLogLimit
+// records, about 1.7 KiB each while answered) until the client has read
+// it, and scans the record under the log's lock: at most maxLogReads run
+// on the node, ownerLogReads for one owner (a row of the README's
+// worst-case memory table).
+const (
+	maxLogReads   = 8
+	ownerLogReads = 2
+)
+
 // getEgressLog answers a page of the sandbox's egress record: JSON
 // (EgressLog), or with Accept: application/x-ndjson one EgressRecord per
 // line, the page's dropped, next and more in X-Egress-Dropped,
@@ -45,6 +55,11 @@ func (s *Server) getEgressLog(w http.ResponseWriter, r *http.Request, p principa
 		}
 		q.Limit = n
 	}
+	release, err := s.logReads.take(sb.Owner, 1)
+	if err != nil {
+		return err
+	}
+	defer release()
 	page, err := s.e.EgressLog(sb, q)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package sandboxapi_test
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -152,5 +153,80 @@ func TestOpenAPIEgressLogHeaders(t *testing.T) {
 		if schema["type"] != tc.typ || h["description"] == "" {
 			t.Errorf("%s declared as %v, want a described %s", tc.name, h, tc.typ)
 		}
+	}
+}
+
+// gatedEgress holds every read of one sandbox's record until gate is
+// closed, saying on entered that one is held.
+type gatedEgress struct {
+	*recordingEgress
+	id      string
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (f *gatedEgress) Log(id string, q sandbox.EgressLogFilter) apitype.EgressLog {
+	if id == f.id {
+		select {
+		case f.entered <- struct{}{}:
+			<-f.gate
+		case <-f.gate: // open: nothing is held any more
+		}
+	}
+	return f.recordingEgress.Log(id, q)
+}
+
+// TestEgressLogReadsHaveShares: a read holds its page until written, so
+// the reads in flight have a per-owner share (2) and a node total: an
+// owner's third read at once is refused with 429 and the quota named,
+// while another owner still reads.
+func TestEgressLogReadsHaveShares(t *testing.T) {
+	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
+	g := &gatedEgress{recordingEgress: &recordingEgress{fakeEgress: &fakeEgress{policies: map[string]apitype.EgressPolicy{}}},
+		entered: make(chan struct{}), gate: make(chan struct{})}
+	e := newEnv(t, func(o *options) { o.Tokens, o.Egress = store, g })
+	mint := func(name, owner string) *client.Client {
+		t.Helper()
+		tok, _, err := store.CreateOwned(name, owner, []string{"admin"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client.New(e.tcp.URL, client.WithToken(tok))
+	}
+	alice, bob := mint("alice", "alice"), mint("bob", "bob")
+	ctx := e.ctx()
+	asb, err := alice.Create(ctx, twoVMs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bsb, err := bob.Create(ctx, twoVMs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.id = asb.ID
+	held := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := alice.EgressLog(ctx, asb.ID, apitype.EgressLogQuery{})
+			held <- err
+		}()
+		<-g.entered
+	}
+	_, err = alice.EgressLog(ctx, asb.ID, apitype.EgressLogQuery{})
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Type != apitype.ProblemTooManyRequests || p.Quota != "egress-log-reads" {
+		t.Errorf("alice's third read at once: %v, want too-many-requests naming egress-log-reads", err)
+	}
+	if _, err := bob.EgressLog(ctx, bsb.ID, apitype.EgressLogQuery{}); err != nil {
+		t.Errorf("bob's read while alice holds her share: %v", err)
+	}
+	close(g.gate)
+	for range 2 {
+		if err := <-held; err != nil {
+			t.Errorf("a held read: %v", err)
+		}
+	}
+	if _, err := alice.EgressLog(ctx, asb.ID, apitype.EgressLogQuery{}); err != nil {
+		t.Errorf("alice's read after hers ended: %v", err)
 	}
 }

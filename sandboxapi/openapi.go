@@ -230,6 +230,16 @@ func (s *Server) OpenAPI() map[string]any {
 		log[httpCode(problemStatus[apitype.ProblemUnavailable])] = problemResponse(
 			"this node keeps no egress record (egress policies are not enabled): every call of this operation answers this", apitype.ProblemUnavailable)
 	}
+	// an egress record read past its owner's or the node's reads in flight
+	logResp := paths["/v1/sandboxes/{id}/egress/log"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
+	for status, typ := range map[int]string{http.StatusTooManyRequests: apitype.ProblemTooManyRequests, http.StatusServiceUnavailable: apitype.ProblemUnavailable} {
+		if _, ok := logResp[httpCode(status)]; ok {
+			continue
+		}
+		r := problemResponse(fmt.Sprintf("the sandbox's owner (%d) or the node (%d) has as many egress record reads in flight as it may; retry after Retry-After", ownerLogReads, maxLogReads), typ)
+		r["headers"] = map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
+		logResp[httpCode(status)] = r
+	}
 	// a stream past its caps, a filter past its bound (events.go)
 	events := paths["/v1/events"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
 	tooMany := problemResponse(fmt.Sprintf(

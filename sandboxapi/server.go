@@ -150,6 +150,9 @@ type Server struct {
 	// the output the collected execs in flight have reserved, each per
 	// owner and on the node (quota.go).
 	execs, files, collected *quota
+	// logReads counts the egress record reads in flight (each holds its
+	// page until it is written), per owner and on the node.
+	logReads *quota
 	// spooled counts the bytes the file reads in flight have spooled.
 	spooled atomic.Int64
 	// streams counts the open event streams (eventstreams.go).
@@ -174,6 +177,7 @@ func New(e *sandbox.Engine, o Options) (*Server, error) {
 		execs:     newQuota("exec-slots", "exec calls", int64(o.MaxExecs), int64(o.OwnerExecs), false, met),
 		files:     newQuota("file-slots", "file calls", int64(o.MaxFileCalls), int64(o.OwnerFileCalls), false, met),
 		collected: newQuota("collected-bytes", "bytes of collected exec output", o.CollectedBytes, o.OwnerCollectedBytes, true, met),
+		logReads:  newQuota("egress-log-reads", "egress record reads", maxLogReads, ownerLogReads, false, met),
 		streams:   newStreamCount(o.Streams)}
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
