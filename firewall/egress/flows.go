@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ti-mo/conntrack"
 	"github.com/ti-mo/netfilter"
 	"github.com/vishvananda/netns"
@@ -315,21 +316,28 @@ func (f *Flows) Resync(table []conntrack.Flow) {
 const resyncEvery = 10 * time.Second
 
 // Run listens to the node's conntrack events until ctx is done, and
-// opens the socket again after an error (a second later). An overrun
+// opens the socket again after an error (a second later, doubling to a
+// minute while it keeps failing). An overrun
 // (ENOBUFS) is counted, not fatal: the followed flows are made those of
 // a dump of the table again, at most every ten seconds.
 func (f *Flows) Run(ctx context.Context) error {
+	delay := time.Second
 	for {
+		began := time.Now()
 		err := f.listen(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		f.logger.Warn("egress flows: conntrack events", "component", "egress", "err", err)
+		if time.Since(began) > time.Minute {
+			delay = time.Second // it ran a while: a new failure
+		}
+		f.logger.Warn("egress flows: conntrack events", "component", "egress", "err", err, "retry_in", delay)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(time.Second):
+		case <-time.After(delay):
 		}
+		delay = min(2*delay, time.Minute)
 	}
 }
 
@@ -507,4 +515,38 @@ func prefixIndex(list []IfPrefix) ([]IfPrefix, map[netip.Addr]bool) {
 	}
 	slices.SortStableFunc(nets, func(a, b IfPrefix) int { return cmp.Compare(b.Prefix.Bits(), a.Prefix.Bits()) })
 	return nets, local
+}
+
+// Collector exports the counts as
+// pve_inspect_egress_flow_events_total{result} (recorded, skipped,
+// unattributed, untracked, unmatched, lost, bad) and
+// pve_inspect_egress_flow_overruns_total.
+func (f *Flows) Collector() prometheus.Collector { return flowCollector{f} }
+
+type flowCollector struct{ f *Flows }
+
+var (
+	flowEventsDesc = prometheus.NewDesc("pve_inspect_egress_flow_events_total",
+		"Conntrack events of guest flows by what the egress record did with them.", []string{"result"}, nil)
+	flowOverrunsDesc = prometheus.NewDesc("pve_inspect_egress_flow_overruns_total",
+		"Overruns (ENOBUFS) of the conntrack event socket: events the kernel dropped before the daemon read them.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c flowCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- flowEventsDesc
+	ch <- flowOverrunsDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c flowCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.f.Stats()
+	for _, r := range []struct {
+		result string
+		n      uint64
+	}{{"recorded", st.Recorded}, {"skipped", st.Skipped}, {"unattributed", st.Unattributed}, {"untracked", st.Untracked},
+		{"unmatched", st.Unmatched}, {"lost", st.Lost}, {"bad", st.Bad}} {
+		ch <- prometheus.MustNewConstMetric(flowEventsDesc, prometheus.CounterValue, float64(r.n), r.result)
+	}
+	ch <- prometheus.MustNewConstMetric(flowOverrunsDesc, prometheus.CounterValue, float64(st.Overruns))
 }

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/ti-mo/conntrack"
 	"github.com/ti-mo/netfilter"
 	"golang.org/x/sys/unix"
@@ -262,6 +264,23 @@ func TestFlowsBounds(t *testing.T) {
 	b.f.Handle(destroyEv(tcpOut(4, guestA)))
 	if got := b.log.Read("sb-a", LogQuery{}).Records; len(got) != 1 || got[0].Dest.Port() != 80 {
 		t.Errorf("records %+v: want flow 4's", got)
+	}
+	want := `
+# HELP pve_inspect_egress_flow_events_total Conntrack events of guest flows by what the egress record did with them.
+# TYPE pve_inspect_egress_flow_events_total counter
+pve_inspect_egress_flow_events_total{result="bad"} 0
+pve_inspect_egress_flow_events_total{result="lost"} 1
+pve_inspect_egress_flow_events_total{result="recorded"} 1
+pve_inspect_egress_flow_events_total{result="skipped"} 0
+pve_inspect_egress_flow_events_total{result="unattributed"} 0
+pve_inspect_egress_flow_events_total{result="unmatched"} 1
+pve_inspect_egress_flow_events_total{result="untracked"} 1
+# HELP pve_inspect_egress_flow_overruns_total Overruns (ENOBUFS) of the conntrack event socket: events the kernel dropped before the daemon read them.
+# TYPE pve_inspect_egress_flow_overruns_total counter
+pve_inspect_egress_flow_overruns_total 0
+`
+	if err := testutil.CollectAndCompare(b.f.Collector(), strings.NewReader(want)); err != nil {
+		t.Error(err)
 	}
 }
 
