@@ -112,7 +112,9 @@ type Flows struct {
 	logger *slog.Logger
 	now    func() time.Time
 
-	live map[uint32]liveFlow // conntrack id -> the flow's start
+	live  map[uint32]liveFlow // conntrack id -> the flow's start
+	ready chan struct{}       // closed once Run first listens
+	once  sync.Once
 
 	recorded, skipped, unattributed, untracked, unmatched, lost, overruns, bad atomic.Uint64
 }
@@ -141,8 +143,12 @@ func NewFlows(cfg FlowConfig, owners FlowOwners, log *Log, guests Guests, addrs 
 		logger = slog.Default()
 	}
 	return &Flows{cfg: cfg, owners: owners, log: log, guests: guests, addrs: addrs, logger: logger, now: time.Now,
-		live: map[uint32]liveFlow{}}
+		live: map[uint32]liveFlow{}, ready: make(chan struct{})}
 }
+
+// Ready is closed once Run first listens to the events (and has taken
+// the table as it was then): every flow from then on is seen.
+func (f *Flows) Ready() <-chan struct{} { return f.ready }
 
 // Stats returns the counts so far.
 func (f *Flows) Stats() FlowStats {
@@ -371,6 +377,7 @@ func (f *Flows) listen(ctx context.Context) error {
 	if err := f.dumpResync(); err != nil {
 		return err
 	}
+	f.once.Do(func() { close(f.ready) })
 	var last time.Time
 	pending := false
 	for {

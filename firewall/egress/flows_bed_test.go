@@ -68,6 +68,12 @@ func TestEgressFlowsOnBed(t *testing.T) {
 			t.Errorf("flows: %v", err)
 		}
 	}()
+	// a flow that ends before Run listens is never seen
+	select {
+	case <-flows.Ready():
+	case <-ctx.Done():
+		t.Fatal("flows never listened")
+	}
 
 	// tcp: one request of exactly sentTCP bytes, the answer read to EOF
 	const sentTCP = 100000
