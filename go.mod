@@ -126,6 +126,13 @@ require (
 	libvirt.org/go/libvirtxml v1.12008.0
 )
 
+require (
+	github.com/ti-mo/conntrack v0.6.0
+	github.com/ti-mo/netfilter v0.5.3
+)
+
+require github.com/pkg/errors v0.9.1 // indirect
+
 tool (
 	github.com/goreleaser/nfpm/v2/cmd/nfpm
 	honnef.co/go/tools/cmd/staticcheck

@@ -265,6 +265,10 @@ func (g *Guard) Start(ctx context.Context) error {
 		return fmt.Errorf("start guard: %w", err)
 	}
 	g.started = true
+	// after the table: its ct rules have conntrack loaded
+	if err := inNS(g.opts.ns, func() error { return enableConntrackAcct(g.cfg) }); err != nil {
+		g.log.Warn("conntrack accounting off: the egress record's flows have no byte counts", "err", err)
+	}
 	if err := CheckNodeConnLimit(g.cfg.procRoot(), g.cfg.Flood); errors.Is(err, ErrNodeConnLimit) {
 		g.log.Warn("guests can fill the node's conntrack table", "err", err)
 	} else if err != nil {
@@ -1025,6 +1029,9 @@ func RemoveTable(ctx context.Context, cfg Config, opts ...Option) error {
 		}
 	}
 	if err := inNS(o.ns, func() error { return restoreIPv6Default(cfg) }); err != nil {
+		return fmt.Errorf("remove guard: %w", err)
+	}
+	if err := inNS(o.ns, func() error { return restoreConntrackAcct(cfg) }); err != nil {
 		return fmt.Errorf("remove guard: %w", err)
 	}
 	if err := os.Remove(filepath.Join(cfg.stateDir(), appliedMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {

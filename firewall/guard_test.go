@@ -582,12 +582,14 @@ func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 }
 
 // TestRemoveTableRestoresSysctl: Start sets the default new interfaces
-// inherit (IPv6 off) and saves it; guard remove puts it back.
+// inherit (IPv6 off) and conntrack's accounting (on, for the egress
+// record's flows) and saves them; guard remove puts them back.
 func TestRemoveTableRestoresSysctl(t *testing.T) {
 	n := basicNode(t)
 	cfg := testConfig(t)
 	sysctls := []struct{ rel, before, started string }{
 		{ipv6DefaultSysctl, "0\n", "1\n"},
+		{conntrackAcctSysctl, "0\n", "1\n"},
 	}
 	for _, sc := range sysctls {
 		p := filepath.Join(cfg.ProcRoot, sc.rel)

@@ -32,6 +32,27 @@ func disableIPv6Default(cfg Config) error {
 	})
 }
 
+const (
+	conntrackAcctSysctl = "sys/net/netfilter/nf_conntrack_acct"
+	conntrackAcctBackup = "guard-conntrack-acct.orig"
+)
+
+// enableConntrackAcct sets net.netfilter.nf_conntrack_acct=1 in the
+// node's namespace so that conntrack counts the bytes and packets of
+// each flow both ways: the egress record's kernel flows
+// (egress.Flows) take them from conntrack's DESTROY events. It applies
+// to flows begun after it is set. The previous value is saved once and
+// put back by RemoveTable. Without conntrack loaded there is no such
+// file: nothing to do (the guard's own ct rules load it).
+func enableConntrackAcct(cfg Config) error {
+	return raiseDefault(cfg, conntrackAcctSysctl, conntrackAcctBackup, func(string) string { return "1" })
+}
+
+// restoreConntrackAcct puts back the value saved by enableConntrackAcct.
+func restoreConntrackAcct(cfg Config) error {
+	return restoreDefault(cfg, conntrackAcctSysctl, conntrackAcctBackup)
+}
+
 // restoreIPv6Default puts back the value saved by disableIPv6Default.
 func restoreIPv6Default(cfg Config) error {
 	return restoreDefault(cfg, ipv6DefaultSysctl, ipv6BackupFile)

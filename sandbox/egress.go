@@ -136,7 +136,7 @@ func sandboxBridges(sb apitype.Sandbox) []string {
 
 // EgressLogFilter selects records of a sandbox's egress record.
 type EgressLogFilter struct {
-	// Type is "dns" or "conn" ("": both); VMID one VM's (0: all).
+	// Type is "dns", "conn" or "flow" ("": all); VMID one VM's (0: all).
 	Type string
 	VMID int
 	// Since and Limit page: the records after Seq Since, at most Limit.
@@ -145,8 +145,8 @@ type EgressLogFilter struct {
 }
 
 // EgressRecorder is an Egress that keeps the sandboxes' egress record
-// (the daemon's does): the DNS questions and connections of a sandbox's
-// guests, VM by VMID (the engine names them).
+// (the daemon's does): the DNS questions, connections and kernel flows
+// of a sandbox's guests, VM by VMID (the engine names them).
 type EgressRecorder interface {
 	Log(sandbox string, f EgressLogFilter) apitype.EgressLog
 }
@@ -170,8 +170,8 @@ func (m *Engine) EgressLog(sb apitype.Sandbox, q apitype.EgressLogQuery) (apityp
 		f.Limit = DefaultEgressLogLimit
 	}
 	switch {
-	case q.Type != "" && q.Type != "dns" && q.Type != "conn":
-		return apitype.EgressLog{}, invalid("type", "type %q: want dns or conn", q.Type)
+	case q.Type != "" && q.Type != "dns" && q.Type != "conn" && q.Type != "flow":
+		return apitype.EgressLog{}, invalid("type", "type %q: want dns, conn or flow", q.Type)
 	case f.Limit < 1 || f.Limit > MaxEgressLogLimit:
 		return apitype.EgressLog{}, invalid("limit", "limit %d: want 1..%d", q.Limit, MaxEgressLogLimit)
 	}

@@ -12,7 +12,7 @@ import (
 // The query parameters of GET .../egress/log.
 var (
 	pLogType = param{name: "type", in: "query", desc: "only records of this type", schema: func() map[string]any {
-		return map[string]any{"type": "string", "enum": []string{"dns", "conn"}}
+		return map[string]any{"type": "string", "enum": []string{"dns", "conn", "flow"}}
 	}}
 	pLogVM    = param{name: "vm", in: "query", desc: "only records of this VM of the sandbox (its name)"}
 	pLogSince = param{name: "since", in: "query", desc: "only records after this seq (a page's next)", schema: func() map[string]any {

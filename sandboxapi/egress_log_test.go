@@ -83,6 +83,10 @@ func TestEgressLogScope(t *testing.T) {
 	if err != nil || len(l.Records) != 1 || rec.asked != want {
 		t.Errorf("filtered: %+v %v, asked %+v, want %+v", l, err, rec.asked, want)
 	}
+	l, err = aliceRead.EgressLog(ctx, sb.ID, apitype.EgressLogQuery{Type: "flow"})
+	if err != nil || rec.asked.Type != "flow" {
+		t.Errorf("kernel flows: %+v %v, asked %+v", l, err, rec.asked)
+	}
 	for _, q := range []apitype.EgressLogQuery{{Type: "udp"}, {VM: "nope"}, {Limit: sandbox.MaxEgressLogLimit + 1}} {
 		if _, err := aliceRead.EgressLog(ctx, sb.ID, q); !client.IsProblem(err, apitype.ProblemInvalidRequest) {
 			t.Errorf("%+v: %v, want invalid-request", q, err)

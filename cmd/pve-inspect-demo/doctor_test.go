@@ -63,7 +63,7 @@ func TestPlaygroundDoctor(t *testing.T) {
 		"proxmox version": doctor.Pass, "token privileges": doctor.Pass, "token scope": doctor.Pass, "storages": doctor.Pass, "sdn and dnsmasq": doctor.Pass,
 		"node name": doctor.Pass, "sdn global lock": doctor.Pass, "staged host network edits": doctor.Pass, "transfer storage content": doctor.Warn,
 		"ipam": doctor.Pass, "template debian (9000)": doctor.Pass, "unit sandbox vs transfer storage": doctor.Skip,
-		"guard": doctor.Pass, "conntrack bound": doctor.Pass, "lockdown": doctor.Pass, "sandbox api": doctor.Pass,
+		"guard": doctor.Pass, "conntrack bound": doctor.Pass, "conntrack accounting": doctor.Pass, "lockdown": doctor.Pass, "sandbox api": doctor.Pass,
 		"canary: create": doctor.Pass, "canary: exec": doctor.Pass, "canary: file, streaming path": doctor.Pass,
 		"canary: file, disk path": doctor.Pass, "canary: snapshot and rollback": doctor.Pass, "canary: containment check": doctor.Pass,
 		"canary: delete": doctor.Pass, "canary: nothing left behind": doctor.Pass, "pool VM NICs": doctor.Pass,
@@ -72,8 +72,8 @@ func TestPlaygroundDoctor(t *testing.T) {
 			t.Errorf("check %q: %q, want %q", name, got[name], want)
 		}
 	}
-	if len(rep.Checks) != 25 {
-		t.Errorf("%d checks, want 25", len(rep.Checks))
+	if len(rep.Checks) != 26 {
+		t.Errorf("%d checks, want 26", len(rep.Checks))
 	}
 
 	// The human table of the read-only checks, with the shipped unit's

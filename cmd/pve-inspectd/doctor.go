@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -39,7 +40,7 @@ func newDoctorCmd(g *globals) *cobra.Command {
 		Short: "check that this node can run sandboxes (Proxmox, token privileges, storages, SDN, templates, unit, guard, conntrack bound, lockdown); --canary drives a real sandbox end to end; exit 0 only when every check passes",
 		Long: "Read-only checks first: the Proxmox version; the token's effective privileges (GET /access/permissions) against every call the daemon makes, and no broad privilege beyond them; " +
 			"the storages of the templates and the transfer storage (images, active, in the pool); SDN (no pending edits of others) and dnsmasq; the pve IPAM; " +
-			"each template (hardened, disk hotplug, guest agent); the unit's sandbox against the transfer storage's path; the guard; [guard] node_conn_limit below the node's nf_conntrack_max; the lockdown. " +
+			"each template (hardened, disk hotplug, guest agent); the unit's sandbox against the transfer storage's path; the guard; [guard] node_conn_limit below the node's nf_conntrack_max; conntrack accounting on (nf_conntrack_acct, for the egress record's flows); the lockdown. " +
 			"With --canary, through the running daemon's API: create a sandbox, exec, a file both ways on the streaming and on the disk path, snapshot and rollback, " +
 			"the containment check, delete, and nothing left on Proxmox; each step timed. Every failure says what to change. Exit 0 only when no check fails.",
 		Args: cobra.NoArgs,
@@ -109,7 +110,7 @@ func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config,
 		checks = append(checks, doctor.TemplateChecks(px, n)...)
 		checks = append(checks, doctor.UnitCheck(px, n, doctor.SystemdUnit(runHost, o.unitName, o.unitFile)))
 	}
-	checks = append(checks, guardCheck(cfg), conntrackCheck(cfg), lockdownCheck(cfg))
+	checks = append(checks, guardCheck(cfg), conntrackCheck(cfg), conntrackAcctCheck(cfg), lockdownCheck(cfg))
 	rep := doctor.Run(ctx, checks)
 	if !o.canary || px == nil {
 		return rep
@@ -221,6 +222,27 @@ func conntrackCheck(cfg config.Config) doctor.Check {
 			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(), Fix: "run doctor as root on the node"}
 		}
 		return doctor.Outcome{Status: doctor.Pass, Detail: fmt.Sprintf("node_conn_limit %d is below nf_conntrack_max", gc.Flood.NodeConnLimit)}
+	}}
+}
+
+// conntrackAcctCheck wants conntrack's accounting on in the node's
+// namespace (net.netfilter.nf_conntrack_acct=1, which the guard sets at
+// start): the egress record's flows take their bytes and packets from
+// it.
+func conntrackAcctCheck(cfg config.Config) doctor.Check {
+	return doctor.Check{Name: "conntrack accounting", Run: func(context.Context) doctor.Outcome {
+		p := filepath.Join(daemon.GuardConfig(cfg.Guard).ProcRoot, "sys/net/netfilter/nf_conntrack_acct")
+		b, err := os.ReadFile(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return doctor.Outcome{Status: doctor.Skip, Detail: "nf_conntrack is not loaded: no flows to count yet"}
+		case err != nil:
+			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(), Fix: "run doctor as root on the node"}
+		case strings.TrimSpace(string(b)) != "1":
+			return doctor.Outcome{Status: doctor.Fail, Detail: "net.netfilter.nf_conntrack_acct is off: the egress record's flows have no byte or packet counts",
+				Fix: "restart the daemon (its guard sets it at start), or sysctl -w net.netfilter.nf_conntrack_acct=1 (flows begun before keep no counts)"}
+		}
+		return doctor.Outcome{Status: doctor.Pass, Detail: "conntrack counts each flow's bytes and packets (the egress record's flows)"}
 	}}
 }
 

@@ -176,7 +176,7 @@ func TestDoctorGuardAndLockdown(t *testing.T) {
 	if r := got["conntrack bound"]; r.Status == doctor.Fail {
 		t.Errorf("conntrack bound with the default node_conn_limit: %+v", r)
 	}
-	if len(got) != 4 {
+	if len(got) != 5 {
 		t.Errorf("checks without a token: %v", got)
 	}
 
@@ -220,6 +220,37 @@ func TestDoctorConntrackBound(t *testing.T) {
 				}
 			}
 			if o := conntrackCheck(cfg).Run(context.Background()); o.Status != tc.want {
+				t.Errorf("%+v, want %s", o, tc.want)
+			}
+		})
+	}
+}
+
+// TestDoctorConntrackAcct: the egress record's flows want conntrack's
+// accounting on.
+func TestDoctorConntrackAcct(t *testing.T) {
+	cases := []struct {
+		name, acct string // acct "": conntrack not loaded
+		want       doctor.Status
+	}{
+		{"on (the guard set it)", "1\n", doctor.Pass},
+		{"off", "0\n", doctor.Fail},
+		{"not loaded", "", doctor.Skip},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Guard.ProcRoot = t.TempDir()
+			if tc.acct != "" {
+				p := filepath.Join(cfg.Guard.ProcRoot, "sys/net/netfilter/nf_conntrack_acct")
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(tc.acct), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if o := conntrackAcctCheck(cfg).Run(context.Background()); o.Status != tc.want {
 				t.Errorf("%+v, want %s", o, tc.want)
 			}
 		})

@@ -45,7 +45,7 @@ func newEgressLogCmd(withClient clientRun) *cobra.Command {
 			return nil
 		}),
 	}
-	cmd.Flags().StringVar(&q.Type, "type", "", "only dns or conn records")
+	cmd.Flags().StringVar(&q.Type, "type", "", "only dns, conn or flow records")
 	cmd.Flags().StringVar(&q.VM, "vm", "", "only this VM's records")
 	cmd.Flags().Uint64Var(&q.Since, "since", 0, "only records after this seq")
 	cmd.Flags().IntVar(&q.Limit, "limit", 0, "the most records of a page (default: the server's, 1000)")
@@ -68,9 +68,12 @@ func printEgressLog(w io.Writer, l apitype.EgressLog) {
 			vm = r.Source
 		}
 		name, dest := r.Name, r.Dest
-		if r.Type == "dns" {
+		switch r.Type {
+		case "dns":
 			name += " " + r.QType
 			dest = strings.Join(r.Answers, ",")
+		case "flow":
+			name = r.Proto
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", r.Seq, r.Time.Format("15:04:05.000"), vm, r.Type, verdict, name, dest, r.BytesOut, r.BytesIn)
 	}

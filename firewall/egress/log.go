@@ -10,12 +10,13 @@ import (
 const (
 	RecordDNS  = "dns"  // a DNS question the resolver answered
 	RecordConn = "conn" // a connection the proxy handled
+	RecordFlow = "flow" // a flow the kernel's conntrack saw leave the zone (Flows)
 )
 
 // Verdicts of a Record.
 const (
 	VerdictAnswered = "answered" // DNS: answered (NOERROR with or without data, or upstream's NXDOMAIN)
-	VerdictAllowed  = "allowed"  // conn: spliced to its destination
+	VerdictAllowed  = "allowed"  // conn: spliced to its destination; flow: let out by the guard
 	VerdictRefused  = "refused"  // refused by the policy or a quota (Reason says which)
 	VerdictFailed   = "failed"   // allowed, but it could not be served (Reason says why)
 )
@@ -79,8 +80,8 @@ type Guests interface {
 	GuestOf(a netip.Addr) (Guest, bool)
 }
 
-// Record is one entry of a sandbox's egress record: a DNS question or a
-// connection, never a byte of payload.
+// Record is one entry of a sandbox's egress record: a DNS question, a
+// connection or a kernel flow, never a byte of payload.
 type Record struct {
 	// Seq numbers the owner's records from 1, in the order they were
 	// recorded (a gap is a record dropped).
@@ -99,15 +100,23 @@ type Record struct {
 	// Answers the addresses the guest was given (at most 8).
 	QType, Rcode string
 	Answers      []netip.Addr
-	// Proto, Dest and Check are a connection's protocol, original
-	// destination, and how its name was seen ("sni" or "host").
+	// Proto, Dest and Check are a connection's or flow's protocol,
+	// original destination, and how its name was seen ("sni" or "host";
+	// never for a flow).
 	Proto string
 	Dest  netip.AddrPort
 	Check string
 	// BytesOut and BytesIn are the payload bytes relayed guest to
-	// destination and back; Duration is from accept to close.
+	// destination and back (RecordConn), or the IP bytes (headers
+	// included) conntrack counted in each direction (RecordFlow);
+	// Duration is from accept to close (RecordConn), or from the flow's
+	// first packet to its end in conntrack (RecordFlow: for TCP, after
+	// its TIME_WAIT).
 	BytesOut, BytesIn int64
 	Duration          time.Duration
+	// PacketsOut and PacketsIn are the packets conntrack counted each
+	// way (RecordFlow only).
+	PacketsOut, PacketsIn int64
 }
 
 // LogConfig bounds the egress record.
@@ -128,10 +137,11 @@ const DefaultLogEntries = 2048
 
 // Log is the egress record of every owner (a sandbox, or a zone the
 // daemon did not create): a ring per owner, written only by the
-// daemon's resolver and proxy, so a guest can neither forge nor erase
-// an entry. What it holds of an owner is dropped with the owner's
-// instance (Forget, from Registry.OnDrop): a ring taken before that
-// (Open) takes no more records, and a new instance starts empty.
+// daemon's resolver, proxy and conntrack reader (Flows), so a guest can
+// neither forge nor erase an entry. What it holds of an owner is
+// dropped with the owner's instance (Forget, from Registry.OnDrop): a
+// ring taken before that (Open) takes no more records, and a new
+// instance starts empty.
 type Log struct {
 	perOwner, node int
 	now            func() time.Time
@@ -183,16 +193,26 @@ func (l *Log) Open(owner string) *Ring {
 
 // Add records rec (its Seq and, if zero, its Time set here). A ring of a
 // forgotten instance, or a nil one, records nothing.
-func (r *Ring) Add(rec Record) {
+func (r *Ring) Add(rec Record) { r.add(rec) }
+
+// AddFlow records a RecordFlow as Add does and reports whether the ring
+// took it (false: a nil ring, or one of a forgotten instance; a record
+// past a bound is taken, and counted as dropped).
+func (r *Ring) AddFlow(rec Record) bool {
+	rec.Type = RecordFlow
+	return r.add(rec)
+}
+
+func (r *Ring) add(rec Record) bool {
 	if r == nil {
-		return
+		return false
 	}
 	l := r.log
 	now := l.now().UTC()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r.gone {
-		return
+		return false
 	}
 	r.seq++
 	rec.Seq = r.seq
@@ -210,6 +230,7 @@ func (r *Ring) Add(rec Record) {
 		r.buf = append(r.buf, rec)
 		l.total++
 	}
+	return true
 }
 
 // Forget drops owner's records (its instance ended); a ring taken of it
@@ -229,7 +250,7 @@ func (l *Log) Forget(owner string) {
 
 // LogQuery selects records of one owner.
 type LogQuery struct {
-	// Type is RecordDNS or RecordConn; "" both.
+	// Type is RecordDNS, RecordConn or RecordFlow; "" all.
 	Type string
 	// VMID selects one VM's records (0: all).
 	VMID int

@@ -43,7 +43,8 @@ type EgressRecord struct {
 	// Seq numbers the sandbox's records from 1 (a gap: records dropped).
 	Seq  uint64    `json:"seq"`
 	Time time.Time `json:"time"`
-	// Type is dns or conn.
+	// Type is dns, conn or flow (a flow the kernel's conntrack saw
+	// leave the zone, in every egress mode).
 	Type string `json:"type"`
 	// VM and VMID name the VM the guest address belongs to (the guard's
 	// port map), MAC its NIC; Source is the guest address.
@@ -51,7 +52,7 @@ type EgressRecord struct {
 	VMID   int    `json:"vmid,omitempty"`
 	MAC    string `json:"mac,omitempty"`
 	Source string `json:"source,omitempty"`
-	// Verdict is answered (dns), allowed (conn), refused or failed;
+	// Verdict is answered (dns), allowed (conn, flow), refused or failed;
 	// Reason says why (a denial reason: name, mode, sni, host, peek,
 	// address, quota; or upstream, stale, connect, learn, zone).
 	Verdict string `json:"verdict"`
@@ -72,10 +73,15 @@ type EgressRecord struct {
 	Dest  string `json:"dest,omitempty"`
 	Check string `json:"check,omitempty"`
 	// BytesOut and BytesIn are the bytes relayed guest to destination
-	// and back (absent: none); DurationMS from accept to close.
+	// and back (conn: payload; flow: IP bytes, headers included, as
+	// conntrack counts them; absent: none); DurationMS from accept to
+	// close (flow: from its first packet to its end in conntrack).
 	BytesOut   int64 `json:"bytes_out,omitempty"`
 	BytesIn    int64 `json:"bytes_in,omitempty"`
 	DurationMS int64 `json:"duration_ms,omitempty"`
+	// PacketsOut and PacketsIn are the packets of a flow each way.
+	PacketsOut int64 `json:"packets_out,omitempty"`
+	PacketsIn  int64 `json:"packets_in,omitempty"`
 }
 
 // EgressLog is the body of GET /v1/sandboxes/{id}/egress/log: a page of

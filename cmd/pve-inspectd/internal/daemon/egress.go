@@ -174,6 +174,14 @@ func (r *run) startEgress(ctx context.Context) error {
 	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
 	drops := egress.NewKernelDrops(r.guard, reg, den, 0, r.log)
 	r.parts.Go("egress kernel drops", drops.Run)
+	// the kernel's own flows of every mode (open too), from conntrack
+	dnsPort, proxyPort := kcfg.Egress.Ports()
+	flows := egress.NewFlows(egress.FlowConfig{DNSPort: dnsPort, ProxyPort: proxyPort, NetNS: ns}, reg, elog, guests,
+		&egress.PrefixAddrs{List: links.Prefixes}, r.log)
+	if err := r.reg.Register(flows.Collector()); err != nil {
+		return fmt.Errorf("egress flow metrics: %w", err)
+	}
+	r.parts.Go("egress flows", flows.Run)
 	r.log.Info("egress policies in force", "component", "egress", "default", def.Mode, "upstreams", ups)
 	return nil
 }
@@ -306,7 +314,7 @@ var _ sandbox.EgressRecorder = (*Egress)(nil)
 func recordOf(r egress.Record) apitype.EgressRecord {
 	out := apitype.EgressRecord{Seq: r.Seq, Time: r.Time, Type: r.Type, VMID: r.Guest.VMID, MAC: r.Guest.MAC,
 		Verdict: r.Verdict, Reason: r.Reason, Name: r.Name, QType: r.QType, Rcode: r.Rcode, Proto: r.Proto, Check: r.Check,
-		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds()}
+		BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds(), PacketsOut: r.PacketsOut, PacketsIn: r.PacketsIn}
 	if r.Guest.Addr.IsValid() {
 		out.Source = r.Guest.Addr.String()
 	}

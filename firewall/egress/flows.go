@@ -1,0 +1,559 @@
+package egress
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/ti-mo/conntrack"
+	"github.com/ti-mo/netfilter"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMaxLiveFlows is the flows Flows follows from their start to
+// their end at once when a config leaves it out.
+const DefaultMaxLiveFlows = 65536
+
+// FlowConfig configures a Flows.
+type FlowConfig struct {
+	// DNSPort and ProxyPort are the daemon's resolver and proxy ports: a
+	// flow the guard redirected to one of them (destination NAT, the
+	// reply from that port) is in the record already, as the resolver's
+	// dns or the proxy's conn record, and is not recorded again.
+	DNSPort, ProxyPort uint16
+	// MaxLive bounds the flows followed at once (zero:
+	// DefaultMaxLiveFlows); a flow starting past it is not recorded and
+	// is counted (FlowStats.Untracked).
+	MaxLive int
+	// NetNS is the node's network namespace whose conntrack is read
+	// (netns.None(): the caller's).
+	NetNS netns.NsHandle
+	// ReadBuffer is the event socket's receive buffer in bytes (zero: 4
+	// MiB): the queue between the kernel and Run, past which events are
+	// lost and counted (FlowStats.Overruns).
+	ReadBuffer int
+}
+
+// FlowOwners names the owner of a guest interface's policy and lets a
+// ring be taken while that policy is current (*Registry).
+type FlowOwners interface {
+	ForGen(iface string) (Rules, string, uint64, error)
+	IfCurrent(iface string, gen uint64, fn func()) bool
+}
+
+// NodeAddrs knows the node's own addresses and the interface whose
+// on-link prefix holds an address (a zone's vnet bridge for a guest's).
+type NodeAddrs interface {
+	// BridgeOf returns the interface whose prefix holds a.
+	BridgeOf(a netip.Addr) (string, bool)
+	// IsLocal reports whether a is one of the node's own addresses.
+	IsLocal(a netip.Addr) bool
+}
+
+// FlowStats counts what Flows did with the kernel's events.
+type FlowStats struct {
+	// Recorded flows (a record added to a live ring).
+	Recorded uint64
+	// Skipped events: not a guest's flow leaving its zone (another
+	// protocol, to the node itself or its own zone, not from a guest
+	// address) or a redirect to the daemon's resolver or proxy.
+	Skipped uint64
+	// Unattributed flows: from a guest address no zone's bridge or
+	// owner could be found for.
+	Unattributed uint64
+	// Untracked flows: started while MaxLive were followed.
+	Untracked uint64
+	// Unmatched ends: a flow whose start was not seen (begun before Run
+	// listened and not in its dump, or its start event lost).
+	Unmatched uint64
+	// Lost flows: followed, then gone from the kernel's table without
+	// their end event (lost to an overrun; found by a resync).
+	Lost uint64
+	// Overruns of the event socket (ENOBUFS: the kernel dropped events
+	// the daemon did not read in time); each is followed by a resync.
+	Overruns uint64
+	// Bad messages the decoder refused.
+	Bad uint64
+}
+
+// Flows records the flows the kernel's conntrack sees leave a sandbox's
+// zone, in every egress mode: each as a RecordFlow in the owner's ring,
+// with the bytes and packets conntrack counted each way
+// (net.netfilter.nf_conntrack_acct, which the guard sets to 1 in the
+// node's namespace). It listens to conntrack's NEW and DESTROY events:
+// at NEW it finds the flow's owner (the guest's address by the guard's
+// port map, the bridge whose prefix holds it, the owner of that bridge's
+// policy) and takes the owner's ring while that policy is current; at
+// DESTROY it adds the record to that ring, which records nothing once
+// the owner's instance is gone (Log.Forget): a flow of a sandbox deleted
+// or handed to a new tenant (a pool member claimed) before the flow ends
+// is recorded nowhere. A flow conntrack confirmed is one the guard let
+// out (the guard's drops are in the forward hook, before conntrack
+// confirms an entry, and are the denials already); its verdict is
+// VerdictAllowed.
+//
+// Handle is called by one goroutine (Run's); Stats from any.
+type Flows struct {
+	cfg    FlowConfig
+	owners FlowOwners
+	log    *Log
+	guests Guests
+	addrs  NodeAddrs
+	logger *slog.Logger
+	now    func() time.Time
+
+	live  map[uint32]liveFlow // conntrack id -> the flow's start
+	ready chan struct{}       // closed once Run first listens
+	once  sync.Once
+
+	recorded, skipped, unattributed, untracked, unmatched, lost, overruns, bad atomic.Uint64
+}
+
+// liveFlow is a followed flow: where its record goes and what of it was
+// seen at its start.
+type liveFlow struct {
+	ring  *Ring
+	guest Guest
+	proto uint8
+	dest  netip.AddrPort
+	start time.Time
+}
+
+// NewFlows returns a recorder of the flows of owners' guests into log.
+// guests names a guest by its address (the guard's port map: an address
+// it pins to a VM's port), addrs the bridge whose prefix holds it.
+func NewFlows(cfg FlowConfig, owners FlowOwners, log *Log, guests Guests, addrs NodeAddrs, logger *slog.Logger) *Flows {
+	if cfg.MaxLive <= 0 {
+		cfg.MaxLive = DefaultMaxLiveFlows
+	}
+	if cfg.ReadBuffer <= 0 {
+		cfg.ReadBuffer = 4 << 20
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Flows{cfg: cfg, owners: owners, log: log, guests: guests, addrs: addrs, logger: logger, now: time.Now,
+		live: map[uint32]liveFlow{}, ready: make(chan struct{})}
+}
+
+// Ready is closed once Run first listens to the events (and has taken
+// the table as it was then): every flow from then on is seen.
+func (f *Flows) Ready() <-chan struct{} { return f.ready }
+
+// Stats returns the counts so far.
+func (f *Flows) Stats() FlowStats {
+	return FlowStats{Recorded: f.recorded.Load(), Skipped: f.skipped.Load(), Unattributed: f.unattributed.Load(),
+		Untracked: f.untracked.Load(), Unmatched: f.unmatched.Load(), Lost: f.lost.Load(),
+		Overruns: f.overruns.Load(), Bad: f.bad.Load()}
+}
+
+// Live returns the flows followed now.
+func (f *Flows) Live() int { return len(f.live) }
+
+// Handle takes one conntrack event: a NEW starts following a guest's
+// flow, a DESTROY records it. Other events are ignored.
+func (f *Flows) Handle(ev conntrack.Event) {
+	if ev.Flow == nil {
+		return
+	}
+	switch ev.Type {
+	case conntrack.EventNew:
+		f.begin(ev.Flow, f.now())
+	case conntrack.EventDestroy:
+		f.end(ev.Flow, f.now())
+	}
+}
+
+// begin follows fl if it is a guest's flow leaving its zone.
+func (f *Flows) begin(fl *conntrack.Flow, now time.Time) {
+	lf, ok := f.classify(fl, now)
+	if !ok {
+		return
+	}
+	if _, had := f.live[fl.ID]; !had && len(f.live) >= f.cfg.MaxLive {
+		f.untracked.Add(1)
+		return
+	}
+	f.live[fl.ID] = lf
+}
+
+// classify returns what is followed of fl, counting why when nothing is.
+func (f *Flows) classify(fl *conntrack.Flow, now time.Time) (liveFlow, bool) {
+	o := fl.TupleOrig
+	src, dst := o.IP.SourceAddress, o.IP.DestinationAddress
+	proto := o.Proto.Protocol
+	switch {
+	case proto != unix.IPPROTO_TCP && proto != unix.IPPROTO_UDP,
+		!src.Is4() || !dst.Is4(),
+		!dst.IsGlobalUnicast(), // loopback, link-local, multicast, broadcast
+		f.redirected(fl):
+		f.skipped.Add(1)
+		return liveFlow{}, false
+	}
+	g, ok := f.guests.GuestOf(src)
+	if !ok {
+		f.skipped.Add(1) // not a guest's address: the node's own, or a spoof the guard dropped
+		return liveFlow{}, false
+	}
+	if f.addrs.IsLocal(dst) {
+		f.skipped.Add(1) // to the node itself (the zone's dnsmasq): never left the zone
+		return liveFlow{}, false
+	}
+	bridge, ok := f.addrs.BridgeOf(src)
+	if !ok {
+		f.unattributed.Add(1)
+		return liveFlow{}, false
+	}
+	if b, ok := f.addrs.BridgeOf(dst); ok && b == bridge {
+		f.skipped.Add(1) // within its own zone
+		return liveFlow{}, false
+	}
+	ring := f.ringOf(bridge)
+	if ring == nil {
+		f.unattributed.Add(1)
+		return liveFlow{}, false
+	}
+	start := now
+	if !fl.Timestamp.Start.IsZero() {
+		start = fl.Timestamp.Start
+	}
+	return liveFlow{ring: ring, guest: g, proto: proto, dest: netip.AddrPortFrom(dst, o.Proto.DestinationPort), start: start}, true
+}
+
+// redirected reports whether fl is a guest's DNS or tcp 80/443 the
+// guard redirected to the daemon's resolver or proxy (in the record as
+// their dns and conn records).
+func (f *Flows) redirected(fl *conntrack.Flow) bool {
+	if !fl.Status.DstNAT() {
+		return false
+	}
+	p := fl.TupleReply.Proto.SourcePort
+	return p != 0 && (p == f.cfg.DNSPort || p == f.cfg.ProxyPort)
+}
+
+// ringOf returns the ring of the owner of bridge's policy, taken while
+// that policy is current; nil when the bridge is no guest's.
+func (f *Flows) ringOf(bridge string) *Ring {
+	_, owner, gen, err := f.owners.ForGen(bridge)
+	if err != nil {
+		return nil
+	}
+	var ring *Ring
+	f.owners.IfCurrent(bridge, gen, func() { ring = f.log.Open(owner) })
+	return ring
+}
+
+// end records the followed flow fl ends.
+func (f *Flows) end(fl *conntrack.Flow, now time.Time) {
+	lf, ok := f.live[fl.ID]
+	if !ok {
+		f.unmatched.Add(1)
+		return
+	}
+	o := fl.TupleOrig
+	if o.IP.SourceAddress != lf.guest.Addr || o.Proto.Protocol != lf.proto ||
+		netip.AddrPortFrom(o.IP.DestinationAddress, o.Proto.DestinationPort) != lf.dest {
+		f.unmatched.Add(1) // not the flow begun under this id
+		return
+	}
+	delete(f.live, fl.ID)
+	f.ring(lf, fl, now)
+}
+
+// ring adds the record of lf, ended as fl, to its ring.
+func (f *Flows) ring(lf liveFlow, fl *conntrack.Flow, now time.Time) {
+	end := now
+	if !fl.Timestamp.Stop.IsZero() {
+		end = fl.Timestamp.Stop
+	}
+	rec := Record{Time: lf.start.UTC(), Type: RecordFlow, Guest: lf.guest, Verdict: VerdictAllowed,
+		Proto: protoName(lf.proto), Dest: lf.dest, Duration: max(end.Sub(lf.start), 0),
+		BytesOut: clampInt64(fl.CountersOrig.Bytes), BytesIn: clampInt64(fl.CountersReply.Bytes),
+		PacketsOut: clampInt64(fl.CountersOrig.Packets), PacketsIn: clampInt64(fl.CountersReply.Packets)}
+	if lf.ring.AddFlow(rec) {
+		f.recorded.Add(1)
+	}
+}
+
+func protoName(p uint8) string {
+	if p == unix.IPPROTO_UDP {
+		return "udp"
+	}
+	return "tcp"
+}
+
+func clampInt64(v uint64) int64 { return int64(min(v, 1<<63-1)) }
+
+// Resync makes the followed flows those of table (a dump of the kernel's
+// conntrack table): a followed flow no longer in it ended unseen and is
+// counted lost; a flow in it not followed yet is followed from now (its
+// start time the kernel's, when nf_conntrack_timestamp is on).
+func (f *Flows) Resync(table []conntrack.Flow) {
+	now := f.now()
+	in := make(map[uint32]bool, len(table))
+	for i := range table {
+		in[table[i].ID] = true
+	}
+	for id := range f.live {
+		if !in[id] {
+			delete(f.live, id)
+			f.lost.Add(1)
+		}
+	}
+	for i := range table {
+		if _, ok := f.live[table[i].ID]; !ok {
+			f.begin(&table[i], now)
+		}
+	}
+}
+
+// resyncEvery is the least time between two resyncs after overruns (a
+// dump of the whole table).
+const resyncEvery = 10 * time.Second
+
+// Run listens to the node's conntrack events until ctx is done, and
+// opens the socket again after an error (a second later, doubling to a
+// minute while it keeps failing). An overrun
+// (ENOBUFS) is counted, not fatal: the followed flows are made those of
+// a dump of the table again, at most every ten seconds.
+func (f *Flows) Run(ctx context.Context) error {
+	delay := time.Second
+	for {
+		began := time.Now()
+		err := f.listen(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(began) > time.Minute {
+			delay = time.Second // it ran a while: a new failure
+		}
+		f.logger.Warn("egress flows: conntrack events", "component", "egress", "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, time.Minute)
+	}
+}
+
+// netlinkConfig is the netlink config of the node's namespace.
+func (f *Flows) netlinkConfig() *netlink.Config {
+	if f.cfg.NetNS == netns.None() {
+		return &netlink.Config{}
+	}
+	return &netlink.Config{NetNS: int(f.cfg.NetNS)}
+}
+
+// listen subscribes to NEW and DESTROY events, takes the table as it is
+// (Resync), and handles events until an error or ctx is done.
+func (f *Flows) listen(ctx context.Context) error {
+	c, err := netfilter.Dial(f.netlinkConfig())
+	if err != nil {
+		return fmt.Errorf("dial conntrack events: %w", err)
+	}
+	var once sync.Once
+	closeConn := func() { once.Do(func() { _ = c.Close() }) }
+	defer closeConn()
+	stop := context.AfterFunc(ctx, closeConn)
+	defer stop()
+	if err := c.SetReadBuffer(f.cfg.ReadBuffer); err != nil {
+		return fmt.Errorf("conntrack events: read buffer: %w", err)
+	}
+	if err := c.JoinGroups([]netfilter.NetlinkGroup{netfilter.GroupCTNew, netfilter.GroupCTDestroy}); err != nil {
+		return fmt.Errorf("conntrack events: join groups: %w", err)
+	}
+	// joined first, so that no flow starts between the dump and the events
+	if err := f.dumpResync(); err != nil {
+		return err
+	}
+	f.once.Do(func() { close(f.ready) })
+	var last time.Time
+	pending := false
+	for {
+		msgs, err := c.Receive()
+		if errors.Is(err, unix.ENOBUFS) {
+			f.overruns.Add(1)
+			pending = true
+		} else if err != nil {
+			return fmt.Errorf("conntrack events: receive: %w", err)
+		}
+		for _, m := range msgs {
+			var ev conntrack.Event
+			if err := ev.Unmarshal(m); err != nil {
+				f.bad.Add(1)
+				continue
+			}
+			f.Handle(ev)
+		}
+		if pending && time.Since(last) >= resyncEvery {
+			pending, last = false, time.Now()
+			if err := f.dumpResync(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// dumpResync dumps the node's conntrack table and resyncs with it.
+func (f *Flows) dumpResync() error {
+	dc, err := conntrack.Dial(f.netlinkConfig())
+	if err != nil {
+		return fmt.Errorf("dial conntrack: %w", err)
+	}
+	defer dc.Close()
+	table, err := dc.Dump(nil)
+	if err != nil {
+		return fmt.Errorf("dump conntrack: %w", err)
+	}
+	f.Resync(table)
+	return nil
+}
+
+// IfPrefix is an address of an interface with its prefix.
+type IfPrefix struct {
+	Iface  string
+	Prefix netip.Prefix
+}
+
+// Prefixes lists the IPv4 addresses of the namespace's interfaces.
+func (l *NetlinkLinks) Prefixes() ([]IfPrefix, error) {
+	links, err := l.h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("egress: list links: %w", err)
+	}
+	names := make(map[int]string, len(links))
+	for _, ln := range links {
+		names[ln.Attrs().Index] = ln.Attrs().Name
+	}
+	addrs, err := l.h.AddrList(nil, unix.AF_INET)
+	if err != nil {
+		return nil, fmt.Errorf("egress: list addresses: %w", err)
+	}
+	out := make([]IfPrefix, 0, len(addrs))
+	for _, ad := range addrs {
+		a, ok := netip.AddrFromSlice(ad.IP.To4())
+		bits, _ := ad.Mask.Size()
+		if name := names[ad.LinkIndex]; ok && name != "" {
+			out = append(out, IfPrefix{Iface: name, Prefix: netip.PrefixFrom(a, bits)})
+		}
+	}
+	return out, nil
+}
+
+// PrefixAddrs implements NodeAddrs over a list of the node's addresses
+// (NetlinkLinks.Prefixes), read again at most once a second: a guest's
+// address is in its zone's subnet, on-link on the zone's vnet bridge.
+type PrefixAddrs struct {
+	// List returns the node's addresses.
+	List func() ([]IfPrefix, error)
+
+	mu    sync.Mutex // guards the fields below
+	nets  []IfPrefix // masked, longest first
+	local map[netip.Addr]bool
+	at    time.Time
+}
+
+// prefixTTL is how long PrefixAddrs uses one list.
+const prefixTTL = time.Second
+
+// BridgeOf implements NodeAddrs.
+func (p *PrefixAddrs) BridgeOf(a netip.Addr) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fresh()
+	for _, n := range p.nets {
+		if n.Prefix.Contains(a) {
+			return n.Iface, true
+		}
+	}
+	return "", false
+}
+
+// IsLocal implements NodeAddrs.
+func (p *PrefixAddrs) IsLocal(a netip.Addr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fresh()
+	return p.local[a]
+}
+
+// fresh reads the list again when it is older than prefixTTL; a failed
+// read keeps the last good list.
+func (p *PrefixAddrs) fresh() {
+	now := time.Now()
+	if p.local != nil && now.Sub(p.at) < prefixTTL {
+		return
+	}
+	list, err := p.List()
+	p.at = now
+	if err != nil {
+		if p.local == nil {
+			p.local = map[netip.Addr]bool{}
+		}
+		return
+	}
+	p.nets, p.local = prefixIndex(list)
+}
+
+// prefixIndex returns the masked prefixes, longest first, and the
+// addresses themselves.
+func prefixIndex(list []IfPrefix) ([]IfPrefix, map[netip.Addr]bool) {
+	nets := make([]IfPrefix, 0, len(list))
+	local := make(map[netip.Addr]bool, len(list))
+	for _, ip := range list {
+		if !ip.Prefix.IsValid() {
+			continue
+		}
+		local[ip.Prefix.Addr()] = true
+		if ip.Prefix.Bits() < 32 {
+			nets = append(nets, IfPrefix{Iface: ip.Iface, Prefix: ip.Prefix.Masked()})
+		}
+	}
+	slices.SortStableFunc(nets, func(a, b IfPrefix) int { return cmp.Compare(b.Prefix.Bits(), a.Prefix.Bits()) })
+	return nets, local
+}
+
+// Collector exports the counts as
+// pve_inspect_egress_flow_events_total{result} (recorded, skipped,
+// unattributed, untracked, unmatched, lost, bad) and
+// pve_inspect_egress_flow_overruns_total.
+func (f *Flows) Collector() prometheus.Collector { return flowCollector{f} }
+
+type flowCollector struct{ f *Flows }
+
+var (
+	flowEventsDesc = prometheus.NewDesc("pve_inspect_egress_flow_events_total",
+		"Conntrack events of guest flows by what the egress record did with them.", []string{"result"}, nil)
+	flowOverrunsDesc = prometheus.NewDesc("pve_inspect_egress_flow_overruns_total",
+		"Overruns (ENOBUFS) of the conntrack event socket: events the kernel dropped before the daemon read them.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c flowCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- flowEventsDesc
+	ch <- flowOverrunsDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c flowCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.f.Stats()
+	for _, r := range []struct {
+		result string
+		n      uint64
+	}{{"recorded", st.Recorded}, {"skipped", st.Skipped}, {"unattributed", st.Unattributed}, {"untracked", st.Untracked},
+		{"unmatched", st.Unmatched}, {"lost", st.Lost}, {"bad", st.Bad}} {
+		ch <- prometheus.MustNewConstMetric(flowEventsDesc, prometheus.CounterValue, float64(r.n), r.result)
+	}
+	ch <- prometheus.MustNewConstMetric(flowOverrunsDesc, prometheus.CounterValue, float64(st.Overruns))
+}

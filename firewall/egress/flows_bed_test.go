@@ -1,0 +1,180 @@
+package egress
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
+	"github.com/pve-inspect/pve-inspect/testvm"
+)
+
+// TestEgressFlowsOnBed: a guest in open mode (whose traffic never passes
+// the daemon) sends a known number of bytes over TCP to the internet
+// host's HTTP port and exchanges one DNS datagram with its resolver; its
+// sandbox's record lists both flows with conntrack's counts, which are
+// IP bytes: each packet's IP and TCP (or UDP) headers on top of the
+// payload. So the test takes the headers off (20 bytes of IP, 32 of TCP
+// with timestamps, 8 more options on the SYN; 8 of UDP) and wants the
+// payload within one packet's worth (1500 bytes) of what was sent and
+// read. The other sandboxes' records stay empty.
+func TestEgressFlowsOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	elog := NewLog(LogConfig{PerOwner: 64})
+	s := newStack(t, ctx, Policy{Mode: "open"})
+	for _, z := range []string{"zonea", "zoneb", "zonec"} {
+		s.set(t, ctx, z, Policy{Mode: "open"})
+	}
+	// what the guard sets in a real node's namespace (its ProcRoot is a
+	// scratch directory here), and short conntrack timeouts so that the
+	// flows end (DESTROY) soon after they close
+	if err := s.b.Do(s.b.NodeNS(), func() error {
+		for k, v := range map[string]string{"nf_conntrack_acct": "1", "nf_conntrack_tcp_timeout_time_wait": "1",
+			"nf_conntrack_udp_timeout": "2", "nf_conntrack_udp_timeout_stream": "2"} {
+			if err := os.WriteFile(filepath.Join("/proc/sys/net/netfilter", k), []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	node, err := netns.GetFromName(s.b.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	ec := firewall.EgressConfig{}
+	dnsPort, proxyPort := ec.Ports()
+	guests := &PortGuests{Ports: s.g.Ports}
+	flows := NewFlows(FlowConfig{DNSPort: dnsPort, ProxyPort: proxyPort, NetNS: node}, s.reg, elog, guests,
+		&PrefixAddrs{List: s.links.Prefixes}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	fctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- flows.Run(fctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("flows: %v", err)
+		}
+	}()
+	// a flow that ends before Run listens is never seen
+	select {
+	case <-flows.Ready():
+	case <-ctx.Done():
+		t.Fatal("flows never listened")
+	}
+
+	// tcp: one request of exactly sentTCP bytes, the answer read to EOF
+	const sentTCP = 100000
+	req := "GET / HTTP/1.1\r\nHost: " + testvm.InternetName + "\r\nConnection: close\r\nX-Pad: "
+	req += strings.Repeat("p", sentTCP-len(req)-4) + "\r\n\r\n"
+	var readTCP int64
+	if err := s.b.Do(s.guests["zonec"].NS, func() error {
+		c, err := net.DialTimeout("tcp4", testvm.InternetAddr+":80", 3*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			return err
+		}
+		readTCP, err = io.Copy(io.Discard, c)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// udp: one DNS question, one answer
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(testvm.InternetName), dns.TypeA)
+	wire, err := q.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var readUDP int
+	if err := s.b.Do(s.guests["zonec"].NS, func() error {
+		c, err := net.Dial("udp4", testvm.InternetAddr+":53")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(wire); err != nil {
+			return err
+		}
+		buf := make([]byte, 1500)
+		readUDP, err = c.Read(buf)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if readTCP == 0 || readUDP == 0 {
+		t.Fatalf("read %d bytes over tcp, %d over udp", readTCP, readUDP)
+	}
+
+	var recs []Record
+	for range 120 { // conntrack ends a flow when its entry expires
+		recs = elog.Read("sb-zonec", LogQuery{Type: RecordFlow}).Records
+		if len(recs) >= 2 {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("flows %+v; stats %+v", recs, flows.Stats())
+	vmid := s.guests["zonec"].VMID
+	got := map[string]Record{}
+	for _, r := range recs {
+		got[r.Proto+" "+r.Dest.String()] = r
+	}
+	const onePacket = 1500
+	cases := []struct {
+		key               string
+		hdr, synExtra     int64
+		sentOut, readBack int64
+	}{
+		{key: "tcp " + testvm.InternetAddr + ":80", hdr: 20 + 32, synExtra: 8, sentOut: sentTCP, readBack: readTCP},
+		{key: "udp " + testvm.InternetAddr + ":53", hdr: 20 + 8, sentOut: int64(len(wire)), readBack: int64(readUDP)},
+	}
+	for _, tc := range cases {
+		r, ok := got[tc.key]
+		if !ok {
+			t.Errorf("no flow %s in %+v", tc.key, recs)
+			continue
+		}
+		if r.Verdict != VerdictAllowed || r.Guest.VMID != vmid || r.Guest.Addr != s.guests["zonec"].IPv4() || r.Time.IsZero() {
+			t.Errorf("flow %s: %+v", tc.key, r)
+		}
+		payOut := r.BytesOut - r.PacketsOut*tc.hdr - tc.synExtra
+		payIn := r.BytesIn - r.PacketsIn*tc.hdr - tc.synExtra
+		t.Logf("%s: %d IP bytes in %d packets out (payload %d, sent %d); %d in %d back (payload %d, read %d)",
+			tc.key, r.BytesOut, r.PacketsOut, payOut, tc.sentOut, r.BytesIn, r.PacketsIn, payIn, tc.readBack)
+		if d := payOut - tc.sentOut; d < -onePacket || d > onePacket {
+			t.Errorf("%s: payload out %d, sent %d", tc.key, payOut, tc.sentOut)
+		}
+		if d := payIn - tc.readBack; d < -onePacket || d > onePacket {
+			t.Errorf("%s: payload in %d, read %d", tc.key, payIn, tc.readBack)
+		}
+		if r.BytesOut < tc.sentOut {
+			t.Errorf("%s: %d IP bytes out for %d bytes sent", tc.key, r.BytesOut, tc.sentOut)
+		}
+	}
+	for _, z := range []string{"sb-zonea", "sb-zoneb"} {
+		if n := len(elog.Read(z, LogQuery{}).Records); n != 0 {
+			t.Errorf("%s's record has %d entries", z, n)
+		}
+	}
+	if st := flows.Stats(); st.Overruns != 0 || st.Bad != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
