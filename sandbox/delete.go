@@ -99,6 +99,7 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *go
 		m.setState(id, apitype.StateError, "delete failed: "+err.Error())
 		return false, err
 	}
+	m.finalEgressEvent(r)
 	m.forget(id)
 	m.emitSandbox(apitype.EventDeleted, r, g.why)
 	m.removeEgress(ctx, id, r.Zone)

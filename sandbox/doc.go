@@ -161,6 +161,18 @@
 //     claimed (Registry.Begin: the claimer starts clean), and for a zone
 //     the daemon did not create when it leaves the node (ZonesGone)
 //     (denials.go, registry.go).
+//   - The egress record, Log.rings (records, counts, the series of
+//     pve_inspect_egress_record_bytes_total, _records_total and
+//     _records_dropped_total, read from the rings at scrape time): by
+//     sandbox id, a ring per instance (its Gen); dropped with the
+//     sandbox's policy (Egress.Remove) and at a pool claim (OnDrop). Its
+//     files (LogStore, [api] state_dir/egress-log/<id>.json): removed at
+//     the next save after the ring is dropped, and at a start for every
+//     sandbox the engine's reconcile did not keep (EgressRestorer)
+//     (log.go, logcount.go, logstore.go).
+//   - egressEvents.sent (egressevents.go): by sandbox id and record
+//     instance; dropped at the sandbox's delete (its last egress event)
+//     and by the next round once the sandbox is no longer in the table.
 //   - KernelDrops.ifs and .dests: by interface name (and address); rebuilt
 //     from the kernel's counters on every poll (2 s), attributed to the
 //     owner of the interface at poll time; drops read across a policy

@@ -212,6 +212,9 @@ type Engine struct {
 	health *healthMonitor
 	events *eventBus
 	hmet   *healthMetrics
+	// egressEv is what the egress events sent (egressevents.go), with a
+	// mutex of its own, never held with mu.
+	egressEv *egressEvents
 
 	// The parts of the Proxmox API each step uses (all of them o.Proxmox).
 	cloner  cloner
@@ -298,7 +301,8 @@ func New(o Options) (*Engine, error) {
 	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, members: map[string]*record{}, pool: wp,
 		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1), starts: semaphore.NewWeighted(allStarts),
 		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet, subnetCache: newSubnetCache(),
-		cloner: px, vms: px, snaps: px, zones: px, cleaner: px, subnets: px, pools: px, tagger: px, addrs: px}, nil
+		egressEv: &egressEvents{sent: map[string]egressSent{}},
+		cloner:   px, vms: px, snaps: px, zones: px, cleaner: px, subnets: px, pools: px, tagger: px, addrs: px}, nil
 }
 
 // Options returns the engine's options with the defaults filled in.

@@ -20,6 +20,14 @@ import (
 // seen under the lock (one owner's only, for a stream bound to an owner)
 // and filter and order them outside it (EventsSince), so no reader's
 // filter, however large, and no slow stream ever holds up a publisher.
+//
+// An owner's egress events (EventEgress) are held apart from its other
+// events, as an owner of their own (egressBucket), and an egress event
+// never pushes out an event of another type: when the buffer is full it
+// drops the oldest egress event of the owner holding the most of them
+// (its own when it holds as many), or itself when none is buffered. So
+// a sandbox's traffic can cost its owner old egress events, never its
+// created, ready, health or deleted events, nor another owner's.
 type eventBus struct {
 	// hooks are test hooks (export_test.go), set before the engine is
 	// used; nil in the daemon.
@@ -39,9 +47,11 @@ type eventBus struct {
 	notify  chan struct{} // closed and replaced on every publish
 }
 
-// ownerEvents are one owner's buffered events, oldest first.
+// ownerEvents are one owner's buffered events, oldest first: all but its
+// egress events, or its egress events only (egress set).
 type ownerEvents struct {
-	owner   string
+	owner   string // the bucket's key: the owner, or egressBucket of it
+	egress  bool
 	evs     []apitype.Event
 	dropped uint64 // the newest of its ids dropped
 	index   int    // in byCount
@@ -77,6 +87,17 @@ type busHooks struct {
 	filter func()
 }
 
+// egressBucket is the key of owner's egress events.
+func egressBucket(owner string) string { return owner + "\x00egress" }
+
+// bucketOf is the key of e's bucket.
+func bucketOf(e apitype.Event) string {
+	if e.Type == apitype.EventEgress {
+		return egressBucket(e.Owner)
+	}
+	return e.Owner
+}
+
 func newEventBus(max int) *eventBus {
 	return &eventBus{max: max, owners: map[string]*ownerEvents{}, next: 1, notify: make(chan struct{})}
 }
@@ -91,17 +112,28 @@ func (b *eventBus) publish(e apitype.Event) apitype.Event {
 	defer b.mu.Unlock()
 	e.ID = b.next
 	b.next++
+	key, egress := bucketOf(e), e.Type == apitype.EventEgress
 	if b.held == b.max {
 		victim := b.byCount[0]
-		if o := b.owners[e.Owner]; o != nil && len(o.evs) >= len(victim.evs) {
+		if egress && !victim.egress {
+			victim = b.fullestEgress()
+		}
+		if o := b.owners[key]; o != nil && (victim == nil || len(o.evs) >= len(victim.evs)) {
 			victim = o // an owner as full as the fullest drops its own
+		}
+		if victim == nil {
+			// no egress event to give way: this one is dropped
+			b.dropped, b.gone = e.ID, e.ID
+			close(b.notify)
+			b.notify = make(chan struct{})
+			return e
 		}
 		b.dropOldest(victim)
 	}
-	o := b.owners[e.Owner]
+	o := b.owners[key]
 	if o == nil {
-		o = &ownerEvents{owner: e.Owner}
-		b.owners[e.Owner] = o
+		o = &ownerEvents{owner: key, egress: egress}
+		b.owners[key] = o
 		heap.Push(&b.byCount, o)
 	}
 	o.evs = append(o.evs, e)
@@ -110,6 +142,19 @@ func (b *eventBus) publish(e apitype.Event) apitype.Event {
 	close(b.notify)
 	b.notify = make(chan struct{})
 	return e
+}
+
+// fullestEgress is the egress bucket holding the most events (nil: none
+// holds any). A scan, only when the buffer is full and its fullest
+// bucket is not an egress one.
+func (b *eventBus) fullestEgress() *ownerEvents {
+	var best *ownerEvents
+	for _, o := range b.byCount {
+		if o.egress && (best == nil || len(o.evs) > len(best.evs)) {
+			best = o
+		}
+	}
+	return best
 }
 
 // dropOldest removes o's oldest event; an owner left with none is
@@ -152,9 +197,11 @@ func (b *eventBus) since(last uint64, owner string) (evs []apitype.Event, lost b
 		return evs, lost, upto, changed
 	}
 	lost = lost || b.gone > last
-	if o := b.owners[owner]; o != nil {
-		lost = lost || o.dropped > last
-		after(o)
+	for _, key := range []string{owner, egressBucket(owner)} {
+		if o := b.owners[key]; o != nil {
+			lost = lost || o.dropped > last
+			after(o)
+		}
 	}
 	return evs, lost, upto, changed
 }

@@ -121,6 +121,11 @@ type denyingEgress struct {
 	at time.Time
 }
 
+// EgressCounts counts one refused question for every sandbox.
+func (d denyingEgress) EgressCounts(string) (sandbox.EgressTally, bool) {
+	return sandbox.EgressTally{Gen: 1, Now: apitype.EgressCounts{DNSRefused: 1, Records: 1}}, true
+}
+
 func (d denyingEgress) Status(sb, zone string) apitype.EgressStatus {
 	st := d.fakeEgress.Status(sb, zone)
 	st.Denials = []apitype.EgressDenial{{Time: d.at, Reason: "name", Name: "example.com"}}
@@ -128,7 +133,7 @@ func (d denyingEgress) Status(sb, zone string) apitype.EgressStatus {
 }
 
 // TestNoPublishUnderEngineLock: every place the engine publishes (create,
-// a failed create, ready, health, egress-denied, expiring-soon, the
+// a failed create, ready, health, egress-denied, egress, expiring-soon, the
 // reaper's expired, delete, a pool claim) does it with Engine.mu free: a hook run by every
 // publish checks that the lock can be taken. Before, the reaper published
 // expired under Engine.mu, so a publish waiting on the bus stalled the
@@ -167,7 +172,8 @@ func TestNoPublishUnderEngineLock(t *testing.T) {
 	}
 	e.CheckHealth(ctx)
 	clk.add(2 * time.Second)
-	e.CheckHealth(ctx) // egress-denied (the denial is newer than the first round)
+	e.CheckHealth(ctx)   // egress-denied (the denial is newer than the first round)
+	e.EgressEventRound() // egress
 	g.SetPingFails(sb.VMs[0].VMID, true)
 	clk.add(25 * time.Second)
 	e.CheckHealth(ctx) // health

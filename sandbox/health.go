@@ -38,6 +38,9 @@ type HealthOptions struct {
 	Node NodeStats
 	// EventBuffer is how many events GET /v1/events can replay (1024).
 	EventBuffer int
+	// EgressInterval is how often a sandbox's egress event may come, at
+	// most (1s; RunEgressEvents).
+	EgressInterval time.Duration
 }
 
 func (h *HealthOptions) defaults(px Proxmox) {
@@ -51,6 +54,7 @@ func (h *HealthOptions) defaults(px Proxmox) {
 	def(&h.AgentBrokenAfter, 20*time.Second)
 	def(&h.OOMWindow, 5*time.Minute)
 	def(&h.ExpiringSoon, 5*time.Minute)
+	def(&h.EgressInterval, time.Second)
 	if h.DiskFullPercent <= 0 || h.DiskFullPercent > 100 {
 		h.DiskFullPercent = 95
 	}

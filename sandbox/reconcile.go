@@ -158,7 +158,28 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err := m.publishZones(ctx); err != nil {
 		return rep, err
 	}
+	m.restoreEgress()
 	return rep, nil
+}
+
+// restoreEgress hands the egress part the sandboxes the engine has after
+// a reconcile (EgressRestorer): their egress record from before the
+// start comes back, every other sandbox's is dropped. A failure is
+// logged: the record is the daemon's account, not the sandboxes' state.
+func (m *Engine) restoreEgress() {
+	er, ok := m.o.Egress.(EgressRestorer)
+	if !ok {
+		return
+	}
+	m.mu.Lock()
+	ids := make([]string, 0, len(m.sbx))
+	for id := range m.sbx {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	if err := er.RestoreEgress(ids); err != nil {
+		m.log.Error("restore the egress record", "err", err)
+	}
 }
 
 // failed records and logs an object reconcile could not clean up.

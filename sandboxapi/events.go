@@ -44,7 +44,7 @@ func filterSchema(enum []string) func() map[string]any {
 // eventsRoute is GET /v1/events (added to the route table in handlers.go).
 func (s *Server) eventsRoute() route {
 	return route{method: "GET", path: "/v1/events", scope: apitype.ScopeRead,
-		summary: "Server-sent events of the caller's sandboxes (created, ready, health, egress-denied, expiring-soon, expired, deleted); resumable with Last-Event-ID. " +
+		summary: "Server-sent events of the caller's sandboxes (created, ready, health, egress-denied, egress, expiring-soon, expired, deleted); resumable with Last-Event-ID. egress events carry what the sandbox's egress record counted since its previous one (EgressCounts), at most one per sandbox per second and held apart from the owner's other events, so a flood of traffic neither floods the stream nor evicts them. " +
 			"Streams are capped per token, per owner and per node: one past a cap is refused with 429 too-many-requests and Retry-After",
 		responseType: "text/event-stream", okStatus: 200, params: []param{pSandboxFilter, pTypeFilter, pLastEvent},
 		timeout: eventsTimeout, h: s.eventStream}

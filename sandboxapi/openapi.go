@@ -41,6 +41,7 @@ var schemaTypes = map[string]any{
 	"EgressDenial":    apitype.EgressDenial{},
 	"EgressLog":       apitype.EgressLog{},
 	"EgressRecord":    apitype.EgressRecord{},
+	"EgressCounts":    apitype.EgressCounts{},
 	"Problem":         apitype.Problem{},
 	"SandboxHealth":   apitype.SandboxHealth{},
 	"VMHealth":        apitype.VMHealth{},

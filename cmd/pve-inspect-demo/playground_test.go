@@ -353,6 +353,9 @@ type transportResult struct {
 		Stat  string
 		Shown bool
 	}
+	Egress struct {
+		Sandbox, Records, Next bool
+	}
 	Destroyed bool
 }
 
@@ -363,7 +366,7 @@ func checkClientResult(t *testing.T, out []byte) {
 		t.Fatalf("client output: %v\n%s", err, out)
 	}
 	for name, tr := range map[string]transportResult{"stdio": r.Stdio, "http": r.HTTP} {
-		if len(tr.Tools) != 11 || !slices.Contains(tr.Tools, "sandbox_create") {
+		if len(tr.Tools) != 12 || !slices.Contains(tr.Tools, "sandbox_create") || !slices.Contains(tr.Tools, "sandbox_egress_log") {
 			t.Errorf("%s: tools %v", name, tr.Tools)
 		}
 		if tr.ID == "" || !strings.HasPrefix(tr.Uname, "Linux ") || !tr.Destroyed {
@@ -381,11 +384,14 @@ func checkClientResult(t *testing.T, out []byte) {
 		if tr.Env.Stat != "600 root\n1\n" || tr.Env.Shown {
 			t.Errorf("%s: secrets file %+v: want mode 600, owner root, one line, shown by no tool", name, tr.Env)
 		}
+		if !tr.Egress.Sandbox || !tr.Egress.Records || !tr.Egress.Next {
+			t.Errorf("%s: sandbox_egress_log %+v: want the sandbox's page", name, tr.Egress)
+		}
 		if !tr.Cancel.Aborted || tr.Cancel.Left != 0 {
 			t.Errorf("%s: cancellation %+v: the command must be gone from the guest", name, tr.Cancel)
 		}
 	}
-	if !slices.Equal(r.Readonly.Tools, []string{"sandbox_get", "sandbox_list"}) || !r.Readonly.Create.Refused {
+	if !slices.Equal(r.Readonly.Tools, []string{"sandbox_egress_log", "sandbox_get", "sandbox_list"}) || !r.Readonly.Create.Refused {
 		t.Errorf("read-only token: %+v", r.Readonly)
 	}
 	if !r.Unauthenticated.Refused {

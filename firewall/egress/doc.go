@@ -32,6 +32,11 @@
 //   - Denials (denials.go): pve_inspect_egress_denied_total{sandbox,reason}
 //     and the last refusals per sandbox; both, and the owner's quota
 //     refusal series, are dropped with the owner's instance.
+//   - Log (log.go, logcount.go, logstore.go): the egress record, a ring
+//     per owner instance with its counts (exported per owner at scrape
+//     time), dropped with the instance; LogStore keeps the sandboxes'
+//     rings on disk across restarts, read back only for the sandboxes
+//     the engine kept, a file that is not one it wrote ignored.
 //   - KernelDrops (kernel.go): the packets the kernel drops (a disallowed
 //     or denied address, anything from a none zone) as denials with reason
 //     "address", per sandbox, the destination among the recent ones.

@@ -149,6 +149,10 @@ type Log struct {
 	mu    sync.Mutex // guards rings, total and every Ring's fields
 	rings map[string]*Ring
 	total int // records held in all rings
+	// gens numbers the rings made (Ring.gen); dirty holds the owners
+	// whose ring changed or went since the last save (LogStore).
+	gens  uint64
+	dirty map[string]struct{}
 }
 
 // Ring is one owner's records (of one instance of it).
@@ -160,6 +164,11 @@ type Ring struct {
 	seq     uint64
 	dropped uint64
 	gone    bool
+	// owner and gen name the ring's instance; tally counts what it
+	// recorded, base the part of tally restored from disk (logcount.go).
+	owner       string
+	gen         uint64
+	tally, base Counts
 }
 
 // NewLog returns an empty record bounded by cfg.
@@ -170,7 +179,7 @@ func NewLog(cfg LogConfig) *Log {
 	if cfg.Node <= 0 {
 		cfg.Node = cfg.PerOwner * DefaultOwners
 	}
-	return &Log{perOwner: cfg.PerOwner, node: cfg.Node, now: time.Now, rings: map[string]*Ring{}}
+	return &Log{perOwner: cfg.PerOwner, node: cfg.Node, now: time.Now, rings: map[string]*Ring{}, dirty: map[string]struct{}{}}
 }
 
 // Open returns owner's ring, made if it has none. A nil Log returns a
@@ -185,8 +194,7 @@ func (l *Log) Open(owner string) *Ring {
 	defer l.mu.Unlock()
 	r := l.rings[owner]
 	if r == nil {
-		r = &Ring{log: l}
-		l.rings[owner] = r
+		r = l.newRingLocked(owner)
 	}
 	return r
 }
@@ -219,6 +227,8 @@ func (r *Ring) add(rec Record) bool {
 	if rec.Time.IsZero() {
 		rec.Time = now
 	}
+	r.tally.add(rec)
+	l.dirty[r.owner] = struct{}{}
 	switch {
 	case len(r.buf) == l.perOwner:
 		r.buf[r.head] = rec // its own oldest goes
@@ -245,6 +255,7 @@ func (l *Log) Forget(owner string) {
 		l.total -= len(r.buf)
 		r.buf, r.gone = nil, true
 		delete(l.rings, owner)
+		l.dirty[owner] = struct{}{}
 	}
 }
 

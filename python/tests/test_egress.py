@@ -44,12 +44,22 @@ def test_summary() -> None:
             conn(dest="[2001:db8::1]:443", out=5),
             conn("refused", name="evil.test", dest="203.0.113.10:443"),
             conn("failed", name="down.test", dest="203.0.113.11:80", out=7),
+            {
+                "type": "flow",
+                "verdict": "allowed",
+                "proto": "udp",
+                "dest": "198.51.100.7:53",
+                "bytes_out": 58,
+                "bytes_in": 86,
+            },
         ],
         dropped=3,
     )
     assert s.asked == {"example.test"} and s.refused == {"evil.test"}
-    assert s.reached == {"example.test", "2001:db8::1"} and s.blocked == {"evil.test"}
-    assert (s.bytes_out, s.bytes_in, s.dropped) == (112, 1000, 3)
+    assert s.reached == {"example.test", "2001:db8::1", "198.51.100.7"} and s.blocked == {
+        "evil.test"
+    }
+    assert (s.bytes_out, s.bytes_in, s.dropped) == (170, 1086, 3)
 
 
 @pytest.mark.parametrize(

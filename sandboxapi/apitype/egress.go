@@ -98,9 +98,32 @@ type EgressLog struct {
 	More bool   `json:"more"`
 }
 
+// EgressCounts are what a sandbox's egress record counted over a span
+// (an egress event: since the sandbox's previous one): DNS questions by
+// verdict, connections by verdict, the bytes they carried each way, and
+// the records made and dropped (a dropped record is counted too).
+type EgressCounts struct {
+	DNSAnswered uint64 `json:"dns_answered"`
+	DNSRefused  uint64 `json:"dns_refused"`
+	DNSFailed   uint64 `json:"dns_failed"`
+	ConnAllowed uint64 `json:"conn_allowed"`
+	ConnRefused uint64 `json:"conn_refused"`
+	ConnFailed  uint64 `json:"conn_failed"`
+	// Flows counts the kernel's flows recorded (type flow).
+	Flows    uint64 `json:"flows"`
+	BytesOut uint64 `json:"bytes_out"`
+	BytesIn  uint64 `json:"bytes_in"`
+	Records  uint64 `json:"records"`
+	Dropped  uint64 `json:"dropped"`
+	// Seq is the sandbox's newest record's seq when the counts were
+	// taken: read the records counted with since set to the previous
+	// event's Seq.
+	Seq uint64 `json:"seq"`
+}
+
 // EgressLogQuery selects records of GET .../egress/log.
 type EgressLogQuery struct {
-	// Type is dns or conn ("": both).
+	// Type is dns, conn or flow ("": all).
 	Type string
 	// VM is a VM name of the sandbox ("": all).
 	VM string

@@ -13,6 +13,10 @@ const (
 	// EventEgressDenied: the host guard refused a name or connection of
 	// the sandbox (Denial).
 	EventEgressDenied = "egress-denied"
+	// EventEgress: what the sandbox's egress record counted since the
+	// last egress event of it (Egress); at most one per sandbox per
+	// second, only when something was recorded.
+	EventEgress = "egress"
 	// EventExpiringSoon: the sandbox expires within the warning window
 	// (ExpiresAt); sent once per expiry.
 	EventExpiringSoon = "expiring-soon"
@@ -28,7 +32,7 @@ const (
 
 // EventTypes lists every event type a caller may filter on.
 func EventTypes() []string {
-	return []string{EventCreated, EventReady, EventHealth, EventEgressDenied, EventExpiringSoon, EventExpired, EventDeleted}
+	return []string{EventCreated, EventReady, EventHealth, EventEgressDenied, EventEgress, EventExpiringSoon, EventExpired, EventDeleted}
 }
 
 // Event is one record of GET /v1/events, sent as a server-sent event
@@ -45,6 +49,9 @@ type Event struct {
 	Health *SandboxHealth `json:"health,omitempty"`
 	// Denial is the refused name or connection (egress-denied events).
 	Denial *EgressDenial `json:"denial,omitempty"`
+	// Egress counts the sandbox's egress record since its previous
+	// egress event (egress events).
+	Egress *EgressCounts `json:"egress,omitempty"`
 	// ExpiresAt is the sandbox's expiry (expiring-soon, expired).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	// Detail says more in a sentence (gap, deleted).

@@ -17,7 +17,7 @@
 //     is the API's problem document as JSON (type, title, detail, and the
 //     cap or field when known), never JSON-RPC protocol failures.
 //   - Tools follow the caller's scopes: a read-only token lists only the
-//     read tools (list, get); exec adds the guest tools; admin adds create,
+//     read tools (list, get, egress_log); exec adds the guest tools; admin adds create,
 //     extend and destroy. The API checks the same scopes again.
 //   - Over HTTP every request is authenticated, and a session is bound to
 //     the token that opened it (its tools, its scopes, the token its API

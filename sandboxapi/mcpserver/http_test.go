@@ -85,7 +85,7 @@ func TestHTTPTokensAndScopes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tl := range l.Tools {
-		if tl.Name != mcpserver.ToolList && tl.Name != mcpserver.ToolGet {
+		if tl.Name != mcpserver.ToolList && tl.Name != mcpserver.ToolGet && tl.Name != mcpserver.ToolEgressLog {
 			t.Errorf("read-only token sees %s", tl.Name)
 		}
 	}

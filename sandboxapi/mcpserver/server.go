@@ -30,6 +30,7 @@ type API interface {
 	Snapshot(ctx context.Context, id, vm, name string) error
 	Rollback(ctx context.Context, id, vm, name string) error
 	Check(ctx context.Context, id, vm string) (apitype.CheckReport, error)
+	EgressLog(ctx context.Context, id string, q apitype.EgressLogQuery) (apitype.EgressLog, error)
 }
 
 // Preset is a named VM size an agent can ask for instead of a template and

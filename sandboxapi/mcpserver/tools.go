@@ -34,6 +34,15 @@ const (
 	ToolSnapshot  = "sandbox_snapshot"
 	ToolRollback  = "sandbox_rollback"
 	ToolCheck     = "sandbox_check"
+	ToolEgressLog = "sandbox_egress_log"
+)
+
+// MaxEgressLogRecords is the most records one sandbox_egress_log call
+// returns (DefaultEgressLogRecords when it asks for no number): the page
+// travels inside one JSON-RPC message.
+const (
+	MaxEgressLogRecords     = 500
+	DefaultEgressLogRecords = 100
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -47,6 +56,10 @@ func (t *tools) register(s *mcp.Server, r int) {
 		mcp.AddTool(s, &mcp.Tool{Name: ToolGet, Annotations: ro,
 			Description: "Get one sandbox by id: its VMs (names for the other tools), networks, state, expiry and health " +
 				"(ok, degraded or broken with the reason, from signals the node reads; a broken VM refuses exec and file calls with sandbox-broken)."}, t.get)
+		mcp.AddTool(s, &mcp.Tool{Name: ToolEgressLog, Annotations: ro,
+			Description: fmt.Sprintf("Read a sandbox's egress record, oldest first: the DNS questions its VMs asked the node's resolver and the connections its proxy handled "+
+				"(name, verdict and why, destination, bytes each way), written by the node only; no payload. Page with since = the previous page's next while more is true "+
+				"(at most %d records a call, default %d); dropped counts records the bounded record no longer holds.", MaxEgressLogRecords, DefaultEgressLogRecords)}, t.egressLog)
 	}
 	if r >= 2 {
 		mcp.AddTool(s, &mcp.Tool{Name: ToolExec, Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(true)},
@@ -131,6 +144,15 @@ type SnapshotResult struct {
 type CheckInput struct {
 	ID string `json:"id" jsonschema:"sandbox id"`
 	VM string `json:"vm,omitempty" jsonschema:"VM to probe from; default: the first"`
+}
+
+// EgressLogInput are the arguments of sandbox_egress_log.
+type EgressLogInput struct {
+	ID    string `json:"id" jsonschema:"sandbox id"`
+	Type  string `json:"type,omitempty" jsonschema:"only records of this type: dns or conn; default both"`
+	VM    string `json:"vm,omitempty" jsonschema:"only records of this VM of the sandbox (its name); default all"`
+	Since uint64 `json:"since,omitempty" jsonschema:"only records after this seq: the previous page's next; default from the first"`
+	Limit int    `json:"limit,omitempty" jsonschema:"the most records returned, 1..500 (default 100)"`
 }
 
 func needID(id string) error {
@@ -289,6 +311,24 @@ func (t *tools) check(ctx context.Context, _ *mcp.CallToolRequest, in CheckInput
 		return nil, apitype.CheckReport{}, toolErr(err)
 	}
 	return nil, rep, nil
+}
+
+func (t *tools) egressLog(ctx context.Context, _ *mcp.CallToolRequest, in EgressLogInput) (*mcp.CallToolResult, apitype.EgressLog, error) {
+	if err := needID(in.ID); err != nil {
+		return nil, apitype.EgressLog{}, err
+	}
+	limit := in.Limit
+	if limit == 0 {
+		limit = DefaultEgressLogRecords
+	}
+	if limit < 1 || limit > MaxEgressLogRecords {
+		return nil, apitype.EgressLog{}, invalid("limit", "limit must be 1..%d, got %d", MaxEgressLogRecords, in.Limit)
+	}
+	l, err := t.api.EgressLog(ctx, in.ID, apitype.EgressLogQuery{Type: in.Type, VM: in.VM, Since: in.Since, Limit: limit})
+	if err != nil {
+		return nil, apitype.EgressLog{}, toolErr(err)
+	}
+	return nil, l, nil
 }
 
 // encode returns b as text when it is valid UTF-8, else as base64.

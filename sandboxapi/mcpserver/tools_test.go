@@ -20,7 +20,7 @@ import (
 )
 
 func TestToolsFollowScopes(t *testing.T) {
-	read := []string{mcpserver.ToolGet, mcpserver.ToolList}
+	read := []string{mcpserver.ToolEgressLog, mcpserver.ToolGet, mcpserver.ToolList}
 	exec := append(slices.Clone(read), mcpserver.ToolCheck, mcpserver.ToolExec, mcpserver.ToolReadFile, mcpserver.ToolRollback, mcpserver.ToolSnapshot, mcpserver.ToolWriteFile)
 	admin := append(slices.Clone(exec), mcpserver.ToolCreate, mcpserver.ToolDestroy, mcpserver.ToolExtend)
 	for _, tc := range []struct {

@@ -38,6 +38,10 @@ async function roundTrip(client) {
 
     out.uname = (await call("sandbox_exec", { id: sb.id, argv: ["uname", "-a"] })).stdout;
 
+    // the egress record: a page, as the SDK checks it against the tool's output schema
+    const eg = await call("sandbox_egress_log", { id: sb.id, limit: 10 });
+    out.egress = { sandbox: eg.sandbox === sb.id, records: Array.isArray(eg.records), next: typeof eg.next === "number" };
+
     const data = randomBytes(1 << 20);
     const w = await call("sandbox_write_file", { id: sb.id, path: "/root/mib.bin", content: data.toString("base64"), encoding: "base64" });
     const r = await call("sandbox_read_file", { id: sb.id, path: "/root/mib.bin", encoding: "base64" });

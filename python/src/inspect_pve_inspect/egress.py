@@ -4,9 +4,11 @@ scorer.
 The daemon keeps, per sandbox, every DNS question its resolver answered and
 every connection its proxy handled (``GET /v1/sandboxes/{id}/egress/log``:
 name, verdict, destination, bytes each way; never payload). The record is
-the node's, not the guest's: an agent cannot forge or erase it. It covers
-``allowlist`` and ``none`` sandboxes (their traffic passes the daemon);
-an ``open`` sandbox has none yet.
+the node's, not the guest's: an agent cannot forge or erase it. In
+``allowlist`` and ``none`` sandboxes the daemon's resolver and proxy name
+what was reached; in every mode, ``open`` included, the kernel's flows
+(conntrack) add what left by address, TCP and UDP, their bytes counted as
+IP bytes (headers included).
 
 :func:`egress_summary` reads it for the current sample (from a scorer, while
 the sandbox lives) and :func:`egress_within` is a scorer: correct when the
@@ -86,7 +88,9 @@ def summarize(records: Sequence[dict[str, Any]], dropped: int = 0) -> EgressSumm
                 asked.add(name)
             elif verdict == "refused":
                 refused.add(name)
-        elif r.get("type") == "conn":
+        elif r.get("type") in ("conn", "flow"):
+            # flow: a kernel flow (conntrack), by address only, its bytes
+            # the IP packets' (headers included)
             what = name or _host(str(r.get("dest") or ""))
             if verdict == "allowed":
                 reached.add(what)

@@ -90,6 +90,12 @@ func (c Config) EgressStateFile() string {
 	return filepath.Join(c.API.StateDir, "egress.json")
 }
 
+// EgressLogDir is where the sandboxes' egress record is kept across
+// restarts: egress-log in [api] state_dir, a file per sandbox.
+func (c Config) EgressLogDir() string {
+	return filepath.Join(c.API.StateDir, "egress-log")
+}
+
 func defaultEgress() EgressSection {
 	return EgressSection{DefaultMode: "open", Allow: []string{}, Deny: []string{}, Upstreams: []string{}, TTLFloor: 30 * time.Second, TTLCeiling: time.Hour,
 		DNSPort: 15353, ProxyPort: 15380, ProxyIdleTimeout: 5 * time.Minute, MaxLearned: egress.DefaultMaxLearned,

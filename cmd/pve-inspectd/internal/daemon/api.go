@@ -134,8 +134,9 @@ func (a *API) Run(ctx context.Context) error {
 	a.log.Info("sandbox api ready")
 	wg.Add(1)
 	go func() { defer wg.Done(); srv.Engine().RunReaper(ctx) }()
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); srv.Engine().RunHealth(ctx) }()
+	go func() { defer wg.Done(); srv.Engine().RunEgressEvents(ctx) }()
 	go func() { defer wg.Done(); srv.Engine().RunPool(ctx) }()
 	<-ctx.Done()
 	return nil

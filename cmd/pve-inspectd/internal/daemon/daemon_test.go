@@ -29,6 +29,7 @@ func testParts(t *testing.T, cfg *config.Config) {
 	cfg.Halt.StateFile = filepath.Join(dir, "halted")
 	cfg.Halt.Units = []string{"pve-inspectd-test-none.service"}
 	cfg.Egress.StateFile = filepath.Join(dir, "egress.json")
+	cfg.API.StateDir = filepath.Join(dir, "api")
 }
 
 // sdRecorder is a Notifier with a watchdog, recording what it is sent.

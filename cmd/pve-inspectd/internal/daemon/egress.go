@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -117,6 +118,10 @@ func (r *run) startEgress(ctx context.Context) error {
 	}
 	reg := egress.NewRegistry(r.guard, def, r.egressState, egress.WithMaxLearned(ec.MaxLearned))
 	elog := egress.NewLog(egress.LogConfig{PerOwner: ec.LogEntries, Node: ec.LogEntries * ec.Owners})
+	if err := r.reg.Register(elog.Collector()); err != nil {
+		return fmt.Errorf("egress record metrics: %w", err)
+	}
+	store := egress.NewLogStore(r.d.Config.EgressLogDir(), elog, r.log)
 	guests := &egress.PortGuests{Ports: r.guard.Ports}
 	leases := &egress.LeaseNames{
 		LeaseFile: func(zone string) string {
@@ -165,10 +170,13 @@ func (r *run) startEgress(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.egress = &Egress{Registry: reg, Denials: den, Record: elog}
+	r.egress = &Egress{Registry: reg, Denials: den, Record: elog, Store: store}
 	if r.d.egressHook != nil {
 		r.d.egressHook(r.egress)
 	}
+	// started before the resolver and proxy, so stopped after them: the
+	// last save holds every record
+	r.parts.Go("egress record store", func(ctx context.Context) error { return r.saveEgressLog(ctx, store) })
 	r.parts.Go("egress resolver (udp)", func(ctx context.Context) error { return res.ServeUDP(ctx, pc) })
 	r.parts.Go("egress resolver (tcp)", func(ctx context.Context) error { return res.ServeTCP(ctx, dnsLn) })
 	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
@@ -186,12 +194,40 @@ func (r *run) startEgress(ctx context.Context) error {
 	return nil
 }
 
+// egressLogSaveEvery is how often the egress record's changed rings are
+// saved: a crash loses at most this much of it, a stop nothing.
+const egressLogSaveEvery = 10 * time.Second
+
+// saveEgressLog saves the egress record's changed rings every
+// egressLogSaveEvery and once more when ctx ends. A failed save is
+// logged and tried again: the record is an account, and a full disk must
+// not stop the guard.
+func (r *run) saveEgressLog(ctx context.Context, store *egress.LogStore) error {
+	t := time.NewTicker(egressLogSaveEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if err := store.Save(); err != nil {
+				r.log.Error("save the egress record", "component", "egress", "err", err)
+			}
+			return nil
+		case <-t.C:
+			if err := store.Save(); err != nil {
+				r.log.Error("save the egress record", "component", "egress", "err", err)
+			}
+		}
+	}
+}
+
 // Egress is the daemon's egress policy state, handed to the sandbox API.
 type Egress struct {
 	Registry *egress.Registry
 	Denials  *egress.Denials
-	// Record is the sandboxes' egress record (nil: none kept).
+	// Record is the sandboxes' egress record (nil: none kept); Store
+	// keeps it across restarts (nil: not kept).
 	Record *egress.Log
+	Store  *egress.LogStore
 }
 
 // dialIn dials from sockets marked mark, created in ns (nil: the
@@ -309,6 +345,36 @@ func (e *Egress) Log(id string, f sandbox.EgressLogFilter) apitype.EgressLog {
 }
 
 var _ sandbox.EgressRecorder = (*Egress)(nil)
+
+// EgressCounts implements sandbox.EgressCounter: the sandbox's egress
+// record counts (the egress events).
+func (e *Egress) EgressCounts(id string) (sandbox.EgressTally, bool) {
+	c, ok := e.Record.Counts(id)
+	if !ok {
+		return sandbox.EgressTally{}, false
+	}
+	return sandbox.EgressTally{Gen: c.Gen, Now: countsOf(c.Now), Base: countsOf(c.Base)}, true
+}
+
+var _ sandbox.EgressCounter = (*Egress)(nil)
+
+// RestoreEgress implements sandbox.EgressRestorer: the persisted egress
+// record of the sandboxes the engine kept comes back, every other one's
+// is removed.
+func (e *Egress) RestoreEgress(ids []string) error {
+	if e.Store == nil {
+		return nil
+	}
+	return e.Store.Restore(ids)
+}
+
+var _ sandbox.EgressRestorer = (*Egress)(nil)
+
+func countsOf(c egress.Counts) apitype.EgressCounts {
+	return apitype.EgressCounts{DNSAnswered: c.DNSAnswered, DNSRefused: c.DNSRefused, DNSFailed: c.DNSFailed,
+		ConnAllowed: c.ConnAllowed, ConnRefused: c.ConnRefused, ConnFailed: c.ConnFailed, Flows: c.Flows,
+		BytesOut: c.BytesOut, BytesIn: c.BytesIn, Records: c.Records, Dropped: c.Dropped, Seq: c.Records}
+}
 
 // recordOf is r as the API shows it.
 func recordOf(r egress.Record) apitype.EgressRecord {
