@@ -241,6 +241,10 @@ func (s *Server) OpenAPI() map[string]any {
 		r["headers"] = map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
 		logResp[httpCode(status)] = r
 	}
+	// a filter naming no VM of the sandbox (schemathesis ST202: a
+	// schema-valid vm= that the sandbox has not), or out of its range
+	logResp[httpCode(http.StatusBadRequest)] = problemResponse(
+		"vm names no VM of the sandbox, or type, since or limit is out of its range", apitype.ProblemInvalidRequest)
 	// a stream past its caps, a filter past its bound (events.go)
 	events := paths["/v1/events"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
 	tooMany := problemResponse(fmt.Sprintf(

@@ -41,7 +41,7 @@ func TestMCPStdio(t *testing.T) {
 		t.Fatal(err)
 	}
 	l, err := cs.ListTools(ctx, nil)
-	if err != nil || len(l.Tools) != 11 {
+	if err != nil || len(l.Tools) != 12 {
 		t.Fatalf("tools: %d %v", len(l.Tools), err)
 	}
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: mcpserver.ToolCreate, Arguments: map[string]any{}})

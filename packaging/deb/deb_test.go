@@ -722,10 +722,15 @@ func TestHaltOnRepeatedFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.run("systemctl", "restart", "--no-block", "pve-inspectd.service")
+	// The halt stops the units one after another (pveproxy, then
+	// pvedaemon): wait for the last (CI saw pvedaemon still active, masked,
+	// when only pveproxy was awaited).
 	b.eventually(3*time.Minute, "the start limit and the halt", func() bool {
 		p := b.show("pve-inspectd.service", "ActiveState")
 		q := b.show("pveproxy.service", "ActiveState", "UnitFileState")
-		return p["ActiveState"] == "failed" && q["ActiveState"] == "inactive" && q["UnitFileState"] == "masked-runtime"
+		d := b.show("pvedaemon.service", "ActiveState", "UnitFileState")
+		return p["ActiveState"] == "failed" && q["ActiveState"] == "inactive" && q["UnitFileState"] == "masked-runtime" &&
+			d["ActiveState"] == "inactive" && d["UnitFileState"] == "masked-runtime"
 	})
 	for _, u := range []string{"pveproxy.service", "pvedaemon.service"} {
 		if p := b.show(u, "ActiveState", "UnitFileState"); p["ActiveState"] != "inactive" || p["UnitFileState"] != "masked-runtime" {

@@ -86,7 +86,7 @@ func TestTCPHandler(t *testing.T) {
 			t.Fatal(err)
 		}
 		l, err := rs.ListTools(ctx, nil)
-		if err != nil || len(l.Tools) != 2 {
+		if err != nil || len(l.Tools) != 3 {
 			t.Errorf("read token tools: %d %v", len(l.Tools), err)
 		}
 		_ = cs.Close()
