@@ -13,6 +13,7 @@ from conftest import need_bed
 from inspect_ai import eval as inspect_eval
 
 from inspect_pve_inspect.egress import summarize
+from inspect_pve_inspect.sandbox import EGRESS_STORE_KEY
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 from egress_task import egress
@@ -100,3 +101,9 @@ def test_egress_task_scores_on_what_was_reached(tmp_path: Path) -> None:
             assert md.get("outside") == ["other.example.test"], sc.explanation
         assert int(md.get("bytes_in") or 0) > 0, sc.explanation
     assert got == {"expected": "C", "elsewhere": "I"}, got
+    # sample_cleanup attached each sample's summary to its store
+    for s in log.samples:
+        att = s.store.get(EGRESS_STORE_KEY)
+        assert isinstance(att, dict), s.store
+        want = "example.test" if s.id == "expected" else "other.example.test"
+        assert att["reached"] == [want] and att["bytes_in"] > 0, att

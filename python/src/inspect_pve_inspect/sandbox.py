@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import logging
 import os
 import posixpath
 import secrets
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, overload
 
 import anyio
+from inspect_ai.log import transcript
 from inspect_ai.util import (
     ExecResult,
     OutputLimitExceededError,
@@ -34,6 +36,7 @@ from inspect_ai.util import (
     SandboxEnvironmentLimits,
     SandboxUnavailableError,
     sandboxenv,
+    store,
 )
 from pydantic import BaseModel
 
@@ -45,6 +48,8 @@ from .keepalive import Keepalive, gone_problem, lease_seconds, parse_time
 from .placement import node_room, place
 from .preflight import preflight
 from .user import user_id
+
+log = logging.getLogger(__name__)
 
 # Labels on every sandbox this provider creates.
 LABEL_PROVIDER = "inspect.provider"
@@ -208,6 +213,8 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
             if not isinstance(env, PveInspectSandboxEnvironment) or env.sandbox_id in seen:
                 continue
             seen.add(env.sandbox_id)
+            if not interrupted:
+                await _attach_egress(env)
             with anyio.CancelScope(shield=True):
                 await _stop_keepalive(env.sandbox_id)
                 await _delete(env.client, env.sandbox_id)
@@ -500,6 +507,45 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
 def _config_key(cfg: PveInspectSandboxEnvironmentConfig) -> str:
     """The identity of a sandbox config, as task_cleanup gets it back."""
     return cfg.model_dump_json()
+
+
+# Where sample_cleanup puts a sample's egress summary in its store.
+EGRESS_STORE_KEY = "pve_inspect/egress"
+
+
+async def _attach_egress(env: PveInspectSandboxEnvironment) -> None:
+    """Put the sandbox's egress record, summed up, in the sample's store
+    (EGRESS_STORE_KEY) and a line in its transcript, before the sandbox
+    goes with the record. Bounded (10 s) and never fatal: a node that
+    keeps no record, or any failure, attaches nothing."""
+    from .egress import summarize
+
+    try:
+        with anyio.fail_after(10):
+            records, dropped = await env.egress_log(max_records=10_000)
+    except Exception as e:  # the record is a bonus; the cleanup goes on
+        log.info("pve_inspect: no egress record for sandbox %s: %s", env.sandbox_id, e)
+        return
+    s = summarize(records, dropped)
+    doc = {
+        "sandbox": env.sandbox_id,
+        "asked": sorted(s.asked),
+        "refused": sorted(s.refused | s.blocked),
+        "reached": sorted(s.reached),
+        "bytes_out": s.bytes_out,
+        "bytes_in": s.bytes_in,
+        "records": len(records),
+        "dropped": dropped,
+    }
+    try:
+        store().set(EGRESS_STORE_KEY, doc)
+        transcript().info(
+            f"pve_inspect egress: reached {doc['reached'] or 'nothing'}, "
+            f"refused {doc['refused'] or 'nothing'}, {s.bytes_out} bytes out, {s.bytes_in} in",
+            source="pve_inspect",
+        )
+    except Exception as e:  # outside a sample (a test, a CLI): nothing to attach to
+        log.info("pve_inspect: egress summary of %s not attached: %s", env.sandbox_id, e)
 
 
 async def _stop_keepalive(sid: str) -> None:
