@@ -115,6 +115,15 @@ type Flows struct {
 	live  map[uint32]liveFlow // conntrack id -> the flow's start
 	ready chan struct{}       // closed once Run first listens
 	once  sync.Once
+	// synced holds the ids of the table at the last Resync (nil before
+	// the first) and syncGen the newest ring's Gen before it: a flow a
+	// later Resync finds unfollowed is attributed only if it was not in
+	// that table and its owner's ring is no newer (resync).
+	synced  map[uint32]bool
+	syncGen uint64
+	// swept is the Log's forgets at the last sweep of the followed
+	// flows of forgotten instances (begin, when MaxLive are followed).
+	swept uint64
 
 	recorded, skipped, unattributed, untracked, unmatched, lost, overruns, bad atomic.Uint64
 }
@@ -180,11 +189,47 @@ func (f *Flows) begin(fl *conntrack.Flow, now time.Time) {
 	if !ok {
 		return
 	}
-	if _, had := f.live[fl.ID]; !had && len(f.live) >= f.cfg.MaxLive {
+	f.follow(fl.ID, lf)
+}
+
+// follow follows lf under id, unless MaxLive flows are followed and none
+// of them is of a forgotten instance (sweepGone).
+func (f *Flows) follow(id uint32, lf liveFlow) {
+	if _, had := f.live[id]; !had && len(f.live) >= f.cfg.MaxLive && f.sweepGone() == 0 {
 		f.untracked.Add(1)
 		return
 	}
-	f.live[fl.ID] = lf
+	f.live[id] = lf
+}
+
+// sweepGone stops following the flows whose ring's instance is forgotten
+// (their end would be recorded nowhere): a deleted sandbox's open
+// connections stay in conntrack for as long as its timeouts say (days
+// for an established TCP one), and would otherwise hold their places
+// among MaxLive until then, so that a tenant creating and deleting
+// sandboxes could fill them and leave every sandbox's new flows
+// unrecorded. It scans only when an instance was forgotten since its
+// last scan, and returns the flows it let go (their ends are counted
+// unmatched, as they would have recorded nothing).
+func (f *Flows) sweepGone() int {
+	l := f.log
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.forgets == f.swept {
+		return 0
+	}
+	f.swept = l.forgets
+	n := 0
+	for id, lf := range f.live {
+		if lf.ring.gone {
+			delete(f.live, id)
+			n++
+		}
+	}
+	return n
 }
 
 // classify returns what is followed of fl, counting why when nothing is.
@@ -298,8 +343,22 @@ func clampInt64(v uint64) int64 { return int64(min(v, 1<<63-1)) }
 // conntrack table): a followed flow no longer in it ended unseen and is
 // counted lost; a flow in it not followed yet is followed from now (its
 // start time the kernel's, when nf_conntrack_timestamp is on).
-func (f *Flows) Resync(table []conntrack.Flow) {
+func (f *Flows) Resync(table []conntrack.Flow) { f.resync(table, f.log.lastGen()) }
+
+// resync is Resync with gen the newest ring's Gen before table was
+// dumped. The first resync (the table as Run first found it) follows
+// every guest flow in it. A later one (after an overrun or a new socket)
+// follows a flow it finds unfollowed only when that flow was not in the
+// previous table and its owner's ring is no newer than gen of that
+// previous resync: then the flow began after that table was taken, while
+// the ring's instance was current throughout, so it is that instance's.
+// Any other such flow (in the previous table but not followed then: its
+// start unseen, lost to an overrun, or past MaxLive) may be an earlier
+// instance's, of a sandbox since deleted whose address a later sandbox
+// holds now, and is not attributed (counted).
+func (f *Flows) resync(table []conntrack.Flow, gen uint64) {
 	now := f.now()
+	first, prev, prevGen := f.synced == nil, f.synced, f.syncGen
 	in := make(map[uint32]bool, len(table))
 	for i := range table {
 		in[table[i].ID] = true
@@ -311,10 +370,28 @@ func (f *Flows) Resync(table []conntrack.Flow) {
 		}
 	}
 	for i := range table {
-		if _, ok := f.live[table[i].ID]; !ok {
-			f.begin(&table[i], now)
+		id := table[i].ID
+		if _, ok := f.live[id]; ok {
+			continue
 		}
+		if first {
+			f.begin(&table[i], now)
+			continue
+		}
+		if prev[id] {
+			continue // counted when that table was taken
+		}
+		lf, ok := f.classify(&table[i], now)
+		if !ok {
+			continue
+		}
+		if lf.ring.gen > prevGen {
+			f.unattributed.Add(1) // its instance may be newer than the flow
+			continue
+		}
+		f.follow(id, lf)
 	}
+	f.synced, f.syncGen = in, gen
 }
 
 // resyncEvery is the least time between two resyncs after overruns (a
@@ -412,11 +489,12 @@ func (f *Flows) dumpResync() error {
 		return fmt.Errorf("dial conntrack: %w", err)
 	}
 	defer dc.Close()
+	gen := f.log.lastGen() // before the dump: a ring made during it is newer
 	table, err := dc.Dump(nil)
 	if err != nil {
 		return fmt.Errorf("dump conntrack: %w", err)
 	}
-	f.Resync(table)
+	f.resync(table, gen)
 	return nil
 }
 

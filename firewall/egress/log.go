@@ -153,6 +153,9 @@ type Log struct {
 	// whose ring changed or went since the last save (LogStore).
 	gens  uint64
 	dirty map[string]struct{}
+	// forgets counts the instances forgotten (Flows sweeps its followed
+	// flows of them when this changed).
+	forgets uint64
 }
 
 // Ring is one owner's records (of one instance of it).
@@ -256,7 +259,18 @@ func (l *Log) Forget(owner string) {
 		r.buf, r.gone = nil, true
 		delete(l.rings, owner)
 		l.dirty[owner] = struct{}{}
+		l.forgets++
 	}
+}
+
+// lastGen is the Gen of the newest ring made so far.
+func (l *Log) lastGen() uint64 {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gens
 }
 
 // LogQuery selects records of one owner.
