@@ -9,7 +9,12 @@
 //     an open zone straight to the upstream;
 //   - the latency of a new connection through the Host/SNI check (redirect,
 //     peek, splice) vs direct from an open zone: HTTP on 80 and a TLS
-//     handshake on 443.
+//     handshake on 443;
+//   - the cost of the egress record (issue 39): the same DNS answer and
+//     HTTP connection through the resolver and proxy, and the process's
+//     CPU time per 1000 of them (the resolver and proxy run in this
+//     process), on a second bed whose resolver and proxy keep the record,
+//     against the first, which keeps none.
 //
 // The bench command's egress section ([Section]) calls Run. It needs root.
 package egress
@@ -30,6 +35,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -64,6 +71,14 @@ type Result struct {
 	CutSet, CutAll      time.Duration
 	CutConns, CutRounds int
 	CutClosed           int
+	// Recording off (the first bed) and on (a second bed keeping the
+	// record): medians of a DNS answer and an HTTP connection through the
+	// checks, and CPU time per 1000 of each pair (a question and a
+	// connection), with RecordRecords the records the second bed kept.
+	DNSOff, DNSOn       time.Duration
+	HTTPOff, HTTPOn     time.Duration
+	CPUOff, CPUOn       time.Duration
+	RecordRecords       int
 }
 
 // Print writes the figures.
@@ -82,6 +97,12 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "new TLS connection (connect + handshake), through the SNI check, median of %d: %v\n", r.Rounds, r.TLSCheck)
 	fmt.Fprintf(w, "new TLS connection (connect + handshake), open zone direct, median of %d: %v\n", r.Rounds, r.TLSOpen)
 	fmt.Fprintf(w, "ratio check/open: %.2fx (added %v)\n", ratio(r.TLSCheck, r.TLSOpen), r.TLSCheck-r.TLSOpen)
+	if r.CPUOn > 0 {
+		fmt.Fprintf(w, "egress record off/on: DNS answer through the resolver, median of %d: %v / %v (%.2fx)\n", r.Rounds, r.DNSOff, r.DNSOn, ratio(r.DNSOn, r.DNSOff))
+		fmt.Fprintf(w, "egress record off/on: new HTTP connection through the Host check, median of %d: %v / %v (%.2fx, added %v)\n", r.Rounds, r.HTTPOff, r.HTTPOn, ratio(r.HTTPOn, r.HTTPOff), r.HTTPOn-r.HTTPOff)
+		fmt.Fprintf(w, "egress record off/on: process CPU per 1000 (DNS answer + HTTP connection), both sides in this process: %v / %v (%.2fx, recording adds %v; %d records kept)\n",
+			r.CPUOff, r.CPUOn, ratio(r.CPUOn, r.CPUOff), r.CPUOn-r.CPUOff, r.RecordRecords)
+	}
 }
 
 // bed is the bed with the egress machinery in the node's namespace.
@@ -103,12 +124,16 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	defer b.Close()
-	bd, stop, err := setup(ctx, b)
+	bd, stop, err := setup(ctx, b, nil)
 	if err != nil {
+		_ = b.Close()
 		return Result{}, err
 	}
-	defer stop()
+	// The first bed goes before the second comes up (at the latest on
+	// return): its processes must not load the second's figures.
+	var once sync.Once
+	down := func() { once.Do(func() { stop(); _ = b.Close() }) }
+	defer down()
 	r := Result{Rounds: o.Rounds}
 	if err := bd.measurePolicyChanges(ctx, o.Rounds, &r); err != nil {
 		return r, err
@@ -119,11 +144,84 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 	if err := bd.measureLatency(ctx, o.Rounds, &r); err != nil {
 		return r, err
 	}
+	if r.DNSOff, r.HTTPOff, r.CPUOff, err = bd.measureRecordCost(o.Rounds); err != nil {
+		return r, err
+	}
+	down()
+	// The second bed: the same, its resolver and proxy keeping the record.
+	if err := bd.recordBed(ctx, o.Rounds, &r); err != nil {
+		return r, err
+	}
 	r.Print(w)
 	return r, nil
 }
 
-func setup(ctx context.Context, b *testvm.Bed) (_ *bed, stop func(), err error) {
+// recordBed brings a second bed up whose resolver and proxy keep the
+// egress record and measures the same pair on it.
+func (bd *bed) recordBed(ctx context.Context, rounds int, r *Result) error {
+	b, err := testvm.Up(ctx, testvm.Options{})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	rec := egress.NewLog(egress.LogConfig{})
+	on, stop, err := setup(ctx, b, rec)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	allow, err := egress.Compile(egress.Policy{Mode: "allowlist", Allow: []string{"*." + testvm.InternetName, testvm.InternetName}})
+	if err != nil {
+		return err
+	}
+	if err := on.reg.Set(ctx, "zonea", "sb-allow", []string{"vneta"}, allow); err != nil {
+		return err
+	}
+	if _, err := on.resolve(on.allowNS, testvm.InternetName); err != nil {
+		return fmt.Errorf("positive control, allowed name: %w", err)
+	}
+	if r.DNSOn, r.HTTPOn, r.CPUOn, err = on.measureRecordCost(rounds); err != nil {
+		return err
+	}
+	page := rec.Read("sb-allow", egress.LogQuery{Limit: 1 << 20})
+	r.RecordRecords = len(page.Records)
+	if r.RecordRecords == 0 {
+		return errors.New("the recording bed kept no record: its resolver and proxy did not record")
+	}
+	return nil
+}
+
+// measureRecordCost times rounds DNS answers and HTTP connections from
+// the allowlist zone (through the resolver and the proxy) and the
+// process's CPU time per 1000 pairs.
+func (bd *bed) measureRecordCost(rounds int) (dnsMed, httpMed, cpuPer1000 time.Duration, err error) {
+	var dnsD, httpD []time.Duration
+	cpu0 := processCPU()
+	for range rounds {
+		d, err := bd.resolve(bd.allowNS, "r"+randHex()+"."+testvm.InternetName)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("dns: %w", err)
+		}
+		dnsD = append(dnsD, d)
+		if d, err = bd.httpGet(bd.allowNS); err != nil {
+			return 0, 0, 0, fmt.Errorf("http: %w", err)
+		}
+		httpD = append(httpD, d)
+	}
+	cpu := processCPU() - cpu0
+	return bench.Median(dnsD), bench.Median(httpD), cpu * 1000 / time.Duration(rounds), nil
+}
+
+// processCPU is this process's user and system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func setup(ctx context.Context, b *testvm.Bed, rec *egress.Log) (_ *bed, stop func(), err error) {
 	var cleanups []func()
 	// The error returns set stop to nil: the deferred clean-up calls its
 	// own copy.
@@ -194,8 +292,8 @@ func setup(ctx context.Context, b *testvm.Bed) (_ *bed, stop func(), err error) 
 	den := egress.NewDenials()
 	log := slog.New(slog.DiscardHandler)
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: []string{testvm.InternetAddr + ":53"},
-		Dial: dialIn(b, ec.ResolverMark())}, reg, links, den, nil, log)
-	proxy := egress.NewProxy(egress.ProxyConfig{Dial: dialIn(b, ec.ProxyMark())}, reg, links, den, log)
+		Dial: dialIn(b, ec.ResolverMark()), Log: rec}, reg, links, den, nil, log)
+	proxy := egress.NewProxy(egress.ProxyConfig{Dial: dialIn(b, ec.ProxyMark()), Log: rec}, reg, links, den, log)
 	dnsPort, proxyPort := ec.Ports()
 	var pc net.PacketConn
 	var proxyLn net.Listener

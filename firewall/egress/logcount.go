@@ -101,10 +101,10 @@ func (l *Log) Collector() prometheus.Collector { return logCollector{l} }
 
 var (
 	logBytesDesc = prometheus.NewDesc("pve_inspect_egress_record_bytes_total",
-		"Payload bytes of the sandbox's recorded connections (sandbox: zone:<id> for zones the daemon did not create), by direction (out: guest to destination; in: back), since its instance began; kept across daemon restarts with the record.",
+		"Bytes of the sandbox's recorded connections (payload relayed by the proxy) and flows (IP bytes, headers included, as conntrack counts them) (sandbox: zone:<id> for zones the daemon did not create), by direction (out: guest to destination; in: back), since its instance began; kept across daemon restarts with the record.",
 		[]string{"sandbox", "direction"}, nil)
 	logRecordsDesc = prometheus.NewDesc("pve_inspect_egress_records_total",
-		"Records of the sandbox's egress record made (DNS questions and connections), since its instance began.",
+		"Records of the sandbox's egress record made (DNS questions, proxied connections and kernel flows), since its instance began.",
 		[]string{"sandbox"}, nil)
 	logDroppedDesc = prometheus.NewDesc("pve_inspect_egress_records_dropped_total",
 		"Records of the sandbox's egress record dropped (its ring full, or the node's bound reached), since its instance began.",

@@ -57,7 +57,7 @@ func TestLogCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `
-# HELP pve_inspect_egress_record_bytes_total Payload bytes of the sandbox's recorded connections (sandbox: zone:<id> for zones the daemon did not create), by direction (out: guest to destination; in: back), since its instance began; kept across daemon restarts with the record.
+# HELP pve_inspect_egress_record_bytes_total Bytes of the sandbox's recorded connections (payload relayed by the proxy) and flows (IP bytes, headers included, as conntrack counts them) (sandbox: zone:<id> for zones the daemon did not create), by direction (out: guest to destination; in: back), since its instance began; kept across daemon restarts with the record.
 # TYPE pve_inspect_egress_record_bytes_total counter
 pve_inspect_egress_record_bytes_total{direction="in",sandbox="sb-a"} 9
 pve_inspect_egress_record_bytes_total{direction="in",sandbox="sb-b"} 0
@@ -67,7 +67,7 @@ pve_inspect_egress_record_bytes_total{direction="out",sandbox="sb-b"} 0
 # TYPE pve_inspect_egress_records_dropped_total counter
 pve_inspect_egress_records_dropped_total{sandbox="sb-a"} 0
 pve_inspect_egress_records_dropped_total{sandbox="sb-b"} 0
-# HELP pve_inspect_egress_records_total Records of the sandbox's egress record made (DNS questions and connections), since its instance began.
+# HELP pve_inspect_egress_records_total Records of the sandbox's egress record made (DNS questions, proxied connections and kernel flows), since its instance began.
 # TYPE pve_inspect_egress_records_total counter
 pve_inspect_egress_records_total{sandbox="sb-a"} 1
 pve_inspect_egress_records_total{sandbox="sb-b"} 1
