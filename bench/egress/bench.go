@@ -75,10 +75,10 @@ type Result struct {
 	// record): medians of a DNS answer and an HTTP connection through the
 	// checks, and CPU time per 1000 of each pair (a question and a
 	// connection), with RecordRecords the records the second bed kept.
-	DNSOff, DNSOn       time.Duration
-	HTTPOff, HTTPOn     time.Duration
-	CPUOff, CPUOn       time.Duration
-	RecordRecords       int
+	DNSOff, DNSOn   time.Duration
+	HTTPOff, HTTPOn time.Duration
+	CPUOff, CPUOn   time.Duration
+	RecordRecords   int
 }
 
 // Print writes the figures.
