@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -170,7 +172,7 @@ func (r *run) startEgress(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.egress = &Egress{Registry: reg, Denials: den, Record: elog, Store: store}
+	r.egress = &Egress{Registry: reg, Denials: den, Record: elog, Store: store, NS: ns, Prefixes: links.Prefixes, Logger: r.log}
 	if r.d.egressHook != nil {
 		r.d.egressHook(r.egress)
 	}
@@ -228,6 +230,46 @@ type Egress struct {
 	// keeps it across restarts (nil: not kept).
 	Record *egress.Log
 	Store  *egress.LogStore
+	// NS and Prefixes are the node's namespace and its interfaces'
+	// addresses: a new instance's bridges get no conntrack entry of an
+	// earlier one (flushOld; nil Prefixes: not flushed). Logger says so.
+	NS       netns.NsHandle
+	Prefixes func() ([]egress.IfPrefix, error)
+	Logger   *slog.Logger
+}
+
+// flushOld deletes the conntrack entries from the addresses of bridges
+// (a sandbox's new instance: created, or a pool member claimed): nothing
+// deletes a deleted sandbox's entries, and while one stays its remote
+// peer's replies are forwarded to whichever guest holds the address now.
+// A failure is logged, not fatal: the guard still holds every wall.
+func (e *Egress) flushOld(sandbox string, bridges []string) {
+	if e.Prefixes == nil || len(bridges) == 0 {
+		return
+	}
+	lg := e.Logger
+	if lg == nil {
+		lg = slog.New(slog.DiscardHandler)
+	}
+	ps, err := e.Prefixes()
+	if err != nil {
+		lg.Warn("conntrack entries of earlier instances not removed", "component", "egress", "sandbox", sandbox, "err", err)
+		return
+	}
+	var mine []netip.Prefix
+	for _, p := range ps {
+		if slices.Contains(bridges, p.Iface) {
+			mine = append(mine, p.Prefix.Masked())
+		}
+	}
+	n, err := egress.FlushFrom(e.NS, mine)
+	if err != nil {
+		lg.Warn("conntrack entries of earlier instances not all removed", "component", "egress", "sandbox", sandbox, "removed", n, "err", err)
+		return
+	}
+	if n > 0 {
+		lg.Info("conntrack entries of an earlier instance removed", "component", "egress", "sandbox", sandbox, "prefixes", mine, "removed", n)
+	}
 }
 
 // dialIn dials from sockets marked mark, created in ns (nil: the
@@ -278,7 +320,14 @@ func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string
 	if err != nil {
 		return err
 	}
-	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
+	_, had := e.Registry.Get(zone)
+	if err := e.Registry.Set(ctx, zone, sandbox, bridges, r); err != nil {
+		return err
+	}
+	if !had { // a new sandbox, before its VMs start; not a policy change
+		e.flushOld(sandbox, bridges)
+	}
+	return nil
 }
 
 // Claim implements sandbox.EgressClaimer: Set for a new instance of the
@@ -289,7 +338,11 @@ func (e *Egress) Claim(ctx context.Context, sandbox, zone string, bridges []stri
 	if err != nil {
 		return err
 	}
-	return e.Registry.Begin(ctx, zone, sandbox, bridges, r)
+	if err := e.Registry.Begin(ctx, zone, sandbox, bridges, r); err != nil {
+		return err
+	}
+	e.flushOld(sandbox, bridges)
+	return nil
 }
 
 var _ sandbox.EgressClaimer = (*Egress)(nil)
