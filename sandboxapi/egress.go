@@ -44,9 +44,13 @@ func (s *Server) getEgressLog(w http.ResponseWriter, r *http.Request, p principa
 	}
 	q := apitype.EgressLogQuery{Type: r.URL.Query().Get("type"), VM: r.URL.Query().Get("vm")}
 	if v := r.URL.Query().Get("since"); v != "" {
-		if q.Since, err = strconv.ParseUint(v, 10, 64); err != nil {
-			return invalid("since", "since %q: want a record's seq (a non-negative integer)", v)
+		// an int64 as the document says (schemathesis ST201: 2^63 was
+		// taken), never negative
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return invalid("since", "since %q: want a record's seq (a non-negative 64-bit integer)", v)
 		}
+		q.Since = uint64(n)
 	}
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -87,7 +87,7 @@ func TestEgressLogScope(t *testing.T) {
 	if err != nil || rec.asked.Type != "flow" {
 		t.Errorf("kernel flows: %+v %v, asked %+v", l, err, rec.asked)
 	}
-	for _, q := range []apitype.EgressLogQuery{{Type: "udp"}, {VM: "nope"}, {Limit: sandbox.MaxEgressLogLimit + 1}} {
+	for _, q := range []apitype.EgressLogQuery{{Type: "udp"}, {VM: "nope"}, {Limit: sandbox.MaxEgressLogLimit + 1}, {Since: 1 << 63}} {
 		if _, err := aliceRead.EgressLog(ctx, sb.ID, q); !client.IsProblem(err, apitype.ProblemInvalidRequest) {
 			t.Errorf("%+v: %v, want invalid-request", q, err)
 		}

@@ -35,7 +35,7 @@ func TestDemo(t *testing.T) {
 	}
 	s := out.String()
 	for _, want := range []string{"leaks seen with no guard", "pve-inspectd status: the guard is in force", "sha256 equal",
-		"pve-inspectd mcp (stdio): 11 tools", "exit 0: hello from",
+		"pve-inspectd mcp (stdio): 12 tools", "exit 0: hello from",
 		"lockdown in force", "every namespace, link, mount and process of the bed is gone"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("demo output lacks %q", want)
