@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -261,6 +262,16 @@ func cloneLeftNothing(err error) bool {
 	return true
 }
 
+// newIDLocked reports whether a clone to id failed because another task
+// of the node held id's config lock past the lock's timeout ("can't lock
+// file '/var/lock/qemu-server/lock-<id>.conf' - got timeout": a destroy
+// or another clone of that id still running, as the emulator's per-VM
+// lock models; CI saw it in the three-node bed): the clone made nothing,
+// and another id is tried, as after a collision.
+func newIDLocked(err error, id int) bool {
+	return err != nil && strings.Contains(err.Error(), fmt.Sprintf("lock-%d.conf' - got timeout", id))
+}
+
 // idChecker is a Proxmox API that can say whether one VM id is free
 // cluster-wide (pveapi: GET /cluster/nextid?vmid=N).
 type idChecker interface {
@@ -407,7 +418,7 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			if err := m.saveState(); err != nil {
 				return err
 			}
-			if errors.Is(err, ErrExists) && attempt+1 < cloneCollisions {
+			if (errors.Is(err, ErrExists) || newIDLocked(err, id)) && attempt+1 < cloneCollisions {
 				spread = true
 				continue
 			}
