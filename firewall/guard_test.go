@@ -163,6 +163,15 @@ func helperOwner(name string) int {
 	}
 	fmt.Println("READY")
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	// g is used after the wait, so it stays reachable while the helper
+	// holds the table: unreachable, a garbage collection would finalize
+	// the os.File under its netlink socket, closing the socket, and the
+	// kernel drops a table's owner when the owning socket closes (the
+	// table stays, persist), so the test's delete would succeed
+	if err := g.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	return 0
 }
 
@@ -196,6 +205,7 @@ func TestKill9ThenReadopt(t *testing.T) {
 	if !ready {
 		t.Fatal("helper never became ready")
 	}
+	requireOwned(t, n, testConfig(t))
 	owned := listTable(t, n)
 	handles := ruleHandles(t, n)
 	if out, err := n.nft(t, "delete", "table", "inet", TableName); err == nil {
