@@ -38,6 +38,9 @@ type options struct {
 	// file, a template tagged as its built-in, the dir storage's content
 	// as its README sets it.
 	referencePlugin bool
+	// restart receives a value for each restart of the playground's
+	// daemon asked for (SIGHUP); nil in the demo.
+	restart <-chan os.Signal
 }
 
 func main() {
@@ -45,7 +48,7 @@ func main() {
 	self, _ := os.Executable()
 	flag.StringVar(&o.binDir, "bin", filepath.Dir(self), "directory holding pve-inspectd and pve-inspect-probe")
 	flag.DurationVar(&o.timeout, "timeout", 15*time.Minute, "deadline of the whole demo (not of --stay)")
-	flag.BoolVar(&o.stay, "stay", false, "playground: bring the node in a box up with the daemon, its API and MCP server, print how to reach them, stay until Ctrl-C/SIGTERM")
+	flag.BoolVar(&o.stay, "stay", false, "playground: bring the node in a box up with the daemon, its API and MCP server, print how to reach them, stay until Ctrl-C/SIGTERM (SIGHUP restarts its daemon)")
 	flag.StringVar(&o.listen, "listen", "127.0.0.1:8443", "playground: loopback address forwarded to the daemon's TLS API listener (port 0: any)")
 	flag.StringVar(&o.diskStorage, "disk-transfer-storage", "", "playground: turn the daemon's disk path on, on this storage (the node's dir storage is \"local\")")
 	flag.StringVar(&o.release, "pve-release", string(pveemu.Release91), "playground: the Proxmox VE release the emulated API behaves as (9.1 or 9.2)")
@@ -55,6 +58,10 @@ func main() {
 	var cancel context.CancelFunc
 	var err error
 	if o.stay {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		o.restart = hup
 		ctx, cancel = context.WithCancel(ctx)
 		err = playground(ctx, o, os.Stdout)
 	} else {

@@ -126,7 +126,11 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	defer stopDaemon()
+	defer func() {
+		if stopDaemon != nil {
+			stopDaemon()
+		}
+	}()
 	tokens := map[string]string{}
 	for _, pt := range playgroundTokens {
 		argv := []string{inspectd, "-c", cfgPath, "token", "create", pt.name, "--scope", pt.scope}
@@ -146,9 +150,24 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	defer fwd.Close()
 	fmt.Fprint(w, pluginLines)
 	printEndpoints(w, bed, inspectd, cfgPath, sock, "https://"+fwd.Addr().String(), apiCA, envFile, tokens)
-	<-ctx.Done()
-	fmt.Fprintln(w, "stopping: daemon, emulator, bed")
-	return nil
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(w, "stopping: daemon, emulator, bed")
+			return nil
+		case <-o.restart:
+			// SIGHUP: the daemon stops (SIGTERM, as systemd stops the
+			// unit) and starts again on the same configuration and
+			// state, the sandboxes staying up, as `systemctl restart
+			// pve-inspectd` does on a node.
+			stopDaemon()
+			stopDaemon = nil
+			if stopDaemon, err = startDaemon(ctx, io.Discard, bed, inspectd, cfgPath, sock); err != nil {
+				return fmt.Errorf("restart pve-inspectd: %w", err)
+			}
+			fmt.Fprintln(w, "pve-inspectd restarted")
+		}
+	}
 }
 
 // builtinTemplateID is the playground's stand-in for the reference
@@ -193,7 +212,8 @@ func printEndpoints(w io.Writer, bed *testvm.Bed, inspectd, cfgPath, sock, url, 
 		"headers": map[string]string{"Authorization": "Bearer " + tokens["token"]}}}})
 	fmt.Fprintf(w, `
 pve-inspect playground: a Proxmox node in a box with pve-inspectd, the
-emulated Proxmox API and real qemu-ga guests. Ctrl-C or SIGTERM tears it down.
+emulated Proxmox API and real qemu-ga guests. Ctrl-C or SIGTERM tears it down;
+SIGHUP restarts pve-inspectd (its sandboxes stay), as systemctl restart does.
 
 bed = %s
 config = %s

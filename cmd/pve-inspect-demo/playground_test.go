@@ -27,6 +27,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/mcpserver"
+	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
 // needNodeClient finds node and the official MCP TypeScript SDK in
@@ -66,13 +67,16 @@ type playgroundProc struct {
 	out  bytes.Buffer // everything it printed
 	info map[string]string
 	done chan error
+	// restarted receives a value each time it says its daemon restarted
+	// (after a SIGHUP).
+	restarted chan struct{}
 }
 
 // startPlayground runs the binary (with more flags in args) and waits for
 // "playground ready".
 func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 	t.Helper()
-	p := &playgroundProc{info: map[string]string{}, done: make(chan error, 1)}
+	p := &playgroundProc{info: map[string]string{}, done: make(chan error, 1), restarted: make(chan struct{}, 1)}
 	p.cmd = exec.Command(filepath.Join(bin, "pve-inspect-demo"), append([]string{"--stay", "--bin", bin, "--listen", "127.0.0.1:0"}, args...)...)
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
@@ -94,6 +98,12 @@ func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 			}
 			if rest, ok := strings.CutPrefix(line, "  export PVE_INSPECT_"); ok && !said {
 				p.info["inspect_export"] = "PVE_INSPECT_" + rest
+			}
+			if line == "pve-inspectd restarted" {
+				select {
+				case p.restarted <- struct{}{}:
+				default:
+				}
 			}
 			if line == "playground ready" && !said {
 				said = true
@@ -219,6 +229,7 @@ func TestPlayground(t *testing.T) {
 		t.Fatalf("exec: %+v %v", res, err)
 	}
 	checkTokensBound(t, ctx, c, client.NewTLS(u.Host, tlsc, client.WithToken(in["admin_token"])), sb.ID)
+	checkRecordAcrossRestart(t, ctx, p, c)
 	checkNoEnvFile(t, ctx, in["mcp_url"], tlsc, in["admin_token"])
 	if err := c.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)
@@ -250,6 +261,83 @@ func TestPlayground(t *testing.T) {
 		t.Errorf("no clean teardown said:\n%s", p.out.String())
 	}
 	assertGone(t, in)
+}
+
+// checkRecordAcrossRestart: the egress record of a sandbox that lives
+// through a restart of the daemon (SIGHUP to the playground: the real
+// pve-inspectd stops on SIGTERM, as systemd stops it, and starts again on
+// the same state directory) is the same record after it, and the guest's
+// next question goes on from where it was (issue 39).
+func checkRecordAcrossRestart(t *testing.T, ctx context.Context, p *playgroundProc, c *client.Client) {
+	t.Helper()
+	sb, err := c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}},
+		Egress: &apitype.EgressPolicy{Mode: "allowlist", Allow: []string{testvm.InternetName}}})
+	if err != nil {
+		t.Fatalf("create with an allowlist: %v", err)
+	}
+	defer func() {
+		if err := c.Delete(ctx, sb.ID); err != nil {
+			t.Errorf("delete %s: %v", sb.ID, err)
+		}
+	}()
+	resolve := func(name string) {
+		t.Helper()
+		// getent's answer does not matter (a refused name fails it); the
+		// daemon's resolver has seen the question when it returns
+		if _, err := c.Exec(ctx, sb.ID, sb.VMs[0].Name, apitype.ExecRequest{Argv: []string{"getent", "hosts", name}, TimeoutSeconds: 20}); err != nil {
+			t.Fatalf("exec getent hosts %s: %v", name, err)
+		}
+	}
+	dnsRecords := func() apitype.EgressLog {
+		t.Helper()
+		l, err := c.EgressLog(ctx, sb.ID, apitype.EgressLogQuery{Type: "dns"})
+		if err != nil {
+			t.Fatalf("egress log of %s: %v", sb.ID, err)
+		}
+		return l
+	}
+	verdictOf := func(l apitype.EgressLog, name string) string {
+		for _, r := range l.Records {
+			if r.Name == name {
+				return r.Verdict
+			}
+		}
+		return ""
+	}
+	resolve(testvm.InternetName)
+	resolve("refused.example.org")
+	before := dnsRecords()
+	if verdictOf(before, testvm.InternetName) != "answered" || verdictOf(before, "refused.example.org") != "refused" {
+		t.Fatalf("the record before the restart lacks the two questions: %+v", before)
+	}
+
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.restarted:
+	case err := <-p.done:
+		t.Fatalf("the playground exited on SIGHUP: %v\n%s", err, p.out.String())
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the playground did not say its daemon restarted within 3 minutes of SIGHUP")
+	}
+
+	after := dnsRecords()
+	if len(after.Records) != len(before.Records) || after.Next != before.Next || after.Dropped != before.Dropped {
+		t.Fatalf("after the restart the record has %d records (next %d, dropped %d), before %d (next %d, dropped %d): %+v",
+			len(after.Records), after.Next, after.Dropped, len(before.Records), before.Next, before.Dropped, after)
+	}
+	for i, r := range after.Records {
+		b := before.Records[i]
+		if r.Seq != b.Seq || !r.Time.Equal(b.Time) || r.Name != b.Name || r.Verdict != b.Verdict || r.VM != b.VM || r.Source != b.Source {
+			t.Errorf("record %d after the restart %+v, before %+v", i, r, b)
+		}
+	}
+	resolve("after.example.org")
+	more := dnsRecords()
+	if verdictOf(more, "after.example.org") != "refused" || more.Next <= before.Next {
+		t.Errorf("the question after the restart: %+v (next before it %d)", more, before.Next)
+	}
 }
 
 // checkTokensBound: the examples' token is bound to the playground's
