@@ -35,6 +35,13 @@ type FlowConfig struct {
 	// DefaultMaxLiveFlows); a flow starting past it is not recorded and
 	// is counted (FlowStats.Untracked).
 	MaxLive int
+	// PerOwner bounds the flows followed at once of one owner's instance
+	// (zero: MaxLive / DefaultOwners), so that one sandbox opening flows
+	// without end cannot take the places of every other's; a flow of an
+	// owner past it is not recorded and is counted
+	// (FlowStats.OverShare). The daemon sets MaxLive / [egress] owners:
+	// that many owners at their share fit.
+	PerOwner int
 	// NetNS is the node's network namespace whose conntrack is read
 	// (netns.None(): the caller's).
 	NetNS netns.NsHandle
@@ -73,6 +80,8 @@ type FlowStats struct {
 	Unattributed uint64
 	// Untracked flows: started while MaxLive were followed.
 	Untracked uint64
+	// OverShare flows: started while their owner had PerOwner followed.
+	OverShare uint64
 	// Unmatched ends: a flow whose start was not seen (begun before Run
 	// listened and not in its dump, or its start event lost).
 	Unmatched uint64
@@ -112,9 +121,12 @@ type Flows struct {
 	logger *slog.Logger
 	now    func() time.Time
 
-	live  map[uint32]liveFlow // conntrack id -> the flow's start
-	ready chan struct{}       // closed once Run first listens
-	once  sync.Once
+	live map[uint32]liveFlow // conntrack id -> the flow's start
+	// perRing counts the followed flows of each ring (an owner's
+	// instance), for FlowConfig.PerOwner; a ring with none has no key.
+	perRing map[*Ring]int
+	ready   chan struct{} // closed once Run first listens
+	once    sync.Once
 	// synced holds the ids of the table at the last Resync (nil before
 	// the first) and syncGen the newest ring's Gen before it: a flow a
 	// later Resync finds unfollowed is attributed only if it was not in
@@ -125,7 +137,7 @@ type Flows struct {
 	// flows of forgotten instances (begin, when MaxLive are followed).
 	swept uint64
 
-	recorded, skipped, unattributed, untracked, unmatched, lost, overruns, bad atomic.Uint64
+	recorded, skipped, unattributed, untracked, overShare, unmatched, lost, overruns, bad atomic.Uint64
 }
 
 // liveFlow is a followed flow: where its record goes and what of it was
@@ -145,6 +157,9 @@ func NewFlows(cfg FlowConfig, owners FlowOwners, log *Log, guests Guests, addrs 
 	if cfg.MaxLive <= 0 {
 		cfg.MaxLive = DefaultMaxLiveFlows
 	}
+	if cfg.PerOwner <= 0 {
+		cfg.PerOwner = max(cfg.MaxLive/DefaultOwners, 1)
+	}
 	if cfg.ReadBuffer <= 0 {
 		cfg.ReadBuffer = 4 << 20
 	}
@@ -152,7 +167,7 @@ func NewFlows(cfg FlowConfig, owners FlowOwners, log *Log, guests Guests, addrs 
 		logger = slog.Default()
 	}
 	return &Flows{cfg: cfg, owners: owners, log: log, guests: guests, addrs: addrs, logger: logger, now: time.Now,
-		live: map[uint32]liveFlow{}, ready: make(chan struct{})}
+		live: map[uint32]liveFlow{}, perRing: map[*Ring]int{}, ready: make(chan struct{})}
 }
 
 // Ready is closed once Run first listens to the events (and has taken
@@ -162,7 +177,7 @@ func (f *Flows) Ready() <-chan struct{} { return f.ready }
 // Stats returns the counts so far.
 func (f *Flows) Stats() FlowStats {
 	return FlowStats{Recorded: f.recorded.Load(), Skipped: f.skipped.Load(), Unattributed: f.unattributed.Load(),
-		Untracked: f.untracked.Load(), Unmatched: f.unmatched.Load(), Lost: f.lost.Load(),
+		Untracked: f.untracked.Load(), OverShare: f.overShare.Load(), Unmatched: f.unmatched.Load(), Lost: f.lost.Load(),
 		Overruns: f.overruns.Load(), Bad: f.bad.Load()}
 }
 
@@ -192,14 +207,36 @@ func (f *Flows) begin(fl *conntrack.Flow, now time.Time) {
 	f.follow(fl.ID, lf)
 }
 
-// follow follows lf under id, unless MaxLive flows are followed and none
-// of them is of a forgotten instance (sweepGone).
+// follow follows lf under id, unless its owner's instance has PerOwner
+// flows followed, or MaxLive flows are followed and none of them is of a
+// forgotten instance (sweepGone). A flow not followed is counted, and
+// counted in its owner's record as a record dropped, so that the
+// sandbox's reader knows its record misses flows.
 func (f *Flows) follow(id uint32, lf liveFlow) {
-	if _, had := f.live[id]; !had && len(f.live) >= f.cfg.MaxLive && f.sweepGone() == 0 {
+	if _, had := f.live[id]; had {
+		f.unfollow(id)
+	}
+	switch {
+	case len(f.live) >= f.cfg.MaxLive && f.sweepGone() == 0:
 		f.untracked.Add(1)
+		lf.ring.dropOne()
+		return
+	case f.perRing[lf.ring] >= f.cfg.PerOwner:
+		f.overShare.Add(1)
+		lf.ring.dropOne()
 		return
 	}
 	f.live[id] = lf
+	f.perRing[lf.ring]++
+}
+
+// unfollow stops following the flow id (followed).
+func (f *Flows) unfollow(id uint32) {
+	r := f.live[id].ring
+	delete(f.live, id)
+	if f.perRing[r]--; f.perRing[r] <= 0 {
+		delete(f.perRing, r)
+	}
 }
 
 // sweepGone stops following the flows whose ring's instance is forgotten
@@ -225,7 +262,7 @@ func (f *Flows) sweepGone() int {
 	n := 0
 	for id, lf := range f.live {
 		if lf.ring.gone {
-			delete(f.live, id)
+			f.unfollow(id)
 			n++
 		}
 	}
@@ -311,7 +348,7 @@ func (f *Flows) end(fl *conntrack.Flow, now time.Time) {
 		f.unmatched.Add(1) // not the flow begun under this id
 		return
 	}
-	delete(f.live, fl.ID)
+	f.unfollow(fl.ID)
 	f.ring(lf, fl, now)
 }
 
@@ -365,7 +402,7 @@ func (f *Flows) resync(table []conntrack.Flow, gen uint64) {
 	}
 	for id := range f.live {
 		if !in[id] {
-			delete(f.live, id)
+			f.unfollow(id)
 			f.lost.Add(1)
 		}
 	}
@@ -604,7 +641,7 @@ func prefixIndex(list []IfPrefix) ([]IfPrefix, map[netip.Addr]bool) {
 
 // Collector exports the counts as
 // pve_inspect_egress_flow_events_total{result} (recorded, skipped,
-// unattributed, untracked, unmatched, lost, bad) and
+// unattributed, untracked, over_share, unmatched, lost, bad) and
 // pve_inspect_egress_flow_overruns_total.
 func (f *Flows) Collector() prometheus.Collector { return flowCollector{f} }
 
@@ -630,6 +667,7 @@ func (c flowCollector) Collect(ch chan<- prometheus.Metric) {
 		result string
 		n      uint64
 	}{{"recorded", st.Recorded}, {"skipped", st.Skipped}, {"unattributed", st.Unattributed}, {"untracked", st.Untracked},
+		{"over_share", st.OverShare},
 		{"unmatched", st.Unmatched}, {"lost", st.Lost}, {"bad", st.Bad}} {
 		ch <- prometheus.MustNewConstMetric(flowEventsDesc, prometheus.CounterValue, float64(r.n), r.result)
 	}

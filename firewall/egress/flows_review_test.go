@@ -98,3 +98,41 @@ func TestFlowsGoneMakeRoom(t *testing.T) {
 		t.Errorf("stats %+v, live %d: want one untracked, two followed", st, b.f.Live())
 	}
 }
+
+// TestFlowsPerOwnerShare: one sandbox holding its share of followed flows
+// (PerOwner) cannot take the places of another's: the other's flows are
+// followed and recorded while the first's new ones are not, and the first
+// sandbox's record counts each flow it did not follow as dropped (a gap
+// in its seq). A followed flow's end gives its place back, and so does a
+// resync that finds it gone.
+func TestFlowsPerOwnerShare(t *testing.T) {
+	b := newFlowBedShare(t, 8, 2)
+	for id := uint32(1); id <= 5; id++ {
+		b.f.Handle(newEv(tcpOut(id, guestA)))
+	}
+	b.f.Handle(newEv(tcpOut(10, guestB)))
+	b.f.Handle(destroyEv(tcpOut(10, guestB)))
+	if got := b.log.Read("sb-b", LogQuery{Type: RecordFlow}).Records; len(got) != 1 {
+		t.Errorf("sb-b's flows %+v, want its one (stats %+v)", got, b.f.Stats())
+	}
+	if st := b.f.Stats(); st.OverShare != 3 || st.Untracked != 0 || b.f.Live() != 2 {
+		t.Errorf("stats %+v, live %d: want 3 over sb-a's share, 2 followed", st, b.f.Live())
+	}
+	if p := b.log.Read("sb-a", LogQuery{}); p.Dropped != 3 || len(p.Records) != 0 {
+		t.Errorf("sb-a's record %+v: want 3 dropped, no record yet", p)
+	}
+	// an end gives the place back: the next flow of sb-a is followed
+	b.f.Handle(destroyEv(tcpOut(1, guestA)))
+	b.f.Handle(newEv(tcpOut(6, guestA)))
+	b.f.Handle(destroyEv(tcpOut(6, guestA)))
+	if got := b.log.Read("sb-a", LogQuery{Type: RecordFlow}).Records; len(got) != 2 || got[0].Seq != 4 {
+		t.Errorf("sb-a's flows %+v, want 1 and 6, numbered after the 3 dropped", got)
+	}
+	// a resync that finds flow 2 gone gives its place back too
+	b.f.Resync([]conntrack.Flow{*tcpOut(7, guestB).flow()})
+	b.f.Handle(newEv(tcpOut(8, guestA)))
+	b.f.Handle(newEv(tcpOut(9, guestA)))
+	if st := b.f.Stats(); st.OverShare != 3 || b.f.Live() != 3 {
+		t.Errorf("after the resync: stats %+v, live %d: want 3 over share, 3 followed (7, 8, 9)", st, b.f.Live())
+	}
+}

@@ -39,6 +39,13 @@ type flowBed struct {
 
 func newFlowBed(t testing.TB, maxLive int) *flowBed {
 	t.Helper()
+	return newFlowBedShare(t, maxLive, maxLive)
+}
+
+// newFlowBedShare is newFlowBed with perOwner flows followed at most of
+// one owner (FlowConfig.PerOwner).
+func newFlowBedShare(t testing.TB, maxLive, perOwner int) *flowBed {
+	t.Helper()
 	reg := NewRegistry(newFakeGuard(), Rules{Mode: firewall.EgressOpen}, nil)
 	log := NewLog(LogConfig{PerOwner: 16})
 	reg.OnDrop(func(_, owner string) { log.Forget(owner) })
@@ -55,7 +62,7 @@ func newFlowBed(t testing.TB, maxLive int) *flowBed {
 		return []IfPrefix{{"vneta", netip.MustParsePrefix("10.10.1.1/24")}, {"vnetb", netip.MustParsePrefix("10.10.2.1/24")},
 			{"eth0", netip.MustParsePrefix("192.0.2.5/24")}, {"lo", netip.MustParsePrefix("127.0.0.1/8")}}, nil
 	}}
-	b.f = NewFlows(FlowConfig{DNSPort: 15353, ProxyPort: 15380, MaxLive: maxLive}, reg, log, guests, addrs, slog.New(slog.DiscardHandler))
+	b.f = NewFlows(FlowConfig{DNSPort: 15353, ProxyPort: 15380, MaxLive: maxLive, PerOwner: perOwner}, reg, log, guests, addrs, slog.New(slog.DiscardHandler))
 	b.f.now = func() time.Time { return b.at }
 	return b
 }
@@ -270,6 +277,7 @@ func TestFlowsBounds(t *testing.T) {
 # TYPE pve_inspect_egress_flow_events_total counter
 pve_inspect_egress_flow_events_total{result="bad"} 0
 pve_inspect_egress_flow_events_total{result="lost"} 1
+pve_inspect_egress_flow_events_total{result="over_share"} 0
 pve_inspect_egress_flow_events_total{result="recorded"} 1
 pve_inspect_egress_flow_events_total{result="skipped"} 0
 pve_inspect_egress_flow_events_total{result="unattributed"} 0

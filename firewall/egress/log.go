@@ -246,6 +246,25 @@ func (r *Ring) add(rec Record) bool {
 	return true
 }
 
+// dropOne counts one record of r dropped before it was made (a flow not
+// followed past a bound, Flows.follow): its seq moves on, so that a
+// reader sees the gap, and dropped counts it. A nil ring, or one of a
+// forgotten instance, counts nothing.
+func (r *Ring) dropOne() {
+	if r == nil {
+		return
+	}
+	l := r.log
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r.gone {
+		return
+	}
+	r.seq++
+	r.dropped++
+	l.dirty[r.owner] = struct{}{}
+}
+
 // Forget drops owner's records (its instance ended); a ring taken of it
 // before records nothing more.
 func (l *Log) Forget(owner string) {

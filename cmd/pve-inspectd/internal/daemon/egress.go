@@ -186,7 +186,9 @@ func (r *run) startEgress(ctx context.Context) error {
 	r.parts.Go("egress kernel drops", drops.Run)
 	// the kernel's own flows of every mode (open too), from conntrack
 	dnsPort, proxyPort := kcfg.Egress.Ports()
-	flows := egress.NewFlows(egress.FlowConfig{DNSPort: dnsPort, ProxyPort: proxyPort, NetNS: ns}, reg, elog, guests,
+	// every owner ([egress] owners) at its share of followed flows fits
+	flowShare := max(egress.DefaultMaxLiveFlows/max(ec.Owners, 1), 1)
+	flows := egress.NewFlows(egress.FlowConfig{DNSPort: dnsPort, ProxyPort: proxyPort, NetNS: ns, PerOwner: flowShare}, reg, elog, guests,
 		&egress.PrefixAddrs{List: links.Prefixes}, r.log)
 	if err := r.reg.Register(flows.Collector()); err != nil {
 		return fmt.Errorf("egress flow metrics: %w", err)
