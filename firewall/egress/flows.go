@@ -296,8 +296,8 @@ func (f *Flows) classify(fl *conntrack.Flow, now time.Time) (liveFlow, bool) {
 		f.unattributed.Add(1)
 		return liveFlow{}, false
 	}
-	if b, ok := f.addrs.BridgeOf(dst); ok && b == bridge {
-		f.skipped.Add(1) // within its own zone
+	if b, ok := f.addrs.BridgeOf(dst); ok && f.sameZone(b, bridge) {
+		f.skipped.Add(1) // within its own zone (its sandbox's networks)
 		return liveFlow{}, false
 	}
 	ring := f.ringOf(bridge)
@@ -310,6 +310,18 @@ func (f *Flows) classify(fl *conntrack.Flow, now time.Time) (liveFlow, bool) {
 		start = fl.Timestamp.Start
 	}
 	return liveFlow{ring: ring, guest: g, proto: proto, dest: netip.AddrPortFrom(dst, o.Proto.DestinationPort), start: start}, true
+}
+
+// sameZone reports whether bridges a and b are one, or two bridges of one
+// zone's policy (one owner: a sandbox's networks), between which a flow
+// never leaves the zone.
+func (f *Flows) sameZone(a, b string) bool {
+	if a == b {
+		return true
+	}
+	_, oa, _, errA := f.owners.ForGen(a)
+	_, ob, _, errB := f.owners.ForGen(b)
+	return errA == nil && errB == nil && oa == ob
 }
 
 // redirected reports whether fl is a guest's DNS or tcp 80/443 the

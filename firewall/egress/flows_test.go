@@ -50,7 +50,7 @@ func newFlowBedShare(t testing.TB, maxLive, perOwner int) *flowBed {
 	log := NewLog(LogConfig{PerOwner: 16})
 	reg.OnDrop(func(_, owner string) { log.Forget(owner) })
 	b := &flowBed{reg: reg, log: log, at: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
-	b.set(t, "za", "sb-a", "vneta")
+	b.set(t, "za", "sb-a", "vneta", "vneta2")
 	b.set(t, "zb", "sb-b", "vnetb")
 	guests := mapGuests{
 		guestA:  {Addr: guestA, VMID: 101, MAC: "bc:24:11:00:00:01"},
@@ -60,6 +60,7 @@ func newFlowBedShare(t testing.TB, maxLive, perOwner int) *flowBed {
 	}
 	addrs := &PrefixAddrs{List: func() ([]IfPrefix, error) {
 		return []IfPrefix{{"vneta", netip.MustParsePrefix("10.10.1.1/24")}, {"vnetb", netip.MustParsePrefix("10.10.2.1/24")},
+			{"vneta2", netip.MustParsePrefix("10.10.3.1/24")},
 			{"eth0", netip.MustParsePrefix("192.0.2.5/24")}, {"lo", netip.MustParsePrefix("127.0.0.1/8")}}, nil
 	}}
 	b.f = NewFlows(FlowConfig{DNSPort: 15353, ProxyPort: 15380, MaxLive: maxLive, PerOwner: perOwner}, reg, log, guests, addrs, slog.New(slog.DiscardHandler))
@@ -67,13 +68,13 @@ func newFlowBedShare(t testing.TB, maxLive, perOwner int) *flowBed {
 	return b
 }
 
-func (b *flowBed) set(t testing.TB, zone, owner, bridge string) {
+func (b *flowBed) set(t testing.TB, zone, owner string, bridges ...string) {
 	t.Helper()
 	r, err := Compile(Policy{Mode: "open"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.reg.Set(context.Background(), zone, owner, []string{bridge}, r); err != nil {
+	if err := b.reg.Set(context.Background(), zone, owner, bridges, r); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -156,6 +157,12 @@ func TestFlowsRecord(t *testing.T) {
 			stats: FlowStats{Recorded: 1}},
 		{name: "to the zone's dnsmasq on the node", flow: withDst(udp, gatewayA, 53), stats: FlowStats{Skipped: 1, Unmatched: 1}},
 		{name: "within its zone", flow: withDst(tcpOut(4, guestA), guestA2, 22), stats: FlowStats{Skipped: 1, Unmatched: 1}},
+		{name: "to its sandbox's other network", flow: withDst(tcpOut(4, guestA), netip.MustParseAddr("10.10.3.100"), 22), stats: FlowStats{Skipped: 1, Unmatched: 1}},
+		{name: "to another sandbox's network", flow: withDst(tcpOut(4, guestA), guestB, 22), owner: "sb-a",
+			want: Record{Type: RecordFlow, Verdict: VerdictAllowed, Proto: "tcp", Dest: netip.AddrPortFrom(guestB, 22),
+				Guest:    Guest{Addr: guestA, VMID: 101, MAC: "bc:24:11:00:00:01"},
+				BytesOut: 100640, BytesIn: 2500, PacketsOut: 12, PacketsIn: 9, Duration: 3 * time.Second},
+			stats: FlowStats{Recorded: 1}},
 		{name: "not a guest's address", flow: withSrc(tcpOut(5, guestA), netip.MustParseAddr("10.10.1.250")), stats: FlowStats{Skipped: 1, Unmatched: 1}},
 		{name: "the node's own", flow: withSrc(tcpOut(6, guestA), netip.MustParseAddr("192.0.2.5")), stats: FlowStats{Skipped: 1, Unmatched: 1}},
 		{name: "icmp", flow: icmp, stats: FlowStats{Skipped: 1, Unmatched: 1}},
@@ -213,7 +220,7 @@ func TestFlowsInstance(t *testing.T) {
 			if err := b.reg.Remove(context.Background(), "za"); err != nil {
 				t.Fatal(err)
 			}
-			b.set(t, "za", "sb-a", "vneta")
+			b.set(t, "za", "sb-a", "vneta", "vneta2")
 		}},
 		{name: "handed to a new tenant", between: func(t *testing.T, b *flowBed) {
 			r, _ := Compile(Policy{Mode: "open"})
