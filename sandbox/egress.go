@@ -63,7 +63,14 @@ func (m *Engine) EgressStatus(sb apitype.Sandbox) (apitype.EgressStatus, error) 
 	if m.o.Egress == nil {
 		return apitype.EgressStatus{}, refuse(ErrNotConfigured, "egress policies are not enabled on this node")
 	}
-	return m.o.Egress.Status(sb.ID, sb.Zone), nil
+	st := m.o.Egress.Status(sb.ID, sb.Zone)
+	if sb.State == apitype.StateCreating {
+		// a pool member being claimed holds its pre-claim instance's
+		// denials until the claim's policy is in force: not the
+		// claimer's to read (nor a cold create's own yet)
+		st.Denials = []apitype.EgressDenial{}
+	}
+	return st, nil
 }
 
 // SetEgress replaces a ready sandbox's policy; it is enforced in the kernel
@@ -184,6 +191,13 @@ func (m *Engine) EgressLog(sb apitype.Sandbox, q apitype.EgressLogQuery) (apityp
 	}
 	if q.VM != "" && f.VMID == 0 {
 		return apitype.EgressLog{}, invalid("vm", "sandbox %s has no VM %q", sb.ID, q.VM)
+	}
+	if sb.State == apitype.StateCreating {
+		// a pool member being claimed holds its pre-claim instance's
+		// record until the claim's policy is in force (which forgets
+		// it): not the claimer's to read; a cold create's own records
+		// show once it is ready
+		return apitype.EgressLog{Sandbox: sb.ID, Records: []apitype.EgressRecord{}}, nil
 	}
 	out := rec.Log(sb.ID, f)
 	for i := range out.Records {
