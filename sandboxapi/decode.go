@@ -53,6 +53,14 @@ const (
 	maxUserChars  = 64
 )
 
+// reservedHostNames are the names a guest's own /etc/hosts gives the
+// loopback and IPv6 multicast addresses (Debian's netbase and
+// cloud-init's templates; broadcasthost is macOS's): a VM named so would
+// shadow them in its siblings' /etc/hosts (the managed block, names.go)
+// or be shadowed.
+var reservedHostNames = map[string]bool{"localhost": true, "ip6-localhost": true, "ip6-loopback": true, "ip6-localnet": true,
+	"ip6-mcastprefix": true, "ip6-allnodes": true, "ip6-allrouters": true, "ip6-allhosts": true, "broadcasthost": true}
+
 // reservedSnapshot is the one name reSnapshot allows that Proxmox refuses
 // (qemu-server API2/Qemu.pm snapshot: "current" is reserved).
 const reservedSnapshot = "current"
@@ -214,6 +222,9 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		}
 		if !reName.MatchString(v.Name) {
 			return invalid(f+".name", "VM name %q: want [a-z][a-z0-9-]*, at most 32 characters", v.Name)
+		}
+		if reservedHostNames[v.Name] {
+			return invalid(f+".name", "VM name %q is a name every guest's /etc/hosts gives the loopback or a multicast address: the sandbox's other VMs could not reach it by name, and it would shadow that meaning in theirs", v.Name)
 		}
 		if names[v.Name] {
 			return invalid(f+".name", "VM name %q used twice", v.Name)

@@ -2,7 +2,9 @@ package sandboxapi
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -82,8 +84,10 @@ func (s *Server) createRules() map[string]map[string]any {
 		"CreateRequest.labels":   keyedBy(maxLabels, reLabelKey.String(), label),
 		"CreateRequest.owner":    owner,
 		"CreateRequest.env":      keyedBy(apitype.MaxEnvVars, apitype.EnvNamePattern, map[string]any{"type": "string", "pattern": `^[^\x00]*$`}),
-		"VMRequest.name": {"pattern": "^$|" + reName.String(), "description": "unique in the sandbox; empty: vm<index>. A DNS label: " +
-			"the guest's hostname, and the name every VM of the sandbox resolves it by (/etc/hosts); any other name is refused"},
+		"VMRequest.name": {"pattern": "^$|" + reName.String(), "not": map[string]any{"enum": slices.Sorted(maps.Keys(reservedHostNames))},
+			"description": "unique in the sandbox; empty: vm<index>. A DNS label: " +
+				"the guest's hostname, and the name every VM of the sandbox resolves it by (/etc/hosts); any other name is refused, " +
+				"and so are the names a guest's own /etc/hosts gives the loopback and multicast addresses (localhost, ip6-localhost, ...)"},
 		"VM.addresses": {"description": "IPv4 addresses per network, in NIC order, from Proxmox's IPAM on the node (never from the guest); " +
 			"none on a network without DHCP. Each guest's /etc/hosts maps every VM name of its sandbox to these"},
 		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},

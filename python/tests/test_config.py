@@ -177,6 +177,10 @@ def test_native_config_and_request(monkeypatch: pytest.MonkeyPatch) -> None:
         )
     with pytest.raises(ValueError, match="sandbox"):
         PveInspectSandboxEnvironmentConfig(vms=(VmSpec(template="debian", sandbox=False),))
+    for reserved in ("localhost", "ip6-allnodes"):
+        with pytest.raises(ValueError, match="loopback"):
+            VmSpec(template="debian", name=reserved)
+    assert VmSpec(template="debian", name="localhost1").name == "localhost1"
     monkeypatch.setenv("PVE_INSPECT_TEMPLATE", "kali")
     assert PveInspectSandboxEnvironmentConfig().resolved_vms()[0].template == "kali"
 

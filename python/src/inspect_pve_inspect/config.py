@@ -23,6 +23,22 @@ ENV_TEMPLATE = "PVE_INSPECT_TEMPLATE"
 
 # The daemon's name rule for VMs and networks (sandboxapi/decode.go).
 _NAME = re.compile(r"^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$")
+# Names a guest's own /etc/hosts gives the loopback and IPv6 multicast
+# addresses: the daemon refuses them as VM names (they would shadow, or be
+# shadowed, in the sandbox's managed /etc/hosts block).
+_RESERVED_HOST_NAMES = frozenset(
+    {
+        "localhost",
+        "ip6-localhost",
+        "ip6-loopback",
+        "ip6-localnet",
+        "ip6-mcastprefix",
+        "ip6-allnodes",
+        "ip6-allrouters",
+        "ip6-allhosts",
+        "broadcasthost",
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -125,6 +141,11 @@ class VmSpec(BaseModel):
     def _name(cls, v: str | None) -> str | None:
         if v is not None and not _NAME.match(v):
             raise ValueError(f"VM name {v!r}: want [a-z][a-z0-9-]*, at most 32 characters")
+        if v in _RESERVED_HOST_NAMES:
+            raise ValueError(
+                f"VM name {v!r}: a name every guest's /etc/hosts gives the loopback or a "
+                "multicast address; the other VMs could not reach it by name"
+            )
         return v
 
 
