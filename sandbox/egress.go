@@ -31,6 +31,18 @@ type EgressClaimer interface {
 	Claim(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error
 }
 
+// EgressStarter is an Egress that must hear of a sandbox's first
+// instance (a create, or a pool member's build): Start is Set for a zone
+// whose bridges are new, before its VMs start, and the place to clear
+// what a deleted sandbox left on the same addresses (the daemon's removes
+// the conntrack entries from the bridges' prefixes). The engine calls it
+// there when its Egress has it, Set otherwise; a policy change (SetEgress,
+// the check's re-apply) is always a Set, and a claim an EgressClaimer's
+// Claim. On error nothing changed.
+type EgressStarter interface {
+	Start(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error
+}
+
 // EgressEntryRules are the rules an Egress's Validate applies to each
 // allow and deny entry: regular expressions (RE2 and ECMA-262 alike)
 // matching exactly the entries it takes of at most MaxChars characters,
@@ -89,7 +101,7 @@ func (m *Engine) SetEgress(ctx context.Context, sb apitype.Sandbox, p apitype.Eg
 }
 
 // applyEgress puts a new sandbox's policy (open when none was asked for)
-// in force before its VMs start.
+// in force before its VMs start (EgressStarter).
 func (m *Engine) applyEgress(ctx context.Context, rec *record) error {
 	return m.putEgress(ctx, rec, false)
 }
@@ -113,6 +125,9 @@ func (m *Engine) putEgress(ctx context.Context, rec *record, claim bool) error {
 	id, zone, bridges := rec.ID, rec.Zone, sandboxBridges(rec.Sandbox)
 	m.mu.Unlock()
 	set := m.o.Egress.Set
+	if s, ok := m.o.Egress.(EgressStarter); ok && !claim {
+		set = s.Start
+	}
 	if c, ok := m.o.Egress.(EgressClaimer); ok && claim {
 		set = c.Claim
 	}

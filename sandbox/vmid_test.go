@@ -257,14 +257,7 @@ func TestVMIDCollisionsSpreadOut(t *testing.T) {
 	defer cancel()
 	g := apitest.NewGuests()
 	rc := &rivalCloner{Proxmox: apitest.NewProxmox(g, map[string]int{"debian": 9000}), foreign: map[int]bool{}}
-	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: rc, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 5 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e := nodeEngine(t, ctx, rc, g)
 	for range 3 {
 		sb, err := e.Create(ctx, oneVM("debian"))
 		if err != nil {
@@ -297,14 +290,7 @@ func TestVMIDSpreadIntoTakenIDsFallsBack(t *testing.T) {
 	for id := 101; id <= 200; id++ {
 		rc.foreign[id] = id != 110
 	}
-	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: rc, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 5 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e := nodeEngine(t, ctx, rc, g)
 	sb, err := e.Create(ctx, oneVM("debian"))
 	if err != nil {
 		t.Fatalf("create on a cluster with holes in its ids: %v", err)
@@ -317,4 +303,18 @@ func TestVMIDSpreadIntoTakenIDsFallsBack(t *testing.T) {
 	if rc.lost != 2 {
 		t.Errorf("%d clones lost their id, want 2 (100, then 110)", rc.lost)
 	}
+}
+
+// nodeEngine is an engine of node1 over px and g, reconciled.
+func nodeEngine(t *testing.T, ctx context.Context, px sandbox.Proxmox, g *apitest.Guests) *sandbox.Engine {
+	t.Helper()
+	e, err := sandbox.New(sandbox.Options{Node: "node1", Proxmox: px, Guests: g.Dial, StateDir: t.TempDir(), AgentTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -238,25 +240,29 @@ type Egress struct {
 	NS       netns.NsHandle
 	Prefixes func() ([]egress.IfPrefix, error)
 	Logger   *slog.Logger
+
+	// flushMu serialises flushOld: each holds a copy of the node's whole
+	// conntrack table (about 1 KiB an entry, up to nf_conntrack_max),
+	// and a pool refill starts its members' instances at once. Taken
+	// alone, never under the registry's lock.
+	flushMu sync.Mutex
 }
 
 // flushOld deletes the conntrack entries from the addresses of bridges
 // (a sandbox's new instance: created, or a pool member claimed): nothing
 // deletes a deleted sandbox's entries, and while one stays its remote
-// peer's replies are forwarded to whichever guest holds the address now.
-// A failure is logged, not fatal: the guard still holds every wall.
-func (e *Egress) flushOld(sandbox string, bridges []string) {
+// peer's packets are forwarded to whichever guest holds the address now
+// (the old tenant's data to the new one). A failure is returned: the new
+// instance must not start with them.
+func (e *Egress) flushOld(sandbox string, bridges []string) error {
 	if e.Prefixes == nil || len(bridges) == 0 {
-		return
+		return nil
 	}
-	lg := e.Logger
-	if lg == nil {
-		lg = slog.New(slog.DiscardHandler)
-	}
+	e.flushMu.Lock()
+	defer e.flushMu.Unlock()
 	ps, err := e.Prefixes()
 	if err != nil {
-		lg.Warn("conntrack entries of earlier instances not removed", "component", "egress", "sandbox", sandbox, "err", err)
-		return
+		return fmt.Errorf("remove the conntrack entries of earlier instances: %w", err)
 	}
 	var mine []netip.Prefix
 	for _, p := range ps {
@@ -266,12 +272,12 @@ func (e *Egress) flushOld(sandbox string, bridges []string) {
 	}
 	n, err := egress.FlushFrom(e.NS, mine)
 	if err != nil {
-		lg.Warn("conntrack entries of earlier instances not all removed", "component", "egress", "sandbox", sandbox, "removed", n, "err", err)
-		return
+		return fmt.Errorf("remove the conntrack entries of earlier instances (%d removed): %w", n, err)
 	}
-	if n > 0 {
-		lg.Info("conntrack entries of an earlier instance removed", "component", "egress", "sandbox", sandbox, "prefixes", mine, "removed", n)
+	if n > 0 && e.Logger != nil {
+		e.Logger.Info("conntrack entries of an earlier instance removed", "component", "egress", "sandbox", sandbox, "prefixes", mine, "removed", n)
 	}
+	return nil
 }
 
 // dialIn dials from sockets marked mark, created in ns (nil: the
@@ -316,25 +322,37 @@ func (e *Egress) EntryRules() sandbox.EgressEntryRules {
 }
 
 // Set implements sandbox.Egress: in the kernel and persisted when it
-// returns.
+// returns. A policy change: no connection is removed.
 func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
 	r, err := egress.Compile(policyOf(p))
 	if err != nil {
 		return err
 	}
-	_, had := e.Registry.Get(zone)
-	if err := e.Registry.Set(ctx, zone, sandbox, bridges, r); err != nil {
+	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
+}
+
+// Start implements sandbox.EgressStarter: Set for a new sandbox, before
+// its VMs start, then its bridges' prefixes cleared of an earlier
+// instance's conntrack entries (flushOld). When they cannot be, the
+// policy is removed again and the error returned (the create fails).
+func (e *Egress) Start(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
+	if err := e.Set(ctx, sandbox, zone, bridges, p); err != nil {
 		return err
 	}
-	if !had { // a new sandbox, before its VMs start; not a policy change
-		e.flushOld(sandbox, bridges)
+	if err := e.flushOld(sandbox, bridges); err != nil {
+		if rerr := e.Registry.Remove(ctx, zone); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		return err
 	}
 	return nil
 }
 
 // Claim implements sandbox.EgressClaimer: Set for a new instance of the
 // sandbox (a pool member claimed), its denials, counter series and
-// learned addresses dropped under the registry's lock (Registry.Begin).
+// learned addresses dropped under the registry's lock (Registry.Begin),
+// then its bridges' prefixes cleared of conntrack entries (flushOld); an
+// error of that fails the claim (the engine tears the member down).
 func (e *Egress) Claim(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
 	r, err := egress.Compile(policyOf(p))
 	if err != nil {
@@ -343,11 +361,13 @@ func (e *Egress) Claim(ctx context.Context, sandbox, zone string, bridges []stri
 	if err := e.Registry.Begin(ctx, zone, sandbox, bridges, r); err != nil {
 		return err
 	}
-	e.flushOld(sandbox, bridges)
-	return nil
+	return e.flushOld(sandbox, bridges)
 }
 
-var _ sandbox.EgressClaimer = (*Egress)(nil)
+var (
+	_ sandbox.EgressClaimer = (*Egress)(nil)
+	_ sandbox.EgressStarter = (*Egress)(nil)
+)
 
 // Remove implements sandbox.Egress.
 func (e *Egress) Remove(ctx context.Context, sandbox, zone string) error {
