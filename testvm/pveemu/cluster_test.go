@@ -284,6 +284,35 @@ func TestClusterCloneToAnotherNodesVMID(t *testing.T) {
 	}
 }
 
+// TestClusterCloneLocksAreNodeLocal: a VM's config lock is a flock on
+// the node's own /var/lock/qemu-server/lock-<vmid>.conf, so while a task
+// of pve2 holds id 150's lock there (a destroy of pve2's 150 still
+// running, say), a clone on pve to 150 takes pve's own lock at once and
+// goes on. With one lock for the cluster it waited its 1 s and failed
+// "can't lock file ... got timeout" (review of a96aefe: the likely cause
+// of the create the three-node bed test lost in CI). pve's own lock held
+// still times the clone out, as on Proxmox.
+func TestClusterCloneLocksAreNodeLocal(t *testing.T) {
+	e1, _ := newClusterEnv(t)
+	unlock, err := e1.s.vmLock(context.Background(), "pve2", 150, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if st := e1.wait(e1.ok("POST", "/nodes/pve/qemu/9000/clone", url.Values{"newid": {"150"}}).(string)); st != "OK" {
+		t.Errorf("clone on pve to 150 while pve2 holds its lock-150: task %q, want OK", st)
+	}
+	unlockOwn, err := e1.s.vmLock(context.Background(), "pve", 151, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlockOwn()
+	want := "can't lock file '/var/lock/qemu-server/lock-151.conf' - got timeout"
+	if st := e1.wait(e1.ok("POST", "/nodes/pve/qemu/9000/clone", url.Values{"newid": {"151"}}).(string)); st != want {
+		t.Errorf("clone on pve to 151 while pve holds its lock-151: task %q, want %q", st, want)
+	}
+}
+
 // TestThinContentPerNode: GET .../storage/local-lvm/content lists the thin
 // pool's LVs of the node asked (LvmThinPlugin list_images): a template's
 // base volume and a linked clone's own vm-<newid>-disk-0, on the node of

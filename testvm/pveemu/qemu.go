@@ -85,13 +85,24 @@ func checkLock(v *vm) error {
 	return nil
 }
 
-// vmLock is the per-VM config lock (flock on lock-<vmid>.conf on a node).
-func (s *Server) vmLock(ctx context.Context, vmid int, timeout time.Duration) (func(), error) {
+// vmLockKey names a config lock: the flock on
+// /var/lock/qemu-server/lock-<vmid>.conf is a file of one node's local
+// filesystem, so two nodes hold "the same" lock at once.
+type vmLockKey struct {
+	node string
+	vmid int
+}
+
+// vmLock is the per-VM config lock of node (flock on lock-<vmid>.conf on
+// that node: node-local, pve-guest-common AbstractConfig config_file_lock,
+// qemu-server QemuConfig "/var/lock/qemu-server").
+func (s *Server) vmLock(ctx context.Context, node string, vmid int, timeout time.Duration) (func(), error) {
 	s.mu.Lock()
-	m := s.vmLocks[vmid]
+	k := vmLockKey{node, vmid}
+	m := s.vmLocks[k]
 	if m == nil {
 		m = &sync.Mutex{}
-		s.vmLocks[vmid] = m
+		s.vmLocks[k] = m
 	}
 	s.mu.Unlock()
 	deadline := time.Now().Add(timeout)
@@ -148,7 +159,15 @@ func (s *Server) openVM(rq *request, params func(*request) error, onVM func(*vm)
 // lock still held, for the caller to release with the unlock returned; on
 // failure both locks are released already.
 func (s *Server) lockVM(ctx context.Context, vmid int, check func(*vm) error) (*vm, func(), error) {
-	unlock, err := s.vmLock(ctx, vmid, 10*time.Second)
+	// the lock of the node the VM's config is on (the primary's for a
+	// VM that does not exist: the check below refuses it)
+	s.mu.Lock()
+	node := s.node
+	if v := s.vms[vmid]; v != nil {
+		node = s.vmNodeLocked(v)
+	}
+	s.mu.Unlock()
+	unlock, err := s.vmLock(ctx, node, vmid, 10*time.Second)
 	if err != nil {
 		return nil, nil, err
 	}

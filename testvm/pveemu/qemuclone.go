@@ -105,7 +105,7 @@ func (s *Server) runClone(ctx context.Context, t *task, c *cloneJob) error {
 	if h := s.hooks.cloneTaskStart; h != nil {
 		h(c.newid)
 	}
-	unlock, err := s.vmLock(ctx, c.newid, time.Second)
+	unlock, err := s.vmLock(ctx, c.node, c.newid, time.Second) // this node's lock file: another node's clone of the id takes its own
 	if err != nil {
 		return err
 	}

@@ -124,7 +124,7 @@ type Server struct {
 	permLog     []PermCheck
 
 	pwdRoot string
-	vmLocks map[int]*sync.Mutex
+	vmLocks map[vmLockKey]*sync.Mutex
 	// stats is what the last pvestatd-like refresh published per VM (nil
 	// when StatsInterval is negative: live).
 	stats map[int]map[string]any
@@ -234,7 +234,7 @@ func New(o Options) (*Server, error) {
 		ctx: ctx, cancel: cancel,
 		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},
 		users: map[string]*user{}, fw: map[string]*firewall{"cluster": newFirewall(), "node": newFirewall()},
-		pwdRoot: o.RootPassword, vmLocks: map[int]*sync.Mutex{},
+		pwdRoot: o.RootPassword, vmLocks: map[vmLockKey]*sync.Mutex{},
 		sdn: newSDNState(), ipam: map[string]map[string]map[string]*ipamEntry{},
 		storages:       map[string]bool{"local": true, "local-lvm": true},
 		storageContent: map[string]string{},
