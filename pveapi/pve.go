@@ -682,7 +682,7 @@ func (c *Client) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.I
 		if err != nil || !ip.Is4() {
 			continue
 		}
-		out = append(out, sandbox.IPAMAddress{VNet: e.VNet, VMID: int(e.VMID), IP: ip})
+		out = append(out, sandbox.IPAMAddress{VNet: e.VNet, VMID: int(e.VMID), IP: ip, MAC: strings.ToLower(e.MAC)})
 	}
 	return out, nil
 }

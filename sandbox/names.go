@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -106,7 +108,22 @@ func (m *Engine) learnAddresses(ctx context.Context, rec *record) error {
 	if err != nil {
 		return pxErr("list ipam addresses", err)
 	}
-	found := vmAddresses(nets, vms, entries)
+	// a VM with two NICs on one network has two entries there: only the
+	// NICs' MACs (its config) say which is which
+	macs := map[int][]string{}
+	if cr, ok := m.addrs.(vmConfigReader); ok {
+		for _, v := range vms {
+			if !repeats(v.Networks) {
+				continue
+			}
+			cfg, err := cr.VMConfig(ctx, v.VMID)
+			if err != nil {
+				return pxErr(fmt.Sprintf("read the NICs of vm %d", v.VMID), err)
+			}
+			macs[v.VMID] = nicMACs(cfg, len(v.Networks))
+		}
+	}
+	found := vmAddresses(nets, vms, entries, macs)
 	m.mu.Lock()
 	for i := range rec.VMs {
 		if i < len(vms) && rec.VMs[i].VMID == vms[i].VMID {
@@ -118,34 +135,84 @@ func (m *Engine) learnAddresses(ctx context.Context, rec *record) error {
 }
 
 // vmAddresses picks, for each VM, its address on each of its networks
-// (NIC order) from the IPAM entries: the lowest address the IPAM holds for
-// the VM's VMID on the network's vnet. Entries of other vnets or VMIDs
-// are ignored.
-func vmAddresses(nets []apitype.Network, vms []apitype.VM, entries []IPAMAddress) [][]apitype.VMAddress {
+// (NIC order) from the IPAM entries: the entry of the NIC's MAC on the
+// network's vnet where macs says the NIC's MAC (macs[vmid][nic]), else
+// the lowest address the IPAM holds for the VM's VMID there that no other
+// NIC of the VM took (two NICs on one network never show one address
+// twice). Entries of other vnets or VMIDs are ignored.
+func vmAddresses(nets []apitype.Network, vms []apitype.VM, entries []IPAMAddress, macs map[int][]string) [][]apitype.VMAddress {
 	type key struct {
 		vnet string
 		vmid int
 	}
-	best := map[key]netip.Addr{}
+	byKey := map[key][]IPAMAddress{}
 	for _, e := range entries {
 		if !e.IP.Is4() || e.VMID == 0 {
 			continue
 		}
 		k := key{e.VNet, e.VMID}
-		if cur, ok := best[k]; !ok || e.IP.Less(cur) {
-			best[k] = e.IP
-		}
+		byKey[k] = append(byKey[k], e)
+	}
+	for _, es := range byKey {
+		slices.SortFunc(es, func(a, b IPAMAddress) int { return a.IP.Compare(b.IP) })
 	}
 	out := make([][]apitype.VMAddress, len(vms))
 	for i, v := range vms {
-		for _, name := range v.Networks {
+		if v.VMID == 0 {
+			continue
+		}
+		used := map[netip.Addr]bool{}
+		for j, name := range v.Networks {
+			vnet := ""
 			for _, n := range nets {
-				if n.Name != name {
-					continue
+				if n.Name == name {
+					vnet = n.VNet
 				}
-				if ip, ok := best[key{n.VNet, v.VMID}]; ok && v.VMID != 0 {
-					out[i] = append(out[i], apitype.VMAddress{Network: name, IPv4: ip.String()})
-				}
+			}
+			cands := byKey[key{vnet, v.VMID}]
+			pick := -1
+			if j < len(macs[v.VMID]) && macs[v.VMID][j] != "" {
+				pick = slices.IndexFunc(cands, func(e IPAMAddress) bool {
+					return !used[e.IP] && strings.EqualFold(e.MAC, macs[v.VMID][j])
+				})
+			}
+			if pick < 0 {
+				pick = slices.IndexFunc(cands, func(e IPAMAddress) bool { return !used[e.IP] })
+			}
+			if pick >= 0 {
+				used[cands[pick].IP] = true
+				out[i] = append(out[i], apitype.VMAddress{Network: name, IPv4: cands[pick].IP.String()})
+			}
+		}
+	}
+	return out
+}
+
+// repeats reports whether a name appears twice in names.
+func repeats(names []string) bool {
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			return true
+		}
+		seen[n] = true
+	}
+	return false
+}
+
+// nicMACs returns the MACs of a VM's NICs net0..net<n-1> from its config
+// ("virtio=BC:24:11:..,bridge=..." or "...,macaddr=..."): "" for a NIC
+// without one.
+func nicMACs(cfg map[string]string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		for _, kv := range strings.Split(cfg[fmt.Sprintf("net%d", i)], ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				continue
+			}
+			if _, err := net.ParseMAC(v); err == nil && (k == "macaddr" || out[i] == "") {
+				out[i] = strings.ToLower(v)
 			}
 		}
 	}

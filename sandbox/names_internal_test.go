@@ -64,7 +64,7 @@ func TestVMAddresses(t *testing.T) {
 		{VNet: "sbaaav0", VMID: 0, IP: a("10.0.0.1")},    // the gateway
 		{VNet: "sbaaav0", VMID: 103, IP: a("fd00::3")},
 	}
-	got := vmAddresses(nets, vms, entries)
+	got := vmAddresses(nets, vms, entries, nil)
 	want := [][]apitype.VMAddress{
 		{{Network: "dmz", IPv4: "10.0.1.11"}, {Network: "lan", IPv4: "10.0.0.11"}},
 		{{Network: "lan", IPv4: "10.0.0.12"}},
@@ -72,6 +72,41 @@ func TestVMAddresses(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("addresses %+v, want %+v", got, want)
+	}
+}
+
+// TestVMAddressesTwoNICsOnOneNetwork: a VM with two NICs on one network
+// has two IPAM entries there; each NIC gets the entry of its own MAC
+// (from the VM's config: "virtio=MAC,..." or "macaddr=MAC"), in NIC
+// order, whatever the addresses' order; without MACs the two NICs still
+// show two addresses (review of issue 37: one address twice).
+func TestVMAddressesTwoNICsOnOneNetwork(t *testing.T) {
+	nets := []apitype.Network{{Name: "lan", VNet: "sbaaav0"}}
+	vms := []apitype.VM{{Name: "router", VMID: 101, Networks: []string{"lan", "lan"}}}
+	a := netip.MustParseAddr
+	entries := []IPAMAddress{
+		{VNet: "sbaaav0", VMID: 101, IP: a("10.0.0.11"), MAC: "bc:24:11:00:00:02"},
+		{VNet: "sbaaav0", VMID: 101, IP: a("10.0.0.12"), MAC: "bc:24:11:00:00:01"},
+	}
+	cfg := map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=sbaaav0,firewall=0", "net1": "e1000,bridge=sbaaav0,macaddr=BC:24:11:00:00:02"}
+	macs := map[int][]string{101: nicMACs(cfg, 2)}
+	if want := []string{"bc:24:11:00:00:01", "bc:24:11:00:00:02"}; !reflect.DeepEqual(macs[101], want) {
+		t.Fatalf("nicMACs %v, want %v", macs[101], want)
+	}
+	for _, tc := range []struct {
+		name string
+		macs map[int][]string
+		want []apitype.VMAddress
+	}{
+		{"by MAC", macs, []apitype.VMAddress{{Network: "lan", IPv4: "10.0.0.12"}, {Network: "lan", IPv4: "10.0.0.11"}}},
+		{"no MACs: distinct, lowest first", nil, []apitype.VMAddress{{Network: "lan", IPv4: "10.0.0.11"}, {Network: "lan", IPv4: "10.0.0.12"}}},
+	} {
+		if got := vmAddresses(nets, vms, entries, tc.macs); !reflect.DeepEqual(got, [][]apitype.VMAddress{tc.want}) {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+	if !repeats([]string{"lan", "dmz", "lan"}) || repeats([]string{"lan", "dmz"}) {
+		t.Error("repeats")
 	}
 }
 

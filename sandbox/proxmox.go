@@ -163,6 +163,8 @@ type IPAMAddress struct {
 	VNet string
 	VMID int
 	IP   netip.Addr
+	// MAC is the NIC's the entry is for ("" when the IPAM names none).
+	MAC string
 }
 
 // addresser is the part of the Proxmox API that tells which address each
@@ -171,4 +173,11 @@ type addresser interface {
 	// IPAMAddresses lists the IPv4 entries of the pve IPAM on the given
 	// vnets that name a VM; entries of other vnets are not returned.
 	IPAMAddresses(ctx context.Context, vnets []string) ([]IPAMAddress, error)
+}
+
+// vmConfigReader reads a VM's configuration (*pveapi.Client): where an
+// addresser has it, a VM with two NICs on one network has each NIC's
+// address told apart by the NIC's MAC (names.go).
+type vmConfigReader interface {
+	VMConfig(ctx context.Context, vmid int) (map[string]string, error)
 }
