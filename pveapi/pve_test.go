@@ -792,9 +792,10 @@ func TestRealNodeSemantics(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := []sandbox.IPAMAddress{{VNet: "sbv0", VMID: 100, IP: netip.MustParseAddr("10.9.0.10")}, {VNet: "sbv1", VMID: 101, IP: netip.MustParseAddr("10.9.1.10")}}
+			want := []sandbox.IPAMAddress{{VNet: "sbv0", VMID: 100, IP: netip.MustParseAddr("10.9.0.10"), MAC: "bc:24:11:00:00:02"},
+				{VNet: "sbv1", VMID: 101, IP: netip.MustParseAddr("10.9.1.10"), MAC: "bc:24:11:00:00:04"}}
 			if !slices.Equal(got, want) {
-				t.Fatalf("addresses %+v, want %+v (no gateway, no entry without a vmid, nothing of vnet other)", got, want)
+				t.Fatalf("addresses %+v, want %+v (no gateway, no entry without a vmid, nothing of vnet other; MACs in lower case)", got, want)
 			}
 		}},
 	}
