@@ -21,11 +21,17 @@ func (m *Engine) Delete(ctx context.Context, id string) error {
 // unknown); the calls the delete ends, and its deleted event, say who
 // deleted the sandbox.
 func (m *Engine) DeleteBy(ctx context.Context, id, by string) error {
+	return m.deleteBy(ctx, id, by, nil)
+}
+
+// deleteBy is DeleteBy, keeping the sandbox's egress record in keep when
+// set.
+func (m *Engine) deleteBy(ctx context.Context, id, by string, keep *egressKeep) error {
 	g := &goneWhy{reason: apitype.ReasonDeleted, why: "it was deleted"}
 	if by != "" {
 		g.why += " by " + by
 	}
-	_, err := m.removeIf(ctx, id, func(*record) *goneWhy { return g }, nil)
+	_, err := m.removeIf(ctx, id, func(*record) *goneWhy { return g }, nil, keep)
 	return err
 }
 
@@ -33,9 +39,11 @@ func (m *Engine) DeleteBy(ctx context.Context, id, by string) error {
 // moment the sandbox turns to deleting, says why it goes (nil: it stays).
 // announce, when set, is called once the sandbox has turned to deleting,
 // after the lock is released (what it publishes must never be published
-// under m.mu). It reports whether the sandbox was deleted (or already
-// gone).
-func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *goneWhy, announce func()) (bool, error) {
+// under m.mu). keep, when set, takes the sandbox's egress record where
+// the delete would drop it (DeleteKeepingEgress); the reaper's and the
+// pool's deletes keep nothing. It reports whether the sandbox was deleted
+// (or already gone).
+func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *goneWhy, announce func(), keep *egressKeep) (bool, error) {
 	m.mu.Lock()
 	r, ok := m.sbx[id]
 	if !ok {
@@ -52,7 +60,7 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *go
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}
-		return m.removeIf(ctx, id, cond, announce)
+		return m.removeIf(ctx, id, cond, announce, keep)
 	case r.deleted != nil:
 		d := r.deleted
 		m.mu.Unlock()
@@ -61,7 +69,7 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *go
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}
-		return m.removeIf(ctx, id, cond, announce)
+		return m.removeIf(ctx, id, cond, announce, keep)
 	}
 	g := cond(r)
 	if g == nil {
@@ -100,6 +108,9 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *go
 		return false, err
 	}
 	m.finalEgressEvent(r)
+	if keep != nil {
+		m.takeEgress(keep, r)
+	}
 	m.forget(id)
 	m.emitSandbox(apitype.EventDeleted, r, g.why)
 	m.removeEgress(ctx, id, r.Zone)

@@ -165,7 +165,10 @@
 //     pve_inspect_egress_record_bytes_total, _records_total and
 //     _records_dropped_total, read from the rings at scrape time): by
 //     sandbox id, a ring per instance (its Gen); dropped with the
-//     sandbox's policy (Egress.Remove) and at a pool claim (OnDrop). Its
+//     sandbox's policy (Egress.Remove) and at a pool claim (OnDrop), or,
+//     for DeleteKeepingEgress, taken out just before (Log.Take) and held
+//     by the delete's answer, still counted in the node's bound, until it
+//     is written (EgressHandover.Release). Its
 //     files (LogStore, [api] state_dir/egress-log/<id>.json): removed at
 //     the next save after the ring is dropped, and at a start for every
 //     sandbox the engine's reconcile did not keep (EgressRestorer)

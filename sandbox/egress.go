@@ -197,9 +197,7 @@ func (m *Engine) EgressLog(sb apitype.Sandbox, q apitype.EgressLogQuery) (apityp
 	case f.Limit < 1 || f.Limit > MaxEgressLogLimit:
 		return apitype.EgressLog{}, invalid("limit", "limit %d: want 1..%d", q.Limit, MaxEgressLogLimit)
 	}
-	names := map[int]string{}
 	for _, v := range sb.VMs {
-		names[v.VMID] = v.Name
 		if q.VM != "" && v.Name == q.VM {
 			f.VMID = v.VMID
 		}
@@ -215,8 +213,98 @@ func (m *Engine) EgressLog(sb apitype.Sandbox, q apitype.EgressLogQuery) (apityp
 		return apitype.EgressLog{Sandbox: sb.ID, Records: []apitype.EgressRecord{}}, nil
 	}
 	out := rec.Log(sb.ID, f)
+	names := vmNames(sb.VMs)
 	for i := range out.Records {
 		out.Records[i].VM = names[out.Records[i].VMID]
 	}
 	return out, nil
+}
+
+// vmNames maps the VMIDs of vms to their names (the egress record names
+// its VMs by VMID only).
+func vmNames(vms []apitype.VM) map[int]string {
+	names := make(map[int]string, len(vms))
+	for _, v := range vms {
+		names[v.VMID] = v.Name
+	}
+	return names
+}
+
+// EgressHandover is a deleted sandbox's whole egress record, taken out of
+// the node's record where its delete would have dropped it
+// (EgressTaker.TakeLog): every record its ring still held, oldest first,
+// and the count of those the bounds dropped. Its records stay counted in
+// the node's bound until Release.
+type EgressHandover interface {
+	// Len is the records held; Dropped counts those dropped by the
+	// bounds; Next is the newest held record's seq (0: none).
+	Len() int
+	Dropped() uint64
+	Next() uint64
+	// Each calls fn with each record, oldest first, and stops at the
+	// first error fn returns, which it returns.
+	Each(fn func(apitype.EgressRecord) error) error
+	// Release lets the records go; call it once they are written out.
+	Release()
+}
+
+// EgressTaker is an EgressRecorder that can hand a sandbox's whole record
+// over at its delete instead of dropping it (the daemon's does).
+type EgressTaker interface {
+	EgressRecorder
+	// TakeLog ends the sandbox's record where Remove would drop it and
+	// returns what it held, never nil (empty when it held nothing).
+	TakeLog(sandbox string) EgressHandover
+}
+
+// egressKeep is a delete that keeps the sandbox's egress record: taken
+// from the Egress after the teardown and its last egress event, its VMs
+// named.
+type egressKeep struct {
+	from EgressTaker
+	got  EgressHandover // set once taken
+}
+
+// takeEgress takes rec's egress record into k.
+func (m *Engine) takeEgress(k *egressKeep, rec *record) {
+	m.mu.Lock()
+	id, names := rec.ID, vmNames(rec.VMs)
+	m.mu.Unlock()
+	k.got = namedHandover{EgressHandover: k.from.TakeLog(id), names: names}
+}
+
+// namedHandover is an EgressHandover whose records name their VMs.
+type namedHandover struct {
+	EgressHandover
+	names map[int]string
+}
+
+// Each implements EgressHandover.
+func (n namedHandover) Each(fn func(apitype.EgressRecord) error) error {
+	return n.EgressHandover.Each(func(r apitype.EgressRecord) error {
+		r.VM = n.names[r.VMID]
+		return fn(r)
+	})
+}
+
+// DeleteKeepingEgress is DeleteBy handing over the sandbox's whole egress
+// record instead of dropping it: taken once its VMs are gone and its last
+// egress event is published, so it holds every record made until then.
+// Nothing is deleted when this node keeps no egress record
+// (ErrNotConfigured). A sandbox already gone, or whose delete by another
+// caller (or the reaper) ended first, is ErrUnknown: its record went with
+// that delete. Release the answer once it is written.
+func (m *Engine) DeleteKeepingEgress(ctx context.Context, id, by string) (EgressHandover, error) {
+	t, ok := m.o.Egress.(EgressTaker)
+	if !ok {
+		return nil, refuse(ErrNotConfigured, "this node keeps no egress record: sandbox %s not deleted", id)
+	}
+	keep := &egressKeep{from: t}
+	if err := m.deleteBy(ctx, id, by, keep); err != nil {
+		return nil, err // failed before the record was taken: it stays
+	}
+	if keep.got == nil {
+		return nil, refuse(ErrUnknown, "sandbox %s is gone: no egress record to hand over (it went with the sandbox's delete)", id)
+	}
+	return keep.got, nil
 }

@@ -173,7 +173,7 @@ func (m *Engine) reapOne(ctx context.Context, id string) bool {
 	announce := func() { m.emit(ev) }
 	rctx, cancel := context.WithTimeout(ctx, m.o.TeardownTimeout)
 	defer cancel()
-	deleted, err := m.removeIf(rctx, id, expired, announce)
+	deleted, err := m.removeIf(rctx, id, expired, announce, nil)
 	switch {
 	case err != nil:
 		m.log.Error("reaper: delete expired sandbox", "sandbox", id, "err", err)

@@ -1,7 +1,10 @@
 package sandboxapi
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -71,18 +74,114 @@ func (s *Server) getEgressLog(w http.ResponseWriter, r *http.Request, p principa
 	if !wantsNDJSON(r) {
 		return writeJSON(w, http.StatusOK, page)
 	}
+	writeEgressNDJSON(w, page, func(fn func(apitype.EgressRecord) error) error {
+		for _, rec := range page.Records {
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return nil
+}
+
+// writeEgressNDJSON answers 200 with one EgressRecord a line, each as
+// each yields it, and the page's dropped, next and more (head's; its
+// Records unused) in X-Egress-Dropped, X-Egress-Next and X-Egress-More.
+func writeEgressNDJSON(w http.ResponseWriter, head apitype.EgressLog, each func(func(apitype.EgressRecord) error) error) {
 	h := w.Header()
 	h.Set("Content-Type", "application/x-ndjson")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Egress-Dropped", strconv.FormatUint(page.Dropped, 10))
-	h.Set("X-Egress-Next", strconv.FormatUint(page.Next, 10))
-	h.Set("X-Egress-More", strconv.FormatBool(page.More))
+	h.Set("X-Egress-Dropped", strconv.FormatUint(head.Dropped, 10))
+	h.Set("X-Egress-Next", strconv.FormatUint(head.Next, 10))
+	h.Set("X-Egress-More", strconv.FormatBool(head.More))
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
-	for _, rec := range page.Records {
-		if err := enc.Encode(rec); err != nil {
-			return nil // the client went away; the status is sent
+	_ = each(func(rec apitype.EgressRecord) error { return enc.Encode(rec) }) // an error: the client went away, the status is sent
+}
+
+// pDeleteEgressLog is the query parameter of DELETE /v1/sandboxes/{id}
+// that asks for the sandbox's egress record in the answer.
+var pDeleteEgressLog = param{name: "egress_log", in: "query",
+	desc:   "true: delete the sandbox and answer 200 with its whole egress record as it stood once its VMs were gone (EgressLog; EgressRecord lines with Accept: application/x-ndjson), taking one of its owner's egress record reads before anything is deleted; false or absent: 204",
+	schema: func() map[string]any { return map[string]any{"type": "boolean"} }}
+
+// egressLogParam reads the egress_log parameter of a delete: absent is
+// false; anything but true or false is refused, before anything is
+// deleted.
+func egressLogParam(r *http.Request) (bool, error) {
+	q := r.URL.Query()
+	if !q.Has(pDeleteEgressLog.name) {
+		return false, nil
+	}
+	switch v := q.Get(pDeleteEgressLog.name); v {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	default:
+		return false, invalid(pDeleteEgressLog.name, "egress_log %q: want true or false (nothing was deleted)", v)
+	}
+}
+
+// deleteKeepingEgress deletes a sandbox and answers its whole egress
+// record (egress_log=true). The read takes one of the owner's egress
+// record reads (and the node's) before anything is deleted, and holds it
+// until the record is written; it is written from the ring the engine
+// took, record by record, never as one buffer. A sandbox not found
+// (gone, or another owner's) is not-found: its record went with it.
+func (s *Server) deleteKeepingEgress(w http.ResponseWriter, r *http.Request, p principal) error {
+	sb, err := s.lookup(p, r.PathValue("id"))
+	if err != nil {
+		return problemf(apitype.ProblemNotFound, "sandbox %q not found: no egress record to hand over (nothing was deleted)", r.PathValue("id"))
+	}
+	release, err := s.logReads.take(sb.Owner, 1)
+	if err != nil {
+		return err
+	}
+	defer release()
+	h, err := s.e.DeleteKeepingEgress(r.Context(), sb.ID, p.who())
+	if err != nil {
+		return err
+	}
+	defer h.Release()
+	head := apitype.EgressLog{Sandbox: sb.ID, Dropped: h.Dropped(), Next: h.Next()}
+	if wantsNDJSON(r) {
+		writeEgressNDJSON(w, head, h.Each)
+		return nil
+	}
+	return writeEgressJSON(w, head, h.Each)
+}
+
+// writeEgressJSON answers 200 with an EgressLog: head's fields, then its
+// records as each yields them, written one by one. A client that goes
+// away is not an error (the status is sent).
+func writeEgressJSON(w http.ResponseWriter, head apitype.EgressLog, each func(func(apitype.EgressRecord) error) error) error {
+	head.Records = []apitype.EgressRecord{}
+	b, err := json.Marshal(head)
+	if err != nil {
+		return fmt.Errorf("egress record answer: %w", err)
+	}
+	// {"sandbox":...,"records":[],...}: the records go between the brackets
+	open, rest, _ := bytes.Cut(b, []byte(`"records":[]`))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write(append(open, `"records":[`...)); err != nil {
+		return nil
+	}
+	enc := json.NewEncoder(w)
+	first := true
+	err = each(func(rec apitype.EgressRecord) error {
+		if !first {
+			if _, err := io.WriteString(w, ","); err != nil {
+				return err
+			}
 		}
+		first = false
+		return enc.Encode(rec)
+	})
+	if err == nil {
+		_, _ = w.Write(append(append([]byte("]"), rest...), '\n'))
 	}
 	return nil
 }

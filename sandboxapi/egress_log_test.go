@@ -2,6 +2,7 @@ package sandboxapi_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -207,15 +208,7 @@ func TestEgressLogReadsHaveShares(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.id = asb.ID
-	held := make(chan error, 2)
-	for range 2 {
-		go func() {
-			_, err := alice.EgressLog(ctx, asb.ID, apitype.EgressLogQuery{})
-			held <- err
-		}()
-		<-g.entered
-	}
+	free := g.holdReads(ctx, t, alice, asb.ID)
 	_, err = alice.EgressLog(ctx, asb.ID, apitype.EgressLogQuery{})
 	var p *apitype.Problem
 	if !errors.As(err, &p) || p.Type != apitype.ProblemTooManyRequests || p.Quota != "egress-log-reads" {
@@ -224,13 +217,32 @@ func TestEgressLogReadsHaveShares(t *testing.T) {
 	if _, err := bob.EgressLog(ctx, bsb.ID, apitype.EgressLogQuery{}); err != nil {
 		t.Errorf("bob's read while alice holds her share: %v", err)
 	}
-	close(g.gate)
-	for range 2 {
-		if err := <-held; err != nil {
-			t.Errorf("a held read: %v", err)
-		}
-	}
+	free()
 	if _, err := alice.EgressLog(ctx, asb.ID, apitype.EgressLogQuery{}); err != nil {
 		t.Errorf("alice's read after hers ended: %v", err)
+	}
+}
+
+// holdReads makes c read sandbox id's egress record twice (an owner's
+// whole share of reads) and returns once both are held; free lets them
+// end and checks they succeeded.
+func (f *gatedEgress) holdReads(ctx context.Context, t *testing.T, c *client.Client, id string) (free func()) {
+	t.Helper()
+	f.id = id
+	held := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := c.EgressLog(ctx, id, apitype.EgressLogQuery{})
+			held <- err
+		}()
+		<-f.entered
+	}
+	return func() {
+		close(f.gate)
+		for range 2 {
+			if err := <-held; err != nil {
+				t.Errorf("a held read: %v", err)
+			}
+		}
 	}
 }

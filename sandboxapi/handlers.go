@@ -74,7 +74,7 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/v1/sandboxes", scope: apitype.ScopeRead, summary: "List sandboxes", response: "SandboxList", okStatus: 200, timeout: reqTimeout, h: s.listSandboxes},
 		{method: "GET", path: "/v1/pool", scope: apitype.ScopeAdmin, summary: "The warm pool: its shapes with ready and building counts, and its unclaimed members", response: "PoolStatus", okStatus: 200, timeout: reqTimeout, h: s.getPool},
 		{method: "GET", path: "/v1/sandboxes/{id}", scope: apitype.ScopeRead, summary: "Get a sandbox", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getSandbox},
-		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: apitype.ScopeAdmin, summary: "Delete a sandbox (idempotent)", okStatus: 204, params: []param{pID}, timeout: deleteTimeout, h: s.deleteSandbox},
+		{method: "DELETE", path: "/v1/sandboxes/{id}", scope: apitype.ScopeAdmin, summary: "Delete a sandbox (idempotent: 204 also when already gone); with egress_log=true answer 200 with its whole egress record", okStatus: 204, params: []param{pID, pDeleteEgressLog}, timeout: deleteTimeout, h: s.deleteSandbox},
 		{method: "POST", path: "/v1/sandboxes/{id}/extend", scope: apitype.ScopeAdmin, summary: "Set the sandbox's expiry to now plus a TTL", request: "ExtendRequest", response: "Sandbox", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.extendSandbox},
 		{method: "GET", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeRead, summary: "The sandbox's egress policy and its recent denials", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.getEgress},
 		{method: "PUT", path: "/v1/sandboxes/{id}/egress", scope: apitype.ScopeAdmin, summary: "Replace the sandbox's egress policy; enforced when the call returns", request: "EgressPolicy", response: "EgressStatus", okStatus: 200, params: []param{pID}, timeout: reqTimeout, h: s.putEgress},
@@ -206,6 +206,13 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p principal)
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p principal) error {
+	keep, err := egressLogParam(r)
+	if err != nil {
+		return err
+	}
+	if keep {
+		return s.deleteKeepingEgress(w, r, p)
+	}
 	id := r.PathValue("id")
 	if sandbox.ValidID(id) {
 		if sb, ok := s.e.Get(id); ok && !p.sees(sb) {

@@ -233,14 +233,8 @@ func (s *Server) OpenAPI() map[string]any {
 	}
 	// an egress record read past its owner's or the node's reads in flight
 	logResp := paths["/v1/sandboxes/{id}/egress/log"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
-	for status, typ := range map[int]string{http.StatusTooManyRequests: apitype.ProblemTooManyRequests, http.StatusServiceUnavailable: apitype.ProblemUnavailable} {
-		if _, ok := logResp[httpCode(status)]; ok {
-			continue
-		}
-		r := problemResponse(fmt.Sprintf("the sandbox's owner (%d) or the node (%d) has as many egress record reads in flight as it may; retry after Retry-After", ownerLogReads, maxLogReads), typ)
-		r["headers"] = map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
-		logResp[httpCode(status)] = r
-	}
+	logReadRefusals(logResp, "")
+	s.deleteResponses(paths["/v1/sandboxes/{id}"].(map[string]any)["delete"].(map[string]any)["responses"].(map[string]any))
 	// a filter naming no VM of the sandbox (schemathesis ST202: a
 	// schema-valid vm= that the sandbox has not), or out of its range
 	logResp[httpCode(http.StatusBadRequest)] = problemResponse(
@@ -268,6 +262,47 @@ func (s *Server) OpenAPI() map[string]any {
 				"bearer": map[string]any{"type": "http", "scheme": "bearer"},
 			},
 		},
+	}
+}
+
+// logReadRefusals declares in resp the refusals of an egress record read
+// past its owner's or the node's reads in flight (429, 503; a status
+// declared already is left as it is), more added to their descriptions
+// when set.
+func logReadRefusals(resp map[string]any, more string) {
+	for status, typ := range map[int]string{http.StatusTooManyRequests: apitype.ProblemTooManyRequests, http.StatusServiceUnavailable: apitype.ProblemUnavailable} {
+		if _, ok := resp[httpCode(status)]; ok {
+			continue
+		}
+		desc := fmt.Sprintf("the sandbox's owner (%d) or the node (%d) has as many egress record reads in flight as it may; retry after Retry-After", ownerLogReads, maxLogReads)
+		if more != "" {
+			desc += "; " + more
+		}
+		r := problemResponse(desc, typ)
+		r["headers"] = map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
+		resp[httpCode(status)] = r
+	}
+}
+
+// deleteResponses declares the answers of DELETE /v1/sandboxes/{id} with
+// egress_log=true (deleteKeepingEgress) besides its 204: the record
+// (200), and the refusals that delete nothing.
+func (s *Server) deleteResponses(resp map[string]any) {
+	resp[httpCode(http.StatusOK)] = map[string]any{
+		"description": "egress_log=true: the sandbox is deleted; its whole egress record as it stood once its VMs were gone, oldest first (more is false)",
+		"headers":     egressLogHeaders(),
+		"content": map[string]any{
+			"application/json":     map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/EgressLog"}},
+			"application/x-ndjson": map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/EgressRecord"}},
+		},
+	}
+	resp[httpCode(http.StatusBadRequest)] = problemResponse("egress_log is neither true nor false: nothing is deleted", apitype.ProblemInvalidRequest)
+	resp[httpCode(http.StatusNotFound)] = problemResponse(
+		"another owner's sandbox; with egress_log=true also a sandbox already gone (its record went with its delete): nothing is deleted", apitype.ProblemNotFound)
+	logReadRefusals(resp, "egress_log=true only: nothing is deleted")
+	if _, ok := s.eo.Egress.(sandbox.EgressTaker); !ok {
+		r := resp[httpCode(http.StatusServiceUnavailable)].(map[string]any)
+		r["description"] = "this node keeps no egress record (egress policies are not enabled): every call with egress_log=true answers this, and nothing is deleted; or " + r["description"].(string)
 	}
 }
 

@@ -304,11 +304,18 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	}
 	cp.Flags().StringVar(&modeStr, "mode", "", "octal mode of a new file in the VM (default 0644)")
 
+	var delEgress, delJSON bool
 	del := &cobra.Command{
 		Use:   "delete SANDBOX...",
-		Short: "delete sandboxes (no error when already gone)",
+		Short: "delete sandboxes (no error when already gone); with --egress-log one sandbox, printing its whole egress record as it stood once its VMs were gone",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: withClient(func(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string) error {
+			if delEgress {
+				return deleteKeepingEgress(ctx, c, cmd, args, delJSON)
+			}
+			if delJSON {
+				return errors.New("--json goes with --egress-log")
+			}
 			var errs []error
 			for _, id := range args {
 				if err := c.Delete(ctx, id); err != nil {
@@ -318,6 +325,8 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			return errors.Join(errs...)
 		}),
 	}
+	del.Flags().BoolVar(&delEgress, "egress-log", false, "print the sandbox's egress record, handed over by the delete (one sandbox; an error, nothing deleted, when the node keeps none or the sandbox is gone)")
+	del.Flags().BoolVar(&delJSON, "json", false, "with --egress-log: one JSON record a line (NDJSON)")
 	cmd.AddCommand(create, list, execCmd, cp, del)
 	cmd.AddCommand(newHealthCmds(withClient)...)
 	cmd.AddCommand(newEgressLogCmd(withClient))

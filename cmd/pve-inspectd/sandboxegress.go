@@ -54,6 +54,27 @@ func newEgressLogCmd(withClient clientRun) *cobra.Command {
 	return cmd
 }
 
+// deleteKeepingEgress is `sandbox delete SANDBOX --egress-log [--json]`:
+// the sandbox deleted and its whole egress record printed as
+// `sandbox egress-log` prints a page, or one JSON record a line as the
+// daemon streams them.
+func deleteKeepingEgress(ctx context.Context, c *client.Client, cmd *cobra.Command, args []string, ndjson bool) error {
+	if len(args) != 1 {
+		return fmt.Errorf("--egress-log deletes one sandbox at a time, not %d", len(args))
+	}
+	out := cmd.OutOrStdout()
+	if ndjson {
+		_, err := c.DeleteKeepingEgressStream(ctx, args[0], func(r apitype.EgressRecord) error { return printJSONLine(out, r) })
+		return err
+	}
+	l, err := c.DeleteKeepingEgress(ctx, args[0])
+	if err != nil {
+		return err
+	}
+	printEgressLog(out, l)
+	return nil
+}
+
 // printEgressLog prints a page of the egress record as a table.
 func printEgressLog(w io.Writer, l apitype.EgressLog) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

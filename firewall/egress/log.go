@@ -273,13 +273,100 @@ func (l *Log) Forget(owner string) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if r := l.rings[owner]; r != nil {
+	if r := l.endLocked(owner); r != nil {
 		l.total -= len(r.buf)
-		r.buf, r.gone = nil, true
-		delete(l.rings, owner)
-		l.dirty[owner] = struct{}{}
-		l.forgets++
+		r.buf = nil
 	}
+}
+
+// Take ends owner's instance as Forget does, and hands over what its ring
+// held instead of dropping it (nil: it had no ring): the ring leaves the
+// Log at once (no read, count or save finds it, a ring taken of it before
+// records nothing more, a new instance starts empty), but its records
+// stay counted in the node's bound until the Taken is released, so that
+// what is handed over, while it is written out, is still within the
+// bound. The records are not copied.
+func (l *Log) Take(owner string) *Taken {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.endLocked(owner)
+	if r == nil {
+		return nil
+	}
+	t := &Taken{log: l, buf: r.buf, head: r.head, Dropped: r.dropped}
+	r.buf = nil // the ring is gone: nothing writes to buf any more
+	return t
+}
+
+// endLocked ends owner's ring, if it has one, and returns it: it takes no
+// more records and leaves the Log, its file goes at the next save; its
+// records are still counted in total. Call with l.mu held.
+func (l *Log) endLocked(owner string) *Ring {
+	r := l.rings[owner]
+	if r == nil {
+		return nil
+	}
+	r.gone = true
+	delete(l.rings, owner)
+	l.dirty[owner] = struct{}{}
+	l.forgets++
+	return r
+}
+
+// Taken is an owner's whole record as Take handed it over: every record
+// its ring held, oldest first, and the count of those dropped. A nil
+// Taken holds nothing.
+type Taken struct {
+	log  *Log
+	buf  []Record // oldest at head once the ring was full
+	head int
+	// Dropped counts the owner's records dropped (ring or node bound).
+	Dropped uint64
+	once    sync.Once
+}
+
+// Len returns the records held.
+func (t *Taken) Len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.buf)
+}
+
+// Last returns the newest record's Seq (0: none held).
+func (t *Taken) Last() uint64 {
+	if t.Len() == 0 {
+		return 0
+	}
+	return t.buf[(t.head+len(t.buf)-1)%len(t.buf)].Seq
+}
+
+// Each calls fn with each record, oldest first, and stops at the first
+// error fn returns, which it returns.
+func (t *Taken) Each(fn func(Record) error) error {
+	for i := range t.Len() {
+		if err := fn(t.buf[(t.head+i)%len(t.buf)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Release gives the records' room back to the node's bound; call it once
+// they are written out (again: nothing). Each holds nothing after it.
+func (t *Taken) Release() {
+	if t == nil {
+		return
+	}
+	t.once.Do(func() {
+		t.log.mu.Lock()
+		defer t.log.mu.Unlock()
+		t.log.total -= len(t.buf)
+		t.buf = nil
+	})
 }
 
 // lastGen is the Gen of the newest ring made so far.

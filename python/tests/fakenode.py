@@ -49,6 +49,15 @@ class FakeNode:
     gone: dict[str, tuple[str, str]] = field(default_factory=dict)
     # An answer every exec gets instead of running (status, problem), once.
     exec_answer: tuple[int, dict[str, Any]] | None = None
+    # Each sandbox's egress record (GET .../egress/log, and what a delete
+    # with egress_log=true hands over) and its dropped count; made_at_delete
+    # is added to it by the delete itself (what its VMs did until they were
+    # gone). handover: the fake hands a record over at a delete; False is a
+    # node that keeps none to hand over (503 unavailable, nothing deleted).
+    egress: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    egress_dropped: int = 0
+    made_at_delete: list[dict[str, Any]] = field(default_factory=list)
+    handover: bool = True
     calls: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _next: int = 0
@@ -137,9 +146,9 @@ def _held(fake: FakeNode, req: dict[str, Any]) -> tuple[int, dict[str, Any]] | N
     return None
 
 
-def handle(fake: FakeNode, method: str, path: str, body: bytes) -> tuple[int, Any]:
+def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "") -> tuple[int, Any]:
     """The fake's answer to one call."""
-    fake.calls.append(f"{method} {path}")
+    fake.calls.append(f"{method} {path}" + (f"?{query}" if query else ""))
     doc: dict[str, Any] = json.loads(body) if body and method != "PUT" else {}
     if (method, path) == ("GET", "/v1/healthz"):
         return 200, {
@@ -174,7 +183,10 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes) -> tuple[int, An
         return _problem(404, "not-found", f"no route {method} {path}")
     sid, rest = m[1], m[2] or ""
     sb = fake.sandboxes.get(sid)
+    if method == "DELETE" and rest == "" and "egress_log=true" in query:
+        return _delete_keeping_egress(fake, sid)
     if method == "DELETE" and rest == "":
+        fake.egress.pop(sid, None)
         if fake.sandboxes.pop(sid, None) is not None:
             fake.gone[sid] = ("deleted", 'it was deleted by token "fake"')
         return 204, None
@@ -190,9 +202,29 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes) -> tuple[int, An
             return ans
         out = base64.b64encode(" ".join(doc.get("argv", [])).encode()).decode()
         return 200, {"exit_code": 0, "stdout": out, "stderr": ""}
+    if method == "GET" and rest == "/egress/log":
+        recs = fake.egress.get(sid, [])
+        return 200, _egress_log(sid, recs, fake.egress_dropped)
     if rest.endswith("/files"):
         return (204, None) if method == "PUT" else (200, b"data")
     return _problem(404, "not-found", f"no route {method} {path}")
+
+
+def _egress_log(sid: str, recs: list[dict[str, Any]], dropped: int) -> dict[str, Any]:
+    nxt = int(recs[-1]["seq"]) if recs else 0
+    return {"sandbox": sid, "records": recs, "dropped": dropped, "next": nxt, "more": False}
+
+
+def _delete_keeping_egress(fake: FakeNode, sid: str) -> tuple[int, Any]:
+    """DELETE /v1/sandboxes/{id}?egress_log=true as sandboxapi answers it."""
+    if sid not in fake.sandboxes:
+        return _problem(404, "not-found", f'sandbox "{sid}" not found: no egress record')
+    if not fake.handover:
+        return _problem(503, "unavailable", "this node keeps no egress record")
+    del fake.sandboxes[sid]
+    fake.gone[sid] = ("deleted", 'it was deleted by token "fake"')
+    recs = fake.egress.pop(sid, []) + fake.made_at_delete
+    return 200, _egress_log(sid, recs, fake.egress_dropped)
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -219,7 +251,8 @@ class _Handler(BaseHTTPRequestHandler):
             code, doc = _problem(401, "unauthorized", "missing or unknown bearer token")
         else:
             with fake.lock:
-                code, doc = handle(fake, self.command, urlsplit(self.path).path, body)
+                url = urlsplit(self.path)
+                code, doc = handle(fake, self.command, url.path, body, url.query)
         self.send_response(code)
         if isinstance(doc, bytes):
             b, ctype = doc, "application/octet-stream"

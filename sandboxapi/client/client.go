@@ -231,6 +231,78 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	return c.do(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id), nil, nil)
 }
 
+// ErrNoEgressHandover: a delete with egress_log=true was answered 204 (a
+// daemon that does not hand the egress record over): the sandbox is
+// deleted, its record is not in the answer.
+var ErrNoEgressHandover = errors.New("the daemon deleted the sandbox but answered no egress record (it predates egress_log)")
+
+// DeleteKeepingEgress deletes a sandbox and returns its whole egress
+// record as it stood once its VMs were gone (DELETE
+// /v1/sandboxes/{id}?egress_log=true). A sandbox already gone is a
+// not-found problem (its record went with its delete); a refusal
+// (too-many-requests, unavailable, invalid-request) deleted nothing.
+func (c *Client) DeleteKeepingEgress(ctx context.Context, id string) (apitype.EgressLog, error) {
+	var l apitype.EgressLog
+	err := c.deleteKeepingEgress(ctx, id, "application/json", func(_ http.Header, r io.Reader) error {
+		if err := json.NewDecoder(r).Decode(&l); err != nil {
+			return fmt.Errorf("delete %s: decode egress record: %w", id, err)
+		}
+		return nil
+	})
+	return l, err
+}
+
+// DeleteKeepingEgressStream is DeleteKeepingEgress with the records
+// streamed (application/x-ndjson): fn gets each as it arrives, oldest
+// first, and the answer holds the rest (sandbox, dropped, next) without
+// records. An error of fn ends the read and is returned; the sandbox is
+// deleted by then.
+func (c *Client) DeleteKeepingEgressStream(ctx context.Context, id string, fn func(apitype.EgressRecord) error) (apitype.EgressLog, error) {
+	l := apitype.EgressLog{Sandbox: id}
+	err := c.deleteKeepingEgress(ctx, id, "application/x-ndjson", func(h http.Header, r io.Reader) error {
+		l.Dropped, _ = strconv.ParseUint(h.Get("X-Egress-Dropped"), 10, 64)
+		l.Next, _ = strconv.ParseUint(h.Get("X-Egress-Next"), 10, 64)
+		sc := bufio.NewScanner(r)
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		for sc.Scan() {
+			var rec apitype.EgressRecord
+			if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+				return fmt.Errorf("delete %s: bad egress record line: %w", id, err)
+			}
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return fmt.Errorf("delete %s: read egress record: %w", id, err)
+		}
+		return nil
+	})
+	return l, err
+}
+
+// deleteKeepingEgress sends the delete with egress_log=true asking for
+// accept, and hands a 200 answer's headers and body to read.
+func (c *Client) deleteKeepingEgress(ctx context.Context, id, accept string, read func(http.Header, io.Reader) error) error {
+	req, err := c.newRequest(ctx, "DELETE", "/v1/sandboxes/"+url.PathEscape(id)+"?egress_log=true", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", accept)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 300:
+		return decodeProblem(resp)
+	case resp.StatusCode == http.StatusNoContent:
+		return ErrNoEgressHandover
+	}
+	return read(resp.Header, resp.Body)
+}
+
 func vmPath(id, vm string) string {
 	return "/v1/sandboxes/" + url.PathEscape(id) + "/vms/" + url.PathEscape(vm)
 }

@@ -195,6 +195,25 @@ class Client:
     async def delete(self, sid: str) -> None:
         await self._send("DELETE", f"/sandboxes/{quote(sid, safe='')}", timeout=CREATE_TIMEOUT)
 
+    async def delete_keeping_egress(self, sid: str) -> dict[str, Any] | None:
+        """``DELETE /v1/sandboxes/{id}?egress_log=true``: delete the sandbox
+        and return its whole egress record as it stood once its VMs were
+        gone (``records``, oldest first, ``dropped``, ``next``); None when
+        the daemon answered 204 (one that predates ``egress_log``: the
+        sandbox is deleted, its record is not in the answer). A refusal
+        (a ``Problem``: the owner's egress record reads all in flight, past
+        the quota wait; a node that keeps no record; ``not-found`` for a
+        sandbox already gone) deleted nothing."""
+        r = await self._send(
+            "DELETE",
+            f"/sandboxes/{quote(sid, safe='')}",
+            params={"egress_log": "true"},
+            timeout=CREATE_TIMEOUT,
+        )
+        if r.status_code == 204:
+            return None
+        return cast(dict[str, Any], r.json())
+
     def _vm(self, sid: str, vm: str) -> str:
         return f"/sandboxes/{quote(sid, safe='')}/vms/{quote(vm, safe='')}"
 

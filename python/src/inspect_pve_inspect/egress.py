@@ -16,6 +16,11 @@ sample reached nothing outside an expected set of names (and, if given, sent
 at most so many bytes out)::
 
     Task(..., scorer=egress_within(["pypi.org", "*.pythonhosted.org"]))
+
+Without a scorer, ``sample_cleanup`` puts a summary in the sample's store
+(``pve_inspect/egress``), of the whole record the sandbox's delete hands
+over (``DELETE ...?egress_log=true``: what came after the scorer's read
+too).
 """
 
 from __future__ import annotations

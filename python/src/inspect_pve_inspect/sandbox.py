@@ -213,11 +213,12 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
             if not isinstance(env, PveInspectSandboxEnvironment) or env.sandbox_id in seen:
                 continue
             seen.add(env.sandbox_id)
-            if not interrupted:
-                await _attach_egress(env)
             with anyio.CancelScope(shield=True):
                 await _stop_keepalive(env.sandbox_id)
-                await _delete(env.client, env.sandbox_id)
+                if interrupted:
+                    await _delete(env.client, env.sandbox_id)
+                else:
+                    await _delete_attaching_egress(env)
                 await env.client.aclose()
 
     @classmethod
@@ -513,22 +514,62 @@ def _config_key(cfg: PveInspectSandboxEnvironmentConfig) -> str:
 EGRESS_STORE_KEY = "pve_inspect/egress"
 
 
-async def _attach_egress(env: PveInspectSandboxEnvironment) -> None:
-    """Put the sandbox's egress record, summed up, in the sample's store
-    (EGRESS_STORE_KEY) and a line in its transcript, before the sandbox
-    goes with the record. Bounded (10 s) and never fatal: a node that
-    keeps no record, or any failure, attaches nothing."""
-    from .egress import summarize
+async def _delete_attaching_egress(env: PveInspectSandboxEnvironment) -> None:
+    """Delete the sandbox and put its egress record, handed over by the
+    delete itself (``DELETE ...?egress_log=true``: every record made until
+    its VMs were gone, none missed between a read and the delete), summed
+    up, in the sample's store (EGRESS_STORE_KEY) and a line in its
+    transcript. Never fatal: where the delete cannot hand the record over
+    (a node that keeps none, the owner's egress record reads still all in
+    flight after the quota wait) the record is read as far as it goes
+    (bounded, 10 s) and the sandbox deleted after; a sandbox already gone
+    attaches nothing."""
+    sid = env.sandbox_id
+    try:
+        doc = await env.client.delete_keeping_egress(sid)
+    except Problem as p:
+        if p.type == "not-found":  # gone already (reaped): its record went with it
+            log.info("pve_inspect: sandbox %s already gone: no egress record", sid)
+            _forget(sid)
+            return
+        log.info("pve_inspect: egress record of %s not handed over by its delete: %s", sid, p)
+        await _attach_egress(env)
+        await _delete(env.client, sid)
+        return
+    except NodeDown as e:
+        # Left to the TTL reaper and `inspect sandbox cleanup pve_inspect`.
+        print(f"pve_inspect: delete {sid}: {e}")
+        return
+    _forget(sid)
+    if doc is None:
+        log.info("pve_inspect: the daemon deleted %s without handing its egress record over", sid)
+        return
+    records = doc.get("records") or []
+    _attach_summary(sid, records, int(doc.get("dropped") or 0))
 
+
+async def _attach_egress(env: PveInspectSandboxEnvironment) -> None:
+    """Read the sandbox's egress record so far and attach it as
+    _attach_summary does, while the sandbox lives: a record made after
+    the read is missed. Bounded (10 s) and never fatal: a node that keeps
+    no record, or any failure, attaches nothing."""
     try:
         with anyio.fail_after(10):
             records, dropped = await env.egress_log(max_records=10_000)
     except Exception as e:  # the record is a bonus; the cleanup goes on
         log.info("pve_inspect: no egress record for sandbox %s: %s", env.sandbox_id, e)
         return
+    _attach_summary(env.sandbox_id, records, dropped)
+
+
+def _attach_summary(sid: str, records: list[dict[str, Any]], dropped: int) -> None:
+    """Put a sandbox's egress records, summed up, in the sample's store
+    (EGRESS_STORE_KEY) and a line in its transcript; never fatal."""
+    from .egress import summarize
+
     s = summarize(records, dropped)
     doc = {
-        "sandbox": env.sandbox_id,
+        "sandbox": sid,
         "asked": sorted(s.asked),
         "refused": sorted(s.refused | s.blocked),
         "reached": sorted(s.reached),
@@ -545,7 +586,7 @@ async def _attach_egress(env: PveInspectSandboxEnvironment) -> None:
             source="pve_inspect",
         )
     except Exception as e:  # outside a sample (a test, a CLI): nothing to attach to
-        log.info("pve_inspect: egress summary of %s not attached: %s", env.sandbox_id, e)
+        log.info("pve_inspect: egress summary of %s not attached: %s", sid, e)
 
 
 async def _stop_keepalive(sid: str) -> None:
@@ -561,6 +602,11 @@ async def _delete(client: Client, sid: str) -> None:
         # Left to the TTL reaper and `inspect sandbox cleanup pve_inspect`.
         print(f"pve_inspect: delete {sid}: {e}")
         return
+    _forget(sid)
+
+
+def _forget(sid: str) -> None:
+    """The sandbox is deleted: task_cleanup has nothing left of it."""
     _Run.live.pop(sid, None)
     _Run.cfg_of.pop(sid, None)
 

@@ -421,6 +421,36 @@ func (e *Egress) Log(id string, f sandbox.EgressLogFilter) apitype.EgressLog {
 
 var _ sandbox.EgressRecorder = (*Egress)(nil)
 
+// TakeLog implements sandbox.EgressTaker: the sandbox's whole record,
+// taken out of the node's record (egress.Log.Take) where Remove would
+// drop it.
+func (e *Egress) TakeLog(id string) sandbox.EgressHandover {
+	return takenLog{e.Record.Take(id)}
+}
+
+var _ sandbox.EgressTaker = (*Egress)(nil)
+
+// takenLog is an egress.Taken as the engine hands it over: its records
+// as the API shows them, each converted as it is written.
+type takenLog struct{ t *egress.Taken }
+
+func (l takenLog) Len() int { return l.t.Len() }
+
+func (l takenLog) Dropped() uint64 {
+	if l.t == nil {
+		return 0
+	}
+	return l.t.Dropped
+}
+
+func (l takenLog) Next() uint64 { return l.t.Last() }
+
+func (l takenLog) Each(fn func(apitype.EgressRecord) error) error {
+	return l.t.Each(func(r egress.Record) error { return fn(recordOf(r)) })
+}
+
+func (l takenLog) Release() { l.t.Release() }
+
 // EgressCounts implements sandbox.EgressCounter: the sandbox's egress
 // record counts (the egress events).
 func (e *Egress) EgressCounts(id string) (sandbox.EgressTally, bool) {
