@@ -103,7 +103,7 @@ func writeEgressNDJSON(w http.ResponseWriter, head apitype.EgressLog, each func(
 // pDeleteEgressLog is the query parameter of DELETE /v1/sandboxes/{id}
 // that asks for the sandbox's egress record in the answer.
 var pDeleteEgressLog = param{name: "egress_log", in: "query",
-	desc:   "true: delete the sandbox and answer 200 with its whole egress record as it stood once its VMs were gone (EgressLog; EgressRecord lines with Accept: application/x-ndjson), taking one of its owner's egress record reads before anything is deleted; false or absent: 204",
+	desc:   "true: delete the sandbox and answer 200 with its whole egress record as it stood once its VMs were gone (EgressLog; EgressRecord lines with Accept: application/x-ndjson); false or absent: 204",
 	schema: func() map[string]any { return map[string]any{"type": "boolean"} }}
 
 // egressLogParam reads the egress_log parameter of a delete: absent is
@@ -125,21 +125,17 @@ func egressLogParam(r *http.Request) (bool, error) {
 }
 
 // deleteKeepingEgress deletes a sandbox and answers its whole egress
-// record (egress_log=true). The read takes one of the owner's egress
-// record reads (and the node's) before anything is deleted, and holds it
-// until the record is written; it is written from the ring the engine
-// took, record by record, never as one buffer. A sandbox not found
+// record (egress_log=true). It is written from the ring the engine took,
+// record by record, never as one buffer: the hand-over holds only the
+// owner's own ring, already counted in the node's bound of records, so it
+// takes none of the egress record reads (which bound the pages copied
+// out of rings) and an eval's many cleanups run at once. A sandbox not found
 // (gone, or another owner's) is not-found: its record went with it.
 func (s *Server) deleteKeepingEgress(w http.ResponseWriter, r *http.Request, p principal) error {
 	sb, err := s.lookup(p, r.PathValue("id"))
 	if err != nil {
 		return problemf(apitype.ProblemNotFound, "sandbox %q not found: no egress record to hand over (nothing was deleted)", r.PathValue("id"))
 	}
-	release, err := s.logReads.take(sb.Owner, 1)
-	if err != nil {
-		return err
-	}
-	defer release()
 	h, err := s.e.DeleteKeepingEgress(r.Context(), sb.ID, p.who())
 	if err != nil {
 		return err

@@ -299,10 +299,9 @@ func (s *Server) deleteResponses(resp map[string]any) {
 	resp[httpCode(http.StatusBadRequest)] = problemResponse("egress_log is neither true nor false: nothing is deleted", apitype.ProblemInvalidRequest)
 	resp[httpCode(http.StatusNotFound)] = problemResponse(
 		"another owner's sandbox; with egress_log=true also a sandbox already gone (its record went with its delete): nothing is deleted", apitype.ProblemNotFound)
-	logReadRefusals(resp, "egress_log=true only: nothing is deleted")
 	if _, ok := s.eo.Egress.(sandbox.EgressTaker); !ok {
-		r := resp[httpCode(http.StatusServiceUnavailable)].(map[string]any)
-		r["description"] = "this node keeps no egress record (egress policies are not enabled): every call with egress_log=true answers this, and nothing is deleted; or " + r["description"].(string)
+		resp[httpCode(http.StatusServiceUnavailable)] = problemResponse(
+			"this node keeps no egress record (egress policies are not enabled): every call with egress_log=true answers this, and nothing is deleted", apitype.ProblemUnavailable)
 	}
 }
 
