@@ -14,7 +14,13 @@
 //     HTTP connection through the resolver and proxy, and the process's
 //     CPU time per 1000 of them (the resolver and proxy run in this
 //     process), on a second bed whose resolver and proxy keep the record,
-//     against the first, which keeps none.
+//     against the first, which keeps none;
+//   - the cost of the record's kernel flows (Flows, conntrack's NEW and
+//     DESTROY events in the node's namespace) on the recording bed's open
+//     zone, whose traffic never passes the daemon: new HTTP connections
+//     from its guest with the follower running and without, in
+//     alternating blocks, and the process's CPU time per 1000 of them
+//     (flows.go).
 //
 // The bench command's egress section ([Section]) calls Run. It needs root.
 package egress
@@ -53,6 +59,9 @@ type Options struct {
 	// Rounds is how many samples each figure takes (median reported);
 	// 0 means 40.
 	Rounds int
+	// Flows is how many connections each leg of the kernel flows' cost
+	// opens (follower on, then off); 0 means 1000.
+	Flows int
 }
 
 // Result holds the medians of one run.
@@ -79,6 +88,21 @@ type Result struct {
 	HTTPOff, HTTPOn time.Duration
 	CPUOff, CPUOn   time.Duration
 	RecordRecords   int
+	// The kernel flows (flows.go): Flows new HTTP connections from the
+	// open zone with the conntrack follower off and on, their medians and
+	// p99s, the process's CPU time per 1000 flows of each leg and the
+	// follower's own thread's (FlowFollower), the flows
+	// the follower recorded (FlowRecords of Flows) and how long after
+	// a block's last connection it recorded the block's last flow, at
+	// most (FlowDrain; an off block waits as long as the on block before
+	// it).
+	Flows                 int
+	FlowOff, FlowOn       time.Duration
+	FlowOff99, FlowOn99   time.Duration
+	FlowCPUOff, FlowCPUOn time.Duration
+	FlowFollower          time.Duration
+	FlowRecords           int
+	FlowDrain             time.Duration
 }
 
 // Print writes the figures.
@@ -103,6 +127,12 @@ func (r Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "egress record off/on: process CPU per 1000 (DNS answer + HTTP connection), both sides in this process: %v / %v (%.2fx, recording adds %v; %d records kept)\n",
 			r.CPUOff, r.CPUOn, ratio(r.CPUOn, r.CPUOff), r.CPUOn-r.CPUOff, r.RecordRecords)
 	}
+	if r.FlowCPUOn > 0 {
+		fmt.Fprintf(w, "egress record off/on: kernel flows (conntrack follower), open zone, new HTTP connection (connect + request + response), median of %d: %v / %v (%.2fx, added %v); p99: %v / %v (%.2fx)\n",
+			r.Flows, r.FlowOff, r.FlowOn, ratio(r.FlowOn, r.FlowOff), r.FlowOn-r.FlowOff, r.FlowOff99, r.FlowOn99, ratio(r.FlowOn99, r.FlowOff99))
+		fmt.Fprintf(w, "egress record off/on: kernel flows, process CPU per 1000 flows (off: the client, the internet host and a conntrack flush a block, all in this process; on: the same plus the follower; each block until the follower's last record, at most %v after the block's last connection): %v / %v (%.2fx, the follower adds %v per 1000 flows, its own thread (locked to it for this count) %v; %d/%d flows recorded)\n",
+			r.FlowDrain, r.FlowCPUOff, r.FlowCPUOn, ratio(r.FlowCPUOn, r.FlowCPUOff), r.FlowCPUOn-r.FlowCPUOff, r.FlowFollower, r.FlowRecords, r.Flows)
+	}
 }
 
 // bed is the bed with the egress machinery in the node's namespace.
@@ -110,15 +140,23 @@ type bed struct {
 	b       *testvm.Bed
 	cfg     firewall.Config
 	node    netns.NsHandle
+	guard   *firewall.Guard
+	links   *egress.NetlinkLinks
 	reg     *egress.Registry
 	allowNS string // guest namespace of the allowlist zone
 	openNS  string // guest namespace of the open zone
+	// the open zone's subnet and its guest's address
+	openNet  netip.Prefix
+	openAddr netip.Addr
 }
 
 // Run measures on a fresh bed, prints the figures to w and returns them.
 func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 	if o.Rounds <= 0 {
 		o.Rounds = 40
+	}
+	if o.Flows <= 0 {
+		o.Flows = 1000
 	}
 	b, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
@@ -149,7 +187,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 	}
 	down()
 	// The second bed: the same, its resolver and proxy keeping the record.
-	if err := bd.recordBed(ctx, o.Rounds, &r); err != nil {
+	if err := bd.recordBed(ctx, o, &r); err != nil {
 		return r, err
 	}
 	r.Print(w)
@@ -157,14 +195,16 @@ func Run(ctx context.Context, o Options, w io.Writer) (Result, error) {
 }
 
 // recordBed brings a second bed up whose resolver and proxy keep the
-// egress record and measures the same pair on it.
-func (bd *bed) recordBed(ctx context.Context, rounds int, r *Result) error {
+// egress record and measures the same pair on it, then the kernel
+// flows' cost on its open zone.
+func (bd *bed) recordBed(ctx context.Context, o Options, r *Result) error {
 	b, err := testvm.Up(ctx, testvm.Options{})
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	rec := egress.NewLog(egress.LogConfig{})
+	// room for every flow of the flows' on leg
+	rec := egress.NewLog(egress.LogConfig{PerOwner: max(egress.DefaultLogEntries, 2*o.Flows)})
 	on, stop, err := setup(ctx, b, rec)
 	if err != nil {
 		return err
@@ -180,7 +220,7 @@ func (bd *bed) recordBed(ctx context.Context, rounds int, r *Result) error {
 	if _, err := on.resolve(on.allowNS, testvm.InternetName); err != nil {
 		return fmt.Errorf("positive control, allowed name: %w", err)
 	}
-	if r.DNSOn, r.HTTPOn, r.CPUOn, err = on.measureRecordCost(rounds); err != nil {
+	if r.DNSOn, r.HTTPOn, r.CPUOn, err = on.measureRecordCost(o.Rounds); err != nil {
 		return err
 	}
 	page := rec.Read("sb-allow", egress.LogQuery{Limit: 1 << 20})
@@ -188,7 +228,7 @@ func (bd *bed) recordBed(ctx context.Context, rounds int, r *Result) error {
 	if r.RecordRecords == 0 {
 		return errors.New("the recording bed kept no record: its resolver and proxy did not record")
 	}
-	return nil
+	return on.measureFlowCost(ctx, o.Flows, rec, r)
 }
 
 // measureRecordCost times rounds DNS answers and HTTP connections from
@@ -237,6 +277,7 @@ func setup(ctx context.Context, b *testvm.Bed, rec *egress.Log) (_ *bed, stop fu
 		}
 	}()
 	guests := map[string]*testvm.Guest{}
+	subnets := map[string]netip.Prefix{}
 	for i, id := range []string{"zonea", "zonec"} {
 		n := byte(i + 1)
 		vnet := "vnet" + id[len(id)-1:]
@@ -250,7 +291,7 @@ func setup(ctx context.Context, b *testvm.Bed, rec *egress.Log) (_ *bed, stop fu
 		if err != nil {
 			return nil, nil, err
 		}
-		guests[id] = g
+		guests[id], subnets[id] = g, v.Subnet
 	}
 	node, err := netns.GetFromName(b.NodeNS())
 	if err != nil {
@@ -315,7 +356,8 @@ func setup(ctx context.Context, b *testvm.Bed, rec *egress.Log) (_ *bed, stop fu
 	if err := reg.Set(ctx, "zonec", "sb-open", []string{"vnetc"}, open); err != nil {
 		return nil, nil, err
 	}
-	return &bed{b: b, cfg: fcfg, node: node, reg: reg, allowNS: guests["zonea"].NS, openNS: guests["zonec"].NS}, stop, nil
+	return &bed{b: b, cfg: fcfg, node: node, guard: g, links: links, reg: reg, allowNS: guests["zonea"].NS, openNS: guests["zonec"].NS,
+		openNet: subnets["zonec"], openAddr: guests["zonec"].IPv4()}, stop, nil
 }
 
 // dialIn dials from the node's namespace with the daemon's socket mark.

@@ -10,7 +10,7 @@ import (
 func Section(ctx context.Context, cfg bench.Config) error {
 	o := Options{}
 	if cfg.Quick {
-		o.Rounds = 5
+		o.Rounds, o.Flows = 5, 100
 	}
 	_, err := Run(ctx, o, cfg.Out)
 	return err
