@@ -29,7 +29,7 @@ func startGuests(t testing.TB, n int) []*testGuest {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	b, err := testvm.Up(ctx, testvm.Options{})
+	b, err := testvm.Up(ctx, testvm.Options{Logger: testkit.FailureLog(t)})
 	if err != nil {
 		t.Fatalf("test bed: %v", err)
 	}

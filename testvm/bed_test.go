@@ -30,7 +30,7 @@ func upTwoZones(t *testing.T) (*Bed, *Guest, *Guest) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	b, err := Up(ctx, Options{})
+	b, err := Up(ctx, Options{Logger: testkit.FailureLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -301,12 +301,21 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
 	}
 	g.cmd = cmd
-	done := g.done // the error path below may set g to nil before Wait returns
+	// the error path below may set g to nil before Wait returns
+	guest, done, console := g, g.done, logf.Name()
 	go func() {
 		err := <-waited
 		// Said for every end, asked for or not: a guest that dies under
-		// a test shows how here (its signal, or its exit code).
-		b.log.Info("guest process ended", "vmid", s.VMID, "status", err)
+		// a test shows how here (its signal, or its exit code; a qemu-ga
+		// that quits by itself, as on a read error of its client socket,
+		// ends tini and the launcher with its status 0: a nil status). An
+		// end nobody asked for also shows the end of the guest's console
+		// (qemu-ga's errors).
+		if b.stopAsked(s.VMID, guest) {
+			b.log.Info("guest process ended", "vmid", s.VMID, "status", err)
+		} else {
+			b.log.Warn("guest process ended unasked", "vmid", s.VMID, "status", err, "console", consoleTail(console))
+		}
 		close(done)
 	}()
 	if err := b.waitGuest(ctx, g, vnet.HasDHCP(), filepath.Join(gdir, "console.log")); err != nil {
@@ -314,6 +323,23 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	}
 	b.log.Info("guest up", "vmid", s.VMID, "vnet", s.VNet, "ipv4", g.ipv4)
 	return g, nil
+}
+
+// stopAsked reports whether guest g's end was asked for: StopGuest took
+// it off the bed, or the bed is closing.
+func (b *Bed) stopAsked(vmid int, g *Guest) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed || b.guests[vmid] != g
+}
+
+// consoleTail is the last lines of a guest's console log (at most 2 KiB).
+func consoleTail(path string) string {
+	log, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	return strings.TrimSpace(string(log[max(0, len(log)-2048):]))
 }
 
 // guestReadyTimeout bounds a guest's boot: agent up, lease and route in.

@@ -169,29 +169,45 @@ func (p *agentProxy) handle(c net.Conn) {
 		pc.fromAgent()
 	}()
 	pc.fromClient(p)
-	_ = up.Close()
+	// The client has stopped sending (it closed, half-closed, failed or
+	// went away mid-request), but qemu-ga may still owe it replies, and a
+	// unix socket closed with bytes unread in it resets its peer
+	// (net/unix/af_unix.c unix_release_sock: ECONNRESET): a unix-listen
+	// qemu-ga's next read fails and it quits (QEMU qga/main.c
+	// channel_event_cb: "error reading channel", stop_agent), taking the
+	// guest with it. So the proxy half-closes instead, as qemu-ga's own
+	// clients do (qga conn.close): qemu-ga answers what it read, reads
+	// EOF and closes its end, and fromAgent takes every reply up to that
+	// EOF (the client gets them, or they are dropped once it is gone).
+	if cw, ok := up.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	} else {
+		_ = up.Close()
+	}
 	<-done
 }
 
 // fromAgent copies qemu-ga's replies to the client, counting the JSON
 // objects, so a reply of the proxy's own is written after every reply
-// qemu-ga owes for the commands before it.
+// qemu-ga owes for the commands before it. It reads until qemu-ga closes
+// its end (or the proxy closes), also once the client is gone: a reply
+// left unread would reset qemu-ga when the proxy closes (handle).
 func (pc *proxyConn) fromAgent() {
 	r := bufio.NewReader(pc.agent)
 	var sc objScanner
 	buf := make([]byte, 32<<10)
+	var werr error // the first failed write to the client: the rest is dropped
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			objs := sc.feed(buf[:n], nil)
 			pc.mu.Lock()
-			_, werr := pc.client.Write(buf[:n])
+			if werr == nil {
+				_, werr = pc.client.Write(buf[:n])
+			}
 			pc.replied += objs
 			pc.cond.Broadcast()
 			pc.mu.Unlock()
-			if werr != nil {
-				break
-			}
 		}
 		if err != nil {
 			break

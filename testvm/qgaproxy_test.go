@@ -5,14 +5,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 )
@@ -272,5 +277,148 @@ func TestProxyWaitsForBusyAgent(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Errorf("a client of a busy agent: %v", err)
 		}
+	}
+}
+
+// startQemuGA runs the installed qemu-ga on a unix-listen socket in dir,
+// as the bed's guests do, and returns the socket and a channel closed when
+// qemu-ga exits; it is killed when the test ends.
+func startQemuGA(t *testing.T, dir string) (string, <-chan struct{}) {
+	t.Helper()
+	sock := filepath.Join(dir, "agent.sock")
+	cmd := exec.Command("qemu-ga", "-m", "unix-listen", "-p", sock, "-t", dir, "-f", filepath.Join(dir, "qemu-ga.pid"))
+	cmd.Env = guestEnv()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	waitPing(t, sock, exited)
+	return sock, exited
+}
+
+// waitPing waits until guest-ping on sock is answered; it fails the test
+// when exited is closed (qemu-ga quit) or after a minute.
+func waitPing(t *testing.T, sock string, exited <-chan struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		err := pingAgent(ctx, sock)
+		if err == nil {
+			return
+		}
+		select {
+		case <-exited:
+			t.Fatalf("qemu-ga quit (last ping: %v)", err)
+		case <-ctx.Done():
+			t.Fatalf("qemu-ga does not answer: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// waitStalled waits until c has replies queued and no more arrive: every
+// socket between qemu-ga and c is full, and qemu-ga waits to write.
+func waitStalled(t *testing.T, c *net.UnixConn) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := func() int {
+		n := 0
+		_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		return n
+	}
+	last, same := -1, 0
+	for deadline := time.Now().Add(time.Minute); same < 10; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("replies still arriving after a minute (%d bytes queued)", last)
+		}
+		n := queued()
+		if n > 0 && n == last {
+			same++
+		} else {
+			same = 0
+		}
+		last = n
+	}
+}
+
+// TestProxyClientLeavesMidReply: a client that stops sending while the
+// real qemu-ga still owes it replies (a cancelled call's connection, a
+// half-close before a drain) neither stops qemu-ga nor loses the replies
+// it still reads. The proxy used to close its connection to qemu-ga at
+// once, often with replies unread in it: that resets the connection, a
+// unix-listen qemu-ga quits on the read error, and the bed's guest ended
+// with it (CI: qga TestFileRoundTrip's cancelled write, e2e
+// TestBedDiskTransfer).
+func TestProxyClientLeavesMidReply(t *testing.T) {
+	testkit.RequireRoot(t, "qemu-ga")
+	// guest-info replies are about 3 KiB each: more than the sockets
+	// between qemu-ga and the client hold
+	const requests = 300
+	for _, tt := range []struct {
+		name string
+		// halfClose: CloseWrite and read to EOF; else read nothing
+		// until the path stalls, then Close with the replies unread
+		halfClose bool
+	}{
+		{"closes with replies unread", false},
+		{"half-closes and drains", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			agent, exited := startQemuGA(t, dir)
+			ln, err := net.Listen("unix", filepath.Join(dir, "proxy.sock"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := startAgentProxy(ln, agent, "")
+			t.Cleanup(p.close)
+			nc, err := net.Dial("unix", filepath.Join(dir, "proxy.sock"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := nc.(*net.UnixConn)
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(time.Minute))
+			if _, err := c.Write(bytes.Repeat([]byte(`{"execute":"guest-info"}`+"\n"), requests)); err != nil {
+				t.Fatal(err)
+			}
+			if tt.halfClose {
+				if err := c.CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				r := bufio.NewReader(c)
+				replies := 0
+				for {
+					line, err := r.ReadBytes('\n')
+					if err != nil {
+						if len(line) > 0 || !errors.Is(err, io.EOF) {
+							t.Fatalf("after %d replies: %v (%d bytes of a reply)", replies, err, len(line))
+						}
+						break
+					}
+					if !bytes.Contains(line, []byte(`"supported_commands"`)) {
+						t.Fatalf("reply %d: %.80q", replies, line)
+					}
+					replies++
+				}
+				if replies != requests {
+					t.Fatalf("%d replies before EOF, want %d", replies, requests)
+				}
+			} else {
+				waitStalled(t, c)
+				_ = c.Close()
+			}
+			// qemu-ga lives on and serves the next client
+			waitPing(t, filepath.Join(dir, "proxy.sock"), exited)
+		})
 	}
 }

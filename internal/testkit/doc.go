@@ -15,8 +15,9 @@
 //     one -update flag (go test ./... -update).
 //
 // Also here: small stand-ins for the services namespace tests talk to
-// (a metadata service, an HTTP(S) echo, an authoritative DNS zone), and
-// Bearer, the HTTP client transport that presents an API token.
+// (a metadata service, an HTTP(S) echo, an authoritative DNS zone),
+// Bearer, the HTTP client transport that presents an API token, and
+// FailureLog, a logger (a test bed's) shown only when the test failed.
 //
 // Only tests and cmd/pve-inspect-bench import this package
 // (testvm/layout_test.go enforces it).

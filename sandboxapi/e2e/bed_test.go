@@ -84,7 +84,7 @@ func newBedEnv(t testing.TB, ctx context.Context, mod func(*options)) *bedEnv {
 // newBedEnvWith is newBedEnv with the emulator's backend passed through
 // wrap (e.g. to inject faults).
 func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBackend) pveemu.Backend, mod func(*options)) *bedEnv {
-	bed, err := testvm.Up(ctx, testvm.Options{})
+	bed, err := testvm.Up(ctx, testvm.Options{Logger: testkit.FailureLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

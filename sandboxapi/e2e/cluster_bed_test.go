@@ -80,7 +80,7 @@ func newClusterBed(t *testing.T, ctx context.Context, n int, mod func(*options))
 	var beds []*testvm.Bed
 	for i := range n {
 		names = append(names, "pve"+strconv.Itoa(i+1))
-		bed, err := testvm.Up(ctx, testvm.Options{})
+		bed, err := testvm.Up(ctx, testvm.Options{Logger: testkit.FailureLog(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
