@@ -19,8 +19,15 @@ import (
 )
 
 const (
-	// maxSyncDiscard bounds what may precede the sync delimiter (qemu-ga
-	// answers the leading 0xFF with one short parse-error line).
+	// maxSyncDiscard is the least bound of what may precede the sync
+	// delimiter: qemu-ga answers the leading 0xFF with one short
+	// parse-error line; but a request an earlier client left unfinished
+	// (a cancelled file write, cut mid-chunk) stays in qemu-ga's parser
+	// across clients, and the parse error that 0xFF then provokes echoes
+	// it whole ("JSON parse error, stray '...'": 2 MiB of a cut 2 MiB
+	// write, qemu-ga 7.2), so the bound is the larger of this and what
+	// the largest request of ours may be (MaxReplyBytes: a chunk's base64
+	// and 64 KiB). syncDiscard.
 	maxSyncDiscard = 64 << 10
 	// maxSyncAttempts bounds the delimited lines read while looking for
 	// our sync id.
@@ -278,6 +285,14 @@ func (cn *conn) readLine(cmd string, callEnd time.Time) ([]byte, error) {
 	}
 }
 
+// syncDiscard bounds what a sync discards before its delimiter: at least
+// maxSyncDiscard, and as much as the largest request this client sends,
+// which a cancelled call may have left half-written in the agent's parser
+// to be echoed back in its parse error.
+func (cn *conn) syncDiscard() int {
+	return max(maxSyncDiscard, cn.c.opts.MaxReplyBytes)
+}
+
 // sync resynchronizes the channel: 0xFF flushes whatever a previous client
 // left in the agent's JSON parser, guest-sync-delimited with a fresh id is
 // answered by 0xFF and the id; everything before that is discarded (within
@@ -291,7 +306,7 @@ func (cn *conn) sync() error {
 		return err
 	}
 	cn.pending = true
-	discarded := 0
+	discarded, limit := 0, cn.syncDiscard()
 	for range maxSyncAttempts {
 		for {
 			if i := bytes.IndexByte(cn.buf[cn.r:cn.w], 0xFF); i >= 0 {
@@ -301,8 +316,8 @@ func (cn *conn) sync() error {
 			}
 			discarded += cn.w - cn.r
 			cn.r = cn.w
-			if discarded > maxSyncDiscard {
-				return cn.fail(KindUnsolicited, cmd, fmt.Errorf("more than %d bytes before the sync delimiter", maxSyncDiscard))
+			if discarded > limit {
+				return cn.fail(KindUnsolicited, cmd, fmt.Errorf("more than %d bytes before the sync delimiter", limit))
 			}
 			if err := cn.fill(cmd, end); err != nil {
 				return err

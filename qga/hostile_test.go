@@ -79,6 +79,11 @@ func TestHostileAgent(t *testing.T) {
 			go flood(c, "garbage ")
 			return true
 		}},
+		{name: "garbage before sync past what a request of ours could leave", kind: KindUnsolicited, sync: func(c net.Conn, id json.RawMessage) bool {
+			reply(c, "{\"error\": {\"class\": \"GenericError\", \"desc\": \"JSON parse error, stray '"+strings.Repeat("A", 300<<10)+"'\"}}\n")
+			reply(c, "\xff{\"return\": "+string(id)+"}\n")
+			return true
+		}},
 		{name: "stalled reply", kind: KindTimeout, handler: func(c net.Conn, _ string, _, _ json.RawMessage) bool {
 			reply(c, `{"return": {"vers`)
 			stall(c)
@@ -163,6 +168,30 @@ func TestHostileAgent(t *testing.T) {
 				t.Fatalf("Info on the recovered agent: %+v, %v", in, err)
 			}
 		})
+	}
+}
+
+// TestSyncDiscardsAnEarlierWritesEcho: a file write cancelled mid-chunk
+// leaves its partial request in qemu-ga's parser across clients, and the
+// next client's 0xFF makes qemu-ga answer a parse error that echoes it
+// whole (seen with qemu-ga 7.2: 2 MiB for a cut 2 MiB write) before the
+// sync's delimiter; the client discards up to what its largest request
+// could leave (MaxReplyBytes), and the call goes on. It failed as
+// unsolicited output past 64 KiB before.
+func TestSyncDiscardsAnEarlierWritesEcho(t *testing.T) {
+	t.Parallel()
+	f := newFakeAgent(t)
+	f.setHandler(infoHandler)
+	f.setSync(func(c net.Conn, id json.RawMessage) bool {
+		reply(c, `{"error": {"class": "GenericError", "desc": "JSON parse error, stray '`+strings.Repeat("A", 200<<10)+`'"}}`+"\n")
+		reply(c, "\xff{\"return\": "+string(id)+"}\n")
+		return true
+	})
+	c := New(hostileOptions()) // MaxReplyBytes 256 KiB
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if in, err := c.Agent(f.Socket).Info(ctx); err != nil || in.Version != "fake" {
+		t.Fatalf("Info after 200 KiB of an earlier write's echo: %+v, %v", in, err)
 	}
 }
 
