@@ -648,12 +648,13 @@ func (g *Guard) forgetOnce(sets []*nftables.Set, gone func(key string) bool) err
 
 // EgressDrop is one member of the denial sets: the packets the egress
 // rules dropped from Iface (to Addr, when valid) since the member was
-// created. A member not hit for EgressDeniedTTL expires; a new one starts
-// from zero.
+// created, and their bytes (the member's counter counts both; IP bytes,
+// headers included, as the forward hook sees them). A member not hit for
+// EgressDeniedTTL expires; a new one starts from zero.
 type EgressDrop struct {
-	Iface   string
-	Addr    netip.Addr
-	Packets uint64
+	Iface          string
+	Addr           netip.Addr
+	Packets, Bytes uint64
 }
 
 // EgressDrops reads the denial sets: the per interface counts and the
@@ -678,7 +679,7 @@ func (g *Guard) EgressDrops(ctx context.Context) (ifaces, dests []EgressDrop, er
 			if len(e.Key) < unix.IFNAMSIZ || e.Counter == nil {
 				continue
 			}
-			d := EgressDrop{Iface: string(bytes.TrimRight(e.Key[:unix.IFNAMSIZ], "\x00")), Packets: e.Counter.Packets}
+			d := EgressDrop{Iface: string(bytes.TrimRight(e.Key[:unix.IFNAMSIZ], "\x00")), Packets: e.Counter.Packets, Bytes: e.Counter.Bytes}
 			if a, ok := netip.AddrFromSlice(e.Key[unix.IFNAMSIZ:]); ok && len(e.Key) == unix.IFNAMSIZ+4 {
 				d.Addr = a
 			}

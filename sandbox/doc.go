@@ -179,7 +179,9 @@
 //   - KernelDrops.ifs and .dests: by interface name (and address); rebuilt
 //     from the kernel's counters on every poll (2 s), attributed to the
 //     owner of the interface at poll time; drops read across a policy
-//     change are a new baseline, not counted for the new owner (kernel.go).
+//     change are a new baseline, not counted for the new owner, and a
+//     refused flow record goes to the owner's ring only while the
+//     generation it was attributed under is current (kernel.go).
 //   - The proxy's live connections, proxy.live: by guest interface, cut at
 //     every policy change; its quota, by owner, released per connection
 //     (proxy.go, quota.go).

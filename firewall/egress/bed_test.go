@@ -294,7 +294,7 @@ func TestEgressStackOnBed(t *testing.T) {
 	s.set(t, ctx, "zonec", Policy{Mode: "open"})
 	inet := testvm.InternetAddr
 	other := "other." + testvm.InternetName // disallowed, same address as the allowed name
-	kd := NewKernelDrops(s.g, s.reg, s.den, 0, nil)
+	kd := NewKernelDrops(s.g, s.reg, s.den, nil, 0, nil)
 	poll := func() {
 		t.Helper()
 		if err := kd.Poll(ctx); err != nil {

@@ -39,7 +39,10 @@
 //     the engine kept, a file that is not one it wrote ignored.
 //   - KernelDrops (kernel.go): the packets the kernel drops (a disallowed
 //     or denied address, anything from a none zone) as denials with reason
-//     "address", per sandbox, the destination among the recent ones.
+//     "address", per sandbox, the destination among the recent ones, and
+//     as refused flow records in the sandbox's egress record (one per
+//     destination that grew in a read: its address, no port, the packets
+//     and bytes dropped since the last read, no VM).
 //
 // Kernel drops: the guard's drop rules jump to a chain that updates two
 // dynamic sets, one member per guest interface and one per interface and

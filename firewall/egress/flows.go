@@ -108,8 +108,8 @@ type FlowStats struct {
 // or handed to a new tenant (a pool member claimed) before the flow ends
 // is recorded nowhere. A flow conntrack confirmed is one the guard let
 // out (the guard's drops are in the forward hook, before conntrack
-// confirms an entry, and are the denials already); its verdict is
-// VerdictAllowed.
+// confirms an entry, and are the denials already, and KernelDrops'
+// refused records); its verdict is VerdictAllowed.
 //
 // Handle is called by one goroutine (Run's); Stats from any.
 type Flows struct {

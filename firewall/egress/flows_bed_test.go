@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,45 +36,8 @@ func TestEgressFlowsOnBed(t *testing.T) {
 	for _, z := range []string{"zonea", "zoneb", "zonec"} {
 		s.set(t, ctx, z, Policy{Mode: "open"})
 	}
-	// what the guard sets in a real node's namespace (its ProcRoot is a
-	// scratch directory here), and short conntrack timeouts so that the
-	// flows end (DESTROY) soon after they close
-	if err := s.b.Do(s.b.NodeNS(), func() error {
-		for k, v := range map[string]string{"nf_conntrack_acct": "1", "nf_conntrack_tcp_timeout_time_wait": "1",
-			"nf_conntrack_udp_timeout": "2", "nf_conntrack_udp_timeout_stream": "2"} {
-			if err := os.WriteFile(filepath.Join("/proc/sys/net/netfilter", k), []byte(v), 0o644); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	node, err := netns.GetFromName(s.b.NodeNS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close()
-	ec := firewall.EgressConfig{}
-	dnsPort, proxyPort := ec.Ports()
-	guests := &PortGuests{Ports: s.g.Ports}
-	flows := NewFlows(FlowConfig{DNSPort: dnsPort, ProxyPort: proxyPort, NetNS: node}, s.reg, elog, guests,
-		&PrefixAddrs{List: s.links.Prefixes}, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	fctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- flows.Run(fctx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("flows: %v", err)
-		}
-	}()
-	// a flow that ends before Run listens is never seen
-	select {
-	case <-flows.Ready():
-	case <-ctx.Done():
-		t.Fatal("flows never listened")
-	}
+	s.conntrackAcct(t)
+	flows, _ := s.startFlows(t, ctx, elog, FlowConfig{})
 
 	// tcp: one request of exactly sentTCP bytes, the answer read to EOF
 	const sentTCP = 100000
@@ -177,4 +141,56 @@ func TestEgressFlowsOnBed(t *testing.T) {
 	if st := flows.Stats(); st.Overruns != 0 || st.Bad != 0 {
 		t.Errorf("stats %+v", st)
 	}
+}
+
+// conntrackAcct sets in the node's namespace what the guard sets in a
+// real node's (its ProcRoot is a scratch directory here), and short
+// conntrack timeouts so that the flows end (DESTROY) soon after they
+// close.
+func (s *stack) conntrackAcct(t *testing.T) {
+	t.Helper()
+	if err := s.b.Do(s.b.NodeNS(), func() error {
+		for k, v := range map[string]string{"nf_conntrack_acct": "1", "nf_conntrack_tcp_timeout_time_wait": "1",
+			"nf_conntrack_udp_timeout": "2", "nf_conntrack_udp_timeout_stream": "2"} {
+			if err := os.WriteFile(filepath.Join("/proc/sys/net/netfilter", k), []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startFlows runs a Flows over the node's conntrack into elog (cfg's
+// ports are the guard's) until the test ends, and returns it once it
+// listens (a flow that ends before then is never seen), with a stop
+// that ends its Run and waits for it (after which Live may be read).
+func (s *stack) startFlows(t *testing.T, ctx context.Context, elog *Log, cfg FlowConfig) (*Flows, func()) {
+	t.Helper()
+	node, err := netns.GetFromName(s.b.NodeNS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close() })
+	cfg.DNSPort, cfg.ProxyPort = firewall.EgressConfig{}.Ports()
+	cfg.NetNS = node
+	flows := NewFlows(cfg, s.reg, elog, &PortGuests{Ports: s.g.Ports}, &PrefixAddrs{List: s.links.Prefixes},
+		slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	fctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- flows.Run(fctx) }()
+	stop := sync.OnceFunc(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("flows: %v", err)
+		}
+	})
+	t.Cleanup(stop)
+	select {
+	case <-flows.Ready():
+	case <-ctx.Done():
+		t.Fatal("flows never listened")
+	}
+	return flows, stop
 }

@@ -16,9 +16,15 @@ type DropReader interface {
 }
 
 // OwnerOf names the owner of a guest interface's policy and its
-// generation (*Registry).
+// generation, and runs fn while that generation is still the
+// interface's, so that nothing is written for an instance already gone
+// (*Registry).
 type OwnerOf interface {
 	ForGen(iface string) (Rules, string, uint64, error)
+	IfCurrent(iface string, gen uint64, fn func()) bool
+	// Seq is the number of the last change of any policy; a generation
+	// is the Seq of the change that made it.
+	Seq() uint64
 }
 
 // dropKey is one member of the destination set.
@@ -27,43 +33,71 @@ type dropKey struct {
 	addr  netip.Addr
 }
 
+// dropCount is a destination member's counter.
+type dropCount struct{ packets, bytes uint64 }
+
+// since returns how much c grew since before: a member smaller than
+// before expired and came back, so all of it is new.
+func (c dropCount) since(before dropCount, had bool) dropCount {
+	if !had || c.packets < before.packets || c.bytes < before.bytes {
+		return c
+	}
+	return dropCount{c.packets - before.packets, c.bytes - before.bytes}
+}
+
 // KernelDrops turns the packets the guard's egress rules drop (a
 // disallowed or denied address, any address from a none zone) into
-// per-sandbox denials with reason ReasonAddress. The kernel counts them
-// in two dynamic sets, per guest interface and per interface and
-// destination; KernelDrops reads both every interval and attributes the
-// growth of each member through the registry. The count comes from the
-// per interface set (exact: a guest cannot add interfaces); the recent
-// denials name each destination whose member grew.
+// per-sandbox denials with reason ReasonAddress and records in the
+// sandbox's egress record. The kernel counts them in two dynamic sets,
+// per guest interface and per interface and destination; KernelDrops
+// reads both every interval and attributes the growth of each member
+// through the registry. The count comes from the per interface set
+// (exact: a guest cannot add interfaces); the recent denials name each
+// destination whose member grew, and each such member is one record of
+// type RecordFlow, verdict VerdictRefused, reason ReasonAddress: the
+// destination address (port 0: the set is keyed by interface and
+// address, no protocol or port), the packets and IP bytes dropped to it
+// since the last read (PacketsOut, BytesOut; the member's counter counts
+// both), timed at the read (up to one interval after the packets). The
+// interface is the zone's bridge, which all its VMs share, so the record
+// names no VM (Guest is zero). A record goes to the owner's ring only
+// while the policy generation it was attributed under is current
+// (Registry.IfCurrent), so a deleted sandbox's or a claimed pool
+// member's drops never land in the next instance's record.
 //
 // What it keeps is bounded by the sets' sizes (firewall.EgressDeniedSize),
-// and each read costs one netlink dump whatever the guest's packet rate.
-// Growth across a change of the interface's policy (a new generation
-// since the last read: a policy change, a pool member claimed) is taken
-// as a new baseline, not counted: it may be the old instance's.
+// and each read costs one netlink dump whatever the guest's packet rate;
+// it writes at most one record per destination member per read, into
+// rings bounded like every record. Growth across a change of the
+// interface's policy (a new generation since the last read: a policy
+// change, a pool member claimed) is taken as a new baseline, not
+// counted: it may be the old instance's.
 type KernelDrops struct {
-	r     DropReader
-	own   OwnerOf
-	den   *Denials
-	every time.Duration
-	log   *slog.Logger
+	r      DropReader
+	own    OwnerOf
+	den    *Denials
+	rec    *Log
+	every  time.Duration
+	logger *slog.Logger
 
 	primed bool
 	ifs    map[string]uint64
-	dests  map[dropKey]uint64
+	dests  map[dropKey]dropCount
 	gens   map[string]uint64 // interface -> generation of its policy at the last read
+	seq    uint64            // the registry's Seq before the last read's dump
 }
 
 // NewKernelDrops returns a reader of r's denial sets, attributing through
-// own and recording into den every interval (zero: two seconds).
-func NewKernelDrops(r DropReader, own OwnerOf, den *Denials, every time.Duration, log *slog.Logger) *KernelDrops {
+// own and recording into den and rec (nil: no records) every interval
+// (zero: two seconds).
+func NewKernelDrops(r DropReader, own OwnerOf, den *Denials, rec *Log, every time.Duration, logger *slog.Logger) *KernelDrops {
 	if every <= 0 {
 		every = 2 * time.Second
 	}
-	if log == nil {
-		log = slog.Default()
+	if logger == nil {
+		logger = slog.Default()
 	}
-	return &KernelDrops{r: r, own: own, den: den, every: every, log: log}
+	return &KernelDrops{r: r, own: own, den: den, rec: rec, every: every, logger: logger}
 }
 
 // Run polls until ctx is done. The first read is the baseline: what the
@@ -74,7 +108,7 @@ func (k *KernelDrops) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if err := k.Poll(ctx); err != nil && ctx.Err() == nil {
-			k.log.Warn("read egress drops", "component", "egress", "err", err)
+			k.logger.Warn("read egress drops", "component", "egress", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -96,10 +130,12 @@ func grown(now, before uint64, had bool) uint64 {
 // Poll reads the sets once and records what grew since the last read.
 // The first successful Poll only takes the baseline.
 func (k *KernelDrops) Poll(ctx context.Context) error {
+	seq := k.own.Seq() // before the dump: a policy changed after it may have packets in it
 	ifs, dests, err := k.r.EgressDrops(ctx)
 	if err != nil {
 		return fmt.Errorf("egress: %w", err)
 	}
+	at := time.Now().UTC()
 	owners := map[string]ownerGen{}
 	ownerOf := func(iface string) ownerGen {
 		o, ok := owners[iface]
@@ -119,14 +155,15 @@ func (k *KernelDrops) Poll(ctx context.Context) error {
 			}
 		}
 	}
-	nextDests := make(map[dropKey]uint64, len(dests))
+	nextDests := make(map[dropKey]dropCount, len(dests))
 	for _, d := range dests {
-		key := dropKey{d.Iface, d.Addr}
-		nextDests[key] = d.Packets
+		key, c := dropKey{d.Iface, d.Addr}, dropCount{d.Packets, d.Bytes}
+		nextDests[key] = c
 		before, had := k.dests[key]
 		if o := ownerOf(d.Iface); o.ok && k.same(d.Iface, o) {
-			if n := grown(d.Packets, before, had); k.primed && n > 0 {
+			if n := c.since(before, had); k.primed && n.packets > 0 {
 				k.den.Remember(o.owner, Denial{Reason: ReasonAddress, Dest: d.Addr.String()})
+				k.record(d.Iface, o, d.Addr, n, at)
 			}
 		}
 	}
@@ -136,8 +173,20 @@ func (k *KernelDrops) Poll(ctx context.Context) error {
 			gens[iface] = o.gen
 		}
 	}
-	k.ifs, k.dests, k.gens, k.primed = nextIfs, nextDests, gens, true
+	k.ifs, k.dests, k.gens, k.seq, k.primed = nextIfs, nextDests, gens, seq, true
 	return nil
+}
+
+// record adds the record of n packets dropped from iface to dest, read
+// at at, to the ring of o's owner if o's generation is still iface's.
+func (k *KernelDrops) record(iface string, o ownerGen, dest netip.Addr, n dropCount, at time.Time) {
+	if k.rec == nil {
+		return
+	}
+	var ring *Ring
+	k.own.IfCurrent(iface, o.gen, func() { ring = k.rec.Open(o.owner) })
+	ring.Add(Record{Time: at, Type: RecordFlow, Verdict: VerdictRefused, Reason: ReasonAddress,
+		Dest: netip.AddrPortFrom(dest, 0), PacketsOut: clampInt64(n.packets), BytesOut: clampInt64(n.bytes)})
 }
 
 // ownerGen is an interface's owner and policy generation at one read.
@@ -147,11 +196,20 @@ type ownerGen struct {
 	ok    bool
 }
 
-// same reports whether iface's policy is the one of the last read (an
-// interface not seen then has no growth to attribute but its own).
+// same reports whether iface's policy o was in force before the last
+// read's dump, so that all the growth since that read is its instance's:
+// its generation is no newer than that read (a policy change, a zone
+// created, a pool member claimed since, whether or not the interface had
+// drops then, make a newer one), and is the one that read found (a zone
+// removed since leaves its bridges generation 0). Otherwise the growth
+// is a new baseline: it may be the instance's before. What stays: an
+// interface with no drops at the last read whose zone was removed since
+// reads generation 0 as if never changed, and its drops since the last
+// read go to the owner the bridge has now (the node default's, never
+// another sandbox's: a sandbox's zone on it would be a newer generation).
 func (k *KernelDrops) same(iface string, o ownerGen) bool {
 	g, had := k.gens[iface]
-	return !had || g == o.gen
+	return o.gen <= k.seq && (!had || g == o.gen)
 }
 
 func (k *KernelDrops) owner(iface string) ownerGen {

@@ -10,7 +10,7 @@ import (
 const (
 	RecordDNS  = "dns"  // a DNS question the resolver answered
 	RecordConn = "conn" // a connection the proxy handled
-	RecordFlow = "flow" // a flow the kernel's conntrack saw leave the zone (Flows)
+	RecordFlow = "flow" // a flow the kernel's conntrack saw leave the zone (Flows), or packets the guard dropped (KernelDrops)
 )
 
 // Verdicts of a Record.
@@ -102,20 +102,23 @@ type Record struct {
 	Answers      []netip.Addr
 	// Proto, Dest and Check are a connection's or flow's protocol,
 	// original destination, and how its name was seen ("sni" or "host";
-	// never for a flow).
+	// never for a flow). A refused flow (KernelDrops) has no Proto and
+	// port 0: the guard's set keys by interface and address alone.
 	Proto string
 	Dest  netip.AddrPort
 	Check string
 	// BytesOut and BytesIn are the payload bytes relayed guest to
 	// destination and back (RecordConn), or the IP bytes (headers
-	// included) conntrack counted in each direction (RecordFlow);
+	// included) conntrack counted in each direction (RecordFlow; of a
+	// refused one, BytesOut is the IP bytes the guard dropped);
 	// Duration is from accept to close (RecordConn), or from the flow's
 	// first packet to its end in conntrack (RecordFlow: for TCP, after
 	// its TIME_WAIT).
 	BytesOut, BytesIn int64
 	Duration          time.Duration
 	// PacketsOut and PacketsIn are the packets conntrack counted each
-	// way (RecordFlow only).
+	// way (RecordFlow only; of a refused one, PacketsOut is the packets
+	// the guard dropped to Dest since KernelDrops' previous read).
 	PacketsOut, PacketsIn int64
 }
 

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -18,11 +17,8 @@ import (
 func TestEgressRecordOnBed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var s *stack
 	log := NewLog(LogConfig{PerOwner: 64})
-	guests := &PortGuests{Ports: func() []firewall.Port { return s.g.Ports() }}
-	s = newStackWith(t, ctx, Policy{Mode: "open"}, stackConfig{
-		resolver: ResolverConfig{Log: log, Guests: guests}, proxy: ProxyConfig{Log: log, Guests: guests}})
+	s := newRecordingStack(t, ctx, log)
 	s.set(t, ctx, "zonea", Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
 	s.set(t, ctx, "zoneb", Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
 	if got, err := s.resolve("zonea", testvm.InternetName, s.gw["zonea"]+":53", false); err != nil || len(got) != 1 {

@@ -11,7 +11,9 @@ import (
 type Counts struct {
 	DNSAnswered, DNSRefused, DNSFailed   uint64
 	ConnAllowed, ConnRefused, ConnFailed uint64
-	// Flows counts the kernel's flows recorded (RecordFlow).
+	// Flows counts the kernel's flows recorded (RecordFlow, allowed:
+	// the packets the guard dropped, refused flow records, are in
+	// Records only, and their bytes in neither BytesOut nor BytesIn).
 	Flows             uint64
 	BytesOut, BytesIn uint64
 	Records, Dropped  uint64
@@ -39,6 +41,9 @@ func (c *Counts) add(rec Record) {
 			c.ConnFailed++
 		}
 	case RecordFlow:
+		if rec.Verdict == VerdictRefused {
+			return // the guard dropped it (KernelDrops): no flow left, no byte went out
+		}
 		c.Flows++
 	}
 	c.BytesOut += uint64(max(rec.BytesOut, 0))

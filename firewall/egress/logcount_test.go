@@ -9,9 +9,9 @@ import (
 )
 
 // TestLogCounts: a ring counts its records by type and verdict, the bytes
-// they carried, and what it made and dropped (a dropped record is still
-// counted); a new instance of the owner has another Gen and starts at
-// zero.
+// they carried (not those of a refused flow: the guard dropped them),
+// and what it made and dropped (a dropped record is still counted); a
+// new instance of the owner has another Gen and starts at zero.
 func TestLogCounts(t *testing.T) {
 	l := NewLog(LogConfig{PerOwner: 2, Node: 10})
 	if _, ok := l.Counts("sb-a"); ok {
@@ -25,12 +25,15 @@ func TestLogCounts(t *testing.T) {
 		{Type: RecordConn, Verdict: VerdictAllowed, BytesOut: 100, BytesIn: 2000},
 		{Type: RecordConn, Verdict: VerdictRefused, Reason: ReasonSNI},
 		{Type: RecordConn, Verdict: VerdictFailed, Reason: ReasonConnect, BytesOut: 5},
+		{Type: RecordFlow, Verdict: VerdictAllowed, BytesOut: 58, BytesIn: 86, PacketsOut: 1, PacketsIn: 1},
+		// packets the guard dropped (KernelDrops): a record, no flow, no byte out
+		{Type: RecordFlow, Verdict: VerdictRefused, Reason: ReasonAddress, BytesOut: 120, PacketsOut: 2},
 	} {
 		r.Add(rec)
 	}
 	got, ok := l.Counts("sb-a")
-	want := Counts{DNSAnswered: 1, DNSRefused: 1, DNSFailed: 1, ConnAllowed: 1, ConnRefused: 1, ConnFailed: 1,
-		BytesOut: 105, BytesIn: 2000, Records: 6, Dropped: 4}
+	want := Counts{DNSAnswered: 1, DNSRefused: 1, DNSFailed: 1, ConnAllowed: 1, ConnRefused: 1, ConnFailed: 1, Flows: 1,
+		BytesOut: 163, BytesIn: 2086, Records: 8, Dropped: 6}
 	if !ok || got.Now != want || got.Base != (Counts{}) {
 		t.Fatalf("counts %+v %v, want %+v", got, ok, want)
 	}

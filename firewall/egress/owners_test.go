@@ -300,7 +300,7 @@ func TestKernelDropsNewGenerationIsBaseline(t *testing.T) {
 	}
 	den := NewDenials()
 	f := &fakeDrops{ifs: []firewall.EgressDrop{{Iface: "vneta", Packets: 5}}}
-	k := NewKernelDrops(f, reg, den, 0, nil)
+	k := NewKernelDrops(f, reg, den, nil, 0, nil)
 	count := func() float64 { return testutil.ToFloat64(den.total.WithLabelValues("sb-a", ReasonAddress)) }
 	if err := k.Poll(ctx); err != nil {
 		t.Fatal(err)

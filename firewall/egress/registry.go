@@ -416,7 +416,9 @@ func (r *Registry) Learned(owner string) int {
 }
 
 // Seq is a number that changes with every change of a policy (Set,
-// Begin, Remove): what was looked up under the same Seq still holds.
+// Begin, Remove): what was looked up under the same Seq still holds. The
+// generation a change gives its interfaces (ForGen) is its Seq, so a
+// generation no larger than a Seq read earlier was in force then.
 func (r *Registry) Seq() uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -53,12 +53,21 @@ def test_summary() -> None:
                 "bytes_out": 58,
                 "bytes_in": 86,
             },
+            {
+                "type": "flow",
+                "verdict": "refused",
+                "reason": "address",
+                "dest": "192.0.2.9",
+                "bytes_out": 120,
+                "packets_out": 2,
+            },
         ],
         dropped=3,
     )
     assert s.asked == {"example.test"} and s.refused == {"evil.test"}
     assert s.reached == {"example.test", "2001:db8::1", "198.51.100.7"} and s.blocked == {
-        "evil.test"
+        "evil.test",
+        "192.0.2.9",
     }
     assert (s.bytes_out, s.bytes_in, s.dropped) == (170, 1086, 3)
 

@@ -68,18 +68,23 @@ type EgressRecord struct {
 	Rcode   string   `json:"rcode,omitempty"`
 	Answers []string `json:"answers,omitempty"`
 	// Proto, Dest and Check are a connection's protocol, destination
-	// (address:port) and how its name was seen (sni or host).
+	// (address:port; the address alone, and no protocol, for a refused
+	// flow: packets the guard dropped, counted by address) and how its
+	// name was seen (sni or host).
 	Proto string `json:"proto,omitempty"`
 	Dest  string `json:"dest,omitempty"`
 	Check string `json:"check,omitempty"`
 	// BytesOut and BytesIn are the bytes relayed guest to destination
 	// and back (conn: payload; flow: IP bytes, headers included, as
-	// conntrack counts them; absent: none); DurationMS from accept to
+	// conntrack counts them, or for a refused flow as the guard's set
+	// counted what it dropped; absent: none); DurationMS from accept to
 	// close (flow: from its first packet to its end in conntrack).
 	BytesOut   int64 `json:"bytes_out,omitempty"`
 	BytesIn    int64 `json:"bytes_in,omitempty"`
 	DurationMS int64 `json:"duration_ms,omitempty"`
-	// PacketsOut and PacketsIn are the packets of a flow each way.
+	// PacketsOut and PacketsIn are the packets of a flow each way (a
+	// refused flow: the packets dropped since the previous read of the
+	// guard's counters, every two seconds).
 	PacketsOut int64 `json:"packets_out,omitempty"`
 	PacketsIn  int64 `json:"packets_in,omitempty"`
 }
@@ -109,7 +114,9 @@ type EgressCounts struct {
 	ConnAllowed uint64 `json:"conn_allowed"`
 	ConnRefused uint64 `json:"conn_refused"`
 	ConnFailed  uint64 `json:"conn_failed"`
-	// Flows counts the kernel's flows recorded (type flow).
+	// Flows counts the kernel's flows recorded (type flow, allowed; a
+	// refused flow, packets the guard dropped, counts in records only,
+	// its bytes in neither bytes_out nor bytes_in).
 	Flows    uint64 `json:"flows"`
 	BytesOut uint64 `json:"bytes_out"`
 	BytesIn  uint64 `json:"bytes_in"`

@@ -8,7 +8,8 @@ the node's, not the guest's: an agent cannot forge or erase it. In
 ``allowlist`` and ``none`` sandboxes the daemon's resolver and proxy name
 what was reached; in every mode, ``open`` included, the kernel's flows
 (conntrack) add what left by address, TCP and UDP, their bytes counted as
-IP bytes (headers included).
+IP bytes (headers included), and the guard's drops add the addresses it
+refused (no byte of those left, none is counted).
 
 :func:`egress_summary` reads it for the current sample (from a scorer, while
 the sandbox lives) and :func:`egress_within` is a scorer: correct when the
@@ -46,7 +47,8 @@ class EgressSummary:
     # What the guest's allowed connections reached: the name each was
     # checked as (TLS SNI, HTTP Host) or, without one, its destination.
     reached: frozenset[str] = frozenset()
-    # Connections the proxy refused, by name or destination.
+    # Connections the proxy refused, by name or destination, and the
+    # addresses the guard dropped packets to (refused flows).
     blocked: frozenset[str] = frozenset()
     bytes_out: int = 0
     bytes_in: int = 0
@@ -95,12 +97,15 @@ def summarize(records: Sequence[dict[str, Any]], dropped: int = 0) -> EgressSumm
                 refused.add(name)
         elif r.get("type") in ("conn", "flow"):
             # flow: a kernel flow (conntrack), by address only, its bytes
-            # the IP packets' (headers included)
+            # the IP packets' (headers included); a refused flow is packets
+            # the guard dropped (its dest the address alone), and its bytes
+            # never left
             what = name or _host(str(r.get("dest") or ""))
             if verdict == "allowed":
                 reached.add(what)
             elif verdict == "refused":
                 blocked.add(what)
+                continue
             out += int(r.get("bytes_out") or 0)
             inn += int(r.get("bytes_in") or 0)
     return EgressSummary(

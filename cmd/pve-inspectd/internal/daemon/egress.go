@@ -184,7 +184,7 @@ func (r *run) startEgress(ctx context.Context) error {
 	r.parts.Go("egress resolver (udp)", func(ctx context.Context) error { return res.ServeUDP(ctx, pc) })
 	r.parts.Go("egress resolver (tcp)", func(ctx context.Context) error { return res.ServeTCP(ctx, dnsLn) })
 	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
-	drops := egress.NewKernelDrops(r.guard, reg, den, 0, r.log)
+	drops := egress.NewKernelDrops(r.guard, reg, den, elog, 0, r.log)
 	r.parts.Go("egress kernel drops", drops.Run)
 	// the kernel's own flows of every mode (open too), from conntrack
 	dnsPort, proxyPort := kcfg.Egress.Ports()
@@ -489,7 +489,10 @@ func recordOf(r egress.Record) apitype.EgressRecord {
 	if r.Guest.Addr.IsValid() {
 		out.Source = r.Guest.Addr.String()
 	}
-	if r.Dest.IsValid() {
+	switch {
+	case r.Dest.IsValid() && r.Dest.Port() == 0 && r.Proto == "":
+		out.Dest = r.Dest.Addr().String() // a packet the guard dropped: the kernel keeps no port
+	case r.Dest.IsValid():
 		out.Dest = r.Dest.String()
 	}
 	for _, a := range r.Answers {

@@ -185,3 +185,27 @@ func TestRunKeepsEgressRecord(t *testing.T) {
 		}
 	})
 }
+
+// TestRecordOfDest: the API shows a destination as address:port, and a
+// refused flow (packets the guard dropped, which the kernel counts by
+// address alone) as the address.
+func TestRecordOfDest(t *testing.T) {
+	a := netip.MustParseAddr("203.0.113.7")
+	for _, tc := range []struct {
+		name string
+		rec  egress.Record
+		want string
+	}{
+		{"connection", egress.Record{Type: egress.RecordConn, Proto: "tcp", Dest: netip.AddrPortFrom(a, 443)}, "203.0.113.7:443"},
+		{"allowed flow", egress.Record{Type: egress.RecordFlow, Proto: "udp", Dest: netip.AddrPortFrom(a, 53)}, "203.0.113.7:53"},
+		{"refused flow", egress.Record{Type: egress.RecordFlow, Verdict: egress.VerdictRefused, Reason: egress.ReasonAddress,
+			Dest: netip.AddrPortFrom(a, 0)}, "203.0.113.7"},
+		{"dns", egress.Record{Type: egress.RecordDNS}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := recordOf(tc.rec).Dest; got != tc.want {
+				t.Errorf("dest %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
