@@ -394,7 +394,11 @@ func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) 
 	}
 	body := map[string]any{"tags": strings.Join(v.Tags, ";"), "cores": v.Cores, "memory": strconv.Itoa(v.MemoryMiB)}
 	for i, b := range v.Bridges {
-		body[fmt.Sprintf("net%d", i)] = "virtio,bridge=" + b + ",firewall=0"
+		model := "virtio"
+		if i < len(v.MACs) && v.MACs[i] != "" {
+			model += "=" + v.MACs[i]
+		}
+		body[fmt.Sprintf("net%d", i)] = model + ",bridge=" + b + ",firewall=0"
 	}
 	var del []string
 	for k := range cfg {
@@ -658,12 +662,13 @@ type ipamEntry struct {
 }
 
 // IPAMAddresses implements sandbox.Proxmox: the IPv4 entries of the pve
-// IPAM on the given vnets that name a VM (GET
+// IPAM on the given vnets that name a VM or a MAC (GET
 // /cluster/sdn/ipams/pve/status, which lists only the entries of zones
 // with the pve IPAM and DHCP whose vnet the token may audit: pve-network
 // API2/Network/SDN/Ipams.pm ipamindex; an entry's vmid is the VM whose
 // NIC qemu-server registered it for, QemuServer/Network.pm
-// create_ifaces_ipams_ips). Entries of other vnets are dropped here.
+// create_ifaces_ipams_ips; an entry added by POST .../ips names a MAC and
+// no VM, Ips.pm ipcreate). Entries of other vnets are dropped here.
 func (c *Client) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.IPAMAddress, error) {
 	want := map[string]bool{}
 	for _, v := range vnets {
@@ -675,16 +680,45 @@ func (c *Client) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.I
 	}
 	var out []sandbox.IPAMAddress
 	for _, e := range es {
-		if !want[e.VNet] || e.Gateway != 0 || e.VMID <= 0 {
+		if !want[e.VNet] || e.Gateway != 0 || (e.VMID <= 0 && e.MAC == "") {
 			continue
 		}
 		ip, err := netip.ParseAddr(e.IP)
 		if err != nil || !ip.Is4() {
 			continue
 		}
-		out = append(out, sandbox.IPAMAddress{VNet: e.VNet, VMID: int(e.VMID), IP: ip, MAC: strings.ToLower(e.MAC)})
+		out = append(out, sandbox.IPAMAddress{VNet: e.VNet, VMID: max(int(e.VMID), 0), IP: ip, MAC: strings.ToLower(e.MAC)})
 	}
 	return out, nil
+}
+
+// ReserveIP implements sandbox.Proxmox: POST /cluster/sdn/vnets/{vnet}/ips
+// (pve-network API2/Network/SDN/Ips.pm ipcreate: SDN.Allocate on
+// /sdn/zones/{zone}/{vnet}). Vnets.pm add_ip finds the vnet's running
+// subnet of ip ("can't find any subnet for ip" when none, so only after
+// the SDN apply); Ipams/PVEPlugin.pm add_ip refuses an ip it holds ("IP
+// '..' already exist", the gateway's too) and stores the MAC as sent, no
+// vmid; Subnets.pm add_ip caches ip as the MAC's address (Ipams.pm
+// add_cache_mac_ip).
+func (c *Client) ReserveIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error {
+	body := map[string]any{"zone": zone, "ip": ip.String()}
+	if mac != "" {
+		body["mac"] = mac
+	}
+	return c.call(ctx, "POST", "reserve ipam entry "+ip.String(), "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/ips", body)
+}
+
+// ReleaseIP implements sandbox.Proxmox: DELETE
+// /cluster/sdn/vnets/{vnet}/ips (Ips.pm ipdelete; PVEPlugin.pm del_ip
+// refuses an ip it does not hold: ErrNotFound), with mac so that
+// Subnets.pm del_ip drops the MAC's cached address too (Ipams.pm
+// del_cache_mac_ip).
+func (c *Client) ReleaseIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error {
+	q := url.Values{"zone": {zone}, "ip": {ip.String()}}
+	if mac != "" {
+		q.Set("mac", mac)
+	}
+	return c.call(ctx, "DELETE", "delete ipam entry "+ip.String(), "/cluster/sdn/vnets/"+url.PathEscape(vnet)+"/ips?"+q.Encode(), nil)
 }
 
 // clearIPAM deletes the pve IPAM's entries of vnet inside cidr, the

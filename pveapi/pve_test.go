@@ -355,6 +355,14 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		return out, 0, ""
 	case "GET /cluster/sdn/ipams/{ipam}/status":
 		return f.ipam, 0, ""
+	case "POST /cluster/sdn/vnets/{vnet}/ips":
+		for _, e := range f.ipam {
+			if e["vnet"] == p["vnet"] && e["ip"] == p["ip"] {
+				return nil, 500, fmt.Sprintf("IP '%v' already exist", p["ip"])
+			}
+		}
+		f.ipam = append(f.ipam, map[string]any{"vnet": p["vnet"], "zone": p["zone"], "subnet": "10.9.0.0/24", "ip": p["ip"], "mac": p["mac"]})
+		return nil, 0, ""
 	case "DELETE /cluster/sdn/vnets/{vnet}/ips":
 		n := len(f.ipam)
 		f.ipam = slices.DeleteFunc(f.ipam, func(e map[string]any) bool {
@@ -787,15 +795,52 @@ func TestRealNodeSemantics(t *testing.T) {
 				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.10", "mac": "BC:24:11:00:00:02", "vmid": 100, "hostname": "pvei-sb-vm0"},
 				{"vnet": "sbv1", "zone": "sbz", "subnet": "10.9.1.0/24", "ip": "10.9.1.10", "mac": "BC:24:11:00:00:04", "vmid": "101"},
 				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.11", "mac": "BC:24:11:00:00:05"},
+				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.12"},
 				{"vnet": "other", "zone": "oz", "subnet": "10.8.0.0/24", "ip": "10.8.0.10", "mac": "BC:24:11:00:00:03", "vmid": 102}}
 			got, err := c.IPAMAddresses(ctx, []string{"sbv0", "sbv1"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := []sandbox.IPAMAddress{{VNet: "sbv0", VMID: 100, IP: netip.MustParseAddr("10.9.0.10"), MAC: "bc:24:11:00:00:02"},
-				{VNet: "sbv1", VMID: 101, IP: netip.MustParseAddr("10.9.1.10"), MAC: "bc:24:11:00:00:04"}}
+				{VNet: "sbv1", VMID: 101, IP: netip.MustParseAddr("10.9.1.10"), MAC: "bc:24:11:00:00:04"},
+				{VNet: "sbv0", IP: netip.MustParseAddr("10.9.0.11"), MAC: "bc:24:11:00:00:05"}}
 			if !slices.Equal(got, want) {
-				t.Fatalf("addresses %+v, want %+v (no gateway, no entry without a vmid, nothing of vnet other; MACs in lower case)", got, want)
+				t.Fatalf("addresses %+v, want %+v (no gateway, no entry of neither a vmid nor a MAC, nothing of vnet other; MACs in lower case)", got, want)
+			}
+		}},
+		{"a fixed address: reserved for the MAC, the NIC configured with it, the range address released", func(t *testing.T, f *fakeServer, c *Client) {
+			sdn(t, f, c)
+			ip := netip.MustParseAddr("10.9.0.5")
+			if err := c.ReserveIP(ctx, "sbz", "sbv0", ip, "02:00:00:00:00:0A"); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.ReserveIP(ctx, "sbz", "sbv0", ip, "02:00:00:00:00:0B"); err == nil || !strings.Contains(err.Error(), "already exist") {
+				t.Fatalf("the address reserved twice: %v", err)
+			}
+			if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.ConfigureVM(ctx, 100, sandbox.VMConfig{Cores: 1, MemoryMiB: 512, Bridges: []string{"sbv1", "sbv0"}, MACs: []string{"", "02:00:00:00:00:0A"}}); err != nil {
+				t.Fatal(err)
+			}
+			if cfg := f.vms[100]; cfg["net0"] != "virtio,bridge=sbv1,firewall=0" || cfg["net1"] != "virtio=02:00:00:00:00:0A,bridge=sbv0,firewall=0" {
+				t.Errorf("NICs %v %v, want net1 with the MAC", cfg["net0"], cfg["net1"])
+			}
+			f.ipam = append(f.ipam, map[string]any{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.10", "mac": "02:00:00:00:00:0A", "vmid": 100})
+			if err := c.ReleaseIP(ctx, "sbz", "sbv0", netip.MustParseAddr("10.9.0.10"), "02:00:00:00:00:0A"); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.ReleaseIP(ctx, "sbz", "sbv0", netip.MustParseAddr("10.9.0.10"), "02:00:00:00:00:0A"); !errors.Is(err, sandbox.ErrNotFound) {
+				t.Fatalf("released twice: %v, want ErrNotFound", err)
+			}
+			got, err := c.IPAMAddresses(ctx, []string{"sbv0"})
+			if want := []sandbox.IPAMAddress{{VNet: "sbv0", IP: ip, MAC: "02:00:00:00:00:0a"}}; err != nil || !slices.Equal(got, want) {
+				t.Fatalf("addresses %+v %v, want %+v", got, err, want)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if !slices.Contains(f.calls, "POST /cluster/sdn/vnets/{vnet}/ips") {
+				t.Errorf("calls %v", f.calls)
 			}
 		}},
 	}

@@ -246,6 +246,29 @@ func PrivateV4(p netip.Prefix) bool {
 	return false
 }
 
+// FixedAddressRefusal says why ip cannot be the fixed address of a VM's
+// NIC on a network of prefix p ("" when it can): it is outside p, or p's
+// network or broadcast address, or the gateway the daemon gives p. Proxmox
+// refuses only an address outside every subnet of the vnet ("can't find
+// any subnet": pve-network Subnets.pm find_ip_subnet) and one its IPAM
+// holds, the gateway's included ("already exist": Ipams/PVEPlugin.pm
+// add_ip); it would take the network and broadcast addresses, which no
+// guest can use. Inside or outside the DHCP range is alike to it.
+func FixedAddressRefusal(p netip.Prefix, ip netip.Addr) string {
+	gw, _, last := subnetPlan(p)
+	switch {
+	case !p.Contains(ip):
+		return fmt.Sprintf("outside the network's cidr %s", p)
+	case ip == p.Masked().Addr():
+		return "the network's own address"
+	case ip == last.Next():
+		return "the network's broadcast address"
+	case ip == gw:
+		return "the network's gateway"
+	}
+	return ""
+}
+
 // subnetPlan returns gateway and DHCP range of a prefix.
 func subnetPlan(p netip.Prefix) (gw, start, end netip.Addr) {
 	a := p.Addr().As4()

@@ -71,6 +71,10 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 
 	now := m.o.Now()
 	m.mu.Lock()
+	if err := m.macsFreeLocked(req); err != nil {
+		m.mu.Unlock()
+		return apitype.Sandbox{}, err
+	}
 	yield, err := m.makeRoomLocked(&req)
 	if err != nil {
 		m.mu.Unlock()
@@ -151,7 +155,8 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 		})
 	}
 	for _, v := range req.VMs {
-		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB, Networks: v.Networks})
+		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB,
+			Networks: v.Networks, NICs: recordNICs(v)})
 	}
 	return rec
 }
@@ -179,6 +184,9 @@ func (m *Engine) build(ctx context.Context, rec *record, tmpl []int, env map[str
 		return budgetErr(vctx, err)
 	}
 	if err := m.applyEgress(vctx, rec); err != nil {
+		return budgetErr(vctx, err)
+	}
+	if err := m.reserveAddresses(vctx, rec); err != nil {
 		return budgetErr(vctx, err)
 	}
 	if err := m.buildVMs(vctx, rec, tmpl, env); err != nil {
@@ -440,9 +448,12 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			}
 		}
 	}
-	cfg := VMConfig{Tags: m.vmTags(rec), Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges}
+	cfg := VMConfig{Tags: m.vmTags(rec), Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges, MACs: recordMACs(spec)}
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
+	}
+	if err := m.dropRangeAddresses(ctx, rec, i); err != nil {
+		return err
 	}
 	if err := m.hardenClone(ctx, vmid); err != nil {
 		return err

@@ -226,6 +226,7 @@ type Engine struct {
 	pools   pools
 	tagger  vmTagger
 	addrs   addresser
+	fixer   addressFixer
 
 	// The mutex protects the following elements: the map sbx and, in every
 	// record, the fields a create, delete, extend or operation changes after
@@ -302,7 +303,7 @@ func New(o Options) (*Engine, error) {
 		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1), starts: semaphore.NewWeighted(allStarts),
 		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet, subnetCache: newSubnetCache(),
 		egressEv: &egressEvents{sent: map[string]egressSent{}},
-		cloner:   px, vms: px, snaps: px, zones: px, cleaner: px, subnets: px, pools: px, tagger: px, addrs: px}, nil
+		cloner:   px, vms: px, snaps: px, zones: px, cleaner: px, subnets: px, pools: px, tagger: px, addrs: px, fixer: px}, nil
 }
 
 // Options returns the engine's options with the defaults filled in.
@@ -372,6 +373,7 @@ func cloneSandbox(s apitype.Sandbox) apitype.Sandbox {
 	c.VMs = make([]apitype.VM, len(s.VMs))
 	for i, v := range s.VMs {
 		v.Networks = slices.Clone(v.Networks)
+		v.NICs = slices.Clone(v.NICs)
 		v.Addresses = slices.Clone(v.Addresses)
 		c.VMs[i] = v
 	}

@@ -23,10 +23,10 @@ import (
 //
 //   - Addresses are the node's: Proxmox's IPAM entries (GET
 //     /cluster/sdn/ipams/pve/status) on the sandbox's own vnets that name
-//     the sandbox's own VMIDs. The vnet names derive from the sandbox's
-//     random id and an IPAM entry goes with its VM, so nothing of another
-//     sandbox can match. What the guest says of its addresses is never
-//     read.
+//     the sandbox's own VMIDs, or, for a NIC of a fixed address, the NIC's
+//     MAC (fixed.go). The vnet names derive from the sandbox's random id
+//     and an IPAM entry goes with its VM, so nothing of another sandbox
+//     can match. What the guest says of its addresses is never read.
 //   - Names resolve through /etc/hosts, which needs no DNS: the same in
 //     egress open, allowlist and none, with or without the zone's
 //     resolver. Each guest's /etc/hosts gets a managed block between two
@@ -109,18 +109,20 @@ func (m *Engine) learnAddresses(ctx context.Context, rec *record) error {
 		return pxErr("list ipam addresses", err)
 	}
 	// a VM with two NICs on one network has two entries there: only the
-	// NICs' MACs (its config) say which is which
+	// NICs' MACs (its config) say which is which; a NIC's fixed address
+	// names no VM, only the MAC (the record's: fixed.go)
 	macs := map[int][]string{}
-	if cr, ok := m.addrs.(vmConfigReader); ok {
-		for _, v := range vms {
-			if !repeats(v.Networks) {
-				continue
-			}
+	cr, _ := m.addrs.(vmConfigReader)
+	for _, v := range vms {
+		switch {
+		case cr != nil && repeats(v.Networks):
 			cfg, err := cr.VMConfig(ctx, v.VMID)
 			if err != nil {
 				return pxErr(fmt.Sprintf("read the NICs of vm %d", v.VMID), err)
 			}
 			macs[v.VMID] = nicMACs(cfg, len(v.Networks))
+		case recordMACs(v) != nil:
+			macs[v.VMID] = recordMACs(v)
 		}
 	}
 	found := vmAddresses(nets, vms, entries, macs)
@@ -136,10 +138,11 @@ func (m *Engine) learnAddresses(ctx context.Context, rec *record) error {
 
 // vmAddresses picks, for each VM, its address on each of its networks
 // (NIC order) from the IPAM entries: the entry of the NIC's MAC on the
-// network's vnet where macs says the NIC's MAC (macs[vmid][nic]), else
-// the lowest address the IPAM holds for the VM's VMID there that no other
-// NIC of the VM took (two NICs on one network never show one address
-// twice). Entries of other vnets or VMIDs are ignored.
+// network's vnet where macs says the NIC's MAC (macs[vmid][nic]), naming
+// the VM or no VM (a fixed address: fixed.go), else the lowest address the
+// IPAM holds for the VM's VMID there that no other NIC of the VM took (two
+// NICs on one network never show one address twice). Entries of other
+// vnets or VMIDs are ignored.
 func vmAddresses(nets []apitype.Network, vms []apitype.VM, entries []IPAMAddress, macs map[int][]string) [][]apitype.VMAddress {
 	type key struct {
 		vnet string
@@ -147,7 +150,7 @@ func vmAddresses(nets []apitype.Network, vms []apitype.VM, entries []IPAMAddress
 	}
 	byKey := map[key][]IPAMAddress{}
 	for _, e := range entries {
-		if !e.IP.Is4() || e.VMID == 0 {
+		if !e.IP.Is4() {
 			continue
 		}
 		k := key{e.VNet, e.VMID}
@@ -172,11 +175,14 @@ func vmAddresses(nets []apitype.Network, vms []apitype.VM, entries []IPAMAddress
 			cands := byKey[key{vnet, v.VMID}]
 			pick := -1
 			if j < len(macs[v.VMID]) && macs[v.VMID][j] != "" {
-				pick = slices.IndexFunc(cands, func(e IPAMAddress) bool {
-					return !used[e.IP] && strings.EqualFold(e.MAC, macs[v.VMID][j])
-				})
+				byMAC := func(e IPAMAddress) bool { return !used[e.IP] && strings.EqualFold(e.MAC, macs[v.VMID][j]) }
+				if pick = slices.IndexFunc(cands, byMAC); pick < 0 {
+					cands = byKey[key{vnet, 0}]
+					pick = slices.IndexFunc(cands, byMAC)
+				}
 			}
 			if pick < 0 {
+				cands = byKey[key{vnet, v.VMID}]
 				pick = slices.IndexFunc(cands, func(e IPAMAddress) bool { return !used[e.IP] })
 			}
 			if pick >= 0 {

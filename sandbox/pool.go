@@ -162,11 +162,13 @@ func (s PoolShape) request() apitype.CreateRequest {
 
 // matches reports whether req asks for exactly a member of s: one VM of
 // the template, cores and memory, no disk resize, the shape's networks by
-// name with "auto" ranges, DHCP and SNAT on, the VM on all of them, and an
-// egress policy of the shape's kind. Defaults are those of the API's
-// create (sandboxapi fills them before the engine sees the request).
+// name with "auto" ranges, DHCP and SNAT on, the VM on all of them with no
+// NIC's MAC or address fixed (a member's NICs are configured already:
+// fixed.go), and an egress policy of the shape's kind. Defaults are those
+// of the API's create (sandboxapi fills them before the engine sees the
+// request).
 func (s PoolShape) matches(req apitype.CreateRequest) bool {
-	if len(req.VMs) != 1 {
+	if len(req.VMs) != 1 || fixesNICs(req) {
 		return false
 	}
 	v := req.VMs[0]

@@ -142,9 +142,12 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 	off := false
 	nodhcp := oneVMSized("debian", 1, 512)
 	nodhcp.Networks[0].DHCP = &off
+	mac := oneVMSized("debian", 1, 512)
+	mac.VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: "02:00:00:00:00:01"}}
 	for name, req := range map[string]apitype.CreateRequest{
 		"other template": oneVMSized("alpine", 1, 512), "more cores": oneVMSized("debian", 2, 512), "more memory": oneVMSized("debian", 1, 1024),
 		"two networks": twoNets, "fixed cidr": fixed, "disk resize": disk, "other network name": named, "other egress kind": egress, "no dhcp": nodhcp,
+		"a fixed MAC": mac,
 	} {
 		sb, err := b.e.Create(ctx, req)
 		if err != nil {

@@ -21,6 +21,9 @@ type VMConfig struct {
 	MemoryMiB int
 	// Bridges are attached as net0, net1, ... (virtio, firewall off).
 	Bridges []string
+	// MACs are the NICs' MAC addresses, by Bridges' index; "" (or none)
+	// lets Proxmox pick one.
+	MACs []string
 }
 
 // VMInfo is what the daemon reads back about a VM.
@@ -80,6 +83,7 @@ type Proxmox interface {
 	pools
 	vmTagger
 	addresser
+	addressFixer
 }
 
 // cloner is the parts of the Proxmox API a create needs for its VMs
@@ -161,6 +165,8 @@ type vmTagger interface {
 // for a NIC of VM VMID on vnet VNet.
 type IPAMAddress struct {
 	VNet string
+	// VMID is 0 for an entry that names no VM, only a MAC (a fixed
+	// address: fixed.go).
 	VMID int
 	IP   netip.Addr
 	// MAC is the NIC's the entry is for ("" when the IPAM names none).
@@ -171,8 +177,23 @@ type IPAMAddress struct {
 // VM of a sandbox has (names.go): the node's own record, never the guest's.
 type addresser interface {
 	// IPAMAddresses lists the IPv4 entries of the pve IPAM on the given
-	// vnets that name a VM; entries of other vnets are not returned.
+	// vnets that name a VM or a MAC; entries of other vnets are not
+	// returned.
 	IPAMAddresses(ctx context.Context, vnets []string) ([]IPAMAddress, error)
+}
+
+// addressFixer is the part of the Proxmox API that gives a NIC a fixed
+// IPv4 address (fixed.go): entries of the pve IPAM added and removed by
+// hand (POST and DELETE /cluster/sdn/vnets/{vnet}/ips, pve-network
+// API2/Network/SDN/Ips.pm ipcreate, ipdelete).
+type addressFixer interface {
+	// ReserveIP adds the IPAM entry of ip for mac on vnet of zone (no
+	// VM named); an ip the IPAM holds already is refused.
+	ReserveIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error
+	// ReleaseIP removes the IPAM entry of ip on vnet of zone, with mac
+	// the MAC the entry was added for (Proxmox drops its cache of the
+	// MAC's address with it).
+	ReleaseIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error
 }
 
 // vmConfigReader reads a VM's configuration (*pveapi.Client): where an

@@ -94,6 +94,16 @@ type savedVM struct {
 	Networks  []string `json:"networks"`
 	// Addresses are the VM's IPAM addresses (optional, version 3).
 	Addresses []savedAddress `json:"addresses,omitempty"`
+	// NICs are the VM's NICs as the request's nics gave them, with the
+	// MACs fixed (optional, version 3).
+	NICs []savedNIC `json:"nics,omitempty"`
+}
+
+// savedNIC is one NIC of a VM given by nics, on disk (version 3).
+type savedNIC struct {
+	Network string `json:"network"`
+	MAC     string `json:"mac,omitempty"`
+	IPv4    string `json:"ipv4,omitempty"`
 }
 
 // savedAddress is one IPAM address of a VM on disk (version 3).
@@ -168,6 +178,9 @@ func toSaved(s apitype.Sandbox) savedSandbox {
 		for _, a := range m.Addresses {
 			v.VMs[j].Addresses = append(v.VMs[j].Addresses, savedAddress(a))
 		}
+		for _, n := range m.NICs {
+			v.VMs[j].NICs = append(v.VMs[j].NICs, savedNIC(n))
+		}
 	}
 	return v
 }
@@ -206,6 +219,9 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 				DiskGiB: m.DiskGiB, Networks: m.Networks}
 			for _, a := range m.Addresses {
 				s.VMs[j].Addresses = append(s.VMs[j].Addresses, apitype.VMAddress(a))
+			}
+			for _, n := range m.NICs {
+				s.VMs[j].NICs = append(s.VMs[j].NICs, apitype.NIC(n))
 			}
 		}
 		if v.Pool != nil {

@@ -7,14 +7,16 @@ import (
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // TestStateMigration: a state file written by the version 1 daemon
 // (testdata/state-v1.json, kept as written) loads into the same sandboxes
-// as its version 3 rewrite (testdata/state-v3.json, golden) and as the
-// version 2 file the previous daemon wrote (testdata/state-v2.json, kept
-// as written); a version 3 file keeps warm pool members apart from
-// sandboxes; files of an unknown version are refused with a clear error.
+// as the version 2 file the previous daemon wrote (testdata/state-v2.json,
+// kept as written); its version 3 rewrite (testdata/state-v3.json, golden,
+// with a VM's fixed NIC added) loads back the same; a version 3 file keeps
+// warm pool members apart from sandboxes; files of an unknown version are
+// refused with a clear error.
 func TestStateMigration(t *testing.T) {
 	v1, err := os.ReadFile("testdata/state-v1.json")
 	if err != nil {
@@ -38,6 +40,7 @@ func TestStateMigration(t *testing.T) {
 	member := memberState{Sandbox: fromV1[0], Shape: "small", Template: 9000}
 	member.Sandbox.ID = "sbpool01"
 	fromV1[1].FromPool = true
+	fromV1[1].VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: "02:00:00:00:00:0A", IPv4: "10.200.0.5"}}
 	v3, err := encodeState(node, fromV1, []memberState{member})
 	if err != nil {
 		t.Fatal(err)

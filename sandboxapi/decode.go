@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -70,7 +71,14 @@ var (
 	reTemplate = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	reSnapshot = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{1,39}$`)
 	reLabelKey = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+	// reMAC is Proxmox's mac-addr format (pve-common JSONSchema.pm
+	// pve_verify_mac_addr): six colon-separated hex pairs, any case, the
+	// I/G (group) bit clear.
+	reMAC = regexp.MustCompile(`^[0-9A-Fa-f][02468ACEace](?::[0-9A-Fa-f]{2}){5}$`)
 )
+
+// zeroMAC passes reMAC and names no NIC.
+const zeroMAC = "00:00:00:00:00:00"
 
 // invalid builds an invalid-request problem naming the field.
 func invalid(field, format string, a ...any) *apitype.Problem {
@@ -213,6 +221,7 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			}
 		}
 	}
+	fixed := nicClaims{macs: map[string]string{}, ips: map[netip.Addr]string{}}
 	names := map[string]bool{}
 	for i := range c.VMs {
 		v := &c.VMs[i]
@@ -248,6 +257,9 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		if v.DiskGiB < 0 || v.DiskGiB > maxDiskGiB {
 			return invalid(f+".disk_gib", "disk_gib %d: want 0..%d", v.DiskGiB, maxDiskGiB)
 		}
+		if pr := fixed.validateNICs(v, f, c.Networks); pr != nil {
+			return pr
+		}
 		if len(v.Networks) == 0 {
 			v.Networks = []string{c.Networks[0].Name}
 		}
@@ -282,6 +294,70 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 	}
 	if c.TTLSeconds < 1 || c.TTLSeconds > maxTTL {
 		return invalid("ttl_seconds", "ttl_seconds %d: want 1..%d", c.TTLSeconds, maxTTL)
+	}
+	return nil
+}
+
+// nicClaims are the MACs and fixed addresses of a create's NICs so far,
+// each with the field that took it.
+type nicClaims struct {
+	macs map[string]string
+	ips  map[netip.Addr]string
+}
+
+// validateNICs checks the nics of VM v (field f) against the sandbox's
+// networks (validated, CIDRs filled) and the NICs before it, upper-cases
+// their MACs, and sets v.Networks from them.
+func (cl nicClaims) validateNICs(v *apitype.VMRequest, f string, nets []apitype.NetworkRequest) *apitype.Problem {
+	if len(v.NICs) == 0 {
+		return nil
+	}
+	if len(v.Networks) > 0 {
+		return invalid(f+".nics", "give networks or nics, not both")
+	}
+	if len(v.NICs) > maxNetworks {
+		return invalid(f+".nics", "%d NICs: at most %d", len(v.NICs), maxNetworks)
+	}
+	v.Networks = make([]string, len(v.NICs))
+	for j := range v.NICs {
+		n := &v.NICs[j]
+		nf := fmt.Sprintf("%s.nics[%d]", f, j)
+		k := slices.IndexFunc(nets, func(w apitype.NetworkRequest) bool { return w.Name == n.Network })
+		if k < 0 {
+			return invalid(nf+".network", "network %q is not defined in networks", n.Network)
+		}
+		v.Networks[j] = n.Network
+		if n.MAC != "" {
+			if !reMAC.MatchString(n.MAC) || n.MAC == zeroMAC {
+				return invalid(nf+".mac", "mac %q: want a unicast MAC address XX:XX:XX:XX:XX:XX (the group bit of the first octet clear), not all zeros", n.MAC)
+			}
+			n.MAC = strings.ToUpper(n.MAC)
+			if other, ok := cl.macs[n.MAC]; ok {
+				return invalid(nf+".mac", "mac %s is %s's too: a MAC is unique in the sandbox", n.MAC, other)
+			}
+			cl.macs[n.MAC] = nf
+		}
+		if n.IPv4 == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(n.IPv4)
+		if err != nil || !ip.Is4() {
+			return invalid(nf+".ipv4", "ipv4 %q: want an IPv4 address", n.IPv4)
+		}
+		net := nets[k]
+		if net.CIDR == "auto" {
+			return invalid(nf+".ipv4", "network %q has cidr \"auto\": a fixed address needs a network with a fixed cidr", net.Name)
+		}
+		if net.DHCP != nil && !*net.DHCP {
+			return invalid(nf+".ipv4", "network %q has dhcp off: a fixed address is handed out by the zone's DHCP server", net.Name)
+		}
+		if why := sandbox.FixedAddressRefusal(netip.MustParsePrefix(net.CIDR), ip); why != "" {
+			return invalid(nf+".ipv4", "ipv4 %s on network %q: %s", ip, net.Name, why)
+		}
+		if other, ok := cl.ips[ip]; ok {
+			return invalid(nf+".ipv4", "ipv4 %s is %s's too: an address is unique in the sandbox", ip, other)
+		}
+		cl.ips[ip] = nf
 	}
 	return nil
 }

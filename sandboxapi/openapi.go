@@ -16,6 +16,7 @@ import (
 var schemaTypes = map[string]any{
 	"CreateRequest":   apitype.CreateRequest{},
 	"VMRequest":       apitype.VMRequest{},
+	"NIC":             apitype.NIC{},
 	"NetworkRequest":  apitype.NetworkRequest{},
 	"Sandbox":         apitype.Sandbox{},
 	"SandboxList":     apitype.SandboxList{},

@@ -24,8 +24,10 @@ const noControl = `^[^\x00-\x1f\x7f]*$`
 
 // createRulesText states what the keywords cannot.
 const createRulesText = "Rules JSON Schema cannot say: network names are unique, and so are VM names " +
-	"(a VM without a name is vm<index>); every name in a VM's networks is one of networks (net0 when " +
-	"networks is empty); env holds at most %d bytes of names and values in all. State the node decides: " +
+	"(a VM without a name is vm<index>); every name in a VM's networks, or its nics' network, is one of networks (net0 when " +
+	"networks is empty); a VM gives networks or nics, not both; the MACs of nics are unique in the sandbox (in any case), " +
+	"and so are their ipv4 addresses, each inside its network's cidr (not \"auto\", with dhcp on) and not the cidr's " +
+	"network, broadcast or gateway (first host) address; env holds at most %d bytes of names and values in all. State the node decides: " +
 	"a template it has (invalid-request, field template, otherwise), a CIDR not in use and a free range " +
 	"for auto (conflict), the caps of GET /v1/capacity (guard-refused)."
 
@@ -94,8 +96,17 @@ func (s *Server) createRules() map[string]map[string]any {
 		"VMRequest.cores":    {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
 		"VMRequest.memory_mib": {"anyOf": []any{map[string]any{"enum": []int{0}}, map[string]any{"minimum": minMemoryMiB, "maximum": maxMemoryMiB}},
 			"description": fmt.Sprintf("0: %d", defaultMemoryMiB)},
-		"VMRequest.disk_gib":          {"minimum": 0, "maximum": maxDiskGiB},
-		"VMRequest.networks":          {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
+		"VMRequest.disk_gib": {"minimum": 0, "maximum": maxDiskGiB},
+		"VMRequest.networks": {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
+		"VMRequest.nics": {"maxItems": maxNetworks, "description": "instead of networks (not both): one NIC per entry, in order, " +
+			"with an optional fixed MAC and IPv4 address; a request with any fixed is never served from the warm pool"},
+		"NIC.network": {"pattern": reName.String()},
+		"NIC.mac": {"pattern": "^$|" + reMAC.String(), "not": map[string]any{"enum": []string{zeroMAC}},
+			"description": "a unicast MAC (the group bit clear, as Proxmox's mac-addr format), any case, not all zeros; " +
+				"empty: Proxmox picks one, or the daemon for a NIC with a fixed ipv4. Answers give it in upper case"},
+		"NIC.ipv4": {"pattern": "^$|^" + octet + `\.` + octet + `\.` + octet + `\.` + octet + "$",
+			"description": "a fixed address, reserved in Proxmox's IPAM for the NIC's MAC and handed out by the zone's DHCP server; " +
+				"empty: one of the network's DHCP range"},
 		"NetworkRequest.name":         {"pattern": reName.String()},
 		"ExecRequest":                 {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
 		"ExecRequest.argv":            {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},

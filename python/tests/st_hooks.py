@@ -4,6 +4,7 @@ sends (admin, exec, read; none: a token the daemon never issued)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from typing import Any
@@ -57,12 +58,66 @@ def _unique(name: str, used: set[str], i: int) -> str:
     return n
 
 
+def _fixed_ok(net: Any, ip: Any) -> bool:
+    """Whether ip may be a fixed address on the network net (a body's
+    network object): a fixed cidr with DHCP, inside it, not its network,
+    broadcast or gateway (first host) address."""
+    if (
+        not isinstance(net, dict)
+        or net.get("cidr", "auto") in ("", "auto")
+        or net.get("dhcp") is False
+    ):
+        return False
+    try:
+        cidr = ipaddress.IPv4Network(net["cidr"])
+        a = ipaddress.IPv4Address(ip)
+    except ValueError:
+        return False
+    return a in cidr and a not in (
+        cidr.network_address,
+        cidr.broadcast_address,
+        cidr.network_address + 1,
+    )
+
+
+def _apply_nic_rules(
+    v: dict[str, Any], defined: list[str], nets: Any, seen: dict[str, set[str]]
+) -> None:
+    """A VM's nics with the stated rules applied: networks or nics, not
+    both; each nic's network defined; MACs unique in the sandbox (in any
+    case), and fixed addresses too, each one its network allows (else
+    left out)."""
+    nics = v.get("nics")
+    if not isinstance(nics, list):
+        return
+    if nics and isinstance(v.get("networks"), list) and v["networks"]:
+        v.pop("networks")
+    by_name = {n.get("name"): n for n in nets} if isinstance(nets, list) else {}
+    for nic in nics:
+        if not isinstance(nic, dict):
+            continue
+        if nic.get("network") not in defined:
+            nic["network"] = defined[0]
+        mac = nic.get("mac")
+        if isinstance(mac, str) and mac:
+            if mac.upper() in seen["macs"]:
+                nic.pop("mac")
+            seen["macs"].add(mac.upper())
+        ip = nic.get("ipv4")
+        if isinstance(ip, str) and ip:
+            if ip in seen["ips"] or not _fixed_ok(by_name.get(nic["network"]), ip):
+                nic.pop("ipv4")
+            else:
+                seen["ips"].add(ip)
+
+
 def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
     """A generated create body with the stated cross-field rules applied:
-    unique network and VM names, a VM's networks among networks (net0 when
-    there are none), env within its byte budget; and the node's state: its
-    template, the disk as the template has it (Proxmox refuses a smaller
-    one), at most BED_VMS VMs."""
+    unique network and VM names, a VM's networks (or its nics' networks)
+    among networks (net0 when there are none), the rules of nics, env
+    within its byte budget; and the node's state: its template, the disk as
+    the template has it (Proxmox refuses a smaller one), at most BED_VMS
+    VMs."""
     nets = body.get("networks")
     defined = ["net0"]
     if isinstance(nets, list) and nets:
@@ -75,6 +130,7 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(vms, list):
         del vms[BED_VMS:]
         names: set[str] = set()
+        seen: dict[str, set[str]] = {"macs": set(), "ips": set()}
         for i, v in enumerate(vms):
             if not isinstance(v, dict):
                 continue
@@ -87,6 +143,7 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
             names.add(name)
             if isinstance(v.get("networks"), list):
                 v["networks"] = [r if r in defined else defined[0] for r in v["networks"]]
+            _apply_nic_rules(v, defined, nets, seen)
     env = body.get("env")
     if isinstance(env, dict):
         while sum(len(k.encode()) + len(str(x).encode()) for k, x in env.items()) > MAX_ENV_BYTES:

@@ -9,6 +9,7 @@ import pytest
 
 from inspect_pve_inspect import (
     ConfigError,
+    NicSpec,
     PveInspectSandboxEnvironment,
     PveInspectSandboxEnvironmentConfig,
     VmSpec,
@@ -112,9 +113,47 @@ def test_reference_shape_converts() -> None:
         (
             {
                 "sdn_config": lab(),
-                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "mac": "00:16:3d:1d:eb:a0"}])],
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "mac": "01:16:3d:1d:eb:a0"}])],
             },
             "vms_config[0].nics[0].mac",
+        ),
+        (
+            {
+                "sdn_config": lab(),
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "ipv4": "172.31.251.5"}])],
+            },
+            "vms_config[0].nics[0].ipv4",
+        ),
+        (
+            {
+                "sdn_config": lab(),
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "ipv4": "172.31.250.1"}])],
+            },
+            "vms_config[0].nics[0].ipv4",
+        ),
+        (
+            {
+                "sdn_config": lab(dhcp_ranges=[]),
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "ipv4": "172.31.250.5"}])],
+            },
+            "vms_config[0].nics[0].ipv4",
+        ),
+        (
+            {
+                "sdn_config": lab(),
+                "vms_config": [
+                    ref_vm(name="a", nics=[{"vnet_alias": "my lab", "ipv4": "172.31.250.5"}]),
+                    ref_vm(name="b", nics=[{"vnet_alias": "my lab", "ipv4": "172.31.250.5"}]),
+                ],
+            },
+            "vms_config[1].nics[0].ipv4",
+        ),
+        (
+            {
+                "sdn_config": lab(),
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "vlan_tag": 5}])],
+            },
+            "vms_config[0].nics[0].vlan_tag",
         ),
         ({"vms_config": [ref_vm(nics=[{"vnet_alias": "x"}])]}, "vms_config[0].nics[0].vnet_alias"),
         ({"sdn_config": None, "vms_config": [ref_vm()]}, "sdn_config"),
@@ -148,6 +187,91 @@ def test_reference_shape_refuses_what_it_cannot_honour(config: dict[str, Any], f
     with pytest.raises(ConfigError) as e:
         coerce(config)
     assert e.value.field == field, str(e.value)
+
+
+def test_reference_static_addresses() -> None:
+    """The reference's VmNicConfig(mac=, ipv4=) becomes the VM's nics, sent
+    as the create's nics; a NIC without either stays a network name."""
+    cfg = coerce(
+        {
+            "sdn_config": lab(),
+            "vms_config": [
+                ref_vm(
+                    name="web",
+                    nics=[
+                        {"vnet_alias": "my lab", "mac": "52:54:00:12:34:5a", "ipv4": "172.31.250.5"}
+                    ],
+                ),
+                ref_vm(name="db", nics=[{"vnet_alias": "my lab", "ipv4": "172.31.250.10"}]),
+                ref_vm(name="cli", nics=[{"vnet_alias": "my lab"}]),
+            ],
+        }
+    )
+    web, db, cli = cfg.vms
+    assert web.networks is None and web.nics == (
+        NicSpec(network="net0", mac="52:54:00:12:34:5A", ipv4="172.31.250.5"),
+    )
+    assert db.nics == (NicSpec(network="net0", ipv4="172.31.250.10"),)
+    assert cli.nics is None and cli.networks == ("net0",)
+    req = create_request(cfg, "t")
+    assert req["vms"][0]["nics"] == [
+        {"network": "net0", "mac": "52:54:00:12:34:5A", "ipv4": "172.31.250.5"}
+    ]
+    assert req["vms"][1]["nics"] == [{"network": "net0", "ipv4": "172.31.250.10"}]
+    assert "nics" not in req["vms"][2] and req["vms"][2]["networks"] == ["net0"]
+
+
+@pytest.mark.parametrize(
+    ("vms", "networks", "match"),
+    [
+        ([{"template": "d", "networks": ["lan"], "nics": [{"network": "lan"}]}], None, "not both"),
+        (
+            [{"template": "d", "nics": [{"network": "lan", "mac": "00:00:00:00:00:00"}]}],
+            None,
+            "mac",
+        ),
+        ([{"template": "d", "nics": [{"network": "lan", "ipv4": "10.9.0.256"}]}], None, "ipv4"),
+        ([{"template": "d", "nics": [{"network": "dmz"}]}], None, "no network named 'dmz'"),
+        ([{"template": "d", "nics": [{"network": "net0", "ipv4": "10.9.0.5"}]}], [], "auto"),
+        (
+            [{"template": "d", "nics": [{"network": "lan", "ipv4": "10.9.0.255"}]}],
+            None,
+            "broadcast",
+        ),
+        (
+            [{"template": "d", "nics": [{"network": "lan", "ipv4": "10.9.0.0"}]}],
+            None,
+            "own address",
+        ),
+        (
+            [
+                {
+                    "template": "d",
+                    "name": "a",
+                    "nics": [{"network": "lan", "mac": "02:00:00:00:00:0a"}],
+                },
+                {
+                    "template": "d",
+                    "name": "b",
+                    "nics": [{"network": "lan", "mac": "02:00:00:00:00:0A"}],
+                },
+            ],
+            None,
+            r"vms\[1\]\.nics\[0\]\.mac",
+        ),
+        (
+            [{"template": "d", "nics": [{"network": "dark", "ipv4": "10.8.0.5"}]}],
+            [{"name": "dark", "cidr": "10.8.0.0/24", "dhcp": False}],
+            "no DHCP",
+        ),
+    ],
+)
+def test_native_fixed_nics_refused(
+    vms: list[dict[str, Any]], networks: list[dict[str, Any]] | None, match: str
+) -> None:
+    nets = [{"name": "lan", "cidr": "10.9.0.0/24"}] if networks is None else networks
+    with pytest.raises(ValueError, match=match):
+        PveInspectSandboxEnvironmentConfig.model_validate({"vms": vms, "networks": nets})
 
 
 def test_native_config_and_request(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,3 +33,33 @@ def test_no_networks_means_net0_and_bed_limits() -> None:
     assert len(out["vms"]) == BED_VMS
     assert out["vms"][0]["networks"] == ["net0"] and "disk_gib" not in out["vms"][0]
     assert sum(len(k) + len(v) for k, v in out["env"].items()) <= MAX_ENV_BYTES
+
+
+def test_nic_rules() -> None:
+    body: dict[str, Any] = {
+        "networks": [{"name": "lan", "cidr": "10.9.0.0/24"}, {"name": "wan"}],
+        "vms": [
+            {
+                "template": "t",
+                "networks": ["lan"],
+                "nics": [
+                    {"network": "lan", "mac": "02:00:00:00:00:0a", "ipv4": "10.9.0.5"},
+                    {"network": "zz", "ipv4": "10.9.0.6"},
+                ],
+            },
+            {
+                "template": "t",
+                "nics": [
+                    {"network": "lan", "mac": "02:00:00:00:00:0A", "ipv4": "10.9.0.5"},
+                    {"network": "lan", "ipv4": "10.9.0.1"},
+                ],
+            },
+        ],
+    }
+    vm0, vm1 = apply_create_rules(body)["vms"]
+    assert "networks" not in vm0
+    assert vm0["nics"][0] == {"network": "lan", "mac": "02:00:00:00:00:0a", "ipv4": "10.9.0.5"}
+    # zz is not defined: lan (the first), where 10.9.0.6 is fine
+    assert vm0["nics"][1] == {"network": "lan", "ipv4": "10.9.0.6"}
+    # the MAC and the address are vm0's; the gateway is no fixed address
+    assert vm1["nics"] == [{"network": "lan"}, {"network": "lan"}]

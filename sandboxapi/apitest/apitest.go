@@ -53,6 +53,12 @@ type Proxmox struct {
 	// FailOn makes the named operation (e.g. "StartVM") fail with the error.
 	FailOn map[string]error
 	next   int
+	// trace is every operation called, in order (CallTrace).
+	trace []string
+	// reserved are the IPAM entries ReserveIP added, by vnet; released the
+	// NICs' own addresses ReleaseIP removed, as "vnet vmid".
+	reserved map[string][]sandbox.IPAMAddress
+	released map[string]bool
 	// Guests receives VM starts/stops so agents come up and go down.
 	Guests *Guests
 }
@@ -60,7 +66,8 @@ type Proxmox struct {
 // NewProxmox returns a fake with the given templates (name -> vmid).
 func NewProxmox(g *Guests, templates map[string]int) *Proxmox {
 	p := &Proxmox{VMs: map[int]*FakeVM{}, Zones: map[string]bool{}, VNets: map[string]sandbox.VNetInfo{},
-		Subnets: map[string][]string{}, Pools: map[string]bool{}, Calls: map[string]int{}, FailOn: map[string]error{}, next: 100, Guests: g}
+		Subnets: map[string][]string{}, Pools: map[string]bool{}, Calls: map[string]int{}, FailOn: map[string]error{}, next: 100, Guests: g,
+		reserved: map[string][]sandbox.IPAMAddress{}, released: map[string]bool{}}
 	for name, id := range templates {
 		p.VMs[id] = &FakeVM{Info: sandbox.VMInfo{VMID: id, Name: name, Status: "stopped", Template: true}}
 	}
@@ -69,6 +76,7 @@ func NewProxmox(g *Guests, templates map[string]int) *Proxmox {
 
 func (p *Proxmox) call(op string) error {
 	p.Calls[op]++
+	p.trace = append(p.trace, op)
 	if err, ok := p.FailOn[op]; ok {
 		return err
 	}
@@ -77,6 +85,13 @@ func (p *Proxmox) call(op string) error {
 		return err
 	}
 	return nil
+}
+
+// CallTrace returns the operations called so far, in order.
+func (p *Proxmox) CallTrace() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.trace)
 }
 
 // CallCount returns the number of calls of every operation together.
@@ -264,8 +279,10 @@ func (p *Proxmox) ConfigureVM(ctx context.Context, id int, c sandbox.VMConfig) e
 
 // IPAMAddresses implements sandbox.Proxmox: each NIC of a VM on a wanted
 // vnet has the address 10+(vmid-100)%240 past the start of the vnet's
-// first subnet (as Proxmox's IPAM, one per NIC, distinct within a
-// sandbox).
+// first subnet, or the next one ReserveIP did not take (as Proxmox's
+// IPAM, one per NIC, distinct within a sandbox), with the NIC's MAC when
+// ConfigureVM gave one, unless ReleaseIP removed it; and the entries of
+// ReserveIP, which name no VM.
 func (p *Proxmox) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.IPAMAddress, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -274,22 +291,97 @@ func (p *Proxmox) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.
 	}
 	var out []sandbox.IPAMAddress
 	for id, v := range p.VMs {
-		for _, b := range v.Config.Bridges {
-			if !slices.Contains(vnets, b) || len(p.Subnets[b]) == 0 {
+		for k, b := range v.Config.Bridges {
+			if !slices.Contains(vnets, b) {
 				continue
 			}
-			pfx, err := netip.ParsePrefix(p.Subnets[b][0])
-			if err != nil {
+			ip, ok := p.nicAddrLocked(id, b)
+			if !ok || p.released[fmt.Sprint(b, " ", id)] {
 				continue
 			}
-			ip := pfx.Masked().Addr()
-			for range 10 + (id-100)%240 {
-				ip = ip.Next()
+			e := sandbox.IPAMAddress{VNet: b, VMID: id, IP: ip}
+			if k < len(v.Config.MACs) {
+				e.MAC = strings.ToLower(v.Config.MACs[k])
 			}
-			out = append(out, sandbox.IPAMAddress{VNet: b, VMID: id, IP: ip})
+			out = append(out, e)
 		}
 	}
+	for _, b := range vnets {
+		out = append(out, p.reserved[b]...)
+	}
 	return out, nil
+}
+
+// nicAddrLocked is the range address of VM id's NIC on vnet b.
+func (p *Proxmox) nicAddrLocked(id int, b string) (netip.Addr, bool) {
+	if len(p.Subnets[b]) == 0 {
+		return netip.Addr{}, false
+	}
+	pfx, err := netip.ParsePrefix(p.Subnets[b][0])
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	ip := pfx.Masked().Addr()
+	for range 10 + (id-100)%240 {
+		ip = ip.Next()
+	}
+	for slices.ContainsFunc(p.reserved[b], func(e sandbox.IPAMAddress) bool { return e.IP == ip }) {
+		ip = ip.Next()
+	}
+	return ip, true
+}
+
+// ReserveIP implements sandbox.Proxmox: an entry of ip for mac naming no
+// VM; an ip reserved already is refused, as Proxmox's IPAM does.
+func (p *Proxmox) ReserveIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ReserveIP"); err != nil {
+		return err
+	}
+	if v, ok := p.VNets[vnet]; !ok || v.Zone != zone || len(p.Subnets[vnet]) == 0 {
+		return fmt.Errorf("reserve %s: no subnet of vnet %s in zone %s", ip, vnet, zone)
+	}
+	if slices.ContainsFunc(p.reserved[vnet], func(e sandbox.IPAMAddress) bool { return e.IP == ip }) {
+		return fmt.Errorf("IP '%s' already exist", ip)
+	}
+	p.reserved[vnet] = append(p.reserved[vnet], sandbox.IPAMAddress{VNet: vnet, IP: ip, MAC: strings.ToLower(mac)})
+	return nil
+}
+
+// ReleaseIP implements sandbox.Proxmox: a reserved entry goes, or the
+// range address of the NIC of MAC mac on vnet (listed no more).
+func (p *Proxmox) ReleaseIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ReleaseIP"); err != nil {
+		return err
+	}
+	if i := slices.IndexFunc(p.reserved[vnet], func(e sandbox.IPAMAddress) bool { return e.IP == ip }); i >= 0 {
+		p.reserved[vnet] = slices.Delete(p.reserved[vnet], i, i+1)
+		return nil
+	}
+	for id, v := range p.VMs {
+		k := slices.Index(v.Config.Bridges, vnet)
+		if got, ok := p.nicAddrLocked(id, vnet); ok && k >= 0 && got == ip && k < len(v.Config.MACs) && strings.EqualFold(v.Config.MACs[k], mac) &&
+			!p.released[fmt.Sprint(vnet, " ", id)] {
+			p.released[fmt.Sprint(vnet, " ", id)] = true
+			return nil
+		}
+	}
+	return fmt.Errorf("IP '%s' does not exist in IPAM DB: %w", ip, sandbox.ErrNotFound)
+}
+
+// Reserved lists the entries ReserveIP added that are left, on every
+// vnet.
+func (p *Proxmox) Reserved() []sandbox.IPAMAddress {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []sandbox.IPAMAddress
+	for _, es := range p.reserved {
+		out = append(out, es...)
+	}
+	return out
 }
 
 // SetVMTags implements sandbox.Proxmox.
@@ -378,6 +470,14 @@ func (p *Proxmox) DeleteVM(ctx context.Context, id int) error {
 	}
 	if v.Info.Status == "running" {
 		return fmt.Errorf("delete vm %d: VM is running", id)
+	}
+	// the NICs' IPAM entries go, found by their MACs (qemu-server
+	// delete_ifaces_ipams_ips)
+	for k, b := range v.Config.Bridges {
+		delete(p.released, fmt.Sprint(b, " ", id))
+		if k < len(v.Config.MACs) && v.Config.MACs[k] != "" {
+			p.reserved[b] = slices.DeleteFunc(p.reserved[b], func(e sandbox.IPAMAddress) bool { return strings.EqualFold(e.MAC, v.Config.MACs[k]) })
+		}
 	}
 	delete(p.VMs, id)
 	if p.Guests != nil {
@@ -557,6 +657,7 @@ func (p *Proxmox) DeleteSubnet(ctx context.Context, vnet, cidr string) error {
 		return fmt.Errorf("subnet %s: %w", cidr, sandbox.ErrNotFound)
 	}
 	p.Subnets[vnet] = slices.Delete(p.Subnets[vnet], i, i+1)
+	delete(p.reserved, vnet) // the client deletes the vnet's IPAM entries first
 	p.Pending = true
 	return nil
 }

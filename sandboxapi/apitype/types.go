@@ -59,6 +59,34 @@ type VMRequest struct {
 	// Networks are the network names the VM is attached to, in NIC order;
 	// default: the first network.
 	Networks []string `json:"networks,omitempty"`
+	// NICs, instead of Networks (not both), attach the VM one NIC per
+	// entry, in NIC order, each with an optional fixed MAC and IPv4
+	// address. A request with any MAC or address fixed runs cold: a warm
+	// pool member's NICs are configured already.
+	NICs []NIC `json:"nics,omitempty"`
+}
+
+// NIC is one network interface of a VM with what the request fixed.
+//
+// A fixed IPv4 address is reserved in Proxmox's IPAM for the NIC's MAC
+// before any NIC of the sandbox is configured, and the zone's DHCP server
+// hands it to that MAC (pve-network's IPAM DHCP mapping): it must lie in
+// the network's CIDR ("auto" cannot take one), which must have DHCP on,
+// and be neither its network, broadcast nor gateway address (the first
+// host address); inside or outside the DHCP range, as Proxmox accepts
+// both. Addresses are unique in the sandbox, and so are MACs.
+type NIC struct {
+	// Network is the network's name in the sandbox.
+	Network string `json:"network"`
+	// MAC is the NIC's unicast MAC address (XX:XX:XX:XX:XX:XX, any case;
+	// the group bit clear, as Proxmox's mac-addr format wants; not all
+	// zeros). Empty: Proxmox picks one, or, for a NIC with a fixed IPv4
+	// address, the daemon does (locally administered, random). Answers
+	// give it in upper case.
+	MAC string `json:"mac,omitempty"`
+	// IPv4 is the NIC's fixed address (dotted quad); empty: one of the
+	// network's DHCP range, as Proxmox's IPAM picks it.
+	IPv4 string `json:"ipv4,omitempty"`
 }
 
 // NetworkRequest describes one vnet (with one subnet) of a sandbox.
@@ -120,6 +148,11 @@ type VM struct {
 	MemoryMiB int      `json:"memory_mib"`
 	DiskGiB   int      `json:"disk_gib,omitempty"`
 	Networks  []string `json:"networks"`
+	// NICs are the VM's NICs as the request's nics gave them, each with
+	// the MAC it has when the request or the daemon fixed one (a NIC with
+	// a fixed IPv4 address always has); omitted when the request gave
+	// networks.
+	NICs []NIC `json:"nics,omitempty"`
 	// Addresses are the VM's IPv4 addresses, one per network that hands
 	// out addresses, in NIC order: taken from Proxmox's IPAM on the node
 	// (the entry of the VM's NIC on the network's vnet), never from what

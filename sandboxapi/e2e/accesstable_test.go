@@ -81,9 +81,9 @@ func tableGaps(calls []access.Call, reqs []pveemu.RequestRecord, checks []pveemu
 
 // TestEmulatorAccessTableCoversCalls: every request the daemon's client
 // makes with its token (a warm pool's member claimed and renamed, a cold
-// two-VM create with a bigger disk, snapshot, rollback, the disk path's
-// volume calls, delete, the doctor's checks) is a call of the access
-// table, and every privilege the emulator checked for them is one the
+// two-VM create with a bigger disk and a fixed address, snapshot,
+// rollback, the disk path's volume calls, delete, the doctor's checks) is
+// a call of the access table, and every privilege the emulator checked for them is one the
 // table lists on a matching ACL path; the table without its PUT config
 // entry misses the claim's rename.
 func TestEmulatorAccessTableCoversCalls(t *testing.T) {
@@ -100,7 +100,8 @@ func TestEmulatorAccessTableCoversCalls(t *testing.T) {
 	if !warm.FromPool {
 		t.Error("the plain create was not claimed from the warm pool (no rename through PUT config)")
 	}
-	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}, {Template: "debian", DiskGiB: 20, Cores: 2}}})
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: "10.78.0.0/24"}},
+		VMs: []apitype.VMRequest{{Template: "debian", NICs: []apitype.NIC{{Network: "lan", IPv4: "10.78.0.5"}}}, {Template: "debian", DiskGiB: 20, Cores: 2}}})
 	if err != nil {
 		t.Fatal(err)
 	}

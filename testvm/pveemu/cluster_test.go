@@ -156,6 +156,10 @@ func TestClusterSDNApply(t *testing.T) {
 	e1.zone("za", "pve")
 	e2.zone("zb", "pve2")
 	e2.ok("POST", "/cluster/sdn/vnets", url.Values{"vnet": {"vnet1"}, "zone": {"zb"}})
+	// a subnet: a start on a vnet of a DHCP zone whose IPAM has none
+	// fails (the MAC's lookup: "zone zb don't exist in ipam db")
+	e2.ok("POST", "/cluster/sdn/vnets/vnet1/subnets", url.Values{"subnet": {"10.10.9.0/24"}, "type": {"subnet"}, "gateway": {"10.10.9.1"},
+		"dhcp-range": {"start-address=10.10.9.100,end-address=10.10.9.200"}})
 	upid := e2.ok("PUT", "/cluster/sdn", nil).(string)
 	if upidNode(upid) != "pve2" || e2.wait(upid) != "OK" {
 		t.Fatalf("apply: %s", upid)

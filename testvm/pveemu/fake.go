@@ -122,7 +122,11 @@ func (f *FakeBackend) StartVM(_ context.Context, v VMSpec) error {
 	g.wg.Add(1)
 	go g.serve()
 	f.guests[v.VMID] = g
-	f.note("start %d vnet=%s mac=%s", v.VMID, v.VNet, v.MAC)
+	if v.IP.IsValid() {
+		f.note("start %d vnet=%s mac=%s ip=%s", v.VMID, v.VNet, v.MAC, v.IP)
+	} else {
+		f.note("start %d vnet=%s mac=%s", v.VMID, v.VNet, v.MAC)
+	}
 	return nil
 }
 

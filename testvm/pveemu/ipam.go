@@ -87,18 +87,135 @@ func (s *Server) ipamAddLocked(zone, cidr, ip string, e *ipamEntry) error {
 	return nil
 }
 
-// ipamAddNICLocked gives a VM NIC on a vnet the next free IP of the dhcp
-// range of the vnet's first running subnet, when the vnet's zone has the
-// pve IPAM and DHCP (Vnets::add_next_free_cidr with dhcprange, called by
-// qemu-server's create_ifaces_ipams_ips and vmconfig_apply_pending). A
-// MAC that already has an entry keeps it.
-func (s *Server) ipamAddNICLocked(vnet, mac string, vmid int, hostname string) error {
+// The NIC side of the pve IPAM, as pve-network's Vnets.pm and qemu-server
+// call it. Proxmox keeps a cluster-wide cache of each MAC's addresses
+// (sdn/mac-cache.json, keyed by the MAC string alone: pve-network
+// Ipams.pm add_cache_mac_ip, del_cache_mac_ip, get_ips_from_mac), and a
+// NIC's address is looked up there first: macCache models it. MACs are
+// compared as the exact strings Proxmox stores (PVEPlugin.pm
+// get_ips_from_mac compares with eq).
+
+// macCacheEntry is one MAC's entry of Proxmox's MAC cache: its IPv4
+// address ("" when the entry holds none: get_ips_from_mac caches a miss
+// too). IPv6 is not emulated.
+type macCacheEntry struct {
+	ip4 string
+}
+
+// addCacheMACIPLocked is Ipams.pm add_cache_mac_ip.
+func (s *Server) addCacheMACIPLocked(mac, ip string) {
+	if mac == "" {
+		return
+	}
+	s.macCache[mac] = &macCacheEntry{ip4: ip}
+}
+
+// delCacheMACIPLocked is Ipams.pm del_cache_mac_ip: the MAC's IPv4
+// address goes, whichever it was, and with it the entry (it holds no
+// IPv6 address here).
+func (s *Server) delCacheMACIPLocked(mac string) {
+	delete(s.macCache, mac)
+}
+
+// dhcpZoneLocked is the zone of vnet when it has an IPAM and DHCP, as
+// Vnets.pm reads them (get_vnet and get_zone without running: the
+// configuration files, applied or not); "" otherwise.
+func (s *Server) dhcpZoneLocked(vnet string) string {
 	v := s.sdn.pending.vnets[vnet]
-	if v == nil || mac == "" {
-		return nil
+	if v == nil {
+		return ""
 	}
 	z := s.sdn.pending.zones[v["zone"]]
 	if z["ipam"] != "pve" || z["dhcp"] == "" {
+		return ""
+	}
+	return v["zone"]
+}
+
+// ipsFromMACLocked is Vnets.pm get_ips_from_mac: the cached IPv4 address
+// of mac, or (no cache entry) the IPAM's entry of mac in the vnet's zone,
+// cached, found or not (Ipams.pm get_ips_from_mac, PVEPlugin.pm
+// get_ips_from_mac; of two entries of one MAC Perl's hash order picks
+// one, here the last in address order).
+func (s *Server) ipsFromMACLocked(vnet, mac string) (string, error) {
+	zone := s.dhcpZoneLocked(vnet)
+	if zone == "" || mac == "" {
+		return "", nil
+	}
+	if e, ok := s.macCache[mac]; ok {
+		return e.ip4, nil
+	}
+	db := s.ipam[zone]
+	if db == nil {
+		return "", fail("zone %s don't exist in ipam db", zone)
+	}
+	var ip4 netip.Addr
+	for _, cidr := range sortedKeys(db) {
+		for ip, e := range db[cidr] {
+			a, err := netip.ParseAddr(ip)
+			if err == nil && a.Is4() && e.mac != "" && e.mac == mac && ip4.Less(a) {
+				ip4 = a
+			}
+		}
+	}
+	found := ""
+	if ip4.IsValid() {
+		found = ip4.String()
+	}
+	s.macCache[mac] = &macCacheEntry{ip4: found}
+	return found, nil
+}
+
+// delIPLocked is Vnets.pm del_ip: the entry of ip in the vnet's running
+// subnet holding it goes (Subnets.pm del_ip, PVEPlugin.pm del_ip), and,
+// with a MAC, that MAC's cached address.
+func (s *Server) delIPLocked(vnet string, ip netip.Addr, mac string) error {
+	zone, cidr, _, err := s.vnetSubnetLocked(vnet, ip)
+	if err != nil {
+		return err
+	}
+	if s.sdn.pending.zones[zone]["ipam"] != "pve" {
+		return nil
+	}
+	db := s.ipam[zone][cidr]
+	if s.ipam[zone] == nil {
+		return fail("zone %s don't exist in ipam db", zone)
+	}
+	if db == nil {
+		return fail("subnet %s don't exist in ipam db", cidr)
+	}
+	if db[ip.String()] == nil {
+		return fail("IP '%s' does not exist in IPAM DB", ip)
+	}
+	delete(db, ip.String())
+	if mac != "" {
+		s.delCacheMACIPLocked(mac)
+	}
+	return nil
+}
+
+// delIPsFromMACLocked is Vnets.pm del_ips_from_mac: the one IPv4 address
+// get_ips_from_mac gives for mac is deleted (another entry of the same
+// MAC stays).
+func (s *Server) delIPsFromMACLocked(vnet, mac string) error {
+	ip4, err := s.ipsFromMACLocked(vnet, mac)
+	if err != nil || ip4 == "" {
+		return err
+	}
+	return s.delIPLocked(vnet, netip.MustParseAddr(ip4), mac)
+}
+
+// addNextFreeCIDRLocked is Vnets.pm add_next_free_cidr for IPv4 (qemu-server
+// calls it with dhcprange for every NIC of a clone, create_ifaces_ipams_ips,
+// and of a config change that adds a NIC or changes its bridge or MAC,
+// vmconfig_apply_pending): the next free IP of the dhcp range of the vnet's
+// first running subnet with one, an entry of mac, vmid and hostname, and
+// mac's cached address. The MAC is not looked up first: a MAC that has an
+// entry gets a second one (the reference plugin patches pve-network's
+// Subnets.pm add_next_free_ip for that; stock Proxmox does not).
+func (s *Server) addNextFreeCIDRLocked(vnet, mac string, vmid int, hostname string) error {
+	zone := s.dhcpZoneLocked(vnet)
+	if zone == "" {
 		return nil
 	}
 	for _, id := range sortedKeys(s.sdn.running.subnets) {
@@ -106,42 +223,46 @@ func (s *Server) ipamAddNICLocked(vnet, mac string, vmid int, hostname string) e
 		if sn["vnet"] != vnet || sn["dhcp-range"] == "" {
 			continue
 		}
-		db := s.ipam[v["zone"]][sn["cidr"]]
+		db := s.ipam[zone][sn["cidr"]]
 		if db == nil {
-			continue
-		}
-		for _, e := range db {
-			if strings.EqualFold(e.mac, mac) {
-				return nil
-			}
+			return fail("subnet '%s' doesn't exist in IPAM DB", sn["cidr"])
 		}
 		start, end := dhcpRange(sn["dhcp-range"])
 		for a := start; a.IsValid() && !end.Less(a); a = a.Next() {
 			if db[a.String()] == nil {
-				db[a.String()] = &ipamEntry{mac: strings.ToUpper(mac), vmid: vmid, hostname: hostname}
+				db[a.String()] = &ipamEntry{mac: mac, vmid: vmid, hostname: hostname}
+				s.addCacheMACIPLocked(mac, a.String())
 				return nil
 			}
 		}
-		return fail("No free IP left in Range %s:%s", start, end)
+		return fail("No free IP left in Range %s:%s}", start, end)
 	}
 	return nil
 }
 
-// ipamIPLocked is the IPAM address of mac on vnet (zero when none).
-func (s *Server) ipamIPLocked(vnet, mac string) netip.Addr {
-	v := s.sdn.running.vnets[vnet]
-	if v == nil {
-		return netip.Addr{}
+// dhcpMappingIPLocked is the IPAM part of Vnets.pm add_dhcp_mapping, which
+// a start's pve-bridge hook runs for each NIC before QEMU plugs it: the
+// MAC's IPv4 address (get_ips_from_mac), one of the range allocated when
+// it has none (add_next_free_cidr); that address is what Dhcp.pm
+// add_mapping writes into the zone's ethers file. Zero when the vnet's
+// zone has no IPAM and DHCP.
+func (s *Server) dhcpMappingIPLocked(vnet, mac string, vmid int, hostname string) (netip.Addr, error) {
+	if mac == "" || s.dhcpZoneLocked(vnet) == "" {
+		return netip.Addr{}, nil
 	}
-	for _, db := range s.ipam[v["zone"]] {
-		for ip, e := range db {
-			if !e.gateway && strings.EqualFold(e.mac, mac) {
-				a, _ := netip.ParseAddr(ip)
-				return a
-			}
+	ip4, err := s.ipsFromMACLocked(vnet, mac)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if ip4 == "" {
+		if err := s.addNextFreeCIDRLocked(vnet, mac, vmid, hostname); err != nil {
+			return netip.Addr{}, err
+		}
+		if ip4, err = s.ipsFromMACLocked(vnet, mac); err != nil || ip4 == "" {
+			return netip.Addr{}, err
 		}
 	}
-	return netip.Addr{}
+	return netip.ParseAddr(ip4)
 }
 
 // dhcpRange parses the first "start-address=..,end-address=.." range.
@@ -159,27 +280,15 @@ func dhcpRange(r string) (start, end netip.Addr) {
 	return start, end
 }
 
-// ipamDelMACLocked drops a NIC's entries (Vnets::del_ips_from_mac).
-func (s *Server) ipamDelMACLocked(vnet, mac string) {
-	v := s.sdn.pending.vnets[vnet]
-	if v == nil {
-		v = s.sdn.running.vnets[vnet]
-	}
-	if v == nil || mac == "" {
-		return
-	}
-	for _, db := range s.ipam[v["zone"]] {
-		for ip, e := range db {
-			if !e.gateway && strings.EqualFold(e.mac, mac) {
-				delete(db, ip)
-			}
-		}
-	}
-}
-
-// ipamNICsLocked applies a config change's NIC effects on the IPAM:
-// a NIC whose bridge or MAC changed, or that was removed, gives its entry
-// back; a new or changed one gets an entry.
+// ipamNICsLocked applies a config's NIC effects on the IPAM, old the
+// config before, cur after (nil for a clone's new config and a destroy):
+// a new NIC gets an entry (add_next_free_cidr); a NIC whose bridge or MAC
+// changed gives its address back (del_ips_from_mac) and gets an entry on
+// its new bridge; a NIC removed, or every NIC of a destroyed VM, gives
+// its address back (qemu-server QemuServer.pm vmconfig_apply_pending,
+// QemuServer/Network.pm create_ifaces_ipams_ips, delete_ifaces_ipams_ips).
+// A NIC changed otherwise keeps its entry. Errors giving an address back
+// are only warned about by qemu-server: they are not returned.
 func (s *Server) ipamNICsLocked(vmid int, old, cur map[string]string) error {
 	keys := map[string]bool{}
 	for k := range old {
@@ -188,17 +297,22 @@ func (s *Server) ipamNICsLocked(vmid int, old, cur map[string]string) error {
 	for k := range cur {
 		keys[k] = true
 	}
-	for k := range keys {
+	for _, k := range sortedKeys(keys) {
 		if !reNetKey.MatchString(k) || old[k] == cur[k] {
 			continue
 		}
 		om, ob := parseNet(old[k])
 		nm, nb := parseNet(cur[k])
-		if old[k] != "" && (om != nm || ob != nb) {
-			s.ipamDelMACLocked(ob, om)
-		}
-		if cur[k] != "" {
-			if err := s.ipamAddNICLocked(nb, nm, vmid, cur["name"]); err != nil {
+		switch {
+		case cur[k] == "":
+			_ = s.delIPsFromMACLocked(ob, om)
+		case old[k] == "":
+			if err := s.addNextFreeCIDRLocked(nb, nm, vmid, cur["name"]); err != nil {
+				return err
+			}
+		case ob != "" && om != "" && (ob != nb || om != nm):
+			_ = s.delIPsFromMACLocked(ob, om)
+			if err := s.addNextFreeCIDRLocked(nb, nm, vmid, cur["name"]); err != nil {
 				return err
 			}
 		}
@@ -257,34 +371,55 @@ func (s *Server) ipamStatus(_ context.Context, rq *request) (any, error) {
 }
 
 // vnetIP handles POST and DELETE /cluster/sdn/vnets/{vnet}/ips (pve-network
-// API2/Network/SDN/Ips.pm): the permission on /sdn/zones/{zone}/{vnet} is
-// the schema's; the IP must lie in one of the vnet's running subnets.
+// API2/Network/SDN/Ips.pm ipcreate, ipdelete; the permission on
+// /sdn/zones/{zone}/{vnet} is the schema's). The IP must lie in one of the
+// vnet's running subnets (Vnets.pm get_subnet_from_vnet_ip). A create is
+// Subnets.pm add_ip: PVEPlugin.pm add_ip refuses an IP the IPAM holds (the
+// gateway's included) and stores the MAC as sent, no vmid, no hostname;
+// the MAC's cached address becomes the IP (a MAC that has an entry gets a
+// second one). A delete is Subnets.pm del_ip: with a MAC, that MAC's
+// cached address goes too. The emulator's one lock makes two calls for
+// one IP one after the other, as cfs_lock_file on the IPAM database does:
+// the second create is refused.
 func (s *Server) vnetIP(add bool) handlerFunc {
 	return func(_ context.Context, rq *request) (any, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		vnet := rq.str("vnet")
+		mac := rq.str("mac")
 		ip, err := netip.ParseAddr(rq.str("ip"))
 		if err != nil {
 			return nil, paramFail(ParamErrors{"ip": "value does not look like a valid IP address"})
+		}
+		if !add {
+			return nil, s.delIPLocked(vnet, ip, mac)
 		}
 		zone, cidr, _, err := s.vnetSubnetLocked(vnet, ip)
 		if err != nil {
 			return nil, err
 		}
-		if add {
-			return nil, s.ipamAddLocked(zone, cidr, ip.String(), &ipamEntry{mac: strings.ToUpper(rq.str("mac"))})
+		if s.sdn.pending.zones[zone]["ipam"] != "pve" {
+			return nil, nil
 		}
-		db := s.ipam[zone][cidr]
-		if db == nil {
-			return nil, fail("subnet %s don't exist in ipam db", cidr)
+		if err := s.ipamAddLocked(zone, cidr, ip.String(), &ipamEntry{mac: mac}); err != nil {
+			return nil, err
 		}
-		if db[ip.String()] == nil {
-			return nil, fail("IP '%s' does not exist in IPAM DB", ip)
-		}
-		delete(db, ip.String())
+		s.addCacheMACIPLocked(mac, ip.String())
 		return nil, nil
 	}
+}
+
+// MACCache lists Proxmox's MAC cache as "mac ip" lines, sorted (tests:
+// nothing of a sandbox is left in it after its delete).
+func (s *Server) MACCache() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for mac, e := range s.macCache {
+		out = append(out, mac+" "+e.ip4)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // IPAMZones lists the zones that hold any entry of the pve IPAM database,

@@ -75,11 +75,24 @@ func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
 	return st, nil
 }
 
-// vmSpec derives what the backend needs to start the guest.
+// vmSpec derives what the backend needs to start the guest. Each NIC's
+// pve-bridge hook first maps its MAC's IPAM address for the zone's DHCP
+// (Vnets.pm add_dhcp_mapping, allocating one when the MAC has none); the
+// backend starts net0 only, with its address.
 func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
 	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid), MemoryMiB: atoiDef(v.conf["memory"], 512), CPUs: vmCPUs(v.conf)}
-	if n := v.conf["net0"]; n != "" {
-		mac, bridge := parseNet(n)
+	for _, k := range sortedKeys(v.conf) {
+		if !reNetKey.MatchString(k) {
+			continue
+		}
+		mac, bridge := parseNet(v.conf[k])
+		ip, err := s.dhcpMappingIPLocked(bridge, mac, v.vmid, v.conf["name"])
+		if err != nil {
+			return spec, fmt.Errorf("%s: %w", k, err)
+		}
+		if k != "net0" {
+			continue
+		}
 		spec.VNet = bridge
 		if mac != "" {
 			hw, err := net.ParseMAC(mac)
@@ -87,7 +100,7 @@ func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
 				return spec, fmt.Errorf("net0: %w", err)
 			}
 			spec.MAC = hw
-			spec.IP = s.ipamIPLocked(bridge, mac)
+			spec.IP = ip
 		}
 		if bridge != "" && !s.bridgeOnLocked(s.vmNodeLocked(v), bridge) {
 			return spec, fmt.Errorf("bridge '%s' does not exist", bridge)

@@ -130,6 +130,9 @@ type Server struct {
 	stats map[int]map[string]any
 	// ipam is the pve IPAM database: zone -> subnet CIDR -> IP -> entry.
 	ipam map[string]map[string]map[string]*ipamEntry
+	// macCache is Proxmox's cluster-wide cache of each MAC's address
+	// (ipam.go).
+	macCache map[string]*macCacheEntry
 	// reloadWarnings are injected failures of the next SDN applies' network
 	// reload (InjectReloadWarning).
 	reloadWarnings []string
@@ -235,7 +238,7 @@ func New(o Options) (*Server, error) {
 		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},
 		users: map[string]*user{}, fw: map[string]*firewall{"cluster": newFirewall(), "node": newFirewall()},
 		pwdRoot: o.RootPassword, vmLocks: map[vmLockKey]*sync.Mutex{},
-		sdn: newSDNState(), ipam: map[string]map[string]map[string]*ipamEntry{},
+		sdn: newSDNState(), ipam: map[string]map[string]map[string]*ipamEntry{}, macCache: map[string]*macCacheEntry{},
 		storages:       map[string]bool{"local": true, "local-lvm": true},
 		storageContent: map[string]string{},
 	}

@@ -4,7 +4,8 @@ An eval written for ``inspect_proxmox_sandbox`` passes a
 ``ProxmoxSandboxEnvironmentConfig``; with only the sandbox type changed to
 ``pve_inspect`` it runs here. Honoured: ``vms_config``
 (``vm_source_config.existing_vm_template_tag``, ``name``, ``ram_mb``,
-``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias``, ``healthcheck``) and
+``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias`` with their ``mac`` and
+``ipv4``, ``healthcheck``) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP).
 Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
 (checked; every VM starts at once and the sample waits for all of them and
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from typing import Any, Literal
 
 import yaml
@@ -32,6 +34,7 @@ from .config import (
     ConfigError,
     HealthCheck,
     NetworkSpec,
+    NicSpec,
     PveInspectSandboxEnvironmentConfig,
     VmSpec,
 )
@@ -262,17 +265,14 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
     if not tag:
         raise ConfigError(f"{f}.vm_source_config.existing_vm_template_tag", "required")
     nets: tuple[str, ...] | None = None
+    fixed: tuple[NicSpec, ...] | None = None
     nics = vm.get("nics")
     if nics is not None:
         if len(nics) == 0:
             raise ConfigError(f"{f}.nics", "a VM without NICs is not supported")
         out = []
+        specs = []
         for j, nic in enumerate(nics):
-            for k in ("mac", "ipv4"):
-                if nic.get(k) is not None:
-                    raise ConfigError(
-                        f"{f}.nics[{j}].{k}", "not supported: addresses come from DHCP"
-                    )
             if nic.get("vlan_tag") is not None:
                 raise ConfigError(
                     f"{f}.nics[{j}].vlan_tag", "not supported: a sandbox's vnets carry no VLANs"
@@ -287,7 +287,20 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
                     f"{f}.nics[{j}].vnet_alias", f"{alias!r}: no vnet with this alias"
                 )
             out.append(aliases[alias])
+            try:
+                specs.append(
+                    NicSpec(
+                        network=aliases[alias], mac=_s(nic.get("mac")), ipv4=_s(nic.get("ipv4"))
+                    )
+                )
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise ConfigError(f"{f}.nics[{j}].{err['loc'][0]}", err["msg"]) from None
         nets = tuple(out)
+        if any(n.mac is not None or n.ipv4 is not None for n in specs):
+            # a fixed MAC or address: the NICs go as nics (never from the
+            # node's warm pool), each reserved by its MAC in Proxmox's IPAM
+            fixed, nets = tuple(specs), None
     hc = vm.get("healthcheck")
     try:
         return VmSpec(
@@ -296,6 +309,7 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
             cores=vm.get("vcpus", 2),
             memory_mib=vm.get("ram_mb", 2048),
             networks=nets,
+            nics=fixed,
             sandbox=bool(vm.get("is_sandbox", True)),
             healthcheck=None if hc is None else HealthCheck.model_validate(hc),
         )
@@ -355,6 +369,10 @@ def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
     try:
         return PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)
     except ValueError as e:
+        # a NIC's fixed MAC or address, named as the reference's field
+        m = re.search(r"vms\[(\d+)\]\.(nics\[\d+\]\.\w+): ([^\n]*)", str(e))
+        if m:
+            raise ConfigError(f"vms_config[{m[1]}].{m[2]}", m[3]) from None
         raise ConfigError("vms_config", str(e)) from None
 
 

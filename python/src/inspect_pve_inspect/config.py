@@ -116,6 +116,52 @@ class HealthCheck(BaseModel):
         return v
 
 
+# Proxmox's mac-addr format (pve-common JSONSchema.pm pve_verify_mac_addr),
+# as the daemon checks it: six hex pairs, the group bit of the first clear.
+_MAC = re.compile(r"^[0-9A-Fa-f][02468ACEace](?::[0-9A-Fa-f]{2}){5}$")
+
+
+class NicSpec(BaseModel):
+    """One NIC of a VM, on ``network``, optionally with a fixed ``mac`` and
+    ``ipv4`` address (the reference plugin's ``VmNicConfig(mac=, ipv4=)``).
+
+    A fixed address is reserved in Proxmox's IPAM for the NIC's MAC and the
+    zone's DHCP server hands it to that MAC: it lies in the network's fixed
+    ``cidr`` (not ``auto``), which has DHCP on, and is neither the cidr's
+    network, broadcast nor gateway (first host) address; inside the DHCP
+    range or not. Without ``mac`` the daemon picks one. Addresses and MACs
+    are unique in the sandbox. A sandbox with a MAC or address fixed is
+    never one of the node's warm pool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    network: str
+    mac: str | None = Field(default=None, description="XX:XX:XX:XX:XX:XX, unicast, not all zeros")
+    ipv4: str | None = Field(default=None, description="a fixed IPv4 address of the network")
+
+    @field_validator("mac")
+    @classmethod
+    def _mac(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not _MAC.match(v) or v == "00:00:00:00:00:00":
+            raise ValueError(
+                f"mac {v!r}: want a unicast MAC XX:XX:XX:XX:XX:XX "
+                "(the group bit of the first octet clear), not all zeros"
+            )
+        return v.upper()
+
+    @field_validator("ipv4")
+    @classmethod
+    def _ipv4(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            return str(ipaddress.IPv4Address(v))
+        except ValueError as e:
+            raise ValueError(f"ipv4 {v!r}: {e}") from None
+
+
 class VmSpec(BaseModel):
     """One VM of the sample's sandbox."""
 
@@ -129,12 +175,29 @@ class VmSpec(BaseModel):
     networks: tuple[str, ...] | None = Field(
         default=None, description="network names in NIC order; default the first network"
     )
+    nics: tuple[NicSpec, ...] | None = Field(
+        default=None,
+        description="instead of networks: one NIC per entry, in order, each with an optional "
+        "fixed mac and ipv4 address",
+    )
     sandbox: bool = Field(
         default=True, description="an Inspect environment (False: a VM the agent cannot exec in)"
     )
     healthcheck: HealthCheck | None = Field(
         default=None, description="a guest command that must pass before the sample starts"
     )
+
+    @model_validator(mode="after")
+    def _networks_or_nics(self) -> VmSpec:
+        if self.networks is not None and self.nics is not None:
+            raise ValueError("give networks or nics, not both")
+        return self
+
+    def network_names(self) -> tuple[str, ...] | None:
+        """The VM's networks in NIC order (from nics when given)."""
+        if self.nics is not None:
+            return tuple(n.network for n in self.nics)
+        return self.networks
 
     @field_validator("name")
     @classmethod
@@ -260,13 +323,49 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         if len(nets) != len(self.networks):
             raise ValueError("networks: a network name is used twice")
         for i, v in enumerate(self.vms):
-            for n in v.networks or ():
+            field = "nics" if v.nics is not None else "networks"
+            for n in v.network_names() or ():
                 if n not in nets and (self.networks or n != "net0"):
-                    raise ValueError(f"vms[{i}].networks: no network named {n!r}")
+                    raise ValueError(f"vms[{i}].{field}: no network named {n!r}")
+        self._check_fixed_nics()
         for k in self.labels:
             if k.startswith("inspect."):
                 raise ValueError(f"labels: {k!r}: the inspect. prefix is the provider's")
         return self
+
+    def _check_fixed_nics(self) -> None:
+        """The daemon's rules of fixed MACs and addresses (sandboxapi
+        decode.go validateNICs), checked before any request."""
+        nets = {n.name: n for n in self.networks}
+        macs: dict[str, str] = {}
+        ips: dict[str, str] = {}
+        for i, v in enumerate(self.vms):
+            for j, nic in enumerate(v.nics or ()):
+                f = f"vms[{i}].nics[{j}]"
+                if nic.mac is not None:
+                    if nic.mac in macs:
+                        raise ValueError(f"{f}.mac: {nic.mac} is {macs[nic.mac]}'s too")
+                    macs[nic.mac] = f
+                if nic.ipv4 is None:
+                    continue
+                net = nets.get(nic.network)
+                if net is None or net.cidr == "auto":
+                    label = repr(nic.network) if net is None else net.label()
+                    raise ValueError(
+                        f"{f}.ipv4: network {label} has cidr 'auto': "
+                        "a fixed address needs a network with a fixed cidr"
+                    )
+                if not net.dhcp:
+                    raise ValueError(
+                        f"{f}.ipv4: network {net.label()} has no DHCP: "
+                        "a fixed address is handed out by the zone's DHCP server"
+                    )
+                why = _fixed_address_refusal(ipaddress.IPv4Network(net.cidr), nic.ipv4)
+                if why:
+                    raise ValueError(f"{f}.ipv4: {nic.ipv4} on network {net.label()}: {why}")
+                if nic.ipv4 in ips:
+                    raise ValueError(f"{f}.ipv4: {nic.ipv4} is {ips[nic.ipv4]}'s too")
+                ips[nic.ipv4] = f
 
     def __hash__(self) -> int:
         # Inspect keys its sandbox cache by the config; labels is a dict.
@@ -283,6 +382,22 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         if self.nodes:
             return self.nodes
         return nodes_from_env()
+
+
+def _fixed_address_refusal(net: ipaddress.IPv4Network, ip: str) -> str:
+    """Why ip cannot be a fixed address on net ("" when it can): outside
+    it, its network or broadcast address, or the daemon's gateway (the
+    first host address)."""
+    a = ipaddress.IPv4Address(ip)
+    if a not in net:
+        return f"outside the network's cidr {net}"
+    if a == net.network_address:
+        return "the network's own address"
+    if a == net.broadcast_address:
+        return "the network's broadcast address"
+    if a == net.network_address + 1:
+        return "the network's gateway"
+    return ""
 
 
 def _per_node(name: str, n: int) -> list[str | None]:

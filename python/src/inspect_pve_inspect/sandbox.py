@@ -480,6 +480,8 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
                 d[k] = getattr(v, k)
         if v.networks is not None:
             d["networks"] = list(v.networks)
+        if v.nics is not None:
+            d["nics"] = [n.model_dump(exclude_none=True) for n in v.nics]
         vms.append(d)
     labels = dict(cfg.labels)
     labels.update(

@@ -1,0 +1,227 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Fixed MACs and addresses: a VM's NIC may ask for a MAC and an IPv4
+// address of its own (apitype.NIC), as the reference plugin's
+// VmNicConfig(mac=, ipv4=) does, on stock Proxmox.
+//
+// Design decisions:
+//
+//   - The address is Proxmox's IPAM DHCP mapping: an IPAM entry of the
+//     address for the NIC's MAC, which a start's pve-bridge hook maps in
+//     the zone's dnsmasq (pve-network Vnets.pm add_dhcp_mapping: the MAC's
+//     IPv4 address by get_ips_from_mac, one allocated only when it has
+//     none; Dhcp.pm add_mapping writes "MAC,IP" to the zone's ethers). The
+//     guest gets it by DHCP; nothing is written into the guest.
+//   - Order, all before the VMs start: (1) once the sandbox's SDN is
+//     applied, before any NIC of the sandbox is configured, every fixed
+//     address is reserved for its NIC's MAC (POST
+//     /cluster/sdn/vnets/{vnet}/ips: Ips.pm ipcreate, Vnets.pm add_ip;
+//     add_ip reads the vnet's running subnets, hence after the apply), so
+//     that no sibling's NIC takes it from the DHCP range first. (2) The
+//     NIC is configured with that MAC; qemu-server gives it an address of
+//     the DHCP range all the same (QemuServer.pm vmconfig_apply_pending ->
+//     Vnets.pm add_next_free_cidr, which does not look the MAC up: the
+//     reference plugin patches pve-network for that, this daemon runs on
+//     stock Proxmox), and Proxmox's cache of the MAC's address (Ipams.pm
+//     add_cache_mac_ip, cluster-wide, keyed by the MAC alone) now names
+//     that one. (3) That entry is deleted (DELETE .../ips with the MAC:
+//     Subnets.pm del_ip drops the MAC's cache entry too), so the start's
+//     get_ips_from_mac finds the MAC's one entry left, the fixed address,
+//     in the IPAM (PVEPlugin.pm get_ips_from_mac) and maps it.
+//   - The fixed entry names no VM (ipcreate passes no vmid): the VM's
+//     address on that network is the IPAM entry of the NIC's MAC
+//     (names.go). A VM destroy removes it (QemuServer/Network.pm
+//     delete_ifaces_ipams_ips: Vnets.pm del_ips_from_mac finds it by the
+//     MAC); whatever is left on a vnet (a create that failed between the
+//     steps) goes before its subnet (the client's DeleteSubnet).
+//   - A NIC with a fixed address and no MAC gets one of the daemon's:
+//     locally administered and random in its other 46 bits (as
+//     pve-common's random_ether_addr without a prefix), in upper case as
+//     Proxmox writes its own: the MAC is the key of Proxmox's cache, and
+//     the configured NIC's MAC, the reservation's and the deletion's must
+//     be one string.
+//   - A MAC given is used as given (upper-cased): a create that gives one
+//     a VM of another of this node's sandboxes has is refused, as Proxmox
+//     caches a MAC's address cluster-wide by the MAC alone and two live
+//     NICs of one MAC would get each other's mapping (macsFreeLocked).
+//   - A request with any NIC's MAC or address fixed is never served by the
+//     warm pool: a member's NICs are configured already (pool.go).
+
+// macsFreeLocked refuses (ErrConflict) a create that fixes a MAC a VM of
+// another of this engine's sandboxes has: Proxmox caches a MAC's address
+// under the MAC alone, cluster-wide (Ipams.pm add_cache_mac_ip), so two
+// live NICs of one MAC in two zones map each other's address (the start's
+// get_ips_from_mac gives the last one cached). Other nodes' sandboxes are
+// not seen here. Call with m.mu held.
+func (m *Engine) macsFreeLocked(req apitype.CreateRequest) error {
+	want := map[string]bool{}
+	for _, v := range req.VMs {
+		for _, n := range v.NICs {
+			if n.MAC != "" {
+				want[strings.ToUpper(n.MAC)] = true
+			}
+		}
+	}
+	if len(want) == 0 {
+		return nil
+	}
+	for _, id := range slices.Sorted(maps.Keys(m.sbx)) {
+		for _, v := range m.sbx[id].VMs {
+			for _, n := range v.NICs {
+				if want[strings.ToUpper(n.MAC)] {
+					return refuse(ErrConflict, "mac %s: sandbox %s's VM %s has it (Proxmox caches a MAC's address cluster-wide, by the MAC alone)", n.MAC, id, v.Name)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// randomMAC is a random, locally administered, unicast MAC in upper case.
+func randomMAC() string {
+	v := rand.Uint64()
+	b := [6]byte{byte(v>>40)&0xfe | 0x02, byte(v >> 32), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
+	return fmt.Sprintf("%02X:%02X:%02X:%02X:%02X:%02X", b[0], b[1], b[2], b[3], b[4], b[5])
+}
+
+// recordNICs is the NICs of a VM's record from its request: the MACs as
+// given (the API upper-cases them), one picked for a NIC with a fixed
+// address and none; nil when the request gave networks.
+func recordNICs(v apitype.VMRequest) []apitype.NIC {
+	if len(v.NICs) == 0 {
+		return nil
+	}
+	out := make([]apitype.NIC, len(v.NICs))
+	for j, n := range v.NICs {
+		out[j] = n
+		if n.IPv4 != "" && n.MAC == "" {
+			out[j].MAC = randomMAC()
+		}
+	}
+	return out
+}
+
+// fixesNICs reports whether a create asks for any NIC's MAC or address.
+func fixesNICs(req apitype.CreateRequest) bool {
+	for _, v := range req.VMs {
+		for _, n := range v.NICs {
+			if n.MAC != "" || n.IPv4 != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// recordMACs are the MACs of a VM's NICs as its record fixes them, by NIC
+// ("" for one Proxmox picks); nil when none is fixed.
+func recordMACs(v apitype.VM) []string {
+	var out []string
+	for j, n := range v.NICs {
+		if n.MAC == "" {
+			continue
+		}
+		if out == nil {
+			out = make([]string, len(v.NICs))
+		}
+		out[j] = n.MAC
+	}
+	return out
+}
+
+// fixedNIC is a NIC with a fixed address: the vnet it is on and its MAC.
+type fixedNIC struct {
+	vnet string
+	ip   netip.Addr
+	mac  string
+}
+
+// fixedNICsLocked lists the NICs of rec's VM i with a fixed address (all
+// VMs when i < 0).
+func fixedNICsLocked(rec *record, i int) []fixedNIC {
+	var out []fixedNIC
+	for k, v := range rec.VMs {
+		if i >= 0 && k != i {
+			continue
+		}
+		for _, n := range v.NICs {
+			if n.IPv4 == "" {
+				continue
+			}
+			for _, net := range rec.Networks {
+				if net.Name == n.Network {
+					out = append(out, fixedNIC{vnet: net.VNet, ip: netip.MustParseAddr(n.IPv4), mac: n.MAC})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// reserveAddresses adds the IPAM entry of every fixed address of rec for
+// its NIC's MAC: after the sandbox's SDN apply, before any of its NICs is
+// configured (step 1 above).
+func (m *Engine) reserveAddresses(ctx context.Context, rec *record) error {
+	m.mu.Lock()
+	nics := fixedNICsLocked(rec, -1)
+	zone := rec.Zone
+	m.mu.Unlock()
+	for _, n := range nics {
+		if err := m.fixer.ReserveIP(ctx, zone, n.vnet, n.ip, n.mac); err != nil {
+			return pxErr(fmt.Sprintf("reserve %s for %s on %s", n.ip, n.mac, n.vnet), err)
+		}
+	}
+	return nil
+}
+
+// dropRangeAddresses deletes the IPAM entries the configure of rec's VM i
+// gave its NICs of a fixed address from the DHCP range (step 3 above), and
+// checks that each fixed address's entry is still the NIC's.
+func (m *Engine) dropRangeAddresses(ctx context.Context, rec *record, i int) error {
+	m.mu.Lock()
+	nics := fixedNICsLocked(rec, i)
+	zone := rec.Zone
+	m.mu.Unlock()
+	if len(nics) == 0 {
+		return nil
+	}
+	var vnets []string
+	for _, n := range nics {
+		vnets = append(vnets, n.vnet)
+	}
+	entries, err := m.addrs.IPAMAddresses(ctx, vnets)
+	if err != nil {
+		return pxErr("list ipam addresses", err)
+	}
+	for _, n := range nics {
+		kept := false
+		for _, e := range entries {
+			if e.VNet != n.vnet || !strings.EqualFold(e.MAC, n.mac) {
+				continue
+			}
+			if e.IP == n.ip {
+				kept = true
+				continue
+			}
+			if err := m.fixer.ReleaseIP(ctx, zone, n.vnet, e.IP, n.mac); err != nil {
+				return pxErr(fmt.Sprintf("release %s of %s on %s", e.IP, n.mac, n.vnet), err)
+			}
+		}
+		if !kept {
+			return pxErr("check the reservation of "+n.ip.String(), fmt.Errorf("the IPAM entry of %s for %s on %s is gone", n.ip, n.mac, n.vnet))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package pveemu
+
+import (
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestFixedAddressByMAC: the pve IPAM's DHCP mapping as pve-network and
+// qemu-server make it (FIDELITY.md row 6): POST .../ips takes any address
+// of a running subnet the IPAM does not hold (the network address too;
+// not the gateway, not one outside), stores the MAC as sent with no VM,
+// and of two concurrent creates of one address exactly one wins. A NIC
+// configured with that MAC gets a range address all the same (the MAC's
+// second entry), and a start maps the MAC's cached address, the range
+// one; once that entry is deleted with the MAC, the start maps the fixed
+// address. A destroy removes the entry the cache names and leaves the
+// MAC's other one; a delete without the MAC leaves its cached address.
+func TestFixedAddressByMAC(t *testing.T) {
+	e := newEnv(t)
+	e.setupZone() // vnet1: 10.10.1.0/24, gateway .1, range .100-.200
+	ips := func(form url.Values) resp {
+		t.Helper()
+		form.Set("zone", "sbx1")
+		return e.do("POST", "/cluster/sdn/vnets/vnet1/ips", form, authTicket)
+	}
+	for _, tc := range []struct {
+		ip, msg string
+	}{
+		{"10.10.1.1", "IP '10.10.1.1' already exist\n"},
+		{"10.10.2.5", "can't find any subnet for ip 10.10.2.5\n"},
+	} {
+		if r := ips(url.Values{"ip": {tc.ip}}); r.status != 500 || r.body["message"] != tc.msg {
+			t.Errorf("POST ip %s: %d %v, want %q", tc.ip, r.status, r.body, tc.msg)
+		}
+	}
+	if r := ips(url.Values{"ip": {"10.10.1.0"}}); r.status != 200 {
+		t.Errorf("the network address: %d %v, want taken as any other", r.status, r.body)
+	}
+	e.ok("DELETE", "/cluster/sdn/vnets/vnet1/ips", url.Values{"zone": {"sbx1"}, "ip": {"10.10.1.0"}})
+
+	// two creates of one address at once: one wins, the other is refused
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = ips(url.Values{"ip": {"10.10.1.150"}, "mac": {"02:00:00:00:00:0" + string(rune('b'+i))}}).status
+		}()
+	}
+	wg.Wait()
+	if slices.Sort(codes); !slices.Equal(codes, []int{200, 500}) {
+		t.Errorf("two concurrent creates of one address: %v, want one 200 and one 500", codes)
+	}
+	e.ok("DELETE", "/cluster/sdn/vnets/vnet1/ips", url.Values{"zone": {"sbx1"}, "ip": {"10.10.1.150"}})
+
+	// the first range address reserved for a MAC in lower case, the
+	// second for another
+	const m120, m121 = "02:00:00:00:00:0a", "02:00:00:00:00:0C"
+	ips(url.Values{"ip": {"10.10.1.100"}, "mac": {m120}})
+	ips(url.Values{"ip": {"10.10.1.160"}, "mac": {m121}})
+	status := e.ok("GET", "/cluster/sdn/ipams/pve/status", nil).([]any)
+	if m := status[1].(map[string]any); m["ip"] != "10.10.1.100" || m["mac"] != m120 || m["vmid"] != nil {
+		t.Errorf("the reserved entry %v, want the MAC as sent and no vmid", m)
+	}
+	for id, mac := range map[string]string{"120": m120, "121": m121} {
+		e.clone(id)
+		if st := e.task("POST", "/nodes/pve/qemu/"+id+"/config", url.Values{"net0": {"virtio=" + mac + ",bridge=vnet1"}}); st != "OK" {
+			t.Fatalf("config %s: %s", id, st)
+		}
+	}
+	// each MAC has its reservation and a range address (.101 and .102:
+	// .100 is taken)
+	want := []string{"10.10.1.0/24 10.10.1.1 gateway", "10.10.1.0/24 10.10.1.100 " + m120, "10.10.1.0/24 10.10.1.101 " + m120,
+		"10.10.1.0/24 10.10.1.102 " + m121, "10.10.1.0/24 10.10.1.160 " + m121}
+	if got := e.s.IPAMEntries("sbx1"); !slices.Equal(got, want) {
+		t.Fatalf("entries %q, want %q", got, want)
+	}
+	// 120's range entry deleted with its MAC (the daemon's step); 121's
+	// kept
+	e.ok("DELETE", "/cluster/sdn/vnets/vnet1/ips", url.Values{"zone": {"sbx1"}, "ip": {"10.10.1.101"}, "mac": {m120}})
+	for _, id := range []string{"120", "121"} {
+		if st := e.task("POST", "/nodes/pve/qemu/"+id+"/status/start", nil); st != "OK" {
+			t.Fatalf("start %s: %s", id, st)
+		}
+	}
+	calls := strings.Join(e.fb.Calls(), "\n")
+	for _, line := range []string{"start 120 vnet=vnet1 mac=" + m120 + " ip=10.10.1.100", "start 121 vnet=vnet1 mac=" + strings.ToLower(m121) + " ip=10.10.1.102"} {
+		if !strings.Contains(calls, line) {
+			t.Errorf("backend calls lack %q:\n%s", line, calls)
+		}
+	}
+	for _, id := range []string{"120", "121"} {
+		if st := e.task("POST", "/nodes/pve/qemu/"+id+"/status/stop", nil); st != "OK" {
+			t.Fatal(st)
+		}
+		if st := e.task("DELETE", "/nodes/pve/qemu/"+id, url.Values{"purge": {"1"}}); st != "OK" {
+			t.Fatal(st)
+		}
+	}
+	want = []string{"10.10.1.0/24 10.10.1.1 gateway", "10.10.1.0/24 10.10.1.160 " + m121}
+	if got := e.s.IPAMEntries("sbx1"); !slices.Equal(got, want) {
+		t.Errorf("after the destroys %q, want %q (121's reservation: its cache named the range address)", got, want)
+	}
+	// the cache names neither MAC; the concurrent create's winner is
+	// left in it: its entry was deleted without the MAC
+	if c := e.s.MACCache(); len(c) != 1 || !strings.HasSuffix(c[0], " 10.10.1.150") {
+		t.Errorf("MAC cache %q after the destroys, want only the winner of .150", c)
+	}
+}
