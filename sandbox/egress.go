@@ -253,7 +253,9 @@ type EgressHandover interface {
 type EgressTaker interface {
 	EgressRecorder
 	// TakeLog ends the sandbox's record where Remove would drop it and
-	// returns what it held, never nil (empty when it held nothing).
+	// returns what it held, never nil (empty when it held nothing); what
+	// of its egress was still open (a connection, a flow: recorded only
+	// at their end) is ended and recorded first.
 	TakeLog(sandbox string) EgressHandover
 }
 

@@ -496,6 +496,13 @@ func (r *Registry) Get(zone string) (Rules, bool) {
 	return e.rules, ok
 }
 
+// Bridges returns the bridges of zone's own policy (none: it has none).
+func (r *Registry) Bridges(zone string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.zones[zone].bridges)
+}
+
 // Default returns the node-wide default rules.
 func (r *Registry) Default() Rules { return r.def }
 
