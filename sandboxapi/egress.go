@@ -109,12 +109,15 @@ var pDeleteEgressLog = param{name: "egress_log", in: "query",
 	schema: func() map[string]any { return map[string]any{"type": "boolean"} }}
 
 // egressLogParam reads the egress_log parameter of a delete: absent is
-// false; anything but true or false is refused, before anything is
-// deleted.
+// false; anything but true or false, or the parameter given twice, is
+// refused, before anything is deleted.
 func egressLogParam(r *http.Request) (bool, error) {
 	q := r.URL.Query()
 	if !q.Has(pDeleteEgressLog.name) {
 		return false, nil
+	}
+	if vs := q[pDeleteEgressLog.name]; len(vs) > 1 {
+		return false, invalid(pDeleteEgressLog.name, "egress_log given %d times (%q): give it once, true or false (nothing was deleted)", len(vs), vs)
 	}
 	switch v := q.Get(pDeleteEgressLog.name); v {
 	case "true":

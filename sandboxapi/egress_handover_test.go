@@ -130,6 +130,7 @@ func TestDeleteEgressLog(t *testing.T) {
 		{name: "egress_log=false: the plain delete", egress: "taking", caller: "alice", query: "?egress_log=false", status: 204, deleted: true},
 		{name: "egress_log not a boolean", egress: "taking", caller: "alice", query: "?egress_log=yes", status: 400, problem: apitype.ProblemInvalidRequest, field: "egress_log"},
 		{name: "egress_log empty", egress: "taking", caller: "alice", query: "?egress_log=", status: 400, problem: apitype.ProblemInvalidRequest, field: "egress_log"},
+		{name: "egress_log given twice", egress: "taking", caller: "alice", query: "?egress_log=false&egress_log=true", status: 400, problem: apitype.ProblemInvalidRequest, field: "egress_log"},
 		{name: "another owner's sandbox", egress: "taking", caller: "bob", query: "?egress_log=true", status: 404, problem: apitype.ProblemNotFound},
 		{name: "another owner's sandbox, no parameter", egress: "taking", caller: "bob", status: 404, problem: apitype.ProblemNotFound},
 		{name: "sandbox gone", egress: "taking", caller: "alice", query: "?egress_log=true", gone: true, status: 404, problem: apitype.ProblemNotFound, deleted: true},
