@@ -81,7 +81,7 @@ func TestProxyEndOf(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := p.EndOf(ctx, []string{"vneta"}); err != nil {
+	if err := p.EndOf(ctx, reg.BridgesOf("sb-a")); err != nil {
 		t.Fatal(err)
 	}
 	h := log.Take("sb-a")

@@ -496,11 +496,18 @@ func (r *Registry) Get(zone string) (Rules, bool) {
 	return e.rules, ok
 }
 
-// Bridges returns the bridges of zone's own policy (none: it has none).
-func (r *Registry) Bridges(zone string) []string {
+// BridgesOf returns the bridges of the policies owner's zones have
+// (a sandbox's: its networks).
+func (r *Registry) BridgesOf(owner string) []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return slices.Clone(r.zones[zone].bridges)
+	var out []string
+	for _, e := range r.zones {
+		if e.owner == owner {
+			out = append(out, e.bridges...)
+		}
+	}
+	return out
 }
 
 // Default returns the node-wide default rules.

@@ -459,15 +459,14 @@ type OpenEgress interface {
 }
 
 // proxyEnds is the proxy as an OpenEgress: the connections from the
-// sandbox's bridges (its zone's policy's, the zone named as the
-// sandbox).
+// sandbox's bridges (those of the policies it owns).
 type proxyEnds struct {
 	p   *egress.Proxy
 	reg *egress.Registry
 }
 
 func (pe proxyEnds) EndOf(ctx context.Context, sandbox string) error {
-	return pe.p.EndOf(ctx, pe.reg.Bridges(sandbox))
+	return pe.p.EndOf(ctx, pe.reg.BridgesOf(sandbox))
 }
 
 var _ sandbox.EgressTaker = (*Egress)(nil)
