@@ -51,6 +51,12 @@ func (m *Engine) removeIf(ctx context.Context, id string, cond func(*record) *go
 		return true, nil
 	}
 	switch {
+	case r.State == apitype.StateCreating && keep != nil:
+		// its record reads empty until it is ready (a claimed member's
+		// is still the member's): nothing to hand over, and cancelling
+		// the create would delete it under a refusal
+		m.mu.Unlock()
+		return false, refuse(ErrConflict, "sandbox %s is being created: its egress record reads empty until it is ready, so a delete keeping it is refused (nothing was deleted); delete it without keeping its record, or once it is ready", id)
 	case r.State == apitype.StateCreating:
 		created := r.created
 		r.cancel()

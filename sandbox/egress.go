@@ -253,7 +253,9 @@ type EgressHandover interface {
 type EgressTaker interface {
 	EgressRecorder
 	// TakeLog ends the sandbox's record where Remove would drop it and
-	// returns what it held, never nil (empty when it held nothing).
+	// returns what it held, never nil (empty when it held nothing); what
+	// of its egress was still open (a connection, a flow: recorded only
+	// at their end) is ended and recorded first.
 	TakeLog(sandbox string) EgressHandover
 }
 
@@ -291,7 +293,8 @@ func (n namedHandover) Each(fn func(apitype.EgressRecord) error) error {
 // record instead of dropping it: taken once its VMs are gone and its last
 // egress event is published, so it holds every record made until then.
 // Nothing is deleted when this node keeps no egress record
-// (ErrNotConfigured). A sandbox already gone, or whose delete by another
+// (ErrNotConfigured), or when the sandbox is being created (ErrConflict:
+// its record reads empty until it is ready). A sandbox already gone, or whose delete by another
 // caller (or the reaper) ended first, is ErrUnknown: its record went with
 // that delete. Release the answer once it is written.
 func (m *Engine) DeleteKeepingEgress(ctx context.Context, id, by string) (EgressHandover, error) {

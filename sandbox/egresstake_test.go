@@ -240,3 +240,81 @@ func TestDeleteKeepingEgress(t *testing.T) {
 		})
 	}
 }
+
+// takingClaimEgress is recordingEgress (whose Claim can be held) that
+// hands a deleted sandbox's record over (sandbox.EgressTaker), counting
+// the takes.
+type takingClaimEgress struct {
+	*recordingEgress
+	takes int // guarded by recordingEgress.mu
+}
+
+func (t *takingClaimEgress) TakeLog(sb string) sandbox.EgressHandover {
+	t.mu.Lock()
+	t.takes++
+	t.mu.Unlock()
+	return takenRecord{}
+}
+
+// TestDeleteKeepingEgressOfACreate: a delete keeping the egress record of
+// a sandbox being created (here a pool member being claimed: the
+// claimer's, its policy not in force yet) is refused, a conflict, and
+// deletes nothing: its record reads empty until it is ready, so there is
+// nothing of it to hand over yet. Before, it cancelled the create (the
+// claim failed, the member was torn down and the claimer's create ran
+// cold, on another id) and answered that the sandbox was gone, its record
+// gone with "that" delete: a not-found that had deleted it.
+func TestDeleteKeepingEgressOfACreate(t *testing.T) {
+	ctx := context.Background()
+	eg := &takingClaimEgress{recordingEgress: &recordingEgress{fakeEgress: fakeEgress{policy: map[string]apitype.EgressPolicy{}},
+		denials: map[string][]apitype.EgressDenial{}, entered: make(chan struct{}), hold: make(chan struct{})}}
+	b := newPoolBed(t, []sandbox.PoolShape{small(1)}, func(o *sandbox.Options) { o.Egress = eg })
+	b.e.MaintainPool(ctx)
+	members := b.e.Pool().Members
+	if len(members) != 1 {
+		t.Fatalf("%d members, want 1", len(members))
+	}
+	id := members[0].ID
+	req := oneVMSized("debian", 1, 512)
+	req.Owner = "bob"
+	created := make(chan apitype.Sandbox, 1)
+	go func() {
+		sb, err := b.e.Create(ctx, req)
+		if err != nil {
+			t.Error(err)
+		}
+		created <- sb
+	}()
+	<-eg.entered
+	deleted := make(chan error, 1)
+	go func() {
+		h, err := b.e.DeleteKeepingEgress(ctx, id, "bob")
+		if h != nil {
+			h.Release()
+		}
+		deleted <- err
+	}()
+	var err error
+	select {
+	case err = <-deleted:
+		close(eg.hold)
+	case <-time.After(10 * time.Second): // it waits for the create it cancelled
+		close(eg.hold)
+		err = <-deleted
+	}
+	sb := <-created
+	if !errors.Is(err, sandbox.ErrConflict) {
+		t.Errorf("a keeping delete of a sandbox being created: %v, want a conflict", err)
+	}
+	if sb.ID != id || !sb.FromPool {
+		t.Errorf("the claimer's create gave %s (from the pool %v), want the member %s claimed", sb.ID, sb.FromPool, id)
+	}
+	if got, ok := b.e.Get(id); !ok || got.State != apitype.StateReady {
+		t.Errorf("after the refused delete: %+v %v, want it ready", got, ok)
+	}
+	eg.mu.Lock()
+	defer eg.mu.Unlock()
+	if eg.takes != 0 {
+		t.Errorf("%d records taken, want none", eg.takes)
+	}
+}

@@ -3,10 +3,12 @@ package sandboxapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -107,12 +109,15 @@ var pDeleteEgressLog = param{name: "egress_log", in: "query",
 	schema: func() map[string]any { return map[string]any{"type": "boolean"} }}
 
 // egressLogParam reads the egress_log parameter of a delete: absent is
-// false; anything but true or false is refused, before anything is
-// deleted.
+// false; anything but true or false, or the parameter given twice, is
+// refused, before anything is deleted.
 func egressLogParam(r *http.Request) (bool, error) {
 	q := r.URL.Query()
 	if !q.Has(pDeleteEgressLog.name) {
 		return false, nil
+	}
+	if vs := q[pDeleteEgressLog.name]; len(vs) > 1 {
+		return false, invalid(pDeleteEgressLog.name, "egress_log given %d times (%q): give it once, true or false (nothing was deleted)", len(vs), vs)
 	}
 	switch v := q.Get(pDeleteEgressLog.name); v {
 	case "true":
@@ -141,12 +146,35 @@ func (s *Server) deleteKeepingEgress(w http.ResponseWriter, r *http.Request, p p
 		return err
 	}
 	defer h.Release()
+	s.boundHandover(w, h.Len())
 	head := apitype.EgressLog{Sandbox: sb.ID, Dropped: h.Dropped(), Next: h.Next()}
 	if wantsNDJSON(r) {
 		writeEgressNDJSON(w, head, h.Each)
 		return nil
 	}
 	return writeEgressJSON(w, head, h.Each)
+}
+
+// handoverRecordsPerTimeout is how many records of a hand-over each
+// Streams.WriteTimeout covers: about 1.5 MiB of JSON at most (a record
+// is under 1.5 KiB as answered).
+const handoverRecordsPerTimeout = 1024
+
+// boundHandover bounds the writing of a hand-over of n records: the
+// whole answer within Streams.WriteTimeout per handoverRecordsPerTimeout
+// records started, from now (the teardown is done). Its records stay
+// counted in the node's bound of egress records until written, so a
+// client that stops reading, or reads a byte at a time, must not hold
+// them for the route's deadline (the teardown's and the SDN apply's:
+// half an hour by default) while its owner deletes and creates
+// sandboxes again, each hand-over's room on top of its live sandboxes'
+// until other sandboxes' new records are dropped at the node's bound.
+// Past it the connection is cut, the records let go.
+func (s *Server) boundHandover(w http.ResponseWriter, n int) {
+	d := s.o.Streams.WriteTimeout * time.Duration(1+n/handoverRecordsPerTimeout)
+	if err := http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.o.Logger.Warn("set the egress hand-over's write deadline", "err", err)
+	}
 }
 
 // writeEgressJSON answers 200 with an EgressLog: head's fields, then its

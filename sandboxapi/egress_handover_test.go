@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ import (
 type takingEgress struct {
 	*gatedEgress
 	dropped uint64
+	// big adds so many records of a long name to each handover (an
+	// answer past the connection's buffers)
+	big int
 
 	tmu      sync.Mutex
 	taken    []string
@@ -40,6 +44,9 @@ func newTakingEgress() *takingEgress {
 
 func (f *takingEgress) TakeLog(id string) sandbox.EgressHandover {
 	recs := f.recordingEgress.Log(id, sandbox.EgressLogFilter{}).Records
+	for range f.big {
+		recs = append(recs, apitype.EgressRecord{Seq: uint64(len(recs) + 1), Type: "dns", Verdict: "answered", Name: strings.Repeat("x", 240) + ".example"})
+	}
 	f.tmu.Lock()
 	defer f.tmu.Unlock()
 	f.taken = append(f.taken, id)
@@ -123,6 +130,7 @@ func TestDeleteEgressLog(t *testing.T) {
 		{name: "egress_log=false: the plain delete", egress: "taking", caller: "alice", query: "?egress_log=false", status: 204, deleted: true},
 		{name: "egress_log not a boolean", egress: "taking", caller: "alice", query: "?egress_log=yes", status: 400, problem: apitype.ProblemInvalidRequest, field: "egress_log"},
 		{name: "egress_log empty", egress: "taking", caller: "alice", query: "?egress_log=", status: 400, problem: apitype.ProblemInvalidRequest, field: "egress_log"},
+		{name: "egress_log given twice", egress: "taking", caller: "alice", query: "?egress_log=false&egress_log=true", status: 400, problem: apitype.ProblemInvalidRequest, field: "egress_log"},
 		{name: "another owner's sandbox", egress: "taking", caller: "bob", query: "?egress_log=true", status: 404, problem: apitype.ProblemNotFound},
 		{name: "another owner's sandbox, no parameter", egress: "taking", caller: "bob", status: 404, problem: apitype.ProblemNotFound},
 		{name: "sandbox gone", egress: "taking", caller: "alice", query: "?egress_log=true", gone: true, status: 404, problem: apitype.ProblemNotFound, deleted: true},
@@ -301,5 +309,56 @@ func checkHandover(t *testing.T, resp *http.Response, sb apitype.Sandbox, ndjson
 	if l.Sandbox != sb.ID || l.Dropped != 5 || l.Next != 4 || l.More ||
 		!slices.Equal(seqs, []uint64{1, 2, 3, 4}) || !slices.Equal(vms, []string{"a/dns", "a/conn", "b/dns", "b/conn"}) {
 		t.Errorf("handed over %+v (seqs %v, VMs %v), want sandbox %s, 4 records of a and b, dropped 5, next 4", l, seqs, vms, sb.ID)
+	}
+}
+
+// TestDeleteEgressLogStalledClient: the hand-over's records stay counted
+// in the node's bound of egress records until written, so a client that
+// stops reading the answer (or reads it a byte at a time) must not hold
+// them for the route's deadline (TeardownTimeout + the SDN apply's + 30
+// s: half an hour by default), while its owner creates, fills and
+// deletes sandboxes again, each hand-over's room held on top of its live
+// sandboxes' until other sandboxes' new records are dropped at the bound.
+// The answer is written within Streams.WriteTimeout per 1024 records;
+// past that the connection is cut and the records let go.
+func TestDeleteEgressLogStalledClient(t *testing.T) {
+	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
+	taking := newTakingEgress()
+	taking.big = 40000 // about 12 MiB of JSON: more than the connection holds
+	e := newEnv(t, func(o *options) {
+		o.Tokens = store
+		o.Egress = taking
+		o.Streams.WriteTimeout = 200 * time.Millisecond
+	})
+	tok, _, err := store.CreateOwned("a", "alice", []string{"admin"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := client.New(e.tcp.URL, client.WithToken(tok))
+	sb, err := alice.Create(e.ctx(), twoVMs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ndjson := range []bool{false, true} {
+		accept := "application/json"
+		if ndjson {
+			accept = "application/x-ndjson"
+		}
+		c := stall(t, e, "DELETE /v1/sandboxes/"+sb.ID+"?egress_log=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+tok+"\r\nAccept: "+accept+"\r\n\r\n", 0)
+		// 40 WriteTimeouts for 40000 records (8 s) and a margin; the
+		// route's deadline is minutes away
+		for deadline := time.Now().Add(20 * time.Second); !taking.releasedAll() && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !taking.releasedAll() {
+			t.Errorf("accept %s: the hand-over to a client that reads nothing is still held (released %v)", accept, taking.released)
+		}
+		c.Close()
+		if _, ok := e.srv.Engine().Get(sb.ID); ok {
+			t.Fatalf("sandbox %s not deleted", sb.ID)
+		}
+		if sb, err = alice.Create(e.ctx(), twoVMs()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -287,7 +287,7 @@ func logReadRefusals(resp map[string]any, more string) {
 
 // deleteResponses declares the answers of DELETE /v1/sandboxes/{id} with
 // egress_log=true (deleteKeepingEgress) besides its 204: the record
-// (200), and the refusals that delete nothing.
+// (200), and the refusals that delete nothing (400, 404, 409, 503).
 func (s *Server) deleteResponses(resp map[string]any) {
 	resp[httpCode(http.StatusOK)] = map[string]any{
 		"description": "egress_log=true: the sandbox is deleted; its whole egress record as it stood once its VMs were gone, oldest first (more is false)",
@@ -300,6 +300,8 @@ func (s *Server) deleteResponses(resp map[string]any) {
 	resp[httpCode(http.StatusBadRequest)] = problemResponse("egress_log is neither true nor false: nothing is deleted", apitype.ProblemInvalidRequest)
 	resp[httpCode(http.StatusNotFound)] = problemResponse(
 		"another owner's sandbox; with egress_log=true also a sandbox already gone (its record went with its delete): nothing is deleted", apitype.ProblemNotFound)
+	resp[httpCode(http.StatusConflict)] = problemResponse(
+		"egress_log=true of a sandbox being created (its record reads empty until it is ready): nothing is deleted", apitype.ProblemConflict)
 	if _, ok := s.eo.Egress.(sandbox.EgressTaker); !ok {
 		resp[httpCode(http.StatusServiceUnavailable)] = problemResponse(
 			"this node keeps no egress record (egress policies are not enabled): every call with egress_log=true answers this, and nothing is deleted", apitype.ProblemUnavailable)

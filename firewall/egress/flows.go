@@ -111,7 +111,7 @@ type FlowStats struct {
 // confirms an entry, and are the denials already, and KernelDrops'
 // refused records); its verdict is VerdictAllowed.
 //
-// Handle is called by one goroutine (Run's); Stats from any.
+// Handle is called by one goroutine (Run's); Stats and EndOf from any.
 type Flows struct {
 	cfg    FlowConfig
 	owners FlowOwners
@@ -121,12 +121,22 @@ type Flows struct {
 	logger *slog.Logger
 	now    func() time.Time
 
+	// mu guards live, perRing, ended, synced, syncGen and swept: Handle
+	// and Resync hold it (Run's goroutine), EndOf reads live under it.
+	// Taken before the registry's and the Log's locks, never under them.
+	mu   sync.Mutex
 	live map[uint32]liveFlow // conntrack id -> the flow's start
 	// perRing counts the followed flows of each ring (an owner's
 	// instance), for FlowConfig.PerOwner; a ring with none has no key.
 	perRing map[*Ring]int
-	ready   chan struct{} // closed once Run first listens
-	once    sync.Once
+	// ended holds a channel per ring an EndOf waits on, closed once the
+	// ring has no flow followed.
+	ended map[*Ring]chan struct{}
+	// kill deletes flows' conntrack entries (EndOf; nil: conntrack's
+	// delete in cfg.NetNS) and returns how many it deleted.
+	kill  func([]conntrack.Flow) (int, error)
+	ready chan struct{} // closed once Run first listens
+	once  sync.Once
 	// synced holds the ids of the table at the last Resync (nil before
 	// the first) and syncGen the newest ring's Gen before it: a flow a
 	// later Resync finds unfollowed is attributed only if it was not in
@@ -148,6 +158,9 @@ type liveFlow struct {
 	proto uint8
 	dest  netip.AddrPort
 	start time.Time
+	// orig and zone find its conntrack entry (EndOf).
+	orig conntrack.Tuple
+	zone uint16
 }
 
 // NewFlows returns a recorder of the flows of owners' guests into log.
@@ -167,7 +180,7 @@ func NewFlows(cfg FlowConfig, owners FlowOwners, log *Log, guests Guests, addrs 
 		logger = slog.Default()
 	}
 	return &Flows{cfg: cfg, owners: owners, log: log, guests: guests, addrs: addrs, logger: logger, now: time.Now,
-		live: map[uint32]liveFlow{}, perRing: map[*Ring]int{}, ready: make(chan struct{})}
+		live: map[uint32]liveFlow{}, perRing: map[*Ring]int{}, ended: map[*Ring]chan struct{}{}, ready: make(chan struct{})}
 }
 
 // Ready is closed once Run first listens to the events (and has taken
@@ -182,7 +195,11 @@ func (f *Flows) Stats() FlowStats {
 }
 
 // Live returns the flows followed now.
-func (f *Flows) Live() int { return len(f.live) }
+func (f *Flows) Live() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.live)
+}
 
 // Handle takes one conntrack event: a NEW starts following a guest's
 // flow, a DESTROY records it. Other events are ignored.
@@ -190,6 +207,8 @@ func (f *Flows) Handle(ev conntrack.Event) {
 	if ev.Flow == nil {
 		return
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	switch ev.Type {
 	case conntrack.EventNew:
 		f.begin(ev.Flow, f.now())
@@ -230,13 +249,95 @@ func (f *Flows) follow(id uint32, lf liveFlow) {
 	f.perRing[lf.ring]++
 }
 
-// unfollow stops following the flow id (followed).
+// unfollow stops following the flow id (followed); an EndOf waiting for
+// its ring's last flow is told.
 func (f *Flows) unfollow(id uint32) {
 	r := f.live[id].ring
 	delete(f.live, id)
 	if f.perRing[r]--; f.perRing[r] <= 0 {
 		delete(f.perRing, r)
+		if ch := f.ended[r]; ch != nil {
+			close(ch)
+			delete(f.ended, r)
+		}
 	}
+}
+
+// EndOf ends the flows of owner's instance still followed: their
+// conntrack entries are deleted, and it waits, until ctx is done, for
+// their DESTROY events (Run) to record them in its ring with conntrack's
+// counts until then. It is for the delete that hands the owner's record
+// over (Log.Take), once its guests are gone: a flow is recorded only at
+// its end, and a flow still in conntrack then (a TCP flow in its
+// TIME_WAIT, two minutes after its close; one its guest kept open, days)
+// would end after the ring was taken and be recorded nowhere, so that a
+// guest could keep what it sent out of the record handed over by not
+// closing the connection. An error is the kernel's, or ctx done before
+// every flow was recorded.
+func (f *Flows) EndOf(ctx context.Context, owner string) error {
+	r := f.log.current(owner)
+	if r == nil {
+		return nil
+	}
+	f.mu.Lock()
+	var ends []conntrack.Flow
+	for id, lf := range f.live {
+		if lf.ring == r {
+			ends = append(ends, conntrack.Flow{ID: id, TupleOrig: lf.orig, Zone: lf.zone})
+		}
+	}
+	if len(ends) == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	done := f.ended[r]
+	if done == nil {
+		done = make(chan struct{})
+		f.ended[r] = done
+	}
+	kill := f.kill
+	f.mu.Unlock()
+	if kill == nil {
+		kill = f.deleteFlows
+	}
+	n, err := kill(ends)
+	select {
+	case <-done: // closed after the last one was recorded (end)
+		return err
+	case <-ctx.Done():
+		f.mu.Lock()
+		if f.ended[r] == done {
+			delete(f.ended, r)
+		}
+		f.mu.Unlock()
+		return errors.Join(err, fmt.Errorf("egress flows: %d of the %d flows of %s ended, not all recorded: %w", n, len(ends), owner, ctx.Err()))
+	}
+}
+
+// deleteFlows deletes the conntrack entries of flows (their original
+// tuple and zone) in cfg.NetNS; one already gone is not an error (it
+// ended: its DESTROY event is on its way).
+func (f *Flows) deleteFlows(flows []conntrack.Flow) (int, error) {
+	c, err := conntrack.Dial(f.netlinkConfig())
+	if err != nil {
+		return 0, fmt.Errorf("egress flows: dial conntrack: %w", err)
+	}
+	defer c.Close()
+	n := 0
+	var errs []error
+	for _, fl := range flows {
+		if err := c.Delete(fl); err != nil {
+			if !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		n++
+	}
+	if len(errs) > 0 {
+		return n, fmt.Errorf("egress flows: delete %d of %d conntrack entries: %w", len(errs), len(flows), errs[0])
+	}
+	return n, nil
 }
 
 // sweepGone stops following the flows whose ring's instance is forgotten
@@ -309,7 +410,8 @@ func (f *Flows) classify(fl *conntrack.Flow, now time.Time) (liveFlow, bool) {
 	if !fl.Timestamp.Start.IsZero() {
 		start = fl.Timestamp.Start
 	}
-	return liveFlow{ring: ring, guest: g, proto: proto, dest: netip.AddrPortFrom(dst, o.Proto.DestinationPort), start: start}, true
+	return liveFlow{ring: ring, guest: g, proto: proto, dest: netip.AddrPortFrom(dst, o.Proto.DestinationPort), start: start,
+		orig: o, zone: fl.Zone}, true
 }
 
 // sameZone reports whether bridges a and b are one, or two bridges of one
@@ -360,8 +462,8 @@ func (f *Flows) end(fl *conntrack.Flow, now time.Time) {
 		f.unmatched.Add(1) // not the flow begun under this id
 		return
 	}
-	f.unfollow(fl.ID)
 	f.ring(lf, fl, now)
+	f.unfollow(fl.ID) // recorded first: an EndOf waits for this
 }
 
 // ring adds the record of lf, ended as fl, to its ring.
@@ -406,6 +508,8 @@ func (f *Flows) Resync(table []conntrack.Flow) { f.resync(table, f.log.lastGen()
 // instance's, of a sandbox since deleted whose address a later sandbox
 // holds now, and is not attributed (counted).
 func (f *Flows) resync(table []conntrack.Flow, gen uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	now := f.now()
 	first, prev, prevGen := f.synced == nil, f.synced, f.syncGen
 	in := make(map[uint32]bool, len(table))

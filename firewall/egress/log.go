@@ -372,6 +372,16 @@ func (t *Taken) Release() {
 	})
 }
 
+// current returns owner's ring (nil: it has none), making none.
+func (l *Log) current(owner string) *Ring {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rings[owner]
+}
+
 // lastGen is the Gen of the newest ring made so far.
 func (l *Log) lastGen() uint64 {
 	if l == nil {

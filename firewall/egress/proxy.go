@@ -76,8 +76,13 @@ type Proxy struct {
 
 	conns *quota // connections, per owner and in all
 
-	mu   sync.Mutex // guards live
+	mu   sync.Mutex // guards live, open and idle
 	live map[string]map[*tracked]struct{}
+	// open counts the connections being served from each interface,
+	// until each is recorded (cut or not); idle holds a channel per
+	// interface an EndOf waits on, closed when its count is zero.
+	open map[string]int
+	idle map[string]chan struct{}
 }
 
 // tracked is one guest connection and, once dialled, its upstream.
@@ -113,7 +118,8 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 		cfg.MaxConns = cfg.ConnsPerOwner * cfg.Owners
 	}
 	p := &Proxy{cfg: cfg, reg: reg, links: links, den: den, log: log.With("component", "egress-proxy"),
-		conns: newQuota(cfg.ConnsPerOwner, cfg.MaxConns), live: map[string]map[*tracked]struct{}{}}
+		conns: newQuota(cfg.ConnsPerOwner, cfg.MaxConns), live: map[string]map[*tracked]struct{}{},
+		open: map[string]int{}, idle: map[string]chan struct{}{}}
 	reg.OnChange(p.cut)
 	return p
 }
@@ -123,6 +129,10 @@ func NewProxy(cfg ProxyConfig, reg *Registry, links Links, den *Denials, log *sl
 func (p *Proxy) cut(ifaces []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.cutLocked(ifaces)
+}
+
+func (p *Proxy) cutLocked(ifaces []string) {
 	for _, n := range ifaces {
 		for t := range p.live[n] {
 			if tc, ok := t.guest.(*net.TCPConn); ok {
@@ -137,7 +147,8 @@ func (p *Proxy) cut(ifaces []string) {
 	}
 }
 
-// track records t under iface; untrack forgets it.
+// track records t under iface; untrack forgets it (call it once t is
+// recorded: an EndOf waiting for iface's connections is told).
 func (p *Proxy) track(iface string, t *tracked) (untrack func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -145,11 +156,61 @@ func (p *Proxy) track(iface string, t *tracked) (untrack func()) {
 		p.live[iface] = map[*tracked]struct{}{}
 	}
 	p.live[iface][t] = struct{}{}
+	p.open[iface]++
 	return func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		delete(p.live[iface], t)
+		if p.open[iface]--; p.open[iface] <= 0 {
+			delete(p.open, iface)
+			if ch := p.idle[iface]; ch != nil {
+				close(ch)
+				delete(p.idle, iface)
+			}
+		}
 	}
+}
+
+// EndOf closes the connections the proxy serves from ifaces (a
+// sandbox's bridges, its guests gone) and waits, until ctx is done, for
+// each to be recorded. It is for the delete that hands the sandbox's
+// record over (Log.Take): a connection is recorded when it ends, and one
+// still open then (its guest gone, it ends at IdleTimeout or when its
+// destination closes) would be recorded after the ring was taken, and
+// so nowhere, so that a guest could keep what it sent out of the record
+// handed over by leaving its connection open.
+func (p *Proxy) EndOf(ctx context.Context, ifaces []string) error {
+	p.mu.Lock()
+	var waits []chan struct{}
+	var names []string
+	for _, n := range ifaces {
+		if p.open[n] == 0 {
+			continue
+		}
+		ch := p.idle[n]
+		if ch == nil {
+			ch = make(chan struct{})
+			p.idle[n] = ch
+		}
+		waits, names = append(waits, ch), append(names, n)
+	}
+	p.cutLocked(ifaces)
+	p.mu.Unlock()
+	for i, ch := range waits {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			for j := i; j < len(waits); j++ {
+				if p.idle[names[j]] == waits[j] {
+					delete(p.idle, names[j])
+				}
+			}
+			return fmt.Errorf("egress proxy: the connections from %v not all recorded: %w", names[i:], ctx.Err())
+		}
+	}
+	return nil
 }
 
 // setUp records the upstream of t (under the lock cut takes, so a cut

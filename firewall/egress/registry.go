@@ -496,6 +496,20 @@ func (r *Registry) Get(zone string) (Rules, bool) {
 	return e.rules, ok
 }
 
+// BridgesOf returns the bridges of the policies owner's zones have
+// (a sandbox's: its networks).
+func (r *Registry) BridgesOf(owner string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, e := range r.zones {
+		if e.owner == owner {
+			out = append(out, e.bridges...)
+		}
+	}
+	return out
+}
+
 // Default returns the node-wide default rules.
 func (r *Registry) Default() Rules { return r.def }
 

@@ -240,7 +240,8 @@ var ErrNoEgressHandover = errors.New("the daemon deleted the sandbox but answere
 // record as it stood once its VMs were gone (DELETE
 // /v1/sandboxes/{id}?egress_log=true). A sandbox already gone is a
 // not-found problem (its record went with its delete); a refusal
-// (too-many-requests, unavailable, invalid-request) deleted nothing.
+// (conflict: the sandbox is being created; unavailable: the node keeps
+// no record; invalid-request) deleted nothing.
 func (c *Client) DeleteKeepingEgress(ctx context.Context, id string) (apitype.EgressLog, error) {
 	var l apitype.EgressLog
 	err := c.deleteKeepingEgress(ctx, id, "application/json", func(_ http.Header, r io.Reader) error {

@@ -201,9 +201,9 @@ class Client:
         gone (``records``, oldest first, ``dropped``, ``next``); None when
         the daemon answered 204 (one that predates ``egress_log``: the
         sandbox is deleted, its record is not in the answer). A refusal
-        (a ``Problem``: the owner's egress record reads all in flight, past
-        the quota wait; a node that keeps no record; ``not-found`` for a
-        sandbox already gone) deleted nothing."""
+        (a ``Problem``: ``conflict`` for a sandbox still being created; a
+        node that keeps no record; ``not-found`` for a sandbox already gone)
+        deleted nothing."""
         r = await self._send(
             "DELETE",
             f"/sandboxes/{quote(sid, safe='')}",

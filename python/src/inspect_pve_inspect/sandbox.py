@@ -522,7 +522,8 @@ async def _delete_attaching_egress(env: PveInspectSandboxEnvironment) -> None:
     its VMs were gone, none missed between a read and the delete), summed
     up, in the sample's store (EGRESS_STORE_KEY) and a line in its
     transcript. Never fatal: where the delete cannot hand the record over
-    (a node that keeps none, or a daemon too old to know egress_log) the
+    (a node that keeps none, a sandbox still being created, or a daemon
+    too old to know egress_log) the
     record is read as far as it goes
     (bounded, 10 s) and the sandbox deleted after; a sandbox already gone
     attaches nothing."""

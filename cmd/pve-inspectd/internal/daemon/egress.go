@@ -174,7 +174,14 @@ func (r *run) startEgress(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.egress = &Egress{Registry: reg, Denials: den, Record: elog, Store: store, NS: ns, Prefixes: links.Prefixes, Logger: r.log}
+	// the kernel's own flows of every mode (open too), from conntrack
+	dnsPort, proxyPort := kcfg.Egress.Ports()
+	// every owner ([egress] owners) at its share of followed flows fits
+	flowShare := max(egress.DefaultMaxLiveFlows/max(ec.Owners, 1), 1)
+	flows := egress.NewFlows(egress.FlowConfig{DNSPort: dnsPort, ProxyPort: proxyPort, NetNS: ns, PerOwner: flowShare}, reg, elog, guests,
+		&egress.PrefixAddrs{List: links.Prefixes}, r.log)
+	r.egress = &Egress{Registry: reg, Denials: den, Record: elog, Store: store, NS: ns, Prefixes: links.Prefixes, Logger: r.log,
+		Open: []OpenEgress{proxyEnds{proxy, reg}, flows}}
 	if r.d.egressHook != nil {
 		r.d.egressHook(r.egress)
 	}
@@ -186,12 +193,6 @@ func (r *run) startEgress(ctx context.Context) error {
 	r.parts.Go("egress proxy", func(ctx context.Context) error { return proxy.Serve(ctx, proxyLn) })
 	drops := egress.NewKernelDrops(r.guard, reg, den, elog, 0, r.log)
 	r.parts.Go("egress kernel drops", drops.Run)
-	// the kernel's own flows of every mode (open too), from conntrack
-	dnsPort, proxyPort := kcfg.Egress.Ports()
-	// every owner ([egress] owners) at its share of followed flows fits
-	flowShare := max(egress.DefaultMaxLiveFlows/max(ec.Owners, 1), 1)
-	flows := egress.NewFlows(egress.FlowConfig{DNSPort: dnsPort, ProxyPort: proxyPort, NetNS: ns, PerOwner: flowShare}, reg, elog, guests,
-		&egress.PrefixAddrs{List: links.Prefixes}, r.log)
 	if err := r.reg.Register(flows.Collector()); err != nil {
 		return fmt.Errorf("egress flow metrics: %w", err)
 	}
@@ -240,6 +241,10 @@ type Egress struct {
 	NS       netns.NsHandle
 	Prefixes func() ([]egress.IfPrefix, error)
 	Logger   *slog.Logger
+	// Open are what records a sandbox's egress only when it ends (the
+	// proxy's connections, the kernel's flows): TakeLog ends the
+	// sandbox's first, so that the record handed over holds them.
+	Open []OpenEgress
 
 	// flushMu serialises flushOld: each holds a copy of the node's whole
 	// conntrack table (about 1 KiB an entry, up to nf_conntrack_max),
@@ -423,9 +428,45 @@ var _ sandbox.EgressRecorder = (*Egress)(nil)
 
 // TakeLog implements sandbox.EgressTaker: the sandbox's whole record,
 // taken out of the node's record (egress.Log.Take) where Remove would
-// drop it.
+// drop it, once what of it is still open is ended and recorded (Open,
+// within openEndWait; its guests are gone): a connection or flow is
+// recorded only at its end, and one still open at the take (a flow in
+// conntrack's TIME_WAIT, two minutes; one its guest kept open, days)
+// would be recorded nowhere, so that a guest could keep what it sent out
+// of the record handed over by not closing the connection.
 func (e *Egress) TakeLog(id string) sandbox.EgressHandover {
+	ctx, cancel := context.WithTimeout(context.Background(), openEndWait)
+	defer cancel()
+	for _, o := range e.Open {
+		if err := o.EndOf(ctx, id); err != nil && e.Logger != nil {
+			e.Logger.Warn("egress record handed over without what was still open", "component", "egress", "sandbox", id, "err", err)
+		}
+	}
 	return takenLog{e.Record.Take(id)}
+}
+
+// openEndWait bounds TakeLog's wait for a sandbox's open connections and
+// flows to be recorded (each in a few milliseconds; the flows' events
+// lost to an overrun are found by the resync that follows, within ten
+// seconds, and never recorded).
+const openEndWait = 5 * time.Second
+
+// OpenEgress is a part of the egress record that records a sandbox's
+// egress when it ends: EndOf ends the sandbox's still open, recording
+// it, and returns once it is recorded or ctx is done.
+type OpenEgress interface {
+	EndOf(ctx context.Context, sandbox string) error
+}
+
+// proxyEnds is the proxy as an OpenEgress: the connections from the
+// sandbox's bridges (those of the policies it owns).
+type proxyEnds struct {
+	p   *egress.Proxy
+	reg *egress.Registry
+}
+
+func (pe proxyEnds) EndOf(ctx context.Context, sandbox string) error {
+	return pe.p.EndOf(ctx, pe.reg.BridgesOf(sandbox))
 }
 
 var _ sandbox.EgressTaker = (*Egress)(nil)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"testing"
@@ -63,5 +64,44 @@ func TestEgressTakeLog(t *testing.T) {
 				t.Errorf("held %d after the release", n)
 			}
 		})
+	}
+}
+
+// endingEgress is an OpenEgress whose sandbox has one connection or flow
+// still open: EndOf ends it, recording it in the sandbox's ring.
+type endingEgress struct {
+	log   *egress.Log
+	name  string
+	ended []string
+}
+
+func (o *endingEgress) EndOf(_ context.Context, sb string) error {
+	o.ended = append(o.ended, sb)
+	o.log.Open(sb).Add(egress.Record{Type: egress.RecordFlow, Verdict: egress.VerdictAllowed, Proto: "tcp", Name: o.name, BytesOut: 7})
+	return nil
+}
+
+// TestEgressTakeLogEndsWhatIsOpen: a connection or flow is recorded only
+// when it ends, so what a sandbox's guest left open when its record was
+// handed over at its delete was recorded after the take, nowhere, and a
+// guest kept what it sent out of the record by not closing (review16).
+// TakeLog ends the sandbox's open egress first (the proxy's connections,
+// the kernel's flows), so the hand-over holds it.
+func TestEgressTakeLogEndsWhatIsOpen(t *testing.T) {
+	log := egress.NewLog(egress.LogConfig{PerOwner: 8, Node: 16})
+	proxy, flows := &endingEgress{log: log, name: "conn"}, &endingEgress{log: log, name: "flow"}
+	e := &Egress{Record: log, Open: []OpenEgress{proxy, flows}}
+	log.Open("sbtake02").Add(egress.Record{Type: egress.RecordDNS, Verdict: egress.VerdictAnswered, Name: "before.example"})
+	h := e.TakeLog("sbtake02")
+	defer h.Release()
+	var names []string
+	if err := h.Each(func(r apitype.EgressRecord) error { names = append(names, r.Name); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(names, []string{"before.example", "conn", "flow"}) {
+		t.Errorf("handed over %v, want the record and what was open, ended before the take", names)
+	}
+	if !slices.Equal(proxy.ended, []string{"sbtake02"}) || !slices.Equal(flows.ended, []string{"sbtake02"}) {
+		t.Errorf("ended %v and %v, want the sandbox's", proxy.ended, flows.ended)
 	}
 }
