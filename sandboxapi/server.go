@@ -356,7 +356,7 @@ func (s *Server) wrap(rt route) http.Handler {
 			s.met.latency.WithLabelValues(pattern).Observe(time.Since(start).Seconds())
 		}()
 		timeout := rt.timeout(s)
-		s.setDeadlines(sw, rt, timeout)
+		r = s.setDeadlines(sw, r, rt, timeout)
 		p, prob := s.authenticate(r, rt.scope)
 		if prob != nil {
 			if prob.Type == apitype.ProblemUnauthorized {
@@ -391,19 +391,54 @@ func (s *Server) wrap(rt route) http.Handler {
 // within the route's timeout; the answer within the route's timeout plus a
 // margin to write the problem of a call that ran out of time. A client that
 // sends its body slowly is cut at the deadline.
-func (s *Server) setDeadlines(w http.ResponseWriter, rt route, timeout time.Duration) {
+//
+// Once the body is read to its end (at once for a request without one),
+// the read deadline moves to the answer's: net/http then reads the
+// connection in the background to see the client go, and a read that
+// times out there cancels the request's context, so a body deadline left
+// in force cancelled every call still running when it passed (a delete
+// waiting for another past RequestTimeout answered 500 "context
+// canceled"). It returns r with its body so watched.
+func (s *Server) setDeadlines(w http.ResponseWriter, r *http.Request, rt route, timeout time.Duration) *http.Request {
 	now := time.Now()
 	read := min(timeout, s.o.RequestTimeout)
 	if rt.requestType != "" { // raw uploads
 		read = timeout
 	}
+	end := now.Add(timeout + 30*time.Second)
 	rc := http.NewResponseController(w)
-	if err := rc.SetReadDeadline(now.Add(read)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-		s.o.Logger.Warn("set read deadline", "err", err)
+	setRead := func(at time.Time) {
+		if err := rc.SetReadDeadline(at); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			s.o.Logger.Warn("set read deadline", "err", err)
+		}
 	}
-	if err := rc.SetWriteDeadline(now.Add(timeout + 30*time.Second)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+	if r.Body == nil || r.Body == http.NoBody {
+		setRead(end)
+	} else {
+		setRead(now.Add(read))
+		r = r.Clone(r.Context())
+		r.Body = &bodyEnd{ReadCloser: r.Body, atEOF: func() { setRead(end) }}
+	}
+	if err := rc.SetWriteDeadline(end); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		s.o.Logger.Warn("set write deadline", "err", err)
 	}
+	return r
+}
+
+// bodyEnd calls atEOF once, when its body has been read to its end.
+type bodyEnd struct {
+	io.ReadCloser
+	atEOF func()
+	done  bool
+}
+
+func (b *bodyEnd) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		b.atEOF()
+	}
+	return n, err
 }
 
 // writeJSON sends a JSON document.
