@@ -309,15 +309,19 @@ func (cn *conn) sync() error {
 	discarded, limit := 0, cn.syncDiscard()
 	for range maxSyncAttempts {
 		for {
-			if i := bytes.IndexByte(cn.buf[cn.r:cn.w], 0xFF); i >= 0 {
+			i := bytes.IndexByte(cn.buf[cn.r:cn.w], 0xFF)
+			if i >= 0 {
 				discarded += i
 				cn.r += i + 1
-				break
+			} else {
+				discarded += cn.w - cn.r
+				cn.r = cn.w
 			}
-			discarded += cn.w - cn.r
-			cn.r = cn.w
-			if discarded > limit {
+			if discarded > limit { // also when the delimiter came in the same read
 				return cn.fail(KindUnsolicited, cmd, fmt.Errorf("more than %d bytes before the sync delimiter", limit))
+			}
+			if i >= 0 {
+				break
 			}
 			if err := cn.fill(cmd, end); err != nil {
 				return err

@@ -84,6 +84,10 @@ func TestHostileAgent(t *testing.T) {
 			reply(c, "\xff{\"return\": "+string(id)+"}\n")
 			return true
 		}},
+		{name: "garbage before sync past the bound, the delimiter in the same write", kind: KindUnsolicited, sync: func(c net.Conn, id json.RawMessage) bool {
+			reply(c, strings.Repeat("A", 300<<10)+"\xff{\"return\": "+string(id)+"}\n")
+			return true
+		}},
 		{name: "stalled reply", kind: KindTimeout, handler: func(c net.Conn, _ string, _, _ json.RawMessage) bool {
 			reply(c, `{"return": {"vers`)
 			stall(c)
