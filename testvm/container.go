@@ -221,6 +221,10 @@ func (b *Bed) StartContainer(ctx context.Context, s ContainerSpec) (c *Container
 	if s.Disk == "" {
 		s.Disk = filepath.Join(b.dir, "ct-disks", strconv.Itoa(s.VMID))
 	}
+	if old, ok := b.Container(s.VMID); ok && !old.Alive() {
+		// Its init powered off by itself: clean up after it first.
+		_ = b.StopContainer(ctx, s.VMID)
+	}
 	c = &Container{VMID: s.VMID, Dir: dir, done: make(chan struct{})}
 	if s.Net != nil {
 		c.Veth, c.MAC, c.VNet = "veth"+strconv.Itoa(s.VMID)+"i0", s.Net.MAC, s.Net.Bridge

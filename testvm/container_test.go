@@ -229,6 +229,42 @@ func ctBed(ctx context.Context, t *testing.T) (*Bed, string) {
 	return b, rootfs
 }
 
+// TestContainerPoweredOff: a container whose init powers off by itself
+// (systemd's SIGRTMIN+4, what `poweroff` inside sends) is no longer
+// running, and the same VMID starts again.
+func TestContainerPoweredOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	b, rootfs := ctBed(ctx, t)
+	spec := ContainerSpec{VMID: 204, Rootfs: rootfs, Disk: filepath.Join(t.TempDir(), "disk")}
+	ct, err := b.StartContainer(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// systemd ignores the signal until it has set up its handlers: ask
+	// again until it goes.
+	deadline := time.Now().Add(time.Minute)
+	for ct.Alive() && time.Now().Before(deadline) {
+		_ = syscall.Kill(ct.PID, syscall.Signal(unixSIGRTMIN+4))
+		time.Sleep(500 * time.Millisecond)
+	}
+	if ct.Alive() {
+		t.Fatal("the container did not power off")
+	}
+	again, err := b.StartContainer(ctx, spec)
+	if err != nil {
+		t.Fatalf("start after a power-off: %v", err)
+	}
+	if err := b.StopContainer(ctx, 204); err != nil {
+		t.Fatal(err)
+	}
+	assertContainerGone(t, b, again, again.PID)
+}
+
+// unixSIGRTMIN is Linux's first real-time signal as glibc numbers it
+// (34: the kernel's 32 and 33 are taken by the C library).
+const unixSIGRTMIN = 34
+
 // procUID is the real uid of pid as /proc/<pid>/status says it.
 func procUID(t *testing.T, pid int) string {
 	t.Helper()
@@ -256,7 +292,7 @@ func assertContainerGone(t *testing.T, b *Bed, ct *Container, pid int) {
 	if ct.Alive() {
 		t.Error("the container's monitor still runs")
 	}
-	if out, _ := output(context.Background(), "ip", "-n", b.NodeNS(), "-o", "link"); strings.Contains(string(out), ct.Veth) {
+	if out, _ := output(context.Background(), "ip", "-n", b.NodeNS(), "-o", "link"); ct.Veth != "" && strings.Contains(string(out), ct.Veth) {
 		t.Errorf("veth %s left on the node", ct.Veth)
 	}
 	for _, d := range b.ctCgroupDirs(ct.VMID) {
