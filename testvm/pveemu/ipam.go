@@ -181,6 +181,12 @@ func (s *Server) ipamDelMACLocked(vnet, mac string) {
 // a NIC whose bridge or MAC changed, or that was removed, gives its entry
 // back; a new or changed one gets an entry.
 func (s *Server) ipamNICsLocked(vmid int, old, cur map[string]string) error {
+	return s.ipamNICsOfLocked(vmid, old, cur, parseNet, cur["name"])
+}
+
+// ipamNICsOfLocked is ipamNICsLocked for NICs parse reads (a VM's or a
+// CT's net[n]), the new entries named hostname.
+func (s *Server) ipamNICsOfLocked(vmid int, old, cur map[string]string, parse func(string) (mac, bridge string), hostname string) error {
 	keys := map[string]bool{}
 	for k := range old {
 		keys[k] = true
@@ -192,13 +198,13 @@ func (s *Server) ipamNICsLocked(vmid int, old, cur map[string]string) error {
 		if !reNetKey.MatchString(k) || old[k] == cur[k] {
 			continue
 		}
-		om, ob := parseNet(old[k])
-		nm, nb := parseNet(cur[k])
+		om, ob := parse(old[k])
+		nm, nb := parse(cur[k])
 		if old[k] != "" && (om != nm || ob != nb) {
 			s.ipamDelMACLocked(ob, om)
 		}
 		if cur[k] != "" {
-			if err := s.ipamAddNICLocked(nb, nm, vmid, cur["name"]); err != nil {
+			if err := s.ipamAddNICLocked(nb, nm, vmid, hostname); err != nil {
 				return err
 			}
 		}
