@@ -193,6 +193,13 @@ func (b *Bed) StartContainer(ctx context.Context, s ContainerSpec) (c *Container
 	if s.Rootfs == "" {
 		return nil, fmt.Errorf("testvm: container %d: no root file system", s.VMID)
 	}
+	// The overlay's mount options list the directories separated by ","
+	// (and lower layers by ":").
+	for _, p := range []string{s.Rootfs, s.Disk, b.dir} {
+		if strings.ContainsAny(p, ",:") {
+			return nil, fmt.Errorf("testvm: container %d: path %q has a ',' or ':', which an overlay's options cannot hold", s.VMID, p)
+		}
+	}
 	if _, err := exec.LookPath("lxc-start"); err != nil {
 		return nil, fmt.Errorf("testvm: container %d: lxc is not installed: %w", s.VMID, err)
 	}

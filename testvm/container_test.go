@@ -152,11 +152,12 @@ func TestWriteBeneath(t *testing.T) {
 }
 
 // TestContainerLifecycle starts an unprivileged container on a zone of the
-// bed: its init runs as uid 100000 on the host, it gets the zone's DHCP
-// address through its own DHCP client (ifupdown's dhclient, from the
-// interfaces file the bed's Setup wrote), and a stop leaves nothing:
-// no process, no veth, no cgroup, no mount, no lxc directory. A clean
-// shutdown (the init powers off) does the same.
+// bed: its init runs as uid 100000 on the host under a seccomp filter, it
+// gets the zone's DHCP address through its own DHCP client (ifupdown's
+// dhclient, from the interfaces file the bed's Setup wrote) or the static
+// address of its ip=, and a stop leaves nothing: no process, no veth, no
+// cgroup, no mount, no lxc directory. A clean shutdown (the init powers
+// off) does the same.
 func TestContainerLifecycle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -168,26 +169,41 @@ func TestContainerLifecycle(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		vmid     int
+		ip       string // net0's ip=
+		gw       string
 		shutdown bool
-	}{{"stop", 201, false}, {"shutdown", 202, true}} {
+	}{
+		{"dhcp then stop", 201, "dhcp", "", false},
+		{"dhcp then shutdown", 202, "dhcp", "", true},
+		{"static then stop", 205, "10.10.1.50/24", "10.10.1.1", false},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			disk := filepath.Join(t.TempDir(), "disk")
+			n := &ContainerNet{Bridge: "vneta", IP: c.ip}
+			if c.gw != "" {
+				n.Gateway = netip.MustParseAddr(c.gw)
+			}
 			ct, err := b.StartContainer(ctx, ContainerSpec{VMID: c.vmid, Hostname: fmt.Sprintf("ct%d", c.vmid), Rootfs: rootfs, Disk: disk,
-				MemoryMiB: 256, Net: &ContainerNet{Bridge: "vneta", IP: "dhcp"}})
+				MemoryMiB: 256, Net: n})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if pid, err := b.ContainerPID(ctx, c.vmid); err != nil || pid != ct.PID {
 				t.Errorf("lxc-info -p: %d, %v; StartContainer said %d", pid, err, ct.PID)
 			}
-			if uid := procUID(t, ct.PID); uid != "100000" {
+			if uid := procStatus(t, ct.PID, "Uid"); uid != "100000" {
 				t.Errorf("the container's init runs as uid %s on the host, want 100000", uid)
 			}
-			if !zone.VNets[0].Subnet.Contains(ct.IPv4()) {
-				t.Errorf("DHCP address %v not in %v", ct.IPv4(), zone.VNets[0].Subnet)
+			if mode := procStatus(t, ct.PID, "Seccomp"); mode != "2" {
+				t.Errorf("the container's init has seccomp mode %s, want 2 (a filter)", mode)
 			}
-			if leases, _ := os.ReadFile(b.leaseFile(zone.ID)); !strings.Contains(string(leases), ct.IPv4().String()+" "+fmt.Sprintf("ct%d", c.vmid)) {
-				t.Errorf("the zone's dnsmasq has no lease of %v for ct%d: %q", ct.IPv4(), c.vmid, leases)
+			if c.ip == "dhcp" {
+				leases, _ := os.ReadFile(b.leaseFile(zone.ID))
+				if !zone.VNets[0].Subnet.Contains(ct.IPv4()) || !strings.Contains(string(leases), ct.IPv4().String()+" "+fmt.Sprintf("ct%d", c.vmid)) {
+					t.Errorf("DHCP address %v (subnet %v), the zone's leases: %q", ct.IPv4(), zone.VNets[0].Subnet, leases)
+				}
+			} else if want := netip.MustParsePrefix(c.ip).Addr(); ct.IPv4() != want {
+				t.Errorf("static address %v, want %v", ct.IPv4(), want)
 			}
 			if _, err := net.InterfaceByName(ct.Veth); err == nil {
 				t.Errorf("the container's veth %s is in the host's namespace", ct.Veth)
@@ -265,8 +281,9 @@ func TestContainerPoweredOff(t *testing.T) {
 // (34: the kernel's 32 and 33 are taken by the C library).
 const unixSIGRTMIN = 34
 
-// procUID is the real uid of pid as /proc/<pid>/status says it.
-func procUID(t *testing.T, pid int) string {
+// procStatus is the first field of a line of /proc/<pid>/status ("Uid":
+// the real uid).
+func procStatus(t *testing.T, pid int, key string) string {
 	t.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -275,11 +292,11 @@ func procUID(t *testing.T, pid int) string {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "Uid:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), key+":"); ok {
 			return strings.Fields(v)[0]
 		}
 	}
-	t.Fatalf("no Uid line for pid %d", pid)
+	t.Fatalf("no %s line for pid %d", key, pid)
 	return ""
 }
 
@@ -348,4 +365,19 @@ func exited(pid int) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return false
+}
+
+// TestStartContainerRefusesOverlayPaths: a directory whose path has a
+// ',' or ':' cannot be an overlay layer (the mount options separate them
+// with those): refused before anything is made.
+func TestStartContainerRefusesOverlayPaths(t *testing.T) {
+	b := &Bed{dir: "/run/pve-inspect-testbed/x", cts: map[int]*Container{}, guests: map[int]*Guest{}}
+	for _, s := range []ContainerSpec{
+		{VMID: 100, Rootfs: "/cache/root,upperdir=/", Disk: "/d"},
+		{VMID: 100, Rootfs: "/cache/root", Disk: "/tmp/a:b"},
+	} {
+		if _, err := b.StartContainer(context.Background(), s); err == nil || !strings.Contains(err.Error(), "overlay's options") {
+			t.Errorf("%+v: %v", s, err)
+		}
+	}
 }
