@@ -79,6 +79,9 @@ type Bed struct {
 	mu      sync.Mutex
 	zones   map[string]*zoneState
 	guests  map[int]*Guest
+	// cts are the running containers (container.go), in the same VMID
+	// space as guests.
+	cts map[int]*Container
 	// qgaReason is qemu-ga's frozen-state reason (qgaFrozenReason).
 	qgaReason string
 	closed    bool
@@ -126,7 +129,7 @@ func Up(ctx context.Context, o Options) (b *Bed, err error) {
 		return nil, fmt.Errorf("testvm: clean half-torn bed %s: %w", o.Name, err)
 	}
 	b = &Bed{name: o.Name, dir: o.Dir, log: o.Logger.With("component", "testbed", "bed", o.Name),
-		zones: map[string]*zoneState{}, guests: map[int]*Guest{}}
+		zones: map[string]*zoneState{}, guests: map[int]*Guest{}, cts: map[int]*Container{}}
 	for _, d := range []string{b.dir, b.QGADir(), filepath.Join(b.dir, "guests"), filepath.Join(b.dir, "dnsmasq")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err

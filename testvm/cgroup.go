@@ -165,18 +165,56 @@ func removeCgroup(dir string) error {
 	return fmt.Errorf("remove cgroup %s: %w", dir, err)
 }
 
-// sweepCgroups removes the bed's cgroup subtrees (scopes, qemu.slice, the
-// parent) in every hierarchy.
-func sweepCgroups(name string) error {
+// allHierarchies lists every cgroup hierarchy mounted: "" for a pure v2
+// host; on a hybrid one the unified tree and every v1 hierarchy (lxc
+// makes a container's cgroups in each of them).
+func allHierarchies() []string {
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "cgroup.controllers")); err == nil {
+		return []string{""}
+	}
+	ents, _ := os.ReadDir(cgroupRoot)
+	var out []string
+	for _, e := range ents {
+		if _, err := os.Stat(filepath.Join(cgroupRoot, e.Name(), "cgroup.procs")); err == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// removeCgroupTree removes cgroup dir and every cgroup below it, the
+// deepest first, killing what runs in them (removeCgroup). A missing dir
+// is no error.
+func removeCgroupTree(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove cgroup tree %s: %w", dir, err)
+	}
 	var errs []error
-	for _, h := range cgroupHierarchies() {
-		parent := filepath.Join(cgroupRoot, h, "pvei-bed-"+name)
-		slice := filepath.Join(parent, "qemu.slice")
-		scopes, _ := filepath.Glob(filepath.Join(slice, "*.scope"))
-		for _, d := range append(scopes, slice, parent) {
-			if err := removeCgroup(d); err != nil {
+	for _, e := range ents {
+		if e.IsDir() {
+			if err := removeCgroupTree(filepath.Join(dir, e.Name())); err != nil {
 				errs = append(errs, err)
 			}
+		}
+	}
+	if err := removeCgroup(dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// sweepCgroups removes the bed's cgroup subtree (the guests' scopes, the
+// containers' and their monitors' cgroups, and their parents) in every
+// hierarchy, killing what still runs in it.
+func sweepCgroups(name string) error {
+	var errs []error
+	for _, h := range allHierarchies() {
+		if err := removeCgroupTree(filepath.Join(cgroupRoot, h, "pvei-bed-"+name)); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -189,7 +227,7 @@ func sweepCgroups(name string) error {
 // sweep, wherever its state directory is.
 func sweepOrphanCgroups(netnsDir, pattern string) error {
 	var errs []error
-	for _, h := range cgroupHierarchies() {
+	for _, h := range allHierarchies() {
 		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, h, "pvei-bed-"+pattern))
 		for _, d := range dirs {
 			name := strings.TrimPrefix(filepath.Base(d), "pvei-bed-")

@@ -378,7 +378,15 @@ func (b *Bed) waitGuest(ctx context.Context, g *Guest, dhcp bool, console string
 }
 
 func guestIPv4(ns string) netip.Addr {
-	h, err := netns.GetFromName(ns)
+	return nsIPv4(func() (netns.NsHandle, error) { return netns.GetFromName(ns) }, "eth0", true)
+}
+
+// nsIPv4 is the IPv4 address of link ifname in the network namespace open
+// returns, once it has one (and, with needRoute, a default route: the
+// DHCP client sets the address before the default route, so a guest
+// counts as leased only with both; every bed vnet offers a router).
+func nsIPv4(open func() (netns.NsHandle, error), ifname string, needRoute bool) netip.Addr {
+	h, err := open()
 	if err != nil {
 		return netip.Addr{}
 	}
@@ -388,24 +396,24 @@ func guestIPv4(ns string) netip.Addr {
 		return netip.Addr{}
 	}
 	defer nl.Close()
-	l, err := nl.LinkByName("eth0")
+	l, err := nl.LinkByName(ifname)
 	if err != nil {
 		return netip.Addr{}
 	}
-	// the DHCP client sets the address before the default route: a guest
-	// counts as leased only with both (every bed vnet offers a router)
-	routes, err := nl.RouteList(l, netlink.FAMILY_V4)
-	if err != nil {
-		return netip.Addr{}
-	}
-	hasDefault := false
-	for _, r := range routes {
-		if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw != nil {
-			hasDefault = true
+	if needRoute {
+		routes, err := nl.RouteList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return netip.Addr{}
 		}
-	}
-	if !hasDefault {
-		return netip.Addr{}
+		hasDefault := false
+		for _, r := range routes {
+			if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw != nil {
+				hasDefault = true
+			}
+		}
+		if !hasDefault {
+			return netip.Addr{}
+		}
 	}
 	addrs, err := nl.AddrList(l, netlink.FAMILY_V4)
 	if err != nil {

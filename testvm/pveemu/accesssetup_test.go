@@ -81,13 +81,7 @@ func TestConfigPermissions(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			reset()
 			if c.priv != "" {
-				var less []string
-				for _, p := range full {
-					if p != c.priv {
-						less = append(less, p)
-					}
-				}
-				if err := e.s.AddRole(access.RoleMain, less); err != nil {
+				if err := e.s.AddRole(access.RoleMain, without(full, c.priv)); err != nil {
 					t.Fatal(err)
 				}
 				r := e.do("PUT", vm+"/config", c.form, authNone, "Authorization", token)
@@ -289,4 +283,15 @@ func TestIPAMStatusPerVNet(t *testing.T) {
 			t.Errorf("after a grant on %q: entries of %v, want %v", c.path, got, c.want)
 		}
 	}
+}
+
+// without is privs without priv.
+func without(privs []string, priv string) []string {
+	var out []string
+	for _, p := range privs {
+		if p != priv {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/netip"
+	"time"
 )
 
 // Backend is what the emulator drives on the node: SDN zones (bridges,
@@ -61,6 +62,53 @@ func FrozenRefusal(command string) *AgentError {
 		return nil
 	}
 	return &AgentError{Class: "CommandNotFound", Desc: "Command " + command + " has been disabled: the command is not allowed"}
+}
+
+// ContainerBackend is a Backend that runs containers (lxc.go): a CT's
+// status/start starts one, status/stop and status/shutdown end it, and
+// its status reports the init's pid while it runs. Without one, a CT's
+// start fails. Errors are the runtime's; the emulator turns them into
+// pve-container's task errors.
+type ContainerBackend interface {
+	// StartContainer starts the container and returns its init's host
+	// pid once it runs.
+	StartContainer(ctx context.Context, c CTSpec) (pid int, err error)
+	// StopContainer kills it (lxc-stop --kill); one that does not run is
+	// no error.
+	StopContainer(ctx context.Context, vmid int) error
+	// ShutdownContainer asks its init to power off and waits timeout;
+	// then it kills it when force is set, else fails (lxc-stop --timeout
+	// [--nokill]).
+	ShutdownContainer(ctx context.Context, vmid int, timeout time.Duration, force bool) error
+	// ContainerPID is the init's pid while the container runs (false
+	// when it does not, whatever the emulator last did to it: a CT that
+	// powered itself off is stopped).
+	ContainerPID(vmid int) (int, bool)
+}
+
+// CTSpec is a container to start: what pve-container's vm_start and its
+// pre-start hook take from the CT's config.
+type CTSpec struct {
+	VMID     int
+	Hostname string // the config's hostname ("" when unset)
+	// Rootfs is the base layer of the CT's root (its template's root,
+	// AddCTTemplate); Disk is the CT's own volume (a directory).
+	Rootfs, Disk string
+	MemoryMiB    int     // memory (MiB)
+	CPUs         float64 // cpulimit (0: none)
+	// Net is net0 (nil: none); the emulator starts no other NIC.
+	Net *CTNet
+}
+
+// CTNet is a container NIC as its config gives it (net[n]: name, bridge,
+// hwaddr, ip, gw) with the pve IPAM's address of its MAC (zero when
+// none), which the pre-start hook maps in the zone's DHCP server.
+type CTNet struct {
+	Name, Bridge string
+	MAC          net.HardwareAddr
+	IP           string // "dhcp", "manual", an IPv4 CIDR or ""
+	Gateway      netip.Addr
+	DHCPIP       netip.Addr
 }
 
 // ZoneSpec is an applied SDN zone with its vnets.

@@ -95,26 +95,14 @@ func TestAgentDownOnBed(t *testing.T) {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bed, err := testvm.Up(ctx, testvm.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bed.Close() })
-	s, err := New(Options{Node: "pve", Backend: BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewTLSServer(s)
-	t.Cleanup(func() { ts.Close(); _ = s.Close() })
+	bed, e := bedEnv(ctx, t)
 	tdisk := filepath.Join(bed.Dir(), "template-disk")
 	if err := os.MkdirAll(filepath.Join(tdisk, "upper"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AddTemplate(ctx, templateID, "tmpl", tdisk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vnet1"}); err != nil {
+	if err := e.s.AddTemplate(ctx, templateID, "tmpl", tdisk, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=vnet1"}); err != nil {
 		t.Fatal(err)
 	}
-	ticket, csrf := s.RootTicket()
-	e := &env{t: t, s: s, ts: ts, ticket: ticket, csrf: csrf}
 	e.setupZone()
 	e.clone("101")
 	if st := e.task("POST", "/nodes/pve/qemu/101/status/start", nil); st != "OK" {
@@ -142,4 +130,23 @@ func TestAgentDownOnBed(t *testing.T) {
 	if r.status != 500 || r.reason != "VM 101 is not running" {
 		t.Fatalf("stopped: %d %q", r.status, r.reason)
 	}
+}
+
+// bedEnv is the emulator on a fresh test bed (BedBackend; both closed
+// when the test ends) and an env calling it as root.
+func bedEnv(ctx context.Context, t *testing.T) (*testvm.Bed, *env) {
+	t.Helper()
+	bed, err := testvm.Up(ctx, testvm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bed.Close() })
+	s, err := New(Options{Node: "pve", Backend: BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(s)
+	t.Cleanup(func() { ts.Close(); _ = s.Close() })
+	ticket, csrf := s.RootTicket()
+	return bed, &env{t: t, s: s, ts: ts, ticket: ticket, csrf: csrf}
 }

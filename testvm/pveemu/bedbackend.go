@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
@@ -81,6 +82,47 @@ func (b BedBackend) AgentSocket(vmid int) string {
 // system is frozen (testvm.Bed.SetAgentFrozen).
 func (b BedBackend) SetAgentFrozen(vmid int, frozen bool) error {
 	return b.Bed.SetAgentFrozen(vmid, frozen)
+}
+
+// StartContainer implements ContainerBackend: an unprivileged LXC
+// container on the bed (testvm.Bed.StartContainer), its root an overlay
+// of the template's root under the CT's volume.
+func (b BedBackend) StartContainer(ctx context.Context, c CTSpec) (int, error) {
+	spec := testvm.ContainerSpec{VMID: c.VMID, Hostname: c.Hostname, Rootfs: c.Rootfs, Disk: c.Disk,
+		MemoryMiB: c.MemoryMiB, CPUs: c.CPUs}
+	if n := c.Net; n != nil {
+		spec.Net = &testvm.ContainerNet{Name: n.Name, Bridge: n.Bridge, MAC: n.MAC, IP: n.IP, Gateway: n.Gateway, DHCPIP: n.DHCPIP}
+	}
+	ct, err := b.Bed.StartContainer(ctx, spec)
+	if err != nil {
+		return 0, err
+	}
+	return ct.PID, nil
+}
+
+// StopContainer implements ContainerBackend.
+func (b BedBackend) StopContainer(ctx context.Context, vmid int) error {
+	if err := b.Bed.StopContainer(ctx, vmid); err != nil && !strings.Contains(err.Error(), "is not running") {
+		return err
+	}
+	return nil
+}
+
+// ShutdownContainer implements ContainerBackend.
+func (b BedBackend) ShutdownContainer(ctx context.Context, vmid int, timeout time.Duration, force bool) error {
+	if err := b.Bed.ShutdownContainer(ctx, vmid, timeout, force); err != nil && !strings.Contains(err.Error(), "is not running") {
+		return err
+	}
+	return nil
+}
+
+// ContainerPID implements ContainerBackend.
+func (b BedBackend) ContainerPID(vmid int) (int, bool) {
+	ct, ok := b.Bed.Container(vmid)
+	if !ok || !ct.Alive() {
+		return 0, false
+	}
+	return ct.PID, true
 }
 
 // AttachDisk implements BlockBackend: the image becomes a block device in

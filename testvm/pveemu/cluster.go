@@ -107,8 +107,8 @@ func (s *Server) resources(_ context.Context, rq *request) (any, error) {
 			}
 			v := s.vms[id]
 			e := s.vmStatsLocked(v)
-			e["id"] = fmt.Sprintf("qemu/%d", id)
-			e["type"] = "qemu"
+			e["id"] = fmt.Sprintf("%s/%d", v.kind.resourceType(), id)
+			e["type"] = v.kind.resourceType()
 			e["node"] = s.vmNodeLocked(v)
 			e["vmid"] = id
 			// Only lock and tags are read from the config on every call
@@ -183,13 +183,15 @@ func (s *Server) statsLoop(interval time.Duration) {
 func (s *Server) refreshStatsLocked() {
 	st := map[int]map[string]any{}
 	for id, v := range s.vms {
-		e := s.vmStatusLocked(v)
+		e := s.guestStatusLocked(v)
 		e["template"] = boolInt(v.conf["template"] == "1")
 		e["maxcpu"] = e["cpus"]
 		delete(e, "cpus")
 		delete(e, "pid")
 		delete(e, "qmpstatus")
 		delete(e, "agent")
+		delete(e, "swap")
+		delete(e, "maxswap")
 		st[id] = e
 	}
 	s.stats = st
@@ -211,7 +213,7 @@ func (s *Server) RefreshStats() {
 // none has seen the VM yet.
 func (s *Server) vmStatsLocked(v *vm) map[string]any {
 	if s.stats == nil {
-		e := s.vmStatusLocked(v)
+		e := s.guestStatusLocked(v)
 		e["template"] = boolInt(v.conf["template"] == "1")
 		e["maxcpu"] = e["cpus"]
 		delete(e, "cpus")
@@ -226,9 +228,10 @@ func (s *Server) vmStatsLocked(v *vm) map[string]any {
 func (s *Server) poolMembers(p *pool) []map[string]any {
 	members := []map[string]any{}
 	for _, id := range sortedVMIDs(toVMMap(s.vms, p.vms)) {
-		e := s.vmStatusLocked(s.vms[id])
-		e["id"] = fmt.Sprintf("qemu/%d", id)
-		e["type"] = "qemu"
+		v := s.vms[id]
+		e := s.guestStatusLocked(v)
+		e["id"] = fmt.Sprintf("%s/%d", v.kind.resourceType(), id)
+		e["type"] = v.kind.resourceType()
 		e["node"] = s.vmNodeLocked(s.vms[id])
 		members = append(members, e)
 	}

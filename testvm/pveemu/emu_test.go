@@ -691,3 +691,14 @@ func TestResize(t *testing.T) {
 		t.Errorf("size 'big': %d %q, want 400 from the schema", r.status, r.reason)
 	}
 }
+
+// TestDescriptionParameter: a parameter named description (a config key)
+// is part of the schema, not documentation the extract drops: the
+// emulator takes it, as Proxmox does.
+func TestDescriptionParameter(t *testing.T) {
+	e := newEnv(t)
+	e.ok("PUT", "/nodes/pve/qemu/9000/config", url.Values{"description": {"a template"}})
+	if c, _ := e.ok("GET", "/nodes/pve/qemu/9000/config", nil).(map[string]any); c["description"] != "a template" {
+		t.Errorf("config %v", c)
+	}
+}

@@ -290,6 +290,12 @@ func dhcpRange(r string) (start, end netip.Addr) {
 // A NIC changed otherwise keeps its entry. Errors giving an address back
 // are only warned about by qemu-server: they are not returned.
 func (s *Server) ipamNICsLocked(vmid int, old, cur map[string]string) error {
+	return s.ipamNICsOfLocked(vmid, old, cur, parseNet, cur["name"])
+}
+
+// ipamNICsOfLocked is ipamNICsLocked for NICs parse reads (a VM's or a
+// CT's net[n]), the new entries named hostname.
+func (s *Server) ipamNICsOfLocked(vmid int, old, cur map[string]string, parse func(string) (mac, bridge string), hostname string) error {
 	keys := map[string]bool{}
 	for k := range old {
 		keys[k] = true
@@ -301,18 +307,18 @@ func (s *Server) ipamNICsLocked(vmid int, old, cur map[string]string) error {
 		if !reNetKey.MatchString(k) || old[k] == cur[k] {
 			continue
 		}
-		om, ob := parseNet(old[k])
-		nm, nb := parseNet(cur[k])
+		om, ob := parse(old[k])
+		nm, nb := parse(cur[k])
 		switch {
 		case cur[k] == "":
 			_ = s.delIPsFromMACLocked(ob, om)
 		case old[k] == "":
-			if err := s.addNextFreeCIDRLocked(nb, nm, vmid, cur["name"]); err != nil {
+			if err := s.addNextFreeCIDRLocked(nb, nm, vmid, hostname); err != nil {
 				return err
 			}
 		case ob != "" && om != "" && (ob != nb || om != nm):
 			_ = s.delIPsFromMACLocked(ob, om)
-			if err := s.addNextFreeCIDRLocked(nb, nm, vmid, cur["name"]); err != nil {
+			if err := s.addNextFreeCIDRLocked(nb, nm, vmid, hostname); err != nil {
 				return err
 			}
 		}

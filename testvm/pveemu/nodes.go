@@ -189,10 +189,12 @@ func (s *Server) checkClusterNodeLocked(node string) error {
 	return nil
 }
 
-// checkVMNode refuses a /nodes/{node}/qemu/{vmid}/... request for a VM
-// whose config is on another node: qemu-server's load_config reads
-// /etc/pve/nodes/<node>/qemu-server/<vmid>.conf, which does not exist.
-func (s *Server) checkVMNode(vars map[string]string) error {
+// checkVMNode refuses a /nodes/{node}/qemu/{vmid}/... or
+// /nodes/{node}/lxc/{vmid}/... request for a guest whose config is on
+// another node or of the other kind: qemu-server's and pve-container's
+// load_config read /etc/pve/nodes/<node>/qemu-server/<vmid>.conf and
+// .../lxc/<vmid>.conf, which do not exist.
+func (s *Server) checkVMNode(route string, vars map[string]string) error {
 	node, id := vars["node"], vars["vmid"]
 	if node == "" || id == "" {
 		return nil
@@ -201,10 +203,16 @@ func (s *Server) checkVMNode(vars map[string]string) error {
 	if err != nil {
 		return nil
 	}
+	kind := kindQemu
+	if strings.HasPrefix(route, "/nodes/{node}/lxc/") {
+		kind = kindLXC
+	} else if !strings.HasPrefix(route, "/nodes/{node}/qemu/") {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if v := s.vms[vmid]; v != nil && s.members[node] != nil && s.vmNodeLocked(v) != node {
-		return fail("Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", node, vmid)
+	if v := s.vms[vmid]; v != nil && s.members[node] != nil && (s.vmNodeLocked(v) != node || v.kind != kind) {
+		return fail("Configuration file 'nodes/%s/%s/%d.conf' does not exist", node, kind.confDir(), vmid)
 	}
 	return nil
 }

@@ -15,8 +15,11 @@ import (
 	"time"
 )
 
+// vm is a guest: a QEMU VM, or a container (kind kindLXC, lxc.go); both
+// share one VMID space, as pmxcfs's vmlist does.
 type vm struct {
 	vmid    int
+	kind    guestKind
 	node    string // the node its config is on ("" for the primary)
 	conf    map[string]string
 	running bool
@@ -29,6 +32,9 @@ type vm struct {
 	// disks whose hot-plug or unplug failed.
 	pending    map[string]string
 	pendingDel map[string]bool
+	// rootBase is a CT's base volume: the root its own volume (DiskDir)
+	// is overlaid on, shared with its template (lxc.go); "" for a VM.
+	rootBase string
 	// unseen are the SCSI slots hot-plugged into the running VM whose
 	// controller told the guest nothing (scsiHotplugSeen): in QEMU, not
 	// in the guest. Cleared when the VM starts or stops.
@@ -57,8 +63,52 @@ var (
 	reNetKey   = regexp.MustCompile(`^net\d+$`)
 )
 
-func (s *Server) cfsPath(vmid int) string {
-	return fmt.Sprintf("nodes/%s/qemu-server/%d.conf", s.node, vmid)
+// guestKind is a guest's type, as pmxcfs's vmlist records it: it decides
+// its config directory, its config lock and the word its errors use.
+type guestKind int
+
+const (
+	kindQemu guestKind = iota // qemu-server
+	kindLXC                   // pve-container
+)
+
+// confDir is the kind's directory below /etc/pve/nodes/<node>.
+func (k guestKind) confDir() string {
+	if k == kindLXC {
+		return "lxc"
+	}
+	return "qemu-server"
+}
+
+// label is what pve-guest-common's errors call the kind
+// (AbstractConfig guest_type: QemuConfig "VM", LXC::Config "CT").
+func (k guestKind) label() string {
+	if k == kindLXC {
+		return "CT"
+	}
+	return "VM"
+}
+
+// lockFile is the kind's config lock file (QemuConfig config_file_lock,
+// LXC::Config config_file_lock).
+func (k guestKind) lockFile(vmid int) string {
+	if k == kindLXC {
+		return fmt.Sprintf("/run/lock/lxc/pve-config-%d.lock", vmid)
+	}
+	return fmt.Sprintf("/var/lock/qemu-server/lock-%d.conf", vmid)
+}
+
+// resourceType is the kind's type in /cluster/resources and pools.
+func (k guestKind) resourceType() string {
+	if k == kindLXC {
+		return "lxc"
+	}
+	return "qemu"
+}
+
+// cfsPathOf is load_config's path of a kind's config on the primary node.
+func (s *Server) cfsPathOf(k guestKind, vmid int) string {
+	return fmt.Sprintf("nodes/%s/%s/%d.conf", s.node, k.confDir(), vmid)
 }
 
 // vmDir is the per-VM state directory; its "disk" subdirectory is the
@@ -70,25 +120,33 @@ func (s *Server) vmDir(vmid int) string {
 // DiskDir is the disk directory of a VM.
 func (s *Server) DiskDir(vmid int) string { return filepath.Join(s.vmDir(vmid), "disk") }
 
-func (s *Server) loadVM(vmid int) (*vm, error) {
+func (s *Server) loadVM(vmid int) (*vm, error) { return s.loadGuest(kindQemu, vmid) }
+
+// loadGuest is load_config of a kind: a guest of another kind has no
+// config file in this kind's directory.
+func (s *Server) loadGuest(k guestKind, vmid int) (*vm, error) {
 	v := s.vms[vmid]
-	if v == nil {
-		return nil, fail("Configuration file '%s' does not exist", s.cfsPath(vmid))
+	if v == nil || v.kind != k {
+		return nil, fail("Configuration file '%s' does not exist", s.cfsPathOf(k, vmid))
 	}
 	return v, nil
 }
 
+// checkLock is AbstractConfig check_lock: "VM is locked (clone)", "CT is
+// locked (disk)".
 func checkLock(v *vm) error {
 	if l := v.conf["lock"]; l != "" {
-		return fail("VM is locked (%s)", l)
+		return fail("%s is locked (%s)", v.kind.label(), l)
 	}
 	return nil
 }
 
-// vmLockKey names a config lock: the flock on
-// /var/lock/qemu-server/lock-<vmid>.conf is a file of one node's local
-// filesystem, so two nodes hold "the same" lock at once.
+// vmLockKey names a config lock: the flock on the kind's lock file
+// (/var/lock/qemu-server/lock-<vmid>.conf, /run/lock/lxc/pve-config-<vmid>.lock)
+// is a file of one node's local filesystem, so two nodes hold "the same"
+// lock at once, and a VM's and a CT's lock of one VMID are two files.
 type vmLockKey struct {
+	kind guestKind
 	node string
 	vmid int
 }
@@ -97,8 +155,15 @@ type vmLockKey struct {
 // that node: node-local, pve-guest-common AbstractConfig config_file_lock,
 // qemu-server QemuConfig "/var/lock/qemu-server").
 func (s *Server) vmLock(ctx context.Context, node string, vmid int, timeout time.Duration) (func(), error) {
+	return s.guestLock(ctx, kindQemu, node, vmid, timeout)
+}
+
+// guestLock is a kind's config lock (lock_config_full with timeout):
+// "can't lock file '<lock file>' - got timeout" when it is not had in
+// time.
+func (s *Server) guestLock(ctx context.Context, kind guestKind, node string, vmid int, timeout time.Duration) (func(), error) {
 	s.mu.Lock()
-	k := vmLockKey{node, vmid}
+	k := vmLockKey{kind, node, vmid}
 	m := s.vmLocks[k]
 	if m == nil {
 		m = &sync.Mutex{}
@@ -108,7 +173,7 @@ func (s *Server) vmLock(ctx context.Context, node string, vmid int, timeout time
 	deadline := time.Now().Add(timeout)
 	for !m.TryLock() {
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, fail("can't lock file '/var/lock/qemu-server/lock-%d.conf' - got timeout", vmid)
+			return nil, fail("can't lock file '%s' - got timeout", kind.lockFile(vmid))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -133,6 +198,11 @@ func (s *Server) checkNode(rq *request) error {
 // that need only the VM to exist. The config lock (vmLock) is not taken
 // here: the workers take it.
 func (s *Server) openVM(rq *request, params func(*request) error, onVM func(*vm) error) error {
+	return s.openGuest(kindQemu, rq, params, onVM)
+}
+
+// openGuest is openVM for a guest of kind k.
+func (s *Server) openGuest(k guestKind, rq *request, params func(*request) error, onVM func(*vm) error) error {
 	if err := s.checkNode(rq); err != nil {
 		return err
 	}
@@ -146,7 +216,7 @@ func (s *Server) openVM(rq *request, params func(*request) error, onVM func(*vm)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v, err := s.loadVM(s.vmid(rq))
+	v, err := s.loadGuest(k, s.vmid(rq))
 	if err != nil {
 		return err
 	}
@@ -159,6 +229,12 @@ func (s *Server) openVM(rq *request, params func(*request) error, onVM func(*vm)
 // lock still held, for the caller to release with the unlock returned; on
 // failure both locks are released already.
 func (s *Server) lockVM(ctx context.Context, vmid int, check func(*vm) error) (*vm, func(), error) {
+	return s.lockGuest(ctx, kindQemu, vmid, check)
+}
+
+// lockGuest is lockVM for a guest of kind k (its config lock, its config
+// directory).
+func (s *Server) lockGuest(ctx context.Context, kind guestKind, vmid int, check func(*vm) error) (*vm, func(), error) {
 	// the lock of the node the VM's config is on (the primary's for a
 	// VM that does not exist: the check below refuses it)
 	s.mu.Lock()
@@ -167,12 +243,12 @@ func (s *Server) lockVM(ctx context.Context, vmid int, check func(*vm) error) (*
 		node = s.vmNodeLocked(v)
 	}
 	s.mu.Unlock()
-	unlock, err := s.vmLock(ctx, node, vmid, 10*time.Second)
+	unlock, err := s.guestLock(ctx, kind, node, vmid, 10*time.Second)
 	if err != nil {
 		return nil, nil, err
 	}
 	s.mu.Lock()
-	v, err := s.loadVM(vmid)
+	v, err := s.loadGuest(kind, vmid)
 	if err == nil {
 		err = check(v)
 	}
@@ -182,6 +258,16 @@ func (s *Server) lockVM(ctx context.Context, vmid int, check func(*vm) error) (*
 		return nil, nil, err
 	}
 	return v, unlock, nil
+}
+
+// vmidUnusedLocked is pve-cluster's check_vmid_unused: the id is free
+// in the cluster's vmlist, whatever kind holds it ("CT 101 already
+// exists on node 'pve'").
+func (s *Server) vmidUnusedLocked(vmid int) error {
+	if v := s.vms[vmid]; v != nil {
+		return fail("%s %d already exists on node '%s'", v.kind.label(), vmid, s.vmNodeLocked(v))
+	}
+	return nil
 }
 
 // vmExists is the onVM of openVM for handlers that need only the VM.
@@ -306,6 +392,13 @@ func uuidish() string {
 func (s *Server) vmid(rq *request) int { return rq.int("vmid", 0) }
 
 func (s *Server) listVMs(_ context.Context, rq *request) (any, error) {
+	return s.listGuests(rq, kindQemu)
+}
+
+// listGuests is the node's list of one kind (qemu-server and
+// pve-container vmlist): the status of each guest of the kind on the
+// node, only those with VM.Audit on /vms/<vmid>.
+func (s *Server) listGuests(rq *request, kind guestKind) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
 	}
@@ -313,13 +406,11 @@ func (s *Server) listVMs(_ context.Context, rq *request) (any, error) {
 	defer s.mu.Unlock()
 	out := []map[string]any{}
 	for _, id := range sortedVMIDs(s.vms) {
-		if !s.privilegesLocked(rq.authid, fmt.Sprintf("/vms/%d", id))["VM.Audit"] {
+		v := s.vms[id]
+		if v.kind != kind || s.vmNodeLocked(v) != rq.str("node") || !s.privilegesLocked(rq.authid, fmt.Sprintf("/vms/%d", id))["VM.Audit"] {
 			continue
 		}
-		if s.vmNodeLocked(s.vms[id]) != rq.str("node") {
-			continue
-		}
-		out = append(out, s.vmStatusLocked(s.vms[id]))
+		out = append(out, s.guestStatusLocked(v))
 	}
 	return out, nil
 }
@@ -388,9 +479,9 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 		s.mu.Unlock()
 		return nil, permFail(fmt.Sprintf("pool '%s' does not exist", pool))
 	}
-	if _, ok := s.vms[vmid]; ok {
+	if err := s.vmidUnusedLocked(vmid); err != nil {
 		s.mu.Unlock()
-		return nil, fail("unable to create VM %d - VM %d already exists on node '%s'", vmid, vmid, s.node)
+		return nil, fail("unable to create VM %d - %v", vmid, err)
 	}
 	conf["lock"] = "create"
 	s.vms[vmid] = &vm{vmid: vmid, node: rq.str("node"), conf: conf, snaps: map[string]*snapshot{}}
@@ -461,14 +552,7 @@ func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {
 		}
 		_ = s.ipamNICsLocked(vmid, v.conf, nil) // removals only: cannot fail
 		if purge {
-			path := fmt.Sprintf("/vms/%d", vmid)
-			kept := s.acl[:0]
-			for _, e := range s.acl {
-				if e.path != path {
-					kept = append(kept, e)
-				}
-			}
-			s.acl = kept
+			s.removeVMACLsLocked(vmid)
 		}
 		delete(s.vms, vmid)
 		t.logf("purging VM %d from related configurations..", vmid)

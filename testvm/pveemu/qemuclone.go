@@ -79,10 +79,11 @@ func (s *Server) cloneSourceLocked(c *cloneJob) (map[string]string, bool, error)
 		return nil, false, fail("parameter 'format' not allowed for linked clones")
 	}
 	// clone_vm checks the new id's config file on this node only
-	// (PVE::QemuConfig->config_file: /etc/pve/nodes/<local>/...); another
-	// node's VM of that id is found only when pmxcfs refuses the rename
-	// of the temporary config (runClone).
-	if v, exists := s.vms[c.newid]; exists && s.vmNodeLocked(v) == c.node {
+	// (PVE::QemuConfig->config_file: /etc/pve/nodes/<local>/qemu-server/...);
+	// another node's VM of that id, or a CT of it on any node, is found
+	// only when pmxcfs refuses the rename of the temporary config
+	// (runClone).
+	if v, exists := s.vms[c.newid]; exists && v.kind == kindQemu && s.vmNodeLocked(v) == c.node {
 		return nil, false, fail("unable to create VM %d: config file already exists", c.newid)
 	}
 	oldconf := src.conf
@@ -228,7 +229,8 @@ func (s *Server) checkStorageAccessCloneLocked(authid string, conf map[string]st
 // HoldClones makes every clone task stop after it wrote its temporary
 // config ("lock: clone") until release is called, and sends each held
 // VMID on held (buffered; extra sends are dropped): a clone that runs on
-// after its caller is gone, as qemu-server's clone_vm does. Clones that
+// after its caller is gone, as qemu-server's clone_vm does. A CT clone's
+// task stops at its start, both its locks set (lxcclone.go). Clones that
 // reach that point before the call run through.
 func (s *Server) HoldClones() (held <-chan int, release func()) { return s.HoldClonesOn("") }
 

@@ -261,31 +261,8 @@ func vmCPUs(conf map[string]string) float64 {
 // dnsmasqs stopped either fails, the hook dies and QEMU does not start;
 // the mapping is written all the same.
 func (s *Server) dhcpMapping(t *task, vmid int, spec VMSpec) error {
-	if spec.VNet == "" || len(spec.MAC) == 0 {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	vn := s.sdn.running.vnets[spec.VNet]
-	if vn == nil {
-		return nil
-	}
-	zone := vn["zone"]
-	if z := s.sdn.running.zones[zone]; z == nil || z["dhcp"] == "" || z["ipam"] == "" {
-		return nil
-	}
-	v := s.vms[vmid]
-	if v == nil {
-		return nil
-	}
-	n := s.members[s.vmNodeLocked(v)]
-	key := spec.VNet + " " + spec.MAC.String()
-	first := !n.dhcpMapped[key]
-	if n.dhcpMapped == nil {
-		n.dhcpMapped = map[string]bool{}
-	}
-	n.dhcpMapped[key] = true
-	if !n.dhcpStopped {
+	zone, first, failed := s.addDHCPMapping(vmid, spec.VNet, spec.MAC)
+	if !failed {
 		return nil
 	}
 	if first {
@@ -295,4 +272,38 @@ func (s *Server) dhcpMapping(t *task, vmid int, spec VMSpec) error {
 	}
 	t.logf("kvm: -netdev type=tap,id=net0,ifname=tap%di0,script=/usr/libexec/qemu-server/pve-bridge,downscript=/usr/libexec/qemu-server/pve-bridgedown: network script /usr/libexec/qemu-server/pve-bridge failed with status 256", vmid)
 	return fmt.Errorf("start failed: QEMU exited with code 1")
+}
+
+// addDHCPMapping is pve-network's add_dhcp_mapping for a guest NIC (the
+// MAC on vnet) on the guest's node: the mapping is recorded (written to
+// the zone's ethers file) whatever happens; failed is set when the zone's
+// dnsmasq is stopped by an SDN apply, so the reload a first mapping needs
+// (first) or the lease update over D-Bus fails. Nothing happens for a
+// vnet whose zone has no DHCP with the pve IPAM.
+func (s *Server) addDHCPMapping(vmid int, vnet string, mac net.HardwareAddr) (zone string, first, failed bool) {
+	if vnet == "" || len(mac) == 0 {
+		return "", false, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	vn := s.sdn.running.vnets[vnet]
+	if vn == nil {
+		return "", false, false
+	}
+	zone = vn["zone"]
+	if z := s.sdn.running.zones[zone]; z == nil || z["dhcp"] == "" || z["ipam"] == "" {
+		return "", false, false
+	}
+	v := s.vms[vmid]
+	if v == nil {
+		return "", false, false
+	}
+	n := s.members[s.vmNodeLocked(v)]
+	key := vnet + " " + mac.String()
+	first = !n.dhcpMapped[key]
+	if n.dhcpMapped == nil {
+		n.dhcpMapped = map[string]bool{}
+	}
+	n.dhcpMapped[key] = true
+	return zone, first, n.dhcpStopped
 }

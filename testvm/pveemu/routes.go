@@ -4,6 +4,7 @@ import "context"
 
 func (s *Server) registerRoutes() error {
 	q := "/nodes/{node}/qemu/{vmid}"
+	ct := "/nodes/{node}/lxc/{vmid}"
 	table := []struct {
 		method, path string
 		h            handlerFunc
@@ -40,6 +41,15 @@ func (s *Server) registerRoutes() error {
 		{"GET", q + "/agent/exec-status", s.agentExecStatus},
 		{"GET", q + "/agent/file-read", s.agentFileRead},
 		{"POST", q + "/agent/file-write", s.agentFileWrite},
+		{"GET", "/nodes/{node}/lxc", s.listCTs},
+		{"DELETE", ct, s.deleteCT},
+		{"POST", ct + "/clone", s.cloneCT},
+		{"GET", ct + "/config", s.getCTConfig},
+		{"PUT", ct + "/config", s.putCTConfig},
+		{"GET", ct + "/status/current", s.ctStatusCurrent},
+		{"POST", ct + "/status/start", s.ctStart},
+		{"POST", ct + "/status/stop", s.ctStop},
+		{"POST", ct + "/status/shutdown", s.ctShutdown},
 		{"POST", "/nodes/{node}/storage/{storage}/content", s.allocVolume},
 		{"GET", "/nodes/{node}/storage/{storage}/content/{volume}", s.volumeInfo},
 		{"DELETE", "/nodes/{node}/storage/{storage}/content/{volume}", s.freeVolume},

@@ -506,7 +506,7 @@ func (s *Server) serve(r *http.Request, rec *RequestRecord, local string) (_ any
 	if errs := rt.ep.Validate(params); errs != nil {
 		return nil, paramFail(errs)
 	}
-	if err := s.checkVMNode(vars); err != nil {
+	if err := s.checkVMNode(rt.path, vars); err != nil {
 		return nil, err
 	}
 	return rt.h(r.Context(), &request{params: params, authid: authid, token: isToken, route: rt, local: local})

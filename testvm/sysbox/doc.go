@@ -17,6 +17,10 @@
 // (/etc/apt/sources.list.d/*.sources, /etc/apt/sources.list), falling back to
 // http://deb.debian.org/debian. A build takes about 50 s here.
 //
+// EnsureShiftedRootfs caches a copy of a root with every owner (and POSIX
+// ACL entry) shifted by an offset: the root of an unprivileged container
+// whose idmap maps 0 to that offset (testvm's containers).
+//
 // # Containers
 //
 // Start gives each container an overlay of the cached root (lower) with a

@@ -92,12 +92,27 @@ func EnsureRootfs(ctx context.Context, o RootfsOptions) (string, error) {
 			return "", fmt.Errorf("rootfs: bad package name %q", p)
 		}
 	}
-	dst := o.RootfsPath()
-	if complete(dst) {
-		return dst, nil
-	}
 	if err := os.MkdirAll(o.CacheDir, 0o755); err != nil {
 		return "", fmt.Errorf("rootfs: %w", err)
+	}
+	return cached(ctx, o.RootfsPath(), complete, func(tmp string) error {
+		mirror := o.Mirror
+		if mirror == "" {
+			mirror = aptMirror()
+		}
+		return build(ctx, o, mirror, tmp)
+	})
+}
+
+// cached returns dst once complete says it is, building it first when it
+// is not: under an flock on dst.lock (concurrent callers, other test
+// processes too, wait for one build), build makes it in a temporary
+// directory beside dst that is renamed into place when build succeeds and
+// removed when it fails. Temporary directories of killed builders and an
+// incomplete dst are removed first.
+func cached(ctx context.Context, dst string, complete func(string) bool, build func(tmp string) error) (string, error) {
+	if complete(dst) {
+		return dst, nil
 	}
 	unlock, err := lockFile(ctx, dst+".lock")
 	if err != nil {
@@ -109,20 +124,13 @@ func EnsureRootfs(ctx context.Context, o RootfsOptions) (string, error) {
 	}
 	// We hold the lock: any temporary directory left is from a killed builder.
 	stale, _ := filepath.Glob(dst + ".tmp-*")
-	for _, s := range stale {
+	for _, s := range append(stale, dst) { // dst: an incomplete leftover
 		if err := os.RemoveAll(s); err != nil {
 			return "", fmt.Errorf("rootfs: remove stale build: %w", err)
 		}
 	}
-	if err := os.RemoveAll(dst); err != nil { // incomplete leftover
-		return "", fmt.Errorf("rootfs: %w", err)
-	}
-	mirror := o.Mirror
-	if mirror == "" {
-		mirror = aptMirror()
-	}
 	tmp := fmt.Sprintf("%s.tmp-%d", dst, os.Getpid())
-	if err := build(ctx, o, mirror, tmp); err != nil {
+	if err := build(tmp); err != nil {
 		_ = os.RemoveAll(tmp)
 		return "", err
 	}

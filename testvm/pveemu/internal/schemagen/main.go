@@ -135,23 +135,31 @@ type node struct {
 	Children []node                    `json:"children"`
 }
 
-// strip removes documentation-only keys recursively.
-func strip(v any) any {
+// strip removes documentation-only keys recursively. The keys of a
+// "properties" map (and of an inline property-string "format") are
+// parameter names, not documentation: a parameter named description (a
+// guest's config key) stays.
+func strip(v any) any { return stripDoc(v, false) }
+
+func stripDoc(v any, names bool) any {
 	switch t := v.(type) {
 	case map[string]any:
 		m := map[string]any{}
 		for k, x := range t {
-			switch k {
-			case "description", "verbose_description", "typetext", "format_description", "completion", "print_width":
-				continue
+			if !names {
+				switch k {
+				case "description", "verbose_description", "typetext", "format_description", "completion", "print_width":
+					continue
+				}
 			}
-			m[k] = strip(x)
+			_, isFormat := x.(map[string]any)
+			m[k] = stripDoc(x, !names && (k == "properties" || k == "format" && isFormat))
 		}
 		return m
 	case []any:
 		s := make([]any, len(t))
 		for i, x := range t {
-			s[i] = strip(x)
+			s[i] = stripDoc(x, false)
 		}
 		return s
 	}
