@@ -339,7 +339,7 @@ func setup(ctx context.Context, b *testvm.Bed, rec *egress.Log) (_ *bed, stop fu
 	var pc net.PacketConn
 	var proxyLn net.Listener
 	if err := b.Do(b.NodeNS(), func() (err error) {
-		if pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", dnsPort)); err != nil {
+		if pc, err = egress.ListenUDP(ctx, fmt.Sprintf(":%d", dnsPort)); err != nil {
 			return err
 		}
 		proxyLn, err = net.Listen("tcp4", fmt.Sprintf(":%d", proxyPort))

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +46,11 @@ type stack struct {
 	guests map[string]*testvm.Guest // zone -> guest
 	gw     map[string]string        // zone -> gateway address
 	bridge map[string]string        // zone -> vnet bridge
+
+	// pc is the resolver's UDP socket; serveUDP starts its read loop
+	// (once; newStackWith has, unless stackConfig.holdUDP)
+	pc       net.PacketConn
+	serveUDP func()
 }
 
 // inNode returns a dialer that creates its sockets in the node's
@@ -66,6 +72,9 @@ type stackConfig struct {
 	resolver ResolverConfig   // QueriesPerOwner, TCPPerOwner
 	up       Upstream         // nil: the internet host's resolver
 	reg      []RegistryOption // e.g. WithMaxLearned
+	// holdUDP binds the resolver's UDP socket but leaves its read loop to
+	// stack.serveUDP
+	holdUDP bool
 }
 
 func newStack(t *testing.T, ctx context.Context, def Policy) *stack {
@@ -153,7 +162,7 @@ func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig)
 	var pc net.PacketConn
 	var dnsLn, proxyLn net.Listener
 	if err := b.Do(b.NodeNS(), func() (err error) {
-		if pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", dnsPort)); err != nil {
+		if pc, err = ListenUDP(ctx, fmt.Sprintf(":%d", dnsPort)); err != nil {
 			return err
 		}
 		if dnsLn, err = net.Listen("tcp4", fmt.Sprintf(":%d", dnsPort)); err != nil {
@@ -165,25 +174,26 @@ func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig)
 		t.Fatal(err)
 	}
 	sctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{}, 3)
-	for _, serve := range []func() error{
-		func() error { return s.res.ServeUDP(sctx, pc) },
-		func() error { return s.res.ServeTCP(sctx, dnsLn) },
-		func() error { return proxy.Serve(sctx, proxyLn) },
-	} {
-		go func() {
+	var wg sync.WaitGroup
+	start := func(serve func() error) {
+		wg.Go(func() {
 			if err := serve(); err != nil {
 				t.Errorf("serve: %v", err)
 			}
-			done <- struct{}{}
-		}()
+		})
 	}
 	t.Cleanup(func() {
 		stop()
-		for range 3 {
-			<-done
-		}
+		wg.Wait()
+		_ = pc.Close() // a read loop never started
 	})
+	s.pc = pc
+	s.serveUDP = sync.OnceFunc(func() { start(func() error { return s.res.ServeUDP(sctx, pc) }) })
+	if !sc.holdUDP {
+		s.serveUDP()
+	}
+	start(func() error { return s.res.ServeTCP(sctx, dnsLn) })
+	start(func() error { return proxy.Serve(sctx, proxyLn) })
 	return s
 }
 

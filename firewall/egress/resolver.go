@@ -240,23 +240,76 @@ func MarkControl(mark uint32) func(network, address string, c syscall.RawConn) e
 // socket (4 MiB; the kernel caps it at net.core.rmem_max).
 const udpReadBuffer = 4 << 20
 
-// ServeUDP answers queries on pc (bound in the daemon's namespace) until
-// ctx is done. It returns after every query goroutine ended.
+// ListenUDP opens the resolver's UDP socket on address (udp4, in the
+// caller's network namespace), the only socket ServeUDP serves.
+//
+// The read loop names each query's interface by its IP_PKTINFO, and the
+// kernel fills that in when it queues a datagram, only if the option is
+// on by then: a datagram queued before it is read with interface 0, no
+// guest's, and dropped. The guard's redirect is in force before the
+// resolver reads (the table a restarting daemon adopts, a zone set right
+// after the start), so the option is set before the socket is bound,
+// and no query ever waits on it without its interface. The receive
+// buffer is asked for with it: every zone's queries queue on this one
+// socket, so there is room for a burst while the read loop catches up
+// (the guard's DNS policer bounds each zone's rate before they get
+// here); the kernel caps it at net.core.rmem_max and what it grants is
+// used as is.
+func ListenUDP(ctx context.Context, address string) (net.PacketConn, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = errors.Join(
+				unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1),
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, udpReadBuffer))
+		})
+		return errors.Join(err, serr)
+	}}
+	pc, err := lc.ListenPacket(ctx, "udp4", address)
+	if err != nil {
+		return nil, fmt.Errorf("resolver: listen udp %s: %w", address, err)
+	}
+	return pc, nil
+}
+
+// pktinfoOn reports whether pc's socket has IP_PKTINFO on.
+func pktinfoOn(pc net.PacketConn) (bool, error) {
+	sc, ok := pc.(syscall.Conn)
+	if !ok {
+		return false, fmt.Errorf("%T is no socket", pc)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var on int
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		on, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO)
+	}); err != nil {
+		return false, err
+	}
+	return on != 0, serr
+}
+
+// ServeUDP answers queries on pc (from ListenUDP, bound in the daemon's
+// namespace) until ctx is done. It returns after every query goroutine
+// ended. A socket without IP_PKTINFO from its bind is refused: the
+// queries queued on it before the option was set would be dropped.
 //
 // The read loop names each query's interface and takes its owner's share
 // of the queries in flight before anything else (before the node total,
 // before a goroutine starts): a query past the owner's share is dropped
 // at once and costs no other owner anything.
 func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
-	// every zone's queries queue on this one socket: room for a burst of
-	// them while the read loop catches up (the guard's DNS policer bounds
-	// each zone's rate before they get here). The kernel caps the size at
-	// net.core.rmem_max (SO_RCVBUF); what it grants is used as is.
-	if u, ok := pc.(interface{ SetReadBuffer(int) error }); ok {
-		if err := u.SetReadBuffer(udpReadBuffer); err != nil {
-			return fmt.Errorf("resolver: receive buffer: %w", err)
-		}
+	on, err := pktinfoOn(pc)
+	if err != nil {
+		return fmt.Errorf("resolver: pktinfo: %w", err)
 	}
+	if !on {
+		return errors.New("resolver: the udp socket was bound without IP_PKTINFO (open it with ListenUDP)")
+	}
+	// the option is on already: this sizes the reads' control buffers
 	p := ipv4.NewPacketConn(pc)
 	if err := p.SetControlMessage(ipv4.FlagInterface|ipv4.FlagDst, true); err != nil {
 		return fmt.Errorf("resolver: pktinfo: %w", err)

@@ -157,8 +157,11 @@ func (r *run) startEgress(ctx context.Context) error {
 	err = nsrun.Do(r.d.EgressNS, func() error {
 		var lc net.ListenConfig
 		var err error
-		if pc, err = lc.ListenPacket(ctx, "udp4", dnsAddr); err != nil {
-			return fmt.Errorf("egress resolver: listen udp %s: %w", dnsAddr, err)
+		// IP_PKTINFO on from the bind: the guard redirects guest DNS
+		// here already, and a query queued before the read loop runs
+		// keeps its interface
+		if pc, err = egress.ListenUDP(ctx, dnsAddr); err != nil {
+			return fmt.Errorf("egress: %w", err)
 		}
 		if dnsLn, err = lc.Listen(ctx, "tcp4", dnsAddr); err != nil {
 			pc.Close()
