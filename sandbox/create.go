@@ -61,6 +61,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	if err != nil {
 		return apitype.Sandbox{}, err
 	}
+	if err := m.macsFreeInCluster(ctx, req); err != nil {
+		return apitype.Sandbox{}, err
+	}
 
 	var host []netip.Prefix
 	if m.o.HostNetworks != nil {

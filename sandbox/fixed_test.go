@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -126,5 +127,90 @@ func TestFixedAddressTaken(t *testing.T) {
 	}
 	if z, v, s := px.SDNObjects(); z+v+s != 0 {
 		t.Errorf("SDN objects left: %d zones, %d vnets, %d subnets", z, v, s)
+	}
+}
+
+// TestFixedMACConflictNamesOwnOnly: a create fixing a MAC a VM of another
+// of the node's sandboxes has is refused; the refusal names that sandbox
+// and VM only to the sandbox's own owner (the API hides other owners'
+// sandboxes: their ids and VM names are not told through a refusal).
+func TestFixedMACConflictNamesOwnOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name, owner string
+		named       bool
+	}{
+		{"same owner", "alice", true},
+		{"another owner", "bob", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			e, px := fixedEngine(t)
+			first := oneVM("debian")
+			first.Owner = "alice"
+			first.VMs[0].Name = "secretvm"
+			first.VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: "52:54:00:12:34:56"}}
+			sb, err := e.Create(ctx, first)
+			if err != nil {
+				t.Fatal(err)
+			}
+			muts := px.Mutations()
+			again := oneVM("debian")
+			again.Owner = tc.owner
+			again.VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: "52:54:00:12:34:56"}}
+			_, err = e.Create(ctx, again)
+			if !errors.Is(err, sandbox.ErrConflict) {
+				t.Fatalf("create: %v, want a conflict", err)
+			}
+			if named := strings.Contains(err.Error(), sb.ID) || strings.Contains(err.Error(), "secretvm"); named != tc.named {
+				t.Errorf("refusal %q names the sandbox or its VM: %v, want %v", err, named, tc.named)
+			}
+			if n := px.Mutations() - muts; n != 0 {
+				t.Errorf("the refusal made %d changes in Proxmox, want none", n)
+			}
+		})
+	}
+}
+
+// TestFixedMACOfAnotherNode: Proxmox caches a MAC's address cluster-wide
+// by the MAC alone (pve-network Ipams.pm add_cache_mac_ip,
+// get_ips_from_mac), and a zone's dnsmasq drops a MAC's mapping whose
+// address the cache names otherwise (Dhcp/Dnsmasq.pm add_ip_mapping): a
+// MAC another node's sandbox (or any VM of the cluster) has on a vnet of
+// Proxmox's IPAM is refused before anything is made, as one of this
+// node's sandboxes is.
+func TestFixedMACOfAnotherNode(t *testing.T) {
+	ctx := context.Background()
+	g := apitest.NewGuests()
+	px := apitest.NewProxmox(g, map[string]int{"debian": 9000})
+	onNode := func(node string) *sandbox.Engine {
+		return newEngine(t, func(o *sandbox.Options) { o.Node, o.Proxmox, o.Guests = node, px, g.Dial })
+	}
+	e1, e2 := onNode("node1"), onNode("node2")
+	for i, tc := range []struct {
+		name string
+		nic  apitype.NIC
+	}{
+		{"the MAC alone", apitype.NIC{Network: "net0", MAC: "52:54:00:12:34:56"}},
+		{"the MAC with a fixed address", apitype.NIC{Network: "net0", MAC: "52:54:00:12:34:57", IPv4: "10.51.0.5"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			there := oneVM("debian")
+			there.Networks[0].CIDR = fmt.Sprintf("10.4%d.0.0/24", i+1)
+			there.VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: strings.ToLower(tc.nic.MAC)}}
+			if _, err := e2.Create(ctx, there); err != nil {
+				t.Fatal(err)
+			}
+			here := oneVM("debian")
+			here.Networks[0].CIDR = fmt.Sprintf("10.5%d.0.0/24", i)
+			here.VMs[0].NICs = []apitype.NIC{tc.nic}
+			zones, _, _ := px.SDNObjects()
+			reserved := px.Calls["ReserveIP"]
+			if _, err := e1.Create(ctx, here); !errors.Is(err, sandbox.ErrConflict) || !strings.Contains(err.Error(), tc.nic.MAC) {
+				t.Fatalf("create on node1 with node2's MAC: %v, want a conflict naming the MAC", err)
+			}
+			if z, _, _ := px.SDNObjects(); z != zones || px.Calls["ReserveIP"] != reserved {
+				t.Errorf("the refusal made something: %d zones (were %d), %d reservations (were %d)", z, zones, px.Calls["ReserveIP"], reserved)
+			}
+		})
 	}
 }
