@@ -40,6 +40,16 @@ import (
 //     Subnets.pm del_ip drops the MAC's cache entry too), so the start's
 //     get_ips_from_mac finds the MAC's one entry left, the fixed address,
 //     in the IPAM (PVEPlugin.pm get_ips_from_mac) and maps it.
+//   - Proxmox's start misses the MAC cache for such a NIC (step 3 dropped
+//     the MAC's entry), and a miss rewrites the whole cache without its
+//     lock (Ipams.pm get_ips_from_mac: read_macdb, the IPAM looked up,
+//     write_macdb, where add_cache_mac_ip and del_cache_mac_ip hold
+//     cfs_lock_file): a step 3 of another NIC that lands between that
+//     read and that write is undone, the other MAC's range address cached
+//     again, and its start maps that address, deleted from the IPAM. This
+//     engine keeps its step 3s out of its starts of VMs with a fixed
+//     address (Engine.cacheDrops), a sandbox's own VMs above all, which
+//     build side by side; another node's starts it cannot.
 //   - The fixed entry names no VM (ipcreate passes no vmid): the VM's
 //     address on that network is the IPAM entry of the NIC's MAC
 //     (names.go). A VM destroy removes it (QemuServer/Network.pm
@@ -269,6 +279,10 @@ func (m *Engine) dropRangeAddresses(ctx context.Context, rec *record, i int) err
 	if err != nil {
 		return pxErr("list ipam addresses", err)
 	}
+	if err := m.cacheDrops.Acquire(ctx, cacheDropsAll); err != nil {
+		return fmt.Errorf("release the range addresses: waiting for this node's starts of VMs with a fixed address: %w", err)
+	}
+	defer m.cacheDrops.Release(cacheDropsAll)
 	for _, n := range nics {
 		kept := false
 		for _, e := range entries {
@@ -289,3 +303,7 @@ func (m *Engine) dropRangeAddresses(ctx context.Context, rec *record, i int) err
 	}
 	return nil
 }
+
+// cacheDropsAll is the weight of Engine.cacheDrops a release of range
+// addresses takes: more than any number of concurrent starts.
+const cacheDropsAll = 1 << 30

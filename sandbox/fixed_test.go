@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
@@ -212,5 +215,113 @@ func TestFixedMACOfAnotherNode(t *testing.T) {
 				t.Errorf("the refusal made something: %d zones (were %d), %d reservations (were %d)", z, zones, px.Calls["ReserveIP"], reserved)
 			}
 		})
+	}
+}
+
+// cacheRacePX is the fake Proxmox with the MAC cache's race made to
+// happen: the start of a VM with a fixed MAC (first) waits, for a while,
+// for a release of the other fixed MAC's range address (second), which
+// waits to be configured until first's start began. On Proxmox that start
+// is a cache miss whose unlocked write of the whole cache (pve-network
+// Ipams.pm get_ips_from_mac: read_macdb, then write_macdb without
+// cfs_lock_file) can put back the cached range address the release just
+// dropped (Subnets.pm del_ip -> del_cache_mac_ip, under the lock): the
+// second NIC's start then maps the range address. overlaps counts the
+// releases made while such a start ran.
+type cacheRacePX struct {
+	*apitest.Proxmox
+	first, second string
+	began         chan struct{}
+	released      chan struct{}
+	once          sync.Once
+	mu            sync.Mutex
+	starting      int
+	overlaps      int
+}
+
+func (p *cacheRacePX) has(id int, mac string) bool {
+	v, ok := p.VMByID(id)
+	return ok && slices.Contains(v.Config.MACs, mac)
+}
+
+func (p *cacheRacePX) ConfigureVM(ctx context.Context, id int, c sandbox.VMConfig) error {
+	if slices.Contains(c.MACs, p.second) {
+		select {
+		case <-p.began:
+		case <-ctx.Done():
+		}
+	}
+	return p.Proxmox.ConfigureVM(ctx, id, c)
+}
+
+func (p *cacheRacePX) StartVM(ctx context.Context, id int) error {
+	if p.has(id, p.first) || p.has(id, p.second) {
+		p.mu.Lock()
+		p.starting++
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			p.starting--
+			p.mu.Unlock()
+		}()
+	}
+	if p.has(id, p.first) {
+		close(p.began)
+		select {
+		case <-p.released:
+		case <-time.After(500 * time.Millisecond): // the release waits for this start
+		}
+	}
+	return p.Proxmox.StartVM(ctx, id)
+}
+
+func (p *cacheRacePX) ReleaseIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error {
+	p.mu.Lock()
+	if p.starting > 0 {
+		p.overlaps++
+	}
+	p.mu.Unlock()
+	if mac == p.second {
+		p.once.Do(func() { close(p.released) })
+	}
+	return p.Proxmox.ReleaseIP(ctx, zone, vnet, ip, mac)
+}
+
+// TestFixedAddressDropWaitsForStarts: the release of a range address a
+// configure gave a NIC of a fixed address (which drops the MAC's cached
+// address in Proxmox) never runs while a start of a VM with a fixed
+// address does (whose cache miss rewrites the whole cache unlocked, and
+// could put the dropped address back: cacheRacePX); both VMs get their
+// fixed addresses.
+func TestFixedAddressDropWaitsForStarts(t *testing.T) {
+	ctx := context.Background()
+	var rp *cacheRacePX
+	e := newEngine(t, func(o *sandbox.Options) {
+		rp = &cacheRacePX{Proxmox: o.Proxmox.(*apitest.Proxmox), first: "52:54:00:00:00:0A", second: "52:54:00:00:00:0B",
+			began: make(chan struct{}), released: make(chan struct{})}
+		o.Proxmox = rp
+	})
+	req := apitype.CreateRequest{Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: "10.30.0.0/24"}}, TTLSeconds: 60,
+		VMs: []apitype.VMRequest{
+			{Name: "a", Template: "debian", Cores: 1, MemoryMiB: 512, NICs: []apitype.NIC{{Network: "lan", MAC: rp.first, IPv4: "10.30.0.5"}}},
+			{Name: "b", Template: "debian", Cores: 1, MemoryMiB: 512, NICs: []apitype.NIC{{Network: "lan", MAC: rp.second, IPv4: "10.30.0.6"}}},
+		}}
+	for i := range req.VMs {
+		req.VMs[i].Networks = []string{"lan"}
+	}
+	sb, err := e.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp.mu.Lock()
+	overlaps := rp.overlaps
+	rp.mu.Unlock()
+	if overlaps != 0 {
+		t.Errorf("%d releases ran during a start of a VM with a fixed address", overlaps)
+	}
+	for i, want := range []string{"10.30.0.5", "10.30.0.6"} {
+		if got := sb.VMs[i].Addresses; len(got) != 1 || got[0].IPv4 != want {
+			t.Errorf("%s: addresses %+v, want %s", sb.VMs[i].Name, got, want)
+		}
 	}
 }
