@@ -674,13 +674,34 @@ func (c *Client) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.I
 	for _, v := range vnets {
 		want[v] = true
 	}
+	return c.ipamIPv4(ctx, func(e ipamEntry) bool { return want[e.VNet] && (e.VMID > 0 || e.MAC != "") })
+}
+
+// MACEntries implements sandbox.Proxmox: the IPv4 entries of the pve
+// IPAM whose MAC is one of macs, in any case, on every vnet the token may
+// audit (GET /cluster/sdn/ipams/pve/status lists the entries of every
+// zone with the pve IPAM and DHCP whose vnet has SDN.Audit or
+// SDN.Allocate: pve-network API2/Network/SDN/Ipams.pm ipamindex;
+// pve-access-setup grants them on /sdn/zones, so every zone of the
+// cluster).
+func (c *Client) MACEntries(ctx context.Context, macs []string) ([]sandbox.IPAMAddress, error) {
+	want := map[string]bool{}
+	for _, m := range macs {
+		want[strings.ToLower(m)] = true
+	}
+	return c.ipamIPv4(ctx, func(e ipamEntry) bool { return e.MAC != "" && want[strings.ToLower(e.MAC)] })
+}
+
+// ipamIPv4 lists the IPv4 entries of the pve IPAM, gateways excepted,
+// that keep takes (MACs in lower case; VMID 0 for an entry naming none).
+func (c *Client) ipamIPv4(ctx context.Context, keep func(ipamEntry) bool) ([]sandbox.IPAMAddress, error) {
 	var es []ipamEntry
 	if err := c.c.Get(ctx, "/cluster/sdn/ipams/pve/status", &es); err != nil {
 		return nil, classify("list ipam entries", err)
 	}
 	var out []sandbox.IPAMAddress
 	for _, e := range es {
-		if !want[e.VNet] || e.Gateway != 0 || (e.VMID <= 0 && e.MAC == "") {
+		if e.Gateway != 0 || !keep(e) {
 			continue
 		}
 		ip, err := netip.ParseAddr(e.IP)

@@ -808,6 +808,22 @@ func TestRealNodeSemantics(t *testing.T) {
 				t.Fatalf("addresses %+v, want %+v (no gateway, no entry of neither a vmid nor a MAC, nothing of vnet other; MACs in lower case)", got, want)
 			}
 		}},
+		{"a fixed MAC's entries in every zone, any case", func(t *testing.T, f *fakeServer, c *Client) {
+			f.ipam = []map[string]any{
+				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.1", "gateway": 1},
+				{"vnet": "sbv0", "zone": "sbz", "subnet": "10.9.0.0/24", "ip": "10.9.0.10", "mac": "BC:24:11:00:00:02", "vmid": 100},
+				{"vnet": "other", "zone": "oz", "subnet": "10.8.0.0/24", "ip": "10.8.0.5", "mac": "52:54:00:ab:cd:ef"},
+				{"vnet": "other", "zone": "oz", "subnet": "10.8.0.0/24", "ip": "10.8.0.10", "mac": "BC:24:11:00:00:03", "vmid": 102}}
+			got, err := c.MACEntries(ctx, []string{"52:54:00:AB:CD:EF", "BC:24:11:00:00:02"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []sandbox.IPAMAddress{{VNet: "sbv0", VMID: 100, IP: netip.MustParseAddr("10.9.0.10"), MAC: "bc:24:11:00:00:02"},
+				{VNet: "other", IP: netip.MustParseAddr("10.8.0.5"), MAC: "52:54:00:ab:cd:ef"}}
+			if !slices.Equal(got, want) {
+				t.Fatalf("entries %+v, want %+v (the MACs asked for, on any vnet, in any case; no gateway)", got, want)
+			}
+		}},
 		{"a fixed address: reserved for the MAC, the NIC configured with it, the range address released", func(t *testing.T, f *fakeServer, c *Client) {
 			sdn(t, f, c)
 			ip := netip.MustParseAddr("10.9.0.5")

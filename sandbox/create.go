@@ -61,6 +61,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	if err != nil {
 		return apitype.Sandbox{}, err
 	}
+	if err := m.macsFreeInCluster(ctx, req); err != nil {
+		return apitype.Sandbox{}, err
+	}
 
 	var host []netip.Prefix
 	if m.o.HostNetworks != nil {
@@ -463,7 +466,10 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			return pxErr(fmt.Sprintf("resize disk of vm %d", vmid), err)
 		}
 	}
-	if err := m.startVM(ctx, px, vmid); err != nil {
+	m.mu.Lock()
+	fixed := len(fixedNICsLocked(rec, i)) > 0
+	m.mu.Unlock()
+	if err := m.startVM(ctx, px, vmid, fixed); err != nil {
 		return pxErr(fmt.Sprintf("start vm %d", vmid), err)
 	}
 	if err := m.waitAgent(ctx, vmid); err != nil {
@@ -493,11 +499,12 @@ type vmStarter interface {
 // than any number of concurrent starts.
 const allStarts = 1 << 30
 
-// startVM starts vmid outside this engine's own SDN applies (starts).
-// The wait for an apply to end is not the create's work: its budget
-// (withBudget) is paused meanwhile, and the wait is bounded by
-// ApplyTimeout.
-func (m *Engine) startVM(ctx context.Context, px vmStarter, vmid int) error {
+// startVM starts vmid outside this engine's own SDN applies (starts),
+// and, for a VM with a NIC of a fixed address (fixed), outside this
+// engine's releases of range addresses (cacheDrops: fixed.go). The wait
+// for an apply to end is not the create's work: its budget (withBudget)
+// is paused meanwhile, and the wait is bounded by ApplyTimeout.
+func (m *Engine) startVM(ctx context.Context, px vmStarter, vmid int, fixed bool) error {
 	resume := pauseBudget(ctx)
 	gctx, cancel := context.WithTimeout(ctx, m.o.ApplyTimeout)
 	err := m.starts.Acquire(gctx, 1)
@@ -507,5 +514,11 @@ func (m *Engine) startVM(ctx context.Context, px vmStarter, vmid int) error {
 		return fmt.Errorf("start vm %d: waiting for this node's SDN apply: %w", vmid, err)
 	}
 	defer m.starts.Release(1)
+	if fixed {
+		if err := m.cacheDrops.Acquire(ctx, 1); err != nil {
+			return fmt.Errorf("start vm %d: waiting for this node's releases of range addresses: %w", vmid, err)
+		}
+		defer m.cacheDrops.Release(1)
+	}
 	return px.StartVM(ctx, vmid)
 }

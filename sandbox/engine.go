@@ -195,7 +195,8 @@ func (o *Options) defaults() error {
 // Lock order, in words: stateMu and zonesMu are each taken before mu and
 // never while mu is held (saveState and publishZones read the sandboxes
 // under mu inside their own lock, then release mu before they write the
-// file or call the hook); idMu, sdnMu, starts and subnetCache's are leaves, taken alone; no two
+// file or call the hook); idMu, sdnMu, starts and subnetCache's are leaves, taken alone (but
+// cacheDrops after starts by the start of a VM with a fixed address); no two
 // of stateMu, zonesMu, idMu and sdnMu are ever held together. mu is never
 // held across a call to Proxmox, a guest, a hook or the disk; idMu and
 // zonesMu are held across the one outside call each serializes (NextID,
@@ -265,6 +266,15 @@ type Engine struct {
 	// start's or an apply's wait for it ends with its context; a leaf,
 	// taken alone.
 	starts *semaphore.Weighted
+	// cacheDrops keeps the releases of the DHCP-range addresses the
+	// configures gave NICs of a fixed address (dropRangeAddresses, which
+	// holds all of it, cacheDropsAll) out of the starts of VMs with a
+	// fixed address (one unit each, across the start): such a start's
+	// pve-bridge hook misses Proxmox's MAC cache and rewrites the whole
+	// cache unlocked (fixed.go), which would put back a cached address
+	// such a release dropped meanwhile. Taken after starts by such a
+	// start, alone otherwise; a wait for it ends with its context.
+	cacheDrops *semaphore.Weighted
 	// stateMu serializes writes of the state file, so the file never goes
 	// back to an older list than one already written; taken before mu.
 	stateMu sync.Mutex
@@ -301,7 +311,7 @@ func New(o Options) (*Engine, error) {
 	}
 	return &Engine{o: o, log: o.Logger, met: met, sbx: map[string]*record{}, members: map[string]*record{}, pool: wp,
 		reserved: map[int]bool{}, sdnRun: make(chan struct{}, 1), starts: semaphore.NewWeighted(allStarts),
-		health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet, subnetCache: newSubnetCache(),
+		cacheDrops: semaphore.NewWeighted(cacheDropsAll), health: hm, events: newEventBus(o.Health.EventBuffer), hmet: hmet, subnetCache: newSubnetCache(),
 		egressEv: &egressEvents{sent: map[string]egressSent{}},
 		cloner:   px, vms: px, snaps: px, zones: px, cleaner: px, subnets: px, pools: px, tagger: px, addrs: px, fixer: px}, nil
 }

@@ -40,6 +40,16 @@ import (
 //     Subnets.pm del_ip drops the MAC's cache entry too), so the start's
 //     get_ips_from_mac finds the MAC's one entry left, the fixed address,
 //     in the IPAM (PVEPlugin.pm get_ips_from_mac) and maps it.
+//   - Proxmox's start misses the MAC cache for such a NIC (step 3 dropped
+//     the MAC's entry), and a miss rewrites the whole cache without its
+//     lock (Ipams.pm get_ips_from_mac: read_macdb, the IPAM looked up,
+//     write_macdb, where add_cache_mac_ip and del_cache_mac_ip hold
+//     cfs_lock_file): a step 3 of another NIC that lands between that
+//     read and that write is undone, the other MAC's range address cached
+//     again, and its start maps that address, deleted from the IPAM. This
+//     engine keeps its step 3s out of its starts of VMs with a fixed
+//     address (Engine.cacheDrops), a sandbox's own VMs above all, which
+//     build side by side; another node's starts it cannot.
 //   - The fixed entry names no VM (ipcreate passes no vmid): the VM's
 //     address on that network is the IPAM entry of the NIC's MAC
 //     (names.go). A VM destroy removes it (QemuServer/Network.pm
@@ -59,13 +69,8 @@ import (
 //   - A request with any NIC's MAC or address fixed is never served by the
 //     warm pool: a member's NICs are configured already (pool.go).
 
-// macsFreeLocked refuses (ErrConflict) a create that fixes a MAC a VM of
-// another of this engine's sandboxes has: Proxmox caches a MAC's address
-// under the MAC alone, cluster-wide (Ipams.pm add_cache_mac_ip), so two
-// live NICs of one MAC in two zones map each other's address (the start's
-// get_ips_from_mac gives the last one cached). Other nodes' sandboxes are
-// not seen here. Call with m.mu held.
-func (m *Engine) macsFreeLocked(req apitype.CreateRequest) error {
+// fixedMACs are the MACs a create request fixes, in upper case.
+func fixedMACs(req apitype.CreateRequest) map[string]bool {
 	want := map[string]bool{}
 	for _, v := range req.VMs {
 		for _, n := range v.NICs {
@@ -74,17 +79,86 @@ func (m *Engine) macsFreeLocked(req apitype.CreateRequest) error {
 			}
 		}
 	}
+	return want
+}
+
+// macsFreeLocked refuses (ErrConflict) a create that fixes a MAC a VM of
+// another of this engine's sandboxes has: Proxmox caches a MAC's address
+// under the MAC alone, cluster-wide (Ipams.pm add_cache_mac_ip), so two
+// live NICs of one MAC in two zones map each other's address (the start's
+// get_ips_from_mac gives the last one cached). The refusal names the
+// sandbox and its VM only to the sandbox's owner (the API hides other
+// owners' sandboxes). Other nodes' sandboxes are macsFreeInCluster's.
+// Call with m.mu held.
+func (m *Engine) macsFreeLocked(req apitype.CreateRequest) error {
+	want := fixedMACs(req)
 	if len(want) == 0 {
 		return nil
 	}
 	for _, id := range slices.Sorted(maps.Keys(m.sbx)) {
-		for _, v := range m.sbx[id].VMs {
+		r := m.sbx[id]
+		for _, v := range r.VMs {
 			for _, n := range v.NICs {
-				if want[strings.ToUpper(n.MAC)] {
-					return refuse(ErrConflict, "mac %s: sandbox %s's VM %s has it (Proxmox caches a MAC's address cluster-wide, by the MAC alone)", n.MAC, id, v.Name)
+				if !want[strings.ToUpper(n.MAC)] {
+					continue
+				}
+				if r.Owner != req.Owner {
+					return refuse(ErrConflict, "mac %s: a VM of another owner's sandbox on this node has it (%s)", strings.ToUpper(n.MAC), macCacheWhy)
+				}
+				return refuse(ErrConflict, "mac %s: sandbox %s's VM %s has it (%s)", n.MAC, id, v.Name, macCacheWhy)
+			}
+		}
+	}
+	return nil
+}
+
+// macCacheWhy says why a MAC in use elsewhere is refused.
+const macCacheWhy = "Proxmox caches a MAC's address cluster-wide, by the MAC alone"
+
+// macsFreeInCluster refuses (ErrConflict) a create that fixes a MAC that
+// Proxmox's IPAM holds an entry of anywhere in the cluster, but for the
+// NICs of this engine's sandboxes that fix it (macsFreeLocked's): another
+// node's sandbox, or any VM of a zone with the pve IPAM and DHCP. Proxmox
+// caches a MAC's address cluster-wide, by the MAC alone (pve-network
+// Ipams.pm add_cache_mac_ip, get_ips_from_mac: the cached address is
+// taken whatever the zone), and a zone's dnsmasq drops the mapping of a
+// MAC whose cached address is another (Dhcp/Dnsmasq.pm add_ip_mapping):
+// a second NIC of the MAC would move the first one's mapping, or drop it
+// with its delete (Subnets.pm del_ip drops the MAC's cached address,
+// whichever it is). Nothing is made before this check: it reads the
+// IPAM (GET /cluster/sdn/ipams/pve/status) and refuses with the MAC
+// alone, never the other zone (another tenant's). Two nodes' creates of
+// one MAC at the same moment may both pass it.
+func (m *Engine) macsFreeInCluster(ctx context.Context, req apitype.CreateRequest) error {
+	want := fixedMACs(req)
+	if len(want) == 0 {
+		return nil
+	}
+	entries, err := m.fixer.MACEntries(ctx, slices.Sorted(maps.Keys(want)))
+	if err != nil {
+		return pxErr("list the IPAM entries of the fixed MACs", err)
+	}
+	m.mu.Lock()
+	own := map[string]bool{} // "vnet MAC" of this engine's fixed NICs
+	for _, r := range m.sbx {
+		for _, v := range r.VMs {
+			for _, n := range v.NICs {
+				for _, net := range r.Networks {
+					if n.MAC != "" && net.Name == n.Network {
+						own[net.VNet+" "+strings.ToUpper(n.MAC)] = true
+					}
 				}
 			}
 		}
+	}
+	m.mu.Unlock()
+	for _, e := range entries {
+		mac := strings.ToUpper(e.MAC)
+		if !want[mac] || own[e.VNet+" "+mac] {
+			continue
+		}
+		m.log.Info("fixed MAC refused: Proxmox's IPAM has it", "mac", mac, "vnet", e.VNet, "vmid", e.VMID, "ip", e.IP)
+		return refuse(ErrConflict, "mac %s: a NIC of the cluster outside this node's sandboxes has it in Proxmox's IPAM (another node's sandbox, or a VM of the cluster; %s)", mac, macCacheWhy)
 	}
 	return nil
 }
@@ -205,6 +279,10 @@ func (m *Engine) dropRangeAddresses(ctx context.Context, rec *record, i int) err
 	if err != nil {
 		return pxErr("list ipam addresses", err)
 	}
+	if err := m.cacheDrops.Acquire(ctx, cacheDropsAll); err != nil {
+		return fmt.Errorf("release the range addresses: waiting for this node's starts of VMs with a fixed address: %w", err)
+	}
+	defer m.cacheDrops.Release(cacheDropsAll)
 	for _, n := range nics {
 		kept := false
 		for _, e := range entries {
@@ -225,3 +303,7 @@ func (m *Engine) dropRangeAddresses(ctx context.Context, rec *record, i int) err
 	}
 	return nil
 }
+
+// cacheDropsAll is the weight of Engine.cacheDrops a release of range
+// addresses takes: more than any number of concurrent starts.
+const cacheDropsAll = 1 << 30

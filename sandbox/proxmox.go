@@ -194,6 +194,11 @@ type addressFixer interface {
 	// the MAC the entry was added for (Proxmox drops its cache of the
 	// MAC's address with it).
 	ReleaseIP(ctx context.Context, zone, vnet string, ip netip.Addr, mac string) error
+	// MACEntries lists the IPv4 entries of the pve IPAM whose MAC is one
+	// of macs (in any case), on every vnet the token may see: with
+	// pve-access-setup's grant, every zone of the cluster, whoever made
+	// it (MACs in lower case, as IPAMAddresses).
+	MACEntries(ctx context.Context, macs []string) ([]IPAMAddress, error)
 }
 
 // vmConfigReader reads a VM's configuration (*pveapi.Client): where an

@@ -32,7 +32,7 @@ func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
 		return pxErr("read vm after rollback", err)
 	}
 	if info.Status != "running" {
-		if err := m.startVM(ctx, m.vms, vmid); err != nil {
+		if err := m.startVM(ctx, m.vms, vmid, false); err != nil {
 			return pxErr("start vm after rollback", err)
 		}
 	}

@@ -112,7 +112,7 @@ func (p *Proxmox) Mutations() int {
 	n := 0
 	for op, c := range p.Calls {
 		switch op {
-		case "NextID", "TemplateID", "VM", "VMStatus", "ListVMs", "ListVNets", "ListSubnetCIDRs", "VNetSubnets", "IPAMAddresses":
+		case "NextID", "TemplateID", "VM", "VMStatus", "ListVMs", "ListVNets", "ListSubnetCIDRs", "VNetSubnets", "IPAMAddresses", "MACEntries":
 		default:
 			n += c
 		}
@@ -289,10 +289,28 @@ func (p *Proxmox) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.
 	if err := p.call("IPAMAddresses"); err != nil {
 		return nil, err
 	}
+	return p.ipamLocked(func(vnet string) bool { return slices.Contains(vnets, vnet) }), nil
+}
+
+// MACEntries implements sandbox.Proxmox: the entries IPAMAddresses would
+// list on any vnet whose MAC is one of macs (in any case).
+func (p *Proxmox) MACEntries(ctx context.Context, macs []string) ([]sandbox.IPAMAddress, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("MACEntries"); err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(p.ipamLocked(func(string) bool { return true }), func(e sandbox.IPAMAddress) bool {
+		return e.MAC == "" || !slices.ContainsFunc(macs, func(m string) bool { return strings.EqualFold(m, e.MAC) })
+	}), nil
+}
+
+// ipamLocked lists the IPAM entries of the vnets want takes.
+func (p *Proxmox) ipamLocked(want func(vnet string) bool) []sandbox.IPAMAddress {
 	var out []sandbox.IPAMAddress
 	for id, v := range p.VMs {
 		for k, b := range v.Config.Bridges {
-			if !slices.Contains(vnets, b) {
+			if !want(b) {
 				continue
 			}
 			ip, ok := p.nicAddrLocked(id, b)
@@ -306,10 +324,12 @@ func (p *Proxmox) IPAMAddresses(ctx context.Context, vnets []string) ([]sandbox.
 			out = append(out, e)
 		}
 	}
-	for _, b := range vnets {
-		out = append(out, p.reserved[b]...)
+	for _, b := range slices.Sorted(maps.Keys(p.reserved)) {
+		if want(b) {
+			out = append(out, p.reserved[b]...)
+		}
 	}
-	return out, nil
+	return out
 }
 
 // nicAddrLocked is the range address of VM id's NIC on vnet b.
