@@ -215,7 +215,9 @@ func TestEgressRecordFloodOnBed(t *testing.T) {
 	s := newRecordingStack(t, ctx, elog)
 	s.eachMode(t, ctx)
 	s.conntrackAcct(t)
-	flows, stopFlows := s.startFlows(t, ctx, elog, FlowConfig{MaxLive: maxLive})
+	// one owner floods: its share is the node's (the per-owner share of
+	// the followed flows is TestFlowsPerOwnerShare's)
+	flows, stopFlows := s.startFlows(t, ctx, elog, FlowConfig{MaxLive: maxLive, PerOwner: maxLive})
 	s.startKernelDrops(t, ctx, elog, 200*time.Millisecond)
 	inet := testvm.InternetAddr
 
