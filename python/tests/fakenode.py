@@ -97,7 +97,15 @@ def _problem(status: int, typ: str, detail: str, **extra: Any) -> tuple[int, dic
 
 def _view(sb: Sandbox) -> dict[str, Any]:
     vms = [
-        {"name": v.get("name") or f"vm{i}", "vmid": 100 + i, "template": v["template"]}
+        {
+            "name": v.get("name") or f"vm{i}",
+            "vmid": 100 + i,
+            "template": v["template"],
+            "addresses": [
+                {"network": n, "ipv4": f"10.0.{j}.{11 + i}"}
+                for j, n in enumerate(v.get("networks") or ["net0"])
+            ],
+        }
         for i, v in enumerate(sb.req.get("vms", []))
     ]
     return {

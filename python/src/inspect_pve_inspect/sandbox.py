@@ -452,6 +452,22 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         """Roll this VM back to a snapshot; returns once its agent answers."""
         await self.client.rollback(self.sandbox_id, self.vm, name)
 
+    def addresses(self, vm: str | None = None) -> dict[str, list[str]]:
+        """The IPv4 addresses of a VM of this sample's sandbox (this one
+        when ``vm`` is None) by network name, in NIC order: the node's own
+        record (Proxmox's IPAM, as the daemon's API reported them when the
+        sandbox was made), never what the guest says. A network without
+        DHCP, or a VM without an address yet, has none. Every guest
+        resolves its siblings by name too (``getent hosts NAME``)."""
+        name = vm or self.vm
+        for v in self.sandbox.get("vms") or []:
+            if v.get("name") == name:
+                out: dict[str, list[str]] = {}
+                for a in v.get("addresses") or []:
+                    out.setdefault(str(a["network"]), []).append(str(a["ipv4"]))
+                return out
+        raise ValueError(f"sandbox {self.sandbox_id} has no VM {name!r}")
+
     async def egress_log(self, max_records: int = 100_000) -> tuple[list[dict[str, Any]], int]:
         """The sandbox's egress record so far (every VM's: the daemon's
         ``GET .../egress/log``, paged through, at most ``max_records``) and
