@@ -66,7 +66,8 @@ func TestFixedAddressByMAC(t *testing.T) {
 	if m := status[1].(map[string]any); m["ip"] != "10.10.1.100" || m["mac"] != m120 || m["vmid"] != nil {
 		t.Errorf("the reserved entry %v, want the MAC as sent and no vmid", m)
 	}
-	for id, mac := range map[string]string{"120": m120, "121": m121} {
+	for _, vm := range []struct{ id, mac string }{{"120", m120}, {"121", m121}} { // in this order: 120 takes .101
+		id, mac := vm.id, vm.mac
 		e.clone(id)
 		if st := e.task("POST", "/nodes/pve/qemu/"+id+"/config", url.Values{"net0": {"virtio=" + mac + ",bridge=vnet1"}}); st != "OK" {
 			t.Fatalf("config %s: %s", id, st)
