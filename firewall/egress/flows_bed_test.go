@@ -2,12 +2,10 @@ package egress
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,22 +39,8 @@ func TestEgressFlowsOnBed(t *testing.T) {
 
 	// tcp: one request of exactly sentTCP bytes, the answer read to EOF
 	const sentTCP = 100000
-	req := "GET / HTTP/1.1\r\nHost: " + testvm.InternetName + "\r\nConnection: close\r\nX-Pad: "
-	req += strings.Repeat("p", sentTCP-len(req)-4) + "\r\n\r\n"
-	var readTCP int64
-	if err := s.b.Do(s.guests["zonec"].NS, func() error {
-		c, err := net.DialTimeout("tcp4", testvm.InternetAddr+":80", 3*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(c, req); err != nil {
-			return err
-		}
-		readTCP, err = io.Copy(io.Discard, c)
-		return err
-	}); err != nil {
+	readTCP, err := s.sendTCP("zonec", testvm.InternetAddr+":80", 1, sentTCP)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// udp: one DNS question, one answer

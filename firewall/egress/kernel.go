@@ -20,8 +20,9 @@ type DropReader interface {
 // interface's, so that nothing is written for an instance already gone
 // (*Registry).
 type OwnerOf interface {
-	ForGen(iface string) (Rules, string, uint64, error)
+	ForInstance(iface string) (owner string, gen, began uint64, err error)
 	IfCurrent(iface string, gen uint64, fn func()) bool
+	IfInstance(iface string, began uint64, fn func()) bool
 	// Seq is the number of the last change of any policy; a generation
 	// is the Seq of the change that made it.
 	Seq() uint64
@@ -69,9 +70,13 @@ func (c dropCount) since(before dropCount, had bool) dropCount {
 // and each read costs one netlink dump whatever the guest's packet rate;
 // it writes at most one record per destination member per read, into
 // rings bounded like every record. Growth across a change of the
-// interface's policy (a new generation since the last read: a policy
-// change, a pool member claimed) is taken as a new baseline, not
-// counted: it may be the old instance's.
+// interface's instance (a pool member claimed, a zone given to another
+// owner or removed: Registry.ForInstance) is taken as a new baseline,
+// not counted: it may be the old instance's. A policy change of the same
+// instance (its sandbox's policy set again) keeps counting: the drops
+// before and after it are that sandbox's. An interface under the node
+// default has no instance of its own; there any new policy generation
+// since the last read is a new baseline.
 type KernelDrops struct {
 	r      DropReader
 	own    OwnerOf
@@ -184,38 +189,51 @@ func (k *KernelDrops) record(iface string, o ownerGen, dest netip.Addr, n dropCo
 		return
 	}
 	var ring *Ring
-	k.own.IfCurrent(iface, o.gen, func() { ring = k.rec.Open(o.owner) })
+	open := func() { ring = k.rec.Open(o.owner) }
+	if o.began != 0 {
+		k.own.IfInstance(iface, o.began, open)
+	} else {
+		k.own.IfCurrent(iface, o.gen, open)
+	}
 	ring.Add(Record{Time: at, Type: RecordFlow, Verdict: VerdictRefused, Reason: ReasonAddress,
 		Dest: netip.AddrPortFrom(dest, 0), PacketsOut: clampInt64(n.packets), BytesOut: clampInt64(n.bytes)})
 }
 
-// ownerGen is an interface's owner and policy generation at one read.
+// ownerGen is an interface's owner, policy generation and the
+// generation its instance began at (zero: no instance of its own) at one
+// read.
 type ownerGen struct {
-	owner string
-	gen   uint64
-	ok    bool
+	owner      string
+	gen, began uint64
+	ok         bool
 }
 
-// same reports whether iface's policy o was in force before the last
-// read's dump, so that all the growth since that read is its instance's:
-// its generation is no newer than that read (a policy change, a zone
-// created, a pool member claimed since, whether or not the interface had
-// drops then, make a newer one), and is the one that read found (a zone
-// removed since leaves its bridges generation 0). Otherwise the growth
-// is a new baseline: it may be the instance's before. What stays: an
-// interface with no drops at the last read whose zone was removed since
-// reads generation 0 as if never changed, and its drops since the last
-// read go to the owner the bridge has now (the node default's, never
-// another sandbox's: a sandbox's zone on it would be a newer generation).
+// same reports whether iface's instance o was in force before the last
+// read's dump, so that all the growth since that read is its. For an
+// interface of a zone's own policy: its instance began no later than
+// that read's Seq, whatever policy changes it had since. For one under
+// the node default: its policy's generation is no newer than that read
+// (a policy change, a zone created, a pool member claimed since, whether
+// or not the interface had drops then, make a newer one) and is the one
+// that read found (a zone removed since leaves its bridges generation
+// 0). Otherwise the growth is a new baseline: it may be the instance's
+// before. What stays: an interface with no drops at the last read whose
+// zone was removed since reads generation 0 as if never changed, and its
+// drops since the last read go to the owner the bridge has now (the node
+// default's, never another sandbox's: a sandbox's zone on it would be a
+// newer instance).
 func (k *KernelDrops) same(iface string, o ownerGen) bool {
+	if o.began != 0 {
+		return o.began <= k.seq
+	}
 	g, had := k.gens[iface]
 	return o.gen <= k.seq && (!had || g == o.gen)
 }
 
 func (k *KernelDrops) owner(iface string) ownerGen {
-	_, owner, gen, err := k.own.ForGen(iface)
+	owner, gen, began, err := k.own.ForInstance(iface)
 	if err != nil {
 		return ownerGen{}
 	}
-	return ownerGen{owner: owner, gen: gen, ok: true}
+	return ownerGen{owner: owner, gen: gen, began: began, ok: true}
 }

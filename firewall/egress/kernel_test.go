@@ -73,8 +73,8 @@ func TestKernelDropsAttributesGrowth(t *testing.T) {
 	}
 }
 
-// changingOwners is the registry, with a policy change of iface run
-// right after an attribution of it (between KernelDrops' ForGen and its
+// changingOwners is the registry, with a change of iface run right
+// after an attribution of it (between KernelDrops' ForInstance and its
 // write).
 type changingOwners struct {
 	*Registry
@@ -82,20 +82,22 @@ type changingOwners struct {
 	change func()
 }
 
-func (c *changingOwners) ForGen(iface string) (Rules, string, uint64, error) {
-	r, owner, gen, err := c.Registry.ForGen(iface)
+func (c *changingOwners) ForInstance(iface string) (string, uint64, uint64, error) {
+	owner, gen, began, err := c.Registry.ForInstance(iface)
 	if iface == c.iface && c.change != nil {
 		c.change()
 	}
-	return r, owner, gen, err
+	return owner, gen, began, err
 }
 
 // TestKernelDropsRecords: each destination member that grew in a read
 // (after the baseline) is one refused flow record in its owner's ring,
 // with the address alone, the packets and bytes dropped since the last
 // read and no VM; a member read across a change of its interface's
-// policy (before the read, or between the attribution and the write) is
-// recorded nowhere, and one owner's drops never reach another's ring.
+// instance (a claim, the zone given to another owner or removed, before
+// the read or between the attribution and the write) is recorded
+// nowhere, one read across a policy change of the same instance is
+// recorded, and one owner's drops never reach another's ring.
 func TestKernelDropsRecords(t *testing.T) {
 	a, b := netip.MustParseAddr("203.0.113.7"), netip.MustParseAddr("198.51.100.9")
 	drop := func(iface string, to netip.Addr, packets, bytes uint64) firewall.EgressDrop {
@@ -114,12 +116,11 @@ func TestKernelDropsRecords(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		reads [][]firewall.EgressDrop
-		// before runs before read beforeRead (0: the last); during makes a
-		// policy change of vneta between its attribution and the write,
-		// in the last read
+		// before runs before read beforeRead (0: the last); during runs
+		// between vneta's attribution and the write, in the last read
 		before     func(ctx context.Context, t *testing.T, reg *Registry)
 		beforeRead int
-		during     bool
+		during     func(ctx context.Context, t *testing.T, reg *Registry)
 		want       map[string][]rec
 	}{
 		{name: "baseline not recorded",
@@ -135,7 +136,7 @@ func TestKernelDropsRecords(t *testing.T) {
 		{name: "member expired and came back counts whole",
 			reads: [][]firewall.EgressDrop{{drop("vneta", a, 7, 420)}, {drop("vneta", a, 2, 120)}},
 			want:  map[string][]rec{"sb-a": {{"203.0.113.7", 2, 120}}, "sb-b": nil}},
-		{name: "generation change before the read not recorded",
+		{name: "policy change of the same instance before the read recorded",
 			reads: [][]firewall.EgressDrop{{drop("vneta", a, 5, 300), drop("vnetb", b, 1, 60)},
 				{drop("vneta", a, 9, 540), drop("vnetb", b, 2, 120)}},
 			before: func(ctx context.Context, t *testing.T, reg *Registry) {
@@ -143,7 +144,30 @@ func TestKernelDropsRecords(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			want: map[string][]rec{"sb-a": nil, "sb-b": {{"198.51.100.9", 1, 60}}}},
+			want: map[string][]rec{"sb-a": {{"203.0.113.7", 4, 240}}, "sb-b": {{"198.51.100.9", 1, 60}}}},
+		// vneta had no member at the last read: its drops since, across
+		// its sandbox's policy change, are its
+		{name: "member new across a policy change of the same instance recorded",
+			reads: [][]firewall.EgressDrop{{drop("vnetb", b, 1, 60)}, {drop("vneta", a, 4, 240), drop("vnetb", b, 2, 120)}},
+			before: func(ctx context.Context, t *testing.T, reg *Registry) {
+				if err := reg.Set(ctx, "za", "sb-a", []string{"vneta"}, Rules{Mode: firewall.EgressAllowlist}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: map[string][]rec{"sb-a": {{"203.0.113.7", 4, 240}}, "sb-b": {{"198.51.100.9", 1, 60}}}},
+		{name: "claim before the read not recorded",
+			reads: [][]firewall.EgressDrop{{drop("vneta", a, 5, 300), drop("vnetb", b, 1, 60)},
+				{drop("vneta", a, 9, 540), drop("vnetb", b, 2, 120)}},
+			before: claim,
+			want:   map[string][]rec{"sb-a": nil, "sb-b": {{"198.51.100.9", 1, 60}}}},
+		{name: "zone given to another owner before the read not recorded",
+			reads: [][]firewall.EgressDrop{{drop("vneta", a, 5, 300)}, {drop("vneta", a, 9, 540)}},
+			before: func(ctx context.Context, t *testing.T, reg *Registry) {
+				if err := reg.Set(ctx, "za", "sb-c", []string{"vneta"}, Rules{Mode: firewall.EgressNone}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: map[string][]rec{"sb-a": nil, "sb-b": nil, "sb-c": nil}},
 		// vneta had no member at the last read; its pool member is
 		// claimed, and its old guest's drops of before the claim show
 		// up at the next read
@@ -163,10 +187,18 @@ func TestKernelDropsRecords(t *testing.T) {
 				}
 			},
 			want: map[string][]rec{"sb-a": nil, "sb-b": nil, DefaultOwnerOf("", "vneta"): nil}},
-		{name: "generation change during the read not recorded",
+		{name: "claim during the read not recorded",
 			reads:  [][]firewall.EgressDrop{{drop("vneta", a, 5, 300)}, {drop("vneta", a, 9, 540), drop("vnetb", b, 1, 60)}},
-			during: true,
+			during: claim,
 			want:   map[string][]rec{"sb-a": nil, "sb-b": {{"198.51.100.9", 1, 60}}}},
+		{name: "policy change of the same instance during the read recorded",
+			reads: [][]firewall.EgressDrop{{drop("vneta", a, 5, 300)}, {drop("vneta", a, 9, 540), drop("vnetb", b, 1, 60)}},
+			during: func(ctx context.Context, t *testing.T, reg *Registry) {
+				if err := reg.Set(ctx, "za", "sb-a", []string{"vneta"}, Rules{Mode: firewall.EgressAllowlist}); err != nil {
+					t.Error(err)
+				}
+			},
+			want: map[string][]rec{"sb-a": {{"203.0.113.7", 4, 240}}, "sb-b": {{"198.51.100.9", 1, 60}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -186,12 +218,10 @@ func TestKernelDropsRecords(t *testing.T) {
 				if at := tc.beforeRead; tc.before != nil && (at > 0 && i == at || at == 0 && last) {
 					tc.before(ctx, t, reg)
 				}
-				if last && tc.during {
+				if last && tc.during != nil {
 					own.change = func() {
 						own.change = nil
-						if err := reg.Set(ctx, "za", "sb-a", []string{"vneta"}, Rules{Mode: firewall.EgressAllowlist}); err != nil {
-							t.Error(err)
-						}
+						tc.during(ctx, t, reg)
 					}
 				}
 				f.dests = r

@@ -113,7 +113,9 @@ type Record struct {
 	// refused one, BytesOut is the IP bytes the guard dropped);
 	// Duration is from accept to close (RecordConn), or from the flow's
 	// first packet to its end in conntrack (RecordFlow: for TCP, after
-	// its TIME_WAIT).
+	// the timeout of the state it closed in, TIME_WAIT or CLOSE_WAIT,
+	// so up to a minute past its last packet with the kernel's
+	// defaults).
 	BytesOut, BytesIn int64
 	Duration          time.Duration
 	// PacketsOut and PacketsIn are the packets conntrack counted each

@@ -306,7 +306,8 @@ func TestKernelDropsNewGenerationIsBaseline(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.ifs = []firewall.EgressDrop{{Iface: "vneta", Packets: 9}}
-	if err := reg.Set(ctx, "za", "sb-a", []string{"vneta"}, Rules{Mode: firewall.EgressAllowlist}); err != nil {
+	// the pool member claimed: a new instance of the same zone and owner
+	if err := reg.Begin(ctx, "za", "sb-a", []string{"vneta"}, Rules{Mode: firewall.EgressAllowlist}); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.Poll(ctx); err != nil {

@@ -97,6 +97,7 @@ type Registry struct {
 	zones   map[string]zoneEntry
 	seq     uint64
 	gen     map[string]uint64          // guest interface -> generation of its policy
+	began   map[string]uint64          // guest interface of a zone's own policy -> the generation its instance began at
 	learned map[string]*learnedSet     // guest interface -> its learned-set elements
 	cuts    []func(ifaces []string)    // OnChange
 	drops   []func(zone, owner string) // OnDrop
@@ -145,7 +146,7 @@ func WithMaxLearned(n int) RegistryOption {
 // every change is written back to it.
 func NewRegistry(g Guard, def Rules, st *State, opts ...RegistryOption) *Registry {
 	r := &Registry{guard: g, def: def, state: st, maxLearned: DefaultMaxLearned, zones: map[string]zoneEntry{},
-		gen: map[string]uint64{}, learned: map[string]*learnedSet{}}
+		gen: map[string]uint64{}, began: map[string]uint64{}, learned: map[string]*learnedSet{}}
 	if st != nil {
 		r.zones = maps.Clone(st.zones)
 	}
@@ -199,6 +200,9 @@ func (r *Registry) Begin(ctx context.Context, zone, owner string, bridges []stri
 	if errors.Is(err, errNotInForce) {
 		return err
 	}
+	for _, n := range bridges {
+		r.began[n] = r.seq
+	}
 	r.dropLocked(zone, owner)
 	return err
 }
@@ -238,7 +242,16 @@ func (r *Registry) setLocked(ctx context.Context, zone, owner string, bridges []
 	if had {
 		changed = append(changed, prev.bridges...)
 	}
-	if err := r.changedLocked(ctx, changed); err != nil {
+	err := r.changedLocked(ctx, changed)
+	for _, n := range changed {
+		switch kept := had && prev.owner == owner && slices.Contains(prev.bridges, n); {
+		case !slices.Contains(bridges, n):
+			delete(r.began, n) // back under the node default
+		case !kept || r.began[n] == 0:
+			r.began[n] = r.seq
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("egress of %s: in force, but %w", owner, err)
 	}
 	return nil
@@ -468,6 +481,7 @@ func (r *Registry) Remove(ctx context.Context, zone string) error {
 	// with the zone (nothing is kept per bridge name ever seen).
 	for _, n := range e.bridges {
 		delete(r.gen, n)
+		delete(r.began, n)
 	}
 	r.dropLocked(zone, e.owner)
 	if err != nil {
@@ -539,6 +553,34 @@ func (r *Registry) ForGen(iface string) (Rules, string, uint64, error) {
 		}
 	}
 	return r.def, r.defaultOwnerLocked(iface), r.gen[iface], nil
+}
+
+// ForInstance is ForGen with the generation iface's instance began at:
+// the Set that gave the interface to its zone's owner, or the Begin that
+// handed it to a new tenant (a policy change of the same owner keeps
+// it). Zero for an interface under the node default, which has no
+// instance of its own. A began no larger than a Seq read earlier means
+// everything since then was that instance's.
+func (r *Registry) ForInstance(iface string) (owner string, gen, began uint64, err error) {
+	if _, ok := r.guard.EgressOf(iface); !ok {
+		return "", 0, 0, fmt.Errorf("%s: %w", iface, ErrNotGuest)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ownerLocked(iface), r.gen[iface], r.began[iface], nil
+}
+
+// IfInstance runs fn, under the registry's lock like IfCurrent, if
+// iface's instance is still the one begun at generation began (non-zero,
+// from ForInstance), whatever policy changes it had since.
+func (r *Registry) IfInstance(iface string, began uint64, fn func()) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if began == 0 || r.began[iface] != began {
+		return false
+	}
+	fn()
+	return true
 }
 
 // ZoneOf returns the zone whose own policy covers iface (none for an
