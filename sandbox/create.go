@@ -37,18 +37,30 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	}
 	tmpl := make([]int, len(req.VMs))
 	for i, v := range req.VMs {
-		id, err := m.templateID(ctx, v.Template)
+		id, err := m.templateIDOf(ctx, v.Kind, v.Template)
 		if err != nil {
 			return apitype.Sandbox{}, err
 		}
 		tmpl[i] = id
 	}
-	names := make([]string, len(req.VMs))
+	var names []string
+	var vmTmpl []int
+	for i, v := range req.VMs {
+		if v.Kind == apitype.KindLXC {
+			if err := m.checkCT(ctx, "container template "+v.Template, tmpl[i]); err != nil {
+				return apitype.Sandbox{}, err
+			}
+			continue
+		}
+		names = append(names, v.Template)
+		vmTmpl = append(vmTmpl, tmpl[i])
+	}
+	if err := m.checkTemplates(ctx, names, vmTmpl); err != nil {
+		return apitype.Sandbox{}, err
+	}
+	names = make([]string, len(req.VMs))
 	for i, v := range req.VMs {
 		names[i] = v.Template
-	}
-	if err := m.checkTemplates(ctx, names, tmpl); err != nil {
-		return apitype.Sandbox{}, err
 	}
 	disks := make([]int, len(req.VMs))
 	for i, v := range req.VMs {
@@ -158,7 +170,7 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 		})
 	}
 	for _, v := range req.VMs {
-		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB,
+		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Kind: v.Kind, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB,
 			Networks: v.Networks, NICs: recordNICs(v)})
 	}
 	return rec
@@ -415,7 +427,7 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			m.releaseVMID(id)
 			return err
 		}
-		err = m.cloneToEnd(ctx, CloneSpec{Template: tmpl, NewID: id, Name: m.vmName(rec.ID, spec.Name), Pool: m.o.Pool})
+		err = m.cloneToEnd(ctx, spec.Kind, CloneSpec{Template: tmpl, NewID: id, Name: m.vmName(rec.ID, spec.Name), Pool: m.o.Pool})
 		m.releaseVMID(id)
 		if err != nil && cloneLeftNothing(err) {
 			// Another VM had the id (this node's, or another node's
@@ -451,6 +463,9 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 			}
 		}
 	}
+	if spec.Kind == apitype.KindLXC {
+		return m.buildCT(ctx, rec, spec, vmid, bridges, env)
+	}
 	cfg := VMConfig{Tags: m.vmTags(rec), Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges, MACs: recordMACs(spec)}
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
@@ -484,9 +499,15 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 // found by the teardown neither tagged nor in the pool, and left behind.
 // Waiting makes the teardown find a finished clone with the name and pool
 // this daemon gave it (deleteVM).
-func (m *Engine) cloneToEnd(ctx context.Context, s CloneSpec) error {
+func (m *Engine) cloneToEnd(ctx context.Context, kind string, s CloneSpec) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.CreateTimeout)
 	defer cancel()
+	if kind == apitype.KindLXC {
+		if m.o.Containers == nil {
+			return errNoContainers()
+		}
+		return m.o.Containers.CloneCT(cctx, s)
+	}
 	return m.cloner.CloneVM(cctx, s)
 }
 

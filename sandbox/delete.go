@@ -156,7 +156,7 @@ func (m *Engine) teardown(ctx context.Context, rec *record) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = m.deleteVM(ctx, id, v.VMID, m.vmName(id, v.Name))
+			errs[i] = m.deleteVM(ctx, id, v.Kind, v.VMID, m.vmName(id, v.Name))
 		}()
 	}
 	wg.Wait()
@@ -169,9 +169,12 @@ func (m *Engine) teardown(ctx context.Context, rec *record) error {
 // deleteVM stops and destroys a VM when it is owned by sandbox sb: both tags,
 // or (a clone whose tagging failed) the exact name and pool this daemon
 // recorded for it. Anything else is left alone.
-func (m *Engine) deleteVM(ctx context.Context, sb string, vmid int, wantName string) error {
-	px := m.vms
-	info, err := m.settledVM(ctx, vmid)
+func (m *Engine) deleteVM(ctx context.Context, sb, kind string, vmid int, wantName string) error {
+	px, err := m.opsOf(kind)
+	if err != nil {
+		return fmt.Errorf("delete member %d: %w", vmid, err)
+	}
+	info, err := m.settledVM(ctx, px, kind, vmid)
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}
@@ -218,10 +221,10 @@ const invisibleCloneWait = 10 * time.Minute
 // while the cluster says its id is taken (VMIDFree) it is waited for too,
 // up to invisibleCloneWait, so that it is deleted once it lands instead
 // of being taken as gone and left behind.
-func (m *Engine) settledVM(ctx context.Context, vmid int) (VMInfo, error) {
+func (m *Engine) settledVM(ctx context.Context, px memberOps, kind string, vmid int) (VMInfo, error) {
 	var invisibleSince time.Time
 	for {
-		info, err := m.vms.VM(ctx, vmid)
+		info, err := px.VM(ctx, vmid)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			check, ok := m.vms.(idChecker)
@@ -243,7 +246,7 @@ func (m *Engine) settledVM(ctx context.Context, vmid int) (VMInfo, error) {
 				m.log.Warn("vm id stays taken by a vm the token cannot see; taken as not ours", "vmid", vmid, "waited", time.Since(invisibleSince))
 				return info, err
 			}
-		case err != nil || info.Lock != "clone":
+		case err != nil || info.Lock != busyLock(kind):
 			return info, err
 		default:
 			m.log.Info("vm still being cloned; waiting before its delete", "vmid", vmid)

@@ -5,6 +5,8 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // DefaultDiskThreshold is the size from which files go through
@@ -22,16 +24,18 @@ type DiskTransfer interface {
 	Download(ctx context.Context, vmid int, g Guest, path string, size int64, w io.Writer) (int64, error)
 }
 
-// UseDisk says whether a file of n bytes (-1: unknown) takes the disk
-// path: a DiskTransfer is configured and n is at least DiskThreshold.
-func (m *Engine) UseDisk(n int64) bool {
-	return m.o.DiskTransfer != nil && n >= m.o.DiskThreshold
+// UseDisk says whether a file of n bytes (-1: unknown) of member vmid
+// takes the disk path: a DiskTransfer is configured, n is at least
+// DiskThreshold and the member is a VM (a container's files stream
+// through the process the daemon runs inside it, whatever their size).
+func (m *Engine) UseDisk(vmid int, n int64) bool {
+	return m.o.DiskTransfer != nil && n >= m.o.DiskThreshold && m.kindOf(vmid) != apitype.KindLXC
 }
 
 // Upload writes exactly size bytes of r to the guest file path of VM vmid,
 // through the disk path when UseDisk(size), else through the guest agent.
 func (m *Engine) Upload(ctx context.Context, vmid int, path string, r io.Reader, size int64, mode os.FileMode) error {
-	if m.UseDisk(size) {
+	if m.UseDisk(vmid, size) {
 		done, err := m.busy.begin(vmid, busyTransfer)
 		if err != nil {
 			return err

@@ -26,6 +26,12 @@ type Options struct {
 	Proxmox Proxmox
 	// Guests dials a VM's guest agent by socket path (required).
 	Guests GuestDialer
+	// Containers is the Proxmox API of containers; nil: a member of kind
+	// lxc is refused (ErrNotConfigured).
+	Containers Containers
+	// CTGuests returns the inside of container vmid, entered from the
+	// node (ctguest); required with Containers.
+	CTGuests func(vmid int) Guest
 	// Checker runs the containment check; nil: Check fails with
 	// ErrNotConfigured.
 	Checker Checker

@@ -12,8 +12,13 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// Guest returns the guest of VM vmid (the dialer decides about caching).
+// Guest returns the inside of member vmid: a VM's guest agent (the
+// dialer decides about caching), or, for a container, the container
+// entered from the node (Options.CTGuests, nothing cached).
 func (m *Engine) Guest(vmid int) Guest {
+	if m.o.CTGuests != nil && m.kindOf(vmid) == apitype.KindLXC {
+		return m.o.CTGuests(vmid)
+	}
 	return m.o.Guests(filepath.Join(m.o.QGADir, strconv.Itoa(vmid)+".qga"))
 }
 

@@ -422,7 +422,11 @@ func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
 		return c
 	}
 	sctx, cancel := context.WithTimeout(ctx, hm.o.PingTimeout*2)
-	c.run, c.runErr = hm.o.Status.VMStatus(sctx, vm.VMID)
+	if vm.Kind == apitype.KindLXC {
+		c.run, c.runErr = m.ctStatus(sctx, vm.VMID)
+	} else {
+		c.run, c.runErr = hm.o.Status.VMStatus(sctx, vm.VMID)
+	}
 	cancel()
 	c.stats = hm.o.Node.VMStats(vm.VMID, max(len(vm.Networks), 1))
 	if c.runErr != nil || c.run.Status != "running" {

@@ -172,6 +172,9 @@ func (s PoolShape) matches(req apitype.CreateRequest) bool {
 		return false
 	}
 	v := req.VMs[0]
+	if v.Kind == apitype.KindLXC {
+		return false // the pool's members are VMs
+	}
 	if v.Template != s.Template || orDefault(v.Cores, 1) != s.Cores || orDefault(v.MemoryMiB, 1024) != s.MemoryMiB || v.DiskGiB != 0 {
 		return false
 	}

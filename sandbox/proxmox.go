@@ -36,8 +36,12 @@ type VMInfo struct {
 	// Template is true for templates; they are never touched by cleanup.
 	Template bool
 	// Lock is the config's lock ("clone" while qemu-server's clone_vm
-	// still runs; "" when none). Only VM fills it.
+	// still runs, "create" while pve-container's does; "" when none).
+	// Only VM and a container's CT fill it.
 	Lock string
+	// Kind is apitype.KindLXC for a container, "" for a VM (set by the
+	// engine: memberOps, Reconcile).
+	Kind string
 }
 
 // ZoneSpec is a simple SDN zone with the zone DHCP (dnsmasq) and PVE IPAM.

@@ -50,6 +50,16 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err != nil {
 		return rep, pxErr("list vms", err)
 	}
+	if m.o.Containers != nil {
+		cts, err := m.o.Containers.ListCTs(ctx)
+		if err != nil {
+			return rep, pxErr("list containers", err)
+		}
+		for _, c := range cts {
+			c.Kind = apitype.KindLXC
+			vms = append(vms, c)
+		}
+	}
 	byID := map[int]VMInfo{}
 	for _, v := range vms {
 		byID[v.VMID] = v
@@ -63,7 +73,7 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			for _, v := range s.VMs {
 				info, ok := byID[v.VMID]
 				owner, tagged := m.ownedBy(info.Tags)
-				if !ok || !tagged || owner != s.ID {
+				if !ok || !tagged || owner != s.ID || info.Kind != v.Kind {
 					missing = true
 					rep.MissingVMs = append(rep.MissingVMs, v.VMID)
 				}
@@ -111,7 +121,7 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		if known[owner] {
 			continue
 		}
-		if err := m.deleteVM(ctx, owner, v.VMID, ""); err != nil {
+		if err := m.deleteVM(ctx, owner, v.Kind, v.VMID, ""); err != nil {
 			rep.failed(m, fmt.Sprintf("orphan vm %d", v.VMID), err)
 			stuck[owner] = true
 			continue

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // Snapshot snapshots VM vmid (of an operation begun with Begin).
@@ -11,6 +13,12 @@ func (m *Engine) Snapshot(ctx context.Context, vmid int, name string) error {
 		return err
 	}
 	defer done()
+	if m.kindOf(vmid) == apitype.KindLXC {
+		if m.o.Containers == nil {
+			return errNoContainers()
+		}
+		return pxErr("snapshot", m.o.Containers.SnapshotCT(ctx, vmid, name))
+	}
 	return pxErr("snapshot", m.snaps.Snapshot(ctx, vmid, name))
 }
 
@@ -24,15 +32,25 @@ func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
 	}
 	defer done()
 	defer m.holdHealth(vmid)()
-	if err := m.snaps.Rollback(ctx, vmid, name); err != nil {
+	kind := m.kindOf(vmid)
+	px, err := m.opsOf(kind)
+	if err != nil {
+		return err
+	}
+	if kind == apitype.KindLXC {
+		err = m.o.Containers.RollbackCT(ctx, vmid, name)
+	} else {
+		err = m.snaps.Rollback(ctx, vmid, name)
+	}
+	if err != nil {
 		return pxErr("rollback", err)
 	}
-	info, err := m.vms.VM(ctx, vmid)
+	info, err := px.VM(ctx, vmid)
 	if err != nil {
 		return pxErr("read vm after rollback", err)
 	}
 	if info.Status != "running" {
-		if err := m.startVM(ctx, m.vms, vmid, false); err != nil {
+		if err := m.startVM(ctx, px, vmid, false); err != nil {
 			return pxErr("start vm after rollback", err)
 		}
 	}

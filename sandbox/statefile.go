@@ -30,12 +30,17 @@ import (
 //     addresses, added later without a new version: a daemon that does
 //     not know them drops them, and the API then shows none until the
 //     sandbox's names are written again).
+//   - 4: a VM may carry kind ("lxc": a container). Nothing else changed,
+//     so a version 2 or 3 file decodes as version 4 with no containers;
+//     a version 3 daemon refuses a version 4 file rather than take a
+//     container for a VM (its delete would ask for a VM of that id, find
+//     none, and leave the container behind).
 //
 // A new format adds a version, a frozen type for the old one and a case in
 // decodeState; TestStateMigration keeps a file of every version.
-const stateVersion = 3
+const stateVersion = 4
 
-// stateFile is the state file of version 3 (and 2).
+// stateFile is the state file of version 4 (and 3, 2).
 type stateFile struct {
 	Version   int            `json:"version"`
 	Node      string         `json:"node"`
@@ -85,7 +90,9 @@ type savedNetwork struct {
 
 // savedVM is one VM of a sandbox on disk (version 2).
 type savedVM struct {
-	Name      string   `json:"name"`
+	Name string `json:"name"`
+	// Kind is "lxc" for a container (version 4; absent: a VM).
+	Kind      string   `json:"kind,omitempty"`
 	VMID      int      `json:"vmid"`
 	Template  string   `json:"template"`
 	Cores     int      `json:"cores"`
@@ -173,7 +180,7 @@ func toSaved(s apitype.Sandbox) savedSandbox {
 		v.Networks[j] = savedNetwork(n)
 	}
 	for j, m := range s.VMs {
-		v.VMs[j] = savedVM{Name: m.Name, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
+		v.VMs[j] = savedVM{Name: m.Name, Kind: m.Kind, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
 			DiskGiB: m.DiskGiB, Networks: slices.Clone(m.Networks)}
 		for _, a := range m.Addresses {
 			v.VMs[j].Addresses = append(v.VMs[j].Addresses, savedAddress(a))
@@ -200,7 +207,7 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 	case *head.Version == 1:
 		node, sbs, err := decodeV1(b)
 		return node, sbs, nil, err
-	case *head.Version == 2, *head.Version == stateVersion:
+	case *head.Version == 2, *head.Version == 3, *head.Version == stateVersion:
 	default:
 		return "", nil, nil, fmt.Errorf("version %d is not one this daemon knows (it reads 1..%d): written by a newer pve-inspectd?", *head.Version, stateVersion)
 	}
@@ -215,7 +222,7 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 			s.Networks[j] = apitype.Network(n)
 		}
 		for j, m := range v.VMs {
-			s.VMs[j] = apitype.VM{Name: m.Name, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
+			s.VMs[j] = apitype.VM{Name: m.Name, Kind: m.Kind, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
 				DiskGiB: m.DiskGiB, Networks: m.Networks}
 			for _, a := range m.Addresses {
 				s.VMs[j].Addresses = append(s.VMs[j].Addresses, apitype.VMAddress(a))

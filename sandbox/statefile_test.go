@@ -13,10 +13,12 @@ import (
 // TestStateMigration: a state file written by the version 1 daemon
 // (testdata/state-v1.json, kept as written) loads into the same sandboxes
 // as the version 2 file the previous daemon wrote (testdata/state-v2.json,
-// kept as written); its version 3 rewrite (testdata/state-v3.json, golden,
-// with a VM's fixed NIC added) loads back the same; a version 3 file keeps
-// warm pool members apart from sandboxes; files of an unknown version are
-// refused with a clear error.
+// kept as written) and the version 3 file the one before wrote
+// (testdata/state-v3.json, kept as written: its rewrite with a VM's fixed
+// NIC and a pool member); its version 4 rewrite (testdata/state-v4.json,
+// golden, with a container added) loads back the same; warm pool members
+// stay apart from sandboxes; files of an unknown version are refused with
+// a clear error.
 func TestStateMigration(t *testing.T) {
 	v1, err := os.ReadFile("testdata/state-v1.json")
 	if err != nil {
@@ -41,17 +43,26 @@ func TestStateMigration(t *testing.T) {
 	member.Sandbox.ID = "sbpool01"
 	fromV1[1].FromPool = true
 	fromV1[1].VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: "02:00:00:00:00:0A", IPv4: "10.200.0.5"}}
-	v3, err := encodeState(node, fromV1, []memberState{member})
+	v3, err := os.ReadFile("testdata/state-v3.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	testkit.Golden(t, "state-v3.json", v3)
 	_, fromV3, members, err := decodeState(v3)
 	if err != nil || !reflect.DeepEqual(fromV3, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
-		t.Errorf("version 3 round trip: %v\n%+v\nwant %+v\nmembers %+v", err, fromV3, fromV1, members)
+		t.Errorf("version 3: %v\n%+v\nwant %+v\nmembers %+v", err, fromV3, fromV1, members)
+	}
+	fromV1[1].VMs[1].Kind = apitype.KindLXC
+	v4, err := encodeState(node, fromV1, []memberState{member})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Golden(t, "state-v4.json", v4)
+	_, fromV4, members, err := decodeState(v4)
+	if err != nil || !reflect.DeepEqual(fromV4, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
+		t.Errorf("version 4 round trip: %v\n%+v\nwant %+v\nmembers %+v", err, fromV4, fromV1, members)
 	}
 	for doc, msg := range map[string]string{
-		`{"version": 4, "node": "node1", "sandboxes": []}`: "version 4",
+		`{"version": 5, "node": "node1", "sandboxes": []}`: "version 5",
 		`{"node": "node1", "sandboxes": []}`:               "no version",
 		`{"version": "2"}`:                                 "cannot unmarshal",
 		`[]`:                                               "cannot unmarshal",

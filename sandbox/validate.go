@@ -32,21 +32,34 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 	known := map[string]int{}
 	unknownName := map[string]bool{}
 	for i, v := range req.VMs {
-		id, seen := known[v.Template]
+		key := v.Kind + "/" + v.Template
+		id, seen := known[key]
 		var err error
-		if !seen && !unknownName[v.Template] {
-			id, err = m.templateID(ctx, v.Template)
+		if !seen && !unknownName[key] {
+			id, err = m.templateIDOf(ctx, v.Kind, v.Template)
 		}
 		var unknown *InvalidError
-		if unknownName[v.Template] || errors.As(err, &unknown) {
-			unknownName[v.Template] = true
+		if unknownName[key] || errors.As(err, &unknown) {
+			unknownName[key] = true
 			refusals = append(refusals, invalid(fmt.Sprintf("vms[%d].template", i), "unknown template %q", v.Template))
 			continue
 		}
 		if err != nil {
 			return nil, nil, err
 		}
-		known[v.Template] = id
+		known[key] = id
+		if v.Kind == apitype.KindLXC {
+			if seen {
+				continue
+			}
+			var pe *ProxmoxError
+			if err := m.checkCT(ctx, "container template "+v.Template, id); errors.As(err, &pe) {
+				return nil, nil, err
+			} else if err != nil {
+				refusals = append(refusals, err)
+			}
+			continue
+		}
 		names, ids, disks = append(names, v.Template), append(ids, id), append(disks, v.DiskGiB)
 	}
 	// A profile or disk refusal is the request's; a failed Proxmox call is
@@ -86,7 +99,7 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 
 // Templates returns the names a create's VM may give as its template,
 // sorted: the configured ones ([templates]) and the node's template VMs
-// (found by name).
+// and container templates (found by name).
 func (m *Engine) Templates(ctx context.Context) ([]string, error) {
 	var out []string
 	for name := range m.o.Templates {
@@ -95,6 +108,13 @@ func (m *Engine) Templates(ctx context.Context) ([]string, error) {
 	vms, err := m.vms.ListVMs(ctx)
 	if err != nil {
 		return nil, pxErr("list vms", err)
+	}
+	if m.o.Containers != nil {
+		cts, err := m.o.Containers.ListCTs(ctx)
+		if err != nil {
+			return nil, pxErr("list containers", err)
+		}
+		vms = append(vms, cts...)
 	}
 	for _, v := range vms {
 		if v.Template && v.Name != "" {

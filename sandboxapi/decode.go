@@ -239,6 +239,19 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			return invalid(f+".name", "VM name %q used twice", v.Name)
 		}
 		names[v.Name] = true
+		switch v.Kind {
+		case "", apitype.KindVM:
+			v.Kind = ""
+		case apitype.KindLXC:
+			if v.DiskGiB != 0 {
+				return invalid(f+".disk_gib", "disk_gib is not taken for a container (kind lxc): its root file system is its template's size")
+			}
+			if slices.ContainsFunc(v.NICs, func(n apitype.NIC) bool { return n.MAC != "" || n.IPv4 != "" }) {
+				return invalid(f+".nics", "a container (kind lxc) takes no fixed MAC or IPv4 address yet; give its networks only")
+			}
+		default:
+			return invalid(f+".kind", "kind %q: want %q (default) or %q", v.Kind, apitype.KindVM, apitype.KindLXC)
+		}
 		if !reTemplate.MatchString(v.Template) {
 			return invalid(f+".template", "template %q: want a template name", v.Template)
 		}

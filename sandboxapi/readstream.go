@@ -34,7 +34,7 @@ func (s *Server) streamFile(ctx context.Context, w http.ResponseWriter, vmid int
 		if n > s.o.MaxFileBytes {
 			return problemf(apitype.ProblemOutputLimit, "%s is larger than the cap of %d bytes", path, s.o.MaxFileBytes)
 		}
-		if s.e.UseDisk(n) {
+		if s.e.UseDisk(vmid, n) {
 			disk = &useDisk{size: n}
 			return disk
 		}

@@ -92,6 +92,9 @@ func (s *Server) createRules() map[string]map[string]any {
 				"and so are the names a guest's own /etc/hosts gives the loopback and multicast addresses (localhost, ip6-localhost, ...)"},
 		"VM.addresses": {"description": "IPv4 addresses per network, in NIC order, from Proxmox's IPAM on the node (never from the guest); " +
 			"none on a network without DHCP. Each guest's /etc/hosts maps every VM name of its sandbox to these"},
+		"VMRequest.kind": {"enum": []string{"", apitype.KindVM, apitype.KindLXC},
+			"description": "vm (default): a QEMU VM; lxc: an unprivileged container (no disk_gib, no fixed MAC or address, never from the warm pool)"},
+		"VM.kind":            {"enum": []string{"", apitype.KindLXC}, "description": "lxc for a container; empty for a VM"},
 		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
 		"VMRequest.cores":    {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},
 		"VMRequest.memory_mib": {"anyOf": []any{map[string]any{"enum": []int{0}}, map[string]any{"minimum": minMemoryMiB, "maximum": maxMemoryMiB}},

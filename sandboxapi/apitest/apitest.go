@@ -219,7 +219,7 @@ func (p *Proxmox) TemplateID(ctx context.Context, name string) (int, error) {
 		return 0, err
 	}
 	for id, v := range p.VMs {
-		if v.Info.Template && v.Info.Name == name {
+		if v.Info.Template && v.Info.Name == name && v.Info.Kind == "" {
 			return id, nil
 		}
 	}
@@ -234,7 +234,7 @@ func (p *Proxmox) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
 		return err
 	}
 	t, ok := p.VMs[s.Template]
-	if !ok || !t.Info.Template {
+	if !ok || !t.Info.Template || t.Info.Kind != "" {
 		return fmt.Errorf("clone: template %d: %w", s.Template, sandbox.ErrNotFound)
 	}
 	if p.VMs[s.NewID] != nil {
@@ -250,7 +250,7 @@ func (p *Proxmox) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
 
 func (p *Proxmox) vm(id int) (*FakeVM, error) {
 	v, ok := p.VMs[id]
-	if !ok {
+	if !ok || v.Info.Kind != "" { // a container is not a VM (CTs)
 		return nil, fmt.Errorf("vm %d: %w", id, sandbox.ErrNotFound)
 	}
 	return v, nil
@@ -531,6 +531,9 @@ func (p *Proxmox) ListVMs(ctx context.Context) ([]sandbox.VMInfo, error) {
 	}
 	var out []sandbox.VMInfo
 	for _, v := range p.VMs {
+		if v.Info.Kind != "" {
+			continue
+		}
 		info := v.Info
 		info.Tags = slices.Clone(info.Tags)
 		out = append(out, info)

@@ -34,6 +34,12 @@ type CreateRequest struct {
 	Egress *EgressPolicy `json:"egress,omitempty"`
 }
 
+// Kinds of sandbox members (VMRequest.Kind).
+const (
+	KindVM  = "vm"
+	KindLXC = "lxc"
+)
+
 // GuestEnvPath is where CreateRequest.Env lands in each VM, as
 // shell-sourceable KEY='value' lines.
 const GuestEnvPath = "/etc/pve-inspect/env"
@@ -46,7 +52,15 @@ type VMRequest struct {
 	// resolve it by. Any other name is refused (invalid-request, field
 	// vms[i].name), never rewritten.
 	Name string `json:"name,omitempty"`
-	// Template is a template name known to the daemon.
+	// Kind is what the member is: "vm" (default; a QEMU VM cloned from a
+	// VM template) or "lxc" (an unprivileged Proxmox container cloned
+	// from a container template, on the same networks and walls; no
+	// guest agent: the daemon enters it from the node). A container
+	// takes no disk_gib, no fixed MAC or address, and is never a warm
+	// pool member (yet).
+	Kind string `json:"kind,omitempty"`
+	// Template is a template name known to the daemon (a VM template for
+	// a VM, a container template for a container).
 	Template string `json:"template"`
 	// Cores is the number of vCPUs (default 1).
 	Cores int `json:"cores,omitempty"`
@@ -141,7 +155,9 @@ type VM struct {
 	// Name is the VM's name in the sandbox, a DNS label; it is also the
 	// guest's hostname, and every VM of the sandbox resolves it through
 	// its /etc/hosts (see Addresses).
-	Name      string   `json:"name"`
+	Name string `json:"name"`
+	// Kind is "lxc" for a container, empty for a VM.
+	Kind      string   `json:"kind,omitempty"`
 	VMID      int      `json:"vmid"`
 	Template  string   `json:"template"`
 	Cores     int      `json:"cores"`
