@@ -221,6 +221,41 @@ def test_reference_static_addresses() -> None:
     assert "nics" not in req["vms"][2] and req["vms"][2]["networks"] == ["net0"]
 
 
+def test_container_member_in_request() -> None:
+    cfg = PveInspectSandboxEnvironmentConfig.model_validate(
+        {
+            "vms": [
+                {"template": "debian", "name": "attacker"},
+                {"template": "ct-debian", "name": "target", "kind": "lxc", "memory_mib": 512},
+            ]
+        }
+    )
+    req = create_request(cfg, "t")
+    assert "kind" not in req["vms"][0]
+    assert req["vms"][1] == {
+        "kind": "lxc",
+        "template": "ct-debian",
+        "name": "target",
+        "memory_mib": 512,
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"template": "c", "kind": "lxc", "disk_gib": 4}, "disk_gib"),
+        (
+            {"template": "c", "kind": "lxc", "nics": [{"network": "net0", "ipv4": "10.9.0.5"}]},
+            "fixed",
+        ),
+        ({"template": "c", "kind": "kvm"}, "kind"),
+    ],
+)
+def test_container_member_refused(spec: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        VmSpec.model_validate(spec)
+
+
 @pytest.mark.parametrize(
     ("vms", "networks", "match"),
     [

@@ -37,7 +37,10 @@ type API interface {
 // numbers.
 type Preset struct {
 	// Template is the template name (default: Options.DefaultTemplate).
-	Template  string
+	Template string
+	// Kind is apitype.KindLXC for a container preset (its Template a
+	// container template, no DiskGiB); empty for a VM.
+	Kind      string
 	Cores     int
 	MemoryMiB int
 	DiskGiB   int
@@ -126,6 +129,9 @@ func (o Options) Validate() error {
 	for name, p := range o.Presets {
 		if p.Cores < 1 || p.MemoryMiB < 64 || p.DiskGiB < 0 {
 			return fmt.Errorf("mcp: preset %q: cores must be >= 1 and memory_mib >= 64", name)
+		}
+		if p.Kind != "" && p.Kind != apitype.KindLXC || p.Kind == apitype.KindLXC && p.DiskGiB != 0 {
+			return fmt.Errorf("mcp: preset %q: kind %q: want empty (a VM) or %q (a container, without disk_gib)", name, p.Kind, apitype.KindLXC)
 		}
 	}
 	if o.MaxLifetime < time.Hour || o.DefaultLifetime < time.Hour || o.DefaultLifetime > o.MaxLifetime {

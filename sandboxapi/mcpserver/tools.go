@@ -199,7 +199,7 @@ func (t *tools) create(ctx context.Context, _ *mcp.CallToolRequest, in CreateInp
 		return nil, zero, err
 	}
 	sb, err := t.api.Create(ctx, apitype.CreateRequest{
-		VMs:        []apitype.VMRequest{{Template: tmpl, Cores: p.Cores, MemoryMiB: p.MemoryMiB, DiskGiB: p.DiskGiB}},
+		VMs:        []apitype.VMRequest{{Kind: p.Kind, Template: tmpl, Cores: p.Cores, MemoryMiB: p.MemoryMiB, DiskGiB: p.DiskGiB}},
 		Labels:     in.Labels,
 		TTLSeconds: int64(ttl / time.Second),
 		Env:        t.o.Env,

@@ -168,6 +168,11 @@ class VmSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     template: str = Field(description="template name known to the daemon")
+    kind: Literal["vm", "lxc"] | None = Field(
+        default=None,
+        description="vm (default): a QEMU VM; lxc: an unprivileged container cloned from a "
+        "container template (no disk_gib, no fixed mac or ipv4)",
+    )
     name: str | None = Field(default=None, description="unique in the sandbox; default vm<N>")
     cores: int | None = Field(default=None, ge=1, le=64)
     memory_mib: int | None = Field(default=None, ge=64)
@@ -191,6 +196,11 @@ class VmSpec(BaseModel):
     def _networks_or_nics(self) -> VmSpec:
         if self.networks is not None and self.nics is not None:
             raise ValueError("give networks or nics, not both")
+        if self.kind == "lxc":
+            if self.disk_gib is not None:
+                raise ValueError("a container (kind lxc) takes no disk_gib")
+            if any(n.mac is not None or n.ipv4 is not None for n in self.nics or ()):
+                raise ValueError("a container (kind lxc) takes no fixed mac or ipv4")
         return self
 
     def network_names(self) -> tuple[str, ...] | None:

@@ -51,7 +51,10 @@ type MCPSection struct {
 
 // MCPSize is one size preset ([mcp.sizes.NAME]).
 type MCPSize struct {
-	Template  string `toml:"template"`
+	Template string `toml:"template"`
+	// Kind is "lxc" for a container size (its template a container
+	// template, no disk_gib); empty or "vm" for a VM.
+	Kind      string `toml:"kind"`
 	Cores     int    `toml:"cores"`
 	MemoryMiB int    `toml:"memory_mib"`
 	DiskGiB   int    `toml:"disk_gib"`
@@ -93,6 +96,15 @@ func (m MCPSection) validate(prefix string) error {
 		}
 		if s.Cores < 1 || s.MemoryMiB < 64 || s.DiskGiB < 0 {
 			return key("sizes."+name, errors.New("cores must be >= 1, memory_mib >= 64, disk_gib >= 0"))
+		}
+		switch s.Kind {
+		case "", "vm":
+		case "lxc":
+			if s.DiskGiB != 0 {
+				return key("sizes."+name+".disk_gib", errors.New("a container size (kind lxc) takes no disk_gib"))
+			}
+		default:
+			return key("sizes."+name+".kind", fmt.Errorf("kind %q: want vm or lxc", s.Kind))
 		}
 	}
 	if m.DefaultTemplate != "" && !reTemplateName.MatchString(m.DefaultTemplate) {
@@ -142,7 +154,11 @@ func (m MCPSection) ServerOptions(version string, log *slog.Logger) (mcpserver.O
 		Logger:          log,
 	}
 	for name, s := range m.Sizes {
-		o.Presets[name] = mcpserver.Preset{Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB, DiskGiB: s.DiskGiB}
+		kind := s.Kind
+		if kind == "vm" {
+			kind = ""
+		}
+		o.Presets[name] = mcpserver.Preset{Template: s.Template, Kind: kind, Cores: s.Cores, MemoryMiB: s.MemoryMiB, DiskGiB: s.DiskGiB}
 	}
 	if m.EnvFile != "" {
 		env, err := mcpserver.ReadEnvFile(m.EnvFile)
