@@ -51,6 +51,12 @@ func TestValidateNICs(t *testing.T) {
 		{"the network address", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.0"})}, "vms[0].nics[0].ipv4", nil, nil},
 		{"the broadcast address", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.255"})}, "vms[0].nics[0].ipv4", nil, nil},
 		{"the gateway", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.1"})}, "vms[0].nics[0].ipv4", nil, nil},
+		{"a container on networks", []apitype.VMRequest{{Template: "ct", Kind: apitype.KindLXC, Networks: []string{"lan"}}}, "", [][]string{{"lan"}}, [][]string{nil}},
+		{"a container on nics without anything fixed", []apitype.VMRequest{{Template: "ct", Kind: apitype.KindLXC, NICs: []apitype.NIC{{Network: "lan"}}}}, "", [][]string{{"lan"}}, [][]string{{""}}},
+		{"a container with a fixed address", []apitype.VMRequest{{Template: "ct", Kind: apitype.KindLXC, NICs: []apitype.NIC{{Network: "lan", IPv4: "10.20.0.5"}}}}, "vms[0].nics", nil, nil},
+		{"a container with a fixed MAC", []apitype.VMRequest{{Template: "ct", Kind: apitype.KindLXC, NICs: []apitype.NIC{{Network: "lan", MAC: "02:00:00:00:00:01"}}}}, "vms[0].nics", nil, nil},
+		{"a container with disk_gib", []apitype.VMRequest{{Template: "ct", Kind: apitype.KindLXC, DiskGiB: 8}}, "vms[0].disk_gib", nil, nil},
+		{"an unknown kind", []apitype.VMRequest{{Template: "ct", Kind: "kvm"}}, "vms[0].kind", nil, nil},
 		{"address twice", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.7"}), vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.7"})}, "vms[1].nics[0].ipv4", nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
