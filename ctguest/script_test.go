@@ -142,3 +142,30 @@ func TestRequestChecks(t *testing.T) {
 		t.Errorf("a path of odd bytes: %v", err)
 	}
 }
+
+// TestFileStatus: the file scripts' statuses map to the engine's guest
+// sentinels; a write that ran out of space (the container's stderr says
+// so) is ErrGuestNoSpace.
+func TestFileStatus(t *testing.T) {
+	for _, c := range []struct {
+		code int
+		diag string
+		want error
+	}{
+		{exitNotFound, "", sandbox.ErrFileNotFound},
+		{exitIsDir, "", sandbox.ErrIsDirectory},
+		{exitRefused, "sh: cannot open /x: Permission denied", sandbox.ErrPermission},
+		{exitWrite, "cat: write error: No space left on device", sandbox.ErrGuestNoSpace},
+		{exitMkdir, "mkdir: cannot create directory '/a': Disk quota exceeded", sandbox.ErrGuestNoSpace},
+	} {
+		if err := fileStatus(c.code, []byte(c.diag)); !errors.Is(err, c.want) {
+			t.Errorf("status %d %q: %v, want %v", c.code, c.diag, err, c.want)
+		}
+	}
+	if err := fileStatus(exitCommit, []byte("mv: cannot move")); err == nil || !strings.Contains(err.Error(), "mv: cannot move") {
+		t.Errorf("commit failure: %v", err)
+	}
+	if err := fileStatus(0, nil); err != nil {
+		t.Error(err)
+	}
+}
