@@ -86,18 +86,7 @@ func TestStartDuringAnApply(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, c := oneNode(t, ctx, map[string]string{"net0": "virtio=BC:24:11:00:00:01,bridge=sbv0"})
-	if err := c.CreateZone(ctx, sandbox.ZoneSpec{ID: "sbz"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CreateVNet(ctx, sandbox.VNetSpec{ID: "sbv0", Zone: "sbz"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.ApplySDN(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sdnZone(t, ctx, c)
 	if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 150, Name: "first-start"}); err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +152,24 @@ func TestImageVolumes(t *testing.T) {
 	vols, err := c.ImageVolumes(ctx, "local")
 	if err != nil || len(vols) != 1 || vols[0].VolID != volid || vols[0].VMID != 150 {
 		t.Errorf("local with images: %+v %v, want %s of 150", vols, err, volid)
+	}
+}
+
+// sdnZone creates and applies, through c, the zone sbz with vnet sbv0
+// and its subnet 10.9.0.0/24 with DHCP (.10 to .20).
+func sdnZone(t *testing.T, ctx context.Context, c *pveapi.Client) {
+	t.Helper()
+	if err := c.CreateZone(ctx, sandbox.ZoneSpec{ID: "sbz"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateVNet(ctx, sandbox.VNetSpec{ID: "sbv0", Zone: "sbz"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ApplySDN(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

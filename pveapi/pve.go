@@ -326,27 +326,42 @@ func (v vmStatus) info(pool string) sandbox.VMInfo {
 	return sandbox.VMInfo{VMID: int(v.VMID), Name: v.Name, Status: v.Status, Tags: tags, Pool: pool, Template: v.Template != 0, Lock: v.Lock}
 }
 
-// pools maps the VMs of this node to their pools (live in
-// /cluster/resources: read from user.cfg on every call).
-func (c *Client) pools(ctx context.Context) (map[int]string, error) {
+// The guest kinds: their type in /cluster/resources and their directory
+// of the node's API (/nodes/{node}/qemu, /nodes/{node}/lxc).
+const (
+	kindQemu = "qemu"
+	kindLXC  = "lxc"
+)
+
+// kindLabel is what errors call a guest of kind.
+func kindLabel(kind string) string {
+	if kind == kindLXC {
+		return "CT"
+	}
+	return "vm"
+}
+
+// pools maps the guests of kind (kindQemu, kindLXC) of this node to their
+// pools (live in /cluster/resources: read from user.cfg on every call).
+func (c *Client) pools(ctx context.Context, kind string) (map[int]string, error) {
 	var rs []resource
 	if err := c.c.Get(ctx, "/cluster/resources?type=vm", &rs); err != nil {
 		return nil, classify("list resources", err)
 	}
 	out := map[int]string{}
 	for _, r := range rs {
-		if r.Type == "qemu" && r.Node == c.node {
+		if r.Type == kind && r.Node == c.node {
 			out[int(r.VMID)] = r.Pool
 		}
 	}
 	return out, nil
 }
 
-// nodeVMs lists the node's VMs with their live status.
-func (c *Client) nodeVMs(ctx context.Context) ([]vmStatus, error) {
+// nodeGuests lists the node's guests of kind with their live status.
+func (c *Client) nodeGuests(ctx context.Context, kind string) ([]vmStatus, error) {
 	var vs []vmStatus
-	if err := c.c.Get(ctx, "/nodes/"+url.PathEscape(c.node)+"/qemu", &vs); err != nil {
-		return nil, classify("list vms", err)
+	if err := c.c.Get(ctx, "/nodes/"+url.PathEscape(c.node)+"/"+kind, &vs); err != nil {
+		return nil, classify("list "+kindLabel(kind)+"s", err)
 	}
 	sort.Slice(vs, func(i, j int) bool { return vs[i].VMID < vs[j].VMID })
 	return vs, nil
@@ -354,7 +369,12 @@ func (c *Client) nodeVMs(ctx context.Context) ([]vmStatus, error) {
 
 // TemplateID implements sandbox.Proxmox.
 func (c *Client) TemplateID(ctx context.Context, name string) (int, error) {
-	vs, err := c.nodeVMs(ctx)
+	return c.templateID(ctx, kindQemu, name)
+}
+
+// templateID finds a template of kind by name.
+func (c *Client) templateID(ctx context.Context, kind, name string) (int, error) {
+	vs, err := c.nodeGuests(ctx, kind)
 	if err != nil {
 		return 0, err
 	}
@@ -363,7 +383,11 @@ func (c *Client) TemplateID(ctx context.Context, name string) (int, error) {
 			return int(v.VMID), nil
 		}
 	}
-	return 0, fmt.Errorf("template %q: %w", name, sandbox.ErrNotFound)
+	what := "template"
+	if kind == kindLXC {
+		what = "CT template"
+	}
+	return 0, fmt.Errorf("%s %q: %w", what, name, sandbox.ErrNotFound)
 }
 
 // CloneVM implements sandbox.Proxmox: a linked clone (no "full").
@@ -400,19 +424,25 @@ func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) 
 		}
 		body[fmt.Sprintf("net%d", i)] = model + ",bridge=" + b + ",firewall=0"
 	}
-	var del []string
-	for k := range cfg {
-		if m := reNet.FindStringSubmatch(k); m != nil {
-			if n, _ := strconv.Atoi(m[1]); n >= len(v.Bridges) {
-				del = append(del, k)
-			}
-		}
-	}
-	sort.Strings(del)
-	if len(del) > 0 {
+	if del := extraNets(cfg, len(v.Bridges)); len(del) > 0 {
 		body["delete"] = strings.Join(del, ",")
 	}
 	return c.call(ctx, "POST", fmt.Sprintf("configure %d", vmid), c.qemu(vmid)+"/config", body)
+}
+
+// extraNets returns the NIC keys netN of a guest's config with N >= keep
+// (the template's NICs a configure deletes), sorted.
+func extraNets(cfg map[string]any, keep int) []string {
+	var out []string
+	for k := range cfg {
+		if m := reNet.FindStringSubmatch(k); m != nil {
+			if n, _ := strconv.Atoi(m[1]); n >= keep {
+				out = append(out, k)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // bootDisk finds the VM's boot disk from its config.
@@ -451,15 +481,21 @@ func (c *Client) ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error {
 // start. Such a start is made again, with a growing pause, until
 // startRetryFor has passed.
 func (c *Client) StartVM(ctx context.Context, vmid int) error {
-	op := fmt.Sprintf("start %d", vmid)
+	return c.startGuest(ctx, fmt.Sprintf("start %d", vmid), c.qemu(vmid), vmid)
+}
+
+// startGuest starts the guest at path (a VM's or a CT's) and starts it
+// again while its start fails in the hook that maps its NICs in their
+// zone's dnsmasq (StartVM, StartCT).
+func (c *Client) startGuest(ctx context.Context, op, path string, vmid int) error {
 	deadline := time.Now().Add(startRetryFor)
 	for try := 1; ; try++ {
-		err := c.call(ctx, "POST", op, c.qemu(vmid)+"/status/start", map[string]any{})
+		err := c.call(ctx, "POST", op, path+"/status/start", map[string]any{})
 		var tf *proxmox.TaskFailedError
 		if err == nil || time.Now().After(deadline) || !errors.As(err, &tf) || !c.taskLogHas(ctx, tf.UPID, reBridgeHook) {
 			return err
 		}
-		c.log.Warn("vm start failed in the pve-bridge hook (an SDN apply had the zone's dnsmasq stopped); starting again", "vmid", vmid, "try", try)
+		c.log.Warn("guest start failed in its network hook (an SDN apply had the zone's dnsmasq stopped); starting again", "vmid", vmid, "try", try)
 		select {
 		case <-ctx.Done():
 			return classify(op, ctx.Err())
@@ -471,9 +507,10 @@ func (c *Client) StartVM(ctx context.Context, vmid int) error {
 // startRetryFor bounds how long StartVM starts again.
 const startRetryFor = 60 * time.Second
 
-// reBridgeHook is a start task's log line of the pve-bridge hook failing:
-// QEMU's "network script ... pve-bridge failed", or the hook's own dnsmasq
-// reload (PVE::Tools::run_command's "command '...' failed").
+// reBridgeHook is a start task's log line of the hook that plugs a NIC in
+// failing: QEMU's "network script ... pve-bridge failed", or that hook's
+// (or a CT's lxc-pve-prestart-hook's, add_dhcp_mapping) dnsmasq reload
+// (PVE::Tools::run_command's "command '...' failed").
 var reBridgeHook = regexp.MustCompile(`network script \S*pve-bridge failed|command 'systemctl reload dnsmasq@[^']*' failed`)
 
 // taskLogHas reports whether a line of task upid's log matches re (false
@@ -510,17 +547,24 @@ func (c *Client) DeleteVM(ctx context.Context, vmid int) error {
 // VM implements sandbox.Proxmox: status, name, tags and template from
 // GET .../status/current (live), the pool from /cluster/resources.
 func (c *Client) VM(ctx context.Context, vmid int) (sandbox.VMInfo, error) {
-	pools, err := c.pools(ctx)
+	return c.guest(ctx, kindQemu, vmid, c.qemu(vmid))
+}
+
+// guest reads the guest of kind at path: its pool from
+// /cluster/resources (ErrNotFound when it is not listed there as a guest
+// of kind on this node), then its live status/current.
+func (c *Client) guest(ctx context.Context, kind string, vmid int, path string) (sandbox.VMInfo, error) {
+	pools, err := c.pools(ctx, kind)
 	if err != nil {
 		return sandbox.VMInfo{}, err
 	}
 	pool, ok := pools[vmid]
 	if !ok {
-		return sandbox.VMInfo{}, fmt.Errorf("vm %d: %w", vmid, sandbox.ErrNotFound)
+		return sandbox.VMInfo{}, fmt.Errorf("%s %d: %w", kindLabel(kind), vmid, sandbox.ErrNotFound)
 	}
 	var v vmStatus
-	if err := c.c.Get(ctx, c.qemu(vmid)+"/status/current", &v); err != nil {
-		return sandbox.VMInfo{}, classify(fmt.Sprintf("read status of vm %d", vmid), err)
+	if err := c.c.Get(ctx, path+"/status/current", &v); err != nil {
+		return sandbox.VMInfo{}, classify(fmt.Sprintf("read status of %s %d", kindLabel(kind), vmid), err)
 	}
 	v.VMID = flexInt(vmid)
 	return v.info(pool), nil
@@ -529,11 +573,16 @@ func (c *Client) VM(ctx context.Context, vmid int) (sandbox.VMInfo, error) {
 // ListVMs implements sandbox.Proxmox: GET /nodes/{node}/qemu (live),
 // pools from /cluster/resources.
 func (c *Client) ListVMs(ctx context.Context) ([]sandbox.VMInfo, error) {
-	vs, err := c.nodeVMs(ctx)
+	return c.listGuests(ctx, kindQemu)
+}
+
+// listGuests lists the node's guests of kind (live) with their pools.
+func (c *Client) listGuests(ctx context.Context, kind string) ([]sandbox.VMInfo, error) {
+	vs, err := c.nodeGuests(ctx, kind)
 	if err != nil {
 		return nil, err
 	}
-	pools, err := c.pools(ctx)
+	pools, err := c.pools(ctx, kind)
 	if err != nil {
 		return nil, err
 	}

@@ -54,6 +54,9 @@ type fakeServer struct {
 	// warns are the WARN lines of a task ending in warnings (one about
 	// pve1 when nil); nodes are the cluster's nodes (pve1 when nil).
 	warns, nodes []string
+
+	// cts are the containers (ct_test.go), as vms ("hostname" for name).
+	cts map[int]map[string]any
 }
 
 func newFakeServer(t *testing.T) (*fakeServer, *Client) {
@@ -61,7 +64,7 @@ func newFakeServer(t *testing.T) (*fakeServer, *Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeServer{t: t, vms: map[int]map[string]any{}, zones: map[string]bool{}, vnets: map[string]map[string]any{},
+	f := &fakeServer{t: t, vms: map[int]map[string]any{}, cts: map[int]map[string]any{}, zones: map[string]bool{}, vnets: map[string]map[string]any{},
 		subs: map[string][]map[string]any{}, pools: map[string]bool{}, fw: map[string]int{}, tasks: map[string]string{}, failOp: map[string]string{}, applied: map[string]bool{}}
 	if err := json.Unmarshal(b, &f.schema); err != nil {
 		t.Fatal(err)
@@ -182,10 +185,28 @@ func (f *fakeServer) task(kind, id string) string {
 	return upid
 }
 
+// updateConfig applies a config update's parameters p to c: every key
+// but node and vmid set, the keys of "delete" removed.
+func updateConfig(c, p map[string]any) {
+	for k, v := range p {
+		if k != "node" && k != "vmid" && k != "delete" {
+			c[k] = v
+		}
+	}
+	if d, ok := p["delete"].(string); ok {
+		for _, k := range strings.Split(d, ",") {
+			delete(c, k)
+		}
+	}
+}
+
 func atoi(v any) int { n, _ := strconv.Atoi(fmt.Sprint(v)); return n }
 
 func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 	vmid := atoi(p["vmid"])
+	if strings.Contains(op, " /nodes/{node}/lxc") {
+		return f.handleCT(op, vmid, p)
+	}
 	switch op {
 	case "GET /nodes/{node}/tasks/{upid}/status":
 		st, ok := f.tasks[fmt.Sprint(p["upid"])]
@@ -225,6 +246,9 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		var out []map[string]any
 		for id, c := range f.vms {
 			out = append(out, map[string]any{"type": "qemu", "id": fmt.Sprintf("qemu/%d", id), "vmid": id, "node": "pve1", "status": "unknown", "tags": c["tags"], "pool": c["pool"]})
+		}
+		for id, c := range f.cts {
+			out = append(out, map[string]any{"type": "lxc", "id": fmt.Sprintf("lxc/%d", id), "vmid": id, "node": "pve1", "status": "unknown", "tags": c["tags"], "pool": c["pool"]})
 		}
 		return out, 0, ""
 	case "GET /nodes/{node}/qemu":
@@ -273,16 +297,7 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 		if !ok {
 			return nil, 500, "Configuration file does not exist"
 		}
-		for k, v := range p {
-			if k != "node" && k != "vmid" && k != "delete" {
-				c[k] = v
-			}
-		}
-		if d, ok := p["delete"].(string); ok {
-			for _, k := range strings.Split(d, ",") {
-				delete(c, k)
-			}
-		}
+		updateConfig(c, p)
 		return f.task("qmconfig", strconv.Itoa(vmid)), 0, ""
 	case "PUT /nodes/{node}/qemu/{vmid}/config": // synchronous: no task
 		c, ok := f.vms[vmid]

@@ -20,6 +20,9 @@ var usedPaths = []string{
 	"/cluster/firewall/options", "/nodes/{node}/tasks/{upid}/status", "/nodes/{node}/tasks/{upid}/log",
 	"/nodes/{node}/qemu", "/nodes/{node}/qemu/{vmid}/status/current", "/cluster/sdn/ipams/{ipam}/status",
 	"/cluster/sdn/vnets/{vnet}/ips", "/nodes",
+	"/nodes/{node}/lxc", "/nodes/{node}/lxc/{vmid}", "/nodes/{node}/lxc/{vmid}/clone", "/nodes/{node}/lxc/{vmid}/config",
+	"/nodes/{node}/lxc/{vmid}/status/current", "/nodes/{node}/lxc/{vmid}/status/start", "/nodes/{node}/lxc/{vmid}/status/stop",
+	"/nodes/{node}/lxc/{vmid}/snapshot", "/nodes/{node}/lxc/{vmid}/snapshot/{snapname}/rollback",
 }
 
 // paramSchema is one parameter of the trimmed schema.

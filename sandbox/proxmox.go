@@ -211,3 +211,62 @@ type addressFixer interface {
 type vmConfigReader interface {
 	VMConfig(ctx context.Context, vmid int) (map[string]string, error)
 }
+
+// CTConfig is the configuration set on a fresh container clone.
+type CTConfig struct {
+	// Tags are set as the CT's Proxmox tags (replacing the template's).
+	Tags []string
+	// Hostname is the CT's hostname (a DNS label); "" keeps the clone's.
+	Hostname  string
+	Cores     int
+	MemoryMiB int // swap is set to 0
+	// Bridges are attached as net0, net1, ...:
+	// name=eth<k>,bridge=<b>,ip=dhcp, firewall off; the template's other
+	// netN are deleted.
+	Bridges []string
+	// MACs are the NICs' MAC addresses, by Bridges' index; "" (or none)
+	// lets Proxmox pick one.
+	MACs []string
+}
+
+// Containers is the part of the Proxmox API the engine needs for
+// unprivileged containers (pve-container), by the same token. Like
+// Proxmox's, every method waits for the task it starts; errors wrap
+// ErrNotFound or ErrExists where the caller branches. A CT is a guest of
+// its own kind in the VMID space it shares with the VMs: a VM's id is no
+// CT (ErrNotFound). Implemented by pveapi.Client.
+type Containers interface {
+	// CTTemplateID looks a CT template of this node up by name (its
+	// hostname, as the node's CT list reports it); ErrNotFound when
+	// absent.
+	CTTemplateID(ctx context.Context, name string) (int, error)
+	// CloneCT makes a linked clone of template s.Template as s.NewID in
+	// s.Pool, hostname s.Name; ErrExists when the id is taken (by a CT
+	// or a VM).
+	CloneCT(ctx context.Context, s CloneSpec) error
+	// ConfigureCT sets c on a CT in one synchronous update.
+	ConfigureCT(ctx context.Context, vmid int, c CTConfig) error
+	StartCT(ctx context.Context, vmid int) error
+	// StopCT kills the CT; one that does not run (or does not exist) is
+	// no error.
+	StopCT(ctx context.Context, vmid int) error
+	// DeleteCT destroys the CT with purge, stopping it first when it
+	// runs; ErrNotFound when absent.
+	DeleteCT(ctx context.Context, vmid int) error
+	// CT returns the CT's status, tags and pool; ErrNotFound when absent
+	// (or when vmid is a VM's).
+	CT(ctx context.Context, vmid int) (VMInfo, error)
+	// ListCTs lists every CT of the node.
+	ListCTs(ctx context.Context) ([]VMInfo, error)
+	// CTConfigValues returns the CT's configuration (pending values
+	// taken in), every value as the text of the config file: for the
+	// hardening checks (unprivileged, features, mpN, devN).
+	CTConfigValues(ctx context.Context, vmid int) (map[string]string, error)
+	// SnapshotCT snapshots the CT's volumes and config; ErrExists when
+	// the name is taken.
+	SnapshotCT(ctx context.Context, vmid int, name string) error
+	// RollbackCT rolls the CT back to snapshot name (stopping it when
+	// it runs) and starts it; ErrNotFound when there is no such
+	// snapshot.
+	RollbackCT(ctx context.Context, vmid int, name string) error
+}

@@ -379,12 +379,32 @@ func ctLogs(dir string) string {
 	return strings.Join(parts, "\n")
 }
 
+// LXCPrefix is the command prefix that runs an lxc tool (lxc-attach,
+// lxc-info) inside the node's network namespace: a container's command
+// socket is an abstract unix socket, which lives in the network namespace
+// its monitor runs in. On a node the tools run as they are.
+func (b *Bed) LXCPrefix() []string {
+	return []string{"nsenter", "--net=/run/netns/" + b.NodeNS(), "--"}
+}
+
+// ContainerCgroupV2 is container vmid's cgroup directory in the unified
+// (v2) hierarchy, what lxc.cgroup.dir.container names: on a node
+// /sys/fs/cgroup/lxc/<vmid>, on the bed lxc/<vmid> under CgroupParent (in
+// /sys/fs/cgroup/unified on a hybrid host). The container runs in its
+// child ns (lxc.cgroup.dir.container.inner).
+func (b *Bed) ContainerCgroupV2(vmid int) string {
+	root := cgroupRoot
+	if !onlyV2() {
+		root = filepath.Join(cgroupRoot, "unified")
+	}
+	return filepath.Join(root, b.CgroupParent(), "lxc", strconv.Itoa(vmid))
+}
+
 // lxcTool runs an lxc tool on the bed's lxc path inside the node's
-// network namespace: a container's command socket is an abstract unix
-// socket, which lives in the network namespace its monitor runs in.
+// network namespace (LXCPrefix).
 func (b *Bed) lxcTool(ctx context.Context, tool string, vmid int, args ...string) ([]byte, error) {
-	argv := append([]string{"nsenter", "--net=/run/netns/" + b.NodeNS(), "--", tool, "-P", b.LXCPath(), "-n", strconv.Itoa(vmid)}, args...)
-	return output(ctx, argv...)
+	argv := append(b.LXCPrefix(), tool, "-P", b.LXCPath(), "-n", strconv.Itoa(vmid))
+	return output(ctx, append(argv, args...)...)
 }
 
 // ContainerPID is the host pid of a running container's init, as lxc-info

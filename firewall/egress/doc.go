@@ -84,7 +84,11 @@
 // new tenant (Registry.Begin, a pool member claimed), under the
 // registry's lock; a denial decided under an older policy is recorded
 // only while that policy is in force (Registry.IfCurrent), and kernel
-// drops read across a change of policy are a new baseline. A lease names
+// drops read across a new instance (a claim, the zone removed or given to
+// another owner) are a new baseline, written (counts, noted destinations,
+// records) only while the instance they were attributed to is current
+// (Registry.IfInstance); across a policy change of the same instance
+// they are that instance's. A lease names
 // its host only until it expires.
 //
 // What stays possible, by design: a guest can present an allowed name to

@@ -15,10 +15,10 @@ type DropReader interface {
 	EgressDrops(ctx context.Context) (ifaces, dests []firewall.EgressDrop, err error)
 }
 
-// OwnerOf names the owner of a guest interface's policy and its
-// generation, and runs fn while that generation is still the
-// interface's, so that nothing is written for an instance already gone
-// (*Registry).
+// OwnerOf names the owner of a guest interface's policy, its generation
+// and the generation its instance began at, and runs fn while that
+// instance (or generation) is still the interface's, so that nothing is
+// written for an instance already gone (*Registry).
 type OwnerOf interface {
 	ForInstance(iface string) (owner string, gen, began uint64, err error)
 	IfCurrent(iface string, gen uint64, fn func()) bool
@@ -61,10 +61,12 @@ func (c dropCount) since(before dropCount, had bool) dropCount {
 // since the last read (PacketsOut, BytesOut; the member's counter counts
 // both), timed at the read (up to one interval after the packets). The
 // interface is the zone's bridge, which all its VMs share, so the record
-// names no VM (Guest is zero). A record goes to the owner's ring only
-// while the policy generation it was attributed under is current
-// (Registry.IfCurrent), so a deleted sandbox's or a claimed pool
-// member's drops never land in the next instance's record.
+// names no VM (Guest is zero). A record, a count and a noted
+// destination go to the owner only while the instance it was attributed
+// to is the interface's (Registry.IfInstance; for an interface under the
+// node default, while its policy generation is current:
+// Registry.IfCurrent), so a deleted sandbox's or a claimed pool member's
+// drops never land in the next instance's denials or record.
 //
 // What it keeps is bounded by the sets' sizes (firewall.EgressDeniedSize),
 // and each read costs one netlink dump whatever the guest's packet rate;
@@ -156,7 +158,7 @@ func (k *KernelDrops) Poll(ctx context.Context) error {
 		before, had := k.ifs[d.Iface]
 		if o := ownerOf(d.Iface); o.ok && k.same(d.Iface, o) {
 			if n := grown(d.Packets, before, had); k.primed && n > 0 {
-				k.den.Add(o.owner, ReasonAddress, n)
+				k.whileInstance(d.Iface, o, func() { k.den.Add(o.owner, ReasonAddress, n) })
 			}
 		}
 	}
@@ -167,7 +169,6 @@ func (k *KernelDrops) Poll(ctx context.Context) error {
 		before, had := k.dests[key]
 		if o := ownerOf(d.Iface); o.ok && k.same(d.Iface, o) {
 			if n := c.since(before, had); k.primed && n.packets > 0 {
-				k.den.Remember(o.owner, Denial{Reason: ReasonAddress, Dest: d.Addr.String()})
 				k.record(d.Iface, o, d.Addr, n, at)
 			}
 		}
@@ -182,19 +183,28 @@ func (k *KernelDrops) Poll(ctx context.Context) error {
 	return nil
 }
 
-// record adds the record of n packets dropped from iface to dest, read
-// at at, to the ring of o's owner if o's generation is still iface's.
-func (k *KernelDrops) record(iface string, o ownerGen, dest netip.Addr, n dropCount, at time.Time) {
-	if k.rec == nil {
-		return
-	}
-	var ring *Ring
-	open := func() { ring = k.rec.Open(o.owner) }
+// whileInstance runs fn under the registry's lock if o is still iface's
+// instance (its generation, for an interface under the node default), so
+// that nothing of a read is written for an owner whose instance ended
+// (Begin, Remove: Denials.Forget ran) between the attribution and the
+// write.
+func (k *KernelDrops) whileInstance(iface string, o ownerGen, fn func()) {
 	if o.began != 0 {
-		k.own.IfInstance(iface, o.began, open)
+		k.own.IfInstance(iface, o.began, fn)
 	} else {
-		k.own.IfCurrent(iface, o.gen, open)
+		k.own.IfCurrent(iface, o.gen, fn)
 	}
+}
+
+// record notes dest among o's owner's recent denials and adds the record
+// of n packets dropped from iface to it, read at at, to the owner's ring,
+// if o is still iface's instance.
+func (k *KernelDrops) record(iface string, o ownerGen, dest netip.Addr, n dropCount, at time.Time) {
+	var ring *Ring
+	k.whileInstance(iface, o, func() {
+		k.den.Remember(o.owner, Denial{Reason: ReasonAddress, Dest: dest.String()})
+		ring = k.rec.Open(o.owner)
+	})
 	ring.Add(Record{Time: at, Type: RecordFlow, Verdict: VerdictRefused, Reason: ReasonAddress,
 		Dest: netip.AddrPortFrom(dest, 0), PacketsOut: clampInt64(n.packets), BytesOut: clampInt64(n.bytes)})
 }

@@ -192,8 +192,8 @@ func NewLog(cfg LogConfig) *Log {
 
 // Open returns owner's ring, made if it has none. A nil Log returns a
 // nil Ring, which records nothing. Call it while owner's instance is
-// known current (under Registry.IfCurrent), so that no ring is made for
-// an instance already forgotten.
+// known current (under Registry.IfCurrent or IfInstance), so that no ring
+// is made for an instance already forgotten.
 func (l *Log) Open(owner string) *Ring {
 	if l == nil {
 		return nil

@@ -149,6 +149,16 @@ func NewRegistry(g Guard, def Rules, st *State, opts ...RegistryOption) *Registr
 		gen: map[string]uint64{}, began: map[string]uint64{}, learned: map[string]*learnedSet{}}
 	if st != nil {
 		r.zones = maps.Clone(st.zones)
+		// The persisted zones' instances began before this start: the
+		// first generation, which every Seq read after it is at least,
+		// so that their drops since the first read are theirs, across
+		// their first policy change too.
+		r.seq = 1
+		for _, e := range r.zones {
+			for _, b := range e.bridges {
+				r.began[b] = 1
+			}
+		}
 	}
 	for _, o := range opts {
 		o(r)

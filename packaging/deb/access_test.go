@@ -22,6 +22,13 @@ var fakeTemplates = map[int]map[string]string{
 	9001: {"net0": "e1000=BC:24:11:00:00:03,bridge=vmbr1,tag=5", "net1": "virtio=BC:24:11:00:00:04,bridge=vmbr2,trunks=10;20-21"},
 }
 
+// fakeCTTemplates are the container templates the fake pct of
+// writeFakePVE knows (the fake qm does not: a CT's id has no qemu-server
+// config).
+var fakeCTTemplates = map[int]map[string]string{
+	9100: {"net0": "name=eth0,bridge=vmbr3,hwaddr=BC:24:11:00:00:05,ip=dhcp,type=veth", "net1": "name=eth1,bridge=vmbr4,tag=7,type=veth"},
+}
+
 // fakeVNets are the SDN vnets (vnet: zone) the fake pvesh lists.
 var fakeVNets = map[string]string{"tplnet": "tplz"}
 
@@ -30,32 +37,40 @@ var fakeVNets = map[string]string{"tplnet": "tplz"}
 func fakeBridges(ids ...int) []string {
 	var confs []map[string]string
 	for _, id := range ids {
-		confs = append(confs, fakeTemplates[id])
+		if c, ok := fakeTemplates[id]; ok {
+			confs = append(confs, c)
+		} else {
+			confs = append(confs, fakeCTTemplates[id])
+		}
 	}
 	local, _ := access.TemplateBridges(confs, func(b string) string { return fakeVNets[b] })
 	return local
 }
 
 // writeFakePVE writes a qm that prints fakeTemplates' configs (`qm config
-// ID --current 1`; an unknown ID fails as qm does) and a pvesh that lists
-// fakeVNets into dir.
+// ID --current 1`; an unknown ID fails as qm does), a pct that prints
+// fakeCTTemplates' the same way and a pvesh that lists fakeVNets into dir.
 func writeFakePVE(t *testing.T, dir string) {
 	t.Helper()
-	qm := "#!/bin/sh\n[ \"$1 $3 $4\" = \"config --current 1\" ] || { echo \"fake qm: $*\" >&2; exit 9; }\ncase $2 in\n"
-	for _, id := range slices.Sorted(maps.Keys(fakeTemplates)) {
-		qm += fmt.Sprintf("%d) cat <<'EOF'\nname: t%d\n", id, id)
-		for _, k := range slices.Sorted(maps.Keys(fakeTemplates[id])) {
-			qm += k + ": " + fakeTemplates[id][k] + "\n"
+	fakeConfig := func(cmd, confDir, disk string, templates map[int]map[string]string) string {
+		out := "#!/bin/sh\n[ \"$1 $3 $4\" = \"config --current 1\" ] || { echo \"fake " + cmd + ": $*\" >&2; exit 9; }\ncase $2 in\n"
+		for _, id := range slices.Sorted(maps.Keys(templates)) {
+			out += fmt.Sprintf("%d) cat <<'EOF'\nname: t%d\n", id, id)
+			for _, k := range slices.Sorted(maps.Keys(templates[id])) {
+				out += k + ": " + templates[id][k] + "\n"
+			}
+			out += fmt.Sprintf(disk+"\ntemplate: 1\nEOF\n;;\n", id)
 		}
-		qm += "scsi0: local-lvm:base-" + fmt.Sprint(id) + "-disk-0,size=8G\ntemplate: 1\nEOF\n;;\n"
+		return out + "*) echo \"Configuration file 'nodes/pve/" + confDir + "/$2.conf' does not exist\" >&2; exit 2 ;;\nesac\n"
 	}
-	qm += "*) echo \"Configuration file 'nodes/pve/qemu-server/$2.conf' does not exist\" >&2; exit 2 ;;\nesac\n"
+	qm := fakeConfig("qm", "qemu-server", "scsi0: local-lvm:base-%d-disk-0,size=8G", fakeTemplates)
+	pct := fakeConfig("pct", "lxc", "rootfs: local-lvm:base-%d-disk-0,size=8G\nunprivileged: 1", fakeCTTemplates)
 	var vnets []string
 	for _, v := range slices.Sorted(maps.Keys(fakeVNets)) {
 		vnets = append(vnets, fmt.Sprintf(`{"digest":"d","type":"vnet","vnet":"%s","zone":"%s"}`, v, fakeVNets[v]))
 	}
 	pvesh := "#!/bin/sh\n[ \"$*\" = \"get /cluster/sdn/vnets --output-format json\" ] || { echo \"fake pvesh: $*\" >&2; exit 9; }\necho '[" + strings.Join(vnets, ",") + "]'\n"
-	for name, body := range map[string]string{"qm": qm, "pvesh": pvesh} {
+	for name, body := range map[string]string{"qm": qm, "pct": pct, "pvesh": pvesh} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -447,5 +462,27 @@ esac
 	}
 	if b, _ := os.ReadFile(log); len(b) != 0 {
 		t.Errorf("pveum called before the refusal:\n%s", b)
+	}
+}
+
+// TestAccessSetupCTTemplate: a container template's id in
+// PVE_INSPECTD_TEMPLATES is read with pct (qm has no config for it): it
+// gets the template role, and the host bridge paths of its NICs the
+// bridge role, as pveapi/access computes them from its config.
+func TestAccessSetupCTTemplate(t *testing.T) {
+	tok := access.TokenID(nodeName(t))
+	calls := runAccessSetup(t, "PVE_INSPECTD_TEMPLATES=9000 9100")
+	bridges := fakeBridges(9000, 9100)
+	if !slices.Contains(bridges, "vmbr3") || !slices.Contains(bridges, "vmbr4/7") {
+		t.Fatalf("the CT template's bridge paths are not computed: %v", bridges)
+	}
+	want := []string{"acl modify /vms/9100 --tokens " + tok + " --roles " + access.RoleTemplate + " --propagate 0"}
+	for _, b := range bridges {
+		want = append(want, "acl modify "+access.LocalZonePath+"/"+b+" --tokens "+tok+" --roles "+access.RoleBridge+" --propagate 0")
+	}
+	for _, w := range want {
+		if !slices.Contains(calls, w) {
+			t.Errorf("no call %q in:\n%s", w, strings.Join(calls, "\n"))
+		}
 	}
 }

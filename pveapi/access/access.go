@@ -172,6 +172,7 @@ type ACLEntry struct {
 
 const (
 	qemu    = "/nodes/{node}/qemu/{vmid}"
+	lxc     = "/nodes/{node}/lxc/{vmid}"
 	vmACL   = "/vms/" + PhVMID
 	content = "/nodes/{node}/storage/{storage}/content"
 )
@@ -192,7 +193,7 @@ func Calls() []Call {
 		{"GET", "/version", "", nil, false, "Proxmox version (doctor); user => 'all'"},
 		{"GET", "/access/permissions", "", nil, false, "the token's own effective privileges (doctor); a token may read its own"},
 		{"GET", "/cluster/nextid", "", nil, false, "a free VMID for a clone, and with vmid=N whether N is free cluster-wide; user => 'all'"},
-		{"GET", "/cluster/resources", "", nil, false, "pools of the node's VMs; user => 'all', lists only VMs with VM.Audit"},
+		{"GET", "/cluster/resources", "", nil, false, "pools of the node's VMs and CTs; user => 'all', lists only guests with VM.Audit"},
 		{"GET", "/nodes/{node}/qemu", "", nil, false, "the node's VMs and templates; user => 'all', lists only VMs with VM.Audit"},
 		{"GET", "/nodes/{node}/qemu/{vmid}/config", vmACL, []string{"VM.Audit"}, false, "a sandbox's config (disk keys, hardening check; with current=1 the values in effect, for the disk path)"},
 		{"GET", "/nodes/{node}/qemu/{vmid}/config", "/vms/" + PhTemplate, []string{"VM.Audit"}, false, "a template's config (hardening check before a clone; the doctor's template checks)"},
@@ -224,6 +225,27 @@ func Calls() []Call {
 		{"POST", qemu + "/snapshot", vmACL, []string{"VM.Snapshot"}, false, "disk snapshot"},
 		{"POST", qemu + "/snapshot/{snapname}/rollback", vmACL, []string{"VM.Snapshot", "VM.Snapshot.Rollback"}, true, "rollback (schema check)"},
 		{"POST", qemu + "/snapshot/{snapname}/rollback", vmACL, []string{"VM.PowerMgmt"}, false, "rollback with start=1"},
+		{"GET", "/nodes/{node}/lxc", "", nil, false, "the node's containers and CT templates (pve-container API2/LXC.pm vmlist); user => 'all', lists only CTs with VM.Audit"},
+		{"GET", lxc + "/status/current", vmACL, []string{"VM.Audit"}, false, "a sandbox CT's live status (API2/LXC/Status.pm vm_status)"},
+		{"GET", lxc + "/config", vmACL, []string{"VM.Audit"}, false, "a sandbox CT's config (its NICs before the configure; the hardening check: unprivileged, features, mpN, devN) (API2/LXC/Config.pm vm_config)"},
+		{"GET", lxc + "/config", "/vms/" + PhTemplate, []string{"VM.Audit"}, false, "a CT template's config (hardening check before a clone)"},
+		{"POST", lxc + "/clone", "/vms/" + PhTemplate, []string{"VM.Clone"}, false, "linked clone of a CT template (API2/LXC.pm clone_vm, schema check)"},
+		{"POST", lxc + "/clone", "/pool/" + PhPool, []string{"VM.Allocate"}, false, "the CT clone's target pool (schema check, or VM.Allocate on /vms/{newid})"},
+		{"POST", lxc + "/clone", "/storage/" + PhStorage, []string{"Datastore.AllocateSpace"}, false, "the storage of the CT template's rootfs (clone_vm, for each volume)"},
+		{"POST", lxc + "/clone", tplBridge, []string{"SDN.Use"}, false, "every NIC of the CT template on a host bridge (clone_vm: PVE::LXC check_bridge_access)"},
+		{"POST", lxc + "/clone", tplVNet, []string{"SDN.Use"}, false, "every NIC of the CT template on an SDN vnet (check_bridge_access)"},
+		{"PUT", lxc + "/config", vmACL, []string{"VM.Config.CPU"}, false, "a CT's cores (API2/LXC/Config.pm update_vm: PVE::LXC check_ct_modify_config_perm)"},
+		{"PUT", lxc + "/config", vmACL, []string{"VM.Config.Memory"}, false, "a CT's memory and swap (check_ct_modify_config_perm)"},
+		{"PUT", lxc + "/config", vmACL, []string{"VM.Config.Network"}, false, "a CT's hostname, net0.. on the sandbox's vnets, deleting the template's other NICs (check_ct_modify_config_perm)"},
+		{"PUT", lxc + "/config", ownVNet, []string{"SDN.Use"}, false, "the vnet of each new CT NIC (check_ct_modify_config_perm: check_bridge_access on the new value)"},
+		{"PUT", lxc + "/config", tplBridge, []string{"SDN.Use"}, false, "the CT template's NICs on a host bridge that each new NIC replaces or each delete removes (check_bridge_access on the old value)"},
+		{"PUT", lxc + "/config", tplVNet, []string{"SDN.Use"}, false, "the CT template's NICs on an SDN vnet that each new NIC replaces or each delete removes (check_bridge_access on the old value)"},
+		{"PUT", lxc + "/config", vmACL, []string{"VM.Config.Options"}, false, "a CT's tags (check_ct_modify_config_perm: assert_tag_permissions)"},
+		{"POST", lxc + "/status/start", vmACL, []string{"VM.PowerMgmt"}, false, "start a sandbox CT (API2/LXC/Status.pm vm_start)"},
+		{"POST", lxc + "/status/stop", vmACL, []string{"VM.PowerMgmt"}, false, "stop a sandbox CT (vm_stop)"},
+		{"DELETE", lxc, vmACL, []string{"VM.Allocate"}, false, "destroy a sandbox CT with purge and force (API2/LXC.pm destroy_vm, schema check); its ACLs and pool membership go in any case"},
+		{"POST", lxc + "/snapshot", vmACL, []string{"VM.Snapshot"}, false, "CT snapshot (API2/LXC/Snapshot.pm snapshot)"},
+		{"POST", lxc + "/snapshot/{snapname}/rollback", vmACL, []string{"VM.Snapshot", "VM.Snapshot.Rollback"}, true, "CT rollback (Snapshot.pm rollback, schema check; the client starts the CT itself, not with start=1)"},
 		{"GET", "/cluster/sdn/zones", "/sdn/zones/" + PhZone, audit, true, "pending zone edits of other clients before an apply, the doctor's SDN check and canary (pending=1); user => 'all', lists only zones with SDN.Audit or SDN.Allocate"},
 		{"POST", "/cluster/sdn/zones", "/sdn/zones", []string{"SDN.Allocate"}, false, "create the sandbox's zone"},
 		{"DELETE", "/cluster/sdn/zones/{zone}", "/sdn/zones/" + PhZone, []string{"SDN.Allocate"}, false, "delete the sandbox's zone"},

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -13,71 +12,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
-	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
-
-// sdnZoneRE is an SDN zone id (pve-network's pve-sdn-zone-id: 2 to 8
-// characters), which "localnetwork" is not.
-const sdnZoneRE = `[a-zA-Z][a-zA-Z0-9]{1,7}`
-
-// placeholderRE is what each placeholder of an ACL path template stands
-// for in a concrete path: one segment, an SDN zone, a host bridge with an
-// optional VLAN, a zone and vnet with an optional VLAN.
-var placeholderRE = map[string]string{
-	access.PhZone:         sdnZoneRE,
-	access.PhBridge:       `[^/]+(/[0-9]+)?`,
-	access.PhTemplateVNet: sdnZoneRE + `/[^/]+(/[0-9]+)?`,
-}
-
-var rePlaceholder = regexp.MustCompile(`\\\{[a-z-]+\\\}`)
-
-// aclPathRE turns a call's ACL path template into a pattern of the
-// concrete paths it stands for.
-func aclPathRE(tmpl string) *regexp.Regexp {
-	re := rePlaceholder.ReplaceAllStringFunc(regexp.QuoteMeta(tmpl), func(m string) string {
-		ph := strings.ReplaceAll(m, `\`, "")
-		if r, ok := placeholderRE[ph]; ok {
-			return r
-		}
-		return `[^/]+`
-	})
-	return regexp.MustCompile("^" + re + "$")
-}
-
-// tableGaps lists what the emulator saw the token do that calls does not
-// list: a request (method and route) no call names, and a privilege
-// checked on a path where no call lists it (on an ACL path template that
-// matches).
-func tableGaps(calls []access.Call, reqs []pveemu.RequestRecord, checks []pveemu.PermCheck, token string) []string {
-	var gaps []string
-	listed := map[string]bool{}
-	for _, c := range calls {
-		listed[c.Method+" "+c.Path] = true
-	}
-	for _, r := range reqs {
-		k := r.Method + " " + r.Route
-		if r.AuthID != token || r.Route == "" || listed[k] {
-			continue
-		}
-		if !slices.Contains(gaps, "request "+k) {
-			gaps = append(gaps, "request "+k)
-		}
-	}
-	for _, pc := range checks {
-		if pc.AuthID != token || !pc.OK {
-			continue
-		}
-		for _, priv := range pc.Privs {
-			covered := slices.ContainsFunc(calls, func(c access.Call) bool {
-				return c.ACLPath != "" && slices.Contains(c.Privs, priv) && aclPathRE(c.ACLPath).MatchString(pc.Path)
-			})
-			if g := fmt.Sprintf("check %s on %s", priv, pc.Path); !covered && !slices.Contains(gaps, g) {
-				gaps = append(gaps, g)
-			}
-		}
-	}
-	return gaps
-}
 
 // TestEmulatorAccessTableCoversCalls: every request the daemon's client
 // makes with its token (a warm pool's member claimed and renamed, a cold
@@ -146,18 +81,17 @@ func TestEmulatorAccessTableCoversCalls(t *testing.T) {
 		}
 	}
 
-	reqs, perms := e.emu.Requests(), e.emu.PermChecks()
-	if gaps := tableGaps(access.Calls(), reqs, perms, e.tokenID); len(gaps) > 0 {
+	if gaps := e.emu.AccessTableGaps(access.Calls(), e.tokenID); len(gaps) > 0 {
 		t.Errorf("the access table (pveapi/access Calls) misses what the client did:\n%s", strings.Join(gaps, "\n"))
 	}
 	// The check can fail: the table without the rename's entry.
 	less := slices.DeleteFunc(access.Calls(), func(c access.Call) bool { return c.Method == "PUT" && c.Path == "/nodes/{node}/qemu/{vmid}/config" })
-	if gaps := tableGaps(less, reqs, perms, e.tokenID); !slices.Contains(gaps, "request PUT /nodes/{node}/qemu/{vmid}/config") {
+	if gaps := e.emu.AccessTableGaps(less, e.tokenID); !slices.Contains(gaps, "request PUT /nodes/{node}/qemu/{vmid}/config") {
 		t.Errorf("a table without PUT config: gaps %v", gaps)
 	}
 	// ... and a table whose clone lacks the template's bridge.
 	less = slices.DeleteFunc(access.Calls(), func(c access.Call) bool { return strings.Contains(c.ACLPath, access.PhBridge) })
-	if gaps := tableGaps(less, reqs, perms, e.tokenID); !slices.Contains(gaps, "check SDN.Use on "+access.LocalZonePath+"/vmbr0") {
+	if gaps := e.emu.AccessTableGaps(less, e.tokenID); !slices.Contains(gaps, "check SDN.Use on "+access.LocalZonePath+"/vmbr0") {
 		t.Errorf("a table without the template's bridge: gaps %v", gaps)
 	}
 }

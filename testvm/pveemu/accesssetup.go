@@ -12,11 +12,11 @@ type AccessSetup struct {
 	// Pool is PVE_INSPECTD_POOL ("": access.DefaultPool). An existing pool
 	// is kept.
 	Pool string
-	// Templates is PVE_INSPECTD_TEMPLATES: the template VMIDs granted
-	// access.RoleTemplate; each must exist. The paths their NICs on host
-	// bridges are checked on (a clone's check_bridge_access) are granted
-	// access.RoleBridge, as the script reads them from the templates'
-	// configs.
+	// Templates is PVE_INSPECTD_TEMPLATES: the template VMIDs (VMs or
+	// containers) granted access.RoleTemplate; each must exist. The
+	// paths their NICs on host bridges are checked on (a clone's
+	// check_bridge_access) are granted access.RoleBridge, as the script
+	// reads them from the templates' configs.
 	Templates []int
 	// Storages is PVE_INSPECTD_STORAGE (none: access.DefaultStorage); the
 	// transfer storage, when named, is added to the pool too.
@@ -102,7 +102,8 @@ func (s *Server) ApplyAccessSetup(a AccessSetup) (tokenID, secret string, err er
 
 // templateBridges returns the paths below access.LocalZonePath the NICs of
 // the templates on host bridges are checked on, as pve-access-setup reads
-// them (`qm config`, and the SDN vnets of vnets.cfg).
+// them (`qm config`, `pct config` for a container template, and the SDN
+// vnets of vnets.cfg).
 func (s *Server) templateBridges(ids []int) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -110,7 +111,7 @@ func (s *Server) templateBridges(ids []int) ([]string, error) {
 	for _, id := range ids {
 		v := s.vms[id]
 		if v == nil {
-			return nil, fmt.Errorf("template %d: Configuration file 'nodes/%s/qemu-server/%d.conf' does not exist", id, s.node, id)
+			return nil, fmt.Errorf("template %d: neither qm config nor pct config reads it (Configuration file 'nodes/%s/lxc/%d.conf' does not exist)", id, s.node, id)
 		}
 		confs = append(confs, v.conf)
 	}

@@ -70,14 +70,14 @@
 // does not interpret (e.g. pve-qm-ide) are accepted unchecked; see
 // namedFormats.
 //
-// Containers (issue 38, first slice; lxc.go): pve-container's list,
-// clone, config, start, stop, shutdown, status and destroy of
+// Containers (issue 38; lxc.go): pve-container's list, clone, config,
+// start, stop, shutdown, status, snapshot, rollback and destroy of
 // unprivileged CTs in the one VMID space, with their own config directory
 // and lock; a CT template's root is a directory used in place
 // (AddCTTemplate), a CT's volume a directory its backend overlays on it
-// (ContainerBackend: the bed runs real unprivileged LXC containers). CT
-// creation from an archive, snapshots, mount points and hot-plugged NICs
-// are not emulated.
+// (ContainerBackend: the bed runs real unprivileged LXC containers), a
+// CT snapshot a copy of that volume. CT creation from an archive, mount
+// points, snapshot deletion and hot-plugged NICs are not emulated.
 //
 // A VM's disk is a directory (DiskDir): a clone copies the template's
 // directory, a snapshot copies the disk, a rollback (which stops a running
@@ -96,6 +96,7 @@
 // sandboxnode.go; cluster.go (pools, resources, status); sdn.go (pending and
 // running state, apply) with sdnzone.go, sdnvnet.go and sdnsubnet.go;
 // ipam.go; firewall.go; tasks.go; lxc.go (the CT, its status, list and
-// destroy), lxcclone.go, lxcconfig.go and lxcstatus.go; backend.go with
-// bedbackend.go and fake.go.
+// destroy), lxcclone.go, lxcconfig.go, lxcstatus.go and lxcsnapshot.go;
+// accesstable.go (what the token did beyond an access table); backend.go
+// with bedbackend.go and fake.go.
 package pveemu

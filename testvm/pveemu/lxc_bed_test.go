@@ -19,7 +19,8 @@ import (
 // TestCTLifecycleOnBed clones a CT template through the emulator wired to
 // the real test bed, starts it: a real unprivileged LXC container whose
 // init runs as uid 100000 on the host and whose own DHCP client gets the
-// IPAM's address from the zone's dnsmasq on the vnet's bridge; stops it,
+// IPAM's address from the zone's dnsmasq on the vnet's bridge; snapshots
+// it running and rolls it back (a file of its root as it was); stops it,
 // starts it again, shuts it down (its init powers off), destroys it, and
 // finds nothing left: no process, veth, cgroup, mount, lxc directory or
 // volume.
@@ -70,6 +71,29 @@ func TestCTLifecycleOnBed(t *testing.T) {
 		t.Errorf("veth101i0 on the node: %s %v", out, err)
 	}
 	pids := []int{c.PID}
+	// A snapshot of the running CT keeps its own layer; a rollback stops
+	// it, puts the layer back, and the CT started again sees it.
+	marker := func(pid int) string { return fmt.Sprintf("/proc/%d/root/root/marker", pid) }
+	if err := os.WriteFile(marker(c.PID), []byte("snapshot"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.task("POST", ct+"/snapshot", url.Values{"snapname": {"s1"}}); st != "OK" {
+		t.Fatalf("snapshot: %s", st)
+	}
+	if err := os.WriteFile(marker(c.PID), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.task("POST", ct+"/snapshot/s1/rollback", nil); st != "OK" {
+		t.Fatalf("rollback: %s", st)
+	}
+	if _, ok := bed.Container(101); ok {
+		t.Error("the rollback left the container running")
+	}
+	c = start()
+	pids = append(pids, c.PID)
+	if b, err := os.ReadFile(marker(c.PID)); err != nil || string(b) != "snapshot" {
+		t.Errorf("the CT's file after the rollback: %q %v", b, err)
+	}
 	if st := e.task("POST", ct+"/status/stop", nil); st != "OK" {
 		t.Fatalf("stop: %s", st)
 	}

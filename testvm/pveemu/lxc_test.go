@@ -379,6 +379,7 @@ func TestCTPermissions(t *testing.T) {
 		{"net0 on a vnet", nil, "PUT", ct + "/config", func() url.Values { return url.Values{"net0": {"name=eth0,bridge=vnet1,ip=dhcp"}} },
 			access.RoleMain, "SDN.Use", "/sdn/zones/sbx1/vnet1, SDN.Use"},
 		{"nesting", nil, "PUT", ct + "/config", func() url.Values { return url.Values{"features": {"nesting=1"}} }, access.RoleMain, "VM.Allocate", ""},
+		{"snapshot", nil, "POST", ct + "/snapshot", func() url.Values { return url.Values{"snapname": {"s1"}} }, access.RoleMain, "VM.Snapshot", ""},
 		{"clone: the template", nil, "POST", "/nodes/pve/lxc/9100/clone", cloneForm, access.RoleTemplate, "VM.Clone", "/vms/9100, VM.Clone"},
 		{"clone: the pool", nil, "POST", "/nodes/pve/lxc/9100/clone", cloneForm, access.RoleMain, "VM.Allocate", "Permission check failed"},
 		{"clone: the storage", nil, "POST", "/nodes/pve/lxc/9100/clone", cloneForm, access.RoleMain, "Datastore.AllocateSpace", "/storage/local-lvm, Datastore.AllocateSpace"},

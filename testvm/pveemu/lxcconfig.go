@@ -15,7 +15,7 @@ import (
 // unlike qemu-server's property string) and cpulimit a number.
 func ctConfigValue(k, v string) any {
 	switch k {
-	case "memory", "swap", "cores", "cpuunits", "tty", "onboot", "protection", "template", "unprivileged", "console", "debug":
+	case "memory", "swap", "cores", "cpuunits", "tty", "onboot", "protection", "template", "unprivileged", "console", "debug", "snaptime":
 		if n, err := strconv.Atoi(v); err == nil {
 			return n
 		}
@@ -33,9 +33,11 @@ var ctRestrictedRead = map[string]string{"env": "VM.Config.Options"}
 
 // getCTConfig is GET .../lxc/{vmid}/config (API2/LXC/Config.pm
 // vm_config): load_current_config (pending values taken in unless
-// current), with the digest of the config and the read-restricted keys
-// the caller may not see removed. CT snapshots are not emulated: a
-// snapshot parameter names one that does not exist.
+// current), or with snapshot that snapshot's section
+// (AbstractConfig load_snapshot_config: its config, snaptime,
+// description, parent, an unfinished one's snapstate), with the digest
+// of the config and the read-restricted keys the caller may not see
+// removed.
 func (s *Server) getCTConfig(_ context.Context, rq *request) (any, error) {
 	if rq.has("snapshot") && rq.bool("current", false) {
 		msg := "cannot use 'snapshot' parameter with 'current'"
@@ -43,11 +45,15 @@ func (s *Server) getCTConfig(_ context.Context, rq *request) (any, error) {
 	}
 	var out map[string]any
 	err := s.openGuest(kindLXC, rq, nil, func(v *vm) error {
-		if sn := rq.str("snapshot"); sn != "" {
-			return fail("snapshot '%s' does not exist", sn)
-		}
 		conf := v.conf
-		if !rq.bool("current", false) {
+		switch sn := rq.str("snapshot"); {
+		case sn != "":
+			snap := v.snaps[sn]
+			if snap == nil {
+				return fail("snapshot '%s' does not exist", sn)
+			}
+			conf = snapshotSection(snap)
+		case !rq.bool("current", false):
 			conf = withPending(v)
 		}
 		out = map[string]any{"digest": confDigest(v.conf)}

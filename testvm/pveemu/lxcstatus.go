@@ -66,7 +66,13 @@ func (s *Server) ctStart(_ context.Context, rq *request) (any, error) {
 	if err := s.ctPowerOpening(rq, false); err != nil {
 		return nil, err
 	}
-	return s.startTask(rq, "vzstart", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startTask(rq, "vzstart", strconv.Itoa(vmid), s.ctStartWorker(vmid, skiplock)), nil
+}
+
+// ctStartWorker is vm_start's vzstart worker (a rollback with start runs
+// one too, lxcsnapshot.go).
+func (s *Server) ctStartWorker(vmid int, skiplock bool) func(ctx context.Context, t *task) error {
+	return func(ctx context.Context, t *task) error {
 		var spec CTSpec
 		v, unlock, err := s.lockGuest(ctx, kindLXC, vmid, func(v *vm) error {
 			if v.conf["template"] == "1" {
@@ -87,7 +93,7 @@ func (s *Server) ctStart(_ context.Context, rq *request) (any, error) {
 		}
 		defer unlock()
 		return s.runCT(ctx, t, v, spec)
-	}), nil
+	}
 }
 
 // runCT is PVE::LXC::vm_start once the config is checked: the pre-start

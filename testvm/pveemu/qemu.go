@@ -47,6 +47,9 @@ type snapshot struct {
 	snaptime    int64
 	parent      string
 	conf        map[string]string
+	// state is the snapshot's snapstate: "prepare" while a CT's
+	// snapshot is taken (lxcsnapshot.go), "" once committed.
+	state string
 }
 
 // createOnlyParams are create/clone parameters that are not config keys.
@@ -141,14 +144,14 @@ func checkLock(v *vm) error {
 	return nil
 }
 
-// vmLockKey names a config lock: the flock on the kind's lock file
+// lockKey names a lock file of a node (a config lock, the migration
+// lock): the flock on the kind's config lock file
 // (/var/lock/qemu-server/lock-<vmid>.conf, /run/lock/lxc/pve-config-<vmid>.lock)
 // is a file of one node's local filesystem, so two nodes hold "the same"
 // lock at once, and a VM's and a CT's lock of one VMID are two files.
-type vmLockKey struct {
-	kind guestKind
+type lockKey struct {
 	node string
-	vmid int
+	file string
 }
 
 // vmLock is the per-VM config lock of node (flock on lock-<vmid>.conf on
@@ -162,8 +165,16 @@ func (s *Server) vmLock(ctx context.Context, node string, vmid int, timeout time
 // "can't lock file '<lock file>' - got timeout" when it is not had in
 // time.
 func (s *Server) guestLock(ctx context.Context, kind guestKind, node string, vmid int, timeout time.Duration) (func(), error) {
+	return s.flock(ctx, node, kind.lockFile(vmid), timeout, nil)
+}
+
+// flock is pve-common Tools.pm lock_file_full on node's file (an
+// exclusive flock): "can't lock file '<file>' - got timeout" when it is
+// not had in time. waiting, when set, runs once when the lock is not free
+// at once (lock_file_full prints "trying to acquire lock...").
+func (s *Server) flock(ctx context.Context, node, file string, timeout time.Duration, waiting func()) (func(), error) {
 	s.mu.Lock()
-	k := vmLockKey{kind, node, vmid}
+	k := lockKey{node, file}
 	m := s.vmLocks[k]
 	if m == nil {
 		m = &sync.Mutex{}
@@ -172,8 +183,12 @@ func (s *Server) guestLock(ctx context.Context, kind guestKind, node string, vmi
 	s.mu.Unlock()
 	deadline := time.Now().Add(timeout)
 	for !m.TryLock() {
+		if waiting != nil {
+			waiting()
+			waiting = nil
+		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, fail("can't lock file '%s' - got timeout", kind.lockFile(vmid))
+			return nil, fail("can't lock file '%s' - got timeout", file)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

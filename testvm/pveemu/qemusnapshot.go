@@ -11,27 +11,40 @@ import (
 )
 
 func (s *Server) listSnapshots(_ context.Context, rq *request) (any, error) {
-	out := []map[string]any{}
+	var out []map[string]any
 	err := s.openVM(rq, nil, func(v *vm) error {
-		for _, n := range sortedKeys(v.snaps) {
-			sn := v.snaps[n]
-			e := map[string]any{"name": sn.name, "description": sn.description, "snaptime": sn.snaptime}
-			if sn.parent != "" {
-				e["parent"] = sn.parent
-			}
-			out = append(out, e)
-		}
-		cur := map[string]any{"name": "current", "digest": confDigest(v.conf), "description": "You are here!", "running": boolInt(v.running)}
-		if p := v.conf["parent"]; p != "" {
-			cur["parent"] = p
-		}
-		out = append(out, cur)
+		out = snapshotList(v, v.running)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// snapshotList is a guest's snapshot list (qemu-server API2/Qemu.pm
+// snapshot_list, pve-container API2/LXC/Snapshot.pm list): each
+// snapshot's name, description, snaptime, parent when set and snapstate
+// while unfinished, then "current" with the config's digest, whether the
+// guest runs and its parent.
+func snapshotList(v *vm, running bool) []map[string]any {
+	out := []map[string]any{}
+	for _, n := range sortedKeys(v.snaps) {
+		sn := v.snaps[n]
+		e := map[string]any{"name": sn.name, "description": sn.description, "snaptime": sn.snaptime}
+		if sn.parent != "" {
+			e["parent"] = sn.parent
+		}
+		if sn.state != "" {
+			e["snapstate"] = sn.state
+		}
+		out = append(out, e)
+	}
+	cur := map[string]any{"name": "current", "digest": confDigest(v.conf), "description": "You are here!", "running": boolInt(running)}
+	if p := v.conf["parent"]; p != "" {
+		cur["parent"] = p
+	}
+	return append(out, cur)
 }
 
 func (s *Server) createSnapshot(ctx context.Context, rq *request) (any, error) {

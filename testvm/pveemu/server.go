@@ -124,7 +124,7 @@ type Server struct {
 	permLog     []PermCheck
 
 	pwdRoot string
-	vmLocks map[vmLockKey]*sync.Mutex
+	vmLocks map[lockKey]*sync.Mutex
 	// stats is what the last pvestatd-like refresh published per VM (nil
 	// when StatsInterval is negative: live).
 	stats map[int]map[string]any
@@ -157,6 +157,10 @@ type testHooks struct {
 	cloneTaskStart func(newid int)              // a clone task begins, before locking
 	cloneReserved  func(node string, newid int) // "lock: clone" written, before the copy; read under mu
 	reloadHeld     func(node string)            // a node's reload holds its ifreload lock, before it applies
+	// ctSnapshotPrepared runs once a CT snapshot's prepare wrote "lock:
+	// snapshot", ctRollbackLocked once a CT rollback wrote "lock:
+	// rollback" (HoldCTSnapshots); both read under mu.
+	ctSnapshotPrepared, ctRollbackLocked func(vmid int)
 }
 
 // RequestRecord is one request the emulator received, as validated.
@@ -237,7 +241,7 @@ func New(o Options) (*Server, error) {
 		ctx: ctx, cancel: cancel,
 		vms: map[int]*vm{}, tasks: map[string]*task{}, pools: map[string]*pool{},
 		users: map[string]*user{}, fw: map[string]*firewall{"cluster": newFirewall(), "node": newFirewall()},
-		pwdRoot: o.RootPassword, vmLocks: map[vmLockKey]*sync.Mutex{},
+		pwdRoot: o.RootPassword, vmLocks: map[lockKey]*sync.Mutex{},
 		sdn: newSDNState(), ipam: map[string]map[string]map[string]*ipamEntry{}, macCache: map[string]*macCacheEntry{},
 		storages:       map[string]bool{"local": true, "local-lvm": true},
 		storageContent: map[string]string{},

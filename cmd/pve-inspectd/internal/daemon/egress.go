@@ -339,12 +339,18 @@ func (e *Egress) Set(ctx context.Context, sandbox, zone string, bridges []string
 	return e.Registry.Set(ctx, zone, sandbox, bridges, r)
 }
 
-// Start implements sandbox.EgressStarter: Set for a new sandbox, before
-// its VMs start, then its bridges' prefixes cleared of an earlier
-// instance's conntrack entries (flushOld). When they cannot be, the
-// policy is removed again and the error returned (the create fails).
+// Start implements sandbox.EgressStarter: the policy of a new sandbox,
+// before its VMs start, as a new instance (Registry.Begin: nothing of a
+// stale entry of the same zone and owner carries over), then its
+// bridges' prefixes cleared of an earlier instance's conntrack entries
+// (flushOld). When they cannot be, the policy is removed again and the
+// error returned (the create fails).
 func (e *Egress) Start(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error {
-	if err := e.Set(ctx, sandbox, zone, bridges, p); err != nil {
+	r, err := egress.Compile(policyOf(p))
+	if err != nil {
+		return err
+	}
+	if err := e.Registry.Begin(ctx, zone, sandbox, bridges, r); err != nil {
 		return err
 	}
 	if err := e.flushOld(sandbox, bridges); err != nil {
