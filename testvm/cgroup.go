@@ -254,8 +254,18 @@ func (b *Bed) NodeNetSys(ctx context.Context) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	if err := run(ctx, "nsenter", "--net=/run/netns/"+b.NodeNS(), "mount", "-t", "sysfs", "-o", "ro,nosuid,nodev,noexec", "sysfs", dir); err != nil {
+	// Read-only per mount, never per superblock: the node namespace has
+	// one sysfs superblock, which the bed's containers mount too (their
+	// lxc-start's /sys), and a read-only superblock there makes the
+	// kernel refuse each container its own sysfs (mount_too_revealing
+	// finds no writable instance): their start fails "Failed to mount
+	// sysfs".
+	if err := run(ctx, "nsenter", "--net=/run/netns/"+b.NodeNS(), "mount", "-t", "sysfs", "-o", "nosuid,nodev,noexec", "sysfs", dir); err != nil {
 		return "", fmt.Errorf("testvm: node sysfs: %w", err)
+	}
+	if err := run(ctx, "mount", "-o", "remount,bind,ro,nosuid,nodev,noexec", dir); err != nil {
+		unmountNodeSys(b.dir)
+		return "", fmt.Errorf("testvm: node sysfs read-only: %w", err)
 	}
 	return dir, nil
 }

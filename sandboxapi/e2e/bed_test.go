@@ -84,6 +84,14 @@ func newBedEnv(t testing.TB, ctx context.Context, mod func(*options)) *bedEnv {
 // newBedEnvWith is newBedEnv with the emulator's backend passed through
 // wrap (e.g. to inject faults).
 func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBackend) pveemu.Backend, mod func(*options)) *bedEnv {
+	return newBedEnvFull(t, ctx, wrap, nil, mod)
+}
+
+// newBedEnvFull is newBedEnvWith with more templates: templates, when
+// set, adds them to the emulator before the access setup and returns
+// their ids (granted as pve-access-setup grants its templates).
+func newBedEnvFull(t testing.TB, ctx context.Context, wrap func(pveemu.BedBackend) pveemu.Backend,
+	templates func(*testvm.Bed, *pveemu.Server) []int, mod func(*options)) *bedEnv {
 	bed, err := testvm.Up(ctx, testvm.Options{Logger: testkit.FailureLog(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -102,8 +110,12 @@ func newBedEnvWith(t testing.TB, ctx context.Context, wrap func(pveemu.BedBacken
 	if err := emu.AddSandboxTemplate(ctx, 9000, filepath.Join(bed.Dir(), "template-disk"), ""); err != nil {
 		t.Fatal(err)
 	}
+	tmpl := []int{9000}
+	if templates != nil {
+		tmpl = append(tmpl, templates(bed, emu)...)
+	}
 	// Exactly what packaging/deb/pve-access-setup creates.
-	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{9000}, Transfer: access.TransferStorage})
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: tmpl, Transfer: access.TransferStorage})
 	if err != nil {
 		t.Fatal(err)
 	}
