@@ -83,6 +83,11 @@ HERE = Path(__file__).parent
 #     run on a machine loaded by other test runs (stop, rollback, start, wait
 #     for the agent); the VM lifecycle operations get the check's limit now
 #     (SLOW_OPERATIONS, test_st_config_from_document).
+#   POST /v1/sandboxes/validate ST112: a validate took 36 s in a CI run
+#     while the machine also ran other beds (its Proxmox reads wait behind
+#     the emulator's work for the playground's creates): no test asserts
+#     a wall-clock time, so every operation gets the check's limit, the
+#     run's request timeout, past which a request fails anyway.
 KNOWN: set[tuple[str, str]] = set()
 
 # The containment check's response-time limit (schemathesis's default is
@@ -120,6 +125,12 @@ def st_config(doc: dict[str, Any]) -> str:
     lines: dict[str, list[str]] = {
         name: [f"checks.max_response_time = {CHECK_RESPONSE_SECONDS}"] for name in SLOW_OPERATIONS
     }
+    for path, item in sorted(doc.get("paths", {}).items()):
+        for method in sorted(item):
+            lines.setdefault(
+                method.upper() + " " + path,
+                [f"checks.max_response_time = {CHECK_RESPONSE_SECONDS}"],
+            )
     for path, item in sorted(doc.get("paths", {}).items()):
         for method, op in sorted(item.items()):
             declared = sorted(
@@ -332,8 +343,9 @@ def test_st_config_from_document() -> None:
         *SLOW_OPERATIONS,
         "GET /v1/sandboxes/{id}/egress",
         "PUT /v1/sandboxes/{id}/egress",
+        "GET /v1/health",
     }
-    for name in SLOW_OPERATIONS:
+    for name in by:
         assert by[name]["max_response_time"] == CHECK_RESPONSE_SECONDS, name
     rollback = by["POST /v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback"]
     assert "409" in rollback["not_a_server_error"]["expected-statuses"]
