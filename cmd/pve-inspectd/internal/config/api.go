@@ -33,6 +33,13 @@ type APISection struct {
 	StateDir string `toml:"state_dir"`
 	// QGADir holds the guest agent sockets <vmid>.qga.
 	QGADir string `toml:"qga_dir"`
+	// Containers lets sandboxes have unprivileged containers (kind lxc)
+	// as members; LXCPath is lxc's path (lxc-attach -P) and
+	// ContainerCgroups the cgroup v2 directory holding each container's
+	// cgroup <vmid> (pve-container's lxc.cgroup.dir.container lxc/<vmid>).
+	Containers       bool   `toml:"containers"`
+	LXCPath          string `toml:"lxc_path"`
+	ContainerCgroups string `toml:"container_cgroups"`
 	// Pool is the Proxmox pool of every sandbox VM.
 	Pool string `toml:"pool"`
 	// Templates maps template names to VM ids; other names are looked up
@@ -166,6 +173,9 @@ func defaultAPI() APISection {
 		TokenFile:             "/etc/pve-inspectd/tokens.json",
 		StateDir:              "/var/lib/pve-inspectd/sandboxapi",
 		QGADir:                "/var/run/qemu-server",
+		Containers:            true,
+		LXCPath:               "/var/lib/lxc",
+		ContainerCgroups:      "/sys/fs/cgroup/lxc",
 		Pool:                  "pve-inspect",
 		Templates:             map[string]int{},
 		DefaultTTL:            time.Hour,
@@ -228,7 +238,8 @@ func (a APISection) validate(prefix string) error {
 		}
 		return nil
 	}
-	for k, v := range map[string]string{"socket": a.Socket, "token_file": a.TokenFile, "state_dir": a.StateDir, "qga_dir": a.QGADir} {
+	for k, v := range map[string]string{"socket": a.Socket, "token_file": a.TokenFile, "state_dir": a.StateDir, "qga_dir": a.QGADir,
+		"lxc_path": a.LXCPath, "container_cgroups": a.ContainerCgroups} {
 		if err := abs(k, v, false); err != nil {
 			return err
 		}

@@ -12,7 +12,9 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +24,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/ctguest"
 	"github.com/pve-inspect/pve-inspect/diskxfer"
 	"github.com/pve-inspect/pve-inspect/hostnet"
 	"github.com/pve-inspect/pve-inspect/pveapi"
@@ -203,15 +206,25 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		bridgeUp = sandbox.SysfsBridgeUp("/sys/class/net")
 		gatewayUp = hostnet.New().HasAddress
 	}
+	var cts sandbox.Containers
+	var ctGuests func(int) sandbox.Guest
+	if ac.Containers {
+		cts = px
+		entered := ctguest.New(ctguest.Options{LXCPath: ac.LXCPath,
+			CgroupDir: func(vmid int) string { return filepath.Join(ac.ContainerCgroups, strconv.Itoa(vmid)) }})
+		ctGuests = func(vmid int) sandbox.Guest { return entered.Guest(vmid) }
+	}
 	eng, err := sandbox.New(sandbox.Options{
-		Node:      cfg.Node.ID,
-		Proxmox:   px,
-		Guests:    d.Guests,
-		Checker:   d.Checker,
-		QGADir:    ac.QGADir,
-		Pool:      ac.Pool,
-		Templates: ac.Templates,
-		StateDir:  ac.StateDir,
+		Node:       cfg.Node.ID,
+		Proxmox:    px,
+		Guests:     d.Guests,
+		Containers: cts,
+		CTGuests:   ctGuests,
+		Checker:    d.Checker,
+		QGADir:     ac.QGADir,
+		Pool:       ac.Pool,
+		Templates:  ac.Templates,
+		StateDir:   ac.StateDir,
 		Caps: sandbox.Caps{SandboxVCPUs: ac.Caps.SandboxVCPUs, SandboxMemoryMiB: ac.Caps.SandboxMemoryMiB, SandboxVMs: ac.Caps.SandboxVMs,
 			NodeVCPUs: ac.Caps.NodeVCPUs, NodeMemoryMiB: ac.Caps.NodeMemoryMiB, NodeVMs: ac.Caps.NodeVMs, NodeSandboxes: ac.Caps.NodeSandboxes,
 			OwnerVCPUs: ac.Caps.OwnerVCPUs, OwnerMemoryMiB: ac.Caps.OwnerMemoryMiB, OwnerVMs: ac.Caps.OwnerVMs, OwnerSandboxes: ac.Caps.OwnerSandboxes}.WithOwnerDefaults(),
