@@ -503,10 +503,7 @@ func (m *Engine) cloneToEnd(ctx context.Context, kind string, s CloneSpec) error
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.CreateTimeout)
 	defer cancel()
 	if kind == apitype.KindLXC {
-		if m.o.Containers == nil {
-			return errNoContainers()
-		}
-		return m.o.Containers.CloneCT(cctx, s)
+		return m.cloneCT(cctx, s)
 	}
 	return m.cloner.CloneVM(cctx, s)
 }

@@ -160,10 +160,36 @@ func (m *Engine) teardown(ctx context.Context, rec *record) error {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
+	err := errors.Join(errs...)
+	if err == nil {
+		err = m.deleteSDN(ctx, id, nets)
 	}
-	return m.deleteSDN(ctx, id, nets)
+	if err != nil {
+		m.forgetGone(rec, vms, errs)
+	}
+	return err
+}
+
+// forgetGone drops from rec, whose teardown failed and which stays, the
+// ids of the members its teardown removed from Proxmox (errs[i] nil for
+// vms[i]): each id is free for the next guest, of either kind, which
+// must never be taken for the member (kindOf, health, a retried delete).
+// A teardown that succeeds keeps them: the record goes, and its egress
+// record is named by them first.
+func (m *Engine) forgetGone(rec *record, vms []apitype.VM, errs []error) {
+	gone := false
+	m.mu.Lock()
+	for i, v := range vms {
+		if v.VMID != 0 && errs[i] == nil && i < len(rec.VMs) && rec.VMs[i].VMID == v.VMID {
+			rec.VMs[i].VMID, gone = 0, true
+		}
+	}
+	m.mu.Unlock()
+	if gone {
+		if err := m.saveState(); err != nil {
+			m.log.Error("save state after a failed teardown", "sandbox", rec.ID, "err", err)
+		}
+	}
 }
 
 // deleteVM stops and destroys a VM when it is owned by sandbox sb: both tags,
@@ -198,6 +224,11 @@ func (m *Engine) deleteVM(ctx context.Context, sb, kind string, vmid int, wantNa
 	}
 	if err := px.DeleteVM(ctx, vmid); err != nil && !errors.Is(err, ErrNotFound) {
 		return pxErr(fmt.Sprintf("delete vm %d", vmid), err)
+	}
+	if kind == apitype.KindLXC && m.o.CTSweep != nil {
+		if err := m.o.CTSweep(vmid); err != nil {
+			m.log.Warn("remove what the daemon left in a destroyed container", "sandbox", sb, "vmid", vmid, "err", err)
+		}
 	}
 	return nil
 }

@@ -30,8 +30,14 @@ type Options struct {
 	// lxc is refused (ErrNotConfigured).
 	Containers Containers
 	// CTGuests returns the inside of container vmid, entered from the
-	// node (ctguest); required with Containers.
+	// node (ctguest); nil: no container is made (kind lxc is refused),
+	// while those the state file records are still deleted through
+	// Containers.
 	CTGuests func(vmid int) Guest
+	// CTSweep, when set, removes what the daemon left of its own in
+	// container vmid once it is destroyed (ctguest's exec cgroups of an
+	// exec a dead daemon left running).
+	CTSweep func(vmid int) error
 	// Checker runs the containment check; nil: Check fails with
 	// ErrNotConfigured.
 	Checker Checker
@@ -253,6 +259,11 @@ type Engine struct {
 	// is held across the NextID call so two clones never pick the same id.
 	idMu     sync.Mutex
 	reserved map[int]bool
+
+	// ctClones holds a *sync.Mutex per container template id: one clone
+	// of a template at a time (member.go cloneCT). A leaf, held across
+	// the clone's Proxmox calls and nothing else.
+	ctClones sync.Map
 
 	// sdnMu guards sdnNext, the batch of callers waiting for the next
 	// ApplySDN; sdnRun (capacity 1) is held by the caller running one:

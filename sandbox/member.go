@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -46,8 +48,12 @@ func (o ctOps) DeleteVM(ctx context.Context, vmid int) error { return o.c.Delete
 // errNoContainers refuses a container where the engine has none
 // configured.
 func errNoContainers() error {
-	return refuse(ErrNotConfigured, "containers (kind lxc) are not enabled on this node")
+	return refuse(ErrNotConfigured, "containers (kind lxc) are not enabled on this node ([api] containers)")
 }
+
+// makesContainers reports whether the engine makes containers: it has
+// their Proxmox API and a way into them.
+func (m *Engine) makesContainers() bool { return m.o.Containers != nil && m.o.CTGuests != nil }
 
 // opsOf returns the calls of a member of kind.
 func (m *Engine) opsOf(kind string) (memberOps, error) {
@@ -101,7 +107,7 @@ func (m *Engine) templateIDOf(ctx context.Context, kind, name string) (int, erro
 	if kind != apitype.KindLXC {
 		return m.templateID(ctx, name)
 	}
-	if m.o.Containers == nil {
+	if !m.makesContainers() {
 		return 0, errNoContainers()
 	}
 	id, err := m.o.Containers.CTTemplateID(ctx, name)
@@ -122,9 +128,16 @@ var reCTMount = regexp.MustCompile(`^(mp|dev)\d+$`)
 // node), no feature flags (nesting, keyctl, fuse, mknod: each opens a
 // kernel interface the container does not need), no device passthrough
 // (devN) and no mount point (mpN, which may bind a node path), no raw lxc
-// keys. Proxmox does not refuse nesting=1 to a token with VM.Allocate
-// (pve-container LXC.pm check_ct_modify_config_perm), so this is the
-// daemon's own check, on the template and again on each clone.
+// keys (pve-container's config read answers them as one key "lxc", the
+// list of [key, value] pairs: API2/LXC/Config.pm vm_config, LXC/Config.pm
+// parse_pct_config; clone_vm copies them and update_lxc_config writes
+// them into the container's lxc config as they are: an idmap, a mount
+// entry, an AppArmor profile, a hook run on the node), no hookscript (run
+// on the node at each start and stop) and no protection (which refuses
+// the container's destroy: it would outlive its sandbox). Proxmox does
+// not refuse nesting=1 to a token with VM.Allocate (pve-container LXC.pm
+// check_ct_modify_config_perm), so this is the daemon's own check, on the
+// template and again on each clone.
 func ctUnsafe(conf map[string]string) []string {
 	var bad []string
 	if conf["unprivileged"] != "1" {
@@ -139,6 +152,12 @@ func ctUnsafe(conf map[string]string) []string {
 		switch {
 		case k == "features" && conf[k] != "":
 			bad = append(bad, "feature flags "+conf[k])
+		case k == "lxc" && conf[k] != "" && conf[k] != "[]":
+			bad = append(bad, "raw lxc keys "+conf[k])
+		case k == "hookscript" && conf[k] != "":
+			bad = append(bad, "hookscript "+conf[k])
+		case k == "protection" && conf[k] != "" && conf[k] != "0":
+			bad = append(bad, "protection (its destroy would be refused)")
 		case reCTMount.MatchString(k):
 			bad = append(bad, k+" (a device or mount point)")
 		case strings.HasPrefix(k, "lxc."):
@@ -192,4 +211,43 @@ func (m *Engine) ctStatus(ctx context.Context, vmid int) (VMRunState, error) {
 		return VMRunState{}, err
 	}
 	return VMRunState{Status: info.Status}, nil
+}
+
+// ctCloneLocked is pve-container's refusal of a clone whose source holds
+// a config lock (clone_vm set_lock: "CT is locked (disk)" while another
+// clone of it runs): the request made nothing.
+var ctCloneLocked = regexp.MustCompile(`CT is locked \(disk\)`)
+
+// ctCloneTries and ctCloneWait bound cloneCT's retries of a template
+// another daemon (another node's, or one sharing the cluster) is cloning.
+const (
+	ctCloneTries = 30
+	ctCloneWait  = 500 * time.Millisecond
+)
+
+// cloneCT clones a container template. pve-container's clone_vm locks
+// the source ("lock: disk") from the request until the clone's task
+// ends, and refuses a second clone meanwhile, where qemu-server's clone
+// of a VM template takes a shared lock: so this engine clones one
+// template one clone at a time (two containers of one template in a
+// sandbox, or two tenants' creates), and a clone refused because another
+// client holds the template is tried again, a little later, within ctx.
+func (m *Engine) cloneCT(ctx context.Context, s CloneSpec) error {
+	if m.o.Containers == nil {
+		return errNoContainers()
+	}
+	mu, _ := m.ctClones.LoadOrStore(s.Template, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
+	for try := 1; ; try++ {
+		err := m.o.Containers.CloneCT(ctx, s)
+		if err == nil || !ctCloneLocked.MatchString(err.Error()) || try == ctCloneTries {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (waiting for the template's other clone: %w)", err, ctx.Err())
+		case <-time.After(ctCloneWait):
+		}
+	}
 }

@@ -173,7 +173,7 @@ func defaultAPI() APISection {
 		TokenFile:             "/etc/pve-inspectd/tokens.json",
 		StateDir:              "/var/lib/pve-inspectd/sandboxapi",
 		QGADir:                "/var/run/qemu-server",
-		Containers:            true,
+		Containers:            false,
 		LXCPath:               "/var/lib/lxc",
 		ContainerCgroups:      "/sys/fs/cgroup/lxc",
 		Pool:                  "pve-inspect",

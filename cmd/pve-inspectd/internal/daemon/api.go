@@ -206,20 +206,23 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		bridgeUp = sandbox.SysfsBridgeUp("/sys/class/net")
 		gatewayUp = hostnet.New().HasAddress
 	}
-	var cts sandbox.Containers
+	// The container API always: containers the state file records are
+	// deleted whether or not [api] containers is on now.
 	var ctGuests func(int) sandbox.Guest
+	var ctSweep func(int) error
 	if ac.Containers {
-		cts = px
 		entered := ctguest.New(ctguest.Options{LXCPath: ac.LXCPath,
 			CgroupDir: func(vmid int) string { return filepath.Join(ac.ContainerCgroups, strconv.Itoa(vmid)) }})
 		ctGuests = func(vmid int) sandbox.Guest { return entered.Guest(vmid) }
+		ctSweep = entered.Sweep
 	}
 	eng, err := sandbox.New(sandbox.Options{
 		Node:       cfg.Node.ID,
 		Proxmox:    px,
 		Guests:     d.Guests,
-		Containers: cts,
+		Containers: px,
 		CTGuests:   ctGuests,
+		CTSweep:    ctSweep,
 		Checker:    d.Checker,
 		QGADir:     ac.QGADir,
 		Pool:       ac.Pool,
