@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -101,6 +103,39 @@ func TestOpenAPIEgressMode(t *testing.T) {
 	for _, m := range enum {
 		if _, err := e.c.SetEgress(e.ctx(), sb.ID, apitype.EgressPolicy{Mode: m.(string)}); err != nil {
 			t.Errorf("mode %q: %v", m, err)
+		}
+	}
+}
+
+// TestOpenAPIKindsByNode: a node that makes containers has kind lxc in its
+// document; one that does not ([api] containers off) has only vm there,
+// and refuses a container, so a client reading the document never sends
+// one it would refuse.
+func TestOpenAPIKindsByNode(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		e := newEnv(t, func(o *options) {
+			if on {
+				o.Containers = apitest.NewCTs(o.Proxmox.(*apitest.Proxmox))
+				o.CTGuests = func(int) sandbox.Guest { return nil }
+			}
+		})
+		doc, err := e.c.OpenAPI(e.ctx())
+		if err != nil {
+			t.Fatal(err)
+		}
+		kind := doc["components"].(map[string]any)["schemas"].(map[string]any)["VMRequest"].(map[string]any)["properties"].(map[string]any)["kind"].(map[string]any)
+		var enum []string
+		for _, k := range kind["enum"].([]any) {
+			enum = append(enum, k.(string))
+		}
+		if got := slices.Contains(enum, apitype.KindLXC); got != on {
+			t.Errorf("containers %v: the document's kinds %q", on, enum)
+		}
+		if !on {
+			_, err := e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian", Kind: apitype.KindLXC}}})
+			if err == nil {
+				t.Error("containers off: a container was made")
+			}
 		}
 	}
 }

@@ -79,6 +79,13 @@ func (s *Server) createRules() map[string]map[string]any {
 	maxLen := func(n int) map[string]any { return map[string]any{"maxLength": n, "pattern": noControl} }
 	owner, label := maxLen(maxOwnerChars), maxLen(maxLabelChars)
 	label["type"] = "string"
+	// a node that makes no containers ([api] containers off) says so: its
+	// document has no kind lxc
+	kinds, kindText := []string{"", apitype.KindVM, apitype.KindLXC},
+		"vm (default): a QEMU VM; lxc: an unprivileged container (no disk_gib, no fixed MAC or address, never from the warm pool)"
+	if s.eo.Containers == nil || s.eo.CTGuests == nil {
+		kinds, kindText = []string{"", apitype.KindVM}, "vm (default): a QEMU VM (this node makes no containers)"
+	}
 	return map[string]map[string]any{
 		"CreateRequest":          {"description": fmt.Sprintf(createRulesText, apitype.MaxEnvBytes)},
 		"CreateRequest.vms":      {"minItems": 1, "maxItems": maxVMsPerRequest},
@@ -92,8 +99,7 @@ func (s *Server) createRules() map[string]map[string]any {
 				"and so are the names a guest's own /etc/hosts gives the loopback and multicast addresses (localhost, ip6-localhost, ...)"},
 		"VM.addresses": {"description": "IPv4 addresses per network, in NIC order, from Proxmox's IPAM on the node (never from the guest); " +
 			"none on a network without DHCP. Each guest's /etc/hosts maps every VM name of its sandbox to these"},
-		"VMRequest.kind": {"enum": []string{"", apitype.KindVM, apitype.KindLXC},
-			"description": "vm (default): a QEMU VM; lxc: an unprivileged container (no disk_gib, no fixed MAC or address, never from the warm pool)"},
+		"VMRequest.kind":     {"enum": kinds, "description": kindText},
 		"VM.kind":            {"enum": []string{"", apitype.KindLXC}, "description": "lxc for a container; empty for a VM"},
 		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},
 		"VMRequest.cores":    {"minimum": 0, "maximum": maxCores, "description": fmt.Sprintf("0: %d", defaultCores)},

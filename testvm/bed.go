@@ -430,6 +430,9 @@ func sweepBed(ctx context.Context, name, dir string) error {
 	}
 	if dir != "" {
 		unmountNodeSys(dir)
+		if err := unmountCgroupBind(dir); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
 		freeLoops(ctx, dir)
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)

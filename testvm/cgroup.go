@@ -277,3 +277,45 @@ func unmountNodeSys(dir string) {
 		_ = syscall.Unmount(p, syscall.MNT_DETACH)
 	}
 }
+
+// ContainerCgroupsOutsideSys is the parent of the bed's containers' cgroup
+// v2 directories (ContainerCgroupV2 without the vmid) seen through a bind
+// mount of the cgroup v2 tree outside /sys (in the bed's directory), for
+// a process started with `ip netns exec`, which mounts a fresh sysfs and
+// with it hides /sys/fs/cgroup (the demo's daemon: [api]
+// container_cgroups). Bound on first use, unmounted by Close.
+func (b *Bed) ContainerCgroupsOutsideSys(ctx context.Context) (string, error) {
+	src := filepath.Dir(b.ContainerCgroupV2(0))
+	rel, err := filepath.Rel(cgroupV2Root(), src)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(b.dir, cgroupBind)
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.procs")); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return "", err
+		}
+		if err := run(ctx, "mount", "--bind", cgroupV2Root(), dir); err != nil {
+			return "", fmt.Errorf("testvm: bind the cgroup v2 tree: %w", err)
+		}
+	}
+	return filepath.Join(dir, rel), nil
+}
+
+// cgroupBind is ContainerCgroupsOutsideSys's mount point in a bed's
+// directory.
+const cgroupBind = "cgroup2"
+
+// unmountCgroupBind unmounts ContainerCgroupsOutsideSys's bind in dir, if
+// any. An error means the host's cgroup tree may still be under dir,
+// which then must not be removed.
+func unmountCgroupBind(dir string) error {
+	p := filepath.Join(dir, cgroupBind)
+	if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err != nil {
+		return nil
+	}
+	if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("testvm: unmount %s: %w (the bed's directory is left)", p, err)
+	}
+	return nil
+}

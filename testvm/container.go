@@ -393,11 +393,16 @@ func (b *Bed) LXCPrefix() []string {
 // /sys/fs/cgroup/unified on a hybrid host). The container runs in its
 // child ns (lxc.cgroup.dir.container.inner).
 func (b *Bed) ContainerCgroupV2(vmid int) string {
-	root := cgroupRoot
-	if !onlyV2() {
-		root = filepath.Join(cgroupRoot, "unified")
+	return filepath.Join(cgroupV2Root(), b.CgroupParent(), "lxc", strconv.Itoa(vmid))
+}
+
+// cgroupV2Root is where the cgroup v2 tree is mounted: the cgroup root on
+// a host with it alone, its "unified" directory on a hybrid one.
+func cgroupV2Root() string {
+	if onlyV2() {
+		return cgroupRoot
 	}
-	return filepath.Join(root, b.CgroupParent(), "lxc", strconv.Itoa(vmid))
+	return filepath.Join(cgroupRoot, "unified")
 }
 
 // lxcTool runs an lxc tool on the bed's lxc path inside the node's

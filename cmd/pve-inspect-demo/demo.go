@@ -34,6 +34,10 @@ import (
 const (
 	metricsPort = 9474
 	templateID  = 9000
+	// ctTemplateID and ctTemplate are the playground's container
+	// template (a CT template on the bed's Debian root).
+	ctTemplateID = 9100
+	ctTemplate   = "ct-debian"
 )
 
 // step prints a numbered heading.
@@ -82,7 +86,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	}
 
 	s.step("start the Proxmox API emulator on the node (:8006, real qemu-ga guests on start)")
-	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{})
+	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{}, "")
 	if err != nil {
 		return err
 	}
@@ -299,7 +303,7 @@ func standIn(bed *testvm.Bed, ports []int) (func(), error) {
 // startEmulator serves the Proxmox API emulator on the node's :8006 with a
 // self-signed certificate, a template and the daemon's pool-limited token.
 // o gives the emulator's Release and RootPassword (the rest is the bed's).
-func startEmulator(ctx context.Context, bed *testvm.Bed, o pveemu.Options) (emu *pveemu.Server, caFile, tokenID, secretFile string, err error) {
+func startEmulator(ctx context.Context, bed *testvm.Bed, o pveemu.Options, ctRootfs string) (emu *pveemu.Server, caFile, tokenID, secretFile string, err error) {
 	emu, err = pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu"),
 		Release: o.Release, RootPassword: o.RootPassword})
 	if err != nil {
@@ -346,7 +350,16 @@ func startEmulator(ctx context.Context, bed *testvm.Bed, o pveemu.Options) (emu 
 	// local works): its roles, the pool (with the template's and the
 	// transfer storage), SDN, the node's firewall, the cluster firewall
 	// switch (read only) and the template.
-	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: []int{templateID}, Transfer: access.TransferStorage})
+	templates := []int{templateID}
+	if ctRootfs != "" {
+		// a container template (pve-access-setup grants it as a VM
+		// template: its id in PVE_INSPECTD_TEMPLATES)
+		if err := emu.AddCTTemplate(ctTemplateID, ctTemplate, ctRootfs, map[string]string{"net0": "name=eth0,bridge=vmbr0,ip=dhcp"}); err != nil {
+			return nil, "", "", "", err
+		}
+		templates = append(templates, ctTemplateID)
+	}
+	id, secret, err := emu.ApplyAccessSetup(pveemu.AccessSetup{Templates: templates, Transfer: access.TransferStorage})
 	if err != nil {
 		return nil, "", "", "", err
 	}

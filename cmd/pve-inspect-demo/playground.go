@@ -83,7 +83,11 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		return err
 	}
 	rootPassword := hex.EncodeToString(randomBytes(12))
-	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{Release: release, RootPassword: rootPassword})
+	ctRootfs, err := testvm.CTRootfs(ctx)
+	if err != nil {
+		return err
+	}
+	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{Release: release, RootPassword: rootPassword}, ctRootfs)
 	if err != nil {
 		return err
 	}
@@ -100,7 +104,14 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		return err
 	}
 	apiAddr := net.JoinHostPort(testvm.NodeMgmtAddr, fmt.Sprint(apiPort))
-	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\n", apiAddr, apiCert, apiKey)
+	// the bed's containers: its lxc path, and their cgroups where the
+	// daemon (started by ip netns exec, which hides /sys/fs/cgroup)
+	// sees them
+	ctCgroups, err := bed.ContainerCgroupsOutsideSys(ctx)
+	if err != nil {
+		return err
+	}
+	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\ncontainers = true\nlxc_path = %q\ncontainer_cgroups = %q\n", apiAddr, apiCert, apiKey, bed.LXCPath(), ctCgroups)
 	if o.diskStorage != "" {
 		// The disk path, as an operator turns it on: files of 32 MiB and
 		// more go through a transfer disk on that storage.

@@ -62,3 +62,23 @@ async def two_vm_sample() -> AsyncIterator[dict[str, PveInspectSandboxEnvironmen
         yield {k: v for k, v in envs.items() if isinstance(v, PveInspectSandboxEnvironment)}
     finally:
         await PveInspectSandboxEnvironment.sample_cleanup("selfcheck", cfg, envs, False)
+
+
+@pytest.fixture(scope="module")
+async def container_sample() -> AsyncIterator[dict[str, PveInspectSandboxEnvironment]]:
+    """One sample's sandbox of a VM (a) and an unprivileged container (box,
+    kind lxc, from the playground's container template) for a whole module."""
+    need_bed()
+    from inspect_pve_inspect import VmSpec
+
+    cfg = PveInspectSandboxEnvironmentConfig(
+        vms=(
+            VmSpec(template="debian", name="a"),
+            VmSpec(template="ct-debian", name="box", kind="lxc", memory_mib=512),
+        )
+    )
+    envs = await PveInspectSandboxEnvironment.sample_init("selfcheck-ct", cfg, {})
+    try:
+        yield {k: v for k, v in envs.items() if isinstance(v, PveInspectSandboxEnvironment)}
+    finally:
+        await PveInspectSandboxEnvironment.sample_cleanup("selfcheck-ct", cfg, envs, False)

@@ -45,6 +45,7 @@ def token_within_scope(ctx: Any, response: Any, case: Any) -> bool | None:
 # body is refused only for a documented state reason (ST202). Negative
 # bodies are left as they are: they must be refused.
 TEMPLATE = os.environ.get("ST_TEMPLATE", "debian")  # the playground's template
+CT_TEMPLATE = os.environ.get("ST_CT_TEMPLATE", "ct-debian")  # and its container template
 MAX_ENV_BYTES = 64 << 10
 # A create makes real VMs on the bed: a positive create has at most this many.
 BED_VMS = 2
@@ -136,6 +137,13 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
                 continue
             v["template"] = TEMPLATE
             v.pop("disk_gib", None)
+            if v.get("kind") == "lxc":
+                # a container: its template, and no fixed MAC or address
+                v["template"] = CT_TEMPLATE
+                for nic in v.get("nics") or []:
+                    if isinstance(nic, dict):
+                        nic.pop("mac", None)
+                        nic.pop("ipv4", None)
             name = v.get("name") or f"vm{i}"
             if name in names:
                 name = _unique(f"v{i}", names | {f"vm{j}" for j in range(len(vms))}, i)

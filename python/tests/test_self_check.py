@@ -1,6 +1,7 @@
-"""Inspect's own conformance suite on a pve_inspect sandbox (the bed).
+"""Inspect's own conformance suite on a pve_inspect sandbox (the bed): on a
+VM, and on an unprivileged container (kind lxc) entered without an agent.
 
-Known failures, each shown by a test below: the guest agent (and so every
+Known failures (the same on both), each shown by a test below: the guest agent (and so every
 exec without ``user``, and every file read and write) runs as root, and
 root is not stopped by a file's mode bits. Inspect's permission checks
 expect a refusal a root caller never gets; the reference Proxmox plugin
@@ -24,22 +25,27 @@ KNOWN_FAILURES = {
 }
 
 
-@pytest.fixture
+@pytest.fixture(params=["vm", "lxc"])
 async def sandbox_env(
-    request: pytest.FixtureRequest, two_vm_sample: dict[str, PveInspectSandboxEnvironment]
+    request: pytest.FixtureRequest,
+    two_vm_sample: dict[str, PveInspectSandboxEnvironment],
+    container_sample: dict[str, PveInspectSandboxEnvironment],
 ) -> PveInspectSandboxEnvironment:
     name = getattr(request.node, "originalname", request.node.name)
     if name in KNOWN_FAILURES:
         request.applymarker(pytest.mark.xfail(reason=KNOWN_FAILURES[name], strict=True))
+    if request.param == "lxc":
+        return container_sample["box"]
     return next(iter(two_vm_sample.values()))
 
 
 async def test_known_failure_root_ignores_mode_bits(
-    two_vm_sample: dict[str, PveInspectSandboxEnvironment],
+    sandbox_env: PveInspectSandboxEnvironment,
 ) -> None:
-    """Why the three are known failures: the default user is root, and a
+    """Why the three are known failures: the default user is root (in a
+    container, root of its user namespace: uid 100000 on the node), and a
     file with no permission bits at all is still read and written."""
-    env = next(iter(two_vm_sample.values()))
+    env = sandbox_env
     who = await env.exec(["id", "-u"])
     assert who.stdout.strip() == "0"
     await env.write_file("known_failure.file", "x")
