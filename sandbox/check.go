@@ -14,6 +14,10 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 	if m.o.Checker == nil {
 		return apitype.CheckReport{}, refuse(ErrNotConfigured, "the containment check is not configured")
 	}
+	if vm.Kind == apitype.KindLXC {
+		// its probe runs through a guest agent, which a container has not
+		return apitype.CheckReport{}, refuse(ErrConflict, "vm %s is a container: the containment check runs from a VM of the sandbox (not yet from a container)", vm.Name)
+	}
 	var others []apitype.Sandbox
 	for _, o := range m.List() {
 		if o.ID != sb.ID && o.State == apitype.StateReady {

@@ -238,3 +238,33 @@ func TestContainerOrphanReconciled(t *testing.T) {
 		t.Errorf("left %v; orphans removed %v; %d container deletes", ids, rep.OrphanVMs, b.p.Calls["DeleteCT"])
 	}
 }
+
+// TestContainerCheckRefused: the containment check runs its probe through
+// a guest agent, which a container has not: asked of a container it is
+// refused (conflict) before anything runs, and still runs from the VM.
+func TestContainerCheckRefused(t *testing.T) {
+	ctx := context.Background()
+	b := newCTBench(t, ctConf)
+	ran := 0
+	b.o.Checker = checkerFunc(func(context.Context, sandbox.CheckTarget) (apitype.CheckReport, error) {
+		ran++
+		return apitype.CheckReport{Pass: true}, nil
+	})
+	e := b.engine(t)
+	sb, err := e.Create(ctx, mixed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Check(ctx, sb, sb.VMs[1]); !errors.Is(err, sandbox.ErrConflict) || ran != 0 {
+		t.Errorf("check from the container: %v (ran %d), want a conflict before anything runs", err, ran)
+	}
+	if _, err := e.Check(ctx, sb, sb.VMs[0]); err != nil || ran != 1 {
+		t.Errorf("check from the VM: %v (ran %d)", err, ran)
+	}
+}
+
+type checkerFunc func(context.Context, sandbox.CheckTarget) (apitype.CheckReport, error)
+
+func (f checkerFunc) Run(ctx context.Context, t sandbox.CheckTarget) (apitype.CheckReport, error) {
+	return f(ctx, t)
+}

@@ -138,8 +138,13 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
             v["template"] = TEMPLATE
             v.pop("disk_gib", None)
             if v.get("kind") == "lxc":
-                # a container: its template, and no fixed MAC or address
+                # a container: its template, no fixed MAC or address, and
+                # one NIC (the bed starts a container's net0 only: the
+                # emulator's limit, FIDELITY)
                 v["template"] = CT_TEMPLATE
+                for key in ("networks", "nics"):
+                    if isinstance(v.get(key), list):
+                        del v[key][1:]
                 for nic in v.get("nics") or []:
                     if isinstance(nic, dict):
                         nic.pop("mac", None)
