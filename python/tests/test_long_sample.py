@@ -45,7 +45,8 @@ async def test_task_init_checks_the_config_on_the_node(tmp_path: Path) -> None:
         await Env.task_init("t", bad)
     msg = str(e.value)
     assert "VM 'target' (vms[1].template): unknown template \"kali\"" in msg, msg
-    assert "templates on this node: ct-debian, debian" in msg, msg  # the playground's VM and container templates
+    # the playground's VM and container templates
+    assert "templates on this node: ct-debian, debian" in msg, msg
     f = tmp_path / "cfg.yaml"
     f.write_text("vms:\n  - template: debian\n    name: a\nttl_seconds: 600\n")
     await Env.task_init("t", str(f))
