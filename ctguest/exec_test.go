@@ -83,6 +83,9 @@ func TestExec(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if res.Stdout == nil || res.Stderr == nil {
+				t.Errorf("stdout %v, stderr %v: want empty, not nil (the API's result has them as strings)", res.Stdout, res.Stderr)
+			}
 			if res.ExitCode != tt.exit || res.TimedOut || res.StdoutTruncated != tt.outTrunc || res.StderrTruncated != tt.errTrunc {
 				t.Errorf("exit %d timed out %v truncated %v/%v; want %d false %v/%v (stderr %q)", res.ExitCode, res.TimedOut,
 					res.StdoutTruncated, res.StderrTruncated, tt.exit, tt.outTrunc, tt.errTrunc, res.Stderr)
@@ -205,11 +208,15 @@ func TestExecKillsTree(t *testing.T) {
 		name, mark, cmd string
 		timeout         int64
 		cancel          bool // cancel ctx once the sleeps run
+		release         bool // touch /tmp/exit-<mark> once the sleeps run
 		exit            int
 		timedOut        bool
 	}{
 		{name: "timeout", mark: "42420", cmd: "echo started; exec sleep 424205", timeout: 2, exit: 137, timedOut: true},
-		{name: "exit leaves children", mark: "42421", cmd: "echo started", exit: 0},
+		// exits once the test has seen its sleeps (it touches the file):
+		// exiting at once, a loaded machine's forks could still be on
+		// their way when the exit's kill came (a CI failure)
+		{name: "exit leaves children", mark: "42421", cmd: "echo started; while [ ! -e /tmp/exit-42421 ]; do sleep 0.1; done", exit: 0, release: true},
 		{name: "context ends", mark: "42422", cmd: "echo started; exec sleep 424225", cancel: true},
 		{name: "escape attempt", mark: "42423", cmd: escape + "echo started; exec sleep 424235", timeout: 3, exit: 137, timedOut: true},
 	}
@@ -231,6 +238,9 @@ func TestExecKillsTree(t *testing.T) {
 				}
 				if tt.cancel {
 					cancel()
+				}
+				if tt.release {
+					e.raw(ctx, t, 322, "touch", "/tmp/exit-"+tt.mark)
 				}
 				return len(b), nil
 			})

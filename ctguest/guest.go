@@ -214,7 +214,8 @@ func (g *Guest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecRes
 	if err != nil {
 		return nil, err
 	}
-	res.Stdout, res.Stderr = out.Bytes(), errb.Bytes()
+	// empty, never nil: the API's result has the streams as strings
+	res.Stdout, res.Stderr = append([]byte{}, out.Bytes()...), append([]byte{}, errb.Bytes()...)
 	return res, nil
 }
 
