@@ -64,7 +64,11 @@
 //	                 update @egress_denied4 { iifname . ip daddr counter },
 //	                 drop (its own rule: a full set never skips it)
 //	egress_nat -100  guest DNS (udp/tcp 53, any server) from @egress_dns to the
-//	                 daemon's resolver; tcp 80/443 from allowlist zones to
+//	                 daemon's resolver; DNS from @egress_dns_zone (the
+//	                 daemon's own open zones) to the zone's own address
+//	                 (fib daddr . iif type local) to the resolver too, which
+//	                 records it and asks the zone's dnsmasq unchanged; tcp
+//	                 80/443 from allowlist zones to
 //	                 learned (not CIDR-allowed) addresses to the peek proxy
 //	guest_in         the redirected resolver and proxy ports (ct status dnat)
 //	output     -150  the daemon's marked upstream sockets: none under the

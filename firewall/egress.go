@@ -22,9 +22,13 @@ const (
 	SetEgressNone      = "egress_none"
 	SetEgressAllowlist = "egress_allowlist"
 	SetEgressDNS       = "egress_dns"
-	SetEgressAllow4    = "egress_allow4"
-	SetEgressDeny4     = "egress_deny4"
-	SetEgressLearned4  = "egress_learned4"
+	// SetEgressDNSZone holds the bridges of the daemon's own open zones:
+	// their DNS to the zone's own address (its dnsmasq) goes through the
+	// daemon's resolver, which records it and asks the dnsmasq unchanged.
+	SetEgressDNSZone  = "egress_dns_zone"
+	SetEgressAllow4   = "egress_allow4"
+	SetEgressDeny4    = "egress_deny4"
+	SetEgressLearned4 = "egress_learned4"
 	// SetEgressLearnedPorts4 holds interface . address . tcp port: the
 	// ports a name:port entry opens by address alone (no name check).
 	SetEgressLearnedPorts4 = "egress_learned_ports4"
@@ -194,6 +198,22 @@ func egressByInterface(cfg Config, cls Classification) map[string]ZoneEgress {
 	return out
 }
 
+// ownOpenBridges are the bridges of the daemon's own zones (SetEgress:
+// its sandboxes, whose policy the resolver knows) in open mode. A zone
+// the daemon did not create (the configured ones, Proxmox's, the
+// reference plugin's) keeps its DNS path untouched.
+func ownOpenBridges(cfg Config) map[string]bool {
+	out := map[string]bool{}
+	for id, z := range cfg.ZoneEgress {
+		if strings.HasPrefix(id, runZonePrefix) && (z.Mode == EgressOpen || z.Mode == "") {
+			for _, b := range z.Bridges {
+				out[b] = true
+			}
+		}
+	}
+	return out
+}
+
 // addEgress adds the egress sets and rules (DESIGN.md section 10) to rs.
 // They come after the lockdown, cross-zone, private and metadata rules, so
 // the lockdown always wins and no policy opens those paths.
@@ -208,7 +228,8 @@ func addEgress(rs *Ruleset, cfg Config, cls Classification) error {
 	}
 	byIf := egressByInterface(cfg, cls)
 	names := slices.Sorted(maps.Keys(byIf))
-	var none, allow, dns []string
+	own := ownOpenBridges(cfg)
+	var none, allow, dns, dnsZone []string
 	var allow4, deny4 []ifPrefix
 	for _, n := range names {
 		z := byIf[n]
@@ -221,6 +242,10 @@ func addEgress(rs *Ruleset, cfg Config, cls Classification) error {
 			dns = append(dns, n)
 			for _, p := range mergePrefixes(z.Allow) {
 				allow4 = append(allow4, ifPrefix{n, p})
+			}
+		case EgressOpen:
+			if own[n] {
+				dnsZone = append(dnsZone, n)
 			}
 		}
 		for _, p := range mergePrefixes(z.Deny) {
@@ -238,6 +263,7 @@ func addEgress(rs *Ruleset, cfg Config, cls Classification) error {
 	ifSet(SetEgressNone, none)
 	ifSet(SetEgressAllowlist, allow)
 	ifSet(SetEgressDNS, dns)
+	ifSet(SetEgressDNSZone, dnsZone)
 	ifAddr := nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)
 	rangeSet := func(name string, members []ifPrefix) {
 		s := &SetSpec{Name: name, KeyType: ifAddr, Concat: true, Interval: true}
@@ -367,6 +393,10 @@ func addEgressRules(rs *Ruleset, ec EgressConfig) {
 			meta(expr.MetaKeyIIFNAME), lookup(SetEgressDNS, false), portIs(unix.IPPROTO_UDP, 53), redirectTo(dnsPort)),
 		rule("egress-dns-tcp", fmt.Sprintf("iifname @egress_dns tcp dport 53 counter redirect to :%d", dnsPort),
 			meta(expr.MetaKeyIIFNAME), lookup(SetEgressDNS, false), portIs(unix.IPPROTO_TCP, 53), redirectTo(dnsPort)),
+		rule("egress-dns-zone-udp", fmt.Sprintf("iifname @egress_dns_zone udp dport 53 fib daddr . iif type local counter redirect to :%d", dnsPort),
+			meta(expr.MetaKeyIIFNAME), lookup(SetEgressDNSZone, false), portIs(unix.IPPROTO_UDP, 53), daddrOnIIF(), redirectTo(dnsPort)),
+		rule("egress-dns-zone-tcp", fmt.Sprintf("iifname @egress_dns_zone tcp dport 53 fib daddr . iif type local counter redirect to :%d", dnsPort),
+			meta(expr.MetaKeyIIFNAME), lookup(SetEgressDNSZone, false), portIs(unix.IPPROTO_TCP, 53), daddrOnIIF(), redirectTo(dnsPort)),
 		rule("egress-peek", fmt.Sprintf("iifname @egress_allowlist tcp dport @egress_peek_ports meta nfproto ipv4 iifname . ip daddr != @egress_allow4 iifname . ip daddr @egress_learned4 counter redirect to :%d", proxyPort),
 			meta(expr.MetaKeyIIFNAME), lookup(SetEgressAllowlist, false),
 			l4proto(unix.IPPROTO_TCP), dport(), lookup(SetEgressPeekPorts, false),

@@ -222,6 +222,11 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 	for _, z := range []string{"zonea", "zoneb", "zonec"} {
 		eb.expect(t, "default open", z, inet8080, "internet-8080\n")
 	}
+	// a zone under the node default (the daemon did not create it: a
+	// reference plugin's) keeps its DNS path: its own dnsmasq answers
+	if got, err := eb.resolve("zonec", "10.10.3.1:53"); err != nil || got != testvm.InternetAddr {
+		t.Errorf("DNS of a default open zone to its gateway: got %q, %v; want the zone's dnsmasq's %q", got, err, testvm.InternetAddr)
+	}
 	set(allowInet, ZoneEgress{Mode: EgressNone}, open)
 	eb.expect(t, "allowlist with the CIDR", "zonea", inet8080, "internet-8080\n")
 	eb.expect(t, "none", "zoneb", inet8080, "")
@@ -233,12 +238,16 @@ func TestEgressPoliciesOnBed(t *testing.T) {
 	eb.expect(t, "open with the CIDR denied", "zonec", inet8080, "")
 
 	// DNS from allowlist and none zones goes to the daemon's resolver
-	// whatever server the guest picks; open zones reach the real one
+	// whatever server the guest picks; the daemon's own open zone's DNS
+	// goes to it only when sent to the zone's own address (where its
+	// dnsmasq listens: the resolver records it and asks that dnsmasq);
+	// to any other server it is a flow like any other (firewall/egress
+	// TestEgressOpenDNSRecordOnBed; here zonec denies the internet host)
 	for _, tc := range []struct{ zone, server, want string }{
 		{"zonea", testvm.InternetAddr + ":53", stubResolverAnswer},
 		{"zonea", "10.10.1.1:53", stubResolverAnswer},
 		{"zoneb", testvm.InternetAddr + ":53", stubResolverAnswer},
-		{"zonec", "10.10.3.1:53", testvm.InternetAddr},
+		{"zonec", "10.10.3.1:53", stubResolverAnswer},
 	} {
 		got, err := eb.resolve(tc.zone, tc.server)
 		if err != nil || got != tc.want {

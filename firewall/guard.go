@@ -595,14 +595,22 @@ func (g *Guard) renderConfig(zones map[string][]string) Config {
 	cfg := g.egressConfig()
 	merged := map[string][]string{}
 	for id, b := range g.cfg.Zones {
-		merged["config:"+id] = b
+		merged[configZonePrefix+id] = b
 	}
 	for id, b := range zones {
-		merged["run:"+id] = b
+		merged[runZonePrefix+id] = b
 	}
 	cfg.Zones = merged
 	return cfg
 }
+
+// Prefixes of the zone ids a rendered configuration holds: the
+// configured zones' ([guard] zones) and the run-time ones' (SetZones,
+// SetEgress: the daemon's sandboxes).
+const (
+	configZonePrefix = "config:"
+	runZonePrefix    = "run:"
+)
 
 // egressConfig is the configuration without zones, with the run-time
 // zones' egress policies added to the configured ones.
@@ -611,10 +619,10 @@ func (g *Guard) egressConfig() Config {
 	cfg.Zones = nil
 	cfg.ZoneEgress = map[string]ZoneEgress{}
 	for id, z := range g.cfg.ZoneEgress {
-		cfg.ZoneEgress["config:"+id] = z
+		cfg.ZoneEgress[configZonePrefix+id] = z
 	}
 	for id, z := range g.egress {
-		cfg.ZoneEgress["run:"+id] = z
+		cfg.ZoneEgress[runZonePrefix+id] = z
 	}
 	return cfg
 }

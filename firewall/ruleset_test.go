@@ -149,20 +149,24 @@ func TestZonePeers(t *testing.T) {
 // TestRenderEgressGolden renders policies of every mode next to a
 // non-open default: explicit zones keep theirs, every other guest
 // interface gets the default, management, trusted and lo get nothing.
+// The daemon's own open zone (run:) has its DNS to the zone's address
+// redirected to the resolver (egress_dns_zone); a configured open zone
+// does not.
 func TestRenderEgressGolden(t *testing.T) {
 	cfg := Config{
 		Trusted: []string{"stor0"},
-		Zones:   map[string][]string{"za": {"vnetA"}, "zb": {"vnetB"}},
+		Zones:   map[string][]string{"za": {"vnetA"}, "zb": {"vnetB"}, "zd": {"vnetD"}},
 		ZoneEgress: map[string]ZoneEgress{
-			"za": {Bridges: []string{"vnetA"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("198.51.100.7/32")},
+			"run:za": {Bridges: []string{"vnetA"}, Mode: EgressAllowlist, Allow: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/25"), netip.MustParsePrefix("198.51.100.7/32")},
 				Deny: []netip.Prefix{netip.MustParsePrefix("203.0.113.5/32")}},
-			"zb": {Bridges: []string{"vnetB", "eth0"}, Mode: EgressOpen},
+			"run:zb":    {Bridges: []string{"vnetB", "eth0"}, Mode: EgressOpen},
+			"config:zd": {Bridges: []string{"vnetD"}, Mode: EgressOpen},
 		},
 		Egress:      EgressConfig{Default: ZoneEgress{Mode: EgressNone}, DNSPort: 5353, ProxyPort: 3129, Mark: 0x100},
 		DnsmasqUser: "65534",
 	}
 	cls := fixedClassification
-	cls.Interfaces = append(cls.Interfaces, "vnetC")
+	cls.Interfaces = append(cls.Interfaces, "vnetC", "vnetD")
 	rs, err := Render(cfg, cls, Switches{})
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ const (
 	InternetAddr   = "203.0.113.10"     // "internet" host: HTTP 80, HTTPS 443, DNS 53
 	InternetAddr6  = "2001:db8:100::10" // the same host over IPv6 (HTTP 80)
 	InternetName   = "example.test"     // resolves to InternetAddr at InternetAddr:53
+	InternetTXT    = "internet host"    // InternetName's TXT record
 	LANAddr        = "192.168.77.10"    // "LAN" host, HTTP 80
 	MetadataAddr   = "169.254.169.254"  // EC2-style metadata service, HTTP 80
 	AWSDNSAddr     = "169.254.169.253"  // AWS DNS stand-in (TCP/UDP 53)

@@ -172,7 +172,8 @@ func metadataHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// internetDNS answers example.test (A InternetAddr, AAAA InternetAddr6) and
+// internetDNS answers example.test (A InternetAddr, AAAA InternetAddr6,
+// TXT InternetTXT) and
 // NXDOMAIN for everything else.
 func internetDNS(w dns.ResponseWriter, q *dns.Msg) {
 	m := new(dns.Msg)
@@ -196,6 +197,8 @@ func internetDNS(w dns.ResponseWriter, q *dns.Msg) {
 		m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: net.ParseIP(InternetAddr)})
 	case dns.TypeAAAA:
 		m.Answer = append(m.Answer, &dns.AAAA{Hdr: hdr, AAAA: net.ParseIP(InternetAddr6)})
+	case dns.TypeTXT:
+		m.Answer = append(m.Answer, &dns.TXT{Hdr: hdr, Txt: []string{InternetTXT}})
 	}
 	_ = w.WriteMsg(m)
 }

@@ -87,7 +87,8 @@ type Links interface {
 }
 
 // Resolver answers the DNS of allow-list and none zones (the guard
-// redirects their udp/tcp 53 to it). An allowed name is forwarded
+// redirects their udp/tcp 53 to it), and records the questions of the
+// daemon's own open zones to their zone's resolver (answerOpen). An allowed name is forwarded
 // upstream and its A records are added to the zone's learned set before
 // the guest gets the answer; every other name gets NXDOMAIN without any
 // upstream query, so disallowed names carry no data out (no tunnelling).
@@ -471,6 +472,9 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 		openRing(r.reg, r.cfg.Log, iface, gen, owner).Add(rec)
 		return out
 	}
+	if rules.Mode == firewall.EgressOpen {
+		return r.answerOpen(ctx, &req, resp, iface, local, done)
+	}
 	if r.zoneLocal(iface, local, qn.Name) {
 		if qn.Qtype == dns.TypeA {
 			ans, err := r.askZone(ctx, local, qn.Name)
@@ -527,6 +531,48 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 	}
 	resp.Answer = ans
 	return done(verdict, reason)
+}
+
+// answerOpen answers the question of an open zone's guest (the guard
+// redirects only its DNS to the zone's own address, where the zone's
+// dnsmasq listens, and only for the daemon's own zones): asked of that
+// dnsmasq at local as the guest asked it (every type, its flags), its
+// answer passed back unchanged, nothing learned (open mode has no sets to
+// fill, so no learned-address quota either). Only the record is added.
+func (r *Resolver) answerOpen(ctx context.Context, req, resp *dns.Msg, iface string, local netip.Addr, done func(verdict, reason string) []byte) []byte {
+	qn := req.Question[0]
+	reason := ""
+	if r.zoneLocal(iface, local, qn.Name) {
+		reason = ReasonZone
+	}
+	if !local.IsValid() {
+		resp.Rcode = dns.RcodeServerFailure
+		return done(VerdictFailed, ReasonZone)
+	}
+	m := new(dns.Msg)
+	m.SetQuestion(qn.Name, qn.Qtype)
+	m.RecursionDesired, m.CheckingDisabled, m.AuthenticatedData = req.RecursionDesired, req.CheckingDisabled, req.AuthenticatedData
+	do := false
+	if e := req.IsEdns0(); e != nil {
+		do = e.Do()
+	}
+	m.SetEdns0(1232, do)
+	z := &upstreams{addrs: []string{netip.AddrPortFrom(local, 53).String()}, dial: r.cfg.Dial, timeout: r.cfg.Timeout}
+	ans, err := z.Exchange(ctx, m)
+	if err != nil {
+		r.log.Warn("zone resolver query failed", "name", qn.Name, "err", err)
+		resp.Rcode = dns.RcodeServerFailure
+		return done(VerdictFailed, ReasonZone)
+	}
+	resp.Rcode, resp.Authoritative, resp.AuthenticatedData = ans.Rcode, ans.Authoritative, ans.AuthenticatedData
+	resp.RecursionAvailable = ans.RecursionAvailable
+	resp.Answer, resp.Ns = ans.Answer, ans.Ns
+	for _, rr := range ans.Extra {
+		if rr.Header().Rrtype != dns.TypeOPT {
+			resp.Extra = append(resp.Extra, rr)
+		}
+	}
+	return done(VerdictAnswered, reason)
 }
 
 // answerAddrs are the A addresses of an answer (at most

@@ -6,7 +6,8 @@ every connection its proxy handled (``GET /v1/sandboxes/{id}/egress/log``:
 name, verdict, destination, bytes each way; never payload). The record is
 the node's, not the guest's: an agent cannot forge or erase it. In
 ``allowlist`` and ``none`` sandboxes the daemon's resolver and proxy name
-what was reached; in every mode, ``open`` included, the kernel's flows
+what was reached (in ``open`` ones the resolver records the names asked of
+the zone's own resolver: ``asked``); in every mode, ``open`` included, the kernel's flows
 (conntrack) add what left by address, TCP and UDP, their bytes counted as
 IP bytes (headers included), and the guard's drops add the addresses it
 refused (no byte of those left, none is counted).
