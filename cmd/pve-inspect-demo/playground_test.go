@@ -230,6 +230,7 @@ func TestPlayground(t *testing.T) {
 	}
 	checkTokensBound(t, ctx, c, client.NewTLS(u.Host, tlsc, client.WithToken(in["admin_token"])), sb.ID)
 	checkRecordAcrossRestart(t, ctx, p, c)
+	checkOpenDNSRecorded(t, ctx, c)
 	checkNoEnvFile(t, ctx, in["mcp_url"], tlsc, in["admin_token"])
 	if err := c.Delete(ctx, sb.ID); err != nil {
 		t.Fatal(err)
@@ -338,6 +339,39 @@ func checkRecordAcrossRestart(t *testing.T, ctx context.Context, p *playgroundPr
 	if verdictOf(more, "after.example.org") != "refused" || more.Next <= before.Next {
 		t.Errorf("the question after the restart: %+v (next before it %d)", more, before.Next)
 	}
+}
+
+// checkOpenDNSRecorded: a guest of an open sandbox on the real daemon
+// resolves a name as a guest does (its resolver is the gateway DHCP gave
+// it, the zone's dnsmasq); the answer is the dnsmasq's, and the question
+// is in the sandbox's record by name with that answer (issue 39: "each
+// DNS question ... in open as well").
+func checkOpenDNSRecorded(t *testing.T, ctx context.Context, c *client.Client) {
+	t.Helper()
+	sb, err := c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}},
+		Egress: &apitype.EgressPolicy{Mode: "open"}})
+	if err != nil {
+		t.Fatalf("create an open sandbox: %v", err)
+	}
+	defer func() {
+		if err := c.Delete(ctx, sb.ID); err != nil {
+			t.Errorf("delete %s: %v", sb.ID, err)
+		}
+	}()
+	res, err := c.Exec(ctx, sb.ID, sb.VMs[0].Name, apitype.ExecRequest{Argv: []string{"getent", "ahostsv4", testvm.InternetName}, TimeoutSeconds: 20})
+	if err != nil || res.ExitCode != 0 || !strings.Contains(string(res.Stdout), testvm.InternetAddr) {
+		t.Fatalf("getent ahostsv4 %s in an open sandbox: %+v, %v", testvm.InternetName, res, err)
+	}
+	l, err := c.EgressLog(ctx, sb.ID, apitype.EgressLogQuery{Type: "dns"})
+	if err != nil {
+		t.Fatalf("egress log of %s: %v", sb.ID, err)
+	}
+	for _, r := range l.Records {
+		if r.Name == testvm.InternetName && r.QType == "A" && r.Verdict == "answered" && slices.Contains(r.Answers, testvm.InternetAddr) && r.VM == sb.VMs[0].Name {
+			return
+		}
+	}
+	t.Errorf("the open sandbox's record has no answered A question for %s from %s: %+v", testvm.InternetName, sb.VMs[0].Name, l)
 }
 
 // checkTokensBound: the examples' token is bound to the playground's
