@@ -11,7 +11,9 @@ CA and token)::
 
 ``-T shape=reference`` runs the same sample from a config written for the
 reference Proxmox plugin (``ProxmoxSandboxEnvironmentConfig``), only the
-sandbox type changed.
+sandbox type changed. ``-T shape=mixed`` makes ``target`` an unprivileged
+container (``kind="lxc"``, from CT template ``-T ct_template=ct-debian``)
+beside the ``attacker`` VM: the same tools, files and scorer.
 """
 
 from __future__ import annotations
@@ -55,6 +57,19 @@ def native_config(template: str = "debian") -> PveInspectSandboxEnvironmentConfi
     )
 
 
+def mixed_config(
+    template: str = "debian", ct_template: str = "ct-debian"
+) -> PveInspectSandboxEnvironmentConfig:
+    """The attacker a VM, the target an unprivileged container."""
+    return PveInspectSandboxEnvironmentConfig(
+        vms=(
+            VmSpec(template=template, name="attacker"),
+            VmSpec(template=ct_template, name="target", kind="lxc", memory_mib=512),
+        ),
+        labels={"example": "mixed"},
+    )
+
+
 def reference_config(template: str = "debian") -> ProxmoxSandboxEnvironmentConfig:
     def vm(name: str) -> VmConfig:
         return VmConfig(
@@ -95,7 +110,8 @@ def scripted_turn(
     done = sum(1 for m in messages if isinstance(m, ChatMessageTool))
     script = [
         ("bash", f"echo from-$(hostname)-attacker > {FLAG}"),
-        ("bash_target", f"echo from-target > {FLAG}"),
+        # the uid map shows, in the transcript, whose root the target's is
+        ("bash_target", f"echo from-target > {FLAG}; cat /proc/self/uid_map"),
     ]
     if done < len(script):
         tool, cmd = script[done]
@@ -120,10 +136,21 @@ def flags_written() -> Scorer:
 
 
 @task
-def two_vm(shape: str = "native", template: str = "debian", samples: int = 1) -> Task:
-    config: BaseModel = (
-        reference_config(template) if shape == "reference" else native_config(template)
-    )
+def two_vm(
+    shape: str = "native",
+    template: str = "debian",
+    samples: int = 1,
+    ct_template: str = "ct-debian",
+) -> Task:
+    config: BaseModel
+    if shape == "reference":
+        config = reference_config(template)
+    elif shape == "mixed":
+        config = mixed_config(template, ct_template)
+    elif shape == "native":
+        config = native_config(template)
+    else:
+        raise ValueError(f"shape {shape!r}: one of native, reference, mixed")
     return Task(
         dataset=[Sample(input="Write the flags.", id=i + 1) for i in range(samples)],
         solver=[

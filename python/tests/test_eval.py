@@ -14,6 +14,7 @@ import anyio
 import pytest
 from conftest import need_bed
 from inspect_ai import eval as inspect_eval
+from inspect_ai.model import ChatMessageTool
 
 from inspect_pve_inspect import PveInspectSandboxEnvironment, PveInspectSandboxEnvironmentConfig
 from inspect_pve_inspect.client import Client
@@ -36,8 +37,11 @@ async def _ours() -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("shape", ["native", "reference"])
+@pytest.mark.parametrize("shape", ["native", "reference", "mixed"])
 def test_eval_two_vms_scores_correct(shape: str, tmp_path: Path) -> None:
+    """The example eval scores correct in each shape; in ``mixed`` the
+    target is an unprivileged container: the transcript's uid map of its
+    bash call maps root to the node's 100000 (a VM's root is its own)."""
     need_bed()
     logs = inspect_eval(two_vm(shape=shape), log_dir=str(tmp_path), display="none")
     log = logs[0]
@@ -47,6 +51,14 @@ def test_eval_two_vms_scores_correct(shape: str, tmp_path: Path) -> None:
     assert log.samples is not None and log.samples[0].scores is not None
     expl = log.samples[0].scores["flags_written"].explanation or ""
     assert "from-target" in expl, expl
+    maps = [
+        m.text.split()
+        for m in log.samples[0].messages
+        if isinstance(m, ChatMessageTool) and m.function == "bash_target"
+    ]
+    assert len(maps) == 1 and len(maps[0]) == 3, maps
+    root_outside = "100000" if shape == "mixed" else "0"
+    assert maps[0][:2] == ["0", root_outside], maps
     assert anyio.run(_ours) == [], "the eval left sandboxes"
 
 
