@@ -615,13 +615,24 @@ const (
 // egressConfig is the configuration without zones, with the run-time
 // zones' egress policies added to the configured ones.
 func (g *Guard) egressConfig() Config {
-	cfg := g.cfg
+	cfg := g.cfg.WithRunEgress(g.egress)
 	cfg.Zones = nil
-	cfg.ZoneEgress = map[string]ZoneEgress{}
-	for id, z := range g.cfg.ZoneEgress {
+	return cfg
+}
+
+// WithRunEgress is cfg with the run-time zones' egress policies (the
+// daemon's sandboxes': SetEgress, WithEgress, its state file) added to
+// the configured ones, each id prefixed by where it came from, as the
+// guard renders them (the run-time ones are the daemon's own, whose open
+// zones' DNS goes through its resolver: ownOpenBridges). Render it to
+// see what the running guard applies.
+func (cfg Config) WithRunEgress(run map[string]ZoneEgress) Config {
+	configured := cfg.ZoneEgress
+	cfg.ZoneEgress = make(map[string]ZoneEgress, len(configured)+len(run))
+	for id, z := range configured {
 		cfg.ZoneEgress[configZonePrefix+id] = z
 	}
-	for id, z := range g.egress {
+	for id, z := range run {
 		cfg.ZoneEgress[runZonePrefix+id] = z
 	}
 	return cfg

@@ -63,12 +63,15 @@ func superset(got, want []nftables.SetElement) (int, bool) {
 }
 
 // Inspect reads the kernel's table and compares it with the ruleset the
-// guard would apply now. It changes nothing.
+// guard would apply now: cfg with the run-time zones' egress policies
+// WithEgress gives (the daemon's sandboxes', from its state file), as
+// the running guard renders them. It changes nothing.
 func Inspect(ctx context.Context, cfg Config, opts ...Option) (*Status, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	o := buildOptions(opts)
+	cfg = cfg.WithRunEgress(o.egress)
 	cl, err := newClassifier(o.ns, cfg.Trusted)
 	if err != nil {
 		return nil, err

@@ -185,7 +185,11 @@ func runHost(ctx context.Context, argv ...string) ([]byte, error) {
 // difference from the desired ruleset (what `pve-inspectd status` shows).
 func guardCheck(cfg config.Config) doctor.Check {
 	return doctor.Check{Name: "guard", Run: func(ctx context.Context) doctor.Outcome {
-		st, err := firewall.Inspect(ctx, daemon.GuardConfig(cfg.Guard))
+		fc, opts, err := daemon.InspectConfig(cfg)
+		if err != nil {
+			return doctor.Outcome{Status: doctor.Fail, Detail: err.Error(), Fix: "fix the configuration or the egress state file it names"}
+		}
+		st, err := firewall.Inspect(ctx, fc, opts...)
 		if err != nil {
 			return doctor.Outcome{Status: doctor.Fail, Detail: fmt.Sprintf("inspect guard: %v", err), Fix: "run doctor as root, in the node's network namespace"}
 		}

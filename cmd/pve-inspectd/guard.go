@@ -52,7 +52,7 @@ func newPlanCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fc.ZoneEgress = st.Zones()
+			fc = fc.WithRunEgress(st.Zones())
 			cls, err := firewall.Classify(cmd.Context(), fc)
 			if err != nil {
 				return fmt.Errorf("classify interfaces: %w", err)
@@ -151,7 +151,11 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := firewall.Inspect(cmd.Context(), daemon.GuardConfig(cfg.Guard))
+			fc, opts, err := daemon.InspectConfig(cfg)
+			if err != nil {
+				return err
+			}
+			st, err := firewall.Inspect(cmd.Context(), fc, opts...)
 			if err != nil {
 				return fmt.Errorf("inspect guard: %w", err)
 			}

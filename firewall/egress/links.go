@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
 )
 
 // NetlinkLinks implements Links over netlink in one network namespace.
@@ -81,6 +83,7 @@ type indexNames struct {
 
 type indexName struct {
 	name, owner string
+	open        bool // its policy's mode is open
 	seq         uint64
 	at          time.Time
 }
@@ -95,23 +98,26 @@ func newIndexNames(l Links, reg *Registry) *indexNames {
 	return &indexNames{links: l, reg: reg, now: time.Now, m: map[int]indexName{}}
 }
 
-// byIndex returns the name of interface index and the owner of its
-// policy (ErrNotGuest for an interface that is no guest's).
-func (c *indexNames) byIndex(index int) (name, owner string, err error) {
+// byIndex returns the name of interface index, the owner of its policy
+// and whether that policy is open (ErrNotGuest for an interface that is
+// no guest's).
+func (c *indexNames) byIndex(index int) (name, owner string, open bool, err error) {
 	now, seq := c.now(), c.reg.Seq()
 	if n, ok := c.m[index]; ok && now.Sub(n.at) < indexNameTTL && n.seq == seq {
-		return n.name, n.owner, nil
+		return n.name, n.owner, n.open, nil
 	}
 	delete(c.m, index)
 	if name, err = c.links.ByIndex(index); err != nil {
-		return "", "", err
+		return "", "", false, err
 	}
-	if _, owner, err = c.reg.For(name); err != nil {
-		return "", "", err
+	rules, owner, err := c.reg.For(name)
+	if err != nil {
+		return "", "", false, err
 	}
+	open = rules.Mode == firewall.EgressOpen
 	if len(c.m) >= maxIndexNames {
 		clear(c.m)
 	}
-	c.m[index] = indexName{name: name, owner: owner, seq: seq, at: now}
-	return name, owner, nil
+	c.m[index] = indexName{name: name, owner: owner, open: open, seq: seq, at: now}
+	return name, owner, open, nil
 }

@@ -152,7 +152,7 @@ func TestLogDroppedWithRegistry(t *testing.T) {
 			t.Errorf("records after the instance ended: %+v", p.Records)
 		}
 	}
-	openRing(f.res.reg, log, "vneta", gen, "sb-allow").Add(Record{Type: RecordDNS})
+	openRing(f.res.reg, log, "vneta", gen, 0, "sb-allow").Add(Record{Type: RecordDNS})
 	if n := log.Held(); n != 0 {
 		t.Errorf("a record of the removed instance was kept: %d", n)
 	}

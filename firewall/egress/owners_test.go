@@ -375,7 +375,7 @@ func TestIndexNamesOwner(t *testing.T) {
 	clock := time.Unix(1000, 0)
 	n.now = func() time.Time { return clock }
 	for range 100 {
-		if name, owner, err := n.byIndex(7); err != nil || name != "vnet7" || owner != "sb-a" {
+		if name, owner, _, err := n.byIndex(7); err != nil || name != "vnet7" || owner != "sb-a" {
 			t.Fatalf("byIndex(7) = %s, %s, %v", name, owner, err)
 		}
 	}
@@ -388,11 +388,11 @@ func TestIndexNamesOwner(t *testing.T) {
 	if err := reg.Set(ctx, "zb", "sb-b", []string{"vnet7"}, Rules{Mode: firewall.EgressNone}); err != nil {
 		t.Fatal(err)
 	}
-	if _, owner, _ := n.byIndex(7); owner != "sb-b" {
+	if _, owner, _, _ := n.byIndex(7); owner != "sb-b" {
 		t.Errorf("owner after the zone changed hands: %q, want sb-b", owner)
 	}
 	clock = clock.Add(2 * time.Second)
-	if _, _, err := n.byIndex(7); err != nil || l.calls != 3 {
+	if _, _, _, err := n.byIndex(7); err != nil || l.calls != 3 {
 		t.Errorf("after a second: %v, %d look-ups, want 3", err, l.calls)
 	}
 }

@@ -293,7 +293,7 @@ func (p *Proxy) serve(ctx context.Context, c net.Conn, iface string, dst netip.A
 	// connection; one before the tracking is seen by the check below
 	t := &tracked{guest: c}
 	defer p.track(iface, t)()
-	ring := openRing(p.reg, p.cfg.Log, iface, gen, owner)
+	ring := openRing(p.reg, p.cfg.Log, iface, gen, 0, owner)
 	if !p.reg.Current(iface, gen) {
 		return
 	}

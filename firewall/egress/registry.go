@@ -565,6 +565,23 @@ func (r *Registry) ForGen(iface string) (Rules, string, uint64, error) {
 	return r.def, r.defaultOwnerLocked(iface), r.gen[iface], nil
 }
 
+// forAnswer is ForGen with, read under the same lock, the generation
+// iface's instance began at (ForInstance): a question is decided under
+// the policy of gen and recorded for the instance of began.
+func (r *Registry) forAnswer(iface string) (rules Rules, owner string, gen, began uint64, err error) {
+	if _, ok := r.guard.EgressOf(iface); !ok {
+		return Rules{}, "", 0, 0, fmt.Errorf("%s: %w", iface, ErrNotGuest)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.zones {
+		if slices.Contains(e.bridges, iface) {
+			return e.rules, e.owner, r.gen[iface], r.began[iface], nil
+		}
+	}
+	return r.def, r.defaultOwnerLocked(iface), r.gen[iface], r.began[iface], nil
+}
+
 // ForInstance is ForGen with the generation iface's instance began at:
 // the Set that gave the interface to its zone's owner, or the Begin that
 // handed it to a new tenant (a policy change of the same owner keeps

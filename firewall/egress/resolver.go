@@ -43,6 +43,13 @@ type ResolverConfig struct {
 	// connection past it is dropped and counted (reason quota). Zero
 	// means 16 and 8.
 	QueriesPerOwner, TCPPerOwner int
+	// OpenQueriesPerOwner is QueriesPerOwner for an open sandbox, whose
+	// questions (to its zone's dnsmasq, answerOpen) have their own share
+	// and node total: what a zone's dnsmasq forwards at once (150 by
+	// default) was an open guest's before its questions came here, and
+	// slow names of an allow-list sandbox must not wait behind them
+	// either. Zero means 4 * QueriesPerOwner.
+	OpenQueriesPerOwner int
 	// Owners is how many owners at their share the node totals hold:
 	// QueriesPerOwner*Owners UDP queries in flight and TCPPerOwner*Owners
 	// TCP connections. Zero means DefaultOwners.
@@ -111,6 +118,7 @@ type Resolver struct {
 	log     *slog.Logger
 	up      Upstream
 	queries *quota // UDP queries in flight, per owner and in all
+	open    *quota // the same, of open sandboxes (answerOpen)
 	conns   *quota // TCP connections, per owner and in all
 }
 
@@ -191,12 +199,16 @@ func NewResolver(cfg ResolverConfig, reg *Registry, links Links, den *Denials, u
 	if cfg.TCPPerOwner <= 0 {
 		cfg.TCPPerOwner = 8
 	}
+	if cfg.OpenQueriesPerOwner <= 0 {
+		cfg.OpenQueriesPerOwner = 4 * cfg.QueriesPerOwner
+	}
 	if cfg.Owners <= 0 {
 		cfg.Owners = DefaultOwners
 	}
 	return &Resolver{cfg: cfg, reg: reg, links: links, den: den,
 		log: log.With("component", "egress-resolver"), up: up,
 		queries: newQuota(cfg.QueriesPerOwner, cfg.QueriesPerOwner*cfg.Owners),
+		open:    newQuota(cfg.OpenQueriesPerOwner, cfg.OpenQueriesPerOwner*cfg.Owners),
 		conns:   newQuota(cfg.TCPPerOwner, cfg.TCPPerOwner*cfg.Owners)}
 }
 
@@ -332,11 +344,15 @@ func (r *Resolver) ServeUDP(ctx context.Context, pc net.PacketConn) error {
 		if cm == nil {
 			continue
 		}
-		iface, owner, err := names.byIndex(cm.IfIndex)
+		iface, owner, open, err := names.byIndex(cm.IfIndex)
 		if err != nil {
 			continue
 		}
-		release, ok := admitOwner(r.queries, r.den, ResourceDNSUDP, owner, Denial{})
+		q := r.queries
+		if open {
+			q = r.open
+		}
+		release, ok := admitOwner(q, r.den, ResourceDNSUDP, owner, Denial{})
 		if !ok {
 			continue // past the owner's share or the node total: the guest retries
 		}
@@ -439,9 +455,12 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 	resp.RecursionAvailable = true
 	resp.Answer, resp.Ns, resp.Extra = nil, nil, nil
 	pack := func() []byte {
-		if e := req.IsEdns0(); e != nil && int(e.UDPSize()) > size {
-			size = min(int(e.UDPSize()), 1232)
-			resp.SetEdns0(uint16(size), false)
+		// a query with EDNS gets it back (RFC 6891 7), its DO bit
+		// echoed (RFC 3225 3); over UDP the answer fits what the guest
+		// can take, at most 1232 bytes
+		if e := req.IsEdns0(); e != nil {
+			size = max(size, min(int(e.UDPSize()), 1232))
+			resp.SetEdns0(1232, e.Do())
 		}
 		resp.Truncate(size)
 		b, err := resp.Pack()
@@ -455,7 +474,7 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 		return pack()
 	}
 	qn := req.Question[0]
-	rules, owner, gen, err := r.reg.ForGen(iface)
+	rules, owner, gen, began, err := r.reg.forAnswer(iface)
 	if err != nil {
 		resp.Rcode = dns.RcodeRefused
 		return pack()
@@ -469,11 +488,11 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 		rec.Verdict, rec.Reason, rec.Rcode = verdict, reason, dns.RcodeToString[resp.Rcode]
 		rec.Answers = answerAddrs(resp.Answer)
 		rec.Guest = guestOf(r.cfg.Guests, src)
-		openRing(r.reg, r.cfg.Log, iface, gen, owner).Add(rec)
+		openRing(r.reg, r.cfg.Log, iface, gen, began, owner).Add(rec)
 		return out
 	}
 	if rules.Mode == firewall.EgressOpen {
-		return r.answerOpen(ctx, &req, resp, iface, local, done)
+		return r.answerOpen(ctx, &req, resp, iface, gen, local, done)
 	}
 	if r.zoneLocal(iface, local, qn.Name) {
 		if qn.Qtype == dns.TypeA {
@@ -539,7 +558,11 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 // dnsmasq at local as the guest asked it (every type, its flags), its
 // answer passed back unchanged, nothing learned (open mode has no sets to
 // fill, so no learned-address quota either). Only the record is added.
-func (r *Resolver) answerOpen(ctx context.Context, req, resp *dns.Msg, iface string, local netip.Addr, done func(verdict, reason string) []byte) []byte {
+//
+// An answer that comes back after the sandbox's policy changed (to
+// allowlist or none) is not handed over: SERVFAIL, as the allow-list path
+// answers a stale one, and the guest asks again under the new policy.
+func (r *Resolver) answerOpen(ctx context.Context, req, resp *dns.Msg, iface string, gen uint64, local netip.Addr, done func(verdict, reason string) []byte) []byte {
 	qn := req.Question[0]
 	reason := ""
 	if r.zoneLocal(iface, local, qn.Name) {
@@ -563,6 +586,10 @@ func (r *Resolver) answerOpen(ctx context.Context, req, resp *dns.Msg, iface str
 		r.log.Warn("zone resolver query failed", "name", qn.Name, "err", err)
 		resp.Rcode = dns.RcodeServerFailure
 		return done(VerdictFailed, ReasonZone)
+	}
+	if !r.reg.IfCurrent(iface, gen, func() {}) {
+		resp.Rcode = dns.RcodeServerFailure
+		return done(VerdictFailed, ReasonStale)
 	}
 	resp.Rcode, resp.Authoritative, resp.AuthenticatedData = ans.Rcode, ans.Authoritative, ans.AuthenticatedData
 	resp.RecursionAvailable = ans.RecursionAvailable
@@ -589,15 +616,24 @@ func answerAddrs(rrs []dns.RR) []netip.Addr {
 	return out
 }
 
-// openRing returns owner's ring of log if iface's policy is still
-// generation gen (so that no ring is made for an instance already
-// dropped); nil, which records nothing, otherwise or without a log.
-func openRing(reg *Registry, log *Log, iface string, gen uint64, owner string) *Ring {
+// openRing returns owner's ring of log if iface is still the instance
+// begun at generation began (a question answered across a policy change
+// of the same sandbox is its own: it was asked), or, for an interface
+// with no instance of its own (began zero: the node default; or a caller
+// that holds to the policy, the proxy), if its policy is still
+// generation gen; so that no ring is made for an
+// instance already dropped. nil, which records nothing, otherwise or
+// without a log.
+func openRing(reg *Registry, log *Log, iface string, gen, began uint64, owner string) *Ring {
 	if log == nil {
 		return nil
 	}
 	var ring *Ring
-	reg.IfCurrent(iface, gen, func() { ring = log.Open(owner) })
+	if began != 0 {
+		reg.IfInstance(iface, began, func() { ring = log.Open(owner) })
+	} else {
+		reg.IfCurrent(iface, gen, func() { ring = log.Open(owner) })
+	}
 	return ring
 }
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import need_bed
 from inspect_ai import eval as inspect_eval
 
-from inspect_pve_inspect.egress import summarize
+from inspect_pve_inspect.egress import summarize, within
 from inspect_pve_inspect.sandbox import EGRESS_STORE_KEY
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
@@ -91,6 +91,23 @@ def test_summary() -> None:
 def test_outside(reached: list[str], expected: list[str], outside: list[str]) -> None:
     s = summarize([conn(name=r, dest="203.0.113.10:80") for r in reached])
     assert s.outside(expected) == outside
+
+
+@pytest.mark.parametrize(
+    ("dropped", "allow_dropped", "max_out", "ok"),
+    [
+        (0, False, None, True),
+        (5, False, None, False),  # an incomplete record shows nothing within
+        (5, True, None, True),
+        (0, False, 99, False),  # 100 bytes out
+        (0, False, 100, True),
+    ],
+)
+def test_within(dropped: int, allow_dropped: bool, max_out: int | None, ok: bool) -> None:
+    s = summarize([conn(name="example.test", dest="203.0.113.10:80", out=100)], dropped=dropped)
+    got, why = within(s, ["example.test"], max_out, allow_dropped)
+    assert got == ok, why
+    assert ("dropped" in "; ".join(why)) == (dropped > 0)
 
 
 def test_egress_task_scores_on_what_was_reached(tmp_path: Path) -> None:

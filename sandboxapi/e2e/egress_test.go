@@ -91,9 +91,7 @@ func TestBedEgressThroughAPI(t *testing.T) {
 	gmu.Lock()
 	guard = g
 	gmu.Unlock()
-	eg.mu.Lock()
-	eg.reg = egress.NewRegistry(g, egress.Rules{Mode: firewall.EgressOpen}, nil)
-	eg.mu.Unlock()
+	eg.start(t, ctx, e, g)
 
 	locked, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}},
 		Egress: &apitype.EgressPolicy{Mode: "none"}})

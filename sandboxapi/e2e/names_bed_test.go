@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/firewall"
-	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -39,9 +37,7 @@ func TestBedNamesResolve(t *testing.T) {
 		o.ZonesChanged = hook.zonesChanged
 	})
 	g := startCheckedGuard(t, ctx, e, bedChecker(t), hook)
-	eg.mu.Lock()
-	eg.reg = egress.NewRegistry(g, egress.Rules{Mode: firewall.EgressOpen}, nil)
-	eg.mu.Unlock()
+	eg.start(t, ctx, e, g)
 
 	run := func(sb, vm, script string) string {
 		t.Helper()

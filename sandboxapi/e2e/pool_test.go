@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pve-inspect/pve-inspect/firewall"
-	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -46,9 +44,7 @@ func TestBedPool(t *testing.T) {
 		o.ZonesChanged = hook.zonesChanged
 	})
 	g := startCheckedGuard(t, ctx, e, chk, hook)
-	eg.mu.Lock()
-	eg.reg = egress.NewRegistry(g, egress.Rules{Mode: firewall.EgressOpen}, nil)
-	eg.mu.Unlock()
+	eg.start(t, ctx, e, g)
 	var created []string
 	t.Cleanup(func() {
 		for _, id := range created {

@@ -41,6 +41,22 @@ func FullGuardConfig(cfg config.Config) (firewall.Config, error) {
 	return fc, nil
 }
 
+// InspectConfig is what `pve-inspectd status` and the doctor compare the
+// kernel's table with: the guard's configuration with the [egress]
+// section's kernel side and, as an option for firewall.Inspect, the
+// sandboxes' persisted egress policies (what the running guard applied).
+func InspectConfig(cfg config.Config) (firewall.Config, []firewall.Option, error) {
+	fc, err := FullGuardConfig(cfg)
+	if err != nil {
+		return firewall.Config{}, nil, err
+	}
+	st, err := egress.LoadState(cfg.EgressStateFile())
+	if err != nil {
+		return firewall.Config{}, nil, fmt.Errorf("egress state: %w", err)
+	}
+	return fc, []firewall.Option{firewall.WithEgress(st.Zones())}, nil
+}
+
 // EgressPlan returns the sandboxes' persisted egress policies (for
 // `pve-inspectd plan`).
 func EgressPlan(cfg config.Config) (*egress.State, error) {
