@@ -1,6 +1,7 @@
 // Package containment runs the containment check of DESIGN.md section 7:
-// from inside a sandbox VM, try every way out that a hostile guest would
-// try, and compare what answered with what the node's mode promises.
+// from inside a sandbox VM or container, try every way out that a hostile
+// guest would try, and compare what answered with what the node's mode
+// promises.
 //
 // [NewPlan] turns a [Spec] (the VM's zone gateway, the host's addresses and
 // ports, metadata endpoints, another zone's guest, LAN, public and IPv6
@@ -25,6 +26,15 @@
 // forged frame seen there is a leak; the layer-2 guard (firewall, the
 // bridge table) must keep all three unseen. Their positive control is a
 // legitimate datagram sent the same raw way, which the node must see.
+//
+// With [Spec].Container the plan also has the container rows
+// (container.go): a container shares the node's kernel, so the probe, as
+// the container's root, tries what only the node's root may do (its id
+// map, the node's /proc/sys and /sys, mounting a disk, file handles,
+// keyrings, kernel modules, a nested container) and the rows expect the
+// kernel to refuse. A container's probe runs through the engine's guest
+// of it ([EngineGuest]: ctguest enters the container from the node); a
+// VM's through its guest agent ([AgentGuest]).
 //
 // Design decisions:
 //

@@ -40,6 +40,7 @@ const (
 	GroupIPv6         Group = "ipv6"          // IPv6 to the internet
 	GroupEgress       Group = "egress"        // the sandbox's egress policy
 	GroupLayer2       Group = "layer2"        // forged frames from the guest (layer2.go)
+	// GroupContainer (container.go) is declared with the container rows.
 )
 
 // Policy says what each category must be. Use GuardPolicy, LockdownPolicy
@@ -200,6 +201,10 @@ type Spec struct {
 	// Rotation picks the window of a sampled plan: consecutive values
 	// cover consecutive windows. Give each run the next value.
 	Rotation uint64
+	// Container adds the container rows (container.go): the guest is a
+	// container on the node's kernel, and the probe tries what its root
+	// must not be able to do there. Always probed, expected denied.
+	Container bool
 }
 
 // EgressSpec names what an allow-list sandbox's rows aim at.
@@ -436,6 +441,9 @@ func buildPlan(spec Spec, pol Policy) (*Plan, error) {
 		if err := addLayer2(p, spec, pol, add); err != nil {
 			return nil, err
 		}
+	}
+	if spec.Container {
+		addContainer(add)
 	}
 	return p, nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -43,6 +44,8 @@ type Row struct {
 	// Outcome is the probe's raw outcome ("" for the lease row).
 	Outcome   probe.Outcome `json:"outcome,omitempty"`
 	ElapsedMS int           `json:"elapsed_ms"`
+
+	kind probe.Kind // the probe target's kind ("" for the lease row)
 }
 
 // Result is the judged containment check of one VM.
@@ -100,7 +103,7 @@ func evaluate(p *Plan, rep *probe.Report, l2 *layer2Seen) *Result {
 	res := &Result{Policy: p.Policy, Facts: rep.Facts, ControlsOK: true, Sampling: p.Sampling}
 	res.Rows = append(res.Rows, leaseRow(p.Lease, rep.Facts))
 	for _, c := range p.Checks {
-		row := Row{Group: c.Group, Name: c.Name, Target: describeTarget(c.Target), Expect: c.Expect, Control: c.Control}
+		row := Row{Group: c.Group, Name: c.Name, Target: describeTarget(c.Target), Expect: c.Expect, Control: c.Control, kind: c.Target.Kind}
 		pr, ok := byID[c.Target.ID]
 		if ok && isLayer2(c) {
 			row.Observed, row.Detail = observeLayer2(c, pr, p.Layer2, l2)
@@ -174,6 +177,8 @@ func why(r Row) string {
 		return "LEAK: the egress policy lets through a name or address it does not allow"
 	case GroupLayer2:
 		return "LEAK: a forged frame from the guest reaches a sibling VM or the node (spoofing, ARP poisoning)"
+	case GroupContainer:
+		return whyContainer(r.kind)
 	}
 	return "LEAK: reachable although the policy says blocked"
 }
@@ -243,6 +248,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 	if c.Target.Kind == probe.KindUDP {
 		return observeUDP(c, r, timeout, with)
 	}
+	if isContainerRow(c) {
+		return observeContainer(c, r)
+	}
 	switch r.Outcome {
 	case probe.OutcomeOpen:
 		if c.Target.Kind == probe.KindKeepAlive {
@@ -285,6 +293,9 @@ func observe(c Check, r probe.Result) (Verdict, string) {
 func describeTarget(t probe.Target) string {
 	if d := describeLayer2(t); d != "" {
 		return d
+	}
+	if slices.Contains(probe.LocalKinds, t.Kind) {
+		return describeContainer(t)
 	}
 	switch t.Kind {
 	case probe.KindHTTP, probe.KindHTTPS:

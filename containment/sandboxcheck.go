@@ -6,7 +6,9 @@ package containment
 // of the node's other sandboxes) around a node-wide part the daemon supplies
 // (host addresses, control ports, metadata, LAN, public targets, and the
 // policy the node's mode promises), runs the probe in the VM through the
-// guest agent and converts the rows. With GuestPorts set it also asks for
+// guest agent, or in a container member through the engine's guest of it
+// (ctguest: no agent; the container rows added, container.go), and
+// converts the rows. With GuestPorts set it also asks for
 // the layer-2 rows on the VM's vnet bridge, leaving the VM's own ports out
 // of the node's watch. An allow-list sandbox whose egress the engine can
 // re-apply (CheckTarget.ReapplyEgress) gets the row of an old keep-alive
@@ -64,8 +66,9 @@ type SandboxChecker struct {
 	GuestAddrs func(vmid int, zone string) ([]netip.Addr, error)
 	// GuestPorts, when set, adds the layer-2 spoofing rows (the Runner
 	// needs an Observer): it names the node's bridge ports of NIC netN of
-	// a VM (firewall.PortNames), which the node's watch leaves out.
-	GuestPorts func(vmid, nic int) []string
+	// member vmid, a container or a VM (firewall.GuestPortNames), which
+	// the node's watch leaves out.
+	GuestPorts func(container bool, vmid, nic int) []string
 
 	// rotation is the last rotation a run took (0: none yet; the first
 	// run starts from the clock, so a restarted daemon does not start at
@@ -117,6 +120,8 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 	if c.GuestPorts != nil {
 		spec.Layer2 = c.layer2(ctx, t, nw, spec.Subnet)
 	}
+	// a container shares the node's kernel: its rows too
+	spec.Container = t.VM.Kind == apitype.KindLXC
 	port := c.OtherZonePort
 	if port == 0 {
 		port = 22
@@ -130,8 +135,11 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
-	agent := AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}
-	res, err := runner.Run(ctx, agent, plan)
+	guest, err := c.guest(t)
+	if err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
+	}
+	res, err := runner.Run(ctx, guest, plan)
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
@@ -148,6 +156,19 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 			Observed: string(r.Observed), Pass: r.Status == Pass, Control: r.Control, Detail: detail})
 	}
 	return rep, nil
+}
+
+// guest is where the probe of t runs: a VM's guest agent (AgentGuest),
+// or a container entered from the node through the engine's guest of it
+// (EngineGuest over ctguest).
+func (c *SandboxChecker) guest(t sandbox.CheckTarget) (Guest, error) {
+	if t.VM.Kind == apitype.KindLXC {
+		if t.Guest == nil {
+			return nil, fmt.Errorf("container %s: no guest to enter it through", t.VM.Name)
+		}
+		return EngineGuest{Guest: t.Guest}, nil
+	}
+	return AgentGuest{Agent: c.Client.Agent(filepath.Join(c.QGADir, strconv.Itoa(t.VM.VMID)+".qga"))}, nil
 }
 
 // withKeepAlive adds the row of an old keep-alive connection to an
@@ -244,7 +265,7 @@ func outsideSandboxes(lan []netip.AddrPort, t sandbox.CheckTarget) []netip.AddrP
 // vnet bridge). The guest's own address, when it tells one inside the
 // subnet, only keeps the spoofed address apart from it.
 func (c *SandboxChecker) layer2(ctx context.Context, t sandbox.CheckTarget, nw *apitype.Network, subnet netip.Prefix) *Layer2Spec {
-	l := &Layer2Spec{Bridge: nw.VNet, GuestPorts: c.GuestPorts(t.VM.VMID, 0)}
+	l := &Layer2Spec{Bridge: nw.VNet, GuestPorts: c.GuestPorts(t.VM.Kind == apitype.KindLXC, t.VM.VMID, 0)}
 	if c.GuestAddrs != nil {
 		addrs, _ := c.GuestAddrs(t.VM.VMID, t.Sandbox.Zone)
 		for _, a := range addrs {

@@ -56,6 +56,24 @@ func PortNames(vmid, n int) []string {
 	return []string{fmt.Sprintf("tap%di%d", vmid, n), fmt.Sprintf("fwpr%dp%d", vmid, n)}
 }
 
+// ContainerPortNames are the bridge port names of NIC netN of container
+// vmid: its veth's host side (pve-container src/PVE/LXC.pm,
+// "lxc.net.N.veth.pair = veth<vmid>i<N>") and, with the Proxmox firewall
+// on the NIC, the fwpr veth, as for a VM (src/lxcnetaddbr plugs the veth
+// with pve-common's tap_plug, which builds the same firewall bridge).
+func ContainerPortNames(vmid, n int) []string {
+	return []string{fmt.Sprintf("veth%di%d", vmid, n), fmt.Sprintf("fwpr%dp%d", vmid, n)}
+}
+
+// GuestPortNames are PortNames of a VM's NIC or, for a container,
+// ContainerPortNames.
+func GuestPortNames(container bool, vmid, n int) []string {
+	if container {
+		return ContainerPortNames(vmid, n)
+	}
+	return PortNames(vmid, n)
+}
+
 // validatePorts checks names, MACs and addresses; it returns the ports
 // sorted by name, or an error naming the bad port.
 func validatePorts(ports []Port) ([]Port, error) {

@@ -7,16 +7,14 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// Check runs the containment check from VM vm of sandbox sb (an operation
-// begun with Begin), with the node's other ready sandboxes as the
-// cross-zone targets. ErrNotConfigured when no Checker is set.
+// Check runs the containment check from member vm of sandbox sb (an
+// operation begun with Begin), a VM or a container (whose Guest enters
+// it from the node; the check adds the rows of a shared kernel), with the
+// node's other ready sandboxes as the cross-zone targets.
+// ErrNotConfigured when no Checker is set.
 func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (apitype.CheckReport, error) {
 	if m.o.Checker == nil {
 		return apitype.CheckReport{}, refuse(ErrNotConfigured, "the containment check is not configured")
-	}
-	if vm.Kind == apitype.KindLXC {
-		// its probe runs through a guest agent, which a container has not
-		return apitype.CheckReport{}, refuse(ErrConflict, "vm %s is a container: the containment check runs from a VM of the sandbox (not yet from a container)", vm.Name)
 	}
 	var others []apitype.Sandbox
 	for _, o := range m.List() {
@@ -41,8 +39,11 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 // CheckTarget is what the containment check needs to know about a sandbox.
 type CheckTarget struct {
 	Sandbox apitype.Sandbox
-	VM      apitype.VM
-	Guest   Guest
+	// VM is the member the probe runs in (Kind says VM or container).
+	VM apitype.VM
+	// Guest is its inside (Engine.Guest): a VM's agent, or the container
+	// entered from the node.
+	Guest Guest
 	// Others are the other ready sandboxes of this node (cross-zone
 	// probes). The check makes no call into their guests: their addresses
 	// come from the node (containment.SandboxChecker.GuestAddrs).
@@ -64,7 +65,7 @@ func (m *Engine) reapplyEgress(ctx context.Context, sb apitype.Sandbox) error {
 }
 
 // Checker runs the containment check (DESIGN.md section 7) from inside a
-// VM. Implemented by containment.SandboxChecker.
+// member, VM or container. Implemented by containment.SandboxChecker.
 type Checker interface {
 	Run(ctx context.Context, t CheckTarget) (apitype.CheckReport, error)
 }

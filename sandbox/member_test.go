@@ -239,15 +239,15 @@ func TestContainerOrphanReconciled(t *testing.T) {
 	}
 }
 
-// TestContainerCheckRefused: the containment check runs its probe through
-// a guest agent, which a container has not: asked of a container it is
-// refused (conflict) before anything runs, and still runs from the VM.
-func TestContainerCheckRefused(t *testing.T) {
+// TestContainerCheck: the containment check runs from a container as
+// from a VM: its target is the container member, and its Guest is the
+// container entered from the node (CTGuests), never an agent socket.
+func TestContainerCheck(t *testing.T) {
 	ctx := context.Background()
 	b := newCTBench(t, ctConf)
-	ran := 0
-	b.o.Checker = checkerFunc(func(context.Context, sandbox.CheckTarget) (apitype.CheckReport, error) {
-		ran++
+	var got []sandbox.CheckTarget
+	b.o.Checker = checkerFunc(func(_ context.Context, ct sandbox.CheckTarget) (apitype.CheckReport, error) {
+		got = append(got, ct)
 		return apitype.CheckReport{Pass: true}, nil
 	})
 	e := b.engine(t)
@@ -255,11 +255,19 @@ func TestContainerCheckRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Check(ctx, sb, sb.VMs[1]); !errors.Is(err, sandbox.ErrConflict) || ran != 0 {
-		t.Errorf("check from the container: %v (ran %d), want a conflict before anything runs", err, ran)
+	entered := b.entered.Load()
+	rep, err := e.Check(ctx, sb, sb.VMs[1])
+	if err != nil || !rep.Pass || rep.VM != "target" {
+		t.Fatalf("check from the container: %+v, %v", rep, err)
 	}
-	if _, err := e.Check(ctx, sb, sb.VMs[0]); err != nil || ran != 1 {
-		t.Errorf("check from the VM: %v (ran %d)", err, ran)
+	if len(got) != 1 || got[0].VM.Kind != apitype.KindLXC || got[0].VM.VMID != sb.VMs[1].VMID || got[0].Guest == nil {
+		t.Fatalf("check target %+v", got)
+	}
+	if b.entered.Load() != entered+1 {
+		t.Errorf("the container's guest was not the one CTGuests enters (%d entries, had %d)", b.entered.Load(), entered)
+	}
+	if _, err := e.Check(ctx, sb, sb.VMs[0]); err != nil || len(got) != 2 || got[1].VM.Kind == apitype.KindLXC {
+		t.Errorf("check from the VM: %v (targets %+v)", err, got)
 	}
 }
 

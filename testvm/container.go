@@ -101,6 +101,30 @@ type ContainerSpec struct {
 	CPUs float64
 	// Net is net0 (nil: no network).
 	Net *ContainerNet
+	// Features are pve-container features turned on (none by default,
+	// the only way the daemon accepts a container).
+	Features ContainerFeatures
+	// IDMap, when set, are raw lxc.idmap values ("u 0 100000 1000"): a
+	// custom id map, which pve-container writes instead of its default
+	// (update_lxc_config). It must map every owner of the root.
+	IDMap []string
+}
+
+// ContainerFeatures are pve-container features of a CT's config
+// (features: keyctl=1,nesting=1). The daemon refuses a container with any
+// of them; the bed has them so that tests can show what the containment
+// check's container rows see without the walls they remove.
+type ContainerFeatures struct {
+	// Keyctl drops the "keyctl errno 38" rule from the seccomp profile
+	// (LXC.pm make_seccomp_config).
+	Keyctl bool
+	// Nesting sets lxc.apparmor.allow_nesting (LXC.pm
+	// make_apparmor_config): lxc mounts fully visible proc and sysfs
+	// instances at /dev/.lxc/proc and /dev/.lxc/sys (lxc's conf.c
+	// nesting_helpers, whatever the LSM), so the container may mount new
+	// ones; with AppArmor also "allow userns," instead of the deny mount
+	// rules.
+	Nesting bool
 }
 
 // ContainerNet is a container NIC: a net[n] of the CT's config.
@@ -252,6 +276,9 @@ func (b *Bed) StartContainer(ctx context.Context, s ContainerSpec) (c *Container
 	if err := b.prepareContainer(s, dir); err != nil {
 		return nil, fmt.Errorf("testvm: container %d: %w", s.VMID, err)
 	}
+	if err := b.writeCTConf(c, s); err != nil {
+		return nil, fmt.Errorf("testvm: container %d: config: %w", s.VMID, err)
+	}
 	logf, err := os.Create(filepath.Join(dir, "monitor.log"))
 	if err != nil {
 		return nil, err
@@ -300,7 +327,7 @@ func (b *Bed) prepareContainer(s ContainerSpec, dir string) error {
 			return fmt.Errorf("setup %s: %w", f.path, err)
 		}
 	}
-	seccomp, err := ctSeccompRules()
+	seccomp, err := ctSeccompRules(s.Features)
 	if err != nil {
 		return err
 	}
@@ -513,5 +540,6 @@ func (b *Bed) stopContainer(ctx context.Context, vmid int, mayStay bool, lxcStop
 	if err := os.RemoveAll(c.Dir); err != nil {
 		errs = append(errs, err)
 	}
+	_ = os.Remove(b.ctConfPath(vmid))
 	return errors.Join(errs...)
 }

@@ -73,6 +73,51 @@ func TestLXCConfig(t *testing.T) {
 	}
 }
 
+// TestLXCConfigFeatures: the lines of pve-container's nesting feature
+// (allow_nesting with or without AppArmor), a raw id map instead of the
+// default one, and the keyctl feature's seccomp profile without its rule.
+func TestLXCConfigFeatures(t *testing.T) {
+	spec := ContainerSpec{VMID: 124, Features: ContainerFeatures{Nesting: true, Keyctl: true},
+		IDMap: []string{"u 0 100000 1000", "u 1000 1000 1"}}
+	for _, c := range []struct {
+		name     string
+		host     lxcHost
+		want     []string
+		wantNone []string
+	}{
+		{"no AppArmor", lxcHost{dir: "/d/124"},
+			[]string{"lxc.apparmor.profile = unconfined", "lxc.apparmor.allow_nesting = 1", "lxc.idmap = u 0 100000 1000", "lxc.idmap = u 1000 1000 1"},
+			[]string{"lxc.idmap = u 0 100000 65536", "allow userns", "deny mount"}},
+		{"AppArmor", lxcHost{dir: "/d/124", appArmor: true},
+			[]string{"lxc.apparmor.profile = generated", "lxc.apparmor.allow_nesting = 1", "lxc.apparmor.raw = allow userns,"},
+			[]string{"deny mount", "lxc.idmap = g 0 100000 65536"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := lxcConfig(spec, c.host)
+			for _, w := range c.want {
+				if !strings.Contains(got, w+"\n") {
+					t.Errorf("missing line %q in\n%s", w, got)
+				}
+			}
+			for _, n := range c.wantNone {
+				if strings.Contains(got, n) {
+					t.Errorf("has %q:\n%s", n, got)
+				}
+			}
+		})
+	}
+	// lxc's common.seccomp (the lxc package, which make deps installs)
+	for _, f := range []ContainerFeatures{{}, {Keyctl: true}} {
+		rules, err := ctSeccompRules(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(rules, "keyctl errno 38") == f.Keyctl || !strings.Contains(rules, "socket errno 97") {
+			t.Errorf("keyctl feature %v: rules\n%s", f.Keyctl, rules)
+		}
+	}
+}
+
 // TestCTSetupFiles: the interfaces file Setup/Debian.pm writes per ip
 // value, and /etc/hostname.
 func TestCTSetupFiles(t *testing.T) {

@@ -49,21 +49,37 @@ func lxcConfig(s ContainerSpec, h lxcHost) string {
 	line("lxc.include", inc)
 	line("lxc.include", filepath.Join(lxcConfigDir, "userns.conf"))
 	line("lxc.seccomp.profile", filepath.Join(h.dir, "rules.seccomp"))
-	if h.appArmor {
-		// make_apparmor_config without nesting or fuse.
+	switch {
+	case h.appArmor:
+		// make_apparmor_config without fuse.
 		line("lxc.apparmor.profile", "generated")
 		line("lxc.apparmor.raw", "allow mqueue,")
-		line("lxc.apparmor.raw", "deny mount -> /proc/,")
-		line("lxc.apparmor.raw", "deny mount -> /sys/,")
-	} else {
+		if s.Features.Nesting {
+			line("lxc.apparmor.allow_nesting", "1")
+			line("lxc.apparmor.raw", "allow userns,")
+		} else {
+			line("lxc.apparmor.raw", "deny mount -> /proc/,")
+			line("lxc.apparmor.raw", "deny mount -> /sys/,")
+		}
+	default:
 		b.WriteString("# pve-inspect bed: no AppArmor on this host (no /sys/kernel/security/apparmor),\n" +
 			"# so none of the profiles pve-container has lxc generate can be loaded.\n")
 		line("lxc.apparmor.profile", "unconfined")
+		if s.Features.Nesting {
+			// lxc mounts its nesting helpers whatever the LSM
+			line("lxc.apparmor.allow_nesting", "1")
+		}
 	}
 	line("lxc.mount.auto", "sys:mixed")
 	line("lxc.monitor.unshare", "1")
-	line("lxc.idmap", "u 0 "+strconv.Itoa(CTIDOffset)+" 65536")
-	line("lxc.idmap", "g 0 "+strconv.Itoa(CTIDOffset)+" 65536")
+	if len(s.IDMap) > 0 {
+		for _, m := range s.IDMap {
+			line("lxc.idmap", m)
+		}
+	} else {
+		line("lxc.idmap", "u 0 "+strconv.Itoa(CTIDOffset)+" 65536")
+		line("lxc.idmap", "g 0 "+strconv.Itoa(CTIDOffset)+" 65536")
+	}
 	// console: 1 (the default): no lxc.console.path line; the bed logs it.
 	line("lxc.console.logfile", filepath.Join(h.dir, "console.log"))
 	line("lxc.tty.max", "2")
@@ -114,20 +130,26 @@ func memoryHigh(mib int) int {
 
 // ctSeccompExtra are the rules pve-container adds to lxc's common seccomp
 // profile for an unprivileged container without the keyctl or mknod
-// features (LXC.pm make_seccomp_config): keyctl answers ENOSYS, btrfs
-// ioctls EPERM, AF_ALG sockets EAFNOSUPPORT.
+// features (LXC.pm make_seccomp_config): btrfs ioctls EPERM, AF_ALG
+// sockets EAFNOSUPPORT, and (ctSeccompKeyctl) keyctl ENOSYS.
 const ctSeccompExtra = "ioctl errno 1 [1,0x9400,SCMP_CMP_MASKED_EQ,0xff00]\n" +
-	"keyctl errno 38\n" +
 	"socket errno 97 [0,38,SCMP_CMP_EQ]\n"
 
+// ctSeccompKeyctl is the keyctl rule, which the keyctl feature drops.
+const ctSeccompKeyctl = "keyctl errno 38\n"
+
 // ctSeccompRules is the container's rules.seccomp: lxc's common.seccomp
-// and ctSeccompExtra.
-func ctSeccompRules() (string, error) {
+// and ctSeccompExtra, with the keyctl rule unless f has keyctl.
+func ctSeccompRules(f ContainerFeatures) (string, error) {
 	common, err := os.ReadFile(filepath.Join(lxcConfigDir, "common.seccomp"))
 	if err != nil {
 		return "", fmt.Errorf("seccomp: %w", err)
 	}
-	return string(common) + ctSeccompExtra, nil
+	rules := string(common) + ctSeccompExtra
+	if !f.Keyctl {
+		rules += ctSeccompKeyctl
+	}
+	return rules, nil
 }
 
 // appArmorEnabled reports whether the host has AppArmor enabled.

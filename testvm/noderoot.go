@@ -11,8 +11,9 @@ import (
 // NodeRoot is a directory tree with the node's files in Proxmox's layout,
 // for code that reads them through a configurable root (the layer-2
 // guard's port map): etc/pve/qemu-server/<vmid>.conf of every running
-// guest (its net0 with MAC and vnet) and var/lib/misc/dnsmasq.<zone>.leases,
-// links to the zones' real dnsmasq lease files.
+// guest and etc/pve/lxc/<vmid>.conf of every running container (their
+// net0 with MAC and vnet), and var/lib/misc/dnsmasq.<zone>.leases, links
+// to the zones' real dnsmasq lease files.
 func (b *Bed) NodeRoot() string { return filepath.Join(b.dir, "noderoot") }
 
 func (b *Bed) vmConfPath(vmid int) string {
@@ -27,6 +28,46 @@ func (b *Bed) writeVMConf(g *Guest) error {
 		return err
 	}
 	conf := fmt.Sprintf("agent: 1\nname: vm%d\nnet0: virtio=%s,bridge=%s\n", g.VMID, strings.ToUpper(g.MAC.String()), g.VNet)
+	return os.WriteFile(p, []byte(conf), 0o644)
+}
+
+func (b *Bed) ctConfPath(vmid int) string {
+	return filepath.Join(b.NodeRoot(), "etc", "pve", "lxc", strconv.Itoa(vmid)+".conf")
+}
+
+// writeCTConf writes a container's configuration (the keys the node's
+// readers use) the way pmxcfs shows pve-container's: net0 in its net
+// format (src/PVE/LXC/Config.pm print_lxc_network: name first).
+func (b *Bed) writeCTConf(c *Container, s ContainerSpec) error {
+	p := b.ctConfPath(c.VMID)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	conf := "arch: amd64\n"
+	if s.Hostname != "" {
+		conf += "hostname: " + s.Hostname + "\n"
+	}
+	if n := s.Net; n != nil {
+		ip := ""
+		if n.IP != "" {
+			ip = ",ip=" + n.IP
+		}
+		conf += fmt.Sprintf("net0: name=%s,bridge=%s,hwaddr=%s%s,type=veth\n", n.Name, n.Bridge, strings.ToUpper(n.MAC.String()), ip)
+	}
+	var features []string
+	if s.Features.Keyctl {
+		features = append(features, "keyctl=1")
+	}
+	if s.Features.Nesting {
+		features = append(features, "nesting=1")
+	}
+	if len(features) > 0 {
+		conf += "features: " + strings.Join(features, ",") + "\n"
+	}
+	for _, m := range s.IDMap {
+		conf += "lxc.idmap: " + m + "\n"
+	}
+	conf += "ostype: debian\nunprivileged: 1\n"
 	return os.WriteFile(p, []byte(conf), 0o644)
 }
 

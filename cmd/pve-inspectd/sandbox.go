@@ -371,8 +371,12 @@ func newCheckCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "check SANDBOX",
-		Short: "run the containment check from inside a sandbox VM; exit 0 only when every probe passes",
-		Long: `Run the containment check from inside a sandbox VM; exit 0 only when every probe passes.
+		Short: "run the containment check from inside a sandbox VM or container; exit 0 only when every probe passes",
+		Long: `Run the containment check from inside a sandbox VM or container; exit 0 only when every probe passes.
+
+From a container the check also tries what the container's root must not
+do on the node's kernel (its id map, the node's /proc/sys and /sys,
+mounts, keyrings, modules, nesting): each row must read denied.
 
 In an allowlist sandbox the check tries an old keep-alive connection after a
 policy change: it re-applies the sandbox's unchanged egress policy once,
@@ -404,7 +408,7 @@ agent's own included (clients reconnect).`,
 		},
 	}
 	af.register(cmd)
-	cmd.Flags().StringVar(&vm, "vm", "", "VM to probe from (default: the first)")
+	cmd.Flags().StringVar(&vm, "vm", "", "VM or container to probe from (default: the first)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -1,7 +1,7 @@
 // Package probe is the guest side of the containment check (DESIGN.md
 // section 7) and the host's strict parser of what it prints.
 //
-// The probe runs inside a sandbox VM as a small static program
+// The probe runs inside a sandbox VM or container as a small static program
 // (cmd/pve-inspect-probe, CGO_ENABLED=0). It reads a [Request] (a JSON list
 // of targets) and writes one [Report]: per target an [Outcome] that keeps
 // apart the answers a firewall can produce (open, refused, timeout,
@@ -10,7 +10,9 @@
 // controls. The layer-2 kinds (layer2.go) send crafted Ethernet frames
 // through a raw packet socket on the default-route interface (the probe
 // runs as root in the guest) and report [OutcomeSent]: only the node sees
-// where they went.
+// where they went. The local kinds (local.go) make harmless system calls
+// on the kernel the probe runs on and report the kernel's answers (errno
+// names, an id map): a container's rows, judged by the host.
 //
 // Design decisions:
 //
@@ -38,5 +40,6 @@
 //     network namespace; the program uses a plain net.Dialer. No proxy from
 //     the environment is ever used and redirects are not followed.
 //   - The probe depends on the standard library (syscall for the packet
-//     socket) and golang.org/x/net/dns/dnsmessage only, to stay small.
+//     socket), golang.org/x/net/dns/dnsmessage and golang.org/x/sys/unix
+//     (the local kinds' calls) only, to stay small.
 package probe

@@ -16,7 +16,8 @@ var reportKeys = map[string]bool{
 	"interfaces": true, "default_route4": true, "default_route6": true, "resolvers": true, "errors": true,
 	"name": true, "up": true, "addrs": true, "iface": true, "gateway": true,
 	"id": true, "outcome": true, "http_status": true, "rcode": true, "answers": true, "detail": true, "elapsed_ms": true,
-	"canary": true,
+	"canary": true, "calls": true, "op": true, "errno": true, "idmap": true, "type": true, "inside": true,
+	"outside": true, "count": true,
 }
 
 // maxReportDepth is the deepest nesting a report has (report, facts,

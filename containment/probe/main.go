@@ -35,8 +35,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.SetOutput(stderr)
 	root := fs.String("root", "/", "prefix of the /proc and /etc paths the facts are read from")
 	selfRemove := fs.Bool("self-remove", false, "delete the probe's own executable and its request file at start (both were uploaded for one run)")
+	nested := fs.String(nestedProcFlag[1:], "", "internal: the nesting row's child (in its new namespaces): mount proc on DIR, say how it went")
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage
+	}
+	if *nested != "" {
+		return NestedProc(*nested, stdout)
 	}
 	if *selfRemove {
 		if exe, err := os.Executable(); err == nil {

@@ -47,6 +47,7 @@ func ValidateRequest(req *Request) error {
 		return fmt.Errorf("request: %d targets, want 1..%d", len(req.Targets), MaxTargets)
 	}
 	seen := make(map[string]bool, len(req.Targets))
+	local := map[Kind]bool{}
 	for i, t := range req.Targets {
 		if err := validateTarget(t); err != nil {
 			return fmt.Errorf("request: target %d (%q): %w", i, clip(t.ID, MaxIDLen), err)
@@ -55,6 +56,14 @@ func ValidateRequest(req *Request) error {
 			return fmt.Errorf("request: target %d: duplicate id %q", i, t.ID)
 		}
 		seen[t.ID] = true
+		if isLocal(t.Kind) {
+			// each answers the same every time; one of each keeps the
+			// report within its bound (TestWorstCaseReportFits)
+			if local[t.Kind] {
+				return fmt.Errorf("request: target %d: a second %s target", i, t.Kind)
+			}
+			local[t.Kind] = true
+		}
 	}
 	return nil
 }
@@ -65,6 +74,9 @@ func validateTarget(t Target) error {
 	}
 	if t.TimeoutMS < 0 || t.TimeoutMS > MaxTimeoutMS {
 		return fmt.Errorf("timeout_ms %d outside 0..%d", t.TimeoutMS, MaxTimeoutMS)
+	}
+	if isLocal(t.Kind) {
+		return validateLocal(t)
 	}
 	ap, err := netip.ParseAddrPort(t.Addr)
 	if err != nil {
@@ -137,7 +149,7 @@ func validateTarget(t Target) error {
 		}
 		return validateUDP(t)
 	default:
-		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp, https-keepalive or a layer-2 kind", clip(string(t.Kind), 16))
+		return fmt.Errorf("kind %q: want tcp, http, https, dns, udp, https-keepalive, a layer-2 or a local kind", clip(string(t.Kind), 16))
 	}
 	return nil
 }
@@ -244,7 +256,7 @@ func validateResult(r Result) error {
 		return err
 	}
 	switch r.Outcome {
-	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError, OutcomeSent, OutcomeReply:
+	case OutcomeOpen, OutcomeRefused, OutcomeTimeout, OutcomeUnreachable, OutcomeNoReply, OutcomeError, OutcomeSent, OutcomeReply, OutcomeTried:
 		if r.HTTPStatus != 0 || r.RCode != "" || r.Answers != 0 {
 			return fmt.Errorf("outcome %s carries response fields", r.Outcome)
 		}
@@ -266,6 +278,9 @@ func validateResult(r Result) error {
 		}
 	default:
 		return fmt.Errorf("unknown outcome %q", clip(string(r.Outcome), 16))
+	}
+	if err := validateLocalResult(r); err != nil {
+		return err
 	}
 	if !validCanary(r.Canary) {
 		return fmt.Errorf("canary %q", clip(string(r.Canary), 16))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -178,6 +179,8 @@ func FuzzParseReport(f *testing.F) {
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`{"version":1,"results":[{"id":"l","outcome":"sent","detail":"UDP from 02:00:5e:10:00:01 10.10.1.100 to 10.10.1.1:9 on eth0, 3 times","elapsed_ms":41}]}`))
 	f.Add([]byte(`{"version":1,"results":[{"id":"l","outcome":"sent","http_status":200,"elapsed_ms":1}]}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"k","outcome":"tried","calls":[{"op":"keyctl get the user keyring","errno":"ENOSYS"},{"op":"mount proc in them"}],"elapsed_ms":0}]}`))
+	f.Add([]byte(`{"version":1,"results":[{"id":"i","outcome":"tried","idmap":[{"type":"uid","inside":0,"outside":100000,"count":65536}],"elapsed_ms":0}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rep, err := ParseReport(data)
 		if err != nil {
@@ -193,6 +196,9 @@ func FuzzParseReport(f *testing.F) {
 		for _, r := range rep.Results {
 			if len(r.Detail) > MaxDetailLen || len(r.ID) > MaxIDLen || (r.Outcome == OutcomeResponse) == (r.HTTPStatus == 0 && r.RCode == "") || !validCanary(r.Canary) {
 				t.Fatalf("accepted bad result %+v", r)
+			}
+			if (len(r.Calls) > 0 || len(r.IDMap) > 0) != (r.Outcome == OutcomeTried) || len(r.Calls) > maxCalls || len(r.IDMap) > 2*maxExtents {
+				t.Fatalf("accepted bad local result %+v", r)
 			}
 		}
 		again, err := ParseReport(mustJSON(t, rep))
@@ -216,6 +222,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"id":"l3","kind":"l2-spoof-mac","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef1","src_mac":"02:00:5e:10:00:01"},` +
 		`{"id":"l4","kind":"l2-garp","addr":"10.10.1.1:9","nonce":"00112233445566778899aabbccddeef2"}]}`))
 	f.Add([]byte(`{"version":1,"targets":[{"id":"t","kind":"tcp","addr":"10.0.0.1:22","nonce":"00112233445566778899aabbccddeeff"}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"p","kind":"local-proc-sys","paths":["/proc/sys/kernel/core_pattern"]},{"id":"n","kind":"local-nesting","timeout_ms":500}]}`))
+	f.Add([]byte(`{"version":1,"targets":[{"id":"p","kind":"local-sysfs","paths":["/sys/../etc/shadow"]}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := ParseRequest(bytes.NewReader(data))
 		if err != nil {
@@ -227,6 +235,11 @@ func FuzzParseRequest(f *testing.F) {
 		for _, tg := range req.Targets {
 			if tg.Payload != "" && (tg.Kind != KindUDP || (tg.Payload != PayloadDNS && tg.Payload != PayloadNTP)) {
 				t.Fatalf("accepted payload %q on a %s target", tg.Payload, tg.Kind)
+			}
+			for _, p := range tg.Paths {
+				if !strings.HasPrefix(p, "/proc/") && !strings.HasPrefix(p, "/sys/") || path.Clean(p) != p {
+					t.Fatalf("accepted path %q on a %s target", p, tg.Kind)
+				}
 			}
 		}
 	})
@@ -272,7 +285,8 @@ func TestMainFromFile(t *testing.T) {
 
 // TestWorstCaseReportFits: a report of MaxTargets results, each as large
 // as the probe can make it (longest id, outcome and canary, a detail of
-// MaxDetailLen bytes that JSON escapes six-fold), with the largest facts
+// MaxDetailLen bytes that JSON escapes six-fold; one of each local kind
+// with the most calls and id map lines), with the largest facts
 // the parser accepts, is written within MaxReportBytes and accepted: a
 // full plan never fails on the size bound.
 func TestWorstCaseReportFits(t *testing.T) {
@@ -282,6 +296,18 @@ func TestWorstCaseReportFits(t *testing.T) {
 		id := fmt.Sprintf("%0*d", MaxIDLen, i)
 		rep.Results = append(rep.Results, Result{ID: id, Outcome: OutcomeResponse, RCode: "RCODE4095", Answers: 65535,
 			Detail: detail, ElapsedMS: maxElapsedMS, Canary: OutcomeUnreachable})
+	}
+	// a request has one target of each local kind: those results carry
+	// the most calls and id map lines the parser takes
+	for i := range LocalKinds {
+		r := &rep.Results[i]
+		r.Outcome, r.RCode, r.Answers, r.Canary = OutcomeTried, "", 0, ""
+		for range maxCalls {
+			r.Calls = append(r.Calls, Call{Op: strings.Repeat("<", maxOpLen), Errno: "E" + strings.Repeat("X", 15)})
+		}
+		for j := range 2 * maxExtents {
+			r.IDMap = append(r.IDMap, IDExtent{Type: []string{"uid", "gid"}[j%2], Inside: 4294967295, Outside: 4294967295, Count: 4294967295})
+		}
 	}
 	addr := "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"
 	for i := range MaxInterfaces {

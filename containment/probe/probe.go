@@ -220,6 +220,8 @@ func (p *Prober) one(ctx context.Context, t Target, zone string) Result {
 		r = p.keepAlive(ctx, t, addr, timeout)
 	case KindL2Control, KindL2SpoofAddr, KindL2SpoofMAC, KindL2GratuitousARP:
 		r = p.layer2(ctx, t, zone)
+	case KindIDMap, KindProcSys, KindSysfs, KindMount, KindKeyring, KindModule, KindNesting:
+		r = p.local(ctx, t)
 	default:
 		r = Result{Outcome: OutcomeError, Detail: "unknown kind"}
 	}

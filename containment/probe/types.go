@@ -100,6 +100,10 @@ type Target struct {
 	// Signal (https-keepalive) is the absolute guest path whose creation
 	// tells the target to send its second request.
 	Signal string `json:"signal,omitempty"`
+
+	// Paths (local-proc-sys, local-sysfs) are the files to open for
+	// writing: absolute, clean, under /proc/ or /sys/ respectively.
+	Paths []string `json:"paths,omitempty"`
 }
 
 // Outcome is what the network answered.
@@ -142,6 +146,12 @@ type Result struct {
 	// address got: refused (the host says when nothing listens), reply,
 	// unreachable or no_reply; "" when it is not known.
 	Canary Outcome `json:"canary,omitempty"`
+	// Calls (a local kind, OutcomeTried) are the calls it made and what
+	// the kernel answered (local.go).
+	Calls []Call `json:"calls,omitempty"`
+	// IDMap (KindIDMap, OutcomeTried) are the lines of the probe's
+	// uid_map and gid_map.
+	IDMap []IDExtent `json:"idmap,omitempty"`
 }
 
 // Facts are the guest's local network facts, the base of the positive controls.

@@ -50,6 +50,45 @@ var (
 // bridge=vnet1,firewall=1"). Unknown properties are ignored; a NIC
 // without a MAC is an error (the guard cannot pin it).
 func ParseNet(key, value string) (NIC, error) {
+	return parseNIC(key, value, func(n *NIC, k, v string) error {
+		switch {
+		case slices.Contains(nicModels, k) || k == "macaddr":
+			if slices.Contains(nicModels, k) {
+				if n.Model != "" {
+					return errors.New("two models")
+				}
+				n.Model = k
+			}
+			if n.MAC != nil {
+				return errors.New("two MAC addresses")
+			}
+			mac, err := parseMAC(v)
+			if err != nil {
+				return err
+			}
+			n.MAC = mac
+		case k == "model":
+			if !slices.Contains(nicModels, v) || n.Model != "" {
+				return fmt.Errorf("bad model %q", v)
+			}
+			n.Model = v
+		}
+		return nil
+	}, func(n *NIC, part string) bool {
+		if slices.Contains(nicModels, part) && n.Model == "" {
+			n.Model = part // model without a MAC
+			return true
+		}
+		return false
+	})
+}
+
+// parseNIC parses a guest config's netN key and its value, a property
+// string of comma-separated parts: bridge and firewall, which both kinds
+// of guest have, here; every other key=value goes to prop, every part
+// without '=' to bare (false, or bare nil: an error). A key given twice,
+// or a NIC without a MAC, is an error.
+func parseNIC(key, value string, prop func(n *NIC, k, v string) error, bare func(n *NIC, part string) bool) (NIC, error) {
 	m := netKeyRE.FindStringSubmatch(key)
 	if m == nil {
 		return NIC{}, fmt.Errorf("%q is not a netN key", key)
@@ -63,8 +102,7 @@ func ParseNet(key, value string) (NIC, error) {
 	for _, part := range strings.Split(value, ",") {
 		k, v, ok := strings.Cut(part, "=")
 		if !ok {
-			if slices.Contains(nicModels, part) && n.Model == "" {
-				n.Model = part // model without a MAC
+			if bare != nil && bare(&n, part) {
 				continue
 			}
 			return NIC{}, fmt.Errorf("%s: property %q has no value", key, part)
@@ -73,40 +111,26 @@ func ParseNet(key, value string) (NIC, error) {
 			return NIC{}, fmt.Errorf("%s: property %s given twice", key, k)
 		}
 		seen[k] = true
-		switch {
-		case slices.Contains(nicModels, k) || k == "macaddr":
-			if slices.Contains(nicModels, k) {
-				if n.Model != "" {
-					return NIC{}, fmt.Errorf("%s: two models", key)
-				}
-				n.Model = k
-			}
-			if n.MAC != nil {
-				return NIC{}, fmt.Errorf("%s: two MAC addresses", key)
-			}
-			mac, err := parseMAC(v)
-			if err != nil {
-				return NIC{}, fmt.Errorf("%s: %w", key, err)
-			}
-			n.MAC = mac
-		case k == "model":
-			if !slices.Contains(nicModels, v) || n.Model != "" {
-				return NIC{}, fmt.Errorf("%s: bad model %q", key, v)
-			}
-			n.Model = v
-		case k == "bridge":
+		var err error
+		switch k {
+		case "bridge":
 			if !bridgeRE.MatchString(v) {
-				return NIC{}, fmt.Errorf("%s: bad bridge %q", key, v)
+				err = fmt.Errorf("bad bridge %q", v)
 			}
 			n.Bridge = v
-		case k == "firewall":
+		case "firewall":
 			switch v {
 			case "0":
 			case "1":
 				n.Firewall = true
 			default:
-				return NIC{}, fmt.Errorf("%s: bad firewall %q", key, v)
+				err = fmt.Errorf("bad firewall %q", v)
 			}
+		default:
+			err = prop(&n, k, v)
+		}
+		if err != nil {
+			return NIC{}, fmt.Errorf("%s: %w", key, err)
 		}
 	}
 	if n.MAC == nil {
@@ -131,6 +155,19 @@ func parseMAC(s string) (net.HardwareAddr, error) {
 // section only: parsing stops at the first snapshot or pending section)
 // and the problems of lines it skipped.
 func ParseConfig(r io.Reader) ([]NIC, []string, error) {
+	return parseConfig(r, ParseNet)
+}
+
+// ParseCTConfig is ParseConfig for a container's configuration
+// (etc/pve/lxc/<vmid>.conf), whose NICs are in pve-container's net format
+// (ParseCTNet).
+func ParseCTConfig(r io.Reader) ([]NIC, []string, error) {
+	return parseConfig(r, ParseCTNet)
+}
+
+// parseConfig returns the NICs of a guest configuration, each netN line
+// parsed by parse.
+func parseConfig(r io.Reader, parse func(key, value string) (NIC, error)) ([]NIC, []string, error) {
 	var nics []NIC
 	var problems []string
 	err := eachLine(r, func(no int, line string) bool {
@@ -141,7 +178,7 @@ func ParseConfig(r io.Reader) ([]NIC, []string, error) {
 		if !ok || !strings.HasPrefix(k, "net") {
 			return true
 		}
-		n, err := ParseNet(k, strings.TrimSpace(v))
+		n, err := parse(k, strings.TrimSpace(v))
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("line %d: %v", no, err))
 			return true
@@ -260,6 +297,9 @@ func eachLine(r io.Reader, fn func(no int, line string) bool) error {
 type VM struct {
 	VMID int
 	NICs []NIC
+	// Container: the guest is a container (its NICs are veths, named by
+	// firewall.ContainerPortNames), not a QEMU VM.
+	Container bool
 }
 
 // Ports maps every NIC of vms to its bridge ports, with the addresses the
@@ -282,7 +322,7 @@ func Ports(vms []VM, leases []Lease, now time.Time, bridges []string) []firewall
 			if bridges != nil && !slices.Contains(bridges, n.Bridge) {
 				continue
 			}
-			names := firewall.PortNames(vm.VMID, n.Index)
+			names := firewall.GuestPortNames(vm.Container, vm.VMID, n.Index)
 			if !n.Firewall {
 				names = names[:1]
 			}
@@ -320,24 +360,55 @@ func readBounded(path string) ([]byte, error) {
 	return b, nil
 }
 
-// ErrNoVMConfigs is ReadVMs' error when the node has no VM configuration
-// directory (yet): the node in a box before its first guest, or /etc/pve
-// while pmxcfs is not mounted. The caller keeps its last map and reads
-// again later; it is not a failure to report.
+// ErrNoVMConfigs is ReadVMs' error when the node has no guest
+// configuration directory (yet), neither for VMs nor for containers: the
+// node in a box before its first guest, or /etc/pve while pmxcfs is not
+// mounted. The caller keeps its last map and reads again later; it is not
+// a failure to report.
 var ErrNoVMConfigs = errors.New("no VM configuration directory")
 
 var confNameRE = regexp.MustCompile(`^([1-9][0-9]{2,8})\.conf$`)
 
-// ReadVMs reads the NICs of every VM configuration of the node
-// (etc/pve/qemu-server/<vmid>.conf), with the problems of skipped lines.
+// ReadVMs reads the NICs of every guest configuration of the node: the
+// VMs' (etc/pve/qemu-server/<vmid>.conf, qemu-server's net format) and
+// the containers' (etc/pve/lxc/<vmid>.conf, pve-container's), with the
+// problems of skipped lines. One missing directory is no guests of that
+// kind; both missing is ErrNoVMConfigs.
 func (p Paths) ReadVMs() ([]VM, []string, error) {
-	dir := p.path("etc", "pve", "qemu-server")
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, fmt.Errorf("read VM configs: %w: %w", ErrNoVMConfigs, err)
+	var vms []VM
+	var problems []string
+	missing := 0
+	for _, kind := range []struct {
+		dir       string
+		container bool
+	}{{"qemu-server", false}, {"lxc", true}} {
+		got, pr, err := p.readGuests(kind.dir, kind.container)
+		if errors.Is(err, fs.ErrNotExist) {
+			missing++
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		vms, problems = append(vms, got...), append(problems, pr...)
 	}
+	if missing == 2 {
+		return nil, nil, fmt.Errorf("read VM configs: %w: no %s or %s", ErrNoVMConfigs, p.path("etc", "pve", "qemu-server"), p.path("etc", "pve", "lxc"))
+	}
+	return vms, problems, nil
+}
+
+// readGuests reads the configurations in etc/pve/<dir>, of containers
+// when container is set.
+func (p Paths) readGuests(dir string, container bool) ([]VM, []string, error) {
+	dir = p.path("etc", "pve", dir)
+	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read VM configs: %w", err)
+		return nil, nil, fmt.Errorf("read guest configs: %w", err)
+	}
+	parse := ParseConfig
+	if container {
+		parse = ParseCTConfig
 	}
 	var vms []VM
 	var problems []string
@@ -352,15 +423,16 @@ func (p Paths) ReadVMs() ([]VM, []string, error) {
 			problems = append(problems, err.Error())
 			continue
 		}
-		nics, pr, err := ParseConfig(bytes.NewReader(b))
+		nics, pr, err := parse(bytes.NewReader(b))
+		name := filepath.Base(dir) + "/" + e.Name()
 		for _, s := range pr {
-			problems = append(problems, e.Name()+": "+s)
+			problems = append(problems, name+": "+s)
 		}
 		if err != nil {
-			problems = append(problems, e.Name()+": "+err.Error())
+			problems = append(problems, name+": "+err.Error())
 			continue
 		}
-		vms = append(vms, VM{VMID: vmid, NICs: nics})
+		vms = append(vms, VM{VMID: vmid, NICs: nics, Container: container})
 	}
 	return vms, problems, nil
 }

@@ -249,7 +249,10 @@ type SnapshotRequest struct {
 
 // CheckRequest is the optional body of POST /v1/sandboxes/{id}/check.
 type CheckRequest struct {
-	// VM names the VM the probes run from (default: the first).
+	// VM names the member the probes run from, a VM or a container
+	// (default: the first). A container's check adds the rows of a shared
+	// kernel (id map, the node's /proc/sys and /sys, mounts, keyrings,
+	// modules, nesting).
 	VM string `json:"vm,omitempty"`
 }
 

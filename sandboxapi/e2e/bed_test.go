@@ -218,7 +218,7 @@ func startCheckedGuard(t *testing.T, ctx context.Context, e *bedEnv, chk *contai
 	}
 	t.Cleanup(func() { node.Close() })
 	chk.Runner.Observer = l2observe.New(l2observe.WithNetNS(node))
-	chk.GuestPorts = firewall.PortNames
+	chk.GuestPorts = firewall.GuestPortNames
 	chk.GuestAddrs = func(vmid int, zone string) ([]netip.Addr, error) {
 		return portmap.Paths{Root: e.bed.NodeRoot()}.GuestAddrs(vmid, zone, time.Now())
 	}
@@ -425,15 +425,33 @@ func asProblem(err error, p **apitype.Problem) bool {
 	return ok
 }
 
+// logCheck logs a containment check's rows, with the detail of those
+// that did not pass.
+func logCheck(t *testing.T, rep apitype.CheckReport) {
+	t.Helper()
+	for _, r := range rep.Rows {
+		t.Logf("%-40s %-50s expect %-9s observed %-9s pass %v", r.Target, r.Probe, r.Expected, r.Observed, r.Pass)
+		if !r.Pass {
+			t.Logf("    %s", r.Detail)
+		}
+	}
+}
+
 // waitGuarded waits until the layer-2 table guards the first NIC of VM
 // vmid with a mapping (the port map learned it).
 func waitGuarded(t *testing.T, g *firewall.Guard, vmid int) {
 	t.Helper()
-	tap := firewall.PortNames(vmid, 0)[0]
+	waitGuardedPort(t, g, firewall.PortNames(vmid, 0)[0])
+}
+
+// waitGuardedPort waits until the layer-2 table guards port with a
+// mapping.
+func waitGuardedPort(t *testing.T, g *firewall.Guard, port string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !guardedPort(g, tap) {
+	for !guardedPort(g, port) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the layer-2 table does not guard %s with a mapping", tap)
+			t.Fatalf("the layer-2 table does not guard %s with a mapping", port)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -563,12 +581,9 @@ func TestBedContainmentCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logCheck(t, rep)
 	otherZone, raw := false, 0
 	for _, r := range rep.Rows {
-		t.Logf("%-40s %-50s expect %-9s observed %-9s pass %v", r.Target, r.Probe, r.Expected, r.Observed, r.Pass)
-		if !r.Pass {
-			t.Logf("    %s", r.Detail)
-		}
 		if strings.Contains(r.Probe, ":22") && !r.Control {
 			otherZone = true
 		}

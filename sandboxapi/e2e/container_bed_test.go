@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/ctguest"
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -28,8 +29,9 @@ const (
 // newContainerBed is a bed environment whose engine also makes
 // containers: the emulator has the container template (granted as
 // pve-access-setup grants a template), the engine the client's container
-// calls and the bed's containers entered from the node (ctguest).
-func newContainerBed(t *testing.T, ctx context.Context) *bedEnv {
+// calls and the bed's containers entered from the node (ctguest); mods
+// change the options after that.
+func newContainerBed(t *testing.T, ctx context.Context, mods ...func(*options)) *bedEnv {
 	t.Helper()
 	testkit.RequireRoot(t, "lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "debootstrap", "nsenter")
 	rootfs, err := testvm.CTRootfs(ctx)
@@ -46,6 +48,9 @@ func newContainerBed(t *testing.T, ctx context.Context) *bedEnv {
 	}, func(o *options) {
 		o.Containers = o.Proxmox.(sandbox.Containers)
 		o.CTGuests = func(vmid int) sandbox.Guest { return cts.Guest(vmid) }
+		for _, mod := range mods {
+			mod(o)
+		}
 	})
 }
 
@@ -162,4 +167,76 @@ func hostUIDOfContainerProcess(t *testing.T, pid int) int {
 	}
 	t.Fatalf("no Uid in /proc/%d/status", pid)
 	return -1
+}
+
+// TestBedContainerCheck: POST /v1/sandboxes/{id}/check from a container
+// member on the bed with the host guard in force. The probe runs in the
+// unprivileged container, entered from the node (no agent), and every
+// row passes: the container's veth is a guest port like a tap (the
+// layer-2 table maps it from the container's config, the spoofing rows
+// are judged on its vnet with its veth left out of the node's watch),
+// the other zone's row aims at another sandbox's container (its address
+// from the node's files), and the container rows (id map, the node's
+// /proc/sys and /sys, mounts, keyrings, modules, nesting) read denied.
+func TestBedContainerCheck(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	hook := &guardHook{}
+	chk := bedChecker(t)
+	e := newContainerBed(t, ctx, func(o *options) {
+		o.Checker = chk
+		o.ZonesChanged = hook.zonesChanged
+	})
+	g := startCheckedGuard(t, ctx, e, chk, hook)
+	a, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm", Template: "debian"},
+		{Name: "ct", Kind: apitype.KindLXC, Template: ctTemplate, MemoryMiB: 512}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "other", Kind: apitype.KindLXC, Template: ctTemplate, MemoryMiB: 512}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, other := a.VMs[1], b.VMs[0]
+	veth := firewall.ContainerPortNames(ct.VMID, 0)[0]
+	waitGuardedPort(t, g, veth)
+	rep, err := e.c.Check(ctx, a.ID, "ct")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.VM != "ct" {
+		t.Errorf("report of %q, want ct", rep.VM)
+	}
+	logCheck(t, rep)
+	container, raw, otherZone := 0, 0, false
+	for _, r := range rep.Rows {
+		switch {
+		case strings.HasPrefix(r.Probe, "local: ") && r.Expected == "denied":
+			container++
+			if r.Observed != "denied" {
+				t.Errorf("container row %q: %s (%s)", r.Target, r.Observed, r.Detail)
+			}
+		case strings.HasPrefix(r.Probe, "raw "):
+			raw++
+		case strings.Contains(r.Probe, other.Addresses[0].IPv4+":22"):
+			otherZone = true
+		}
+	}
+	if container != 7 {
+		t.Errorf("%d container rows, want 7", container)
+	}
+	if raw != 4 {
+		t.Errorf("%d layer-2 rows (control included), want 4", raw)
+	}
+	if !otherZone {
+		t.Errorf("no row probes the other sandbox's container %s", other.Addresses[0].IPv4)
+	}
+	if !rep.Pass || len(rep.Rows) < 20 {
+		t.Errorf("containment check from the container did not pass (%d rows)", len(rep.Rows))
+	}
+	for _, id := range []string{a.ID, b.ID} {
+		if err := e.c.Delete(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
 }

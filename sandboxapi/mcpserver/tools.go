@@ -74,7 +74,7 @@ func (t *tools) register(s *mcp.Server, r int) {
 		mcp.AddTool(s, &mcp.Tool{Name: ToolRollback, Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false), DestructiveHint: ptr(true)},
 			Description: "Roll a sandbox VM back to a named snapshot (discards later changes; the VM is running again when this returns)."}, t.rollback)
 		mcp.AddTool(s, &mcp.Tool{Name: ToolCheck, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
-			Description: "Run the containment check from inside a sandbox VM: a table of probes (node, metadata, LAN, other sandboxes, internet) with expected and observed results."}, t.check)
+			Description: "Run the containment check from inside a sandbox VM or container: a table of probes (node, metadata, LAN, other sandboxes, internet; from a container also its walls on the shared kernel) with expected and observed results."}, t.check)
 	}
 	if r >= 3 {
 		sizes := slices.Sorted(maps.Keys(t.o.Presets))
@@ -143,7 +143,7 @@ type SnapshotResult struct {
 // CheckInput are the arguments of sandbox_check.
 type CheckInput struct {
 	ID string `json:"id" jsonschema:"sandbox id"`
-	VM string `json:"vm,omitempty" jsonschema:"VM to probe from; default: the first"`
+	VM string `json:"vm,omitempty" jsonschema:"VM or container to probe from; default: the first"`
 }
 
 // EgressLogInput are the arguments of sandbox_egress_log.

@@ -78,7 +78,7 @@ func newChecker(cfg config.Config, qc *qga.Client, lv lockdownView, ev egressVie
 			Observer: l2observe.New(obsOpts...)},
 		// the guard's layer-2 table is always in force: the spoofing rows
 		// are expected blocked
-		GuestPorts: firewall.PortNames,
+		GuestPorts: firewall.GuestPortNames,
 		// the other sandboxes' guests, as the node gave them their
 		// addresses: the check never calls into another tenant's guest
 		GuestAddrs: func(vmid int, zone string) ([]netip.Addr, error) {
