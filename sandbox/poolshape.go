@@ -10,13 +10,24 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// PoolShape is one shape of the warm pool: the one-VM sandbox its members
-// are, how many to keep ready and for how long.
+// PoolShape is one shape of the warm pool: the one-member sandbox its
+// members are, how many to keep ready and for how long. The member is a
+// QEMU VM or, with Kind "lxc", an unprivileged container: either is made
+// by the code of a cold create of the same request (buildVM), so a
+// member is cloned, configured, checked and started exactly as that
+// create's member would be.
 type PoolShape struct {
 	// Name names the shape (metrics, listings): [a-z][a-z0-9-]*.
 	Name string `json:"name"`
-	// Template, Cores and MemoryMiB are the member VM's (as a create's
-	// VMRequest; defaults 1 core, 1024 MiB).
+	// Kind is the member's kind: "vm" (default) or "lxc" (a container,
+	// cloned from a container template; the engine must make containers,
+	// Options.Containers and CTGuests). A shape has no field a container
+	// does not take (no disk size, no fixed NIC), so the other fields
+	// mean the same for both kinds.
+	Kind string `json:"kind"`
+	// Template, Cores and MemoryMiB are the member's (as a create's
+	// VMRequest; defaults 1 core, 1024 MiB). Template names a VM template
+	// for kind vm, a container template for kind lxc.
 	Template  string `json:"template"`
 	Cores     int    `json:"cores"`
 	MemoryMiB int    `json:"memory_mib"`
@@ -38,6 +49,9 @@ var reShapeName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
 
 // normalize fills the defaults.
 func (s *PoolShape) normalize() {
+	if s.Kind == "" {
+		s.Kind = apitype.KindVM
+	}
 	if s.Cores == 0 {
 		s.Cores = 1
 	}
@@ -78,6 +92,8 @@ func validateShapes(shapes []PoolShape) error {
 			return fmt.Errorf("sandbox: pool shape name %q: want [a-z][a-z0-9-]*, at most 32 characters", s.Name)
 		case seen[s.Name]:
 			return bad("name used twice")
+		case s.Kind != apitype.KindVM && s.Kind != apitype.KindLXC:
+			return bad("kind %q: want %q (default) or %q", s.Kind, apitype.KindVM, apitype.KindLXC)
 		case s.Template == "":
 			return bad("no template")
 		case s.Cores < 0 || s.MemoryMiB < 0:
@@ -97,7 +113,7 @@ func validateShapes(shapes []PoolShape) error {
 			nets[n] = true
 		}
 		seen[s.Name] = true
-		key := fmt.Sprintf("%s/%d/%d/%s/%s", s.Template, s.Cores, s.MemoryMiB, strings.Join(s.Networks, ","), s.Egress)
+		key := fmt.Sprintf("%s/%s/%d/%d/%s/%s", s.Kind, s.Template, s.Cores, s.MemoryMiB, strings.Join(s.Networks, ","), s.Egress)
 		if other, ok := keys[key]; ok {
 			return bad("matches the same requests as shape %q", other)
 		}
@@ -106,16 +122,27 @@ func validateShapes(shapes []PoolShape) error {
 	return nil
 }
 
+// memberKind is the kind a member of s has in its record (VMRequest.Kind
+// as the API leaves it: "" for a VM, "lxc" for a container).
+func (s PoolShape) memberKind() string {
+	if s.Kind == apitype.KindLXC {
+		return apitype.KindLXC
+	}
+	return ""
+}
+
 // request is the create request a member of s is built from.
 func (s PoolShape) request() apitype.CreateRequest {
-	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm0", Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB, Networks: slices.Clone(s.Networks)}}}
+	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm0", Kind: s.memberKind(), Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB,
+		Networks: slices.Clone(s.Networks)}}}
 	for _, n := range s.Networks {
 		req.Networks = append(req.Networks, apitype.NetworkRequest{Name: n, CIDR: "auto"})
 	}
 	return req
 }
 
-// matches reports whether req asks for exactly a member of s: one VM of
+// matches reports whether req asks for exactly a member of s: one member
+// of the shape's kind (a VM for kind vm, a container for kind lxc) of
 // the template, cores and memory, no disk resize, the shape's networks by
 // name with "auto" ranges, DHCP and SNAT on, the VM on all of them with no
 // NIC's MAC or address fixed (a member's NICs are configured already:
@@ -127,8 +154,8 @@ func (s PoolShape) matches(req apitype.CreateRequest) bool {
 		return false
 	}
 	v := req.VMs[0]
-	if v.Kind == apitype.KindLXC {
-		return false // the pool's members are VMs
+	if (v.Kind == apitype.KindLXC) != (s.Kind == apitype.KindLXC) {
+		return false // a container's request never claims a VM, nor a VM's a container
 	}
 	if v.Template != s.Template || orDefault(v.Cores, 1) != s.Cores || orDefault(v.MemoryMiB, 1024) != s.MemoryMiB || v.DiskGiB != 0 {
 		return false
