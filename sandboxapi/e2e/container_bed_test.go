@@ -28,8 +28,10 @@ const (
 // newContainerBed is a bed environment whose engine also makes
 // containers: the emulator has the container template (granted as
 // pve-access-setup grants a template), the engine the client's container
-// calls and the bed's containers entered from the node (ctguest).
-func newContainerBed(t *testing.T, ctx context.Context) *bedEnv {
+// calls, the bed's containers entered from the node and their exec
+// cgroups swept at a delete (ctguest), as the daemon wires them; mod,
+// when set, changes the options further.
+func newContainerBed(t *testing.T, ctx context.Context, mod func(*options)) *bedEnv {
 	t.Helper()
 	testkit.RequireRoot(t, "lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "debootstrap", "nsenter")
 	rootfs, err := testvm.CTRootfs(ctx)
@@ -46,6 +48,10 @@ func newContainerBed(t *testing.T, ctx context.Context) *bedEnv {
 	}, func(o *options) {
 		o.Containers = o.Proxmox.(sandbox.Containers)
 		o.CTGuests = func(vmid int) sandbox.Guest { return cts.Guest(vmid) }
+		o.CTSweep = func(vmid int) error { return cts.Sweep(vmid) }
+		if mod != nil {
+			mod(o)
+		}
 	})
 }
 
@@ -59,7 +65,7 @@ func newContainerBed(t *testing.T, ctx context.Context) *bedEnv {
 func TestBedContainerMember(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	e := newContainerBed(t, ctx)
+	e := newContainerBed(t, ctx, nil)
 	sb, err := e.c.Create(ctx, apitype.CreateRequest{
 		VMs: []apitype.VMRequest{{Name: "attacker", Template: "debian"},
 			{Name: "target", Kind: apitype.KindLXC, Template: ctTemplate, MemoryMiB: 512}},
