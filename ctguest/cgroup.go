@@ -56,14 +56,18 @@ func checkContainerDir(dir, inner string) error {
 	return nil
 }
 
-// newExecCgroup makes a fresh exec cgroup under the container's cgroup
-// directory dir and opens it.
-func newExecCgroup(dir string) (*execCgroup, error) {
+// newExecName returns the path of a fresh exec cgroup under the
+// container's cgroup directory dir (random, so no two calls share one).
+func newExecName(dir string) (string, error) {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		return nil, err
+		return "", err
 	}
-	p := filepath.Join(dir, execPrefix+hex.EncodeToString(b[:]))
+	return filepath.Join(dir, execPrefix+hex.EncodeToString(b[:])), nil
+}
+
+// newExecCgroup makes the exec cgroup p (newExecName) and opens it.
+func newExecCgroup(p string) (*execCgroup, error) {
 	if err := os.Mkdir(p, 0o755); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%w: exec cgroup: %w", sandbox.ErrGuestUnavailable, err)

@@ -168,11 +168,18 @@ func (c *Client) run(ctx context.Context, vmid int, j *job) (oc *outcome, err er
 	if err := checkContainerDir(dir, c.o.InnerCgroup); err != nil {
 		return nil, err
 	}
-	cg, err := newExecCgroup(dir)
+	p, err := newExecName(dir)
 	if err != nil {
 		return nil, err
 	}
-	c.track(cg.dir, true)
+	// In use before it exists: a Sweep of this container never takes it
+	// for one a dead daemon left.
+	c.track(p, true)
+	cg, err := newExecCgroup(p)
+	if err != nil {
+		c.track(p, false)
+		return nil, err
+	}
 	defer func() {
 		// A cgroup that could not be removed is no longer this call's:
 		// Sweep may try again.

@@ -131,6 +131,17 @@ func (c *Client) ConfigureCT(ctx context.Context, vmid int, v sandbox.CTConfig) 
 	return c.ctGone(ctx, vmid, err)
 }
 
+// SetCTTags implements sandbox.Containers: one PUT .../config with tags
+// and hostname only (synchronous; both fast-plug options of a running CT,
+// pve-container LXC/Config.pm $LXC_FASTPLUG_OPTIONS, written to its config
+// at once and nothing else changed: no NIC is touched, so the running
+// CT's veths stay as they are).
+func (c *Client) SetCTTags(ctx context.Context, vmid int, hostname string, tags []string) error {
+	body := map[string]any{"tags": strings.Join(tags, ";"), "hostname": hostname}
+	err := c.call(ctx, "PUT", fmt.Sprintf("tag CT %d", vmid), c.lxc(vmid)+"/config", body)
+	return c.ctGone(ctx, vmid, err)
+}
+
 // StartCT implements sandbox.Containers. Its NICs are mapped in their
 // zones' dnsmasq by the CT's pre-start hook (pve-container
 // lxc-pve-prestart-hook, pve-network Vnets.pm add_dhcp_mapping), which

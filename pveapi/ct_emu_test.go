@@ -56,7 +56,8 @@ func netFields(v string) map[string]string {
 // a linked clone into the pool, its config set in one update and read
 // back (NIC, memory, swap 0, cores, tags, hostname; the template's other
 // NIC gone), start, status, snapshot and rollback (the CT runs after it),
-// stop (twice: a stopped CT is no error), delete of a running CT; then
+// a running CT's tags and hostname set alone (a pool claim: its NIC
+// kept), stop (twice: a stopped CT is no error), delete of a running CT; then
 // the error paths, the VM and CT id spaces apart; and every request and
 // privilege check the token made is in the access table.
 func TestCTThroughClient(t *testing.T) {
@@ -119,6 +120,21 @@ func TestCTThroughClient(t *testing.T) {
 	if err != nil || info.Name != "web" || info.Pool != access.DefaultPool || info.Template || !slices.Equal(info.Tags, want.Tags) {
 		t.Errorf("CT 150: %+v %v", info, err)
 	}
+	// a warm pool claim's retag of the running CT: tags and hostname at
+	// once (fast-plug), its NIC as it was
+	if err := c.SetCTTags(ctx, 150, "pvei-sbx2-web", []string{"pvei-n-pve", "pvei-s-sbx2"}); err != nil {
+		t.Fatal(err)
+	}
+	tagged, err := c.CTConfigValues(ctx, 150)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tagged["tags"] != "pvei-n-pve;pvei-s-sbx2" || tagged["hostname"] != "pvei-sbx2-web" || tagged["net0"] != cfg["net0"] {
+		t.Errorf("after SetCTTags: tags %q, hostname %q, net0 %q (was %q)", tagged["tags"], tagged["hostname"], tagged["net0"], cfg["net0"])
+	}
+	if info, err := c.CT(ctx, 150); err != nil || info.Status != "running" || info.Name != "pvei-sbx2-web" || !slices.Equal(info.Tags, []string{"pvei-n-pve", "pvei-s-sbx2"}) {
+		t.Errorf("CT 150 after SetCTTags: %+v %v", info, err)
+	}
 	list, err := c.ListCTs(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +173,7 @@ func TestCTThroughClient(t *testing.T) {
 		{"config of a VM's id", func() error { _, err := c.CTConfigValues(ctx, 160); return err }, sandbox.ErrNotFound},
 		{"config of no CT", func() error { _, err := c.CTConfigValues(ctx, 4242); return err }, sandbox.ErrNotFound},
 		{"configure no CT", func() error { return c.ConfigureCT(ctx, 4242, want) }, sandbox.ErrNotFound},
+		{"tag no CT", func() error { return c.SetCTTags(ctx, 4242, "x", want.Tags) }, sandbox.ErrNotFound},
 		{"start of no CT", func() error { return c.StartCT(ctx, 4242) }, sandbox.ErrNotFound},
 		{"stop of no CT", func() error { return c.StopCT(ctx, 4242) }, nil},
 		{"snapshot name taken", func() error { return c.SnapshotCT(ctx, 150, "s1") }, sandbox.ErrExists},

@@ -222,13 +222,18 @@ func (m *Engine) deleteVM(ctx context.Context, sb, kind string, vmid int, wantNa
 			return pxErr(fmt.Sprintf("stop vm %d", vmid), err)
 		}
 	}
-	if err := px.DeleteVM(ctx, vmid); err != nil && !errors.Is(err, ErrNotFound) {
-		return pxErr(fmt.Sprintf("delete vm %d", vmid), err)
-	}
+	// What the daemon left in a container's cgroup (exec cgroups) goes
+	// while the stopped container still holds its id: once destroyed, the
+	// id is free, and the next guest of it (a pool member, another
+	// tenant's container) may run in a cgroup of the same path before a
+	// sweep after the destroy came.
 	if kind == apitype.KindLXC && m.o.CTSweep != nil {
 		if err := m.o.CTSweep(vmid); err != nil {
-			m.log.Warn("remove what the daemon left in a destroyed container", "sandbox", sb, "vmid", vmid, "err", err)
+			m.log.Warn("remove what the daemon left in a stopped container", "sandbox", sb, "vmid", vmid, "err", err)
 		}
+	}
+	if err := px.DeleteVM(ctx, vmid); err != nil && !errors.Is(err, ErrNotFound) {
+		return pxErr(fmt.Sprintf("delete vm %d", vmid), err)
 	}
 	return nil
 }

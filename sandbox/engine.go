@@ -35,8 +35,8 @@ type Options struct {
 	// Containers.
 	CTGuests func(vmid int) Guest
 	// CTSweep, when set, removes what the daemon left of its own in
-	// container vmid once it is destroyed (ctguest's exec cgroups of an
-	// exec a dead daemon left running).
+	// container vmid once it is stopped, before its destroy frees the id
+	// (ctguest's exec cgroups, of an exec a dead daemon left running).
 	CTSweep func(vmid int) error
 	// Checker runs the containment check; nil: Check fails with
 	// ErrNotConfigured.
@@ -174,6 +174,11 @@ func (o *Options) defaults() error {
 	if err != nil {
 		return err
 	}
+	for _, s := range shapes {
+		if s.Kind == apitype.KindLXC && (o.Containers == nil || o.CTGuests == nil) {
+			return fmt.Errorf("sandbox: pool shape %q: kind lxc, but this node makes no containers ([api] containers is off)", s.Name)
+		}
+	}
 	o.WarmPool = shapes
 	if o.DiskThreshold <= 0 {
 		o.DiskThreshold = DefaultDiskThreshold
@@ -252,7 +257,8 @@ type Engine struct {
 	// from members to sbx under mu.
 	members map[string]*record
 	// pool is the warm pool's configuration, wake-up channel and metrics
-	// (pool.go); its fields are set in New and never change.
+	// (pool.go); its fields are set in New and never change, but its
+	// errs map, which mu guards.
 	pool *warmPool
 
 	// idMu protects reserved, the VM ids handed out but not yet cloned, and

@@ -201,6 +201,25 @@ func (m *Engine) buildCT(ctx context.Context, rec *record, spec apitype.VM, vmid
 	return m.writeEnv(ctx, vmid, env)
 }
 
+// retag gives member v (of either kind) the Proxmox name and tags of the
+// sandbox that claimed it: one synchronous config update of each kind's
+// API that changes nothing else (a running member's NICs stay).
+func (m *Engine) retag(ctx context.Context, v apitype.VM, name string, tags []string) error {
+	if v.Kind != apitype.KindLXC {
+		if err := m.tagger.SetVMTags(ctx, v.VMID, name, tags); err != nil {
+			return pxErr(fmt.Sprintf("tag vm %d", v.VMID), err)
+		}
+		return nil
+	}
+	if m.o.Containers == nil {
+		return errNoContainers()
+	}
+	if err := m.o.Containers.SetCTTags(ctx, v.VMID, name, tags); err != nil {
+		return pxErr(fmt.Sprintf("tag container %d", v.VMID), err)
+	}
+	return nil
+}
+
 // ctStatus reads container vmid's run state (no QMP status).
 func (m *Engine) ctStatus(ctx context.Context, vmid int) (VMRunState, error) {
 	if m.o.Containers == nil {

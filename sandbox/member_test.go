@@ -133,8 +133,8 @@ func TestContainerMember(t *testing.T) {
 // privileged, has feature flags (nesting), a mount point, a device or a
 // raw lxc key is refused before anything of the sandbox is made (the
 // template) or the create fails and leaves nothing (the clone); an engine
-// without a container API refuses kind lxc; the warm pool never serves
-// a container.
+// without a container API refuses kind lxc (the warm pool's containers:
+// poolct_test.go).
 func TestContainerRefusals(t *testing.T) {
 	ctx := context.Background()
 	with := func(k, v string) map[string]string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -22,9 +21,15 @@ import (
 //
 //   - A member is a sandbox in every respect but its owner: its own zone
 //     and vnets applied, its VM cloned, hardened, started and answering
-//     its agent, egress policy "none", its zone handed to the host guard
-//     like any other. Members live in Engine.members, never in Engine.sbx,
-//     so no API call (get, exec, files, delete, extend) can reach one.
+//     its agent (or, for a shape of kind lxc, its container cloned from a
+//     container template, checked by ctUnsafe, started and entered by the
+//     daemon), egress policy "none", its zone handed to the host guard
+//     like any other. Both kinds are built by the cold create's own code
+//     (buildVM) from the shape's request. Members live in Engine.members,
+//     never in Engine.sbx, so no API call (get, exec, files, delete,
+//     extend) can reach one: nothing of a tenant runs in a member before
+//     its claim, and the only guest calls it has seen are the daemon's
+//     own pings (charged to PoolOwner).
 //   - A claim moves one ready member from members to sbx under Engine.mu
 //     (so two claims never get the same member) and writes the state file
 //     before anything else: a restart then finds a sandbox being created
@@ -32,10 +37,22 @@ import (
 //     Only then does it put the request's egress policy in force (as a
 //     new instance of the sandbox's egress record, EgressClaimer: what the
 //     member's guest was denied or learned is not the claimer's), tag the
-//     VM with the sandbox's tags and name, write the secrets file, and
-//     give the guest its new name (hostname, /etc/hosts: names.go).
+//     VM with the sandbox's tags and name (a container: its tags and
+//     hostname, retag), write the secrets file, and give the guest its
+//     new name (hostname, /etc/hosts: names.go).
 //   - A member is used once. A claimed sandbox is deleted like any other;
 //     nothing goes back to the pool.
+//   - Tenants never meet through a member. Its record (and with it the
+//     health track, events and egress record keyed by the sandbox id) is
+//     the claimer's from the claim on, its egress record a new instance;
+//     what the engine keeps per VM id (kindOf, the health monitor's
+//     holds, the disk and snapshot busy marks) is read from the live
+//     records or held only for a call, never cached past the member; a
+//     deleted member's id is free for the next clone only once its VM or
+//     container is destroyed, and a container's exec cgroups are swept
+//     before that (deleteVM), so a member that gets the id of another
+//     tenant's deleted container starts from its template's disk, a
+//     cgroup of its own and nothing else.
 //   - Members count against the node caps; a cold create that does not
 //     fit makes room by retiring members (they give way first). Refills
 //     never go past the caps: the pool waits.
@@ -44,172 +61,18 @@ import (
 //     parallel. Retired members go in parallel too, so their deletes share
 //     applies (zones.go coalesces them).
 //   - Members older than the shape's maximum age, whose template now
-//     resolves to another VM, or found broken (VM not running, agent not
-//     answering: the simple check; sandbox health is its own part) are
+//     resolves to another VM (or container template), or found broken (VM
+//     or container not running, agent not answering or the container not
+//     entered: the simple check; sandbox health is its own part) are
 //     retired and replaced.
 //   - Proxmox tags: a member's VMs carry the pool tag "pvei-pool" beside
 //     the node and sandbox tags; a claim replaces them with the sandbox's.
 //     Reconcile re-adopts a member only when the state file says it is one
-//     and its VMs still carry all three tags and run.
+//     and its VMs still carry all three tags, are of the kind recorded,
+//     and run.
 
 // poolTag marks a warm pool member's VMs in Proxmox.
 const poolTag = "pvei-pool"
-
-// PoolShape is one shape of the warm pool: the one-VM sandbox its members
-// are, how many to keep ready and for how long.
-type PoolShape struct {
-	// Name names the shape (metrics, listings): [a-z][a-z0-9-]*.
-	Name string `json:"name"`
-	// Template, Cores and MemoryMiB are the member VM's (as a create's
-	// VMRequest; defaults 1 core, 1024 MiB).
-	Template  string `json:"template"`
-	Cores     int    `json:"cores"`
-	MemoryMiB int    `json:"memory_mib"`
-	// Networks are the member's network names, each "auto" with DHCP and
-	// SNAT on, its VM attached to all of them in order (default ["net0"]).
-	Networks []string `json:"networks"`
-	// Egress is the policy kind a claim may ask for: "open" (default; a
-	// request without an egress object), "none" or "allowlist". The
-	// member itself waits with "none"; the claim puts the request's policy
-	// in force.
-	Egress string `json:"egress"`
-	// Target is how many members to keep.
-	Target int `json:"target"`
-	// MaxAge retires a member this long after it became ready (0: never).
-	MaxAge time.Duration `json:"max_age"`
-}
-
-var reShapeName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,31}$`)
-
-// normalize fills the defaults.
-func (s *PoolShape) normalize() {
-	if s.Cores == 0 {
-		s.Cores = 1
-	}
-	if s.MemoryMiB == 0 {
-		s.MemoryMiB = 1024
-	}
-	if len(s.Networks) == 0 {
-		s.Networks = []string{"net0"}
-	}
-	if s.Egress == "" {
-		s.Egress = "open"
-	}
-}
-
-// ValidateShapes returns the shapes with their defaults filled in, or the
-// first one's error (the configuration's check, and New's).
-func ValidateShapes(shapes []PoolShape) ([]PoolShape, error) {
-	out := slices.Clone(shapes)
-	for i := range out {
-		out[i].Networks = slices.Clone(out[i].Networks)
-	}
-	return out, validateShapes(out)
-}
-
-// validateShapes fills the shapes' defaults and checks them; two shapes
-// that would match the same request are refused.
-func validateShapes(shapes []PoolShape) error {
-	seen := map[string]bool{}
-	keys := map[string]string{}
-	for i := range shapes {
-		s := &shapes[i]
-		s.normalize()
-		bad := func(f string, a ...any) error {
-			return fmt.Errorf("sandbox: pool shape %q: %s", s.Name, fmt.Sprintf(f, a...))
-		}
-		switch {
-		case !reShapeName.MatchString(s.Name):
-			return fmt.Errorf("sandbox: pool shape name %q: want [a-z][a-z0-9-]*, at most 32 characters", s.Name)
-		case seen[s.Name]:
-			return bad("name used twice")
-		case s.Template == "":
-			return bad("no template")
-		case s.Cores < 0 || s.MemoryMiB < 0:
-			return bad("cores and memory must be positive")
-		case s.Target < 0:
-			return bad("target %d is negative", s.Target)
-		case s.MaxAge < 0:
-			return bad("max age %s is negative", s.MaxAge)
-		case !slices.Contains([]string{"open", "none", "allowlist"}, s.Egress):
-			return bad("egress %q: want open, none or allowlist", s.Egress)
-		}
-		nets := map[string]bool{}
-		for _, n := range s.Networks {
-			if !reShapeName.MatchString(n) || nets[n] {
-				return bad("network name %q: want [a-z][a-z0-9-]*, each once", n)
-			}
-			nets[n] = true
-		}
-		seen[s.Name] = true
-		key := fmt.Sprintf("%s/%d/%d/%s/%s", s.Template, s.Cores, s.MemoryMiB, strings.Join(s.Networks, ","), s.Egress)
-		if other, ok := keys[key]; ok {
-			return bad("matches the same requests as shape %q", other)
-		}
-		keys[key] = s.Name
-	}
-	return nil
-}
-
-// request is the create request a member of s is built from.
-func (s PoolShape) request() apitype.CreateRequest {
-	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "vm0", Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB, Networks: slices.Clone(s.Networks)}}}
-	for _, n := range s.Networks {
-		req.Networks = append(req.Networks, apitype.NetworkRequest{Name: n, CIDR: "auto"})
-	}
-	return req
-}
-
-// matches reports whether req asks for exactly a member of s: one VM of
-// the template, cores and memory, no disk resize, the shape's networks by
-// name with "auto" ranges, DHCP and SNAT on, the VM on all of them with no
-// NIC's MAC or address fixed (a member's NICs are configured already:
-// fixed.go), and an egress policy of the shape's kind. Defaults are those
-// of the API's create (sandboxapi fills them before the engine sees the
-// request).
-func (s PoolShape) matches(req apitype.CreateRequest) bool {
-	if len(req.VMs) != 1 || fixesNICs(req) {
-		return false
-	}
-	v := req.VMs[0]
-	if v.Kind == apitype.KindLXC {
-		return false // the pool's members are VMs
-	}
-	if v.Template != s.Template || orDefault(v.Cores, 1) != s.Cores || orDefault(v.MemoryMiB, 1024) != s.MemoryMiB || v.DiskGiB != 0 {
-		return false
-	}
-	nets := req.Networks
-	if len(nets) == 0 {
-		nets = []apitype.NetworkRequest{{Name: "net0", CIDR: "auto"}}
-	}
-	if len(nets) != len(s.Networks) {
-		return false
-	}
-	for i, n := range nets {
-		if n.Name != s.Networks[i] || (n.CIDR != "" && n.CIDR != "auto") || (n.DHCP != nil && !*n.DHCP) || (n.SNAT != nil && !*n.SNAT) {
-			return false
-		}
-	}
-	vnets := v.Networks
-	if len(vnets) == 0 {
-		vnets = []string{nets[0].Name}
-	}
-	if !slices.Equal(vnets, s.Networks) {
-		return false
-	}
-	mode := "open"
-	if req.Egress != nil {
-		mode = req.Egress.Mode
-	}
-	return mode == s.Egress
-}
-
-func orDefault(v, d int) int {
-	if v == 0 {
-		return d
-	}
-	return v
-}
 
 // memberInfo is what makes a record a warm pool member.
 type memberInfo struct {
@@ -221,12 +84,18 @@ type memberInfo struct {
 	yielding bool
 }
 
-// warmPool is the pool's configuration, wake-up and metrics; set in New.
+// warmPool is the pool's configuration, wake-up and metrics; set in New
+// and never changed, but errs.
 type warmPool struct {
 	shapes []PoolShape
 	// kick wakes RunPool to refill (capacity 1: wake-ups coalesce).
 	kick chan struct{}
+	// errs is, per shape name, why the last refill could not build it
+	// (its template unknown, of the other kind, or failing its checks);
+	// guarded by Engine.mu.
+	errs map[string]string
 
+	info    *prometheus.GaugeVec
 	members *prometheus.GaugeVec
 	claims  *prometheus.CounterVec
 	refill  *prometheus.HistogramVec
@@ -234,7 +103,11 @@ type warmPool struct {
 }
 
 func newWarmPool(shapes []PoolShape, reg prometheus.Registerer) (*warmPool, error) {
-	p := &warmPool{shapes: shapes, kick: make(chan struct{}, 1),
+	p := &warmPool{shapes: shapes, kick: make(chan struct{}, 1), errs: map[string]string{},
+		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "pve_inspect", Subsystem: "pool", Name: "shape_info",
+			Help: "Warm pool shapes, 1 each, with the kind of their members (vm, lxc) and their template.",
+		}, []string{"shape", "kind", "template"}),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "pve_inspect", Subsystem: "pool", Name: "members",
 			Help: "Warm pool members by shape and state (ready: claimable; building: being cloned and booted).",
@@ -254,13 +127,14 @@ func newWarmPool(shapes []PoolShape, reg prometheus.Registerer) (*warmPool, erro
 		}, []string{"shape", "reason"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{p.members, p.claims, p.refill, p.retired} {
+		for _, c := range []prometheus.Collector{p.info, p.members, p.claims, p.refill, p.retired} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
 		}
 	}
 	for _, s := range shapes {
+		p.info.WithLabelValues(s.Name, s.Kind, s.Template).Set(1)
 		for _, st := range []string{"ready", "building"} {
 			p.members.WithLabelValues(s.Name, st)
 		}
@@ -512,8 +386,8 @@ func (m *Engine) finishClaim(ctx context.Context, rec *record, env map[string]st
 	m.mu.Unlock()
 	ctx = WithOwner(ctx, owner) // the claimant's calls: charged to the new owner
 	for _, v := range vms {
-		if err := m.tagger.SetVMTags(ctx, v.VMID, m.vmName(id, v.Name), []string{nodeTag(m.o.Node), sandboxTag(id)}); err != nil {
-			return pxErr(fmt.Sprintf("tag vm %d", v.VMID), err)
+		if err := m.retag(ctx, v, m.vmName(id, v.Name), []string{nodeTag(m.o.Node), sandboxTag(id)}); err != nil {
+			return err
 		}
 		if len(env) == 0 {
 			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -601,9 +475,9 @@ func (m *Engine) Pool() apitype.PoolStatus {
 	})
 	for _, s := range m.pool.shapes {
 		c := count[s.Name]
-		st.Shapes = append(st.Shapes, apitype.PoolShapeStatus{Name: s.Name, Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB,
+		st.Shapes = append(st.Shapes, apitype.PoolShapeStatus{Name: s.Name, Kind: s.Kind, Template: s.Template, Cores: s.Cores, MemoryMiB: s.MemoryMiB,
 			Networks: slices.Clone(s.Networks), Egress: s.Egress, Target: s.Target, MaxAgeSeconds: int64(s.MaxAge / time.Second),
-			Ready: c[apitype.StateReady], Building: c[apitype.StateCreating]})
+			Ready: c[apitype.StateReady], Building: c[apitype.StateCreating], Error: m.pool.errs[s.Name]})
 	}
 	return st
 }

@@ -58,7 +58,7 @@ func (m *Engine) checkMembers(ctx context.Context) {
 		rec   *record
 		shape PoolShape
 		tmpl  int
-		vmids []int
+		vms   []apitype.VM
 		state string
 		since time.Time
 	}
@@ -69,16 +69,12 @@ func (m *Engine) checkMembers(ctx context.Context) {
 			continue // building, going, or giving way (a failed teardown of one is retried here)
 		}
 		sh, _ := m.pool.shape(r.member.shape)
-		c := cand{rec: r, shape: sh, tmpl: r.member.template, state: r.State, since: r.CreatedAt}
-		for _, v := range r.VMs {
-			c.vmids = append(c.vmids, v.VMID)
-		}
-		cands = append(cands, c)
+		cands = append(cands, cand{rec: r, shape: sh, tmpl: r.member.template, vms: slices.Clone(r.VMs), state: r.State, since: r.CreatedAt})
 	}
 	m.mu.Unlock()
 	current := map[string]int{}
 	for _, s := range m.pool.shapes {
-		if id, err := m.templateID(ctx, s.Template); err == nil {
+		if id, err := m.templateIDOf(ctx, s.memberKind(), s.Template); err == nil {
 			current[s.Name] = id
 		} else {
 			m.log.Warn("pool: look up template", "shape", s.Name, "err", err)
@@ -94,7 +90,7 @@ func (m *Engine) checkMembers(ctx context.Context) {
 			reason = "age"
 		case current[c.shape.Name] != 0 && current[c.shape.Name] != c.tmpl:
 			reason = "template"
-		case m.memberBroken(ctx, c.vmids) != nil:
+		case m.memberBroken(ctx, c.vms) != nil:
 			reason = "broken"
 		}
 		if reason != "" {
@@ -109,11 +105,17 @@ func (m *Engine) checkMembers(ctx context.Context) {
 	wg.Wait()
 }
 
-// memberBroken is the simple check of a member: every VM running in
-// Proxmox and its agent answering a ping.
-func (m *Engine) memberBroken(ctx context.Context, vmids []int) error {
-	for _, id := range vmids {
-		info, err := m.vms.VM(ctx, id)
+// memberBroken is the simple check of a member: every VM or container
+// running in Proxmox (through its kind's API) and its guest answering a
+// ping (a VM's agent; for a container, the daemon entering it).
+func (m *Engine) memberBroken(ctx context.Context, vms []apitype.VM) error {
+	for _, v := range vms {
+		id := v.VMID
+		px, err := m.opsOf(v.Kind)
+		if err != nil {
+			return err
+		}
+		info, err := px.VM(ctx, id)
 		if err != nil {
 			return fmt.Errorf("vm %d: %w", id, err)
 		}
@@ -182,12 +184,9 @@ func (m *Engine) refill(ctx context.Context) {
 	tmpl := map[string]int{}
 	for name := range want {
 		sh, _ := m.pool.shape(name)
-		id, err := m.templateID(ctx, sh.Template)
-		if err == nil {
-			err = m.checkTemplates(ctx, []string{sh.Template}, []int{id})
-		}
+		id, err := m.shapeTemplate(ctx, sh)
+		m.setShapeError(name, err)
 		if err != nil {
-			m.log.Error("pool: cannot refill shape", "shape", name, "err", err)
 			delete(want, name)
 			continue
 		}
@@ -216,6 +215,62 @@ func (m *Engine) refill(ctx context.Context) {
 		return
 	}
 	m.buildMembers(ctx, batch, ctxs, tmpl, start)
+}
+
+// shapeTemplate resolves the template of shape s by the shape's kind and
+// checks it as a cold create of s's request would (the hardened profile
+// of a VM template, the container rule of a container template: ctUnsafe).
+// A name that is only the other kind's template is refused saying so: a
+// shape of kind lxc naming a VM template, or of kind vm naming a
+// container template.
+func (m *Engine) shapeTemplate(ctx context.Context, s PoolShape) (int, error) {
+	kind := s.memberKind()
+	id, err := m.templateIDOf(ctx, kind, s.Template)
+	var unknown *InvalidError
+	if errors.As(err, &unknown) {
+		switch {
+		case kind == apitype.KindLXC:
+			if _, verr := m.templateID(ctx, s.Template); verr == nil {
+				return 0, invalid("template", "pool shape %q is of kind lxc, and its template %q is a VM template: give it a container template", s.Name, s.Template)
+			}
+		case m.o.Containers != nil:
+			if _, cerr := m.o.Containers.CTTemplateID(ctx, s.Template); cerr == nil {
+				return 0, invalid("template", "pool shape %q is of kind vm, and its template %q is a container template: give the shape kind = \"lxc\"", s.Name, s.Template)
+			}
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	if kind == apitype.KindLXC {
+		err = m.checkCT(ctx, "container template "+s.Template, id)
+	} else {
+		err = m.checkTemplates(ctx, []string{s.Template}, []int{id})
+	}
+	if err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+// setShapeError records why shape cannot refill (nil: it can), for Pool,
+// and logs a new reason once.
+func (m *Engine) setShapeError(shape string, err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	m.mu.Lock()
+	changed := m.pool.errs[shape] != msg
+	if msg == "" {
+		delete(m.pool.errs, shape)
+	} else {
+		m.pool.errs[shape] = msg
+	}
+	m.mu.Unlock()
+	if changed && err != nil {
+		m.log.Error("pool: cannot refill shape", "shape", shape, "err", err)
+	}
 }
 
 // deficits returns, per shape, how many members it lacks.
@@ -386,7 +441,7 @@ func (m *Engine) readopt(ctx context.Context, saved []memberState, byID map[int]
 		for _, v := range s.Sandbox.VMs {
 			info, found := byID[v.VMID]
 			owner, tagged := m.ownedBy(info.Tags)
-			if !found || !tagged || owner != s.Sandbox.ID || !slices.Contains(info.Tags, poolTag) || info.Status != "running" {
+			if !found || !tagged || owner != s.Sandbox.ID || !slices.Contains(info.Tags, poolTag) || info.Status != "running" || info.Kind != v.Kind {
 				ok = false
 			}
 		}

@@ -246,6 +246,12 @@ type Containers interface {
 	CloneCT(ctx context.Context, s CloneSpec) error
 	// ConfigureCT sets c on a CT in one synchronous update.
 	ConfigureCT(ctx context.Context, vmid int, c CTConfig) error
+	// SetCTTags replaces the CT's tags and sets its hostname in one
+	// synchronous update, nothing else of its config (a warm pool claim,
+	// pool.go): a running CT takes both at once (they are among
+	// pve-container's fast-plug options, LXC/Config.pm
+	// $LXC_FASTPLUG_OPTIONS), its NICs untouched.
+	SetCTTags(ctx context.Context, vmid int, hostname string, tags []string) error
 	StartCT(ctx context.Context, vmid int) error
 	// StopCT kills the CT; one that does not run (or does not exist) is
 	// no error.

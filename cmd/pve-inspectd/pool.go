@@ -22,21 +22,29 @@ func writePoolPlan(w io.Writer, p config.PoolSection) error {
 		fmt.Fprintf(w, "\nwarm pool: off (no [[pool.shapes]])\n")
 		return nil
 	}
-	var mem, cores, vms int
+	var mem, cores, vms, cts int
 	for _, s := range shapes {
 		mem += s.Target * s.MemoryMiB
 		cores += s.Target * s.Cores
-		vms += s.Target
+		if s.Kind == apitype.KindLXC {
+			cts += s.Target
+		} else {
+			vms += s.Target
+		}
 	}
-	fmt.Fprintf(w, "\nwarm pool (checked and refilled every %s; holds %d VMs, %d vCPUs, %d MiB idle at its targets):\n", p.Interval, vms, cores, mem)
+	held := fmt.Sprintf("%d VMs", vms)
+	if cts > 0 {
+		held += fmt.Sprintf(", %d containers", cts)
+	}
+	fmt.Fprintf(w, "\nwarm pool (checked and refilled every %s; holds %s, %d vCPUs, %d MiB idle at its targets):\n", p.Interval, held, cores, mem)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  SHAPE\tTEMPLATE\tCORES\tMEMORY\tNETWORKS\tEGRESS\tTARGET\tMAX AGE")
+	fmt.Fprintln(tw, "  SHAPE\tKIND\tTEMPLATE\tCORES\tMEMORY\tNETWORKS\tEGRESS\tTARGET\tMAX AGE")
 	for _, s := range shapes {
 		age := "never"
 		if s.MaxAge > 0 {
 			age = s.MaxAge.String()
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d MiB\t%s\t%s\t%d\t%s\n", s.Name, s.Template, s.Cores, s.MemoryMiB, strings.Join(s.Networks, ","), s.Egress, s.Target, age)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d MiB\t%s\t%s\t%d\t%s\n", s.Name, s.Kind, s.Template, s.Cores, s.MemoryMiB, strings.Join(s.Networks, ","), s.Egress, s.Target, age)
 	}
 	return tw.Flush()
 }
@@ -44,9 +52,14 @@ func writePoolPlan(w io.Writer, p config.PoolSection) error {
 // printPool prints `sandbox list --pool`: the shapes, then the members.
 func printPool(w io.Writer, st apitype.PoolStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SHAPE\tTEMPLATE\tCORES\tMEMORY\tEGRESS\tREADY\tBUILDING\tTARGET")
+	fmt.Fprintln(tw, "SHAPE\tKIND\tTEMPLATE\tCORES\tMEMORY\tEGRESS\tREADY\tBUILDING\tTARGET")
 	for _, s := range st.Shapes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d MiB\t%s\t%d\t%d\t%d\n", s.Name, s.Template, s.Cores, s.MemoryMiB, s.Egress, s.Ready, s.Building, s.Target)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d MiB\t%s\t%d\t%d\t%d\n", s.Name, s.Kind, s.Template, s.Cores, s.MemoryMiB, s.Egress, s.Ready, s.Building, s.Target)
+	}
+	for _, s := range st.Shapes {
+		if s.Error != "" {
+			fmt.Fprintf(tw, "shape %s cannot refill: %s\n", s.Name, s.Error)
+		}
 	}
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "MEMBER\tSHAPE\tSTATE\tVMS\tNETWORKS\tAGE")

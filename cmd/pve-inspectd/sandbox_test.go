@@ -98,7 +98,7 @@ func TestSandboxListPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?m)^small\s+debian\s+1\s+1024 MiB\s+open\s+2\s+0\s+2$`).MatchString(out) ||
+	if !regexp.MustCompile(`(?m)^small\s+vm\s+debian\s+1\s+1024 MiB\s+open\s+2\s+0\s+2$`).MatchString(out) ||
 		!strings.Contains(out, members[0].ID) || !strings.Contains(out, members[1].ID) {
 		t.Fatalf("list --pool:\n%s", out)
 	}

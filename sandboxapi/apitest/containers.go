@@ -123,6 +123,25 @@ func (c *CTs) ConfigureCT(ctx context.Context, id int, cfg sandbox.CTConfig) err
 	return nil
 }
 
+// SetCTTags implements sandbox.Containers: tags and hostname, nothing
+// else (a running container takes both at once).
+func (c *CTs) SetCTTags(ctx context.Context, id int, hostname string, tags []string) error {
+	c.p.mu.Lock()
+	defer c.p.mu.Unlock()
+	if err := c.p.call("SetCTTags"); err != nil {
+		return err
+	}
+	v, err := c.ctLocked(id)
+	if err != nil {
+		return err
+	}
+	v.Info.Name = hostname
+	v.Info.Tags = slices.Clone(tags)
+	v.Config.Tags = slices.Clone(tags)
+	c.Configs[id]["hostname"], c.Configs[id]["tags"] = hostname, strings.Join(tags, ";")
+	return nil
+}
+
 // StartCT implements sandbox.Containers.
 func (c *CTs) StartCT(ctx context.Context, id int) error {
 	c.p.mu.Lock()

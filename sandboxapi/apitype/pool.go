@@ -11,7 +11,10 @@ type PoolStatus struct {
 
 // PoolShapeStatus is one shape of the warm pool with its counts.
 type PoolShapeStatus struct {
-	Name      string   `json:"name"`
+	Name string `json:"name"`
+	// Kind is the members' kind: "vm" (QEMU VMs) or "lxc" (unprivileged
+	// containers); a claim serves creates of one member of that kind.
+	Kind      string   `json:"kind"`
 	Template  string   `json:"template"`
 	Cores     int      `json:"cores"`
 	MemoryMiB int      `json:"memory_mib"`
@@ -25,6 +28,10 @@ type PoolShapeStatus struct {
 	// booted.
 	Ready    int `json:"ready"`
 	Building int `json:"building"`
+	// Error, when set, is why the pool cannot build members of this
+	// shape (its template unknown, of the other kind, or refused by the
+	// hardening checks); it clears once a refill can.
+	Error string `json:"error,omitempty"`
 }
 
 // PoolMember is one member of the warm pool.

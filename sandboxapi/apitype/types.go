@@ -56,8 +56,8 @@ type VMRequest struct {
 	// VM template) or "lxc" (an unprivileged Proxmox container cloned
 	// from a container template, on the same networks and walls; no
 	// guest agent: the daemon enters it from the node). A container
-	// takes no disk_gib, no fixed MAC or address, and is never a warm
-	// pool member (yet).
+	// takes no disk_gib and no fixed MAC or address; a warm pool shape
+	// of kind lxc serves a create of one container.
 	Kind string `json:"kind,omitempty"`
 	// Template is a template name known to the daemon (a VM template for
 	// a VM, a container template for a container).

@@ -29,8 +29,9 @@ const (
 // newContainerBed is a bed environment whose engine also makes
 // containers: the emulator has the container template (granted as
 // pve-access-setup grants a template), the engine the client's container
-// calls and the bed's containers entered from the node (ctguest); mods
-// change the options after that.
+// calls, the bed's containers entered from the node and their exec
+// cgroups swept at a delete (ctguest), as the daemon wires them; mods
+// change the options further.
 func newContainerBed(t *testing.T, ctx context.Context, mods ...func(*options)) *bedEnv {
 	t.Helper()
 	testkit.RequireRoot(t, "lxc-start", "lxc-attach", "lxc-info", "lxc-stop", "debootstrap", "nsenter")
@@ -48,6 +49,7 @@ func newContainerBed(t *testing.T, ctx context.Context, mods ...func(*options)) 
 	}, func(o *options) {
 		o.Containers = o.Proxmox.(sandbox.Containers)
 		o.CTGuests = func(vmid int) sandbox.Guest { return cts.Guest(vmid) }
+		o.CTSweep = func(vmid int) error { return cts.Sweep(vmid) }
 		for _, mod := range mods {
 			mod(o)
 		}

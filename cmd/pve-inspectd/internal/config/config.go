@@ -137,6 +137,9 @@ func (c Config) Validate() error {
 	if err := c.checkEgressOwners(); err != nil {
 		return err
 	}
+	if err := c.Pool.checkKinds("pool", c.API.Containers); err != nil {
+		return err
+	}
 	return c.checkConnLimit()
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // PoolSection configures the warm pool of ready sandboxes ([pool]): per
@@ -22,7 +23,11 @@ type PoolSection struct {
 type PoolShape struct {
 	// Name names the shape in metrics and `sandbox list --pool`.
 	Name string `toml:"name"`
-	// Template, Cores and MemoryMiB are the member VM's (defaults 1 core,
+	// Kind is the member's kind: "vm" (default) or "lxc" (an
+	// unprivileged container; needs [api] containers = true, and a
+	// container template as Template).
+	Kind string `toml:"kind"`
+	// Template, Cores and MemoryMiB are the member's (defaults 1 core,
 	// 1024 MiB: the API's create defaults, so a plain create matches).
 	Template  string `toml:"template"`
 	Cores     int    `toml:"cores"`
@@ -65,6 +70,18 @@ func (p PoolSection) validate(prefix string) error {
 	}
 	if _, err := p.EngineShapes(); err != nil {
 		return &KeyError{Key: prefix + ".shapes", Err: err}
+	}
+	return nil
+}
+
+// checkKinds refuses a shape of kind lxc on a node whose [api] does not
+// make containers (containers): its members could never be built.
+func (p PoolSection) checkKinds(prefix string, containers bool) error {
+	for i, s := range p.Shapes {
+		if s.Kind == apitype.KindLXC && !containers {
+			return &KeyError{Key: fmt.Sprintf("%s.shapes[%d].kind", prefix, i),
+				Err: fmt.Errorf("shape %q is of kind lxc, but [api] containers is off: turn containers on (README: Containers) or give the shape a VM template", s.Name)}
+		}
 	}
 	return nil
 }

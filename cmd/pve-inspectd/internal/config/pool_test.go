@@ -26,6 +26,12 @@ func TestPoolSection(t *testing.T) {
 		{"bad egress", shape + "egress = \"closed\"\n", "pool.shapes", "open, none or allowlist"},
 		{"negative target", "[[pool.shapes]]\nname = \"x\"\ntemplate = \"debian\"\ntarget = -1\n", "pool.shapes", "negative"},
 		{"unknown key", shape + "size = 3\n", "pool.shapes", "unknown"},
+		{"containers", "[api]\ncontainers = true\n" + shape + "kind = \"lxc\"\n", "", ""},
+		{"one template name of each kind", "[api]\ncontainers = true\n" + shape + "[[pool.shapes]]\nname = \"ct\"\nkind = \"lxc\"\ntemplate = \"debian\"\n", "", ""},
+		{"containers off", shape + "kind = \"lxc\"\n", "pool.shapes[0].kind", "[api] containers is off"},
+		{"bad kind", shape + "kind = \"qemu\"\n", "pool.shapes", `kind "qemu": want "vm" (default) or "lxc"`},
+		{"same requests of a kind", "[api]\ncontainers = true\n" + shape + "kind = \"lxc\"\n[[pool.shapes]]\nname = \"other\"\nkind = \"lxc\"\ntemplate = \"debian\"\ntarget = 1\n",
+			"pool.shapes", "same requests"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse(tc.doc)
@@ -38,7 +44,7 @@ func TestPoolSection(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, s := range shapes {
-					if s.Cores < 1 || s.MemoryMiB < 1 || len(s.Networks) == 0 || s.Egress == "" {
+					if s.Cores < 1 || s.MemoryMiB < 1 || len(s.Networks) == 0 || s.Egress == "" || s.Kind == "" {
 						t.Errorf("shape %+v: defaults not filled", s)
 					}
 				}
@@ -54,7 +60,7 @@ func TestPoolSection(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, _ := c.Pool.EngineShapes()
-	if len(s) != 1 || s[0].MaxAge != 6*time.Hour || s[0].Target != 4 || s[0].MemoryMiB != 1024 || s[0].Networks[0] != "net0" || s[0].Egress != "open" {
+	if len(s) != 1 || s[0].MaxAge != 6*time.Hour || s[0].Target != 4 || s[0].MemoryMiB != 1024 || s[0].Networks[0] != "net0" || s[0].Egress != "open" || s[0].Kind != "vm" {
 		t.Errorf("shape %+v", s)
 	}
 }
