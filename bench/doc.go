@@ -1,7 +1,8 @@
 // Package bench is what the sections of `make bench` (cmd/pve-inspect-bench)
 // share: the [Config] every section gets, [Median], the scratch node
-// namespace of the guard sections ([Node]) and the one-guest test bed of the
-// lockdown and guest agent sections ([OneGuestBed]).
+// namespace of the guard sections ([Node]), the one-guest test bed of the
+// lockdown and guest agent sections ([OneGuestBed]), the emulator's node in
+// a box ([EmuNode]) and an engine's API behind a loopback server ([Serve]).
 //
 // # Where things are
 //
@@ -16,6 +17,7 @@
 //	bench/api       the sandbox API on the emulator and the bed vs the client it sits on
 //	bench/egress    the egress checks vs an open zone
 //	bench/scale     the guard's per-change paths at 1, 500 and 2000 bridges and ports
+//	bench/container a one-container sandbox vs a one-VM sandbox of the same shape
 //
 // Each section package has the same files: bench.go measures (Options, a
 // Result, Run) and section.go holds Section, which picks the sizes (full or

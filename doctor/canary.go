@@ -41,6 +41,21 @@ type CanaryOptions struct {
 	DiskBytes int64
 	// StepTimeout bounds each step (default 5 minutes).
 	StepTimeout time.Duration
+	// Containers is [api] containers: the daemon makes containers, so
+	// ContainerCanary drives one.
+	Containers bool
+	// CTTemplate is the container canary's template ("": the first, by
+	// name, of the container templates the token sees on the node).
+	CTTemplate string
+}
+
+func (o *CanaryOptions) defaults() {
+	if o.StreamBytes <= 0 {
+		o.StreamBytes = 64 << 10
+	}
+	if o.StepTimeout <= 0 {
+		o.StepTimeout = 5 * time.Minute
+	}
 }
 
 // canary is one run's state.
@@ -49,9 +64,21 @@ type canary struct {
 	px  API
 	n   Node
 	o   CanaryOptions
-	sb  *apitype.Sandbox
-	rep Report
+	// ct: the sandbox's one member is a container of template o.CTTemplate
+	// (ContainerCanary), not a VM.
+	ct bool
+	// prefix starts every step's name ("canary: ", "canary (container): ").
+	prefix string
+	sb     *apitype.Sandbox
+	rep    Report
 }
+
+// Step names, after the canary's prefix.
+const (
+	stepCreate = "create"
+	stepDelete = "delete"
+	stepLeft   = "nothing left behind"
+)
 
 // Canary creates a sandbox and drives it end to end through the sandbox
 // API: exec, a file both ways on the streaming path and on the disk path,
@@ -60,28 +87,101 @@ type canary struct {
 // step whose predecessor failed is skipped; the sandbox is deleted
 // whatever failed.
 func Canary(ctx context.Context, api SandboxAPI, px API, n Node, o CanaryOptions) Report {
-	if o.StreamBytes <= 0 {
-		o.StreamBytes = 64 << 10
-	}
-	if o.StepTimeout <= 0 {
-		o.StepTimeout = 5 * time.Minute
-	}
-	c := &canary{api: api, px: px, n: n, o: o, rep: Report{Pass: true}}
-	c.step(ctx, "canary: create", c.create)
-	c.step(ctx, "canary: exec", c.exec)
-	c.step(ctx, "canary: file, streaming path", func(ctx context.Context) Outcome {
+	o.defaults()
+	c := &canary{api: api, px: px, n: n, o: o, prefix: "canary: ", rep: Report{Pass: true}}
+	c.step(ctx, stepCreate, c.create)
+	c.step(ctx, "exec", c.exec)
+	c.step(ctx, "file, streaming path", func(ctx context.Context) Outcome {
 		return c.roundTrip(ctx, "/root/doctor-stream", o.StreamBytes, "streaming")
 	})
-	c.step(ctx, "canary: file, disk path", func(ctx context.Context) Outcome {
+	c.step(ctx, "file, disk path", func(ctx context.Context) Outcome {
 		if o.DiskBytes <= 0 {
 			return skipf("[api] disk_transfer_storage is off: no disk path")
 		}
 		return c.roundTrip(ctx, "/root/doctor-disk", o.DiskBytes, "disk")
 	})
-	c.step(ctx, "canary: snapshot and rollback", c.snapshot)
-	c.step(ctx, "canary: containment check", c.check)
+	c.step(ctx, "snapshot and rollback", c.snapshot)
+	c.step(ctx, "containment check", c.check)
+	c.end(ctx)
+	return c.rep
+}
+
+// ContainerCanaryName is the one row of ContainerCanary when it does not
+// run (containers off, no container template).
+const ContainerCanaryName = "canary (container)"
+
+// ContainerCanary is the canary of a sandbox whose one member is an
+// unprivileged container (kind lxc) of o.CTTemplate, when o.Containers
+// is on: create, exec, a file both ways (a container has no disk path),
+// snapshot and rollback, delete, and nothing left on Proxmox (the
+// container, its zone), each a row of its own named "canary (container):
+// ...". The containment check is the VM canary's: asked of a container it
+// is refused. With containers off, or no container template known, it is
+// one row saying so, which does not fail the run.
+func ContainerCanary(ctx context.Context, api SandboxAPI, px API, n Node, o CanaryOptions) Report {
+	o.defaults()
+	if !o.Containers {
+		return Run(ctx, []Check{{Name: ContainerCanaryName, Run: func(context.Context) Outcome {
+			return skipf("[api] containers is off: sandboxes have no container members, nothing to try")
+		}}})
+	}
+	rep := Report{Pass: true}
+	if o.CTTemplate == "" {
+		var name string
+		rep = Run(ctx, []Check{{Name: ContainerCanaryName + ": template", Run: func(ctx context.Context) Outcome {
+			var out Outcome
+			name, out = firstCTTemplate(ctx, px, n)
+			return out
+		}}})
+		if name == "" {
+			return rep
+		}
+		o.CTTemplate = name
+	}
+	c := &canary{api: api, px: px, n: n, o: o, ct: true, prefix: ContainerCanaryName + ": ", rep: rep}
+	c.step(ctx, stepCreate, c.create)
+	c.step(ctx, "exec", c.exec)
+	c.step(ctx, "file, streaming path", func(ctx context.Context) Outcome {
+		return c.roundTrip(ctx, "/root/doctor-stream", o.StreamBytes, "streaming")
+	})
+	c.step(ctx, "snapshot and rollback", c.snapshot)
+	c.end(ctx)
+	return c.rep
+}
+
+// firstCTTemplate returns the first, by name, of the container templates
+// the token sees on node n (GET /nodes/{node}/lxc lists what it may
+// audit; a container's name is its hostname), or "" and why not.
+func firstCTTemplate(ctx context.Context, px API, n Node) (string, Outcome) {
+	var cts []struct {
+		VMID     int    `json:"vmid"`
+		Name     string `json:"name"`
+		Template int    `json:"template"`
+	}
+	if err := px.Get(ctx, "/nodes/"+url.PathEscape(n.Name)+"/lxc", &cts); err != nil {
+		return "", failf("the token needs VM.Audit on the container templates (pve-access-setup --template VMID grants it)", "GET /nodes/%s/lxc: %v", n.Name, err)
+	}
+	var names []string
+	ids := map[string]int{}
+	for _, ct := range cts {
+		if ct.Template == 1 && ct.Name != "" {
+			names = append(names, ct.Name)
+			ids[ct.Name] = ct.VMID
+		}
+	}
+	if len(names) == 0 {
+		return "", warnf("make a container template (pct template VMID) and grant it as pve-access-setup grants a template (--template VMID), or give doctor --ct-template NAME",
+			"[api] containers is on, but the token sees no container template on node %s: no container canary, and every kind lxc member will be refused", n.Name)
+	}
+	slices.Sort(names)
+	return names[0], passf("container template %s (%d), the first of %d by name (--ct-template picks another)", names[0], ids[names[0]], len(names))
+}
+
+// end deletes the sandbox and looks for what it left, whatever failed
+// before.
+func (c *canary) end(ctx context.Context) {
 	deleted := false
-	c.always(ctx, "canary: delete", func(ctx context.Context) Outcome {
+	c.always(ctx, stepDelete, func(ctx context.Context) Outcome {
 		if c.sb == nil {
 			return skipf("nothing was created")
 		}
@@ -91,20 +191,19 @@ func Canary(ctx context.Context, api SandboxAPI, px API, n Node, o CanaryOptions
 		deleted = true
 		return passf("sandbox %s deleted", c.sb.ID)
 	})
-	c.always(ctx, "canary: nothing left behind", func(ctx context.Context) Outcome {
+	c.always(ctx, stepLeft, func(ctx context.Context) Outcome {
 		if c.sb == nil || !deleted {
 			return skipf("no deleted sandbox to look for")
 		}
 		return c.leftovers(ctx)
 	})
-	return c.rep
 }
 
 // step runs f unless an earlier step failed or was skipped for want of a
 // sandbox.
 func (c *canary) step(ctx context.Context, name string, f func(context.Context) Outcome) {
-	if c.sb == nil && name != "canary: create" {
-		c.rep.add(name, skipf("no sandbox (create failed)"), 0)
+	if c.sb == nil && name != stepCreate {
+		c.rep.add(c.prefix+name, skipf("no sandbox (create failed)"), 0)
 		return
 	}
 	c.always(ctx, name, f)
@@ -114,29 +213,41 @@ func (c *canary) step(ctx context.Context, name string, f func(context.Context) 
 func (c *canary) always(ctx context.Context, name string, f func(context.Context) Outcome) {
 	sctx, cancel := context.WithTimeout(ctx, c.o.StepTimeout)
 	defer cancel()
-	if name == "canary: delete" || name == "canary: nothing left behind" {
+	if name == stepDelete || name == stepLeft {
 		// The clean-up runs even when the caller's context ended.
 		sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), c.o.StepTimeout)
 		defer cancel()
 	}
 	o, d := timed(func() Outcome { return f(sctx) })
-	c.rep.add(name, o, d)
+	c.rep.add(c.prefix+name, o, d)
 }
 
 const daemonLog = "read the daemon's log (journalctl -u pve-inspectd) for the Proxmox call that failed; the read-only checks above name most causes"
 
+// ctFix is what to look at when the daemon cannot make or enter a
+// container.
+const ctFix = "the daemon enters containers itself: check [api] lxc_path and container_cgroups, and the unit's drop-in (ProtectControlGroups=no, RestrictNamespaces=no; README, Containers); "
+
 func (c *canary) create(ctx context.Context) Outcome {
-	sb, err := c.api.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: c.o.Template}},
+	req := apitype.VMRequest{Template: c.o.Template}
+	what, fix := "VM", daemonLog
+	if c.ct {
+		req = apitype.VMRequest{Kind: apitype.KindLXC, Template: c.o.CTTemplate}
+		what, fix = "container", "the template must be an unprivileged container without features, devices or mount points (the error names what is not); "+ctFix+daemonLog
+	}
+	sb, err := c.api.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{req},
 		Labels: map[string]string{"pve-inspect-doctor": "canary"}, TTLSeconds: 1800})
 	if err != nil {
-		return failf(daemonLog, "create from template %q: %v", c.o.Template, err)
-	}
-	if len(sb.VMs) != 1 {
-		c.sb = &sb
-		return failf("report this", "sandbox %s has %d VMs, want 1", sb.ID, len(sb.VMs))
+		return failf(fix, "create from template %q: %v", req.Template, err)
 	}
 	c.sb = &sb
-	return passf("sandbox %s: VM %d, zone %s", sb.ID, sb.VMs[0].VMID, sb.Zone)
+	if len(sb.VMs) != 1 {
+		return failf("report this", "sandbox %s has %d VMs, want 1", sb.ID, len(sb.VMs))
+	}
+	if c.ct && sb.VMs[0].Kind != apitype.KindLXC {
+		return failf("report this", "sandbox %s: member %d is of kind %q, want a container (lxc)", sb.ID, sb.VMs[0].VMID, sb.VMs[0].Kind)
+	}
+	return passf("sandbox %s: %s %d, zone %s", sb.ID, what, sb.VMs[0].VMID, sb.Zone)
 }
 
 func (c *canary) vm() string { return c.sb.VMs[0].Name }
@@ -144,7 +255,11 @@ func (c *canary) vm() string { return c.sb.VMs[0].Name }
 func (c *canary) exec(ctx context.Context) Outcome {
 	res, err := c.api.Exec(ctx, c.sb.ID, c.vm(), apitype.ExecRequest{Argv: []string{"uname", "-s"}})
 	if err != nil {
-		return failf("check the template's guest agent (qemu-guest-agent running, agent enabled=1) and [api] qga_dir", "exec: %v", err)
+		fix := "check the template's guest agent (qemu-guest-agent running, agent enabled=1) and [api] qga_dir"
+		if c.ct {
+			fix = ctFix + daemonLog
+		}
+		return failf(fix, "exec: %v", err)
 	}
 	if res.ExitCode != 0 || string(res.Stdout) != "Linux\n" {
 		return failf("check the template's image: uname -s must print Linux", "uname -s: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
@@ -184,7 +299,11 @@ func (c *canary) snapshot(ctx context.Context) Outcome {
 		return failf(daemonLog, "write %s: %v", path, err)
 	}
 	if err := c.api.Snapshot(ctx, c.sb.ID, c.vm(), name); err != nil {
-		return failf("the token needs VM.Snapshot on the pool, and the template's storage must support snapshots (lvmthin, zfs, qcow2 on dir); "+daemonLog, "snapshot: %v", err)
+		storage := "the template's storage must support snapshots (lvmthin, zfs, qcow2 on dir)"
+		if c.ct {
+			storage = "the container template's rootfs storage must support snapshots (lvmthin, zfs, ceph; not a dir storage)"
+		}
+		return failf("the token needs VM.Snapshot on the pool, and "+storage+"; "+daemonLog, "snapshot: %v", err)
 	}
 	if err := c.api.WriteFile(ctx, c.sb.ID, c.vm(), path, strings.NewReader("after\n"), -1, 0); err != nil {
 		return failf(daemonLog, "write %s after the snapshot: %v", path, err)
@@ -219,9 +338,9 @@ func (c *canary) check(ctx context.Context) Outcome {
 	return passf("%d probes pass", len(rep.Rows))
 }
 
-// leftovers looks for the sandbox in the API, and on Proxmox for its VMs,
-// its zone and images of its VMs on the transfer storage (a transfer
-// whose clean-up failed leaks one).
+// leftovers looks for the sandbox in the API, and on Proxmox for its VMs
+// (its container), its zone and images of its VMs on the transfer
+// storage (a transfer whose clean-up failed leaks one).
 func (c *canary) leftovers(ctx context.Context) Outcome {
 	var left []string
 	l, err := c.api.List(ctx)
@@ -236,8 +355,12 @@ func (c *canary) leftovers(ctx context.Context) Outcome {
 	var vms []struct {
 		VMID int `json:"vmid"`
 	}
-	if err := c.px.Get(ctx, "/nodes/"+url.PathEscape(c.n.Name)+"/qemu", &vms); err != nil {
-		return failf("the token needs VM.Audit on the pool", "GET /nodes/%s/qemu: %v", c.n.Name, err)
+	kind, what := "qemu", "VM"
+	if c.ct {
+		kind, what = "lxc", "container"
+	}
+	if err := c.px.Get(ctx, "/nodes/"+url.PathEscape(c.n.Name)+"/"+kind, &vms); err != nil {
+		return failf("the token needs VM.Audit on the pool", "GET /nodes/%s/%s: %v", c.n.Name, kind, err)
 	}
 	for _, v := range c.sb.VMs {
 		if slices.ContainsFunc(vms, func(x struct {
@@ -245,7 +368,7 @@ func (c *canary) leftovers(ctx context.Context) Outcome {
 		}) bool {
 			return x.VMID == v.VMID
 		}) {
-			left = append(left, fmt.Sprintf("VM %d", v.VMID))
+			left = append(left, fmt.Sprintf("%s %d", what, v.VMID))
 		}
 	}
 	var zones []struct {
@@ -259,7 +382,7 @@ func (c *canary) leftovers(ctx context.Context) Outcome {
 			left = append(left, "SDN zone "+z.Zone)
 		}
 	}
-	if st := c.n.TransferStorage; st != "" {
+	if st := c.n.TransferStorage; st != "" && !c.ct {
 		for _, v := range c.sb.VMs {
 			var vols []struct {
 				VolID string `json:"volid"`
@@ -273,7 +396,10 @@ func (c *canary) leftovers(ctx context.Context) Outcome {
 		}
 	}
 	if len(left) > 0 {
-		return failf("remove them by hand (qm destroy, pvesh delete /cluster/sdn/zones/...) and "+daemonLog, "left behind: %s", strings.Join(left, ", "))
+		return failf("remove them by hand (qm destroy or pct destroy, pvesh delete /cluster/sdn/zones/...) and "+daemonLog, "left behind: %s", strings.Join(left, ", "))
+	}
+	if c.ct {
+		return passf("no sandbox, container or zone of %s left", c.sb.ID)
 	}
 	return passf("no sandbox, VM, zone or transfer image of %s left", c.sb.ID)
 }

@@ -25,6 +25,10 @@ type fakeSandboxes struct {
 	checkFails   bool
 	corruptLarge bool // files of 1 MiB and more come back changed
 	stillListed  bool // the deleted sandbox is still listed
+	// requests are the creates asked for; wrongKind answers a container
+	// request with a VM
+	requests  []apitype.CreateRequest
+	wrongKind bool
 }
 
 func newFakeSandboxes() *fakeSandboxes {
@@ -33,12 +37,17 @@ func newFakeSandboxes() *fakeSandboxes {
 
 var fakeSB = apitype.Sandbox{ID: "sbtest01", State: "running", Zone: "sbtest01", VMs: []apitype.VM{{Name: "vm0", VMID: 100}}}
 
-func (f *fakeSandboxes) Create(context.Context, apitype.CreateRequest) (apitype.Sandbox, error) {
+func (f *fakeSandboxes) Create(_ context.Context, r apitype.CreateRequest) (apitype.Sandbox, error) {
+	f.requests = append(f.requests, r)
 	if f.failCreate != nil {
 		return apitype.Sandbox{}, f.failCreate
 	}
 	f.created = true
-	return fakeSB, nil
+	sb := fakeSB
+	if len(r.VMs) == 1 && r.VMs[0].Kind == apitype.KindLXC && !f.wrongKind {
+		sb.VMs = []apitype.VM{{Name: "vm0", VMID: 100, Kind: apitype.KindLXC}}
+	}
+	return sb, nil
 }
 
 func (f *fakeSandboxes) List(context.Context) ([]apitype.Sandbox, error) {
@@ -213,5 +222,97 @@ func TestReportText(t *testing.T) {
 	var back Report
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil || back.Pass || len(back.Checks) != 3 || back.Checks[1].Fix != "do this" {
 		t.Errorf("JSON report: %v %+v", err, back)
+	}
+}
+
+// TestContainerCanary: with [api] containers on, the canary drives a
+// sandbox of one container of the node's first container template (or
+// the one named) through create, exec, a streamed file, snapshot and
+// rollback, delete and the leftover check, each its own row; a failure
+// names what to change. With containers off, or no container template
+// the token sees, it is one row that does not fail the run.
+func TestContainerCanary(t *testing.T) {
+	clean := func() fakeAPI {
+		return fakeAPI{"/nodes/pve/lxc": []map[string]any{{"vmid": 9101, "name": "zz-ct", "template": 1}, {"vmid": 9100, "name": "ct-debian", "template": 1},
+			{"vmid": 200, "name": "a-running-ct", "template": 0}}, "/cluster/sdn/zones?pending=1": []map[string]any{}}
+	}
+	steps := []string{"canary (container): create", "canary (container): exec", "canary (container): file, streaming path",
+		"canary (container): snapshot and rollback", "canary (container): delete", "canary (container): nothing left behind"}
+	withTemplate := append([]string{"canary (container): template"}, steps...)
+	for _, tc := range []struct {
+		name     string
+		o        CanaryOptions
+		fault    func(*fakeSandboxes, fakeAPI)
+		rows     []string
+		want     map[string]Status // the rows not named pass
+		detail   string            // in the first failure's or warning's detail
+		template string            // the create's template ("": no create)
+	}{
+		{name: "containers off", o: CanaryOptions{}, rows: []string{"canary (container)"},
+			want: map[string]Status{"canary (container)": Skip}},
+		{name: "the node's first container template", o: CanaryOptions{Containers: true}, rows: withTemplate, template: "ct-debian"},
+		{name: "the template named", o: CanaryOptions{Containers: true, CTTemplate: "zz-ct"}, rows: steps, template: "zz-ct"},
+		{name: "no container template", o: CanaryOptions{Containers: true}, fault: func(_ *fakeSandboxes, px fakeAPI) {
+			px["/nodes/pve/lxc"] = []map[string]any{{"vmid": 200, "name": "a-running-ct", "template": 0}}
+		}, rows: []string{"canary (container): template"}, want: map[string]Status{"canary (container): template": Warn}, detail: "sees no container template"},
+		{name: "container list refused", o: CanaryOptions{Containers: true}, fault: func(_ *fakeSandboxes, px fakeAPI) { delete(px, "/nodes/pve/lxc") },
+			rows: []string{"canary (container): template"}, want: map[string]Status{"canary (container): template": Fail}, detail: "GET /nodes/pve/lxc"},
+		{name: "create fails", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(f *fakeSandboxes, _ fakeAPI) {
+			f.failCreate = errors.New(`container template 9100 is not an unprivileged container without features, devices or mount points: feature flags nesting=1`)
+		}, rows: steps, template: "ct-debian", detail: "nesting=1",
+			want: map[string]Status{"canary (container): create": Fail, "canary (container): exec": Skip, "canary (container): file, streaming path": Skip,
+				"canary (container): snapshot and rollback": Skip, "canary (container): delete": Skip, "canary (container): nothing left behind": Skip}},
+		{name: "a VM instead", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(f *fakeSandboxes, _ fakeAPI) { f.wrongKind = true },
+			rows: steps, template: "ct-debian", want: map[string]Status{"canary (container): create": Fail}, detail: "want a container"},
+		{name: "rollback restores nothing", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(f *fakeSandboxes, _ fakeAPI) { f.noRollback = true },
+			rows: steps, template: "ct-debian", want: map[string]Status{"canary (container): snapshot and rollback": Fail}, detail: `"after\n"`},
+		{name: "container left on Proxmox", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(_ *fakeSandboxes, px fakeAPI) {
+			px["/nodes/pve/lxc"] = []map[string]any{{"vmid": 9100, "name": "ct-debian", "template": 1}, {"vmid": 100, "name": "pvei-x", "template": 0}}
+		}, rows: steps, template: "ct-debian", want: map[string]Status{"canary (container): nothing left behind": Fail}, detail: "left behind: container 100"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, px := newFakeSandboxes(), clean()
+			if tc.fault != nil {
+				tc.fault(f, px)
+			}
+			rep := ContainerCanary(context.Background(), f, px, Node{Name: "pve", TransferStorage: "local"}, tc.o)
+			var names []string
+			failed := false
+			for _, c := range rep.Checks {
+				names = append(names, c.Name)
+				want := Pass
+				if w, ok := tc.want[c.Name]; ok {
+					want = w
+				}
+				if c.Status != want {
+					t.Errorf("%s: %s (%s), want %s", c.Name, c.Status, c.Detail, want)
+				}
+				if (c.Status == Fail || c.Status == Warn) && c.Fix == "" {
+					t.Errorf("%s: %s without a fix", c.Name, c.Status)
+				}
+				failed = failed || c.Status == Fail
+			}
+			if strings.Join(names, "|") != strings.Join(tc.rows, "|") {
+				t.Errorf("rows %q, want %q", names, tc.rows)
+			}
+			if rep.Pass == failed {
+				t.Errorf("report pass %v, a row failed %v", rep.Pass, failed)
+			}
+			if tc.detail != "" {
+				bad := append(rep.Failed(), rep.Warnings()...)
+				if len(bad) == 0 || !strings.Contains(bad[0].Detail, tc.detail) {
+					t.Errorf("first failure or warning %+v does not name %q", bad, tc.detail)
+				}
+			}
+			switch {
+			case tc.template == "" && len(f.requests) > 0:
+				t.Errorf("created %+v, want no create", f.requests)
+			case tc.template != "" && (len(f.requests) != 1 || len(f.requests[0].VMs) != 1 || f.requests[0].VMs[0].Kind != apitype.KindLXC || f.requests[0].VMs[0].Template != tc.template):
+				t.Errorf("creates %+v, want one container of %s", f.requests, tc.template)
+			}
+			if f.created && !f.deleted {
+				t.Error("the container canary's sandbox was not deleted")
+			}
+		})
 	}
 }

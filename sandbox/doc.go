@@ -59,9 +59,10 @@
 //     next start by Reconcile. The file has its own versioned types
 //     (statefile.go): the wire types may change without changing the disk.
 //   - Health is host-side first: Proxmox and QMP status, the agent's ping,
-//     the VM's cgroup and taps decide; what the agent reports of the guest
-//     is kept apart (guest_reported) and can only degrade a VM, since a
-//     hostile guest can lie about itself. Only exec and file calls (and the
+//     the VM's cgroup and taps (a container's lxc/<vmid> and veths) decide;
+//     what the agent reports of the guest is kept apart (guest_reported)
+//     and can only degrade a VM, since a hostile guest can lie about
+//     itself. Only exec and file calls (and the
 //     check) refuse a broken VM: snapshots, rollbacks and deletes still run,
 //     as they are how a harness recovers.
 //   - A delete turns the sandbox to "deleting" and cancels its operations

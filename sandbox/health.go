@@ -33,8 +33,8 @@ type HealthOptions struct {
 	// Status reads a VM's Proxmox and QMP status; nil: Options.Proxmox
 	// when it implements VMStatusReader, else its VM call (no QMP status).
 	Status VMStatusReader
-	// Node reads a VM's cgroup and tap counters on the node; nil:
-	// NodeReader{} (the node's /sys).
+	// Node reads a member's cgroup and tap (a container's: veth) counters
+	// on the node; nil: NodeReader{} (the node's /sys).
 	Node NodeStats
 	// EventBuffer is how many events GET /v1/events can replay (1024).
 	EventBuffer int
@@ -97,14 +97,21 @@ func (v vmInfoStatus) VMStatus(ctx context.Context, vmid int) (VMRunState, error
 	return VMRunState{Status: info.Status}, nil
 }
 
-// NodeStats reads a VM's resources on the node: its cgroup
-// (qemu.slice/<vmid>.scope) and its tap devices (tap<vmid>i<n>, n below
-// nics). Sources that cannot be read are named in VMStats.Missing.
+// NodeStats reads a sandbox member's resources on the node. Sources that
+// cannot be read are named in VMStats.Missing ("cgroup", "taps",
+// "veths").
 type NodeStats interface {
+	// VMStats reads VM vmid's: its cgroup (qemu.slice/<vmid>.scope) and
+	// its tap devices (tap<vmid>i<n>, n below nics).
 	VMStats(vmid, nics int) VMStats
+	// CTStats reads container vmid's: its cgroup (lxc/<vmid>, the
+	// container's ns below it) and its veths (veth<vmid>i<n>, n below
+	// nics).
+	CTStats(vmid, nics int) VMStats
 }
 
-// VMStats are a VM's counters read on the node.
+// VMStats are a member's counters read on the node (a VM's or a
+// container's).
 type VMStats struct {
 	CPUSeconds                             float64
 	MemoryBytes, MemoryPeakBytes           uint64
@@ -409,8 +416,9 @@ type vmCheck struct {
 	fsAsked bool
 }
 
-// checkVM reads one VM's signals: Proxmox and QMP status, the agent's
-// ping, its cgroup and taps, and what the agent reports of the guest.
+// checkVM reads one member's signals: Proxmox and QMP status, the agent's
+// ping (a container's: the daemon enters it), its cgroup and taps (a
+// container's veths), and what the agent reports of the guest.
 func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
 	c := vmCheck{name: vm.Name, vmid: vm.VMID}
 	hm := m.health
@@ -428,7 +436,11 @@ func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
 		c.run, c.runErr = hm.o.Status.VMStatus(sctx, vm.VMID)
 	}
 	cancel()
-	c.stats = hm.o.Node.VMStats(vm.VMID, max(len(vm.Networks), 1))
+	if vm.Kind == apitype.KindLXC {
+		c.stats = hm.o.Node.CTStats(vm.VMID, max(len(vm.Networks), 1))
+	} else {
+		c.stats = hm.o.Node.VMStats(vm.VMID, max(len(vm.Networks), 1))
+	}
 	if c.runErr != nil || c.run.Status != "running" {
 		return c
 	}

@@ -29,18 +29,25 @@ func (c *clock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// nodeStats is a settable NodeStats.
+// nodeStats is a settable NodeStats: st holds VMs' counters, ct
+// containers' (each kind read through its own call).
 type nodeStats struct {
 	mu sync.Mutex
 	st map[int]sandbox.VMStats
+	ct map[int]sandbox.VMStats
 }
 
-func (n *nodeStats) VMStats(vmid, _ int) sandbox.VMStats {
+func (n *nodeStats) VMStats(vmid, _ int) sandbox.VMStats { return n.get(n.st, vmid, "taps") }
+func (n *nodeStats) CTStats(vmid, _ int) sandbox.VMStats { return n.get(n.ct, vmid, "veths") }
+
+// get returns vmid's counters in m, or none with its cgroup and ports
+// missing.
+func (n *nodeStats) get(m map[int]sandbox.VMStats, vmid int, ports string) sandbox.VMStats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st, ok := n.st[vmid]
+	st, ok := m[vmid]
 	if !ok {
-		return sandbox.VMStats{Missing: []string{"cgroup", "taps"}}
+		return sandbox.VMStats{Missing: []string{"cgroup", ports}}
 	}
 	return st
 }

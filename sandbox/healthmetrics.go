@@ -45,8 +45,8 @@ func newHealthMetrics(reg prometheus.Registerer, hm *healthMonitor) (*healthMetr
 	return m, nil
 }
 
-// vmCollector exports one series per ready sandbox VM and signal,
-// labelled sandbox, vm, vmid and owner.
+// vmCollector exports one series per ready sandbox member (VM or
+// container) and signal, labelled sandbox, vm, vmid and owner.
 type vmCollector struct {
 	hm                                      *healthMonitor
 	cpu, mem, peak, oom, rd, wr, rtt, since *prometheus.Desc
@@ -60,15 +60,15 @@ func newVMCollector(hm *healthMonitor) *vmCollector {
 		return prometheus.NewDesc("pve_inspect_sandbox_vm_"+name, help, append(append([]string{}, vmLabels...), extra...), nil)
 	}
 	return &vmCollector{hm: hm,
-		cpu:        d("cpu_seconds_total", "CPU time of the VM's cgroup on the node (qemu.slice/<vmid>.scope)."),
-		mem:        d("memory_bytes", "Memory in use by the VM's cgroup on the node."),
-		peak:       d("memory_peak_bytes", "Peak memory of the VM's cgroup on the node."),
-		oom:        d("oom_kills_total", "OOM kills counted in the VM's cgroup on the node."),
-		rd:         d("disk_read_bytes_total", "Bytes the VM's cgroup read from block devices."),
-		wr:         d("disk_write_bytes_total", "Bytes the VM's cgroup wrote to block devices."),
-		netBytes:   d("network_bytes_total", "Bytes through the VM's tap devices, by direction (to_guest, from_guest).", "direction"),
-		netPackets: d("network_packets_total", "Packets through the VM's tap devices, by direction (to_guest, from_guest).", "direction"),
-		rtt:        d("agent_rtt_seconds", "Round trip of the last answered guest agent ping."),
+		cpu:        d("cpu_seconds_total", "CPU time of the member's cgroup on the node (a VM's qemu.slice/<vmid>.scope, a container's lxc/<vmid>)."),
+		mem:        d("memory_bytes", "Memory in use by the member's cgroup on the node."),
+		peak:       d("memory_peak_bytes", "Peak memory of the member's cgroup on the node."),
+		oom:        d("oom_kills_total", "OOM kills counted in the member's cgroup on the node."),
+		rd:         d("disk_read_bytes_total", "Bytes the member's cgroup read from block devices."),
+		wr:         d("disk_write_bytes_total", "Bytes the member's cgroup wrote to block devices."),
+		netBytes:   d("network_bytes_total", "Bytes through the member's tap devices (a container's veths), by direction (to_guest, from_guest).", "direction"),
+		netPackets: d("network_packets_total", "Packets through the member's tap devices (a container's veths), by direction (to_guest, from_guest).", "direction"),
+		rtt:        d("agent_rtt_seconds", "Round trip of the last answered guest agent ping (a container's: the daemon entering it)."),
 		since:      d("agent_silence_seconds", "Seconds since the guest agent last answered a ping."),
 		health:     d("health", "1 for the VM's health state (ok, degraded, broken), 0 for the others.", "state"),
 		up:         d("agent_up", "1 when the last guest agent ping was answered."),

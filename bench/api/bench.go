@@ -20,7 +20,6 @@ import (
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -138,19 +137,11 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := sandboxapi.New(eng, sandboxapi.Options{
-		MaxFileBytes: 2 << 30,
-		Logger:       slog.New(slog.DiscardHandler),
-	})
+	c, closeAPI, err := bench.Serve(ctx, eng, sandboxapi.Options{MaxFileBytes: 2 << 30})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := eng.Reconcile(ctx); err != nil {
-		return nil, err
-	}
-	hs := httptest.NewServer(srv.LocalHandler())
-	defer hs.Close()
-	c := client.New(hs.URL)
+	defer closeAPI()
 	res := &Result{}
 
 	// lifecycle

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
@@ -96,16 +95,11 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := sandboxapi.New(eng, sandboxapi.Options{Logger: slog.New(slog.DiscardHandler)})
+	c, closeAPI, err := bench.Serve(ctx, eng, sandboxapi.Options{})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := eng.Reconcile(ctx); err != nil {
-		return nil, err
-	}
-	hs := httptest.NewServer(srv.LocalHandler())
-	defer hs.Close()
-	c := client.New(hs.URL)
+	defer closeAPI()
 	req := apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}}
 	res := &Result{CallsPerClaim: map[string]float64{}}
 	r := &runner{ctx: ctx, stateDir: stateDir, eng: eng, emu: node.Emu, c: c, req: req}

@@ -4,6 +4,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/bench"
 	"github.com/pve-inspect/pve-inspect/bench/api"
 	"github.com/pve-inspect/pve-inspect/bench/cluster"
+	"github.com/pve-inspect/pve-inspect/bench/container"
 	"github.com/pve-inspect/pve-inspect/bench/egress"
 	"github.com/pve-inspect/pve-inspect/bench/guard"
 	"github.com/pve-inspect/pve-inspect/bench/layer2"
@@ -36,4 +37,5 @@ var sections = []section{
 	{"pool", "a claim from the warm pool vs a cold create of the same shape, its Proxmox calls, 20 creates against a pool of 4", pool.Section},
 	{"cluster", "creates per minute on one node and on three, an SDN apply at 10, 100 and 300 zones: shared applies vs one per create", cluster.Section},
 	{"neighbour", "tenant B's exec, DNS, events and the node's APIs, alone vs while tenant A floods and holds every quota", neighbour.Section},
+	{"container", "a one-container sandbox vs a one-VM sandbox of the same shape: cold create, exec round trip, pool claim, idle memory, the issue's goals", container.Section},
 }

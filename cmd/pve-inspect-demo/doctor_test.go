@@ -20,7 +20,9 @@ import (
 // --disk-transfer-storage local): every
 // read-only check passes, the unit check is skipped (the daemon runs
 // outside systemd here), and the canary's every step passes, both file
-// paths included; the exit status is 0 and the human table says so too.
+// paths included, and so does the container canary's on the playground's
+// container template (its [api] containers is on); the exit status is 0
+// and the human table says so too.
 func TestPlaygroundDoctor(t *testing.T) {
 	testkit.RequireRoot(t)
 	bin := buildBins(t)
@@ -67,13 +69,23 @@ func TestPlaygroundDoctor(t *testing.T) {
 		"canary: create": doctor.Pass, "canary: exec": doctor.Pass, "canary: file, streaming path": doctor.Pass,
 		"canary: file, disk path": doctor.Pass, "canary: snapshot and rollback": doctor.Pass, "canary: containment check": doctor.Pass,
 		"canary: delete": doctor.Pass, "canary: nothing left behind": doctor.Pass, "pool VM NICs": doctor.Pass,
+		// the playground's [api] containers is on, its container template
+		// ct-debian the only one
+		"canary (container): template": doctor.Pass, "canary (container): create": doctor.Pass, "canary (container): exec": doctor.Pass,
+		"canary (container): file, streaming path": doctor.Pass, "canary (container): snapshot and rollback": doctor.Pass,
+		"canary (container): delete": doctor.Pass, "canary (container): nothing left behind": doctor.Pass,
 	} {
 		if got[name] != want {
 			t.Errorf("check %q: %q, want %q", name, got[name], want)
 		}
 	}
-	if len(rep.Checks) != 26 {
-		t.Errorf("%d checks, want 26", len(rep.Checks))
+	if len(rep.Checks) != 33 {
+		t.Errorf("%d checks, want 33", len(rep.Checks))
+	}
+	for _, c := range rep.Checks {
+		if c.Name == "canary (container): template" && !strings.Contains(c.Detail, "ct-debian") {
+			t.Errorf("container canary's template: %s", c.Detail)
+		}
 	}
 
 	// The human table of the read-only checks, with the shipped unit's

@@ -33,7 +33,7 @@ func newDoctorCmd(g *globals) *cobra.Command {
 		af                 apiFlags
 		asJSON, canary     bool
 		template, unitName string
-		unitFile           string
+		unitFile, ctTmpl   string
 	)
 	cmd := &cobra.Command{
 		Use:   "doctor",
@@ -42,7 +42,9 @@ func newDoctorCmd(g *globals) *cobra.Command {
 			"the storages of the templates and the transfer storage (images, active, in the pool); SDN (no pending edits of others) and dnsmasq; the pve IPAM; " +
 			"each template (hardened, disk hotplug, guest agent); the unit's sandbox against the transfer storage's path; the guard; [guard] node_conn_limit below the node's nf_conntrack_max; conntrack accounting on (nf_conntrack_acct, for the egress record's flows); the lockdown. " +
 			"With --canary, through the running daemon's API: create a sandbox, exec, a file both ways on the streaming and on the disk path, snapshot and rollback, " +
-			"the containment check, delete, and nothing left on Proxmox; each step timed. Every failure says what to change. Exit 0 only when no check fails.",
+			"the containment check, delete, and nothing left on Proxmox; each step timed. With [api] containers on, the same for a sandbox of one container " +
+			"(create, exec, a file both ways, snapshot and rollback, delete, nothing left), each row named \"canary (container): ...\"; with containers off, one row says so. " +
+			"Every failure says what to change. Exit 0 only when no check fails.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.loadConfig()
@@ -51,7 +53,7 @@ func newDoctorCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), af.timeout)
 			defer cancel()
-			rep := runDoctor(ctx, g, &af, cfg, doctorOptions{canary: canary, template: template, unitName: unitName, unitFile: unitFile})
+			rep := runDoctor(ctx, g, &af, cfg, doctorOptions{canary: canary, template: template, ctTemplate: ctTmpl, unitName: unitName, unitFile: unitFile})
 			if asJSON {
 				err = rep.WriteJSON(cmd.OutOrStdout())
 			} else {
@@ -70,15 +72,16 @@ func newDoctorCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	cmd.Flags().BoolVar(&canary, "canary", false, "also create a sandbox through the daemon's API and drive it end to end (needs the daemon running)")
 	cmd.Flags().StringVar(&template, "template", "", "template of the canary (default: [mcp] default_template, else the first of [api] templates)")
+	cmd.Flags().StringVar(&ctTmpl, "ct-template", "", "container template of the container canary, with [api] containers on (default: the first, by name, of the node's container templates the token sees)")
 	cmd.Flags().StringVar(&unitName, "unit", "pve-inspectd.service", "systemd unit whose sandbox is checked (systemctl show)")
 	cmd.Flags().StringVar(&unitFile, "unit-file", "", "read the unit's settings from this file when systemd does not have the unit loaded")
 	return cmd
 }
 
 type doctorOptions struct {
-	canary             bool
-	template           string
-	unitName, unitFile string
+	canary               bool
+	template, ctTemplate string
+	unitName, unitFile   string
 }
 
 // runDoctor builds the checks from the configuration and runs them.
@@ -130,11 +133,12 @@ func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config,
 	if !api.Pass {
 		return rep
 	}
-	co := doctor.CanaryOptions{Template: canaryTemplate(cfg, o.template)}
+	co := doctor.CanaryOptions{Template: canaryTemplate(cfg, o.template), Containers: cfg.API.Containers, CTTemplate: o.ctTemplate}
 	if cfg.API.DiskTransferStorage != "" {
 		co.DiskBytes = cfg.API.DiskTransferThreshold
 	}
 	rep.Merge(doctor.Canary(ctx, c, px, n, co))
+	rep.Merge(doctor.ContainerCanary(ctx, c, px, n, co))
 	return rep
 }
 

@@ -78,10 +78,12 @@ type VMHealth struct {
 	GuestReported *GuestReport `json:"guest_reported,omitempty"`
 }
 
-// HostSignals are a VM's health signals read on the node (Proxmox, QMP,
-// the agent socket, the VM's cgroup qemu.slice/<vmid>.scope and its tap
-// devices). A zero counter may mean "not readable on this node"; Missing
-// lists the sources that could not be read.
+// HostSignals are a member's health signals read on the node (Proxmox,
+// QMP, the agent socket, the VM's cgroup qemu.slice/<vmid>.scope and its
+// tap devices; for a container: no QMP, the daemon entering it in place
+// of the agent, its cgroup lxc/<vmid> and its veths). A zero counter may
+// mean "not readable on this node"; Missing lists the sources that could
+// not be read.
 type HostSignals struct {
 	// Status is Proxmox's status (running, stopped); QMPStatus QEMU's own
 	// run state (running, paused, guest-panicked, internal-error, ...).
@@ -101,14 +103,15 @@ type HostSignals struct {
 	OOMKills                uint64  `json:"oom_kills"`
 	DiskReadBytes           uint64  `json:"disk_read_bytes"`
 	DiskWriteBytes          uint64  `json:"disk_write_bytes"`
-	// Network counters of the VM's tap devices, seen from the guest: To
-	// is what the node delivered to the guest, From what the guest sent.
+	// Network counters of the VM's tap devices (a container's veths),
+	// seen from the guest: To is what the node delivered to the guest,
+	// From what the guest sent.
 	NetBytesToGuest     uint64 `json:"net_bytes_to_guest"`
 	NetBytesFromGuest   uint64 `json:"net_bytes_from_guest"`
 	NetPacketsToGuest   uint64 `json:"net_packets_to_guest"`
 	NetPacketsFromGuest uint64 `json:"net_packets_from_guest"`
 	// Missing names the sources not readable in the last check
-	// ("cgroup", "taps", "proxmox").
+	// ("cgroup", "taps", "veths", "proxmox").
 	Missing []string `json:"missing,omitempty"`
 }
 

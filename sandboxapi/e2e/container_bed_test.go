@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pve-inspect/pve-inspect/ctguest"
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
@@ -240,5 +242,75 @@ func TestBedContainerCheck(t *testing.T) {
 		if err := e.c.Delete(ctx, id); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestBedContainerHealth: a container member's health on the bed is read
+// where Proxmox reads it: its cgroup lxc/<vmid> (under the bed's parent;
+// on a hybrid host the v1 memory hierarchy's) and its veth<vmid>i0 on the
+// node. The memory, CPU and network counters are real and non-zero, the
+// datagrams the container sends show in its from-guest bytes, nothing is
+// missing, and the per-sandbox series carry the same figures.
+func TestBedContainerHealth(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	e := newContainerBed(t, ctx)
+	sysfs, err := e.bed.NodeNetSys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	e.opts.Health = sandbox.HealthOptions{PingTimeout: bedPingTimeout,
+		Node: sandbox.NodeReader{CgroupRoot: e.bed.CgroupRoot(), Parent: e.bed.CgroupParent(), NetRoot: filepath.Join(sysfs, "class", "net")}}
+	e.opts.Options.Registerer = reg
+	e.start(t, ctx)
+	sb, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Name: "target", Kind: apitype.KindLXC, Template: ctTemplate, MemoryMiB: 512}}, TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.c.Delete(context.WithoutCancel(ctx), sb.ID) })
+	ct := sb.VMs[0]
+	host := func() apitype.HostSignals {
+		t.Helper()
+		e.srv.Engine().CheckHealth(ctx)
+		got, err := e.c.Get(ctx, sb.ID)
+		if err != nil || got.Health == nil || len(got.Health.VMs) != 1 {
+			t.Fatalf("health: %+v, %v", got.Health, err)
+		}
+		if got.Health.State != apitype.HealthOK {
+			t.Errorf("health %s (%s): %s", got.Health.State, got.Health.Reason, got.Health.Detail)
+		}
+		return got.Health.VMs[0].Host
+	}
+	before := host()
+	t.Logf("container %d: %+v", ct.VMID, before)
+	if before.Status != "running" || !before.AgentOK || len(before.Missing) != 0 {
+		t.Errorf("container's host signals %+v: want running, entered, nothing missing", before)
+	}
+	if before.MemoryBytes == 0 || before.CPUSeconds <= 0 || before.NetBytesFromGuest == 0 || before.NetBytesToGuest == 0 || before.NetPacketsFromGuest == 0 {
+		t.Errorf("container's counters %+v: want memory, CPU and both directions of its DHCP lease counted", before)
+	}
+	if before.MemoryBytes > 512<<20 {
+		t.Errorf("container's memory %d bytes, over its 512 MiB cap", before.MemoryBytes)
+	}
+	// 64 datagrams of 1000 bytes from the container to its gateway's
+	// discard port: its veth's rx, whatever the guard does with them
+	gw := sb.Networks[0].Gateway
+	const sent = 64 * 1000
+	res, err := e.c.Exec(ctx, sb.ID, ct.Name, apitype.ExecRequest{Argv: []string{"bash", "-c",
+		`for i in $(seq 64); do head -c 1000 /dev/zero > /dev/udp/"$1"/9; done`, "send", gw}, TimeoutSeconds: 60})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("send: %+v, %v", res, err)
+	}
+	after := host()
+	if after.NetBytesFromGuest < before.NetBytesFromGuest+sent || after.NetPacketsFromGuest < before.NetPacketsFromGuest+64 {
+		t.Errorf("from the container: %d bytes, %d packets after sending %d bytes in 64 datagrams (before: %d, %d)",
+			after.NetBytesFromGuest, after.NetPacketsFromGuest, sent, before.NetBytesFromGuest, before.NetPacketsFromGuest)
+	}
+	series := testkit.Series(t, reg, map[string]string{"sandbox": sb.ID, "vm": ct.Name, "vmid": strconv.Itoa(ct.VMID), "owner": sb.Owner})
+	if series["pve_inspect_sandbox_vm_memory_bytes"] != float64(after.MemoryBytes) ||
+		series[`pve_inspect_sandbox_vm_network_bytes_total{direction="from_guest"}`] != float64(after.NetBytesFromGuest) ||
+		series["pve_inspect_sandbox_vm_agent_up"] != 1 {
+		t.Errorf("container's series %v, want its health's figures %+v", series, after)
 	}
 }

@@ -200,6 +200,11 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if health.AgentBrokenAfter == 0 {
 		health.AgentBrokenAfter = ac.AgentBrokenAfter
 	}
+	if health.Node == nil {
+		// the node's trees; a container's cgroup where lxc-attach's exec
+		// cgroups are made too ([api] container_cgroups)
+		health.Node = sandbox.NodeReader{ContainerCgroups: ac.ContainerCgroups}
+	}
 	bridgeUp := d.BridgeUp
 	var gatewayUp func(context.Context, string, netip.Addr) (bool, error)
 	if bridgeUp == nil && ac.VerifyBridges {

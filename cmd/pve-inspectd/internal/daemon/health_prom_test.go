@@ -29,6 +29,7 @@ import (
 type healthNode struct{ st sandbox.VMStats }
 
 func (h healthNode) VMStats(int, int) sandbox.VMStats { return h.st }
+func (h healthNode) CTStats(int, int) sandbox.VMStats { return h.st }
 
 // healthEngine is an engine on fakes with one ready sandbox, its metrics
 // served on a loopback listener.
