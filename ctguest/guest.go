@@ -94,17 +94,34 @@ func (c *Client) track(dir string, on bool) {
 	}
 }
 
+// ErrExecsRemain is Sweep's error while exec cgroups of calls still
+// running remain in a container's cgroup.
+var ErrExecsRemain = errors.New("exec cgroups of running calls remain")
+
 // Sweep kills and removes the exec cgroups in container vmid's cgroup
 // that no call of this client uses: those a previous daemon left when it
 // died mid-exec (lxc-attach dies with it, the container's processes of
-// the exec do not).
+// the exec do not). Those of calls still running stay (each call removes
+// its own as it ends) and make it ErrExecsRemain: a container whose id is
+// freed while one remains could not start again under that id (lxc
+// makes lxc/<vmid> itself and fails on an existing one), so the caller
+// tries again before it destroys the container.
 func (c *Client) Sweep(vmid int) error {
 	dir := c.o.CgroupDir(vmid)
-	return sweep(dir, func(name string) bool {
+	var busy []string
+	err := sweep(dir, func(name string) bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.active[filepath.Join(dir, name)]
+		if c.active[filepath.Join(dir, name)] {
+			busy = append(busy, name)
+			return true
+		}
+		return false
 	}, c.o.KillGrace)
+	if len(busy) > 0 {
+		err = errors.Join(err, fmt.Errorf("ct %d: %w: %s", vmid, ErrExecsRemain, strings.Join(busy, ", ")))
+	}
+	return err
 }
 
 // Guest is one container as the sandbox engine sees it.

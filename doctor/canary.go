@@ -113,11 +113,12 @@ const ContainerCanaryName = "canary (container)"
 // ContainerCanary is the canary of a sandbox whose one member is an
 // unprivileged container (kind lxc) of o.CTTemplate, when o.Containers
 // is on: create, exec, a file both ways (a container has no disk path),
-// snapshot and rollback, delete, and nothing left on Proxmox (the
-// container, its zone), each a row of its own named "canary (container):
-// ...". The containment check is the VM canary's: asked of a container it
-// is refused. With containers off, or no container template known, it is
-// one row saying so, which does not fail the run.
+// snapshot and rollback, the containment check from the container (its
+// network rows and the rows only a container has: on a real node this is
+// the proof of its walls, AppArmor's included), delete, and nothing left
+// on Proxmox (the container, its zone), each a row of its own named
+// "canary (container): ...". With containers off, or no container
+// template known, it is one row saying so, which does not fail the run.
 func ContainerCanary(ctx context.Context, api SandboxAPI, px API, n Node, o CanaryOptions) Report {
 	o.defaults()
 	if !o.Containers {
@@ -145,6 +146,7 @@ func ContainerCanary(ctx context.Context, api SandboxAPI, px API, n Node, o Cana
 		return c.roundTrip(ctx, "/root/doctor-stream", o.StreamBytes, "streaming")
 	})
 	c.step(ctx, "snapshot and rollback", c.snapshot)
+	c.step(ctx, "containment check", c.check)
 	c.end(ctx)
 	return c.rep
 }

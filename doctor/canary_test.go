@@ -228,7 +228,8 @@ func TestReportText(t *testing.T) {
 // TestContainerCanary: with [api] containers on, the canary drives a
 // sandbox of one container of the node's first container template (or
 // the one named) through create, exec, a streamed file, snapshot and
-// rollback, delete and the leftover check, each its own row; a failure
+// rollback, the containment check from the container, delete and the
+// leftover check, each its own row; a failure
 // names what to change. With containers off, or no container template
 // the token sees, it is one row that does not fail the run.
 func TestContainerCanary(t *testing.T) {
@@ -237,7 +238,7 @@ func TestContainerCanary(t *testing.T) {
 			{"vmid": 200, "name": "a-running-ct", "template": 0}}, "/cluster/sdn/zones?pending=1": []map[string]any{}}
 	}
 	steps := []string{"canary (container): create", "canary (container): exec", "canary (container): file, streaming path",
-		"canary (container): snapshot and rollback", "canary (container): delete", "canary (container): nothing left behind"}
+		"canary (container): snapshot and rollback", "canary (container): containment check", "canary (container): delete", "canary (container): nothing left behind"}
 	withTemplate := append([]string{"canary (container): template"}, steps...)
 	for _, tc := range []struct {
 		name     string
@@ -261,11 +262,13 @@ func TestContainerCanary(t *testing.T) {
 			f.failCreate = errors.New(`container template 9100 is not an unprivileged container without features, devices or mount points: feature flags nesting=1`)
 		}, rows: steps, template: "ct-debian", detail: "nesting=1",
 			want: map[string]Status{"canary (container): create": Fail, "canary (container): exec": Skip, "canary (container): file, streaming path": Skip,
-				"canary (container): snapshot and rollback": Skip, "canary (container): delete": Skip, "canary (container): nothing left behind": Skip}},
+				"canary (container): snapshot and rollback": Skip, "canary (container): containment check": Skip, "canary (container): delete": Skip, "canary (container): nothing left behind": Skip}},
 		{name: "a VM instead", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(f *fakeSandboxes, _ fakeAPI) { f.wrongKind = true },
 			rows: steps, template: "ct-debian", want: map[string]Status{"canary (container): create": Fail}, detail: "want a container"},
 		{name: "rollback restores nothing", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(f *fakeSandboxes, _ fakeAPI) { f.noRollback = true },
 			rows: steps, template: "ct-debian", want: map[string]Status{"canary (container): snapshot and rollback": Fail}, detail: `"after\n"`},
+		{name: "a container row fails", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(f *fakeSandboxes, _ fakeAPI) { f.checkFails = true },
+			rows: steps, template: "ct-debian", want: map[string]Status{"canary (container): containment check": Fail}, detail: "want blocked, saw open"},
 		{name: "container left on Proxmox", o: CanaryOptions{Containers: true, CTTemplate: "ct-debian"}, fault: func(_ *fakeSandboxes, px fakeAPI) {
 			px["/nodes/pve/lxc"] = []map[string]any{{"vmid": 9100, "name": "ct-debian", "template": 1}, {"vmid": 100, "name": "pvei-x", "template": 0}}
 		}, rows: steps, template: "ct-debian", want: map[string]Status{"canary (container): nothing left behind": Fail}, detail: "left behind: container 100"},

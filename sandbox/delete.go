@@ -227,9 +227,14 @@ func (m *Engine) deleteVM(ctx context.Context, sb, kind string, vmid int, wantNa
 	// id is free, and the next guest of it (a pool member, another
 	// tenant's container) may run in a cgroup of the same path before a
 	// sweep after the destroy came.
+	// A sweep that leaves something (an exec still ending, a cgroup that
+	// would not go) is tried again for a while; the container is not
+	// destroyed while it fails: the delete fails and is retried, the id
+	// still the container's (lxc could not start its next guest in a
+	// cgroup path already there).
 	if kind == apitype.KindLXC && m.o.CTSweep != nil {
-		if err := m.o.CTSweep(vmid); err != nil {
-			m.log.Warn("remove what the daemon left in a stopped container", "sandbox", sb, "vmid", vmid, "err", err)
+		if err := m.sweepCT(ctx, vmid); err != nil {
+			return fmt.Errorf("delete container %d: what the daemon made in its cgroup did not go, so it stays: %w", vmid, err)
 		}
 	}
 	if err := px.DeleteVM(ctx, vmid); err != nil && !errors.Is(err, ErrNotFound) {
@@ -248,6 +253,30 @@ const cloneLockPoll = 500 * time.Millisecond
 // does too, so that the teardown goes on. Past it the id is another
 // user's VM, never ours.
 const invisibleCloneWait = 10 * time.Minute
+
+// ctSweepTries and ctSweepEvery bound sweepCT's retries: an exec's own
+// cleanup (its kill grace, a few seconds) ends well within them.
+const (
+	ctSweepTries = 50
+	ctSweepEvery = 200 * time.Millisecond
+)
+
+// sweepCT runs CTSweep on stopped container vmid until it leaves nothing
+// or its tries run out (then its last error).
+func (m *Engine) sweepCT(ctx context.Context, vmid int) error {
+	var err error
+	for range ctSweepTries {
+		if err = m.o.CTSweep(vmid); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(ctSweepEvery):
+		}
+	}
+	return err
+}
 
 // settledVM reads VM vmid, waiting while it carries qemu-server's "clone"
 // lock: a clone still running (its daemon restarted, or its wait failed)

@@ -440,3 +440,62 @@ func TestPoolContainerShapeRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteContainerWaitsForItsSweep (review finding): a container whose
+// sweep leaves exec cgroups (a call still ending) is not destroyed until
+// the sweep leaves nothing: its id freed with a cgroup lxc/<vmid>/... in
+// place, the next container of that id could not start. A sweep that
+// keeps failing fails the delete and the container keeps its id; the
+// next delete, once the sweep succeeds, destroys it.
+func TestDeleteContainerWaitsForItsSweep(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		failures int // sweeps that fail before one succeeds
+		deleted  bool
+	}{
+		{"an exec ends during the sweeps", 3, true},
+		{"one never ends", 1 << 30, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newCTBench(t, ctConf)
+			var mu sync.Mutex
+			calls := 0
+			b.o.CTSweep = func(vmid int) error {
+				mu.Lock()
+				defer mu.Unlock()
+				calls++
+				if calls <= tc.failures {
+					return errors.New("exec cgroups of running calls remain")
+				}
+				return nil
+			}
+			e := b.engine(t)
+			sb, err := e.Create(ctx, oneCT("ct-debian"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			vmid := sb.VMs[0].VMID
+			err = e.Delete(ctx, sb.ID)
+			_, ctErr := b.cts.CT(ctx, vmid)
+			if tc.deleted {
+				if err != nil || ctErr == nil || calls != tc.failures+1 {
+					t.Fatalf("delete: %v; container still there: %v; %d sweeps, want %d", err, ctErr == nil, calls, tc.failures+1)
+				}
+				return
+			}
+			if err == nil || ctErr != nil {
+				t.Fatalf("delete with a sweep that never succeeds: %v; container gone: %v; want an error and the container kept", err, ctErr != nil)
+			}
+			mu.Lock()
+			calls, tc.failures = 0, 0
+			mu.Unlock()
+			if err := e.Delete(ctx, sb.ID); err != nil {
+				t.Fatalf("the delete again, the sweep succeeding: %v", err)
+			}
+			if _, err := b.cts.CT(ctx, vmid); err == nil {
+				t.Error("the container is still there after the second delete")
+			}
+		})
+	}
+}

@@ -73,14 +73,14 @@ func TestPlaygroundDoctor(t *testing.T) {
 		// ct-debian the only one
 		"canary (container): template": doctor.Pass, "canary (container): create": doctor.Pass, "canary (container): exec": doctor.Pass,
 		"canary (container): file, streaming path": doctor.Pass, "canary (container): snapshot and rollback": doctor.Pass,
-		"canary (container): delete": doctor.Pass, "canary (container): nothing left behind": doctor.Pass,
+		"canary (container): containment check": doctor.Pass, "canary (container): delete": doctor.Pass, "canary (container): nothing left behind": doctor.Pass,
 	} {
 		if got[name] != want {
 			t.Errorf("check %q: %q, want %q", name, got[name], want)
 		}
 	}
-	if len(rep.Checks) != 33 {
-		t.Errorf("%d checks, want 33", len(rep.Checks))
+	if len(rep.Checks) != 34 {
+		t.Errorf("%d checks, want 34", len(rep.Checks))
 	}
 	for _, c := range rep.Checks {
 		if c.Name == "canary (container): template" && !strings.Contains(c.Detail, "ct-debian") {
