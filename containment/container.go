@@ -56,8 +56,10 @@ package containment
 //     make_apparmor_config) and AppArmor rules that let it pass.
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/containment/probe"
@@ -254,4 +256,97 @@ func whyContainer(kind probe.Kind) string {
 		}
 	}
 	return "LEAK: the container's root holds a power of the node's root"
+}
+
+// NodeIDMapper is a container's guest that reads the uid and gid maps of
+// the container's init from the node (ctguest: /proc/<pid>/uid_map of
+// the pid lxc's monitor gives), where nothing in the container can
+// change what is read.
+type NodeIDMapper interface {
+	NodeIDMaps(ctx context.Context) (uid, gid string, err error)
+}
+
+// parseIDMaps parses the kernel's uid_map and gid_map text ("inside
+// outside count" a line).
+func parseIDMaps(uid, gid string) ([]probe.IDExtent, error) {
+	var out []probe.IDExtent
+	for _, m := range []struct{ typ, text string }{{"uid", uid}, {"gid", gid}} {
+		for _, line := range strings.Split(strings.TrimSpace(m.text), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 {
+				continue
+			}
+			if len(f) != 3 {
+				return nil, fmt.Errorf("%s_map line %q: want 3 fields", m.typ, line)
+			}
+			var v [3]uint32
+			for i := range f {
+				n, err := strconv.ParseUint(f[i], 10, 32)
+				if err != nil {
+					return nil, fmt.Errorf("%s_map line %q: %w", m.typ, line, err)
+				}
+				v[i] = uint32(n)
+			}
+			out = append(out, probe.IDExtent{Type: m.typ, Inside: v[0], Outside: v[1], Count: v[2]})
+		}
+	}
+	return out, nil
+}
+
+// crossCheckIDMap judges res's id map row from the node's own reading of
+// the container's maps (uid, gid; or readErr): the row's verdict is the
+// node's, and a probe report whose maps differ from them fails the row,
+// whatever either says: the container's root answered for the probe
+// (a replaced sh, env or setpriv, a traced probe), so no row of this
+// report can be trusted. res.Pass is judged again.
+func crossCheckIDMap(res *Result, uid, gid string, readErr error) {
+	node, err := parseIDMaps(uid, gid)
+	if readErr != nil {
+		err = readErr
+	}
+	for i := range res.Rows {
+		row := &res.Rows[i]
+		if row.kind != probe.KindIDMap {
+			continue
+		}
+		switch {
+		case err != nil:
+			row.Observed, row.Detail = Errored, "the node could not read the container's id maps: "+err.Error()
+		case len(row.idmap) == 0:
+			_, d := judgeIDMap(node)
+			row.Observed, row.Detail = Errored, "node: "+d+"; the probe reported no maps ("+row.Detail+")"
+		case !sameExtents(node, row.idmap):
+			v, d := judgeIDMap(node)
+			row.Observed, row.Detail = v, "node: "+d+"; the probe reported other maps ("+row.Detail+")"
+			row.Status, row.Why = Fail, "FORGED: the probe's report differs from what the node reads of the container's init: the container answered for the probe, so none of this report's rows can be trusted"
+			continue
+		default:
+			v, d := judgeIDMap(node)
+			row.Observed, row.Detail = v, "node: "+d+" (the probe's report agrees)"
+		}
+		row.Status, row.Why = Fail, ""
+		if row.Observed == row.Expect {
+			row.Status = Pass
+		}
+		row.Why = why(*row)
+	}
+	res.Pass = res.Passed()
+}
+
+// sameExtents reports whether a and b hold the same extents, in any order.
+func sameExtents(a, b []probe.IDExtent) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	key := func(e probe.IDExtent) string { return fmt.Sprintf("%s %d %d %d", e.Type, e.Inside, e.Outside, e.Count) }
+	seen := map[string]int{}
+	for _, e := range a {
+		seen[key(e)]++
+	}
+	for _, e := range b {
+		if seen[key(e)]--; seen[key(e)] < 0 {
+			return false
+		}
+	}
+	return true
 }

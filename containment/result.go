@@ -45,7 +45,8 @@ type Row struct {
 	Outcome   probe.Outcome `json:"outcome,omitempty"`
 	ElapsedMS int           `json:"elapsed_ms"`
 
-	kind probe.Kind // the probe target's kind ("" for the lease row)
+	kind  probe.Kind       // the probe target's kind ("" for the lease row)
+	idmap []probe.IDExtent // the id map row's maps as the probe reported them
 }
 
 // Result is the judged containment check of one VM.
@@ -111,6 +112,7 @@ func evaluate(p *Plan, rep *probe.Report, l2 *layer2Seen) *Result {
 		} else if ok {
 			row.Observed, row.Detail = observe(c, pr)
 			row.Outcome, row.ElapsedMS = pr.Outcome, pr.ElapsedMS
+			row.idmap = pr.IDMap
 		} else {
 			row.Observed, row.Detail = Missing, "the probe's report has no result for this check"
 		}

@@ -143,6 +143,11 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 	if err != nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: %w", err)
 	}
+	if m, ok := t.Guest.(NodeIDMapper); ok && spec.Container {
+		// the id map as the node reads it, not as the container says
+		uid, gid, err := m.NodeIDMaps(ctx)
+		crossCheckIDMap(res, uid, gid, err)
+	}
 	rep := apitype.CheckReport{Pass: res.Passed()}
 	if s := res.Sampling; s != nil {
 		rep.Sampling = &apitype.CheckSampling{RowsNotProbed: s.RowsLeftOut, NotProbed: s.LeftOut, Runs: s.Runs, Note: s.String()}
