@@ -6,9 +6,9 @@
 // 512 MiB, one auto network), through the HTTP API on the Proxmox
 // emulator: cold create-to-ready (p50, p99), exec round trip through the
 // API and at the guest call (ctguest against the guest agent client;
-// p50, p99), a VM's claim from the warm pool (a container's is pending:
-// pools of containers are not in the engine yet), and the memory of an
-// idle member on the node (its cgroup's memory.current, or the v1
+// p50, p99), a claim from the warm pool (a shape of kind lxc against a VM
+// shape, each of the cold create's template and shape; p50, p99), and the
+// memory of an idle member on the node (its cgroup's memory.current, or the v1
 // memory.usage_in_bytes of a hybrid host), with the goals: a
 // container's cold create under 1 s on the bed, an idle container under
 // 32 MiB. Needs root (the bed, lxc).
@@ -41,7 +41,7 @@ type Options struct {
 	// Execs is how many execs of each kind are timed, through the API
 	// and at the guest call each (100).
 	Execs int
-	// Claims is how many claims from the VM pool are timed (10).
+	// Claims is how many claims from each kind's pool are timed (10).
 	Claims int
 	// Idle is how many members of each kind idle while their memory is
 	// read (3); Settle how long they idle first (10 s).
@@ -72,8 +72,7 @@ type Kind struct {
 	// ExecGuest the same at the engine's guest call (ctguest, or the guest
 	// agent client).
 	ExecAPI, ExecGuest []time.Duration
-	// Claims are create-to-ready times of claims from the warm pool (none:
-	// not measured).
+	// Claims are create-to-ready times of claims from the warm pool.
 	Claims []time.Duration
 	// IdleMemory is each idle member's memory on the node, in bytes.
 	IdleMemory []uint64
@@ -82,8 +81,6 @@ type Kind struct {
 // Result holds one run's figures.
 type Result struct {
 	Container, VM Kind
-	// ClaimPending says why the container has no claim figure.
-	ClaimPending string
 	// Settle is how long the members idled before their memory was read.
 	Settle time.Duration
 }
@@ -120,7 +117,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 		return nil, err
 	}
 	defer r.close()
-	res := &Result{Settle: o.Settle, ClaimPending: "pending: pools of containers are not in the engine yet (sandbox.PoolShape has no kind)"}
+	res := &Result{Settle: o.Settle}
 	if err := r.warmUp(); err != nil {
 		return nil, err
 	}
@@ -130,7 +127,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (*Result, error) {
 	if err := r.idleAndExec(o, res); err != nil {
 		return nil, err
 	}
-	if res.VM.Claims, err = r.claims(o.Claims); err != nil {
+	if err := r.claims(o.Claims, res); err != nil {
 		return nil, err
 	}
 	res.Print(w)
@@ -164,7 +161,8 @@ func newRunner(ctx context.Context, node *bench.EmuNode) (*runner, error) {
 		Node: "pve", Proxmox: node.PX, Guests: node.QGA.SandboxGuests(), QGADir: node.Bed.QGADir(),
 		Containers: node.PX, CTGuests: func(vmid int) sandbox.Guest { return cts.Guest(vmid) }, CTSweep: cts.Sweep,
 		StateDir: filepath.Join(node.Bed.Dir(), "container-bench-state"), Logger: slog.New(slog.DiscardHandler),
-		WarmPool:     []sandbox.PoolShape{{Name: "small", Template: vmTemplate, Cores: cores, MemoryMiB: memoryMiB, Target: 1}},
+		WarmPool: []sandbox.PoolShape{{Name: "small", Template: vmTemplate, Cores: cores, MemoryMiB: memoryMiB, Target: 1},
+			{Name: "small-ct", Kind: apitype.KindLXC, Template: ctTemplate, Cores: cores, MemoryMiB: memoryMiB, Target: 1}},
 		PoolInterval: time.Hour,
 	})
 	if err != nil {
@@ -223,18 +221,32 @@ func (r *runner) warmUp() error {
 // load falls on both alike; the deletes are not timed.
 func (r *runner) cold(n int, res *Result) error {
 	for range n {
-		for _, k := range []struct {
-			kind string
-			into *[]time.Duration
-		}{{"", &res.VM.Cold}, {apitype.KindLXC, &res.Container.Cold}} {
-			sb, d, err := r.create(k.kind, false)
-			if err != nil {
-				return err
-			}
-			*k.into = append(*k.into, d)
-			if err := r.c.Delete(r.ctx, sb.ID); err != nil {
-				return fmt.Errorf("delete: %w", err)
-			}
+		if err := r.createBoth(false, res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createBoth times one create of a VM sandbox, then one of a container
+// sandbox, each deleted (untimed) before the next: cold creates, or claims
+// from the pool (claim), appended to res's Cold or Claims.
+func (r *runner) createBoth(claim bool, res *Result) error {
+	for _, k := range []struct {
+		kind string
+		into *Kind
+	}{{"", &res.VM}, {apitype.KindLXC, &res.Container}} {
+		sb, d, err := r.create(k.kind, claim)
+		if err != nil {
+			return err
+		}
+		if claim {
+			k.into.Claims = append(k.into.Claims, d)
+		} else {
+			k.into.Cold = append(k.into.Cold, d)
+		}
+		if err := r.c.Delete(r.ctx, sb.ID); err != nil {
+			return fmt.Errorf("delete: %w", err)
 		}
 	}
 	return nil
@@ -315,20 +327,14 @@ func (r *runner) execs(n int, vm, ct apitype.Sandbox, res *Result) error {
 	return nil
 }
 
-// claims times n claims from the VM pool, the pool refilled (untimed)
-// before each.
-func (r *runner) claims(n int) ([]time.Duration, error) {
-	var ds []time.Duration
+// claims times n claims from each kind's pool (the VM shape's, then the
+// container shape's), both shapes refilled (untimed) before each round.
+func (r *runner) claims(n int, res *Result) error {
 	for range n {
 		r.eng.MaintainPool(r.ctx)
-		sb, d, err := r.create("", true)
-		if err != nil {
-			return nil, err
-		}
-		ds = append(ds, d)
-		if err := r.c.Delete(r.ctx, sb.ID); err != nil {
-			return nil, fmt.Errorf("delete: %w", err)
+		if err := r.createBoth(true, res); err != nil {
+			return err
 		}
 	}
-	return ds, nil
+	return nil
 }

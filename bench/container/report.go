@@ -26,22 +26,13 @@ func (r *Result) Print(w io.Writer) {
 	row("exec round trip, HTTP API, p99", r.Container.ExecAPI, r.VM.ExecAPI, 0.99)
 	row("exec round trip, guest call, p50", r.Container.ExecGuest, r.VM.ExecGuest, 0.5)
 	row("exec round trip, guest call, p99", r.Container.ExecGuest, r.VM.ExecGuest, 0.99)
-	claim := func(q float64) string {
-		if len(r.Container.Claims) == 0 {
-			return "pending"
-		}
-		return dur(bench.Quantile(r.Container.Claims, q), len(r.Container.Claims))
-	}
-	fmt.Fprintf(w, "%-46s %-22s %-22s %s\n", fmt.Sprintf("pool claim create-to-ready p50 (%d)", len(r.VM.Claims)), claim(0.5), dur(bench.Quantile(r.VM.Claims, 0.5), len(r.VM.Claims)), "")
-	fmt.Fprintf(w, "%-46s %-22s %-22s %s\n", "pool claim create-to-ready p99", claim(0.99), dur(bench.Quantile(r.VM.Claims, 0.99), len(r.VM.Claims)), "")
+	row(fmt.Sprintf("pool claim create-to-ready p50 (%d each)", len(r.Container.Claims)), r.Container.Claims, r.VM.Claims, 0.5)
+	row("pool claim create-to-ready p99", r.Container.Claims, r.VM.Claims, 0.99)
 	cm, vm := median(r.Container.IdleMemory), median(r.VM.IdleMemory)
 	fmt.Fprintf(w, "%-46s %-22s %-22s %s\n", fmt.Sprintf("idle member's memory, median of %d, after %s", len(r.Container.IdleMemory), r.Settle),
 		mib(cm, len(r.Container.IdleMemory)), mib(vm, len(r.VM.IdleMemory)), ratio(float64(cm), float64(vm)))
 	fmt.Fprintf(w, "%-46s %-22s %-22s %s\n", "idle member's memory, max", mib(maxOf(r.Container.IdleMemory), len(r.Container.IdleMemory)),
 		mib(maxOf(r.VM.IdleMemory), len(r.VM.IdleMemory)), "")
-	if len(r.Container.Claims) == 0 && r.ClaimPending != "" {
-		fmt.Fprintf(w, "container pool claim: %s\n", r.ClaimPending)
-	}
 	fmt.Fprintln(w, "goals (issue 38, on the bed):")
 	for _, v := range r.Verdicts() {
 		fmt.Fprintf(w, "  %s\n", v)

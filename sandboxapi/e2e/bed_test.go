@@ -173,13 +173,6 @@ func bedChecker(t *testing.T) *containment.SandboxChecker {
 // stop when the test ends.
 func runBedGuard(t *testing.T, ctx context.Context, e *bedEnv, node netns.NsHandle) *firewall.Guard {
 	t.Helper()
-	return runBedGuardMapped(t, ctx, e, node, func(g *firewall.Guard) { runPortMap(t, ctx, e.bed.NodeRoot(), g) })
-}
-
-// runBedGuardMapped is runBedGuard with the guard's port map kept by
-// mapPorts instead of the node files' mapper.
-func runBedGuardMapped(t *testing.T, ctx context.Context, e *bedEnv, node netns.NsHandle, mapPorts func(*firewall.Guard)) *firewall.Guard {
-	t.Helper()
 	g, err := firewall.New(firewall.Config{DnsmasqUser: "dnsmasq", ProcRoot: t.TempDir(), StateDir: t.TempDir()}, firewall.WithNetNS(node))
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +185,7 @@ func runBedGuardMapped(t *testing.T, ctx context.Context, e *bedEnv, node netns.
 	runDone := make(chan error, 1)
 	go func() { runDone <- g.Run(rctx) }()
 	t.Cleanup(func() { stopRun(); <-runDone })
-	mapPorts(g)
+	runPortMap(t, ctx, e.bed.NodeRoot(), g)
 	return g
 }
 

@@ -2,14 +2,12 @@ package e2e_test
 
 import (
 	"context"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,52 +38,10 @@ func (c claimingEgress) Claim(ctx context.Context, sb, zone string, bridges []st
 
 var _ sandbox.EgressClaimer = claimingEgress{}
 
-// ctPorts maps the layer-2 guard's container ports (veth<vmid>i0): the
-// NIC's MAC the bed started the container with (its config's) and its
-// IPAM address from the API's answer. The daemon's port map reads VM
-// configurations only (firewall/portmap: /etc/pve/qemu-server), so a
-// container's port would stay DHCP-only behind the guard; the test maps
-// it itself to probe the egress policy in traffic.
-type ctPorts struct {
-	mu    sync.Mutex
-	g     *firewall.Guard
-	ports map[int]firewall.Port
-}
-
-func (c *ctPorts) start(g *firewall.Guard) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.g, c.ports = g, map[int]firewall.Port{}
-}
-
-// add maps sandbox member v's port, or drops it (add false).
-func (c *ctPorts) set(t *testing.T, ctx context.Context, e *bedEnv, v apitype.VM, add bool) {
-	t.Helper()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if add {
-		ct, ok := e.bed.Container(v.VMID)
-		if !ok || ct.MAC == nil || len(v.Addresses) == 0 {
-			t.Fatalf("container %d: running %v, addresses %+v", v.VMID, ok, v.Addresses)
-		}
-		c.ports[v.VMID] = firewall.Port{Name: ctPort(v.VMID), MAC: ct.MAC, IPv4: []netip.Addr{netip.MustParseAddr(v.Addresses[0].IPv4)}}
-	} else {
-		delete(c.ports, v.VMID)
-	}
-	var ps []firewall.Port
-	for _, p := range c.ports {
-		ps = append(ps, p)
-	}
-	if err := c.g.SetPorts(ctx, ps); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func ctPort(vmid int) string { return "veth" + strconv.Itoa(vmid) + "i0" }
-
 // TestBedPoolContainers: a warm pool of unprivileged containers through
-// the API on the bed, with the guard and egress policies, and the tenant
-// rule across a container id that comes back:
+// the API on the bed, with the guard (its port map the daemon's, reading
+// the containers' configs) and egress policies, and the tenant rule
+// across a container id that comes back:
 //
 //   - the pool fills with real containers of the container template,
 //     waiting with egress none, none of them a sandbox;
@@ -115,8 +71,7 @@ func TestBedPoolContainers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { node.Close() })
-	ports := &ctPorts{}
-	g := runBedGuardMapped(t, ctx, e, node, ports.start)
+	g := runBedGuard(t, ctx, e, node)
 	hook.mu.Lock()
 	hook.g = g
 	hook.mu.Unlock()
@@ -182,14 +137,10 @@ func TestBedPoolContainers(t *testing.T) {
 		if err != nil || st.Policy.Mode != "allowlist" || !slices.Equal(st.Policy.Allow, []string{allow}) || len(st.Denials) != 0 {
 			t.Errorf("claimed sandbox's egress %+v, %v: want the claimer's allow-list and no denial", st, err)
 		}
-		ports.set(t, ctx, e, sb.VMs[0], true)
-		deadline := time.Now().Add(10 * time.Second)
-		for !guardedPort(g, ctPort(sb.VMs[0].VMID)) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the layer-2 table does not guard %s with a mapping", ctPort(sb.VMs[0].VMID))
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		// the daemon's port map maps the container's veth from its config
+		// (etc/pve/lxc/<vmid>.conf) and its zone's dnsmasq files, as a
+		// VM's tap: unmapped, it would get DHCP only
+		waitGuardedPort(t, g, ctPort(sb.VMs[0].VMID))
 		return sb
 	}
 	internet := func(sb apitype.Sandbox) int { // 0: connected; 124: timed out (dropped)
@@ -240,7 +191,6 @@ func TestBedPoolContainers(t *testing.T) {
 	}
 
 	// Alice's delete leaves nothing.
-	ports.set(t, ctx, e, alice.VMs[0], false)
 	if err := e.c.Delete(ctx, alice.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -301,3 +251,6 @@ func TestBedPoolContainers(t *testing.T) {
 		t.Errorf("carol's /etc/hostname %q", got)
 	}
 }
+
+// ctPort is the host end of container vmid's first NIC.
+func ctPort(vmid int) string { return firewall.ContainerPortNames(vmid, 0)[0] }
