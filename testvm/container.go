@@ -476,7 +476,7 @@ func (b *Bed) Container(vmid int) (*Container, bool) {
 // its lxc directory and any cgroup, veth or process lxc left. Its volume
 // (Disk) stays.
 func (b *Bed) StopContainer(ctx context.Context, vmid int) error {
-	return b.stopContainer(ctx, vmid, false, "--kill")
+	return b.stopContainer(ctx, vmid, false, ctStopGrace, "--kill")
 }
 
 // ShutdownContainer asks the container's init to power off (lxc-stop
@@ -490,14 +490,16 @@ func (b *Bed) ShutdownContainer(ctx context.Context, vmid int, timeout time.Dura
 	if !force {
 		args = append(args, "--nokill")
 	}
-	return b.stopContainer(ctx, vmid, !force, args...)
+	return b.stopContainer(ctx, vmid, !force, timeout+ctStopGrace, args...)
 }
 
 // ctStopGrace bounds the wait for a container's monitor to exit once
 // lxc-stop returned.
 const ctStopGrace = 10 * time.Second
 
-func (b *Bed) stopContainer(ctx context.Context, vmid int, mayStay bool, lxcStop ...string) error {
+// stopContainer runs lxc-stop with lxcStop for at most bound, then
+// makes sure the container is gone and cleans up after it.
+func (b *Bed) stopContainer(ctx context.Context, vmid int, mayStay bool, bound time.Duration, lxcStop ...string) error {
 	b.mu.Lock()
 	c, ok := b.cts[vmid]
 	b.mu.Unlock()
@@ -505,7 +507,12 @@ func (b *Bed) stopContainer(ctx context.Context, vmid int, mayStay bool, lxcStop
 		return fmt.Errorf("testvm: container %d is not running", vmid)
 	}
 	if c.cmd != nil && c.Alive() {
-		_, stopErr := b.lxcTool(ctx, "lxc-stop", vmid, lxcStop...)
+		// lxc-stop is bounded too: one whose monitor hangs (a start
+		// that failed half-way) hung a bench for 19 minutes; the kill
+		// below ends the container without it
+		sctx, cancel := context.WithTimeout(ctx, bound)
+		_, stopErr := b.lxcTool(sctx, "lxc-stop", vmid, lxcStop...)
+		cancel()
 		select {
 		case <-c.done:
 		case <-time.After(ctStopGrace):

@@ -457,9 +457,6 @@ func waitGuardedPort(t *testing.T, g *firewall.Guard, port string) {
 	}
 }
 
-// runPortMap keeps the layer-2 guard's port map current from the bed's
-// VM configs and leases (what the daemon's mapper does on a node) until
-// the test ends.
 // guardedPort reports whether the layer-2 table guards port as a guest
 // port with a mapping.
 func guardedPort(g *firewall.Guard, port string) bool {
@@ -467,6 +464,9 @@ func guardedPort(g *firewall.Guard, port string) bool {
 	return rs != nil && slices.Contains(rs.Set(firewall.SetGuestPorts).Text, port) && !slices.Contains(g.UnmappedPorts(), port)
 }
 
+// runPortMap keeps the layer-2 guard's port map current from the bed's
+// VM configs and leases (what the daemon's mapper does on a node) until
+// the test ends.
 func runPortMap(t *testing.T, ctx context.Context, root string, g *firewall.Guard) {
 	t.Helper()
 	m := &portmap.Mapper{Paths: portmap.Paths{Root: root}, Guard: g, Interval: 100 * time.Millisecond}
