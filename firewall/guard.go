@@ -440,8 +440,9 @@ func (g *Guard) readOffLock(want []*Ruleset) (map[nftables.TableFamily]*kernelTa
 // verifyOffLock is verifyLocked with the kernel read without holding mu
 // (at thousands of bridges the reading is the long part, and every
 // change would wait for it); the comparison takes mu, and a batch sent
-// meanwhile means reading again. After a few such races it reads under
-// mu.
+// meanwhile (seen in the generation, or as a dump the kernel flagged
+// interrupted) means reading again. After a few such races it reads
+// under mu.
 func (g *Guard) verifyOffLock(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
@@ -461,6 +462,11 @@ func (g *Guard) verifyOffLock(ctx context.Context) error {
 		// the desired sets are read for their names and flags only,
 		// which never change in place
 		ks, err := g.readOffLock(want)
+		if errors.Is(err, errDumpInterrupted) {
+			// a batch (ours, sent meanwhile) changed the ruleset while it
+			// was dumped: read again, as for a change seen below
+			continue
+		}
 		if err != nil {
 			return err
 		}
