@@ -37,7 +37,20 @@ func (d *deadDaemon) CloneVM(ctx context.Context, s sandbox.CloneSpec) error {
 	if d.alive.Load() {
 		return d.Client.CloneVM(ctx, s)
 	}
-	go func() { d.cloned <- d.Client.CloneVM(context.WithoutCancel(ctx), s) }()
+	res := make(chan error, 1)
+	go func() { res <- d.Client.CloneVM(context.WithoutCancel(ctx), s) }()
+	select {
+	case err := <-res:
+		if errors.Is(err, sandbox.ErrExists) {
+			// another node's clone took the id first (the cluster's
+			// daemons race for ids): the daemon is not dead until a
+			// clone of its own runs; it tries the next id
+			return err
+		}
+		d.cloned <- err
+	case <-d.stop:
+		return errors.New("the first daemon is gone")
+	}
 	<-d.stop
 	return errors.New("the first daemon is gone")
 }
