@@ -35,6 +35,48 @@
 //	agent        agent: enabled=1, the single exception: the guest agent's
 //	             virtio-serial port is the sandbox's I/O channel
 //
+// Per-VM options (options.go, Want): a create may ask for more than the
+// defaults above, each judged by what it adds to the host-side code a
+// hostile guest can drive:
+//
+//	firmware uefi  bios ovmf and an efidisk0 of efitype 4m (no
+//	             pre-enrolled keys: secure boot off, as the reference
+//	             plugin). qemu-server passes q35 as the SMM flag when it
+//	             picks the OVMF image (OVMF.pm get_ovmf_files: 4m on q35 is
+//	             OVMF_CODE_4M.secboot.fd, the SMM build) and disables SMM
+//	             only for SeaBIOS with a serial display (should_disable_smm):
+//	             so UEFI means KVM's SMM emulation (SMI handling, SMRAM,
+//	             RSM) reachable from the guest, and the EFI vars as a pflash
+//	             device (QEMU's CFI flash emulation) the guest writes. Both
+//	             are small and in every OVMF VM, but neither is needed by
+//	             a SeaBIOS guest: a node takes UEFI only with
+//	             [api] allow_uefi (default off). Without the SMM build a
+//	             guest could tamper with its own vars only, not the host's.
+//	cpu          a model from CPUModels, always with -nested-virt. host
+//	             is taken: it exposes the host's CPUID features and model
+//	             (instructions run on the silicon either way; the guest
+//	             learns the exact microarchitecture, which a named model
+//	             hides only in name), and nested virtualization stays off.
+//	os_type      l26, win10, win11. All keep HPET off (Timer.pm: Linux
+//	             on 10.1+, Windows version 6 and up). Windows adds the
+//	             Hyper-V enlightenments (CPUConfig.pm
+//	             get_hyperv_enlightenments: hv_spinlocks, hv_vapic, hv_time,
+//	             hv_reset, hv_vpindex, hv_runtime, hv_relaxed, hv_synic,
+//	             hv_stimer, hv_ipi), which is KVM's Hyper-V emulation
+//	             (MSRs, hypercalls, SynIC timers) reachable from the guest;
+//	             and for win11 on an Intel host with machine 11.0+pve2,
+//	             hv_evmcs, a nested-virtualization enlightenment, while the
+//	             profile turns vmx off. A node takes Windows only with
+//	             [api] allow_windows (default off).
+//	controllers  disk: scsi only, checked on the template (a clone keeps
+//	             its disks), virtio-scsi; nic: virtio only. ide (emulated
+//	             ATA) and e1000 (an emulated Intel NIC) are refused: device
+//	             models the guest drives register by register.
+//
+// The items that follow the options are the OS type, the firmware and,
+// when a model is asked for, the CPU model (CheckFor, CloneChangesFor);
+// Check is CheckFor with the defaults.
+//
 // What the daemon's pool-scoped token may set it sets on each clone
 // (CloneChanges; privileges VM.Config.HWType, .Memory, .CPU, .Options,
 // .CDROM, .Disk). What needs root@pam (args, hookscript, parallel and real

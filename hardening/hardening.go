@@ -137,8 +137,14 @@ func kv(conf map[string]string, key string) string {
 }
 
 // Check compares a VM configuration (key -> value, as the Proxmox API
-// returns it) with the profile.
-func Check(conf map[string]string) Report {
+// returns it) with the profile for a Linux guest on SeaBIOS of the
+// template's CPU model (CheckFor with the zero Want).
+func Check(conf map[string]string) Report { return CheckFor(conf, Want{}) }
+
+// CheckFor compares a VM configuration with the profile as a create's
+// per-VM options want it (options.go): the OS type, firmware and CPU
+// model items follow want; every other item is the same for all.
+func CheckFor(conf map[string]string, want Want) Report {
 	var r Report
 	add := func(i Item) { r.Items = append(r.Items, i) }
 	add(equal("display", "vga", "serial0", conf, FixClone))
@@ -184,9 +190,12 @@ func Check(conf map[string]string) Report {
 	add(absent("args and hookscript (but a panic device)", conf, rootOnly, FixTemplate))
 	add(Item{Name: "nested virtualization", Want: "cpu flags -nested-virt", Got: kv(conf, "cpu"), OK: nestedOff(conf["cpu"]), Fix: FixClone})
 	add(Item{Name: "machine", Want: "machine=q35 (10.1 or newer when pinned)", Got: kv(conf, "machine"), OK: machineOK(conf["machine"]), Fix: FixClone})
-	add(equal("hpet off (linux guest)", "ostype", "l26", conf, FixClone))
-	bios := conf["bios"]
-	add(Item{Name: "no SMM emulation (SeaBIOS, serial display)", Want: "bios=seabios", Got: kv(conf, "bios"), OK: bios == "" || bios == "seabios", Fix: FixRebuild})
+	if want.CPU != "" {
+		typ, _, _ := cpuParts(conf["cpu"])
+		add(Item{Name: itemCPUModel, Want: "cpu " + want.CPU, Got: kv(conf, "cpu"), OK: typ == want.CPU, Fix: FixClone})
+	}
+	add(equal(osItem(want.osType()), "ostype", want.osType(), conf, FixClone))
+	add(firmwareItem(conf, want))
 	add(Item{Name: "guest agent (the I/O channel)", Want: "agent enabled=1", Got: kv(conf, "agent"), OK: agentOn(conf["agent"]), Fix: FixClone})
 	return r
 }
@@ -277,8 +286,16 @@ const DefaultCPU = "x86-64-v2-AES"
 // clone with configuration conf to bring every FixClone item into the
 // profile. Nothing is returned for items already in it.
 func CloneChanges(conf map[string]string) (set map[string]string, del []string) {
+	return CloneChangesFor(conf, Want{})
+}
+
+// CloneChangesFor is CloneChanges for the profile as want has it. The
+// UEFI firmware item is not among them: its EFI vars disk is allocated
+// by the create's configure step (it needs the VM's storage), and a clone
+// without it fails the check after.
+func CloneChangesFor(conf map[string]string, want Want) (set map[string]string, del []string) {
 	set = map[string]string{}
-	for _, i := range Check(conf).Failed() {
+	for _, i := range CheckFor(conf, want).Failed() {
 		if i.Fix != FixClone {
 			continue
 		}
@@ -292,23 +309,28 @@ func CloneChanges(conf map[string]string) (set map[string]string, del []string) 
 			set["tablet"] = "0"
 		case "balloon":
 			set["balloon"] = "0"
-		case "hpet off (linux guest)":
-			set["ostype"] = "l26"
+		case osItem(want.osType()):
+			set["ostype"] = want.osType()
 		case "machine":
 			set["machine"] = "q35"
 		case "guest agent (the I/O channel)":
 			set["agent"] = "enabled=1"
-		case "nested virtualization":
-			set["cpu"] = cpuWithoutNested(conf["cpu"])
+		case "nested virtualization", itemCPUModel:
+			set["cpu"] = CPUValue(conf["cpu"], want.CPU)
 		}
 	}
 	slices.Sort(del)
 	return set, del
 }
 
-// cpuWithoutNested keeps the CPU type and properties and sets -nested-virt.
-func cpuWithoutNested(cpu string) string {
+// CPUValue is the cpu value of a configuration whose cpu is cpu with
+// nested virtualization off (-nested-virt): cpu's type, or model when
+// given, with cpu's other flags and properties kept.
+func CPUValue(cpu, model string) string {
 	typ, flags, rest := cpuParts(cpu)
+	if model != "" {
+		typ = model
+	}
 	if typ == "" {
 		typ = DefaultCPU
 	}

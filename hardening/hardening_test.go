@@ -14,6 +14,19 @@ func hardened() map[string]string {
 	}
 }
 
+// hardenedWith is hardened with change applied ("" deletes a key).
+func hardenedWith(change map[string]string) map[string]string {
+	conf := hardened()
+	for k, v := range change {
+		if v == "" {
+			delete(conf, k)
+		} else {
+			conf[k] = v
+		}
+	}
+	return conf
+}
+
 func TestCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -54,14 +67,7 @@ func TestCheck(t *testing.T) {
 		{"no agent", map[string]string{"agent": "enabled=0"}, "guest agent (the I/O channel)", FixClone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			conf := hardened()
-			for k, v := range tc.change {
-				if v == "" {
-					delete(conf, k)
-				} else {
-					conf[k] = v
-				}
-			}
+			conf := hardenedWith(tc.change)
 			f := Check(conf).Failed()
 			if tc.fail == "" {
 				if len(f) != 0 {
@@ -125,4 +131,59 @@ func FuzzCheck(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCheckFor: the OS type, firmware and CPU model items follow a
+// create's options; the clone changes bring a clone into the profile the
+// options want, except the EFI disk (the configure step's).
+func TestCheckFor(t *testing.T) {
+	efi := "local-lvm:vm-100-disk-1,efitype=4m,pre-enrolled-keys=0,size=4M"
+	for _, tc := range []struct {
+		name   string
+		change map[string]string // "" deletes
+		want   Want
+		fail   []string // the failing items
+		set    map[string]string
+	}{
+		{"linux default", nil, Want{}, nil, map[string]string{}},
+		{"win11 asked, l26 set", nil, Want{OSType: OSWin11}, []string{"hpet off (windows guest, hyper-v enlightenments)"}, map[string]string{"ostype": "win11"}},
+		{"win11 asked and set", map[string]string{"ostype": "win11"}, Want{OSType: OSWin11}, nil, map[string]string{}},
+		{"windows template, linux asked", map[string]string{"ostype": "win10"}, Want{}, []string{"hpet off (linux guest)"}, map[string]string{"ostype": "l26"}},
+		{"uefi asked, seabios", nil, Want{Firmware: FirmwareUEFI}, []string{"uefi (OVMF 4m, efidisk0)"}, map[string]string{}},
+		{"uefi asked and set", map[string]string{"bios": "ovmf", "efidisk0": efi}, Want{Firmware: FirmwareUEFI}, nil, map[string]string{}},
+		{"uefi without an efidisk", map[string]string{"bios": "ovmf"}, Want{Firmware: FirmwareUEFI}, []string{"uefi (OVMF 4m, efidisk0)"}, map[string]string{}},
+		{"uefi with a 2m efidisk", map[string]string{"bios": "ovmf", "efidisk0": "local-lvm:vm-100-disk-1,size=128K"}, Want{Firmware: FirmwareUEFI}, []string{"uefi (OVMF 4m, efidisk0)"}, map[string]string{}},
+		{"uefi template, seabios asked", map[string]string{"bios": "ovmf", "efidisk0": efi}, Want{}, []string{"no SMM emulation (SeaBIOS, serial display)"}, map[string]string{}},
+		{"cpu model asked", nil, Want{CPU: "host"}, []string{"cpu model"}, map[string]string{"cpu": "host,flags=-nested-virt"}},
+		{"cpu model and nested on", map[string]string{"cpu": "kvm64,flags=+nested-virt;+aes"}, Want{CPU: "x86-64-v3"}, []string{"nested virtualization", "cpu model"}, map[string]string{"cpu": "x86-64-v3,flags=+aes;-nested-virt"}},
+		{"cpu model kept", map[string]string{"cpu": "host,flags=-nested-virt"}, Want{CPU: "host"}, nil, map[string]string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conf := hardenedWith(tc.change)
+			var names []string
+			for _, i := range CheckFor(conf, tc.want).Failed() {
+				names = append(names, i.Name)
+			}
+			if strings.Join(names, "|") != strings.Join(tc.fail, "|") {
+				t.Fatalf("failed %q, want %q", names, tc.fail)
+			}
+			set, _ := CloneChangesFor(conf, tc.want)
+			if len(set) != len(tc.set) {
+				t.Fatalf("set %v, want %v", set, tc.set)
+			}
+			for k, v := range tc.set {
+				if set[k] != v {
+					t.Fatalf("set %v, want %v", set, tc.set)
+				}
+			}
+		})
+	}
+}
+
+func TestIsWindows(t *testing.T) {
+	for ostype, want := range map[string]bool{"l26": false, "other": false, "solaris": false, "": false, "wxp": true, "w2k8": true, "win7": true, "win11": true} {
+		if IsWindows(ostype) != want {
+			t.Errorf("IsWindows(%q) = %v", ostype, !want)
+		}
+	}
 }

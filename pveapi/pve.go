@@ -24,6 +24,7 @@ import (
 	proxmox "github.com/luthermonson/go-proxmox"
 
 	"github.com/pve-inspect/pve-inspect/firewall/mgmtport"
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
@@ -427,7 +428,51 @@ func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) 
 	if del := extraNets(cfg, len(v.Bridges)); len(del) > 0 {
 		body["delete"] = strings.Join(del, ",")
 	}
+	if err := hardware(body, cfg, v); err != nil {
+		return fmt.Errorf("configure %d: %w", vmid, err)
+	}
 	return c.call(ctx, "POST", fmt.Sprintf("configure %d", vmid), c.qemu(vmid)+"/config", body)
+}
+
+// hardware adds v's OS type, CPU model and firmware to the configure
+// request body for a clone of configuration cfg. The EFI vars disk is a
+// new volume "STORAGE:1,efitype=4m,pre-enrolled-keys=0" on the boot
+// disk's storage: qemu-server's create_disks allocates it with the size
+// of the OVMF vars image whatever the number (OVMF.pm create_efidisk),
+// checking Datastore.AllocateSpace on the storage (API2/Qemu.pm
+// $check_storage_access) and VM.Config.Disk; bios and ostype need
+// VM.Config.Options, cpu VM.Config.CPU. A clone with an efidisk0 of
+// efitype 4m keeps it (a template installed with UEFI); one of another
+// type is refused: replacing it would drop the guest's boot entries.
+func hardware(body map[string]any, cfg map[string]any, v sandbox.VMConfig) error {
+	if v.OSType != "" {
+		body["ostype"] = v.OSType
+	}
+	if v.CPU != "" {
+		cur, _ := cfg["cpu"].(string)
+		body["cpu"] = hardening.CPUValue(cur, v.CPU)
+	}
+	if !v.UEFI {
+		return nil
+	}
+	body["bios"] = "ovmf"
+	if efi, ok := cfg["efidisk0"].(string); ok {
+		if !hardening.EFIDisk4M(efi) {
+			return fmt.Errorf("the template's efidisk0 (%s) is not of efitype 4m: rebuild the template with a 4m EFI disk", efi)
+		}
+		return nil
+	}
+	disk, err := bootDisk(cfg)
+	if err != nil {
+		return err
+	}
+	val, _ := cfg[disk].(string)
+	storage, _, ok := strings.Cut(val, ":")
+	if !ok || storage == "" {
+		return fmt.Errorf("the boot disk %s (%s) names no storage for the EFI disk", disk, val)
+	}
+	body["efidisk0"] = storage + ":1,efitype=4m,pre-enrolled-keys=0"
+	return nil
 }
 
 // extraNets returns the NIC keys netN of a guest's config with N >= keep

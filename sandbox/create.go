@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -35,6 +36,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	if sb, ok, err := m.claim(ctx, req); ok {
 		return sb, err
 	}
+	if err := m.checkVMOptionsAllowed(req); err != nil {
+		return apitype.Sandbox{}, err
+	}
 	tmpl := make([]int, len(req.VMs))
 	for i, v := range req.VMs {
 		id, err := m.templateIDOf(ctx, v.Kind, v.Template)
@@ -45,6 +49,7 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	}
 	var names []string
 	var vmTmpl []int
+	var vmReqs []apitype.VMRequest
 	for i, v := range req.VMs {
 		if v.Kind == apitype.KindLXC {
 			if err := m.checkCT(ctx, "container template "+v.Template, tmpl[i]); err != nil {
@@ -54,8 +59,9 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		}
 		names = append(names, v.Template)
 		vmTmpl = append(vmTmpl, tmpl[i])
+		vmReqs = append(vmReqs, v)
 	}
-	if err := m.checkTemplates(ctx, names, vmTmpl); err != nil {
+	if err := m.checkTemplates(ctx, names, vmTmpl, vmReqs); err != nil {
 		return apitype.Sandbox{}, err
 	}
 	names = make([]string, len(req.VMs))
@@ -171,7 +177,7 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 	}
 	for _, v := range req.VMs {
 		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Kind: v.Kind, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB,
-			Networks: v.Networks, NICs: recordNICs(v)})
+			Networks: v.Networks, NICs: recordNICs(v), Firmware: v.Firmware, CPU: v.CPU, OSType: v.OSType, DiskController: v.DiskController, NICController: v.NICController})
 	}
 	return rec
 }
@@ -466,14 +472,15 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 	if spec.Kind == apitype.KindLXC {
 		return m.buildCT(ctx, rec, spec, vmid, bridges, env)
 	}
-	cfg := VMConfig{Tags: m.vmTags(rec), Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges, MACs: recordMACs(spec)}
+	cfg := VMConfig{Tags: m.vmTags(rec), Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges, MACs: recordMACs(spec),
+		OSType: spec.OSType, CPU: spec.CPU, UEFI: spec.Firmware == hardening.FirmwareUEFI}
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
 	}
 	if err := m.dropRangeAddresses(ctx, rec, i); err != nil {
 		return err
 	}
-	if err := m.hardenClone(ctx, vmid); err != nil {
+	if err := m.hardenClone(ctx, vmid, profileWant(spec.Firmware, spec.CPU, spec.OSType)); err != nil {
 		return err
 	}
 	if spec.DiskGiB > 0 {

@@ -126,6 +126,12 @@ type Options struct {
 	// AllowUnhardenedTemplates ([api] require_hardened_templates = false)
 	// lets a create clone a template that fails the profile.
 	AllowUnhardenedTemplates bool
+	// AllowUEFI ([api] allow_uefi) lets a create ask for firmware "uefi"
+	// (vmoptions.go); refused otherwise.
+	AllowUEFI bool
+	// AllowWindows ([api] allow_windows) lets a create ask for a Windows
+	// os_type; refused otherwise.
+	AllowWindows bool
 	// Health configures the health monitor and the event buffer
 	// (health.go, events.go).
 	Health HealthOptions

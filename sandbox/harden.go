@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/hardening"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // VMConfigs reads and changes VM configurations (the Proxmox client).
@@ -19,23 +20,47 @@ type VMConfigs interface {
 
 // checkTemplates refuses templates whose failing profile items a clone
 // cannot fix, with a problem listing them, unless unhardened templates
-// are allowed.
-func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int) error {
-	if m.o.VMConfigs == nil || m.o.AllowUnhardenedTemplates {
+// are allowed; the profile is the one VM i's options want (vms[i], the
+// VM of template names[i], ids[i]). A disk_controller the template's
+// disks are not on is refused whatever the setting.
+func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, vms []apitype.VMRequest) error {
+	if m.o.VMConfigs == nil {
 		return nil
 	}
 	var items []string
-	seen := map[int]bool{}
+	type seenKey struct {
+		id   int
+		want hardening.Want
+		disk string
+	}
+	seen := map[seenKey]bool{}
+	confs := map[int]map[string]string{}
 	for i, id := range ids {
-		if seen[id] {
+		v := vms[i]
+		want := profileWant(v.Firmware, v.CPU, v.OSType)
+		if m.o.AllowUnhardenedTemplates && v.DiskController == "" {
 			continue
 		}
-		seen[id] = true
-		conf, err := m.o.VMConfigs.VMConfig(ctx, id)
-		if err != nil {
-			return pxErr(fmt.Sprintf("read config of template %d", id), err)
+		k := seenKey{id, want, v.DiskController}
+		if seen[k] {
+			continue
 		}
-		for _, it := range hardening.Check(conf).TemplateFailures() {
+		seen[k] = true
+		conf, ok := confs[id]
+		if !ok {
+			var err error
+			if conf, err = m.o.VMConfigs.VMConfig(ctx, id); err != nil {
+				return pxErr(fmt.Sprintf("read config of template %d", id), err)
+			}
+			confs[id] = conf
+		}
+		if why := diskControllerMismatch(conf, v.DiskController); why != "" {
+			return invalid(fmt.Sprintf("vms[%d].disk_controller", i), "disk_controller %q: template %s (%d) cannot give it, as a clone keeps its template's disks: %s", v.DiskController, names[i], id, why)
+		}
+		if m.o.AllowUnhardenedTemplates {
+			continue
+		}
+		for _, it := range hardening.CheckFor(conf, want).TemplateFailures() {
 			items = append(items, fmt.Sprintf("template %s (%d): %s", names[i], id, it))
 		}
 	}
@@ -46,9 +71,9 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int) 
 		len(items), strings.Join(items, "; "))}
 }
 
-// hardenClone sets the profile items the pool-scoped token may set on a
-// fresh clone and verifies them.
-func (m *Engine) hardenClone(ctx context.Context, vmid int) error {
+// hardenClone sets the profile items (as want has them) the pool-scoped
+// token may set on a fresh clone and verifies them.
+func (m *Engine) hardenClone(ctx context.Context, vmid int, want hardening.Want) error {
 	if m.o.VMConfigs == nil {
 		return nil
 	}
@@ -56,7 +81,7 @@ func (m *Engine) hardenClone(ctx context.Context, vmid int) error {
 	if err != nil {
 		return pxErr(fmt.Sprintf("read config of vm %d", vmid), err)
 	}
-	set, del := hardening.CloneChanges(conf)
+	set, del := hardening.CloneChangesFor(conf, want)
 	if err := m.o.VMConfigs.UpdateVMConfig(ctx, vmid, set, del); err != nil {
 		return pxErr(fmt.Sprintf("harden vm %d", vmid), err)
 	}
@@ -65,7 +90,7 @@ func (m *Engine) hardenClone(ctx context.Context, vmid int) error {
 		return pxErr(fmt.Sprintf("read config of vm %d", vmid), err)
 	}
 	var bad []string
-	for _, it := range hardening.Check(conf).Failed() {
+	for _, it := range hardening.CheckFor(conf, want).Failed() {
 		if it.Fix == hardening.FixClone || !m.o.AllowUnhardenedTemplates {
 			bad = append(bad, it.String())
 		}

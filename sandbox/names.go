@@ -306,6 +306,9 @@ func (m *Engine) nameGuests(ctx context.Context, rec *record) error {
 	m.mu.Unlock()
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range vms {
+		if GuestIO(vms[i]) != nil {
+			continue // a Windows guest: its siblings name it, it names none (vmoptions.go)
+		}
 		g.Go(func() error {
 			if err := m.nameGuest(gctx, vms[i].VMID, vms[i].Name, hostsBlock(vms, i)); err != nil {
 				return fmt.Errorf("vm %s: %w", vms[i].Name, err)

@@ -144,10 +144,16 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 	nodhcp.Networks[0].DHCP = &off
 	mac := oneVMSized("debian", 1, 512)
 	mac.VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: "02:00:00:00:00:01"}}
+	cpu := oneVMSized("debian", 1, 512)
+	cpu.VMs[0].CPU = "host"
+	// a default written out is an option too: a member's hardware was
+	// never set from it
+	nicDefault := oneVMSized("debian", 1, 512)
+	nicDefault.VMs[0].NICController = "virtio"
 	for name, req := range map[string]apitype.CreateRequest{
 		"other template": oneVMSized("alpine", 1, 512), "more cores": oneVMSized("debian", 2, 512), "more memory": oneVMSized("debian", 1, 1024),
 		"two networks": twoNets, "fixed cidr": fixed, "disk resize": disk, "other network name": named, "other egress kind": egress, "no dhcp": nodhcp,
-		"a fixed MAC": mac,
+		"a fixed MAC": mac, "a cpu model": cpu, "an explicit nic controller": nicDefault,
 	} {
 		sb, err := b.e.Create(ctx, req)
 		if err != nil {

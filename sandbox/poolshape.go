@@ -154,6 +154,9 @@ func (s PoolShape) matches(req apitype.CreateRequest) bool {
 		return false
 	}
 	v := req.VMs[0]
+	if hasVMOptions(v) {
+		return false // a member's hardware is configured already (vmoptions.go)
+	}
 	if (v.Kind == apitype.KindLXC) != (s.Kind == apitype.KindLXC) {
 		return false // a container's request never claims a VM, nor a VM's a container
 	}

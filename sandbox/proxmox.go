@@ -24,6 +24,15 @@ type VMConfig struct {
 	// MACs are the NICs' MAC addresses, by Bridges' index; "" (or none)
 	// lets Proxmox pick one.
 	MACs []string
+	// OSType, when set, is the VM's ostype (hardening.OSTypes).
+	OSType string
+	// CPU, when set, is the VM's CPU model (hardening.CPUModels), set with
+	// nested virtualization off (hardening.CPUValue).
+	CPU string
+	// UEFI sets bios ovmf and, unless the clone has one of efitype 4m
+	// already, allocates an EFI vars disk (efidisk0, efitype 4m, no
+	// pre-enrolled keys) on the boot disk's storage.
+	UEFI bool
 }
 
 // VMInfo is what the daemon reads back about a VM.

@@ -104,6 +104,19 @@ type savedVM struct {
 	// NICs are the VM's NICs as the request's nics gave them, with the
 	// MACs fixed (optional, version 3).
 	NICs []savedNIC `json:"nics,omitempty"`
+	// Options are the VM's per-VM options as the request gave them
+	// (optional; absent in files of daemons before them: none).
+	Options *savedOptions `json:"options,omitempty"`
+}
+
+// savedOptions are a VM's firmware, CPU model, OS type and controllers
+// (apitype.VMRequest) on disk.
+type savedOptions struct {
+	Firmware       string `json:"firmware,omitempty"`
+	CPU            string `json:"cpu,omitempty"`
+	OSType         string `json:"os_type,omitempty"`
+	DiskController string `json:"disk_controller,omitempty"`
+	NICController  string `json:"nic_controller,omitempty"`
 }
 
 // savedNIC is one NIC of a VM given by nics, on disk (version 3).
@@ -188,6 +201,9 @@ func toSaved(s apitype.Sandbox) savedSandbox {
 		for _, n := range m.NICs {
 			v.VMs[j].NICs = append(v.VMs[j].NICs, savedNIC(n))
 		}
+		if o := (savedOptions{m.Firmware, m.CPU, m.OSType, m.DiskController, m.NICController}); o != (savedOptions{}) {
+			v.VMs[j].Options = &o
+		}
 	}
 	return v
 }
@@ -229,6 +245,9 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 			}
 			for _, n := range m.NICs {
 				s.VMs[j].NICs = append(s.VMs[j].NICs, apitype.NIC(n))
+			}
+			if o := m.Options; o != nil {
+				s.VMs[j].Firmware, s.VMs[j].CPU, s.VMs[j].OSType, s.VMs[j].DiskController, s.VMs[j].NICController = o.Firmware, o.CPU, o.OSType, o.DiskController, o.NICController
 			}
 		}
 		if v.Pool != nil {

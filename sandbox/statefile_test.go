@@ -72,3 +72,27 @@ func TestStateMigration(t *testing.T) {
 		}
 	}
 }
+
+// TestStateVMOptions: a VM's per-VM options survive the state file (a
+// restarted daemon still refuses guest I/O to a Windows VM), and a VM
+// without them is written without an options object.
+func TestStateVMOptions(t *testing.T) {
+	sb := apitype.Sandbox{ID: "sbopts", VMs: []apitype.VM{
+		{Name: "win", VMID: 101, OSType: "win11", Firmware: "uefi", CPU: "host", DiskController: "scsi", NICController: "virtio"},
+		{Name: "lin", VMID: 102},
+	}}
+	b, err := encodeState("pve", []apitype.Sandbox{sb}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), `"options"`); n != 1 {
+		t.Errorf("%d options objects, want 1:\n%s", n, b)
+	}
+	_, got, _, err := decodeState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got[0].VMs, sb.VMs) {
+		t.Errorf("VMs after the round trip %+v, want %+v", got[0].VMs, sb.VMs)
+	}
+}

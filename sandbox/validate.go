@@ -26,6 +26,7 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 	}
 	var names []string
 	var ids, disks []int
+	var vms []apitype.VMRequest
 	// Each template name is looked up once, however many VMs name it: a
 	// read-scope call must not multiply Proxmox's work by the request's
 	// size.
@@ -61,11 +62,15 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 			continue
 		}
 		names, ids, disks = append(names, v.Template), append(ids, id), append(disks, v.DiskGiB)
+		vms = append(vms, v)
 	}
 	// A profile or disk refusal is the request's; a failed Proxmox call is
 	// not.
 	var pe *ProxmoxError
-	if err := m.checkTemplates(ctx, names, ids); errors.As(err, &pe) {
+	if err := m.checkVMOptionsAllowed(req); err != nil {
+		refusals = append(refusals, err)
+	}
+	if err := m.checkTemplates(ctx, names, ids, vms); errors.As(err, &pe) {
 		return nil, nil, err
 	} else if err != nil {
 		refusals = append(refusals, err)

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -255,6 +256,12 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		if !reTemplate.MatchString(v.Template) {
 			return invalid(f+".template", "template %q: want a template name", v.Template)
 		}
+		if pr := validateVMOptions(v, f); pr != nil {
+			return pr
+		}
+		if hardening.IsWindows(v.OSType) && len(c.Env) > 0 {
+			return invalid("env", "env is written to %s in every VM, and vms[%d] runs Windows (os_type %s), where the daemon writes no files; give env to a sandbox of Linux VMs only", apitype.GuestEnvPath, i, v.OSType)
+		}
 		if v.Cores == 0 {
 			v.Cores = defaultCores
 		}
@@ -307,6 +314,47 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 	}
 	if c.TTLSeconds < 1 || c.TTLSeconds > maxTTL {
 		return invalid("ttl_seconds", "ttl_seconds %d: want 1..%d", c.TTLSeconds, maxTTL)
+	}
+	return nil
+}
+
+// validateVMOptions checks VM v's (field f) firmware, cpu, os_type,
+// disk_controller and nic_controller against the values the hardened
+// profile takes (hardening/options.go); the defaults written out are
+// accepted and kept as given. A container takes none of them.
+func validateVMOptions(v *apitype.VMRequest, f string) *apitype.Problem {
+	if v.Kind == apitype.KindLXC {
+		for _, o := range []struct{ field, val string }{{"firmware", v.Firmware}, {"cpu", v.CPU}, {"os_type", v.OSType}, {"disk_controller", v.DiskController}, {"nic_controller", v.NICController}} {
+			if o.val != "" {
+				return invalid(f+"."+o.field, "%s is a VM's option: a container (kind lxc) takes none", o.field)
+			}
+		}
+		return nil
+	}
+	switch v.Firmware {
+	case "", hardening.FirmwareSeaBIOS, hardening.FirmwareUEFI:
+	default:
+		return invalid(f+".firmware", "firmware %q: want %q (default) or %q", v.Firmware, hardening.FirmwareSeaBIOS, hardening.FirmwareUEFI)
+	}
+	if v.CPU != "" && !slices.Contains(hardening.CPUModels, v.CPU) {
+		return invalid(f+".cpu", "cpu %q: want one of %s (flags and custom models are not taken: nested virtualization stays off)", v.CPU, strings.Join(hardening.CPUModels, ", "))
+	}
+	if v.OSType != "" && !slices.Contains(hardening.OSTypes, v.OSType) {
+		return invalid(f+".os_type", "os_type %q: want one of %s (other types keep HPET on, or are releases out of support)", v.OSType, strings.Join(hardening.OSTypes, ", "))
+	}
+	for _, c := range []struct {
+		field, val, ok, emulated, why string
+	}{
+		{"disk_controller", v.DiskController, "scsi", "ide", "an emulated ATA controller is host-side code the guest drives; use \"scsi\" (virtio-scsi)"},
+		{"nic_controller", v.NICController, "virtio", "e1000", "an emulated Intel NIC is host-side code the guest drives; use \"virtio\" (a Windows guest needs the virtio drivers for its guest agent anyway)"},
+	} {
+		switch c.val {
+		case "", c.ok:
+		case c.emulated:
+			return invalid(f+"."+c.field, "%s %q is refused: %s", c.field, c.val, c.why)
+		default:
+			return invalid(f+"."+c.field, "%s %q: want %q", c.field, c.val, c.ok)
+		}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -18,5 +19,12 @@ func (s *Server) beginGuest(r *http.Request, p principal) (apitype.VM, context.C
 	if err := s.e.Broken(id, r.PathValue("vm")); err != nil {
 		return apitype.VM{}, nil, nil, err
 	}
-	return s.begin(r, p)
+	vm, ctx, end, err := s.begin(r, p)
+	if err != nil {
+		return apitype.VM{}, nil, nil, err
+	}
+	if err := sandbox.GuestIO(vm); err != nil {
+		return apitype.VM{}, nil, nil, end(err)
+	}
+	return vm, ctx, end, nil
 }

@@ -1,6 +1,7 @@
 package sandboxapi_test
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -136,6 +137,48 @@ func TestOpenAPIKindsByNode(t *testing.T) {
 			if err == nil {
 				t.Error("containers off: a container was made")
 			}
+		}
+	}
+}
+
+// TestOpenAPIVMOptionsByNode: the document's firmware and os_type enums
+// are what the node takes ([api] allow_uefi, allow_windows), and a value
+// outside them is refused by the create, naming the field; the
+// controllers' enums hold the virtio ones only.
+func TestOpenAPIVMOptionsByNode(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		e := newEnv(t, func(o *options) { o.AllowUEFI, o.AllowWindows = on, on })
+		doc, err := e.c.OpenAPI(e.ctx())
+		if err != nil {
+			t.Fatal(err)
+		}
+		props := doc["components"].(map[string]any)["schemas"].(map[string]any)["VMRequest"].(map[string]any)["properties"].(map[string]any)
+		enum := func(name string) []string {
+			var out []string
+			for _, v := range props[name].(map[string]any)["enum"].([]any) {
+				out = append(out, v.(string))
+			}
+			return out
+		}
+		if got := slices.Contains(enum("firmware"), "uefi"); got != on {
+			t.Errorf("allow_uefi %v: firmware enum %q", on, enum("firmware"))
+		}
+		if got := slices.Contains(enum("os_type"), "win11"); got != on {
+			t.Errorf("allow_windows %v: os_type enum %q", on, enum("os_type"))
+		}
+		if d, n := enum("disk_controller"), enum("nic_controller"); !slices.Equal(d, []string{"", "scsi"}) || !slices.Equal(n, []string{"", "virtio"}) {
+			t.Errorf("controller enums %q %q", d, n)
+		}
+		if !slices.Contains(enum("cpu"), "host") || slices.Contains(enum("cpu"), "max") {
+			t.Errorf("cpu enum %q", enum("cpu"))
+		}
+		_, err = e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian", Firmware: "uefi", OSType: "win11"}}})
+		var p *apitype.Problem
+		if on && err != nil {
+			t.Errorf("allowed: %v", err)
+		}
+		if !on && (!errors.As(err, &p) || p.Field != "vms[0].firmware") {
+			t.Errorf("not allowed: %v", err)
 		}
 	}
 }

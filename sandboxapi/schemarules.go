@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -86,6 +87,17 @@ func (s *Server) createRules() map[string]map[string]any {
 	if s.eo.Containers == nil || s.eo.CTGuests == nil {
 		kinds, kindText = []string{"", apitype.KindVM}, "vm (default): a QEMU VM (this node makes no containers)"
 	}
+	// the firmware and OS types this node takes ([api] allow_uefi,
+	// allow_windows)
+	firmwares, firmwareText := []string{"", hardening.FirmwareSeaBIOS}, "seabios (default; this node takes no uefi: [api] allow_uefi)"
+	if s.eo.AllowUEFI {
+		firmwares, firmwareText = append(firmwares, hardening.FirmwareUEFI), "seabios (default) or uefi: OVMF with an EFI vars disk (efitype 4m, no pre-enrolled keys), SMM emulation on; never from the warm pool"
+	}
+	osTypes, osText := []string{"", hardening.OSLinux}, "l26 (default; this node takes no Windows guests: [api] allow_windows)"
+	if s.eo.AllowWindows {
+		osTypes, osText = append(osTypes, hardening.OSWin10, hardening.OSWin11),
+			"l26 (default), win10 or win11: a Windows guest gets Hyper-V enlightenments, and has no exec or file calls (409), no env and no naming in its guest"
+	}
 	return map[string]map[string]any{
 		"CreateRequest":          {"description": fmt.Sprintf(createRulesText, apitype.MaxEnvBytes)},
 		"CreateRequest.vms":      {"minItems": 1, "maxItems": maxVMsPerRequest},
@@ -106,7 +118,13 @@ func (s *Server) createRules() map[string]map[string]any {
 		"VMRequest.memory_mib": {"anyOf": []any{map[string]any{"enum": []int{0}}, map[string]any{"minimum": minMemoryMiB, "maximum": maxMemoryMiB}},
 			"description": fmt.Sprintf("0: %d", defaultMemoryMiB)},
 		"VMRequest.disk_gib": {"minimum": 0, "maximum": maxDiskGiB},
-		"VMRequest.networks": {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
+		"VMRequest.firmware": {"enum": firmwares, "description": firmwareText},
+		"VMRequest.cpu": {"enum": append([]string{""}, hardening.CPUModels...),
+			"description": "the CPU model; empty: the template's. Nested virtualization stays off (-nested-virt) whatever the model; never from the warm pool"},
+		"VMRequest.os_type":         {"enum": osTypes, "description": osText},
+		"VMRequest.disk_controller": {"enum": []string{"", "scsi"}, "description": "scsi: the template's disks must be on virtio-scsi (a clone keeps them); ide (emulated ATA) is refused"},
+		"VMRequest.nic_controller":  {"enum": []string{"", "virtio"}, "description": "virtio (what every NIC gets); e1000 (an emulated NIC) is refused"},
+		"VMRequest.networks":        {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
 		"VMRequest.nics": {"maxItems": maxNetworks, "description": "instead of networks (not both): one NIC per entry, in order, " +
 			"with an optional fixed MAC and IPv4 address; a request with any fixed is never served from the warm pool"},
 		"NIC.network": {"pattern": reName.String()},

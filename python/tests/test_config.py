@@ -9,6 +9,7 @@ import pytest
 
 from inspect_pve_inspect import (
     ConfigError,
+    HealthCheck,
     NicSpec,
     PveInspectSandboxEnvironment,
     PveInspectSandboxEnvironmentConfig,
@@ -61,7 +62,7 @@ def test_reference_shape_converts() -> None:
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"vms_config": [ref_vm(uefi_boot=True)]}, "vms_config[0].uefi_boot"),
+        ({"vms_config": [ref_vm(uefi_boot="yes")]}, "vms_config[0].uefi_boot"),
         ({"vms_config": [ref_vm(firewall="yes")]}, "vms_config[0].firewall"),
         ({"vms_config": [ref_vm(nic_controller="e1000")]}, "vms_config[0].nic_controller"),
         ({"vms_config": [ref_vm(vga="std")]}, "vms_config[0].vga"),
@@ -93,8 +94,11 @@ def test_reference_shape_converts() -> None:
         ),
         ({"vms_config": [ref_vm(healthcheck={"test": []})]}, "vms_config[0]"),
         ({"vms_config": [ref_vm(healthcheck={"test": ["true"], "retries": 0})]}, "vms_config[0]"),
-        ({"vms_config": [ref_vm(cpu="qemu64")]}, "vms_config[0].cpu"),
+        ({"vms_config": [ref_vm(cpu="custom-fast")]}, "vms_config[0].cpu"),
+        ({"vms_config": [ref_vm(cpu="host,flags=+vmx")]}, "vms_config[0].cpu"),
         ({"vms_config": [ref_vm(os_type="win11")]}, "vms_config[0].os_type"),
+        ({"vms_config": [ref_vm(os_type="wxp", is_sandbox=False)]}, "vms_config[0].os_type"),
+        ({"vms_config": [ref_vm(os_type="other")]}, "vms_config[0].os_type"),
         ({"vms_config": [ref_vm(disk_controller="ide")]}, "vms_config[0].disk_controller"),
         ({"vms_config": [ref_vm(await_before_next_vm=True)]}, "vms_config[0].await_before_next_vm"),
         (
@@ -430,3 +434,58 @@ def test_reference_healthcheck_converts() -> None:
         3,
         0,
     )
+
+
+def test_reference_vm_options_map_to_the_daemons() -> None:
+    """uefi_boot, cpu, os_type, disk_controller and nic_controller become
+    the daemon's per-VM options in the create body; their defaults written
+    out send nothing (the template's, and the warm pool may serve them)."""
+    d = coerce(
+        {
+            "vms_config": [
+                ref_vm(name="attacker", uefi_boot=True, cpu="host", disk_controller="scsi"),
+                ref_vm(name="target", os_type="win11", is_sandbox=False, cpu="x86-64-v3"),
+                ref_vm(
+                    name="plain",
+                    uefi_boot=False,
+                    os_type="l26",
+                    nic_controller="virtio",
+                    disk_controller=None,
+                    cpu=None,
+                ),
+            ]
+        }
+    )
+    body = create_request(d, "task")
+    opts = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller")
+    got = [{k: v[k] for k in opts if k in v} for v in body["vms"]]
+    assert got == [
+        {"firmware": "uefi", "cpu": "host", "disk_controller": "scsi"},
+        {"cpu": "x86-64-v3", "os_type": "win11"},
+        {},
+    ]
+
+
+def test_native_vm_options() -> None:
+    """The provider's own VmSpec takes the daemon's values and refuses a
+    Windows sandbox VM and options on a container."""
+    cfg = PveInspectSandboxEnvironmentConfig(
+        vms=(
+            VmSpec(template="debian", name="attacker"),
+            VmSpec(template="win", name="target", os_type="win10", sandbox=False, firmware="uefi"),
+        )
+    )
+    assert create_request(cfg, "t")["vms"][1]["os_type"] == "win10"
+    with pytest.raises(ValueError, match="cannot be an Inspect sandbox"):
+        VmSpec(template="win", os_type="win11")
+    with pytest.raises(ValueError, match="healthcheck"):
+        VmSpec(
+            template="win",
+            os_type="win11",
+            sandbox=False,
+            healthcheck=HealthCheck(test=("cmd.exe", "/c", "ver")),
+        )
+    with pytest.raises(ValueError, match="container"):
+        VmSpec(template="ct", kind="lxc", cpu="host")
+    with pytest.raises(ValueError):
+        VmSpec.model_validate({"template": "d", "nic_controller": "e1000"})

@@ -176,9 +176,9 @@ async def test_config_file_loads(
             r"(?s)config file .*cfg\.yaml: .*vms\.0\.cpus",
         ),
         (
-            "vms_config: [{vm_source_config: {existing_vm_template_tag: d}, uefi_boot: true}]",
+            "vms_config: [{vm_source_config: {existing_vm_template_tag: d}, vga: std}]",
             "cfg.yaml",
-            r"vms_config\[0\]\.uefi_boot: .*\(config file .*cfg\.yaml\)",
+            r"vms_config\[0\]\.vga: .*\(config file .*cfg\.yaml\)",
         ),
         (None, "missing.yaml", r"config file .*missing\.yaml: No such file"),
     ],

@@ -78,6 +78,31 @@ type VMRequest struct {
 	// address. A request with any MAC or address fixed runs cold: a warm
 	// pool member's NICs are configured already.
 	NICs []NIC `json:"nics,omitempty"`
+	// Firmware is "seabios" (default) or "uefi": OVMF with an EFI vars
+	// disk (efitype 4m, no pre-enrolled keys) allocated on the VM's boot
+	// disk storage. UEFI keeps SMM emulation on (the hardened profile's
+	// SeaBIOS turns it off): a node takes it only with [api] allow_uefi.
+	// A VM with any of firmware, cpu, os_type, disk_controller or
+	// nic_controller set is built cold, never served from the warm pool.
+	Firmware string `json:"firmware,omitempty"`
+	// CPU is the CPU model: one of x86-64-v2, x86-64-v2-AES, x86-64-v3,
+	// x86-64-v4, kvm64, qemu64, host; default: the template's. Nested
+	// virtualization stays off whatever the model (-nested-virt).
+	CPU string `json:"cpu,omitempty"`
+	// OSType is Proxmox's ostype: "l26" (default), "win10" or "win11". A
+	// Windows VM gets qemu-server's Hyper-V enlightenments, is taken only
+	// with [api] allow_windows, and has no guest I/O through the daemon
+	// (exec and files answer 409: they run POSIX sh in the guest); it is
+	// not named in its guest, nor given env.
+	OSType string `json:"os_type,omitempty"`
+	// DiskController is "scsi" (virtio-scsi) or empty: a clone keeps its
+	// template's disks, so the template's disks must be on scsi with a
+	// virtio-scsi controller; "ide" (an emulated ATA controller) is
+	// refused.
+	DiskController string `json:"disk_controller,omitempty"`
+	// NICController is "virtio" (the default, what every NIC gets) or
+	// empty; "e1000" (an emulated Intel NIC) is refused.
+	NICController string `json:"nic_controller,omitempty"`
 }
 
 // NIC is one network interface of a VM with what the request fixed.
@@ -169,6 +194,13 @@ type VM struct {
 	// a fixed IPv4 address always has); omitted when the request gave
 	// networks.
 	NICs []NIC `json:"nics,omitempty"`
+	// Firmware, CPU, OSType, DiskController and NICController are the
+	// request's (VMRequest), omitted when it gave none.
+	Firmware       string `json:"firmware,omitempty"`
+	CPU            string `json:"cpu,omitempty"`
+	OSType         string `json:"os_type,omitempty"`
+	DiskController string `json:"disk_controller,omitempty"`
+	NICController  string `json:"nic_controller,omitempty"`
 	// Addresses are the VM's IPv4 addresses, one per network that hands
 	// out addresses, in NIC order: taken from Proxmox's IPAM on the node
 	// (the entry of the VM's NIC on the network's vnet), never from what

@@ -192,6 +192,9 @@ func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) 
 	if err := s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, v.conf, v.pending); err != nil {
 		return err
 	}
+	if err := s.allocNewDisksLocked(v, u.changes); err != nil {
+		return err
+	}
 	old := copyConf(v.conf)
 	changes, deletes := dropPendingLocked(v, u.changes, u.deletes)
 	changes, deletes = deferDisks(v, changes, deletes, u.force)

@@ -5,7 +5,8 @@ An eval written for ``inspect_proxmox_sandbox`` passes a
 ``pve_inspect`` it runs here. Honoured: ``vms_config``
 (``vm_source_config.existing_vm_template_tag``, ``name``, ``ram_mb``,
 ``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias`` with their ``mac`` and
-``ipv4``, ``healthcheck``) and
+``ipv4``, ``healthcheck``, and ``uefi_boot``, ``os_type``, ``cpu``,
+``disk_controller``, ``nic_controller`` as the daemon's per-VM options) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP).
 Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
 (checked; every VM starts at once and the sample waits for all of them and
@@ -43,29 +44,20 @@ from .config import (
 # reference's default, written out or not (its effective default, the
 # value the reference itself uses when the field is unset, included).
 _VM_DEFAULTS: dict[str, tuple[Any, ...]] = {
-    "uefi_boot": (False,),
-    "os_type": ("l26",),
     "vga": ("none",),
     "tablet": (False,),
     "await_before_next_vm": (False,),
-    # The template's controllers and CPU model, as the daemon's hardened
-    # profile keeps them; "scsi", "virtio" and "host" are the reference's
-    # own defaults (what it uses when the field is None).
-    "disk_controller": (None, "scsi"),
-    "nic_controller": (None, "virtio"),
-    "cpu": (None, "host"),
 }
 # Why a value other than the defaults is refused, by field.
 _VM_WHY: dict[str, str] = {
-    "uefi_boot": "the template decides the firmware",
-    "os_type": "Windows and other OS types are not supported: the daemon's guest I/O is Linux's",
     "vga": "the hardened profile has no display device",
     "tablet": "the hardened profile has no USB tablet",
     "await_before_next_vm": "removed by the reference itself: use depends_on and healthcheck",
-    "disk_controller": "the template's disk controller is kept (the reference's default is scsi)",
-    "nic_controller": "the template's NIC model is kept (the reference's default is virtio)",
-    "cpu": "the template's CPU model is kept (the reference's default is host)",
 }
+# The VM options mapped to the daemon's per-VM options (_vm_options); each
+# reference default, written out or not, maps to nothing sent (the
+# template's, and a warm pool member may serve the VM).
+_VM_OPTIONS = ("uefi_boot", "os_type", "cpu", "disk_controller", "nic_controller")
 # Accepted as covered: firewall=True (the node's guard isolates every
 # sandbox whatever it says), depends_on (checked; every VM starts at once
 # and the sample starts once all are ready and every healthcheck passed),
@@ -81,6 +73,7 @@ _VM_FIELDS = {
     "depends_on",
     "healthcheck",
     *_VM_DEFAULTS,
+    *_VM_OPTIONS,
 }
 
 
@@ -245,6 +238,56 @@ def _subnet(f: str, name: str, sn: dict[str, Any], alias: str | None) -> Network
         raise ConfigError(f"{f}.cidr", str(e)) from None
 
 
+def _vm_options(f: str, vm: dict[str, Any]) -> dict[str, str]:
+    """The daemon's per-VM options for the reference's ``uefi_boot``,
+    ``os_type``, ``cpu``, ``disk_controller`` and ``nic_controller``.
+
+    The reference's defaults (False, l26, None, scsi, virtio) send nothing
+    but ``disk_controller="scsi"``, which the daemon checks against the
+    template as the reference does. ``cpu`` given is set on the clone (the
+    reference sets it on OVA imports only; here it is the clone's model,
+    nested virtualization off). The emulated controllers (``ide``,
+    ``e1000``) are refused: host-side device code the guest drives.
+    """
+    out: dict[str, str] = {}
+    uefi = vm.get("uefi_boot", False)
+    if not isinstance(uefi, bool):
+        raise ConfigError(f"{f}.uefi_boot", f"want a bool, got {uefi!r}")
+    if uefi:
+        out["firmware"] = "uefi"
+    os_type = vm.get("os_type")
+    if os_type not in (None, "l26"):
+        out["os_type"] = str(os_type)
+    if str(os_type).startswith("w") and vm.get("is_sandbox", True):
+        raise ConfigError(
+            f"{f}.os_type",
+            f"{os_type!r} with is_sandbox=True is not supported: the reference runs a Windows "
+            "sandbox through batch scripts, and this daemon offers no exec or file calls into "
+            "Windows guests (they run POSIX sh); set is_sandbox=False to run it as a target VM",
+        )
+    if vm.get("cpu") is not None:
+        out["cpu"] = str(vm["cpu"])
+    disk = vm.get("disk_controller")
+    if disk == "ide":
+        raise ConfigError(
+            f"{f}.disk_controller",
+            "'ide' is not supported: the hardened profile refuses an emulated ATA controller "
+            "(host-side code the guest drives); use a template whose disks are on virtio-scsi",
+        )
+    if disk is not None:
+        out["disk_controller"] = str(disk)
+    nic = vm.get("nic_controller")
+    if nic == "e1000":
+        raise ConfigError(
+            f"{f}.nic_controller",
+            "'e1000' is not supported: the hardened profile refuses an emulated NIC (host-side "
+            "code the guest drives); every NIC is virtio",
+        )
+    if nic not in (None, "virtio"):
+        out["nic_controller"] = str(nic)
+    return out
+
+
 def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSpec:
     f = f"vms_config[{i}]"
     extra = set(vm) - _VM_FIELDS
@@ -302,17 +345,27 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
             # node's warm pool), each reserved by its MAC in Proxmox's IPAM
             fixed, nets = tuple(specs), None
     hc = vm.get("healthcheck")
+    opts = _vm_options(f, vm)
     try:
-        return VmSpec(
-            template=str(tag),
-            name=_s(vm.get("name")),
-            cores=vm.get("vcpus", 2),
-            memory_mib=vm.get("ram_mb", 2048),
-            networks=nets,
-            nics=fixed,
-            sandbox=bool(vm.get("is_sandbox", True)),
-            healthcheck=None if hc is None else HealthCheck.model_validate(hc),
+        return VmSpec.model_validate(
+            {
+                "template": str(tag),
+                "name": _s(vm.get("name")),
+                "cores": vm.get("vcpus", 2),
+                "memory_mib": vm.get("ram_mb", 2048),
+                "networks": nets,
+                "nics": fixed,
+                "sandbox": bool(vm.get("is_sandbox", True)),
+                "healthcheck": None if hc is None else HealthCheck.model_validate(hc),
+                **opts,
+            }
         )
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = err["loc"][0] if err["loc"] else ""
+        back = {"firmware": "uefi_boot"}.get(str(loc), str(loc))
+        field = f"{f}.{back}" if loc in opts else f
+        raise ConfigError(field, err["msg"]) from None
     except ValueError as e:
         raise ConfigError(f, str(e)) from None
 

@@ -162,6 +162,12 @@ class NicSpec(BaseModel):
             raise ValueError(f"ipv4 {v!r}: {e}") from None
 
 
+# The CPU models the daemon's hardened profile takes (hardening.CPUModels).
+CpuModel = Literal[
+    "x86-64-v2", "x86-64-v2-AES", "x86-64-v3", "x86-64-v4", "kvm64", "qemu64", "host"
+]
+
+
 class VmSpec(BaseModel):
     """One VM of the sample's sandbox."""
 
@@ -191,6 +197,26 @@ class VmSpec(BaseModel):
     healthcheck: HealthCheck | None = Field(
         default=None, description="a guest command that must pass before the sample starts"
     )
+    firmware: Literal["seabios", "uefi"] | None = Field(
+        default=None,
+        description="seabios (default) or uefi (OVMF with an EFI vars disk; the node must "
+        "allow it: [api] allow_uefi)",
+    )
+    cpu: CpuModel | None = Field(
+        default=None,
+        description="the CPU model; default the template's. Nested virtualization stays off",
+    )
+    os_type: Literal["l26", "win10", "win11"] | None = Field(
+        default=None,
+        description="l26 (default), win10 or win11 (the node must allow Windows: [api] "
+        "allow_windows); a Windows VM cannot be an Inspect sandbox (sandbox=False)",
+    )
+    disk_controller: Literal["scsi"] | None = Field(
+        default=None, description="scsi: the template's disks must be on virtio-scsi"
+    )
+    nic_controller: Literal["virtio"] | None = Field(
+        default=None, description="virtio: what every NIC gets"
+    )
 
     @model_validator(mode="after")
     def _networks_or_nics(self) -> VmSpec:
@@ -201,6 +227,23 @@ class VmSpec(BaseModel):
                 raise ValueError("a container (kind lxc) takes no disk_gib")
             if any(n.mac is not None or n.ipv4 is not None for n in self.nics or ()):
                 raise ValueError("a container (kind lxc) takes no fixed mac or ipv4")
+            opts = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller")
+            if any(getattr(self, k) is not None for k in opts):
+                raise ValueError(
+                    "a container (kind lxc) takes no firmware, cpu, os_type or controllers"
+                )
+        if self.os_type in ("win10", "win11") and self.healthcheck is not None:
+            raise ValueError(
+                f"os_type {self.os_type}: a healthcheck runs through the daemon's exec, which "
+                "Windows guests do not have here"
+            )
+        if self.os_type in ("win10", "win11") and self.sandbox:
+            raise ValueError(
+                f"os_type {self.os_type}: a Windows VM cannot be an Inspect sandbox here, as "
+                "the daemon offers no exec or file calls into Windows guests (they run POSIX "
+                "sh); make it a target VM (sandbox=False, is_sandbox=False in the reference's "
+                "config) and reach it from a Linux VM"
+            )
         return self
 
     def network_names(self) -> tuple[str, ...] | None:

@@ -491,7 +491,18 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
     vms = []
     for v in cfg.resolved_vms():
         d: dict[str, Any] = {"template": v.template}
-        for k in ("kind", "name", "cores", "memory_mib", "disk_gib"):
+        for k in (
+            "kind",
+            "name",
+            "cores",
+            "memory_mib",
+            "disk_gib",
+            "firmware",
+            "cpu",
+            "os_type",
+            "disk_controller",
+            "nic_controller",
+        ):
             if getattr(v, k) is not None:
                 d[k] = getattr(v, k)
         if v.networks is not None:

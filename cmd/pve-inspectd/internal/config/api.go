@@ -100,6 +100,12 @@ type APISection struct {
 	// the hardened VM profile's items a clone cannot fix (see
 	// `pve-inspectd template check`).
 	RequireHardenedTemplates bool `toml:"require_hardened_templates"`
+	// AllowUEFI lets a create ask for firmware "uefi" (OVMF: SMM emulation
+	// on, a pflash device; hardening/doc.go). Default false.
+	AllowUEFI bool `toml:"allow_uefi"`
+	// AllowWindows lets a create ask for a Windows os_type (Hyper-V
+	// enlightenments; no guest I/O through the daemon). Default false.
+	AllowWindows bool `toml:"allow_windows"`
 	// MgmtRules and MgmtInterval are the keys' old place, kept so that
 	// existing files still load: when set they override [guard] mgmt_rules
 	// and mgmt_interval (Parse moves them there). Deprecated.

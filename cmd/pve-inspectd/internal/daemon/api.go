@@ -250,6 +250,8 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		Egress:                   d.Egress,
 		VMConfigs:                px,
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
+		AllowUEFI:                ac.AllowUEFI,
+		AllowWindows:             ac.AllowWindows,
 		Health:                   health,
 		WarmPool:                 shapes,
 		PoolInterval:             cfg.Pool.Interval,
