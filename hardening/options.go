@@ -84,7 +84,9 @@ func osItem(ostype string) string {
 func firmwareItem(conf map[string]string, want Want) Item {
 	bios := conf["bios"]
 	if want.Firmware != FirmwareUEFI {
-		return Item{Name: "no SMM emulation (SeaBIOS, serial display)", Want: "bios=seabios", Got: kv(conf, "bios"), OK: bios == "" || bios == FirmwareSeaBIOS, Fix: FixRebuild}
+		// a UEFI template: rebuilt with SeaBIOS, or cloned by creates that
+		// ask for firmware uefi where the node allows it
+		return Item{Name: "no SMM emulation (SeaBIOS, serial display)", Want: "bios=seabios (or a create's firmware uefi)", Got: kv(conf, "bios"), OK: bios == "" || bios == FirmwareSeaBIOS, Fix: FixRebuild}
 	}
 	got := strings.TrimSpace(kv(conf, "bios") + " " + kv(conf, "efidisk0"))
 	return Item{Name: "uefi (OVMF 4m, efidisk0)", Want: "bios=ovmf, efidisk0 with efitype=4m", Got: got, OK: bios == "ovmf" && EFIDisk4M(conf["efidisk0"]), Fix: FixClone}

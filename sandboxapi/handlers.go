@@ -594,6 +594,9 @@ func (s *Server) runCheck(r *http.Request, vmName string) (rep apitype.CheckRepo
 		return rep, err
 	}
 	defer func() { err = end(err) }()
+	if err := sandbox.GuestIO(vm); err != nil {
+		return rep, err // the probe is a Linux program
+	}
 	// the check runs the probe through the VM's agent: a guest call of
 	// the sandbox's owner, holding one of its exec slots and charged to
 	// its share of the agent's reply buffers

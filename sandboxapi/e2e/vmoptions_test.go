@@ -70,6 +70,10 @@ func TestVMOptionsOnEmulator(t *testing.T) {
 	if !errors.As(err, &p) || p.Status != 409 {
 		t.Fatalf("read a file of the Windows VM: %v", err)
 	}
+	_, err = e.c.Check(ctx, sb.ID, "target")
+	if !errors.As(err, &p) || p.Status != 409 || !strings.Contains(p.Detail, "runs Windows") {
+		t.Fatalf("containment check from the Windows VM: %v", err)
+	}
 
 	// a template whose disks are not on virtio-scsi cannot give scsi
 	root, err := pveapi.NewWithPassword(pveapi.Options{URL: e.url, Node: "pve", HTTPClient: e.hc, TaskPoll: 20 * time.Millisecond}, "root@pam", emuRootPassword)
