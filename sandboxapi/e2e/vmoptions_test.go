@@ -107,6 +107,11 @@ func TestVMOptionsRefusedByNode(t *testing.T) {
 		if !errors.As(err, &p) || p.Status != 400 || p.Field != tc.field || !strings.Contains(p.Detail, tc.detail) {
 			t.Errorf("%+v: %v", tc.vm, err)
 		}
+		// the validate call (the provider's task_init) lists the same
+		rep, err := e.c.Validate(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{tc.vm}})
+		if err != nil || rep.Valid || len(rep.Problems) != 1 || rep.Problems[0].Field != tc.field {
+			t.Errorf("validate %+v: %+v, %v", tc.vm, rep, err)
+		}
 	}
 	if n := len(e.fb.Running()); n != 0 {
 		t.Errorf("%d VMs running after refusals", n)
