@@ -66,8 +66,12 @@
 //	             (MSRs, hypercalls, SynIC timers) reachable from the guest;
 //	             and for win11 on an Intel host with machine 11.0+pve2,
 //	             hv_evmcs, a nested-virtualization enlightenment, while the
-//	             profile turns vmx off. A node takes Windows only with
-//	             [api] allow_windows (default off).
+//	             profile turns vmx off: the guest cannot enter VMX
+//	             operation, so KVM's nested (eVMCS) code stays out of its
+//	             reach; whether QEMU starts a VM with hv-evmcs and -vmx is
+//	             not verified here (no Windows guest, no Intel node). A
+//	             node takes Windows only with [api] allow_windows (default
+//	             off).
 //	controllers  disk: scsi only, checked on the template (a clone keeps
 //	             its disks), virtio-scsi; nic: virtio only. ide (emulated
 //	             ATA) and e1000 (an emulated Intel NIC) are refused: device
