@@ -49,7 +49,7 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	}
 	var names []string
 	var vmTmpl []int
-	var vmReqs []apitype.VMRequest
+	var vmReqs []templateVM
 	for i, v := range req.VMs {
 		if v.Kind == apitype.KindLXC {
 			if err := m.checkCT(ctx, "container template "+v.Template, tmpl[i]); err != nil {
@@ -59,7 +59,7 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 		}
 		names = append(names, v.Template)
 		vmTmpl = append(vmTmpl, tmpl[i])
-		vmReqs = append(vmReqs, v)
+		vmReqs = append(vmReqs, templateVM{i, v})
 	}
 	if err := m.checkTemplates(ctx, names, vmTmpl, vmReqs); err != nil {
 		return apitype.Sandbox{}, err

@@ -23,7 +23,7 @@ type VMConfigs interface {
 // are allowed; the profile is the one VM i's options want (vms[i], the
 // VM of template names[i], ids[i]). A disk_controller the template's
 // disks are not on is refused whatever the setting.
-func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, vms []apitype.VMRequest) error {
+func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, vms []templateVM) error {
 	if m.o.VMConfigs == nil {
 		return nil
 	}
@@ -36,7 +36,7 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, 
 	seen := map[seenKey]bool{}
 	confs := map[int]map[string]string{}
 	for i, id := range ids {
-		v := vms[i]
+		v := vms[i].Req
 		want := profileWant(v.Firmware, v.CPU, v.OSType)
 		if m.o.AllowUnhardenedTemplates && v.DiskController == "" {
 			continue
@@ -55,7 +55,7 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, 
 			confs[id] = conf
 		}
 		if why := diskControllerMismatch(conf, v.DiskController); why != "" {
-			return invalid(fmt.Sprintf("vms[%d].disk_controller", i), "disk_controller %q: template %s (%d) cannot give it, as a clone keeps its template's disks: %s", v.DiskController, names[i], id, why)
+			return invalid(fmt.Sprintf("vms[%d].disk_controller", vms[i].Index), "disk_controller %q: template %s (%d) cannot give it, as a clone keeps its template's disks: %s", v.DiskController, names[i], id, why)
 		}
 		if m.o.AllowUnhardenedTemplates {
 			continue
@@ -69,6 +69,13 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, 
 	}
 	return &NotHardenedError{Items: items, Msg: fmt.Sprintf("%d profile item(s) fail; run `pve-inspectd template harden VMID` as root on the node, or set [api] require_hardened_templates = false: %s",
 		len(items), strings.Join(items, "; "))}
+}
+
+// templateVM is a VM of a request (Req, at Index in its vms) whose
+// template checkTemplates checks.
+type templateVM struct {
+	Index int
+	Req   apitype.VMRequest
 }
 
 // hardenClone sets the profile items (as want has them) the pool-scoped

@@ -245,7 +245,7 @@ func (m *Engine) shapeTemplate(ctx context.Context, s PoolShape) (int, error) {
 	if kind == apitype.KindLXC {
 		err = m.checkCT(ctx, "container template "+s.Template, id)
 	} else {
-		err = m.checkTemplates(ctx, []string{s.Template}, []int{id}, []apitype.VMRequest{{Template: s.Template}})
+		err = m.checkTemplates(ctx, []string{s.Template}, []int{id}, []templateVM{{Req: apitype.VMRequest{Template: s.Template}}})
 	}
 	if err != nil {
 		return 0, err

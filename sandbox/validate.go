@@ -26,7 +26,7 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 	}
 	var names []string
 	var ids, disks []int
-	var vms []apitype.VMRequest
+	var vms []templateVM
 	// Each template name is looked up once, however many VMs name it: a
 	// read-scope call must not multiply Proxmox's work by the request's
 	// size.
@@ -62,7 +62,7 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 			continue
 		}
 		names, ids, disks = append(names, v.Template), append(ids, id), append(disks, v.DiskGiB)
-		vms = append(vms, v)
+		vms = append(vms, templateVM{i, v})
 	}
 	// A profile or disk refusal is the request's; a failed Proxmox call is
 	// not.

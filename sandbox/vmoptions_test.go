@@ -1,0 +1,55 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// templateConfigs is a VMConfigs with the templates' configurations only.
+type templateConfigs map[int]map[string]string
+
+func (c templateConfigs) VMConfig(_ context.Context, vmid int) (map[string]string, error) {
+	if conf, ok := c[vmid]; ok {
+		return conf, nil
+	}
+	return nil, sandbox.ErrNotFound
+}
+
+func (templateConfigs) UpdateVMConfig(context.Context, int, map[string]string, []string) error {
+	return errors.New("not in this test")
+}
+
+// TestDiskControllerNamesTheRequestsVM: a disk_controller the template
+// cannot give is refused naming the VM by its index in the request (a
+// container before it counted), in a create and in a validate, and
+// nothing is made.
+func TestDiskControllerNamesTheRequestsVM(t *testing.T) {
+	ctx := context.Background()
+	b := newCTBench(t, ctConf)
+	b.o.AllowUnhardenedTemplates = true
+	b.o.VMConfigs = templateConfigs{9000: {"scsi0": "local-lvm:base-9000-disk-0,size=8G", "ide1": "local-lvm:base-9000-disk-1,size=1G", "scsihw": "virtio-scsi-single"}}
+	e := b.engine(t)
+	req := apitype.CreateRequest{Networks: []apitype.NetworkRequest{{Name: "net0", CIDR: "auto"}}, VMs: []apitype.VMRequest{
+		{Name: "ct", Kind: apitype.KindLXC, Template: "ct-debian", Cores: 1, MemoryMiB: 256, Networks: []string{"net0"}},
+		{Name: "vm", Template: "debian", Cores: 1, MemoryMiB: 512, Networks: []string{"net0"}, DiskController: "scsi"},
+	}, TTLSeconds: 60}
+	_, err := e.Create(ctx, req)
+	var inv *sandbox.InvalidError
+	if !errors.As(err, &inv) || inv.Field != "vms[1].disk_controller" || !strings.Contains(inv.Msg, "its disks are on ide, scsi") {
+		t.Fatalf("create: %v", err)
+	}
+	for id, v := range b.p.VMs {
+		if !v.Info.Template {
+			t.Errorf("vm %d made by a refused create", id)
+		}
+	}
+	refusals, _, err := e.Validate(ctx, req)
+	if err != nil || len(refusals) != 1 || !errors.As(refusals[0], &inv) || inv.Field != "vms[1].disk_controller" {
+		t.Fatalf("validate: %v, %v", refusals, err)
+	}
+}
