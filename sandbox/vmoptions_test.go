@@ -53,3 +53,38 @@ func TestDiskControllerNamesTheRequestsVM(t *testing.T) {
 		t.Fatalf("validate: %v, %v", refusals, err)
 	}
 }
+
+// TestWindowsVMNotNamed: a Windows VM of a sandbox is not named in its
+// guest (the naming is POSIX sh), its Linux sibling is and resolves it by
+// name, and the engine refuses guest I/O to it.
+func TestWindowsVMNotNamed(t *testing.T) {
+	ctx := context.Background()
+	b := newCTBench(t, ctConf)
+	b.o.AllowWindows = true
+	e := b.engine(t)
+	req := oneVM("debian")
+	req.VMs[0].Name = "attacker"
+	req.VMs = append(req.VMs, apitype.VMRequest{Name: "target", Template: "debian", Cores: 1, MemoryMiB: 512, Networks: []string{"net0"}, OSType: "win10"})
+	sb, err := e.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := b.g.Hostname(sb.VMs[0].VMID); h != "attacker" {
+		t.Errorf("the Linux VM's hostname %q", h)
+	}
+	if h := b.g.Hostname(sb.VMs[1].VMID); h != "" {
+		t.Errorf("the Windows VM was named %q in its guest", h)
+	}
+	if hosts, _ := b.g.File(sb.VMs[0].VMID, "/etc/hosts"); !strings.Contains(string(hosts), "\ttarget\n") {
+		t.Errorf("the Linux VM's /etc/hosts lacks the Windows VM:\n%s", hosts)
+	}
+	if _, ok := b.g.File(sb.VMs[1].VMID, "/etc/hosts"); ok {
+		t.Error("a file was written into the Windows VM")
+	}
+	if err := sandbox.GuestIO(sb.VMs[1]); !errors.Is(err, sandbox.ErrConflict) {
+		t.Errorf("guest I/O to the Windows VM: %v", err)
+	}
+	if err := sandbox.GuestIO(sb.VMs[0]); err != nil {
+		t.Errorf("guest I/O to the Linux VM: %v", err)
+	}
+}
