@@ -248,6 +248,20 @@ func TestNamesInResolver(t *testing.T) {
 		}
 	}
 	resolves(c, "after another sandbox's delete")
+	// the next sandbox (on the deleted one's VMIDs where the node hands
+	// them out again) resolves its own name only
+	solo := oneVM("debian")
+	solo.VMs[0].Name = "solo"
+	d, err := b.e.Create(ctx, solo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolves(d, "the next sandbox")
+	for _, n := range []string{"attacker", "target", "web"} {
+		if got := eg.lookup(t, d.Networks[0].VNet, n); got != nil {
+			t.Errorf("the next sandbox (vmid %d; the deleted one's were %d, %d) resolves %s: %v", d.VMs[0].VMID, a.VMs[0].VMID, a.VMs[1].VMID, n, got)
+		}
+	}
 
 	// a restart: the daemon's resolver starts without names; the
 	// engine's start hands over those of its ready sandboxes

@@ -26,7 +26,8 @@ import (
 // each sibling and the guest itself at the same address, authoritative,
 // in any case and with the trailing dot. The three sandboxes use the same
 // names, and each resolves its own; a VM name of a fourth sandbox
-// ("secret") never answers with its address in them. Two warm
+// ("secret") never answers with its address in them, asked at their own
+// gateway or at the fourth's. Two warm
 // pool members claimed under a new name answer to it, although their
 // /etc/hosts was a symlink, to another file in one, to a directory in the
 // other (what it pointed to is left alone).
@@ -119,6 +120,15 @@ func TestBedNamesResolve(t *testing.T) {
 			// NXDOMAIN as any unknown name (open: the zone's dnsmasq's)
 			if out := dnsA(sb.ID, asker, gw, "secret"); strings.Contains(out, secret) || !strings.HasSuffix(out, "rcode=3") {
 				t.Errorf("egress %s: %s asks another sandbox's VM secret by DNS: %q, want NXDOMAIN", mode, asker, out)
+			}
+			// asked at the other sandbox's own gateway: never its address
+			// (the names are the asking interface's sandbox's): NXDOMAIN
+			// where the guard redirects every DNS question (allowlist,
+			// none), no answer at all in open mode (not redirected, not
+			// let in)
+			if out := dnsA(sb.ID, asker, other.Networks[0].Gateway, "secret"); strings.Contains(out, secret) ||
+				!strings.HasSuffix(out, "rcode=3") && !strings.HasSuffix(out, "TimeoutError: timed out") {
+				t.Errorf("egress %s: %s asks secret at the other sandbox's gateway: %q, want NXDOMAIN or no answer", mode, asker, out)
 			}
 		}
 		for _, v := range got.VMs {
