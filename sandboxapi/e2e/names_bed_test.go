@@ -24,7 +24,8 @@ import (
 // same names resolve by DNS, asked of the zone's gateway with a raw UDP
 // query that no /etc/hosts can answer (the daemon's resolver, every mode):
 // each sibling and the guest itself at the same address, authoritative,
-// in any case and with the trailing dot. The three sandboxes use the same
+// in any case and with the trailing dot, bare and under the zone's
+// domain. The three sandboxes use the same
 // names, and each resolves its own; a VM name of a fourth sandbox
 // ("secret") never answers with its address in them, asked at their own
 // gateway or at the fourth's. Two warm
@@ -112,14 +113,25 @@ func TestBedNamesResolve(t *testing.T) {
 		// by DNS, from both guests, to the zone's gateway
 		gw := got.Networks[0].Gateway
 		for _, asker := range []string{"attacker", "target"} {
-			for name, want := range map[string]string{"target": tgt, "TARGET.": tgt, "attacker": att, "Attacker.": att} {
+			for name, want := range map[string]string{"target": tgt, "TARGET.": tgt, "attacker": att, "Attacker.": att,
+				"target." + bedZoneDomain(got.Zone): tgt, "other." + bedZoneDomain(got.Zone): ""} {
+				if want == "" {
+					// not a VM: the path of any name under the domain
+					if out := dnsA(sb.ID, asker, gw, name); strings.HasPrefix(out, "aa=1 rcode=0") {
+						t.Errorf("egress %s: %s asks %s (no VM) by DNS: %q", mode, asker, name, out)
+					}
+					continue
+				}
 				if out := dnsA(sb.ID, asker, gw, name); out != "aa=1 rcode=0 "+want {
 					t.Errorf("egress %s: %s asks %s by DNS: %q, want %s (its /etc/hosts line)", mode, asker, name, out, want)
 				}
 			}
-			// NXDOMAIN as any unknown name (open: the zone's dnsmasq's)
-			if out := dnsA(sb.ID, asker, gw, "secret"); strings.Contains(out, secret) || !strings.HasSuffix(out, "rcode=3") {
-				t.Errorf("egress %s: %s asks another sandbox's VM secret by DNS: %q, want NXDOMAIN", mode, asker, out)
+			// NXDOMAIN as any unknown name (open: the zone's dnsmasq's),
+			// bare or under either sandbox's domain
+			for _, n := range []string{"secret", "secret." + bedZoneDomain(got.Zone), "secret." + bedZoneDomain(other.Zone)} {
+				if out := dnsA(sb.ID, asker, gw, n); strings.Contains(out, secret) || !strings.HasSuffix(out, "rcode=3") {
+					t.Errorf("egress %s: %s asks another sandbox's VM %s by DNS: %q, want NXDOMAIN", mode, asker, n, out)
+				}
 			}
 			// asked at the other sandbox's own gateway: never its address
 			// (the names are the asking interface's sandbox's): NXDOMAIN
