@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -41,6 +42,28 @@ type EgressClaimer interface {
 // Claim. On error nothing changed.
 type EgressStarter interface {
 	Start(ctx context.Context, sandbox, zone string, bridges []string, p apitype.EgressPolicy) error
+}
+
+// EgressNamer is an Egress whose resolver answers the names of a
+// sandbox's VMs to that sandbox's own guests (the daemon's does), in
+// every mode, as the managed block of their /etc/hosts does (names.go).
+// The engine hands them over wherever it writes that block (a cold
+// create before ready, a claim after the claim's EgressClaimer.Claim,
+// which drops the member's) and again at a start (Reconcile: the
+// daemon's resolver keeps them in memory only); they go with the
+// sandbox's instance in the Egress (Remove, a claim).
+type EgressNamer interface {
+	// SetNames replaces the VM names of the sandbox's current instance:
+	// each VM's name with its addresses. It refuses a zone whose policy
+	// is not the sandbox's.
+	SetNames(ctx context.Context, sandbox, zone string, names map[string][]NameAddr) error
+}
+
+// NameAddr is an address a VM's name resolves to: Addr on the guest
+// bridge (vnet) Bridge.
+type NameAddr struct {
+	Bridge string
+	Addr   netip.Addr
 }
 
 // EgressEntryRules are the rules an Egress's Validate applies to each

@@ -50,6 +50,12 @@ import (
 //     other name): set with hostname(1) (or /proc/sys/kernel/hostname
 //     when the guest has no hostname(1)) in the same exec, and written to
 //     /etc/hostname (a symlink there is removed first, as at /etc/hosts).
+//   - Names resolve by DNS too: the same names and addresses are handed
+//     to the Egress (EgressNamer) before the guests are written, and the
+//     daemon's resolver answers them to the sandbox's own guests, in every
+//     mode (firewall/egress vmnames.go), for a guest whose /etc/hosts is
+//     not read (a resolver that skips NSS, dig). They go with the
+//     instance in the Egress; a start hands them over again (Reconcile).
 //   - When: once every VM of a cold create answers its agent, before the
 //     sandbox is ready; and at a claim, after the member's VM got the
 //     sandbox's name. Warm pool members are not named while they wait (a
@@ -301,6 +307,9 @@ func (m *Engine) nameGuests(ctx context.Context, rec *record) error {
 	if err := m.learnAddresses(ctx, rec); err != nil {
 		return err
 	}
+	if err := m.nameEgress(ctx, rec); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	vms := cloneSandbox(rec.Sandbox).VMs
 	m.mu.Unlock()
@@ -347,4 +356,42 @@ func (m *Engine) nameGuest(ctx context.Context, vmid int, name string, block []b
 		return fmt.Errorf("vm %d: write /etc/hostname: %s", vmid, guestCause(err))
 	}
 	return nil
+}
+
+// nameEgress hands rec's VM names and addresses to the Egress's resolver
+// (EgressNamer; nothing without one).
+func (m *Engine) nameEgress(ctx context.Context, rec *record) error {
+	n, ok := m.o.Egress.(EgressNamer)
+	if !ok {
+		return nil
+	}
+	m.mu.Lock()
+	sb := cloneSandbox(rec.Sandbox)
+	m.mu.Unlock()
+	if err := n.SetNames(ctx, sb.ID, sb.Zone, egressNames(sb)); err != nil {
+		return fmt.Errorf("hand the names to the egress resolver: %w", err)
+	}
+	return nil
+}
+
+// egressNames are sb's VM names, each with its addresses on the bridges
+// (vnets) of their networks.
+func egressNames(sb apitype.Sandbox) map[string][]NameAddr {
+	vnet := map[string]string{}
+	for _, n := range sb.Networks {
+		vnet[n.Name] = n.VNet
+	}
+	out := make(map[string][]NameAddr, len(sb.VMs))
+	for _, v := range sb.VMs {
+		addrs := []NameAddr{}
+		for _, a := range v.Addresses {
+			ip, err := netip.ParseAddr(a.IPv4)
+			if err != nil || vnet[a.Network] == "" {
+				continue
+			}
+			addrs = append(addrs, NameAddr{Bridge: vnet[a.Network], Addr: ip})
+		}
+		out[v.Name] = addrs
+	}
+	return out
 }

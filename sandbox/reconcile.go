@@ -169,7 +169,31 @@ func (m *Engine) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		return rep, err
 	}
 	m.restoreEgress()
+	m.restoreNames(ctx)
 	return rep, nil
+}
+
+// restoreNames hands the Egress's resolver the VM names of every ready
+// sandbox the engine kept (EgressNamer: it keeps them in memory only,
+// so a start has none). A failure is logged: the guests' /etc/hosts
+// still names them.
+func (m *Engine) restoreNames(ctx context.Context) {
+	if _, ok := m.o.Egress.(EgressNamer); !ok {
+		return
+	}
+	m.mu.Lock()
+	var recs []*record
+	for _, r := range m.sbx {
+		if r.State == apitype.StateReady {
+			recs = append(recs, r)
+		}
+	}
+	m.mu.Unlock()
+	for _, r := range recs {
+		if err := m.nameEgress(ctx, r); err != nil {
+			m.log.Error("restore the sandbox's names in the egress resolver", "sandbox", r.ID, "err", err)
+		}
+	}
 }
 
 // restoreEgress hands the egress part the sandboxes the engine has after

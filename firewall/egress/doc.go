@@ -29,6 +29,10 @@
 //     {owner,resource,limit}. See "Egress quotas per owner" below.
 //   - ZoneNames (zonenames.go): the names a zone's own dnsmasq holds are
 //     answered by asking it, in every mode.
+//   - VM names (vmnames.go): the names of a sandbox's VMs, handed over by
+//     the engine (Registry.SetNames) for the zone's current instance, are
+//     answered by the resolver itself to that sandbox's own guests, in
+//     every mode, before anything else; they go with the instance.
 //   - Denials (denials.go): pve_inspect_egress_denied_total{sandbox,reason}
 //     and the last refusals per sandbox; both, and the owner's quota
 //     refusal series, are dropped with the owner's instance.

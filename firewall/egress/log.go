@@ -27,7 +27,7 @@ const (
 	ReasonStale    = "stale"    // the policy changed while it was served
 	ReasonConnect  = "connect"  // conn: the destination did not accept
 	ReasonLearn    = "learn"    // DNS: the guard did not take the answer's addresses
-	ReasonZone     = "zone"     // DNS: answered by the zone's own dnsmasq
+	ReasonZone     = "zone"     // DNS: a zone-local name (the zone's dnsmasq's, or a VM name of the sandbox the resolver answers)
 )
 
 // maxRecordAnswers bounds the answer addresses kept in one Record.

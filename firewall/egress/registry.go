@@ -79,7 +79,9 @@ func (e *QuotaError) Is(target error) bool { return target == ErrQuota }
 // at the end of each instance of its zone: Remove (the sandbox deleted),
 // Begin (the same zone handed to a new tenant, a pool member claimed).
 // The records kept elsewhere of the zone's owner (denials, counter
-// series) are dropped by the OnDrop callbacks at the same two points.
+// series) are dropped by the OnDrop callbacks at the same two points, as
+// are the zone's VM names (SetNames), which a Set handing the zone to
+// another owner drops too.
 //
 // Every change of an interface's policy starts a new generation of it:
 // an answer to a query asked under an older generation is not learned,
@@ -99,6 +101,7 @@ type Registry struct {
 	gen     map[string]uint64          // guest interface -> generation of its policy
 	began   map[string]uint64          // guest interface of a zone's own policy -> the generation its instance began at
 	learned map[string]*learnedSet     // guest interface -> its learned-set elements
+	names   map[string]vmNames         // zone -> its instance's VM names (SetNames); dropped with the instance
 	cuts    []func(ifaces []string)    // OnChange
 	drops   []func(zone, owner string) // OnDrop
 }
@@ -146,7 +149,8 @@ func WithMaxLearned(n int) RegistryOption {
 // every change is written back to it.
 func NewRegistry(g Guard, def Rules, st *State, opts ...RegistryOption) *Registry {
 	r := &Registry{guard: g, def: def, state: st, maxLearned: DefaultMaxLearned, zones: map[string]zoneEntry{},
-		gen: map[string]uint64{}, began: map[string]uint64{}, learned: map[string]*learnedSet{}}
+		gen: map[string]uint64{}, began: map[string]uint64{}, learned: map[string]*learnedSet{},
+		names: map[string]vmNames{}}
 	if st != nil {
 		r.zones = maps.Clone(st.zones)
 		// The persisted zones' instances began before this start: the
@@ -213,6 +217,7 @@ func (r *Registry) Begin(ctx context.Context, zone, owner string, bridges []stri
 	for _, n := range bridges {
 		r.began[n] = r.seq
 	}
+	delete(r.names, zone)
 	r.dropLocked(zone, owner)
 	return err
 }
@@ -248,6 +253,9 @@ func (r *Registry) setLocked(ctx context.Context, zone, owner string, bridges []
 		return fmt.Errorf("egress of %s: %w: %w", owner, errNotInForce, err)
 	}
 	r.zones = next
+	if had && prev.owner != owner {
+		delete(r.names, zone) // another owner's: not its names
+	}
 	changed := slices.Clone(bridges)
 	if had {
 		changed = append(changed, prev.bridges...)
@@ -493,6 +501,7 @@ func (r *Registry) Remove(ctx context.Context, zone string) error {
 		delete(r.gen, n)
 		delete(r.began, n)
 	}
+	delete(r.names, zone)
 	r.dropLocked(zone, e.owner)
 	if err != nil {
 		return fmt.Errorf("remove egress of zone %s: removed, but %w", zone, err)

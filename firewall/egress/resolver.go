@@ -58,6 +58,10 @@ type ResolverConfig struct {
 	// those names are answered by asking that dnsmasq (on the address
 	// the query was redirected to), in every mode, never upstream.
 	ZoneNames ZoneNames
+	// Domain, when set, returns zone's DNS domain ("" for none; [egress]
+	// zone_domain): a VM name of the sandbox is answered under it too
+	// (vmnames.go).
+	Domain func(zone string) string
 	// Log, when set, records every question answered for a guest (its
 	// owner's ring), the guest named by Guests (nil: by address alone).
 	Log    *Log
@@ -95,7 +99,10 @@ type Links interface {
 
 // Resolver answers the DNS of allow-list and none zones (the guard
 // redirects their udp/tcp 53 to it), and records the questions of the
-// daemon's own open zones to their zone's resolver (answerOpen). An allowed name is forwarded
+// daemon's own open zones to their zone's resolver (answerOpen). The VM
+// names of the asking guest's own sandbox (Registry.SetNames) are
+// answered first, by the resolver itself, in every mode (vmnames.go).
+// An allowed name is forwarded
 // upstream and its A records are added to the zone's learned set before
 // the guest gets the answer; every other name gets NXDOMAIN without any
 // upstream query, so disallowed names carry no data out (no tunnelling).
@@ -490,6 +497,12 @@ func (r *Resolver) answer(ctx context.Context, iface string, local, src netip.Ad
 		rec.Guest = guestOf(r.cfg.Guests, src)
 		openRing(r.reg, r.cfg.Log, iface, gen, began, owner).Add(rec)
 		return out
+	}
+	// the sandbox's own VM names, in every mode, before anything else
+	if addrs, ok := r.sandboxName(iface, began, qn.Name); ok {
+		resp.Authoritative = true
+		resp.Answer = nameRecords(qn, addrs)
+		return done(VerdictAnswered, ReasonZone)
 	}
 	if rules.Mode == firewall.EgressOpen {
 		return r.answerOpen(ctx, &req, resp, iface, gen, local, done)

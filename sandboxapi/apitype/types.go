@@ -179,7 +179,7 @@ type Network struct {
 type VM struct {
 	// Name is the VM's name in the sandbox, a DNS label; it is also the
 	// guest's hostname, and every VM of the sandbox resolves it through
-	// its /etc/hosts (see Addresses).
+	// its /etc/hosts and by DNS at its zone's gateway (see Addresses).
 	Name string `json:"name"`
 	// Kind is "lxc" for a container, empty for a VM.
 	Kind      string   `json:"kind,omitempty"`

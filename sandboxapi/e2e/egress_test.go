@@ -11,6 +11,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
@@ -42,6 +43,23 @@ func (r *registryEgress) Remove(ctx context.Context, _, zone string) error {
 	defer r.mu.Unlock()
 	return r.reg.Remove(ctx, zone)
 }
+
+// SetNames hands the VM names to the registry, whose resolver (start)
+// answers them, as the daemon's Egress does.
+func (r *registryEgress) SetNames(_ context.Context, sb, zone string, names map[string][]sandbox.NameAddr) error {
+	out := map[string][]egress.NameAddr{}
+	for n, as := range names {
+		out[n] = []egress.NameAddr{}
+		for _, a := range as {
+			out[n] = append(out[n], egress.NameAddr{Bridge: a.Bridge, Addr: a.Addr})
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reg.SetNames(zone, sb, out)
+}
+
+var _ sandbox.EgressNamer = (*registryEgress)(nil)
 
 func (r *registryEgress) Status(sandbox, zone string) apitype.EgressStatus {
 	r.mu.Lock()

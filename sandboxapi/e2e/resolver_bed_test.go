@@ -16,6 +16,11 @@ import (
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
+// bedZoneDomain is the zones' DNS domain of the bed's resolver
+// ([egress] zone_domain = "{zone}.sandbox.test"): VM names answer under
+// it too.
+func bedZoneDomain(zone string) string { return zone + ".sandbox.test" }
+
 // start gives the bed's guard its egress registry (node default open)
 // and runs the daemon's resolver for it in the node's namespace, on the
 // guard's DNS port, as the daemon does: the guard redirects the DNS of
@@ -48,7 +53,7 @@ func (r *registryEgress) start(t *testing.T, ctx context.Context, e *bedEnv, g *
 		return c, err
 	}
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: []string{testvm.InternetAddr + ":53"}, Mark: mark,
-		Dial: dial, Timeout: 2 * time.Second}, reg, links, egress.NewDenials(), nil, testkit.FailureLog(t))
+		Dial: dial, Timeout: 2 * time.Second, Domain: bedZoneDomain}, reg, links, egress.NewDenials(), nil, testkit.FailureLog(t))
 	dnsPort, _ := ec.Ports()
 	var pc net.PacketConn
 	var ln net.Listener

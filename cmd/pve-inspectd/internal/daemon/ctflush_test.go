@@ -5,10 +5,10 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/firewall/egress"
+	"github.com/pve-inspect/pve-inspect/firewall/egress/egresstest"
 	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -35,22 +35,6 @@ func twoBridges() ([]egress.IfPrefix, error) {
 	return []egress.IfPrefix{{Iface: "vnetold", Prefix: netip.MustParsePrefix("10.77.0.1/24")},
 		{Iface: "vnetother", Prefix: netip.MustParsePrefix("10.88.0.1/24")}}, nil
 }
-
-// nopGuard is the kernel side of a Registry whose kernel side is not
-// under test: everything is in force at once.
-type nopGuard struct{}
-
-func (nopGuard) SetEgress(context.Context, map[string]firewall.ZoneEgress) error { return nil }
-func (nopGuard) EgressOf(string) (firewall.ZoneEgress, bool)                     { return firewall.ZoneEgress{}, true }
-func (nopGuard) LearnOpen(context.Context, string, []netip.Addr, firewall.Opening, time.Duration) ([]netip.Addr, error) {
-	return nil, nil
-}
-func (nopGuard) Forget(context.Context, []string) error       { return nil }
-func (nopGuard) ForgetExcept(context.Context, []string) error { return nil }
-func (nopGuard) LearnedElements(context.Context) ([]firewall.LearnedElement, error) {
-	return nil, nil
-}
-func (nopGuard) ZoneOfBridge(string) (string, bool) { return "", false }
 
 // TestOnlyANewInstanceFlushes: the conntrack entries on a sandbox's
 // bridges go at its first instance (Start: a create or a pool member's
@@ -79,7 +63,7 @@ func TestOnlyANewInstanceFlushes(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ns := testkit.NewNetNS(t, "cto")
 			ns.TrackUDP(t, []string{"10.77.0.1/24", "10.88.0.1/24"}, [][2]string{{"10.77.0.1:40001", "10.88.0.1:9"}})
-			e := &Egress{Registry: egress.NewRegistry(nopGuard{}, egress.Rules{Mode: firewall.EgressOpen}, nil),
+			e := &Egress{Registry: egress.NewRegistry(egresstest.NopGuard{}, egress.Rules{Mode: firewall.EgressOpen}, nil),
 				NS: ns.Handle(), Prefixes: twoBridges}
 			if err := c.call(context.Background(), e); err != nil {
 				t.Fatal(err)
@@ -114,7 +98,7 @@ func TestFlushFailureFailsTheNewInstance(t *testing.T) {
 		}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			reg := egress.NewRegistry(nopGuard{}, egress.Rules{Mode: firewall.EgressOpen}, nil)
+			reg := egress.NewRegistry(egresstest.NopGuard{}, egress.Rules{Mode: firewall.EgressOpen}, nil)
 			e := &Egress{Registry: reg, Prefixes: func() ([]egress.IfPrefix, error) { return nil, broken }}
 			if err := c.call(context.Background(), e); !errors.Is(err, broken) {
 				t.Fatalf("err %v, want the flush's", err)

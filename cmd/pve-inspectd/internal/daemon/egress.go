@@ -143,11 +143,12 @@ func (r *run) startEgress(ctx context.Context) error {
 	}
 	store := egress.NewLogStore(r.d.Config.EgressLogDir(), elog, r.log)
 	guests := &egress.PortGuests{Ports: r.guard.Ports}
+	domain := func(zone string) string { return strings.ReplaceAll(ec.ZoneDomain, "{zone}", zone) }
 	leases := &egress.LeaseNames{
 		LeaseFile: func(zone string) string {
 			return filepath.Join(r.d.Config.Guard.NodeRoot, "/", "var", "lib", "misc", "dnsmasq."+zone+".leases")
 		},
-		Domain: func(zone string) string { return strings.ReplaceAll(ec.ZoneDomain, "{zone}", zone) },
+		Domain: domain,
 	}
 	// what is kept of a sandbox's egress goes with its instance: deleted,
 	// or a pool member claimed
@@ -164,7 +165,7 @@ func (r *run) startEgress(ctx context.Context) error {
 	res := egress.NewResolver(egress.ResolverConfig{Upstreams: ups, TTLFloor: ec.TTLFloor, TTLCeiling: ec.TTLCeiling,
 		Mark: kcfg.Egress.ResolverMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ResolverMark()),
 		QueriesPerOwner: ec.DNSQueriesPerSandbox, TCPPerOwner: ec.DNSTCPPerSandbox, Owners: ec.Owners,
-		ZoneNames: leases, Log: elog, Guests: guests}, reg, links, den, nil, r.log)
+		ZoneNames: leases, Domain: domain, Log: elog, Guests: guests}, reg, links, den, nil, r.log)
 	proxy := egress.NewProxy(egress.ProxyConfig{Mark: kcfg.Egress.ProxyMark(), Dial: dialIn(r.d.EgressNS, kcfg.Egress.ProxyMark()),
 		IdleTimeout: ec.ProxyIdleTimeout, ConnsPerOwner: ec.ProxyConnsPerSandbox, Owners: ec.Owners, Log: elog, Guests: guests}, reg, links, den, r.log)
 	var pc net.PacketConn
@@ -394,9 +395,29 @@ func (e *Egress) Claim(ctx context.Context, sandbox, zone string, bridges []stri
 	return e.flushOld(sandbox, bridges)
 }
 
+// SetNames implements sandbox.EgressNamer: the resolver answers the
+// sandbox's VM names to its own guests, for its zone's current instance
+// (Registry.SetNames; dropped with it).
+func (e *Egress) SetNames(_ context.Context, id, zone string, names map[string][]sandbox.NameAddr) error {
+	return e.Registry.SetNames(zone, id, egressNames(names))
+}
+
+// egressNames are names as the registry takes them.
+func egressNames(names map[string][]sandbox.NameAddr) map[string][]egress.NameAddr {
+	out := make(map[string][]egress.NameAddr, len(names))
+	for n, addrs := range names {
+		out[n] = make([]egress.NameAddr, 0, len(addrs))
+		for _, a := range addrs {
+			out[n] = append(out[n], egress.NameAddr{Bridge: a.Bridge, Addr: a.Addr})
+		}
+	}
+	return out
+}
+
 var (
 	_ sandbox.EgressClaimer = (*Egress)(nil)
 	_ sandbox.EgressStarter = (*Egress)(nil)
+	_ sandbox.EgressNamer   = (*Egress)(nil)
 )
 
 // Remove implements sandbox.Egress.
