@@ -78,6 +78,22 @@ func (s *Server) volumePath(storage, volume string) (volid, path string, owner i
 	return storage + ":" + name, filepath.Join(s.storageDir(), "images", m[1], m[2]), owner, nil
 }
 
+// imagePath is volumePath for an image of any format the dir storage
+// holds (raw, qcow2, vmdk: an imported disk, a cloud-init drive), with
+// its format.
+func (s *Server) imagePath(storage, volume string) (volid, path, format string, owner int, err error) {
+	storage, name, err := splitVolume(storage, volume)
+	if err != nil {
+		return "", "", "", 0, err
+	}
+	m := reImagesVol.FindStringSubmatch(name)
+	if m == nil || m[1] != m[3] {
+		return "", "", "", 0, fail("unable to parse directory volume name '%s'", name)
+	}
+	owner, _ = strconv.Atoi(m[1])
+	return storage + ":" + name, filepath.Join(s.storageDir(), "images", m[1], m[2]), m[4], owner, nil
+}
+
 // allocVolume is POST /nodes/{node}/storage/{storage}/content: vdisk_alloc
 // of a raw image on the dir storage.
 func (s *Server) allocVolume(_ context.Context, rq *request) (any, error) {
@@ -162,7 +178,7 @@ func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
 	}
-	volid, p, owner, err := s.volumePath(rq.str("storage"), rq.str("volume"))
+	volid, p, format, owner, err := s.imagePath(rq.str("storage"), rq.str("volume"))
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +192,11 @@ func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
 	if st.Size() == 0 {
 		return nil, fail("volume '%s' has size zero", volid)
 	}
-	return map[string]any{"path": s.reportedPath(p), "size": st.Size(), "used": st.Size(), "format": "raw"}, nil
+	size := st.Size()
+	if info, err := probeImage(p, format); err == nil {
+		size = info.size
+	}
+	return map[string]any{"path": s.reportedPath(p), "size": size, "used": st.Size(), "format": format}, nil
 }
 
 // freeVolume is DELETE /nodes/{node}/storage/{storage}/content/{volume}:
@@ -191,7 +211,7 @@ func (s *Server) freeVolume(_ context.Context, rq *request) (any, error) {
 	}
 	owner := 0
 	if !isDir {
-		if volid, p, owner, err = s.volumePath(rq.str("storage"), rq.str("volume")); err != nil {
+		if volid, p, _, owner, err = s.imagePath(rq.str("storage"), rq.str("volume")); err != nil {
 			return nil, err
 		}
 	}
