@@ -7,6 +7,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 // The calls `pve-inspectd template build` makes to turn a cloud image into
@@ -14,9 +16,7 @@ import (
 // the node fetch any URL (a probe of the node's own network), so Proxmox
 // asks for Sys.AccessNetwork on the node (or Sys.Audit and Sys.Modify on
 // /) beside Datastore.AllocateTemplate on the storage (pve-storage
-// API2/Storage/Status.pm download_url), and reading a storage's
-// configuration needs Datastore.Allocate (pve-storage API2/Storage/Config.pm
-// read). The daemon's sandbox token gets neither: the build runs with a
+// API2/Storage/Status.pm download_url). The daemon's sandbox token gets neither: the build runs with a
 // user's ticket (NewWithPassword), like `template harden`.
 
 // Download is a file for a storage to fetch (POST
@@ -147,31 +147,39 @@ func (s StorageConfig) Dir(t string) (string, error) {
 	return path.Join(s.Path, sub), nil
 }
 
-// Storage reads storage's definition (GET /storage/{storage}: needs
-// Datastore.Allocate on it).
+// Storage reads storage's definition from GET /storage (pve-storage
+// API2/Storage/Config.pm index: each storage.cfg section the caller has
+// Datastore.Audit or Datastore.AllocateSpace on, as api_storage_config
+// renders it, content and content-dirs as their config text).
 func (c *Client) Storage(ctx context.Context, storage string) (StorageConfig, error) {
-	var raw struct {
+	var list []struct {
 		Storage     string `json:"storage"`
 		Type        string `json:"type"`
 		Path        string `json:"path"`
 		Content     string `json:"content"`
 		ContentDirs string `json:"content-dirs"`
 	}
-	if err := c.c.Get(ctx, "/storage/"+url.PathEscape(storage), &raw); err != nil {
-		return StorageConfig{}, classify("read storage "+storage, err)
+	if err := c.c.Get(ctx, "/storage", &list); err != nil {
+		return StorageConfig{}, classify("list storages", err)
 	}
-	s := StorageConfig{ID: storage, Type: raw.Type, Path: raw.Path, ContentDirs: map[string]string{}}
-	for _, t := range strings.Split(raw.Content, ",") {
-		if t = strings.TrimSpace(t); t != "" {
-			s.Content = append(s.Content, t)
+	for _, raw := range list {
+		if raw.Storage != storage {
+			continue
 		}
-	}
-	for _, d := range strings.Split(raw.ContentDirs, ",") {
-		if t, dir, ok := strings.Cut(strings.TrimSpace(d), "="); ok {
-			s.ContentDirs[t] = dir
+		s := StorageConfig{ID: storage, Type: raw.Type, Path: raw.Path, ContentDirs: map[string]string{}}
+		for _, t := range strings.Split(raw.Content, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				s.Content = append(s.Content, t)
+			}
 		}
+		for _, d := range strings.Split(raw.ContentDirs, ",") {
+			if t, dir, ok := strings.Cut(strings.TrimSpace(d), "="); ok {
+				s.ContentDirs[t] = dir
+			}
+		}
+		return s, nil
 	}
-	return s, nil
+	return StorageConfig{}, fmt.Errorf("storage %s: %w (or no Datastore.Audit on it)", storage, sandbox.ErrNotFound)
 }
 
 // CreateVM creates VM vmid with config conf (POST /nodes/{node}/qemu; a

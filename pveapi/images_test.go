@@ -33,8 +33,9 @@ func (f *fakeServer) handleImages(op string, vmid int, p map[string]any) (any, i
 			}
 		}
 		return out, 0, "", true
-	case "GET /storage/{storage}":
-		return map[string]any{"storage": p["storage"], "type": "dir", "path": "/var/lib/vz", "content": "iso,snippets,import,vztmpl", "content-dirs": "snippets=cloud/snip", "digest": "x"}, 0, "", true
+	case "GET /storage":
+		return []map[string]any{{"storage": "local-lvm", "type": "lvmthin", "content": "images,rootdir"},
+			{"storage": "local", "type": "dir", "path": "/var/lib/vz", "content": "iso,snippets,import,vztmpl", "content-dirs": "snippets=cloud/snip", "digest": "x"}}, 0, "", true
 	case "POST /nodes/{node}/qemu":
 		if f.vms[vmid] != nil {
 			return nil, 500, fmt.Sprintf("unable to create VM %d - VM %d already exists on node 'pve1'", vmid, vmid), true
@@ -95,8 +96,15 @@ func TestImageCalls(t *testing.T) {
 	if d, err := sc.Dir("import"); err != nil || d != "/var/lib/vz/import" {
 		t.Errorf("import dir %q %v", d, err)
 	}
-	if _, err := (StorageConfig{ID: "lvm", Type: "lvmthin"}).Dir("snippets"); err == nil {
+	lvm, err := c.Storage(ctx, "local-lvm")
+	if err != nil || lvm.Has("snippets") {
+		t.Fatalf("storage %+v %v", lvm, err)
+	}
+	if _, err := lvm.Dir("snippets"); err == nil {
 		t.Error("a storage without a path has a snippets dir")
+	}
+	if _, err := c.Storage(ctx, "nfs"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("unknown storage: %v", err)
 	}
 	conf := map[string]string{"name": "debian13", "scsi0": "local-lvm:0,import-from=local:import/d.qcow2", "ide2": "local-lvm:cloudinit",
 		"cicustom": "user=local:snippets/u.yaml,network=local:snippets/n.yaml", "tags": "pvei-building", "net0": "virtio,bridge=vmbr0", "serial0": "socket", "vga": "serial0"}

@@ -48,8 +48,7 @@
 //
 // Downloading a URL to a storage lets its caller probe the node's network,
 // so Proxmox wants Sys.AccessNetwork (or Sys.Audit+Sys.Modify on /) for
-// it; reading the storage configuration wants Datastore.Allocate. The
-// build is an operator's action with a user's ticket (root@pam by
+// it, beside Datastore.AllocateTemplate on the storage. The build is an operator's action with a user's ticket (root@pam by
 // default), never the daemon's pool-scoped sandbox token, which must not
 // hold those privileges.
 package templatebuild

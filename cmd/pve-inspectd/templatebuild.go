@@ -1,24 +1,13 @@
 package main
 
 import (
-	"context"
-	"crypto/sha256"
-	"crypto/sha512"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
-	"io"
-	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
@@ -52,9 +41,8 @@ URL (--checksum sha256:HEX or sha512:HEX has Proxmox verify it); --from
 STORAGE:import/FILE (or FILE.ova/DISK.vmdk) from an image already on the node.
 
 Privileges: this is an operator's action. download-url lets its caller probe
-the node's network, so Proxmox wants Sys.AccessNetwork on the node for it, and
-reading the storage configuration wants Datastore.Allocate: the build logs in
-as --user (root@pam by default) with a password, never with the daemon's
+the node's network, so Proxmox wants Sys.AccessNetwork on the node for it
+(beside Datastore.AllocateTemplate on the storage): the build logs in as --user (root@pam by default) with a password, never with the daemon's
 sandbox token, which must not hold those privileges. Run it on the node as
 root: it writes the snippets and hashes images in the storages' directories
 and talks to the guest agent's socket.`
@@ -92,8 +80,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			agent := guestAgent{c: qga.New(qga.Options{}), dir: cfg.API.QGADir}
-			b, err := templatebuild.New(px, agent, nodeHost{}, o)
+			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{}, o)
 			if err != nil {
 				return err
 			}
@@ -117,7 +104,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.imageStorage, "image-storage", "local", "storage the image is downloaded to (content import)")
 	fl.StringVar(&f.snippetStore, "snippet-storage", "local", "storage the cloud-init snippets are written to (content snippets)")
 	fl.StringVar(&f.bridge, "bridge", "vmbr0", "bridge of the build VM's NIC: it needs DHCP and a way to the package mirrors (the template keeps no NIC)")
-	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.Allocate, VM.Allocate; not the daemon's token)")
+	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate; not the daemon's token)")
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
 	fl.DurationVar(&f.agentWait, "agent-wait", 30*time.Minute, "longest wait for the guest agent on the first boot")
@@ -161,88 +148,4 @@ func (f buildFlags) buildRecipe() (templatebuild.Recipe, error) {
 	}
 	r.Image = img
 	return r, nil
-}
-
-// guestAgent runs build commands through the guest agent's socket.
-type guestAgent struct {
-	c   *qga.Client
-	dir string
-}
-
-// Exec implements templatebuild.Agent.
-func (a guestAgent) Exec(ctx context.Context, vmid int, argv []string, timeout time.Duration) (templatebuild.AgentResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
-	defer cancel()
-	res, err := a.c.Agent(filepath.Join(a.dir, strconv.Itoa(vmid)+".qga")).Exec(ctx, qga.ExecRequest{Argv: argv, Timeout: timeout, OutputLimit: 64 << 10})
-	if err != nil {
-		return templatebuild.AgentResult{}, err
-	}
-	return templatebuild.AgentResult{Exit: res.ExitCode, Output: string(res.Stdout) + string(res.Stderr)}, nil
-}
-
-// nodeHost is templatebuild.Host on this node.
-type nodeHost struct{}
-
-// WriteFile implements templatebuild.Host.
-func (nodeHost) WriteFile(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return atomicfile.Write(path, data, 0o644)
-}
-
-// Remove implements templatebuild.Host.
-func (nodeHost) Remove(path string) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
-}
-
-// Checksum implements templatebuild.Host.
-func (nodeHost) Checksum(path, alg string) (string, error) {
-	var h hash.Hash
-	switch alg {
-	case "sha256":
-		h = sha256.New()
-	case "sha512":
-		h = sha512.New()
-	default:
-		return "", fmt.Errorf("checksum algorithm %q", alg)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = f.Close() }()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// Fetch implements templatebuild.Host (the system's CAs, 1 minute).
-func (nodeHost) Fetch(ctx context.Context, url string, limit int64) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("GET %s: longer than %d bytes", url, limit)
-	}
-	return b, nil
 }
