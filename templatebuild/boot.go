@@ -25,15 +25,23 @@ func (b *Builder) boot(ctx context.Context, vmid int) error {
 	if err := b.waitCloudInit(ctx, vmid); err != nil {
 		return err
 	}
-	for _, argv := range b.o.Recipe.Checks {
+	if err := b.runAll(ctx, vmid, "check", b.o.Recipe.Checks); err != nil {
+		return err
+	}
+	return b.runAll(ctx, vmid, "prepare", b.o.Recipe.Seal)
+}
+
+// runAll runs each command through the agent; each must exit 0.
+func (b *Builder) runAll(ctx context.Context, vmid int, step string, cmds [][]string) error {
+	for _, argv := range cmds {
 		res, err := b.agent.Exec(ctx, vmid, argv, 2*time.Minute)
 		if err != nil {
-			return fmt.Errorf("check %q: %w", strings.Join(argv, " "), err)
+			return fmt.Errorf("%s %q: %w", step, strings.Join(argv, " "), err)
 		}
-		if res.Exit != 0 {
-			return fmt.Errorf("check %q failed (exit %d): %s", strings.Join(argv, " "), res.Exit, tail(res.Output))
+		if res.Exit != 0 || res.TimedOut {
+			return fmt.Errorf("%s %q failed (exit %d): %s", step, strings.Join(argv, " "), res.Exit, tail(res.Output))
 		}
-		b.say("check", "%s: ok", strings.Join(argv, " "))
+		b.say(step, "%s: ok", strings.Join(argv, " "))
 	}
 	return nil
 }
@@ -72,6 +80,9 @@ func (b *Builder) waitCloudInit(ctx context.Context, vmid int) error {
 	res, err := b.agent.Exec(ctx, vmid, []string{"cloud-init", "status", "--wait"}, b.o.CloudInitWait)
 	if err != nil {
 		return fmt.Errorf("cloud-init status --wait: %w", err)
+	}
+	if res.TimedOut {
+		return fmt.Errorf("cloud-init did not finish within %s (--cloud-init-wait): %s", b.o.CloudInitWait, tail(strings.TrimLeft(res.Output, ".")))
 	}
 	switch res.Exit {
 	case 0:

@@ -53,6 +53,8 @@ type Proxmox interface {
 type AgentResult struct {
 	Exit   int
 	Output string
+	// TimedOut is true when the command was killed at its timeout.
+	TimedOut bool
 }
 
 // Agent runs commands in a build VM through its guest agent.

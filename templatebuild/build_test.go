@@ -110,6 +110,11 @@ func TestBuild(t *testing.T) {
 				w.agent.replies["cloud-init"] = AgentResult{Exit: 1, Output: "status: error"}
 			},
 			wantErr: "cloud-init failed (exit 1): status: error", wantCalls: []string{"create 100", "start 100", "delete 100"}, noCalls: []string{"template"}},
+		{name: "cloud-init never done: bounded, destroyed", recipe: debian,
+			setup: func(w world) {
+				w.agent.replies["cloud-init"] = AgentResult{Exit: 137, TimedOut: true, Output: "......"}
+			},
+			wantErr: "cloud-init did not finish within 30m0s", wantCalls: []string{"delete 100"}, noCalls: []string{"template"}},
 		{name: "cloud-init error with --keep-failed: the VM stays, tagged building", recipe: debian, keep: true,
 			setup: func(w world) {
 				w.agent.replies["cloud-init"] = AgentResult{Exit: 1, Output: "status: error"}

@@ -196,6 +196,7 @@ func TestBuildOnEmulator(t *testing.T) {
 	// The fake guest runs only echo, cat, true and false: no cloud-init
 	// (exit 127: the checks decide) and a check it can run.
 	r.Checks = [][]string{{"true"}}
+	r.Seal = [][]string{{"true"}}
 	res, out, err := e.build(t, ctx, "tb1", r)
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)

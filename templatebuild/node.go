@@ -37,7 +37,7 @@ func (a socketAgent) Exec(ctx context.Context, vmid int, argv []string, timeout 
 	if err != nil {
 		return AgentResult{}, err
 	}
-	return AgentResult{Exit: res.ExitCode, Output: string(res.Stdout) + string(res.Stderr)}, nil
+	return AgentResult{Exit: res.ExitCode, Output: string(res.Stdout) + string(res.Stderr), TimedOut: res.TimedOut}, nil
 }
 
 // NodeHost is Host on the node the build runs on.

@@ -49,6 +49,9 @@ type Recipe struct {
 	// Checks run through the guest agent once cloud-init is done; each
 	// must exit 0.
 	Checks [][]string
+	// Seal runs through the guest agent after the checks, before the
+	// shutdown, each to exit 0: it removes what no two clones may share.
+	Seal [][]string
 	// DiskGiB grows the imported disk (0 keeps its size); MemoryMiB and
 	// Cores size the build VM and so the template.
 	DiskGiB, MemoryMiB, Cores int
@@ -73,11 +76,18 @@ var defaultChecks = [][]string{
 	{"dpkg-query", "-W", "qemu-guest-agent", "python3", "gcc", "make"},
 }
 
+// sealCommand empties what must differ between clones: the machine id
+// (systemd makes a new one on a clone's first boot; systemd-networkd's
+// DHCP client id derives from it, so clones that shared one would ask
+// for one address) and the DHCP client leases of the build's boot (a
+// clone would ask for the build VM's address first).
+var sealCommand = []string{"sh", "-c", "rm -f /var/lib/dhcp/*.leases /var/lib/dhcpcd/*.lease /var/lib/dbus/machine-id && truncate -s 0 /etc/machine-id"}
+
 // Recipes are the shipped recipes: the reference Inspect plugin's
 // built-ins (proxmoxsandbox/_impl/built_in_vm.py), with its URLs.
 func Recipes() map[string]Recipe {
 	base := func(name string, img Image) Recipe {
-		return Recipe{Name: name, Image: img, Packages: slices.Clone(referencePackages), Checks: slices.Clone(defaultChecks), DiskGiB: 16, MemoryMiB: 2048, Cores: 2}
+		return Recipe{Name: name, Image: img, Packages: slices.Clone(referencePackages), Checks: slices.Clone(defaultChecks), Seal: [][]string{sealCommand}, DiskGiB: 16, MemoryMiB: 2048, Cores: 2}
 	}
 	return map[string]Recipe{
 		"debian13": base("debian13", Image{
@@ -211,5 +221,5 @@ func ValidStorage(flag, id string) error {
 // Generic is the recipe of a build from an image alone (--from without
 // --recipe): the guest agent and nothing else, checked by its presence.
 func Generic(img Image) Recipe {
-	return Recipe{Image: img, Checks: [][]string{defaultChecks[0]}, MemoryMiB: 2048, Cores: 2}
+	return Recipe{Image: img, Checks: [][]string{defaultChecks[0]}, Seal: [][]string{sealCommand}, MemoryMiB: 2048, Cores: 2}
 }
