@@ -155,13 +155,14 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		if err := u.parse(rq); err != nil {
 			return err
 		}
+		// $check_drive_param, the keys' privileges, $check_storage_access
+		if err := checkDriveParams(u.changes); err != nil {
+			return err
+		}
 		s.mu.Lock()
 		err := s.checkUpdateRequestLocked(u)
 		s.mu.Unlock()
 		if err != nil {
-			return err
-		}
-		if err := checkDriveParams(u.changes); err != nil {
 			return err
 		}
 		return s.checkStorageAccess(u.authid, u.changes, u.workingStorage)
