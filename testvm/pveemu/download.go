@@ -232,7 +232,9 @@ func (d *download) fetch(ctx context.Context, tmp string) error {
 	if !d.verify {
 		wget += " --no-check-certificate"
 	}
-	failed := func(code int) error { return fmt.Errorf("download failed: command '%s' failed: exit code %d", wget, code) }
+	failed := func(code int) error {
+		return fmt.Errorf("download failed: command '%s' failed: exit code %d", wget, code)
+	}
 	tr := &http.Transport{DialContext: d.dial, TLSClientConfig: &tls.Config{InsecureSkipVerify: !d.verify}} //nolint:gosec // verify-certificates=0 asks for it
 	defer tr.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.url, nil)

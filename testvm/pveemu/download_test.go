@@ -158,6 +158,10 @@ func TestDownloadURL(t *testing.T) {
 		if names := leftovers(t, e.importDir()); len(names) != 1 {
 			t.Fatalf("import dir holds %v", names)
 		}
+		info, _ := e.ok("GET", "/nodes/pve/storage/local/content/local:import/Cloud_Image.qcow2", nil).(map[string]any)
+		if info["format"] != "qcow2" || info["size"] != float64(2<<30) || info["path"] != filepath.Join(e.importDir(), "Cloud_Image.qcow2") {
+			t.Fatalf("volume info: %v", info)
+		}
 	})
 
 	t.Run("refused before the worker", func(t *testing.T) {

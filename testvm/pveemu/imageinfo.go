@@ -91,7 +91,7 @@ func probeImageAs(path, format, shown string) (imageInfo, error) {
 		return imageInfo{}, fmt.Errorf("emulator: image format '%s' is not emulated", format)
 	}
 	if info.backing != "" {
-		return imageInfo{}, fmt.Errorf("backing file not allowed for untrusted image '%s'!", shown)
+		return imageInfo{}, fail("backing file not allowed for untrusted image '%s'!", shown)
 	}
 	return info, nil
 }

@@ -214,8 +214,12 @@ func (s *Server) checkStorageAccess(authid string, settings map[string]string, w
 				return err
 			}
 			s.mu.Lock()
-			images := s.storages[m[2]] && contentSet(s.storageContentLocked(m[2], defaultContent(m[2])))["images"]
+			exists := s.storages[m[2]]
+			images := contentSet(s.storageContentLocked(m[2], defaultContent(m[2])))["images"]
 			s.mu.Unlock()
+			if !exists {
+				return fail("storage '%s' does not exist", m[2])
+			}
 			if !images {
 				return paramFail(ParamErrors{"storage": fmt.Sprintf("storage '%s' does not support vm images", m[2])})
 			}

@@ -155,13 +155,14 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		if err := u.parse(rq); err != nil {
 			return err
 		}
+		// $check_drive_param, the keys' privileges, $check_storage_access
+		if err := checkDriveParams(u.changes); err != nil {
+			return err
+		}
 		s.mu.Lock()
 		err := s.checkUpdateRequestLocked(u)
 		s.mu.Unlock()
 		if err != nil {
-			return err
-		}
-		if err := checkDriveParams(u.changes); err != nil {
 			return err
 		}
 		return s.checkStorageAccess(u.authid, u.changes, u.workingStorage)
@@ -217,7 +218,7 @@ func (s *Server) applyConfig(ctx context.Context, u *configUpdate) error {
 	defer s.mu.Unlock()
 	v, err := s.loadVM(u.vmid)
 	if err == nil {
-		err = s.applyConfigLocked(ctx, u, v)
+		err = s.applyCheckedLocked(ctx, u, v)
 	}
 	if err != nil {
 		s.freeCreatedLocked(u.vmid, created)
@@ -226,8 +227,10 @@ func (s *Server) applyConfig(ctx context.Context, u *configUpdate) error {
 }
 
 // precheckUpdateLocked is what update_vm_api checks with the config loaded
-// before it changes anything: digest, lock, root-only keys, the keys'
-// privileges by value.
+// before it changes anything: digest, lock, root-only keys, then (the
+// reverted keys turned into changes and deletions) the keys' privileges
+// by value. The request's own checks ran before the fork
+// (checkUpdateRequestLocked).
 func (s *Server) precheckUpdateLocked(u *configUpdate, v *vm) error {
 	if u.digest != "" && u.digest != confDigest(v.conf) {
 		return fail("detected modified configuration - file changed by other user? Try again.")
@@ -240,6 +243,7 @@ func (s *Server) precheckUpdateLocked(u *configUpdate, v *vm) error {
 	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
 		return err
 	}
+	u.revertLocked(v)
 	return s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, v.conf, v.pending)
 }
 
@@ -254,23 +258,14 @@ func (s *Server) freeCreatedLocked(vmid int, created map[string]string) {
 
 // applyConfigLocked checks u against v's config and applies it.
 func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) error {
-	if u.digest != "" && u.digest != confDigest(v.conf) {
-		return fail("detected modified configuration - file changed by other user? Try again.")
-	}
-	if !u.skiplock {
-		if err := checkLock(v); err != nil {
-			return err
-		}
-	}
-	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
+	if err := s.precheckUpdateLocked(u, v); err != nil {
 		return err
 	}
-	// The request's own checks ran before the fork (checkUpdateRequestLocked);
-	// reverted keys become changes and deletions and are checked by value.
-	u.revertLocked(v)
-	if err := s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, v.conf, v.pending); err != nil {
-		return err
-	}
+	return s.applyCheckedLocked(ctx, u, v)
+}
+
+// applyCheckedLocked applies u, checked by precheckUpdateLocked, to v.
+func (s *Server) applyCheckedLocked(ctx context.Context, u *configUpdate, v *vm) error {
 	old := copyConf(v.conf)
 	changes, deletes := dropPendingLocked(v, u.changes, u.deletes)
 	changes, deletes = deferDisks(v, changes, deletes, u.force)

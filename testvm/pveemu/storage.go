@@ -180,9 +180,18 @@ func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
 	}
 	volid, p, format, owner, err := s.imagePath(rq.str("storage"), rq.str("volume"))
 	if err != nil {
-		return nil, err
-	}
-	if err := s.checkVolumeAccess(rq.authid, dirStorage, owner); err != nil {
+		imgErr := err
+		var ok bool
+		if volid, p, ok, err = s.dirVolumePath(rq.str("storage"), rq.str("volume")); err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, imgErr
+		}
+		if format, err = s.checkDirVolumeAccess(rq.authid, volid); err != nil {
+			return nil, err
+		}
+	} else if err := s.checkVolumeAccess(rq.authid, dirStorage, owner); err != nil {
 		return nil, err
 	}
 	st, err := os.Stat(p)
@@ -197,6 +206,31 @@ func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
 		size = info.size
 	}
 	return map[string]any{"path": s.reportedPath(p), "size": size, "used": st.Size(), "format": format}, nil
+}
+
+// checkDirVolumeAccess is check_volume_access (no VM) for a volume of
+// the dir storage that is not an image: Datastore.Allocate on the
+// storage, or for an iso, vztmpl or import volume Datastore.AllocateSpace
+// or Datastore.Audit; it returns the format volume_size_info reads it
+// with (parse_volname's: an import volume's extension, raw for the rest
+// and for an OVA, which file_size_info falls back to).
+func (s *Server) checkDirVolumeAccess(authid, volid string) (string, error) {
+	_, name, _ := strings.Cut(volid, ":")
+	v, _ := parseDirVolname(name)
+	format := "raw"
+	if v.vtype == "import" {
+		if f := dirContentFormat("import", v.file); f == "qcow2" || f == "vmdk" {
+			format = f
+		}
+	}
+	if authid == "root@pam" || s.privileges(authid, "/storage/"+dirStorage)["Datastore.Allocate"] {
+		return format, nil
+	}
+	switch v.vtype {
+	case "iso", "vztmpl", "import":
+		return format, s.checkPrivs(authid, "/storage/"+dirStorage, []string{"Datastore.AllocateSpace", "Datastore.Audit"}, true)
+	}
+	return "", fail("missing privileges to access %s", volid)
 }
 
 // freeVolume is DELETE /nodes/{node}/storage/{storage}/content/{volume}:
