@@ -107,7 +107,7 @@ func TestImageCalls(t *testing.T) {
 		t.Errorf("unknown storage: %v", err)
 	}
 	conf := map[string]string{"name": "debian13", "scsi0": "local-lvm:0,import-from=local:import/d.qcow2", "ide2": "local-lvm:cloudinit",
-		"cicustom": "user=local:snippets/u.yaml,network=local:snippets/n.yaml", "tags": "pvei-building", "net0": "virtio,bridge=vmbr0", "serial0": "socket", "vga": "serial0"}
+		"cicustom": "user=local:snippets/u.yaml,network=local:snippets/n.yaml", "tags": "pvei-building", "net0": "virtio,bridge=vmbr0", "serial0": "socket", "vga": "serial0", "import-working-storage": "local"}
 	if err := c.CreateVM(ctx, 150, conf); err != nil {
 		t.Fatal(err)
 	}

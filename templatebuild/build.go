@@ -86,6 +86,11 @@ type Options struct {
 	// ImageStorage the downloaded image (local, content import);
 	// SnippetStorage the cloud-init snippets (local, content snippets).
 	Storage, ImageStorage, SnippetStorage string
+	// WorkStorage is where qemu-server extracts an OVA's disk before it
+	// imports it (the create's import-working-storage: a file-based
+	// storage with content images); "" is Proxmox's default, the OVA's
+	// own storage.
+	WorkStorage string
 	// Bridge is the build VM's NIC (it needs a way to the package
 	// mirrors); the template keeps no NIC.
 	Bridge string
@@ -147,6 +152,11 @@ type Builder struct {
 func (o Options) Validate() error {
 	if err := ValidName(o.Name); err != nil {
 		return err
+	}
+	if o.WorkStorage != "" {
+		if err := ValidStorage("work-storage", o.WorkStorage); err != nil {
+			return err
+		}
 	}
 	for _, s := range [][2]string{{"storage", o.Storage}, {"image-storage", o.ImageStorage}, {"snippet-storage", o.SnippetStorage}} {
 		if err := ValidStorage(s[0], s[1]); err != nil {
@@ -298,6 +308,11 @@ func (b *Builder) image(ctx context.Context) (string, error) {
 		importFrom += "/" + img.Disk
 	}
 	storage, _, _ := strings.Cut(volid, ":")
+	if img.Disk != "" {
+		if err := b.checkWorkStorage(ctx, storage); err != nil {
+			return "", err
+		}
+	}
 	vols, err := b.px.StorageVolumes(ctx, storage, "import")
 	if err != nil {
 		return "", err
@@ -340,6 +355,26 @@ func (b *Builder) image(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return importFrom, nil
+}
+
+// checkWorkStorage refuses, before anything is made, an OVA build whose
+// extraction storage qemu-server's create would refuse (API2/Qemu.pm
+// create_disks' import check: the import working storage, by default the
+// OVA's own, must have content images and a path).
+func (b *Builder) checkWorkStorage(ctx context.Context, source string) error {
+	id := b.o.WorkStorage
+	if id == "" {
+		id = source
+	}
+	sc, err := b.px.Storage(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !sc.Has("images") || sc.Path == "" {
+		return fmt.Errorf("an OVA's disk is extracted on a file-based storage with content images before its import, and %s (content %s) is not one: add images as root (pvesm set %s --content %s,images) or name another with --work-storage",
+			id, strings.Join(sc.Content, ","), id, strings.Join(sc.Content, ","))
+	}
+	return nil
 }
 
 // checksum is the image's expected digest: given, or read from the
@@ -434,6 +469,9 @@ func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
 	conf["cicustom"] = cicustom
 	conf["boot"] = "order=scsi0"
 	conf["net0"] = "virtio,bridge=" + b.o.Bridge
+	if b.o.WorkStorage != "" && b.o.Recipe.Image.Disk != "" {
+		conf["import-working-storage"] = b.o.WorkStorage
+	}
 	return conf
 }
 

@@ -100,8 +100,13 @@ func TestBuild(t *testing.T) {
 		{name: "volume not on the node", recipe: Generic(Image{Volume: "local:import/x.qcow2", File: "x.qcow2"}),
 			wantErr: "volume local:import/x.qcow2 is not on storage local", noCalls: []string{"create"}},
 		{name: "OVA volume on the node, no checksum", recipe: Generic(Image{Volume: "local:import/u.ova", File: "u.ova", Disk: "d.vmdk"}),
-			setup:     func(w world) { w.pve.vols["local:import/u.ova"] = "" },
+			setup: func(w world) {
+				w.pve.vols["local:import/u.ova"] = ""
+				w.pve.content += ",images"
+			},
 			wantCalls: []string{"create 100", "template 100"}, noCalls: []string{"download", "resize"}, wantVMs: []int{100}, wantTemplate: 100},
+		{name: "OVA with no storage to extract it on: nothing made", recipe: Recipes()["ubuntu24.04"],
+			wantErr: "an OVA's disk is extracted on a file-based storage with content images", noCalls: []string{"download", "create"}},
 		{name: "snippet storage without snippets: nothing created", recipe: debian,
 			setup:   func(w world) { w.pve.content = "iso,vztmpl,import" },
 			wantErr: "storage local does not take snippets", noCalls: []string{"create"}},

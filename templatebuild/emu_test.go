@@ -1,9 +1,11 @@
 package templatebuild_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -266,5 +268,63 @@ func TestBuildOnEmulator(t *testing.T) {
 	}
 	if slices.ContainsFunc(vms, func(v sandbox.VMInfo) bool { return v.Name == "tb2" }) {
 		t.Errorf("a failed download left a VM: %+v", vms)
+	}
+}
+
+// vmdkHeader is a monolithic sparse vmdk header of size bytes (the
+// emulator reads its magic, version and capacity as qemu-img would).
+func vmdkHeader(size uint64) []byte {
+	b := make([]byte, 1024)
+	copy(b, "KDMV")
+	binary.LittleEndian.PutUint32(b[4:], 1)
+	binary.LittleEndian.PutUint64(b[12:], size/512)
+	return b
+}
+
+// TestBuildOVAOnEmulator: an OVA from --from URL with --checksum and
+// --ova-disk is downloaded whole (Proxmox checks it has an .ovf) and its
+// disk imported from STORAGE:import/FILE.ova/DISK.
+func TestBuildOVAOnEmulator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var ova bytes.Buffer
+	tw := tar.NewWriter(&ova)
+	for _, m := range []struct {
+		name string
+		data []byte
+	}{{"noble.ovf", []byte("<Envelope/>")}, {"noble-disk.vmdk", vmdkHeader(8 << 30)}} {
+		if err := tw.WriteHeader(&tar.Header{Name: m.name, Mode: 0o644, Size: int64(len(m.data)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(m.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(ova.Bytes())
+	e := newEmuNode(t, map[string][]byte{"/images/noble.ova": ova.Bytes()})
+	// qemu-server extracts the disk on the OVA's storage: it needs images.
+	e.s.SetStorageContent("local", "backup,iso,vztmpl,import,snippets,images")
+	img, err := templatebuild.ImageFromURL(e.images.URL+"/images/noble.ova", "sha256:"+hex.EncodeToString(sum[:]), "noble-disk.vmdk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := templatebuild.Generic(img)
+	r.Checks, r.Seal = [][]string{{"true"}}, [][]string{{"true"}}
+	res, out, err := e.build(t, ctx, "ova1", r)
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "from local:import/noble.ova/noble-disk.vmdk") {
+		t.Errorf("progress:\n%s", out)
+	}
+	conf, err := e.px.VMConfig(ctx, res.VMID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conf["template"] != "1" || !strings.Contains(conf["scsi0"], "size=8G") {
+		t.Errorf("template config %v", conf)
 	}
 }

@@ -19,6 +19,7 @@ var _ templatebuild.Proxmox = (*pveapi.Client)(nil)
 type buildFlags struct {
 	recipe, from, checksum, ovaDisk     string
 	storage, imageStorage, snippetStore string
+	workStorage                         string
 	bridge, user, passwordFile          string
 	keepFailed                          bool
 	agentWait, cloudInitWait            time.Duration
@@ -61,7 +62,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 				return err
 			}
 			o := templatebuild.Options{Name: args[0], Recipe: recipe, Storage: f.storage, ImageStorage: f.imageStorage,
-				SnippetStorage: f.snippetStore, Bridge: f.bridge, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
+				SnippetStorage: f.snippetStore, WorkStorage: f.workStorage, Bridge: f.bridge, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
 				CloudInitWait: f.cloudInitWait, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
 			if err := o.Validate(); err != nil {
 				return err
@@ -103,6 +104,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.storage, "storage", "local-lvm", "storage of the template's disk and the build's cloud-init drive")
 	fl.StringVar(&f.imageStorage, "image-storage", "local", "storage the image is downloaded to (content import)")
 	fl.StringVar(&f.snippetStore, "snippet-storage", "local", "storage the cloud-init snippets are written to (content snippets)")
+	fl.StringVar(&f.workStorage, "work-storage", "", "for an OVA: the file-based storage with content images its disk is extracted on (default: the OVA's own storage)")
 	fl.StringVar(&f.bridge, "bridge", "vmbr0", "bridge of the build VM's NIC: it needs DHCP and a way to the package mirrors (the template keeps no NIC)")
 	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate; not the daemon's token)")
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")

@@ -31,6 +31,7 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--from", "local:import/x.ova"}, "names the disk"},
 		{[]string{"t1", "--recipe", "debian13", "--storage", "a b"}, `--storage "a b"`},
 		{[]string{"t1", "--recipe", "debian13", "--bridge", ""}, "no bridge"},
+		{[]string{"t1", "--recipe", "ubuntu24.04", "--work-storage", "a/b"}, `--work-storage "a/b"`},
 		{[]string{"t1", "t2", "--recipe", "debian13"}, "accepts 1 arg"},
 		// Valid: they reach the configuration.
 		{[]string{"t1", "--recipe", "debian13"}, "absent.toml"},
