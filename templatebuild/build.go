@@ -104,7 +104,8 @@ type Options struct {
 	// KeepFailed leaves a failed build's VM (still tagged building) for
 	// a look; by default it is destroyed.
 	KeepFailed bool
-	// Progress receives one line per step; Log the same as records.
+	// Progress receives one line per step; Log the same as debug records
+	// (and a failed snippet removal as a warning).
 	Progress io.Writer
 	Log      *slog.Logger
 }
@@ -192,7 +193,7 @@ func New(px Proxmox, agent Agent, host Host, o Options) (*Builder, error) {
 func (b *Builder) say(step, format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
 	fmt.Fprintf(b.o.Progress, "%-8s %s\n", step+":", msg)
-	b.o.Log.Info(msg, "step", step, "template", b.o.Name)
+	b.o.Log.Debug(msg, "step", step, "template", b.o.Name)
 }
 
 // Run builds the template, or finds the one an earlier run built.

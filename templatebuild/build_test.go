@@ -3,6 +3,7 @@ package templatebuild
 import (
 	"bytes"
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -320,5 +321,32 @@ func TestDiskGiB(t *testing.T) {
 	}
 	if _, ok := diskGiB("x"); ok {
 		t.Error("a drive without size= has a size")
+	}
+}
+
+// TestLock: a second build of a name is refused at once while the first
+// holds the lock; another name is not, and the lock is free after unlock.
+func TestLock(t *testing.T) {
+	dir := t.TempDir()
+	unlock, err := Lock(dir, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Lock(dir, "t1"); !errors.Is(err, ErrBusy) {
+		t.Errorf("second lock: %v, want ErrBusy", err)
+	}
+	u2, err := Lock(dir, "t2")
+	if err != nil {
+		t.Fatalf("another name: %v", err)
+	}
+	u2()
+	unlock()
+	u3, err := Lock(dir, "t1")
+	if err != nil {
+		t.Fatalf("after unlock: %v", err)
+	}
+	u3()
+	if _, err := Lock(dir, "../x"); err == nil {
+		t.Error("a name with a path accepted")
 	}
 }

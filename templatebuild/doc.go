@@ -4,7 +4,8 @@
 // # Steps
 //
 // The build is a list of steps (Builder.Run), each idempotent, so a run
-// that failed or was killed is resumed by running it again:
+// that failed or was killed is resumed by running it again (Lock keeps two
+// runs of one name apart: the second would destroy the first one's VM):
 //
 //  1. find: a template named as asked and tagged pvei-template (and
 //     builtin-RECIPE for a recipe) is reused and nothing else happens; a

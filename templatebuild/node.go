@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
@@ -112,4 +113,33 @@ func (n NodeHost) Fetch(ctx context.Context, url string, limit int64) ([]byte, e
 		return nil, fmt.Errorf("GET %s: longer than %d bytes", url, limit)
 	}
 	return b, nil
+}
+
+// ErrBusy is returned by Lock while another build of the name runs.
+var ErrBusy = errors.New("another build of this template runs")
+
+// Lock takes the node-wide lock of the build of template name (an flock
+// on dir/template-build-NAME.lock, dir made when missing): a second build
+// of the name would take the first one's VM, tagged building, for a
+// half-built one and destroy it. unlock releases it; the kernel does too
+// when the process dies.
+func Lock(dir, name string) (unlock func(), err error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "template-build-"+name+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("template %q: %w (%s)", name, ErrBusy, f.Name())
+		}
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return func() { _ = f.Close() }, nil
 }

@@ -19,7 +19,7 @@ var _ templatebuild.Proxmox = (*pveapi.Client)(nil)
 type buildFlags struct {
 	recipe, from, checksum, ovaDisk     string
 	storage, imageStorage, snippetStore string
-	workStorage                         string
+	workStorage, lockDir                string
 	bridge, user, passwordFile          string
 	keepFailed                          bool
 	agentWait, cloudInitWait            time.Duration
@@ -85,6 +85,11 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			unlock, err := templatebuild.Lock(f.lockDir, args[0])
+			if err != nil {
+				return err
+			}
+			defer unlock()
 			res, err := b.Run(cmd.Context())
 			if err != nil {
 				return err
@@ -108,6 +113,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.bridge, "bridge", "vmbr0", "bridge of the build VM's NIC: it needs DHCP and a way to the package mirrors (the template keeps no NIC)")
 	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate; not the daemon's token)")
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
+	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart")
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
 	fl.DurationVar(&f.agentWait, "agent-wait", 30*time.Minute, "longest wait for the guest agent on the first boot")
 	fl.DurationVar(&f.cloudInitWait, "cloud-init-wait", 30*time.Minute, "longest wait for cloud-init to finish")
