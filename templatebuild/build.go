@@ -476,16 +476,30 @@ func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
 	return conf
 }
 
-// create makes the build VM (tagged building) and grows its disk.
+// create makes the build VM (tagged building) and grows its disk. An id
+// another client took between NextID and the create is given up for the
+// next one (three tries); a create that failed otherwise is cleaned up
+// only when the VM of the id is this build's.
 func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int, error) {
-	vmid, err := b.px.NextID(ctx)
-	if err != nil {
+	var vmid int
+	for try := 1; ; try++ {
+		var err error
+		if vmid, err = b.px.NextID(ctx); err != nil {
+			return 0, err
+		}
+		b.say("create", "VM %d %q from %s", vmid, b.o.Name, importFrom)
+		err = b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom))
+		if err == nil {
+			break
+		}
+		if errors.Is(err, sandbox.ErrExists) && try < 3 {
+			b.say("create", "VM %d was taken meanwhile: taking the next id", vmid)
+			continue
+		}
+		if b.ours(ctx, vmid) {
+			return 0, b.failed(vmid, err)
+		}
 		return 0, err
-	}
-	b.say("create", "VM %d %q from %s", vmid, b.o.Name, importFrom)
-	if err := b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom)); err != nil {
-		// A create that failed in its task may leave the VM's config.
-		return 0, b.failed(vmid, err)
 	}
 	if want := b.o.Recipe.DiskGiB; want > 0 {
 		conf, err := b.px.VMConfig(ctx, vmid)
@@ -500,6 +514,13 @@ func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int,
 		}
 	}
 	return vmid, nil
+}
+
+// ours reports whether VM vmid exists as this build's (its name and the
+// building tag): a create that failed in its task may leave its config.
+func (b *Builder) ours(ctx context.Context, vmid int) bool {
+	conf, err := b.px.VMConfig(ctx, vmid)
+	return err == nil && conf["name"] == b.o.Name && slices.Contains(strings.Split(conf["tags"], ";"), TagBuilding)
 }
 
 // diskGiB reads a drive's size= (K, M, G, T suffixes) in GiB.

@@ -25,8 +25,13 @@ type fakePVE struct {
 	calls []string
 	// failDownload is the exit status of a failed download task.
 	failDownload string
-	// snippets is the content of storage local.
+	// content is the content of every storage.
 	content string
+	// raced are ids another client takes just before this build's
+	// create; failCreate fails a create in its task after writing the
+	// config.
+	raced      map[int]bool
+	failCreate string
 }
 
 func newFakePVE() *fakePVE {
@@ -102,6 +107,15 @@ func (f *fakePVE) CreateVM(_ context.Context, vmid int, conf map[string]string) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.note("create %d", vmid)
+	if f.raced[vmid] {
+		delete(f.raced, vmid)
+		f.vms[vmid] = map[string]string{"name": "other", "status": "running"}
+		return fmt.Errorf("create %d: %w: unable to create VM %d: config file already exists", vmid, sandbox.ErrExists, vmid)
+	}
+	if f.failCreate != "" {
+		f.vms[vmid] = maps.Clone(conf)
+		return errors.New(f.failCreate)
+	}
 	src := strings.SplitN(conf["scsi0"], "import-from=", 2)[1]
 	vol := src
 	if i := strings.Index(src, ".ova/"); i >= 0 {
