@@ -356,3 +356,18 @@ func TestLock(t *testing.T) {
 		t.Error("a name with a path accepted")
 	}
 }
+
+func TestFindChecksum(t *testing.T) {
+	list := []byte(sumA + "  a.qcow2\n" + strings.ToUpper(sumB) + " *b.qcow2\n" + "zz  c.qcow2\n")
+	for _, tc := range []struct{ file, want, wantErr string }{
+		{"a.qcow2", sumA, ""},
+		{"b.qcow2", sumB, ""},
+		{"c.qcow2", "", "no digest of 128 hex digits"},
+		{"d.qcow2", "", "no line for d.qcow2"},
+	} {
+		got, err := findChecksum(list, tc.file, 128)
+		if got != tc.want || (tc.wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: %q %v, want %q %q", tc.file, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
