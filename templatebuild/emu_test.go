@@ -244,6 +244,13 @@ func TestBuildOnEmulator(t *testing.T) {
 		t.Errorf("second run: %+v %v, %d downloads\n%s", again, err, e.downloads(), out)
 	}
 
+	// Another template from the same image: the volume on the node is
+	// hashed there (its path from Proxmox) and kept.
+	third, out, err := e.build(t, ctx, "tb3", r)
+	if err != nil || third.Reused || !strings.Contains(out, "local:import/cloud.raw is on the node, sha256 verified") || e.downloads() != 1 {
+		t.Errorf("build from the image on the node: %+v %v, %d downloads\n%s", third, err, e.downloads(), out)
+	}
+
 	if err := e.px.CloneVM(ctx, sandbox.CloneSpec{Template: res.VMID, NewID: 500, Name: "clone"}); err != nil {
 		t.Fatal(err)
 	}
