@@ -350,8 +350,15 @@ func TestScopeCheck(t *testing.T) {
 	if err := nd.emu.AddRole("OldAgent", []string{"VM.GuestAgent.Unrestricted"}); err != nil {
 		t.Fatal(err)
 	}
+	// What `template build` needs, given to the token by mistake.
+	if err := nd.emu.AddRole("Builder", []string{"Sys.AccessNetwork"}); err != nil {
+		t.Fatal(err)
+	}
 	for _, who := range []string{access.User, nd.n.TokenID} {
 		if err := nd.emu.SetACL("/", who, "OldInspect", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := nd.emu.SetACL("/", who, "Builder", false); err != nil {
 			t.Fatal(err)
 		}
 		if err := nd.emu.SetACL("/pool/"+access.DefaultPool, who, "OldAgent", true); err != nil {
@@ -361,6 +368,7 @@ func TestScopeCheck(t *testing.T) {
 	o := run(t, ScopeCheck(nd.px, nd.n, access.Calls()))
 	want(t, o, Fail, "Sys.Modify on / (it could change the node's network", "run pve-access-setup again")
 	want(t, o, Fail, "VM.GuestAgent.Unrestricted on /pool/pve-inspect", "")
+	want(t, o, Fail, "Sys.AccessNetwork on / (it could make the node fetch any URL", "")
 	if strings.Contains(o.Detail, "on /nodes/pve") || strings.Contains(o.Detail, "Datastore.Allocate on /storage/local") {
 		t.Errorf("the table's own needs reported as broad: %s", o.Detail)
 	}

@@ -582,6 +582,7 @@ var broadPrivs = map[string]string{
 	"Sys.Modify":                 "change the node's network, certificates, services or the cluster firewall",
 	"Sys.PowerMgmt":              "reboot or shut down nodes",
 	"Sys.Console":                "open a root shell on a node",
+	"Sys.AccessNetwork":          "make the node fetch any URL (download-url): a probe of the node's own network; only `template build`, an operator's action, needs it",
 	"User.Modify":                "change users",
 	"Group.Allocate":             "change groups",
 	"Realm.Allocate":             "change authentication realms",

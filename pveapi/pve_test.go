@@ -57,6 +57,8 @@ type fakeServer struct {
 
 	// cts are the containers (ct_test.go), as vms ("hostname" for name).
 	cts map[int]map[string]any
+	// imports are the volumes of content import (images_test.go).
+	imports []map[string]any
 }
 
 func newFakeServer(t *testing.T) (*fakeServer, *Client) {
@@ -206,6 +208,9 @@ func (f *fakeServer) handle(op string, p map[string]any) (any, int, string) {
 	vmid := atoi(p["vmid"])
 	if strings.Contains(op, " /nodes/{node}/lxc") {
 		return f.handleCT(op, vmid, p)
+	}
+	if data, code, msg, ok := f.handleImages(op, vmid, p); ok {
+		return data, code, msg
 	}
 	switch op {
 	case "GET /nodes/{node}/tasks/{upid}/status":

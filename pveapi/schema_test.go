@@ -23,6 +23,8 @@ var usedPaths = []string{
 	"/nodes/{node}/lxc", "/nodes/{node}/lxc/{vmid}", "/nodes/{node}/lxc/{vmid}/clone", "/nodes/{node}/lxc/{vmid}/config",
 	"/nodes/{node}/lxc/{vmid}/status/current", "/nodes/{node}/lxc/{vmid}/status/start", "/nodes/{node}/lxc/{vmid}/status/stop",
 	"/nodes/{node}/lxc/{vmid}/snapshot", "/nodes/{node}/lxc/{vmid}/snapshot/{snapname}/rollback",
+	"/nodes/{node}/storage/{storage}/download-url", "/nodes/{node}/storage/{storage}/content", "/storage",
+	"/nodes/{node}/qemu/{vmid}/template", "/nodes/{node}/qemu/{vmid}/status/shutdown",
 }
 
 // paramSchema is one parameter of the trimmed schema.

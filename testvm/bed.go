@@ -64,7 +64,14 @@ type Options struct {
 	ExtraNodePorts []int
 	// Logger receives progress; nil discards.
 	Logger *slog.Logger
+	// ImagesDir, when set, is served by the internet host under /images/
+	// (ImagesURL): the files a test offers for download, e.g. a cloud image
+	// for Proxmox's download-url. Other paths answer as without it.
+	ImagesDir string
 }
+
+// ImagesURL is the internet host's URL of file name in Options.ImagesDir.
+func ImagesURL(name string) string { return "http://" + InternetAddr + "/images/" + name }
 
 // Bed is a running node in a box. Close it.
 type Bed struct {
@@ -156,7 +163,7 @@ func Up(ctx context.Context, o Options) (b *Bed, err error) {
 		ports = o.NodePorts
 	}
 	ports = append(append([]int(nil), ports...), o.ExtraNodePorts...)
-	if b.services, err = startServices(b, ports); err != nil {
+	if b.services, err = startServices(b, ports, o.ImagesDir); err != nil {
 		return nil, fmt.Errorf("testvm: start services: %w", err)
 	}
 	// The SDN resolver file the zone dnsmasqs forward through.

@@ -70,7 +70,7 @@ func (s *services) serveHTTP(ln net.Listener, h http.Handler) {
 	}()
 }
 
-func startServices(b *Bed, nodePorts []int) (_ *services, err error) {
+func startServices(b *Bed, nodePorts []int, imagesDir string) (_ *services, err error) {
 	s := &services{}
 	defer func() {
 		if err != nil {
@@ -86,12 +86,13 @@ func startServices(b *Bed, nodePorts []int) (_ *services, err error) {
 		if err != nil {
 			return err
 		}
-		s.serveHTTP(ln80, http.HandlerFunc(uplinkHTTP))
+		up := uplinkHTTP(imagesDir)
+		s.serveHTTP(ln80, up)
 		ln443, err := net.Listen("tcp", ":443")
 		if err != nil {
 			return err
 		}
-		s.serveHTTP(tls.NewListener(ln443, &tls.Config{Certificates: []tls.Certificate{cert}}), http.HandlerFunc(uplinkHTTP))
+		s.serveHTTP(tls.NewListener(ln443, &tls.Config{Certificates: []tls.Certificate{cert}}), up)
 		for _, a := range []string{InternetAddr, AWSDNSAddr} {
 			for _, proto := range []string{"udp", "tcp"} {
 				srv := &dns.Server{Addr: net.JoinHostPort(a, "53"), Net: proto, Handler: dns.HandlerFunc(internetDNS)}
@@ -135,13 +136,29 @@ func startServices(b *Bed, nodePorts []int) (_ *services, err error) {
 	return s, nil
 }
 
-// uplinkHTTP answers as whichever host the connection was made to.
-func uplinkHTTP(w http.ResponseWriter, r *http.Request) {
-	la, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	host := ""
-	if ta, ok := la.(*net.TCPAddr); ok {
-		host = ta.IP.String()
+// uplinkHTTP answers as whichever host the connection was made to; the
+// internet host serves imagesDir's files under /images/ when it is set.
+func uplinkHTTP(imagesDir string) http.Handler {
+	var images http.Handler
+	if imagesDir != "" {
+		images = http.StripPrefix("/images/", http.FileServer(http.Dir(imagesDir)))
 	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		la, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		host := ""
+		if ta, ok := la.(*net.TCPAddr); ok {
+			host = ta.IP.String()
+		}
+		if images != nil && (host == InternetAddr || host == InternetAddr6) && strings.HasPrefix(r.URL.Path, "/images/") {
+			images.ServeHTTP(w, r)
+			return
+		}
+		uplinkHost(w, r, host)
+	})
+}
+
+// uplinkHost is the answer of the uplink's host host.
+func uplinkHost(w http.ResponseWriter, r *http.Request, host string) {
 	switch host {
 	case MetadataAddr, MetadataAddr6, AlibabaMDAddr, AzureWireAddr:
 		metadataHTTP(w, r)

@@ -26,9 +26,10 @@ type vmConfigs interface {
 	UpdateVMConfig(ctx context.Context, vmid int, set map[string]string, del []string) error
 }
 
-// newTemplateCmd returns `template check VMID` and `template harden VMID`.
+// newTemplateCmd returns `template check VMID`, `template harden VMID`
+// and `template build NAME`.
 func newTemplateCmd(g *globals) *cobra.Command {
-	c := &cobra.Command{Use: "template", Short: "check or harden a sandbox template against the hardened VM profile", Args: cobra.NoArgs}
+	c := &cobra.Command{Use: "template", Short: "build a sandbox template, or check or harden one against the hardened VM profile", Args: cobra.NoArgs}
 	var asJSON bool
 	check := &cobra.Command{
 		Use:   "check VMID",
@@ -92,7 +93,7 @@ func newTemplateCmd(g *globals) *cobra.Command {
 	}
 	harden.Flags().StringVar(&user, "user", "root@pam", "Proxmox user to log in as (root@pam: the token cannot set root-only keys)")
 	harden.Flags().StringVar(&passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
-	c.AddCommand(check, harden)
+	c.AddCommand(check, harden, newTemplateBuildCmd(g))
 	return c
 }
 

@@ -136,7 +136,13 @@ func TestAgentDownOnBed(t *testing.T) {
 // when the test ends) and an env calling it as root.
 func bedEnv(ctx context.Context, t *testing.T) (*testvm.Bed, *env) {
 	t.Helper()
-	bed, err := testvm.Up(ctx, testvm.Options{})
+	return bedEnvWith(ctx, t, testvm.Options{})
+}
+
+// bedEnvWith is bedEnv on a bed made with o.
+func bedEnvWith(ctx context.Context, t *testing.T, o testvm.Options) (*testvm.Bed, *env) {
+	t.Helper()
+	bed, err := testvm.Up(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

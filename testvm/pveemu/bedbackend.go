@@ -3,6 +3,7 @@ package pveemu
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -168,4 +169,16 @@ func blockName(slot string) (string, error) {
 		return "", fmt.Errorf("emulator: cannot hot-plug %s", slot)
 	}
 	return prefix + string(rune('a'+n)), nil
+}
+
+// DialContext implements NodeDialer: a connection opened in the bed's
+// node namespace, as the node's wget would open it.
+func (b BedBackend) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := b.Bed.Do(b.Bed.NodeNS(), func() error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
 }

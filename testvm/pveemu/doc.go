@@ -64,8 +64,8 @@
 //     during the copy gets "VM is locked (clone)".
 //   - Authentication failures are not delayed by 3 seconds.
 //
-// Not emulated: groups (users and tokens only), storage content (the
-// storages local and local-lvm exist for permission checks), HA, migration,
+// Not emulated: groups (users and tokens only), storages other than
+// local (dir) and local-lvm (thin), HA, migration,
 // RAM snapshots (vmstate). SDN supports simple zones. Formats the emulator
 // does not interpret (e.g. pve-qm-ide) are accepted unchecked; see
 // namedFormats.
@@ -95,7 +95,9 @@
 // profile's VM settings); agent.go and qga.go (the guest agent); storage.go;
 // sandboxnode.go; cluster.go (pools, resources, status); sdn.go (pending and
 // running state, apply) with sdnzone.go, sdnvnet.go and sdnsubnet.go;
-// ipam.go; firewall.go; tasks.go; lxc.go (the CT, its status, list and
+// ipam.go; firewall.go; tasks.go; download.go (download-url) with
+// imageinfo.go (the image checks) and importdisk.go (import-from and
+// cloud-init drives: create_disks; FIDELITY.md, issue 37); lxc.go (the CT, its status, list and
 // destroy), lxcclone.go, lxcconfig.go, lxcstatus.go and lxcsnapshot.go;
 // accesstable.go (what the token did beyond an access table); backend.go
 // with bedbackend.go and fake.go.

@@ -464,12 +464,29 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 		return nil, err
 	}
 	conf := map[string]string{}
+	params := map[string]string{}
+	for k := range rq.params {
+		if !createOnlyParams[k] {
+			params[k] = rq.str(k)
+		}
+	}
+	// $check_storage_access and $check_drive_param, before the worker
+	if err := s.checkStorageAccess(rq.authid, params, rq.str("import-working-storage")); err != nil {
+		return nil, err
+	}
+	if err := checkDriveParams(params); err != nil {
+		return nil, err
+	}
+	allocs := allocDrives(params)
 	diskN := 0
 	for k := range rq.params {
 		if createOnlyParams[k] {
 			continue
 		}
 		val := rq.str(k)
+		if _, ok := allocs[k]; ok {
+			continue // create_disks allocates it in the worker
+		}
 		if reDiskKey.MatchString(k) {
 			if m := reNewDisk.FindStringSubmatch(val); m != nil {
 				val = fmt.Sprintf("%s:vm-%d-disk-%d,size=%sG%s", m[1], vmid, diskN, m[2], m[3])
@@ -502,15 +519,24 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 	s.vms[vmid] = &vm{vmid: vmid, node: rq.str("node"), conf: conf, snaps: map[string]*snapshot{}}
 	s.mu.Unlock()
 	start := rq.bool("start", false)
+	confNow := copyConf(conf)
 	return s.startTask(rq, "qmcreate", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
-		if err := os.MkdirAll(s.DiskDir(vmid), 0o755); err != nil {
+		created, err := s.createDisks(ctx, vmid, t.pid, allocs, confNow, t.logf)
+		if err == nil {
+			err = os.MkdirAll(s.DiskDir(vmid), 0o755)
+		}
+		if err != nil {
 			s.mu.Lock()
 			delete(s.vms, vmid)
 			s.mu.Unlock()
+			_ = os.RemoveAll(s.vmDir(vmid))
 			return fmt.Errorf("unable to create VM %d - %v", vmid, err)
 		}
 		s.mu.Lock()
 		v := s.vms[vmid]
+		for k, val := range created {
+			v.conf[k] = val
+		}
 		delete(v.conf, "lock")
 		if pool != "" && s.pools[pool] != nil {
 			v.pool = pool

@@ -39,30 +39,6 @@ func newDiskStorage(val string) string {
 	return m[1]
 }
 
-// checkNewDiskStorageLocked is $check_storage_access for the new disks of
-// changes.
-func (s *Server) checkNewDiskStorageLocked(authid string, changes map[string]string) error {
-	for _, k := range sortedKeys(changes) {
-		sid := newDiskStorage(changes[k])
-		if !reDiskKey.MatchString(k) || sid == "" {
-			continue
-		}
-		if authid != "root@pam" {
-			if err := s.checkPrivsLocked(authid, "/storage/"+sid, []string{"Datastore.AllocateSpace"}); err != nil {
-				return err
-			}
-		}
-		c := s.storageConfig(sid)
-		if c == nil {
-			return fail("storage '%s' does not exist", sid)
-		}
-		if content, _ := c["content"].(string); !slices.Contains(strings.Split(content, ","), "images") {
-			return paramFail(ParamErrors{"storage": fmt.Sprintf("storage '%s' does not support vm images", sid)})
-		}
-	}
-	return nil
-}
-
 // allocNewDisksLocked is create_disks for the new disks of changes on VM
 // v: each value becomes the allocated volume with its options and size.
 func (s *Server) allocNewDisksLocked(v *vm, changes map[string]string) error {

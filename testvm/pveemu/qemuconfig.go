@@ -13,6 +13,7 @@ import (
 // updateOnlyParams are config update parameters that are not config keys.
 var updateOnlyParams = map[string]bool{
 	"node": true, "vmid": true, "delete": true, "revert": true, "digest": true, "skiplock": true, "force": true, "background_delay": true,
+	"import-working-storage": true,
 }
 
 func (s *Server) getConfig(_ context.Context, rq *request) (any, error) {
@@ -81,6 +82,12 @@ type configUpdate struct {
 	force    bool
 	digest   string
 	authid   string
+	// workingStorage is import-working-storage (an OVA's extraction).
+	workingStorage string
+	// pid and logf are the task's, for create_disks' log lines (nil logf
+	// for the synchronous update).
+	pid  uint32
+	logf func(format string, a ...any)
 }
 
 // parse reads the changes and deletions of rq and refuses what update_vm
@@ -136,7 +143,7 @@ func (u *configUpdate) revertLocked(v *vm) {
 
 func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any, error) {
 	u := &configUpdate{vmid: s.vmid(rq), skiplock: rq.bool("skiplock", false), force: rq.bool("force", false),
-		digest: rq.str("digest"), authid: rq.authid}
+		digest: rq.str("digest"), authid: rq.authid, workingStorage: rq.str("import-working-storage")}
 	onVM := vmExists
 	if !async {
 		onVM = nil // the synchronous update loads the config under its lock only
@@ -148,9 +155,17 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		if err := u.parse(rq); err != nil {
 			return err
 		}
+		// $check_drive_param, the keys' privileges, $check_storage_access
+		if err := checkDriveParams(u.changes); err != nil {
+			return err
+		}
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.checkUpdateRequestLocked(u)
+		err := s.checkUpdateRequestLocked(u)
+		s.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		return s.checkStorageAccess(u.authid, u.changes, u.workingStorage)
 	}
 	if err := s.openVM(rq, parse, onVM); err != nil {
 		return nil, err
@@ -159,22 +174,64 @@ func (s *Server) updateConfig(ctx context.Context, rq *request, async bool) (any
 		return nil, s.applyConfig(ctx, u)
 	}
 	return s.startTask(rq, "qmconfig", strconv.Itoa(u.vmid), func(ctx context.Context, t *task) error {
+		u.pid, u.logf = t.pid, t.logf
 		return s.applyConfig(ctx, u)
 	}), nil
 }
 
-// applyConfig applies u under the VM's config lock.
+// applyConfig applies u under the VM's config lock. Drives that allocate
+// (allocDrives: a cloud-init drive, an import) are created first, under
+// the config lock but not s.mu, after the checks that need the config
+// (update_vm_api calls create_disks inside its loop over the keys, after
+// the digest, lock and per-key privilege checks); the update then applies
+// their new values, and frees them when it fails.
 func (s *Server) applyConfig(ctx context.Context, u *configUpdate) error {
-	_, unlock, err := s.lockVM(ctx, u.vmid, func(v *vm) error { return s.applyConfigLocked(ctx, u, v) })
+	allocs := allocDrives(u.changes)
+	if len(allocs) == 0 {
+		_, unlock, err := s.lockVM(ctx, u.vmid, func(v *vm) error { return s.applyConfigLocked(ctx, u, v) })
+		if err != nil {
+			return err
+		}
+		unlock()
+		return nil
+	}
+	var conf map[string]string
+	_, unlock, err := s.lockVM(ctx, u.vmid, func(v *vm) error {
+		if err := s.precheckUpdateLocked(u, v); err != nil {
+			return err
+		}
+		conf = withPending(v)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	unlock()
-	return nil
+	defer unlock()
+	created, err := s.createDisks(ctx, u.vmid, u.pid, allocs, conf, u.logf)
+	if err != nil {
+		return err
+	}
+	for k, val := range created {
+		u.changes[k] = val
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, err := s.loadVM(u.vmid)
+	if err == nil {
+		err = s.applyCheckedLocked(ctx, u, v)
+	}
+	if err != nil {
+		s.freeCreatedLocked(u.vmid, created)
+	}
+	return err
 }
 
-// applyConfigLocked checks u against v's config and applies it.
-func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) error {
+// precheckUpdateLocked is what update_vm_api checks with the config loaded
+// before it changes anything: digest, lock, root-only keys, then (the
+// reverted keys turned into changes and deletions) the keys' privileges
+// by value. The request's own checks ran before the fork
+// (checkUpdateRequestLocked).
+func (s *Server) precheckUpdateLocked(u *configUpdate, v *vm) error {
 	if u.digest != "" && u.digest != confDigest(v.conf) {
 		return fail("detected modified configuration - file changed by other user? Try again.")
 	}
@@ -186,12 +243,31 @@ func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) 
 	if err := checkRootOnlyConfig(u.authid, u.changes, u.deletes, v.conf); err != nil {
 		return err
 	}
-	// The request's own checks ran before the fork (checkUpdateRequestLocked);
-	// reverted keys become changes and deletions and are checked by value.
 	u.revertLocked(v)
-	if err := s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, v.conf, v.pending); err != nil {
+	return s.checkConfigValuePermsLocked(u.authid, u.vmid, u.changes, u.deletes, v.conf, v.pending)
+}
+
+// freeCreatedLocked frees the volumes of created (drive values by key)
+// after a failed update.
+func (s *Server) freeCreatedLocked(vmid int, created map[string]string) {
+	dc := &diskCreator{s: s, vmid: vmid, taken: map[string]bool{}}
+	for _, val := range created {
+		dc.freeVolume(parseDrive(val).file)
+	}
+}
+
+// applyConfigLocked checks u against v's config and applies it.
+func (s *Server) applyConfigLocked(ctx context.Context, u *configUpdate, v *vm) error {
+	if err := s.precheckUpdateLocked(u, v); err != nil {
 		return err
 	}
+	return s.applyCheckedLocked(ctx, u, v)
+}
+
+// applyCheckedLocked applies u, checked by precheckUpdateLocked, to v.
+// New disks given as STORAGE:SIZE are allocated first (allocNewDisksLocked;
+// imports and cloud-init drives were created by applyConfig).
+func (s *Server) applyCheckedLocked(ctx context.Context, u *configUpdate, v *vm) error {
 	if err := s.allocNewDisksLocked(v, u.changes); err != nil {
 		return err
 	}

@@ -399,14 +399,15 @@ func (s *Server) freeOwnedImagesLocked(t *task, v *vm) {
 	vals := make([]string, 0, len(v.conf)+len(v.pending))
 	for _, m := range []map[string]string{v.conf, v.pending} {
 		for k, val := range m {
-			if (reDiskKey.MatchString(k) || strings.HasPrefix(k, "unused")) && !isCDROM(val) {
+			// drive_is_cdrom($drive, 1): a cloud-init drive is no CD-ROM here
+			if (reDiskKey.MatchString(k) || strings.HasPrefix(k, "unused")) && (!isCDROM(val) || reCloudinitFile.MatchString(parseDrive(val).file)) {
 				vals = append(vals, strings.SplitN(val, ",", 2)[0])
 			}
 		}
 	}
 	slices.Sort(vals)
 	for _, volid := range slices.Compact(vals) {
-		_, p, owner, err := s.volumePath("", volid)
+		_, p, _, owner, err := s.imagePath("", volid)
 		if err != nil || owner != v.vmid {
 			continue
 		}

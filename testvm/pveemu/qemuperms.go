@@ -196,8 +196,5 @@ func (s *Server) checkUpdateRequestLocked(u *configUpdate) error {
 	if err := s.checkModifyConfigPermLocked(u.authid, u.vmid, sortedKeys(u.changes)); err != nil {
 		return err
 	}
-	if err := s.checkNewDiskStorageLocked(u.authid, u.changes); err != nil {
-		return err
-	}
 	return s.checkBridgeAccessLocked(u.authid, u.changes)
 }

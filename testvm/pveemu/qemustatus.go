@@ -112,6 +112,7 @@ func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
 func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) error {
 	var spec VMSpec
 	var disks []coldDisk
+	var conf map[string]string
 	_, unlock, err := s.lockVM(ctx, vmid, func(v *vm) error {
 		if v.conf["template"] == "1" {
 			return fail("you can't start a vm if it's a template")
@@ -126,6 +127,7 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 		}
 		// vm_start_nolock: pending changes are applied before the start.
 		applyPendingLocked(s, v)
+		conf = copyConf(v.conf)
 		disks = s.coldDisks(v.conf)
 		var err error
 		spec, err = s.vmSpecLocked(v)
@@ -135,6 +137,10 @@ func (s *Server) doStart(ctx context.Context, t *task, vmid int, skiplock bool) 
 		return err
 	}
 	defer unlock()
+	// vm_start_nolock: apply_cloudinit_config reads the cicustom snippets
+	if err := s.checkCicustom(vmid, conf); err != nil {
+		return err
+	}
 	if err := s.dhcpMapping(t, vmid, spec); err != nil {
 		return err
 	}

@@ -78,6 +78,22 @@ func (s *Server) volumePath(storage, volume string) (volid, path string, owner i
 	return storage + ":" + name, filepath.Join(s.storageDir(), "images", m[1], m[2]), owner, nil
 }
 
+// imagePath is volumePath for an image of any format the dir storage
+// holds (raw, qcow2, vmdk: an imported disk, a cloud-init drive), with
+// its format.
+func (s *Server) imagePath(storage, volume string) (volid, path, format string, owner int, err error) {
+	storage, name, err := splitVolume(storage, volume)
+	if err != nil {
+		return "", "", "", 0, err
+	}
+	m := reImagesVol.FindStringSubmatch(name)
+	if m == nil || m[1] != m[3] {
+		return "", "", "", 0, fail("unable to parse directory volume name '%s'", name)
+	}
+	owner, _ = strconv.Atoi(m[1])
+	return storage + ":" + name, filepath.Join(s.storageDir(), "images", m[1], m[2]), m[4], owner, nil
+}
+
 // allocVolume is POST /nodes/{node}/storage/{storage}/content: vdisk_alloc
 // of a raw image on the dir storage.
 func (s *Server) allocVolume(_ context.Context, rq *request) (any, error) {
@@ -162,11 +178,20 @@ func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
 	}
-	volid, p, owner, err := s.volumePath(rq.str("storage"), rq.str("volume"))
+	volid, p, format, owner, err := s.imagePath(rq.str("storage"), rq.str("volume"))
 	if err != nil {
-		return nil, err
-	}
-	if err := s.checkVolumeAccess(rq.authid, dirStorage, owner); err != nil {
+		imgErr := err
+		var ok bool
+		if volid, p, ok, err = s.dirVolumePath(rq.str("storage"), rq.str("volume")); err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, imgErr
+		}
+		if format, err = s.checkDirVolumeAccess(rq.authid, volid); err != nil {
+			return nil, err
+		}
+	} else if err := s.checkVolumeAccess(rq.authid, dirStorage, owner); err != nil {
 		return nil, err
 	}
 	st, err := os.Stat(p)
@@ -176,7 +201,36 @@ func (s *Server) volumeInfo(_ context.Context, rq *request) (any, error) {
 	if st.Size() == 0 {
 		return nil, fail("volume '%s' has size zero", volid)
 	}
-	return map[string]any{"path": s.reportedPath(p), "size": st.Size(), "used": st.Size(), "format": "raw"}, nil
+	size := st.Size()
+	if info, err := probeImage(p, format); err == nil {
+		size = info.size
+	}
+	return map[string]any{"path": s.reportedPath(p), "size": size, "used": st.Size(), "format": format}, nil
+}
+
+// checkDirVolumeAccess is check_volume_access (no VM) for a volume of
+// the dir storage that is not an image: Datastore.Allocate on the
+// storage, or for an iso, vztmpl or import volume Datastore.AllocateSpace
+// or Datastore.Audit; it returns the format volume_size_info reads it
+// with (parse_volname's: an import volume's extension, raw for the rest
+// and for an OVA, which file_size_info falls back to).
+func (s *Server) checkDirVolumeAccess(authid, volid string) (string, error) {
+	_, name, _ := strings.Cut(volid, ":")
+	v, _ := parseDirVolname(name)
+	format := "raw"
+	if v.vtype == "import" {
+		if f := dirContentFormat("import", v.file); f == "qcow2" || f == "vmdk" {
+			format = f
+		}
+	}
+	if authid == "root@pam" || s.privileges(authid, "/storage/"+dirStorage)["Datastore.Allocate"] {
+		return format, nil
+	}
+	switch v.vtype {
+	case "iso", "vztmpl", "import":
+		return format, s.checkPrivs(authid, "/storage/"+dirStorage, []string{"Datastore.AllocateSpace", "Datastore.Audit"}, true)
+	}
+	return "", fail("missing privileges to access %s", volid)
 }
 
 // freeVolume is DELETE /nodes/{node}/storage/{storage}/content/{volume}:
@@ -191,7 +245,7 @@ func (s *Server) freeVolume(_ context.Context, rq *request) (any, error) {
 	}
 	owner := 0
 	if !isDir {
-		if volid, p, owner, err = s.volumePath(rq.str("storage"), rq.str("volume")); err != nil {
+		if volid, p, _, owner, err = s.imagePath(rq.str("storage"), rq.str("volume")); err != nil {
 			return nil, err
 		}
 	}

@@ -219,8 +219,15 @@ func (s *Server) listContent(_ context.Context, rq *request) (any, error) {
 			if err != nil {
 				continue
 			}
-			out = append(out, map[string]any{"volid": dirStorage + ":" + d.Name() + "/" + f.Name(), "vmid": owner, "format": "raw",
-				"size": info.Size(), "used": info.Size(), "content": "images", "ctime": info.ModTime().Unix()})
+			format, size := "raw", info.Size()
+			if m := reImageName.FindStringSubmatch(f.Name()); m != nil {
+				format = m[2]
+			}
+			if ii, err := probeImage(filepath.Join(s.storageDir(), "images", d.Name(), f.Name()), format); err == nil {
+				size = ii.size // list_images: file_size_info's virtual size
+			}
+			out = append(out, map[string]any{"volid": dirStorage + ":" + d.Name() + "/" + f.Name(), "vmid": owner, "format": format,
+				"size": size, "used": info.Size(), "content": "images", "ctime": info.ModTime().Unix()})
 		}
 	}
 	return out, nil

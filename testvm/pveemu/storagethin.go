@@ -89,10 +89,12 @@ func thinVolumesOf(conf map[string]string) []thinVolume {
 	seen := map[string]bool{}
 	var out []thinVolume
 	for k, val := range conf {
-		if !reDiskKey.MatchString(k) && !reUnusedKey.MatchString(k) || volumeStorage(val) != thinStorage {
+		file, _, _ := strings.Cut(val, ",")
+		// a cloud-init drive (media=cdrom) is an LV of the pool too
+		onThin := volumeStorage(val) == thinStorage || reCloudinitFile.MatchString(file) && strings.HasPrefix(file, thinStorage+":")
+		if !reDiskKey.MatchString(k) && !reUnusedKey.MatchString(k) || !onThin {
 			continue
 		}
-		file, _, _ := strings.Cut(val, ",")
 		_, name, _ := strings.Cut(file, ":")
 		if _, lv, ok := strings.Cut(name, "/"); ok {
 			name = lv // base-<base>-disk-N/vm-<vmid>-disk-N: the clone's own LV

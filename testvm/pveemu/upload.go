@@ -289,12 +289,37 @@ func (s *Server) listDirContent(vtype string) ([]map[string]any, error) {
 		if st, ok := info.Sys().(*syscall.Stat_t); ok {
 			ctime = st.Ctim.Sec // list_volumes: ctime => $st->ctime
 		}
-		format := "raw"
-		if vtype == "iso" {
-			format = "iso"
-		}
+		format := dirContentFormat(vtype, f.Name())
 		out = append(out, map[string]any{"volid": dirStorage + ":" + name, "content": vtype, "format": format,
 			"size": info.Size(), "ctime": ctime})
 	}
 	return out, nil
+}
+
+// dirContentFormat is the format Plugin.pm's get_subdir_files lists for a
+// file of content type vtype: iso, the vztmpl's archive type (tar, tgz,
+// txz, ...), the backup's compression or archive, snippet, the import's
+// extension.
+func dirContentFormat(vtype, name string) string {
+	ext := name[strings.LastIndex(name, ".")+1:]
+	switch vtype {
+	case "iso":
+		return "iso"
+	case "vztmpl":
+		if ext == "tar" {
+			return "tar"
+		}
+		return "t" + ext
+	case "snippets":
+		return "snippet"
+	case "backup":
+		for _, a := range []string{".tgz", ".tar", ".vma"} {
+			if i := strings.LastIndex(name, a); i >= 0 {
+				return name[i+1:] // BACKUP_EXT_RE_2's whole extension
+			}
+		}
+	case "import":
+		return ext
+	}
+	return "raw"
 }

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/templatebuild"
+)
+
+var _ templatebuild.Proxmox = (*pveapi.Client)(nil)
+
+// buildFlags are `template build`'s options.
+type buildFlags struct {
+	recipe, from, checksum, ovaDisk     string
+	storage, imageStorage, snippetStore string
+	workStorage, lockDir                string
+	bridge, user, passwordFile          string
+	keepFailed                          bool
+	agentWait, cloudInitWait            time.Duration
+}
+
+const templateBuildLong = `Builds a sandbox template from a cloud image on this node, or reuses the one an
+earlier build made. The image is downloaded by Proxmox (download-url, content
+import) to --image-storage, the VM is created with its disk imported from it
+(import-from) and the hardened VM profile, cloud-init installs the guest agent
+and the recipe's packages on the first boot (user-data and network-config
+written as snippets to --snippet-storage), the recipe's checks run through the
+agent, and the VM is shut down, stripped of its cloud-init drive and NIC,
+converted to a template named NAME and tagged inspect, pvei-template and
+builtin-RECIPE. Each step is resumable: run it again after a failure.
+
+Recipes (the reference Inspect plugin's built-ins): debian13, ubuntu24.04 (an
+OVA), kali2025.4 (a .tar.xz Proxmox cannot import: unpack it on the node, then
+--from local:import/FILE.raw). --from URL builds from any .qcow2/.raw/.vmdk/.ova
+URL (--checksum sha256:HEX or sha512:HEX has Proxmox verify it); --from
+STORAGE:import/FILE (or FILE.ova/DISK.vmdk) from an image already on the node.
+
+Privileges: this is an operator's action. download-url lets its caller probe
+the node's network, so Proxmox wants Sys.AccessNetwork on the node for it
+(beside Datastore.AllocateTemplate on the storage): the build logs in as --user (root@pam by default) with a password, never with the daemon's
+sandbox token, which must not hold those privileges. Run it on the node as
+root: it writes the snippets and hashes images in the storages' directories
+and talks to the guest agent's socket.`
+
+// newTemplateBuildCmd returns `template build NAME`.
+func newTemplateBuildCmd(g *globals) *cobra.Command {
+	var f buildFlags
+	c := &cobra.Command{
+		Use:   "build NAME (--recipe R | --from URL|VOLID)",
+		Short: "build a sandbox template from a cloud image on this node (an operator's action: logs in as --user)",
+		Long:  templateBuildLong,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			recipe, err := f.buildRecipe()
+			if err != nil {
+				return err
+			}
+			o := templatebuild.Options{Name: args[0], Recipe: recipe, Storage: f.storage, ImageStorage: f.imageStorage,
+				SnippetStorage: f.snippetStore, WorkStorage: f.workStorage, Bridge: f.bridge, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
+				CloudInitWait: f.cloudInitWait, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			cfg, err := g.loadConfig()
+			if err != nil {
+				return err
+			}
+			pw, err := readPassword(f.passwordFile, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			po := proxmoxOptions(cfg)
+			po.TaskTimeout = 2 * time.Hour // a download of a cloud image
+			px, err := pveapi.NewWithPassword(po, f.user, pw)
+			if err != nil {
+				return err
+			}
+			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{}, o)
+			if err != nil {
+				return err
+			}
+			unlock, err := templatebuild.Lock(f.lockDir, args[0])
+			if err != nil {
+				return err
+			}
+			defer unlock()
+			res, err := b.Run(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if !res.Reused {
+				writeReport(cmd.OutOrStdout(), res.VMID, res.Report)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "grant the daemon's token on it: PVE_INSPECTD_TEMPLATES=\"... %d\" /usr/lib/pve-inspectd/pve-access-setup\n", res.VMID)
+			return nil
+		},
+	}
+	fl := c.Flags()
+	fl.StringVar(&f.recipe, "recipe", "", "a shipped recipe: "+strings.Join(templatebuild.RecipeNames(), ", "))
+	fl.StringVar(&f.from, "from", "", "the image: an http(s) URL of a .qcow2/.raw/.vmdk/.ova, or a volume STORAGE:import/FILE already on the node (with --recipe: replaces the recipe's image)")
+	fl.StringVar(&f.checksum, "checksum", "", "with --from URL: sha256:HEX or sha512:HEX, verified by Proxmox")
+	fl.StringVar(&f.ovaDisk, "ova-disk", "", "with --from URL of an .ova: the disk inside it to import (DISK.vmdk)")
+	fl.StringVar(&f.storage, "storage", "local-lvm", "storage of the template's disk and the build's cloud-init drive")
+	fl.StringVar(&f.imageStorage, "image-storage", "local", "storage the image is downloaded to (content import)")
+	fl.StringVar(&f.snippetStore, "snippet-storage", "local", "storage the cloud-init snippets are written to (content snippets)")
+	fl.StringVar(&f.workStorage, "work-storage", "", "for an OVA: the file-based storage with content images its disk is extracted on (default: the OVA's own storage)")
+	fl.StringVar(&f.bridge, "bridge", "vmbr0", "bridge of the build VM's NIC: it needs DHCP and a way to the package mirrors (the template keeps no NIC)")
+	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate; not the daemon's token)")
+	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
+	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart")
+	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
+	fl.DurationVar(&f.agentWait, "agent-wait", 30*time.Minute, "longest wait for the guest agent on the first boot")
+	fl.DurationVar(&f.cloudInitWait, "cloud-init-wait", 30*time.Minute, "longest wait for cloud-init to finish")
+	return c
+}
+
+// buildRecipe resolves --recipe and --from into the recipe to build.
+func (f buildFlags) buildRecipe() (templatebuild.Recipe, error) {
+	var r templatebuild.Recipe
+	if f.recipe != "" {
+		var ok bool
+		if r, ok = templatebuild.Recipes()[f.recipe]; !ok {
+			return r, fmt.Errorf("--recipe %q: unknown; shipped: %s", f.recipe, strings.Join(templatebuild.RecipeNames(), ", "))
+		}
+	}
+	if f.from == "" {
+		if f.recipe == "" {
+			return r, errors.New("want --recipe or --from (or both)")
+		}
+		if f.checksum != "" || f.ovaDisk != "" {
+			return r, errors.New("--checksum and --ova-disk go with --from URL")
+		}
+		return r, nil
+	}
+	var img templatebuild.Image
+	var err error
+	if strings.Contains(f.from, "://") {
+		img, err = templatebuild.ImageFromURL(f.from, f.checksum, f.ovaDisk)
+	} else {
+		if f.checksum != "" || f.ovaDisk != "" {
+			return r, errors.New("--checksum and --ova-disk go with --from URL (a volume names its OVA disk itself: STORAGE:import/FILE.ova/DISK.vmdk)")
+		}
+		img, err = templatebuild.ImageFromVolume(f.from)
+	}
+	if err != nil {
+		return r, err
+	}
+	if f.recipe == "" {
+		return templatebuild.Generic(img), nil
+	}
+	r.Image = img
+	return r, nil
+}

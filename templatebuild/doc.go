@@ -1,0 +1,58 @@
+// Package templatebuild turns a cloud image into a hardened sandbox
+// template on a Proxmox node: `pve-inspectd template build`.
+//
+// # Steps
+//
+// The build is a list of steps (Builder.Run), each idempotent, so a run
+// that failed or was killed is resumed by running it again (Lock keeps two
+// runs of one name apart: the second would destroy the first one's VM):
+//
+//  1. find: a template named as asked and tagged pvei-template (and
+//     builtin-RECIPE for a recipe) is reused and nothing else happens; a
+//     VM of that name tagged pvei-building (a half-built one from an
+//     earlier run) is destroyed; any other VM of that name stops the build.
+//  2. image: the recipe's volume (STORAGE:import/FILE) is kept when it is
+//     already on the image storage and, when a checksum is known, its file
+//     on the node has that checksum; otherwise Proxmox downloads it
+//     (download-url, content import), verifying the checksum itself.
+//  3. seed: the cloud-init user-data and network-config are written
+//     (atomically) as snippets into the snippets directory of the snippets
+//     storage, as Proxmox's storage configuration names it.
+//  4. create: the VM (name = the template's name, tagged pvei-building)
+//     with the disk imported from the image (import-from), a cloud-init
+//     drive whose user and network data are those snippets (cicustom), and
+//     the hardened VM profile's settings (hardening.CloneChanges of an
+//     empty config) from the start; the disk is grown to the recipe's size.
+//  5. boot: start; wait (bounded) for the guest agent that cloud-init
+//     installs; `cloud-init status --wait` through the agent (bounded);
+//     an image without cloud-init (exit 127) leaves the verdict to the
+//     recipe's checks, which run next through the agent; then what no two
+//     clones may share is removed in the guest (the machine id, which
+//     systemd makes anew on a clone's first boot, and the DHCP leases of
+//     the build's boot).
+//  6. seal: shut down; delete the cloud-init drive, cicustom and the
+//     build's NIC (a clone gets its NICs from the daemon, and never one on
+//     the build's bridge); check the hardened profile (no template failure
+//     may remain); convert to a template; tag it inspect, builtin-RECIPE
+//     (as the reference Inspect plugin tags its built-ins) and
+//     pvei-template, which ends the building state.
+//
+// # Why cicustom snippets and not an uploaded seed ISO
+//
+// The reference plugin builds a NoCloud ISO itself and uploads it. Here
+// the build runs on the node, so it writes two small snippet files and
+// lets Proxmox generate the seed on its own cloud-init drive
+// (qemu-server Cloudinit.pm): no ISO writer in this project, and the drive
+// is deleted from the config (which frees its volume) before the
+// conversion, so the template has no cd-rom. The network-config snippet
+// matches NICs by name (e*), not by MAC: a clone's NIC gets a new MAC, and
+// the MAC-matched config Proxmox would generate leaves clones offline.
+//
+// # Privileges
+//
+// Downloading a URL to a storage lets its caller probe the node's network,
+// so Proxmox wants Sys.AccessNetwork (or Sys.Audit+Sys.Modify on /) for
+// it, beside Datastore.AllocateTemplate on the storage. The build is an operator's action with a user's ticket (root@pam by
+// default), never the daemon's pool-scoped sandbox token, which must not
+// hold those privileges.
+package templatebuild

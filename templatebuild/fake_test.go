@@ -1,0 +1,270 @@
+package templatebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
+)
+
+// fakePVE is a node for the builder: VMs as configs, storages' import
+// volumes and their files' checksums, calls recorded.
+type fakePVE struct {
+	mu    sync.Mutex
+	vms   map[int]map[string]string
+	vols  map[string]string // volid -> checksum of its file
+	sums  map[string]string // url -> checksum of what it serves
+	calls []string
+	// failDownload is the exit status of a failed download task.
+	failDownload string
+	// content is the content of every storage.
+	content string
+	// raced are ids another client takes just before this build's
+	// create; failCreate fails a create in its task after writing the
+	// config.
+	raced      map[int]bool
+	failCreate string
+}
+
+func newFakePVE() *fakePVE {
+	return &fakePVE{vms: map[int]map[string]string{}, vols: map[string]string{}, sums: map[string]string{}, content: "iso,vztmpl,import,snippets"}
+}
+
+func (f *fakePVE) note(format string, a ...any) {
+	f.calls = append(f.calls, fmt.Sprintf(format, a...))
+}
+
+func (f *fakePVE) ListVMs(context.Context) ([]sandbox.VMInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []sandbox.VMInfo
+	for id, c := range f.vms {
+		var tags []string
+		if c["tags"] != "" {
+			tags = strings.Split(c["tags"], ";")
+		}
+		out = append(out, sandbox.VMInfo{VMID: id, Name: c["name"], Tags: tags, Template: c["template"] == "1", Status: c["status"]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].VMID < out[j].VMID })
+	return out, nil
+}
+
+func (f *fakePVE) NextID(context.Context) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := 100
+	for f.vms[id] != nil {
+		id++
+	}
+	return id, nil
+}
+
+func (f *fakePVE) StorageVolumes(_ context.Context, storage, content string) ([]pveapi.StorageVolume, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []pveapi.StorageVolume
+	for v := range f.vols {
+		if strings.HasPrefix(v, storage+":"+content+"/") {
+			out = append(out, pveapi.StorageVolume{VolID: v, Content: content})
+		}
+	}
+	return out, nil
+}
+
+func (f *fakePVE) VolumePath(_ context.Context, volid string) (string, error) {
+	return "/var/lib/vz/" + strings.SplitN(volid, ":", 2)[1], nil
+}
+
+func (f *fakePVE) Storage(_ context.Context, storage string) (pveapi.StorageConfig, error) {
+	return pveapi.StorageConfig{ID: storage, Type: "dir", Path: "/var/lib/vz", Content: strings.Split(f.content, ",")}, nil
+}
+
+func (f *fakePVE) DownloadURL(_ context.Context, storage string, d pveapi.Download) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("download %s %s:%s", d.URL, d.ChecksumAlgorithm, d.Checksum)
+	if f.failDownload != "" {
+		return "", errors.New("download: " + f.failDownload)
+	}
+	got := f.sums[d.URL]
+	if d.Checksum != "" && d.Checksum != got {
+		return "", fmt.Errorf("download: checksum mismatch: got '%s' != expect '%s'", got, d.Checksum)
+	}
+	v := storage + ":import/" + d.Filename
+	f.vols[v] = got
+	return v, nil
+}
+
+func (f *fakePVE) CreateVM(_ context.Context, vmid int, conf map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("create %d", vmid)
+	if f.raced[vmid] {
+		delete(f.raced, vmid)
+		f.vms[vmid] = map[string]string{"name": "other", "status": "running"}
+		return fmt.Errorf("create %d: %w: unable to create VM %d: config file already exists", vmid, sandbox.ErrExists, vmid)
+	}
+	if f.failCreate != "" {
+		f.vms[vmid] = maps.Clone(conf)
+		return errors.New(f.failCreate)
+	}
+	src := strings.SplitN(conf["scsi0"], "import-from=", 2)[1]
+	vol := src
+	if i := strings.Index(src, ".ova/"); i >= 0 {
+		vol = src[:i+4]
+	}
+	if _, ok := f.vols[vol]; !ok {
+		return fmt.Errorf("create: volume %s does not exist", vol)
+	}
+	c := maps.Clone(conf)
+	c["scsi0"] = "local-lvm:vm-" + fmt.Sprint(vmid) + "-disk-0,size=3G"
+	c["ide2"] = "local-lvm:vm-" + fmt.Sprint(vmid) + "-cloudinit,media=cdrom"
+	c["status"] = "stopped"
+	f.vms[vmid] = c
+	return nil
+}
+
+func (f *fakePVE) ResizeDisk(_ context.Context, vmid, gib int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("resize %d %dG", vmid, gib)
+	f.vms[vmid]["scsi0"] = fmt.Sprintf("local-lvm:vm-%d-disk-0,size=%dG", vmid, gib)
+	return nil
+}
+
+func (f *fakePVE) StartVM(_ context.Context, vmid int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("start %d", vmid)
+	f.vms[vmid]["status"] = "running"
+	return nil
+}
+
+func (f *fakePVE) ShutdownVM(_ context.Context, vmid int, _ time.Duration, _ bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("shutdown %d", vmid)
+	f.vms[vmid]["status"] = "stopped"
+	return nil
+}
+
+func (f *fakePVE) DeleteVM(_ context.Context, vmid int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("delete %d", vmid)
+	if _, ok := f.vms[vmid]; !ok {
+		return fmt.Errorf("vm %d: %w", vmid, sandbox.ErrNotFound)
+	}
+	delete(f.vms, vmid)
+	return nil
+}
+
+func (f *fakePVE) VMConfig(_ context.Context, vmid int) (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.vms[vmid]
+	if !ok {
+		return nil, sandbox.ErrNotFound
+	}
+	out := maps.Clone(c)
+	delete(out, "status")
+	return out, nil
+}
+
+func (f *fakePVE) UpdateVMConfig(_ context.Context, vmid int, set map[string]string, del []string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keys := slices.Sorted(maps.Keys(set))
+	f.note("config %d set=%v del=%v", vmid, keys, del)
+	for _, k := range del {
+		delete(f.vms[vmid], k)
+	}
+	maps.Copy(f.vms[vmid], set)
+	return nil
+}
+
+func (f *fakePVE) ConvertToTemplate(_ context.Context, vmid int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("template %d", vmid)
+	if f.vms[vmid]["status"] != "stopped" {
+		return errors.New("you can't convert a VM to template if VM is running")
+	}
+	f.vms[vmid]["template"] = "1"
+	return nil
+}
+
+// fakeAgent answers commands by their first word; answers absent from
+// replies exit 0. down makes every call fail.
+type fakeAgent struct {
+	mu      sync.Mutex
+	replies map[string]AgentResult
+	down    bool
+	runs    []string
+}
+
+func (a *fakeAgent) Exec(_ context.Context, vmid int, argv []string, _ time.Duration) (AgentResult, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.runs = append(a.runs, strings.Join(argv, " "))
+	if a.down {
+		return AgentResult{}, errors.New("connect to the agent: no such file")
+	}
+	return a.replies[argv[0]], nil
+}
+
+// fakeHost keeps files in a map.
+type fakeHost struct {
+	mu     sync.Mutex
+	files  map[string]string
+	writes []string
+	sums   map[string]string // path -> checksum
+	lists  map[string]string // url -> body
+}
+
+func newFakeHost() *fakeHost {
+	return &fakeHost{files: map[string]string{}, sums: map[string]string{}, lists: map[string]string{}}
+}
+
+func (h *fakeHost) WriteFile(path string, data []byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.files[path] = string(data)
+	h.writes = append(h.writes, path)
+	return nil
+}
+
+func (h *fakeHost) Remove(path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.files, path)
+	return nil
+}
+
+func (h *fakeHost) Checksum(path, _ string) (string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.sums[path]
+	if !ok {
+		return "", errors.New("no such file")
+	}
+	return s, nil
+}
+
+func (h *fakeHost) Fetch(_ context.Context, url string, _ int64) ([]byte, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, ok := h.lists[url]
+	if !ok {
+		return nil, errors.New("404 Not Found")
+	}
+	return []byte(b), nil
+}

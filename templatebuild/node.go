@@ -1,0 +1,145 @@
+package templatebuild
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/sha512"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
+	"github.com/pve-inspect/pve-inspect/qga"
+)
+
+// AgentSockets is an Agent that talks to each VM's guest agent socket
+// <dir>/<vmid>.qga (Proxmox's own, /var/run/qemu-server) through c.
+func AgentSockets(c *qga.Client, dir string) Agent { return socketAgent{c: c, dir: dir} }
+
+type socketAgent struct {
+	c   *qga.Client
+	dir string
+}
+
+// Exec implements Agent: the command's output is capped at 64 KiB a
+// stream, the call bounded by timeout and 30 s more.
+func (a socketAgent) Exec(ctx context.Context, vmid int, argv []string, timeout time.Duration) (AgentResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout+30*time.Second)
+	defer cancel()
+	res, err := a.c.Agent(filepath.Join(a.dir, strconv.Itoa(vmid)+".qga")).Exec(ctx, qga.ExecRequest{Argv: argv, Timeout: timeout, OutputLimit: 64 << 10})
+	if err != nil {
+		return AgentResult{}, err
+	}
+	return AgentResult{Exit: res.ExitCode, Output: string(res.Stdout) + string(res.Stderr), TimedOut: res.TimedOut}, nil
+}
+
+// NodeHost is Host on the node the build runs on.
+type NodeHost struct {
+	// HTTPClient fetches checksum lists (http.DefaultClient when nil).
+	HTTPClient *http.Client
+}
+
+// WriteFile implements Host (the directory is made when missing).
+func (NodeHost) WriteFile(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return atomicfile.Write(path, data, 0o644)
+}
+
+// Remove implements Host.
+func (NodeHost) Remove(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Checksum implements Host.
+func (NodeHost) Checksum(path, alg string) (string, error) {
+	var h hash.Hash
+	switch alg {
+	case "sha256":
+		h = sha256.New()
+	case "sha512":
+		h = sha512.New()
+	default:
+		return "", fmt.Errorf("checksum algorithm %q", alg)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = f.Close() }()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Fetch implements Host (one minute at most).
+func (n NodeHost) Fetch(ctx context.Context, url string, limit int64) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	hc := n.HTTPClient
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("GET %s: longer than %d bytes", url, limit)
+	}
+	return b, nil
+}
+
+// ErrBusy is returned by Lock while another build of the name runs.
+var ErrBusy = errors.New("another build of this template runs")
+
+// Lock takes the node-wide lock of the build of template name (an flock
+// on dir/template-build-NAME.lock, dir made when missing): a second build
+// of the name would take the first one's VM, tagged building, for a
+// half-built one and destroy it. unlock releases it; the kernel does too
+// when the process dies.
+func Lock(dir, name string) (unlock func(), err error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "template-build-"+name+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("template %q: %w (%s)", name, ErrBusy, f.Name())
+		}
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return func() { _ = f.Close() }, nil
+}
