@@ -224,6 +224,10 @@ func (c *Client) lock(ctx context.Context, path string) (func(), error) {
 type Agent struct {
 	c      *Client
 	socket string
+	// win marks a Windows guest's agent (Client.WindowsGuests): a session
+	// whose connect or sync fails, before any command is sent, is tried
+	// again a few times (windows.go).
+	win bool
 }
 
 // Socket returns the agent's socket path.
@@ -233,18 +237,33 @@ func (a *Agent) Socket() string { return a.socket }
 // per-VM lock, then closes the connection cleanly. This is the only way the
 // package talks to an agent: one short connection per command sequence.
 func (a *Agent) session(ctx context.Context, fn func(*conn) error) error {
+	for attempt := 1; ; attempt++ {
+		sent, err := a.sessionOnce(ctx, fn)
+		if err == nil || sent || !a.win || attempt >= winSessionAttempts || ctx.Err() != nil {
+			return err
+		}
+		if serr := sleepCtx(ctx, winSessionDelay<<(attempt-1)); serr != nil {
+			return err
+		}
+	}
+}
+
+// sessionOnce is one try of session; sent reports whether fn was reached
+// (a command may have gone out), so that only a failed connect or sync is
+// tried again.
+func (a *Agent) sessionOnce(ctx context.Context, fn func(*conn) error) (sent bool, err error) {
 	unlock, err := a.c.lock(ctx, a.socket)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
 	cn, err := a.c.dial(ctx, a.socket)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer cn.close()
 	if err := cn.sync(); err != nil {
-		return err
+		return false, err
 	}
-	return fn(cn)
+	return true, fn(cn)
 }

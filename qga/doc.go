@@ -12,7 +12,9 @@
 //
 // The sandbox engine dials its guests through c.SandboxGuests(): each is a
 // Guest (sandboxguest.go), which satisfies sandbox.Guest itself and wraps
-// this package's errors with the engine's guest sentinels.
+// this package's errors with the engine's guest sentinels. A VM whose
+// os_type is Windows is dialed through c.WindowsGuests() (WinGuest): what
+// follows is the Linux guest's design; windows.go has the Windows one.
 //
 // # Design decisions
 //

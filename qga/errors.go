@@ -115,18 +115,19 @@ func (e *AgentError) Error() string {
 func (e *AgentError) Is(target error) bool {
 	switch target {
 	case ErrNotFound:
-		return strings.Contains(e.Desc, "No such file or directory") || strings.Contains(e.Desc, "Not a directory")
+		return strings.Contains(e.Desc, "No such file or directory") || strings.Contains(e.Desc, "Not a directory") ||
+			strings.Contains(e.Desc, winNotFoundFile) || strings.Contains(e.Desc, winNotFoundPath)
 	case ErrIsDir:
 		return strings.Contains(e.Desc, "Is a directory")
 	case ErrPermission:
 		return strings.Contains(e.Desc, "Permission denied") || strings.Contains(e.Desc, "Operation not permitted") ||
-			strings.Contains(e.Desc, "Read-only file system")
+			strings.Contains(e.Desc, "Read-only file system") || strings.Contains(e.Desc, winAccessDenied)
 	case ErrFrozen:
 		return isFrozenRefusal(e)
 	case ErrInvalid:
 		// a path the guest's kernel refuses as such: the caller's to fix
 		return strings.Contains(e.Desc, "File name too long") || strings.Contains(e.Desc, "Invalid argument") ||
-			strings.Contains(e.Desc, "Too many levels of symbolic links")
+			strings.Contains(e.Desc, "Too many levels of symbolic links") || strings.Contains(e.Desc, winBadName)
 	}
 	return false
 }

@@ -339,11 +339,16 @@ const runOutputLimit = 1 << 20
 // run executes a small internal helper command (mkdir, mv, kill, rm) with
 // the agent capturing its (tiny) output, and waits for it.
 func (a *Agent) run(ctx context.Context, argv []string) (*runResult, error) {
+	return a.runEnv(ctx, argv, nil)
+}
+
+// runEnv is run with the helper's whole environment (nil: BaseEnv).
+func (a *Agent) runEnv(ctx context.Context, argv, env []string) (*runResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, helperTimeout)
 	defer cancel()
 	var pid int
 	if err := a.session(ctx, func(cn *conn) (err error) {
-		pid, err = cn.execStart(argv, nil, true)
+		pid, err = cn.execStartEnv(argv, env, nil, true)
 		return err
 	}); err != nil {
 		return nil, err

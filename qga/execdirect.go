@@ -95,8 +95,9 @@ func directPlan(req *ExecRequest) bool {
 
 // directRun is how one direct exec is started and ended.
 type directRun struct {
-	argv []string
-	env  []string // the whole environment; nil: BaseEnv
+	argv  []string
+	env   []string // the whole environment; nil: BaseEnv
+	input []byte   // guest-exec's input-data (nil: none)
 	// kill kills the command's tree; holders kills the background
 	// processes that hold the agent's pipes once the command is gone.
 	kill    func(ctx context.Context, pid int) error
@@ -163,7 +164,7 @@ func (a *Agent) execCaptured(ctx context.Context, req *ExecRequest, limit int64,
 		held = min(held, req.Timeout)
 	}
 	err := a.session(ctx, func(cn *conn) (err error) {
-		if res.PID, err = cn.execStartEnv(run.argv, run.env, nil, true); err != nil {
+		if res.PID, err = cn.execStartEnv(run.argv, run.env, run.input, true); err != nil {
 			return err
 		}
 		start = time.Now()

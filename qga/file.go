@@ -263,6 +263,13 @@ func (a *Agent) readFile(ctx context.Context, p string, w io.Writer, limit int64
 	if err := checkGuestPath(p); err != nil {
 		return 0, err
 	}
+	return a.readChecked(ctx, p, w, limit, sizeFn)
+}
+
+// readChecked is readFile of a path already checked (a Linux or a
+// Windows one): guest-file-open, -seek, -read and -close only, which
+// qemu-ga serves alike on both.
+func (a *Agent) readChecked(ctx context.Context, p string, w io.Writer, limit int64, sizeFn func(int64) error) (int64, error) {
 	wrap := func(err error) error { return &PathError{Op: "read", Path: p, Err: err} }
 	h := int64(-1)
 	defer func() {
@@ -356,10 +363,49 @@ func (a *Agent) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.Fi
 	if mode&^fs.ModePerm != 0 {
 		return fmt.Errorf("%w: mode %v has bits beyond the permissions", ErrInvalid, mode)
 	}
-	wrap := func(err error) error { return &PathError{Op: "write", Path: p, Err: err} }
 	dir := path.Dir(p)
 	tmp := path.Join(dir, ".pve-inspect-"+randomTag()+".tmp")
+	err := a.writeVia(ctx, r, writeSteps{
+		open: func(ctx context.Context) (h int64, err error) {
+			err = a.session(ctx, func(cn *conn) error {
+				h, err = cn.fileOpen(tmp, "w")
+				return err
+			})
+			return h, err
+		},
+		mkdir: func(ctx context.Context) (*runResult, error) {
+			return a.run(ctx, []string{"/bin/mkdir", "-p", "--", dir})
+		},
+		// chmod then rename(2) (mv within one directory). A directory at
+		// the destination is refused instead of moving the file into it.
+		commit: func(ctx context.Context) (*runResult, error) {
+			return a.run(ctx, []string{"/bin/sh", "-c",
+				`if [ -d "$2" ]; then echo "$2: Is a directory" >&2; exit 3; fi; chmod "$3" -- "$1" && exec mv -f -- "$1" "$2"`,
+				"pve-inspect-write", tmp, p, fmt.Sprintf("%04o", mode.Perm())})
+		},
+		remove: func(ctx context.Context) { a.removeGuestFiles(ctx, tmp) },
+	})
+	if err != nil {
+		return &PathError{Op: "write", Path: p, Err: err}
+	}
+	return nil
+}
 
+// writeSteps are the guest's side of an atomic write (writeVia): open
+// the temporary file for writing, create the parent directory, rename the
+// temporary file over the target (exit code 3: the target is a
+// directory), remove the temporary file.
+type writeSteps struct {
+	open   func(ctx context.Context) (int64, error)
+	mkdir  func(ctx context.Context) (*runResult, error)
+	commit func(ctx context.Context) (*runResult, error)
+	remove func(ctx context.Context)
+}
+
+// writeVia writes everything r yields through s: the temporary file
+// (its parent created on the first not-found), then the rename. On any
+// error the handle is closed and the temporary file removed.
+func (a *Agent) writeVia(ctx context.Context, r io.Reader, s writeSteps) error {
 	h := int64(-1)
 	committed := false
 	defer func() {
@@ -367,30 +413,26 @@ func (a *Agent) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.Fi
 			a.closeHandles(ctx, h)
 		}
 		if !committed {
-			a.removeGuestFiles(ctx, tmp)
+			s.remove(ctx)
 		}
 	}()
-	open := func(cn *conn) error {
-		var err error
-		h, err = cn.fileOpen(tmp, "w")
-		return err
-	}
-	err := a.session(ctx, open)
+	nh, err := s.open(ctx)
 	if errors.Is(err, ErrNotFound) {
-		res, rerr := a.run(ctx, []string{"/bin/mkdir", "-p", "--", dir})
+		res, rerr := s.mkdir(ctx)
 		if rerr != nil {
-			return wrap(fmt.Errorf("create parent directory: %w", rerr))
+			return fmt.Errorf("create parent directory: %w", rerr)
 		}
 		if res.ExitCode != 0 {
-			return wrap(fmt.Errorf("create parent directory: %w", res.err()))
+			return fmt.Errorf("create parent directory: %w", res.err())
 		}
-		err = a.session(ctx, open)
+		nh, err = s.open(ctx)
 	}
 	if err != nil {
-		return wrap(err)
+		return err
 	}
+	h = nh
 	if _, err := a.writeHandle(ctx, h, nil, r); err != nil {
-		return wrap(err)
+		return err
 	}
 	err = a.session(ctx, func(cn *conn) error {
 		err := cn.fileClose(h)
@@ -398,21 +440,17 @@ func (a *Agent) WriteFile(ctx context.Context, p string, r io.Reader, mode fs.Fi
 		return err
 	})
 	if err != nil {
-		return wrap(err)
+		return err
 	}
-	// chmod then rename(2) (mv within one directory). A directory at the
-	// destination is refused instead of moving the file into it.
-	res, err := a.run(ctx, []string{"/bin/sh", "-c",
-		`if [ -d "$2" ]; then echo "$2: Is a directory" >&2; exit 3; fi; chmod "$3" -- "$1" && exec mv -f -- "$1" "$2"`,
-		"pve-inspect-write", tmp, p, fmt.Sprintf("%04o", mode.Perm())})
+	res, err := s.commit(ctx)
 	if err != nil {
-		return wrap(fmt.Errorf("rename into place: %w", err))
+		return fmt.Errorf("rename into place: %w", err)
 	}
 	switch {
 	case res.ExitCode == 3:
-		return wrap(ErrIsDir)
+		return ErrIsDir
 	case res.ExitCode != 0:
-		return wrap(fmt.Errorf("rename into place: %w", res.err()))
+		return fmt.Errorf("rename into place: %w", res.err())
 	}
 	committed = true
 	return nil

@@ -125,3 +125,69 @@ func (g Guest) ReadFileSized(ctx context.Context, path string, w io.Writer, max 
 	n, err := g.a.ReadFileSized(ctx, path, w, max, size)
 	return n, mapErr(err)
 }
+
+// WindowsGuests returns the sandbox.GuestDialer of Windows guests over c
+// (windows.go): argv through guest-exec, shell strings and working
+// directories through batch files, Windows paths for the file calls.
+func (c *Client) WindowsGuests() sandbox.GuestDialer {
+	return func(socket string) sandbox.Guest {
+		a := c.Agent(socket)
+		a.win = true
+		return WinGuest{a: a}
+	}
+}
+
+// WinGuest is one Windows VM's agent as the sandbox engine sees it.
+type WinGuest struct{ a *Agent }
+
+var _ sandbox.Guest = WinGuest{}
+
+// Ping implements sandbox.Guest.
+func (g WinGuest) Ping(ctx context.Context) error { return mapErr(g.a.Ping(ctx)) }
+
+// Exec implements sandbox.Guest.
+func (g WinGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
+	res, err := g.a.winExec(ctx, sandboxRequest(r))
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	return sandboxResult(res), nil
+}
+
+// ExecStream implements sandbox.Guest: the output is written once the
+// command ended (qemu-ga gives captured output only then).
+func (g WinGuest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, stderr io.Writer) (*apitype.ExecResult, error) {
+	res, err := g.a.winStream(ctx, sandboxRequest(r), stdout, stderr)
+	if err != nil {
+		return nil, mapErr(err)
+	}
+	return sandboxResult(res), nil
+}
+
+// WriteFile implements sandbox.Guest; mode is not applied (NTFS).
+func (g WinGuest) WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error {
+	return mapErr(g.a.winWriteFile(ctx, path, r, mode))
+}
+
+// ReadFile implements sandbox.Guest.
+func (g WinGuest) ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error) {
+	n, err := g.a.winReadFile(ctx, path, w, max, nil)
+	return n, mapErr(err)
+}
+
+// ReadFileSized is ReadFile with the size known before the first byte
+// (the API's streamed download).
+func (g WinGuest) ReadFileSized(ctx context.Context, path string, w io.Writer, max int64, size func(int64) error) (int64, error) {
+	if size == nil {
+		return 0, mapErr(fmt.Errorf("%w: nil size callback", ErrInvalid))
+	}
+	n, err := g.a.winReadFile(ctx, path, w, max, size)
+	return n, mapErr(err)
+}
+
+// Filesystems reports the guest's file systems for the health checks
+// (guest-get-fsinfo, which qemu-ga's Windows build answers with its
+// volumes).
+func (g WinGuest) Filesystems(ctx context.Context) ([]apitype.GuestFilesystem, error) {
+	return Guest(g).Filesystems(ctx)
+}

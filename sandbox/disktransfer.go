@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -26,10 +27,16 @@ type DiskTransfer interface {
 
 // UseDisk says whether a file of n bytes (-1: unknown) of member vmid
 // takes the disk path: a DiskTransfer is configured, n is at least
-// DiskThreshold and the member is a VM (a container's files stream
-// through the process the daemon runs inside it, whatever their size).
+// DiskThreshold and the member is a Linux VM (a container's files stream
+// through the process the daemon runs inside it, whatever their size,
+// and the disk path's guest side is Linux sh and mount, which a Windows
+// guest has not).
 func (m *Engine) UseDisk(vmid int, n int64) bool {
-	return m.o.DiskTransfer != nil && n >= m.o.DiskThreshold && m.kindOf(vmid) != apitype.KindLXC
+	if m.o.DiskTransfer == nil || n < m.o.DiskThreshold {
+		return false
+	}
+	vm := m.vmOf(vmid)
+	return vm.Kind != apitype.KindLXC && !hardening.IsWindows(vm.OSType)
 }
 
 // Upload writes exactly size bytes of r to the guest file path of VM vmid,

@@ -26,6 +26,10 @@ type Options struct {
 	Proxmox Proxmox
 	// Guests dials a VM's guest agent by socket path (required).
 	Guests GuestDialer
+	// WinGuests dials the guest agent of a VM whose os_type is Windows
+	// (qga.Client.WindowsGuests); nil: such a VM's exec and file calls
+	// are refused (GuestIO), and Guests serves its pings.
+	WinGuests GuestDialer
 	// Containers is the Proxmox API of containers; nil: a member of kind
 	// lxc is refused (ErrNotConfigured).
 	Containers Containers

@@ -9,17 +9,24 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // Guest returns the inside of member vmid: a VM's guest agent (the
-// dialer decides about caching), or, for a container, the container
+// dialer decides about caching; a Windows VM's through
+// Options.WinGuests when set), or, for a container, the container
 // entered from the node (Options.CTGuests, nothing cached).
 func (m *Engine) Guest(vmid int) Guest {
-	if m.o.CTGuests != nil && m.kindOf(vmid) == apitype.KindLXC {
+	vm := m.vmOf(vmid)
+	if m.o.CTGuests != nil && vm.Kind == apitype.KindLXC {
 		return m.o.CTGuests(vmid)
 	}
-	return m.o.Guests(filepath.Join(m.o.QGADir, strconv.Itoa(vmid)+".qga"))
+	socket := filepath.Join(m.o.QGADir, strconv.Itoa(vmid)+".qga")
+	if m.o.WinGuests != nil && hardening.IsWindows(vm.OSType) {
+		return m.o.WinGuests(socket)
+	}
+	return m.o.Guests(socket)
 }
 
 // waitAgent pings the VM's agent until it answers or AgentTimeout passes.

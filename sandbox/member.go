@@ -80,10 +80,15 @@ func busyLock(kind string) string {
 // engine's records: a sandbox's or a pool member's, one not being
 // deleted first (its id may have been freed and taken by the next
 // member already).
-func (m *Engine) kindOf(vmid int) string {
+func (m *Engine) kindOf(vmid int) string { return m.vmOf(vmid).Kind }
+
+// vmOf returns the record of member vmid as kindOf finds it (the zero VM
+// when there is none).
+func (m *Engine) vmOf(vmid int) apitype.VM {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	kind, found := "", false
+	var vm apitype.VM
+	found := false
 	for _, recs := range []map[string]*record{m.sbx, m.members} {
 		for _, r := range recs {
 			for _, v := range r.VMs {
@@ -91,15 +96,15 @@ func (m *Engine) kindOf(vmid int) string {
 					continue
 				}
 				if r.State != apitype.StateDeleting {
-					return v.Kind
+					return v
 				}
 				if !found {
-					kind, found = v.Kind, true
+					vm, found = v, true
 				}
 			}
 		}
 	}
-	return kind
+	return vm
 }
 
 // templateIDOf resolves a template name of kind.

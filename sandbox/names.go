@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -315,7 +316,7 @@ func (m *Engine) nameGuests(ctx context.Context, rec *record) error {
 	m.mu.Unlock()
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range vms {
-		if GuestIO(vms[i]) != nil {
+		if hardening.IsWindows(vms[i].OSType) {
 			continue // a Windows guest: its siblings name it, it names none (vmoptions.go)
 		}
 		g.Go(func() error {

@@ -74,8 +74,9 @@ func TestStateMigration(t *testing.T) {
 }
 
 // TestStateVMOptions: a VM's per-VM options survive the state file (a
-// restarted daemon still refuses guest I/O to a Windows VM), and a VM
-// without them is written without an options object.
+// restarted daemon still reaches a Windows VM through its Windows guest
+// client and refuses its containment check), and a VM without them is
+// written without an options object.
 func TestStateVMOptions(t *testing.T) {
 	sb := apitype.Sandbox{ID: "sbopts", VMs: []apitype.VM{
 		{Name: "win", VMID: 101, OSType: "win11", Firmware: "uefi", CPU: "host", DiskController: "scsi", NICController: "virtio"},

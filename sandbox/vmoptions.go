@@ -27,10 +27,13 @@ import (
 //   - disk_controller cannot be applied to a clone (its disks are the
 //     template's): "scsi" is checked against the template, as the
 //     reference plugin does for its templates.
-//   - A Windows VM has no guest I/O through the daemon (GuestIO): exec
-//     and the file calls run POSIX sh and write Linux paths in the guest.
-//     It is not named in its guest (its siblings resolve it), and a
-//     sandbox with one takes no env (refused by the API).
+//   - A Windows VM's exec and file calls go through Options.WinGuests
+//     (qga's Windows guest: guest-exec and batch files, Windows paths);
+//     without it they are refused (GuestIO). The containment check is
+//     refused for it whatever the options (CheckIO: its probes are Linux
+//     programs and /proc reads). It is not named in its guest (its
+//     siblings resolve it), and a sandbox with one takes no env (refused
+//     by the API: the env file is a Linux path read by POSIX shells).
 
 // hasVMOptions reports whether v sets any per-VM option.
 func hasVMOptions(v apitype.VMRequest) bool {
@@ -98,11 +101,21 @@ func diskControllerMismatch(conf map[string]string, want string) string {
 var reDiskSlot = regexp.MustCompile(`^(ide|sata|scsi|virtio)\d+$`)
 
 // GuestIO refuses the daemon's guest I/O (exec, file reads and writes)
-// on VM v when its guest cannot take it: a Windows guest, as the calls
-// run POSIX sh and use Linux paths there.
-func GuestIO(v apitype.VM) error {
+// on VM v when this engine cannot reach its guest with them: a Windows
+// guest when no Windows guest client is configured (Options.WinGuests).
+func (m *Engine) GuestIO(v apitype.VM) error {
+	if hardening.IsWindows(v.OSType) && m.o.WinGuests == nil {
+		return refuse(ErrConflict, "vm %s runs Windows (os_type %s): this daemon has no Windows guest client, and its Linux one runs POSIX sh and Linux paths in the guest, so exec and file calls are not offered for it; reach it from a Linux VM of the sandbox", v.Name, v.OSType)
+	}
+	return nil
+}
+
+// CheckIO refuses the containment check from VM v when its guest cannot
+// run it: a Windows guest, as the check's probes are Linux programs that
+// read /proc and /sys.
+func CheckIO(v apitype.VM) error {
 	if hardening.IsWindows(v.OSType) {
-		return refuse(ErrConflict, "vm %s runs Windows (os_type %s): the daemon's exec and file calls run POSIX sh and Linux paths in the guest, so they are not offered for it; reach it from a Linux VM of the sandbox", v.Name, v.OSType)
+		return refuse(ErrConflict, "vm %s runs Windows (os_type %s): the containment check's probes are Linux programs (they read /proc and /sys), so the check is not offered from it; run it from a Linux VM of the sandbox", v.Name, v.OSType)
 	}
 	return nil
 }

@@ -56,7 +56,8 @@ func TestDiskControllerNamesTheRequestsVM(t *testing.T) {
 
 // TestWindowsVMNotNamed: a Windows VM of a sandbox is not named in its
 // guest (the naming is POSIX sh), its Linux sibling is and resolves it by
-// name, and the engine refuses guest I/O to it.
+// name, and an engine without a Windows guest client refuses guest I/O
+// to it; the containment check is refused from it in any case.
 func TestWindowsVMNotNamed(t *testing.T) {
 	ctx := context.Background()
 	b := newCTBench(t, ctConf)
@@ -81,10 +82,17 @@ func TestWindowsVMNotNamed(t *testing.T) {
 	if _, ok := b.g.File(sb.VMs[1].VMID, "/etc/hosts"); ok {
 		t.Error("a file was written into the Windows VM")
 	}
-	if err := sandbox.GuestIO(sb.VMs[1]); !errors.Is(err, sandbox.ErrConflict) {
+	// no Windows guest client configured: no guest I/O to it
+	if err := e.GuestIO(sb.VMs[1]); !errors.Is(err, sandbox.ErrConflict) {
 		t.Errorf("guest I/O to the Windows VM: %v", err)
 	}
-	if err := sandbox.GuestIO(sb.VMs[0]); err != nil {
+	if err := e.GuestIO(sb.VMs[0]); err != nil {
 		t.Errorf("guest I/O to the Linux VM: %v", err)
+	}
+	if err := sandbox.CheckIO(sb.VMs[1]); !errors.Is(err, sandbox.ErrConflict) {
+		t.Errorf("containment check from the Windows VM: %v", err)
+	}
+	if err := sandbox.CheckIO(sb.VMs[0]); err != nil {
+		t.Errorf("containment check from the Linux VM: %v", err)
 	}
 }

@@ -260,7 +260,7 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			return pr
 		}
 		if hardening.IsWindows(v.OSType) && len(c.Env) > 0 {
-			return invalid("env", "env is written to %s in every VM, and vms[%d] runs Windows (os_type %s), where the daemon writes no files; give env to a sandbox of Linux VMs only", apitype.GuestEnvPath, i, v.OSType)
+			return invalid("env", "env is written to %s (a Linux path POSIX shells read) in every VM, and vms[%d] runs Windows (os_type %s); give env to a sandbox of Linux VMs only, or pass env with each exec", apitype.GuestEnvPath, i, v.OSType)
 		}
 		if v.Cores == 0 {
 			v.Cores = defaultCores
@@ -431,8 +431,9 @@ func validateExtend(e *apitype.ExtendRequest, maxTTL int64) *apitype.Problem {
 	return nil
 }
 
-// validateExec checks an exec request.
-func validateExec(e *apitype.ExecRequest) *apitype.Problem {
+// validateExec checks an exec request; win: the VM runs Windows (cwd is
+// a Windows path).
+func validateExec(e *apitype.ExecRequest, win bool) *apitype.Problem {
 	if len(e.Argv) == 0 {
 		return invalid("argv", "argv must not be empty")
 	}
@@ -455,7 +456,12 @@ func validateExec(e *apitype.ExecRequest) *apitype.Problem {
 	if strings.IndexByte(e.Cwd, 0) >= 0 || len(e.Cwd) > maxPathLen {
 		return invalid("cwd", "cwd contains a NUL byte or is too long")
 	}
-	if e.Cwd != "" && !strings.HasPrefix(e.Cwd, "/") {
+	switch {
+	case e.Cwd != "" && win:
+		if pr := validateWinPath("cwd", e.Cwd); pr != nil {
+			return pr
+		}
+	case e.Cwd != "" && !strings.HasPrefix(e.Cwd, "/"):
 		return invalid("cwd", "cwd %q must be absolute", e.Cwd)
 	}
 	if len(e.Env) > maxEnv {
@@ -487,7 +493,14 @@ func validateExec(e *apitype.ExecRequest) *apitype.Problem {
 // (schemathesis ST202 on PUT files: "/a//b" or "/a/" answered 400). A write
 // to a path whose last element is empty, "." or ".." (a directory, as the
 // kernel's open with O_CREAT says: EISDIR) is is-a-directory.
-func guestPath(p string, write bool) (string, *apitype.Problem) {
+//
+// A Windows VM's path (win) is a drive-absolute Windows path, handed on
+// as given: its guest client cleans and checks it (qga.CleanWinPath) and
+// refuses what it cannot take as invalid.
+func guestPath(p string, write, win bool) (string, *apitype.Problem) {
+	if win {
+		return p, validateWinPath("path", p)
+	}
 	if pr := validateGuestPath(p); pr != nil {
 		return "", pr
 	}
@@ -495,6 +508,30 @@ func guestPath(p string, write bool) (string, *apitype.Problem) {
 		return "", problemf(apitype.ProblemIsDirectory, "path %q names a directory: a file cannot be written there", p)
 	}
 	return path.Clean(p), nil
+}
+
+// validateWinPath checks a Windows VM's path (field f): present, no NUL,
+// not too long, UTF-8 and drive-absolute (C:\dir or C:/dir).
+func validateWinPath(f, p string) *apitype.Problem {
+	switch {
+	case p == "":
+		return invalid(f, "%s is required", f)
+	case strings.IndexByte(p, 0) >= 0:
+		return invalid(f, "%s contains a NUL byte", f)
+	case len(p) > maxPathLen:
+		return invalid(f, "%s is longer than %d bytes", f, maxPathLen)
+	case !utf8.ValidString(p):
+		return invalid(f, "%s is not valid UTF-8", f)
+	case !driveAbsolute(p):
+		return invalid(f, "%s %q: the VM runs Windows, so it must be a drive-absolute Windows path (C:\\dir\\file)", f, p)
+	}
+	return nil
+}
+
+// driveAbsolute reports whether p starts like a Windows drive-absolute
+// path: a letter, ':' and a separator.
+func driveAbsolute(p string) bool {
+	return len(p) >= 3 && (p[0]|0x20 >= 'a' && p[0]|0x20 <= 'z') && p[1] == ':' && (p[2] == '\\' || p[2] == '/')
 }
 
 // validateGuestPath checks a guest file path from ?path=.

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -297,7 +298,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	if pr := decodeJSON(w, r, maxExecBody, &req); pr != nil {
 		return pr
 	}
-	if pr := validateExec(&req); pr != nil {
+	if pr := validateExec(&req, hardening.IsWindows(vm.OSType)); pr != nil {
 		return pr
 	}
 	stream := wantsNDJSON(r)
@@ -398,7 +399,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p principal) (
 	guard := s.guardClient(ctx, w)
 	defer guard.stop()
 	w = guard.writer(w)
-	path, pr := guestPath(r.URL.Query().Get("path"), false)
+	path, pr := guestPath(r.URL.Query().Get("path"), false, hardening.IsWindows(vm.OSType))
 	if pr != nil {
 		return pr
 	}
@@ -501,7 +502,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p principal) 
 	ctx = sandbox.WithOwner(ctx, owner)
 	defer func() { err = s.guestRefusal(owner, err) }() // before end
 	q := r.URL.Query()
-	path, pr := guestPath(q.Get("path"), true)
+	path, pr := guestPath(q.Get("path"), true, hardening.IsWindows(vm.OSType))
 	if pr != nil {
 		return pr
 	}
@@ -594,7 +595,7 @@ func (s *Server) runCheck(r *http.Request, vmName string) (rep apitype.CheckRepo
 		return rep, err
 	}
 	defer func() { err = end(err) }()
-	if err := sandbox.GuestIO(vm); err != nil {
+	if err := sandbox.CheckIO(vm); err != nil {
 		return rep, err // the probe is a Linux program
 	}
 	// the check runs the probe through the VM's agent: a guest call of

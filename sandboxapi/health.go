@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -23,7 +22,7 @@ func (s *Server) beginGuest(r *http.Request, p principal) (apitype.VM, context.C
 	if err != nil {
 		return apitype.VM{}, nil, nil, err
 	}
-	if err := sandbox.GuestIO(vm); err != nil {
+	if err := s.e.GuestIO(vm); err != nil {
 		return apitype.VM{}, nil, nil, end(err)
 	}
 	return vm, ctx, end, nil

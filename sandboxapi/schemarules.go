@@ -96,7 +96,7 @@ func (s *Server) createRules() map[string]map[string]any {
 	osTypes, osText := []string{"", hardening.OSLinux}, "l26 (default; this node takes no Windows guests: [api] allow_windows)"
 	if s.eo.AllowWindows {
 		osTypes, osText = append(osTypes, hardening.OSWin10, hardening.OSWin11),
-			"l26 (default), win10 or win11: a Windows guest gets Hyper-V enlightenments, and has no exec or file calls (409), no env and no naming in its guest"
+			"l26 (default), win10 or win11: a Windows guest gets Hyper-V enlightenments; its exec and file calls take Windows paths (C:\\dir) and no user, and it has no containment check (409), no env and no naming in its guest"
 	}
 	return map[string]map[string]any{
 		"CreateRequest":          {"description": fmt.Sprintf(createRulesText, apitype.MaxEnvBytes)},

@@ -251,7 +251,7 @@ func TestOpenAPIExecAndParamPatterns(t *testing.T) {
 	execAccepts := func(mod func(*apitype.ExecRequest)) bool {
 		e := apitype.ExecRequest{Argv: []string{"true"}}
 		mod(&e)
-		return validateExec(&e) == nil
+		return validateExec(&e, false) == nil
 	}
 	kw := func(prop, part string) map[string]any { return sub(t, rule(t, prop), part) }
 	paths := randomStrings(7, "/a\x00é.", 12, "", "/", "a/", strings.Repeat("/", maxPathLen), strings.Repeat("/", maxPathLen+1))

@@ -91,9 +91,10 @@ type VMRequest struct {
 	CPU string `json:"cpu,omitempty"`
 	// OSType is Proxmox's ostype: "l26" (default), "win10" or "win11". A
 	// Windows VM gets qemu-server's Hyper-V enlightenments, is taken only
-	// with [api] allow_windows, and has no guest I/O through the daemon
-	// (exec and files answer 409: they run POSIX sh in the guest); it is
-	// not named in its guest, nor given env.
+	// with [api] allow_windows; its exec and file calls go through the
+	// Windows agent's own paths (cwd and paths are drive-absolute Windows
+	// paths, no user), it has no containment check (409), and it is not
+	// named in its guest, nor given env.
 	OSType string `json:"os_type,omitempty"`
 	// DiskController is "scsi" (virtio-scsi) or empty: a clone keeps its
 	// template's disks, so the template's disks must be on scsi with a

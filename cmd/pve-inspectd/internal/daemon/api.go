@@ -49,6 +49,9 @@ type Management interface {
 type APIDeps struct {
 	// Guests dials guest agents (qga.New(...).SandboxGuests()).
 	Guests sandbox.GuestDialer
+	// WinGuests dials the agents of Windows VMs
+	// (qga.New(...).WindowsGuests()); nil refuses their exec and files.
+	WinGuests sandbox.GuestDialer
 	// Checker runs the containment check; nil answers "unavailable".
 	Checker sandbox.Checker
 	// ZonesChanged receives the sandbox zones and their bridges: pass the
@@ -225,6 +228,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		Node:       cfg.Node.ID,
 		Proxmox:    px,
 		Guests:     d.Guests,
+		WinGuests:  d.WinGuests,
 		Containers: px,
 		CTGuests:   ctGuests,
 		CTSweep:    ctSweep,

@@ -338,7 +338,7 @@ func (r *run) startAPI(context.Context) error {
 	qc := qga.New(qga.Options{ExecOwnSession: cfg.API.ExecOwnSession, Budget: qga.NewBudget(cfg.API.GuestBufferBytes, cfg.API.OwnerGuestBufferBytes)})
 	ctl := r.ctl
 	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
-	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qc.SandboxGuests(), Checker: chk, ZonesChanged: r.zones.source("api"),
+	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qc.SandboxGuests(), WinGuests: qc.WindowsGuests(), Checker: chk, ZonesChanged: r.zones.source("api"),
 		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
 	if err != nil {
 		return err
