@@ -219,6 +219,24 @@ func TestWinAgentMisbehaves(t *testing.T) {
 	}
 }
 
+// TestWinExecEnds: a caller giving up kills the command's tree; an agent
+// that refuses because the guest is frozen is an error, not a result.
+func TestWinExecEnds(t *testing.T) {
+	f, g, _ := newWinGuest(t, qga.Options{})
+	ctx, cancel := context.WithTimeout(winCtx(t), 300*time.Millisecond)
+	defer cancel()
+	if _, err := g.Exec(ctx, sandbox.GuestExec{Argv: []string{"sleep.exe"}}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("abandoned exec: %v", err)
+	}
+	if len(f.Killed()) != 1 || f.Running() != 0 {
+		t.Errorf("killed %v, %d left running", f.Killed(), f.Running())
+	}
+	f.SetFaults(wintest.Faults{ExecErrorClass: "CommandNotFound", ExecError: "Command guest-exec has been disabled: the agent is in frozen state"})
+	if _, err := g.Exec(winCtx(t), sandbox.GuestExec{Argv: []string{"echo.exe"}}); !errors.Is(err, sandbox.ErrConflict) {
+		t.Errorf("exec into a frozen guest: %v", err)
+	}
+}
+
 func TestWinFiles(t *testing.T) {
 	ctx := winCtx(t)
 	f, g, _ := newWinGuest(t, qga.Options{MaxChunk: 64 << 10})

@@ -45,6 +45,9 @@ type Faults struct {
 	// StatusOutput, when set, replaces the out-data of every finished
 	// status (an agent sending more than asked).
 	StatusOutput []byte
+	// ExecError, when set, is the error every guest-exec answers, of
+	// class ExecErrorClass (default GenericError).
+	ExecError, ExecErrorClass string
 }
 
 // Exec is one guest-exec the fake received.
@@ -284,7 +287,13 @@ func (a *Agent) serve(c net.Conn) {
 		switch {
 		case errDesc != "":
 			d, _ := json.Marshal(errDesc)
-			out = `{"error": {"class": "GenericError", "desc": ` + string(d) + `}, "id": ` + string(req.ID) + "}"
+			class := "GenericError"
+			a.mu.Lock()
+			if req.Execute == "guest-exec" && a.faults.ExecErrorClass != "" {
+				class = a.faults.ExecErrorClass
+			}
+			a.mu.Unlock()
+			out = `{"error": {"class": "` + class + `", "desc": ` + string(d) + `}, "id": ` + string(req.ID) + "}"
 		case raw != "":
 			out = `{"return": ` + raw + `, "id": ` + string(req.ID) + "}"
 		default:
@@ -327,6 +336,9 @@ func (a *Agent) exec(args json.RawMessage) (any, string, string) {
 		return nil, "", "Invalid parameter type: " + err.Error()
 	}
 	e := Exec{Path: r.Path, Arg: r.Arg, Env: r.Env, Input: r.Input}
+	if a.faults.ExecError != "" {
+		return nil, "", a.faults.ExecError
+	}
 	argv := append([]string{r.Path}, r.Arg...)
 	var res Result
 	switch base := strings.ToLower(r.Path[strings.LastIndexAny(r.Path, `\/`)+1:]); base {
