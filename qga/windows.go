@@ -22,7 +22,8 @@ package qga
 //     the working directory, S with its line ends made CRLF, and
 //     "exit /b %errorlevel%"; the file is written through guest-file-write
 //     to a fresh name in C:\Windows\Temp (qemu-ga expands no %TEMP%), run
-//     as cmd.exe /d /c FILE and deleted afterwards. S is read as batch
+//     as cmd.exe /d /v:off /c FILE (no AutoRun, delayed expansion off
+//     whatever the registry says) and deleted afterwards. S is read as batch
 //     text: %% is a literal %, and for-loop variables are %%i.
 //   - The environment is fixed on the client's side, as on Linux: every
 //     guest-exec carries WinBaseEnv (the variables a LocalSystem service
@@ -36,7 +37,8 @@ package qga
 //     wrapper's setup code) and then runs the argv's command line from
 //     PVE_INSPECT_CMDLINE through delayed expansion (!VAR!), which happens
 //     after cmd.exe parsed the line, so no character of the command line
-//     is an operator. The data travels in the environment only. A path
+//     is an operator (the line is then cmd.exe's: at most 8191
+//     characters). The data travels in the environment only. A path
 //     cannot hold '"' on Windows (and cleanWinPath refuses it), so the
 //     quoted cd cannot be broken out of; % expansion is one pass, so a %
 //     in the path stays. A batch program run this way sees delayed
@@ -207,6 +209,9 @@ func winValidate(req *ExecRequest) error {
 		if _, err := cleanWinPath(req.Cwd); err != nil {
 			return fmt.Errorf("cwd: %w", err)
 		}
+		if _, shell := winShell(req.Argv); !shell && utf8.RuneCountInString(winCmdline(req.Argv)) > winLineMax-64 {
+			return fmt.Errorf("%w: with a cwd the command line goes through cmd.exe, which takes at most %d characters", ErrInvalid, winLineMax)
+		}
 	}
 	return nil
 }
@@ -286,6 +291,15 @@ func winQuote(a string) string {
 	return b.String()
 }
 
+// winBatch is the argv that runs batch file bat: without AutoRun (/d)
+// and with delayed expansion off (/v:off, whatever the guest's registry
+// says), so that a ! in an expanded path stays a !.
+func winBatch(bat string) []string { return []string{WinCmd, "/d", "/v:off", "/c", bat} }
+
+// winLineMax is the longest command line cmd.exe takes (8191
+// characters); an argv run in a cwd goes through it.
+const winLineMax = 8191
+
 // winTempName is a fresh path in WinTempDir (no spaces: it is safe on a
 // command line GLib quotes).
 func winTempName(ext string) string {
@@ -347,7 +361,7 @@ func (a *Agent) winExec(ctx context.Context, req ExecRequest) (*ExecResult, erro
 			return nil, fmt.Errorf("qga exec: write the batch file: %w", err)
 		}
 		defer a.winRemove(ctx, bat)
-		run.argv = []string{WinCmd, "/d", "/c", bat}
+		run.argv = winBatch(bat)
 	}
 	res, err := a.execCaptured(ctx, &req, limit, run)
 	if errors.Is(err, errNotStarted) && !errors.Is(err, ErrFrozen) {
@@ -424,7 +438,7 @@ func (a *Agent) winHelper(ctx context.Context, script string, vars map[string]st
 	for _, k := range slices.Sorted(maps.Keys(vars)) {
 		own = append(own, winVar+k+"="+vars[k])
 	}
-	return a.runEnv(ctx, []string{WinCmd, "/d", "/c", bat}, winEnv(nil, own...))
+	return a.runEnv(ctx, winBatch(bat), winEnv(nil, own...))
 }
 
 // winStream is ExecStream for a Windows guest: collected, then written.

@@ -77,6 +77,9 @@ func TestWinExec(t *testing.T) {
 		{name: "own env prefix refused", req: sandbox.GuestExec{Argv: []string{"echo.exe"}, Env: map[string]string{"pve_inspect_cwd": "x"}}, wantErr: sandbox.ErrGuestInvalid},
 		{name: "relative cwd refused", req: sandbox.GuestExec{Argv: []string{"echo.exe"}, Cwd: `Users\x`}, wantErr: sandbox.ErrGuestInvalid},
 		{name: "cwd with a quote refused", req: sandbox.GuestExec{Argv: []string{"echo.exe"}, Cwd: `C:\a" & calc & "`}, wantErr: sandbox.ErrGuestInvalid},
+		{name: "an argv over cmd.exe's line with a cwd refused", req: sandbox.GuestExec{Argv: []string{"echo.exe", strings.Repeat("x", 8200)}, Cwd: `C:\Users`},
+			wantErr: sandbox.ErrGuestInvalid, errHas: "8191"},
+		{name: "a long argv without a cwd runs", req: sandbox.GuestExec{Argv: []string{"echo.exe", strings.Repeat("x", 9000)}}, stdout: strings.Repeat("x", 9000) + "\r\n"},
 		{name: "non-UTF-8 argv refused", req: sandbox.GuestExec{Argv: []string{"echo.exe", "\xff"}}, wantErr: sandbox.ErrGuestInvalid},
 	}
 	for _, tc := range tests {

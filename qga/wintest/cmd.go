@@ -5,17 +5,17 @@ import (
 	"strings"
 )
 
-// cmd runs cmd.exe: "/d /c FILE" runs a batch file the fake holds, "/d
-// /c del /f /q FILE" deletes one; anything else fails.
+// cmd runs cmd.exe: "/d /v:off /c FILE" runs a batch file the fake
+// holds, "/d /c del /f /q FILE" deletes one; anything else fails.
 func (a *Agent) cmd(e *Exec, argv []string) Result {
 	switch {
 	case len(argv) == 7 && strings.EqualFold(strings.Join(argv[1:6], " "), "/d /c del /f /q"):
 		delete(a.files, strings.ToLower(argv[6]))
 		return Result{}
-	case len(argv) != 4 || argv[1] != "/d" || argv[2] != "/c":
+	case len(argv) != 5 || argv[1] != "/d" || argv[2] != "/v:off" || argv[3] != "/c":
 		return Result{Err: []byte("fake cmd.exe: unsupported invocation\r\n"), Code: 1}
 	}
-	b, ok := a.files[strings.ToLower(argv[3])]
+	b, ok := a.files[strings.ToLower(argv[4])]
 	if !ok {
 		return Result{Err: []byte("The system cannot find the path specified.\r\n"), Code: 1}
 	}
