@@ -51,7 +51,7 @@ func (f *fakePVE) ListVMs(context.Context) ([]sandbox.VMInfo, error) {
 		if c["tags"] != "" {
 			tags = strings.Split(c["tags"], ";")
 		}
-		out = append(out, sandbox.VMInfo{VMID: id, Name: c["name"], Tags: tags, Template: c["template"] == "1", Status: c["status"]})
+		out = append(out, sandbox.VMInfo{VMID: id, Name: c["name"], Tags: tags, Template: c["template"] == "1", Status: c["status"], Pool: c["pool"]})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].VMID < out[j].VMID })
 	return out, nil
