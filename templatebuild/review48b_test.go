@@ -136,3 +136,16 @@ func TestReviewChecksumListRedirectDowngrade(t *testing.T) {
 		t.Errorf("the https checksum list was read over plain http after a redirect: %q", body)
 	}
 }
+
+// TestReviewFileNameNormalised: download-url stores the file under
+// normalize_content_filename's name (pve-storage Storage.pm: every
+// character outside [a-zA-Z0-9_.-] becomes '_'), so "img+v2.qcow2" is
+// stored as local:import/img_v2.qcow2; the build accepts '+' and '=' in
+// the URL's file name and then imports (and looks for) a volume that
+// never exists.
+func TestReviewFileNameNormalised(t *testing.T) {
+	img, err := ImageFromURL("https://images.example/img+v2.qcow2", "", "")
+	if err == nil && img.File != "img_v2.qcow2" {
+		t.Errorf("--from img+v2.qcow2: the build's volume is import/%s, Proxmox stores import/img_v2.qcow2", img.File)
+	}
+}
