@@ -47,6 +47,14 @@ type Proxmox interface {
 	VMConfig(ctx context.Context, vmid int) (map[string]string, error)
 	UpdateVMConfig(ctx context.Context, vmid int, set map[string]string, del []string) error
 	ConvertToTemplate(ctx context.Context, vmid int) error
+	// The build network (network.go).
+	ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error)
+	VNetSubnets(ctx context.Context, vnet string) ([]string, error)
+	ListSubnetCIDRs(ctx context.Context) ([]string, error)
+	CreateZone(ctx context.Context, z sandbox.ZoneSpec) error
+	CreateVNet(ctx context.Context, v sandbox.VNetSpec) error
+	CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error
+	ApplySDN(ctx context.Context) error
 }
 
 // AgentResult is how a command run through the guest agent ended.
@@ -91,9 +99,18 @@ type Options struct {
 	// storage with content images); "" is Proxmox's default, the OVA's
 	// own storage.
 	WorkStorage string
-	// Bridge is the build VM's NIC (it needs a way to the package
-	// mirrors); the template keeps no NIC.
+	// Bridge is the build VM's NIC's bridge; "" (the default) is the
+	// build network the build makes (network.go). The template keeps no
+	// NIC.
 	Bridge string
+	// Protected are the bridges the host guard treats as management or
+	// trusted (firewall.Classify): a Bridge among them is refused unless
+	// Unguarded.
+	Protected []string
+	// Unguarded accepts a Bridge among Protected (--unguarded-bridge).
+	Unguarded bool
+	// BuildCIDR is the build network's subnet (DefaultBuildCIDR).
+	BuildCIDR string
 	// AgentWait bounds the wait for the guest agent (30m: cloud-init
 	// installs it with the packages); CloudInitWait the wait for
 	// cloud-init (30m); ShutdownWait the guest's power-off (3m, then a
@@ -119,6 +136,9 @@ func (o *Options) defaults() {
 	}
 	if o.ShutdownWait == 0 {
 		o.ShutdownWait = 3 * time.Minute
+	}
+	if o.BuildCIDR == "" {
+		o.BuildCIDR = DefaultBuildCIDR
 	}
 	if o.AgentPoll == 0 {
 		o.AgentPoll = 5 * time.Second
@@ -164,8 +184,8 @@ func (o Options) Validate() error {
 			return err
 		}
 	}
-	if o.Bridge == "" {
-		return errors.New("no bridge for the build VM")
+	if err := o.checkBridge(); err != nil {
+		return err
 	}
 	img := o.Recipe.Image
 	if img.Unsupported != "" && img.Volume == "" {
@@ -213,7 +233,13 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	defer b.removeSnippets(snippets)
-	vmid, err := b.create(ctx, importFrom, cicustom)
+	bridge := b.o.Bridge
+	if bridge == "" {
+		if bridge, err = b.buildNetwork(ctx); err != nil {
+			return Result{}, err
+		}
+	}
+	vmid, err := b.create(ctx, importFrom, cicustom, bridge)
 	if err != nil {
 		return Result{}, err
 	}
@@ -457,7 +483,7 @@ func (b *Builder) removeSnippets(files []string) {
 
 // createConfig is the build VM's configuration: the hardened profile's
 // settings, the imported disk, the cloud-init drive and one NIC.
-func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
+func (b *Builder) createConfig(importFrom, cicustom, bridge string) map[string]string {
 	conf, _ := hardening.CloneChanges(map[string]string{})
 	r := b.o.Recipe
 	conf["name"] = b.o.Name
@@ -469,7 +495,7 @@ func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
 	conf["ide2"] = b.o.Storage + ":cloudinit"
 	conf["cicustom"] = cicustom
 	conf["boot"] = "order=scsi0"
-	conf["net0"] = "virtio,bridge=" + b.o.Bridge
+	conf["net0"] = "virtio,bridge=" + bridge
 	if b.o.WorkStorage != "" && b.o.Recipe.Image.Disk != "" {
 		conf["import-working-storage"] = b.o.WorkStorage
 	}
@@ -480,7 +506,7 @@ func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
 // another client took between NextID and the create is given up for the
 // next one (three tries); a create that failed otherwise is cleaned up
 // only when the VM of the id is this build's.
-func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int, error) {
+func (b *Builder) create(ctx context.Context, importFrom, cicustom, bridge string) (int, error) {
 	var vmid int
 	for try := 1; ; try++ {
 		var err error
@@ -488,7 +514,7 @@ func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int,
 			return 0, err
 		}
 		b.say("create", "VM %d %q from %s", vmid, b.o.Name, importFrom)
-		err = b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom))
+		err = b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom, bridge))
 		if err == nil {
 			break
 		}

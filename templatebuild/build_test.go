@@ -249,7 +249,7 @@ func TestBuildSnippets(t *testing.T) {
 	if nc := w.host.files[files[1]]; !strings.Contains(nc, `name: "e*"`) || strings.Contains(nc, "macaddress") {
 		t.Errorf("network-config:\n%s", nc)
 	}
-	conf := b.createConfig("local:import/x.qcow2", cicustom)
+	conf := b.createConfig("local:import/x.qcow2", cicustom, "vmbr9")
 	if conf["scsi0"] != "local-lvm:0,import-from=local:import/x.qcow2" || conf["ide2"] != "local-lvm:cloudinit" || conf["net0"] != "virtio,bridge=vmbr9" || conf["tags"] != TagBuilding {
 		t.Errorf("create config %v", conf)
 	}

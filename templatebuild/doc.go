@@ -18,7 +18,10 @@
 //  3. seed: the cloud-init user-data and network-config are written
 //     (atomically) as snippets into the snippets directory of the snippets
 //     storage, as Proxmox's storage configuration names it.
-//  4. create: the VM (name = the template's name, tagged pvei-building)
+//  4. network and create: unless Options.Bridge names one, the build
+//     network (network.go: a simple SDN zone, vnet and subnet with SNAT and
+//     DHCP, a guest bridge to the host guard) is made or reused and
+//     applied; then the VM (name = the template's name, tagged pvei-building)
 //     with the disk imported from the image (import-from), a cloud-init
 //     drive whose user and network data are those snippets (cicustom), and
 //     the hardened VM profile's settings (hardening.CloneChanges of an

@@ -32,10 +32,16 @@ type fakePVE struct {
 	// config.
 	raced      map[int]bool
 	failCreate string
+	// vnets are the SDN vnets (id -> zone), subnets their CIDRs.
+	vnets   map[string]string
+	subnets map[string][]string
+	// created are the configs the creates asked for.
+	created []map[string]string
 }
 
 func newFakePVE() *fakePVE {
-	return &fakePVE{vms: map[int]map[string]string{}, vols: map[string]string{}, sums: map[string]string{}, content: "iso,vztmpl,import,snippets"}
+	return &fakePVE{vms: map[int]map[string]string{}, vols: map[string]string{}, sums: map[string]string{}, content: "iso,vztmpl,import,snippets",
+		vnets: map[string]string{}, subnets: map[string][]string{}}
 }
 
 func (f *fakePVE) note(format string, a ...any) {
@@ -107,6 +113,7 @@ func (f *fakePVE) CreateVM(_ context.Context, vmid int, conf map[string]string) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.note("create %d", vmid)
+	f.created = append(f.created, maps.Clone(conf))
 	if f.raced[vmid] {
 		delete(f.raced, vmid)
 		f.vms[vmid] = map[string]string{"name": "other", "status": "running"}
@@ -267,4 +274,60 @@ func (h *fakeHost) Fetch(_ context.Context, url string, _ int64) ([]byte, error)
 		return nil, errors.New("404 Not Found")
 	}
 	return []byte(b), nil
+}
+
+func (f *fakePVE) ListVNets(context.Context) ([]sandbox.VNetInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []sandbox.VNetInfo
+	for id, z := range f.vnets {
+		out = append(out, sandbox.VNetInfo{ID: id, Zone: z})
+	}
+	return out, nil
+}
+
+func (f *fakePVE) VNetSubnets(_ context.Context, vnet string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.subnets[vnet]), nil
+}
+
+func (f *fakePVE) ListSubnetCIDRs(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, s := range f.subnets {
+		out = append(out, s...)
+	}
+	return out, nil
+}
+
+func (f *fakePVE) CreateZone(_ context.Context, z sandbox.ZoneSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("zone %s", z.ID)
+	return nil
+}
+
+func (f *fakePVE) CreateVNet(_ context.Context, v sandbox.VNetSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("vnet %s %s", v.ID, v.Zone)
+	f.vnets[v.ID] = v.Zone
+	return nil
+}
+
+func (f *fakePVE) CreateSubnet(_ context.Context, s sandbox.SubnetSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("subnet %s %s snat=%v dhcp=%s-%s", s.VNet, s.CIDR, s.SNAT, s.DHCPStart, s.DHCPEnd)
+	f.subnets[s.VNet] = append(f.subnets[s.VNet], s.CIDR)
+	return nil
+}
+
+func (f *fakePVE) ApplySDN(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("apply sdn")
+	return nil
 }
