@@ -2,6 +2,8 @@ package templatebuild
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -224,7 +226,7 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 		}
 		return Result{VMID: id, Reused: ok}, err
 	}
-	importFrom, err := b.image(ctx)
+	src, err := b.image(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -239,7 +241,7 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 			return Result{}, err
 		}
 	}
-	vmid, err := b.create(ctx, importFrom, cicustom, bridge)
+	vmid, err := b.create(ctx, src, cicustom, bridge)
 	if err != nil {
 		return Result{}, err
 	}
@@ -322,66 +324,120 @@ func hasAll(have, want []string) bool {
 	return true
 }
 
-// image makes sure the image is on the node and returns the import-from
-// volume.
-func (b *Builder) image(ctx context.Context) (string, error) {
+// source is the image a create imports: its import-from volume, and
+// the file's path on the node with the digest it had when the build took
+// it, hashed again after the import (a file replaced meanwhile, by an
+// upload of a user with Datastore.AllocateTemplate, is caught).
+type source struct {
+	importFrom string
+	path       string
+	alg, sum   string
+}
+
+// BuildFile is the file a build downloads url to: a name of this
+// project's (pvei-), with the first 16 hex digits of the image's digest
+// (of the URL when no digest is known), so that an image the
+// distribution republishes under the same name is a new file and no
+// file another user put on the storage under the URL's name is taken.
+func BuildFile(url, file, sum string) string {
+	if sum == "" {
+		h := sha256.Sum256([]byte(url))
+		sum = "u" + hex.EncodeToString(h[:])
+	}
+	return "pvei-" + sum[:16] + "-" + file
+}
+
+// image makes sure the image is on the node and returns it.
+func (b *Builder) image(ctx context.Context) (source, error) {
 	img := b.o.Recipe.Image
-	volid := img.Volume
-	if volid == "" {
-		volid = b.o.ImageStorage + ":import/" + img.File
+	storage := b.o.ImageStorage
+	if img.Volume != "" {
+		storage, _, _ = strings.Cut(img.Volume, ":")
 	}
-	importFrom := volid
-	if img.Disk != "" {
-		importFrom += "/" + img.Disk
-	}
-	storage, _, _ := strings.Cut(volid, ":")
 	if img.Disk != "" {
 		if err := b.checkWorkStorage(ctx, storage); err != nil {
-			return "", err
+			return source{}, err
 		}
+	}
+	alg, sum, err := b.checksum(ctx)
+	if err != nil {
+		return source{}, err
+	}
+	volid := img.Volume
+	if volid == "" {
+		volid = storage + ":import/" + BuildFile(img.URL, img.File, sum)
+	}
+	src := source{importFrom: volid, alg: alg, sum: sum}
+	if img.Disk != "" {
+		src.importFrom += "/" + img.Disk
 	}
 	vols, err := b.px.StorageVolumes(ctx, storage, "import")
 	if err != nil {
-		return "", err
+		return source{}, err
 	}
 	present := slices.ContainsFunc(vols, func(v pveapi.StorageVolume) bool { return v.VolID == volid })
-	alg, sum, err := b.checksum(ctx)
-	if err != nil {
-		return "", err
-	}
 	switch {
-	case present && sum == "":
-		b.say("image", "%s is on the node (no checksum to verify it against)", volid)
-		return importFrom, nil
-	case present:
-		p, err := b.px.VolumePath(ctx, volid)
-		if err != nil {
-			return "", err
-		}
-		got, err := b.host.Checksum(p, alg)
-		if err != nil {
-			return "", fmt.Errorf("checksum of %s: %w", p, err)
-		}
-		if got == sum {
-			b.say("image", "%s is on the node, %s verified", volid, alg)
-			return importFrom, nil
-		}
-		if img.URL == "" {
-			return "", fmt.Errorf("%s: %s %s, want %s", volid, alg, got, sum)
-		}
-		b.say("image", "%s is on the node with another %s: downloading it again", volid, alg)
+	case img.URL == "" && !present:
+		return source{}, fmt.Errorf("volume %s is not on storage %s (upload the image to its import directory first)", volid, storage)
 	case img.URL == "":
-		return "", fmt.Errorf("volume %s is not on storage %s (upload the image to its import directory first)", volid, storage)
+		// The operator's own volume: its digest now, checked again after
+		// the import.
+		if src.alg == "" {
+			src.alg = "sha256"
+		}
+		return b.hashed(ctx, volid, src, "")
+	case present && sum == "":
+		// download-url itself refuses to override an existing file
+		// without a checksum (PVE::Tools download_file_from_url).
+		return source{}, fmt.Errorf("%s is already on the node and there is no checksum to verify it: pass --checksum, or remove it (pvesm free %s) to download it again", volid, volid)
+	case present:
+		return b.hashed(ctx, volid, src, sum)
 	}
 	if sum == "" {
 		b.say("image", "downloading %s to %s (no checksum: not verified)", img.URL, volid)
 	} else {
 		b.say("image", "downloading %s to %s (Proxmox verifies its %s)", img.URL, volid, alg)
 	}
-	if _, err := b.px.DownloadURL(ctx, storage, pveapi.Download{URL: img.URL, Content: "import", Filename: img.File, Checksum: sum, ChecksumAlgorithm: alg}); err != nil {
-		return "", err
+	_, file, _ := strings.Cut(volid, ":import/")
+	if _, err := b.px.DownloadURL(ctx, storage, pveapi.Download{URL: img.URL, Content: "import", Filename: file, Checksum: sum, ChecksumAlgorithm: alg}); err != nil {
+		return source{}, err
 	}
-	return importFrom, nil
+	if sum == "" {
+		src.alg = "sha256"
+	}
+	return b.hashed(ctx, volid, src, sum)
+}
+
+// hashed hashes volid's file into src; want, when set, is the digest it
+// must have.
+func (b *Builder) hashed(ctx context.Context, volid string, src source, want string) (source, error) {
+	p, err := b.px.VolumePath(ctx, volid)
+	if err != nil {
+		return source{}, err
+	}
+	got, err := b.host.Checksum(p, src.alg)
+	if err != nil {
+		return source{}, fmt.Errorf("checksum of %s: %w", p, err)
+	}
+	if want != "" && got != want {
+		return source{}, fmt.Errorf("%s has %s %s, want %s: it is not the image (replaced on the storage?): remove it (pvesm free %s) and build again", volid, src.alg, got, want, volid)
+	}
+	src.path, src.sum = p, got
+	b.say("image", "%s: %s %s (checked again after the import)", volid, src.alg, got)
+	return src, nil
+}
+
+// recheck hashes the image again after the create imported it: a file
+// replaced between the check and the import fails the build.
+func (b *Builder) recheck(src source) error {
+	got, err := b.host.Checksum(src.path, src.alg)
+	if err != nil {
+		return fmt.Errorf("checksum of %s after the import: %w", src.path, err)
+	}
+	if got != src.sum {
+		return fmt.Errorf("the image %s changed while it was imported (%s %s, was %s): not built from it", src.path, src.alg, got, src.sum)
+	}
+	return nil
 }
 
 // checkWorkStorage refuses, before anything is made, an OVA build whose
@@ -506,7 +562,8 @@ func (b *Builder) createConfig(importFrom, cicustom, bridge string) map[string]s
 // another client took between NextID and the create is given up for the
 // next one (three tries); a create that failed otherwise is cleaned up
 // only when the VM of the id is this build's.
-func (b *Builder) create(ctx context.Context, importFrom, cicustom, bridge string) (int, error) {
+func (b *Builder) create(ctx context.Context, src source, cicustom, bridge string) (int, error) {
+	importFrom := src.importFrom
 	var vmid int
 	for try := 1; ; try++ {
 		var err error
@@ -526,6 +583,9 @@ func (b *Builder) create(ctx context.Context, importFrom, cicustom, bridge strin
 			return 0, b.failed(vmid, err)
 		}
 		return 0, err
+	}
+	if err := b.recheck(src); err != nil {
+		return 0, b.failed(vmid, err)
 	}
 	if want := b.o.Recipe.DiskGiB; want > 0 {
 		conf, err := b.px.VMConfig(ctx, vmid)

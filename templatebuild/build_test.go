@@ -19,6 +19,9 @@ var (
 
 const debURL = "https://cloud.debian.org/images/cloud/trixie/latest/debian-13-genericcloud-amd64.qcow2"
 
+// debFile is the file a debian13 build downloads its image to.
+var debFile = BuildFile(debURL, "debian-13-genericcloud-amd64.qcow2", sumA)
+
 // world is the node a case starts from.
 type world struct {
 	pve   *fakePVE
@@ -28,6 +31,7 @@ type world struct {
 
 func newWorld() world {
 	w := world{pve: newFakePVE(), agent: &fakeAgent{replies: map[string]AgentResult{}}, host: newFakeHost()}
+	w.host.pve = w.pve
 	w.pve.sums[debURL] = sumA
 	w.host.lists["https://cloud.debian.org/images/cloud/trixie/latest/SHA512SUMS"] = sumB + "  debian-13-genericcloud-amd64.raw\n" + sumA + "  debian-13-genericcloud-amd64.qcow2\n"
 	return w
@@ -80,16 +84,24 @@ func TestBuild(t *testing.T) {
 			wantErr: "is not this build's", noCalls: []string{"create"}, wantVMs: []int{130}},
 		{name: "image on the node with its checksum: no download", recipe: debian,
 			setup: func(w world) {
-				w.pve.vols["local:import/debian-13-genericcloud-amd64.qcow2"] = sumA
-				w.host.sums["/var/lib/vz/import/debian-13-genericcloud-amd64.qcow2"] = sumA
+				w.pve.vols["local:import/"+debFile] = sumA
 			},
 			wantCalls: []string{"create 100", "template 100"}, noCalls: []string{"download"}, wantVMs: []int{100}, wantTemplate: 100},
-		{name: "image on the node with another checksum: downloaded again", recipe: debian,
+		{name: "a file of the URL's name is not the build's: its own downloaded", recipe: debian,
 			setup: func(w world) {
 				w.pve.vols["local:import/debian-13-genericcloud-amd64.qcow2"] = sumB
-				w.host.sums["/var/lib/vz/import/debian-13-genericcloud-amd64.qcow2"] = sumB
 			},
 			wantCalls: []string{"download " + debURL, "create 100"}, wantVMs: []int{100}, wantTemplate: 100},
+		{name: "the build's file replaced on the storage: refused, nothing made", recipe: debian,
+			setup: func(w world) {
+				w.pve.vols["local:import/"+debFile] = sumB
+			},
+			wantErr: "it is not the image", noCalls: []string{"download", "create"}},
+		{name: "the image replaced during the import: the VM is destroyed", recipe: debian,
+			setup: func(w world) {
+				w.pve.onCreate = func(f *fakePVE) { f.vols["local:import/"+debFile] = sumB }
+			},
+			wantErr: "changed while it was imported", wantCalls: []string{"download", "create 100", "delete 100"}, noCalls: []string{"start"}},
 		{name: "checksum mismatch in the download task: no VM", recipe: debian,
 			setup:   func(w world) { w.pve.sums[debURL] = sumB },
 			wantErr: "checksum mismatch", noCalls: []string{"create"}},

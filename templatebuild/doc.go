@@ -11,10 +11,12 @@
 //     builtin-RECIPE for a recipe) is reused and nothing else happens; a
 //     VM of that name tagged pvei-building (a half-built one from an
 //     earlier run) is destroyed; any other VM of that name stops the build.
-//  2. image: the recipe's volume (STORAGE:import/FILE) is kept when it is
-//     already on the image storage and, when a checksum is known, its file
-//     on the node has that checksum; otherwise Proxmox downloads it
-//     (download-url, content import), verifying the checksum itself.
+//  2. image: the image is downloaded (download-url, content import,
+//     Proxmox verifying the checksum) to a file of the build's name with
+//     its digest (BuildFile), kept when already there with that digest,
+//     refused when there with another (or with no checksum to check);
+//     a --from volume is taken as it is. Its file is hashed, and hashed
+//     again after the create's import (a changed file fails the build).
 //  3. seed: the cloud-init user-data and network-config are written
 //     (atomically) as snippets into the snippets directory of the snippets
 //     storage, as Proxmox's storage configuration names it.

@@ -32,6 +32,8 @@ type fakePVE struct {
 	// config.
 	raced      map[int]bool
 	failCreate string
+	// onCreate runs inside a create that succeeds (the import).
+	onCreate func(f *fakePVE)
 	// vnets are the SDN vnets (id -> zone), subnets their CIDRs.
 	vnets   map[string]string
 	subnets map[string][]string
@@ -100,11 +102,21 @@ func (f *fakePVE) DownloadURL(_ context.Context, storage string, d pveapi.Downlo
 	if f.failDownload != "" {
 		return "", errors.New("download: " + f.failDownload)
 	}
+	v := storage + ":import/" + pveapi.NormalizeContentFilename(d.Filename)
+	// PVE::Tools download_file_from_url never replaces a file.
+	if have, ok := f.vols[v]; ok {
+		switch {
+		case d.Checksum == "":
+			return "", fmt.Errorf("download: refusing to override existing file '/var/lib/vz/import/%s'", d.Filename)
+		case have != d.Checksum:
+			return "", fmt.Errorf("download: checksum mismatch: got '%s' != expect '%s', aborting", have, d.Checksum)
+		}
+		return v, nil
+	}
 	got := f.sums[d.URL]
 	if d.Checksum != "" && d.Checksum != got {
 		return "", fmt.Errorf("download: checksum mismatch: got '%s' != expect '%s'", got, d.Checksum)
 	}
-	v := storage + ":import/" + d.Filename
 	f.vols[v] = got
 	return v, nil
 }
@@ -130,6 +142,9 @@ func (f *fakePVE) CreateVM(_ context.Context, vmid int, conf map[string]string) 
 	}
 	if _, ok := f.vols[vol]; !ok {
 		return fmt.Errorf("create: volume %s does not exist", vol)
+	}
+	if f.onCreate != nil {
+		f.onCreate(f)
 	}
 	c := maps.Clone(conf)
 	c["scsi0"] = "local-lvm:vm-" + fmt.Sprint(vmid) + "-disk-0,size=3G"
@@ -235,6 +250,7 @@ type fakeHost struct {
 	writes []string
 	sums   map[string]string // path -> checksum
 	lists  map[string]string // url -> body
+	pve    *fakePVE          // the node's volumes
 }
 
 func newFakeHost() *fakeHost {
@@ -256,14 +272,26 @@ func (h *fakeHost) Remove(path string) error {
 	return nil
 }
 
+// Checksum is sums[path], else the checksum the node's volume of the
+// path has (pve's vols).
 func (h *fakeHost) Checksum(path, _ string) (string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s, ok := h.sums[path]
-	if !ok {
-		return "", errors.New("no such file")
+	if s, ok := h.sums[path]; ok {
+		return s, nil
 	}
-	return s, nil
+	if h.pve != nil {
+		h.pve.mu.Lock()
+		defer h.pve.mu.Unlock()
+		if name, ok := strings.CutPrefix(path, "/var/lib/vz/"); ok {
+			for v, sum := range h.pve.vols {
+				if strings.HasSuffix(v, ":"+name) {
+					return sum, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("no such file")
 }
 
 func (h *fakeHost) Fetch(_ context.Context, url string, _ int64) ([]byte, error) {

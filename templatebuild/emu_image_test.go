@@ -15,17 +15,14 @@ import (
 	"github.com/pve-inspect/pve-inspect/templatebuild"
 )
 
-// TestReviewUpstreamImageChanged (review 48b): the recipes download
-// latest/ and current/ images whose file name stays while the
-// distribution publishes new ones. Once a new image is out, the file on
-// the node no longer has the list's checksum; the build says "downloading
-// it again", but download-url never replaces an existing file
-// (pve-common Tools.pm download_file_from_url: an existing file with
-// another checksum fails the task "checksum mismatch: ... aborting"; the
-// emulator does the same, the builder's fake overwrites it). Every build
-// after the distribution's next release fails until the operator deletes
-// the import volume by hand.
-func TestReviewUpstreamImageChanged(t *testing.T) {
+// TestBuildAfterUpstreamRelease: the recipes download latest/ and
+// current/ images whose file name stays while the distribution publishes
+// new ones. download-url never replaces an existing file (pve-common
+// Tools.pm download_file_from_url: an existing file with another checksum
+// fails the task "checksum mismatch: ... aborting"), so the build
+// downloads each release under a name of its digest (BuildFile): the
+// build after the next release downloads the new image beside the old.
+func TestBuildAfterUpstreamRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	list := func(img []byte) []byte {
@@ -100,14 +97,15 @@ func (e emuNode) upload(t *testing.T, name string, data []byte) {
 	}
 }
 
-// TestReviewImageSwappedAfterVerify (review 48b): the image on the node
-// is hashed (image step), then imported by the create's task seconds to
-// minutes later by its name. A user with Datastore.AllocateTemplate on the
-// image storage (the right to upload ISOs) overwrites the file in
-// between; the template is made from the user's bytes. Here the swapped
-// image is 3 MiB, the verified one 768 KiB: the template's disk has the
-// swapped one's size.
-func TestReviewImageSwappedAfterVerify(t *testing.T) {
+// TestBuildImageReplacedBeforeImport: the image on the node is hashed
+// (image step), then imported by the create's task seconds to minutes
+// later by its name. A user with Datastore.AllocateTemplate on the image
+// storage (the right to upload ISOs) may overwrite the file in between,
+// even under the build's own name (pve-storage Status.pm upload "simply
+// overwrite[s]"): the build hashes it again after the import, and a
+// changed file fails the build and destroys its VM. Here the swapped
+// image is 3 MiB, the verified one 768 KiB.
+func TestBuildImageReplacedBeforeImport(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	img := bytes.Repeat([]byte("cloud-image "), 1<<16)
@@ -121,7 +119,8 @@ func TestReviewImageSwappedAfterVerify(t *testing.T) {
 		t.Fatalf("first build: %v\n%s", err, out)
 	}
 	evil := bytes.Repeat([]byte{0x66}, 3<<20)
-	host := swapHost{NodeHost: templatebuild.NodeHost{HTTPClient: e.images.Client()}, swap: func() { e.upload(t, "cloud.raw", evil) }}
+	file := templatebuild.BuildFile(r.Image.URL, "cloud.raw", hex.EncodeToString(sum[:]))
+	host := swapHost{NodeHost: templatebuild.NodeHost{HTTPClient: e.images.Client()}, swap: func() { e.upload(t, file, evil) }}
 	var out bytes.Buffer
 	b, err := templatebuild.New(e.px, e.agent, host, templatebuild.Options{Name: "second", Recipe: r, Storage: "local-lvm", ImageStorage: "local",
 		SnippetStorage: "local", Bridge: "bzv0", AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, Progress: &out})
@@ -129,14 +128,17 @@ func TestReviewImageSwappedAfterVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := b.Run(ctx)
-	if err != nil {
-		return // refused: fixed
+	if err == nil || !strings.Contains(err.Error(), "changed while it was imported") {
+		conf, _ := e.px.VMConfig(ctx, res.VMID)
+		t.Fatalf("build from a file replaced after its check: %v, template %d scsi0 %s\n%s", err, res.VMID, conf["scsi0"], out.String())
 	}
-	conf, err := e.px.VMConfig(ctx, res.VMID)
+	vms, err := e.px.ListVMs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(conf["scsi0"], "size=3M") {
-		t.Errorf("template %d was imported from the file swapped in after the check (scsi0 %s):\n%s", res.VMID, conf["scsi0"], out.String())
+	for _, v := range vms {
+		if v.Name == "second" {
+			t.Errorf("the VM of the replaced image is left: %+v", v)
+		}
 	}
 }
