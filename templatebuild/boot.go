@@ -113,6 +113,9 @@ var sealDelete = []string{"ide2", "cicustom", "net0"}
 // seal shuts the VM down, strips what only the build needed, checks the
 // hardened profile, converts it to a template and tags it.
 func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) {
+	if err := b.stillOurs(ctx, vmid, "seal"); err != nil {
+		return hardening.Report{}, err
+	}
 	b.say("seal", "shutting VM %d down", vmid)
 	if err := b.px.ShutdownVM(ctx, vmid, b.o.ShutdownWait, true); err != nil {
 		return hardening.Report{}, err
@@ -127,6 +130,9 @@ func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) 
 	if f := hardening.Check(conf).TemplateFailures(); len(f) > 0 {
 		return hardening.Report{}, fmt.Errorf("VM %d is not in the hardened profile: %v", vmid, f)
 	}
+	if err := b.stillOurs(ctx, vmid, "convert"); err != nil {
+		return hardening.Report{}, err
+	}
 	b.say("seal", "converting VM %d to a template", vmid)
 	if err := b.px.ConvertToTemplate(ctx, vmid); err != nil {
 		return hardening.Report{}, err
@@ -140,6 +146,11 @@ func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) 
 	rep := hardening.Check(conf)
 	if f := rep.TemplateFailures(); len(f) > 0 {
 		return rep, fmt.Errorf("template %d is not in the hardened profile: %v", vmid, f)
+	}
+	// Recorded as a template before it is tagged as one: a build killed
+	// in between leaves a VM tagged building, which the next destroys.
+	if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateTemplate}); err != nil {
+		return rep, fmt.Errorf("record template %d in the build ledger: %w", vmid, err)
 	}
 	tags := strings.Join(b.wantTags(), ";")
 	if err := b.px.UpdateVMConfig(ctx, vmid, map[string]string{"tags": tags}, nil); err != nil {

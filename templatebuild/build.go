@@ -84,6 +84,11 @@ type Host interface {
 	// Fetch reads a small document (a checksum list) over HTTP(S), at
 	// most limit bytes.
 	Fetch(ctx context.Context, url string, limit int64) ([]byte, error)
+	// Record, Recorded and Forget keep the ledger of the VMs this node's
+	// builds made (ledger.go).
+	Record(vmid int, r Record) error
+	Recorded(vmid int) (Record, bool, error)
+	Forget(vmid int) error
 }
 
 // Options are a build's settings.
@@ -220,11 +225,11 @@ func (b *Builder) say(step, format string, a ...any) {
 
 // Run builds the template, or finds the one an earlier run built.
 func (b *Builder) Run(ctx context.Context) (Result, error) {
-	if id, ok, err := b.find(ctx); err != nil || ok {
+	if res, ok, err := b.find(ctx); err != nil || ok {
 		if ok {
-			b.say("find", "template %q is VM %d, built earlier: reused", b.o.Name, id)
+			b.say("find", "template %q is VM %d, built earlier and in the hardened profile: reused", b.o.Name, res.VMID)
 		}
-		return Result{VMID: id, Reused: ok}, err
+		return res, err
 	}
 	src, err := b.image(ctx)
 	if err != nil {
@@ -269,13 +274,17 @@ func (b *Builder) failed(vmid int, cause error) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := b.px.DeleteVM(ctx, vmid); errors.Is(err, sandbox.ErrNotFound) {
+	if !b.ours(ctx, vmid) {
+		b.say("failed", "VM %d is no longer this build's: left alone", vmid)
 		return cause
+	}
+	if err := b.px.DeleteVM(ctx, vmid); errors.Is(err, sandbox.ErrNotFound) {
+		return errors.Join(cause, b.host.Forget(vmid))
 	} else if err != nil {
 		return errors.Join(cause, fmt.Errorf("destroy the failed build's VM %d (tagged %s: the next build destroys it): %w", vmid, TagBuilding, err))
 	}
 	b.say("failed", "VM %d destroyed", vmid)
-	return cause
+	return errors.Join(cause, b.host.Forget(vmid))
 }
 
 // wantTags are a finished template's tags.
@@ -289,30 +298,55 @@ func (b *Builder) wantTags() []string {
 }
 
 // find reuses a finished template of the name, destroys half-built VMs
-// of it, and refuses any other VM of it.
-func (b *Builder) find(ctx context.Context) (int, bool, error) {
+// of it, and refuses any other VM of it. A VM is the build's only when
+// the ledger records it under the name and it is in no pool (a build's
+// create names none); a template is reused only when it also passes the
+// hardened profile.
+func (b *Builder) find(ctx context.Context) (Result, bool, error) {
 	vms, err := b.px.ListVMs(ctx)
 	if err != nil {
-		return 0, false, err
+		return Result{}, false, err
 	}
 	for _, v := range vms {
 		if v.Name != b.o.Name {
 			continue
 		}
 		building := slices.Contains(v.Tags, TagBuilding)
-		if v.Template && !building && hasAll(v.Tags, b.wantTags()) {
-			return v.VMID, true, nil
+		rec, recorded, err := b.host.Recorded(v.VMID)
+		if err != nil {
+			return Result{}, false, err
 		}
-		if !building {
-			return 0, false, fmt.Errorf("VM %d is named %q and is not this build's (tags %q, template %v): pick another name, or remove it (qm destroy %d) to build anew",
-				v.VMID, b.o.Name, strings.Join(v.Tags, ";"), v.Template, v.VMID)
+		foreign := func(why string) error {
+			return fmt.Errorf("VM %d is named %q and is not this build's (%s; tags %q, template %v, pool %q): pick another name, or remove it (qm destroy %d) to build anew",
+				v.VMID, b.o.Name, why, strings.Join(v.Tags, ";"), v.Template, v.Pool, v.VMID)
+		}
+		switch {
+		case v.Pool != "":
+			return Result{}, false, foreign("it is in a pool")
+		case !recorded || rec.Name != b.o.Name:
+			return Result{}, false, foreign("no build on this node recorded it")
+		case v.Template && !building && hasAll(v.Tags, b.wantTags()) && rec.State == StateTemplate:
+			conf, err := b.px.VMConfig(ctx, v.VMID)
+			if err != nil {
+				return Result{}, false, err
+			}
+			rep := hardening.Check(conf)
+			if f := rep.TemplateFailures(); len(f) > 0 {
+				return Result{}, false, fmt.Errorf("template %d, built earlier, is no longer in the hardened profile (%v): remove it (qm destroy %d) to build anew, or harden it (pve-inspectd template harden %d)", v.VMID, f, v.VMID, v.VMID)
+			}
+			return Result{VMID: v.VMID, Reused: true, Report: rep}, true, nil
+		case !building:
+			return Result{}, false, foreign("not the state the build recorded")
 		}
 		b.say("find", "VM %d is a half-built %q from an earlier run: destroying it", v.VMID, b.o.Name)
-		if err := b.px.DeleteVM(ctx, v.VMID); err != nil {
-			return 0, false, fmt.Errorf("destroy half-built VM %d: %w", v.VMID, err)
+		if err := b.px.DeleteVM(ctx, v.VMID); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+			return Result{}, false, fmt.Errorf("destroy half-built VM %d: %w", v.VMID, err)
+		}
+		if err := b.host.Forget(v.VMID); err != nil {
+			return Result{}, false, err
 		}
 	}
-	return 0, false, nil
+	return Result{}, false, nil
 }
 
 func hasAll(have, want []string) bool {
@@ -571,16 +605,24 @@ func (b *Builder) create(ctx context.Context, src source, cicustom, bridge strin
 			return 0, err
 		}
 		b.say("create", "VM %d %q from %s", vmid, b.o.Name, importFrom)
+		// Recorded before the create: a build killed during the import
+		// leaves a VM the next build knows as its own.
+		if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateBuilding}); err != nil {
+			return 0, fmt.Errorf("record VM %d in the build ledger: %w", vmid, err)
+		}
 		err = b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom, bridge))
 		if err == nil {
 			break
 		}
+		if b.ours(ctx, vmid) {
+			return 0, b.failed(vmid, err)
+		}
+		if ferr := b.host.Forget(vmid); ferr != nil {
+			return 0, errors.Join(err, ferr)
+		}
 		if errors.Is(err, sandbox.ErrExists) && try < 3 {
 			b.say("create", "VM %d was taken meanwhile: taking the next id", vmid)
 			continue
-		}
-		if b.ours(ctx, vmid) {
-			return 0, b.failed(vmid, err)
 		}
 		return 0, err
 	}
@@ -602,11 +644,34 @@ func (b *Builder) create(ctx context.Context, src source, cicustom, bridge strin
 	return vmid, nil
 }
 
-// ours reports whether VM vmid exists as this build's (its name and the
-// building tag): a create that failed in its task may leave its config.
+// ours reports whether VM vmid exists as this build's: its name, the
+// building tag, in no pool, and the ledger's record of it as building
+// under the name (a create that failed in its task may leave its config).
 func (b *Builder) ours(ctx context.Context, vmid int) bool {
 	conf, err := b.px.VMConfig(ctx, vmid)
-	return err == nil && conf["name"] == b.o.Name && slices.Contains(strings.Split(conf["tags"], ";"), TagBuilding)
+	if err != nil || conf["name"] != b.o.Name || !slices.Contains(strings.Split(conf["tags"], ";"), TagBuilding) || b.inPool(ctx, vmid) {
+		return false
+	}
+	rec, ok, err := b.host.Recorded(vmid)
+	return err == nil && ok && rec.Name == b.o.Name && rec.State == StateBuilding
+}
+
+// inPool reports whether vmid is in a pool (true when the list fails).
+func (b *Builder) inPool(ctx context.Context, vmid int) bool {
+	vms, err := b.px.ListVMs(ctx)
+	if err != nil {
+		return true
+	}
+	i := slices.IndexFunc(vms, func(v sandbox.VMInfo) bool { return v.VMID == vmid })
+	return i < 0 || vms[i].Pool != ""
+}
+
+// stillOurs fails when VM vmid is no longer this build's (ours).
+func (b *Builder) stillOurs(ctx context.Context, vmid int, step string) error {
+	if !b.ours(ctx, vmid) {
+		return fmt.Errorf("%s: VM %d is no longer this build's (its name, the %s tag, no pool and the build ledger's record): stopped", step, vmid, TagBuilding)
+	}
+	return nil
 }
 
 // diskGiB reads a drive's size= (K, M, G, T suffixes) in GiB.

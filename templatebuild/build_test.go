@@ -19,6 +19,14 @@ var (
 
 const debURL = "https://cloud.debian.org/images/cloud/trixie/latest/debian-13-genericcloud-amd64.qcow2"
 
+// builtTemplate is a finished, hardened template's config.
+func builtTemplate(name, tags string) map[string]string {
+	c, _ := hardening.CloneChanges(map[string]string{})
+	c["name"], c["template"], c["tags"], c["status"] = name, "1", tags, "stopped"
+	c["scsi0"] = "local-lvm:base-120-disk-0,size=16G"
+	return c
+}
+
 // debFile is the file a debian13 build downloads its image to.
 var debFile = BuildFile(debURL, "debian-13-genericcloud-amd64.qcow2", sumA)
 
@@ -59,17 +67,20 @@ func TestBuild(t *testing.T) {
 			wantVMs:   []int{100}, wantTemplate: 100},
 		{name: "reuse a finished template", recipe: debian,
 			setup: func(w world) {
-				w.pve.vms[120] = map[string]string{"name": "t1", "template": "1", "tags": "builtin-debian13;inspect;pvei-template"}
+				w.pve.vms[120] = builtTemplate("t1", "builtin-debian13;inspect;pvei-template")
+				w.host.ledger[120] = Record{Name: "t1", State: StateTemplate}
 			},
 			noCalls: []string{"download", "create", "delete"}, wantVMs: []int{120}, wantTemplate: 120, reused: true},
 		{name: "a half-built VM is destroyed first", recipe: debian,
 			setup: func(w world) {
 				w.pve.vms[100] = map[string]string{"name": "t1", "tags": TagBuilding, "status": "running"}
+				w.host.ledger[100] = Record{Name: "t1", State: StateBuilding}
 			},
 			wantCalls: []string{"delete 100", "download", "create 100", "template 100"}, wantVMs: []int{100}, wantTemplate: 100},
 		{name: "a half-built template (killed before its tags) is destroyed", recipe: debian,
 			setup: func(w world) {
 				w.pve.vms[100] = map[string]string{"name": "t1", "tags": TagBuilding, "template": "1"}
+				w.host.ledger[100] = Record{Name: "t1", State: StateTemplate}
 			},
 			wantCalls: []string{"delete 100", "create 100"}, wantVMs: []int{100}, wantTemplate: 100},
 		{name: "another VM of the name is refused, nothing changes", recipe: debian,

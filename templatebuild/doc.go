@@ -11,6 +11,9 @@
 //     builtin-RECIPE for a recipe) is reused and nothing else happens; a
 //     VM of that name tagged pvei-building (a half-built one from an
 //     earlier run) is destroyed; any other VM of that name stops the build.
+//     Only a VM the build ledger (ledger.go) records under the name and
+//     in no pool is the build's; a reused template must also pass the
+//     hardened profile.
 //  2. image: the image is downloaded (download-url, content import,
 //     Proxmox verifying the checksum) to a file of the build's name with
 //     its digest (BuildFile), kept when already there with that digest,

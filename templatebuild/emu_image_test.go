@@ -120,7 +120,7 @@ func TestBuildImageReplacedBeforeImport(t *testing.T) {
 	}
 	evil := bytes.Repeat([]byte{0x66}, 3<<20)
 	file := templatebuild.BuildFile(r.Image.URL, "cloud.raw", hex.EncodeToString(sum[:]))
-	host := swapHost{NodeHost: templatebuild.NodeHost{HTTPClient: e.images.Client()}, swap: func() { e.upload(t, file, evil) }}
+	host := swapHost{NodeHost: templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger}, swap: func() { e.upload(t, file, evil) }}
 	var out bytes.Buffer
 	b, err := templatebuild.New(e.px, e.agent, host, templatebuild.Options{Name: "second", Recipe: r, Storage: "local-lvm", ImageStorage: "local",
 		SnippetStorage: "local", Bridge: "bzv0", AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, Progress: &out})

@@ -35,6 +35,8 @@ type emuNode struct {
 	px     *pveapi.Client
 	agent  apiAgent
 	images *httptest.Server
+	// ledger is the build ledger's directory.
+	ledger string
 }
 
 // apiAgent runs commands through the emulator's Proxmox agent API
@@ -151,13 +153,13 @@ func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 		t.Fatal(err)
 	}
 	ticket, csrf := s.RootTicket()
-	return emuNode{s: s, px: px, agent: apiAgent{hc: ts.Client(), base: ts.URL + "/api2/json", ticket: ticket, csrf: csrf}, images: images}
+	return emuNode{s: s, px: px, agent: apiAgent{hc: ts.Client(), base: ts.URL + "/api2/json", ticket: ticket, csrf: csrf}, images: images, ledger: filepath.Join(dir, "ledger")}
 }
 
 func (e emuNode) build(t *testing.T, ctx context.Context, name string, r templatebuild.Recipe) (templatebuild.Result, string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.images.Client()},
+	b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger},
 		templatebuild.Options{Name: name, Recipe: r, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
 			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, Progress: &out})
 	if err != nil {

@@ -231,9 +231,14 @@ type fakeAgent struct {
 	replies map[string]AgentResult
 	down    bool
 	runs    []string
+	// hook runs (unlocked) on a dpkg-query check.
+	hook func()
 }
 
 func (a *fakeAgent) Exec(_ context.Context, vmid int, argv []string, _ time.Duration) (AgentResult, error) {
+	if argv[0] == "dpkg-query" && a.hook != nil {
+		a.hook()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.runs = append(a.runs, strings.Join(argv, " "))
@@ -251,10 +256,11 @@ type fakeHost struct {
 	sums   map[string]string // path -> checksum
 	lists  map[string]string // url -> body
 	pve    *fakePVE          // the node's volumes
+	ledger map[int]Record
 }
 
 func newFakeHost() *fakeHost {
-	return &fakeHost{files: map[string]string{}, sums: map[string]string{}, lists: map[string]string{}}
+	return &fakeHost{files: map[string]string{}, sums: map[string]string{}, lists: map[string]string{}, ledger: map[int]Record{}}
 }
 
 func (h *fakeHost) WriteFile(path string, data []byte) error {
@@ -357,5 +363,26 @@ func (f *fakePVE) ApplySDN(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.note("apply sdn")
+	return nil
+}
+
+func (h *fakeHost) Record(vmid int, r Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ledger[vmid] = r
+	return nil
+}
+
+func (h *fakeHost) Recorded(vmid int) (Record, bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.ledger[vmid]
+	return r, ok, nil
+}
+
+func (h *fakeHost) Forget(vmid int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.ledger, vmid)
 	return nil
 }

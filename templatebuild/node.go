@@ -45,6 +45,8 @@ func (a socketAgent) Exec(ctx context.Context, vmid int, argv []string, timeout 
 type NodeHost struct {
 	// HTTPClient fetches checksum lists (http.DefaultClient when nil).
 	HTTPClient *http.Client
+	// StateDir holds the build ledger (DefaultStateDir for the CLI).
+	StateDir string
 }
 
 // WriteFile implements Host (the directory is made when missing).

@@ -25,50 +25,6 @@ func runReview(t *testing.T, w world) (Result, string, error) {
 	return res, out.String(), err
 }
 
-// TestReviewReuseAdoptsForeignTemplate: the find step reuses any template
-// named NAME that carries the three tags, whoever made it and whatever
-// its config. The daemon's sandbox token (VM.Allocate, VM.Config.Options
-// on its pool: enough to create a VM, tag it and convert it) can plant
-// one; the CLI then prints "grant the daemon's token on it:
-// PVE_INSPECTD_TEMPLATES=... <that VMID>" and the operator takes the
-// planted disk as the sandbox template. The reused template is not even
-// checked against the hardened profile (Result.Report is empty).
-func TestReviewReuseAdoptsForeignTemplate(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		conf map[string]string
-	}{
-		{"a template in the daemon's pool", map[string]string{"name": "t1", "template": "1", "tags": "builtin-debian13;inspect;pvei-template", "pool": "pve-inspect"}},
-		// not hardened: no q35, a display, no agent, ...
-		{"a template outside the hardened profile", map[string]string{"name": "t1", "template": "1", "tags": "builtin-debian13;inspect;pvei-template", "vga": "std", "args": "-no-reboot"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld()
-			w.pve.vms[130] = tc.conf
-			res, out, err := runReview(t, w)
-			if err == nil && res.Reused {
-				t.Errorf("VM 130 (%v) adopted as the build's template: %+v\n%s", tc.conf, res, out)
-			}
-		})
-	}
-}
-
-// TestReviewFindDestroysForeignVM: any VM named NAME and tagged
-// pvei-building is destroyed by the operator's (root's) build. Name and
-// tags are VM.Config.Options; a VM in a pool was never made by a build
-// (the build's create names no pool), so a user who may change a VM's
-// options but not destroy it gets root to destroy it.
-func TestReviewFindDestroysForeignVM(t *testing.T) {
-	w := newWorld()
-	w.pve.vms[130] = map[string]string{"name": "t1", "tags": TagBuilding, "status": "running", "pool": "pve-inspect"}
-	_, out, _ := runReview(t, w)
-	for _, c := range w.pve.calls {
-		if c == "delete 130" {
-			t.Errorf("the build destroyed VM 130, a pool VM it never created:\n%s", out)
-		}
-	}
-}
-
 // TestReviewGuestOutputReachesTerminal: the build guest is hostile once
 // booted and its agent's output (cloud-init status, the checks) is put
 // verbatim into the build's errors and progress lines, which the CLI
