@@ -2,9 +2,11 @@ package templatebuild
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/pve-inspect/pve-inspect/hardening"
 )
@@ -62,7 +64,7 @@ func (b *Builder) waitAgent(ctx context.Context, vmid int) error {
 		if err == nil {
 			err = fmt.Errorf("`true` exited %d", res.Exit)
 		}
-		last = err
+		last = errors.New(printable(err.Error()))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("the guest agent of VM %d did not answer within %s (last: %v): is cloud-init able to install qemu-guest-agent (the bridge's way to the package mirrors)?", vmid, b.o.AgentWait, last)
@@ -97,9 +99,10 @@ func (b *Builder) waitCloudInit(ctx context.Context, vmid int) error {
 	return nil
 }
 
-// tail is the end of a command's output, for an error.
+// tail is the end of a command's output, for an error, with no control
+// character of the guest's (printable).
 func tail(s string) string {
-	s = strings.TrimSpace(s)
+	s = strings.TrimSpace(printable(s))
 	if len(s) > 400 {
 		s = "..." + s[len(s)-400:]
 	}
@@ -158,4 +161,18 @@ func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) 
 	}
 	b.say("seal", "tagged %s", tags)
 	return rep, nil
+}
+
+// printable drops every control character (C0, DEL and C1, so escape and
+// OSC sequences lose their introducers) but newline and tab, and makes
+// invalid UTF-8 a replacement character: the hostile guest's output goes
+// to the operator's terminal.
+func printable(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.Map(func(r rune) rune {
+		if r != '\n' && r != '\t' && unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, s)
 }

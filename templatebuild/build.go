@@ -218,7 +218,7 @@ func New(px Proxmox, agent Agent, host Host, o Options) (*Builder, error) {
 
 // say writes a progress line and logs it.
 func (b *Builder) say(step, format string, a ...any) {
-	msg := fmt.Sprintf(format, a...)
+	msg := printable(fmt.Sprintf(format, a...))
 	fmt.Fprintf(b.o.Progress, "%-8s %s\n", step+":", msg)
 	b.o.Log.Debug(msg, "step", step, "template", b.o.Name)
 }

@@ -103,9 +103,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if !res.Reused {
-				writeReport(cmd.OutOrStdout(), res.VMID, res.Report)
-			}
+			writeReport(cmd.OutOrStdout(), res.VMID, res.Report)
 			fmt.Fprintf(cmd.OutOrStdout(), "grant the daemon's token on it: PVE_INSPECTD_TEMPLATES=\"... %d\" /usr/lib/pve-inspectd/pve-access-setup\n", res.VMID)
 			return nil
 		},

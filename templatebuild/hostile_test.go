@@ -9,9 +9,6 @@ import (
 	"testing"
 )
 
-// Review 48b: failing tests of findings in `template build` (each one
-// fails on 938c9da and passes once its finding is fixed).
-
 // runReview runs a debian13 build of t1 in w.
 func runReview(t *testing.T, w world) (Result, string, error) {
 	t.Helper()
@@ -25,29 +22,31 @@ func runReview(t *testing.T, w world) (Result, string, error) {
 	return res, out.String(), err
 }
 
-// TestReviewGuestOutputReachesTerminal: the build guest is hostile once
-// booted and its agent's output (cloud-init status, the checks) is put
-// verbatim into the build's errors and progress lines, which the CLI
-// prints on the operator's terminal: escape sequences (OSC 52 clipboard
-// writes, title changes, cursor moves hiding lines) reach it.
-func TestReviewGuestOutputReachesTerminal(t *testing.T) {
+// TestBuildStripsGuestControlCharacters: the build guest is hostile once
+// booted and its agent's output (cloud-init status, the checks) goes
+// into the build's errors and progress lines, which the CLI prints on
+// the operator's terminal: no escape sequence (OSC 52 clipboard writes,
+// title changes, cursor moves hiding lines) may reach it; the text does.
+func TestBuildStripsGuestControlCharacters(t *testing.T) {
 	w := newWorld()
-	evil := "status: error\x1b]52;c;cm0gLXJmIH4K\x07\x1b[2K\x1b[1A"
+	evil := "status: error\x1b]52;c;cm0gLXJmIH4K\x07\x1b[2K\x1b[1A\u009b2J"
 	w.agent.replies["cloud-init"] = AgentResult{Exit: 1, Output: evil}
 	_, out, err := runReview(t, w)
 	if err == nil {
 		t.Fatal("cloud-init error: the build passed")
 	}
-	if strings.ContainsRune(err.Error(), 0x1b) || strings.ContainsRune(out, 0x1b) {
+	if strings.ContainsAny(err.Error(), "\x1b\a\u009b") || strings.ContainsAny(out, "\x1b\a\u009b") {
 		t.Errorf("the guest's control characters reach the operator's terminal: %q / %q", err.Error(), out)
+	}
+	if !strings.Contains(err.Error(), "status: error]52;c;cm0gLXJmIH4K") {
+		t.Errorf("the guest's text is lost: %q", err.Error())
 	}
 }
 
-// TestReviewChecksumListRedirectDowngrade: the checksum list is fetched
-// "over HTTPS" (README), but NodeHost.Fetch follows a redirect from the
-// https URL to plain http (Go's default redirect policy), where anyone
-// on the path may rewrite the list to match a substituted image.
-func TestReviewChecksumListRedirectDowngrade(t *testing.T) {
+// TestFetchRefusesHTTPSDowngrade: the checksum list is fetched over
+// HTTPS; a redirect from the https URL to plain http, where anyone on the
+// path may rewrite the list to match a substituted image, is refused.
+func TestFetchRefusesHTTPSDowngrade(t *testing.T) {
 	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte(strings.Repeat("0", 64) + "  img.qcow2\n"))
 	}))
