@@ -36,8 +36,10 @@
 //     an image without cloud-init (exit 127) leaves the verdict to the
 //     recipe's checks, which run next through the agent; then what no two
 //     clones may share is removed in the guest (the machine id, which
-//     systemd makes anew on a clone's first boot, and the DHCP leases of
-//     the build's boot).
+//     systemd makes anew on a clone's first boot, the DHCP leases of the
+//     build's boot, the random seed, cloud-init's instance state and logs,
+//     and the SSH host keys, which a oneshot unit the seal enables makes
+//     anew on a clone's first boot: see sealCommand).
 //  6. seal: shut down; delete the cloud-init drive, cicustom and the
 //     build's NIC (a clone gets its NICs from the daemon, and never one on
 //     the build's bridge); check the hardened profile (no template failure
