@@ -46,7 +46,9 @@ func TestBuildNetworkOnEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(vnets, func(v sandbox.VNetInfo) bool { return v.ID == templatebuild.BuildVNet && v.Zone == templatebuild.BuildZone }) {
+	if !slices.ContainsFunc(vnets, func(v sandbox.VNetInfo) bool {
+		return v.ID == templatebuild.BuildVNet && v.Zone == templatebuild.BuildZone
+	}) {
 		t.Errorf("vnets %+v: want %s in %s", vnets, templatebuild.BuildVNet, templatebuild.BuildZone)
 	}
 	if cidrs, err := e.px.VNetSubnets(ctx, templatebuild.BuildVNet); err != nil || !slices.Equal(cidrs, []string{templatebuild.DefaultBuildCIDR}) {
