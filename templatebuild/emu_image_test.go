@@ -32,10 +32,7 @@ func TestBuildAfterUpstreamRelease(t *testing.T) {
 	v1 := bytes.Repeat([]byte("release-1 "), 1<<16)
 	files := map[string][]byte{"/images/cloud.raw": v1, "/images/SHA256SUMS": list(v1)}
 	e := newEmuNode(t, files)
-	r := templatebuild.Generic(templatebuild.Image{URL: e.images.URL + "/images/cloud.raw", File: "cloud.raw", ChecksumURL: e.images.URL + "/images/SHA256SUMS", ChecksumAlg: "sha256"})
-	r.Name = "emu"
-	r.Checks = [][]string{{"true"}}
-	r.Seal = [][]string{{"true"}}
+	r := cloudRawRecipe(e)
 	if _, out, err := e.build(t, ctx, "rel1", r); err != nil {
 		t.Fatalf("first build: %v\n%s", err, out)
 	}
@@ -108,18 +105,12 @@ func (e emuNode) upload(t *testing.T, name string, data []byte) {
 func TestBuildImageReplacedBeforeImport(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	img := bytes.Repeat([]byte("cloud-image "), 1<<16)
-	sum := sha256.Sum256(img)
-	e := newEmuNode(t, map[string][]byte{"/images/cloud.raw": img, "/images/SHA256SUMS": []byte(hex.EncodeToString(sum[:]) + "  cloud.raw\n")})
-	r := templatebuild.Generic(templatebuild.Image{URL: e.images.URL + "/images/cloud.raw", File: "cloud.raw", ChecksumURL: e.images.URL + "/images/SHA256SUMS", ChecksumAlg: "sha256"})
-	r.Name = "emu"
-	r.Checks = [][]string{{"true"}}
-	r.Seal = [][]string{{"true"}}
+	e, r, sum := cloudRawNode(t)
 	if _, out, err := e.build(t, ctx, "first", r); err != nil {
 		t.Fatalf("first build: %v\n%s", err, out)
 	}
 	evil := bytes.Repeat([]byte{0x66}, 3<<20)
-	file := templatebuild.BuildFile(r.Image.URL, "cloud.raw", hex.EncodeToString(sum[:]))
+	file := templatebuild.BuildFile(r.Image.URL, "cloud.raw", sum)
 	host := swapHost{NodeHost: templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger}, swap: func() { e.upload(t, file, evil) }}
 	var out bytes.Buffer
 	b, err := templatebuild.New(e.px, e.agent, host, templatebuild.Options{Name: "second", Recipe: r, Storage: "local-lvm", ImageStorage: "local",
@@ -141,4 +132,23 @@ func TestBuildImageReplacedBeforeImport(t *testing.T) {
 			t.Errorf("the VM of the replaced image is left: %+v", v)
 		}
 	}
+}
+
+// cloudRawNode is an emulator serving a raw image cloud.raw (768 KiB)
+// and its SHA256SUMS, the recipe of it (cloudRawRecipe) and its digest.
+func cloudRawNode(t *testing.T) (emuNode, templatebuild.Recipe, string) {
+	t.Helper()
+	img := bytes.Repeat([]byte("cloud-image "), 1<<16)
+	sum := sha256.Sum256(img)
+	e := newEmuNode(t, map[string][]byte{"/images/cloud.raw": img, "/images/SHA256SUMS": []byte(hex.EncodeToString(sum[:]) + "  cloud.raw\n")})
+	return e, cloudRawRecipe(e), hex.EncodeToString(sum[:])
+}
+
+// cloudRawRecipe builds e's cloud.raw, verified against its SHA256SUMS,
+// with checks and a seal the emulator's fake guest runs.
+func cloudRawRecipe(e emuNode) templatebuild.Recipe {
+	r := templatebuild.Generic(templatebuild.Image{URL: e.images.URL + "/images/cloud.raw", File: "cloud.raw", ChecksumURL: e.images.URL + "/images/SHA256SUMS", ChecksumAlg: "sha256"})
+	r.Name = "emu"
+	r.Checks, r.Seal = [][]string{{"true"}}, [][]string{{"true"}}
+	return r
 }

@@ -3,8 +3,6 @@ package templatebuild_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"slices"
 	"strings"
 	"testing"
@@ -22,11 +20,7 @@ import (
 func TestBuildNetworkOnEmulator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	img := bytes.Repeat([]byte("cloud-image "), 1<<16)
-	sum := sha256.Sum256(img)
-	e := newEmuNode(t, map[string][]byte{"/images/cloud.raw": img, "/images/SHA256SUMS": []byte(hex.EncodeToString(sum[:]) + "  cloud.raw\n")})
-	r := templatebuild.Generic(templatebuild.Image{URL: e.images.URL + "/images/cloud.raw", File: "cloud.raw", ChecksumURL: e.images.URL + "/images/SHA256SUMS", ChecksumAlg: "sha256"})
-	r.Checks, r.Seal = [][]string{{"true"}}, [][]string{{"true"}}
+	e, r, _ := cloudRawNode(t)
 	for _, name := range []string{"net1", "net2"} {
 		var out bytes.Buffer
 		b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger},
