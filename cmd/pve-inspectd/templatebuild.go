@@ -41,6 +41,15 @@ agent, and the VM is shut down, stripped of its cloud-init drive and NIC,
 converted to a template named NAME and tagged inspect, pvei-template and
 builtin-RECIPE. Each step is resumable: run it again after a failure.
 
+The build VM boots an untrusted image, so it is not put on the node's own
+bridges: the build makes (once, then reuses) an SDN network of its own, zone
+`+templatebuild.BuildZone+`, vnet `+templatebuild.BuildVNet+`, subnet --build-cidr with SNAT and DHCP, which
+the host guard treats as a guest bridge (DHCP and DNS to the node, nothing
+else of it, no LAN, no metadata; egress by [egress] default_mode, and none
+under the egress lockdown). --bridge names another; a management or trusted
+bridge (vmbr0) only with --unguarded-bridge. Only VMs this node's builds
+recorded (--state-dir) are reused or destroyed.
+
 Recipes (the reference Inspect plugin's built-ins): debian13, ubuntu24.04 (an
 OVA), kali2025.4 (a .tar.xz Proxmox cannot import: unpack it on the node, then
 --from local:import/FILE.raw). --from URL builds from any .qcow2/.raw/.vmdk/.ova
@@ -120,7 +129,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.bridge, "bridge", "", "bridge of the build VM's NIC (default: the build network "+templatebuild.BuildVNet+" the build makes, a guest bridge to the host guard); it needs DHCP and a way to the package mirrors (the template keeps no NIC)")
 	fl.BoolVar(&f.unguarded, "unguarded-bridge", false, "accept a --bridge the host guard treats as management or trusted: the freshly booted image then reaches the node, the LAN and the metadata services")
 	fl.StringVar(&f.buildCIDR, "build-cidr", templatebuild.DefaultBuildCIDR, "subnet of the build network (SNAT and DHCP), when it is made")
-	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate; not the daemon's token)")
+	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate, SDN.Allocate; not the daemon's token)")
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
 	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart")
 	fl.StringVar(&f.stateDir, "state-dir", templatebuild.DefaultStateDir, "root-only directory of the record of the VMs this node's builds made: only those are reused or destroyed")
