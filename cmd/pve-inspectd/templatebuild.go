@@ -43,7 +43,7 @@ builtin-RECIPE. Each step is resumable: run it again after a failure.
 
 The build VM boots an untrusted image, so it is not put on the node's own
 bridges: the build makes (once, then reuses) an SDN network of its own, zone
-`+templatebuild.BuildZone+`, vnet `+templatebuild.BuildVNet+`, subnet --build-cidr with SNAT and DHCP, which
+` + templatebuild.BuildZone + `, vnet ` + templatebuild.BuildVNet + `, subnet --build-cidr with SNAT and DHCP, which
 the host guard treats as a guest bridge (DHCP and DNS to the node, nothing
 else of it, no LAN, no metadata; egress by [egress] default_mode, and none
 under the egress lockdown). --bridge names another; a management or trusted
