@@ -590,6 +590,7 @@ var broadPrivs = map[string]string{
 	"VM.GuestAgent.Unrestricted": "run anything in any guest through the Proxmox API (the daemon talks to the agent socket itself)",
 	"VM.Console":                 "open any guest's console",
 	"Datastore.Allocate":         "change or delete storages and any volume on them",
+	"Datastore.AllocateTemplate": "upload ISOs, container templates and import images (pve-storage Status.pm upload overwrites a file of the name): a disk `template build` imports, an installer a VM boots",
 	"Mapping.Modify":             "change hardware mappings",
 }
 

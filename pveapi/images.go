@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"regexp"
 	"strings"
 	"time"
 
@@ -22,30 +23,52 @@ import (
 // Download is a file for a storage to fetch (POST
 // /nodes/{node}/storage/{storage}/download-url).
 type Download struct {
-	// URL is what the node downloads (http, https or ftp).
+	// URL is what the node downloads: http or https only (the API's url
+	// pattern is https?://.*; ftp is refused).
 	URL string
 	// Content is "import" (disk images, OVAs), "iso" or "vztmpl".
 	Content string
 	// Filename is the file's name in the storage's directory for Content;
-	// Proxmox normalizes it (Storage.pm normalize_content_filename) and,
-	// for import, wants .ova, .qcow2, .raw or .vmdk.
+	// Proxmox stores it under NormalizeContentFilename's name and, for
+	// import, wants .ova, .qcow2, .raw or .vmdk.
 	Filename string
 	// Checksum and ChecksumAlgorithm (md5, sha1, sha224, sha256, sha384,
 	// sha512), when set, have Proxmox verify the downloaded file before it
 	// keeps it (PVE::Tools download_file_from_url: a mismatch fails the
-	// task and leaves no file).
+	// task and leaves no file). A file already there is never replaced:
+	// with a checksum it is kept when it matches and fails the task
+	// ("checksum mismatch: ... aborting") when not; without one the task
+	// fails ("refusing to override existing file").
 	Checksum, ChecksumAlgorithm string
 	// InsecureTLS turns certificate verification off (verify-certificates=0).
 	InsecureTLS bool
 }
 
+// reUnsafeFileChar is what normalize_content_filename replaces.
+var reUnsafeFileChar = regexp.MustCompile(`[^a-zA-Z0-9_.-]`)
+
+// NormalizeContentFilename is the name download-url and upload store a
+// file under (pve-storage Storage.pm normalize_content_filename: the
+// part after the last / or \, every character outside [a-zA-Z0-9_.-]
+// made '_').
+func NormalizeContentFilename(name string) string {
+	name = strings.TrimSuffix(name, "\n")
+	if i := strings.LastIndexAny(name, "/\\"); i >= 0 {
+		name = name[i+1:]
+	}
+	return reUnsafeFileChar.ReplaceAllString(name, "_")
+}
+
 // DownloadURL has storage download d and waits for the task (its timeout
 // is Options.TaskTimeout); a failed download's error carries the task's
 // exit status (e.g. Proxmox's checksum mismatch). It returns the volume id
-// (storage:import/FILE for import content).
+// (storage:CONTENT/FILE, FILE as Proxmox normalizes d.Filename).
 func (c *Client) DownloadURL(ctx context.Context, storage string, d Download) (string, error) {
 	if d.URL == "" || d.Content == "" || d.Filename == "" {
 		return "", fmt.Errorf("download to %s: url, content and filename are required", storage)
+	}
+	if u, err := url.Parse(d.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return "", fmt.Errorf("download to %s: %q is not an http(s) URL", storage, d.URL)
 	}
 	if strings.ContainsAny(d.Filename, "/\\") {
 		return "", fmt.Errorf("download to %s: filename %q has a path separator", storage, d.Filename)
@@ -64,7 +87,7 @@ func (c *Client) DownloadURL(ctx context.Context, storage string, d Download) (s
 	if err := c.call(ctx, "POST", "download "+d.URL+" to "+storage, p, body); err != nil {
 		return "", err
 	}
-	return storage + ":" + d.Content + "/" + d.Filename, nil
+	return storage + ":" + d.Content + "/" + NormalizeContentFilename(d.Filename), nil
 }
 
 // StorageVolume is one volume of a storage's content listing.

@@ -96,7 +96,7 @@ func TestBuildOnBed(t *testing.T) {
 		t.Fatal(err)
 	}
 	agent := templatebuild.AgentSockets(qga.New(qga.Options{}), bed.QGADir())
-	host := templatebuild.NodeHost{HTTPClient: &http.Client{Transport: &http.Transport{DialContext: backend.DialContext}}}
+	host := templatebuild.NodeHost{HTTPClient: &http.Client{Transport: &http.Transport{DialContext: backend.DialContext}}, StateDir: t.TempDir()}
 	r := templatebuild.Generic(templatebuild.Image{URL: testvm.ImagesURL("cloud.raw"), File: "cloud.raw", ChecksumURL: testvm.ImagesURL("SHA256SUMS"), ChecksumAlg: "sha256"})
 	var out bytes.Buffer
 	b, err := templatebuild.New(px, agent, host, templatebuild.Options{Name: "bedtmpl", Recipe: r, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",

@@ -2,9 +2,11 @@ package templatebuild
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/pve-inspect/pve-inspect/hardening"
 )
@@ -62,7 +64,7 @@ func (b *Builder) waitAgent(ctx context.Context, vmid int) error {
 		if err == nil {
 			err = fmt.Errorf("`true` exited %d", res.Exit)
 		}
-		last = err
+		last = errors.New(printable(err.Error()))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("the guest agent of VM %d did not answer within %s (last: %v): is cloud-init able to install qemu-guest-agent (the bridge's way to the package mirrors)?", vmid, b.o.AgentWait, last)
@@ -97,9 +99,10 @@ func (b *Builder) waitCloudInit(ctx context.Context, vmid int) error {
 	return nil
 }
 
-// tail is the end of a command's output, for an error.
+// tail is the end of a command's output, for an error, with no control
+// character of the guest's (printable).
 func tail(s string) string {
-	s = strings.TrimSpace(s)
+	s = strings.TrimSpace(printable(s))
 	if len(s) > 400 {
 		s = "..." + s[len(s)-400:]
 	}
@@ -113,6 +116,9 @@ var sealDelete = []string{"ide2", "cicustom", "net0"}
 // seal shuts the VM down, strips what only the build needed, checks the
 // hardened profile, converts it to a template and tags it.
 func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) {
+	if err := b.stillOurs(ctx, vmid, "seal"); err != nil {
+		return hardening.Report{}, err
+	}
 	b.say("seal", "shutting VM %d down", vmid)
 	if err := b.px.ShutdownVM(ctx, vmid, b.o.ShutdownWait, true); err != nil {
 		return hardening.Report{}, err
@@ -126,6 +132,9 @@ func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) 
 	}
 	if f := hardening.Check(conf).TemplateFailures(); len(f) > 0 {
 		return hardening.Report{}, fmt.Errorf("VM %d is not in the hardened profile: %v", vmid, f)
+	}
+	if err := b.stillOurs(ctx, vmid, "convert"); err != nil {
+		return hardening.Report{}, err
 	}
 	b.say("seal", "converting VM %d to a template", vmid)
 	if err := b.px.ConvertToTemplate(ctx, vmid); err != nil {
@@ -141,10 +150,29 @@ func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) 
 	if f := rep.TemplateFailures(); len(f) > 0 {
 		return rep, fmt.Errorf("template %d is not in the hardened profile: %v", vmid, f)
 	}
+	// Recorded as a template before it is tagged as one: a build killed
+	// in between leaves a VM tagged building, which the next destroys.
+	if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateTemplate}); err != nil {
+		return rep, fmt.Errorf("record template %d in the build ledger: %w", vmid, err)
+	}
 	tags := strings.Join(b.wantTags(), ";")
 	if err := b.px.UpdateVMConfig(ctx, vmid, map[string]string{"tags": tags}, nil); err != nil {
 		return rep, fmt.Errorf("tag template %d: %w", vmid, err)
 	}
 	b.say("seal", "tagged %s", tags)
 	return rep, nil
+}
+
+// printable drops every control character (C0, DEL and C1, so escape and
+// OSC sequences lose their introducers) but newline and tab, and makes
+// invalid UTF-8 a replacement character: the hostile guest's output goes
+// to the operator's terminal.
+func printable(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.Map(func(r rune) rune {
+		if r != '\n' && r != '\t' && unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, s)
 }

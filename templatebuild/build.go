@@ -2,6 +2,8 @@ package templatebuild
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -47,6 +49,14 @@ type Proxmox interface {
 	VMConfig(ctx context.Context, vmid int) (map[string]string, error)
 	UpdateVMConfig(ctx context.Context, vmid int, set map[string]string, del []string) error
 	ConvertToTemplate(ctx context.Context, vmid int) error
+	// The build network (network.go).
+	ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error)
+	VNetSubnets(ctx context.Context, vnet string) ([]string, error)
+	ListSubnetCIDRs(ctx context.Context) ([]string, error)
+	CreateZone(ctx context.Context, z sandbox.ZoneSpec) error
+	CreateVNet(ctx context.Context, v sandbox.VNetSpec) error
+	CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error
+	ApplySDN(ctx context.Context) error
 }
 
 // AgentResult is how a command run through the guest agent ended.
@@ -74,6 +84,11 @@ type Host interface {
 	// Fetch reads a small document (a checksum list) over HTTP(S), at
 	// most limit bytes.
 	Fetch(ctx context.Context, url string, limit int64) ([]byte, error)
+	// Record, Recorded and Forget keep the ledger of the VMs this node's
+	// builds made (ledger.go).
+	Record(vmid int, r Record) error
+	Recorded(vmid int) (Record, bool, error)
+	Forget(vmid int) error
 }
 
 // Options are a build's settings.
@@ -91,9 +106,18 @@ type Options struct {
 	// storage with content images); "" is Proxmox's default, the OVA's
 	// own storage.
 	WorkStorage string
-	// Bridge is the build VM's NIC (it needs a way to the package
-	// mirrors); the template keeps no NIC.
+	// Bridge is the build VM's NIC's bridge; "" (the default) is the
+	// build network the build makes (network.go). The template keeps no
+	// NIC.
 	Bridge string
+	// Protected are the bridges the host guard treats as management or
+	// trusted (firewall.Classify): a Bridge among them is refused unless
+	// Unguarded.
+	Protected []string
+	// Unguarded accepts a Bridge among Protected (--unguarded-bridge).
+	Unguarded bool
+	// BuildCIDR is the build network's subnet (DefaultBuildCIDR).
+	BuildCIDR string
 	// AgentWait bounds the wait for the guest agent (30m: cloud-init
 	// installs it with the packages); CloudInitWait the wait for
 	// cloud-init (30m); ShutdownWait the guest's power-off (3m, then a
@@ -119,6 +143,9 @@ func (o *Options) defaults() {
 	}
 	if o.ShutdownWait == 0 {
 		o.ShutdownWait = 3 * time.Minute
+	}
+	if o.BuildCIDR == "" {
+		o.BuildCIDR = DefaultBuildCIDR
 	}
 	if o.AgentPoll == 0 {
 		o.AgentPoll = 5 * time.Second
@@ -164,8 +191,8 @@ func (o Options) Validate() error {
 			return err
 		}
 	}
-	if o.Bridge == "" {
-		return errors.New("no bridge for the build VM")
+	if err := o.checkBridge(); err != nil {
+		return err
 	}
 	img := o.Recipe.Image
 	if img.Unsupported != "" && img.Volume == "" {
@@ -191,20 +218,20 @@ func New(px Proxmox, agent Agent, host Host, o Options) (*Builder, error) {
 
 // say writes a progress line and logs it.
 func (b *Builder) say(step, format string, a ...any) {
-	msg := fmt.Sprintf(format, a...)
+	msg := printable(fmt.Sprintf(format, a...))
 	fmt.Fprintf(b.o.Progress, "%-8s %s\n", step+":", msg)
 	b.o.Log.Debug(msg, "step", step, "template", b.o.Name)
 }
 
 // Run builds the template, or finds the one an earlier run built.
 func (b *Builder) Run(ctx context.Context) (Result, error) {
-	if id, ok, err := b.find(ctx); err != nil || ok {
+	if res, ok, err := b.find(ctx); err != nil || ok {
 		if ok {
-			b.say("find", "template %q is VM %d, built earlier: reused", b.o.Name, id)
+			b.say("find", "template %q is VM %d, built earlier and in the hardened profile: reused", b.o.Name, res.VMID)
 		}
-		return Result{VMID: id, Reused: ok}, err
+		return res, err
 	}
-	importFrom, err := b.image(ctx)
+	src, err := b.image(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -213,7 +240,13 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 	defer b.removeSnippets(snippets)
-	vmid, err := b.create(ctx, importFrom, cicustom)
+	bridge := b.o.Bridge
+	if bridge == "" {
+		if bridge, err = b.buildNetwork(ctx); err != nil {
+			return Result{}, err
+		}
+	}
+	vmid, err := b.create(ctx, src, cicustom, bridge)
 	if err != nil {
 		return Result{}, err
 	}
@@ -241,13 +274,17 @@ func (b *Builder) failed(vmid int, cause error) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := b.px.DeleteVM(ctx, vmid); errors.Is(err, sandbox.ErrNotFound) {
+	if !b.ours(ctx, vmid) {
+		b.say("failed", "VM %d is no longer this build's: left alone", vmid)
 		return cause
+	}
+	if err := b.px.DeleteVM(ctx, vmid); errors.Is(err, sandbox.ErrNotFound) {
+		return errors.Join(cause, b.host.Forget(vmid))
 	} else if err != nil {
 		return errors.Join(cause, fmt.Errorf("destroy the failed build's VM %d (tagged %s: the next build destroys it): %w", vmid, TagBuilding, err))
 	}
 	b.say("failed", "VM %d destroyed", vmid)
-	return cause
+	return errors.Join(cause, b.host.Forget(vmid))
 }
 
 // wantTags are a finished template's tags.
@@ -261,30 +298,55 @@ func (b *Builder) wantTags() []string {
 }
 
 // find reuses a finished template of the name, destroys half-built VMs
-// of it, and refuses any other VM of it.
-func (b *Builder) find(ctx context.Context) (int, bool, error) {
+// of it, and refuses any other VM of it. A VM is the build's only when
+// the ledger records it under the name and it is in no pool (a build's
+// create names none); a template is reused only when it also passes the
+// hardened profile.
+func (b *Builder) find(ctx context.Context) (Result, bool, error) {
 	vms, err := b.px.ListVMs(ctx)
 	if err != nil {
-		return 0, false, err
+		return Result{}, false, err
 	}
 	for _, v := range vms {
 		if v.Name != b.o.Name {
 			continue
 		}
 		building := slices.Contains(v.Tags, TagBuilding)
-		if v.Template && !building && hasAll(v.Tags, b.wantTags()) {
-			return v.VMID, true, nil
+		rec, recorded, err := b.host.Recorded(v.VMID)
+		if err != nil {
+			return Result{}, false, err
 		}
-		if !building {
-			return 0, false, fmt.Errorf("VM %d is named %q and is not this build's (tags %q, template %v): pick another name, or remove it (qm destroy %d) to build anew",
-				v.VMID, b.o.Name, strings.Join(v.Tags, ";"), v.Template, v.VMID)
+		foreign := func(why string) error {
+			return fmt.Errorf("VM %d is named %q and is not this build's (%s; tags %q, template %v, pool %q): pick another name, or remove it (qm destroy %d) to build anew",
+				v.VMID, b.o.Name, why, strings.Join(v.Tags, ";"), v.Template, v.Pool, v.VMID)
+		}
+		switch {
+		case v.Pool != "":
+			return Result{}, false, foreign("it is in a pool")
+		case !recorded || rec.Name != b.o.Name:
+			return Result{}, false, foreign("no build on this node recorded it")
+		case v.Template && !building && hasAll(v.Tags, b.wantTags()) && rec.State == StateTemplate:
+			conf, err := b.px.VMConfig(ctx, v.VMID)
+			if err != nil {
+				return Result{}, false, err
+			}
+			rep := hardening.Check(conf)
+			if f := rep.TemplateFailures(); len(f) > 0 {
+				return Result{}, false, fmt.Errorf("template %d, built earlier, is no longer in the hardened profile (%v): remove it (qm destroy %d) to build anew, or harden it (pve-inspectd template harden %d)", v.VMID, f, v.VMID, v.VMID)
+			}
+			return Result{VMID: v.VMID, Reused: true, Report: rep}, true, nil
+		case !building:
+			return Result{}, false, foreign("not the state the build recorded")
 		}
 		b.say("find", "VM %d is a half-built %q from an earlier run: destroying it", v.VMID, b.o.Name)
-		if err := b.px.DeleteVM(ctx, v.VMID); err != nil {
-			return 0, false, fmt.Errorf("destroy half-built VM %d: %w", v.VMID, err)
+		if err := b.px.DeleteVM(ctx, v.VMID); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+			return Result{}, false, fmt.Errorf("destroy half-built VM %d: %w", v.VMID, err)
+		}
+		if err := b.host.Forget(v.VMID); err != nil {
+			return Result{}, false, err
 		}
 	}
-	return 0, false, nil
+	return Result{}, false, nil
 }
 
 func hasAll(have, want []string) bool {
@@ -296,66 +358,120 @@ func hasAll(have, want []string) bool {
 	return true
 }
 
-// image makes sure the image is on the node and returns the import-from
-// volume.
-func (b *Builder) image(ctx context.Context) (string, error) {
+// source is the image a create imports: its import-from volume, and
+// the file's path on the node with the digest it had when the build took
+// it, hashed again after the import (a file replaced meanwhile, by an
+// upload of a user with Datastore.AllocateTemplate, is caught).
+type source struct {
+	importFrom string
+	path       string
+	alg, sum   string
+}
+
+// BuildFile is the file a build downloads url to: a name of this
+// project's (pvei-), with the first 16 hex digits of the image's digest
+// (of the URL when no digest is known), so that an image the
+// distribution republishes under the same name is a new file and no
+// file another user put on the storage under the URL's name is taken.
+func BuildFile(url, file, sum string) string {
+	if sum == "" {
+		h := sha256.Sum256([]byte(url))
+		sum = "u" + hex.EncodeToString(h[:])
+	}
+	return "pvei-" + sum[:16] + "-" + file
+}
+
+// image makes sure the image is on the node and returns it.
+func (b *Builder) image(ctx context.Context) (source, error) {
 	img := b.o.Recipe.Image
-	volid := img.Volume
-	if volid == "" {
-		volid = b.o.ImageStorage + ":import/" + img.File
+	storage := b.o.ImageStorage
+	if img.Volume != "" {
+		storage, _, _ = strings.Cut(img.Volume, ":")
 	}
-	importFrom := volid
-	if img.Disk != "" {
-		importFrom += "/" + img.Disk
-	}
-	storage, _, _ := strings.Cut(volid, ":")
 	if img.Disk != "" {
 		if err := b.checkWorkStorage(ctx, storage); err != nil {
-			return "", err
+			return source{}, err
 		}
+	}
+	alg, sum, err := b.checksum(ctx)
+	if err != nil {
+		return source{}, err
+	}
+	volid := img.Volume
+	if volid == "" {
+		volid = storage + ":import/" + BuildFile(img.URL, img.File, sum)
+	}
+	src := source{importFrom: volid, alg: alg, sum: sum}
+	if img.Disk != "" {
+		src.importFrom += "/" + img.Disk
 	}
 	vols, err := b.px.StorageVolumes(ctx, storage, "import")
 	if err != nil {
-		return "", err
+		return source{}, err
 	}
 	present := slices.ContainsFunc(vols, func(v pveapi.StorageVolume) bool { return v.VolID == volid })
-	alg, sum, err := b.checksum(ctx)
-	if err != nil {
-		return "", err
-	}
 	switch {
-	case present && sum == "":
-		b.say("image", "%s is on the node (no checksum to verify it against)", volid)
-		return importFrom, nil
-	case present:
-		p, err := b.px.VolumePath(ctx, volid)
-		if err != nil {
-			return "", err
-		}
-		got, err := b.host.Checksum(p, alg)
-		if err != nil {
-			return "", fmt.Errorf("checksum of %s: %w", p, err)
-		}
-		if got == sum {
-			b.say("image", "%s is on the node, %s verified", volid, alg)
-			return importFrom, nil
-		}
-		if img.URL == "" {
-			return "", fmt.Errorf("%s: %s %s, want %s", volid, alg, got, sum)
-		}
-		b.say("image", "%s is on the node with another %s: downloading it again", volid, alg)
+	case img.URL == "" && !present:
+		return source{}, fmt.Errorf("volume %s is not on storage %s (upload the image to its import directory first)", volid, storage)
 	case img.URL == "":
-		return "", fmt.Errorf("volume %s is not on storage %s (upload the image to its import directory first)", volid, storage)
+		// The operator's own volume: its digest now, checked again after
+		// the import.
+		if src.alg == "" {
+			src.alg = "sha256"
+		}
+		return b.hashed(ctx, volid, src, "")
+	case present && sum == "":
+		// download-url itself refuses to override an existing file
+		// without a checksum (PVE::Tools download_file_from_url).
+		return source{}, fmt.Errorf("%s is already on the node and there is no checksum to verify it: pass --checksum, or remove it (pvesm free %s) to download it again", volid, volid)
+	case present:
+		return b.hashed(ctx, volid, src, sum)
 	}
 	if sum == "" {
 		b.say("image", "downloading %s to %s (no checksum: not verified)", img.URL, volid)
 	} else {
 		b.say("image", "downloading %s to %s (Proxmox verifies its %s)", img.URL, volid, alg)
 	}
-	if _, err := b.px.DownloadURL(ctx, storage, pveapi.Download{URL: img.URL, Content: "import", Filename: img.File, Checksum: sum, ChecksumAlgorithm: alg}); err != nil {
-		return "", err
+	_, file, _ := strings.Cut(volid, ":import/")
+	if _, err := b.px.DownloadURL(ctx, storage, pveapi.Download{URL: img.URL, Content: "import", Filename: file, Checksum: sum, ChecksumAlgorithm: alg}); err != nil {
+		return source{}, err
 	}
-	return importFrom, nil
+	if sum == "" {
+		src.alg = "sha256"
+	}
+	return b.hashed(ctx, volid, src, sum)
+}
+
+// hashed hashes volid's file into src; want, when set, is the digest it
+// must have.
+func (b *Builder) hashed(ctx context.Context, volid string, src source, want string) (source, error) {
+	p, err := b.px.VolumePath(ctx, volid)
+	if err != nil {
+		return source{}, err
+	}
+	got, err := b.host.Checksum(p, src.alg)
+	if err != nil {
+		return source{}, fmt.Errorf("checksum of %s: %w", p, err)
+	}
+	if want != "" && got != want {
+		return source{}, fmt.Errorf("%s has %s %s, want %s: it is not the image (replaced on the storage?): remove it (pvesm free %s) and build again", volid, src.alg, got, want, volid)
+	}
+	src.path, src.sum = p, got
+	b.say("image", "%s: %s %s (checked again after the import)", volid, src.alg, got)
+	return src, nil
+}
+
+// recheck hashes the image again after the create imported it: a file
+// replaced between the check and the import fails the build.
+func (b *Builder) recheck(src source) error {
+	got, err := b.host.Checksum(src.path, src.alg)
+	if err != nil {
+		return fmt.Errorf("checksum of %s after the import: %w", src.path, err)
+	}
+	if got != src.sum {
+		return fmt.Errorf("the image %s changed while it was imported (%s %s, was %s): not built from it", src.path, src.alg, got, src.sum)
+	}
+	return nil
 }
 
 // checkWorkStorage refuses, before anything is made, an OVA build whose
@@ -457,7 +573,7 @@ func (b *Builder) removeSnippets(files []string) {
 
 // createConfig is the build VM's configuration: the hardened profile's
 // settings, the imported disk, the cloud-init drive and one NIC.
-func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
+func (b *Builder) createConfig(importFrom, cicustom, bridge string) map[string]string {
 	conf, _ := hardening.CloneChanges(map[string]string{})
 	r := b.o.Recipe
 	conf["name"] = b.o.Name
@@ -469,7 +585,7 @@ func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
 	conf["ide2"] = b.o.Storage + ":cloudinit"
 	conf["cicustom"] = cicustom
 	conf["boot"] = "order=scsi0"
-	conf["net0"] = "virtio,bridge=" + b.o.Bridge
+	conf["net0"] = "virtio,bridge=" + bridge
 	if b.o.WorkStorage != "" && b.o.Recipe.Image.Disk != "" {
 		conf["import-working-storage"] = b.o.WorkStorage
 	}
@@ -480,7 +596,8 @@ func (b *Builder) createConfig(importFrom, cicustom string) map[string]string {
 // another client took between NextID and the create is given up for the
 // next one (three tries); a create that failed otherwise is cleaned up
 // only when the VM of the id is this build's.
-func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int, error) {
+func (b *Builder) create(ctx context.Context, src source, cicustom, bridge string) (int, error) {
+	importFrom := src.importFrom
 	var vmid int
 	for try := 1; ; try++ {
 		var err error
@@ -488,18 +605,29 @@ func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int,
 			return 0, err
 		}
 		b.say("create", "VM %d %q from %s", vmid, b.o.Name, importFrom)
-		err = b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom))
+		// Recorded before the create: a build killed during the import
+		// leaves a VM the next build knows as its own.
+		if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateBuilding}); err != nil {
+			return 0, fmt.Errorf("record VM %d in the build ledger: %w", vmid, err)
+		}
+		err = b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom, bridge))
 		if err == nil {
 			break
+		}
+		if b.ours(ctx, vmid) {
+			return 0, b.failed(vmid, err)
+		}
+		if ferr := b.host.Forget(vmid); ferr != nil {
+			return 0, errors.Join(err, ferr)
 		}
 		if errors.Is(err, sandbox.ErrExists) && try < 3 {
 			b.say("create", "VM %d was taken meanwhile: taking the next id", vmid)
 			continue
 		}
-		if b.ours(ctx, vmid) {
-			return 0, b.failed(vmid, err)
-		}
 		return 0, err
+	}
+	if err := b.recheck(src); err != nil {
+		return 0, b.failed(vmid, err)
 	}
 	if want := b.o.Recipe.DiskGiB; want > 0 {
 		conf, err := b.px.VMConfig(ctx, vmid)
@@ -516,11 +644,34 @@ func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int,
 	return vmid, nil
 }
 
-// ours reports whether VM vmid exists as this build's (its name and the
-// building tag): a create that failed in its task may leave its config.
+// ours reports whether VM vmid exists as this build's: its name, the
+// building tag, in no pool, and the ledger's record of it as building
+// under the name (a create that failed in its task may leave its config).
 func (b *Builder) ours(ctx context.Context, vmid int) bool {
 	conf, err := b.px.VMConfig(ctx, vmid)
-	return err == nil && conf["name"] == b.o.Name && slices.Contains(strings.Split(conf["tags"], ";"), TagBuilding)
+	if err != nil || conf["name"] != b.o.Name || !slices.Contains(strings.Split(conf["tags"], ";"), TagBuilding) || b.inPool(ctx, vmid) {
+		return false
+	}
+	rec, ok, err := b.host.Recorded(vmid)
+	return err == nil && ok && rec.Name == b.o.Name && rec.State == StateBuilding
+}
+
+// inPool reports whether vmid is in a pool (true when the list fails).
+func (b *Builder) inPool(ctx context.Context, vmid int) bool {
+	vms, err := b.px.ListVMs(ctx)
+	if err != nil {
+		return true
+	}
+	i := slices.IndexFunc(vms, func(v sandbox.VMInfo) bool { return v.VMID == vmid })
+	return i < 0 || vms[i].Pool != ""
+}
+
+// stillOurs fails when VM vmid is no longer this build's (ours).
+func (b *Builder) stillOurs(ctx context.Context, vmid int, step string) error {
+	if !b.ours(ctx, vmid) {
+		return fmt.Errorf("%s: VM %d is no longer this build's (its name, the %s tag, no pool and the build ledger's record): stopped", step, vmid, TagBuilding)
+	}
+	return nil
 }
 
 // diskGiB reads a drive's size= (K, M, G, T suffixes) in GiB.

@@ -19,6 +19,17 @@ var (
 
 const debURL = "https://cloud.debian.org/images/cloud/trixie/latest/debian-13-genericcloud-amd64.qcow2"
 
+// builtTemplate is a finished, hardened template's config.
+func builtTemplate(name, tags string) map[string]string {
+	c, _ := hardening.CloneChanges(map[string]string{})
+	c["name"], c["template"], c["tags"], c["status"] = name, "1", tags, "stopped"
+	c["scsi0"] = "local-lvm:base-120-disk-0,size=16G"
+	return c
+}
+
+// debFile is the file a debian13 build downloads its image to.
+var debFile = BuildFile(debURL, "debian-13-genericcloud-amd64.qcow2", sumA)
+
 // world is the node a case starts from.
 type world struct {
 	pve   *fakePVE
@@ -28,6 +39,7 @@ type world struct {
 
 func newWorld() world {
 	w := world{pve: newFakePVE(), agent: &fakeAgent{replies: map[string]AgentResult{}}, host: newFakeHost()}
+	w.host.pve = w.pve
 	w.pve.sums[debURL] = sumA
 	w.host.lists["https://cloud.debian.org/images/cloud/trixie/latest/SHA512SUMS"] = sumB + "  debian-13-genericcloud-amd64.raw\n" + sumA + "  debian-13-genericcloud-amd64.qcow2\n"
 	return w
@@ -55,17 +67,20 @@ func TestBuild(t *testing.T) {
 			wantVMs:   []int{100}, wantTemplate: 100},
 		{name: "reuse a finished template", recipe: debian,
 			setup: func(w world) {
-				w.pve.vms[120] = map[string]string{"name": "t1", "template": "1", "tags": "builtin-debian13;inspect;pvei-template"}
+				w.pve.vms[120] = builtTemplate("t1", "builtin-debian13;inspect;pvei-template")
+				w.host.ledger[120] = Record{Name: "t1", State: StateTemplate}
 			},
 			noCalls: []string{"download", "create", "delete"}, wantVMs: []int{120}, wantTemplate: 120, reused: true},
 		{name: "a half-built VM is destroyed first", recipe: debian,
 			setup: func(w world) {
 				w.pve.vms[100] = map[string]string{"name": "t1", "tags": TagBuilding, "status": "running"}
+				w.host.ledger[100] = Record{Name: "t1", State: StateBuilding}
 			},
 			wantCalls: []string{"delete 100", "download", "create 100", "template 100"}, wantVMs: []int{100}, wantTemplate: 100},
 		{name: "a half-built template (killed before its tags) is destroyed", recipe: debian,
 			setup: func(w world) {
 				w.pve.vms[100] = map[string]string{"name": "t1", "tags": TagBuilding, "template": "1"}
+				w.host.ledger[100] = Record{Name: "t1", State: StateTemplate}
 			},
 			wantCalls: []string{"delete 100", "create 100"}, wantVMs: []int{100}, wantTemplate: 100},
 		{name: "another VM of the name is refused, nothing changes", recipe: debian,
@@ -80,16 +95,24 @@ func TestBuild(t *testing.T) {
 			wantErr: "is not this build's", noCalls: []string{"create"}, wantVMs: []int{130}},
 		{name: "image on the node with its checksum: no download", recipe: debian,
 			setup: func(w world) {
-				w.pve.vols["local:import/debian-13-genericcloud-amd64.qcow2"] = sumA
-				w.host.sums["/var/lib/vz/import/debian-13-genericcloud-amd64.qcow2"] = sumA
+				w.pve.vols["local:import/"+debFile] = sumA
 			},
 			wantCalls: []string{"create 100", "template 100"}, noCalls: []string{"download"}, wantVMs: []int{100}, wantTemplate: 100},
-		{name: "image on the node with another checksum: downloaded again", recipe: debian,
+		{name: "a file of the URL's name is not the build's: its own downloaded", recipe: debian,
 			setup: func(w world) {
 				w.pve.vols["local:import/debian-13-genericcloud-amd64.qcow2"] = sumB
-				w.host.sums["/var/lib/vz/import/debian-13-genericcloud-amd64.qcow2"] = sumB
 			},
 			wantCalls: []string{"download " + debURL, "create 100"}, wantVMs: []int{100}, wantTemplate: 100},
+		{name: "the build's file replaced on the storage: refused, nothing made", recipe: debian,
+			setup: func(w world) {
+				w.pve.vols["local:import/"+debFile] = sumB
+			},
+			wantErr: "it is not the image", noCalls: []string{"download", "create"}},
+		{name: "the image replaced during the import: the VM is destroyed", recipe: debian,
+			setup: func(w world) {
+				w.pve.onCreate = func(f *fakePVE) { f.vols["local:import/"+debFile] = sumB }
+			},
+			wantErr: "changed while it was imported", wantCalls: []string{"download", "create 100", "delete 100"}, noCalls: []string{"start"}},
 		{name: "checksum mismatch in the download task: no VM", recipe: debian,
 			setup:   func(w world) { w.pve.sums[debURL] = sumB },
 			wantErr: "checksum mismatch", noCalls: []string{"create"}},
@@ -249,7 +272,7 @@ func TestBuildSnippets(t *testing.T) {
 	if nc := w.host.files[files[1]]; !strings.Contains(nc, `name: "e*"`) || strings.Contains(nc, "macaddress") {
 		t.Errorf("network-config:\n%s", nc)
 	}
-	conf := b.createConfig("local:import/x.qcow2", cicustom)
+	conf := b.createConfig("local:import/x.qcow2", cicustom, "vmbr9")
 	if conf["scsi0"] != "local-lvm:0,import-from=local:import/x.qcow2" || conf["ide2"] != "local-lvm:cloudinit" || conf["net0"] != "virtio,bridge=vmbr9" || conf["tags"] != TagBuilding {
 		t.Errorf("create config %v", conf)
 	}

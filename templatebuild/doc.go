@@ -11,14 +11,22 @@
 //     builtin-RECIPE for a recipe) is reused and nothing else happens; a
 //     VM of that name tagged pvei-building (a half-built one from an
 //     earlier run) is destroyed; any other VM of that name stops the build.
-//  2. image: the recipe's volume (STORAGE:import/FILE) is kept when it is
-//     already on the image storage and, when a checksum is known, its file
-//     on the node has that checksum; otherwise Proxmox downloads it
-//     (download-url, content import), verifying the checksum itself.
+//     Only a VM the build ledger (ledger.go) records under the name and
+//     in no pool is the build's; a reused template must also pass the
+//     hardened profile.
+//  2. image: the image is downloaded (download-url, content import,
+//     Proxmox verifying the checksum) to a file of the build's name with
+//     its digest (BuildFile), kept when already there with that digest,
+//     refused when there with another (or with no checksum to check);
+//     a --from volume is taken as it is. Its file is hashed, and hashed
+//     again after the create's import (a changed file fails the build).
 //  3. seed: the cloud-init user-data and network-config are written
 //     (atomically) as snippets into the snippets directory of the snippets
 //     storage, as Proxmox's storage configuration names it.
-//  4. create: the VM (name = the template's name, tagged pvei-building)
+//  4. network and create: unless Options.Bridge names one, the build
+//     network (network.go: a simple SDN zone, vnet and subnet with SNAT and
+//     DHCP, a guest bridge to the host guard) is made or reused and
+//     applied; then the VM (name = the template's name, tagged pvei-building)
 //     with the disk imported from the image (import-from), a cloud-init
 //     drive whose user and network data are those snippets (cicustom), and
 //     the hardened VM profile's settings (hardening.CloneChanges of an
@@ -28,8 +36,10 @@
 //     an image without cloud-init (exit 127) leaves the verdict to the
 //     recipe's checks, which run next through the agent; then what no two
 //     clones may share is removed in the guest (the machine id, which
-//     systemd makes anew on a clone's first boot, and the DHCP leases of
-//     the build's boot).
+//     systemd makes anew on a clone's first boot, the DHCP leases of the
+//     build's boot, the random seed, cloud-init's instance state and logs,
+//     and the SSH host keys, which a oneshot unit the seal enables makes
+//     anew on a clone's first boot: see sealCommand).
 //  6. seal: shut down; delete the cloud-init drive, cicustom and the
 //     build's NIC (a clone gets its NICs from the daemon, and never one on
 //     the build's bridge); check the hardened profile (no template failure

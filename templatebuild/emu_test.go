@@ -35,6 +35,8 @@ type emuNode struct {
 	px     *pveapi.Client
 	agent  apiAgent
 	images *httptest.Server
+	// ledger is the build ledger's directory.
+	ledger string
 }
 
 // apiAgent runs commands through the emulator's Proxmox agent API
@@ -151,13 +153,13 @@ func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 		t.Fatal(err)
 	}
 	ticket, csrf := s.RootTicket()
-	return emuNode{s: s, px: px, agent: apiAgent{hc: ts.Client(), base: ts.URL + "/api2/json", ticket: ticket, csrf: csrf}, images: images}
+	return emuNode{s: s, px: px, agent: apiAgent{hc: ts.Client(), base: ts.URL + "/api2/json", ticket: ticket, csrf: csrf}, images: images, ledger: filepath.Join(dir, "ledger")}
 }
 
 func (e emuNode) build(t *testing.T, ctx context.Context, name string, r templatebuild.Recipe) (templatebuild.Result, string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.images.Client()},
+	b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger},
 		templatebuild.Options{Name: name, Recipe: r, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
 			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, Progress: &out})
 	if err != nil {
@@ -226,8 +228,10 @@ func TestBuildOnEmulator(t *testing.T) {
 	if !strings.Contains(conf["scsi0"], "local-lvm:base-") {
 		t.Errorf("disk %q: want a base image on local-lvm", conf["scsi0"])
 	}
+	// The image is downloaded under the build's name of its digest.
+	volid := "local:import/" + templatebuild.BuildFile(r.Image.URL, "cloud.raw", hex.EncodeToString(sum[:]))
 	vols, err := e.px.StorageVolumes(ctx, "local", "import")
-	if err != nil || len(vols) != 1 || vols[0].VolID != "local:import/cloud.raw" {
+	if err != nil || len(vols) != 1 || vols[0].VolID != volid {
 		t.Errorf("import volumes %+v %v", vols, err)
 	}
 	sc, err := e.px.Storage(ctx, "local")
@@ -247,7 +251,7 @@ func TestBuildOnEmulator(t *testing.T) {
 	// Another template from the same image: the volume on the node is
 	// hashed there (its path from Proxmox) and kept.
 	third, out, err := e.build(t, ctx, "tb3", r)
-	if err != nil || third.Reused || !strings.Contains(out, "local:import/cloud.raw is on the node, sha256 verified") || e.downloads() != 1 {
+	if err != nil || third.Reused || !strings.Contains(out, volid+": sha256 "+hex.EncodeToString(sum[:])) || e.downloads() != 1 {
 		t.Errorf("build from the image on the node: %+v %v, %d downloads\n%s", third, err, e.downloads(), out)
 	}
 
@@ -324,7 +328,7 @@ func TestBuildOVAOnEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "from local:import/noble.ova/noble-disk.vmdk") {
+	if !strings.Contains(out, "from local:import/"+templatebuild.BuildFile(img.URL, "noble.ova", hex.EncodeToString(sum[:]))+"/noble-disk.vmdk") {
 		t.Errorf("progress:\n%s", out)
 	}
 	conf, err := e.px.VMConfig(ctx, res.VMID)

@@ -32,10 +32,18 @@ type fakePVE struct {
 	// config.
 	raced      map[int]bool
 	failCreate string
+	// onCreate runs inside a create that succeeds (the import).
+	onCreate func(f *fakePVE)
+	// vnets are the SDN vnets (id -> zone), subnets their CIDRs.
+	vnets   map[string]string
+	subnets map[string][]string
+	// created are the configs the creates asked for.
+	created []map[string]string
 }
 
 func newFakePVE() *fakePVE {
-	return &fakePVE{vms: map[int]map[string]string{}, vols: map[string]string{}, sums: map[string]string{}, content: "iso,vztmpl,import,snippets"}
+	return &fakePVE{vms: map[int]map[string]string{}, vols: map[string]string{}, sums: map[string]string{}, content: "iso,vztmpl,import,snippets",
+		vnets: map[string]string{}, subnets: map[string][]string{}}
 }
 
 func (f *fakePVE) note(format string, a ...any) {
@@ -51,7 +59,7 @@ func (f *fakePVE) ListVMs(context.Context) ([]sandbox.VMInfo, error) {
 		if c["tags"] != "" {
 			tags = strings.Split(c["tags"], ";")
 		}
-		out = append(out, sandbox.VMInfo{VMID: id, Name: c["name"], Tags: tags, Template: c["template"] == "1", Status: c["status"]})
+		out = append(out, sandbox.VMInfo{VMID: id, Name: c["name"], Tags: tags, Template: c["template"] == "1", Status: c["status"], Pool: c["pool"]})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].VMID < out[j].VMID })
 	return out, nil
@@ -94,11 +102,21 @@ func (f *fakePVE) DownloadURL(_ context.Context, storage string, d pveapi.Downlo
 	if f.failDownload != "" {
 		return "", errors.New("download: " + f.failDownload)
 	}
+	v := storage + ":import/" + pveapi.NormalizeContentFilename(d.Filename)
+	// PVE::Tools download_file_from_url never replaces a file.
+	if have, ok := f.vols[v]; ok {
+		switch {
+		case d.Checksum == "":
+			return "", fmt.Errorf("download: refusing to override existing file '/var/lib/vz/import/%s'", d.Filename)
+		case have != d.Checksum:
+			return "", fmt.Errorf("download: checksum mismatch: got '%s' != expect '%s', aborting", have, d.Checksum)
+		}
+		return v, nil
+	}
 	got := f.sums[d.URL]
 	if d.Checksum != "" && d.Checksum != got {
 		return "", fmt.Errorf("download: checksum mismatch: got '%s' != expect '%s'", got, d.Checksum)
 	}
-	v := storage + ":import/" + d.Filename
 	f.vols[v] = got
 	return v, nil
 }
@@ -107,6 +125,7 @@ func (f *fakePVE) CreateVM(_ context.Context, vmid int, conf map[string]string) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.note("create %d", vmid)
+	f.created = append(f.created, maps.Clone(conf))
 	if f.raced[vmid] {
 		delete(f.raced, vmid)
 		f.vms[vmid] = map[string]string{"name": "other", "status": "running"}
@@ -123,6 +142,9 @@ func (f *fakePVE) CreateVM(_ context.Context, vmid int, conf map[string]string) 
 	}
 	if _, ok := f.vols[vol]; !ok {
 		return fmt.Errorf("create: volume %s does not exist", vol)
+	}
+	if f.onCreate != nil {
+		f.onCreate(f)
 	}
 	c := maps.Clone(conf)
 	c["scsi0"] = "local-lvm:vm-" + fmt.Sprint(vmid) + "-disk-0,size=3G"
@@ -209,9 +231,14 @@ type fakeAgent struct {
 	replies map[string]AgentResult
 	down    bool
 	runs    []string
+	// hook runs (unlocked) on a dpkg-query check.
+	hook func()
 }
 
 func (a *fakeAgent) Exec(_ context.Context, vmid int, argv []string, _ time.Duration) (AgentResult, error) {
+	if argv[0] == "dpkg-query" && a.hook != nil {
+		a.hook()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.runs = append(a.runs, strings.Join(argv, " "))
@@ -228,10 +255,12 @@ type fakeHost struct {
 	writes []string
 	sums   map[string]string // path -> checksum
 	lists  map[string]string // url -> body
+	pve    *fakePVE          // the node's volumes
+	ledger map[int]Record
 }
 
 func newFakeHost() *fakeHost {
-	return &fakeHost{files: map[string]string{}, sums: map[string]string{}, lists: map[string]string{}}
+	return &fakeHost{files: map[string]string{}, sums: map[string]string{}, lists: map[string]string{}, ledger: map[int]Record{}}
 }
 
 func (h *fakeHost) WriteFile(path string, data []byte) error {
@@ -249,14 +278,26 @@ func (h *fakeHost) Remove(path string) error {
 	return nil
 }
 
+// Checksum is sums[path], else the checksum the node's volume of the
+// path has (pve's vols).
 func (h *fakeHost) Checksum(path, _ string) (string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s, ok := h.sums[path]
-	if !ok {
-		return "", errors.New("no such file")
+	if s, ok := h.sums[path]; ok {
+		return s, nil
 	}
-	return s, nil
+	if h.pve != nil {
+		h.pve.mu.Lock()
+		defer h.pve.mu.Unlock()
+		if name, ok := strings.CutPrefix(path, "/var/lib/vz/"); ok {
+			for v, sum := range h.pve.vols {
+				if strings.HasSuffix(v, ":"+name) {
+					return sum, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("no such file")
 }
 
 func (h *fakeHost) Fetch(_ context.Context, url string, _ int64) ([]byte, error) {
@@ -267,4 +308,81 @@ func (h *fakeHost) Fetch(_ context.Context, url string, _ int64) ([]byte, error)
 		return nil, errors.New("404 Not Found")
 	}
 	return []byte(b), nil
+}
+
+func (f *fakePVE) ListVNets(context.Context) ([]sandbox.VNetInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []sandbox.VNetInfo
+	for id, z := range f.vnets {
+		out = append(out, sandbox.VNetInfo{ID: id, Zone: z})
+	}
+	return out, nil
+}
+
+func (f *fakePVE) VNetSubnets(_ context.Context, vnet string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.subnets[vnet]), nil
+}
+
+func (f *fakePVE) ListSubnetCIDRs(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, s := range f.subnets {
+		out = append(out, s...)
+	}
+	return out, nil
+}
+
+func (f *fakePVE) CreateZone(_ context.Context, z sandbox.ZoneSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("zone %s", z.ID)
+	return nil
+}
+
+func (f *fakePVE) CreateVNet(_ context.Context, v sandbox.VNetSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("vnet %s %s", v.ID, v.Zone)
+	f.vnets[v.ID] = v.Zone
+	return nil
+}
+
+func (f *fakePVE) CreateSubnet(_ context.Context, s sandbox.SubnetSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("subnet %s %s snat=%v dhcp=%s-%s", s.VNet, s.CIDR, s.SNAT, s.DHCPStart, s.DHCPEnd)
+	f.subnets[s.VNet] = append(f.subnets[s.VNet], s.CIDR)
+	return nil
+}
+
+func (f *fakePVE) ApplySDN(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("apply sdn")
+	return nil
+}
+
+func (h *fakeHost) Record(vmid int, r Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ledger[vmid] = r
+	return nil
+}
+
+func (h *fakeHost) Recorded(vmid int) (Record, bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.ledger[vmid]
+	return r, ok, nil
+}
+
+func (h *fakeHost) Forget(vmid int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.ledger, vmid)
+	return nil
 }

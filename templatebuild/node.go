@@ -45,6 +45,8 @@ func (a socketAgent) Exec(ctx context.Context, vmid int, argv []string, timeout 
 type NodeHost struct {
 	// HTTPClient fetches checksum lists (http.DefaultClient when nil).
 	HTTPClient *http.Client
+	// StateDir holds the build ledger (DefaultStateDir for the CLI).
+	StateDir string
 }
 
 // WriteFile implements Host (the directory is made when missing).
@@ -93,11 +95,26 @@ func (n NodeHost) Fetch(ctx context.Context, url string, limit int64) ([]byte, e
 	if err != nil {
 		return nil, err
 	}
-	hc := n.HTTPClient
-	if hc == nil {
-		hc = http.DefaultClient
+	hc := http.DefaultClient
+	if n.HTTPClient != nil {
+		hc = n.HTTPClient
 	}
-	resp, err := hc.Do(req)
+	// Never from https to plain http on a redirect: the list is what the
+	// image is verified against.
+	c := *hc
+	c.CheckRedirect = func(r *http.Request, via []*http.Request) error {
+		if len(via) > 0 && via[0].URL.Scheme == "https" && r.URL.Scheme != "https" {
+			return fmt.Errorf("redirect from %s to %s: not https", via[0].URL, r.URL)
+		}
+		if hc.CheckRedirect != nil {
+			return hc.CheckRedirect(r, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
 	}

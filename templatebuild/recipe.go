@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
 )
 
 // Image is where a template's disk comes from.
@@ -79,9 +81,40 @@ var defaultChecks = [][]string{
 // sealCommand empties what must differ between clones: the machine id
 // (systemd makes a new one on a clone's first boot; systemd-networkd's
 // DHCP client id derives from it, so clones that shared one would ask
-// for one address) and the DHCP client leases of the build's boot (a
-// clone would ask for the build VM's address first).
-var sealCommand = []string{"sh", "-c", "rm -f /var/lib/dhcp/*.leases /var/lib/dhcpcd/*.lease /var/lib/dbus/machine-id && truncate -s 0 /etc/machine-id"}
+// for one address), the DHCP client leases of the build's boot (a clone
+// would ask for the build VM's address first), the random seed
+// systemd-random-seed credits to the kernel's pool at boot (clones
+// sharing it would start from one seed), cloud-init's instance state and
+// logs (`cloud-init clean --logs`: a clone booted with a datasource is a
+// new instance and the build's logs, with the build's network, go), and
+// the SSH host keys (clones sharing them could impersonate each other).
+//
+// Host keys come back on a clone's first boot through a oneshot unit the
+// seal installs (sshKeysUnit: `ssh-keygen -A` before ssh.service while no
+// host key exists), not through cloud-init: a clone has no cloud-init
+// drive (the daemon gives it none), so on Debian and Ubuntu cloud images
+// ds-identify finds no datasource and cloud-init stays disabled, and its
+// ssh module, which would make the keys, never runs. ssh-keygen -A is
+// openssh's own "generate every missing host key type", present on both;
+// without it, sshd's ExecStartPre (sshd -t) would fail for want of keys.
+var sealCommand = []string{"sh", "-c", "rm -f /var/lib/dhcp/*.leases /var/lib/dhcpcd/*.lease /var/lib/dbus/machine-id /var/lib/systemd/random-seed && truncate -s 0 /etc/machine-id && " +
+	"if command -v cloud-init >/dev/null; then cloud-init clean --logs; fi && " +
+	"if [ -d /etc/ssh ]; then printf '%s' \"$0\" > /etc/systemd/system/pvei-ssh-hostkeys.service && systemctl enable pvei-ssh-hostkeys.service && rm -f /etc/ssh/ssh_host_*; fi",
+	sshKeysUnit}
+
+// sshKeysUnit makes the SSH host keys on the first boot that has none.
+const sshKeysUnit = `[Unit]
+Description=Generate the SSH host keys of a clone of a pve-inspect template
+ConditionPathExistsGlob=!/etc/ssh/ssh_host_*_key
+Before=ssh.service sshd.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+
+[Install]
+WantedBy=multi-user.target
+`
 
 // Recipes are the shipped recipes: the reference Inspect plugin's
 // built-ins (proxmoxsandbox/_impl/built_in_vm.py), with its URLs.
@@ -152,14 +185,16 @@ func ParseChecksum(s string) (alg, sum string, err error) {
 	return alg, sum, nil
 }
 
-// ImageFromURL is the image for --from URL: the file name is the URL's
-// last path element, which must be one Proxmox imports.
+// ImageFromURL is the image for --from URL (http or https: ftp, which
+// download-url also takes, has no TLS): the file name is the URL's last
+// path element as Proxmox normalizes it, which must be one Proxmox
+// imports.
 func ImageFromURL(raw, checksum, ovaDisk string) (Image, error) {
 	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "ftp") || u.Host == "" {
-		return Image{}, fmt.Errorf("--from %q: want an http(s) or ftp URL or a volume STORAGE:import/FILE", raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return Image{}, fmt.Errorf("--from %q: want an http(s) URL or a volume STORAGE:import/FILE", raw)
 	}
-	file := path.Base(u.Path)
+	file := pveapi.NormalizeContentFilename(path.Base(u.Path))
 	if !reImportFile.MatchString(file) {
 		return Image{}, fmt.Errorf("--from %q: the file %q is not one Proxmox imports (.qcow2, .raw, .vmdk or .ova; for anything else unpack it on the node and build --from STORAGE:import/FILE)", raw, file)
 	}

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/daemon"
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
@@ -19,9 +24,10 @@ var _ templatebuild.Proxmox = (*pveapi.Client)(nil)
 type buildFlags struct {
 	recipe, from, checksum, ovaDisk     string
 	storage, imageStorage, snippetStore string
-	workStorage, lockDir                string
+	workStorage, lockDir, stateDir      string
 	bridge, user, passwordFile          string
-	keepFailed                          bool
+	buildCIDR                           string
+	keepFailed, unguarded               bool
 	agentWait, cloudInitWait            time.Duration
 }
 
@@ -34,6 +40,15 @@ written as snippets to --snippet-storage), the recipe's checks run through the
 agent, and the VM is shut down, stripped of its cloud-init drive and NIC,
 converted to a template named NAME and tagged inspect, pvei-template and
 builtin-RECIPE. Each step is resumable: run it again after a failure.
+
+The build VM boots an untrusted image, so it is not put on the node's own
+bridges: the build makes (once, then reuses) an SDN network of its own, zone
+` + templatebuild.BuildZone + `, vnet ` + templatebuild.BuildVNet + `, subnet --build-cidr with SNAT and DHCP, which
+the host guard treats as a guest bridge (DHCP and DNS to the node, nothing
+else of it, no LAN, no metadata; egress by [egress] default_mode, and none
+under the egress lockdown). --bridge names another; a management or trusted
+bridge (vmbr0) only with --unguarded-bridge. Only VMs this node's builds
+recorded (--state-dir) are reused or destroyed.
 
 Recipes (the reference Inspect plugin's built-ins): debian13, ubuntu24.04 (an
 OVA), kali2025.4 (a .tar.xz Proxmox cannot import: unpack it on the node, then
@@ -62,13 +77,16 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 				return err
 			}
 			o := templatebuild.Options{Name: args[0], Recipe: recipe, Storage: f.storage, ImageStorage: f.imageStorage,
-				SnippetStorage: f.snippetStore, WorkStorage: f.workStorage, Bridge: f.bridge, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
+				SnippetStorage: f.snippetStore, WorkStorage: f.workStorage, Bridge: f.bridge, Unguarded: f.unguarded, BuildCIDR: f.buildCIDR, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
 				CloudInitWait: f.cloudInitWait, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
 			if err := o.Validate(); err != nil {
 				return err
 			}
 			cfg, err := g.loadConfig()
 			if err != nil {
+				return err
+			}
+			if o.Protected, err = protectedBridges(cmd.Context(), cfg); err != nil {
 				return err
 			}
 			pw, err := readPassword(f.passwordFile, cmd.InOrStdin())
@@ -81,7 +99,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{}, o)
+			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{StateDir: f.stateDir}, o)
 			if err != nil {
 				return err
 			}
@@ -94,9 +112,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if !res.Reused {
-				writeReport(cmd.OutOrStdout(), res.VMID, res.Report)
-			}
+			writeReport(cmd.OutOrStdout(), res.VMID, res.Report)
 			fmt.Fprintf(cmd.OutOrStdout(), "grant the daemon's token on it: PVE_INSPECTD_TEMPLATES=\"... %d\" /usr/lib/pve-inspectd/pve-access-setup\n", res.VMID)
 			return nil
 		},
@@ -110,14 +126,32 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.imageStorage, "image-storage", "local", "storage the image is downloaded to (content import)")
 	fl.StringVar(&f.snippetStore, "snippet-storage", "local", "storage the cloud-init snippets are written to (content snippets)")
 	fl.StringVar(&f.workStorage, "work-storage", "", "for an OVA: the file-based storage with content images its disk is extracted on (default: the OVA's own storage)")
-	fl.StringVar(&f.bridge, "bridge", "vmbr0", "bridge of the build VM's NIC: it needs DHCP and a way to the package mirrors (the template keeps no NIC)")
-	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate; not the daemon's token)")
+	fl.StringVar(&f.bridge, "bridge", "", "bridge of the build VM's NIC (default: the build network "+templatebuild.BuildVNet+" the build makes, a guest bridge to the host guard); it needs DHCP and a way to the package mirrors (the template keeps no NIC)")
+	fl.BoolVar(&f.unguarded, "unguarded-bridge", false, "accept a --bridge the host guard treats as management or trusted: the freshly booted image then reaches the node, the LAN and the metadata services")
+	fl.StringVar(&f.buildCIDR, "build-cidr", templatebuild.DefaultBuildCIDR, "subnet of the build network (SNAT and DHCP), when it is made")
+	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate, SDN.Allocate; not the daemon's token)")
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
 	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart")
+	fl.StringVar(&f.stateDir, "state-dir", templatebuild.DefaultStateDir, "root-only directory of the record of the VMs this node's builds made: only those are reused or destroyed")
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
 	fl.DurationVar(&f.agentWait, "agent-wait", 30*time.Minute, "longest wait for the guest agent on the first boot")
 	fl.DurationVar(&f.cloudInitWait, "cloud-init-wait", 30*time.Minute, "longest wait for cloud-init to finish")
 	return c
+}
+
+// protectedBridges are the interfaces the host guard treats as
+// management (a default route) or trusted: no build VM goes there
+// unless --unguarded-bridge.
+func protectedBridges(ctx context.Context, cfg config.Config) ([]string, error) {
+	fc, err := daemon.FullGuardConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cls, err := firewall.Classify(ctx, fc)
+	if err != nil {
+		return nil, fmt.Errorf("classify interfaces: %w", err)
+	}
+	return append(slices.Clone(cls.Management), cls.Trusted...), nil
 }
 
 // buildRecipe resolves --recipe and --from into the recipe to build.

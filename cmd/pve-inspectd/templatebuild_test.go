@@ -30,7 +30,7 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--from", "local:images/x.qcow2"}, "STORAGE:import/FILE"},
 		{[]string{"t1", "--from", "local:import/x.ova"}, "names the disk"},
 		{[]string{"t1", "--recipe", "debian13", "--storage", "a b"}, `--storage "a b"`},
-		{[]string{"t1", "--recipe", "debian13", "--bridge", ""}, "no bridge"},
+		{[]string{"t1", "--recipe", "debian13", "--build-cidr", "10.0.0.1/24"}, "--build-cidr"},
 		{[]string{"t1", "--recipe", "ubuntu24.04", "--work-storage", "a/b"}, `--work-storage "a/b"`},
 		{[]string{"t1", "t2", "--recipe", "debian13"}, "accepts 1 arg"},
 		// Valid: they reach the configuration.

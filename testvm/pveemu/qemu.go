@@ -516,38 +516,67 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 		return nil, fail("unable to create VM %d - %v", vmid, err)
 	}
 	conf["lock"] = "create"
-	s.vms[vmid] = &vm{vmid: vmid, node: rq.str("node"), conf: conf, snaps: map[string]*snapshot{}}
+	v := &vm{vmid: vmid, node: rq.str("node"), conf: conf, snaps: map[string]*snapshot{}}
+	s.vms[vmid] = v
+	node := s.vmNodeLocked(v)
 	s.mu.Unlock()
+	// qemu-server create_vm runs the worker's $realcmd (create_disks, the
+	// import, the config write) inside lock_config_full($vmid, 1, ...):
+	// the VM's config flock is held for the whole import, so a destroy,
+	// even with skiplock, waits for it (lock_config: 10 s). Taken here,
+	// before the task starts, so no destroy comes between the answer and
+	// the worker's flock.
+	unlock, err := s.guestLock(ctx, kindQemu, node, vmid, time.Second)
+	if err != nil {
+		s.mu.Lock()
+		delete(s.vms, vmid)
+		s.mu.Unlock()
+		return nil, err
+	}
 	start := rq.bool("start", false)
 	confNow := copyConf(conf)
 	return s.startTask(rq, "qmcreate", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
-		created, err := s.createDisks(ctx, vmid, t.pid, allocs, confNow, t.logf)
-		if err == nil {
-			err = os.MkdirAll(s.DiskDir(vmid), 0o755)
+		if err := s.createLocked(ctx, t, vmid, allocs, confNow, pool, unlock); err != nil {
+			return err
 		}
-		if err != nil {
-			s.mu.Lock()
-			delete(s.vms, vmid)
-			s.mu.Unlock()
-			_ = os.RemoveAll(s.vmDir(vmid))
-			return fmt.Errorf("unable to create VM %d - %v", vmid, err)
-		}
-		s.mu.Lock()
-		v := s.vms[vmid]
-		for k, val := range created {
-			v.conf[k] = val
-		}
-		delete(v.conf, "lock")
-		if pool != "" && s.pools[pool] != nil {
-			v.pool = pool
-			s.pools[pool].vms[vmid] = true
-		}
-		s.mu.Unlock()
 		if start {
 			return s.doStart(ctx, t, vmid, false)
 		}
 		return nil
 	}), nil
+}
+
+// createLocked is the create worker under the VM's config lock, which it
+// releases (unlock) before it returns: the disks created (imported) and
+// the config completed, or the VM removed on failure.
+func (s *Server) createLocked(ctx context.Context, t *task, vmid int, allocs, confNow map[string]string, pool string, unlock func()) error {
+	defer unlock()
+	created, err := s.createDisks(ctx, vmid, t.pid, allocs, confNow, t.logf)
+	if err == nil {
+		err = os.MkdirAll(s.DiskDir(vmid), 0o755)
+	}
+	if err != nil {
+		s.mu.Lock()
+		delete(s.vms, vmid)
+		s.mu.Unlock()
+		_ = os.RemoveAll(s.vmDir(vmid))
+		return fmt.Errorf("unable to create VM %d - %v", vmid, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.vms[vmid]
+	if v == nil {
+		return fmt.Errorf("unable to create VM %d - its config is gone", vmid)
+	}
+	for k, val := range created {
+		v.conf[k] = val
+	}
+	delete(v.conf, "lock")
+	if pool != "" && s.pools[pool] != nil {
+		v.pool = pool
+		s.pools[pool].vms[vmid] = true
+	}
+	return nil
 }
 
 func (s *Server) deleteVM(ctx context.Context, rq *request) (any, error) {

@@ -170,8 +170,10 @@ var (
 )
 
 // upload is POST /nodes/{node}/storage/{storage}/upload (pve-storage
-// API2/Storage/Status.pm upload): the streamed temporary file is copied
-// into the storage's directory for the content type in an imgcopy task.
+// API2/Storage/Status.pm upload): the streamed temporary file is checked
+// (its checksum when given, then as download_url checks a download) and
+// copied into the storage's directory for the content type in an imgcopy
+// task; an existing file is overwritten.
 func (s *Server) upload(_ context.Context, rq *request) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
@@ -222,9 +224,34 @@ func (s *Server) upload(_ context.Context, rq *request) (any, error) {
 		return nil, fail("storage '%s' does not support '%s' content", storage, content)
 	}
 	dest := filepath.Join(s.storageDir(), vtypeSubdir[content], filename)
+	// The worker's checks before the copy are download_url's
+	// assert_file_validity (assertValid): an ISO has no backing image, an
+	// OVA has an .ovf, another import image is untrusted in the format its
+	// extension names (file_size_info($tmpfilename, 10, $image_format, 1)).
+	check := download{content: content}
+	if content == "import" {
+		if m := reImportFile.FindStringSubmatch(filename); m != nil {
+			check.importFormat = m[1]
+		}
+	}
+	alg, sum := rq.str("checksum-algorithm"), rq.str("checksum")
 	return s.startTask(rq, "imgcopy", "", func(_ context.Context, t *task) error {
 		defer os.Remove(tmp)
 		t.logf("starting file import from: %s", tmp)
+		if alg != "" {
+			got, err := fileHash(alg, tmp)
+			if err != nil {
+				return err
+			}
+			if !strings.EqualFold(got, sum) {
+				t.logf("calculating checksum...")
+				return fmt.Errorf("checksum mismatch: got '%s' != expect '%s'", got, sum)
+			}
+			t.logf("calculating checksum...OK, checksum verified")
+		}
+		if err := check.assertValid(tmp, tmp); err != nil {
+			return err
+		}
 		t.logf("target node: %s", s.node)
 		t.logf("target file: %s", s.reportedPath(dest))
 		t.logf("file size is: %d", st.Size())
