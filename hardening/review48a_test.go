@@ -42,3 +42,27 @@ func TestReviewMachinePropertiesRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestReviewKVMOffRefused (review 48a): qemu-server's kvm option (default
+// 1; VM.Config.HWType, so any template may carry kvm: 0) runs the guest
+// under TCG, QEMU's software emulator, which QEMU's security policy keeps
+// out of the virtualization use case it treats as a security boundary.
+// The profile has no kvm item. Under TCG, nested virtualization is not
+// off either: the create's cpu qemu64 (hardening.CPUModels; also
+// qemu-server's default model when kvm is off, CPUConfig.pm
+// get_default_cpu_type; the x86-64-v* models, DefaultCPU included, are
+// qemu64 with flags: their reported-model) carries SVM in QEMU's model
+// (TCG_EXT3_FEATURES keeps it) and TCG emulates SVM,
+// while -nested-virt resolves from the host's /proc/cpuinfo
+// (resolve_cpu_flags) to -vmx on an Intel node, leaving svm on.
+func TestReviewKVMOffRefused(t *testing.T) {
+	for _, want := range []Want{{}, {CPU: "qemu64"}} {
+		conf := hardenedWith(map[string]string{"kvm": "0"})
+		if want.CPU != "" {
+			conf["cpu"] = CPUValue(conf["cpu"], want.CPU)
+		}
+		if CheckFor(conf, want).OK() {
+			t.Errorf("want %+v: kvm 0 (TCG) passes the profile (cpu %s)", want, conf["cpu"])
+		}
+	}
+}
