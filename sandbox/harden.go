@@ -69,7 +69,7 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, 
 	if len(items) == 0 {
 		return nil
 	}
-	return &NotHardenedError{Items: items, Msg: fmt.Sprintf("%d profile item(s) fail; run `pve-inspectd template harden VMID` as root on the node, or set [api] require_hardened_templates = false: %s",
+	return &NotHardenedError{Items: items, Msg: fmt.Sprintf("%d profile item(s) fail; run `pve-inspectd template harden VMID` as root on the node, or set [api] require_hardened_templates = false (which excuses template items, not an OVMF template's firmware): %s",
 		len(items), strings.Join(items, "; "))}
 }
 
