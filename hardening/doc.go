@@ -108,14 +108,20 @@
 //	             (ide and sata disks are both on it) whatever the disks,
 //	             and no e1000 is ever written.
 //
-// The items that follow the options are the OS type, the firmware and,
-// when a model is asked for, the CPU model (CheckFor, CloneChangesFor);
-// Check is CheckFor with the defaults.
+// The items that follow the options are the OS type, the machine (pinned
+// for Windows), the firmware and, when a model is asked for, the CPU model
+// (CheckFor, CloneChangesFor); Check is CheckFor with the defaults.
 //
 // What the daemon's pool-scoped token may set it sets on each clone
 // (CloneChanges; privileges VM.Config.HWType, .Memory, .CPU, .Options,
 // .CDROM, .Disk). What needs root@pam (args, hookscript, parallel and real
 // serial devices, PCI/USB host devices, virtiofs, ivshmem) is removed from
 // the template once by `pve-inspectd template harden VMID` run as root
-// (TemplateChanges). Check reports every item with who fixes it.
+// (TemplateChanges), which also moves scsiN disks off an emulated SCSI HBA
+// (scsihw SCSIHW): the token could, but a guest without the virtio-scsi
+// driver would no longer boot, which an operator checks once on the
+// template rather than the daemon finding it on every clone. Check reports
+// every item with who fixes it; with [api] require_hardened_templates off
+// the template items (FixTemplate) are excused, the firmware (FixRebuild)
+// never.
 package hardening
