@@ -18,7 +18,22 @@
 //	             shorthand for -vmx on Intel and -svm on AMD,
 //	             PVE/QemuServer/CPUFlags.pm); raw -vmx/-svm are refused in
 //	             a VM config (only custom CPU models may carry them)
-//	machine      q35, version 10.1 or newer (or unpinned)
+//	scsi         scsiN disks on virtio-scsi (scsihw virtio-scsi-pci or
+//	             virtio-scsi-single): qemu-server's default scsihw is lsi,
+//	             and lsi, lsi53c810, megasas and pvscsi are emulated HBAs
+//	             the guest drives register by register. Fixed on the
+//	             template by `template harden` (its guest needs the
+//	             virtio-scsi driver to boot on it), never on a clone
+//	kvm          kvm absent or 1: kvm 0 runs the guest under TCG, QEMU's
+//	             software emulator, which QEMU does not treat as a
+//	             security boundary (and where -nested-virt leaves the
+//	             qemu64 models' SVM on an Intel node)
+//	hyper-v      no +hv-* cpu flags (hv-tlbflush, hv-evmcs: qemu-server's
+//	             VM-specific flags, CPUFlags.pm); the clone fix drops them
+//	machine      q35, version 10.1 or newer (or unpinned), and no machine
+//	             property but the type (viommu, aw-bits, enable-s3,
+//	             enable-s4: Machine.pm $machine_fmt); a Windows guest's is
+//	             pinned (see os_type below)
 //	hpet         ostype l26: qemu-server turns HPET off for Linux guests on
 //	             machine version 10.1 or newer (Cfg2Cmd/Timer.pm), so no
 //	             root-only args are needed
@@ -58,14 +73,26 @@
 //	             learns the exact microarchitecture, which a named model
 //	             hides only in name), and nested virtualization stays off.
 //	os_type      l26, win10, win11. All keep HPET off (Timer.pm: Linux
-//	             on 10.1+, Windows version 6 and up). Windows adds the
+//	             on 10.1+, Windows version 6 and up). A Windows VM never
+//	             runs an unpinned machine: qemu-server pins it when ostype
+//	             is set without machine (API2/Qemu.pm update_vm_api,
+//	             Machine.pm check_and_pin_machine_string: the newest
+//	             installed version, pc-i440fx- when machine is unset) and
+//	             at each start of an unpinned one (get_vm_machine: the
+//	             creation QEMU's version, 5.1 without one). So the daemon
+//	             pins it itself, sending machine with ostype:
+//	             MinMachine (pc-q35-10.1, run as pc-q35-10.1+pve0), or the
+//	             template's own q35 pin when 10.1 or newer
+//	             (WindowsMachine); the machine item wants it pinned.
+//	             Windows adds the
 //	             Hyper-V enlightenments (CPUConfig.pm
 //	             get_hyperv_enlightenments: hv_spinlocks, hv_vapic, hv_time,
 //	             hv_reset, hv_vpindex, hv_runtime, hv_relaxed, hv_synic,
 //	             hv_stimer, hv_ipi), which is KVM's Hyper-V emulation
 //	             (MSRs, hypercalls, SynIC timers) reachable from the guest;
-//	             and for win11 on an Intel host with machine 11.0+pve2,
-//	             hv_evmcs, a nested-virtualization enlightenment, while the
+//	             and for win11 on an Intel host with machine 11.0+pve2 (only
+//	             from a template pinned to it: the daemon's own pin is
+//	             10.1), hv_evmcs, a nested-virtualization enlightenment, while the
 //	             profile turns vmx off: the guest cannot enter VMX
 //	             operation, so KVM's nested (eVMCS) code stays out of its
 //	             reach; whether QEMU starts a VM with hv-evmcs and -vmx is
@@ -73,18 +100,28 @@
 //	             node takes Windows only with [api] allow_windows (default
 //	             off).
 //	controllers  disk: scsi only, checked on the template (a clone keeps
-//	             its disks), virtio-scsi; nic: virtio only. ide (emulated
-//	             ATA) and e1000 (an emulated Intel NIC) are refused: device
-//	             models the guest drives register by register.
+//	             its disks): every disk on scsiN (the scsi item above wants
+//	             virtio-scsi whatever is asked). nic: virtio only, which is
+//	             no choice: the configure step writes every NIC virtio. The
+//	             other values are not offered, but not because of the
+//	             devices they name: q35 always has the ICH9 AHCI controller
+//	             (ide and sata disks are both on it) whatever the disks,
+//	             and no e1000 is ever written.
 //
-// The items that follow the options are the OS type, the firmware and,
-// when a model is asked for, the CPU model (CheckFor, CloneChangesFor);
-// Check is CheckFor with the defaults.
+// The items that follow the options are the OS type, the machine (pinned
+// for Windows), the firmware and, when a model is asked for, the CPU model
+// (CheckFor, CloneChangesFor); Check is CheckFor with the defaults.
 //
 // What the daemon's pool-scoped token may set it sets on each clone
 // (CloneChanges; privileges VM.Config.HWType, .Memory, .CPU, .Options,
 // .CDROM, .Disk). What needs root@pam (args, hookscript, parallel and real
 // serial devices, PCI/USB host devices, virtiofs, ivshmem) is removed from
 // the template once by `pve-inspectd template harden VMID` run as root
-// (TemplateChanges). Check reports every item with who fixes it.
+// (TemplateChanges), which also moves scsiN disks off an emulated SCSI HBA
+// (scsihw SCSIHW): the token could, but a guest without the virtio-scsi
+// driver would no longer boot, which an operator checks once on the
+// template rather than the daemon finding it on every clone. Check reports
+// every item with who fixes it; with [api] require_hardened_templates off
+// the template items (FixTemplate) are excused, the firmware (FixRebuild)
+// never.
 package hardening

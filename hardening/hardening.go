@@ -15,8 +15,10 @@ type Fixer string
 const (
 	// FixClone: the daemon's pool-scoped token sets it on every clone.
 	FixClone Fixer = "clone"
-	// FixTemplate: needs root@pam; `pve-inspectd template harden` sets it
-	// on the template.
+	// FixTemplate: `pve-inspectd template harden` sets it on the template
+	// once, as root@pam: the key needs root, or changing it changes what
+	// the guest boots on (its disk controller), which the operator checks
+	// once on the template rather than the daemon on every clone.
 	FixTemplate Fixer = "template"
 	// FixRebuild: neither can; the template must be rebuilt (firmware).
 	FixRebuild Fixer = "rebuild"
@@ -88,7 +90,18 @@ var (
 	reVirtioFS = regexp.MustCompile(`^virtiofs[0-9]+$`)
 	reDrive    = regexp.MustCompile(`^(ide|sata|scsi|virtio)[0-9]+$`)
 	reMachine  = regexp.MustCompile(`^(?:pc-)?q35(?:-(\d+)\.(\d+))?(?:\+pve\d+)?$`)
+	reSCSI     = regexp.MustCompile(`^scsi[0-9]+$`)
+	reSCSIHW   = regexp.MustCompile(`^virtio-scsi-(?:pci|single)$`)
 )
+
+// SCSIHW is the SCSI controller `template harden` sets on a template with
+// scsiN disks on an emulated one (the one bed and built templates have).
+const SCSIHW = "virtio-scsi-single"
+
+// MinMachine is the q35 machine version the profile takes at least
+// (Linux guests get HPET off from it on), and the one the daemon pins a
+// Windows VM to (WindowsMachine).
+const MinMachine = "pc-q35-10.1"
 
 // keysMatching returns the sorted keys of conf that match re.
 func keysMatching(conf map[string]string, re *regexp.Regexp) []string {
@@ -188,8 +201,11 @@ func CheckFor(conf map[string]string, want Want) Report {
 		rootOnly = append(rootOnly, k)
 	}
 	add(absent("args and hookscript (but a panic device)", conf, rootOnly, FixTemplate))
+	add(scsiItem(conf))
+	add(Item{Name: itemKVM, Want: "kvm absent or 1", Got: kv(conf, "kvm"), OK: conf["kvm"] == "" || conf["kvm"] == "1", Fix: FixClone, Keys: keysIn(conf, "kvm")})
 	add(Item{Name: "nested virtualization", Want: "cpu flags -nested-virt", Got: kv(conf, "cpu"), OK: nestedOff(conf["cpu"]), Fix: FixClone})
-	add(Item{Name: "machine", Want: "machine=q35 (10.1 or newer when pinned)", Got: kv(conf, "machine"), OK: machineOK(conf["machine"]), Fix: FixClone})
+	add(Item{Name: itemHVFlags, Want: "no +hv-* cpu flags", Got: kv(conf, "cpu"), OK: !hasHVFlag(conf["cpu"]), Fix: FixClone})
+	add(machineItem(conf, want))
 	if want.CPU != "" {
 		typ, _, _ := cpuParts(conf["cpu"])
 		add(Item{Name: itemCPUModel, Want: "cpu " + want.CPU, Got: kv(conf, "cpu"), OK: typ == want.CPU, Fix: FixClone})
@@ -239,18 +255,33 @@ func cpuParts(v string) (typ string, flags []string, rest []string) {
 	return typ, flags, rest
 }
 
+// hasHVFlag reports whether a cpu value turns a Hyper-V flag on.
+func hasHVFlag(cpu string) bool {
+	_, flags, _ := cpuParts(cpu)
+	return slices.ContainsFunc(flags, func(f string) bool { return strings.HasPrefix(f, "+hv-") })
+}
+
 func nestedOff(cpu string) bool {
 	_, flags, _ := cpuParts(cpu)
 	return slices.Contains(flags, "-nested-virt") && !slices.Contains(flags, "+nested-virt")
 }
 
-func machineOK(v string) bool {
-	typ := v
-	for _, p := range strings.Split(v, ",") {
-		if k, val, ok := strings.Cut(p, "="); ok && k == "type" {
-			typ = val
-		} else if !ok {
+// machineOK reports whether a machine value is q35 with no property but
+// its type (Machine.pm $machine_fmt: viommu, aw-bits, enable-s3 and
+// enable-s4 each add host-side code a guest drives: an emulated IOMMU, the
+// S3/S4 power states), of version 10.1 or newer when pinned; pinned says
+// it must be pinned.
+func machineOK(v string, pinned bool) bool {
+	typ := ""
+	for i, p := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(p, "=")
+		switch {
+		case !ok && i == 0:
 			typ = p
+		case ok && k == "type":
+			typ = val
+		default:
+			return false
 		}
 	}
 	m := reMachine.FindStringSubmatch(typ)
@@ -258,11 +289,54 @@ func machineOK(v string) bool {
 		return false
 	}
 	if m[1] == "" {
-		return true
+		return !pinned
 	}
 	maj, _ := strconv.Atoi(m[1])
 	minor, _ := strconv.Atoi(m[2])
 	return maj > 10 || maj == 10 && minor >= 1
+}
+
+// WindowsMachine is the machine a Windows VM whose machine is cur gets:
+// cur when it is a q35 of the profile pinned to a version (10.1 or newer),
+// else MinMachine. qemu-server pins a Windows VM's machine itself when
+// ostype is set without machine (API2/Qemu.pm update_vm_api, Machine.pm
+// check_and_pin_machine_string: to the newest installed QEMU's version,
+// pc-i440fx- when machine is unset) and at every start of an unpinned one
+// (get_vm_machine: to the template's creation QEMU, 5.1 without one), so
+// the daemon pins it itself, sending machine with ostype (pveapi).
+func WindowsMachine(cur string) string {
+	if machineOK(cur, true) {
+		return cur
+	}
+	return MinMachine
+}
+
+// machineItem is the machine item: q35 of version 10.1 or newer, with no
+// other property; pinned to a version for a Windows guest (WindowsMachine).
+func machineItem(conf map[string]string, want Want) Item {
+	if IsWindows(want.osType()) {
+		return Item{Name: "machine", Want: "machine=pc-q35-X.Y, pinned, 10.1 or newer, no other property", Got: kv(conf, "machine"), OK: machineOK(conf["machine"], true), Fix: FixClone}
+	}
+	return Item{Name: "machine", Want: "machine=q35 (10.1 or newer when pinned), no other property", Got: kv(conf, "machine"), OK: machineOK(conf["machine"], false), Fix: FixClone}
+}
+
+// scsiItem is the SCSI controller item: scsiN disks (not CD-ROMs, which a
+// clone drops) on virtio-scsi. qemu-server's default scsihw is lsi
+// (QemuServer.pm confdesc: lsi, lsi53c810, virtio-scsi-pci,
+// virtio-scsi-single, megasas, pvscsi), and LSI 53C895A/53C810, MegaRAID
+// SAS and PVSCSI are emulated HBAs a guest drives register by register.
+func scsiItem(conf map[string]string) Item {
+	var scsi []string
+	for _, k := range keysMatching(conf, reSCSI) {
+		if !slices.Contains(strings.Split(conf[k], ","), "media=cdrom") {
+			scsi = append(scsi, k)
+		}
+	}
+	got := kv(conf, "scsihw")
+	if got == "" && len(scsi) > 0 {
+		got = "scsihw unset (lsi)"
+	}
+	return Item{Name: itemSCSIHW, Want: "scsihw=virtio-scsi-pci or virtio-scsi-single (with scsiN disks)", Got: got, OK: len(scsi) == 0 || reSCSIHW.MatchString(conf["scsihw"]), Fix: FixTemplate}
 }
 
 func agentOn(v string) bool {
@@ -313,9 +387,12 @@ func CloneChangesFor(conf map[string]string, want Want) (set map[string]string, 
 			set["ostype"] = want.osType()
 		case "machine":
 			set["machine"] = "q35"
+			if IsWindows(want.osType()) {
+				set["machine"] = WindowsMachine(conf["machine"])
+			}
 		case "guest agent (the I/O channel)":
 			set["agent"] = "enabled=1"
-		case "nested virtualization", itemCPUModel:
+		case "nested virtualization", itemHVFlags, itemCPUModel:
 			set["cpu"] = CPUValue(conf["cpu"], want.CPU)
 		}
 	}
@@ -325,7 +402,10 @@ func CloneChangesFor(conf map[string]string, want Want) (set map[string]string, 
 
 // CPUValue is the cpu value of a configuration whose cpu is cpu with
 // nested virtualization off (-nested-virt): cpu's type, or model when
-// given, with cpu's other flags and properties kept.
+// given, with cpu's other flags and properties kept but the Hyper-V ones
+// turned on (+hv-tlbflush, +hv-evmcs: qemu-server's VM-specific flags,
+// CPUFlags.pm; hv-evmcs is a nested-virtualization enlightenment), which
+// are dropped.
 func CPUValue(cpu, model string) string {
 	typ, flags, rest := cpuParts(cpu)
 	if model != "" {
@@ -336,7 +416,7 @@ func CPUValue(cpu, model string) string {
 	}
 	var fs []string
 	for _, f := range flags {
-		if f != "" && f != "+nested-virt" && f != "-nested-virt" {
+		if f != "" && f != "+nested-virt" && f != "-nested-virt" && !strings.HasPrefix(f, "+hv-") {
 			fs = append(fs, f)
 		}
 	}
@@ -345,12 +425,19 @@ func CPUValue(cpu, model string) string {
 }
 
 // TemplateChanges returns what root@pam sets and deletes on a template:
-// the clone changes and the deletion of every FixTemplate item.
+// the clone changes, the deletion of every FixTemplate item's keys, and a
+// virtio-scsi controller (SCSIHW) for scsiN disks on an emulated one: the
+// template's guest must have the virtio-scsi driver to boot on it (Linux
+// virtio_scsi; Windows vioscsi), which is why the daemon does not change
+// it on its clones.
 func TemplateChanges(conf map[string]string) (set map[string]string, del []string) {
 	set, del = CloneChanges(conf)
 	for _, i := range Check(conf).Failed() {
 		if i.Fix == FixTemplate {
 			del = append(del, i.Keys...)
+		}
+		if i.Name == itemSCSIHW {
+			set["scsihw"] = SCSIHW
 		}
 	}
 	slices.Sort(del)

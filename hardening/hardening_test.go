@@ -10,7 +10,7 @@ func hardened() map[string]string {
 	return map[string]string{
 		"vga": "serial0", "serial0": "socket", "tablet": "0", "balloon": "0",
 		"cpu": "x86-64-v2-AES,flags=-nested-virt", "machine": "q35", "ostype": "l26",
-		"agent": "1", "scsi0": "local-lvm:vm-100-disk-0,size=8G", "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0",
+		"agent": "1", "scsihw": "virtio-scsi-single", "scsi0": "local-lvm:vm-100-disk-0,size=8G", "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0",
 	}
 }
 
@@ -61,6 +61,18 @@ func TestCheck(t *testing.T) {
 		{"nested on", map[string]string{"cpu": "host,flags=+nested-virt;-nested-virt"}, "nested virtualization", FixClone},
 		{"no cpu", map[string]string{"cpu": ""}, "nested virtualization", FixClone},
 		{"i440fx", map[string]string{"machine": "pc"}, "machine", FixClone},
+		{"viommu", map[string]string{"machine": "q35,viommu=virtio"}, "machine", FixClone},
+		{"s3", map[string]string{"machine": "type=pc-q35-10.1,enable-s3=0"}, "machine", FixClone},
+		{"pinned q35", map[string]string{"machine": "type=pc-q35-10.1+pve1"}, "", ""},
+		{"kvm off", map[string]string{"kvm": "0"}, "kvm (no TCG software emulation)", FixClone},
+		{"kvm on", map[string]string{"kvm": "1"}, "", ""},
+		{"hyper-v flag", map[string]string{"cpu": "host,flags=+hv-tlbflush;-nested-virt"}, "hyper-v cpu flags", FixClone},
+		{"hyper-v flag off", map[string]string{"cpu": "host,flags=-hv-evmcs;-nested-virt"}, "", ""},
+		{"scsi on lsi", map[string]string{"scsihw": ""}, "scsi controller (virtio-scsi)", FixTemplate},
+		{"scsi on pvscsi", map[string]string{"scsihw": "pvscsi"}, "scsi controller (virtio-scsi)", FixTemplate},
+		{"scsi on virtio-scsi-pci", map[string]string{"scsihw": "virtio-scsi-pci"}, "", ""},
+		{"virtio disk, no scsihw", map[string]string{"scsihw": "", "scsi0": "", "virtio0": "local-lvm:vm-100-disk-0,size=8G"}, "", ""},
+		{"scsi cdrom only, no scsihw", map[string]string{"scsihw": "", "scsi0": "", "virtio0": "local-lvm:vm-100-disk-0,size=8G", "scsi2": "none,media=cdrom"}, "cd-rom", FixClone},
 		{"old q35", map[string]string{"machine": "pc-q35-9.2+pve1"}, "machine", FixClone},
 		{"windows", map[string]string{"ostype": "win11"}, "hpet off (linux guest)", FixClone},
 		{"uefi", map[string]string{"bios": "ovmf"}, "no SMM emulation (SeaBIOS, serial display)", FixRebuild},
@@ -146,8 +158,12 @@ func TestCheckFor(t *testing.T) {
 		set    map[string]string
 	}{
 		{"linux default", nil, Want{}, nil, map[string]string{}},
-		{"win11 asked, l26 set", nil, Want{OSType: OSWin11}, []string{"hpet off (windows guest, hyper-v enlightenments)"}, map[string]string{"ostype": "win11"}},
-		{"win11 asked and set", map[string]string{"ostype": "win11"}, Want{OSType: OSWin11}, nil, map[string]string{}},
+		{"win11 asked, l26 set", nil, Want{OSType: OSWin11}, []string{"machine", "hpet off (windows guest, hyper-v enlightenments)"}, map[string]string{"ostype": "win11", "machine": "pc-q35-10.1"}},
+		{"win11 asked and set, machine unpinned", map[string]string{"ostype": "win11"}, Want{OSType: OSWin11}, []string{"machine"}, map[string]string{"machine": "pc-q35-10.1"}},
+		{"win11 asked and set, machine pinned", map[string]string{"ostype": "win11", "machine": "pc-q35-10.1"}, Want{OSType: OSWin11}, nil, map[string]string{}},
+		{"win10 asked, machine pinned newer", map[string]string{"machine": "pc-q35-11.0+pve2"}, Want{OSType: OSWin10}, []string{"hpet off (windows guest, hyper-v enlightenments)"}, map[string]string{"ostype": "win10"}},
+		{"win10 asked, machine pinned older", map[string]string{"ostype": "win10", "machine": "pc-q35-9.2+pve1"}, Want{OSType: OSWin10}, []string{"machine"}, map[string]string{"machine": "pc-q35-10.1"}},
+		{"hyper-v flag with a cpu model", map[string]string{"cpu": "kvm64,flags=+hv-evmcs;-nested-virt"}, Want{CPU: "host"}, []string{"hyper-v cpu flags", "cpu model"}, map[string]string{"cpu": "host,flags=-nested-virt"}},
 		{"windows template, linux asked", map[string]string{"ostype": "win10"}, Want{}, []string{"hpet off (linux guest)"}, map[string]string{"ostype": "l26"}},
 		{"uefi asked, seabios", nil, Want{Firmware: FirmwareUEFI}, []string{"uefi (OVMF 4m, efidisk0)"}, map[string]string{}},
 		{"uefi asked and set", map[string]string{"bios": "ovmf", "efidisk0": efi}, Want{Firmware: FirmwareUEFI}, nil, map[string]string{}},

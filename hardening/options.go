@@ -26,6 +26,9 @@ const (
 	OSWin10      = "win10"
 	OSWin11      = "win11"
 	itemCPUModel = "cpu model"
+	itemHVFlags  = "hyper-v cpu flags"
+	itemKVM      = "kvm (no TCG software emulation)"
+	itemSCSIHW   = "scsi controller (virtio-scsi)"
 )
 
 // OSTypes are the os_type values a create may ask for.

@@ -441,12 +441,20 @@ func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) 
 // of the OVMF vars image whatever the number (OVMF.pm create_efidisk),
 // checking Datastore.AllocateSpace on the storage (API2/Qemu.pm
 // $check_storage_access) and VM.Config.Disk; bios and ostype need
-// VM.Config.Options, cpu VM.Config.CPU. A clone with an efidisk0 of
+// VM.Config.Options, cpu VM.Config.CPU. A Windows ostype goes with the
+// machine pinned (hardening.WindowsMachine, VM.Config.HWType): qemu-server
+// would pin it otherwise, to the newest installed QEMU's version. A clone with an efidisk0 of
 // efitype 4m keeps it (a template installed with UEFI); one of another
 // type is refused: replacing it would drop the guest's boot entries.
 func hardware(body map[string]any, cfg map[string]any, v sandbox.VMConfig) error {
 	if v.OSType != "" {
 		body["ostype"] = v.OSType
+		if hardening.IsWindows(v.OSType) {
+			// with machine in the same request qemu-server does not pin
+			// it itself (update_vm_api, the ostype branch)
+			cur, _ := cfg["machine"].(string)
+			body["machine"] = hardening.WindowsMachine(cur)
+		}
 	}
 	if v.CPU != "" {
 		cur, _ := cfg["cpu"].(string)

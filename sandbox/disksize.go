@@ -9,15 +9,22 @@ import (
 )
 
 // BootDisk is the key of a VM's boot disk in its configuration (values as
-// text): the first entry of boot's order that is a configured disk and not
-// a CD-ROM, else the first of scsi0, virtio0, sata0, ide0 that is; "" when
-// there is none. The resize of disk_gib grows this disk (pveapi ResizeDisk).
+// text): the first entry of boot's order that is a configured disk
+// ((ide|sata|scsi|virtio)N) and not a CD-ROM, else the first of scsi0,
+// virtio0, sata0, ide0 that is; "" when there is none. The order may list
+// NICs too (qemu-server's pve-qm-boot, "order=net0;scsi0" boots PXE
+// first): those are skipped. The resize of disk_gib grows this disk
+// (pveapi ResizeDisk), and a UEFI clone's EFI vars disk goes on its
+// storage (pveapi hardware).
 func BootDisk(conf map[string]string) string {
 	var order []string
 	if o, ok := strings.CutPrefix(conf["boot"], "order="); ok {
 		order = strings.Split(o, ";")
 	}
 	for _, d := range append(order, "scsi0", "virtio0", "sata0", "ide0") {
+		if !reDiskSlot.MatchString(d) {
+			continue
+		}
 		if v, ok := conf[d]; ok && !strings.Contains(v, "media=cdrom") {
 			return d
 		}

@@ -14,6 +14,7 @@ func TestBootDiskAndSize(t *testing.T) {
 	}{
 		{"scsi0", map[string]string{"scsi0": "local-lvm:base-9000-disk-0,size=8G"}, "scsi0", 8 << 30, true},
 		{"boot order", map[string]string{"boot": "order=ide2;virtio1;scsi0", "ide2": "none,media=cdrom", "virtio1": "local:vm-1-disk-1,size=2252M", "scsi0": "x,size=1G"}, "virtio1", 2252 << 20, true},
+		{"nic first in order", map[string]string{"boot": "order=net0;scsi0", "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0", "scsi0": "s:d,size=8G"}, "scsi0", 8 << 30, true},
 		{"cdrom only in order", map[string]string{"boot": "order=ide2", "ide2": "none,media=cdrom", "sata0": "s:d,size=1T"}, "sata0", 1 << 40, true},
 		{"bytes", map[string]string{"scsi0": "s:d,size=34359738368,ssd=1"}, "scsi0", 34359738368, true},
 		{"kib", map[string]string{"scsi0": "s:d,ssd=1,size=1024K"}, "scsi0", 1 << 20, true},

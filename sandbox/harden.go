@@ -21,8 +21,12 @@ type VMConfigs interface {
 // checkTemplates refuses templates whose failing profile items a clone
 // cannot fix, with a problem listing them, unless unhardened templates
 // are allowed; the profile is the one VM i's options want (vms[i], the
-// VM of template names[i], ids[i]). A disk_controller the template's
-// disks are not on is refused whatever the setting.
+// VM of template names[i], ids[i]). Whatever the setting, it refuses a
+// disk_controller the template's disks are not on, and a template whose
+// firmware the VM does not ask for (tolerated), an OVMF one for a VM that
+// does not ask firmware "uefi", which checkVMOptionsAllowed refuses where
+// [api] allow_uefi is off: its clones would boot OVMF, the SMM emulation
+// and pflash device allow_uefi keeps out.
 func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, vms []templateVM) error {
 	if m.o.VMConfigs == nil {
 		return nil
@@ -38,9 +42,6 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, 
 	for i, id := range ids {
 		v := vms[i].Req
 		want := profileWant(v.Firmware, v.CPU, v.OSType)
-		if m.o.AllowUnhardenedTemplates && v.DiskController == "" {
-			continue
-		}
 		k := seenKey{id, want, v.DiskController}
 		if seen[k] {
 			continue
@@ -57,19 +58,27 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, 
 		if why := diskControllerMismatch(conf, v.DiskController); why != "" {
 			return invalid(fmt.Sprintf("vms[%d].disk_controller", vms[i].Index), "disk_controller %q: template %s (%d) cannot give it, as a clone keeps its template's disks: %s", v.DiskController, names[i], id, why)
 		}
-		if m.o.AllowUnhardenedTemplates {
-			continue
-		}
 		for _, it := range hardening.CheckFor(conf, want).TemplateFailures() {
-			items = append(items, fmt.Sprintf("template %s (%d): %s", names[i], id, it))
+			if !m.o.AllowUnhardenedTemplates {
+				items = append(items, fmt.Sprintf("template %s (%d): %s", names[i], id, it))
+			} else if !tolerated(it) {
+				return invalid(fmt.Sprintf("vms[%d].template", vms[i].Index), "template %s (%d) fails the profile item %s, which require_hardened_templates = false does not excuse: its clones would boot OVMF; ask firmware \"uefi\" where [api] allow_uefi is on, or rebuild the template with SeaBIOS", names[i], id, it)
+			}
 		}
 	}
 	if len(items) == 0 {
 		return nil
 	}
-	return &NotHardenedError{Items: items, Msg: fmt.Sprintf("%d profile item(s) fail; run `pve-inspectd template harden VMID` as root on the node, or set [api] require_hardened_templates = false: %s",
+	return &NotHardenedError{Items: items, Msg: fmt.Sprintf("%d profile item(s) fail; run `pve-inspectd template harden VMID` as root on the node, or set [api] require_hardened_templates = false (which excuses template items, not an OVMF template's firmware): %s",
 		len(items), strings.Join(items, "; "))}
 }
+
+// tolerated reports whether a failing item is one [api]
+// require_hardened_templates = false lets a clone keep: a template-level
+// item (FixTemplate). A clone's own items are always set, and the
+// firmware (FixRebuild: an OVMF template for a VM that does not ask UEFI)
+// is never excused, as it would bypass [api] allow_uefi.
+func tolerated(it hardening.Item) bool { return it.Fix == hardening.FixTemplate }
 
 // templateVM is a VM of a request (Req, at Index in its vms) whose
 // template checkTemplates checks.
@@ -98,7 +107,7 @@ func (m *Engine) hardenClone(ctx context.Context, vmid int, want hardening.Want)
 	}
 	var bad []string
 	for _, it := range hardening.CheckFor(conf, want).Failed() {
-		if it.Fix == hardening.FixClone || !m.o.AllowUnhardenedTemplates {
+		if !m.o.AllowUnhardenedTemplates || !tolerated(it) {
 			bad = append(bad, it.String())
 		}
 	}

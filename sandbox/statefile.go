@@ -35,12 +35,18 @@ import (
 //     a version 3 daemon refuses a version 4 file rather than take a
 //     container for a VM (its delete would ask for a VM of that id, find
 //     none, and leave the container behind).
+//   - 5: a VM may carry options (its per-VM options: firmware, cpu,
+//     os_type, disk_controller, nic_controller). Nothing else changed, so
+//     a version 2, 3 or 4 file decodes as version 5 with none; a version 4
+//     daemon refuses a version 5 file rather than drop them, which would
+//     silently lift a Windows VM's guard (GuestIO: exec and file calls
+//     into it are refused) and make it look like a Linux VM.
 //
 // A new format adds a version, a frozen type for the old one and a case in
 // decodeState; TestStateMigration keeps a file of every version.
-const stateVersion = 4
+const stateVersion = 5
 
-// stateFile is the state file of version 4 (and 3, 2).
+// stateFile is the state file of version 5 (and 4, 3, 2).
 type stateFile struct {
 	Version   int            `json:"version"`
 	Node      string         `json:"node"`
@@ -105,7 +111,7 @@ type savedVM struct {
 	// MACs fixed (optional, version 3).
 	NICs []savedNIC `json:"nics,omitempty"`
 	// Options are the VM's per-VM options as the request gave them
-	// (optional; absent in files of daemons before them: none).
+	// (optional, version 5; absent in files of daemons before them: none).
 	Options *savedOptions `json:"options,omitempty"`
 }
 
@@ -223,7 +229,7 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 	case *head.Version == 1:
 		node, sbs, err := decodeV1(b)
 		return node, sbs, nil, err
-	case *head.Version == 2, *head.Version == 3, *head.Version == stateVersion:
+	case *head.Version >= 2 && *head.Version <= stateVersion:
 	default:
 		return "", nil, nil, fmt.Errorf("version %d is not one this daemon knows (it reads 1..%d): written by a newer pve-inspectd?", *head.Version, stateVersion)
 	}

@@ -15,8 +15,10 @@ import (
 // as the version 2 file the previous daemon wrote (testdata/state-v2.json,
 // kept as written) and the version 3 file the one before wrote
 // (testdata/state-v3.json, kept as written: its rewrite with a VM's fixed
-// NIC and a pool member); its version 4 rewrite (testdata/state-v4.json,
-// golden, with a container added) loads back the same; warm pool members
+// NIC and a pool member) and the version 4 file the one before wrote
+// (testdata/state-v4.json, kept as written: a container added); its
+// version 5 rewrite (testdata/state-v5.json, golden, with a Windows VM's
+// options added) loads back the same; warm pool members
 // stay apart from sandboxes; files of an unknown version are refused with
 // a clear error.
 func TestStateMigration(t *testing.T) {
@@ -52,17 +54,26 @@ func TestStateMigration(t *testing.T) {
 		t.Errorf("version 3: %v\n%+v\nwant %+v\nmembers %+v", err, fromV3, fromV1, members)
 	}
 	fromV1[1].VMs[1].Kind = apitype.KindLXC
-	v4, err := encodeState(node, fromV1, []memberState{member})
+	v4, err := os.ReadFile("testdata/state-v4.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	testkit.Golden(t, "state-v4.json", v4)
 	_, fromV4, members, err := decodeState(v4)
 	if err != nil || !reflect.DeepEqual(fromV4, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
-		t.Errorf("version 4 round trip: %v\n%+v\nwant %+v\nmembers %+v", err, fromV4, fromV1, members)
+		t.Errorf("version 4: %v\n%+v\nwant %+v\nmembers %+v", err, fromV4, fromV1, members)
+	}
+	fromV1[1].VMs[0].OSType, fromV1[1].VMs[0].CPU = "win11", "x86-64-v3"
+	v5, err := encodeState(node, fromV1, []memberState{member})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Golden(t, "state-v5.json", v5)
+	_, fromV5, members, err := decodeState(v5)
+	if err != nil || !reflect.DeepEqual(fromV5, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
+		t.Errorf("version 5 round trip: %v\n%+v\nwant %+v\nmembers %+v", err, fromV5, fromV1, members)
 	}
 	for doc, msg := range map[string]string{
-		`{"version": 5, "node": "node1", "sandboxes": []}`: "version 5",
+		`{"version": 6, "node": "node1", "sandboxes": []}`: "version 6",
 		`{"node": "node1", "sandboxes": []}`:               "no version",
 		`{"version": "2"}`:                                 "cannot unmarshal",
 		`[]`:                                               "cannot unmarshal",

@@ -96,3 +96,41 @@ func TestWindowsVMNotNamed(t *testing.T) {
 		t.Errorf("containment check from the Linux VM: %v", err)
 	}
 }
+
+// TestUnhardenedToleranceSparesFirmware: with unhardened templates
+// allowed, a template whose controller `template harden` would change
+// (scsi0 on lsi) is cloned, but an OVMF template for a VM that does not
+// ask firmware "uefi" is refused naming the VM's template: tolerating it
+// would boot OVMF where [api] allow_uefi is off.
+func TestUnhardenedToleranceSparesFirmware(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		conf    map[string]string
+		refused bool
+	}{
+		{"emulated scsi controller", map[string]string{"scsi0": "local-lvm:base-9000-disk-0,size=8G", "scsihw": "lsi"}, false},
+		{"ovmf", map[string]string{"scsi0": "local-lvm:base-9000-disk-0,size=8G", "scsihw": "virtio-scsi-single", "bios": "ovmf"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newCTBench(t, ctConf)
+			b.o.AllowUnhardenedTemplates = true
+			b.o.VMConfigs = templateConfigs{9000: tc.conf}
+			e := b.engine(t)
+			refusals, _, err := e.Validate(ctx, oneVM("debian"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var inv *sandbox.InvalidError
+			if !tc.refused {
+				if len(refusals) != 0 {
+					t.Fatalf("refused: %v", refusals)
+				}
+				return
+			}
+			if len(refusals) != 1 || !errors.As(refusals[0], &inv) || inv.Field != "vms[0].template" || !strings.Contains(inv.Msg, "OVMF") {
+				t.Fatalf("refusals %v, want vms[0].template refused for OVMF", refusals)
+			}
+		})
+	}
+}

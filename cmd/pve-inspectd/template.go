@@ -173,7 +173,7 @@ func writeReport(w io.Writer, vmid int, rep hardening.Report) {
 		fix := ""
 		if !it.OK {
 			fix = map[hardening.Fixer]string{hardening.FixClone: "  [set on every clone]",
-				hardening.FixTemplate: "  [needs root: pve-inspectd template harden]",
+				hardening.FixTemplate: "  [on the template: pve-inspectd template harden, as root]",
 				hardening.FixRebuild:  "  [rebuild the template]"}[it.Fix]
 		}
 		fmt.Fprintf(w, "  %s %-44s want %-40s got %s%s\n", state, it.Name, it.Want, orAbsent(it.Got), fix)
@@ -213,6 +213,9 @@ func hardenTemplate(ctx context.Context, w io.Writer, px vmConfigs, vmid int) er
 	}
 	for _, k := range slices.Sorted(maps.Keys(set)) {
 		fmt.Fprintf(w, "set %s = %s\n", k, set[k])
+	}
+	if _, ok := set["scsihw"]; ok {
+		fmt.Fprintf(w, "note: the template's disks are now on virtio-scsi: its guest needs the virtio-scsi driver to boot (Linux: virtio_scsi in its initramfs; Windows: vioscsi); boot a clone once before creates use it\n")
 	}
 	after, err := templateReport(ctx, px, vmid)
 	if err != nil {

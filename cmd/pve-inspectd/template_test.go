@@ -36,14 +36,15 @@ func (f *fakeConfigs) UpdateVMConfig(_ context.Context, vmid int, set map[string
 }
 
 func TestTemplateCheckAndHarden(t *testing.T) {
-	dirty := map[string]string{"template": "1", "args": "-device x", "hostpci0": "0000:01:00.0", "vga": "std", "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}
+	dirty := map[string]string{"template": "1", "args": "-device x", "hostpci0": "0000:01:00.0", "vga": "std", "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0",
+		"scsi0": "local-lvm:base-9000-disk-0,size=8G"} // scsihw unset: lsi
 	for _, tc := range []struct {
 		name     string
 		root     bool
 		wantErr  string
 		wantText []string
 	}{
-		{"root hardens", true, "", []string{"deleted args", "deleted hostpci0", "set vga = serial0", "hardened: creates may clone it"}},
+		{"root hardens", true, "", []string{"deleted args", "deleted hostpci0", "set scsihw = virtio-scsi-single", "needs the virtio-scsi driver", "set vga = serial0", "hardened: creates may clone it"}},
 		{"token refused", false, "only root can set 'args'", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,7 +55,7 @@ func TestTemplateCheckAndHarden(t *testing.T) {
 				t.Fatal(err)
 			}
 			writeReport(&buf, 9000, rep)
-			if !strings.Contains(buf.String(), "NOT hardened: 2 item(s)") {
+			if !strings.Contains(buf.String(), "NOT hardened: 3 item(s)") {
 				t.Fatalf("check of the dirty template:\n%s", buf.String())
 			}
 			buf.Reset()

@@ -439,11 +439,13 @@ def test_reference_healthcheck_converts() -> None:
 def test_reference_vm_options_map_to_the_daemons() -> None:
     """uefi_boot, cpu, os_type, disk_controller and nic_controller become
     the daemon's per-VM options in the create body; their defaults written
-    out send nothing (the template's, and the warm pool may serve them)."""
+    out (cpu "host", disk_controller "scsi" included) send nothing (the
+    template's, and the warm pool may serve them)."""
     d = coerce(
         {
             "vms_config": [
                 ref_vm(name="attacker", uefi_boot=True, cpu="host", disk_controller="scsi"),
+                ref_vm(name="old", cpu="qemu64"),
                 ref_vm(name="target", os_type="win11", is_sandbox=False, cpu="x86-64-v3"),
                 ref_vm(
                     name="plain",
@@ -460,10 +462,27 @@ def test_reference_vm_options_map_to_the_daemons() -> None:
     opts = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller")
     got = [{k: v[k] for k in opts if k in v} for v in body["vms"]]
     assert got == [
-        {"firmware": "uefi", "cpu": "host", "disk_controller": "scsi"},
+        {"firmware": "uefi"},
+        {"cpu": "qemu64"},
         {"cpu": "x86-64-v3", "os_type": "win11"},
         {},
     ]
+
+
+def test_reference_defaults_written_out_send_no_vm_options() -> None:
+    """A VM that writes out every reference default of the VM options sends
+    none of the daemon's per-VM options, so the daemon may serve it from its
+    warm pool (a VM with any of them set is built cold)."""
+    vm = ref_vm(
+        uefi_boot=False,
+        os_type="l26",
+        cpu="host",
+        disk_controller="scsi",
+        nic_controller="virtio",
+    )
+    body = create_request(coerce({"vms_config": [vm]}), "task")
+    opts = {"firmware", "cpu", "os_type", "disk_controller", "nic_controller"}
+    assert opts & set(body["vms"][0]) == set()
 
 
 def test_native_vm_options() -> None:

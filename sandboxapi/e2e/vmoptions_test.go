@@ -56,7 +56,9 @@ func TestVMOptionsOnEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w["ostype"] != "win11" || w["cpu"] != "x86-64-v3,flags=-nested-virt" || w["bios"] != "" || w["efidisk0"] != "" {
+	// a Windows VM's machine is pinned, to the profile's minimum (the
+	// template's q35 is unpinned)
+	if w["ostype"] != "win11" || w["machine"] != hardening.MinMachine || w["cpu"] != "x86-64-v3,flags=-nested-virt" || w["bios"] != "" || w["efidisk0"] != "" {
 		t.Errorf("target config %v", w)
 	}
 

@@ -506,6 +506,10 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 	if _, ok := conf["vmgenid"]; !ok {
 		conf["vmgenid"] = uuidish()
 	}
+	// create_vm: "always pin Windows' machine version on create"
+	if m, ok := pinWindowsMachine(conf["machine"], conf["ostype"]); ok {
+		conf["machine"] = m
+	}
 	s.mu.Lock()
 	if pool != "" && s.pools[pool] == nil {
 		s.mu.Unlock()

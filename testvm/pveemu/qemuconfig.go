@@ -271,6 +271,7 @@ func (s *Server) applyCheckedLocked(ctx context.Context, u *configUpdate, v *vm)
 	if err := s.allocNewDisksLocked(v, u.changes); err != nil {
 		return err
 	}
+	pinOnOSTypeLocked(v, u.changes, u.deletes)
 	old := copyConf(v.conf)
 	changes, deletes := dropPendingLocked(v, u.changes, u.deletes)
 	changes, deletes = deferDisks(v, changes, deletes, u.force)

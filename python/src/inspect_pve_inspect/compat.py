@@ -54,9 +54,11 @@ _VM_WHY: dict[str, str] = {
     "tablet": "the hardened profile has no USB tablet",
     "await_before_next_vm": "removed by the reference itself: use depends_on and healthcheck",
 }
-# The VM options mapped to the daemon's per-VM options (_vm_options); each
-# reference default, written out or not, maps to nothing sent (the
-# template's, and a warm pool member may serve the VM).
+# The VM options mapped to the daemon's per-VM options (_vm_options). Each
+# reference default, written out or not (uefi_boot=False, os_type="l26",
+# cpu="host" or None, disk_controller="scsi" or None, nic_controller=
+# "virtio" or None), maps to nothing sent: the template's hardware, and a
+# VM with no per-VM option may be served from the daemon's warm pool.
 _VM_OPTIONS = ("uefi_boot", "os_type", "cpu", "disk_controller", "nic_controller")
 # Accepted as covered: firewall=True (the node's guard isolates every
 # sandbox whatever it says), depends_on (checked; every VM starts at once
@@ -242,12 +244,17 @@ def _vm_options(f: str, vm: dict[str, Any]) -> dict[str, str]:
     """The daemon's per-VM options for the reference's ``uefi_boot``,
     ``os_type``, ``cpu``, ``disk_controller`` and ``nic_controller``.
 
-    The reference's defaults (False, l26, None, scsi, virtio) send nothing
-    but ``disk_controller="scsi"``, which the daemon checks against the
-    template as the reference does. ``cpu`` given is set on the clone (the
-    reference sets it on OVA imports only; here it is the clone's model,
-    nested virtualization off). The emulated controllers (``ide``,
-    ``e1000``) are refused: host-side device code the guest drives.
+    The reference's defaults, written out or not (False, l26, ``cpu``
+    "host" or None, ``disk_controller`` "scsi" or None, ``nic_controller``
+    "virtio" or None), send nothing, so a VM that only writes them out may
+    still claim a warm pool member. So ``disk_controller="scsi"`` is not
+    checked against the template as the reference checks it (the daemon's
+    hardened profile wants ``scsiN`` disks on virtio-scsi either way), and
+    ``cpu="host"`` keeps the template's model (the reference sets ``cpu``
+    on OVA imports only, "host" when unset). Another ``cpu`` is set on the
+    clone, nested virtualization off. ``ide`` and ``e1000`` are not offered:
+    the daemon writes every NIC virtio and takes clones' disks as the
+    template has them.
     """
     out: dict[str, str] = {}
     uefi = vm.get("uefi_boot", False)
@@ -265,23 +272,23 @@ def _vm_options(f: str, vm: dict[str, Any]) -> dict[str, str]:
             "sandbox through batch scripts, and this daemon offers no exec or file calls into "
             "Windows guests (they run POSIX sh); set is_sandbox=False to run it as a target VM",
         )
-    if vm.get("cpu") is not None:
+    if vm.get("cpu") not in (None, "host"):
         out["cpu"] = str(vm["cpu"])
     disk = vm.get("disk_controller")
     if disk == "ide":
         raise ConfigError(
             f"{f}.disk_controller",
-            "'ide' is not supported: the hardened profile refuses an emulated ATA controller "
-            "(host-side code the guest drives); use a template whose disks are on virtio-scsi",
+            "'ide' is not supported: a clone keeps its template's disks, and the daemon takes "
+            "templates whose disks are on scsi (virtio-scsi); use such a template",
         )
-    if disk is not None:
+    if disk not in (None, "scsi"):
         out["disk_controller"] = str(disk)
     nic = vm.get("nic_controller")
     if nic == "e1000":
         raise ConfigError(
             f"{f}.nic_controller",
-            "'e1000' is not supported: the hardened profile refuses an emulated NIC (host-side "
-            "code the guest drives); every NIC is virtio",
+            "'e1000' is not supported: the daemon writes every NIC virtio (a Windows guest "
+            "needs the virtio drivers for its guest agent anyway)",
         )
     if nic not in (None, "virtio"):
         out["nic_controller"] = str(nic)

@@ -98,7 +98,9 @@ type APISection struct {
 	AutoCIDRBits int    `toml:"auto_cidr_bits"`
 	// RequireHardenedTemplates refuses a create from a template that fails
 	// the hardened VM profile's items a clone cannot fix (see
-	// `pve-inspectd template check`).
+	// `pve-inspectd template check`). Off, the template items are
+	// excused, never an OVMF template's firmware for a VM that does not
+	// ask "uefi" (sandbox checkTemplates).
 	RequireHardenedTemplates bool `toml:"require_hardened_templates"`
 	// AllowUEFI lets a create ask for firmware "uefi" (OVMF: SMM emulation
 	// on, a pflash device; hardening/doc.go). Default false.
