@@ -104,6 +104,10 @@ type Options struct {
 	// KeepFailed leaves a failed build's VM (still tagged building) for
 	// a look; by default it is destroyed.
 	KeepFailed bool
+	// KeepCancelled leaves the VM of a build ended by its context (the
+	// daemon stopping) for the next build of the name to destroy, rather
+	// than hold up the shutdown destroying it.
+	KeepCancelled bool
 	// Progress receives one line per step; Log the same as debug records
 	// (and a failed snippet removal as a warning).
 	Progress io.Writer
@@ -219,7 +223,7 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 	}
 	rep, err := b.finish(ctx, vmid)
 	if err != nil {
-		return Result{VMID: vmid}, b.failed(vmid, err)
+		return Result{VMID: vmid}, b.failed(ctx, vmid, err)
 	}
 	b.say("done", "template %q is VM %d", b.o.Name, vmid)
 	return Result{VMID: vmid, Report: rep}, nil
@@ -233,10 +237,11 @@ func (b *Builder) finish(ctx context.Context, vmid int) (hardening.Report, error
 	return b.seal(ctx, vmid)
 }
 
-// failed destroys a failed build's VM (unless KeepFailed) and says so.
-func (b *Builder) failed(vmid int, cause error) error {
-	if b.o.KeepFailed {
-		b.say("failed", "VM %d kept for a look (tagged %s: the next build destroys it)", vmid, TagBuilding)
+// failed destroys a failed build's VM (unless KeepFailed, or
+// KeepCancelled and ctx was cancelled) and says so.
+func (b *Builder) failed(ctx context.Context, vmid int, cause error) error {
+	if b.o.KeepFailed || (b.o.KeepCancelled && errors.Is(ctx.Err(), context.Canceled)) {
+		b.say("failed", "VM %d kept (tagged %s: the next build destroys it)", vmid, TagBuilding)
 		return cause
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -272,7 +277,7 @@ func (b *Builder) find(ctx context.Context) (int, bool, error) {
 			continue
 		}
 		building := slices.Contains(v.Tags, TagBuilding)
-		if v.Template && !building && hasAll(v.Tags, b.wantTags()) {
+		if finished(v, b.wantTags()) {
 			return v.VMID, true, nil
 		}
 		if !building {
@@ -282,6 +287,31 @@ func (b *Builder) find(ctx context.Context) (int, bool, error) {
 		b.say("find", "VM %d is a half-built %q from an earlier run: destroying it", v.VMID, b.o.Name)
 		if err := b.px.DeleteVM(ctx, v.VMID); err != nil {
 			return 0, false, fmt.Errorf("destroy half-built VM %d: %w", v.VMID, err)
+		}
+	}
+	return 0, false, nil
+}
+
+// finished reports whether v is a finished template of this project's
+// build carrying want.
+func finished(v sandbox.VMInfo, want []string) bool {
+	return v.Template && !slices.Contains(v.Tags, TagBuilding) && hasAll(v.Tags, want)
+}
+
+// Existing finds, without changing anything, the finished template named
+// name that a build of recipe ("" for a build from an image alone) would
+// reuse: its id, and whether there is one.
+func Existing(ctx context.Context, px interface {
+	ListVMs(ctx context.Context) ([]sandbox.VMInfo, error)
+}, name, recipe string) (int, bool, error) {
+	vms, err := px.ListVMs(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	want := (&Builder{o: Options{Recipe: Recipe{Name: recipe}}}).wantTags()
+	for _, v := range vms {
+		if v.Name == name && finished(v, want) {
+			return v.VMID, true, nil
 		}
 	}
 	return 0, false, nil
@@ -497,18 +527,18 @@ func (b *Builder) create(ctx context.Context, importFrom, cicustom string) (int,
 			continue
 		}
 		if b.ours(ctx, vmid) {
-			return 0, b.failed(vmid, err)
+			return 0, b.failed(ctx, vmid, err)
 		}
 		return 0, err
 	}
 	if want := b.o.Recipe.DiskGiB; want > 0 {
 		conf, err := b.px.VMConfig(ctx, vmid)
 		if err != nil {
-			return 0, b.failed(vmid, err)
+			return 0, b.failed(ctx, vmid, err)
 		}
 		if have, ok := diskGiB(conf["scsi0"]); !ok || have < float64(want) {
 			if err := b.px.ResizeDisk(ctx, vmid, want); err != nil {
-				return 0, b.failed(vmid, err)
+				return 0, b.failed(ctx, vmid, err)
 			}
 			b.say("create", "disk grown to %d GiB", want)
 		}
