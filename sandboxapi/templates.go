@@ -78,7 +78,7 @@ func (s *Server) templateResponses(paths map[string]any) {
 		"content": map[string]any{"application/json": map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/TemplateBuild"}}}}
 	post[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, an unknown recipe, a recipe the node cannot download (kali2025.4), an image URL without its checksum or refused (the node's own, loopback, link-local or metadata addresses): nothing is built", apitype.ProblemInvalidRequest)
 	post[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs", apitype.ProblemConflict)
-	post[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build queue is full, or the daemon starts or stops", apitype.ProblemUnavailable)
+	post[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build queue is full, the daemon starts or stops, or the builder cannot log in (its password file, its password): nothing is built", apitype.ProblemUnavailable)
 	for _, op := range []map[string]any{post, paths["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)} {
 		op[httpCode(http.StatusForbidden)] = problemResponse("an owner-bound token (a node operation), or template builds are off on this node", apitype.ProblemForbidden)
 	}

@@ -29,6 +29,14 @@ var (
 	ErrBuildsFull = fmt.Errorf("the node's template build queue is full: %w", sandbox.ErrBusy)
 )
 
+// loginError is a failed login of the builder (its password file, or
+// Proxmox refusing it): the node cannot build until an operator fixes it
+// (sandbox.ErrNotConfigured: the API answers unavailable).
+type loginError struct{ err error }
+
+func (e loginError) Error() string   { return "log in as the template builder: " + e.err.Error() }
+func (e loginError) Unwrap() []error { return []error{e.err, sandbox.ErrNotConfigured} }
+
 func badRequest(field, format string, a ...any) error {
 	return &sandbox.InvalidError{Field: field, Msg: fmt.Sprintf(field+": "+format, a...)}
 }
@@ -185,7 +193,7 @@ func (s *Service) Start(ctx context.Context, req apitype.TemplateBuildRequest) (
 	}
 	px, err := s.o.Login(ctx)
 	if err != nil {
-		return apitype.TemplateBuild{}, fmt.Errorf("log in as the template builder: %w", err)
+		return apitype.TemplateBuild{}, loginError{err}
 	}
 	vmid, ok, err := Existing(ctx, px, req.Name, recipe.Name)
 	if err != nil {
@@ -349,7 +357,7 @@ func (s *Service) build(ctx context.Context, b *build, recipe Recipe) (Result, e
 	defer unlock()
 	px, err := s.o.Login(ctx)
 	if err != nil {
-		return Result{}, fmt.Errorf("log in as the template builder: %w", err)
+		return Result{}, loginError{err}
 	}
 	o := s.o.Defaults
 	o.Name, o.Recipe, o.KeepCancelled = b.req.Name, recipe, true
