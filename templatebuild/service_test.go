@@ -294,3 +294,35 @@ func TestServiceStopsAtShutdown(t *testing.T) {
 		t.Errorf("start after the end: %v, want busy", err)
 	}
 }
+
+// TestServiceOneBuildAtATime: with one build slot, a build of another
+// name waits (queued) while the first holds it, and runs once it is done.
+func TestServiceOneBuildAtATime(t *testing.T) {
+	n := newServiceNode(t)
+	ctx := context.Background()
+	if _, err := n.svc.Start(ctx, n.fromURL("tpl-a")); err != nil {
+		t.Fatal(err)
+	}
+	<-n.agent.asked // tpl-a runs and holds the slot
+	st, err := n.svc.Start(ctx, n.fromURL("tpl-b"))
+	if err != nil || st.State != apitype.BuildQueued {
+		t.Fatalf("second build: %+v %v, want queued", st, err)
+	}
+	if st, _ := n.svc.Build("tpl-b"); st.State != apitype.BuildQueued || len(n.vmsNamed(t, "tpl-b")) != 0 {
+		t.Errorf("second build while the first runs: %+v, VMs %v", st, n.vmsNamed(t, "tpl-b"))
+	}
+	close(n.agent.gate)
+	a := n.waitState(t, "tpl-a", apitype.BuildDone)
+	b := n.waitState(t, "tpl-b", apitype.BuildDone)
+	if a.VMID == b.VMID {
+		t.Errorf("builds: %+v %+v", a, b)
+	}
+	// every line of tpl-b's came after tpl-a's end
+	n.ev.mu.Lock()
+	defer n.ev.mu.Unlock()
+	aDone := slices.IndexFunc(n.ev.evs, func(ev apitype.Event) bool { return ev.Type == apitype.EventTemplateBuildDone && ev.Template == "tpl-a" })
+	bFirst := slices.IndexFunc(n.ev.evs, func(ev apitype.Event) bool { return ev.Template == "tpl-b" })
+	if aDone < 0 || bFirst < aDone {
+		t.Errorf("tpl-a done at event %d, tpl-b's first event at %d: %+v", aDone, bFirst, n.ev.evs)
+	}
+}
