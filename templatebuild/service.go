@@ -64,6 +64,11 @@ type ServiceOptions struct {
 	// be queued or running (8); Keep how many finished builds are
 	// remembered for Build (32, the oldest forgotten first).
 	MaxRunning, MaxBuilds, Keep int
+	// Grant, when set, lets the daemon's sandbox token clone the template
+	// a build made or found (the daemon: PVEInspectTemplate on /vms/ID, as
+	// pve-access-setup grants the templates it is given), with px, the
+	// builder's client. A failed grant fails the build, saying what to run.
+	Grant func(ctx context.Context, px Proxmox, vmid int) error
 	// LockDir holds the per-name build locks (Lock), shared with
 	// `pve-inspectd template build` on the node.
 	LockDir string
@@ -200,6 +205,9 @@ func (s *Service) Start(ctx context.Context, req apitype.TemplateBuildRequest) (
 		return apitype.TemplateBuild{}, fmt.Errorf("look for template %q: %w", req.Name, err)
 	}
 	if ok {
+		if err := s.grant(ctx, px, vmid); err != nil {
+			return apitype.TemplateBuild{}, err
+		}
 		return s.exists(req, vmid)
 	}
 	return s.launch(req, recipe)
@@ -367,7 +375,28 @@ func (s *Service) build(ctx context.Context, b *build, recipe Recipe) (Result, e
 	if err != nil {
 		return Result{}, err
 	}
-	return bl.Run(ctx)
+	res, err := bl.Run(ctx)
+	if err != nil {
+		return res, err
+	}
+	if err := s.grant(ctx, px, res.VMID); err != nil {
+		return res, err
+	}
+	if s.o.Grant != nil {
+		fmt.Fprintf(o.Progress, "%-8s the daemon's token may clone VM %d\n", "grant:", res.VMID)
+	}
+	return res, nil
+}
+
+// grant runs Grant (when set) for template vmid.
+func (s *Service) grant(ctx context.Context, px Proxmox, vmid int) error {
+	if s.o.Grant == nil {
+		return nil
+	}
+	if err := s.o.Grant(ctx, px, vmid); err != nil {
+		return fmt.Errorf("template is VM %d, but the daemon's token may not clone it: %w (as root: PVE_INSPECTD_TEMPLATES=\"... %d\" /usr/lib/pve-inspectd/pve-access-setup)", vmid, err, vmid)
+	}
+	return nil
 }
 
 // end records a build's end and publishes it.

@@ -320,7 +320,9 @@ func TestServiceOneBuildAtATime(t *testing.T) {
 	// every line of tpl-b's came after tpl-a's end
 	n.ev.mu.Lock()
 	defer n.ev.mu.Unlock()
-	aDone := slices.IndexFunc(n.ev.evs, func(ev apitype.Event) bool { return ev.Type == apitype.EventTemplateBuildDone && ev.Template == "tpl-a" })
+	aDone := slices.IndexFunc(n.ev.evs, func(ev apitype.Event) bool {
+		return ev.Type == apitype.EventTemplateBuildDone && ev.Template == "tpl-a"
+	})
 	bFirst := slices.IndexFunc(n.ev.evs, func(ev apitype.Event) bool { return ev.Template == "tpl-b" })
 	if aDone < 0 || bFirst < aDone {
 		t.Errorf("tpl-a done at event %d, tpl-b's first event at %d: %+v", aDone, bFirst, n.ev.evs)

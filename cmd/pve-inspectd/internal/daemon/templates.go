@@ -6,11 +6,13 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/pveapi/access"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
@@ -55,8 +57,24 @@ func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, erro
 	if host == nil {
 		host = templatebuild.NodeHost{}
 	}
+	tokenID, _, err := ReadToken(a.cfg.API.Proxmox.SecretFile, a.cfg.API.Proxmox.TokenID, ProxmoxNode(a.cfg))
+	if err != nil {
+		return nil, err
+	}
+	tokenUser, _, _ := strings.Cut(tokenID, "!")
+	// The daemon's token clones the template: the role pve-access-setup
+	// gives it on the templates it is told of, on this one's path alone.
+	grant := func(ctx context.Context, px templatebuild.Proxmox, vmid int) error {
+		g, ok := px.(interface {
+			GrantACL(ctx context.Context, path, role string, users, tokens []string, propagate bool) error
+		})
+		if !ok {
+			return fmt.Errorf("the builder's client cannot grant")
+		}
+		return g.GrantACL(ctx, "/vms/"+strconv.Itoa(vmid), access.RoleTemplate, []string{tokenUser}, []string{tokenID}, false)
+	}
 	return templatebuild.NewService(templatebuild.ServiceOptions{
-		Login: login, Agent: agent, Host: host, URLs: urls,
+		Login: login, Agent: agent, Host: host, URLs: urls, Grant: grant,
 		Defaults: templatebuild.Options{Storage: tc.Storage, ImageStorage: tc.ImageStorage, SnippetStorage: tc.SnippetStorage,
 			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll},
 		MaxRunning: tc.MaxBuilds, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,

@@ -181,6 +181,14 @@ func TestAPITemplateBuilds(t *testing.T) {
 	if conf, err := root.VMConfig(ctx, st.VMID); err != nil || conf["template"] != "1" || conf["name"] != "img1" {
 		t.Errorf("template %d: %v %v", st.VMID, conf, err)
 	}
+	// The daemon's token may clone it: a create of it validates.
+	rep, err := c.Validate(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "img1"}}})
+	if err != nil || !rep.Valid {
+		t.Errorf("validate a create of the built template: %+v %v", rep, err)
+	}
+	if !strings.Contains(strings.Join(st.Progress, "\n"), fmt.Sprintf("grant: the daemon's token may clone VM %d", st.VMID)) {
+		t.Errorf("progress: %q", st.Progress)
+	}
 	// Who made it: root@pam's ticket, not the daemon's token.
 	var byRoot, byToken int
 	for _, r := range emu.Requests() {
