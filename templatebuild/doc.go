@@ -65,7 +65,9 @@
 // VM, tagged building, is left for the next build to destroy, so the
 // shutdown is not held up). It logs in with its own credential per build
 // (ServiceOptions.Login), takes the same per-name Lock as the CLI, and
-// publishes each progress line and the end as events. A build from a URL
+// publishes each progress line and the end as events; a template built
+// or found is granted to the daemon's token (ServiceOptions.Grant) so
+// that sandboxes clone it at once. A build from a URL
 // is checked by URLGuard first: the node downloads as root, so a URL that
 // names the node, loopback, link-local or a metadata service is refused.
 package templatebuild
