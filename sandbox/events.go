@@ -345,3 +345,13 @@ func (m *Engine) egressEvents(v sbView, t *sbTrack) {
 		m.emit(apitype.Event{Type: apitype.EventEgressDenied, Sandbox: v.id, Owner: v.owner, Denial: &d, Time: d.Time})
 	}
 }
+
+// PublishNodeEvent publishes an event of the node rather than of a
+// sandbox (a template build's): its owner and sandbox are cleared, so
+// only streams bound to no owner (unbound tokens, the local socket)
+// carry it, and it is held in a bucket of its own that no owner's events
+// share. It never takes the engine's lock.
+func (m *Engine) PublishNodeEvent(e apitype.Event) {
+	e.Owner, e.Sandbox = "", ""
+	m.emit(e)
+}

@@ -203,6 +203,15 @@ func TestNoPublishUnderEngineLock(t *testing.T) {
 		t.Fatalf("pool claim: %v (from pool %v)", err, sb.FromPool)
 	}
 
+	// a template build's events (templatebuild.Service publishes them
+	// from its own goroutines, through PublishNodeEvent)
+	for _, typ := range []string{apitype.EventTemplateBuildProgress, apitype.EventTemplateBuildDone, apitype.EventTemplateBuildFailed} {
+		e.PublishNodeEvent(apitype.Event{Type: typ, Template: "debian13", Owner: "someone", Sandbox: sb.ID})
+	}
+	if evs := e.EventsSince(0, sandbox.NewEventFilter("someone", nil, nil)).Events; len(evs) != 0 {
+		t.Errorf("node events reach an owner's stream: %+v", evs)
+	}
+
 	for _, en := range []*sandbox.Engine{e, pb.e} {
 		for _, ev := range en.EventsSince(0, sandbox.EventFilter{}).Events {
 			seen[ev.Type] = true

@@ -25,7 +25,10 @@ import (
 type route struct {
 	method, path string
 	scope        string
-	summary      string
+	// node marks a node operation: refused to owner-bound tokens whatever
+	// their scope (template builds).
+	node    bool
+	summary string
 	// request and response name schemas in the OpenAPI document; "" none.
 	request, response string
 	// requestType/responseType are media types other than application/json.
@@ -66,7 +69,7 @@ var (
 )
 
 func (s *Server) routeTable() []route {
-	return []route{
+	return append([]route{
 		{method: "GET", path: "/v1/healthz", scope: apitype.ScopeRead, summary: "Daemon health", response: "Health", okStatus: 200, timeout: reqTimeout, h: s.healthz},
 		{method: "GET", path: "/v1/capacity", scope: apitype.ScopeRead, summary: "The node's free room against its caps (sandboxes, VMs, cores, memory)", response: "Capacity", okStatus: 200, timeout: reqTimeout, h: s.capacity},
 		{method: "GET", path: "/v1/openapi.json", scope: apitype.ScopeRead, summary: "This OpenAPI document", response: "", okStatus: 200, timeout: reqTimeout, h: s.openapi},
@@ -87,12 +90,13 @@ func (s *Server) routeTable() []route {
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots", scope: apitype.ScopeExec, summary: "Snapshot a VM", request: "SnapshotRequest", okStatus: 204, params: []param{pID, pVM}, timeout: vmOpTimeout, h: s.snapshot},
 		{method: "POST", path: "/v1/sandboxes/{id}/vms/{vm}/snapshots/{name}/rollback", scope: apitype.ScopeExec, summary: "Roll a VM back to a snapshot", okStatus: 204, params: []param{pID, pVM, pName}, timeout: vmOpTimeout, h: s.rollback},
 		s.eventsRoute(),
-	}
+	}, s.templateRoutes()...)
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request, _ principal) error {
 	return writeJSON(w, http.StatusOK, apitype.Health{Status: "ok", Node: s.e.Node(), Sandboxes: len(s.e.List()),
-		DefaultTTLSeconds: int64(s.o.DefaultTTL / time.Second), MaxTTLSeconds: int64(s.o.MaxTTL / time.Second)})
+		DefaultTTLSeconds: int64(s.o.DefaultTTL / time.Second), MaxTTLSeconds: int64(s.o.MaxTTL / time.Second),
+		TemplateBuilds: s.templateBuildsOn()})
 }
 
 // capacity answers the guard's room: the node's, narrowed to what the

@@ -14,45 +14,47 @@ import (
 
 // schemaTypes are the named schemas of the OpenAPI document.
 var schemaTypes = map[string]any{
-	"CreateRequest":   apitype.CreateRequest{},
-	"VMRequest":       apitype.VMRequest{},
-	"NIC":             apitype.NIC{},
-	"NetworkRequest":  apitype.NetworkRequest{},
-	"Sandbox":         apitype.Sandbox{},
-	"SandboxList":     apitype.SandboxList{},
-	"Network":         apitype.Network{},
-	"VM":              apitype.VM{},
-	"VMAddress":       apitype.VMAddress{},
-	"ExtendRequest":   apitype.ExtendRequest{},
-	"ValidateReport":  apitype.ValidateReport{},
-	"ExecRequest":     apitype.ExecRequest{},
-	"ExecResult":      apitype.ExecResult{},
-	"ExecEvent":       apitype.ExecEvent{},
-	"SnapshotRequest": apitype.SnapshotRequest{},
-	"CheckRequest":    apitype.CheckRequest{},
-	"CheckRow":        apitype.CheckRow{},
-	"CheckReport":     apitype.CheckReport{},
-	"CheckSampling":   apitype.CheckSampling{},
-	"Health":          apitype.Health{},
-	"Capacity":        apitype.Capacity{},
-	"CapacityUse":     apitype.CapacityUse{},
-	"SandboxCaps":     apitype.SandboxCaps{},
-	"EgressPolicy":    apitype.EgressPolicy{},
-	"EgressStatus":    apitype.EgressStatus{},
-	"EgressDenial":    apitype.EgressDenial{},
-	"EgressLog":       apitype.EgressLog{},
-	"EgressRecord":    apitype.EgressRecord{},
-	"EgressCounts":    apitype.EgressCounts{},
-	"Problem":         apitype.Problem{},
-	"SandboxHealth":   apitype.SandboxHealth{},
-	"VMHealth":        apitype.VMHealth{},
-	"HostSignals":     apitype.HostSignals{},
-	"GuestReport":     apitype.GuestReport{},
-	"GuestFilesystem": apitype.GuestFilesystem{},
-	"Event":           apitype.Event{},
-	"PoolStatus":      apitype.PoolStatus{},
-	"PoolShapeStatus": apitype.PoolShapeStatus{},
-	"PoolMember":      apitype.PoolMember{},
+	"CreateRequest":        apitype.CreateRequest{},
+	"VMRequest":            apitype.VMRequest{},
+	"NIC":                  apitype.NIC{},
+	"NetworkRequest":       apitype.NetworkRequest{},
+	"Sandbox":              apitype.Sandbox{},
+	"SandboxList":          apitype.SandboxList{},
+	"Network":              apitype.Network{},
+	"VM":                   apitype.VM{},
+	"VMAddress":            apitype.VMAddress{},
+	"ExtendRequest":        apitype.ExtendRequest{},
+	"ValidateReport":       apitype.ValidateReport{},
+	"ExecRequest":          apitype.ExecRequest{},
+	"ExecResult":           apitype.ExecResult{},
+	"ExecEvent":            apitype.ExecEvent{},
+	"SnapshotRequest":      apitype.SnapshotRequest{},
+	"CheckRequest":         apitype.CheckRequest{},
+	"CheckRow":             apitype.CheckRow{},
+	"CheckReport":          apitype.CheckReport{},
+	"CheckSampling":        apitype.CheckSampling{},
+	"Health":               apitype.Health{},
+	"Capacity":             apitype.Capacity{},
+	"CapacityUse":          apitype.CapacityUse{},
+	"SandboxCaps":          apitype.SandboxCaps{},
+	"EgressPolicy":         apitype.EgressPolicy{},
+	"EgressStatus":         apitype.EgressStatus{},
+	"EgressDenial":         apitype.EgressDenial{},
+	"EgressLog":            apitype.EgressLog{},
+	"EgressRecord":         apitype.EgressRecord{},
+	"EgressCounts":         apitype.EgressCounts{},
+	"Problem":              apitype.Problem{},
+	"SandboxHealth":        apitype.SandboxHealth{},
+	"VMHealth":             apitype.VMHealth{},
+	"HostSignals":          apitype.HostSignals{},
+	"GuestReport":          apitype.GuestReport{},
+	"GuestFilesystem":      apitype.GuestFilesystem{},
+	"Event":                apitype.Event{},
+	"PoolStatus":           apitype.PoolStatus{},
+	"PoolShapeStatus":      apitype.PoolShapeStatus{},
+	"PoolMember":           apitype.PoolMember{},
+	"TemplateBuildRequest": apitype.TemplateBuildRequest{},
+	"TemplateBuild":        apitype.TemplateBuild{},
 }
 
 var timeType = reflect.TypeOf(time.Time{})
@@ -175,6 +177,9 @@ func (s *Server) OpenAPI() map[string]any {
 			"security":    []any{map[string]any{"bearer": []string{rt.scope}}},
 			"x-scope":     rt.scope,
 		}
+		if rt.node {
+			op["x-node-operation"] = true
+		}
 		var params []any
 		for _, p := range rt.params {
 			ps := map[string]any{"type": "string"}
@@ -240,6 +245,7 @@ func (s *Server) OpenAPI() map[string]any {
 	// schema-valid vm= that the sandbox has not), or out of its range
 	logResp[httpCode(http.StatusBadRequest)] = problemResponse(
 		"vm names no VM of the sandbox, or type, since or limit is out of its range", apitype.ProblemInvalidRequest)
+	s.templateResponses(paths)
 	// a stream past its caps, a filter past its bound (events.go)
 	events := paths["/v1/events"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
 	tooMany := problemResponse(fmt.Sprintf(

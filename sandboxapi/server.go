@@ -80,6 +80,10 @@ type Options struct {
 	// Streams caps the GET /v1/events streams and bounds their writes
 	// (eventstreams.go).
 	Streams StreamLimits
+	// Templates builds templates on request (POST /v1/templates/build);
+	// nil: builds are off and those routes answer forbidden, saying how
+	// to turn them on.
+	Templates TemplateBuilder
 	// Registerer receives the request metrics (nil: not registered).
 	Registerer prometheus.Registerer
 	// Logger is the structured logger (slog.Default()).
@@ -367,6 +371,12 @@ func (s *Server) wrap(rt route) http.Handler {
 			sw.Header().Set("Connection", "close")
 			_ = http.NewResponseController(sw).SetReadDeadline(time.Now())
 			writeProblem(sw, prob)
+			return
+		}
+		if rt.node && p.owner != "" {
+			sw.Header().Set("Connection", "close")
+			_ = http.NewResponseController(sw).SetReadDeadline(time.Now())
+			writeProblem(sw, problemf(apitype.ProblemForbidden, "%s is bound to an owner: %s %s is a node operation, for an unbound admin token or the node's local socket", p.who(), rt.method, rt.path))
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)

@@ -128,6 +128,10 @@ type Options struct {
 	// KeepFailed leaves a failed build's VM (still tagged building) for
 	// a look; by default it is destroyed.
 	KeepFailed bool
+	// KeepCancelled leaves the VM of a build ended by its context (the
+	// daemon stopping) for the next build of the name to destroy, rather
+	// than hold up the shutdown destroying it.
+	KeepCancelled bool
 	// Progress receives one line per step; Log the same as debug records
 	// (and a failed snippet removal as a warning).
 	Progress io.Writer
@@ -252,7 +256,7 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 	}
 	rep, err := b.finish(ctx, vmid)
 	if err != nil {
-		return Result{VMID: vmid}, b.failed(vmid, err)
+		return Result{VMID: vmid}, b.failed(ctx, vmid, err)
 	}
 	b.say("done", "template %q is VM %d", b.o.Name, vmid)
 	return Result{VMID: vmid, Report: rep}, nil
@@ -266,10 +270,11 @@ func (b *Builder) finish(ctx context.Context, vmid int) (hardening.Report, error
 	return b.seal(ctx, vmid)
 }
 
-// failed destroys a failed build's VM (unless KeepFailed) and says so.
-func (b *Builder) failed(vmid int, cause error) error {
-	if b.o.KeepFailed {
-		b.say("failed", "VM %d kept for a look (tagged %s: the next build destroys it)", vmid, TagBuilding)
+// failed destroys a failed build's VM (unless KeepFailed, or
+// KeepCancelled and ctx was cancelled) and says so.
+func (b *Builder) failed(ctx context.Context, vmid int, cause error) error {
+	if b.o.KeepFailed || (b.o.KeepCancelled && errors.Is(ctx.Err(), context.Canceled)) {
+		b.say("failed", "VM %d kept (tagged %s: the next build destroys it)", vmid, TagBuilding)
 		return cause
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -347,6 +352,48 @@ func (b *Builder) find(ctx context.Context) (Result, bool, error) {
 		}
 	}
 	return Result{}, false, nil
+}
+
+// Existing finds, without changing anything, the finished template named
+// name that a build of recipe ("" for a build from an image alone) would
+// reuse: its id, and whether there is one. It takes what find takes and
+// nothing else: a template in no pool that a build on this node recorded
+// as a template of this name (host's ledger), carrying the build's tags,
+// and still in the hardened profile; a template of the name another user
+// made and tagged is not one (it is never reused, nor granted to the
+// daemon's token).
+func Existing(ctx context.Context, px interface {
+	ListVMs(ctx context.Context) ([]sandbox.VMInfo, error)
+	VMConfig(ctx context.Context, vmid int) (map[string]string, error)
+}, host interface {
+	Recorded(vmid int) (Record, bool, error)
+}, name, recipe string) (int, bool, error) {
+	vms, err := px.ListVMs(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	want := (&Builder{o: Options{Recipe: Recipe{Name: recipe}}}).wantTags()
+	for _, v := range vms {
+		if v.Name != name || v.Pool != "" || !v.Template || slices.Contains(v.Tags, TagBuilding) || !hasAll(v.Tags, want) {
+			continue
+		}
+		rec, ok, err := host.Recorded(v.VMID)
+		if err != nil {
+			return 0, false, err
+		}
+		if !ok || rec.Name != name || rec.State != StateTemplate {
+			continue
+		}
+		conf, err := px.VMConfig(ctx, v.VMID)
+		if err != nil {
+			return 0, false, err
+		}
+		if len(hardening.Check(conf).TemplateFailures()) > 0 {
+			continue
+		}
+		return v.VMID, true, nil
+	}
+	return 0, false, nil
 }
 
 func hasAll(have, want []string) bool {
@@ -615,7 +662,7 @@ func (b *Builder) create(ctx context.Context, src source, cicustom, bridge strin
 			break
 		}
 		if b.ours(ctx, vmid) {
-			return 0, b.failed(vmid, err)
+			return 0, b.failed(ctx, vmid, err)
 		}
 		if ferr := b.host.Forget(vmid); ferr != nil {
 			return 0, errors.Join(err, ferr)
@@ -627,16 +674,16 @@ func (b *Builder) create(ctx context.Context, src source, cicustom, bridge strin
 		return 0, err
 	}
 	if err := b.recheck(src); err != nil {
-		return 0, b.failed(vmid, err)
+		return 0, b.failed(ctx, vmid, err)
 	}
 	if want := b.o.Recipe.DiskGiB; want > 0 {
 		conf, err := b.px.VMConfig(ctx, vmid)
 		if err != nil {
-			return 0, b.failed(vmid, err)
+			return 0, b.failed(ctx, vmid, err)
 		}
 		if have, ok := diskGiB(conf["scsi0"]); !ok || have < float64(want) {
 			if err := b.px.ResizeDisk(ctx, vmid, want); err != nil {
-				return 0, b.failed(vmid, err)
+				return 0, b.failed(ctx, vmid, err)
 			}
 			b.say("create", "disk grown to %d GiB", want)
 		}

@@ -23,7 +23,7 @@ const debURL = "https://cloud.debian.org/images/cloud/trixie/latest/debian-13-ge
 func builtTemplate(name, tags string) map[string]string {
 	c, _ := hardening.CloneChanges(map[string]string{})
 	c["name"], c["template"], c["tags"], c["status"] = name, "1", tags, "stopped"
-	c["scsi0"] = "local-lvm:base-120-disk-0,size=16G"
+	c["scsi0"], c["scsihw"] = "local-lvm:base-120-disk-0,size=16G", "virtio-scsi-single"
 	return c
 }
 

@@ -65,4 +65,19 @@
 // it, beside Datastore.AllocateTemplate on the storage. The build is an operator's action with a user's ticket (root@pam by
 // default), never the daemon's pool-scoped sandbox token, which must not
 // hold those privileges.
+//
+// # Builds the daemon runs
+//
+// Service runs builds asked over the sandbox API (POST
+// /v1/templates/build, [templates] build = true): one per template name
+// (a second request joins it), at most two at once on the node, each in a
+// goroutine its Run owns and cancels at shutdown (the cancelled build's
+// VM, tagged building, is left for the next build to destroy, so the
+// shutdown is not held up). It logs in with its own credential per build
+// (ServiceOptions.Login), takes the same per-name Lock as the CLI, and
+// publishes each progress line and the end as events; a template built
+// or found is granted to the daemon's token (ServiceOptions.Grant) so
+// that sandboxes clone it at once. A build from a URL
+// is checked by URLGuard first: the node downloads as root, so a URL that
+// names the node, loopback, link-local or a metadata service is refused.
 package templatebuild

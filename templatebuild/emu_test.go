@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -109,6 +110,19 @@ func (a apiAgent) Exec(ctx context.Context, vmid int, argv []string, timeout tim
 	}
 }
 
+// imagesBackend is the fake backend whose node reaches every address it
+// downloads from at the image server (as the bed's uplink serves any
+// name): a URL may name a host the test's URL guard resolves.
+type imagesBackend struct {
+	*pveemu.FakeBackend
+	images string
+}
+
+// DialContext implements pveemu.NodeDialer.
+func (b imagesBackend) DialContext(ctx context.Context, network, _ string) (net.Conn, error) {
+	return (&net.Dialer{}).DialContext(ctx, network, b.images)
+}
+
 func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 	t.Helper()
 	dir := t.TempDir()
@@ -116,15 +130,6 @@ func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 	if err := os.MkdirAll(run, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fb := pveemu.NewFakeBackend(run)
-	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1, RootPassword: emuRootPassword})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
-	s.SetStorageContent("local", "backup,iso,vztmpl,import,snippets")
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
 	images := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, ok := files[r.URL.Path]
 		if !ok {
@@ -134,6 +139,15 @@ func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 		_, _ = w.Write(b)
 	}))
 	t.Cleanup(images.Close)
+	fb := imagesBackend{FakeBackend: pveemu.NewFakeBackend(run), images: images.Listener.Addr().String()}
+	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1, RootPassword: emuRootPassword})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
+	s.SetStorageContent("local", "backup,iso,vztmpl,import,snippets")
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
 	px, err := pveapi.NewWithPassword(pveapi.Options{URL: ts.URL + "/api2/json", Node: "pve", HTTPClient: ts.Client(), TaskPoll: 5 * time.Millisecond}, "root@pam", emuRootPassword)
 	if err != nil {
 		t.Fatal(err)

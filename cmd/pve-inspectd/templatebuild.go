@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
 )
 
@@ -27,8 +30,8 @@ type buildFlags struct {
 	workStorage, lockDir, stateDir      string
 	bridge, user, passwordFile          string
 	buildCIDR                           string
-	keepFailed, unguarded               bool
-	agentWait, cloudInitWait            time.Duration
+	keepFailed, unguarded, viaAPI       bool
+	agentWait, cloudInitWait, poll      time.Duration
 }
 
 const templateBuildLong = `Builds a sandbox template from a cloud image on this node, or reuses the one an
@@ -55,6 +58,11 @@ OVA), kali2025.4 (a .tar.xz Proxmox cannot import: unpack it on the node, then
 --from local:import/FILE.raw). --from URL builds from any .qcow2/.raw/.vmdk/.ova
 URL (--checksum sha256:HEX or sha512:HEX has Proxmox verify it); --from
 STORAGE:import/FILE (or FILE.ova/DISK.vmdk) from an image already on the node.
+
+--via-api asks the daemon to build instead (POST /v1/templates/build on the
+local socket, [templates] build = true): it builds with its own builder
+credential and [templates] settings, and this command prints the build's
+progress; stopping it leaves the build running in the daemon.
 
 Privileges: this is an operator's action. download-url lets its caller probe
 the node's network, so Proxmox wants Sys.AccessNetwork on the node for it
@@ -85,6 +93,13 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			cfg, err := g.loadConfig()
 			if err != nil {
 				return err
+			}
+			if f.viaAPI {
+				if err := daemonDecides(cmd); err != nil {
+					return err
+				}
+				req := apitype.TemplateBuildRequest{Name: args[0], Recipe: f.recipe, From: f.from, Checksum: f.checksum, OVADisk: f.ovaDisk}
+				return buildViaAPI(cmd.Context(), client.NewUnix(cfg.API.Socket), req, cmd.OutOrStdout(), f.poll)
 			}
 			if o.Protected, err = protectedBridges(cmd.Context(), cfg); err != nil {
 				return err
@@ -133,6 +148,8 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
 	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart")
 	fl.StringVar(&f.stateDir, "state-dir", templatebuild.DefaultStateDir, "root-only directory of the record of the VMs this node's builds made: only those are reused or destroyed")
+	fl.BoolVar(&f.viaAPI, "via-api", false, "ask the daemon to build it (POST /v1/templates/build on the local socket; needs [templates] build = true): its credential and [templates] settings, progress followed here")
+	fl.DurationVar(&f.poll, "poll", 2*time.Second, "with --via-api: how often the build's state is read")
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
 	fl.DurationVar(&f.agentWait, "agent-wait", 30*time.Minute, "longest wait for the guest agent on the first boot")
 	fl.DurationVar(&f.cloudInitWait, "cloud-init-wait", 30*time.Minute, "longest wait for cloud-init to finish")
@@ -190,4 +207,52 @@ func (f buildFlags) buildRecipe() (templatebuild.Recipe, error) {
 	}
 	r.Image = img
 	return r, nil
+}
+
+// daemonDecides refuses, with --via-api, the flags whose say is the
+// daemon's ([templates] and its builder credential).
+func daemonDecides(cmd *cobra.Command) error {
+	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "keep-failed", "agent-wait", "cloud-init-wait"} {
+		if cmd.Flags().Changed(name) {
+			return fmt.Errorf("--%s with --via-api: the daemon builds with its [templates] settings and credential", name)
+		}
+	}
+	return nil
+}
+
+// buildViaAPI asks the daemon for the build and prints its progress lines
+// (looking every poll) until it is done or failed.
+func buildViaAPI(ctx context.Context, c *client.Client, req apitype.TemplateBuildRequest, out io.Writer, poll time.Duration) error {
+	st, err := c.BuildTemplate(ctx, req)
+	if err != nil {
+		return err
+	}
+	if st.Joined {
+		fmt.Fprintf(out, "joined the daemon's build of %q\n", req.Name)
+	}
+	seen := 0
+	for {
+		for _, line := range st.Progress[min(seen, len(st.Progress)):] {
+			fmt.Fprintln(out, line)
+		}
+		seen = max(seen, len(st.Progress))
+		switch st.State {
+		case apitype.BuildDone:
+			if st.Reused {
+				fmt.Fprintf(out, "template %q is VM %d, built earlier: reused\n", req.Name, st.VMID)
+			}
+			fmt.Fprintf(out, "grant the daemon's token on it: PVE_INSPECTD_TEMPLATES=\"... %d\" /usr/lib/pve-inspectd/pve-access-setup\n", st.VMID)
+			return nil
+		case apitype.BuildFailed:
+			return fmt.Errorf("the daemon's build of %q failed: %s", req.Name, st.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped following the build of %q (it goes on in the daemon: GET /v1/templates/builds/%s): %w", req.Name, req.Name, ctx.Err())
+		case <-time.After(poll):
+		}
+		if st, err = c.TemplateBuild(ctx, req.Name); err != nil {
+			return err
+		}
+	}
 }

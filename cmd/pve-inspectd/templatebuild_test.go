@@ -3,9 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // TestTemplateBuildArgs: bad input is refused before the configuration is
@@ -51,5 +58,90 @@ func TestTemplateBuildArgs(t *testing.T) {
 		if out.Len() > 0 && !strings.Contains(out.String(), "Usage") {
 			t.Errorf("%q printed %q", tc.args, out.String())
 		}
+	}
+}
+
+// TestTemplateBuildViaAPI: --via-api posts the build to the daemon's
+// socket and prints its progress lines once each until it is done; a
+// failed build is the command's error; flags that are the daemon's say
+// are refused before anything is asked.
+func TestTemplateBuildViaAPI(t *testing.T) {
+	dir, err := os.MkdirTemp("/tmp", "pvei-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "api.sock")
+	var (
+		mu    sync.Mutex
+		posts []apitype.TemplateBuildRequest
+		looks int
+		fail  bool
+	)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		st := apitype.TemplateBuild{Name: "d13", State: apitype.BuildRunning, Progress: []string{"image: downloading"}}
+		switch {
+		case r.Method == "POST" && r.URL.Path == "/v1/templates/build":
+			var req apitype.TemplateBuildRequest
+			_ = json.NewDecoder(r.Body).Decode(&req)
+			posts = append(posts, req)
+			w.WriteHeader(http.StatusAccepted)
+		case r.Method == "GET" && r.URL.Path == "/v1/templates/builds/d13":
+			looks++
+			st.Progress = append(st.Progress, "create: VM 100")
+			if looks > 1 {
+				st.Progress = append(st.Progress, "done: template")
+				st.State, st.VMID = apitype.BuildDone, 100
+				if fail {
+					st.State, st.Error = apitype.BuildFailed, "boot: no agent"
+				}
+			}
+		default:
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(st)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte("[node]\nid = \"pve\"\n[api]\nsocket = \""+sock+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, error) {
+		root := newRootCmd()
+		root.SetArgs(append([]string{"-c", cfg, "template", "build"}, args...))
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&bytes.Buffer{})
+		err := root.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	asked := func() []apitype.TemplateBuildRequest {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]apitype.TemplateBuildRequest(nil), posts...)
+	}
+	if _, err := run("d13", "--recipe", "debian13", "--via-api", "--bridge", "vmbr1"); err == nil || !strings.Contains(err.Error(), "--bridge with --via-api") || len(asked()) != 0 {
+		t.Errorf("--bridge with --via-api: %v (%d posts)", err, len(asked()))
+	}
+	out, err := run("d13", "--recipe", "debian13", "--via-api", "--poll", "10ms")
+	if p := asked(); err != nil || len(p) != 1 || p[0] != (apitype.TemplateBuildRequest{Name: "d13", Recipe: "debian13"}) {
+		t.Fatalf("build via the API: %v %+v\n%s", err, p, out)
+	}
+	if strings.Count(out, "image: downloading") != 1 || strings.Count(out, "create: VM 100") != 1 || !strings.Contains(out, "done: template") {
+		t.Errorf("progress printed:\n%s", out)
+	}
+	mu.Lock()
+	looks, fail = 0, true
+	mu.Unlock()
+	if _, err := run("d13", "--recipe", "debian13", "--via-api", "--poll", "10ms"); err == nil || !strings.Contains(err.Error(), "boot: no agent") {
+		t.Errorf("a failed build: %v", err)
 	}
 }

@@ -58,6 +58,15 @@ class FakeNode:
     egress_dropped: int = 0
     made_at_delete: list[dict[str, Any]] = field(default_factory=list)
     handover: bool = True
+    # Template builds (POST /v1/templates/build): builds is whether the
+    # node offers them; a build runs build_polls looks at it (GETs) and
+    # then ends done (the template joins templates) or, with build_error,
+    # failed; each look adds a progress line. build_runs are the builds by
+    # name.
+    builds: bool = False
+    build_polls: int = 2
+    build_error: str | None = None
+    build_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _next: int = 0
@@ -165,7 +174,10 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
             "sandboxes": len(fake.sandboxes),
             "default_ttl_seconds": fake.default_ttl,
             "max_ttl_seconds": fake.max_ttl,
+            **({"template_builds": True} if fake.builds else {}),
         }
+    if path == "/v1/templates/build" or path.startswith("/v1/templates/builds/"):
+        return _template_build(fake, method, path, doc)
     if (method, path) == ("GET", "/v1/capacity"):
         unlimited = {"sandboxes": -1, "vms": -1, "vcpus": -1, "memory_mib": -1}
         return 200, {"node": "fake", "free": unlimited, "sandbox": {}, "free_sandboxes": -1}
@@ -216,6 +228,38 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
     if rest.endswith("/files"):
         return (204, None) if method == "PUT" else (200, b"data")
     return _problem(404, "not-found", f"no route {method} {path}")
+
+
+def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any]) -> tuple[int, Any]:
+    """The template build routes as sandboxapi answers them."""
+    if not fake.builds:
+        return _problem(403, "forbidden", "template builds are off on this node")
+    if method == "GET":
+        name = path.rsplit("/", 1)[1]
+        b = fake.build_runs.get(name)
+        if b is None:
+            return _problem(404, "not-found", f"no build of template {name!r}")
+        b["looks"] += 1
+        b["progress"].append(f"step {b['looks']}")
+        if b["state"] == "running" and b["looks"] >= fake.build_polls:
+            if fake.build_error is not None:
+                b.update(state="failed", error=fake.build_error)
+            else:
+                b.update(state="done", vmid=9100)
+                fake.templates = (*fake.templates, name)
+        return 200, {k: v for k, v in b.items() if k != "looks"}
+    name = str(doc.get("name"))
+    if doc.get("recipe") not in ("debian13", "ubuntu24.04"):
+        return _problem(400, "invalid-request", f"recipe {doc.get('recipe')!r}", field="recipe")
+    if name in fake.templates:
+        return 200, {"name": name, "state": "done", "vmid": 9100, "reused": True, "progress": []}
+    b = fake.build_runs.get(name)
+    if b is not None and b["state"] == "running":
+        return 202, {**{k: v for k, v in b.items() if k != "looks"}, "joined": True}
+    b = {"name": name, "recipe": doc["recipe"], "state": "running", "looks": 0}
+    b["progress"] = ["image: downloading"]
+    fake.build_runs[name] = b
+    return 202, {k: v for k, v in b.items() if k != "looks"}
 
 
 def _egress_log(sid: str, recs: list[dict[str, Any]], dropped: int) -> dict[str, Any]:

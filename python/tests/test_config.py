@@ -102,7 +102,7 @@ def test_reference_shape_converts() -> None:
         ({"vms_config": [ref_vm(disk_controller="ide")]}, "vms_config[0].disk_controller"),
         ({"vms_config": [ref_vm(await_before_next_vm=True)]}, "vms_config[0].await_before_next_vm"),
         (
-            {"vms_config": [{"vm_source_config": {"built_in": "ubuntu24.04"}}]},
+            {"vms_config": [{"vm_source_config": {"built_in": "ubuntu22.04"}}]},
             "vms_config[0].vm_source_config.built_in",
         ),
         (

@@ -28,11 +28,22 @@ const (
 	// after it left the daemon's bounded buffer (or the daemon restarted);
 	// the caller should re-read the sandboxes it follows.
 	EventGap = "gap"
+	// EventTemplateBuildProgress: a step of a template build said a line
+	// (Template, Detail). Template events belong to no owner: streams of
+	// owner-bound tokens never carry them.
+	EventTemplateBuildProgress = "template.build.progress"
+	// EventTemplateBuildDone: a template build ended with the template
+	// (Template, VMID; Detail says whether it was reused).
+	EventTemplateBuildDone = "template.build.done"
+	// EventTemplateBuildFailed: a template build failed (Template, Detail
+	// the error).
+	EventTemplateBuildFailed = "template.build.failed"
 )
 
 // EventTypes lists every event type a caller may filter on.
 func EventTypes() []string {
-	return []string{EventCreated, EventReady, EventHealth, EventEgressDenied, EventEgress, EventExpiringSoon, EventExpired, EventDeleted}
+	return []string{EventCreated, EventReady, EventHealth, EventEgressDenied, EventEgress, EventExpiringSoon, EventExpired, EventDeleted,
+		EventTemplateBuildProgress, EventTemplateBuildDone, EventTemplateBuildFailed}
 }
 
 // Event is one record of GET /v1/events, sent as a server-sent event
@@ -54,6 +65,11 @@ type Event struct {
 	Egress *EgressCounts `json:"egress,omitempty"`
 	// ExpiresAt is the sandbox's expiry (expiring-soon, expired).
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
-	// Detail says more in a sentence (gap, deleted).
+	// Template names the template of a template.build event; VMID is
+	// its id once known.
+	Template string `json:"template,omitempty"`
+	VMID     int    `json:"vmid,omitempty"`
+	// Detail says more in a sentence (gap, deleted; a template build's
+	// progress line or error).
 	Detail string `json:"detail,omitempty"`
 }

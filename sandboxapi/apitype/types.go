@@ -340,4 +340,7 @@ type Health struct {
 	// alive extends it by at most MaxTTLSeconds at a time.
 	DefaultTTLSeconds int64 `json:"default_ttl_seconds"`
 	MaxTTLSeconds     int64 `json:"max_ttl_seconds"`
+	// TemplateBuilds is set when the node builds templates on request
+	// (POST /v1/templates/build, [templates] build = true).
+	TemplateBuilds bool `json:"template_builds,omitempty"`
 }

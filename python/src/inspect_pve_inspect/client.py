@@ -143,6 +143,18 @@ class Client:
         r = await self._send("GET", f"/sandboxes/{quote(sid, safe='')}/egress/log", params=params)
         return cast(dict[str, Any], r.json())
 
+    async def build_template(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/templates/build``: the build of ``req`` started or
+        joined (queued, running), or the template that exists (done)."""
+        r = await self._send("POST", "/templates/build", json=req)
+        return cast(dict[str, Any], r.json())
+
+    async def template_build(self, name: str) -> dict[str, Any]:
+        """``GET /v1/templates/builds/{name}``: the node's running or last
+        build of the template."""
+        r = await self._send("GET", f"/templates/builds/{quote(name, safe='')}")
+        return cast(dict[str, Any], r.json())
+
     async def healthz(self) -> dict[str, Any]:
         return cast(dict[str, Any], (await self._send("GET", "/healthz")).json())
 

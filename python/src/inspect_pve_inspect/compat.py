@@ -3,7 +3,7 @@
 An eval written for ``inspect_proxmox_sandbox`` passes a
 ``ProxmoxSandboxEnvironmentConfig``; with only the sandbox type changed to
 ``pve_inspect`` it runs here. Honoured: ``vms_config``
-(``vm_source_config.existing_vm_template_tag``, ``name``, ``ram_mb``,
+(``vm_source_config.existing_vm_template_tag`` or ``built_in``, ``name``, ``ram_mb``,
 ``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias`` with their ``mac`` and
 ``ipv4``, ``healthcheck``, and ``uefi_boot``, ``os_type``, ``cpu``,
 ``disk_controller``, ``nic_controller`` as the daemon's per-VM options) and
@@ -11,9 +11,12 @@ An eval written for ``inspect_proxmox_sandbox`` passes a
 Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
 (checked; every VM starts at once and the sample waits for all of them and
 their healthchecks). A template tag is looked up as a template name of the
-daemon. Every other field must keep the reference's default (written out,
-or the value the reference uses when it is unset); any other value raises
-:class:`ConfigError` naming the field and why, never silently ignored.
+daemon; a built-in (``debian13``, ``ubuntu24.04``, ``kali2025.4``) is the
+template of its name, which the node builds at task start when it lacks it
+and offers builds (:mod:`.preflight`). Every other field must keep the
+reference's default (written out, or the value the reference uses when it
+is unset); any other value raises :class:`ConfigError` naming the field
+and why, never silently ignored.
 
 The models here mirror the field names (so that
 ``from inspect_pve_inspect.compat import ProxmoxSandboxEnvironmentConfig``
@@ -39,6 +42,10 @@ from .config import (
     PveInspectSandboxEnvironmentConfig,
     VmSpec,
 )
+
+# The reference plugin's built-in images: recipes the node ships
+# (templatebuild.Recipes), each built as the template of its name.
+BUILT_INS = ("debian13", "ubuntu24.04", "kali2025.4")
 
 # Fields this provider cannot honour otherwise: each may keep the
 # reference's default, written out or not (its effective default, the
@@ -306,12 +313,29 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
     if not isinstance(vm.get("firewall", False), bool):
         raise ConfigError(f"{f}.firewall", f"want a bool, got {vm['firewall']!r}")
     src = vm.get("vm_source_config") or {}
-    for k in ("ova", "built_in"):
-        if src.get(k) is not None:
-            raise ConfigError(
-                f"{f}.vm_source_config.{k}", "not supported: use existing_vm_template_tag"
-            )
+    if src.get("ova") is not None:
+        raise ConfigError(
+            f"{f}.vm_source_config.ova",
+            "not supported: build a template from the OVA on the node (pve-inspectd template "
+            "build NAME --from URL --ova-disk DISK.vmdk --checksum sha256:HEX) and name it in "
+            "existing_vm_template_tag",
+        )
+    built_in = src.get("built_in")
     tag = src.get("existing_vm_template_tag")
+    if built_in is not None:
+        if built_in not in BUILT_INS:
+            raise ConfigError(
+                f"{f}.vm_source_config.built_in",
+                f"{built_in!r}: not a built-in (one of {', '.join(BUILT_INS)})",
+            )
+        if tag:
+            raise ConfigError(
+                f"{f}.vm_source_config", "give existing_vm_template_tag or built_in, not both"
+            )
+        # the template a node's build of the recipe makes: named as the
+        # recipe (pve-inspectd template build NAME --recipe NAME), tagged
+        # builtin-NAME as the reference tags its built-ins
+        tag = built_in
     if not tag:
         raise ConfigError(f"{f}.vm_source_config.existing_vm_template_tag", "required")
     nets: tuple[str, ...] | None = None
@@ -357,6 +381,7 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
         return VmSpec.model_validate(
             {
                 "template": str(tag),
+                "built_in": built_in,
                 "name": _s(vm.get("name")),
                 "cores": vm.get("vcpus", 2),
                 "memory_mib": vm.get("ram_mb", 2048),

@@ -217,9 +217,21 @@ class VmSpec(BaseModel):
     nic_controller: Literal["virtio"] | None = Field(
         default=None, description="virtio: what every NIC gets"
     )
+    built_in: Literal["debian13", "ubuntu24.04", "kali2025.4"] | None = Field(
+        default=None,
+        description="a recipe the node ships (the reference plugin's built-ins): template is "
+        "the recipe's name, and a node that lacks it builds it at task start when it offers "
+        "builds ([templates] build); else `pve-inspectd template build NAME --recipe NAME` "
+        "on the node makes it",
+    )
 
     @model_validator(mode="after")
     def _networks_or_nics(self) -> VmSpec:
+        if self.built_in is not None and self.template != self.built_in:
+            raise ValueError(
+                f"built_in {self.built_in!r} is the template named {self.built_in!r}, "
+                f"not {self.template!r}"
+            )
         if self.networks is not None and self.nics is not None:
             raise ValueError("give networks or nics, not both")
         if self.kind == "lxc":
@@ -346,6 +358,12 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         default=True,
         description="renew the lease while the sample runs (a heartbeat), so that a sample "
         "runs as long as it needs; False: the sandbox is reaped ttl_seconds after its creation",
+    )
+    template_build_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="how long task start waits for a node to build a built-in template it "
+        "lacks (VmSpec.built_in) before it fails",
     )
     cidr_wait_seconds: float = Field(
         default=900.0,

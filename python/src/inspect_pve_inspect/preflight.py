@@ -9,19 +9,36 @@ else runs). Anything wrong fails the task at once, in one message that
 names each problem by the config's own names (its VMs, its networks'
 aliases) and lists the templates each node has. A node that does not
 answer is skipped (placement skips it too), unless none answers.
+
+A VM of a built-in (``VmSpec.built_in``, the reference's
+``VmSourceConfig(built_in=...)``) whose template a node lacks is built
+there first when the node offers builds (``template_builds`` in its
+healthz): ``POST /v1/templates/build`` (the daemon joins a build of the
+name that runs, so each template is built once), its progress logged while
+it runs, bounded by ``template_build_seconds``; then the node is asked
+again. A node without builds fails the task with the command that builds
+the template on it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import httpx
 from inspect_ai._util.error import PrerequisiteError
 
 from .client import Client, NodeDown, Problem
 from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
+
+log = logging.getLogger(__name__)
+
+# Pause between two looks at a running template build.
+BUILD_POLL = 5.0
 
 
 class ConfigRefused(PrerequisiteError):
@@ -43,8 +60,16 @@ async def preflight(cfg: PveInspectSandboxEnvironmentConfig, req: dict[str, Any]
     for node in nodes:
         try:
             async with Client(node) as c:
-                await c.healthz()
+                health = await c.healthz()
                 rep = await c.validate(req)
+                missing = _missing_built_ins(rep, cfg)
+                if missing and not health.get("template_builds"):
+                    wrong.append(_no_builds(node, missing))
+                    continue
+                if missing:
+                    for name in missing:
+                        await _build(c, node, name, cfg.template_build_seconds)
+                    rep = await c.validate(req)
         except (NodeDown, httpx.HTTPError, OSError) as e:
             down.append(f"{node.url}: {e}")
             continue
@@ -63,6 +88,76 @@ async def preflight(cfg: PveInspectSandboxEnvironmentConfig, req: dict[str, Any]
         raise ConfigRefused("\n".join(wrong))
     if len(down) == len(nodes):
         raise ConfigRefused("pve_inspect: no node answers: " + "; ".join(down))
+
+
+def _missing_built_ins(
+    rep: Mapping[str, Any] | None, cfg: PveInspectSandboxEnvironmentConfig
+) -> list[str]:
+    """The built-in templates the config's VMs ask for that the node's
+    report lists no template of (in the config's order, once each)."""
+    if rep is None or rep.get("valid", True) or "templates" not in rep:
+        return []
+    have = set(rep.get("templates") or ())
+    out: list[str] = []
+    for v in cfg.resolved_vms():
+        if v.built_in is not None and v.template not in have and v.template not in out:
+            out.append(v.template)
+    return out
+
+
+def _command(name: str) -> str:
+    return f"`pve-inspectd template build {name} --recipe {name}`"
+
+
+def _no_builds(node: NodeConfig, names: Sequence[str]) -> str:
+    lines = [
+        f"pve_inspect: {node.url} has no template of the built-in "
+        + ", ".join(repr(n) for n in names)
+        + " and does not build templates on request; build "
+        + ("it" if len(names) == 1 else "them")
+        + " on the node as root:"
+    ]
+    lines += [f"  {_command(n)}" for n in names]
+    lines.append("  (or an operator turns on [templates] build in the node's config.toml)")
+    return "\n".join(lines)
+
+
+async def _build(c: Client, node: NodeConfig, name: str, limit: float) -> None:
+    """Have the node build (or join its build of) the built-in ``name``,
+    logging its progress, until it is done; :class:`ConfigRefused` when it
+    fails, is refused or takes longer than ``limit`` seconds."""
+    try:
+        st = await c.build_template({"name": name, "recipe": name})
+        log.info("%s: building template %r (%s)", node.url, name, st.get("state"))
+        give_up = time.monotonic() + limit
+        seen = 0
+        while True:
+            progress = list(st.get("progress") or ())
+            for line in progress[seen:]:
+                log.info("%s: template %s: %s", node.url, name, line)
+            seen = max(seen, len(progress))
+            if st.get("state") == "done":
+                log.info("%s: template %r is VM %s", node.url, name, st.get("vmid"))
+                return
+            if st.get("state") == "failed":
+                raise ConfigRefused(
+                    f"pve_inspect: {node.url} failed to build the template {name!r}: "
+                    f"{st.get('error')}; see its log, or build it on the node as root: "
+                    f"{_command(name)}"
+                )
+            if time.monotonic() >= give_up:
+                raise ConfigRefused(
+                    f"pve_inspect: {node.url} is still building the template {name!r} after "
+                    f"{limit:.0f} s (template_build_seconds); it goes on: run the task again "
+                    f"once it is done (GET /v1/templates/builds/{name})"
+                )
+            await anyio.sleep(BUILD_POLL)
+            st = await c.template_build(name)
+    except Problem as p:
+        raise ConfigRefused(
+            f"pve_inspect: {node.url} refuses to build the template {name!r} ({p.type}: "
+            f"{p.detail}); build it on the node as root: {_command(name)}"
+        ) from None
 
 
 def _token(node: NodeConfig, p: Problem) -> str:

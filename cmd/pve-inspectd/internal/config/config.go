@@ -39,6 +39,9 @@ type Config struct {
 	Egress EgressSection `toml:"egress"`
 	// Pool is [pool], the warm pool of ready sandboxes (pool.go).
 	Pool PoolSection `toml:"pool"`
+	// Templates is [templates], template builds over the API
+	// (templates.go).
+	Templates TemplatesSection `toml:"templates"`
 }
 
 // NodeSection describes the node the daemon runs on.
@@ -64,7 +67,7 @@ type validator interface {
 
 // Default returns the configuration used when no file exists.
 func Default() Config {
-	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress(), Pool: defaultPool()}
+	c := Config{Guard: defaultGuard(), Metrics: defaultMetrics(), Check: defaultCheck(), API: defaultAPI(), MCP: defaultMCP(), Egress: defaultEgress(), Pool: defaultPool(), Templates: defaultTemplates()}
 	if h, err := os.Hostname(); err == nil {
 		c.Node.ID = h
 	}
@@ -146,14 +149,15 @@ func (c Config) Validate() error {
 // sections lists the sections that validate themselves, by key prefix.
 func (c Config) sections() map[string]validator {
 	return map[string]validator{
-		"halt":     c.Halt,
-		"guard":    c.Guard,
-		"metrics":  c.Metrics,
-		"lockdown": c.Lockdown,
-		"check":    c.Check,
-		"api":      c.API,
-		"mcp":      c.MCP,
-		"egress":   c.Egress,
-		"pool":     c.Pool,
+		"halt":      c.Halt,
+		"guard":     c.Guard,
+		"metrics":   c.Metrics,
+		"lockdown":  c.Lockdown,
+		"check":     c.Check,
+		"api":       c.API,
+		"mcp":       c.MCP,
+		"egress":    c.Egress,
+		"pool":      c.Pool,
+		"templates": c.Templates,
 	}
 }

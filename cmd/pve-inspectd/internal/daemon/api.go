@@ -32,6 +32,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/templatebuild"
 )
 
 // apiMaxConns caps the open connections of the TCP listener.
@@ -69,6 +70,16 @@ type APIDeps struct {
 	BridgeUp func(ctx context.Context, bridge string) (bool, error)
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
+	// BuildAgent, BuildHost, BuildURLs and BuilderProxmox replace the
+	// template builds' guest agent (the sockets of [api] qga_dir), node
+	// (templatebuild.NodeHost), URL guard (the resolver, the node's
+	// addresses) and Proxmox client options (tests); BuildAgentPoll their
+	// pause between agent probes (5s).
+	BuildAgent     templatebuild.Agent
+	BuildHost      templatebuild.Host
+	BuildURLs      *templatebuild.URLGuard
+	BuilderProxmox func(pveapi.Options) pveapi.Options
+	BuildAgentPoll time.Duration
 	// RetryMin and RetryMax bound the back-off between attempts to reach
 	// Proxmox or bind a listener (zero: 1s and 30s).
 	RetryMin, RetryMax time.Duration
@@ -90,6 +101,9 @@ type API struct {
 	// xfer is the disk path the last build made (nil when it is off),
 	// swept of leftover transfer images after each reconcile.
 	xfer *diskxfer.Transfer
+	// builds is the template build service the last build made (nil
+	// when [templates] build is off).
+	builds *templatebuild.Service
 }
 
 // NewAPI prepares the sandbox API; it does no I/O. Serve it with Run.
@@ -133,6 +147,10 @@ func (a *API) Run(ctx context.Context) error {
 		return nil
 	}
 	a.srv.Store(srv)
+	if a.builds != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.builds.Run(ctx) }()
+	}
 	a.local.set(srv.LocalHandler())
 	a.remote.set(a.tcpHandler(srv))
 	a.ready.Set(1)
@@ -265,8 +283,17 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.builds, err = a.templateService(eng)
+	if err != nil {
+		return nil, fmt.Errorf("templates: %w", err)
+	}
+	var builder sandboxapi.TemplateBuilder
+	if a.builds != nil {
+		builder = a.builds
+	}
 	srv, err := sandboxapi.New(eng, sandboxapi.Options{
 		Tokens:       auth.Open(ac.TokenFile),
+		Templates:    builder,
 		DefaultTTL:   ac.DefaultTTL,
 		MaxTTL:       ac.MaxTTL,
 		MaxFileBytes: ac.MaxFileBytes,

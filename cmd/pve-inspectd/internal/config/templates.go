@@ -1,0 +1,88 @@
+package config
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// TemplatesSection is [templates]: template builds on request of the
+// sandbox API (POST /v1/templates/build). Off by default. A build makes
+// Proxmox download a URL to the node (download-url needs
+// Sys.AccessNetwork, which lets its caller probe the node's network), so
+// it runs with a credential of its own, BuilderUser's password read from
+// BuilderPasswordFile at each build, never with the daemon's pool-scoped
+// sandbox token; the route is a node operation, refused to owner-bound
+// tokens.
+type TemplatesSection struct {
+	// Build turns the API's builds on.
+	Build bool `toml:"build"`
+	// BuilderUser is the Proxmox user the builds log in as (root@pam).
+	BuilderUser string `toml:"builder_user"`
+	// BuilderPasswordFile holds its password: an absolute path to a file
+	// that only root may read (mode 0600 or 0400, owned by root); the
+	// daemon refuses to build with a file others may read.
+	BuilderPasswordFile string `toml:"builder_password_file"`
+	// Storage, ImageStorage, SnippetStorage, WorkStorage and Bridge are
+	// `template build`'s --storage, --image-storage, --snippet-storage,
+	// --work-storage and --bridge. An empty Bridge (the default) is the
+	// build network the build makes, a guest bridge behind the host guard;
+	// a bridge the guard treats as management or trusted is refused.
+	Storage        string `toml:"storage"`
+	ImageStorage   string `toml:"image_storage"`
+	SnippetStorage string `toml:"snippet_storage"`
+	WorkStorage    string `toml:"work_storage"`
+	Bridge         string `toml:"bridge"`
+	// MaxBuilds is how many builds run at once on the node (1 or 2);
+	// further requests wait their turn.
+	MaxBuilds int `toml:"max_builds"`
+	// AgentWait and CloudInitWait bound a build's first boot.
+	AgentWait     time.Duration `toml:"agent_wait"`
+	CloudInitWait time.Duration `toml:"cloud_init_wait"`
+	// LockDir holds the per-name build locks shared with `pve-inspectd
+	// template build`.
+	LockDir string `toml:"lock_dir"`
+}
+
+// reBridgeName is a Linux interface name (IFNAMSIZ - 1 characters).
+var reBridgeName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+
+func defaultTemplates() TemplatesSection {
+	return TemplatesSection{BuilderUser: "root@pam", Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
+		MaxBuilds: 1, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd"}
+}
+
+func (t TemplatesSection) validate(prefix string) error {
+	key := func(k string, format string, a ...any) error {
+		return &KeyError{Key: prefix + "." + k, Err: fmt.Errorf(format, a...)}
+	}
+	if t.MaxBuilds < 1 || t.MaxBuilds > 2 {
+		return key("max_builds", "%d: want 1 or 2 (each build downloads an image and boots a VM)", t.MaxBuilds)
+	}
+	if t.AgentWait < time.Minute || t.CloudInitWait < time.Minute {
+		return key("agent_wait", "agent_wait %s and cloud_init_wait %s: want at least 1m each", t.AgentWait, t.CloudInitWait)
+	}
+	if !filepath.IsAbs(t.LockDir) {
+		return key("lock_dir", "%q: want an absolute path", t.LockDir)
+	}
+	if t.Bridge != "" && !reBridgeName.MatchString(t.Bridge) {
+		return key("bridge", "%q: want an interface name", t.Bridge)
+	}
+	if !t.Build {
+		return nil
+	}
+	if name, realm, ok := strings.Cut(t.BuilderUser, "@"); !ok || name == "" || realm == "" || strings.Contains(t.BuilderUser, "!") {
+		return key("builder_user", "%q: want a Proxmox user user@realm (an API token cannot be the builder: its secret file would be the daemon's kind)", t.BuilderUser)
+	}
+	if t.BuilderPasswordFile == "" || !filepath.IsAbs(t.BuilderPasswordFile) {
+		return key("builder_password_file", "%q: build = true needs the absolute path of a root-only file holding %s's password", t.BuilderPasswordFile, t.BuilderUser)
+	}
+	for k, v := range map[string]string{"storage": t.Storage, "image_storage": t.ImageStorage, "snippet_storage": t.SnippetStorage} {
+		if v == "" {
+			return key(k, "must not be empty")
+		}
+	}
+	return nil
+}

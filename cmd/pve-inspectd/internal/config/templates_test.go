@@ -1,0 +1,36 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestTemplatesSection: builds are off by default; on, they need a user
+// and the absolute path of its password file; bad values name the key.
+func TestTemplatesSection(t *testing.T) {
+	if c := Default(); c.Templates.Build || c.Templates.BuilderUser != "root@pam" || c.Templates.MaxBuilds != 1 || c.Templates.Bridge != "" {
+		t.Errorf("defaults: %+v", c.Templates)
+	}
+	for _, tc := range []struct {
+		doc, key string
+	}{
+		{"build = true\n", "templates.builder_password_file"},
+		{"build = true\nbuilder_password_file = \"pw\"\n", "templates.builder_password_file"},
+		{"build = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nbuilder_user = \"pve-inspectd@pve!daemon\"\n", "templates.builder_user"},
+		{"build = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nstorage = \"\"\n", "templates.storage"},
+		{"bridge = \"vmbr0,firewall=0\"\n", "templates.bridge"},
+		{"max_builds = 3\n", "templates.max_builds"},
+		{"agent_wait = \"10s\"\n", "templates.agent_wait"},
+		{"lock_dir = \"run\"\n", "templates.lock_dir"},
+		{"nope = 1\n", "templates.nope"},
+	} {
+		_, err := Parse("[templates]\n" + tc.doc)
+		if err == nil || !strings.Contains(err.Error(), `"`+tc.key+`"`) {
+			t.Errorf("%q: %v, want an error naming %s", tc.doc, err, tc.key)
+		}
+	}
+	c, err := Parse("[templates]\nbuild = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nmax_builds = 2\n")
+	if err != nil || !c.Templates.Build || c.Templates.MaxBuilds != 2 {
+		t.Errorf("builds on: %+v %v", c.Templates, err)
+	}
+}

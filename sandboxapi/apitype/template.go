@@ -1,0 +1,56 @@
+package apitype
+
+import "time"
+
+// States of a template build (TemplateBuild.State).
+const (
+	// BuildQueued: the build waits for one of the node's build slots.
+	BuildQueued = "queued"
+	// BuildRunning: the build runs (its progress grows).
+	BuildRunning = "running"
+	// BuildDone: the template exists (built now, or found: Reused).
+	BuildDone = "done"
+	// BuildFailed: the build ended with Error; a new request builds again
+	// (every step is resumable).
+	BuildFailed = "failed"
+)
+
+// TemplateBuildRequest is the body of POST /v1/templates/build: a
+// template NAME from a shipped Recipe (debian13, ubuntu24.04, ...) or
+// From an http(s) URL of a .qcow2/.raw/.vmdk/.ova image with its
+// Checksum (an OVA names the disk inside it: OVADisk). Exactly one of
+// Recipe and From.
+type TemplateBuildRequest struct {
+	Name     string `json:"name"`
+	Recipe   string `json:"recipe,omitempty"`
+	From     string `json:"from,omitempty"`
+	Checksum string `json:"checksum,omitempty"`
+	OVADisk  string `json:"ova_disk,omitempty"`
+}
+
+// TemplateBuild is the state of a node's build of a template (POST
+// /v1/templates/build, GET /v1/templates/builds/{name}).
+type TemplateBuild struct {
+	Name   string `json:"name"`
+	Recipe string `json:"recipe,omitempty"`
+	From   string `json:"from,omitempty"`
+	// State is queued, running, done or failed.
+	State string `json:"state"`
+	// VMID is the template's id once known.
+	VMID int `json:"vmid,omitempty"`
+	// Reused is set when the template existed already: nothing was built.
+	Reused bool `json:"reused,omitempty"`
+	// Joined is set on the answer of a request that joined a build of the
+	// same template already queued or running.
+	Joined bool `json:"joined,omitempty"`
+	// Error says why a failed build failed.
+	Error string `json:"error,omitempty"`
+	// Progress holds the build's progress lines, oldest first (the last
+	// MaxBuildProgress of them).
+	Progress []string   `json:"progress"`
+	Started  time.Time  `json:"started"`
+	Finished *time.Time `json:"finished,omitempty"`
+}
+
+// MaxBuildProgress bounds TemplateBuild.Progress.
+const MaxBuildProgress = 200

@@ -1,0 +1,187 @@
+package sandboxapi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+)
+
+// fakeBuilder is a TemplateBuilder that keeps its builds running until
+// told, and publishes a progress event per start on the engine's bus.
+type fakeBuilder struct {
+	publish func(apitype.Event)
+
+	mu     sync.Mutex
+	builds map[string]apitype.TemplateBuild
+	starts int
+}
+
+func (f *fakeBuilder) Start(_ context.Context, req apitype.TemplateBuildRequest) (apitype.TemplateBuild, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if req.Name == "" || strings.Contains(req.Name, "_") {
+		return apitype.TemplateBuild{}, &sandbox.InvalidError{Field: "name", Msg: fmt.Sprintf("name: template name %q", req.Name)}
+	}
+	if b, ok := f.builds[req.Name]; ok {
+		if b.Recipe != req.Recipe {
+			return apitype.TemplateBuild{}, fmt.Errorf("a build of %q runs: %w", req.Name, sandbox.ErrConflict)
+		}
+		b.Joined = true
+		return b, nil
+	}
+	f.starts++
+	if req.Name == "exists" {
+		return apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, State: apitype.BuildDone, VMID: 9100, Reused: true, Progress: []string{}}, nil
+	}
+	b := apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, State: apitype.BuildRunning, Progress: []string{"image: downloading"}}
+	f.builds[req.Name] = b
+	f.publish(apitype.Event{Type: apitype.EventTemplateBuildProgress, Template: req.Name, Detail: "image: downloading"})
+	return b, nil
+}
+
+func (f *fakeBuilder) Build(name string) (apitype.TemplateBuild, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.builds[name]
+	return b, ok
+}
+
+func (f *fakeBuilder) startCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.starts
+}
+
+// TestTemplateBuildsOff: a node without builds answers both routes
+// forbidden, saying how to turn them on or build on the node; healthz
+// says it has none.
+func TestTemplateBuildsOff(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := e.ctx()
+	_, err := e.c.BuildTemplate(ctx, apitype.TemplateBuildRequest{Name: "debian13", Recipe: "debian13"})
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Status != 403 || !strings.Contains(p.Detail, "[templates] build = true") || !strings.Contains(p.Detail, "pve-inspectd template build NAME --recipe") {
+		t.Errorf("build on a node without builds: %v", err)
+	}
+	if _, err := e.c.TemplateBuild(ctx, "debian13"); !client.IsProblem(err, apitype.ProblemForbidden) {
+		t.Errorf("get on a node without builds: %v", err)
+	}
+	if h, err := e.c.Health(ctx); err != nil || h.TemplateBuilds {
+		t.Errorf("healthz: %+v %v, want no template builds", h, err)
+	}
+}
+
+// TestTemplateBuildRoutes: the build routes are node operations for
+// unbound admin tokens and the local socket: an owner-bound admin token
+// and lesser scopes are refused before the builder is asked; a body that
+// does not decode or that the builder refuses changes nothing; a second
+// request joins, another source conflicts, an existing template answers
+// 200; the build's events reach unbound streams only.
+func TestTemplateBuildRoutes(t *testing.T) {
+	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
+	f := &fakeBuilder{builds: map[string]apitype.TemplateBuild{}}
+	e := newEnv(t, func(o *options) {
+		o.serverOptions.Tokens = store
+		o.serverOptions.Templates = f
+	})
+	f.publish = e.srv.Engine().PublishNodeEvent
+	ctx := e.ctx()
+	mint := func(name, owner, scope string) *client.Client {
+		t.Helper()
+		tok, _, err := store.CreateOwned(name, owner, []string{scope}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client.New(e.tcp.URL, client.WithToken(tok))
+	}
+	alice, ops, reader, execer := mint("alice-agent", "alice", "admin"), mint("ops", "", "admin"), mint("r", "", "read"), mint("x", "", "exec")
+	req := apitype.TemplateBuildRequest{Name: "debian13", Recipe: "debian13"}
+
+	if h, err := ops.Health(ctx); err != nil || !h.TemplateBuilds {
+		t.Errorf("healthz: %+v %v, want template builds", h, err)
+	}
+	for who, c := range map[string]*client.Client{"owner-bound admin": alice, "read": reader, "exec": execer} {
+		if _, err := c.BuildTemplate(ctx, req); !client.IsProblem(err, apitype.ProblemForbidden) {
+			t.Errorf("%s token's build: %v, want forbidden", who, err)
+		}
+		if _, err := c.TemplateBuild(ctx, "debian13"); !client.IsProblem(err, apitype.ProblemForbidden) {
+			t.Errorf("%s token's get: %v, want forbidden", who, err)
+		}
+	}
+	if _, err := alice.BuildTemplate(ctx, req); err == nil || !strings.Contains(err.Error(), "node operation") {
+		t.Errorf("owner-bound refusal does not say why: %v", err)
+	}
+	if _, err := ops.BuildTemplate(ctx, apitype.TemplateBuildRequest{Name: "bad_name", Recipe: "debian13"}); !client.IsProblem(err, apitype.ProblemInvalidRequest) {
+		t.Errorf("invalid name: %v", err)
+	}
+	var p *apitype.Problem
+	if _, err := ops.BuildTemplate(ctx, apitype.TemplateBuildRequest{Name: "bad_name"}); !errors.As(err, &p) || p.Field != "name" {
+		t.Errorf("invalid name's problem: %v, want field name", err)
+	}
+	if f.startCount() != 0 || len(f.builds) != 0 {
+		t.Fatalf("refused requests reached the builder: %d starts", f.startCount())
+	}
+
+	st, err := ops.BuildTemplate(ctx, req)
+	if err != nil || st.State != apitype.BuildRunning || st.Joined {
+		t.Fatalf("build: %+v %v", st, err)
+	}
+	if st, err := e.c.BuildTemplate(ctx, req); err != nil || !st.Joined {
+		t.Errorf("second request (local socket): %+v %v, want joined", st, err)
+	}
+	if _, err := ops.BuildTemplate(ctx, apitype.TemplateBuildRequest{Name: "debian13", Recipe: "ubuntu24.04"}); !client.IsProblem(err, apitype.ProblemConflict) {
+		t.Errorf("another source: %v, want conflict", err)
+	}
+	if got, err := ops.TemplateBuild(ctx, "debian13"); err != nil || got.State != apitype.BuildRunning {
+		t.Errorf("get: %+v %v", got, err)
+	}
+	if _, err := ops.TemplateBuild(ctx, "nothing"); !client.IsProblem(err, apitype.ProblemNotFound) {
+		t.Errorf("get of no build: %v", err)
+	}
+	if st, err := ops.BuildTemplate(ctx, apitype.TemplateBuildRequest{Name: "exists", Recipe: "debian13"}); err != nil || st.State != apitype.BuildDone || !st.Reused {
+		t.Errorf("existing template: %+v %v", st, err)
+	}
+
+	// alice's own event after the build's: her stream, replayed from the
+	// start, reaches it without a template event; ops's has the build's.
+	if _, err := alice.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}}); err != nil {
+		t.Fatal(err)
+	}
+	seen := func(c *client.Client, until string) []apitype.Event {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var evs []apitype.Event
+		stop := errors.New("stop")
+		err := c.Events(sctx, client.EventsRequest{Resume: true}, func(ev apitype.Event) error {
+			evs = append(evs, ev)
+			if ev.Type == until {
+				return stop
+			}
+			return nil
+		})
+		if !errors.Is(err, stop) {
+			t.Errorf("stream ended before a %s event: %v (%+v)", until, err, evs)
+		}
+		return evs
+	}
+	for _, ev := range seen(alice, apitype.EventCreated) {
+		if strings.HasPrefix(ev.Type, "template.") {
+			t.Errorf("owner-bound stream carries %+v", ev)
+		}
+	}
+	evs := seen(ops, apitype.EventTemplateBuildProgress)
+	if last := evs[len(evs)-1]; last.Template != "debian13" || last.Owner != "" || last.Detail != "image: downloading" {
+		t.Errorf("template event on the unbound stream: %+v", last)
+	}
+}

@@ -1,0 +1,467 @@
+package templatebuild
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// Errors of Service.Start besides a *sandbox.InvalidError (a request
+// refused as asked, naming its field). Each wraps the engine's sentinel
+// the sandbox API answers for it (conflict, unavailable).
+var (
+	// ErrBuildConflict: another build of the name runs from another
+	// source; wait for it.
+	ErrBuildConflict = fmt.Errorf("template build: %w", sandbox.ErrConflict)
+	// ErrNotRunning: the service is not running (the daemon starts or
+	// stops).
+	ErrNotRunning = fmt.Errorf("template builds are not running: %w", sandbox.ErrBusy)
+	// ErrBuildsFull: as many builds as the node takes are queued or run.
+	ErrBuildsFull = fmt.Errorf("the node's template build queue is full: %w", sandbox.ErrBusy)
+)
+
+// loginError is a failed login of the builder (its password file, or
+// Proxmox refusing it): the node cannot build until an operator fixes it
+// (sandbox.ErrNotConfigured: the API answers unavailable).
+type loginError struct{ err error }
+
+func (e loginError) Error() string   { return "log in as the template builder: " + e.err.Error() }
+func (e loginError) Unwrap() []error { return []error{e.err, sandbox.ErrNotConfigured} }
+
+func badRequest(field, format string, a ...any) error {
+	return &sandbox.InvalidError{Field: field, Msg: fmt.Sprintf(field+": "+format, a...)}
+}
+
+func invalidField(field string, err error) error {
+	return &sandbox.InvalidError{Field: field, Msg: field + ": " + err.Error()}
+}
+
+// ServiceOptions configure a Service.
+type ServiceOptions struct {
+	// Login returns a Proxmox client logged in with the builder's own
+	// credential, never the daemon's sandbox token (see the package doc's
+	// Privileges). It is called for each build and each lookup, so a
+	// changed password file takes effect without a restart.
+	Login func(ctx context.Context) (Proxmox, error)
+	Agent Agent
+	Host  Host
+	// Defaults are every build's Options but Name, Recipe, Progress and
+	// Log (storages, bridge, waits).
+	Defaults Options
+	// URLs checks the URL of a build from an image URL.
+	URLs URLGuard
+	// MaxRunning is how many builds run at once on the node (1; at most
+	// 2: each downloads an image and boots a VM); MaxBuilds how many may
+	// be queued or running (8); Keep how many finished builds are
+	// remembered for Build (32, the oldest forgotten first).
+	MaxRunning, MaxBuilds, Keep int
+	// Grant, when set, lets the daemon's sandbox token clone the template
+	// a build made or found (the daemon: PVEInspectTemplate on /vms/ID, as
+	// pve-access-setup grants the templates it is given), with px, the
+	// builder's client. A failed grant fails the build, saying what to run.
+	Grant func(ctx context.Context, px Proxmox, vmid int) error
+	// LockDir holds the per-name build locks (Lock), shared with
+	// `pve-inspectd template build` on the node.
+	LockDir string
+	// Publish receives the builds' events (template.build.progress,
+	// .done, .failed); nil drops them. Never called with the service's
+	// lock held.
+	Publish func(apitype.Event)
+	Now     func() time.Time
+	Log     *slog.Logger
+}
+
+// Service runs the daemon's template builds (POST /v1/templates/build):
+// one build per template name at a time (a second request for the name
+// joins it), at most MaxRunning at once on the node, each in a goroutine
+// that Run owns and stops when its context ends (the build's VM, still
+// tagged building, is left for the next build of the name to destroy).
+type Service struct {
+	o     ServiceOptions
+	slots chan struct{}
+	wg    sync.WaitGroup
+
+	// The mutex protects the following elements; a leaf (nothing is
+	// called out while it is held).
+	mu sync.Mutex
+	// ctx is Run's context while Run runs, nil otherwise.
+	ctx context.Context
+	// builds are the queued, running and remembered builds by name;
+	// finished lists the finished ones' names, oldest first.
+	builds   map[string]*build
+	finished []string
+}
+
+// build is one build; its state is guarded by Service.mu.
+type build struct {
+	req   apitype.TemplateBuildRequest
+	state apitype.TemplateBuild
+	// partial is a progress line not yet ended by a newline.
+	partial []byte
+}
+
+// NewService checks the options and returns a Service; run it with Run.
+func NewService(o ServiceOptions) (*Service, error) {
+	if o.Login == nil || o.Agent == nil || o.Host == nil {
+		return nil, errors.New("templatebuild: Login, Agent and Host are required")
+	}
+	check := o.Defaults
+	check.Name, check.Recipe = "check", Recipe{Image: Image{URL: "http://check/x.raw", File: "x.raw"}}
+	if err := check.Validate(); err != nil {
+		return nil, fmt.Errorf("templatebuild: %w", err)
+	}
+	orDefault(&o.MaxRunning, 1)
+	orDefault(&o.MaxBuilds, 8)
+	orDefault(&o.Keep, 32)
+	if o.MaxRunning < 1 || o.MaxRunning > 2 || o.MaxBuilds < o.MaxRunning || o.Keep < 1 {
+		return nil, fmt.Errorf("templatebuild: MaxRunning %d (1 or 2), MaxBuilds %d (at least MaxRunning), Keep %d (at least 1)", o.MaxRunning, o.MaxBuilds, o.Keep)
+	}
+	if o.LockDir == "" {
+		o.LockDir = "/run/pve-inspectd"
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Publish == nil {
+		o.Publish = func(apitype.Event) {}
+	}
+	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}}, nil
+}
+
+func orDefault(p *int, v int) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+// Run serves builds until ctx ends, then waits for the running builds,
+// which end with ctx, to return.
+func (s *Service) Run(ctx context.Context) {
+	s.mu.Lock()
+	s.ctx = ctx
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	s.ctx = nil // no build starts from now on: wg.Add happens under mu
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// Build returns the state of the build of name: running, or the last
+// one that finished (false: none remembered).
+func (s *Service) Build(name string) (apitype.TemplateBuild, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.builds[name]
+	if !ok {
+		return apitype.TemplateBuild{}, false
+	}
+	return b.snapshot(), true
+}
+
+func (b *build) snapshot() apitype.TemplateBuild {
+	st := b.state
+	st.Progress = slices.Clone(st.Progress)
+	if st.Progress == nil {
+		st.Progress = []string{}
+	}
+	return st
+}
+
+func active(st apitype.TemplateBuild) bool {
+	return st.State == apitype.BuildQueued || st.State == apitype.BuildRunning
+}
+
+// Start starts a build of req, or joins the one of its name that is
+// queued or running (Joined set), or answers that the template exists
+// (done, Reused). A request refused as asked is a *sandbox.InvalidError; a
+// running build of the name from another source ErrBuildConflict.
+func (s *Service) Start(ctx context.Context, req apitype.TemplateBuildRequest) (apitype.TemplateBuild, error) {
+	recipe, err := s.recipe(ctx, req)
+	if err != nil {
+		return apitype.TemplateBuild{}, err
+	}
+	if st, ok, err := s.join(req); ok || err != nil {
+		return st, err
+	}
+	px, err := s.o.Login(ctx)
+	if err != nil {
+		return apitype.TemplateBuild{}, loginError{err}
+	}
+	vmid, ok, err := Existing(ctx, px, s.o.Host, req.Name, recipe.Name)
+	if err != nil {
+		return apitype.TemplateBuild{}, fmt.Errorf("look for template %q: %w", req.Name, err)
+	}
+	if ok {
+		if err := s.grant(ctx, px, vmid); err != nil {
+			return apitype.TemplateBuild{}, err
+		}
+		return s.exists(req, vmid)
+	}
+	return s.launch(req, recipe)
+}
+
+// recipe checks req and returns the recipe it asks for.
+func (s *Service) recipe(ctx context.Context, req apitype.TemplateBuildRequest) (Recipe, error) {
+	if err := ValidName(req.Name); err != nil {
+		return Recipe{}, invalidField("name", err)
+	}
+	switch {
+	case req.Recipe != "" && req.From != "":
+		return Recipe{}, badRequest("from", "give a recipe or an image URL, not both")
+	case req.Recipe != "":
+		r, ok := Recipes()[req.Recipe]
+		if !ok {
+			return Recipe{}, badRequest("recipe", "unknown recipe %q; shipped: %s", req.Recipe, strings.Join(RecipeNames(), ", "))
+		}
+		if r.Image.Unsupported != "" {
+			return Recipe{}, badRequest("recipe", "recipe %s cannot be built over the API: %s", req.Recipe, r.Image.Unsupported)
+		}
+		if req.Checksum != "" || req.OVADisk != "" {
+			return Recipe{}, badRequest("checksum", "checksum and ova_disk go with from: a recipe pins its own")
+		}
+		return r, nil
+	case req.From != "":
+		if !strings.Contains(req.From, "://") {
+			return Recipe{}, badRequest("from", "want an http(s) URL; an image already on the node is built there: pve-inspectd template build %s --from STORAGE:import/FILE", req.Name)
+		}
+		if req.Checksum == "" {
+			return Recipe{}, badRequest("checksum", "an image URL needs its checksum (sha256:HEX or sha512:HEX): the node downloads only what Proxmox can verify")
+		}
+		img, err := ImageFromURL(req.From, req.Checksum, req.OVADisk)
+		if err != nil {
+			return Recipe{}, invalidField("from", err)
+		}
+		if err := s.o.URLs.Check(ctx, req.From); err != nil {
+			return Recipe{}, invalidField("from", err)
+		}
+		return Generic(img), nil
+	}
+	return Recipe{}, badRequest("recipe", "want a recipe (%s) or an image URL in from", strings.Join(RecipeNames(), ", "))
+}
+
+// join answers the build of req's name that is queued or running: joined
+// when it builds the same, ErrBuildConflict when not.
+func (s *Service) join(req apitype.TemplateBuildRequest) (apitype.TemplateBuild, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.builds[req.Name]
+	if !ok || !active(b.state) {
+		return apitype.TemplateBuild{}, false, nil
+	}
+	if b.req != req {
+		return apitype.TemplateBuild{}, false, fmt.Errorf("%w: a build of %q from %s is %s; wait for it (GET /v1/templates/builds/%s)",
+			ErrBuildConflict, req.Name, sourceOf(b.req), b.state.State, req.Name)
+	}
+	st := b.snapshot()
+	st.Joined = true
+	return st, true, nil
+}
+
+// sourceOf names what a request builds from, without credentials or query.
+func sourceOf(r apitype.TemplateBuildRequest) string {
+	if r.Recipe != "" {
+		return "recipe " + r.Recipe
+	}
+	return RedactURL(r.From)
+}
+
+// exists records and answers a template found on the node.
+func (s *Service) exists(req apitype.TemplateBuildRequest, vmid int) (apitype.TemplateBuild, error) {
+	now := s.o.Now().UTC()
+	st := apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From), State: apitype.BuildDone, VMID: vmid, Reused: true,
+		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier: reused", req.Name, vmid)}, Started: now, Finished: &now}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.builds[req.Name]; ok && active(b.state) {
+		// a build of the name started meanwhile: answer it
+		out := b.snapshot()
+		out.Joined = true
+		return out, nil
+	}
+	s.rememberLocked(req.Name, &build{req: req, state: st})
+	return st, nil
+}
+
+// launch registers a build of req and starts its goroutine.
+func (s *Service) launch(req apitype.TemplateBuildRequest, recipe Recipe) (apitype.TemplateBuild, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.builds[req.Name]; ok && active(b.state) {
+		if b.req != req {
+			return apitype.TemplateBuild{}, fmt.Errorf("%w: a build of %q from %s started meanwhile", ErrBuildConflict, req.Name, sourceOf(b.req))
+		}
+		out := b.snapshot()
+		out.Joined = true
+		return out, nil
+	}
+	if s.ctx == nil {
+		return apitype.TemplateBuild{}, ErrNotRunning
+	}
+	n := 0
+	for _, b := range s.builds {
+		if active(b.state) {
+			n++
+		}
+	}
+	if n >= s.o.MaxBuilds {
+		return apitype.TemplateBuild{}, fmt.Errorf("%w: %d builds are queued or running; retry when one is done", ErrBuildsFull, n)
+	}
+	b := &build{req: req, state: apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From),
+		State: apitype.BuildQueued, Progress: []string{}, Started: s.o.Now().UTC()}}
+	s.finished = slices.DeleteFunc(s.finished, func(n string) bool { return n == req.Name })
+	s.builds[req.Name] = b
+	s.wg.Add(1)
+	go s.run(s.ctx, b, recipe)
+	return b.snapshot(), nil
+}
+
+// rememberLocked stores a finished build, forgetting the oldest finished
+// ones past Keep. s.mu is held.
+func (s *Service) rememberLocked(name string, b *build) {
+	s.builds[name] = b
+	s.finished = slices.DeleteFunc(s.finished, func(n string) bool { return n == name })
+	s.finished = append(s.finished, name)
+	for len(s.finished) > s.o.Keep {
+		delete(s.builds, s.finished[0])
+		s.finished = s.finished[1:]
+	}
+}
+
+// run waits for a build slot, builds, and records how it ended.
+func (s *Service) run(ctx context.Context, b *build, recipe Recipe) {
+	defer s.wg.Done()
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		s.end(b, Result{}, fmt.Errorf("not started: %w", ctx.Err()))
+		return
+	}
+	defer func() { <-s.slots }()
+	s.mu.Lock()
+	b.state.State = apitype.BuildRunning
+	s.mu.Unlock()
+	res, err := s.build(ctx, b, recipe)
+	s.end(b, res, err)
+}
+
+func (s *Service) build(ctx context.Context, b *build, recipe Recipe) (Result, error) {
+	unlock, err := Lock(s.o.LockDir, b.req.Name)
+	if err != nil {
+		return Result{}, fmt.Errorf("%w (pve-inspectd template build on the node?)", err)
+	}
+	defer unlock()
+	px, err := s.o.Login(ctx)
+	if err != nil {
+		return Result{}, loginError{err}
+	}
+	o := s.o.Defaults
+	o.Name, o.Recipe, o.KeepCancelled = b.req.Name, recipe, true
+	o.Progress = progressWriter{s: s, b: b}
+	o.Log = s.o.Log
+	bl, err := New(px, s.o.Agent, s.o.Host, o)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := bl.Run(ctx)
+	if err != nil {
+		return res, err
+	}
+	if err := s.grant(ctx, px, res.VMID); err != nil {
+		return res, err
+	}
+	if s.o.Grant != nil {
+		fmt.Fprintf(o.Progress, "%-8s the daemon's token may clone VM %d\n", "grant:", res.VMID)
+	}
+	return res, nil
+}
+
+// grant runs Grant (when set) for template vmid.
+func (s *Service) grant(ctx context.Context, px Proxmox, vmid int) error {
+	if s.o.Grant == nil {
+		return nil
+	}
+	if err := s.o.Grant(ctx, px, vmid); err != nil {
+		return fmt.Errorf("template is VM %d, but the daemon's token may not clone it: %w (as root: PVE_INSPECTD_TEMPLATES=\"... %d\" /usr/lib/pve-inspectd/pve-access-setup)", vmid, err, vmid)
+	}
+	return nil
+}
+
+// end records a build's end and publishes it.
+func (s *Service) end(b *build, res Result, err error) {
+	now := s.o.Now().UTC()
+	ev := apitype.Event{Type: apitype.EventTemplateBuildDone, Template: b.req.Name, VMID: res.VMID}
+	s.mu.Lock()
+	b.state.Finished, b.state.VMID, b.state.Reused = &now, res.VMID, res.Reused
+	if err != nil {
+		b.state.State, b.state.Error = apitype.BuildFailed, err.Error()
+		ev.Type, ev.Detail = apitype.EventTemplateBuildFailed, err.Error()
+	} else {
+		b.state.State = apitype.BuildDone
+		ev.Detail = fmt.Sprintf("template %q is VM %d", b.req.Name, res.VMID)
+		if res.Reused {
+			ev.Detail += " (built earlier: reused)"
+		}
+	}
+	s.rememberLocked(b.req.Name, b)
+	s.mu.Unlock()
+	if err != nil {
+		s.o.Log.Warn("template build failed", "template", b.req.Name, "err", err)
+	} else {
+		s.o.Log.Info("template build done", "template", b.req.Name, "vmid", res.VMID, "reused", res.Reused)
+	}
+	s.o.Publish(ev)
+}
+
+// progressWriter turns a build's progress output into lines of its state
+// and progress events.
+type progressWriter struct {
+	s *Service
+	b *build
+}
+
+// maxLine bounds one progress line (a longer one is cut).
+const maxLine = 1024
+
+func (w progressWriter) Write(p []byte) (int, error) {
+	var lines []string
+	w.s.mu.Lock()
+	w.b.partial = append(w.b.partial, p...)
+	for {
+		i := bytes.IndexByte(w.b.partial, '\n')
+		if i < 0 {
+			break
+		}
+		line := strings.Join(strings.Fields(string(w.b.partial[:i])), " ")
+		w.b.partial = w.b.partial[i+1:]
+		if len(line) > maxLine {
+			line = line[:maxLine] + "..."
+		}
+		lines = append(lines, line)
+		st := &w.b.state
+		st.Progress = append(st.Progress, line)
+		if over := len(st.Progress) - apitype.MaxBuildProgress; over > 0 {
+			st.Progress = slices.Delete(st.Progress, 0, over)
+		}
+	}
+	if len(w.b.partial) > maxLine {
+		w.b.partial = w.b.partial[:0]
+	}
+	w.s.mu.Unlock()
+	for _, l := range lines {
+		w.s.o.Publish(apitype.Event{Type: apitype.EventTemplateBuildProgress, Template: w.b.req.Name, Detail: l})
+	}
+	return len(p), nil
+}

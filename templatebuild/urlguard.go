@@ -1,0 +1,118 @@
+package templatebuild
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"strings"
+)
+
+// ErrURLRefused is wrapped by URLGuard.Check's refusals.
+var ErrURLRefused = errors.New("image URL refused")
+
+// metadataPrefixes are the cloud metadata services (DESIGN.md section 3)
+// beside link-local: Alibaba, Azure's WireServer, AWS's IPv6 IMDS.
+var metadataPrefixes = []netip.Prefix{
+	netip.MustParsePrefix("100.100.100.200/32"),
+	netip.MustParsePrefix("168.63.129.16/32"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+}
+
+// URLGuard decides whether a build asked over the API may have the node
+// download a URL. download-url runs on the node as Proxmox (root): a URL
+// naming the node itself (its loopback, any of its interface addresses),
+// a link-local address (169.254.0.0/16, fe80::/10: the metadata service
+// of most clouds) or another metadata service would let a caller of the
+// API read, or probe, what only the node reaches. Refused: a scheme other
+// than http and https, credentials in the URL (they would be logged), and
+// a host any of whose addresses is loopback, link-local, unspecified,
+// multicast, a metadata address (the built-ins and Metadata) or one of
+// the node's own. The check resolves the name when it is asked; Proxmox
+// resolves it again when it downloads (a name whose answer changes in
+// between is not caught), and the checksum the request must carry is
+// what the image is held to.
+type URLGuard struct {
+	// Resolve returns a host name's addresses.
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// Own returns the node's own addresses (nil: none beyond loopback).
+	Own func() ([]netip.Addr, error)
+	// Metadata are further metadata prefixes refused ([guard] metadata4,
+	// metadata6).
+	Metadata []netip.Prefix
+}
+
+// Check returns nil when the node may download raw, else an error
+// wrapping ErrURLRefused that says which address is refused and why.
+func (g URLGuard) Check(ctx context.Context, raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return fmt.Errorf("%w: %q: want an http or https URL", ErrURLRefused, raw)
+	}
+	if u.User != nil {
+		return fmt.Errorf("%w: %q carries credentials: serve the image without them", ErrURLRefused, u.Redacted())
+	}
+	host := u.Hostname()
+	var addrs []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{a}
+	} else {
+		if g.Resolve == nil {
+			return fmt.Errorf("%w: %q: no resolver to check its host with", ErrURLRefused, raw)
+		}
+		if addrs, err = g.Resolve(ctx, host); err != nil {
+			return fmt.Errorf("%w: resolve %s: %v", ErrURLRefused, host, err)
+		}
+		if len(addrs) == 0 {
+			return fmt.Errorf("%w: %s has no address", ErrURLRefused, host)
+		}
+	}
+	var own []netip.Addr
+	if g.Own != nil {
+		if own, err = g.Own(); err != nil {
+			return fmt.Errorf("%w: list the node's addresses: %v", ErrURLRefused, err)
+		}
+	}
+	for _, a := range addrs {
+		if why := g.why(a.Unmap(), own); why != "" {
+			return fmt.Errorf("%w: %s is %s (%s): the node would download from what only it reaches; serve the image from another host", ErrURLRefused, host, a, why)
+		}
+	}
+	return nil
+}
+
+// why says why address a is refused ("" when it is not).
+func (g URLGuard) why(a netip.Addr, own []netip.Addr) string {
+	switch {
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "link-local, where cloud metadata services answer"
+	case a.IsUnspecified():
+		return "unspecified: the node itself"
+	case a.IsMulticast():
+		return "multicast"
+	}
+	for _, p := range append(append([]netip.Prefix{}, metadataPrefixes...), g.Metadata...) {
+		if p.Contains(a) {
+			return "a cloud metadata service"
+		}
+	}
+	for _, o := range own {
+		if o.Unmap() == a {
+			return "one of the node's own addresses"
+		}
+	}
+	return ""
+}
+
+// RedactURL is raw without credentials or query, for logs and events.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	u.User, u.RawQuery, u.Fragment = nil, "", ""
+	return strings.TrimSuffix(u.String(), "?")
+}
