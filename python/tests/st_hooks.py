@@ -112,6 +112,10 @@ def _apply_nic_rules(
                 seen["ips"].add(ip)
 
 
+# The per-VM options a container (kind lxc) does not take.
+VM_OPTIONS = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller")
+
+
 def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
     """A generated create body with the stated cross-field rules applied:
     unique network and VM names, a VM's networks (or its nics' networks)
@@ -142,6 +146,10 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
                 # one NIC (the bed starts a container's net0 only: the
                 # emulator's limit, FIDELITY)
                 v["template"] = CT_TEMPLATE
+                # a container takes none of a VM's options (firmware, cpu,
+                # os_type, controllers)
+                for key in VM_OPTIONS:
+                    v.pop(key, None)
                 for key in ("networks", "nics"):
                     if isinstance(v.get(key), list):
                         del v[key][1:]

@@ -63,3 +63,22 @@ def test_nic_rules() -> None:
     assert vm0["nics"][1] == {"network": "lan", "ipv4": "10.9.0.6"}
     # the MAC and the address are vm0's; the gateway is no fixed address
     assert vm1["nics"] == [{"network": "lan"}, {"network": "lan"}]
+
+
+def test_container_takes_no_vm_options() -> None:
+    """A container (kind lxc) takes no VM option: the hook drops them (the
+    create refuses them, vms[i].cpu and the like), and keeps a VM's."""
+    opts = {
+        "firmware": "",
+        "cpu": "qemu64",
+        "os_type": "l26",
+        "disk_controller": "",
+        "nic_controller": "virtio",
+    }
+    body: dict[str, Any] = {
+        "vms": [{"template": "t", **opts}, {"template": "t", "kind": "lxc", **opts}]
+    }
+    out = apply_create_rules(body)
+    vm, ct = out["vms"]
+    assert all(vm[k] == v for k, v in opts.items()), vm
+    assert not any(k in ct for k in opts), ct
