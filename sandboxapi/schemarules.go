@@ -83,7 +83,7 @@ func (s *Server) createRules() map[string]map[string]any {
 	// a node that makes no containers ([api] containers off) says so: its
 	// document has no kind lxc
 	kinds, kindText := []string{"", apitype.KindVM, apitype.KindLXC},
-		"vm (default): a QEMU VM; lxc: an unprivileged container (no disk_gib, no fixed MAC or address, never from the warm pool)"
+		"vm (default): a QEMU VM; lxc: an unprivileged container (no disk_gib, no fixed MAC or address, none of firmware, cpu, os_type, disk_controller, nic_controller; never from the warm pool)"
 	if s.eo.Containers == nil || s.eo.CTGuests == nil {
 		kinds, kindText = []string{"", apitype.KindVM}, "vm (default): a QEMU VM (this node makes no containers)"
 	}
