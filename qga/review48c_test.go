@@ -91,3 +91,23 @@ func TestReviewWinShellTrailingCaret(t *testing.T) {
 		}
 	}
 }
+
+// TestReviewWinCwdProgramQuoted: with a cwd the argv runs as cmd.exe's
+// command line (!PVE_INSPECT_CMDLINE!), where the program is cmd.exe's
+// command token: unquoted, it ends at cmd.exe's delimiters , ; = as well
+// as blanks (C:\tools\a=b.exe runs C:\tools\a), and a name like
+// "echo.exe", "dir" or "call" is taken for cmd.exe's built-in (call even
+// expands %VAR% in the arguments a second time), unlike the same argv
+// without a cwd. A quoted command token is always an external program.
+// Fix: in winCmdline for the cwd script, always quote argv[0].
+func TestReviewWinCwdProgramQuoted(t *testing.T) {
+	for _, prog := range []string{`C:\tools\a=b.exe`, `echo.exe`, `call`} {
+		f, g, _ := newWinGuest(t, qga.Options{})
+		g.Exec(winCtx(t), sandbox.GuestExec{Argv: []string{prog, "%PATH%"}, Cwd: `C:\Users`})
+		for _, e := range f.Execs() {
+			if line := e.Getenv("PVE_INSPECT_CMDLINE"); line != "" && !strings.HasPrefix(line, `"`) {
+				t.Errorf("program %q: command line %q: cmd.exe reads an unquoted program with its own rules", prog, line)
+			}
+		}
+	}
+}
