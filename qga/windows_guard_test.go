@@ -9,8 +9,8 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
-// Review 48c of the Windows guest (win37): failing tests that pin the
-// findings; each names what the fix must make true.
+// Guards of the Windows guest against cmd.exe's and Windows' own rules
+// (review 48c of win37).
 
 // TestReviewWinErrorlevelEnv: cmd.exe reads %ERRORLEVEL% (and
 // !ERRORLEVEL!) from an environment variable of that name when one is
@@ -43,13 +43,12 @@ func TestReviewWinErrorlevelEnv(t *testing.T) {
 	}
 }
 
-// TestReviewWinDeviceSuperscripts: Windows takes the ISO 8859-1
-// superscript digits as digits in COM# and LPT# device names (COM¹,
-// LPT³.txt, ...: reserved in every directory, as COM1 is); cleanWinPath
-// refuses COM1..9 and LPT1..9 only, so a file call on C:\x\COM¹ opens a
-// device. Fix: add COM¹ COM² COM³ LPT¹ LPT² LPT³ to winDevices.
-func TestReviewWinDeviceSuperscripts(t *testing.T) {
-	for _, p := range []string{`C:\x\COM¹`, `C:\x\com².txt`, `C:\x\LPT³`, `C:\x\lpt¹.log`} {
+// TestWinDeviceSuperscripts: Windows takes the ISO 8859-1 superscript
+// digits as digits in COM# and LPT# device names (COM¹, LPT³.txt, ...:
+// reserved in every directory, as COM1 is), so CleanWinPath refuses them
+// as it refuses COM1.
+func TestWinDeviceSuperscripts(t *testing.T) {
+	for _, p := range []string{`C:\x\COM¹`, `C:\x\com².txt`, `C:\x\LPT³`, `C:\x\lpt¹.log`, `C:\x\COM0`, `C:\x\lpt0.txt`} {
 		if q, err := qga.CleanWinPath(p); !errors.Is(err, qga.ErrInvalid) {
 			t.Errorf("CleanWinPath(%q) = %q, %v; want ErrInvalid (a device name)", p, q, err)
 		}
