@@ -92,6 +92,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -121,6 +122,14 @@ const (
 	// read; a request's Env may not use it.
 	winVar = "PVE_INSPECT_"
 )
+
+// winDynamicVars are cmd.exe's dynamic variables: a variable of the
+// environment with one of these names (in any case) overrides the dynamic
+// value (set /?), so ERRORLEVEL in a request's Env would make the batch
+// files' exit /b %errorlevel% report it instead of the command's status.
+// A Windows exec's Env may not set them.
+var winDynamicVars = []string{"CD", "DATE", "TIME", "RANDOM", "ERRORLEVEL",
+	"CMDEXTVERSION", "CMDCMDLINE", "HIGHESTNUMANODENUMBER"}
 
 // Windows' texts for the errors qemu-ga's file commands report (it
 // appends the system message to its own: error_setg_win32).
@@ -201,6 +210,9 @@ func winValidate(req *ExecRequest) error {
 		if len(k) >= len(winVar) && strings.EqualFold(k[:len(winVar)], winVar) {
 			return fmt.Errorf("%w: env name %q: the %s prefix is the client's own", ErrInvalid, k, winVar)
 		}
+		if slices.ContainsFunc(winDynamicVars, func(d string) bool { return strings.EqualFold(d, k) }) {
+			return fmt.Errorf("%w: env name %q: it is one of cmd.exe's dynamic variables (%s), which a variable of that name would override in the client's batch files", ErrInvalid, k, strings.Join(winDynamicVars, ", "))
+		}
 		if !utf8.ValidString(v) {
 			return fmt.Errorf("%w: env %s is not valid UTF-8", ErrInvalid, k)
 		}
@@ -209,8 +221,8 @@ func winValidate(req *ExecRequest) error {
 		if _, err := cleanWinPath(req.Cwd); err != nil {
 			return fmt.Errorf("cwd: %w", err)
 		}
-		if _, shell := winShell(req.Argv); !shell && utf8.RuneCountInString(winCmdline(req.Argv)) > winLineMax-64 {
-			return fmt.Errorf("%w: with a cwd the command line goes through cmd.exe, which takes at most %d characters", ErrInvalid, winLineMax)
+		if _, shell := winShell(req.Argv); !shell && utf16Len(winCmdline(req.Argv)) > winLineMax-64 {
+			return fmt.Errorf("%w: with a cwd the command line goes through cmd.exe, which takes at most %d characters (UTF-16 code units)", ErrInvalid, winLineMax)
 		}
 	}
 	return nil
@@ -249,26 +261,47 @@ func winShellScript(s string, cwd bool) string {
 	return b.String()
 }
 
-// winCmdline joins argv into one command line with the C runtime's
-// quoting (what CommandLineToArgvW splits back into argv).
+// utf16Len is the length of s in UTF-16 code units (what Windows counts
+// in a command line).
+func utf16Len(s string) int {
+	n := 0
+	for _, r := range s {
+		n += max(utf16.RuneLen(r), 1)
+	}
+	return n
+}
+
+// winCmdline joins argv into one command line for cmd.exe to run: the C
+// runtime's quoting (what CommandLineToArgvW splits back into argv), with
+// argv[0] always quoted, since cmd.exe reads an unquoted command token
+// with its own rules (it ends at , ; = too, and a name like "call" or
+// "echo.exe" is taken for a built-in); a quoted one is an external
+// program.
 func winCmdline(argv []string) string {
 	var b strings.Builder
 	for i, a := range argv {
 		if i > 0 {
 			b.WriteByte(' ')
+			b.WriteString(winQuote(a))
+		} else {
+			b.WriteString(winQuoted(a))
 		}
-		b.WriteString(winQuote(a))
 	}
 	return b.String()
 }
 
-// winQuote quotes one argument: as it is when it needs none, else in
-// double quotes, a quote as \" and the backslashes before a quote (or
-// the closing one) doubled.
+// winQuote quotes one argument when it needs it (winQuoted), else
+// returns it as it is.
 func winQuote(a string) string {
 	if a != "" && !strings.ContainsAny(a, " \t\n\v\"") {
 		return a
 	}
+	return winQuoted(a)
+}
+
+// winQuoted quotes one argument: in double quotes, a quote as \" and the
+// backslashes before a quote (or the closing one) doubled.
+func winQuoted(a string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	slashes := 0
