@@ -248,17 +248,26 @@ const winArgvScript = "@echo off\r\n" +
 	"!PVE_INSPECT_CMDLINE!\r\n" +
 	"exit /b !errorlevel!\r\n"
 
-// winShellScript is the batch file of shell string s (in PVE_INSPECT_CWD
-// when cwd).
-func winShellScript(s string, cwd bool) string {
+// winShellScript runs the shell string's own batch file
+// (PVE_INSPECT_SHELL) with call, in PVE_INSPECT_CWD when cwd, and exits
+// with its error level; its text holds no request data. The string is
+// kept out of this file so that nothing in it (a caret at the end of its
+// last line, an unclosed parenthesis) can join or swallow the exit line.
+func winShellScript(cwd bool) string {
 	var b strings.Builder
 	b.WriteString("@echo off\r\n")
 	if cwd {
 		b.WriteString("cd /d \"%PVE_INSPECT_CWD%\" || exit /b 125\r\n")
 	}
-	b.WriteString(strings.ReplaceAll(strings.ReplaceAll(s, "\r\n", "\n"), "\n", "\r\n"))
-	b.WriteString("\r\nexit /b %errorlevel%\r\n")
+	b.WriteString("call \"%PVE_INSPECT_SHELL%\"\r\n")
+	b.WriteString("exit /b %errorlevel%\r\n")
 	return b.String()
+}
+
+// winShellBody is the batch file of shell string s: "@echo off" and s
+// with its line ends made CRLF.
+func winShellBody(s string) string {
+	return "@echo off\r\n" + strings.ReplaceAll(strings.ReplaceAll(s, "\r\n", "\n"), "\n", "\r\n") + "\r\n"
 }
 
 // utf16Len is the length of s in UTF-16 code units (what Windows counts
@@ -340,12 +349,17 @@ func winTempName(ext string) string {
 }
 
 // winPlan is how one Windows exec runs: the argv guest-exec starts, its
-// environment and, when a batch file is needed, its text.
+// environment and the batch files to write before it (and to remove
+// after).
 type winPlan struct {
-	argv   []string
-	env    []string
-	script string
+	argv  []string
+	env   []string
+	files []winTemp
 }
+
+// winTemp is one of the client's batch files: its path in WinTempDir and
+// its text.
+type winTemp struct{ path, text string }
 
 func planWin(req *ExecRequest) winPlan {
 	var own []string
@@ -353,12 +367,16 @@ func planWin(req *ExecRequest) winPlan {
 		cwd, _ := cleanWinPath(req.Cwd) // checked by winValidate
 		own = append(own, winVar+"CWD="+cwd)
 	}
+	bat := winTempName(".cmd")
 	if s, ok := winShell(req.Argv); ok {
-		return winPlan{env: winEnv(req.Env, own...), script: winShellScript(s, req.Cwd != "")}
+		body := winTempName(".cmd")
+		own = append(own, winVar+"SHELL="+body)
+		return winPlan{argv: winBatch(bat), env: winEnv(req.Env, own...),
+			files: []winTemp{{body, winShellBody(s)}, {bat, winShellScript(req.Cwd != "")}}}
 	}
 	if req.Cwd != "" {
 		own = append(own, winVar+"CMDLINE="+winCmdline(req.Argv))
-		return winPlan{env: winEnv(req.Env, own...), script: winArgvScript}
+		return winPlan{argv: winBatch(bat), env: winEnv(req.Env, own...), files: []winTemp{{bat, winArgvScript}}}
 	}
 	return winPlan{argv: req.Argv, env: winEnv(req.Env)}
 }
@@ -386,16 +404,14 @@ func (a *Agent) winExec(ctx context.Context, req ExecRequest) (*ExecResult, erro
 		}
 	}
 	p := planWin(&req)
-	run := directRun{argv: p.argv, env: p.env, input: input, kill: a.winKill,
-		holders: func(context.Context, int) error { return nil }}
-	if p.script != "" {
-		bat := winTempName(".cmd")
-		if err := a.winPut(ctx, bat, []byte(p.script)); err != nil {
+	for _, f := range p.files {
+		if err := a.winPut(ctx, f.path, []byte(f.text)); err != nil {
 			return nil, fmt.Errorf("qga exec: write the batch file: %w", err)
 		}
-		defer a.winRemove(ctx, bat)
-		run.argv = winBatch(bat)
+		defer a.winRemove(ctx, f.path)
 	}
+	run := directRun{argv: p.argv, env: p.env, input: input, kill: a.winKill,
+		holders: func(context.Context, int) error { return nil }}
 	res, err := a.execCaptured(ctx, &req, limit, run)
 	if errors.Is(err, errNotStarted) && !errors.Is(err, ErrFrozen) {
 		msg := fmt.Sprintf("pve-inspect: the guest agent could not start %s: %s\r\n", winQuote(req.Argv[0]), clipString(err.Error(), maxDescLen))

@@ -70,23 +70,37 @@ func TestWinCmdlineUTF16(t *testing.T) {
 	}
 }
 
-// TestReviewWinShellTrailingCaret: a shell string is written into the
-// batch file right before the client's own "exit /b %errorlevel%"; a
-// caret at the end of its last line escapes the line end, so cmd.exe
-// joins the exit line to it ("echo a ^" prints "a exit /b 0" and the
-// exit code is echo's), and an unclosed "(" swallows it the same way.
-// Fix: keep the exit line out of reach of the string (the string in a
-// batch file of its own, run with call from a fixed one that then exits
-// with the error level).
-func TestReviewWinShellTrailingCaret(t *testing.T) {
-	f, g, _ := newWinGuest(t, qga.Options{})
-	g.Exec(winCtx(t), sandbox.GuestExec{Argv: []string{"cmd.exe", "/c", "echo a ^"}})
-	for _, e := range f.Execs() {
-		lines := strings.Split(e.Script, "\r\n")
-		for i := 1; i < len(lines); i++ {
-			if strings.HasPrefix(lines[i], "exit /b") && strings.HasSuffix(lines[i-1], "^") {
-				t.Errorf("the exit line follows a line ending in a caret, which joins it:\n%s", e.Script)
-			}
+// TestWinShellTrailingCaret: a caret at the end of a line escapes the
+// line end, so cmd.exe joins the next line to it, and an unclosed "("
+// swallows the lines after it; a shell string therefore runs from a batch
+// file of its own, called from the client's fixed one, whose exit line
+// it cannot reach. Both files are removed afterwards.
+func TestWinShellTrailingCaret(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		code int // -1: not checked (the fake does not model blocks)
+	}{
+		{"echo a ^", 0},
+		{"exit.exe 4\r\necho a ^", 0},
+		{"exit.exe 4\r\n(echo b", -1},
+	} {
+		f, g, _ := newWinGuest(t, qga.Options{})
+		res, err := g.Exec(winCtx(t), sandbox.GuestExec{Argv: []string{"cmd.exe", "/c", tc.s}, Cwd: `C:\Users`})
+		if err != nil {
+			t.Fatalf("%q: %v", tc.s, err)
+		}
+		e := f.Execs()[0]
+		if want := "@echo off\r\n" + tc.s + "\r\n"; e.Body != want {
+			t.Errorf("%q: the string's batch file %q, want %q", tc.s, e.Body, want)
+		}
+		if strings.Contains(e.Script, tc.s) || !strings.HasSuffix(e.Script, "call \"%PVE_INSPECT_SHELL%\"\r\nexit /b %errorlevel%\r\n") {
+			t.Errorf("%q: the batch file run holds the string or lacks call and exit:\n%s", tc.s, e.Script)
+		}
+		if tc.code >= 0 && res.ExitCode != tc.code {
+			t.Errorf("%q: exit %d, want %d (stderr %q)", tc.s, res.ExitCode, tc.code, res.Stderr)
+		}
+		if left := f.Files(); len(left) != 0 {
+			t.Errorf("%q: files left in the guest: %v", tc.s, left)
 		}
 	}
 }
