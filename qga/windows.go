@@ -18,17 +18,29 @@ package qga
 //   - A shell string, argv ["cmd.exe", "/c", S] (cmd or cmd.exe, any
 //     directory, /c or /C), cannot go that way: GLib's quoting escapes the
 //     quotes in S with backslashes, which cmd.exe does not read. S becomes
-//     the body of a batch file (as the reference plugin does): "@echo off",
-//     the working directory, S with its line ends made CRLF, and
-//     "exit /b %errorlevel%"; the file is written through guest-file-write
-//     to a fresh name in C:\Windows\Temp (qemu-ga expands no %TEMP%), run
-//     as cmd.exe /d /v:off /c FILE (no AutoRun, delayed expansion off
-//     whatever the registry says) and deleted afterwards. S is read as batch
-//     text: %% is a literal %, and for-loop variables are %%i.
+//     the body of a batch file of its own (as the reference plugin does):
+//     "@echo off" and S with its line ends made CRLF. A fixed batch file
+//     changes to the working directory, runs it with call and ends with
+//     "exit /b %errorlevel%", out of S's reach (a caret ending S's last
+//     line, or an unclosed parenthesis, would join or swallow an exit line
+//     in the same file). Both are written through guest-file-write to
+//     fresh names in C:\Windows\Temp (qemu-ga expands no %TEMP%), the fixed
+//     one run as cmd.exe /d /v:off /c FILE (no AutoRun, delayed expansion
+//     off whatever the registry says), and both deleted afterwards. S is
+//     read as batch text: %% is a literal %, and for-loop variables are
+//     %%i. Only ["cmd" or "cmd.exe", "/c", S] is a shell string: with other
+//     switches ("cmd /s /c", "cmd /d /c") the argv is an ordinary one,
+//     which GLib quotes for the C runtime, not for cmd.exe.
+//   - A .bat or .cmd argv[0] (outside a shell string) is run by Windows
+//     through cmd.exe /c: its arguments are then cmd.exe text (operators
+//     and %VAR% in them are cmd.exe's), not C runtime arguments.
 //   - The environment is fixed on the client's side, as on Linux: every
 //     guest-exec carries WinBaseEnv (the variables a LocalSystem service
 //     sees on a Windows installed on C:) with the request's Env on top
-//     (names compared without case, as Windows does). GLib gives the child
+//     (names compared without case, as Windows does). The Env may not set
+//     cmd.exe's dynamic variables (ERRORLEVEL, CD, DATE, ...): a variable
+//     of that name overrides the dynamic value, so the batch files'
+//     exit /b %errorlevel% would report it. GLib gives the child
 //     exactly the list, so nothing comes from the agent's own environment
 //     and nothing the guest prints becomes part of it.
 //   - A working directory needs a batch file too (guest-exec has none):
@@ -37,8 +49,11 @@ package qga
 //     wrapper's setup code) and then runs the argv's command line from
 //     PVE_INSPECT_CMDLINE through delayed expansion (!VAR!), which happens
 //     after cmd.exe parsed the line, so no character of the command line
-//     is an operator (the line is then cmd.exe's: at most 8191
-//     characters). The data travels in the environment only. A path
+//     is an operator (the line is then cmd.exe's: at most 8191 UTF-16
+//     code units). argv[0] is always quoted there: cmd.exe ends an
+//     unquoted command token at , ; = too and takes a name like "call" or
+//     "echo.exe" for its built-in; a quoted one is an external program.
+//     The data travels in the environment only. A path
 //     cannot hold '"' on Windows (and cleanWinPath refuses it), so the
 //     quoted cd cannot be broken out of; % expansion is one pass, so a %
 //     in the path stays. A batch program run this way sees delayed
