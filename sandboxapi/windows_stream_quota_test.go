@@ -11,20 +11,15 @@ import (
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
-// TestReviewWindowsStreamIsCollected (review 48c of win37): a streamed
-// exec reserves nothing of the collected-output quota, because on Linux
-// its output leaves the daemon while the command runs. A Windows VM's
-// ExecStream (qga.WinGuest, winStream) collects the whole output first
-// (qemu-ga hands it over only at exit) and writes it afterwards, so each
-// streamed Windows exec holds up to 2 x min(output_limit, 16 MiB)
-// decoded bytes (plus their base64 text while parsing) with no
-// reservation: an owner's exec slots (8) or the node's (32) open
-// streamed Windows execs past collected_bytes / owner_collected_bytes.
-// Here the owner's and the node's collected share is 4 MiB and one
-// streamed exec holds 12 MiB. Fix: for a Windows VM, reserve a streamed
-// exec like a collected one (2 x min(output_limit, agent cap) in
-// s.collected), refusing as the collected path does.
-func TestReviewWindowsStreamIsCollected(t *testing.T) {
+// TestWindowsStreamIsCollected: a streamed exec reserves nothing of the
+// collected-output quota on Linux, where its output leaves the daemon
+// while the command runs; a Windows VM's ExecStream collects the whole
+// output first (qemu-ga hands it over only at exit) and writes it
+// afterwards, so it reserves 2 x min(output_limit, 16 MiB) as a collected
+// exec does, and one that could never fit the owner's share is refused
+// (400 on output_limit) before anything runs. Here the owner's and the
+// node's collected share is 4 MiB.
+func TestWindowsStreamIsCollected(t *testing.T) {
 	fake := wintest.New(t)
 	qc := qga.New(qga.Options{})
 	e := newEnv(t, func(o *options) {
@@ -36,10 +31,16 @@ func TestReviewWindowsStreamIsCollected(t *testing.T) {
 	var out, errb bytes.Buffer
 	res, err := e.c.ExecStream(e.ctx(), sb.ID, "win", apitype.ExecRequest{Argv: []string{"big.exe", "6291456"}, OutputLimit: 8 << 20}, &out, &errb)
 	var p *apitype.Problem
-	if errors.As(err, &p) {
-		t.Logf("refused: %v", err)
-		return // refused against the collected quota: fixed
+	if !errors.As(err, &p) || p.Status != 400 || p.Type != apitype.ProblemInvalidRequest || p.Field != "output_limit" {
+		t.Fatalf("a streamed Windows exec reserving 16 MiB with a collected share of 4 MiB: %+v, %v (%d bytes out); want 400 invalid-request on output_limit", res, err, out.Len()+errb.Len())
 	}
-	t.Errorf("a streamed Windows exec holding %d bytes of output ran with a collected share of %d: %+v, %v",
-		out.Len()+errb.Len(), 4<<20, res, err)
+	if n := len(fake.Execs()); n != 0 {
+		t.Errorf("refused, yet %d guest-execs ran", n)
+	}
+	out.Reset()
+	errb.Reset()
+	res, err = e.c.ExecStream(e.ctx(), sb.ID, "win", apitype.ExecRequest{Argv: []string{"big.exe", "1000"}, OutputLimit: 1 << 20}, &out, &errb)
+	if err != nil || res.ExitCode != 0 || out.Len() == 0 {
+		t.Errorf("a streamed Windows exec within the share: %+v, %v, %d bytes out", res, err, out.Len())
+	}
 }
