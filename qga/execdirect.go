@@ -167,6 +167,7 @@ func (a *Agent) execCaptured(ctx context.Context, req *ExecRequest, limit int64,
 		if res.PID, err = cn.execStartEnv(run.argv, run.env, run.input, true); err != nil {
 			return err
 		}
+		run.input = nil // the agent has it: not held while the command runs
 		start = time.Now()
 		for time.Since(start) < held {
 			if st, err = cn.execStatus(res.PID, limit); err != nil || st.Exited {

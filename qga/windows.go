@@ -18,17 +18,29 @@ package qga
 //   - A shell string, argv ["cmd.exe", "/c", S] (cmd or cmd.exe, any
 //     directory, /c or /C), cannot go that way: GLib's quoting escapes the
 //     quotes in S with backslashes, which cmd.exe does not read. S becomes
-//     the body of a batch file (as the reference plugin does): "@echo off",
-//     the working directory, S with its line ends made CRLF, and
-//     "exit /b %errorlevel%"; the file is written through guest-file-write
-//     to a fresh name in C:\Windows\Temp (qemu-ga expands no %TEMP%), run
-//     as cmd.exe /d /v:off /c FILE (no AutoRun, delayed expansion off
-//     whatever the registry says) and deleted afterwards. S is read as batch
-//     text: %% is a literal %, and for-loop variables are %%i.
+//     the body of a batch file of its own (as the reference plugin does):
+//     "@echo off" and S with its line ends made CRLF. A fixed batch file
+//     changes to the working directory, runs it with call and ends with
+//     "exit /b %errorlevel%", out of S's reach (a caret ending S's last
+//     line, or an unclosed parenthesis, would join or swallow an exit line
+//     in the same file). Both are written through guest-file-write to
+//     fresh names in C:\Windows\Temp (qemu-ga expands no %TEMP%), the fixed
+//     one run as cmd.exe /d /v:off /c FILE (no AutoRun, delayed expansion
+//     off whatever the registry says), and both deleted afterwards. S is
+//     read as batch text: %% is a literal %, and for-loop variables are
+//     %%i. Only ["cmd" or "cmd.exe", "/c", S] is a shell string: with other
+//     switches ("cmd /s /c", "cmd /d /c") the argv is an ordinary one,
+//     which GLib quotes for the C runtime, not for cmd.exe.
+//   - A .bat or .cmd argv[0] (outside a shell string) is run by Windows
+//     through cmd.exe /c: its arguments are then cmd.exe text (operators
+//     and %VAR% in them are cmd.exe's), not C runtime arguments.
 //   - The environment is fixed on the client's side, as on Linux: every
 //     guest-exec carries WinBaseEnv (the variables a LocalSystem service
 //     sees on a Windows installed on C:) with the request's Env on top
-//     (names compared without case, as Windows does). GLib gives the child
+//     (names compared without case, as Windows does). The Env may not set
+//     cmd.exe's dynamic variables (ERRORLEVEL, CD, DATE, ...): a variable
+//     of that name overrides the dynamic value, so the batch files'
+//     exit /b %errorlevel% would report it. GLib gives the child
 //     exactly the list, so nothing comes from the agent's own environment
 //     and nothing the guest prints becomes part of it.
 //   - A working directory needs a batch file too (guest-exec has none):
@@ -37,8 +49,11 @@ package qga
 //     wrapper's setup code) and then runs the argv's command line from
 //     PVE_INSPECT_CMDLINE through delayed expansion (!VAR!), which happens
 //     after cmd.exe parsed the line, so no character of the command line
-//     is an operator (the line is then cmd.exe's: at most 8191
-//     characters). The data travels in the environment only. A path
+//     is an operator (the line is then cmd.exe's: at most 8191 UTF-16
+//     code units). argv[0] is always quoted there: cmd.exe ends an
+//     unquoted command token at , ; = too and takes a name like "call" or
+//     "echo.exe" for its built-in; a quoted one is an external program.
+//     The data travels in the environment only. A path
 //     cannot hold '"' on Windows (and cleanWinPath refuses it), so the
 //     quoted cd cannot be broken out of; % expansion is one pass, so a %
 //     in the path stays. A batch program run this way sees delayed
@@ -92,6 +107,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -121,6 +137,14 @@ const (
 	// read; a request's Env may not use it.
 	winVar = "PVE_INSPECT_"
 )
+
+// winDynamicVars are cmd.exe's dynamic variables: a variable of the
+// environment with one of these names (in any case) overrides the dynamic
+// value (set /?), so ERRORLEVEL in a request's Env would make the batch
+// files' exit /b %errorlevel% report it instead of the command's status.
+// A Windows exec's Env may not set them.
+var winDynamicVars = []string{"CD", "DATE", "TIME", "RANDOM", "ERRORLEVEL",
+	"CMDEXTVERSION", "CMDCMDLINE", "HIGHESTNUMANODENUMBER"}
 
 // Windows' texts for the errors qemu-ga's file commands report (it
 // appends the system message to its own: error_setg_win32).
@@ -201,6 +225,9 @@ func winValidate(req *ExecRequest) error {
 		if len(k) >= len(winVar) && strings.EqualFold(k[:len(winVar)], winVar) {
 			return fmt.Errorf("%w: env name %q: the %s prefix is the client's own", ErrInvalid, k, winVar)
 		}
+		if slices.ContainsFunc(winDynamicVars, func(d string) bool { return strings.EqualFold(d, k) }) {
+			return fmt.Errorf("%w: env name %q: it is one of cmd.exe's dynamic variables (%s), which a variable of that name would override in the client's batch files", ErrInvalid, k, strings.Join(winDynamicVars, ", "))
+		}
 		if !utf8.ValidString(v) {
 			return fmt.Errorf("%w: env %s is not valid UTF-8", ErrInvalid, k)
 		}
@@ -209,8 +236,8 @@ func winValidate(req *ExecRequest) error {
 		if _, err := cleanWinPath(req.Cwd); err != nil {
 			return fmt.Errorf("cwd: %w", err)
 		}
-		if _, shell := winShell(req.Argv); !shell && utf8.RuneCountInString(winCmdline(req.Argv)) > winLineMax-64 {
-			return fmt.Errorf("%w: with a cwd the command line goes through cmd.exe, which takes at most %d characters", ErrInvalid, winLineMax)
+		if _, shell := winShell(req.Argv); !shell && utf16Len(winCmdline(req.Argv)) > winLineMax-64 {
+			return fmt.Errorf("%w: with a cwd the command line goes through cmd.exe, which takes at most %d characters (UTF-16 code units)", ErrInvalid, winLineMax)
 		}
 	}
 	return nil
@@ -236,39 +263,69 @@ const winArgvScript = "@echo off\r\n" +
 	"!PVE_INSPECT_CMDLINE!\r\n" +
 	"exit /b !errorlevel!\r\n"
 
-// winShellScript is the batch file of shell string s (in PVE_INSPECT_CWD
-// when cwd).
-func winShellScript(s string, cwd bool) string {
+// winShellScript runs the shell string's own batch file
+// (PVE_INSPECT_SHELL) with call, in PVE_INSPECT_CWD when cwd, and exits
+// with its error level; its text holds no request data. The string is
+// kept out of this file so that nothing in it (a caret at the end of its
+// last line, an unclosed parenthesis) can join or swallow the exit line.
+func winShellScript(cwd bool) string {
 	var b strings.Builder
 	b.WriteString("@echo off\r\n")
 	if cwd {
 		b.WriteString("cd /d \"%PVE_INSPECT_CWD%\" || exit /b 125\r\n")
 	}
-	b.WriteString(strings.ReplaceAll(strings.ReplaceAll(s, "\r\n", "\n"), "\n", "\r\n"))
-	b.WriteString("\r\nexit /b %errorlevel%\r\n")
+	b.WriteString("call \"%PVE_INSPECT_SHELL%\"\r\n")
+	b.WriteString("exit /b %errorlevel%\r\n")
 	return b.String()
 }
 
-// winCmdline joins argv into one command line with the C runtime's
-// quoting (what CommandLineToArgvW splits back into argv).
+// winShellBody is the batch file of shell string s: "@echo off" and s
+// with its line ends made CRLF.
+func winShellBody(s string) string {
+	return "@echo off\r\n" + strings.ReplaceAll(strings.ReplaceAll(s, "\r\n", "\n"), "\n", "\r\n") + "\r\n"
+}
+
+// utf16Len is the length of s in UTF-16 code units (what Windows counts
+// in a command line).
+func utf16Len(s string) int {
+	n := 0
+	for _, r := range s {
+		n += max(utf16.RuneLen(r), 1)
+	}
+	return n
+}
+
+// winCmdline joins argv into one command line for cmd.exe to run: the C
+// runtime's quoting (what CommandLineToArgvW splits back into argv), with
+// argv[0] always quoted, since cmd.exe reads an unquoted command token
+// with its own rules (it ends at , ; = too, and a name like "call" or
+// "echo.exe" is taken for a built-in); a quoted one is an external
+// program.
 func winCmdline(argv []string) string {
 	var b strings.Builder
 	for i, a := range argv {
 		if i > 0 {
 			b.WriteByte(' ')
+			b.WriteString(winQuote(a))
+		} else {
+			b.WriteString(winQuoted(a))
 		}
-		b.WriteString(winQuote(a))
 	}
 	return b.String()
 }
 
-// winQuote quotes one argument: as it is when it needs none, else in
-// double quotes, a quote as \" and the backslashes before a quote (or
-// the closing one) doubled.
+// winQuote quotes one argument when it needs it (winQuoted), else
+// returns it as it is.
 func winQuote(a string) string {
 	if a != "" && !strings.ContainsAny(a, " \t\n\v\"") {
 		return a
 	}
+	return winQuoted(a)
+}
+
+// winQuoted quotes one argument: in double quotes, a quote as \" and the
+// backslashes before a quote (or the closing one) doubled.
+func winQuoted(a string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	slashes := 0
@@ -307,12 +364,17 @@ func winTempName(ext string) string {
 }
 
 // winPlan is how one Windows exec runs: the argv guest-exec starts, its
-// environment and, when a batch file is needed, its text.
+// environment and the batch files to write before it (and to remove
+// after).
 type winPlan struct {
-	argv   []string
-	env    []string
-	script string
+	argv  []string
+	env   []string
+	files []winTemp
 }
+
+// winTemp is one of the client's batch files: its path in WinTempDir and
+// its text.
+type winTemp struct{ path, text string }
 
 func planWin(req *ExecRequest) winPlan {
 	var own []string
@@ -320,12 +382,16 @@ func planWin(req *ExecRequest) winPlan {
 		cwd, _ := cleanWinPath(req.Cwd) // checked by winValidate
 		own = append(own, winVar+"CWD="+cwd)
 	}
+	bat := winTempName(".cmd")
 	if s, ok := winShell(req.Argv); ok {
-		return winPlan{env: winEnv(req.Env, own...), script: winShellScript(s, req.Cwd != "")}
+		body := winTempName(".cmd")
+		own = append(own, winVar+"SHELL="+body)
+		return winPlan{argv: winBatch(bat), env: winEnv(req.Env, own...),
+			files: []winTemp{{body, winShellBody(s)}, {bat, winShellScript(req.Cwd != "")}}}
 	}
 	if req.Cwd != "" {
 		own = append(own, winVar+"CMDLINE="+winCmdline(req.Argv))
-		return winPlan{env: winEnv(req.Env, own...), script: winArgvScript}
+		return winPlan{argv: winBatch(bat), env: winEnv(req.Env, own...), files: []winTemp{{bat, winArgvScript}}}
 	}
 	return winPlan{argv: req.Argv, env: winEnv(req.Env)}
 }
@@ -353,16 +419,14 @@ func (a *Agent) winExec(ctx context.Context, req ExecRequest) (*ExecResult, erro
 		}
 	}
 	p := planWin(&req)
-	run := directRun{argv: p.argv, env: p.env, input: input, kill: a.winKill,
-		holders: func(context.Context, int) error { return nil }}
-	if p.script != "" {
-		bat := winTempName(".cmd")
-		if err := a.winPut(ctx, bat, []byte(p.script)); err != nil {
+	for _, f := range p.files {
+		if err := a.winPut(ctx, f.path, []byte(f.text)); err != nil {
 			return nil, fmt.Errorf("qga exec: write the batch file: %w", err)
 		}
-		defer a.winRemove(ctx, bat)
-		run.argv = winBatch(bat)
+		defer a.winRemove(ctx, f.path)
 	}
+	run := directRun{argv: p.argv, env: p.env, input: input, kill: a.winKill,
+		holders: func(context.Context, int) error { return nil }}
 	res, err := a.execCaptured(ctx, &req, limit, run)
 	if errors.Is(err, errNotStarted) && !errors.Is(err, ErrFrozen) {
 		msg := fmt.Sprintf("pve-inspect: the guest agent could not start %s: %s\r\n", winQuote(req.Argv[0]), clipString(err.Error(), maxDescLen))

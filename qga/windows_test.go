@@ -151,8 +151,9 @@ func TestWinExecScriptText(t *testing.T) {
 	if _, err := g.Exec(winCtx(t), sandbox.GuestExec{Argv: []string{"cmd.exe", "/c", "echo a\necho b"}}); err != nil {
 		t.Fatal(err)
 	}
-	if s := f.Execs()[2].Script; s != "@echo off\r\necho a\r\necho b\r\nexit /b %errorlevel%\r\n" {
-		t.Errorf("shell script %q", s)
+	if e := f.Execs()[2]; e.Script != "@echo off\r\ncall \"%PVE_INSPECT_SHELL%\"\r\nexit /b %errorlevel%\r\n" ||
+		e.Body != "@echo off\r\necho a\r\necho b\r\n" {
+		t.Errorf("shell script %q, its own batch file %q", e.Script, e.Body)
 	}
 }
 

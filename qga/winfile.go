@@ -11,9 +11,12 @@ import (
 
 // winDevices are the names Windows maps to devices in every directory
 // (with any extension): a file call on one would reach the device.
+// COM and LPT take the ISO 8859-1 superscript digits as digits (COM¹,
+// LPT³), and COM0 and LPT0 are listed as reserved too.
 var winDevices = []string{"CON", "PRN", "AUX", "NUL",
-	"COM1", "COM2", "COM3", "COM4", "COM5", "COM6", "COM7", "COM8", "COM9",
-	"LPT1", "LPT2", "LPT3", "LPT4", "LPT5", "LPT6", "LPT7", "LPT8", "LPT9", "CONIN$", "CONOUT$"}
+	"COM0", "COM1", "COM2", "COM3", "COM4", "COM5", "COM6", "COM7", "COM8", "COM9", "COM¹", "COM²", "COM³",
+	"LPT0", "LPT1", "LPT2", "LPT3", "LPT4", "LPT5", "LPT6", "LPT7", "LPT8", "LPT9", "LPT¹", "LPT²", "LPT³",
+	"CONIN$", "CONOUT$"}
 
 // IsWinPath reports whether p looks like a Windows drive-absolute path
 // ("C:\..." or "C:/..."); CleanWinPath says whether it is a valid one.

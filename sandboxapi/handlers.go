@@ -302,7 +302,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	if pr := decodeJSON(w, r, maxExecBody, &req); pr != nil {
 		return pr
 	}
-	if pr := validateExec(&req, hardening.IsWindows(vm.OSType)); pr != nil {
+	win := hardening.IsWindows(vm.OSType)
+	if pr := validateExec(&req, win); pr != nil {
 		return pr
 	}
 	stream := wantsNDJSON(r)
@@ -320,15 +321,14 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	defer cancel()
 	g := s.e.Guest(vm.VMID)
 	w = guard.writer(w)
-	if !stream {
-		if most := s.collected.share + s.collected.spare(); 2*ge.OutputLimit > most {
-			return invalid("output_limit", "output_limit %d: a collected exec reserves twice its output limit, and an owner's share of the collected output is %d bytes (owner_collected_bytes); ask for at most %d or ask with Accept: application/x-ndjson to stream", ge.OutputLimit, most, most/2)
-		}
-		unreserve, err := s.collected.take(owner, 2*ge.OutputLimit)
+	if !stream || win {
+		unreserve, err := s.reserveCollected(owner, ge.OutputLimit, win)
 		if err != nil {
 			return err
 		}
 		defer unreserve()
+	}
+	if !stream {
 		res, err := g.Exec(ctx, ge)
 		if err != nil {
 			return s.guestRefusal(owner, err)
@@ -349,6 +349,30 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p principal) (err 
 	}
 	res.Stdout, res.Stderr = nil, nil
 	return sw.event(apitype.ExecEvent{Type: "exit", Result: res})
+}
+
+// winAgentOutputCap is the most of each stream the Windows agent
+// collects (GUEST_EXEC_MAX_OUTPUT in QEMU's qga/commands.c).
+const winAgentOutputCap = 16 << 20
+
+// reserveCollected reserves the output an exec holds in the daemon before
+// it is written: twice its output limit (stdout and stderr). A Windows
+// VM's exec is collected even when streamed (its agent hands the output
+// over only at exit, qga/windows.go), and holds at most the agent's cap
+// of each stream. An exec that could never fit the owner's share is
+// refused for good (400).
+func (s *Server) reserveCollected(owner string, limit int64, win bool) (func(), error) {
+	held := limit
+	if win {
+		held = min(limit, winAgentOutputCap)
+	}
+	if most := s.collected.share + s.collected.spare(); 2*held > most {
+		if win {
+			return nil, invalid("output_limit", "output_limit %d: an exec in a Windows VM is collected before it is written, streamed or not, and reserves twice its output limit (at most %d per stream, the agent's cap); an owner's share of the collected output is %d bytes (owner_collected_bytes): ask for at most %d", limit, winAgentOutputCap, most, most/2)
+		}
+		return nil, invalid("output_limit", "output_limit %d: a collected exec reserves twice its output limit, and an owner's share of the collected output is %d bytes (owner_collected_bytes); ask for at most %d or ask with Accept: application/x-ndjson to stream", limit, most, most/2)
+	}
+	return s.collected.take(owner, 2*held)
 }
 
 // ndjsonWriter writes ExecEvent records, one per line, flushing each.

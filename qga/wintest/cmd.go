@@ -20,18 +20,24 @@ func (a *Agent) cmd(e *Exec, argv []string) Result {
 		return Result{Err: []byte("The system cannot find the path specified.\r\n"), Code: 1}
 	}
 	e.Script = string(b)
-	return a.batch(e, strings.Split(strings.TrimSuffix(e.Script, "\r\n"), "\r\n"))
+	r, _ := a.batch(e, batchLines(e.Script), `C:\Windows\system32`)
+	return r
+}
+
+func batchLines(script string) []string {
+	return strings.Split(strings.TrimSuffix(script, "\r\n"), "\r\n")
 }
 
 // batch interprets the lines of one of the client's batch files, and of
-// a shell string: echo, exit /b and the programs of Programs.
-func (a *Agent) batch(e *Exec, lines []string) Result {
+// a shell string's (run with call): echo, exit /b and the programs of
+// Programs, starting in cwd. It returns the result and the working
+// directory it ended in.
+func (a *Agent) batch(e *Exec, lines []string, cwd string) (Result, string) {
 	var acc Result
 	level := 0
-	cwd := `C:\Windows\system32`
-	ret := func(code int) Result { acc.Code = code; return acc }
+	ret := func(code int) (Result, string) { acc.Code = code; return acc, cwd }
 	if len(lines) == 0 || lines[0] != "@echo off" {
-		return Result{Err: []byte("fake cmd.exe: a batch file without @echo off\r\n"), Code: 1}
+		return Result{Err: []byte("fake cmd.exe: a batch file without @echo off\r\n"), Code: 1}, cwd
 	}
 	for _, l := range lines[1:] {
 		env := e.Getenv
@@ -43,11 +49,25 @@ func (a *Agent) batch(e *Exec, lines []string) Result {
 				return ret(125)
 			}
 			cwd = d
+		case l == `call "%PVE_INSPECT_SHELL%"`:
+			b, ok := a.files[strings.ToLower(env("PVE_INSPECT_SHELL"))]
+			if !ok {
+				acc.Err = append(acc.Err, "The system cannot find the path specified.\r\n"...)
+				level = 1
+				continue
+			}
+			e.Body = string(b)
+			var r Result
+			r, cwd = a.batch(e, batchLines(e.Body), cwd)
+			if r.Running {
+				return r, cwd
+			}
+			acc.Out, acc.Err, level = append(acc.Out, r.Out...), append(acc.Err, r.Err...), r.Code
 		case l == "setlocal EnableDelayedExpansion":
 		case l == "!PVE_INSPECT_CMDLINE!":
 			r := a.run(e, SplitCmdline(env("PVE_INSPECT_CMDLINE")), cwd)
 			if r.Running {
-				return r
+				return r, cwd
 			}
 			acc.Out, acc.Err, level = append(acc.Out, r.Out...), append(acc.Err, r.Err...), r.Code
 		case l == "exit /b !errorlevel!" || l == "exit /b %errorlevel%":
@@ -93,7 +113,7 @@ func (a *Agent) batch(e *Exec, lines []string) Result {
 			}
 			r := a.run(e, f, cwd)
 			if r.Running {
-				return r
+				return r, cwd
 			}
 			acc.Out, acc.Err, level = append(acc.Out, r.Out...), append(acc.Err, r.Err...), r.Code
 		}

@@ -56,8 +56,9 @@ type Exec struct {
 	Arg   []string
 	Env   []string
 	Input []byte
-	// Script is the batch file cmd.exe ran, when it ran one.
-	Script string
+	// Script is the batch file cmd.exe ran, when it ran one; Body is the
+	// one it ran from there with call (a shell string's).
+	Script, Body string
 }
 
 // Getenv returns the value of name in e's environment (names without
