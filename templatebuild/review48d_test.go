@@ -125,3 +125,32 @@ func TestReview48dURLGuardEmbeddedMetadata(t *testing.T) {
 		}
 	}
 }
+
+// TestReview48dURLQueryNotInProgress: the build's state shows From
+// without its query (RedactURL: "for logs and events"), yet the progress
+// lines and events carry the whole URL, a presigned URL's signature with
+// it.
+func TestReview48dURLQueryNotInProgress(t *testing.T) {
+	n := newServiceNode(t)
+	close(n.agent.gate)
+	req := n.fromURL("tpl-presigned")
+	req.From += "?X-Amz-Signature=s3cr3tsig"
+	st, err := n.svc.Start(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(st.From, "s3cr3tsig") {
+		t.Fatalf("state's from: %q", st.From)
+	}
+	st = n.waitState(t, "tpl-presigned", apitype.BuildDone)
+	for _, l := range st.Progress {
+		if strings.Contains(l, "s3cr3tsig") {
+			t.Errorf("progress line carries the URL's query: %q", l)
+		}
+	}
+	for _, ev := range n.ev.of(apitype.EventTemplateBuildProgress) {
+		if strings.Contains(ev.Detail, "s3cr3tsig") {
+			t.Errorf("progress event carries the URL's query: %q", ev.Detail)
+		}
+	}
+}
