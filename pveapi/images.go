@@ -84,7 +84,7 @@ func (c *Client) DownloadURL(ctx context.Context, storage string, d Download) (s
 		body["verify-certificates"] = 0
 	}
 	p := fmt.Sprintf("/nodes/%s/storage/%s/download-url", url.PathEscape(c.node), url.PathEscape(storage))
-	if err := c.call(ctx, "POST", "download "+d.URL+" to "+storage, p, body); err != nil {
+	if err := c.call(ctx, "POST", "download "+d.Filename+" to "+storage, p, body); err != nil {
 		return "", err
 	}
 	return storage + ":" + d.Content + "/" + NormalizeContentFilename(d.Filename), nil

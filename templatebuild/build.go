@@ -475,9 +475,9 @@ func (b *Builder) image(ctx context.Context) (source, error) {
 		return b.hashed(ctx, volid, src, sum)
 	}
 	if sum == "" {
-		b.say("image", "downloading %s to %s (no checksum: not verified)", img.URL, volid)
+		b.say("image", "downloading %s to %s (no checksum: not verified)", RedactURL(img.URL), volid)
 	} else {
-		b.say("image", "downloading %s to %s (Proxmox verifies its %s)", img.URL, volid, alg)
+		b.say("image", "downloading %s to %s (Proxmox verifies its %s)", RedactURL(img.URL), volid, alg)
 	}
 	_, file, _ := strings.Cut(volid, ":import/")
 	if _, err := b.px.DownloadURL(ctx, storage, pveapi.Download{URL: img.URL, Content: "import", Filename: file, Checksum: sum, ChecksumAlgorithm: alg}); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -59,6 +60,12 @@ type ServiceOptions struct {
 	Defaults Options
 	// URLs checks the URL of a build from an image URL.
 	URLs URLGuard
+	// AllowURLs takes builds from an image URL ([templates] allow_urls);
+	// off, only the shipped recipes (their URLs pinned in this package)
+	// are built: Proxmox's download follows redirects and resolves the
+	// host again, which URLs cannot check, so a URL an admin gives could
+	// make the node fetch what only it reaches.
+	AllowURLs bool
 	// MaxRunning is how many builds run at once on the node (1; at most
 	// 2: each downloads an image and boots a VM); MaxBuilds how many may
 	// be queued or running (8); Keep how many finished builds are
@@ -233,6 +240,8 @@ func (s *Service) recipe(ctx context.Context, req apitype.TemplateBuildRequest) 
 			return Recipe{}, badRequest("checksum", "checksum and ova_disk go with from: a recipe pins its own")
 		}
 		return r, nil
+	case req.From != "" && !s.o.AllowURLs:
+		return Recipe{}, badRequest("from", "builds from an image URL are off on this node ([templates] allow_urls): Proxmox's download follows redirects the daemon cannot check; build a shipped recipe (%s), or on the node: pve-inspectd template build %s --from URL --checksum ALG:HEX", strings.Join(RecipeNames(), ", "), req.Name)
 	case req.From != "":
 		if !strings.Contains(req.From, "://") {
 			return Recipe{}, badRequest("from", "want an http(s) URL; an image already on the node is built there: pve-inspectd template build %s --from STORAGE:import/FILE", req.Name)
@@ -406,8 +415,9 @@ func (s *Service) end(b *build, res Result, err error) {
 	s.mu.Lock()
 	b.state.Finished, b.state.VMID, b.state.Reused = &now, res.VMID, res.Reused
 	if err != nil {
-		b.state.State, b.state.Error = apitype.BuildFailed, err.Error()
-		ev.Type, ev.Detail = apitype.EventTemplateBuildFailed, err.Error()
+		msg := failureText(err)
+		b.state.State, b.state.Error = apitype.BuildFailed, msg
+		ev.Type, ev.Detail = apitype.EventTemplateBuildFailed, msg
 	} else {
 		b.state.State = apitype.BuildDone
 		ev.Detail = fmt.Sprintf("template %q is VM %d", b.req.Name, res.VMID)
@@ -418,11 +428,29 @@ func (s *Service) end(b *build, res Result, err error) {
 	s.rememberLocked(b.req.Name, b)
 	s.mu.Unlock()
 	if err != nil {
-		s.o.Log.Warn("template build failed", "template", b.req.Name, "err", err)
+		s.o.Log.Warn("template build failed", "template", b.req.Name, "err", failureText(err))
 	} else {
 		s.o.Log.Info("template build done", "template", b.req.Name, "vmid", res.VMID, "reused", res.Reused)
 	}
 	s.o.Publish(ev)
+}
+
+// maxFailureText bounds a failed build's error in its state and event.
+const maxFailureText = 2000
+
+// reGotDigest is the digest Proxmox's checksum mismatch says it got: the
+// digest of what the node fetched, which the build's caller is not told.
+var reGotDigest = regexp.MustCompile(`got '[0-9A-Fa-f]+'`)
+
+// failureText is err as a failed build's state and event say it: printable
+// (a guest's agent errors are the guest's text), without the digest of
+// what the node fetched, at most maxFailureText bytes.
+func failureText(err error) string {
+	msg := reGotDigest.ReplaceAllString(printable(err.Error()), "got '(digest withheld)'")
+	if len(msg) > maxFailureText {
+		msg = strings.ToValidUTF8(msg[:maxFailureText], "") + " ..."
+	}
+	return msg
 }
 
 // progressWriter turns a build's progress output into lines of its state

@@ -104,7 +104,7 @@ func newServiceNode(t *testing.T) *serviceNode {
 		ev: &events{}, sum: "sha256:" + hex.EncodeToString(sum[:]), ended: make(chan struct{})}
 	svc, err := templatebuild.NewService(templatebuild.ServiceOptions{
 		Login: func(context.Context) (templatebuild.Proxmox, error) { return e.px, nil },
-		Agent: n.agent, Host: templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger}, URLs: testGuard,
+		Agent: n.agent, Host: templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger}, URLs: testGuard, AllowURLs: true,
 		Defaults: templatebuild.Options{Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
 			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond},
 		LockDir: t.TempDir(), Publish: n.ev.publish,

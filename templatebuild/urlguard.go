@@ -75,7 +75,13 @@ func (g URLGuard) Check(ctx context.Context, raw string) error {
 		}
 	}
 	for _, a := range addrs {
-		if why := g.why(a.Unmap(), own); why != "" {
+		why := g.why(a.Unmap(), own)
+		if v4, ok := embeddedIPv4(a); ok && why == "" {
+			if why = g.why(v4, own); why != "" {
+				why = "an IPv6 address carrying " + v4.String() + ": " + why
+			}
+		}
+		if why != "" {
 			return fmt.Errorf("%w: %s is %s (%s): the node would download from what only it reaches; serve the image from another host", ErrURLRefused, host, a, why)
 		}
 	}
@@ -105,6 +111,31 @@ func (g URLGuard) why(a netip.Addr, own []netip.Addr) string {
 		}
 	}
 	return ""
+}
+
+// The IPv6 prefixes whose addresses carry an IPv4 address a node with
+// the routes for them reaches: NAT64 (RFC 6052 64:ff9b::/96, its last 32
+// bits; RFC 8215 64:ff9b:1::/48, the same) and 6to4 (RFC 3056 2002::/16,
+// bits 16 to 47).
+var (
+	nat64WellKnown = netip.MustParsePrefix("64:ff9b::/96")
+	nat64Local     = netip.MustParsePrefix("64:ff9b:1::/48")
+	sixToFour      = netip.MustParsePrefix("2002::/16")
+)
+
+// embeddedIPv4 is the IPv4 address a NAT64 or 6to4 address carries.
+func embeddedIPv4(a netip.Addr) (netip.Addr, bool) {
+	if !a.Is6() || a.Is4In6() {
+		return netip.Addr{}, false
+	}
+	b := a.As16()
+	switch {
+	case nat64WellKnown.Contains(a), nat64Local.Contains(a):
+		return netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}), true
+	case sixToFour.Contains(a):
+		return netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}), true
+	}
+	return netip.Addr{}, false
 }
 
 // RedactURL is raw without credentials or query, for logs and events.

@@ -35,6 +35,12 @@ type TemplatesSection struct {
 	SnippetStorage string `toml:"snippet_storage"`
 	WorkStorage    string `toml:"work_storage"`
 	Bridge         string `toml:"bridge"`
+	// AllowURLs takes builds from an image URL over the API (from); off,
+	// only the shipped recipes are built there. Proxmox's download follows
+	// redirects and resolves the URL's host again, which the daemon cannot
+	// check: a URL an admin gives could make the node fetch what only it
+	// reaches (its LAN, a metadata service).
+	AllowURLs bool `toml:"allow_urls"`
 	// MaxBuilds is how many builds run at once on the node (1 or 2);
 	// further requests wait their turn.
 	MaxBuilds int `toml:"max_builds"`

@@ -91,7 +91,7 @@ func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, erro
 		return g.GrantACL(ctx, "/vms/"+strconv.Itoa(vmid), access.RoleTemplate, []string{tokenUser}, []string{tokenID}, false)
 	}
 	return templatebuild.NewService(templatebuild.ServiceOptions{
-		Login: login, Agent: agent, Host: host, URLs: urls, Grant: grant,
+		Login: login, Agent: agent, Host: host, URLs: urls, AllowURLs: tc.AllowURLs, Grant: grant,
 		Defaults: templatebuild.Options{Storage: tc.Storage, ImageStorage: tc.ImageStorage, SnippetStorage: tc.SnippetStorage,
 			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, Protected: protected, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll},
 		MaxRunning: tc.MaxBuilds, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,

@@ -135,6 +135,7 @@ func TestAPITemplateBuilds(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Templates.Build, cfg.Templates.BuilderPasswordFile, cfg.Templates.Bridge = true, pwFile, "bzv0"
+	cfg.Templates.AllowURLs = true
 	cfg.Templates.LockDir = filepath.Join(dir, "locks")
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -146,6 +147,7 @@ func TestAPITemplateBuilds(t *testing.T) {
 	api, err := NewAPI(cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), APIDeps{
 		Guests: apitest.NewGuests().Dial, RetryMin: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond,
 		BuildAgent: okAgent{}, BuildURLs: &guard, BuildAgentPoll: 10 * time.Millisecond,
+		BuildHost:      templatebuild.NodeHost{StateDir: filepath.Join(dir, "ledger")},
 		BuilderProxmox: func(o pveapi.Options) pveapi.Options { o.TaskPoll = 5 * time.Millisecond; return o },
 	})
 	if err != nil {

@@ -2,6 +2,9 @@ package templatebuild_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"net/http"
 	"strings"
 	"sync"
@@ -10,6 +13,7 @@ import (
 	"unicode"
 
 	"github.com/pve-inspect/pve-inspect/qga"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
 )
@@ -31,11 +35,11 @@ func hasControl(s string) bool {
 	return strings.IndexFunc(s, func(r rune) bool { return r != '\n' && r != '\t' && unicode.IsControl(r) }) >= 0
 }
 
-// TestReview48dGuestErrorSanitized: the guest agent's error text (its
+// TestBuildFailureTextSanitized: the guest agent's error text (its
 // untrusted desc) reaches a failed build's Error and its
 // template.build.failed event without its control characters, as the
 // progress lines do.
-func TestReview48dGuestErrorSanitized(t *testing.T) {
+func TestBuildFailureTextSanitized(t *testing.T) {
 	n := newServiceNode(t)
 	n.agent.Agent = hostileCloudInit{n.agent.Agent}
 	close(n.agent.gate)
@@ -64,18 +68,19 @@ func TestReview48dGuestErrorSanitized(t *testing.T) {
 	}
 }
 
-// TestReview48dRedirectBypassesURLGuard: the guard checks the URL's host
-// only; Proxmox's download-url runs wget, which follows redirects (pve-common
-// Tools.pm download_file_from_url; the emulator follows them too), so an
-// image host the guard passes sends the node to the metadata service it
-// refuses. The node must never ask the refused address.
-func TestReview48dRedirectBypassesURLGuard(t *testing.T) {
+// TestURLBuildsOffByDefaultAndRedirectDigestWithheld: the guard checks
+// the URL's host only, and Proxmox's download-url runs wget, which follows
+// redirects (pve-common Tools.pm download_file_from_url; the emulator
+// follows them too): an image host the guard passes can send the node to
+// the metadata service it refuses. So builds from a URL over the API are
+// off unless [templates] allow_urls (refused before anything is fetched),
+// and where they are on, a failed build never tells its caller the digest
+// of what the node fetched.
+func TestURLBuildsOffByDefaultAndRedirectDigestWithheld(t *testing.T) {
 	n := newServiceNode(t)
-	if err := testGuard.Check(context.Background(), "http://169.254.169.254/latest/meta-data/"); err == nil {
-		t.Fatal("the guard passes the metadata address itself")
-	}
 	var mu sync.Mutex
 	var asked []string
+	secret := []byte("secret-role-credentials")
 	n.images.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		asked = append(asked, r.Host+r.URL.Path)
@@ -84,36 +89,66 @@ func TestReview48dRedirectBypassesURLGuard(t *testing.T) {
 			http.Redirect(w, r, "http://169.254.169.254/latest/meta-data/iam/security-credentials/", http.StatusFound)
 			return
 		}
-		_, _ = w.Write([]byte("secret-role-credentials"))
+		_, _ = w.Write(secret)
 	})
+	off, err := templatebuild.NewService(templatebuild.ServiceOptions{
+		Login: func(context.Context) (templatebuild.Proxmox, error) {
+			t.Error("a refused request logged in")
+			return nil, errors.New("no")
+		},
+		Agent: n.agent, Host: templatebuild.NodeHost{StateDir: t.TempDir()}, URLs: testGuard, LockDir: t.TempDir(),
+		Defaults: templatebuild.Options{Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local"},
+		Publish:  func(apitype.Event) {},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inv *sandbox.InvalidError
+	if _, err := off.Start(context.Background(), n.fromURL("tpl-off")); !errors.As(err, &inv) || inv.Field != "from" || !strings.Contains(err.Error(), "allow_urls") {
+		t.Errorf("a URL build with allow_urls off: %v, want refused on from naming allow_urls", err)
+	}
+	mu.Lock()
+	if len(asked) != 0 {
+		t.Errorf("a refused URL build fetched %v", asked)
+	}
+	mu.Unlock()
+
 	close(n.agent.gate)
 	if _, err := n.svc.Start(context.Background(), n.fromURL("tpl-redirect")); err != nil {
 		t.Fatalf("start: %v (the guard passes images.example)", err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		if st, _ := n.svc.Build("tpl-redirect"); st.State == apitype.BuildFailed || st.State == apitype.BuildDone {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	st := n.waitEnd(t, "tpl-redirect")
+	sum := sha256.Sum256(secret)
+	got := hex.EncodeToString(sum[:])
+	if st.State != apitype.BuildFailed || !strings.Contains(st.Error, "checksum mismatch") || strings.Contains(st.Error, got) {
+		t.Errorf("the redirected build: %s %q, want failed on a checksum mismatch without the digest %s of what was fetched", st.State, st.Error, got)
 	}
-	st, _ := n.svc.Build("tpl-redirect")
-	if strings.Contains(st.Error, "checksum mismatch: got") {
-		t.Errorf("the failed build tells the caller the digest of what the node fetched: %q", st.Error)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, a := range asked {
-		if strings.HasPrefix(a, "169.254.169.254") {
-			t.Errorf("the node fetched %s, an address the URL guard refuses, through a redirect (asked: %v)", a, asked)
+	for _, ev := range n.ev.of(apitype.EventTemplateBuildFailed) {
+		if strings.Contains(ev.Detail, got) {
+			t.Errorf("the failed event carries the digest of what the node fetched: %q", ev.Detail)
 		}
 	}
 }
 
-// TestReview48dURLGuardEmbeddedMetadata: an IPv6 address that embeds a
+// waitEnd polls the build of name until it is done or failed (a minute).
+func (n *serviceNode) waitEnd(t *testing.T, name string) apitype.TemplateBuild {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if st, _ := n.svc.Build(name); st.State == apitype.BuildFailed || st.State == apitype.BuildDone {
+			return st
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	st, _ := n.svc.Build(name)
+	t.Fatalf("build %q: %+v, want it ended", name, st)
+	return st
+}
+
+// TestURLGuardEmbeddedIPv4: an IPv6 address that embeds a
 // refused IPv4 one (NAT64's well-known prefix, 6to4) reaches it on a node
 // with such a route; the guard passes them.
-func TestReview48dURLGuardEmbeddedMetadata(t *testing.T) {
+func TestURLGuardEmbeddedIPv4(t *testing.T) {
 	for _, u := range []string{
 		"http://[64:ff9b::a9fe:a9fe]/x.raw",   // NAT64 of 169.254.169.254
 		"http://[64:ff9b::7f00:1]/x.raw",      // NAT64 of 127.0.0.1
@@ -126,11 +161,11 @@ func TestReview48dURLGuardEmbeddedMetadata(t *testing.T) {
 	}
 }
 
-// TestReview48dURLQueryNotInProgress: the build's state shows From
+// TestURLQueryNotInProgress: the build's state shows From
 // without its query (RedactURL: "for logs and events"), yet the progress
 // lines and events carry the whole URL, a presigned URL's signature with
 // it.
-func TestReview48dURLQueryNotInProgress(t *testing.T) {
+func TestURLQueryNotInProgress(t *testing.T) {
 	n := newServiceNode(t)
 	close(n.agent.gate)
 	req := n.fromURL("tpl-presigned")
