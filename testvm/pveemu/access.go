@@ -136,6 +136,22 @@ func (s *Server) setACLLocked(path, kind, ugid, role string, propagate bool) err
 	if s.rolePrivsLocked(role) == nil {
 		return fail("role '%s' does not exist", role)
 	}
+	if err := s.subjectExistsLocked(kind, ugid); err != nil {
+		return err
+	}
+	for i, e := range s.acl {
+		if e.path == path && e.kind == kind && e.ugid == ugid && e.role == role {
+			s.acl[i].propagate = propagate
+			return nil
+		}
+	}
+	s.acl = append(s.acl, aclEntry{path: path, kind: kind, ugid: ugid, role: role, propagate: propagate})
+	return nil
+}
+
+// subjectExistsLocked is update_acl's check of a user ("user '%s' does not
+// exist") or a token (check_token_exist).
+func (s *Server) subjectExistsLocked(kind, ugid string) error {
 	switch kind {
 	case "user":
 		if _, ok := s.users[ugid]; !ok {
@@ -147,13 +163,6 @@ func (s *Server) setACLLocked(path, kind, ugid, role string, propagate bool) err
 			return fail("no such token '%s' for user '%s'", name, uid)
 		}
 	}
-	for i, e := range s.acl {
-		if e.path == path && e.kind == kind && e.ugid == ugid && e.role == role {
-			s.acl[i].propagate = propagate
-			return nil
-		}
-	}
-	s.acl = append(s.acl, aclEntry{path: path, kind: kind, ugid: ugid, role: role, propagate: propagate})
 	return nil
 }
 
@@ -239,40 +248,6 @@ func (s *Server) getACL(_ context.Context, rq *request) (any, error) {
 		out = append(out, map[string]any{"path": e.path, "type": e.kind, "ugid": e.ugid, "roleid": e.role, "propagate": boolInt(e.propagate)})
 	}
 	return out, nil
-}
-
-func (s *Server) putACL(_ context.Context, rq *request) (any, error) {
-	path := normalizePath(rq.str("path"))
-	rolesList := splitList(rq.str("roles"))
-	propagate := rq.bool("propagate", true)
-	del := rq.bool("delete", false)
-	var subjects [][2]string
-	for _, u := range splitList(rq.str("users")) {
-		subjects = append(subjects, [2]string{"user", u})
-	}
-	for _, t := range splitList(rq.str("tokens")) {
-		subjects = append(subjects, [2]string{"token", t})
-	}
-	if len(splitList(rq.str("groups"))) > 0 {
-		return nil, fail("groups are not supported by the emulator")
-	}
-	if len(subjects) == 0 {
-		return nil, fail("either 'users', 'groups' or 'tokens' is required")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, sub := range subjects {
-		for _, r := range rolesList {
-			if del {
-				s.deleteACLLocked(path, sub[0], sub[1], r)
-				continue
-			}
-			if err := s.setACLLocked(path, sub[0], sub[1], r, propagate); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return nil, nil
 }
 
 func (s *Server) getRoles(_ context.Context, _ *request) (any, error) {

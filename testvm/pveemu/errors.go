@@ -62,12 +62,13 @@ func asAPIError(err error) *apiError {
 	return &apiError{code: http.StatusInternalServerError, msg: strings.TrimSuffix(err.Error(), "\n") + "\n"}
 }
 
-// sdnFail wraps an error raised inside pve-network's lock_sdn_config the
-// way lock_sdn_domain does: a plain die "<errmsg>: <error>", so a 500
-// whatever the inner error was; a parameter exception is stringified
-// (PVE::Exception stringify: "400 Parameter verification failed.\n" and
-// one "param: message" line per error).
-func sdnFail(errmsg string, err error) error {
+// lockFail wraps an error raised inside a config lock the way
+// pve-network's lock_sdn_domain and pve-access-control's lock_user_config
+// do: a plain die "<errmsg>: <error>", so a 500 whatever the inner error
+// was; a parameter exception is stringified (PVE::Exception stringify:
+// "400 Parameter verification failed.\n" and one "param: message" line
+// per error).
+func lockFail(errmsg string, err error) error {
 	ae := asAPIError(err)
 	inner := ae.msg
 	if ae.code == http.StatusBadRequest {

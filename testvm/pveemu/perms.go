@@ -65,13 +65,28 @@ func (s *Server) privileges(authid, path string) map[string]bool {
 }
 
 func (s *Server) privilegesLocked(authid, path string) map[string]bool {
-	uid, tok, isToken := strings.Cut(authid, "!")
-	if uid == "root@pam" && !isToken {
-		return roles["Administrator"]
+	out := map[string]bool{}
+	for p := range s.privilegeFlagsLocked(authid, path) {
+		out[p] = true
 	}
-	userPrivs := s.subjectPrivs("user", uid, path)
+	return out
+}
+
+// privilegeFlagsLocked is RPCEnvironment permissions(): the privileges
+// authid has on path, each mapped to its propagate flag (true when a role
+// granting it was set with propagate; root@pam's are all propagated, roles
+// from a pool never are, a privilege-separated token's is the AND of its
+// own and its user's). Only the keys say which privileges are held.
+func (s *Server) privilegeFlagsLocked(authid, path string) map[string]bool {
+	uid, tok, isToken := strings.Cut(authid, "!")
+	var userPrivs map[string]bool
 	if uid == "root@pam" {
-		userPrivs = roles["Administrator"]
+		userPrivs = map[string]bool{}
+		for p := range roles["Administrator"] {
+			userPrivs[p] = true
+		}
+	} else {
+		userPrivs = s.subjectPrivs("user", uid, path)
 	}
 	if !isToken {
 		return userPrivs
@@ -85,9 +100,9 @@ func (s *Server) privilegesLocked(authid, path string) map[string]bool {
 	}
 	tokPrivs := s.subjectPrivs("token", authid, path)
 	out := map[string]bool{}
-	for p := range tokPrivs {
-		if userPrivs[p] {
-			out[p] = true
+	for p, prop := range tokPrivs {
+		if userProp, ok := userPrivs[p]; ok {
+			out[p] = prop && userProp
 		}
 	}
 	return out
@@ -95,7 +110,10 @@ func (s *Server) privilegesLocked(authid, path string) map[string]bool {
 
 // subjectPrivs evaluates the ACL tree for one user or token: the most
 // specific path with entries wins; entries above the path count only when
-// propagating; roles from pools apply to their member VMs.
+// propagating; roles from pools apply to their member VMs. Each privilege
+// maps to its propagate flag (RPCEnvironment.pm compile_acl_path: set iff
+// any role granting it propagates; a pool's roles never do, nor replace a
+// role the path set itself).
 func (s *Server) subjectPrivs(kind, id, path string) map[string]bool {
 	path = normalizePath(path)
 	comps := strings.Split(strings.Trim(path, "/"), "/")
@@ -117,7 +135,7 @@ func (s *Server) subjectPrivs(kind, id, path string) map[string]bool {
 			if p != path && !e.propagate {
 				continue
 			}
-			found[e.role] = true
+			found[e.role] = found[e.role] || e.propagate
 			any = true
 		}
 		if any {
@@ -125,36 +143,40 @@ func (s *Server) subjectPrivs(kind, id, path string) map[string]bool {
 		}
 	}
 	roleSet := map[string]bool{}
-	for r := range current {
-		roleSet[r] = true
+	for r, prop := range current {
+		roleSet[r] = prop
 	}
-	if vmid, ok := strings.CutPrefix(path, "/vms/"); ok && !roleSet["NoAccess"] {
+	addPoolRoles := func(pool string) {
+		for r := range s.subjectRolesExact(kind, id, "/pool/"+pool) {
+			if _, ok := roleSet[r]; !ok {
+				roleSet[r] = false
+			}
+		}
+	}
+	_, noAccess := roleSet["NoAccess"]
+	if vmid, ok := strings.CutPrefix(path, "/vms/"); ok && !noAccess {
 		if n, err := strconv.Atoi(vmid); err == nil {
 			if v := s.vms[n]; v != nil && v.pool != "" {
-				for r := range s.subjectRolesExact(kind, id, "/pool/"+v.pool) {
-					roleSet[r] = true
-				}
+				addPoolRoles(v.pool)
 			}
 		}
 	}
 	// A storage that is a pool member gets the pool's roles too
 	// (RPCEnvironment.pm compile_acl_path).
-	if sid, ok := strings.CutPrefix(path, "/storage/"); ok && !roleSet["NoAccess"] {
+	if sid, ok := strings.CutPrefix(path, "/storage/"); ok && !noAccess {
 		for _, pid := range sortedKeys(s.pools) {
 			if s.pools[pid].storage[sid] {
-				for r := range s.subjectRolesExact(kind, id, "/pool/"+pid) {
-					roleSet[r] = true
-				}
+				addPoolRoles(pid)
 			}
 		}
 	}
 	out := map[string]bool{}
-	if roleSet["NoAccess"] {
+	if _, ok := roleSet["NoAccess"]; ok {
 		return out
 	}
-	for r := range roleSet {
+	for r, prop := range roleSet {
 		for p := range s.rolePrivsLocked(r) {
-			out[p] = true
+			out[p] = out[p] || prop
 		}
 	}
 	return out

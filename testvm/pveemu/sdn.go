@@ -161,7 +161,7 @@ func sdnLocked(errmsg string, err error) (any, error) {
 	if ae := asAPIError(err); ae.code == 403 {
 		return nil, err
 	}
-	return nil, sdnFail(errmsg, err)
+	return nil, lockFail(errmsg, err)
 }
 
 func (s *Server) sdnIndex(_ context.Context, _ *request) (any, error) {
