@@ -171,3 +171,26 @@ func TestACLUpdateNeedsASubject(t *testing.T) {
 		t.Fatalf("no subject: %d %v, want 400 with users, groups and tokens errors", r.status, errs)
 	}
 }
+
+// TestACLUpdatePrivsepTokenPropagation: a privilege-separated token's
+// privileges propagate only where both its own ACL and its user's do
+// ($compile_acl_path ANDs the flags), so the token's propagating grant is
+// refused while its user's roles there do not propagate, and accepted
+// once they do.
+func TestACLUpdatePrivsepTokenPropagation(t *testing.T) {
+	e, _ := builderEnv(t)
+	tok, _ := e.ok("POST", "/access/users/builder@pve/token/sep", url.Values{"privsep": {"1"}}).(map[string]any)
+	full := tok["full-tokenid"].(string)
+	auth := "PVEAPIToken=" + full + "=" + tok["value"].(string)
+	e.ok("PUT", "/access/acl", url.Values{"path": {"/vms/100"}, "tokens": {full}, "roles": {"PVEVMAdmin"}})
+	grant := url.Values{"path": {"/vms/100"}, "users": {"agent@pve"}, "roles": {"PVEVMUser"}}
+	r := e.do("PUT", "/access/acl", grant, authNone, "Authorization", auth)
+	want := aclRefusal("role", "Cannot add role 'PVEVMUser' with propagation - requires 'Permissions.Modify' or propagated superset of privileges.")
+	if r.status != 500 || r.body["message"] != want {
+		t.Fatalf("propagating grant with the user's roles not propagating: %d %q, want 500 %q", r.status, r.body["message"], want)
+	}
+	e.ok("PUT", "/access/acl", url.Values{"path": {"/vms/100"}, "users": {"builder@pve"}, "roles": {"PVEVMAdmin"}})
+	if r := e.do("PUT", "/access/acl", grant, authNone, "Authorization", auth); r.status != 200 || !hasACL(e, "/vms/100", "agent@pve", "PVEVMUser") {
+		t.Fatalf("propagating grant with both propagating: %d %v, want 200 and written", r.status, r.body)
+	}
+}
