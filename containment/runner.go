@@ -95,13 +95,36 @@ var ErrProbe = errors.New("containment probe")
 // context) is run once more, and the second run's result is the answer:
 // such a row is no verdict either way, and one more run costs less than
 // a check failed for the probe's own sake. A row with a verdict (a leak)
-// is never run again.
+// is never run again. So is a run whose only failures are missing
+// connectivity (onlyUnreached): one datagram lost on a loaded node is
+// not a broken sandbox, and a path that is really down fails the second
+// run too, which is then the answer (a leak it shows included).
 func (r *Runner) Run(ctx context.Context, g Guest, p *Plan) (*Result, error) {
 	res, err := r.runOnce(ctx, g, p)
-	if ctx.Err() == nil && probeCut(res, err) {
+	if ctx.Err() == nil && (probeCut(res, err) || (err == nil && onlyUnreached(res))) {
 		return r.runOnce(ctx, g, p)
 	}
 	return res, err
+}
+
+// onlyUnreached reports whether res failed and every row that did not
+// pass is a path expected to work that did not answer (a positive control
+// or a promised connection observed blocked), or a blocked row left
+// unproven by such a failed control. A run with a leak (a row expected
+// blocked that was reachable), an error or a missing row is not one.
+func onlyUnreached(res *Result) bool {
+	if res == nil || res.Passed() {
+		return false
+	}
+	for _, row := range res.Rows {
+		switch {
+		case row.Status == Pass, row.Status == Unproven:
+		case row.Expect == Reachable && row.Observed == Blocked:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // probeCut reports whether a run ended without the probe finishing its

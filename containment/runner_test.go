@@ -281,11 +281,15 @@ func (g *scriptedGuest) Exec(context.Context, []string, []byte, time.Duration) (
 	return g.stdout, g.stderr, g.exit, g.err
 }
 
-func TestRunnerHostileOutput(t *testing.T) {
+// scriptedPlan is a small plan of pol (SSH on the gateway, the resolver
+// rows, HTTP(S) to public) for scripted guests, and a probe file to upload
+// that never runs.
+func scriptedPlan(t *testing.T, pol Policy, public ...netip.Addr) (*Plan, string) {
+	t.Helper()
 	spec := Spec{Gateway: netip.MustParseAddr("10.10.1.1"), Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{}, ControlPorts: []Port{{22, "SSH"}},
 		UDPPorts: []Port{}, PeerUDPPorts: []Port{},
-		ExternalName: "example.test", LocalName: "a.zone.test"}
-	plan, err := NewPlan(spec, LockdownPolicy())
+		ExternalName: "example.test", LocalName: "a.zone.test", Public: public}
+	plan, err := NewPlan(spec, pol)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +297,11 @@ func TestRunnerHostileOutput(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("not really"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return plan, bin
+}
+
+func TestRunnerHostileOutput(t *testing.T) {
+	plan, bin := scriptedPlan(t, LockdownPolicy())
 	results := func(ids ...string) string {
 		var parts []string
 		for _, id := range ids {
@@ -377,17 +386,7 @@ func (g *sequenceGuest) Exec(context.Context, []string, []byte, time.Duration) (
 // bound is no verdict, so the run is made once more and its result is the
 // answer; a report with verdicts only is not run again.
 func TestRunnerRerunsACutProbe(t *testing.T) {
-	spec := Spec{Gateway: netip.MustParseAddr("10.10.1.1"), Metadata: []netip.Addr{}, MetadataDNS: []netip.Addr{}, ControlPorts: []Port{{22, "SSH"}},
-		UDPPorts: []Port{}, PeerUDPPorts: []Port{},
-		ExternalName: "example.test", LocalName: "a.zone.test"}
-	plan, err := NewPlan(spec, LockdownPolicy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "probe")
-	if err := os.WriteFile(bin, []byte("not really"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	plan, bin := scriptedPlan(t, LockdownPolicy())
 	report := func(c2 string) string {
 		return `{"version":1,"facts":{"interfaces":[],"resolvers":[]},"results":[` +
 			`{"id":"c1","outcome":"timeout","elapsed_ms":1},` + c2 + `,{"id":"c3","outcome":"timeout","elapsed_ms":1}]}`
@@ -419,6 +418,76 @@ func TestRunnerRerunsACutProbe(t *testing.T) {
 		}
 		if g.execs != c.execs || (detail(res) != "") != c.stillCut {
 			t.Errorf("%s: %d runs, cut row %q; want %d runs, cut %v", c.name, g.execs, detail(res), c.execs, c.stillCut)
+		}
+	}
+}
+
+// TestRunnerRerunsMissingConnectivity: a run whose only failures are
+// paths expected to work that did not answer (one lost datagram on a
+// loaded node) is run once more and the second run is the answer; a run
+// with a leak is never run again, nor one that passed.
+func TestRunnerRerunsMissingConnectivity(t *testing.T) {
+	plan, bin := scriptedPlan(t, GuardPolicy(), netip.MustParseAddr("203.0.113.10"))
+	// report answers every row as expected, except the row named in flip,
+	// which gets the opposite.
+	var recursion, blockedRow string
+	for _, c := range plan.Checks {
+		switch {
+		case strings.HasPrefix(c.Name, "zone resolver recurses"):
+			recursion = c.Target.ID
+		case c.Expect == Blocked && c.Target.Kind == probe.KindTCP && blockedRow == "":
+			blockedRow = c.Target.ID
+		}
+	}
+	if recursion == "" || blockedRow == "" {
+		t.Fatalf("plan lacks a recursion row (%q) or a blocked TCP row (%q): %+v", recursion, blockedRow, plan.Checks)
+	}
+	report := func(flip string) string {
+		var parts []string
+		for _, c := range plan.Checks {
+			reach := c.Expect == Reachable
+			if c.Target.ID == flip {
+				reach = !reach
+			}
+			switch {
+			case reach && c.Target.Kind == probe.KindDNS:
+				parts = append(parts, `{"id":"`+c.Target.ID+`","outcome":"response","rcode":"NOERROR","answers":1,"elapsed_ms":1}`)
+			case reach && (c.Target.Kind == probe.KindHTTP || c.Target.Kind == probe.KindHTTPS):
+				parts = append(parts, `{"id":"`+c.Target.ID+`","outcome":"response","http_status":200,"elapsed_ms":1}`)
+			case reach:
+				parts = append(parts, `{"id":"`+c.Target.ID+`","outcome":"open","elapsed_ms":1}`)
+			case c.Target.Kind == probe.KindDNS:
+				parts = append(parts, `{"id":"`+c.Target.ID+`","outcome":"no_reply","elapsed_ms":1}`)
+			default:
+				parts = append(parts, `{"id":"`+c.Target.ID+`","outcome":"timeout","elapsed_ms":1}`)
+			}
+		}
+		return `{"version":1,"facts":{"interfaces":[{"name":"eth0","addrs":["10.10.1.5/24"]}],"default_route4":{"iface":"eth0","gateway":"10.10.1.1"},"resolvers":["10.10.1.1"]},"results":[` +
+			strings.Join(parts, ",") + `]}`
+	}
+	good, lost, leak := report(""), report(recursion), report(blockedRow)
+	for _, c := range []struct {
+		name   string
+		outs   []string
+		execs  int
+		passed bool
+	}{
+		{"passes", []string{good}, 1, true},
+		{"lost once, then answered", []string{lost, good}, 2, true},
+		{"lost twice", []string{lost, lost}, 2, false},
+		{"lost, then a leak: the leak is the answer", []string{lost, leak}, 2, false},
+		{"a leak is not run again", []string{leak, good}, 1, false},
+	} {
+		g := &sequenceGuest{outs: c.outs}
+		res, err := (&Runner{ProbePath: bin}).Run(context.Background(), g, plan)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if g.execs != c.execs || res.Passed() != c.passed {
+			t.Errorf("%s: %d runs, passed %v; want %d runs, passed %v (failed %+v)", c.name, g.execs, res.Passed(), c.execs, c.passed, res.Failed())
+		}
+		if c.name == "lost, then a leak: the leak is the answer" && !strings.HasPrefix(res.Failed()[0].Why, "LEAK") {
+			t.Errorf("%s: failed rows %+v, want the leak", c.name, res.Failed())
 		}
 	}
 }

@@ -252,7 +252,9 @@ func TestPlayground(t *testing.T) {
 		t.Fatalf("node client.mjs: %v\n%s\nthe daemon's log, warnings and the check:\n%s", err, lastLines(stderr.String(), 40), p.daemonLog(t, "level=WARN", "level=ERROR", "containment", "check"))
 	}
 	t.Logf("TypeScript SDK client: %s", out)
-	checkClientResult(t, out)
+	if checkClientResult(t, out); t.Failed() {
+		t.Logf("the daemon's log, warnings and the check:\n%s", p.daemonLog(t, "level=WARN", "level=ERROR", "containment", "check"))
+	}
 
 	if l, err := client.NewTLS(u.Host, tlsc, client.WithToken(in["admin_token"])).List(ctx); err != nil || len(l) != 0 {
 		t.Errorf("sandboxes left: %v %v", l, err)

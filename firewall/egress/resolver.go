@@ -143,25 +143,49 @@ type upstreams struct {
 }
 
 // exchange sends m over one new connection and reads the reply with the
-// same id.
+// same id. Over UDP the query is sent once more, from the same socket with
+// the same id, halfway through the timeout, as a stub resolver retries: a
+// forwarder such as the zone's dnsmasq attaches a second query for a
+// question in flight to the first (and so never asks upstream again), and
+// resends upstream only for a retry from the same source and id
+// (dnsmasq's forward.c, receive_query/forward_query), so one datagram lost
+// on its way upstream would otherwise cost the whole timeout.
 func (u *upstreams) exchange(ctx context.Context, network, addr string, m *dns.Msg) (*dns.Msg, error) {
 	c, err := u.dial(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	deadline := time.Now().Add(u.timeout)
+	start := time.Now()
+	deadline := start.Add(u.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	_ = c.SetDeadline(deadline)
+	_ = c.SetWriteDeadline(deadline)
 	co := &dns.Conn{Conn: c, UDPSize: 1232}
 	if err := co.WriteMsg(m); err != nil {
 		return nil, err
 	}
+	resend := time.Time{}
+	if network == "udp4" || network == "udp" || network == "udp6" {
+		resend = start.Add(deadline.Sub(start) / 2)
+	}
 	for {
+		rd := deadline
+		if !resend.IsZero() {
+			rd = resend
+		}
+		_ = c.SetReadDeadline(rd)
 		in, err := co.ReadMsg()
 		if err != nil {
+			var ne net.Error
+			if !resend.IsZero() && errors.As(err, &ne) && ne.Timeout() && time.Now().Before(deadline) {
+				resend = time.Time{}
+				if err := co.WriteMsg(m); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			return nil, err
 		}
 		if in.Id == m.Id && in.Response && len(in.Question) == 1 && strings.EqualFold(in.Question[0].Name, m.Question[0].Name) {

@@ -44,15 +44,34 @@ async def _stop_second_node() -> None:
 @solver
 def work() -> Solver:
     stopped = anyio.Event()
+    # samples in their exec on the second node right now
+    on_second: set[int] = set()
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         env = sandbox().as_type(PveInspectSandboxEnvironment)
-        placements.append((int(state.sample_id), env.client.node.url))
-        r = await env.exec(["sh", "-c", f"echo sample-{state.sample_id} > /root/out; sleep 3"])
+        sid = int(state.sample_id)
+        url = env.client.node.url
+        placements.append((sid, url))
+        second = url == nodes_from_env()[1].url
+        # Until the stop, a sample on the second node stays in its exec
+        # long enough to be cut by it; the stop waits for one to be there,
+        # so some sample is always mid-run on the node that goes away.
+        pause = 10 if second and not stopped.is_set() else 3
+        if second:
+            on_second.add(sid)
+        try:
+            r = await env.exec(["sh", "-c", f"echo sample-{sid} > /root/out; sleep {pause}"])
+        finally:
+            on_second.discard(sid)
         assert r.success, r.stderr
-        if state.sample_id == 4 and not stopped.is_set():
-            # Mid-eval: samples are running on both nodes.
+        if not second and not stopped.is_set():
+            # Mid-eval: the first sample done on the first node stops the
+            # second once a sample runs there (bounded: the placement
+            # spreads 4 samples over both nodes).
             stopped.set()
+            with anyio.fail_after(120):
+                while not on_second:
+                    await anyio.sleep(0.1)
             await _stop_second_node()
         return state
 
