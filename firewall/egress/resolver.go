@@ -145,11 +145,12 @@ type upstreams struct {
 // exchange sends m over one new connection and reads the reply with the
 // same id. Over UDP the query is sent once more, from the same socket with
 // the same id, halfway through the timeout, as a stub resolver retries: a
-// forwarder such as the zone's dnsmasq attaches a second query for a
-// question in flight to the first (and so never asks upstream again), and
-// resends upstream only for a retry from the same source and id
-// (dnsmasq's forward.c, receive_query/forward_query), so one datagram lost
-// on its way upstream would otherwise cost the whole timeout.
+// forwarder such as the zone's dnsmasq resends upstream (to every server)
+// only for a retry from the same source address, port and id, and since
+// 2.83 attaches a query from a new source for a question in flight to the
+// first (so never asks upstream again for it) (dnsmasq's src/forward.c,
+// forward_query), so one datagram lost on its way upstream would
+// otherwise cost the whole timeout.
 func (u *upstreams) exchange(ctx context.Context, network, addr string, m *dns.Msg) (*dns.Msg, error) {
 	c, err := u.dial(ctx, network, addr)
 	if err != nil {
