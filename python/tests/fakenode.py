@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from inspect_pve_inspect import NodeConfig
 
 _SB = re.compile(r"^/v1/sandboxes/([a-z0-9]+)(/.*)?$")
+_VM = re.compile(r"^/vms/([^/]+)/")
+# A drive-absolute Windows path, as the daemon's Windows guest client
+# takes it (qga.IsWinPath).
+_WIN_PATH = re.compile(r"^[A-Za-z]:[\\/]")
 
 
 @dataclass
@@ -68,6 +72,10 @@ class FakeNode:
     build_error: str | None = None
     build_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
+    # Each exec's VM and body, and each file call's method, VM and path,
+    # in the order they came.
+    execs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    files: list[tuple[str, str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _next: int = 0
 
@@ -216,7 +224,15 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
         sb.expires_at = fake.now + timedelta(seconds=int(doc["ttl_seconds"]))
         sb.extends += 1
         return 200, _view(sb)
+    vm = _VM.match(rest)
+    vm_name = unquote(vm[1]) if vm else ""
+    windows = _os_type(sb, vm_name) in ("win10", "win11")
     if method == "POST" and rest.endswith("/exec"):
+        fake.execs.append((vm_name, doc))
+        if windows:
+            refused = _windows_exec_refusal(doc)
+            if refused is not None:
+                return refused
         if fake.exec_answer is not None:
             ans, fake.exec_answer = fake.exec_answer, None
             return ans
@@ -226,8 +242,38 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
         recs = fake.egress.get(sid, [])
         return 200, _egress_log(sid, recs, fake.egress_dropped)
     if rest.endswith("/files"):
+        path = parse_qs(query).get("path", [""])[0]
+        fake.files.append((method, vm_name, path))
+        if windows and not _WIN_PATH.match(path):
+            return _problem(
+                400, "invalid-request", f"guest path {path!r} is not a drive-absolute Windows path"
+            )
         return (204, None) if method == "PUT" else (200, b"data")
     return _problem(404, "not-found", f"no route {method} {path}")
+
+
+def _os_type(sb: Sandbox, vm: str) -> str | None:
+    """The os_type the sandbox's create asked for VM vm."""
+    for i, v in enumerate(sb.req.get("vms", [])):
+        if (v.get("name") or f"vm{i}") == vm:
+            return str(v["os_type"]) if v.get("os_type") else None
+    return None
+
+
+def _windows_exec_refusal(doc: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """The daemon's 400 for an exec a Windows guest does not take (a few
+    of qga's winValidate rules: user, a cwd that is not drive-absolute)."""
+    if doc.get("user"):
+        detail = (
+            f"user {doc['user']!r}: a Windows guest runs every command as its agent's "
+            "service account; user is not supported there"
+        )
+        return _problem(400, "invalid-request", detail, field="user")
+    cwd = doc.get("cwd")
+    if cwd and not _WIN_PATH.match(cwd):
+        detail = f"cwd: guest path {cwd!r} is not a drive-absolute Windows path"
+        return _problem(400, "invalid-request", detail, field="cwd")
+    return None
 
 
 def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any]) -> tuple[int, Any]:

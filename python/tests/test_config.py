@@ -96,7 +96,6 @@ def test_reference_shape_converts() -> None:
         ({"vms_config": [ref_vm(healthcheck={"test": ["true"], "retries": 0})]}, "vms_config[0]"),
         ({"vms_config": [ref_vm(cpu="custom-fast")]}, "vms_config[0].cpu"),
         ({"vms_config": [ref_vm(cpu="host,flags=+vmx")]}, "vms_config[0].cpu"),
-        ({"vms_config": [ref_vm(os_type="win11")]}, "vms_config[0].os_type"),
         ({"vms_config": [ref_vm(os_type="wxp", is_sandbox=False)]}, "vms_config[0].os_type"),
         ({"vms_config": [ref_vm(os_type="other")]}, "vms_config[0].os_type"),
         ({"vms_config": [ref_vm(disk_controller="ide")]}, "vms_config[0].disk_controller"),
@@ -486,8 +485,9 @@ def test_reference_defaults_written_out_send_no_vm_options() -> None:
 
 
 def test_native_vm_options() -> None:
-    """The provider's own VmSpec takes the daemon's values and refuses a
-    Windows sandbox VM and options on a container."""
+    """The provider's own VmSpec takes the daemon's values (a Windows VM
+    as a sandbox, with a healthcheck, too) and refuses options on a
+    container."""
     cfg = PveInspectSandboxEnvironmentConfig(
         vms=(
             VmSpec(template="debian", name="attacker"),
@@ -495,15 +495,12 @@ def test_native_vm_options() -> None:
         )
     )
     assert create_request(cfg, "t")["vms"][1]["os_type"] == "win10"
-    with pytest.raises(ValueError, match="cannot be an Inspect sandbox"):
-        VmSpec(template="win", os_type="win11")
-    with pytest.raises(ValueError, match="healthcheck"):
-        VmSpec(
-            template="win",
-            os_type="win11",
-            sandbox=False,
-            healthcheck=HealthCheck(test=("cmd.exe", "/c", "ver")),
-        )
+    win = VmSpec(
+        template="win",
+        os_type="win11",
+        healthcheck=HealthCheck(test=("cmd.exe", "/c", "ver")),
+    )
+    assert win.sandbox and win.is_windows() and not cfg.vms[0].is_windows()
     with pytest.raises(ValueError, match="container"):
         VmSpec(template="ct", kind="lxc", cpu="host")
     with pytest.raises(ValueError):

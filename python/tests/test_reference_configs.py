@@ -153,21 +153,6 @@ def _one_vm(vm: dict[str, Any], sdn: Any = None) -> dict[str, Any]:
             },
             "sdn_config",
         ),
-        # "Windows VMs": a Windows sandbox (is_sandbox=True): the provider's
-        # exec path is Linux's, so a Windows VM is a target only
-        (
-            "windows sandbox",
-            _one_vm(
-                {
-                    "vm_source_config": {"existing_vm_template_tag": "your-tag"},
-                    "os_type": "win11",
-                    "uefi_boot": True,
-                    "is_sandbox": True,
-                    "ram_mb": 8192,
-                }
-            ),
-            "vms_config[0].os_type",
-        ),
     ],
 )
 def test_readme_config_refused_by_field(name: str, config: dict[str, Any], field: str) -> None:
@@ -177,6 +162,30 @@ def test_readme_config_refused_by_field(name: str, config: dict[str, Any], field
         coerce(config)
     assert e.value.field == field, f"{name}: {e.value}"
     assert e.value.message, name
+
+
+def test_readme_windows_sandbox_converts() -> None:
+    """The README's "Windows VMs" config (a Windows 11 sandbox VM from a
+    tagged template, UEFI, 8 GiB) converts: a sandbox VM of os_type win11
+    (its exec and file calls go through the daemon's Windows guest
+    client), the tag as the template's name, UEFI as the daemon's
+    firmware, the reference's vcpus default."""
+    cfg = coerce(
+        _one_vm(
+            {
+                "vm_source_config": {"existing_vm_template_tag": "your-tag"},
+                "os_type": "win11",
+                "uefi_boot": True,
+                "is_sandbox": True,
+                "ram_mb": 8192,
+            }
+        )
+    )
+    assert isinstance(cfg, PveInspectSandboxEnvironmentConfig)
+    (vm,) = cfg.vms
+    assert (vm.template, vm.os_type, vm.firmware, vm.sandbox) == ("your-tag", "win11", "uefi", True)
+    assert (vm.memory_mib, vm.cores) == (8192, 2)
+    assert vm.is_windows() and cfg.windows_working_dir == "C:\\"
 
 
 def _daemon_range(sdn: dict[str, Any]) -> dict[str, Any]:

@@ -162,6 +162,9 @@ class NicSpec(BaseModel):
             raise ValueError(f"ipv4 {v!r}: {e}") from None
 
 
+# The os_type values of a Windows guest (the daemon's Windows guest client).
+WINDOWS_OS_TYPES = ("win10", "win11")
+
 # The CPU models the daemon's hardened profile takes (hardening.CPUModels).
 CpuModel = Literal[
     "x86-64-v2", "x86-64-v2-AES", "x86-64-v3", "x86-64-v4", "kvm64", "qemu64", "host"
@@ -209,7 +212,9 @@ class VmSpec(BaseModel):
     os_type: Literal["l26", "win10", "win11"] | None = Field(
         default=None,
         description="l26 (default), win10 or win11 (the node must allow Windows: [api] "
-        "allow_windows); a Windows VM cannot be an Inspect sandbox (sandbox=False)",
+        "allow_windows). A Windows VM may be an Inspect sandbox: exec passes its argv to the "
+        "daemon's Windows guest client (['cmd.exe', '/c', S] runs S as batch text), cwd and "
+        "file paths are Windows paths relative to windows_working_dir, and exec takes no user",
     )
     disk_controller: Literal["scsi"] | None = Field(
         default=None, description="scsi: the template's disks must be on virtio-scsi"
@@ -244,19 +249,12 @@ class VmSpec(BaseModel):
                 raise ValueError(
                     "a container (kind lxc) takes no firmware, cpu, os_type or controllers"
                 )
-        if self.os_type in ("win10", "win11") and self.healthcheck is not None:
-            raise ValueError(
-                f"os_type {self.os_type}: a healthcheck runs through the daemon's exec, which "
-                "Windows guests do not have here"
-            )
-        if self.os_type in ("win10", "win11") and self.sandbox:
-            raise ValueError(
-                f"os_type {self.os_type}: a Windows VM cannot be an Inspect sandbox here, as "
-                "the daemon offers no exec or file calls into Windows guests (they run POSIX "
-                "sh); make it a target VM (sandbox=False, is_sandbox=False in the reference's "
-                "config) and reach it from a Linux VM"
-            )
         return self
+
+    def is_windows(self) -> bool:
+        """Whether the VM runs Windows (os_type win10 or win11): its exec
+        and file calls take Windows paths, and no user."""
+        return self.os_type in WINDOWS_OS_TYPES
 
     def network_names(self) -> tuple[str, ...] | None:
         """The VM's networks in NIC order (from nics when given)."""
@@ -373,7 +371,13 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
     )
     labels: dict[str, str] = Field(default_factory=dict)
     working_dir: str = Field(
-        default="/root", description="where relative paths and commands without cwd start"
+        default="/root",
+        description="where relative paths and commands without cwd start (Linux VMs)",
+    )
+    windows_working_dir: str = Field(
+        default="C:\\",
+        description="where relative paths and commands without cwd start in a Windows VM "
+        "(os_type win10 or win11): a drive-absolute path, made at sample start when missing",
     )
 
     @field_validator("working_dir")
@@ -382,6 +386,11 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         if not v.startswith("/"):
             raise ValueError(f"working_dir {v!r}: want an absolute path")
         return v
+
+    @field_validator("windows_working_dir")
+    @classmethod
+    def _windows_workdir(cls, v: str) -> str:
+        return windows_dir(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> PveInspectSandboxEnvironmentConfig:
@@ -453,6 +462,30 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         if self.nodes:
             return self.nodes
         return nodes_from_env()
+
+
+# What a Windows path element must not hold: the characters Windows
+# forbids in names (a ':' past the drive would name an alternate data
+# stream) and control characters (the daemon's qga.CleanWinPath rules).
+_WIN_FORBIDDEN = re.compile(r'[<>:"|?*\x00-\x1f]')
+
+
+def windows_dir(v: str) -> str:
+    """v as a Windows VM's working directory: drive-absolute (``C:\\dir``
+    or ``C:/dir``), normalized with backslashes; refused when the daemon's
+    file calls would refuse it (no ``.`` or ``..``, no character Windows
+    forbids in names, no element ending in a dot or space)."""
+    if not re.match(r"^[A-Za-z]:[\\/]", v):
+        raise ValueError(f"windows_working_dir {v!r}: want a drive-absolute path (C:\\dir)")
+    elems = [e for e in re.split(r"[\\/]", v[3:]) if e]
+    for e in elems:
+        if e in (".", "..") or _WIN_FORBIDDEN.search(e) or e[-1] in ". ":
+            raise ValueError(
+                f"windows_working_dir {v!r}: element {e!r} is not a Windows name the daemon "
+                'takes (no . or .., none of <>:"|?* or control characters, no trailing dot or '
+                "space)"
+            )
+    return v[0].upper() + ":\\" + "\\".join(elems)
 
 
 def _fixed_address_refusal(net: ipaddress.IPv4Network, ip: str) -> str:

@@ -3,7 +3,9 @@
 One sample = one pve-inspectd sandbox (``POST /v1/sandboxes``): its VMs on
 an SDN zone of their own; every VM marked ``sandbox`` is an Inspect
 environment, named by its VM name, the first one the default. Commands and
-files go through the daemon's guest-agent API. A heartbeat
+files go through the daemon's guest-agent API; a Windows VM's (os_type
+win10, win11) by Windows paths, its argv as given, without the POSIX
+staging of big arguments and stdin. A heartbeat
 (:mod:`.keepalive`) renews the sandbox's lease while the sample runs; the
 VMs are deleted in ``sample_cleanup``, and whatever a killed eval left is
 found again by its labels (``inspect sandbox cleanup pve_inspect``, this
@@ -16,7 +18,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import json
 import logging
+import ntpath
 import os
 import posixpath
 import secrets
@@ -76,6 +80,17 @@ INLINE_ARGV = 512 << 10
 # PATH as the agent's own exec would. Launched by absolute path.
 _STAGED_WRAPPER = 'f=$1; . "$f" || exit 125; rm -f -- "$f"; unset f; exec "$@"'
 
+# The daemon's cap on an exec body (sandboxapi maxExecBody). A Windows
+# guest takes stdin in one guest-exec only, so it rides in the body
+# whatever its size (no staging through /bin/sh there).
+EXEC_BODY_MAX = 8 << 20
+
+# Why exec takes no user in a Windows VM: the daemon refuses it (400).
+_WINDOWS_NO_USER = (
+    "exec takes no user in a Windows VM: the daemon refuses it (400), as the Windows guest "
+    "agent runs every command as its own service account and Windows has no setpriv"
+)
+
 
 def _label_value(s: str) -> str:
     out = "".join(c if c.isprintable() else "_" for c in s)
@@ -109,6 +124,7 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         working_dir: str,
         sandbox: dict[str, Any],
         keepalive: Keepalive | None = None,
+        windows: bool = False,
     ) -> None:
         super().__init__()
         self.client = client
@@ -116,6 +132,9 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         self.vm = vm
         self.working_dir = working_dir
         self.sandbox = sandbox
+        # A Windows VM (os_type win10, win11): Windows paths (ntpath), the
+        # argv passed as it is, no user, no staging through /bin/sh.
+        self.windows = windows
         # The sample's heartbeat (one per sandbox, shared by its VMs): it
         # also knows the sandbox's expiry, for saying why it is gone.
         self.keepalive = keepalive
@@ -176,12 +195,12 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
             )
             if cfg.keepalive and ka.start():
                 _Run.keepalives[sb["id"]] = ka
-            sandboxes = [
-                v for v, spec in zip(sb["vms"], cfg.resolved_vms(), strict=True) if spec.sandbox
-            ]
             envs: dict[str, SandboxEnvironment] = {}
-            for vm in sandboxes:
-                envs[vm["name"]] = cls(client, sb["id"], vm["name"], cfg.working_dir, sb, ka)
+            for vm, spec in zip(sb["vms"], cfg.resolved_vms(), strict=True):
+                if spec.sandbox:
+                    win = spec.is_windows()
+                    wd = cfg.windows_working_dir if win else cfg.working_dir
+                    envs[vm["name"]] = cls(client, sb["id"], vm["name"], wd, sb, ka, windows=win)
             checks = [
                 (vm["name"], spec.healthcheck)
                 for vm, spec in zip(sb["vms"], cfg.resolved_vms(), strict=True)
@@ -189,8 +208,8 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
             ]
             if checks:
                 await wait_all(client, sb["id"], checks)
-            await client.exec(
-                sb["id"], sandboxes[0]["name"], {"argv": ["mkdir", "-p", "--", cfg.working_dir]}
+            await _make_working_dirs(
+                [e for e in envs.values() if isinstance(e, PveInspectSandboxEnvironment)]
             )
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -284,6 +303,11 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     # --- exec ------------------------------------------------------------
 
     def _path(self, p: str) -> str:
+        """p in the guest: relative to the working directory; a Windows
+        VM's by Windows rules (``C:\\dir``, ``C:/dir``; a rooted ``\\dir``
+        on the working directory's drive)."""
+        if self.windows:
+            return ntpath.normpath(ntpath.join(self.working_dir, p))
         return posixpath.normpath(posixpath.join(self.working_dir, p))
 
     async def exec(
@@ -297,6 +321,8 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
+        if user is not None and self.windows:
+            raise ValueError(f"pve_inspect: VM {self.vm!r}: {_WINDOWS_NO_USER}")
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         req: dict[str, Any] = {
             "argv": list(cmd),
@@ -312,6 +338,12 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
         stdin = input.encode() if isinstance(input, str) else input
         big_argv = sum(len(a.encode()) + 1 for a in cmd) > INLINE_ARGV
         big_stdin = stdin is not None and len(stdin) > INLINE_STDIN
+        if self.windows:
+            # No staging (its wrapper is /bin/sh): the argv goes as it is,
+            # within the daemon's caps, and stdin in the body.
+            big_argv = big_stdin = False
+            if stdin is not None:
+                _check_windows_stdin(self.vm, req, len(stdin))
         staged: list[str] = []
         if big_argv or big_stdin:
             # Past the exec body's caps: the arguments (and stdin) go up as
@@ -438,8 +470,12 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
                 argv += ["--ca-file", node.ca_file]
         argv += ["exec", "--stdin"]
         if user is not None:
+            if self.windows:
+                raise ValueError(f"pve_inspect: VM {self.vm!r}: {_WINDOWS_NO_USER}")
             argv += ["--user", user]
-        argv += [self.sandbox_id, self.vm, "--", "bash", "-l"]
+        argv += [self.sandbox_id, self.vm, "--"]
+        # cmd.exe reads the typed commands from its stdin
+        argv += ["cmd.exe"] if self.windows else ["bash", "-l"]
         return SandboxConnection(
             type=PROVIDER, command=shlex.join(argv), container=f"{self.sandbox_id}/{self.vm}"
         )
@@ -484,6 +520,45 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
                 break
             since = int(page["next"])
         return out, dropped
+
+
+def _check_windows_stdin(vm: str, req: dict[str, Any], size: int) -> None:
+    """Refuse stdin a Windows VM's exec body cannot carry: the daemon caps
+    the body at EXEC_BODY_MAX, and stdin travels in it base64-encoded
+    (Windows has no /bin/sh to stage it through a file)."""
+    body = len(json.dumps(req)) + 4 * -(-size // 3) + len(',"stdin":""')
+    if body > EXEC_BODY_MAX:
+        raise ValueError(
+            f"pve_inspect: VM {vm!r}: stdin of {size} bytes does not fit in the exec request "
+            f"(the daemon caps it at {EXEC_BODY_MAX >> 20} MiB, stdin base64-encoded in it: "
+            "about 6 MiB of stdin); a Windows VM takes stdin in one guest-exec, so it is not "
+            "staged through a file as in a Linux VM: write the data with write_file and "
+            "redirect it (['cmd.exe', '/c', 'prog < FILE'])"
+        )
+
+
+async def _make_working_dirs(envs: list[PveInspectSandboxEnvironment]) -> None:
+    """Make the working directory of the sample's first Linux VM
+    (``mkdir -p``) and of each Windows VM whose working directory is not
+    a drive's root (``mkdir`` through cmd.exe, then ``cd /d`` to it: a
+    directory that cannot be made fails the sample, saying why)."""
+    linux = [e for e in envs if not e.windows]
+    if linux:
+        e = linux[0]
+        await e.client.exec(e.sandbox_id, e.vm, {"argv": ["mkdir", "-p", "--", e.working_dir]})
+    for e in envs:
+        if not e.windows or len(e.working_dir) <= 3:
+            continue
+        d = e.working_dir.replace("%", "%%")  # batch text: %% is a literal %
+        # cd's own status (&&, ||), not an error level mkdir may have left
+        line = f'mkdir "{d}" 2>nul & cd /d "{d}" && exit /b 0 || exit /b 1'
+        ans = await e.client.exec(e.sandbox_id, e.vm, {"argv": ["cmd.exe", "/c", line]})
+        if ans.exit_code != 0:
+            why = (ans.stderr or ans.stdout).decode("utf-8", "replace").strip()
+            raise RuntimeError(
+                f"pve_inspect: VM {e.vm!r}: cannot make windows_working_dir "
+                f"{e.working_dir}: exit {ans.exit_code}: {why}"
+            )
 
 
 def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> dict[str, Any]:
