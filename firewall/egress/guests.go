@@ -21,6 +21,8 @@ type PortGuests struct {
 	mu   sync.Mutex // guards byIP and at
 	byIP map[netip.Addr]Guest
 	at   time.Time
+
+	now func() time.Time // nil: time.Now (tests set a clock)
 }
 
 // portGuestTTL is how long PortGuests uses one read of the port map.
@@ -30,14 +32,29 @@ const portGuestTTL = time.Second
 // a container's veth<vmid>i<n>).
 var portVMID = regexp.MustCompile(`^(?:tap|veth)([0-9]+)i[0-9]+$|^fwpr([0-9]+)p[0-9]+$`)
 
+// portGuestMissTTL is how old a read of the port map must be before an
+// address it does not hold makes PortGuests read it again: a guest that
+// started since the last read is named by its first question, while
+// questions from an address no port holds cost at most one read per
+// portGuestMissTTL.
+const portGuestMissTTL = 10 * time.Millisecond
+
 // GuestOf implements Guests.
 func (p *PortGuests) GuestOf(a netip.Addr) (Guest, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if now := time.Now(); p.byIP == nil || now.Sub(p.at) >= portGuestTTL {
+	now := time.Now()
+	if p.now != nil {
+		now = p.now()
+	}
+	if p.byIP == nil || now.Sub(p.at) >= portGuestTTL {
 		p.byIP, p.at = guestsByIP(p.Ports()), now
 	}
 	g, ok := p.byIP[a]
+	if !ok && now.Sub(p.at) >= portGuestMissTTL {
+		p.byIP, p.at = guestsByIP(p.Ports()), now
+		g, ok = p.byIP[a]
+	}
 	return g, ok
 }
 

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
@@ -49,5 +50,40 @@ func TestPortGuests(t *testing.T) {
 		if ok != (tc.vmid != 0) || got.VMID != tc.vmid || got.MAC != tc.mac {
 			t.Errorf("%s: %+v %v, want VM %d MAC %q", tc.addr, got, ok, tc.vmid, tc.mac)
 		}
+	}
+}
+
+// TestPortGuestsNewGuestNamedAtOnce: a guest whose port entered the map
+// after the last read is named by its first question (the miss reads the
+// map again), not a second later; an address of no port reads the map at
+// most once per portGuestMissTTL.
+func TestPortGuestsNewGuestNamedAtOnce(t *testing.T) {
+	a := netip.MustParseAddr
+	mac, _ := net.ParseMAC("bc:24:11:00:01:01")
+	var ports []firewall.Port
+	reads := 0
+	clock := time.Unix(1000, 0)
+	g := &PortGuests{Ports: func() []firewall.Port { reads++; return ports }, now: func() time.Time { return clock }}
+	if _, ok := g.GuestOf(a("10.200.1.10")); ok {
+		t.Fatal("an address of no port was named")
+	}
+	clock = clock.Add(2 * portGuestMissTTL)
+	ports = []firewall.Port{{Name: "tap101i0", MAC: mac, IPv4: []netip.Addr{a("10.200.1.10")}}}
+	if got, ok := g.GuestOf(a("10.200.1.10")); !ok || got.VMID != 101 {
+		t.Fatalf("a guest started since the last read: %+v %v, want VM 101", got, ok)
+	}
+	before := reads
+	for range 100 {
+		g.GuestOf(a("10.200.5.10"))
+	}
+	if reads != before {
+		t.Errorf("100 questions from an address of no port within %v of a read read the map %d times, want none", portGuestMissTTL, reads-before)
+	}
+	clock = clock.Add(portGuestMissTTL)
+	for range 100 {
+		g.GuestOf(a("10.200.5.10"))
+	}
+	if reads != before+1 {
+		t.Errorf("100 questions from an address of no port %v after a read read the map %d times, want once", portGuestMissTTL, reads-before)
 	}
 }
