@@ -33,7 +33,11 @@ import (
 //     ranges the same way (dhcp_ranges, added later without a new
 //     version: a daemon that does not know them drops them, and one that
 //     reads a network of DHCP without them gives it its plan's range,
-//     which is what the subnet had then).
+//     which is what the subnet had when an older daemon wrote the file;
+//     a sandbox of custom ranges that went through an older daemon's
+//     rewrite is then shown with the plan's range, its subnet unchanged).
+//     The ranges read are not validated again: the file is the daemon's
+//     own, and they are only shown.
 //   - 4: a VM may carry kind ("lxc": a container). Nothing else changed,
 //     so a version 2 or 3 file decodes as version 4 with no containers;
 //     a version 3 daemon refuses a version 4 file rather than take a
