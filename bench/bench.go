@@ -54,7 +54,7 @@ func OneGuestBed(ctx context.Context) (*testvm.Bed, *testvm.Guest, error) {
 		return nil, nil, fmt.Errorf("bench: test bed: %w", err)
 	}
 	v := testvm.VNet{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.1.0/24"), Gateway: netip.MustParseAddr("10.10.1.1"),
-		DHCPStart: netip.MustParseAddr("10.10.1.100"), DHCPEnd: netip.MustParseAddr("10.10.1.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.10.1.100"), End: netip.MustParseAddr("10.10.1.200")}}, SNAT: true}
 	if err := b.AddZone(ctx, testvm.Zone{ID: "zonea", VNets: []testvm.VNet{v}}); err != nil {
 		_ = b.Close()
 		return nil, nil, fmt.Errorf("bench: test bed zone: %w", err)

@@ -81,9 +81,9 @@ func TestBedPolicies(t *testing.T) {
 		}
 	})
 	vnetA := testvm.VNet{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.1.0/24"), Gateway: netip.MustParseAddr("10.10.1.1"),
-		DHCPStart: netip.MustParseAddr("10.10.1.100"), DHCPEnd: netip.MustParseAddr("10.10.1.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.10.1.100"), End: netip.MustParseAddr("10.10.1.200")}}, SNAT: true}
 	vnetB := testvm.VNet{Name: "vnetb", Subnet: netip.MustParsePrefix("10.10.2.0/24"), Gateway: netip.MustParseAddr("10.10.2.1"),
-		DHCPStart: netip.MustParseAddr("10.10.2.100"), DHCPEnd: netip.MustParseAddr("10.10.2.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.10.2.100"), End: netip.MustParseAddr("10.10.2.200")}}, SNAT: true}
 	for _, z := range []testvm.Zone{{ID: "zonea", VNets: []testvm.VNet{vnetA}}, {ID: "zoneb", VNets: []testvm.VNet{vnetB}}} {
 		if err := b.AddZone(ctx, z); err != nil {
 			t.Fatalf("add zone %s: %v", z.ID, err)

@@ -43,7 +43,7 @@ func TestLayer2GuardOnBed(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	gw := netip.MustParseAddr("10.10.1.1")
 	v := testvm.VNet{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.1.0/24"), Gateway: gw,
-		DHCPStart: netip.MustParseAddr("10.10.1.100"), DHCPEnd: netip.MustParseAddr("10.10.1.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.10.1.100"), End: netip.MustParseAddr("10.10.1.200")}}, SNAT: true}
 	if err := b.AddZone(ctx, testvm.Zone{ID: "zonea", VNets: []testvm.VNet{v}}); err != nil {
 		t.Fatal(err)
 	}

@@ -48,9 +48,9 @@ func TestLockdownOnBed(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = b.Close() })
 	va := testvm.VNet{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.1.0/24"), Gateway: netip.MustParseAddr("10.10.1.1"),
-		DHCPStart: netip.MustParseAddr("10.10.1.100"), DHCPEnd: netip.MustParseAddr("10.10.1.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.10.1.100"), End: netip.MustParseAddr("10.10.1.200")}}, SNAT: true}
 	vb := testvm.VNet{Name: "vnetb", Subnet: netip.MustParsePrefix("10.10.2.0/24"), Gateway: netip.MustParseAddr("10.10.2.1"),
-		DHCPStart: netip.MustParseAddr("10.10.2.100"), DHCPEnd: netip.MustParseAddr("10.10.2.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.10.2.100"), End: netip.MustParseAddr("10.10.2.200")}}, SNAT: true}
 	if err := b.AddZone(ctx, testvm.Zone{ID: "zonea", VNets: []testvm.VNet{va, vb}}); err != nil {
 		t.Fatal(err)
 	}

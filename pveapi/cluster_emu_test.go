@@ -12,6 +12,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
@@ -165,7 +166,7 @@ func sdnZone(t *testing.T, ctx context.Context, c *pveapi.Client) {
 	if err := c.CreateVNet(ctx, sandbox.VNetSpec{ID: "sbv0", Zone: "sbz"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
+	if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPRanges: []apitype.DHCPRange{{Start: "10.9.0.10", End: "10.9.0.20"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.ApplySDN(ctx); err != nil {

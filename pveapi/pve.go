@@ -687,8 +687,16 @@ func (c *Client) DeleteVNet(ctx context.Context, id string) error {
 // CreateSubnet implements sandbox.Proxmox.
 func (c *Client) CreateSubnet(ctx context.Context, s sandbox.SubnetSpec) error {
 	body := map[string]any{"subnet": s.CIDR, "type": "subnet", "gateway": s.Gateway, "snat": boolInt(s.SNAT)}
-	if s.DHCPStart != "" {
-		body["dhcp-range"] = []string{"start-address=" + s.DHCPStart + ",end-address=" + s.DHCPEnd}
+	// dhcp-range is an array of pve-sdn-dhcp-range strings, one per range
+	// (pve-network SubnetPlugin.pm properties), sent in the ranges' order:
+	// Proxmox allocates from them in that order (Subnets.pm
+	// add_next_free_ip).
+	var ranges []string
+	for _, r := range s.DHCPRanges {
+		ranges = append(ranges, "start-address="+r.Start+",end-address="+r.End)
+	}
+	if len(ranges) > 0 {
+		body["dhcp-range"] = ranges
 	}
 	c.own.add("subnet", s.VNet+" "+s.CIDR)
 	return c.call(ctx, "POST", "create subnet "+s.CIDR, "/cluster/sdn/vnets/"+url.PathEscape(s.VNet)+"/subnets", body)

@@ -729,7 +729,7 @@ func TestRealNodeSemantics(t *testing.T) {
 		if err := c.CreateVNet(ctx, sandbox.VNetSpec{ID: "sbv0", Zone: "sbz", Alias: "pvei-n-node1 pvei-s-sbz"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPStart: "10.9.0.10", DHCPEnd: "10.9.0.20"}); err != nil {
+		if err := c.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "sbv0", CIDR: "10.9.0.0/24", Gateway: "10.9.0.1", DHCPRanges: []apitype.DHCPRange{{Start: "10.9.0.10", End: "10.9.0.20"}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

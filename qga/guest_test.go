@@ -40,7 +40,7 @@ func startGuests(t testing.TB, n int) []*testGuest {
 	})
 	err = b.AddZone(ctx, testvm.Zone{ID: "qgaz", VNets: []testvm.VNet{{
 		Name: "qgav", Subnet: netip.MustParsePrefix("10.77.1.0/24"), Gateway: netip.MustParseAddr("10.77.1.1"),
-		DHCPStart: netip.MustParseAddr("10.77.1.100"), DHCPEnd: netip.MustParseAddr("10.77.1.200"),
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.77.1.100"), End: netip.MustParseAddr("10.77.1.200")}},
 	}}})
 	if err != nil {
 		t.Fatalf("test bed zone: %v", err)

@@ -38,11 +38,8 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 		auto := i < len(rec.autoCIDR) && rec.autoCIDR[i]
 		m.mu.Unlock()
 		p := netip.MustParsePrefix(n.CIDR)
-		gw, start, end := subnetPlan(p)
-		s := SubnetSpec{VNet: n.VNet, CIDR: n.CIDR, Gateway: gw.String(), SNAT: n.SNAT}
-		if n.DHCP {
-			s.DHCPStart, s.DHCPEnd = start.String(), end.String()
-		}
+		gw, _, _ := subnetPlan(p)
+		s := SubnetSpec{VNet: n.VNet, CIDR: n.CIDR, Gateway: gw.String(), SNAT: n.SNAT, DHCPRanges: slices.Clone(n.DHCPRanges)}
 		if err := m.zones.CreateSubnet(ctx, s); err != nil {
 			return pxErr("create subnet "+n.CIDR, err)
 		}
@@ -93,6 +90,8 @@ func (m *Engine) claimSubnet(ctx context.Context, rec *record, i int) error {
 		if err == nil {
 			gw, _, _ := subnetPlan(ps[0])
 			rec.Networks[i].CIDR, rec.Networks[i].Gateway = ps[0].String(), gw.String()
+			rec.Networks[i].DHCPRanges = nil
+			rec.Networks[i] = withPlanRanges(rec.Networks[i])
 		}
 		m.mu.Unlock()
 		if err != nil {
@@ -267,6 +266,22 @@ func FixedAddressRefusal(p netip.Prefix, ip netip.Addr) string {
 		return "the network's gateway"
 	}
 	return ""
+}
+
+// withPlanRanges is n with the DHCP range of its CIDR's plan (subnetPlan)
+// when it has DHCP and no ranges of a request's, and none without DHCP.
+func withPlanRanges(n apitype.Network) apitype.Network {
+	if !n.DHCP {
+		n.DHCPRanges = nil
+		return n
+	}
+	p, err := netip.ParsePrefix(n.CIDR)
+	if len(n.DHCPRanges) > 0 || err != nil {
+		return n
+	}
+	_, start, end := subnetPlan(p)
+	n.DHCPRanges = []apitype.DHCPRange{{Start: start.String(), End: end.String()}}
+	return n
 }
 
 // subnetPlan returns gateway and DHCP range of a prefix.

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -170,10 +171,10 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 	for i, n := range req.Networks {
 		rec.autoCIDR = append(rec.autoCIDR, n.CIDR == "auto")
 		gw, _, _ := subnetPlan(prefixes[i])
-		rec.Networks = append(rec.Networks, apitype.Network{
+		rec.Networks = append(rec.Networks, withPlanRanges(apitype.Network{
 			Name: n.Name, VNet: vnetID(id, i), CIDR: prefixes[i].String(), Gateway: gw.String(),
-			DHCP: n.DHCP == nil || *n.DHCP, SNAT: n.SNAT == nil || *n.SNAT,
-		})
+			DHCP: n.DHCP == nil || *n.DHCP, SNAT: n.SNAT == nil || *n.SNAT, DHCPRanges: slices.Clone(n.DHCPRanges),
+		}))
 	}
 	for _, v := range req.VMs {
 		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Kind: v.Kind, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB,

@@ -146,6 +146,13 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 	mac.VMs[0].NICs = []apitype.NIC{{Network: "net0", MAC: "02:00:00:00:00:01"}}
 	cpu := oneVMSized("debian", 1, 512)
 	cpu.VMs[0].CPU = "host"
+	ranges := oneVMSized("debian", 1, 512)
+	ranges.Networks[0].CIDR = "192.168.78.0/24"
+	ranges.Networks[0].DHCPRanges = []apitype.DHCPRange{{Start: "192.168.78.50", End: "192.168.78.100"}}
+	// the API refuses ranges on an "auto" cidr; the engine's match must
+	// not take them for the plan's all the same
+	autoRanges := oneVMSized("debian", 1, 512)
+	autoRanges.Networks[0].DHCPRanges = []apitype.DHCPRange{{Start: "10.0.0.50", End: "10.0.0.100"}}
 	// a default written out is an option too: a member's hardware was
 	// never set from it
 	nicDefault := oneVMSized("debian", 1, 512)
@@ -153,7 +160,7 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 	for name, req := range map[string]apitype.CreateRequest{
 		"other template": oneVMSized("alpine", 1, 512), "more cores": oneVMSized("debian", 2, 512), "more memory": oneVMSized("debian", 1, 1024),
 		"two networks": twoNets, "fixed cidr": fixed, "disk resize": disk, "other network name": named, "other egress kind": egress, "no dhcp": nodhcp,
-		"a fixed MAC": mac, "a cpu model": cpu, "an explicit nic controller": nicDefault,
+		"a fixed MAC": mac, "a cpu model": cpu, "an explicit nic controller": nicDefault, "dhcp ranges": ranges, "dhcp ranges on auto": autoRanges,
 	} {
 		sb, err := b.e.Create(ctx, req)
 		if err != nil {

@@ -144,7 +144,8 @@ func (s PoolShape) request() apitype.CreateRequest {
 // matches reports whether req asks for exactly a member of s: one member
 // of the shape's kind (a VM for kind vm, a container for kind lxc) of
 // the template, cores and memory, no disk resize, the shape's networks by
-// name with "auto" ranges, DHCP and SNAT on, the VM on all of them with no
+// name with "auto" ranges, DHCP (of the plan's range: a member's subnet
+// was made with it) and SNAT on, the VM on all of them with no
 // NIC's MAC or address fixed (a member's NICs are configured already:
 // fixed.go), and an egress policy of the shape's kind. Defaults are those
 // of the API's create (sandboxapi fills them before the engine sees the
@@ -171,7 +172,7 @@ func (s PoolShape) matches(req apitype.CreateRequest) bool {
 		return false
 	}
 	for i, n := range nets {
-		if n.Name != s.Networks[i] || (n.CIDR != "" && n.CIDR != "auto") || (n.DHCP != nil && !*n.DHCP) || (n.SNAT != nil && !*n.SNAT) {
+		if n.Name != s.Networks[i] || (n.CIDR != "" && n.CIDR != "auto") || (n.DHCP != nil && !*n.DHCP) || (n.SNAT != nil && !*n.SNAT) || len(n.DHCPRanges) > 0 {
 			return false
 		}
 	}

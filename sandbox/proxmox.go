@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"net/netip"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // CloneSpec is a linked clone of a template into the daemon's pool.
@@ -67,12 +69,13 @@ type VNetSpec struct {
 
 // SubnetSpec is a subnet of a vnet.
 type SubnetSpec struct {
-	VNet      string
-	CIDR      string
-	Gateway   string
-	SNAT      bool
-	DHCPStart string // empty: no DHCP range
-	DHCPEnd   string
+	VNet    string
+	CIDR    string
+	Gateway string
+	SNAT    bool
+	// DHCPRanges are the subnet's dhcp-range entries, in order; none: no
+	// DHCP on the subnet.
+	DHCPRanges []apitype.DHCPRange
 }
 
 // VNetInfo is a vnet as listed for reconcile.

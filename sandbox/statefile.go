@@ -29,7 +29,15 @@ import (
 //     A VM of a version 3 file may also carry addresses (its IPAM
 //     addresses, added later without a new version: a daemon that does
 //     not know them drops them, and the API then shows none until the
-//     sandbox's names are written again).
+//     sandbox's names are written again). A network may carry its DHCP
+//     ranges the same way (dhcp_ranges, added later without a new
+//     version: a daemon that does not know them drops them, and one that
+//     reads a network of DHCP without them gives it its plan's range,
+//     which is what the subnet had when an older daemon wrote the file;
+//     a sandbox of custom ranges that went through an older daemon's
+//     rewrite is then shown with the plan's range, its subnet unchanged).
+//     The ranges read are not validated again: the file is the daemon's
+//     own, and they are only shown.
 //   - 4: a VM may carry kind ("lxc": a container). Nothing else changed,
 //     so a version 2 or 3 file decodes as version 4 with no containers;
 //     a version 3 daemon refuses a version 4 file rather than take a
@@ -92,6 +100,14 @@ type savedNetwork struct {
 	Gateway string `json:"gateway"`
 	DHCP    bool   `json:"dhcp"`
 	SNAT    bool   `json:"snat"`
+	// DHCPRanges are the subnet's DHCP ranges (optional, see above).
+	DHCPRanges []savedRange `json:"dhcp_ranges,omitempty"`
+}
+
+// savedRange is one DHCP range of a network on disk.
+type savedRange struct {
+	Start string `json:"start"`
+	End   string `json:"end"`
 }
 
 // savedVM is one VM of a sandbox on disk (version 2).
@@ -196,7 +212,10 @@ func toSaved(s apitype.Sandbox) savedSandbox {
 	v := savedSandbox{ID: s.ID, State: s.State, Owner: s.Owner, Labels: s.Labels, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
 		Zone: s.Zone, Error: s.Error, FromPool: s.FromPool, Networks: make([]savedNetwork, len(s.Networks)), VMs: make([]savedVM, len(s.VMs))}
 	for j, n := range s.Networks {
-		v.Networks[j] = savedNetwork(n)
+		v.Networks[j] = savedNetwork{Name: n.Name, VNet: n.VNet, CIDR: n.CIDR, Gateway: n.Gateway, DHCP: n.DHCP, SNAT: n.SNAT}
+		for _, r := range n.DHCPRanges {
+			v.Networks[j].DHCPRanges = append(v.Networks[j].DHCPRanges, savedRange(r))
+		}
 	}
 	for j, m := range s.VMs {
 		v.VMs[j] = savedVM{Name: m.Name, Kind: m.Kind, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
@@ -241,7 +260,11 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
 			Zone: v.Zone, Error: v.Error, FromPool: v.FromPool, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
 		for j, n := range v.Networks {
-			s.Networks[j] = apitype.Network(n)
+			s.Networks[j] = apitype.Network{Name: n.Name, VNet: n.VNet, CIDR: n.CIDR, Gateway: n.Gateway, DHCP: n.DHCP, SNAT: n.SNAT}
+			for _, r := range n.DHCPRanges {
+				s.Networks[j].DHCPRanges = append(s.Networks[j].DHCPRanges, apitype.DHCPRange(r))
+			}
+			s.Networks[j] = withPlanRanges(s.Networks[j])
 		}
 		for j, m := range v.VMs {
 			s.VMs[j] = apitype.VM{Name: m.Name, Kind: m.Kind, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
@@ -276,7 +299,7 @@ func decodeV1(b []byte) (string, []apitype.Sandbox, error) {
 		s := apitype.Sandbox{ID: v.ID, State: v.State, Owner: v.Owner, Labels: v.Labels, CreatedAt: v.CreatedAt, ExpiresAt: v.ExpiresAt,
 			Zone: v.Zone, Error: v.Error, Networks: make([]apitype.Network, len(v.Networks)), VMs: make([]apitype.VM, len(v.VMs))}
 		for j, n := range v.Networks {
-			s.Networks[j] = apitype.Network(n)
+			s.Networks[j] = withPlanRanges(apitype.Network{Name: n.Name, VNet: n.VNet, CIDR: n.CIDR, Gateway: n.Gateway, DHCP: n.DHCP, SNAT: n.SNAT})
 		}
 		for j, m := range v.VMs {
 			s.VMs[j] = apitype.VM{Name: m.Name, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,7 +19,8 @@ import (
 // NIC and a pool member) and the version 4 file the one before wrote
 // (testdata/state-v4.json, kept as written: a container added); its
 // version 5 rewrite (testdata/state-v5.json, golden, with a Windows VM's
-// options added) loads back the same; warm pool members
+// options and a network's own DHCP ranges added) loads back the same, and
+// a network of an older file gets its plan's range; warm pool members
 // stay apart from sandboxes; files of an unknown version are refused with
 // a clear error.
 func TestStateMigration(t *testing.T) {
@@ -62,7 +64,13 @@ func TestStateMigration(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(fromV4, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
 		t.Errorf("version 4: %v\n%+v\nwant %+v\nmembers %+v", err, fromV4, fromV1, members)
 	}
+	// a network of DHCP from a file without ranges has its plan's
+	if got := fromV1[0].Networks[0]; !got.DHCP || !slices.Equal(got.DHCPRanges, []apitype.DHCPRange{{Start: "192.168.50.10", End: "192.168.50.254"}}) {
+		t.Errorf("version 1 network %+v, want the plan's range", got)
+	}
 	fromV1[1].VMs[0].OSType, fromV1[1].VMs[0].CPU = "win11", "x86-64-v3"
+	// a request's ranges are kept as given, in order
+	fromV1[1].Networks[0].DHCPRanges = []apitype.DHCPRange{{Start: "10.200.0.200", End: "10.200.0.210"}, {Start: "10.200.0.50", End: "10.200.0.60"}}
 	v5, err := encodeState(node, fromV1, []memberState{member})
 	if err != nil {
 		t.Fatal(err)

@@ -221,6 +221,9 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 				return invalid(f+".cidr", "cidr %q: must be a private (RFC 1918) range", n.CIDR)
 			}
 		}
+		if pr := validateDHCPRanges(n, f); pr != nil {
+			return pr
+		}
 	}
 	fixed := nicClaims{macs: map[string]string{}, ips: map[netip.Addr]string{}}
 	names := map[string]bool{}
@@ -291,6 +294,9 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 				return invalid(f+".networks", "network %q is not defined in networks", n)
 			}
 		}
+	}
+	if pr := checkRangeRoom(c); pr != nil {
+		return pr
 	}
 	if err := apitype.ValidateEnv(c.Env); err != nil {
 		return invalid("env", "%v", err)

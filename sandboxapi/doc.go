@@ -11,6 +11,7 @@
 //	handlers.go   the route table and the handlers
 //	egress.go     the egress handlers
 //	decode.go     strict JSON decoding and request validation
+//	dhcpranges.go a network's dhcp_ranges: each range, and room for its NICs
 //	problem.go    problem titles and HTTP statuses; asProblem, the one error mapping
 //	readstream.go downloads: size checked before the first byte, then streamed
 //	openapi.go    the OpenAPI document, built from the route table

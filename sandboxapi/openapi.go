@@ -18,6 +18,7 @@ var schemaTypes = map[string]any{
 	"VMRequest":            apitype.VMRequest{},
 	"NIC":                  apitype.NIC{},
 	"NetworkRequest":       apitype.NetworkRequest{},
+	"DHCPRange":            apitype.DHCPRange{},
 	"Sandbox":              apitype.Sandbox{},
 	"SandboxList":          apitype.SandboxList{},
 	"Network":              apitype.Network{},

@@ -28,7 +28,10 @@ const createRulesText = "Rules JSON Schema cannot say: network names are unique,
 	"(a VM without a name is vm<index>); every name in a VM's networks, or its nics' network, is one of networks (net0 when " +
 	"networks is empty); a VM gives networks or nics, not both; the MACs of nics are unique in the sandbox (in any case), " +
 	"and so are their ipv4 addresses, each inside its network's cidr (not \"auto\", with dhcp on) and not the cidr's " +
-	"network, broadcast or gateway (first host) address; env holds at most %d bytes of names and values in all. State the node decides: " +
+	"network, broadcast or gateway (first host) address; a network's dhcp_ranges need a fixed cidr and dhcp on, each end " +
+	"inside the cidr and not its network, broadcast or gateway address, start not above end, no two ranges sharing an address, " +
+	"and room for every NIC on the network (a NIC with a fixed ipv4 takes one of the ranges while configured; a fixed ipv4 " +
+	"inside a range is not free); env holds at most %d bytes of names and values in all. State the node decides: " +
 	"a template it has (invalid-request, field template, otherwise), a CIDR not in use and a free range " +
 	"for auto (conflict), the caps of GET /v1/capacity (guard-refused)."
 
@@ -134,7 +137,11 @@ func (s *Server) createRules() map[string]map[string]any {
 		"NIC.ipv4": {"pattern": "^$|^" + octet + `\.` + octet + `\.` + octet + `\.` + octet + "$",
 			"description": "a fixed address, reserved in Proxmox's IPAM for the NIC's MAC and handed out by the zone's DHCP server; " +
 				"empty: one of the network's DHCP range"},
-		"NetworkRequest.name":         {"pattern": reName.String()},
+		"NetworkRequest.name": {"pattern": reName.String()},
+		"NetworkRequest.dhcp_ranges": {"maxItems": apitype.MaxDHCPRanges, "description": "the ranges the zone's DHCP server hands out, " +
+			"in order (Proxmox's subnet dhcp-range); empty: the daemon's plan, .10 (.2 in a /28) to the last but one address"},
+		"DHCPRange.start":             {"pattern": "^" + octet + `\.` + octet + `\.` + octet + `\.` + octet + "$"},
+		"DHCPRange.end":               {"pattern": "^" + octet + `\.` + octet + `\.` + octet + `\.` + octet + "$"},
 		"ExecRequest":                 {"description": fmt.Sprintf(execRulesText, maxArgBytes, maxCollected)},
 		"ExecRequest.argv":            {"minItems": 1, "maxItems": maxArgv, "items": map[string]any{"type": "string", "pattern": `^[^\x00]*$`}},
 		"ExecRequest.cwd":             {"maxLength": maxPathLen, "pattern": `^$|^/[^\x00]*$`},

@@ -18,6 +18,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/qga"
 	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
 	"github.com/pve-inspect/pve-inspect/testvm"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
@@ -76,7 +77,7 @@ func TestBuildOnBed(t *testing.T) {
 	if err := px.CreateVNet(ctx, sandbox.VNetSpec{ID: "bzv0", Zone: "bz"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "bzv0", CIDR: "10.77.0.0/24", Gateway: "10.77.0.1", SNAT: true, DHCPStart: "10.77.0.50", DHCPEnd: "10.77.0.99"}); err != nil {
+	if err := px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "bzv0", CIDR: "10.77.0.0/24", Gateway: "10.77.0.1", SNAT: true, DHCPRanges: []apitype.DHCPRange{{Start: "10.77.0.50", End: "10.77.0.99"}}}); err != nil {
 		t.Fatal(err)
 	}
 	// The clone's zone. Not bzv0: the emulator frees the IPAM entry of the
@@ -89,7 +90,7 @@ func TestBuildOnBed(t *testing.T) {
 	if err := px.CreateVNet(ctx, sandbox.VNetSpec{ID: "czv0", Zone: "cz"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "czv0", CIDR: "10.78.0.0/24", Gateway: "10.78.0.1", SNAT: true, DHCPStart: "10.78.0.50", DHCPEnd: "10.78.0.99"}); err != nil {
+	if err := px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "czv0", CIDR: "10.78.0.0/24", Gateway: "10.78.0.1", SNAT: true, DHCPRanges: []apitype.DHCPRange{{Start: "10.78.0.50", End: "10.78.0.99"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := px.ApplySDN(ctx); err != nil {

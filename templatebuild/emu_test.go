@@ -23,6 +23,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/pveapi"
 	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
@@ -160,7 +161,7 @@ func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 	if err := px.CreateVNet(ctx, sandbox.VNetSpec{ID: "bzv0", Zone: "bz"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "bzv0", CIDR: "10.77.0.0/24", Gateway: "10.77.0.1", SNAT: true, DHCPStart: "10.77.0.50", DHCPEnd: "10.77.0.99"}); err != nil {
+	if err := px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "bzv0", CIDR: "10.77.0.0/24", Gateway: "10.77.0.1", SNAT: true, DHCPRanges: []apitype.DHCPRange{{Start: "10.77.0.50", End: "10.77.0.99"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := px.ApplySDN(ctx); err != nil {

@@ -354,7 +354,11 @@ func (f *fakePVE) CreateVNet(_ context.Context, v sandbox.VNetSpec) error {
 func (f *fakePVE) CreateSubnet(_ context.Context, s sandbox.SubnetSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.note("subnet %s %s snat=%v dhcp=%s-%s", s.VNet, s.CIDR, s.SNAT, s.DHCPStart, s.DHCPEnd)
+	var ranges []string
+	for _, r := range s.DHCPRanges {
+		ranges = append(ranges, r.Start+"-"+r.End)
+	}
+	f.note("subnet %s %s snat=%v dhcp=%s", s.VNet, s.CIDR, s.SNAT, strings.Join(ranges, ","))
 	f.subnets[s.VNet] = append(f.subnets[s.VNet], s.CIDR)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // The build network: the build VM boots a freshly downloaded image, which
@@ -105,7 +106,7 @@ func (b *Builder) makeBuildNetwork(ctx context.Context, pfx netip.Prefix, vnetTh
 	gw := pfx.Addr().Next()
 	first, last := gw.Next(), lastHost(pfx)
 	if err := b.px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: BuildVNet, CIDR: pfx.String(), Gateway: gw.String(), SNAT: true,
-		DHCPStart: first.String(), DHCPEnd: last.String()}); err != nil {
+		DHCPRanges: []apitype.DHCPRange{{Start: first.String(), End: last.String()}}}); err != nil {
 		return fmt.Errorf("create the build subnet: %w", err)
 	}
 	return nil

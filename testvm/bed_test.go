@@ -18,9 +18,9 @@ import (
 func twoZones() []Zone {
 	return []Zone{
 		{ID: "zonea", VNets: []VNet{{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.1.0/24"), Gateway: netip.MustParseAddr("10.10.1.1"),
-			DHCPStart: netip.MustParseAddr("10.10.1.100"), DHCPEnd: netip.MustParseAddr("10.10.1.200"), SNAT: true}}},
+			DHCP: []DHCPRange{{Start: netip.MustParseAddr("10.10.1.100"), End: netip.MustParseAddr("10.10.1.200")}}, SNAT: true}}},
 		{ID: "zoneb", VNets: []VNet{{Name: "vnetb", Subnet: netip.MustParsePrefix("10.10.2.0/24"), Gateway: netip.MustParseAddr("10.10.2.1"),
-			DHCPStart: netip.MustParseAddr("10.10.2.100"), DHCPEnd: netip.MustParseAddr("10.10.2.200"), SNAT: true}}},
+			DHCP: []DHCPRange{{Start: netip.MustParseAddr("10.10.2.100"), End: netip.MustParseAddr("10.10.2.200")}}, SNAT: true}}},
 	}
 }
 

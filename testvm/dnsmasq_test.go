@@ -147,7 +147,7 @@ func TestApplyZoneInPlace(t *testing.T) {
 	defer cancel()
 	b, old := upZoneA(t, ctx)
 	moved := Zone{ID: old.ID, VNets: []VNet{{Name: "vneta", Subnet: netip.MustParsePrefix("10.10.7.0/24"), Gateway: netip.MustParseAddr("10.10.7.1"),
-		DHCPStart: netip.MustParseAddr("10.10.7.100"), DHCPEnd: netip.MustParseAddr("10.10.7.200"), SNAT: true}}}
+		DHCP: []DHCPRange{{Start: netip.MustParseAddr("10.10.7.100"), End: netip.MustParseAddr("10.10.7.200")}}, SNAT: true}}}
 	want := netip.MustParseAddr("10.10.7.150")
 	type started struct {
 		g   *Guest
@@ -195,7 +195,7 @@ func TestAddZoneOnAMovingZonesGateway(t *testing.T) {
 		t.Fatalf("a zone on the gateway of one that moves: %v", err)
 	}
 	x.VNets[0].Subnet, x.VNets[0].Gateway = netip.MustParsePrefix("10.10.8.0/24"), netip.MustParseAddr("10.10.8.1")
-	x.VNets[0].DHCPStart, x.VNets[0].DHCPEnd = netip.MustParseAddr("10.10.8.100"), netip.MustParseAddr("10.10.8.200")
+	x.VNets[0].DHCP = []DHCPRange{{Start: netip.MustParseAddr("10.10.8.100"), End: netip.MustParseAddr("10.10.8.200")}}
 	if err := b.ApplyZone(ctx, x); err != nil {
 		t.Fatal(err)
 	}

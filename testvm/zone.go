@@ -22,12 +22,17 @@ import (
 
 // VNet is one SDN vnet: a bridge on the node with the gateway address.
 type VNet struct {
-	Name      string       // bridge name on the node, at most 15 characters
-	Subnet    netip.Prefix // e.g. 10.10.1.0/24
-	Gateway   netip.Addr   // e.g. 10.10.1.1, put on the bridge
-	DHCPStart netip.Addr   // first address handed out (zero, with DHCPEnd: no DHCP)
-	DHCPEnd   netip.Addr   // last address handed out
-	SNAT      bool         // masquerade guest traffic out of the management NIC
+	Name    string       // bridge name on the node, at most 15 characters
+	Subnet  netip.Prefix // e.g. 10.10.1.0/24
+	Gateway netip.Addr   // e.g. 10.10.1.1, put on the bridge
+	DHCP    []DHCPRange  // the ranges handed out, in order (none: no DHCP)
+	SNAT    bool         // masquerade guest traffic out of the management NIC
+}
+
+// DHCPRange is one range of addresses a vnet's DHCP hands out, both ends
+// included (one dhcp-range entry of a Proxmox subnet).
+type DHCPRange struct {
+	Start, End netip.Addr
 }
 
 // Zone is one SDN zone: its vnets share one dnsmasq for DHCP and DNS.
@@ -69,7 +74,7 @@ func ulaAddr(v VNet, host int) netip.Addr {
 // (pve-network SubnetPlugin.pm: dhcp-range optional; Dhcp.pm
 // regenerate_config configures a range per get_dhcp_ranges entry): its
 // guests get no address by DHCP.
-func (v VNet) HasDHCP() bool { return v.DHCPStart.IsValid() || v.DHCPEnd.IsValid() }
+func (v VNet) HasDHCP() bool { return len(v.DHCP) > 0 }
 
 func (v VNet) validate() error {
 	switch {
@@ -79,8 +84,11 @@ func (v VNet) validate() error {
 		return fmt.Errorf("vnet %s: subnet must be IPv4", v.Name)
 	case !v.Subnet.Contains(v.Gateway):
 		return fmt.Errorf("vnet %s: gateway %s outside %s", v.Name, v.Gateway, v.Subnet)
-	case v.HasDHCP() && (!v.Subnet.Contains(v.DHCPStart) || !v.Subnet.Contains(v.DHCPEnd) || v.DHCPEnd.Less(v.DHCPStart)):
-		return fmt.Errorf("vnet %s: bad DHCP range %s-%s", v.Name, v.DHCPStart, v.DHCPEnd)
+	}
+	for _, r := range v.DHCP {
+		if !v.Subnet.Contains(r.Start) || !v.Subnet.Contains(r.End) || r.End.Less(r.Start) {
+			return fmt.Errorf("vnet %s: bad DHCP range %s-%s", v.Name, r.Start, r.End)
+		}
 	}
 	return nil
 }
@@ -463,8 +471,11 @@ func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
 		if !v.HasDHCP() {
 			continue // DNS only: no range, so dnsmasq answers no DHCP there
 		}
+		// one --dhcp-range per range, all tagged with the vnet's name
+		for _, r := range v.DHCP {
+			args = append(args, fmt.Sprintf("--dhcp-range=set:%s,%s,%s,%s,1h", v.Name, r.Start, r.End, prefixMask(mask)))
+		}
 		args = append(args,
-			fmt.Sprintf("--dhcp-range=set:%s,%s,%s,%s,1h", v.Name, v.DHCPStart, v.DHCPEnd, prefixMask(mask)),
 			fmt.Sprintf("--dhcp-option=tag:%s,option:router,%s", v.Name, v.Gateway),
 			fmt.Sprintf("--dhcp-option=tag:%s,option:dns-server,%s", v.Name, v.Gateway))
 	}

@@ -201,9 +201,9 @@ func run(ctx context.Context, o options, w io.Writer) error {
 // a FAIL row, so the bed can see what the guard must stop.
 func leakCheck(ctx context.Context, w io.Writer, bed *testvm.Bed, probePath string) error {
 	vnet := testvm.VNet{Name: "leak0", Subnet: netip.MustParsePrefix("10.99.1.0/24"), Gateway: netip.MustParseAddr("10.99.1.1"),
-		DHCPStart: netip.MustParseAddr("10.99.1.100"), DHCPEnd: netip.MustParseAddr("10.99.1.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.99.1.100"), End: netip.MustParseAddr("10.99.1.200")}}, SNAT: true}
 	other := testvm.VNet{Name: "leak1", Subnet: netip.MustParsePrefix("10.99.2.0/24"), Gateway: netip.MustParseAddr("10.99.2.1"),
-		DHCPStart: netip.MustParseAddr("10.99.2.100"), DHCPEnd: netip.MustParseAddr("10.99.2.200"), SNAT: true}
+		DHCP: []testvm.DHCPRange{{Start: netip.MustParseAddr("10.99.2.100"), End: netip.MustParseAddr("10.99.2.200")}}, SNAT: true}
 	for _, z := range []testvm.Zone{{ID: "leaka", VNets: []testvm.VNet{vnet}}, {ID: "leakb", VNets: []testvm.VNet{other}}} {
 		if err := bed.AddZone(ctx, z); err != nil {
 			return err

@@ -193,7 +193,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 					vms = append(vms, vm+")")
 				}
 				for _, n := range s.Networks {
-					nets = append(nets, n.Name+"="+n.CIDR)
+					nets = append(nets, networkColumn(n))
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, healthWord(s), strings.Join(vms, ","), strings.Join(nets, ","), s.ExpiresAt.Format(time.RFC3339), s.Owner)
 			}
@@ -451,4 +451,18 @@ func printCheck(w io.Writer, rep apitype.CheckReport) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// networkColumn is a network in the list's NETWORKS column: name=CIDR and,
+// with DHCP, its ranges in brackets (start-end, ";" between ranges).
+func networkColumn(n apitype.Network) string {
+	s := n.Name + "=" + n.CIDR
+	if len(n.DHCPRanges) == 0 {
+		return s
+	}
+	var rs []string
+	for _, r := range n.DHCPRanges {
+		rs = append(rs, r.Start+"-"+r.End)
+	}
+	return s + "[" + strings.Join(rs, ";") + "]"
 }

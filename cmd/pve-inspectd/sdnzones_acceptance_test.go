@@ -40,8 +40,8 @@ func runningConfig(version int, zones []string, vnets map[string][2]string) stri
 // pluginVNet is a vnet of the bed in 10.30.<n>.0/24.
 func pluginVNet(name string, n byte) testvm.VNet {
 	return testvm.VNet{Name: name, Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 30, n, 0}), 24),
-		Gateway:   netip.AddrFrom4([4]byte{10, 30, n, 1}),
-		DHCPStart: netip.AddrFrom4([4]byte{10, 30, n, 100}), DHCPEnd: netip.AddrFrom4([4]byte{10, 30, n, 200}), SNAT: true}
+		Gateway: netip.AddrFrom4([4]byte{10, 30, n, 1}),
+		DHCP:    []testvm.DHCPRange{{Start: netip.AddrFrom4([4]byte{10, 30, n, 100}), End: netip.AddrFrom4([4]byte{10, 30, n, 200})}}, SNAT: true}
 }
 
 // listenIn opens a TCP listener in a guest's namespace that accepts and

@@ -96,8 +96,8 @@ func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig)
 		vnet := "vnet" + id[len(id)-1:]
 		n := byte(i + 1)
 		v := testvm.VNet{Name: vnet, Subnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 10, n, 0}), 24),
-			Gateway:   netip.AddrFrom4([4]byte{10, 10, n, 1}),
-			DHCPStart: netip.AddrFrom4([4]byte{10, 10, n, 100}), DHCPEnd: netip.AddrFrom4([4]byte{10, 10, n, 200}), SNAT: true}
+			Gateway: netip.AddrFrom4([4]byte{10, 10, n, 1}),
+			DHCP:    []testvm.DHCPRange{{Start: netip.AddrFrom4([4]byte{10, 10, n, 100}), End: netip.AddrFrom4([4]byte{10, 10, n, 200})}}, SNAT: true}
 		if err := b.AddZone(ctx, testvm.Zone{ID: id, VNets: []testvm.VNet{v}}); err != nil {
 			t.Fatal(err)
 		}

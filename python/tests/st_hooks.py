@@ -112,6 +112,52 @@ def _apply_nic_rules(
                 seen["ips"].add(ip)
 
 
+def _ranges_ok(net: dict[str, Any], nics: int, fixed: set[str]) -> bool:
+    """Whether a body's network may keep its dhcp_ranges: a fixed cidr with
+    DHCP, each end inside it and not its network, broadcast or gateway
+    address, start not above end, no two sharing an address, room for the
+    network's nics (its fixed addresses inside a range taken)."""
+    rs = net.get("dhcp_ranges")
+    if not isinstance(rs, list) or not rs:
+        return True
+    if net.get("cidr", "auto") in ("", "auto") or net.get("dhcp") is False:
+        return False
+    spans: list[tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]] = []
+    for r in rs:
+        if not isinstance(r, dict) or not all(_fixed_ok(net, r.get(k)) for k in ("start", "end")):
+            return False
+        lo, hi = ipaddress.IPv4Address(r["start"]), ipaddress.IPv4Address(r["end"])
+        if lo > hi or any(not (hi < a or b < lo) for a, b in spans):
+            return False
+        spans.append((lo, hi))
+    held = sum(1 for f in fixed if any(a <= ipaddress.IPv4Address(f) <= b for a, b in spans))
+    return sum(int(b) - int(a) + 1 for a, b in spans) - held >= nics
+
+
+def _apply_range_rules(body: dict[str, Any]) -> None:
+    """Each network's dhcp_ranges left out unless the stated rules hold."""
+    nets, vms = body.get("networks"), body.get("vms")
+    if not isinstance(nets, list):
+        return
+    vms = [v for v in vms if isinstance(v, dict)] if isinstance(vms, list) else []
+    for n in nets:
+        if not isinstance(n, dict) or "dhcp_ranges" not in n:
+            continue
+        first = nets[0].get("name") if isinstance(nets[0], dict) else None
+        nics, fixed = 0, set()
+        for v in vms:
+            on: list[Any] = [x for x in v.get("networks") or [] if isinstance(x, str)]
+            for nic in v.get("nics") or []:
+                if isinstance(nic, dict):
+                    on.append(nic.get("network"))
+                    if nic.get("network") == n.get("name") and nic.get("ipv4"):
+                        fixed.add(nic["ipv4"])
+            # a VM of neither is on the first network
+            nics += (on or [first]).count(n.get("name"))
+        if not _ranges_ok(n, nics, fixed):
+            n.pop("dhcp_ranges")
+
+
 # The per-VM options a container (kind lxc) does not take.
 VM_OPTIONS = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller")
 
@@ -165,6 +211,7 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
             if isinstance(v.get("networks"), list):
                 v["networks"] = [r if r in defined else defined[0] for r in v["networks"]]
             _apply_nic_rules(v, defined, nets, seen)
+    _apply_range_rules(body)
     env = body.get("env")
     if isinstance(env, dict):
         while sum(len(k.encode()) + len(str(x).encode()) for k, x in env.items()) > MAX_ENV_BYTES:

@@ -37,6 +37,30 @@ def lab(**subnet: Any) -> dict[str, Any]:
     return {"vnet_configs": [{"alias": "my lab", "subnets": [sn]}]}
 
 
+def test_reference_dhcp_ranges_pass_through() -> None:
+    """A subnet's dhcp_ranges go to the daemon's network as written, in
+    order; the daemon's plan written out is passed on the same way; an
+    empty list is a network without DHCP and sends none."""
+    ranges = [
+        {"start": "172.31.250.200", "end": "172.31.250.210"},
+        {"start": "172.31.250.50", "end": "172.31.250.100"},
+    ]
+    plan = [{"start": "172.31.250.10", "end": "172.31.250.254"}]
+    for given, dhcp in [(ranges, True), (plan, True), ([], False)]:
+        cfg = coerce({"sdn_config": lab(dhcp_ranges=given), "vms_config": [ref_vm()]})
+        (net,) = cfg.networks
+        req = net.request()
+        want: dict[str, Any] = {
+            "name": "net0",
+            "cidr": "172.31.250.0/24",
+            "dhcp": dhcp,
+            "snat": False,
+        }
+        if given:
+            want["dhcp_ranges"] = given
+        assert req == want, given
+
+
 def test_reference_shape_converts() -> None:
     cfg = PveInspectSandboxEnvironment.config_deserialize(
         {
@@ -166,7 +190,38 @@ def test_reference_shape_converts() -> None:
         ),
         (
             {
-                "sdn_config": lab(dhcp_ranges=[{"start": "172.31.250.50", "end": "172.31.250.60"}]),
+                "sdn_config": lab(dhcp_ranges=[{"start": "172.31.250.1", "end": "172.31.250.60"}]),
+                "vms_config": [ref_vm()],
+            },
+            "sdn_config.vnet_configs[0].subnets[0].dhcp_ranges[0]",
+        ),
+        (
+            {
+                "sdn_config": lab(
+                    dhcp_ranges=[
+                        {"start": "172.31.250.50", "end": "172.31.250.60"},
+                        {"start": "172.31.250.70", "end": "172.31.250.60"},
+                    ]
+                ),
+                "vms_config": [ref_vm()],
+            },
+            "sdn_config.vnet_configs[0].subnets[0].dhcp_ranges[1]",
+        ),
+        (
+            {
+                "sdn_config": lab(dhcp_ranges=[{"start": "172.31.250.50", "end": "172.31.251.60"}]),
+                "vms_config": [ref_vm()],
+            },
+            "sdn_config.vnet_configs[0].subnets[0].dhcp_ranges[0]",
+        ),
+        (
+            {
+                "sdn_config": lab(
+                    dhcp_ranges=[
+                        {"start": f"172.31.250.{i}", "end": f"172.31.250.{i}"}
+                        for i in range(50, 55)
+                    ]
+                ),
                 "vms_config": [ref_vm()],
             },
             "sdn_config.vnet_configs[0].subnets[0].dhcp_ranges",

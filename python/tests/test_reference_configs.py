@@ -134,11 +134,10 @@ def _one_vm(vm: dict[str, Any], sdn: Any = None) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("name", "config", "field"),
     [
-        # the full example: its DHCP range (.50-.100 of its /24) is not the
-        # daemon's plan (.10 to the last but one), the first field refused;
-        # past it, its second VM is an OVA uploaded from the eval's machine,
-        # which this provider does not take either
-        ("full example", README_FULL, "sdn_config.vnet_configs[0].subnets[0].dhcp_ranges"),
+        # the full example: its vnet (gateway .1, DHCP range .50-.100 of
+        # its /24) converts; its second VM is an OVA uploaded from the
+        # eval's machine, which this provider does not take
+        ("full example", README_FULL, "vms_config[1].vm_source_config.ova"),
         # "Using Existing Proxmox VNETs": sdn_config=None, a vnet by alias
         (
             "existing vnets",
@@ -188,24 +187,16 @@ def test_readme_windows_sandbox_converts() -> None:
     assert vm.is_windows() and cfg.windows_working_dir == "C:\\"
 
 
-def _daemon_range(sdn: dict[str, Any]) -> dict[str, Any]:
-    """sdn with its subnet's DHCP range the daemon's plan of the /24."""
-    (vnet,) = sdn["vnet_configs"]
-    (sn,) = vnet["subnets"]
-    rng = [{"start": "192.168.20.10", "end": "192.168.20.254"}]
-    return {**sdn, "vnet_configs": [{**vnet, "subnets": [{**sn, "dhcp_ranges": rng}]}]}
-
-
 def test_readme_first_vm_and_static_address_convert() -> None:
-    """The full example's first VM with its vnet (and so the README's
-    "Static IP Address Assignment" snippet, the same nic) converts once the
-    vnet's DHCP range is the daemon's plan (the one change): the built-in
-    template by its name, the vnet as a network of the sandbox, the fixed
-    MAC and address on it, UEFI as the daemon's firmware, the reference's
-    defaults written out sending nothing."""
+    """The full example's first VM with its vnet as the README writes it
+    (and so the README's "Static IP Address Assignment" snippet, the same
+    nic) converts: the built-in template by its name, the vnet as a network
+    of the sandbox with its DHCP range .50-.100 passed on, the fixed MAC
+    and address on it (outside the range), UEFI as the daemon's firmware,
+    the reference's defaults written out sending nothing."""
     # romeo is not a sandbox and a sample needs one: the README's own
     # plain built-in VM beside it
-    config = _one_vm(README_FULL["vms_config"][0], _daemon_range(README_FULL["sdn_config"]))
+    config = _one_vm(README_FULL["vms_config"][0], README_FULL["sdn_config"])
     config["vms_config"].append({"vm_source_config": {"built_in": "ubuntu24.04"}})
     cfg = coerce(config)
     assert isinstance(cfg, PveInspectSandboxEnvironmentConfig)
@@ -216,6 +207,7 @@ def test_readme_first_vm_and_static_address_convert() -> None:
     assert vm.firmware == "uefi" and vm.cpu is None and vm.disk_controller is None
     (net,) = cfg.networks
     assert (net.cidr, net.dhcp, net.snat) == ("192.168.20.0/24", True, True)
+    assert net.request()["dhcp_ranges"] == [{"start": "192.168.20.50", "end": "192.168.20.100"}]
     assert vm.nics is not None
     (nic,) = vm.nics
     assert (nic.network, nic.mac, nic.ipv4) == (net.name, "00:16:3D:1D:EB:A0", "192.168.20.10")

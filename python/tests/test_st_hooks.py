@@ -82,3 +82,36 @@ def test_container_takes_no_vm_options() -> None:
     vm, ct = out["vms"]
     assert all(vm[k] == v for k, v in opts.items()), vm
     assert not any(k in ct for k in opts), ct
+
+
+def test_range_rules() -> None:
+    """dhcp_ranges kept only where the stated rules hold: a fixed cidr with
+    DHCP, ends inside it (not its network, broadcast or gateway address),
+    in order, not overlapping, with room for the network's NICs."""
+    r = [{"start": "10.9.0.50", "end": "10.9.0.50"}]
+    body: dict[str, Any] = {
+        "networks": [
+            {"name": "ok", "cidr": "10.9.0.0/24", "dhcp_ranges": r},
+            {"name": "auto", "dhcp_ranges": r},
+            {"name": "off", "cidr": "10.9.0.0/24", "dhcp": False, "dhcp_ranges": r},
+            {
+                "name": "gw",
+                "cidr": "10.9.0.0/24",
+                "dhcp_ranges": [{"start": "10.9.0.1", "end": "10.9.0.9"}],
+            },
+            {
+                "name": "back",
+                "cidr": "10.9.0.0/24",
+                "dhcp_ranges": [{"start": "10.9.0.9", "end": "10.9.0.8"}],
+            },
+            {"name": "ovl", "cidr": "10.9.0.0/24", "dhcp_ranges": r + r},
+            {"name": "full", "cidr": "10.9.0.0/24", "dhcp_ranges": r},
+        ],
+        "vms": [
+            {"template": "t", "networks": ["ok", "full"]},
+            {"template": "t", "nics": [{"network": "full", "ipv4": "10.9.0.7"}]},
+        ],
+    }
+    out = apply_create_rules(body)
+    kept = [n["name"] for n in out["networks"] if "dhcp_ranges" in n]
+    assert kept == ["ok"], kept

@@ -139,6 +139,25 @@ type NetworkRequest struct {
 	DHCP *bool `json:"dhcp,omitempty"`
 	// SNAT masquerades the subnet out of the node (default true).
 	SNAT *bool `json:"snat,omitempty"`
+	// DHCPRanges are the addresses the zone's DHCP server hands out
+	// (Proxmox's subnet dhcp-range list, the reference plugin's
+	// dhcp_ranges): at most MaxDHCPRanges, only with a fixed CIDR and DHCP
+	// on, each inside the CIDR and not its network, broadcast or gateway
+	// (first host) address, start <= end, no two overlapping. Empty: the
+	// daemon's plan, .10 (.2 in a /28) to the last but one address.
+	DHCPRanges []DHCPRange `json:"dhcp_ranges,omitempty"`
+}
+
+// MaxDHCPRanges is the most DHCP ranges one network takes.
+const MaxDHCPRanges = 4
+
+// DHCPRange is one range of IPv4 addresses a network's DHCP server hands
+// out, both ends included.
+type DHCPRange struct {
+	// Start is the range's first address (dotted quad).
+	Start string `json:"start"`
+	// End is the range's last address, not below Start.
+	End string `json:"end"`
 }
 
 // Sandbox is a sandbox as the API returns it.
@@ -174,6 +193,10 @@ type Network struct {
 	Gateway string `json:"gateway"`
 	DHCP    bool   `json:"dhcp"`
 	SNAT    bool   `json:"snat"`
+	// DHCPRanges are the ranges the zone's DHCP server hands addresses
+	// of, in order (the request's, or the daemon's plan); none without
+	// DHCP.
+	DHCPRanges []DHCPRange `json:"dhcp_ranges,omitempty"`
 }
 
 // VM is one VM of a sandbox.

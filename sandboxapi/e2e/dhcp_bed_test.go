@@ -40,22 +40,14 @@ func TestBedNetworkWithoutDHCP(t *testing.T) {
 		t.Fatalf("networks %+v, want nodhcp without DHCP and lan with it", sb.Networks)
 	}
 	// The zone's dnsmasq runs (DNS) with a DHCP range for lan only.
-	conf, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(e.bed.DnsmasqPID(sb.Zone)), "cmdline"))
-	if err != nil {
-		t.Fatalf("zone %s dnsmasq: %v", sb.Zone, err)
-	}
-	args := strings.Split(string(conf), "\x00")
-	ranges := 0
-	for _, a := range args {
-		if strings.HasPrefix(a, "--dhcp-range=") {
-			ranges++
-			if !strings.Contains(a, "set:"+sb.Networks[1].VNet+",") {
-				t.Errorf("dhcp range %q, want only %s's", a, sb.Networks[1].VNet)
-			}
+	ranges := dnsmasqRanges(t, e, sb.Zone)
+	for _, a := range ranges {
+		if !strings.Contains(a, "set:"+sb.Networks[1].VNet+",") {
+			t.Errorf("dhcp range %q, want only %s's", a, sb.Networks[1].VNet)
 		}
 	}
-	if ranges != 1 {
-		t.Errorf("dnsmasq has %d dhcp ranges, want 1: %q", ranges, args)
+	if len(ranges) != 1 {
+		t.Errorf("dnsmasq has %d dhcp ranges, want 1: %q", len(ranges), ranges)
 	}
 	for i, want := range []bool{false, true} {
 		vm := sb.VMs[i].Name
@@ -101,4 +93,21 @@ func TestBedNetworkWithoutDHCP(t *testing.T) {
 	if v := e.emu.Violations(); len(v) != 0 {
 		t.Errorf("schema violations: %+v", v)
 	}
+}
+
+// dnsmasqRanges are the --dhcp-range arguments of zone's dnsmasq on the
+// bed, in order.
+func dnsmasqRanges(t *testing.T, e *bedEnv, zone string) []string {
+	t.Helper()
+	conf, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(e.bed.DnsmasqPID(zone)), "cmdline"))
+	if err != nil {
+		t.Fatalf("zone %s dnsmasq: %v", zone, err)
+	}
+	var out []string
+	for _, a := range strings.Split(string(conf), "\x00") {
+		if strings.HasPrefix(a, "--dhcp-range=") {
+			out = append(out, a)
+		}
+	}
+	return out
 }

@@ -119,12 +119,16 @@ type ZoneSpec struct {
 
 // VNetSpec is an applied vnet with its first subnet.
 type VNetSpec struct {
-	Name      string       // bridge name
-	Subnet    netip.Prefix // zero when the vnet has no subnet
-	Gateway   netip.Addr
-	DHCPStart netip.Addr // zero when no dhcp-range
-	DHCPEnd   netip.Addr
-	SNAT      bool
+	Name    string       // bridge name
+	Subnet  netip.Prefix // zero when the vnet has no subnet
+	Gateway netip.Addr
+	DHCP    []AddrRange // the subnet's dhcp-range entries, in order; none: no DHCP
+	SNAT    bool
+}
+
+// AddrRange is one dhcp-range entry of a subnet, both ends included.
+type AddrRange struct {
+	Start, End netip.Addr
 }
 
 // VMSpec is a guest to start.

@@ -33,8 +33,11 @@ func (b BedBackend) ApplyZone(ctx context.Context, z ZoneSpec) error {
 		if !v.Subnet.IsValid() {
 			continue
 		}
-		zone.VNets = append(zone.VNets, testvm.VNet{Name: v.Name, Subnet: v.Subnet, Gateway: v.Gateway,
-			DHCPStart: v.DHCPStart, DHCPEnd: v.DHCPEnd, SNAT: v.SNAT})
+		tv := testvm.VNet{Name: v.Name, Subnet: v.Subnet, Gateway: v.Gateway, SNAT: v.SNAT}
+		for _, r := range v.DHCP {
+			tv.DHCP = append(tv.DHCP, testvm.DHCPRange{Start: r.Start, End: r.End})
+		}
+		zone.VNets = append(zone.VNets, tv)
 	}
 	if len(zone.VNets) == 0 {
 		return b.RemoveZone(ctx, z.ID)

@@ -585,7 +585,7 @@ func TestSDNPendingUntilApplied(t *testing.T) {
 	}
 	z, ok := e.fb.Zone("sbx1")
 	if !ok || len(z.VNets) != 1 || z.VNets[0].Subnet.String() != "10.10.1.0/24" || z.VNets[0].Gateway.String() != "10.10.1.1" ||
-		!z.VNets[0].SNAT || z.VNets[0].DHCPStart.String() != "10.10.1.100" || z.VNets[0].DHCPEnd.String() != "10.10.1.200" {
+		!z.VNets[0].SNAT || len(z.VNets[0].DHCP) != 1 || z.VNets[0].DHCP[0].Start.String() != "10.10.1.100" || z.VNets[0].DHCP[0].End.String() != "10.10.1.200" {
 		t.Fatalf("applied zone %+v", z)
 	}
 	// Raised inside lock_sdn_config: wrapped, and a 500.

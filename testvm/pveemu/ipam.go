@@ -208,34 +208,48 @@ func (s *Server) delIPsFromMACLocked(vnet, mac string) error {
 // addNextFreeCIDRLocked is Vnets.pm add_next_free_cidr for IPv4 (qemu-server
 // calls it with dhcprange for every NIC of a clone, create_ifaces_ipams_ips,
 // and of a config change that adds a NIC or changes its bridge or MAC,
-// vmconfig_apply_pending): the next free IP of the dhcp range of the vnet's
-// first running subnet with one, an entry of mac, vmid and hostname, and
-// mac's cached address. The MAC is not looked up first: a MAC that has an
-// entry gets a second one (the reference plugin patches pve-network's
-// Subnets.pm add_next_free_ip for that; stock Proxmox does not).
+// vmconfig_apply_pending): the first free IP of the vnet's running subnets
+// with a dhcp range, in subnet id order, and of each subnet's ranges in
+// their order (Subnets.pm add_next_free_ip tries one range after another;
+// PVEPlugin.pm add_range_next_freeip walks a range from its start and
+// dies "No free IP left in Range" when it is full, which cfs_lock_file
+// turns into an undef answer, so the next range is tried); an entry of
+// mac, vmid and hostname, and mac's cached address. Every range of every
+// subnet full: "can't find any free ip in zone <zone> for IPv4". The
+// MAC is not looked up first: a MAC that has an entry gets a second one
+// (the reference plugin patches pve-network's Subnets.pm add_next_free_ip
+// for that; stock Proxmox does not). The whole walk runs under the
+// server's one lock, as add_range_next_freeip's under cfs_lock_file on
+// the IPAM database: of two allocations racing for a range's last free
+// address one gets it and the other the next range's first.
 func (s *Server) addNextFreeCIDRLocked(vnet, mac string, vmid int, hostname string) error {
 	zone := s.dhcpZoneLocked(vnet)
 	if zone == "" {
 		return nil
 	}
+	ranged := false
 	for _, id := range sortedKeys(s.sdn.running.subnets) {
 		sn := s.sdn.running.subnets[id]
 		if sn["vnet"] != vnet || sn["dhcp-range"] == "" {
 			continue
 		}
+		ranged = true
 		db := s.ipam[zone][sn["cidr"]]
 		if db == nil {
 			return fail("subnet '%s' doesn't exist in IPAM DB", sn["cidr"])
 		}
-		start, end := dhcpRange(sn["dhcp-range"])
-		for a := start; a.IsValid() && !end.Less(a); a = a.Next() {
-			if db[a.String()] == nil {
-				db[a.String()] = &ipamEntry{mac: mac, vmid: vmid, hostname: hostname}
-				s.addCacheMACIPLocked(mac, a.String())
-				return nil
+		for _, r := range dhcpRanges(sn["dhcp-range"]) {
+			for a := r.Start; a.IsValid() && !r.End.Less(a); a = a.Next() {
+				if db[a.String()] == nil {
+					db[a.String()] = &ipamEntry{mac: mac, vmid: vmid, hostname: hostname}
+					s.addCacheMACIPLocked(mac, a.String())
+					return nil
+				}
 			}
 		}
-		return fail("No free IP left in Range %s:%s}", start, end)
+	}
+	if ranged {
+		return fail("can't find any free ip in zone %s for IPv4", zone)
 	}
 	return nil
 }
@@ -265,19 +279,26 @@ func (s *Server) dhcpMappingIPLocked(vnet, mac string, vmid int, hostname string
 	return netip.ParseAddr(ip4)
 }
 
-// dhcpRange parses the first "start-address=..,end-address=.." range.
-func dhcpRange(r string) (start, end netip.Addr) {
-	first, _, _ := strings.Cut(r, "|")
-	for _, part := range strings.Split(first, ",") {
-		k, v, _ := strings.Cut(part, "=")
-		switch k {
-		case "start-address":
-			start, _ = netip.ParseAddr(v)
-		case "end-address":
-			end, _ = netip.ParseAddr(v)
+// dhcpRanges parses a subnet's "start-address=..,end-address=.." ranges
+// (stored joined by "|"), in order.
+func dhcpRanges(rs string) []AddrRange {
+	var out []AddrRange
+	for _, r := range strings.Split(rs, "|") {
+		var ar AddrRange
+		for _, part := range strings.Split(r, ",") {
+			k, v, _ := strings.Cut(part, "=")
+			switch k {
+			case "start-address":
+				ar.Start, _ = netip.ParseAddr(v)
+			case "end-address":
+				ar.End, _ = netip.ParseAddr(v)
+			}
+		}
+		if ar.Start.IsValid() && ar.End.IsValid() {
+			out = append(out, ar)
 		}
 	}
-	return start, end
+	return out
 }
 
 // ipamNICsLocked applies a config's NIC effects on the IPAM, old the
@@ -459,6 +480,27 @@ func (s *Server) IPAMEntries(zone string) []string {
 			}
 			out = append(out, fmt.Sprintf("%s %s %s", cidr, ip, what))
 		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// SubnetDHCPRanges lists the running subnets of a zone as "cidr
+// start-end,start-end" lines (their dhcp-range entries in order; "cidr"
+// alone without any), sorted, for tests.
+func (s *Server) SubnetDHCPRanges(zone string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, sn := range s.sdn.running.subnets {
+		if sn["zone"] != zone {
+			continue
+		}
+		var rs []string
+		for _, r := range dhcpRanges(sn["dhcp-range"]) {
+			rs = append(rs, r.Start.String()+"-"+r.End.String())
+		}
+		out = append(out, strings.TrimSpace(sn["cidr"]+" "+strings.Join(rs, ",")))
 	}
 	sort.Strings(out)
 	return out

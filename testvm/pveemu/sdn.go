@@ -194,16 +194,7 @@ func zoneSpec(o sdnObjects, zone string) ZoneSpec {
 			spec.Gateway, _ = netip.ParseAddr(sn["gateway"])
 			spec.SNAT = sn["snat"] == "1"
 			if r := sn["dhcp-range"]; r != "" {
-				first, _, _ := strings.Cut(r, "|")
-				for _, part := range strings.Split(first, ",") {
-					k, v, _ := strings.Cut(part, "=")
-					switch k {
-					case "start-address":
-						spec.DHCPStart, _ = netip.ParseAddr(v)
-					case "end-address":
-						spec.DHCPEnd, _ = netip.ParseAddr(v)
-					}
-				}
+				spec.DHCP = dhcpRanges(r)
 			}
 			break
 		}

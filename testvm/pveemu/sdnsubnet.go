@@ -102,7 +102,11 @@ func (s *Server) createSubnetBody(_ context.Context, rq *request) error {
 	if rq.has("snat") {
 		sn["snat"] = rq.str("snat")
 	}
+	// SubnetPlugin.pm validate_dhcp_ranges: each range in turn, and each
+	// against the ones before it (Net::IP overlaps: sharing one address
+	// is overlapping).
 	var ranges []string
+	var seen [][2]netip.Addr
 	for _, r := range rq.strings("dhcp-range") {
 		start, end := "", ""
 		for _, part := range strings.Split(r, ",") {
@@ -128,6 +132,12 @@ func (s *Server) createSubnetBody(_ context.Context, rq *request) error {
 		case !cidr.Contains(b):
 			return paramFail(ParamErrors{"dhcp-range": fmt.Sprintf("end-address %s is not in subnet %s", end, cidr)})
 		}
+		for _, o := range seen {
+			if !b.Less(o[0]) && !o[1].Less(a) {
+				return paramFail(ParamErrors{"dhcp-range": "dhcp ranges must not overlap"})
+			}
+		}
+		seen = append(seen, [2]netip.Addr{a, b})
 		ranges = append(ranges, r)
 	}
 	if len(ranges) > 0 {

@@ -3,6 +3,7 @@
 from .compat import ProxmoxSandboxEnvironmentConfig
 from .config import (
     ConfigError,
+    DhcpRangeSpec,
     EgressSpec,
     HealthCheck,
     NetworkSpec,
@@ -15,6 +16,7 @@ from .sandbox import PveInspectSandboxEnvironment
 
 __all__ = [
     "ConfigError",
+    "DhcpRangeSpec",
     "EgressSpec",
     "HealthCheck",
     "NetworkSpec",

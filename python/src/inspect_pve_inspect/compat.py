@@ -7,7 +7,8 @@ An eval written for ``inspect_proxmox_sandbox`` passes a
 ``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias`` with their ``mac`` and
 ``ipv4``, ``healthcheck``, and ``uefi_boot``, ``os_type``, ``cpu``,
 ``disk_controller``, ``nic_controller`` as the daemon's per-VM options) and
-``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP).
+``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP
+with the subnet's ``dhcp_ranges``; its gateway must be the first address).
 Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
 (checked; every VM starts at once and the sample waits for all of them and
 their healthchecks). A template tag is looked up as a template name of the
@@ -35,7 +36,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .config import (
+    MAX_DHCP_RANGES,
     ConfigError,
+    DhcpRangeSpec,
     HealthCheck,
     NetworkSpec,
     NicSpec,
@@ -220,28 +223,45 @@ def _subnet(f: str, name: str, sn: dict[str, Any], alias: str | None) -> Network
         net = ipaddress.IPv4Network(str(sn["cidr"]), strict=True)
     except (KeyError, ValueError) as e:
         raise ConfigError(f"{f}.cidr", f"want an IPv4 prefix: {e}") from None
-    # The daemon's subnet plan (sandboxapi subnetPlan): the gateway is the
-    # first address, DHCP serves .10 (.2 in a /28) to the last but one.
+    # The daemon's gateway is the first address (sandbox subnetPlan); the
+    # DHCP ranges are the reference's, passed on as given (the daemon
+    # refuses the network, broadcast and gateway addresses in them,
+    # overlaps, and ranges without room for the network's NICs).
     gw = net.network_address + 1
-    start = net.network_address + (2 if net.num_addresses <= 16 else 10)
-    end = net.broadcast_address - 1
     if str(sn.get("gateway")) != str(gw):
         raise ConfigError(
             f"{f}.gateway", f"{sn.get('gateway')}: the daemon's gateway of {net} is {gw}"
         )
-    ranges = list(sn.get("dhcp_ranges") or ())
-    if len(ranges) > 1:
-        raise ConfigError(f"{f}.dhcp_ranges", "at most one range")
-    for r in ranges:
-        if (str(r.get("start")), str(r.get("end"))) != (str(start), str(end)):
-            raise ConfigError(
-                f"{f}.dhcp_ranges",
-                f"{r.get('start')}-{r.get('end')}: "
-                f"the daemon's DHCP range of {net} is {start}-{end}",
-            )
+    raw = list(sn.get("dhcp_ranges") or ())
+    if len(raw) > MAX_DHCP_RANGES:
+        raise ConfigError(f"{f}.dhcp_ranges", f"{len(raw)} ranges: at most {MAX_DHCP_RANGES}")
+    ranges: list[DhcpRangeSpec] = []
+    for k, r in enumerate(raw):
+        rf = f"{f}.dhcp_ranges[{k}]"
+        if not isinstance(r, dict) or set(r) != {"start", "end"}:
+            raise ConfigError(rf, f"want a range {{start, end}}, got {r!r}")
+        try:
+            rng = DhcpRangeSpec(start=str(r["start"]), end=str(r["end"]))
+        except ValueError as e:
+            raise ConfigError(rf, str(e)) from None
+        for a in (rng.start, rng.end):
+            if ipaddress.IPv4Address(a) in (net.network_address, net.broadcast_address, gw) or (
+                ipaddress.IPv4Address(a) not in net
+            ):
+                raise ConfigError(
+                    rf,
+                    f"{a}: want an address of {net} other than its network, broadcast and gateway",
+                )
+        ranges.append(rng)
     try:
+        # an empty list is the reference's subnet without DHCP
         return NetworkSpec(
-            name=name, cidr=str(net), dhcp=bool(ranges), snat=bool(sn.get("snat")), alias=alias
+            name=name,
+            cidr=str(net),
+            dhcp=bool(ranges),
+            snat=bool(sn.get("snat")),
+            alias=alias,
+            dhcp_ranges=tuple(ranges),
         )
     except ValueError as e:
         raise ConfigError(f"{f}.cidr", str(e)) from None

@@ -275,6 +275,29 @@ class VmSpec(BaseModel):
         return v
 
 
+class DhcpRangeSpec(BaseModel):
+    """One range of addresses a network's DHCP server hands out, both ends
+    included (the daemon's ``dhcp_ranges`` entry)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    start: str
+    end: str
+
+    @model_validator(mode="after")
+    def _order(self) -> DhcpRangeSpec:
+        try:
+            a, b = ipaddress.IPv4Address(self.start), ipaddress.IPv4Address(self.end)
+        except ValueError as e:
+            raise ValueError(f"dhcp range {self.start}-{self.end}: {e}") from None
+        if a > b:
+            raise ValueError(f"dhcp range {self.start}-{self.end}: start is above end")
+        return self
+
+
+MAX_DHCP_RANGES = 4
+
+
 class NetworkSpec(BaseModel):
     """One vnet (one subnet) of the sandbox's zone."""
 
@@ -284,6 +307,13 @@ class NetworkSpec(BaseModel):
     cidr: str = "auto"
     dhcp: bool = True
     snat: bool = True
+    dhcp_ranges: tuple[DhcpRangeSpec, ...] = Field(
+        default=(),
+        description=(
+            "the ranges the zone's DHCP server hands out, in order (a fixed cidr and dhcp on "
+            "only, at most 4); empty: the daemon's plan, .10 (.2 in a /28) to the last but one"
+        ),
+    )
     alias: str | None = Field(
         default=None,
         description="what the eval calls this network (the reference's vnet alias), in messages",
@@ -314,6 +344,28 @@ class NetworkSpec(BaseModel):
         if not net.is_private:
             raise ValueError(f"cidr {v!r}: must be a private (RFC 1918) range")
         return v
+
+    @model_validator(mode="after")
+    def _ranges(self) -> NetworkSpec:
+        if not self.dhcp_ranges:
+            return self
+        if len(self.dhcp_ranges) > MAX_DHCP_RANGES:
+            raise ValueError(f"{len(self.dhcp_ranges)} dhcp ranges: at most {MAX_DHCP_RANGES}")
+        if self.cidr == "auto" or not self.dhcp:
+            raise ValueError("dhcp_ranges need a fixed cidr and dhcp on")
+        net = ipaddress.IPv4Network(self.cidr)
+        for r in self.dhcp_ranges:
+            for a in (r.start, r.end):
+                if ipaddress.IPv4Address(a) not in net:
+                    raise ValueError(f"dhcp range {r.start}-{r.end}: {a} is outside {net}")
+        return self
+
+    def request(self) -> dict[str, object]:
+        """The network as the daemon's create request takes it."""
+        d = self.model_dump(exclude={"alias", "dhcp_ranges"})
+        if self.dhcp_ranges:
+            d["dhcp_ranges"] = [r.model_dump() for r in self.dhcp_ranges]
+        return d
 
 
 class EgressSpec(BaseModel):

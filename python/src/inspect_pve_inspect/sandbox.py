@@ -596,7 +596,7 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
     )
     req: dict[str, Any] = {"vms": vms, "labels": labels}
     if cfg.networks:
-        req["networks"] = [n.model_dump(exclude={"alias"}) for n in cfg.networks]
+        req["networks"] = [n.request() for n in cfg.networks]
     if cfg.egress is not None:
         e = cfg.egress
         req["egress"] = {

@@ -121,7 +121,7 @@ func TestAPITemplateBuilds(t *testing.T) {
 	if err := root.CreateVNet(ctx, sandbox.VNetSpec{ID: "bzv0", Zone: "bz"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := root.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "bzv0", CIDR: "10.77.0.0/24", Gateway: "10.77.0.1", SNAT: true, DHCPStart: "10.77.0.50", DHCPEnd: "10.77.0.99"}); err != nil {
+	if err := root.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "bzv0", CIDR: "10.77.0.0/24", Gateway: "10.77.0.1", SNAT: true, DHCPRanges: []apitype.DHCPRange{{Start: "10.77.0.50", End: "10.77.0.99"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := root.ApplySDN(ctx); err != nil {
