@@ -340,10 +340,17 @@ func (b *Bed) addDHCPHost(vnet string, mac net.HardwareAddr, ip netip.Addr) erro
 			return nil
 		}
 	}
-	// A MAC mapped again (an IPAM address that changed) replaces its line.
+	// A MAC mapped again (an IPAM address that changed) replaces its line,
+	// and a line of another MAC with this address goes: the IPAM gave the
+	// address out again, so that MAC's entry was deleted (a NIC removed,
+	// a VM destroyed), and add_ip_mapping drops every line whose MAC the
+	// IPAM's MAC cache no longer holds at that address (pve-network
+	// Dnsmasq.pm add_ip_mapping, "delete changed"). Kept, dnsmasq would
+	// ignore the new line as a duplicate dhcp-host address.
 	var keep []string
 	for _, l := range strings.Split(strings.TrimSpace(string(old)), "\n") {
-		if l != "" && !strings.HasPrefix(l, mac.String()) {
+		_, lip, _ := strings.Cut(l, ",")
+		if l != "" && !strings.HasPrefix(l, mac.String()) && (!ip.IsValid() || lip != ip.String()) {
 			keep = append(keep, l)
 		}
 	}
