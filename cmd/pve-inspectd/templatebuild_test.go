@@ -40,11 +40,17 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--recipe", "debian13", "--build-cidr", "10.0.0.1/24"}, "--build-cidr"},
 		{[]string{"t1", "--recipe", "ubuntu24.04", "--work-storage", "a/b"}, `--work-storage "a/b"`},
 		{[]string{"t1", "t2", "--recipe", "debian13"}, "accepts 1 arg"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "ftp://m/images/"}, "want an http or https URL"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://u:p@m/images/"}, "carries credentials"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://m/images/?k=v"}, "query"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://169.254.169.254/images/"}, "link-local"},
+		{[]string{"t1", "--from", "https://h/x.ova", "--ova-disk", "d.vmdk", "--checksum", sha, "--mirror", "http://m/"}, "--mirror goes with --recipe alone"},
 		// Valid: they reach the configuration.
 		{[]string{"t1", "--recipe", "debian13"}, "absent.toml"},
 		{[]string{"t1", "--recipe", "kali2025.4", "--from", "local:import/k.raw"}, "absent.toml"},
 		{[]string{"t1", "--from", "https://h/x.ova", "--ova-disk", "d.vmdk", "--checksum", sha}, "absent.toml"},
 		{[]string{"t1", "--from", "local:import/u.ova/d.vmdk"}, "absent.toml"},
+		{[]string{"t1", "--recipe", "ubuntu24.04", "--mirror", "https://mirror.example/cloud"}, "absent.toml"},
 	} {
 		root := newRootCmd()
 		root.SetArgs(append([]string{"-c", cfg, "template", "build"}, tc.args...))
@@ -128,8 +134,11 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 		defer mu.Unlock()
 		return append([]apitype.TemplateBuildRequest(nil), posts...)
 	}
-	if _, err := run("d13", "--recipe", "debian13", "--via-api", "--bridge", "vmbr1"); err == nil || !strings.Contains(err.Error(), "--bridge with --via-api") || len(asked()) != 0 {
-		t.Errorf("--bridge with --via-api: %v (%d posts)", err, len(asked()))
+	for _, flag := range [][]string{{"--bridge", "vmbr1"}, {"--mirror", "http://mirror.lan/cloud/"}} {
+		args := append([]string{"d13", "--recipe", "debian13", "--via-api"}, flag...)
+		if _, err := run(args...); err == nil || !strings.Contains(err.Error(), flag[0]+" with --via-api") || len(asked()) != 0 {
+			t.Errorf("%s with --via-api: %v (%d posts)", flag[0], err, len(asked()))
+		}
 	}
 	out, err := run("d13", "--recipe", "debian13", "--via-api", "--poll", "10ms")
 	if p := asked(); err != nil || len(p) != 1 || p[0] != (apitype.TemplateBuildRequest{Name: "d13", Recipe: "debian13"}) {
