@@ -264,3 +264,38 @@ func TestEthersAddressGivenAgain(t *testing.T) {
 		t.Errorf("ethers %q %v: want only %s at %s", ethers, err, second.MAC, addr)
 	}
 }
+
+// TestEthersAddressOfRunningGuestKept: the address of a guest that still
+// runs is not given to another MAC by dropping the running guest's ethers
+// line. pve-network's add_ip_mapping drops only lines whose MAC the IPAM's
+// MAC cache no longer backs at that address (Dnsmasq.pm add_ip_mapping,
+// "delete changed"): a running guest's MAC is still there, so its line
+// stays and a second MAC mapped to the same address gets no lease (dnsmasq
+// ignores a duplicate dhcp-host address). The IPAM giving one address to
+// two live NICs is a bug the bed must show, not paper over.
+func TestEthersAddressOfRunningGuestKept(t *testing.T) {
+	testkit.RequireRoot(t, "dnsmasq")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Up(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	if err := b.AddZone(ctx, twoZones()[0]); err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.MustParseAddr("10.10.1.100")
+	first, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vneta", IP: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.StartGuest(ctx, GuestSpec{VMID: 102, VNet: "vneta", IP: addr})
+	if err == nil || !strings.Contains(err.Error(), addr.String()) {
+		t.Errorf("a second MAC given running guest 101's address: %v, want an error naming %s", err, addr)
+	}
+	ethers, err := os.ReadFile(b.ethersFile("zonea"))
+	if err != nil || !strings.Contains(string(ethers), first.MAC.String()+","+addr.String()) {
+		t.Errorf("ethers %q %v: running guest 101's line %s,%s was dropped", ethers, err, first.MAC, addr)
+	}
+}
