@@ -59,7 +59,9 @@ func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, erro
 	if host == nil {
 		// the ledger `template build` keeps too: only VMs a build on
 		// this node recorded are reused or destroyed
-		host = templatebuild.NodeHost{StateDir: tc.StateDir}
+		// (and the checksum lists it fetches itself, a mirror's,
+		// follow no redirect the build's URL guard refuses)
+		host = templatebuild.NodeHost{StateDir: tc.StateDir, Redirect: urls.Check}
 	}
 	// A bridge of [templates] the guard treats as management or trusted
 	// is refused at each build (the freshly booted image would reach the
