@@ -274,17 +274,9 @@ func TestEthersAddressGivenAgain(t *testing.T) {
 // ignores a duplicate dhcp-host address). The IPAM giving one address to
 // two live NICs is a bug the bed must show, not paper over.
 func TestEthersAddressOfRunningGuestKept(t *testing.T) {
-	testkit.RequireRoot(t, "dnsmasq")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	b, err := Up(ctx, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	if err := b.AddZone(ctx, twoZones()[0]); err != nil {
-		t.Fatal(err)
-	}
+	b, _ := upZoneA(t, ctx)
 	addr := netip.MustParseAddr("10.10.1.100")
 	first, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vneta", IP: addr})
 	if err != nil {
