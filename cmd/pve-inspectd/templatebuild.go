@@ -127,11 +127,12 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{StateDir: f.stateDir}, o)
+			lockDir, stateDir := nodeDirs(cmd, cfg.Templates)
+			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{StateDir: stateDir}, o)
 			if err != nil {
 				return err
 			}
-			unlock, err := templatebuild.Lock(f.lockDir, args[0])
+			unlock, err := templatebuild.Lock(lockDir, args[0])
 			if err != nil {
 				return err
 			}
@@ -160,8 +161,8 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.buildCIDR, "build-cidr", templatebuild.DefaultBuildCIDR, "subnet of the build network (SNAT and DHCP), when it is made")
 	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate, SDN.Allocate; not the daemon's token)")
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
-	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart")
-	fl.StringVar(&f.stateDir, "state-dir", templatebuild.DefaultStateDir, "root-only directory of the record of the VMs this node's builds made: only those are reused or destroyed")
+	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart (default [templates] lock_dir)")
+	fl.StringVar(&f.stateDir, "state-dir", templatebuild.DefaultStateDir, "root-only directory of the record of the VMs this node's builds made: only those are reused or destroyed (default [templates] state_dir)")
 	fl.BoolVar(&f.viaAPI, "via-api", false, "ask the daemon to build it (POST /v1/templates/build on the local socket; needs [templates] build = true): its credential and [templates] settings, progress followed here")
 	fl.DurationVar(&f.poll, "poll", 2*time.Second, "with --via-api: how often the build's state is read")
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
@@ -255,10 +256,26 @@ func (f buildFlags) mirrored(cmd *cobra.Command, recipe templatebuild.Recipe, cf
 	return r, nil
 }
 
+// nodeDirs are the build's lock and ledger directories: --lock-dir and
+// --state-dir, by default [templates] lock_dir and state_dir, the daemon's
+// own: a build of the CLI and one of the daemon take the same per-name
+// lock and keep one ledger (with two, each would refuse, or take for a
+// half-built one, the other's VM of the name).
+func nodeDirs(cmd *cobra.Command, tc config.TemplatesSection) (lockDir, stateDir string) {
+	lockDir, stateDir = tc.LockDir, tc.StateDir
+	if fl := cmd.Flags().Lookup("lock-dir"); fl != nil && fl.Changed {
+		lockDir = fl.Value.String()
+	}
+	if fl := cmd.Flags().Lookup("state-dir"); fl != nil && fl.Changed {
+		stateDir = fl.Value.String()
+	}
+	return lockDir, stateDir
+}
+
 // daemonDecides refuses, with --via-api, the flags whose say is the
 // daemon's ([templates] and its builder credential).
 func daemonDecides(cmd *cobra.Command) error {
-	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "mirror", "keep-failed", "agent-wait", "cloud-init-wait"} {
+	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "state-dir", "mirror", "keep-failed", "agent-wait", "cloud-init-wait"} {
 		if cmd.Flags().Changed(name) {
 			return fmt.Errorf("--%s with --via-api: the daemon builds with its [templates] settings and credential", name)
 		}

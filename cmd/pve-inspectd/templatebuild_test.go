@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -134,7 +135,7 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 		defer mu.Unlock()
 		return append([]apitype.TemplateBuildRequest(nil), posts...)
 	}
-	for _, flag := range [][]string{{"--bridge", "vmbr1"}, {"--mirror", "http://mirror.lan/cloud/"}} {
+	for _, flag := range [][]string{{"--bridge", "vmbr1"}, {"--mirror", "http://mirror.lan/cloud/"}, {"--state-dir", "/var/lib/other"}} {
 		args := append([]string{"d13", "--recipe", "debian13", "--via-api"}, flag...)
 		if _, err := run(args...); err == nil || !strings.Contains(err.Error(), flag[0]+" with --via-api") || len(asked()) != 0 {
 			t.Errorf("%s with --via-api: %v (%d posts)", flag[0], err, len(asked()))
@@ -152,5 +153,32 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 	mu.Unlock()
 	if _, err := run("d13", "--recipe", "debian13", "--via-api", "--poll", "10ms"); err == nil || !strings.Contains(err.Error(), "boot: no agent") {
 		t.Errorf("a failed build: %v", err)
+	}
+}
+
+// TestTemplateBuildDirsFromConfig: `template build` on the node takes the
+// daemon's lock and ledger directories ([templates] lock_dir and
+// state_dir) unless --lock-dir or --state-dir names others: with a
+// ledger of its own it would refuse the daemon's template of a name (and
+// the daemon the CLI's), with a lock of its own build at once the name
+// the daemon builds.
+func TestTemplateBuildDirsFromConfig(t *testing.T) {
+	tc := config.TemplatesSection{LockDir: "/run/site/locks", StateDir: "/var/lib/site/ledger"}
+	for _, c := range []struct {
+		args             []string
+		wantLock, wantSt string
+	}{
+		{nil, "/run/site/locks", "/var/lib/site/ledger"},
+		{[]string{"--state-dir", "/srv/ledger"}, "/run/site/locks", "/srv/ledger"},
+		{[]string{"--lock-dir", "/run/l"}, "/run/l", "/var/lib/site/ledger"},
+	} {
+		cmd := newTemplateBuildCmd(&globals{})
+		if err := cmd.ParseFlags(c.args); err != nil {
+			t.Fatal(err)
+		}
+		lock, st := nodeDirs(cmd, tc)
+		if lock != c.wantLock || st != c.wantSt {
+			t.Errorf("%v: lock %s, ledger %s; want %s and %s", c.args, lock, st, c.wantLock, c.wantSt)
+		}
 	}
 }
