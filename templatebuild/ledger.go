@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 
 	"github.com/pve-inspect/pve-inspect/internal/atomicfile"
 )
@@ -39,7 +40,61 @@ func (n NodeHost) recordPath(vmid int) (string, error) {
 	if n.StateDir == "" {
 		return "", errors.New("no state directory for the build ledger")
 	}
+	if err := ownDir(n.StateDir); err != nil {
+		return "", fmt.Errorf("build ledger: %w", err)
+	}
 	return filepath.Join(n.StateDir, strconv.Itoa(vmid)+".json"), nil
+}
+
+// ownDir checks that only this process's user (root on a node) can
+// change what dir holds: dir, when it exists, is a directory and no
+// symlink, and it (or, while it does not exist, its nearest existing
+// ancestor) and each directory above are owned by root or this user and
+// writable by no one else, a directory above it sticky at most (/tmp). A
+// ledger others can write would let them record any VM as a build's.
+func ownDir(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("%q: want an absolute path", dir)
+	}
+	dir = filepath.Clean(dir)
+	if fi, err := os.Lstat(dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return fmt.Errorf("%s is a symlink: name the directory itself", dir)
+	} else if err == nil && !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	near := dir
+	for {
+		if _, err := os.Lstat(near); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		near = filepath.Dir(near)
+	}
+	resolved, err := filepath.EvalSymlinks(near)
+	if err != nil {
+		return err
+	}
+	me := uint32(os.Geteuid())
+	for p := resolved; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no owner to check", p)
+		}
+		if st.Uid != 0 && st.Uid != me {
+			return fmt.Errorf("%s (above or at %s) is owned by uid %d: want a directory only root writes", p, dir, st.Uid)
+		}
+		if fi.Mode().Perm()&0o022 != 0 && (p == resolved || fi.Mode()&os.ModeSticky == 0) {
+			return fmt.Errorf("%s (above or at %s) is writable by others (mode %v): want a directory only root writes", p, dir, fi.Mode())
+		}
+		if p == "/" {
+			return nil
+		}
+	}
 }
 
 // Record implements Host: the entry of vmid is written (one file a VM,

@@ -47,6 +47,11 @@ type NodeHost struct {
 	HTTPClient *http.Client
 	// StateDir holds the build ledger (DefaultStateDir for the CLI).
 	StateDir string
+	// Redirect, when set, checks each redirect's target of Fetch before
+	// it is followed (the daemon's URLGuard.Check: a mirror passed by the
+	// guard must not send the daemon's own fetch to what the guard
+	// refuses).
+	Redirect func(ctx context.Context, url string) error
 }
 
 // WriteFile implements Host (the directory is made when missing).
@@ -105,6 +110,11 @@ func (n NodeHost) Fetch(ctx context.Context, url string, limit int64) ([]byte, e
 	c.CheckRedirect = func(r *http.Request, via []*http.Request) error {
 		if len(via) > 0 && via[0].URL.Scheme == "https" && r.URL.Scheme != "https" {
 			return fmt.Errorf("redirect from %s to %s: not https", via[0].URL, r.URL)
+		}
+		if n.Redirect != nil {
+			if err := n.Redirect(r.Context(), r.URL.String()); err != nil {
+				return fmt.Errorf("redirect from %s: %w", RedactURL(via[len(via)-1].URL.String()), err)
+			}
 		}
 		if hc.CheckRedirect != nil {
 			return hc.CheckRedirect(r, via)

@@ -66,6 +66,11 @@ type ServiceOptions struct {
 	// host again, which URLs cannot check, so a URL an admin gives could
 	// make the node fetch what only it reaches.
 	AllowURLs bool
+	// Mirror, when set ([templates] mirror), is where the shipped recipes'
+	// images and checksum lists are fetched from instead of the
+	// distributions' servers (MirrorRecipe); each build's URLs of it pass
+	// URLs first.
+	Mirror string
 	// MaxRunning is how many builds run at once on the node (1; at most
 	// 2: each downloads an image and boots a VM); MaxBuilds how many may
 	// be queued or running (8); Keep how many finished builds are
@@ -239,7 +244,7 @@ func (s *Service) recipe(ctx context.Context, req apitype.TemplateBuildRequest) 
 		if req.Checksum != "" || req.OVADisk != "" {
 			return Recipe{}, badRequest("checksum", "checksum and ova_disk go with from: a recipe pins its own")
 		}
-		return r, nil
+		return s.mirrored(ctx, r)
 	case req.From != "" && !s.o.AllowURLs:
 		return Recipe{}, badRequest("from", "builds from an image URL are off on this node ([templates] allow_urls): Proxmox's download follows redirects the daemon cannot check; build a shipped recipe (%s), or on the node: pve-inspectd template build %s --from URL --checksum ALG:HEX", strings.Join(RecipeNames(), ", "), req.Name)
 	case req.From != "":
@@ -259,6 +264,28 @@ func (s *Service) recipe(ctx context.Context, req apitype.TemplateBuildRequest) 
 		return Generic(img), nil
 	}
 	return Recipe{}, badRequest("recipe", "want a recipe (%s) or an image URL in from", strings.Join(RecipeNames(), ", "))
+}
+
+// mirrored is recipe r from the node's mirror (r itself without one):
+// its image and checksum list URLs checked by URLs as a build's URL is. A
+// refused mirror is the node's configuration, not the request's.
+func (s *Service) mirrored(ctx context.Context, r Recipe) (Recipe, error) {
+	if s.o.Mirror == "" {
+		return r, nil
+	}
+	m, err := MirrorRecipe(r, s.o.Mirror)
+	if err != nil {
+		return Recipe{}, fmt.Errorf("[templates] %w: %w", err, sandbox.ErrNotConfigured)
+	}
+	for _, u := range []string{m.Image.URL, m.Image.ChecksumURL} {
+		if u == "" {
+			continue
+		}
+		if err := s.o.URLs.Check(ctx, u); err != nil {
+			return Recipe{}, fmt.Errorf("[templates] mirror: %w: %w", err, sandbox.ErrNotConfigured)
+		}
+	}
+	return m, nil
 }
 
 // join answers the build of req's name that is queued or running: joined

@@ -348,12 +348,29 @@ func (b *Bed) addDHCPHost(vnet string, mac net.HardwareAddr, ip netip.Addr) erro
 			return nil
 		}
 	}
-	// A MAC mapped again (an IPAM address that changed) replaces its line.
+	// A MAC mapped again (an IPAM address that changed) replaces its line,
+	// and a line of another MAC with this address goes: the IPAM gave the
+	// address out again, so that MAC's entry was deleted (a NIC removed,
+	// a VM destroyed), and add_ip_mapping drops every line whose MAC the
+	// IPAM's MAC cache no longer holds at that address (pve-network
+	// Dnsmasq.pm add_ip_mapping, "delete changed"). Kept, dnsmasq would
+	// ignore the new line as a duplicate dhcp-host address. A line of a
+	// MAC that still runs is still backed by the IPAM: the address given
+	// twice is an IPAM bug, refused here as Proxmox's dnsmasq would leave
+	// the new MAC without a lease.
 	var keep []string
 	for _, l := range strings.Split(strings.TrimSpace(string(old)), "\n") {
-		if l != "" && !strings.HasPrefix(l, mac.String()) {
-			keep = append(keep, l)
+		lmac, lip, _ := strings.Cut(l, ",")
+		if l == "" || strings.HasPrefix(l, mac.String()) {
+			continue
 		}
+		if ip.IsValid() && lip == ip.String() {
+			if vmid, ok := b.runningMAC(lmac); ok {
+				return fmt.Errorf("address %s is mapped to %s of running guest %d: given to %s too", ip, lmac, vmid, mac)
+			}
+			continue
+		}
+		keep = append(keep, l)
 	}
 	keep = append(keep, line)
 	if err := os.WriteFile(path, []byte(strings.Join(keep, "\n")+"\n"), 0o644); err != nil {
@@ -363,6 +380,22 @@ func (b *Bed) addDHCPHost(vnet string, mac net.HardwareAddr, ip netip.Addr) erro
 		_ = zs.dnsmasq.Process.Signal(syscall.SIGHUP)
 	}
 	return nil
+}
+
+// runningMAC is the VMID of the running guest or container whose NIC has
+// mac ("aa:bb:..", as an ethers line writes it); b.mu is held.
+func (b *Bed) runningMAC(mac string) (int, bool) {
+	for id, g := range b.guests {
+		if g.MAC.String() == mac {
+			return id, true
+		}
+	}
+	for id, c := range b.cts {
+		if c.MAC.String() == mac && c.Alive() {
+			return id, true
+		}
+	}
+	return 0, false
 }
 
 // RestartDnsmasq stops every zone's dnsmasq, then starts each again (with

@@ -302,9 +302,14 @@ func standIn(bed *testvm.Bed, ports []int) (func(), error) {
 
 // startEmulator serves the Proxmox API emulator on the node's :8006 with a
 // self-signed certificate, a template and the daemon's pool-limited token.
-// o gives the emulator's Release and RootPassword (the rest is the bed's).
+// o gives the emulator's Release, RootPassword and Backend (the bed's
+// when nil; the rest is the bed's).
 func startEmulator(ctx context.Context, bed *testvm.Bed, o pveemu.Options, ctRootfs string) (emu *pveemu.Server, caFile, tokenID, secretFile string, err error) {
-	emu, err = pveemu.New(pveemu.Options{Node: "pve", Backend: pveemu.BedBackend{Bed: bed}, DataDir: filepath.Join(bed.Dir(), "pveemu"),
+	backend := o.Backend
+	if backend == nil {
+		backend = pveemu.BedBackend{Bed: bed}
+	}
+	emu, err = pveemu.New(pveemu.Options{Node: "pve", Backend: backend, DataDir: filepath.Join(bed.Dir(), "pveemu"),
 		Release: o.Release, RootPassword: o.RootPassword})
 	if err != nil {
 		return nil, "", "", "", err

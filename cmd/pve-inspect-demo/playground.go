@@ -66,7 +66,17 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 			return fmt.Errorf("%s: %w (run `make build` first)", p, err)
 		}
 	}
-	bed, err := testvm.Up(ctx, testvm.Options{NodePorts: []int{22, 3128}})
+	// The mirror of the built-ins the node builds on request, served by
+	// the bed's uplink (the "internet").
+	images, err := os.MkdirTemp("", "pvei-mirror-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(images)
+	if err := writeMirror(images, mirrorRecipes); err != nil {
+		return err
+	}
+	bed, err := testvm.Up(ctx, testvm.Options{NodePorts: []int{22, 3128}, ImagesDir: images})
 	if err != nil {
 		return err
 	}
@@ -87,11 +97,16 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{Release: release, RootPassword: rootPassword}, ctRootfs)
+	emu, caFile, tokenID, secretFile, err := startEmulator(ctx, bed, pveemu.Options{Release: release, RootPassword: rootPassword,
+		Backend: buildBackend{pveemu.BedBackend{Bed: bed}}}, ctRootfs)
 	if err != nil {
 		return err
 	}
 	defer emu.Close()
+	// Builds download to local's import directory, write their snippets
+	// there and extract an OVA's disk on it (images; the disk transfer's
+	// images are listed by that type too).
+	emu.SetStorageContent("local", "backup,images,import,iso,snippets,vztmpl")
 	dir := filepath.Join(bed.Dir(), "demo")
 	var pluginLines string
 	if o.referencePlugin {
@@ -115,13 +130,10 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	if o.diskStorage != "" {
 		// The disk path, as an operator turns it on: files of 32 MiB and
 		// more go through a transfer disk on that storage.
+		// (local has the images content type, set above, so that its
+		// transfer images are listed: pve-storage lists only the
+		// configured types, and a leaked one shows).
 		extra += fmt.Sprintf("disk_transfer_storage = %q\n", o.diskStorage)
-		// and gives the storage the images content type, so that its
-		// transfer images are listed (pve-storage lists only the
-		// configured types): a leaked one shows.
-		if o.diskStorage == "local" {
-			emu.SetStorageContent("local", "backup,images,iso,vztmpl")
-		}
 	}
 	// A stand-in model API key, to show where an agent's keys land.
 	envFile := filepath.Join(dir, "mcp.env")
@@ -129,6 +141,12 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 		return err
 	}
 	mcpExtra := fmt.Sprintf("env_file = %q\nenv_file_owners = [%q]\n", envFile, playgroundOwner)
+	// [templates] follows [mcp], the last section writeConfig writes.
+	templates, err := templatesSection(dir, rootPassword)
+	if err != nil {
+		return err
+	}
+	mcpExtra += templates
 	cfgPath, sock, _, err := writeConfig(dir, bed, probePath, caFile, tokenID, secretFile, extra, mcpExtra)
 	if err != nil {
 		return err
@@ -160,7 +178,7 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	}
 	defer fwd.Close()
 	fmt.Fprint(w, pluginLines)
-	printEndpoints(w, bed, inspectd, cfgPath, sock, "https://"+fwd.Addr().String(), apiCA, envFile, tokens)
+	printEndpoints(w, bed, inspectd, cfgPath, sock, "https://"+fwd.Addr().String(), apiCA, envFile, tokens, buildRecipes(o.referencePlugin))
 	for {
 		select {
 		case <-ctx.Done():
@@ -215,7 +233,7 @@ func randomBytes(n int) []byte {
 
 // printEndpoints says how to reach every part. The "key = value" lines are
 // what playground_test.go reads.
-func printEndpoints(w io.Writer, bed *testvm.Bed, inspectd, cfgPath, sock, url, ca, envFile string, tokens map[string]string) {
+func printEndpoints(w io.Writer, bed *testvm.Bed, inspectd, cfgPath, sock, url, ca, envFile string, tokens map[string]string, builds []string) {
 	stdio := []string{"ip", "netns", "exec", bed.NodeNS(), inspectd, "-c", cfgPath, "mcp"}
 	stdioJSON, _ := json.Marshal(stdio)
 	claudeStdio, _ := json.Marshal(map[string]any{"mcpServers": map[string]any{"pve-inspect": map[string]any{"command": "sudo", "args": stdio}}})
@@ -238,11 +256,19 @@ admin_token = %s
 mcp_url = %s/v1/mcp
 mcp_stdio = %s
 env_file = %s
+builds = %s
+mirror = %s
 
 token (admin scope) and read_token are bound to owner %s: they see and
 touch only its sandboxes; the examples use them. admin_token is bound to
 no owner: it sees and deletes every owner's sandboxes (node-wide
 operations only, e.g. PVE_INSPECT_CLEANUP_ALL=1 inspect sandbox cleanup).
+
+Template builds are on ([templates] build, from the mirror on the bed's
+uplink): the built-ins %s are built on request, the first time a
+task asks for one (VmSourceConfig(built_in=...)) or with admin_token:
+  curl --cacert %s -H 'Authorization: Bearer ADMIN_TOKEN' -H 'Content-Type: application/json' \
+       -d '{"name":"%s","recipe":"%s"}' %s/v1/templates/build
 
 CLI (as root):
   %s -c %s sandbox create --template debian
@@ -263,7 +289,9 @@ owner %s ([mcp] env_file_owners), get the variables of env_file in
 /etc/pve-inspect/env (mode 0600, root only); admin_token's do not.
 playground ready
 `, bed.Name(), cfgPath, sock, url, ca, playgroundOwner, tokens["token"], tokens["read_token"], tokens["admin_token"], url, stdioJSON, envFile,
+		strings.Join(builds, ","), mirrorBase(),
 		playgroundOwner,
+		strings.Join(builds, ", "), ca, builds[0], builds[0], url,
 		inspectd, cfgPath, inspectd, cfgPath,
 		ca, tokens["read_token"], url, ca, tokens["token"], url,
 		url, tokens["token"], ca,

@@ -133,7 +133,7 @@ func startPlayground(t *testing.T, bin string, args ...string) *playgroundProc {
 	case <-time.After(5 * time.Minute):
 		t.Fatalf("playground not ready after 5 minutes:\n%s", p.out.String())
 	}
-	for _, k := range []string{"bed", "config", "socket", "api", "ca", "owner", "token", "read_token", "admin_token", "mcp_url", "mcp_stdio", "env_file"} {
+	for _, k := range []string{"bed", "config", "socket", "api", "ca", "owner", "token", "read_token", "admin_token", "mcp_url", "mcp_stdio", "env_file", "builds", "mirror"} {
 		if p.info[k] == "" {
 			t.Fatalf("playground did not print %s:\n%s", k, p.out.String())
 		}

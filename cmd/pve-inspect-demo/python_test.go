@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -184,6 +185,40 @@ func TestInspectProvider(t *testing.T) {
 		"PVE_INSPECT_EXEC_TOKEN=" + createToken(t, in, "inspect-exec", "exec"),
 		"PVE_INSPECT_BIN_DIR=" + bin, // connection()'s command runs pve-inspectd
 	})
+	p.stop(t)
+	assertGone(t, in)
+}
+
+// TestInspectBuiltInBuild starts the playground, whose node builds the
+// built-ins it prints from the mirror on its uplink, and runs
+// python/tests/test_builtin_build.py: for ubuntu24.04 (an OVA) and
+// debian13, a real inspect_ai.eval of the reference's config of one VM of
+// the built-in, whose preflight has the node build the template (with
+// admin_token: builds are refused to owner-bound tokens), scores; a second
+// eval reuses the template without a build.
+func TestInspectBuiltInBuild(t *testing.T) {
+	testkit.RequireRoot(t)
+	dir := needPython(t)
+	bin := buildBins(t)
+	p := startPlayground(t, bin)
+	in := p.info
+	for _, b := range []string{"debian13", "ubuntu24.04"} {
+		if !slices.Contains(strings.Split(in["builds"], ","), b) {
+			t.Fatalf("the playground builds %q, not %s", in["builds"], b)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	sns := newSuiteNS(t)
+	sns.relay(t, in["api"])
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the daemon's log of builds:\n%s", p.daemonLog(t, "template", "build"))
+		}
+	})
+	runPytest(t, ctx, sns, dir, []string{
+		"PVE_INSPECT_URL=" + in["api"], "PVE_INSPECT_TOKEN=" + in["admin_token"], "PVE_INSPECT_CA_FILE=" + in["ca"],
+	}, "tests/test_builtin_build.py")
 	p.stop(t)
 	assertGone(t, in)
 }

@@ -28,6 +28,7 @@ type buildFlags struct {
 	recipe, from, checksum, ovaDisk     string
 	storage, imageStorage, snippetStore string
 	workStorage, lockDir, stateDir      string
+	mirror                              string
 	bridge, user, passwordFile          string
 	buildCIDR                           string
 	keepFailed, unguarded, viaAPI       bool
@@ -58,6 +59,10 @@ OVA), kali2025.4 (a .tar.xz Proxmox cannot import: unpack it on the node, then
 --from local:import/FILE.raw). --from URL builds from any .qcow2/.raw/.vmdk/.ova
 URL (--checksum sha256:HEX or sha512:HEX has Proxmox verify it); --from
 STORAGE:import/FILE (or FILE.ova/DISK.vmdk) from an image already on the node.
+--mirror URL (default [templates] mirror) fetches a recipe's image and its
+checksum list from your own server instead of the distribution's:
+URL/RECIPE/FILE and URL/RECIPE/SHA512SUMS or SHA256SUMS, the distribution's
+file names; the checksum is still the list's line, verified by Proxmox.
 
 --via-api asks the daemon to build instead (POST /v1/templates/build on the
 local socket, [templates] build = true): it builds with its own builder
@@ -90,9 +95,17 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err := o.Validate(); err != nil {
 				return err
 			}
+			if err := f.checkMirror(cmd); err != nil {
+				return err
+			}
 			cfg, err := g.loadConfig()
 			if err != nil {
 				return err
+			}
+			if !f.viaAPI {
+				if o.Recipe, err = f.mirrored(cmd, recipe, cfg.Templates.Mirror); err != nil {
+					return err
+				}
 			}
 			if f.viaAPI {
 				if err := daemonDecides(cmd); err != nil {
@@ -114,11 +127,12 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{StateDir: f.stateDir}, o)
+			lockDir, stateDir := nodeDirs(cmd, cfg.Templates)
+			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{StateDir: stateDir}, o)
 			if err != nil {
 				return err
 			}
-			unlock, err := templatebuild.Lock(f.lockDir, args[0])
+			unlock, err := templatebuild.Lock(lockDir, args[0])
 			if err != nil {
 				return err
 			}
@@ -137,6 +151,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.from, "from", "", "the image: an http(s) URL of a .qcow2/.raw/.vmdk/.ova, or a volume STORAGE:import/FILE already on the node (with --recipe: replaces the recipe's image)")
 	fl.StringVar(&f.checksum, "checksum", "", "with --from URL: sha256:HEX or sha512:HEX, verified by Proxmox")
 	fl.StringVar(&f.ovaDisk, "ova-disk", "", "with --from URL of an .ova: the disk inside it to import (DISK.vmdk)")
+	fl.StringVar(&f.mirror, "mirror", "", "with --recipe: fetch the image and its checksum list from this base URL instead of the distribution's server (MIRROR/RECIPE/FILE, MIRROR/RECIPE/SHA512SUMS or SHA256SUMS; default [templates] mirror)")
 	fl.StringVar(&f.storage, "storage", "local-lvm", "storage of the template's disk and the build's cloud-init drive")
 	fl.StringVar(&f.imageStorage, "image-storage", "local", "storage the image is downloaded to (content import)")
 	fl.StringVar(&f.snippetStore, "snippet-storage", "local", "storage the cloud-init snippets are written to (content snippets)")
@@ -146,8 +161,8 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.buildCIDR, "build-cidr", templatebuild.DefaultBuildCIDR, "subnet of the build network (SNAT and DHCP), when it is made")
 	fl.StringVar(&f.user, "user", "root@pam", "Proxmox user to log in as (needs Sys.AccessNetwork, Datastore.AllocateTemplate, VM.Allocate, SDN.Allocate; not the daemon's token)")
 	fl.StringVar(&f.passwordFile, "password-file", "", "file holding the user's password (\"-\" or empty: read one line from stdin)")
-	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart")
-	fl.StringVar(&f.stateDir, "state-dir", templatebuild.DefaultStateDir, "root-only directory of the record of the VMs this node's builds made: only those are reused or destroyed")
+	fl.StringVar(&f.lockDir, "lock-dir", "/run/pve-inspectd", "directory of the lock that keeps two builds of one name apart (default [templates] lock_dir)")
+	fl.StringVar(&f.stateDir, "state-dir", templatebuild.DefaultStateDir, "root-only directory of the record of the VMs this node's builds made: only those are reused or destroyed (default [templates] state_dir)")
 	fl.BoolVar(&f.viaAPI, "via-api", false, "ask the daemon to build it (POST /v1/templates/build on the local socket; needs [templates] build = true): its credential and [templates] settings, progress followed here")
 	fl.DurationVar(&f.poll, "poll", 2*time.Second, "with --via-api: how often the build's state is read")
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
@@ -209,10 +224,58 @@ func (f buildFlags) buildRecipe() (templatebuild.Recipe, error) {
 	return r, nil
 }
 
+// checkMirror checks --mirror before anything is read: a base URL
+// CheckMirror takes, with --recipe alone (--from names the image itself).
+func (f buildFlags) checkMirror(cmd *cobra.Command) error {
+	if !cmd.Flags().Changed("mirror") {
+		return nil
+	}
+	if f.from != "" || f.recipe == "" {
+		return errors.New("--mirror goes with --recipe alone: --from names the image itself")
+	}
+	if err := templatebuild.CheckMirror(f.mirror); err != nil {
+		return fmt.Errorf("--mirror %w", err)
+	}
+	return nil
+}
+
+// mirrored is recipe from --mirror, or from [templates] mirror (cfgMirror)
+// when the flag is not given; a build with --from keeps its image.
+func (f buildFlags) mirrored(cmd *cobra.Command, recipe templatebuild.Recipe, cfgMirror string) (templatebuild.Recipe, error) {
+	mirror, what := cfgMirror, "[templates] "
+	if cmd.Flags().Changed("mirror") {
+		mirror, what = f.mirror, "--"
+	}
+	if f.from != "" {
+		return recipe, nil
+	}
+	r, err := templatebuild.MirrorRecipe(recipe, mirror)
+	if err != nil {
+		return recipe, fmt.Errorf("%s%w", what, err)
+	}
+	return r, nil
+}
+
+// nodeDirs are the build's lock and ledger directories: --lock-dir and
+// --state-dir, by default [templates] lock_dir and state_dir, the daemon's
+// own: a build of the CLI and one of the daemon take the same per-name
+// lock and keep one ledger (with two, each would refuse, or take for a
+// half-built one, the other's VM of the name).
+func nodeDirs(cmd *cobra.Command, tc config.TemplatesSection) (lockDir, stateDir string) {
+	lockDir, stateDir = tc.LockDir, tc.StateDir
+	if fl := cmd.Flags().Lookup("lock-dir"); fl != nil && fl.Changed {
+		lockDir = fl.Value.String()
+	}
+	if fl := cmd.Flags().Lookup("state-dir"); fl != nil && fl.Changed {
+		stateDir = fl.Value.String()
+	}
+	return lockDir, stateDir
+}
+
 // daemonDecides refuses, with --via-api, the flags whose say is the
 // daemon's ([templates] and its builder credential).
 func daemonDecides(cmd *cobra.Command) error {
-	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "keep-failed", "agent-wait", "cloud-init-wait"} {
+	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "state-dir", "mirror", "keep-failed", "agent-wait", "cloud-init-wait"} {
 		if cmd.Flags().Changed(name) {
 			return fmt.Errorf("--%s with --via-api: the daemon builds with its [templates] settings and credential", name)
 		}

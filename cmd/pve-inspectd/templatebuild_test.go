@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -40,11 +41,17 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--recipe", "debian13", "--build-cidr", "10.0.0.1/24"}, "--build-cidr"},
 		{[]string{"t1", "--recipe", "ubuntu24.04", "--work-storage", "a/b"}, `--work-storage "a/b"`},
 		{[]string{"t1", "t2", "--recipe", "debian13"}, "accepts 1 arg"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "ftp://m/images/"}, "want an http or https URL"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://u:p@m/images/"}, "carries credentials"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://m/images/?k=v"}, "query"},
+		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://169.254.169.254/images/"}, "link-local"},
+		{[]string{"t1", "--from", "https://h/x.ova", "--ova-disk", "d.vmdk", "--checksum", sha, "--mirror", "http://m/"}, "--mirror goes with --recipe alone"},
 		// Valid: they reach the configuration.
 		{[]string{"t1", "--recipe", "debian13"}, "absent.toml"},
 		{[]string{"t1", "--recipe", "kali2025.4", "--from", "local:import/k.raw"}, "absent.toml"},
 		{[]string{"t1", "--from", "https://h/x.ova", "--ova-disk", "d.vmdk", "--checksum", sha}, "absent.toml"},
 		{[]string{"t1", "--from", "local:import/u.ova/d.vmdk"}, "absent.toml"},
+		{[]string{"t1", "--recipe", "ubuntu24.04", "--mirror", "https://mirror.example/cloud"}, "absent.toml"},
 	} {
 		root := newRootCmd()
 		root.SetArgs(append([]string{"-c", cfg, "template", "build"}, tc.args...))
@@ -128,8 +135,11 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 		defer mu.Unlock()
 		return append([]apitype.TemplateBuildRequest(nil), posts...)
 	}
-	if _, err := run("d13", "--recipe", "debian13", "--via-api", "--bridge", "vmbr1"); err == nil || !strings.Contains(err.Error(), "--bridge with --via-api") || len(asked()) != 0 {
-		t.Errorf("--bridge with --via-api: %v (%d posts)", err, len(asked()))
+	for _, flag := range [][]string{{"--bridge", "vmbr1"}, {"--mirror", "http://mirror.lan/cloud/"}, {"--state-dir", "/var/lib/other"}} {
+		args := append([]string{"d13", "--recipe", "debian13", "--via-api"}, flag...)
+		if _, err := run(args...); err == nil || !strings.Contains(err.Error(), flag[0]+" with --via-api") || len(asked()) != 0 {
+			t.Errorf("%s with --via-api: %v (%d posts)", flag[0], err, len(asked()))
+		}
 	}
 	out, err := run("d13", "--recipe", "debian13", "--via-api", "--poll", "10ms")
 	if p := asked(); err != nil || len(p) != 1 || p[0] != (apitype.TemplateBuildRequest{Name: "d13", Recipe: "debian13"}) {
@@ -143,5 +153,32 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 	mu.Unlock()
 	if _, err := run("d13", "--recipe", "debian13", "--via-api", "--poll", "10ms"); err == nil || !strings.Contains(err.Error(), "boot: no agent") {
 		t.Errorf("a failed build: %v", err)
+	}
+}
+
+// TestTemplateBuildDirsFromConfig: `template build` on the node takes the
+// daemon's lock and ledger directories ([templates] lock_dir and
+// state_dir) unless --lock-dir or --state-dir names others: with a
+// ledger of its own it would refuse the daemon's template of a name (and
+// the daemon the CLI's), with a lock of its own build at once the name
+// the daemon builds.
+func TestTemplateBuildDirsFromConfig(t *testing.T) {
+	tc := config.TemplatesSection{LockDir: "/run/site/locks", StateDir: "/var/lib/site/ledger"}
+	for _, c := range []struct {
+		args             []string
+		wantLock, wantSt string
+	}{
+		{nil, "/run/site/locks", "/var/lib/site/ledger"},
+		{[]string{"--state-dir", "/srv/ledger"}, "/run/site/locks", "/srv/ledger"},
+		{[]string{"--lock-dir", "/run/l"}, "/run/l", "/var/lib/site/ledger"},
+	} {
+		cmd := newTemplateBuildCmd(&globals{})
+		if err := cmd.ParseFlags(c.args); err != nil {
+			t.Fatal(err)
+		}
+		lock, st := nodeDirs(cmd, tc)
+		if lock != c.wantLock || st != c.wantSt {
+			t.Errorf("%v: lock %s, ledger %s; want %s and %s", c.args, lock, st, c.wantLock, c.wantSt)
+		}
 	}
 }

@@ -11,6 +11,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from fakenode import FakeNode, serve
+from inspect_ai import Task
+from inspect_ai import eval as inspect_eval
+from inspect_ai.model import ChatMessageTool, ModelOutput, ModelUsage, get_model
 
 from inspect_pve_inspect import (
     NodeConfig,
@@ -34,6 +37,34 @@ def need_bed() -> None:
     pytest.skip(
         f"SKIPPED: no bed daemon ({ENV_URL} unset); see cmd/pve-inspect-demo TestInspectProvider"
     )
+
+
+def eval_uname_then_submit_42(task: Task, log_dir: str) -> None:
+    """Run ``task`` (one sample, a ``bash`` tool, target 42) with the mock
+    model of the reference's eval test: ``uname -a`` through bash, then
+    submit 42; it must succeed and score correct, the bash call answered by
+    a Linux guest."""
+    outs = [
+        ModelOutput.for_tool_call(
+            model="mockllm/model", tool_name="bash", tool_arguments={"command": "uname -a"}
+        ),
+        ModelOutput.for_tool_call(
+            model="mockllm/model", tool_name="submit", tool_arguments={"answer": "42"}
+        ),
+    ]
+    # a usage on each output: without one the mock model counts tokens
+    # with tiktoken, which downloads its encoding (no network here)
+    for o in outs:
+        o.usage = ModelUsage(input_tokens=10, output_tokens=10, total_tokens=20)
+    model = get_model("mockllm/model", custom_outputs=outs)
+    logs = inspect_eval(tasks=[task], model=model, log_dir=log_dir, display="none")
+    log = logs[0]
+    assert log.status == "success", log.error
+    assert log.results is not None
+    assert log.results.scores[0].metrics["accuracy"].value == 1.0
+    assert log.samples is not None
+    tools = [m for m in log.samples[0].messages if isinstance(m, ChatMessageTool)]
+    assert tools and "Linux" in tools[0].text, [m.text for m in tools]
 
 
 @pytest.fixture

@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need_bed
+from conftest import eval_uname_then_submit_42, need_bed
 from inspect_ai import Task, task
-from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import Sample
-from inspect_ai.model import ChatMessageTool, ModelOutput, ModelUsage, get_model
 from inspect_ai.scorer import includes
 from inspect_ai.solver import basic_agent
 from inspect_ai.tool import bash
@@ -48,29 +46,7 @@ def test_reference_task_for_test_scores(tmp_path: Path) -> None:
     -a`` through bash, then submit 42) scores correct; the reference
     asserts an Ubuntu guest, the bed's guest is Linux (its Debian root)."""
     need_bed()
-    outs = [
-        ModelOutput.for_tool_call(
-            model="mockllm/model", tool_name="bash", tool_arguments={"command": "uname -a"}
-        ),
-        ModelOutput.for_tool_call(
-            model="mockllm/model", tool_name="submit", tool_arguments={"answer": "42"}
-        ),
-    ]
-    # a usage on each output: without one the mock model counts tokens
-    # with tiktoken, which downloads its encoding (no network here)
-    for o in outs:
-        o.usage = ModelUsage(input_tokens=10, output_tokens=10, total_tokens=20)
-    model = get_model("mockllm/model", custom_outputs=outs)
-    logs = inspect_eval(
-        tasks=[reference_task_for_test()], model=model, log_dir=str(tmp_path), display="none"
-    )
-    log = logs[0]
-    assert log.status == "success", log.error
-    assert log.results is not None
-    assert log.results.scores[0].metrics["accuracy"].value == 1.0
-    assert log.samples is not None
-    tools = [m for m in log.samples[0].messages if isinstance(m, ChatMessageTool)]
-    assert tools and "Linux" in tools[0].text, [m.text for m in tools]
+    eval_uname_then_submit_42(reference_task_for_test(), str(tmp_path))
 
 
 # The README's "Configuration" example, field by field (its comments

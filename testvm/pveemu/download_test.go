@@ -19,15 +19,7 @@ import (
 
 // qcow2Image is a qcow2 header of virtual size size (what probeImage
 // reads), padded to 4 KiB.
-func qcow2Image(size uint64) []byte {
-	b := make([]byte, 4096)
-	copy(b, qcow2Magic)
-	binary.BigEndian.PutUint32(b[4:], 3)
-	binary.BigEndian.PutUint32(b[20:], 16)
-	binary.BigEndian.PutUint64(b[24:], size)
-	b[4095] = 0x5a
-	return b
-}
+func qcow2Image(size uint64) []byte { return CloudQCOW2(size) }
 
 // qcow2WithBacking is a qcow2 header naming a backing file.
 func qcow2WithBacking(name string) []byte {

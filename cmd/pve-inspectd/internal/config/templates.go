@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/pve-inspect/pve-inspect/templatebuild"
 )
 
 // TemplatesSection is [templates]: template builds on request of the
@@ -41,6 +43,18 @@ type TemplatesSection struct {
 	// check: a URL an admin gives could make the node fetch what only it
 	// reaches (its LAN, a metadata service).
 	AllowURLs bool `toml:"allow_urls"`
+	// Mirror is the base URL the shipped recipes' images and checksum
+	// lists are fetched from instead of the distributions' servers (an
+	// air-gapped site's own copy): MIRROR/RECIPE/FILE and
+	// MIRROR/RECIPE/SHA512SUMS or SHA256SUMS, the distributions' file
+	// names (templatebuild.MirrorRecipe). The mirror is then trusted as
+	// the distributions' servers were: the checksum is still the line of
+	// its list, which Proxmox verifies. Also `template build`'s default
+	// --mirror.
+	Mirror string `toml:"mirror"`
+	// StateDir holds the build ledger (`template build --state-dir`): only
+	// VMs a build on this node recorded there are reused or destroyed.
+	StateDir string `toml:"state_dir"`
 	// MaxBuilds is how many builds run at once on the node (1 or 2);
 	// further requests wait their turn.
 	MaxBuilds int `toml:"max_builds"`
@@ -57,7 +71,8 @@ var reBridgeName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
 
 func defaultTemplates() TemplatesSection {
 	return TemplatesSection{BuilderUser: "root@pam", Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
-		MaxBuilds: 1, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd"}
+		MaxBuilds: 1, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd",
+		StateDir: templatebuild.DefaultStateDir}
 }
 
 func (t TemplatesSection) validate(prefix string) error {
@@ -72,6 +87,14 @@ func (t TemplatesSection) validate(prefix string) error {
 	}
 	if !filepath.IsAbs(t.LockDir) {
 		return key("lock_dir", "%q: want an absolute path", t.LockDir)
+	}
+	if !filepath.IsAbs(t.StateDir) {
+		return key("state_dir", "%q: want an absolute path", t.StateDir)
+	}
+	if t.Mirror != "" {
+		if err := templatebuild.CheckMirror(t.Mirror); err != nil {
+			return key("mirror", "%w", err)
+		}
 	}
 	if t.Bridge != "" && !reBridgeName.MatchString(t.Bridge) {
 		return key("bridge", "%q: want an interface name", t.Bridge)

@@ -23,14 +23,19 @@ func TestTemplatesSection(t *testing.T) {
 		{"agent_wait = \"10s\"\n", "templates.agent_wait"},
 		{"lock_dir = \"run\"\n", "templates.lock_dir"},
 		{"nope = 1\n", "templates.nope"},
+		{"mirror = \"ftp://mirror.lan/cloud/\"\n", "templates.mirror"},
+		{"mirror = \"http://user:pw@mirror.lan/cloud/\"\n", "templates.mirror"},
+		{"mirror = \"http://mirror.lan/cloud/?k=v\"\n", "templates.mirror"},
+		{"mirror = \"http://169.254.169.254/\"\n", "templates.mirror"},
+		{"state_dir = \"builds\"\n", "templates.state_dir"},
 	} {
 		_, err := Parse("[templates]\n" + tc.doc)
 		if err == nil || !strings.Contains(err.Error(), `"`+tc.key+`"`) {
 			t.Errorf("%q: %v, want an error naming %s", tc.doc, err, tc.key)
 		}
 	}
-	c, err := Parse("[templates]\nbuild = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nmax_builds = 2\n")
-	if err != nil || !c.Templates.Build || c.Templates.MaxBuilds != 2 {
+	c, err := Parse("[templates]\nbuild = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nmax_builds = 2\nmirror = \"http://10.0.0.8/cloud/\"\n")
+	if err != nil || !c.Templates.Build || c.Templates.MaxBuilds != 2 || c.Templates.Mirror != "http://10.0.0.8/cloud/" || c.Templates.StateDir != "/var/lib/pve-inspectd/template-builds" {
 		t.Errorf("builds on: %+v %v", c.Templates, err)
 	}
 }

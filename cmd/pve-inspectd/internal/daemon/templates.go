@@ -59,7 +59,9 @@ func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, erro
 	if host == nil {
 		// the ledger `template build` keeps too: only VMs a build on
 		// this node recorded are reused or destroyed
-		host = templatebuild.NodeHost{StateDir: templatebuild.DefaultStateDir}
+		// (and the checksum lists it fetches itself, a mirror's,
+		// follow no redirect the build's URL guard refuses)
+		host = templatebuild.NodeHost{StateDir: tc.StateDir, Redirect: urls.Check}
 	}
 	// A bridge of [templates] the guard treats as management or trusted
 	// is refused at each build (the freshly booted image would reach the
@@ -91,7 +93,7 @@ func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, erro
 		return g.GrantACL(ctx, "/vms/"+strconv.Itoa(vmid), access.RoleTemplate, []string{tokenUser}, []string{tokenID}, false)
 	}
 	return templatebuild.NewService(templatebuild.ServiceOptions{
-		Login: login, Agent: agent, Host: host, URLs: urls, AllowURLs: tc.AllowURLs, Grant: grant,
+		Login: login, Agent: agent, Host: host, URLs: urls, AllowURLs: tc.AllowURLs, Mirror: tc.Mirror, Grant: grant,
 		Defaults: templatebuild.Options{Storage: tc.Storage, ImageStorage: tc.ImageStorage, SnippetStorage: tc.SnippetStorage,
 			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, Protected: protected, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll},
 		MaxRunning: tc.MaxBuilds, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,
