@@ -21,6 +21,12 @@ import (
 // DHCP range, applied: a vnet the daemon did not create.
 func operatorVNet(t *testing.T, ctx context.Context, root *pveapi.Client, zone, vnet, alias, cidr string) {
 	t.Helper()
+	operatorVNetSNAT(t, ctx, root, zone, vnet, alias, cidr, false)
+}
+
+// operatorVNetSNAT is operatorVNet with the subnet's SNAT as snat.
+func operatorVNetSNAT(t *testing.T, ctx context.Context, root *pveapi.Client, zone, vnet, alias, cidr string, snat bool) {
+	t.Helper()
 	if err := root.CreateZone(ctx, sandbox.ZoneSpec{ID: zone}); err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +43,7 @@ func operatorVNet(t *testing.T, ctx context.Context, root *pveapi.Client, zone, 
 		for a := p.Addr(); p.Contains(a.Next()); a = a.Next() {
 			hi = a // the last address but one: below the broadcast
 		}
-		if err := root.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: vnet, CIDR: cidr, Gateway: gw.String(),
+		if err := root.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: vnet, CIDR: cidr, Gateway: gw.String(), SNAT: snat,
 			DHCPRanges: []apitype.DHCPRange{{Start: lo.String(), End: hi.String()}}}); err != nil {
 			t.Fatal(err)
 		}
