@@ -27,7 +27,9 @@ import (
 //     tag, this daemon's or another node's), must not be a management or
 //     trusted interface of the host guard, and must have an IPv4 subnet
 //     (the guard's zone map and port map know a guest there by its zone
-//     and its IPAM address).
+//     and its IPAM address), and its zone must be "simple" (a VLAN,
+//     QinQ, VXLAN or EVPN zone's vnet is bridged to an uplink: a guest's
+//     frames would leave the node past the guard's routed rules).
 //   - The engine never creates, changes or deletes a shared vnet, its
 //     subnets or its IPAM entries: the VM's entry there is Proxmox's,
 //     added when the NIC is configured and removed when the VM is
@@ -42,6 +44,13 @@ import (
 //     sandbox's own networks have. So a sandbox with such a NIC takes no
 //     egress policy (create, SetEgress): refused, field egress.
 //   - A warm pool member never has one (PoolShape.matches).
+
+// ZoneTyper is a Proxmox that reads an SDN zone's type (pveapi.Client
+// does): a shared vnet must be of a "simple" zone. Without it no vnet can
+// be shared.
+type ZoneTyper interface {
+	ZoneType(ctx context.Context, zone string) (string, error)
+}
 
 // sharedVNet is a listed vnet as Proxmox lists it.
 type sharedVNet = VNetInfo
@@ -178,6 +187,24 @@ func (m *Engine) sharedRefusal(ctx context.Context, v sharedVNet) (string, error
 	}
 	if m.o.HostInterfaces != nil && slices.Contains(m.o.HostInterfaces(), v.ID) {
 		return "it is a management or trusted interface of the host guard", nil
+	}
+	// Only a simple zone's vnet is a bridge of this node alone, routed
+	// by the node (pve-network Zones/SimplePlugin.pm generate_sdn_config:
+	// "bridge_ports none"): a VLAN, QinQ, VXLAN or EVPN zone's vnet has an
+	// uplink port (VlanPlugin.pm: the zone's bridge's VLAN), and a guest's
+	// frames leave by it at layer 2, past the guard's routed rules (the
+	// metadata, LAN and management drops); the layer-2 table leaves
+	// uplinks alone.
+	zt, ok := m.o.Proxmox.(ZoneTyper)
+	if !ok {
+		return "the daemon cannot read its zone's type", nil
+	}
+	typ, err := zt.ZoneType(ctx, v.Zone)
+	if err != nil {
+		return "", pxErr("read the type of zone "+v.Zone, err)
+	}
+	if typ != "simple" {
+		return fmt.Sprintf("its zone %s is of type %s, not simple: its vnets are bridged to an uplink, past the host guard's routed rules", v.Zone, typ), nil
 	}
 	cidrs, err := m.cleaner.VNetSubnets(ctx, v.ID)
 	if err != nil {

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/pve-inspect/pve-inspect/sandbox"
@@ -48,5 +49,41 @@ func TestSharedVNetTakesNoEgress(t *testing.T) {
 	}
 	if _, err := b.e.SetEgress(ctx, plain, none); err != nil {
 		t.Errorf("set egress of a sandbox without a shared NIC: %v", err)
+	}
+}
+
+// TestSharedVNetOnlyOfSimpleZone (review49d): a listed vnet of a zone
+// that is not "simple" (a VLAN, QinQ, VXLAN or EVPN zone bridges its vnet
+// to an uplink: a guest's frames leave the node at layer 2, past the
+// guard's routed rules: the metadata, LAN and management drops) is
+// refused at start and at a create naming it; one of a simple zone is
+// taken.
+func TestSharedVNetOnlyOfSimpleZone(t *testing.T) {
+	ctx := context.Background()
+	b := newPoolBed(t, nil, func(o *sandbox.Options) { o.SharedVNets = []string{"lab", "uplink"} })
+	for _, err := range []error{b.px.CreateZone(ctx, sandbox.ZoneSpec{ID: "opzone"}), b.px.CreateVNet(ctx, sandbox.VNetSpec{ID: "lab", Zone: "opzone"}),
+		b.px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "lab", CIDR: "10.88.0.0/24", Gateway: "10.88.0.1"}),
+		b.px.CreateZone(ctx, sandbox.ZoneSpec{ID: "opvlan"}), b.px.CreateVNet(ctx, sandbox.VNetSpec{ID: "uplink", Zone: "opvlan"}),
+		b.px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "uplink", CIDR: "10.89.0.0/24", Gateway: "10.89.0.1"})} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.px.SetZoneType("opvlan", "vlan")
+	if err := b.e.CheckSharedVNets(ctx); err == nil || !strings.Contains(err.Error(), "uplink") || !strings.Contains(err.Error(), "vlan") {
+		t.Errorf("start check: %v, want vnet uplink refused for its vlan zone", err)
+	}
+	req := func(vnet string) apitype.CreateRequest {
+		r := oneVMSized("debian", 1, 512)
+		r.VMs[0].NICs = []apitype.NIC{{Network: "net0"}, {VNet: vnet}}
+		r.VMs[0].Networks = []string{"net0", apitype.SharedNetwork(vnet)}
+		return r
+	}
+	var inv *sandbox.InvalidError
+	if _, err := b.e.Create(ctx, req("uplink")); !errors.As(err, &inv) || inv.Field != "vms[0].nics[1].vnet" || !strings.Contains(err.Error(), "vlan") {
+		t.Errorf("create on the vlan zone's vnet: %v, want an invalid vms[0].nics[1].vnet naming the zone type", err)
+	}
+	if _, err := b.e.Create(ctx, req("lab")); err != nil {
+		t.Errorf("create on the simple zone's vnet: %v", err)
 	}
 }
