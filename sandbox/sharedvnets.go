@@ -29,7 +29,9 @@ import (
 //     (the guard's zone map and port map know a guest there by its zone
 //     and its IPAM address), and its zone must be "simple" (a VLAN,
 //     QinQ, VXLAN or EVPN zone's vnet is bridged to an uplink: a guest's
-//     frames would leave the node past the guard's routed rules).
+//     frames would leave the node past the guard's routed rules), and
+//     every other vnet of its zone must be listed too (the guard lets a
+//     zone's vnets reach each other through the node).
 //   - The engine never creates, changes or deletes a shared vnet, its
 //     subnets or its IPAM entries: the VM's entry there is Proxmox's,
 //     added when the NIC is configured and removed when the VM is
@@ -109,7 +111,7 @@ func (m *Engine) resolveSharedVNets(ctx context.Context, req *apitype.CreateRequ
 			if why == "" {
 				var seen bool
 				if why, seen = checked[sv.ID]; !seen {
-					if why, err = m.sharedRefusal(ctx, sv); err != nil {
+					if why, err = m.sharedRefusal(ctx, sv, listed); err != nil {
 						return nil, err
 					}
 					checked[sv.ID] = why
@@ -177,13 +179,21 @@ func (m *Engine) sharedList(listed []VNetInfo) string {
 }
 
 // sharedRefusal says why the listed vnet v cannot be shared ("" when it
-// can); err is a failure to ask Proxmox.
-func (m *Engine) sharedRefusal(ctx context.Context, v sharedVNet) (string, error) {
+// can), all the cluster's vnets being all; err is a failure to ask
+// Proxmox.
+func (m *Engine) sharedRefusal(ctx context.Context, v sharedVNet, all []VNetInfo) (string, error) {
 	if ValidID(v.Zone) {
 		return fmt.Sprintf("its zone %s is a sandbox's", v.Zone), nil
 	}
 	if slices.ContainsFunc(aliasTags(v.Alias), func(t string) bool { return strings.HasPrefix(t, "pvei-") }) {
 		return "its alias carries a sandbox's ownership tags", nil
+	}
+	// the guard lets the vnets of one zone reach each other through the
+	// node (@zone_peers): a guest on v reaches every vnet of its zone
+	for _, o := range all {
+		if o.Zone == v.Zone && o.ID != v.ID && !slices.Contains(m.o.SharedVNets, o.ID) {
+			return fmt.Sprintf("its zone %s has the vnet %s, not shared, which the host guard lets the zone's vnets reach", v.Zone, o.ID), nil
+		}
 	}
 	if m.o.HostInterfaces != nil && slices.Contains(m.o.HostInterfaces(), v.ID) {
 		return "it is a management or trusted interface of the host guard", nil
@@ -235,7 +245,7 @@ func (m *Engine) CheckSharedVNets(ctx context.Context) error {
 		if k < 0 {
 			return fmt.Errorf("[api] shared_vnets: vnet %s is not a vnet of Proxmox's SDN", id)
 		}
-		why, err := m.sharedRefusal(ctx, listed[k])
+		why, err := m.sharedRefusal(ctx, listed[k], listed)
 		if err != nil {
 			return err
 		}

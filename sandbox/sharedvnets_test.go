@@ -87,3 +87,37 @@ func TestSharedVNetOnlyOfSimpleZone(t *testing.T) {
 		t.Errorf("create on the simple zone's vnet: %v", err)
 	}
 }
+
+// TestSharedVNetZoneWhole (review49d): a listed vnet whose zone has
+// another vnet the operator did not list is refused (the guard lets a
+// zone's vnets reach each other through the node, so a guest on the shared
+// one would reach the other); listing both takes them.
+func TestSharedVNetZoneWhole(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		listed []string
+		refuse bool
+	}{{[]string{"lab"}, true}, {[]string{"lab", "secret"}, false}} {
+		b := newPoolBed(t, nil, func(o *sandbox.Options) { o.SharedVNets = tc.listed })
+		for _, err := range []error{b.px.CreateZone(ctx, sandbox.ZoneSpec{ID: "opzone"}),
+			b.px.CreateVNet(ctx, sandbox.VNetSpec{ID: "lab", Zone: "opzone"}), b.px.CreateVNet(ctx, sandbox.VNetSpec{ID: "secret", Zone: "opzone"}),
+			b.px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "lab", CIDR: "10.88.0.0/24", Gateway: "10.88.0.1"}),
+			b.px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "secret", CIDR: "10.87.0.0/24", Gateway: "10.87.0.1"})} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := b.e.CheckSharedVNets(ctx)
+		if tc.refuse != (err != nil) || (err != nil && !strings.Contains(err.Error(), "secret")) {
+			t.Errorf("listed %v: start check %v, want refused %v naming secret", tc.listed, err, tc.refuse)
+		}
+		r := oneVMSized("debian", 1, 512)
+		r.VMs[0].NICs = []apitype.NIC{{Network: "net0"}, {VNet: "lab"}}
+		r.VMs[0].Networks = []string{"net0", apitype.SharedNetwork("lab")}
+		_, err = b.e.Create(ctx, r)
+		var inv *sandbox.InvalidError
+		if tc.refuse && (!errors.As(err, &inv) || inv.Field != "vms[0].nics[1].vnet") || !tc.refuse && err != nil {
+			t.Errorf("listed %v: create %v, want refused %v", tc.listed, err, tc.refuse)
+		}
+	}
+}
