@@ -107,6 +107,12 @@ func (c *SandboxChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apityp
 			nw = &t.Sandbox.Networks[i]
 		}
 	}
+	if nw == nil && len(t.VM.Networks) > 0 {
+		if id, ok := apitype.SharedVNetOf(t.VM.Networks[0]); ok {
+			// the plan's gateway and subnet are a sandbox network's
+			return apitype.CheckReport{}, fmt.Errorf("containment check: VM %s's first NIC is on the shared vnet %s, not on a network of its sandbox: the check runs from a VM whose first NIC is", t.VM.Name, id)
+		}
+	}
 	if nw == nil {
 		return apitype.CheckReport{}, fmt.Errorf("containment check: VM %s has no network", t.VM.Name)
 	}

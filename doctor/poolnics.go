@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"github.com/pve-inspect/pve-inspect/sandbox"
 )
 
 // PoolNICCheck reads every VM of the daemon's pool and fails on a NIC the
@@ -19,6 +21,8 @@ import (
 // tap_plug plugs a NIC whose bridge is no running vnet into the host
 // bridge of that name). A pool VM without a sandbox tag on another bridge
 // is a warning: a clone being configured, or a VM the daemon did not make.
+// A sandbox VM's NIC on a vnet of [api] shared_vnets (n.SharedVNets) is
+// one the daemon makes.
 func PoolNICCheck(px API, n Node) Check {
 	return Check{Name: "pool VM NICs", Run: func(ctx context.Context) Outcome {
 		var pool struct {
@@ -79,6 +83,7 @@ func PoolNICCheck(px API, n Node) Check {
 				switch {
 				case bridge == "":
 					bad = append(bad, fmt.Sprintf("VM %d %s has no bridge (QEMU's user-mode network: the host's own traffic)", m.VMID, k))
+				case sb != "" && n.sharedVNet(bridge, zoneOf):
 				case sb != "" && zoneOf[bridge] != sb:
 					where := "a host bridge or no vnet"
 					if z, ok := zoneOf[bridge]; ok {
@@ -98,8 +103,16 @@ func PoolNICCheck(px API, n Node) Check {
 			return warnf("a VM of the pool without a sandbox tag: a clone still being configured (look again), or a VM the daemon did not make (move it out of the pool)",
 				"pool VMs without a sandbox tag, on other bridges: %s", strings.Join(odd, "; "))
 		}
-		return passf("%d pool VMs, every NIC on its sandbox's vnets", vms)
+		return passf("%d pool VMs, every NIC on its sandbox's vnets or a shared vnet", vms)
 	}}
+}
+
+// sharedVNet reports whether bridge is a vnet the node shares ([api]
+// shared_vnets): listed, and an SDN vnet of a zone that is no sandbox's
+// (as the daemon checks it, sandbox sharedvnets.go).
+func (n Node) sharedVNet(bridge string, zoneOf map[string]string) bool {
+	z, ok := zoneOf[bridge]
+	return ok && slices.Contains(n.SharedVNets, bridge) && !sandbox.ValidID(z)
 }
 
 // nicBridge is the bridge of a NIC's config value ("" when none).

@@ -37,6 +37,9 @@ type Node struct {
 	RequireHardened bool
 	// MinMajor is the oldest Proxmox VE major version supported.
 	MinMajor int
+	// SharedVNets are [api] shared_vnets: vnets of the operator's a
+	// sandbox VM's NIC may be on.
+	SharedVNets []string
 }
 
 // templateIDs returns the templates' ids, sorted, without repeats.

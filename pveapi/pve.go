@@ -926,6 +926,27 @@ func (c *Client) ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error) {
 	return out, nil
 }
 
+// ZoneType implements sandbox.ZoneTyper: the zone's type as GET
+// /cluster/sdn/zones?pending=1 lists it (pve-network API2/Network/SDN/
+// Zones.pm index; a zone's type is its section type, never pending, at
+// the entry's top level: SDN.pm pending_config). ErrNotFound when the
+// token lists no such zone.
+func (c *Client) ZoneType(ctx context.Context, zone string) (string, error) {
+	var zs []struct {
+		Zone string `json:"zone"`
+		Type string `json:"type"`
+	}
+	if err := c.c.Get(ctx, "/cluster/sdn/zones?pending=1", &zs); err != nil {
+		return "", classify("list zones", err)
+	}
+	for _, z := range zs {
+		if z.Zone == zone {
+			return z.Type, nil
+		}
+	}
+	return "", fmt.Errorf("zone %s: %w", zone, sandbox.ErrNotFound)
+}
+
 // VNetSubnets implements sandbox.Proxmox.
 func (c *Client) VNetSubnets(ctx context.Context, vn string) ([]string, error) {
 	ss, err := c.subnets(ctx, vn)

@@ -34,6 +34,12 @@ func (m *Engine) templateID(ctx context.Context, name string) (int, error) {
 // Create builds a sandbox and returns when every VM answers its agent; on
 // failure everything created is removed.
 func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype.Sandbox, error) {
+	req.VMs = cloneVMRequests(req.VMs)
+	if refusals, err := m.resolveSharedVNets(ctx, &req); err != nil {
+		return apitype.Sandbox{}, err
+	} else if len(refusals) > 0 {
+		return apitype.Sandbox{}, refusals[0]
+	}
 	if sb, ok, err := m.claim(ctx, req); ok {
 		return sb, err
 	}
@@ -463,13 +469,11 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 		return fmt.Errorf("after the clone to %d: %w", vmid, err)
 	}
 	bridges := make([]string, len(spec.Networks))
+	m.mu.Lock()
 	for k, n := range spec.Networks {
-		for _, net := range rec.Networks {
-			if net.Name == n {
-				bridges[k] = net.VNet
-			}
-		}
+		bridges[k] = bridgeOf(rec.Networks, n)
 	}
+	m.mu.Unlock()
 	if spec.Kind == apitype.KindLXC {
 		return m.buildCT(ctx, rec, spec, vmid, bridges, env)
 	}

@@ -21,6 +21,7 @@
 //	reap.go         Extend and the TTL reaper
 //	zones.go        SDN apply (concurrent callers share one) and the zone set handed to the host guard
 //	egress.go       egress policies (the Egress interface)
+//	sharedvnets.go  NICs on the operator's vnets ([api] shared_vnets; design decisions there)
 //	env.go          a create's secrets file in the guest
 //	names.go        VM addresses from Proxmox's IPAM; hostnames and /etc/hosts in the guests
 //	harden.go       the hardened VM profile (the VMConfigs interface)

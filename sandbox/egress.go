@@ -117,6 +117,9 @@ func (m *Engine) SetEgress(ctx context.Context, sb apitype.Sandbox, p apitype.Eg
 	if sb.State != apitype.StateReady {
 		return apitype.EgressStatus{}, refuse(ErrConflict, "sandbox %s is %s", sb.ID, sb.State)
 	}
+	if sandboxUsesSharedVNets(sb) {
+		return apitype.EgressStatus{}, errSharedEgress()
+	}
 	if err := m.o.Egress.Set(ctx, sb.ID, sb.Zone, sandboxBridges(sb), p); err != nil {
 		return apitype.EgressStatus{}, fmt.Errorf("set egress policy of %s: %w", sb.ID, err)
 	}

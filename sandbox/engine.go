@@ -136,6 +136,12 @@ type Options struct {
 	// AllowWindows ([api] allow_windows) lets a create ask for a Windows
 	// os_type; refused otherwise.
 	AllowWindows bool
+	// SharedVNets ([api] shared_vnets) are the Proxmox vnets, by id, a
+	// sandbox's NICs may be on (apitype.NIC.VNet; sharedvnets.go).
+	SharedVNets []string
+	// HostInterfaces, when set, names the host guard's management and
+	// trusted interfaces: never shared, whatever SharedVNets says.
+	HostInterfaces func() []string
 	// Health configures the health monitor and the event buffer
 	// (health.go, events.go).
 	Health HealthOptions

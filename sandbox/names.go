@@ -111,6 +111,13 @@ func (m *Engine) learnAddresses(ctx context.Context, rec *record) error {
 	for i, n := range nets {
 		vnets[i] = n.VNet
 	}
+	for _, v := range vms {
+		for _, n := range v.Networks {
+			if id, ok := apitype.SharedVNetOf(n); ok && !slices.Contains(vnets, id) {
+				vnets = append(vnets, id)
+			}
+		}
+	}
 	entries, err := m.addrs.IPAMAddresses(ctx, vnets)
 	if err != nil {
 		return pxErr("list ipam addresses", err)
@@ -173,12 +180,7 @@ func vmAddresses(nets []apitype.Network, vms []apitype.VM, entries []IPAMAddress
 		}
 		used := map[netip.Addr]bool{}
 		for j, name := range v.Networks {
-			vnet := ""
-			for _, n := range nets {
-				if n.Name == name {
-					vnet = n.VNet
-				}
-			}
+			vnet := bridgeOf(nets, name)
 			cands := byKey[key{vnet, v.VMID}]
 			pick := -1
 			if j < len(macs[v.VMID]) && macs[v.VMID][j] != "" {

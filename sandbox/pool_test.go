@@ -123,11 +123,21 @@ func oneVMSized(template string, cores, mem int) apitype.CreateRequest {
 // member; every other create is cold, and the member stays.
 func TestPoolClaimMatchesShape(t *testing.T) {
 	ctx := context.Background()
-	b := newPoolBed(t, []sandbox.PoolShape{small(1)}, nil)
+	b := newPoolBed(t, []sandbox.PoolShape{small(1)}, func(o *sandbox.Options) { o.SharedVNets = []string{"lab"} })
 	b.e.MaintainPool(ctx)
 	if n := b.ready("small"); n != 1 {
 		t.Fatalf("%d members ready after a refill, want 1", n)
 	}
+	// a vnet the operator made and shares: a member never has a NIC there
+	for _, err := range []error{b.px.CreateZone(ctx, sandbox.ZoneSpec{ID: "opzone"}), b.px.CreateVNet(ctx, sandbox.VNetSpec{ID: "lab", Zone: "opzone"}),
+		b.px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "lab", CIDR: "10.88.0.0/24", Gateway: "10.88.0.1"})} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	shared := oneVMSized("debian", 1, 512)
+	shared.VMs[0].NICs = []apitype.NIC{{Network: "net0"}, {VNet: "lab"}}
+	shared.VMs[0].Networks = []string{"net0", apitype.SharedNetwork("lab")}
 	twoNets := oneVMSized("debian", 1, 512)
 	twoNets.Networks = append(twoNets.Networks, apitype.NetworkRequest{Name: "net1", CIDR: "auto"})
 	fixed := oneVMSized("debian", 1, 512)
@@ -161,6 +171,7 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 		"other template": oneVMSized("alpine", 1, 512), "more cores": oneVMSized("debian", 2, 512), "more memory": oneVMSized("debian", 1, 1024),
 		"two networks": twoNets, "fixed cidr": fixed, "disk resize": disk, "other network name": named, "other egress kind": egress, "no dhcp": nodhcp,
 		"a fixed MAC": mac, "a cpu model": cpu, "an explicit nic controller": nicDefault, "dhcp ranges": ranges, "dhcp ranges on auto": autoRanges,
+		"a NIC on a shared vnet": shared,
 	} {
 		sb, err := b.e.Create(ctx, req)
 		if err != nil {

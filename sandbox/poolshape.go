@@ -151,7 +151,7 @@ func (s PoolShape) request() apitype.CreateRequest {
 // of the API's create (sandboxapi fills them before the engine sees the
 // request).
 func (s PoolShape) matches(req apitype.CreateRequest) bool {
-	if len(req.VMs) != 1 || fixesNICs(req) {
+	if len(req.VMs) != 1 || fixesNICs(req) || usesSharedVNets(req) {
 		return false
 	}
 	v := req.VMs[0]

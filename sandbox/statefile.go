@@ -144,8 +144,11 @@ type savedOptions struct {
 // savedNIC is one NIC of a VM given by nics, on disk (version 3).
 type savedNIC struct {
 	Network string `json:"network"`
-	MAC     string `json:"mac,omitempty"`
-	IPv4    string `json:"ipv4,omitempty"`
+	// VNet is a shared vnet's id (Network empty); absent in files
+	// written before shared vnets, which had none.
+	VNet string `json:"vnet,omitempty"`
+	MAC  string `json:"mac,omitempty"`
+	IPv4 string `json:"ipv4,omitempty"`
 }
 
 // savedAddress is one IPAM address of a VM on disk (version 3).

@@ -86,6 +86,12 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 	if err := m.ValidateEgress(req.Egress); err != nil {
 		refusals = append(refusals, err)
 	}
+	req.VMs = cloneVMRequests(req.VMs)
+	shared, err := m.resolveSharedVNets(ctx, &req)
+	if err != nil {
+		return nil, nil, err
+	}
+	refusals = append(refusals, shared...)
 	host, err := m.ownHostNetworks(ctx)
 	if err != nil {
 		return nil, nil, err

@@ -290,6 +290,9 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			return invalid(f+".networks", "%d NICs: at most %d", len(v.Networks), maxNetworks)
 		}
 		for _, n := range v.Networks {
+			if _, shared := apitype.SharedVNetOf(n); shared && len(v.NICs) > 0 {
+				continue // a NIC's vnet (validateNICs); networks take names only
+			}
 			if !nets[n] {
 				return invalid(f+".networks", "network %q is not defined in networks", n)
 			}
@@ -389,6 +392,13 @@ func (cl nicClaims) validateNICs(v *apitype.VMRequest, f string, nets []apitype.
 	for j := range v.NICs {
 		n := &v.NICs[j]
 		nf := fmt.Sprintf("%s.nics[%d]", f, j)
+		if n.VNet != "" {
+			if pr := validateSharedNIC(n, nf); pr != nil {
+				return pr
+			}
+			v.Networks[j] = apitype.SharedNetwork(n.VNet)
+			continue
+		}
 		k := slices.IndexFunc(nets, func(w apitype.NetworkRequest) bool { return w.Name == n.Network })
 		if k < 0 {
 			return invalid(nf+".network", "network %q is not defined in networks", n.Network)
@@ -425,6 +435,30 @@ func (cl nicClaims) validateNICs(v *apitype.VMRequest, f string, nets []apitype.
 			return invalid(nf+".ipv4", "ipv4 %s is %s's too: an address is unique in the sandbox", ip, other)
 		}
 		cl.ips[ip] = nf
+	}
+	return nil
+}
+
+// maxVNetChars bounds a NIC's vnet: a Proxmox vnet alias is at most 256
+// characters (pve-network VnetPlugin.pm properties, alias maxLength).
+const maxVNetChars = 256
+
+// validateSharedNIC checks a NIC (field nf) that names a shared vnet: a
+// vnet id or alias as text, neither network nor a fixed MAC or address
+// beside it. Whether the node shares it is the engine's to say (it asks
+// Proxmox: sandbox sharedvnets.go).
+func validateSharedNIC(n *apitype.NIC, nf string) *apitype.Problem {
+	if n.Network != "" {
+		return invalid(nf+".network", "give network or vnet, not both")
+	}
+	if utf8.RuneCountInString(n.VNet) > maxVNetChars || !cleanText(n.VNet) || strings.TrimSpace(n.VNet) != n.VNet {
+		return invalid(nf+".vnet", "vnet must be a vnet id or alias: printable text of at most %d characters, no leading or trailing space", maxVNetChars)
+	}
+	if n.MAC != "" {
+		return invalid(nf+".mac", "a NIC on a shared vnet takes no fixed MAC: the vnet's other guests belong to other sandboxes, and a MAC is unique only in a sandbox")
+	}
+	if n.IPv4 != "" {
+		return invalid(nf+".ipv4", "a NIC on a shared vnet takes no fixed address: the vnet's subnet and IPAM are the operator's, not the sandbox's")
 	}
 	return nil
 }

@@ -58,6 +58,19 @@ func TestValidateNICs(t *testing.T) {
 		{"a container with disk_gib", []apitype.VMRequest{{Template: "ct", Kind: apitype.KindLXC, DiskGiB: 8}}, "vms[0].disk_gib", nil, nil},
 		{"an unknown kind", []apitype.VMRequest{{Template: "ct", Kind: "kvm"}}, "vms[0].kind", nil, nil},
 		{"address twice", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.7"}), vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.7"})}, "vms[1].nics[0].ipv4", nil, nil},
+		// shared vnets ([api] shared_vnets): named by id or alias, the
+		// engine says whether the node shares it (sandbox sharedvnets.go)
+		{"a NIC on a shared vnet, by id and by alias", []apitype.VMRequest{vm(apitype.NIC{Network: "lan"}, apitype.NIC{VNet: "lab"}, apitype.NIC{VNet: "lab network (b)"})}, "",
+			[][]string{{"lan", "vnet:lab", "vnet:lab network (b)"}}, [][]string{{"", "", ""}}},
+		{"a container on a shared vnet", []apitype.VMRequest{{Template: "ct", Kind: apitype.KindLXC, NICs: []apitype.NIC{{VNet: "lab"}}}}, "", [][]string{{"vnet:lab"}}, [][]string{{""}}},
+		{"network and vnet", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", VNet: "lab"})}, "vms[0].nics[0].network", nil, nil},
+		{"neither network nor vnet", []apitype.VMRequest{vm(apitype.NIC{})}, "vms[0].nics[0].network", nil, nil},
+		{"a fixed MAC on a shared vnet", []apitype.VMRequest{vm(apitype.NIC{VNet: "lab", MAC: "02:00:00:00:00:01"})}, "vms[0].nics[0].mac", nil, nil},
+		{"a fixed address on a shared vnet", []apitype.VMRequest{vm(apitype.NIC{VNet: "lab", IPv4: "10.20.0.5"})}, "vms[0].nics[0].ipv4", nil, nil},
+		{"a vnet with a control character", []apitype.VMRequest{vm(apitype.NIC{VNet: "lab\n"})}, "vms[0].nics[0].vnet", nil, nil},
+		{"a vnet with a leading space", []apitype.VMRequest{vm(apitype.NIC{VNet: " lab"})}, "vms[0].nics[0].vnet", nil, nil},
+		{"a vnet too long", []apitype.VMRequest{vm(apitype.NIC{VNet: strings.Repeat("a", maxVNetChars+1)})}, "vms[0].nics[0].vnet", nil, nil},
+		{"networks naming a shared vnet", []apitype.VMRequest{{Template: "debian", Networks: []string{"vnet:lab"}}}, "vms[0].networks", nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := apitype.CreateRequest{VMs: tc.vms, Networks: nets()}
@@ -137,7 +150,8 @@ func TestOpenAPINICPatterns(t *testing.T) {
 		allowed func(string) bool // beyond the pattern; nil: nothing
 		accepts func(string) bool
 	}{
-		{"NIC.network", randomStrings(21, "abz09-_.A/", 36, "a", "a-", strings.Repeat("a", 32), strings.Repeat("a", 33)), nil,
+		// empty only with a vnet, the description says
+		{"NIC.network", randomStrings(21, "abz09-_.A/", 36, "", "a", "a-", strings.Repeat("a", 32), strings.Repeat("a", 33)), func(s string) bool { return s != "" },
 			func(s string) bool { return nicAccepts(apitype.NIC{Network: s}, "auto") }},
 		{"NIC.mac", randomMACs(22, "", "00:00:00:00:00:00", "01:00:00:00:00:00", "02:00:00:00:00:00", "52:54:00:12:34:56",
 			"bc:24:11:AA:bb:cc", "02-00-00-00-00-01", "0200.0000.0001", "02:00:00:00:00:0g", "02:00:00:00:00", "02:00:00:00:00:00:00"), nil,

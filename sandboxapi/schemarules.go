@@ -130,7 +130,10 @@ func (s *Server) createRules() map[string]map[string]any {
 		"VMRequest.networks":        {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
 		"VMRequest.nics": {"maxItems": maxNetworks, "description": "instead of networks (not both): one NIC per entry, in order, " +
 			"with an optional fixed MAC and IPv4 address; a request with any fixed is never served from the warm pool"},
-		"NIC.network": {"pattern": reName.String()},
+		"NIC.network": {"pattern": "^$|" + reName.String(), "description": "the network's name in the sandbox; empty when vnet is given"},
+		"NIC.vnet": {"maxLength": maxVNetChars, "description": "instead of network: a vnet the node's operator shares ([api] shared_vnets), by its Proxmox vnet id or alias; " +
+			"no mac or ipv4 with it, the sandbox takes no egress policy, never from the warm pool; the VM's networks entry for it is vnet:<id>. " +
+			"Other sandboxes (of other owners too) may have NICs on the same vnet and reach this one there"},
 		"NIC.mac": {"pattern": "^$|" + reMAC.String(), "not": map[string]any{"enum": []string{zeroMAC}},
 			"description": "a unicast MAC (the group bit clear, as Proxmox's mac-addr format), any case, not all zeros; " +
 				"empty: Proxmox picks one, or the daemon for a NIC with a fixed ipv4. Answers give it in upper case"},

@@ -87,7 +87,8 @@ type doctorOptions struct {
 // runDoctor builds the checks from the configuration and runs them.
 func runDoctor(ctx context.Context, g *globals, af *apiFlags, cfg config.Config, o doctorOptions) doctor.Report {
 	n := doctor.Node{Name: proxmoxOptions(cfg).Node, Pool: cfg.API.Pool, TokenID: tokenID(cfg), Templates: cfg.API.Templates,
-		TransferStorage: cfg.API.DiskTransferStorage, RequireHardened: cfg.API.RequireHardenedTemplates, MinMajor: minProxmoxMajor}
+		TransferStorage: cfg.API.DiskTransferStorage, RequireHardened: cfg.API.RequireHardenedTemplates, MinMajor: minProxmoxMajor,
+		SharedVNets: cfg.API.SharedVNets}
 	var checks []doctor.Check
 	px, tokErr := tokenClient(cfg)
 	if tokErr != nil {

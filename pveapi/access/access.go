@@ -246,7 +246,7 @@ func Calls() []Call {
 		{"DELETE", lxc, vmACL, []string{"VM.Allocate"}, false, "destroy a sandbox CT with purge and force (API2/LXC.pm destroy_vm, schema check); its ACLs and pool membership go in any case"},
 		{"POST", lxc + "/snapshot", vmACL, []string{"VM.Snapshot"}, false, "CT snapshot (API2/LXC/Snapshot.pm snapshot)"},
 		{"POST", lxc + "/snapshot/{snapname}/rollback", vmACL, []string{"VM.Snapshot", "VM.Snapshot.Rollback"}, true, "CT rollback (Snapshot.pm rollback, schema check; the client starts the CT itself, not with start=1)"},
-		{"GET", "/cluster/sdn/zones", "/sdn/zones/" + PhZone, audit, true, "pending zone edits of other clients before an apply, the doctor's SDN check and canary (pending=1); user => 'all', lists only zones with SDN.Audit or SDN.Allocate"},
+		{"GET", "/cluster/sdn/zones", "/sdn/zones/" + PhZone, audit, true, "pending zone edits of other clients before an apply, the doctor's SDN check and canary, the type of a shared vnet's zone (pending=1); user => 'all', lists only zones with SDN.Audit or SDN.Allocate"},
 		{"POST", "/cluster/sdn/zones", "/sdn/zones", []string{"SDN.Allocate"}, false, "create the sandbox's zone"},
 		{"DELETE", "/cluster/sdn/zones/{zone}", "/sdn/zones/" + PhZone, []string{"SDN.Allocate"}, false, "delete the sandbox's zone"},
 		{"GET", "/cluster/sdn/vnets", ownVNet, audit, true, "list vnets (pending=1); user => 'all', lists only vnets with SDN.Audit or SDN.Allocate"},

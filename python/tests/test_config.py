@@ -183,7 +183,30 @@ def test_reference_shape_converts() -> None:
             "vms_config[0].nics[0].vlan_tag",
         ),
         ({"vms_config": [ref_vm(nics=[{"vnet_alias": "x"}])]}, "vms_config[0].nics[0].vnet_alias"),
-        ({"sdn_config": None, "vms_config": [ref_vm()]}, "sdn_config"),
+        # sdn_config None: existing (shared) vnets, named in every VM's nics
+        ({"sdn_config": None, "vms_config": [ref_vm()]}, "vms_config[0].nics"),
+        ({"sdn_config": None, "vms_config": [ref_vm(nics=[])]}, "vms_config[0].nics"),
+        (
+            {
+                "sdn_config": None,
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "lab", "ipv4": "10.0.0.5"}])],
+            },
+            "vms_config[0].nics[0].ipv4",
+        ),
+        (
+            {
+                "sdn_config": None,
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "lab", "mac": "02:00:00:00:00:01"}])],
+            },
+            "vms_config[0].nics[0].mac",
+        ),
+        (
+            {
+                "sdn_config": None,
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "lab", "vlan_tag": 5}])],
+            },
+            "vms_config[0].nics[0].vlan_tag",
+        ),
         (
             {"sdn_config": lab(gateway="172.31.250.254"), "vms_config": [ref_vm()]},
             "sdn_config.vnet_configs[0].subnets[0].gateway",

@@ -26,6 +26,7 @@ from inspect_ai.tool import bash
 
 from inspect_pve_inspect import ConfigError, PveInspectSandboxEnvironmentConfig
 from inspect_pve_inspect.compat import coerce
+from inspect_pve_inspect.sandbox import create_request
 
 
 @task
@@ -114,20 +115,6 @@ def _one_vm(vm: dict[str, Any], sdn: Any = None) -> dict[str, Any]:
         # its /24) converts; its second VM is an OVA uploaded from the
         # eval's machine, which this provider does not take
         ("full example", README_FULL, "vms_config[1].vm_source_config.ova"),
-        # "Using Existing Proxmox VNETs": sdn_config=None, a vnet by alias
-        (
-            "existing vnets",
-            {
-                "vms_config": [
-                    {
-                        "vm_source_config": {"built_in": "ubuntu24.04"},
-                        "nics": [{"vnet_alias": "existing-vnet-alias"}],
-                    }
-                ],
-                "sdn_config": None,
-            },
-            "sdn_config",
-        ),
     ],
 )
 def test_readme_config_refused_by_field(name: str, config: dict[str, Any], field: str) -> None:
@@ -187,3 +174,34 @@ def test_readme_first_vm_and_static_address_convert() -> None:
     assert vm.nics is not None
     (nic,) = vm.nics
     assert (nic.network, nic.mac, nic.ipv4) == (net.name, "00:16:3D:1D:EB:A0", "192.168.20.10")
+
+
+def test_readme_existing_vnets_convert() -> None:
+    """The README's "Using Existing Proxmox VNETs" config (``sdn_config=None``,
+    a NIC by ``vnet_alias``) converts: the VM's NIC names the alias as a
+    shared vnet (the daemon matches a vnet its operator shares by Proxmox
+    alias or id, and refuses at task start, field named, one it does not
+    share), the sandbox asks no networks of its own beyond the daemon's
+    default and no egress policy; the create request carries the NIC as
+    ``{"vnet": alias}``."""
+    cfg = coerce(
+        {
+            "vms_config": [
+                {
+                    "vm_source_config": {"built_in": "ubuntu24.04"},
+                    "nics": [{"vnet_alias": "existing-vnet-alias"}],
+                }
+            ],
+            "sdn_config": None,
+        }
+    )
+    assert isinstance(cfg, PveInspectSandboxEnvironmentConfig)
+    (vm,) = cfg.vms
+    assert vm.template == "ubuntu24.04" and vm.networks is None
+    assert vm.nics is not None
+    (nic,) = vm.nics
+    assert (nic.network, nic.vnet, nic.mac, nic.ipv4) == (None, "existing-vnet-alias", None, None)
+    assert cfg.networks == () and cfg.egress is None
+    req = create_request(cfg, "t")
+    assert req["vms"][0]["nics"] == [{"vnet": "existing-vnet-alias"}]
+    assert "networks" not in req and "egress" not in req

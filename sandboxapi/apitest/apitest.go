@@ -61,6 +61,8 @@ type Proxmox struct {
 	released map[string]bool
 	// Guests receives VM starts/stops so agents come up and go down.
 	Guests *Guests
+	// zoneTypes are the zones' types other than "simple" (SetZoneType).
+	zoneTypes map[string]string
 }
 
 // NewProxmox returns a fake with the given templates (name -> vmid).
@@ -596,6 +598,17 @@ func (p *Proxmox) CreateZone(ctx context.Context, z sandbox.ZoneSpec) error {
 	return nil
 }
 
+// SetZoneType makes zone id one of type typ (an operator's VLAN zone, say);
+// a zone is "simple" otherwise, as the daemon makes them.
+func (p *Proxmox) SetZoneType(id, typ string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.zoneTypes == nil {
+		p.zoneTypes = map[string]string{}
+	}
+	p.zoneTypes[id] = typ
+}
+
 // DeleteZone implements sandbox.Proxmox.
 func (p *Proxmox) DeleteZone(ctx context.Context, id string) error {
 	p.mu.Lock()
@@ -693,6 +706,23 @@ func (p *Proxmox) ListVNets(ctx context.Context) ([]sandbox.VNetInfo, error) {
 		return nil, err
 	}
 	return slices.Collect(maps.Values(p.VNets)), nil
+}
+
+// ZoneType implements sandbox's ZoneTyper: "simple" unless SetZoneType
+// said otherwise.
+func (p *Proxmox) ZoneType(ctx context.Context, id string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.call("ZoneType"); err != nil {
+		return "", err
+	}
+	if !p.Zones[id] {
+		return "", fmt.Errorf("zone %s: %w", id, sandbox.ErrNotFound)
+	}
+	if t, ok := p.zoneTypes[id]; ok {
+		return t, nil
+	}
+	return "simple", nil
 }
 
 // ListSubnetCIDRs lists the CIDRs of every subnet (for tests).

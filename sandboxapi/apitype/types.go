@@ -115,9 +115,22 @@ type VMRequest struct {
 // and be neither its network, broadcast nor gateway address (the first
 // host address); inside or outside the DHCP range, as Proxmox accepts
 // both. Addresses are unique in the sandbox, and so are MACs.
+//
+// A NIC may instead name, in VNet, a vnet the node's operator shares
+// ([api] shared_vnets): a Proxmox SDN vnet of a zone the daemon did not
+// create, which other sandboxes (other owners too) may have NICs on. Such
+// a NIC takes no MAC or IPv4, its VM is never served from the warm pool,
+// and its sandbox takes no egress policy of its own (README "Shared
+// vnets").
 type NIC struct {
-	// Network is the network's name in the sandbox.
-	Network string `json:"network"`
+	// Network is the network's name in the sandbox; empty when VNet is
+	// set.
+	Network string `json:"network,omitempty"`
+	// VNet is a shared vnet, by its Proxmox vnet id or its Proxmox alias
+	// (as the reference plugin's vnet_alias), instead of Network. The
+	// daemon answers the vnet id; the VM's networks entry for it is
+	// SharedNetwork(id).
+	VNet string `json:"vnet,omitempty"`
 	// MAC is the NIC's unicast MAC address (XX:XX:XX:XX:XX:XX, any case;
 	// the group bit clear, as Proxmox's mac-addr format wants; not all
 	// zeros). Empty: Proxmox picks one, or, for a NIC with a fixed IPv4
@@ -127,6 +140,23 @@ type NIC struct {
 	// IPv4 is the NIC's fixed address (dotted quad); empty: one of the
 	// network's DHCP range, as Proxmox's IPAM picks it.
 	IPv4 string `json:"ipv4,omitempty"`
+}
+
+// sharedPrefix starts a VM's networks entry for a shared vnet: network
+// names never hold a colon.
+const sharedPrefix = "vnet:"
+
+// SharedNetwork is the VM's networks entry (VM.Networks, VMAddress.Network)
+// for a NIC on the shared vnet id.
+func SharedNetwork(id string) string { return sharedPrefix + id }
+
+// SharedVNetOf reports whether a VM's networks entry names a shared vnet,
+// and which.
+func SharedVNetOf(network string) (string, bool) {
+	if len(network) > len(sharedPrefix) && network[:len(sharedPrefix)] == sharedPrefix {
+		return network[len(sharedPrefix):], true
+	}
+	return "", false
 }
 
 // NetworkRequest describes one vnet (with one subnet) of a sandbox.

@@ -8,7 +8,11 @@ An eval written for ``inspect_proxmox_sandbox`` passes a
 ``ipv4``, ``healthcheck``, and ``uefi_boot``, ``os_type``, ``cpu``,
 ``disk_controller``, ``nic_controller`` as the daemon's per-VM options) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP
-with the subnet's ``dhcp_ranges``; its gateway must be the first address).
+with the subnet's ``dhcp_ranges``; its gateway must be the first address;
+or ``None``: every VM's ``nics`` name existing vnets by ``vnet_alias``,
+which become NICs on vnets the node's operator shares, by Proxmox vnet
+alias or id; the daemon refuses at task start a vnet the node does not
+share, listing the ones it does; no ``mac`` or ``ipv4`` on them).
 Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
 (checked; every VM starts at once and the sample waits for all of them and
 their healthchecks). A template tag is looked up as a template name of the
@@ -173,13 +177,11 @@ def _s(v: Any) -> str | None:
 
 
 def _networks(sdn: Any) -> tuple[tuple[NetworkSpec, ...], dict[str, str]]:
-    """The networks of an sdn_config and the vnet alias -> network name map."""
-    if sdn == "auto":
+    """The networks of an sdn_config and the vnet alias -> network name map
+    (none for ``"auto"`` and for ``None``, whose aliases name existing
+    vnets: :func:`_shared_nics`)."""
+    if sdn == "auto" or sdn is None:
         return (), {}
-    if sdn is None:
-        raise ConfigError(
-            "sdn_config", "None (existing vnets) is not supported: every sandbox gets its own zone"
-        )
     if not isinstance(sdn, dict):
         raise ConfigError("sdn_config", f"want 'auto' or an SdnConfig, got {sdn!r}")
     extra = set(sdn) - {"vnet_configs", "use_pve_ipam_dnsnmasq"}
@@ -317,7 +319,40 @@ def _vm_options(f: str, vm: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSpec:
+def _shared_nics(f: str, nics: list[dict[str, Any]]) -> tuple[NicSpec, ...]:
+    """The NICs of a VM of ``sdn_config=None`` (the reference's "Using
+    Existing Proxmox VNETs"): each ``vnet_alias`` a vnet the node's operator
+    shares, named by its Proxmox alias (what the reference matches) or id;
+    the daemon resolves it at task start, or refuses it listing the vnets
+    the node shares. The reference takes no static address there; this
+    provider no fixed MAC either (the vnet's other guests are other
+    sandboxes')."""
+    if not nics:
+        raise ConfigError(
+            f"{f}.nics",
+            "with sdn_config None every VM names its existing vnets in nics "
+            "(a VM without NICs is not supported)",
+        )
+    out: list[NicSpec] = []
+    for j, nic in enumerate(nics):
+        nf = f"{f}.nics[{j}]"
+        if nic.get("vlan_tag") is not None:
+            raise ConfigError(f"{nf}.vlan_tag", "not supported: a shared vnet carries no VLANs")
+        for k in ("mac", "ipv4"):
+            if nic.get(k) is not None:
+                raise ConfigError(
+                    f"{nf}.{k}",
+                    "not supported on an existing (shared) vnet: its other guests are other "
+                    "sandboxes', and its addresses the vnet's DHCP's",
+                )
+        alias = nic.get("vnet_alias")
+        if not isinstance(alias, str) or not alias:
+            raise ConfigError(f"{nf}.vnet_alias", f"want a vnet alias, got {alias!r}")
+        out.append(NicSpec(vnet=alias))
+    return tuple(out)
+
+
+def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared: bool) -> VmSpec:
     f = f"vms_config[{i}]"
     extra = set(vm) - _VM_FIELDS
     if extra:
@@ -356,7 +391,9 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool) -> VmSp
     nets: tuple[str, ...] | None = None
     fixed: tuple[NicSpec, ...] | None = None
     nics = vm.get("nics")
-    if nics is not None:
+    if shared:
+        fixed = _shared_nics(f, list(nics or ()))
+    elif nics is not None:
         if len(nics) == 0:
             raise ConfigError(f"{f}.nics", "a VM without NICs is not supported")
         out = []
@@ -464,7 +501,7 @@ def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
         raise ConfigError(
             "vms_config", "at least one VM (the reference's built-in default is not supported)"
         )
-    specs = tuple(_vm(i, dict(v), aliases, sdn == "auto") for i, v in enumerate(vms))
+    specs = tuple(_vm(i, dict(v), aliases, sdn == "auto", sdn is None) for i, v in enumerate(vms))
     _check_depends_on([dict(v) for v in vms])
     try:
         return PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)

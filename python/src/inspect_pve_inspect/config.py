@@ -131,11 +131,19 @@ class NicSpec(BaseModel):
     network, broadcast nor gateway (first host) address; inside the DHCP
     range or not. Without ``mac`` the daemon picks one. Addresses and MACs
     are unique in the sandbox. A sandbox with a MAC or address fixed is
-    never one of the node's warm pool."""
+    never one of the node's warm pool.
+
+    Instead of ``network``, ``vnet`` names a vnet the node's operator shares
+    (the daemon's ``[api] shared_vnets``), by its Proxmox vnet id or alias:
+    VMs of other sandboxes may be on it too. It takes no ``mac`` or
+    ``ipv4``, and its sandbox no ``egress`` policy."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    network: str
+    network: str | None = None
+    vnet: str | None = Field(
+        default=None, description="instead of network: a vnet the node shares, by id or alias"
+    )
     mac: str | None = Field(default=None, description="XX:XX:XX:XX:XX:XX, unicast, not all zeros")
     ipv4: str | None = Field(default=None, description="a fixed IPv4 address of the network")
 
@@ -150,6 +158,16 @@ class NicSpec(BaseModel):
                 "(the group bit of the first octet clear), not all zeros"
             )
         return v.upper()
+
+    @model_validator(mode="after")
+    def _network_or_vnet(self) -> NicSpec:
+        if (self.network is None) == (self.vnet is None):
+            raise ValueError("give network or vnet, one of them")
+        if self.vnet is not None and (self.mac is not None or self.ipv4 is not None):
+            raise ValueError(
+                f"vnet {self.vnet!r} is shared: a NIC on it takes no fixed mac or ipv4"
+            )
+        return self
 
     @field_validator("ipv4")
     @classmethod
@@ -259,7 +277,7 @@ class VmSpec(BaseModel):
     def network_names(self) -> tuple[str, ...] | None:
         """The VM's networks in NIC order (from nics when given)."""
         if self.nics is not None:
-            return tuple(n.network for n in self.nics)
+            return tuple(n.network for n in self.nics if n.network is not None)
         return self.networks
 
     @field_validator("name")
@@ -460,6 +478,12 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
                 if n not in nets and (self.networks or n != "net0"):
                     raise ValueError(f"vms[{i}].{field}: no network named {n!r}")
         self._check_fixed_nics()
+        shared = any(n.vnet is not None for v in self.vms for n in v.nics or ())
+        if shared and self.egress is not None:
+            raise ValueError(
+                "egress: a sandbox with a NIC on a shared vnet takes no egress policy "
+                "(that vnet's zone has the node's default)"
+            )
         for k in self.labels:
             if k.startswith("inspect."):
                 raise ValueError(f"labels: {k!r}: the inspect. prefix is the provider's")
@@ -478,8 +502,8 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
                     if nic.mac in macs:
                         raise ValueError(f"{f}.mac: {nic.mac} is {macs[nic.mac]}'s too")
                     macs[nic.mac] = f
-                if nic.ipv4 is None:
-                    continue
+                if nic.ipv4 is None or nic.network is None:
+                    continue  # a shared vnet's NIC takes no ipv4 (NicSpec)
                 net = nets.get(nic.network)
                 if net is None or net.cidr == "auto":
                     label = repr(nic.network) if net is None else net.label()

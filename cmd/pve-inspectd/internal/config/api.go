@@ -108,6 +108,12 @@ type APISection struct {
 	// AllowWindows lets a create ask for a Windows os_type (Hyper-V
 	// enlightenments; no guest I/O through the daemon). Default false.
 	AllowWindows bool `toml:"allow_windows"`
+	// SharedVNets are Proxmox SDN vnets (by id) of zones the daemon did
+	// not create that a sandbox's VMs may have NICs on (a NIC's vnet):
+	// the operator's opt-in to VMs of different sandboxes meeting there
+	// (README "Shared vnets"). Checked against Proxmox at start and at
+	// every use (sandbox sharedvnets.go). Default none.
+	SharedVNets []string `toml:"shared_vnets"`
 	// MgmtRules and MgmtInterval are the keys' old place, kept so that
 	// existing files still load: when set they override [guard] mgmt_rules
 	// and mgmt_interval (Parse moves them there). Deprecated.
@@ -186,6 +192,7 @@ func defaultAPI() APISection {
 		ContainerCgroups:      "/sys/fs/cgroup/lxc",
 		Pool:                  "pve-inspect",
 		Templates:             map[string]int{},
+		SharedVNets:           []string{},
 		DefaultTTL:            time.Hour,
 		MaxTTL:                24 * time.Hour,
 		ReaperInterval:        30 * time.Second,
@@ -366,6 +373,9 @@ func (a APISection) validate(prefix string) error {
 	if a.Events.MaxStreamsPerToken > a.Events.MaxStreamsPerOwner || a.Events.MaxStreamsPerOwner > a.Events.MaxStreams {
 		return key("events.max_streams_per_owner", errors.New("want max_streams_per_token <= max_streams_per_owner <= max_streams"))
 	}
+	if err := checkSharedVNets(prefix, a.SharedVNets); err != nil {
+		return err
+	}
 	if a.Enabled {
 		if a.Proxmox.URL == "" {
 			return key("proxmox.url", errors.New("must not be empty"))
@@ -376,6 +386,30 @@ func (a APISection) validate(prefix string) error {
 		if err := abs("proxmox.secret_file", a.Proxmox.SecretFile, false); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// reVNetID is pve-network's vnet id format (VnetPlugin.pm
+// pve-sdn-vnet-id: [a-zA-Z][a-zA-Z0-9]*[a-zA-Z0-9], 2 to 8 characters).
+var reVNetID = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9]{0,6}[a-zA-Z0-9]$`)
+
+// checkSharedVNets checks [api] shared_vnets on its own: vnet ids, none
+// twice. What only Proxmox and the guard know (the vnet exists, its zone
+// is not a sandbox's, it has a subnet, it is no management interface) is
+// checked at start (Engine.CheckSharedVNets); a trusted interface by
+// Config.Validate.
+func checkSharedVNets(prefix string, vnets []string) error {
+	seen := map[string]bool{}
+	for i, v := range vnets {
+		k := fmt.Sprintf("%s.shared_vnets[%d]", prefix, i)
+		if !reVNetID.MatchString(v) {
+			return &KeyError{Key: k, Err: fmt.Errorf("%q is not a Proxmox vnet id (a letter, then letters or digits, 2 to 8 in all)", v)}
+		}
+		if seen[v] {
+			return &KeyError{Key: k, Err: fmt.Errorf("%s is listed twice", v)}
+		}
+		seen[v] = true
 	}
 	return nil
 }

@@ -94,3 +94,35 @@ func TestDefaultToken(t *testing.T) {
 		t.Errorf("default token_id %q, want none", c.API.Proxmox.TokenID)
 	}
 }
+
+// TestSharedVNets: [api] shared_vnets takes Proxmox vnet ids (none by
+// default), each once, and never a trusted interface of the guard; what
+// only Proxmox knows is the engine's start check (sandbox
+// CheckSharedVNets).
+func TestSharedVNets(t *testing.T) {
+	c, err := Parse("[node]\nid = \"n\"\n[api]\nshared_vnets = [\"lab\", \"vnetA12\"]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.API.SharedVNets, ",") != "lab,vnetA12" {
+		t.Errorf("parsed %q", c.API.SharedVNets)
+	}
+	if d, err := Parse("[node]\nid = \"n\"\n"); err != nil || len(d.API.SharedVNets) != 0 {
+		t.Errorf("default %q %v, want none", d.API.SharedVNets, err)
+	}
+	for _, b := range []struct{ doc, key string }{
+		{`shared_vnets = ["a"]`, "api.shared_vnets[0]"},
+		{`shared_vnets = ["lab", "toolongid"]`, "api.shared_vnets[1]"},
+		{`shared_vnets = ["9lab"]`, "api.shared_vnets[0]"},
+		{`shared_vnets = ["lab-1"]`, "api.shared_vnets[0]"},
+		{`shared_vnets = ["lab_"]`, "api.shared_vnets[0]"},
+		{`shared_vnets = ["lab", "lab"]`, "api.shared_vnets[1]"},
+		{`shared_vnets = ["lab", "vmbr1"]` + "\n[guard]\ntrusted_interfaces = [\"vmbr1\"]", "api.shared_vnets[1]"},
+	} {
+		_, err := Parse("[node]\nid = \"n\"\n[api]\n" + b.doc)
+		var ke *KeyError
+		if !errors.As(err, &ke) || ke.Key != b.key {
+			t.Errorf("%q: err %v, want key %s", b.doc, err, b.key)
+		}
+	}
+}

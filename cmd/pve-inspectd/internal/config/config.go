@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/internal/stricttoml"
@@ -139,6 +140,11 @@ func (c Config) Validate() error {
 	}
 	if err := c.checkEgressOwners(); err != nil {
 		return err
+	}
+	for i, v := range c.API.SharedVNets {
+		if slices.Contains(c.Guard.Trusted, v) {
+			return &KeyError{Key: fmt.Sprintf("api.shared_vnets[%d]", i), Err: fmt.Errorf("%s is a trusted interface ([guard] trusted_interfaces): a guest bridge is never trusted", v)}
+		}
 	}
 	if err := c.Pool.checkKinds("pool", c.API.Containers); err != nil {
 		return err

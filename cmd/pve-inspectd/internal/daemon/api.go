@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,10 @@ type APIDeps struct {
 	// node's /sys/class/net, sandbox.SysfsBridgeUp, unless [api]
 	// verify_bridges is off).
 	BridgeUp func(ctx context.Context, bridge string) (bool, error)
+	// HostInterfaces names the host guard's management and trusted
+	// interfaces (nil: [guard] trusted_interfaces only): never a shared
+	// vnet ([api] shared_vnets).
+	HostInterfaces func() []string
 	// Registerer receives the API metrics.
 	Registerer prometheus.Registerer
 	// BuildAgent, BuildHost, BuildURLs and BuilderProxmox replace the
@@ -274,6 +279,8 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
 		AllowUEFI:                ac.AllowUEFI,
 		AllowWindows:             ac.AllowWindows,
+		SharedVNets:              ac.SharedVNets,
+		HostInterfaces:           a.hostInterfaces(),
 		Health:                   health,
 		WarmPool:                 shapes,
 		PoolInterval:             cfg.Pool.Interval,
@@ -310,6 +317,20 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	return srv, nil
 }
 
+// hostInterfaces names the interfaces no shared vnet may be: the guard's
+// management and trusted ones (APIDeps.HostInterfaces) and [guard]
+// trusted_interfaces.
+func (a *API) hostInterfaces() func() []string {
+	trusted := slices.Clone(a.cfg.Guard.Trusted)
+	guard := a.deps.HostInterfaces
+	return func() []string {
+		if guard == nil {
+			return trusted
+		}
+		return append(guard(), trusted...)
+	}
+}
+
 // reconcile runs one reconcile, bounded so a hung Proxmox is retried.
 func (a *API) reconcile(ctx context.Context, srv *sandboxapi.Server) error {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
@@ -320,6 +341,11 @@ func (a *API) reconcile(ctx context.Context, srv *sandboxapi.Server) error {
 	}
 	a.log.Info("sandbox api reconciled", "reattached", len(rep.Reattached), "torn_down", len(rep.TornDown),
 		"orphan_vms", rep.OrphanVMs, "orphan_zones", rep.OrphanZones, "failed", rep.Failed)
+	// a vnet the operator shares that cannot be shared keeps the API
+	// unavailable, the reason in its 503 and the log, until it is fixed
+	if err := srv.Engine().CheckSharedVNets(rctx); err != nil {
+		return err
+	}
 	if a.xfer != nil {
 		// Before the API serves, no transfer runs: images of the
 		// transfer name are a stopped daemon's leftovers.

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -339,7 +340,7 @@ func (r *run) startAPI(context.Context) error {
 	ctl := r.ctl
 	chk := NewChecker(cfg, qc, lockedDown(func() bool { s := ctl.State(); return s.Marker && s.Enforced }), r.egress)
 	api, err := NewAPI(cfg, r.log, APIDeps{Guests: qc.SandboxGuests(), WinGuests: qc.WindowsGuests(), Checker: chk, ZonesChanged: r.zones.source("api"),
-		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry})
+		Egress: r.egress, Registerer: r.reg, RetryMin: r.d.APIRetry, HostInterfaces: guardInterfaces(r.guard)})
 	if err != nil {
 		return err
 	}
@@ -395,5 +396,17 @@ func (r *run) startWatchdog() (stop func()) {
 		case <-time.After(5 * time.Second):
 			log.Warn("watchdog still in its health check at stop", "component", "daemon")
 		}
+	}
+}
+
+// guardInterfaces names the guard's management and trusted interfaces as
+// classified now (nil without a guard).
+func guardInterfaces(g *firewall.Guard) func() []string {
+	if g == nil {
+		return nil
+	}
+	return func() []string {
+		c := g.Classification()
+		return append(slices.Clone(c.Management), c.Trusted...)
 	}
 }
