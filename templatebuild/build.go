@@ -461,12 +461,12 @@ func (b *Builder) image(ctx context.Context) (source, error) {
 	case img.URL == "" && !present:
 		return source{}, fmt.Errorf("volume %s is not on storage %s (upload the image to its import directory first)", volid, storage)
 	case img.URL == "":
-		// The operator's own volume: its digest now, checked again after
-		// the import.
+		// The operator's own volume, or an upload's: its digest now
+		// (the one given, when given), checked again after the import.
 		if src.alg == "" {
 			src.alg = "sha256"
 		}
-		return b.hashed(ctx, volid, src, "")
+		return b.hashed(ctx, volid, src, sum)
 	case present && sum == "":
 		// download-url itself refuses to override an existing file
 		// without a checksum (PVE::Tools download_file_from_url).

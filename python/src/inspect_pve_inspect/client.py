@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +27,10 @@ from .config import NodeConfig, check_scheme
 CREATE_TIMEOUT = 900.0
 CALL_TIMEOUT = 60.0
 FILE_TIMEOUT = 900.0
+# An image upload for a template build (PUT /v1/templates/build/{name}/image):
+# the read chunk and the bound of the whole call.
+UPLOAD_CHUNK = 1 << 20
+UPLOAD_TIMEOUT = 4 * 3600.0
 # How long a call refused by one of the node's quotas before it ran (an
 # owner's exec or file slots, its collected output, the node's totals:
 # the problem names the quota) is tried again, after the daemon's
@@ -147,6 +152,38 @@ class Client:
         """``POST /v1/templates/build``: the build of ``req`` started or
         joined (queued, running), or the template that exists (done)."""
         r = await self._send("POST", "/templates/build", json=req)
+        return cast(dict[str, Any], r.json())
+
+    async def upload_template(
+        self, name: str, path: str, size: int, sha256: str, ova_disk: str | None
+    ) -> dict[str, Any]:
+        """``PUT /v1/templates/build/{name}/image``: the template ``name``
+        built from the image file at ``path`` (``size`` bytes, streamed as
+        read, never held whole), which the node verifies against
+        ``sha256``; answers as :meth:`build_template` (an existing template:
+        done, without the body). Not retried: the body is read once."""
+        params = {"file": os.path.basename(path), "sha256": sha256}
+        if ova_disk is not None:
+            params["ova_disk"] = ova_disk
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async with await anyio.open_file(path, "rb") as f:
+                while chunk := await f.read(UPLOAD_CHUNK):
+                    yield chunk
+
+        try:
+            r = await self._http.request(
+                "PUT",
+                f"/templates/build/{quote(name, safe='')}/image",
+                params=params,
+                content=chunks(),
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+                timeout=_timeout(UPLOAD_TIMEOUT),
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise NodeDown(f"{self.node.url}: {e}") from e
+        if r.status_code >= 400:
+            raise _problem(r)
         return cast(dict[str, Any], r.json())
 
     async def template_build(self, name: str) -> dict[str, Any]:
