@@ -126,7 +126,7 @@ func (s *Server) templateResponses(paths map[string]any) {
 	put := paths["/v1/templates/build/{name}/image"].(map[string]any)["put"].(map[string]any)["responses"].(map[string]any)
 	put[httpCode(http.StatusOK)] = post[httpCode(http.StatusOK)]
 	put[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, file, sha256 or ova_disk, no Content-Length or one over [templates] max_upload_gib (field size), or a body whose sha256 is not the one given (field sha256): no template is built", apitype.ProblemInvalidRequest)
-	put[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs, or the same image is being uploaded for another template", apitype.ProblemConflict)
+	put[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs, the template of the name exists built from another image, or the same image is being uploaded for another template", apitype.ProblemConflict)
 	put[httpCode(http.StatusServiceUnavailable)] = post[httpCode(http.StatusServiceUnavailable)]
 	for _, op := range []map[string]any{post, put, paths["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)} {
 		op[httpCode(http.StatusForbidden)] = problemResponse("an owner-bound token (a node operation), or template builds are off on this node", apitype.ProblemForbidden)

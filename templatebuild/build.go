@@ -254,7 +254,7 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	rep, err := b.finish(ctx, vmid)
+	rep, err := b.finish(ctx, vmid, src.alg+":"+src.sum)
 	if err != nil {
 		return Result{VMID: vmid}, b.failed(ctx, vmid, err)
 	}
@@ -262,12 +262,13 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 	return Result{VMID: vmid, Report: rep}, nil
 }
 
-// finish is the build from the created VM to the tagged template.
-func (b *Builder) finish(ctx context.Context, vmid int) (hardening.Report, error) {
+// finish is the build from the created VM to the tagged template; image
+// is the digest of the image it was built from (ALG:HEX), for the ledger.
+func (b *Builder) finish(ctx context.Context, vmid int, image string) (hardening.Report, error) {
 	if err := b.boot(ctx, vmid); err != nil {
 		return hardening.Report{}, err
 	}
-	return b.seal(ctx, vmid)
+	return b.seal(ctx, vmid, image)
 }
 
 // failed destroys a failed build's VM (unless KeepFailed, or

@@ -232,11 +232,39 @@ func (s *Service) joinOrFind(ctx context.Context, req apitype.TemplateBuildReque
 	if !ok {
 		return apitype.TemplateBuild{}, px, false, nil
 	}
+	if err := s.sameImage(req, vmid); err != nil {
+		return apitype.TemplateBuild{}, nil, true, err
+	}
 	if err := s.grant(ctx, px, vmid); err != nil {
 		return apitype.TemplateBuild{}, nil, true, err
 	}
 	st, err = s.exists(req, vmid)
 	return st, nil, true, err
+}
+
+// sameImage refuses to answer an upload (req from apitype.UploadSource)
+// with the template vmid when the ledger does not record it as built
+// from the upload's image: a template is found by its name, and an OVA's
+// name (the Python provider's ova-FILE-SIZE, the reference's tag) says
+// nothing of its content, so another image of the same name and size
+// would otherwise get this one's system.
+func (s *Service) sameImage(req apitype.TemplateBuildRequest, vmid int) error {
+	if !strings.HasPrefix(req.From, apitype.UploadSource) {
+		return nil
+	}
+	rec, _, err := s.o.Host.Recorded(vmid)
+	if err != nil {
+		return fmt.Errorf("look for template %q: %w", req.Name, err)
+	}
+	if rec.Image == req.Checksum {
+		return nil
+	}
+	was := "an image the build ledger does not record"
+	if rec.Image != "" {
+		was = "another image (" + rec.Image + ")"
+	}
+	return fmt.Errorf("%w: template %q (VM %d) exists, built from %s, not from the one sent (%s): name the template after this image, or remove the template to build it again",
+		ErrBuildConflict, req.Name, vmid, was, req.Checksum)
 }
 
 // recipe checks req and returns the recipe it asks for.

@@ -223,3 +223,38 @@ func TestServiceUploadJoinsAndConflicts(t *testing.T) {
 		t.Errorf("%d uploads, want 1", n.uploads())
 	}
 }
+
+// TestServiceUploadOfAnotherImageIsNoReuse: a template of the name that
+// was built from another image (another digest) is not answered as the
+// upload's template: the Python provider names an OVA's template by its
+// file name and size only (ova-FILE-SIZE, the reference's tag), so two
+// different OVAs of one name and size on two eval machines map to one
+// name, and the second would silently run the first's system. The
+// upload is a conflict naming both digests, its body unread; the same
+// image is still reused.
+func TestServiceUploadOfAnotherImageIsNoReuse(t *testing.T) {
+	n, ova, u := uploadNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := n.svc.Upload(ctx, u, bytes.NewReader(ova)); err != nil {
+		t.Fatal(err)
+	}
+	done := n.waitState(t, "box", apitype.BuildDone)
+
+	other := testOVA(t, "<Envelope>other</Envelope>")
+	h := sha256.Sum256(other)
+	ou := u
+	ou.SHA256, ou.Size = hex.EncodeToString(h[:]), int64(len(other))
+	body := &readCounter{r: bytes.NewReader(other)}
+	st, err := n.svc.Upload(ctx, ou, body)
+	if !errors.Is(err, templatebuild.ErrBuildConflict) || !strings.Contains(err.Error(), u.SHA256) || !strings.Contains(err.Error(), ou.SHA256) {
+		t.Errorf("another image for template box: %+v %v, want a conflict naming both digests", st, err)
+	}
+	if body.n != 0 || n.uploads() != 1 {
+		t.Errorf("another image read %d bytes, %d uploads: want none read, one upload", body.n, n.uploads())
+	}
+	st, err = n.svc.Upload(ctx, u, bytes.NewReader(ova))
+	if err != nil || !st.Reused || st.VMID != done.VMID {
+		t.Errorf("the same image again: %+v %v, want reused", st, err)
+	}
+}
