@@ -189,3 +189,32 @@ async def test_failed_or_changed_ova_fails_the_task(
         await PveInspectSandboxEnvironment.task_init("t2", cfg)
     assert "changed since the config was read" in str(e.value)
     assert len(fake.uploads) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review49c: a template found by name (ova-FILE-SIZE) is used without comparing "
+    "its image's digest; the daemon now records it (build ledger) and refuses an upload of "
+    "another image under the name, but the provider uploads only when validate lacks the name",
+)
+async def test_another_ova_of_the_same_name_and_size_is_not_the_template(
+    tmp_path: Path, fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two eval machines with different OVAs of one file name and size map
+    to one template name: the second must not silently run the first's
+    system."""
+    fake, node = fake_node
+    fake.builds = True
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    (tmp_path / "a").mkdir()
+    first = make_ova(tmp_path / "a" / "box.ova")
+    await PveInspectSandboxEnvironment.task_init("t", coerce(ova_config(first)))
+    second = tmp_path / "b" / "box.ova"
+    second.parent.mkdir()
+    data = bytearray(first.read_bytes())
+    data[data.index(b"<Envelope/>") + 1] = ord("X")  # same size, another image
+    second.write_bytes(bytes(data))
+    cfg = coerce(ova_config(second))
+    assert cfg.resolved_vms()[0].template == coerce(ova_config(first)).resolved_vms()[0].template
+    with pytest.raises(ConfigRefused):
+        await PveInspectSandboxEnvironment.task_init("t2", cfg)
