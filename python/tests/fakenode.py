@@ -75,6 +75,11 @@ class FakeNode:
     # Each image upload (PUT /v1/templates/build/{name}/image): its name,
     # query (file, sha256, ova_disk) and size.
     uploads: list[dict[str, Any]] = field(default_factory=list)
+    # upload_answer_lost: the answer to an upload never reaches the client,
+    # as over TCP when the daemon answers without reading the body (done,
+    # joined, the file already on the node, a refusal) and closes: the
+    # client, still sending, gets a reset that drops the answer.
+    upload_answer_lost: bool = False
     calls: list[str] = field(default_factory=list)
     # Each exec's VM and body, and each file call's method, VM and path,
     # in the order they came.
@@ -378,6 +383,9 @@ class _Handler(BaseHTTPRequestHandler):
             with fake.lock:
                 url = urlsplit(self.path)
                 code, doc = handle(fake, self.command, url.path, body, url.query)
+            if fake.upload_answer_lost and self.command == "PUT" and url.path.endswith("/image"):
+                self.close_connection = True
+                return
         self.send_response(code)
         if isinstance(doc, bytes):
             b, ctype = doc, "application/octet-stream"

@@ -218,3 +218,23 @@ async def test_another_ova_of_the_same_name_and_size_is_not_the_template(
     assert cfg.resolved_vms()[0].template == coerce(ova_config(first)).resolved_vms()[0].template
     with pytest.raises(ConfigRefused):
         await PveInspectSandboxEnvironment.task_init("t2", cfg)
+
+
+async def test_an_upload_answer_lost_is_followed_by_the_build(
+    tmp_path: Path, fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon answers an upload it need not read (joined, the file on
+    the node already, done) before the body is sent, and closes: httpx,
+    still sending, gets a reset instead of the answer. The provider then
+    asks the node for the build (GET /v1/templates/builds/{name}) and
+    follows it, rather than calling the node down."""
+    fake, node = fake_node
+    fake.builds = True
+    fake.upload_answer_lost = True
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    ova = make_ova(tmp_path / "box.ova")
+    cfg = coerce(ova_config(ova))
+    name = cfg.resolved_vms()[0].template
+    await PveInspectSandboxEnvironment.task_init("t", cfg)
+    assert name in fake.templates
+    assert f"GET /v1/templates/builds/{name}" in fake.calls

@@ -62,6 +62,15 @@ class NodeDown(Exception):
     """The node did not answer (connection refused, reset, TLS or timeout)."""
 
 
+class UploadCut(Exception):
+    """An image upload ended without an answer after the node took the
+    request: the daemon answers what it need not read the body for (a
+    template that exists, a build it joins, the file already on the node, a
+    refusal) at once and closes, and over TCP the reset of the body still
+    being sent drops that answer. The node's build of the template says
+    what became of it."""
+
+
 @dataclass(frozen=True)
 class ExecAnswer:
     """The collected result of an exec."""
@@ -182,6 +191,8 @@ class Client:
             )
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise NodeDown(f"{self.node.url}: {e}") from e
+        except httpx.TransportError as e:
+            raise UploadCut(f"{self.node.url}: {type(e).__name__}: {e}") from e
         if r.status_code >= 400:
             raise _problem(r)
         return cast(dict[str, Any], r.json())

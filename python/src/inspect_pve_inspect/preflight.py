@@ -41,7 +41,7 @@ import anyio
 import httpx
 from inspect_ai._util.error import PrerequisiteError
 
-from .client import Client, NodeDown, Problem
+from .client import Client, NodeDown, Problem, UploadCut
 from .config import NodeConfig, OvaImage, PveInspectSandboxEnvironmentConfig
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,10 @@ async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: 
         log.info("%s: computing the sha256 of %s (%d bytes)", node.url, ova.path, size)
         digest = await anyio.to_thread.run_sync(_sha256, ova.path)
         log.info("%s: uploading %s for template %r", node.url, ova.path, name)
-        st = await c.upload_template(name, ova.path, size, digest, ova.disk)
+        try:
+            st = await c.upload_template(name, ova.path, size, digest, ova.disk)
+        except UploadCut as e:
+            st = await _after_cut(c, node, name, ova, str(e), how)
     except OSError as e:
         raise ConfigRefused(f"pve_inspect: read {ova.path}: {e}") from None
     except Problem as p:
@@ -196,6 +199,28 @@ async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: 
             f"({p.type}: {p.detail});{how}"
         ) from None
     await _follow(c, node, name, st, limit, how)
+
+
+async def _after_cut(
+    c: Client, node: NodeConfig, name: str, ova: OvaImage, why: str, how: str
+) -> dict[str, Any]:
+    """The node's build of ``name`` from the upload of ``ova`` whose answer
+    was lost (:class:`UploadCut`): joined, the file on the node already,
+    done, or failed (a body cut on the way); :class:`ConfigRefused` when the
+    node has none (it refused the upload, and the refusal was lost)."""
+    file = os.path.basename(ova.path)
+    try:
+        st = await c.template_build(name)
+    except Problem:
+        st = {}
+    if st.get("from") != "upload:" + file:
+        raise ConfigRefused(
+            f"pve_inspect: {node.url} ended the upload of {ova.path} for the template {name!r} "
+            f"without an answer ({why}) and has no build of it: it refused the upload (its "
+            f"log says why);{how}"
+        )
+    log.info("%s: the upload's answer was lost (%s): following the build", node.url, why)
+    return st
 
 
 async def _build(c: Client, node: NodeConfig, name: str, limit: float) -> None:
