@@ -77,6 +77,9 @@ type Options struct {
 	ExecTimeout time.Duration
 	// FileTimeout bounds one file transfer (30m).
 	FileTimeout time.Duration
+	// TemplateUploadTimeout bounds an image upload for a template build
+	// (PUT /v1/templates/build/{name}/image; 4h).
+	TemplateUploadTimeout time.Duration
 	// Streams caps the GET /v1/events streams and bounds their writes
 	// (eventstreams.go).
 	Streams StreamLimits
@@ -117,6 +120,7 @@ func (o *Options) defaults(eo sandbox.Options) error {
 	def(&o.RequestTimeout, time.Minute)
 	def(&o.ExecTimeout, 10*time.Minute)
 	def(&o.FileTimeout, 30*time.Minute)
+	def(&o.TemplateUploadTimeout, 4*time.Hour)
 	if o.MaxFileBytes == 0 {
 		o.MaxFileBytes = 1 << 30
 	}

@@ -2,8 +2,11 @@ package sandboxapi
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"time"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -14,14 +17,26 @@ import (
 type TemplateBuilder interface {
 	Start(ctx context.Context, req apitype.TemplateBuildRequest) (apitype.TemplateBuild, error)
 	Build(name string) (apitype.TemplateBuild, bool)
+	// Upload builds from the image body, u.Size bytes (templatebuild.Service.Upload):
+	// it joins or answers an existing template without reading body.
+	Upload(ctx context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error)
 }
+
+// uploadTimeout bounds an image upload (the body's transfer to the node
+// and Proxmox's check of it).
+func uploadTimeout(s *Server) time.Duration { return s.o.TemplateUploadTimeout }
 
 // buildsOff is the refusal of the build routes on a node without builds.
 const buildsOff = "template builds are off on this node: an operator turns them on with [templates] build = true, " +
 	"builder_user and builder_password_file (a root-only file) in /etc/pve-inspectd/config.toml and a restart " +
 	"(README: Templates from images), or builds on the node as root: pve-inspectd template build NAME --recipe RECIPE"
 
-var pTemplate = param{name: "name", in: "path", desc: "template name", required: true}
+var (
+	pTemplate  = param{name: "name", in: "path", desc: "template name", required: true}
+	pImageFile = param{name: "file", in: "query", desc: "the image's file name: .ova, .qcow2, .raw or .vmdk", required: true}
+	pImageSum  = param{name: "sha256", in: "query", desc: "the image's sha256 digest (64 hex digits): Proxmox verifies the upload against it", required: true}
+	pOVADisk   = param{name: "ova_disk", in: "query", desc: "for an .ova, the disk inside it to import (DISK.vmdk); only for an .ova"}
+)
 
 // templateRoutes are the template build routes: node operations, refused
 // to owner-bound tokens whatever their scope (node: a template is shared
@@ -35,6 +50,11 @@ func (s *Server) templateRoutes() []route {
 		{method: "GET", path: "/v1/templates/builds/{name}", scope: apitype.ScopeAdmin, node: true,
 			summary:  "The state and progress of the node's running or last build of a template (a node operation, as POST /v1/templates/build)",
 			response: "TemplateBuild", okStatus: http.StatusOK, params: []param{pTemplate}, timeout: reqTimeout, h: s.getTemplateBuild},
+		{method: "PUT", path: "/v1/templates/build/{name}/image", scope: apitype.ScopeAdmin, node: true,
+			summary: "Build a template from an image sent as the body (Content-Length required, at most [templates] max_upload_gib): the daemon streams it to the node's image storage as a file of its digest's name, Proxmox verifies its sha256, and the build runs as one from a volume on the node. " +
+				"A template of the name that exists answers 200 (done, reused), a running build of the same upload 202 (joined), both without reading the body; 202: the image is on the node and the build queued. A node operation, as POST /v1/templates/build",
+			requestType: "application/octet-stream", response: "TemplateBuild", okStatus: http.StatusAccepted,
+			params: []param{pTemplate, pImageFile, pImageSum, pOVADisk}, timeout: uploadTimeout, h: s.uploadTemplateImage},
 	}
 }
 
@@ -51,6 +71,30 @@ func (s *Server) startTemplateBuild(w http.ResponseWriter, r *http.Request, p pr
 		return err
 	}
 	s.o.Logger.Info("template build asked", "template", req.Name, "by", p.who(), "state", st.State, "joined", st.Joined)
+	code := http.StatusAccepted
+	if st.State == apitype.BuildDone {
+		code = http.StatusOK
+	}
+	w.Header().Set("Location", "/v1/templates/builds/"+st.Name)
+	return writeJSON(w, code, st)
+}
+
+func (s *Server) uploadTemplateImage(w http.ResponseWriter, r *http.Request, p principal) error {
+	if s.o.Templates == nil {
+		return newProblem(apitype.ProblemForbidden, buildsOff)
+	}
+	if r.ContentLength < 0 {
+		return &sandbox.InvalidError{Field: "Content-Length", Msg: "Content-Length: an image upload needs its length (the node's upload takes none without)"}
+	}
+	q := r.URL.Query()
+	u := apitype.TemplateUpload{Name: r.PathValue("name"), File: q.Get("file"), SHA256: q.Get("sha256"), OVADisk: q.Get("ova_disk"), Size: r.ContentLength}
+	st, err := s.o.Templates.Upload(r.Context(), u, http.MaxBytesReader(w, r.Body, max(r.ContentLength, 1)))
+	if err != nil {
+		// a refused or failed upload leaves the body unread: close
+		w.Header().Set("Connection", "close")
+		return err
+	}
+	s.o.Logger.Info("template build from an upload asked", "template", u.Name, "file", u.File, "bytes", u.Size, "by", p.who(), "state", st.State, "joined", st.Joined)
 	code := http.StatusAccepted
 	if st.State == apitype.BuildDone {
 		code = http.StatusOK
@@ -79,7 +123,12 @@ func (s *Server) templateResponses(paths map[string]any) {
 	post[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, an unknown recipe, a recipe the node cannot download (kali2025.4), an image URL without its checksum or refused (the node's own, loopback, link-local or metadata addresses): nothing is built", apitype.ProblemInvalidRequest)
 	post[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs", apitype.ProblemConflict)
 	post[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build queue is full, the daemon starts or stops, or the builder cannot log in (its password file, its password): nothing is built", apitype.ProblemUnavailable)
-	for _, op := range []map[string]any{post, paths["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)} {
+	put := paths["/v1/templates/build/{name}/image"].(map[string]any)["put"].(map[string]any)["responses"].(map[string]any)
+	put[httpCode(http.StatusOK)] = post[httpCode(http.StatusOK)]
+	put[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, file, sha256 or ova_disk, no Content-Length or one over [templates] max_upload_gib (field size), or a body whose sha256 is not the one given (field sha256): no template is built", apitype.ProblemInvalidRequest)
+	put[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs, the template of the name exists built from another image, or the same image is being uploaded for another template", apitype.ProblemConflict)
+	put[httpCode(http.StatusServiceUnavailable)] = post[httpCode(http.StatusServiceUnavailable)]
+	for _, op := range []map[string]any{post, put, paths["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)} {
 		op[httpCode(http.StatusForbidden)] = problemResponse("an owner-bound token (a node operation), or template builds are off on this node", apitype.ProblemForbidden)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -46,6 +47,32 @@ func (f *fakeBuilder) Start(_ context.Context, req apitype.TemplateBuildRequest)
 	b := apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, State: apitype.BuildRunning, Progress: []string{"image: downloading"}}
 	f.builds[req.Name] = b
 	f.publish(apitype.Event{Type: apitype.EventTemplateBuildProgress, Template: req.Name, Detail: "image: downloading"})
+	return b, nil
+}
+
+// Upload refuses a file that is not an .ova (field file), answers a
+// template named exists without reading the body, and otherwise reads
+// the body whole and records a running build whose progress line is its
+// length.
+func (f *fakeBuilder) Upload(_ context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error) {
+	if !strings.HasSuffix(u.File, ".ova") {
+		return apitype.TemplateBuild{}, &sandbox.InvalidError{Field: "file", Msg: "file: not an .ova"}
+	}
+	if u.Size > 1<<20 {
+		return apitype.TemplateBuild{}, &sandbox.InvalidError{Field: "size", Msg: "size: over the limit"}
+	}
+	if u.Name == "exists" {
+		return apitype.TemplateBuild{Name: u.Name, From: apitype.UploadSource + u.File, State: apitype.BuildDone, VMID: 9100, Reused: true, Progress: []string{}}, nil
+	}
+	n, err := io.Copy(io.Discard, body)
+	if err != nil {
+		return apitype.TemplateBuild{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.starts++
+	b := apitype.TemplateBuild{Name: u.Name, From: apitype.UploadSource + u.File, State: apitype.BuildQueued, Progress: []string{fmt.Sprintf("upload: %d bytes", n)}}
+	f.builds[u.Name] = b
 	return b, nil
 }
 

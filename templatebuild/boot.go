@@ -114,8 +114,9 @@ func tail(s string) string {
 var sealDelete = []string{"ide2", "cicustom", "net0"}
 
 // seal shuts the VM down, strips what only the build needed, checks the
-// hardened profile, converts it to a template and tags it.
-func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) {
+// hardened profile, converts it to a template, records it with the
+// digest of its image and tags it.
+func (b *Builder) seal(ctx context.Context, vmid int, image string) (hardening.Report, error) {
 	if err := b.stillOurs(ctx, vmid, "seal"); err != nil {
 		return hardening.Report{}, err
 	}
@@ -152,7 +153,7 @@ func (b *Builder) seal(ctx context.Context, vmid int) (hardening.Report, error) 
 	}
 	// Recorded as a template before it is tagged as one: a build killed
 	// in between leaves a VM tagged building, which the next destroys.
-	if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateTemplate}); err != nil {
+	if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateTemplate, Image: image}); err != nil {
 		return rep, fmt.Errorf("record template %d in the build ledger: %w", vmid, err)
 	}
 	tags := strings.Join(b.wantTags(), ";")

@@ -254,7 +254,7 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	rep, err := b.finish(ctx, vmid)
+	rep, err := b.finish(ctx, vmid, src.alg+":"+src.sum)
 	if err != nil {
 		return Result{VMID: vmid}, b.failed(ctx, vmid, err)
 	}
@@ -262,12 +262,13 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 	return Result{VMID: vmid, Report: rep}, nil
 }
 
-// finish is the build from the created VM to the tagged template.
-func (b *Builder) finish(ctx context.Context, vmid int) (hardening.Report, error) {
+// finish is the build from the created VM to the tagged template; image
+// is the digest of the image it was built from (ALG:HEX), for the ledger.
+func (b *Builder) finish(ctx context.Context, vmid int, image string) (hardening.Report, error) {
 	if err := b.boot(ctx, vmid); err != nil {
 		return hardening.Report{}, err
 	}
-	return b.seal(ctx, vmid)
+	return b.seal(ctx, vmid, image)
 }
 
 // failed destroys a failed build's VM (unless KeepFailed, or
@@ -461,12 +462,12 @@ func (b *Builder) image(ctx context.Context) (source, error) {
 	case img.URL == "" && !present:
 		return source{}, fmt.Errorf("volume %s is not on storage %s (upload the image to its import directory first)", volid, storage)
 	case img.URL == "":
-		// The operator's own volume: its digest now, checked again after
-		// the import.
+		// The operator's own volume, or an upload's: its digest now
+		// (the one given, when given), checked again after the import.
 		if src.alg == "" {
 			src.alg = "sha256"
 		}
-		return b.hashed(ctx, volid, src, "")
+		return b.hashed(ctx, volid, src, sum)
 	case present && sum == "":
 		// download-url itself refuses to override an existing file
 		// without a checksum (PVE::Tools download_file_from_url).

@@ -80,4 +80,8 @@
 // that sandboxes clone it at once. A build from a URL
 // is checked by URLGuard first: the node downloads as root, so a URL that
 // names the node, loopback, link-local or a metadata service is refused.
+// Service.Upload builds from an image the client sends (PUT
+// /v1/templates/build/{name}/image): the body is streamed to the image
+// storage (pveapi Client.UploadFile, Proxmox verifying its sha256) under
+// UploadFile's name of its digest, then built as a volume on the node.
 package templatebuild

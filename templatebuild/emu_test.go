@@ -1,7 +1,6 @@
 package templatebuild_test
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -313,24 +312,9 @@ func vmdkHeader(size uint64) []byte {
 func TestBuildOVAOnEmulator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var ova bytes.Buffer
-	tw := tar.NewWriter(&ova)
-	for _, m := range []struct {
-		name string
-		data []byte
-	}{{"noble.ovf", []byte("<Envelope/>")}, {"noble-disk.vmdk", vmdkHeader(8 << 30)}} {
-		if err := tw.WriteHeader(&tar.Header{Name: m.name, Mode: 0o644, Size: int64(len(m.data)), Typeflag: tar.TypeReg}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(m.data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(ova.Bytes())
-	e := newEmuNode(t, map[string][]byte{"/images/noble.ova": ova.Bytes()})
+	ova := tarOf(t, "noble.ovf", []byte("<Envelope/>"), "noble-disk.vmdk", vmdkHeader(8<<30))
+	sum := sha256.Sum256(ova)
+	e := newEmuNode(t, map[string][]byte{"/images/noble.ova": ova})
 	// qemu-server extracts the disk on the OVA's storage: it needs images.
 	e.s.SetStorageContent("local", "backup,iso,vztmpl,import,snippets,images")
 	img, err := templatebuild.ImageFromURL(e.images.URL+"/images/noble.ova", "sha256:"+hex.EncodeToString(sum[:]), "noble-disk.vmdk")

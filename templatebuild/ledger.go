@@ -31,6 +31,11 @@ const (
 type Record struct {
 	Name  string `json:"name"`
 	State string `json:"state"`
+	// Image is the digest of the image a sealed template was built from
+	// ("sha256:HEX", the algorithm its build checked), so that an upload
+	// of another image under the name is not answered with this
+	// template; "" for a record written before it was kept.
+	Image string `json:"image,omitempty"`
 }
 
 // DefaultStateDir is where `template build` keeps its ledger.

@@ -62,14 +62,14 @@ func TestFindTakesOnlyTheBuildsVMs(t *testing.T) {
 }
 
 // TestBuildRecordsItsVMs: the build records its VM as building before
-// the create and as a template at the seal; a failed build that destroys
+// the create and as a template at the seal (with its image's digest); a failed build that destroys
 // its VM forgets it.
 func TestBuildRecordsItsVMs(t *testing.T) {
 	w := newWorld()
 	if _, out, err := runReview(t, w); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if r := w.host.ledger[100]; r != (Record{Name: "t1", State: StateTemplate}) {
+	if r := w.host.ledger[100]; r != (Record{Name: "t1", State: StateTemplate, Image: "sha512:" + sumA}) {
 		t.Errorf("ledger after the build: %v", w.host.ledger)
 	}
 	w = newWorld()

@@ -71,6 +71,8 @@ type ServiceOptions struct {
 	// distributions' servers (MirrorRecipe); each build's URLs of it pass
 	// URLs first.
 	Mirror string
+	// MaxUpload bounds an image uploaded for a build (Upload; 20 GiB).
+	MaxUpload int64
 	// MaxRunning is how many builds run at once on the node (1; at most
 	// 2: each downloads an image and boots a VM); MaxBuilds how many may
 	// be queued or running (8); Keep how many finished builds are
@@ -111,6 +113,8 @@ type Service struct {
 	// finished lists the finished ones' names, oldest first.
 	builds   map[string]*build
 	finished []string
+	// uploading are the image files an Upload sends to the node now.
+	uploading map[string]bool
 }
 
 // build is one build; its state is guarded by Service.mu.
@@ -134,8 +138,11 @@ func NewService(o ServiceOptions) (*Service, error) {
 	orDefault(&o.MaxRunning, 1)
 	orDefault(&o.MaxBuilds, 8)
 	orDefault(&o.Keep, 32)
-	if o.MaxRunning < 1 || o.MaxRunning > 2 || o.MaxBuilds < o.MaxRunning || o.Keep < 1 {
-		return nil, fmt.Errorf("templatebuild: MaxRunning %d (1 or 2), MaxBuilds %d (at least MaxRunning), Keep %d (at least 1)", o.MaxRunning, o.MaxBuilds, o.Keep)
+	if o.MaxUpload == 0 {
+		o.MaxUpload = apitype.DefaultMaxTemplateUpload
+	}
+	if o.MaxRunning < 1 || o.MaxRunning > 2 || o.MaxBuilds < o.MaxRunning || o.Keep < 1 || o.MaxUpload < 1 {
+		return nil, fmt.Errorf("templatebuild: MaxRunning %d (1 or 2), MaxBuilds %d (at least MaxRunning), Keep %d (at least 1), MaxUpload %d (at least 1)", o.MaxRunning, o.MaxBuilds, o.Keep, o.MaxUpload)
 	}
 	if o.LockDir == "" {
 		o.LockDir = "/run/pve-inspectd"
@@ -149,7 +156,7 @@ func NewService(o ServiceOptions) (*Service, error) {
 	if o.Publish == nil {
 		o.Publish = func(apitype.Event) {}
 	}
-	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}}, nil
+	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}, uploading: map[string]bool{}}, nil
 }
 
 func orDefault(p *int, v int) {
@@ -205,24 +212,64 @@ func (s *Service) Start(ctx context.Context, req apitype.TemplateBuildRequest) (
 	if err != nil {
 		return apitype.TemplateBuild{}, err
 	}
-	if st, ok, err := s.join(req); ok || err != nil {
+	st, _, done, err := s.joinOrFind(ctx, req, recipe.Name)
+	if done || err != nil {
 		return st, err
 	}
-	px, err := s.o.Login(ctx)
-	if err != nil {
-		return apitype.TemplateBuild{}, loginError{err}
-	}
-	vmid, ok, err := Existing(ctx, px, s.o.Host, req.Name, recipe.Name)
-	if err != nil {
-		return apitype.TemplateBuild{}, fmt.Errorf("look for template %q: %w", req.Name, err)
-	}
-	if ok {
-		if err := s.grant(ctx, px, vmid); err != nil {
-			return apitype.TemplateBuild{}, err
-		}
-		return s.exists(req, vmid)
-	}
 	return s.launch(req, recipe)
+}
+
+// joinOrFind answers req without building (done): the build of its name
+// that is queued or running, or the template of the name that exists
+// (built by recipe, "" for one from an image alone), granted to the
+// daemon's token. Otherwise it returns the builder's client, logged in.
+func (s *Service) joinOrFind(ctx context.Context, req apitype.TemplateBuildRequest, recipe string) (st apitype.TemplateBuild, px Proxmox, done bool, err error) {
+	if st, ok, err := s.join(req); ok || err != nil {
+		return st, nil, true, err
+	}
+	if px, err = s.o.Login(ctx); err != nil {
+		return apitype.TemplateBuild{}, nil, true, loginError{err}
+	}
+	vmid, ok, err := Existing(ctx, px, s.o.Host, req.Name, recipe)
+	if err != nil {
+		return apitype.TemplateBuild{}, nil, true, fmt.Errorf("look for template %q: %w", req.Name, err)
+	}
+	if !ok {
+		return apitype.TemplateBuild{}, px, false, nil
+	}
+	if err := s.sameImage(req, vmid); err != nil {
+		return apitype.TemplateBuild{}, nil, true, err
+	}
+	if err := s.grant(ctx, px, vmid); err != nil {
+		return apitype.TemplateBuild{}, nil, true, err
+	}
+	st, err = s.exists(req, vmid)
+	return st, nil, true, err
+}
+
+// sameImage refuses to answer an upload (req from apitype.UploadSource)
+// with the template vmid when the ledger does not record it as built
+// from the upload's image: a template is found by its name, and an OVA's
+// name (the Python provider's ova-FILE-SIZE, the reference's tag) says
+// nothing of its content, so another image of the same name and size
+// would otherwise get this one's system.
+func (s *Service) sameImage(req apitype.TemplateBuildRequest, vmid int) error {
+	if !strings.HasPrefix(req.From, apitype.UploadSource) {
+		return nil
+	}
+	rec, _, err := s.o.Host.Recorded(vmid)
+	if err != nil {
+		return fmt.Errorf("look for template %q: %w", req.Name, err)
+	}
+	if rec.Image == req.Checksum {
+		return nil
+	}
+	was := "an image the build ledger does not record"
+	if rec.Image != "" {
+		was = "another image (" + rec.Image + ")"
+	}
+	return fmt.Errorf("%w: template %q (VM %d) exists, built from %s, not from the one sent (%s): name the template after this image, or remove the template to build it again",
+		ErrBuildConflict, req.Name, vmid, was, req.Checksum)
 }
 
 // recipe checks req and returns the recipe it asks for.
@@ -335,16 +382,28 @@ func (s *Service) exists(req apitype.TemplateBuildRequest, vmid int) (apitype.Te
 func (s *Service) launch(req apitype.TemplateBuildRequest, recipe Recipe) (apitype.TemplateBuild, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	b, joined, err := s.registerLocked(req)
+	if err != nil || b == nil {
+		return joined, err
+	}
+	s.wg.Add(1)
+	go s.run(s.ctx, b, recipe)
+	return b.snapshot(), nil
+}
+
+// registerLocked adds a queued build of req, or answers the build of its
+// name that is queued or running (joined; b nil). s.mu is held.
+func (s *Service) registerLocked(req apitype.TemplateBuildRequest) (b *build, joined apitype.TemplateBuild, err error) {
 	if b, ok := s.builds[req.Name]; ok && active(b.state) {
 		if b.req != req {
-			return apitype.TemplateBuild{}, fmt.Errorf("%w: a build of %q from %s started meanwhile", ErrBuildConflict, req.Name, sourceOf(b.req))
+			return nil, apitype.TemplateBuild{}, fmt.Errorf("%w: a build of %q from %s started meanwhile", ErrBuildConflict, req.Name, sourceOf(b.req))
 		}
 		out := b.snapshot()
 		out.Joined = true
-		return out, nil
+		return nil, out, nil
 	}
 	if s.ctx == nil {
-		return apitype.TemplateBuild{}, ErrNotRunning
+		return nil, apitype.TemplateBuild{}, ErrNotRunning
 	}
 	n := 0
 	for _, b := range s.builds {
@@ -353,15 +412,13 @@ func (s *Service) launch(req apitype.TemplateBuildRequest, recipe Recipe) (apity
 		}
 	}
 	if n >= s.o.MaxBuilds {
-		return apitype.TemplateBuild{}, fmt.Errorf("%w: %d builds are queued or running; retry when one is done", ErrBuildsFull, n)
+		return nil, apitype.TemplateBuild{}, fmt.Errorf("%w: %d builds are queued or running; retry when one is done", ErrBuildsFull, n)
 	}
-	b := &build{req: req, state: apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From),
+	b = &build{req: req, state: apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From),
 		State: apitype.BuildQueued, Progress: []string{}, Started: s.o.Now().UTC()}}
 	s.finished = slices.DeleteFunc(s.finished, func(n string) bool { return n == req.Name })
 	s.builds[req.Name] = b
-	s.wg.Add(1)
-	go s.run(s.ctx, b, recipe)
-	return b.snapshot(), nil
+	return b, apitype.TemplateBuild{}, nil
 }
 
 // rememberLocked stores a finished build, forgetting the oldest finished

@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -26,6 +30,7 @@ var _ templatebuild.Proxmox = (*pveapi.Client)(nil)
 // buildFlags are `template build`'s options.
 type buildFlags struct {
 	recipe, from, checksum, ovaDisk     string
+	upload                              string
 	storage, imageStorage, snippetStore string
 	workStorage, lockDir, stateDir      string
 	mirror                              string
@@ -67,7 +72,10 @@ file names; the checksum is still the list's line, verified by Proxmox.
 --via-api asks the daemon to build instead (POST /v1/templates/build on the
 local socket, [templates] build = true): it builds with its own builder
 credential and [templates] settings, and this command prints the build's
-progress; stopping it leaves the build running in the daemon.
+progress; stopping it leaves the build running in the daemon. With --upload
+FILE (and --ova-disk for an .ova) the daemon is sent a local image file
+instead (PUT /v1/templates/build/NAME/image): it stores it on the node under
+a name of its sha256, which Proxmox verifies, and builds from it.
 
 Privileges: this is an operator's action. download-url lets its caller probe
 the node's network, so Proxmox wants Sys.AccessNetwork on the node for it
@@ -85,6 +93,9 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 		Long:  templateBuildLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.upload != "" {
+				return f.uploadViaAPI(cmd, g, args[0])
+			}
 			recipe, err := f.buildRecipe()
 			if err != nil {
 				return err
@@ -149,9 +160,10 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl := c.Flags()
 	fl.StringVar(&f.recipe, "recipe", "", "a shipped recipe: "+strings.Join(templatebuild.RecipeNames(), ", "))
 	fl.StringVar(&f.from, "from", "", "the image: an http(s) URL of a .qcow2/.raw/.vmdk/.ova, or a volume STORAGE:import/FILE already on the node (with --recipe: replaces the recipe's image)")
+	fl.StringVar(&f.upload, "upload", "", "with --via-api: a local .ova/.qcow2/.raw/.vmdk file the daemon sends to the node (PUT /v1/templates/build/NAME/image; its sha256 verified by Proxmox) and builds from (an .ova names --ova-disk)")
 	fl.StringVar(&f.checksum, "checksum", "", "with --from URL: sha256:HEX or sha512:HEX, verified by Proxmox")
-	fl.StringVar(&f.ovaDisk, "ova-disk", "", "with --from URL of an .ova: the disk inside it to import (DISK.vmdk)")
 	fl.StringVar(&f.mirror, "mirror", "", "with --recipe: fetch the image and its checksum list from this base URL instead of the distribution's server (MIRROR/RECIPE/FILE, MIRROR/RECIPE/SHA512SUMS or SHA256SUMS; default [templates] mirror)")
+	fl.StringVar(&f.ovaDisk, "ova-disk", "", "with --from URL or --upload of an .ova: the disk inside it to import (DISK.vmdk)")
 	fl.StringVar(&f.storage, "storage", "local-lvm", "storage of the template's disk and the build's cloud-init drive")
 	fl.StringVar(&f.imageStorage, "image-storage", "local", "storage the image is downloaded to (content import)")
 	fl.StringVar(&f.snippetStore, "snippet-storage", "local", "storage the cloud-init snippets are written to (content snippets)")
@@ -290,6 +302,53 @@ func buildViaAPI(ctx context.Context, c *client.Client, req apitype.TemplateBuil
 	if err != nil {
 		return err
 	}
+	return followBuild(ctx, c, req.Name, st, out, poll)
+}
+
+// uploadViaAPI sends f.upload to the daemon for a build of name
+// (--upload with --via-api) and follows the build.
+func (f buildFlags) uploadViaAPI(cmd *cobra.Command, g *globals, name string) error {
+	if !f.viaAPI {
+		return errors.New("--upload goes with --via-api: on the node, copy the file to a storage's import directory and build --from STORAGE:import/FILE")
+	}
+	if f.recipe != "" || f.from != "" || f.checksum != "" {
+		return errors.New("--upload takes no --recipe, --from or --checksum: its sha256 is computed here and verified by Proxmox")
+	}
+	if err := daemonDecides(cmd); err != nil {
+		return err
+	}
+	cfg, err := g.loadConfig()
+	if err != nil {
+		return err
+	}
+	file, err := os.Open(f.upload)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = file.Close() }()
+	h := sha256.New()
+	size, err := io.Copy(h, file)
+	if err != nil {
+		return fmt.Errorf("hash %s: %w", f.upload, err)
+	}
+	if _, err := file.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	u := apitype.TemplateUpload{Name: name, File: filepath.Base(f.upload), SHA256: hex.EncodeToString(h.Sum(nil)), OVADisk: f.ovaDisk, Size: size}
+	fmt.Fprintf(cmd.OutOrStdout(), "sending %s (%d bytes, sha256 %s) to the daemon\n", f.upload, size, u.SHA256)
+	c := client.NewUnix(cfg.API.Socket)
+	st, err := c.UploadTemplate(cmd.Context(), u, file)
+	if err != nil {
+		return err
+	}
+	return followBuild(cmd.Context(), c, name, st, cmd.OutOrStdout(), f.poll)
+}
+
+// followBuild prints the progress of the daemon's build of name (its
+// state st) until it is done or failed.
+func followBuild(ctx context.Context, c *client.Client, name string, st apitype.TemplateBuild, out io.Writer, poll time.Duration) error {
+	req := apitype.TemplateBuildRequest{Name: name}
+	var err error
 	if st.Joined {
 		fmt.Fprintf(out, "joined the daemon's build of %q\n", req.Name)
 	}

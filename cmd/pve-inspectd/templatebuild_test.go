@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -71,7 +74,8 @@ func TestTemplateBuildArgs(t *testing.T) {
 // TestTemplateBuildViaAPI: --via-api posts the build to the daemon's
 // socket and prints its progress lines once each until it is done; a
 // failed build is the command's error; flags that are the daemon's say
-// are refused before anything is asked.
+// are refused before anything is asked. --upload FILE sends the file
+// with its sha256 and follows the build the same way.
 func TestTemplateBuildViaAPI(t *testing.T) {
 	dir, err := os.MkdirTemp("/tmp", "pvei-")
 	if err != nil {
@@ -82,6 +86,7 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 	var (
 		mu    sync.Mutex
 		posts []apitype.TemplateBuildRequest
+		puts  []string
 		looks int
 		fail  bool
 	)
@@ -98,6 +103,11 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 			var req apitype.TemplateBuildRequest
 			_ = json.NewDecoder(r.Body).Decode(&req)
 			posts = append(posts, req)
+			w.WriteHeader(http.StatusAccepted)
+		case r.Method == "PUT" && r.URL.Path == "/v1/templates/build/d13/image":
+			body, _ := io.ReadAll(r.Body)
+			sum := sha256.Sum256(body)
+			puts = append(puts, fmt.Sprintf("%s %d %d %x", r.URL.RawQuery, r.ContentLength, len(body), sum))
 			w.WriteHeader(http.StatusAccepted)
 		case r.Method == "GET" && r.URL.Path == "/v1/templates/builds/d13":
 			looks++
@@ -153,6 +163,27 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 	mu.Unlock()
 	if _, err := run("d13", "--recipe", "debian13", "--via-api", "--poll", "10ms"); err == nil || !strings.Contains(err.Error(), "boot: no agent") {
 		t.Errorf("a failed build: %v", err)
+	}
+
+	img := filepath.Join(dir, "box.ova")
+	data := bytes.Repeat([]byte("ova "), 5000)
+	if err := os.WriteFile(img, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run("d13", "--upload", img, "--ova-disk", "d.vmdk"); err == nil || !strings.Contains(err.Error(), "--upload goes with --via-api") {
+		t.Errorf("--upload without --via-api: %v", err)
+	}
+	mu.Lock()
+	looks, fail = 0, false
+	mu.Unlock()
+	out, err = run("d13", "--upload", img, "--ova-disk", "d.vmdk", "--via-api", "--poll", "10ms")
+	sum := sha256.Sum256(data)
+	want := fmt.Sprintf("file=box.ova&ova_disk=d.vmdk&sha256=%x %d %d %x", sum, len(data), len(data), sum)
+	mu.Lock()
+	got := append([]string(nil), puts...)
+	mu.Unlock()
+	if err != nil || len(got) != 1 || got[0] != want || !strings.Contains(out, "done: template") {
+		t.Errorf("upload via the API: %v %q, want %q\n%s", err, got, want, out)
 	}
 }
 

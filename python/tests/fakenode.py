@@ -7,6 +7,7 @@ the test runs. Not the daemon: only what the tests here need of it."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import socketserver
@@ -71,6 +72,14 @@ class FakeNode:
     build_polls: int = 2
     build_error: str | None = None
     build_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each image upload (PUT /v1/templates/build/{name}/image): its name,
+    # query (file, sha256, ova_disk) and size.
+    uploads: list[dict[str, Any]] = field(default_factory=list)
+    # upload_answer_lost: the answer to an upload never reaches the client,
+    # as over TCP when the daemon answers without reading the body (done,
+    # joined, the file already on the node, a refusal) and closes: the
+    # client, still sending, gets a reset that drops the answer.
+    upload_answer_lost: bool = False
     calls: list[str] = field(default_factory=list)
     # Each exec's VM and body, and each file call's method, VM and path,
     # in the order they came.
@@ -184,6 +193,8 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
             "max_ttl_seconds": fake.max_ttl,
             **({"template_builds": True} if fake.builds else {}),
         }
+    if method == "PUT" and path.startswith("/v1/templates/build/") and path.endswith("/image"):
+        return _template_upload(fake, path, body, query)
     if path == "/v1/templates/build" or path.startswith("/v1/templates/builds/"):
         return _template_build(fake, method, path, doc)
     if (method, path) == ("GET", "/v1/capacity"):
@@ -276,6 +287,27 @@ def _windows_exec_refusal(doc: dict[str, Any]) -> tuple[int, dict[str, Any]] | N
     return None
 
 
+def _template_upload(fake: FakeNode, path: str, body: bytes, query: str) -> tuple[int, Any]:
+    """PUT /v1/templates/build/{name}/image as sandboxapi answers it: an
+    existing template answers done (the body unread); a body whose sha256
+    is not the one given is refused naming sha256; else the build runs
+    (as a recipe's, see _template_build) and the upload is recorded."""
+    if not fake.builds:
+        return _problem(403, "forbidden", "template builds are off on this node")
+    name = unquote(path.split("/")[4])
+    q = {k: v[0] for k, v in parse_qs(query).items()}
+    if name in fake.templates:
+        return 200, {"name": name, "state": "done", "vmid": 9100, "reused": True, "progress": []}
+    if hashlib.sha256(body).hexdigest() != q.get("sha256"):
+        why = "the image is not the one of its sha256"
+        return _problem(400, "invalid-request", why, field="sha256")
+    fake.uploads.append({"name": name, **q, "size": len(body)})
+    b = {"name": name, "from": "upload:" + q.get("file", ""), "state": "running", "looks": 0}
+    b["progress"] = [f"upload: {len(body)} bytes"]
+    fake.build_runs[name] = b
+    return 202, {k: v for k, v in b.items() if k != "looks"}
+
+
 def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any]) -> tuple[int, Any]:
     """The template build routes as sandboxapi answers them."""
     if not fake.builds:
@@ -351,6 +383,9 @@ class _Handler(BaseHTTPRequestHandler):
             with fake.lock:
                 url = urlsplit(self.path)
                 code, doc = handle(fake, self.command, url.path, body, url.query)
+            if fake.upload_answer_lost and self.command == "PUT" and url.path.endswith("/image"):
+                self.close_connection = True
+                return
         self.send_response(code)
         if isinstance(doc, bytes):
             b, ctype = doc, "application/octet-stream"

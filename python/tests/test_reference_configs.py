@@ -8,8 +8,8 @@ changed to ``pve_inspect`` (facts of the reference, no code of it).
 The task runs on the bed daemon with the mock model and scores as written.
 Each README config is converted as the provider converts it at task start:
 what it can honour converts, and the first field it cannot is named with
-why (the reference's full example holds an OVA upload, which this provider
-does not take)."""
+why (the reference's full example's OVA, a file on the eval machine,
+converts: its template is built from the uploaded file at task start)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from inspect_ai.dataset import Sample
 from inspect_ai.scorer import includes
 from inspect_ai.solver import basic_agent
 from inspect_ai.tool import bash
+from test_ova import make_ova
 
 from inspect_pve_inspect import ConfigError, PveInspectSandboxEnvironmentConfig
 from inspect_pve_inspect.compat import coerce
@@ -112,18 +113,40 @@ def _one_vm(vm: dict[str, Any], sdn: Any = None) -> dict[str, Any]:
     ("name", "config", "field"),
     [
         # the full example: its vnet (gateway .1, DHCP range .50-.100 of
-        # its /24) converts; its second VM is an OVA uploaded from the
-        # eval's machine, which this provider does not take
-        ("full example", README_FULL, "vms_config[1].vm_source_config.ova"),
+        # its /24) converts, and so does its second VM, an OVA on the
+        # eval's machine (made in the test's directory: the template
+        # ova-FILE-SIZE built from the uploaded file at task start); the
+        # first refusal is now its fourth VM's NIC on "existing vnet
+        # alias", a vnet the config's sdn_config does not define (the
+        # reference would look it up among the node's existing vnets)
+        ("full example", README_FULL, "vms_config[3].nics[0].vnet_alias"),
     ],
 )
-def test_readme_config_refused_by_field(name: str, config: dict[str, Any], field: str) -> None:
+def test_readme_config_refused_by_field(
+    name: str, config: dict[str, Any], field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each README config this provider cannot honour is refused at task
     start, naming the first field it cannot take and why."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    make_ova(tmp_path / "tests" / "oVirtTinyCore64-13.11.ova")
     with pytest.raises(ConfigError) as e:
         coerce(config)
     assert e.value.field == field, f"{name}: {e.value}"
     assert e.value.message, name
+
+
+def test_readme_full_example_ova_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full example's OVA VM (a Windows 10 guest from
+    ./tests/oVirtTinyCore64-13.11.ova) converts: the template named as the
+    reference tags the file, os_type passed, the file's one disk named."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    ova = make_ova(tmp_path / "tests" / "oVirtTinyCore64-13.11.ova")
+    vm = coerce({"vms_config": [README_FULL["vms_config"][1]]}).resolved_vms()[0]
+    assert vm.template == f"ova-ovirttinycore64-13-11-ova-{ova.stat().st_size}"
+    assert vm.os_type == "win10"
+    assert vm.ova is not None and vm.ova.disk == "box-disk1.vmdk"
 
 
 def test_readme_windows_sandbox_converts() -> None:

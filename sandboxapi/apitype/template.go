@@ -54,3 +54,25 @@ type TemplateBuild struct {
 
 // MaxBuildProgress bounds TemplateBuild.Progress.
 const MaxBuildProgress = 200
+
+// TemplateUpload is a build from an image the client sends (PUT
+// /v1/templates/build/{name}/image?file=FILE&sha256=HEX&ova_disk=DISK,
+// the image as the body): File is its name (.ova, .qcow2, .raw or
+// .vmdk), SHA256 its digest (Proxmox verifies it), OVADisk the disk
+// inside an OVA to import (only for an .ova), Size its length in bytes
+// (the body's Content-Length).
+type TemplateUpload struct {
+	Name    string `json:"name"`
+	File    string `json:"file"`
+	SHA256  string `json:"sha256"`
+	OVADisk string `json:"ova_disk,omitempty"`
+	Size    int64  `json:"size"`
+}
+
+// UploadSource is TemplateBuild.From of a build from an uploaded image:
+// "upload:" and the file's name.
+const UploadSource = "upload:"
+
+// DefaultMaxTemplateUpload is the default bound of an uploaded image
+// (20 GiB; [templates] max_upload_gib).
+const DefaultMaxTemplateUpload int64 = 20 << 30

@@ -2,6 +2,9 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/url"
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
@@ -20,4 +23,35 @@ func (c *Client) BuildTemplate(ctx context.Context, req apitype.TemplateBuildReq
 func (c *Client) TemplateBuild(ctx context.Context, name string) (apitype.TemplateBuild, error) {
 	var b apitype.TemplateBuild
 	return b, c.do(ctx, "GET", "/v1/templates/builds/"+url.PathEscape(name), nil, &b)
+}
+
+// UploadTemplate calls PUT /v1/templates/build/{name}/image: the template
+// u.Name built from the image body, u.Size bytes (its length, sent as the
+// Content-Length). A template of the name that exists answers done and
+// reused, a running build of the same upload joined, without the body.
+func (c *Client) UploadTemplate(ctx context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error) {
+	q := url.Values{"file": {u.File}, "sha256": {u.SHA256}}
+	if u.OVADisk != "" {
+		q.Set("ova_disk", u.OVADisk)
+	}
+	req, err := c.newRequest(ctx, "PUT", "/v1/templates/build/"+url.PathEscape(u.Name)+"/image?"+q.Encode(), body)
+	if err != nil {
+		return apitype.TemplateBuild{}, err
+	}
+	req.ContentLength = u.Size
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return apitype.TemplateBuild{}, fmt.Errorf("upload template image: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return apitype.TemplateBuild{}, decodeProblem(resp)
+	}
+	var b apitype.TemplateBuild
+	if err := json.NewDecoder(resp.Body).Decode(&b); err != nil {
+		return apitype.TemplateBuild{}, fmt.Errorf("upload template image: %w", err)
+	}
+	return b, nil
 }

@@ -90,3 +90,40 @@ func TestUploadChecksImport(t *testing.T) {
 		})
 	}
 }
+
+// TestUploadOverwritesInPlace: pve-storage Status.pm upload's worker
+// copies with `cp -- $tmpfilename $dest` ("we simply overwrite the
+// destination file if it already exists"): the existing file is written
+// in place, not replaced by a rename, so a reader that had it open reads
+// the new upload's bytes (and one reading during the copy a mix): two
+// uploads of one name at once share one file.
+func TestUploadOverwritesInPlace(t *testing.T) {
+	e := newEnv(t)
+	e.s.SetStorageContent("local", "backup,iso,vztmpl,import")
+	put := func(data string) {
+		t.Helper()
+		ct, body := multipartUpload(t, "import", "filename", "same.raw", []byte(data))
+		res, raw := e.post("/nodes/pve/storage/local/upload", ct, body)
+		var ans struct {
+			Data string `json:"data"`
+		}
+		if res.StatusCode != 200 || json.Unmarshal(raw, &ans) != nil {
+			t.Fatalf("upload: %s %s", res.Status, raw)
+		}
+		if st := e.wait(ans.Data); st != "OK" {
+			t.Fatalf("upload task: %s", st)
+		}
+	}
+	put("first upload")
+	f, err := os.Open(filepath.Join(e.s.storageDir(), "import", "same.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	put("second upload")
+	got := make([]byte, 64)
+	n, _ := f.ReadAt(got, 0)
+	if string(got[:n]) != "second upload" {
+		t.Errorf("the first file's reader reads %q: want the second upload, written in place", got[:n])
+	}
+}

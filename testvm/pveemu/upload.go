@@ -268,25 +268,24 @@ func (s *Server) upload(_ context.Context, rq *request) (any, error) {
 	}), nil
 }
 
+// copyFile is the worker's `cp -- $tmpfilename $dest`: dst is opened
+// truncated and written in place (no temporary file, no rename, no lock),
+// so two uploads of one name at once write into the same file and a
+// reader sees it half written; a failed copy unlinks dst ($err_cleanup),
+// whoever wrote it.
 func copyFile(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
 	}
 	_, err = io.Copy(out, in)
 	if cerr := out.Close(); err == nil {
 		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(dst+".tmp", dst)
-	}
-	if err != nil {
-		_ = os.Remove(dst + ".tmp")
 	}
 	return err
 }

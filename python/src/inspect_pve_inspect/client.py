@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -26,6 +27,10 @@ from .config import NodeConfig, check_scheme
 CREATE_TIMEOUT = 900.0
 CALL_TIMEOUT = 60.0
 FILE_TIMEOUT = 900.0
+# An image upload for a template build (PUT /v1/templates/build/{name}/image):
+# the read chunk and the bound of the whole call.
+UPLOAD_CHUNK = 1 << 20
+UPLOAD_TIMEOUT = 4 * 3600.0
 # How long a call refused by one of the node's quotas before it ran (an
 # owner's exec or file slots, its collected output, the node's totals:
 # the problem names the quota) is tried again, after the daemon's
@@ -55,6 +60,15 @@ class Problem(Exception):
 
 class NodeDown(Exception):
     """The node did not answer (connection refused, reset, TLS or timeout)."""
+
+
+class UploadCut(Exception):
+    """An image upload ended without an answer after the node took the
+    request: the daemon answers what it need not read the body for (a
+    template that exists, a build it joins, the file already on the node, a
+    refusal) at once and closes, and over TCP the reset of the body still
+    being sent drops that answer. The node's build of the template says
+    what became of it."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,40 @@ class Client:
         """``POST /v1/templates/build``: the build of ``req`` started or
         joined (queued, running), or the template that exists (done)."""
         r = await self._send("POST", "/templates/build", json=req)
+        return cast(dict[str, Any], r.json())
+
+    async def upload_template(
+        self, name: str, path: str, size: int, sha256: str, ova_disk: str | None
+    ) -> dict[str, Any]:
+        """``PUT /v1/templates/build/{name}/image``: the template ``name``
+        built from the image file at ``path`` (``size`` bytes, streamed as
+        read, never held whole), which the node verifies against
+        ``sha256``; answers as :meth:`build_template` (an existing template:
+        done, without the body). Not retried: the body is read once."""
+        params = {"file": os.path.basename(path), "sha256": sha256}
+        if ova_disk is not None:
+            params["ova_disk"] = ova_disk
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async with await anyio.open_file(path, "rb") as f:
+                while chunk := await f.read(UPLOAD_CHUNK):
+                    yield chunk
+
+        try:
+            r = await self._http.request(
+                "PUT",
+                f"/templates/build/{quote(name, safe='')}/image",
+                params=params,
+                content=chunks(),
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+                timeout=_timeout(UPLOAD_TIMEOUT),
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise NodeDown(f"{self.node.url}: {e}") from e
+        except httpx.TransportError as e:
+            raise UploadCut(f"{self.node.url}: {type(e).__name__}: {e}") from e
+        if r.status_code >= 400:
+            raise _problem(r)
         return cast(dict[str, Any], r.json())
 
     async def template_build(self, name: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 An eval written for ``inspect_proxmox_sandbox`` passes a
 ``ProxmoxSandboxEnvironmentConfig``; with only the sandbox type changed to
 ``pve_inspect`` it runs here. Honoured: ``vms_config``
-(``vm_source_config.existing_vm_template_tag`` or ``built_in``, ``name``, ``ram_mb``,
+(``vm_source_config.existing_vm_template_tag``, ``built_in`` or ``ova``, ``name``, ``ram_mb``,
 ``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias`` with their ``mac`` and
 ``ipv4``, ``healthcheck``, and ``uefi_boot``, ``os_type``, ``cpu``,
 ``disk_controller``, ``nic_controller`` as the daemon's per-VM options) and
@@ -18,7 +18,10 @@ Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
 their healthchecks). A template tag is looked up as a template name of the
 daemon; a built-in (``debian13``, ``ubuntu24.04``, ``kali2025.4``) is the
 template of its name, which the node builds at task start when it lacks it
-and offers builds (:mod:`.preflight`). Every other field must keep the
+and offers builds (:mod:`.preflight`); an ``ova`` (a file on the eval
+machine with one ``.vmdk``) is the template ``ova-FILE-SIZE`` (the
+reference's tag of it, as a DNS name), which a node that lacks it and
+offers builds builds at task start from the uploaded file. Every other field must keep the
 reference's default (written out, or the value the reference uses when it
 is unset); any other value raises :class:`ConfigError` naming the field
 and why, never silently ignored.
@@ -31,9 +34,12 @@ too (by its ``model_dump()``).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
+import os
 import re
+import tarfile
 from typing import Any, Literal
 
 import yaml
@@ -46,6 +52,7 @@ from .config import (
     HealthCheck,
     NetworkSpec,
     NicSpec,
+    OvaImage,
     PveInspectSandboxEnvironmentConfig,
     VmSpec,
 )
@@ -319,6 +326,57 @@ def _vm_options(f: str, vm: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def ova_template_name(file: str, size: int) -> str:
+    """The template an OVA is built into: the reference's tag of it
+    (``ova-FILE-SIZE``, every character outside ``[a-zA-Z0-9_-]`` made
+    ``_``, lower-cased) with ``_`` made ``-`` (a template name is a VM
+    name, a DNS name); past 63 characters the file part is cut and the
+    first 8 hex digits of the whole tag's sha256 keep it unique."""
+    tag = re.sub(r"[^a-zA-Z0-9_\-]", "_", f"ova-{file}-{size}").lower()
+    name = tag.replace("_", "-")
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(tag.encode()).hexdigest()[:8]
+    tail = f"-{digest}-{size}"
+    head = name[: 63 - len(tail)].rstrip("-")
+    return head + tail
+
+
+def ova_image(field: str, value: Any) -> OvaImage:
+    """The reference's ``ova`` (a path on the eval machine) checked: a
+    file, an OVA (a tar) with exactly one ``.vmdk`` (the reference imports
+    each; the daemon's build imports one)."""
+    if "://" in str(value):
+        raise ConfigError(
+            field,
+            f"{value!r}: the reference's ova is a file on the eval machine; an OVA at a URL is "
+            "built on the node: pve-inspectd template build NAME --from URL --ova-disk DISK.vmdk "
+            "--checksum sha256:HEX, then name it in existing_vm_template_tag",
+        )
+    path = os.path.abspath(os.fspath(value))
+    if not os.path.isfile(path):
+        raise ConfigError(field, f"{path}: no such file (an OVA on this machine)")
+    file = os.path.basename(path)
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.ova", file) is None:
+        raise ConfigError(
+            field,
+            f"{file!r}: want a file name of letters, digits and '_.-' ending .ova (the name "
+            "the node stores it under)",
+        )
+    try:
+        with tarfile.open(path, "r") as tar:
+            disks = [n for n in tar.getnames() if n.endswith(".vmdk")]
+    except (tarfile.TarError, OSError) as e:
+        raise ConfigError(field, f"{path}: not an OVA (a tar archive): {e}") from None
+    if len(disks) != 1:
+        raise ConfigError(
+            field,
+            f"{path} holds {len(disks)} .vmdk disks ({', '.join(disks) or 'none'}): the node's "
+            "build makes a template of one disk",
+        )
+    return OvaImage(path=path, size=os.path.getsize(path), disk=disks[0])
+
+
 def _shared_nics(f: str, nics: list[dict[str, Any]]) -> tuple[NicSpec, ...]:
     """The NICs of a VM of ``sdn_config=None`` (the reference's "Using
     Existing Proxmox VNETs"): each ``vnet_alias`` a vnet the node's operator
@@ -363,13 +421,13 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
     if not isinstance(vm.get("firewall", False), bool):
         raise ConfigError(f"{f}.firewall", f"want a bool, got {vm['firewall']!r}")
     src = vm.get("vm_source_config") or {}
+    ova = None
     if src.get("ova") is not None:
-        raise ConfigError(
-            f"{f}.vm_source_config.ova",
-            "not supported: build a template from the OVA on the node (pve-inspectd template "
-            "build NAME --from URL --ova-disk DISK.vmdk --checksum sha256:HEX) and name it in "
-            "existing_vm_template_tag",
-        )
+        if src.get("built_in") is not None or src.get("existing_vm_template_tag"):
+            raise ConfigError(
+                f"{f}.vm_source_config", "give one of ova, built_in and existing_vm_template_tag"
+            )
+        ova = ova_image(f"{f}.vm_source_config.ova", src["ova"])
     built_in = src.get("built_in")
     tag = src.get("existing_vm_template_tag")
     if built_in is not None:
@@ -386,6 +444,8 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
         # recipe (pve-inspectd template build NAME --recipe NAME), tagged
         # builtin-NAME as the reference tags its built-ins
         tag = built_in
+    if ova is not None:
+        tag = ova_template_name(os.path.basename(ova.path), ova.size)
     if not tag:
         raise ConfigError(f"{f}.vm_source_config.existing_vm_template_tag", "required")
     nets: tuple[str, ...] | None = None
@@ -434,6 +494,7 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
             {
                 "template": str(tag),
                 "built_in": built_in,
+                "ova": ova,
                 "name": _s(vm.get("name")),
                 "cores": vm.get("vcpus", 2),
                 "memory_mib": vm.get("ram_mb", 2048),

@@ -189,6 +189,18 @@ CpuModel = Literal[
 ]
 
 
+class OvaImage(BaseModel):
+    """An OVA file on the eval machine that a VM's template is built from
+    (the reference's ``VmSourceConfig(ova=PATH)``): at task start a node
+    that lacks the template and offers builds is sent the file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(description="the OVA's path on the eval machine")
+    size: int = Field(ge=1, description="its size in bytes when the config was read")
+    disk: str = Field(description="the disk inside it the template is built from (.vmdk)")
+
+
 class VmSpec(BaseModel):
     """One VM of the sample's sandbox."""
 
@@ -248,8 +260,17 @@ class VmSpec(BaseModel):
         "on the node makes it",
     )
 
+    ova: OvaImage | None = Field(
+        default=None,
+        description="an OVA on the eval machine the template is built from: a node that lacks "
+        "the template (named ova-FILE-SIZE as the reference tags it) builds it at task start "
+        "from the uploaded file when it offers builds ([templates] build)",
+    )
+
     @model_validator(mode="after")
     def _networks_or_nics(self) -> VmSpec:
+        if self.ova is not None and self.built_in is not None:
+            raise ValueError("give ova or built_in, not both")
         if self.built_in is not None and self.template != self.built_in:
             raise ValueError(
                 f"built_in {self.built_in!r} is the template named {self.built_in!r}, "

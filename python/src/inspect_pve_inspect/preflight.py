@@ -18,11 +18,20 @@ name that runs, so each template is built once), its progress logged while
 it runs, bounded by ``template_build_seconds``; then the node is asked
 again. A node without builds fails the task with the command that builds
 the template on it.
+
+A VM of an OVA (``VmSpec.ova``, the reference's ``VmSourceConfig(ova=...)``)
+whose template (``ova-FILE-SIZE``) a node lacks is built the same way from
+the file itself: its sha256 is computed, the file streamed to the node
+(``PUT /v1/templates/build/{name}/image``, which the node verifies against
+the digest), and the build followed as a built-in's. A node without builds
+fails the task with the commands that put the file on the node and build it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -32,8 +41,8 @@ import anyio
 import httpx
 from inspect_ai._util.error import PrerequisiteError
 
-from .client import Client, NodeDown, Problem
-from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
+from .client import Client, NodeDown, Problem, UploadCut
+from .config import NodeConfig, OvaImage, PveInspectSandboxEnvironmentConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +72,15 @@ async def preflight(cfg: PveInspectSandboxEnvironmentConfig, req: dict[str, Any]
                 health = await c.healthz()
                 rep = await c.validate(req)
                 missing = _missing_built_ins(rep, cfg)
-                if missing and not health.get("template_builds"):
-                    wrong.append(_no_builds(node, missing))
+                ovas = _missing_ovas(rep, cfg)
+                if (missing or ovas) and not health.get("template_builds"):
+                    wrong.append(_no_builds(node, missing, ovas))
                     continue
-                if missing:
+                if missing or ovas:
                     for name in missing:
                         await _build(c, node, name, cfg.template_build_seconds)
+                    for name, ova in ovas:
+                        await _upload(c, node, name, ova, cfg.template_build_seconds)
                     rep = await c.validate(req)
         except (NodeDown, httpx.HTTPError, OSError) as e:
             down.append(f"{node.url}: {e}")
@@ -105,21 +117,110 @@ def _missing_built_ins(
     return out
 
 
+def _missing_ovas(
+    rep: Mapping[str, Any] | None, cfg: PveInspectSandboxEnvironmentConfig
+) -> list[tuple[str, OvaImage]]:
+    """The OVA templates the config's VMs ask for that the node's report
+    lists no template of (in the config's order, once each)."""
+    if rep is None or rep.get("valid", True) or "templates" not in rep:
+        return []
+    have = set(rep.get("templates") or ())
+    out: dict[str, OvaImage] = {}
+    for v in cfg.resolved_vms():
+        if v.ova is not None and v.template not in have:
+            out.setdefault(v.template, v.ova)
+    return list(out.items())
+
+
 def _command(name: str) -> str:
     return f"`pve-inspectd template build {name} --recipe {name}`"
 
 
-def _no_builds(node: NodeConfig, names: Sequence[str]) -> str:
+def _ova_commands(name: str, ova: OvaImage) -> list[str]:
+    file = os.path.basename(ova.path)
+    return [
+        f"`scp {ova.path} root@NODE:/var/lib/vz/import/{file}` (the storage local, content import)",
+        f"`pve-inspectd template build {name} --from local:import/{file}/{ova.disk}`",
+    ]
+
+
+def _no_builds(
+    node: NodeConfig, names: Sequence[str], ovas: Sequence[tuple[str, OvaImage]] = ()
+) -> str:
+    what = [f"the built-in {n!r}" for n in names] + [
+        f"the OVA {os.path.basename(o.path)!r} ({n!r})" for n, o in ovas
+    ]
     lines = [
-        f"pve_inspect: {node.url} has no template of the built-in "
-        + ", ".join(repr(n) for n in names)
+        f"pve_inspect: {node.url} has no template of "
+        + ", ".join(what)
         + " and does not build templates on request; build "
-        + ("it" if len(names) == 1 else "them")
+        + ("it" if len(what) == 1 else "them")
         + " on the node as root:"
     ]
     lines += [f"  {_command(n)}" for n in names]
+    for n, o in ovas:
+        lines += [f"  {cmd}" for cmd in _ova_commands(n, o)]
     lines.append("  (or an operator turns on [templates] build in the node's config.toml)")
     return "\n".join(lines)
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: float) -> None:
+    """Send the OVA to the node for a build of template ``name`` (or join
+    its build of it) and follow the build as :func:`_build`; the file must
+    be as the config found it (its size)."""
+    how = " or, on the node as root: " + "; then ".join(_ova_commands(name, ova))
+    try:
+        size = os.path.getsize(ova.path)
+        if size != ova.size:
+            raise ConfigRefused(
+                f"pve_inspect: {ova.path} changed since the config was read ({ova.size} bytes, "
+                f"now {size}): the template it names is {name!r}; run the task again"
+            )
+        log.info("%s: computing the sha256 of %s (%d bytes)", node.url, ova.path, size)
+        digest = await anyio.to_thread.run_sync(_sha256, ova.path)
+        log.info("%s: uploading %s for template %r", node.url, ova.path, name)
+        try:
+            st = await c.upload_template(name, ova.path, size, digest, ova.disk)
+        except UploadCut as e:
+            st = await _after_cut(c, node, name, ova, str(e), how)
+    except OSError as e:
+        raise ConfigRefused(f"pve_inspect: read {ova.path}: {e}") from None
+    except Problem as p:
+        raise ConfigRefused(
+            f"pve_inspect: {node.url} refuses to build the template {name!r} from {ova.path} "
+            f"({p.type}: {p.detail});{how}"
+        ) from None
+    await _follow(c, node, name, st, limit, how)
+
+
+async def _after_cut(
+    c: Client, node: NodeConfig, name: str, ova: OvaImage, why: str, how: str
+) -> dict[str, Any]:
+    """The node's build of ``name`` from the upload of ``ova`` whose answer
+    was lost (:class:`UploadCut`): joined, the file on the node already,
+    done, or failed (a body cut on the way); :class:`ConfigRefused` when the
+    node has none (it refused the upload, and the refusal was lost)."""
+    file = os.path.basename(ova.path)
+    try:
+        st = await c.template_build(name)
+    except Problem:
+        st = {}
+    if st.get("from") != "upload:" + file:
+        raise ConfigRefused(
+            f"pve_inspect: {node.url} ended the upload of {ova.path} for the template {name!r} "
+            f"without an answer ({why}) and has no build of it: it refused the upload (its "
+            f"log says why);{how}"
+        )
+    log.info("%s: the upload's answer was lost (%s): following the build", node.url, why)
+    return st
 
 
 async def _build(c: Client, node: NodeConfig, name: str, limit: float) -> None:
@@ -128,6 +229,21 @@ async def _build(c: Client, node: NodeConfig, name: str, limit: float) -> None:
     fails, is refused or takes longer than ``limit`` seconds."""
     try:
         st = await c.build_template({"name": name, "recipe": name})
+    except Problem as p:
+        raise ConfigRefused(
+            f"pve_inspect: {node.url} refuses to build the template {name!r} ({p.type}: "
+            f"{p.detail}); build it on the node as root: {_command(name)}"
+        ) from None
+    await _follow(c, node, name, st, limit, f" or build it on the node as root: {_command(name)}")
+
+
+async def _follow(
+    c: Client, node: NodeConfig, name: str, st: dict[str, Any], limit: float, how: str
+) -> None:
+    """Log the build of ``name`` (its state ``st``) until it is done;
+    :class:`ConfigRefused` when it fails, or runs past ``limit`` seconds
+    (``how`` says what else to do)."""
+    try:
         log.info("%s: building template %r (%s)", node.url, name, st.get("state"))
         give_up = time.monotonic() + limit
         seen = 0
@@ -142,8 +258,7 @@ async def _build(c: Client, node: NodeConfig, name: str, limit: float) -> None:
             if st.get("state") == "failed":
                 raise ConfigRefused(
                     f"pve_inspect: {node.url} failed to build the template {name!r}: "
-                    f"{st.get('error')}; see its log, or build it on the node as root: "
-                    f"{_command(name)}"
+                    f"{st.get('error')}; see its log,{how}"
                 )
             if time.monotonic() >= give_up:
                 raise ConfigRefused(
@@ -156,7 +271,7 @@ async def _build(c: Client, node: NodeConfig, name: str, limit: float) -> None:
     except Problem as p:
         raise ConfigRefused(
             f"pve_inspect: {node.url} refuses to build the template {name!r} ({p.type}: "
-            f"{p.detail}); build it on the node as root: {_command(name)}"
+            f"{p.detail});{how}"
         ) from None
 
 

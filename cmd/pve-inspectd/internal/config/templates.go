@@ -55,6 +55,9 @@ type TemplatesSection struct {
 	// StateDir holds the build ledger (`template build --state-dir`): only
 	// VMs a build on this node recorded there are reused or destroyed.
 	StateDir string `toml:"state_dir"`
+	// MaxUploadGiB bounds an image sent for a build over the API (PUT
+	// /v1/templates/build/{name}/image; 20).
+	MaxUploadGiB int `toml:"max_upload_gib"`
 	// MaxBuilds is how many builds run at once on the node (1 or 2);
 	// further requests wait their turn.
 	MaxBuilds int `toml:"max_builds"`
@@ -71,7 +74,7 @@ var reBridgeName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
 
 func defaultTemplates() TemplatesSection {
 	return TemplatesSection{BuilderUser: "root@pam", Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
-		MaxBuilds: 1, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd",
+		MaxBuilds: 1, MaxUploadGiB: 20, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd",
 		StateDir: templatebuild.DefaultStateDir}
 }
 
@@ -81,6 +84,9 @@ func (t TemplatesSection) validate(prefix string) error {
 	}
 	if t.MaxBuilds < 1 || t.MaxBuilds > 2 {
 		return key("max_builds", "%d: want 1 or 2 (each build downloads an image and boots a VM)", t.MaxBuilds)
+	}
+	if t.MaxUploadGiB < 1 || t.MaxUploadGiB > 1024 {
+		return key("max_upload_gib", "%d: want 1 to 1024", t.MaxUploadGiB)
 	}
 	if t.AgentWait < time.Minute || t.CloudInitWait < time.Minute {
 		return key("agent_wait", "agent_wait %s and cloud_init_wait %s: want at least 1m each", t.AgentWait, t.CloudInitWait)

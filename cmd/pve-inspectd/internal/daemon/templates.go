@@ -96,7 +96,7 @@ func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, erro
 		Login: login, Agent: agent, Host: host, URLs: urls, AllowURLs: tc.AllowURLs, Mirror: tc.Mirror, Grant: grant,
 		Defaults: templatebuild.Options{Storage: tc.Storage, ImageStorage: tc.ImageStorage, SnippetStorage: tc.SnippetStorage,
 			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, Protected: protected, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll},
-		MaxRunning: tc.MaxBuilds, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,
+		MaxRunning: tc.MaxBuilds, MaxUpload: int64(tc.MaxUploadGiB) << 30, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,
 		Log: a.log.With("component", "templatebuild"),
 	})
 }

@@ -218,6 +218,44 @@ func TestAPITemplateBuilds(t *testing.T) {
 		t.Errorf("no template.build.done event of img1: %v", err)
 	}
 
+	// An image sent over the API: streamed to the node by root@pam's
+	// ticket, built, then reused without its body.
+	up := apitype.TemplateUpload{Name: "up1", File: "up1.raw", SHA256: hex.EncodeToString(sum[:]), Size: int64(len(img))}
+	if st, err := c.UploadTemplate(ctx, up, bytes.NewReader(img)); err != nil || st.From != "upload:up1.raw" {
+		t.Fatalf("upload: %+v %v", st, err)
+	}
+	waitFor(t, "the upload's build done", func() error {
+		st, err = c.TemplateBuild(ctx, "up1")
+		if err == nil && st.State == apitype.BuildFailed {
+			t.Fatalf("build failed: %s\n%s", st.Error, strings.Join(st.Progress, "\n"))
+		}
+		if err == nil && st.State != apitype.BuildDone {
+			err = fmt.Errorf("%s %s", st.State, st.Error)
+		}
+		return err
+	})
+	var uploads []string
+	for _, r := range emu.Requests() {
+		if strings.HasSuffix(r.Path, "/upload") {
+			uploads = append(uploads, r.AuthID)
+		}
+	}
+	if len(uploads) != 1 || uploads[0] != "root@pam" {
+		t.Errorf("uploads by %q, want one by root@pam", uploads)
+	}
+	if again, err := c.UploadTemplate(ctx, up, bytes.NewReader(img)); err != nil || !again.Reused || again.VMID != st.VMID {
+		t.Errorf("second upload: %+v %v, want reused", again, err)
+	}
+	n := 0
+	for _, r := range emu.Requests() {
+		if strings.HasSuffix(r.Path, "/upload") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d uploads to the node after the second request, want 1", n)
+	}
+
 	// A password file others may read: the next build fails saying so.
 	if err := os.Chmod(pwFile, 0o644); err != nil {
 		t.Fatal(err)

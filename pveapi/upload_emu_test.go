@@ -1,0 +1,89 @@
+package pveapi_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
+)
+
+// TestUploadFile: UploadFile streams a file to a storage's import
+// directory, Proxmox verifying its sha256 (pve-storage Status.pm upload);
+// a wrong digest fails the task and keeps nothing; a storage without the
+// content, a filename Proxmox would rename, a body shorter than its size
+// are refused with what to do.
+func TestUploadFile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
+	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1, RootPassword: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	c, err := pveapi.NewWithPassword(pveapi.Options{URL: ts.URL + "/api2/json", Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond}, "root@pam", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := []byte(strings.Repeat("raw image ", 4096))
+	h := sha256.Sum256(data)
+	sum := hex.EncodeToString(h[:])
+	up := pveapi.Upload{Content: "import", Filename: "disk.raw", Size: int64(len(data)), Checksum: sum, ChecksumAlgorithm: "sha256"}
+
+	// A fresh node's local takes no import content.
+	if _, err := c.UploadFile(ctx, "local", up, strings.NewReader(string(data))); err == nil || !strings.Contains(err.Error(), "pvesm set local --content") {
+		t.Errorf("upload to a storage without import: %v", err)
+	}
+	s.SetStorageContent("local", "backup,iso,vztmpl,import")
+	vol, err := c.UploadFile(ctx, "local", up, strings.NewReader(string(data)))
+	if err != nil || vol != "local:import/disk.raw" {
+		t.Fatalf("upload: %q %v", vol, err)
+	}
+	p, err := c.VolumePath(ctx, vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(p); err != nil || string(got) != string(data) {
+		t.Errorf("stored file: %d bytes %v, want the upload", len(got), err)
+	}
+
+	wrong := up
+	wrong.Filename = "wrong.raw"
+	wrong.Checksum = strings.Repeat("0", 64)
+	if _, err := c.UploadFile(ctx, "local", wrong, strings.NewReader(string(data))); err == nil || !strings.Contains(err.Error(), "checksum mismatch") {
+		t.Errorf("wrong digest: %v, want Proxmox's checksum mismatch", err)
+	}
+	short := up
+	short.Filename = "short.raw"
+	short.Size++
+	if _, err := c.UploadFile(ctx, "local", short, strings.NewReader(string(data))); !errors.Is(err, pveapi.ErrShortUpload) {
+		t.Errorf("short body: %v, want ErrShortUpload", err)
+	}
+	vols, err := c.StorageVolumes(ctx, "local", "import")
+	if err != nil || len(vols) != 1 || vols[0].VolID != "local:import/disk.raw" {
+		t.Errorf("import volumes %+v %v, want only disk.raw", vols, err)
+	}
+	for _, bad := range []pveapi.Upload{
+		{Content: "import", Filename: "a b.raw", Size: 1},
+		{Content: "import", Filename: "../x.raw", Size: 1},
+		{Content: "images", Filename: "x.raw", Size: 1},
+		{Content: "import", Filename: "x.raw", Size: 0},
+		{Content: "import", Filename: "x.raw", Size: 1, Checksum: sum},
+	} {
+		if _, err := c.UploadFile(ctx, "local", bad, strings.NewReader("x")); err == nil {
+			t.Errorf("%+v: accepted", bad)
+		}
+	}
+}

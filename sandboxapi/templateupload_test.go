@@ -1,0 +1,94 @@
+package sandboxapi_test
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
+)
+
+// TestTemplateUploadRoute: PUT /v1/templates/build/{name}/image is a node
+// operation (owner-bound and lesser tokens refused before the builder is
+// asked, off without builds); a request without Content-Length or that
+// the builder refuses is a 400 naming the field; an upload streams its
+// body to the builder, an existing template answers 200 reused.
+func TestTemplateUploadRoute(t *testing.T) {
+	off := newEnv(t, nil)
+	u := apitype.TemplateUpload{Name: "win", File: "win.ova", SHA256: strings.Repeat("a", 64), OVADisk: "d.vmdk", Size: 5}
+	if _, err := off.c.UploadTemplate(off.ctx(), u, strings.NewReader("hello")); !client.IsProblem(err, apitype.ProblemForbidden) {
+		t.Errorf("upload on a node without builds: %v", err)
+	}
+
+	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
+	f := &fakeBuilder{builds: map[string]apitype.TemplateBuild{}}
+	e := newEnv(t, func(o *options) {
+		o.serverOptions.Tokens = store
+		o.serverOptions.Templates = f
+	})
+	ctx := e.ctx()
+	mint := func(name, owner, scope string) (*client.Client, string) {
+		t.Helper()
+		tok, _, err := store.CreateOwned(name, owner, []string{scope}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client.New(e.tcp.URL, client.WithToken(tok)), tok
+	}
+	alice, _ := mint("alice-agent", "alice", "admin")
+	reader, _ := mint("r", "", "read")
+	ops, opsTok := mint("ops", "", "admin")
+	for who, c := range map[string]*client.Client{"owner-bound admin": alice, "read": reader} {
+		if _, err := c.UploadTemplate(ctx, u, strings.NewReader("hello")); !client.IsProblem(err, apitype.ProblemForbidden) {
+			t.Errorf("%s token's upload: %v, want forbidden", who, err)
+		}
+	}
+	var p *apitype.Problem
+	bad := u
+	bad.File = "win.iso"
+	if _, err := ops.UploadTemplate(ctx, bad, strings.NewReader("hello")); !errors.As(err, &p) || p.Status != 400 || p.Field != "file" {
+		t.Errorf("bad file: %v, want 400 naming file", err)
+	}
+	big := u
+	big.Size = 2 << 20
+	if _, err := ops.UploadTemplate(ctx, big, strings.NewReader(strings.Repeat("x", 2<<20))); !errors.As(err, &p) || p.Status != 400 || p.Field != "size" {
+		t.Errorf("over the limit: %v, want 400 naming size", err)
+	}
+	// no Content-Length: a chunked body
+	req, err := http.NewRequestWithContext(ctx, "PUT", e.tcp.URL+"/v1/templates/build/win/image?file=win.ova&sha256="+u.SHA256+"&ova_disk=d.vmdk", io.NopCloser(strings.NewReader("hello")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+opsTok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "Content-Length") {
+		t.Errorf("chunked upload: %d %s, want 400 naming Content-Length", resp.StatusCode, b)
+	}
+	if f.startCount() != 0 || len(f.builds) != 0 {
+		t.Fatalf("refused uploads reached the builder: %d starts", f.startCount())
+	}
+
+	st, err := ops.UploadTemplate(ctx, u, strings.NewReader("hello"))
+	if err != nil || st.State != apitype.BuildQueued || st.From != "upload:win.ova" || len(st.Progress) != 1 || st.Progress[0] != "upload: 5 bytes" {
+		t.Errorf("upload: %+v %v", st, err)
+	}
+	if got, err := ops.TemplateBuild(ctx, "win"); err != nil || got.From != "upload:win.ova" {
+		t.Errorf("get after the upload: %+v %v", got, err)
+	}
+	ex := u
+	ex.Name = "exists"
+	if st, err := e.c.UploadTemplate(ctx, ex, strings.NewReader("hello")); err != nil || st.State != apitype.BuildDone || !st.Reused {
+		t.Errorf("existing template (local socket): %+v %v", st, err)
+	}
+}
