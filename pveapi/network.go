@@ -52,6 +52,13 @@ func (c *Client) getEnvelope(ctx context.Context, path string, v any) error {
 	if err != nil {
 		return classify(op, err)
 	}
+	return readEnvelope(op, res, v)
+}
+
+// readEnvelope reads res's whole JSON answer (at most maxEnvelope bytes)
+// into v, or returns Proxmox's refusal (its message) naming op; res's
+// body is closed.
+func readEnvelope(op string, res *http.Response, v any) error {
 	defer res.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(res.Body, maxEnvelope+1))
 	if err != nil {

@@ -1,10 +1,13 @@
 package pveapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"mime/multipart"
+	"net/http"
 	"net/url"
 	"regexp"
 	"strings"
@@ -58,7 +61,7 @@ var ErrShortUpload = errors.New("the file ended before its size")
 // file_upload_multipart reads them) and waits for the imgcopy task that
 // verifies and copies it (its timeout is Options.TaskTimeout). Nothing is
 // buffered: the body goes to Proxmox as it is read, and ctx ending stops
-// the read. A file of the name already there is overwritten (the worker
+// the read and the wait for Proxmox's answer. A file of the name already there is overwritten (the worker
 // copies with cp). It returns the volume id (storage:CONTENT/FILE).
 func (c *Client) UploadFile(ctx context.Context, storage string, u Upload, body io.Reader) (string, error) {
 	if err := u.validate(storage); err != nil {
@@ -76,30 +79,97 @@ func (c *Client) UploadFile(ctx context.Context, storage string, u Upload, body 
 		return "", fmt.Errorf("%s: storage %s does not take content %s (content %s): add it as root with pvesm set %s --content %s,%s",
 			op, storage, u.Content, strings.Join(sc.Content, ","), storage, strings.Join(sc.Content, ","), u.Content)
 	}
-	fields := map[string]string{"content": u.Content}
-	if u.Checksum != "" {
-		fields["checksum-algorithm"], fields["checksum"] = u.ChecksumAlgorithm, strings.ToLower(u.Checksum)
-	}
 	src := &sizedReader{ctx: ctx, r: body, left: u.Size}
-	p := fmt.Sprintf("/nodes/%s/storage/%s/upload", url.PathEscape(c.node), url.PathEscape(storage))
-	var upid any
-	err = c.c.UploadReader(p, fields, u.Filename, src, u.Size, &upid)
+	req, err := c.uploadRequest(ctx, storage, u, src)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", op, err)
+	}
+	var answer struct {
+		Data any `json:"data"`
+	}
+	res, err := c.hc.Do(req)
+	if err != nil {
+		err = classify(op, err)
+	} else {
+		err = readEnvelope(op, res, &answer)
+	}
 	if src.err != nil {
 		// the body's own failure (short, cancelled) says more than the
 		// transport's
 		return "", fmt.Errorf("%s: %w", op, src.err)
 	}
 	if err != nil {
-		return "", classify(op, err)
+		return "", err
 	}
-	s, ok := upid.(string)
+	s, ok := answer.Data.(string)
 	if !ok || !strings.HasPrefix(s, "UPID:") {
-		return "", fmt.Errorf("%s: answer %v is not a task", op, upid)
+		return "", fmt.Errorf("%s: answer %v is not a task", op, answer.Data)
 	}
 	if err := c.wait(ctx, op, s, nil); err != nil {
 		return "", err
 	}
 	return storage + ":" + u.Content + "/" + u.Filename, nil
+}
+
+// uploadRequest is the upload's POST, bound to ctx (its end ends the
+// call, the wait for Proxmox's answer after the body included: the
+// client may have no timeout, and a file's copy may take long): a
+// multipart form of the fields content, checksum-algorithm and checksum,
+// in that order, then the file part "filename" with the body, the order
+// pve-http-server's file_upload_multipart reads them. The form's framing
+// is made ahead (its length with u.Size is the Content-Length Proxmox
+// needs) and the body streamed between, as read.
+func (c *Client) uploadRequest(ctx context.Context, storage string, u Upload, body io.Reader) (*http.Request, error) {
+	var head bytes.Buffer
+	mw := multipart.NewWriter(&head)
+	fields := [][2]string{{"content", u.Content}}
+	if u.Checksum != "" {
+		fields = append(fields, [2]string{"checksum-algorithm", u.ChecksumAlgorithm}, [2]string{"checksum", strings.ToLower(u.Checksum)})
+	}
+	for _, f := range fields {
+		if err := mw.WriteField(f[0], f[1]); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := mw.CreateFormFile("filename", u.Filename); err != nil {
+		return nil, err
+	}
+	n := head.Len()
+	if err := mw.Close(); err != nil { // the closing boundary, after the file
+		return nil, err
+	}
+	tail := bytes.Clone(head.Bytes()[n:])
+	head.Truncate(n)
+	p := fmt.Sprintf("%s/nodes/%s/storage/%s/upload", strings.TrimRight(c.o.URL, "/"), url.PathEscape(c.node), url.PathEscape(storage))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p, io.MultiReader(&head, body, bytes.NewReader(tail)))
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = int64(n) + u.Size + int64(len(tail))
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "pve-inspectd")
+	if err := c.authorize(req); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// authorize sets req's credentials: the client's API token, or its
+// session's ticket and CSRF token (a password client: the session made by
+// a call before).
+func (c *Client) authorize(req *http.Request) error {
+	if c.o.Secret != "" {
+		req.Header.Set("Authorization", "PVEAPIToken="+c.o.TokenID+"="+c.o.Secret)
+		return nil
+	}
+	s := c.c.Session()
+	if s == nil {
+		return errors.New("no session: the client has not logged in")
+	}
+	req.Header.Set("Cookie", "PVEAuthCookie="+s.Ticket)
+	req.Header.Set("CSRFPreventionToken", s.CSRFPreventionToken)
+	return nil
 }
 
 // sizedReader reads exactly left bytes of r: a shorter r fails with

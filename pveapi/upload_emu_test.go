@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -16,6 +18,19 @@ import (
 	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
+// newUploadEmu is an emulated node whose root@pam password is pw.
+func newUploadEmu(t *testing.T) *pveemu.Server {
+	t.Helper()
+	dir := t.TempDir()
+	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
+	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1, RootPassword: "pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
+	return s
+}
+
 // TestUploadFile: UploadFile streams a file to a storage's import
 // directory, Proxmox verifying its sha256 (pve-storage Status.pm upload);
 // a wrong digest fails the task and keeps nothing; a storage without the
@@ -24,13 +39,7 @@ import (
 func TestUploadFile(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	fb := pveemu.NewFakeBackend(filepath.Join(dir, "run"))
-	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1, RootPassword: "pw"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(); _ = fb.Close() })
+	s := newUploadEmu(t)
 	ts := httptest.NewServer(s)
 	t.Cleanup(ts.Close)
 	c, err := pveapi.NewWithPassword(pveapi.Options{URL: ts.URL + "/api2/json", Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond}, "root@pam", "pw")
@@ -85,5 +94,58 @@ func TestUploadFile(t *testing.T) {
 		if _, err := c.UploadFile(ctx, "local", bad, strings.NewReader("x")); err == nil {
 			t.Errorf("%+v: accepted", bad)
 		}
+	}
+}
+
+// TestUploadFileCancelled: ctx bounds the whole upload: a node that took
+// the body and never answers is left when ctx ends (go-proxmox's
+// UploadReader sent with context.Background(), and the client has no
+// timeout: the call waited forever).
+func TestUploadFileCancelled(t *testing.T) {
+	s := newUploadEmu(t)
+	s.SetStorageContent("local", "backup,iso,vztmpl,import")
+	sent, release := make(chan int64, 1), make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/upload") {
+			s.ServeHTTP(w, r)
+			return
+		}
+		n, _ := io.Copy(io.Discard, r.Body)
+		sent <- n
+		select { // no answer
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(ts.Close)
+	t.Cleanup(func() { close(release) })
+	c, err := pveapi.NewWithPassword(pveapi.Options{URL: ts.URL + "/api2/json", Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond}, "root@pam", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := strings.Repeat("raw image ", 4096)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.UploadFile(ctx, "local", pveapi.Upload{Content: "import", Filename: "disk.raw", Size: int64(len(data))}, strings.NewReader(data))
+		done <- err
+	}()
+	select {
+	case n := <-sent:
+		if n <= int64(len(data)) {
+			t.Errorf("the node got %d bytes, want the file (%d) and its form", n, len(data))
+		}
+	case err := <-done:
+		t.Fatalf("upload ended before the node took the body: %v", err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled upload: %v, want context.Canceled", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a cancelled upload still waits for the node's answer")
 	}
 }
