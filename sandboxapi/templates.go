@@ -16,7 +16,10 @@ import (
 // error wrapping sandbox.ErrConflict, a full queue with sandbox.ErrBusy.
 type TemplateBuilder interface {
 	Start(ctx context.Context, req apitype.TemplateBuildRequest) (apitype.TemplateBuild, error)
-	Build(name string) (apitype.TemplateBuild, bool)
+	// Template is the running or last build of name, else the template
+	// of the name on the node (done, reused), each done one with the image
+	// it was built from when the node's build ledger says (false: none).
+	Template(ctx context.Context, name string) (apitype.TemplateBuild, bool, error)
 	// Upload builds from the image body, u.Size bytes (templatebuild.Service.Upload):
 	// it joins or answers an existing template without reading body.
 	Upload(ctx context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error)
@@ -48,7 +51,7 @@ func (s *Server) templateRoutes() []route {
 				"202: the build is queued or runs; follow it with GET /v1/templates/builds/{name} or the template.build.* events. A node operation: refused to owner-bound tokens, and on nodes without [templates] build",
 			request: "TemplateBuildRequest", response: "TemplateBuild", okStatus: http.StatusAccepted, timeout: reqTimeout, h: s.startTemplateBuild},
 		{method: "GET", path: "/v1/templates/builds/{name}", scope: apitype.ScopeAdmin, node: true,
-			summary:  "The state and progress of the node's running or last build of a template (a node operation, as POST /v1/templates/build)",
+			summary:  "The state and progress of the node's running or last build of a template, else the template of the name the node's builds made (done, reused); a done one carries image, the digest of the image it was built from (sha256:HEX) when the node's build ledger records it, for a client that finds a template by name to compare with its own image (a node operation, as POST /v1/templates/build)",
 			response: "TemplateBuild", okStatus: http.StatusOK, params: []param{pTemplate}, timeout: reqTimeout, h: s.getTemplateBuild},
 		{method: "PUT", path: "/v1/templates/build/{name}/image", scope: apitype.ScopeAdmin, node: true,
 			summary: "Build a template from an image sent as the body (Content-Length required, at most [templates] max_upload_gib): the daemon streams it to the node's image storage as a file of its digest's name, Proxmox verifies its sha256, and the build runs as one from a volume on the node. " +
@@ -108,9 +111,12 @@ func (s *Server) getTemplateBuild(w http.ResponseWriter, r *http.Request, _ prin
 		return newProblem(apitype.ProblemForbidden, buildsOff)
 	}
 	name := r.PathValue("name")
-	st, ok := s.o.Templates.Build(name)
+	st, ok, err := s.o.Templates.Template(r.Context(), name)
+	if err != nil {
+		return err
+	}
 	if !ok {
-		return problemf(apitype.ProblemNotFound, "no build of template %q since the daemon started (POST /v1/templates/build starts one)", name)
+		return problemf(apitype.ProblemNotFound, "no build of template %q since the daemon started and no template of the name built on the node (POST /v1/templates/build starts one)", name)
 	}
 	return writeJSON(w, http.StatusOK, st)
 }

@@ -76,11 +76,11 @@ func (f *fakeBuilder) Upload(_ context.Context, u apitype.TemplateUpload, body i
 	return b, nil
 }
 
-func (f *fakeBuilder) Build(name string) (apitype.TemplateBuild, bool) {
+func (f *fakeBuilder) Template(_ context.Context, name string) (apitype.TemplateBuild, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, ok := f.builds[name]
-	return b, ok
+	return b, ok, nil
 }
 
 func (f *fakeBuilder) startCount() int {
@@ -210,5 +210,32 @@ func TestTemplateBuildRoutes(t *testing.T) {
 	evs := seen(ops, apitype.EventTemplateBuildProgress)
 	if last := evs[len(evs)-1]; last.Template != "debian13" || last.Owner != "" || last.Detail != "image: downloading" {
 		t.Errorf("template event on the unbound stream: %+v", last)
+	}
+}
+
+// TestTemplateBuildSaysItsImage: GET /v1/templates/builds/{name} carries
+// the image a template was built from (image), declared in the OpenAPI
+// document, for a client that finds a template by name to compare.
+func TestTemplateBuildSaysItsImage(t *testing.T) {
+	img := "sha256:" + strings.Repeat("ab", 32)
+	f := &fakeBuilder{builds: map[string]apitype.TemplateBuild{
+		"ova-box-ova-10240": {Name: "ova-box-ova-10240", State: apitype.BuildDone, VMID: 9100, Reused: true, Image: img, Progress: []string{}}}}
+	e := newEnv(t, func(o *options) { o.serverOptions.Templates = f })
+	ctx := e.ctx()
+	st, err := e.c.TemplateBuild(ctx, "ova-box-ova-10240")
+	if err != nil || st.Image != img {
+		t.Errorf("get: %+v %v, want image %s", st, err, img)
+	}
+	doc, err := e.c.OpenAPI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	props := doc["components"].(map[string]any)["schemas"].(map[string]any)["TemplateBuild"].(map[string]any)["properties"].(map[string]any)
+	if _, ok := props["image"]; !ok {
+		t.Errorf("TemplateBuild declares no image: %v", props)
+	}
+	get := doc["paths"].(map[string]any)["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)
+	if s, _ := get["summary"].(string); !strings.Contains(s, "image") {
+		t.Errorf("the get's summary does not say it carries the image: %q", s)
 	}
 }

@@ -190,6 +190,48 @@ func (s *Service) Build(name string) (apitype.TemplateBuild, bool) {
 	return b.snapshot(), true
 }
 
+// Template answers GET /v1/templates/builds/{name}: the build of name
+// that runs or was remembered (Build) unless it failed, else the template of the name on
+// the node (done, reused; false: none), each done one with the image its
+// build ledger records it was built from (TemplateBuild.Image).
+func (s *Service) Template(ctx context.Context, name string) (apitype.TemplateBuild, bool, error) {
+	last, remembered := s.Build(name)
+	if remembered && last.State != apitype.BuildFailed {
+		return last, true, nil
+	}
+	if err := ValidName(name); err != nil {
+		return last, remembered, nil
+	}
+	px, err := s.o.Login(ctx)
+	if err != nil {
+		return apitype.TemplateBuild{}, false, loginError{err}
+	}
+	vmid, ok, err := Existing(ctx, px, s.o.Host, name, "")
+	if err != nil {
+		return apitype.TemplateBuild{}, false, fmt.Errorf("look for template %q: %w", name, err)
+	}
+	if !ok {
+		return last, remembered, nil
+	}
+	img, err := s.builtFrom(vmid)
+	if err != nil {
+		return apitype.TemplateBuild{}, false, err
+	}
+	now := s.o.Now().UTC()
+	return apitype.TemplateBuild{Name: name, State: apitype.BuildDone, VMID: vmid, Reused: true, Image: img,
+		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier", name, vmid)}, Started: now, Finished: &now}, true, nil
+}
+
+// builtFrom is the image the build ledger records template vmid was
+// built from ("" when it records none).
+func (s *Service) builtFrom(vmid int) (string, error) {
+	rec, _, err := s.o.Host.Recorded(vmid)
+	if err != nil {
+		return "", fmt.Errorf("build ledger of VM %d: %w", vmid, err)
+	}
+	return rec.Image, nil
+}
+
 func (b *build) snapshot() apitype.TemplateBuild {
 	st := b.state
 	st.Progress = slices.Clone(st.Progress)
@@ -237,36 +279,33 @@ func (s *Service) joinOrFind(ctx context.Context, req apitype.TemplateBuildReque
 	if !ok {
 		return apitype.TemplateBuild{}, px, false, nil
 	}
-	if err := s.sameImage(req, vmid); err != nil {
+	img, err := s.builtFrom(vmid)
+	if err != nil {
+		return apitype.TemplateBuild{}, nil, true, fmt.Errorf("look for template %q: %w", req.Name, err)
+	}
+	if err := sameImage(req, vmid, img); err != nil {
 		return apitype.TemplateBuild{}, nil, true, err
 	}
 	if err := s.grant(ctx, px, vmid); err != nil {
 		return apitype.TemplateBuild{}, nil, true, err
 	}
-	st, err = s.exists(req, vmid)
+	st, err = s.exists(req, vmid, img)
 	return st, nil, true, err
 }
 
 // sameImage refuses to answer an upload (req from apitype.UploadSource)
 // with the template vmid when the ledger does not record it as built
-// from the upload's image: a template is found by its name, and an OVA's
+// from the upload's image (image, what it records): a template is found by its name, and an OVA's
 // name (the Python provider's ova-FILE-SIZE, the reference's tag) says
 // nothing of its content, so another image of the same name and size
 // would otherwise get this one's system.
-func (s *Service) sameImage(req apitype.TemplateBuildRequest, vmid int) error {
-	if !strings.HasPrefix(req.From, apitype.UploadSource) {
-		return nil
-	}
-	rec, _, err := s.o.Host.Recorded(vmid)
-	if err != nil {
-		return fmt.Errorf("look for template %q: %w", req.Name, err)
-	}
-	if rec.Image == req.Checksum {
+func sameImage(req apitype.TemplateBuildRequest, vmid int, image string) error {
+	if !strings.HasPrefix(req.From, apitype.UploadSource) || image == req.Checksum {
 		return nil
 	}
 	was := "an image the build ledger does not record"
-	if rec.Image != "" {
-		was = "another image (" + rec.Image + ")"
+	if image != "" {
+		was = "another image (" + image + ")"
 	}
 	return fmt.Errorf("%w: template %q (VM %d) exists, built from %s, not from the one sent (%s): name the template after this image, or remove the template to build it again",
 		ErrBuildConflict, req.Name, vmid, was, req.Checksum)
@@ -361,10 +400,11 @@ func sourceOf(r apitype.TemplateBuildRequest) string {
 	return RedactURL(r.From)
 }
 
-// exists records and answers a template found on the node.
-func (s *Service) exists(req apitype.TemplateBuildRequest, vmid int) (apitype.TemplateBuild, error) {
+// exists records and answers a template found on the node (built from
+// image, as the ledger records it).
+func (s *Service) exists(req apitype.TemplateBuildRequest, vmid int, image string) (apitype.TemplateBuild, error) {
 	now := s.o.Now().UTC()
-	st := apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From), State: apitype.BuildDone, VMID: vmid, Reused: true,
+	st := apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From), State: apitype.BuildDone, VMID: vmid, Reused: true, Image: image,
 		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier: reused", req.Name, vmid)}, Started: now, Finished: &now}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -494,6 +534,15 @@ func (s *Service) grant(ctx context.Context, px Proxmox, vmid int) error {
 
 // end records a build's end and publishes it.
 func (s *Service) end(b *build, res Result, err error) {
+	var img string
+	if err == nil {
+		// the image the template was built from, as the ledger records it
+		// (read before the lock: a file); unread, the build says none
+		var rerr error
+		if img, rerr = s.builtFrom(res.VMID); rerr != nil {
+			s.o.Log.Warn("template build: the image it was built from is unknown", "template", b.req.Name, "err", rerr)
+		}
+	}
 	now := s.o.Now().UTC()
 	ev := apitype.Event{Type: apitype.EventTemplateBuildDone, Template: b.req.Name, VMID: res.VMID}
 	s.mu.Lock()
@@ -503,7 +552,7 @@ func (s *Service) end(b *build, res Result, err error) {
 		b.state.State, b.state.Error = apitype.BuildFailed, msg
 		ev.Type, ev.Detail = apitype.EventTemplateBuildFailed, msg
 	} else {
-		b.state.State = apitype.BuildDone
+		b.state.State, b.state.Image = apitype.BuildDone, img
 		ev.Detail = fmt.Sprintf("template %q is VM %d", b.req.Name, res.VMID)
 		if res.Reused {
 			ev.Detail += " (built earlier: reused)"

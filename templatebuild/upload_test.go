@@ -258,3 +258,55 @@ func TestServiceUploadOfAnotherImageIsNoReuse(t *testing.T) {
 		t.Errorf("the same image again: %+v %v, want reused", st, err)
 	}
 }
+
+// TestServiceTemplateSaysItsImage: GET /v1/templates/builds/{name}
+// (Service.Template) says what image a template was built from, so a
+// client that finds the template by name (the Python provider's
+// ova-FILE-SIZE) can tell another image of the name: the done build
+// carries it, a daemon that remembers no build finds the template and
+// its image in the build ledger, a record without an image says none,
+// and a name without a template is no answer.
+func TestServiceTemplateSaysItsImage(t *testing.T) {
+	n, ova, u := uploadNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := n.svc.Upload(ctx, u, bytes.NewReader(ova)); err != nil {
+		t.Fatal(err)
+	}
+	done := n.waitState(t, "box", apitype.BuildDone)
+	want := "sha256:" + u.SHA256
+	if done.Image != want {
+		t.Errorf("done build's image %q, want %q", done.Image, want)
+	}
+	if st, ok, err := n.svc.Template(ctx, "box"); err != nil || !ok || st.Image != want {
+		t.Errorf("template of the running daemon: %+v %v %v", st, ok, err)
+	}
+
+	// A daemon started since: nothing remembered, the ledger says.
+	host := templatebuild.NodeHost{StateDir: n.ledger}
+	fresh, err := templatebuild.NewService(templatebuild.ServiceOptions{
+		Login: func(context.Context) (templatebuild.Proxmox, error) { return n.px, nil },
+		Agent: n.agent, Host: host,
+		Defaults: templatebuild.Options{Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0"},
+		LockDir:  t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := fresh.Build("box"); ok {
+		t.Fatal("a new service remembers a build")
+	}
+	st, ok, err := fresh.Template(ctx, "box")
+	if err != nil || !ok || st.State != apitype.BuildDone || !st.Reused || st.VMID != done.VMID || st.Image != want {
+		t.Errorf("template found after a restart: %+v %v %v, want done, VM %d, image %s", st, ok, err, done.VMID, want)
+	}
+	if err := host.Record(done.VMID, templatebuild.Record{Name: "box", State: templatebuild.StateTemplate}); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok, err := fresh.Template(ctx, "box"); err != nil || !ok || st.Image != "" {
+		t.Errorf("template of a record without an image: %+v %v %v, want no image", st, ok, err)
+	}
+	if st, ok, err := fresh.Template(ctx, "none"); err != nil || ok {
+		t.Errorf("no template of the name: %+v %v %v", st, ok, err)
+	}
+}

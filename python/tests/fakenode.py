@@ -80,6 +80,11 @@ class FakeNode:
     # joined, the file already on the node, a refusal) and closes: the
     # client, still sending, gets a reset that drops the answer.
     upload_answer_lost: bool = False
+    # The image each template was built from (sha256:HEX) as the node's
+    # build ledger records it: set by an upload's build; GET
+    # /v1/templates/builds/{name} of a template without a build run
+    # answers it (done, reused; no image when it has none).
+    template_images: dict[str, str] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     # Each exec's VM and body, and each file call's method, VM and path,
     # in the order they came.
@@ -304,8 +309,9 @@ def _template_upload(fake: FakeNode, path: str, body: bytes, query: str) -> tupl
     fake.uploads.append({"name": name, **q, "size": len(body)})
     b = {"name": name, "from": "upload:" + q.get("file", ""), "state": "running", "looks": 0}
     b["progress"] = [f"upload: {len(body)} bytes"]
+    b["built_from"] = "sha256:" + str(q.get("sha256"))
     fake.build_runs[name] = b
-    return 202, {k: v for k, v in b.items() if k != "looks"}
+    return 202, {k: v for k, v in b.items() if k not in ("looks", "built_from")}
 
 
 def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any]) -> tuple[int, Any]:
@@ -315,6 +321,10 @@ def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any])
     if method == "GET":
         name = path.rsplit("/", 1)[1]
         b = fake.build_runs.get(name)
+        if b is None and name in fake.templates:
+            image = fake.template_images.get(name)
+            st = {"name": name, "state": "done", "vmid": 9100, "reused": True, "progress": []}
+            return 200, {**st, **({"image": image} if image else {})}
         if b is None:
             return _problem(404, "not-found", f"no build of template {name!r}")
         b["looks"] += 1
@@ -325,7 +335,9 @@ def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any])
             else:
                 b.update(state="done", vmid=9100)
                 fake.templates = (*fake.templates, name)
-        return 200, {k: v for k, v in b.items() if k != "looks"}
+                if "built_from" in b:
+                    fake.template_images[name] = b["image"] = b["built_from"]
+        return 200, {k: v for k, v in b.items() if k not in ("looks", "built_from")}
     name = str(doc.get("name"))
     if doc.get("recipe") not in ("debian13", "ubuntu24.04"):
         return _problem(400, "invalid-request", f"recipe {doc.get('recipe')!r}", field="recipe")

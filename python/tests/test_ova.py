@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -191,18 +192,14 @@ async def test_failed_or_changed_ova_fails_the_task(
     assert len(fake.uploads) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review49c: a template found by name (ova-FILE-SIZE) is used without comparing "
-    "its image's digest; the daemon now records it (build ledger) and refuses an upload of "
-    "another image under the name, but the provider uploads only when validate lacks the name",
-)
 async def test_another_ova_of_the_same_name_and_size_is_not_the_template(
     tmp_path: Path, fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two eval machines with different OVAs of one file name and size map
     to one template name: the second must not silently run the first's
-    system."""
+    system. The node says what image its template was built from (GET
+    /v1/templates/builds/{name}: image), and the task fails naming both
+    digests, nothing sent; the first file still runs."""
     fake, node = fake_node
     fake.builds = True
     monkeypatch.setenv("PVE_INSPECT_URL", node.url)
@@ -215,9 +212,78 @@ async def test_another_ova_of_the_same_name_and_size_is_not_the_template(
     data[data.index(b"<Envelope/>") + 1] = ord("X")  # same size, another image
     second.write_bytes(bytes(data))
     cfg = coerce(ova_config(second))
-    assert cfg.resolved_vms()[0].template == coerce(ova_config(first)).resolved_vms()[0].template
-    with pytest.raises(ConfigRefused):
+    name = cfg.resolved_vms()[0].template
+    assert name == coerce(ova_config(first)).resolved_vms()[0].template
+    with pytest.raises(ConfigRefused) as e:
         await PveInspectSandboxEnvironment.task_init("t2", cfg)
+    was = hashlib.sha256(first.read_bytes()).hexdigest()
+    now = hashlib.sha256(bytes(data)).hexdigest()
+    assert f"template {name!r}" in str(e.value)
+    assert f"built from another image (sha256:{was}), not from {second} (sha256:{now})" in str(
+        e.value
+    )
+    assert "rename" in str(e.value) and "remove the template" in str(e.value)
+    assert len(fake.uploads) == 1
+    await PveInspectSandboxEnvironment.task_init("t3", coerce(ova_config(first)))
+
+
+@pytest.mark.parametrize("builds", [True, False])
+async def test_a_template_the_node_cannot_say_the_image_of_is_refused(
+    tmp_path: Path,
+    fake_node: tuple[FakeNode, NodeConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    builds: bool,
+) -> None:
+    """A template of the OVA's name whose image the node cannot say (built
+    before its ledger kept images, or by a node without builds, which does
+    not answer GET /v1/templates/builds) is not taken for the file's."""
+    fake, node = fake_node
+    fake.builds = builds
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    ova = make_ova(tmp_path / "box.ova")
+    cfg = coerce(ova_config(ova))
+    name = cfg.resolved_vms()[0].template
+    fake.templates = (*fake.templates, name)
+    with pytest.raises(ConfigRefused) as e:
+        await PveInspectSandboxEnvironment.task_init("t", cfg)
+    digest = hashlib.sha256(ova.read_bytes()).hexdigest()
+    assert f"{node.url} cannot say what image its template {name!r}" in str(e.value)
+    assert f"so it may not be {ova} (sha256:{digest})" in str(e.value)
+    why = "does not answer template builds" if not builds else "records no image"
+    assert why in str(e.value)
+    assert "rename" in str(e.value) and "remove the template" in str(e.value)
+    assert not fake.uploads
+
+
+async def test_an_ova_is_hashed_once_per_version(
+    tmp_path: Path, fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file's sha256 is computed at task start once per file version
+    (path, size, mtime, inode) in the process: again once it changes."""
+    fake, node = fake_node
+    fake.builds = True
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    hashed: list[str] = []
+    real = preflight_mod._sha256
+
+    def counting(path: str) -> str:
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(preflight_mod, "_sha256", counting)
+    ova = make_ova(tmp_path / "box.ova")
+    cfg = coerce(ova_config(ova))
+    await PveInspectSandboxEnvironment.task_init("t", cfg)
+    await PveInspectSandboxEnvironment.task_init("t2", cfg)
+    assert hashed == [str(ova)]
+    data = bytearray(ova.read_bytes())
+    data[data.index(b"<Envelope/>") + 1] = ord("Y")  # same size, another image
+    ova.write_bytes(bytes(data))
+    os.utime(ova, ns=(1, 1))  # another mtime, whatever the clock's grain
+    with pytest.raises(ConfigRefused) as e:
+        await PveInspectSandboxEnvironment.task_init("t3", cfg)
+    assert hashed == [str(ova), str(ova)]
+    assert "built from another image" in str(e.value)
 
 
 async def test_an_upload_answer_lost_is_followed_by_the_build(

@@ -43,6 +43,12 @@ type TemplateBuild struct {
 	// Joined is set on the answer of a request that joined a build of the
 	// same template already queued or running.
 	Joined bool `json:"joined,omitempty"`
+	// Image is the digest of the image a done build's template was built
+	// from ("sha256:HEX", as the node's build ledger records it); absent
+	// when the ledger does not say (a template of a recipe, or one built
+	// before the ledger kept it). A client that finds a template by name
+	// compares it with its own image's digest.
+	Image string `json:"image,omitempty"`
 	// Error says why a failed build failed.
 	Error string `json:"error,omitempty"`
 	// Progress holds the build's progress lines, oldest first (the last

@@ -199,7 +199,9 @@ class Client:
 
     async def template_build(self, name: str) -> dict[str, Any]:
         """``GET /v1/templates/builds/{name}``: the node's running or last
-        build of the template."""
+        build of the template, else the template of the name its builds
+        made (done); a done one's ``image`` is the ``sha256:HEX`` it was
+        built from, when the node's build ledger says."""
         r = await self._send("GET", f"/templates/builds/{quote(name, safe='')}")
         return cast(dict[str, Any], r.json())
 

@@ -25,6 +25,15 @@ the file itself: its sha256 is computed, the file streamed to the node
 (``PUT /v1/templates/build/{name}/image``, which the node verifies against
 the digest), and the build followed as a built-in's. A node without builds
 fails the task with the commands that put the file on the node and build it.
+
+An OVA's template name says nothing of its content (two files of one name
+and size map to one name), so a node's template of the name is used only
+when the node says it was built from this file: the file's sha256 is
+computed at task start (once per file, size, mtime and inode in the
+process) and compared with the image ``GET /v1/templates/builds/{name}``
+reports (``image``). Another image, or a node that cannot say, fails the
+task naming both (rename the file, or have the operator remove the
+template).
 """
 
 from __future__ import annotations
@@ -82,6 +91,10 @@ async def preflight(cfg: PveInspectSandboxEnvironmentConfig, req: dict[str, Any]
                     for name, ova in ovas:
                         await _upload(c, node, name, ova, cfg.template_build_seconds)
                     rep = await c.validate(req)
+                other = await _other_images(c, node, rep, cfg)
+                if other:
+                    wrong.append(other)
+                    continue
         except (NodeDown, httpx.HTTPError, OSError) as e:
             down.append(f"{node.url}: {e}")
             continue
@@ -172,23 +185,107 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
+# The sha256 of each OVA hashed in this process, by its path, size, mtime
+# and inode (device, inode): a file is hashed once however many tasks and
+# nodes ask, and again once it changes.
+_digests: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def _file_key(path: str) -> tuple[str, int, int, int, int]:
+    st = os.stat(path)
+    return (path, st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)
+
+
+async def _ova_digest(name: str, ova: OvaImage) -> str:
+    """The sha256 (hex) of the OVA's file, as the config found it (its
+    size; else :class:`ConfigRefused`); computed once per file version."""
+    try:
+        key = _file_key(ova.path)
+        if key[1] != ova.size:
+            raise ConfigRefused(
+                f"pve_inspect: {ova.path} changed since the config was read ({ova.size} bytes, "
+                f"now {key[1]}): the template it names is {name!r}; run the task again"
+            )
+        if key in _digests:
+            return _digests[key]
+        log.info("computing the sha256 of %s (%d bytes)", ova.path, key[1])
+        digest = await anyio.to_thread.run_sync(_sha256, ova.path)
+        if _file_key(ova.path) == key:  # not changed while read
+            _digests[key] = digest
+        return digest
+    except OSError as e:
+        raise ConfigRefused(f"pve_inspect: read {ova.path}: {e}") from None
+
+
+async def _other_images(
+    c: Client,
+    node: NodeConfig,
+    rep: Mapping[str, Any] | None,
+    cfg: PveInspectSandboxEnvironmentConfig,
+) -> str:
+    """Why the node's templates of the config's OVAs are not theirs ("" when
+    each is): a template found by its name (``ova-FILE-SIZE``) is the file's
+    only when the node reports it built from the file's sha256 (``image``
+    of ``GET /v1/templates/builds/{name}``)."""
+    if rep is None or "templates" not in rep:
+        return ""
+    have = set(rep.get("templates") or ())
+    seen: set[str] = set()
+    lines: list[str] = []
+    for v in cfg.resolved_vms():
+        if v.ova is None or v.template not in have or v.template in seen:
+            continue
+        seen.add(v.template)
+        want = "sha256:" + await _ova_digest(v.template, v.ova)
+        got, why = await _built_from(c, v.template)
+        if got == want:
+            continue
+        file = os.path.basename(v.ova.path)
+        remedy = (
+            f"rename {v.ova.path} (its template is named after the file's name and size), or "
+            f"have the node's operator remove the template {v.template!r} (a node that builds "
+            "templates on request then builds it from this file)"
+        )
+        if got:
+            lines.append(
+                f"pve_inspect: {node.url}'s template {v.template!r} (of an OVA {file!r} of "
+                f"{v.ova.size} bytes) was built from another image ({got}), not from "
+                f"{v.ova.path} ({want}): {remedy}"
+            )
+        else:
+            lines.append(
+                f"pve_inspect: {node.url} cannot say what image its template {v.template!r} "
+                f"(of an OVA {file!r} of {v.ova.size} bytes) was built from ({why}), so it may "
+                f"not be {v.ova.path} ({want}): {remedy}"
+            )
+    return "\n".join(lines)
+
+
+async def _built_from(c: Client, name: str) -> tuple[str, str]:
+    """The image the node says its template ``name`` was built from
+    (``sha256:HEX``), or "" and why it says none."""
+    try:
+        st = await c.template_build(name)
+    except Problem as p:
+        if p.status == 403:
+            return "", f"it does not answer template builds: {p.detail}"
+        return "", f"GET /v1/templates/builds/{name}: {p.type}: {p.detail}"
+    if st.get("state") != "done":
+        return "", f"its build of the name is {st.get('state')}"
+    image = str(st.get("image") or "")
+    return image, "" if image else "its build ledger records no image for it"
+
+
 async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: float) -> None:
     """Send the OVA to the node for a build of template ``name`` (or join
     its build of it) and follow the build as :func:`_build`; the file must
     be as the config found it (its size)."""
     how = " or, on the node as root: " + "; then ".join(_ova_commands(name, ova))
+    digest = await _ova_digest(name, ova)
     try:
-        size = os.path.getsize(ova.path)
-        if size != ova.size:
-            raise ConfigRefused(
-                f"pve_inspect: {ova.path} changed since the config was read ({ova.size} bytes, "
-                f"now {size}): the template it names is {name!r}; run the task again"
-            )
-        log.info("%s: computing the sha256 of %s (%d bytes)", node.url, ova.path, size)
-        digest = await anyio.to_thread.run_sync(_sha256, ova.path)
         log.info("%s: uploading %s for template %r", node.url, ova.path, name)
         try:
-            st = await c.upload_template(name, ova.path, size, digest, ova.disk)
+            st = await c.upload_template(name, ova.path, ova.size, digest, ova.disk)
         except UploadCut as e:
             st = await _after_cut(c, node, name, ova, str(e), how)
     except OSError as e:
