@@ -252,7 +252,7 @@ func (s *Server) OpenAPI() map[string]any {
 	tooMany := problemResponse(fmt.Sprintf(
 		"the caller's token (%d), owner (%d) or the node (%d) has as many event streams open as it may",
 		s.o.Streams.PerToken, s.o.Streams.PerOwner, s.o.Streams.Node), apitype.ProblemTooManyRequests)
-	tooMany["headers"] = map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
+	tooMany["headers"] = retryAfterHeaders()
 	events[httpCode(http.StatusTooManyRequests)] = tooMany
 	events[httpCode(http.StatusBadRequest)] = problemResponse(fmt.Sprintf(
 		"a filter is not a sandbox id or event type, or lists more than %d of them", maxFilterItems), apitype.ProblemInvalidRequest)
@@ -273,6 +273,12 @@ func (s *Server) OpenAPI() map[string]any {
 	}
 }
 
+// retryAfterHeaders declares the Retry-After header of a refusal the
+// client may retry.
+func retryAfterHeaders() map[string]any {
+	return map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
+}
+
 // logReadRefusals declares in resp the refusals of an egress record read
 // past its owner's or the node's reads in flight (429, 503; a status
 // declared already is left as it is), more added to their descriptions
@@ -287,7 +293,7 @@ func logReadRefusals(resp map[string]any, more string) {
 			desc += "; " + more
 		}
 		r := problemResponse(desc, typ)
-		r["headers"] = map[string]any{"Retry-After": map[string]any{"description": "seconds to wait before trying again", "schema": map[string]any{"type": "integer"}}}
+		r["headers"] = retryAfterHeaders()
 		resp[httpCode(status)] = r
 	}
 }

@@ -165,6 +165,8 @@ type Server struct {
 	spooled atomic.Int64
 	// streams counts the open event streams (eventstreams.go).
 	streams *streamCount
+	// uploads holds a token per image upload in flight (templates.go).
+	uploads chan struct{}
 }
 
 // New builds a Server over the engine e. Call e.Reconcile before serving
@@ -186,7 +188,8 @@ func New(e *sandbox.Engine, o Options) (*Server, error) {
 		files:     newQuota("file-slots", "file calls", int64(o.MaxFileCalls), int64(o.OwnerFileCalls), false, met),
 		collected: newQuota("collected-bytes", "bytes of collected exec output", o.CollectedBytes, o.OwnerCollectedBytes, true, met),
 		logReads:  newQuota("egress-log-reads", "egress record reads", maxLogReads, ownerLogReads, false, met),
-		streams:   newStreamCount(o.Streams)}
+		streams:   newStreamCount(o.Streams),
+		uploads:   make(chan struct{}, maxUploads)}
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
 	for _, rt := range s.routes {

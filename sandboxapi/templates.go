@@ -2,6 +2,7 @@ package sandboxapi
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -28,6 +29,30 @@ type TemplateBuilder interface {
 // uploadTimeout bounds an image upload (the body's transfer to the node
 // and Proxmox's check of it).
 func uploadTimeout(s *Server) time.Duration { return s.o.TemplateUploadTimeout }
+
+// maxUploads is how many image uploads the node takes at once: each holds
+// a connection and streams gigabytes to the node's image storage (the
+// disk, pveproxy's temporary file, Proxmox's copy). One past it is
+// refused before its body is read, 429 with Retry-After (quota
+// image-uploads): the client tries again.
+const maxUploads = 2
+
+// uploadRetry is the Retry-After of a refused upload.
+const uploadRetry = 10 * time.Second
+
+// takeUpload takes an upload slot, or refuses (429, quota image-uploads).
+func (s *Server) takeUpload() (release func(), err error) {
+	select {
+	case s.uploads <- struct{}{}:
+		return func() { <-s.uploads }, nil
+	default:
+	}
+	s.met.countRefusal("", "image-uploads")
+	p := problemf(apitype.ProblemTooManyRequests,
+		"the node takes %d image uploads at once and has as many in flight; retry after Retry-After", maxUploads)
+	p.Quota = "image-uploads"
+	return nil, &retryError{p: p, after: uploadRetry}
+}
 
 // buildsOff is the refusal of the build routes on a node without builds.
 const buildsOff = "template builds are off on this node: an operator turns them on with [templates] build = true, " +
@@ -89,6 +114,12 @@ func (s *Server) uploadTemplateImage(w http.ResponseWriter, r *http.Request, p p
 	if r.ContentLength < 0 {
 		return &sandbox.InvalidError{Field: "Content-Length", Msg: "Content-Length: an image upload needs its length (the node's upload takes none without)"}
 	}
+	release, err := s.takeUpload()
+	if err != nil {
+		w.Header().Set("Connection", "close") // the body is not read
+		return err
+	}
+	defer release()
 	q := r.URL.Query()
 	u := apitype.TemplateUpload{Name: r.PathValue("name"), File: q.Get("file"), SHA256: q.Get("sha256"), OVADisk: q.Get("ova_disk"), Size: r.ContentLength}
 	st, err := s.o.Templates.Upload(r.Context(), u, http.MaxBytesReader(w, r.Body, max(r.ContentLength, 1)))
@@ -134,6 +165,9 @@ func (s *Server) templateResponses(paths map[string]any) {
 	put[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, file, sha256 or ova_disk, no Content-Length or one over [templates] max_upload_gib (field size), or a body whose sha256 is not the one given (field sha256): no template is built", apitype.ProblemInvalidRequest)
 	put[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs, the template of the name exists built from another image, or the same image is being uploaded for another template", apitype.ProblemConflict)
 	put[httpCode(http.StatusServiceUnavailable)] = post[httpCode(http.StatusServiceUnavailable)]
+	tooMany := problemResponse(fmt.Sprintf("the node has as many image uploads in flight as it takes at once (%d; quota image-uploads): the body is not read; retry after Retry-After", maxUploads), apitype.ProblemTooManyRequests)
+	tooMany["headers"] = retryAfterHeaders()
+	put[httpCode(http.StatusTooManyRequests)] = tooMany
 	for _, op := range []map[string]any{post, put, paths["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)} {
 		op[httpCode(http.StatusForbidden)] = problemResponse("an owner-bound token (a node operation), or template builds are off on this node", apitype.ProblemForbidden)
 	}

@@ -22,6 +22,10 @@ import (
 type fakeBuilder struct {
 	publish func(apitype.Event)
 
+	// reading, when set, is told the name of each upload whose body the
+	// fake starts to read.
+	reading chan string
+
 	mu     sync.Mutex
 	builds map[string]apitype.TemplateBuild
 	starts int
@@ -63,6 +67,9 @@ func (f *fakeBuilder) Upload(_ context.Context, u apitype.TemplateUpload, body i
 	}
 	if u.Name == "exists" {
 		return apitype.TemplateBuild{Name: u.Name, From: apitype.UploadSource + u.File, State: apitype.BuildDone, VMID: 9100, Reused: true, Progress: []string{}}, nil
+	}
+	if f.reading != nil {
+		f.reading <- u.Name
 	}
 	n, err := io.Copy(io.Discard, body)
 	if err != nil {

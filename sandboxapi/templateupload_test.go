@@ -1,6 +1,7 @@
 package sandboxapi_test
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -90,5 +91,75 @@ func TestTemplateUploadRoute(t *testing.T) {
 	ex.Name = "exists"
 	if st, err := e.c.UploadTemplate(ctx, ex, strings.NewReader("hello")); err != nil || st.State != apitype.BuildDone || !st.Reused {
 		t.Errorf("existing template (local socket): %+v %v", st, err)
+	}
+}
+
+// TestTemplateUploadsInFlightAreCapped: the node takes maxUploads (2)
+// image uploads at once; one more is refused before its body is read,
+// 429 too-many-requests naming the quota image-uploads with Retry-After
+// (declared in the OpenAPI document), and taken once one ends.
+func TestTemplateUploadsInFlightAreCapped(t *testing.T) {
+	f := &fakeBuilder{builds: map[string]apitype.TemplateBuild{}, reading: make(chan string, 4)}
+	e := newEnv(t, func(o *options) { o.serverOptions.Templates = f })
+	ctx := e.ctx()
+	u := apitype.TemplateUpload{SHA256: strings.Repeat("a", 64), OVADisk: "d.vmdk", Size: 5}
+	var writers []*io.PipeWriter
+	done := make(chan error, 2)
+	for _, name := range []string{"one", "two"} {
+		pr, pw := io.Pipe()
+		writers = append(writers, pw)
+		up := u
+		up.Name, up.File = name, name+".ova"
+		go func() {
+			_, err := e.c.UploadTemplate(ctx, up, pr)
+			done <- err
+		}()
+		if got := <-f.reading; got != name {
+			t.Fatalf("reading %q, want %q", got, name)
+		}
+	}
+	third := func() *http.Response {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, "PUT", e.http.URL+"/v1/templates/build/three/image?file=three.ova&ova_disk=d.vmdk&sha256="+u.SHA256, strings.NewReader("hello"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = resp.Body.Close() })
+		return resp
+	}
+	resp := third()
+	var p apitype.Problem
+	_ = json.NewDecoder(resp.Body).Decode(&p)
+	if resp.StatusCode != http.StatusTooManyRequests || p.Type != apitype.ProblemTooManyRequests || p.Quota != "image-uploads" || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("a third upload in flight: %d %+v Retry-After %q, want 429 naming image-uploads with Retry-After", resp.StatusCode, p, resp.Header.Get("Retry-After"))
+	}
+	if len(f.reading) != 0 {
+		t.Errorf("the refused upload reached the builder")
+	}
+	for _, pw := range writers {
+		_, _ = pw.Write([]byte("hello"))
+		_ = pw.Close()
+	}
+	for range writers {
+		if err := <-done; err != nil {
+			t.Errorf("upload: %v", err)
+		}
+	}
+	if resp := third(); resp.StatusCode != http.StatusAccepted {
+		t.Errorf("an upload once the others ended: %d, want 202", resp.StatusCode)
+	}
+
+	doc, err := e.c.OpenAPI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := doc["paths"].(map[string]any)["/v1/templates/build/{name}/image"].(map[string]any)["put"].(map[string]any)["responses"].(map[string]any)
+	r429, _ := put["429"].(map[string]any)
+	if h, _ := r429["headers"].(map[string]any); h["Retry-After"] == nil {
+		t.Errorf("the upload's 429 is not declared with Retry-After: %v", r429)
 	}
 }

@@ -80,6 +80,10 @@ class FakeNode:
     # joined, the file already on the node, a refusal) and closes: the
     # client, still sending, gets a reset that drops the answer.
     upload_answer_lost: bool = False
+    # upload_busy: how many uploads to come are refused as the daemon
+    # refuses one past its uploads in flight (429, quota image-uploads,
+    # Retry-After 1) before one is taken.
+    upload_busy: int = 0
     # The image each template was built from (sha256:HEX) as the node's
     # build ledger records it: set by an upload's build; GET
     # /v1/templates/builds/{name} of a template without a build run
@@ -299,6 +303,10 @@ def _template_upload(fake: FakeNode, path: str, body: bytes, query: str) -> tupl
     (as a recipe's, see _template_build) and the upload is recorded."""
     if not fake.builds:
         return _problem(403, "forbidden", "template builds are off on this node")
+    if fake.upload_busy > 0:
+        fake.upload_busy -= 1
+        why = "the node takes 2 image uploads at once and has as many in flight"
+        return _problem(429, "too-many-requests", why, quota="image-uploads")
     name = unquote(path.split("/")[4])
     q = {k: v[0] for k, v in parse_qs(query).items()}
     if name in fake.templates:
@@ -404,6 +412,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             b = b"" if doc is None else json.dumps(doc).encode()
             ctype = "application/json" if code < 400 else "application/problem+json"
+        if code == 429:
+            self.send_header("Retry-After", "1")
         if b:
             self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(b)))

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import tarfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from fakenode import FakeNode
 
 from inspect_pve_inspect import ConfigError, NodeConfig, PveInspectSandboxEnvironment
+from inspect_pve_inspect import client as client_mod
 from inspect_pve_inspect import preflight as preflight_mod
 from inspect_pve_inspect.compat import coerce, ova_template_name
 from inspect_pve_inspect.preflight import ConfigRefused
@@ -304,3 +306,44 @@ async def test_an_upload_answer_lost_is_followed_by_the_build(
     await PveInspectSandboxEnvironment.task_init("t", cfg)
     assert name in fake.templates
     assert f"GET /v1/templates/builds/{name}" in fake.calls
+
+
+async def test_an_upload_refused_for_the_uploads_in_flight_is_sent_again(
+    tmp_path: Path,
+    fake_node: tuple[FakeNode, NodeConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node with as many uploads in flight as it takes refuses one more
+    before reading it (429, quota image-uploads, Retry-After): the provider
+    sends it again after the wait, and the build follows."""
+    fake, node = fake_node
+    fake.builds = True
+    fake.upload_busy = 1
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    ova = make_ova(tmp_path / "box.ova")
+    cfg = coerce(ova_config(ova))
+    name = cfg.resolved_vms()[0].template
+    with caplog.at_level(logging.INFO, logger="inspect_pve_inspect.client"):
+        await PveInspectSandboxEnvironment.task_init("t", cfg)
+    puts = [c for c in fake.calls if c.startswith(f"PUT /v1/templates/build/{name}/image?")]
+    assert len(puts) == 2
+    assert len(fake.uploads) == 1 and name in fake.templates
+    assert "image uploads at once" in caplog.text and "trying again" in caplog.text
+
+
+async def test_uploads_refused_past_the_wait_fail_the_task(
+    tmp_path: Path, fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retries are bounded (the client's quota_wait): past it the
+    refusal fails the task, naming it."""
+    fake, node = fake_node
+    fake.builds = True
+    fake.upload_busy = 1000
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    monkeypatch.setattr(preflight_mod, "Client", partial(client_mod.Client, quota_wait=0.5))
+    ova = make_ova(tmp_path / "box.ova")
+    with pytest.raises(ConfigRefused) as e:
+        await PveInspectSandboxEnvironment.task_init("t", coerce(ova_config(ova)))
+    assert "too-many-requests" in str(e.value) and "image uploads at once" in str(e.value)
+    assert not fake.uploads

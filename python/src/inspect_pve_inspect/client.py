@@ -170,7 +170,9 @@ class Client:
         built from the image file at ``path`` (``size`` bytes, streamed as
         read, never held whole), which the node verifies against
         ``sha256``; answers as :meth:`build_template` (an existing template:
-        done, without the body). Not retried: the body is read once."""
+        done, without the body). Sent again only when refused before its
+        body was read by a full quota (the node's uploads in flight: 429
+        with Retry-After), up to ``quota_wait`` seconds."""
         params = {"file": os.path.basename(path), "sha256": sha256}
         if ova_disk is not None:
             params["ova_disk"] = ova_disk
@@ -180,22 +182,30 @@ class Client:
                 while chunk := await f.read(UPLOAD_CHUNK):
                     yield chunk
 
-        try:
-            r = await self._http.request(
-                "PUT",
-                f"/templates/build/{quote(name, safe='')}/image",
-                params=params,
-                content=chunks(),
-                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
-                timeout=_timeout(UPLOAD_TIMEOUT),
-            )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise NodeDown(f"{self.node.url}: {e}") from e
-        except httpx.TransportError as e:
-            raise UploadCut(f"{self.node.url}: {type(e).__name__}: {e}") from e
-        if r.status_code >= 400:
-            raise _problem(r)
-        return cast(dict[str, Any], r.json())
+        path_ = f"/templates/build/{quote(name, safe='')}/image"
+        give_up = time.monotonic() + self.quota_wait
+        while True:
+            try:
+                r = await self._http.request(
+                    "PUT",
+                    path_,
+                    params=params,
+                    content=chunks(),
+                    headers={
+                        "Content-Type": "application/octet-stream",
+                        "Content-Length": str(size),
+                    },
+                    timeout=_timeout(UPLOAD_TIMEOUT),
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                raise NodeDown(f"{self.node.url}: {e}") from e
+            except httpx.TransportError as e:
+                raise UploadCut(f"{self.node.url}: {type(e).__name__}: {e}") from e
+            if r.status_code < 400:
+                return cast(dict[str, Any], r.json())
+            # the node's uploads in flight are full (429, quota
+            # image-uploads): refused before the body was read, sent again
+            await self._wait_quota(_problem(r), r, give_up, f"PUT {path_}")
 
     async def template_build(self, name: str) -> dict[str, Any]:
         """``GET /v1/templates/builds/{name}``: the node's running or last
