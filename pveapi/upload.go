@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // Upload is a file a storage takes over the API (POST
@@ -93,10 +94,10 @@ func (c *Client) UploadFile(ctx context.Context, storage string, u Upload, body 
 	} else {
 		err = readEnvelope(op, res, &answer)
 	}
-	if src.err != nil {
+	if ferr := src.failure(); ferr != nil {
 		// the body's own failure (short, cancelled) says more than the
 		// transport's
-		return "", fmt.Errorf("%s: %w", op, src.err)
+		return "", fmt.Errorf("%s: %w", op, ferr)
 	}
 	if err != nil {
 		return "", err
@@ -178,20 +179,41 @@ func (c *Client) authorize(req *http.Request) error {
 type sizedReader struct {
 	ctx  context.Context
 	r    io.Reader
-	left int64
-	err  error
+	left int64 // the transport's (Read's caller's) alone
+	// err is the body's own failure. Read runs on the transport's
+	// goroutine, which may still be reading when Do has returned (an
+	// early answer, a cancelled context), so it is set and read under mu.
+	mu  sync.Mutex
+	err error
+}
+
+// failure is the body's own failure, or nil.
+func (s *sizedReader) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// fail records err as the body's failure (the first one stays) and
+// returns it.
+func (s *sizedReader) fail(err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+	}
+	return s.err
 }
 
 func (s *sizedReader) Read(p []byte) (int, error) {
-	if s.err != nil {
-		return 0, s.err
+	if err := s.failure(); err != nil {
+		return 0, err
 	}
 	if s.left == 0 {
 		return 0, io.EOF
 	}
 	if err := s.ctx.Err(); err != nil {
-		s.err = err
-		return 0, err
+		return 0, s.fail(err)
 	}
 	if int64(len(p)) > s.left {
 		p = p[:s.left]
@@ -200,13 +222,11 @@ func (s *sizedReader) Read(p []byte) (int, error) {
 	s.left -= int64(n)
 	switch {
 	case err == io.EOF && s.left > 0:
-		s.err = fmt.Errorf("%w (%d bytes missing)", ErrShortUpload, s.left)
-		return n, s.err
+		return n, s.fail(fmt.Errorf("%w (%d bytes missing)", ErrShortUpload, s.left))
 	case err == io.EOF:
 		return n, io.EOF
 	case err != nil:
-		s.err = err
-		return n, err
+		return n, s.fail(err)
 	}
 	return n, nil
 }

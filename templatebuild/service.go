@@ -202,12 +202,20 @@ func (s *Service) Template(ctx context.Context, name string) (apitype.TemplateBu
 	if err := ValidName(name); err != nil {
 		return last, remembered, nil
 	}
+	// A remembered failed build is the answer whenever the node cannot be
+	// asked (its error says why: often the very reason it failed).
 	px, err := s.o.Login(ctx)
 	if err != nil {
+		if remembered {
+			return last, true, nil
+		}
 		return apitype.TemplateBuild{}, false, loginError{err}
 	}
 	vmid, ok, err := Existing(ctx, px, s.o.Host, name, "")
 	if err != nil {
+		if remembered {
+			return last, true, nil
+		}
 		return apitype.TemplateBuild{}, false, fmt.Errorf("look for template %q: %w", name, err)
 	}
 	if !ok {
@@ -215,6 +223,9 @@ func (s *Service) Template(ctx context.Context, name string) (apitype.TemplateBu
 	}
 	img, err := s.builtFrom(vmid)
 	if err != nil {
+		if remembered {
+			return last, true, nil
+		}
 		return apitype.TemplateBuild{}, false, err
 	}
 	now := s.o.Now().UTC()

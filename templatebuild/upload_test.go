@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,5 +309,45 @@ func TestServiceTemplateSaysItsImage(t *testing.T) {
 	}
 	if st, ok, err := fresh.Template(ctx, "none"); err != nil || ok {
 		t.Errorf("no template of the name: %+v %v %v", st, ok, err)
+	}
+}
+
+// TestServiceTemplateFailedBuildWhenNodeUnreachable: a remembered failed
+// build is GET's answer when the node cannot be asked for a template of
+// the name (its error is often why it failed), not a login error.
+func TestServiceTemplateFailedBuildWhenNodeUnreachable(t *testing.T) {
+	n, ova, u := uploadNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var broken atomic.Bool
+	svc, err := templatebuild.NewService(templatebuild.ServiceOptions{
+		Login: func(context.Context) (templatebuild.Proxmox, error) {
+			if broken.Load() {
+				return nil, errors.New("login refused")
+			}
+			return n.px, nil
+		},
+		Agent: n.agent, Host: templatebuild.NodeHost{StateDir: n.ledger},
+		Defaults: templatebuild.Options{Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0"},
+		LockDir:  t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() { defer close(ended); svc.Run(ctx) }()
+	defer func() { cancel(); <-ended }()
+	wrong := bytes.Clone(ova)
+	wrong[len(wrong)-1] ^= 1
+	if _, err := svc.Upload(ctx, u, bytes.NewReader(wrong)); err == nil {
+		t.Fatal("a body that is not its digest was taken")
+	}
+	if st, ok := svc.Build(u.Name); !ok || st.State != apitype.BuildFailed {
+		t.Fatalf("build after a wrong body: %+v %v, want failed", st, ok)
+	}
+	broken.Store(true)
+	st, ok, err := svc.Template(ctx, u.Name)
+	if err != nil || !ok || st.State != apitype.BuildFailed || st.Error == "" {
+		t.Errorf("GET with the node unreachable: %+v %v %v, want the failed build with its error", st, ok, err)
 	}
 }
