@@ -78,8 +78,10 @@ type Options struct {
 	// FileTimeout bounds one file transfer (30m).
 	FileTimeout time.Duration
 	// TemplateUploadTimeout bounds an image upload for a template build
-	// (PUT /v1/templates/build/{name}/image; 4h).
-	TemplateUploadTimeout time.Duration
+	// (PUT /v1/templates/build/{name}/image; 4h); TemplateUploadIdle how
+	// long its body may send nothing (2m): a stalled client gives its
+	// upload slot back then, not at the timeout.
+	TemplateUploadTimeout, TemplateUploadIdle time.Duration
 	// Streams caps the GET /v1/events streams and bounds their writes
 	// (eventstreams.go).
 	Streams StreamLimits
@@ -121,6 +123,7 @@ func (o *Options) defaults(eo sandbox.Options) error {
 	def(&o.ExecTimeout, 10*time.Minute)
 	def(&o.FileTimeout, 30*time.Minute)
 	def(&o.TemplateUploadTimeout, 4*time.Hour)
+	def(&o.TemplateUploadIdle, 2*time.Minute)
 	if o.MaxFileBytes == 0 {
 		o.MaxFileBytes = 1 << 30
 	}

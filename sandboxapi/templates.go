@@ -122,7 +122,8 @@ func (s *Server) uploadTemplateImage(w http.ResponseWriter, r *http.Request, p p
 	defer release()
 	q := r.URL.Query()
 	u := apitype.TemplateUpload{Name: r.PathValue("name"), File: q.Get("file"), SHA256: q.Get("sha256"), OVADisk: q.Get("ova_disk"), Size: r.ContentLength}
-	st, err := s.o.Templates.Upload(r.Context(), u, http.MaxBytesReader(w, r.Body, max(r.ContentLength, 1)))
+	body := s.idleBody(w, http.MaxBytesReader(w, r.Body, max(r.ContentLength, 1)))
+	st, err := s.o.Templates.Upload(r.Context(), u, body)
 	if err != nil {
 		// a refused or failed upload leaves the body unread: close
 		w.Header().Set("Connection", "close")
@@ -175,3 +176,34 @@ func (s *Server) templateResponses(paths map[string]any) {
 
 // templateBuildsOn says whether the node builds templates on request.
 func (s *Server) templateBuildsOn() bool { return s.o.Templates != nil }
+
+// idleBody is an upload's body whose read deadline moves to
+// TemplateUploadIdle from now at each read that brought bytes, never past
+// the route's own deadline (setDeadlines): a client that stops sending
+// ends its upload (and gives its slot back) within TemplateUploadIdle.
+// The read that ends the body leaves the deadline setDeadlines moves it
+// to then.
+func (s *Server) idleBody(w http.ResponseWriter, body io.Reader) io.Reader {
+	rc := http.NewResponseController(w)
+	limit := time.Now().Add(s.o.TemplateUploadTimeout)
+	extend := func() {
+		at := time.Now().Add(s.o.TemplateUploadIdle)
+		if at.After(limit) {
+			at = limit
+		}
+		_ = rc.SetReadDeadline(at)
+	}
+	extend()
+	return readFunc(func(p []byte) (int, error) {
+		n, err := body.Read(p)
+		if n > 0 && err == nil {
+			extend()
+		}
+		return n, err
+	})
+}
+
+// readFunc is an io.Reader calling f.
+type readFunc func([]byte) (int, error)
+
+func (f readFunc) Read(p []byte) (int, error) { return f(p) }

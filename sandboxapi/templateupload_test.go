@@ -163,3 +163,77 @@ func TestTemplateUploadsInFlightAreCapped(t *testing.T) {
 		t.Errorf("the upload's 429 is not declared with Retry-After: %v", r429)
 	}
 }
+
+// TestTemplateUploadStalledEnds: an upload whose client stops sending is
+// cut once it sent nothing for TemplateUploadIdle (not at the route's
+// hours-long timeout), and its slot serves the next upload; a client that
+// keeps sending is never cut by it.
+func TestTemplateUploadStalledEnds(t *testing.T) {
+	f := &fakeBuilder{builds: map[string]apitype.TemplateBuild{}, reading: make(chan string, 8)}
+	e := newEnv(t, func(o *options) {
+		o.serverOptions.Templates = f
+		o.serverOptions.TemplateUploadIdle = time.Second
+	})
+	ctx := e.ctx()
+	sum := strings.Repeat("a", 64)
+	put := func(name string, body io.Reader, size int64) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, "PUT", e.http.URL+"/v1/templates/build/"+name+"/image?file="+name+".ova&ova_disk=d.vmdk&sha256="+sum, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = size
+		return http.DefaultClient.Do(req)
+	}
+	// two stalled uploads take both slots, then send nothing
+	var writers []*io.PipeWriter
+	ended := make(chan struct{}, 2)
+	for _, name := range []string{"one", "two"} {
+		pr, pw := io.Pipe()
+		writers = append(writers, pw)
+		go func() {
+			if resp, err := put(name, pr, 10); err == nil {
+				resp.Body.Close()
+			}
+			ended <- struct{}{}
+		}()
+		if _, err := pw.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		if got := <-f.reading; got != name {
+			t.Fatalf("reading %q, want %q", got, name)
+		}
+	}
+	defer func() {
+		for _, pw := range writers {
+			_ = pw.CloseWithError(io.ErrClosedPipe)
+		}
+	}()
+	for range 2 {
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			t.Fatal("a stalled upload was never cut")
+		}
+	}
+	// the slots are free again, and a slow but steady upload is not cut:
+	// 15 parts, each sent well within the idle time, together longer
+	pr, pw := io.Pipe()
+	go func() {
+		for range 15 {
+			time.Sleep(100 * time.Millisecond)
+			if _, err := pw.Write([]byte("xx")); err != nil {
+				return
+			}
+		}
+		_ = pw.Close()
+	}()
+	resp, err := put("three", pr, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		b, _ := io.ReadAll(resp.Body)
+		t.Errorf("a steady upload after the stalled ones were cut: %d %s, want 202", resp.StatusCode, b)
+	}
+}
