@@ -85,7 +85,8 @@ def _apply_nic_rules(
     v: dict[str, Any], defined: list[str], nets: Any, seen: dict[str, set[str]]
 ) -> None:
     """A VM's nics with the stated rules applied: networks or nics, not
-    both; each nic's network defined; MACs unique in the sandbox (in any
+    both; each nic on a defined network of the sandbox (no shared vnet:
+    the test node shares none); MACs unique in the sandbox (in any
     case), and fixed addresses too, each one its network allows (else
     left out)."""
     nics = v.get("nics")
@@ -97,6 +98,9 @@ def _apply_nic_rules(
     for nic in nics:
         if not isinstance(nic, dict):
             continue
+        # a nic names a network or a vnet the node shares ([api]
+        # shared_vnets), not both; the test node shares none
+        nic.pop("vnet", None)
         if nic.get("network") not in defined:
             nic["network"] = defined[0]
         mac = nic.get("mac")
