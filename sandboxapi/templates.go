@@ -99,12 +99,7 @@ func (s *Server) startTemplateBuild(w http.ResponseWriter, r *http.Request, p pr
 		return err
 	}
 	s.o.Logger.Info("template build asked", "template", req.Name, "by", p.who(), "state", st.State, "joined", st.Joined)
-	code := http.StatusAccepted
-	if st.State == apitype.BuildDone {
-		code = http.StatusOK
-	}
-	w.Header().Set("Location", "/v1/templates/builds/"+st.Name)
-	return writeJSON(w, code, st)
+	return writeBuild(w, st)
 }
 
 func (s *Server) uploadTemplateImage(w http.ResponseWriter, r *http.Request, p principal) error {
@@ -130,12 +125,7 @@ func (s *Server) uploadTemplateImage(w http.ResponseWriter, r *http.Request, p p
 		return err
 	}
 	s.o.Logger.Info("template build from an upload asked", "template", u.Name, "file", u.File, "bytes", u.Size, "by", p.who(), "state", st.State, "joined", st.Joined)
-	code := http.StatusAccepted
-	if st.State == apitype.BuildDone {
-		code = http.StatusOK
-	}
-	w.Header().Set("Location", "/v1/templates/builds/"+st.Name)
-	return writeJSON(w, code, st)
+	return writeBuild(w, st)
 }
 
 func (s *Server) getTemplateBuild(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -207,3 +197,15 @@ func (s *Server) idleBody(w http.ResponseWriter, body io.Reader) io.Reader {
 type readFunc func([]byte) (int, error)
 
 func (f readFunc) Read(p []byte) (int, error) { return f(p) }
+
+// writeBuild answers a build request with its state: 200 when the
+// template is done (built or found), 202 while it is queued or running,
+// Location naming where to follow it.
+func writeBuild(w http.ResponseWriter, st apitype.TemplateBuild) error {
+	code := http.StatusAccepted
+	if st.State == apitype.BuildDone {
+		code = http.StatusOK
+	}
+	w.Header().Set("Location", "/v1/templates/builds/"+st.Name)
+	return writeJSON(w, code, st)
+}
