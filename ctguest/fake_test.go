@@ -30,7 +30,10 @@ shift
 case $mode in
 1) echo "lxc-attach: $mode: attach.c: Failed to get init pid" >&2; exit 1;;
 2) echo "not the marker"; exit 0;;
-3) sh -c 'echo $$ > "$1/cgroup.procs"; exec sleep 300' holder "$lxcpath" &;;
+3) sh -c 'echo $$ > "$1/cgroup.procs"; exec sleep 300' holder "$lxcpath" & h=$!
+	# the holder leaves the exec cgroup before the command ends (else the
+	# exec's end kills it with the cgroup, under load)
+	n=0; while ! grep -qx "$h" "$lxcpath/cgroup.procs" && [ $n -lt 1000 ]; do sleep 0.01; n=$((n+1)); done;;
 4) env >&2; grep '^0::' /proc/self/cgroup >&2;;
 esac
 exec "$@"
