@@ -16,6 +16,12 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 	if m.o.Checker == nil {
 		return apitype.CheckReport{}, refuse(ErrNotConfigured, "the containment check is not configured")
 	}
+	if len(vm.Networks) == 0 {
+		return apitype.CheckReport{}, refuse(ErrConflict, "sandbox %s vm %s has no network: the containment check runs from a member whose first NIC is on a network of its sandbox", sb.ID, vm.Name)
+	}
+	if id, ok := apitype.SharedVNetOf(vm.Networks[0]); ok {
+		return apitype.CheckReport{}, refuse(ErrConflict, "sandbox %s vm %s: its first NIC is on the shared vnet %s, not on a network of its sandbox: the containment check runs from a member whose first NIC is (put the shared vnet's NIC second, or check another member)", sb.ID, vm.Name, id)
+	}
 	var others []apitype.Sandbox
 	for _, o := range m.List() {
 		if o.ID != sb.ID && o.State == apitype.StateReady {

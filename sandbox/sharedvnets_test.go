@@ -121,3 +121,44 @@ func TestSharedVNetZoneWhole(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckOfSharedFirstNICIsConflict: the containment check of a member
+// whose first NIC is on a shared vnet (its plan's gateway and subnet are a
+// sandbox network's) is refused as a conflict naming the vnet, before the
+// checker runs, while its sibling with a sandbox network first is checked.
+func TestCheckOfSharedFirstNICIsConflict(t *testing.T) {
+	ctx := context.Background()
+	ch := &targetChecker{}
+	b := newPoolBed(t, nil, func(o *sandbox.Options) {
+		o.SharedVNets = []string{"lab"}
+		o.Checker = ch
+		o.Egress = nil
+	})
+	for _, err := range []error{b.px.CreateZone(ctx, sandbox.ZoneSpec{ID: "opzone"}), b.px.CreateVNet(ctx, sandbox.VNetSpec{ID: "lab", Zone: "opzone"}),
+		b.px.CreateSubnet(ctx, sandbox.SubnetSpec{VNet: "lab", CIDR: "10.88.0.0/24", Gateway: "10.88.0.1"})} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := oneVMSized("debian", 1, 512)
+	second := req.VMs[0]
+	second.Name = "b"
+	req.VMs[0].Name = "a"
+	req.VMs[0].NICs = []apitype.NIC{{VNet: "lab"}, {Network: "net0"}}
+	req.VMs[0].Networks = []string{apitype.SharedNetwork("lab"), "net0"}
+	req.VMs = append(req.VMs, second)
+	sb, err := b.e.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.e.Check(ctx, sb, sb.VMs[0])
+	if !errors.Is(err, sandbox.ErrConflict) || !strings.Contains(err.Error(), "shared vnet lab") {
+		t.Fatalf("check of a member whose first NIC is shared: %v, want a conflict naming the vnet", err)
+	}
+	if ch.got.VM.Name != "" {
+		t.Errorf("the checker ran for %q", ch.got.VM.Name)
+	}
+	if _, err := b.e.Check(ctx, sb, sb.VMs[1]); err != nil || ch.got.VM.Name != "b" {
+		t.Errorf("check of the sibling on net0: %v (checked %q)", err, ch.got.VM.Name)
+	}
+}
