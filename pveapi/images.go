@@ -170,6 +170,34 @@ func (s StorageConfig) Dir(t string) (string, error) {
 	return path.Join(s.Path, sub), nil
 }
 
+// StorageStatus is a storage's state on the node (GET
+// /nodes/{node}/storage/{storage}/status).
+type StorageStatus struct {
+	// Active is false when the node cannot reach the storage (its sizes
+	// are then 0).
+	Active bool
+	// Total, Used and Avail are bytes.
+	Total, Used, Avail int64
+}
+
+// StorageStatus reads storage's state on the node: pve-storage
+// API2/Storage/Status.pm read_status (Datastore.Audit or
+// Datastore.AllocateSpace on /storage/{storage}), storage_info's entry,
+// whose sizes a dir storage takes from df of its path (Plugin.pm status).
+func (c *Client) StorageStatus(ctx context.Context, storage string) (StorageStatus, error) {
+	var raw struct {
+		Active flexInt `json:"active"`
+		Total  flexInt `json:"total"`
+		Used   flexInt `json:"used"`
+		Avail  flexInt `json:"avail"`
+	}
+	p := fmt.Sprintf("/nodes/%s/storage/%s/status", url.PathEscape(c.node), url.PathEscape(storage))
+	if err := c.c.Get(ctx, p, &raw); err != nil {
+		return StorageStatus{}, classify("status of storage "+storage, err)
+	}
+	return StorageStatus{Active: raw.Active != 0, Total: int64(raw.Total), Used: int64(raw.Used), Avail: int64(raw.Avail)}, nil
+}
+
 // Storage reads storage's definition from GET /storage (pve-storage
 // API2/Storage/Config.pm index: each storage.cfg section the caller has
 // Datastore.Audit or Datastore.AllocateSpace on, as api_storage_config

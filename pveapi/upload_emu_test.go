@@ -31,6 +31,19 @@ func newUploadEmu(t *testing.T) *pveemu.Server {
 	return s
 }
 
+// emuClient is root@pam's client of the emulated node h serves (s, or a
+// handler in front of it).
+func emuClient(t *testing.T, h http.Handler) *pveapi.Client {
+	t.Helper()
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	c, err := pveapi.NewWithPassword(pveapi.Options{URL: ts.URL + "/api2/json", Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond}, "root@pam", "pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestUploadFile: UploadFile streams a file to a storage's import
 // directory, Proxmox verifying its sha256 (pve-storage Status.pm upload);
 // a wrong digest fails the task and keeps nothing; a storage without the
@@ -40,12 +53,7 @@ func TestUploadFile(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s := newUploadEmu(t)
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	c, err := pveapi.NewWithPassword(pveapi.Options{URL: ts.URL + "/api2/json", Node: "pve", HTTPClient: ts.Client(), TaskPoll: time.Millisecond}, "root@pam", "pw")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := emuClient(t, s)
 	data := []byte(strings.Repeat("raw image ", 4096))
 	h := sha256.Sum256(data)
 	sum := hex.EncodeToString(h[:])
@@ -147,5 +155,23 @@ func TestUploadFileCancelled(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("a cancelled upload still waits for the node's answer")
+	}
+}
+
+// TestStorageStatus: StorageStatus reads a storage's state and sizes on
+// the node (pve-storage Status.pm read_status) as the emulator reports
+// them; an unknown storage is an error naming it.
+func TestStorageStatus(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newUploadEmu(t)
+	c := emuClient(t, s)
+	s.SetStorageSpace("local", pveemu.StorageSpace{Total: 50 << 30, Avail: 7 << 30})
+	st, err := c.StorageStatus(ctx, "local")
+	if err != nil || st != (pveapi.StorageStatus{Active: true, Total: 50 << 30, Used: 43 << 30, Avail: 7 << 30}) {
+		t.Errorf("status of local: %+v %v", st, err)
+	}
+	if _, err := c.StorageStatus(ctx, "nfs1"); err == nil || !strings.Contains(err.Error(), "storage nfs1") {
+		t.Errorf("status of an unknown storage: %v", err)
 	}
 }

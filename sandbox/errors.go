@@ -56,6 +56,10 @@ var (
 	// ErrOwnerBusy: the call's owner has used up its share of such a
 	// budget with its other calls in flight; retry when one ends.
 	ErrOwnerBusy = errors.New("owner's share in use")
+	// ErrStorageFull: a storage of the node has not the room the call
+	// needs (an image upload: pveproxy's spool and Proxmox's copy of it);
+	// nothing was written.
+	ErrStorageFull = errors.New("not enough room on the node's storage")
 )
 
 // refusal is a sentinel with a message of its own: errors.Is finds the

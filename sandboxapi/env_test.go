@@ -8,36 +8,18 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitest"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
 )
-
-// clock is a settable clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // tokens is a fixed TokenVerifier.
 type tokens map[string][]string
@@ -54,7 +36,7 @@ type env struct {
 	t      testing.TB
 	px     *apitest.Proxmox
 	guests *apitest.Guests
-	clock  *clock
+	clock  *testkit.Clock
 	reg    *prometheus.Registry
 	srv    *sandboxapi.Server
 	http   *httptest.Server // LocalHandler (unix-socket semantics)
@@ -87,7 +69,7 @@ func newEnv(t testing.TB, mod func(*options)) *env {
 
 func newEnvOn(t testing.TB, px *apitest.Proxmox, g *apitest.Guests, stateDir string, mod func(*options)) *env {
 	t.Helper()
-	e := &env{t: t, px: px, guests: g, clock: &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}, reg: prometheus.NewRegistry()}
+	e := &env{t: t, px: px, guests: g, clock: testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), reg: prometheus.NewRegistry()}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e.opts = options{
 		Options: sandbox.Options{

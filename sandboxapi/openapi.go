@@ -56,6 +56,7 @@ var schemaTypes = map[string]any{
 	"PoolMember":           apitype.PoolMember{},
 	"TemplateBuildRequest": apitype.TemplateBuildRequest{},
 	"TemplateBuild":        apitype.TemplateBuild{},
+	"TemplateInfo":         apitype.TemplateInfo{},
 }
 
 var timeType = reflect.TypeOf(time.Time{})

@@ -41,6 +41,7 @@ var problemTitles = map[string]string{
 	apitype.ProblemTemplateNotHardened:  "Template not hardened",
 	apitype.ProblemSandboxBroken:        "Sandbox broken",
 	apitype.ProblemTooManyRequests:      "Too many requests",
+	apitype.ProblemInsufficientStorage:  "Insufficient storage",
 }
 
 var problemStatus = map[string]int{
@@ -68,6 +69,7 @@ var problemStatus = map[string]int{
 	apitype.ProblemTemplateNotHardened:  http.StatusUnprocessableEntity,
 	apitype.ProblemSandboxBroken:        http.StatusConflict,
 	apitype.ProblemTooManyRequests:      http.StatusTooManyRequests,
+	apitype.ProblemInsufficientStorage:  http.StatusInsufficientStorage,
 }
 
 // newProblem builds a problem of a known type.
@@ -148,6 +150,8 @@ func asProblem(err error) *apitype.Problem {
 		return newProblem(apitype.ProblemPermissionDenied, err.Error())
 	case errors.Is(err, sandbox.ErrGuestNoSpace):
 		return newProblem(apitype.ProblemGuestNoSpace, err.Error())
+	case errors.Is(err, sandbox.ErrStorageFull):
+		return newProblem(apitype.ProblemInsufficientStorage, err.Error())
 	case errors.Is(err, sandbox.ErrGuestTimeout):
 		return newProblem(apitype.ProblemGuestTimeout, err.Error())
 	case errors.Is(err, sandbox.ErrGuestUnavailable):

@@ -52,6 +52,7 @@ func TestAsProblem(t *testing.T) {
 		{wrap(sandbox.ErrIsDirectory), apitype.ProblemIsDirectory, http.StatusConflict, nil},
 		{wrap(sandbox.ErrPermission), apitype.ProblemPermissionDenied, http.StatusForbidden, nil},
 		{wrap(sandbox.ErrGuestNoSpace), apitype.ProblemGuestNoSpace, http.StatusInsufficientStorage, nil},
+		{wrap(sandbox.ErrStorageFull), apitype.ProblemInsufficientStorage, http.StatusInsufficientStorage, nil},
 		{wrap(sandbox.ErrGuestTimeout), apitype.ProblemGuestTimeout, http.StatusGatewayTimeout, nil},
 		{wrap(sandbox.ErrGuestUnavailable), apitype.ProblemGuestUnavailable, http.StatusBadGateway, nil},
 		{wrap(sandbox.ErrGuestProtocol), apitype.ProblemGuestProtocol, http.StatusBadGateway, nil},

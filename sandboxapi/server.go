@@ -89,6 +89,9 @@ type Options struct {
 	// nil: builds are off and those routes answer forbidden, saying how
 	// to turn them on.
 	Templates TemplateBuilder
+	// TemplateCatalog answers GET /v1/templates/{name} (nil: that route
+	// answers unavailable).
+	TemplateCatalog TemplateCatalog
 	// Registerer receives the request metrics (nil: not registered).
 	Registerer prometheus.Registerer
 	// Logger is the structured logger (slog.Default()).

@@ -21,9 +21,21 @@ type TemplateBuilder interface {
 	// of the name on the node (done, reused), each done one with the image
 	// it was built from when the node's build ledger says (false: none).
 	Template(ctx context.Context, name string) (apitype.TemplateBuild, bool, error)
-	// Upload builds from the image body, u.Size bytes (templatebuild.Service.Upload):
-	// it joins or answers an existing template without reading body.
-	Upload(ctx context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error)
+	// Upload builds from the image body, u.Size bytes
+	// (templatebuild.Service.Upload): it joins or answers an existing
+	// template without calling open; else it calls open once for the body
+	// (which takes an upload slot, or refuses: returned as it is) and
+	// calls the release it gives when done with it.
+	Upload(ctx context.Context, u apitype.TemplateUpload, open func() (body io.Reader, release func(), err error)) (apitype.TemplateBuild, error)
+}
+
+// TemplateCatalog answers GET /v1/templates/{name}
+// (templatebuild.Catalog): the VM template a create of the name clones
+// and what the node's build ledger records of it (false: none). Its
+// answers cost the node at most one look per its own interval, whatever
+// the rate of questions.
+type TemplateCatalog interface {
+	Template(ctx context.Context, name string) (apitype.TemplateInfo, bool, error)
 }
 
 // uploadTimeout bounds an image upload (the body's transfer to the node
@@ -32,9 +44,10 @@ func uploadTimeout(s *Server) time.Duration { return s.o.TemplateUploadTimeout }
 
 // maxUploads is how many image uploads the node takes at once: each holds
 // a connection and streams gigabytes to the node's image storage (the
-// disk, pveproxy's temporary file, Proxmox's copy). One past it is
-// refused before its body is read, 429 with Retry-After (quota
-// image-uploads): the client tries again.
+// disk, pveproxy's temporary file, Proxmox's copy). Only an upload whose
+// body is needed takes one (not one answered done or joined without
+// reading it); one past it is refused before its body is read, 429 with
+// Retry-After (quota image-uploads): the client tries again.
 const maxUploads = 2
 
 // uploadRetry is the Retry-After of a refused upload.
@@ -78,9 +91,12 @@ func (s *Server) templateRoutes() []route {
 		{method: "GET", path: "/v1/templates/builds/{name}", scope: apitype.ScopeAdmin, node: true,
 			summary:  "The state and progress of the node's running or last build of a template, else the template of the name the node's builds made (done, reused); a done one carries image, the digest of the image it was built from (sha256:HEX) when the node's build ledger records it, for a client that finds a template by name to compare with its own image (a node operation, as POST /v1/templates/build)",
 			response: "TemplateBuild", okStatus: http.StatusOK, params: []param{pTemplate}, timeout: reqTimeout, h: s.getTemplateBuild},
+		{method: "GET", path: "/v1/templates/{name}", scope: apitype.ScopeRead,
+			summary:  "The VM template a create naming it clones on this node: its vmid, whether the node's template builds made it (built), and image, the digest of the image it was built from (sha256:HEX) when the node's build ledger records it, for a client that finds a template by name to compare with its own image. Every token of the node may ask, owner-bound ones and nodes without builds too: an operator's image digest is visible to every tenant of the node (it names no owner)",
+			response: "TemplateInfo", okStatus: http.StatusOK, params: []param{pTemplate}, timeout: reqTimeout, h: s.getTemplate},
 		{method: "PUT", path: "/v1/templates/build/{name}/image", scope: apitype.ScopeAdmin, node: true,
 			summary: "Build a template from an image sent as the body (Content-Length required, at most [templates] max_upload_gib): the daemon streams it to the node's image storage as a file of its digest's name, Proxmox verifies its sha256, and the build runs as one from a volume on the node. " +
-				"A template of the name that exists answers 200 (done, reused), a running build of the same upload 202 (joined), both without reading the body; 202: the image is on the node and the build queued. A node operation, as POST /v1/templates/build",
+				"A template of the name that exists answers 200 (done, reused), a running build of the same upload 202 (joined), both without reading the body or taking an upload slot; an image storage with less free than twice the body's length 507; 202: the image is on the node and the build queued. A node operation, as POST /v1/templates/build",
 			requestType: "application/octet-stream", response: "TemplateBuild", okStatus: http.StatusAccepted,
 			params: []param{pTemplate, pImageFile, pImageSum, pOVADisk}, timeout: uploadTimeout, h: s.uploadTemplateImage},
 	}
@@ -109,16 +125,18 @@ func (s *Server) uploadTemplateImage(w http.ResponseWriter, r *http.Request, p p
 	if r.ContentLength < 0 {
 		return &sandbox.InvalidError{Field: "Content-Length", Msg: "Content-Length: an image upload needs its length (the node's upload takes none without)"}
 	}
-	release, err := s.takeUpload()
-	if err != nil {
-		w.Header().Set("Connection", "close") // the body is not read
-		return err
-	}
-	defer release()
 	q := r.URL.Query()
 	u := apitype.TemplateUpload{Name: r.PathValue("name"), File: q.Get("file"), SHA256: q.Get("sha256"), OVADisk: q.Get("ova_disk"), Size: r.ContentLength}
-	body := s.idleBody(w, http.MaxBytesReader(w, r.Body, max(r.ContentLength, 1)))
-	st, err := s.o.Templates.Upload(r.Context(), u, body)
+	// the body, with an upload slot, only when the builder needs it (an
+	// answer without it, done or joined, takes no slot)
+	open := func() (io.Reader, func(), error) {
+		release, err := s.takeUpload()
+		if err != nil {
+			return nil, nil, err
+		}
+		return s.idleBody(w, http.MaxBytesReader(w, r.Body, max(r.ContentLength, 1))), release, nil
+	}
+	st, err := s.o.Templates.Upload(r.Context(), u, open)
 	if err != nil {
 		// a refused or failed upload leaves the body unread: close
 		w.Header().Set("Connection", "close")
@@ -143,6 +161,22 @@ func (s *Server) getTemplateBuild(w http.ResponseWriter, r *http.Request, _ prin
 	return writeJSON(w, http.StatusOK, st)
 }
 
+// getTemplate answers GET /v1/templates/{name} from the catalog.
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, _ principal) error {
+	if s.o.TemplateCatalog == nil {
+		return newProblem(apitype.ProblemUnavailable, "this daemon keeps no template catalog")
+	}
+	name := r.PathValue("name")
+	t, ok, err := s.o.TemplateCatalog.Template(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return problemf(apitype.ProblemNotFound, "no VM template %q on this node (POST /v1/sandboxes/validate lists the templates a create may name)", name)
+	}
+	return writeJSON(w, http.StatusOK, t)
+}
+
 // templateResponses declares the build routes' answers besides success.
 func (s *Server) templateResponses(paths map[string]any) {
 	post := paths["/v1/templates/build"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)
@@ -159,6 +193,10 @@ func (s *Server) templateResponses(paths map[string]any) {
 	tooMany := problemResponse(fmt.Sprintf("the node has as many image uploads in flight as it takes at once (%d; quota image-uploads): the body is not read; retry after Retry-After", maxUploads), apitype.ProblemTooManyRequests)
 	tooMany["headers"] = retryAfterHeaders()
 	put[httpCode(http.StatusTooManyRequests)] = tooMany
+	put[httpCode(http.StatusInsufficientStorage)] = problemResponse("the node's image storage has less free than twice the body's length (Proxmox spools an upload, then copies it into the storage): the detail names the storage, the need and what is free; the body is not read", apitype.ProblemInsufficientStorage)
+	get := paths["/v1/templates/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
+	get[httpCode(http.StatusNotFound)] = problemResponse("the node has no VM template a create of the name would clone", apitype.ProblemNotFound)
+	get[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build ledger cannot be read (this answer stands for up to 10 s: the node is looked at once per 10 s at most), or the daemon keeps no template catalog", apitype.ProblemUnavailable)
 	for _, op := range []map[string]any{post, put, paths["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)} {
 		op[httpCode(http.StatusForbidden)] = problemResponse("an owner-bound token (a node operation), or template builds are off on this node", apitype.ProblemForbidden)
 	}

@@ -55,10 +55,10 @@ func (f *fakeBuilder) Start(_ context.Context, req apitype.TemplateBuildRequest)
 }
 
 // Upload refuses a file that is not an .ova (field file), answers a
-// template named exists without reading the body, and otherwise reads
-// the body whole and records a running build whose progress line is its
-// length.
-func (f *fakeBuilder) Upload(_ context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error) {
+// template named exists without opening the body, and otherwise opens
+// the body, reads it whole and records a running build whose progress
+// line is its length.
+func (f *fakeBuilder) Upload(_ context.Context, u apitype.TemplateUpload, open func() (io.Reader, func(), error)) (apitype.TemplateBuild, error) {
 	if !strings.HasSuffix(u.File, ".ova") {
 		return apitype.TemplateBuild{}, &sandbox.InvalidError{Field: "file", Msg: "file: not an .ova"}
 	}
@@ -68,6 +68,11 @@ func (f *fakeBuilder) Upload(_ context.Context, u apitype.TemplateUpload, body i
 	if u.Name == "exists" {
 		return apitype.TemplateBuild{Name: u.Name, From: apitype.UploadSource + u.File, State: apitype.BuildDone, VMID: 9100, Reused: true, Progress: []string{}}, nil
 	}
+	body, release, err := open()
+	if err != nil {
+		return apitype.TemplateBuild{}, err
+	}
+	defer release()
 	if f.reading != nil {
 		f.reading <- u.Name
 	}
@@ -94,6 +99,19 @@ func (f *fakeBuilder) startCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.starts
+}
+
+// minter mints tokens in store (name, owner, scope) and returns a client
+// of url with each.
+func minter(t *testing.T, store *auth.Store, url string) func(name, owner, scope string) *client.Client {
+	return func(name, owner, scope string) *client.Client {
+		t.Helper()
+		tok, _, err := store.CreateOwned(name, owner, []string{scope}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client.New(url, client.WithToken(tok))
+	}
 }
 
 // TestTemplateBuildsOff: a node without builds answers both routes
@@ -130,14 +148,7 @@ func TestTemplateBuildRoutes(t *testing.T) {
 	})
 	f.publish = e.srv.Engine().PublishNodeEvent
 	ctx := e.ctx()
-	mint := func(name, owner, scope string) *client.Client {
-		t.Helper()
-		tok, _, err := store.CreateOwned(name, owner, []string{scope}, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return client.New(e.tcp.URL, client.WithToken(tok))
-	}
+	mint := minter(t, store, e.tcp.URL)
 	alice, ops, reader, execer := mint("alice-agent", "alice", "admin"), mint("ops", "", "admin"), mint("r", "", "read"), mint("x", "", "exec")
 	req := apitype.TemplateBuildRequest{Name: "debian13", Recipe: "debian13"}
 
@@ -244,5 +255,75 @@ func TestTemplateBuildSaysItsImage(t *testing.T) {
 	get := doc["paths"].(map[string]any)["/v1/templates/builds/{name}"].(map[string]any)["get"].(map[string]any)
 	if s, _ := get["summary"].(string); !strings.Contains(s, "image") {
 		t.Errorf("the get's summary does not say it carries the image: %q", s)
+	}
+}
+
+// fakeCatalog is a TemplateCatalog of fixed templates.
+type fakeCatalog struct {
+	t map[string]apitype.TemplateInfo
+}
+
+func (c *fakeCatalog) Template(_ context.Context, name string) (apitype.TemplateInfo, bool, error) {
+	t, ok := c.t[name]
+	return t, ok, nil
+}
+
+// TestTemplateInfoRoute: GET /v1/templates/{name} answers every token of
+// the node, an owner-bound one and a read one included, on a node without
+// builds too (the Python provider's check of an OVA's template runs with
+// the token of its eval): the template's VMID, whether the node's builds
+// made it and the image its ledger records; a name without a template is
+// not-found. The document declares it of scope read, no node operation,
+// with its 404.
+func TestTemplateInfoRoute(t *testing.T) {
+	img := "sha256:" + strings.Repeat("cd", 32)
+	cat := &fakeCatalog{t: map[string]apitype.TemplateInfo{
+		"ova-box-ova-10240": {Name: "ova-box-ova-10240", VMID: 9100, Built: true, Image: img},
+		"debian":            {Name: "debian", VMID: 9000},
+	}}
+	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
+	e := newEnv(t, func(o *options) {
+		o.serverOptions.Tokens = store
+		o.serverOptions.TemplateCatalog = cat // no Templates: builds are off
+	})
+	ctx := e.ctx()
+	mint := minter(t, store, e.tcp.URL)
+	for who, c := range map[string]*client.Client{
+		"owner-bound admin": mint("alice-agent", "alice", "admin"),
+		"owner-bound read":  mint("bob-reader", "bob", "read"),
+		"read":              mint("r", "", "read"),
+		"local socket":      e.c,
+	} {
+		got, err := c.Template(ctx, "ova-box-ova-10240")
+		if err != nil || got != cat.t["ova-box-ova-10240"] {
+			t.Errorf("%s: %+v %v, want %+v", who, got, err, cat.t["ova-box-ova-10240"])
+		}
+		if got, err := c.Template(ctx, "debian"); err != nil || got.Built || got.Image != "" || got.VMID != 9000 {
+			t.Errorf("%s, a template not built here: %+v %v", who, got, err)
+		}
+		if _, err := c.Template(ctx, "none"); !client.IsProblem(err, apitype.ProblemNotFound) {
+			t.Errorf("%s, no template of the name: %v, want not-found", who, err)
+		}
+	}
+	if _, err := e.c.TemplateBuild(ctx, "ova-box-ova-10240"); !client.IsProblem(err, apitype.ProblemForbidden) {
+		t.Errorf("the builds route on a node without builds: %v, want forbidden", err)
+	}
+
+	doc, err := e.c.OpenAPI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := doc["paths"].(map[string]any)["/v1/templates/{name}"].(map[string]any)["get"].(map[string]any)
+	if get["x-scope"] != apitype.ScopeRead || get["x-node-operation"] != nil {
+		t.Errorf("GET /v1/templates/{name}: scope %v, node operation %v: want read, none", get["x-scope"], get["x-node-operation"])
+	}
+	if _, ok := get["responses"].(map[string]any)["404"]; !ok {
+		t.Errorf("GET /v1/templates/{name} declares no 404: %v", get["responses"])
+	}
+	props := doc["components"].(map[string]any)["schemas"].(map[string]any)["TemplateInfo"].(map[string]any)["properties"].(map[string]any)
+	for _, p := range []string{"name", "vmid", "built", "image"} {
+		if _, ok := props[p]; !ok {
+			t.Errorf("TemplateInfo declares no %s: %v", p, props)
+		}
 	}
 }

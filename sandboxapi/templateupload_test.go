@@ -97,7 +97,9 @@ func TestTemplateUploadRoute(t *testing.T) {
 // TestTemplateUploadsInFlightAreCapped: the node takes maxUploads (2)
 // image uploads at once; one more is refused before its body is read,
 // 429 too-many-requests naming the quota image-uploads with Retry-After
-// (declared in the OpenAPI document), and taken once one ends.
+// (declared in the OpenAPI document), and taken once one ends. An upload
+// the builder answers without its body (an existing template) takes no
+// slot: it is answered while both are held.
 func TestTemplateUploadsInFlightAreCapped(t *testing.T) {
 	f := &fakeBuilder{builds: map[string]apitype.TemplateBuild{}, reading: make(chan string, 4)}
 	e := newEnv(t, func(o *options) { o.serverOptions.Templates = f })
@@ -139,6 +141,13 @@ func TestTemplateUploadsInFlightAreCapped(t *testing.T) {
 	}
 	if len(f.reading) != 0 {
 		t.Errorf("the refused upload reached the builder")
+	}
+	// an upload answered without its body (the template exists: done,
+	// reused) needs no slot: it is answered while both are held
+	ex := u
+	ex.Name, ex.File = "exists", "exists.ova"
+	if st, err := e.c.UploadTemplate(ctx, ex, strings.NewReader("hello")); err != nil || st.State != apitype.BuildDone || !st.Reused {
+		t.Errorf("an upload of an existing template while the slots are held: %+v %v, want done and reused", st, err)
 	}
 	for _, pw := range writers {
 		_, _ = pw.Write([]byte("hello"))

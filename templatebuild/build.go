@@ -375,14 +375,12 @@ func Existing(ctx context.Context, px interface {
 	}
 	want := (&Builder{o: Options{Recipe: Recipe{Name: recipe}}}).wantTags()
 	for _, v := range vms {
-		if v.Name != name || v.Pool != "" || !v.Template || slices.Contains(v.Tags, TagBuilding) || !hasAll(v.Tags, want) {
+		if v.Name != name {
 			continue
 		}
-		rec, ok, err := host.Recorded(v.VMID)
-		if err != nil {
+		if _, ok, err := ledgerTemplate(host, v, want); err != nil {
 			return 0, false, err
-		}
-		if !ok || rec.Name != name || rec.State != StateTemplate {
+		} else if !ok {
 			continue
 		}
 		conf, err := px.VMConfig(ctx, v.VMID)

@@ -83,5 +83,16 @@
 // Service.Upload builds from an image the client sends (PUT
 // /v1/templates/build/{name}/image): the body is streamed to the image
 // storage (pveapi Client.UploadFile, Proxmox verifying its sha256) under
-// UploadFile's name of its digest, then built as a volume on the node.
+// UploadFile's name of its digest, then built as a volume on the node,
+// once the storage's status says it has room for the upload twice
+// (pveproxy's spool and Proxmox's copy).
+//
+// # What every token may know
+//
+// Catalog says, for each template name, which VM a create clones and
+// whether the ledger records it as a build's, with the image digest it
+// was built from (GET /v1/templates/{name}, any token of the node): the
+// daemon's token's list of VMs and the ledger, looked at once per
+// MaxAge at most whatever the rate of questions. Service.Template reads
+// it too for a name no build of is remembered.
 package templatebuild

@@ -86,6 +86,11 @@ type ServiceOptions struct {
 	// LockDir holds the per-name build locks (Lock), shared with
 	// `pve-inspectd template build` on the node.
 	LockDir string
+	// Catalog answers Template for a name no build of is remembered
+	// (the daemon's, shared with GET /v1/templates/{name}); nil: one of
+	// the service's own over the builder's list of VMs and Host's ledger.
+	// The service makes it look again whenever a build ends.
+	Catalog *Catalog
 	// Publish receives the builds' events (template.build.progress,
 	// .done, .failed); nil drops them. Never called with the service's
 	// lock held.
@@ -156,6 +161,20 @@ func NewService(o ServiceOptions) (*Service, error) {
 	if o.Publish == nil {
 		o.Publish = func(apitype.Event) {}
 	}
+	if o.Catalog == nil {
+		login, host := o.Login, o.Host
+		cat, err := NewCatalog(CatalogOptions{Ledger: host, Now: o.Now, List: func(ctx context.Context) ([]sandbox.VMInfo, error) {
+			px, err := login(ctx)
+			if err != nil {
+				return nil, loginError{err}
+			}
+			return px.ListVMs(ctx)
+		}})
+		if err != nil {
+			return nil, err
+		}
+		o.Catalog = cat
+	}
 	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}, uploading: map[string]bool{}}, nil
 }
 
@@ -188,49 +207,6 @@ func (s *Service) Build(name string) (apitype.TemplateBuild, bool) {
 		return apitype.TemplateBuild{}, false
 	}
 	return b.snapshot(), true
-}
-
-// Template answers GET /v1/templates/builds/{name}: the build of name
-// that runs or was remembered (Build) unless it failed, else the template of the name on
-// the node (done, reused; false: none), each done one with the image its
-// build ledger records it was built from (TemplateBuild.Image).
-func (s *Service) Template(ctx context.Context, name string) (apitype.TemplateBuild, bool, error) {
-	last, remembered := s.Build(name)
-	if remembered && last.State != apitype.BuildFailed {
-		return last, true, nil
-	}
-	if err := ValidName(name); err != nil {
-		return last, remembered, nil
-	}
-	// A remembered failed build is the answer whenever the node cannot be
-	// asked (its error says why: often the very reason it failed).
-	px, err := s.o.Login(ctx)
-	if err != nil {
-		if remembered {
-			return last, true, nil
-		}
-		return apitype.TemplateBuild{}, false, loginError{err}
-	}
-	vmid, ok, err := Existing(ctx, px, s.o.Host, name, "")
-	if err != nil {
-		if remembered {
-			return last, true, nil
-		}
-		return apitype.TemplateBuild{}, false, fmt.Errorf("look for template %q: %w", name, err)
-	}
-	if !ok {
-		return last, remembered, nil
-	}
-	img, err := s.builtFrom(vmid)
-	if err != nil {
-		if remembered {
-			return last, true, nil
-		}
-		return apitype.TemplateBuild{}, false, err
-	}
-	now := s.o.Now().UTC()
-	return apitype.TemplateBuild{Name: name, State: apitype.BuildDone, VMID: vmid, Reused: true, Image: img,
-		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier", name, vmid)}, Started: now, Finished: &now}, true, nil
 }
 
 // builtFrom is the image the build ledger records template vmid was
@@ -571,6 +547,8 @@ func (s *Service) end(b *build, res Result, err error) {
 	}
 	s.rememberLocked(b.req.Name, b)
 	s.mu.Unlock()
+	// a template may have come (or gone): the next lookup looks again
+	s.o.Catalog.Forget()
 	if err != nil {
 		s.o.Log.Warn("template build failed", "template", b.req.Name, "err", failureText(err))
 	} else {

@@ -6,10 +6,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,18 +99,29 @@ var testGuard = templatebuild.URLGuard{
 
 func newServiceNode(t *testing.T) *serviceNode {
 	t.Helper()
+	return newServiceNodeWith(t, nil)
+}
+
+// newServiceNodeWith is newServiceNode with the service's options
+// changed by mod first.
+func newServiceNodeWith(t *testing.T, mod func(*templatebuild.ServiceOptions)) *serviceNode {
+	t.Helper()
 	img := bytes.Repeat([]byte("cloud-image "), 1<<14)
 	sum := sha256.Sum256(img)
 	e := newEmuNode(t, map[string][]byte{"/images/cloud.raw": img})
 	n := &serviceNode{emuNode: e, agent: &gatedAgent{Agent: e.agent, gate: make(chan struct{}), asked: make(chan struct{})},
 		ev: &events{}, sum: "sha256:" + hex.EncodeToString(sum[:]), ended: make(chan struct{})}
-	svc, err := templatebuild.NewService(templatebuild.ServiceOptions{
+	o := templatebuild.ServiceOptions{
 		Login: func(context.Context) (templatebuild.Proxmox, error) { return e.px, nil },
 		Agent: n.agent, Host: templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger}, URLs: testGuard, AllowURLs: true,
 		Defaults: templatebuild.Options{Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
 			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond},
 		LockDir: t.TempDir(), Publish: n.ev.publish,
-	})
+	}
+	if mod != nil {
+		mod(&o)
+	}
+	svc, err := templatebuild.NewService(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,5 +339,73 @@ func TestServiceOneBuildAtATime(t *testing.T) {
 	bFirst := slices.IndexFunc(n.ev.evs, func(ev apitype.Event) bool { return ev.Template == "tpl-b" })
 	if aDone < 0 || bFirst < aDone {
 		t.Errorf("tpl-a done at event %d, tpl-b's first event at %d: %+v", aDone, bFirst, n.ev.evs)
+	}
+}
+
+// waitEnded polls the build of name until it is done or failed (or fails
+// the test after a minute).
+func (n *serviceNode) waitEnded(t *testing.T, name string) apitype.TemplateBuild {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if st, ok := n.svc.Build(name); ok && !slices.Contains([]string{apitype.BuildQueued, apitype.BuildRunning}, st.State) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("build %q never ended", name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestServiceTemplateFailedBuildOfAnExistingTemplate: a build that made
+// its template and then failed (the daemon's token could not be granted
+// it, so no sandbox can clone it) is answered failed with its error, not
+// done: GET /v1/templates/builds/{name} said done here, from the
+// template the ledger records, and hid the failure. A last progress line
+// says the builds' template of the name exists; a new request answers it
+// (done, reused) once the grant works, and GET says done again.
+func TestServiceTemplateFailedBuildOfAnExistingTemplate(t *testing.T) {
+	var grantFails atomic.Bool
+	grantFails.Store(true)
+	n := newServiceNodeWith(t, func(o *templatebuild.ServiceOptions) {
+		o.Grant = func(context.Context, templatebuild.Proxmox, int) error {
+			if grantFails.Load() {
+				return errors.New("ACL update failed: permission denied")
+			}
+			return nil
+		}
+	})
+	close(n.agent.gate)
+	ctx := context.Background()
+	req := n.fromURL("tpl-g")
+	if _, err := n.svc.Start(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	failed := n.waitEnded(t, "tpl-g")
+	if failed.State != apitype.BuildFailed || !strings.Contains(failed.Error, "may not clone") || failed.VMID == 0 {
+		t.Fatalf("build whose grant fails: %+v, want failed at the grant", failed)
+	}
+	if vms := n.vmsNamed(t, "tpl-g"); len(vms) != 1 || !vms[0].Template {
+		t.Fatalf("VMs of the build: %+v, want its template", vms)
+	}
+	st, ok, err := n.svc.Template(ctx, "tpl-g")
+	if err != nil || !ok || st.State != apitype.BuildFailed || st.Error != failed.Error {
+		t.Fatalf("GET after the failed build: %+v %v %v, want it failed with its error", st, ok, err)
+	}
+	if last := st.Progress[len(st.Progress)-1]; !strings.Contains(last, fmt.Sprintf("exists as VM %d", failed.VMID)) || !strings.Contains(last, "built from "+n.sum) {
+		t.Errorf("GET's last line %q does not say the builds' template exists", last)
+	}
+	if again, ok := n.svc.Build("tpl-g"); !ok || len(again.Progress) != len(failed.Progress) {
+		t.Errorf("GET changed the remembered build: %+v", again)
+	}
+
+	grantFails.Store(false)
+	st, err = n.svc.Start(ctx, req)
+	if err != nil || st.State != apitype.BuildDone || !st.Reused || st.VMID != failed.VMID {
+		t.Fatalf("request once the grant works: %+v %v, want the template done, reused", st, err)
+	}
+	if st, ok, err := n.svc.Template(ctx, "tpl-g"); err != nil || !ok || st.State != apitype.BuildDone {
+		t.Errorf("GET after the reuse: %+v %v %v, want done", st, ok, err)
 	}
 }

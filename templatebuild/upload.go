@@ -9,15 +9,35 @@ import (
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
 // Uploader is the builder's client's upload (pveapi.Client.UploadFile:
 // POST .../storage/{storage}/upload, Datastore.AllocateTemplate on the
-// storage).
+// storage) and the storage's room (StorageStatus: GET
+// .../storage/{storage}/status, Datastore.Audit or
+// Datastore.AllocateSpace).
 type Uploader interface {
 	UploadFile(ctx context.Context, storage string, u pveapi.Upload, body io.Reader) (string, error)
+	StorageStatus(ctx context.Context, storage string) (pveapi.StorageStatus, error)
 }
+
+// UploadBody opens an upload's body when the upload needs it: the
+// reader, and release to call once done with it (the caller's upload
+// slot), or a refusal (the node's uploads in flight are full) that Upload
+// returns as it is, nothing changed.
+type UploadBody = func() (body io.Reader, release func(), err error)
+
+// uploadSpoolCopies is how many times an upload's size its image
+// storage must have free: pve-http-server spools the body to
+// /var/tmp/pveupload-* (AnyEvent.pm get_upload_filename,
+// file_upload_multipart) and pve-storage's imgcopy worker copies that
+// file into the storage's import directory with cp, removing the spool
+// only after the copy (Status.pm upload): on a node whose /var/tmp and
+// image storage share a file system (the default local storage,
+// /var/lib/vz) both are there at once.
+const uploadSpoolCopies = 2
 
 // UploadFile is the file an uploaded image is stored as in the image
 // storage's import directory: the build's own name of its digest
@@ -55,14 +75,18 @@ func (s *Service) uploadRequest(u apitype.TemplateUpload) (apitype.TemplateBuild
 
 // Upload builds template u.Name from the image body (u.Size bytes): it
 // joins a build of the same upload that is queued or running, or answers
-// that the template exists (done, reused), without reading body. Else it
-// sends body to the node's image storage (Proxmox verifies its sha256;
-// a file of the digest's name already there with that digest is taken
-// and body not read) and starts the build, as one of a volume on the
-// node: Upload returns once the image is on the node, the build
-// queued. A request refused as asked is a *sandbox.InvalidError (the
-// field named), nothing changed.
-func (s *Service) Upload(ctx context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error) {
+// that the template exists (done, reused), without opening body (no
+// upload slot taken). Else it opens body (a refusal is returned as it
+// is, nothing changed) and sends it to the node's image storage, which
+// must have room for it twice (uploadSpoolCopies: else an error wrapping
+// sandbox.ErrStorageFull naming the storage, the need and what is free,
+// before a byte is read), Proxmox verifying its sha256; a file of the
+// digest's name already there with that digest is taken and body not
+// read. Then it starts the build, as one of a volume on the node: Upload
+// returns once the image is on the node, the build queued. A request
+// refused as asked is a *sandbox.InvalidError (the field named), nothing
+// changed.
+func (s *Service) Upload(ctx context.Context, u apitype.TemplateUpload, open UploadBody) (apitype.TemplateBuild, error) {
 	req, img, err := s.uploadRequest(u)
 	if err != nil {
 		return apitype.TemplateBuild{}, err
@@ -75,6 +99,11 @@ func (s *Service) Upload(ctx context.Context, u apitype.TemplateUpload, body io.
 	if !ok {
 		return apitype.TemplateBuild{}, errors.New("template upload: the builder's client cannot upload")
 	}
+	body, release, err := open()
+	if err != nil {
+		return apitype.TemplateBuild{}, err
+	}
+	defer release()
 	_, file, _ := strings.Cut(img.Volume, ":import/")
 	b, joined, err := s.registerUpload(req, file)
 	if err != nil || b == nil {
@@ -152,10 +181,32 @@ func (s *Service) put(ctx context.Context, px Proxmox, up Uploader, b *build, im
 		}
 		fmt.Fprintf(w, "%-8s %s is on the node with another digest (sha256 %s): replaced by the upload\n", "upload:", img.Volume, got)
 	}
+	if err := roomFor(ctx, up, storage, u.Size); err != nil {
+		return err
+	}
 	fmt.Fprintf(w, "%-8s %s (%d bytes) to %s (Proxmox verifies its sha256)\n", "upload:", u.File, u.Size, img.Volume)
 	_, err = up.UploadFile(ctx, storage, pveapi.Upload{Content: "import", Filename: file, Size: u.Size, Checksum: sum, ChecksumAlgorithm: "sha256"}, body)
 	if err != nil && strings.Contains(err.Error(), "checksum mismatch") {
 		return badRequest("sha256", "the image sent is not the one of sha256 %s (Proxmox's check: %v): nothing kept", sum, err)
 	}
 	return err
+}
+
+// roomFor refuses an upload of size bytes to storage unless the storage
+// has uploadSpoolCopies times that free (its status on the node).
+func roomFor(ctx context.Context, up Uploader, storage string, size int64) error {
+	st, err := up.StorageStatus(ctx, storage)
+	if err != nil {
+		return fmt.Errorf("room on the image storage %s: %w", storage, err)
+	}
+	need := uploadSpoolCopies * size
+	switch {
+	case !st.Active:
+		return fmt.Errorf("%w: the image storage %s is not active on the node (pvesm status); the upload of %d bytes needs %d bytes free there: nothing was sent",
+			sandbox.ErrStorageFull, storage, size, need)
+	case st.Avail < need:
+		return fmt.Errorf("%w: the image storage %s has %d bytes free (of %d); the upload of %d bytes needs %d (Proxmox spools it to /var/tmp, then copies it into the storage): free room there, or build on the node: nothing was sent",
+			sandbox.ErrStorageFull, storage, st.Avail, st.Total, size, need)
+	}
+	return nil
 }

@@ -7,15 +7,18 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
 // testOVA is a small OVA the emulator takes: box.ovf with ovf and a
@@ -70,6 +73,11 @@ func (e emuNode) uploads() int {
 	return n
 }
 
+// bodyOf is an upload body over r (no slot to release).
+func bodyOf(r io.Reader) templatebuild.UploadBody {
+	return func() (io.Reader, func(), error) { return r, func() {}, nil }
+}
+
 // readCounter counts what is read of a body.
 type readCounter struct {
 	r *bytes.Reader
@@ -111,7 +119,7 @@ func TestServiceUploadOVAOnEmulator(t *testing.T) {
 	} {
 		bad := u
 		tt.edit(&bad)
-		_, err := n.svc.Upload(ctx, bad, bytes.NewReader(ova))
+		_, err := n.svc.Upload(ctx, bad, bodyOf(bytes.NewReader(ova)))
 		var inv *sandbox.InvalidError
 		if !errors.As(err, &inv) || inv.Field != tt.field {
 			t.Errorf("%+v: %v, want refused naming %s", bad, err, tt.field)
@@ -126,7 +134,7 @@ func TestServiceUploadOVAOnEmulator(t *testing.T) {
 	n.upload(t, stored, testOVA(t, "<Envelope>planted</Envelope>"))
 	before := n.uploads()
 
-	st, err := n.svc.Upload(ctx, u, bytes.NewReader(ova))
+	st, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova)))
 	if err != nil || st.From != "upload:box.ova" || (st.State != apitype.BuildQueued && st.State != apitype.BuildRunning) {
 		t.Fatalf("upload: %+v %v", st, err)
 	}
@@ -146,7 +154,7 @@ func TestServiceUploadOVAOnEmulator(t *testing.T) {
 	}
 
 	body := &readCounter{r: bytes.NewReader(ova)}
-	st, err = n.svc.Upload(ctx, u, body)
+	st, err = n.svc.Upload(ctx, u, bodyOf(body))
 	if err != nil || st.State != apitype.BuildDone || !st.Reused || st.VMID != done.VMID {
 		t.Errorf("second upload: %+v %v, want done and reused", st, err)
 	}
@@ -157,7 +165,7 @@ func TestServiceUploadOVAOnEmulator(t *testing.T) {
 	// A body that is not the digest's: Proxmox's check fails it.
 	wrong := bytes.Clone(ova)
 	wrong[len(wrong)-1] ^= 1
-	_, err = n.svc.Upload(ctx, apitype.TemplateUpload{Name: "box3", File: "b3.ova", SHA256: sum, OVADisk: "box-disk1.vmdk", Size: int64(len(wrong))}, bytes.NewReader(wrong))
+	_, err = n.svc.Upload(ctx, apitype.TemplateUpload{Name: "box3", File: "b3.ova", SHA256: sum, OVADisk: "box-disk1.vmdk", Size: int64(len(wrong))}, bodyOf(bytes.NewReader(wrong)))
 	var inv *sandbox.InvalidError
 	if !errors.As(err, &inv) || inv.Field != "sha256" || !strings.Contains(err.Error(), "checksum mismatch") {
 		t.Errorf("wrong body: %v, want refused naming sha256", err)
@@ -175,7 +183,7 @@ func TestServiceUploadOVAOnEmulator(t *testing.T) {
 		}
 	}
 	// A short body fails the upload and keeps nothing.
-	_, err = n.svc.Upload(ctx, apitype.TemplateUpload{Name: "box4", File: "b4.ova", SHA256: sum, OVADisk: "box-disk1.vmdk", Size: int64(len(ova)) + 10}, bytes.NewReader(ova))
+	_, err = n.svc.Upload(ctx, apitype.TemplateUpload{Name: "box4", File: "b4.ova", SHA256: sum, OVADisk: "box-disk1.vmdk", Size: int64(len(ova)) + 10}, bodyOf(bytes.NewReader(ova)))
 	if err == nil || !strings.Contains(err.Error(), "ended before its size") {
 		t.Errorf("short body: %v", err)
 	}
@@ -193,20 +201,20 @@ func TestServiceUploadJoinsAndConflicts(t *testing.T) {
 	pr, pw := io.Pipe()
 	first := make(chan error, 1)
 	go func() {
-		_, err := n.svc.Upload(ctx, u, pr)
+		_, err := n.svc.Upload(ctx, u, bodyOf(pr))
 		first <- err
 	}()
 	if _, err := pw.Write(ova[:100]); err != nil { // the upload reads: it runs
 		t.Fatal(err)
 	}
 	body := &readCounter{r: bytes.NewReader(ova)}
-	st, err := n.svc.Upload(ctx, u, body)
+	st, err := n.svc.Upload(ctx, u, bodyOf(body))
 	if err != nil || !st.Joined || st.State != apitype.BuildRunning || body.n != 0 {
 		t.Errorf("the same upload meanwhile: %+v %v (read %d bytes), want joined unread", st, err, body.n)
 	}
 	other := u
 	other.Name = "box-b"
-	if _, err := n.svc.Upload(ctx, other, bytes.NewReader(ova)); !errors.Is(err, templatebuild.ErrBuildConflict) || !strings.Contains(err.Error(), "being uploaded for another template") {
+	if _, err := n.svc.Upload(ctx, other, bodyOf(bytes.NewReader(ova))); !errors.Is(err, templatebuild.ErrBuildConflict) || !strings.Contains(err.Error(), "being uploaded for another template") {
 		t.Errorf("the same image for another template meanwhile: %v, want a conflict", err)
 	}
 	if _, err := n.svc.Start(ctx, n.fromURL("box")); !errors.Is(err, templatebuild.ErrBuildConflict) {
@@ -237,7 +245,7 @@ func TestServiceUploadOfAnotherImageIsNoReuse(t *testing.T) {
 	n, ova, u := uploadNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := n.svc.Upload(ctx, u, bytes.NewReader(ova)); err != nil {
+	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
 		t.Fatal(err)
 	}
 	done := n.waitState(t, "box", apitype.BuildDone)
@@ -247,14 +255,14 @@ func TestServiceUploadOfAnotherImageIsNoReuse(t *testing.T) {
 	ou := u
 	ou.SHA256, ou.Size = hex.EncodeToString(h[:]), int64(len(other))
 	body := &readCounter{r: bytes.NewReader(other)}
-	st, err := n.svc.Upload(ctx, ou, body)
+	st, err := n.svc.Upload(ctx, ou, bodyOf(body))
 	if !errors.Is(err, templatebuild.ErrBuildConflict) || !strings.Contains(err.Error(), u.SHA256) || !strings.Contains(err.Error(), ou.SHA256) {
 		t.Errorf("another image for template box: %+v %v, want a conflict naming both digests", st, err)
 	}
 	if body.n != 0 || n.uploads() != 1 {
 		t.Errorf("another image read %d bytes, %d uploads: want none read, one upload", body.n, n.uploads())
 	}
-	st, err = n.svc.Upload(ctx, u, bytes.NewReader(ova))
+	st, err = n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova)))
 	if err != nil || !st.Reused || st.VMID != done.VMID {
 		t.Errorf("the same image again: %+v %v, want reused", st, err)
 	}
@@ -271,7 +279,7 @@ func TestServiceTemplateSaysItsImage(t *testing.T) {
 	n, ova, u := uploadNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := n.svc.Upload(ctx, u, bytes.NewReader(ova)); err != nil {
+	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
 		t.Fatal(err)
 	}
 	done := n.waitState(t, "box", apitype.BuildDone)
@@ -283,11 +291,17 @@ func TestServiceTemplateSaysItsImage(t *testing.T) {
 		t.Errorf("template of the running daemon: %+v %v %v", st, ok, err)
 	}
 
-	// A daemon started since: nothing remembered, the ledger says.
+	// A daemon started since: nothing remembered, the ledger says (its
+	// catalog looks at the node once per MaxAge).
 	host := templatebuild.NodeHost{StateDir: n.ledger}
+	clock := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cat, err := templatebuild.NewCatalog(templatebuild.CatalogOptions{List: n.px.ListVMs, Ledger: host, Now: clock.Now, MaxAge: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
 	fresh, err := templatebuild.NewService(templatebuild.ServiceOptions{
 		Login: func(context.Context) (templatebuild.Proxmox, error) { return n.px, nil },
-		Agent: n.agent, Host: host,
+		Agent: n.agent, Host: host, Catalog: cat,
 		Defaults: templatebuild.Options{Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0"},
 		LockDir:  t.TempDir(),
 	})
@@ -304,6 +318,14 @@ func TestServiceTemplateSaysItsImage(t *testing.T) {
 	if err := host.Record(done.VMID, templatebuild.Record{Name: "box", State: templatebuild.StateTemplate}); err != nil {
 		t.Fatal(err)
 	}
+	before := len(n.s.Requests())
+	if st, ok, err := fresh.Template(ctx, "box"); err != nil || !ok || st.Image != want {
+		t.Errorf("template within the catalog's MaxAge: %+v %v %v, want the image it read", st, ok, err)
+	}
+	if asked := len(n.s.Requests()) - before; asked != 0 {
+		t.Errorf("a GET within the catalog's MaxAge asked the node %d times", asked)
+	}
+	clock.Advance(2 * time.Minute)
 	if st, ok, err := fresh.Template(ctx, "box"); err != nil || !ok || st.Image != "" {
 		t.Errorf("template of a record without an image: %+v %v %v, want no image", st, ok, err)
 	}
@@ -339,7 +361,7 @@ func TestServiceTemplateFailedBuildWhenNodeUnreachable(t *testing.T) {
 	defer func() { cancel(); <-ended }()
 	wrong := bytes.Clone(ova)
 	wrong[len(wrong)-1] ^= 1
-	if _, err := svc.Upload(ctx, u, bytes.NewReader(wrong)); err == nil {
+	if _, err := svc.Upload(ctx, u, bodyOf(bytes.NewReader(wrong))); err == nil {
 		t.Fatal("a body that is not its digest was taken")
 	}
 	if st, ok := svc.Build(u.Name); !ok || st.State != apitype.BuildFailed {
@@ -349,5 +371,44 @@ func TestServiceTemplateFailedBuildWhenNodeUnreachable(t *testing.T) {
 	st, ok, err := svc.Template(ctx, u.Name)
 	if err != nil || !ok || st.State != apitype.BuildFailed || st.Error == "" {
 		t.Errorf("GET with the node unreachable: %+v %v %v, want the failed build with its error", st, ok, err)
+	}
+}
+
+// TestServiceUploadNeedsRoom: an upload is refused before a byte of its
+// body is read unless the image storage has twice its size free
+// (pveproxy spools the body to /var/tmp, then Proxmox copies it into the
+// storage): an error wrapping sandbox.ErrStorageFull (507
+// insufficient-storage) naming the storage, the need and what is free;
+// nothing is uploaded, and the same upload is taken once there is room.
+func TestServiceUploadNeedsRoom(t *testing.T) {
+	n, ova, u := uploadNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	need := 2 * u.Size
+	n.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: need - 1})
+	body := &readCounter{r: bytes.NewReader(ova)}
+	_, err := n.svc.Upload(ctx, u, bodyOf(body))
+	if !errors.Is(err, sandbox.ErrStorageFull) {
+		t.Fatalf("upload to a storage without room: %v, want ErrStorageFull", err)
+	}
+	for _, want := range []string{"image storage local", fmt.Sprintf("has %d bytes free", need-1), fmt.Sprintf("needs %d", need)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	if body.n != 0 || n.uploads() != 0 {
+		t.Errorf("a refused upload read %d bytes, sent %d uploads", body.n, n.uploads())
+	}
+	if st, ok := n.svc.Build(u.Name); !ok || st.State != apitype.BuildFailed || !strings.Contains(st.Error, "bytes free") {
+		t.Errorf("the build after the refusal: %+v %v, want failed saying why", st, ok)
+	}
+
+	n.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: need})
+	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
+		t.Fatalf("upload with room: %v", err)
+	}
+	n.waitState(t, u.Name, apitype.BuildDone)
+	if n.uploads() != 1 {
+		t.Errorf("%d uploads, want 1", n.uploads())
 	}
 }

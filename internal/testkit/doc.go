@@ -17,8 +17,9 @@
 // Also here: small stand-ins for the services namespace tests talk to
 // (a metadata service, an HTTP(S) echo, an authoritative DNS zone),
 // Bearer, the HTTP client transport that presents an API token,
-// FailureLog, a logger (a test bed's) shown only when the test failed, and
-// Series, the values of a registry's series that carry given labels.
+// FailureLog, a logger (a test bed's) shown only when the test failed,
+// Series, the values of a registry's series that carry given labels, and
+// Clock, a time source a test moves.
 //
 // Only tests and cmd/pve-inspect-bench import this package
 // (testvm/layout_test.go enforces it).

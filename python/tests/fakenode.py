@@ -84,11 +84,19 @@ class FakeNode:
     # refuses one past its uploads in flight (429, quota image-uploads,
     # Retry-After 1) before one is taken.
     upload_busy: int = 0
-    # The image each template was built from (sha256:HEX) as the node's
+    # The image each template the node's builds made was built from
+    # (sha256:HEX; "" for one whose ledger records none), as the node's
     # build ledger records it: set by an upload's build; GET
-    # /v1/templates/builds/{name} of a template without a build run
-    # answers it (done, reused; no image when it has none).
+    # /v1/templates/{name} answers it (built, image) for every token, and
+    # GET /v1/templates/builds/{name} of a template without a build run
+    # (done, reused; no image when it has none).
     template_images: dict[str, str] = field(default_factory=dict)
+    # owner_bound: the caller's token is bound to an owner, so the build
+    # routes (node operations) answer it 403 whatever its scope.
+    owner_bound: bool = False
+    # template_route: the daemon serves GET /v1/templates/{name} (False:
+    # one from before it, whose router answers it 404).
+    template_route: bool = True
     calls: list[str] = field(default_factory=list)
     # Each exec's VM and body, and each file call's method, VM and path,
     # in the order they came.
@@ -202,6 +210,12 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
             "max_ttl_seconds": fake.max_ttl,
             **({"template_builds": True} if fake.builds else {}),
         }
+    info = method == "GET" and _TEMPLATE.match(path) is not None
+    if path.startswith("/v1/templates/") and fake.owner_bound and not info:
+        why = "a node operation: refused to owner-bound tokens (a template is every owner's)"
+        return _problem(403, "forbidden", why)
+    if info:
+        return _template_info(fake, unquote(path.rsplit("/", 1)[1]))
     if method == "PUT" and path.startswith("/v1/templates/build/") and path.endswith("/image"):
         return _template_upload(fake, path, body, query)
     if path == "/v1/templates/build" or path.startswith("/v1/templates/builds/"):
@@ -294,6 +308,23 @@ def _windows_exec_refusal(doc: dict[str, Any]) -> tuple[int, dict[str, Any]] | N
         detail = f"cwd: guest path {cwd!r} is not a drive-absolute Windows path"
         return _problem(400, "invalid-request", detail, field="cwd")
     return None
+
+
+# GET /v1/templates/{name} (not the build routes beside it).
+_TEMPLATE = re.compile(r"^/v1/templates/(?!builds?$)[^/]+$")
+
+
+def _template_info(fake: FakeNode, name: str) -> tuple[int, Any]:
+    """GET /v1/templates/{name} as sandboxapi answers it: the template's
+    VMID, whether the node's builds made it (its ledger records it) and
+    the image the ledger records; every token may ask."""
+    if not fake.template_route:
+        return _problem(404, "not-found", f"no route GET /v1/templates/{name}")
+    if name not in fake.templates:
+        return _problem(404, "not-found", f"no VM template {name!r} on this node")
+    image = fake.template_images.get(name)
+    doc = {"name": name, "vmid": 9100, "built": image is not None}
+    return 200, {**doc, **({"image": image} if image else {})}
 
 
 def _template_upload(fake: FakeNode, path: str, body: bytes, query: str) -> tuple[int, Any]:

@@ -200,8 +200,8 @@ async def test_another_ova_of_the_same_name_and_size_is_not_the_template(
     """Two eval machines with different OVAs of one file name and size map
     to one template name: the second must not silently run the first's
     system. The node says what image its template was built from (GET
-    /v1/templates/builds/{name}: image), and the task fails naming both
-    digests, nothing sent; the first file still runs."""
+    /v1/templates/{name}: image), and the task fails naming both digests,
+    nothing sent; the first file still runs."""
     fake, node = fake_node
     fake.builds = True
     monkeypatch.setenv("PVE_INSPECT_URL", node.url)
@@ -230,15 +230,18 @@ async def test_another_ova_of_the_same_name_and_size_is_not_the_template(
 
 
 @pytest.mark.parametrize("builds", [True, False])
+@pytest.mark.parametrize("ledger", ["not built here", "no image"])
 async def test_a_template_the_node_cannot_say_the_image_of_is_refused(
     tmp_path: Path,
     fake_node: tuple[FakeNode, NodeConfig],
     monkeypatch: pytest.MonkeyPatch,
     builds: bool,
+    ledger: str,
 ) -> None:
-    """A template of the OVA's name whose image the node cannot say (built
-    before its ledger kept images, or by a node without builds, which does
-    not answer GET /v1/templates/builds) is not taken for the file's."""
+    """A template of the OVA's name whose image the node cannot say (one
+    its builds did not make, or built before its ledger kept images), on a
+    node with or without builds, is not taken for the file's: the task
+    fails closed, saying why the node cannot say."""
     fake, node = fake_node
     fake.builds = builds
     monkeypatch.setenv("PVE_INSPECT_URL", node.url)
@@ -246,15 +249,74 @@ async def test_a_template_the_node_cannot_say_the_image_of_is_refused(
     cfg = coerce(ova_config(ova))
     name = cfg.resolved_vms()[0].template
     fake.templates = (*fake.templates, name)
+    if ledger == "no image":
+        fake.template_images[name] = ""
     with pytest.raises(ConfigRefused) as e:
         await PveInspectSandboxEnvironment.task_init("t", cfg)
     digest = hashlib.sha256(ova.read_bytes()).hexdigest()
     assert f"{node.url} cannot say what image its template {name!r}" in str(e.value)
     assert f"so it may not be {ova} (sha256:{digest})" in str(e.value)
-    why = "does not answer template builds" if not builds else "records no image"
-    assert why in str(e.value)
+    why = {"not built here": "its build ledger does not record it", "no image": "records no image"}
+    assert why[ledger] in str(e.value)
     assert "rename" in str(e.value) and "remove the template" in str(e.value)
     assert not fake.uploads
+    assert not any(c.startswith("GET /v1/templates/builds/") for c in fake.calls)
+
+
+@pytest.mark.parametrize("builds", [True, False])
+async def test_an_owner_bound_token_uses_the_operators_template(
+    tmp_path: Path,
+    fake_node: tuple[FakeNode, NodeConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    builds: bool,
+) -> None:
+    """An eval whose token is bound to an owner (the playground prints such
+    tokens for examples) may not build or ask the node's builds (node
+    operations, 403), yet runs on the template the operator built from
+    its OVA: GET /v1/templates/{name}, which every token may ask, says the
+    image; a template of another image still fails naming both digests,
+    and nothing is sent."""
+    fake, node = fake_node
+    fake.builds, fake.owner_bound = builds, True
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    ova = make_ova(tmp_path / "box.ova")
+    cfg = coerce(ova_config(ova))
+    name = cfg.resolved_vms()[0].template
+    digest = hashlib.sha256(ova.read_bytes()).hexdigest()
+    fake.templates = (*fake.templates, name)
+    fake.template_images[name] = "sha256:" + digest
+    await PveInspectSandboxEnvironment.task_init("t", cfg)
+    assert f"GET /v1/templates/{name}" in fake.calls
+    assert not any(c.startswith(("GET /v1/templates/builds/", "PUT ")) for c in fake.calls)
+
+    other = "sha256:" + "0" * 64
+    fake.template_images[name] = other
+    with pytest.raises(ConfigRefused) as e:
+        await PveInspectSandboxEnvironment.task_init("t2", cfg)
+    assert f"built from another image ({other}), not from {ova} (sha256:{digest})" in str(e.value)
+    assert not fake.uploads
+
+
+async def test_a_daemon_without_the_template_route_is_asked_its_builds(
+    tmp_path: Path, fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon from before GET /v1/templates/{name} (404) is asked GET
+    /v1/templates/builds/{name}, as before: its image is taken, another
+    fails the task."""
+    fake, node = fake_node
+    fake.builds, fake.template_route = True, False
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    ova = make_ova(tmp_path / "box.ova")
+    cfg = coerce(ova_config(ova))
+    name = cfg.resolved_vms()[0].template
+    fake.templates = (*fake.templates, name)
+    fake.template_images[name] = "sha256:" + hashlib.sha256(ova.read_bytes()).hexdigest()
+    await PveInspectSandboxEnvironment.task_init("t", cfg)
+    assert f"GET /v1/templates/builds/{name}" in fake.calls
+    fake.template_images[name] = "sha256:" + "0" * 64
+    with pytest.raises(ConfigRefused) as e:
+        await PveInspectSandboxEnvironment.task_init("t2", cfg)
+    assert "built from another image" in str(e.value)
 
 
 async def test_an_ova_is_hashed_once_per_version(

@@ -33,6 +33,11 @@ const (
 	// ProblemTooManyRequests: a per-owner, per-token or node quota is
 	// full (429 with Retry-After); the detail names the quota.
 	ProblemTooManyRequests = "too-many-requests"
+	// ProblemInsufficientStorage: a storage of the node has not the room
+	// the call needs (507; an image upload for a template build): the
+	// detail names the storage, what is needed and what is free; nothing
+	// was written.
+	ProblemInsufficientStorage = "insufficient-storage"
 )
 
 // Reasons of a conflict (Problem.Reason).
@@ -89,5 +94,5 @@ func ProblemTypes() []string {
 		ProblemPayloadTooLarge, ProblemFileNotFound, ProblemIsDirectory, ProblemPermissionDenied,
 		ProblemUnauthorized, ProblemForbidden, ProblemMethodNotAllowed, ProblemUnsupportedMediaType,
 		ProblemTimeout, ProblemProxmox, ProblemUnavailable, ProblemInternal, ProblemTemplateNotHardened,
-		ProblemSandboxBroken, ProblemGuestNoSpace, ProblemTooManyRequests}
+		ProblemSandboxBroken, ProblemGuestNoSpace, ProblemTooManyRequests, ProblemInsufficientStorage}
 }

@@ -58,6 +58,27 @@ type TemplateBuild struct {
 	Finished *time.Time `json:"finished,omitempty"`
 }
 
+// TemplateInfo is GET /v1/templates/{name}: the VM template a create
+// naming it clones on this node, and what the node's build ledger says of
+// it. It answers every token of the node (read scope, owner-bound ones
+// too, on nodes without builds as well): the image digest of an
+// operator's template is visible to every tenant of the node; it names no
+// owner.
+type TemplateInfo struct {
+	Name string `json:"name"`
+	// VMID is the template's id (the VM a create naming it clones).
+	VMID int `json:"vmid"`
+	// Built is set when the node's template builds made it: its build
+	// ledger records the VM as a template they sealed under its name.
+	Built bool `json:"built"`
+	// Image is the digest of the image it was built from ("sha256:HEX",
+	// as the build ledger records it); absent when the ledger does not
+	// say (not built here, a template of a recipe, or one built before
+	// the ledger kept images). A client that finds a template by name
+	// compares it with its own image's digest.
+	Image string `json:"image,omitempty"`
+}
+
 // MaxBuildProgress bounds TemplateBuild.Progress.
 const MaxBuildProgress = 200
 

@@ -25,6 +25,14 @@ func (c *Client) TemplateBuild(ctx context.Context, name string) (apitype.Templa
 	return b, c.do(ctx, "GET", "/v1/templates/builds/"+url.PathEscape(name), nil, &b)
 }
 
+// Template calls GET /v1/templates/{name}: the VM template a create of
+// the name clones on the node, and the image the node's build ledger
+// records it was built from (any token may ask).
+func (c *Client) Template(ctx context.Context, name string) (apitype.TemplateInfo, error) {
+	var t apitype.TemplateInfo
+	return t, c.do(ctx, "GET", "/v1/templates/"+url.PathEscape(name), nil, &t)
+}
+
 // UploadTemplate calls PUT /v1/templates/build/{name}/image: the template
 // u.Name built from the image body, u.Size bytes (its length, sent as the
 // Content-Length). A template of the name that exists answers done and

@@ -57,6 +57,7 @@ func (s *Server) registerRoutes() error {
 		{"GET", "/nodes/{node}/storage/{storage}/content/{volume}", s.volumeInfo},
 		{"DELETE", "/nodes/{node}/storage/{storage}/content/{volume}", s.freeVolume},
 		{"POST", "/nodes/{node}/storage/{storage}/upload", s.upload},
+		{"GET", "/nodes/{node}/storage/{storage}/status", s.storageStatus},
 		{"POST", "/nodes/{node}/storage/{storage}/download-url", s.downloadURL},
 		{"GET", "/nodes/{node}/tasks/{upid}/status", s.taskStatus},
 		{"GET", "/cluster/tasks", s.clusterTasks},

@@ -144,6 +144,9 @@ type Server struct {
 	// storageContent overrides a storage's content types
 	// (SetStorageContent).
 	storageContent map[string]string
+	// storageSpace overrides a storage's reported size
+	// (SetStorageSpace).
+	storageSpace map[string]StorageSpace
 	// members are the cluster's nodes by name, nodeNames in nodeid order
 	// (the primary, Options.Node, first).
 	members   map[string]*clusterNode
@@ -245,6 +248,7 @@ func New(o Options) (*Server, error) {
 		sdn: newSDNState(), ipam: map[string]map[string]map[string]*ipamEntry{}, macCache: map[string]*macCacheEntry{},
 		storages:       map[string]bool{"local": true, "local-lvm": true},
 		storageContent: map[string]string{},
+		storageSpace:   map[string]StorageSpace{},
 	}
 	if o.StatsInterval == 0 {
 		o.StatsInterval = 10 * time.Second

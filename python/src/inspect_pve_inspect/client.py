@@ -215,6 +215,21 @@ class Client:
         r = await self._send("GET", f"/templates/builds/{quote(name, safe='')}")
         return cast(dict[str, Any], r.json())
 
+    async def template(self, name: str) -> dict[str, Any] | None:
+        """``GET /v1/templates/{name}``: the VM template a create naming it
+        clones on the node (``vmid``), whether the node's template builds
+        made it (``built``) and the ``sha256:HEX`` of the image its build
+        ledger records (``image``), for any token of the node; None when
+        the node answers 404 (no such template, or a daemon from before
+        the route)."""
+        try:
+            r = await self._send("GET", f"/templates/{quote(name, safe='')}")
+        except Problem as p:
+            if p.status in (404, 405):
+                return None
+            raise
+        return cast(dict[str, Any], r.json())
+
     async def healthz(self) -> dict[str, Any]:
         return cast(dict[str, Any], (await self._send("GET", "/healthz")).json())
 

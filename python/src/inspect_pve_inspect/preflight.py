@@ -30,10 +30,14 @@ An OVA's template name says nothing of its content (two files of one name
 and size map to one name), so a node's template of the name is used only
 when the node says it was built from this file: the file's sha256 is
 computed at task start (once per file, size, mtime and inode in the
-process) and compared with the image ``GET /v1/templates/builds/{name}``
-reports (``image``). Another image, or a node that cannot say, fails the
-task naming both (rename the file, or have the operator remove the
-template).
+process) and compared with the image ``GET /v1/templates/{name}`` reports
+(``image``, from the node's build ledger). That route answers every token
+of the node, an owner-bound one and on a node without builds too, so an
+eval whose token may not build still runs on a template the operator
+built from its file; a daemon from before it is asked ``GET
+/v1/templates/builds/{name}`` (an admin operation) instead. Another image,
+or a node that cannot say, fails the task naming both (rename the file, or
+have the operator remove the template).
 """
 
 from __future__ import annotations
@@ -226,7 +230,7 @@ async def _other_images(
     """Why the node's templates of the config's OVAs are not theirs ("" when
     each is): a template found by its name (``ova-FILE-SIZE``) is the file's
     only when the node reports it built from the file's sha256 (``image``
-    of ``GET /v1/templates/builds/{name}``)."""
+    of ``GET /v1/templates/{name}``)."""
     if rep is None or "templates" not in rep:
         return ""
     have = set(rep.get("templates") or ())
@@ -264,6 +268,24 @@ async def _other_images(
 async def _built_from(c: Client, name: str) -> tuple[str, str]:
     """The image the node says its template ``name`` was built from
     (``sha256:HEX``), or "" and why it says none."""
+    try:
+        t = await c.template(name)
+    except Problem as p:
+        return "", f"GET /v1/templates/{name}: {p.type}: {p.detail}"
+    if t is None:
+        # a daemon from before GET /v1/templates/{name}: its build's state
+        return await _build_says(c, name)
+    image = str(t.get("image") or "")
+    if image:
+        return image, ""
+    if not t.get("built"):
+        return "", "no build of the node made it: its build ledger does not record it"
+    return "", "its build ledger records no image for it"
+
+
+async def _build_says(c: Client, name: str) -> tuple[str, str]:
+    """:func:`_built_from` of a daemon without ``GET /v1/templates/{name}``:
+    the image of ``GET /v1/templates/builds/{name}`` (an admin token's)."""
     try:
         st = await c.template_build(name)
     except Problem as p:

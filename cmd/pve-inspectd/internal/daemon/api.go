@@ -290,7 +290,19 @@ func (a *API) build() (*sandboxapi.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.builds, err = a.templateService(eng)
+	// What the build ledger says of the node's templates, for every
+	// token (GET /v1/templates/{name}), builds on or off: the daemon's
+	// token's list of VMs (the templates a create may clone) and the
+	// ledger `template build` keeps too.
+	var ledger templatebuild.Host = templatebuild.NodeHost{StateDir: cfg.Templates.StateDir}
+	if d.BuildHost != nil {
+		ledger = d.BuildHost
+	}
+	catalog, err := templatebuild.NewCatalog(templatebuild.CatalogOptions{List: px.ListVMs, Ledger: ledger, Pinned: ac.Templates})
+	if err != nil {
+		return nil, err
+	}
+	a.builds, err = a.templateService(eng, catalog)
 	if err != nil {
 		return nil, fmt.Errorf("templates: %w", err)
 	}
@@ -299,11 +311,12 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		builder = a.builds
 	}
 	srv, err := sandboxapi.New(eng, sandboxapi.Options{
-		Tokens:       auth.Open(ac.TokenFile),
-		Templates:    builder,
-		DefaultTTL:   ac.DefaultTTL,
-		MaxTTL:       ac.MaxTTL,
-		MaxFileBytes: ac.MaxFileBytes,
+		Tokens:          auth.Open(ac.TokenFile),
+		Templates:       builder,
+		TemplateCatalog: catalog,
+		DefaultTTL:      ac.DefaultTTL,
+		MaxTTL:          ac.MaxTTL,
+		MaxFileBytes:    ac.MaxFileBytes,
 		Streams: sandboxapi.StreamLimits{PerToken: ac.Events.MaxStreamsPerToken, PerOwner: ac.Events.MaxStreamsPerOwner,
 			Node: ac.Events.MaxStreams, WriteTimeout: ac.Events.WriteTimeout},
 		MaxExecs: ac.ExecSlots, MaxFileCalls: ac.FileSlots, CollectedBytes: ac.CollectedBytes,

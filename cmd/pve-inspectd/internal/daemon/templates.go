@@ -22,8 +22,9 @@ import (
 
 // templateService is the daemon's template build service of [templates]
 // (nil when build is off): its builds log in as builder_user with the
-// password of builder_password_file, a credential used for nothing else.
-func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, error) {
+// password of builder_password_file, a credential used for nothing else;
+// catalog answers its GET of a name no build of is remembered.
+func (a *API) templateService(eng *sandbox.Engine, catalog *templatebuild.Catalog) (*templatebuild.Service, error) {
 	tc := a.cfg.Templates
 	if !tc.Build {
 		return nil, nil
@@ -93,7 +94,7 @@ func (a *API) templateService(eng *sandbox.Engine) (*templatebuild.Service, erro
 		return g.GrantACL(ctx, "/vms/"+strconv.Itoa(vmid), access.RoleTemplate, []string{tokenUser}, []string{tokenID}, false)
 	}
 	return templatebuild.NewService(templatebuild.ServiceOptions{
-		Login: login, Agent: agent, Host: host, URLs: urls, AllowURLs: tc.AllowURLs, Mirror: tc.Mirror, Grant: grant,
+		Login: login, Agent: agent, Host: host, Catalog: catalog, URLs: urls, AllowURLs: tc.AllowURLs, Mirror: tc.Mirror, Grant: grant,
 		Defaults: templatebuild.Options{Storage: tc.Storage, ImageStorage: tc.ImageStorage, SnippetStorage: tc.SnippetStorage,
 			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, Protected: protected, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll},
 		MaxRunning: tc.MaxBuilds, MaxUpload: int64(tc.MaxUploadGiB) << 30, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,

@@ -188,6 +188,11 @@ func TestAPITemplateBuilds(t *testing.T) {
 	if err != nil || !rep.Valid {
 		t.Errorf("validate a create of the built template: %+v %v", rep, err)
 	}
+	// Any token may ask what it was built from: the daemon's catalog (its
+	// token's list of VMs, the ledger), made to look again by the build's end.
+	if ti, err := c.Template(ctx, "img1"); err != nil || ti.VMID != st.VMID || !ti.Built || ti.Image != "sha256:"+hex.EncodeToString(sum[:]) {
+		t.Errorf("GET /v1/templates/img1: %+v %v, want VM %d built from sha256:%x", ti, err, st.VMID, sum)
+	}
 	if !strings.Contains(strings.Join(st.Progress, "\n"), fmt.Sprintf("grant: the daemon's token may clone VM %d", st.VMID)) {
 		t.Errorf("progress: %q", st.Progress)
 	}
