@@ -58,6 +58,7 @@ func (s *Server) registerRoutes() error {
 		{"DELETE", "/nodes/{node}/storage/{storage}/content/{volume}", s.freeVolume},
 		{"POST", "/nodes/{node}/storage/{storage}/upload", s.upload},
 		{"POST", "/nodes/{node}/storage/{storage}/download-url", s.downloadURL},
+		{"GET", "/nodes/{node}/storage/{storage}/import-metadata", s.importMetadata},
 		{"GET", "/nodes/{node}/tasks/{upid}/status", s.taskStatus},
 		{"GET", "/cluster/tasks", s.clusterTasks},
 		{"GET", "/nodes/{node}/tasks/{upid}/log", s.taskLog},
