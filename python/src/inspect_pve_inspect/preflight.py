@@ -23,17 +23,22 @@ A VM of an OVA (``VmSpec.ova``, the reference's ``VmSourceConfig(ova=...)``)
 whose template (``ova-FILE-SIZE``) a node lacks is built the same way from
 the file itself: its sha256 is computed, the file streamed to the node
 (``PUT /v1/templates/build/{name}/image``, which the node verifies against
-the digest), and the build followed as a built-in's. A node without builds
-fails the task with the commands that put the file on the node and build it.
+the digest), and the build followed as a built-in's. By default the node
+imports the OVA as the reference does, without booting it
+(``import_only``: every disk of it, on ``disk_bus``, with ``os_type``). A
+node without builds fails the task with the commands that put the file on
+the node and build it.
 
 An OVA's template name says nothing of its content (two files of one name
 and size map to one name), so a node's template of the name is used only
 when the node says it was built from this file: the file's sha256 is
 computed at task start (once per file, size, mtime and inode in the
 process) and compared with the image ``GET /v1/templates/builds/{name}``
-reports (``image``). Another image, or a node that cannot say, fails the
-task naming both (rename the file, or have the operator remove the
-template).
+reports (``image``), and built the way the config asks (booted, or
+imported without boot on its disk bus and ostype: ``import_only``,
+``disk_bus``, ``os_type``). Another image or mode, or a node that cannot
+say, fails the task naming both (rename the file, or have the operator
+remove the template).
 """
 
 from __future__ import annotations
@@ -151,9 +156,16 @@ def _command(name: str) -> str:
 
 def _ova_commands(name: str, ova: OvaImage) -> list[str]:
     file = os.path.basename(ova.path)
+    if ova.import_only:
+        flags = " --import-only"
+        flags += f" --disk-bus {ova.disk_bus}" if ova.disk_bus else ""
+        flags += f" --os-type {ova.os_type}" if ova.os_type else ""
+        build = f"`pve-inspectd template build {name} --from local:import/{file}{flags}`"
+    else:
+        build = f"`pve-inspectd template build {name} --from local:import/{file}/{ova.disk}`"
     return [
         f"`scp {ova.path} root@NODE:/var/lib/vz/import/{file}` (the storage local, content import)",
-        f"`pve-inspectd template build {name} --from local:import/{file}/{ova.disk}`",
+        build,
     ]
 
 
@@ -237,8 +249,9 @@ async def _other_images(
             continue
         seen.add(v.template)
         want = "sha256:" + await _ova_digest(v.template, v.ova)
-        got, why = await _built_from(c, v.template)
-        if got == want:
+        got, mode, why = await _built_from(c, v.template)
+        want_mode = v.ova.build_mode()
+        if got == want and mode == want_mode:
             continue
         file = os.path.basename(v.ova.path)
         remedy = (
@@ -246,7 +259,13 @@ async def _other_images(
             f"have the node's operator remove the template {v.template!r} (a node that builds "
             "templates on request then builds it from this file)"
         )
-        if got:
+        if got == want:
+            lines.append(
+                f"pve_inspect: {node.url}'s template {v.template!r} (of an OVA {file!r} of "
+                f"{v.ova.size} bytes) was built {_mode_text(mode)}, not {_mode_text(want_mode)} "
+                f"as the config asks: {remedy}"
+            )
+        elif got:
             lines.append(
                 f"pve_inspect: {node.url}'s template {v.template!r} (of an OVA {file!r} of "
                 f"{v.ova.size} bytes) was built from another image ({got}), not from "
@@ -261,19 +280,34 @@ async def _other_images(
     return "\n".join(lines)
 
 
-async def _built_from(c: Client, name: str) -> tuple[str, str]:
+async def _built_from(c: Client, name: str) -> tuple[str, dict[str, str], str]:
     """The image the node says its template ``name`` was built from
-    (``sha256:HEX``), or "" and why it says none."""
+    (``sha256:HEX``) and how (as :meth:`OvaImage.build_mode` says it), or
+    "" and why it says none."""
     try:
         st = await c.template_build(name)
     except Problem as p:
         if p.status == 403:
-            return "", f"it does not answer template builds: {p.detail}"
-        return "", f"GET /v1/templates/builds/{name}: {p.type}: {p.detail}"
+            return "", {}, f"it does not answer template builds: {p.detail}"
+        return "", {}, f"GET /v1/templates/builds/{name}: {p.type}: {p.detail}"
     if st.get("state") != "done":
-        return "", f"its build of the name is {st.get('state')}"
+        return "", {}, f"its build of the name is {st.get('state')}"
     image = str(st.get("image") or "")
-    return image, "" if image else "its build ledger records no image for it"
+    mode: dict[str, str] = {}
+    if st.get("import_only"):
+        mode = {
+            "import_only": "true",
+            "disk_bus": str(st.get("disk_bus") or "scsi"),
+            "os_type": str(st.get("os_type") or "l26"),
+        }
+    return image, mode, "" if image else "its build ledger records no image for it"
+
+
+def _mode_text(mode: Mapping[str, str]) -> str:
+    """A build mode (:meth:`OvaImage.build_mode`) as the node says it."""
+    if not mode:
+        return "booted (cloud-init, the guest agent)"
+    return f"imported without boot (disks on {mode['disk_bus']}, ostype {mode['os_type']})"
 
 
 async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: float) -> None:
@@ -285,7 +319,9 @@ async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: 
     try:
         log.info("%s: uploading %s for template %r", node.url, ova.path, name)
         try:
-            st = await c.upload_template(name, ova.path, ova.size, digest, ova.disk)
+            st = await c.upload_template(
+                name, ova.path, ova.size, digest, ova.disk, ova.build_mode()
+            )
         except UploadCut as e:
             st = await _after_cut(c, node, name, ova, str(e), how)
     except OSError as e:
