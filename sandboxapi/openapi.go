@@ -134,6 +134,10 @@ func (s *Server) bounds() map[string]map[string]any {
 	return map[string]map[string]any{
 		"ExtendRequest.ttl_seconds": {"minimum": 1, "maximum": maxTTL},
 		"CreateRequest.ttl_seconds": {"minimum": 0, "maximum": maxTTL},
+		// a build without boot takes an upload (PUT .../image): POST none
+		"TemplateBuildRequest.import_only": {"enum": []any{false}, "description": "not taken here: a build without boot is an upload's (PUT /v1/templates/build/{name}/image?import_only=true)"},
+		"TemplateBuildRequest.disk_bus":    {"enum": []string{""}, "description": "not taken here (an upload's with import_only)"},
+		"TemplateBuildRequest.os_type":     {"enum": []string{""}, "description": "not taken here (an upload's with import_only)"},
 	}
 }
 

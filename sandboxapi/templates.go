@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/hardening"
 	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
@@ -73,10 +74,21 @@ const buildsOff = "template builds are off on this node: an operator turns them 
 	"(README: Templates from images), or builds on the node as root: pve-inspectd template build NAME --recipe RECIPE"
 
 var (
-	pTemplate  = param{name: "name", in: "path", desc: "template name", required: true}
-	pImageFile = param{name: "file", in: "query", desc: "the image's file name: .ova, .qcow2, .raw or .vmdk", required: true}
-	pImageSum  = param{name: "sha256", in: "query", desc: "the image's sha256 digest (64 hex digits): Proxmox verifies the upload against it", required: true}
-	pOVADisk   = param{name: "ova_disk", in: "query", desc: "for an .ova, the disk inside it to import (DISK.vmdk); only for an .ova"}
+	pTemplate   = param{name: "name", in: "path", desc: "template name", required: true}
+	pImageFile  = param{name: "file", in: "query", desc: "the image's file name: .ova, .qcow2, .raw or .vmdk", required: true}
+	pImageSum   = param{name: "sha256", in: "query", desc: "the image's sha256 digest (64 hex digits): Proxmox verifies the upload against it", required: true}
+	pOVADisk    = param{name: "ova_disk", in: "query", desc: "for an .ova built booted, the disk inside it to import (DISK.vmdk); only for an .ova, and not with import_only"}
+	pImportOnly = param{name: "import_only", in: "query", desc: "true: build without boot, the image as it is (every disk of an .ova, as Proxmox's import-metadata lists them; no cloud-init, no guest agent installed, " +
+		"nothing reset in the guest: every clone is identical, and a sandbox VM of it needs the agent in the image). Part of the build's identity: a template of the name built the other way is a 409",
+		schema: func() map[string]any { return map[string]any{"type": "string", "enum": []string{"", "true", "false"}} }}
+	pDiskBus = param{name: "disk_bus", in: "query", desc: "with import_only: the bus of every imported disk, scsi (virtio-scsi, the default), ide or sata (emulated ATA, for images without virtio drivers; qemu-server takes 31, 4 and 6 disks)",
+		schema: func() map[string]any {
+			return map[string]any{"type": "string", "enum": []string{"", "scsi", "ide", "sata"}}
+		}}
+	pOSType = param{name: "os_type", in: "query", desc: "with import_only: the template's ostype, l26 (the default), win10 or win11",
+		schema: func() map[string]any {
+			return map[string]any{"type": "string", "enum": append([]string{""}, hardening.OSTypes...)}
+		}}
 )
 
 // templateRoutes are the template build routes: node operations, refused
@@ -92,13 +104,13 @@ func (s *Server) templateRoutes() []route {
 			summary:  "The state and progress of the node's running or last build of a template, else the template of the name the node's builds made (done, reused); a done one carries image, the digest of the image it was built from (sha256:HEX) when the node's build ledger records it, for a client that finds a template by name to compare with its own image (a node operation, as POST /v1/templates/build)",
 			response: "TemplateBuild", okStatus: http.StatusOK, params: []param{pTemplate}, timeout: reqTimeout, h: s.getTemplateBuild},
 		{method: "GET", path: "/v1/templates/{name}", scope: apitype.ScopeRead,
-			summary:  "The VM template a create naming it clones on this node: its vmid, whether the node's template builds made it (built), and image, the digest of the image it was built from (sha256:HEX) when the node's build ledger records it, for a client that finds a template by name to compare with its own image. Every token of the node may ask, owner-bound ones and nodes without builds too: an operator's image digest is visible to every tenant of the node (it names no owner)",
+			summary:  "The VM template a create naming it clones on this node: its vmid, whether the node's template builds made it (built), and image, the digest of the image it was built from (sha256:HEX) when the node's build ledger records it (with import_only, disk_bus and os_type for one imported without boot), for a client that finds a template by name to compare with its own image. Every token of the node may ask, owner-bound ones and nodes without builds too: an operator's image digest is visible to every tenant of the node (it names no owner)",
 			response: "TemplateInfo", okStatus: http.StatusOK, params: []param{pTemplate}, timeout: reqTimeout, h: s.getTemplate},
 		{method: "PUT", path: "/v1/templates/build/{name}/image", scope: apitype.ScopeAdmin, node: true,
 			summary: "Build a template from an image sent as the body (Content-Length required, at most [templates] max_upload_gib): the daemon streams it to the node's image storage as a file of its digest's name, Proxmox verifies its sha256, and the build runs as one from a volume on the node. " +
 				"A template of the name that exists answers 200 (done, reused), a running build of the same upload 202 (joined), both without reading the body or taking an upload slot; an image storage with less free than twice the body's length 507; 202: the image is on the node and the build queued. A node operation, as POST /v1/templates/build",
 			requestType: "application/octet-stream", response: "TemplateBuild", okStatus: http.StatusAccepted,
-			params: []param{pTemplate, pImageFile, pImageSum, pOVADisk}, timeout: uploadTimeout, h: s.uploadTemplateImage},
+			params: []param{pTemplate, pImageFile, pImageSum, pOVADisk, pImportOnly, pDiskBus, pOSType}, timeout: uploadTimeout, h: s.uploadTemplateImage},
 	}
 }
 
@@ -126,7 +138,16 @@ func (s *Server) uploadTemplateImage(w http.ResponseWriter, r *http.Request, p p
 		return &sandbox.InvalidError{Field: "Content-Length", Msg: "Content-Length: an image upload needs its length (the node's upload takes none without)"}
 	}
 	q := r.URL.Query()
-	u := apitype.TemplateUpload{Name: r.PathValue("name"), File: q.Get("file"), SHA256: q.Get("sha256"), OVADisk: q.Get("ova_disk"), Size: r.ContentLength}
+	u := apitype.TemplateUpload{Name: r.PathValue("name"), File: q.Get("file"), SHA256: q.Get("sha256"), OVADisk: q.Get("ova_disk"), Size: r.ContentLength,
+		BuildMode: apitype.BuildMode{DiskBus: q.Get("disk_bus"), OSType: q.Get("os_type")}}
+	switch v := q.Get("import_only"); v {
+	case "true":
+		u.ImportOnly = true
+	case "", "false":
+	default:
+		w.Header().Set("Connection", "close") // the body is not read
+		return &sandbox.InvalidError{Field: "import_only", Msg: fmt.Sprintf("import_only: %q: want true or false", v)}
+	}
 	// the body, with an upload slot, only when the builder needs it (an
 	// answer without it, done or joined, takes no slot)
 	open := func() (io.Reader, func(), error) {
@@ -187,8 +208,8 @@ func (s *Server) templateResponses(paths map[string]any) {
 	post[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build queue is full, the daemon starts or stops, or the builder cannot log in (its password file, its password): nothing is built", apitype.ProblemUnavailable)
 	put := paths["/v1/templates/build/{name}/image"].(map[string]any)["put"].(map[string]any)["responses"].(map[string]any)
 	put[httpCode(http.StatusOK)] = post[httpCode(http.StatusOK)]
-	put[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, file, sha256 or ova_disk, no Content-Length or one over [templates] max_upload_gib (field size), or a body whose sha256 is not the one given (field sha256): no template is built", apitype.ProblemInvalidRequest)
-	put[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs, the template of the name exists built from another image, or the same image is being uploaded for another template", apitype.ProblemConflict)
+	put[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, file, sha256, ova_disk, import_only, disk_bus or os_type (disk_bus and os_type go with import_only, ova_disk not), no Content-Length or one over [templates] max_upload_gib (field size), or a body whose sha256 is not the one given (field sha256): no template is built", apitype.ProblemInvalidRequest)
+	put[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source or mode is queued or runs, the template of the name exists built from another image or the other way (booted, or imported without boot on another disk_bus or os_type), or the same image is being uploaded for another template", apitype.ProblemConflict)
 	put[httpCode(http.StatusServiceUnavailable)] = post[httpCode(http.StatusServiceUnavailable)]
 	tooMany := problemResponse(fmt.Sprintf("the node has as many image uploads in flight as it takes at once (%d; quota image-uploads): the body is not read; retry after Retry-After", maxUploads), apitype.ProblemTooManyRequests)
 	tooMany["headers"] = retryAfterHeaders()

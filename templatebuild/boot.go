@@ -115,7 +115,7 @@ var sealDelete = []string{"ide2", "cicustom", "net0"}
 
 // seal shuts the VM down, strips what only the build needed, checks the
 // hardened profile, converts it to a template, records it with the
-// digest of its image and tags it.
+// digest of its image and tags it (toTemplate).
 func (b *Builder) seal(ctx context.Context, vmid int, image string) (hardening.Report, error) {
 	if err := b.stillOurs(ctx, vmid, "seal"); err != nil {
 		return hardening.Report{}, err
@@ -127,6 +127,13 @@ func (b *Builder) seal(ctx context.Context, vmid int, image string) (hardening.R
 	if err := b.px.UpdateVMConfig(ctx, vmid, nil, sealDelete); err != nil {
 		return hardening.Report{}, fmt.Errorf("remove the cloud-init drive and the build's NIC: %w", err)
 	}
+	return b.toTemplate(ctx, vmid, image)
+}
+
+// toTemplate checks the hardened profile of the stopped build VM vmid,
+// converts it to a template, records it with the digest of its image and
+// the build's mode, and tags it.
+func (b *Builder) toTemplate(ctx context.Context, vmid int, image string) (hardening.Report, error) {
 	conf, err := b.px.VMConfig(ctx, vmid)
 	if err != nil {
 		return hardening.Report{}, err
@@ -153,7 +160,7 @@ func (b *Builder) seal(ctx context.Context, vmid int, image string) (hardening.R
 	}
 	// Recorded as a template before it is tagged as one: a build killed
 	// in between leaves a VM tagged building, which the next destroys.
-	if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateTemplate, Image: image}); err != nil {
+	if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateTemplate, Image: image, Mode: b.o.Mode}); err != nil {
 		return rep, fmt.Errorf("record template %d in the build ledger: %w", vmid, err)
 	}
 	tags := strings.Join(b.wantTags(), ";")

@@ -41,6 +41,8 @@ type Proxmox interface {
 	VolumePath(ctx context.Context, volid string) (string, error)
 	Storage(ctx context.Context, storage string) (pveapi.StorageConfig, error)
 	DownloadURL(ctx context.Context, storage string, d pveapi.Download) (string, error)
+	// ImportMetadata lists an OVA's disks (an import-only build's).
+	ImportMetadata(ctx context.Context, volid string) (pveapi.ImportMetadata, error)
 	CreateVM(ctx context.Context, vmid int, conf map[string]string) error
 	ResizeDisk(ctx context.Context, vmid int, sizeGiB int) error
 	StartVM(ctx context.Context, vmid int) error
@@ -97,6 +99,9 @@ type Options struct {
 	Name string
 	// Recipe says what to build (its Image may come from --from).
 	Recipe Recipe
+	// Mode is how: booted (the zero Mode) or import-only (importonly.go),
+	// normalized by New.
+	Mode Mode
 	// Storage holds the VM's disk and its cloud-init drive (local-lvm);
 	// ImageStorage the downloaded image (local, content import);
 	// SnippetStorage the cloud-init snippets (local, content snippets).
@@ -198,6 +203,9 @@ func (o Options) Validate() error {
 	if err := o.checkBridge(); err != nil {
 		return err
 	}
+	if err := o.validateImport(); err != nil {
+		return err
+	}
 	img := o.Recipe.Image
 	if img.Unsupported != "" && img.Volume == "" {
 		return fmt.Errorf("recipe %s: %s", o.Recipe.Name, img.Unsupported)
@@ -217,6 +225,7 @@ func New(px Proxmox, agent Agent, host Host, o Options) (*Builder, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	o.Mode, _, _ = o.Mode.Normalize()
 	return &Builder{px: px, agent: agent, host: host, o: o}, nil
 }
 
@@ -235,9 +244,23 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 		}
 		return res, err
 	}
+	if b.o.Mode.ImportOnly && isOVA(b.o.Recipe.Image) {
+		// checked before anything is downloaded, as image checks a
+		// booted build's OVA
+		storage := b.o.ImageStorage
+		if v := b.o.Recipe.Image.Volume; v != "" {
+			storage, _, _ = strings.Cut(v, ":")
+		}
+		if err := b.checkWorkStorage(ctx, storage); err != nil {
+			return Result{}, err
+		}
+	}
 	src, err := b.image(ctx)
 	if err != nil {
 		return Result{}, err
+	}
+	if b.o.Mode.ImportOnly {
+		return b.importOnly(ctx, src)
 	}
 	cicustom, snippets, err := b.seed(ctx)
 	if err != nil {
@@ -250,7 +273,7 @@ func (b *Builder) Run(ctx context.Context) (Result, error) {
 			return Result{}, err
 		}
 	}
-	vmid, err := b.create(ctx, src, cicustom, bridge)
+	vmid, err := b.create(ctx, src, src.importFrom, b.createConfig(src.importFrom, cicustom, bridge))
 	if err != nil {
 		return Result{}, err
 	}
@@ -339,6 +362,9 @@ func (b *Builder) find(ctx context.Context) (Result, bool, error) {
 			rep := hardening.Check(conf)
 			if f := rep.TemplateFailures(); len(f) > 0 {
 				return Result{}, false, fmt.Errorf("template %d, built earlier, is no longer in the hardened profile (%v): remove it (qm destroy %d) to build anew, or harden it (pve-inspectd template harden %d)", v.VMID, f, v.VMID, v.VMID)
+			}
+			if rec.Mode != b.o.Mode {
+				return Result{}, false, fmt.Errorf("template %q (VM %d) exists, %s, not %s as asked: remove it (qm destroy %d) to build it anew, or name this build another", b.o.Name, v.VMID, rec.Mode, b.o.Mode, v.VMID)
 			}
 			return Result{VMID: v.VMID, Reused: true, Report: rep}, true, nil
 		case !building:
@@ -638,25 +664,25 @@ func (b *Builder) createConfig(importFrom, cicustom, bridge string) map[string]s
 	return conf
 }
 
-// create makes the build VM (tagged building) and grows its disk. An id
+// create makes the build VM of configuration conf (tagged building; its
+// disks imported from), checks the image again and grows its disk. An id
 // another client took between NextID and the create is given up for the
 // next one (three tries); a create that failed otherwise is cleaned up
 // only when the VM of the id is this build's.
-func (b *Builder) create(ctx context.Context, src source, cicustom, bridge string) (int, error) {
-	importFrom := src.importFrom
+func (b *Builder) create(ctx context.Context, src source, from string, conf map[string]string) (int, error) {
 	var vmid int
 	for try := 1; ; try++ {
 		var err error
 		if vmid, err = b.px.NextID(ctx); err != nil {
 			return 0, err
 		}
-		b.say("create", "VM %d %q from %s", vmid, b.o.Name, importFrom)
+		b.say("create", "VM %d %q from %s", vmid, b.o.Name, from)
 		// Recorded before the create: a build killed during the import
 		// leaves a VM the next build knows as its own.
 		if err := b.host.Record(vmid, Record{Name: b.o.Name, State: StateBuilding}); err != nil {
 			return 0, fmt.Errorf("record VM %d in the build ledger: %w", vmid, err)
 		}
-		err = b.px.CreateVM(ctx, vmid, b.createConfig(importFrom, cicustom, bridge))
+		err = b.px.CreateVM(ctx, vmid, conf)
 		if err == nil {
 			break
 		}

@@ -169,7 +169,7 @@ func (c *Catalog) look(ctx context.Context) (map[string]apitype.TemplateInfo, er
 			if err != nil {
 				return nil, fmt.Errorf("build ledger of VM %d: %w: %w", id, err, sandbox.ErrNotConfigured)
 			}
-			t.Built, t.Image = built, rec.Image
+			t.Built, t.Image, t.BuildMode = built, rec.Image, apitype.BuildMode(rec.Mode)
 		}
 		out[name] = t
 	}

@@ -47,6 +47,19 @@
 //     (as the reference Inspect plugin tags its built-ins) and
 //     pvei-template, which ends the building state.
 //
+// # Builds without boot
+//
+// With Options.Mode ImportOnly (importonly.go) steps 3 to 6 are replaced:
+// the VM is created with every disk of the image imported on the mode's
+// bus (scsi, ide or sata; for an OVA each disk Proxmox's import-metadata
+// lists, in the OVF's order: the daemon parses nothing of the archive),
+// the mode's ostype and the hardened profile, no cloud-init drive and no
+// NIC; it is never started, and is checked, converted, recorded and
+// tagged as in step 6. Nothing in the guest changes: no agent installed,
+// no machine id or host key reset, every clone identical. The mode is
+// recorded in the ledger beside the image's digest, and a template of
+// the name built another way is never reused (find, Service).
+//
 // # Why cicustom snippets and not an uploaded seed ISO
 //
 // The reference plugin builds a NoCloud ISO itself and uploads it. Here
@@ -84,8 +97,9 @@
 // /v1/templates/build/{name}/image): the body is streamed to the image
 // storage (pveapi Client.UploadFile, Proxmox verifying its sha256) under
 // UploadFile's name of its digest, then built as a volume on the node,
-// once the storage's status says it has room for the upload twice
-// (pveproxy's spool and Proxmox's copy).
+// booted or, with import_only, without boot, once the storage's status
+// says it has room for the upload twice (pveproxy's spool and Proxmox's
+// copy).
 //
 // # What every token may know
 //

@@ -39,6 +39,8 @@ type fakePVE struct {
 	subnets map[string][]string
 	// created are the configs the creates asked for.
 	created []map[string]string
+	// metadata is what ImportMetadata answers, by volid.
+	metadata map[string]pveapi.ImportMetadata
 }
 
 func newFakePVE() *fakePVE {
@@ -119,6 +121,17 @@ func (f *fakePVE) DownloadURL(_ context.Context, storage string, d pveapi.Downlo
 	}
 	f.vols[v] = got
 	return v, nil
+}
+
+func (f *fakePVE) ImportMetadata(_ context.Context, volid string) (pveapi.ImportMetadata, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("import-metadata %s", volid)
+	md, ok := f.metadata[volid]
+	if !ok {
+		return pveapi.ImportMetadata{}, fmt.Errorf("import metadata of %s: invalid format", volid)
+	}
+	return md, nil
 }
 
 func (f *fakePVE) CreateVM(_ context.Context, vmid int, conf map[string]string) error {

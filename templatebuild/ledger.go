@@ -36,6 +36,9 @@ type Record struct {
 	// of another image under the name is not answered with this
 	// template; "" for a record written before it was kept.
 	Image string `json:"image,omitempty"`
+	// Mode is how a sealed template was built (the zero Mode, booted, for
+	// a record written before it was kept, when every build booted).
+	Mode Mode `json:"mode,omitzero"`
 }
 
 // DefaultStateDir is where `template build` keeps its ledger.

@@ -47,8 +47,8 @@ func (s *Service) Template(ctx context.Context, name string) (apitype.TemplateBu
 		return apitype.TemplateBuild{}, false, nil
 	}
 	now := s.o.Now().UTC()
-	return apitype.TemplateBuild{Name: name, State: apitype.BuildDone, VMID: t.VMID, Reused: true, Image: t.Image,
-		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier", name, t.VMID)}, Started: now, Finished: &now}, true, nil
+	return apitype.TemplateBuild{Name: name, State: apitype.BuildDone, VMID: t.VMID, Reused: true, Image: t.Image, BuildMode: t.BuildMode,
+		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier, %s", name, t.VMID, Mode(t.BuildMode))}, Started: now, Finished: &now}, true, nil
 }
 
 // imageSays is image as a parenthesis's tail: ", built from IMAGE".

@@ -209,14 +209,14 @@ func (s *Service) Build(name string) (apitype.TemplateBuild, bool) {
 	return b.snapshot(), true
 }
 
-// builtFrom is the image the build ledger records template vmid was
-// built from ("" when it records none).
-func (s *Service) builtFrom(vmid int) (string, error) {
+// recorded is the build ledger's record of template vmid: the image it
+// was built from ("" when it records none) and how (its Mode).
+func (s *Service) recorded(vmid int) (Record, error) {
 	rec, _, err := s.o.Host.Recorded(vmid)
 	if err != nil {
-		return "", fmt.Errorf("build ledger of VM %d: %w", vmid, err)
+		return Record{}, fmt.Errorf("build ledger of VM %d: %w", vmid, err)
 	}
-	return rec.Image, nil
+	return rec, nil
 }
 
 func (b *build) snapshot() apitype.TemplateBuild {
@@ -266,33 +266,39 @@ func (s *Service) joinOrFind(ctx context.Context, req apitype.TemplateBuildReque
 	if !ok {
 		return apitype.TemplateBuild{}, px, false, nil
 	}
-	img, err := s.builtFrom(vmid)
+	rec, err := s.recorded(vmid)
 	if err != nil {
 		return apitype.TemplateBuild{}, nil, true, fmt.Errorf("look for template %q: %w", req.Name, err)
 	}
-	if err := sameImage(req, vmid, img); err != nil {
+	if err := sameBuild(req, vmid, rec); err != nil {
 		return apitype.TemplateBuild{}, nil, true, err
 	}
 	if err := s.grant(ctx, px, vmid); err != nil {
 		return apitype.TemplateBuild{}, nil, true, err
 	}
-	st, err = s.exists(req, vmid, img)
+	st, err = s.exists(req, vmid, rec)
 	return st, nil, true, err
 }
 
-// sameImage refuses to answer an upload (req from apitype.UploadSource)
-// with the template vmid when the ledger does not record it as built
-// from the upload's image (image, what it records): a template is found by its name, and an OVA's
-// name (the Python provider's ova-FILE-SIZE, the reference's tag) says
-// nothing of its content, so another image of the same name and size
-// would otherwise get this one's system.
-func sameImage(req apitype.TemplateBuildRequest, vmid int, image string) error {
-	if !strings.HasPrefix(req.From, apitype.UploadSource) || image == req.Checksum {
+// sameBuild refuses to answer req with the template vmid when the
+// ledger's record of it (rec) says it was built another way (its Mode:
+// booted, or imported without boot on another bus or ostype), or, for an
+// upload (req from apitype.UploadSource), from another image: a template
+// is found by its name, and an OVA's name (the Python provider's
+// ova-FILE-SIZE, the reference's tag) says nothing of its content or of
+// how it was built, so another image of the same name and size, or the
+// same image asked the other way, would otherwise get this one's system.
+func sameBuild(req apitype.TemplateBuildRequest, vmid int, rec Record) error {
+	if want := Mode(req.BuildMode); rec.Mode != want {
+		return fmt.Errorf("%w: template %q (VM %d) exists, %s, not %s as asked: name the template after this build, or remove the template to build it again",
+			ErrBuildConflict, req.Name, vmid, rec.Mode, want)
+	}
+	if !strings.HasPrefix(req.From, apitype.UploadSource) || rec.Image == req.Checksum {
 		return nil
 	}
 	was := "an image the build ledger does not record"
-	if image != "" {
-		was = "another image (" + image + ")"
+	if rec.Image != "" {
+		was = "another image (" + rec.Image + ")"
 	}
 	return fmt.Errorf("%w: template %q (VM %d) exists, built from %s, not from the one sent (%s): name the template after this image, or remove the template to build it again",
 		ErrBuildConflict, req.Name, vmid, was, req.Checksum)
@@ -302,6 +308,13 @@ func sameImage(req apitype.TemplateBuildRequest, vmid int, image string) error {
 func (s *Service) recipe(ctx context.Context, req apitype.TemplateBuildRequest) (Recipe, error) {
 	if err := ValidName(req.Name); err != nil {
 		return Recipe{}, invalidField("name", err)
+	}
+	if req.BuildMode != (apitype.BuildMode{}) {
+		field := "import_only"
+		if !req.ImportOnly {
+			field = map[bool]string{true: "disk_bus", false: "os_type"}[req.DiskBus != ""]
+		}
+		return Recipe{}, badRequest(field, "a build without boot takes an image sent to the node (PUT /v1/templates/build/%s/image?import_only=true) or one on it (pve-inspectd template build %s --from STORAGE:import/FILE --import-only), not a recipe or a URL", req.Name, req.Name)
 	}
 	switch {
 	case req.Recipe != "" && req.From != "":
@@ -387,12 +400,12 @@ func sourceOf(r apitype.TemplateBuildRequest) string {
 	return RedactURL(r.From)
 }
 
-// exists records and answers a template found on the node (built from
-// image, as the ledger records it).
-func (s *Service) exists(req apitype.TemplateBuildRequest, vmid int, image string) (apitype.TemplateBuild, error) {
+// exists records and answers a template found on the node (built as
+// the ledger's record rec says).
+func (s *Service) exists(req apitype.TemplateBuildRequest, vmid int, rec Record) (apitype.TemplateBuild, error) {
 	now := s.o.Now().UTC()
-	st := apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From), State: apitype.BuildDone, VMID: vmid, Reused: true, Image: image,
-		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier: reused", req.Name, vmid)}, Started: now, Finished: &now}
+	st := apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From), State: apitype.BuildDone, VMID: vmid, Reused: true, Image: rec.Image, BuildMode: apitype.BuildMode(rec.Mode),
+		Progress: []string{fmt.Sprintf("template %q is VM %d, built earlier, %s: reused", req.Name, vmid, rec.Mode)}, Started: now, Finished: &now}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if b, ok := s.builds[req.Name]; ok && active(b.state) {
@@ -441,7 +454,7 @@ func (s *Service) registerLocked(req apitype.TemplateBuildRequest) (b *build, jo
 	if n >= s.o.MaxBuilds {
 		return nil, apitype.TemplateBuild{}, fmt.Errorf("%w: %d builds are queued or running; retry when one is done", ErrBuildsFull, n)
 	}
-	b = &build{req: req, state: apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From),
+	b = &build{req: req, state: apitype.TemplateBuild{Name: req.Name, Recipe: req.Recipe, From: RedactURL(req.From), BuildMode: req.BuildMode,
 		State: apitype.BuildQueued, Progress: []string{}, Started: s.o.Now().UTC()}}
 	s.finished = slices.DeleteFunc(s.finished, func(n string) bool { return n == req.Name })
 	s.builds[req.Name] = b
@@ -488,7 +501,7 @@ func (s *Service) build(ctx context.Context, b *build, recipe Recipe) (Result, e
 		return Result{}, loginError{err}
 	}
 	o := s.o.Defaults
-	o.Name, o.Recipe, o.KeepCancelled = b.req.Name, recipe, true
+	o.Name, o.Recipe, o.Mode, o.KeepCancelled = b.req.Name, recipe, Mode(b.req.BuildMode), true
 	o.Progress = progressWriter{s: s, b: b}
 	o.Log = s.o.Log
 	bl, err := New(px, s.o.Agent, s.o.Host, o)
@@ -521,12 +534,13 @@ func (s *Service) grant(ctx context.Context, px Proxmox, vmid int) error {
 
 // end records a build's end and publishes it.
 func (s *Service) end(b *build, res Result, err error) {
-	var img string
+	var rec Record
 	if err == nil {
-		// the image the template was built from, as the ledger records it
-		// (read before the lock: a file); unread, the build says none
+		// the image the template was built from and how, as the ledger
+		// records them (read before the lock: a file); unread, the build
+		// says none
 		var rerr error
-		if img, rerr = s.builtFrom(res.VMID); rerr != nil {
+		if rec, rerr = s.recorded(res.VMID); rerr != nil {
 			s.o.Log.Warn("template build: the image it was built from is unknown", "template", b.req.Name, "err", rerr)
 		}
 	}
@@ -539,8 +553,11 @@ func (s *Service) end(b *build, res Result, err error) {
 		b.state.State, b.state.Error = apitype.BuildFailed, msg
 		ev.Type, ev.Detail = apitype.EventTemplateBuildFailed, msg
 	} else {
-		b.state.State, b.state.Image = apitype.BuildDone, img
+		b.state.State, b.state.Image = apitype.BuildDone, rec.Image
 		ev.Detail = fmt.Sprintf("template %q is VM %d", b.req.Name, res.VMID)
+		if b.req.ImportOnly {
+			ev.Detail += ", imported without boot"
+		}
 		if res.Reused {
 			ev.Detail += " (built earlier: reused)"
 		}

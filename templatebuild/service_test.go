@@ -203,6 +203,10 @@ func TestServiceRefusesBadRequests(t *testing.T) {
 		{"unspecified", apitype.TemplateBuildRequest{Name: "t1", From: "http://0.0.0.0/x.raw", Checksum: sum}, "from", "unspecified"},
 		{"credentials", apitype.TemplateBuildRequest{Name: "t1", From: "http://u:secret@images.example/x.raw", Checksum: sum}, "from", "credentials"},
 		{"unresolvable", apitype.TemplateBuildRequest{Name: "t1", From: "http://nowhere.example/x.raw", Checksum: sum}, "from", "resolve"},
+		{"import-only URL", apitype.TemplateBuildRequest{Name: "t1", From: "http://images.example/images/cloud.raw", Checksum: sum, BuildMode: apitype.BuildMode{ImportOnly: true}}, "import_only", "import_only=true"},
+		{"import-only recipe", apitype.TemplateBuildRequest{Name: "t1", Recipe: "debian13", BuildMode: apitype.BuildMode{ImportOnly: true}}, "import_only", "not a recipe or a URL"},
+		{"disk bus", apitype.TemplateBuildRequest{Name: "t1", Recipe: "debian13", BuildMode: apitype.BuildMode{DiskBus: "ide"}}, "disk_bus", "--import-only"},
+		{"os type", apitype.TemplateBuildRequest{Name: "t1", Recipe: "debian13", BuildMode: apitype.BuildMode{OSType: "win10"}}, "os_type", "--import-only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := n.svc.Start(ctx, tc.req)

@@ -58,8 +58,12 @@ func (s *Service) uploadRequest(u apitype.TemplateUpload) (apitype.TemplateBuild
 	if len(sum) != 64 || !reHex.MatchString(sum) {
 		return apitype.TemplateBuildRequest{}, Image{}, badRequest("sha256", "%q: want the image's sha256 digest, 64 hex digits", u.SHA256)
 	}
-	if strings.HasSuffix(u.File, ".ova") != (u.OVADisk != "") {
-		return apitype.TemplateBuildRequest{}, Image{}, badRequest("ova_disk", "an .ova names the disk inside it to import (ova_disk=DISK.vmdk), and only an .ova does")
+	mode, err := uploadMode(u)
+	if err != nil {
+		return apitype.TemplateBuildRequest{}, Image{}, err
+	}
+	if !mode.ImportOnly && strings.HasSuffix(u.File, ".ova") != (u.OVADisk != "") {
+		return apitype.TemplateBuildRequest{}, Image{}, badRequest("ova_disk", "an .ova names the disk inside it to import (ova_disk=DISK.vmdk), and only an .ova does (with import_only=true every disk of the OVA is imported)")
 	}
 	if u.OVADisk != "" && !reOVADisk.MatchString(u.OVADisk) {
 		return apitype.TemplateBuildRequest{}, Image{}, badRequest("ova_disk", "%q: not a disk file name (.vmdk, .qcow2, .raw)", u.OVADisk)
@@ -69,7 +73,7 @@ func (s *Service) uploadRequest(u apitype.TemplateUpload) (apitype.TemplateBuild
 	}
 	storage := s.o.Defaults.ImageStorage
 	img := Image{Volume: storage + ":import/" + UploadFile(u.File, sum), File: u.File, Disk: u.OVADisk, Checksum: "sha256:" + sum}
-	req := apitype.TemplateBuildRequest{Name: u.Name, From: apitype.UploadSource + u.File, Checksum: img.Checksum, OVADisk: u.OVADisk}
+	req := apitype.TemplateBuildRequest{Name: u.Name, From: apitype.UploadSource + u.File, Checksum: img.Checksum, OVADisk: u.OVADisk, BuildMode: apitype.BuildMode(mode)}
 	return req, img, nil
 }
 

@@ -37,6 +37,8 @@ type buildFlags struct {
 	bridge, user, passwordFile          string
 	buildCIDR                           string
 	keepFailed, unguarded, viaAPI       bool
+	importOnly                          bool
+	diskBus, osType                     string
 	agentWait, cloudInitWait, poll      time.Duration
 }
 
@@ -77,6 +79,16 @@ FILE (and --ova-disk for an .ova) the daemon is sent a local image file
 instead (PUT /v1/templates/build/NAME/image): it stores it on the node under
 a name of its sha256, which Proxmox verifies, and builds from it.
 
+--import-only builds without boot, the reference plugin's OVA import: the VM
+is created with every disk of the image imported (an OVA named whole,
+--from STORAGE:import/FILE.ova: each disk its OVF lists, as Proxmox's
+import-metadata reads them) on --disk-bus (scsi, the default; ide or sata for
+images without virtio drivers), with --os-type (l26, win10, win11), the
+hardened profile and no cloud-init drive, and converted as it is: no guest
+agent is installed and nothing in the guest is reset (machine id, SSH host
+keys), so every clone is identical, and a sandbox VM of it needs the agent in
+the image already. With --via-api it goes with --upload.
+
 Privileges: this is an operator's action. download-url lets its caller probe
 the node's network, so Proxmox wants Sys.AccessNetwork on the node for it
 (beside Datastore.AllocateTemplate on the storage): the build logs in as --user (root@pam by default) with a password, never with the daemon's
@@ -100,7 +112,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			o := templatebuild.Options{Name: args[0], Recipe: recipe, Storage: f.storage, ImageStorage: f.imageStorage,
+			o := templatebuild.Options{Name: args[0], Recipe: recipe, Mode: f.mode(), Storage: f.storage, ImageStorage: f.imageStorage,
 				SnippetStorage: f.snippetStore, WorkStorage: f.workStorage, Bridge: f.bridge, Unguarded: f.unguarded, BuildCIDR: f.buildCIDR, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
 				CloudInitWait: f.cloudInitWait, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
 			if err := o.Validate(); err != nil {
@@ -121,6 +133,9 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if f.viaAPI {
 				if err := daemonDecides(cmd); err != nil {
 					return err
+				}
+				if f.importOnly {
+					return errors.New("--import-only with --via-api goes with --upload: the daemon builds without boot an image sent to it (on the node, build --from STORAGE:import/FILE --import-only)")
 				}
 				req := apitype.TemplateBuildRequest{Name: args[0], Recipe: f.recipe, From: f.from, Checksum: f.checksum, OVADisk: f.ovaDisk}
 				return buildViaAPI(cmd.Context(), client.NewUnix(cfg.API.Socket), req, cmd.OutOrStdout(), f.poll)
@@ -180,7 +195,16 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
 	fl.DurationVar(&f.agentWait, "agent-wait", 30*time.Minute, "longest wait for the guest agent on the first boot")
 	fl.DurationVar(&f.cloudInitWait, "cloud-init-wait", 30*time.Minute, "longest wait for cloud-init to finish")
+	fl.BoolVar(&f.importOnly, "import-only", false, "build without boot: every disk of the image (of an .ova named whole, --from STORAGE:import/FILE.ova) imported as it is; no cloud-init, no guest agent installed, nothing reset in the guest")
+	fl.StringVar(&f.diskBus, "disk-bus", "", "with --import-only: the bus of every disk, scsi (virtio-scsi, the default), ide or sata")
+	fl.StringVar(&f.osType, "os-type", "", "with --import-only: the template's ostype, l26 (the default), win10 or win11")
 	return c
+}
+
+// mode is the build's mode from --import-only, --disk-bus and --os-type
+// (checked by templatebuild's Validate, or by the daemon).
+func (f buildFlags) mode() templatebuild.Mode {
+	return templatebuild.Mode{ImportOnly: f.importOnly, DiskBus: f.diskBus, OSType: f.osType}
 }
 
 // protectedBridges are the interfaces the host guard treats as
@@ -218,12 +242,18 @@ func (f buildFlags) buildRecipe() (templatebuild.Recipe, error) {
 	}
 	var img templatebuild.Image
 	var err error
-	if strings.Contains(f.from, "://") {
+	switch {
+	case f.importOnly && strings.Contains(f.from, "://"):
+		return r, errors.New("--import-only builds from a volume on the node (--from STORAGE:import/FILE), or an upload (--upload --via-api): download the image to the node's import directory first")
+	case f.importOnly && (f.checksum != "" || f.ovaDisk != ""):
+		return r, errors.New("--checksum and --ova-disk do not go with --import-only --from VOLUME (every disk of an OVA is imported)")
+	case f.importOnly:
+		img, err = templatebuild.ImportVolume(f.from)
+	case strings.Contains(f.from, "://"):
 		img, err = templatebuild.ImageFromURL(f.from, f.checksum, f.ovaDisk)
-	} else {
-		if f.checksum != "" || f.ovaDisk != "" {
-			return r, errors.New("--checksum and --ova-disk go with --from URL (a volume names its OVA disk itself: STORAGE:import/FILE.ova/DISK.vmdk)")
-		}
+	case f.checksum != "" || f.ovaDisk != "":
+		return r, errors.New("--checksum and --ova-disk go with --from URL (a volume names its OVA disk itself: STORAGE:import/FILE.ova/DISK.vmdk)")
+	default:
 		img, err = templatebuild.ImageFromVolume(f.from)
 	}
 	if err != nil {
@@ -334,7 +364,8 @@ func (f buildFlags) uploadViaAPI(cmd *cobra.Command, g *globals, name string) er
 	if _, err := file.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	u := apitype.TemplateUpload{Name: name, File: filepath.Base(f.upload), SHA256: hex.EncodeToString(h.Sum(nil)), OVADisk: f.ovaDisk, Size: size}
+	u := apitype.TemplateUpload{Name: name, File: filepath.Base(f.upload), SHA256: hex.EncodeToString(h.Sum(nil)), OVADisk: f.ovaDisk, Size: size,
+		BuildMode: apitype.BuildMode(f.mode())}
 	fmt.Fprintf(cmd.OutOrStdout(), "sending %s (%d bytes, sha256 %s) to the daemon\n", f.upload, size, u.SHA256)
 	c := client.NewUnix(cfg.API.Socket)
 	st, err := c.UploadTemplate(cmd.Context(), u, file)

@@ -44,6 +44,13 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--recipe", "debian13", "--build-cidr", "10.0.0.1/24"}, "--build-cidr"},
 		{[]string{"t1", "--recipe", "ubuntu24.04", "--work-storage", "a/b"}, `--work-storage "a/b"`},
 		{[]string{"t1", "t2", "--recipe", "debian13"}, "accepts 1 arg"},
+		{[]string{"t1", "--from", "https://h/x.ova", "--import-only"}, "--import-only builds from a volume on the node"},
+		{[]string{"t1", "--from", "local:import/x.ova/d.vmdk", "--import-only"}, "an import-only build takes a volume STORAGE:import/FILE"},
+		{[]string{"t1", "--from", "local:import/x.ova", "--import-only", "--disk-bus", "virtio"}, `--disk-bus: "virtio": want scsi`},
+		{[]string{"t1", "--from", "local:import/x.ova", "--import-only", "--os-type", "solaris"}, `--os-type: "solaris"`},
+		{[]string{"t1", "--from", "local:import/x.ova", "--import-only", "--ova-disk", "d.vmdk"}, "do not go with --import-only"},
+		{[]string{"t1", "--from", "local:import/x.qcow2", "--disk-bus", "ide"}, "goes with an import-only build"},
+		{[]string{"t1", "--recipe", "debian13", "--import-only"}, "need the image booted"},
 		{[]string{"t1", "--recipe", "debian13", "--mirror", "ftp://m/images/"}, "want an http or https URL"},
 		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://u:p@m/images/"}, "carries credentials"},
 		{[]string{"t1", "--recipe", "debian13", "--mirror", "http://m/images/?k=v"}, "query"},
@@ -54,6 +61,8 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--recipe", "kali2025.4", "--from", "local:import/k.raw"}, "absent.toml"},
 		{[]string{"t1", "--from", "https://h/x.ova", "--ova-disk", "d.vmdk", "--checksum", sha}, "absent.toml"},
 		{[]string{"t1", "--from", "local:import/u.ova/d.vmdk"}, "absent.toml"},
+		{[]string{"t1", "--from", "local:import/u.ova", "--import-only", "--disk-bus", "ide"}, "absent.toml"},
+		{[]string{"t1", "--from", "local:import/u.raw", "--import-only", "--disk-bus", "sata", "--os-type", "win11"}, "absent.toml"},
 		{[]string{"t1", "--recipe", "ubuntu24.04", "--mirror", "https://mirror.example/cloud"}, "absent.toml"},
 	} {
 		root := newRootCmd()
@@ -184,6 +193,23 @@ func TestTemplateBuildViaAPI(t *testing.T) {
 	mu.Unlock()
 	if err != nil || len(got) != 1 || got[0] != want || !strings.Contains(out, "done: template") {
 		t.Errorf("upload via the API: %v %q, want %q\n%s", err, got, want, out)
+	}
+
+	// --import-only: with --upload, the mode in the query; else refused
+	posted := len(asked())
+	if _, err := run("d13", "--from", "local:import/x.ova", "--import-only", "--via-api"); err == nil || !strings.Contains(err.Error(), "goes with --upload") || len(asked()) != posted {
+		t.Errorf("--import-only --via-api without --upload: %v (%d posts)", err, len(asked())-posted)
+	}
+	mu.Lock()
+	looks = 0
+	mu.Unlock()
+	out, err = run("d13", "--upload", img, "--import-only", "--disk-bus", "ide", "--via-api", "--poll", "10ms")
+	want = fmt.Sprintf("disk_bus=ide&file=box.ova&import_only=true&sha256=%x %d %d %x", sum, len(data), len(data), sum)
+	mu.Lock()
+	got = append([]string(nil), puts...)
+	mu.Unlock()
+	if err != nil || len(got) != 2 || got[1] != want {
+		t.Errorf("import-only upload via the API: %v %q, want %q\n%s", err, got, want, out)
 	}
 }
 

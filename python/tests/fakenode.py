@@ -73,7 +73,8 @@ class FakeNode:
     build_error: str | None = None
     build_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Each image upload (PUT /v1/templates/build/{name}/image): its name,
-    # query (file, sha256, ova_disk) and size.
+    # query (file, sha256, ova_disk; import_only, disk_bus, os_type) and
+    # size.
     uploads: list[dict[str, Any]] = field(default_factory=list)
     # upload_answer_lost: the answer to an upload never reaches the client,
     # as over TCP when the daemon answers without reading the body (done,
@@ -97,6 +98,11 @@ class FakeNode:
     # template_route: the daemon serves GET /v1/templates/{name} (False:
     # one from before it, whose router answers it 404).
     template_route: bool = True
+    # How each template was built, as the ledger records it and GET
+    # answers it: import_only, disk_bus, os_type of one imported without
+    # boot (an upload's build with import_only=true sets it); absent (or
+    # empty) for a booted build.
+    template_modes: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     # Each exec's VM and body, and each file call's method, VM and path,
     # in the order they came.
@@ -324,7 +330,8 @@ def _template_info(fake: FakeNode, name: str) -> tuple[int, Any]:
         return _problem(404, "not-found", f"no VM template {name!r} on this node")
     image = fake.template_images.get(name)
     doc = {"name": name, "vmid": 9100, "built": image is not None}
-    return 200, {**doc, **({"image": image} if image else {})}
+    mode = (fake.template_modes.get(name) or {}) if image is not None else {}
+    return 200, {**doc, **({"image": image} if image else {}), **mode}
 
 
 def _template_upload(fake: FakeNode, path: str, body: bytes, query: str) -> tuple[int, Any]:
@@ -340,17 +347,54 @@ def _template_upload(fake: FakeNode, path: str, body: bytes, query: str) -> tupl
         return _problem(429, "too-many-requests", why, quota="image-uploads")
     name = unquote(path.split("/")[4])
     q = {k: v[0] for k, v in parse_qs(query).items()}
+    mode, bad = _upload_mode(q)
+    if bad is not None:
+        return bad
     if name in fake.templates:
-        return 200, {"name": name, "state": "done", "vmid": 9100, "reused": True, "progress": []}
+        was = fake.template_modes.get(name) or {}
+        if fake.template_images.get(name) != "sha256:" + q.get("sha256", "") or was != mode:
+            why = f"template {name!r} exists, built from another image or the other way"
+            return _problem(409, "conflict", why)
+        st = {"name": name, "state": "done", "vmid": 9100, "reused": True, "progress": []}
+        return 200, {**st, **mode}
     if hashlib.sha256(body).hexdigest() != q.get("sha256"):
         why = "the image is not the one of its sha256"
         return _problem(400, "invalid-request", why, field="sha256")
     fake.uploads.append({"name": name, **q, "size": len(body)})
     b = {"name": name, "from": "upload:" + q.get("file", ""), "state": "running", "looks": 0}
+    b.update(mode)
     b["progress"] = [f"upload: {len(body)} bytes"]
     b["built_from"] = "sha256:" + str(q.get("sha256"))
     fake.build_runs[name] = b
     return 202, {k: v for k, v in b.items() if k not in ("looks", "built_from")}
+
+
+def _upload_mode(q: dict[str, str]) -> tuple[dict[str, Any], tuple[int, Any] | None]:
+    """An upload's build mode as templatebuild normalizes it (import_only
+    with its disk_bus and os_type, defaults filled), or the 400 naming the
+    field it refuses."""
+    imp = q.get("import_only", "")
+    if imp not in ("", "true", "false"):
+        return {}, _problem(400, "invalid-request", f"import_only: {imp!r}", field="import_only")
+    if imp != "true":
+        for k in ("disk_bus", "os_type"):
+            if k in q:
+                return {}, _problem(400, "invalid-request", f"{k}: goes with import_only", field=k)
+        if q.get("file", "").endswith(".ova") != ("ova_disk" in q):
+            return {}, _problem(400, "invalid-request", "ova_disk", field="ova_disk")
+        return {}, None
+    if "ova_disk" in q:
+        return {}, _problem(400, "invalid-request", "ova_disk with import_only", field="ova_disk")
+    mode = {
+        "import_only": True,
+        "disk_bus": q.get("disk_bus", "scsi"),
+        "os_type": q.get("os_type", "l26"),
+    }
+    if mode["disk_bus"] not in ("scsi", "ide", "sata"):
+        return {}, _problem(400, "invalid-request", "disk_bus", field="disk_bus")
+    if mode["os_type"] not in ("l26", "win10", "win11"):
+        return {}, _problem(400, "invalid-request", "os_type", field="os_type")
+    return mode, None
 
 
 def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any]) -> tuple[int, Any]:
@@ -363,6 +407,7 @@ def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any])
         if b is None and name in fake.templates:
             image = fake.template_images.get(name)
             st = {"name": name, "state": "done", "vmid": 9100, "reused": True, "progress": []}
+            st.update(fake.template_modes.get(name) or {})
             return 200, {**st, **({"image": image} if image else {})}
         if b is None:
             return _problem(404, "not-found", f"no build of template {name!r}")
@@ -376,6 +421,10 @@ def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any])
                 fake.templates = (*fake.templates, name)
                 if "built_from" in b:
                     fake.template_images[name] = b["image"] = b["built_from"]
+                    mode: dict[str, Any] = {
+                        k: b[k] for k in ("import_only", "disk_bus", "os_type") if k in b
+                    }
+                    fake.template_modes[name] = mode
         return 200, {k: v for k, v in b.items() if k not in ("looks", "built_from")}
     name = str(doc.get("name"))
     if doc.get("recipe") not in ("debian13", "ubuntu24.04"):

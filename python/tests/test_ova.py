@@ -1,8 +1,10 @@
 """The reference plugin's OVA images (``VmSourceConfig(ova=PATH)``): the
 VM's template is ``ova-FILE-SIZE`` (the reference's tag of the file, as a
 DNS name); at task start a node that lacks it and offers builds is sent the
-file with its sha256 and builds it, else the task fails with the commands
-that build it on the node (a fake daemon, tests/fakenode.py)."""
+file with its sha256 and imports it without boot, as the reference does
+(every disk; ``disk_controller="ide"`` puts them on ide), else the task
+fails with the commands that build it on the node (a fake daemon,
+tests/fakenode.py)."""
 
 from __future__ import annotations
 
@@ -17,20 +19,27 @@ from typing import Any
 
 import pytest
 from fakenode import FakeNode
+from pydantic import ValidationError
 
 from inspect_pve_inspect import ConfigError, NodeConfig, PveInspectSandboxEnvironment
 from inspect_pve_inspect import client as client_mod
 from inspect_pve_inspect import preflight as preflight_mod
 from inspect_pve_inspect.compat import coerce, ova_template_name
+from inspect_pve_inspect.config import OvaImage, PveInspectSandboxEnvironmentConfig, VmSpec
 from inspect_pve_inspect.preflight import ConfigRefused
 
 pytestmark = pytest.mark.anyio
 
 
-def make_ova(path: Path, disks: tuple[str, ...] = ("box-disk1.vmdk",)) -> Path:
-    """A small OVA: an .ovf and the given disks."""
+def make_ova(
+    path: Path, disks: tuple[str, ...] = ("box-disk1.vmdk",), ovf: str | None = "box.ovf"
+) -> Path:
+    """A small OVA: an .ovf (unless ovf is None) and the given disks."""
     with tarfile.open(path, "w") as tar:
-        members = [("box.ovf", b"<Envelope/>"), *((d, b"KDMV" + b"\0" * 508) for d in disks)]
+        members = [
+            *(((ovf, b"<Envelope/>"),) if ovf else ()),
+            *((d, b"KDMV" + b"\0" * 508) for d in disks),
+        ]
         for name, data in members:
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -69,9 +78,48 @@ def test_ova_converts(tmp_path: Path) -> None:
     size = ova.stat().st_size
     assert vm.template == f"ova-box-ova-{size}"
     assert vm.ova is not None
-    assert (vm.ova.path, vm.ova.size, vm.ova.disk) == (str(ova), size, "box-disk1.vmdk")
+    assert (vm.ova.path, vm.ova.size, vm.ova.import_only, vm.ova.disk) == (
+        str(ova),
+        size,
+        True,
+        None,
+    )
+    assert (vm.ova.disk_bus, vm.ova.os_type) == (None, "win10")
+    assert vm.ova.build_mode() == {"import_only": "true", "disk_bus": "scsi", "os_type": "win10"}
     assert vm.os_type == "win10"
     assert cfg.resolved_vms()[1].ova is None
+
+
+def test_ide_ova_of_several_disks_converts(tmp_path: Path) -> None:
+    """The reference's ctf4 victim: an OVA of two disks with
+    disk_controller="ide" is imported on ide (the template's disks), and
+    the VM asks nothing of its clone's disks."""
+    ova = make_ova(tmp_path / "ctf4.ova", ("ctf4-disk1.vmdk", "ctf4-disk2.vmdk"))
+    vm = coerce(ova_config(ova, disk_controller="ide")).resolved_vms()[0]
+    assert vm.ova is not None and vm.ova.disk_bus == "ide" and vm.ova.disk is None
+    assert vm.ova.build_mode() == {"import_only": "true", "disk_bus": "ide", "os_type": "l26"}
+    assert vm.disk_controller is None
+    scsi = coerce(ova_config(ova, disk_controller="scsi")).resolved_vms()[0]
+    assert scsi.ova is not None and scsi.ova.disk_bus is None and scsi.disk_controller is None
+    with pytest.raises(ConfigError) as e:
+        coerce(ova_config(ova, os_type="solaris"))
+    assert e.value.field == "vms_config[0].os_type"
+
+
+def test_native_ova_modes() -> None:
+    """The native config's OvaImage: import-only by default (no disk);
+    booted names its one disk and takes no disk_bus or os_type."""
+    assert OvaImage(path="/x.ova", size=1).build_mode()["import_only"] == "true"
+    booted = OvaImage(path="/x.ova", size=1, import_only=False, disk="d.vmdk")
+    assert booted.build_mode() == {}
+    for bad in (
+        {"disk": "d.vmdk"},
+        {"import_only": False},
+        {"import_only": False, "disk": "d.vmdk", "disk_bus": "ide"},
+        {"disk_bus": "virtio"},
+    ):
+        with pytest.raises(ValidationError):
+            OvaImage.model_validate({"path": "/x.ova", "size": 1, **bad})
 
 
 @pytest.mark.parametrize(
@@ -79,8 +127,8 @@ def test_ova_converts(tmp_path: Path) -> None:
     [
         ("missing", "no such file"),
         ("url", "pve-inspectd template build NAME --from URL"),
-        ("two disks", "holds 2 .vmdk disks"),
-        ("no disk", "holds 0 .vmdk disks"),
+        ("no disk", "holds no .vmdk disk"),
+        ("no ovf", "holds no .ovf descriptor"),
         ("not a tar", "not an OVA"),
         ("bad name", "want a file name"),
     ],
@@ -91,8 +139,8 @@ def test_bad_ovas_name_the_field(tmp_path: Path, kind: str, says: str) -> None:
         ova = tmp_path / "none.ova"
     elif kind == "url":
         ova = "https://x/y.ova"
-    elif kind == "two disks":
-        ova = make_ova(tmp_path / "two.ova", ("a.vmdk", "b.vmdk"))
+    elif kind == "no ovf":
+        ova = make_ova(tmp_path / "noovf.ova", ovf=None)
     elif kind == "no disk":
         ova = make_ova(tmp_path / "nodisk.ova", ())
     elif kind == "bad name":
@@ -135,7 +183,9 @@ async def test_node_with_builds_gets_the_file_once(
             "name": name,
             "file": "box.ova",
             "sha256": hashlib.sha256(data).hexdigest(),
-            "ova_disk": "box-disk1.vmdk",
+            "import_only": "true",
+            "disk_bus": "scsi",
+            "os_type": "l26",
             "size": len(data),
         }
     ]
@@ -164,7 +214,7 @@ async def test_node_without_builds_names_the_commands(
         f"pve_inspect: {node.url} has no template of the OVA 'box.ova' ({name!r}) and does not "
         "build templates on request; build it on the node as root:\n"
         f"  `scp {ova} root@NODE:/var/lib/vz/import/box.ova` (the storage local, content import)\n"
-        f"  `pve-inspectd template build {name} --from local:import/box.ova/box-disk1.vmdk`\n"
+        f"  `pve-inspectd template build {name} --from local:import/box.ova --import-only`\n"
         "  (or an operator turns on [templates] build in the node's config.toml)"
     )
     assert not fake.uploads
@@ -285,6 +335,8 @@ async def test_an_owner_bound_token_uses_the_operators_template(
     digest = hashlib.sha256(ova.read_bytes()).hexdigest()
     fake.templates = (*fake.templates, name)
     fake.template_images[name] = "sha256:" + digest
+    # an ova= VM is imported without boot (the provider's default)
+    fake.template_modes[name] = {"import_only": True, "disk_bus": "scsi", "os_type": "l26"}
     await PveInspectSandboxEnvironment.task_init("t", cfg)
     assert f"GET /v1/templates/{name}" in fake.calls
     assert not any(c.startswith(("GET /v1/templates/builds/", "PUT ")) for c in fake.calls)
@@ -311,6 +363,7 @@ async def test_a_daemon_without_the_template_route_is_asked_its_builds(
     name = cfg.resolved_vms()[0].template
     fake.templates = (*fake.templates, name)
     fake.template_images[name] = "sha256:" + hashlib.sha256(ova.read_bytes()).hexdigest()
+    fake.template_modes[name] = {"import_only": True, "disk_bus": "scsi", "os_type": "l26"}
     await PveInspectSandboxEnvironment.task_init("t", cfg)
     assert f"GET /v1/templates/builds/{name}" in fake.calls
     fake.template_images[name] = "sha256:" + "0" * 64
@@ -409,3 +462,55 @@ async def test_uploads_refused_past_the_wait_fail_the_task(
         await PveInspectSandboxEnvironment.task_init("t", coerce(ova_config(ova)))
     assert "too-many-requests" in str(e.value) and "image uploads at once" in str(e.value)
     assert not fake.uploads
+
+
+async def test_booted_ova_uploads_its_disk(
+    tmp_path: Path, fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A native config's OVA built booted (import_only False) is sent with
+    its disk (ova_disk) and no import_only, as before."""
+    fake, node = fake_node
+    fake.builds = True
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    ova = make_ova(tmp_path / "box.ova")
+    img = OvaImage(path=str(ova), size=ova.stat().st_size, import_only=False, disk="box-disk1.vmdk")
+    name = ova_template_name("box.ova", img.size)
+    cfg = PveInspectSandboxEnvironmentConfig(vms=(VmSpec(template=name, ova=img),))
+    await PveInspectSandboxEnvironment.task_init("t", cfg)
+    assert [{k: u.get(k) for k in ("ova_disk", "import_only")} for u in fake.uploads] == [
+        {"ova_disk": "box-disk1.vmdk", "import_only": None}
+    ]
+
+
+@pytest.mark.parametrize("first", ["booted", "ide"])
+async def test_a_template_built_the_other_way_is_not_the_import(
+    tmp_path: Path,
+    fake_node: tuple[FakeNode, NodeConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    first: str,
+) -> None:
+    """The node's template of the OVA's name, built from this very file
+    but the other way (booted, or imported on another bus), is not taken:
+    how a template was built is part of what it is. The task fails naming
+    both ways, nothing sent."""
+    fake, node = fake_node
+    fake.builds = True
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    ova = make_ova(tmp_path / "box.ova")
+    cfg = coerce(ova_config(ova))
+    name = cfg.resolved_vms()[0].template
+    fake.templates = (*fake.templates, name)
+    fake.template_images[name] = "sha256:" + hashlib.sha256(ova.read_bytes()).hexdigest()
+    was = "booted (cloud-init, the guest agent)"
+    if first == "ide":
+        fake.template_modes[name] = {"import_only": True, "disk_bus": "ide", "os_type": "l26"}
+        was = "imported without boot (disks on ide, ostype l26)"
+    with pytest.raises(ConfigRefused) as e:
+        await PveInspectSandboxEnvironment.task_init("t", cfg)
+    assert (
+        f"was built {was}, not imported without boot (disks on scsi, ostype l26) as the config asks"
+        in str(e.value)
+    )
+    assert not fake.uploads
+    fake.template_modes[name] = {"import_only": True, "disk_bus": "scsi", "os_type": "l26"}
+    await PveInspectSandboxEnvironment.task_init("t2", cfg)

@@ -139,14 +139,15 @@ def test_readme_config_refused_by_field(
 def test_readme_full_example_ova_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The full example's OVA VM (a Windows 10 guest from
     ./tests/oVirtTinyCore64-13.11.ova) converts: the template named as the
-    reference tags the file, os_type passed, the file's one disk named."""
+    reference tags the file, os_type passed to the VM and to the import
+    without boot (every disk of it)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tests").mkdir()
     ova = make_ova(tmp_path / "tests" / "oVirtTinyCore64-13.11.ova")
     vm = coerce({"vms_config": [README_FULL["vms_config"][1]]}).resolved_vms()[0]
     assert vm.template == f"ova-ovirttinycore64-13-11-ova-{ova.stat().st_size}"
     assert vm.os_type == "win10"
-    assert vm.ova is not None and vm.ova.disk == "box-disk1.vmdk"
+    assert vm.ova is not None and vm.ova.import_only and vm.ova.os_type == "win10"
 
 
 def test_readme_windows_sandbox_converts() -> None:

@@ -19,13 +19,27 @@ const (
 // template NAME from a shipped Recipe (debian13, ubuntu24.04, ...) or
 // From an http(s) URL of a .qcow2/.raw/.vmdk/.ova image with its
 // Checksum (an OVA names the disk inside it: OVADisk). Exactly one of
-// Recipe and From.
+// Recipe and From. The build's mode (BuildMode) is part of its identity:
+// POST /v1/templates/build takes none (a build from an upload does).
 type TemplateBuildRequest struct {
 	Name     string `json:"name"`
 	Recipe   string `json:"recipe,omitempty"`
 	From     string `json:"from,omitempty"`
 	Checksum string `json:"checksum,omitempty"`
 	OVADisk  string `json:"ova_disk,omitempty"`
+	BuildMode
+}
+
+// BuildMode is how a template is built from its image, part of a build's
+// identity beside the image: the zero value boots the image once
+// (cloud-init installs the guest agent, the guest is sealed); ImportOnly
+// imports the image's disks as they are, on DiskBus (scsi, ide or sata)
+// with OSType (l26, win10 or win11), without booting it: no agent is
+// installed, nothing in the guest is reset, every clone is identical.
+type BuildMode struct {
+	ImportOnly bool   `json:"import_only,omitempty"`
+	DiskBus    string `json:"disk_bus,omitempty"`
+	OSType     string `json:"os_type,omitempty"`
 }
 
 // TemplateBuild is the state of a node's build of a template (POST
@@ -43,6 +57,11 @@ type TemplateBuild struct {
 	// Joined is set on the answer of a request that joined a build of the
 	// same template already queued or running.
 	Joined bool `json:"joined,omitempty"`
+	// BuildMode is how the template was (or is being) built: import_only
+	// (with its disk_bus and os_type) for one imported without boot, as
+	// the node's build ledger records it for a done one; absent for a
+	// booted build.
+	BuildMode
 	// Image is the digest of the image a done build's template was built
 	// from ("sha256:HEX", as the node's build ledger records it); absent
 	// when the ledger does not say (a template of a recipe, or one built
@@ -77,23 +96,31 @@ type TemplateInfo struct {
 	// the ledger kept images). A client that finds a template by name
 	// compares it with its own image's digest.
 	Image string `json:"image,omitempty"`
+	// BuildMode is how the builds made it, as the ledger records it:
+	// import_only (with its disk_bus and os_type) for one imported
+	// without boot; absent for a booted build or one not built here.
+	BuildMode
 }
 
 // MaxBuildProgress bounds TemplateBuild.Progress.
 const MaxBuildProgress = 200
 
 // TemplateUpload is a build from an image the client sends (PUT
-// /v1/templates/build/{name}/image?file=FILE&sha256=HEX&ova_disk=DISK,
+// /v1/templates/build/{name}/image?file=FILE&sha256=HEX&ova_disk=DISK
+// (or &import_only=true&disk_bus=BUS&os_type=OS),
 // the image as the body): File is its name (.ova, .qcow2, .raw or
 // .vmdk), SHA256 its digest (Proxmox verifies it), OVADisk the disk
 // inside an OVA to import (only for an .ova), Size its length in bytes
-// (the body's Content-Length).
+// (the body's Content-Length). Its BuildMode's fields are the query's
+// import_only, disk_bus and os_type; an import-only build of an .ova
+// imports every disk its OVF lists and names no OVADisk.
 type TemplateUpload struct {
 	Name    string `json:"name"`
 	File    string `json:"file"`
 	SHA256  string `json:"sha256"`
 	OVADisk string `json:"ova_disk,omitempty"`
 	Size    int64  `json:"size"`
+	BuildMode
 }
 
 // UploadSource is TemplateBuild.From of a build from an uploaded image:

@@ -39,8 +39,13 @@ func (c *Client) Template(ctx context.Context, name string) (apitype.TemplateInf
 // reused, a running build of the same upload joined, without the body.
 func (c *Client) UploadTemplate(ctx context.Context, u apitype.TemplateUpload, body io.Reader) (apitype.TemplateBuild, error) {
 	q := url.Values{"file": {u.File}, "sha256": {u.SHA256}}
-	if u.OVADisk != "" {
-		q.Set("ova_disk", u.OVADisk)
+	for k, v := range map[string]string{"ova_disk": u.OVADisk, "disk_bus": u.DiskBus, "os_type": u.OSType} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if u.ImportOnly {
+		q.Set("import_only", "true")
 	}
 	req, err := c.newRequest(ctx, "PUT", "/v1/templates/build/"+url.PathEscape(u.Name)+"/image?"+q.Encode(), body)
 	if err != nil {

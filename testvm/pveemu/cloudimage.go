@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"strings"
 )
 
 // CloudQCOW2 is a small qcow2 image of virtual size size for a bed's
@@ -46,4 +47,75 @@ func CloudOVA(ovf, disk string, size uint64) ([]byte, error) {
 		return nil, fmt.Errorf("pveemu: ova: %w", err)
 	}
 	return buf.Bytes(), nil
+}
+
+// OVFDisk is a disk of an OVF descriptor (OVFDescriptor): its file in the
+// archive and its virtual size in bytes.
+type OVFDisk struct {
+	File string
+	Size uint64
+}
+
+// OVFDescriptor is an OVF 1.0 descriptor, in the shape VirtualBox and
+// VMware export, of a VM name whose OS is the CIM_OperatingSystem id os
+// (96: Debian 64-bit) with disks on one controller of bus (ide, scsi or
+// sata: ResourceType 5, 6 or 20) at addresses 0, 1, ... and one e1000
+// NIC: the parts GuestImport/OVF.pm reads.
+func OVFDescriptor(name string, os int, bus string, disks ...OVFDisk) string {
+	ctrl := map[string]int{"ide": 5, "scsi": 6, "sata": 20}[bus]
+	var refs, sect, items strings.Builder
+	for i, d := range disks {
+		capacity, unit := d.Size, "byte * 2^0"
+		if d.Size%(1<<30) == 0 {
+			capacity, unit = d.Size>>30, "byte * 2^30"
+		}
+		fmt.Fprintf(&refs, "    <File ovf:id=\"file%d\" ovf:href=\"%s\"/>\n", i+1, d.File)
+		fmt.Fprintf(&sect, "    <Disk ovf:capacity=\"%d\" ovf:capacityAllocationUnits=\"%s\" ovf:diskId=\"vmdisk%d\" ovf:fileRef=\"file%d\" ovf:format=\"http://www.vmware.com/interfaces/specifications/vmdk.html#streamOptimized\"/>\n",
+			capacity, unit, i+1, i+1)
+		fmt.Fprintf(&items, "      <Item>\n        <rasd:AddressOnParent>%d</rasd:AddressOnParent>\n        <rasd:ElementName>disk%d</rasd:ElementName>\n"+
+			"        <rasd:HostResource>/disk/vmdisk%d</rasd:HostResource>\n        <rasd:InstanceID>%d</rasd:InstanceID>\n"+
+			"        <rasd:Parent>3</rasd:Parent>\n        <rasd:ResourceType>17</rasd:ResourceType>\n      </Item>\n", i, i+1, i+1, 10+i)
+	}
+	return fmt.Sprintf(`<?xml version="1.0"?>
+<Envelope ovf:version="1.0" xml:lang="en-US" xmlns="http://schemas.dmtf.org/ovf/envelope/1" xmlns:ovf="http://schemas.dmtf.org/ovf/envelope/1" xmlns:rasd="http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_ResourceAllocationSettingData" xmlns:vssd="http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_VirtualSystemSettingData">
+  <References>
+%s  </References>
+  <DiskSection>
+    <Info>List of the virtual disks used in the package</Info>
+%s  </DiskSection>
+  <VirtualSystem ovf:id="%s">
+    <Info>A virtual machine</Info>
+    <Name>%s</Name>
+    <OperatingSystemSection ovf:id="%d">
+      <Info>The kind of installed guest operating system</Info>
+    </OperatingSystemSection>
+    <VirtualHardwareSection>
+      <Info>Virtual hardware requirements for a virtual machine</Info>
+      <Item>
+        <rasd:InstanceID>1</rasd:InstanceID>
+        <rasd:ResourceType>3</rasd:ResourceType>
+        <rasd:VirtualQuantity>1</rasd:VirtualQuantity>
+      </Item>
+      <Item>
+        <rasd:AllocationUnits>MegaBytes</rasd:AllocationUnits>
+        <rasd:InstanceID>2</rasd:InstanceID>
+        <rasd:ResourceType>4</rasd:ResourceType>
+        <rasd:VirtualQuantity>512</rasd:VirtualQuantity>
+      </Item>
+      <Item>
+        <rasd:Address>0</rasd:Address>
+        <rasd:InstanceID>3</rasd:InstanceID>
+        <rasd:ResourceType>%d</rasd:ResourceType>
+      </Item>
+%s      <Item>
+        <rasd:AutomaticAllocation>true</rasd:AutomaticAllocation>
+        <rasd:Connection>NAT</rasd:Connection>
+        <rasd:InstanceID>20</rasd:InstanceID>
+        <rasd:ResourceSubType>E1000</rasd:ResourceSubType>
+        <rasd:ResourceType>10</rasd:ResourceType>
+      </Item>
+    </VirtualHardwareSection>
+  </VirtualSystem>
+</Envelope>
+`, refs.String(), sect.String(), name, name, os, ctrl, items.String())
 }

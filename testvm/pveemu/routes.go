@@ -59,6 +59,7 @@ func (s *Server) registerRoutes() error {
 		{"POST", "/nodes/{node}/storage/{storage}/upload", s.upload},
 		{"GET", "/nodes/{node}/storage/{storage}/status", s.storageStatus},
 		{"POST", "/nodes/{node}/storage/{storage}/download-url", s.downloadURL},
+		{"GET", "/nodes/{node}/storage/{storage}/import-metadata", s.importMetadata},
 		{"GET", "/nodes/{node}/tasks/{upid}/status", s.taskStatus},
 		{"GET", "/cluster/tasks", s.clusterTasks},
 		{"GET", "/nodes/{node}/tasks/{upid}/log", s.taskLog},

@@ -211,6 +211,17 @@ func (p *Prop) lookup(name string) (*Prop, bool) {
 	if len(name)-i > 1 && name[i] == '0' {
 		return nil, false
 	}
+	if n, _ := strconv.Atoi(name[i:]); indexedCount[name[:i]] > 0 && n >= indexedCount[name[:i]] {
+		return nil, false
+	}
 	sub, ok := p.Properties[name[:i]+"[n]"]
 	return sub, ok
 }
+
+// indexedCount is how many instances of an indexed drive property
+// qemu-server's confdesc defines (Drive.pm $MAX_IDE_DISKS 4,
+// $MAX_SATA_DISKS 6, $MAX_SCSI_DISKS 31, $MAX_VIRTIO_DISKS 16: ide0-ide3,
+// ...): the API's schema extract collapses them into one "ide[n]", and a
+// name past them is not in the schema (PVE::JSONSchema: "property is not
+// defined in schema ..."). Other indexed properties are not bounded here.
+var indexedCount = map[string]int{"ide": 4, "sata": 6, "scsi": 31, "virtio": 16}

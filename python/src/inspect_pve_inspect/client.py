@@ -13,7 +13,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote
@@ -164,7 +164,13 @@ class Client:
         return cast(dict[str, Any], r.json())
 
     async def upload_template(
-        self, name: str, path: str, size: int, sha256: str, ova_disk: str | None
+        self,
+        name: str,
+        path: str,
+        size: int,
+        sha256: str,
+        ova_disk: str | None,
+        build_mode: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """``PUT /v1/templates/build/{name}/image``: the template ``name``
         built from the image file at ``path`` (``size`` bytes, streamed as
@@ -172,8 +178,10 @@ class Client:
         ``sha256``; answers as :meth:`build_template` (an existing template:
         done, without the body). Sent again only when refused before its
         body was read by a full quota (the node's uploads in flight: 429
-        with Retry-After), up to ``quota_wait`` seconds."""
-        params = {"file": os.path.basename(path), "sha256": sha256}
+        with Retry-After), up to ``quota_wait`` seconds. ``build_mode`` is
+        the build's mode (``import_only``, ``disk_bus``, ``os_type``: an
+        import without boot), part of the build's identity on the node."""
+        params = {"file": os.path.basename(path), "sha256": sha256, **(build_mode or {})}
         if ova_disk is not None:
             params["ova_disk"] = ova_disk
 

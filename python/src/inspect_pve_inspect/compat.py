@@ -19,9 +19,11 @@ their healthchecks). A template tag is looked up as a template name of the
 daemon; a built-in (``debian13``, ``ubuntu24.04``, ``kali2025.4``) is the
 template of its name, which the node builds at task start when it lacks it
 and offers builds (:mod:`.preflight`); an ``ova`` (a file on the eval
-machine with one ``.vmdk``) is the template ``ova-FILE-SIZE`` (the
-reference's tag of it, as a DNS name), which a node that lacks it and
-offers builds builds at task start from the uploaded file. Every other field must keep the
+machine) is the template ``ova-FILE-SIZE`` (the reference's tag of it, as
+a DNS name), which a node that lacks it and offers builds builds at task
+start from the uploaded file, as the reference imports it: every disk of
+it, without booting it (the VM's ``disk_controller="ide"`` puts the
+disks on ide, its ``os_type`` is the template's). Every other field must keep the
 reference's default (written out, or the value the reference uses when it
 is unset); any other value raises :class:`ConfigError` naming the field
 and why, never silently ignored.
@@ -344,8 +346,9 @@ def ova_template_name(file: str, size: int) -> str:
 
 def ova_image(field: str, value: Any) -> OvaImage:
     """The reference's ``ova`` (a path on the eval machine) checked: a
-    file, an OVA (a tar) with exactly one ``.vmdk`` (the reference imports
-    each; the daemon's build imports one)."""
+    file, an OVA (a tar) with an ``.ovf`` and at least one ``.vmdk`` (the
+    reference imports each; so does the node's import-only build, every
+    disk the OVF lists)."""
     if "://" in str(value):
         raise ConfigError(
             field,
@@ -365,16 +368,37 @@ def ova_image(field: str, value: Any) -> OvaImage:
         )
     try:
         with tarfile.open(path, "r") as tar:
-            disks = [n for n in tar.getnames() if n.endswith(".vmdk")]
+            names = tar.getnames()
     except (tarfile.TarError, OSError) as e:
         raise ConfigError(field, f"{path}: not an OVA (a tar archive): {e}") from None
-    if len(disks) != 1:
-        raise ConfigError(
-            field,
-            f"{path} holds {len(disks)} .vmdk disks ({', '.join(disks) or 'none'}): the node's "
-            "build makes a template of one disk",
+    if not any(n.endswith(".ovf") for n in names):
+        raise ConfigError(field, f"{path} holds no .ovf descriptor: Proxmox takes no such OVA")
+    if not any(n.endswith(".vmdk") for n in names):
+        raise ConfigError(field, f"{path} holds no .vmdk disk")
+    return OvaImage(path=path, size=os.path.getsize(path))
+
+
+def _ova_mode(f: str, ova: OvaImage, vm: dict[str, Any]) -> OvaImage:
+    """The OVA's import as the reference does it for the VM ``vm``: its
+    disks on ide for ``disk_controller="ide"`` (the reference's disk prefix
+    of the import; scsi else), its ``os_type`` (l26, win10, win11) the
+    template's ostype."""
+    bus = "ide" if vm.get("disk_controller") == "ide" else None
+    os_type = vm.get("os_type")
+    try:
+        return OvaImage.model_validate(
+            {
+                **ova.model_dump(),
+                "disk_bus": bus,
+                "os_type": os_type if os_type not in (None, "l26") else None,
+            }
         )
-    return OvaImage(path=path, size=os.path.getsize(path), disk=disks[0])
+    except ValidationError as e:
+        loc = e.errors()[0]["loc"]
+        field = {"disk_bus": "disk_controller", "os_type": "os_type"}.get(
+            str(loc[0]) if loc else ""
+        )
+        raise ConfigError(f"{f}.{field}" if field else f, e.errors()[0]["msg"]) from None
 
 
 def _shared_nics(f: str, nics: list[dict[str, Any]]) -> tuple[NicSpec, ...]:
@@ -488,6 +512,12 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
             # node's warm pool), each reserved by its MAC in Proxmox's IPAM
             fixed, nets = tuple(specs), None
     hc = vm.get("healthcheck")
+    if ova is not None:
+        ova = _ova_mode(f, ova, vm)
+        if vm.get("disk_controller") == "ide":
+            # the template's disks are imported on ide: nothing to ask of
+            # the clone (it keeps its template's disks)
+            vm = {**vm, "disk_controller": None}
     opts = _vm_options(f, vm)
     try:
         return VmSpec.model_validate(

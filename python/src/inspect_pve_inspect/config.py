@@ -192,13 +192,63 @@ CpuModel = Literal[
 class OvaImage(BaseModel):
     """An OVA file on the eval machine that a VM's template is built from
     (the reference's ``VmSourceConfig(ova=PATH)``): at task start a node
-    that lacks the template and offers builds is sent the file."""
+    that lacks the template and offers builds is sent the file.
+
+    By default (``import_only``, as the reference imports an OVA) the node
+    imports every disk the OVA's OVF lists, on ``disk_bus``, with
+    ``os_type``, and makes the template without booting it: nothing in the
+    image changes (no guest agent installed, no machine id or SSH host
+    keys reset), so a sandbox VM of it needs its agent in the image
+    already. With ``import_only`` False the node boots it once instead, as
+    it builds a cloud image (cloud-init installs the agent): the OVA then
+    names its one ``disk``. How the template was built is part of what it
+    is: a node's template of the name built the other way is not taken.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str = Field(description="the OVA's path on the eval machine")
     size: int = Field(ge=1, description="its size in bytes when the config was read")
-    disk: str = Field(description="the disk inside it the template is built from (.vmdk)")
+    import_only: bool = Field(
+        default=True,
+        description="build without boot: every disk of the OVA imported as it is (the "
+        "reference's import); False: boot it once with cloud-init (the OVA's one disk)",
+    )
+    disk: str | None = Field(
+        default=None,
+        description="with import_only False: the disk inside it the template is built from (.vmdk)",
+    )
+    disk_bus: Literal["scsi", "ide", "sata"] | None = Field(
+        default=None,
+        description="with import_only: the bus of the imported disks, scsi (virtio-scsi, the "
+        "default), ide or sata (for images without virtio drivers: the reference's "
+        'disk_controller="ide")',
+    )
+    os_type: Literal["l26", "win10", "win11"] | None = Field(
+        default=None, description="with import_only: the template's ostype (l26 by default)"
+    )
+
+    @model_validator(mode="after")
+    def _mode(self) -> OvaImage:
+        if self.import_only and self.disk is not None:
+            raise ValueError("an import-only OVA imports every disk of it: give no disk")
+        if not self.import_only:
+            if self.disk is None:
+                raise ValueError("an OVA built booted (import_only False) names its disk")
+            if self.disk_bus is not None or self.os_type is not None:
+                raise ValueError("disk_bus and os_type go with import_only")
+        return self
+
+    def build_mode(self) -> dict[str, str]:
+        """The build's mode as the node's upload takes it (the query's
+        ``import_only``, ``disk_bus``, ``os_type``); empty when booted."""
+        if not self.import_only:
+            return {}
+        return {
+            "import_only": "true",
+            "disk_bus": self.disk_bus or "scsi",
+            "os_type": self.os_type or "l26",
+        }
 
 
 class VmSpec(BaseModel):

@@ -23,21 +23,26 @@ A VM of an OVA (``VmSpec.ova``, the reference's ``VmSourceConfig(ova=...)``)
 whose template (``ova-FILE-SIZE``) a node lacks is built the same way from
 the file itself: its sha256 is computed, the file streamed to the node
 (``PUT /v1/templates/build/{name}/image``, which the node verifies against
-the digest), and the build followed as a built-in's. A node without builds
-fails the task with the commands that put the file on the node and build it.
+the digest), and the build followed as a built-in's. By default the node
+imports the OVA as the reference does, without booting it
+(``import_only``: every disk of it, on ``disk_bus``, with ``os_type``). A
+node without builds fails the task with the commands that put the file on
+the node and build it.
 
 An OVA's template name says nothing of its content (two files of one name
 and size map to one name), so a node's template of the name is used only
 when the node says it was built from this file: the file's sha256 is
 computed at task start (once per file, size, mtime and inode in the
 process) and compared with the image ``GET /v1/templates/{name}`` reports
-(``image``, from the node's build ledger). That route answers every token
-of the node, an owner-bound one and on a node without builds too, so an
-eval whose token may not build still runs on a template the operator
-built from its file; a daemon from before it is asked ``GET
-/v1/templates/builds/{name}`` (an admin operation) instead. Another image,
-or a node that cannot say, fails the task naming both (rename the file, or
-have the operator remove the template).
+(``image``, from the node's build ledger), and built the way the config
+asks (booted, or imported without boot on its disk bus and ostype:
+``import_only``, ``disk_bus``, ``os_type``). That route answers every
+token of the node, an owner-bound one and on a node without builds too,
+so an eval whose token may not build still runs on a template the
+operator built from its file; a daemon from before it is asked ``GET
+/v1/templates/builds/{name}`` (an admin operation) instead. Another image
+or mode, or a node that cannot say, fails the task naming both (rename
+the file, or have the operator remove the template).
 """
 
 from __future__ import annotations
@@ -155,9 +160,16 @@ def _command(name: str) -> str:
 
 def _ova_commands(name: str, ova: OvaImage) -> list[str]:
     file = os.path.basename(ova.path)
+    if ova.import_only:
+        flags = " --import-only"
+        flags += f" --disk-bus {ova.disk_bus}" if ova.disk_bus else ""
+        flags += f" --os-type {ova.os_type}" if ova.os_type else ""
+        build = f"`pve-inspectd template build {name} --from local:import/{file}{flags}`"
+    else:
+        build = f"`pve-inspectd template build {name} --from local:import/{file}/{ova.disk}`"
     return [
         f"`scp {ova.path} root@NODE:/var/lib/vz/import/{file}` (the storage local, content import)",
-        f"`pve-inspectd template build {name} --from local:import/{file}/{ova.disk}`",
+        build,
     ]
 
 
@@ -241,8 +253,9 @@ async def _other_images(
             continue
         seen.add(v.template)
         want = "sha256:" + await _ova_digest(v.template, v.ova)
-        got, why = await _built_from(c, v.template)
-        if got == want:
+        got, mode, why = await _built_from(c, v.template)
+        want_mode = v.ova.build_mode()
+        if got == want and mode == want_mode:
             continue
         file = os.path.basename(v.ova.path)
         remedy = (
@@ -250,7 +263,13 @@ async def _other_images(
             f"have the node's operator remove the template {v.template!r} (a node that builds "
             "templates on request then builds it from this file)"
         )
-        if got:
+        if got == want:
+            lines.append(
+                f"pve_inspect: {node.url}'s template {v.template!r} (of an OVA {file!r} of "
+                f"{v.ova.size} bytes) was built {_mode_text(mode)}, not {_mode_text(want_mode)} "
+                f"as the config asks: {remedy}"
+            )
+        elif got:
             lines.append(
                 f"pve_inspect: {node.url}'s template {v.template!r} (of an OVA {file!r} of "
                 f"{v.ova.size} bytes) was built from another image ({got}), not from "
@@ -265,37 +284,57 @@ async def _other_images(
     return "\n".join(lines)
 
 
-async def _built_from(c: Client, name: str) -> tuple[str, str]:
+async def _built_from(c: Client, name: str) -> tuple[str, dict[str, str], str]:
     """The image the node says its template ``name`` was built from
-    (``sha256:HEX``), or "" and why it says none."""
+    (``sha256:HEX``) and how (as :meth:`OvaImage.build_mode` says it), or
+    "" and why it says none."""
     try:
         t = await c.template(name)
     except Problem as p:
-        return "", f"GET /v1/templates/{name}: {p.type}: {p.detail}"
+        return "", {}, f"GET /v1/templates/{name}: {p.type}: {p.detail}"
     if t is None:
         # a daemon from before GET /v1/templates/{name}: its build's state
         return await _build_says(c, name)
     image = str(t.get("image") or "")
     if image:
-        return image, ""
+        return image, _mode_of(t), ""
     if not t.get("built"):
-        return "", "no build of the node made it: its build ledger does not record it"
-    return "", "its build ledger records no image for it"
+        return "", {}, "no build of the node made it: its build ledger does not record it"
+    return "", {}, "its build ledger records no image for it"
 
 
-async def _build_says(c: Client, name: str) -> tuple[str, str]:
+async def _build_says(c: Client, name: str) -> tuple[str, dict[str, str], str]:
     """:func:`_built_from` of a daemon without ``GET /v1/templates/{name}``:
     the image of ``GET /v1/templates/builds/{name}`` (an admin token's)."""
     try:
         st = await c.template_build(name)
     except Problem as p:
         if p.status == 403:
-            return "", f"it does not answer template builds: {p.detail}"
-        return "", f"GET /v1/templates/builds/{name}: {p.type}: {p.detail}"
+            return "", {}, f"it does not answer template builds: {p.detail}"
+        return "", {}, f"GET /v1/templates/builds/{name}: {p.type}: {p.detail}"
     if st.get("state") != "done":
-        return "", f"its build of the name is {st.get('state')}"
+        return "", {}, f"its build of the name is {st.get('state')}"
     image = str(st.get("image") or "")
-    return image, "" if image else "its build ledger records no image for it"
+    return image, _mode_of(st), "" if image else "its build ledger records no image for it"
+
+
+def _mode_of(t: Mapping[str, Any]) -> dict[str, str]:
+    """The build mode a template answer (``GET /v1/templates/{name}`` or a
+    done build's state) carries, as :meth:`OvaImage.build_mode` says it."""
+    if not t.get("import_only"):
+        return {}
+    return {
+        "import_only": "true",
+        "disk_bus": str(t.get("disk_bus") or "scsi"),
+        "os_type": str(t.get("os_type") or "l26"),
+    }
+
+
+def _mode_text(mode: Mapping[str, str]) -> str:
+    """A build mode (:meth:`OvaImage.build_mode`) as the node says it."""
+    if not mode:
+        return "booted (cloud-init, the guest agent)"
+    return f"imported without boot (disks on {mode['disk_bus']}, ostype {mode['os_type']})"
 
 
 async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: float) -> None:
@@ -307,7 +346,9 @@ async def _upload(c: Client, node: NodeConfig, name: str, ova: OvaImage, limit: 
     try:
         log.info("%s: uploading %s for template %r", node.url, ova.path, name)
         try:
-            st = await c.upload_template(name, ova.path, ova.size, digest, ova.disk)
+            st = await c.upload_template(
+                name, ova.path, ova.size, digest, ova.disk, ova.build_mode()
+            )
         except UploadCut as e:
             st = await _after_cut(c, node, name, ova, str(e), how)
     except OSError as e:

@@ -1,0 +1,284 @@
+package templatebuild
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/pve-inspect/pve-inspect/hardening"
+	"github.com/pve-inspect/pve-inspect/pveapi"
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+)
+
+// An import-only build (Mode.ImportOnly) makes a template of an image as
+// it is, the reference plugin's OVA import: the VM is created with every
+// disk of the image imported (for an OVA, each disk its OVF lists, as
+// Proxmox's import-metadata reads them) on the bus the mode names, the
+// mode's ostype and the hardened profile's settings, no cloud-init drive
+// and no NIC; it is never started, so nothing runs in the guest: no
+// guest agent is installed, no machine id, SSH host key or lease is
+// reset, and every clone starts as the image does. The profile is then
+// checked and the VM converted, tagged and recorded like a booted build.
+// Used for images whose system cannot or must not be changed: a
+// VulnHub-style victim without cloud-init or agent, or an image that has
+// its agent already.
+
+// Disk buses an import-only build puts the image's disks on.
+const (
+	// BusSCSI is virtio-scsi (scsihw virtio-scsi-single): the default,
+	// the bus of the hardened profile's scsi item.
+	BusSCSI = "scsi"
+	// BusIDE and BusSATA are emulated ATA (on q35 both on the ICH9 AHCI
+	// controller), for old images without virtio drivers.
+	BusIDE  = "ide"
+	BusSATA = "sata"
+)
+
+// busDisks is how many disks each bus takes: qemu-server Drive.pm
+// $MAX_SCSI_DISKS (31), $MAX_IDE_DISKS (4), $MAX_SATA_DISKS (6), the
+// slots its confdesc defines (scsi0-scsi30, ide0-ide3, sata0-sata5).
+var busDisks = map[string]int{BusSCSI: 31, BusIDE: 4, BusSATA: 6}
+
+// Mode is how a build makes its template from the image, part of the
+// build's identity beside the image: a template built one way is never
+// taken for a request of another (find, Service). The zero Mode is the
+// booted build (cloud-init, the guest agent, the seal in the guest).
+type Mode struct {
+	// ImportOnly imports the image's disks without booting it.
+	ImportOnly bool `json:"import_only,omitempty"`
+	// DiskBus is the bus of every imported disk (BusSCSI, BusIDE,
+	// BusSATA); OSType the VM's ostype (hardening.OSTypes). Set only
+	// with ImportOnly (Normalize fills their defaults).
+	DiskBus string `json:"disk_bus,omitempty"`
+	OSType  string `json:"os_type,omitempty"`
+}
+
+// Normalize checks m and fills an import-only mode's defaults (scsi,
+// l26), so that two requests of one mode compare equal. The error names
+// the field (disk_bus, os_type) and the values it takes.
+func (m Mode) Normalize() (Mode, string, error) {
+	if !m.ImportOnly {
+		switch {
+		case m.DiskBus != "":
+			return m, "disk_bus", fmt.Errorf("%q: a disk bus goes with an import-only build (a booted build's disk is on virtio-scsi)", m.DiskBus)
+		case m.OSType != "":
+			return m, "os_type", fmt.Errorf("%q: an OS type goes with an import-only build (a booted build makes a Linux template, l26)", m.OSType)
+		}
+		return m, "", nil
+	}
+	if m.DiskBus == "" {
+		m.DiskBus = BusSCSI
+	}
+	if m.OSType == "" {
+		m.OSType = hardening.OSLinux
+	}
+	if busDisks[m.DiskBus] == 0 {
+		return m, "disk_bus", fmt.Errorf("%q: want scsi (virtio-scsi, the default), ide or sata", m.DiskBus)
+	}
+	if !slices.Contains(hardening.OSTypes, m.OSType) {
+		return m, "os_type", fmt.Errorf("%q: want one of %s (the hardened profile's)", m.OSType, strings.Join(hardening.OSTypes, ", "))
+	}
+	return m, "", nil
+}
+
+// String says the mode in a progress line or an error.
+func (m Mode) String() string {
+	if !m.ImportOnly {
+		return "booted (cloud-init, the guest agent, sealed in the guest)"
+	}
+	return fmt.Sprintf("imported without boot (disks on %s, ostype %s)", m.DiskBus, m.OSType)
+}
+
+// ImportVolume is the image for --from STORAGE:import/FILE with
+// --import-only: a file in a storage's import directory, an .ova named
+// whole (every disk of it is imported) or an image of one disk.
+func ImportVolume(volid string) (Image, error) {
+	storage, name, ok := strings.Cut(volid, ":")
+	file, isImport := strings.CutPrefix(name, "import/")
+	if !ok || !reStorageID.MatchString(storage) || !isImport || !reImportFile.MatchString(file) {
+		return Image{}, fmt.Errorf("--from %q: an import-only build takes a volume STORAGE:import/FILE (.ova, .qcow2, .raw, .vmdk; an OVA whole: every disk of it is imported)", volid)
+	}
+	return Image{Volume: storage + ":import/" + file, File: file}, nil
+}
+
+// uploadMode is an upload's mode, normalized: a bad disk_bus or os_type,
+// or an ova_disk with import_only, is refused naming the field.
+func uploadMode(u apitype.TemplateUpload) (Mode, error) {
+	m, field, err := Mode(u.BuildMode).Normalize()
+	if err != nil {
+		return Mode{}, invalidField(field, err)
+	}
+	if m.ImportOnly && u.OVADisk != "" {
+		return Mode{}, badRequest("ova_disk", "import_only imports every disk of the OVA (Proxmox's import-metadata lists them): give no ova_disk")
+	}
+	return m, nil
+}
+
+// isOVA reports whether the image is an OVA archive (named whole).
+func isOVA(img Image) bool { return strings.HasSuffix(img.File, ".ova") }
+
+// validateImport checks the options of an import-only build.
+func (o Options) validateImport() error {
+	if _, field, err := o.Mode.Normalize(); err != nil {
+		return fmt.Errorf("--%s: %w", strings.ReplaceAll(field, "_", "-"), err)
+	}
+	if !o.Mode.ImportOnly {
+		if isOVA(o.Recipe.Image) && o.Recipe.Image.Disk == "" {
+			return fmt.Errorf("%s: a booted build of an OVA names its disk (STORAGE:import/FILE.ova/DISK.vmdk, --ova-disk); --import-only imports every disk", o.Recipe.Image.File)
+		}
+		return nil
+	}
+	if o.Recipe.Name != "" {
+		return fmt.Errorf("recipe %s: a recipe's packages and checks need the image booted; --import-only builds from --from alone", o.Recipe.Name)
+	}
+	if o.Recipe.Image.Disk != "" {
+		return fmt.Errorf("--import-only imports every disk of the OVA (Proxmox's import-metadata lists them): name the OVA whole (STORAGE:import/FILE.ova), not its disk %s", o.Recipe.Image.Disk)
+	}
+	return nil
+}
+
+// importOnly is Run's import-only build from the image src on the node:
+// the disks, the VM (never started), the template.
+func (b *Builder) importOnly(ctx context.Context, src source) (Result, error) {
+	disks, err := b.importSources(ctx, src)
+	if err != nil {
+		return Result{}, err
+	}
+	b.say("import", "%d disk(s) on %s, ostype %s, no cloud-init drive, no NIC: the image is imported without boot (no guest agent installed, nothing reset in the guest)",
+		len(disks), b.o.Mode.DiskBus, b.o.Mode.OSType)
+	vmid, err := b.create(ctx, src, strings.Join(disks, ", "), b.importConfig(disks))
+	if err != nil {
+		return Result{}, err
+	}
+	if err := b.stillOurs(ctx, vmid, "seal"); err != nil {
+		return Result{VMID: vmid}, b.failed(ctx, vmid, err)
+	}
+	rep, err := b.toTemplate(ctx, vmid, src.alg+":"+src.sum)
+	if err != nil {
+		return Result{VMID: vmid}, b.failed(ctx, vmid, err)
+	}
+	b.say("done", "template %q is VM %d, imported without boot", b.o.Name, vmid)
+	return Result{VMID: vmid, Report: rep}, nil
+}
+
+// reOVAMember is an OVA member an import takes: a file name (no
+// directory, no white space) of a disk image (pve-storage Storage.pm
+// $OVA_CONTENT_RE_1 without its white space).
+var reOVAMember = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+=-]*\.(qcow2|raw|vmdk)$`)
+
+// importSources are the import-from sources of the image's disks, in
+// boot order: the image itself, or for an OVA each disk Proxmox's
+// import-metadata lists, in the order of the OVF (its boot order).
+func (b *Builder) importSources(ctx context.Context, src source) ([]string, error) {
+	if !isOVA(b.o.Recipe.Image) {
+		return []string{src.importFrom}, nil
+	}
+	md, err := b.px.ImportMetadata(ctx, src.importFrom)
+	if err != nil {
+		return nil, fmt.Errorf("the disks of %s (Proxmox's import-metadata): %w", src.importFrom, err)
+	}
+	keys, err := ovaDiskOrder(md)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", src.importFrom, err)
+	}
+	if max := busDisks[b.o.Mode.DiskBus]; len(keys) > max {
+		return nil, fmt.Errorf("%s holds %d disks and %s takes %d (qemu-server's slots %s0-%s%d): pick a bus that takes them (scsi takes 31)",
+			src.importFrom, len(keys), b.o.Mode.DiskBus, max, b.o.Mode.DiskBus, b.o.Mode.DiskBus, max-1)
+	}
+	var out []string
+	for _, k := range keys {
+		d := md.Disks[k]
+		member, ok := strings.CutPrefix(d.VolID, src.importFrom+"/")
+		if !ok || !reOVAMember.MatchString(member) {
+			return nil, fmt.Errorf("%s: its OVF's disk %s is %q, not a disk image of the archive this build takes (a file name of letters, digits and '_.+=-' ending .vmdk, .qcow2 or .raw)",
+				src.importFrom, k, d.VolID)
+		}
+		b.say("import", "disk %s of the OVF: %s (%s)", k, d.VolID, sizeText(d.Size))
+		out = append(out, d.VolID)
+	}
+	return out, nil
+}
+
+// ovaDiskOrder orders the disks import-metadata lists: as the OVF's boot
+// order (create-args boot, "order=" the disks' keys in the OVF's order),
+// then any other by bus and number. An OVA whose OVF lists no disk, two
+// disks at one key (import-metadata keeps one of them) or UEFI firmware
+// (its EFI variables are not in the OVA, and the profile's firmware is
+// SeaBIOS) is refused.
+func ovaDiskOrder(md pveapi.ImportMetadata) ([]string, error) {
+	if md.EFI {
+		return nil, fmt.Errorf("its OVF asks for UEFI firmware, and a template of the hardened profile boots SeaBIOS: import it as a BIOS guest, or build it on the node by hand")
+	}
+	if len(md.Disks) == 0 {
+		return nil, fmt.Errorf("its OVF lists no disk Proxmox can import")
+	}
+	var keys []string
+	order, _ := strings.CutPrefix(md.CreateArgs["boot"], "order=")
+	for _, k := range strings.Split(order, ";") {
+		if _, ok := md.Disks[k]; !ok {
+			continue
+		}
+		if slices.Contains(keys, k) {
+			return nil, fmt.Errorf("its OVF puts two disks at %s, and Proxmox's import-metadata lists one of them: fix the OVF's AddressOnParent", k)
+		}
+		keys = append(keys, k)
+	}
+	var rest []string
+	for k := range md.Disks {
+		if !slices.Contains(keys, k) {
+			rest = append(rest, k)
+		}
+	}
+	slices.SortFunc(rest, func(a, b string) int {
+		ba, na := splitKey(a)
+		bb, nb := splitKey(b)
+		if c := strings.Compare(ba, bb); c != 0 {
+			return c
+		}
+		return na - nb
+	})
+	return append(keys, rest...), nil
+}
+
+// splitKey splits a disk key (scsi1) into its bus and number.
+func splitKey(k string) (string, int) {
+	i := strings.IndexAny(k, "0123456789")
+	if i < 0 {
+		return k, -1
+	}
+	n, _ := strconv.Atoi(k[i:])
+	return k[:i], n
+}
+
+func sizeText(n int64) string {
+	if n <= 0 {
+		return "size not in the OVF"
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+}
+
+// importConfig is an import-only build's VM: the hardened profile's
+// settings for the mode's ostype (a Windows type's machine pinned, as
+// hardening.CloneChangesFor pins it), each disk imported on the mode's
+// bus in order (the first boots), no cloud-init drive, no NIC.
+func (b *Builder) importConfig(disks []string) map[string]string {
+	conf, _ := hardening.CloneChangesFor(map[string]string{}, hardening.Want{OSType: b.o.Mode.OSType})
+	r := b.o.Recipe
+	conf["name"] = b.o.Name
+	conf["tags"] = TagBuilding
+	conf["memory"] = fmt.Sprint(max(r.MemoryMiB, 512))
+	conf["cores"] = fmt.Sprint(max(r.Cores, 1))
+	conf["scsihw"] = hardening.SCSIHW
+	conf["ostype"] = b.o.Mode.OSType
+	for i, d := range disks {
+		conf[fmt.Sprintf("%s%d", b.o.Mode.DiskBus, i)] = b.o.Storage + ":0,import-from=" + d
+	}
+	conf["boot"] = "order=" + b.o.Mode.DiskBus + "0"
+	if b.o.WorkStorage != "" && isOVA(r.Image) {
+		conf["import-working-storage"] = b.o.WorkStorage
+	}
+	return conf
+}
