@@ -108,7 +108,7 @@ func (s *Server) templateRoutes() []route {
 			response: "TemplateInfo", okStatus: http.StatusOK, params: []param{pTemplate}, timeout: reqTimeout, h: s.getTemplate},
 		{method: "PUT", path: "/v1/templates/build/{name}/image", scope: apitype.ScopeAdmin, node: true,
 			summary: "Build a template from an image sent as the body (Content-Length required, at most [templates] max_upload_gib): the daemon streams it to the node's image storage as a file of its digest's name, Proxmox verifies its sha256, and the build runs as one from a volume on the node. " +
-				"A template of the name that exists answers 200 (done, reused), a running build of the same upload 202 (joined), both without reading the body or taking an upload slot; an image storage with less free than twice the body's length 507; 202: the image is on the node and the build queued. A node operation, as POST /v1/templates/build",
+				"A template of the name that exists answers 200 (done, reused), a running build of the same upload 202 (joined), both without reading the body or taking an upload slot; an image storage with less free than twice the body's length, beyond what the uploads to it in flight hold, 507; 202: the image is on the node and the build queued. A node operation, as POST /v1/templates/build",
 			requestType: "application/octet-stream", response: "TemplateBuild", okStatus: http.StatusAccepted,
 			params: []param{pTemplate, pImageFile, pImageSum, pOVADisk, pImportOnly, pDiskBus, pOSType}, timeout: uploadTimeout, h: s.uploadTemplateImage},
 	}
@@ -214,7 +214,7 @@ func (s *Server) templateResponses(paths map[string]any) {
 	tooMany := problemResponse(fmt.Sprintf("the node has as many image uploads in flight as it takes at once (%d; quota image-uploads): the body is not read; retry after Retry-After", maxUploads), apitype.ProblemTooManyRequests)
 	tooMany["headers"] = retryAfterHeaders()
 	put[httpCode(http.StatusTooManyRequests)] = tooMany
-	put[httpCode(http.StatusInsufficientStorage)] = problemResponse("the node's image storage has less free than twice the body's length (Proxmox spools an upload, then copies it into the storage): the detail names the storage, the need and what is free; the body is not read", apitype.ProblemInsufficientStorage)
+	put[httpCode(http.StatusInsufficientStorage)] = problemResponse("the node's image storage has less free than twice the body's length beyond what the uploads to it in flight hold (Proxmox spools an upload, then copies it into the storage): the detail names the storage, the need and what is free; the body is not read", apitype.ProblemInsufficientStorage)
 	get := paths["/v1/templates/{name}"].(map[string]any)["get"].(map[string]any)["responses"].(map[string]any)
 	get[httpCode(http.StatusNotFound)] = problemResponse("the node has no VM template a create of the name would clone", apitype.ProblemNotFound)
 	get[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build ledger cannot be read (this answer stands for up to 10 s: the node is looked at once per 10 s at most), or the daemon keeps no template catalog", apitype.ProblemUnavailable)

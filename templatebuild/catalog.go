@@ -16,6 +16,10 @@ import (
 // node (CatalogOptions.MaxAge).
 const DefaultCatalogAge = 10 * time.Second
 
+// DefaultCatalogLookTimeout bounds one look at the node
+// (CatalogOptions.LookTimeout).
+const DefaultCatalogLookTimeout = 30 * time.Second
+
 // CatalogOptions configure a Catalog.
 type CatalogOptions struct {
 	// List lists the node's VMs, templates among them, as the credential
@@ -33,7 +37,10 @@ type CatalogOptions struct {
 	// MaxAge is how long one look at the node answers every question
 	// (DefaultCatalogAge); Forget ends it early.
 	MaxAge time.Duration
-	Now    func() time.Time
+	// LookTimeout bounds one look at the node (DefaultCatalogLookTimeout),
+	// whoever is still waiting for it.
+	LookTimeout time.Duration
+	Now         func() time.Time
 }
 
 // Catalog says, for each template name a create may give, which VM it
@@ -48,11 +55,17 @@ type CatalogOptions struct {
 //
 // Every question is answered from one look at the node (a list of its
 // VMs and one ledger file per template a build tagged), taken at most
-// once per MaxAge however many callers ask, by whichever caller finds the
-// last one stale while the others wait for it; a look that failed is the
-// answer for as long. So no caller, whatever its rate, makes the node or
-// the ledger work more than once per MaxAge. Forget (a build that ended)
-// makes the next question look again.
+// once per MaxAge however many callers ask: whichever caller finds the
+// last one stale starts it, and every caller, that one too, waits for it
+// until its own context ends; a look that failed is the answer for as
+// long (a ledger record that cannot be read fails only the question of
+// the name whose template it is). The look is the catalog's, not its
+// caller's: it runs in a goroutine of its own under the catalog's
+// LookTimeout (its stop), so a caller that leaves (a client that hangs up
+// at once) neither ends it nor loses its answer for the others. So no
+// caller, whatever its rate, makes the node or the ledger work more than
+// once per MaxAge. Forget (a build that ended) makes the next question
+// look again.
 type Catalog struct {
 	o CatalogOptions
 
@@ -61,7 +74,7 @@ type Catalog struct {
 	mu sync.Mutex
 	// snap and err are the last look's answer, at when it began (zero:
 	// none, or forgotten).
-	snap map[string]apitype.TemplateInfo
+	snap map[string]catalogEntry
 	err  error
 	at   time.Time
 	// looking is closed when the look in flight ends (nil: none).
@@ -78,6 +91,9 @@ func NewCatalog(o CatalogOptions) (*Catalog, error) {
 	if o.MaxAge <= 0 {
 		o.MaxAge = DefaultCatalogAge
 	}
+	if o.LookTimeout <= 0 {
+		o.LookTimeout = DefaultCatalogLookTimeout
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -92,7 +108,14 @@ func (c *Catalog) Template(ctx context.Context, name string) (apitype.TemplateIn
 		return apitype.TemplateInfo{}, false, err
 	}
 	t, ok := snap[name]
-	return t, ok, nil
+	return t.info, ok && t.err == nil, t.err
+}
+
+// catalogEntry is what one look says of a name: its template, or why the
+// ledger cannot say (that name's question fails, no other's).
+type catalogEntry struct {
+	info apitype.TemplateInfo
+	err  error
 }
 
 // Forget makes the next question look at the node again (a build ended:
@@ -105,46 +128,53 @@ func (c *Catalog) Forget() {
 }
 
 // snapshot is the last look's answer while it is fresh, else a new look's
-// (one at a time: a caller finding one in flight waits for it).
-func (c *Catalog) snapshot(ctx context.Context) (map[string]apitype.TemplateInfo, error) {
+// (one at a time: a caller finding one in flight waits for it; the look
+// runs in its own goroutine, kept whether or not its starter still waits).
+func (c *Catalog) snapshot(ctx context.Context) (map[string]catalogEntry, error) {
 	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		c.mu.Lock()
 		if !c.at.IsZero() && c.o.Now().Sub(c.at) < c.o.MaxAge {
 			snap, err := c.snap, c.err
 			c.mu.Unlock()
 			return snap, err
 		}
-		if wait := c.looking; wait != nil {
-			c.mu.Unlock()
-			select {
-			case <-wait:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		done := make(chan struct{})
-		c.looking, c.at = done, time.Time{}
-		gen, began := c.gen, c.o.Now()
-		c.mu.Unlock()
-
-		snap, err := c.look(ctx)
-		c.mu.Lock()
-		c.looking = nil
-		// kept unless a Forget came meanwhile, or the look ended with
-		// its caller (not the node's answer)
-		if gen == c.gen && ctx.Err() == nil {
-			c.snap, c.err, c.at = snap, err, began
+		wait := c.looking
+		if wait == nil {
+			wait = make(chan struct{})
+			c.looking, c.at = wait, time.Time{}
+			go c.lookAndKeep(context.WithoutCancel(ctx), c.gen, c.o.Now(), wait)
 		}
 		c.mu.Unlock()
-		close(done)
-		return snap, err
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
+}
+
+// lookAndKeep looks at the node (bounded by LookTimeout, whoever waits)
+// and keeps the answer as of began unless a Forget came meanwhile (gen
+// is no longer the catalog's), then closes done.
+func (c *Catalog) lookAndKeep(ctx context.Context, gen uint64, began time.Time, done chan struct{}) {
+	ctx, cancel := context.WithTimeout(ctx, c.o.LookTimeout)
+	defer cancel()
+	snap, err := c.look(ctx)
+	c.mu.Lock()
+	c.looking = nil
+	if gen == c.gen {
+		c.snap, c.err, c.at = snap, err, began
+	}
+	c.mu.Unlock()
+	close(done)
 }
 
 // look lists the node's templates and reads the ledger of those a build
 // tagged.
-func (c *Catalog) look(ctx context.Context) (map[string]apitype.TemplateInfo, error) {
+func (c *Catalog) look(ctx context.Context) (map[string]catalogEntry, error) {
 	vms, err := c.o.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list the node's templates: %w", err)
@@ -161,17 +191,18 @@ func (c *Catalog) look(ctx context.Context) (map[string]apitype.TemplateInfo, er
 	for name, id := range c.o.Pinned {
 		clones[name] = id
 	}
-	out := make(map[string]apitype.TemplateInfo, len(clones))
+	out := make(map[string]catalogEntry, len(clones))
 	for name, id := range clones {
 		t := apitype.TemplateInfo{Name: name, VMID: id}
 		if v, ok := byID[id]; ok {
 			rec, built, err := ledgerTemplate(c.o.Ledger, v, nil)
 			if err != nil {
-				return nil, fmt.Errorf("build ledger of VM %d: %w: %w", id, err, sandbox.ErrNotConfigured)
+				out[name] = catalogEntry{err: fmt.Errorf("build ledger of VM %d: %w: %w", id, err, sandbox.ErrNotConfigured)}
+				continue
 			}
 			t.Built, t.Image, t.BuildMode = built, rec.Image, apitype.BuildMode(rec.Mode)
 		}
-		out[name] = t
+		out[name] = catalogEntry{info: t}
 	}
 	return out, nil
 }

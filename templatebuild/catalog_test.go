@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -118,11 +120,10 @@ func TestCatalogSaysWhatACreateClones(t *testing.T) {
 	}
 }
 
-// TestCatalogLooksOncePerMaxAge: however many questions come, at once or
-// one after another, the node is listed once per MaxAge (a failed look is
-// the answer as long); Forget makes the next question look again, and a
-// look that ended with its caller's context is not kept.
-func TestCatalogLooksOncePerMaxAge(t *testing.T) {
+// heldCatalog is a catalog (MaxAge 10 s on clock) over a node with one
+// template, debian (VM 9000), whose looks wait for l.hold to close.
+func heldCatalog(t *testing.T) (*templatebuild.Catalog, *listing, *testkit.Clock) {
+	t.Helper()
 	host := templatebuild.NodeHost{StateDir: filepath.Join(t.TempDir(), "ledger")}
 	l := &listing{vms: []sandbox.VMInfo{{VMID: 9000, Name: "debian", Template: true}}, hold: make(chan struct{})}
 	clock := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -130,6 +131,15 @@ func TestCatalogLooksOncePerMaxAge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cat, l, clock
+}
+
+// TestCatalogLooksOncePerMaxAge: however many questions come, at once or
+// one after another, the node is listed once per MaxAge (a failed look is
+// the answer as long); Forget makes the next question look again, and a
+// question whose context has ended makes none.
+func TestCatalogLooksOncePerMaxAge(t *testing.T) {
+	cat, l, clock := heldCatalog(t)
 	ctx := context.Background()
 
 	// 20 callers at once while the first look is held: one look
@@ -189,23 +199,83 @@ func TestCatalogLooksOncePerMaxAge(t *testing.T) {
 		t.Fatalf("%d looks after Forget, want 3", n)
 	}
 
-	// a look its caller ended is not kept: the next question looks again
+	// a question whose context has ended is its end, and no look
+	// (TestCatalogLookOutlivesItsCaller: one that ends mid-look)
 	cat.Forget()
-	l.mu.Lock()
-	l.hold = make(chan struct{})
-	l.mu.Unlock()
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, _, err := cat.Template(cctx, "debian"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a question whose context ended: %v", err)
 	}
-	l.mu.Lock()
-	close(l.hold)
-	l.mu.Unlock()
 	if _, ok, err := cat.Template(ctx, "debian"); err != nil || !ok {
-		t.Errorf("after a cancelled look: %v %v", ok, err)
+		t.Errorf("after a cancelled question: %v %v", ok, err)
 	}
-	if n := l.n.Load(); n != 5 {
-		t.Errorf("%d looks, want 5 (the cancelled one not kept)", n)
+	if n := l.n.Load(); n != 4 {
+		t.Errorf("%d looks, want 4 (none for the cancelled question)", n)
+	}
+}
+
+// TestCatalogLookOutlivesItsCaller: a look is not its first caller's: a
+// caller that leaves while the node is asked (a client that closes its
+// connection) does not end the look, and its answer is kept for every
+// later question, so a client that asks and hangs up at once cannot make
+// the node be listed once per request.
+func TestCatalogLookOutlivesItsCaller(t *testing.T) {
+	cat, l, _ := heldCatalog(t)
+	for i := range 5 {
+		cctx, cancel := context.WithCancel(context.Background())
+		left := make(chan error, 1)
+		go func() {
+			_, _, err := cat.Template(cctx, "debian")
+			left <- err
+		}()
+		for l.n.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		if err := <-left; !errors.Is(err, context.Canceled) {
+			t.Fatalf("caller %d that left: %v, want its context's end", i, err)
+		}
+	}
+	close(l.hold)
+	if got, ok, err := cat.Template(context.Background(), "debian"); err != nil || !ok || got.VMID != 9000 {
+		t.Errorf("after callers left: %+v %v %v, want VM 9000", got, ok, err)
+	}
+	if n := l.n.Load(); n != 1 {
+		t.Errorf("%d looks for 6 questions within MaxAge, 5 of whose callers left: want 1", n)
+	}
+}
+
+// TestCatalogOneBadRecordFailsOnlyItsName: a ledger record that cannot be
+// read fails the question of the name whose template it is, not every
+// other name's (each tenant asking of its own template keeps its
+// answer).
+func TestCatalogOneBadRecordFailsOnlyItsName(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ledger")
+	host := templatebuild.NodeHost{StateDir: dir}
+	img := "sha256:" + sha256Hex("box")
+	if err := host.Record(9100, templatebuild.Record{Name: "box", State: templatebuild.StateTemplate, Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "9200.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l := &listing{vms: []sandbox.VMInfo{
+		{VMID: 9100, Name: "box", Template: true, Tags: buildTags},
+		{VMID: 9200, Name: "broken", Template: true, Tags: buildTags},
+	}}
+	cat, err := templatebuild.NewCatalog(templatebuild.CatalogOptions{List: l.list, Ledger: host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if got, ok, err := cat.Template(ctx, "box"); err != nil || !ok || got != (apitype.TemplateInfo{Name: "box", VMID: 9100, Built: true, Image: img}) {
+		t.Errorf("box beside a bad record: %+v %v %v, want VM 9100 built from %s", got, ok, err, img)
+	}
+	if _, _, err := cat.Template(ctx, "broken"); !errors.Is(err, sandbox.ErrNotConfigured) || !strings.Contains(err.Error(), "9200") {
+		t.Errorf("the name of the bad record: %v, want an error naming VM 9200", err)
+	}
+	if _, ok, err := cat.Template(ctx, "none"); err != nil || ok {
+		t.Errorf("a name without a template beside a bad record: %v %v, want not found", ok, err)
 	}
 }

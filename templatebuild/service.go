@@ -120,6 +120,10 @@ type Service struct {
 	finished []string
 	// uploading are the image files an Upload sends to the node now.
 	uploading map[string]bool
+	// roomHeld is, per image storage, the room the uploads sending to it
+	// now were checked for (uploadSpoolCopies times each one's size),
+	// held until each ends (roomFor).
+	roomHeld map[string]int64
 }
 
 // build is one build; its state is guarded by Service.mu.
@@ -175,7 +179,7 @@ func NewService(o ServiceOptions) (*Service, error) {
 		}
 		o.Catalog = cat
 	}
-	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}, uploading: map[string]bool{}}, nil
+	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}, uploading: map[string]bool{}, roomHeld: map[string]int64{}}, nil
 }
 
 func orDefault(p *int, v int) {

@@ -412,3 +412,54 @@ func TestServiceUploadNeedsRoom(t *testing.T) {
 		t.Errorf("%d uploads, want 1", n.uploads())
 	}
 }
+
+// TestServiceUploadsInFlightHoldTheirRoom: the room an upload needs is
+// held while it runs: two uploads of different images at once (the API
+// takes two) that the image storage has room for only one of are not both
+// taken because each alone fits: the second is refused (ErrStorageFull,
+// naming what the uploads in flight hold) before its body is read, and
+// taken once the first has ended.
+func TestServiceUploadsInFlightHoldTheirRoom(t *testing.T) {
+	n, ova, u := uploadNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ova2 := testOVA(t, "<Envelope><other/></Envelope>")
+	h := sha256.Sum256(ova2)
+	u2 := apitype.TemplateUpload{Name: "box-b", File: "box-b.ova", SHA256: hex.EncodeToString(h[:]), OVADisk: "box-disk1.vmdk", Size: int64(len(ova2))}
+	// room for either upload at its peak, not for both
+	n.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 2*u.Size + 2*u2.Size - 1})
+
+	pr, pw := io.Pipe()
+	first := make(chan error, 1)
+	go func() {
+		_, err := n.svc.Upload(ctx, u, bodyOf(pr))
+		first <- err
+	}()
+	if _, err := pw.Write(ova[:100]); err != nil { // the first upload reads: its room was checked
+		t.Fatal(err)
+	}
+	body := &readCounter{r: bytes.NewReader(ova2)}
+	_, err := n.svc.Upload(ctx, u2, bodyOf(body))
+	if !errors.Is(err, sandbox.ErrStorageFull) || !strings.Contains(err.Error(), "in flight") {
+		t.Errorf("a second upload while the first holds the room: %v, want ErrStorageFull naming the uploads in flight", err)
+	}
+	if body.n != 0 {
+		t.Errorf("the refused upload read %d bytes", body.n)
+	}
+	if _, err := pw.Write(ova[100:]); err != nil {
+		t.Fatal(err)
+	}
+	_ = pw.Close()
+	if err := <-first; err != nil {
+		t.Fatalf("first upload: %v", err)
+	}
+	n.waitState(t, u.Name, apitype.BuildDone)
+	// the first's room is given back when it ends
+	if _, err := n.svc.Upload(ctx, u2, bodyOf(bytes.NewReader(ova2))); err != nil {
+		t.Fatalf("the second upload once the first ended: %v", err)
+	}
+	n.waitState(t, u2.Name, apitype.BuildDone)
+	if n.uploads() != 2 {
+		t.Errorf("%d uploads, want 2", n.uploads())
+	}
+}
