@@ -47,11 +47,12 @@ func (l archiveLimits) bound() string {
 // a member whose name is absolute or holds "..", a link, a device or a
 // fifo, a second member of the name, no member of it, one larger than
 // lim.Member, a decompressed stream past lim.Unpacked, an xz block with a
-// dictionary past maxXZDict, or any stream the decoders refuse
+// dictionary past maxXZDict or a stream of more than maxXZBlocks blocks,
+// or any stream the decoders refuse
 // (truncated, corrupt) each fail it. Nothing is written anywhere but to
 // take.
 func unpackMember(r io.Reader, name string, lim archiveLimits, take func(size int64, body io.Reader) error) error {
-	zr, err := xz.NewReader(newXZGuard(r, maxXZDict))
+	zr, err := xz.NewReader(newXZGuard(r, maxXZDict, maxXZBlocks))
 	if err != nil {
 		return fmt.Errorf("%w: not an xz stream: %v", ErrArchive, err)
 	}

@@ -174,6 +174,30 @@ func TestUnpackMember(t *testing.T) {
 	}
 }
 
+// TestXZGuardBlocks: the guard passes a stream of as many blocks as it
+// allows, and fails the read that brings one more; a second stream counts
+// its own.
+func TestXZGuardBlocks(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1000) // 16000 bytes: 4 blocks of 4096
+	one := TarXZ(t, xz.WriterConfig{BlockSize: 4096}, TarMember{Name: "disk.raw", Data: data})
+	blocks := 0
+	for n := 1; n < 10; n++ {
+		if _, err := io.Copy(io.Discard, newXZGuard(bytes.NewReader(one), maxXZDict, n)); err == nil {
+			blocks = n
+			break
+		} else if !strings.Contains(err.Error(), "a stream of more than") {
+			t.Fatalf("%d blocks: %v", n, err)
+		}
+	}
+	if blocks < 4 {
+		t.Fatalf("a stream of %d blocks passes, want at least 4 (16 KiB of tar in blocks of 4 KiB)", blocks)
+	}
+	two := append(bytes.Clone(one), one...)
+	if _, err := io.Copy(io.Discard, newXZGuard(bytes.NewReader(two), maxXZDict, blocks)); err != nil {
+		t.Errorf("two streams of %d blocks each: %v", blocks, err)
+	}
+}
+
 func flip(b []byte, at int) []byte {
 	b = bytes.Clone(b)
 	b[at] ^= 0x55

@@ -12,11 +12,19 @@ import (
 // the daemon's memory budget (README, "The daemon's worst-case memory").
 const maxXZDict = 64 << 20
 
+// maxXZBlocks bounds the blocks of one xz stream: the decoder keeps a
+// 16-byte index record of each block until the stream's end, and a block
+// can be 12 bytes long; 2^18 blocks (4 MiB of records) is a 64 GiB disk
+// in blocks of 256 KiB (xz -T0 makes blocks of 3 dictionaries, 24 MiB at
+// its default level).
+const maxXZBlocks = 1 << 18
+
 // xzGuard passes an xz stream through unchanged and follows its framing
 // without decompressing it (stream header, block headers, the LZMA2
 // chunks' control bytes and sizes, block padding and check, index,
 // footer, stream padding): the read that brings a block header whose
-// LZMA2 dictionary is larger than max fails. The decoder
+// LZMA2 dictionary is larger than maxDict, or a stream's block past
+// maxBlocks, fails. The decoder
 // (github.com/ulikunitz/xz) allocates the dictionary each block header
 // declares, up to 4 GiB, and the archive's digest is known only once it
 // has been read to its end: without the guard, a hostile archive would
@@ -26,9 +34,12 @@ const maxXZDict = 64 << 20
 // decoder reads. The rest of the format's checks (CRCs, index, sizes) are
 // the decoder's.
 type xzGuard struct {
-	r       io.Reader
-	maxDict int64
-	st      xzState
+	r         io.Reader
+	maxDict   int64
+	maxBlocks int
+	st        xzState
+	// blocks counts the current stream's blocks.
+	blocks int
 	// hdr collects a header's bytes until it has want of them.
 	hdr  []byte
 	want int
@@ -67,8 +78,8 @@ var (
 	lzma2FilterID = byte(0x21)
 )
 
-func newXZGuard(r io.Reader, maxDict int64) *xzGuard {
-	return &xzGuard{r: r, maxDict: maxDict, st: xzStreamHeader, want: 12}
+func newXZGuard(r io.Reader, maxDict int64, maxBlocks int) *xzGuard {
+	return &xzGuard{r: r, maxDict: maxDict, maxBlocks: maxBlocks, st: xzStreamHeader, want: 12}
 }
 
 // Read implements io.Reader.
@@ -128,6 +139,9 @@ func (g *xzGuard) byte(c byte) error {
 		if c == 0 {
 			g.st, g.indexLen, g.varint, g.varintLen = xzIndexCount, 1, 0, 0
 			return nil
+		}
+		if g.blocks++; g.blocks > g.maxBlocks {
+			return fmt.Errorf("a stream of more than %d blocks: refused (the decoder keeps a record of each)", g.maxBlocks)
 		}
 		g.hdr = append(g.hdr[:0], c)
 		g.collect(xzBlockHeader, (int(c)+1)*4)
@@ -203,7 +217,7 @@ func (g *xzGuard) header(h []byte) error {
 			return fmt.Errorf("%w: no stream header", errXZFraming)
 		}
 		g.check = xzCheckSizes[h[7]&0x0F]
-		g.st = xzBlockStart
+		g.st, g.blocks = xzBlockStart, 0
 	case xzBlockHeader:
 		if err := g.blockHeader(h); err != nil {
 			return err
