@@ -203,7 +203,7 @@ func (s *Server) templateResponses(paths map[string]any) {
 	post := paths["/v1/templates/build"].(map[string]any)["post"].(map[string]any)["responses"].(map[string]any)
 	post[httpCode(http.StatusOK)] = map[string]any{"description": "the template exists (state done, reused): nothing is built",
 		"content": map[string]any{"application/json": map[string]any{"schema": map[string]any{"$ref": "#/components/schemas/TemplateBuild"}}}}
-	post[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, an unknown recipe, a recipe the node cannot download (kali2025.4), an image URL without its checksum or refused (the node's own, loopback, link-local or metadata addresses): nothing is built", apitype.ProblemInvalidRequest)
+	post[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, an unknown recipe, a recipe with a checksum (a recipe pins its own list: kali2025.4's .tar.xz, too, which the node downloads, unpacks and uploads itself), an image URL without its checksum or refused (the node's own, loopback, link-local or metadata addresses): nothing is built", apitype.ProblemInvalidRequest)
 	post[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source is queued or runs", apitype.ProblemConflict)
 	post[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build queue is full, the daemon starts or stops, or the builder cannot log in (its password file, its password): nothing is built", apitype.ProblemUnavailable)
 	put := paths["/v1/templates/build/{name}/image"].(map[string]any)["put"].(map[string]any)["responses"].(map[string]any)

@@ -30,7 +30,11 @@ import (
 // emulated node itself), the build VM's guest is a real one on a real
 // SDN vnet, and every agent call goes through this project's qga client
 // to the guest's real qemu-ga. The template then clones, and the clone's
-// agent answers.
+// agent answers. Then the shipped kali2025.4 recipe builds from a mirror
+// on the uplink (MIRROR/kali2025.4/: a .tar.xz of a small disk.raw and its
+// SHA256SUMS): the node's own download from the node's network namespace,
+// the archive unpacked and uploaded by the build, the recipe's own checks
+// through the real agent.
 func TestBuildOnBed(t *testing.T) {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -38,7 +42,17 @@ func TestBuildOnBed(t *testing.T) {
 	images := t.TempDir()
 	img := bytes.Repeat([]byte("bed-cloud-image "), 1<<16)
 	sum := sha256.Sum256(img)
-	for name, b := range map[string][]byte{"cloud.raw": img, "SHA256SUMS": []byte(hex.EncodeToString(sum[:]) + "  cloud.raw\n")} {
+	kali := templatebuild.Recipes()["kali2025.4"]
+	archive, err := pveemu.CloudRawTarXZ(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asum := sha256.Sum256(archive)
+	if err := os.MkdirAll(filepath.Join(images, "kali2025.4"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"cloud.raw": img, "SHA256SUMS": []byte(hex.EncodeToString(sum[:]) + "  cloud.raw\n"),
+		"kali2025.4/" + kali.Image.Listed(): archive, "kali2025.4/SHA256SUMS": []byte(hex.EncodeToString(asum[:]) + "  " + kali.Image.Listed() + "\n")} {
 		if err := os.WriteFile(filepath.Join(images, name), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -147,5 +161,40 @@ func TestBuildOnBed(t *testing.T) {
 	}
 	if err != nil || ares.Exit != 0 || ares.Output != "clone-answers\n" {
 		t.Errorf("clone's agent: %+v %v", ares, err)
+	}
+
+	kali, err = templatebuild.MirrorRecipe(kali, testvm.ImagesURL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := px.NextID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci = filepath.Join(s.DiskDir(next), "upper", "usr", "local", "bin", "cloud-init")
+	if err := os.MkdirAll(filepath.Dir(ci), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ci, []byte("#!/bin/sh\necho 'status: done'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	b, err = templatebuild.New(px, agent, host, templatebuild.Options{Name: "bedkali", Recipe: kali, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
+		Bridge: "bzv0", AgentWait: time.Minute, AgentPoll: 200 * time.Millisecond, CloudInitWait: time.Minute, LockDir: t.TempDir(), Progress: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.Run(ctx)
+	if err != nil {
+		t.Fatalf("kali build: %v\n%s", err, out.String())
+	}
+	t.Logf("kali build:\n%s", out.String())
+	for _, want := range []string{"uploaded disk.raw: 1048576 bytes", "as its checksum says", "dpkg-query -W qemu-guest-agent python3 gcc make: ok", "tagged builtin-kali2025.4;inspect;pvei-template"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("kali progress lacks %q", want)
+		}
+	}
+	if conf, err := px.VMConfig(ctx, res.VMID); err != nil || conf["template"] != "1" || !hardening.Check(conf).OK() {
+		t.Errorf("kali template %v %v", conf, err)
 	}
 }

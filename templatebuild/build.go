@@ -86,11 +86,19 @@ type Host interface {
 	// Fetch reads a small document (a checksum list) over HTTP(S), at
 	// most limit bytes.
 	Fetch(ctx context.Context, url string, limit int64) ([]byte, error)
+	// Open streams a document (an image archive) over HTTP(S), checked
+	// as Fetch's: its body, to be closed, and its length (-1 unknown).
+	// ctx ending ends the body.
+	Open(ctx context.Context, url string) (io.ReadCloser, int64, error)
 	// Record, Recorded and Forget keep the ledger of the VMs this node's
 	// builds made (ledger.go).
 	Record(vmid int, r Record) error
 	Recorded(vmid int) (Record, bool, error)
 	Forget(vmid int) error
+	// RecordImage and RecordedImage keep the ledger of the images this
+	// node's builds unpacked from archives (ledger.go).
+	RecordImage(r ImageRecord) error
+	RecordedImage(volid string) (ImageRecord, bool, error)
 }
 
 // Options are a build's settings.
@@ -137,6 +145,14 @@ type Options struct {
 	// daemon stopping) for the next build of the name to destroy, rather
 	// than hold up the shutdown destroying it.
 	KeepCancelled bool
+	// MaxUnpacked bounds the disk an archive image is unpacked to (its
+	// member's size) and the archive's download (DefaultMaxUnpacked when
+	// 0).
+	MaxUnpacked int64
+	// LockDir, when set, holds the lock that keeps two builds from
+	// unpacking the same archive image at once (the per-name locks'
+	// directory, Lock's).
+	LockDir string
 	// Progress receives one line per step; Log the same as debug records
 	// (and a failed snippet removal as a warning).
 	Progress io.Writer
@@ -158,6 +174,9 @@ func (o *Options) defaults() {
 	}
 	if o.AgentPoll == 0 {
 		o.AgentPoll = 5 * time.Second
+	}
+	if o.MaxUnpacked == 0 {
+		o.MaxUnpacked = DefaultMaxUnpacked
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
@@ -207,11 +226,14 @@ func (o Options) Validate() error {
 		return err
 	}
 	img := o.Recipe.Image
-	if img.Unsupported != "" && img.Volume == "" {
-		return fmt.Errorf("recipe %s: %s", o.Recipe.Name, img.Unsupported)
-	}
 	if img.URL == "" && img.Volume == "" {
 		return errors.New("no image: want a recipe or --from")
+	}
+	if img.Unpack != "" && img.Volume == "" && (!reOVADisk.MatchString(img.File) || img.Disk != "" || !reOVADisk.MatchString(img.Unpack)) {
+		return fmt.Errorf("recipe %s: the archive's member %q (a file name of the archive's top directory) is unpacked to %q: both must be disk files (.qcow2, .raw, .vmdk)", o.Recipe.Name, img.Unpack, img.File)
+	}
+	if o.MaxUnpacked < 0 {
+		return fmt.Errorf("max unpacked size %d: want a positive number of bytes", o.MaxUnpacked)
 	}
 	if _, err := userData(o.Recipe.Packages); err != nil {
 		return fmt.Errorf("recipe %s: %w", o.Recipe.Name, err)
@@ -459,6 +481,8 @@ func (b *Builder) image(ctx context.Context) (source, error) {
 	storage := b.o.ImageStorage
 	if img.Volume != "" {
 		storage, _, _ = strings.Cut(img.Volume, ":")
+	} else if img.Unpack != "" {
+		return b.unpacked(ctx, storage)
 	}
 	if img.Disk != "" {
 		if err := b.checkWorkStorage(ctx, storage); err != nil {
@@ -580,11 +604,11 @@ func (b *Builder) checksum(ctx context.Context) (alg, sum string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("fetch the checksum list %s: %w", img.ChecksumURL, err)
 	}
-	sum, err = findChecksum(list, img.File, checksumLen[img.ChecksumAlg])
+	sum, err = findChecksum(list, img.Listed(), checksumLen[img.ChecksumAlg])
 	if err != nil {
 		return "", "", fmt.Errorf("checksum list %s: %w", img.ChecksumURL, err)
 	}
-	b.say("image", "%s of %s from %s", img.ChecksumAlg, img.File, img.ChecksumURL)
+	b.say("image", "%s of %s from %s", img.ChecksumAlg, img.Listed(), img.ChecksumURL)
 	return img.ChecksumAlg, sum, nil
 }
 

@@ -288,7 +288,15 @@ func TestOptionsAndImages(t *testing.T) {
 		{"ok", func(*Options) {}, ""},
 		{"bad name", func(o *Options) { o.Name = "a_b" }, "want a DNS name"},
 		{"bad storage", func(o *Options) { o.Storage = "local lvm" }, "--storage"},
-		{"kali needs an unpacked image", func(o *Options) { o.Recipe = Recipes()["kali2025.4"] }, "tar -xJf"},
+		{"kali from its archive", func(o *Options) { o.Recipe = Recipes()["kali2025.4"] }, ""},
+		{"an archive's member to no disk", func(o *Options) {
+			o.Recipe = Recipes()["kali2025.4"]
+			o.Recipe.Image.File = "k.iso"
+		}, "both must be disk files"},
+		{"an archive's member in a directory", func(o *Options) {
+			o.Recipe = Recipes()["kali2025.4"]
+			o.Recipe.Image.Unpack = "../disk.raw"
+		}, "both must be disk files"},
 		{"kali from a volume", func(o *Options) {
 			o.Recipe = Recipes()["kali2025.4"]
 			o.Recipe.Image = Image{Volume: "local:import/k.raw", File: "k.raw"}

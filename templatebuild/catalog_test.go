@@ -2,8 +2,6 @@ package templatebuild_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -45,10 +43,6 @@ func (l *listing) list(ctx context.Context) ([]sandbox.VMInfo, error) {
 }
 
 // sha256Hex is the hex sha256 of s.
-func sha256Hex(s string) string {
-	h := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(h[:])
-}
 
 var buildTags = []string{templatebuild.TagInspect, templatebuild.TagTemplate}
 
@@ -60,10 +54,10 @@ var buildTags = []string{templatebuild.TagInspect, templatebuild.TagTemplate}
 // or a name no template has, is not in it.
 func TestCatalogSaysWhatACreateClones(t *testing.T) {
 	host := templatebuild.NodeHost{StateDir: filepath.Join(t.TempDir(), "ledger")}
-	img := "sha256:" + sha256Hex("box")
+	img := "sha256:" + sha256Hex([]byte("box"))
 	for vmid, r := range map[int]templatebuild.Record{
 		9100: {Name: "box", State: templatebuild.StateTemplate, Image: img},
-		9101: {Name: "box", State: templatebuild.StateTemplate, Image: "sha256:" + sha256Hex("later")},
+		9101: {Name: "box", State: templatebuild.StateTemplate, Image: "sha256:" + sha256Hex([]byte("later"))},
 		9200: {Name: "old", State: templatebuild.StateTemplate},
 		9300: {Name: "other-name", State: templatebuild.StateTemplate, Image: img},
 		9400: {Name: "pooled", State: templatebuild.StateTemplate, Image: img},
@@ -253,7 +247,7 @@ func TestCatalogLookOutlivesItsCaller(t *testing.T) {
 func TestCatalogOneBadRecordFailsOnlyItsName(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "ledger")
 	host := templatebuild.NodeHost{StateDir: dir}
-	img := "sha256:" + sha256Hex("box")
+	img := "sha256:" + sha256Hex([]byte("box"))
 	if err := host.Record(9100, templatebuild.Record{Name: "box", State: templatebuild.StateTemplate, Image: img}); err != nil {
 		t.Fatal(err)
 	}

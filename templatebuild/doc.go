@@ -18,7 +18,13 @@
 //     Proxmox verifying the checksum) to a file of the build's name with
 //     its digest (BuildFile), kept when already there with that digest,
 //     refused when there with another (or with no checksum to check);
-//     a --from volume is taken as it is. Its file is hashed, and hashed
+//     a --from volume is taken as it is. An archive Proxmox cannot
+//     download (Image.Unpack: kali2025.4's .tar.xz) is downloaded by the
+//     build itself, its member unpacked as it arrives (tarxz.go, every
+//     member checked, the xz decoder's memory bounded: xzguard.go) and
+//     uploaded (content import) under BuildFile's name of the archive's
+//     digest, which is checked at the archive's end; a refused archive's
+//     upload is freed (unpack.go). Its file is hashed, and hashed
 //     again after the create's import (a changed file fails the build).
 //  3. seed: the cloud-init user-data and network-config are written
 //     (atomically) as snippets into the snippets directory of the snippets

@@ -36,6 +36,9 @@ type emuNode struct {
 	px     *pveapi.Client
 	agent  apiAgent
 	images *httptest.Server
+	// hc is the node's own HTTP client (NodeHost's): every host it asks
+	// for is the image server, as the bed's uplink serves any name.
+	hc *http.Client
 	// ledger is the build ledger's directory.
 	ledger string
 }
@@ -167,15 +170,28 @@ func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 		t.Fatal(err)
 	}
 	ticket, csrf := s.RootTicket()
-	return emuNode{s: s, px: px, agent: apiAgent{hc: ts.Client(), base: ts.URL + "/api2/json", ticket: ticket, csrf: csrf}, images: images, ledger: filepath.Join(dir, "ledger")}
+	return emuNode{s: s, px: px, agent: apiAgent{hc: ts.Client(), base: ts.URL + "/api2/json", ticket: ticket, csrf: csrf}, images: images,
+		hc: &http.Client{Transport: &http.Transport{DialContext: fb.DialContext}}, ledger: filepath.Join(dir, "ledger")}
 }
 
 func (e emuNode) build(t *testing.T, ctx context.Context, name string, r templatebuild.Recipe) (templatebuild.Result, string, error) {
 	t.Helper()
+	return e.buildWith(t, ctx, templatebuild.Options{Name: name, Recipe: r})
+}
+
+// buildWith builds with o's name, recipe and MaxUnpacked and LockDir
+// (when set) on the emulator's storages and vnet; its progress goes to
+// o.Progress too.
+func (e emuNode) buildWith(t *testing.T, ctx context.Context, o templatebuild.Options) (templatebuild.Result, string, error) {
+	t.Helper()
 	var out bytes.Buffer
-	b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger},
-		templatebuild.Options{Name: name, Recipe: r, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
-			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, Progress: &out})
+	var progress io.Writer = &out
+	if o.Progress != nil {
+		progress = io.MultiWriter(&out, o.Progress)
+	}
+	b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.hc, StateDir: e.ledger},
+		templatebuild.Options{Name: o.Name, Recipe: o.Recipe, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
+			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, MaxUnpacked: o.MaxUnpacked, LockDir: o.LockDir, Progress: progress})
 	if err != nil {
 		t.Fatal(err)
 	}

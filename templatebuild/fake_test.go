@@ -1,9 +1,11 @@
 package templatebuild
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"sort"
@@ -270,10 +272,11 @@ type fakeHost struct {
 	lists  map[string]string // url -> body
 	pve    *fakePVE          // the node's volumes
 	ledger map[int]Record
+	images map[string]ImageRecord
 }
 
 func newFakeHost() *fakeHost {
-	return &fakeHost{files: map[string]string{}, sums: map[string]string{}, lists: map[string]string{}, ledger: map[int]Record{}}
+	return &fakeHost{files: map[string]string{}, sums: map[string]string{}, lists: map[string]string{}, ledger: map[int]Record{}, images: map[string]ImageRecord{}}
 }
 
 func (h *fakeHost) WriteFile(path string, data []byte) error {
@@ -321,6 +324,29 @@ func (h *fakeHost) Fetch(_ context.Context, url string, _ int64) ([]byte, error)
 		return nil, errors.New("404 Not Found")
 	}
 	return []byte(b), nil
+}
+
+// Open serves lists[url] as Fetch does.
+func (h *fakeHost) Open(ctx context.Context, url string) (io.ReadCloser, int64, error) {
+	b, err := h.Fetch(ctx, url, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	return io.NopCloser(bytes.NewReader(b)), int64(len(b)), nil
+}
+
+func (h *fakeHost) RecordImage(r ImageRecord) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.images[r.Volume] = r
+	return nil
+}
+
+func (h *fakeHost) RecordedImage(volid string) (ImageRecord, bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.images[volid]
+	return r, ok, nil
 }
 
 func (f *fakePVE) ListVNets(context.Context) ([]sandbox.VNetInfo, error) {

@@ -196,7 +196,7 @@ func (b *Builder) importSources(ctx context.Context, src source) ([]string, erro
 			return nil, fmt.Errorf("%s: its OVF's disk %s is %q, not a disk image of the archive this build takes (a file name of letters, digits and '_.+=-' ending .vmdk, .qcow2 or .raw)",
 				src.importFrom, k, d.VolID)
 		}
-		b.say("import", "disk %s of the OVF: %s (%s)", k, d.VolID, sizeText(d.Size))
+		b.say("import", "disk %s of the OVF: %s (%s)", k, d.VolID, ovfSizeText(d.Size))
 		out = append(out, d.VolID)
 	}
 	return out, nil
@@ -253,7 +253,7 @@ func splitKey(k string) (string, int) {
 	return k[:i], n
 }
 
-func sizeText(n int64) string {
+func ovfSizeText(n int64) string {
 	if n <= 0 {
 		return "size not in the OVF"
 	}

@@ -1,6 +1,8 @@
 package templatebuild
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -112,17 +114,7 @@ func (n NodeHost) Record(vmid int, r Record) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(n.StateDir, 0o700); err != nil {
-		return err
-	}
-	if err := os.Chmod(n.StateDir, 0o700); err != nil {
-		return err
-	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(p, b, 0o600)
+	return n.writeEntry(p, r)
 }
 
 // Recorded implements Host (ok false when vmid has no entry).
@@ -131,18 +123,40 @@ func (n NodeHost) Recorded(vmid int) (Record, bool, error) {
 	if err != nil {
 		return Record{}, false, err
 	}
+	var r Record
+	ok, err := readEntry(p, &r)
+	return r, ok, err
+}
+
+// writeEntry writes v as the ledger's file p (atomically, root-only; the
+// ledger's directories made when missing).
+func (n NodeHost) writeEntry(p string, v any) error {
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(n.StateDir, 0o700); err != nil {
+		return err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(p, b, 0o600)
+}
+
+// readEntry reads the ledger's file p into v (false when there is none).
+func readEntry(p string, v any) (bool, error) {
 	b, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
-		return Record{}, false, nil
+		return false, nil
 	}
 	if err != nil {
-		return Record{}, false, err
+		return false, err
 	}
-	var r Record
-	if err := json.Unmarshal(b, &r); err != nil {
-		return Record{}, false, fmt.Errorf("build ledger %s: %w", p, err)
+	if err := json.Unmarshal(b, v); err != nil {
+		return false, fmt.Errorf("build ledger %s: %w", p, err)
 	}
-	return r, true, nil
+	return true, nil
 }
 
 // Forget implements Host.
@@ -155,4 +169,49 @@ func (n NodeHost) Forget(vmid int) error {
 		return err
 	}
 	return nil
+}
+
+// ImageRecord is the ledger's entry of an image a build unpacked from an
+// archive and uploaded (Image.Unpack): the volume holds the file of
+// digest Image, unpacked from the archive of digest Archive (both
+// "ALG:HEX"). A later build reuses the volume only when its archive has
+// that digest and the file on the node, hashed again, this one.
+type ImageRecord struct {
+	Volume  string `json:"volume"`
+	Archive string `json:"archive"`
+	Image   string `json:"image"`
+}
+
+// imageRecordPath is the entry of volid: images/<sha256 of volid>.json
+// (a volume id holds ':' and '/').
+func (n NodeHost) imageRecordPath(volid string) (string, error) {
+	if n.StateDir == "" {
+		return "", errors.New("no state directory for the build ledger")
+	}
+	if err := ownDir(n.StateDir); err != nil {
+		return "", fmt.Errorf("build ledger: %w", err)
+	}
+	h := sha256.Sum256([]byte(volid))
+	return filepath.Join(n.StateDir, "images", hex.EncodeToString(h[:])+".json"), nil
+}
+
+// RecordImage implements Host (one file an image, atomically, root-only).
+func (n NodeHost) RecordImage(r ImageRecord) error {
+	p, err := n.imageRecordPath(r.Volume)
+	if err != nil {
+		return err
+	}
+	return n.writeEntry(p, r)
+}
+
+// RecordedImage implements Host (ok false when volid has no entry, or one
+// of another volume).
+func (n NodeHost) RecordedImage(volid string) (ImageRecord, bool, error) {
+	p, err := n.imageRecordPath(volid)
+	if err != nil {
+		return ImageRecord{}, false, err
+	}
+	var r ImageRecord
+	ok, err := readEntry(p, &r)
+	return r, ok && r.Volume == volid, err
 }

@@ -41,13 +41,14 @@ func CheckMirror(raw string) error {
 // mirror base instead of the distribution's server: base/NAME/FILE and
 // base/NAME/LIST, FILE and LIST the file names of the recipe's URLs
 // (debian13/debian-13-genericcloud-amd64.qcow2 and debian13/SHA512SUMS,
-// ubuntu24.04/noble-server-cloudimg-amd64.ova and ubuntu24.04/SHA256SUMS).
-// The checksum is still the line of the image in the mirror's list, which
-// Proxmox verifies the download against: the mirror is trusted as the
-// distribution's server was. A recipe Proxmox cannot download (kali2025.4)
-// or without a name is returned as it is.
+// ubuntu24.04/noble-server-cloudimg-amd64.ova and ubuntu24.04/SHA256SUMS,
+// kali2025.4/kali-linux-2025.4-cloud-genericcloud-amd64.tar.xz and
+// kali2025.4/SHA256SUMS). The checksum is still the line of the image in
+// the mirror's list, which Proxmox verifies the download against (the
+// build itself, for an archive it unpacks): the mirror is trusted as the
+// distribution's server was. A recipe without a name is returned as it is.
 func MirrorRecipe(r Recipe, base string) (Recipe, error) {
-	if base == "" || r.Name == "" || r.Image.URL == "" || r.Image.Unsupported != "" {
+	if base == "" || r.Name == "" || r.Image.URL == "" {
 		return r, nil
 	}
 	if err := CheckMirror(base); err != nil {

@@ -48,8 +48,9 @@ func TestCheckMirror(t *testing.T) {
 
 // TestMirrorRecipe: a mirrored recipe fetches its image and its checksum
 // list under MIRROR/RECIPE/ by the distribution's file names, with the
-// same algorithm, file and OVA disk; kali2025.4 (not downloadable) and an
-// empty mirror leave the recipe as shipped.
+// same algorithm, file, OVA disk and archive member (kali2025.4's archive
+// under its own name, its member unpacked to the shipped file); an empty
+// mirror leaves the recipe as shipped.
 func TestMirrorRecipe(t *testing.T) {
 	rs := templatebuild.Recipes()
 	for _, tc := range []struct {
@@ -59,7 +60,7 @@ func TestMirrorRecipe(t *testing.T) {
 		{"debian13", "http://mirror.lan/cloud", "http://mirror.lan/cloud/debian13/debian-13-genericcloud-amd64.qcow2", "http://mirror.lan/cloud/debian13/SHA512SUMS"},
 		{"ubuntu24.04", "https://mirror.lan", "https://mirror.lan/ubuntu24.04/noble-server-cloudimg-amd64.ova", "https://mirror.lan/ubuntu24.04/SHA256SUMS"},
 		{"debian13", "", rs["debian13"].Image.URL, rs["debian13"].Image.ChecksumURL},
-		{"kali2025.4", "http://mirror.lan/", rs["kali2025.4"].Image.URL, ""},
+		{"kali2025.4", "http://mirror.lan/", "http://mirror.lan/kali2025.4/kali-linux-2025.4-cloud-genericcloud-amd64.tar.xz", "http://mirror.lan/kali2025.4/SHA256SUMS"},
 	} {
 		shipped := rs[tc.recipe]
 		r, err := templatebuild.MirrorRecipe(shipped, tc.mirror)
@@ -69,10 +70,11 @@ func TestMirrorRecipe(t *testing.T) {
 		if r.Image.URL != tc.url || r.Image.ChecksumURL != tc.sums {
 			t.Errorf("%s from %q: %s and %s, want %s and %s", tc.recipe, tc.mirror, r.Image.URL, r.Image.ChecksumURL, tc.url, tc.sums)
 		}
-		if r.Image.File != shipped.Image.File || r.Image.Disk != shipped.Image.Disk || r.Image.ChecksumAlg != shipped.Image.ChecksumAlg || r.Image.Checksum != "" {
+		if r.Image.File != shipped.Image.File || r.Image.Disk != shipped.Image.Disk || r.Image.Unpack != shipped.Image.Unpack || r.Image.Listed() != shipped.Image.Listed() ||
+			r.Image.ChecksumAlg != shipped.Image.ChecksumAlg || r.Image.Checksum != "" {
 			t.Errorf("%s from %q: image %+v, want the shipped file, disk and algorithm", tc.recipe, tc.mirror, r.Image)
 		}
-		if _, err := templatebuild.ImageFromURL(r.Image.URL, "", r.Image.Disk); err != nil && r.Image.Unsupported == "" {
+		if _, err := templatebuild.ImageFromURL(r.Image.URL, "", r.Image.Disk); err != nil && r.Image.Unpack == "" {
 			t.Errorf("%s from %q: %v", tc.recipe, tc.mirror, err)
 		}
 	}

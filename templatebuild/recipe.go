@@ -24,6 +24,12 @@ type Image struct {
 	// Disk is, for an OVA, the disk inside it to import (the volume
 	// STORAGE:import/FILE.ova/DISK).
 	Disk string
+	// Unpack is, for a URL of a .tar.xz archive (which Proxmox's
+	// download-url does not import), the member of it that is the disk
+	// (kali's disk.raw): the build downloads the archive itself, unpacks
+	// that member as it arrives and uploads it to File (unpack.go). The
+	// checksum is then the archive's.
+	Unpack string
 	// Volume is an image already on the node (STORAGE:import/FILE or
 	// STORAGE:import/FILE.ova/DISK); set instead of URL.
 	Volume string
@@ -31,11 +37,22 @@ type Image struct {
 	Checksum string
 	// ChecksumURL names a checksum list published beside the image
 	// (SHA512SUMS, SHA256SUMS lines "HEX  FILE"); the build fetches it and
-	// takes the line of File. ChecksumAlg is its algorithm.
+	// takes the line of Listed(). ChecksumAlg is its algorithm.
 	ChecksumURL, ChecksumAlg string
-	// Unsupported, when set, says why this image cannot be downloaded by
-	// Proxmox and what to do instead (a build of it needs --from VOLID).
-	Unsupported string
+}
+
+// Listed is the file name of the image's line in its checksum list: the
+// archive's (the URL's last path element) for an image to unpack, else
+// File.
+func (img Image) Listed() string {
+	if img.Unpack == "" {
+		return img.File
+	}
+	u, err := url.Parse(img.URL)
+	if err != nil {
+		return img.File
+	}
+	return path.Base(u.Path)
 }
 
 // Recipe is how a template is built.
@@ -134,13 +151,14 @@ func Recipes() map[string]Recipe {
 			Disk:        "ubuntu-noble-24.04-cloudimg.vmdk",
 			ChecksumURL: "https://cloud-images.ubuntu.com/noble/current/SHA256SUMS", ChecksumAlg: "sha256",
 		}),
+		// Kali publishes its cloud image only as a .tar.xz of disk.raw;
+		// its release directories hold a SHA256SUMS (assumed from Kali's
+		// layout: not checked from here).
 		"kali2025.4": base("kali2025.4", Image{
-			URL:  "https://kali.download/cloud-images/kali-2025.4/kali-linux-2025.4-cloud-genericcloud-amd64.tar.xz",
-			File: "kali-2025.4-genericcloud-amd64.raw",
-			Unsupported: "Kali ships this image only as a .tar.xz, which Proxmox's download-url does not import (import takes .ova, .qcow2, .raw, .vmdk; its decompression is for ISOs only). " +
-				"Unpack it on the node and build from the volume: cd /var/lib/vz/import && curl -fLO https://kali.download/cloud-images/kali-2025.4/kali-linux-2025.4-cloud-genericcloud-amd64.tar.xz && " +
-				"tar -xJf kali-linux-2025.4-cloud-genericcloud-amd64.tar.xz disk.raw && mv disk.raw kali-2025.4-genericcloud-amd64.raw; " +
-				"then: pve-inspectd template build NAME --recipe kali2025.4 --from local:import/kali-2025.4-genericcloud-amd64.raw",
+			URL:         "https://kali.download/cloud-images/kali-2025.4/kali-linux-2025.4-cloud-genericcloud-amd64.tar.xz",
+			File:        "kali-2025.4-genericcloud-amd64.raw",
+			Unpack:      "disk.raw",
+			ChecksumURL: "https://kali.download/cloud-images/kali-2025.4/SHA256SUMS", ChecksumAlg: "sha256",
 		}),
 	}
 }

@@ -83,7 +83,8 @@ type ServiceOptions struct {
 	// pve-access-setup grants the templates it is given), with px, the
 	// builder's client. A failed grant fails the build, saying what to run.
 	Grant func(ctx context.Context, px Proxmox, vmid int) error
-	// LockDir holds the per-name build locks (Lock), shared with
+	// LockDir holds the per-name build locks (Lock) and the locks of
+	// images being unpacked (Options.LockDir), shared with
 	// `pve-inspectd template build` on the node.
 	LockDir string
 	// Catalog answers Template for a name no build of is remembered
@@ -328,9 +329,6 @@ func (s *Service) recipe(ctx context.Context, req apitype.TemplateBuildRequest) 
 		if !ok {
 			return Recipe{}, badRequest("recipe", "unknown recipe %q; shipped: %s", req.Recipe, strings.Join(RecipeNames(), ", "))
 		}
-		if r.Image.Unsupported != "" {
-			return Recipe{}, badRequest("recipe", "recipe %s cannot be built over the API: %s", req.Recipe, r.Image.Unsupported)
-		}
 		if req.Checksum != "" || req.OVADisk != "" {
 			return Recipe{}, badRequest("checksum", "checksum and ova_disk go with from: a recipe pins its own")
 		}
@@ -505,7 +503,7 @@ func (s *Service) build(ctx context.Context, b *build, recipe Recipe) (Result, e
 		return Result{}, loginError{err}
 	}
 	o := s.o.Defaults
-	o.Name, o.Recipe, o.Mode, o.KeepCancelled = b.req.Name, recipe, Mode(b.req.BuildMode), true
+	o.Name, o.Recipe, o.Mode, o.KeepCancelled, o.LockDir = b.req.Name, recipe, Mode(b.req.BuildMode), true, s.o.LockDir
 	o.Progress = progressWriter{s: s, b: b}
 	o.Log = s.o.Log
 	bl, err := New(px, s.o.Agent, s.o.Host, o)

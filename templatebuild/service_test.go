@@ -109,11 +109,25 @@ func newServiceNodeWith(t *testing.T, mod func(*templatebuild.ServiceOptions)) *
 	img := bytes.Repeat([]byte("cloud-image "), 1<<14)
 	sum := sha256.Sum256(img)
 	e := newEmuNode(t, map[string][]byte{"/images/cloud.raw": img})
+	return startServiceWith(t, e, "", "sha256:"+hex.EncodeToString(sum[:]), mod)
+}
+
+// startService runs a build service on e, its recipes from mirror (none
+// when ""); sum is the digest of the node's test image.
+func startService(t *testing.T, e emuNode, mirror, sum string) *serviceNode {
+	t.Helper()
+	return startServiceWith(t, e, mirror, sum, nil)
+}
+
+// startServiceWith is startService with the service's options changed by
+// mod first.
+func startServiceWith(t *testing.T, e emuNode, mirror, sum string, mod func(*templatebuild.ServiceOptions)) *serviceNode {
+	t.Helper()
 	n := &serviceNode{emuNode: e, agent: &gatedAgent{Agent: e.agent, gate: make(chan struct{}), asked: make(chan struct{})},
-		ev: &events{}, sum: "sha256:" + hex.EncodeToString(sum[:]), ended: make(chan struct{})}
+		ev: &events{}, sum: sum, ended: make(chan struct{})}
 	o := templatebuild.ServiceOptions{
 		Login: func(context.Context) (templatebuild.Proxmox, error) { return e.px, nil },
-		Agent: n.agent, Host: templatebuild.NodeHost{HTTPClient: e.images.Client(), StateDir: e.ledger}, URLs: testGuard, AllowURLs: true,
+		Agent: n.agent, Host: templatebuild.NodeHost{HTTPClient: e.hc, StateDir: e.ledger}, URLs: testGuard, AllowURLs: true, Mirror: mirror,
 		Defaults: templatebuild.Options{Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
 			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond},
 		LockDir: t.TempDir(), Publish: n.ev.publish,
@@ -186,7 +200,7 @@ func TestServiceRefusesBadRequests(t *testing.T) {
 		{"no source", apitype.TemplateBuildRequest{Name: "t1"}, "recipe", "want a recipe"},
 		{"both", apitype.TemplateBuildRequest{Name: "t1", Recipe: "debian13", From: "http://images.example/x.raw", Checksum: sum}, "from", "not both"},
 		{"unknown recipe", apitype.TemplateBuildRequest{Name: "t1", Recipe: "centos"}, "recipe", "debian13, kali2025.4, ubuntu24.04"},
-		{"kali", apitype.TemplateBuildRequest{Name: "t1", Recipe: "kali2025.4"}, "recipe", "pve-inspectd template build"},
+		{"kali with a checksum", apitype.TemplateBuildRequest{Name: "t1", Recipe: "kali2025.4", Checksum: sum}, "checksum", "a recipe pins its own"},
 		{"recipe with checksum", apitype.TemplateBuildRequest{Name: "t1", Recipe: "debian13", Checksum: sum}, "checksum", "a recipe pins its own"},
 		{"no checksum", apitype.TemplateBuildRequest{Name: "t1", From: "http://images.example/images/cloud.raw"}, "checksum", "needs its checksum"},
 		{"bad checksum", apitype.TemplateBuildRequest{Name: "t1", From: "http://images.example/images/cloud.raw", Checksum: "md5:00"}, "from", "sha256:HEX"},

@@ -20,12 +20,17 @@ import (
 
 // mirrorRecipes are the built-ins the playground's node builds on request
 // ([templates] build): its mirror on the bed's uplink serves an image of
-// each (a small valid qcow2, an OVA with its vmdk) with its checksum list.
-var mirrorRecipes = []string{"debian13", "ubuntu24.04"}
+// each (a small valid qcow2, an OVA with its vmdk, a .tar.xz of a small
+// disk.raw) with its checksum list.
+var mirrorRecipes = []string{"debian13", "ubuntu24.04", "kali2025.4"}
 
 // mirrorImageSize is the virtual size of the mirror's images (the
-// recipes grow the disk to 16 GiB).
-const mirrorImageSize = 2 << 30
+// recipes grow the disk to 16 GiB); mirrorRawSize the size of the raw
+// disk of its archive (all of it uploaded by each build of it).
+const (
+	mirrorImageSize = 2 << 30
+	mirrorRawSize   = 1 << 20
+)
 
 // mirrorBase is the mirror's base URL: the uplink's internet host serves
 // Options.ImagesDir under /images/.
@@ -41,9 +46,14 @@ func writeMirror(dir string, recipes []string) error {
 			return fmt.Errorf("mirror: no recipe %s", name)
 		}
 		img := pveemu.CloudQCOW2(mirrorImageSize)
-		if r.Image.Disk != "" {
-			var err error
+		var err error
+		switch {
+		case r.Image.Disk != "":
 			if img, err = pveemu.CloudOVA(strings.TrimSuffix(r.Image.File, ".ova")+".ovf", r.Image.Disk, mirrorImageSize); err != nil {
+				return err
+			}
+		case r.Image.Unpack != "":
+			if img, err = pveemu.CloudRawTarXZ(mirrorRawSize); err != nil {
 				return err
 			}
 		}
@@ -66,10 +76,10 @@ func writeMirror(dir string, recipes []string) error {
 		if err := os.MkdirAll(sub, 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(sub, r.Image.File), img, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(sub, r.Image.Listed()), img, 0o644); err != nil {
 			return err
 		}
-		list := hex.EncodeToString(sum) + "  " + r.Image.File + "\n"
+		list := hex.EncodeToString(sum) + "  " + r.Image.Listed() + "\n"
 		if err := os.WriteFile(filepath.Join(sub, path.Base(u.Path)), []byte(list), 0o644); err != nil {
 			return err
 		}

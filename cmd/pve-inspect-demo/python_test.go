@@ -197,8 +197,8 @@ func TestInspectProvider(t *testing.T) {
 
 // TestInspectBuiltInBuild starts the playground, whose node builds the
 // built-ins it prints from the mirror on its uplink, and runs
-// python/tests/test_builtin_build.py: for ubuntu24.04 (an OVA) and
-// debian13, a real inspect_ai.eval of the reference's config of one VM of
+// python/tests/test_builtin_build.py: for ubuntu24.04 (an OVA), debian13
+// and kali2025.4 (a .tar.xz the node unpacks), a real inspect_ai.eval of the reference's config of one VM of
 // the built-in, whose preflight has the node build the template (with
 // admin_token: builds are refused to owner-bound tokens), scores; a second
 // eval reuses the template without a build.
@@ -208,7 +208,7 @@ func TestInspectBuiltInBuild(t *testing.T) {
 	bin := buildBins(t)
 	p := startPlayground(t, bin)
 	in := p.info
-	for _, b := range []string{"debian13", "ubuntu24.04"} {
+	for _, b := range []string{"debian13", "ubuntu24.04", "kali2025.4"} {
 		if !slices.Contains(strings.Split(in["builds"], ","), b) {
 			t.Fatalf("the playground builds %q, not %s", in["builds"], b)
 		}

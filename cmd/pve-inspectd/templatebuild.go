@@ -40,6 +40,7 @@ type buildFlags struct {
 	importOnly                          bool
 	diskBus, osType                     string
 	agentWait, cloudInitWait, poll      time.Duration
+	maxUnpackedGiB                      int
 }
 
 const templateBuildLong = `Builds a sandbox template from a cloud image on this node, or reuses the one an
@@ -62,14 +63,19 @@ bridge (vmbr0) only with --unguarded-bridge. Only VMs this node's builds
 recorded (--state-dir) are reused or destroyed.
 
 Recipes (the reference Inspect plugin's built-ins): debian13, ubuntu24.04 (an
-OVA), kali2025.4 (a .tar.xz Proxmox cannot import: unpack it on the node, then
---from local:import/FILE.raw). --from URL builds from any .qcow2/.raw/.vmdk/.ova
-URL (--checksum sha256:HEX or sha512:HEX has Proxmox verify it); --from
-STORAGE:import/FILE (or FILE.ova/DISK.vmdk) from an image already on the node.
---mirror URL (default [templates] mirror) fetches a recipe's image and its
-checksum list from your own server instead of the distribution's:
-URL/RECIPE/FILE and URL/RECIPE/SHA512SUMS or SHA256SUMS, the distribution's
-file names; the checksum is still the list's line, verified by Proxmox.
+OVA), kali2025.4 (a .tar.xz, which Proxmox's download cannot import: this
+command downloads it itself, unpacks its disk.raw as it arrives and uploads
+that to --image-storage through Proxmox's upload, verifying the archive's
+sha256 against Kali's SHA256SUMS at its end; --max-unpacked-gib bounds both).
+--checksum ALG:HEX with --recipe alone replaces the recipe's checksum list.
+--from URL builds from any .qcow2/.raw/.vmdk/.ova URL (--checksum sha256:HEX
+or sha512:HEX has Proxmox verify it); --from STORAGE:import/FILE (or
+FILE.ova/DISK.vmdk) from an image already on the node. --mirror URL (default
+[templates] mirror) fetches a recipe's image and its checksum list from your
+own server instead of the distribution's: URL/RECIPE/FILE and
+URL/RECIPE/SHA512SUMS or SHA256SUMS, the distribution's file names; the
+checksum is still the list's line, verified by Proxmox (by this command for
+kali2025.4's archive).
 
 --via-api asks the daemon to build instead (POST /v1/templates/build on the
 local socket, [templates] build = true): it builds with its own builder
@@ -114,7 +120,10 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			}
 			o := templatebuild.Options{Name: args[0], Recipe: recipe, Mode: f.mode(), Storage: f.storage, ImageStorage: f.imageStorage,
 				SnippetStorage: f.snippetStore, WorkStorage: f.workStorage, Bridge: f.bridge, Unguarded: f.unguarded, BuildCIDR: f.buildCIDR, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
-				CloudInitWait: f.cloudInitWait, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
+				CloudInitWait: f.cloudInitWait, MaxUnpacked: int64(f.maxUnpackedGiB) << 30, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
+			if f.maxUnpackedGiB < 1 || f.maxUnpackedGiB > 1024 {
+				return fmt.Errorf("--max-unpacked-gib %d: want 1 to 1024", f.maxUnpackedGiB)
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -154,6 +163,10 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 				return err
 			}
 			lockDir, stateDir := nodeDirs(cmd, cfg.Templates)
+			o.LockDir = lockDir
+			if !cmd.Flags().Changed("max-unpacked-gib") {
+				o.MaxUnpacked = int64(cfg.Templates.MaxUnpackedGiB) << 30
+			}
 			b, err := templatebuild.New(px, templatebuild.AgentSockets(qga.New(qga.Options{}), cfg.API.QGADir), templatebuild.NodeHost{StateDir: stateDir}, o)
 			if err != nil {
 				return err
@@ -176,7 +189,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.StringVar(&f.recipe, "recipe", "", "a shipped recipe: "+strings.Join(templatebuild.RecipeNames(), ", "))
 	fl.StringVar(&f.from, "from", "", "the image: an http(s) URL of a .qcow2/.raw/.vmdk/.ova, or a volume STORAGE:import/FILE already on the node (with --recipe: replaces the recipe's image)")
 	fl.StringVar(&f.upload, "upload", "", "with --via-api: a local .ova/.qcow2/.raw/.vmdk file the daemon sends to the node (PUT /v1/templates/build/NAME/image; its sha256 verified by Proxmox) and builds from (an .ova names --ova-disk)")
-	fl.StringVar(&f.checksum, "checksum", "", "with --from URL: sha256:HEX or sha512:HEX, verified by Proxmox")
+	fl.StringVar(&f.checksum, "checksum", "", "with --from URL: sha256:HEX or sha512:HEX, verified by Proxmox; with --recipe alone: the image's digest instead of the recipe's checksum list (kali2025.4: its .tar.xz's)")
 	fl.StringVar(&f.mirror, "mirror", "", "with --recipe: fetch the image and its checksum list from this base URL instead of the distribution's server (MIRROR/RECIPE/FILE, MIRROR/RECIPE/SHA512SUMS or SHA256SUMS; default [templates] mirror)")
 	fl.StringVar(&f.ovaDisk, "ova-disk", "", "with --from URL or --upload of an .ova: the disk inside it to import (DISK.vmdk)")
 	fl.StringVar(&f.storage, "storage", "local-lvm", "storage of the template's disk and the build's cloud-init drive")
@@ -198,6 +211,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.BoolVar(&f.importOnly, "import-only", false, "build without boot: every disk of the image (of an .ova named whole, --from STORAGE:import/FILE.ova) imported as it is; no cloud-init, no guest agent installed, nothing reset in the guest")
 	fl.StringVar(&f.diskBus, "disk-bus", "", "with --import-only: the bus of every disk, scsi (virtio-scsi, the default), ide or sata")
 	fl.StringVar(&f.osType, "os-type", "", "with --import-only: the template's ostype, l26 (the default), win10 or win11")
+	fl.IntVar(&f.maxUnpackedGiB, "max-unpacked-gib", templatebuild.DefaultMaxUnpacked>>30, "largest disk unpacked from an image archive (kali2025.4's disk.raw), and largest archive downloaded, in GiB (default [templates] max_unpacked_gib)")
 	return c
 }
 
@@ -235,8 +249,15 @@ func (f buildFlags) buildRecipe() (templatebuild.Recipe, error) {
 		if f.recipe == "" {
 			return r, errors.New("want --recipe or --from (or both)")
 		}
-		if f.checksum != "" || f.ovaDisk != "" {
-			return r, errors.New("--checksum and --ova-disk go with --from URL")
+		if f.ovaDisk != "" {
+			return r, errors.New("--ova-disk goes with --from URL")
+		}
+		if f.checksum != "" {
+			// the image's digest instead of the recipe's checksum list
+			if _, _, err := templatebuild.ParseChecksum(f.checksum); err != nil {
+				return r, fmt.Errorf("--checksum: %w", err)
+			}
+			r.Image.Checksum, r.Image.ChecksumURL, r.Image.ChecksumAlg = f.checksum, "", ""
 		}
 		return r, nil
 	}
@@ -317,7 +338,7 @@ func nodeDirs(cmd *cobra.Command, tc config.TemplatesSection) (lockDir, stateDir
 // daemonDecides refuses, with --via-api, the flags whose say is the
 // daemon's ([templates] and its builder credential).
 func daemonDecides(cmd *cobra.Command) error {
-	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "state-dir", "mirror", "keep-failed", "agent-wait", "cloud-init-wait"} {
+	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "state-dir", "mirror", "keep-failed", "agent-wait", "cloud-init-wait", "max-unpacked-gib"} {
 		if cmd.Flags().Changed(name) {
 			return fmt.Errorf("--%s with --via-api: the daemon builds with its [templates] settings and credential", name)
 		}

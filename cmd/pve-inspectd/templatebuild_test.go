@@ -17,6 +17,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/cmd/pve-inspectd/internal/config"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+	"github.com/pve-inspect/pve-inspect/templatebuild"
 )
 
 // TestTemplateBuildArgs: bad input is refused before the configuration is
@@ -32,8 +33,9 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1"}, "want --recipe or --from"},
 		{[]string{"t1", "--recipe", "fedora"}, `--recipe "fedora": unknown; shipped: debian13, kali2025.4, ubuntu24.04`},
 		{[]string{"t_1", "--recipe", "debian13"}, "want a DNS name"},
-		{[]string{"t1", "--recipe", "kali2025.4"}, "tar -xJf"},
-		{[]string{"t1", "--recipe", "debian13", "--checksum", sha}, "go with --from URL"},
+		{[]string{"t1", "--recipe", "debian13", "--checksum", "sha256:00"}, "--checksum: checksum \"sha256:00\": sha256 wants 64 hex digits"},
+		{[]string{"t1", "--recipe", "debian13", "--ova-disk", "d.vmdk"}, "--ova-disk goes with --from URL"},
+		{[]string{"t1", "--recipe", "kali2025.4", "--max-unpacked-gib", "0"}, "--max-unpacked-gib 0: want 1 to 1024"},
 		{[]string{"t1", "--from", "https://h/x.qcow2", "--checksum", "sha256:zz"}, "wants 64 hex digits"},
 		{[]string{"t1", "--from", "https://h/x.tar.xz"}, "not one Proxmox imports"},
 		{[]string{"t1", "--from", "https://h/x.ova"}, "--ova-disk"},
@@ -58,6 +60,9 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--from", "https://h/x.ova", "--ova-disk", "d.vmdk", "--checksum", sha, "--mirror", "http://m/"}, "--mirror goes with --recipe alone"},
 		// Valid: they reach the configuration.
 		{[]string{"t1", "--recipe", "debian13"}, "absent.toml"},
+		{[]string{"t1", "--recipe", "kali2025.4"}, "absent.toml"},
+		{[]string{"t1", "--recipe", "kali2025.4", "--checksum", sha, "--max-unpacked-gib", "16"}, "absent.toml"},
+		{[]string{"t1", "--recipe", "debian13", "--checksum", sha}, "absent.toml"},
 		{[]string{"t1", "--recipe", "kali2025.4", "--from", "local:import/k.raw"}, "absent.toml"},
 		{[]string{"t1", "--from", "https://h/x.ova", "--ova-disk", "d.vmdk", "--checksum", sha}, "absent.toml"},
 		{[]string{"t1", "--from", "local:import/u.ova/d.vmdk"}, "absent.toml"},
@@ -237,5 +242,23 @@ func TestTemplateBuildDirsFromConfig(t *testing.T) {
 		if lock != c.wantLock || st != c.wantSt {
 			t.Errorf("%v: lock %s, ledger %s; want %s and %s", c.args, lock, st, c.wantLock, c.wantSt)
 		}
+	}
+}
+
+// TestBuildRecipeChecksum: --checksum with --recipe alone replaces the
+// recipe's checksum list with the digest given (kali2025.4: its archive's,
+// still unpacked to its raw disk); the recipe's image is kept.
+func TestBuildRecipeChecksum(t *testing.T) {
+	sha := "sha256:" + strings.Repeat("ab", 32)
+	r, err := buildFlags{recipe: "kali2025.4", checksum: sha}.buildRecipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped := templatebuild.Recipes()["kali2025.4"].Image
+	if img := r.Image; img.Checksum != sha || img.ChecksumURL != "" || img.URL != shipped.URL || img.Unpack != "disk.raw" || img.File != shipped.File {
+		t.Errorf("image %+v", img)
+	}
+	if r, err := (buildFlags{recipe: "kali2025.4"}).buildRecipe(); err != nil || r.Image.ChecksumURL != shipped.ChecksumURL || r.Image.Checksum != "" {
+		t.Errorf("without --checksum: %+v %v", r.Image, err)
 	}
 }

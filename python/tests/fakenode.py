@@ -69,6 +69,10 @@ class FakeNode:
     # failed; each look adds a progress line. build_runs are the builds by
     # name.
     builds: bool = False
+    # build_refused: a POST /v1/templates/build is refused with this detail
+    # (400 invalid-request, field recipe), as the daemon refuses a request
+    # it cannot build.
+    build_refused: str | None = None
     build_polls: int = 2
     build_error: str | None = None
     build_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -427,8 +431,10 @@ def _template_build(fake: FakeNode, method: str, path: str, doc: dict[str, Any])
                     fake.template_modes[name] = mode
         return 200, {k: v for k, v in b.items() if k not in ("looks", "built_from")}
     name = str(doc.get("name"))
-    if doc.get("recipe") not in ("debian13", "ubuntu24.04"):
+    if doc.get("recipe") not in ("debian13", "ubuntu24.04", "kali2025.4"):
         return _problem(400, "invalid-request", f"recipe {doc.get('recipe')!r}", field="recipe")
+    if fake.build_refused is not None:
+        return _problem(400, "invalid-request", fake.build_refused, field="recipe")
     if name in fake.templates:
         return 200, {"name": name, "state": "done", "vmid": 9100, "reused": True, "progress": []}
     b = fake.build_runs.get(name)

@@ -65,27 +65,31 @@ def test_bad_built_ins_name_the_field(cfg: dict[str, Any], field: str, says: str
     assert says in str(e.value)
 
 
+@pytest.mark.parametrize("built_in", ["debian13", "ubuntu24.04", "kali2025.4"])
 async def test_node_with_builds_builds_the_missing_built_in_once(
+    built_in: str,
     fake_node: tuple[FakeNode, NodeConfig],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Every built-in, kali2025.4's .tar.xz too (the node downloads, unpacks
+    and uploads it itself), is the node's build of the recipe of its name."""
     fake, node = fake_node
     fake.builds = True
     monkeypatch.setenv("PVE_INSPECT_URL", node.url)
-    cfg = coerce(builtin_config())
+    cfg = coerce(builtin_config(built_in))
     with caplog.at_level(logging.INFO, logger="inspect_pve_inspect.preflight"):
         await PveInspectSandboxEnvironment.task_init("t", cfg)
-    assert "debian13" in fake.templates
+    assert built_in in fake.templates
     builds = [c for c in fake.calls if c == "POST /v1/templates/build"]
     assert builds == ["POST /v1/templates/build"]
-    assert fake.build_runs["debian13"]["recipe"] == "debian13"
+    assert fake.build_runs[built_in]["recipe"] == built_in
     # validated again after the build
     assert fake.calls.count("POST /v1/sandboxes/validate") == 2
     logged = caplog.text
-    assert "template debian13: image: downloading" in logged
-    assert "template debian13: step 2" in logged
-    assert "template 'debian13' is VM 9100" in logged
+    assert f"template {built_in}: image: downloading" in logged
+    assert f"template {built_in}: step 2" in logged
+    assert f"template '{built_in}' is VM 9100" in logged
     # a second task finds it: no build asked
     fake.calls.clear()
     await PveInspectSandboxEnvironment.task_init("t2", cfg)
@@ -127,11 +131,14 @@ async def test_refused_build_fails_the_task(
 ) -> None:
     fake, node = fake_node
     fake.builds = True
+    fake.build_refused = "recipe: [templates] mirror: image URL refused"
     monkeypatch.setenv("PVE_INSPECT_URL", node.url)
     with pytest.raises(ConfigRefused) as e:
         await PveInspectSandboxEnvironment.task_init("t", coerce(builtin_config("kali2025.4")))
     assert "refuses to build the template 'kali2025.4' (invalid-request" in str(e.value)
+    assert "image URL refused" in str(e.value)
     assert "pve-inspectd template build kali2025.4 --recipe kali2025.4" in str(e.value)
+    assert "kali2025.4" not in fake.templates
 
 
 async def test_build_past_its_bound_fails_the_task(

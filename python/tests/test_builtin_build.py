@@ -84,7 +84,7 @@ async def ask_build(name: str) -> dict[str, Any]:
         return await c.build_template({"name": name, "recipe": name})
 
 
-@pytest.mark.parametrize("built_in", ["ubuntu24.04", "debian13"])
+@pytest.mark.parametrize("built_in", ["ubuntu24.04", "debian13", "kali2025.4"])
 def test_built_in_builds_once_then_reused(
     built_in: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

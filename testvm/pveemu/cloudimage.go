@@ -5,7 +5,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"strings"
+
+	"github.com/ulikunitz/xz"
 )
 
 // CloudQCOW2 is a small qcow2 image of virtual size size for a bed's
@@ -118,4 +121,50 @@ func OVFDescriptor(name string, os int, bus string, disks ...OVFDisk) string {
   </VirtualSystem>
 </Envelope>
 `, refs.String(), sect.String(), name, name, os, ctrl, items.String())
+}
+
+// CloudRawTarXZ is a small cloud image archive as Kali publishes its own
+// (kali-linux-...-cloud-genericcloud-amd64.tar.xz): a .tar.xz holding one
+// member, disk.raw, a raw disk of size bytes (an MBR boot signature, the
+// rest zeros). The bed's guests boot the host's root whatever the image.
+func CloudRawTarXZ(size int64) ([]byte, error) {
+	if size < 512 {
+		return nil, fmt.Errorf("pveemu: raw disk of %d bytes: want at least one sector", size)
+	}
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	if err := tw.WriteHeader(&tar.Header{Name: "disk.raw", Mode: 0o644, Size: size, Typeflag: tar.TypeReg}); err != nil {
+		return nil, fmt.Errorf("pveemu: raw archive: %w", err)
+	}
+	sector := make([]byte, 512)
+	sector[510], sector[511] = 0x55, 0xAA
+	if _, err := tw.Write(sector); err != nil {
+		return nil, fmt.Errorf("pveemu: raw archive: %w", err)
+	}
+	if _, err := io.Copy(tw, io.LimitReader(zeros{}, size-512)); err != nil {
+		return nil, fmt.Errorf("pveemu: raw archive: %w", err)
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("pveemu: raw archive: %w", err)
+	}
+	var out bytes.Buffer
+	zw, err := xz.NewWriter(&out)
+	if err != nil {
+		return nil, fmt.Errorf("pveemu: raw archive: %w", err)
+	}
+	if _, err := zw.Write(tb.Bytes()); err != nil {
+		return nil, fmt.Errorf("pveemu: raw archive: %w", err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, fmt.Errorf("pveemu: raw archive: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

@@ -58,6 +58,10 @@ type TemplatesSection struct {
 	// MaxUploadGiB bounds an image sent for a build over the API (PUT
 	// /v1/templates/build/{name}/image; 20).
 	MaxUploadGiB int `toml:"max_upload_gib"`
+	// MaxUnpackedGiB bounds the disk a build unpacks from an image archive
+	// (kali2025.4's .tar.xz: its disk.raw), and the archive's download
+	// (`template build --max-unpacked-gib`; 64).
+	MaxUnpackedGiB int `toml:"max_unpacked_gib"`
 	// MaxBuilds is how many builds run at once on the node (1 or 2);
 	// further requests wait their turn.
 	MaxBuilds int `toml:"max_builds"`
@@ -74,7 +78,7 @@ var reBridgeName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
 
 func defaultTemplates() TemplatesSection {
 	return TemplatesSection{BuilderUser: "root@pam", Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
-		MaxBuilds: 1, MaxUploadGiB: 20, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd",
+		MaxBuilds: 1, MaxUploadGiB: 20, MaxUnpackedGiB: templatebuild.DefaultMaxUnpacked >> 30, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd",
 		StateDir: templatebuild.DefaultStateDir}
 }
 
@@ -87,6 +91,9 @@ func (t TemplatesSection) validate(prefix string) error {
 	}
 	if t.MaxUploadGiB < 1 || t.MaxUploadGiB > 1024 {
 		return key("max_upload_gib", "%d: want 1 to 1024", t.MaxUploadGiB)
+	}
+	if t.MaxUnpackedGiB < 1 || t.MaxUnpackedGiB > 1024 {
+		return key("max_unpacked_gib", "%d: want 1 to 1024", t.MaxUnpackedGiB)
 	}
 	if t.AgentWait < time.Minute || t.CloudInitWait < time.Minute {
 		return key("agent_wait", "agent_wait %s and cloud_init_wait %s: want at least 1m each", t.AgentWait, t.CloudInitWait)

@@ -8,7 +8,7 @@ import (
 // TestTemplatesSection: builds are off by default; on, they need a user
 // and the absolute path of its password file; bad values name the key.
 func TestTemplatesSection(t *testing.T) {
-	if c := Default(); c.Templates.Build || c.Templates.BuilderUser != "root@pam" || c.Templates.MaxBuilds != 1 || c.Templates.Bridge != "" {
+	if c := Default(); c.Templates.Build || c.Templates.BuilderUser != "root@pam" || c.Templates.MaxBuilds != 1 || c.Templates.Bridge != "" || c.Templates.MaxUnpackedGiB != 64 {
 		t.Errorf("defaults: %+v", c.Templates)
 	}
 	for _, tc := range []struct {
@@ -20,6 +20,8 @@ func TestTemplatesSection(t *testing.T) {
 		{"build = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nstorage = \"\"\n", "templates.storage"},
 		{"bridge = \"vmbr0,firewall=0\"\n", "templates.bridge"},
 		{"max_builds = 3\n", "templates.max_builds"},
+		{"max_unpacked_gib = 0\n", "templates.max_unpacked_gib"},
+		{"max_unpacked_gib = 2048\n", "templates.max_unpacked_gib"},
 		{"agent_wait = \"10s\"\n", "templates.agent_wait"},
 		{"lock_dir = \"run\"\n", "templates.lock_dir"},
 		{"nope = 1\n", "templates.nope"},
@@ -34,8 +36,8 @@ func TestTemplatesSection(t *testing.T) {
 			t.Errorf("%q: %v, want an error naming %s", tc.doc, err, tc.key)
 		}
 	}
-	c, err := Parse("[templates]\nbuild = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nmax_builds = 2\nmirror = \"http://10.0.0.8/cloud/\"\n")
-	if err != nil || !c.Templates.Build || c.Templates.MaxBuilds != 2 || c.Templates.Mirror != "http://10.0.0.8/cloud/" || c.Templates.StateDir != "/var/lib/pve-inspectd/template-builds" {
+	c, err := Parse("[templates]\nbuild = true\nbuilder_password_file = \"/etc/pve-inspectd/builder-pw\"\nmax_builds = 2\nmirror = \"http://10.0.0.8/cloud/\"\nmax_unpacked_gib = 16\n")
+	if err != nil || !c.Templates.Build || c.Templates.MaxBuilds != 2 || c.Templates.MaxUnpackedGiB != 16 || c.Templates.Mirror != "http://10.0.0.8/cloud/" || c.Templates.StateDir != "/var/lib/pve-inspectd/template-builds" {
 		t.Errorf("builds on: %+v %v", c.Templates, err)
 	}
 }
