@@ -237,7 +237,7 @@ func TestTemplateChecks(t *testing.T) {
 		{"sandbox template", templateID, false, "local", Pass, "agent on", ""},
 		{"no disk hotplug", 9001, false, "local", Fail, `hotplug "network,usb" lacks disk`, "qm set 9001 --hotplug network,usb,disk"},
 		{"no disk hotplug, disk path off", 9001, false, "", Pass, "", ""},
-		{"agent off", 9002, false, "local", Fail, "guest agent off", "qm set 9002 --agent enabled=1"},
+		{"agent off: a template for VMs without an agent", 9002, false, "local", Pass, `agent off ("0"): for VMs created with agent false`, ""},
 		{"not hardened", 9003, true, "local", Fail, "not hardened", "pve-inspectd template harden 9003"},
 		{"cloud-init drive", 9004, false, "local", Pass, "cloud-init drive ide2 removed from every sandbox", ""},
 		{"lsi controller", 9005, false, "local", Fail, "SCSI controller lsi cannot hot-plug disks", "qm set 9005 --scsihw virtio-scsi-single"},

@@ -47,6 +47,8 @@
 //	             (`-device pvpanic` or `-device pvpanic-pci`, which root
 //	             may add to the template): a guest panic then shows on
 //	             the host as QMP status guest-panicked (PanicDeviceArgs)
+//	nic model    every netN virtio (the configure step writes each NIC;
+//	             a template's own NICs are replaced on every clone)
 //	agent        agent: enabled=1, the single exception: the guest agent's
 //	             virtio-serial port is the sandbox's I/O channel
 //
@@ -99,18 +101,35 @@
 //	             not verified here (no Windows guest, no Intel node). A
 //	             node takes Windows only with [api] allow_windows (default
 //	             off).
-//	controllers  disk: scsi only, checked on the template (a clone keeps
-//	             its disks): every disk on scsiN (the scsi item above wants
-//	             virtio-scsi whatever is asked). nic: virtio only, which is
-//	             no choice: the configure step writes every NIC virtio. The
-//	             other values are not offered, but not because of the
-//	             devices they name: q35 always has the ICH9 AHCI controller
-//	             (ide and sata disks are both on it) whatever the disks,
-//	             and no e1000 is ever written.
+//	disk         scsi or ide, checked on the template (a clone keeps its
+//	             disks): every disk on scsiN (the scsi item above wants
+//	             virtio-scsi whatever is asked) or every disk on ideN. ide
+//	             adds no controller: on q35 an ideN disk is an ide-hd on
+//	             bus ide.N of the ICH9 AHCI controller every q35 VM has
+//	             (qemu-server DriveDevice.pm print_drivedevice_full), whose
+//	             ports a guest drives with or without disks; the disk adds
+//	             QEMU's ATA command emulation for it (hw/ide/core.c).
+//	             Nothing to opt in to.
+//	nic          virtio (default) or e1000, written on every netN by the
+//	             configure step and checked by the nic model item. e1000 is
+//	             QEMU's emulated Intel 82540EM (hw/net/e1000.c: MMIO
+//	             registers, EEPROM, descriptor-ring DMA the guest programs),
+//	             device code virtio-net does not have, with a history of
+//	             guest-triggerable bugs (CVE-2016-1981, CVE-2021-20257:
+//	             loops on malformed descriptors). A node takes it only with
+//	             [api] allow_e1000 (default off). The guard is the same:
+//	             the tap is tap<vmid>i<n> whatever the model.
+//	agent        off for a VM a create asks agent false of (a guest
+//	             without qemu-ga): the agent item then wants the agent
+//	             absent or enabled=0, so the clone has no virtio-serial
+//	             port and the node no qga socket (qemu-server
+//	             config_to_command adds both only with agent enabled). One
+//	             device fewer than a VM with the agent.
 //
 // The items that follow the options are the OS type, the machine (pinned
-// for Windows), the firmware and, when a model is asked for, the CPU model
-// (CheckFor, CloneChangesFor); Check is CheckFor with the defaults.
+// for Windows), the firmware, the NIC model, the agent and, when a model
+// is asked for, the CPU model (CheckFor, CloneChangesFor); Check is
+// CheckFor with the defaults.
 //
 // What the daemon's pool-scoped token may set it sets on each clone
 // (CloneChanges; privileges VM.Config.HWType, .Memory, .CPU, .Options,

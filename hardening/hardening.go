@@ -92,6 +92,8 @@ var (
 	reMachine  = regexp.MustCompile(`^(?:pc-)?q35(?:-(\d+)\.(\d+))?(?:\+pve\d+)?$`)
 	reSCSI     = regexp.MustCompile(`^scsi[0-9]+$`)
 	reSCSIHW   = regexp.MustCompile(`^virtio-scsi-(?:pci|single)$`)
+	reNet      = regexp.MustCompile(`^net[0-9]+$`)
+	reNICModel = regexp.MustCompile(`^[a-z][a-z0-9_-]*$`)
 )
 
 // SCSIHW is the SCSI controller `template harden` sets on a template with
@@ -212,8 +214,62 @@ func CheckFor(conf map[string]string, want Want) Report {
 	}
 	add(equal(osItem(want.osType()), "ostype", want.osType(), conf, FixClone))
 	add(firmwareItem(conf, want))
-	add(Item{Name: "guest agent (the I/O channel)", Want: "agent enabled=1", Got: kv(conf, "agent"), OK: agentOn(conf["agent"]), Fix: FixClone})
+	add(nicItem(conf, want))
+	add(agentItem(conf, want))
 	return r
+}
+
+// Names of the agent items: with the agent (the sandbox's I/O channel)
+// and without it (a create's agent false).
+const (
+	itemAgent   = "guest agent (the I/O channel)"
+	itemNoAgent = "no guest agent device (agent false)"
+)
+
+// agentItem is the guest agent item: agent enabled=1, the one device the
+// profile adds (the daemon's channel into the guest), or, for a VM
+// without an agent (want.NoAgent), the agent off: no virtio-serial port
+// the guest reaches and no qga socket on the node.
+func agentItem(conf map[string]string, want Want) Item {
+	if want.NoAgent {
+		var keys []string
+		if agentOn(conf["agent"]) {
+			keys = []string{"agent"}
+		}
+		return Item{Name: itemNoAgent, Want: "agent absent or enabled=0", Got: kv(conf, "agent"), OK: !agentOn(conf["agent"]), Fix: FixClone, Keys: keys}
+	}
+	return Item{Name: itemAgent, Want: "agent enabled=1", Got: kv(conf, "agent"), OK: agentOn(conf["agent"]), Fix: FixClone}
+}
+
+// nicItem is the NIC model item: every netN of the model want asks
+// (virtio unless e1000). The configure step writes each NIC with it, so
+// no clone change is listed for it; a template's own NICs are replaced
+// on every clone.
+func nicItem(conf map[string]string, want Want) Item {
+	var bad []string
+	for _, k := range keysMatching(conf, reNet) {
+		if m := nicModel(conf[k]); m != want.nic() {
+			bad = append(bad, k+"="+orNone(m))
+		}
+	}
+	return Item{Name: itemNICModel, Want: "every netN " + want.nic(), Got: strings.Join(bad, " "), OK: len(bad) == 0, Fix: FixClone}
+}
+
+// nicModel is the model of a netN value: its first property's key when
+// that is a model with or without a MAC ("virtio=BC:24:..." or
+// "e1000"), or its model property ("" when it has neither).
+func nicModel(v string) string {
+	for i, p := range strings.Split(v, ",") {
+		k, _, ok := strings.Cut(p, "=")
+		switch {
+		case k == "model" && ok:
+			_, m, _ := strings.Cut(p, "=")
+			return m
+		case i == 0 && k != "macaddr" && k != "bridge" && reNICModel.MatchString(k):
+			return k
+		}
+	}
+	return ""
 }
 
 // PanicDeviceArgs reports whether a template's args add nothing but a
@@ -390,7 +446,7 @@ func CloneChangesFor(conf map[string]string, want Want) (set map[string]string, 
 			if IsWindows(want.osType()) {
 				set["machine"] = WindowsMachine(conf["machine"])
 			}
-		case "guest agent (the I/O channel)":
+		case itemAgent:
 			set["agent"] = "enabled=1"
 		case "nested virtualization", itemHVFlags, itemCPUModel:
 			set["cpu"] = CPUValue(conf["cpu"], want.CPU)

@@ -203,3 +203,57 @@ func TestIsWindows(t *testing.T) {
 		}
 	}
 }
+
+// TestNICModelAndAgentWants: the nic model item wants every netN of the
+// model a create asks (virtio unless e1000), in the short form
+// ("e1000=MAC") or as model=; no clone change claims to fix it (the
+// configure step writes the NICs). With NoAgent the agent item wants the
+// agent device off, and the clone change deletes it.
+func TestNICModelAndAgentWants(t *testing.T) {
+	e1000 := "e1000=BC:24:11:00:00:01,bridge=vmbr0"
+	for _, tc := range []struct {
+		name   string
+		change map[string]string
+		want   Want
+		fail   []string
+	}{
+		{"virtio by default", nil, Want{}, nil},
+		{"an e1000 NIC by default", map[string]string{"net1": e1000}, Want{}, []string{itemNICModel}},
+		{"e1000 asked, virtio given", nil, Want{NIC: NICE1000}, []string{itemNICModel}},
+		{"e1000 asked and given", map[string]string{"net0": e1000, "net1": "model=e1000,macaddr=BC:24:11:00:00:02,bridge=vnet1"}, Want{NIC: NICE1000}, nil},
+		{"no agent asked, agent on", nil, Want{NoAgent: true}, []string{itemNoAgent}},
+		{"no agent asked and off", map[string]string{"agent": "enabled=0"}, Want{NoAgent: true}, nil},
+		{"no agent asked, absent", map[string]string{"agent": ""}, Want{NoAgent: true}, nil},
+		{"agent absent by default", map[string]string{"agent": ""}, Want{}, []string{itemAgent}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conf := hardenedWith(tc.change)
+			var got []string
+			for _, it := range CheckFor(conf, tc.want).Failed() {
+				got = append(got, it.Name)
+				if it.Fix != FixClone {
+					t.Errorf("%s: fix %s, want clone", it.Name, it.Fix)
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.fail, ",") {
+				t.Fatalf("failed %q, want %q", got, tc.fail)
+			}
+			set, del := CloneChangesFor(conf, tc.want)
+			for _, k := range del {
+				delete(conf, k)
+			}
+			for k, v := range set {
+				conf[k] = v
+			}
+			after := CheckFor(conf, tc.want).Failed()
+			switch {
+			case len(tc.fail) == 1 && tc.fail[0] == itemNICModel:
+				if len(after) != 1 || len(set) != 0 || len(del) != 0 {
+					t.Errorf("clone changes for the NIC model: set %v del %v, after %v; want none (the configure step's)", set, del, after)
+				}
+			case len(after) != 0:
+				t.Errorf("after the clone changes (set %v, del %v): %v", set, del, after)
+			}
+		})
+	}
+}

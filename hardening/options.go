@@ -29,6 +29,7 @@ const (
 	itemHVFlags  = "hyper-v cpu flags"
 	itemKVM      = "kvm (no TCG software emulation)"
 	itemSCSIHW   = "scsi controller (virtio-scsi)"
+	itemNICModel = "nic model"
 )
 
 // OSTypes are the os_type values a create may ask for.
@@ -44,9 +45,34 @@ var OSTypes = []string{OSLinux, OSWin10, OSWin11}
 // VM's config and so outside the check.
 var CPUModels = []string{"x86-64-v2", "x86-64-v2-AES", "x86-64-v3", "x86-64-v4", "kvm64", "qemu64", "host"}
 
+// NIC models a create may ask for (Want.NIC): qemu-server's model names
+// (QemuServer/Network.pm $nic_model_list).
+const (
+	// NICVirtio is the profile's default: virtio-net-pci, a paravirtual
+	// device of a few queues.
+	NICVirtio = "virtio"
+	// NICE1000 is QEMU's emulated Intel 82540EM (device e1000), for a
+	// guest without virtio drivers: its register set, EEPROM and DMA
+	// descriptor rings are host-side code the guest drives. Opt-in per
+	// node.
+	NICE1000 = "e1000"
+)
+
+// Disk buses a create may ask a template's disks to be on
+// (apitype.VMRequest.DiskController): a clone keeps its template's disks.
+const (
+	// DiskSCSI: every disk on scsiN, with a virtio-scsi controller (the
+	// scsi item wants that of any scsiN disk).
+	DiskSCSI = "scsi"
+	// DiskIDE: every disk on ideN, ide-hd devices on q35's ICH9 AHCI
+	// controller (bus ide.N), which every q35 VM has whatever its disks
+	// (qemu-server DriveDevice.pm print_drivedevice_full).
+	DiskIDE = "ide"
+)
+
 // Want is what a create asks of one VM beyond the defaults; the zero
 // value is the profile's default (Linux, SeaBIOS, the template's CPU
-// model).
+// model, virtio NICs, the guest agent on).
 type Want struct {
 	// OSType is one of OSTypes ("" for l26).
 	OSType string
@@ -54,6 +80,22 @@ type Want struct {
 	Firmware string
 	// CPU is one of CPUModels ("" keeps the template's).
 	CPU string
+	// NIC is NICVirtio or NICE1000 ("" for virtio): the model of every
+	// netN. The configure step writes it (pveapi ConfigureVM); the nic
+	// model item checks it, and no clone change fixes it.
+	NIC string
+	// NoAgent: the VM's guest has no guest agent (a create's agent
+	// false): the agent item wants the agent device off (agent absent or
+	// enabled=0: qemu-server then adds no virtio-serial port and no qga
+	// socket, config_to_command), which a clone change sets.
+	NoAgent bool
+}
+
+func (w Want) nic() string {
+	if w.NIC == "" {
+		return NICVirtio
+	}
+	return w.NIC
 }
 
 func (w Want) osType() string {

@@ -411,7 +411,10 @@ func (c *Client) config(ctx context.Context, vmid int) (map[string]any, error) {
 }
 
 // ConfigureVM implements sandbox.Proxmox. NICs of the template that are
-// not ours are removed, so no clone stays on a host bridge.
+// not ours are removed, so no clone stays on a host bridge; every NIC is
+// written with the model asked for (qemu-server's netN "<model>=<MAC>"
+// short form: Network.pm $net_fmt, model a default key of
+// $nic_model_list), virtio unless e1000.
 func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) error {
 	cfg, err := c.config(ctx, vmid)
 	if err != nil {
@@ -419,11 +422,20 @@ func (c *Client) ConfigureVM(ctx context.Context, vmid int, v sandbox.VMConfig) 
 	}
 	body := map[string]any{"tags": strings.Join(v.Tags, ";"), "cores": v.Cores, "memory": strconv.Itoa(v.MemoryMiB)}
 	for i, b := range v.Bridges {
-		model := "virtio"
+		model := v.NICModel
+		if model == "" {
+			model = hardening.NICVirtio
+		}
 		if i < len(v.MACs) && v.MACs[i] != "" {
 			model += "=" + v.MACs[i]
 		}
 		body[fmt.Sprintf("net%d", i)] = model + ",bridge=" + b + ",firewall=0"
+	}
+	if v.NoAgent {
+		// no virtio-serial port, no qga socket (qemu-server
+		// config_to_command adds both only with the agent enabled);
+		// VM.Config.Options, as the hardening's agent enabled=1
+		body["agent"] = "0"
 	}
 	if del := extraNets(cfg, len(v.Bridges)); len(del) > 0 {
 		body["delete"] = strings.Join(del, ",")

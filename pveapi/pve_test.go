@@ -879,6 +879,21 @@ func TestRealNodeSemantics(t *testing.T) {
 				t.Errorf("calls %v", f.calls)
 			}
 		}},
+		{"nic_controller e1000 and agent false: every NIC e1000, the agent off", func(t *testing.T, f *fakeServer, c *Client) {
+			sdn(t, f, c)
+			if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.ConfigureVM(ctx, 100, sandbox.VMConfig{Cores: 1, MemoryMiB: 512, Bridges: []string{"sbv1", "sbv0"}, MACs: []string{"", "02:00:00:00:00:0A"},
+				NICModel: "e1000", NoAgent: true}); err != nil {
+				t.Fatal(err)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if cfg := f.vms[100]; cfg["net0"] != "e1000,bridge=sbv1,firewall=0" || cfg["net1"] != "e1000=02:00:00:00:00:0A,bridge=sbv0,firewall=0" || cfg["agent"] != "0" {
+				t.Errorf("net0 %v net1 %v agent %v, want e1000 NICs and the agent off", cfg["net0"], cfg["net1"], cfg["agent"])
+			}
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

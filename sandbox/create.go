@@ -31,8 +31,9 @@ func (m *Engine) templateID(ctx context.Context, name string) (int, error) {
 	return id, nil
 }
 
-// Create builds a sandbox and returns when every VM answers its agent; on
-// failure everything created is removed.
+// Create builds a sandbox and returns when every VM answers its agent (a
+// VM without one: when Proxmox reports it running); on failure
+// everything created is removed.
 func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype.Sandbox, error) {
 	req.VMs = cloneVMRequests(req.VMs)
 	if refusals, err := m.resolveSharedVNets(ctx, &req); err != nil {
@@ -184,7 +185,8 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 	}
 	for _, v := range req.VMs {
 		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Kind: v.Kind, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB,
-			Networks: v.Networks, NICs: recordNICs(v), Firmware: v.Firmware, CPU: v.CPU, OSType: v.OSType, DiskController: v.DiskController, NICController: v.NICController})
+			Networks: v.Networks, NICs: recordNICs(v), Firmware: v.Firmware, CPU: v.CPU, OSType: v.OSType, DiskController: v.DiskController, NICController: v.NICController,
+			Agent: noAgentFlag(v.HasAgent())})
 	}
 	return rec
 }
@@ -478,14 +480,14 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 		return m.buildCT(ctx, rec, spec, vmid, bridges, env)
 	}
 	cfg := VMConfig{Tags: m.vmTags(rec), Cores: spec.Cores, MemoryMiB: spec.MemoryMiB, Bridges: bridges, MACs: recordMACs(spec),
-		OSType: spec.OSType, CPU: spec.CPU, UEFI: spec.Firmware == hardening.FirmwareUEFI}
+		OSType: spec.OSType, CPU: spec.CPU, UEFI: spec.Firmware == hardening.FirmwareUEFI, NICModel: spec.NICController, NoAgent: !spec.HasAgent()}
 	if err := px.ConfigureVM(ctx, vmid, cfg); err != nil {
 		return pxErr(fmt.Sprintf("configure vm %d", vmid), err)
 	}
 	if err := m.dropRangeAddresses(ctx, rec, i); err != nil {
 		return err
 	}
-	if err := m.hardenClone(ctx, vmid, profileWant(spec.Firmware, spec.CPU, spec.OSType)); err != nil {
+	if err := m.hardenClone(ctx, vmid, profileWant(spec)); err != nil {
 		return err
 	}
 	if spec.DiskGiB > 0 {
@@ -499,10 +501,23 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 	if err := m.startVM(ctx, px, vmid, fixed); err != nil {
 		return pxErr(fmt.Sprintf("start vm %d", vmid), err)
 	}
+	if !spec.HasAgent() {
+		// nothing inside to wait for or write to (vmoptions.go)
+		return m.waitRunning(ctx, m.vms, vmid)
+	}
 	if err := m.waitAgent(ctx, vmid); err != nil {
 		return err
 	}
 	return m.writeEnv(ctx, vmid, env)
+}
+
+// noAgentFlag is a VM's Agent field: false for a VM without a guest
+// agent, nil (omitted) for one with it.
+func noAgentFlag(agent bool) *bool {
+	if agent {
+		return nil
+	}
+	return new(bool)
 }
 
 // cloneToEnd clones and waits for the clone task to end even when ctx is

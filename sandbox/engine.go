@@ -136,6 +136,9 @@ type Options struct {
 	// AllowWindows ([api] allow_windows) lets a create ask for a Windows
 	// os_type; refused otherwise.
 	AllowWindows bool
+	// AllowE1000 ([api] allow_e1000) lets a create ask for nic_controller
+	// "e1000" (QEMU's emulated Intel NIC); refused otherwise.
+	AllowE1000 bool
 	// SharedVNets ([api] shared_vnets) are the Proxmox vnets, by id, a
 	// sandbox's NICs may be on (apitype.NIC.VNet; sharedvnets.go).
 	SharedVNets []string

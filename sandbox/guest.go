@@ -51,6 +51,33 @@ func (m *Engine) waitAgent(ctx context.Context, vmid int) error {
 	}
 }
 
+// waitRunning waits until Proxmox reports VM vmid running, within
+// AgentTimeout as waitAgent: the readiness of a VM without a guest agent.
+// A start task that ended OK has the VM running already; the read says
+// the VM is still there and did not stop at once (a guest that powers
+// itself off, a QEMU that died after the start).
+func (m *Engine) waitRunning(ctx context.Context, px memberOps, vmid int) error {
+	ctx, cancel := context.WithTimeout(ctx, m.o.AgentTimeout)
+	defer cancel()
+	delay := 100 * time.Millisecond
+	for {
+		info, err := px.VM(ctx, vmid)
+		if err == nil && info.Status == "running" {
+			return nil
+		}
+		last := fmt.Sprintf("status %q", info.Status)
+		if err != nil {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vm %d (no guest agent): wait for Proxmox to report it running: %w (last: %s)", vmid, ctx.Err(), last)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
+}
+
 // GuestExec is what a guest runs (the guest agent client converts it to
 // its own request).
 type GuestExec struct {

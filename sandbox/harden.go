@@ -41,7 +41,7 @@ func (m *Engine) checkTemplates(ctx context.Context, names []string, ids []int, 
 	confs := map[int]map[string]string{}
 	for i, id := range ids {
 		v := vms[i].Req
-		want := profileWant(v.Firmware, v.CPU, v.OSType)
+		want := profileWant(apitype.VM{Firmware: v.Firmware, CPU: v.CPU, OSType: v.OSType, NICController: v.NICController, Agent: v.Agent})
 		k := seenKey{id, want, v.DiskController}
 		if seen[k] {
 			continue

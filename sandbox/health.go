@@ -405,6 +405,9 @@ type vmCheck struct {
 	name    string
 	vmid    int
 	skipped bool
+	// noAgent: the VM has no guest agent (agent false): not pinged, and
+	// no agent signal is judged.
+	noAgent bool
 	run     VMRunState
 	runErr  error
 	ping    error
@@ -417,10 +420,11 @@ type vmCheck struct {
 }
 
 // checkVM reads one member's signals: Proxmox and QMP status, the agent's
-// ping (a container's: the daemon enters it), its cgroup and taps (a
-// container's veths), and what the agent reports of the guest.
+// ping (a container's: the daemon enters it; none for a VM without an
+// agent), its cgroup and taps (a container's veths), and what the agent
+// reports of the guest.
 func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
-	c := vmCheck{name: vm.Name, vmid: vm.VMID}
+	c := vmCheck{name: vm.Name, vmid: vm.VMID, noAgent: !vm.HasAgent()}
 	hm := m.health
 	hm.mu.Lock()
 	c.skipped = hm.held[vm.VMID] > 0
@@ -441,7 +445,7 @@ func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
 	} else {
 		c.stats = hm.o.Node.VMStats(vm.VMID, max(len(vm.Networks), 1))
 	}
-	if c.runErr != nil || c.run.Status != "running" {
+	if c.runErr != nil || c.run.Status != "running" || c.noAgent {
 		return c
 	}
 	g := m.Guest(vm.VMID)
@@ -522,8 +526,10 @@ func rank(state string) int {
 
 // judge records c's signals in vt.h.Host and GuestReported and returns
 // the VM's state, reason and detail. Host-side signals decide first; the
-// guest's own report can degrade a VM, never break it. Call with hm.mu
-// held.
+// guest's own report can degrade a VM, never break it. A VM without an
+// agent was not pinged (c.ping nil, c.busy false): it is judged by
+// Proxmox, QMP and its cgroup alone, and its missing agent is never a
+// reason. Call with hm.mu held.
 func (hm *healthMonitor) judge(vt *vmTrack, c vmCheck, now time.Time) (string, string, string) {
 	host := &vt.h.Host
 	st := c.stats
@@ -535,14 +541,17 @@ func (hm *healthMonitor) judge(vt *vmTrack, c vmCheck, now time.Time) (string, s
 	if c.runErr != nil && !errors.Is(c.runErr, ErrNotFound) {
 		host.Missing = append(host.Missing, "proxmox")
 	}
-	if c.ping == nil && c.runErr == nil && c.run.Status == "running" {
+	host.NoAgent = c.noAgent
+	if c.ping == nil && c.runErr == nil && c.run.Status == "running" && !c.noAgent {
 		vt.lastAnswer = now
 		host.AgentOK = true
 		host.AgentRTTSeconds = c.rtt.Seconds()
 	}
-	la := vt.lastAnswer
-	host.LastAgentAnswer = &la
-	host.SecondsSinceAgentAnswer = now.Sub(vt.lastAnswer).Seconds()
+	if !c.noAgent {
+		la := vt.lastAnswer
+		host.LastAgentAnswer = &la
+		host.SecondsSinceAgentAnswer = now.Sub(vt.lastAnswer).Seconds()
+	}
 	if c.busy {
 		vt.lastBusy = now
 	}

@@ -46,7 +46,8 @@ func newHealthMetrics(reg prometheus.Registerer, hm *healthMonitor) (*healthMetr
 }
 
 // vmCollector exports one series per ready sandbox member (VM or
-// container) and signal, labelled sandbox, vm, vmid and owner.
+// container) and signal, labelled sandbox, vm, vmid and owner; a VM
+// without a guest agent has no agent series (rtt, silence, up).
 type vmCollector struct {
 	hm                                      *healthMonitor
 	cpu, mem, peak, oom, rd, wr, rtt, since *prometheus.Desc
@@ -103,13 +104,17 @@ func (c *vmCollector) Collect(ch chan<- prometheus.Metric) {
 			m(c.netBytes, prometheus.CounterValue, float64(h.NetBytesFromGuest), "from_guest")
 			m(c.netPackets, prometheus.CounterValue, float64(h.NetPacketsToGuest), "to_guest")
 			m(c.netPackets, prometheus.CounterValue, float64(h.NetPacketsFromGuest), "from_guest")
-			m(c.rtt, prometheus.GaugeValue, h.AgentRTTSeconds)
-			m(c.since, prometheus.GaugeValue, h.SecondsSinceAgentAnswer)
-			up := 0.0
-			if h.AgentOK {
-				up = 1
+			if !h.NoAgent {
+				// a VM without an agent has no agent series: a 0 of
+				// agent_up would read as an agent down
+				m(c.rtt, prometheus.GaugeValue, h.AgentRTTSeconds)
+				m(c.since, prometheus.GaugeValue, h.SecondsSinceAgentAnswer)
+				up := 0.0
+				if h.AgentOK {
+					up = 1
+				}
+				m(c.up, prometheus.GaugeValue, up)
 			}
-			m(c.up, prometheus.GaugeValue, up)
 			for _, s := range []string{apitype.HealthOK, apitype.HealthDegraded, apitype.HealthBroken} {
 				val := 0.0
 				if v.State == s {

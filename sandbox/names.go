@@ -318,8 +318,8 @@ func (m *Engine) nameGuests(ctx context.Context, rec *record) error {
 	m.mu.Unlock()
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range vms {
-		if hardening.IsWindows(vms[i].OSType) {
-			continue // a Windows guest: its siblings name it, it names none (vmoptions.go)
+		if hardening.IsWindows(vms[i].OSType) || !vms[i].HasAgent() {
+			continue // a Windows guest, or one without an agent: its siblings name it, it names none (vmoptions.go)
 		}
 		g.Go(func() error {
 			if err := m.nameGuest(gctx, vms[i].VMID, vms[i].Name, hostsBlock(vms, i)); err != nil {

@@ -167,11 +167,15 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 	// never set from it
 	nicDefault := oneVMSized("debian", 1, 512)
 	nicDefault.VMs[0].NICController = "virtio"
+	// a member's agent answered its refill's ping: a VM without one is
+	// never one
+	noAgent := oneVMSized("debian", 1, 512)
+	noAgent.VMs[0].Agent = new(bool)
 	for name, req := range map[string]apitype.CreateRequest{
 		"other template": oneVMSized("alpine", 1, 512), "more cores": oneVMSized("debian", 2, 512), "more memory": oneVMSized("debian", 1, 1024),
 		"two networks": twoNets, "fixed cidr": fixed, "disk resize": disk, "other network name": named, "other egress kind": egress, "no dhcp": nodhcp,
 		"a fixed MAC": mac, "a cpu model": cpu, "an explicit nic controller": nicDefault, "dhcp ranges": ranges, "dhcp ranges on auto": autoRanges,
-		"a NIC on a shared vnet": shared,
+		"a NIC on a shared vnet": shared, "a VM without a guest agent": noAgent,
 	} {
 		sb, err := b.e.Create(ctx, req)
 		if err != nil {
@@ -186,6 +190,8 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 	}
 	req := oneVMSized("debian", 1, 512)
 	req.Owner, req.Labels, req.Env = "alice", map[string]string{"eval": "ctf"}, map[string]string{"KEY": "v"}
+	agent := true
+	req.VMs[0].Agent = &agent // the default written out still matches
 	sb, err := b.e.Create(ctx, req)
 	if err != nil {
 		t.Fatal(err)

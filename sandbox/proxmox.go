@@ -35,6 +35,13 @@ type VMConfig struct {
 	// already, allocates an EFI vars disk (efidisk0, efitype 4m, no
 	// pre-enrolled keys) on the boot disk's storage.
 	UEFI bool
+	// NICModel is the model of every NIC (hardening.NICVirtio when
+	// empty, or hardening.NICE1000).
+	NICModel string
+	// NoAgent turns the VM's guest agent device off (agent 0): a VM whose
+	// guest has no agent (apitype.VMRequest.Agent false) gets no
+	// virtio-serial port and no qga socket.
+	NoAgent bool
 }
 
 // VMInfo is what the daemon reads back about a VM.

@@ -23,8 +23,9 @@ func (m *Engine) Snapshot(ctx context.Context, vmid int, name string) error {
 }
 
 // Rollback rolls VM vmid back to a snapshot and returns once its guest
-// agent answers again: a rollback to a snapshot without RAM leaves the VM
-// stopped, so it is started.
+// agent answers again (a VM without one: once Proxmox reports it
+// running): a rollback to a snapshot without RAM leaves the VM stopped,
+// so it is started.
 func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
 	done, err := m.busy.begin(vmid, busySnapshot)
 	if err != nil {
@@ -32,7 +33,8 @@ func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
 	}
 	defer done()
 	defer m.holdHealth(vmid)()
-	kind := m.kindOf(vmid)
+	vm := m.vmOf(vmid)
+	kind := vm.Kind
 	px, err := m.opsOf(kind)
 	if err != nil {
 		return err
@@ -53,6 +55,9 @@ func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
 		if err := m.startVM(ctx, px, vmid, false); err != nil {
 			return pxErr("start vm after rollback", err)
 		}
+	}
+	if !vm.HasAgent() {
+		return m.waitRunning(ctx, px, vmid)
 	}
 	return m.waitAgent(ctx, vmid)
 }

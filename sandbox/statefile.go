@@ -49,12 +49,18 @@ import (
 //     daemon refuses a version 5 file rather than drop them, which would
 //     silently lift a Windows VM's guard (GuestIO: exec and file calls
 //     into it are refused) and make it look like a Linux VM.
+//   - 6: a VM's options may carry no_agent (a VM created with agent
+//     false). Nothing else changed, so a file of version 2 to 5 decodes
+//     as version 6 with every VM's agent on; a version 5 daemon refuses a
+//     version 6 file rather than drop it, which would have its health
+//     monitor call the VM broken (agent-unresponsive) and its exec and
+//     file calls wait for an agent that is not there.
 //
 // A new format adds a version, a frozen type for the old one and a case in
 // decodeState; TestStateMigration keeps a file of every version.
-const stateVersion = 5
+const stateVersion = 6
 
-// stateFile is the state file of version 5 (and 4, 3, 2).
+// stateFile is the state file of version 6 (and 5, 4, 3, 2).
 type stateFile struct {
 	Version   int            `json:"version"`
 	Node      string         `json:"node"`
@@ -131,14 +137,16 @@ type savedVM struct {
 	Options *savedOptions `json:"options,omitempty"`
 }
 
-// savedOptions are a VM's firmware, CPU model, OS type and controllers
-// (apitype.VMRequest) on disk.
+// savedOptions are a VM's firmware, CPU model, OS type, controllers and
+// agent (apitype.VMRequest) on disk.
 type savedOptions struct {
 	Firmware       string `json:"firmware,omitempty"`
 	CPU            string `json:"cpu,omitempty"`
 	OSType         string `json:"os_type,omitempty"`
 	DiskController string `json:"disk_controller,omitempty"`
 	NICController  string `json:"nic_controller,omitempty"`
+	// NoAgent: the VM was created with agent false (version 6).
+	NoAgent bool `json:"no_agent,omitempty"`
 }
 
 // savedNIC is one NIC of a VM given by nics, on disk (version 3).
@@ -229,7 +237,7 @@ func toSaved(s apitype.Sandbox) savedSandbox {
 		for _, n := range m.NICs {
 			v.VMs[j].NICs = append(v.VMs[j].NICs, savedNIC(n))
 		}
-		if o := (savedOptions{m.Firmware, m.CPU, m.OSType, m.DiskController, m.NICController}); o != (savedOptions{}) {
+		if o := (savedOptions{m.Firmware, m.CPU, m.OSType, m.DiskController, m.NICController, !m.HasAgent()}); o != (savedOptions{}) {
 			v.VMs[j].Options = &o
 		}
 	}
@@ -280,6 +288,7 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 			}
 			if o := m.Options; o != nil {
 				s.VMs[j].Firmware, s.VMs[j].CPU, s.VMs[j].OSType, s.VMs[j].DiskController, s.VMs[j].NICController = o.Firmware, o.CPU, o.OSType, o.DiskController, o.NICController
+				s.VMs[j].Agent = noAgentFlag(!o.NoAgent)
 			}
 		}
 		if v.Pool != nil {

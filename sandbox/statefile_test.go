@@ -71,17 +71,30 @@ func TestStateMigration(t *testing.T) {
 	fromV1[1].VMs[0].OSType, fromV1[1].VMs[0].CPU = "win11", "x86-64-v3"
 	// a request's ranges are kept as given, in order
 	fromV1[1].Networks[0].DHCPRanges = []apitype.DHCPRange{{Start: "10.200.0.200", End: "10.200.0.210"}, {Start: "10.200.0.50", End: "10.200.0.60"}}
-	v5, err := encodeState(node, fromV1, []memberState{member})
+	v5, err := os.ReadFile("testdata/state-v5.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	testkit.Golden(t, "state-v5.json", v5)
 	_, fromV5, members, err := decodeState(v5)
 	if err != nil || !reflect.DeepEqual(fromV5, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
-		t.Errorf("version 5 round trip: %v\n%+v\nwant %+v\nmembers %+v", err, fromV5, fromV1, members)
+		t.Errorf("version 5: %v\n%+v\nwant %+v\nmembers %+v", err, fromV5, fromV1, members)
+	}
+	// version 6: a VM without a guest agent
+	fromV1[0].VMs[0].Agent = new(bool)
+	v6, err := encodeState(node, fromV1, []memberState{member})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Golden(t, "state-v6.json", v6)
+	_, fromV6, members, err := decodeState(v6)
+	if err != nil || !reflect.DeepEqual(fromV6, fromV1) || !reflect.DeepEqual(members, []memberState{member}) {
+		t.Errorf("version 6 round trip: %v\n%+v\nwant %+v\nmembers %+v", err, fromV6, fromV1, members)
+	}
+	if fromV6[0].VMs[0].HasAgent() || !fromV6[1].VMs[0].HasAgent() {
+		t.Errorf("version 6: agents %v %v, want the first VM without one", fromV6[0].VMs[0].HasAgent(), fromV6[1].VMs[0].HasAgent())
 	}
 	for doc, msg := range map[string]string{
-		`{"version": 6, "node": "node1", "sandboxes": []}`: "version 6",
+		`{"version": 7, "node": "node1", "sandboxes": []}`: "version 7",
 		`{"node": "node1", "sandboxes": []}`:               "no version",
 		`{"version": "2"}`:                                 "cannot unmarshal",
 		`[]`:                                               "cannot unmarshal",
@@ -94,19 +107,21 @@ func TestStateMigration(t *testing.T) {
 
 // TestStateVMOptions: a VM's per-VM options survive the state file (a
 // restarted daemon still reaches a Windows VM through its Windows guest
-// client and refuses its containment check), and a VM without them is
-// written without an options object.
+// client and refuses its containment check, and knows a VM without a
+// guest agent for one), and a VM without them is written without an
+// options object.
 func TestStateVMOptions(t *testing.T) {
 	sb := apitype.Sandbox{ID: "sbopts", VMs: []apitype.VM{
 		{Name: "win", VMID: 101, OSType: "win11", Firmware: "uefi", CPU: "host", DiskController: "scsi", NICController: "virtio"},
 		{Name: "lin", VMID: 102},
+		{Name: "victim", VMID: 103, DiskController: "ide", NICController: "e1000", Agent: new(bool)},
 	}}
 	b, err := encodeState("pve", []apitype.Sandbox{sb}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(b), `"options"`); n != 1 {
-		t.Errorf("%d options objects, want 1:\n%s", n, b)
+	if n := strings.Count(string(b), `"options"`); n != 2 {
+		t.Errorf("%d options objects, want 2:\n%s", n, b)
 	}
 	_, got, _, err := decodeState(b)
 	if err != nil {

@@ -262,7 +262,7 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		if pr := validateVMOptions(v, f); pr != nil {
 			return pr
 		}
-		if hardening.IsWindows(v.OSType) && len(c.Env) > 0 {
+		if hardening.IsWindows(v.OSType) && v.HasAgent() && len(c.Env) > 0 {
 			return invalid("env", "env is written to %s (a Linux path POSIX shells read) in every VM, and vms[%d] runs Windows (os_type %s); give env to a sandbox of Linux VMs only, or pass env with each exec", apitype.GuestEnvPath, i, v.OSType)
 		}
 		if v.Cores == 0 {
@@ -298,6 +298,9 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 			}
 		}
 	}
+	if len(c.Env) > 0 && !slices.ContainsFunc(c.VMs, apitype.VMRequest.HasAgent) {
+		return invalid("env", "env is written through the guest agent into the VMs that have one, and every VM of this sandbox has agent false; give env to a sandbox with a VM that has an agent, or none")
+	}
 	if pr := checkRangeRoom(c); pr != nil {
 		return pr
 	}
@@ -328,15 +331,19 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 }
 
 // validateVMOptions checks VM v's (field f) firmware, cpu, os_type,
-// disk_controller and nic_controller against the values the hardened
-// profile takes (hardening/options.go); the defaults written out are
-// accepted and kept as given. A container takes none of them.
+// disk_controller, nic_controller and agent against the values the
+// hardened profile takes (hardening/options.go); the defaults written out
+// are accepted and kept as given. A container takes none of them (nor
+// agent: the daemon enters a container from the node, it has no agent).
 func validateVMOptions(v *apitype.VMRequest, f string) *apitype.Problem {
 	if v.Kind == apitype.KindLXC {
 		for _, o := range []struct{ field, val string }{{"firmware", v.Firmware}, {"cpu", v.CPU}, {"os_type", v.OSType}, {"disk_controller", v.DiskController}, {"nic_controller", v.NICController}} {
 			if o.val != "" {
 				return invalid(f+"."+o.field, "%s is a VM's option: a container (kind lxc) takes none", o.field)
 			}
+		}
+		if v.Agent != nil {
+			return invalid(f+".agent", "agent is a VM's option: a container (kind lxc) has no guest agent, the daemon enters it from the node")
 		}
 		return nil
 	}
@@ -351,19 +358,15 @@ func validateVMOptions(v *apitype.VMRequest, f string) *apitype.Problem {
 	if v.OSType != "" && !slices.Contains(hardening.OSTypes, v.OSType) {
 		return invalid(f+".os_type", "os_type %q: want one of %s (other types keep HPET on, or are releases out of support)", v.OSType, strings.Join(hardening.OSTypes, ", "))
 	}
-	for _, c := range []struct {
-		field, val, ok, emulated, why string
-	}{
-		{"disk_controller", v.DiskController, "scsi", "ide", "an emulated ATA controller is host-side code the guest drives; use \"scsi\" (virtio-scsi)"},
-		{"nic_controller", v.NICController, "virtio", "e1000", "an emulated Intel NIC is host-side code the guest drives; use \"virtio\" (a Windows guest needs the virtio drivers for its guest agent anyway)"},
-	} {
-		switch c.val {
-		case "", c.ok:
-		case c.emulated:
-			return invalid(f+"."+c.field, "%s %q is refused: %s", c.field, c.val, c.why)
-		default:
-			return invalid(f+"."+c.field, "%s %q: want %q", c.field, c.val, c.ok)
-		}
+	switch v.DiskController {
+	case "", hardening.DiskSCSI, hardening.DiskIDE:
+	default:
+		return invalid(f+".disk_controller", "disk_controller %q: want %q or %q (the bus the template's disks are on; a clone keeps them)", v.DiskController, hardening.DiskSCSI, hardening.DiskIDE)
+	}
+	switch v.NICController {
+	case "", hardening.NICVirtio, hardening.NICE1000:
+	default:
+		return invalid(f+".nic_controller", "nic_controller %q: want %q (default) or %q", v.NICController, hardening.NICVirtio, hardening.NICE1000)
 	}
 	return nil
 }

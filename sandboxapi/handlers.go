@@ -602,6 +602,12 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 			return pr
 		}
 	}
+	if req.VM == "" {
+		// the first member with a guest agent: the check runs through it
+		// (a sandbox whose first VM has none, as a CTF's target listed
+		// first, is checked from its attacker)
+		req.VM = s.e.FirstAgentVM(r.PathValue("id"))
+	}
 	if err := s.e.Broken(r.PathValue("id"), req.VM); err != nil {
 		return err
 	}

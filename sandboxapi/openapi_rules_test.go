@@ -141,13 +141,14 @@ func TestOpenAPIKindsByNode(t *testing.T) {
 	}
 }
 
-// TestOpenAPIVMOptionsByNode: the document's firmware and os_type enums
-// are what the node takes ([api] allow_uefi, allow_windows), and a value
-// outside them is refused by the create, naming the field; the
-// controllers' enums hold the virtio ones only.
+// TestOpenAPIVMOptionsByNode: the document's firmware, os_type and
+// nic_controller enums are what the node takes ([api] allow_uefi,
+// allow_windows, allow_e1000), and a value outside them is refused by
+// the create, naming the field; disk_controller takes scsi and ide on
+// every node.
 func TestOpenAPIVMOptionsByNode(t *testing.T) {
 	for _, on := range []bool{false, true} {
-		e := newEnv(t, func(o *options) { o.AllowUEFI, o.AllowWindows = on, on })
+		e := newEnv(t, func(o *options) { o.AllowUEFI, o.AllowWindows, o.AllowE1000 = on, on, on })
 		doc, err := e.c.OpenAPI(e.ctx())
 		if err != nil {
 			t.Fatal(err)
@@ -166,8 +167,11 @@ func TestOpenAPIVMOptionsByNode(t *testing.T) {
 		if got := slices.Contains(enum("os_type"), "win11"); got != on {
 			t.Errorf("allow_windows %v: os_type enum %q", on, enum("os_type"))
 		}
-		if d, n := enum("disk_controller"), enum("nic_controller"); !slices.Equal(d, []string{"", "scsi"}) || !slices.Equal(n, []string{"", "virtio"}) {
-			t.Errorf("controller enums %q %q", d, n)
+		if d := enum("disk_controller"); !slices.Equal(d, []string{"", "scsi", "ide"}) {
+			t.Errorf("disk_controller enum %q", d)
+		}
+		if got := slices.Contains(enum("nic_controller"), "e1000"); got != on || !slices.Contains(enum("nic_controller"), "virtio") {
+			t.Errorf("allow_e1000 %v: nic_controller enum %q", on, enum("nic_controller"))
 		}
 		if !slices.Contains(enum("cpu"), "host") || slices.Contains(enum("cpu"), "max") {
 			t.Errorf("cpu enum %q", enum("cpu"))
@@ -179,6 +183,13 @@ func TestOpenAPIVMOptionsByNode(t *testing.T) {
 		}
 		if !on && (!errors.As(err, &p) || p.Field != "vms[0].firmware") {
 			t.Errorf("not allowed: %v", err)
+		}
+		_, err = e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian", NICController: "e1000"}}})
+		if on && err != nil {
+			t.Errorf("e1000 allowed: %v", err)
+		}
+		if !on && (!errors.As(err, &p) || p.Field != "vms[0].nic_controller" || !strings.Contains(p.Detail, "[api] allow_e1000 = true")) {
+			t.Errorf("e1000 not allowed: %v", err)
 		}
 	}
 }

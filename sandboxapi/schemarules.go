@@ -31,9 +31,10 @@ const createRulesText = "Rules JSON Schema cannot say: network names are unique,
 	"network, broadcast or gateway (first host) address; a network's dhcp_ranges need a fixed cidr and dhcp on, each end " +
 	"inside the cidr and not its network, broadcast or gateway address, start not above end, no two ranges sharing an address, " +
 	"and room for every NIC on the network (a NIC with a fixed ipv4 takes one of the ranges while configured; a fixed ipv4 " +
-	"inside a range is not free); env holds at most %d bytes of names and values in all. State the node decides: " +
-	"a template it has (invalid-request, field template, otherwise), a CIDR not in use and a free range " +
-	"for auto (conflict), the caps of GET /v1/capacity (guard-refused)."
+	"inside a range is not free); env holds at most %d bytes of names and values in all, and needs a VM that has a guest agent " +
+	"(not agent false); a container (kind lxc) takes no agent. State the node decides: " +
+	"a template it has (invalid-request, field template, otherwise), a disk_controller its disks are on (invalid-request), " +
+	"a CIDR not in use and a free range for auto (conflict), the caps of GET /v1/capacity (guard-refused)."
 
 // execRulesText states what the exec keywords cannot.
 const execRulesText = "Rules JSON Schema cannot say: argv[0] is not empty; the arguments hold at most %d bytes " +
@@ -96,6 +97,10 @@ func (s *Server) createRules() map[string]map[string]any {
 	if s.eo.AllowUEFI {
 		firmwares, firmwareText = append(firmwares, hardening.FirmwareUEFI), "seabios (default) or uefi: OVMF with an EFI vars disk (efitype 4m, no pre-enrolled keys), SMM emulation on; never from the warm pool"
 	}
+	nics, nicText := []string{"", hardening.NICVirtio}, "the model of every NIC: virtio (default; this node takes no e1000: [api] allow_e1000)"
+	if s.eo.AllowE1000 {
+		nics, nicText = append(nics, hardening.NICE1000), "the model of every NIC: virtio (default) or e1000 (QEMU's emulated Intel NIC, for a guest without virtio drivers); never from the warm pool"
+	}
 	osTypes, osText := []string{"", hardening.OSLinux}, "l26 (default; this node takes no Windows guests: [api] allow_windows)"
 	if s.eo.AllowWindows {
 		osTypes, osText = append(osTypes, hardening.OSWin10, hardening.OSWin11),
@@ -125,9 +130,14 @@ func (s *Server) createRules() map[string]map[string]any {
 		"VMRequest.cpu": {"enum": append([]string{""}, hardening.CPUModels...),
 			"description": "the CPU model; empty: the template's. Nested virtualization stays off (-nested-virt) whatever the model; never from the warm pool"},
 		"VMRequest.os_type":         {"enum": osTypes, "description": osText},
-		"VMRequest.disk_controller": {"enum": []string{"", "scsi"}, "description": "scsi: the template's disks must be on virtio-scsi (a clone keeps them); ide (emulated ATA) is refused"},
-		"VMRequest.nic_controller":  {"enum": []string{"", "virtio"}, "description": "virtio (what every NIC gets); e1000 (an emulated NIC) is refused"},
-		"VMRequest.networks":        {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
+		"VMRequest.disk_controller": {"enum": []string{"", hardening.DiskSCSI, hardening.DiskIDE}, "description": "the bus every disk of the template must be on (a clone keeps them): scsi (on virtio-scsi) or ide (on q35's ICH9 AHCI controller); empty: the template's disks as they are; never from the warm pool"},
+		"VMRequest.nic_controller":  {"enum": nics, "description": nicText},
+		"VMRequest.agent": {"description": "false: the guest runs no QEMU guest agent (a VulnHub image, an appliance). Ready once Proxmox reports it running; " +
+			"exec, files and the containment check refuse it (409), no env and no naming in its guest (its siblings resolve its name), " +
+			"no agent signal in its health, never from the warm pool; the guard's walls are the same. Default true"},
+		"VM.agent":             {"description": "false for a VM created without a guest agent; omitted otherwise"},
+		"HostSignals.no_agent": {"description": "the VM has no guest agent (created with agent false): agent_ok stays false and no agent signal counts"},
+		"VMRequest.networks":   {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
 		"VMRequest.nics": {"maxItems": maxNetworks, "description": "instead of networks (not both): one NIC per entry, in order, " +
 			"with an optional fixed MAC and IPv4 address; a request with any fixed is never served from the warm pool"},
 		"NIC.network": {"pattern": "^$|" + reName.String(), "description": "the network's name in the sandbox; empty when vnet is given"},

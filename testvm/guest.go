@@ -38,15 +38,21 @@ type GuestSpec struct {
 	// range). Either way the MAC is added to the zone's ethers file first:
 	// the zone's dnsmasq answers no other (dhcp-ignore=tag:!known).
 	IP netip.Addr
+	// NoAgent starts the guest without qemu-ga and without an agent
+	// socket: a VM whose agent is off (a VulnHub image, an appliance).
+	// It is up once DHCP gave it an address (at once on a vnet without
+	// DHCP).
+	NoAgent bool
 }
 
 // Guest is a running guest: its own network, PID, mount and UTS
 // namespaces, an overlay of the host root as its root filesystem, tini as
-// init, dhclient on eth0 and the real qemu-ga answering on Socket.
+// init, dhclient on eth0 and the real qemu-ga answering on Socket (none
+// for a guest started with NoAgent).
 type Guest struct {
 	VMID   int
 	NS     string // the guest's network namespace
-	Socket string // <QGADir>/<vmid>.qga
+	Socket string // <QGADir>/<vmid>.qga ("" without an agent)
 	Disk   string
 	MAC    net.HardwareAddr
 	VNet   string
@@ -161,11 +167,20 @@ exec nsenter --uts="$R/proc/$H/ns/uts" -- /bin/sh -c 'kill -KILL "$1"; hostname 
 // client asks every second and never gives up, as a guest whose network
 // comes up late would want; it sends its host name as Debian's default
 // configuration does (the zone's dnsmasq learns the guest's name from it).
-const guestInit = `: > /etc/resolv.conf
+const guestInit = guestNet + `export LISTEN_FDS=1
+LISTEN_PID=$$ exec qemu-ga -m unix-listen -p /run/qga/qga.sock -t /var/lib/qemu-ga -f /run/qemu-ga.pid
+`
+
+// guestNet is the network part of guestInit: DHCP on eth0 in the
+// background.
+const guestNet = `: > /etc/resolv.conf
 printf 'send host-name = gethostname();\ninitial-interval 1;\nbackoff-cutoff 2;\ntimeout 3600;\nretry 1;\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, host-name;\n' > /run/dhclient.conf
 dhclient -4 -nw -cf /run/dhclient.conf -lf /var/lib/dhcp/dhclient.eth0.leases -pf /run/dhclient.pid eth0 </dev/null >/dev/null 2>&1
-export LISTEN_FDS=1
-LISTEN_PID=$$ exec qemu-ga -m unix-listen -p /run/qga/qga.sock -t /var/lib/qemu-ga -f /run/qemu-ga.pid
+`
+
+// guestInitNoAgent is guestInit of a guest without an agent: DHCP, and
+// nothing else (tini keeps the guest up and reaps dhclient's children).
+const guestInitNoAgent = guestNet + `exec sleep infinity
 `
 
 // guestEnv is the whole environment of every process the bed starts in a
@@ -215,6 +230,9 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	}
 	g = &Guest{VMID: s.VMID, NS: b.GuestNS(s.VMID), Socket: filepath.Join(b.QGADir(), strconv.Itoa(s.VMID)+".qga"),
 		Disk: s.Disk, MAC: s.MAC, VNet: s.VNet, done: make(chan struct{})}
+	if s.NoAgent {
+		g.Socket = ""
+	}
 	b.mu.Lock()
 	if _, ok := b.guests[s.VMID]; ok || b.closed {
 		b.mu.Unlock()
@@ -257,26 +275,15 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	if err := b.writeVMConf(g); err != nil {
 		return nil, fmt.Errorf("testvm: guest %d: config: %w", s.VMID, err)
 	}
-	// The agent's listening socket is made here, on the host side, with
-	// the proxy's in front of it on Socket.
-	_ = os.Remove(g.Socket)
-	_ = os.Remove(g.agentSocket())
-	pln, err := net.Listen("unix", g.Socket)
-	if err != nil {
-		return nil, fmt.Errorf("testvm: guest %d: agent proxy socket: %w", s.VMID, err)
+	script, extra := guestInitNoAgent, []*os.File(nil)
+	if !s.NoAgent {
+		lf, err := b.agentListener(ctx, g)
+		if err != nil {
+			return nil, err
+		}
+		defer lf.Close()
+		script, extra = guestInit, []*os.File{lf}
 	}
-	g.proxy = startAgentProxy(pln, g.agentSocket(), b.qgaFrozenReason(ctx))
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: g.agentSocket(), Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("testvm: guest %d: agent socket: %w", s.VMID, err)
-	}
-	ln.SetUnlinkOnClose(false)
-	lf, err := ln.File()
-	_ = ln.Close()
-	if err != nil {
-		return nil, err
-	}
-	defer lf.Close()
 	logf, err := os.Create(filepath.Join(gdir, "console.log"))
 	if err != nil {
 		return nil, err
@@ -290,9 +297,9 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	// anything, so every process it ever has is counted there.
 	cmd := exec.Command("/bin/sh", "-c", joinScope(procs), "join-scope", "ip", "netns", "exec", g.NS,
 		"unshare", "--pid", "--fork", "--kill-child", "--mount", "--uts", "--ipc", "--propagation", "private",
-		"/bin/sh", "-c", guestSetup, "guest-setup", filepath.Join(gdir, "root"), s.Disk, "vm"+strconv.Itoa(s.VMID), guestInit)
+		"/bin/sh", "-c", guestSetup, "guest-setup", filepath.Join(gdir, "root"), s.Disk, "vm"+strconv.Itoa(s.VMID), script)
 	cmd.Env = guestEnv()
-	cmd.ExtraFiles = []*os.File{lf}
+	cmd.ExtraFiles = extra
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Started through deathsig: a bare Pdeathsig killed a guest whenever
 	// the Go thread that had forked it ended (its agent gone mid-test).
@@ -318,11 +325,32 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		}
 		close(done)
 	}()
-	if err := b.waitGuest(ctx, g, vnet.HasDHCP(), filepath.Join(gdir, "console.log")); err != nil {
+	if err := b.waitGuest(ctx, g, vnet.HasDHCP(), !s.NoAgent, filepath.Join(gdir, "console.log")); err != nil {
 		return nil, err
 	}
 	b.log.Info("guest up", "vmid", s.VMID, "vnet", s.VNet, "ipv4", g.ipv4)
 	return g, nil
+}
+
+// agentListener makes guest g's agent socket on the host side (handed to
+// its qemu-ga as fd 3), with the proxy's in front of it on g.Socket, and
+// returns the listening socket's file.
+func (b *Bed) agentListener(ctx context.Context, g *Guest) (*os.File, error) {
+	_ = os.Remove(g.Socket)
+	_ = os.Remove(g.agentSocket())
+	pln, err := net.Listen("unix", g.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: agent proxy socket: %w", g.VMID, err)
+	}
+	g.proxy = startAgentProxy(pln, g.agentSocket(), b.qgaFrozenReason(ctx))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: g.agentSocket(), Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: agent socket: %w", g.VMID, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lf, err := ln.File()
+	_ = ln.Close()
+	return lf, err
 }
 
 // stopAsked reports whether guest g's end was asked for: StopGuest took
@@ -347,14 +375,15 @@ func consoleTail(path string) string {
 // for a loaded two-core CI machine running several beds at once.
 const guestReadyTimeout = 90 * time.Second
 
-// waitGuest waits for the agent to answer guest-ping and, on a vnet with
-// DHCP, eth0 to have a DHCP address and the default route the lease gives.
-// A guest on a vnet without DHCP gets no IPv4 address (its dhclient asks
-// in vain, as a real guest's would): it is up once its agent answers.
-func (b *Bed) waitGuest(ctx context.Context, g *Guest, dhcp bool, console string) error {
+// waitGuest waits for the agent to answer guest-ping (when the guest has
+// one: agent) and, on a vnet with DHCP, eth0 to have a DHCP address and
+// the default route the lease gives. A guest on a vnet without DHCP gets
+// no IPv4 address (its dhclient asks in vain, as a real guest's would):
+// it is up once its agent answers (at once without one).
+func (b *Bed) waitGuest(ctx context.Context, g *Guest, dhcp, agent bool, console string) error {
 	ctx, cancel := context.WithTimeout(ctx, guestReadyTimeout)
 	defer cancel()
-	agentOK := false
+	agentOK := !agent
 	for {
 		if !agentOK {
 			agentOK = pingAgent(ctx, g.Socket) == nil
@@ -502,8 +531,10 @@ func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
 	if g.proxy != nil {
 		g.proxy.close()
 	}
-	_ = os.Remove(g.Socket)
-	_ = os.Remove(g.agentSocket())
+	if g.Socket != "" {
+		_ = os.Remove(g.Socket)
+		_ = os.Remove(g.agentSocket())
+	}
 	b.detachAllBlocks(ctx, vmid)
 	_ = os.Remove(b.vmConfPath(vmid))
 	_ = os.RemoveAll(filepath.Join(b.dir, "guests", strconv.Itoa(vmid), "root"))

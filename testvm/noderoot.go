@@ -27,7 +27,11 @@ func (b *Bed) writeVMConf(g *Guest) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
-	conf := fmt.Sprintf("agent: 1\nname: vm%d\nnet0: virtio=%s,bridge=%s\n", g.VMID, strings.ToUpper(g.MAC.String()), g.VNet)
+	agent := "1"
+	if g.Socket == "" {
+		agent = "0" // started without an agent (GuestSpec.NoAgent)
+	}
+	conf := fmt.Sprintf("agent: %s\nname: vm%d\nnet0: virtio=%s,bridge=%s\n", agent, g.VMID, strings.ToUpper(g.MAC.String()), g.VNet)
 	return os.WriteFile(p, []byte(conf), 0o644)
 }
 

@@ -83,7 +83,10 @@ func printHealth(w io.Writer, sb apitype.Sandbox) {
 	fmt.Fprintln(tw, "VM\tVMID\tSTATE\tREASON\tSTATUS/QMP\tAGENT\tCPU s\tMEM MiB (PEAK)\tOOM\tNET TO/FROM GUEST\tGUEST-REPORTED FS")
 	for _, v := range h.VMs {
 		agent := fmt.Sprintf("silent %.0fs", v.Host.SecondsSinceAgentAnswer)
-		if v.Host.AgentOK {
+		switch {
+		case v.Host.NoAgent:
+			agent = "none" // created with agent false: never pinged
+		case v.Host.AgentOK:
 			agent = fmt.Sprintf("ok %.1fms", v.Host.AgentRTTSeconds*1000)
 		}
 		var fs []string

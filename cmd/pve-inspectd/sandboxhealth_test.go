@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -45,5 +47,46 @@ func TestSandboxHealthVerbs(t *testing.T) {
 	}
 	if err != nil || strings.Join(got, ",") != "created,ready,health" {
 		t.Errorf("events: %v %q", err, out)
+	}
+}
+
+// TestSandboxCreateAgentlessFromFile: the CLI takes a VM's agent false
+// from its request file, as every per-VM option; `sandbox health` shows
+// that VM's agent as none (never pinged, not silent), and its exec is
+// refused with a conflict naming it.
+func TestSandboxCreateAgentlessFromFile(t *testing.T) {
+	sock, eng, _ := startAPIOn(t, true)
+	req := `{"vms": [{"name": "target", "template": "debian", "agent": false}, {"name": "attacker", "template": "debian"}]}`
+	file := filepath.Join(t.TempDir(), "request.json")
+	if err := os.WriteFile(file, []byte(req), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "", "sandbox", "create", "--socket", sock, "-f", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb apitype.Sandbox
+	if err := json.Unmarshal([]byte(out), &sb); err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != apitype.StateReady || sb.VMs[0].HasAgent() || !sb.VMs[1].HasAgent() {
+		t.Fatalf("created %+v, want a ready sandbox whose target has no agent", sb)
+	}
+	eng.CheckHealth(context.Background())
+	out, err = run(t, "", "sandbox", "health", "--socket", sock, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && f[0] == "target" && (f[2] != "ok" || f[4] != "none") {
+			t.Errorf("target's row %q, want ok with agent none", line)
+		}
+	}
+	if !strings.Contains(out, "\ntarget ") {
+		t.Errorf("health has no row of the target:\n%s", out)
+	}
+	if _, err := run(t, "", "sandbox", "exec", "--socket", sock, sb.ID, "target", "--", "echo", "x"); err == nil || !strings.Contains(err.Error(), "vm target has no guest agent") {
+		t.Errorf("exec in the target: %v", err)
 	}
 }

@@ -112,6 +112,9 @@ class FakeNode:
     # in the order they came.
     execs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     files: list[tuple[str, str, str]] = field(default_factory=list)
+    # The exec and file calls refused for a VM created with agent false
+    # (method, VM).
+    no_agent_calls: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _next: int = 0
 
@@ -158,6 +161,8 @@ def _view(sb: Sandbox) -> dict[str, Any]:
                 {"network": n, "ipv4": f"10.0.{j}.{11 + i}"}
                 for j, n in enumerate(v.get("networks") or ["net0"])
             ],
+            # the daemon answers agent false for a VM without one, else omits it
+            **({"agent": False} if v.get("agent") is False else {}),
         }
         for i, v in enumerate(sb.req.get("vms", []))
     ]
@@ -271,6 +276,14 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
     vm = _VM.match(rest)
     vm_name = unquote(vm[1]) if vm else ""
     windows = _os_type(sb, vm_name) in ("win10", "win11")
+    if (rest.endswith("/exec") or rest.endswith("/files")) and _no_agent(sb, vm_name):
+        # the daemon's refusal of guest I/O on a VM created with agent false
+        fake.no_agent_calls.append((method, vm_name))
+        detail = (
+            f"vm {vm_name} has no guest agent (created with agent false): exec and file calls "
+            "go through the guest agent, so it is not offered for it"
+        )
+        return _problem(409, "conflict", detail)
     if method == "POST" and rest.endswith("/exec"):
         fake.execs.append((vm_name, doc))
         if windows:
@@ -294,6 +307,14 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
             )
         return (204, None) if method == "PUT" else (200, b"data")
     return _problem(404, "not-found", f"no route {method} {path}")
+
+
+def _no_agent(sb: Sandbox, vm: str) -> bool:
+    """Whether the sandbox's create asked VM vm without a guest agent."""
+    for i, v in enumerate(sb.req.get("vms", [])):
+        if (v.get("name") or f"vm{i}") == vm:
+            return v.get("agent") is False
+    return False
 
 
 def _os_type(sb: Sandbox, vm: str) -> str | None:

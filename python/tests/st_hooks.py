@@ -163,7 +163,7 @@ def _apply_range_rules(body: dict[str, Any]) -> None:
 
 
 # The per-VM options a container (kind lxc) does not take.
-VM_OPTIONS = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller")
+VM_OPTIONS = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller", "agent")
 
 
 def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
@@ -191,6 +191,9 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
                 continue
             v["template"] = TEMPLATE
             v.pop("disk_gib", None)
+            if v.get("disk_controller") == "ide":
+                # the node's state: the template's disks are on scsi
+                v.pop("disk_controller")
             if v.get("kind") == "lxc":
                 # a container: its template, no fixed MAC or address, and
                 # one NIC (the bed starts a container's net0 only: the
@@ -217,6 +220,11 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
             _apply_nic_rules(v, defined, nets, seen)
     _apply_range_rules(body)
     env = body.get("env")
+    if env and isinstance(vms, list):
+        # env needs a VM with a guest agent
+        agents = [v for v in vms if isinstance(v, dict)]
+        if agents and all(v.get("agent") is False for v in agents):
+            agents[0].pop("agent")
     if isinstance(env, dict):
         while sum(len(k.encode()) + len(str(x).encode()) for k, x in env.items()) > MAX_ENV_BYTES:
             env.pop(next(iter(env)))

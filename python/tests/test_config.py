@@ -88,7 +88,7 @@ def test_reference_shape_converts() -> None:
     [
         ({"vms_config": [ref_vm(uefi_boot="yes")]}, "vms_config[0].uefi_boot"),
         ({"vms_config": [ref_vm(firewall="yes")]}, "vms_config[0].firewall"),
-        ({"vms_config": [ref_vm(nic_controller="e1000")]}, "vms_config[0].nic_controller"),
+        ({"vms_config": [ref_vm(nic_controller="rtl8139")]}, "vms_config[0].nic_controller"),
         ({"vms_config": [ref_vm(vga="std")]}, "vms_config[0].vga"),
         ({"vms_config": [ref_vm(tablet=True)]}, "vms_config[0].tablet"),
         (
@@ -122,7 +122,8 @@ def test_reference_shape_converts() -> None:
         ({"vms_config": [ref_vm(cpu="host,flags=+vmx")]}, "vms_config[0].cpu"),
         ({"vms_config": [ref_vm(os_type="wxp", is_sandbox=False)]}, "vms_config[0].os_type"),
         ({"vms_config": [ref_vm(os_type="other")]}, "vms_config[0].os_type"),
-        ({"vms_config": [ref_vm(disk_controller="ide")]}, "vms_config[0].disk_controller"),
+        ({"vms_config": [ref_vm(disk_controller="sata")]}, "vms_config[0].disk_controller"),
+        ({"vms_config": [ref_vm(is_sandbox="no")]}, "vms_config[0].is_sandbox"),
         ({"vms_config": [ref_vm(await_before_next_vm=True)]}, "vms_config[0].await_before_next_vm"),
         (
             {"vms_config": [{"vm_source_config": {"built_in": "ubuntu22.04"}}]},
@@ -582,4 +583,73 @@ def test_native_vm_options() -> None:
     with pytest.raises(ValueError, match="container"):
         VmSpec(template="ct", kind="lxc", cpu="host")
     with pytest.raises(ValueError):
-        VmSpec.model_validate({"template": "d", "nic_controller": "e1000"})
+        VmSpec.model_validate({"template": "d", "nic_controller": "rtl8139"})
+    old = VmSpec(template="d", nic_controller="e1000", disk_controller="ide")
+    assert (old.nic_controller, old.disk_controller) == ("e1000", "ide")
+
+
+def test_reference_ctf_victim_converts() -> None:
+    """The reference's CTF example (ctf4.py): a victim with is_sandbox=False,
+    disk_controller="ide" and nic_controller="e1000" beside its attacker
+    becomes a VM without a guest agent ("agent": false) of the daemon, on
+    ide and e1000; the attacker is sent as any VM (no agent key). A VM with
+    is_sandbox=False and a healthcheck keeps its agent (the check runs
+    through it)."""
+    cfg = coerce(
+        {
+            "sdn_config": lab(),
+            "vms_config": [
+                ref_vm(name="agent", nics=[{"vnet_alias": "my lab"}]),
+                ref_vm(
+                    name="victim",
+                    disk_controller="ide",
+                    nic_controller="e1000",
+                    is_sandbox=False,
+                    nics=[{"vnet_alias": "my lab"}],
+                ),
+                ref_vm(
+                    name="web",
+                    is_sandbox=False,
+                    healthcheck={"test": ["true"]},
+                    nics=[{"vnet_alias": "my lab"}],
+                ),
+            ],
+        }
+    )
+    attacker, victim, web = create_request(cfg, "ctf4")["vms"]
+    assert "agent" not in attacker and "nic_controller" not in attacker
+    assert (victim["agent"], victim["disk_controller"], victim["nic_controller"]) == (
+        False,
+        "ide",
+        "e1000",
+    )
+    assert victim["networks"] == ["net0"]
+    assert "agent" not in web
+    assert [v.agent for v in cfg.vms] == [True, False, True]
+    assert [v.sandbox for v in cfg.vms] == [True, False, False]
+
+
+def test_native_agent_rules() -> None:
+    """agent=False in this provider's own shape: only for a VM that is no
+    Inspect sandbox and has no healthcheck (both run through the agent),
+    never on a container; sent as "agent": false."""
+    cfg = PveInspectSandboxEnvironmentConfig(
+        vms=(
+            VmSpec(template="kali", name="attacker"),
+            VmSpec(template="victim", name="victim", sandbox=False, agent=False),
+        )
+    )
+    assert create_request(cfg, "t")["vms"][1]["agent"] is False
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"agent": False}, "give sandbox=False too"),
+        (
+            {"agent": False, "sandbox": False, "healthcheck": HealthCheck(test=("true",))},
+            "healthcheck runs through the guest agent",
+        ),
+        ({"agent": False, "sandbox": False, "kind": "lxc"}, "container"),
+    ]
+    for bad, why in cases:
+        with pytest.raises(ValueError, match=why):
+            VmSpec.model_validate({"template": "d", **bad})
+    with pytest.raises(ValueError, match="at least one VM must be a sandbox"):
+        PveInspectSandboxEnvironmentConfig(vms=(VmSpec(template="d", sandbox=False, agent=False),))

@@ -190,6 +190,9 @@ def test_readme_first_vm_and_static_address_convert() -> None:
     vm, plain = cfg.vms
     assert plain.template == "ubuntu24.04" and plain.sandbox
     assert vm.template == "ubuntu24.04" and vm.name == "romeo" and not vm.sandbox
+    # is_sandbox=False without a healthcheck: the reference's VM whose
+    # agent "need not be installed", the daemon's agent false
+    assert not vm.agent and plain.agent
     assert (vm.memory_mib, vm.cores) == (512, 4)
     assert vm.firmware == "uefi" and vm.cpu is None and vm.disk_controller is None
     (net,) = cfg.networks
@@ -229,3 +232,70 @@ def test_readme_existing_vnets_convert() -> None:
     req = create_request(cfg, "t")
     assert req["vms"][0]["nics"] == [{"vnet": "existing-vnet-alias"}]
     assert "networks" not in req and "egress" not in req
+
+
+def test_reference_ctf4_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference's CTF example (src/proxmoxsandbox/experimental/ctf4.py)
+    with only the sandbox type changed: a Kali agent and a LAMPSecurity
+    victim from an OVA on the eval machine, ``disk_controller="ide"``,
+    ``nic_controller="e1000"``, ``is_sandbox=False``, both on one vnet with
+    SNAT and a DHCP range. It converts: the victim is the daemon's VM
+    without a guest agent (``agent: false``) on ide and e1000, built from
+    the uploaded OVA, on the sample's network beside the agent; only the
+    agent is an Inspect environment. (The node must allow e1000, ``[api]
+    allow_e1000``: the daemon's to check at task start.)"""
+    monkeypatch.chdir(tmp_path)
+    ova = make_ova(tmp_path / "ctf4.ova")
+    config = {
+        "vms_config": [
+            {
+                "vm_source_config": {"built_in": "kali2025.4"},
+                "name": "agent",
+                "nics": [{"vnet_alias": "ctf4_net"}],
+            },
+            {
+                "vm_source_config": {"ova": str(ova)},
+                "name": "victim",
+                "disk_controller": "ide",
+                "nic_controller": "e1000",
+                "is_sandbox": False,
+                "nics": [{"vnet_alias": "ctf4_net"}],
+            },
+        ],
+        "sdn_config": {
+            "vnet_configs": [
+                {
+                    "alias": "ctf4_net",
+                    "subnets": [
+                        {
+                            "cidr": "192.168.20.0/24",
+                            "gateway": "192.168.20.1",
+                            "snat": True,
+                            "dhcp_ranges": [{"start": "192.168.20.50", "end": "192.168.20.100"}],
+                        }
+                    ],
+                }
+            ]
+        },
+    }
+    cfg = coerce(config)
+    agent, victim = cfg.resolved_vms()
+    assert (agent.template, agent.sandbox, agent.agent) == ("kali2025.4", True, True)
+    assert victim.template == f"ova-ctf4-ova-{ova.stat().st_size}"
+    assert (victim.sandbox, victim.agent) == (False, False)
+    # the OVA's template is imported without boot, its disks on ide, as the
+    # reference imports it; the clone keeps them (nothing asked of it)
+    assert victim.ova is not None
+    assert (victim.ova.import_only, victim.ova.disk_bus) == (True, "ide")
+    body = create_request(cfg, "ctf4")
+    a, v = body["vms"]
+    assert "agent" not in a and a["networks"] == ["net0"]
+    assert "disk_controller" not in v
+    assert {k: v[k] for k in ("agent", "nic_controller", "networks")} == {
+        "agent": False,
+        "nic_controller": "e1000",
+        "networks": ["net0"],
+    }
+    assert body["networks"][0]["dhcp_ranges"] == [
+        {"start": "192.168.20.50", "end": "192.168.20.100"}
+    ]

@@ -74,6 +74,7 @@ def test_container_takes_no_vm_options() -> None:
         "os_type": "l26",
         "disk_controller": "",
         "nic_controller": "virtio",
+        "agent": False,
     }
     body: dict[str, Any] = {
         "vms": [{"template": "t", **opts}, {"template": "t", "kind": "lxc", **opts}]
@@ -82,6 +83,24 @@ def test_container_takes_no_vm_options() -> None:
     vm, ct = out["vms"]
     assert all(vm[k] == v for k, v in opts.items()), vm
     assert not any(k in ct for k in opts), ct
+
+
+def test_agent_and_disk_rules() -> None:
+    """env needs a VM with a guest agent: a body whose VMs all have agent
+    false gets the first one's agent back; ide is dropped (the node's
+    template has its disks on scsi); otherwise agent false stays."""
+    body: dict[str, Any] = {
+        "vms": [
+            {"template": "t", "agent": False, "disk_controller": "ide"},
+            {"template": "t", "agent": False},
+        ],
+        "env": {"K": "v"},
+    }
+    vm0, vm1 = apply_create_rules(body)["vms"]
+    assert "agent" not in vm0 and vm1["agent"] is False
+    assert "disk_controller" not in vm0
+    body = {"vms": [{"template": "t", "agent": False}]}
+    assert apply_create_rules(body)["vms"][0]["agent"] is False
 
 
 def test_range_rules() -> None:

@@ -438,7 +438,8 @@ func (p *Proxmox) ResizeDisk(ctx context.Context, id int, size int) error {
 	return nil
 }
 
-// StartVM implements sandbox.Proxmox.
+// StartVM implements sandbox.Proxmox: the VM runs, and its agent answers
+// unless ConfigureVM turned it off.
 func (p *Proxmox) StartVM(ctx context.Context, id int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -455,7 +456,9 @@ func (p *Proxmox) StartVM(ctx context.Context, id int) error {
 		}
 	}
 	v.Info.Status = "running"
-	if p.Guests != nil {
+	if p.Guests != nil && !v.Config.NoAgent {
+		// a VM configured without its agent device has none
+		// (VMConfig.NoAgent: agent 0)
 		p.Guests.up(id)
 	}
 	return nil

@@ -89,6 +89,10 @@ type HostSignals struct {
 	// run state (running, paused, guest-panicked, internal-error, ...).
 	Status    string `json:"status,omitempty"`
 	QMPStatus string `json:"qmp_status,omitempty"`
+	// NoAgent is true for a VM created without a guest agent (agent
+	// false): it is not pinged, AgentOK stays false and no agent signal
+	// counts against it (nor the agent series of the metrics).
+	NoAgent bool `json:"no_agent,omitempty"`
 	// AgentOK is whether the last ping was answered; AgentRTTSeconds its
 	// round trip; LastAgentAnswer when the agent last answered.
 	AgentOK         bool       `json:"agent_ok"`

@@ -96,15 +96,34 @@ type VMRequest struct {
 	// paths, no user), it has no containment check (409), and it is not
 	// named in its guest, nor given env.
 	OSType string `json:"os_type,omitempty"`
-	// DiskController is "scsi" (virtio-scsi) or empty: a clone keeps its
-	// template's disks, so the template's disks must be on scsi with a
-	// virtio-scsi controller; "ide" (an emulated ATA controller) is
-	// refused.
+	// DiskController is "scsi", "ide" or empty (the template's disks as
+	// they are): a clone keeps its template's disks, so the template's
+	// disks must all be on the bus asked for ("scsi": with a virtio-scsi
+	// controller; "ide": ide-hd disks on q35's ICH9 AHCI controller, which
+	// every q35 VM has).
 	DiskController string `json:"disk_controller,omitempty"`
-	// NICController is "virtio" (the default, what every NIC gets) or
-	// empty; "e1000" (an emulated Intel NIC) is refused.
+	// NICController is the model of every NIC of the VM: "virtio" (the
+	// default) or "e1000" (QEMU's emulated Intel 82540EM, for a guest
+	// without virtio drivers: more device code a guest drives, so a node
+	// takes it only with [api] allow_e1000).
 	NICController string `json:"nic_controller,omitempty"`
+	// Agent says whether the VM's guest runs the QEMU guest agent
+	// (default true). false: a VM the daemon never reaches inside (a
+	// VulnHub image, a firewall appliance; the reference plugin's
+	// is_sandbox=False). Its clone gets no agent device (agent off), it
+	// is ready once Proxmox reports it running, and a rollback waits for
+	// the same; exec, files and the containment check are refused for it
+	// (409 naming the VM), it gets no env and is not named in its guest
+	// (its siblings resolve it by name), its health has no agent signal,
+	// and it is never served from the warm pool. Its network and the
+	// guard's walls around it are those of any VM. A sandbox may consist
+	// of such VMs only.
+	Agent *bool `json:"agent,omitempty"`
 }
+
+// HasAgent reports whether the VM's guest runs the guest agent (Agent
+// unset or true).
+func (v VMRequest) HasAgent() bool { return v.Agent == nil || *v.Agent }
 
 // NIC is one network interface of a VM with what the request fixed.
 //
@@ -255,6 +274,9 @@ type VM struct {
 	OSType         string `json:"os_type,omitempty"`
 	DiskController string `json:"disk_controller,omitempty"`
 	NICController  string `json:"nic_controller,omitempty"`
+	// Agent is false for a VM without a guest agent (VMRequest.Agent),
+	// omitted for one with it.
+	Agent *bool `json:"agent,omitempty"`
 	// Addresses are the VM's IPv4 addresses, one per network that hands
 	// out addresses, in NIC order: taken from Proxmox's IPAM on the node
 	// (the entry of the VM's NIC on the network's vnet), never from what
@@ -262,6 +284,10 @@ type VM struct {
 	// sandbox is ready.
 	Addresses []VMAddress `json:"addresses,omitempty"`
 }
+
+// HasAgent reports whether the VM's guest runs the guest agent (Agent
+// unset or true).
+func (v VM) HasAgent() bool { return v.Agent == nil || *v.Agent }
 
 // VMAddress is one IPv4 address of a VM on one of its sandbox's networks.
 type VMAddress struct {

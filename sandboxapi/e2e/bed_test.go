@@ -229,6 +229,20 @@ func startCheckedGuard(t *testing.T, ctx context.Context, e *bedEnv, chk *contai
 	return g
 }
 
+// newCheckedBedEnv is newBedEnv with the containment check and the host
+// guard as the daemon runs them (startCheckedGuard): the guard learns
+// every sandbox's zones from then on.
+func newCheckedBedEnv(t *testing.T, ctx context.Context) (*bedEnv, *firewall.Guard) {
+	t.Helper()
+	hook := &guardHook{}
+	chk := bedChecker(t)
+	e := newBedEnv(t, ctx, func(o *options) {
+		o.Checker = chk
+		o.ZonesChanged = hook.zonesChanged
+	})
+	return e, startCheckedGuard(t, ctx, e, chk, hook)
+}
+
 // start (re)starts the API server on the same state dir.
 func (e *bedEnv) start(t testing.TB, ctx context.Context) {
 	if e.close != nil {
@@ -561,13 +575,7 @@ func TestBedContainmentCheck(t *testing.T) {
 	testkit.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	hook := &guardHook{}
-	chk := bedChecker(t)
-	e := newBedEnv(t, ctx, func(o *options) {
-		o.Checker = chk
-		o.ZonesChanged = hook.zonesChanged
-	})
-	g := startCheckedGuard(t, ctx, e, chk, hook)
+	e, g := newCheckedBedEnv(t, ctx)
 	a, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)

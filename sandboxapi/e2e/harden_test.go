@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,19 +29,27 @@ func withHardening(allowUnhardened bool) func(*options) {
 // PCI device) and clone-fixable ones (a CD-ROM, the USB tablet).
 func dirtyTemplate(t *testing.T, e *emuEnv) {
 	t.Helper()
+	addGrantedTemplate(t, e, 9001, "dirty", map[string]string{
+		"net0": "virtio=BC:24:11:00:00:02,bridge=vmbr0", "args": "-device pci-testdev", "hostpci0": "0000:01:00.0",
+		"ide2": "none,media=cdrom", "tablet": "1", "cpu": "host",
+	})
+}
+
+// addGrantedTemplate adds template vmid (name, config keys conf as
+// pveemu.AddTemplate takes them) on a fresh disk, granted as
+// pve-access-setup grants its templates (PVE_INSPECTD_TEMPLATES="9000
+// vmid").
+func addGrantedTemplate(t *testing.T, e *emuEnv, vmid int, name string, conf map[string]string) {
+	t.Helper()
 	disk := filepath.Join(t.TempDir(), "disk")
 	if err := os.MkdirAll(filepath.Join(disk, "etc"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.emu.AddTemplate(context.Background(), 9001, "dirty", disk, map[string]string{
-		"net0": "virtio=BC:24:11:00:00:02,bridge=vmbr0", "args": "-device pci-testdev", "hostpci0": "0000:01:00.0",
-		"ide2": "none,media=cdrom", "tablet": "1", "cpu": "host",
-	}); err != nil {
+	if err := e.emu.AddTemplate(context.Background(), vmid, name, disk, conf); err != nil {
 		t.Fatal(err)
 	}
-	// as pve-access-setup grants it with PVE_INSPECTD_TEMPLATES="9000 9001"
 	for _, who := range []string{access.User, access.TokenID("pve")} {
-		if err := e.emu.SetACL("/vms/9001", who, access.RoleTemplate, false); err != nil {
+		if err := e.emu.SetACL(fmt.Sprintf("/vms/%d", vmid), who, access.RoleTemplate, false); err != nil {
 			t.Fatal(err)
 		}
 	}

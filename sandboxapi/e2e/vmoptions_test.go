@@ -93,8 +93,9 @@ func TestVMOptionsOnEmulator(t *testing.T) {
 	}
 }
 
-// TestVMOptionsRefusedByNode: a node that does not allow UEFI or Windows
-// refuses them with the field and the setting named, creating nothing.
+// TestVMOptionsRefusedByNode: a node that does not allow UEFI, Windows or
+// e1000 refuses them with the field and the setting named, creating
+// nothing.
 func TestVMOptionsRefusedByNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -105,6 +106,7 @@ func TestVMOptionsRefusedByNode(t *testing.T) {
 	}{
 		{apitype.VMRequest{Template: "debian", Firmware: "uefi"}, "vms[0].firmware", "[api] allow_uefi = true"},
 		{apitype.VMRequest{Template: "debian", OSType: "win10"}, "vms[0].os_type", "[api] allow_windows = true"},
+		{apitype.VMRequest{Template: "debian", NICController: "e1000"}, "vms[0].nic_controller", "[api] allow_e1000 = true"},
 	} {
 		_, err := e.c.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{tc.vm}})
 		var p *apitype.Problem

@@ -17,7 +17,8 @@ type Backend interface {
 	ApplyZone(ctx context.Context, z ZoneSpec) error
 	// RemoveZone tears down a zone applied before; unknown ids are no error.
 	RemoveZone(ctx context.Context, id string) error
-	// StartVM starts the guest and returns once its agent socket exists.
+	// StartVM starts the guest and returns once its agent socket exists
+	// (a guest of a VM with the agent off, VMSpec.NoAgent, has none).
 	StartVM(ctx context.Context, v VMSpec) error
 	// StopVM stops the guest; a guest that is not running is no error.
 	StopVM(ctx context.Context, vmid int) error
@@ -150,6 +151,11 @@ type VMSpec struct {
 	// the zone's ethers file), and that dnsmasq answers only MACs listed
 	// there (dhcp-ignore=tag:!known).
 	IP netip.Addr
+	// NoAgent: the VM's agent is off in its config (absent, or enabled=0):
+	// qemu-server's config_to_command then adds no qga0 chardev and no
+	// virtio-serial port, so the guest has no agent socket; the backend
+	// starts the guest without one.
+	NoAgent bool
 }
 
 // Agent sends one QEMU guest agent command to the agent listening on socket

@@ -55,7 +55,8 @@ func (b BedBackend) RemoveZone(ctx context.Context, id string) error {
 
 // StartVM implements Backend.
 func (b BedBackend) StartVM(ctx context.Context, v VMSpec) error {
-	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, IP: v.IP, Disk: v.Disk, MemoryMiB: v.MemoryMiB, CPUs: v.CPUs})
+	_, err := b.Bed.StartGuest(ctx, testvm.GuestSpec{VMID: v.VMID, VNet: v.VNet, MAC: v.MAC, IP: v.IP, Disk: v.Disk, MemoryMiB: v.MemoryMiB, CPUs: v.CPUs,
+		NoAgent: v.NoAgent})
 	return err
 }
 

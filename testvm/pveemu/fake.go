@@ -184,22 +184,29 @@ func (f *FakeBackend) StartVM(_ context.Context, v VMSpec) error {
 	}
 	sock := f.AgentSocket(v.VMID)
 	_ = os.Remove(sock)
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		return fmt.Errorf("agent socket: %w", err)
-	}
-	g := &fakeGuest{root: v.Disk, l: l, files: map[int]*os.File{}, procs: map[int]*fakeProc{}, down: func() bool {
+	g := &fakeGuest{root: v.Disk, files: map[int]*os.File{}, procs: map[int]*fakeProc{}, down: func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.down[v.VMID]
 	}}
-	g.wg.Add(1)
-	go g.serve()
+	if !v.NoAgent {
+		l, err := net.Listen("unix", sock)
+		if err != nil {
+			return fmt.Errorf("agent socket: %w", err)
+		}
+		g.l = l
+		g.wg.Add(1)
+		go g.serve()
+	}
 	f.guests[v.VMID] = g
+	agent := ""
+	if v.NoAgent {
+		agent = " agent=off"
+	}
 	if v.IP.IsValid() {
-		f.note("start %d vnet=%s mac=%s ip=%s", v.VMID, v.VNet, v.MAC, v.IP)
+		f.note("start %d vnet=%s mac=%s ip=%s%s", v.VMID, v.VNet, v.MAC, v.IP, agent)
 	} else {
-		f.note("start %d vnet=%s mac=%s", v.VMID, v.VNet, v.MAC)
+		f.note("start %d vnet=%s mac=%s%s", v.VMID, v.VNet, v.MAC, agent)
 	}
 	return nil
 }
@@ -338,7 +345,9 @@ type fakeGuest struct {
 }
 
 func (g *fakeGuest) close() {
-	_ = g.l.Close()
+	if g.l != nil { // a guest without an agent has no socket
+		_ = g.l.Close()
+	}
 	g.mu.Lock()
 	for c := range g.conns {
 		_ = c.Close()

@@ -369,7 +369,8 @@ func copyConf(c map[string]string) map[string]string {
 // AddTemplate registers a stopped template VM whose disk is diskDir
 // (copied into the emulator's data dir, so diskDir is left untouched).
 // conf holds extra config keys (e.g. "net0", "agent"); name, a scsi0 disk
-// and template=1 are set unless given.
+// and template=1 are set unless given, and a key given as "" is left out
+// (a template with its disk on ide0 and no scsi0, or no agent key).
 func (s *Server) AddTemplate(ctx context.Context, vmid int, name, diskDir string, conf map[string]string) error {
 	if err := namedFormats["pve-vmid"](strconv.Itoa(vmid)); err != nil {
 		return fmt.Errorf("pveemu: add template: vmid %d: %s", vmid, strings.TrimSpace(err.Error()))
@@ -388,6 +389,9 @@ func (s *Server) AddTemplate(ctx context.Context, vmid int, name, diskDir string
 		"smbios1": "uuid=" + uuidish(), "vmgenid": uuidish()}
 	for k, v := range conf {
 		c[k] = v
+		if v == "" {
+			delete(c, k)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

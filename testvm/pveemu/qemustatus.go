@@ -75,12 +75,14 @@ func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
 	return st, nil
 }
 
-// vmSpec derives what the backend needs to start the guest. Each NIC's
+// vmSpec derives what the backend needs to start the guest (with its
+// agent only when the config enables it: config_to_command). Each NIC's
 // pve-bridge hook first maps its MAC's IPAM address for the zone's DHCP
 // (Vnets.pm add_dhcp_mapping, allocating one when the MAC has none); the
 // backend starts net0 only, with its address.
 func (s *Server) vmSpecLocked(v *vm) (VMSpec, error) {
-	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid), MemoryMiB: atoiDef(v.conf["memory"], 512), CPUs: vmCPUs(v.conf)}
+	spec := VMSpec{VMID: v.vmid, Disk: s.DiskDir(v.vmid), MemoryMiB: atoiDef(v.conf["memory"], 512), CPUs: vmCPUs(v.conf),
+		NoAgent: !agentEnabled(v.conf["agent"])}
 	for _, k := range sortedKeys(v.conf) {
 		if !reNetKey.MatchString(k) {
 			continue

@@ -4,9 +4,12 @@ An eval written for ``inspect_proxmox_sandbox`` passes a
 ``ProxmoxSandboxEnvironmentConfig``; with only the sandbox type changed to
 ``pve_inspect`` it runs here. Honoured: ``vms_config``
 (``vm_source_config.existing_vm_template_tag``, ``built_in`` or ``ova``, ``name``, ``ram_mb``,
-``vcpus``, ``is_sandbox``, ``nics`` by ``vnet_alias`` with their ``mac`` and
-``ipv4``, ``healthcheck``, and ``uefi_boot``, ``os_type``, ``cpu``,
-``disk_controller``, ``nic_controller`` as the daemon's per-VM options) and
+``vcpus``, ``is_sandbox`` (``False`` without a ``healthcheck``: a VM
+without a guest agent, the daemon's ``agent: false``), ``nics`` by
+``vnet_alias`` with their ``mac`` and ``ipv4``, ``healthcheck``, and
+``uefi_boot``, ``os_type``, ``cpu``, ``disk_controller`` (``scsi``,
+``ide``), ``nic_controller`` (``virtio``, ``e1000``) as the daemon's
+per-VM options) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP
 with the subnet's ``dhcp_ranges``; its gateway must be the first address;
 or ``None``: every VM's ``nics`` name existing vnets by ``vnet_alias``,
@@ -82,6 +85,7 @@ _VM_WHY: dict[str, str] = {
 # cpu="host" or None, disk_controller="scsi" or None, nic_controller=
 # "virtio" or None), maps to nothing sent: the template's hardware, and a
 # VM with no per-VM option may be served from the daemon's warm pool.
+# disk_controller="ide" and nic_controller="e1000" are sent as they are.
 _VM_OPTIONS = ("uefi_boot", "os_type", "cpu", "disk_controller", "nic_controller")
 # Accepted as covered: firewall=True (the node's guard isolates every
 # sandbox whatever it says), depends_on (checked; every VM starts at once
@@ -290,9 +294,12 @@ def _vm_options(f: str, vm: dict[str, Any]) -> dict[str, str]:
     hardened profile wants ``scsiN`` disks on virtio-scsi either way), and
     ``cpu="host"`` keeps the template's model (the reference sets ``cpu``
     on OVA imports only, "host" when unset). Another ``cpu`` is set on the
-    clone, nested virtualization off. ``ide`` and ``e1000`` are not offered:
-    the daemon writes every NIC virtio and takes clones' disks as the
-    template has them.
+    clone, nested virtualization off. ``disk_controller="ide"`` is sent:
+    a clone keeps its template's disks, so the daemon checks that the
+    template's are on ide (the reference attaches an OVA's disks there on
+    import). ``nic_controller="e1000"`` is sent: the daemon writes every
+    NIC of the VM e1000, where the node allows it (``[api] allow_e1000``;
+    refused at task start otherwise, the field named).
     """
     out: dict[str, str] = {}
     uefi = vm.get("uefi_boot", False)
@@ -308,24 +315,24 @@ def _vm_options(f: str, vm: dict[str, Any]) -> dict[str, str]:
     if vm.get("cpu") not in (None, "host"):
         out["cpu"] = str(vm["cpu"])
     disk = vm.get("disk_controller")
-    if disk == "ide":
-        raise ConfigError(
-            f"{f}.disk_controller",
-            "'ide' is not supported: a clone keeps its template's disks, and the daemon takes "
-            "templates whose disks are on scsi (virtio-scsi); use such a template",
-        )
     if disk not in (None, "scsi"):
         out["disk_controller"] = str(disk)
     nic = vm.get("nic_controller")
-    if nic == "e1000":
-        raise ConfigError(
-            f"{f}.nic_controller",
-            "'e1000' is not supported: the daemon writes every NIC virtio (a Windows guest "
-            "needs the virtio drivers for its guest agent anyway)",
-        )
     if nic not in (None, "virtio"):
         out["nic_controller"] = str(nic)
     return out
+
+
+def _agent(f: str, vm: dict[str, Any]) -> bool:
+    """Whether the reference's VM runs with a guest agent: ``is_sandbox=False``
+    is the reference's VM whose "qemu-guest-agent need not be installed",
+    the daemon's ``agent: false`` (ready once it runs, never reached
+    inside), unless it has a ``healthcheck``, which runs through the
+    agent."""
+    is_sandbox = vm.get("is_sandbox", True)
+    if not isinstance(is_sandbox, bool):
+        raise ConfigError(f"{f}.is_sandbox", f"want a bool, got {is_sandbox!r}")
+    return is_sandbox or vm.get("healthcheck") is not None
 
 
 def ova_template_name(file: str, size: int) -> str:
@@ -519,6 +526,7 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
             # the clone (it keeps its template's disks)
             vm = {**vm, "disk_controller": None}
     opts = _vm_options(f, vm)
+    agent = _agent(f, vm)
     try:
         return VmSpec.model_validate(
             {
@@ -531,6 +539,7 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
                 "networks": nets,
                 "nics": fixed,
                 "sandbox": bool(vm.get("is_sandbox", True)),
+                "agent": agent,
                 "healthcheck": None if hc is None else HealthCheck.model_validate(hc),
                 **opts,
             }

@@ -277,6 +277,13 @@ class VmSpec(BaseModel):
     sandbox: bool = Field(
         default=True, description="an Inspect environment (False: a VM the agent cannot exec in)"
     )
+    agent: bool = Field(
+        default=True,
+        description="the guest runs the QEMU guest agent. False: a VM the daemon never reaches "
+        "inside (a VulnHub image, an appliance): ready once it runs, no exec, files, healthcheck "
+        "or env, never from the warm pool; its network is any VM's. Only for a VM with "
+        "sandbox=False",
+    )
     healthcheck: HealthCheck | None = Field(
         default=None, description="a guest command that must pass before the sample starts"
     )
@@ -296,11 +303,15 @@ class VmSpec(BaseModel):
         "daemon's Windows guest client (['cmd.exe', '/c', S] runs S as batch text), cwd and "
         "file paths are Windows paths relative to windows_working_dir, and exec takes no user",
     )
-    disk_controller: Literal["scsi"] | None = Field(
-        default=None, description="scsi: the template's disks must be on virtio-scsi"
+    disk_controller: Literal["scsi", "ide"] | None = Field(
+        default=None,
+        description="the bus every disk of the template must be on (a clone keeps them): scsi "
+        "(on virtio-scsi) or ide",
     )
-    nic_controller: Literal["virtio"] | None = Field(
-        default=None, description="virtio: what every NIC gets"
+    nic_controller: Literal["virtio", "e1000"] | None = Field(
+        default=None,
+        description="the model of every NIC: virtio (default) or e1000 (QEMU's emulated Intel "
+        "NIC, for a guest without virtio drivers; the node must allow it: [api] allow_e1000)",
     )
     built_in: Literal["debian13", "ubuntu24.04", "kali2025.4"] | None = Field(
         default=None,
@@ -328,6 +339,18 @@ class VmSpec(BaseModel):
             )
         if self.networks is not None and self.nics is not None:
             raise ValueError("give networks or nics, not both")
+        if not self.agent:
+            # what runs through the guest agent: an Inspect environment's
+            # exec and files, a healthcheck
+            if self.sandbox:
+                raise ValueError(
+                    "agent False: an Inspect sandbox runs its exec and files through the guest "
+                    "agent; give sandbox=False too"
+                )
+            if self.healthcheck is not None:
+                raise ValueError("agent False: a healthcheck runs through the guest agent")
+            if self.kind == "lxc":
+                raise ValueError("a container (kind lxc) has no guest agent to turn off")
         if self.kind == "lxc":
             if self.disk_gib is not None:
                 raise ValueError("a container (kind lxc) takes no disk_gib")

@@ -580,6 +580,8 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
         ):
             if getattr(v, k) is not None:
                 d[k] = getattr(v, k)
+        if not v.agent:
+            d["agent"] = False
         if v.networks is not None:
             d["networks"] = list(v.networks)
         if v.nics is not None:

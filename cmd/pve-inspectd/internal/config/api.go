@@ -108,6 +108,10 @@ type APISection struct {
 	// AllowWindows lets a create ask for a Windows os_type (Hyper-V
 	// enlightenments; no guest I/O through the daemon). Default false.
 	AllowWindows bool `toml:"allow_windows"`
+	// AllowE1000 lets a create ask for nic_controller "e1000" (QEMU's
+	// emulated Intel NIC, for guests without virtio drivers: device code
+	// virtio-net does not have; hardening/doc.go). Default false.
+	AllowE1000 bool `toml:"allow_e1000"`
 	// SharedVNets are Proxmox SDN vnets (by id) of zones the daemon did
 	// not create that a sandbox's VMs may have NICs on (a NIC's vnet):
 	// the operator's opt-in to VMs of different sandboxes meeting there

@@ -279,6 +279,7 @@ func (a *API) build() (*sandboxapi.Server, error) {
 		AllowUnhardenedTemplates: !ac.RequireHardenedTemplates,
 		AllowUEFI:                ac.AllowUEFI,
 		AllowWindows:             ac.AllowWindows,
+		AllowE1000:               ac.AllowE1000,
 		SharedVNets:              ac.SharedVNets,
 		HostInterfaces:           a.hostInterfaces(),
 		Health:                   health,
