@@ -118,7 +118,7 @@ func (s *Server) createRules() map[string]map[string]any {
 				"the guest's hostname, and the name every VM of the sandbox resolves it by (/etc/hosts); any other name is refused, " +
 				"and so are the names a guest's own /etc/hosts gives the loopback and multicast addresses (localhost, ip6-localhost, ...)"},
 		"VM.addresses": {"description": "IPv4 addresses per network, in NIC order, from Proxmox's IPAM on the node (never from the guest); " +
-			"none on a network without DHCP. Each guest's /etc/hosts maps every VM name of its sandbox to these"},
+			"a network of dhcp false too (Proxmox's IPAM gives its NIC an address of the prefix). Each guest's /etc/hosts maps every VM name of its sandbox to these"},
 		"VMRequest.kind":     {"enum": kinds, "description": kindText},
 		"VM.kind":            {"enum": []string{"", apitype.KindLXC}, "description": "lxc for a container; empty for a VM"},
 		"VMRequest.template": {"pattern": reTemplate.String(), "description": "a template this node has (its state)"},

@@ -368,7 +368,7 @@ func (b *Bed) bridgeMTU(s ContainerSpec) int {
 func (b *Bed) waitContainer(ctx context.Context, c *Container, s ContainerSpec, vnet VNet) error {
 	ctx, cancel := context.WithTimeout(ctx, guestReadyTimeout)
 	defer cancel()
-	wantIP := s.Net != nil && (s.Net.IP == "dhcp" && vnet.HasDHCP() || s.Net.IP != "" && s.Net.IP != "dhcp" && s.Net.IP != "manual")
+	wantIP := s.Net != nil && (s.Net.IP == "dhcp" && vnet.leases(s.Net.DHCPIP) || s.Net.IP != "" && s.Net.IP != "dhcp" && s.Net.IP != "manual")
 	wantRoute := s.Net != nil && (s.Net.IP == "dhcp" || s.Net.Gateway.IsValid())
 	for {
 		if c.PID == 0 {

@@ -210,17 +210,23 @@ func TestAddZoneOnAMovingZonesGateway(t *testing.T) {
 // twoZones, which it returns.
 func upZoneA(t *testing.T, ctx context.Context) (*Bed, Zone) {
 	t.Helper()
+	z := twoZones()[0]
+	return upZone(t, ctx, z), z
+}
+
+// upZone is a bed (closed at the test's end) running zone z.
+func upZone(t *testing.T, ctx context.Context, z Zone) *Bed {
+	t.Helper()
 	testkit.RequireRoot(t, "dnsmasq")
 	b, err := Up(ctx, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	z := twoZones()[0]
 	if err := b.AddZone(ctx, z); err != nil {
 		t.Fatal(err)
 	}
-	return b, z
+	return b
 }
 
 // TestEthersAddressGivenAgain: a MAC the IPAM gives an address again,
@@ -289,5 +295,36 @@ func TestEthersAddressOfRunningGuestKept(t *testing.T) {
 	ethers, err := os.ReadFile(b.ethersFile("zonea"))
 	if err != nil || !strings.Contains(string(ethers), first.MAC.String()+","+addr.String()) {
 		t.Errorf("ethers %q %v: running guest 101's line %s,%s was dropped", ethers, err, first.MAC, addr)
+	}
+}
+
+// TestStaticDHCPServesMappedAddresses: a vnet without ranges in a DHCP
+// zone (StaticDHCP) is served as a current Proxmox zone's dnsmasq serves
+// a subnet without dhcp-range (pve-network Dnsmasq.pm configure_subnet: a
+// static range of the subnet): a guest whose MAC is mapped to an address
+// leases exactly that address, with the gateway as its route; one mapped
+// to none gets no address (dhcp-ignore=tag:!known and a static range
+// hand out nothing else) and is up without it.
+func TestStaticDHCPServesMappedAddresses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b := upZone(t, ctx, Zone{ID: "zones", VNets: []VNet{{Name: "vnets", Subnet: netip.MustParsePrefix("10.10.7.0/24"),
+		Gateway: netip.MustParseAddr("10.10.7.1"), StaticDHCP: true}}})
+	addr := netip.MustParseAddr("10.10.7.2")
+	mapped, err := b.StartGuest(ctx, GuestSpec{VMID: 101, VNet: "vnets", IP: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mapped.IPv4(); got != addr {
+		t.Errorf("guest mapped to %s leased %v", addr, got)
+	}
+	unmapped, err := b.StartGuest(ctx, GuestSpec{VMID: 102, VNet: "vnets"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the unmapped guest's dhclient has had the time the mapped one took
+	time.Sleep(2 * time.Second)
+	if got := guestIPv4(unmapped.NS); got.IsValid() {
+		t.Errorf("guest mapped to no address leased %s", got)
 	}
 }

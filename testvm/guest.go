@@ -96,8 +96,8 @@ func (b *Bed) SetAgentFrozen(vmid int, frozen bool) error {
 	return nil
 }
 
-// IPv4 is the address the guest took by DHCP (zero on a vnet without
-// DHCP).
+// IPv4 is the address the guest took by DHCP (zero when the vnet's DHCP
+// leases it none).
 func (g *Guest) IPv4() netip.Addr { return g.ipv4 }
 
 // IPv6 is the guest's address in its vnet's routed ULA prefix.
@@ -325,7 +325,7 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		}
 		close(done)
 	}()
-	if err := b.waitGuest(ctx, g, vnet.HasDHCP(), !s.NoAgent, filepath.Join(gdir, "console.log")); err != nil {
+	if err := b.waitGuest(ctx, g, vnet.leases(s.IP), !s.NoAgent, filepath.Join(gdir, "console.log")); err != nil {
 		return nil, err
 	}
 	b.log.Info("guest up", "vmid", s.VMID, "vnet", s.VNet, "ipv4", g.ipv4)
@@ -376,10 +376,12 @@ func consoleTail(path string) string {
 const guestReadyTimeout = 90 * time.Second
 
 // waitGuest waits for the agent to answer guest-ping (when the guest has
-// one: agent) and, on a vnet with DHCP, eth0 to have a DHCP address and
-// the default route the lease gives. A guest on a vnet without DHCP gets
-// no IPv4 address (its dhclient asks in vain, as a real guest's would):
-// it is up once its agent answers (at once without one).
+// one: agent) and, when the vnet's DHCP leases it an address (VNet.leases),
+// eth0 to have a DHCP address and the default route the lease gives. A
+// guest on a vnet without DHCP, or whose MAC is mapped to no address on a
+// vnet of a static range, gets no IPv4 address (its dhclient asks in vain,
+// as a real guest's would): it is up once its agent answers (at once
+// without one).
 func (b *Bed) waitGuest(ctx context.Context, g *Guest, dhcp, agent bool, console string) error {
 	ctx, cancel := context.WithTimeout(ctx, guestReadyTimeout)
 	defer cancel()

@@ -25,8 +25,16 @@ type VNet struct {
 	Name    string       // bridge name on the node, at most 15 characters
 	Subnet  netip.Prefix // e.g. 10.10.1.0/24
 	Gateway netip.Addr   // e.g. 10.10.1.1, put on the bridge
-	DHCP    []DHCPRange  // the ranges handed out, in order (none: no DHCP)
+	DHCP    []DHCPRange  // the ranges handed out, in order (none: see StaticDHCP)
 	SNAT    bool         // masquerade guest traffic out of the management NIC
+	// StaticDHCP serves a vnet without ranges over its whole subnet to the
+	// MACs mapped to an address (a static dhcp-range: only ethers lines
+	// with an address get a lease), as a current Proxmox zone's dnsmasq
+	// serves every subnet of a DHCP zone (pve-network Dnsmasq.pm
+	// configure_subnet) and its IPAM maps a NIC there to an address of the
+	// prefix (Ipams/PVEPlugin.pm add_next_freeip). Unset, a vnet without
+	// ranges gets DNS only.
+	StaticDHCP bool
 }
 
 // DHCPRange is one range of addresses a vnet's DHCP hands out, both ends
@@ -70,11 +78,16 @@ func ulaAddr(v VNet, host int) netip.Addr {
 }
 
 // HasDHCP reports whether the vnet has a DHCP range. A Proxmox subnet
-// without dhcp-range is valid and its zone's dnsmasq gets no range for it
-// (pve-network SubnetPlugin.pm: dhcp-range optional; Dhcp.pm
-// regenerate_config configures a range per get_dhcp_ranges entry): its
-// guests get no address by DHCP.
+// without dhcp-range is valid (pve-network SubnetPlugin.pm: dhcp-range
+// optional); in a DHCP zone its guests still get the address the IPAM
+// maps (StaticDHCP).
 func (v VNet) HasDHCP() bool { return len(v.DHCP) > 0 }
+
+// leases reports whether the vnet's dnsmasq hands a lease to a MAC mapped
+// to ip (zero: mapped without an address): any such MAC on a vnet with
+// ranges, only one mapped to an address on a vnet served by a static
+// range.
+func (v VNet) leases(ip netip.Addr) bool { return v.HasDHCP() || v.StaticDHCP && ip.IsValid() }
 
 func (v VNet) validate() error {
 	switch {
@@ -84,6 +97,8 @@ func (v VNet) validate() error {
 		return fmt.Errorf("vnet %s: subnet must be IPv4", v.Name)
 	case !v.Subnet.Contains(v.Gateway):
 		return fmt.Errorf("vnet %s: gateway %s outside %s", v.Name, v.Gateway, v.Subnet)
+	case v.StaticDHCP && v.HasDHCP():
+		return fmt.Errorf("vnet %s: a static DHCP range and ranges", v.Name)
 	}
 	for _, r := range v.DHCP {
 		if !v.Subnet.Contains(r.Start) || !v.Subnet.Contains(r.End) || r.End.Less(r.Start) {
@@ -501,7 +516,12 @@ func (b *Bed) startDnsmasq(ctx context.Context, zs *zoneState) error {
 	for _, v := range z.VNets {
 		mask := netip.PrefixFrom(v.Subnet.Addr(), v.Subnet.Bits())
 		args = append(args, "--interface="+v.Name)
-		if !v.HasDHCP() {
+		switch {
+		case v.StaticDHCP:
+			// the subnet as Dnsmasq.pm configure_subnet writes it: only
+			// the addresses of ethers lines are handed out
+			args = append(args, fmt.Sprintf("--dhcp-range=set:%s,%s,static,%s,infinite", v.Name, mask.Masked().Addr(), prefixMask(mask)))
+		case !v.HasDHCP():
 			continue // DNS only: no range, so dnsmasq answers no DHCP there
 		}
 		// one --dhcp-range per range, all tagged with the vnet's name

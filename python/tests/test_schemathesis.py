@@ -67,8 +67,9 @@ HERE = Path(__file__).parent
 #   Stateful tests ST101: a create with a network of "dhcp": false answered
 #     502: the bed refused a vnet without a DHCP range (a Proxmox subnet
 #     without dhcp-range is valid) and a bed guest waited for a lease; such a
-#     vnet gets no range now and its guests are up once their agent answers
-#     (TestBedNetworkWithoutDHCP, TestVNetValidateDHCP).
+#     vnet is served now as on a node, its guests leasing the IPAM's address
+#     of the prefix (.2) through a static range (TestBedNetworkWithoutDHCP,
+#     TestVNetValidateDHCP, TestStaticDHCPServesMappedAddresses).
 #   PUT /v1/sandboxes/{id}/egress and Stateful tests ST202: egress allow and
 #     deny entries were any string in the document; it says the patterns
 #     and bounds of the daemon's validator now (firewall/egress

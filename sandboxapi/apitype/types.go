@@ -280,8 +280,9 @@ type VM struct {
 	// Addresses are the VM's IPv4 addresses, one per network that hands
 	// out addresses, in NIC order: taken from Proxmox's IPAM on the node
 	// (the entry of the VM's NIC on the network's vnet), never from what
-	// the guest says. A network without DHCP has none. Empty until the
-	// sandbox is ready.
+	// the guest says. A network of "dhcp": false has one too (Proxmox's
+	// IPAM gives a NIC of a subnet without a DHCP range an address of its
+	// prefix, .2 first). Empty until the sandbox is ready.
 	Addresses []VMAddress `json:"addresses,omitempty"`
 }
 

@@ -123,8 +123,12 @@ type VNetSpec struct {
 	Name    string       // bridge name
 	Subnet  netip.Prefix // zero when the vnet has no subnet
 	Gateway netip.Addr
-	DHCP    []AddrRange // the subnet's dhcp-range entries, in order; none: no DHCP
+	DHCP    []AddrRange // the subnet's dhcp-range entries, in order
 	SNAT    bool
+	// StaticDHCP: the subnet has no dhcp-range and its zone has DHCP, so
+	// the zone's dnsmasq serves the whole subnet to the MACs the IPAM
+	// mapped (pve-network Dnsmasq.pm configure_subnet's static range).
+	StaticDHCP bool
 }
 
 // AddrRange is one dhcp-range entry of a subnet, both ends included.

@@ -33,7 +33,7 @@ func (b BedBackend) ApplyZone(ctx context.Context, z ZoneSpec) error {
 		if !v.Subnet.IsValid() {
 			continue
 		}
-		tv := testvm.VNet{Name: v.Name, Subnet: v.Subnet, Gateway: v.Gateway, SNAT: v.SNAT}
+		tv := testvm.VNet{Name: v.Name, Subnet: v.Subnet, Gateway: v.Gateway, SNAT: v.SNAT, StaticDHCP: v.StaticDHCP}
 		for _, r := range v.DHCP {
 			tv.DHCP = append(tv.DHCP, testvm.DHCPRange{Start: r.Start, End: r.End})
 		}

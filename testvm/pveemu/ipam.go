@@ -208,18 +208,20 @@ func (s *Server) delIPsFromMACLocked(vnet, mac string) error {
 // addNextFreeCIDRLocked is Vnets.pm add_next_free_cidr for IPv4 (qemu-server
 // calls it with dhcprange for every NIC of a clone, create_ifaces_ipams_ips,
 // and of a config change that adds a NIC or changes its bridge or MAC,
-// vmconfig_apply_pending): the first free IP of the vnet's running subnets
-// with a dhcp range, in subnet id order, and of each subnet's ranges in
-// their order (Subnets.pm add_next_free_ip tries one range after another;
-// PVEPlugin.pm add_range_next_freeip walks a range from its start and
-// dies "No free IP left in Range" when it is full, which cfs_lock_file
-// turns into an undef answer, so the next range is tried); an entry of
-// mac, vmid and hostname, and mac's cached address. Every range of every
-// subnet full: "can't find any free ip in zone <zone> for IPv4". The
-// MAC is not looked up first: a MAC that has an entry gets a second one
-// (the reference plugin patches pve-network's Subnets.pm add_next_free_ip
-// for that; stock Proxmox does not). The whole walk runs under the
-// server's one lock, as add_range_next_freeip's under cfs_lock_file on
+// vmconfig_apply_pending): the first free IP of the vnet's running IPv4
+// subnets, in subnet id order (Subnets.pm add_next_free_ip). A subnet with
+// a dhcp-range is tried range after range, in their order (PVEPlugin.pm
+// add_range_next_freeip walks a range from its start and dies "No free IP
+// left in Range" when it is full, which cfs_lock_file turns into an undef
+// answer, so the next range, then the next subnet, is tried); a subnet
+// without one allocates from its whole prefix (PVEPlugin.pm add_next_freeip:
+// freeIPOfPrefix), and a full prefix is an error at once, no later subnet
+// tried. An entry of mac, vmid and hostname, and mac's cached address.
+// Every range of every subnet full: "can't find any free ip in zone <zone>
+// for IPv4". The MAC is not looked up first: a MAC that has an entry gets
+// a second one (the reference plugin patches pve-network's Subnets.pm
+// add_next_free_ip for that; stock Proxmox does not). The whole walk runs
+// under the server's one lock, as each allocation's under cfs_lock_file on
 // the IPAM database: of two allocations racing for a range's last free
 // address one gets it and the other the next range's first.
 func (s *Server) addNextFreeCIDRLocked(vnet, mac string, vmid int, hostname string) error {
@@ -227,39 +229,85 @@ func (s *Server) addNextFreeCIDRLocked(vnet, mac string, vmid int, hostname stri
 	if zone == "" {
 		return nil
 	}
-	ranged := false
+	subnets := 0
 	for _, id := range sortedKeys(s.sdn.running.subnets) {
 		sn := s.sdn.running.subnets[id]
-		if sn["vnet"] != vnet || sn["dhcp-range"] == "" {
+		p, err := netip.ParsePrefix(sn["cidr"])
+		if sn["vnet"] != vnet || err != nil || !p.Addr().Is4() {
 			continue
 		}
-		ranged = true
+		subnets++
 		db := s.ipam[zone][sn["cidr"]]
 		if db == nil {
 			return fail("subnet '%s' doesn't exist in IPAM DB", sn["cidr"])
 		}
+		var free netip.Addr
+		if sn["dhcp-range"] == "" {
+			if free, err = freeIPOfPrefix(p, db); err != nil {
+				return err
+			}
+		}
 		for _, r := range dhcpRanges(sn["dhcp-range"]) {
-			for a := r.Start; a.IsValid() && !r.End.Less(a); a = a.Next() {
+			for a := r.Start; !free.IsValid() && a.IsValid() && !r.End.Less(a); a = a.Next() {
 				if db[a.String()] == nil {
-					db[a.String()] = &ipamEntry{mac: mac, vmid: vmid, hostname: hostname}
-					s.addCacheMACIPLocked(mac, a.String())
-					return nil
+					free = a
 				}
 			}
 		}
+		if free.IsValid() {
+			db[free.String()] = &ipamEntry{mac: mac, vmid: vmid, hostname: hostname}
+			s.addCacheMACIPLocked(mac, free.String())
+			return nil
+		}
 	}
-	if ranged {
+	if subnets > 0 {
 		return fail("can't find any free ip in zone %s for IPv4", zone)
 	}
 	return nil
 }
 
+// freeIPOfPrefix is PVEPlugin.pm add_next_freeip for an IPv4 subnet p
+// without a dhcp-range, db its IPAM entries: the first address after the
+// network address that db does not hold (the gateway's is held: .2 on a
+// subnet whose gateway is .1), up to NetAddr::IP's last (the broadcast
+// address less one; the broadcast address itself in a /31); a /32 is its
+// network address. None free: "can't find free ip in subnet '<cidr>'"
+// ("cannot find free IP in subnet '<cidr>'" for a /32).
+func freeIPOfPrefix(p netip.Prefix, db map[string]*ipamEntry) (netip.Addr, error) {
+	p = p.Masked()
+	if p.Bits() == 32 {
+		if db[p.Addr().String()] != nil {
+			return netip.Addr{}, fail("cannot find free IP in subnet '%s'", p)
+		}
+		return p.Addr(), nil
+	}
+	last := lastOfPrefix(p)
+	if p.Bits() < 31 {
+		last = last.Prev()
+	}
+	for a := p.Addr().Next(); a.IsValid() && !last.Less(a); a = a.Next() {
+		if db[a.String()] == nil {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fail("can't find free ip in subnet '%s'", p)
+}
+
+// lastOfPrefix is the highest address of an IPv4 prefix (its broadcast
+// address).
+func lastOfPrefix(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().As4()
+	n := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	n |= uint32(1)<<(32-p.Bits()) - 1
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+}
+
 // dhcpMappingIPLocked is the IPAM part of Vnets.pm add_dhcp_mapping, which
 // a start's pve-bridge hook runs for each NIC before QEMU plugs it: the
-// MAC's IPv4 address (get_ips_from_mac), one of the range allocated when
-// it has none (add_next_free_cidr); that address is what Dhcp.pm
-// add_mapping writes into the zone's ethers file. Zero when the vnet's
-// zone has no IPAM and DHCP.
+// MAC's IPv4 address (get_ips_from_mac), one allocated when it has none
+// (add_next_free_cidr: of the ranges, or of the prefix of a subnet without
+// any); that address is what Dhcp.pm add_mapping writes into the zone's
+// ethers file. Zero when the vnet's zone has no IPAM and DHCP.
 func (s *Server) dhcpMappingIPLocked(vnet, mac string, vmid int, hostname string) (netip.Addr, error) {
 	if mac == "" || s.dhcpZoneLocked(vnet) == "" {
 		return netip.Addr{}, nil

@@ -1,6 +1,7 @@
 package pveemu
 
 import (
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -174,5 +175,111 @@ func TestDHCPRangesInOrder(t *testing.T) {
 	}
 	if want := []string{"10.10.1.1", "10.10.1.100", "10.10.1.150", "10.10.1.151"}; !slices.Equal(got, want) {
 		t.Errorf("IPAM addresses %q, want %q: the ranges in their order, then nothing", got, want)
+	}
+}
+
+// TestSubnetWithoutRangeAllocatesFromPrefix: a NIC on a subnet without a
+// dhcp-range, in a zone with the pve IPAM and DHCP, gets an address of the
+// whole prefix as current pve-network gives it (FIDELITY.md row 6; Subnets.pm
+// add_next_free_ip without a range calls PVEPlugin.pm add_next_freeip):
+// the first address after the network's that the IPAM does not hold (.2:
+// the gateway holds .1; a reserved address is skipped), when configured
+// and, for a NIC without one, at start (Vnets.pm add_dhcp_mapping). The
+// IPAM status lists the entry, the backend is told to serve the subnet
+// (a static range) and the start maps the address. A full prefix (the
+// broadcast address is never given) fails the config with
+// add_next_freeip's error.
+func TestSubnetWithoutRangeAllocatesFromPrefix(t *testing.T) {
+	e := newEnv(t)
+	e.ok("POST", "/cluster/sdn/zones", url.Values{"zone": {"sbx1"}, "type": {"simple"}, "ipam": {"pve"}, "dhcp": {"dnsmasq"}})
+	e.ok("POST", "/cluster/sdn/vnets", url.Values{"vnet": {"vnet2"}, "zone": {"sbx1"}})
+	e.ok("POST", "/cluster/sdn/vnets/vnet2/subnets", url.Values{"subnet": {"10.10.3.0/29"}, "type": {"subnet"}, "gateway": {"10.10.3.1"}})
+	if st := e.task("PUT", "/cluster/sdn", nil); st != "OK" {
+		t.Fatalf("sdn apply: %s", st)
+	}
+	if v, ok := e.fb.VNet("vnet2"); !ok || !v.StaticDHCP || len(v.DHCP) != 0 {
+		t.Fatalf("applied vnet %+v, want a static DHCP range and no ranges", v)
+	}
+	mac := func(id string) string { return "02:00:00:00:03:" + id[1:] }
+	config := func(id string) string {
+		t.Helper()
+		e.clone(id)
+		return e.task("POST", "/nodes/pve/qemu/"+id+"/config", url.Values{"net0": {"virtio=" + mac(id) + ",bridge=vnet2"}})
+	}
+	if st := config("120"); st != "OK" {
+		t.Fatalf("config 120: %s", st)
+	}
+	status := e.ok("GET", "/cluster/sdn/ipams/pve/status", nil).([]any)
+	if len(status) != 2 {
+		t.Fatalf("IPAM status %v, want the gateway and 120's entry", status)
+	}
+	if m := status[1].(map[string]any); m["ip"] != "10.10.3.2" || m["mac"] != mac("120") || m["vmid"] != float64(120) || m["vnet"] != "vnet2" || m["subnet"] != "10.10.3.0/29" {
+		t.Errorf("120's entry %v, want 10.10.3.2 of its MAC and VM on vnet2", m)
+	}
+	// .3 reserved: the next NIC skips it
+	e.ok("POST", "/cluster/sdn/vnets/vnet2/ips", url.Values{"zone": {"sbx1"}, "ip": {"10.10.3.3"}, "mac": {"02:00:00:00:03:ff"}})
+	for _, id := range []string{"121", "122", "123"} {
+		if st := config(id); st != "OK" {
+			t.Fatalf("config %s: %s", id, st)
+		}
+	}
+	var got []string
+	for _, l := range e.s.IPAMEntries("sbx1") {
+		got = append(got, strings.Fields(l)[1]+" "+strings.Fields(l)[2])
+	}
+	want := []string{"10.10.3.1 gateway", "10.10.3.2 " + mac("120"), "10.10.3.3 02:00:00:00:03:ff", "10.10.3.4 " + mac("121"),
+		"10.10.3.5 " + mac("122"), "10.10.3.6 " + mac("123")}
+	if !slices.Equal(got, want) {
+		t.Fatalf("IPAM entries %q, want %q", got, want)
+	}
+	// .7 is the broadcast address: the prefix is full
+	if st := config("124"); !strings.Contains(st, "can't find free ip in subnet '10.10.3.0/29'") {
+		t.Errorf("config on a full prefix: %q, want add_next_freeip's error", st)
+	}
+	// 120's entry gone with its MAC: its start allocates again, and maps it
+	e.ok("DELETE", "/cluster/sdn/vnets/vnet2/ips", url.Values{"zone": {"sbx1"}, "ip": {"10.10.3.2"}, "mac": {mac("120")}})
+	if st := e.task("POST", "/nodes/pve/qemu/120/status/start", nil); st != "OK" {
+		t.Fatalf("start 120: %s", st)
+	}
+	if line := "start 120 vnet=vnet2 mac=" + mac("120") + " ip=10.10.3.2"; !strings.Contains(strings.Join(e.fb.Calls(), "\n"), line) {
+		t.Errorf("backend calls lack %q:\n%s", line, strings.Join(e.fb.Calls(), "\n"))
+	}
+}
+
+// TestFreeIPOfPrefix: add_next_freeip's walk (PVEPlugin.pm) over the
+// prefixes NetAddr::IP bounds: from the address after the network's to
+// last() (the broadcast address less one; a /31's broadcast address), a
+// /32 its network address, and its two errors.
+func TestFreeIPOfPrefix(t *testing.T) {
+	held := func(ips ...string) map[string]*ipamEntry {
+		db := map[string]*ipamEntry{}
+		for _, ip := range ips {
+			db[ip] = &ipamEntry{}
+		}
+		return db
+	}
+	for _, tc := range []struct {
+		cidr string
+		db   map[string]*ipamEntry
+		want string // the address, or the error
+	}{
+		{"10.0.0.0/24", held("10.0.0.1"), "10.0.0.2"},
+		{"10.0.0.0/24", held(), "10.0.0.1"},
+		{"10.0.0.0/24", held("10.0.0.1", "10.0.0.2", "10.0.0.4"), "10.0.0.3"},
+		{"10.0.0.0/30", held("10.0.0.1"), "10.0.0.2"},
+		{"10.0.0.0/30", held("10.0.0.1", "10.0.0.2"), "can't find free ip in subnet '10.0.0.0/30'"},
+		{"10.0.0.0/31", held(), "10.0.0.1"},
+		{"10.0.0.0/31", held("10.0.0.1"), "can't find free ip in subnet '10.0.0.0/31'"},
+		{"10.0.0.4/32", held(), "10.0.0.4"},
+		{"10.0.0.4/32", held("10.0.0.4"), "cannot find free IP in subnet '10.0.0.4/32'"},
+	} {
+		got, err := freeIPOfPrefix(netip.MustParsePrefix(tc.cidr), tc.db)
+		s := got.String()
+		if err != nil {
+			s = strings.TrimSpace(err.Error())
+		}
+		if s != tc.want {
+			t.Errorf("%s held %d: %q, want %q", tc.cidr, len(tc.db), s, tc.want)
+		}
 	}
 }

@@ -196,6 +196,7 @@ func zoneSpec(o sdnObjects, zone string) ZoneSpec {
 			if r := sn["dhcp-range"]; r != "" {
 				spec.DHCP = dhcpRanges(r)
 			}
+			spec.StaticDHCP = sn["dhcp-range"] == "" && o.zones[zone]["dhcp"] != ""
 			break
 		}
 		z.VNets = append(z.VNets, spec)
