@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,8 +22,10 @@ import (
 
 	"github.com/ulikunitz/xz"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
 // kaliDisk is the disk.raw of the test archives (600 KiB).
@@ -214,6 +217,39 @@ func TestBuildKaliRefusedOnEmulator(t *testing.T) {
 				t.Errorf("VMs left: %+v", vms)
 			}
 		})
+	}
+}
+
+// TestBuildKaliNeedsRoom: disk.raw's size is the archive's header, and a
+// sparse member costs the archive nothing (GNU tar's 224-byte archive of
+// a 4 MiB disk here; one of a disk of max_unpacked_gib, 64 GiB, is as
+// small): the build sends it to Proxmox's upload, which spools it to
+// /var/tmp and copies it into the storage, only when the image storage
+// has room for it twice, as an upload over the API is; else it fails
+// (sandbox.ErrStorageFull, naming the need) with nothing sent.
+func TestBuildKaliNeedsRoom(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	archive, err := os.ReadFile("testdata/unpack/sparse-gnu.tar.xz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const disk = 4 << 20
+	e, r, _ := kaliNode(t, archive, "")
+	e.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 2*disk - 1})
+	_, out, err := e.buildWith(t, ctx, templatebuild.Options{Name: "kali", Recipe: r})
+	if !errors.Is(err, sandbox.ErrStorageFull) || !strings.Contains(err.Error(), "needs "+strconv.Itoa(2*disk)) {
+		t.Errorf("a %d-byte disk.raw to a storage with %d bytes free: %v, want ErrStorageFull naming the need\n%s", disk, 2*disk-1, err, out)
+	}
+	if n := e.calls("POST", "/upload"); n != 0 {
+		t.Errorf("%d uploads sent to a storage without room", n)
+	}
+	if vols := e.importVolumes(t); len(vols) != 0 {
+		t.Errorf("left on the node: %v", vols)
+	}
+	e.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 2 * disk})
+	if _, out, err := e.buildWith(t, ctx, templatebuild.Options{Name: "kali", Recipe: r}); err != nil || e.calls("POST", "/upload") != 1 {
+		t.Errorf("the build with room: %v, %d uploads\n%s", err, e.calls("POST", "/upload"), out)
 	}
 }
 
