@@ -160,7 +160,7 @@ func (b *Builder) unpackUpload(ctx context.Context, up unpackTarget, storage, fi
 		// image storage has room for it, as an upload over the API is
 		release, err := b.o.room.hold(ctx, up, storage, img.Unpack, n)
 		if err != nil {
-			return fmt.Errorf("image: %w", err)
+			return err
 		}
 		defer release()
 		b.say("image", "unpacking %s (%d bytes) and uploading it to %s", img.Unpack, n, volid)
