@@ -153,6 +153,10 @@ type Options struct {
 	// unpacking the same archive image at once (the per-name locks'
 	// directory, Lock's).
 	LockDir string
+	// room holds the room an archive's upload is checked for on the image
+	// storage while it runs: the Service's, shared with its uploads; nil
+	// (the CLI) is one of the build's own.
+	room *roomHolds
 	// Progress receives one line per step; Log the same as debug records
 	// (and a failed snippet removal as a warning).
 	Progress io.Writer
@@ -177,6 +181,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxUnpacked == 0 {
 		o.MaxUnpacked = DefaultMaxUnpacked
+	}
+	if o.room == nil {
+		o.room = &roomHolds{}
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard

@@ -6,6 +6,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,8 +23,10 @@ import (
 
 	"github.com/ulikunitz/xz"
 
+	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
 // kaliDisk is the disk.raw of the test archives (600 KiB).
@@ -214,6 +218,98 @@ func TestBuildKaliRefusedOnEmulator(t *testing.T) {
 				t.Errorf("VMs left: %+v", vms)
 			}
 		})
+	}
+}
+
+// TestBuildKaliNeedsRoom: disk.raw's size is the archive's header, and a
+// sparse member costs the archive nothing (GNU tar's 224-byte archive of
+// a 4 MiB disk here; one of a disk of max_unpacked_gib, 64 GiB, is as
+// small): the build sends it to Proxmox's upload, which spools it to
+// /var/tmp and copies it into the storage, only when the image storage
+// has room for it twice, as an upload over the API is; else it fails
+// (sandbox.ErrStorageFull, naming the need) with nothing sent.
+func TestBuildKaliNeedsRoom(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	archive, err := os.ReadFile("testdata/unpack/sparse-gnu.tar.xz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const disk = 4 << 20
+	e, r, _ := kaliNode(t, archive, "")
+	e.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 2*disk - 1})
+	_, out, err := e.buildWith(t, ctx, templatebuild.Options{Name: "kali", Recipe: r})
+	if !errors.Is(err, sandbox.ErrStorageFull) || !strings.Contains(err.Error(), "needs "+strconv.Itoa(2*disk)) {
+		t.Errorf("a %d-byte disk.raw to a storage with %d bytes free: %v, want ErrStorageFull naming the need\n%s", disk, 2*disk-1, err, out)
+	}
+	if n := e.calls("POST", "/upload"); n != 0 {
+		t.Errorf("%d uploads sent to a storage without room", n)
+	}
+	if vols := e.importVolumes(t); len(vols) != 0 {
+		t.Errorf("left on the node: %v", vols)
+	}
+	e.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 2 * disk})
+	if _, out, err := e.buildWith(t, ctx, templatebuild.Options{Name: "kali", Recipe: r}); err != nil || e.calls("POST", "/upload") != 1 {
+		t.Errorf("the build with room: %v, %d uploads\n%s", err, e.calls("POST", "/upload"), out)
+	}
+}
+
+// TestServiceKaliRoomBesideUploads: over the API the archive's upload of
+// a kali2025.4 build and the image uploads (PUT .../image) count the
+// room they hold on the image storage together: while an upload holds
+// room that leaves too little for disk.raw twice, the build fails for
+// want of room (naming the uploads in flight) with nothing sent, though
+// the storage alone would fit either.
+func TestServiceKaliRoomBesideUploads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	archive := templatebuild.TarXZ(t, xz.WriterConfig{}, templatebuild.TarMember{Name: "disk.raw", Data: kaliDisk})
+	e, _, _ := kaliNode(t, archive, "")
+	n := startService(t, e, "http://images.example/m/", "")
+	ova := testOVA(t, "<Envelope/>")
+	u := apitype.TemplateUpload{Name: "box", File: "box.ova", SHA256: sha256Hex(ova), OVADisk: "box-disk1.vmdk", Size: int64(len(ova))}
+	e.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 2*u.Size + 2*int64(len(kaliDisk)) - 1})
+	pr, pw := io.Pipe()
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := n.svc.Upload(ctx, u, bodyOf(pr))
+		uploaded <- err
+	}()
+	if _, err := pw.Write(ova[:100]); err != nil { // the upload reads: its room is held
+		t.Fatal(err)
+	}
+	if _, err := n.svc.Start(ctx, apitype.TemplateBuildRequest{Name: "kali", Recipe: "kali2025.4"}); err != nil {
+		t.Fatal(err)
+	}
+	// failed, or past its upload (the agent of its VM asked: the gated
+	// agent holds it there)
+	var st apitype.TemplateBuild
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if st, _ = n.svc.Build("kali"); st.State == apitype.BuildFailed || st.State == apitype.BuildDone || isClosed(n.agent.asked) {
+			break
+		}
+	}
+	if st.State != apitype.BuildFailed || !strings.Contains(st.Error, "held by the uploads to it in flight") {
+		t.Errorf("a kali build while an upload holds the room: %s %q, want failed for want of room\n%s", st.State, st.Error, strings.Join(st.Progress, "\n"))
+	}
+	if got := e.calls("POST", "/upload"); got != 0 {
+		t.Errorf("%d uploads answered while the first is held", got)
+	}
+	if _, err := pw.Write(ova[100:]); err != nil {
+		t.Fatal(err)
+	}
+	_ = pw.Close()
+	if err := <-uploaded; err != nil {
+		t.Fatalf("the upload: %v", err)
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -31,8 +31,11 @@ const (
 	// BusSCSI is virtio-scsi (scsihw virtio-scsi-single): the default,
 	// the bus of the hardened profile's scsi item.
 	BusSCSI = "scsi"
-	// BusIDE and BusSATA are emulated ATA (on q35 both on the ICH9 AHCI
-	// controller), for old images without virtio drivers.
+	// BusIDE and BusSATA are emulated ATA, for old images without
+	// virtio drivers: on q35 ide disks on the ICH9 AHCI controller every
+	// q35 VM has, sata disks on one more AHCI controller (the same QEMU
+	// device model) qemu-server adds for them (QemuServer.pm
+	// config_to_command's -device ahci).
 	BusIDE  = "ide"
 	BusSATA = "sata"
 )

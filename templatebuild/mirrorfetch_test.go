@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -63,6 +64,57 @@ func TestMirrorListRedirectGuarded(t *testing.T) {
 	defer mu.Unlock()
 	if slices.Contains(hosts, "169.254.169.254") {
 		t.Errorf("the daemon fetched from the metadata address: %v", hosts)
+	}
+}
+
+// TestGuardedClientRebinding: the URL guard resolves a host when it
+// checks the URL, and the connection resolves it again: a host whose
+// answer changes in between (here the guard's resolver answers a public
+// address for it, the system's loopback, as a rebinding name answers
+// once each) must not bring the daemon's own fetch (GuardedClient, the
+// daemon's NodeHost's) to loopback, the metadata services or the node's
+// own addresses: each connection's address is checked too. A host that
+// stays public is fetched.
+func TestGuardedClientRebinding(t *testing.T) {
+	var mu sync.Mutex
+	fetched := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		fetched++
+		mu.Unlock()
+		_, _ = w.Write([]byte("what only the node reaches\n"))
+	}))
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	guard := testGuard
+	guard.Resolve = func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("203.0.113.10")}, nil
+	}
+	u := "http://localhost:" + port + "/kali2025.4/SHA256SUMS"
+	if err := guard.Check(context.Background(), u); err != nil {
+		t.Fatalf("the guard refuses the host it resolves to a public address: %v", err)
+	}
+	host := templatebuild.NodeHost{HTTPClient: templatebuild.GuardedClient(guard), StateDir: t.TempDir(), Redirect: guard.Check}
+	if body, err := host.Fetch(context.Background(), u, 1<<20); !errors.Is(err, templatebuild.ErrURLRefused) {
+		t.Errorf("a fetch whose host now resolves to loopback: %q %v, want refused", body, err)
+	}
+	if rc, _, err := host.Open(context.Background(), u); !errors.Is(err, templatebuild.ErrURLRefused) {
+		if rc != nil {
+			_ = rc.Close()
+		}
+		t.Errorf("an archive whose host now resolves to loopback: %v, want refused", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fetched != 0 {
+		t.Errorf("the loopback server answered %d fetches", fetched)
+	}
+	// the check itself, for the addresses a connection goes to
+	for addr, refused := range map[string]bool{"127.0.0.1:80": true, "[::1]:443": true, "169.254.169.254:80": true, "[64:ff9b::a9fe:a9fe]:80": true,
+		"192.0.2.5:8006": true, "203.0.113.10:443": false, "[2001:db8::1]:80": false} {
+		if err := guard.Control("tcp", addr, nil); errors.Is(err, templatebuild.ErrURLRefused) != refused {
+			t.Errorf("connect to %s: %v, want refused %v", addr, err, refused)
+		}
 	}
 }
 

@@ -109,6 +109,10 @@ type Service struct {
 	o     ServiceOptions
 	slots chan struct{}
 	wg    sync.WaitGroup
+	// room is the room the uploads in flight hold on the image storages,
+	// under its own leaf lock: the Service's uploads' and its builds'
+	// archive uploads'.
+	room *roomHolds
 
 	// The mutex protects the following elements; a leaf (nothing is
 	// called out while it is held).
@@ -121,10 +125,6 @@ type Service struct {
 	finished []string
 	// uploading are the image files an Upload sends to the node now.
 	uploading map[string]bool
-	// roomHeld is, per image storage, the room the uploads sending to it
-	// now were checked for (uploadSpoolCopies times each one's size),
-	// held until each ends (roomFor).
-	roomHeld map[string]int64
 }
 
 // build is one build; its state is guarded by Service.mu.
@@ -180,7 +180,7 @@ func NewService(o ServiceOptions) (*Service, error) {
 		}
 		o.Catalog = cat
 	}
-	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}, uploading: map[string]bool{}, roomHeld: map[string]int64{}}, nil
+	return &Service{o: o, slots: make(chan struct{}, o.MaxRunning), builds: map[string]*build{}, uploading: map[string]bool{}, room: &roomHolds{}}, nil
 }
 
 func orDefault(p *int, v int) {
@@ -503,7 +503,7 @@ func (s *Service) build(ctx context.Context, b *build, recipe Recipe) (Result, e
 		return Result{}, loginError{err}
 	}
 	o := s.o.Defaults
-	o.Name, o.Recipe, o.Mode, o.KeepCancelled, o.LockDir = b.req.Name, recipe, Mode(b.req.BuildMode), true, s.o.LockDir
+	o.Name, o.Recipe, o.Mode, o.KeepCancelled, o.LockDir, o.room = b.req.Name, recipe, Mode(b.req.BuildMode), true, s.o.LockDir, s.room
 	o.Progress = progressWriter{s: s, b: b}
 	o.Log = s.o.Log
 	bl, err := New(px, s.o.Agent, s.o.Host, o)

@@ -47,12 +47,13 @@ func (l archiveLimits) bound() string {
 // a member whose name is absolute or holds "..", a link, a device or a
 // fifo, a second member of the name, no member of it, one larger than
 // lim.Member, a decompressed stream past lim.Unpacked, an xz block with a
-// dictionary past maxXZDict or a stream of more than maxXZBlocks blocks,
+// dictionary past maxXZDict, a stream of more than maxXZBlocks blocks,
+// blocks whose dictionaries sum to more than lim.Unpacked and xzDictSlack,
 // or any stream the decoders refuse
 // (truncated, corrupt) each fail it. Nothing is written anywhere but to
 // take.
 func unpackMember(r io.Reader, name string, lim archiveLimits, take func(size int64, body io.Reader) error) error {
-	zr, err := xz.NewReader(newXZGuard(r, maxXZDict, maxXZBlocks))
+	zr, err := xz.NewReader(newXZGuard(r, maxXZDict, maxXZBlocks, lim.Unpacked+xzDictSlack))
 	if err != nil {
 		return fmt.Errorf("%w: not an xz stream: %v", ErrArchive, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -182,7 +183,7 @@ func TestXZGuardBlocks(t *testing.T) {
 	one := TarXZ(t, xz.WriterConfig{BlockSize: 4096}, TarMember{Name: "disk.raw", Data: data})
 	blocks := 0
 	for n := 1; n < 10; n++ {
-		if _, err := io.Copy(io.Discard, newXZGuard(bytes.NewReader(one), maxXZDict, n)); err == nil {
+		if _, err := io.Copy(io.Discard, newXZGuard(bytes.NewReader(one), maxXZDict, n, xzDictSlack)); err == nil {
 			blocks = n
 			break
 		} else if !strings.Contains(err.Error(), "a stream of more than") {
@@ -193,8 +194,93 @@ func TestXZGuardBlocks(t *testing.T) {
 		t.Fatalf("a stream of %d blocks passes, want at least 4 (16 KiB of tar in blocks of 4 KiB)", blocks)
 	}
 	two := append(bytes.Clone(one), one...)
-	if _, err := io.Copy(io.Discard, newXZGuard(bytes.NewReader(two), maxXZDict, blocks)); err != nil {
+	if _, err := io.Copy(io.Discard, newXZGuard(bytes.NewReader(two), maxXZDict, blocks, xzDictSlack)); err != nil {
 		t.Errorf("two streams of %d blocks each: %v", blocks, err)
+	}
+}
+
+// tinyBlocks is a valid xz stream (check none) of data in blocks of at
+// most per bytes, each one uncompressed LZMA2 chunk, each block header
+// declaring the LZMA2 dictionary property p: what a hostile server can
+// send to have the decoder allocate p's dictionary for every 20 bytes.
+func tinyBlocks(data []byte, per int, p byte) []byte {
+	le := binary.LittleEndian
+	var out bytes.Buffer
+	flags := []byte{0, 0}
+	out.Write(xzMagic)
+	out.Write(flags)
+	out.Write(le.AppendUint32(nil, crc32.ChecksumIEEE(flags)))
+	idx := []byte{0}
+	var records []byte
+	blocks := 0
+	for len(data) > 0 {
+		n := min(per, len(data))
+		h := []byte{2, 0, lzma2FilterID, 1, p, 0, 0, 0} // 12 bytes: one filter, no sizes
+		h = le.AppendUint32(h, crc32.ChecksumIEEE(h))
+		body := append([]byte{1, byte((n - 1) >> 8), byte(n - 1)}, data[:n]...)
+		body = append(body, 0) // the end of the LZMA2 data
+		data = data[n:]
+		out.Write(h)
+		out.Write(body)
+		out.Write(make([]byte, (4-len(body)%4)%4))
+		records = binary.AppendUvarint(records, uint64(len(h)+len(body)))
+		records = binary.AppendUvarint(records, uint64(n))
+		blocks++
+	}
+	idx = binary.AppendUvarint(idx, uint64(blocks))
+	idx = append(idx, records...)
+	idx = append(idx, make([]byte, (4-len(idx)%4)%4)...)
+	out.Write(idx)
+	out.Write(le.AppendUint32(nil, crc32.ChecksumIEEE(idx)))
+	foot := le.AppendUint32(nil, uint32((len(idx)+4)/4-1))
+	foot = append(foot, flags...)
+	out.Write(le.AppendUint32(nil, crc32.ChecksumIEEE(foot)))
+	out.Write(foot)
+	out.WriteString("YZ")
+	return out.Bytes()
+}
+
+// TestUnpackMemberDictionaryBudget: the decoder allocates a new
+// dictionary for every block, so a valid archive of tiny blocks each
+// declaring a 64 MiB dictionary (xz -9's, which the per-block bound
+// takes) would have it allocate and zero 64 MiB per 20 bytes read: 4 GiB
+// here for a 3 KB archive, 64 GiB for 22 KB. The blocks' dictionaries
+// together are bounded by what the archive may unpack to plus
+// xzDictSlack: the archive is refused before the decoder allocates past
+// that; the same archive with 4 KiB dictionaries is taken.
+func TestUnpackMemberDictionaryBudget(t *testing.T) {
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	disk := bytes.Repeat([]byte("d"), 512)
+	if err := tw.WriteHeader(&tar.Header{Name: "disk.raw", Mode: 0o644, Size: int64(len(disk)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write(disk); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	lim := archiveLimits{Member: 1 << 20, Unpacked: 2 << 20}
+	small := tinyBlocks(tb.Bytes(), 32, 0) // 4 KiB dictionaries
+	var k take
+	if err := unpackMember(bytes.NewReader(small), "disk.raw", lim, k.fn); err != nil || !bytes.Equal(k.data, disk) {
+		t.Fatalf("tiny blocks of 4 KiB dictionaries: %v (%d bytes taken)", err, len(k.data))
+	}
+	hostile := tinyBlocks(tb.Bytes(), 32, 28) // 64 MiB each, 64 blocks
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	k = take{}
+	err := unpackMember(bytes.NewReader(hostile), "disk.raw", lim, k.fn)
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("%d bytes of archive: %d MiB allocated", len(hostile), alloc>>20)
+	if err == nil || !errors.Is(err, ErrArchive) || !strings.Contains(err.Error(), "dictionaries sum to more than") {
+		t.Errorf("64 blocks of 64 MiB dictionaries in %d bytes: %v, want refused", len(hostile), err)
+	}
+	if budget := uint64(lim.Unpacked + xzDictSlack); alloc > budget+budget/2 {
+		t.Errorf("unpacking %d bytes allocated %d MiB, more than the dictionaries' budget of %d MiB", len(hostile), alloc>>20, budget>>20)
 	}
 }
 

@@ -43,7 +43,10 @@ var errDownload = errors.New("download")
 // checked as the checksum list's fetch is), decompresses it as it arrives
 // and uploads its member to Proxmox (content import), which writes it to
 // the storage: nothing of it touches the node's disks but through that
-// upload. The file is BuildFile's name of the archive's digest, so a file
+// upload, sent only when the image storage has room for it twice
+// (roomHolds: Proxmox's spool and its copy; the member's size is the
+// archive's header, which a sparse member makes as large as the bound
+// whatever the archive's own size). The file is BuildFile's name of the archive's digest, so a file
 // another user put on the storage under the image's own name is never
 // taken. The archive's digest is known only once it has been read to its
 // end, after the upload: a digest that is not the expected one (the list's
@@ -152,6 +155,14 @@ func (b *Builder) unpackUpload(ctx context.Context, up unpackTarget, storage, fi
 	var member string
 	uploaded := false
 	err = unpackMember(in, img.Unpack, archiveLimits{Member: limit, Unpacked: limit + 1<<20, Bound: boundFlags}, func(n int64, r io.Reader) error {
+		// the member's size is the archive's word (a sparse one's holes
+		// cost the archive nothing): the upload is sent only when the
+		// image storage has room for it, as an upload over the API is
+		release, err := b.o.room.hold(ctx, up, storage, img.Unpack, n)
+		if err != nil {
+			return err
+		}
+		defer release()
 		b.say("image", "unpacking %s (%d bytes) and uploading it to %s", img.Unpack, n, volid)
 		h := sha256.New()
 		p := &unpackProgress{b: b, r: io.TeeReader(r, h), name: img.Unpack, size: n, dl: dl}

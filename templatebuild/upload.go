@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/pve-inspect/pve-inspect/pveapi"
-	"github.com/pve-inspect/pve-inspect/sandbox"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 )
 
@@ -83,7 +82,7 @@ func (s *Service) uploadRequest(u apitype.TemplateUpload) (apitype.TemplateBuild
 // upload slot taken). Else it opens body (a refusal is returned as it
 // is, nothing changed) and sends it to the node's image storage, which
 // must have room for it twice beyond what the uploads in flight hold
-// (roomFor, uploadSpoolCopies: else an error wrapping
+// (roomHolds, uploadSpoolCopies: else an error wrapping
 // sandbox.ErrStorageFull naming the storage, the need and what is free,
 // before a byte is read), Proxmox verifying its sha256; a file of the
 // digest's name already there with that digest is taken and body not
@@ -186,7 +185,7 @@ func (s *Service) put(ctx context.Context, px Proxmox, up Uploader, b *build, im
 		}
 		fmt.Fprintf(w, "%-8s %s is on the node with another digest (sha256 %s): replaced by the upload\n", "upload:", img.Volume, got)
 	}
-	release, err := s.roomFor(ctx, up, storage, u.Size)
+	release, err := s.room.hold(ctx, up, storage, u.File, u.Size)
 	if err != nil {
 		return err
 	}
@@ -197,42 +196,4 @@ func (s *Service) put(ctx context.Context, px Proxmox, up Uploader, b *build, im
 		return badRequest("sha256", "the image sent is not the one of sha256 %s (Proxmox's check: %v): nothing kept", sum, err)
 	}
 	return err
-}
-
-// roomFor refuses an upload of size bytes to storage unless the storage
-// has uploadSpoolCopies times that free (its status on the node) beyond
-// the room the uploads to it in flight were checked for, and holds that
-// room until release: two uploads at once that each fit alone but not
-// together are not both sent. The status taken while an upload runs
-// already counts what it has written, so the hold errs on the side of a
-// refusal (507: retry once it ended).
-func (s *Service) roomFor(ctx context.Context, up Uploader, storage string, size int64) (release func(), err error) {
-	st, err := up.StorageStatus(ctx, storage)
-	if err != nil {
-		return nil, fmt.Errorf("room on the image storage %s: %w", storage, err)
-	}
-	need := uploadSpoolCopies * size
-	if !st.Active {
-		return nil, fmt.Errorf("%w: the image storage %s is not active on the node (pvesm status); the upload of %d bytes needs %d bytes free there: nothing was sent",
-			sandbox.ErrStorageFull, storage, size, need)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	held := s.roomHeld[storage]
-	if st.Avail-held < need {
-		inFlight := ""
-		if held > 0 {
-			inFlight = fmt.Sprintf(", %d of them held by the uploads to it in flight", held)
-		}
-		return nil, fmt.Errorf("%w: the image storage %s has %d bytes free (of %d)%s; the upload of %d bytes needs %d (Proxmox spools it to /var/tmp, then copies it into the storage): free room there, retry once the uploads in flight ended, or build on the node: nothing was sent",
-			sandbox.ErrStorageFull, storage, st.Avail, st.Total, inFlight, size, need)
-	}
-	s.roomHeld[storage] = held + need
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.roomHeld[storage] -= need; s.roomHeld[storage] == 0 {
-			delete(s.roomHeld, storage)
-		}
-	}, nil
 }

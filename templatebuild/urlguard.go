@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // ErrURLRefused is wrapped by URLGuard.Check's refusals.
@@ -32,7 +36,8 @@ var metadataPrefixes = []netip.Prefix{
 // the node's own. The check resolves the name when it is asked; Proxmox
 // resolves it again when it downloads (a name whose answer changes in
 // between is not caught), and the checksum the request must carry is
-// what the image is held to.
+// what the image is held to. The daemon's own fetches are checked again
+// at each connection (Control, GuardedClient).
 type URLGuard struct {
 	// Resolve returns a host name's addresses.
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
@@ -75,17 +80,60 @@ func (g URLGuard) Check(ctx context.Context, raw string) error {
 		}
 	}
 	for _, a := range addrs {
-		why := g.why(a.Unmap(), own)
-		if v4, ok := embeddedIPv4(a); ok && why == "" {
-			if why = g.why(v4, own); why != "" {
-				why = "an IPv6 address carrying " + v4.String() + ": " + why
-			}
-		}
-		if why != "" {
+		if why := g.refused(a, own); why != "" {
 			return fmt.Errorf("%w: %s is %s (%s): the node would download from what only it reaches; serve the image from another host", ErrURLRefused, host, a, why)
 		}
 	}
 	return nil
+}
+
+// refused says why address a is refused, the IPv4 address a NAT64 or
+// 6to4 address carries included ("" when it is not).
+func (g URLGuard) refused(a netip.Addr, own []netip.Addr) string {
+	why := g.why(a.Unmap(), own)
+	if v4, ok := embeddedIPv4(a); ok && why == "" {
+		if why = g.why(v4, own); why != "" {
+			why = "an IPv6 address carrying " + v4.String() + ": " + why
+		}
+	}
+	return why
+}
+
+// Control is a net.Dialer's Control refusing a connection to an address
+// Check refuses (an error wrapping ErrURLRefused). Check resolves a URL's
+// host when it is asked and the connection resolves it again: a host
+// whose answer changes in between (a public address for the check, then
+// 169.254.169.254, loopback or the node's own: DNS rebinding, by a mirror
+// or any host it redirects to) would otherwise have the daemon's own
+// fetch reach what the guard refuses. GuardedClient dials through it;
+// Proxmox's download-url resolves in its own process, out of its reach.
+func (g URLGuard) Control(network, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("%w: connect to %q (%s): not an address", ErrURLRefused, address, network)
+	}
+	var own []netip.Addr
+	if g.Own != nil {
+		if own, err = g.Own(); err != nil {
+			return fmt.Errorf("%w: list the node's addresses: %v", ErrURLRefused, err)
+		}
+	}
+	if why := g.refused(ap.Addr(), own); why != "" {
+		return fmt.Errorf("%w: connect to %s (%s): the host's address changed since it was checked, or a proxy on it: the node would fetch from what only it reaches", ErrURLRefused, ap.Addr(), why)
+	}
+	return nil
+}
+
+// GuardedClient is the HTTP client of the daemon's own fetches for
+// builds over the API (NodeHost.HTTPClient: checksum lists, kali2025.4's
+// archive): http.DefaultTransport's settings, every connection's address
+// checked by g (Control) after the name was resolved for it. A proxy the
+// environment names is connected to through the same check, so one on the
+// node itself is refused.
+func GuardedClient(g URLGuard) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: g.Control}).DialContext
+	return &http.Client{Transport: t}
 }
 
 // why says why address a is refused ("" when it is not).

@@ -19,6 +19,20 @@ const maxXZDict = 64 << 20
 // its default level).
 const maxXZBlocks = 1 << 18
 
+// xzDictSlack is what the dictionaries of an archive's blocks may sum to
+// beyond the bytes it unpacks to (xzGuard's dictLeft): 16 dictionaries of
+// maxXZDict, 1 GiB. The decoder allocates (and the Go runtime zeroes) a
+// new dictionary for every block, so a stream of 20-byte blocks each
+// declaring 64 MiB had it allocate 64 GiB for a 22 KB archive (six
+// seconds of a core here, hours for a download of a few MB); bounded by
+// the archive's unpacked bound plus this slack, the dictionaries cost no
+// more than writing what the archive may unpack to. An archive of xz's
+// own making stays far below it: xz -T0 makes blocks of three
+// dictionaries each, a single-threaded xz one block, and even xz
+// --block-size=16KiB (8 MiB dictionaries, testdata/unpack/multi.tar.xz)
+// allocates 1 GiB only past 128 blocks, i.e. 2 MiB unpacked.
+const xzDictSlack = 16 * maxXZDict
+
 // xzGuard passes an xz stream through unchanged and follows its framing
 // without decompressing it (stream header, block headers, the LZMA2
 // chunks' control bytes and sizes, block padding and check, index,
@@ -40,6 +54,10 @@ type xzGuard struct {
 	st        xzState
 	// blocks counts the current stream's blocks.
 	blocks int
+	// dictLeft is what the dictionaries of the archive's blocks still to
+	// come may sum to (every stream's: the decoder allocates each block's
+	// dictionary anew).
+	dictLeft int64
 	// hdr collects a header's bytes until it has want of them.
 	hdr  []byte
 	want int
@@ -78,8 +96,11 @@ var (
 	lzma2FilterID = byte(0x21)
 )
 
-func newXZGuard(r io.Reader, maxDict int64, maxBlocks int) *xzGuard {
-	return &xzGuard{r: r, maxDict: maxDict, maxBlocks: maxBlocks, st: xzStreamHeader, want: 12}
+// newXZGuard guards r: a block's dictionary at most maxDict, a stream's
+// blocks at most maxBlocks, the archive's dictionaries at most dictBudget
+// together.
+func newXZGuard(r io.Reader, maxDict int64, maxBlocks int, dictBudget int64) *xzGuard {
+	return &xzGuard{r: r, maxDict: maxDict, maxBlocks: maxBlocks, dictLeft: dictBudget, st: xzStreamHeader, want: 12}
 }
 
 // Read implements io.Reader.
@@ -274,6 +295,10 @@ func (g *xzGuard) blockHeader(h []byte) error {
 	if dict > g.maxDict {
 		return fmt.Errorf("a block's LZMA2 dictionary is %d MiB, more than the %d MiB this build decodes with (xz -9's)", dict>>20, g.maxDict>>20)
 	}
+	if dict > g.dictLeft {
+		return fmt.Errorf("the blocks' LZMA2 dictionaries sum to more than the archive may unpack to and %d MiB (the decoder allocates each block's anew): refused", xzDictSlack>>20)
+	}
+	g.dictLeft -= dict
 	return nil
 }
 

@@ -60,9 +60,11 @@ func (a *API) templateService(eng *sandbox.Engine, catalog *templatebuild.Catalo
 	if host == nil {
 		// the ledger `template build` keeps too: only VMs a build on
 		// this node recorded are reused or destroyed
-		// (and the checksum lists it fetches itself, a mirror's,
-		// follow no redirect the build's URL guard refuses)
-		host = templatebuild.NodeHost{StateDir: tc.StateDir, Redirect: urls.Check}
+		// (and the checksum lists and archives it fetches itself, a
+		// mirror's, follow no redirect the build's URL guard refuses, and
+		// connect to no address it refuses: a host whose DNS answer
+		// changed since its check)
+		host = templatebuild.NodeHost{StateDir: tc.StateDir, Redirect: urls.Check, HTTPClient: templatebuild.GuardedClient(urls)}
 	}
 	// A bridge of [templates] the guard treats as management or trusted
 	// is refused at each build (the freshly booted image would reach the
