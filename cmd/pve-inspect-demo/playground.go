@@ -126,7 +126,11 @@ func playground(ctx context.Context, o options, w io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\ncontainers = true\nlxc_path = %q\ncontainer_cgroups = %q\n", apiAddr, apiCert, apiKey, bed.LXCPath(), ctCgroups)
+	// allow_e1000: the reference's CTF victims (old VulnHub OVAs without
+	// virtio drivers) ask for an e1000 NIC; a bed guest is a network
+	// namespace, with no emulated NIC whose device code it could drive.
+	extra := fmt.Sprintf("listen = %q\ntls_cert = %q\ntls_key = %q\ncontainers = true\nlxc_path = %q\ncontainer_cgroups = %q\nallow_e1000 = true\n",
+		apiAddr, apiCert, apiKey, bed.LXCPath(), ctCgroups)
 	if o.diskStorage != "" {
 		// The disk path, as an operator turns it on: files of 32 MiB and
 		// more go through a transfer disk on that storage.

@@ -196,12 +196,21 @@ func TestInspectProvider(t *testing.T) {
 }
 
 // TestInspectBuiltInBuild starts the playground, whose node builds the
-// built-ins it prints from the mirror on its uplink, and runs
-// python/tests/test_builtin_build.py: for ubuntu24.04 (an OVA), debian13
-// and kali2025.4 (a .tar.xz the node unpacks), a real inspect_ai.eval of the reference's config of one VM of
-// the built-in, whose preflight has the node build the template (with
-// admin_token: builds are refused to owner-bound tokens), scores; a second
-// eval reuses the template without a build.
+// built-ins it prints from the mirror on its uplink, and runs two pytest
+// files against it, each a subtest:
+//
+//   - python/tests/test_builtin_build.py: for ubuntu24.04 (an OVA),
+//     debian13 and kali2025.4 (a .tar.xz the node unpacks), a real
+//     inspect_ai.eval of the reference's config of one VM of the built-in,
+//     whose preflight has the node build the template (with admin_token:
+//     builds are refused to owner-bound tokens), scores; a second eval
+//     reuses the template without a build.
+//   - python/tests/test_ctf4.py: the reference's CTF task (ctf4.py: a
+//     kali2025.4 agent and an agentless victim imported from an OVA on ide
+//     with an e1000 NIC, one vnet with a DHCP range) with the mock model
+//     playing the agent; the victim's sample scores 1, a sample looking
+//     for an address of no VM 0, and the Kali template the first file
+//     built is reused (run alone, the eval builds it).
 func TestInspectBuiltInBuild(t *testing.T) {
 	testkit.RequireRoot(t)
 	dir := needPython(t)
@@ -213,7 +222,7 @@ func TestInspectBuiltInBuild(t *testing.T) {
 			t.Fatalf("the playground builds %q, not %s", in["builds"], b)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	sns := newSuiteNS(t)
 	sns.relay(t, in["api"])
@@ -222,9 +231,13 @@ func TestInspectBuiltInBuild(t *testing.T) {
 			t.Logf("the daemon's log of builds:\n%s", p.daemonLog(t, "template", "build"))
 		}
 	})
-	runPytest(t, ctx, sns, dir, []string{
-		"PVE_INSPECT_URL=" + in["api"], "PVE_INSPECT_TOKEN=" + in["admin_token"], "PVE_INSPECT_CA_FILE=" + in["ca"],
-	}, "tests/test_builtin_build.py")
+	env := []string{"PVE_INSPECT_URL=" + in["api"], "PVE_INSPECT_TOKEN=" + in["admin_token"], "PVE_INSPECT_CA_FILE=" + in["ca"]}
+	// In this order: the first asserts that no built-in is there yet.
+	for _, file := range []string{"test_builtin_build.py", "test_ctf4.py"} {
+		t.Run(strings.TrimSuffix(file, ".py"), func(t *testing.T) {
+			runPytest(t, ctx, sns, dir, env, "tests/"+file)
+		})
+	}
 	p.stop(t)
 	assertGone(t, in)
 }

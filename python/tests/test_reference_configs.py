@@ -13,6 +13,7 @@ converts: its template is built from the uploaded file at task start)."""
 
 from __future__ import annotations
 
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,11 @@ from inspect_ai.dataset import Sample
 from inspect_ai.scorer import includes
 from inspect_ai.solver import basic_agent
 from inspect_ai.tool import bash
+from test_ctf4 import ctf4
 from test_ova import make_ova
 
 from inspect_pve_inspect import ConfigError, PveInspectSandboxEnvironmentConfig
-from inspect_pve_inspect.compat import coerce
+from inspect_pve_inspect.compat import VmNicConfig, coerce
 from inspect_pve_inspect.sandbox import create_request
 
 
@@ -234,19 +236,10 @@ def test_readme_existing_vnets_convert() -> None:
     assert "networks" not in req and "egress" not in req
 
 
-def test_reference_ctf4_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reference's CTF example (src/proxmoxsandbox/experimental/ctf4.py)
-    with only the sandbox type changed: a Kali agent and a LAMPSecurity
-    victim from an OVA on the eval machine, ``disk_controller="ide"``,
-    ``nic_controller="e1000"``, ``is_sandbox=False``, both on one vnet with
-    SNAT and a DHCP range. It converts: the victim is the daemon's VM
-    without a guest agent (``agent: false``) on ide and e1000, built from
-    the uploaded OVA, on the sample's network beside the agent; only the
-    agent is an Inspect environment. (The node must allow e1000, ``[api]
-    allow_e1000``: the daemon's to check at task start.)"""
-    monkeypatch.chdir(tmp_path)
-    ova = make_ova(tmp_path / "ctf4.ova")
-    config = {
+def ctf4_config(ova: Path) -> dict[str, Any]:
+    """The reference's CTF config (src/proxmoxsandbox/experimental/ctf4.py)
+    as text, its victim's OVA the file ova."""
+    return {
         "vms_config": [
             {
                 "vm_source_config": {"built_in": "kali2025.4"},
@@ -278,7 +271,21 @@ def test_reference_ctf4_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             ]
         },
     }
-    cfg = coerce(config)
+
+
+def test_reference_ctf4_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference's CTF example (src/proxmoxsandbox/experimental/ctf4.py)
+    with only the sandbox type changed: a Kali agent and a LAMPSecurity
+    victim from an OVA on the eval machine, ``disk_controller="ide"``,
+    ``nic_controller="e1000"``, ``is_sandbox=False``, both on one vnet with
+    SNAT and a DHCP range. It converts: the victim is the daemon's VM
+    without a guest agent (``agent: false``) on ide and e1000, built from
+    the uploaded OVA, on the sample's network beside the agent; only the
+    agent is an Inspect environment. (The node must allow e1000, ``[api]
+    allow_e1000``: the daemon's to check at task start.)"""
+    monkeypatch.chdir(tmp_path)
+    ova = make_ova(tmp_path / "ctf4.ova")
+    cfg = coerce(ctf4_config(ova))
     agent, victim = cfg.resolved_vms()
     assert (agent.template, agent.sandbox, agent.agent) == ("kali2025.4", True, True)
     assert victim.template == f"ova-ctf4-ova-{ova.stat().st_size}"
@@ -299,3 +306,17 @@ def test_reference_ctf4_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert body["networks"][0]["dhcp_ranges"] == [
         {"start": "192.168.20.50", "end": "192.168.20.100"}
     ]
+
+
+def test_reference_models_take_its_typed_values(tmp_path: Path) -> None:
+    """The drop-in models take the values the reference's schema types as
+    objects, as ctf4.py passes them (``cidr=ip_network(...)``,
+    ``gateway`` and the range's ends as ``ip_address(...)``, ``ova`` a
+    ``Path``; test_ctf4.py's task is written so), and convert as their
+    text does; a NIC's ``ipv4`` too."""
+    ova = make_ova(tmp_path / "ctf4.ova")
+    typed = ctf4(ova).sandbox
+    assert typed is not None
+    assert coerce(typed.config) == coerce(ctf4_config(ova))
+    nic = VmNicConfig(vnet_alias="lab", mac="52:54:00:12:34:56", ipv4=ip_address("10.9.0.5"))
+    assert nic.model_dump(mode="json")["ipv4"] == "10.9.0.5"

@@ -43,12 +43,13 @@ import hashlib
 import ipaddress
 import json
 import os
+import pathlib
 import re
 import tarfile
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from .config import (
     MAX_DHCP_RANGES,
@@ -106,16 +107,41 @@ _VM_FIELDS = {
 }
 
 
+def _as_text(v: Any) -> Any:
+    """The reference's typed values as the text they stand for: its
+    schema types addresses and networks as ``ipaddress`` objects
+    (``IPvAnyAddress``, ``IPvAnyNetwork``) and an OVA as a ``Path``, and
+    its examples pass them so (``cidr=ip_network(...)``, ``ova=PATH``)."""
+    if isinstance(
+        v,
+        ipaddress.IPv4Address
+        | ipaddress.IPv6Address
+        | ipaddress.IPv4Network
+        | ipaddress.IPv6Network,
+    ):
+        return str(v)
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    return v
+
+
+# Fields the reference types as an address, a network or a path: they take
+# those objects or their text, and hold the text.
+Address = Annotated[str | ipaddress.IPv4Address | ipaddress.IPv6Address, BeforeValidator(_as_text)]
+Network = Annotated[str | ipaddress.IPv4Network | ipaddress.IPv6Network, BeforeValidator(_as_text)]
+FilePath = Annotated[str | pathlib.Path, BeforeValidator(_as_text)]
+
+
 class DhcpRange(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    start: str
-    end: str
+    start: Address
+    end: Address
 
 
 class SubnetConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    cidr: str
-    gateway: str
+    cidr: Network
+    gateway: Address
     snat: bool
     dhcp_ranges: tuple[DhcpRange, ...]
 
@@ -136,7 +162,7 @@ class SdnConfig(BaseModel):
 class VmSourceConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     existing_vm_template_tag: str | None = None
-    ova: str | None = None
+    ova: FilePath | None = None
     built_in: str | None = None
 
 
@@ -144,7 +170,7 @@ class VmNicConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     vnet_alias: str
     mac: str | None = None
-    ipv4: str | None = None
+    ipv4: Address | None = None
     vlan_tag: int | None = None
 
 
