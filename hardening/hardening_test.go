@@ -225,6 +225,10 @@ func TestNICModelAndAgentWants(t *testing.T) {
 		{"no agent asked and off", map[string]string{"agent": "enabled=0"}, Want{NoAgent: true}, nil},
 		{"no agent asked, absent", map[string]string{"agent": ""}, Want{NoAgent: true}, nil},
 		{"agent absent by default", map[string]string{"agent": ""}, Want{}, []string{itemAgent}},
+		// an OVA's victim: its disk on ide0 (an ide-hd on q35's ICH9
+		// AHCI controller: no controller item), no scsiN, no scsihw
+		{"an ide victim", map[string]string{"scsi0": "", "scsihw": "", "ide0": "local-lvm:base-9002-disk-0,size=8G", "net0": e1000, "agent": "0"}, Want{NIC: NICE1000, NoAgent: true}, nil},
+		{"an ide disk by default", map[string]string{"scsi0": "", "scsihw": "", "ide0": "local-lvm:base-9002-disk-0,size=8G"}, Want{}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conf := hardenedWith(tc.change)

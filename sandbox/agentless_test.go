@@ -121,7 +121,7 @@ func TestAgentlessVMReady(t *testing.T) {
 	if err := b.e.GuestIO(attacker); err != nil {
 		t.Errorf("guest I/O on the attacker: %v", err)
 	}
-	if got := b.e.FirstAgentVM(sb.ID); got != "attacker" {
+	if got := b.e.FirstCheckVM(sb.ID); got != "attacker" {
 		t.Errorf("first member with an agent %q, want attacker", got)
 	}
 }
@@ -203,21 +203,27 @@ pve_inspect_sandbox_vm_agent_up{owner="alice",sandbox="` + sb.ID + `",vm="attack
 }
 
 // neverRunning is a Proxmox whose VMs configured without an agent never
-// report running (a guest that powers itself off at once).
+// run their guest: Proxmox's status running, QMP status prelaunch (QEMU
+// started with -S, as a template with `freeze: 1` starts; a VM paused on
+// an I/O error at boot is running too). Every read says so (VM reads
+// the live status: the teardown stops and destroys the VM as it is).
 type neverRunning struct{ *apitest.Proxmox }
 
-func (p neverRunning) VM(ctx context.Context, id int) (sandbox.VMInfo, error) {
-	info, err := p.Proxmox.VM(ctx, id)
-	if v, ok := p.VMByID(id); ok && v.Config.NoAgent && err == nil {
-		info.Status = "stopped"
+func (p neverRunning) StartVM(ctx context.Context, id int) error {
+	if err := p.Proxmox.StartVM(ctx, id); err != nil {
+		return err
 	}
-	return info, err
+	if v, ok := p.VMByID(id); ok && v.Config.NoAgent {
+		p.SetVMState(id, "running", "prelaunch")
+	}
+	return nil
 }
 
 // TestAgentlessVMNeverRunning: the wait for a VM without an agent is
-// bounded like the agent's: a VM that never reports running fails the
-// create (within AgentTimeout) with the VM and what was waited for
-// named, and the create tears everything down.
+// bounded like the agent's: a VM whose guest never runs (running for
+// Proxmox, QMP status prelaunch) is not ready; it fails the create
+// (within AgentTimeout) with the VM, what was waited for and the QMP
+// status named, and the create tears everything down.
 func TestAgentlessVMNeverRunning(t *testing.T) {
 	ctx := context.Background()
 	g := apitest.NewGuests()
@@ -228,12 +234,18 @@ func TestAgentlessVMNeverRunning(t *testing.T) {
 		o.AgentTimeout = 300 * time.Millisecond
 		o.AllowE1000 = true
 	})
-	_, err := e.Create(ctx, ctfRequest())
-	if err == nil || !strings.Contains(err.Error(), "vm target") || !strings.Contains(err.Error(), "wait for Proxmox to report it running") {
-		t.Fatalf("create: %v, want the target's wait named", err)
+	sb, err := e.Create(ctx, ctfRequest())
+	if err == nil {
+		t.Fatalf("created %s (state %s) with its target never running its guest: want the create refused", sb.ID, sb.State)
 	}
-	if ids := px.VMIDs(); len(ids) != 1 { // the template
+	if !strings.Contains(err.Error(), "vm target") || !strings.Contains(err.Error(), "wait for Proxmox to report it running") || !strings.Contains(err.Error(), "prelaunch") {
+		t.Fatalf("create: %v, want the target's wait and its QMP status named", err)
+	}
+	if ids := px.VMIDs(); len(ids) != 0 { // VMIDs lists no template
 		t.Errorf("VMs left after the failed create: %v", ids)
+	}
+	if l := e.List(); len(l) != 0 {
+		t.Errorf("sandboxes left after the failed create: %+v", l)
 	}
 }
 

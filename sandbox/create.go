@@ -503,7 +503,7 @@ func (m *Engine) buildVM(ctx context.Context, rec *record, i, tmpl int, env map[
 	}
 	if !spec.HasAgent() {
 		// nothing inside to wait for or write to (vmoptions.go)
-		return m.waitRunning(ctx, m.vms, vmid)
+		return m.waitRunning(ctx, vmid)
 	}
 	if err := m.waitAgent(ctx, vmid); err != nil {
 		return err

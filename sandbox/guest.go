@@ -51,21 +51,30 @@ func (m *Engine) waitAgent(ctx context.Context, vmid int) error {
 	}
 }
 
-// waitRunning waits until Proxmox reports VM vmid running, within
-// AgentTimeout as waitAgent: the readiness of a VM without a guest agent.
-// A start task that ended OK has the VM running already; the read says
-// the VM is still there and did not stop at once (a guest that powers
-// itself off, a QEMU that died after the start).
-func (m *Engine) waitRunning(ctx context.Context, px memberOps, vmid int) error {
+// waitRunning waits until VM vmid runs, within AgentTimeout as waitAgent:
+// the readiness of a VM without a guest agent. Running is Proxmox's
+// status running with the guest's CPUs running (QMP status running, when
+// the status reader gives one): a VM paused from its start (QMP status
+// prelaunch, as a template with `freeze: 1` has it; io-error) is running
+// for Proxmox but never boots, and is not ready. A start task that ended
+// OK has the VM running, so a VM Proxmox then reports stopped has stopped
+// (its guest powered itself off, or QEMU ended) and will not run by
+// itself: that fails at once.
+func (m *Engine) waitRunning(ctx context.Context, vmid int) error {
 	ctx, cancel := context.WithTimeout(ctx, m.o.AgentTimeout)
 	defer cancel()
 	delay := 100 * time.Millisecond
 	for {
-		info, err := px.VM(ctx, vmid)
-		if err == nil && info.Status == "running" {
+		st, err := m.health.o.Status.VMStatus(ctx, vmid)
+		switch {
+		case err == nil && st.Status == "running" && (st.QMPStatus == "" || st.QMPStatus == "running"):
 			return nil
+		case err == nil && st.Status == "stopped":
+			// the guest is gone as an agent VM's that never answers
+			// (ErrGuestUnavailable: 502), not the daemon's fault (500)
+			return fmt.Errorf("vm %d (no guest agent): wait for Proxmox to report it running: it stopped after its start (its guest powered itself off, or QEMU ended): %w", vmid, ErrGuestUnavailable)
 		}
-		last := fmt.Sprintf("status %q", info.Status)
+		last := fmt.Sprintf("status %q, QMP status %q", st.Status, st.QMPStatus)
 		if err != nil {
 			last = err.Error()
 		}

@@ -57,7 +57,7 @@ func (m *Engine) Rollback(ctx context.Context, vmid int, name string) error {
 		}
 	}
 	if !vm.HasAgent() {
-		return m.waitRunning(ctx, px, vmid)
+		return m.waitRunning(ctx, vmid)
 	}
 	return m.waitAgent(ctx, vmid)
 }

@@ -34,7 +34,8 @@ import (
 //     (VMConfig.NICModel); the profile's nic model item checks it.
 //   - agent false (a guest without qemu-ga: a VulnHub image, an
 //     appliance) turns the clone's agent device off (VMConfig.NoAgent),
-//     and the VM is ready once Proxmox reports it running (waitRunning);
+//     and the VM is ready once Proxmox reports it running, its CPUs
+//     running too (waitRunning);
 //     every call that goes through the agent refuses it before it is
 //     tried (GuestIO, CheckIO: a 409 naming the VM, never a wait for an
 //     agent that is not there), its rollback waits for it to run, it
@@ -151,11 +152,12 @@ func errNoAgent(v apitype.VM, why string) error {
 	return refuse(ErrConflict, "vm %s has no guest agent (created with agent false): %s, so it is not offered for it; reach the VM over its network from a VM of the sandbox that has one", v.Name, why)
 }
 
-// FirstAgentVM returns the name of sandbox id's first member with a
-// guest agent (or a container, which the daemon enters), "" when it has
-// none or is unknown: the member a call that names none runs in when the
-// first is a VM without an agent (the containment check).
-func (m *Engine) FirstAgentVM(id string) string {
+// FirstCheckVM returns the name of sandbox id's first member the
+// containment check can run in (CheckIO: a Linux VM with a guest agent,
+// or a container, which the daemon enters), "" when it has none or is
+// unknown: the member a check that names none runs from when the first
+// is a VM without an agent (a CTF's target listed first) or a Windows VM.
+func (m *Engine) FirstCheckVM(id string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.sbx[id]
@@ -163,7 +165,7 @@ func (m *Engine) FirstAgentVM(id string) string {
 		return ""
 	}
 	for _, v := range r.VMs {
-		if v.HasAgent() {
+		if CheckIO(v) == nil {
 			return v.Name
 		}
 	}

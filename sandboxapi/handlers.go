@@ -603,10 +603,11 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 		}
 	}
 	if req.VM == "" {
-		// the first member with a guest agent: the check runs through it
-		// (a sandbox whose first VM has none, as a CTF's target listed
-		// first, is checked from its attacker)
-		req.VM = s.e.FirstAgentVM(r.PathValue("id"))
+		// the first member the check can run in (a Linux VM with a
+		// guest agent, or a container): a sandbox whose first VM has no
+		// agent, as a CTF's target listed first, or runs Windows, is
+		// checked from the next
+		req.VM = s.e.FirstCheckVM(r.PathValue("id"))
 	}
 	if err := s.e.Broken(r.PathValue("id"), req.VM); err != nil {
 		return err

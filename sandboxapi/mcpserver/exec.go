@@ -18,7 +18,7 @@ import (
 // ExecInput are the arguments of sandbox_exec.
 type ExecInput struct {
 	ID             string            `json:"id" jsonschema:"sandbox id"`
-	VM             string            `json:"vm,omitempty" jsonschema:"VM name in the sandbox; default: its first VM"`
+	VM             string            `json:"vm,omitempty" jsonschema:"VM name in the sandbox; default: its first VM with a guest agent"`
 	Argv           []string          `json:"argv,omitempty" jsonschema:"program and arguments, run without a shell; give argv or command"`
 	Command        string            `json:"command,omitempty" jsonschema:"a shell command line, run with sh -c; give argv or command"`
 	Stdin          string            `json:"stdin,omitempty" jsonschema:"text sent to the command's standard input"`
@@ -56,7 +56,7 @@ func (t *tools) exec(ctx context.Context, req *mcp.CallToolRequest, in ExecInput
 	if in.TimeoutSeconds < 0 {
 		return nil, zero, invalid("timeout_seconds", "timeout_seconds must be positive")
 	}
-	vm, err := t.vm(ctx, in.ID, in.VM)
+	vm, err := t.guestVM(ctx, in.ID, in.VM)
 	if err != nil {
 		return nil, zero, err
 	}
@@ -222,7 +222,7 @@ func (c *capped) Write(b []byte) (int, error) {
 // ReadFileInput are the arguments of sandbox_read_file.
 type ReadFileInput struct {
 	ID       string `json:"id" jsonschema:"sandbox id"`
-	VM       string `json:"vm,omitempty" jsonschema:"VM name in the sandbox; default: its first VM"`
+	VM       string `json:"vm,omitempty" jsonschema:"VM name in the sandbox; default: its first VM with a guest agent"`
 	Path     string `json:"path" jsonschema:"absolute path in the VM"`
 	Encoding string `json:"encoding,omitempty" jsonschema:"text (default; base64 anyway when the file is not UTF-8) or base64"`
 	MaxBytes int64  `json:"max_bytes,omitempty" jsonschema:"refuse files larger than this (default and upper bound: the server's cap)"`
@@ -239,7 +239,7 @@ type FileContent struct {
 // WriteFileInput are the arguments of sandbox_write_file.
 type WriteFileInput struct {
 	ID       string `json:"id" jsonschema:"sandbox id"`
-	VM       string `json:"vm,omitempty" jsonschema:"VM name in the sandbox; default: its first VM"`
+	VM       string `json:"vm,omitempty" jsonschema:"VM name in the sandbox; default: its first VM with a guest agent"`
 	Path     string `json:"path" jsonschema:"absolute path in the VM"`
 	Content  string `json:"content" jsonschema:"the file's content"`
 	Encoding string `json:"encoding,omitempty" jsonschema:"text (default) or base64"`
@@ -291,7 +291,7 @@ func (t *tools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in ReadFil
 	if in.MaxBytes > 0 && in.MaxBytes < limit {
 		limit = in.MaxBytes
 	}
-	vm, err := t.vm(ctx, in.ID, in.VM)
+	vm, err := t.guestVM(ctx, in.ID, in.VM)
 	if err != nil {
 		return nil, zero, err
 	}
@@ -327,7 +327,7 @@ func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteF
 	if err != nil {
 		return nil, zero, err
 	}
-	vm, err := t.vm(ctx, in.ID, in.VM)
+	vm, err := t.guestVM(ctx, in.ID, in.VM)
 	if err != nil {
 		return nil, zero, err
 	}

@@ -143,7 +143,7 @@ type SnapshotResult struct {
 // CheckInput are the arguments of sandbox_check.
 type CheckInput struct {
 	ID string `json:"id" jsonschema:"sandbox id"`
-	VM string `json:"vm,omitempty" jsonschema:"VM or container to probe from; default: the first"`
+	VM string `json:"vm,omitempty" jsonschema:"VM or container to probe from; default: the first the check can run in (a Linux VM with a guest agent, or a container)"`
 }
 
 // EgressLogInput are the arguments of sandbox_egress_log.
@@ -260,8 +260,23 @@ func (t *tools) destroy(ctx context.Context, _ *mcp.CallToolRequest, in IDInput)
 	return nil, Destroyed{ID: in.ID, Destroyed: true}, nil
 }
 
-// vm resolves the VM name: the given one, or the sandbox's first VM.
+// vm resolves the VM name of a snapshot call: the given one, or the
+// sandbox's first VM.
 func (t *tools) vm(ctx context.Context, id, vm string) (string, error) {
+	return t.pickVM(ctx, id, vm, func(apitype.VM) bool { return true })
+}
+
+// guestVM resolves the VM name of a guest call (exec, files): the given
+// one, or the sandbox's first VM with a guest agent (a VM created with
+// agent false refuses every guest call; the containment check defaults
+// the same way), its first VM when none has one.
+func (t *tools) guestVM(ctx context.Context, id, vm string) (string, error) {
+	return t.pickVM(ctx, id, vm, apitype.VM.HasAgent)
+}
+
+// pickVM returns vm when given, else the first VM of sandbox id that
+// prefer takes, else its first VM.
+func (t *tools) pickVM(ctx context.Context, id, vm string, prefer func(apitype.VM) bool) (string, error) {
 	if err := needID(id); err != nil {
 		return "", err
 	}
@@ -275,6 +290,11 @@ func (t *tools) vm(ctx context.Context, id, vm string) (string, error) {
 	if len(sb.VMs) == 0 {
 		return "", &ToolError{&apitype.Problem{Type: apitype.ProblemConflict, Title: "Conflict", Status: 409,
 			Detail: fmt.Sprintf("sandbox %s has no VM (state %s)", id, sb.State)}}
+	}
+	for _, v := range sb.VMs {
+		if prefer(v) {
+			return v.Name, nil
+		}
 	}
 	return sb.VMs[0].Name, nil
 }

@@ -20,6 +20,10 @@ func TestAgentOffStartsNoAgent(t *testing.T) {
 	}{
 		{"agent 1", url.Values{"agent": {"1"}}, true},
 		{"agent 0", url.Values{"agent": {"0"}}, false},
+		// a property string's keys come in any order (pve-common
+		// JSONSchema.pm parse_property_string): enabled need not lead
+		{"agent type=virtio,enabled=1", url.Values{"agent": {"type=virtio,enabled=1"}}, true},
+		{"agent fstrim_cloned_disks=1,enabled=0", url.Values{"agent": {"fstrim_cloned_disks=1,enabled=0"}}, false},
 		{"agent enabled=0", url.Values{"agent": {"enabled=0"}}, false},
 		{"no agent key", url.Values{"delete": {"agent"}}, false},
 		{"e1000 NIC, agent off", url.Values{"agent": {"0"}, "net0": {"e1000=BC:24:11:00:01:01,bridge=vnet1,firewall=0"}}, false},

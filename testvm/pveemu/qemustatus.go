@@ -43,18 +43,20 @@ func atoiDef(s string, def int) int {
 	return n
 }
 
+// agentEnabled is the agent property string's enabled (Agent.pm
+// parse_guest_agent): the default key, given bare or as enabled=, at any
+// place in the list (pve-common JSONSchema.pm parse_property_string).
 func agentEnabled(v string) bool {
-	if v == "" {
-		return false
-	}
-	first, _, _ := strings.Cut(v, ",")
-	if k, val, ok := strings.Cut(first, "="); ok {
-		if k != "enabled" {
-			return false
+	for _, part := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(part, "=")
+		switch {
+		case !ok && part != "":
+			return parseBoolText(part) == "1"
+		case k == "enabled":
+			return parseBoolText(val) == "1"
 		}
-		first = val
 	}
-	return parseBoolText(first) == "1"
+	return false
 }
 
 func (s *Server) statusCurrent(_ context.Context, rq *request) (any, error) {
