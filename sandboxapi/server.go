@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -160,6 +161,11 @@ type Server struct {
 	met    *metrics
 	routes []route
 	mux    *http.ServeMux
+	// literal holds the methods of each route path without a wildcard:
+	// such a path is that route's, never a wildcard route's value (GET
+	// /v1/templates/{name} would match /v1/templates/build), as OpenAPI
+	// has a concrete path win over a templated one.
+	literal map[string][]string
 	// execs and files count the exec and file calls in flight, collected
 	// the output the collected execs in flight have reserved, each per
 	// owner and on the node (quota.go).
@@ -198,8 +204,15 @@ func New(e *sandbox.Engine, o Options) (*Server, error) {
 		uploads:   make(chan struct{}, maxUploads)}
 	s.routes = s.routeTable()
 	s.mux = http.NewServeMux()
+	s.literal = map[string][]string{}
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
+		if !strings.Contains(rt.path, "{") {
+			s.literal[rt.path] = append(s.literal[rt.path], rt.method)
+			if rt.method == http.MethodGet {
+				s.literal[rt.path] = append(s.literal[rt.path], http.MethodHead)
+			}
+		}
 	}
 	return s, nil
 }
@@ -244,6 +257,13 @@ func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serve) }
 // serve dispatches to the mux and turns its plain-text 404/405 answers for
 // unknown routes into problem documents.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if methods, ok := s.literal[r.URL.Path]; ok && !slices.Contains(methods, r.Method) {
+		// a concrete path answers only its own methods, whatever
+		// wildcard route would take its text as a value
+		w.Header().Set("Allow", strings.Join(methods, ", "))
+		writeProblem(w, problemf(apitype.ProblemMethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
 	h, pattern := s.mux.Handler(r)
 	if pattern != "" {
 		s.mux.ServeHTTP(w, r) // fills r.PathValue

@@ -327,3 +327,26 @@ func TestTemplateInfoRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestConcretePathAnswersOnlyItsMethods (schemathesis, all four token
+// scopes): /v1/templates/build is POST's alone, though GET
+// /v1/templates/{name} would take "build" as a name: OPTIONS and GET of
+// it answer 405 with Allow naming POST only (the OpenAPI document's
+// methods of the concrete path), nothing is looked up, and a wildcard
+// path keeps its own methods.
+func TestConcretePathAnswersOnlyItsMethods(t *testing.T) {
+	cat := &fakeCatalog{t: map[string]apitype.TemplateInfo{"build": {Name: "build", VMID: 9100}}}
+	e := newEnv(t, func(o *options) { o.serverOptions.TemplateCatalog = cat })
+	for _, tc := range []struct{ method, path, allow string }{
+		{"OPTIONS", "/v1/templates/build", "POST"},
+		{"GET", "/v1/templates/build", "POST"},
+		{"OPTIONS", "/v1/sandboxes", "POST, GET, HEAD"},
+		{"OPTIONS", "/v1/templates/debian", "GET, HEAD"},
+	} {
+		resp := e.raw(tc.method, tc.path, "", nil)
+		p := decodeProblemResp(t, resp)
+		if resp.StatusCode != 405 || p.Type != apitype.ProblemMethodNotAllowed || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d %q, Allow %q; want 405, Allow %q", tc.method, tc.path, resp.StatusCode, p.Type, resp.Header.Get("Allow"), tc.allow)
+		}
+	}
+}
