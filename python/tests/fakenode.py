@@ -44,6 +44,9 @@ class FakeNode:
     """The fake's state; every field is read and written under ``lock``."""
 
     templates: tuple[str, ...] = ("debian",)
+    # The vnets the node shares ([api] shared_vnets), by id: a NIC's vnet
+    # of another name is refused as the daemon refuses it.
+    shared_vnets: tuple[str, ...] = ()
     token: str | None = None
     default_ttl: int = 3600
     max_ttl: int = 86400
@@ -157,12 +160,14 @@ def _view(sb: Sandbox) -> dict[str, Any]:
             "name": v.get("name") or f"vm{i}",
             "vmid": 100 + i,
             "template": v["template"],
+            # a VM of no_network has no NIC, so no address
             "addresses": [
                 {"network": n, "ipv4": f"10.0.{j}.{11 + i}"}
-                for j, n in enumerate(v.get("networks") or ["net0"])
+                for j, n in enumerate([] if v.get("no_network") else v.get("networks") or ["net0"])
             ],
             # the daemon answers agent false for a VM without one, else omits it
             **({"agent": False} if v.get("agent") is False else {}),
+            **({"no_network": True, "networks": []} if v.get("no_network") else {}),
         }
         for i, v in enumerate(sb.req.get("vms", []))
     ]
@@ -178,12 +183,24 @@ def _view(sb: Sandbox) -> dict[str, Any]:
 
 def _refusals(fake: FakeNode, req: dict[str, Any]) -> list[dict[str, Any]]:
     """What the fake's validate and create refuse (a few of the daemon's
-    rules: unknown templates, the TTL bound)."""
+    rules: unknown templates, a vnet the node does not share, the TTL
+    bound)."""
     out = []
     for i, v in enumerate(req.get("vms", [])):
         if v.get("template") not in fake.templates:
             detail = f'unknown template "{v.get("template")}"'
             out.append(_problem(400, "invalid-request", detail, field=f"vms[{i}].template")[1])
+    for i, v in enumerate(req.get("vms", [])):
+        for j, nic in enumerate(v.get("nics") or ()):
+            if nic.get("vnet") is None or nic["vnet"] in fake.shared_vnets:
+                continue
+            # the daemon's words (sandbox/sharedvnets.go)
+            detail = (
+                f'vnet "{nic["vnet"]}": not a vnet this node shares (the operator lists them '
+                f"in [api] shared_vnets); this node shares {', '.join(fake.shared_vnets) or 'none'}"
+            )
+            field = f"vms[{i}].nics[{j}].vnet"
+            out.append(_problem(400, "invalid-request", detail, field=field)[1])
     ttl = int(req.get("ttl_seconds") or fake.default_ttl)
     if not 1 <= ttl <= fake.max_ttl:
         out.append(

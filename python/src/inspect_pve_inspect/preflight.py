@@ -479,7 +479,9 @@ def describe(
 
 def where_of(field: str, cfg: PveInspectSandboxEnvironmentConfig, req: Mapping[str, Any]) -> str:
     """A problem's field (``vms[1].template``, ``networks[0].cidr``) as the
-    config names it (``VM 'target' (vms[1].template)``); "" for none."""
+    config names it (``VM 'target' (vms[1].template)``; a NIC's vnet with
+    the reference's field too, ``vms_config[i].nics[j].vnet_alias``); ""
+    for none."""
     m = re.match(r"(vms|networks)\[(\d+)\]", field)
     if m is None:
         return field
@@ -487,6 +489,12 @@ def where_of(field: str, cfg: PveInspectSandboxEnvironmentConfig, req: Mapping[s
     items = list(req.get(m[1]) or ())
     if m[1] == "vms":
         name = items[i].get("name") if i < len(items) else None
+        nic = re.match(r"vms\[\d+\]\.nics\[(\d+)\]\.vnet$", field)
+        if nic is not None:
+            # the NIC's vnet, as a config in the reference's shape names
+            # it too (its VMs and NICs converted in order: compat)
+            ref = f"vms_config[{i}].nics[{nic[1]}].vnet_alias"
+            return f"VM {name or f'vm{i}'!r} ({field}; in the reference's shape {ref})"
         return f"VM {name or f'vm{i}'!r} ({field})"
     if i < len(cfg.networks):
         return f"network {cfg.networks[i].label()} ({field})"
