@@ -428,9 +428,11 @@ func (cl nicClaims) validateNICs(v *apitype.VMRequest, f string, nets []apitype.
 		if net.CIDR == "auto" {
 			return invalid(nf+".ipv4", "network %q has cidr \"auto\": a fixed address needs a network with a fixed cidr", net.Name)
 		}
-		if net.DHCP != nil && !*net.DHCP {
-			return invalid(nf+".ipv4", "network %q has dhcp off: a fixed address is handed out by the zone's DHCP server", net.Name)
-		}
+		// dhcp off takes one too: such a network is a subnet without a
+		// dhcp-range in a zone with DHCP, and a start maps the MAC's IPAM
+		// address all the same (pve-network Vnets.pm add_dhcp_mapping,
+		// Dhcp.pm add_mapping), which the zone's dnsmasq serves through
+		// the subnet's static range (Dhcp/Dnsmasq.pm configure_subnet).
 		if why := sandbox.FixedAddressRefusal(netip.MustParsePrefix(net.CIDR), ip); why != "" {
 			return invalid(nf+".ipv4", "ipv4 %s on network %q: %s", ip, net.Name, why)
 		}

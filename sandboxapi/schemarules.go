@@ -27,7 +27,7 @@ const noControl = `^[^\x00-\x1f\x7f]*$`
 const createRulesText = "Rules JSON Schema cannot say: network names are unique, and so are VM names " +
 	"(a VM without a name is vm<index>); every name in a VM's networks, or its nics' network, is one of networks (net0 when " +
 	"networks is empty); a VM gives networks or nics, not both; the MACs of nics are unique in the sandbox (in any case), " +
-	"and so are their ipv4 addresses, each inside its network's cidr (not \"auto\", with dhcp on) and not the cidr's " +
+	"and so are their ipv4 addresses, each inside its network's cidr (not \"auto\"; dhcp on or off) and not the cidr's " +
 	"network, broadcast or gateway (first host) address; a network's dhcp_ranges need a fixed cidr and dhcp on, each end " +
 	"inside the cidr and not its network, broadcast or gateway address, start not above end, no two ranges sharing an address, " +
 	"and room for every NIC on the network (a NIC with a fixed ipv4 takes one of the ranges while configured; a fixed ipv4 " +
@@ -149,7 +149,8 @@ func (s *Server) createRules() map[string]map[string]any {
 				"empty: Proxmox picks one, or the daemon for a NIC with a fixed ipv4. Answers give it in upper case"},
 		"NIC.ipv4": {"pattern": "^$|^" + octet + `\.` + octet + `\.` + octet + `\.` + octet + "$",
 			"description": "a fixed address, reserved in Proxmox's IPAM for the NIC's MAC and handed out by the zone's DHCP server; " +
-				"empty: one of the network's DHCP range"},
+				"on a network of dhcp false too (a subnet without a dhcp-range, whose MAC mappings the zone's dnsmasq serves); " +
+				"empty: one of the network's DHCP range (of its whole cidr with dhcp false)"},
 		"NetworkRequest.name": {"pattern": reName.String()},
 		"NetworkRequest.dhcp_ranges": {"maxItems": apitype.MaxDHCPRanges, "description": "the ranges the zone's DHCP server hands out, " +
 			"in order (Proxmox's subnet dhcp-range); empty: the daemon's plan, .10 (.2 in a /28) to the last but one address"},

@@ -61,13 +61,9 @@ def _unique(name: str, used: set[str], i: int) -> str:
 
 def _fixed_ok(net: Any, ip: Any) -> bool:
     """Whether ip may be a fixed address on the network net (a body's
-    network object): a fixed cidr with DHCP, inside it, not its network,
-    broadcast or gateway (first host) address."""
-    if (
-        not isinstance(net, dict)
-        or net.get("cidr", "auto") in ("", "auto")
-        or net.get("dhcp") is False
-    ):
+    network object): a fixed cidr (DHCP on or off), inside it, not its
+    network, broadcast or gateway (first host) address."""
+    if not isinstance(net, dict) or net.get("cidr", "auto") in ("", "auto"):
         return False
     try:
         cidr = ipaddress.IPv4Network(net["cidr"])

@@ -63,6 +63,21 @@ def test_nic_rules() -> None:
     assert vm0["nics"][1] == {"network": "lan", "ipv4": "10.9.0.6"}
     # the MAC and the address are vm0's; the gateway is no fixed address
     assert vm1["nics"] == [{"network": "lan"}, {"network": "lan"}]
+    # a network of dhcp off takes a fixed address too, an auto one none
+    body = {
+        "networks": [{"name": "dark", "cidr": "10.8.0.0/24", "dhcp": False}, {"name": "wan"}],
+        "vms": [
+            {
+                "template": "t",
+                "nics": [
+                    {"network": "dark", "ipv4": "10.8.0.5"},
+                    {"network": "wan", "ipv4": "10.8.0.6"},
+                ],
+            }
+        ],
+    }
+    (vm,) = apply_create_rules(body)["vms"]
+    assert vm["nics"] == [{"network": "dark", "ipv4": "10.8.0.5"}, {"network": "wan"}]
 
 
 def test_container_takes_no_vm_options() -> None:

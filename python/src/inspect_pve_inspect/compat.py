@@ -11,7 +11,8 @@ without a guest agent, the daemon's ``agent: false``), ``nics`` by
 ``ide``), ``nic_controller`` (``virtio``, ``e1000``) as the daemon's
 per-VM options) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP
-with the subnet's ``dhcp_ranges``; its gateway must be the first address;
+with the subnet's ``dhcp_ranges``, none a network of dhcp off whose NICs
+take an ``ipv4`` too; its gateway must be the first address;
 or ``None``: every VM's ``nics`` name existing vnets by ``vnet_alias``,
 which become NICs on vnets the node's operator shares, by Proxmox vnet
 alias or id; the daemon refuses at task start a vnet the node does not
@@ -295,7 +296,10 @@ def _subnet(f: str, name: str, sn: dict[str, Any], alias: str | None) -> Network
                 )
         ranges.append(rng)
     try:
-        # an empty list is the reference's subnet without DHCP
+        # an empty list is the reference's subnet without DHCP ranges: a
+        # network of dhcp off (a Proxmox subnet without dhcp-range), whose
+        # NICs Proxmox's IPAM gives addresses of the prefix and the zone's
+        # dnsmasq serves, a fixed ipv4 too (README "DHCP ranges")
         return NetworkSpec(
             name=name,
             cidr=str(net),

@@ -127,9 +127,11 @@ class NicSpec(BaseModel):
 
     A fixed address is reserved in Proxmox's IPAM for the NIC's MAC and the
     zone's DHCP server hands it to that MAC: it lies in the network's fixed
-    ``cidr`` (not ``auto``), which has DHCP on, and is neither the cidr's
-    network, broadcast nor gateway (first host) address; inside the DHCP
-    range or not. Without ``mac`` the daemon picks one. Addresses and MACs
+    ``cidr`` (not ``auto``) and is neither the cidr's network, broadcast
+    nor gateway (first host) address; inside the DHCP range or not, and on
+    a network of ``dhcp=False`` too (a subnet without a DHCP range, whose
+    mapped MACs the zone's dnsmasq serves all the same). Without ``mac``
+    the daemon picks one. Addresses and MACs
     are unique in the sandbox. A sandbox with a MAC or address fixed is
     never one of the node's warm pool.
 
@@ -604,11 +606,6 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
                     raise ValueError(
                         f"{f}.ipv4: network {label} has cidr 'auto': "
                         "a fixed address needs a network with a fixed cidr"
-                    )
-                if not net.dhcp:
-                    raise ValueError(
-                        f"{f}.ipv4: network {net.label()} has no DHCP: "
-                        "a fixed address is handed out by the zone's DHCP server"
                     )
                 why = _fixed_address_refusal(ipaddress.IPv4Network(net.cidr), nic.ipv4)
                 if why:
