@@ -70,7 +70,8 @@ async def test_bad_config_fails_once_listing_what_is_wrong_and_what_exists(
         await PveInspectSandboxEnvironment.task_init("t", cfg)
     assert str(e.value) == (
         f"pve_inspect: the sandbox config cannot run on {node.url} (1 problem):\n"
-        "  - VM 'target' (vms[1].template): unknown template \"kali\"\n"
+        "  - VM 'target' (vms_config[1].vm_source_config.existing_vm_template_tag): "
+        'unknown template "kali"\n'
         "  templates on this node: debian"
     )
     assert e.value.message == str(e.value)  # what Inspect prints, without a traceback
@@ -110,7 +111,10 @@ async def test_network_problem_names_the_alias(fake_node: tuple[FakeNode, NodeCo
         "templates": [],
     }
     msg = describe(node, rep, cfg, {"vms": [], "networks": [{"name": "net0"}]})
-    assert "  - network 'my lab' (net0) (networks[0].cidr): network \"net0\"" in msg
+    assert (
+        "  - network 'my lab' (net0) (sdn_config.vnet_configs[0].subnets[0].cidr): "
+        'network "net0"' in msg
+    )
     assert "  - size: cap sandbox_vcpus" in msg and "templates on this node: none" in msg
 
 

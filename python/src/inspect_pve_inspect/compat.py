@@ -30,7 +30,9 @@ it, without booting it (the VM's ``disk_controller="ide"`` puts the
 disks on ide, its ``os_type`` is the template's). Every other field must keep the
 reference's default (written out, or the value the reference uses when it
 is unset); any other value raises :class:`ConfigError` naming the field
-and why, never silently ignored.
+and why, never silently ignored. The converted config carries the
+reference path of each of its fields (:func:`.refpaths.reference_paths`), so that
+what a node refuses later is named as the eval wrote it.
 
 The models here mirror the field names (so that
 ``from inspect_pve_inspect.compat import ProxmoxSandboxEnvironmentConfig``
@@ -63,6 +65,7 @@ from .config import (
     PveInspectSandboxEnvironmentConfig,
     VmSpec,
 )
+from .refpaths import reference_paths
 
 # The reference plugin's built-in images: recipes the node ships
 # (templatebuild.Recipes), each built as the template of its name.
@@ -631,15 +634,21 @@ def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
         raise ConfigError(
             "vms_config", "at least one VM (the reference's built-in default is not supported)"
         )
-    specs = tuple(_vm(i, dict(v), aliases, sdn == "auto", sdn is None) for i, v in enumerate(vms))
+    # each converted VM with the index of the vms_config entry it came from
+    converted = [
+        (i, _vm(i, dict(v), aliases, sdn == "auto", sdn is None)) for i, v in enumerate(vms)
+    ]
+    specs = tuple(spec for _, spec in converted)
     _check_depends_on([dict(v) for v in vms])
+    paths = reference_paths([dict(v) for v in vms], [i for i, _ in converted], len(nets))
     try:
-        return PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)
+        cfg = PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)
+        return cfg.with_reference_paths(paths)
     except ValueError as e:
         # a NIC's fixed MAC or address, named as the reference's field
-        m = re.search(r"vms\[(\d+)\]\.(nics\[\d+\]\.\w+): ([^\n]*)", str(e))
+        m = re.search(r"(vms\[\d+\]\.nics\[\d+\]\.\w+): ([^\n]*)", str(e))
         if m:
-            raise ConfigError(f"vms_config[{m[1]}].{m[2]}", m[3]) from None
+            raise ConfigError(paths.name(m[1]), m[2]) from None
         raise ConfigError("vms_config", str(e)) from None
 
 

@@ -14,7 +14,17 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+from .refpaths import ReferencePaths
 
 ENV_URL = "PVE_INSPECT_URL"
 ENV_TOKEN = "PVE_INSPECT_TOKEN"
@@ -545,6 +555,29 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         description="where relative paths and commands without cwd start in a Windows VM "
         "(os_type win10 or win11): a drive-absolute path, made at sample start when missing",
     )
+
+    # The reference config's field paths when this config is a converted
+    # one (compat.from_reference), else None: not a field (neither
+    # serialized nor part of the hash), carried by copies of the object.
+    _reference_paths: ReferencePaths | None = PrivateAttr(default=None)
+
+    def reference_paths(self) -> ReferencePaths | None:
+        """The field paths of the reference config this one was converted
+        from (:mod:`.refpaths`); None for a native config."""
+        return self._reference_paths
+
+    def with_reference_paths(self, paths: ReferencePaths) -> PveInspectSandboxEnvironmentConfig:
+        """A copy of this config that names its fields through ``paths``."""
+        out = self.model_copy()
+        out._reference_paths = paths
+        return out
+
+    def field_name(self, field: str) -> str:
+        """A create request's field (``vms[1].template``) as this config's
+        author wrote it: the reference config's path for a converted
+        config, the field itself for a native one."""
+        paths = self._reference_paths
+        return field if paths is None or not field else paths.name(field)
 
     @field_validator("working_dir")
     @classmethod
