@@ -203,17 +203,17 @@ func (b *Builder) importGuest(ctx context.Context, src source) (importedGuest, e
 	var said []string
 	for _, sz := range []struct {
 		key, unit string
-		min, max  int
+		lo, hi    int
 		to        *int
 	}{{"memory", " MiB", apitype.MinVMMemoryMiB, apitype.MaxVMMemoryMiB, &g.memoryMiB}, {"cores", "", apitype.MinVMCores, apitype.MaxVMCores, &g.cores}} {
-		n, ok, bounded := ovfSize(md.CreateArgs[sz.key], sz.min, sz.max)
+		n, ok, bounded := ovfSize(md.CreateArgs[sz.key], sz.lo, sz.hi)
 		if !ok {
 			continue
 		}
 		*sz.to = n
 		w := fmt.Sprintf("%s %d%s", sz.key, n, sz.unit)
 		if bounded {
-			w += fmt.Sprintf(" (the OVF's %q, bounded to %d..%d)", md.CreateArgs[sz.key], sz.min, sz.max)
+			w += fmt.Sprintf(" (the OVF's %q, bounded to %d..%d)", md.CreateArgs[sz.key], sz.lo, sz.hi)
 		}
 		said = append(said, w)
 	}
@@ -226,14 +226,14 @@ func (b *Builder) importGuest(ctx context.Context, src source) (importedGuest, e
 // ovfSize reads a size of import-metadata's create-args (the OVF's
 // VirtualQuantity as Proxmox reads it, text; memory in MiB, its
 // AllocationUnits unread, as Proxmox's import takes it): a whole number,
-// bounded to min..max (bounded says it was outside); ok is false for one
+// bounded to lo..hi (bounded says it was outside); ok is false for one
 // the OVF does not give, or not as a whole number (the recipe's stays).
-func ovfSize(v string, min, max int) (n int, ok, bounded bool) {
+func ovfSize(v string, lo, hi int) (n int, ok, bounded bool) {
 	n, err := strconv.Atoi(strings.TrimSpace(v))
 	if err != nil {
 		return 0, false, false
 	}
-	c := clamp(n, min, max)
+	c := clamp(n, lo, hi)
 	return c, true, c != n
 }
 
