@@ -37,10 +37,10 @@ const (
 	// maxCollected caps each stream of an exec whose output is collected
 	// and answered in one document; larger limits must stream (NDJSON).
 	maxCollected = 64 << 20
-	minCores     = 1
-	maxCores     = 1024
-	minMemoryMiB = 16
-	maxMemoryMiB = 4 << 20 // 4 TiB
+	minCores     = apitype.MinVMCores
+	maxCores     = apitype.MaxVMCores
+	minMemoryMiB = apitype.MinVMMemoryMiB
+	maxMemoryMiB = apitype.MaxVMMemoryMiB
 	maxDiskGiB   = 64 << 10
 	// defaultCores and defaultMemoryMiB are a VM's when it says 0.
 	defaultCores     = 1

@@ -44,6 +44,16 @@ const (
 // shell-sourceable KEY='value' lines.
 const GuestEnvPath = "/etc/pve-inspect/env"
 
+// Bounds of a VM's cores and memory_mib (VMRequest; the API refuses a
+// request outside them). A template built from an OVA takes its OVF's
+// within them too (MaxVMMemoryMiB: 4 TiB).
+const (
+	MinVMCores     = 1
+	MaxVMCores     = 1024
+	MinVMMemoryMiB = 16
+	MaxVMMemoryMiB = 4 << 20
+)
+
 // VMRequest describes one VM of a sandbox.
 type VMRequest struct {
 	// Name is unique in the sandbox; defaults to "vm<N>". It must be a

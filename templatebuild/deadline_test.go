@@ -1,0 +1,127 @@
+package templatebuild
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/pveapi"
+)
+
+// stalledPVE is a node whose download-url never ends until its caller
+// gives up: Proxmox's wget of a source that sends a byte every few
+// minutes.
+type stalledPVE struct{ *fakePVE }
+
+func (s stalledPVE) DownloadURL(ctx context.Context, storage string, d pveapi.Download) (string, error) {
+	s.mu.Lock()
+	s.note("download %s (stalled)", d.URL)
+	s.mu.Unlock()
+	<-ctx.Done()
+	return "", fmt.Errorf("download %s to %s: %w", d.Filename, storage, ctx.Err())
+}
+
+// TestBuildTimeout: a build that runs past its Timeout stops in the step
+// it is in (a download that never ends, an agent that never answers) and
+// fails with a *TimeoutError naming the limit and that step (a deadline
+// exceeded), and leaves what a cancelled build leaves: its VM, tagged
+// building, kept when KeepCancelled (the daemon) for the next build to
+// destroy, else destroyed (the CLI). The next build of the name resumes.
+func TestBuildTimeout(t *testing.T) {
+	debian := Recipes()["debian13"]
+	for _, tc := range []struct {
+		name      string
+		stalled   bool
+		agentDown bool
+		keep      bool
+		timeout   time.Duration
+		step      string
+		// calls must appear; noCalls must not; vms are the VMs left.
+		calls, noCalls []string
+		vms            []int
+	}{
+		{name: "a download that never ends", stalled: true, timeout: 50 * time.Millisecond, step: "image",
+			calls: []string{"download"}, noCalls: []string{"create", "delete"}},
+		{name: "an agent that never answers, the daemon's build", agentDown: true, keep: true, timeout: 200 * time.Millisecond, step: "agent",
+			calls: []string{"create 100", "start 100"}, noCalls: []string{"delete", "template"}, vms: []int{100}},
+		{name: "an agent that never answers, the CLI's build", agentDown: true, timeout: 200 * time.Millisecond, step: "agent",
+			calls: []string{"create 100", "start 100", "delete 100"}, noCalls: []string{"template"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld()
+			var px Proxmox = w.pve
+			if tc.stalled {
+				px = stalledPVE{w.pve}
+			}
+			w.agent.down = tc.agentDown
+			var out bytes.Buffer
+			b, err := New(px, w.agent, w.host, Options{Name: "t1", Recipe: debian, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
+				Bridge: "vmbr0", KeepCancelled: tc.keep, AgentWait: time.Hour, AgentPoll: time.Millisecond, Timeout: tc.timeout, Progress: &out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = b.Run(context.Background())
+			var te *TimeoutError
+			if !errors.As(err, &te) || te.Step != tc.step || te.Limit != tc.timeout || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("build: %v (%#v), want a timeout of %s in step %s\n%s", err, te, tc.timeout, tc.step, out.String())
+			}
+			for _, want := range []string{"stopped in step " + tc.step, tc.timeout.String(), "[templates] build_timeout"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not say %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "did not answer within") {
+				t.Errorf("error %q blames the agent's wait, not the build's timeout", err)
+			}
+			calls := strings.Join(w.pve.calls, "\n")
+			for _, c := range tc.calls {
+				if !strings.Contains(calls, c) {
+					t.Errorf("no call %q in:\n%s", c, calls)
+				}
+			}
+			for _, c := range tc.noCalls {
+				if slices.ContainsFunc(w.pve.calls, func(got string) bool { return strings.HasPrefix(got, c) }) {
+					t.Errorf("unexpected call %q in:\n%s", c, calls)
+				}
+			}
+			var ids []int
+			for id, c := range w.pve.vms {
+				ids = append(ids, id)
+				if c["tags"] != TagBuilding {
+					t.Errorf("VM %d left tagged %q, want %s", id, c["tags"], TagBuilding)
+				}
+			}
+			slices.Sort(ids)
+			if !slices.Equal(ids, tc.vms) {
+				t.Errorf("VMs left %v, want %v", ids, tc.vms)
+			}
+			if len(w.host.files) != 0 {
+				t.Errorf("snippets left: %v", w.host.files)
+			}
+
+			// the next build of the name, in time, resumes
+			w.agent.down = false
+			w.pve.calls = nil
+			again, err := New(w.pve, w.agent, w.host, Options{Name: "t1", Recipe: debian, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
+				Bridge: "vmbr0", AgentPoll: time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := again.Run(context.Background())
+			if err != nil || w.pve.vms[res.VMID]["template"] != "1" {
+				t.Fatalf("the next build: %+v %v", res, err)
+			}
+			if kept := len(tc.vms) > 0; kept != slices.Contains(w.pve.calls, "delete 100") {
+				t.Errorf("the next build's calls %q: want the kept VM (%v) destroyed first", w.pve.calls, tc.vms)
+			}
+		})
+	}
+	if _, err := New(newFakePVE(), &fakeAgent{}, newFakeHost(), Options{Name: "t1", Recipe: debian, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Timeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "build timeout") {
+		t.Errorf("a negative timeout: %v, want refused", err)
+	}
+}
