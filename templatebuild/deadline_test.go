@@ -45,11 +45,11 @@ func TestBuildTimeout(t *testing.T) {
 		calls, noCalls []string
 		vms            []int
 	}{
-		{name: "a download that never ends", stalled: true, timeout: 50 * time.Millisecond, step: "image",
+		{name: "a download that never ends", stalled: true, timeout: time.Second, step: "image",
 			calls: []string{"download"}, noCalls: []string{"create", "delete"}},
-		{name: "an agent that never answers, the daemon's build", agentDown: true, keep: true, timeout: 200 * time.Millisecond, step: "agent",
+		{name: "an agent that never answers, the daemon's build", agentDown: true, keep: true, timeout: 2 * time.Second, step: "agent",
 			calls: []string{"create 100", "start 100"}, noCalls: []string{"delete", "template"}, vms: []int{100}},
-		{name: "an agent that never answers, the CLI's build", agentDown: true, timeout: 200 * time.Millisecond, step: "agent",
+		{name: "an agent that never answers, the CLI's build", agentDown: true, timeout: 2 * time.Second, step: "agent",
 			calls: []string{"create 100", "start 100", "delete 100"}, noCalls: []string{"template"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 func TestBuildKaliTimeout(t *testing.T) {
 	e, r, archive, ended := stalledKali(t, 3)
 	locks := t.TempDir()
-	const limit = 2 * time.Second
+	const limit = 8 * time.Second // generous: the steps before the image run on a loaded CI machine too
 	_, out, err := e.buildWith(t, context.Background(), templatebuild.Options{Name: "kali", Recipe: r, LockDir: locks, Timeout: limit})
 	var te *templatebuild.TimeoutError
 	if !errors.As(err, &te) || te.Step != "image" || te.Limit != limit || !strings.Contains(err.Error(), "stopped in step image") {
@@ -41,7 +41,7 @@ func TestBuildKaliTimeout(t *testing.T) {
 // shutdown, and the next build of the name destroys it and builds.
 func TestServiceBuildTimeout(t *testing.T) {
 	locks := t.TempDir()
-	const limit = 3 * time.Second
+	const limit = 15 * time.Second // generous: the build must reach its agent step before it (a loaded CI machine)
 	n := newServiceNodeWith(t, func(o *templatebuild.ServiceOptions) {
 		o.Defaults.Timeout, o.LockDir = limit, locks
 	})
