@@ -743,6 +743,18 @@ func (b *Builder) create(ctx context.Context, src source, from string, conf map[
 		if err == nil {
 			break
 		}
+		if ctx.Err() != nil {
+			// The build ended (cancelled, or its Timeout) while it
+			// waited for the create's task, which goes on: qemu-server
+			// locked the VM's config before its worker, and the worker
+			// writes the whole config (name, tags) only after its
+			// import (API2/Qemu.pm create_vm: create_and_lock_config,
+			// create_disks, write_config). The record stays, so that
+			// the VM the task makes is the next build's to destroy
+			// (find) and not a VM of the name no build recorded.
+			b.say("create", "VM %d: the build ended while Proxmox's create task ran; the task may still make the VM, which the next build of %q destroys", vmid, b.o.Name)
+			return 0, err
+		}
 		if b.ours(ctx, vmid) {
 			return 0, b.failed(ctx, vmid, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -123,5 +124,89 @@ func TestBuildTimeout(t *testing.T) {
 	}
 	if _, err := New(newFakePVE(), &fakeAgent{}, newFakeHost(), Options{Name: "t1", Recipe: debian, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Timeout: -time.Second}); err == nil || !strings.Contains(err.Error(), "build timeout") {
 		t.Errorf("a negative timeout: %v, want refused", err)
+	}
+}
+
+// inFlightCreatePVE is a node whose create task outlives its caller:
+// qemu-server's create_vm writes the VM's config locked "create" before
+// its worker (create_and_lock_config), the worker imports the disks
+// (create_disks, an OVA's or a cloud image's import-from: minutes to
+// hours) and writes the whole config (name, tags) only at its end
+// (write_config); a client that stops waiting does not stop the task.
+// finish ends the task as Proxmox's worker would.
+type inFlightCreatePVE struct {
+	*fakePVE
+	conf map[int]map[string]string
+}
+
+func (s inFlightCreatePVE) CreateVM(ctx context.Context, vmid int, conf map[string]string) error {
+	s.mu.Lock()
+	s.note("create %d (in flight)", vmid)
+	s.vms[vmid] = map[string]string{"lock": "create"}
+	s.conf[vmid] = conf
+	s.mu.Unlock()
+	<-ctx.Done()
+	return fmt.Errorf("create %d: %w", vmid, ctx.Err())
+}
+
+func (s inFlightCreatePVE) finish(t *testing.T) {
+	t.Helper()
+	for id, conf := range s.conf {
+		s.mu.Lock()
+		delete(s.vms, id)
+		s.mu.Unlock()
+		if err := s.fakePVE.CreateVM(context.Background(), id, conf); err != nil {
+			t.Fatalf("the create task of VM %d: %v", id, err)
+		}
+	}
+}
+
+// TestBuildTimeoutDuringCreate: a build whose Timeout passes while
+// Proxmox's create task imports its disks keeps its ledger's record of
+// the VM: the task goes on and writes the VM, named and tagged as the
+// build's, and the next build of the name destroys it as a half-built
+// one and builds, rather than refusing the name as another's VM (which
+// only an operator's qm destroy would clear), for the daemon's build
+// (KeepCancelled) and the CLI's alike.
+func TestBuildTimeoutDuringCreate(t *testing.T) {
+	debian := Recipes()["debian13"]
+	for _, keep := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keep cancelled %v", keep), func(t *testing.T) {
+			w := newWorld()
+			px := inFlightCreatePVE{fakePVE: w.pve, conf: map[int]map[string]string{}}
+			var out bytes.Buffer
+			b, err := New(px, w.agent, w.host, Options{Name: "t1", Recipe: debian, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
+				Bridge: "vmbr0", KeepCancelled: keep, AgentPoll: time.Millisecond, Timeout: time.Second, Progress: &out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = b.Run(context.Background())
+			var te *TimeoutError
+			if !errors.As(err, &te) || te.Step != "create" {
+				t.Fatalf("build: %v, want a timeout in step create\n%s", err, out.String())
+			}
+			px.finish(t) // Proxmox's task ends after the build gave up
+			if _, ok, err := w.host.Recorded(100); err != nil || !ok {
+				t.Errorf("the ledger's record of VM 100 after the timeout: %v %v, want it kept for the next build", ok, err)
+			}
+
+			w.pve.calls = nil
+			out.Reset()
+			again, err := New(w.pve, w.agent, w.host, Options{Name: "t1", Recipe: debian, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
+				Bridge: "vmbr0", AgentPoll: time.Millisecond, Progress: &out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := again.Run(context.Background())
+			if err != nil || w.pve.vms[res.VMID]["template"] != "1" {
+				t.Fatalf("the next build of the name: %+v %v\n%s", res, err, out.String())
+			}
+			if !slices.Contains(w.pve.calls, "delete 100") {
+				t.Errorf("the next build's calls %q: want the VM its timed-out create made (100) destroyed", w.pve.calls)
+			}
+			if ids := slices.Sorted(maps.Keys(w.pve.vms)); !slices.Equal(ids, []int{res.VMID}) {
+				t.Errorf("VMs left %v, want the template %d alone", ids, res.VMID)
+			}
+		})
 	}
 }
