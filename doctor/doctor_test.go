@@ -219,7 +219,13 @@ func TestTemplateChecks(t *testing.T) {
 	if err := nd.emu.AddTemplate(ctx, 9006, "megasas", tpl, map[string]string{"net0": pveemu.SandboxNet0, "scsihw": "megasas"}); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"/vms/9001", "/vms/9002", "/vms/9003", "/vms/9004", "/vms/9005", "/vms/9006"} {
+	// a UEFI guest's template, as a build of an OVA exported with EFI
+	// firmware makes it
+	if err := nd.emu.AddTemplate(ctx, 9007, "uefi", tpl, map[string]string{"net0": pveemu.SandboxNet0, "scsihw": "virtio-scsi-single", "bios": "ovmf",
+		"efidisk0": "local-lvm:base-9007-disk-1,efitype=4m,pre-enrolled-keys=0,size=4M"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"/vms/9001", "/vms/9002", "/vms/9003", "/vms/9004", "/vms/9005", "/vms/9006", "/vms/9007"} {
 		for _, who := range []string{access.User, nd.n.TokenID} {
 			if err := nd.emu.SetACL(id, who, access.RoleTemplate, false); err != nil {
 				t.Fatal(err)
@@ -244,6 +250,7 @@ func TestTemplateChecks(t *testing.T) {
 		{"megasas controller", 9006, false, "local", Fail, "SCSI controller megasas cannot hot-plug disks", "qm set 9006 --scsihw virtio-scsi-single"},
 		{"lsi controller, disk path off", 9005, false, "", Pass, "note: scsihw lsi cannot hot-plug disks", ""},
 		{"virtio-scsi-single", templateID, false, "local", Pass, "scsihw virtio-scsi-single, agent on", ""},
+		{"uefi, hardened for the creates that ask it", 9007, true, "local", Pass, `bios ovmf: only creates asking firmware "uefi" clone it`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := nd.n

@@ -48,7 +48,7 @@ func templateOutcome(vmid int, conf map[string]string, n Node) Outcome {
 		fixes = append(fixes, fmt.Sprintf("qm template %d", vmid))
 	}
 	if n.RequireHardened {
-		if f := hardening.Check(conf).TemplateFailures(); len(f) > 0 {
+		if f := hardening.CheckTemplate(conf).TemplateFailures(); len(f) > 0 {
 			var items []string
 			for _, it := range f {
 				items = append(items, it.Name)
@@ -84,6 +84,12 @@ func templateOutcome(vmid int, conf map[string]string, n Node) Outcome {
 	msg := fmt.Sprintf("template, hotplug %q, scsihw %s, %s", hotplugValue(conf["hotplug"]), scsihw, agent)
 	if !diskxfer.SCSIHotplug(conf["scsihw"]) {
 		msg += fmt.Sprintf("; note: scsihw %s cannot hot-plug disks, so before turning the disk path on: qm set %d --scsihw virtio-scsi-single", scsihw, vmid)
+	}
+	if conf["bios"] == "ovmf" {
+		// a UEFI guest's template (an OVA whose OVF asks for EFI
+		// firmware): the sandbox engine refuses it to a create that does
+		// not ask firmware uefi
+		msg += "; bios ovmf: only creates asking firmware \"uefi\" clone it, on a node with [api] allow_uefi = true"
 	}
 	if ci := cloudInitDrives(conf); len(ci) > 0 {
 		// The hardening deletes every CD-ROM drive of a clone, a

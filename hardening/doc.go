@@ -41,7 +41,9 @@
 //	             smm=off (QemuServer.pm should_disable_smm). UEFI without
 //	             SMM emulation is not offered on q35: there qemu-server
 //	             picks the SMM build of OVMF (OVMF.pm), so the profile
-//	             takes SeaBIOS; a UEFI-installed template must be rebuilt
+//	             takes SeaBIOS; a UEFI template (bios ovmf: an OVA's UEFI
+//	             guest imported without boot) serves only creates that
+//	             ask firmware uefi, and is checked for them (CheckTemplate)
 //	args         no args, no hookscript (root-only, arbitrary host effects);
 //	             the one exception is args that add only a panic device
 //	             (`-device pvpanic` or `-device pvpanic-pci`, which root

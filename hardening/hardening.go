@@ -54,6 +54,10 @@ func orNone(s string) string {
 // Report is the check of one configuration.
 type Report struct {
 	Items []Item `json:"items"`
+	// UEFI is set by CheckTemplate for a template with bios ovmf: it was
+	// checked as the creates that may clone it want it, firmware uefi
+	// (others refuse it).
+	UEFI bool `json:"uefi,omitempty"`
 }
 
 // OK reports whether every item passes.
@@ -155,6 +159,23 @@ func kv(conf map[string]string, key string) string {
 // returns it) with the profile for a Linux guest on SeaBIOS of the
 // template's CPU model (CheckFor with the zero Want).
 func Check(conf map[string]string) Report { return CheckFor(conf, Want{}) }
+
+// CheckTemplate checks a template's configuration as the creates that
+// may clone it want it: a template with bios ovmf (a UEFI guest: an OVA
+// whose OVF asks for EFI firmware, imported without boot) is one only a
+// create asking firmware uefi may clone (sandbox checkTemplates refuses
+// it to the others, and the node takes uefi only with [api] allow_uefi),
+// so it is checked for that firmware (Report.UEFI); any other for the
+// default, SeaBIOS (Check). A build's template, `template check` and the
+// doctor judge templates by it.
+func CheckTemplate(conf map[string]string) Report {
+	if conf["bios"] != "ovmf" {
+		return Check(conf)
+	}
+	r := CheckFor(conf, Want{Firmware: FirmwareUEFI})
+	r.UEFI = true
+	return r
+}
 
 // CheckFor compares a VM configuration with the profile as a create's
 // per-VM options want it (options.go): the OS type, firmware and CPU

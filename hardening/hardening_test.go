@@ -261,3 +261,40 @@ func TestNICModelAndAgentWants(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckTemplate: a template is checked for the creates that may clone
+// it: one of bios ovmf (an OVA's UEFI guest imported without boot) for
+// firmware uefi, its EFI vars disk of efitype 4m a pass (Report.UEFI set)
+// and a missing one a clone's (the configure step allocates it); any
+// other for SeaBIOS, as Check. NewEFIDisk is the disk a UEFI create (and
+// such a build) allocates.
+func TestCheckTemplate(t *testing.T) {
+	efi := "local-lvm:base-100-disk-1,efitype=4m,pre-enrolled-keys=0,size=4M"
+	for _, tc := range []struct {
+		name     string
+		change   map[string]string
+		uefi     bool
+		failures []string // the template failures
+		failed   []string // every failing item
+	}{
+		{"seabios", nil, false, nil, nil},
+		{"uefi with a 4m efidisk", map[string]string{"bios": "ovmf", "efidisk0": efi}, true, nil, nil},
+		{"uefi without an efidisk", map[string]string{"bios": "ovmf"}, true, nil, []string{"uefi (OVMF 4m, efidisk0)"}},
+		{"uefi with args", map[string]string{"bios": "ovmf", "efidisk0": efi, "args": "-S"}, true, []string{"args and hookscript (but a panic device)"}, []string{"args and hookscript (but a panic device)"}},
+	} {
+		rep := CheckTemplate(hardenedWith(tc.change))
+		names := func(items []Item) string {
+			var out []string
+			for _, i := range items {
+				out = append(out, i.Name)
+			}
+			return strings.Join(out, "|")
+		}
+		if rep.UEFI != tc.uefi || names(rep.TemplateFailures()) != strings.Join(tc.failures, "|") || names(rep.Failed()) != strings.Join(tc.failed, "|") {
+			t.Errorf("%s: UEFI %v, template failures %q, failed %q; want %v, %q, %q", tc.name, rep.UEFI, names(rep.TemplateFailures()), names(rep.Failed()), tc.uefi, tc.failures, tc.failed)
+		}
+	}
+	if d := NewEFIDisk("fast-zfs"); d != "fast-zfs:1,efitype=4m,pre-enrolled-keys=0" || !EFIDisk4M(d) {
+		t.Errorf("NewEFIDisk: %q", d)
+	}
+}

@@ -137,6 +137,13 @@ func firmwareItem(conf map[string]string, want Want) Item {
 	return Item{Name: "uefi (OVMF 4m, efidisk0)", Want: "bios=ovmf, efidisk0 with efitype=4m", Got: got, OK: bios == "ovmf" && EFIDisk4M(conf["efidisk0"]), Fix: FixClone}
 }
 
+// NewEFIDisk is the value of a new EFI vars disk on storage: efitype 4m
+// (OVMF_VARS_4M.fd, the SMM build's on q35) and no pre-enrolled keys
+// (secure boot off, as the reference plugin). qemu-server's create_disks
+// allocates it with the vars image's size whatever the number (OVMF.pm
+// create_efidisk).
+func NewEFIDisk(storage string) string { return storage + ":1,efitype=4m,pre-enrolled-keys=0" }
+
 // EFIDisk4M reports whether an efidisk0 value is a volume with efitype=4m
 // (the 4 MiB OVMF images; without it qemu-server takes the legacy 2 MiB
 // ones, OVMF.pm get_ovmf_files).

@@ -491,7 +491,7 @@ func hardware(body map[string]any, cfg map[string]any, v sandbox.VMConfig) error
 	if !ok || storage == "" {
 		return fmt.Errorf("the boot disk %s (%s) names no storage for the EFI disk", disk, val)
 	}
-	body["efidisk0"] = storage + ":1,efitype=4m,pre-enrolled-keys=0"
+	body["efidisk0"] = hardening.NewEFIDisk(storage)
 	return nil
 }
 

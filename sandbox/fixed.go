@@ -40,6 +40,15 @@ import (
 //     Subnets.pm del_ip drops the MAC's cache entry too), so the start's
 //     get_ips_from_mac finds the MAC's one entry left, the fixed address,
 //     in the IPAM (PVEPlugin.pm get_ips_from_mac) and maps it.
+//   - A network of dhcp off (a subnet without a dhcp-range) takes the same
+//     steps: the reservation takes any address of the vnet's running
+//     subnets (Subnets.pm add_ip, ranges not looked at), the configure
+//     gives the NIC another of the whole prefix (Subnets.pm
+//     add_next_free_ip -> PVEPlugin.pm add_next_freeip, which passes held
+//     addresses), and the start maps the fixed one (add_dhcp_mapping,
+//     ranges not looked at), which the zone's dnsmasq serves through the
+//     subnet's static range (Dhcp/Dnsmasq.pm configure_subnet, written for
+//     every subnet of the zone).
 //   - Proxmox's start misses the MAC cache for such a NIC (step 3 dropped
 //     the MAC's entry), and a miss rewrites the whole cache without its
 //     lock (Ipams.pm get_ips_from_mac: read_macdb, the IPAM looked up,

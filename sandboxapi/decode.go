@@ -37,10 +37,10 @@ const (
 	// maxCollected caps each stream of an exec whose output is collected
 	// and answered in one document; larger limits must stream (NDJSON).
 	maxCollected = 64 << 20
-	minCores     = 1
-	maxCores     = 1024
-	minMemoryMiB = 16
-	maxMemoryMiB = 4 << 20 // 4 TiB
+	minCores     = apitype.MinVMCores
+	maxCores     = apitype.MaxVMCores
+	minMemoryMiB = apitype.MinVMMemoryMiB
+	maxMemoryMiB = apitype.MaxVMMemoryMiB
 	maxDiskGiB   = 64 << 10
 	// defaultCores and defaultMemoryMiB are a VM's when it says 0.
 	defaultCores     = 1
@@ -437,9 +437,11 @@ func (cl nicClaims) validateNICs(v *apitype.VMRequest, f string, nets []apitype.
 		if net.CIDR == "auto" {
 			return invalid(nf+".ipv4", "network %q has cidr \"auto\": a fixed address needs a network with a fixed cidr", net.Name)
 		}
-		if net.DHCP != nil && !*net.DHCP {
-			return invalid(nf+".ipv4", "network %q has dhcp off: a fixed address is handed out by the zone's DHCP server", net.Name)
-		}
+		// dhcp off takes one too: such a network is a subnet without a
+		// dhcp-range in a zone with DHCP, and a start maps the MAC's IPAM
+		// address all the same (pve-network Vnets.pm add_dhcp_mapping,
+		// Dhcp.pm add_mapping), which the zone's dnsmasq serves through
+		// the subnet's static range (Dhcp/Dnsmasq.pm configure_subnet).
 		if why := sandbox.FixedAddressRefusal(netip.MustParsePrefix(net.CIDR), ip); why != "" {
 			return invalid(nf+".ipv4", "ipv4 %s on network %q: %s", ip, net.Name, why)
 		}

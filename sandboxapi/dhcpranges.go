@@ -70,8 +70,22 @@ func validateDHCPRanges(n *apitype.NetworkRequest, f string) *apitype.Problem {
 // (Ipams/PVEPlugin.pm add_range_next_freeip skips held addresses); out of
 // addresses, the configure fails ("can't find any free ip"). Call it after
 // the VMs are validated (their networks filled in).
+//
+// A network of dhcp off is a subnet without a dhcp-range: there each NIC
+// takes the next free address of the whole prefix when configured
+// (Subnets.pm add_next_free_ip -> PVEPlugin.pm add_next_freeip: from the
+// network address plus one to NetAddr::IP's last, the broadcast address
+// less one, the gateway held), a NIC with a fixed address too, whose
+// fixed one is held besides: such a network with a fixed cidr is refused
+// at its cidr when the prefix cannot hold them all (prefixRoom).
 func checkRangeRoom(c *apitype.CreateRequest) *apitype.Problem {
 	for i, n := range c.Networks {
+		if n.DHCP != nil && !*n.DHCP {
+			if pr := prefixRoom(c, i); pr != nil {
+				return pr
+			}
+			continue
+		}
 		if len(n.DHCPRanges) == 0 {
 			continue
 		}
@@ -93,6 +107,34 @@ func checkRangeRoom(c *apitype.CreateRequest) *apitype.Problem {
 				"network %q: its %d NICs each take an address of the ranges while configured (one with a fixed ipv4 too), and the ranges have %d addresses left for them (%d of theirs are fixed ones)",
 				n.Name, nics, room, fixedIn)
 		}
+	}
+	return nil
+}
+
+// prefixRoom refuses network i of c, of dhcp off, when its fixed cidr
+// cannot give each of its NICs an address while configured on top of
+// the fixed addresses on it (checkRangeRoom).
+func prefixRoom(c *apitype.CreateRequest, i int) *apitype.Problem {
+	n := c.Networks[i]
+	p, err := netip.ParsePrefix(n.CIDR)
+	if err != nil || !p.Addr().Is4() {
+		return nil // "auto": its prefix is the daemon's, picked at the create
+	}
+	nics, fixed := 0, 0
+	for _, v := range c.VMs {
+		nics += countOf(v.Networks, n.Name)
+		for _, nic := range v.NICs {
+			if nic.Network == n.Name && nic.IPv4 != "" {
+				fixed++
+			}
+		}
+	}
+	// the network, gateway and broadcast addresses are no NIC's
+	room := int64(1)<<(32-p.Bits()) - 3 - int64(fixed)
+	if room < int64(nics) {
+		return invalid(fmt.Sprintf("networks[%d].cidr", i),
+			"network %q has dhcp off: its %d NICs each take an address of cidr %s while configured (one with a fixed ipv4 too), and it has %d addresses left for them (%d of its addresses are fixed ones)",
+			n.Name, nics, p, room, fixed)
 	}
 	return nil
 }

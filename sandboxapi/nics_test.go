@@ -16,7 +16,7 @@ import (
 // field each refused with its reason, MACs upper-cased, the VM's networks
 // filled from its nics, fixed addresses anywhere in the network's cidr
 // but its network, broadcast and gateway addresses, in or out of the DHCP
-// range (.10 and up).
+// range (.10 and up), on a network of dhcp off too.
 func TestValidateNICs(t *testing.T) {
 	off := false
 	nets := func() []apitype.NetworkRequest {
@@ -46,7 +46,13 @@ func TestValidateNICs(t *testing.T) {
 		{"address not IPv4", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "::ffff:10.20.0.5"})}, "vms[0].nics[0].ipv4", nil, nil},
 		{"address with a leading zero", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.05"})}, "vms[0].nics[0].ipv4", nil, nil},
 		{"address on an auto network", []apitype.VMRequest{vm(apitype.NIC{Network: "wan", IPv4: "10.20.0.5"})}, "vms[0].nics[0].ipv4", nil, nil},
-		{"address on a network without DHCP", []apitype.VMRequest{vm(apitype.NIC{Network: "dark", IPv4: "10.21.0.5"})}, "vms[0].nics[0].ipv4", nil, nil},
+		// dhcp off is a subnet without a dhcp-range, whose MAC mappings a
+		// node's zone dnsmasq serves (pve-network Vnets.pm add_dhcp_mapping)
+		{"address on a network without DHCP", []apitype.VMRequest{vm(apitype.NIC{Network: "dark", IPv4: "10.21.0.5"}), vm(apitype.NIC{Network: "dark"})}, "", [][]string{{"dark"}, {"dark"}}, [][]string{{""}, {""}}},
+		{"the gateway of a network without DHCP", []apitype.VMRequest{vm(apitype.NIC{Network: "dark", IPv4: "10.21.0.1"})}, "vms[0].nics[0].ipv4", nil, nil},
+		{"the broadcast address of a network without DHCP", []apitype.VMRequest{vm(apitype.NIC{Network: "dark", IPv4: "10.21.0.255"})}, "vms[0].nics[0].ipv4", nil, nil},
+		{"outside the cidr of a network without DHCP", []apitype.VMRequest{vm(apitype.NIC{Network: "dark", IPv4: "10.20.0.5"})}, "vms[0].nics[0].ipv4", nil, nil},
+		{"an address twice on a network without DHCP", []apitype.VMRequest{vm(apitype.NIC{Network: "dark", IPv4: "10.21.0.5"}), vm(apitype.NIC{Network: "dark", IPv4: "10.21.0.5"})}, "vms[1].nics[0].ipv4", nil, nil},
 		{"address outside the cidr", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.21.0.5"})}, "vms[0].nics[0].ipv4", nil, nil},
 		{"the network address", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.0"})}, "vms[0].nics[0].ipv4", nil, nil},
 		{"the broadcast address", []apitype.VMRequest{vm(apitype.NIC{Network: "lan", IPv4: "10.20.0.255"})}, "vms[0].nics[0].ipv4", nil, nil},

@@ -27,11 +27,12 @@ const noControl = `^[^\x00-\x1f\x7f]*$`
 const createRulesText = "Rules JSON Schema cannot say: network names are unique, and so are VM names " +
 	"(a VM without a name is vm<index>); every name in a VM's networks, or its nics' network, is one of networks (net0 when " +
 	"networks is empty); a VM gives networks or nics, not both, and a VM of no_network neither; the MACs of nics are unique in the sandbox (in any case), " +
-	"and so are their ipv4 addresses, each inside its network's cidr (not \"auto\", with dhcp on) and not the cidr's " +
+	"and so are their ipv4 addresses, each inside its network's cidr (not \"auto\"; dhcp on or off) and not the cidr's " +
 	"network, broadcast or gateway (first host) address; a network's dhcp_ranges need a fixed cidr and dhcp on, each end " +
 	"inside the cidr and not its network, broadcast or gateway address, start not above end, no two ranges sharing an address, " +
 	"and room for every NIC on the network (a NIC with a fixed ipv4 takes one of the ranges while configured; a fixed ipv4 " +
-	"inside a range is not free); env holds at most %d bytes of names and values in all, and needs a VM that has a guest agent " +
+	"inside a range is not free); a network of dhcp false with a fixed cidr has room for every NIC on it (each takes an address " +
+	"of the cidr but its network, gateway and broadcast ones while configured, a NIC with a fixed ipv4 one besides its own); env holds at most %d bytes of names and values in all, and needs a VM that has a guest agent " +
 	"(not agent false); a container (kind lxc) takes no agent. State the node decides: " +
 	"a template it has (invalid-request, field template, otherwise), a disk_controller its disks are on (invalid-request), " +
 	"a CIDR not in use and a free range for auto (conflict), the caps of GET /v1/capacity (guard-refused)."
@@ -153,7 +154,8 @@ func (s *Server) createRules() map[string]map[string]any {
 				"empty: Proxmox picks one, or the daemon for a NIC with a fixed ipv4. Answers give it in upper case"},
 		"NIC.ipv4": {"pattern": "^$|^" + octet + `\.` + octet + `\.` + octet + `\.` + octet + "$",
 			"description": "a fixed address, reserved in Proxmox's IPAM for the NIC's MAC and handed out by the zone's DHCP server; " +
-				"empty: one of the network's DHCP range"},
+				"on a network of dhcp false too (a subnet without a dhcp-range, whose MAC mappings the zone's dnsmasq serves); " +
+				"empty: one of the network's DHCP range (of its whole cidr with dhcp false)"},
 		"NetworkRequest.name": {"pattern": reName.String()},
 		"NetworkRequest.dhcp_ranges": {"maxItems": apitype.MaxDHCPRanges, "description": "the ranges the zone's DHCP server hands out, " +
 			"in order (Proxmox's subnet dhcp-range); empty: the daemon's plan, .10 (.2 in a /28) to the last but one address"},

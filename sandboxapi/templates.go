@@ -210,7 +210,7 @@ func (s *Server) templateResponses(paths map[string]any) {
 	put[httpCode(http.StatusOK)] = post[httpCode(http.StatusOK)]
 	put[httpCode(http.StatusBadRequest)] = problemResponse("an invalid name, file, sha256, ova_disk, import_only, disk_bus or os_type (disk_bus and os_type go with import_only, ova_disk not), no Content-Length or one over [templates] max_upload_gib (field size), or a body whose sha256 is not the one given (field sha256): no template is built", apitype.ProblemInvalidRequest)
 	put[httpCode(http.StatusConflict)] = problemResponse("a build of the name from another source or mode is queued or runs, the template of the name exists built from another image or the other way (booted, or imported without boot on another disk_bus or os_type), or the same image is being uploaded for another template", apitype.ProblemConflict)
-	put[httpCode(http.StatusServiceUnavailable)] = post[httpCode(http.StatusServiceUnavailable)]
+	put[httpCode(http.StatusServiceUnavailable)] = problemResponse("the node's build queue is full, the daemon starts or stops, the builder cannot log in (its password file, its password), or the node's image storage is not active (pvesm status; the detail names it): the body is not read, nothing is built", apitype.ProblemUnavailable)
 	tooMany := problemResponse(fmt.Sprintf("the node has as many image uploads in flight as it takes at once (%d; quota image-uploads): the body is not read; retry after Retry-After", maxUploads), apitype.ProblemTooManyRequests)
 	tooMany["headers"] = retryAfterHeaders()
 	put[httpCode(http.StatusTooManyRequests)] = tooMany

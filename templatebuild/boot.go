@@ -52,6 +52,7 @@ func (b *Builder) runAll(ctx context.Context, vmid int, step string, cmds [][]st
 // answers or AgentWait passes.
 func (b *Builder) waitAgent(ctx context.Context, vmid int) error {
 	b.say("agent", "waiting up to %s for the guest agent (cloud-init installs it)", b.o.AgentWait)
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, b.o.AgentWait)
 	defer cancel()
 	var last error
@@ -67,6 +68,11 @@ func (b *Builder) waitAgent(ctx context.Context, vmid int) error {
 		last = errors.New(printable(err.Error()))
 		select {
 		case <-ctx.Done():
+			if parent.Err() != nil {
+				// the build's own end (cancelled, or its timeout, which Run
+				// says), not AgentWait
+				return fmt.Errorf("waiting for the guest agent of VM %d (last: %v): %w", vmid, last, parent.Err())
+			}
 			return fmt.Errorf("the guest agent of VM %d did not answer within %s (last: %v): is cloud-init able to install qemu-guest-agent (the bridge's way to the package mirrors)?", vmid, b.o.AgentWait, last)
 		case <-time.After(b.o.AgentPoll):
 		}
@@ -138,7 +144,7 @@ func (b *Builder) toTemplate(ctx context.Context, vmid int, image string) (harde
 	if err != nil {
 		return hardening.Report{}, err
 	}
-	if f := hardening.Check(conf).TemplateFailures(); len(f) > 0 {
+	if f := hardening.CheckTemplate(conf).TemplateFailures(); len(f) > 0 {
 		return hardening.Report{}, fmt.Errorf("VM %d is not in the hardened profile: %v", vmid, f)
 	}
 	if err := b.stillOurs(ctx, vmid, "convert"); err != nil {
@@ -154,7 +160,7 @@ func (b *Builder) toTemplate(ctx context.Context, vmid int, image string) (harde
 	if conf["template"] != "1" {
 		return hardening.Report{}, fmt.Errorf("VM %d is not a template after its conversion", vmid)
 	}
-	rep := hardening.Check(conf)
+	rep := hardening.CheckTemplate(conf)
 	if f := rep.TemplateFailures(); len(f) > 0 {
 		return rep, fmt.Errorf("template %d is not in the hardened profile: %v", vmid, f)
 	}

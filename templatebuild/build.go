@@ -138,12 +138,19 @@ type Options struct {
 	AgentWait, CloudInitWait, ShutdownWait time.Duration
 	// AgentPoll is the pause between agent probes (5s).
 	AgentPoll time.Duration
+	// Timeout bounds the whole build, from its first step to the tagged
+	// template (DefaultBuildTimeout when 0): a source that sends one byte
+	// every few minutes would otherwise hold the build's slot, its name's
+	// lock and its image's lock for ever. Past it the build stops as a
+	// cancelled one does and fails with a *TimeoutError naming the limit
+	// and the step it was in (deadline.go).
+	Timeout time.Duration
 	// KeepFailed leaves a failed build's VM (still tagged building) for
 	// a look; by default it is destroyed.
 	KeepFailed bool
 	// KeepCancelled leaves the VM of a build ended by its context (the
-	// daemon stopping) for the next build of the name to destroy, rather
-	// than hold up the shutdown destroying it.
+	// daemon stopping, or the build's Timeout) for the next build of the
+	// name to destroy, rather than hold up the shutdown destroying it.
 	KeepCancelled bool
 	// MaxUnpacked bounds the disk an archive image is unpacked to (its
 	// member's size) and the archive's download (DefaultMaxUnpacked when
@@ -179,6 +186,9 @@ func (o *Options) defaults() {
 	if o.AgentPoll == 0 {
 		o.AgentPoll = 5 * time.Second
 	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultBuildTimeout
+	}
 	if o.MaxUnpacked == 0 {
 		o.MaxUnpacked = DefaultMaxUnpacked
 	}
@@ -209,6 +219,9 @@ type Builder struct {
 	agent Agent
 	host  Host
 	o     Options
+	// step is the step of the last progress line (say), which a timeout
+	// names.
+	step stepTracker
 }
 
 // Validate checks the options without calling anything.
@@ -242,6 +255,9 @@ func (o Options) Validate() error {
 	if o.MaxUnpacked < 0 {
 		return fmt.Errorf("max unpacked size %d: want a positive number of bytes", o.MaxUnpacked)
 	}
+	if o.Timeout < 0 {
+		return fmt.Errorf("build timeout %s: want a positive duration", o.Timeout)
+	}
 	if _, err := userData(o.Recipe.Packages); err != nil {
 		return fmt.Errorf("recipe %s: %w", o.Recipe.Name, err)
 	}
@@ -261,12 +277,21 @@ func New(px Proxmox, agent Agent, host Host, o Options) (*Builder, error) {
 // say writes a progress line and logs it.
 func (b *Builder) say(step, format string, a ...any) {
 	msg := printable(fmt.Sprintf(format, a...))
+	b.step.set(step)
 	fmt.Fprintf(b.o.Progress, "%-8s %s\n", step+":", msg)
 	b.o.Log.Debug(msg, "step", step, "template", b.o.Name)
 }
 
-// Run builds the template, or finds the one an earlier run built.
+// Run builds the template, or finds the one an earlier run built,
+// within Options.Timeout (a *TimeoutError past it).
 func (b *Builder) Run(ctx context.Context) (Result, error) {
+	ctx, stop := b.withDeadline(ctx)
+	defer stop()
+	res, err := b.run(ctx)
+	return res, timedOut(ctx, err)
+}
+
+func (b *Builder) run(ctx context.Context) (Result, error) {
 	if res, ok, err := b.find(ctx); err != nil || ok {
 		if ok {
 			b.say("find", "template %q is VM %d, built earlier and in the hardened profile: reused", b.o.Name, res.VMID)
@@ -324,9 +349,10 @@ func (b *Builder) finish(ctx context.Context, vmid int, image string) (hardening
 }
 
 // failed destroys a failed build's VM (unless KeepFailed, or
-// KeepCancelled and ctx was cancelled) and says so.
+// KeepCancelled and ctx ended: cancelled, or past the build's Timeout)
+// and says so.
 func (b *Builder) failed(ctx context.Context, vmid int, cause error) error {
-	if b.o.KeepFailed || (b.o.KeepCancelled && errors.Is(ctx.Err(), context.Canceled)) {
+	if b.o.KeepFailed || (b.o.KeepCancelled && ctx.Err() != nil) {
 		b.say("failed", "VM %d kept (tagged %s: the next build destroys it)", vmid, TagBuilding)
 		return cause
 	}
@@ -388,7 +414,7 @@ func (b *Builder) find(ctx context.Context) (Result, bool, error) {
 			if err != nil {
 				return Result{}, false, err
 			}
-			rep := hardening.Check(conf)
+			rep := hardening.CheckTemplate(conf)
 			if f := rep.TemplateFailures(); len(f) > 0 {
 				return Result{}, false, fmt.Errorf("template %d, built earlier, is no longer in the hardened profile (%v): remove it (qm destroy %d) to build anew, or harden it (pve-inspectd template harden %d)", v.VMID, f, v.VMID, v.VMID)
 			}
@@ -442,7 +468,7 @@ func Existing(ctx context.Context, px interface {
 		if err != nil {
 			return 0, false, err
 		}
-		if len(hardening.Check(conf).TemplateFailures()) > 0 {
+		if len(hardening.CheckTemplate(conf).TemplateFailures()) > 0 {
 			continue
 		}
 		return v.VMID, true, nil
@@ -716,6 +742,18 @@ func (b *Builder) create(ctx context.Context, src source, from string, conf map[
 		err = b.px.CreateVM(ctx, vmid, conf)
 		if err == nil {
 			break
+		}
+		if ctx.Err() != nil {
+			// The build ended (cancelled, or its Timeout) while it
+			// waited for the create's task, which goes on: qemu-server
+			// locked the VM's config before its worker, and the worker
+			// writes the whole config (name, tags) only after its
+			// import (API2/Qemu.pm create_vm: create_and_lock_config,
+			// create_disks, write_config). The record stays, so that
+			// the VM the task makes is the next build's to destroy
+			// (find) and not a VM of the name no build recorded.
+			b.say("create", "VM %d: the build ended while Proxmox's create task ran; the task may still make the VM, which the next build of %q destroys", vmid, b.o.Name)
+			return 0, err
 		}
 		if b.ours(ctx, vmid) {
 			return 0, b.failed(ctx, vmid, err)

@@ -53,6 +53,24 @@
 //     (as the reference Inspect plugin tags its built-ins) and
 //     pvei-template, which ends the building state.
 //
+// # Time
+//
+// A build has Options.Timeout ([templates] build_timeout, --build-timeout;
+// DefaultBuildTimeout, 4 hours) from its first step to the tagged
+// template (deadline.go): a source that sends a byte every few minutes
+// (Proxmox's wget of it, or the build's own download of an archive, whose
+// stall detector waits 5 minutes for a byte) would otherwise hold the
+// build's slot, its name's lock and its image's lock until the daemon
+// restarts. Past it the build's context ends as a cancel does: every call
+// returns, the failure is a *TimeoutError naming the limit and the step
+// of the last progress line, the locks and the slot are released by their
+// owners, and what is left is what a cancelled build leaves (the VM,
+// tagged building, kept by the daemon for the next build of the name to
+// destroy, destroyed by the CLI; an archive's upload freed; an image
+// downloaded whole kept for the next build). It also bounds the builder
+// client's wait for one Proxmox task. A download-url task Proxmox runs
+// is not stopped by it (nor by a cancel): its wget goes on until it ends.
+//
 // # Builds without boot
 //
 // With Options.Mode ImportOnly (importonly.go) steps 3 to 6 are replaced:
@@ -65,6 +83,19 @@
 // no machine id or host key reset, every clone identical. The mode is
 // recorded in the ledger beside the image's digest, and a template of
 // the name built another way is never reused (find, Service).
+//
+// An OVA's guest is what import-metadata says of its OVF: one asking for
+// UEFI firmware (bios ovmf: VMware's firmware efi) is created with bios
+// ovmf and a new EFI vars disk of efitype 4m without pre-enrolled keys
+// (hardening.NewEFIDisk, the disk a create asking firmware uefi gets; the
+// OVA's own EFI variables are not in it, so the guest boots by its
+// firmware's default path), and checked as the creates that may clone it
+// want it (hardening.CheckTemplate: firmware uefi, which a node takes only
+// with [api] allow_uefi; a clone keeps the template's EFI disk, pveapi
+// ConfigureVM). Its memory and cores are the OVF's (create-args, within
+// the API's bounds for a VM), else the generic 2048 MiB and 2 cores: no
+// build request names them, and a sandbox's clone sets its own anyway
+// (cores and memory_mib of its create, 1 and 1024 by default).
 //
 // # Why cicustom snippets and not an uploaded seed ISO
 //
@@ -105,7 +136,9 @@
 // UploadFile's name of its digest, then built as a volume on the node,
 // booted or, with import_only, without boot, once the storage's status
 // says it has room for the upload twice (pveproxy's spool and Proxmox's
-// copy).
+// copy). An image storage Proxmox reports not active (a mount or a
+// server gone) is unavailable, not full: the upload is refused naming it,
+// an error the API answers 503 unavailable (sandbox.ErrNotConfigured).
 //
 // # What every token may know
 //

@@ -355,3 +355,70 @@ func TestImportOnlyFromVolumeOnEmulator(t *testing.T) {
 		t.Errorf("a disk bus without --import-only: %v", err)
 	}
 }
+
+// TestImportOnlyUEFIOVAOnEmulator: an OVA exported with UEFI firmware
+// (VMware's firmware efi: Proxmox's import-metadata says bios ovmf and
+// efidisk0), 4 CPUs and 6144 MB, uploaded for a build without boot, is
+// built (it was refused) with bios ovmf and a new EFI vars disk of
+// efitype 4m without pre-enrolled keys (qemu-server sizes it 4M), the
+// OVF's memory and cores; the template passes the profile for the creates
+// that may clone it (firmware uefi) and not for others; a clone
+// configured with UEFI, as a create asking firmware uefi is, keeps the
+// template's EFI disk (linked) and passes that profile.
+func TestImportOnlyUEFIOVAOnEmulator(t *testing.T) {
+	ovf := pveemu.OVF{Name: "uefi-box", OS: 96, Bus: "scsi", Disks: []pveemu.OVFDisk{{File: "uefi-disk1.vmdk", Size: 2 << 30}}, CPUs: 4, MemoryMiB: 6144, EFI: true}.Descriptor()
+	ova := tarOf(t, "uefi.ovf", []byte(ovf), "uefi-disk1.vmdk", vmdkHeader(2<<30))
+	n, u := importNode(t, ova, "uefi", "")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
+		t.Fatal(err)
+	}
+	done := n.waitState(t, "uefi", apitype.BuildDone)
+	out := strings.Join(done.Progress, "\n")
+	for _, want := range []string{"the OVF asks for UEFI firmware", "efitype=4m,pre-enrolled-keys=0", "memory 6144 MiB, cores 4, as the OVF says"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("progress lacks %q:\n%s", want, out)
+		}
+	}
+	conf, err := n.px.VMConfig(ctx, done.VMID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conf["template"] != "1" || conf["bios"] != "ovmf" || conf["memory"] != "6144" || conf["cores"] != "4" ||
+		!strings.HasPrefix(conf["efidisk0"], "local-lvm:base-") || !strings.HasSuffix(conf["efidisk0"], ",efitype=4m,pre-enrolled-keys=0,size=4M") {
+		t.Errorf("template config %v", conf)
+	}
+	if rep := hardening.CheckTemplate(conf); !rep.OK() || !rep.UEFI {
+		t.Errorf("the template's profile check: %+v, want hardened for UEFI", rep.Failed())
+	}
+	if f := hardening.Check(conf).TemplateFailures(); len(f) == 0 {
+		t.Error("a SeaBIOS create's profile takes a template of bios ovmf")
+	}
+
+	const clone = 700
+	if err := n.px.CloneVM(ctx, sandbox.CloneSpec{Template: done.VMID, NewID: clone, Name: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.px.ConfigureVM(ctx, clone, sandbox.VMConfig{Cores: 1, MemoryMiB: 1024, Bridges: []string{"bzv0"}, UEFI: true}); err != nil {
+		t.Fatalf("configure the clone with UEFI: %v", err)
+	}
+	cc, err := n.px.VMConfig(ctx, clone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _, _ := strings.Cut(strings.TrimPrefix(conf["efidisk0"], "local-lvm:"), ",")
+	if cc["bios"] != "ovmf" || !strings.HasPrefix(cc["efidisk0"], "local-lvm:"+base+"/vm-700-") || !hardening.EFIDisk4M(cc["efidisk0"]) {
+		t.Errorf("the clone's firmware: bios %q efidisk0 %q, want the template's EFI disk (%s) kept, linked", cc["bios"], cc["efidisk0"], base)
+	}
+	set, del := hardening.CloneChangesFor(cc, hardening.Want{Firmware: hardening.FirmwareUEFI})
+	if err := n.px.UpdateVMConfig(ctx, clone, set, del); err != nil {
+		t.Fatal(err)
+	}
+	if cc, err = n.px.VMConfig(ctx, clone); err != nil {
+		t.Fatal(err)
+	}
+	if rep := hardening.CheckFor(cc, hardening.Want{Firmware: hardening.FirmwareUEFI}); !rep.OK() {
+		t.Errorf("the hardened UEFI clone fails %v", rep.Failed())
+	}
+}

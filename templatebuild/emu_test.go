@@ -179,9 +179,9 @@ func (e emuNode) build(t *testing.T, ctx context.Context, name string, r templat
 	return e.buildWith(t, ctx, templatebuild.Options{Name: name, Recipe: r})
 }
 
-// buildWith builds with o's name, recipe and MaxUnpacked and LockDir
-// (when set) on the emulator's storages and vnet; its progress goes to
-// o.Progress too.
+// buildWith builds with o's name, recipe and MaxUnpacked, LockDir and
+// Timeout (when set) on the emulator's storages and vnet; its progress
+// goes to o.Progress too.
 func (e emuNode) buildWith(t *testing.T, ctx context.Context, o templatebuild.Options) (templatebuild.Result, string, error) {
 	t.Helper()
 	var out bytes.Buffer
@@ -191,7 +191,7 @@ func (e emuNode) buildWith(t *testing.T, ctx context.Context, o templatebuild.Op
 	}
 	b, err := templatebuild.New(e.px, e.agent, templatebuild.NodeHost{HTTPClient: e.hc, StateDir: e.ledger},
 		templatebuild.Options{Name: o.Name, Recipe: o.Recipe, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "bzv0",
-			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, MaxUnpacked: o.MaxUnpacked, LockDir: o.LockDir, Progress: progress})
+			AgentWait: 30 * time.Second, AgentPoll: 20 * time.Millisecond, MaxUnpacked: o.MaxUnpacked, LockDir: o.LockDir, Timeout: o.Timeout, Progress: progress})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -313,6 +313,46 @@ func isClosed(c chan struct{}) bool {
 	}
 }
 
+// stalledKali is a kali node whose recipe's archive (4 MiB of disk.raw)
+// comes, with --checksum instead of a list, from another server than the
+// mirror, which sends the first part of it (of len/part bytes) and then
+// nothing until the request ends; ended is closed then.
+func stalledKali(t *testing.T, part int) (e emuNode, r templatebuild.Recipe, archive []byte, ended <-chan struct{}) {
+	t.Helper()
+	archive = templatebuild.TarXZ(t, xz.WriterConfig{}, templatebuild.TarMember{Name: "disk.raw", Data: randomish(4 << 20)})
+	done := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(archive)))
+		_, _ = w.Write(archive[:len(archive)/part])
+		w.(http.Flusher).Flush()
+		<-req.Context().Done()
+		close(done)
+	}))
+	t.Cleanup(srv.Close)
+	e, r, _ = kaliNode(t, archive, "")
+	e.hc = srv.Client()
+	r.Image.URL, r.Image.ChecksumURL, r.Image.Checksum = srv.URL+"/"+path.Base(r.Image.URL), "", "sha256:"+sha256Hex(archive)
+	return e, r, archive, done
+}
+
+// leftNothing fails the test unless the archive's download ended (its
+// server saw its request end) and the node holds no import volume and no
+// VM.
+func (e emuNode) leftNothing(t *testing.T, ended <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ended:
+	case <-time.After(time.Minute):
+		t.Fatal("the download's request never ended")
+	}
+	if vols := e.importVolumes(t); len(vols) != 0 {
+		t.Errorf("left on the node: %v", vols)
+	}
+	if vms, err := e.px.ListVMs(context.Background()); err != nil || len(vms) != 0 {
+		t.Errorf("VMs %+v %v", vms, err)
+	}
+}
+
 // TestBuildKaliCancelled: the build's context ending while disk.raw is
 // uploaded (the archive's server sent half of it and waits) stops the
 // download (the server sees its request end) and the upload, and leaves
@@ -321,19 +361,7 @@ func isClosed(c chan struct{}) bool {
 func TestBuildKaliCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	archive := templatebuild.TarXZ(t, xz.WriterConfig{}, templatebuild.TarMember{Name: "disk.raw", Data: randomish(4 << 20)})
-	ended := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(len(archive)))
-		_, _ = w.Write(archive[:len(archive)/2])
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-		close(ended)
-	}))
-	defer srv.Close()
-	e, r, _ := kaliNode(t, archive, "")
-	e.hc = srv.Client()
-	r.Image.URL, r.Image.ChecksumURL, r.Image.Checksum = srv.URL+"/"+path.Base(r.Image.URL), "", "sha256:"+sha256Hex(archive)
+	e, r, _, ended := stalledKali(t, 2)
 	// cancelled once a tenth of disk.raw went to the upload
 	var once sync.Once
 	progress := writerFunc(func(p []byte) (int, error) {
@@ -346,17 +374,7 @@ func TestBuildKaliCancelled(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "context canceled") || !strings.Contains(out, "10%: ") {
 		t.Fatalf("a build cancelled in its upload: %v\n%s", err, out)
 	}
-	select {
-	case <-ended:
-	case <-time.After(time.Minute):
-		t.Fatal("the download's request never ended")
-	}
-	if vols := e.importVolumes(t); len(vols) != 0 {
-		t.Errorf("left on the node: %v", vols)
-	}
-	if vms, err := e.px.ListVMs(context.Background()); err != nil || len(vms) != 0 {
-		t.Errorf("VMs %+v %v", vms, err)
-	}
+	e.leftNothing(t, ended)
 }
 
 // writerFunc is an io.Writer calling f.
@@ -421,13 +439,8 @@ func TestBuildKaliImageLocked(t *testing.T) {
 	archive := templatebuild.TarXZ(t, xz.WriterConfig{}, templatebuild.TarMember{Name: "disk.raw", Data: kaliDisk})
 	e, r, _ := kaliNode(t, archive, "")
 	locks := t.TempDir()
-	file := templatebuild.BuildFile("", r.Image.File, sha256Hex(archive))
-	f, err := os.OpenFile(filepath.Join(locks, "image-"+file+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := lockImageFile(t, locks, r, archive)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		t.Fatal(err)
 	}
 	_, out, err := e.buildWith(t, ctx, templatebuild.Options{Name: "kali-b", Recipe: r, LockDir: locks})
@@ -438,4 +451,18 @@ func TestBuildKaliImageLocked(t *testing.T) {
 	if _, out, err := e.buildWith(t, ctx, templatebuild.Options{Name: "kali-b", Recipe: r, LockDir: locks}); err != nil {
 		t.Errorf("the build once the lock is free: %v\n%s", err, out)
 	}
+}
+
+// lockImageFile takes, as another build would, the lock of unpacking the
+// archive of recipe r in locks (the image's lock file, opened and closed
+// with the test): an error when another holds it.
+func lockImageFile(t *testing.T, locks string, r templatebuild.Recipe, archive []byte) (*os.File, error) {
+	t.Helper()
+	file := templatebuild.BuildFile("", r.Image.File, sha256Hex(archive))
+	f, err := os.OpenFile(filepath.Join(locks, "image-"+file+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return f, syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 }

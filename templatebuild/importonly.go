@@ -146,13 +146,13 @@ func (o Options) validateImport() error {
 // importOnly is Run's import-only build from the image src on the node:
 // the disks, the VM (never started), the template.
 func (b *Builder) importOnly(ctx context.Context, src source) (Result, error) {
-	disks, err := b.importSources(ctx, src)
+	g, err := b.importGuest(ctx, src)
 	if err != nil {
 		return Result{}, err
 	}
 	b.say("import", "%d disk(s) on %s, ostype %s, no cloud-init drive, no NIC: the image is imported without boot (no guest agent installed, nothing reset in the guest)",
-		len(disks), b.o.Mode.DiskBus, b.o.Mode.OSType)
-	vmid, err := b.create(ctx, src, strings.Join(disks, ", "), b.importConfig(disks))
+		len(g.disks), b.o.Mode.DiskBus, b.o.Mode.OSType)
+	vmid, err := b.create(ctx, src, strings.Join(g.disks, ", "), b.importConfig(g))
 	if err != nil {
 		return Result{}, err
 	}
@@ -167,22 +167,87 @@ func (b *Builder) importOnly(ctx context.Context, src source) (Result, error) {
 	return Result{VMID: vmid, Report: rep}, nil
 }
 
+// importedGuest is what an import-only build makes of its image: the
+// import-from sources of its disks in boot order, and, for an OVA, what
+// Proxmox's import-metadata says of the guest: its firmware and its size
+// (0: the recipe's).
+type importedGuest struct {
+	disks []string
+	// uefi: the OVF asks for EFI firmware (import-metadata's bios ovmf,
+	// disks.efidisk0).
+	uefi bool
+	// memoryMiB and cores are the OVF's, within the API's bounds.
+	memoryMiB, cores int
+}
+
+// importGuest is the guest of the image src: its disks, and for an OVA
+// its firmware and size as Proxmox's import-metadata reads the OVF
+// (create-args).
+func (b *Builder) importGuest(ctx context.Context, src source) (importedGuest, error) {
+	if !isOVA(b.o.Recipe.Image) {
+		return importedGuest{disks: []string{src.importFrom}}, nil
+	}
+	md, err := b.px.ImportMetadata(ctx, src.importFrom)
+	if err != nil {
+		return importedGuest{}, fmt.Errorf("the disks of %s (Proxmox's import-metadata): %w", src.importFrom, err)
+	}
+	disks, err := b.importSources(src, md)
+	if err != nil {
+		return importedGuest{}, err
+	}
+	g := importedGuest{disks: disks, uefi: md.EFI || md.CreateArgs["bios"] == "ovmf"}
+	if g.uefi {
+		b.say("import", "the OVF asks for UEFI firmware: bios ovmf with a new EFI vars disk (%s; the OVA carries no EFI variables, Proxmox's efi-state-lost: the guest boots by its firmware's default path); its clones are VMs created with firmware uefi, on a node with [api] allow_uefi",
+			hardening.NewEFIDisk(b.o.Storage))
+	}
+	var said []string
+	for _, sz := range []struct {
+		key, unit string
+		lo, hi    int
+		to        *int
+	}{{"memory", " MiB", apitype.MinVMMemoryMiB, apitype.MaxVMMemoryMiB, &g.memoryMiB}, {"cores", "", apitype.MinVMCores, apitype.MaxVMCores, &g.cores}} {
+		n, ok, bounded := ovfSize(md.CreateArgs[sz.key], sz.lo, sz.hi)
+		if !ok {
+			continue
+		}
+		*sz.to = n
+		w := fmt.Sprintf("%s %d%s", sz.key, n, sz.unit)
+		if bounded {
+			w += fmt.Sprintf(" (the OVF's %q, bounded to %d..%d)", md.CreateArgs[sz.key], sz.lo, sz.hi)
+		}
+		said = append(said, w)
+	}
+	if len(said) > 0 {
+		b.say("import", "%s, as the OVF says (its clones set their own)", strings.Join(said, ", "))
+	}
+	return g, nil
+}
+
+// ovfSize reads a size of import-metadata's create-args (the OVF's
+// VirtualQuantity as Proxmox reads it, text; memory in MiB, its
+// AllocationUnits unread, as Proxmox's import takes it): a whole number,
+// bounded to lo..hi (bounded says it was outside); ok is false for one
+// the OVF does not give, or not as a whole number (the recipe's stays).
+func ovfSize(v string, lo, hi int) (n int, ok, bounded bool) {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return 0, false, false
+	}
+	c := clamp(n, lo, hi)
+	return c, true, c != n
+}
+
+func clamp(n, lo, hi int) int { return max(lo, min(n, hi)) }
+
 // reOVAMember is an OVA member an import takes: a file name (no
 // directory, no white space) of a disk image (pve-storage Storage.pm
 // $OVA_CONTENT_RE_1 without its white space).
 var reOVAMember = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+=-]*\.(qcow2|raw|vmdk)$`)
 
-// importSources are the import-from sources of the image's disks, in
-// boot order: the image itself, or for an OVA each disk Proxmox's
-// import-metadata lists, in the order of the OVF (its boot order).
-func (b *Builder) importSources(ctx context.Context, src source) ([]string, error) {
-	if !isOVA(b.o.Recipe.Image) {
-		return []string{src.importFrom}, nil
-	}
-	md, err := b.px.ImportMetadata(ctx, src.importFrom)
-	if err != nil {
-		return nil, fmt.Errorf("the disks of %s (Proxmox's import-metadata): %w", src.importFrom, err)
-	}
+// importSources are the import-from sources of the disks of the OVA
+// src, in boot order: each disk Proxmox's import-metadata md lists, in
+// the order of the OVF (its boot order).
+func (b *Builder) importSources(src source, md pveapi.ImportMetadata) ([]string, error) {
 	keys, err := ovaDiskOrder(md)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", src.importFrom, err)
@@ -207,14 +272,9 @@ func (b *Builder) importSources(ctx context.Context, src source) ([]string, erro
 
 // ovaDiskOrder orders the disks import-metadata lists: as the OVF's boot
 // order (create-args boot, "order=" the disks' keys in the OVF's order),
-// then any other by bus and number. An OVA whose OVF lists no disk, two
-// disks at one key (import-metadata keeps one of them) or UEFI firmware
-// (its EFI variables are not in the OVA, and the profile's firmware is
-// SeaBIOS) is refused.
+// then any other by bus and number. An OVA whose OVF lists no disk or
+// two disks at one key (import-metadata keeps one of them) is refused.
 func ovaDiskOrder(md pveapi.ImportMetadata) ([]string, error) {
-	if md.EFI {
-		return nil, fmt.Errorf("its OVF asks for UEFI firmware, and a template of the hardened profile boots SeaBIOS: import it as a BIOS guest, or build it on the node by hand")
-	}
 	if len(md.Disks) == 0 {
 		return nil, fmt.Errorf("its OVF lists no disk Proxmox can import")
 	}
@@ -263,23 +323,40 @@ func ovfSizeText(n int64) string {
 	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 }
 
-// importConfig is an import-only build's VM: the hardened profile's
-// settings for the mode's ostype (a Windows type's machine pinned, as
-// hardening.CloneChangesFor pins it), each disk imported on the mode's
-// bus in order (the first boots), no cloud-init drive, no NIC.
-func (b *Builder) importConfig(disks []string) map[string]string {
-	conf, _ := hardening.CloneChangesFor(map[string]string{}, hardening.Want{OSType: b.o.Mode.OSType})
+// importConfig is an import-only build's VM of guest g: the hardened
+// profile's settings for the mode's ostype (a Windows type's machine
+// pinned, as hardening.CloneChangesFor pins it) and the guest's firmware
+// (a UEFI guest: bios ovmf and a new EFI vars disk, as a create asking
+// firmware uefi gets, hardening.NewEFIDisk), each disk imported on the
+// mode's bus in order (the first boots), the OVF's memory and cores (else
+// the recipe's), no cloud-init drive, no NIC.
+func (b *Builder) importConfig(g importedGuest) map[string]string {
+	want := hardening.Want{OSType: b.o.Mode.OSType}
+	if g.uefi {
+		want.Firmware = hardening.FirmwareUEFI
+	}
+	conf, _ := hardening.CloneChangesFor(map[string]string{}, want)
 	r := b.o.Recipe
 	conf["name"] = b.o.Name
 	conf["tags"] = TagBuilding
 	conf["memory"] = fmt.Sprint(max(r.MemoryMiB, 512))
 	conf["cores"] = fmt.Sprint(max(r.Cores, 1))
+	if g.memoryMiB > 0 {
+		conf["memory"] = fmt.Sprint(g.memoryMiB)
+	}
+	if g.cores > 0 {
+		conf["cores"] = fmt.Sprint(g.cores)
+	}
 	conf["scsihw"] = hardening.SCSIHW
 	conf["ostype"] = b.o.Mode.OSType
-	for i, d := range disks {
+	for i, d := range g.disks {
 		conf[fmt.Sprintf("%s%d", b.o.Mode.DiskBus, i)] = b.o.Storage + ":0,import-from=" + d
 	}
 	conf["boot"] = "order=" + b.o.Mode.DiskBus + "0"
+	if g.uefi {
+		conf["bios"] = "ovmf"
+		conf["efidisk0"] = hardening.NewEFIDisk(b.o.Storage)
+	}
 	if b.o.WorkStorage != "" && isOVA(r.Image) {
 		conf["import-working-storage"] = b.o.WorkStorage
 	}

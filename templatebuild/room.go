@@ -27,8 +27,11 @@ type roomHolds struct {
 // until release. The status taken while an upload runs already counts
 // what it has written, so the hold errs on the side of a refusal (an
 // error wrapping sandbox.ErrStorageFull, naming the storage, the need
-// and what is free: retry once it ended). what names the upload in the
-// refusal.
+// and what is free: retry once it ended). A storage that is not active
+// (its status' active 0: Proxmox could not activate it, a mount or a
+// server gone) is unavailable, not full: an error wrapping
+// sandbox.ErrNotConfigured (the API's unavailable) naming it. what names
+// the upload in the refusal.
 func (r *roomHolds) hold(ctx context.Context, up Uploader, storage, what string, size int64) (release func(), err error) {
 	st, err := up.StorageStatus(ctx, storage)
 	if err != nil {
@@ -36,8 +39,8 @@ func (r *roomHolds) hold(ctx context.Context, up Uploader, storage, what string,
 	}
 	need := uploadSpoolCopies * size
 	if !st.Active {
-		return nil, fmt.Errorf("%w: the image storage %s is not active on the node (pvesm status); the upload of %s (%d bytes) needs %d bytes free there: nothing was sent",
-			sandbox.ErrStorageFull, storage, what, size, need)
+		return nil, unavailable{fmt.Sprintf("the image storage %s is unavailable: it is not active on the node (pvesm status --storage %s: Proxmox could not activate it; is its mount or server there?), so the upload of %s (%d bytes) was not sent: retry once it is active",
+			storage, storage, what, size)}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -62,3 +65,11 @@ func (r *roomHolds) hold(ctx context.Context, up Uploader, storage, what string,
 		}
 	}, nil
 }
+
+// unavailable is a refusal for want of a part of the node (an inactive
+// storage): its message alone, and errors.Is sandbox.ErrNotConfigured
+// (the API's unavailable, 503).
+type unavailable struct{ msg string }
+
+func (e unavailable) Error() string { return e.msg }
+func (e unavailable) Unwrap() error { return sandbox.ErrNotConfigured }

@@ -413,6 +413,40 @@ func TestServiceUploadNeedsRoom(t *testing.T) {
 	}
 }
 
+// TestServiceUploadToInactiveStorage: an image storage that is not active
+// on the node (its status' active 0: a mount or a server gone) is
+// unavailable, not full: the upload is refused before a byte of its body
+// is read with an error wrapping sandbox.ErrNotConfigured (the API's 503
+// unavailable), not ErrStorageFull (507), naming the storage; the same
+// upload is taken once the storage is active again.
+func TestServiceUploadToInactiveStorage(t *testing.T) {
+	n, ova, u := uploadNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n.s.SetStorageSpace("local", pveemu.StorageSpace{Inactive: true})
+	body := &readCounter{r: bytes.NewReader(ova)}
+	_, err := n.svc.Upload(ctx, u, bodyOf(body))
+	if !errors.Is(err, sandbox.ErrNotConfigured) || errors.Is(err, sandbox.ErrStorageFull) {
+		t.Fatalf("upload to an inactive storage: %v, want unavailable (ErrNotConfigured), not full", err)
+	}
+	for _, want := range []string{"image storage local is unavailable", "not active"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "room") || strings.Contains(err.Error(), "free") {
+		t.Errorf("refusal %q speaks of room", err)
+	}
+	if body.n != 0 || n.uploads() != 0 {
+		t.Errorf("a refused upload read %d bytes, sent %d uploads", body.n, n.uploads())
+	}
+	n.s.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 50 << 30})
+	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
+		t.Fatalf("upload once the storage is active: %v", err)
+	}
+	n.waitState(t, u.Name, apitype.BuildDone)
+}
+
 // TestServiceUploadsInFlightHoldTheirRoom: the room an upload needs is
 // held while it runs: two uploads of different images at once (the API
 // takes two) that the image storage has room for only one of are not both

@@ -160,7 +160,7 @@ func templateReport(ctx context.Context, px vmConfigs, vmid int) (hardening.Repo
 	if conf["template"] != "1" {
 		return hardening.Report{}, fmt.Errorf("vm %d is not a template", vmid)
 	}
-	return hardening.Check(conf), nil
+	return hardening.CheckTemplate(conf), nil
 }
 
 func writeReport(w io.Writer, vmid int, rep hardening.Report) {
@@ -178,9 +178,12 @@ func writeReport(w io.Writer, vmid int, rep hardening.Report) {
 		}
 		fmt.Fprintf(w, "  %s %-44s want %-40s got %s%s\n", state, it.Name, it.Want, orAbsent(it.Got), fix)
 	}
-	if f := rep.TemplateFailures(); len(f) == 0 {
+	switch f := rep.TemplateFailures(); {
+	case len(f) == 0 && rep.UEFI:
+		fmt.Fprintf(w, "hardened for UEFI (bios ovmf): creates asking firmware uefi may clone it where [api] allow_uefi is on (clones get the remaining items); others refuse it\n")
+	case len(f) == 0:
 		fmt.Fprintf(w, "hardened: creates may clone it (clones get the remaining items)\n")
-	} else {
+	default:
 		fmt.Fprintf(w, "NOT hardened: %d item(s) a clone cannot fix; creates refuse it\n", len(f))
 	}
 }

@@ -83,3 +83,20 @@ func TestTemplateCheckAndHarden(t *testing.T) {
 		})
 	}
 }
+
+// TestTemplateCheckUEFI: `template check` of a UEFI template (bios ovmf,
+// a 4m EFI vars disk: an OVA's UEFI guest built without boot) passes it
+// for the creates that may clone it, saying they ask firmware uefi.
+func TestTemplateCheckUEFI(t *testing.T) {
+	f := &fakeConfigs{conf: map[int]map[string]string{9000: {"template": "1", "bios": "ovmf", "efidisk0": "local-lvm:base-9000-disk-1,efitype=4m,pre-enrolled-keys=0,size=4M",
+		"scsi0": "local-lvm:base-9000-disk-0,size=8G", "scsihw": "virtio-scsi-single"}}}
+	rep, err := templateReport(context.Background(), f, 9000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	writeReport(&buf, 9000, rep)
+	if len(rep.TemplateFailures()) != 0 || !strings.Contains(buf.String(), "hardened for UEFI (bios ovmf): creates asking firmware uefi may clone it") {
+		t.Errorf("check of a UEFI template:\n%s", buf.String())
+	}
+}

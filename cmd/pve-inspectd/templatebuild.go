@@ -40,6 +40,7 @@ type buildFlags struct {
 	importOnly                          bool
 	diskBus, osType                     string
 	agentWait, cloudInitWait, poll      time.Duration
+	buildTimeout                        time.Duration
 	maxUnpackedGiB                      int
 }
 
@@ -120,9 +121,14 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			}
 			o := templatebuild.Options{Name: args[0], Recipe: recipe, Mode: f.mode(), Storage: f.storage, ImageStorage: f.imageStorage,
 				SnippetStorage: f.snippetStore, WorkStorage: f.workStorage, Bridge: f.bridge, Unguarded: f.unguarded, BuildCIDR: f.buildCIDR, KeepFailed: f.keepFailed, AgentWait: f.agentWait,
-				CloudInitWait: f.cloudInitWait, MaxUnpacked: int64(f.maxUnpackedGiB) << 30, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
+				CloudInitWait: f.cloudInitWait, MaxUnpacked: int64(f.maxUnpackedGiB) << 30, Timeout: f.buildTimeout, Progress: cmd.OutOrStdout(), Log: g.logger().With("component", "templatebuild")}
 			if f.maxUnpackedGiB < 1 || f.maxUnpackedGiB > 1024 {
 				return fmt.Errorf("--max-unpacked-gib %d: want 1 to 1024", f.maxUnpackedGiB)
+			}
+			if cmd.Flags().Changed("build-timeout") {
+				if err := config.CheckBuildTimeout(f.buildTimeout, f.agentWait, f.cloudInitWait); err != nil {
+					return fmt.Errorf("--build-timeout %w", err)
+				}
 			}
 			if err := o.Validate(); err != nil {
 				return err
@@ -149,6 +155,12 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 				req := apitype.TemplateBuildRequest{Name: args[0], Recipe: f.recipe, From: f.from, Checksum: f.checksum, OVADisk: f.ovaDisk}
 				return buildViaAPI(cmd.Context(), client.NewUnix(cfg.API.Socket), req, cmd.OutOrStdout(), f.poll)
 			}
+			if !cmd.Flags().Changed("build-timeout") {
+				o.Timeout = cfg.Templates.BuildTimeout
+			}
+			if err := config.CheckBuildTimeout(o.Timeout, o.AgentWait, o.CloudInitWait); err != nil {
+				return fmt.Errorf("--build-timeout (default [templates] build_timeout) %w", err)
+			}
 			if o.Protected, err = protectedBridges(cmd.Context(), cfg); err != nil {
 				return err
 			}
@@ -157,7 +169,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 				return err
 			}
 			po := proxmoxOptions(cfg)
-			po.TaskTimeout = 2 * time.Hour // a download of a cloud image
+			po.TaskTimeout = o.Timeout // a download of a cloud image: the build's bound
 			px, err := pveapi.NewWithPassword(po, f.user, pw)
 			if err != nil {
 				return err
@@ -208,6 +220,7 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 	fl.BoolVar(&f.keepFailed, "keep-failed", false, "keep a failed build's VM for a look (the next build destroys it)")
 	fl.DurationVar(&f.agentWait, "agent-wait", 30*time.Minute, "longest wait for the guest agent on the first boot")
 	fl.DurationVar(&f.cloudInitWait, "cloud-init-wait", 30*time.Minute, "longest wait for cloud-init to finish")
+	fl.DurationVar(&f.buildTimeout, "build-timeout", templatebuild.DefaultBuildTimeout, "longest time the whole build may take: past it it stops, saying in which step, as an interrupted one does (default [templates] build_timeout)")
 	fl.BoolVar(&f.importOnly, "import-only", false, "build without boot: every disk of the image (of an .ova named whole, --from STORAGE:import/FILE.ova) imported as it is; no cloud-init, no guest agent installed, nothing reset in the guest")
 	fl.StringVar(&f.diskBus, "disk-bus", "", "with --import-only: the bus of every disk, scsi (virtio-scsi, the default), ide or sata")
 	fl.StringVar(&f.osType, "os-type", "", "with --import-only: the template's ostype, l26 (the default), win10 or win11")
@@ -338,7 +351,7 @@ func nodeDirs(cmd *cobra.Command, tc config.TemplatesSection) (lockDir, stateDir
 // daemonDecides refuses, with --via-api, the flags whose say is the
 // daemon's ([templates] and its builder credential).
 func daemonDecides(cmd *cobra.Command) error {
-	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "state-dir", "mirror", "keep-failed", "agent-wait", "cloud-init-wait", "max-unpacked-gib"} {
+	for _, name := range []string{"storage", "image-storage", "snippet-storage", "work-storage", "bridge", "user", "password-file", "lock-dir", "state-dir", "mirror", "keep-failed", "agent-wait", "cloud-init-wait", "build-timeout", "max-unpacked-gib"} {
 		if cmd.Flags().Changed(name) {
 			return fmt.Errorf("--%s with --via-api: the daemon builds with its [templates] settings and credential", name)
 		}

@@ -36,6 +36,9 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--recipe", "debian13", "--checksum", "sha256:00"}, "--checksum: checksum \"sha256:00\": sha256 wants 64 hex digits"},
 		{[]string{"t1", "--recipe", "debian13", "--ova-disk", "d.vmdk"}, "--ova-disk goes with --from URL"},
 		{[]string{"t1", "--recipe", "kali2025.4", "--max-unpacked-gib", "0"}, "--max-unpacked-gib 0: want 1 to 1024"},
+		{[]string{"t1", "--recipe", "debian13", "--build-timeout", "5m"}, "--build-timeout 5m0s: want 30m0s to 168h0m0s"},
+		{[]string{"t1", "--recipe", "debian13", "--build-timeout", "1h"}, "want more than the first boot's waits"},
+		{[]string{"t1", "--recipe", "debian13", "--build-timeout", "2h", "--agent-wait", "2h"}, "want more than the first boot's waits"},
 		{[]string{"t1", "--from", "https://h/x.qcow2", "--checksum", "sha256:zz"}, "wants 64 hex digits"},
 		{[]string{"t1", "--from", "https://h/x.tar.xz"}, "not one Proxmox imports"},
 		{[]string{"t1", "--from", "https://h/x.ova"}, "--ova-disk"},
@@ -69,6 +72,7 @@ func TestTemplateBuildArgs(t *testing.T) {
 		{[]string{"t1", "--from", "local:import/u.ova", "--import-only", "--disk-bus", "ide"}, "absent.toml"},
 		{[]string{"t1", "--from", "local:import/u.raw", "--import-only", "--disk-bus", "sata", "--os-type", "win11"}, "absent.toml"},
 		{[]string{"t1", "--recipe", "ubuntu24.04", "--mirror", "https://mirror.example/cloud"}, "absent.toml"},
+		{[]string{"t1", "--recipe", "ubuntu24.04", "--build-timeout", "12h"}, "absent.toml"},
 	} {
 		root := newRootCmd()
 		root.SetArgs(append([]string{"-c", cfg, "template", "build"}, tc.args...))

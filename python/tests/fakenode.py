@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import re
 import socketserver
@@ -44,9 +45,6 @@ class FakeNode:
     """The fake's state; every field is read and written under ``lock``."""
 
     templates: tuple[str, ...] = ("debian",)
-    # The vnets the node shares ([api] shared_vnets), by id: a NIC's vnet
-    # of another name is refused as the daemon refuses it.
-    shared_vnets: tuple[str, ...] = ()
     token: str | None = None
     default_ttl: int = 3600
     max_ttl: int = 86400
@@ -110,6 +108,17 @@ class FakeNode:
     # boot (an upload's build with import_only=true sets it); absent (or
     # empty) for a booted build.
     template_modes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A few of the daemon's refusals of a create (validate and create):
+    # sandbox_caps, the per-sandbox caps of the resource guard by
+    # resource (vcpus, memory_mib; guard-refused); shared_vnets, the vnets
+    # the node shares by id (a NIC's vnet it does not share is refused
+    # naming the NIC's vnet field); host_networks, the host's networks (a
+    # fixed cidr overlapping one is refused naming the network's cidr);
+    # allow_uefi, whether the node takes firmware uefi.
+    sandbox_caps: dict[str, int] = field(default_factory=dict)
+    shared_vnets: tuple[str, ...] = ()
+    host_networks: tuple[str, ...] = ()
+    allow_uefi: bool = True
     calls: list[str] = field(default_factory=list)
     # Each exec's VM and body, and each file call's method, VM and path,
     # in the order they came.
@@ -183,24 +192,45 @@ def _view(sb: Sandbox) -> dict[str, Any]:
 
 def _refusals(fake: FakeNode, req: dict[str, Any]) -> list[dict[str, Any]]:
     """What the fake's validate and create refuse (a few of the daemon's
-    rules: unknown templates, a vnet the node does not share, the TTL
-    bound)."""
+    rules, in sandbox.Engine.Validate's order and words: unknown templates,
+    firmware uefi, the per-sandbox caps, shared vnets, the host's
+    networks; the TTL bound)."""
     out = []
-    for i, v in enumerate(req.get("vms", [])):
+    vms = req.get("vms", [])
+    for i, v in enumerate(vms):
         if v.get("template") not in fake.templates:
             detail = f'unknown template "{v.get("template")}"'
             out.append(_problem(400, "invalid-request", detail, field=f"vms[{i}].template")[1])
-    for i, v in enumerate(req.get("vms", [])):
-        for j, nic in enumerate(v.get("nics") or ()):
-            if nic.get("vnet") is None or nic["vnet"] in fake.shared_vnets:
-                continue
-            # the daemon's words (sandbox/sharedvnets.go)
-            detail = (
-                f'vnet "{nic["vnet"]}": not a vnet this node shares (the operator lists them '
-                f"in [api] shared_vnets); this node shares {', '.join(fake.shared_vnets) or 'none'}"
-            )
-            field = f"vms[{i}].nics[{j}].vnet"
-            out.append(_problem(400, "invalid-request", detail, field=field)[1])
+    for i, v in enumerate(vms):
+        if v.get("firmware") == "uefi" and not fake.allow_uefi:
+            detail = 'firmware "uefi" is not allowed on this node: ... [api] allow_uefi = true'
+            out.append(_problem(400, "invalid-request", detail, field=f"vms[{i}].firmware")[1])
+            break
+    want = {
+        "vcpus": sum(int(v.get("cores") or 1) for v in vms),
+        "memory_mib": sum(int(v.get("memory_mib") or 1024) for v in vms),
+    }
+    for k, limit in fake.sandbox_caps.items():
+        if want[k] > limit:
+            detail = f"cap sandbox_{k}: the create would need {want[k]}, the cap is {limit}"
+            out.append(_problem(429, "guard-refused", detail, cap=f"sandbox_{k}")[1])
+            break
+    shares = ", ".join(fake.shared_vnets) or "none"
+    for i, v in enumerate(vms):
+        for j, n in enumerate(v.get("nics") or ()):
+            if n.get("vnet") is not None and n["vnet"] not in fake.shared_vnets:
+                detail = (
+                    f'vnet "{n["vnet"]}": not a vnet this node shares (the operator lists them '
+                    f"in [api] shared_vnets); this node shares {shares}"
+                )
+                f = f"vms[{i}].nics[{j}].vnet"
+                out.append(_problem(400, "invalid-request", detail, field=f)[1])
+    for i, n in enumerate(req.get("networks", [])):
+        cidr = n.get("cidr", "auto")
+        for h in fake.host_networks:
+            if cidr != "auto" and ipaddress.ip_network(cidr).overlaps(ipaddress.ip_network(h)):
+                detail = f'network "{n["name"]}": cidr {cidr} overlaps the host\'s network {h}'
+                out.append(_problem(400, "invalid-request", detail, field=f"networks[{i}].cidr")[1])
     ttl = int(req.get("ttl_seconds") or fake.default_ttl)
     if not 1 <= ttl <= fake.max_ttl:
         out.append(
@@ -257,14 +287,14 @@ def handle(fake: FakeNode, method: str, path: str, body: bytes, query: str = "")
         return 200, {"node": "fake", "free": unlimited, "sandbox": {}, "free_sandboxes": -1}
     if (method, path) == ("POST", "/v1/sandboxes/validate"):
         probs = _refusals(fake, doc)
-        own = [p for p in probs if p["field"] == "ttl_seconds"]  # the request's own rules
+        own = [p for p in probs if p.get("field") == "ttl_seconds"]  # the request's own rules
         if own:
             return 400, own[0]
         return 200, {"valid": not probs, "problems": probs, "templates": list(fake.templates)}
     if (method, path) == ("POST", "/v1/sandboxes"):
         probs = _refusals(fake, doc)
         if probs:
-            return 400, probs[0]
+            return int(probs[0]["status"]), probs[0]
         held = _held(fake, doc)
         if held is not None:
             return held

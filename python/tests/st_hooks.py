@@ -61,13 +61,9 @@ def _unique(name: str, used: set[str], i: int) -> str:
 
 def _fixed_ok(net: Any, ip: Any) -> bool:
     """Whether ip may be a fixed address on the network net (a body's
-    network object): a fixed cidr with DHCP, inside it, not its network,
-    broadcast or gateway (first host) address."""
-    if (
-        not isinstance(net, dict)
-        or net.get("cidr", "auto") in ("", "auto")
-        or net.get("dhcp") is False
-    ):
+    network object): a fixed cidr (DHCP on or off), inside it, not its
+    network, broadcast or gateway (first host) address."""
+    if not isinstance(net, dict) or net.get("cidr", "auto") in ("", "auto"):
         return False
     try:
         cidr = ipaddress.IPv4Network(net["cidr"])
@@ -138,29 +134,56 @@ def _ranges_ok(net: dict[str, Any], nics: int, fixed: set[str]) -> bool:
     return sum(int(b) - int(a) + 1 for a, b in spans) - held >= nics
 
 
+def _nics_on(vms: list[dict[str, Any]], name: Any, first: Any) -> tuple[int, set[str]]:
+    """The number of NICs on network ``name`` and their fixed addresses."""
+    nics, fixed = 0, set()
+    for v in vms:
+        if v.get("no_network") is True:
+            continue  # no NIC on any network
+        on: list[Any] = [x for x in v.get("networks") or [] if isinstance(x, str)]
+        for nic in v.get("nics") or []:
+            if isinstance(nic, dict):
+                on.append(nic.get("network"))
+                if nic.get("network") == name and nic.get("ipv4"):
+                    fixed.add(nic["ipv4"])
+        # a VM of neither is on the first network
+        nics += (on or [first]).count(name)
+    return nics, fixed
+
+
+def _prefix_room(net: dict[str, Any], nics: int, fixed: set[str]) -> bool:
+    """Whether a network of dhcp false with a fixed cidr has room for its
+    NICs: each takes an address of the cidr but its network, gateway and
+    broadcast ones while configured, one with a fixed ipv4 besides its
+    own."""
+    try:
+        cidr = ipaddress.IPv4Network(net["cidr"])
+    except (KeyError, TypeError, ValueError):
+        return True
+    return cidr.num_addresses - 3 - len(fixed) >= nics
+
+
 def _apply_range_rules(body: dict[str, Any]) -> None:
-    """Each network's dhcp_ranges left out unless the stated rules hold."""
+    """Each network's dhcp_ranges left out unless the stated rules hold;
+    on a network of dhcp false without room in its cidr for its NICs, the
+    fixed addresses left out, then its cidr made auto."""
     nets, vms = body.get("networks"), body.get("vms")
     if not isinstance(nets, list):
         return
     vms = [v for v in vms if isinstance(v, dict)] if isinstance(vms, list) else []
     for n in nets:
-        if not isinstance(n, dict) or "dhcp_ranges" not in n:
+        if not isinstance(n, dict):
             continue
         first = nets[0].get("name") if isinstance(nets[0], dict) else None
-        nics, fixed = 0, set()
-        for v in vms:
-            if v.get("no_network") is True:
-                continue  # no NIC on any network
-            on: list[Any] = [x for x in v.get("networks") or [] if isinstance(x, str)]
-            for nic in v.get("nics") or []:
-                if isinstance(nic, dict):
-                    on.append(nic.get("network"))
-                    if nic.get("network") == n.get("name") and nic.get("ipv4"):
-                        fixed.add(nic["ipv4"])
-            # a VM of neither is on the first network
-            nics += (on or [first]).count(n.get("name"))
-        if not _ranges_ok(n, nics, fixed):
+        nics, fixed = _nics_on(vms, n.get("name"), first)
+        if n.get("dhcp") is False and not _prefix_room(n, nics, fixed):
+            for v in vms:
+                for nic in v.get("nics") or []:
+                    if isinstance(nic, dict) and nic.get("network") == n.get("name"):
+                        nic.pop("ipv4", None)
+            if not _prefix_room(n, nics, set()):
+                n.pop("cidr", None)
+        if "dhcp_ranges" in n and not _ranges_ok(n, nics, fixed):
             n.pop("dhcp_ranges")
 
 

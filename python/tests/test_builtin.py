@@ -104,8 +104,9 @@ async def test_node_without_builds_names_the_command(
     with pytest.raises(ConfigRefused) as e:
         await PveInspectSandboxEnvironment.task_init("t", coerce(builtin_config()))
     assert str(e.value) == (
-        f"pve_inspect: {node.url} has no template of the built-in 'debian13' and does not "
-        "build templates on request; build it on the node as root:\n"
+        f"pve_inspect: {node.url} has no template of the built-in 'debian13' "
+        "(vms_config[0].vm_source_config.built_in) and does not build templates on request; "
+        "build it on the node as root:\n"
         "  `pve-inspectd template build debian13 --recipe debian13`\n"
         "  (or an operator turns on [templates] build in the node's config.toml)"
     )

@@ -3,6 +3,7 @@ plugin's shape converted, and every field it cannot honour refused by name."""
 
 from __future__ import annotations
 
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 import pytest
@@ -15,7 +16,17 @@ from inspect_pve_inspect import (
     PveInspectSandboxEnvironmentConfig,
     VmSpec,
 )
-from inspect_pve_inspect.compat import coerce
+from inspect_pve_inspect.compat import (
+    DhcpRange,
+    ProxmoxSandboxEnvironmentConfig,
+    SdnConfig,
+    SubnetConfig,
+    VmConfig,
+    VmNicConfig,
+    VmSourceConfig,
+    VnetConfig,
+    coerce,
+)
 from inspect_pve_inspect.config import nodes_from_env
 from inspect_pve_inspect.sandbox import LABEL_PROVIDER, create_request
 
@@ -169,13 +180,6 @@ def test_reference_shape_converts() -> None:
         ),
         (
             {
-                "sdn_config": lab(dhcp_ranges=[]),
-                "vms_config": [ref_vm(nics=[{"vnet_alias": "my lab", "ipv4": "172.31.250.5"}])],
-            },
-            "vms_config[0].nics[0].ipv4",
-        ),
-        (
-            {
                 "sdn_config": lab(),
                 "vms_config": [
                     ref_vm(name="a", nics=[{"vnet_alias": "my lab", "ipv4": "172.31.250.5"}]),
@@ -315,6 +319,71 @@ def test_reference_static_addresses() -> None:
     assert "nics" not in req["vms"][2] and req["vms"][2]["networks"] == ["net0"]
 
 
+def test_reference_static_address_on_subnet_without_dhcp_ranges() -> None:
+    """The reference's SubnetConfig without dhcp_ranges (valid there beside
+    another subnet with some, as its use_pve_ipam_dnsnmasq check wants)
+    with a VmNicConfig(mac=, ipv4=) on it converts: a network of dhcp off
+    (a Proxmox subnet without a dhcp-range, whose mapped MACs the zone's
+    dnsmasq serves: pve-network Vnets.pm add_dhcp_mapping, Dnsmasq.pm
+    configure_subnet), the fixed MAC and address sent as the VM's nics; a
+    sibling on it without either stays a network name."""
+
+    def vm(name: str, *nics: VmNicConfig) -> VmConfig:
+        src = VmSourceConfig(existing_vm_template_tag="debian")
+        return VmConfig(vm_source_config=src, name=name, nics=nics)
+
+    def vnet(alias: str, cidr: str, *ranges: DhcpRange) -> VnetConfig:
+        net = ip_network(cidr)
+        sn = SubnetConfig(cidr=net, gateway=net[1], snat=True, dhcp_ranges=ranges)
+        return VnetConfig(alias=alias, subnets=(sn,))
+
+    fixed = VmNicConfig(vnet_alias="dark", mac="52:54:00:12:34:5b", ipv4=ip_address("10.8.0.2"))
+    ref = ProxmoxSandboxEnvironmentConfig(
+        vms_config=(
+            vm("web", fixed),
+            vm("cli", VmNicConfig(vnet_alias="dark"), VmNicConfig(vnet_alias="lan")),
+        ),
+        sdn_config=SdnConfig(
+            vnet_configs=(
+                vnet("dark", "10.8.0.0/24"),
+                vnet("lan", "10.9.0.0/24", DhcpRange(start="10.9.0.50", end="10.9.0.100")),
+            )
+        ),
+    )
+    cfg = coerce(ref)
+    dark, lan = cfg.networks
+    assert (dark.cidr, dark.dhcp, dark.dhcp_ranges, lan.dhcp) == ("10.8.0.0/24", False, (), True)
+    web, cli = cfg.vms
+    assert web.networks is None and web.nics == (
+        NicSpec(network=dark.name, mac="52:54:00:12:34:5B", ipv4="10.8.0.2"),
+    )
+    assert cli.nics is None and cli.networks == (dark.name, lan.name)
+    req = create_request(cfg, "t")
+    assert req["networks"][0] == {
+        "name": dark.name,
+        "cidr": "10.8.0.0/24",
+        "dhcp": False,
+        "snat": True,
+    }
+    assert req["vms"][0]["nics"] == [
+        {"network": dark.name, "mac": "52:54:00:12:34:5B", "ipv4": "10.8.0.2"}
+    ]
+
+
+def test_native_fixed_address_without_dhcp() -> None:
+    """This provider's own config takes a fixed address on a network of
+    dhcp off, and sends it."""
+    cfg = PveInspectSandboxEnvironmentConfig.model_validate(
+        {
+            "vms": [{"template": "d", "nics": [{"network": "dark", "ipv4": "10.8.0.5"}]}],
+            "networks": [{"name": "dark", "cidr": "10.8.0.0/24", "dhcp": False}],
+        }
+    )
+    req = create_request(cfg, "t")
+    assert req["vms"][0]["nics"] == [{"network": "dark", "ipv4": "10.8.0.5"}]
+    assert req["networks"] == [{"name": "dark", "cidr": "10.8.0.0/24", "dhcp": False, "snat": True}]
+
+
 def test_container_member_in_request() -> None:
     cfg = PveInspectSandboxEnvironmentConfig.model_validate(
         {
@@ -389,9 +458,9 @@ def test_container_member_refused(spec: dict[str, object], match: str) -> None:
             r"vms\[1\]\.nics\[0\]\.mac",
         ),
         (
-            [{"template": "d", "nics": [{"network": "dark", "ipv4": "10.8.0.5"}]}],
+            [{"template": "d", "nics": [{"network": "dark", "ipv4": "10.8.0.1"}]}],
             [{"name": "dark", "cidr": "10.8.0.0/24", "dhcp": False}],
-            "no DHCP",
+            "gateway",
         ),
     ],
 )

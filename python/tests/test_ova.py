@@ -211,7 +211,8 @@ async def test_node_without_builds_names_the_commands(
     with pytest.raises(ConfigRefused) as e:
         await PveInspectSandboxEnvironment.task_init("t", cfg)
     assert str(e.value) == (
-        f"pve_inspect: {node.url} has no template of the OVA 'box.ova' ({name!r}) and does not "
+        f"pve_inspect: {node.url} has no template of the OVA 'box.ova' ({name!r}, "
+        "vms_config[0].vm_source_config.ova) and does not "
         "build templates on request; build it on the node as root:\n"
         f"  `scp {ova} root@NODE:/var/lib/vz/import/box.ova` (the storage local, content import)\n"
         f"  `pve-inspectd template build {name} --from local:import/box.ova --import-only`\n"

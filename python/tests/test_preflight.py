@@ -70,7 +70,8 @@ async def test_bad_config_fails_once_listing_what_is_wrong_and_what_exists(
         await PveInspectSandboxEnvironment.task_init("t", cfg)
     assert str(e.value) == (
         f"pve_inspect: the sandbox config cannot run on {node.url} (1 problem):\n"
-        "  - VM 'target' (vms[1].template): unknown template \"kali\"\n"
+        "  - VM 'target' (vms_config[1].vm_source_config.existing_vm_template_tag): "
+        'unknown template "kali"\n'
         "  templates on this node: debian"
     )
     assert e.value.message == str(e.value)  # what Inspect prints, without a traceback
@@ -110,7 +111,10 @@ async def test_network_problem_names_the_alias(fake_node: tuple[FakeNode, NodeCo
         "templates": [],
     }
     msg = describe(node, rep, cfg, {"vms": [], "networks": [{"name": "net0"}]})
-    assert "  - network 'my lab' (net0) (networks[0].cidr): network \"net0\"" in msg
+    assert (
+        "  - network 'my lab' (net0) (sdn_config.vnet_configs[0].subnets[0].cidr): "
+        'network "net0"' in msg
+    )
     assert "  - size: cap sandbox_vcpus" in msg and "templates on this node: none" in msg
 
 
@@ -119,9 +123,10 @@ async def test_unshared_vnet_fails_listing_what_the_node_shares(
 ) -> None:
     """A NIC on an existing vnet the node does not share (the reference's
     vnet_alias that is none of the config's own vnets, beside one that is)
-    fails the task at start: the VM named, the daemon's field with the
-    reference's (vms_config[i].nics[j].vnet_alias), and the vnets the node
-    shares listed; a VM without NICs beside it is no problem."""
+    fails the task at start: the VM named, the field as the reference's
+    (vms_config[i].nics[j].vnet_alias, its NICs in the order written, the
+    sample's own vnet first), and the vnets the node shares listed; a VM
+    without NICs beside it is no problem."""
     fake, node = fake_node
     fake.shared_vnets = ("dmz",)
     monkeypatch.setenv("PVE_INSPECT_URL", node.url)
@@ -138,8 +143,8 @@ async def test_unshared_vnet_fails_listing_what_the_node_shares(
         await PveInspectSandboxEnvironment.task_init("t", coerce(cfg))
     assert str(e.value) == (
         f"pve_inspect: the sandbox config cannot run on {node.url} (1 problem):\n"
-        "  - VM 'target' (vms[1].nics[1].vnet; in the reference's shape "
-        'vms_config[1].nics[1].vnet_alias): vnet "corp lab": not a vnet this node shares '
+        "  - VM 'target' (vms_config[1].nics[1].vnet_alias): "
+        'vnet "corp lab": not a vnet this node shares '
         "(the operator lists them in [api] shared_vnets); this node shares dmz\n"
         "  templates on this node: debian"
     )

@@ -73,7 +73,8 @@ async def test_second_sample_waits_for_the_range(
     assert sorted(got) == ["attacker", "target"] and len(fake.sandboxes) == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        "pve_inspect: network 'my lab' (net0): cidr 172.31.250.0/24 overlaps a range in use; "
+        "pve_inspect: network 'my lab' (net0) (sdn_config.vnet_configs[0].subnets[0].cidr): "
+        "cidr 172.31.250.0/24 overlaps a range in use; "
         "waiting for it (up to 900 s, cidr_wait_seconds)"
     ]
     await PveInspectSandboxEnvironment.sample_cleanup("t", cfg, got, False)
@@ -93,7 +94,8 @@ async def test_wait_is_bounded(
                 "t", cfg.model_copy(update={"cidr_wait_seconds": 0.0}), {}
             )
         assert str(e.value).startswith(
-            "pve_inspect: network 'my lab' (net0): cidr 172.31.250.0/24 overlaps a range in use: "
+            "pve_inspect: network 'my lab' (net0) (sdn_config.vnet_configs[0].subnets[0].cidr): "
+            "cidr 172.31.250.0/24 overlaps a range in use: "
             "still held after 0 s of waiting (cidr_wait_seconds is 0)"
         )
     finally:

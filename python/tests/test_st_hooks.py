@@ -63,6 +63,21 @@ def test_nic_rules() -> None:
     assert vm0["nics"][1] == {"network": "lan", "ipv4": "10.9.0.6"}
     # the MAC and the address are vm0's; the gateway is no fixed address
     assert vm1["nics"] == [{"network": "lan"}, {"network": "lan"}]
+    # a network of dhcp off takes a fixed address too, an auto one none
+    body = {
+        "networks": [{"name": "dark", "cidr": "10.8.0.0/24", "dhcp": False}, {"name": "wan"}],
+        "vms": [
+            {
+                "template": "t",
+                "nics": [
+                    {"network": "dark", "ipv4": "10.8.0.5"},
+                    {"network": "wan", "ipv4": "10.8.0.6"},
+                ],
+            }
+        ],
+    }
+    (vm,) = apply_create_rules(body)["vms"]
+    assert vm["nics"] == [{"network": "dark", "ipv4": "10.8.0.5"}, {"network": "wan"}]
 
 
 def test_container_takes_no_vm_options() -> None:
@@ -134,6 +149,33 @@ def test_range_rules() -> None:
     out = apply_create_rules(body)
     kept = [n["name"] for n in out["networks"] if "dhcp_ranges" in n]
     assert kept == ["ok"], kept
+
+
+def test_prefix_room_without_dhcp() -> None:
+    """A network of dhcp false with a fixed cidr keeps room for its NICs
+    (each an address of the cidr while configured, a fixed one besides):
+    a /28's 13 addresses hold 12 NICs of no fixed address, not 12 of which
+    two are fixed (their addresses left out), nor 14 (the cidr made auto)."""
+    nics = [{"network": "dark"} for _ in range(8)] + [
+        {"network": "dark", "ipv4": "10.9.0.5"},
+        {"network": "dark", "ipv4": "10.9.0.6"},
+    ]
+    body: dict[str, Any] = {
+        "networks": [{"name": "dark", "cidr": "10.9.0.0/28", "dhcp": False}],
+        "vms": [{"template": "t", "nics": nics}, {"template": "t", "networks": ["dark"] * 2}],
+    }
+    out = apply_create_rules(body)
+    assert not any("ipv4" in n for n in out["vms"][0]["nics"]), out["vms"][0]["nics"]
+    assert out["networks"][0]["cidr"] == "10.9.0.0/28", out["networks"]
+    for more, cidr in ((4, None), (3, "10.9.2.0/28")):
+        body = {
+            "networks": [{"name": "many", "cidr": "10.9.2.0/28", "dhcp": False}],
+            "vms": [
+                {"template": "t", "networks": ["many"] * 10},
+                {"template": "t", "networks": ["many"] * more},
+            ],
+        }
+        assert apply_create_rules(body)["networks"][0].get("cidr") == cidr, (more, body)
 
 
 def test_no_network_rules() -> None:

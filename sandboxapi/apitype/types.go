@@ -44,6 +44,16 @@ const (
 // shell-sourceable KEY='value' lines.
 const GuestEnvPath = "/etc/pve-inspect/env"
 
+// Bounds of a VM's cores and memory_mib (VMRequest; the API refuses a
+// request outside them). A template built from an OVA takes its OVF's
+// within them too (MaxVMMemoryMiB: 4 TiB).
+const (
+	MinVMCores     = 1
+	MaxVMCores     = 1024
+	MinVMMemoryMiB = 16
+	MaxVMMemoryMiB = 4 << 20
+)
+
 // VMRequest describes one VM of a sandbox.
 type VMRequest struct {
 	// Name is unique in the sandbox; defaults to "vm<N>". It must be a
@@ -141,10 +151,13 @@ func (v VMRequest) HasAgent() bool { return v.Agent == nil || *v.Agent }
 // A fixed IPv4 address is reserved in Proxmox's IPAM for the NIC's MAC
 // before any NIC of the sandbox is configured, and the zone's DHCP server
 // hands it to that MAC (pve-network's IPAM DHCP mapping): it must lie in
-// the network's CIDR ("auto" cannot take one), which must have DHCP on,
-// and be neither its network, broadcast nor gateway address (the first
-// host address); inside or outside the DHCP range, as Proxmox accepts
-// both. Addresses are unique in the sandbox, and so are MACs.
+// the network's CIDR ("auto" cannot take one) and be neither its network,
+// broadcast nor gateway address (the first host address); inside or
+// outside the DHCP range, as Proxmox accepts both, and on a network of
+// DHCP off too (a subnet without a dhcp-range, whose mapped MACs the
+// zone's dnsmasq serves all the same: pve-network Vnets.pm
+// add_dhcp_mapping, Dhcp/Dnsmasq.pm configure_subnet). Addresses are
+// unique in the sandbox, and so are MACs.
 //
 // A NIC may instead name, in VNet, a vnet the node's operator shares
 // ([api] shared_vnets): a Proxmox SDN vnet of a zone the daemon did not
@@ -168,7 +181,8 @@ type NIC struct {
 	// give it in upper case.
 	MAC string `json:"mac,omitempty"`
 	// IPv4 is the NIC's fixed address (dotted quad); empty: one of the
-	// network's DHCP range, as Proxmox's IPAM picks it.
+	// network's DHCP range (of its whole CIDR with DHCP off), as
+	// Proxmox's IPAM picks it.
 	IPv4 string `json:"ipv4,omitempty"`
 }
 
@@ -195,7 +209,12 @@ type NetworkRequest struct {
 	Name string `json:"name"`
 	// CIDR is an IPv4 prefix or "auto" (default) for a free range.
 	CIDR string `json:"cidr,omitempty"`
-	// DHCP enables the zone's DHCP server on the subnet (default true).
+	// DHCP false makes the subnet without a dhcp-range (default true, a
+	// range of the request's or the daemon's plan): Proxmox's IPAM then
+	// gives each NIC an address of the whole CIDR (the first free one
+	// after the gateway), which the zone's DHCP server hands out all the
+	// same (pve-network Subnets.pm add_next_free_ip, Dhcp/Dnsmasq.pm
+	// configure_subnet), a fixed one too.
 	DHCP *bool `json:"dhcp,omitempty"`
 	// SNAT masquerades the subnet out of the node (default true).
 	SNAT *bool `json:"snat,omitempty"`

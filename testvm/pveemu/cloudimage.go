@@ -63,8 +63,38 @@ type OVFDisk struct {
 // VMware export, of a VM name whose OS is the CIM_OperatingSystem id os
 // (96: Debian 64-bit) with disks on one controller of bus (ide, scsi or
 // sata: ResourceType 5, 6 or 20) at addresses 0, 1, ... and one e1000
-// NIC: the parts GuestImport/OVF.pm reads.
+// NIC, 1 CPU and 512 MB, BIOS firmware: the parts GuestImport/OVF.pm
+// reads (OVF.Descriptor for others).
 func OVFDescriptor(name string, os int, bus string, disks ...OVFDisk) string {
+	return OVF{Name: name, OS: os, Bus: bus, Disks: disks}.Descriptor()
+}
+
+// OVF is the VM an OVF descriptor (Descriptor) describes: OVFDescriptor's
+// with its CPUs (Processor's VirtualQuantity, 1 when 0), memory (Memory's
+// VirtualQuantity in MegaBytes, 512 when 0) and, with EFI, VMware's
+// firmware setting vmw:Config firmware=efi (OVF.pm's only firmware
+// reading).
+type OVF struct {
+	Name      string
+	OS        int
+	Bus       string
+	Disks     []OVFDisk
+	CPUs      int
+	MemoryMiB int
+	EFI       bool
+}
+
+// Descriptor is the OVF 1.0 descriptor of o (see OVFDescriptor).
+func (o OVF) Descriptor() string {
+	name, os, bus, disks := o.Name, o.OS, o.Bus, o.Disks
+	cpus, memory := max(o.CPUs, 1), o.MemoryMiB
+	if memory == 0 {
+		memory = 512
+	}
+	firmware := ""
+	if o.EFI {
+		firmware = "      <vmw:Config ovf:required=\"false\" vmw:key=\"firmware\" vmw:value=\"efi\"/>\n"
+	}
 	ctrl := map[string]int{"ide": 5, "scsi": 6, "sata": 20}[bus]
 	var refs, sect, items strings.Builder
 	for i, d := range disks {
@@ -80,7 +110,7 @@ func OVFDescriptor(name string, os int, bus string, disks ...OVFDisk) string {
 			"        <rasd:Parent>3</rasd:Parent>\n        <rasd:ResourceType>17</rasd:ResourceType>\n      </Item>\n", i, i+1, i+1, 10+i)
 	}
 	return fmt.Sprintf(`<?xml version="1.0"?>
-<Envelope ovf:version="1.0" xml:lang="en-US" xmlns="http://schemas.dmtf.org/ovf/envelope/1" xmlns:ovf="http://schemas.dmtf.org/ovf/envelope/1" xmlns:rasd="http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_ResourceAllocationSettingData" xmlns:vssd="http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_VirtualSystemSettingData">
+<Envelope ovf:version="1.0" xml:lang="en-US" xmlns="http://schemas.dmtf.org/ovf/envelope/1" xmlns:ovf="http://schemas.dmtf.org/ovf/envelope/1" xmlns:rasd="http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_ResourceAllocationSettingData" xmlns:vssd="http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_VirtualSystemSettingData" xmlns:vmw="http://www.vmware.com/schema/ovf">
   <References>
 %s  </References>
   <DiskSection>
@@ -97,13 +127,13 @@ func OVFDescriptor(name string, os int, bus string, disks ...OVFDisk) string {
       <Item>
         <rasd:InstanceID>1</rasd:InstanceID>
         <rasd:ResourceType>3</rasd:ResourceType>
-        <rasd:VirtualQuantity>1</rasd:VirtualQuantity>
+        <rasd:VirtualQuantity>%d</rasd:VirtualQuantity>
       </Item>
       <Item>
         <rasd:AllocationUnits>MegaBytes</rasd:AllocationUnits>
         <rasd:InstanceID>2</rasd:InstanceID>
         <rasd:ResourceType>4</rasd:ResourceType>
-        <rasd:VirtualQuantity>512</rasd:VirtualQuantity>
+        <rasd:VirtualQuantity>%d</rasd:VirtualQuantity>
       </Item>
       <Item>
         <rasd:Address>0</rasd:Address>
@@ -117,10 +147,10 @@ func OVFDescriptor(name string, os int, bus string, disks ...OVFDisk) string {
         <rasd:ResourceSubType>E1000</rasd:ResourceSubType>
         <rasd:ResourceType>10</rasd:ResourceType>
       </Item>
-    </VirtualHardwareSection>
+%s    </VirtualHardwareSection>
   </VirtualSystem>
 </Envelope>
-`, refs.String(), sect.String(), name, name, os, ctrl, items.String())
+`, refs.String(), sect.String(), name, name, os, cpus, memory, ctrl, items.String(), firmware)
 }
 
 // CloudRawTarXZ is a small cloud image archive as Kali publishes its own

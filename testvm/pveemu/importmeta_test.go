@@ -59,6 +59,18 @@ func TestImportMetadata(t *testing.T) {
 	if d, _ := disks["scsi0"].(map[string]any); d["volid"] != "local:import/w.ova/w.vmdk" || d["size"] != float64(3<<20) {
 		t.Errorf("EFI guest's disk: %v", disks)
 	}
+
+	// the firmware set as VMware exports it (OVF.Descriptor), with its
+	// CPUs and memory: create-args as text, memory the VirtualQuantity
+	// whatever its AllocationUnits
+	big := OVF{Name: "big", OS: 96, Bus: "sata", Disks: []OVFDisk{{File: "b.vmdk", Size: 3 << 20}}, CPUs: 4, MemoryMiB: 6144, EFI: true}.Descriptor()
+	e.putImport("big.ova", ovaImage(t, map[string][]byte{"big.ovf": []byte(big), "b.vmdk": vmdkImage(3 << 20)}))
+	got, _ = e.ok("GET", "/nodes/pve/storage/local/import-metadata", url.Values{"volume": {"import/big.ova"}}).(map[string]any)
+	args, _ = got["create-args"].(map[string]any)
+	disks, _ = got["disks"].(map[string]any)
+	if args["bios"] != "ovmf" || args["cores"] != "4" || args["memory"] != "6144" || args["boot"] != "order=sata0" || disks["efidisk0"] != float64(1) {
+		t.Errorf("an EFI guest of 4 CPUs and 6144 MB: %v", got)
+	}
 }
 
 // TestImportMetadataRefusals: what is not an OVA, or whose OVF names a

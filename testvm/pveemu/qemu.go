@@ -492,7 +492,12 @@ func (s *Server) createVM(ctx context.Context, rq *request) (any, error) {
 			continue // create_disks allocates it in the worker
 		}
 		if reDiskKey.MatchString(k) {
-			if m := reNewDisk.FindStringSubmatch(val); m != nil {
+			if m := reNewDisk.FindStringSubmatch(val); m != nil && k == "efidisk0" {
+				// create_disks' create_efidisk: the vars image's size
+				// whatever SIZE says (qemualloc.go)
+				val = fmt.Sprintf("%s:vm-%d-disk-%d%s,size=%s", m[1], vmid, diskN, m[3], sizeText(efiVarsSize(m[3])))
+				diskN++
+			} else if m != nil {
 				val = fmt.Sprintf("%s:vm-%d-disk-%d,size=%sG%s", m[1], vmid, diskN, m[2], m[3])
 				diskN++
 			}

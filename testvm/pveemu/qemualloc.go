@@ -58,10 +58,7 @@ func (s *Server) allocNewDisksLocked(v *vm, changes map[string]string) error {
 		m := reNewDisk.FindStringSubmatch(val)
 		size := int64(0)
 		if k == "efidisk0" {
-			size = efiVars2M
-			if slices.Contains(strings.Split(m[3], ","), "efitype=4m") {
-				size = efiVars4M
-			}
+			size = efiVarsSize(m[3])
 		} else {
 			b, err := sizeBytes(m[2], "G")
 			if err != nil {
@@ -79,6 +76,17 @@ func (s *Server) allocNewDisksLocked(v *vm, changes map[string]string) error {
 		changes[k] = fmt.Sprintf("%s:%s%s,size=%s", sid, name, m[3], sizeText(size))
 	}
 	return nil
+}
+
+// efiVarsSize is the size of a new efidisk0 of options opts (",k=v..."):
+// the OVMF vars image's of its efitype (OVMF.pm create_efidisk), on
+// LVM-thin rounded up to the extent size.
+func efiVarsSize(opts string) int64 {
+	size := int64(efiVars2M)
+	if slices.Contains(strings.Split(opts, ","), "efitype=4m") {
+		size = efiVars4M
+	}
+	return (size + lvmExtent - 1) / lvmExtent * lvmExtent
 }
 
 // sizeText is a size as qemu-server's print_drive writes it (format_size:

@@ -13,6 +13,8 @@ import (
 // lowest N free, an efidisk0 the size of its OVMF vars image rounded up to
 // the thin pool's extent (size=4M), a plain disk its size; a storage that
 // does not exist or holds no images is refused before anything changes.
+// A create's new efidisk0 is sized the same way (create_disks'
+// create_efidisk).
 func TestNewDiskAllocation(t *testing.T) {
 	e := newEnv(t)
 	vm := "/nodes/pve/qemu/100"
@@ -29,6 +31,12 @@ func TestNewDiskAllocation(t *testing.T) {
 		if conf[k] != want {
 			t.Errorf("%s = %v, want %q", k, conf[k], want)
 		}
+	}
+	if st := e.task("POST", "/nodes/pve/qemu", url.Values{"vmid": {"101"}, "name": {"uefi"}, "bios": {"ovmf"}, "efidisk0": {"local-lvm:1,efitype=4m,pre-enrolled-keys=0"}}); st != "OK" {
+		t.Fatalf("create with an efidisk0: %s", st)
+	}
+	if conf := e.ok("GET", "/nodes/pve/qemu/101/config", nil).(map[string]any); conf["efidisk0"] != "local-lvm:vm-101-disk-0,efitype=4m,pre-enrolled-keys=0,size=4M" {
+		t.Errorf("a create's efidisk0 = %v, want the 4m vars image's size", conf["efidisk0"])
 	}
 	for _, tc := range []struct{ val, want string }{
 		{"nosuch:1,efitype=4m", "storage 'nosuch' does not exist"},

@@ -71,9 +71,10 @@ func (s *Server) visibleStoragesLocked(authid string) []map[string]any {
 	return out
 }
 
-// nodeStorage is GET /nodes/{node}/storage: the storages enabled and active
-// on the node that the caller may see (pve-storage API2/Storage/Status.pm
-// index); sizes are not emulated.
+// nodeStorage is GET /nodes/{node}/storage: the storages enabled on the
+// node that the caller may see (pve-storage API2/Storage/Status.pm
+// index), active unless SetStorageSpace made one inactive; sizes are not
+// emulated.
 func (s *Server) nodeStorage(_ context.Context, rq *request) (any, error) {
 	if err := s.checkNode(rq); err != nil {
 		return nil, err
@@ -89,7 +90,11 @@ func (s *Server) nodeStorage(_ context.Context, rq *request) (any, error) {
 		if want := rq.str("content"); want != "" && !slices.Contains(strings.Split(c["content"].(string), ","), want) {
 			continue
 		}
-		out = append(out, map[string]any{"storage": id, "type": c["type"], "content": c["content"], "active": 1, "enabled": 1, "shared": 0})
+		active := 1
+		if s.storageSpace[id].Inactive { // SetStorageSpace: storage_info's active 0
+			active = 0
+		}
+		out = append(out, map[string]any{"storage": id, "type": c["type"], "content": c["content"], "active": active, "enabled": 1, "shared": 0})
 	}
 	return out, nil
 }

@@ -15,7 +15,8 @@ the daemon's ``no_network``: no NIC at all), ``healthcheck``, and
 ``ide``), ``nic_controller`` (``virtio``, ``e1000``) as the daemon's
 per-VM options) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP
-with the subnet's ``dhcp_ranges``; its gateway must be the first address;
+with the subnet's ``dhcp_ranges``, none a network of dhcp off whose NICs
+take an ``ipv4`` too; its gateway must be the first address;
 or ``None``: every VM's ``nics`` name existing vnets by ``vnet_alias``
 (or are ``[]``), which become NICs on vnets the node's operator shares, by
 Proxmox vnet alias or id; the daemon refuses at task start a vnet the node
@@ -33,7 +34,9 @@ it, without booting it (the VM's ``disk_controller="ide"`` puts the
 disks on ide, its ``os_type`` is the template's). Every other field must keep the
 reference's default (written out, or the value the reference uses when it
 is unset); any other value raises :class:`ConfigError` naming the field
-and why, never silently ignored.
+and why, never silently ignored. The converted config carries the
+reference path of each of its fields (:func:`.refpaths.reference_paths`), so that
+what a node refuses later is named as the eval wrote it.
 
 The models here mirror the field names (so that
 ``from inspect_pve_inspect.compat import ProxmoxSandboxEnvironmentConfig``
@@ -66,6 +69,7 @@ from .config import (
     PveInspectSandboxEnvironmentConfig,
     VmSpec,
 )
+from .refpaths import reference_paths
 
 # The reference plugin's built-in images: recipes the node ships
 # (templatebuild.Recipes), each built as the template of its name.
@@ -299,7 +303,10 @@ def _subnet(f: str, name: str, sn: dict[str, Any], alias: str | None) -> Network
                 )
         ranges.append(rng)
     try:
-        # an empty list is the reference's subnet without DHCP
+        # an empty list is the reference's subnet without DHCP ranges: a
+        # network of dhcp off (a Proxmox subnet without dhcp-range), whose
+        # NICs Proxmox's IPAM gives addresses of the prefix and the zone's
+        # dnsmasq serves, a fixed ipv4 too (README "DHCP ranges")
         return NetworkSpec(
             name=name,
             cidr=str(net),
@@ -634,15 +641,19 @@ def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
         raise ConfigError(
             "vms_config", "at least one VM (the reference's built-in default is not supported)"
         )
-    specs = tuple(_vm(i, dict(v), aliases, sdn is None) for i, v in enumerate(vms))
+    # each converted VM with the index of the vms_config entry it came from
+    converted = [(i, _vm(i, dict(v), aliases, sdn is None)) for i, v in enumerate(vms)]
+    specs = tuple(spec for _, spec in converted)
     _check_depends_on([dict(v) for v in vms])
+    paths = reference_paths([dict(v) for v in vms], [i for i, _ in converted], len(nets))
     try:
-        return PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)
+        cfg = PveInspectSandboxEnvironmentConfig(vms=specs, networks=nets)
+        return cfg.with_reference_paths(paths)
     except ValueError as e:
         # a NIC's fixed MAC or address, named as the reference's field
-        m = re.search(r"vms\[(\d+)\]\.(nics\[\d+\]\.\w+): ([^\n]*)", str(e))
+        m = re.search(r"(vms\[\d+\]\.nics\[\d+\]\.\w+): ([^\n]*)", str(e))
         if m:
-            raise ConfigError(f"vms_config[{m[1]}].{m[2]}", m[3]) from None
+            raise ConfigError(paths.name(m[1]), m[2]) from None
         raise ConfigError("vms_config", str(e)) from None
 
 

@@ -14,7 +14,17 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+from .refpaths import ReferencePaths
 
 ENV_URL = "PVE_INSPECT_URL"
 ENV_TOKEN = "PVE_INSPECT_TOKEN"
@@ -127,9 +137,11 @@ class NicSpec(BaseModel):
 
     A fixed address is reserved in Proxmox's IPAM for the NIC's MAC and the
     zone's DHCP server hands it to that MAC: it lies in the network's fixed
-    ``cidr`` (not ``auto``), which has DHCP on, and is neither the cidr's
-    network, broadcast nor gateway (first host) address; inside the DHCP
-    range or not. Without ``mac`` the daemon picks one. Addresses and MACs
+    ``cidr`` (not ``auto``) and is neither the cidr's network, broadcast
+    nor gateway (first host) address; inside the DHCP range or not, and on
+    a network of ``dhcp=False`` too (a subnet without a DHCP range, whose
+    mapped MACs the zone's dnsmasq serves all the same). Without ``mac``
+    the daemon picks one. Addresses and MACs
     are unique in the sandbox. A sandbox with a MAC or address fixed is
     never one of the node's warm pool.
 
@@ -560,6 +572,29 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
         "(os_type win10 or win11): a drive-absolute path, made at sample start when missing",
     )
 
+    # The reference config's field paths when this config is a converted
+    # one (compat.from_reference), else None: not a field (neither
+    # serialized nor part of the hash), carried by copies of the object.
+    _reference_paths: ReferencePaths | None = PrivateAttr(default=None)
+
+    def reference_paths(self) -> ReferencePaths | None:
+        """The field paths of the reference config this one was converted
+        from (:mod:`.refpaths`); None for a native config."""
+        return self._reference_paths
+
+    def with_reference_paths(self, paths: ReferencePaths) -> PveInspectSandboxEnvironmentConfig:
+        """A copy of this config that names its fields through ``paths``."""
+        out = self.model_copy()
+        out._reference_paths = paths
+        return out
+
+    def field_name(self, field: str) -> str:
+        """A create request's field (``vms[1].template``) as this config's
+        author wrote it: the reference config's path for a converted
+        config, the field itself for a native one."""
+        paths = self._reference_paths
+        return field if paths is None or not field else paths.name(field)
+
     @field_validator("working_dir")
     @classmethod
     def _workdir(cls, v: str) -> str:
@@ -620,11 +655,6 @@ class PveInspectSandboxEnvironmentConfig(BaseModel):
                     raise ValueError(
                         f"{f}.ipv4: network {label} has cidr 'auto': "
                         "a fixed address needs a network with a fixed cidr"
-                    )
-                if not net.dhcp:
-                    raise ValueError(
-                        f"{f}.ipv4: network {net.label()} has no DHCP: "
-                        "a fixed address is handed out by the zone's DHCP server"
                     )
                 why = _fixed_address_refusal(ipaddress.IPv4Network(net.cidr), nic.ipv4)
                 if why:

@@ -10,6 +10,14 @@ names each problem by the config's own names (its VMs, its networks'
 aliases) and lists the templates each node has. A node that does not
 answer is skipped (placement skips it too), unless none answers.
 
+The daemon names a problem's field by the create request
+(``vms[1].template``, ``networks[0].cidr``), which is a native config's
+own shape. A config converted from the reference plugin's shape carries
+the reference path of each of its fields (:mod:`.refpaths`), and the
+message names that instead (``vms_config[1].vm_source_config.built_in``,
+``sdn_config.vnet_configs[0].subnets[0].cidr``), the daemon's words of
+why kept; so does a create the node refuses later (:func:`named_refusal`).
+
 A VM of a built-in (``VmSpec.built_in``, the reference's
 ``VmSourceConfig(built_in=...)``) whose template a node lacks is built
 there first when the node offers builds (``template_builds`` in its
@@ -92,7 +100,7 @@ async def preflight(cfg: PveInspectSandboxEnvironmentConfig, req: dict[str, Any]
                 missing = _missing_built_ins(rep, cfg)
                 ovas = _missing_ovas(rep, cfg)
                 if (missing or ovas) and not health.get("template_builds"):
-                    wrong.append(_no_builds(node, missing, ovas))
+                    wrong.append(_no_builds(node, cfg, missing, ovas))
                     continue
                 if missing or ovas:
                     for name in missing:
@@ -173,12 +181,40 @@ def _ova_commands(name: str, ova: OvaImage) -> list[str]:
     ]
 
 
-def _no_builds(
-    node: NodeConfig, names: Sequence[str], ovas: Sequence[tuple[str, OvaImage]] = ()
-) -> str:
-    what = [f"the built-in {n!r}" for n in names] + [
-        f"the OVA {os.path.basename(o.path)!r} ({n!r})" for n, o in ovas
+def _asked_by(cfg: PveInspectSandboxEnvironmentConfig, template: str, field: str) -> list[str]:
+    """The fields (``vms[0].built_in``; a converted reference config's
+    ``vms_config[0].vm_source_config.built_in``) of the VMs that ask for
+    ``template`` through ``field`` (built_in, ova)."""
+    return [
+        cfg.field_name(f"vms[{i}].{field}")
+        for i, v in enumerate(cfg.resolved_vms())
+        if v.template == template and getattr(v, field) is not None
     ]
+
+
+def _missing_text(
+    cfg: PveInspectSandboxEnvironmentConfig,
+    names: Sequence[str],
+    ovas: Sequence[tuple[str, OvaImage]],
+) -> list[str]:
+    """The missing built-ins and OVAs, each with the fields that ask for it."""
+    out = []
+    for n in names:
+        fields = _asked_by(cfg, n, "built_in")
+        out.append(f"the built-in {n!r}" + (f" ({', '.join(fields)})" if fields else ""))
+    for n, o in ovas:
+        named = ", ".join([repr(n), *_asked_by(cfg, n, "ova")])
+        out.append(f"the OVA {os.path.basename(o.path)!r} ({named})")
+    return out
+
+
+def _no_builds(
+    node: NodeConfig,
+    cfg: PveInspectSandboxEnvironmentConfig,
+    names: Sequence[str],
+    ovas: Sequence[tuple[str, OvaImage]] = (),
+) -> str:
+    what = _missing_text(cfg, names, ovas)
     lines = [
         f"pve_inspect: {node.url} has no template of "
         + ", ".join(what)
@@ -257,7 +293,12 @@ async def _other_images(
         want_mode = v.ova.build_mode()
         if got == want and mode == want_mode:
             continue
-        file = os.path.basename(v.ova.path)
+        of = ", ".join(
+            [
+                f"of an OVA {os.path.basename(v.ova.path)!r} of {v.ova.size} bytes",
+                *_asked_by(cfg, v.template, "ova"),
+            ]
+        )
         remedy = (
             f"rename {v.ova.path} (its template is named after the file's name and size), or "
             f"have the node's operator remove the template {v.template!r} (a node that builds "
@@ -265,20 +306,20 @@ async def _other_images(
         )
         if got == want:
             lines.append(
-                f"pve_inspect: {node.url}'s template {v.template!r} (of an OVA {file!r} of "
-                f"{v.ova.size} bytes) was built {_mode_text(mode)}, not {_mode_text(want_mode)} "
+                f"pve_inspect: {node.url}'s template {v.template!r} ({of}) was built "
+                f"{_mode_text(mode)}, not {_mode_text(want_mode)} "
                 f"as the config asks: {remedy}"
             )
         elif got:
             lines.append(
-                f"pve_inspect: {node.url}'s template {v.template!r} (of an OVA {file!r} of "
-                f"{v.ova.size} bytes) was built from another image ({got}), not from "
+                f"pve_inspect: {node.url}'s template {v.template!r} ({of}) was built from "
+                f"another image ({got}), not from "
                 f"{v.ova.path} ({want}): {remedy}"
             )
         else:
             lines.append(
                 f"pve_inspect: {node.url} cannot say what image its template {v.template!r} "
-                f"(of an OVA {file!r} of {v.ova.size} bytes) was built from ({why}), so it may "
+                f"({of}) was built from ({why}), so it may "
                 f"not be {v.ova.path} ({want}): {remedy}"
             )
     return "\n".join(lines)
@@ -464,10 +505,10 @@ def describe(
     for p in problems:
         field = str(p.get("field") or "")
         where = where_of(field, cfg, req)
+        if not where and p.get("type") == "guard-refused":
+            where = _size_of(str(p.get("cap") or ""), cfg, req)
         if not where:
-            where = {"guard-refused": "size", "template-not-hardened": "templates"}.get(
-                str(p.get("type")), "sandbox"
-            )
+            where = {"template-not-hardened": "templates"}.get(str(p.get("type")), "sandbox")
         lines.append(f"  - {where}: {p.get('detail') or p.get('type')}")
     if "templates" in rep:
         templates = rep["templates"] or []
@@ -479,23 +520,65 @@ def describe(
 
 def where_of(field: str, cfg: PveInspectSandboxEnvironmentConfig, req: Mapping[str, Any]) -> str:
     """A problem's field (``vms[1].template``, ``networks[0].cidr``) as the
-    config names it (``VM 'target' (vms[1].template)``; a NIC's vnet with
-    the reference's field too, ``vms_config[i].nics[j].vnet_alias``); ""
-    for none."""
+    config names it (``VM 'target' (vms[1].template)``; a converted
+    reference config's path, ``VM 'target'
+    (vms_config[1].vm_source_config.existing_vm_template_tag)``); "" for
+    none."""
+    shown = cfg.field_name(field)
     m = re.match(r"(vms|networks)\[(\d+)\]", field)
     if m is None:
-        return field
+        return shown
     i = int(m[2])
     items = list(req.get(m[1]) or ())
     if m[1] == "vms":
         name = items[i].get("name") if i < len(items) else None
-        nic = re.match(r"vms\[\d+\]\.nics\[(\d+)\]\.vnet$", field)
-        if nic is not None:
-            # the NIC's vnet, as a config in the reference's shape names
-            # it too (its VMs and NICs converted in order: compat)
-            ref = f"vms_config[{i}].nics[{nic[1]}].vnet_alias"
-            return f"VM {name or f'vm{i}'!r} ({field}; in the reference's shape {ref})"
-        return f"VM {name or f'vm{i}'!r} ({field})"
+        return f"VM {name or f'vm{i}'!r} ({shown})"
     if i < len(cfg.networks):
-        return f"network {cfg.networks[i].label()} ({field})"
-    return field
+        return f"network {cfg.networks[i].label()} ({shown})"
+    return shown
+
+
+def range_label(cfg: PveInspectSandboxEnvironmentConfig, i: int) -> str:
+    """Network ``i`` of the config as a refusal of its fixed cidr names it:
+    its label, and for a converted reference config the field of the cidr
+    (``'my lab' (net0) (sdn_config.vnet_configs[0].subnets[0].cidr)``)."""
+    label = cfg.networks[i].label()
+    if cfg.reference_paths() is None:
+        return label
+    return f"{label} ({cfg.field_name(f'networks[{i}].cidr')})"
+
+
+def named_refusal(
+    p: Problem, cfg: PveInspectSandboxEnvironmentConfig, req: Mapping[str, Any]
+) -> Problem:
+    """A node's refusal of the config's create with its field named as a
+    converted reference config names it (the field, and its detail led by
+    where it is, as :func:`describe` says it); ``p`` itself for a native
+    config or a refusal of no field."""
+    field = str(p.field or "")
+    if cfg.reference_paths() is None or not field:
+        return p
+    detail = f"{where_of(field, cfg, req)}: {p.detail}"
+    return Problem(p.status, {**p.doc, "field": cfg.field_name(field), "detail": detail})
+
+
+# The request field of each VM that a cap of the resource guard sums, by
+# the cap's resource (the cap's name past its scope: sandbox_vcpus).
+_CAP_FIELDS = {"vcpus": "cores", "memory_mib": "memory_mib"}
+
+
+def _size_of(cap: str, cfg: PveInspectSandboxEnvironmentConfig, req: Mapping[str, Any]) -> str:
+    """Where a guard refusal of ``cap`` (``sandbox_vcpus``) is: ``size`` and
+    the fields the cap sums, as the config names them (``size (vms[0].cores,
+    vms[1].cores)``; a converted reference config's ``size
+    (vms_config[0].vcpus, vms_config[1].vcpus)``); ``size`` alone for a cap
+    of whole sandboxes."""
+    what = cap.split("_", 1)[1] if "_" in cap else ""
+    n = len(req.get("vms") or ())
+    if what == "vms":
+        fields = [cfg.field_name("vms")]
+    elif what in _CAP_FIELDS:
+        fields = [cfg.field_name(f"vms[{i}].{_CAP_FIELDS[what]}") for i in range(n)]
+    else:
+        fields = []
+    return f"size ({', '.join(fields)})" if fields else "size"

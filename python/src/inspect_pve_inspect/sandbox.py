@@ -50,7 +50,7 @@ from .config import NodeConfig, PveInspectSandboxEnvironmentConfig
 from .healthcheck import wait_all
 from .keepalive import Keepalive, gone_problem, lease_seconds, parse_time
 from .placement import node_room, place
-from .preflight import preflight
+from .preflight import named_refusal, preflight, range_label
 from .user import user_id
 
 log = logging.getLogger(__name__)
@@ -174,12 +174,17 @@ class PveInspectSandboxEnvironment(SandboxEnvironment):
     ) -> dict[str, SandboxEnvironment]:
         cfg = coerce(config)
         req = create_request(cfg, task_name)
-        client, sb = await place(
-            cfg.resolved_nodes(),
-            req,
-            cidr_wait=cfg.cidr_wait_seconds,
-            labels=[n.label() for n in cfg.networks],
-        )
+        try:
+            client, sb = await place(
+                cfg.resolved_nodes(),
+                req,
+                cidr_wait=cfg.cidr_wait_seconds,
+                labels=[range_label(cfg, i) for i in range(len(cfg.networks))],
+            )
+        except Problem as p:
+            # a create refused (what task_init's check could not foresee),
+            # its field named as the config names it
+            raise named_refusal(p, cfg, req) from None
         _Run.live[sb["id"]] = client.node
         _Run.cfg_of[sb["id"]] = _config_key(cfg)
         try:

@@ -68,9 +68,35 @@ type TemplatesSection struct {
 	// AgentWait and CloudInitWait bound a build's first boot.
 	AgentWait     time.Duration `toml:"agent_wait"`
 	CloudInitWait time.Duration `toml:"cloud_init_wait"`
+	// BuildTimeout bounds a whole build, from its first step to the
+	// tagged template (`template build --build-timeout`; 4h): past it the
+	// build fails naming the limit and the step it was in, and releases
+	// its slot and locks, leaving what a cancelled build leaves. It also
+	// bounds the builder's waits for one Proxmox task (a download).
+	BuildTimeout time.Duration `toml:"build_timeout"`
 	// LockDir holds the per-name build locks shared with `pve-inspectd
 	// template build`.
 	LockDir string `toml:"lock_dir"`
+}
+
+// Bounds of [templates] build_timeout (and --build-timeout).
+const (
+	MinBuildTimeout = 30 * time.Minute
+	MaxBuildTimeout = 7 * 24 * time.Hour
+)
+
+// CheckBuildTimeout checks a build timeout: from MinBuildTimeout to
+// MaxBuildTimeout, and longer than the first boot's waits for the agent
+// and cloud-init together (a booted build that used them up would
+// otherwise always time out).
+func CheckBuildTimeout(timeout, agentWait, cloudInitWait time.Duration) error {
+	if timeout < MinBuildTimeout || timeout > MaxBuildTimeout {
+		return fmt.Errorf("%s: want %s to %s", timeout, MinBuildTimeout, MaxBuildTimeout)
+	}
+	if waits := agentWait + cloudInitWait; timeout <= waits {
+		return fmt.Errorf("%s: want more than the first boot's waits, agent_wait %s and cloud_init_wait %s (%s together)", timeout, agentWait, cloudInitWait, waits)
+	}
+	return nil
 }
 
 // reBridgeName is a Linux interface name (IFNAMSIZ - 1 characters).
@@ -79,7 +105,7 @@ var reBridgeName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
 func defaultTemplates() TemplatesSection {
 	return TemplatesSection{BuilderUser: "root@pam", Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local",
 		MaxBuilds: 1, MaxUploadGiB: 20, MaxUnpackedGiB: templatebuild.DefaultMaxUnpacked >> 30, AgentWait: 30 * time.Minute, CloudInitWait: 30 * time.Minute, LockDir: "/run/pve-inspectd",
-		StateDir: templatebuild.DefaultStateDir}
+		StateDir: templatebuild.DefaultStateDir, BuildTimeout: templatebuild.DefaultBuildTimeout}
 }
 
 func (t TemplatesSection) validate(prefix string) error {
@@ -97,6 +123,9 @@ func (t TemplatesSection) validate(prefix string) error {
 	}
 	if t.AgentWait < time.Minute || t.CloudInitWait < time.Minute {
 		return key("agent_wait", "agent_wait %s and cloud_init_wait %s: want at least 1m each", t.AgentWait, t.CloudInitWait)
+	}
+	if err := CheckBuildTimeout(t.BuildTimeout, t.AgentWait, t.CloudInitWait); err != nil {
+		return key("build_timeout", "%w", err)
 	}
 	if !filepath.IsAbs(t.LockDir) {
 		return key("lock_dir", "%q: want an absolute path", t.LockDir)

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/pveapi"
@@ -37,8 +36,10 @@ func (a *API) templateService(eng *sandbox.Engine, catalog *templatebuild.Catalo
 	if agent == nil {
 		agent = templatebuild.AgentSockets(qga.New(qga.Options{}), a.cfg.API.QGADir)
 	}
+	// a task's wait (a download of a cloud image) is bounded by the
+	// build's own
 	po := pveapi.Options{URL: a.cfg.API.Proxmox.URL, Node: ProxmoxNode(a.cfg), RootCAFile: a.cfg.API.Proxmox.CAFile,
-		TaskTimeout: 2 * time.Hour} // a download of a cloud image
+		TaskTimeout: tc.BuildTimeout}
 	if a.deps.BuilderProxmox != nil {
 		po = a.deps.BuilderProxmox(po)
 	}
@@ -99,7 +100,7 @@ func (a *API) templateService(eng *sandbox.Engine, catalog *templatebuild.Catalo
 		Login: login, Agent: agent, Host: host, Catalog: catalog, URLs: urls, AllowURLs: tc.AllowURLs, Mirror: tc.Mirror, Grant: grant,
 		Defaults: templatebuild.Options{Storage: tc.Storage, ImageStorage: tc.ImageStorage, SnippetStorage: tc.SnippetStorage,
 			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, Protected: protected, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll,
-			MaxUnpacked: int64(tc.MaxUnpackedGiB) << 30},
+			MaxUnpacked: int64(tc.MaxUnpackedGiB) << 30, Timeout: tc.BuildTimeout},
 		MaxRunning: tc.MaxBuilds, MaxUpload: int64(tc.MaxUploadGiB) << 30, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,
 		Log: a.log.With("component", "templatebuild"),
 	})

@@ -260,6 +260,18 @@ func TestAPITemplateBuilds(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d uploads to the node after the second request, want 1", n)
 	}
+	// An image storage that is not active: unavailable (503), naming it,
+	// not insufficient-storage (507); nothing sent.
+	emu.SetStorageSpace("local", pveemu.StorageSpace{Inactive: true})
+	up2 := up
+	up2.Name, up2.File = "up2", "up2.raw"
+	_, err = c.UploadTemplate(ctx, up2, bytes.NewReader(img))
+	var p *apitype.Problem
+	if !errors.As(err, &p) || p.Status != http.StatusServiceUnavailable || p.Type != apitype.ProblemUnavailable ||
+		!strings.Contains(err.Error(), "unavailable: the image storage local is unavailable: it is not active on the node") {
+		t.Errorf("upload to an inactive image storage: %v, want 503 unavailable naming local", err)
+	}
+	emu.SetStorageSpace("local", pveemu.StorageSpace{Total: 100 << 30, Avail: 50 << 30})
 
 	// A password file others may read: the next build fails saying so.
 	if err := os.Chmod(pwFile, 0o644); err != nil {

@@ -1,0 +1,104 @@
+package templatebuild_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
+	"github.com/pve-inspect/pve-inspect/templatebuild"
+)
+
+// TestBuildKaliTimeout: an archive whose server sends part of it and then
+// no more (as slowly as one byte every few minutes, under the stall
+// detector's 5 minutes) holds the build only until its Timeout: the build
+// fails naming the limit and the step (image), the download's request
+// ends, nothing is left on the node, and the image's lock is free again.
+func TestBuildKaliTimeout(t *testing.T) {
+	e, r, archive, ended := stalledKali(t, 3)
+	locks := t.TempDir()
+	const limit = 8 * time.Second // generous: the steps before the image run on a loaded CI machine too
+	_, out, err := e.buildWith(t, context.Background(), templatebuild.Options{Name: "kali", Recipe: r, LockDir: locks, Timeout: limit})
+	var te *templatebuild.TimeoutError
+	if !errors.As(err, &te) || te.Step != "image" || te.Limit != limit || !strings.Contains(err.Error(), "stopped in step image") {
+		t.Fatalf("a build whose archive stalls: %v, want a timeout in step image\n%s", err, out)
+	}
+	e.leftNothing(t, ended)
+	if _, err := lockImageFile(t, locks, r, archive); err != nil {
+		t.Errorf("the image's lock after the timeout: %v, want it free", err)
+	}
+}
+
+// TestServiceBuildTimeout: a daemon's build past [templates]
+// build_timeout (Options.Timeout) fails naming the limit and the step it
+// was in (its agent never answers), publishes its failure, and gives back
+// what it held: its build slot (a build queued behind it runs), its
+// name's lock (the CLI's too); its VM is left tagged building, as at a
+// shutdown, and the next build of the name destroys it and builds.
+func TestServiceBuildTimeout(t *testing.T) {
+	locks := t.TempDir()
+	const limit = 15 * time.Second // generous: the build must reach its agent step before it (a loaded CI machine)
+	n := newServiceNodeWith(t, func(o *templatebuild.ServiceOptions) {
+		o.Defaults.Timeout, o.LockDir = limit, locks
+	})
+	ctx := context.Background()
+	if _, err := n.svc.Start(ctx, n.fromURL("slow")); err != nil {
+		t.Fatal(err)
+	}
+	<-n.agent.asked // the gate stays shut: the agent never answers
+	if st, err := n.svc.Start(ctx, n.fromURL("next")); err != nil || st.State != apitype.BuildQueued {
+		t.Fatalf("a build behind it: %+v %v, want queued", st, err)
+	}
+	failed := n.waitEnded(t, "slow")
+	if failed.State != apitype.BuildFailed {
+		t.Fatalf("the build past its timeout: %+v", failed)
+	}
+	for _, want := range []string{"stopped in step agent", limit.String(), "[templates] build_timeout"} {
+		if !strings.Contains(failed.Error, want) {
+			t.Errorf("error %q does not say %q", failed.Error, want)
+		}
+	}
+	if f := n.ev.of(apitype.EventTemplateBuildFailed); len(f) == 0 || f[0].Template != "slow" || !strings.Contains(f[0].Detail, "stopped in step agent") {
+		t.Errorf("failed events: %+v", f)
+	}
+	left := n.vmsNamed(t, "slow")
+	if len(left) != 1 || !slices.Contains(left[0].Tags, templatebuild.TagBuilding) {
+		t.Errorf("VMs of the timed-out build: %+v, want one tagged %s", left, templatebuild.TagBuilding)
+	}
+	unlock, err := templatebuild.Lock(locks, "slow")
+	if err != nil {
+		t.Fatalf("the name's lock after the timeout: %v, want it free", err)
+	}
+	unlock()
+	// the slot is free: the queued build runs
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, _ := n.svc.Build("next")
+		if st.State != apitype.BuildQueued {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the build behind it never left the queue: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// a daemon whose agent answers resumes the name (the build ledger and
+	// the lock directory are the node's)
+	again := startServiceWith(t, n.emuNode, "", n.sum, func(o *templatebuild.ServiceOptions) { o.LockDir = locks })
+	close(again.agent.gate)
+	if _, err := again.svc.Start(ctx, again.fromURL("slow")); err != nil {
+		t.Fatal(err)
+	}
+	done := again.waitState(t, "slow", apitype.BuildDone)
+	if want := "VM " + strconv.Itoa(left[0].VMID) + " is a half-built"; !strings.Contains(strings.Join(done.Progress, "\n"), want) {
+		t.Errorf("the next build of the name: %+v, want %q", done.Progress, want)
+	}
+	if vms := again.vmsNamed(t, "slow"); len(vms) != 1 || !vms[0].Template {
+		t.Errorf("VMs named slow: %+v, want the template alone", vms)
+	}
+}
