@@ -279,9 +279,15 @@ func withPlanRanges(n apitype.Network) apitype.Network {
 	if len(n.DHCPRanges) > 0 || err != nil {
 		return n
 	}
-	_, start, end := subnetPlan(p)
-	n.DHCPRanges = []apitype.DHCPRange{{Start: start.String(), End: end.String()}}
+	n.DHCPRanges = []apitype.DHCPRange{PlanDHCPRange(p)}
 	return n
+}
+
+// PlanDHCPRange is the DHCP range the daemon gives a network of prefix p
+// with DHCP and no ranges of its request's (withPlanRanges).
+func PlanDHCPRange(p netip.Prefix) apitype.DHCPRange {
+	_, start, end := subnetPlan(p)
+	return apitype.DHCPRange{Start: start.String(), End: end.String()}
 }
 
 // subnetPlan returns gateway and DHCP range of a prefix.

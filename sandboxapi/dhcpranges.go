@@ -86,26 +86,35 @@ func checkRangeRoom(c *apitype.CreateRequest) *apitype.Problem {
 			}
 			continue
 		}
-		if len(n.DHCPRanges) == 0 {
-			continue
+		ranges, field, planned := n.DHCPRanges, fmt.Sprintf("networks[%d].dhcp_ranges", i), ""
+		if len(ranges) == 0 {
+			// the daemon's range of a fixed cidr (sandbox.PlanDHCPRange)
+			// is as small on a small prefix: a /28's .2-.14
+			p, err := netip.ParsePrefix(n.CIDR)
+			if err != nil || !p.Addr().Is4() {
+				continue // "auto": the daemon's prefix, sized by its plan
+			}
+			ranges = []apitype.DHCPRange{sandbox.PlanDHCPRange(p)}
+			field = fmt.Sprintf("networks[%d].cidr", i)
+			planned = fmt.Sprintf(" (the daemon's range %s-%s of cidr %s: give dhcp_ranges or a larger cidr)", ranges[0].Start, ranges[0].End, p)
 		}
 		nics, fixedIn := 0, 0
 		for _, v := range c.VMs {
 			nics += countOf(v.Networks, n.Name)
 			for _, nic := range v.NICs {
-				if a, err := netip.ParseAddr(nic.IPv4); err == nil && nic.Network == n.Name && inRanges(n.DHCPRanges, a) {
+				if a, err := netip.ParseAddr(nic.IPv4); err == nil && nic.Network == n.Name && inRanges(ranges, a) {
 					fixedIn++
 				}
 			}
 		}
 		room := -int64(fixedIn)
-		for _, r := range n.DHCPRanges {
+		for _, r := range ranges {
 			room += rangeSize(r)
 		}
 		if room < int64(nics) {
-			return invalid(fmt.Sprintf("networks[%d].dhcp_ranges", i),
-				"network %q: its %d NICs each take an address of the ranges while configured (one with a fixed ipv4 too), and the ranges have %d addresses left for them (%d of theirs are fixed ones)",
-				n.Name, nics, room, fixedIn)
+			return invalid(field,
+				"network %q: its %d NICs each take an address of the ranges while configured (one with a fixed ipv4 too), and the ranges have %d addresses left for them (%d of theirs are fixed ones)%s",
+				n.Name, nics, room, fixedIn, planned)
 		}
 	}
 	return nil

@@ -31,7 +31,8 @@ const createRulesText = "Rules JSON Schema cannot say: network names are unique,
 	"network, broadcast or gateway (first host) address; a network's dhcp_ranges need a fixed cidr and dhcp on, each end " +
 	"inside the cidr and not its network, broadcast or gateway address, start not above end, no two ranges sharing an address, " +
 	"and room for every NIC on the network (a NIC with a fixed ipv4 takes one of the ranges while configured; a fixed ipv4 " +
-	"inside a range is not free); a network of dhcp false with a fixed cidr has room for every NIC on it (each takes an address " +
+	"inside a range is not free; without dhcp_ranges the daemon's range of a fixed cidr: from its 10th address, on a /28 or smaller its 2nd, " +
+	"to its last but one); a network of dhcp false with a fixed cidr has room for every NIC on it (each takes an address " +
 	"of the cidr but its network, gateway and broadcast ones while configured, a NIC with a fixed ipv4 one besides its own); env holds at most %d bytes of names and values in all, and needs a VM that has a guest agent " +
 	"(not agent false); a container (kind lxc) takes no agent. State the node decides: " +
 	"a template it has (invalid-request, field template, otherwise), a disk_controller its disks are on (invalid-request), " +

@@ -163,10 +163,39 @@ def _prefix_room(net: dict[str, Any], nics: int, fixed: set[str]) -> bool:
     return cidr.num_addresses - 3 - len(fixed) >= nics
 
 
+def _plan_room(net: dict[str, Any], nics: int, fixed: set[str]) -> bool:
+    """Whether a network with DHCP, a fixed cidr and no dhcp_ranges has
+    room for its NICs in the daemon's range of the cidr (sandbox
+    PlanDHCPRange: from its 2nd address on a /28 or smaller, else its
+    10th, to the last but one), its fixed addresses inside it taken."""
+    try:
+        cidr = ipaddress.IPv4Network(net["cidr"])
+    except (KeyError, TypeError, ValueError):
+        return True
+    base, size = int(cidr.network_address), cidr.num_addresses
+    lo, hi = base + (2 if size <= 16 else 10), base + size - 2
+    held = 0
+    for f in fixed:
+        try:
+            held += lo <= int(ipaddress.IPv4Address(f)) <= hi
+        except ValueError:
+            continue
+    return hi - lo + 1 - held >= nics
+
+
+def _drop_fixed_on(vms: list[dict[str, Any]], name: Any) -> None:
+    """Every NIC's fixed address on network ``name`` left out."""
+    for v in vms:
+        for nic in v.get("nics") or []:
+            if isinstance(nic, dict) and nic.get("network") == name:
+                nic.pop("ipv4", None)
+
+
 def _apply_range_rules(body: dict[str, Any]) -> None:
     """Each network's dhcp_ranges left out unless the stated rules hold;
-    on a network of dhcp false without room in its cidr for its NICs, the
-    fixed addresses left out, then its cidr made auto."""
+    on a network without room for its NICs (of dhcp false: in its cidr;
+    with DHCP and no ranges: in the daemon's range of its cidr), the fixed
+    addresses left out, then its cidr made auto."""
     nets, vms = body.get("networks"), body.get("vms")
     if not isinstance(nets, list):
         return
@@ -177,14 +206,18 @@ def _apply_range_rules(body: dict[str, Any]) -> None:
         first = nets[0].get("name") if isinstance(nets[0], dict) else None
         nics, fixed = _nics_on(vms, n.get("name"), first)
         if n.get("dhcp") is False and not _prefix_room(n, nics, fixed):
-            for v in vms:
-                for nic in v.get("nics") or []:
-                    if isinstance(nic, dict) and nic.get("network") == n.get("name"):
-                        nic.pop("ipv4", None)
+            _drop_fixed_on(vms, n.get("name"))
             if not _prefix_room(n, nics, set()):
                 n.pop("cidr", None)
         if "dhcp_ranges" in n and not _ranges_ok(n, nics, fixed):
             n.pop("dhcp_ranges")
+        if n.get("dhcp") is not False and "dhcp_ranges" not in n:
+            # no ranges of its own: the daemon's range of the cidr
+            nics, fixed = _nics_on(vms, n.get("name"), first)
+            if not _plan_room(n, nics, fixed):
+                _drop_fixed_on(vms, n.get("name"))
+                if not _plan_room(n, nics, set()):
+                    n.pop("cidr", None)
 
 
 # The per-VM options a container (kind lxc) does not take.

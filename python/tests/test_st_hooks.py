@@ -178,6 +178,38 @@ def test_prefix_room_without_dhcp() -> None:
         assert apply_create_rules(body)["networks"][0].get("cidr") == cidr, (more, body)
 
 
+def test_plan_room_with_dhcp() -> None:
+    """A network with DHCP, a fixed cidr and no dhcp_ranges keeps room for
+    its NICs in the daemon's range of the cidr (a /28's .2-.14, 13
+    addresses; a /24's .10-.254): 12 NICs with two fixed inside it lose
+    their fixed addresses, 14 make the cidr auto, 13 keep it."""
+    nics = [{"network": "lan"} for _ in range(10)] + [
+        {"network": "lan", "ipv4": "10.9.0.5"},
+        {"network": "lan", "ipv4": "10.9.0.6"},
+    ]
+    body: dict[str, Any] = {
+        "networks": [{"name": "lan", "cidr": "10.9.0.0/28"}],
+        "vms": [{"template": "t", "nics": nics}],
+    }
+    out = apply_create_rules(body)
+    assert not any("ipv4" in n for n in out["vms"][0]["nics"]), out["vms"][0]["nics"]
+    assert out["networks"][0]["cidr"] == "10.9.0.0/28", out["networks"]
+    for more, cidr in ((4, None), (3, "10.9.2.0/28")):
+        body = {
+            "networks": [{"name": "many", "cidr": "10.9.2.0/28"}],
+            "vms": [
+                {"template": "t", "networks": ["many"] * 10},
+                {"template": "t", "networks": ["many"] * more},
+            ],
+        }
+        assert apply_create_rules(body)["networks"][0].get("cidr") == cidr, (more, body)
+    wide: dict[str, Any] = {
+        "networks": [{"name": "w", "cidr": "10.9.3.0/24"}],
+        "vms": [{"template": "t", "nics": [{"network": "w", "ipv4": "10.9.3.5"}]}],
+    }
+    assert apply_create_rules(wide)["vms"][0]["nics"][0].get("ipv4") == "10.9.3.5"
+
+
 def test_no_network_rules() -> None:
     """A VM of no_network gives neither networks nor nics, and takes no
     address of a network's ranges (one address is room for the one VM on
