@@ -894,6 +894,21 @@ func TestRealNodeSemantics(t *testing.T) {
 				t.Errorf("net0 %v net1 %v agent %v, want e1000 NICs and the agent off", cfg["net0"], cfg["net1"], cfg["agent"])
 			}
 		}},
+		{"no bridges (a VM of no_network): every NIC of the template deleted, none written", func(t *testing.T, f *fakeServer, c *Client) {
+			if err := c.CloneVM(ctx, sandbox.CloneSpec{Template: 9000, NewID: 100, Name: "pvei-x-vm0"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.ConfigureVM(ctx, 100, sandbox.VMConfig{Cores: 1, MemoryMiB: 512}); err != nil {
+				t.Fatal(err)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for k, v := range f.vms[100] {
+				if reNet.MatchString(k) {
+					t.Errorf("%s %v left: want no NIC", k, v)
+				}
+			}
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,9 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 	if m.o.Checker == nil {
 		return apitype.CheckReport{}, refuse(ErrNotConfigured, "the containment check is not configured")
 	}
+	if vm.NoNetwork {
+		return apitype.CheckReport{}, errNoNetwork(vm)
+	}
 	if len(vm.Networks) == 0 {
 		return apitype.CheckReport{}, refuse(ErrConflict, "sandbox %s vm %s has no network: the containment check runs from a member whose first NIC is on a network of its sandbox", sb.ID, vm.Name)
 	}

@@ -184,8 +184,13 @@ func newRecord(id string, req apitype.CreateRequest, prefixes []netip.Prefix, no
 		}))
 	}
 	for _, v := range req.VMs {
+		nets := v.Networks
+		if v.NoNetwork {
+			// an empty list, never nil: the API answers "networks": []
+			nets = []string{}
+		}
 		rec.VMs = append(rec.VMs, apitype.VM{Name: v.Name, Kind: v.Kind, Template: v.Template, Cores: v.Cores, MemoryMiB: v.MemoryMiB, DiskGiB: v.DiskGiB,
-			Networks: v.Networks, NICs: recordNICs(v), Firmware: v.Firmware, CPU: v.CPU, OSType: v.OSType, DiskController: v.DiskController, NICController: v.NICController,
+			Networks: nets, NoNetwork: v.NoNetwork, NICs: recordNICs(v), Firmware: v.Firmware, CPU: v.CPU, OSType: v.OSType, DiskController: v.DiskController, NICController: v.NICController,
 			Agent: noAgentFlag(v.HasAgent())})
 	}
 	return rec

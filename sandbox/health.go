@@ -441,9 +441,9 @@ func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
 	}
 	cancel()
 	if vm.Kind == apitype.KindLXC {
-		c.stats = hm.o.Node.CTStats(vm.VMID, max(len(vm.Networks), 1))
+		c.stats = hm.o.Node.CTStats(vm.VMID, portsOf(vm))
 	} else {
-		c.stats = hm.o.Node.VMStats(vm.VMID, max(len(vm.Networks), 1))
+		c.stats = hm.o.Node.VMStats(vm.VMID, portsOf(vm))
 	}
 	if c.runErr != nil || c.run.Status != "running" || c.noAgent {
 		return c
@@ -466,6 +466,16 @@ func (m *Engine) checkVM(ctx context.Context, vm apitype.VM) vmCheck {
 		cancel()
 	}
 	return c
+}
+
+// portsOf is how many taps (a container's veths) member vm has on the
+// node: none for a member without any NIC (no_network), else one per
+// network, at least one.
+func portsOf(vm apitype.VM) int {
+	if vm.NoNetwork {
+		return 0
+	}
+	return max(len(vm.Networks), 1)
 }
 
 // fold turns a round's checks into the VMs' and the sandbox's health; it

@@ -75,13 +75,14 @@ func (r NodeReader) CTStats(vmid, nics int) VMStats {
 }
 
 // stats reads the cgroup whose directory in hierarchy hier is dir(hier)
-// and the NICs <prefix><vmid>i<n>, naming absent ones ports in Missing.
+// and the NICs <prefix><vmid>i<n>, naming absent ones ports in Missing
+// (a member of no NIC, nics 0, misses none).
 func (r NodeReader) stats(dir func(hier string) string, prefix, ports string, vmid, nics int) VMStats {
 	var st VMStats
 	if !readCgroup(dir, &st) {
 		st.Missing = append(st.Missing, "cgroup")
 	}
-	if !r.readPorts(prefix, vmid, nics, &st) {
+	if nics > 0 && !r.readPorts(prefix, vmid, nics, &st) {
 		st.Missing = append(st.Missing, ports)
 	}
 	return st

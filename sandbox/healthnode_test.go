@@ -74,6 +74,8 @@ func TestNodeReader(t *testing.T) {
 		}, 1, sandbox.VMStats{CPUSeconds: 1, MemoryBytes: 4096, MemoryPeakBytes: 8192, OOMKills: 4, DiskReadBytes: 10, DiskWriteBytes: 20,
 			NetBytesFromGuest: 100, NetBytesToGuest: 200, NetPacketsFromGuest: 1, NetPacketsToGuest: 2}},
 		{"no scope, no taps", false, "", "", map[string]string{"cg/qemu.slice/.keep": ""}, 1, sandbox.VMStats{Missing: []string{"cgroup", "taps"}}},
+		// a VM without any NIC (no_network) has no tap to miss
+		{"no scope, a VM of no NIC", false, "", "", map[string]string{"cg/qemu.slice/.keep": ""}, 0, sandbox.VMStats{Missing: []string{"cgroup"}}},
 		{name: "container, cgroup v2", lxc: true, files: map[string]string{
 			"cg/lxc/101/cgroup.procs":      "",
 			"cg/lxc/101/cpu.stat":          "usage_usec 500000\n",

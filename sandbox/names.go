@@ -239,11 +239,15 @@ func nicMACs(cfg map[string]string, n int) []string {
 // first of self's networks it is also on, else its first address). A VM
 // without an address is left out, except self, which is named at
 // 127.0.1.1 (Debian's line for a host without a fixed address) so that
-// its own name resolves.
+// its own name resolves. A VM without any NIC (no_network) reaches none
+// of its siblings: its block names itself only.
 func hostsBlock(vms []apitype.VM, self int) []byte {
 	var b bytes.Buffer
 	b.WriteString(hostsBegin + "\n")
 	for i, v := range vms {
+		if vms[self].NoNetwork && i != self {
+			continue
+		}
 		addr := reachBy(vms[self].Networks, v.Addresses)
 		if addr == "" && i == self {
 			addr = "127.0.1.1"

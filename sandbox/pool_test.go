@@ -171,11 +171,16 @@ func TestPoolClaimMatchesShape(t *testing.T) {
 	// never one
 	noAgent := oneVMSized("debian", 1, 512)
 	noAgent.VMs[0].Agent = new(bool)
+	// a member's VM is on the shape's networks: a VM without any NIC
+	// (its networks empty, which the match would read as the default)
+	// is never one
+	noNetwork := oneVMSized("debian", 1, 512)
+	noNetwork.VMs[0].NoNetwork, noNetwork.VMs[0].Networks = true, []string{}
 	for name, req := range map[string]apitype.CreateRequest{
 		"other template": oneVMSized("alpine", 1, 512), "more cores": oneVMSized("debian", 2, 512), "more memory": oneVMSized("debian", 1, 1024),
 		"two networks": twoNets, "fixed cidr": fixed, "disk resize": disk, "other network name": named, "other egress kind": egress, "no dhcp": nodhcp,
 		"a fixed MAC": mac, "a cpu model": cpu, "an explicit nic controller": nicDefault, "dhcp ranges": ranges, "dhcp ranges on auto": autoRanges,
-		"a NIC on a shared vnet": shared, "a VM without a guest agent": noAgent,
+		"a NIC on a shared vnet": shared, "a VM without a guest agent": noAgent, "a VM without any NIC": noNetwork,
 	} {
 		sb, err := b.e.Create(ctx, req)
 		if err != nil {

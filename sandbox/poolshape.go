@@ -147,9 +147,9 @@ func (s PoolShape) request() apitype.CreateRequest {
 // name with "auto" ranges, DHCP (of the plan's range: a member's subnet
 // was made with it) and SNAT on, the VM on all of them with no
 // NIC's MAC or address fixed (a member's NICs are configured already:
-// fixed.go), and an egress policy of the shape's kind. Defaults are those
-// of the API's create (sandboxapi fills them before the engine sees the
-// request).
+// fixed.go; a VM of no_network has none), and an egress policy of the
+// shape's kind. Defaults are those of the API's create (sandboxapi fills
+// them before the engine sees the request).
 func (s PoolShape) matches(req apitype.CreateRequest) bool {
 	if len(req.VMs) != 1 || fixesNICs(req) || usesSharedVNets(req) {
 		return false
@@ -157,6 +157,9 @@ func (s PoolShape) matches(req apitype.CreateRequest) bool {
 	v := req.VMs[0]
 	if hasVMOptions(v) {
 		return false // a member's hardware is configured already (vmoptions.go)
+	}
+	if v.NoNetwork {
+		return false // a member's NICs are configured already, on its networks
 	}
 	if (v.Kind == apitype.KindLXC) != (s.Kind == apitype.KindLXC) {
 		return false // a container's request never claims a VM, nor a VM's a container

@@ -55,6 +55,15 @@ import (
 //     version 6 file rather than drop it, which would have its health
 //     monitor call the VM broken (agent-unresponsive) and its exec and
 //     file calls wait for an agent that is not there.
+//     A VM of a version 6 file may also carry no_network (a VM created
+//     without any NIC: its networks empty, written as [] and never as
+//     null), added later without a new version: a daemon that does not
+//     know it drops it and still reads the VM's empty networks, which it
+//     already takes as a VM on no network (no NIC to attach or check:
+//     the containment check refuses it, nothing is configured again).
+//     What it loses is said only: the answer's no_network, and its health
+//     then names the taps missing. The flag, not the empty list, is what
+//     this daemon acts on.
 //
 // A new format adds a version, a frozen type for the old one and a case in
 // decodeState; TestStateMigration keeps a file of every version.
@@ -135,6 +144,9 @@ type savedVM struct {
 	// Options are the VM's per-VM options as the request gave them
 	// (optional, version 5; absent in files of daemons before them: none).
 	Options *savedOptions `json:"options,omitempty"`
+	// NoNetwork: the VM was created without any NIC (optional, version
+	// 6 as above; absent: a VM on its networks).
+	NoNetwork bool `json:"no_network,omitempty"`
 }
 
 // savedOptions are a VM's firmware, CPU model, OS type, controllers and
@@ -230,7 +242,10 @@ func toSaved(s apitype.Sandbox) savedSandbox {
 	}
 	for j, m := range s.VMs {
 		v.VMs[j] = savedVM{Name: m.Name, Kind: m.Kind, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
-			DiskGiB: m.DiskGiB, Networks: slices.Clone(m.Networks)}
+			DiskGiB: m.DiskGiB, Networks: slices.Clone(m.Networks), NoNetwork: m.NoNetwork}
+		if m.NoNetwork && v.VMs[j].Networks == nil {
+			v.VMs[j].Networks = []string{} // [] on disk: an older daemon reads no null
+		}
 		for _, a := range m.Addresses {
 			v.VMs[j].Addresses = append(v.VMs[j].Addresses, savedAddress(a))
 		}
@@ -279,7 +294,10 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 		}
 		for j, m := range v.VMs {
 			s.VMs[j] = apitype.VM{Name: m.Name, Kind: m.Kind, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
-				DiskGiB: m.DiskGiB, Networks: m.Networks}
+				DiskGiB: m.DiskGiB, Networks: m.Networks, NoNetwork: m.NoNetwork}
+			if m.NoNetwork && s.VMs[j].Networks == nil {
+				s.VMs[j].Networks = []string{} // the answer's "networks": [], never null
+			}
 			for _, a := range m.Addresses {
 				s.VMs[j].Addresses = append(s.VMs[j].Addresses, apitype.VMAddress(a))
 			}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"os"
 	"reflect"
 	"slices"
@@ -132,5 +133,45 @@ func TestStateVMOptions(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got[0].VMs, sb.VMs) {
 		t.Errorf("VMs after the round trip %+v, want %+v", got[0].VMs, sb.VMs)
+	}
+}
+
+// TestStateNoNetwork: a VM created without any NIC keeps its flag across
+// the state file (no new version: a daemon that does not know the flag
+// reads the VM's empty networks), its networks written as [] and read
+// back as an empty list, so that the API answers "networks": [], never
+// null (also when the record held nil).
+func TestStateNoNetwork(t *testing.T) {
+	sb := apitype.Sandbox{ID: "sbnonet", Networks: []apitype.Network{{Name: "net0"}}, VMs: []apitype.VM{
+		{Name: "vault", VMID: 101, Networks: []string{}, NoNetwork: true},
+		{Name: "box", VMID: 102, Networks: []string{"net0"}},
+		{Name: "odd", VMID: 103, NoNetwork: true},
+	}}
+	b, err := encodeState("pve", []apitype.Sandbox{sb}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "null") || strings.Count(string(b), `"networks": []`) != 2 || strings.Count(string(b), `"no_network": true`) != 2 {
+		t.Errorf("want two VMs of networks [] and no_network, no null:\n%s", b)
+	}
+	if !strings.Contains(string(b), `"version": 6`) {
+		t.Errorf("want version 6 still:\n%s", b)
+	}
+	_, got, _, err := decodeState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vms := got[0].VMs
+	if !vms[0].NoNetwork || vms[1].NoNetwork || !vms[2].NoNetwork {
+		t.Errorf("no_network after the round trip: %v %v %v, want the first and the last", vms[0].NoNetwork, vms[1].NoNetwork, vms[2].NoNetwork)
+	}
+	for _, v := range vms {
+		a, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Networks == nil || strings.Contains(string(a), `"networks":null`) {
+			t.Errorf("vm %s answers %s: want its networks a list", v.Name, a)
+		}
 	}
 }

@@ -134,16 +134,27 @@ func (m *Engine) GuestIO(v apitype.VM) error {
 }
 
 // CheckIO refuses the containment check from VM v when its guest cannot
-// run it: a VM without a guest agent, or a Windows guest, as the check's
-// probes are Linux programs that read /proc and /sys.
+// run it: a VM without a guest agent, a Windows guest, as the check's
+// probes are Linux programs that read /proc and /sys, or a VM without
+// any NIC (no_network), whose probes would reach nothing, controls
+// included.
 func CheckIO(v apitype.VM) error {
 	if !v.HasAgent() {
 		return errNoAgent(v, "the containment check runs its probes through the guest agent of a VM that has one")
+	}
+	if v.NoNetwork {
+		return errNoNetwork(v)
 	}
 	if hardening.IsWindows(v.OSType) {
 		return refuse(ErrConflict, "vm %s runs Windows (os_type %s): the containment check's probes are Linux programs (they read /proc and /sys), so the check is not offered from it; run it from a Linux VM of the sandbox", v.Name, v.OSType)
 	}
 	return nil
+}
+
+// errNoNetwork refuses the containment check from VM v, which has no
+// NIC (created with no_network).
+func errNoNetwork(v apitype.VM) error {
+	return refuse(ErrConflict, "vm %s has no network (created with no_network): the containment check probes the node and the networks from a member whose first NIC is on a network of its sandbox, so it is not offered from it; run it from another VM of the sandbox", v.Name)
 }
 
 // errNoAgent refuses a call on VM v, which has no guest agent (agent
@@ -156,7 +167,8 @@ func errNoAgent(v apitype.VM, why string) error {
 // containment check can run in (CheckIO: a Linux VM with a guest agent,
 // or a container, which the daemon enters), "" when it has none or is
 // unknown: the member a check that names none runs from when the first
-// is a VM without an agent (a CTF's target listed first) or a Windows VM.
+// is a VM without an agent (a CTF's target listed first), a Windows VM or
+// a VM without any NIC.
 func (m *Engine) FirstCheckVM(id string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -280,6 +280,15 @@ func validateCreate(c *apitype.CreateRequest, defTTL, maxTTL int64) *apitype.Pro
 		if v.DiskGiB < 0 || v.DiskGiB > maxDiskGiB {
 			return invalid(f+".disk_gib", "disk_gib %d: want 0..%d", v.DiskGiB, maxDiskGiB)
 		}
+		if v.NoNetwork {
+			if len(v.Networks) > 0 || len(v.NICs) > 0 {
+				return invalid(f+".no_network", "no_network is a VM without any NIC: give no networks or nics with it")
+			}
+			// never the first network's default below: the engine
+			// attaches nothing and deletes the template's NICs
+			v.Networks = []string{}
+			continue
+		}
 		if pr := fixed.validateNICs(v, f, c.Networks); pr != nil {
 			return pr
 		}

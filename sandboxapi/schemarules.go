@@ -26,7 +26,7 @@ const noControl = `^[^\x00-\x1f\x7f]*$`
 // createRulesText states what the keywords cannot.
 const createRulesText = "Rules JSON Schema cannot say: network names are unique, and so are VM names " +
 	"(a VM without a name is vm<index>); every name in a VM's networks, or its nics' network, is one of networks (net0 when " +
-	"networks is empty); a VM gives networks or nics, not both; the MACs of nics are unique in the sandbox (in any case), " +
+	"networks is empty); a VM gives networks or nics, not both, and a VM of no_network neither; the MACs of nics are unique in the sandbox (in any case), " +
 	"and so are their ipv4 addresses, each inside its network's cidr (not \"auto\"; dhcp on or off) and not the cidr's " +
 	"network, broadcast or gateway (first host) address; a network's dhcp_ranges need a fixed cidr and dhcp on, each end " +
 	"inside the cidr and not its network, broadcast or gateway address, start not above end, no two ranges sharing an address, " +
@@ -140,6 +140,10 @@ func (s *Server) createRules() map[string]map[string]any {
 		"VM.agent":             {"description": "false for a VM created without a guest agent; omitted otherwise"},
 		"HostSignals.no_agent": {"description": "the VM has no guest agent (created with agent false): agent_ok stays false and no agent signal counts"},
 		"VMRequest.networks":   {"maxItems": maxNetworks, "items": map[string]any{"type": "string", "pattern": reName.String()}},
+		"VMRequest.no_network": {"description": "true: a VM without any NIC (the reference plugin's nics=[]): its template's NICs are removed and none added, " +
+			"so its guest has the loopback only; give no networks or nics with it. No addresses; its siblings cannot reach it; exec and files work; " +
+			"the containment check is not offered from it (409); never from the warm pool. Default false"},
+		"VM.no_network": {"description": "true for a VM created without any NIC (its networks empty); omitted otherwise"},
 		"VMRequest.nics": {"maxItems": maxNetworks, "description": "instead of networks (not both): one NIC per entry, in order, " +
 			"with an optional fixed MAC and IPv4 address; a request with any fixed is never served from the warm pool"},
 		"NIC.network": {"pattern": "^$|" + reName.String(), "description": "the network's name in the sandbox; empty when vnet is given"},

@@ -25,7 +25,7 @@ import (
 // GuestSpec describes a guest VM to start.
 type GuestSpec struct {
 	VMID int
-	VNet string           // bridge to attach to
+	VNet string           // bridge to attach to ("": no NIC, the loopback only)
 	MAC  net.HardwareAddr // nil = derived from VMID
 	Disk string           // the guest's disk: overlay upper dir ("" = a fresh dir)
 	// MemoryMiB caps the memory of the guest's cgroup scope, as the VM's
@@ -47,8 +47,9 @@ type GuestSpec struct {
 
 // Guest is a running guest: its own network, PID, mount and UTS
 // namespaces, an overlay of the host root as its root filesystem, tini as
-// init, dhclient on eth0 and the real qemu-ga answering on Socket (none
-// for a guest started with NoAgent).
+// init, dhclient on eth0 (a guest of no VNet has no eth0, its loopback
+// only) and the real qemu-ga answering on Socket (none for a guest started
+// with NoAgent).
 type Guest struct {
 	VMID   int
 	NS     string // the guest's network namespace
@@ -167,21 +168,47 @@ exec nsenter --uts="$R/proc/$H/ns/uts" -- /bin/sh -c 'kill -KILL "$1"; hostname 
 // client asks every second and never gives up, as a guest whose network
 // comes up late would want; it sends its host name as Debian's default
 // configuration does (the zone's dnsmasq learns the guest's name from it).
-const guestInit = guestNet + `export LISTEN_FDS=1
+const guestInit = guestNet + guestAgent
+
+// guestAgent is the agent part of guestInit: qemu-ga on fd 3.
+const guestAgent = `export LISTEN_FDS=1
 LISTEN_PID=$$ exec qemu-ga -m unix-listen -p /run/qga/qga.sock -t /var/lib/qemu-ga -f /run/qemu-ga.pid
 `
 
 // guestNet is the network part of guestInit: DHCP on eth0 in the
 // background.
-const guestNet = `: > /etc/resolv.conf
-printf 'send host-name = gethostname();\ninitial-interval 1;\nbackoff-cutoff 2;\ntimeout 3600;\nretry 1;\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, host-name;\n' > /run/dhclient.conf
+const guestNet = guestResolv + `printf 'send host-name = gethostname();\ninitial-interval 1;\nbackoff-cutoff 2;\ntimeout 3600;\nretry 1;\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, host-name;\n' > /run/dhclient.conf
 dhclient -4 -nw -cf /run/dhclient.conf -lf /var/lib/dhcp/dhclient.eth0.leases -pf /run/dhclient.pid eth0 </dev/null >/dev/null 2>&1
 `
 
 // guestInitNoAgent is guestInit of a guest without an agent: DHCP, and
 // nothing else (tini keeps the guest up and reaps dhclient's children).
-const guestInitNoAgent = guestNet + `exec sleep infinity
+const guestInitNoAgent = guestNet + guestIdle
+
+// guestIdle ends the init of a guest without an agent: it keeps the guest
+// up.
+const guestIdle = `exec sleep infinity
 `
+
+// guestResolv starts every guest's init with an empty resolv.conf (a
+// guest without any NIC keeps it so: there is no eth0 to run DHCP on).
+const guestResolv = `: > /etc/resolv.conf
+`
+
+// guestScript is the init of a guest with a NIC (net) or without, with
+// an agent or without.
+func guestScript(net, agent bool) string {
+	switch {
+	case net && agent:
+		return guestInit
+	case net:
+		return guestInitNoAgent
+	case agent:
+		return guestResolv + guestAgent
+	default:
+		return guestResolv + guestIdle
+	}
+}
 
 // guestEnv is the whole environment of every process the bed starts in a
 // guest (its init, dhclient and qemu-ga, and the commands it runs inside
@@ -214,15 +241,18 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	if s.VMID < 100 || s.VMID > 999999999 {
 		return nil, fmt.Errorf("testvm: vmid %d out of range", s.VMID)
 	}
-	vnet, ok := b.vnet(s.VNet)
-	if !ok {
-		return nil, fmt.Errorf("testvm: vnet %q does not exist", s.VNet)
-	}
-	if s.MAC == nil {
-		s.MAC = macFor(s.VMID)
-	}
-	if err := b.addDHCPHost(s.VNet, s.MAC, s.IP); err != nil {
-		return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
+	var vnet VNet
+	if s.VNet != "" {
+		var ok bool
+		if vnet, ok = b.vnet(s.VNet); !ok {
+			return nil, fmt.Errorf("testvm: vnet %q does not exist", s.VNet)
+		}
+		if s.MAC == nil {
+			s.MAC = macFor(s.VMID)
+		}
+		if err := b.addDHCPHost(s.VNet, s.MAC, s.IP); err != nil {
+			return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
+		}
 	}
 	gdir := filepath.Join(b.dir, "guests", strconv.Itoa(s.VMID))
 	if s.Disk == "" {
@@ -249,40 +279,20 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 	if err := os.MkdirAll(gdir, 0o700); err != nil {
 		return nil, err
 	}
-	node := b.NodeNS()
-	tap := "tap" + strconv.Itoa(s.VMID) + "i0"
-	host, peer := b.name+"h"+strconv.Itoa(s.VMID), b.name+"g"+strconv.Itoa(s.VMID)
-	g.ipv6 = ulaAddr(vnet, s.VMID%65000+2)
-	for _, st := range [][]string{
-		{"ip", "netns", "add", g.NS},
-		{"ip", "link", "add", host, "type", "veth", "peer", "name", peer},
-		{"ip", "link", "set", host, "netns", node},
-		{"ip", "link", "set", peer, "netns", g.NS},
-		{"ip", "-n", node, "link", "set", host, "name", tap},
-		{"ip", "-n", node, "link", "set", tap, "master", s.VNet, "up"},
-		{"ip", "-n", g.NS, "link", "set", peer, "name", "eth0"},
-		{"ip", "-n", g.NS, "link", "set", "eth0", "address", s.MAC.String()},
-		{"ip", "netns", "exec", g.NS, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.eth0.accept_dad=0", "net.ipv6.conf.eth0.accept_ra=0"},
-		{"ip", "-n", g.NS, "link", "set", "lo", "up"},
-		{"ip", "-n", g.NS, "link", "set", "eth0", "up"},
-		{"ip", "-n", g.NS, "addr", "add", netip.PrefixFrom(g.ipv6, 64).String(), "dev", "eth0", "nodad"},
-		{"ip", "-n", g.NS, "-6", "route", "add", "default", "via", ulaAddr(vnet, 1).String(), "dev", "eth0"},
-	} {
-		if err := run(ctx, st...); err != nil {
-			return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
-		}
+	if err := b.plugGuest(ctx, g, vnet); err != nil {
+		return nil, fmt.Errorf("testvm: guest %d: %w", s.VMID, err)
 	}
 	if err := b.writeVMConf(g); err != nil {
 		return nil, fmt.Errorf("testvm: guest %d: config: %w", s.VMID, err)
 	}
-	script, extra := guestInitNoAgent, []*os.File(nil)
+	script, extra := guestScript(s.VNet != "", !s.NoAgent), []*os.File(nil)
 	if !s.NoAgent {
 		lf, err := b.agentListener(ctx, g)
 		if err != nil {
 			return nil, err
 		}
 		defer lf.Close()
-		script, extra = guestInit, []*os.File{lf}
+		extra = []*os.File{lf}
 	}
 	logf, err := os.Create(filepath.Join(gdir, "console.log"))
 	if err != nil {
@@ -325,11 +335,49 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		}
 		close(done)
 	}()
-	if err := b.waitGuest(ctx, g, vnet.leases(s.IP), !s.NoAgent, filepath.Join(gdir, "console.log")); err != nil {
+	if err := b.waitGuest(ctx, g, s.VNet != "" && vnet.leases(s.IP), !s.NoAgent, filepath.Join(gdir, "console.log")); err != nil {
 		return nil, err
 	}
 	b.log.Info("guest up", "vmid", s.VMID, "vnet", s.VNet, "ipv4", g.ipv4)
 	return g, nil
+}
+
+// plugGuest makes guest g's network namespace with its loopback up and,
+// on a vnet, its NIC: eth0 of g's MAC, the peer of the node's tap
+// tap<vmid>i0 on the vnet's bridge, with an address of the vnet's routed
+// ULA prefix. A guest of no vnet (a VM without any NIC, as qemu-server's
+// config_to_command starts one with no netN: -nodefaults, no -netdev)
+// has the loopback only.
+func (b *Bed) plugGuest(ctx context.Context, g *Guest, vnet VNet) error {
+	steps := [][]string{{"ip", "netns", "add", g.NS}}
+	if g.VNet != "" {
+		node := b.NodeNS()
+		tap := "tap" + strconv.Itoa(g.VMID) + "i0"
+		host, peer := b.name+"h"+strconv.Itoa(g.VMID), b.name+"g"+strconv.Itoa(g.VMID)
+		g.ipv6 = ulaAddr(vnet, g.VMID%65000+2)
+		steps = append(steps,
+			[]string{"ip", "link", "add", host, "type", "veth", "peer", "name", peer},
+			[]string{"ip", "link", "set", host, "netns", node},
+			[]string{"ip", "link", "set", peer, "netns", g.NS},
+			[]string{"ip", "-n", node, "link", "set", host, "name", tap},
+			[]string{"ip", "-n", node, "link", "set", tap, "master", g.VNet, "up"},
+			[]string{"ip", "-n", g.NS, "link", "set", peer, "name", "eth0"},
+			[]string{"ip", "-n", g.NS, "link", "set", "eth0", "address", g.MAC.String()},
+			[]string{"ip", "netns", "exec", g.NS, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.eth0.accept_dad=0", "net.ipv6.conf.eth0.accept_ra=0"})
+	}
+	steps = append(steps, []string{"ip", "-n", g.NS, "link", "set", "lo", "up"})
+	if g.VNet != "" {
+		steps = append(steps,
+			[]string{"ip", "-n", g.NS, "link", "set", "eth0", "up"},
+			[]string{"ip", "-n", g.NS, "addr", "add", netip.PrefixFrom(g.ipv6, 64).String(), "dev", "eth0", "nodad"},
+			[]string{"ip", "-n", g.NS, "-6", "route", "add", "default", "via", ulaAddr(vnet, 1).String(), "dev", "eth0"})
+	}
+	for _, st := range steps {
+		if err := run(ctx, st...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // agentListener makes guest g's agent socket on the host side (handed to

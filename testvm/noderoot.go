@@ -31,7 +31,10 @@ func (b *Bed) writeVMConf(g *Guest) error {
 	if g.Socket == "" {
 		agent = "0" // started without an agent (GuestSpec.NoAgent)
 	}
-	conf := fmt.Sprintf("agent: %s\nname: vm%d\nnet0: virtio=%s,bridge=%s\n", agent, g.VMID, strings.ToUpper(g.MAC.String()), g.VNet)
+	conf := fmt.Sprintf("agent: %s\nname: vm%d\n", agent, g.VMID)
+	if g.VNet != "" {
+		conf += fmt.Sprintf("net0: virtio=%s,bridge=%s\n", strings.ToUpper(g.MAC.String()), g.VNet)
+	}
 	return os.WriteFile(p, []byte(conf), 0o644)
 }
 

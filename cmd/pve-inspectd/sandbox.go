@@ -91,7 +91,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	var (
 		file                   string
 		templates, labels, nws []string
-		ctTemplates            []string
+		ctTemplates, offline   []string
 		cores, mem, disk       int
 		ttl                    time.Duration
 	)
@@ -100,6 +100,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		Short: "create a sandbox (one VM per --template) and print it as JSON",
 		Example: "  pve-inspectd sandbox create --template debian --template debian --ttl 2h --label eval=ctf\n" +
 			"  pve-inspectd sandbox create --template debian --ct-template ct-debian\n" +
+			"  pve-inspectd sandbox create --template debian --no-network-template debian\n" +
 			"  pve-inspectd sandbox create -f request.json",
 		Args: cobra.NoArgs,
 		RunE: withClient(func(ctx context.Context, c *client.Client, cmd *cobra.Command, _ []string) error {
@@ -121,6 +122,9 @@ func newSandboxCmd(g *globals) *cobra.Command {
 			for _, t := range ctTemplates {
 				req.VMs = append(req.VMs, apitype.VMRequest{Kind: apitype.KindLXC, Template: t, Cores: cores, MemoryMiB: mem})
 			}
+			for _, t := range offline {
+				req.VMs = append(req.VMs, apitype.VMRequest{Template: t, Cores: cores, MemoryMiB: mem, DiskGiB: disk, NoNetwork: true})
+			}
 			for _, n := range nws {
 				name, cidr, _ := strings.Cut(n, "=")
 				req.Networks = append(req.Networks, apitype.NetworkRequest{Name: name, CIDR: cidr})
@@ -139,7 +143,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 				req.TTLSeconds = int64(ttl / time.Second)
 			}
 			if len(req.VMs) == 0 {
-				return errors.New("no VM: give --template, --ct-template or -f")
+				return errors.New("no VM: give --template, --ct-template, --no-network-template or -f")
 			}
 			sb, err := c.Create(ctx, req)
 			if err != nil {
@@ -151,6 +155,7 @@ func newSandboxCmd(g *globals) *cobra.Command {
 	create.Flags().StringVarP(&file, "file", "f", "", "JSON CreateRequest (\"-\" = stdin)")
 	create.Flags().StringArrayVar(&templates, "template", nil, "template of one more VM (repeatable)")
 	create.Flags().StringArrayVar(&ctTemplates, "ct-template", nil, "container template of one more member, an unprivileged container (kind lxc; repeatable)")
+	create.Flags().StringArrayVar(&offline, "no-network-template", nil, "template of one more VM without any NIC (no_network: the loopback only; repeatable)")
 	create.Flags().IntVar(&cores, "cores", 0, "vCPUs per --template VM and --ct-template container (default 1)")
 	create.Flags().IntVar(&mem, "memory", 0, "MiB per --template VM and --ct-template container (default 1024)")
 	create.Flags().IntVar(&disk, "disk", 0, "GiB boot disk per --template VM (default: the template's)")
@@ -189,6 +194,9 @@ func newSandboxCmd(g *globals) *cobra.Command {
 					vm := fmt.Sprintf("%s(%d", v.Name, v.VMID)
 					for _, a := range v.Addresses {
 						vm += " " + a.IPv4
+					}
+					if v.NoNetwork {
+						vm += " no network"
 					}
 					vms = append(vms, vm+")")
 				}

@@ -193,6 +193,28 @@ func TestSandboxVerbs(t *testing.T) {
 	}
 }
 
+// TestSandboxCreateNoNetwork: --no-network-template adds a VM without
+// any NIC (no_network), beside a --template VM; the list shows it with
+// its vmid and "no network", no address.
+func TestSandboxCreateNoNetwork(t *testing.T) {
+	sock, _, px := startAPIOn(t, true)
+	out, err := run(t, "", "sandbox", "create", "--socket", sock, "--template", "debian", "--no-network-template", "debian")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb apitype.Sandbox
+	if err := json.Unmarshal([]byte(out), &sb); err != nil || len(sb.VMs) != 2 || sb.VMs[0].NoNetwork || !sb.VMs[1].NoNetwork {
+		t.Fatalf("create output %q: %v, want vm0 on a network and vm1 without", out, err)
+	}
+	if v, _ := px.VMByID(sb.VMs[1].VMID); len(v.Config.Bridges) != 0 {
+		t.Errorf("vm1 configured on %v, want no bridge", v.Config.Bridges)
+	}
+	out, err = run(t, "", "sandbox", "list", "--socket", sock)
+	if want := fmt.Sprintf("vm1(%d no network)", sb.VMs[1].VMID); err != nil || !strings.Contains(out, want) {
+		t.Fatalf("list %q (%v): want %s", out, err, want)
+	}
+}
+
 func TestCheckFailsExitCode(t *testing.T) {
 	sock := startAPI(t, false)
 	out, err := run(t, "", "sandbox", "create", "--socket", sock, "--template", "debian")

@@ -169,12 +169,14 @@ def _view(sb: Sandbox) -> dict[str, Any]:
             "name": v.get("name") or f"vm{i}",
             "vmid": 100 + i,
             "template": v["template"],
+            # a VM of no_network has no NIC, so no address
             "addresses": [
                 {"network": n, "ipv4": f"10.0.{j}.{11 + i}"}
-                for j, n in enumerate(v.get("networks") or ["net0"])
+                for j, n in enumerate([] if v.get("no_network") else v.get("networks") or ["net0"])
             ],
             # the daemon answers agent false for a VM without one, else omits it
             **({"agent": False} if v.get("agent") is False else {}),
+            **({"no_network": True, "networks": []} if v.get("no_network") else {}),
         }
         for i, v in enumerate(sb.req.get("vms", []))
     ]

@@ -138,6 +138,8 @@ def _nics_on(vms: list[dict[str, Any]], name: Any, first: Any) -> tuple[int, set
     """The number of NICs on network ``name`` and their fixed addresses."""
     nics, fixed = 0, set()
     for v in vms:
+        if v.get("no_network") is True:
+            continue  # no NIC on any network
         on: list[Any] = [x for x in v.get("networks") or [] if isinstance(x, str)]
         for nic in v.get("nics") or []:
             if isinstance(nic, dict):
@@ -225,7 +227,8 @@ VM_OPTIONS = ("firmware", "cpu", "os_type", "disk_controller", "nic_controller",
 def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
     """A generated create body with the stated cross-field rules applied:
     unique network and VM names, a VM's networks (or its nics' networks)
-    among networks (net0 when there are none), the rules of nics, env
+    among networks (net0 when there are none), none for a VM of
+    no_network, the rules of nics, env
     within its byte budget; and the node's state: its template, the disk as
     the template has it (Proxmox refuses a smaller one), at most BED_VMS
     VMs."""
@@ -266,6 +269,10 @@ def apply_create_rules(body: dict[str, Any]) -> dict[str, Any]:
                     if isinstance(nic, dict):
                         nic.pop("mac", None)
                         nic.pop("ipv4", None)
+            if v.get("no_network") is True:
+                # a VM without any NIC gives neither networks nor nics
+                v.pop("networks", None)
+                v.pop("nics", None)
             name = v.get("name") or f"vm{i}"
             if name in names:
                 name = _unique(f"v{i}", names | {f"vm{j}" for j in range(len(vms))}, i)

@@ -144,9 +144,17 @@ def test_reference_shape_converts() -> None:
             {"vms_config": [{"vm_source_config": {"ova": "/x.ova"}}]},
             "vms_config[0].vm_source_config.ova",
         ),
-        ({"vms_config": [ref_vm(nics=[])]}, "vms_config[0].nics"),
+        # an alias none of the config's vnets has names an existing
+        # (shared) vnet, which takes no fixed MAC, address or VLAN
         (
-            {"sdn_config": lab(), "vms_config": [ref_vm(nics=[{"vnet_alias": "nope"}])]},
+            {
+                "sdn_config": lab(),
+                "vms_config": [ref_vm(nics=[{"vnet_alias": "nope", "mac": "02:00:00:00:00:01"}])],
+            },
+            "vms_config[0].nics[0].mac",
+        ),
+        (
+            {"sdn_config": lab(), "vms_config": [ref_vm(nics=[{"vnet_alias": ""}])]},
             "vms_config[0].nics[0].vnet_alias",
         ),
         (
@@ -187,10 +195,14 @@ def test_reference_shape_converts() -> None:
             },
             "vms_config[0].nics[0].vlan_tag",
         ),
-        ({"vms_config": [ref_vm(nics=[{"vnet_alias": "x"}])]}, "vms_config[0].nics[0].vnet_alias"),
+        # sdn_config "auto" has no aliases: every alias names an existing vnet
+        (
+            {"vms_config": [ref_vm(nics=[{"vnet_alias": "x", "ipv4": "10.0.0.5"}])]},
+            "vms_config[0].nics[0].ipv4",
+        ),
         # sdn_config None: existing (shared) vnets, named in every VM's nics
+        # (nics=[]: a VM without network access)
         ({"sdn_config": None, "vms_config": [ref_vm()]}, "vms_config[0].nics"),
-        ({"sdn_config": None, "vms_config": [ref_vm(nics=[])]}, "vms_config[0].nics"),
         (
             {
                 "sdn_config": None,
@@ -722,3 +734,32 @@ def test_native_agent_rules() -> None:
             VmSpec.model_validate({"template": "d", **bad})
     with pytest.raises(ValueError, match="at least one VM must be a sandbox"):
         PveInspectSandboxEnvironmentConfig(vms=(VmSpec(template="d", sandbox=False, agent=False),))
+
+
+def test_native_no_network_rules() -> None:
+    """no_network=True in this provider's own shape: a VM without any NIC,
+    sent as "no_network": true with neither networks nor nics; it gives no
+    networks or nics, and an empty networks or nics without it is refused
+    (the daemon's default for no networks is the first network, never a VM
+    without NICs by accident)."""
+    cfg = PveInspectSandboxEnvironmentConfig(
+        vms=(
+            VmSpec(template="kali", name="attacker"),
+            VmSpec(template="debian", name="vault", no_network=True),
+            VmSpec(template="debian", name="quiet", no_network=True, networks=()),
+        )
+    )
+    a, vault, quiet = create_request(cfg, "t")["vms"]
+    assert "no_network" not in a
+    assert vault == {"template": "debian", "name": "vault", "no_network": True}
+    assert quiet == {"template": "debian", "name": "quiet", "no_network": True}
+    assert cfg.vms[1].network_names() == ()
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"no_network": True, "networks": ["net0"]}, "give no networks or nics"),
+        ({"no_network": True, "nics": [{"network": "net0"}]}, "give no networks or nics"),
+        ({"networks": []}, "give no_network=True"),
+        ({"nics": []}, "give no_network=True"),
+    ]
+    for bad, why in cases:
+        with pytest.raises(ValueError, match=why):
+            VmSpec.model_validate({"template": "d", **bad})

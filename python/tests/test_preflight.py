@@ -118,6 +118,41 @@ async def test_network_problem_names_the_alias(fake_node: tuple[FakeNode, NodeCo
     assert "  - size: cap sandbox_vcpus" in msg and "templates on this node: none" in msg
 
 
+async def test_unshared_vnet_fails_listing_what_the_node_shares(
+    fake_node: tuple[FakeNode, NodeConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NIC on an existing vnet the node does not share (the reference's
+    vnet_alias that is none of the config's own vnets, beside one that is)
+    fails the task at start: the VM named, the field as the reference's
+    (vms_config[i].nics[j].vnet_alias, its NICs in the order written, the
+    sample's own vnet first), and the vnets the node shares listed; a VM
+    without NICs beside it is no problem."""
+    fake, node = fake_node
+    fake.shared_vnets = ("dmz",)
+    monkeypatch.setenv("PVE_INSPECT_URL", node.url)
+    cfg = reference(node)
+    cfg["vms_config"][1] = {
+        **cfg["vms_config"][1],
+        "vm_source_config": {"existing_vm_template_tag": "debian"},
+        "nics": [{"vnet_alias": "my lab"}, {"vnet_alias": "corp lab"}],
+    }
+    cfg["vms_config"].append(
+        {"name": "vault", "vm_source_config": {"existing_vm_template_tag": "debian"}, "nics": []}
+    )
+    with pytest.raises(ConfigRefused) as e:
+        await PveInspectSandboxEnvironment.task_init("t", coerce(cfg))
+    assert str(e.value) == (
+        f"pve_inspect: the sandbox config cannot run on {node.url} (1 problem):\n"
+        "  - VM 'target' (vms_config[1].nics[1].vnet_alias): "
+        'vnet "corp lab": not a vnet this node shares '
+        "(the operator lists them in [api] shared_vnets); this node shares dmz\n"
+        "  templates on this node: debian"
+    )
+    # a vnet the node shares passes
+    cfg["vms_config"][1]["nics"][1] = {"vnet_alias": "dmz"}
+    await PveInspectSandboxEnvironment.task_init("t", coerce(cfg))
+
+
 async def test_bad_token_says_so(fake_node: tuple[FakeNode, NodeConfig]) -> None:
     fake, node = fake_node
     fake.token = "good"

@@ -7,12 +7,14 @@ changed to ``pve_inspect`` (facts of the reference, no code of it).
 
 The task runs on the bed daemon with the mock model and scores as written.
 Each README config is converted as the provider converts it at task start:
-what it can honour converts, and the first field it cannot is named with
-why (the reference's full example's OVA, a file on the eval machine,
-converts: its template is built from the uploaded file at task start)."""
+the full example converts whole (its OVA, a file on the eval machine, is
+built into a template from the uploaded file at task start; its NIC on an
+existing vnet is one on a vnet the node shares; its VM without NICs is the
+daemon's no_network), and a field it cannot honour is named with why."""
 
 from __future__ import annotations
 
+import copy
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,23 @@ from typing import Any
 import pytest
 from conftest import eval_uname_then_submit_42, need_bed
 from inspect_ai import Task, task
+from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import Sample
-from inspect_ai.scorer import includes
-from inspect_ai.solver import basic_agent
+from inspect_ai.scorer import includes, match
+from inspect_ai.solver import Generate, Solver, TaskState, basic_agent, solver
 from inspect_ai.tool import bash
+from inspect_ai.util import SandboxEnvironmentSpec, sandbox
 from test_ctf4 import ctf4
 from test_ova import make_ova
 
 from inspect_pve_inspect import ConfigError, PveInspectSandboxEnvironmentConfig
-from inspect_pve_inspect.compat import VmNicConfig, coerce
+from inspect_pve_inspect.compat import (
+    ProxmoxSandboxEnvironmentConfig,
+    VmConfig,
+    VmNicConfig,
+    VmSourceConfig,
+    coerce,
+)
 from inspect_pve_inspect.sandbox import create_request
 
 
@@ -111,17 +121,54 @@ def _one_vm(vm: dict[str, Any], sdn: Any = None) -> dict[str, Any]:
     return d
 
 
+def _full_with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """README_FULL with the field at path (keys and indexes) set to value."""
+    d = copy.deepcopy(README_FULL)
+    at: Any = d
+    for k in path[:-1]:
+        at = at[k]
+    at[path[-1]] = value
+    return d
+
+
 @pytest.mark.parametrize(
     ("name", "config", "field"),
     [
-        # the full example: its vnet (gateway .1, DHCP range .50-.100 of
-        # its /24) converts, and so does its second VM, an OVA on the
-        # eval's machine (made in the test's directory: the template
-        # ova-FILE-SIZE built from the uploaded file at task start); the
-        # first refusal is now its fourth VM's NIC on "existing vnet
-        # alias", a vnet the config's sdn_config does not define (the
-        # reference would look it up among the node's existing vnets)
-        ("full example", README_FULL, "vms_config[3].nics[0].vnet_alias"),
+        # the full example converts whole (test_readme_full_example_converts);
+        # each of these changes one of its fields to a value this provider
+        # cannot honour, and that field is named
+        (
+            "a fixed MAC on the existing vnet's NIC",
+            _full_with(("vms_config", 3, "nics", 0, "mac"), "00:16:3d:1d:eb:a1"),
+            "vms_config[3].nics[0].mac",
+        ),
+        (
+            "a fixed address on the existing vnet's NIC",
+            _full_with(("vms_config", 3, "nics", 0, "ipv4"), "192.168.20.11"),
+            "vms_config[3].nics[0].ipv4",
+        ),
+        (
+            "a VLAN tag on the existing vnet's NIC",
+            _full_with(("vms_config", 3, "nics", 0, "vlan_tag"), 5),
+            "vms_config[3].nics[0].vlan_tag",
+        ),
+        (
+            "its vnet's gateway not the subnet's first address",
+            _full_with(
+                ("sdn_config", "vnet_configs", 0, "subnets", 0, "gateway"), "192.168.20.254"
+            ),
+            "sdn_config.vnet_configs[0].subnets[0].gateway",
+        ),
+        (
+            "without the zone's IPAM and DHCP",
+            _full_with(("sdn_config", "use_pve_ipam_dnsnmasq"), False),
+            "sdn_config.use_pve_ipam_dnsnmasq",
+        ),
+        (
+            "a display",
+            _full_with(("vms_config", 4, "vga"), "std"),
+            "vms_config[4].vga",
+        ),
     ],
 )
 def test_readme_config_refused_by_field(
@@ -136,6 +183,135 @@ def test_readme_config_refused_by_field(
         coerce(config)
     assert e.value.field == field, f"{name}: {e.value}"
     assert e.value.message, name
+
+
+def test_readme_full_example_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's full example converts whole, its five VMs in order:
+    romeo (a built-in, UEFI, no guest agent) with a fixed MAC and address
+    on the config's own vnet "my special vnet"; the Windows 10 VM of an OVA
+    on the eval machine; a VM of the template tag java_server (a template
+    name the preflight checks at task start, listing the node's); a VM
+    whose NIC names "existing vnet alias", none of the config's vnets,
+    which the reference looks up among every Proxmox vnet: a NIC on a vnet
+    the node's operator shares (the daemon refuses at task start one it
+    does not share, listing those it does); and a VM with ``nics=[]``, the
+    reference's "virtual machine with no network access": the daemon's
+    ``no_network``, neither networks nor nics. The sandbox's network is
+    the config's vnet with its DHCP range, and it asks no egress policy (a
+    sandbox with a shared vnet's NIC takes none)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    ova = make_ova(tmp_path / "tests" / "oVirtTinyCore64-13.11.ova")
+    cfg = coerce(README_FULL)
+    romeo, win, java, shared, offline = cfg.vms
+    (net,) = cfg.networks
+    assert (net.name, net.alias, net.cidr) == ("net0", "my special vnet", "192.168.20.0/24")
+    assert (romeo.name, romeo.template, romeo.firmware, romeo.agent) == (
+        "romeo",
+        "ubuntu24.04",
+        "uefi",
+        False,
+    )
+    assert win.template == f"ova-ovirttinycore64-13-11-ova-{ova.stat().st_size}"
+    assert java.template == "java_server" and java.built_in is None
+    assert shared.nics is not None and shared.networks is None
+    assert [(n.network, n.vnet) for n in shared.nics] == [(None, "existing vnet alias")]
+    assert offline.no_network and offline.networks is None and offline.nics is None
+    assert (offline.template, offline.sandbox, offline.agent) == ("ubuntu24.04", True, True)
+    assert cfg.egress is None
+    req = create_request(cfg, "t")
+    vms = req["vms"]
+    assert vms[0]["nics"] == [
+        {"network": "net0", "mac": "00:16:3D:1D:EB:A0", "ipv4": "192.168.20.10"}
+    ]
+    assert vms[0]["agent"] is False and vms[0]["firmware"] == "uefi"
+    assert vms[1]["os_type"] == "win10" and "networks" not in vms[1] and "nics" not in vms[1]
+    assert vms[2] == {"template": "java_server", "cores": 2, "memory_mib": 2048}
+    assert vms[3]["nics"] == [{"vnet": "existing vnet alias"}] and "networks" not in vms[3]
+    assert vms[4] == {
+        "template": "ubuntu24.04",
+        "cores": 2,
+        "memory_mib": 2048,
+        "no_network": True,
+    }
+    assert req["networks"] == [net.request()] and "egress" not in req
+
+
+def test_existing_vnet_beside_the_config_s_own() -> None:
+    """A VM may mix NICs on its sample's vnets and on existing ones, in its
+    order: an alias of the config's sdn_config is the sample's vnet (with
+    its fixed address), any other an existing vnet the node shares; with
+    ``sdn_config="auto"``, which has no aliases, every alias names an
+    existing vnet (the reference finds none among the vnets it made), the
+    sample's own network still made for its other VMs."""
+    sdn = README_FULL["sdn_config"]
+    cfg = coerce(
+        _one_vm(
+            {
+                "vm_source_config": {"existing_vm_template_tag": "debian"},
+                "nics": [
+                    {"vnet_alias": "lab"},
+                    {"vnet_alias": "my special vnet", "ipv4": "192.168.20.7"},
+                ],
+            },
+            sdn,
+        )
+    )
+    (vm,) = cfg.vms
+    assert vm.nics is not None
+    assert [(n.network, n.vnet, n.ipv4) for n in vm.nics] == [
+        (None, "lab", None),
+        ("net0", None, "192.168.20.7"),
+    ]
+    assert create_request(cfg, "t")["vms"][0]["nics"] == [
+        {"vnet": "lab"},
+        {"network": "net0", "ipv4": "192.168.20.7"},
+    ]
+    # without a fixed one the sample's own vnets still go as nics beside a shared one
+    plain = coerce(
+        _one_vm(
+            {
+                "vm_source_config": {"existing_vm_template_tag": "debian"},
+                "nics": [{"vnet_alias": "my special vnet"}, {"vnet_alias": "lab"}],
+            },
+            sdn,
+        )
+    )
+    assert create_request(plain, "t")["vms"][0]["nics"] == [{"network": "net0"}, {"vnet": "lab"}]
+    auto = coerce(
+        {
+            "vms_config": [
+                {
+                    "vm_source_config": {"existing_vm_template_tag": "debian"},
+                    "nics": [{"vnet_alias": "lab"}],
+                },
+                {"vm_source_config": {"existing_vm_template_tag": "debian"}},
+            ]
+        }
+    )
+    req = create_request(auto, "t")
+    assert req["vms"][0]["nics"] == [{"vnet": "lab"}]
+    assert "nics" not in req["vms"][1] and "networks" not in req and auto.networks == ()
+
+
+@pytest.mark.parametrize("sdn", ["auto", None, "own"])
+def test_no_network_vm_converts_with_any_sdn_config(sdn: Any) -> None:
+    """``nics=[]`` is a VM without network access whatever the sdn_config
+    (``"auto"``, ``None``, the config's own vnets): the daemon's
+    ``no_network``, beside a VM with a NIC."""
+    sdn_config = README_FULL["sdn_config"] if sdn == "own" else sdn
+    nic = {"vnet_alias": "my special vnet" if sdn == "own" else "lab"}
+    vms = [
+        {"vm_source_config": {"existing_vm_template_tag": "debian"}, "name": "box", "nics": []},
+        {"vm_source_config": {"existing_vm_template_tag": "debian"}, "name": "net", "nics": [nic]},
+    ]
+    d: dict[str, Any] = {"vms_config": vms}
+    if sdn != "auto":
+        d["sdn_config"] = sdn_config
+    cfg = coerce(d)
+    box, other = create_request(cfg, "t")["vms"]
+    assert box["no_network"] is True and "networks" not in box and "nics" not in box
+    assert "no_network" not in other
 
 
 def test_readme_full_example_ova_converts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,6 +410,55 @@ def test_readme_existing_vnets_convert() -> None:
     req = create_request(cfg, "t")
     assert req["vms"][0]["nics"] == [{"vnet": "existing-vnet-alias"}]
     assert "networks" not in req and "egress" not in req
+
+
+@solver
+def _look_at_links() -> Solver:
+    """Each VM's network interfaces (``ls /sys/class/net``), through
+    Inspect's sandbox exec, into the sample's store; the VM without
+    network's answer is the sample's output."""
+
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        links = {}
+        for name in ("box", "vault"):
+            res = await sandbox(name).exec(["ls", "/sys/class/net"])
+            assert res.success, res.stderr
+            links[name] = res.stdout.split()
+        state.store.set("links", links)
+        state.output.completion = " ".join(links["vault"])
+        return state
+
+    return solve
+
+
+def test_no_network_vm_runs_on_the_playground(tmp_path: Path) -> None:
+    """The reference's VM "with no network access" (``nics=[]``) beside a
+    VM on the sample's network (``sdn_config="auto"``), with only the
+    sandbox type changed: the sample runs, Inspect's exec reaches both, and
+    the VM without network has the loopback only while its sibling has a
+    NIC."""
+    need_bed()
+    debian = VmSourceConfig(existing_vm_template_tag="debian")
+    config = ProxmoxSandboxEnvironmentConfig(
+        vms_config=(
+            VmConfig(vm_source_config=debian, name="box"),
+            VmConfig(vm_source_config=debian, name="vault", nics=()),
+        )
+    )
+    task = Task(
+        dataset=[Sample(input="which links", target="lo")],
+        solver=_look_at_links(),
+        scorer=match(),
+        sandbox=SandboxEnvironmentSpec(type="pve_inspect", config=config),
+    )
+    logs = inspect_eval(tasks=[task], model="mockllm/model", log_dir=str(tmp_path), display="none")
+    log = logs[0]
+    assert log.status == "success", log.error
+    assert log.samples is not None
+    links = log.samples[0].store.get("links")
+    assert isinstance(links, dict), log.samples[0].store
+    assert links["vault"] == ["lo"], links
+    assert "lo" in links["box"] and len(links["box"]) > 1, links
 
 
 def ctf4_config(ova: Path) -> dict[str, Any]:

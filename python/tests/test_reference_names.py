@@ -254,6 +254,7 @@ def test_the_record_follows_copies_and_files(tmp_path: Path) -> None:
         ("vms[1].memory_mib", "vms_config[1].ram_mb"),
         ("vms[0].firmware", "vms_config[0].uefi_boot"),
         ("vms[1].agent", "vms_config[1].is_sandbox"),
+        ("vms[1].no_network", "vms_config[1].nics"),  # nics=[]: a VM without network
         ("vms[0].networks", "vms_config[0].nics"),
         ("vms[0].networks[1]", "vms_config[0].nics[1].vnet_alias"),
         ("vms[0].nics[1].network", "vms_config[0].nics[1].vnet_alias"),

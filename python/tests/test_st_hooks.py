@@ -208,3 +208,19 @@ def test_plan_room_with_dhcp() -> None:
         "vms": [{"template": "t", "nics": [{"network": "w", "ipv4": "10.9.3.5"}]}],
     }
     assert apply_create_rules(wide)["vms"][0]["nics"][0].get("ipv4") == "10.9.3.5"
+
+
+def test_no_network_rules() -> None:
+    """A VM of no_network gives neither networks nor nics, and takes no
+    address of a network's ranges (one address is room for the one VM on
+    the first network beside it)."""
+    r = [{"start": "10.9.0.50", "end": "10.9.0.50"}]
+    for bad in ({"networks": ["lan"]}, {"nics": [{"network": "lan"}]}):
+        body: dict[str, Any] = {
+            "networks": [{"name": "lan", "cidr": "10.9.0.0/24", "dhcp_ranges": r}],
+            "vms": [{"template": "t", "name": "a", "no_network": True, **bad}, {"template": "t"}],
+        }
+        out = apply_create_rules(body)
+        a, c = out["vms"]
+        assert "networks" not in a and "nics" not in a, a
+        assert "networks" not in c and out["networks"][0]["dhcp_ranges"] == r, out

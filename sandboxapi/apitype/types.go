@@ -88,6 +88,17 @@ type VMRequest struct {
 	// address. A request with any MAC or address fixed runs cold: a warm
 	// pool member's NICs are configured already.
 	NICs []NIC `json:"nics,omitempty"`
+	// NoNetwork asks for a VM without any NIC (the reference plugin's
+	// nics=[], "a virtual machine with no network access"): every NIC of
+	// its template is removed and none is added, so its guest has the
+	// loopback only. It gives neither Networks nor NICs. The VM has no
+	// addresses; its guest knows its own name (127.0.1.1) and none of its
+	// siblings', which cannot reach it; exec and files work through its
+	// guest agent as for any VM; the containment check is not offered
+	// from it (409); it is never served from the warm pool. Its
+	// sandbox still has its networks (net0 when the request names none),
+	// for its other VMs.
+	NoNetwork bool `json:"no_network,omitempty"`
 	// Firmware is "seabios" (default) or "uefi": OVMF with an EFI vars
 	// disk (efitype 4m, no pre-enrolled keys) allocated on the VM's boot
 	// disk storage. UEFI keeps SMM emulation on (the hardened profile's
@@ -274,13 +285,18 @@ type VM struct {
 	// its /etc/hosts and by DNS at its zone's gateway (see Addresses).
 	Name string `json:"name"`
 	// Kind is "lxc" for a container, empty for a VM.
-	Kind      string   `json:"kind,omitempty"`
-	VMID      int      `json:"vmid"`
-	Template  string   `json:"template"`
-	Cores     int      `json:"cores"`
-	MemoryMiB int      `json:"memory_mib"`
-	DiskGiB   int      `json:"disk_gib,omitempty"`
-	Networks  []string `json:"networks"`
+	Kind      string `json:"kind,omitempty"`
+	VMID      int    `json:"vmid"`
+	Template  string `json:"template"`
+	Cores     int    `json:"cores"`
+	MemoryMiB int    `json:"memory_mib"`
+	DiskGiB   int    `json:"disk_gib,omitempty"`
+	// Networks are the VM's networks in NIC order (a shared vnet's as
+	// SharedNetwork); empty for a VM of NoNetwork.
+	Networks []string `json:"networks"`
+	// NoNetwork is true for a VM created without any NIC
+	// (VMRequest.NoNetwork), omitted otherwise.
+	NoNetwork bool `json:"no_network,omitempty"`
 	// NICs are the VM's NICs as the request's nics gave them, each with
 	// the MAC it has when the request or the daemon fixed one (a NIC with
 	// a fixed IPv4 address always has); omitted when the request gave

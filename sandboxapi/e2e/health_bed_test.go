@@ -75,10 +75,11 @@ func guestPIDs(t *testing.T, e *bedEnv, vmid int, comm string) []int {
 // time, the change arrives on the event stream, and an exec on a broken VM
 // fails at once with sandbox-broken; a sandbox under CPU load stays ok and
 // its host-side counters move.
-func TestBedHealth(t *testing.T) {
-	testkit.RequireRoot(t, "nsenter", "mount", "losetup", "mkfs.ext4")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+// newHealthBedEnv is a bed env whose engine's health monitor reads the
+// bed's cgroups and the node's taps and runs, every bedHealthInterval,
+// until the test ends.
+func newHealthBedEnv(t *testing.T, ctx context.Context) *bedEnv {
+	t.Helper()
 	e := newBedEnv(t, ctx, func(o *options) {
 		o.Health = sandbox.HealthOptions{Interval: bedHealthInterval, AgentBrokenAfter: bedAgentBrokenAfter, PingTimeout: bedPingTimeout}
 	})
@@ -91,11 +92,22 @@ func TestBedHealth(t *testing.T) {
 	e.opts.Health.Node = sandbox.NodeReader{CgroupRoot: e.bed.CgroupRoot(), Parent: e.bed.CgroupParent(), NetRoot: filepath.Join(sysfs, "class", "net")}
 	e.start(t, ctx)
 	hctx, hcancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); e.srv.Engine().RunHealth(hctx) }()
+	t.Cleanup(func() { hcancel(); <-done })
+	return e
+}
+
+func TestBedHealth(t *testing.T) {
+	testkit.RequireRoot(t, "nsenter", "mount", "losetup", "mkfs.ext4")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	e := newHealthBedEnv(t, ctx)
+	hctx, hcancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer hcancel()
-	wg.Add(2)
-	go func() { defer wg.Done(); e.srv.Engine().RunHealth(hctx) }()
+	wg.Add(1)
 	log := &eventLog{}
 	go func() {
 		defer wg.Done()

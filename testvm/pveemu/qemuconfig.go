@@ -282,6 +282,7 @@ func (s *Server) applyCheckedLocked(ctx context.Context, u *configUpdate, v *vm)
 	if err != nil {
 		return err
 	}
+	dropFromBootOrder(v.conf, u.changes, u.deletes)
 	for _, d := range deletes {
 		if _, ok := failed[d]; !ok {
 			delete(v.conf, d)
@@ -413,4 +414,39 @@ func uniqueTags(v string) string {
 	}
 	sort.Strings(out)
 	return strings.Join(slices.Compact(out), ";")
+}
+
+// dropFromBootOrder takes each deleted key out of the config's boot order
+// (boot "order=scsi0;net0"): update_vm_api's "remove from bootorder if
+// necessary" (qemu-server API2/Qemu.pm), which reads the order once
+// (PVE::Tools::split_list of the pve-qm-boot order) and writes what is
+// left with print_bootorder (none when nothing is). A boot value given in the
+// same request is set after the deletions and wins; the emulator applies
+// the new order at once (qemu-server writes it pending, applied with the
+// rest of a stopped VM's pending values).
+func dropFromBootOrder(conf, changes map[string]string, deletes []string) {
+	if _, ok := changes["boot"]; ok || conf["boot"] == "" {
+		return
+	}
+	var order []string
+	found := false
+	for _, kv := range strings.Split(conf["boot"], ",") {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == "order" {
+			order, found = splitList(val), true
+		}
+	}
+	if !found {
+		return
+	}
+	kept := slices.DeleteFunc(slices.Clone(order), func(d string) bool { return slices.Contains(deletes, d) })
+	if len(kept) == len(order) {
+		return
+	}
+	if len(kept) == 0 {
+		// print_bootorder's "": written as "boot: ", a line
+		// parse_vm_config's "key: value" pattern (.+) does not read back
+		delete(conf, "boot")
+		return
+	}
+	conf["boot"] = "order=" + strings.Join(kept, ";")
 }

@@ -6,17 +6,21 @@ An eval written for ``inspect_proxmox_sandbox`` passes a
 (``vm_source_config.existing_vm_template_tag``, ``built_in`` or ``ova``, ``name``, ``ram_mb``,
 ``vcpus``, ``is_sandbox`` (``False`` without a ``healthcheck``: a VM
 without a guest agent, the daemon's ``agent: false``), ``nics`` by
-``vnet_alias`` with their ``mac`` and ``ipv4``, ``healthcheck``, and
+``vnet_alias`` with their ``mac`` and ``ipv4`` (an alias that is none of
+the config's own vnets names an existing vnet, as the reference looks it
+up among every Proxmox vnet: a NIC on a vnet the node's operator shares,
+without ``mac`` or ``ipv4``; ``nics=[]`` is a VM with no network access,
+the daemon's ``no_network``: no NIC at all), ``healthcheck``, and
 ``uefi_boot``, ``os_type``, ``cpu``, ``disk_controller`` (``scsi``,
 ``ide``), ``nic_controller`` (``virtio``, ``e1000``) as the daemon's
 per-VM options) and
 ``sdn_config`` (``"auto"``, or vnets with one subnet each, SNAT and DHCP
 with the subnet's ``dhcp_ranges``, none a network of dhcp off whose NICs
 take an ``ipv4`` too; its gateway must be the first address;
-or ``None``: every VM's ``nics`` name existing vnets by ``vnet_alias``,
-which become NICs on vnets the node's operator shares, by Proxmox vnet
-alias or id; the daemon refuses at task start a vnet the node does not
-share, listing the ones it does; no ``mac`` or ``ipv4`` on them).
+or ``None``: every VM's ``nics`` name existing vnets by ``vnet_alias``
+(or are ``[]``), which become NICs on vnets the node's operator shares, by
+Proxmox vnet alias or id; the daemon refuses at task start a vnet the node
+does not share, listing the ones it does; no ``mac`` or ``ipv4`` on them).
 Covered another way: ``firewall=True`` (the node's guard), ``depends_on``
 (checked; every VM starts at once and the sample waits for all of them and
 their healthchecks). A template tag is looked up as a template name of the
@@ -221,8 +225,8 @@ def _s(v: Any) -> str | None:
 
 def _networks(sdn: Any) -> tuple[tuple[NetworkSpec, ...], dict[str, str]]:
     """The networks of an sdn_config and the vnet alias -> network name map
-    (none for ``"auto"`` and for ``None``, whose aliases name existing
-    vnets: :func:`_shared_nics`)."""
+    (none for ``"auto"`` and for ``None``; an alias not in it names an
+    existing vnet: :func:`_shared_nic`)."""
     if sdn == "auto" or sdn is None:
         return (), {}
     if not isinstance(sdn, dict):
@@ -441,40 +445,67 @@ def _ova_mode(f: str, ova: OvaImage, vm: dict[str, Any]) -> OvaImage:
         raise ConfigError(f"{f}.{field}" if field else f, e.errors()[0]["msg"]) from None
 
 
-def _shared_nics(f: str, nics: list[dict[str, Any]]) -> tuple[NicSpec, ...]:
-    """The NICs of a VM of ``sdn_config=None`` (the reference's "Using
-    Existing Proxmox VNETs"): each ``vnet_alias`` a vnet the node's operator
+def _shared_nic(nf: str, nic: dict[str, Any]) -> NicSpec:
+    """A NIC (field ``nf``) whose ``vnet_alias`` is none of the sample's own
+    vnets: as the reference looks such an alias up among every existing
+    Proxmox vnet (``GET /cluster/sdn/vnets``, by alias), with
+    ``sdn_config=None`` ("Using Existing Proxmox VNETs") and beside a
+    config's own vnets alike, it is a NIC on a vnet the node's operator
     shares, named by its Proxmox alias (what the reference matches) or id;
     the daemon resolves it at task start, or refuses it listing the vnets
     the node shares. The reference takes no static address there; this
     provider no fixed MAC either (the vnet's other guests are other
     sandboxes')."""
-    if not nics:
-        raise ConfigError(
-            f"{f}.nics",
-            "with sdn_config None every VM names its existing vnets in nics "
-            "(a VM without NICs is not supported)",
-        )
-    out: list[NicSpec] = []
+    if nic.get("vlan_tag") is not None:
+        raise ConfigError(f"{nf}.vlan_tag", "not supported: a shared vnet carries no VLANs")
+    for k in ("mac", "ipv4"):
+        if nic.get(k) is not None:
+            raise ConfigError(
+                f"{nf}.{k}",
+                "not supported on an existing (shared) vnet: its other guests are other "
+                "sandboxes', and its addresses the vnet's DHCP's",
+            )
+    alias = nic.get("vnet_alias")
+    if not isinstance(alias, str) or not alias:
+        raise ConfigError(f"{nf}.vnet_alias", f"want a vnet alias, got {alias!r}")
+    return NicSpec(vnet=alias)
+
+
+def _nics(
+    f: str, nics: list[dict[str, Any]], aliases: dict[str, str]
+) -> tuple[tuple[str, ...] | None, tuple[NicSpec, ...] | None]:
+    """A VM's ``nics`` as the daemon's ``networks`` (every NIC on a vnet of
+    the sample's own, by alias, none fixed: the node's warm pool may serve
+    it) or ``nics`` (else, in the same order): an alias of the config's
+    ``sdn_config`` is the sample's own vnet, with its ``mac`` and ``ipv4``;
+    any other (all of them with ``sdn_config`` ``"auto"`` or ``None``,
+    which have no aliases of their own) names an existing vnet, a shared
+    one (:func:`_shared_nic`)."""
+    specs: list[NicSpec] = []
     for j, nic in enumerate(nics):
         nf = f"{f}.nics[{j}]"
-        if nic.get("vlan_tag") is not None:
-            raise ConfigError(f"{nf}.vlan_tag", "not supported: a shared vnet carries no VLANs")
-        for k in ("mac", "ipv4"):
-            if nic.get(k) is not None:
-                raise ConfigError(
-                    f"{nf}.{k}",
-                    "not supported on an existing (shared) vnet: its other guests are other "
-                    "sandboxes', and its addresses the vnet's DHCP's",
-                )
         alias = nic.get("vnet_alias")
-        if not isinstance(alias, str) or not alias:
-            raise ConfigError(f"{nf}.vnet_alias", f"want a vnet alias, got {alias!r}")
-        out.append(NicSpec(vnet=alias))
-    return tuple(out)
+        if alias not in aliases:
+            specs.append(_shared_nic(nf, nic))
+            continue
+        if nic.get("vlan_tag") is not None:
+            raise ConfigError(f"{nf}.vlan_tag", "not supported: a sandbox's vnets carry no VLANs")
+        try:
+            specs.append(
+                NicSpec(network=aliases[alias], mac=_s(nic.get("mac")), ipv4=_s(nic.get("ipv4")))
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ConfigError(f"{nf}.{err['loc'][0]}", err["msg"]) from None
+    if any(n.vnet is not None or n.mac is not None or n.ipv4 is not None for n in specs):
+        # a shared vnet, a fixed MAC or address: the NICs go as nics (never
+        # from the node's warm pool), a fixed address reserved by its MAC
+        # in Proxmox's IPAM
+        return None, tuple(specs)
+    return tuple(str(n.network) for n in specs), None
 
 
-def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared: bool) -> VmSpec:
+def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], shared: bool) -> VmSpec:
     f = f"vms_config[{i}]"
     extra = set(vm) - _VM_FIELDS
     if extra:
@@ -515,42 +546,17 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
     nets: tuple[str, ...] | None = None
     fixed: tuple[NicSpec, ...] | None = None
     nics = vm.get("nics")
-    if shared:
-        fixed = _shared_nics(f, list(nics or ()))
-    elif nics is not None:
-        if len(nics) == 0:
-            raise ConfigError(f"{f}.nics", "a VM without NICs is not supported")
-        out = []
-        specs = []
-        for j, nic in enumerate(nics):
-            if nic.get("vlan_tag") is not None:
-                raise ConfigError(
-                    f"{f}.nics[{j}].vlan_tag", "not supported: a sandbox's vnets carry no VLANs"
-                )
-            alias = str(nic.get("vnet_alias"))
-            if auto:
-                raise ConfigError(
-                    f"{f}.nics[{j}].vnet_alias", f"{alias!r}: sdn_config 'auto' has no aliases"
-                )
-            if alias not in aliases:
-                raise ConfigError(
-                    f"{f}.nics[{j}].vnet_alias", f"{alias!r}: no vnet with this alias"
-                )
-            out.append(aliases[alias])
-            try:
-                specs.append(
-                    NicSpec(
-                        network=aliases[alias], mac=_s(nic.get("mac")), ipv4=_s(nic.get("ipv4"))
-                    )
-                )
-            except ValidationError as e:
-                err = e.errors()[0]
-                raise ConfigError(f"{f}.nics[{j}].{err['loc'][0]}", err["msg"]) from None
-        nets = tuple(out)
-        if any(n.mac is not None or n.ipv4 is not None for n in specs):
-            # a fixed MAC or address: the NICs go as nics (never from the
-            # node's warm pool), each reserved by its MAC in Proxmox's IPAM
-            fixed, nets = tuple(specs), None
+    # nics=[]: the reference's "virtual machine with no network access" (it
+    # removes the template's NICs and adds none), the daemon's no_network
+    no_network = nics is not None and len(nics) == 0
+    if nics is None and shared:
+        raise ConfigError(
+            f"{f}.nics",
+            "with sdn_config None every VM names its existing vnets in nics (or gives "
+            "nics=[]: no network)",
+        )
+    if nics:
+        nets, fixed = _nics(f, list(nics), aliases)
     hc = vm.get("healthcheck")
     if ova is not None:
         ova = _ova_mode(f, ova, vm)
@@ -571,6 +577,7 @@ def _vm(i: int, vm: dict[str, Any], aliases: dict[str, str], auto: bool, shared:
                 "memory_mib": vm.get("ram_mb", 2048),
                 "networks": nets,
                 "nics": fixed,
+                "no_network": no_network,
                 "sandbox": bool(vm.get("is_sandbox", True)),
                 "agent": agent,
                 "healthcheck": None if hc is None else HealthCheck.model_validate(hc),
@@ -635,9 +642,7 @@ def from_reference(d: dict[str, Any]) -> PveInspectSandboxEnvironmentConfig:
             "vms_config", "at least one VM (the reference's built-in default is not supported)"
         )
     # each converted VM with the index of the vms_config entry it came from
-    converted = [
-        (i, _vm(i, dict(v), aliases, sdn == "auto", sdn is None)) for i, v in enumerate(vms)
-    ]
+    converted = [(i, _vm(i, dict(v), aliases, sdn is None)) for i, v in enumerate(vms)]
     specs = tuple(spec for _, spec in converted)
     _check_depends_on([dict(v) for v in vms])
     paths = reference_paths([dict(v) for v in vms], [i for i, _ in converted], len(nets))

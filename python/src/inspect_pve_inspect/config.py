@@ -286,6 +286,13 @@ class VmSpec(BaseModel):
         description="instead of networks: one NIC per entry, in order, each with an optional "
         "fixed mac and ipv4 address",
     )
+    no_network: bool = Field(
+        default=False,
+        description="a VM without any NIC (the reference plugin's nics=[]): its template's NICs "
+        "are removed and none added, so its guest has the loopback only; no networks or nics "
+        "with it. Exec and files work; its siblings cannot reach it, nor it them; never from "
+        "the warm pool",
+    )
     sandbox: bool = Field(
         default=True, description="an Inspect environment (False: a VM the agent cannot exec in)"
     )
@@ -351,6 +358,12 @@ class VmSpec(BaseModel):
             )
         if self.networks is not None and self.nics is not None:
             raise ValueError("give networks or nics, not both")
+        if self.no_network and (self.networks or self.nics):
+            raise ValueError("no_network is a VM without any NIC: give no networks or nics")
+        if not self.no_network and (self.networks == () or self.nics == ()):
+            # the daemon's empty networks is its default (the first
+            # network): never a VM without NICs by accident
+            raise ValueError("empty networks or nics: give no_network=True for a VM without NICs")
         if not self.agent:
             # what runs through the guest agent: an Inspect environment's
             # exec and files, a healthcheck
@@ -381,7 +394,10 @@ class VmSpec(BaseModel):
         return self.os_type in WINDOWS_OS_TYPES
 
     def network_names(self) -> tuple[str, ...] | None:
-        """The VM's networks in NIC order (from nics when given)."""
+        """The VM's networks in NIC order (from nics when given; none
+        for a VM of no_network)."""
+        if self.no_network:
+            return ()
         if self.nics is not None:
             return tuple(n.network for n in self.nics if n.network is not None)
         return self.networks

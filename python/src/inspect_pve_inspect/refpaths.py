@@ -86,6 +86,7 @@ _VM_PATHS = {
     "memory_mib": "ram_mb",
     "networks": "nics",
     "nics": "nics",
+    "no_network": "nics",
     "sandbox": "is_sandbox",
     "agent": "is_sandbox",
     "healthcheck": "healthcheck",

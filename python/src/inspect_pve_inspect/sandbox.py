@@ -587,9 +587,12 @@ def create_request(cfg: PveInspectSandboxEnvironmentConfig, task_name: str) -> d
                 d[k] = getattr(v, k)
         if not v.agent:
             d["agent"] = False
-        if v.networks is not None:
+        if v.no_network:
+            # no NIC at all: neither networks nor nics (empty if given)
+            d["no_network"] = True
+        elif v.networks is not None:
             d["networks"] = list(v.networks)
-        if v.nics is not None:
+        elif v.nics is not None:
             d["nics"] = [n.model_dump(exclude_none=True) for n in v.nics]
         vms.append(d)
     labels = dict(cfg.labels)
