@@ -22,8 +22,8 @@ func (m *Engine) Check(ctx context.Context, sb apitype.Sandbox, vm apitype.VM) (
 	if len(vm.Networks) == 0 {
 		return apitype.CheckReport{}, refuse(ErrConflict, "sandbox %s vm %s has no network: the containment check runs from a member whose first NIC is on a network of its sandbox", sb.ID, vm.Name)
 	}
-	if id, ok := apitype.SharedVNetOf(vm.Networks[0]); ok {
-		return apitype.CheckReport{}, refuse(ErrConflict, "sandbox %s vm %s: its first NIC is on the shared vnet %s, not on a network of its sandbox: the containment check runs from a member whose first NIC is (put the shared vnet's NIC second, or check another member)", sb.ID, vm.Name, id)
+	if err := errSharedFirst(vm); err != nil {
+		return apitype.CheckReport{}, fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
 	var others []apitype.Sandbox
 	for _, o := range m.List() {

@@ -126,6 +126,10 @@ func TestSharedVNetZoneWhole(t *testing.T) {
 // whose first NIC is on a shared vnet (its plan's gateway and subnet are a
 // sandbox network's) is refused as a conflict naming the vnet, before the
 // checker runs, while its sibling with a sandbox network first is checked.
+// A check asked of no VM passes over that member (review 51b: a reference
+// config's VM whose first vnet_alias is none of its sdn_config's is such
+// a member, listed first, and the check of no VM ran from it: 409), and
+// CheckIO, which the API asks first, refuses it too.
 func TestCheckOfSharedFirstNICIsConflict(t *testing.T) {
 	ctx := context.Background()
 	ch := &targetChecker{}
@@ -160,5 +164,14 @@ func TestCheckOfSharedFirstNICIsConflict(t *testing.T) {
 	}
 	if _, err := b.e.Check(ctx, sb, sb.VMs[1]); err != nil || ch.got.VM.Name != "b" {
 		t.Errorf("check of the sibling on net0: %v (checked %q)", err, ch.got.VM.Name)
+	}
+	if got := b.e.FirstCheckVM(sb.ID); got != "b" {
+		t.Errorf("the check of no member runs from %q, want b (a's first NIC is on the shared vnet lab)", got)
+	}
+	if err := sandbox.CheckIO(sb.VMs[0]); !errors.Is(err, sandbox.ErrConflict) || !strings.Contains(err.Error(), "shared vnet lab") {
+		t.Errorf("CheckIO of a: %v, want a conflict naming the shared vnet", err)
+	}
+	if err := sandbox.CheckIO(sb.VMs[1]); err != nil {
+		t.Errorf("CheckIO of b: %v", err)
 	}
 }

@@ -62,8 +62,10 @@ import (
 //     already takes as a VM on no network (no NIC to attach or check:
 //     the containment check refuses it, nothing is configured again).
 //     What it loses is said only: the answer's no_network, and its health
-//     then names the taps missing. The flag, not the empty list, is what
-//     this daemon acts on.
+//     then names the taps missing. This daemon acts on the flag, and reads
+//     a VM of networks [] as one of no_network also without it (after
+//     such a daemon's rewrite): every VM created on a network has one in
+//     its record.
 //
 // A new format adds a version, a frozen type for the old one and a case in
 // decodeState; TestStateMigration keeps a file of every version.
@@ -293,9 +295,14 @@ func decodeState(b []byte) (node string, sbs []apitype.Sandbox, members []member
 			s.Networks[j] = withPlanRanges(s.Networks[j])
 		}
 		for j, m := range v.VMs {
+			// networks [] is a VM of no_network also without the flag,
+			// which an older daemon's rewrite drops: a VM on a network
+			// always has one in its record (the API's create fills in
+			// the first network)
+			noNet := m.NoNetwork || (m.Networks != nil && len(m.Networks) == 0)
 			s.VMs[j] = apitype.VM{Name: m.Name, Kind: m.Kind, VMID: m.VMID, Template: m.Template, Cores: m.Cores, MemoryMiB: m.MemoryMiB,
-				DiskGiB: m.DiskGiB, Networks: m.Networks, NoNetwork: m.NoNetwork}
-			if m.NoNetwork && s.VMs[j].Networks == nil {
+				DiskGiB: m.DiskGiB, Networks: m.Networks, NoNetwork: noNet}
+			if noNet && s.VMs[j].Networks == nil {
 				s.VMs[j].Networks = []string{} // the answer's "networks": [], never null
 			}
 			for _, a := range m.Addresses {

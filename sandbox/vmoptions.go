@@ -135,15 +135,20 @@ func (m *Engine) GuestIO(v apitype.VM) error {
 
 // CheckIO refuses the containment check from VM v when its guest cannot
 // run it: a VM without a guest agent, a Windows guest, as the check's
-// probes are Linux programs that read /proc and /sys, or a VM without
-// any NIC (no_network), whose probes would reach nothing, controls
-// included.
+// probes are Linux programs that read /proc and /sys, a VM without any
+// NIC (no_network), whose probes would reach nothing, controls included,
+// or a VM whose first NIC is on a shared vnet (Check refuses it: its
+// plan is a network of its sandbox's), so that FirstCheckVM passes over
+// it as well.
 func CheckIO(v apitype.VM) error {
 	if !v.HasAgent() {
 		return errNoAgent(v, "the containment check runs its probes through the guest agent of a VM that has one")
 	}
 	if v.NoNetwork {
 		return errNoNetwork(v)
+	}
+	if err := errSharedFirst(v); err != nil {
+		return err
 	}
 	if hardening.IsWindows(v.OSType) {
 		return refuse(ErrConflict, "vm %s runs Windows (os_type %s): the containment check's probes are Linux programs (they read /proc and /sys), so the check is not offered from it; run it from a Linux VM of the sandbox", v.Name, v.OSType)
@@ -155,6 +160,21 @@ func CheckIO(v apitype.VM) error {
 // NIC (created with no_network).
 func errNoNetwork(v apitype.VM) error {
 	return refuse(ErrConflict, "vm %s has no network (created with no_network): the containment check probes the node and the networks from a member whose first NIC is on a network of its sandbox, so it is not offered from it; run it from another VM of the sandbox", v.Name)
+}
+
+// errSharedFirst refuses the containment check from VM v when its first
+// NIC is on a shared vnet (nil otherwise): the check's plan takes its
+// gateway and subnet from a network of v's sandbox, which that NIC is not
+// on.
+func errSharedFirst(v apitype.VM) error {
+	if len(v.Networks) == 0 {
+		return nil
+	}
+	id, ok := apitype.SharedVNetOf(v.Networks[0])
+	if !ok {
+		return nil
+	}
+	return refuse(ErrConflict, "vm %s: its first NIC is on the shared vnet %s, not on a network of its sandbox: the containment check runs from a member whose first NIC is (put the shared vnet's NIC second, or check another member)", v.Name, id)
 }
 
 // errNoAgent refuses a call on VM v, which has no guest agent (agent

@@ -605,8 +605,9 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, p principal) (err
 	if req.VM == "" {
 		// the first member the check can run in (a Linux VM with a
 		// guest agent, or a container): a sandbox whose first VM has no
-		// agent, as a CTF's target listed first, or runs Windows, is
-		// checked from the next
+		// agent, as a CTF's target listed first, runs Windows, has no
+		// NIC or its first NIC on a shared vnet, is checked from the
+		// next
 		req.VM = s.e.FirstCheckVM(r.PathValue("id"))
 	}
 	if err := s.e.Broken(r.PathValue("id"), req.VM); err != nil {
