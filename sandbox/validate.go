@@ -101,7 +101,7 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 		if perr != nil {
 			continue // "auto", or refused by the API's validation
 		}
-		if err := hostClash(n.Name, p, host); err != nil {
+		if err := m.hostClash(n.Name, p, host); err != nil {
 			refusals = append(refusals, invalid(fmt.Sprintf("networks[%d].cidr", i), "%v", err))
 		}
 	}
@@ -154,11 +154,15 @@ func (m *Engine) ownHostNetworks(ctx context.Context) ([]netip.Prefix, error) {
 }
 
 // hostClash refuses a fixed CIDR of network name that overlaps one of the
-// host's networks (a refusal no wait ends).
-func hostClash(name string, p netip.Prefix, host []netip.Prefix) error {
+// host's networks (a refusal no wait ends). The refusal does not name the
+// host's network: a tenant's token could otherwise map the node's own
+// networks (its management LAN, the uplink's on-link ranges) by asking
+// CIDRs until one is refused; the node's log names it for the operator.
+func (m *Engine) hostClash(name string, p netip.Prefix, host []netip.Prefix) error {
 	for _, h := range host {
 		if h.Overlaps(p) {
-			return refuse(ErrConflict, "network %q: cidr %s overlaps the host's network %s", name, p, h)
+			m.log.Info("fixed cidr refused: it overlaps a network of the node's host", "network", name, "cidr", p, "host_network", h)
+			return refuse(ErrConflict, "network %q: cidr %s overlaps a network of the node's host (its addresses and routes; which one is in the node's log): pick another cidr, or \"auto\"", name, p)
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,6 +128,11 @@ func TestValidate(t *testing.T) {
 				got = append(got, want{p.Type, p.Field, p.Cap})
 				if p.Detail == "" || p.Status == 0 {
 					t.Errorf("problem %+v: no detail or status", p)
+				}
+				// a client maps no network of the node's host through
+				// the refusal: the host's 192.168.7.0/24 is not named
+				if p.Field == "networks[0].cidr" && (strings.Contains(p.Detail, "192.168.7.0/24") || !strings.Contains(p.Detail, "a network of the node's host")) {
+					t.Errorf("the refusal of a cidr on the host's network: %q, want it said without naming the host's network", p.Detail)
 				}
 			}
 			if !slices.Equal(got, tc.want) || rep.Valid != (len(tc.want) == 0) {

@@ -229,7 +229,11 @@ def _refusals(fake: FakeNode, req: dict[str, Any]) -> list[dict[str, Any]]:
         cidr = n.get("cidr", "auto")
         for h in fake.host_networks:
             if cidr != "auto" and ipaddress.ip_network(cidr).overlaps(ipaddress.ip_network(h)):
-                detail = f'network "{n["name"]}": cidr {cidr} overlaps the host\'s network {h}'
+                detail = (
+                    f'network "{n["name"]}": cidr {cidr} overlaps a network of the node\'s host '
+                    "(its addresses and routes; which one is in the node's log): "
+                    'pick another cidr, or "auto"'
+                )
                 out.append(_problem(400, "invalid-request", detail, field=f"networks[{i}].cidr")[1])
     ttl = int(req.get("ttl_seconds") or fake.default_ttl)
     if not 1 <= ttl <= fake.max_ttl:

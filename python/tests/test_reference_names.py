@@ -40,7 +40,11 @@ NOT_SHARED = (
     'vnet "lab": not a vnet this node shares (the operator lists them in [api] '
     "shared_vnets); this node shares uplink"
 )
-HOST_CLASH = 'network "net0": cidr 172.31.250.0/24 overlaps the host\'s network 172.31.0.0/16'
+HOST_CLASH = (
+    'network "net0": cidr 172.31.250.0/24 overlaps a network of the node\'s host '
+    "(its addresses and routes; which one is in the node's log): "
+    'pick another cidr, or "auto"'
+)
 
 
 def _on_shared_vnets(node: NodeConfig) -> dict[str, Any]:
