@@ -155,9 +155,11 @@ func (m *Engine) ownHostNetworks(ctx context.Context) ([]netip.Prefix, error) {
 
 // hostClash refuses a fixed CIDR of network name that overlaps one of the
 // host's networks (a refusal no wait ends). The refusal does not name the
-// host's network: a tenant's token could otherwise map the node's own
-// networks (its management LAN, the uplink's on-link ranges) by asking
-// CIDRs until one is refused; the node's log names it for the operator.
+// host's network, so one refused create does not hand a tenant's token
+// the node's own networks (its management LAN, the uplink's on-link
+// ranges); the node's log names it for the operator. That a CIDR is
+// refused still says it overlaps one (a yes or no a create must give):
+// narrowing a network down takes a request per guess, each logged.
 func (m *Engine) hostClash(name string, p netip.Prefix, host []netip.Prefix) error {
 	for _, h := range host {
 		if h.Overlaps(p) {
