@@ -175,11 +175,14 @@ func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPo
 	for {
 		select {
 		case <-ctx.Done():
-			return classify(op, ctx.Err())
+			return &TaskUnfinishedError{UPID: upid, Err: classify(op, ctx.Err())}
 		case <-time.After(d):
 		}
 		if err := t.Ping(ctx); err != nil {
 			if err := t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout); err != nil {
+				if !t.IsCompleted {
+					return &TaskUnfinishedError{UPID: upid, Err: classify(op, err)}
+				}
 				return classify(op, err)
 			}
 		}

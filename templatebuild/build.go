@@ -40,7 +40,11 @@ type Proxmox interface {
 	StorageVolumes(ctx context.Context, storage, content string) ([]pveapi.StorageVolume, error)
 	VolumePath(ctx context.Context, volid string) (string, error)
 	Storage(ctx context.Context, storage string) (pveapi.StorageConfig, error)
+	// DownloadURL fails with a *pveapi.TaskUnfinishedError when it stops
+	// waiting for the task it started (see stopDownload).
 	DownloadURL(ctx context.Context, storage string, d pveapi.Download) (string, error)
+	// StopTask stops a task, even once ctx is done (pveapi.StopTask).
+	StopTask(ctx context.Context, upid string) error
 	// ImportMetadata lists an OVA's disks (an import-only build's).
 	ImportMetadata(ctx context.Context, volid string) (pveapi.ImportMetadata, error)
 	CreateVM(ctx context.Context, vmid int, conf map[string]string) error
@@ -563,12 +567,34 @@ func (b *Builder) image(ctx context.Context) (source, error) {
 	}
 	_, file, _ := strings.Cut(volid, ":import/")
 	if _, err := b.px.DownloadURL(ctx, storage, pveapi.Download{URL: img.URL, Content: "import", Filename: file, Checksum: sum, ChecksumAlgorithm: alg}); err != nil {
+		b.stopDownload(ctx, volid, err)
 		return source{}, err
 	}
 	if sum == "" {
 		src.alg = "sha256"
 	}
 	return b.hashed(ctx, volid, src, sum)
+}
+
+// stopDownload stops the download-url task of volid when err says the
+// build stopped waiting for it before it ended (a cancel, the build's
+// Timeout, a wait that failed): else Proxmox's wget goes on downloading
+// an image no one waits for. The worker, stopped, removes its temporary
+// file (pve-common Tools.pm download_file_from_url); a task that finished
+// first leaves volid whole, which the next build checks against its
+// digest and keeps. A failure to stop is logged: the build's error stays
+// err.
+func (b *Builder) stopDownload(ctx context.Context, volid string, err error) {
+	var tu *pveapi.TaskUnfinishedError
+	if !errors.As(err, &tu) {
+		return
+	}
+	if serr := b.px.StopTask(ctx, tu.UPID); serr != nil {
+		b.o.Log.Warn("the build's download task may still run", "template", b.o.Name, "volume", volid, "upid", tu.UPID, "err", serr)
+		b.say("image", "could not stop Proxmox's download task %s (it may go on downloading %s): %v", tu.UPID, volid, serr)
+		return
+	}
+	b.say("image", "stopped Proxmox's download task %s (a file it had finished is kept for the next build)", tu.UPID)
 }
 
 // hashed hashes volid's file into src; want, when set, is the digest it

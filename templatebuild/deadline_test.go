@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -24,8 +25,11 @@ func (s stalledPVE) DownloadURL(ctx context.Context, storage string, d pveapi.Do
 	s.note("download %s (stalled)", d.URL)
 	s.mu.Unlock()
 	<-ctx.Done()
-	return "", fmt.Errorf("download %s to %s: %w", d.Filename, storage, ctx.Err())
+	return "", &pveapi.TaskUnfinishedError{UPID: stalledUPID, Err: fmt.Errorf("download %s to %s: %w", d.Filename, storage, ctx.Err())}
 }
+
+// stalledUPID is the task stalledPVE's download-url started.
+const stalledUPID = "UPID:pve:00001234:00005678:6560A000:download:pvei-x.qcow2:root@pam:"
 
 // TestBuildTimeout: a build that runs past its Timeout stops in the step
 // it is in (a download that never ends, an agent that never answers) and
@@ -206,6 +210,91 @@ func TestBuildTimeoutDuringCreate(t *testing.T) {
 			}
 			if ids := slices.Sorted(maps.Keys(w.pve.vms)); !slices.Equal(ids, []int{res.VMID}) {
 				t.Errorf("VMs left %v, want the template %d alone", ids, res.VMID)
+			}
+		})
+	}
+}
+
+// TestDownloadStoppedWhenTheBuildEnds: a build cancelled or past its
+// Timeout while Proxmox's download-url task runs stops that task (the
+// UPID the call started); a stop that fails is logged and said, and the
+// build's error is the one it would have been.
+func TestDownloadStoppedWhenTheBuildEnds(t *testing.T) {
+	debian := Recipes()["debian13"]
+	for _, tc := range []struct {
+		name     string
+		timeout  bool
+		failStop error
+	}{
+		{name: "cancelled"},
+		{name: "past its timeout", timeout: true},
+		{name: "cancelled, the stop fails", failStop: errors.New("stop task: 403 Permission check failed")},
+		{name: "past its timeout, the stop fails", timeout: true, failStop: errors.New("stop task: 403 Permission check failed")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld()
+			w.pve.failStop = tc.failStop
+			var out, logs bytes.Buffer
+			o := Options{Name: "t1", Recipe: debian, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Bridge: "vmbr0",
+				Progress: &out, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.timeout {
+				o.Timeout = time.Second
+			} else {
+				go func() {
+					// cancel once the download is waited for
+					for {
+						w.pve.mu.Lock()
+						started := slices.ContainsFunc(w.pve.calls, func(c string) bool { return strings.HasSuffix(c, "(stalled)") })
+						w.pve.mu.Unlock()
+						if started {
+							cancel()
+							return
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}()
+			}
+			b, err := New(stalledPVE{w.pve}, w.agent, w.host, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = b.Run(ctx)
+			want := context.Canceled
+			if tc.timeout {
+				want = context.DeadlineExceeded
+				var te *TimeoutError
+				if !errors.As(err, &te) || te.Step != "image" {
+					t.Fatalf("build: %v, want a timeout in step image", err)
+				}
+			}
+			if !errors.Is(err, want) || (tc.failStop != nil && errors.Is(err, tc.failStop)) || strings.Contains(err.Error(), "stop task") {
+				t.Fatalf("build: %v, want %v and nothing of the stop", err, want)
+			}
+			var stops []string
+			for _, c := range w.pve.calls {
+				if strings.HasPrefix(c, "stop ") {
+					stops = append(stops, c)
+				}
+			}
+			if !slices.Equal(stops, []string{"stop " + stalledUPID}) {
+				t.Errorf("stops %q, want the download's task once", stops)
+			}
+			if tc.failStop == nil {
+				if !slices.Equal(w.pve.stopped, []string{stalledUPID}) || !strings.Contains(out.String(), "stopped Proxmox's download task "+stalledUPID) {
+					t.Errorf("stopped %q, progress:\n%s", w.pve.stopped, out.String())
+				}
+				if strings.Contains(logs.String(), "level=WARN") {
+					t.Errorf("a stop that worked logged a warning:\n%s", logs.String())
+				}
+				return
+			}
+			if !strings.Contains(out.String(), "could not stop Proxmox's download task "+stalledUPID) {
+				t.Errorf("progress does not say the stop failed:\n%s", out.String())
+			}
+			if l := logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, stalledUPID) || !strings.Contains(l, "403 Permission check failed") {
+				t.Errorf("log does not warn of the task left running:\n%s", l)
 			}
 		})
 	}

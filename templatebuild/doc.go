@@ -68,8 +68,11 @@
 // tagged building, kept by the daemon for the next build of the name to
 // destroy, destroyed by the CLI; an archive's upload freed; an image
 // downloaded whole kept for the next build). It also bounds the builder
-// client's wait for one Proxmox task. A download-url task Proxmox runs
-// is not stopped by it (nor by a cancel): its wget goes on until it ends.
+// client's wait for one Proxmox task. A download-url task the build started
+// and did not see end is stopped then (as at a cancel: Builder.stopDownload,
+// pveapi StopTask as the task's owner); its worker removes its temporary
+// file, and a file it finished first is kept for the next build. A stop
+// that fails is logged and said, and the build fails as it would have.
 //
 // # Builds without boot
 //

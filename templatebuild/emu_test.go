@@ -128,12 +128,7 @@ func (b imagesBackend) DialContext(ctx context.Context, network, _ string) (net.
 
 func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 	t.Helper()
-	dir := t.TempDir()
-	run := filepath.Join(dir, "run")
-	if err := os.MkdirAll(run, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	images := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return newEmuNodeServing(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, ok := files[r.URL.Path]
 		if !ok {
 			http.NotFound(w, r)
@@ -141,6 +136,17 @@ func newEmuNode(t *testing.T, files map[string][]byte) emuNode {
 		}
 		_, _ = w.Write(b)
 	}))
+}
+
+// newEmuNodeServing is newEmuNode whose image server serves with serve.
+func newEmuNodeServing(t *testing.T, serve http.Handler) emuNode {
+	t.Helper()
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	if err := os.MkdirAll(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	images := httptest.NewServer(serve)
 	t.Cleanup(images.Close)
 	fb := imagesBackend{FakeBackend: pveemu.NewFakeBackend(run), images: images.Listener.Addr().String()}
 	s, err := pveemu.New(pveemu.Options{Node: "pve", Backend: fb, DataDir: filepath.Join(dir, "data"), StatsInterval: -1, RootPassword: emuRootPassword})

@@ -2,7 +2,13 @@ package templatebuild_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +17,7 @@ import (
 
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/templatebuild"
+	"github.com/pve-inspect/pve-inspect/testvm/pveemu"
 )
 
 // TestBuildKaliTimeout: an archive whose server sends part of it and then
@@ -100,5 +107,57 @@ func TestServiceBuildTimeout(t *testing.T) {
 	}
 	if vms := again.vmsNamed(t, "slow"); len(vms) != 1 || !vms[0].Template {
 		t.Errorf("VMs named slow: %+v, want the template alone", vms)
+	}
+}
+
+// TestBuildTimeoutStopsDownload: a build past its Timeout while Proxmox's
+// download-url task fetches an image whose server sent half of it and
+// waits stops that task (DELETE /nodes/{node}/tasks/{upid}, as the task's
+// owner): the task ends as an interrupted worker does, the server sees
+// its request end, and the storage holds neither the image nor the
+// worker's temporary file.
+func TestBuildTimeoutStopsDownload(t *testing.T) {
+	img := pveemu.CloudQCOW2(1 << 30)
+	ended := make(chan struct{}, 1)
+	e := newEmuNodeServing(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
+		_, _ = w.Write(img[:len(img)/2])
+		w.(http.Flusher).Flush()
+		<-req.Context().Done()
+		ended <- struct{}{}
+	}))
+	sum := sha256.Sum256(img)
+	r := templatebuild.Generic(templatebuild.Image{URL: e.images.URL + "/images/cloud.qcow2", File: "cloud.qcow2", Checksum: "sha256:" + hex.EncodeToString(sum[:])})
+	const limit = 8 * time.Second // generous: the steps before the image run on a loaded CI machine too
+	_, out, err := e.buildWith(t, context.Background(), templatebuild.Options{Name: "stalled", Recipe: r, Timeout: limit})
+	var te *templatebuild.TimeoutError
+	if !errors.As(err, &te) || te.Step != "image" {
+		t.Fatalf("a build whose image stalls: %v, want a timeout in step image\n%s", err, out)
+	}
+	m := regexp.MustCompile(`stopped Proxmox's download task (UPID:\S+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the build does not say it stopped the download:\n%s", out)
+	}
+	stopped := 0
+	for _, rq := range e.s.Requests() {
+		if rq.Method == http.MethodDelete && strings.HasPrefix(rq.Path, "/nodes/pve/tasks/") {
+			stopped++
+		}
+	}
+	if stopped != 1 {
+		t.Errorf("%d task stops, want 1", stopped)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if st, err := e.s.WaitTask(ctx, m[1]); err != nil || st != "download failed: received interrupt" {
+		t.Errorf("the download task: %q %v, want an interrupted worker's status", st, err)
+	}
+	e.leftNothing(t, ended)
+	cfg, err := e.px.Storage(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left, err := os.ReadDir(filepath.Join(cfg.Path, "import")); err != nil || len(left) != 0 {
+		t.Errorf("the storage's import directory: %v %v, want empty (no temporary file)", left, err)
 	}
 }

@@ -43,6 +43,9 @@ type fakePVE struct {
 	created []map[string]string
 	// metadata is what ImportMetadata answers, by volid.
 	metadata map[string]pveapi.ImportMetadata
+	// failStop fails StopTask; stopped are the tasks it stopped.
+	failStop error
+	stopped  []string
 }
 
 func newFakePVE() *fakePVE {
@@ -123,6 +126,17 @@ func (f *fakePVE) DownloadURL(_ context.Context, storage string, d pveapi.Downlo
 	}
 	f.vols[v] = got
 	return v, nil
+}
+
+func (f *fakePVE) StopTask(_ context.Context, upid string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note("stop %s", upid)
+	if f.failStop != nil {
+		return f.failStop
+	}
+	f.stopped = append(f.stopped, upid)
+	return nil
 }
 
 func (f *fakePVE) ImportMetadata(_ context.Context, volid string) (pveapi.ImportMetadata, error) {

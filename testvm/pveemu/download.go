@@ -84,7 +84,7 @@ func (s *Server) downloadURL(_ context.Context, rq *request) (any, error) {
 	if err := os.MkdirAll(filepath.Dir(d.dest), 0o755); err != nil {
 		return nil, fail("%v", err)
 	}
-	return s.startTask(rq, "download", encodeText(filename), func(ctx context.Context, t *task) error {
+	return s.startStoppableTask(rq, "download", encodeText(filename), func(ctx context.Context, t *task) error {
 		return d.run(ctx, t, s.reportedPath)
 	}), nil
 }
@@ -241,8 +241,15 @@ func (d *download) fetch(ctx context.Context, tmp string) error {
 	if err != nil {
 		return failed(1)
 	}
+	// A stop (SIGTERM to the worker and its wget) ends the request: the
+	// worker's die passes through run_command (PVE::Cmd run: "$errmsg:
+	// $err") as "download failed: received interrupt".
+	interrupted := func() error { return fmt.Errorf("download failed: %w", errInterrupted) }
 	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
+		if ctx.Err() != nil {
+			return interrupted()
+		}
 		var ue *url.Error
 		var ce *tls.CertificateVerificationError
 		if errors.As(err, &ue) && errors.As(err, &ce) {
@@ -263,6 +270,9 @@ func (d *download) fetch(ctx context.Context, tmp string) error {
 		err = cerr
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			return interrupted()
+		}
 		return failed(4)
 	}
 	return nil

@@ -61,6 +61,7 @@ func (s *Server) registerRoutes() error {
 		{"POST", "/nodes/{node}/storage/{storage}/download-url", s.downloadURL},
 		{"GET", "/nodes/{node}/storage/{storage}/import-metadata", s.importMetadata},
 		{"GET", "/nodes/{node}/tasks/{upid}/status", s.taskStatus},
+		{"DELETE", "/nodes/{node}/tasks/{upid}", s.stopTask},
 		{"GET", "/cluster/tasks", s.clusterTasks},
 		{"GET", "/nodes/{node}/tasks/{upid}/log", s.taskLog},
 		{"GET", "/pools", s.listPools},

@@ -2,6 +2,7 @@ package pveemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -31,7 +32,15 @@ type task struct {
 	exitstatus string
 	endtime    int64
 	done       chan struct{}
+	// stop interrupts the worker (nil: stopping this kind of task is not
+	// emulated).
+	stop context.CancelFunc
 }
+
+// errInterrupted is the die of a worker's SIGTERM handler (pve-common
+// RESTEnvironment.pm fork_worker: $SIG{TERM} = sub { die "received
+// interrupt\n" }), the signal stop_task sends it.
+var errInterrupted = errors.New("received interrupt")
 
 func (t *task) logf(format string, a ...any) {
 	t.mu.Lock()
@@ -63,6 +72,18 @@ func ParseUPID(upid string) (node string, pid, pstart uint64, starttime int64, t
 // startTask runs fn as a task of the request's caller on the request's
 // node (taskNode) and returns its UPID.
 func (s *Server) startTask(rq *request, typ, id string, fn func(ctx context.Context, t *task) error) string {
+	return s.runTask(rq, typ, id, fn, false)
+}
+
+// startStoppableTask is startTask for a worker that DELETE
+// /nodes/{node}/tasks/{upid} may stop: fn's context ends at the stop, and
+// fn then returns what the interrupted worker dies with (errInterrupted,
+// or its caller's wrapping of it).
+func (s *Server) startStoppableTask(rq *request, typ, id string, fn func(ctx context.Context, t *task) error) string {
+	return s.runTask(rq, typ, id, fn, true)
+}
+
+func (s *Server) runTask(rq *request, typ, id string, fn func(ctx context.Context, t *task) error, stoppable bool) string {
 	authid, node := rq.authid, rq.taskNode()
 	if node == "" {
 		node = s.node
@@ -78,6 +99,10 @@ func (s *Server) startTask(rq *request, typ, id string, fn func(ctx context.Cont
 		typ: typ, id: id, user: authid, running: true, done: make(chan struct{}),
 	}
 	t.upid = fmt.Sprintf("UPID:%s:%08X:%08X:%08X:%s:%s:%s:", t.node, t.pid, t.pstart, t.starttime, t.typ, t.id, t.user)
+	ctx := s.ctx
+	if stoppable {
+		ctx, t.stop = context.WithCancel(s.ctx)
+	}
 	s.mu.Lock()
 	s.tasks[t.upid] = t
 	s.mu.Unlock()
@@ -85,7 +110,10 @@ func (s *Server) startTask(rq *request, typ, id string, fn func(ctx context.Cont
 	go func() {
 		defer s.wg.Done()
 		defer close(t.done)
-		err := fn(s.ctx, t)
+		err := fn(ctx, t)
+		if t.stop != nil {
+			t.stop()
+		}
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		t.running = false
@@ -141,7 +169,9 @@ func (s *Server) WaitTask(ctx context.Context, upid string) (string, error) {
 	return t.exitstatus, nil
 }
 
-func (s *Server) lookupTask(rq *request) (*task, error) {
+// lookupTask finds the request's task for its owner, or for a caller
+// with priv on its node.
+func (s *Server) lookupTask(rq *request, priv string) (*task, error) {
 	upid := rq.str("upid")
 	// pve-manager API2/Tasks.pm: both refusals are parameter exceptions.
 	if _, _, _, _, _, _, _, ok := ParseUPID(upid); !ok {
@@ -154,18 +184,57 @@ func (s *Server) lookupTask(rq *request) (*task, error) {
 		// Another node's task is not in this node's task list.
 		return nil, paramFail(ParamErrors{"upid": "no such task"})
 	}
-	// The owner may read its tasks; others need Sys.Audit on the node.
-	owner, _, _ := strings.Cut(rq.authid, "!")
-	if rq.authid != t.user && owner != t.user {
-		if err := s.checkPrivs(rq.authid, "/nodes/"+t.node, []string{"Sys.Audit"}, false); err != nil {
+	if !taskOwner(t.user, rq.authid) {
+		if err := s.checkPrivs(rq.authid, "/nodes/"+t.node, []string{priv}, false); err != nil {
 			return nil, err
 		}
 	}
 	return t, nil
 }
 
+// taskOwner is pve-manager API2/Tasks.pm $check_task_user after
+// $convert_token_task: a token's task (its UPID's user is the token id
+// user@realm!name) is its token's and its user's; a user's task is that
+// user's alone, not its tokens'.
+func taskOwner(taskUser, authid string) bool {
+	if user, _, ok := strings.Cut(taskUser, "!"); ok {
+		return authid == taskUser || authid == user
+	}
+	return authid == taskUser
+}
+
+// stopTask is DELETE /nodes/{node}/tasks/{upid} (pve-manager
+// API2/Tasks.pm stop_task): the task's owner, or a caller with Sys.Modify
+// on the node; then PVE::RESTEnvironment check_worker with kill: nothing
+// for a task that has ended, else SIGTERM to the worker's process group
+// and, 5 seconds later, SIGKILL ($kill_process_group), the call returning
+// once the worker is gone. The emulator's workers that can be stopped
+// (download-url's) end with what Proxmox's die with; any other running
+// task is refused as not emulated.
+func (s *Server) stopTask(_ context.Context, rq *request) (any, error) {
+	t, err := s.lookupTask(rq, "Sys.Modify")
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	running := t.running
+	t.mu.Unlock()
+	if !running {
+		return nil, nil
+	}
+	if t.stop == nil {
+		return nil, &apiError{code: http.StatusNotImplemented, msg: fmt.Sprintf("emulator: stopping a running %s task is not emulated\n", t.typ)}
+	}
+	t.stop()
+	select {
+	case <-t.done:
+	case <-time.After(5 * time.Second):
+	}
+	return nil, nil
+}
+
 func (s *Server) taskStatus(_ context.Context, rq *request) (any, error) {
-	t, err := s.lookupTask(rq)
+	t, err := s.lookupTask(rq, "Sys.Audit")
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +257,7 @@ func (s *Server) taskStatus(_ context.Context, rq *request) (any, error) {
 }
 
 func (s *Server) taskLog(_ context.Context, rq *request) (any, error) {
-	t, err := s.lookupTask(rq)
+	t, err := s.lookupTask(rq, "Sys.Audit")
 	if err != nil {
 		return nil, err
 	}

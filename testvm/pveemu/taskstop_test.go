@@ -1,0 +1,149 @@
+package pveemu
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestTaskOwner is Tasks.pm $check_task_user: a token's task is the
+// token's and its user's, a user's task its user's alone.
+func TestTaskOwner(t *testing.T) {
+	for _, tc := range []struct {
+		task, caller string
+		want         bool
+	}{
+		{"dl@pve!tok", "dl@pve!tok", true},
+		{"dl@pve!tok", "dl@pve", true},
+		{"dl@pve!tok", "dl@pve!other", false},
+		{"dl@pve", "dl@pve", true},
+		{"dl@pve", "dl@pve!tok", false},
+		{"dl@pve", "root@pam", false},
+	} {
+		if got := taskOwner(tc.task, tc.caller); got != tc.want {
+			t.Errorf("task of %s, caller %s: owner %v, want %v", tc.task, tc.caller, got, tc.want)
+		}
+	}
+}
+
+// TestStopDownload: DELETE /nodes/{node}/tasks/{upid} (Tasks.pm
+// stop_task) stops a running download-url task for its owner, whose
+// worker dies "received interrupt" inside wget's run_command (exit
+// status "download failed: received interrupt") and removes its
+// temporary file: nothing is left on the storage. A token that is not
+// the owner (another user's, or another token of the owner's user) is
+// refused without Sys.Modify on the node; pve-access-setup's token has
+// it there (its node role). A task that has ended is stopped without
+// error.
+func TestStopDownload(t *testing.T) {
+	img := qcow2Image(1 << 20)
+	ended, asked := make(chan struct{}, 4), make(chan struct{}, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- struct{}{}
+		w.Header().Set("Content-Length", strconv.Itoa(len(img)))
+		_, _ = w.Write(img[:len(img)/2])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		ended <- struct{}{}
+	}))
+	t.Cleanup(srv.Close)
+	e := newEnv(t)
+	e.s.SetStorageContent("local", "backup,iso,vztmpl,import")
+	setupID, setupSecret, err := e.s.ApplyAccessSetup(AccessSetup{Templates: []int{templateID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.AddRole("Tmpl", []string{"Datastore.AllocateTemplate"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.AddRole("Net", []string{"Sys.AccessNetwork"}); err != nil {
+		t.Fatal(err)
+	}
+	token := func(user, name string) []string {
+		t.Helper()
+		id, sec, err := e.s.AddToken(user, name, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []string{"Authorization", "PVEAPIToken=" + id + "=" + sec}
+	}
+	for _, u := range []string{"dl@pve", "other@pve"} {
+		if err := e.s.AddUser(u, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.s.SetACL("/storage/local", "dl@pve", "Tmpl", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetACL("/nodes/pve", "dl@pve", "Net", false); err != nil {
+		t.Fatal(err)
+	}
+	owner, sibling, stranger := token("dl@pve", "dltok"), token("dl@pve", "second"), token("other@pve", "tok")
+	setup := []string{"Authorization", "PVEAPIToken=" + setupID + "=" + setupSecret}
+
+	start := func(name string) string {
+		t.Helper()
+		r := e.do("POST", "/nodes/pve/storage/local/download-url", url.Values{"content": {"import"}, "filename": {name},
+			"url": {srv.URL + "/" + name}, "checksum": {sha256Hex(img)}, "checksum-algorithm": {"sha256"}}, authNone, owner...)
+		if r.status != 200 {
+			t.Fatalf("download: %d %q", r.status, r.reason)
+		}
+		upid := r.body["data"].(string)
+		<-asked // running: its wget has begun
+		return upid
+	}
+	stop := func(upid string, auth []string) resp {
+		t.Helper()
+		return e.do("DELETE", "/nodes/pve/tasks/"+url.PathEscape(upid), nil, authNone, auth...)
+	}
+	status := func(upid string) map[string]any {
+		t.Helper()
+		return e.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any)
+	}
+
+	upid := start("a.qcow2")
+	for name, auth := range map[string][]string{"another user's token": stranger, "another token of the owner's user": sibling} {
+		if r := stop(upid, auth); r.status != 403 {
+			t.Errorf("%s stops the task: %d %q, want 403", name, r.status, r.reason)
+		}
+	}
+	if st := status(upid); st["status"] != "running" {
+		t.Fatalf("after the refused stops: %v, want running", st)
+	}
+	if r := stop(upid, owner); r.status != 200 || r.body["data"] != nil {
+		t.Fatalf("the owner's stop: %d %q %v", r.status, r.reason, r.body)
+	}
+	// the stop returns once the worker is gone
+	if st := status(upid); st["status"] != "stopped" || st["exitstatus"] != "download failed: received interrupt" {
+		t.Fatalf("stopped task: %v", st)
+	}
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the download's request did not end")
+	}
+	if left := leftovers(t, e.importDir()); len(left) != 0 {
+		t.Errorf("left on the storage: %v", left)
+	}
+	if r := stop(upid, owner); r.status != 200 {
+		t.Errorf("stopping a task that has ended: %d %q", r.status, r.reason)
+	}
+	if r := stop("UPID:bad", owner); r.status != 400 {
+		t.Errorf("a malformed UPID: %d %q", r.status, r.reason)
+	}
+
+	// the daemon's token holds Sys.Modify on the node (PVEInspectNode)
+	other := start("b.qcow2")
+	if r := stop(other, setup); r.status != 200 {
+		t.Fatalf("pve-access-setup's token: %d %q", r.status, r.reason)
+	}
+	if st := e.wait(other); st != "download failed: received interrupt" {
+		t.Errorf("stopped by the node's Sys.Modify: %s", st)
+	}
+	if left := leftovers(t, e.importDir()); len(left) != 0 {
+		t.Errorf("left on the storage: %v", left)
+	}
+}
