@@ -62,7 +62,9 @@ func NormalizeContentFilename(name string) string {
 // DownloadURL has storage download d and waits for the task (its timeout
 // is Options.TaskTimeout); a failed download's error carries the task's
 // exit status (e.g. Proxmox's checksum mismatch). It returns the volume id
-// (storage:CONTENT/FILE, FILE as Proxmox normalizes d.Filename).
+// (storage:CONTENT/FILE, FILE as Proxmox normalizes d.Filename). A ctx
+// that ends before the task does, during the POST too, fails it with a
+// *TaskUnfinishedError naming the task (startAndWait), for StopTask.
 func (c *Client) DownloadURL(ctx context.Context, storage string, d Download) (string, error) {
 	if d.URL == "" || d.Content == "" || d.Filename == "" {
 		return "", fmt.Errorf("download to %s: url, content and filename are required", storage)
@@ -84,7 +86,7 @@ func (c *Client) DownloadURL(ctx context.Context, storage string, d Download) (s
 		body["verify-certificates"] = 0
 	}
 	p := fmt.Sprintf("/nodes/%s/storage/%s/download-url", url.PathEscape(c.node), url.PathEscape(storage))
-	if err := c.call(ctx, "POST", "download "+d.Filename+" to "+storage, p, body); err != nil {
+	if err := c.startAndWait(ctx, "download "+d.Filename+" to "+storage, p, body); err != nil {
 		return "", err
 	}
 	return storage + ":" + d.Content + "/" + NormalizeContentFilename(d.Filename), nil

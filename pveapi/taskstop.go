@@ -50,3 +50,52 @@ func (c *Client) StopTask(ctx context.Context, upid string) error {
 	}
 	return nil
 }
+
+// startGrace is how long a POST that starts a task may outlive its
+// caller's context (startAndWait): Proxmox answers it once the worker is
+// forked.
+const startGrace = 30 * time.Second
+
+// startAndWait is call for a POST that starts a task its caller may have
+// to stop: the POST is not cut short when ctx ends (for at most
+// startGrace more), since Proxmox forks the worker whether or not its
+// answer is read (RESTEnvironment.pm fork_worker), and a caller that never
+// learns the UPID cannot stop the task. With the UPID, the wait fails as
+// soon as ctx is done with a *TaskUnfinishedError naming it.
+func (c *Client) startAndWait(ctx context.Context, op, path string, body any) error {
+	pctx, cancel := outliving(ctx, startGrace)
+	defer cancel()
+	var upid any
+	if err := c.c.Post(pctx, path, body, &upid); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			// the caller's end is the failure; the POST's says why no
+			// task id came back
+			return classify(op, fmt.Errorf("%w (the task it may have started is unknown: %w)", cerr, err))
+		}
+		return classify(op, err)
+	}
+	if s, ok := upid.(string); ok && strings.HasPrefix(s, "UPID:") {
+		return c.wait(ctx, op, s, nil)
+	}
+	return nil
+}
+
+// outliving returns a context with ctx's values that ends grace after ctx
+// does, or at its cancel. The goroutine context.AfterFunc starts once ctx
+// is done ends at the grace or at the cancel.
+func outliving(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	octx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-octx.Done():
+		}
+	})
+	return octx, func() {
+		stop()
+		cancel()
+	}
+}
