@@ -178,7 +178,7 @@ func (m *Engine) allocCIDRsFromLocked(nets []apitype.NetworkRequest, foreign, ho
 		if overlaps(p, inUse) {
 			return nil, &RangeInUseError{Index: i, Msg: fmt.Sprintf("network %q: cidr %s overlaps a range in use by another sandbox", n.Name, p)}
 		}
-		if err := m.hostClash(n.Name, p, host); err != nil {
+		if err := hostClash(n.Name, p, host); err != nil {
 			return nil, err
 		}
 		out[i] = p

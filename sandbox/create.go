@@ -114,6 +114,7 @@ func (m *Engine) Create(ctx context.Context, req apitype.CreateRequest) (apitype
 	if err != nil {
 		unyieldLocked(yield)
 		m.mu.Unlock()
+		m.logHostClash(err, req.Owner)
 		return apitype.Sandbox{}, err
 	}
 	// The record's cancel stops the create (a delete of it); its bounds

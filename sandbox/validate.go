@@ -101,7 +101,8 @@ func (m *Engine) Validate(ctx context.Context, req apitype.CreateRequest) (refus
 		if perr != nil {
 			continue // "auto", or refused by the API's validation
 		}
-		if err := m.hostClash(n.Name, p, host); err != nil {
+		if err := hostClash(n.Name, p, host); err != nil {
+			m.logHostClash(err, req.Owner)
 			refusals = append(refusals, invalid(fmt.Sprintf("networks[%d].cidr", i), "%v", err))
 		}
 	}
@@ -157,15 +158,38 @@ func (m *Engine) ownHostNetworks(ctx context.Context) ([]netip.Prefix, error) {
 // host's networks (a refusal no wait ends). The refusal does not name the
 // host's network, so one refused create does not hand a tenant's token
 // the node's own networks (its management LAN, the uplink's on-link
-// ranges); the node's log names it for the operator. That a CIDR is
-// refused still says it overlaps one (a yes or no a create must give):
-// narrowing a network down takes a request per guess, each logged.
-func (m *Engine) hostClash(name string, p netip.Prefix, host []netip.Prefix) error {
+// ranges); the caller logs it for the operator (logHostClash, never under
+// m.mu). That a CIDR is refused still says it overlaps one (a yes or no a
+// create must give): narrowing a network down takes a request per guess,
+// each logged with its owner.
+func hostClash(name string, p netip.Prefix, host []netip.Prefix) error {
 	for _, h := range host {
 		if h.Overlaps(p) {
-			m.log.Info("fixed cidr refused: it overlaps a network of the node's host", "network", name, "cidr", p, "host_network", h)
-			return refuse(ErrConflict, "network %q: cidr %s overlaps a network of the node's host (its addresses and routes; which one is in the node's log): pick another cidr, or \"auto\"", name, p)
+			return &hostClashError{
+				err:     refuse(ErrConflict, "network %q: cidr %s overlaps a network of the node's host (its addresses and routes; which one is in the node's log): pick another cidr, or \"auto\"", name, p),
+				network: name, cidr: p, host: h,
+			}
 		}
 	}
 	return nil
+}
+
+// hostClashError is hostClash's refusal; it says the host's network only
+// to logHostClash.
+type hostClashError struct {
+	err        error
+	network    string
+	cidr, host netip.Prefix
+}
+
+func (e *hostClashError) Error() string { return e.err.Error() }
+func (e *hostClashError) Unwrap() error { return e.err }
+
+// logHostClash logs, for the operator, the host's network a refusal of
+// owner's request (err, when a hostClash) withheld from the client.
+func (m *Engine) logHostClash(err error, owner string) {
+	var hc *hostClashError
+	if errors.As(err, &hc) {
+		m.log.Info("fixed cidr refused: it overlaps a network of the node's host", "owner", owner, "network", hc.network, "cidr", hc.cidr, "host_network", hc.host)
+	}
 }

@@ -161,4 +161,10 @@ func TestValidate(t *testing.T) {
 	if !errors.As(err, &p) || p.Reason != apitype.ReasonCIDRInUse || p.Field != "networks[0].cidr" {
 		t.Errorf("create on the held range: %v, want a conflict of reason %s", err, apitype.ReasonCIDRInUse)
 	}
+	// A create on the host's LAN is a conflict no wait ends, said without
+	// naming the host's network.
+	_, err = e.c.Create(e.ctx(), apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}, Networks: []apitype.NetworkRequest{{Name: "lan", CIDR: "192.168.7.128/25"}}})
+	if !errors.As(err, &p) || p.Type != apitype.ProblemConflict || p.Reason != "" || strings.Contains(p.Detail, "192.168.7.0/24") || !strings.Contains(p.Detail, "a network of the node's host") {
+		t.Errorf("create on the host's network: %v, want a conflict without a reason that does not name the host's network", err)
+	}
 }
