@@ -28,7 +28,7 @@ type roomHolds struct {
 // what it has written, so the hold errs on the side of a refusal (an
 // error wrapping sandbox.ErrStorageFull, naming the storage, the need
 // and what is free: retry once it ended). A storage that is not active
-// (its status' active 0: Proxmox could not activate it, a mount or a
+// (its status' active 0: disabled, limited to other nodes, or Proxmox could not activate it, a mount or a
 // server gone) is unavailable, not full: an error wrapping
 // sandbox.ErrNotConfigured (the API's unavailable) naming it. what names
 // the upload in the refusal.
@@ -39,7 +39,7 @@ func (r *roomHolds) hold(ctx context.Context, up Uploader, storage, what string,
 	}
 	need := uploadSpoolCopies * size
 	if !st.Active {
-		return nil, unavailable{fmt.Sprintf("the image storage %s is unavailable: it is not active on the node (pvesm status --storage %s: Proxmox could not activate it; is its mount or server there?), so the upload of %s (%d bytes) was not sent: retry once it is active",
+		return nil, unavailable{fmt.Sprintf("the image storage %s is unavailable: it is not active on the node (pvesm status --storage %s: disabled, limited to other nodes, or Proxmox could not activate it: is its mount or server there?), so the upload of %s (%d bytes) was not sent: retry once it is active",
 			storage, storage, what, size)}
 	}
 	r.mu.Lock()
