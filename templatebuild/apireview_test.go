@@ -61,7 +61,11 @@ func TestBuildFailureTextSanitized(t *testing.T) {
 	if hasControl(st.Error) {
 		t.Errorf("the build's error carries the guest's control characters: %q", st.Error)
 	}
-	for _, ev := range n.ev.of(apitype.EventTemplateBuildFailed) {
+	failed := n.ev.wait(t, apitype.EventTemplateBuildFailed, 1)
+	if len(failed) == 0 {
+		t.Error("no failed event published")
+	}
+	for _, ev := range failed {
 		if hasControl(ev.Detail) {
 			t.Errorf("the failed event carries the guest's control characters: %q", ev.Detail)
 		}
@@ -123,7 +127,11 @@ func TestURLBuildsOffByDefaultAndRedirectDigestWithheld(t *testing.T) {
 	if st.State != apitype.BuildFailed || !strings.Contains(st.Error, "checksum mismatch") || strings.Contains(st.Error, got) {
 		t.Errorf("the redirected build: %s %q, want failed on a checksum mismatch without the digest %s of what was fetched", st.State, st.Error, got)
 	}
-	for _, ev := range n.ev.of(apitype.EventTemplateBuildFailed) {
+	failed := n.ev.wait(t, apitype.EventTemplateBuildFailed, 1)
+	if len(failed) == 0 {
+		t.Error("no failed event published")
+	}
+	for _, ev := range failed {
 		if strings.Contains(ev.Detail, got) {
 			t.Errorf("the failed event carries the digest of what the node fetched: %q", ev.Detail)
 		}

@@ -142,7 +142,7 @@ func TestImportOnlyTwoDiskOVAOnIDE(t *testing.T) {
 	if err != nil || !ok || rec.Image != "sha256:"+u.SHA256 || rec.Mode != (templatebuild.Mode{ImportOnly: true, DiskBus: "ide", OSType: "l26"}) {
 		t.Errorf("ledger %+v %v %v", rec, ok, err)
 	}
-	if evs := n.ev.of(apitype.EventTemplateBuildDone); len(evs) != 1 || !strings.HasSuffix(evs[0].Detail, "imported without boot") {
+	if evs := n.ev.wait(t, apitype.EventTemplateBuildDone, 1); len(evs) != 1 || !strings.HasSuffix(evs[0].Detail, "imported without boot") {
 		t.Errorf("done events %+v", evs)
 	}
 

@@ -69,7 +69,7 @@ func TestServiceBuildTimeout(t *testing.T) {
 			t.Errorf("error %q does not say %q", failed.Error, want)
 		}
 	}
-	if f := n.ev.of(apitype.EventTemplateBuildFailed); len(f) == 0 || f[0].Template != "slow" || !strings.Contains(f[0].Detail, "stopped in step agent") {
+	if f := n.ev.wait(t, apitype.EventTemplateBuildFailed, 1); len(f) == 0 || f[0].Template != "slow" || !strings.Contains(f[0].Detail, "stopped in step agent") {
 		t.Errorf("failed events: %+v", f)
 	}
 	left := n.vmsNamed(t, "slow")

@@ -56,6 +56,22 @@ func (e *events) publish(ev apitype.Event) {
 	e.evs = append(e.evs, ev)
 }
 
+// wait returns the events of typ once there are at least n of them (or
+// after a minute, what there are: the caller's assertion fails). A build's
+// end is published after its state says it ended (outside the service's
+// lock), so a test that saw the state waits for the event.
+func (e *events) wait(t *testing.T, typ string, n int) []apitype.Event {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		evs := e.of(typ)
+		if len(evs) >= n || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func (e *events) of(typ string) []apitype.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -274,7 +290,7 @@ func TestServiceBuildJoinReuse(t *testing.T) {
 		t.Errorf("template %d: %v %v", done.VMID, conf, err)
 	}
 	prog := n.ev.of(apitype.EventTemplateBuildProgress)
-	fin := n.ev.of(apitype.EventTemplateBuildDone)
+	fin := n.ev.wait(t, apitype.EventTemplateBuildDone, 1)
 	if len(prog) != len(done.Progress) || len(fin) != 1 || fin[0].VMID != done.VMID || fin[0].Template != "tpl1" {
 		t.Errorf("events: %d progress (state has %d lines), done %+v", len(prog), len(done.Progress), fin)
 	}
@@ -314,7 +330,7 @@ func TestServiceStopsAtShutdown(t *testing.T) {
 	if st.State != apitype.BuildFailed || !strings.Contains(st.Error, "context canceled") {
 		t.Errorf("build after the shutdown: %+v", st)
 	}
-	if f := n.ev.of(apitype.EventTemplateBuildFailed); len(f) != 1 || f[0].Template != "tpl2" {
+	if f := n.ev.wait(t, apitype.EventTemplateBuildFailed, 1); len(f) != 1 || f[0].Template != "tpl2" {
 		t.Errorf("failed events: %+v", f)
 	}
 	left := n.vmsNamed(t, "tpl2")
