@@ -44,6 +44,9 @@ type Options struct {
 	// TaskPoll is the first task status poll delay (100ms, then x1.5 up to
 	// 1s); TaskTimeout the longest wait for one task (10m).
 	TaskPoll, TaskTimeout time.Duration
+	// TaskStatusGrace is how long a task's status reads may fail in a row
+	// (a pveproxy restart, a 503) before a wait gives up on the task (30s).
+	TaskStatusGrace time.Duration
 	// Logger receives what is worth saying but not failing for: another
 	// node's SDN reload warnings, other clients' pending SDN edits an
 	// apply commits (discarded when nil).
@@ -88,6 +91,9 @@ func newClient(o Options, auth proxmox.Option) (*Client, error) {
 	}
 	if o.TaskTimeout == 0 {
 		o.TaskTimeout = 10 * time.Minute
+	}
+	if o.TaskStatusGrace == 0 {
+		o.TaskStatusGrace = 30 * time.Second
 	}
 	opts := []proxmox.Option{auth, proxmox.WithUserAgent("pve-inspectd")}
 	hc := o.HTTPClient
@@ -161,9 +167,17 @@ func allWarnings(warns []string) []string { return warns }
 // off (x1.5, at most 1s) so that long tasks cost few status requests. A
 // failed task is a *proxmox.TaskFailedError; a task that ended with
 // warnings ("WARNINGS: n", which go-proxmox counts as a success) is one too
-// when policy finds a fatal one among them (or cannot read them). When the
-// status cannot be read it falls back to go-proxmox's Wait, which also
-// consults the node's task history for a task PVE no longer knows.
+// when policy finds a fatal one among them (or cannot read them).
+//
+// A status read that fails does not end the wait: the task runs on
+// whether or not pveproxy answers (a restart, a 503), and a caller told
+// the wait failed would stop a healthy task (templatebuild stops a
+// download it no longer waits for). The wait goes on polling, with the
+// same backoff, and gives up with a *TaskUnfinishedError only once the
+// reads have failed for TaskStatusGrace in a row, or when ctx ends. A
+// task PVE no longer knows ("no such task": its log file is gone,
+// pve-manager API2/Tasks.pm read_task_status) is looked up in the node's
+// task history through go-proxmox's Wait.
 func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPolicy) error {
 	if upid == "" {
 		return nil
@@ -172,28 +186,49 @@ func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPo
 	ctx, cancel := context.WithTimeout(ctx, c.o.TaskTimeout)
 	defer cancel()
 	d := c.o.TaskPoll
+	var failing time.Time // when the status reads began to fail
 	for {
 		select {
 		case <-ctx.Done():
 			return &TaskUnfinishedError{UPID: upid, Err: classify(op, ctx.Err())}
 		case <-time.After(d):
 		}
-		if err := t.Ping(ctx); err != nil {
-			if err := t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout); err != nil {
-				if !t.IsCompleted {
-					return &TaskUnfinishedError{UPID: upid, Err: classify(op, err)}
-				}
-				return classify(op, err)
+		d = min(d*3/2, time.Second)
+		if err := c.readStatus(ctx, t); err != nil {
+			if ctx.Err() != nil {
+				return &TaskUnfinishedError{UPID: upid, Err: classify(op, ctx.Err())}
 			}
+			if failing.IsZero() {
+				failing = time.Now()
+			}
+			if since := time.Since(failing); since >= c.o.TaskStatusGrace {
+				return &TaskUnfinishedError{UPID: upid, Err: classify(op, fmt.Errorf("the status of task %s could not be read for %s (it may still run): %w", upid, since.Round(time.Millisecond), err))}
+			}
+			continue
 		}
+		failing = time.Time{}
 		if t.IsCompleted {
 			if t.IsSuccessful && (policy == nil || t.ExitStatus == proxmox.TaskExitOK) {
 				return nil
 			}
 			return classify(op, c.taskFailure(ctx, t, policy))
 		}
-		d = min(d*3/2, time.Second)
 	}
+}
+
+// readStatus reads t's status once. A task PVE answers "no such task"
+// for is looked up in the node's task history (go-proxmox's Wait does, and
+// waits for it when it turns out to be running); a task that ended is no
+// error, whatever its exit status.
+func (c *Client) readStatus(ctx context.Context, t *proxmox.Task) error {
+	err := t.Ping(ctx)
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "no such task") {
+		return err
+	}
+	if err := t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout); err != nil && !t.IsCompleted {
+		return err
+	}
+	return nil
 }
 
 // taskFailure describes a task that did not end OK; for warnings it adds

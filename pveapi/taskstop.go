@@ -15,8 +15,8 @@ const StopTaskTimeout = 30 * time.Second
 
 // TaskUnfinishedError is the failure of a call that started a Proxmox task
 // and stopped waiting for it (its context ended, its wait timed out, or the
-// task's status could not be read) before it saw the task end: the task
-// may still run. Its message is Err's.
+// task's status could not be read for Options.TaskStatusGrace) before it
+// saw the task end: the task may still run. Its message is Err's.
 type TaskUnfinishedError struct {
 	// UPID is the task's id, for StopTask.
 	UPID string

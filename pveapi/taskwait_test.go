@@ -1,0 +1,95 @@
+package pveapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// flakyTaskNode answers a download-url POST with a task whose status
+// reads fail with 503 (as pveproxy does while it restarts) the first
+// failures times (forever when negative), then say the task runs for two
+// reads and ends OK.
+type flakyTaskNode struct {
+	failures int
+	mu       sync.Mutex
+	reads    int
+}
+
+const flakyUPID = "UPID:pve1:00001234:00005678:6560A000:download:d.qcow2:builder@pve!t:"
+
+func (f *flakyTaskNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case r.Method == http.MethodPost:
+		fmt.Fprintf(w, `{"data":%q}`, flakyUPID)
+	case strings.HasSuffix(r.URL.Path, "/status"):
+		f.reads++
+		switch {
+		case f.failures < 0 || f.reads <= f.failures:
+			http.Error(w, "Service Unavailable", http.StatusServiceUnavailable)
+		case f.reads <= f.failures+2:
+			fmt.Fprintf(w, `{"data":{"upid":%q,"node":"pve1","status":"running","type":"download","user":"builder@pve","tokenid":"t"}}`, flakyUPID)
+		default:
+			fmt.Fprintf(w, `{"data":{"upid":%q,"node":"pve1","status":"stopped","exitstatus":"OK","type":"download","user":"builder@pve","tokenid":"t"}}`, flakyUPID)
+		}
+	default:
+		http.Error(w, "not in this test", http.StatusNotImplemented)
+	}
+}
+
+// TestWaitOutlastsFailedStatusReads: a task whose status cannot be read
+// for a while (pveproxy restarting, a 503) is still waited for: the call
+// succeeds when the reads come back and the task ends OK, so its caller,
+// told no *TaskUnfinishedError, stops nothing (templatebuild's
+// stopDownload stopped a healthy download on the first failed read). Reads that fail for
+// TaskStatusGrace in a row fail the wait with a *TaskUnfinishedError
+// saying so.
+func TestWaitOutlastsFailedStatusReads(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		failures int
+		grace    time.Duration
+		wantErr  string
+	}{
+		{name: "a few failed reads", failures: 5, grace: time.Minute},
+		{name: "reads that never come back", failures: -1, grace: 50 * time.Millisecond, wantErr: "could not be read for"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &flakyTaskNode{failures: tc.failures}
+			srv := httptest.NewServer(f)
+			t.Cleanup(srv.Close)
+			c, err := New(Options{URL: srv.URL + "/api2/json", TokenID: "builder@pve!t", Secret: "s", Node: "pve1", HTTPClient: srv.Client(),
+				TaskPoll: time.Millisecond, TaskStatusGrace: tc.grace})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = c.DownloadURL(context.Background(), "local", Download{URL: "https://h/d.qcow2", Content: "import", Filename: "d.qcow2"})
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("download after %d failed status reads: %v", tc.failures, err)
+				}
+				if f.reads != tc.failures+3 {
+					t.Errorf("%d status reads, want %d (the failed ones, two running, the end)", f.reads, tc.failures+3)
+				}
+			} else {
+				var tu *TaskUnfinishedError
+				if !errors.As(err, &tu) || tu.UPID != flakyUPID || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "503") {
+					t.Fatalf("status never readable: %v, want a *TaskUnfinishedError of %s saying %q (and the 503)", err, flakyUPID, tc.wantErr)
+				}
+				if f.reads < 2 {
+					t.Errorf("gave up after %d status reads", f.reads)
+				}
+			}
+		})
+	}
+}
