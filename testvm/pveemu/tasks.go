@@ -170,18 +170,17 @@ func (s *Server) WaitTask(ctx context.Context, upid string) (string, error) {
 }
 
 // lookupTask finds the request's task for its owner, or for a caller
-// with priv on its node.
+// with priv on its node, in the order of pve-manager API2/Tasks.pm
+// read_task_status and stop_task: the UPID is decoded ("unable to parse
+// worker upid"), its log file must exist ("no such task", both parameter
+// exceptions), and only then is the caller checked.
 func (s *Server) lookupTask(rq *request, priv string) (*task, error) {
 	upid := rq.str("upid")
-	// pve-manager API2/Tasks.pm: both refusals are parameter exceptions.
 	if _, _, _, _, _, _, _, ok := ParseUPID(upid); !ok {
 		return nil, paramFail(ParamErrors{"upid": "unable to parse worker upid"})
 	}
-	s.mu.Lock()
-	t := s.tasks[upid]
-	s.mu.Unlock()
-	if t == nil || t.node != rq.str("node") {
-		// Another node's task is not in this node's task list.
+	t := s.nodeTask(rq)
+	if t == nil {
 		return nil, paramFail(ParamErrors{"upid": "no such task"})
 	}
 	if !taskOwner(t.user, rq.authid) {
@@ -190,6 +189,18 @@ func (s *Server) lookupTask(rq *request, priv string) (*task, error) {
 		}
 	}
 	return t, nil
+}
+
+// nodeTask is the request's task when the request's node has it: another
+// node's task is not in this node's task log directory.
+func (s *Server) nodeTask(rq *request) *task {
+	s.mu.Lock()
+	t := s.tasks[rq.str("upid")]
+	s.mu.Unlock()
+	if t == nil || t.node != rq.str("node") {
+		return nil
+	}
+	return t
 }
 
 // taskOwner is pve-manager API2/Tasks.pm $check_task_user after
@@ -256,10 +267,26 @@ func (s *Server) taskStatus(_ context.Context, rq *request) (any, error) {
 	return out, nil
 }
 
+// taskLog is GET /nodes/{node}/tasks/{upid}/log (pve-manager
+// API2/Tasks.pm read_task_log). Unlike the status it checks the caller
+// before it looks for the task: the UPID decoded, its owner (the UPID's
+// user, whether or not the task exists) or a caller with Sys.Audit on the
+// node passes, and then the log file is read by pve-common Tools.pm
+// dump_logfile, which answers a file it cannot open with the one line
+// "unable to open file - <errno>" and an empty one with "no content".
 func (s *Server) taskLog(_ context.Context, rq *request) (any, error) {
-	t, err := s.lookupTask(rq, "Sys.Audit")
-	if err != nil {
-		return nil, err
+	_, _, _, _, _, _, user, ok := ParseUPID(rq.str("upid"))
+	if !ok {
+		return nil, paramFail(ParamErrors{"upid": "unable to parse worker upid"})
+	}
+	if !taskOwner(user, rq.authid) {
+		if err := s.checkPrivs(rq.authid, "/nodes/"+rq.str("node"), []string{"Sys.Audit"}, false); err != nil {
+			return nil, err
+		}
+	}
+	t := s.nodeTask(rq)
+	if t == nil {
+		return []map[string]any{{"n": 1, "t": "unable to open file - No such file or directory"}}, nil
 	}
 	start := rq.int("start", 0)
 	limit := rq.int("limit", 50)
@@ -269,8 +296,8 @@ func (s *Server) taskLog(_ context.Context, rq *request) (any, error) {
 	for i := start; i < len(t.lines) && (limit <= 0 || len(out) < limit); i++ {
 		out = append(out, map[string]any{"n": i + 1, "t": t.lines[i]})
 	}
-	if len(out) == 0 {
-		out = append(out, map[string]any{"n": 0, "t": "no content"})
+	if len(t.lines) == 0 {
+		out = append(out, map[string]any{"n": 1, "t": "no content"})
 	}
 	return out, nil
 }

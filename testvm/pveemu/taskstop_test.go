@@ -1,10 +1,12 @@
 package pveemu
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -145,5 +147,59 @@ func TestStopDownload(t *testing.T) {
 	}
 	if left := leftovers(t, e.importDir()); len(left) != 0 {
 		t.Errorf("left on the storage: %v", left)
+	}
+}
+
+// TestTaskCallsCheckInProxmoxOrder: pve-manager API2/Tasks.pm
+// read_task_log checks the caller before it looks for the task (the
+// UPID's user owns it, else Sys.Audit on /nodes/{node}), so a token
+// without Sys.Audit asking for the log of a task that does not exist is
+// refused (403), where the emulator answered "no such task" (400); the
+// owner named in such a UPID gets dump_logfile's line for a file it
+// cannot open. read_task_status and stop_task look for the task's log
+// file first: the same token gets their 400 "no such task", and 403 for
+// another's task that exists.
+func TestTaskCallsCheckInProxmoxOrder(t *testing.T) {
+	e := newEnv(t)
+	if err := e.s.AddUser("nobody@pve", ""); err != nil {
+		t.Fatal(err)
+	}
+	id, sec, err := e.s.AddToken("nobody@pve", "tok", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := []string{"Authorization", "PVEAPIToken=" + id + "=" + sec}
+	task := func(u string) string { return "/nodes/pve/tasks/" + url.PathEscape(u) }
+	const missing = "UPID:pve:00000001:00000001:00000001:qmstart:1:root@pam:"
+	own := "UPID:pve:00000001:00000001:00000001:qmstart:1:" + id + ":"
+	// a task that exists, root's
+	r := e.do("POST", "/nodes/pve/qemu/"+strconv.Itoa(templateID)+"/clone", url.Values{"newid": {"121"}}, authTicket)
+	upid, _ := r.body["data"].(string)
+	if r.status != 200 || upid == "" {
+		t.Fatalf("clone: %d %q", r.status, r.reason)
+	}
+	e.wait(upid)
+	for _, tc := range []struct {
+		name, method, path string
+		auth               []string
+		status             int
+		upidErr            string
+	}{
+		{"log of another's missing task", "GET", task(missing) + "/log", nobody, 403, ""},
+		{"log of another's task", "GET", task(upid) + "/log", nobody, 403, ""},
+		{"log of a malformed UPID", "GET", task("UPID:bad") + "/log", nobody, 400, "unable to parse worker upid"},
+		{"status of another's missing task", "GET", task(missing) + "/status", nobody, 400, "no such task"},
+		{"status of another's task", "GET", task(upid) + "/status", nobody, 403, ""},
+		{"stop of another's missing task", "DELETE", task(missing), nobody, 400, "no such task"},
+		{"stop of another's task", "DELETE", task(upid), nobody, 403, ""},
+	} {
+		r := e.do(tc.method, tc.path, nil, authNone, tc.auth...)
+		if r.status != tc.status || (tc.upidErr != "" && r.errors()["upid"] != tc.upidErr) {
+			t.Errorf("%s: %d %q %v, want %d %s", tc.name, r.status, r.reason, r.body, tc.status, tc.upidErr)
+		}
+	}
+	r = e.do("GET", task(own)+"/log", nil, authNone, nobody...)
+	if lines, _ := r.body["data"].([]any); r.status != 200 || len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0]), "unable to open file - No such file or directory") {
+		t.Errorf("log of the caller's own missing task: %d %q %v, want dump_logfile's unable to open file", r.status, r.reason, r.body)
 	}
 }
