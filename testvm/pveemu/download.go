@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -81,6 +82,9 @@ func (s *Server) downloadURL(_ context.Context, rq *request) (any, error) {
 		algorithm: rq.str("checksum-algorithm"), checksum: rq.str("checksum"),
 		verify: rq.bool("verify-certificates", true), dial: s.nodeDialer(rq.str("node")),
 	}
+	s.mu.Lock()
+	d.checksumHeld = s.hooks.checksumHeld
+	s.mu.Unlock()
 	if err := os.MkdirAll(filepath.Dir(d.dest), 0o755); err != nil {
 		return nil, fail("%v", err)
 	}
@@ -140,6 +144,9 @@ type download struct {
 	checksum     string
 	verify       bool
 	dial         func(ctx context.Context, network, addr string) (net.Conn, error)
+	// checksumHeld, when set, holds the checksum step
+	// (HoldDownloadChecksums).
+	checksumHeld func(ctx context.Context, tmp string)
 }
 
 // run is the worker: pve-common Tools.pm download_file_from_url with
@@ -165,7 +172,7 @@ func (d *download) run(ctx context.Context, t *task, reported func(string) strin
 		if d.algorithm == "" {
 			return fmt.Errorf("refusing to override existing file '%s'", reported(d.dest))
 		}
-		got, err := fileHash(d.algorithm, d.dest)
+		got, err := fileHashInterruptible(ctx, d.algorithm, d.dest)
 		if err != nil {
 			return err
 		}
@@ -195,8 +202,12 @@ func (d *download) fetchVerified(ctx context.Context, t *task, tmp, tmpDecomp st
 		return err
 	}
 	if d.algorithm != "" {
-		got, err := fileHash(d.algorithm, tmp)
+		if d.checksumHeld != nil {
+			d.checksumHeld(ctx, tmp)
+		}
+		got, err := fileHashInterruptible(ctx, d.algorithm, tmp)
 		if err != nil {
+			t.logf("calculating checksum...")
 			return err
 		}
 		if !strings.EqualFold(got, d.checksum) {
@@ -300,6 +311,15 @@ func (d *download) assertValid(path, shown string) error {
 
 // fileHash is pve-common Tools.pm get_file_hash: the hex digest.
 func fileHash(algorithm, path string) (string, error) {
+	return fileHashInterruptible(context.Background(), algorithm, path)
+}
+
+// fileHashInterruptible is fileHash in a worker that a stop may
+// interrupt: a stop (ctx's end) while it reads dies errInterrupted, the
+// worker's SIGTERM handler's die (pve-common RESTEnvironment.pm
+// fork_worker), which download_file_from_url's eval catches to remove
+// its temporary files and die again with.
+func fileHashInterruptible(ctx context.Context, algorithm, path string) (string, error) {
 	var h hash.Hash
 	switch algorithm {
 	case "md5":
@@ -322,10 +342,44 @@ func fileHash(algorithm, path string) (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
+	buf := make([]byte, 1<<20)
+	for {
+		if ctx.Err() != nil {
+			return "", errInterrupted
+		}
+		n, err := f.Read(buf)
+		h.Write(buf[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return "", err
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// HoldDownloadChecksums holds every download-url worker that begins its
+// checksum step (its file fetched to tmp) until release, or until the
+// task is stopped (which then interrupts the step); held receives each
+// held worker's temporary file.
+func (s *Server) HoldDownloadChecksums() (held <-chan string, release func()) {
+	ch := make(chan string, 16)
+	gate := make(chan struct{})
+	var once sync.Once
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hooks.checksumHeld = func(ctx context.Context, tmp string) {
+		select {
+		case ch <- tmp:
+		default:
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	return ch, func() { once.Do(func() { close(gate) }) }
 }
 
 // decompressFile is the ISO decompressor of pve-storage Storage.pm

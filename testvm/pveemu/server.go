@@ -164,6 +164,10 @@ type testHooks struct {
 	// snapshot", ctRollbackLocked once a CT rollback wrote "lock:
 	// rollback" (HoldCTSnapshots); both read under mu.
 	ctSnapshotPrepared, ctRollbackLocked func(vmid int)
+	// checksumHeld runs as a download-url worker begins its checksum
+	// step, with the worker's context (HoldDownloadChecksums); read under
+	// mu.
+	checksumHeld func(ctx context.Context, tmp string)
 }
 
 // RequestRecord is one request the emulator received, as validated.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -201,5 +203,54 @@ func TestTaskCallsCheckInProxmoxOrder(t *testing.T) {
 	r = e.do("GET", task(own)+"/log", nil, authNone, nobody...)
 	if lines, _ := r.body["data"].([]any); r.status != 200 || len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0]), "unable to open file - No such file or directory") {
 		t.Errorf("log of the caller's own missing task: %d %q %v, want dump_logfile's unable to open file", r.status, r.reason, r.body)
+	}
+}
+
+// TestStopDownloadDuringChecksum: a stop while the download-url worker
+// hashes its fetched file (download_file_from_url's checksum step, inside
+// its eval) ends the task as the interrupted worker does: the SIGTERM
+// handler's die "received interrupt" (RESTEnvironment.pm fork_worker) is
+// the task's exit status, and the eval's cleanup removes the temporary
+// file, so nothing is left. The emulator finished such a task OK. A
+// worker let through the checksum step renames its file into place.
+func TestStopDownloadDuringChecksum(t *testing.T) {
+	img := qcow2Image(1 << 20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(img) }))
+	t.Cleanup(srv.Close)
+	e := newEnv(t)
+	e.s.SetStorageContent("local", "backup,iso,vztmpl,import")
+	held, release := e.s.HoldDownloadChecksums()
+	defer release()
+	start := func(name string) (upid, tmp string) {
+		t.Helper()
+		upid, _ = e.ok("POST", "/nodes/pve/storage/local/download-url", url.Values{"content": {"import"}, "filename": {name},
+			"url": {srv.URL + "/" + name}, "checksum": {sha256Hex(img)}, "checksum-algorithm": {"sha256"}}).(string)
+		select {
+		case tmp = <-held:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: its checksum step never began", name)
+		}
+		if _, err := os.Stat(tmp); err != nil {
+			t.Fatalf("the fetched file in the checksum step: %v", err)
+		}
+		return upid, tmp
+	}
+
+	upid, _ := start("a.qcow2")
+	e.ok("DELETE", "/nodes/pve/tasks/"+url.PathEscape(upid), nil)
+	if st := e.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any); st["status"] != "stopped" || st["exitstatus"] != "received interrupt" {
+		t.Fatalf("a download stopped in its checksum step: %v, want stopped, received interrupt", st)
+	}
+	if left := leftovers(t, e.importDir()); len(left) != 0 {
+		t.Errorf("left on the storage: %v", left)
+	}
+
+	upid, tmp := start("b.qcow2")
+	release()
+	if st := e.wait(upid); st != "OK" {
+		t.Fatalf("a download let through its checksum step: %s", st)
+	}
+	if left := leftovers(t, e.importDir()); len(left) != 1 || left[0] != "b.qcow2" || filepath.Base(tmp) == left[0] {
+		t.Errorf("after the download: %v, want b.qcow2 alone", left)
 	}
 }
