@@ -133,6 +133,11 @@ type Options struct {
 	Protected []string
 	// Unguarded accepts a Bridge among Protected (--unguarded-bridge).
 	Unguarded bool
+	// AllowUEFI is the node's [api] allow_uefi: without it an
+	// import-only build of an OVA whose OVF asks for UEFI firmware is
+	// refused before the VM is created, since every create on the node
+	// would refuse the template (its clones boot OVMF).
+	AllowUEFI bool
 	// BuildCIDR is the build network's subnet (DefaultBuildCIDR).
 	BuildCIDR string
 	// AgentWait bounds the wait for the guest agent (30m: cloud-init

@@ -94,8 +94,9 @@
 // OVA's own EFI variables are not in it, so the guest boots by its
 // firmware's default path), and checked as the creates that may clone it
 // want it (hardening.CheckTemplate: firmware uefi, which a node takes only
-// with [api] allow_uefi; a clone keeps the template's EFI disk, pveapi
-// ConfigureVM). Its memory and cores are the OVF's (create-args, within
+// with [api] allow_uefi, so a build on a node without it, Options.AllowUEFI
+// off, is refused before the VM is created; a clone keeps the template's
+// EFI disk, pveapi ConfigureVM). Its memory and cores are the OVF's (create-args, within
 // the API's bounds for a VM), else the generic 2048 MiB and 2 cores: no
 // build request names them, and a sandbox's clone sets its own anyway
 // (cores and memory_mib of its create, 1 and 1024 by default).

@@ -45,7 +45,14 @@ func victimOVA(t *testing.T, n int) []byte {
 // imported without boot on disk bus bus.
 func importNode(t *testing.T, ova []byte, name, bus string) (*serviceNode, apitype.TemplateUpload) {
 	t.Helper()
-	n := newServiceNode(t)
+	return importNodeWith(t, ova, name, bus, nil)
+}
+
+// importNodeWith is importNode with the service's options changed by mod
+// first.
+func importNodeWith(t *testing.T, ova []byte, name, bus string, mod func(*templatebuild.ServiceOptions)) (*serviceNode, apitype.TemplateUpload) {
+	t.Helper()
+	n := newServiceNodeWith(t, mod)
 	n.s.SetStorageContent("local", "backup,iso,vztmpl,import,snippets,images")
 	h := sha256.Sum256(ova)
 	return n, apitype.TemplateUpload{Name: name, File: "ctf4.ova", SHA256: hex.EncodeToString(h[:]), Size: int64(len(ova)),
@@ -356,9 +363,43 @@ func TestImportOnlyFromVolumeOnEmulator(t *testing.T) {
 	}
 }
 
-// TestImportOnlyUEFIOVAOnEmulator: an OVA exported with UEFI firmware
-// (VMware's firmware efi: Proxmox's import-metadata says bios ovmf and
-// efidisk0), 4 CPUs and 6144 MB, uploaded for a build without boot, is
+// uefiOVA is an OVA exported with UEFI firmware (VMware's firmware efi:
+// Proxmox's import-metadata says bios ovmf and efidisk0), 4 CPUs and
+// 6144 MB.
+func uefiOVA(t *testing.T) []byte {
+	ovf := pveemu.OVF{Name: "uefi-box", OS: 96, Bus: "scsi", Disks: []pveemu.OVFDisk{{File: "uefi-disk1.vmdk", Size: 2 << 30}}, CPUs: 4, MemoryMiB: 6144, EFI: true}.Descriptor()
+	return tarOf(t, "uefi.ovf", []byte(ovf), "uefi-disk1.vmdk", vmdkHeader(2<<30))
+}
+
+// TestImportOnlyUEFIOVANeedsAllowUEFI: on a node whose [api] allow_uefi
+// is off (ServiceOptions.Defaults.AllowUEFI, the daemon's config), an
+// import-only build of a UEFI OVA fails naming the option before it
+// creates anything on the node: every create there would refuse the
+// template (its clones boot OVMF), which the build made anyway before.
+func TestImportOnlyUEFIOVANeedsAllowUEFI(t *testing.T) {
+	ova := uefiOVA(t)
+	n, u := importNode(t, ova, "uefi", "")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
+		t.Fatal(err)
+	}
+	failed := n.waitEnded(t, "uefi")
+	if failed.State != apitype.BuildFailed || !strings.Contains(failed.Error, "[api] allow_uefi") || !strings.Contains(failed.Error, "UEFI firmware") {
+		t.Fatalf("a UEFI OVA where allow_uefi is off: %s %q, want failed naming [api] allow_uefi", failed.State, failed.Error)
+	}
+	for _, r := range n.s.Requests() {
+		if r.Method == "POST" && r.Path == "/nodes/pve/qemu" {
+			t.Errorf("the refused build created a VM: %v", r.Params)
+		}
+	}
+	if left := n.vmsNamed(t, "uefi"); len(left) != 0 {
+		t.Errorf("VMs of the refused build: %+v", left)
+	}
+}
+
+// TestImportOnlyUEFIOVAOnEmulator: a UEFI OVA (uefiOVA), uploaded for a
+// build without boot on a node with [api] allow_uefi, is
 // built (it was refused) with bios ovmf and a new EFI vars disk of
 // efitype 4m without pre-enrolled keys (qemu-server sizes it 4M), the
 // OVF's memory and cores; the template passes the profile for the creates
@@ -366,9 +407,8 @@ func TestImportOnlyFromVolumeOnEmulator(t *testing.T) {
 // configured with UEFI, as a create asking firmware uefi is, keeps the
 // template's EFI disk (linked) and passes that profile.
 func TestImportOnlyUEFIOVAOnEmulator(t *testing.T) {
-	ovf := pveemu.OVF{Name: "uefi-box", OS: 96, Bus: "scsi", Disks: []pveemu.OVFDisk{{File: "uefi-disk1.vmdk", Size: 2 << 30}}, CPUs: 4, MemoryMiB: 6144, EFI: true}.Descriptor()
-	ova := tarOf(t, "uefi.ovf", []byte(ovf), "uefi-disk1.vmdk", vmdkHeader(2<<30))
-	n, u := importNode(t, ova, "uefi", "")
+	ova := uefiOVA(t)
+	n, u := importNodeWith(t, ova, "uefi", "", func(o *templatebuild.ServiceOptions) { o.Defaults.AllowUEFI = true })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {

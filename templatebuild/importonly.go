@@ -196,6 +196,9 @@ func (b *Builder) importGuest(ctx context.Context, src source) (importedGuest, e
 		return importedGuest{}, err
 	}
 	g := importedGuest{disks: disks, uefi: md.EFI || md.CreateArgs["bios"] == "ovmf"}
+	if g.uefi && !b.o.AllowUEFI {
+		return importedGuest{}, fmt.Errorf("%s: the OVF asks for UEFI firmware (bios ovmf) and this node's [api] allow_uefi is off: every create would refuse the template (its clones boot OVMF, whose SMM emulation and pflash device allow_uefi keeps out); nothing was created: set [api] allow_uefi = true in the daemon's config to build it", src.importFrom)
+	}
 	if g.uefi {
 		b.say("import", "the OVF asks for UEFI firmware: bios ovmf with a new EFI vars disk (%s; the OVA carries no EFI variables, Proxmox's efi-state-lost: the guest boots by its firmware's default path); its clones are VMs created with firmware uefi, on a node with [api] allow_uefi",
 			hardening.NewEFIDisk(b.o.Storage))

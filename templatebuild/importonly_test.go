@@ -96,7 +96,7 @@ func TestImportGuestOfTheOVF(t *testing.T) {
 		px.metadata = map[string]pveapi.ImportMetadata{"local:import/x.ova": tc.md}
 		var out strings.Builder
 		b := &Builder{px: px, o: Options{Name: "t1", Storage: "local-lvm", Recipe: Generic(Image{Volume: "local:import/" + tc.file, File: tc.file}),
-			Mode: Mode{ImportOnly: true, DiskBus: BusSCSI, OSType: "l26"}, Progress: &out}}
+			Mode: Mode{ImportOnly: true, DiskBus: BusSCSI, OSType: "l26"}, AllowUEFI: true, Progress: &out}}
 		b.o.defaults()
 		g, err := b.importGuest(context.Background(), source{importFrom: "local:import/" + tc.file})
 		if err != nil {
@@ -136,7 +136,7 @@ func TestImportOnlyUEFITemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out strings.Builder
-	b, err := New(w.pve, w.agent, w.host, Options{Name: "w", Recipe: Generic(img), Mode: Mode{ImportOnly: true}, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", Progress: &out})
+	b, err := New(w.pve, w.agent, w.host, Options{Name: "w", Recipe: Generic(img), Mode: Mode{ImportOnly: true}, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", AllowUEFI: true, Progress: &out})
 	if err != nil {
 		t.Fatal(err)
 	}

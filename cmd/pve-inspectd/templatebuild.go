@@ -164,6 +164,8 @@ func newTemplateBuildCmd(g *globals) *cobra.Command {
 			if o.Protected, err = protectedBridges(cmd.Context(), cfg); err != nil {
 				return err
 			}
+			// a UEFI OVA is built only where its clones may be created
+			o.AllowUEFI = cfg.API.AllowUEFI
 			pw, err := readPassword(f.passwordFile, cmd.InOrStdin())
 			if err != nil {
 				return err

@@ -99,7 +99,7 @@ func (a *API) templateService(eng *sandbox.Engine, catalog *templatebuild.Catalo
 	return templatebuild.NewService(templatebuild.ServiceOptions{
 		Login: login, Agent: agent, Host: host, Catalog: catalog, URLs: urls, AllowURLs: tc.AllowURLs, Mirror: tc.Mirror, Grant: grant,
 		Defaults: templatebuild.Options{Storage: tc.Storage, ImageStorage: tc.ImageStorage, SnippetStorage: tc.SnippetStorage,
-			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, Protected: protected, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll,
+			WorkStorage: tc.WorkStorage, Bridge: tc.Bridge, Protected: protected, AllowUEFI: a.cfg.API.AllowUEFI, AgentWait: tc.AgentWait, CloudInitWait: tc.CloudInitWait, AgentPoll: a.deps.BuildAgentPoll,
 			MaxUnpacked: int64(tc.MaxUnpackedGiB) << 30, Timeout: tc.BuildTimeout},
 		MaxRunning: tc.MaxBuilds, MaxUpload: int64(tc.MaxUploadGiB) << 30, LockDir: tc.LockDir, Publish: eng.PublishNodeEvent,
 		Log: a.log.With("component", "templatebuild"),
