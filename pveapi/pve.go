@@ -174,7 +174,9 @@ func allWarnings(warns []string) []string { return warns }
 // the wait failed would stop a healthy task (templatebuild stops a
 // download it no longer waits for). The wait goes on polling, with the
 // same backoff, and gives up with a *TaskUnfinishedError only once the
-// reads have failed for TaskStatusGrace in a row, or when ctx ends. A
+// reads have failed for TaskStatusGrace in a row, or when ctx ends; a
+// read refused for good (403: the token may not read it; 400) gives up
+// at once. A
 // task PVE no longer knows ("no such task": its log file is gone,
 // pve-manager API2/Tasks.pm read_task_status) is looked up in the node's
 // task history through go-proxmox's Wait.
@@ -197,6 +199,11 @@ func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPo
 		if err := c.readStatus(ctx, t); err != nil {
 			if ctx.Err() != nil {
 				return &TaskUnfinishedError{UPID: upid, Err: classify(op, ctx.Err())}
+			}
+			if proxmox.IsForbidden(err) || proxmox.IsBadRequest(err) {
+				// the token may not read it, or the node refuses the
+				// request: no retry changes that
+				return &TaskUnfinishedError{UPID: upid, Err: classify(op, fmt.Errorf("the status of task %s cannot be read (it may still run): %w", upid, err))}
 			}
 			if failing.IsZero() {
 				failing = time.Now()

@@ -1,11 +1,13 @@
 package pveapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +20,7 @@ import (
 // reads and ends OK.
 type flakyTaskNode struct {
 	failures int
+	code     int // the failed reads' status (503 when 0)
 	mu       sync.Mutex
 	reads    int
 }
@@ -34,7 +37,11 @@ func (f *flakyTaskNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.reads++
 		switch {
 		case f.failures < 0 || f.reads <= f.failures:
-			http.Error(w, "Service Unavailable", http.StatusServiceUnavailable)
+			code := f.code
+			if code == 0 {
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, http.StatusText(code), code)
 		case f.reads <= f.failures+2:
 			fmt.Fprintf(w, `{"data":{"upid":%q,"node":"pve1","status":"running","type":"download","user":"builder@pve","tokenid":"t"}}`, flakyUPID)
 		default:
@@ -56,14 +63,19 @@ func TestWaitOutlastsFailedStatusReads(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		failures int
+		code     int
 		grace    time.Duration
 		wantErr  string
+		// wantReads is the status reads a failed wait made (0: at least 2)
+		wantReads int
 	}{
 		{name: "a few failed reads", failures: 5, grace: time.Minute},
 		{name: "reads that never come back", failures: -1, grace: 50 * time.Millisecond, wantErr: "could not be read for"},
+		// a refusal is for good: no grace
+		{name: "a read the token may not make", failures: -1, code: http.StatusForbidden, grace: time.Hour, wantErr: "cannot be read", wantReads: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := &flakyTaskNode{failures: tc.failures}
+			f := &flakyTaskNode{failures: tc.failures, code: tc.code}
 			srv := httptest.NewServer(f)
 			t.Cleanup(srv.Close)
 			c, err := New(Options{URL: srv.URL + "/api2/json", TokenID: "builder@pve!t", Secret: "s", Node: "pve1", HTTPClient: srv.Client(),
@@ -83,10 +95,14 @@ func TestWaitOutlastsFailedStatusReads(t *testing.T) {
 				}
 			} else {
 				var tu *TaskUnfinishedError
-				if !errors.As(err, &tu) || tu.UPID != flakyUPID || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "503") {
-					t.Fatalf("status never readable: %v, want a *TaskUnfinishedError of %s saying %q (and the 503)", err, flakyUPID, tc.wantErr)
+				code := cmp.Or(tc.code, http.StatusServiceUnavailable)
+				if !errors.As(err, &tu) || tu.UPID != flakyUPID || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), strconv.Itoa(code)) {
+					t.Fatalf("status never readable: %v, want a *TaskUnfinishedError of %s saying %q (and the %d)", err, flakyUPID, tc.wantErr, code)
 				}
-				if f.reads < 2 {
+				switch {
+				case tc.wantReads > 0 && f.reads != tc.wantReads:
+					t.Errorf("gave up after %d status reads, want %d", f.reads, tc.wantReads)
+				case tc.wantReads == 0 && f.reads < 2:
 					t.Errorf("gave up after %d status reads", f.reads)
 				}
 			}
