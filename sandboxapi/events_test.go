@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pve-inspect/pve-inspect/internal/testkit"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/apitype"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/auth"
 	"github.com/pve-inspect/pve-inspect/sandboxapi/client"
@@ -17,12 +18,11 @@ import (
 var errEnough = errors.New("enough")
 
 // collect follows the stream of c until it has n events or the deadline.
-func collect(t *testing.T, c *client.Client, r client.EventsRequest, n int, during func()) []apitype.Event {
+func collect(t *testing.T, c streamClient, r client.EventsRequest, n int, during func()) []apitype.Event {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []apitype.Event
-	started := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
 		done <- c.Events(ctx, r, func(e apitype.Event) error {
@@ -33,8 +33,13 @@ func collect(t *testing.T, c *client.Client, r client.EventsRequest, n int, duri
 			return nil
 		})
 	}()
-	go func() { time.Sleep(100 * time.Millisecond); close(started) }()
-	<-started
+	// a stream without Last-Event-ID starts at the newest event when it
+	// is answered: during publishes only once it was
+	select {
+	case <-c.opened.Opened:
+	case err := <-done:
+		t.Fatalf("events: %v before the stream was answered", err)
+	}
 	if during != nil {
 		during()
 	}
@@ -42,6 +47,13 @@ func collect(t *testing.T, c *client.Client, r client.EventsRequest, n int, duri
 		t.Fatalf("events: %v after %d of %d: %+v", err, len(got), n, got)
 	}
 	return got
+}
+
+// streamClient is a client whose transport says when an event stream was
+// answered.
+type streamClient struct {
+	*client.Client
+	opened *testkit.StreamOpened
 }
 
 func types(evs []apitype.Event) string {
@@ -58,12 +70,13 @@ func types(evs []apitype.Event) string {
 func TestEventsAndBroken(t *testing.T) {
 	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
 	e := newEnv(t, func(o *options) { o.Tokens = store })
-	mint := func(name, owner string) *client.Client {
+	mint := func(name, owner string) streamClient {
 		tok, _, err := store.CreateOwned(name, owner, []string{"admin"}, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
-		return client.New(e.tcp.URL, client.WithToken(tok))
+		opened := testkit.NewStreamOpened("/v1/events")
+		return streamClient{client.New(e.tcp.URL, client.WithToken(tok), client.WithHTTPClient(&http.Client{Transport: opened})), opened}
 	}
 	alice, bob := mint("alice-agent", "alice"), mint("bob-agent", "bob")
 	ctx := e.ctx()

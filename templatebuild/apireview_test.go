@@ -186,12 +186,19 @@ func TestURLQueryNotInProgress(t *testing.T) {
 		t.Fatalf("state's from: %q", st.From)
 	}
 	st = n.waitState(t, "tpl-presigned", apitype.BuildDone)
+	// the progress events went out before the build ended (its goroutine
+	// publishes each line as it writes it); none at all would make the
+	// checks below pass on nothing
+	prog := n.ev.of(apitype.EventTemplateBuildProgress)
+	if len(st.Progress) == 0 || len(prog) == 0 {
+		t.Errorf("the build has %d progress lines and %d progress events, want some of each", len(st.Progress), len(prog))
+	}
 	for _, l := range st.Progress {
 		if strings.Contains(l, "s3cr3tsig") {
 			t.Errorf("progress line carries the URL's query: %q", l)
 		}
 	}
-	for _, ev := range n.ev.of(apitype.EventTemplateBuildProgress) {
+	for _, ev := range prog {
 		if strings.Contains(ev.Detail, "s3cr3tsig") {
 			t.Errorf("progress event carries the URL's query: %q", ev.Detail)
 		}

@@ -603,3 +603,15 @@ func TestEgressContainmentKeepAliveOnBed(t *testing.T) {
 		})
 	}
 }
+
+// waitCount polls count until it is at least min (a minute) and returns
+// its last value: a refusal is counted by the goroutine serving it, which
+// on a loaded machine may still be reading what the test already sent or
+// saw refused.
+func waitCount(count func() float64, min float64) float64 {
+	n := count()
+	for deadline := time.Now().Add(time.Minute); n < min && time.Now().Before(deadline); n = count() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return n
+}

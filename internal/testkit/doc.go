@@ -17,6 +17,7 @@
 // Also here: small stand-ins for the services namespace tests talk to
 // (a metadata service, an HTTP(S) echo, an authoritative DNS zone),
 // Bearer, the HTTP client transport that presents an API token,
+// StreamOpened, the one that says when an event stream was answered,
 // FailureLog, a logger (a test bed's) shown only when the test failed,
 // Series, the values of a registry's series that carry given labels, and
 // Clock, a time source a test moves.

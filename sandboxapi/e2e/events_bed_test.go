@@ -51,7 +51,8 @@ func TestBedEventsNeighbour(t *testing.T) {
 		return tok
 	}
 	a1, a2, a3, b := mint("a1", "tenant-a"), mint("a2", "tenant-a"), mint("a3", "tenant-a"), mint("b", "tenant-b")
-	ca, cb := client.New(ts.URL, client.WithToken(a1)), client.New(ts.URL, client.WithToken(b))
+	bOpened := testkit.NewStreamOpened("/v1/events")
+	ca, cb := client.New(ts.URL, client.WithToken(a1)), client.New(ts.URL, client.WithToken(b), client.WithHTTPClient(&http.Client{Transport: bOpened}))
 	sbA, err := ca.Create(ctx, apitype.CreateRequest{VMs: []apitype.VMRequest{{Template: "debian"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +138,12 @@ func TestBedEventsNeighbour(t *testing.T) {
 			return nil
 		})
 	}()
-	time.Sleep(200 * time.Millisecond) // the stream starts with the next event
+	// the stream starts with the next event once it was answered
+	select {
+	case <-bOpened.Opened:
+	case err := <-done:
+		t.Fatalf("B's stream ended before it was answered: %v", err)
+	}
 	if err := ca.Delete(ctx, sbA.ID); err != nil {
 		t.Fatal(err)
 	}

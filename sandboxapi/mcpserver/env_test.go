@@ -51,6 +51,7 @@ type recorder struct {
 	mu       sync.Mutex
 	modes    map[string]uint32 // path -> mode of the last write
 	execErrs []error           // errors of streamed execs
+	started  int               // streamed execs asked of the API
 	// shared, when set, receives the exec errors instead (one recorder per
 	// HTTP session, one place to look).
 	shared *recorder
@@ -64,15 +65,37 @@ func (r *recorder) WriteFile(ctx context.Context, id, vm, path string, rd io.Rea
 }
 
 func (r *recorder) ExecStream(ctx context.Context, id, vm string, req apitype.ExecRequest, stdout, stderr io.Writer) (*apitype.ExecResult, error) {
-	res, err := r.API.ExecStream(ctx, id, vm, req, stdout, stderr)
 	to := r
 	if r.shared != nil {
 		to = r.shared
 	}
 	to.mu.Lock()
+	to.started++
+	to.mu.Unlock()
+	res, err := r.API.ExecStream(ctx, id, vm, req, stdout, stderr)
+	to.mu.Lock()
 	to.execErrs = append(to.execErrs, err)
 	to.mu.Unlock()
 	return res, err
+}
+
+// startedExecs returns how many streamed execs were asked of the API.
+func (r *recorder) startedExecs() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.started
+}
+
+// waitExecStarted waits (a minute) for a streamed exec after the first s0
+// to be asked of the API: a call cancelled before it reached the API
+// would never run it.
+func (r *recorder) waitExecStarted(t *testing.T, s0 int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); r.startedExecs() <= s0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the tool call never asked the API to exec")
+		}
+	}
 }
 
 // execs returns how many streamed execs ended and the error of the last.

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -70,9 +69,10 @@ func TestHTTPTokensAndScopes(t *testing.T) {
 	params = &mcp.CallToolParams{Name: mcpserver.ToolExec, Arguments: map[string]any{"id": sb.ID, "argv": []string{"sleep"}, "timeout_seconds": 300}}
 	params.SetProgressToken("c")
 	n0, _ := rec.execs()
+	s0 := rec.startedExecs()
 	done := make(chan error, 1)
 	go func() { _, err := admin.CallTool(ctx, params); done <- err }()
-	time.Sleep(200 * time.Millisecond)
+	rec.waitExecStarted(t, s0)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled call: %v", err)

@@ -308,9 +308,10 @@ func TestProgressAndCancel(t *testing.T) {
 	params.SetProgressToken("tok-2")
 	done := make(chan error, 1)
 	n0, _ := b.api.execs()
+	s0 := b.api.startedExecs()
 	go func() { _, err := b.sess.CallTool(ctx, params); done <- err }()
-	// the command runs once the API was asked; give it a moment, then cancel
-	time.Sleep(200 * time.Millisecond)
+	// the command runs once the API was asked: cancel after that
+	b.api.waitExecStarted(t, s0)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled call: %v", err)
@@ -323,7 +324,7 @@ func TestProgressAndCancel(t *testing.T) {
 // API may report it in the stream's error record).
 func waitCancelled(t *testing.T, rec *recorder, n0 int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		n, err := rec.execs()
 		if n > n0 {

@@ -273,13 +273,22 @@ func TestTwoTenants(t *testing.T) {
 			}
 		})
 		t.Run("events", func(t *testing.T) {
-			for _, e := range p.Events() {
+			// Positive control: b1's ready event, published before its
+			// create returned, reaches B's stream (a minute; the stream
+			// delivers it after the create's answer).
+			evs := p.Events()
+			for deadline := time.Now().Add(time.Minute); !slices.ContainsFunc(evs, func(e tenantbed.Received) bool {
+				return e.Sandbox == b1.ID && e.Type == apitype.EventReady
+			}); evs = p.Events() {
+				if time.Now().After(deadline) || p.StreamErr() != nil {
+					t.Fatalf("B's stream has no ready event of B's own %s (positive control; stream: %v)", b1.ID, p.StreamErr())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			for _, e := range evs {
 				if e.Sandbox == sa.ID || e.Owner == "tenant-a" {
 					t.Errorf("B's stream carries A's event %+v", e.Event)
 				}
-			}
-			if !slices.ContainsFunc(p.Events(), func(e tenantbed.Received) bool { return e.Sandbox == b1.ID }) {
-				t.Errorf("B's stream has no event of B's own %s (positive control)", b1.ID)
 			}
 		})
 		t.Run("metrics", func(t *testing.T) {
