@@ -174,7 +174,8 @@ func allWarnings(warns []string) []string { return warns }
 // the wait failed would stop a healthy task (templatebuild stops a
 // download it no longer waits for). The wait goes on polling, with the
 // same backoff, and gives up with a *TaskUnfinishedError only once the
-// reads have failed for TaskStatusGrace in a row, or when ctx ends; a
+// reads have failed for TaskStatusGrace in a row (from the start of the
+// first failed read: a read may take long to fail), or when ctx ends; a
 // read refused for good (403: the token may not read it; 400) gives up
 // at once. A
 // task PVE no longer knows ("no such task": its log file is gone,
@@ -188,7 +189,7 @@ func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPo
 	ctx, cancel := context.WithTimeout(ctx, c.o.TaskTimeout)
 	defer cancel()
 	d := c.o.TaskPoll
-	var failing time.Time // when the status reads began to fail
+	var failing time.Time // when the first of the failed reads in a row began
 	for {
 		select {
 		case <-ctx.Done():
@@ -196,7 +197,7 @@ func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPo
 		case <-time.After(d):
 		}
 		d = min(d*3/2, time.Second)
-		if err := c.readStatus(ctx, t); err != nil {
+		if began, err := c.readStatus(ctx, t); err != nil {
 			if ctx.Err() != nil {
 				return &TaskUnfinishedError{UPID: upid, Err: classify(op, ctx.Err())}
 			}
@@ -206,7 +207,8 @@ func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPo
 				return &TaskUnfinishedError{UPID: upid, Err: classify(op, fmt.Errorf("the status of task %s cannot be read (it may still run): %w", upid, err))}
 			}
 			if failing.IsZero() {
-				failing = time.Now()
+				// from the read's start: a read may take long to fail
+				failing = began
 			}
 			if since := time.Since(failing); since >= c.o.TaskStatusGrace {
 				return &TaskUnfinishedError{UPID: upid, Err: classify(op, fmt.Errorf("the status of task %s could not be read for %s (it may still run): %w", upid, since.Round(time.Millisecond), err))}
@@ -224,18 +226,21 @@ func (c *Client) wait(ctx context.Context, op string, upid string, policy warnPo
 }
 
 // readStatus reads t's status once. A task PVE answers "no such task"
-// for is looked up in the node's task history (go-proxmox's Wait does, and
-// waits for it when it turns out to be running); a task that ended is no
-// error, whatever its exit status.
-func (c *Client) readStatus(ctx context.Context, t *proxmox.Task) error {
-	err := t.Ping(ctx)
+// for is looked up in the node's task history (go-proxmox's Wait does; it
+// waits on only if a later read finds the task running); a task that
+// ended is no error, whatever its exit status. began is when the request
+// that failed was sent, for the grace (after go-proxmox's Wait, which may
+// have read the status successfully meanwhile, the time it returned).
+func (c *Client) readStatus(ctx context.Context, t *proxmox.Task) (began time.Time, err error) {
+	began = time.Now()
+	err = t.Ping(ctx)
 	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "no such task") {
-		return err
+		return began, err
 	}
 	if err := t.Wait(ctx, c.o.TaskPoll, c.o.TaskTimeout); err != nil && !t.IsCompleted {
-		return err
+		return time.Now(), err
 	}
-	return nil
+	return began, nil
 }
 
 // taskFailure describes a task that did not end OK; for warnings it adds

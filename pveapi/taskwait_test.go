@@ -21,8 +21,11 @@ import (
 type flakyTaskNode struct {
 	failures int
 	code     int // the failed reads' status (503 when 0)
-	mu       sync.Mutex
-	reads    int
+	// slow is how long each failed read takes to answer (a pveproxy
+	// that times out its own request to a hung pvedaemon)
+	slow  time.Duration
+	mu    sync.Mutex
+	reads int
 }
 
 const flakyUPID = "UPID:pve1:00001234:00005678:6560A000:download:d.qcow2:builder@pve!t:"
@@ -41,6 +44,7 @@ func (f *flakyTaskNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if code == 0 {
 				code = http.StatusServiceUnavailable
 			}
+			time.Sleep(f.slow)
 			http.Error(w, http.StatusText(code), code)
 		case f.reads <= f.failures+2:
 			fmt.Fprintf(w, `{"data":{"upid":%q,"node":"pve1","status":"running","type":"download","user":"builder@pve","tokenid":"t"}}`, flakyUPID)
@@ -107,5 +111,34 @@ func TestWaitOutlastsFailedStatusReads(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWaitGraceCountsTheFailedReadsTime: TaskStatusGrace is the time the
+// status reads have failed in a row, counted from the start of the first
+// failed read, not from its answer: reads that each take a while to fail
+// (100ms here, a grace of 150ms) end the wait at the second failed read,
+// whose answer comes more than the grace after the first read began. The
+// wait counted from the first failed answer, so it made a third read
+// (with pveproxy's own timeouts, a "30 s" grace became more than a
+// minute).
+func TestWaitGraceCountsTheFailedReadsTime(t *testing.T) {
+	f := &flakyTaskNode{failures: -1, slow: 100 * time.Millisecond}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	c, err := New(Options{URL: srv.URL + "/api2/json", TokenID: "builder@pve!t", Secret: "s", Node: "pve1", HTTPClient: srv.Client(),
+		TaskPoll: time.Millisecond, TaskStatusGrace: 150 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.DownloadURL(context.Background(), "local", Download{URL: "https://h/d.qcow2", Content: "import", Filename: "d.qcow2"})
+	var tu *TaskUnfinishedError
+	if !errors.As(err, &tu) || !strings.Contains(err.Error(), "could not be read for") {
+		t.Fatalf("status never readable: %v, want a *TaskUnfinishedError saying it could not be read", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reads > 2 {
+		t.Errorf("gave up after %d failed status reads of 100ms each, want at most 2 for a grace of 150ms", f.reads)
 	}
 }

@@ -172,15 +172,18 @@ func (d *download) run(ctx context.Context, t *task, reported func(string) strin
 		if d.algorithm == "" {
 			return fmt.Errorf("refusing to override existing file '%s'", reported(d.dest))
 		}
+		t.print("calculating checksum of existing file...")
 		got, err := fileHashInterruptible(ctx, d.algorithm, d.dest)
 		if err != nil {
+			// the die ends the open line (the task's exit status then
+			// "unexpected status", as read_status reads it)
 			return err
 		}
 		if strings.EqualFold(got, d.checksum) {
-			t.logf("calculating checksum of existing file...OK, got correct file already, no need to download")
+			t.logf("OK, got correct file already, no need to download")
 			return nil
 		}
-		t.logf("calculating checksum of existing file...")
+		t.logf("") // print "\n" before the die
 		return fmt.Errorf("checksum mismatch: got '%s' != expect '%s', aborting", got, d.checksum)
 	}
 	tmp := fmt.Sprintf("%s.tmp_dwnl.%d", d.dest, t.pid)
@@ -205,16 +208,19 @@ func (d *download) fetchVerified(ctx context.Context, t *task, tmp, tmpDecomp st
 		if d.checksumHeld != nil {
 			d.checksumHeld(ctx, tmp)
 		}
+		t.print("calculating checksum...")
 		got, err := fileHashInterruptible(ctx, d.algorithm, tmp)
 		if err != nil {
-			t.logf("calculating checksum...")
+			// the die ends the open line: a stop here leaves the log's
+			// last line "calculating checksum...TASK ERROR: received
+			// interrupt", which read_status answers "unexpected status"
 			return err
 		}
 		if !strings.EqualFold(got, d.checksum) {
-			t.logf("calculating checksum...")
+			t.logf("") // print "\n" before the die
 			return fmt.Errorf("checksum mismatch: got '%s' != expect '%s'", got, d.checksum)
 		}
-		t.logf("calculating checksum...OK, checksum verified")
+		t.logf("OK, checksum verified")
 	}
 	file := tmp
 	if d.compression != "" {

@@ -25,8 +25,12 @@ type task struct {
 	typ, id   string
 	user      string
 
-	mu         sync.Mutex
-	lines      []string
+	mu    sync.Mutex
+	lines []string
+	// open is a line the worker printed without its newline (print
+	// "calculating checksum..."): the next line written ends it, be it
+	// fork_worker's "TASK ..." line
+	open       string
 	warnings   int
 	running    bool
 	exitstatus string
@@ -45,8 +49,42 @@ var errInterrupted = errors.New("received interrupt")
 func (t *task) logf(format string, a ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.lines = append(t.lines, strings.Split(strings.TrimRight(fmt.Sprintf(format, a...), "\n"), "\n")...)
+	lines := strings.Split(strings.TrimRight(fmt.Sprintf(format, a...), "\n"), "\n")
+	lines[0] = t.open + lines[0]
+	t.open = ""
+	t.lines = append(t.lines, lines...)
 }
+
+// print is a worker's print without a newline: it opens a line the next
+// logf (or the task's end) ends.
+func (t *task) print(s string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.open += s
+}
+
+// endLocked writes fork_worker's last line ("TASK OK", "TASK WARNINGS: n",
+// "TASK ERROR: msg"), ending an open line, and sets the exit status as
+// pve-common UPID.pm read_status reads it from the log's last line: a
+// line that does not begin with "TASK " so is "unexpected status".
+func (t *task) endLocked(line string) {
+	line = t.open + line
+	t.open = ""
+	t.lines = append(t.lines, line)
+	switch {
+	case line == "TASK OK":
+		t.exitstatus = "OK"
+	case strings.HasPrefix(line, "TASK ERROR: ") && len(line) > len("TASK ERROR: "):
+		t.exitstatus = strings.TrimPrefix(line, "TASK ERROR: ")
+	case reTaskWarnings.MatchString(line):
+		t.exitstatus = strings.TrimPrefix(line, "TASK ")
+	default:
+		t.exitstatus = "unexpected status"
+	}
+}
+
+// reTaskWarnings is read_status's m/^TASK (WARNINGS: \d+)$/.
+var reTaskWarnings = regexp.MustCompile(`^TASK WARNINGS: [0-9]+$`)
 
 func (t *task) warn(format string, a ...any) {
 	t.mu.Lock()
@@ -120,15 +158,11 @@ func (s *Server) runTask(rq *request, typ, id string, fn func(ctx context.Contex
 		t.endtime = time.Now().Unix()
 		switch {
 		case err != nil:
-			msg := taskErrorMessage(err)
-			t.lines = append(t.lines, "TASK ERROR: "+msg)
-			t.exitstatus = msg
+			t.endLocked("TASK ERROR: " + taskErrorMessage(err))
 		case t.warnings > 0:
-			t.exitstatus = fmt.Sprintf("WARNINGS: %d", t.warnings)
-			t.lines = append(t.lines, "TASK "+t.exitstatus)
+			t.endLocked(fmt.Sprintf("TASK WARNINGS: %d", t.warnings))
 		default:
-			t.exitstatus = "OK"
-			t.lines = append(t.lines, "TASK OK")
+			t.endLocked("TASK OK")
 		}
 		s.log.Debug("task finished", "upid", t.upid, "exitstatus", t.exitstatus)
 	}()

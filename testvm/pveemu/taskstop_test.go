@@ -209,10 +209,16 @@ func TestTaskCallsCheckInProxmoxOrder(t *testing.T) {
 // TestStopDownloadDuringChecksum: a stop while the download-url worker
 // hashes its fetched file (download_file_from_url's checksum step, inside
 // its eval) ends the task as the interrupted worker does: the SIGTERM
-// handler's die "received interrupt" (RESTEnvironment.pm fork_worker) is
-// the task's exit status, and the eval's cleanup removes the temporary
-// file, so nothing is left. The emulator finished such a task OK. A
-// worker let through the checksum step renames its file into place.
+// handler's die "received interrupt" (RESTEnvironment.pm fork_worker),
+// and the eval's cleanup removes the temporary file, so nothing is left.
+// The step printed "calculating checksum..." without a newline (its
+// "OK, checksum verified" ends the line), so fork_worker's "TASK ERROR:
+// received interrupt" ends that line, and pve-common UPID.pm read_status,
+// which matches the log's last line against ^TASK ERROR: , answers
+// "unexpected status": the task's exit status (review 52; the emulator
+// said "received interrupt"). The emulator finished such a task OK before
+// review 51. A worker let through the checksum step renames its file into
+// place.
 func TestStopDownloadDuringChecksum(t *testing.T) {
 	img := qcow2Image(1 << 20)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(img) }))
@@ -238,8 +244,12 @@ func TestStopDownloadDuringChecksum(t *testing.T) {
 
 	upid, _ := start("a.qcow2")
 	e.ok("DELETE", "/nodes/pve/tasks/"+url.PathEscape(upid), nil)
-	if st := e.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any); st["status"] != "stopped" || st["exitstatus"] != "received interrupt" {
-		t.Fatalf("a download stopped in its checksum step: %v, want stopped, received interrupt", st)
+	if st := e.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/status", nil).(map[string]any); st["status"] != "stopped" || st["exitstatus"] != "unexpected status" {
+		t.Fatalf("a download stopped in its checksum step: %v, want stopped, unexpected status", st)
+	}
+	lines, _ := e.ok("GET", "/nodes/pve/tasks/"+url.PathEscape(upid)+"/log", nil).([]any)
+	if len(lines) == 0 || fmt.Sprint(lines[len(lines)-1].(map[string]any)["t"]) != "calculating checksum...TASK ERROR: received interrupt" {
+		t.Errorf("the stopped download's log: %v, want its last line calculating checksum...TASK ERROR: received interrupt", lines)
 	}
 	if left := leftovers(t, e.importDir()); len(left) != 0 {
 		t.Errorf("left on the storage: %v", left)
