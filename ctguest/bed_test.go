@@ -40,8 +40,11 @@ func startCTs(ctx context.Context, t *testing.T, specs ...testvm.ContainerSpec) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
+	// KillGrace a minute, not the default 10 s: on a loaded machine the
+	// killed processes of an exec can take longer to be gone, and the
+	// call would give its exec cgroup up, left for the next test to find
 	e := &bedCTs{bed: b, cts: map[int]*testvm.Container{},
-		c: New(Options{LXCPath: b.LXCPath(), Prefix: b.LXCPrefix(), CgroupDir: b.ContainerCgroupV2})}
+		c: New(Options{LXCPath: b.LXCPath(), Prefix: b.LXCPrefix(), CgroupDir: b.ContainerCgroupV2, KillGrace: time.Minute})}
 	for _, s := range specs {
 		s.Rootfs, s.Disk = rootfs, filepath.Join(t.TempDir(), "disk")
 		ct, err := b.StartContainer(ctx, s)

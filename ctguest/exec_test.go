@@ -147,6 +147,12 @@ func testHostUIDs(ctx context.Context, t *testing.T, e *bedCTs) {
 		if !errors.Is(err, context.Canceled) || !seen {
 			t.Errorf("user %q: %v, saw a container process: %v", c.user, err, seen)
 		}
+		// a cancelled call removes its exec cgroup before it returns (an
+		// error joined to the context's when it could not): one left
+		// here is this call's, not the next test's
+		if left := e.execCgroups(t, 321); len(left) != 0 {
+			t.Errorf("user %q: exec cgroups left by the cancelled call: %v (%v)", c.user, left, err)
+		}
 	}
 }
 
@@ -165,6 +171,10 @@ func statusLine(pid int, key string) string {
 // still runs (it waits for a file the writer makes through another exec).
 func testStreams(ctx context.Context, t *testing.T, e *bedCTs) {
 	g := e.c.Guest(321)
+	// the first line's check counts exec cgroups: none may be another's
+	if left := e.execCgroups(t, 321); len(left) != 0 {
+		t.Fatalf("exec cgroups left by earlier calls: %v", left)
+	}
 	var writes []string
 	out := writerFunc(func(b []byte) (int, error) {
 		writes = append(writes, string(b))

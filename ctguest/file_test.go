@@ -154,7 +154,7 @@ func testBrokenWrites(ctx context.Context, t *testing.T, e *bedCTs) {
 		// the rest of the source comes only once the cancel killed the
 		// write's processes
 		cancel()
-		for range 300 {
+		for range 600 {
 			cgs := e.execCgroups(t, 323)
 			if len(cgs) == 1 {
 				if busy, _ := populated(cgs[0]); !busy {

@@ -101,7 +101,7 @@ func TestWatchResubscribes(t *testing.T) {
 		defer close(done)
 		c.watch(ctx, func() { resyncs.Add(1) }, func(error) { errs.Add(1) })
 	}()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for routeCalls.Load() < 4 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -97,13 +97,14 @@ func counters(t *testing.T, n *testNS, cfg Config) map[string]uint64 {
 }
 
 // askDNS asks the resolver at server from inside ns and returns the
-// round trip, or an error when no answer came within a second.
+// round trip, or an error when no answer came within 10 s (a loaded
+// machine is slow, a starved resolver never answers).
 func askDNS(ns *testkit.NetNS, server string) (time.Duration, error) {
 	var rtt time.Duration
 	err := ns.Do(func() error {
 		m := new(dns.Msg)
 		m.SetQuestion("probe.test.", dns.TypeA)
-		c := &dns.Client{Timeout: time.Second}
+		c := &dns.Client{Timeout: 10 * time.Second}
 		r, d, err := c.Exchange(m, net.JoinHostPort(server, "53"))
 		if err != nil {
 			return err
@@ -117,14 +118,21 @@ func askDNS(ns *testkit.NetNS, server string) (time.Duration, error) {
 	return rtt, err
 }
 
-// connectMgmt connects from ns to addr, reads the greeting and returns
-// the time it took.
 // serveMgmt listens on addr in the node and greets every connection with
 // "mgmt\n" (what connectMgmt expects), until the test ends.
 func serveMgmt(t *testing.T, n *testNS, addr string) { serveGreeting(t, n.NetNS, addr) }
 
+// connectMgmt connects from ns to addr, reads the greeting and returns
+// the time it took; it gives up after a minute (a connection that must
+// work; a loaded machine is slow).
 func connectMgmt(ns *testkit.NetNS, addr string) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	return connectWithin(ns, addr, time.Minute)
+}
+
+// connectWithin is connectMgmt giving up after d: short for a connection
+// that must fail.
+func connectWithin(ns *testkit.NetNS, addr string, d time.Duration) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
 	c, err := ns.DialContext(ctx, "tcp4", addr)
@@ -132,7 +140,7 @@ func connectMgmt(ns *testkit.NetNS, addr string) (time.Duration, error) {
 		return 0, err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(d))
 	b, err := io.ReadAll(c)
 	if err != nil || string(b) != "mgmt\n" {
 		return 0, fmt.Errorf("greeting %q: %v", b, err)
@@ -300,7 +308,7 @@ func TestFloodFromGuestBridge(t *testing.T) {
 			case <-time.After(50 * time.Millisecond):
 			}
 			d1, err1 := askDNS(gb.ns, "10.10.2.1")
-			d2, err2 := connectMgmt(mc.ns, "192.0.2.2:8006")
+			d2, err2 := connectWithin(mc.ns, "192.0.2.2:8006", 10*time.Second)
 			for _, e := range []error{err1, err2} {
 				if e != nil {
 					errs = append(errs, e.Error())

@@ -356,7 +356,7 @@ func TestSameNamedTableWithoutFlagsIsReplaced(t *testing.T) {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -409,7 +409,7 @@ func TestManagementFollowsDefaultRoute(t *testing.T) {
 	})
 	select {
 	case <-sub:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("no classification notification")
 	}
 	if got := g.Management(); !slices.Equal(got, []string{"eth1"}) {
@@ -499,10 +499,17 @@ func TestMonitorEventTriggersVerify(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.VerifyInterval = time.Hour
 	g := startGuard(t, n, cfg)
+	started := testutil.ToFloat64(g.met.lastVerify)
 	runGuard(t, g)
-	time.Sleep(100 * time.Millisecond) // let the monitor subscribe
+	// The monitor verifies once it has subscribed (for what changed
+	// before); nothing else verifies here (no tick, an unchanged
+	// classification applies nothing). Wait for that verify, so that the
+	// change below comes after the subscription and only its event can
+	// verify again.
+	eventually(t, "the verify of the subscribed monitor", func() bool {
+		return testutil.ToFloat64(g.met.lastVerify) > started
+	})
 	before := testutil.ToFloat64(g.met.lastVerify)
-	time.Sleep(10 * time.Millisecond)
 	// another process changes the ruleset (not our table: it cannot)
 	if out, err := n.nft(t, "add", "table", "ip", "other"); err != nil {
 		t.Fatalf("%v %s", err, out)

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -159,9 +160,32 @@ func zoneDHCPNode(t *testing.T) (*testNS, *floodGuest) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-	time.Sleep(500 * time.Millisecond)
+	waitDHCPServer(t, n)
 
 	return n, a
+}
+
+// waitDHCPServer waits until a process listens on UDP port 67 in n (the
+// zone's dnsmasq started above): a request sent before is lost.
+func waitDHCPServer(t *testing.T, n *testNS) {
+	t.Helper()
+	eventually(t, "dnsmasq listening on udp 67", func() bool {
+		var tab []byte
+		if err := n.Do(func() (err error) {
+			// the thread's own network namespace, not the process's
+			tab, err = os.ReadFile("/proc/thread-self/net/udp")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(tab), "\n")[1:] {
+			// local_address is the second field, ADDR:PORT in hex
+			if f := strings.Fields(line); len(f) > 1 && strings.HasSuffix(f[1], ":0043") {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // dhcpFrame is payload from 0.0.0.0:68 to 255.255.255.255:67, broadcast.
@@ -235,7 +259,7 @@ func TestGuestDHCPRenewalStillAnswered(t *testing.T) {
 		if _, err := c.WriteToUDP(p, &net.UDPAddr{IP: net.IPv4(10, 77, 0, 1), Port: 67}); err != nil {
 			return err
 		}
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
 		buf := make([]byte, 1500)
 		for {
 			n, _, err := c.ReadFromUDP(buf)

@@ -134,6 +134,6 @@ func zoneDHCPNodeWith(t *testing.T, more func(*testNS) []Port) (*testNS, *floodG
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-	time.Sleep(500 * time.Millisecond)
+	waitDHCPServer(t, n)
 	return n, a
 }

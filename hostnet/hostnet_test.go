@@ -120,7 +120,7 @@ func TestCreateRefusesHostOverlap(t *testing.T) {
 		// node's search starts at (the node's place in the pool), the
 		// free one is the second.
 		AutoCIDRPool: netip.MustParsePrefix("10.200.0.0/23"),
-		AgentTimeout: 2 * time.Second,
+		AgentTimeout: time.Minute,
 		HostNetworks: hostnet.NewAt(h).Prefixes,
 		Logger:       slog.New(slog.DiscardHandler),
 	})

@@ -43,7 +43,9 @@ func oneOwnersGuests(t *testing.T, mark func(context.Context) context.Context) {
 	// the budget holds exactly six reply buffers of the default bound
 	perVM := int64(New(Options{}).Options().MaxReplyBytes + readSize)
 	b := NewBudget(hostile*perVM, 0)
-	opts := Options{Budget: b, StallTimeout: 10 * time.Second, CallTimeout: 10 * time.Second, DrainTimeout: 100 * time.Millisecond}
+	// the hostile calls hold (stall) until end(), long past bob's ping
+	// even on a loaded machine; a bob waiting on them would time out
+	opts := Options{Budget: b, StallTimeout: 2 * time.Minute, CallTimeout: 2 * time.Minute, DrainTimeout: 100 * time.Millisecond}
 	c := New(opts)
 	junk := bytes.Repeat([]byte("x"), c.Options().MaxReplyBytes-64)
 	stop := make(chan struct{})
@@ -73,7 +75,7 @@ func oneOwnersGuests(t *testing.T, mark func(context.Context) context.Context) {
 			defer wg.Done()
 			// like sandbox.checkVM (its PingTimeout is 3s; longer here, so
 			// that a loaded machine still has them hold while bob pings)
-			ctx, cancel := context.WithTimeout(mark(context.Background()), 10*time.Second)
+			ctx, cancel := context.WithTimeout(mark(context.Background()), 2*time.Minute)
 			defer cancel()
 			defer returned.Add(1)
 			ferr := c.Agent(f.Socket).Ping(ctx)
@@ -82,7 +84,7 @@ func oneOwnersGuests(t *testing.T, mark func(context.Context) context.Context) {
 	}
 	// wait until the hostile buffers grew as far as the budget lets them
 	// (used stays the same for 300ms), or their calls were all refused
-	deadline := time.Now().Add(8 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	used, since := b.Used(), time.Now()
 	for time.Now().Before(deadline) && returned.Load() < hostile && (used == 0 || time.Since(since) < 300*time.Millisecond) {
 		time.Sleep(5 * time.Millisecond)
@@ -93,7 +95,7 @@ func oneOwnersGuests(t *testing.T, mark func(context.Context) context.Context) {
 	if p := b.Peak(); p < int64(c.Options().MaxReplyBytes) {
 		t.Fatalf("the hostile guests took at most %d bytes of the budget, not even one reply: the test shows nothing", p)
 	}
-	ctx, cancel := context.WithTimeout(sandbox.WithOwner(context.Background(), "bob"), 2*time.Second)
+	ctx, cancel := context.WithTimeout(sandbox.WithOwner(context.Background(), "bob"), time.Minute)
 	err := c.Agent(benign.Socket).Ping(ctx)
 	cancel()
 	end()

@@ -26,13 +26,13 @@ func testCtx(t testing.TB, d time.Duration) context.Context {
 //
 // The kill is sent before the exec answers, but a killed process is gone
 // from /proc only once the guest's init has reaped it, which on a loaded
-// machine may take a moment: pgrep is asked again for up to 10 s (a
+// machine may take a moment: pgrep is asked again for up to a minute (a
 // survivor of SIGKILL is still there then, so this cannot hide one).
 func guestHasNo(t testing.TB, a *Agent, name string) bool {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
-		res, err := a.Exec(testCtx(t, 30*time.Second), ExecRequest{Argv: []string{"pgrep", "-x", name}})
+		res, err := a.Exec(testCtx(t, time.Minute), ExecRequest{Argv: []string{"pgrep", "-x", name}})
 		if err != nil {
 			t.Fatalf("pgrep: %v", err)
 		}

@@ -82,7 +82,7 @@ func TestDnsmasqRestartsAndEthers(t *testing.T) {
 		err := b.Do(c.g.NS, func() error {
 			m := new(dns.Msg)
 			m.SetQuestion(dns.Fqdn(LocalName(c.zone)), dns.TypeA)
-			r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, net.JoinHostPort(gw, "53"))
+			r, _, err := (&dns.Client{Timeout: time.Minute}).Exchange(m, net.JoinHostPort(gw, "53"))
 			if err != nil {
 				return err
 			}

@@ -122,7 +122,7 @@ func TestAgentProxyFrozen(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(time.Minute))
 		if _, err := c.Write([]byte(send)); err != nil {
 			t.Fatal(err)
 		}

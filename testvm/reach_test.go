@@ -60,7 +60,7 @@ func httpFrom(b *Bed, ns, method, url string, hdr map[string]string) (int, strin
 			used = true
 			return conn, nil
 		}}
-	cl := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	cl := &http.Client{Transport: tr, Timeout: time.Minute}
 	resp, err := cl.Do(req)
 	if err != nil {
 		return 0, "", err
@@ -117,7 +117,7 @@ func TestBedReachability(t *testing.T) {
 		err := b.Do(ga.NS, func() error {
 			m := new(dns.Msg)
 			m.SetQuestion(dns.Fqdn(q.name), dns.TypeA)
-			r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, "10.10.1.1:53")
+			r, _, err := (&dns.Client{Timeout: time.Minute}).Exchange(m, "10.10.1.1:53")
 			if err != nil {
 				return err
 			}
@@ -164,7 +164,7 @@ func rawExec(t *testing.T, sock string, argv ...string) string {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(time.Minute))
 		if err := json.NewEncoder(c).Encode(cmd); err != nil {
 			t.Fatal(err)
 		}
@@ -183,7 +183,7 @@ func rawExec(t *testing.T, sock string, argv ...string) string {
 	}
 	var pid struct{ Pid int }
 	_ = json.Unmarshal(call(map[string]any{"execute": "guest-exec", "arguments": map[string]any{"path": argv[0], "arg": argv[1:], "capture-output": true}}), &pid)
-	for i := 0; i < 200; i++ {
+	for i := 0; i < 3000; i++ { // a minute
 		var st struct {
 			Exited bool   `json:"exited"`
 			Out    string `json:"out-data"`

@@ -1,6 +1,7 @@
 package ec2
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strings"
@@ -45,16 +46,18 @@ func TestCreateImage(t *testing.T) {
 		reason  string
 		wantErr string
 		creates int
+		within  time.Duration // CreateImage's timeout: a minute unless the case wants it to pass
 	}{
 		{name: "available after pending", spec: good, states: []types.ImageState{types.ImageStatePending, types.ImageStatePending, types.ImageStateAvailable}, creates: 1},
 		{name: "failed with the reason", spec: good, states: []types.ImageState{types.ImageStateFailed}, reason: "snapshot failed", wantErr: "snapshot failed", creates: 1},
-		{name: "never available", spec: good, states: []types.ImageState{types.ImageStatePending}, wantErr: "not available", creates: 1},
+		{name: "never available", spec: good, states: []types.ImageState{types.ImageStatePending}, wantErr: "not available", creates: 1, within: 200 * time.Millisecond},
 		{name: "bad instance id asks nothing", spec: ImageSpec{InstanceID: "pve1", Name: "x-node"}, wantErr: "want an i- id"},
 		{name: "bad name asks nothing", spec: ImageSpec{InstanceID: good.InstanceID, Name: "a$b"}, wantErr: "image name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeImages{states: tc.states, reason: tc.reason}
-			id, err := CreateImage(context.Background(), f, tc.spec, time.Millisecond, 200*time.Millisecond)
+			within := cmp.Or(tc.within, time.Minute)
+			id, err := CreateImage(context.Background(), f, tc.spec, time.Millisecond, within)
 			if len(f.creates) != tc.creates {
 				t.Fatalf("%d CreateImage calls, want %d", len(f.creates), tc.creates)
 			}

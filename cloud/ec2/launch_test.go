@@ -178,7 +178,7 @@ func TestWaitFollowsNodeTags(t *testing.T) {
 		describeBody("running", "secrets", StatusDone),
 	}}
 	var seen []string
-	inst, err := Wait(context.Background(), newClient(t, f), "i-0abc", time.Millisecond, 10*time.Second, func(i Instance) {
+	inst, err := Wait(context.Background(), newClient(t, f), "i-0abc", time.Millisecond, time.Minute, func(i Instance) {
 		seen = append(seen, i.State+"/"+i.Tags[TagStep]+"/"+i.Tags[TagStatus])
 	})
 	if err != nil {
@@ -189,7 +189,7 @@ func TestWaitFollowsNodeTags(t *testing.T) {
 	}
 
 	f = &fakeEC2{describe: []string{describeBody("running", "proxmox-ve", StatusFailed)}}
-	_, err = Wait(context.Background(), newClient(t, f), "i-0abc", time.Millisecond, 10*time.Second, nil)
+	_, err = Wait(context.Background(), newClient(t, f), "i-0abc", time.Millisecond, time.Minute, nil)
 	var fe *FailedError
 	if !errors.As(err, &fe) || fe.Step != "proxmox-ve" {
 		t.Errorf("failed node: %v", err)

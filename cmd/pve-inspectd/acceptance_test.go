@@ -432,7 +432,7 @@ func TestAcceptanceGuardOnBed(t *testing.T) {
 // waitSet waits until the named set lists exactly one of want.
 func waitSet(t *testing.T, ctx context.Context, a *accBed, set string, want ...string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	var last string
 	for time.Now().Before(deadline) {
 		out, err := a.nodeNFT(ctx, "list", "set", "inet", "pve-inspect", set)

@@ -181,7 +181,7 @@ func TestDoctorGuardAndLockdown(t *testing.T) {
 	}
 
 	n.startRun(t, ctx, cfg)
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		got, _ = doctorRows()
 		if got["guard"].Status == doctor.Pass && got["lockdown"].Status == doctor.Pass {

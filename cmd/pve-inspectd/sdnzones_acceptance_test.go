@@ -220,10 +220,10 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 		expect("new bridge, zone not known yet", sameZone)
 		vnets["abc123v2"] = [2]string{"abc123z", "10.30.3.0/24"}
 		writeSDN(runningConfig(2, []string{"abc123z", "xyz456z"}, vnets))
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for dialFromGuest(b, g, addr["abc123v0"]) != nil {
 			if time.Now().After(deadline) {
-				t.Fatal("abc123v2 did not join abc123z within 20s of the file change")
+				t.Fatal("abc123v2 did not join abc123z within a minute of the file change")
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
@@ -242,7 +242,7 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeSDN(`{"version":3,"zones":{"ids":{"abc123z":{"type":"simple"`)
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for {
 			m, err := scrape(b)
 			if err == nil && strings.Contains(m, `pve_inspect_sdn_config_errors_total{reason="parse"} 1`) &&
@@ -250,7 +250,7 @@ func TestAcceptanceSDNZonesOnBed(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("the daemon did not report the garbled file within 20s (%v):\n%s", err, m)
+				t.Fatalf("the daemon did not report the garbled file within a minute (%v):\n%s", err, m)
 			}
 			time.Sleep(500 * time.Millisecond)
 		}

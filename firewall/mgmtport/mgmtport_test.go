@@ -186,7 +186,7 @@ func TestRunFollowsInterface(t *testing.T) {
 	done := make(chan struct{})
 	go func() { c.Run(ctx, "eth0", ch, time.Hour); close(done) }()
 	ch <- "eth1" // accepted only after the first round
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		fw.mu.Lock()
 		got := ours(fw.rules)

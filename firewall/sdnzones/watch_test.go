@@ -175,7 +175,7 @@ func TestWatcherRunKick(t *testing.T) {
 	}()
 	write(t, path, threeVNets)
 	w.Kick()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		if z, _ := rec.last(); len(z["abc123z"]) == 3 {
 			return

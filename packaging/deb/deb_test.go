@@ -535,7 +535,7 @@ func startSampler(t *testing.T, b *box) *sampler {
 		s.done <- err
 	}()
 	// Wait for the first sample so the loop surely runs before dpkg.
-	b.eventually(30*time.Second, "the first table sample", func() bool {
+	b.eventually(2*time.Minute, "the first table sample", func() bool {
 		out, _ := b.Exec(b.ctx, "cat", "/root/samples")
 		return len(out) > 0
 	})
@@ -659,7 +659,7 @@ func TestMigrateFromReference(t *testing.T) {
 	// Upgrade with the lockdown on: the lockdown set never loses the
 	// management interface (nft monitor sees every element deletion).
 	b.run("systemd-run", "--unit=nft-monitor", "-p", "StandardOutput=file:/root/nft-monitor", "/usr/sbin/nft", "monitor")
-	b.eventually(30*time.Second, "nft monitor", func() bool {
+	b.eventually(2*time.Minute, "nft monitor", func() bool {
 		return b.show("nft-monitor.service", "ActiveState")["ActiveState"] == "active"
 	})
 	_, v2 := debs(t)
@@ -838,7 +838,7 @@ func TestDaemonSandboxCanSignalDnsmasq(t *testing.T) {
 			// A stand-in dnsmasq: a process of another user.
 			b.run("systemd-run", "--unit=fake-dnsmasq", "--uid=65534", "--gid=65534", "/bin/sleep", "infinity")
 			t.Cleanup(func() { _, _ = b.Exec(b.ctx, "systemctl", "stop", "fake-dnsmasq.service") })
-			b.eventually(30*time.Second, "the stand-in dnsmasq", func() bool {
+			b.eventually(2*time.Minute, "the stand-in dnsmasq", func() bool {
 				return b.show("fake-dnsmasq.service", "MainPID")["MainPID"] != "0"
 			})
 			pid := b.show("fake-dnsmasq.service", "MainPID")["MainPID"]
@@ -870,7 +870,7 @@ func TestDaemonSandboxCanSignalDnsmasq(t *testing.T) {
 			if err != nil {
 				t.Fatalf("SIGHUP under the daemon's sandbox: %v\n%s", err, j)
 			}
-			b.eventually(30*time.Second, "the stand-in dnsmasq to get the SIGHUP", func() bool {
+			b.eventually(2*time.Minute, "the stand-in dnsmasq to get the SIGHUP", func() bool {
 				return b.show("fake-dnsmasq.service", "ActiveState")["ActiveState"] != "active"
 			})
 		})

@@ -159,7 +159,7 @@ func (e *env) task(method, path string, form url.Values) string {
 
 func (e *env) wait(upid string) string {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	st, err := e.s.WaitTask(ctx, upid)
 	if err != nil {

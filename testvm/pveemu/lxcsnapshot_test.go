@@ -116,7 +116,7 @@ func TestCTSnapshotRollback(t *testing.T) {
 	if st := e.task("POST", ct+"/snapshot/s1/rollback", url.Values{"start": {"1"}}); st != "OK" {
 		t.Fatalf("rollback with start: %s", st)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var starts []string
 	for ctx.Err() == nil {
@@ -185,7 +185,7 @@ func TestCTSnapshotRaces(t *testing.T) {
 	e.wantFail("PUT", ct+"/config", url.Values{"memory": {"256"}}, 500, "CT is locked (rollback)")
 	e.wantFail("DELETE", ct, nil, 500, "CT is locked (rollback)")
 	second, _ := e.ok("POST", ct+"/snapshot/s1/rollback", nil).(string)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	waiting := func() bool {
 		for {

@@ -20,7 +20,7 @@ func TestConcurrentApplyLosesItsReload(t *testing.T) {
 	first := e.ok("PUT", "/cluster/sdn", nil).(string)
 	select {
 	case <-held:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the first apply's reload never started")
 	}
 	e.ok("POST", "/cluster/sdn/zones", url.Values{"zone": {"zb"}, "type": {"simple"}, "ipam": {"pve"}})
@@ -79,7 +79,7 @@ func TestStartSeesABridgeItsReloadMade(t *testing.T) {
 	apply := e.ok("PUT", "/cluster/sdn", nil).(string)
 	select {
 	case <-slow.blocked:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the reload never reached the second zone")
 	}
 	st := e.task("POST", "/nodes/pve/qemu/100/status/start", nil)

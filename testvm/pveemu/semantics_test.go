@@ -230,7 +230,7 @@ func TestStatsLoop(t *testing.T) {
 	if err := s.AddTemplate(context.Background(), 9000, "tmpl", filepath.Join(dir, "disk"), nil); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for {
 		s.mu.Lock()

@@ -41,10 +41,10 @@ func TestServeTLS(t *testing.T) {
 	var pool *x509.CertPool
 	select {
 	case pool = <-roots:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("no certificate")
 	}
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 10 * time.Second}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: time.Minute}
 	ticket, csrf := s.RootTicket()
 	req, _ := http.NewRequest("GET", "https://"+l.Addr().String()+"/api2/json/nodes/pve/qemu/123/config", nil)
 	req.Header.Set("Cookie", "PVEAuthCookie="+ticket)

@@ -91,7 +91,7 @@ func TestSweepAfterOwnerKilled(t *testing.T) {
 	if err := Sweep(cache); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for !gone(pid) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -210,7 +210,7 @@ func TestAPITemplateBuilds(t *testing.T) {
 	if byRoot != 2 || byToken != 0 {
 		t.Errorf("download and conversion: %d by root@pam, %d by others", byRoot, byToken)
 	}
-	ectx, ecancel := context.WithTimeout(ctx, 10*time.Second)
+	ectx, ecancel := context.WithTimeout(ctx, time.Minute)
 	stop := errors.New("stop")
 	err = c.Events(ectx, client.EventsRequest{Resume: true, Types: []string{apitype.EventTemplateBuildDone}}, func(ev apitype.Event) error {
 		if ev.Template == "img1" && ev.VMID == st.VMID {
