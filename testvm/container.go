@@ -520,7 +520,9 @@ func (b *Bed) stopContainer(ctx context.Context, vmid int, mayStay bool, bound t
 				return fmt.Errorf("testvm: container %d did not stop (%v)", vmid, stopErr)
 			}
 			// lxc-stop did not end it: kill its init (its PID
-			// namespace goes with it), then the monitor.
+			// namespace goes with it), then the monitor; a frozen
+			// container is thawed first, or its processes cannot die.
+			b.thawCgroups(vmid)
 			if c.PID > 0 {
 				_ = syscall.Kill(c.PID, syscall.SIGKILL)
 			}

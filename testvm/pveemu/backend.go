@@ -87,6 +87,22 @@ type ContainerBackend interface {
 	ContainerPID(vmid int) (int, bool)
 }
 
+// CTFreezer is a ContainerBackend that can freeze every process of a
+// running container and thaw them again (pve-container LXC.pm
+// freeze/thaw: on a cgroup v2 host the lxc command socket's freeze and
+// unfreeze, LXC::Command freeze($vmid, 30), which write the container
+// cgroup's cgroup.freeze and wait for cgroup.events to say so; the
+// freezer v1 freezer.state on a legacy one). A snapshot of a running CT
+// freezes it around the copy of its volume (lxcsnapshot.go); without a
+// CTFreezer the volume is copied live.
+type CTFreezer interface {
+	// FreezeContainer returns once every process of the container is
+	// frozen, or an error (bounded by ctx).
+	FreezeContainer(ctx context.Context, vmid int) error
+	// ThawContainer thaws it; one that is not frozen is no error.
+	ThawContainer(ctx context.Context, vmid int) error
+}
+
 // CTSpec is a container to start: what pve-container's vm_start and its
 // pre-start hook take from the CT's config.
 type CTSpec struct {

@@ -186,3 +186,13 @@ func (b BedBackend) DialContext(ctx context.Context, network, addr string) (net.
 	})
 	return c, err
 }
+
+// FreezeContainer implements CTFreezer (testvm.Bed.FreezeContainer).
+func (b BedBackend) FreezeContainer(ctx context.Context, vmid int) error {
+	return b.Bed.FreezeContainer(ctx, vmid)
+}
+
+// ThawContainer implements CTFreezer (testvm.Bed.ThawContainer).
+func (b BedBackend) ThawContainer(ctx context.Context, vmid int) error {
+	return b.Bed.ThawContainer(ctx, vmid)
+}

@@ -28,15 +28,8 @@ func TestCTLifecycleOnBed(t *testing.T) {
 	testkit.RequireRoot(t, "lxc-start", "lxc-info", "lxc-stop", "debootstrap")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	rootfs, err := testvm.CTRootfs(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bed, e := bedEnv(ctx, t)
+	bed, e := ctBedEnv(ctx, t, map[string]string{"net0": "name=eth0,bridge=vnet1,ip=dhcp"})
 	s := e.s
-	if err := s.AddCTTemplate(ctTemplateID, "ct-tmpl", rootfs, map[string]string{"net0": "name=eth0,bridge=vnet1,ip=dhcp"}); err != nil {
-		t.Fatal(err)
-	}
 	e.setupZone()
 	e.ctClone("101", url.Values{"hostname": {"ct101"}})
 	ct := "/nodes/pve/lxc/101"
@@ -135,6 +128,21 @@ func TestCTLifecycleOnBed(t *testing.T) {
 	if v := s.Violations(); len(v) != 0 {
 		t.Errorf("schema violations: %v", v)
 	}
+}
+
+// ctBedEnv is bedEnv with the CT template (ctTemplateID, config conf) on
+// the bed's container root.
+func ctBedEnv(ctx context.Context, t *testing.T, conf map[string]string) (*testvm.Bed, *env) {
+	t.Helper()
+	rootfs, err := testvm.CTRootfs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bed, e := bedEnv(ctx, t)
+	if err := e.s.AddCTTemplate(ctTemplateID, "ct-tmpl", rootfs, conf); err != nil {
+		t.Fatal(err)
+	}
+	return bed, e
 }
 
 // statusUID is the real uid of pid (/proc/<pid>/status).

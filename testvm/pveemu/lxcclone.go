@@ -18,6 +18,7 @@ type ctCloneJob struct {
 	desc        string
 	storage     string
 	full        bool
+	running     bool // the source ran when the clone was built
 	authid      string
 	node        string
 	newconf     map[string]string
@@ -157,6 +158,7 @@ func (s *Server) ctBuildClone(ctx context.Context, c *ctCloneJob, rq *request, t
 		return err
 	}
 	running := s.ctPIDLockedOK(src)
+	c.running = running
 	template := src.conf["template"] == "1"
 	c.full = !template
 	if rq.has("full") {
@@ -273,11 +275,21 @@ func (c *ctCloneJob) ctCloneVolume() string {
 	return fmt.Sprintf("%s:%s/vm-%d-%s%s", sid, base, c.newid, disk, opts)
 }
 
-// runCTClone is clone_vm's worker.
+// runCTClone is clone_vm's worker. The source must run as it did when
+// the clone was built ("unexpected state change"): a full clone copies a
+// stopped CT's volume (of a running one it is refused before, as
+// pve-container refuses one without a snapshot), so a CT started since
+// (a start with skiplock passes the source's "lock: disk") fails it
+// rather than being copied live. That check dies before the worker's
+// eval, so nothing is cleaned up: the source keeps "lock: disk" and the
+// new CT its config with "lock: create".
 func (s *Server) runCTClone(ctx context.Context, t *task, c *ctCloneJob) (err error) {
 	t.logf("creating a clone of container %d with ID %d", c.vmid, c.newid)
 	if h := s.hooks.cloneReserved; h != nil {
 		h(c.node, c.newid)
+	}
+	if s.ctRunning(c.vmid) != c.running {
+		return fail("unexpected state change")
 	}
 	defer func() {
 		s.ctRemoveLock(context.WithoutCancel(ctx), c.vmid, "disk") // in any case

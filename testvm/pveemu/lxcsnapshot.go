@@ -83,7 +83,9 @@ func (s *Server) ctSnapshotDir(vmid int, name string) string {
 // createCTSnapshot is POST .../lxc/{vmid}/snapshot (Snapshot.pm snapshot,
 // VM.Snapshot): the reserved names are refused in the request, everything
 // else in the vzsnapshot worker (AbstractConfig snapshot_create): a CT
-// that does not exist fails the task.
+// that does not exist fails the task. A stop of the task (stop_task's
+// SIGTERM) while the volume is copied dies as the worker does in
+// snapshot_create's eval: the CT thawed, the snapshot cleaned up.
 func (s *Server) createCTSnapshot(_ context.Context, rq *request) (any, error) {
 	vmid, name, desc := s.vmid(rq), rq.str("snapname"), rq.str("description")
 	if err := s.checkNode(rq); err != nil {
@@ -92,7 +94,7 @@ func (s *Server) createCTSnapshot(_ context.Context, rq *request) (any, error) {
 	if name == "current" || name == "vzdump" {
 		return nil, fail("unable to use snapshot name '%s' (reserved name)", name)
 	}
-	return s.startTask(rq, "vzsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
+	return s.startStoppableTask(rq, "vzsnapshot", strconv.Itoa(vmid), func(ctx context.Context, t *task) error {
 		if err := s.ctSnapshotPrepare(ctx, t, vmid, name, desc); err != nil {
 			return err
 		}
@@ -102,14 +104,19 @@ func (s *Server) createCTSnapshot(_ context.Context, rq *request) (any, error) {
 		if hold != nil {
 			hold(vmid)
 		}
-		// A running CT is frozen (lxc-freeze) and its file systems synced
-		// around the volume snapshot: not emulated, the layer is copied as
-		// it is.
 		dst := s.ctSnapshotDir(vmid, name)
-		if err := copyDir(ctx, s.DiskDir(vmid), dst); err != nil {
+		thaw, err := s.ctSnapshotFreeze(ctx, t, vmid)
+		if err == nil {
+			err = copyDir(ctx, s.DiskDir(vmid), dst)
+		}
+		thaw()
+		if err != nil {
 			t.warn("snapshot create failed: starting cleanup")
 			_ = os.RemoveAll(dst)
 			s.ctSnapshotForget(context.WithoutCancel(ctx), vmid, name)
+			if ctx.Err() != nil {
+				return errInterrupted
+			}
 			return err
 		}
 		_, unlock, err := s.lockGuest(ctx, kindLXC, vmid, func(v *vm) error {
@@ -134,6 +141,38 @@ func (s *Server) createCTSnapshot(_ context.Context, rq *request) (any, error) {
 		unlock()
 		return nil
 	}), nil
+}
+
+// ctSnapshotFreeze is snapshot_create's freeze for a CT: a CT that runs
+// (LXC::Config __snapshot_check_freeze_needed: check_running) is frozen
+// before its volume's snapshot (__snapshot_freeze: LXC freeze, then
+// sync_container_namespace), and a failed freeze fails the snapshot. The
+// thaw returned is snapshot_create's after the volumes' snapshots, due
+// for a CT that ran whatever happened since (a failed freeze, a failed or
+// cancelled copy among them): LXC thaw, whose failure is only a warning.
+// The sync (syncfs of the CT's mounts) has no counterpart: the copy reads
+// the volume through the host's page cache, which holds every write the
+// CT made before it froze. Without a CTFreezer the volume is copied live.
+func (s *Server) ctSnapshotFreeze(ctx context.Context, t *task, vmid int) (thaw func(), err error) {
+	fr, ok := s.backendOf(vmid).(CTFreezer)
+	if !ok || !s.ctRunning(vmid) {
+		return func() {}, nil
+	}
+	thaw = func() {
+		if err := fr.ThawContainer(context.WithoutCancel(ctx), vmid); err != nil {
+			t.warn("%v", err)
+		}
+	}
+	if err := fr.FreezeContainer(ctx, vmid); err != nil {
+		return thaw, fmt.Errorf("command failed: %w", err)
+	}
+	s.mu.Lock()
+	hook := s.hooks.ctSnapshotFrozen
+	s.mu.Unlock()
+	if hook != nil {
+		hook(ctx, vmid)
+	}
+	return thaw, nil
 }
 
 // ctSnapshotPrepare is AbstractConfig __snapshot_prepare under the CT's

@@ -164,6 +164,9 @@ type testHooks struct {
 	// snapshot", ctRollbackLocked once a CT rollback wrote "lock:
 	// rollback" (HoldCTSnapshots); both read under mu.
 	ctSnapshotPrepared, ctRollbackLocked func(vmid int)
+	// ctSnapshotFrozen runs while a CT snapshot holds the CT frozen,
+	// before the copy, with the task's context; read under mu.
+	ctSnapshotFrozen func(ctx context.Context, vmid int)
 	// checksumHeld runs as a download-url worker begins its checksum
 	// step, with the worker's context (HoldDownloadChecksums); read under
 	// mu.

@@ -254,7 +254,7 @@ func taskOwner(taskUser, authid string) bool {
 // for a task that has ended, else SIGTERM to the worker's process group
 // and, 5 seconds later, SIGKILL ($kill_process_group), the call returning
 // once the worker is gone. The emulator's workers that can be stopped
-// (download-url's) end with what Proxmox's die with; any other running
+// (download-url's, a CT snapshot's) end with what Proxmox's die with; any other running
 // task is refused as not emulated.
 func (s *Server) stopTask(_ context.Context, rq *request) (any, error) {
 	t, err := s.lookupTask(rq, "Sys.Modify")
