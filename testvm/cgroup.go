@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -211,6 +212,12 @@ func removeCgroupTree(dir string) error {
 // containers' and their monitors' cgroups, and their parents) in every
 // hierarchy, killing what still runs in it.
 func sweepCgroups(name string) error {
+	// a container frozen when its owner died (a snapshot's freeze) is
+	// thawed first, in every hierarchy: its processes cannot die frozen,
+	// and no cgroup of theirs could be removed
+	for _, h := range allHierarchies() {
+		thawTree(filepath.Join(cgroupRoot, h, "pvei-bed-"+name))
+	}
 	var errs []error
 	for _, h := range allHierarchies() {
 		if err := removeCgroupTree(filepath.Join(cgroupRoot, h, "pvei-bed-"+name)); err != nil {
@@ -218,6 +225,24 @@ func sweepCgroups(name string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// thawTree thaws cgroup dir and every cgroup below it: freezer.state
+// THAWED where the v1 freezer controls it, cgroup.freeze 0 in the unified
+// tree (what exists of them; errors are the sweep's to meet).
+func thawTree(dir string) {
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		for file, val := range map[string]string{"freezer.state": "THAWED", "cgroup.freeze": "0"} {
+			if f, err := os.OpenFile(filepath.Join(p, file), os.O_WRONLY, 0); err == nil {
+				_, _ = f.WriteString(val)
+				_ = f.Close()
+			}
+		}
+		return nil
+	})
 }
 
 // sweepOrphanCgroups removes the cgroup subtrees of beds whose names

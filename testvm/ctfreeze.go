@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 )
 
@@ -70,13 +68,6 @@ func (b *Bed) freezeTool(ctx context.Context, vmid int, tool string) error {
 // so a stop that has to kill the container thaws it first.
 func (b *Bed) thawCgroups(vmid int) {
 	for _, d := range b.ctCgroupDirs(vmid) {
-		for file, val := range map[string]string{"freezer.state": "THAWED", "cgroup.freeze": "0"} {
-			f, err := os.OpenFile(filepath.Join(d, file), os.O_WRONLY, 0)
-			if err != nil {
-				continue
-			}
-			_, _ = f.WriteString(val)
-			_ = f.Close()
-		}
+		thawTree(d)
 	}
 }
