@@ -430,6 +430,9 @@ func (b *Builder) find(ctx context.Context) (Result, bool, error) {
 			if rec.Mode != b.o.Mode {
 				return Result{}, false, fmt.Errorf("template %q (VM %d) exists, %s, not %s as asked: remove it (qm destroy %d) to build it anew, or name this build another", b.o.Name, v.VMID, rec.Mode, b.o.Mode, v.VMID)
 			}
+			if err := UEFIAllowed(b.o.Name, v.VMID, rep, b.o.AllowUEFI); err != nil {
+				return Result{}, false, err
+			}
 			return Result{VMID: v.VMID, Reused: true, Report: rep}, true, nil
 		case !building:
 			return Result{}, false, foreign("not the state the build recorded")
@@ -445,9 +448,24 @@ func (b *Builder) find(ctx context.Context) (Result, bool, error) {
 	return Result{}, false, nil
 }
 
+// UEFIAllowed refuses to reuse the template vmid (name), built earlier,
+// whose profile check rep says it boots UEFI firmware (bios ovmf: an
+// OVA imported without boot whose OVF asked for EFI) on a node whose
+// [api] allow_uefi is off (allow false): every create there refuses it
+// (sandbox checkVMOptionsAllowed), so reporting it reused would defer the
+// refusal to each sample. The option may have been turned off since the
+// build. The error wraps ErrBuildConflict.
+func UEFIAllowed(name string, vmid int, rep hardening.Report, allow bool) error {
+	if !rep.UEFI || allow {
+		return nil
+	}
+	return fmt.Errorf("%w: template %q (VM %d), built earlier, boots UEFI firmware (bios ovmf) and this node's [api] allow_uefi is off: every create here would refuse it (its clones boot OVMF, whose SMM emulation and pflash device allow_uefi keeps out); set [api] allow_uefi = true in the daemon's config, or remove the template (qm destroy %d)",
+		ErrBuildConflict, name, vmid, vmid)
+}
+
 // Existing finds, without changing anything, the finished template named
 // name that a build of recipe ("" for a build from an image alone) would
-// reuse: its id, and whether there is one. It takes what find takes and
+// reuse: its id, its profile check, and whether there is one. It takes what find takes and
 // nothing else: a template in no pool that a build on this node recorded
 // as a template of this name (host's ledger), carrying the build's tags,
 // and still in the hardened profile; a template of the name another user
@@ -458,10 +476,10 @@ func Existing(ctx context.Context, px interface {
 	VMConfig(ctx context.Context, vmid int) (map[string]string, error)
 }, host interface {
 	Recorded(vmid int) (Record, bool, error)
-}, name, recipe string) (int, bool, error) {
+}, name, recipe string) (int, hardening.Report, bool, error) {
 	vms, err := px.ListVMs(ctx)
 	if err != nil {
-		return 0, false, err
+		return 0, hardening.Report{}, false, err
 	}
 	want := (&Builder{o: Options{Recipe: Recipe{Name: recipe}}}).wantTags()
 	for _, v := range vms {
@@ -469,20 +487,21 @@ func Existing(ctx context.Context, px interface {
 			continue
 		}
 		if _, ok, err := ledgerTemplate(host, v, want); err != nil {
-			return 0, false, err
+			return 0, hardening.Report{}, false, err
 		} else if !ok {
 			continue
 		}
 		conf, err := px.VMConfig(ctx, v.VMID)
 		if err != nil {
-			return 0, false, err
+			return 0, hardening.Report{}, false, err
 		}
-		if len(hardening.CheckTemplate(conf).TemplateFailures()) > 0 {
+		rep := hardening.CheckTemplate(conf)
+		if len(rep.TemplateFailures()) > 0 {
 			continue
 		}
-		return v.VMID, true, nil
+		return v.VMID, rep, true, nil
 	}
-	return 0, false, nil
+	return 0, hardening.Report{}, false, nil
 }
 
 func hasAll(have, want []string) bool {

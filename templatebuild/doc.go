@@ -95,7 +95,8 @@
 // firmware's default path), and checked as the creates that may clone it
 // want it (hardening.CheckTemplate: firmware uefi, which a node takes only
 // with [api] allow_uefi, so a build on a node without it, Options.AllowUEFI
-// off, is refused before the VM is created; a clone keeps the template's
+// off, is refused before the VM is created, and one built before the
+// option was turned off is not reused there, UEFIAllowed; a clone keeps the template's
 // EFI disk, pveapi ConfigureVM). Its memory and cores are the OVF's (create-args, within
 // the API's bounds for a VM), else the generic 2048 MiB and 2 cores: no
 // build request names them, and a sandbox's clone sets its own anyway

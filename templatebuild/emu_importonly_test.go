@@ -398,6 +398,56 @@ func TestImportOnlyUEFIOVANeedsAllowUEFI(t *testing.T) {
 	}
 }
 
+// builtUEFI builds a template "uefi" of the UEFI OVA (uefiOVA) on a node
+// with [api] allow_uefi, without boot, and returns the OVA, the node, its
+// upload and the done build.
+func builtUEFI(t *testing.T) ([]byte, *serviceNode, apitype.TemplateUpload, apitype.TemplateBuild) {
+	t.Helper()
+	ova := uefiOVA(t)
+	n, u := importNodeWith(t, ova, "uefi", "", func(o *templatebuild.ServiceOptions) { o.Defaults.AllowUEFI = true })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
+		t.Fatal(err)
+	}
+	return ova, n, u, n.waitState(t, "uefi", apitype.BuildDone)
+}
+
+// TestUEFITemplateNotReusedWithoutAllowUEFI: a UEFI template built on a
+// node with [api] allow_uefi, which a daemon started since with the
+// option off is asked to build again (the same upload): answered with a
+// conflict naming the option, before the body is read, nothing created
+// or removed; it was reported reused, and every sample's create then
+// refused it.
+func TestUEFITemplateNotReusedWithoutAllowUEFI(t *testing.T) {
+	ova, n, u, done := builtUEFI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n.stop()
+	<-n.ended
+	since := startServiceWith(t, n.emuNode, "", n.sum, nil) // allow_uefi off
+	creates := func() (k int) {
+		for _, r := range n.s.Requests() {
+			if r.Method == "POST" && r.Path == "/nodes/pve/qemu" || r.Method == "DELETE" {
+				k++
+			}
+		}
+		return k
+	}
+	before := creates()
+	body := &readCounter{r: bytes.NewReader(ova)}
+	st, err := since.svc.Upload(ctx, u, bodyOf(body))
+	if !errors.Is(err, templatebuild.ErrBuildConflict) || !strings.Contains(err.Error(), "[api] allow_uefi is off") || st.Reused {
+		t.Errorf("the UEFI template's upload where allow_uefi is off: %+v %v, want a conflict naming [api] allow_uefi", st, err)
+	}
+	if body.n != 0 || creates() != before {
+		t.Errorf("read %d bytes of the refused upload; creates and deletes %d, were %d", body.n, creates(), before)
+	}
+	if left := n.vmsNamed(t, "uefi"); len(left) != 1 || left[0].VMID != done.VMID || !left[0].Template {
+		t.Errorf("VMs named uefi: %+v, want the template %d kept", left, done.VMID)
+	}
+}
+
 // TestImportOnlyUEFIOVAOnEmulator: a UEFI OVA (uefiOVA), uploaded for a
 // build without boot on a node with [api] allow_uefi, is
 // built (it was refused) with bios ovmf and a new EFI vars disk of
@@ -407,14 +457,9 @@ func TestImportOnlyUEFIOVANeedsAllowUEFI(t *testing.T) {
 // configured with UEFI, as a create asking firmware uefi is, keeps the
 // template's EFI disk (linked) and passes that profile.
 func TestImportOnlyUEFIOVAOnEmulator(t *testing.T) {
-	ova := uefiOVA(t)
-	n, u := importNodeWith(t, ova, "uefi", "", func(o *templatebuild.ServiceOptions) { o.Defaults.AllowUEFI = true })
+	_, n, _, done := builtUEFI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := n.svc.Upload(ctx, u, bodyOf(bytes.NewReader(ova))); err != nil {
-		t.Fatal(err)
-	}
-	done := n.waitState(t, "uefi", apitype.BuildDone)
 	out := strings.Join(done.Progress, "\n")
 	for _, want := range []string{"the OVF asks for UEFI firmware", "efitype=4m,pre-enrolled-keys=0", "memory 6144 MiB, cores 4, as the OVF says"} {
 		if !strings.Contains(out, want) {

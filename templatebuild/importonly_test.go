@@ -2,6 +2,7 @@ package templatebuild
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -153,5 +154,27 @@ func TestImportOnlyUEFITemplate(t *testing.T) {
 	}
 	if f := hardening.Check(conf).TemplateFailures(); len(f) != 1 || f[0].Fix != hardening.FixRebuild {
 		t.Errorf("a SeaBIOS create's check of it: %v, want the firmware refused", f)
+	}
+
+	// The node's [api] allow_uefi turned off since: a build of the name
+	// does not report the template reused (every create here refuses
+	// it), nor touches it; turned on again, it is reused.
+	vms := len(w.pve.vms)
+	for _, allow := range []bool{false, true} {
+		out.Reset()
+		again, err := New(w.pve, w.agent, w.host, Options{Name: "w", Recipe: Generic(img), Mode: Mode{ImportOnly: true}, Storage: "local-lvm", ImageStorage: "local", SnippetStorage: "local", AllowUEFI: allow, Progress: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res2, err := again.Run(context.Background())
+		switch {
+		case !allow && (!errors.Is(err, ErrBuildConflict) || !strings.Contains(err.Error(), "built earlier, boots UEFI firmware") || !strings.Contains(err.Error(), "[api] allow_uefi is off")):
+			t.Errorf("a build of the UEFI template's name where allow_uefi is off: %+v %v, want a conflict naming [api] allow_uefi", res2, err)
+		case allow && (err != nil || !res2.Reused || res2.VMID != res.VMID):
+			t.Errorf("a build of the UEFI template's name where allow_uefi is on: %+v %v, want it reused", res2, err)
+		}
+		if got := w.pve.vms[res.VMID]; len(w.pve.vms) != vms || got["template"] != "1" || got["bios"] != "ovmf" {
+			t.Errorf("allow_uefi %v: VMs %d (was %d), template %v: want the template untouched", allow, len(w.pve.vms), vms, got)
+		}
 	}
 }

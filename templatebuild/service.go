@@ -264,12 +264,15 @@ func (s *Service) joinOrFind(ctx context.Context, req apitype.TemplateBuildReque
 	if px, err = s.o.Login(ctx); err != nil {
 		return apitype.TemplateBuild{}, nil, true, loginError{err}
 	}
-	vmid, ok, err := Existing(ctx, px, s.o.Host, req.Name, recipe)
+	vmid, rep, ok, err := Existing(ctx, px, s.o.Host, req.Name, recipe)
 	if err != nil {
 		return apitype.TemplateBuild{}, nil, true, fmt.Errorf("look for template %q: %w", req.Name, err)
 	}
 	if !ok {
 		return apitype.TemplateBuild{}, px, false, nil
+	}
+	if err := UEFIAllowed(req.Name, vmid, rep, s.o.Defaults.AllowUEFI); err != nil {
+		return apitype.TemplateBuild{}, nil, true, err
 	}
 	rec, err := s.recorded(vmid)
 	if err != nil {
