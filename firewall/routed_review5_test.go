@@ -42,12 +42,15 @@ func TestGuestCannotSweepOnLinkRouteOfUplinkAnyScope(t *testing.T) {
 				t.Fatal(err)
 			}
 			const targets = 300
+			before := counters(t, n)
 			if err := a.ns.Do(func() error {
 				return sendUDPTo(targets, func(i int) string { return fmt.Sprintf("198.51.%d.%d:9", 1+i/250, 1+i%250) })
 			}); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(100 * time.Millisecond)
+			// every packet was routed to the uplink and dropped there,
+			// before the node resolved its destination
+			waitDropped(t, n, before, targets, "uplink-subnet")
 			if s := strangerNeighbours(t, n, "eth0"); len(s) > 20 {
 				out, _ := n.nft(t, "list", "set", "inet", TableName, SetUplinkNets4)
 				t.Errorf("after %d routed packets the node resolves %d addresses on its uplink, e.g. %v\n%s", targets, len(s), s[:5],
@@ -81,6 +84,7 @@ func TestGuestCannotResolveOtherGuestsOnItsVnetThroughZoneDHCP(t *testing.T) {
 		}
 		return []Port{{Name: b.port, MAC: b.mac, IPv4: append([]netip.Addr{b.addr}, others...)}}
 	})
+	before := counters(t, n)
 	if err := a.ns.Do(func() error {
 		raw, err := openRaw("eth0")
 		if err != nil {
@@ -101,7 +105,9 @@ func TestGuestCannotResolveOtherGuestsOnItsVnetThroughZoneDHCP(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// every INFORM reached the node and was dropped before dnsmasq could
+	// answer it (the port's pins first: bridge dhcp-ciaddr)
+	waitDropped(t, n, before, targets, "dhcp-ciaddr", "guest-dhcp-ciaddr")
 	if s := strangerNeighbours(t, n, "vnetA", a.addr); len(s) > 20 {
 		t.Errorf("after %d INFORMs naming other guests' addresses, the node resolves %d of them on the sender's vnetA, e.g. %v", targets, len(s), s[:5])
 	}
