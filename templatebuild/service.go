@@ -271,14 +271,14 @@ func (s *Service) joinOrFind(ctx context.Context, req apitype.TemplateBuildReque
 	if !ok {
 		return apitype.TemplateBuild{}, px, false, nil
 	}
-	if err := UEFIAllowed(req.Name, vmid, rep, s.o.Defaults.AllowUEFI); err != nil {
-		return apitype.TemplateBuild{}, nil, true, err
-	}
 	rec, err := s.recorded(vmid)
 	if err != nil {
 		return apitype.TemplateBuild{}, nil, true, fmt.Errorf("look for template %q: %w", req.Name, err)
 	}
 	if err := sameBuild(req, vmid, rec); err != nil {
+		return apitype.TemplateBuild{}, nil, true, err
+	}
+	if err := UEFIAllowed(req.Name, vmid, rep, s.o.Defaults.AllowUEFI); err != nil {
 		return apitype.TemplateBuild{}, nil, true, err
 	}
 	if err := s.grant(ctx, px, vmid); err != nil {
