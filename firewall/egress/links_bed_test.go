@@ -71,4 +71,12 @@ func TestByAddrOnBed(t *testing.T) {
 		t.Fatalf("10.62.0.1's local route is still there: %+v", routes)
 	}
 	check("without 10.62.0.1's local route")
+	// what a look-up finds in its place is not taken for it: a host route
+	// through another interface (as a VRF's address leaked into the main
+	// table looks), a local route of a prefix (AnyIP)
+	n.IP(t, "route", "add", "10.62.0.1/32", "dev", "vnetb0")
+	check("with a host route of 10.62.0.1 through vnetb0")
+	n.IP(t, "route", "del", "10.62.0.1/32", "dev", "vnetb0")
+	n.IP(t, "route", "add", "local", "10.62.0.0/24", "dev", "vnetb0", "table", "local")
+	check("with a local route of 10.62.0.0/24 through vnetb0")
 }
