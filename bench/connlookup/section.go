@@ -7,7 +7,7 @@ import (
 )
 
 // Section is the bench command's connlookup section: a guest
-// connection's interface by its local route vs by a dump of every
+// connection's interface by the kernel's ingress index vs by a dump of every
 // address, at 100 and 2000 bridges.
 func Section(ctx context.Context, cfg bench.Config) error {
 	o := Options{}

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// connInterface names the interface guest connection c (accepted by the
+// ConnInterface names the interface guest connection c (accepted by the
 // proxy or the resolver's TCP listener) came in on: the interface the
 // kernel received its first segment on (ingressIndex), whose policy and
 // owner apply.
@@ -26,7 +26,7 @@ import (
 // kernel's index is not the guest interface's: a connection accepted in a
 // VRF (the socket is bound to it, tcp_l3mdev_accept; the index recorded is
 // the VRF device's), or c is no TCP socket.
-func connInterface(links Links, c net.Conn) (string, error) {
+func ConnInterface(links Links, c net.Conn) (string, error) {
 	index, bound, err := ingressIndex(c)
 	if err == nil && index > 0 && !bound {
 		return links.ByIndex(index)

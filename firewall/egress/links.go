@@ -7,7 +7,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
@@ -45,48 +44,12 @@ func (l *NetlinkLinks) ByIndex(index int) (string, error) {
 	return link.Attrs().Name, nil
 }
 
-// ByAddr returns the name of the interface holding a: the interface of
-// a's local route (one RTM_GETROUTE with RTM_F_FIB_MATCH, the FIB entry
-// the kernel itself delivers to a by: "local A dev IFACE" in the local
-// table, which the kernel adds with each address), else, when the node's
-// FIB has no local route of a in the tables an ordinary lookup sees (an
-// address in a VRF's table; an operator removed the route), the
-// interface a dump of every address names (byAddrListed).
-//
-// The proxy and the resolver's TCP listener ask it for every connection
-// a guest opens: a dump costs the daemon time in proportion to the
-// node's addresses (3 ms at 2000 bridges against 24 µs for the route,
-// bench/connlookup), and a guest decides how often connections come, so
-// the dump let one guest's connection churn take the daemon's CPU from
-// every other tenant.
+// ByAddr returns the name of the interface holding a, from a dump of
+// every IPv4 address of the namespace: time in proportion to the node's
+// addresses (bench/connlookup), so a guest's connections are named by
+// the kernel's ingress index instead (ConnInterface), and by this only
+// where that index is not the guest interface's.
 func (l *NetlinkLinks) ByAddr(a netip.Addr) (string, error) {
-	if a.Is4() {
-		routes, err := l.h.RouteGetWithOptions(a.AsSlice(), &netlink.RouteGetOptions{FIBMatch: true})
-		if err == nil && len(routes) == 1 && localRouteOf(routes[0], a) {
-			link, err := l.h.LinkByIndex(routes[0].LinkIndex)
-			if err == nil {
-				return link.Attrs().Name, nil
-			}
-		}
-	}
-	return l.byAddrListed(a)
-}
-
-// localRouteOf reports whether r is a's own local route: type local,
-// destination a/32, through an interface.
-func localRouteOf(r netlink.Route, a netip.Addr) bool {
-	if r.Type != unix.RTN_LOCAL || r.LinkIndex <= 0 || r.Dst == nil {
-		return false
-	}
-	ones, bits := r.Dst.Mask.Size()
-	got, ok := netip.AddrFromSlice(r.Dst.IP.To4())
-	return ok && got == a && ones == 32 && bits == 32
-}
-
-// byAddrListed returns the name of the interface holding a from a dump
-// of every IPv4 address of the namespace: ByAddr's fallback, and the
-// baseline bench/connlookup measures it against.
-func (l *NetlinkLinks) byAddrListed(a netip.Addr) (string, error) {
 	addrs, err := l.h.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return "", fmt.Errorf("egress: list addresses: %w", err)

@@ -269,7 +269,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	if err != nil {
 		return
 	}
-	iface, err := connInterface(p.links, c)
+	iface, err := ConnInterface(p.links, c)
 	if err != nil {
 		return
 	}

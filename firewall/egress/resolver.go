@@ -95,7 +95,7 @@ type Links interface {
 	ByIndex(index int) (string, error)
 	// ByAddr returns the name of the interface holding address a (a
 	// TCP connection's when the kernel's ingress index cannot name it:
-	// connInterface).
+	// ConnInterface).
 	ByAddr(a netip.Addr) (string, error)
 }
 
@@ -422,7 +422,7 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 		return
 	}
 	a, _ := netip.AddrFromSlice(la.IP)
-	iface, err := connInterface(r.links, c)
+	iface, err := ConnInterface(r.links, c)
 	if err != nil {
 		return
 	}
