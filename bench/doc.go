@@ -16,6 +16,7 @@
 //	bench/qga       the guest agent client vs a raw loop and the Proxmox API's shape
 //	bench/api       the sandbox API on the emulator and the bed vs the client it sits on
 //	bench/egress    the egress checks vs an open zone
+//	bench/connlookup a guest connection's interface: the kernel's ingress index vs a dump of every address
 //	bench/scale     the guard's per-change paths at 1, 500 and 2000 bridges and ports
 //	bench/container a one-container sandbox vs a one-VM sandbox of the same shape
 //

@@ -4,6 +4,7 @@ import (
 	"github.com/pve-inspect/pve-inspect/bench"
 	"github.com/pve-inspect/pve-inspect/bench/api"
 	"github.com/pve-inspect/pve-inspect/bench/cluster"
+	"github.com/pve-inspect/pve-inspect/bench/connlookup"
 	"github.com/pve-inspect/pve-inspect/bench/container"
 	"github.com/pve-inspect/pve-inspect/bench/egress"
 	"github.com/pve-inspect/pve-inspect/bench/guard"
@@ -33,6 +34,7 @@ var sections = []section{
 	{"qga", "guest agent client vs a raw loop and the Proxmox API's shape", qga.Section},
 	{"api", "sandbox API on the emulator and the bed vs the client it sits on", api.Section},
 	{"egress", "egress checks (resolver, Host/SNI proxy) vs an open zone", egress.Section},
+	{"connlookup", "a guest connection's interface at 100 and 2000 bridges: the kernel's ingress index vs a dump of every address", connlookup.Section},
 	{"scale", "the guard's per-change paths at 1, 500 and 2000 bridges and ports", scale.Section},
 	{"pool", "a claim from the warm pool vs a cold create of the same shape, its Proxmox calls, 20 creates against a pool of 4", pool.Section},
 	{"cluster", "creates per minute on one node and on three, an SDN apply at 10, 100 and 300 zones: shared applies vs one per create", cluster.Section},

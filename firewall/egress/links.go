@@ -44,7 +44,11 @@ func (l *NetlinkLinks) ByIndex(index int) (string, error) {
 	return link.Attrs().Name, nil
 }
 
-// ByAddr returns the name of the interface holding a.
+// ByAddr returns the name of the interface holding a, from a dump of
+// every IPv4 address of the namespace: time in proportion to the node's
+// addresses (bench/connlookup), so a guest's connections are named by
+// the kernel's ingress index instead (ConnInterface), and by this only
+// where that index is not the guest interface's.
 func (l *NetlinkLinks) ByAddr(a netip.Addr) (string, error) {
 	addrs, err := l.h.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {

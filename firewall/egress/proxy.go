@@ -269,12 +269,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	if err != nil {
 		return
 	}
-	la, _ := c.LocalAddr().(*net.TCPAddr)
-	if la == nil {
-		return
-	}
-	lip, _ := netip.AddrFromSlice(la.IP)
-	iface, err := p.links.ByAddr(lip.Unmap())
+	iface, err := ConnInterface(p.links, c)
 	if err != nil {
 		return
 	}

@@ -93,7 +93,9 @@ func (c ResolverConfig) clamp(ttl time.Duration) time.Duration {
 type Links interface {
 	// ByIndex returns the name of interface index.
 	ByIndex(index int) (string, error)
-	// ByAddr returns the name of the interface holding address a.
+	// ByAddr returns the name of the interface holding address a (a
+	// TCP connection's when the kernel's ingress index cannot name it:
+	// ConnInterface).
 	ByAddr(a netip.Addr) (string, error)
 }
 
@@ -420,7 +422,7 @@ func (r *Resolver) serveConn(ctx context.Context, c net.Conn) {
 		return
 	}
 	a, _ := netip.AddrFromSlice(la.IP)
-	iface, err := r.links.ByAddr(a.Unmap())
+	iface, err := ConnInterface(r.links, c)
 	if err != nil {
 		return
 	}
