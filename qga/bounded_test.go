@@ -76,7 +76,7 @@ func TestStatusReplyBounded(t *testing.T) {
 			opts.ExecOwnSession = true // the setsid direct path: no environment capture
 			opts.Budget = NewBudget(1<<20, 0)
 			c := New(opts)
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a client that polls on fails here
 			defer cancel()
 			var res *ExecResult
 			var err error

@@ -12,16 +12,40 @@ import (
 	"time"
 )
 
-// hostileOptions keeps the bounds small so that the tests are quick and the
-// memory bound is easy to check.
+// hostileOptions keeps the memory bounds small so that the memory bound
+// is easy to check, and the time bounds generous: the fake agents of a
+// test, hostile or not, answer at once, and a call that has to wait for
+// one on a loaded machine must not end as a timeout. A test whose agent
+// never answers gives the call that waits for it short bounds of its own
+// (stallingOptions).
 func hostileOptions() Options {
 	return Options{
-		StallTimeout:  300 * time.Millisecond,
-		CallTimeout:   2 * time.Second,
+		StallTimeout:  time.Minute,
+		CallTimeout:   time.Minute,
 		DrainTimeout:  200 * time.Millisecond,
 		MaxChunk:      minChunk,
 		MaxReplyBytes: 256 << 10,
 	}
+}
+
+// stallingOptions is hostileOptions with short time bounds, for a client
+// whose call waits for an agent that stalls or trickles: that agent never
+// completes its reply, so the bound ends the call whatever the load, and
+// the test stays quick.
+func stallingOptions() Options {
+	o := hostileOptions()
+	o.StallTimeout, o.CallTimeout = 300*time.Millisecond, 2*time.Second
+	return o
+}
+
+// patient gives c, whose last call had stallingOptions' short time bounds
+// to run into, hostileOptions' generous ones for the calls that check it
+// still works. A Client holds nothing between calls but its per-VM locks
+// and buffer counts, which stay as they are: the calls after it check
+// those, not how fast a loaded machine answers.
+func patient(c *Client) {
+	h := hostileOptions()
+	c.opts.StallTimeout, c.opts.CallTimeout = h.StallTimeout, h.CallTimeout
 }
 
 // flood writes s forever until the connection breaks.
@@ -39,6 +63,11 @@ func TestHostileAgent(t *testing.T) {
 	type handler = func(c net.Conn, cmd string, id, args json.RawMessage) bool
 	// A stalling agent keeps reading until the client hangs up.
 	stall := func(c net.Conn) { io.Copy(io.Discard, c) }
+	// A case of kind KindTimeout never completes its reply (it stalls or
+	// trickles): its call runs with stallingOptions, and the calls after
+	// it with hostileOptions' bounds (patient). Every other case's agent
+	// sends what decides its kind at once, so no time bound ends its call
+	// on a loaded machine.
 	tests := []struct {
 		name    string
 		handler handler
@@ -139,11 +168,18 @@ func TestHostileAgent(t *testing.T) {
 				bad.setHandler(infoHandler)
 			}
 			bad.setSync(tt.sync)
-			c := New(hostileOptions())
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			opts := hostileOptions()
+			if tt.kind == KindTimeout {
+				opts = stallingOptions()
+			}
+			c := New(opts)
+			// past CallTimeout: a call that never ends is a wrong kind,
+			// not this deadline
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 
 			_, err := c.Agent(bad.Socket).Info(ctx)
+			patient(c)
 			var pe *ProtocolError
 			if !errors.As(err, &pe) {
 				t.Fatalf("Info on misbehaving agent: got %v (%T), want *ProtocolError", err, err)

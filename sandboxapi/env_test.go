@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,6 +197,40 @@ func (e *env) metric(name string, labels ...string) float64 {
 		}
 	}
 	return 0
+}
+
+// countedGuest counts the guest I/O calls it is handed (exec, streamed
+// exec, file read and write): a call counted there reached the guest
+// agent, with its timeout.
+type countedGuest struct {
+	sandbox.Guest
+	calls *atomic.Int64
+}
+
+func (g countedGuest) Exec(ctx context.Context, r sandbox.GuestExec) (*apitype.ExecResult, error) {
+	g.calls.Add(1)
+	return g.Guest.Exec(ctx, r)
+}
+
+func (g countedGuest) ExecStream(ctx context.Context, r sandbox.GuestExec, stdout, stderr io.Writer) (*apitype.ExecResult, error) {
+	g.calls.Add(1)
+	return g.Guest.ExecStream(ctx, r, stdout, stderr)
+}
+
+func (g countedGuest) ReadFile(ctx context.Context, path string, w io.Writer, max int64) (int64, error) {
+	g.calls.Add(1)
+	return g.Guest.ReadFile(ctx, path, w, max)
+}
+
+func (g countedGuest) WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode) error {
+	g.calls.Add(1)
+	return g.Guest.WriteFile(ctx, path, r, mode)
+}
+
+// countGuests makes o's guests countedGuests counting into calls.
+func countGuests(o *options, calls *atomic.Int64) {
+	dial := o.Guests
+	o.Guests = func(p string) sandbox.Guest { return countedGuest{Guest: dial(p), calls: calls} }
 }
 
 // series counts the series of a metric family.

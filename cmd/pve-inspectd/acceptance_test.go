@@ -177,15 +177,28 @@ type probe struct {
 	v6 bool
 }
 
+// How long a probe waits. A row that must be reachable (a positive
+// control) waits a minute: on a loaded machine a slow answer is still an
+// answer, and a path the guard blocks never answers at all, so a broken
+// control still fails. A row that must be blocked waits briefly for what
+// must not come: what a missing rule lets through (an accept, a refusal,
+// an HTTP answer) comes back within milliseconds, and a slow machine can
+// only make such a row pass, never fail.
+const (
+	reachWithin = time.Minute
+	blockWait   = 1500 * time.Millisecond
+)
+
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-func (a *accBed) dial(addr string) func() error {
+// dial connects to addr from guest A, giving up after wait.
+func (a *accBed) dial(addr string, wait time.Duration) func() error {
 	return func() error {
 		return a.b.Do(a.ga.NS, func() error {
-			c, err := net.DialTimeout("tcp", addr, 1500*time.Millisecond)
+			c, err := net.DialTimeout("tcp", addr, wait)
 			if err != nil {
 				return err
 			}
@@ -195,7 +208,7 @@ func (a *accBed) dial(addr string) func() error {
 }
 
 // httpReq sends method to url from guest A on a connection dialled in its
-// namespace.
+// namespace; only blocked rows use it (blockWait).
 func (a *accBed) httpReq(method, url string) func() error {
 	return func() error {
 		req, err := http.NewRequest(method, url, nil)
@@ -207,13 +220,13 @@ func (a *accBed) httpReq(method, url string) func() error {
 		}
 		var conn net.Conn
 		if err := a.b.Do(a.ga.NS, func() error {
-			conn, err = net.DialTimeout("tcp", net.JoinHostPort(req.URL.Hostname(), "80"), 1500*time.Millisecond)
+			conn, err = net.DialTimeout("tcp", net.JoinHostPort(req.URL.Hostname(), "80"), blockWait)
 			return err
 		}); err != nil {
 			return err
 		}
 		tr := &http.Transport{DisableKeepAlives: true, DialContext: func(context.Context, string, string) (net.Conn, error) { return conn, nil }}
-		resp, err := (&http.Client{Transport: tr, Timeout: 3 * time.Second}).Do(req)
+		resp, err := (&http.Client{Transport: tr, Timeout: 2 * blockWait}).Do(req)
 		if err != nil {
 			return err
 		}
@@ -226,12 +239,14 @@ func (a *accBed) httpReq(method, url string) func() error {
 	}
 }
 
+// dnsQuery asks the zone's resolver from guest A for name and wants an
+// answer naming want; only positive controls use it (reachWithin).
 func (a *accBed) dnsQuery(name, want string) func() error {
 	return func() error {
 		return a.b.Do(a.ga.NS, func() error {
 			m := new(dns.Msg)
 			m.SetQuestion(dns.Fqdn(name), dns.TypeA)
-			r, _, err := (&dns.Client{Timeout: 3 * time.Second}).Exchange(m, "10.10.1.1:53")
+			r, _, err := (&dns.Client{Timeout: reachWithin}).Exchange(m, "10.10.1.1:53")
 			if err != nil {
 				return err
 			}
@@ -244,13 +259,14 @@ func (a *accBed) dnsQuery(name, want string) func() error {
 }
 
 // dhcpRenew asks the zone's DHCP server for a lease from guest A's
-// namespace (once, without touching the guest's configuration).
+// namespace (once, without touching the guest's configuration), giving up
+// after reachWithin.
 func (a *accBed) dhcpRenew(t *testing.T) func() error {
 	dir := t.TempDir()
 	cf := filepath.Join(dir, "dhclient.conf")
-	_ = os.WriteFile(cf, []byte("timeout 10;\n"), 0o644)
+	_ = os.WriteFile(cf, fmt.Appendf(nil, "timeout %d;\n", int(reachWithin/time.Second)), 0o644)
 	return func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), reachWithin+30*time.Second)
 		defer cancel()
 		out, err := a.b.Command(ctx, a.ga.NS, "dhclient", "-4", "-1", "-cf", cf, "-sf", "/bin/true",
 			"-lf", filepath.Join(dir, "leases"), "-pf", filepath.Join(dir, "pid"), "eth0").CombinedOutput()
@@ -273,28 +289,30 @@ func (a *accBed) probes(t *testing.T, withNATControls bool) []probe {
 	}
 	block("metadata GET v6", a.httpReq(http.MethodGet, "http://["+testvm.MetadataAddr6+"]/latest/meta-data/instance-id"))
 	block("metadata token PUT v6", a.httpReq(http.MethodPut, "http://["+testvm.MetadataAddr6+"]/latest/api/token"))
-	block("AWS DNS tcp", a.dial(testvm.AWSDNSAddr+":53"))
+	block("AWS DNS tcp", a.dial(testvm.AWSDNSAddr+":53", blockWait))
 	nodeAddrs := []string{"10.10.1.1", testvm.NodeMgmtAddr, "10.10.2.1", "[" + testvm.NodeMgmtAddr6 + "]"}
 	for _, addr := range nodeAddrs {
 		for _, port := range []int{8006, 22, 3128, accMetricsPort, accAPIPort} {
-			block(fmt.Sprintf("node %s:%d", addr, port), a.dial(fmt.Sprintf("%s:%d", addr, port)))
+			block(fmt.Sprintf("node %s:%d", addr, port), a.dial(fmt.Sprintf("%s:%d", addr, port), blockWait))
 		}
 	}
-	block("LAN host", a.dial(testvm.LANAddr+":80"))
-	block("uplink neighbour (router's own address)", a.dial(testvm.UplinkAddr+":80"))
-	block("guest B (other zone)", a.dial(a.gb.IPv4().String()+":80"))
-	block("internet over IPv6 ["+testvm.InternetAddr6+"]", a.dial("["+testvm.InternetAddr6+"]:80"))
+	block("LAN host", a.dial(testvm.LANAddr+":80", blockWait))
+	block("uplink neighbour (router's own address)", a.dial(testvm.UplinkAddr+":80", blockWait))
+	block("guest B (other zone)", a.dial(a.gb.IPv4().String()+":80", blockWait))
+	block("internet over IPv6 ["+testvm.InternetAddr6+"]", a.dial("["+testvm.InternetAddr6+"]:80", blockWait))
 	pass("DHCP renewal", a.dhcpRenew(t))
 	pass("zone DNS local name", a.dnsQuery(testvm.LocalName("zonea"), "10.10.1.1"))
 	if withNATControls {
 		pass("zone DNS recursion", a.dnsQuery(testvm.InternetName, testvm.InternetAddr))
-		pass("internet :80", a.dial(testvm.InternetAddr+":80"))
-		pass("internet :443", a.dial(testvm.InternetAddr+":443"))
+		pass("internet :80", a.dial(testvm.InternetAddr+":80", reachWithin))
+		pass("internet :443", a.dial(testvm.InternetAddr+":443", reachWithin))
 	}
 	return ps
 }
 
-// checkProbes runs every probe concurrently and reports each failure.
+// checkProbes runs every probe concurrently and reports each failure: a
+// positive control that got no answer within reachWithin, a blocked row
+// that got any answer but silence within blockWait.
 func (a *accBed) checkProbes(t *testing.T, when string, withNATControls bool) {
 	t.Helper()
 	ps := a.probes(t, withNATControls)
@@ -351,6 +369,13 @@ func (a *accBed) requireInForce(t *testing.T, ctx context.Context, when string) 
 	}
 }
 
+// TestAcceptanceGuardOnBed runs the daemon on the bed and probes guest A's
+// containment while it runs, in the gap after a kill -9, after a rebuild
+// and after a ruleset flush: every blocked row silent, every positive
+// control answered. A slow machine cannot fail a row: a control gets a
+// minute (a path the guard blocks never answers), and a blocked row fails
+// only on an answer, which a missing rule lets through at once
+// (checkProbes).
 func TestAcceptanceGuardOnBed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

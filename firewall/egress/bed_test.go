@@ -69,7 +69,7 @@ func inNode(b *testvm.Bed, mark uint32) DialFunc {
 // stackConfig changes the stack's parts from their defaults.
 type stackConfig struct {
 	proxy    ProxyConfig      // IdleTimeout, MaxConns, ConnsPerOwner
-	resolver ResolverConfig   // QueriesPerOwner, TCPPerOwner
+	resolver ResolverConfig   // QueriesPerOwner, TCPPerOwner, Timeout (zero: 1s)
 	up       Upstream         // nil: the internet host's resolver
 	reg      []RegistryOption // e.g. WithMaxLearned
 	// holdUDP binds the resolver's UDP socket but leaves its read loop to
@@ -152,7 +152,10 @@ func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig)
 	rc.ZoneNames = &LeaseNames{
 		LeaseFile: func(z string) string { return filepath.Join(b.Dir(), "dnsmasq", z+".leases") },
 		Domain:    func(z string) string { return z + ".test" }}
-	rc.Upstreams, rc.Mark, rc.TTLFloor, rc.Timeout, rc.Dial = []string{testvm.InternetAddr + ":53"}, ec.ResolverMark(), 30*time.Second, time.Second, inNode(b, ec.ResolverMark())
+	rc.Upstreams, rc.Mark, rc.TTLFloor, rc.Dial = []string{testvm.InternetAddr + ":53"}, ec.ResolverMark(), 30*time.Second, inNode(b, ec.ResolverMark())
+	if rc.Timeout == 0 {
+		rc.Timeout = time.Second
+	}
 	s.res = NewResolver(rc, s.reg, links, s.den, sc.up, log)
 	pcfg := sc.proxy
 	pcfg.Mark, pcfg.Dial, pcfg.PeekTimeout = ec.ProxyMark(), inNode(b, ec.ProxyMark()), 3*time.Second
@@ -225,11 +228,16 @@ func (s *stack) resolve(zone, name, server string, tcp bool) ([]string, error) {
 }
 
 func (s *stack) resolveOnce(zone, name, server string, tcp bool) ([]string, error) {
+	return s.resolveWithin(zone, name, server, tcp, 3*time.Second)
+}
+
+// resolveWithin is one exchange of resolve, given up after timeout.
+func (s *stack) resolveWithin(zone, name, server string, tcp bool, timeout time.Duration) ([]string, error) {
 	var got []string
 	err := s.b.Do(s.guests[zone].NS, func() error {
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
-		c := &dns.Client{Timeout: 3 * time.Second}
+		c := &dns.Client{Timeout: timeout}
 		if tcp {
 			c.Net = "tcp"
 		}

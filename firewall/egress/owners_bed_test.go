@@ -58,6 +58,12 @@ func (s *stack) floodDNS(t *testing.T, zone string, stop <-chan struct{}) <-chan
 // ("node-default"), so A's flood took B's quota and B's DNS and proxy
 // were refused. A's refusals are counted for A alone, and none of them
 // took a unit of a node total.
+//
+// No clock decides it: B and C ask once A holds its whole share and has
+// had 100 queries refused, with the resolver's upstream Timeout 2 minutes
+// (A's slow queries hold their slots for 4), and their one query must be
+// answered within a minute. A query dropped for A's quota, or answered
+// only when a slot of A's came free, gets no answer within it.
 func TestEgressOwnersOnBed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -66,7 +72,7 @@ func TestEgressOwnersOnBed(t *testing.T) {
 	allow := Policy{Mode: "allowlist", Allow: []string{"*." + testvm.InternetName, testvm.InternetName}}
 	up := &slowUpstream{addr: inet}
 	s := newStackWith(t, ctx, allow, stackConfig{up: up,
-		resolver: ResolverConfig{QueriesPerOwner: dnsShare}, proxy: ProxyConfig{ConnsPerOwner: proxyShare}})
+		resolver: ResolverConfig{QueriesPerOwner: dnsShare, Timeout: 2 * time.Minute}, proxy: ProxyConfig{ConnsPerOwner: proxyShare}})
 	s.set(t, ctx, "zonec", allow) // a sandbox of the daemon's: owner sb-zonec
 	for _, z := range []string{"zonea", "zoneb", "zonec"} {
 		if got, err := s.resolve(z, testvm.InternetName, s.gw[z]+":53", false); err != nil || len(got) != 1 {
@@ -99,17 +105,28 @@ func TestEgressOwnersOnBed(t *testing.T) {
 	// A floods its resolver while B and C are served
 	stop := make(chan struct{})
 	sent := s.floodDNS(t, "zonea", stop)
-	time.Sleep(300 * time.Millisecond)
+	// B and C ask once zonea is past its share: its slow queries hold
+	// every slot of its share and 100 more were refused
+	refusedA := func() float64 {
+		return testutil.ToFloat64(s.den.refused.WithLabelValues(ownerA, ResourceDNSUDP, LimitOwner))
+	}
+	if r := waitCount(refusedA, 100); r < 100 {
+		t.Fatalf("zonea's flood: %v queries refused within a minute", r)
+	}
+	if mine, _ := s.res.queries.inUse(ownerA); mine != dnsShare {
+		t.Fatalf("zonea holds %d queries in flight during its flood, want its share %d", mine, dnsShare)
+	}
 	var wg sync.WaitGroup
 	for _, z := range []string{"zoneb", "zonec"} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			start := time.Now()
-			if got, err := s.resolveOnce(z, testvm.InternetName, s.gw[z]+":53", false); err != nil || len(got) != 1 {
+			// one query, answered within a minute: zonea's slow queries
+			// hold their slots for 2 x Timeout, 4 minutes, so an answer
+			// that waited for one of them (or a query dropped for
+			// zonea's quota) is no answer
+			if got, err := s.resolveWithin(z, testvm.InternetName, s.gw[z]+":53", false, time.Minute); err != nil || len(got) != 1 {
 				t.Errorf("%s during zonea's flood: DNS %v, %v", z, got, err)
-			} else if d := time.Since(start); d > time.Second {
-				t.Errorf("%s during zonea's flood: DNS answered in %s", z, d)
 			}
 			if body, err := s.get(z, "http://"+testvm.InternetName+"/", inet+":80"); err != nil || body != "internet host" {
 				t.Errorf("%s during zonea's flood: proxied connection %q, %v", z, body, err)
@@ -130,9 +147,7 @@ func TestEgressOwnersOnBed(t *testing.T) {
 	// limit; it held no node unit past its share
 	// the resolver counts a refusal as it reads the query, which on a
 	// loaded machine may be after the flood stopped: wait for the counts
-	if r := waitCount(func() float64 {
-		return testutil.ToFloat64(s.den.refused.WithLabelValues(ownerA, ResourceDNSUDP, LimitOwner))
-	}, float64(n)/2); r < float64(n)/2 {
+	if r := waitCount(refusedA, float64(n)/2); r < float64(n)/2 {
 		t.Errorf("zonea's DNS refusals counted: %v of %d sent", r, n)
 	}
 	if r := waitCount(func() float64 {
