@@ -176,7 +176,9 @@ func TestExecTaggedTimeoutKillsEscapees(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("timed out after %v", took)
-	if !res.TimedOut || res.Signal != 9 || res.ExitCode != 137 || took > 10*time.Second {
+	// no bound on took: an escapee left holding the output would hold
+	// the exec for its 600 s, past the call's minute (an error above)
+	if !res.TimedOut || res.Signal != 9 || res.ExitCode != 137 {
 		t.Fatalf("got %+v after %v, want timed out with SIGKILL", res, took)
 	}
 	if otherErr != nil || other.ExitCode != 0 || other.TimedOut || string(other.Stdout) != "survived\n" {

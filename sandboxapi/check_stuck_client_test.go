@@ -31,12 +31,14 @@ func (c bigReportChecker) Run(ctx context.Context, t sandbox.CheckTarget) (apity
 // report inside the operation Begin started and writes it after the
 // operation has ended. A client that pipelines checks and never reads the
 // answers holds only its own connection: the sandbox's delete does not
-// wait TeardownTimeout for the stalled report write.
+// wait TeardownTimeout for the stalled report write. TeardownTimeout is
+// a minute, so that a slow machine cannot fail the delete; a report
+// written inside the operation holds it past that and fails it.
 func TestCheckStuckClientDoesNotHoldDelete(t *testing.T) {
 	store := auth.Open(filepath.Join(t.TempDir(), "tokens.json"))
 	e := newEnv(t, func(o *options) {
 		o.Tokens = store
-		o.TeardownTimeout = 3 * time.Second
+		o.TeardownTimeout = time.Minute
 		o.Streams.WriteTimeout = time.Second
 		o.Checker = bigReportChecker{rows: 200}
 	})
@@ -56,11 +58,9 @@ func TestCheckStuckClientDoesNotHoldDelete(t *testing.T) {
 	c := stall(t, e, req, 0)
 	defer c.Close()
 	time.Sleep(1500 * time.Millisecond) // past Streams.WriteTimeout: a guarded write would have ended
-	dctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	start := time.Now()
-	err = e.srv.Engine().Delete(dctx, sb.ID)
-	if took := time.Since(start); err != nil || took >= 2*time.Second {
-		t.Errorf("delete took %v: %v (the check's report write on the stalled connection held the operation)", took.Round(time.Millisecond), err)
+	if err := e.srv.Engine().Delete(dctx, sb.ID); err != nil {
+		t.Errorf("delete: %v (the check's report write on the stalled connection held the operation)", err)
 	}
 }
