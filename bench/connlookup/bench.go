@@ -2,8 +2,9 @@
 // TCP connection came in on (whose egress policy and owner apply: the
 // egress proxy and the resolver's TCP listener do it for every connection
 // a guest opens, so a guest decides how often): egress.ConnInterface, the
-// kernel's ingress index of the connection's SYN (IP_PKTOPTIONS) and that
-// index's name, against the former way, a dump of every IPv4 address of
+// kernel's ingress index of the connection (IP_PKTOPTIONS), the check that
+// its interface holds the local address and that index's name, against
+// the former way, a dump of every IPv4 address of
 // the node's namespace for the holder of the connection's local address,
 // in one run, on a scratch node namespace with 100 and 2000 guest bridges
 // (a node of many sandboxes: the scale section's sizes), each with its

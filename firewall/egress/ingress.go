@@ -12,40 +12,72 @@ import (
 )
 
 // ConnInterface names the interface guest connection c (accepted by the
-// proxy or the resolver's TCP listener) came in on: the interface the
-// kernel received its first segment on (ingressIndex), whose policy and
-// owner apply.
+// proxy or the resolver's TCP listener) came in on: the interface of the
+// kernel's ingress index of c (ingressIndex), whose policy and owner
+// apply, once that interface is seen to hold c's local address.
 //
-// Not its local address's holder: the guard's redirect makes the local
-// address the first address of the bridge the connection came in on, and
+// Not its local address's holder alone: the guard's redirect makes the
+// local address the first address of the bridge the SYN came in on, and
 // two bridges may hold one address (two zones of one gateway: Proxmox
 // allows one range in two zones, and a tenant with SDN rights can make one
 // beside a sandbox's), so by address every connection to it was one
-// bridge's, the other's guests under its policy, quota and record. The
-// holder of the local address (Links.ByAddr) is asked only where the
+// bridge's, the other's guests under its policy, quota and record.
+//
+// Not the index alone either (review53b): the index is that of the
+// segment that completed the handshake, the ACK (tcp_check_req and, for
+// a SYN cookie, cookie_v4_check hand it to syn_recv_sock), not the SYN's,
+// and a request socket of an unbound listener takes its ACK from any
+// interface. The redirect is conntrack's, so an ACK with the connection's
+// 4-tuple that reaches the node through another interface (another
+// zone's VXLAN or VLAN uplink port, which the layer-2 table does not pin;
+// rp_filter is 0 on a Proxmox VE 8 node) is redirected and delivered the
+// same, and named the connection after that interface
+// (TestHandshakeACKElsewhereOnBed). The interface the SYN came in on
+// holds the local address, so an index whose interface does not
+// (Links.Holds) is refused. Left: an ACK through another bridge holding
+// the same address (the shared gateway above) names that bridge.
+//
+// The holder of the local address (Links.ByAddr) is asked only where the
 // kernel's index is not the guest interface's: a connection accepted in a
 // VRF (the socket is bound to it, tcp_l3mdev_accept; the index recorded is
-// the VRF device's), or c is no TCP socket.
+// the VRF device's), or c is no *net.TCPConn. A TCP connection whose index
+// cannot be read, or is none, is refused: its local address may be
+// another bridge's too.
 func ConnInterface(links Links, c net.Conn) (string, error) {
-	index, bound, err := ingressIndex(c)
-	if err == nil && index > 0 && !bound {
-		return links.ByIndex(index)
-	}
 	la, ok := c.LocalAddr().(*net.TCPAddr)
 	if !ok {
 		return "", errors.New("egress: not a TCP connection")
 	}
-	a, _ := netip.AddrFromSlice(la.IP)
-	return links.ByAddr(a.Unmap())
+	local, _ := netip.AddrFromSlice(la.IP)
+	local = local.Unmap()
+	if _, ok := c.(*net.TCPConn); ok {
+		index, bound, err := ingressIndex(c)
+		switch {
+		case err != nil:
+			return "", fmt.Errorf("egress: ingress interface: %w", err)
+		case !bound && index <= 0:
+			return "", fmt.Errorf("egress: no ingress interface (index %d)", index)
+		case !bound:
+			held, err := links.Holds(index, local)
+			if err != nil {
+				return "", err
+			}
+			if !held {
+				return "", fmt.Errorf("egress: ingress interface %d does not hold %s, the address the connection was redirected to", index, local)
+			}
+			return links.ByIndex(index)
+		}
+	}
+	return links.ByAddr(local)
 }
 
 // ingressIndex returns the index of the interface accepted TCP connection
 // c came in on and whether c is bound to a device. The kernel keeps the
-// index of the SYN's interface on the connection's socket
-// (tcp_v4_syn_recv_sock: inet->mc_index = inet_iif(skb)) and hands it out
-// as IP_PKTOPTIONS' IP_PKTINFO once IP_PKTINFO is on (set here, on the
-// accepted socket: the index is kept whether or not it was on at the
-// SYN).
+// index of the interface of the segment it made the connection's socket
+// on (tcp_v4_syn_recv_sock: inet->mc_index = inet_iif(skb)): the ACK
+// that completed the handshake, or the SYN under TCP Fast Open. It hands
+// it out as IP_PKTOPTIONS' IP_PKTINFO once IP_PKTINFO is on (set here, on
+// the accepted socket: the index is kept whether or not it was on then).
 func ingressIndex(c net.Conn) (index int, bound bool, err error) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {

@@ -1,12 +1,14 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/pve-inspect/pve-inspect/firewall"
 )
@@ -42,6 +44,34 @@ func (l *NetlinkLinks) ByIndex(index int) (string, error) {
 		return "", fmt.Errorf("egress: link %d: %w", index, err)
 	}
 	return link.Attrs().Name, nil
+}
+
+// Holds reports whether interface index holds a: whether a's local route
+// through it exists ("local A dev IFACE" in the local table, which the
+// kernel adds with each address of an interface, one per interface when
+// two hold it). One RTM_GETROUTE with RTM_F_FIB_MATCH and the output
+// interface: the kernel answers the FIB entry or "no route to host".
+func (l *NetlinkLinks) Holds(index int, a netip.Addr) (bool, error) {
+	if !a.Is4() || index <= 0 {
+		return false, nil
+	}
+	routes, err := l.h.RouteGetWithOptions(a.AsSlice(), &netlink.RouteGetOptions{FIBMatch: true, OifIndex: index})
+	if errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.ENETUNREACH) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("egress: local route of %s through %d: %w", a, index, err)
+	}
+	for _, r := range routes {
+		if r.Type != unix.RTN_LOCAL || r.LinkIndex != index || r.Dst == nil {
+			continue
+		}
+		ones, bits := r.Dst.Mask.Size()
+		if got, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok && got == a && ones == 32 && bits == 32 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // ByAddr returns the name of the interface holding a, from a dump of

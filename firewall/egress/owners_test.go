@@ -360,6 +360,8 @@ func (c *countingLinks) ByIndex(i int) (string, error) {
 
 func (c *countingLinks) ByAddr(netip.Addr) (string, error) { return "", errors.New("no address") }
 
+func (c *countingLinks) Holds(int, netip.Addr) (bool, error) { return false, errors.New("no address") }
+
 // TestIndexNamesOwner: the read loop names a query's owner from what it
 // remembered for a second, and looks it up again at once when a policy
 // changed (a claim, a delete), so a query never takes the old owner's

@@ -27,6 +27,8 @@ func (l loLinks) ByIndex(i int) (string, error) {
 
 func (loLinks) ByAddr(netip.Addr) (string, error) { return "", errors.New("no address") }
 
+func (loLinks) Holds(int, netip.Addr) (bool, error) { return false, errors.New("no address") }
+
 // waitQueued waits until a datagram waits on pc's socket (SIOCINQ), so
 // that it was queued before whatever the caller starts next.
 func waitQueued(t *testing.T, pc net.PacketConn) {

@@ -97,6 +97,9 @@ type Links interface {
 	// TCP connection's when the kernel's ingress index cannot name it:
 	// ConnInterface).
 	ByAddr(a netip.Addr) (string, error)
+	// Holds reports whether interface index holds address a (a TCP
+	// connection's ingress interface its local address: ConnInterface).
+	Holds(index int, a netip.Addr) (bool, error)
 }
 
 // Resolver answers the DNS of allow-list and none zones (the guard
