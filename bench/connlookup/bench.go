@@ -123,7 +123,6 @@ func measure(ctx context.Context, n int, o Options) (Figure, error) {
 		return Figure{}, err
 	}
 	defer links.Close()
-	dump := dumpLinks{h: node.H}
 	local := netip.MustParseAddrPort(conn.LocalAddr().String()).Addr()
 	want := last.Attrs().Name
 	var ours, dumped []time.Duration
@@ -137,7 +136,7 @@ func measure(ctx context.Context, n int, o Options) (Figure, error) {
 			if mine {
 				name, err = egress.ConnInterface(links, conn)
 			} else {
-				name, err = dump.byAddr(local)
+				name, err = links.ByAddr(local) // the baseline: every IPv4 address dumped, the holder asked by index
 			}
 			d := time.Since(start)
 			if err != nil || name != want {
@@ -263,25 +262,4 @@ func guestConn(ctx context.Context, node *bench.Node, br netlink.Link, gw netip.
 		return nil, nil, fmt.Errorf("connlookup: dial from the guest: %w", err)
 	}
 	return c, func() { c.Close(); g.Close(); cleanup() }, nil
-}
-
-// dumpLinks is the baseline, the daemon's look-up before: every IPv4
-// address of the namespace dumped, the holder's name asked by index.
-type dumpLinks struct{ h *netlink.Handle }
-
-func (d dumpLinks) byAddr(a netip.Addr) (string, error) {
-	addrs, err := d.h.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return "", err
-	}
-	for _, ad := range addrs {
-		if got, ok := netip.AddrFromSlice(ad.IP.To4()); ok && got == a {
-			l, err := d.h.LinkByIndex(ad.LinkIndex)
-			if err != nil {
-				return "", err
-			}
-			return l.Attrs().Name, nil
-		}
-	}
-	return "", fmt.Errorf("no interface holds %s", a)
 }
