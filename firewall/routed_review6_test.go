@@ -61,9 +61,10 @@ func TestGuestLinkLocalGroupFramesBypassPortGuard(t *testing.T) {
 			if err := g.SetPorts(t.Context(), []Port{{Name: a.port, MAC: a.mac, IPv4: []netip.Addr{a.addr}}}); err != nil {
 				t.Fatal(err)
 			}
-			// rp_filter 0 for all, the kernel's and a Proxmox VE 8
-			// node's default (Debian bookworm's systemd ships no
-			// 50-default.conf, procps leaves it commented). The guard
+			// rp_filter 0 for all: the kernel's default and what
+			// pve-docs asks of EVPN exit nodes (a node with
+			// pve-firewall gets 2 from its
+			// /usr/lib/sysctl.d/pve-firewall.conf). The guard
 			// gives guest ports 2 (looseRPFilter): the address-less port
 			// fails the source check (fib_validate_source: no_addr ->
 			// last_resort -> e_rpf) and nothing is created.

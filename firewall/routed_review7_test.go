@@ -12,7 +12,8 @@ import (
 )
 
 // review7Setup is a node whose new interfaces start with rp_filter 0 (all
-// and default: a Proxmox VE 8 node's, and an EVPN exit node's).
+// and default: the kernel's, and what pve-docs asks of an EVPN exit node;
+// pve-firewall's sysctl file sets all to 2, default stays 0).
 func review7Setup(t *testing.T, n *testNS) {
 	t.Helper()
 	if err := n.Do(func() error {

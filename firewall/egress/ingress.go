@@ -30,7 +30,10 @@ import (
 // interface. The redirect is conntrack's, so an ACK with the connection's
 // 4-tuple that reaches the node through another interface (another
 // zone's VXLAN or VLAN uplink port, which the layer-2 table does not pin;
-// rp_filter is 0 on a Proxmox VE 8 node) is redirected and delivered the
+// a Proxmox VE node's source check is loose at most: pve-firewall's
+// /usr/lib/sysctl.d/pve-firewall.conf sets all.rp_filter 2, which passes
+// a source routed through any interface, and pve-docs asks EVPN exit
+// nodes for 0) is redirected and delivered the
 // same, and named the connection after that interface
 // (TestHandshakeACKElsewhereOnBed). The interface the SYN came in on
 // holds the local address, so an index whose interface does not

@@ -81,8 +81,13 @@ func TestSharedGatewayOnBed(t *testing.T) {
 //
 // The way in here is a VXLAN zone's uplink port (vxlan_<vnet>, no guest
 // port: the layer-2 table pins nothing on it) fed from the management
-// network (the bed's uplink namespace as the underlay); rp_filter 0 as on a
-// Proxmox VE 8 node. The guest itself sends its ACKs that way, standing in
+// network (the bed's uplink namespace as the underlay); rp_filter 0, the
+// kernel's default and what pve-docs (pvesdn.adoc, "Multiple EVPN Exit
+// Nodes") asks of EVPN exit nodes. A node with pve-firewall has 2 (loose,
+// its /usr/lib/sysctl.d/pve-firewall.conf), which passes zonea's guest's
+// address too (it routes through zonea's bridge; ip-sysctl.rst: loose
+// fails only a source reachable through no interface); not run here with
+// 2. The guest itself sends its ACKs that way, standing in
 // for an accomplice on the underlay that learned the SYN-ACK's sequence
 // number. Before 645b54f the connection was named by its local address
 // (the redirect's, fixed by the SYN), and this passed; at 645b54f it
