@@ -261,11 +261,24 @@ func (s *stack) resolveWithin(zone, name, server string, tcp bool, timeout time.
 // get fetches url from zone's guest, connecting to addr (host:port)
 // whatever the URL's host says, so the Host and SNI can be chosen. The
 // connection is opened inside the guest's namespace first (the
-// transport's own goroutines run elsewhere).
+// transport's own goroutines run elsewhere). For a row that must get
+// through: a minute to connect and answer, so a slow machine is no
+// failure.
 func (s *stack) get(zone, url, addr string) (string, error) {
+	return s.getWithin(zone, url, addr, time.Minute, time.Minute)
+}
+
+// getBlocked is get for a row that must not get through (the guard drops
+// it, or the proxy refuses it): a dropped connection is a timeout, so its
+// bounds are short (1.5 s to connect, 4 s in all).
+func (s *stack) getBlocked(zone, url, addr string) (string, error) {
+	return s.getWithin(zone, url, addr, 1500*time.Millisecond, 4*time.Second)
+}
+
+func (s *stack) getWithin(zone, url, addr string, dial, total time.Duration) (string, error) {
 	var conn net.Conn
 	if err := s.b.Do(s.guests[zone].NS, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", addr, 1500*time.Millisecond)
+		conn, err = net.DialTimeout("tcp4", addr, dial)
 		return err
 	}); err != nil {
 		return "", err
@@ -284,7 +297,7 @@ func (s *stack) get(zone, url, addr string) (string, error) {
 	}
 	defer tr.CloseIdleConnections()
 	defer conn.Close()
-	c := &http.Client{Transport: tr, Timeout: 4 * time.Second}
+	c := &http.Client{Transport: tr, Timeout: total}
 	resp, err := c.Get(url)
 	if err != nil {
 		return "", err
@@ -326,7 +339,7 @@ func TestEgressStackOnBed(t *testing.T) {
 
 	// disallowed address: nothing was resolved yet; the kernel's drop is
 	// counted for the sandbox and names the destination
-	if _, err := s.get("zonea", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
+	if _, err := s.getBlocked("zonea", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
 		t.Errorf("allowlist, unresolved address: %v, want a timeout", err)
 	}
 	poll()
@@ -382,7 +395,7 @@ func TestEgressStackOnBed(t *testing.T) {
 		if strings.HasPrefix(u, "https") {
 			port = "443"
 		}
-		if body, err := s.get("zonea", u, inet+":"+port); err == nil {
+		if body, err := s.getBlocked("zonea", u, inet+":"+port); err == nil {
 			t.Errorf("disallowed name %s on the allowed address: got %q", u, body)
 		}
 	}
@@ -399,7 +412,7 @@ func TestEgressStackOnBed(t *testing.T) {
 	if _, err := s.resolve("zoneb", testvm.InternetName, s.gw["zoneb"]+":53", false); err == nil {
 		t.Error("none: a name resolved")
 	}
-	if _, err := s.get("zoneb", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
+	if _, err := s.getBlocked("zoneb", "http://"+inet+"/", inet+":80"); !isTimeout(err) {
 		t.Errorf("none: %v, want a timeout", err)
 	}
 	poll()
@@ -416,7 +429,7 @@ func TestEgressStackOnBed(t *testing.T) {
 	// a policy change is in force when Set returns (and forgets what the
 	// old policy learned)
 	s.set(t, ctx, "zonea", Policy{Mode: "none"})
-	if _, err := s.get("zonea", "http://"+testvm.InternetName+"/", inet+":80"); !isTimeout(err) {
+	if _, err := s.getBlocked("zonea", "http://"+testvm.InternetName+"/", inet+":80"); !isTimeout(err) {
 		t.Errorf("after the change to none: %v, want a timeout", err)
 	}
 	s.set(t, ctx, "zonec", Policy{Mode: "allowlist", Allow: []string{inet + "/32"}})
@@ -433,7 +446,7 @@ func TestEgressStackOnBed(t *testing.T) {
 	if got, err := s.resolve("zonea", testvm.InternetName, s.gw["zonea"]+":53", false); err == nil {
 		t.Errorf("lockdown: the allowed name resolved: %v", got)
 	}
-	if _, err := s.get("zonec", "https://"+other+"/", inet+":443"); !isTimeout(err) {
+	if _, err := s.getBlocked("zonec", "https://"+other+"/", inet+":443"); !isTimeout(err) {
 		t.Errorf("lockdown: CIDR-allowed address: %v, want a timeout", err)
 	}
 	if err := s.g.Verify(ctx); err != nil {
@@ -459,7 +472,7 @@ func TestEgressNodeDefaultOnBed(t *testing.T) {
 	if _, err := s.resolve("zoneb", testvm.InternetName, s.gw["zoneb"]+":53", false); err != nil {
 		t.Fatalf("default allowlist: allowed name: %v", err)
 	}
-	if body, err := s.get("zoneb", "https://other."+testvm.InternetName+"/", inet+":443"); err == nil {
+	if body, err := s.getBlocked("zoneb", "https://other."+testvm.InternetName+"/", inet+":443"); err == nil {
 		t.Errorf("default allowlist: disallowed SNI: %q", body)
 	}
 	if len(s.den.Recent(DefaultOwnerOf("zoneb", ""))) == 0 {

@@ -159,11 +159,11 @@ func TestEgressLearnedAddressOpensOnlyCheckedPortsOnBed(t *testing.T) {
 	if body, err := s.get("zonea", "https://"+testvm.InternetName+"/", inet+":443"); err != nil || body != "internet host" {
 		t.Errorf("zonea: allowed name over HTTPS: %q, %v", body, err)
 	}
-	if body, err := s.get("zonea", "https://other."+testvm.InternetName+"/", inet+":443"); err == nil {
+	if body, err := s.getBlocked("zonea", "https://other."+testvm.InternetName+"/", inet+":443"); err == nil {
 		t.Errorf("zonea: wrong SNI on the allowed address: %q", body)
 	}
 	// a name:port entry does not allow the name through the name check
-	if body, err := s.get("zoneb", "https://"+testvm.InternetName+"/", inet+":443"); err == nil {
+	if body, err := s.getBlocked("zoneb", "https://"+testvm.InternetName+"/", inet+":443"); err == nil {
 		t.Errorf("zoneb (only %s:22): HTTPS to the name: %q", testvm.InternetName, body)
 	}
 }

@@ -53,7 +53,7 @@ func TestSharedGatewayOnBed(t *testing.T) {
 	if body, err := s.get("zoneb", "http://"+other+"/", inet+":80"); err != nil || body != "internet host" {
 		t.Errorf("zoneb's own name through the proxy: %q, %v", body, err)
 	}
-	if body, err := s.get("zoneb", "http://"+testvm.InternetName+"/", inet+":80"); err == nil {
+	if body, err := s.getBlocked("zoneb", "http://"+testvm.InternetName+"/", inet+":80"); err == nil {
 		t.Errorf("zoneb reached zonea's name through the proxy: %q", body)
 	}
 	// zonea's guest is still zonea's
