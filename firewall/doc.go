@@ -70,7 +70,13 @@
 //	                 records it and asks the zone's dnsmasq unchanged; tcp
 //	                 80/443 from allowlist zones to
 //	                 learned (not CIDR-allowed) addresses to the peek proxy
-//	guest_in         the redirected resolver and proxy ports (ct status dnat)
+//	guest_in         egress-rpf-resolver-udp/-tcp, egress-rpf-proxy: to the
+//	                 resolver's and the proxy's ports, a source that does not
+//	                 route back through the input interface (fib saddr . iif
+//	                 oif missing) drops, before the established rule (the
+//	                 resolver and the proxy name a guest's zone by that
+//	                 interface; a zone's uplink port is not pinned at layer
+//	                 2); then the redirected ports accept (ct status dnat)
 //	output     -150  the daemon's marked upstream sockets: none under the
 //	                 lockdown; the proxy's only to @mgmt, never private,
 //	                 metadata, uplink subnets or IPv6

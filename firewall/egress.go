@@ -405,6 +405,13 @@ func addEgressRules(rs *Ruleset, ec EgressConfig) {
 	rs.Chains = append(rs.Chains, nat)
 
 	gin := chain(chainGuestIn)
+	// before the established rule: a datagram that reuses the 5-tuple of
+	// a query the guest sent the ordinary way is established too
+	at := slices.IndexFunc(gin.Rules, func(r *RuleSpec) bool { return r.Comment == "guest-established" })
+	if at < 0 {
+		panic("egress: no guest-established rule in " + chainGuestIn)
+	}
+	gin.Rules = slices.Insert(gin.Rules, at, redirectedRPF(dnsPort, proxyPort)...)
 	last := gin.Rules[len(gin.Rules)-1]
 	gin.Rules = append(gin.Rules[:len(gin.Rules)-1],
 		rule("egress-resolver-udp", fmt.Sprintf("udp dport %d ct status dnat counter accept", dnsPort),
@@ -432,6 +439,40 @@ func addEgressRules(rs *Ruleset, ec EgressConfig) {
 		rule("egress-proxy-uplink-subnet", fmt.Sprintf("meta mark %#x ip daddr @uplink_nets4 ip daddr != @private4_allow counter drop", mark),
 			markIs(mark), nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetUplinkNets4, false), lookup(SetPrivate4Allow, true), drop()),
 	)
+}
+
+// redirectedRPF drops, on the resolver's and the proxy's ports, what
+// came in on an interface its source address does not route back
+// through: the resolver names a UDP query's zone by the interface it came
+// in on (IP_PKTINFO), the proxy and the resolver's TCP listener a
+// connection by the interface of its handshake's ACK, and the layer-2
+// table pins guest ports, not a zone's VXLAN or VLAN uplink port, so a
+// packet carrying a zone A guest's address could come in on zone B's
+// bridge (an accomplice on the underlay) and be answered under B's
+// policy, the answer routed to A's guest. A Proxmox VE node's own source
+// check is loose at most (pve-firewall sets all.rp_filter 2), which
+// passes it. This is the strict check for these packets alone (the
+// kernel's FIB lookup of the source; for IPv4 the route it finds must
+// go out through the input interface, a VRF's device matching the
+// routes of its ports; for IPv6 the lookup is restricted to it). A route
+// through the bridge passes (a guest outside the bridge's subnet but
+// routed to it); two bridges holding one IPv4 subnet cannot be told
+// apart by the source: the lookup finds one route, and the other
+// bridge's guests are dropped here (they get no reply routed to them
+// from the node either).
+func redirectedRPF(dnsPort, proxyPort uint16) []*RuleSpec {
+	offIIF := []expr.Any{
+		&expr.Fib{Register: 1, FlagSADDR: true, FlagIIF: true, ResultOIF: true, FlagPRESENT: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
+	return []*RuleSpec{
+		rule("egress-rpf-resolver-udp", fmt.Sprintf("udp dport %d fib saddr . iif oif missing counter drop", dnsPort),
+			portIs(unix.IPPROTO_UDP, dnsPort), offIIF, drop()),
+		rule("egress-rpf-resolver-tcp", fmt.Sprintf("tcp dport %d fib saddr . iif oif missing counter drop", dnsPort),
+			portIs(unix.IPPROTO_TCP, dnsPort), offIIF, drop()),
+		rule("egress-rpf-proxy", fmt.Sprintf("tcp dport %d fib saddr . iif oif missing counter drop", proxyPort),
+			portIs(unix.IPPROTO_TCP, proxyPort), offIIF, drop()),
+	}
 }
 
 // SetEgress replaces the egress policies of the run-time zones (zone id ->

@@ -234,28 +234,36 @@ func (s *stack) resolveOnce(zone, name, server string, tcp bool) ([]string, erro
 // resolveWithin is one exchange of resolve, given up after timeout.
 func (s *stack) resolveWithin(zone, name, server string, tcp bool, timeout time.Duration) ([]string, error) {
 	var got []string
-	err := s.b.Do(s.guests[zone].NS, func() error {
-		m := new(dns.Msg)
-		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	err := s.b.Do(s.guests[zone].NS, func() (err error) {
 		c := &dns.Client{Timeout: timeout}
 		if tcp {
 			c.Net = "tcp"
 		}
-		resp, _, err := c.Exchange(m, server)
-		if err != nil {
-			return err
-		}
-		if resp.Rcode != dns.RcodeSuccess {
-			return fmt.Errorf("rcode %s", dns.RcodeToString[resp.Rcode])
-		}
-		for _, rr := range resp.Answer {
-			if a, ok := rr.(*dns.A); ok {
-				got = append(got, a.A.String())
-			}
-		}
-		return nil
+		got, err = askA(c, name, server)
+		return err
 	})
 	return got, err
+}
+
+// askA asks server for name (A) through c; it returns the addresses, or
+// the rcode as an error.
+func askA(c *dns.Client, name, server string) ([]string, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	resp, _, err := c.Exchange(m, server)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Rcode != dns.RcodeSuccess {
+		return nil, fmt.Errorf("rcode %s", dns.RcodeToString[resp.Rcode])
+	}
+	var got []string
+	for _, rr := range resp.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			got = append(got, a.A.String())
+		}
+	}
+	return got, nil
 }
 
 // get fetches url from zone's guest, connecting to addr (host:port)

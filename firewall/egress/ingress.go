@@ -37,8 +37,21 @@ import (
 // same, and named the connection after that interface
 // (TestHandshakeACKElsewhereOnBed). The interface the SYN came in on
 // holds the local address, so an index whose interface does not
-// (Links.Holds) is refused. Left: an ACK through another bridge holding
-// the same address (the shared gateway above) names that bridge.
+// (Links.Holds) is refused.
+//
+// In front of this, the guard (firewall, egress-rpf-* in guest_in) drops
+// every packet to the resolver's and the proxy's ports whose source
+// address does not route back through the interface it came in on (fib
+// saddr . iif oif missing), before conntrack's established flows are
+// accepted: such an ACK, and a UDP query (named by its IP_PKTINFO
+// index, TestQueryElsewhereOnBed), carrying a zonea guest's address
+// never reaches the daemon through zoneb's bridge. Left: two bridges
+// holding one IPv4 subnet cannot be told apart by the source. The lookup
+// finds one bridge's route: the guard drops the other bridge's guests
+// (the node routes them no answer anyway), and a packet carrying one of
+// them through the first bridge's uplink port passes as that bridge's.
+// A source of a bridge's own subnet through its uplink port is the
+// zone's own segment and passes too.
 //
 // The holder of the local address (Links.ByAddr) is asked only where the
 // kernel's index is not the guest interface's: a connection accepted in a

@@ -2,11 +2,18 @@ package egress
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
 	"github.com/pve-inspect/pve-inspect/testvm"
 )
 
@@ -92,7 +99,10 @@ func TestSharedGatewayOnBed(t *testing.T) {
 // number. Before 645b54f the connection was named by its local address
 // (the redirect's, fixed by the SYN), and this passed; at 645b54f it
 // failed (zoneb's answers); ConnInterface now refuses it (vnetb does not
-// hold zonea's gateway, the local address).
+// hold zonea's gateway, the local address). The guard's egress-rpf-*
+// rules now drop such an ACK before the listener sees it (zonea's guest's
+// address does not route back through vnetb:
+// TestQueryElsewhereOnBed); ConnInterface's check stays behind them.
 func TestHandshakeACKElsewhereOnBed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -103,27 +113,9 @@ func TestHandshakeACKElsewhereOnBed(t *testing.T) {
 			t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	node, up, guest := s.b.NodeNS(), s.b.UplinkNS(), s.guests["zonea"].NS
-	// zoneb's vnet gets a VXLAN uplink over the management network
-	run("ip", "-n", node, "link", "add", "vxlan_vnetb", "type", "vxlan", "id", "53",
-		"local", testvm.NodeMgmtAddr, "remote", testvm.UplinkAddr, "dstport", "4789")
-	run("ip", "-n", node, "link", "set", "vxlan_vnetb", "master", s.bridge["zoneb"], "up")
-	run("ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf."+s.bridge["zoneb"]+".rp_filter=0")
-	// the underlay's end, bridged to a second leg of zonea's guest
-	run("ip", "-n", up, "link", "add", "vx53", "type", "vxlan", "id", "53",
-		"local", testvm.UplinkAddr, "remote", testvm.NodeMgmtAddr, "dstport", "4789")
-	run("ip", "-n", up, "link", "add", "seg53", "type", "bridge")
-	run("ip", "-n", up, "link", "set", "vx53", "master", "seg53", "up")
-	run("ip", "-n", up, "link", "add", "sp53", "type", "veth", "peer", "name", "leg53", "netns", guest)
-	run("ip", "-n", up, "link", "set", "sp53", "master", "seg53", "up")
-	run("ip", "-n", up, "link", "set", "seg53", "up")
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "-n", up, "link", "del", "seg53").Run()
-		_ = exec.Command("ip", "-n", up, "link", "del", "vx53").Run()
-		_ = exec.Command("ip", "-n", up, "link", "del", "sp53").Run()
-	})
-	run("ip", "-n", guest, "addr", "add", "10.10.2.77/24", "dev", "leg53")
-	run("ip", "-n", guest, "link", "set", "leg53", "up")
+	underlayLeg(t, ctx, s)
+	setRPFilter(t, ctx, s, 0)
+	guest := s.guests["zonea"].NS
 	// the guest's SYNs go the ordinary way (its tap on zonea's bridge),
 	// every later segment to port 53 through the underlay into vnetb
 	nft := exec.CommandContext(ctx, "ip", "netns", "exec", guest, "nft", "-f", "-")
@@ -176,4 +168,191 @@ func TestHandshakeACKElsewhereOnBed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// underlayLeg gives zoneb's vnet a VXLAN uplink port (vxlan_vnetb, no
+// guest port: the layer-2 table pins nothing on it) fed from the
+// management network (the bed's uplink namespace as the underlay), and
+// bridges the underlay's end to a second leg of zonea's guest (leg53,
+// 10.10.2.77/24 in zoneb's subnet): what zonea's guest sends out of
+// leg53 comes in on vnetb with whatever source address it carries,
+// standing in for an accomplice on the underlay. The guest's own source
+// check is off, so
+// an answer to its zonea address from zoneb's gateway (a route through
+// leg53 in the guest) reaches it through its tap.
+func underlayLeg(t *testing.T, ctx context.Context, s *stack) {
+	t.Helper()
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	node, up, guest := s.b.NodeNS(), s.b.UplinkNS(), s.guests["zonea"].NS
+	run("ip", "-n", node, "link", "add", "vxlan_vnetb", "type", "vxlan", "id", "53",
+		"local", testvm.NodeMgmtAddr, "remote", testvm.UplinkAddr, "dstport", "4789")
+	run("ip", "-n", node, "link", "set", "vxlan_vnetb", "master", s.bridge["zoneb"], "up")
+	run("ip", "-n", up, "link", "add", "vx53", "type", "vxlan", "id", "53",
+		"local", testvm.UplinkAddr, "remote", testvm.NodeMgmtAddr, "dstport", "4789")
+	run("ip", "-n", up, "link", "add", "seg53", "type", "bridge")
+	run("ip", "-n", up, "link", "set", "vx53", "master", "seg53", "up")
+	run("ip", "-n", up, "link", "add", "sp53", "type", "veth", "peer", "name", "leg53", "netns", guest)
+	run("ip", "-n", up, "link", "set", "sp53", "master", "seg53", "up")
+	run("ip", "-n", up, "link", "set", "seg53", "up")
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "-n", up, "link", "del", "seg53").Run()
+		_ = exec.Command("ip", "-n", up, "link", "del", "vx53").Run()
+		_ = exec.Command("ip", "-n", up, "link", "del", "sp53").Run()
+	})
+	run("ip", "-n", guest, "addr", "add", underlayLegAddr+"/24", "dev", "leg53")
+	run("ip", "-n", guest, "link", "set", "leg53", "up")
+	run("ip", "netns", "exec", guest, "sh", "-c", "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done")
+}
+
+// setRPFilter sets the node's source check (all and zoneb's vnet; the
+// kernel uses the larger): 2 is a Proxmox VE node's with pve-firewall, 0
+// the kernel's default and an EVPN exit node's.
+func setRPFilter(t *testing.T, ctx context.Context, s *stack, v int) {
+	t.Helper()
+	rp := strconv.Itoa(v)
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", s.b.NodeNS(), "sysctl", "-qw",
+		"net.ipv4.conf.all.rp_filter="+rp, "net.ipv4.conf."+s.bridge["zoneb"]+".rp_filter="+rp).CombinedOutput(); err != nil {
+		t.Fatalf("rp_filter %s: %v: %s", rp, err, out)
+	}
+}
+
+// underlayLegAddr is the address of zonea's guest's second leg
+// (underlayLeg), in zoneb's subnet.
+const underlayLegAddr = "10.10.2.77"
+
+// TestQueryElsewhereOnBed: the resolver names a UDP query's zone by the
+// interface it came in on (IP_PKTINFO), and a query carrying zonea's
+// guest's address that comes in on zoneb's bridge through its VXLAN
+// uplink (underlayLeg; the layer-2 table pins guest ports, not uplink
+// ports) was answered under zoneb's policy, the answer routed to zonea's
+// guest: a none zone's guest got every name. A Proxmox VE node's source
+// check is loose (pve-firewall's /usr/lib/sysctl.d/pve-firewall.conf sets
+// all.rp_filter 2; EVPN exit nodes 0), which passes zonea's address: it
+// routes through vneta. The guard's egress-rpf-* rules in guest_in drop
+// a packet to the resolver's or the proxy's port whose source does not
+// route back through the interface it came in on (fib saddr . iif oif
+// missing). Without them this failed (every row: zoneb's answer); the
+// leg's own address (zoneb's subnet, routed through vnetb) is answered,
+// so the leg delivers, and each zone's own guest keeps its policy over
+// UDP and TCP. The rules come before guest_in's established rule: a
+// query's 5-tuple asked the ordinary way first is an established flow,
+// and with the rules after it the same 5-tuple through the underlay got
+// zoneb's answer (every row).
+func TestQueryElsewhereOnBed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := newStack(t, ctx, Policy{Mode: "open"})
+	underlayLeg(t, ctx, s)
+	inet, other := testvm.InternetAddr, "other."+testvm.InternetName
+	for i, tc := range []struct {
+		name         string
+		rpFilter     int
+		zonea, zoneb Policy
+	}{
+		{"zonea none, zoneb open, loose", 2, Policy{Mode: "none"}, Policy{Mode: "open"}},
+		{"zonea none, zoneb open, off", 0, Policy{Mode: "none"}, Policy{Mode: "open"}},
+		{"zonea allowlist, zoneb allowlist, loose", 2,
+			Policy{Mode: "allowlist", Allow: []string{other}}, Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			setRPFilter(t, ctx, s, tc.rpFilter)
+			s.set(t, ctx, "zonea", tc.zonea)
+			s.set(t, ctx, "zoneb", tc.zoneb)
+			// the ordinary ways, over UDP and TCP: each zone's own policy
+			for _, tcp := range []bool{false, true} {
+				if got, err := s.resolve("zonea", testvm.InternetName, s.gw["zonea"]+":53", tcp); err == nil || !strings.Contains(err.Error(), "NXDOMAIN") {
+					t.Fatalf("zonea asked for %s (tcp=%v): %v, %v; want NXDOMAIN", testvm.InternetName, tcp, got, err)
+				}
+				if got, err := s.resolve("zoneb", testvm.InternetName, s.gw["zoneb"]+":53", tcp); err != nil || len(got) != 1 || got[0] != inet {
+					t.Fatalf("zoneb asked for %s (tcp=%v): %v, %v; want %s", testvm.InternetName, tcp, got, err, inet)
+				}
+			}
+			// the leg's own address (zoneb's subnet) through the underlay:
+			// zoneb's answer, so the way in works
+			if got, err := resolveFrom(s, underlayLegAddr+":0", testvm.InternetName, s.gw["zoneb"]+":53", time.Minute); err != nil || len(got) != 1 || got[0] != inet {
+				t.Fatalf("the leg's own address through zoneb's uplink: %v, %v; want %s", got, err, inet)
+			}
+			// zonea's guest's address the same way: no answer at all
+			drops := func() float64 { return guardDrops(t, s.g, "guest_in", "egress-rpf-resolver-udp") }
+			before := drops()
+			if got, err := resolveFrom(s, s.guests["zonea"].IPv4().String()+":0", testvm.InternetName, s.gw["zoneb"]+":53", 2*time.Second); err == nil {
+				t.Errorf("zonea's guest, its query sent through zoneb's VXLAN uplink, got %s: %v; want no answer", testvm.InternetName, got)
+			} else if !isTimeout(err) {
+				t.Errorf("zonea's guest through zoneb's uplink: %v; want no answer (a timeout)", err)
+			}
+			if after := drops(); after <= before {
+				t.Errorf("egress-rpf-resolver-udp counted %v drops, before %v: want more", after, before)
+			}
+			// a query's 5-tuple asked the ordinary way first (through
+			// the tap, a host route to zoneb's gateway by zonea's):
+			// zonea's answer, and the same 5-tuple through the underlay
+			// is conntrack's established flow, dropped all the same
+			from := fmt.Sprintf("%s:%d", s.guests["zonea"].IPv4(), 20000+i)
+			route := func(op string) {
+				t.Helper()
+				if out, err := exec.CommandContext(ctx, "ip", "-n", s.guests["zonea"].NS, "route", op, s.gw["zoneb"]+"/32", "via", s.gw["zonea"]).CombinedOutput(); err != nil {
+					t.Fatalf("route %s: %v: %s", op, err, out)
+				}
+			}
+			route("add")
+			got, err := resolveFrom(s, from, testvm.InternetName, s.gw["zoneb"]+":53", time.Minute)
+			route("del")
+			if err == nil || !strings.Contains(err.Error(), "NXDOMAIN") {
+				t.Fatalf("zonea's guest from %s the ordinary way: %v, %v; want NXDOMAIN", from, got, err)
+			}
+			if got, err := resolveFrom(s, from, testvm.InternetName, s.gw["zoneb"]+":53", 2*time.Second); err == nil {
+				t.Errorf("zonea's guest from %s, an established query's 5-tuple, through zoneb's VXLAN uplink got %s: %v; want no answer", from, testvm.InternetName, got)
+			} else if !isTimeout(err) {
+				t.Errorf("zonea's guest from %s, established, through zoneb's uplink: %v; want no answer (a timeout)", from, err)
+			}
+		})
+	}
+}
+
+// resolveFrom asks server for name (A) over UDP from zonea's guest, its
+// socket bound to src (address:port, port 0 for any); it returns the addresses, or the rcode as an
+// error.
+func resolveFrom(s *stack, src, name, server string, timeout time.Duration) ([]string, error) {
+	var got []string
+	err := s.b.Do(s.guests["zonea"].NS, func() error {
+		local, err := net.ResolveUDPAddr("udp4", src)
+		if err != nil {
+			return err
+		}
+		got, err = askA(&dns.Client{Timeout: timeout, Dialer: &net.Dialer{Timeout: timeout, LocalAddr: local}}, name, server)
+		return err
+	})
+	return got, err
+}
+
+// guardDrops is the guard's drop counter of rule in chain, as exported
+// (pve_inspect_guard_rule_drop_packets_total); 0 when there is none.
+func guardDrops(t *testing.T, g *firewall.Guard, chain, rule string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(g.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "pve_inspect_guard_rule_drop_packets_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["chain"] == chain && labels["rule"] == rule {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
