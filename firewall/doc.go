@@ -30,7 +30,11 @@
 //
 // Rules (hook, priority), each with a counter and a comment naming it:
 //
-//	prerouting -300  metadata4, metadata6: ip/ip6 daddr @metadataN drop
+//	prerouting -300  fwbr-ct-zone: iifname "fwbr*" ct zone set 1 (the pass
+//	                 of a NIC's Proxmox firewall bridge in SDN's conntrack
+//	                 zone, so the vnet pass gets its own entry and its
+//	                 NAT: fwbridge.go); metadata4, metadata6: ip/ip6 daddr
+//	                 @metadataN drop
 //	forward    -150  linklocal-saddr, ipv6, failclosed (meta nfproto @failclosed),
 //	                 lockdown-in/out (iifname/oifname @lockdown),
 //	                 cross-zone (iifname . oifname != @zone_peers between non-mgmt

@@ -173,7 +173,8 @@ func (c EgressConfig) Ports() (dns, proxy uint16) { d, p, _ := c.ports(); return
 
 // egressByInterface maps every guest interface to its zone's policy: the
 // bridges of zones with a policy of their own get it, every other
-// interface that is not lo, management or trusted gets the default. A
+// interface that is not lo, management, trusted or a guest NIC's firewall
+// bridge (fwbr<vmid>i<n>) gets the default. A
 // bridge that is management or trusted gets nothing (a policy never
 // applies to the node's own networks).
 func egressByInterface(cfg Config, cls Classification) map[string]ZoneEgress {
@@ -191,7 +192,10 @@ func egressByInterface(cfg Config, cls Classification) map[string]ZoneEgress {
 		}
 	}
 	for _, n := range cls.Interfaces {
-		if _, ok := out[n]; !ok && !skip[n] {
+		// a firewall bridge's pass is checked again at its vnet
+		// (fwbridge.go); a policy of its own would redirect its DNS
+		// to an address it does not have
+		if _, ok := out[n]; !ok && !skip[n] && !isFirewallBridge(n) {
 			out[n] = cfg.Egress.Default
 		}
 	}

@@ -217,6 +217,7 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 
 	pre := &ChainSpec{Name: "prerouting", Hook: nftables.ChainHookPrerouting, HookName: "prerouting", Priority: -300}
 	pre.Rules = []*RuleSpec{
+		firewallBridgeZone(), // fwbridge.go
 		rule("metadata4", "ip daddr @metadata4 counter drop",
 			nfproto(unix.NFPROTO_IPV4), ipDaddr(4), lookup(SetMetadata4, false), drop()),
 		rule("metadata6", "ip6 daddr @metadata6 counter drop",

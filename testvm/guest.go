@@ -43,6 +43,15 @@ type GuestSpec struct {
 	// It is up once DHCP gave it an address (at once on a vnet without
 	// DHCP).
 	NoAgent bool
+	// Firewall plugs the NIC as Proxmox does one with firewall=1 under
+	// the iptables firewall (pve-common src/PVE/Network.pm tap_plug,
+	// $create_firewall_bridge_linux): the tap on its own bridge
+	// fwbr<vmid>i0, joined to the vnet by the veth pair fwln<vmid>i0 (on
+	// fwbr) / fwpr<vmid>p0 (on the vnet), with
+	// net.bridge.bridge-nf-call-iptables=1 in the node's namespace as
+	// pve-firewall's enable_bridge_firewall sets it. The VM's config says
+	// firewall=1 on net0.
+	Firewall bool
 }
 
 // Guest is a running guest: its own network, PID, mount and UTS
@@ -57,6 +66,10 @@ type Guest struct {
 	Disk   string
 	MAC    net.HardwareAddr
 	VNet   string
+	// Firewall: the NIC sits behind a firewall bridge (GuestSpec.Firewall);
+	// its port on the vnet is fwpr<vmid>p0, its tap tap<vmid>i0 is on
+	// fwbr<vmid>i0.
+	Firewall bool
 
 	ipv4 netip.Addr
 	ipv6 netip.Addr
@@ -259,7 +272,7 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 		s.Disk = filepath.Join(gdir, "disk")
 	}
 	g = &Guest{VMID: s.VMID, NS: b.GuestNS(s.VMID), Socket: filepath.Join(b.QGADir(), strconv.Itoa(s.VMID)+".qga"),
-		Disk: s.Disk, MAC: s.MAC, VNet: s.VNet, done: make(chan struct{})}
+		Disk: s.Disk, MAC: s.MAC, VNet: s.VNet, Firewall: s.Firewall && s.VNet != "", done: make(chan struct{})}
 	if s.NoAgent {
 		g.Socket = ""
 	}
@@ -344,7 +357,8 @@ func (b *Bed) StartGuest(ctx context.Context, s GuestSpec) (g *Guest, err error)
 
 // plugGuest makes guest g's network namespace with its loopback up and,
 // on a vnet, its NIC: eth0 of g's MAC, the peer of the node's tap
-// tap<vmid>i0 on the vnet's bridge, with an address of the vnet's routed
+// tap<vmid>i0 on the vnet's bridge (or, for a guest with Firewall, on its
+// firewall bridge: firewallBridge), with an address of the vnet's routed
 // ULA prefix. A guest of no vnet (a VM without any NIC, as qemu-server's
 // config_to_command starts one with no netN: -nodefaults, no -netdev)
 // has the loopback only.
@@ -359,8 +373,13 @@ func (b *Bed) plugGuest(ctx context.Context, g *Guest, vnet VNet) error {
 			[]string{"ip", "link", "add", host, "type", "veth", "peer", "name", peer},
 			[]string{"ip", "link", "set", host, "netns", node},
 			[]string{"ip", "link", "set", peer, "netns", g.NS},
-			[]string{"ip", "-n", node, "link", "set", host, "name", tap},
-			[]string{"ip", "-n", node, "link", "set", tap, "master", g.VNet, "up"},
+			[]string{"ip", "-n", node, "link", "set", host, "name", tap})
+		if g.Firewall {
+			steps = append(steps, firewallBridge(node, g.VMID, tap, g.VNet)...)
+		} else {
+			steps = append(steps, []string{"ip", "-n", node, "link", "set", tap, "master", g.VNet, "up"})
+		}
+		steps = append(steps,
 			[]string{"ip", "-n", g.NS, "link", "set", peer, "name", "eth0"},
 			[]string{"ip", "-n", g.NS, "link", "set", "eth0", "address", g.MAC.String()},
 			[]string{"ip", "netns", "exec", g.NS, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.eth0.accept_dad=0", "net.ipv6.conf.eth0.accept_ra=0"})
@@ -378,6 +397,33 @@ func (b *Bed) plugGuest(ctx context.Context, g *Guest, vnet VNet) error {
 		}
 	}
 	return nil
+}
+
+// FirewallBridgeNames are the links pve-common makes for NIC n of guest
+// vmid with the firewall on (src/PVE/Network.pm $compute_fwbr_names):
+// the firewall bridge, the veth end on it and the veth end on the vnet.
+func FirewallBridgeNames(vmid, n int) (fwbr, fwln, fwpr string) {
+	id, dev := strconv.Itoa(vmid), strconv.Itoa(n)
+	return "fwbr" + id + "i" + dev, "fwln" + id + "i" + dev, "fwpr" + id + "p" + dev
+}
+
+// firewallBridge is the steps that plug tap into vnet in node behind a
+// firewall bridge, in the order of pve-common's
+// $create_firewall_bridge_linux: the bridge fwbr up, the veth pair
+// fwln/fwpr, fwpr on the vnet, fwln and then the tap on fwbr. The node's
+// bridged IPv4 and IPv6 pass the IP hooks, as pve-firewall's
+// enable_bridge_firewall (src/PVE/Firewall.pm) sets it.
+func firewallBridge(node string, vmid int, tap, vnet string) [][]string {
+	fwbr, fwln, fwpr := FirewallBridgeNames(vmid, 0)
+	return [][]string{
+		{"ip", "netns", "exec", node, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", "net.bridge.bridge-nf-call-ip6tables=1"},
+		{"ip", "-n", node, "link", "add", fwbr, "type", "bridge"},
+		{"ip", "-n", node, "link", "set", fwbr, "up"},
+		{"ip", "-n", node, "link", "add", fwln, "type", "veth", "peer", "name", fwpr},
+		{"ip", "-n", node, "link", "set", fwpr, "master", vnet, "up"},
+		{"ip", "-n", node, "link", "set", fwln, "master", fwbr, "up"},
+		{"ip", "-n", node, "link", "set", tap, "master", fwbr, "up"},
+	}
 }
 
 // agentListener makes guest g's agent socket on the host side (handed to
@@ -575,6 +621,13 @@ func (b *Bed) StopGuest(ctx context.Context, vmid int) error {
 		errs = append(errs, err)
 	}
 	_ = run(ctx, "ip", "-n", b.NodeNS(), "link", "del", "tap"+strconv.Itoa(vmid)+"i0")
+	if g.Firewall {
+		// as pve-common's $cleanup_firewall_bridge: the veth pair, then
+		// the bridge
+		fwbr, fwln, _ := FirewallBridgeNames(vmid, 0)
+		_ = run(ctx, "ip", "-n", b.NodeNS(), "link", "del", fwln)
+		_ = run(ctx, "ip", "-n", b.NodeNS(), "link", "del", fwbr)
+	}
 	if err := b.removeScope(vmid); err != nil {
 		errs = append(errs, err)
 	}

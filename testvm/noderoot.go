@@ -33,7 +33,11 @@ func (b *Bed) writeVMConf(g *Guest) error {
 	}
 	conf := fmt.Sprintf("agent: %s\nname: vm%d\n", agent, g.VMID)
 	if g.VNet != "" {
-		conf += fmt.Sprintf("net0: virtio=%s,bridge=%s\n", strings.ToUpper(g.MAC.String()), g.VNet)
+		fw := ""
+		if g.Firewall {
+			fw = ",firewall=1" // qemu-server's net format; portmap then maps fwpr<vmid>p0 too
+		}
+		conf += fmt.Sprintf("net0: virtio=%s,bridge=%s%s\n", strings.ToUpper(g.MAC.String()), g.VNet, fw)
 	}
 	return os.WriteFile(p, []byte(conf), 0o644)
 }

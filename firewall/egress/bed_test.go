@@ -75,6 +75,9 @@ type stackConfig struct {
 	// holdUDP binds the resolver's UDP socket but leaves its read loop to
 	// stack.serveUDP
 	holdUDP bool
+	// firewall plugs every guest behind a firewall bridge, as Proxmox
+	// plugs a NIC with firewall=1 (testvm.GuestSpec.Firewall)
+	firewall bool
 }
 
 func newStack(t *testing.T, ctx context.Context, def Policy) *stack {
@@ -101,7 +104,7 @@ func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig)
 		if err := b.AddZone(ctx, testvm.Zone{ID: id, VNets: []testvm.VNet{v}}); err != nil {
 			t.Fatal(err)
 		}
-		gs, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 101 + i, VNet: vnet})
+		gs, err := b.StartGuest(ctx, testvm.GuestSpec{VMID: 101 + i, VNet: vnet, Firewall: sc.firewall})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,10 +134,17 @@ func newStackWith(t *testing.T, ctx context.Context, def Policy, sc stackConfig)
 		t.Fatal(err)
 	}
 	// the layer-2 table lets a zone's guest port send only DHCP until it
-	// is mapped to its MAC and leased address
+	// is mapped to its MAC and leased address (a NIC behind a firewall
+	// bridge has two ports, as the daemon's port map names them)
 	var ports []firewall.Port
 	for _, gs := range s.guests {
-		ports = append(ports, firewall.Port{Name: fmt.Sprintf("tap%di0", gs.VMID), MAC: gs.MAC, IPv4: []netip.Addr{gs.IPv4()}})
+		names := firewall.GuestPortNames(false, gs.VMID, 0)
+		if !gs.Firewall {
+			names = names[:1]
+		}
+		for _, n := range names {
+			ports = append(ports, firewall.Port{Name: n, MAC: gs.MAC, IPv4: []netip.Addr{gs.IPv4()}})
+		}
 	}
 	if err := g.SetPorts(ctx, ports); err != nil {
 		t.Fatal(err)
@@ -501,33 +511,7 @@ func TestEgressContainmentOnBed(t *testing.T) {
 	defer cancel()
 	s := newStack(t, ctx, Policy{Mode: "open"})
 	s.set(t, ctx, "zonea", Policy{Mode: "allowlist", Allow: []string{testvm.InternetName}})
-	ga := s.guests["zonea"]
-	spec := containment.Spec{
-		Gateway:      netip.MustParseAddr(s.gw["zonea"]),
-		Subnet:       netip.MustParsePrefix("10.10.1.0/24"),
-		HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr)},
-		Metadata:     []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr)},
-		MetadataDNS:  []netip.Addr{},
-		Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
-		ExternalName: "x" + randLabel(t) + ".nope.test",
-		LocalName:    testvm.LocalName("zonea"),
-		Timeout:      2 * time.Second,
-		Egress:       &containment.EgressSpec{AllowedName: testvm.InternetName, DeniedName: "other." + testvm.InternetName},
-	}
-	plan, err := containment.NewPlan(spec, containment.WithEgress(containment.GuardPolicy(), "allowlist"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"}
-	res, err := r.Run(ctx, containment.AgentGuest{Agent: qga.New(qga.Options{}).Agent(ga.Socket)}, plan)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf strings.Builder
-	if err := res.WriteText(&buf); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", buf.String())
+	res := s.runAllowlistCheck(t, ctx, s.allowlistSpec(t))
 	if !res.Passed() || !res.ControlsOK {
 		t.Errorf("containment check from the allow-list sandbox: %d rows not passed", len(res.Failed()))
 	}
@@ -540,6 +524,46 @@ func TestEgressContainmentOnBed(t *testing.T) {
 	if n != 9 {
 		t.Errorf("%d egress rows, want 9 (zone-local name, allowed resolves, allowed connects, disallowed name, disallowed SNI and Host, tcp 8443, tcp 22 and udp 443 to the allowed address)", n)
 	}
+}
+
+// allowlistSpec is the containment check's spec for zonea's guest under
+// an allowlist of the internet host's name: the node's management
+// address, metadata and the internet host.
+func (s *stack) allowlistSpec(t *testing.T) containment.Spec {
+	return containment.Spec{
+		Gateway:      netip.MustParseAddr(s.gw["zonea"]),
+		Subnet:       netip.MustParsePrefix("10.10.1.0/24"),
+		HostAddrs:    []netip.Addr{netip.MustParseAddr(testvm.NodeMgmtAddr)},
+		Metadata:     []netip.Addr{netip.MustParseAddr(testvm.MetadataAddr)},
+		MetadataDNS:  []netip.Addr{},
+		Public:       []netip.Addr{netip.MustParseAddr(testvm.InternetAddr)},
+		ExternalName: "x" + randLabel(t) + ".nope.test",
+		LocalName:    testvm.LocalName("zonea"),
+		Timeout:      2 * time.Second,
+		Egress:       &containment.EgressSpec{AllowedName: testvm.InternetName, DeniedName: "other." + testvm.InternetName},
+	}
+}
+
+// runAllowlistCheck runs the containment check of spec (allowlist
+// egress rows) from zonea's guest, the probe uploaded and run over its
+// agent, and logs the result's text.
+func (s *stack) runAllowlistCheck(t *testing.T, ctx context.Context, spec containment.Spec) *containment.Result {
+	t.Helper()
+	plan, err := containment.NewPlan(spec, containment.WithEgress(containment.GuardPolicy(), "allowlist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &containment.Runner{ProbePath: probebuild.ForTest(t), GuestDir: "/tmp"}
+	res, err := r.Run(ctx, containment.AgentGuest{Agent: qga.New(qga.Options{}).Agent(s.guests["zonea"].Socket)}, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	if err := res.WriteText(&buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", buf.String())
+	return res
 }
 
 func randLabel(t *testing.T) string {

@@ -18,6 +18,8 @@ import (
 	"github.com/ti-mo/netfilter"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/pve-inspect/pve-inspect/firewall"
 )
 
 // DefaultMaxLiveFlows is the flows Flows follows from their start to
@@ -73,7 +75,9 @@ type FlowStats struct {
 	Recorded uint64
 	// Skipped events: not a guest's flow leaving its zone (another
 	// protocol, to the node itself or its own zone, not from a guest
-	// address) or a redirect to the daemon's resolver or proxy.
+	// address), a redirect to the daemon's resolver or proxy, or the
+	// firewall bridge pass's entry of a flow (conntrack zone
+	// firewall.FirewallBridgeCTZone: its vnet pass's entry is recorded).
 	Skipped uint64
 	// Unattributed flows: from a guest address no zone's bridge or
 	// owner could be found for.
@@ -376,7 +380,11 @@ func (f *Flows) classify(fl *conntrack.Flow, now time.Time) (liveFlow, bool) {
 	src, dst := o.IP.SourceAddress, o.IP.DestinationAddress
 	proto := o.Proto.Protocol
 	switch {
-	case proto != unix.IPPROTO_TCP && proto != unix.IPPROTO_UDP,
+	// the firewall bridge pass of a guest whose NIC has Proxmox's
+	// firewall on: the same packets make the vnet pass's entry too
+	// (zone 0, with the redirect's NAT), which is the one recorded
+	case fl.Zone == firewall.FirewallBridgeCTZone,
+		proto != unix.IPPROTO_TCP && proto != unix.IPPROTO_UDP,
 		!src.Is4() || !dst.Is4(),
 		!dst.IsGlobalUnicast(), // loopback, link-local, multicast, broadcast
 		f.redirected(fl):

@@ -89,11 +89,12 @@ type ctFlow struct {
 	redirectTo    uint16 // destination NAT to this local port
 	out, in       conntrack.Counter
 	start, finish time.Time // kernel timestamps (zero: off)
+	zone          uint16    // conntrack zone
 }
 
 func (c ctFlow) flow() *conntrack.Flow {
 	f := conntrack.NewFlow(c.proto, conntrack.StatusConfirmed, c.src, c.dst, c.sport, c.dport, 0, 0)
-	f.ID = c.id
+	f.ID, f.Zone = c.id, c.zone
 	if c.redirectTo != 0 {
 		f.Status |= conntrack.StatusDstNAT
 		f.TupleReply.IP.SourceAddress = gatewayA
@@ -128,6 +129,7 @@ func TestFlowsRecord(t *testing.T) {
 	withSrc := func(c ctFlow, src netip.Addr) ctFlow { c.src = src; return c }
 	withDst := func(c ctFlow, dst netip.Addr, port uint16) ctFlow { c.dst, c.dport = dst, port; return c }
 	redirected := func(c ctFlow, port uint16) ctFlow { c.redirectTo = port; return c }
+	inZone := func(c ctFlow, zone uint16) ctFlow { c.zone = zone; return c }
 	icmp := tcpOut(9, guestA)
 	icmp.proto = unix.IPPROTO_ICMP
 	cases := []struct {
@@ -168,6 +170,9 @@ func TestFlowsRecord(t *testing.T) {
 		{name: "icmp", flow: icmp, stats: FlowStats{Skipped: 1, Unmatched: 1}},
 		{name: "broadcast", flow: withDst(udp, netip.MustParseAddr("255.255.255.255"), 67), stats: FlowStats{Skipped: 1, Unmatched: 1}},
 		{name: "guest of no zone's bridge", flow: tcpOut(8, guestX), stats: FlowStats{Unattributed: 1, Unmatched: 1}},
+		// a NIC with Proxmox's firewall on: the fwbr pass's entry (zone
+		// 1, the guard's and SDN's) is the vnet pass's flow once more
+		{name: "firewall bridge pass", flow: inZone(tcpOut(10, guestA), firewall.FirewallBridgeCTZone), stats: FlowStats{Skipped: 1, Unmatched: 1}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
