@@ -50,6 +50,10 @@ func RenderARP(cls Classification) *Ruleset {
 		c.Rules = append(c.Rules, rule("guest-port-arp-"+p, fmt.Sprintf("iifname %q counter drop", p+"*"),
 			meta(expr.MetaKeyIIFNAME), cmpEq([]byte(p)), drop()))
 	}
+	// a firewall bridge has no address: the node answered ARP there with
+	// fwbr's MAC (fwbridge.go)
+	c.Rules = append(c.Rules, rule("fwbr-arp", fmt.Sprintf("iifname %q counter drop", firewallBridgePrefix+"*"),
+		meta(expr.MetaKeyIIFNAME), cmpEq([]byte(firewallBridgePrefix)), drop()))
 	rs.Chains = []*ChainSpec{c}
 	return rs
 }

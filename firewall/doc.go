@@ -37,6 +37,8 @@
 //	                 @metadataN drop
 //	forward    -150  linklocal-saddr, ipv6, failclosed (meta nfproto @failclosed),
 //	                 lockdown-in/out (iifname/oifname @lockdown),
+//	                 fwbr-routed (iifname "fwbr*" oifname != "fwbr*":
+//	                 routed in from a firewall bridge; fwbridge.go),
 //	                 cross-zone (iifname . oifname != @zone_peers between non-mgmt
 //	                 interfaces), routed-to-no-guest (a packet a guest
 //	                 port handed up to the node, GuestUpMark, leaving
@@ -46,7 +48,8 @@
 //	                 not in @private4_allow), uplink-subnet (the same for the
 //	                 subnets of the management interfaces: other nodes, the
 //	                 router's admin side, even when they are public addresses)
-//	input      -150  guest-up-clear-in (GuestUpMark off); guest-input: not
+//	input      -150  guest-up-clear-in (GuestUpMark off); fwbr-input
+//	                 (iifname "fwbr*" drop: fwbridge.go); guest-input: not
 //	                 lo, @mgmt or @trusted -> guest_in: guest-dhcp-relay,
 //	                 guest-dhcp-ciaddr drop (routed.go); ct
 //	                 established,related, udp 67-68, udp/tcp 53 accept; drop
@@ -125,8 +128,8 @@
 //
 // A third table, arp pve-inspect (arptable.go), with the same flags, drops
 // ARP arriving on a guest port's own device (frames to link-local groups
-// the bridge hands up past its hooks), applied and verified with the
-// others.
+// the bridge hands up past its hooks) and on a firewall bridge (fwbr-arp:
+// fwbridge.go), applied and verified with the others.
 //
 // Layer 2 (DESIGN.md section 10): a second table, bridge pve-inspect, with
 // the same owner|persist flags, applied in the same batch, verified and

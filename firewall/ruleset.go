@@ -236,6 +236,7 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, lookup(SetFailClosed, false), drop()),
 		rule("lockdown-in", "iifname @lockdown counter drop", meta(expr.MetaKeyIIFNAME), lookup(SetLockdown, false), drop()),
 		rule("lockdown-out", "oifname @lockdown counter drop", meta(expr.MetaKeyOIFNAME), lookup(SetLockdown, false), drop()),
+		firewallBridgeRouted(), // fwbridge.go
 		rule("cross-zone", "iifname != @mgmt oifname != @mgmt iifname . oifname != @zone_peers counter drop",
 			meta(expr.MetaKeyIIFNAME), lookup(SetMgmt, true),
 			meta(expr.MetaKeyOIFNAME), lookup(SetMgmt, true),
@@ -255,6 +256,7 @@ func Render(cfg Config, cls Classification, sw Switches) (*Ruleset, error) {
 	in := &ChainSpec{Name: "input", Hook: nftables.ChainHookInput, HookName: "input", Priority: -150}
 	in.Rules = []*RuleSpec{
 		clearUpMark("guest-up-clear-in"),
+		firewallBridgeInput(), // fwbridge.go
 		rule("guest-input", `iifname != "lo" iifname != @mgmt iifname != @trusted counter jump guest_in`,
 			meta(expr.MetaKeyIIFNAME), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifname("lo")},
 			lookup(SetMgmt, true), lookup(SetTrusted, true),
